@@ -1,0 +1,238 @@
+"""The NATS JetStream adapter: streams, TurnRequests, run events, cancellation broadcasts.
+
+What belongs here: every call into nats-py, and the translation of its errors into ours
+(``CommitConflict``). What does not: deciding what to publish (operator, worker, kernel).
+
+Commit rule (DESIGN.md §5): an event is appended with ``Nats-Expected-Last-Subject-Sequence``,
+so two writers racing on one run cannot both commit on top of the same event; TurnRequests carry
+``Nats-Msg-Id: <run-uid>:<turn>`` so JetStream drops a re-dispatch inside the duplicate window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+
+from agentrun import protocol
+from agentrun.protocol import RunEvent, TurnRequest
+
+log = logging.getLogger(__name__)
+
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream API error code: ``wrong last sequence`` (nats-server ``JSStreamWrongLastSequenceErrF``)."""
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+MSG_ID = "Nats-Msg-Id"
+
+
+class CommitConflict(Exception):
+    """The run's subject moved on: another writer committed first; this commit is void."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BusSettings:
+    """Stream and consumer tuning."""
+
+    url: str
+    ack_wait: float = 30.0
+    """Seconds before an unacked TurnRequest is redelivered (workers heartbeat inside it)."""
+    max_deliver: int = 5
+    """Deliveries of one TurnRequest before it is treated as poison."""
+    duplicate_window: float = 120.0
+    """JetStream de-duplication window for ``Nats-Msg-Id`` (seconds)."""
+
+
+class Bus:
+    """A connected JetStream context with agentrun's streams. Create with ``Bus.connect``."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext, settings: BusSettings) -> None:
+        self.nc = nc
+        self.js = js
+        self.settings = settings
+
+    @classmethod
+    async def connect(cls, settings: BusSettings, *, name: str) -> Bus:
+        """Connect (retrying while the server starts) and make sure the streams exist.
+
+        Raises ``nats.errors.NoServersError`` when no server answers.
+        """
+        nc = await nats.connect(
+            settings.url, name=name, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.5
+        )
+        bus = cls(nc, nc.jetstream(timeout=10), settings)
+        await bus.ensure_streams()
+        return bus
+
+    async def close(self) -> None:
+        """Drain and close the connection."""
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def ensure_streams(self) -> None:
+        """Create (or update) ``AGENTRUN_TURNS`` and ``AGENTRUN_EVENTS``; idempotent."""
+        configs = [
+            api.StreamConfig(
+                name=protocol.STREAM_TURNS,
+                subjects=[protocol.TURN_SUBJECTS],
+                retention=api.RetentionPolicy.WORK_QUEUE,
+                storage=api.StorageType.FILE,
+                duplicate_window=self.settings.duplicate_window,
+                max_age=24 * 3600,
+            ),
+            api.StreamConfig(
+                name=protocol.STREAM_EVENTS,
+                subjects=[protocol.EVENT_SUBJECTS],
+                retention=api.RetentionPolicy.LIMITS,
+                storage=api.StorageType.FILE,
+                duplicate_window=self.settings.duplicate_window,
+                allow_direct=True,
+            ),
+        ]
+        for config in configs:
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await self.js.update_stream(config)
+
+    # --- TurnRequests -------------------------------------------------------------------------
+
+    async def publish_turn(self, request: TurnRequest, *, tenant: str) -> bool:
+        """Queue a TurnRequest; returns False when JetStream saw it as a duplicate (fine)."""
+        headers = {MSG_ID: request.msg_id}
+        if request.traceparent:
+            headers["traceparent"] = request.traceparent
+        ack = await self.js.publish(
+            protocol.turn_subject(tenant), protocol.dumps(request.as_dict()), headers=headers
+        )
+        return not ack.duplicate
+
+    async def turn_subscription(self) -> JetStreamContext.PullSubscription:
+        """The pull consumer shared by every worker (durable ``agentrun-workers``)."""
+        config = api.ConsumerConfig(
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait,
+            max_deliver=self.settings.max_deliver,
+            max_ack_pending=-1,
+        )
+        return await self.js.pull_subscribe(
+            protocol.TURN_SUBJECTS,
+            durable=protocol.WORKERS_CONSUMER,
+            stream=protocol.STREAM_TURNS,
+            config=config,
+        )
+
+    # --- run events ---------------------------------------------------------------------------
+
+    async def append_event(
+        self, namespace: str, name: str, event: RunEvent, *, expected_seq: int | None
+    ) -> int:
+        """Append ``event`` to the run's subject; returns its stream sequence.
+
+        ``expected_seq`` is the sequence of the run's last event the writer built on (0: the
+        subject must be empty); ``None`` appends unconditionally. Raises ``CommitConflict`` if
+        the subject has moved on.
+        """
+        headers: dict[str, str] = {}
+        if expected_seq is not None:
+            headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
+        if event.time == 0.0:
+            event = dataclasses.replace(event, time=time.time())
+        try:
+            ack = await self.js.publish(
+                protocol.event_subject(namespace, name), event.encode(), headers=headers or None
+            )
+        except nats.js.errors.APIError as err:
+            if err.err_code == WRONG_LAST_SEQUENCE:
+                raise CommitConflict(
+                    f"{namespace}/{name}: expected last event {expected_seq}, the run moved on"
+                ) from err
+            raise
+        return int(ack.seq)
+
+    async def last_event(self, namespace: str, name: str) -> RunEvent | None:
+        """The run's newest event, or ``None`` when it has none."""
+        try:
+            raw = await self.js._jsm.get_last_msg(
+                protocol.STREAM_EVENTS, protocol.event_subject(namespace, name), direct=True
+            )
+        except nats.js.errors.NotFoundError:
+            return None
+        assert raw.data is not None
+        return RunEvent.decode(raw.data, seq=int(raw.seq or 0))
+
+    async def first_event(self, namespace: str, name: str) -> RunEvent | None:
+        """The run's oldest event (normally its admission), or ``None`` when it has none."""
+        try:
+            raw = await self.js._jsm.get_msg(
+                protocol.STREAM_EVENTS,
+                seq=1,
+                subject=protocol.event_subject(namespace, name),
+                next=True,
+                direct=True,
+            )
+        except nats.js.errors.NotFoundError:
+            return None
+        assert raw.data is not None
+        return RunEvent.decode(raw.data, seq=int(raw.seq or 0))
+
+    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
+        """Every event of the run with a sequence above ``after_seq``, oldest first."""
+        subject = protocol.event_subject(namespace, name)
+        events: list[RunEvent] = []
+        seq = after_seq + 1
+        while True:
+            try:
+                raw = await self.js._jsm.get_msg(
+                    protocol.STREAM_EVENTS, seq=seq, subject=subject, next=True, direct=True
+                )
+            except nats.js.errors.NotFoundError:
+                return events
+            assert raw.data is not None and raw.seq is not None
+            events.append(RunEvent.decode(raw.data, seq=int(raw.seq)))
+            seq = int(raw.seq) + 1
+
+    async def purge_run(self, namespace: str, name: str) -> None:
+        """Delete every event of a run (on deletion of the AgentRun); missing stream is fine."""
+        try:
+            await self.js._jsm.purge_stream(
+                protocol.STREAM_EVENTS, subject=protocol.event_subject(namespace, name)
+            )
+        except nats.js.errors.NotFoundError:
+            log.info("events stream missing while purging %s/%s", namespace, name)
+
+    async def event_subscription(self) -> JetStreamContext.PullSubscription:
+        """The operator's durable consumer on every run's events (``agentrun-operator``)."""
+        config = api.ConsumerConfig(
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait,
+            deliver_policy=api.DeliverPolicy.ALL,
+            max_ack_pending=-1,
+        )
+        return await self.js.pull_subscribe(
+            protocol.EVENT_SUBJECTS,
+            durable=protocol.OPERATOR_CONSUMER,
+            stream=protocol.STREAM_EVENTS,
+            config=config,
+        )
+
+    # --- cancellation -------------------------------------------------------------------------
+
+    async def broadcast_cancel(self, run_uid: str) -> None:
+        """Tell every worker to abandon ``run_uid``'s turn in flight (core NATS, best effort)."""
+        await self.nc.publish(protocol.cancel_subject(run_uid), b"")
+
+    async def on_cancel(self, callback: Callable[[str], Awaitable[None]]) -> None:
+        """Call ``callback(run_uid)`` for every cancellation broadcast."""
+
+        async def handler(msg: Msg) -> None:
+            await callback(msg.subject.rsplit(".", 1)[-1])
+
+        await self.nc.subscribe(protocol.CANCEL_SUBJECTS, cb=handler)

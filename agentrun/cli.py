@@ -1,0 +1,192 @@
+"""The ``agentrun`` command line.
+
+Each subcommand is one ``register_<name>(subparsers)`` function that adds its parser and sets
+``handler`` to a ``cmd_<name>(args) -> int`` function returning the exit code. `COMMANDS`
+lists the registrars; to add ``agentrun cancel RUN``, write ``register_cancel`` and
+``cmd_cancel`` and append ``register_cancel`` to `COMMANDS`. `main` maps the errors our
+modules raise (which say what to do next) to a one-line message and exit status 1.
+
+What belongs here: argument parsing and printing. The work is done by library modules
+(e.g. `agentrun.devenv.stack`), so tests and other tools can call it without the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeAlias
+
+from agentrun.devenv import binaries, console, stack, state
+
+Handler = Callable[[argparse.Namespace], int]
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
+
+
+def register_dev(subparsers: Subparsers) -> None:
+    """``agentrun dev up|down|status|env|binaries``: the local stack."""
+    dev = subparsers.add_parser(
+        "dev",
+        help="run the local stack (cluster, nats, mock model, operator, workers)",
+        description="Run agentrun locally. State and logs live in --dir "
+        f"(default ${state.DIR_ENV} or ./{state.DEFAULT_DIR}).",
+    )
+    dev.set_defaults(handler=lambda _: _usage(dev))
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", type=Path, default=None, help="state directory")
+    commands = dev.add_subparsers(title="commands", metavar="COMMAND")
+
+    up = commands.add_parser(
+        "up", parents=[common], help="start the stack, or restart its dead components"
+    )
+    up.add_argument("--workers", type=int, default=2, metavar="N", help="workers (default 2)")
+    up.add_argument(
+        "--scenarios",
+        type=Path,
+        nargs="+",
+        default=[stack.DEFAULT_SCENARIOS],
+        metavar="FILE",
+        help=f"mock model scenario files (default {stack.DEFAULT_SCENARIOS})",
+    )
+    up.add_argument("--crds", type=Path, default=None, metavar="DIR", help="CRD directory")
+    up.set_defaults(handler=cmd_dev_up)
+
+    down = commands.add_parser(
+        "down", parents=[common], help="stop everything by pid and remove the state"
+    )
+    down.set_defaults(handler=cmd_dev_down)
+    status = commands.add_parser(
+        "status", parents=[common], help="components, pids, ports, logs (exit 1: not all ok)"
+    )
+    status.set_defaults(handler=cmd_dev_status)
+    env = commands.add_parser(
+        "env", parents=[common], help="print `export` lines: eval $(agentrun dev env)"
+    )
+    env.set_defaults(handler=cmd_dev_env)
+    build = commands.add_parser(
+        "binaries", help="build (once per machine) or locate kube-apiserver, etcd and kubectl"
+    )
+    build.set_defaults(handler=cmd_dev_binaries)
+
+
+COMMANDS: list[Callable[[Subparsers], None]] = [register_dev]
+"""Registrars of the top-level subcommands, in help order."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``agentrun`` parser with every subcommand of `COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="agentrun", description="A Kubernetes-native runtime for LLM agent loops."
+    )
+    parser.set_defaults(handler=lambda _: _usage(parser))
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for register in COMMANDS:
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``agentrun`` with `argv` (default ``sys.argv[1:]``); return the exit status.
+
+    0 is success, 1 an error (printed as one line on stderr), 2 a usage error, 130 Ctrl-C.
+    """
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        print(f"agentrun: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_dev_up(args: argparse.Namespace) -> int:
+    """``agentrun dev up``: start the stack (or revive it), then print its status."""
+    if args.workers < 0:
+        print("agentrun: error: --workers must be ≥ 0", file=sys.stderr)
+        return 2
+    options = stack.UpOptions(
+        workers=args.workers, scenarios=tuple(args.scenarios), crd_dir=args.crds
+    )
+    current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
+    _print_status(current)
+    print(f"\nuse it from a shell: eval $(agentrun dev env{_dir_option(args)})")
+    return 0
+
+
+def cmd_dev_down(args: argparse.Namespace) -> int:
+    """``agentrun dev down``: stop everything recorded, in reverse order."""
+    stack.down(state.resolve_dir(args.dir), log=_progress)
+    return 0
+
+
+def cmd_dev_status(args: argparse.Namespace) -> int:
+    """``agentrun dev status``: 0 if every component is alive, 1 if one is dead or none is up."""
+    current = state.load_state(state.resolve_dir(args.dir))
+    if current is None:
+        print(f"not up (no state in {state.resolve_dir(args.dir)})")
+        return 1
+    rows = _print_status(current)
+    return 0 if current.complete and all(r.alive for r in rows) else 1
+
+
+def cmd_dev_env(args: argparse.Namespace) -> int:
+    """``agentrun dev env``: ``export NAME=value`` lines for the running stack."""
+    directory = state.resolve_dir(args.dir)
+    current = state.load_state(directory)
+    if current is None:
+        print(f"agentrun: error: not up (no state in {directory})", file=sys.stderr)
+        return 1
+    for name, value in current.env().items():
+        print(f"export {name}={shlex.quote(value)}")
+    return 0
+
+
+def cmd_dev_binaries(args: argparse.Namespace) -> int:
+    """``agentrun dev binaries``: build or locate the control-plane binaries; print paths."""
+    del args
+    found = binaries.ensure_binaries(log=_progress)
+    for name, path in (
+        ("etcd", found.etcd),
+        ("kube-apiserver", found.kube_apiserver),
+        ("kubectl", found.kubectl),
+    ):
+        print(f"{name:<15} {path}")
+    return 0
+
+
+def _print_status(current: state.StackState) -> list[stack.ComponentStatus]:
+    rows = stack.status(current)
+    table = [("COMPONENT", "PID", "STATE", "PORTS", "LOG")]
+    for row in rows:
+        ports = ",".join(f"{k}={v}" for k, v in row.ports.items()) or "-"
+        alive = "alive" if row.alive else "DEAD"
+        table.append((row.name, str(row.pid), alive, ports, str(row.log_path)))
+    widths = [max(len(line[i]) for line in table) for i in range(4)]
+    for *cells, log_path in table:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)), end=""
+        )
+        print(f"  {log_path}")
+    if current.existing_cluster:
+        print(f"cluster: existing, KUBECONFIG={current.kubeconfig}")
+    if not current.complete:
+        print("incomplete: `up` did not finish; run `agentrun dev up` or `agentrun dev down`")
+    return rows
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _dir_option(args: argparse.Namespace) -> str:
+    return "" if args.dir is None else f" --dir {shlex.quote(str(args.dir))}"
+
+
+def _progress(line: str) -> None:
+    console.log_to_stderr(f"agentrun dev: {line}")

@@ -1,0 +1,169 @@
+"""Where the control-plane binaries (kube-apiserver, etcd, kubectl) come from.
+
+In order of preference:
+
+1. ``KUBEBUILDER_ASSETS``: a directory holding kube-apiserver and etcd (and kubectl, else
+   kubectl is looked up on PATH, then in the cache).
+2. The per-machine cache, ``<user cache dir>/agentrun/controlplane/k8s-<v>-etcd-<v>/bin/``.
+3. A build from the Go module proxy into that cache (see `gobuild`), once per machine: a file
+   lock makes concurrent callers wait for a single build.
+
+Kubernetes is pinned at `K8S_VERSION` and etcd at `ETCD_VERSION`; the build checks that the
+etcd pin matches what that kubernetes release declares.
+
+What belongs here: locating, caching and locking; not the build recipe, not running anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import platformdirs
+
+from agentrun.devenv import console, gobuild
+
+K8S_VERSION = "v1.34.4"
+ETCD_VERSION = "v3.6.5"
+NAMES = ("etcd", "kube-apiserver", "kubectl")
+
+
+class BinariesError(RuntimeError):
+    """Binaries are not available and cannot be built; the message says what to do."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Binaries:
+    """Absolute paths of the three executables."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kubectl: Path
+
+
+def cache_root() -> Path:
+    """The per-user cache root, ``platformdirs.user_cache_dir("agentrun")``."""
+    return Path(platformdirs.user_cache_dir("agentrun"))
+
+
+def cache_bin_dir(root: Path | None = None) -> Path:
+    """The cache directory of the pinned binaries, under `root` (default `cache_root()`)."""
+    base = cache_root() if root is None else root
+    return base / "controlplane" / f"k8s-{K8S_VERSION}-etcd-{ETCD_VERSION}" / "bin"
+
+
+def ensure_binaries(
+    *, root: Path | None = None, log: console.Log = console.log_to_stderr
+) -> Binaries:
+    """The binaries from ``KUBEBUILDER_ASSETS`` or the cache, building them if needed.
+
+    Args:
+        root: cache root (default `cache_root()`); tests pass a temporary one.
+        log: receives progress lines (a build takes minutes cold; Go's output is streamed).
+
+    Raises:
+        BinariesError: ``KUBEBUILDER_ASSETS`` lacks a binary, or no kubectl anywhere.
+        gobuild.BuildError: no suitable Go, or the build failed.
+    """
+    assets = _assets_dir()
+    if assets is not None:
+        return _from_assets(assets, root=root)
+    bin_dir = cache_bin_dir(root)
+    missing = _missing(bin_dir)
+    if missing:
+        with _build_lock(bin_dir.parent, log=log):
+            missing = _missing(bin_dir)  # another process may have built them meanwhile
+            if missing:
+                _build(bin_dir, names=missing, log=log)
+    return Binaries(
+        etcd=bin_dir / "etcd",
+        kube_apiserver=bin_dir / "kube-apiserver",
+        kubectl=bin_dir / "kubectl",
+    )
+
+
+def find_kubectl(*, root: Path | None = None, log: console.Log = console.log_to_stderr) -> Path:
+    """A kubectl for an existing cluster: ``KUBEBUILDER_ASSETS``, PATH, cache, else built.
+
+    Raises like `ensure_binaries` when it has to build.
+    """
+    found = _kubectl_without_build(_assets_dir(), root=root)
+    if found is not None:
+        return found
+    log("kubectl not found in KUBEBUILDER_ASSETS, on PATH or in the cache: building it")
+    return ensure_binaries(root=root, log=log).kubectl
+
+
+def _assets_dir() -> Path | None:
+    value = os.environ.get("KUBEBUILDER_ASSETS", "").strip()
+    return Path(value) if value else None
+
+
+def _from_assets(assets: Path, *, root: Path | None) -> Binaries:
+    missing = [n for n in ("kube-apiserver", "etcd") if not _is_executable(assets / n)]
+    if missing:
+        raise BinariesError(
+            f"KUBEBUILDER_ASSETS={assets} lacks {' and '.join(missing)}: point it at a directory"
+            " holding kube-apiserver and etcd, or unset it to build them from source"
+        )
+    kubectl = _kubectl_without_build(assets, root=root)
+    if kubectl is None:
+        raise BinariesError(
+            f"kubectl is neither in KUBEBUILDER_ASSETS={assets}, on PATH nor in"
+            f" {cache_bin_dir(root)}: install kubectl or unset KUBEBUILDER_ASSETS to build it"
+        )
+    return Binaries(etcd=assets / "etcd", kube_apiserver=assets / "kube-apiserver", kubectl=kubectl)
+
+
+def _kubectl_without_build(assets: Path | None, *, root: Path | None) -> Path | None:
+    if assets is not None and _is_executable(assets / "kubectl"):
+        return assets / "kubectl"
+    on_path = shutil.which("kubectl")
+    if on_path is not None:
+        return Path(on_path)
+    cached = cache_bin_dir(root) / "kubectl"
+    return cached if _is_executable(cached) else None
+
+
+def _missing(bin_dir: Path) -> list[str]:
+    return [n for n in NAMES if not _is_executable(bin_dir / n)]
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _build(bin_dir: Path, *, names: list[str], log: console.Log) -> None:
+    log(
+        f"building {', '.join(names)} (kubernetes {K8S_VERSION}, etcd {ETCD_VERSION}) from the"
+        f" Go module proxy into {bin_dir}; this takes a while once per machine"
+    )
+    started = time.monotonic()
+    gobuild.build_binaries(
+        bin_dir, k8s_version=K8S_VERSION, etcd_version=ETCD_VERSION, names=names, log=log
+    )
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    log(f"built {', '.join(names)} in {minutes}m{seconds:02d}s")
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path, *, log: console.Log) -> Iterator[None]:
+    """Hold an exclusive flock on ``directory/build.lock``; log if we have to wait for it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lock_path = directory / "build.lock"
+    with lock_path.open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another process is building the control-plane binaries ({lock_path}); waiting")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

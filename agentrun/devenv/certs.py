@@ -1,0 +1,156 @@
+"""Certificates and keys for a local kube-apiserver, generated with `cryptography`.
+
+One call writes a throw-away PKI into a directory: a CA, the apiserver's serving certificate
+for 127.0.0.1 / localhost, an admin client certificate in group ``system:masters`` (cluster
+admin under RBAC), and the RSA key pair that signs service-account tokens.
+
+What belongs here: PEM files only; nothing about processes or kubeconfigs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import ipaddress
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = datetime.timedelta(days=365)
+_PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pki:
+    """Paths of the PEM files written by `generate_pki` (all in one directory)."""
+
+    ca_cert: Path
+    serving_cert: Path
+    """kube-apiserver's certificate, SANs 127.0.0.1, ::1, localhost, kubernetes.default.svc."""
+    serving_key: Path
+    admin_cert: Path
+    """Client certificate CN=agentrun-admin, O=system:masters."""
+    admin_key: Path
+    service_account_key: Path
+    """RSA-2048 private key (PKCS#8) that signs service-account tokens."""
+    service_account_pub: Path
+    """Its public key, which verifies them."""
+
+
+def generate_pki(directory: Path) -> Pki:
+    """Write a fresh PKI into `directory` (created if needed; keys are mode 0600).
+
+    Returns the file paths. Raises OSError if the directory cannot be written.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    pki = Pki(
+        ca_cert=directory / "ca.crt",
+        serving_cert=directory / "apiserver.crt",
+        serving_key=directory / "apiserver.key",
+        admin_cert=directory / "admin.crt",
+        admin_key=directory / "admin.key",
+        service_account_key=directory / "sa.key",
+        service_account_pub=directory / "sa.pub",
+    )
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentrun-dev-ca")])
+    ca_cert = (
+        _builder(subject=ca_name, issuer=ca_name, public_key=ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_cert(pki.ca_cert, ca_cert)
+
+    serving_key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes.default.svc"),
+    ]
+    serving_cert = (
+        _builder(
+            subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+            issuer=ca_name,
+            public_key=serving_key.public_key(),
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_cert(pki.serving_cert, serving_cert)
+    _write_key(pki.serving_key, serving_key)
+
+    admin_key = ec.generate_private_key(ec.SECP256R1())
+    admin_subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "agentrun-admin"),
+        ]
+    )
+    admin_cert = (
+        _builder(subject=admin_subject, issuer=ca_name, public_key=admin_key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_cert(pki.admin_cert, admin_cert)
+    _write_key(pki.admin_key, admin_key)
+
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write_key(pki.service_account_key, sa_key)
+    pki.service_account_pub.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pki
+
+
+def _builder(
+    *, subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey
+) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+    )
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _write_key(path: Path, key: _PrivateKey) -> None:
+    path.touch(mode=0o600)
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )

@@ -1,0 +1,362 @@
+"""The full local stack: cluster, nats-server, mock model, operator and workers.
+
+Two layers, one code path for tests and demos:
+
+- Starters, reused by test fixtures: `start_mockllm`, `start_operator`, `start_worker` start
+  one managed process each (see `components.Component`) with the given environment and wait
+  until it answers; `kill_component` crashes one (SIGKILL), `restart_component` starts it
+  again with the same spec, `stop_component` stops it.
+- `up` / `down` / `status` behind ``agentrun dev``: start everything in order, recording each
+  component in the state directory as it comes up (see `state`); stop everything by pid in
+  reverse order; report what is alive.
+
+What belongs here: which components make the stack and how they are wired
+(``KUBECONFIG``, ``AGENTRUN_NATS_URL``, ``AGENTRUN_METRICS_PORT``, see docs/contracts.md).
+How one process is started, probed or stopped belongs to `procs`, `probes`, `components`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import agentrun
+from agentrun.devenv import components, console, controlplane, kubectl, natsserver, probes, state
+from agentrun.devenv.components import (
+    Launch,
+    kill_component,
+    restart_component,
+    stop_component,
+)
+
+__all__ = [
+    "ComponentStatus",
+    "Launch",
+    "UpOptions",
+    "default_crd_dir",
+    "down",
+    "kill_component",
+    "mockllm_url",
+    "restart_component",
+    "script_path",
+    "service_env",
+    "start_mockllm",
+    "start_operator",
+    "start_worker",
+    "status",
+    "stop_component",
+    "up",
+]
+
+DEFAULT_SCENARIOS = Path("examples") / "scenarios.yaml"
+OPERATOR_SCRIPT = "agentrun-operator"
+WORKER_SCRIPT = "agentrun-worker"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpOptions:
+    """What ``agentrun dev up`` starts."""
+
+    workers: int = 2
+    """Number of ``agentrun-worker`` processes."""
+    scenarios: tuple[Path, ...] = (DEFAULT_SCENARIOS,)
+    """Scenario YAML files for the mock model."""
+    crd_dir: Path | None = None
+    """Directory of CRD YAML; None looks in ``./crds``, then in the installed package."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ComponentStatus:
+    """One row of ``agentrun dev status``."""
+
+    name: str
+    pid: int
+    alive: bool
+    ports: Mapping[str, int]
+    log_path: Path
+
+
+def script_path(name: str) -> Path:
+    """A console script installed next to ``sys.executable`` (the venv's bin), else on PATH.
+
+    Raises FileNotFoundError if neither has it.
+    """
+    beside = Path(sys.executable).parent / name
+    if beside.is_file():
+        return beside
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(
+            f"{name} not found next to {sys.executable} nor on PATH: pip install -e . in the repo"
+        )
+    return Path(found)
+
+
+def service_env(*, kubeconfig: str, nats_url: str) -> dict[str, str]:
+    """Environment shared by the operator and workers (contracts.md), minus the metrics port.
+
+    Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen.
+    """
+    return {"KUBECONFIG": kubeconfig, "AGENTRUN_NATS_URL": nats_url, "PYTHONUNBUFFERED": "1"}
+
+
+def start_mockllm(
+    scenarios: Sequence[Path],
+    *,
+    launch: components.Launch,
+    port: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> components.Component:
+    """Start ``python -m agentrun.testing.mockllm`` and wait until ``/healthz`` answers ok.
+
+    Args:
+        scenarios: scenario YAML files (joined with ',' for ``--scenarios``).
+        launch: log directory (the log is ``mockllm.log``), lifetime, progress output.
+        port: loopback port; None picks a free one. Its base URL is `mockllm_url`.
+        env: extra environment.
+
+    Raises:
+        probes.NotReadyError: it exited or did not answer within 30 s (with its log tail).
+    """
+    port = probes.free_port() if port is None else port
+    argv = [sys.executable, "-m", "agentrun.testing.mockllm", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--scenarios", ",".join(str(p) for p in scenarios)]
+    spec = launch.spec("mockllm", argv, env={"PYTHONUNBUFFERED": "1", **(env or {})})
+    probe = probes.Probe(url=f"http://127.0.0.1:{port}/healthz", expect="ok")
+    return components.start_component(spec, probe=probe, ports={"http": port}, log=launch.log)
+
+
+def mockllm_url(component: components.Component) -> str:
+    """The mock model's OpenAI base URL, ``http://127.0.0.1:<port>/v1``."""
+    return f"http://127.0.0.1:{component.ports['http']}/v1"
+
+
+def start_operator(
+    env: Mapping[str, str], *, launch: components.Launch, metrics_port: int | None = None
+) -> components.Component:
+    """Start ``agentrun-operator`` with `env` and wait until its metrics port answers.
+
+    Args:
+        env: its environment on top of ours, e.g. `service_env` plus test settings.
+        launch: log directory (the log is ``operator.log``), lifetime, progress output.
+        metrics_port: ``AGENTRUN_METRICS_PORT``; None picks a free one; 0 disables metrics
+            (then it counts as ready once started).
+
+    Raises:
+        FileNotFoundError: the console script is not installed.
+        probes.NotReadyError: it exited, or ``/metrics`` did not answer within 30 s.
+    """
+    return _start_service(
+        OPERATOR_SCRIPT, "operator", env=env, launch=launch, metrics_port=metrics_port
+    )
+
+
+def start_worker(
+    index: int,
+    *,
+    env: Mapping[str, str],
+    launch: components.Launch,
+    metrics_port: int | None = None,
+) -> components.Component:
+    """Start ``agentrun-worker`` number `index`, named ``worker-<index>``.
+
+    Its log is ``worker-<index>.log``; otherwise as `start_operator`.
+    """
+    return _start_service(
+        WORKER_SCRIPT, f"worker-{index}", env=env, launch=launch, metrics_port=metrics_port
+    )
+
+
+def default_crd_dir(option: Path | None = None) -> Path:
+    """Where the CRDs are: `option`, else ``./crds``, else ``crds/`` in the installed package.
+
+    Raises FileNotFoundError naming the places looked at if none holds a YAML file.
+    """
+    candidates = (
+        [option]
+        if option is not None
+        else [Path.cwd() / "crds", Path(agentrun.__file__).parent / "crds"]
+    )
+    for candidate in candidates:
+        if candidate.is_dir() and kubectl.crd_files(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"no CRD YAML in {' or '.join(str(c) for c in candidates)}: run from the repo root"
+        " or pass --crds DIR"
+    )
+
+
+def up(
+    directory: Path, *, options: UpOptions, log: console.Log = console.log_to_stderr
+) -> state.StackState:
+    """Start the whole stack with its state in `directory`, or revive it if already up.
+
+    If a complete stack is recorded there, restarts only its dead components (same specs and
+    ports) and returns. A stack left half-started by an interrupted ``up`` is stopped and
+    started afresh. Otherwise starts, in order: cluster, CRDs (waits until Established),
+    nats-server, mock model, operator, workers; the state is saved after each, and if a step
+    fails everything started is stopped and the state removed before the error propagates.
+
+    Raises:
+        FileNotFoundError: a scenario file, the CRDs or a console script is missing (checked
+            before anything starts).
+        state.StateError: another ``agentrun dev`` command holds the directory.
+        probes.NotReadyError, controlplane.ClusterError, kubectl.KubectlError,
+        gobuild.BuildError: a step failed.
+    """
+    with state.locked(directory):
+        current = state.load_state(directory)
+        if current is not None and current.complete:
+            return _revive(current, options=options, log=log)
+        if current is not None:
+            log(f"a previous `up` in {directory} did not finish: stopping what it started")
+            _stop_all(current, log=log)
+            _remove_state(directory)
+        return _start_all(directory, options=options, log=log)
+
+
+def down(directory: Path, *, log: console.Log = console.log_to_stderr) -> state.StackState | None:
+    """Stop every recorded component by pid, in reverse start order, and remove the state.
+
+    Logs (``<directory>/logs``) are kept. Returns the state that was stopped, or None if
+    nothing was recorded. Raises state.StateError like `up`.
+    """
+    with state.locked(directory):
+        current = state.load_state(directory)
+        if current is None:
+            log(f"nothing is up in {directory}")
+            return None
+        _stop_all(current, log=log)
+        _remove_state(directory)
+        log(f"stopped; logs kept in {current.log_dir}")
+        return current
+
+
+def status(current: state.StackState) -> list[ComponentStatus]:
+    """One row per recorded component, in start order, with its liveness checked now."""
+    return [
+        ComponentStatus(
+            name=c.name,
+            pid=c.record.pid,
+            alive=c.is_alive(),
+            ports=c.ports,
+            log_path=c.spec.log_path,
+        )
+        for c in current.components
+    ]
+
+
+def _start_service(
+    script: str,
+    name: str,
+    *,
+    env: Mapping[str, str],
+    launch: components.Launch,
+    metrics_port: int | None,
+) -> components.Component:
+    port = probes.free_port() if metrics_port is None else metrics_port
+    env = {"PYTHONUNBUFFERED": "1", **env, "AGENTRUN_METRICS_PORT": str(port)}
+    spec = launch.spec(name, (str(script_path(script)),), env=env)
+    probe = None if port == 0 else probes.Probe(url=f"http://127.0.0.1:{port}/metrics")
+    ports = {} if port == 0 else {"metrics": port}
+    return components.start_component(spec, probe=probe, ports=ports, log=launch.log)
+
+
+def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> state.StackState:
+    crd_dir = default_crd_dir(options.crd_dir)
+    scenarios = [_existing_file(p) for p in options.scenarios]
+    for script in (OPERATOR_SCRIPT, WORKER_SCRIPT):
+        script_path(script)
+    current = state.StackState(directory=directory)
+    state.save_state(current)
+    launch = components.Launch(log_dir=current.log_dir, log=log)
+    try:
+        cluster = controlplane.open_cluster(directory / "controlplane", launch=launch)
+        current = _recorded(
+            dataclasses.replace(
+                current,
+                kubeconfig=cluster.env["KUBECONFIG"],
+                kubectl=cluster.kubectl,
+                existing_cluster=isinstance(cluster, controlplane.ExistingCluster),
+            ),
+            *cluster.components,
+        )
+        kubectl.apply_crds(kubectl.Kubectl.for_cluster(cluster), crd_dir, log=log)
+        nats = natsserver.start_nats_server(directory / "nats", launch=launch)
+        current = _recorded(dataclasses.replace(current, nats_url=nats.url), nats.component)
+        mock = start_mockllm(scenarios, launch=launch)
+        current = _recorded(dataclasses.replace(current, model_url=mockllm_url(mock)), mock)
+        current = _start_services(current, workers=options.workers, launch=launch)
+        return _recorded(dataclasses.replace(current, complete=True))
+    except BaseException:
+        log("start failed: stopping what was started")
+        _stop_all(current, log=log)
+        _remove_state(directory)
+        raise
+
+
+def _start_services(
+    current: state.StackState, *, workers: int, launch: components.Launch
+) -> state.StackState:
+    """Start the operator and `workers` workers, recording each; needs cluster and nats."""
+    assert current.kubeconfig is not None and current.nats_url is not None
+    env = service_env(kubeconfig=current.kubeconfig, nats_url=current.nats_url)
+    current = _recorded(current, start_operator(env, launch=launch))
+    for index in range(1, workers + 1):
+        current = _recorded(current, start_worker(index, env=env, launch=launch))
+    return current
+
+
+def _recorded(current: state.StackState, *started: components.Component) -> state.StackState:
+    """`current` with `started` appended to its components, saved."""
+    updated = dataclasses.replace(current, components=(*current.components, *started))
+    state.save_state(updated)
+    return updated
+
+
+def _revive(current: state.StackState, *, options: UpOptions, log: console.Log) -> state.StackState:
+    workers = sum(1 for c in current.components if c.name.startswith("worker-"))
+    if workers != options.workers:
+        log(f"note: the stack runs {workers} workers; `agentrun dev down` first to change that")
+    dead = [c.name for c in current.components if not c.is_alive()]
+    if not dead:
+        log(f"already up (state in {current.directory}); `agentrun dev status` shows it")
+        return current
+    log(f"already up, but {', '.join(dead)} died: restarting")
+    revived: list[components.Component] = []
+    for component in current.components:
+        if component.name in dead:
+            component = restart_component(component, log=log)
+        revived.append(component)
+        state.save_state(
+            dataclasses.replace(current, components=(*revived, *current.components[len(revived) :]))
+        )
+    return dataclasses.replace(current, components=tuple(revived))
+
+
+def _stop_all(current: state.StackState, *, log: console.Log) -> None:
+    for component in reversed(current.components):
+        outcome = stop_component(component)
+        log(f"{component.name} (pid {component.record.pid}): {outcome.value}")
+
+
+def _remove_state(directory: Path) -> None:
+    """Remove everything in `directory` except ``logs/`` and the lock file."""
+    for child in directory.iterdir():
+        if child.name in ("logs", ".lock"):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _existing_file(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"scenario file {path} not found: run from the repo root or pass --scenarios FILE"
+        )
+    return path.resolve()

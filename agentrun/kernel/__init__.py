@@ -1,0 +1,72 @@
+"""The loop kernel: purely computational, no I/O.
+
+What belongs here: the immutable run state, the typed decision a model response is classified
+into, tool-call validation, budget gates, and the one function that decides a run's phase after
+each turn (``advance``). What does not: anything that waits, sends or reads (asyncio, NATS,
+HTTP, Kubernetes). The worker and the operator call these functions; nothing else decides a
+phase. A test (tests/kernel/test_purity.py) keeps this package free of I/O imports.
+"""
+
+from agentrun.kernel.decision import (
+    Decision,
+    Final,
+    Malformed,
+    MalformedCause,
+    Refusal,
+    ToolCall,
+    ToolCalls,
+    classify,
+)
+from agentrun.kernel.limits import Limits, Pricing
+from agentrun.kernel.loop import (
+    Gate,
+    ModelFailure,
+    ToolResult,
+    TurnRecord,
+    admit_model_call,
+    admit_tool_batch,
+    advance,
+    state_from_summary,
+    stop,
+)
+from agentrun.kernel.state import RunState, initial_state
+from agentrun.kernel.terminal import Outcome, Phase, ResourcePhase, Terminal, TerminalReason, conclude
+from agentrun.kernel.usage import Usage, estimate_tokens, read_usage
+from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
+
+__all__ = [
+    "CheckedCall",
+    "Decision",
+    "Final",
+    "Gate",
+    "InvalidCall",
+    "Limits",
+    "Malformed",
+    "MalformedCause",
+    "ModelFailure",
+    "Outcome",
+    "Phase",
+    "Pricing",
+    "Refusal",
+    "ResourcePhase",
+    "RunState",
+    "Terminal",
+    "TerminalReason",
+    "ToolCall",
+    "ToolCalls",
+    "ToolResult",
+    "ToolSchema",
+    "TurnRecord",
+    "Usage",
+    "admit_model_call",
+    "admit_tool_batch",
+    "advance",
+    "check_calls",
+    "classify",
+    "conclude",
+    "estimate_tokens",
+    "initial_state",
+    "read_usage",
+    "state_from_summary",
+    "stop",
+]

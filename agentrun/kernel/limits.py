@@ -1,0 +1,55 @@
+"""Per-run limits and model pricing, as plain values (converted from the CRDs at the edge)."""
+
+from __future__ import annotations
+
+import dataclasses
+from decimal import Decimal
+
+MILLION = Decimal(1_000_000)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pricing:
+    """USD per one million tokens, from the cluster-scoped AgentModel (never from a run)."""
+
+    input_per_million: Decimal = Decimal(0)
+    """Price of uncached input (prompt) tokens."""
+    cached_input_per_million: Decimal = Decimal(0)
+    """Price of input tokens served from the provider's prompt cache."""
+    output_per_million: Decimal = Decimal(0)
+    """Price of output (completion) tokens."""
+
+    def cost(self, *, input_tokens: int, cached_input_tokens: int, output_tokens: int) -> Decimal:
+        """Cost in USD; ``cached_input_tokens`` is the cached part of ``input_tokens``.
+
+        Follows the OpenAI usage shape: ``prompt_tokens`` includes
+        ``prompt_tokens_details.cached_tokens``, which are billed at the cached rate.
+        """
+        cached = min(cached_input_tokens, input_tokens)
+        return (
+            Decimal(input_tokens - cached) * self.input_per_million
+            + Decimal(cached) * self.cached_input_per_million
+            + Decimal(output_tokens) * self.output_per_million
+        ) / MILLION
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """A run's budget (``spec.budget``) plus the model's window, all enforced in code."""
+
+    max_steps: int = 20
+    """Model calls a run may make (corrective turns count)."""
+    max_tool_calls: int = 50
+    """Tool calls a run may make in total."""
+    max_tokens: int | None = None
+    """Input + output tokens a run may use; ``None``: no per-run token cap."""
+    max_cost_usd: Decimal | None = None
+    """USD a run may spend; ``None``: no per-run cost cap."""
+    context_window: int = 128_000
+    """The model's context window in tokens (AgentModel ``contextWindow``)."""
+    max_output_tokens: int = 4096
+    """Most tokens one model call may produce (AgentModel ``maxOutputTokens``)."""
+    malformed_limit: int = 3
+    """Consecutive malformed turns that end a run with ``invalid_decision`` (case C02)."""
+    min_output_tokens: int = 16
+    """A model call that could produce fewer tokens than this within budget is not made."""

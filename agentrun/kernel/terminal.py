@@ -1,0 +1,130 @@
+"""Closed vocabularies of a run's life: loop phases, terminal reasons, outcomes.
+
+The terminal vocabulary is public API (DESIGN.md §4). ``conclude`` is the one exhaustive
+mapping from a loop phase to what a run's ``.status`` says about its end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import assert_never
+
+
+class TerminalReason(str, enum.Enum):
+    """Why a run ended: the closed set of DESIGN.md §4, written to ``.status.terminalReason``."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    MAX_STEPS = "max_steps"
+    TOOL_BUDGET_EXHAUSTED = "tool_budget_exhausted"
+    TOKEN_BUDGET_EXHAUSTED = "token_budget_exhausted"
+    COST_BUDGET_EXHAUSTED = "cost_budget_exhausted"
+    TENANT_BUDGET_EXHAUSTED = "tenant_budget_exhausted"
+    NO_PROGRESS = "no_progress"
+    INVALID_DECISION = "invalid_decision"
+    INVALID_OUTPUT = "invalid_output"
+    REFUSED = "refused"
+    MODEL_ERROR = "model_error"
+    TOOL_UNAVAILABLE = "tool_unavailable"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    EFFECT_UNKNOWN = "effect_unknown"
+    INVALID_SPEC = "invalid_spec"
+
+
+class Outcome(str, enum.Enum):
+    """``ok`` only for ``completed``; every other end is ``partial`` (its prose is no answer)."""
+
+    OK = "ok"
+    PARTIAL = "partial"
+
+
+class ResourcePhase(str, enum.Enum):
+    """``.status.phase`` of an AgentRun (Kubernetes API conventions: a simple, high-level summary)."""
+
+    PENDING = "Pending"
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class Phase(str, enum.Enum):
+    """The loop's own phase: running, or the one way it ended.
+
+    Every terminal member has the value of its ``TerminalReason`` so the two convert by value.
+    """
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    MAX_STEPS = "max_steps"
+    TOOL_BUDGET_EXHAUSTED = "tool_budget_exhausted"
+    TOKEN_BUDGET_EXHAUSTED = "token_budget_exhausted"
+    COST_BUDGET_EXHAUSTED = "cost_budget_exhausted"
+    TENANT_BUDGET_EXHAUSTED = "tenant_budget_exhausted"
+    NO_PROGRESS = "no_progress"
+    INVALID_DECISION = "invalid_decision"
+    INVALID_OUTPUT = "invalid_output"
+    REFUSED = "refused"
+    MODEL_ERROR = "model_error"
+    TOOL_UNAVAILABLE = "tool_unavailable"
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    EFFECT_UNKNOWN = "effect_unknown"
+    INVALID_SPEC = "invalid_spec"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for every phase but ``running``."""
+        return self is not Phase.RUNNING
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Terminal:
+    """How a finished loop is reported on the resource."""
+
+    reason: TerminalReason
+    """The typed terminal reason (``.status.terminalReason``)."""
+    outcome: Outcome
+    """``ok`` for a completed run, ``partial`` otherwise."""
+    resource_phase: ResourcePhase
+    """``Succeeded``, ``Failed`` or ``Cancelled``."""
+
+
+def conclude(phase: Phase) -> Terminal | None:  # noqa: C901 - one arm per closed-set member
+    """Map a loop phase to its terminal report; ``None`` while the run is still running.
+
+    Exhaustive over ``Phase`` (checked by ``assert_never``): adding a phase without deciding how
+    it ends is a type error.
+    """
+    match phase:
+        case Phase.RUNNING:
+            return None
+        case Phase.COMPLETED:
+            return Terminal(TerminalReason.COMPLETED, Outcome.OK, ResourcePhase.SUCCEEDED)
+        case Phase.CANCELLED:
+            return Terminal(TerminalReason.CANCELLED, Outcome.PARTIAL, ResourcePhase.CANCELLED)
+        case (
+            Phase.DEADLINE_EXCEEDED
+            | Phase.MAX_STEPS
+            | Phase.TOOL_BUDGET_EXHAUSTED
+            | Phase.TOKEN_BUDGET_EXHAUSTED
+            | Phase.COST_BUDGET_EXHAUSTED
+            | Phase.TENANT_BUDGET_EXHAUSTED
+            | Phase.NO_PROGRESS
+            | Phase.INVALID_DECISION
+            | Phase.INVALID_OUTPUT
+            | Phase.REFUSED
+            | Phase.MODEL_ERROR
+            | Phase.TOOL_UNAVAILABLE
+            | Phase.CHECKPOINT_FAILED
+            | Phase.EFFECT_UNKNOWN
+            | Phase.INVALID_SPEC
+        ):
+            return Terminal(TerminalReason(phase.value), Outcome.PARTIAL, ResourcePhase.FAILED)
+        case _:
+            assert_never(phase)

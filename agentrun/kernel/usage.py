@@ -1,0 +1,125 @@
+"""Token and cost accounting: reading a provider's ``usage`` and estimating it when absent."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+from agentrun.kernel.limits import Pricing
+
+CHARS_PER_TOKEN = 4
+"""Rough English-text density used for estimates (OpenAI's rule of thumb: ~4 characters a token)."""
+MESSAGE_OVERHEAD_TOKENS = 4
+"""Per-message framing tokens in chat formats (role and separators), per OpenAI's cookbook."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens and cost of one model call or of a whole run; additive."""
+
+    input_tokens: int = 0
+    """Prompt tokens, cached ones included."""
+    output_tokens: int = 0
+    """Completion tokens."""
+    cached_input_tokens: int = 0
+    """The part of ``input_tokens`` served from the prompt cache."""
+    cost_usd: Decimal = Decimal(0)
+    """USD, priced from the AgentModel."""
+    estimated: bool = False
+    """True when some of these counts are estimates because the provider sent no usage."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens (what ``maxTokens`` limits)."""
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
+            estimated=self.estimated or other.estimated,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON shape (``costUSD`` as a decimal string, never a float)."""
+        return {
+            "inputTokens": self.input_tokens,
+            "outputTokens": self.output_tokens,
+            "cachedInputTokens": self.cached_input_tokens,
+            "costUSD": str(self.cost_usd),
+            "estimated": self.estimated,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
+        """Inverse of ``as_dict``."""
+        return cls(
+            input_tokens=int(data.get("inputTokens", 0)),
+            output_tokens=int(data.get("outputTokens", 0)),
+            cached_input_tokens=int(data.get("cachedInputTokens", 0)),
+            cost_usd=Decimal(str(data.get("costUSD", "0"))),
+            estimated=bool(data.get("estimated", False)),
+        )
+
+
+def estimate_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] = ()) -> int:
+    """Estimate the prompt tokens of a chat request: ~4 characters a token plus framing.
+
+    Deliberately simple and slightly high: it gates budgets before a call, and the provider's
+    actual count replaces it after. ``tools`` is the OpenAI ``tools`` list, which also counts.
+    """
+    chars = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        for call in message.get("tool_calls") or ():
+            function = call.get("function", {})
+            chars += len(function.get("name", "")) + len(function.get("arguments", "")) + 16
+    if tools:
+        chars += len(json.dumps(tools, separators=(",", ":")))
+    return chars // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1)
+
+
+def _completion_chars(message: Mapping[str, Any]) -> int:
+    chars = len(message.get("content") or "") + len(message.get("refusal") or "")
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+    return chars
+
+
+def read_usage(
+    response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate: int
+) -> Usage:
+    """Usage of one chat-completions response, priced.
+
+    Reads ``usage.prompt_tokens``, ``usage.completion_tokens`` and
+    ``usage.prompt_tokens_details.cached_tokens`` (OpenAI API reference, chat completion
+    object). When ``usage`` is missing or null (case C17) the counts are estimated — the prompt
+    from ``prompt_estimate``, the completion from the returned text at 3 characters a token
+    (conservative) — and the result is flagged ``estimated``.
+    """
+    raw = response.get("usage")
+    if isinstance(raw, Mapping) and isinstance(raw.get("prompt_tokens"), int):
+        input_tokens = int(raw["prompt_tokens"])
+        output_tokens = int(raw.get("completion_tokens") or 0)
+        details = raw.get("prompt_tokens_details")
+        cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
+        estimated = False
+    else:
+        choices = response.get("choices") or [{}]
+        message = choices[0].get("message") if isinstance(choices[0], Mapping) else None
+        input_tokens = prompt_estimate
+        output_tokens = -(-_completion_chars(message or {}) // 3) + MESSAGE_OVERHEAD_TOKENS
+        cached = 0
+        estimated = True
+    cost = pricing.cost(
+        input_tokens=input_tokens, cached_input_tokens=cached, output_tokens=output_tokens
+    )
+    return Usage(input_tokens, output_tokens, cached, cost, estimated)

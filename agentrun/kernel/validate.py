@@ -1,0 +1,160 @@
+"""Validate proposed tool calls before anything runs: names, JSON arguments, schemas, ids.
+
+Rules come from the failure cases in ``shared/cases`` (C01 empty arguments, C02 invalid JSON,
+C04 mangled names, C06 duplicate ids) and from the OpenAI tool-calling contract: every
+``tool_call_id`` in history must be unique and answered by exactly one tool message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jsonschema
+
+from agentrun.kernel.decision import ToolCall
+
+MAX_ERRORS_SHOWN = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolSchema:
+    """What the kernel needs to know about a tool: its JSON Schema and loop-relevant flags."""
+
+    name: str
+    parameters: Mapping[str, Any]
+    """JSON Schema (draft 2020-12) of the arguments object."""
+    pollable: bool = False
+    """Calls that legitimately repeat (status polls) are exempt from the no-progress breaker."""
+    validator: jsonschema.protocols.Validator = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        cls = jsonschema.validators.validator_for(self.parameters, jsonschema.Draft202012Validator)
+        object.__setattr__(self, "validator", cls(self.parameters))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckedCall:
+    """A call that passed validation: safe to run with ``arguments``."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InvalidCall:
+    """A call that must not run; ``error`` is the result the model sees."""
+
+    id: str
+    name: str
+    error: str
+
+
+def mint_call_id(turn: int, name: str, ordinal: int) -> str:
+    """Deterministic id ``<turn>:<tool>:<ordinal>`` for a call whose id is missing or reused."""
+    safe = "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in name)[:64] or "tool"
+    return f"{turn}:{safe}:{ordinal}"
+
+
+def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
+    """Arguments as an object, or an error. ``""``/``None`` → ``{}`` (case C01)."""
+    if isinstance(raw, Mapping):
+        return raw, None
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return {}, None
+    if not isinstance(raw, str):
+        return None, f"arguments must be a JSON object, got {type(raw).__name__}"
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        return None, f"arguments are not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+    if isinstance(value, str):  # double-encoded: a JSON string holding a JSON object
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None, "arguments are a JSON string, not a JSON object"
+    if not isinstance(value, dict):
+        return None, f"arguments must be a JSON object, got {type(value).__name__}"
+    return value, None
+
+
+def _schema_errors(schema: ToolSchema, arguments: Mapping[str, Any]) -> str | None:
+    errors = sorted(schema.validator.iter_errors(arguments), key=lambda e: list(e.path))
+    if not errors:
+        return None
+    lines = []
+    for error in errors[:MAX_ERRORS_SHOWN]:
+        where = "/".join(str(p) for p in error.path) or "(root)"
+        lines.append(f"{where}: {error.message}")
+    return "arguments do not match the schema: " + "; ".join(lines)
+
+
+def _schema_hint(schema: ToolSchema) -> str:
+    return json.dumps(schema.parameters, separators=(",", ":"), sort_keys=True)
+
+
+def _rekey(calls: Sequence[ToolCall], *, turn: int, used: Iterable[str]) -> list[str]:
+    seen = set(used)
+    ids: list[str] = []
+    for ordinal, call in enumerate(calls):
+        call_id = call.id
+        if not call_id or call_id in seen:
+            call_id = mint_call_id(turn, call.name, ordinal)
+            while call_id in seen:
+                call_id += "_"
+        seen.add(call_id)
+        ids.append(call_id)
+    return ids
+
+
+def check_calls(
+    calls: Sequence[ToolCall],
+    *,
+    turn: int,
+    tools: Mapping[str, ToolSchema],
+    used_ids: Iterable[str] = (),
+) -> tuple[CheckedCall | InvalidCall, ...]:
+    """Validate a batch, keeping the order of the assistant's ``tool_calls``.
+
+    Ids that are missing, or repeated within the batch or the run's history (``used_ids``), are
+    re-keyed with ``mint_call_id`` so history holds unique ids. An unknown name gets an error
+    listing the available tools; bad JSON or a schema mismatch gets an error naming the problem
+    and giving the schema. Never raises.
+    """
+    ids = _rekey(calls, turn=turn, used=used_ids)
+    checked: list[CheckedCall | InvalidCall] = []
+    for call, call_id in zip(calls, ids, strict=True):
+        schema = tools.get(call.name)
+        if schema is None:
+            available = ", ".join(sorted(tools)) or "(none)"
+            checked.append(
+                InvalidCall(
+                    call_id,
+                    call.name,
+                    f"unknown tool {call.name!r}; available tools: {available}",
+                )
+            )
+            continue
+        arguments, error = _parse_arguments(call.arguments)
+        if arguments is not None:
+            error = _schema_errors(schema, arguments)
+        if error is not None or arguments is None:
+            checked.append(
+                InvalidCall(call_id, call.name, f"{error}. The tool's schema: {_schema_hint(schema)}")
+            )
+            continue
+        checked.append(CheckedCall(call_id, call.name, arguments))
+    return tuple(checked)
+
+
+def stored_arguments(call: CheckedCall | InvalidCall) -> str:
+    """The ``arguments`` string stored in history: canonical JSON, ``"{}"`` for invalid calls.
+
+    History must only hold valid JSON (case C01: servers reject a history that does not).
+    """
+    if isinstance(call, CheckedCall):
+        return json.dumps(call.arguments, separators=(",", ":"), ensure_ascii=False)
+    return "{}"

@@ -1,0 +1,127 @@
+"""The tool port: what a tool declares (`ToolSpec`), how it is called (`Tool`), the catalog.
+
+What belongs here: the types every tool and the tool runner share, and the catalog that maps
+names to tools and renders their OpenAI `tools=[...]` definitions. What does not: argument
+validation (the runtime checks arguments against `ToolSpec.parameters` with jsonschema before
+`run` is called), budgets, effect ledgers and result formatting for the model (the worker).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+__all__ = ["Catalog", "Tool", "ToolContext", "ToolError", "ToolSpec"]
+
+Effect = Literal["read", "write"]
+
+
+class ToolError(Exception):
+    """An expected tool failure whose message the model should see as the call's result.
+
+    Any other exception from `Tool.run` is a bug in the tool; the runner reports it as an
+    error result too, but without trusting its text.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What a tool declares to the model and to the runtime."""
+
+    name: str
+    """Function name the model calls; OpenAI allows ``^[a-zA-Z0-9_-]{1,64}$``."""
+    description: str
+    """Shown to the model: what the tool does, its limits and its errors."""
+    parameters: Mapping[str, Any]
+    """JSON Schema (Draft 2020-12) of the arguments object; treat as read-only."""
+    effect: Effect
+    """`read` has no side effects; `write` gets an idempotency key and the effect ledger."""
+    pollable: bool
+    """True if calling again with the same arguments may legitimately give a new answer
+    (observing changing state), which exempts it from the no-progress detector (case C15)."""
+
+    def as_openai_tool(self) -> dict[str, Any]:
+        """The function tool definition of the Chat Completions API (a fresh copy).
+
+        Shape: ``{"type": "function", "function": {"name", "description", "parameters"}}``
+        (https://platform.openai.com/docs/api-reference/chat/create#chat-create-tools).
+        """
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": copy.deepcopy(dict(self.parameters)),
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Who is calling: passed to every `Tool.run`."""
+
+    namespace: str
+    """The AgentRun's namespace; tools that touch the cluster stay inside it."""
+    run_name: str
+    run_uid: str
+    call_id: str
+    """The (re-keyed, unique) tool call id of this call."""
+    kube: Any | None = None
+    """A kubernetes_asyncio `ApiClient`, or None when the worker has no cluster access."""
+
+
+class Tool(Protocol):
+    """A callable tool. Implementations must not crash on arguments valid for their schema."""
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The tool's declaration."""
+        ...
+
+    async def run(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        """Run once with schema-valid `arguments`; returns the result text for the model.
+
+        Raises ToolError for an expected failure the model should read.
+        """
+        ...
+
+
+class Catalog(Mapping[str, Tool]):
+    """An immutable name → tool mapping."""
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        """Raises ValueError if two tools share a name."""
+        by_name: dict[str, Tool] = {}
+        for tool in tools:
+            name = tool.spec.name
+            if name in by_name:
+                raise ValueError(f"two tools are named {name!r}")
+            by_name[name] = tool
+        self._tools = by_name
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def specs(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """OpenAI `tools=[...]` for `names` in the order given (all tools when None).
+
+        Duplicate names are listed once. Raises KeyError naming the unknown tools and the
+        available ones (an AgentRun asking for a tool this worker lacks: `tool_unavailable`).
+        """
+        wanted = list(dict.fromkeys(self._tools if names is None else names))
+        unknown = [n for n in wanted if n not in self._tools]
+        if unknown:
+            raise KeyError(f"unknown tools {unknown}; available: {sorted(self._tools)}")
+        return [self._tools[n].spec.as_openai_tool() for n in wanted]

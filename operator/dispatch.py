@@ -1,0 +1,248 @@
+"""Dispatch: consume committed run events; publish the next TurnRequest or end the run.
+
+The operator's view of a run (``RunView``) is rebuilt from the run's events, never trusted
+across restarts: on resume it reads the last event and re-dispatches (the ``Nats-Msg-Id``
+``<run-uid>:<turn>`` makes a repeated dispatch a no-op inside the duplicate window, and the
+worker's compare-and-set commit makes a late duplicate harmless). Ends decided outside a turn —
+the wall-clock deadline, cancellation — are appended as ``stop`` events with the same
+compare-and-set, so they cannot interleave with a worker's commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from agentrun import kernel, protocol
+from agentrun.bus import Bus, CommitConflict
+from agentrun.protocol import RunConfig, RunEvent, TurnRequest
+
+from . import status
+from .statuswriter import StatusWriter
+
+log = logging.getLogger(__name__)
+
+STOP_ATTEMPTS = 8
+
+
+@dataclasses.dataclass(slots=True)
+class RunView:
+    """What the operator keeps about a live run (all of it derivable from the run's events)."""
+
+    namespace: str
+    name: str
+    uid: str
+    tenant: str
+    deadline: float
+    start_time: float
+    generation: int = 1
+    seq: int = 0
+    """Sequence of the last event processed."""
+    summary: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    terminal: bool = False
+    timer: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, config: RunConfig, *, start_time: float, generation: int = 1) -> RunView:
+        """A fresh view of an admitted run."""
+        return cls(config.namespace, config.name, config.uid, config.tenant, config.deadline, start_time, generation)
+
+
+def subject_key(subject: str) -> tuple[str, str]:
+    """``agentrun.event.<ns>.<run>`` → (namespace, name), undoing the ``.``→``_`` mapping."""
+    _, _, namespace, name = subject.split(".", 3)
+    return namespace, name.replace("_", ".")
+
+
+class Dispatcher:
+    """Owns the event consumer, the deadline timers and the run views."""
+
+    def __init__(self, bus: Bus, writer: StatusWriter, *, clock: Callable[[], float] = time.time) -> None:
+        self.bus = bus
+        self.writer = writer
+        self.clock = clock
+        self.views: dict[str, RunView] = {}
+        self._stopping = asyncio.Event()
+
+    # --- admission and recovery -----------------------------------------------------------------
+
+    async def admit(self, config: RunConfig, *, start_time: float, generation: int) -> None:
+        """Append the run's ``admitted`` event (once: compare-and-set on an empty subject).
+
+        If the subject holds events of an older object with the same name, they are purged
+        first. Turn 0 is dispatched by the event consumer when it sees the admission.
+        """
+        state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
+        event = RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
+        for _ in range(2):
+            try:
+                await self.bus.append_event(config.namespace, config.name, event, expected_seq=0)
+                break
+            except CommitConflict:
+                first = await self.bus.first_event(config.namespace, config.name)
+                if first is not None and first.run_uid == config.uid:
+                    return  # admitted before a restart; recovery takes it from here
+                log.warning("purging stale events of an older %s/%s", config.namespace, config.name)
+                await self.bus.purge_run(config.namespace, config.name)
+        self._track(RunView.of(config, start_time=start_time, generation=generation))
+
+    async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
+        """Resume a run after an operator restart; False when the run has no events of ``uid``.
+
+        Re-dispatches the pending turn of a running run, re-arms its deadline, and re-projects
+        the status of a finished one.
+        """
+        first = await self.bus.first_event(namespace, name)
+        if first is None or first.run_uid != uid or first.config is None:
+            return False
+        last = await self.bus.last_event(namespace, name)
+        assert last is not None
+        view = self.views.get(uid) or RunView.of(first.config, start_time=first.time, generation=generation)
+        self._track(view)
+        await self._apply(view, last)
+        return True
+
+    def _track(self, view: RunView) -> None:
+        if view.uid in self.views:
+            return
+        self.views[view.uid] = view
+        if not view.terminal:
+            view.timer = asyncio.create_task(self._deadline(view), name=f"deadline-{view.uid}")
+
+    # --- the event consumer ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the consumer loop."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer."""
+        sub = await self.bus.event_subscription()
+        while not self._stopping.is_set():
+            try:
+                msgs = await sub.fetch(batch=64, timeout=1.0)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            for msg in msgs:
+                await self._consume(msg)
+
+    async def _consume(self, msg: Msg) -> None:
+        try:
+            event = RunEvent.decode(msg.data, seq=msg.metadata.sequence.stream)
+        except (ValueError, KeyError, TypeError) as err:
+            log.error("dropping an undecodable event on %s: %s", msg.subject, err)
+            await msg.term()
+            return
+        try:
+            await self.on_event(msg.subject, event)
+        except Exception:
+            log.exception("event %s on %s failed; will be redelivered", event.seq, msg.subject)
+            await msg.nak(delay=1.0)
+            return
+        await msg.ack()
+
+    async def on_event(self, subject: str, event: RunEvent) -> None:
+        """Project one committed event and act on it (next turn, or nothing once terminal)."""
+        view = self.views.get(event.run_uid)
+        if view is None:
+            view = await self._view_from_stream(subject, event)
+            if view is None:
+                return  # events of a deleted run
+            self._track(view)
+        await self._apply(view, event)
+
+    async def _view_from_stream(self, subject: str, event: RunEvent) -> RunView | None:
+        if event.kind == "admitted" and event.config is not None:
+            return RunView.of(event.config, start_time=event.time)
+        namespace, name = subject_key(subject)
+        first = await self.bus.first_event(namespace, name)
+        if first is None or first.run_uid != event.run_uid or first.config is None:
+            return None
+        return RunView.of(first.config, start_time=first.time)
+
+    async def _apply(self, view: RunView, event: RunEvent) -> None:
+        if event.seq <= view.seq:
+            return
+        view.seq = event.seq
+        view.summary = event.summary
+        phase = event.phase
+        if not phase.is_terminal:
+            request = TurnRequest(
+                view.uid, view.namespace, view.name, int(event.summary.get("turn", 0)), event.seq
+            )
+            await self.bus.publish_turn(request, tenant=view.tenant)
+        else:
+            view.terminal = True
+            if view.timer is not None and view.timer is not asyncio.current_task():
+                view.timer.cancel()
+            self.views.pop(view.uid, None)  # a redelivered event rebuilds it from the stream
+        body = status.project(
+            event.summary,
+            seq=event.seq,
+            start_time=view.start_time,
+            event_time=event.time or self.clock(),
+            generation=view.generation,
+            admitted_at=view.start_time,
+        )
+        self.writer.submit(view.namespace, view.name, body, seq=event.seq, terminal=phase.is_terminal)
+
+    # --- ends decided outside a turn ------------------------------------------------------------
+
+    async def _deadline(self, view: RunView) -> None:
+        await asyncio.sleep(max(0.0, view.deadline - self.clock()))
+        try:
+            await self.end(view.namespace, view.name, view.uid, kernel.Phase.DEADLINE_EXCEEDED, "spec.budget.timeout passed")
+        except Exception:
+            log.exception("could not end %s/%s at its deadline", view.namespace, view.name)
+
+    async def end(self, namespace: str, name: str, uid: str, phase: kernel.Phase, message: str) -> bool:
+        """Append a ``stop`` event ending the run with ``phase`` and tell workers to drop it.
+
+        Returns False when the run has already ended (or has no events). Compare-and-set on
+        the last event, retried a bounded number of times if a worker commits meanwhile.
+        """
+        for _ in range(STOP_ATTEMPTS):
+            last = await self.bus.last_event(namespace, name)
+            if last is None or last.run_uid != uid or last.phase.is_terminal:
+                return False
+            state = kernel.stop(last.state(), phase, message)
+            event = RunEvent("stop", uid, state.summary(), time=self.clock())
+            try:
+                await self.bus.append_event(namespace, name, event, expected_seq=last.seq)
+            except CommitConflict:
+                continue
+            await self.bus.broadcast_cancel(uid)
+            return True
+        raise RuntimeError(f"could not append a stop event to {namespace}/{name}: the run keeps moving")
+
+    async def forget(self, namespace: str, name: str, uid: str) -> None:
+        """The AgentRun is being deleted: stop it, purge its events, drop its view.
+
+        Best effort with a bound: a dead NATS or a missing stream never holds the finalizer.
+        """
+        view = self.views.pop(uid, None)
+        if view is not None and view.timer is not None:
+            view.timer.cancel()
+        try:
+            async with asyncio.timeout(10):
+                await self.end(namespace, name, uid, kernel.Phase.CANCELLED, "the AgentRun was deleted")
+                await self.bus.purge_run(namespace, name)
+        except Exception as err:
+            log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
+        self.writer.forget(namespace, name)
+
+    async def close(self) -> None:
+        """Cancel every timer."""
+        for view in self.views.values():
+            if view.timer is not None:
+                view.timer.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*(v.timer for v in self.views.values() if v.timer), return_exceptions=True)

@@ -1,0 +1,142 @@
+"""kopf entry points: start-up wiring, admission on create/resume, cancellation, deletion.
+
+Handlers stay thin: they fetch what admission needs and hand over to ``dispatch``. kopf keeps its
+own bookkeeping in annotations (prefix ``kopf.agentrun.dev``), never in ``.status``, which is
+ours alone (a projection of the run's events).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import time
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun import kernel, kube
+from agentrun.bus import Bus, BusSettings
+from agentrun.tools import default_catalog
+
+from . import admission, status
+from .dispatch import Dispatcher
+from .statuswriter import StatusWriter, kube_patcher
+
+log = logging.getLogger(__name__)
+
+CANCEL_ANNOTATION = "agentrun.dev/cancel"
+FINALIZER = "agentrun.dev/finalizer"
+RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure kopf, connect to NATS and the API server, start the event consumer."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.agentrun.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    url = os.environ.get("AGENTRUN_NATS_URL", "nats://127.0.0.1:4222")
+    ack_wait = float(os.environ.get("AGENTRUN_TURN_ACK_WAIT", "30") or 30)
+    memo.bus = await Bus.connect(BusSettings(url=url, ack_wait=ack_wait), name=f"agentrun-operator-{os.getpid()}")
+    memo.api = await kube.api_client()
+    memo.writer = StatusWriter(kube_patcher(memo.api), interval=float(os.environ.get("AGENTRUN_STATUS_INTERVAL", "1") or 1))
+    memo.writer.start()
+    memo.dispatcher = Dispatcher(memo.bus, memo.writer)
+    memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
+    memo.known_tools = frozenset(default_catalog(kube=None))
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """Stop consuming, flush status, close connections."""
+    memo.dispatcher.stop()
+    memo.consumer.cancel()
+    await memo.dispatcher.close()
+    await memo.writer.close()
+    await memo.bus.close()
+    await memo.api.close()
+
+
+async def _get_model(api: client.ApiClient, name: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = await client.CustomObjectsApi(api).get_cluster_custom_object(
+            kube.GROUP, kube.VERSION, kube.MODELS, name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise kopf.TemporaryError(f"cannot read AgentModel {name!r}: HTTP {err.status}", delay=5) from err
+    return found
+
+
+def _start_time(status_: kopf.Status) -> float:
+    text = status_.get("startTime")
+    if isinstance(text, str):
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return time.time()
+
+
+async def _admit(
+    *, spec: kopf.Spec, meta: kopf.Meta, status_: kopf.Status, namespace: str, name: str, uid: str, memo: kopf.Memo
+) -> None:
+    if status_.get("terminalReason"):
+        return
+    dispatcher: Dispatcher = memo.dispatcher
+    generation = int(meta.get("generation") or 1)
+    if await dispatcher.recover(namespace, name, uid, generation=generation):
+        return
+    model = await _get_model(memo.api, str(spec.get("model", "")))
+    start_time = _start_time(status_)
+    try:
+        config = admission.admit(
+            admission.RunRef(namespace, name, uid),
+            spec,
+            model=model,
+            known_tools=memo.known_tools,
+            start_time=start_time,
+        )
+    except admission.InvalidSpec as err:
+        log.info("rejecting %s/%s: %s", namespace, name, err)
+        memo.writer.submit(namespace, name, status.rejected(str(err), at=time.time(), generation=generation), seq=0, terminal=True)
+        return
+    await dispatcher.admit(config, start_time=start_time, generation=generation)
+    if meta.get("annotations", {}).get(CANCEL_ANNOTATION) == "true":
+        await dispatcher.end(namespace, name, uid, kernel.Phase.CANCELLED, f"cancelled by the {CANCEL_ANNOTATION} annotation")
+
+
+@kopf.on.create(*RUN)
+async def create_run(
+    spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """Admit a new AgentRun: validate it against its AgentModel and queue its first turn."""
+    await _admit(spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo)
+
+
+@kopf.on.resume(*RUN)
+async def resume_run(
+    spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """After an operator restart: pick up where the run's events left off (or admit it)."""
+    await _admit(spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo)
+
+
+@kopf.on.update(*RUN, annotations={CANCEL_ANNOTATION: "true"})
+async def cancel_run(status: kopf.Status, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+    """``agentrun.dev/cancel: "true"``: end the run ``cancelled``; workers drop its turn."""
+    if status.get("terminalReason"):
+        return
+    await memo.dispatcher.end(namespace, name, uid, kernel.Phase.CANCELLED, f"cancelled by the {CANCEL_ANNOTATION} annotation")
+
+
+@kopf.on.delete(*RUN)
+async def delete_run(namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+    """Stop the run and purge its events; bounded, so the finalizer always goes."""
+    await memo.dispatcher.forget(namespace, name, uid)

@@ -1,0 +1,122 @@
+"""Status projection: a run's latest event (or admission failure) → the ``.status`` body.
+
+Pure. ``.status`` is a projection of the run's event stream (DESIGN.md §5); these functions are
+the only place that shapes it. Conditions follow the Kubernetes API conventions (type, status,
+reason in CamelCase, message, lastTransitionTime, observedGeneration).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from agentrun import kernel
+
+
+def rfc3339(epoch: float) -> str:
+    """UTC RFC 3339 timestamp with second precision (the ``date-time`` format of the CRD)."""
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def camel(reason: str) -> str:
+    """``max_steps`` → ``MaxSteps`` (condition reasons are CamelCase)."""
+    return "".join(part.capitalize() for part in reason.split("_"))
+
+
+def condition(type_: str, *, status: bool, reason: str, message: str, at: float, generation: int) -> dict[str, Any]:
+    """One ``metav1.Condition``."""
+    return {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message[:1024],
+        "lastTransitionTime": rfc3339(at),
+        "observedGeneration": generation,
+    }
+
+
+def usage_status(state: kernel.RunState, *, wall_seconds: float) -> dict[str, Any]:
+    """``.status.usage`` from a state's counters."""
+    usage = state.usage
+    return {
+        "steps": state.steps,
+        "toolCalls": state.tool_calls,
+        "toolFailures": state.tool_failures,
+        "corrections": state.corrections,
+        "inputTokens": usage.input_tokens,
+        "outputTokens": usage.output_tokens,
+        "cachedInputTokens": usage.cached_input_tokens,
+        "totalTokens": usage.total_tokens,
+        "costUSD": f"{usage.cost_usd:.6f}",
+        "wallSeconds": round(wall_seconds, 3),
+        "estimated": usage.estimated,
+    }
+
+
+def project(
+    summary: Mapping[str, Any],
+    *,
+    seq: int,
+    start_time: float,
+    event_time: float,
+    generation: int,
+    admitted_at: float,
+) -> dict[str, Any]:
+    """The full ``.status`` after an event with this ``summary`` (``RunState.summary()``)."""
+    state = kernel.state_from_summary(dict(summary))
+    terminal = kernel.conclude(state.phase)
+    status: dict[str, Any] = {
+        "phase": kernel.ResourcePhase.RUNNING.value,
+        "message": state.message,
+        "usage": usage_status(state, wall_seconds=max(0.0, event_time - start_time)),
+        "startTime": rfc3339(start_time),
+        "observedGeneration": generation,
+        "lastEventSequence": seq,
+    }
+    conditions = [
+        condition("Admitted", status=True, reason="Admitted", message="admitted and dispatched", at=admitted_at, generation=generation)
+    ]
+    if terminal is None:
+        conditions.append(
+            condition("Finished", status=False, reason="Running", message=state.message, at=admitted_at, generation=generation)
+        )
+    else:
+        status.update(
+            phase=terminal.resource_phase.value,
+            terminalReason=terminal.reason.value,
+            outcome=terminal.outcome.value,
+            completionTime=rfc3339(event_time),
+        )
+        if state.answer is not None:
+            status["answer"] = state.answer
+        conditions.append(
+            condition(
+                "Finished",
+                status=True,
+                reason=camel(terminal.reason.value),
+                message=state.message,
+                at=event_time,
+                generation=generation,
+            )
+        )
+    status["conditions"] = conditions
+    return status
+
+
+def rejected(message: str, *, at: float, generation: int) -> dict[str, Any]:
+    """``.status`` of a run that failed admission: ``Failed`` / ``invalid_spec``."""
+    terminal = kernel.conclude(kernel.Phase.INVALID_SPEC)
+    assert terminal is not None
+    return {
+        "phase": terminal.resource_phase.value,
+        "terminalReason": terminal.reason.value,
+        "outcome": terminal.outcome.value,
+        "message": message,
+        "observedGeneration": generation,
+        "completionTime": rfc3339(at),
+        "conditions": [
+            condition("Admitted", status=False, reason="InvalidSpec", message=message, at=at, generation=generation),
+            condition("Finished", status=True, reason="InvalidSpec", message=message, at=at, generation=generation),
+        ],
+    }

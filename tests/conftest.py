@@ -1,0 +1,102 @@
+"""Session fixtures that start real services, through the same code as ``agentrun dev up``.
+
+- `control_plane`: etcd + kube-apiserver from `agentrun.devenv.controlplane` (or the cluster
+  of ``KUBECONFIG`` when ``AGENTRUN_USE_EXISTING_CLUSTER=1``); `kubectl` drives it; `crds`
+  installs ``crds/*.yaml``; `test_namespace` gives each test a fresh namespace.
+- `nats_server`: nats-server with JetStream from `agentrun.devenv.natsserver`.
+- `devenv_launch`: where fixtures' processes log (a pytest temp dir, kept for the last three
+  sessions) and the rule that they die with the pytest process.
+
+Every process is stopped by pid at session end, and is SIGKILLed by the kernel if pytest
+itself dies. The control-plane binaries are built (once per machine) right after collection
+when a selected test needs them, with progress on the terminal and outside per-test timeouts.
+Higher-level fixtures (mock model, operator, workers) belong in the suites that need them,
+built on `agentrun.devenv.stack`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentrun.devenv import binaries, components, controlplane, natsserver
+from agentrun.devenv.kubectl import Kubectl, apply_crds, create_namespace, delete_namespace
+
+REPO = Path(__file__).resolve().parent.parent
+CRD_DIR = REPO / "crds"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build or locate the control-plane binaries before the first test that needs them."""
+    if not any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+
+    def show(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"agentrun devenv: {line}")
+
+    if controlplane.existing_cluster_requested():
+        binaries.find_kubectl(log=show)
+    else:
+        binaries.ensure_binaries(log=show)
+
+
+@pytest.fixture(scope="session")
+def devenv_launch(tmp_path_factory: pytest.TempPathFactory) -> components.Launch:
+    """Launch settings for fixture processes: logs in a temp dir, killed if pytest dies."""
+    return components.Launch(
+        log_dir=tmp_path_factory.mktemp("devenv-logs"), die_with_parent=True, log=print
+    )
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
+) -> Iterator[controlplane.Cluster]:
+    """A started local control plane (or the existing cluster); stopped at session end."""
+    cluster = controlplane.open_cluster(
+        tmp_path_factory.mktemp("controlplane"), launch=devenv_launch
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: controlplane.Cluster) -> Kubectl:
+    """``kubectl(*args, input=None, check=True, timeout=60) -> CompletedProcess[str]``."""
+    return Kubectl.for_cluster(control_plane)
+
+
+@pytest.fixture(scope="session")
+def crds(kubectl: Kubectl) -> list[str]:
+    """Applies ``crds/*.yaml`` and waits until Established; the CRD resource names."""
+    return apply_crds(kubectl, CRD_DIR)
+
+
+@pytest.fixture(scope="session")
+def nats_server(
+    tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
+) -> Iterator[natsserver.NatsServer]:
+    """A started nats-server with JetStream (``.url``); stopped at session end."""
+    server = natsserver.start_nats_server(tmp_path_factory.mktemp("nats"), launch=devenv_launch)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def test_namespace(kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace ``agentrun-test-<8 hex>``; deletion is requested afterwards.
+
+    Without a controller-manager the local control plane leaves it Terminating, which is
+    harmless: names never repeat.
+    """
+    name = create_namespace(kubectl)
+    yield name
+    delete_namespace(kubectl, name)

@@ -1,0 +1,112 @@
+"""The Helm chart, checked without helm: CRD copies, plain YAML, and template references.
+
+Helm packages do not carry symlinks portably, so charts/agentrun/crds/ holds copies of the
+top-level crds/ (the single source); these tests fail when a copy drifts.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from crd_support import CHART_DIR, CRD_DIR
+
+TEMPLATES = CHART_DIR / "templates"
+VALUES_REFERENCE = re.compile(r"\.Values((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+
+
+def test_chart_crds_are_byte_identical_copies_of_the_top_level_crds() -> None:
+    top_level = {path.name: path.read_bytes() for path in CRD_DIR.glob("*.yaml")}
+    in_chart = {path.name: path.read_bytes() for path in (CHART_DIR / "crds").iterdir()}
+    assert sorted(in_chart) == sorted(top_level), "copy with: cp crds/*.yaml charts/agentrun/crds/"
+    drifted = [name for name in top_level if in_chart[name] != top_level[name]]
+    assert drifted == [], "copy with: cp crds/*.yaml charts/agentrun/crds/"
+
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert (chart["apiVersion"], chart["name"], chart["type"]) == ("v2", "agentrun", "application")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"])
+    assert chart["appVersion"]
+
+
+@pytest.mark.parametrize("placeholder", ["dashboards/.gitkeep", "alerts/.gitkeep"])
+def test_chart_has_folders_for_dashboards_and_alerts(placeholder: str) -> None:
+    assert (CHART_DIR / placeholder).is_file()
+
+
+def load_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    return values
+
+
+def has_key_path(values: dict[str, Any], dotted: str) -> bool:
+    node: Any = values
+    for key in dotted.strip(".").split("."):
+        if not isinstance(node, dict) or key not in node:
+            return False
+        node = node[key]
+    return True
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES.iterdir()), ids=lambda path: path.name)
+def test_template_reads_only_values_that_values_yaml_declares(template: Path) -> None:
+    # Helm renders a misspelt `.Values.x.y` as empty instead of failing; catch it here.
+    values = load_values()
+    referenced = set(VALUES_REFERENCE.findall(template.read_text()))
+    assert sorted(ref for ref in referenced if not has_key_path(values, ref)) == []
+
+
+@pytest.mark.parametrize("template", sorted(TEMPLATES.glob("*.yaml")), ids=lambda path: path.name)
+def test_template_actions_are_balanced(template: Path) -> None:
+    text = template.read_text()
+    assert text.count("{{") == text.count("}}")
+
+
+@pytest.mark.parametrize(
+    ("template", "variables"),
+    [
+        pytest.param(
+            "operator-deployment.yaml",
+            ["AGENTRUN_NATS_URL", "AGENTRUN_METRICS_PORT", "AGENTRUN_TURN_ACK_WAIT"],
+            id="operator",
+        ),
+        pytest.param(
+            "worker-deployment.yaml",
+            [
+                "AGENTRUN_NATS_URL",
+                "AGENTRUN_METRICS_PORT",
+                "AGENTRUN_WORKER_CONCURRENCY",
+                "AGENTRUN_TURN_ACK_WAIT",
+            ],
+            id="worker",
+        ),
+    ],
+)
+def test_deployments_set_the_environment_of_docs_contracts(
+    template: str, variables: list[str]
+) -> None:
+    text = (TEMPLATES / template).read_text()
+    assert [name for name in variables if f"name: {name}" not in text] == []
+
+
+def test_kubernetes_get_tool_role_covers_every_kind_the_tool_serves() -> None:
+    text = (TEMPLATES / "worker-rbac.yaml").read_text()
+    role = text[text.index("name: {{ $fullname }}-worker-kubernetes-get") :]
+    for kind in [
+        "pods",
+        "services",
+        "configmaps",
+        "events",
+        "deployments",
+        "replicasets",
+        "statefulsets",
+        "jobs",
+        "agentruns",
+    ]:
+        assert re.search(rf"resources: \[[^\]]*\b{kind}\b", role), kind
+    assert "secrets" not in role
+    assert set(re.findall(r"verbs: \[([^\]]*)\]", role)) == {"get, list"}

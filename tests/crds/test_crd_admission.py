@@ -1,0 +1,497 @@
+"""What the real kube-apiserver accepts, rejects, defaults and shows for the agentrun CRDs.
+
+Each rejection must name the offending field, so a user reading `kubectl apply`'s error knows
+what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from crd_support import Apply, Kubectl, Manifest, make_agentmodel, make_agentrun, without
+
+from agentrun.kernel import limits, usage
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+
+def with_budget(**budget: Any) -> Manifest:
+    return make_agentrun(budget=budget)
+
+
+REJECTED_AGENTRUNS = [
+    pytest.param(
+        without(make_agentrun(), "spec.goal"), ["spec.goal", "Required value"], id="missing-goal"
+    ),
+    pytest.param(
+        without(make_agentrun(), "spec.model"), ["spec.model", "Required value"], id="missing-model"
+    ),
+    pytest.param(make_agentrun(goal=""), ["spec.goal", "at least 1 chars"], id="empty-goal"),
+    pytest.param(
+        make_agentrun(model="GPT_4o"), ["spec.model", "should match"], id="model-not-a-dns-name"
+    ),
+    pytest.param(
+        with_budget(maxSteps=0),
+        ["spec.budget.maxSteps", "greater than or equal to 1"],
+        id="max-steps-zero",
+    ),
+    pytest.param(
+        with_budget(maxSteps=1001),
+        ["spec.budget.maxSteps", "less than or equal to 1000"],
+        id="max-steps-over-1000",
+    ),
+    pytest.param(
+        with_budget(maxToolCalls=-1),
+        ["spec.budget.maxToolCalls", "greater than or equal to 1"],
+        id="negative-max-tool-calls",
+    ),
+    pytest.param(
+        with_budget(maxTokens=0),
+        ["spec.budget.maxTokens", "greater than or equal to 1"],
+        id="max-tokens-zero",
+    ),
+    pytest.param(
+        with_budget(maxCostUSD="abc"),
+        ["spec.budget.maxCostUSD", "should match"],
+        id="max-cost-not-a-decimal",
+    ),
+    pytest.param(
+        with_budget(maxCostUSD="0"),
+        ["spec.budget.maxCostUSD must be greater than 0"],
+        id="max-cost-zero",
+    ),
+    pytest.param(
+        with_budget(maxCostUSD="0.000"),
+        ["spec.budget.maxCostUSD must be greater than 0"],
+        id="max-cost-zero-with-decimals",
+    ),
+    pytest.param(
+        with_budget(maxCostUSD="1.1234567"),
+        ["spec.budget.maxCostUSD", "should match"],
+        id="max-cost-too-many-decimals",
+    ),
+    pytest.param(
+        with_budget(timeout="5 minutes"),
+        ["spec.budget.timeout", "should match"],
+        id="timeout-not-a-duration",
+    ),
+    pytest.param(
+        with_budget(timeout="0s"),
+        ["spec.budget.timeout must be greater than 0s and at most 24h"],
+        id="timeout-zero",
+    ),
+    pytest.param(
+        with_budget(timeout="48h"),
+        ["spec.budget.timeout must be greater than 0s and at most 24h"],
+        id="timeout-over-24h",
+    ),
+    pytest.param(
+        with_budget(noProgress={"window": 0}),
+        ["spec.budget.noProgress.window", "greater than or equal to 1"],
+        id="no-progress-window-zero",
+    ),
+    pytest.param(
+        make_agentrun(tools=["calculate", "rm -rf /"]),
+        ["spec.tools[1]", "should match"],
+        id="tool-name-with-bad-characters",
+    ),
+    pytest.param(
+        make_agentrun(tools=["calculate", "calculate"]),
+        ["spec.tools[1]", "Duplicate value"],
+        id="duplicate-tool",
+    ),
+    pytest.param(
+        make_agentrun(tools=["calculate"], approval={"tools": ["sleep"]}),
+        [
+            "spec.approval.tools",
+            "every tool in spec.approval.tools must also be listed in spec.tools",
+        ],
+        id="approval-tool-not-in-tools",
+    ),
+    pytest.param(
+        without(make_agentrun(approval={"tools": ["sleep"]}), "spec.tools"),
+        ["spec.approval.tools", "must also be listed in spec.tools"],
+        id="approval-tool-without-any-tools",
+    ),
+    pytest.param(
+        make_agentrun(tools=["calculate"], budget={"noProgress": {"pollable": ["sleep"]}}),
+        ["spec.budget.noProgress.pollable", "must also be listed in spec.tools"],
+        id="pollable-tool-not-in-tools",
+    ),
+    pytest.param(
+        make_agentrun(colour="red"), ['unknown field "spec.colour"'], id="unknown-spec-field"
+    ),
+    pytest.param(
+        with_budget(maxSteps=5, retries=3),
+        ['unknown field "spec.budget.retries"'],
+        id="unknown-budget-field",
+    ),
+    pytest.param(
+        make_agentrun(output={}),
+        ["spec.output.schema", "Required value"],
+        id="output-without-schema",
+    ),
+    pytest.param(
+        make_agentrun(name="run.v2"), ["metadata.name", "should match"], id="dotted-run-name"
+    ),
+]
+
+
+@pytest.mark.parametrize(("manifest", "expected"), REJECTED_AGENTRUNS)
+def test_api_server_rejects_invalid_agentrun_naming_the_field(
+    apply: Apply, test_namespace: str, manifest: Manifest, expected: list[str]
+) -> None:
+    result = apply(manifest, namespace=test_namespace)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    for fragment in expected:
+        assert fragment in result.stderr
+
+
+REJECTED_AGENTMODELS = [
+    pytest.param({"baseURL": "ftp://x"}, ["spec.baseURL", "should match"], id="ftp-base-url"),
+    pytest.param(
+        {"maxOutputTokens": 8192, "contextWindow": 8192},
+        ["spec.maxOutputTokens must be smaller than spec.contextWindow"],
+        id="max-output-equals-context-window",
+    ),
+    pytest.param(
+        {"contextWindow": 4096},
+        ["spec.maxOutputTokens must be smaller than spec.contextWindow"],
+        id="default-max-output-not-below-context-window",
+    ),
+    pytest.param(
+        {"credentials": {"secretRef": {"name": "openai"}}},
+        ["spec.credentials.secretRef.namespace", "Required value"],
+        id="secret-ref-without-namespace",
+    ),
+    pytest.param(
+        {"pricing": {"outputPerMillionUSD": "-0.6"}},
+        ["spec.pricing.outputPerMillionUSD", "should match"],
+        id="negative-price",
+    ),
+    pytest.param({"temperature": 0.2}, ['unknown field "spec.temperature"'], id="unknown-field"),
+]
+
+
+@pytest.mark.parametrize(("spec", "expected"), REJECTED_AGENTMODELS)
+def test_api_server_rejects_invalid_agentmodel_naming_the_field(
+    apply: Apply, agentmodel_name: str, spec: dict[str, Any], expected: list[str]
+) -> None:
+    result = apply(make_agentmodel(agentmodel_name, **spec))
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    for fragment in expected:
+        assert fragment in result.stderr
+
+
+ACCEPTED_AGENTRUNS = [
+    pytest.param(without(make_agentrun(), "spec.tools"), id="minimal-no-tools"),
+    pytest.param(
+        with_budget(
+            maxSteps=1000,
+            maxToolCalls=1,
+            maxTokens=9_000_000_000,
+            maxCostUSD="0.000001",
+            timeout="24h",
+            noProgress={"window": 1, "pollable": ["sleep"]},
+        ),
+        id="budget-at-its-bounds",
+    ),
+    pytest.param(with_budget(maxCostUSD="12.50", timeout="1h30m"), id="compound-duration"),
+    pytest.param(with_budget(timeout="1.5h"), id="fractional-duration"),
+    pytest.param(with_budget(timeout="500ms"), id="millisecond-duration"),
+    pytest.param(
+        make_agentrun(
+            instructions="You are terse.",
+            approval={"tools": ["sleep"]},
+            output={
+                "schema": {
+                    "type": "object",
+                    "required": ["area"],
+                    "properties": {"area": {"type": "number"}},
+                }
+            },
+        ),
+        id="approval-and-output-schema",
+    ),
+]
+
+
+@pytest.mark.parametrize("manifest", ACCEPTED_AGENTRUNS)
+def test_api_server_accepts_valid_agentrun(
+    apply: Apply, test_namespace: str, manifest: Manifest
+) -> None:
+    result = apply(manifest, namespace=test_namespace)
+    assert result.returncode == 0, result.stderr
+
+
+def get_json(kubectl: Kubectl, *args: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(kubectl("get", *args, "-o", "json").stdout)
+    return result
+
+
+def test_agentrun_budget_defaults_are_filled_in(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    assert apply(make_agentrun("defaults"), namespace=test_namespace).returncode == 0
+    spec = get_json(kubectl, "agentrun", "defaults", "-n", test_namespace)["spec"]
+    assert spec["budget"] == {
+        "maxSteps": 20,
+        "maxToolCalls": 50,
+        "timeout": "10m",
+        "noProgress": {"window": 3},
+    }
+
+
+def test_agentrun_defaults_leave_given_budget_fields_alone(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    manifest = make_agentrun("partly", budget={"maxSteps": 7, "maxCostUSD": "0.25"})
+    assert apply(manifest, namespace=test_namespace).returncode == 0
+    budget = get_json(kubectl, "agentrun", "partly", "-n", test_namespace)["spec"]["budget"]
+    assert (budget["maxSteps"], budget["maxCostUSD"]) == (7, "0.25")
+    assert (budget["maxToolCalls"], budget["timeout"]) == (50, "10m")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"goal": "something else entirely"}, id="goal"),
+        pytest.param({"budget": {"maxSteps": 40}}, id="budget-max-steps"),
+        pytest.param({"tools": ["calculate"]}, id="tools"),
+    ],
+)
+def test_agentrun_spec_is_immutable(
+    apply: Apply, test_namespace: str, change: dict[str, Any]
+) -> None:
+    assert apply(make_agentrun("frozen"), namespace=test_namespace).returncode == 0
+    result = apply(make_agentrun("frozen", **change), namespace=test_namespace)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    assert "spec is immutable once the run is created" in result.stderr
+    assert "agentrun.dev/cancel" in result.stderr
+
+
+def test_agentrun_can_be_cancelled_by_annotation_despite_immutable_spec(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    assert apply(make_agentrun("to-cancel"), namespace=test_namespace).returncode == 0
+    kubectl("annotate", "agentrun", "to-cancel", "-n", test_namespace, "agentrun.dev/cancel=true")
+    annotations = get_json(kubectl, "agentrun", "to-cancel", "-n", test_namespace)["metadata"][
+        "annotations"
+    ]
+    assert annotations["agentrun.dev/cancel"] == "true"
+
+
+FINISHED_STATUS = {
+    "phase": "Succeeded",
+    "terminalReason": "completed",
+    "outcome": "ok",
+    "message": "the model gave a final answer",
+    "answer": "5",
+    "usage": {
+        "steps": 2,
+        "toolCalls": 1,
+        "toolFailures": 0,
+        "corrections": 0,
+        "inputTokens": 1200,
+        "outputTokens": 80,
+        "cachedInputTokens": 1000,
+        "totalTokens": 1280,
+        "costUSD": "0.000412",
+        "wallSeconds": 4.25,
+        "estimated": False,
+    },
+    "conditions": [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "Completed",
+            "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:04Z",
+            "observedGeneration": 1,
+        }
+    ],
+    "observedGeneration": 1,
+    "startTime": "2026-01-01T00:00:00Z",
+    "completionTime": "2026-01-01T00:00:04Z",
+    "lastEventSequence": 17,
+}
+
+
+def patch_status(
+    kubectl: Kubectl, namespace: str, name: str, status: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    return kubectl(
+        "patch",
+        "agentrun",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+        check=False,
+    )
+
+
+def test_status_subresource_stores_the_operators_projection(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    assert apply(make_agentrun("done"), namespace=test_namespace).returncode == 0
+    result = patch_status(kubectl, test_namespace, "done", FINISHED_STATUS)
+    assert result.returncode == 0, result.stderr
+    stored = get_json(kubectl, "agentrun", "done", "-n", test_namespace)
+    assert stored["status"] == FINISHED_STATUS
+    assert stored["metadata"]["generation"] == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        pytest.param(
+            {"terminalReason": "timeout"},
+            ["status.terminalReason", "Unsupported value"],
+            id="reason-outside-the-closed-set",
+        ),
+        pytest.param({"phase": "Done"}, ["status.phase", "Unsupported value"], id="unknown-phase"),
+        pytest.param(
+            {"outcome": "failed"}, ["status.outcome", "Unsupported value"], id="unknown-outcome"
+        ),
+        pytest.param(
+            {"usage": {"costUSD": "-1"}},
+            ["status.usage.costUSD", "should match"],
+            id="negative-cost",
+        ),
+    ],
+)
+def test_status_rejects_values_outside_its_vocabulary(
+    apply: Apply,
+    kubectl: Kubectl,
+    test_namespace: str,
+    status: dict[str, Any],
+    expected: list[str],
+) -> None:
+    assert apply(make_agentrun("strict"), namespace=test_namespace).returncode == 0
+    result = patch_status(kubectl, test_namespace, "strict", status)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    for fragment in expected:
+        assert fragment in result.stderr
+
+
+def test_status_accepts_the_kernels_usage_shape_even_for_tiny_costs(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    # str(Decimal) writes 1.5E-7; a rejected pattern would block the operator's whole patch.
+    cost = limits.Pricing(output_per_million=Decimal("0.15")).cost(
+        input_tokens=0, cached_input_tokens=0, output_tokens=1
+    )
+    projected = usage.Usage(input_tokens=3, output_tokens=1, cost_usd=cost).as_dict()
+    assert apply(make_agentrun("tiny"), namespace=test_namespace).returncode == 0
+    result = patch_status(kubectl, test_namespace, "tiny", {"usage": projected})
+    assert result.returncode == 0, result.stderr
+    stored = get_json(kubectl, "agentrun", "tiny", "-n", test_namespace)["status"]["usage"]
+    assert stored == projected
+
+
+def test_get_agentruns_shows_phase_reason_steps_tokens_cost(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    assert apply(make_agentrun("shown"), namespace=test_namespace).returncode == 0
+    assert patch_status(kubectl, test_namespace, "shown", FINISHED_STATUS).returncode == 0
+    header, row = kubectl("get", "ar", "-n", test_namespace).stdout.splitlines()
+    assert header.split() == ["NAME", "PHASE", "REASON", "STEPS", "TOKENS", "COST", "AGE"]
+    assert row.split()[:6] == ["shown", "Succeeded", "completed", "2", "1280", "0.000412"]
+
+
+def test_get_agentmodels_shows_model_and_base_url_and_fills_defaults(
+    apply: Apply, kubectl: Kubectl, agentmodel_name: str
+) -> None:
+    manifest = make_agentmodel(
+        agentmodel_name, credentials={"secretRef": {"name": "openai", "namespace": "llm-keys"}}
+    )
+    result = apply(manifest)
+    assert result.returncode == 0, result.stderr
+    spec = get_json(kubectl, "agentmodel", agentmodel_name)["spec"]
+    assert spec["credentials"]["secretRef"]["key"] == "apiKey"
+    assert spec["pricing"] == {
+        "inputPerMillionUSD": "0",
+        "cachedInputPerMillionUSD": "0",
+        "outputPerMillionUSD": "0",
+    }
+    assert (spec["contextWindow"], spec["maxOutputTokens"]) == (128000, 4096)
+    header, row = kubectl("get", "am", agentmodel_name).stdout.splitlines()
+    assert header.split() == ["NAME", "MODEL", "BASEURL", "AGE"]
+    assert row.split()[:3] == [agentmodel_name, "scripted", manifest["spec"]["baseURL"]]
+
+
+def test_agentmodel_prices_can_be_changed_by_the_platform_team(
+    apply: Apply, kubectl: Kubectl, agentmodel_name: str
+) -> None:
+    assert apply(make_agentmodel(agentmodel_name)).returncode == 0
+    repriced = make_agentmodel(agentmodel_name, pricing={"outputPerMillionUSD": "0.60"})
+    result = apply(repriced)
+    assert result.returncode == 0, result.stderr
+    pricing = get_json(kubectl, "agentmodel", agentmodel_name)["spec"]["pricing"]
+    assert pricing["outputPerMillionUSD"] == "0.60"
+
+
+def explain(kubectl: Kubectl, field: str, *, attempts: int = 30) -> str:
+    """`kubectl explain FIELD`, retried while the new CRD's OpenAPI is still being published."""
+    for _ in range(attempts):
+        result = kubectl("explain", field, check=False)
+        if result.returncode == 0:
+            return result.stdout
+        time.sleep(1)
+    raise AssertionError(f"kubectl explain {field} kept failing: {result.stderr}")
+
+
+def test_explain_budget_gives_units_defaults_and_terminal_reasons(kubectl: Kubectl) -> None:
+    text = " ".join(explain(kubectl, "agentrun.spec.budget").split())
+    for fragment in [
+        "maxSteps",
+        "default 20",
+        "max_steps",
+        "maxToolCalls",
+        "default 50",
+        "tool_budget_exhausted",
+        "maxTokens",
+        "token_budget_exhausted",
+        "maxCostUSD",
+        "US dollars",
+        "cost_budget_exhausted",
+        "timeout",
+        "default 10m",
+        "at most 24h",
+        "deadline_exceeded",
+        "noProgress",
+    ]:
+        assert fragment in text
+
+
+def test_explain_status_usage_describes_every_counter(kubectl: Kubectl) -> None:
+    text = " ".join(explain(kubectl, "agentrun.status.usage").split())
+    for fragment in [
+        "steps",
+        "toolCalls",
+        "toolFailures",
+        "corrections",
+        "inputTokens",
+        "outputTokens",
+        "cachedInputTokens",
+        "totalTokens",
+        "costUSD",
+        "wallSeconds",
+        "estimated",
+        "omitted it",
+    ]:
+        assert fragment in text
+
+
+def test_explain_agentmodel_pricing_gives_the_unit(kubectl: Kubectl) -> None:
+    text = " ".join(explain(kubectl, "agentmodel.spec.pricing").split())
+    assert "per 1,000,000 tokens" in text

@@ -1,0 +1,222 @@
+"""The CRD files themselves, without a cluster: names, field sets, descriptions, vocabularies.
+
+The field sets are the contract of docs/contracts.md and DESIGN.md §3; the terminal reasons are
+the closed set of DESIGN.md §4 (agentrun.kernel.terminal.TerminalReason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from crd_support import AGENTMODEL_CRD, AGENTRUN_CRD, CRD_DIR
+
+from agentrun.kernel import terminal
+
+Schema = dict[str, Any]
+
+
+def load_crd(path: Path) -> dict[str, Any]:
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    assert len(docs) == 1, f"{path.name}: expected one document, found {len(docs)}"
+    crd: dict[str, Any] = docs[0]
+    return crd
+
+
+def root_schema(path: Path) -> Schema:
+    (version,) = load_crd(path)["spec"]["versions"]
+    schema: Schema = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def walk_fields(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
+    """Every named field below `schema` as (dotted path, its schema), through list items."""
+    for name, child in schema.get("properties", {}).items():
+        child_path = f"{path}.{name}" if path else name
+        yield child_path, child
+        yield from walk_fields(child, child_path)
+    if "items" in schema:
+        yield from walk_fields(schema["items"], f"{path}[]")
+
+
+def at(schema: Schema, dotted_path: str) -> Schema:
+    node = schema
+    for name in dotted_path.split("."):
+        node = node["properties"][name]
+    return node
+
+
+CRD_FILES = pytest.mark.parametrize(
+    "path", [AGENTRUN_CRD, AGENTMODEL_CRD], ids=lambda path: path.name.split("_")[1]
+)
+
+
+def test_crd_directory_holds_exactly_the_two_crds() -> None:
+    assert sorted(path.name for path in CRD_DIR.iterdir()) == [
+        "agentrun.dev_agentmodels.yaml",
+        "agentrun.dev_agentruns.yaml",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "scope", "kind", "plural", "short_name"),
+    [
+        pytest.param(AGENTRUN_CRD, "Namespaced", "AgentRun", "agentruns", "ar", id="agentruns"),
+        pytest.param(
+            AGENTMODEL_CRD, "Cluster", "AgentModel", "agentmodels", "am", id="agentmodels"
+        ),
+    ],
+)
+def test_crd_names_group_and_version(
+    path: Path, scope: str, kind: str, plural: str, short_name: str
+) -> None:
+    crd = load_crd(path)
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert crd["metadata"]["name"] == f"{plural}.agentrun.dev"
+    spec = crd["spec"]
+    assert (spec["group"], spec["scope"]) == ("agentrun.dev", scope)
+    assert spec["names"]["kind"] == kind
+    assert spec["names"]["plural"] == plural
+    assert spec["names"]["shortNames"] == [short_name]
+    assert spec["names"]["categories"] == ["agents"]
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+
+
+@CRD_FILES
+def test_every_field_has_a_description(path: Path) -> None:
+    # metadata is the one exception: the API server forbids describing it in a CRD schema.
+    undescribed = [
+        field
+        for field, schema in walk_fields(root_schema(path))
+        if not field.startswith("metadata") and not schema.get("description", "").strip()
+    ]
+    assert undescribed == []
+
+
+@CRD_FILES
+def test_status_declares_no_defaults(path: Path) -> None:
+    status = root_schema(path)["properties"]["status"]
+    assert [field for field, schema in walk_fields(status) if "default" in schema] == []
+
+
+def test_agentrun_spec_fields_are_the_contract() -> None:
+    spec = at(root_schema(AGENTRUN_CRD), "spec")
+    assert set(spec["properties"]) == {
+        "model",
+        "instructions",
+        "goal",
+        "tools",
+        "output",
+        "budget",
+        "approval",
+    }
+    assert set(spec["required"]) == {"model", "goal"}
+    assert set(at(spec, "output")["properties"]) == {"schema"}
+    assert set(at(spec, "budget")["properties"]) == {
+        "maxSteps",
+        "maxToolCalls",
+        "maxTokens",
+        "maxCostUSD",
+        "timeout",
+        "noProgress",
+    }
+    assert set(at(spec, "budget.noProgress")["properties"]) == {"window", "pollable"}
+    assert set(at(spec, "approval")["properties"]) == {"tools"}
+
+
+def test_agentrun_status_fields_are_the_contract() -> None:
+    status = at(root_schema(AGENTRUN_CRD), "status")
+    assert set(status["properties"]) == {
+        "phase",
+        "terminalReason",
+        "outcome",
+        "message",
+        "answer",
+        "usage",
+        "pendingApproval",
+        "conditions",
+        "observedGeneration",
+        "startTime",
+        "completionTime",
+        "lastEventSequence",
+    }
+    assert set(at(status, "usage")["properties"]) == {
+        "steps",
+        "toolCalls",
+        "toolFailures",
+        "corrections",
+        "inputTokens",
+        "outputTokens",
+        "cachedInputTokens",
+        "totalTokens",
+        "costUSD",
+        "wallSeconds",
+        "estimated",
+    }
+
+
+def test_agentrun_status_vocabularies_match_the_kernel_enums() -> None:
+    status = at(root_schema(AGENTRUN_CRD), "status")
+    assert at(status, "terminalReason")["enum"] == [r.value for r in terminal.TerminalReason]
+    assert at(status, "phase")["enum"] == [p.value for p in terminal.ResourcePhase]
+    assert at(status, "outcome")["enum"] == [o.value for o in terminal.Outcome]
+
+
+def test_terminal_reason_description_explains_every_reason() -> None:
+    description = at(root_schema(AGENTRUN_CRD), "status.terminalReason")["description"]
+    unexplained = [r.value for r in terminal.TerminalReason if f"{r.value}:" not in description]
+    assert unexplained == []
+
+
+@pytest.mark.parametrize(
+    ("field", "reason"),
+    [
+        ("maxSteps", "max_steps"),
+        ("maxToolCalls", "tool_budget_exhausted"),
+        ("maxTokens", "token_budget_exhausted"),
+        ("maxCostUSD", "cost_budget_exhausted"),
+        ("timeout", "deadline_exceeded"),
+        ("noProgress.window", "no_progress"),
+    ],
+)
+def test_each_budget_field_names_the_terminal_reason_it_ends_a_run_with(
+    field: str, reason: str
+) -> None:
+    budget = at(root_schema(AGENTRUN_CRD), "spec.budget")
+    assert reason in at(budget, field)["description"]
+
+
+def test_agentmodel_spec_fields_are_the_contract() -> None:
+    spec = at(root_schema(AGENTMODEL_CRD), "spec")
+    assert set(spec["properties"]) == {
+        "baseURL",
+        "model",
+        "credentials",
+        "pricing",
+        "contextWindow",
+        "maxOutputTokens",
+    }
+    assert set(spec["required"]) == {"baseURL", "model"}
+    assert set(at(spec, "credentials.secretRef")["properties"]) == {"name", "namespace", "key"}
+    assert set(at(spec, "pricing")["properties"]) == {
+        "inputPerMillionUSD",
+        "cachedInputPerMillionUSD",
+        "outputPerMillionUSD",
+    }
+
+
+@CRD_FILES
+def test_printer_columns_point_at_declared_fields(path: Path) -> None:
+    (version,) = load_crd(path)["spec"]["versions"]
+    schema = root_schema(path)
+    for column in version["additionalPrinterColumns"]:
+        json_path = column["jsonPath"]
+        if json_path == ".metadata.creationTimestamp":
+            continue
+        field = at(schema, json_path.removeprefix("."))
+        assert field["type"] == column["type"], column["name"]

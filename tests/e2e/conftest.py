@@ -1,0 +1,120 @@
+"""The e2e stack: the real control plane and nats-server (session fixtures in tests/conftest.py),
+the scripted model server, the operator and two workers, all started through
+``agentrun.devenv.stack`` — the same code ``agentrun dev up`` uses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from agentrun.devenv import components, stack
+
+SCENARIOS = Path(__file__).with_name("scenarios.yaml")
+ACK_WAIT = 4.0
+"""Seconds before an unacked TurnRequest is redelivered (short, for the SIGKILL tests)."""
+
+
+@dataclasses.dataclass
+class E2EStack:
+    """Handles on the running services plus kubectl helpers written as a user would type them."""
+
+    kubectl: Callable[..., Any]
+    launch: components.Launch
+    env: dict[str, str]
+    mock: components.Component
+    operator: components.Component
+    workers: list[components.Component]
+
+    @property
+    def mock_url(self) -> str:
+        return stack.mockllm_url(self.mock)
+
+    def apply(self, namespace: str, manifest: dict[str, Any]) -> None:
+        self.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        result = self.kubectl("get", "agentrun", name, "-n", namespace, "-o", "json", check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise AssertionError(result.stderr)
+        found: dict[str, Any] = json.loads(result.stdout)
+        return found
+
+    def wait_for(self, namespace: str, name: str, predicate: Callable[[dict[str, Any]], bool], *, timeout: float = 60) -> dict[str, Any]:
+        """Poll ``kubectl get`` until ``predicate(status)``; returns the status."""
+        end = time.monotonic() + timeout
+        status: dict[str, Any] = {}
+        while time.monotonic() < end:
+            obj = self.get(namespace, name)
+            status = (obj or {}).get("status") or {}
+            if predicate(status):
+                return status
+            time.sleep(0.25)
+        raise AssertionError(f"{namespace}/{name} did not get there in {timeout}s; status: {json.dumps(status, indent=1)}")
+
+    def wait_terminal(self, namespace: str, name: str, *, timeout: float = 60) -> dict[str, Any]:
+        return self.wait_for(namespace, name, lambda s: bool(s.get("terminalReason")), timeout=timeout)
+
+    def mock_requests(self) -> list[dict[str, Any]]:
+        base = self.mock_url.removesuffix("/v1")
+        data: Any = httpx.get(f"{base}/_mock/requests", timeout=10).json()
+        return list(data["requests"] if isinstance(data, dict) else data)
+
+    def restart_dead(self) -> None:
+        """Bring back any service a test killed, so the next test finds the full stack."""
+        if not self.operator.is_alive:
+            self.operator = stack.start_operator(self.env, launch=self.launch)
+        self.workers = [
+            w if w.is_alive else stack.start_worker(i + 1, env=self.env, launch=self.launch)
+            for i, w in enumerate(self.workers)
+        ]
+
+
+def run_manifest(name: str, goal: str, **spec: Any) -> dict[str, Any]:
+    """An AgentRun manifest for the ``mock`` model."""
+    body: dict[str, Any] = {"model": "mock", "goal": goal, "tools": ["calculate", "sleep"]}
+    body.update(spec)
+    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}, "spec": body}
+
+
+@pytest.fixture(scope="session")
+def e2e(control_plane: Any, crds: Any, nats_server: Any, kubectl: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
+    launch = components.Launch(log_dir=tmp_path_factory.mktemp("e2e-logs"), die_with_parent=True)
+    mock = stack.start_mockllm([SCENARIOS], launch=launch)
+    env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats_url=nats_server.url)
+    env.update(AGENTRUN_TURN_ACK_WAIT=str(ACK_WAIT), AGENTRUN_STATUS_INTERVAL="0.5")
+    operator = stack.start_operator(env, launch=launch)
+    workers = [stack.start_worker(i, env=env, launch=launch) for i in (1, 2)]
+    model = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentModel",
+        "metadata": {"name": "mock"},
+        "spec": {
+            "baseURL": stack.mockllm_url(mock),
+            "model": "scripted",
+            "pricing": {"inputPerMillionUSD": "2.50", "cachedInputPerMillionUSD": "1.25", "outputPerMillionUSD": "10"},
+            "contextWindow": 32000,
+            "maxOutputTokens": 1000,
+        },
+    }
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    handle = E2EStack(kubectl, launch, env, mock, operator, workers)
+    yield handle
+    for component in [*handle.workers, handle.operator, handle.mock]:
+        components.stop_component(component)
+
+
+@pytest.fixture
+def stack_(e2e: E2EStack) -> Iterator[E2EStack]:
+    """The e2e stack, made whole again after a test that kills parts of it."""
+    yield e2e
+    e2e.restart_dead()

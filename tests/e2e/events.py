@@ -1,0 +1,26 @@
+"""Read a run's committed events straight from JetStream (what the checkpoint really holds)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentrun.bus import Bus, BusSettings
+from agentrun.protocol import RunEvent
+
+
+def read_events(nats_url: str, namespace: str, name: str) -> list[RunEvent]:
+    """Every event on the run's subject, oldest first."""
+
+    async def read() -> list[RunEvent]:
+        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-reader")
+        try:
+            return await bus.read_events(namespace, name)
+        finally:
+            await bus.close()
+
+    return asyncio.run(read())
+
+
+def turn_numbers(events: list[RunEvent]) -> list[int]:
+    """The turn index of every committed turn event, in commit order."""
+    return [e.record.turn for e in events if e.kind == "turn" and e.record is not None]

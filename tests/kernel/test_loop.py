@@ -1,0 +1,201 @@
+"""The loop as a fold: each guard forces its own terminal reason, ends are values."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from agentrun import kernel
+from agentrun.kernel import Phase
+
+from .helpers import checked, tool_turn
+
+FREE = kernel.Pricing()
+NOW, LATER = 1000.0, 2000.0
+
+
+def start() -> kernel.RunState:
+    return kernel.initial_state(goal="do it", instructions="be brief")
+
+
+def admit(state: kernel.RunState, limits: kernel.Limits, *, estimate: int = 50, pricing: kernel.Pricing = FREE, now: float = NOW) -> kernel.Gate:
+    return kernel.admit_model_call(state, limits, pricing=pricing, prompt_estimate=estimate, now=now, deadline=LATER)
+
+
+def test_a_final_answer_completes_the_run_with_outcome_ok() -> None:
+    state = kernel.advance(start(), kernel.TurnRecord(0, decision=kernel.Final("12"), usage=kernel.Usage(10, 2)), kernel.Limits())
+    assert state.phase is Phase.COMPLETED
+    assert state.answer == "12"
+    terminal = kernel.conclude(state.phase)
+    assert terminal is not None and terminal.outcome is kernel.Outcome.OK
+    assert state.messages[-1] == {"role": "assistant", "content": "12"}
+
+
+def test_the_step_cap_stops_a_run_that_still_wants_tools_as_partial() -> None:
+    limits = kernel.Limits(max_steps=2)
+    state = start()
+    for i in range(2):
+        assert state.phase is Phase.RUNNING
+        state = kernel.advance(state, tool_turn(state, checked(f"c{i}")), limits)
+    assert state.phase is Phase.MAX_STEPS
+    assert state.steps == 2
+    terminal = kernel.conclude(state.phase)
+    assert terminal is not None and terminal.outcome is kernel.Outcome.PARTIAL
+    assert admit(state, limits).phase is Phase.MAX_STEPS
+
+
+def test_a_tool_batch_that_does_not_fit_the_tool_budget_is_not_started() -> None:
+    limits = kernel.Limits(max_tool_calls=3)
+    state = kernel.advance(start(), tool_turn(start(), checked("a"), checked("b")), limits)
+    assert kernel.admit_tool_batch(state, limits, calls=1, now=NOW, deadline=LATER).phase is None
+    gate = kernel.admit_tool_batch(state, limits, calls=2, now=NOW, deadline=LATER)
+    assert gate.phase is Phase.TOOL_BUDGET_EXHAUSTED
+    assert "maxToolCalls 3" in gate.message
+
+
+def test_the_token_cap_blocks_a_call_whose_prompt_alone_would_exceed_it() -> None:
+    limits = kernel.Limits(max_tokens=1000, max_output_tokens=500)
+    state = kernel.advance(start(), tool_turn(start(), checked()), limits)  # 110 tokens used
+    gate = admit(state, limits, estimate=200)
+    assert gate.phase is None
+    assert gate.max_output_tokens == 500  # the model's own limit is the tighter one
+    tight = admit(state, limits, estimate=800)
+    assert tight.phase is None and tight.max_output_tokens == 90
+    assert admit(state, limits, estimate=880).phase is Phase.TOKEN_BUDGET_EXHAUSTED
+
+
+def test_using_up_the_tokens_ends_the_run_after_the_turn() -> None:
+    limits = kernel.Limits(max_tokens=100)
+    state = kernel.advance(start(), tool_turn(start(), checked()), limits)
+    assert state.phase is Phase.TOKEN_BUDGET_EXHAUSTED
+
+
+def test_the_cost_cap_limits_output_and_then_stops() -> None:
+    pricing = kernel.Pricing(Decimal("10"), Decimal("1"), Decimal("30"))  # USD per 1M
+    limits = kernel.Limits(max_cost_usd=Decimal("0.01"), max_output_tokens=4096)
+    gate = admit(start(), limits, estimate=100, pricing=pricing)
+    # 0.01 - 100 * 10e-6 = 0.009 USD left → 300 output tokens at 30 USD/1M
+    assert gate.phase is None and gate.max_output_tokens == 300
+    spent = kernel.advance(
+        start(),
+        kernel.TurnRecord(0, decision=kernel.ToolCalls((), None), calls=(checked(),),
+                          results=(kernel.ToolResult("c1", "calculate", "2"),),
+                          usage=kernel.Usage(500, 100, 0, pricing.cost(input_tokens=500, cached_input_tokens=0, output_tokens=100))),
+        limits,
+    )
+    assert spent.usage.cost_usd == Decimal("0.008")
+    assert spent.phase is Phase.RUNNING
+    assert admit(spent, limits, estimate=100, pricing=pricing).max_output_tokens == 33
+    assert admit(spent, limits, estimate=170, pricing=pricing).phase is Phase.COST_BUDGET_EXHAUSTED
+
+
+def test_cached_input_tokens_are_priced_at_the_cached_rate() -> None:
+    pricing = kernel.Pricing(Decimal("2"), Decimal("0.5"), Decimal("8"))
+    cost = pricing.cost(input_tokens=1_000_000, cached_input_tokens=400_000, output_tokens=100_000)
+    assert cost == Decimal("1.2") + Decimal("0.2") + Decimal("0.8")
+
+
+def test_three_malformed_turns_in_a_row_end_with_invalid_decision() -> None:  # C02, C10
+    limits = kernel.Limits()
+    state = start()
+    bad = kernel.Malformed(kernel.MalformedCause.EMPTY_TOOL_CALLS, "no calls")
+    for _ in range(2):
+        state = kernel.advance(state, kernel.TurnRecord(state.turn, decision=bad), limits)
+        assert state.phase is Phase.RUNNING
+        assert state.messages[-1]["role"] == "user"  # the corrective turn
+    state = kernel.advance(state, kernel.TurnRecord(state.turn, decision=bad), limits)
+    assert state.phase is Phase.INVALID_DECISION
+    assert state.corrections == 3
+
+
+def test_a_good_turn_resets_the_malformed_streak() -> None:
+    limits = kernel.Limits()
+    state = start()
+    invalid = kernel.InvalidCall("x", "calculate", "arguments are not valid JSON")
+    for _ in range(2):
+        state = kernel.advance(state, tool_turn(state, invalid), limits)
+    assert state.malformed_streak == 2
+    state = kernel.advance(state, tool_turn(state, checked("ok")), limits)
+    assert state.malformed_streak == 0
+    for _ in range(2):
+        state = kernel.advance(state, tool_turn(state, invalid), limits)
+    assert state.phase is Phase.RUNNING
+
+
+def test_a_refusal_ends_the_run_at_once() -> None:  # C14
+    state = kernel.advance(start(), kernel.TurnRecord(0, decision=kernel.Refusal("no")), kernel.Limits())
+    assert state.phase is Phase.REFUSED
+    assert state.steps == 1
+
+
+def test_a_model_failure_ends_with_model_error() -> None:
+    state = kernel.advance(start(), kernel.TurnRecord(0, failure=kernel.ModelFailure("HTTP 500")), kernel.Limits())
+    assert state.phase is Phase.MODEL_ERROR
+    assert "HTTP 500" in state.message
+
+
+def test_no_model_call_starts_after_the_deadline() -> None:
+    gate = admit(start(), kernel.Limits(), now=LATER)
+    assert gate.phase is Phase.DEADLINE_EXCEEDED
+    state = kernel.advance(start(), kernel.TurnRecord(0, gate=gate), kernel.Limits())
+    assert state.phase is Phase.DEADLINE_EXCEEDED
+    assert state.steps == 0
+
+
+def test_stop_ends_a_running_run_and_leaves_an_ended_one_alone() -> None:
+    cancelled = kernel.stop(start(), Phase.CANCELLED, "by annotation")
+    assert cancelled.phase is Phase.CANCELLED
+    assert kernel.stop(cancelled, Phase.DEADLINE_EXCEEDED, "late") is cancelled
+
+
+def test_every_call_gets_one_result_in_call_order() -> None:
+    calls = (checked("b", "2"), kernel.InvalidCall("a", "nope", "unknown tool"), checked("c", "3"))
+    state = kernel.advance(start(), tool_turn(start(), *calls), kernel.Limits())
+    assistant = state.messages[-4]
+    assert [c["id"] for c in assistant["tool_calls"]] == ["b", "a", "c"]
+    assert [m["tool_call_id"] for m in state.messages[-3:]] == ["b", "a", "c"]
+    assert state.messages[-2]["content"].startswith("ERROR: ")
+
+
+def test_advance_refuses_turns_out_of_order() -> None:
+    with pytest.raises(ValueError, match="does not follow"):
+        kernel.advance(start(), kernel.TurnRecord(1, decision=kernel.Final("x")), kernel.Limits())
+    done = kernel.advance(start(), kernel.TurnRecord(0, decision=kernel.Final("x")), kernel.Limits())
+    with pytest.raises(ValueError, match="already ended"):
+        kernel.advance(done, kernel.TurnRecord(1, decision=kernel.Final("y")), kernel.Limits())
+
+
+@pytest.mark.parametrize("phase", list(Phase), ids=lambda p: p.value)
+def test_every_phase_concludes(phase: Phase) -> None:
+    terminal = kernel.conclude(phase)
+    if phase is Phase.RUNNING:
+        assert terminal is None
+        return
+    assert terminal is not None
+    assert terminal.reason.value == phase.value
+    assert (terminal.outcome is kernel.Outcome.OK) == (phase is Phase.COMPLETED)
+
+
+def test_the_terminal_vocabulary_is_the_design_contract() -> None:
+    design = (
+        "completed cancelled deadline_exceeded max_steps tool_budget_exhausted token_budget_exhausted "
+        "cost_budget_exhausted tenant_budget_exhausted no_progress invalid_decision invalid_output refused "
+        "model_error tool_unavailable checkpoint_failed effect_unknown invalid_spec"
+    ).split()
+    assert [r.value for r in kernel.TerminalReason] == design
+
+
+def test_missing_usage_is_estimated_and_flagged() -> None:  # C17
+    raw = {"choices": [{"message": {"role": "assistant", "content": "x" * 30}, "finish_reason": "stop"}], "usage": None}
+    usage = kernel.read_usage(raw, pricing=kernel.Pricing(Decimal(1), Decimal(1), Decimal(1)), prompt_estimate=77)
+    assert usage.estimated
+    assert usage.input_tokens == 77
+    assert usage.output_tokens >= 10
+    assert usage.cost_usd > 0
+
+
+def test_reported_usage_is_read_with_cached_tokens() -> None:
+    raw = {"usage": {"prompt_tokens": 120, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 20}}}
+    usage = kernel.read_usage(raw, pricing=FREE, prompt_estimate=1)
+    assert (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.estimated) == (120, 30, 20, False)

@@ -1,0 +1,94 @@
+"""Fixtures: the scripted model server in-process, and the real openai client against it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+
+from agentrun.testing import mockllm, scenario
+
+SCENARIOS = """
+scenarios:
+  - name: rectangle
+    match: {goal: "rectangle"}
+    turns:
+      - content: "Let me compute both."
+        tool_calls:
+          - {name: calculate, arguments: {expression: "3*4"}}
+          - {id: call_custom, name: calculate, arguments: {expression: "2*(3+4)"}}
+        usage: {prompt_tokens: 120, completion_tokens: 30, cached_tokens: 20}
+      - content: "Area 12, perimeter 14."
+        usage: {prompt_tokens: 200, completion_tokens: 8}
+  - name: duplicate-ids
+    match: {goal: "duplicate ids"}
+    turns:
+      - tool_calls:
+          - {id: call_same, name: calculate, arguments: {expression: "1+1"}}
+          - {id: call_same, name: calculate, arguments: {expression: "2+2"}}
+  - name: usage-null
+    match: {goal: "no usage"}
+    turns:
+      - {content: "done", usage: null}
+  - name: usage-estimated
+    match: {goal: "estimate usage"}
+    turns:
+      - {content: "twelve characters plus"}
+  - name: rate-limited-once
+    match: {goal: "rate limit"}
+    turns:
+      - content: "after the retry"
+        fault: {status: 429, times: 1, retry_after: 2}
+  - name: always-500
+    match: {goal: "server down"}
+    turns:
+      - content: "never seen"
+        fault: {status: 500}
+  - name: slow
+    match: {goal: "slow"}
+    turns:
+      - {content: "finally", latency_ms: 250}
+  - name: endless
+    match: {goal: "endless"}
+    turns:
+      - tool_calls:
+          - {name: calculate, arguments: {expression: "{turn}*3+1"}}
+    after: repeat_last
+  - name: short
+    match: {goal: "short script"}
+    turns:
+      - {content: "only one turn"}
+  - name: refusal
+    match: {goal: "refuse"}
+    turns:
+      - {refusal: "I can't help with that."}
+  - name: empty-tool-calls
+    match: {goal: "empty calls"}
+    turns:
+      - {content: null, tool_calls: []}
+  - name: malformed-arguments
+    match: {goal: "malformed"}
+    turns:
+      - tool_calls:
+          - {name: calculate, arguments: "{\\"expression\\": \\"1+1\\"\\\\n}"}
+          - {name: "list_pods<|channel|>json", arguments: ""}
+  - name: by-system
+    match: {system: "^You are terse", goal: "system"}
+    turns:
+      - {content: "terse", finish_reason: length}
+"""
+
+
+@pytest.fixture
+async def mock() -> AsyncIterator[mockllm.MockLLM]:
+    """A fresh server on a free port with the SCENARIOS above."""
+    async with mockllm.MockLLM(scenario.parse_scenarios(SCENARIOS, source="conftest")) as server:
+        yield server
+
+
+@pytest.fixture
+async def client(mock: mockllm.MockLLM) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The real openai client, no retries (the tests see every fault)."""
+    async with openai.AsyncOpenAI(base_url=mock.base_url, api_key="test", max_retries=0) as c:
+        yield c

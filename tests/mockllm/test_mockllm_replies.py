@@ -1,0 +1,160 @@
+"""The scripted model answers like an OpenAI endpoint, as seen through the real openai client."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+import pytest
+from mockllm_support import conversation
+
+from agentrun.testing import mockllm
+
+MODEL = "gpt-test"
+
+
+async def test_turn_zero_returns_parallel_tool_calls_with_default_and_explicit_ids(
+    client: openai.AsyncOpenAI,
+) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=conversation("Compute the rectangle 3x4")
+    )
+    assert completion.object == "chat.completion"
+    assert completion.model == MODEL
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me compute both."
+    calls = choice.message.tool_calls or []
+    assert [(c.id, c.type, c.function.name) for c in calls] == [  # type: ignore[union-attr]
+        ("call_0_0", "function", "calculate"),
+        ("call_custom", "function", "calculate"),
+    ]
+    assert json.loads(calls[1].function.arguments) == {"expression": "2*(3+4)"}  # type: ignore[union-attr]
+
+
+async def test_usage_reports_scripted_counts_including_cached_tokens(
+    client: openai.AsyncOpenAI,
+) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=conversation("rectangle")
+    )
+    usage = completion.usage
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (120, 30, 150)
+    assert usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == 20
+
+
+async def test_the_turn_is_the_number_of_assistant_messages(client: openai.AsyncOpenAI) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=conversation("rectangle", turns=1)
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.message.content == "Area 12, perimeter 14."
+    assert choice.message.tool_calls is None
+    assert completion.usage is not None and completion.usage.prompt_tokens == 200
+
+
+async def test_duplicate_explicit_ids_are_sent_as_written(client: openai.AsyncOpenAI) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=conversation("duplicate ids please")
+    )
+    calls = completion.choices[0].message.tool_calls or []
+    assert [c.id for c in calls] == ["call_same", "call_same"]
+
+
+async def test_usage_null_gives_no_usage(client: openai.AsyncOpenAI) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=conversation("no usage")
+    )
+    assert completion.usage is None
+    assert completion.choices[0].message.content == "done"
+
+
+async def test_omitted_usage_is_estimated_from_text(client: openai.AsyncOpenAI) -> None:
+    short = await client.chat.completions.create(
+        model=MODEL, messages=conversation("estimate usage")
+    )
+    longer = await client.chat.completions.create(
+        model=MODEL, messages=conversation("estimate usage " + "x" * 400)
+    )
+    assert short.usage is not None and longer.usage is not None
+    assert short.usage.completion_tokens == 6  # 22 characters / 4, rounded up
+    assert short.usage.total_tokens == short.usage.prompt_tokens + short.usage.completion_tokens
+    assert longer.usage.prompt_tokens == short.usage.prompt_tokens + 100
+
+
+async def test_turn_template_varies_arguments_every_turn(client: openai.AsyncOpenAI) -> None:
+    expressions = []
+    for k in (0, 1, 5):
+        completion = await client.chat.completions.create(
+            model=MODEL, messages=conversation("endless loop", turns=k)
+        )
+        (call,) = completion.choices[0].message.tool_calls or []
+        assert call.id == f"call_{k}_0"
+        expressions.append(json.loads(call.function.arguments)["expression"])  # type: ignore[union-attr]
+    assert expressions == ["0*3+1", "1*3+1", "5*3+1"]
+
+
+async def test_refusal_is_set_with_null_content(client: openai.AsyncOpenAI) -> None:
+    completion = await client.chat.completions.create(model=MODEL, messages=conversation("refuse"))
+    message = completion.choices[0].message
+    assert (message.refusal, message.content, message.tool_calls) == (
+        "I can't help with that.",
+        None,
+        None,
+    )
+    assert completion.choices[0].finish_reason == "stop"
+
+
+async def test_explicitly_empty_tool_calls_still_say_tool_calls(
+    client: openai.AsyncOpenAI,
+) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=conversation("empty calls")
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls == []
+    assert choice.message.content is None
+
+
+async def test_string_arguments_and_odd_names_are_sent_verbatim(
+    client: openai.AsyncOpenAI,
+) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=conversation("malformed")
+    )
+    calls = completion.choices[0].message.tool_calls or []
+    assert [(c.function.name, c.function.arguments) for c in calls] == [  # type: ignore[union-attr]
+        ("calculate", '{"expression": "1+1"\\n}'),
+        ("list_pods<|channel|>json", ""),
+    ]
+
+
+async def test_system_regex_and_finish_reason_override(client: openai.AsyncOpenAI) -> None:
+    completion = await client.chat.completions.create(
+        model=MODEL, messages=conversation("system test", system="You are terse.")
+    )
+    assert completion.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(
+            model=MODEL, messages=conversation("system test", system="Be verbose.")
+        )
+
+
+async def test_latency_delays_the_answer(client: openai.AsyncOpenAI) -> None:
+    started = time.monotonic()
+    completion = await client.chat.completions.create(model=MODEL, messages=conversation("slow"))
+    assert time.monotonic() - started >= 0.25
+    assert completion.choices[0].message.content == "finally"
+
+
+async def test_models_and_health(client: openai.AsyncOpenAI, mock: mockllm.MockLLM) -> None:
+    await client.chat.completions.create(model=MODEL, messages=conversation("rectangle"))
+    models = [m.id async for m in client.models.list()]
+    assert models == ["mock", MODEL]
+    health = await client.get(mock.base_url.removesuffix("/v1") + "/healthz", cast_to=object)
+    assert health == {"status": "ok"}

@@ -1,0 +1,160 @@
+"""The worker's pull loop: fetch TurnRequests, run each turn, commit, then ack.
+
+Delivery rules (DESIGN.md §5): ack only after the turn event is committed; ``in_progress``
+heartbeats while a turn runs so JetStream does not redeliver it; a request whose base event is
+not the run's last event is stale (the turn was already committed, or the run moved on) and is
+acked without running; a commit that loses the compare-and-set is dropped, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+
+import nats.errors
+from nats.aio.msg import Msg
+
+from agentrun import kernel, metrics
+from agentrun.bus import Bus, CommitConflict
+from agentrun.protocol import RunEvent, TurnRequest
+
+from . import history
+from .turn import TurnDeps, execute_turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """Concurrency and timing of one worker process."""
+
+    concurrency: int = 64
+    """Turns (of different runs) in flight at once."""
+    fetch_batch: int = 16
+    """Most TurnRequests pulled per fetch."""
+    heartbeat: float = 10.0
+    """Seconds between ``in_progress`` signals while a turn runs (well under ack_wait)."""
+
+
+class TurnConsumer:
+    """Runs turns pulled from the shared ``agentrun-workers`` consumer until stopped."""
+
+    def __init__(self, bus: Bus, deps: TurnDeps, settings: ConsumerSettings) -> None:
+        self.bus = bus
+        self.deps = deps
+        self.settings = settings
+        self.cache = history.RunCache()
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._cancelled: set[str] = set()
+        self._stopping = asyncio.Event()
+        self.turns_committed = 0
+
+    def stop(self) -> None:
+        """Ask the loop to stop fetching; in-flight turns are cancelled and left for redelivery."""
+        self._stopping.set()
+
+    async def _on_cancel(self, run_uid: str) -> None:
+        task = self._inflight.get(run_uid)
+        if task is not None:
+            self._cancelled.add(run_uid)
+            task.cancel()
+        self.cache.drop(run_uid)
+
+    async def run(self) -> None:
+        """Fetch and dispatch until ``stop``; returns after in-flight turns are settled."""
+        sub = await self.bus.turn_subscription()
+        await self.bus.on_cancel(self._on_cancel)
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while not self._stopping.is_set():
+                free = self.settings.concurrency - len(tasks)
+                if free <= 0:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    msgs = await sub.fetch(batch=min(free, self.settings.fetch_batch), timeout=1.0)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    continue
+                for msg in msgs:
+                    task = asyncio.create_task(self._handle(msg))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        finally:
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _heartbeat(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    async def _handle(self, msg: Msg) -> None:
+        try:
+            request = TurnRequest.from_dict(json.loads(msg.data))
+        except (ValueError, KeyError, TypeError) as err:
+            log.error("dropping a malformed TurnRequest: %s", err)
+            await msg.term()
+            return
+        beat = asyncio.create_task(self._heartbeat(msg))
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight[request.run_uid] = task
+        try:
+            await self._turn(msg, request)
+        except asyncio.CancelledError:
+            if request.run_uid in self._cancelled:
+                await msg.ack()  # the run is being stopped; its turn is void
+                return
+            with contextlib.suppress(Exception):
+                await msg.nak()  # shutting down: another worker takes the turn
+            raise
+        except Exception:
+            log.exception("turn %s of %s/%s failed; it will be redelivered", request.turn, request.namespace, request.name)
+            self.cache.drop(request.run_uid)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+        finally:
+            beat.cancel()
+            self._inflight.pop(request.run_uid, None)
+            self._cancelled.discard(request.run_uid)
+
+    async def _turn(self, msg: Msg, request: TurnRequest) -> None:
+        try:
+            run = await history.load(self.bus, self.cache, request)
+        except history.CorruptHistory as err:
+            log.warning("skipping turn %s of %s/%s: %s", request.turn, request.namespace, request.name, err)
+            await msg.ack()
+            return
+        if (
+            run is None
+            or run.seq != request.expected_seq
+            or run.state.turn != request.turn
+            or run.state.phase.is_terminal
+        ):
+            log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
+            await msg.ack()
+            return
+        record = await execute_turn(self.deps, run.config, run.state)
+        after = kernel.advance(run.state, record, run.config.limits)
+        event = RunEvent(kind="turn", run_uid=request.run_uid, summary=after.summary(), record=record, time=time.time())
+        try:
+            seq = await self.bus.append_event(
+                request.namespace, request.name, event, expected_seq=request.expected_seq
+            )
+        except CommitConflict as err:
+            log.info("turn %s not committed: %s", request.msg_id, err)
+            self.cache.drop(request.run_uid)
+            await msg.ack()
+            return
+        self.cache.put(history.LoadedRun(run.config, after, seq))
+        self.turns_committed += 1
+        metrics.TURNS.labels(tenant=run.config.tenant).inc()
+        await msg.ack()

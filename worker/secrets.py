@@ -1,0 +1,42 @@
+"""Model API keys read from Kubernetes Secrets (``AgentModel.spec.credentials.secretRef``)."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun.protocol import SecretRef
+
+from .model import ModelError
+
+
+class KubeSecrets:
+    """Reads and caches keys for ``ttl`` seconds, so rotation takes effect within a minute."""
+
+    def __init__(self, api: client.ApiClient | None, *, ttl: float = 60.0) -> None:
+        self.core = client.CoreV1Api(api) if api is not None else None
+        self.ttl = ttl
+        self._cache: dict[SecretRef, tuple[float, str]] = {}
+
+    async def api_key(self, ref: SecretRef) -> str:
+        """The key's value; raises ``ModelError`` naming the Secret when it cannot be read."""
+        hit = self._cache.get(ref)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        where = f"Secret {ref.namespace}/{ref.name} key {ref.key!r}"
+        if self.core is None:
+            raise ModelError(f"cannot read {where}: the worker has no Kubernetes access")
+        try:
+            secret = await self.core.read_namespaced_secret(ref.name, ref.namespace)
+        except ApiException as err:
+            raise ModelError(f"cannot read {where}: HTTP {err.status} {err.reason}") from err
+        data = (secret.data or {}).get(ref.key)
+        if data is None:
+            raise ModelError(f"{where} does not exist in the Secret")
+        value = base64.b64decode(data).decode().strip()
+        self._cache[ref] = (now, value)
+        return value

@@ -1,0 +1,110 @@
+"""Run a validated tool batch concurrently and correlate every result by ``tool_call_id``.
+
+Invariant (OpenAI tool calling; cases C05, C08, C09): every call in the batch gets exactly one
+result, in the order of the assistant's ``tool_calls`` — never completion order — whether it
+succeeded, raised, timed out or was cancelled. A tool failure is a result value, never an
+exception into the loop. Nothing here retries a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+from agentrun import kernel
+from agentrun.tools.catalog import Tool, ToolContext, ToolError
+
+log = logging.getLogger(__name__)
+
+MAX_RESULT_CHARS = 16_384
+"""Results longer than this are cut with a visible marker."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolRunSettings:
+    """Bounds of a tool batch."""
+
+    concurrency: int = 4
+    """Calls of one batch running at once."""
+    call_timeout: float = 60.0
+    """Seconds one call may take before it is reported as timed out."""
+
+
+def clip(text: str, limit: int = MAX_RESULT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with a marker saying how much was dropped."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[agentrun: result truncated, {len(text) - limit} more characters]"
+
+
+async def _run_one(
+    call: kernel.CheckedCall,
+    tool: Tool,
+    ctx: ToolContext,
+    gate: asyncio.Semaphore,
+    settings: ToolRunSettings,
+    deadline: float,
+) -> kernel.ToolResult:
+    async with gate:
+        left = deadline - time.time()
+        by_deadline = left < settings.call_timeout
+        try:
+            async with asyncio.timeout(max(0.0, min(settings.call_timeout, left))):
+                output = await tool.run(call.arguments, ctx)
+        except ToolError as err:
+            return kernel.ToolResult(call.id, call.name, str(err), is_error=True)
+        except TimeoutError:
+            why = (
+                "the run's deadline passed while the tool ran"
+                if by_deadline
+                else f"the tool timed out after {settings.call_timeout:g}s"
+            )
+            return kernel.ToolResult(call.id, call.name, why, is_error=True)
+        except Exception as err:  # a tool bug must not break the loop: it becomes a result
+            log.exception("tool %s raised", call.name)
+            return kernel.ToolResult(call.id, call.name, f"the tool failed: {type(err).__name__}: {err}", is_error=True)
+    return kernel.ToolResult(call.id, call.name, clip(output))
+
+
+async def run_batch(
+    calls: Sequence[kernel.CheckedCall | kernel.InvalidCall],
+    *,
+    tools: Mapping[str, Tool],
+    context: ToolContext,
+    settings: ToolRunSettings,
+    deadline: float,
+) -> tuple[kernel.ToolResult, ...]:
+    """One result per call, in call order. Invalid calls get their validation error.
+
+    ``context`` is shared by the batch; each call gets it with its own ``call_id``. A call still
+    running at ``deadline`` (epoch seconds) is cancelled and reported as such. On
+    cancellation, calls still running are cancelled and the ``CancelledError`` propagates
+    (the turn is then abandoned, not committed).
+    """
+    gate = asyncio.Semaphore(settings.concurrency)
+    tasks: dict[int, asyncio.Task[kernel.ToolResult]] = {}
+    async with asyncio.TaskGroup() as group:
+        for index, call in enumerate(calls):
+            if isinstance(call, kernel.CheckedCall):
+                ctx = dataclasses.replace(context, call_id=call.id)
+                tasks[index] = group.create_task(
+                    _run_one(call, tools[call.name], ctx, gate, settings, deadline)
+                )
+    results: list[kernel.ToolResult] = []
+    for index, call in enumerate(calls):
+        if isinstance(call, kernel.InvalidCall):
+            results.append(kernel.ToolResult(call.id, call.name, call.error, is_error=True))
+        else:
+            results.append(tasks[index].result())
+    return tuple(results)
+
+
+def not_run(calls: Sequence[kernel.CheckedCall | kernel.InvalidCall], why: str) -> tuple[kernel.ToolResult, ...]:
+    """Error results for a batch that a gate stopped: every call still gets its one result."""
+    return tuple(
+        kernel.ToolResult(c.id, c.name, c.error if isinstance(c, kernel.InvalidCall) else f"not run: {why}", True)
+        for c in calls
+    )

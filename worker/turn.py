@@ -1,0 +1,118 @@
+"""One turn of a run: gate, call the model, classify, validate, gate the batch, run the tools.
+
+Returns a ``TurnRecord``; it decides nothing about the phase (``kernel.advance`` does) and
+commits nothing (``consumer`` does). Every I/O dependency comes in through ``TurnDeps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from agentrun import kernel
+from agentrun.protocol import RunConfig, SecretRef
+from agentrun.tools.catalog import Catalog, ToolContext
+
+from . import toolrunner
+from .model import ModelClient, ModelError
+
+
+class SecretSource(Protocol):
+    """Reads a model API key (``ModelError`` when it cannot)."""
+
+    async def api_key(self, ref: SecretRef) -> str:
+        """The key's value."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnDeps:
+    """What a turn needs from the outside world."""
+
+    model: ModelClient
+    catalog: Catalog
+    secrets: SecretSource
+    tool_settings: toolrunner.ToolRunSettings = toolrunner.ToolRunSettings()
+    kube: Any | None = None
+    """A kubernetes_asyncio ``ApiClient`` for tools that read the cluster (or ``None``)."""
+    clock: Callable[[], float] = time.time
+    schemas: dict[str, kernel.ToolSchema] = dataclasses.field(default_factory=dict)
+    """Compiled tool schemas, filled lazily (one compile per tool per process)."""
+
+    def schema(self, name: str) -> kernel.ToolSchema:
+        """The compiled schema of a catalog tool."""
+        compiled = self.schemas.get(name)
+        if compiled is None:
+            spec = self.catalog[name].spec
+            compiled = kernel.ToolSchema(spec.name, spec.parameters, spec.pollable)
+            self.schemas[name] = compiled
+        return compiled
+
+
+def _tool_schemas(deps: TurnDeps, config: RunConfig) -> Mapping[str, kernel.ToolSchema]:
+    return {name: deps.schema(name) for name in config.tools if name in deps.catalog}
+
+
+async def execute_turn(deps: TurnDeps, config: RunConfig, state: kernel.RunState) -> kernel.TurnRecord:
+    """Run turn ``state.turn`` of the run ``config`` describes; never raises for model or tool faults.
+
+    Raises ``asyncio.CancelledError`` when cancelled (the turn is then abandoned uncommitted).
+    """
+    limits = config.limits
+    pricing = config.model.pricing
+    missing = [name for name in config.tools if name not in deps.catalog]
+    if missing:
+        message = f"this worker's catalog lacks tool(s) {', '.join(missing)}"
+        return kernel.TurnRecord(turn=state.turn, gate=kernel.Gate(kernel.Phase.TOOL_UNAVAILABLE, message=message))
+    openai_tools = deps.catalog.specs(config.tools) if config.tools else []
+    estimate = kernel.estimate_tokens(state.messages, openai_tools)
+    gate = kernel.admit_model_call(
+        state, limits, pricing=pricing, prompt_estimate=estimate, now=deps.clock(), deadline=config.deadline
+    )
+    if gate.phase is not None:
+        return kernel.TurnRecord(turn=state.turn, gate=gate)
+    try:
+        api_key = await deps.secrets.api_key(config.model.secret) if config.model.secret else ""
+        response, _attempts = await deps.model.complete(
+            base_url=config.model.base_url,
+            api_key=api_key,
+            model=config.model.model,
+            messages=state.messages,
+            tools=openai_tools,
+            max_output_tokens=gate.max_output_tokens,
+            deadline=config.deadline,
+        )
+    except ModelError as err:
+        if deps.clock() >= config.deadline:
+            gate = kernel.Gate(kernel.Phase.DEADLINE_EXCEEDED, message=f"the run's timeout passed during the model call ({err})")
+            return kernel.TurnRecord(turn=state.turn, gate=gate)
+        return kernel.TurnRecord(turn=state.turn, failure=kernel.ModelFailure(str(err)))
+    usage = kernel.read_usage(response, pricing=pricing, prompt_estimate=estimate)
+    decision = kernel.classify(response)
+    if not isinstance(decision, kernel.ToolCalls):
+        return kernel.TurnRecord(turn=state.turn, decision=decision, usage=usage)
+    calls = kernel.check_calls(
+        decision.calls, turn=state.turn, tools=_tool_schemas(deps, config), used_ids=state.call_ids
+    )
+    valid = sum(isinstance(c, kernel.CheckedCall) for c in calls)
+    batch_gate = kernel.admit_tool_batch(
+        state, limits, calls=valid, now=deps.clock(), deadline=config.deadline
+    )
+    if batch_gate.phase is not None:
+        return kernel.TurnRecord(
+            turn=state.turn,
+            gate=batch_gate,
+            decision=decision,
+            calls=calls,
+            results=toolrunner.not_run(calls, batch_gate.message),
+            usage=usage,
+        )
+    context = ToolContext(
+        namespace=config.namespace, run_name=config.name, run_uid=config.uid, call_id="", kube=deps.kube
+    )
+    results = await toolrunner.run_batch(
+        calls, tools=deps.catalog, context=context, settings=deps.tool_settings, deadline=config.deadline
+    )
+    return kernel.TurnRecord(turn=state.turn, decision=decision, calls=calls, results=results, usage=usage)
