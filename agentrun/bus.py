@@ -28,7 +28,7 @@ from agentrun.protocol import RunEvent, TurnRequest
 log = logging.getLogger(__name__)
 
 WRONG_LAST_SEQUENCE = 10071
-"""JetStream API error code: ``wrong last sequence`` (nats-server ``JSStreamWrongLastSequenceErrF``)."""
+"""JetStream API error code of ``wrong last sequence`` (``JSStreamWrongLastSequenceErrF``)."""
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
 
@@ -65,7 +65,11 @@ class Bus:
         Raises ``nats.errors.NoServersError`` when no server answers.
         """
         nc = await nats.connect(
-            settings.url, name=name, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.5
+            settings.url,
+            name=name,
+            connect_timeout=5,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
         )
         bus = cls(nc, nc.jetstream(timeout=10), settings)
         await bus.ensure_streams()

@@ -23,7 +23,7 @@ async def api_client() -> client.ApiClient:
         await config.load_kube_config(config_file=path)
     else:
         try:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
         except ConfigException as err:
             raise ConfigException(f"no kubeconfig at {path} and not in a cluster: {err}") from err
     return client.ApiClient()

@@ -245,11 +245,16 @@ def decision_from_dict(data: Mapping[str, Any] | None) -> dec.Decision | None:
     if kind == "final":
         return dec.Final(data["content"])
     if kind == "tool_calls":
-        calls = tuple(dec.ToolCall(r.get("id"), r.get("name", ""), r.get("arguments")) for r in data.get("raw", ()))
+        calls = tuple(
+            dec.ToolCall(r.get("id"), r.get("name", ""), r.get("arguments"))
+            for r in data.get("raw", ())
+        )
         return dec.ToolCalls(calls, data.get("content"))
     if kind == "refusal":
         return dec.Refusal(data["text"])
-    return dec.Malformed(dec.MalformedCause(data["cause"]), data.get("detail", ""), data.get("content"))
+    return dec.Malformed(
+        dec.MalformedCause(data["cause"]), data.get("detail", ""), data.get("content")
+    )
 
 
 def record_as_dict(record: kernel.TurnRecord) -> dict[str, Any]:
@@ -273,7 +278,12 @@ def record_as_dict(record: kernel.TurnRecord) -> dict[str, Any]:
         "decision": decision_as_dict(record.decision),
         "calls": calls,
         "results": [
-            {"toolCallID": r.tool_call_id, "name": r.name, "content": r.content, "isError": r.is_error}
+            {
+                "toolCallID": r.tool_call_id,
+                "name": r.name,
+                "content": r.content,
+                "isError": r.is_error,
+            }
             for r in record.results
         ],
         "usage": record.usage.as_dict(),

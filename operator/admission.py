@@ -65,13 +65,17 @@ def model_config(name: str, model: Mapping[str, Any]) -> ModelConfig:
         model=str(spec.get("model", "")),
         pricing=kernel.Pricing(
             _decimal(pricing.get("inputPerMillionUSD", "0"), f"{where}.inputPerMillionUSD"),
-            _decimal(pricing.get("cachedInputPerMillionUSD", "0"), f"{where}.cachedInputPerMillionUSD"),
+            _decimal(
+                pricing.get("cachedInputPerMillionUSD", "0"), f"{where}.cachedInputPerMillionUSD"
+            ),
             _decimal(pricing.get("outputPerMillionUSD", "0"), f"{where}.outputPerMillionUSD"),
         ),
         context_window=int(spec.get("contextWindow", 128_000)),
         max_output_tokens=int(spec.get("maxOutputTokens", 4096)),
         secret=SecretRef(
-            name=str(secret["name"]), namespace=str(secret["namespace"]), key=str(secret.get("key", "apiKey"))
+            name=str(secret["name"]),
+            namespace=str(secret["namespace"]),
+            key=str(secret.get("key", "apiKey")),
         )
         if secret
         else None,
@@ -114,7 +118,9 @@ def admit(
         )
     approval = set((spec.get("approval") or {}).get("tools") or ())
     if approval - set(tools):
-        raise InvalidSpec(f"spec.approval.tools: {', '.join(sorted(approval - set(tools)))} not in spec.tools")
+        raise InvalidSpec(
+            f"spec.approval.tools: {', '.join(sorted(approval - set(tools)))} not in spec.tools"
+        )
     budget = spec.get("budget") or {}
     resolved = model_config(model_name, model)
     timeout = parse_duration(str(budget.get("timeout", DEFAULT_TIMEOUT)))

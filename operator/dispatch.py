@@ -21,7 +21,7 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
-from agentrun import kernel, protocol
+from agentrun import kernel
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
@@ -53,7 +53,15 @@ class RunView:
     @classmethod
     def of(cls, config: RunConfig, *, start_time: float, generation: int = 1) -> RunView:
         """A fresh view of an admitted run."""
-        return cls(config.namespace, config.name, config.uid, config.tenant, config.deadline, start_time, generation)
+        return cls(
+            config.namespace,
+            config.name,
+            config.uid,
+            config.tenant,
+            config.deadline,
+            start_time,
+            generation,
+        )
 
 
 def subject_key(subject: str) -> tuple[str, str]:
@@ -65,7 +73,9 @@ def subject_key(subject: str) -> tuple[str, str]:
 class Dispatcher:
     """Owns the event consumer, the deadline timers and the run views."""
 
-    def __init__(self, bus: Bus, writer: StatusWriter, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, bus: Bus, writer: StatusWriter, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.bus = bus
         self.writer = writer
         self.clock = clock
@@ -105,7 +115,9 @@ class Dispatcher:
             return False
         last = await self.bus.last_event(namespace, name)
         assert last is not None
-        view = self.views.get(uid) or RunView.of(first.config, start_time=first.time, generation=generation)
+        view = self.views.get(uid) or RunView.of(
+            first.config, start_time=first.time, generation=generation
+        )
         self._track(view)
         await self._apply(view, last)
         return True
@@ -128,7 +140,7 @@ class Dispatcher:
         sub = await self.bus.event_subscription()
         while not self._stopping.is_set():
             try:
-                msgs = await sub.fetch(batch=64, timeout=1.0)
+                msgs = await sub.fetch(batch=1, timeout=1.0)  # see worker.consumer
             except (nats.errors.TimeoutError, TimeoutError):
                 continue
             for msg in msgs:
@@ -192,18 +204,28 @@ class Dispatcher:
             generation=view.generation,
             admitted_at=view.start_time,
         )
-        self.writer.submit(view.namespace, view.name, body, seq=event.seq, terminal=phase.is_terminal)
+        self.writer.submit(
+            view.namespace, view.name, body, seq=event.seq, terminal=phase.is_terminal
+        )
 
     # --- ends decided outside a turn ------------------------------------------------------------
 
     async def _deadline(self, view: RunView) -> None:
         await asyncio.sleep(max(0.0, view.deadline - self.clock()))
         try:
-            await self.end(view.namespace, view.name, view.uid, kernel.Phase.DEADLINE_EXCEEDED, "spec.budget.timeout passed")
+            await self.end(
+                view.namespace,
+                view.name,
+                view.uid,
+                kernel.Phase.DEADLINE_EXCEEDED,
+                "spec.budget.timeout passed",
+            )
         except Exception:
             log.exception("could not end %s/%s at its deadline", view.namespace, view.name)
 
-    async def end(self, namespace: str, name: str, uid: str, phase: kernel.Phase, message: str) -> bool:
+    async def end(
+        self, namespace: str, name: str, uid: str, phase: kernel.Phase, message: str
+    ) -> bool:
         """Append a ``stop`` event ending the run with ``phase`` and tell workers to drop it.
 
         Returns False when the run has already ended (or has no events). Compare-and-set on
@@ -221,7 +243,9 @@ class Dispatcher:
                 continue
             await self.bus.broadcast_cancel(uid)
             return True
-        raise RuntimeError(f"could not append a stop event to {namespace}/{name}: the run keeps moving")
+        raise RuntimeError(
+            f"could not append a stop event to {namespace}/{name}: the run keeps moving"
+        )
 
     async def forget(self, namespace: str, name: str, uid: str) -> None:
         """The AgentRun is being deleted: stop it, purge its events, drop its view.
@@ -233,7 +257,9 @@ class Dispatcher:
             view.timer.cancel()
         try:
             async with asyncio.timeout(10):
-                await self.end(namespace, name, uid, kernel.Phase.CANCELLED, "the AgentRun was deleted")
+                await self.end(
+                    namespace, name, uid, kernel.Phase.CANCELLED, "the AgentRun was deleted"
+                )
                 await self.bus.purge_run(namespace, name)
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
@@ -245,4 +271,6 @@ class Dispatcher:
             if view.timer is not None:
                 view.timer.cancel()
         with contextlib.suppress(Exception):
-            await asyncio.gather(*(v.timer for v in self.views.values() if v.timer), return_exceptions=True)
+            await asyncio.gather(
+                *(v.timer for v in self.views.values() if v.timer), return_exceptions=True
+            )

@@ -37,7 +37,9 @@ RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Configure kopf, connect to NATS and the API server, start the event consumer."""
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="kopf.agentrun.dev"
+    )
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kopf.agentrun.dev", key="last-handled-configuration"
     )
@@ -45,9 +47,13 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = 300
     url = os.environ.get("AGENTRUN_NATS_URL", "nats://127.0.0.1:4222")
     ack_wait = float(os.environ.get("AGENTRUN_TURN_ACK_WAIT", "30") or 30)
-    memo.bus = await Bus.connect(BusSettings(url=url, ack_wait=ack_wait), name=f"agentrun-operator-{os.getpid()}")
+    memo.bus = await Bus.connect(
+        BusSettings(url=url, ack_wait=ack_wait), name=f"agentrun-operator-{os.getpid()}"
+    )
     memo.api = await kube.api_client()
-    memo.writer = StatusWriter(kube_patcher(memo.api), interval=float(os.environ.get("AGENTRUN_STATUS_INTERVAL", "1") or 1))
+    memo.writer = StatusWriter(
+        kube_patcher(memo.api), interval=float(os.environ.get("AGENTRUN_STATUS_INTERVAL", "1") or 1)
+    )
     memo.writer.start()
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)
     memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
@@ -56,13 +62,16 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    """Stop consuming, flush status, close connections."""
+    """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
     memo.dispatcher.stop()
     memo.consumer.cancel()
     await memo.dispatcher.close()
-    await memo.writer.close()
-    await memo.bus.close()
-    await memo.api.close()
+    for closing in (memo.writer.close(), memo.bus.close(), memo.api.close()):
+        try:
+            async with asyncio.timeout(5):
+                await closing
+        except Exception as err:  # shutting down: log and go on
+            log.warning("shutdown step failed: %r", err)
 
 
 async def _get_model(api: client.ApiClient, name: str) -> dict[str, Any] | None:
@@ -73,7 +82,9 @@ async def _get_model(api: client.ApiClient, name: str) -> dict[str, Any] | None:
     except ApiException as err:
         if err.status == 404:
             return None
-        raise kopf.TemporaryError(f"cannot read AgentModel {name!r}: HTTP {err.status}", delay=5) from err
+        raise kopf.TemporaryError(
+            f"cannot read AgentModel {name!r}: HTTP {err.status}", delay=5
+        ) from err
     return found
 
 
@@ -85,8 +96,16 @@ def _start_time(status_: kopf.Status) -> float:
 
 
 async def _admit(
-    *, spec: kopf.Spec, meta: kopf.Meta, status_: kopf.Status, namespace: str, name: str, uid: str, memo: kopf.Memo
+    *,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status_: kopf.Status,
+    namespace: str | None,
+    name: str,
+    uid: str,
+    memo: kopf.Memo,
 ) -> None:
+    assert namespace is not None  # AgentRun is namespaced
     if status_.get("terminalReason"):
         return
     dispatcher: Dispatcher = memo.dispatcher
@@ -105,38 +124,82 @@ async def _admit(
         )
     except admission.InvalidSpec as err:
         log.info("rejecting %s/%s: %s", namespace, name, err)
-        memo.writer.submit(namespace, name, status.rejected(str(err), at=time.time(), generation=generation), seq=0, terminal=True)
+        memo.writer.submit(
+            namespace,
+            name,
+            status.rejected(str(err), at=time.time(), generation=generation),
+            seq=0,
+            terminal=True,
+        )
         return
     await dispatcher.admit(config, start_time=start_time, generation=generation)
     if meta.get("annotations", {}).get(CANCEL_ANNOTATION) == "true":
-        await dispatcher.end(namespace, name, uid, kernel.Phase.CANCELLED, f"cancelled by the {CANCEL_ANNOTATION} annotation")
+        await dispatcher.end(
+            namespace,
+            name,
+            uid,
+            kernel.Phase.CANCELLED,
+            f"cancelled by the {CANCEL_ANNOTATION} annotation",
+        )
 
 
 @kopf.on.create(*RUN)
 async def create_run(
-    spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any
+    *,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    namespace: str | None,
+    name: str,
+    uid: str,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Admit a new AgentRun: validate it against its AgentModel and queue its first turn."""
-    await _admit(spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo)
+    await _admit(
+        spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo
+    )
 
 
 @kopf.on.resume(*RUN)
 async def resume_run(
-    spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any
+    *,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    namespace: str | None,
+    name: str,
+    uid: str,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """After an operator restart: pick up where the run's events left off (or admit it)."""
-    await _admit(spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo)
+    await _admit(
+        spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo
+    )
 
 
 @kopf.on.update(*RUN, annotations={CANCEL_ANNOTATION: "true"})
-async def cancel_run(status: kopf.Status, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+async def cancel_run(
+    *, status: kopf.Status, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
+) -> None:
     """``agentrun.dev/cancel: "true"``: end the run ``cancelled``; workers drop its turn."""
+    assert namespace is not None  # AgentRun is namespaced
     if status.get("terminalReason"):
         return
-    await memo.dispatcher.end(namespace, name, uid, kernel.Phase.CANCELLED, f"cancelled by the {CANCEL_ANNOTATION} annotation")
+    await memo.dispatcher.end(
+        namespace,
+        name,
+        uid,
+        kernel.Phase.CANCELLED,
+        f"cancelled by the {CANCEL_ANNOTATION} annotation",
+    )
 
 
 @kopf.on.delete(*RUN)
-async def delete_run(namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+async def delete_run(
+    *, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
+) -> None:
     """Stop the run and purge its events; bounded, so the finalizer always goes."""
+    assert namespace is not None  # AgentRun is namespaced
     await memo.dispatcher.forget(namespace, name, uid)

@@ -24,7 +24,9 @@ def camel(reason: str) -> str:
     return "".join(part.capitalize() for part in reason.split("_"))
 
 
-def condition(type_: str, *, status: bool, reason: str, message: str, at: float, generation: int) -> dict[str, Any]:
+def condition(
+    type_: str, *, status: bool, reason: str, message: str, at: float, generation: int
+) -> dict[str, Any]:
     """One ``metav1.Condition``."""
     return {
         "type": type_,
@@ -75,11 +77,25 @@ def project(
         "lastEventSequence": seq,
     }
     conditions = [
-        condition("Admitted", status=True, reason="Admitted", message="admitted and dispatched", at=admitted_at, generation=generation)
+        condition(
+            "Admitted",
+            status=True,
+            reason="Admitted",
+            message="admitted and dispatched",
+            at=admitted_at,
+            generation=generation,
+        )
     ]
     if terminal is None:
         conditions.append(
-            condition("Finished", status=False, reason="Running", message=state.message, at=admitted_at, generation=generation)
+            condition(
+                "Finished",
+                status=False,
+                reason="Running",
+                message=state.message,
+                at=admitted_at,
+                generation=generation,
+            )
         )
     else:
         status.update(
@@ -116,7 +132,21 @@ def rejected(message: str, *, at: float, generation: int) -> dict[str, Any]:
         "observedGeneration": generation,
         "completionTime": rfc3339(at),
         "conditions": [
-            condition("Admitted", status=False, reason="InvalidSpec", message=message, at=at, generation=generation),
-            condition("Finished", status=True, reason="InvalidSpec", message=message, at=at, generation=generation),
+            condition(
+                "Admitted",
+                status=False,
+                reason="InvalidSpec",
+                message=message,
+                at=at,
+                generation=generation,
+            ),
+            condition(
+                "Finished",
+                status=True,
+                reason="InvalidSpec",
+                message=message,
+                at=at,
+                generation=generation,
+            ),
         ],
     }

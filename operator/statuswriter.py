@@ -24,6 +24,9 @@ from agentrun import kube
 
 log = logging.getLogger(__name__)
 
+MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+"""kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
+
 Patcher = Callable[[str, str, Mapping[str, Any]], Awaitable[None]]
 """``patch(namespace, name, status_body)``; raises ``ApiException``."""
 
@@ -40,7 +43,7 @@ def kube_patcher(api: client.ApiClient) -> Patcher:
             kube.RUNS,
             name,
             {"status": dict(status)},
-            _content_type="application/merge-patch+json",
+            **MERGE_PATCH,
         )
 
     return patch
@@ -78,7 +81,9 @@ class StatusWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def submit(self, namespace: str, name: str, body: Mapping[str, Any], *, seq: int, terminal: bool) -> None:
+    def submit(
+        self, namespace: str, name: str, body: Mapping[str, Any], *, seq: int, terminal: bool
+    ) -> None:
         """Queue ``body`` as the run's status unless a newer one (higher ``seq``) is known."""
         key = (namespace, name)
         current = self._pending.get(key)
@@ -86,7 +91,9 @@ class StatusWriter:
             return
         if self._written_seq.get(key, -1) > seq:
             return
-        self._pending[key] = _Pending(body, seq, terminal or (current.terminal if current and current.seq == seq else False))
+        self._pending[key] = _Pending(
+            body, seq, terminal or (current.terminal if current and current.seq == seq else False)
+        )
         self._wake.set()
 
     def forget(self, namespace: str, name: str) -> None:
@@ -115,7 +122,9 @@ class StatusWriter:
                 log.info("%s/%s is gone; status write dropped", *key)
                 self.forget(*key)
                 return
-            log.warning("status patch of %s/%s failed (HTTP %s); will retry", key[0], key[1], err.status)
+            log.warning(
+                "status patch of %s/%s failed (HTTP %s); will retry", key[0], key[1], err.status
+            )
             self._retry(key, pending)
         except Exception:
             log.exception("status patch of %s/%s failed; will retry", *key)

@@ -4,6 +4,7 @@
   of ``KUBECONFIG`` when ``AGENTRUN_USE_EXISTING_CLUSTER=1``); `kubectl` drives it; `crds`
   installs ``crds/*.yaml``; `test_namespace` gives each test a fresh namespace.
 - `nats_server`: nats-server with JetStream from `agentrun.devenv.natsserver`.
+- `devenv_binaries`: the control-plane executables (see `agentrun.devenv.binaries`).
 - `devenv_launch`: where fixtures' processes log (a pytest temp dir, kept for the last three
   sessions) and the rule that they die with the pytest process.
 
@@ -30,7 +31,8 @@ CRD_DIR = REPO / "crds"
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build or locate the control-plane binaries before the first test that needs them."""
-    if not any("control_plane" in getattr(item, "fixturenames", ()) for item in session.items):
+    needed = {"control_plane", "devenv_binaries"}
+    if not any(needed & set(getattr(item, "fixturenames", ())) for item in session.items):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
 
@@ -50,6 +52,12 @@ def devenv_launch(tmp_path_factory: pytest.TempPathFactory) -> components.Launch
     return components.Launch(
         log_dir=tmp_path_factory.mktemp("devenv-logs"), die_with_parent=True, log=print
     )
+
+
+@pytest.fixture(scope="session")
+def devenv_binaries() -> binaries.Binaries:
+    """etcd, kube-apiserver and kubectl (already built or located after collection)."""
+    return binaries.ensure_binaries(log=print)
 
 
 @pytest.fixture(scope="session")

@@ -34,8 +34,6 @@ class ConsumerSettings:
 
     concurrency: int = 64
     """Turns (of different runs) in flight at once."""
-    fetch_batch: int = 16
-    """Most TurnRequests pulled per fetch."""
     heartbeat: float = 10.0
     """Seconds between ``in_progress`` signals while a turn runs (well under ack_wait)."""
 
@@ -68,6 +66,8 @@ class TurnConsumer:
         """Fetch and dispatch until ``stop``; returns after in-flight turns are settled."""
         sub = await self.bus.turn_subscription()
         await self.bus.on_cancel(self._on_cancel)
+        # One message per pull request: nats-py's fetch(batch > 1) waits for the whole batch
+        # or its timeout once the stream is idle, which would add up to the timeout to a turn.
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not self._stopping.is_set():
@@ -76,7 +76,7 @@ class TurnConsumer:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
-                    msgs = await sub.fetch(batch=min(free, self.settings.fetch_batch), timeout=1.0)
+                    msgs = await sub.fetch(batch=1, timeout=1.0)
                 except (nats.errors.TimeoutError, TimeoutError):
                     continue
                 for msg in msgs:
@@ -117,7 +117,12 @@ class TurnConsumer:
                 await msg.nak()  # shutting down: another worker takes the turn
             raise
         except Exception:
-            log.exception("turn %s of %s/%s failed; it will be redelivered", request.turn, request.namespace, request.name)
+            log.exception(
+                "turn %s of %s/%s failed; it will be redelivered",
+                request.turn,
+                request.namespace,
+                request.name,
+            )
             self.cache.drop(request.run_uid)
             with contextlib.suppress(Exception):
                 await msg.nak(delay=1.0)
@@ -130,7 +135,9 @@ class TurnConsumer:
         try:
             run = await history.load(self.bus, self.cache, request)
         except history.CorruptHistory as err:
-            log.warning("skipping turn %s of %s/%s: %s", request.turn, request.namespace, request.name, err)
+            log.warning(
+                "skipping turn %s of %s/%s: %s", request.turn, request.namespace, request.name, err
+            )
             await msg.ack()
             return
         if (
@@ -144,7 +151,13 @@ class TurnConsumer:
             return
         record = await execute_turn(self.deps, run.config, run.state)
         after = kernel.advance(run.state, record, run.config.limits)
-        event = RunEvent(kind="turn", run_uid=request.run_uid, summary=after.summary(), record=record, time=time.time())
+        event = RunEvent(
+            kind="turn",
+            run_uid=request.run_uid,
+            summary=after.summary(),
+            record=record,
+            time=time.time(),
+        )
         try:
             seq = await self.bus.append_event(
                 request.namespace, request.name, event, expected_seq=request.expected_seq

@@ -28,7 +28,9 @@ class LoadedRun:
     seq: int
 
 
-def fold(events: list[RunEvent], *, run_uid: str, base: LoadedRun | None = None) -> LoadedRun | None:
+def fold(
+    events: list[RunEvent], *, run_uid: str, base: LoadedRun | None = None
+) -> LoadedRun | None:
     """Replay ``events`` (oldest first) on top of ``base``; ``None`` if the run was never admitted.
 
     Raises ``CorruptHistory`` when an event belongs to another run or does not apply.
@@ -93,7 +95,9 @@ async def load(bus: Bus, cache: RunCache, request: TurnRequest) -> LoadedRun | N
     if cached is not None and cached.seq == request.expected_seq:
         return cached
     base = cached if cached is not None and cached.seq < request.expected_seq else None
-    events = await bus.read_events(request.namespace, request.name, after_seq=base.seq if base else 0)
+    events = await bus.read_events(
+        request.namespace, request.name, after_seq=base.seq if base else 0
+    )
     loaded = fold(events, run_uid=request.run_uid, base=base)
     if loaded is not None:
         cache.put(loaded)

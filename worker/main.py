@@ -32,12 +32,16 @@ async def serve() -> None:
     """Run one worker until SIGTERM/SIGINT."""
     url = os.environ.get("AGENTRUN_NATS_URL", "nats://127.0.0.1:4222")
     ack_wait = _env_float("AGENTRUN_TURN_ACK_WAIT", 30.0)
-    bus = await Bus.connect(BusSettings(url=url, ack_wait=ack_wait), name=f"agentrun-worker-{os.getpid()}")
+    bus = await Bus.connect(
+        BusSettings(url=url, ack_wait=ack_wait), name=f"agentrun-worker-{os.getpid()}"
+    )
     api = None
     try:
         api = await kube.api_client()
     except Exception as err:  # a worker without cluster access can still run cluster-free tools
-        log.warning("no Kubernetes access (%s): kubernetes_get and Secret credentials are unavailable", err)
+        log.warning(
+            "no Kubernetes access (%s): kubernetes_get and Secret credentials are unavailable", err
+        )
     model = ModelClient()
     deps = TurnDeps(
         model=model,

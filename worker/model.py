@@ -99,7 +99,11 @@ class ModelClient:
         ``asyncio.TimeoutError`` never escapes.
         """
         client = self._client(base_url, api_key)
-        kwargs: dict[str, Any] = {"model": model, "messages": list(messages), "max_tokens": max_output_tokens}
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "messages": list(messages),
+            "max_tokens": max_output_tokens,
+        }
         if tools:
             kwargs["tools"] = list(tools)
         last = "no attempt made"
@@ -123,12 +127,18 @@ class ModelClient:
             except (openai.APITimeoutError, openai.APIConnectionError) as err:
                 last = f"{type(err).__name__}: {err}"
             except TimeoutError as err:
-                raise ModelError(f"the run's deadline passed while calling the model ({last})") from err
+                raise ModelError(
+                    f"the run's deadline passed while calling the model ({last})"
+                ) from err
             except json.JSONDecodeError as err:
-                raise ModelError(f"the model endpoint answered with a body that is not JSON: {err}") from err
+                raise ModelError(
+                    f"the model endpoint answered with a body that is not JSON: {err}"
+                ) from err
             if attempt == self.policy.attempts:
                 break
-            backoff = random.uniform(0, min(self.policy.max_delay, self.policy.base_delay * 2**attempt))
+            backoff = random.uniform(
+                0, min(self.policy.max_delay, self.policy.base_delay * 2**attempt)
+            )
             wait = min(self.policy.max_delay, delay if delay is not None else backoff)
             if time.time() + wait >= deadline:
                 raise ModelError(f"no time left in the run's deadline to retry ({last})")

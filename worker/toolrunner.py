@@ -65,7 +65,9 @@ async def _run_one(
             return kernel.ToolResult(call.id, call.name, why, is_error=True)
         except Exception as err:  # a tool bug must not break the loop: it becomes a result
             log.exception("tool %s raised", call.name)
-            return kernel.ToolResult(call.id, call.name, f"the tool failed: {type(err).__name__}: {err}", is_error=True)
+            return kernel.ToolResult(
+                call.id, call.name, f"the tool failed: {type(err).__name__}: {err}", is_error=True
+            )
     return kernel.ToolResult(call.id, call.name, clip(output))
 
 
@@ -102,9 +104,13 @@ async def run_batch(
     return tuple(results)
 
 
-def not_run(calls: Sequence[kernel.CheckedCall | kernel.InvalidCall], why: str) -> tuple[kernel.ToolResult, ...]:
+def not_run(
+    calls: Sequence[kernel.CheckedCall | kernel.InvalidCall], why: str
+) -> tuple[kernel.ToolResult, ...]:
     """Error results for a batch that a gate stopped: every call still gets its one result."""
     return tuple(
-        kernel.ToolResult(c.id, c.name, c.error if isinstance(c, kernel.InvalidCall) else f"not run: {why}", True)
+        kernel.ToolResult(
+            c.id, c.name, c.error if isinstance(c, kernel.InvalidCall) else f"not run: {why}", True
+        )
         for c in calls
     )

@@ -34,7 +34,9 @@ class TurnDeps:
     model: ModelClient
     catalog: Catalog
     secrets: SecretSource
-    tool_settings: toolrunner.ToolRunSettings = toolrunner.ToolRunSettings()
+    tool_settings: toolrunner.ToolRunSettings = dataclasses.field(
+        default_factory=toolrunner.ToolRunSettings
+    )
     kube: Any | None = None
     """A kubernetes_asyncio ``ApiClient`` for tools that read the cluster (or ``None``)."""
     clock: Callable[[], float] = time.time
@@ -55,8 +57,10 @@ def _tool_schemas(deps: TurnDeps, config: RunConfig) -> Mapping[str, kernel.Tool
     return {name: deps.schema(name) for name in config.tools if name in deps.catalog}
 
 
-async def execute_turn(deps: TurnDeps, config: RunConfig, state: kernel.RunState) -> kernel.TurnRecord:
-    """Run turn ``state.turn`` of the run ``config`` describes; never raises for model or tool faults.
+async def execute_turn(
+    deps: TurnDeps, config: RunConfig, state: kernel.RunState
+) -> kernel.TurnRecord:
+    """Run turn ``state.turn`` of the run ``config``; never raises for model or tool faults.
 
     Raises ``asyncio.CancelledError`` when cancelled (the turn is then abandoned uncommitted).
     """
@@ -65,11 +69,18 @@ async def execute_turn(deps: TurnDeps, config: RunConfig, state: kernel.RunState
     missing = [name for name in config.tools if name not in deps.catalog]
     if missing:
         message = f"this worker's catalog lacks tool(s) {', '.join(missing)}"
-        return kernel.TurnRecord(turn=state.turn, gate=kernel.Gate(kernel.Phase.TOOL_UNAVAILABLE, message=message))
+        return kernel.TurnRecord(
+            turn=state.turn, gate=kernel.Gate(kernel.Phase.TOOL_UNAVAILABLE, message=message)
+        )
     openai_tools = deps.catalog.specs(config.tools) if config.tools else []
     estimate = kernel.estimate_tokens(state.messages, openai_tools)
     gate = kernel.admit_model_call(
-        state, limits, pricing=pricing, prompt_estimate=estimate, now=deps.clock(), deadline=config.deadline
+        state,
+        limits,
+        pricing=pricing,
+        prompt_estimate=estimate,
+        now=deps.clock(),
+        deadline=config.deadline,
     )
     if gate.phase is not None:
         return kernel.TurnRecord(turn=state.turn, gate=gate)
@@ -86,7 +97,10 @@ async def execute_turn(deps: TurnDeps, config: RunConfig, state: kernel.RunState
         )
     except ModelError as err:
         if deps.clock() >= config.deadline:
-            gate = kernel.Gate(kernel.Phase.DEADLINE_EXCEEDED, message=f"the run's timeout passed during the model call ({err})")
+            gate = kernel.Gate(
+                kernel.Phase.DEADLINE_EXCEEDED,
+                message=f"the run's timeout passed during the model call ({err})",
+            )
             return kernel.TurnRecord(turn=state.turn, gate=gate)
         return kernel.TurnRecord(turn=state.turn, failure=kernel.ModelFailure(str(err)))
     usage = kernel.read_usage(response, pricing=pricing, prompt_estimate=estimate)
@@ -110,9 +124,19 @@ async def execute_turn(deps: TurnDeps, config: RunConfig, state: kernel.RunState
             usage=usage,
         )
     context = ToolContext(
-        namespace=config.namespace, run_name=config.name, run_uid=config.uid, call_id="", kube=deps.kube
+        namespace=config.namespace,
+        run_name=config.name,
+        run_uid=config.uid,
+        call_id="",
+        kube=deps.kube,
     )
     results = await toolrunner.run_batch(
-        calls, tools=deps.catalog, context=context, settings=deps.tool_settings, deadline=config.deadline
+        calls,
+        tools=deps.catalog,
+        context=context,
+        settings=deps.tool_settings,
+        deadline=config.deadline,
     )
-    return kernel.TurnRecord(turn=state.turn, decision=decision, calls=calls, results=results, usage=usage)
+    return kernel.TurnRecord(
+        turn=state.turn, decision=decision, calls=calls, results=results, usage=usage
+    )

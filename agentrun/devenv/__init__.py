@@ -1,1 +1,20 @@
-"""TODO"""
+"""The real local stack for tests and demos: control plane, nats-server, mock model,
+operator and workers as child processes, started and stopped by pid.
+
+Modules, from the bottom up (each imports only those above it, the standard library and
+cryptography / platformdirs / psutil / pyyaml; nothing here imports the runtime):
+
+- `console`: the `Log` callable that progress lines go to.
+- `procs`: start a process in its own group, stop / kill / check it by its recorded pid.
+- `probes`: free loopback ports; readiness probes that fail fast with the log tail.
+- `components`: a process plus how to restart and probe it (`Component`, `Launch`).
+- `certs`: a throw-away PKI for kube-apiserver.
+- `gobuild`, `binaries`: kube-apiserver, etcd, kubectl from ``KUBEBUILDER_ASSETS``, the
+  per-machine cache, or a pinned build from the Go module proxy.
+- `controlplane`: etcd + kube-apiserver (or an existing cluster); `kubectl`: drive it.
+- `natsserver`: nats-server with JetStream.
+- `state`, `stack`: the whole stack behind ``agentrun dev`` and the test fixtures.
+
+Import the modules (``from agentrun.devenv import stack``); there is no re-export here, so
+importing one piece does not start loading the rest.
+"""

@@ -8,7 +8,9 @@ requires the upstream module at the pinned version, because neither module can b
 - kube-apiserver and kubectl: require ``k8s.io/kubernetes``, plus one
   ``replace k8s.io/X => k8s.io/X v0.<minor>.<patch>`` for every staging module that
   kubernetes' own go.mod requires at the placeholder ``v0.0.0`` (those are replaced by local
-  paths upstream), then `go mod tidy` and `go build` the two commands.
+  paths upstream), then `go mod tidy` and `go build` the two commands, with the version
+  stamped at link time as kubernetes' hack/lib/version.sh does (else they report
+  ``v0.0.0-master``).
 
 The etcd version is read from ``build/dependencies.yaml`` of the downloaded kubernetes module
 and must equal the pinned one. Outputs are written under a temporary name and renamed, so an
@@ -20,6 +22,7 @@ between prebuilt and built binaries are `binaries`' job.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -77,13 +80,12 @@ def build_binaries(
     unknown = set(names) - {"etcd", "kube-apiserver", "kubectl"}
     if unknown:
         raise ValueError(f"cannot build {sorted(unknown)}")
-    go = find_go()
+    go = _Go(binary=find_go(), env=_go_env(), log=log)
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = _go_env()
     with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
         work = Path(tmp)
         log(f"[1/4] downloading k8s.io/kubernetes@{k8s_version} from the Go module proxy")
-        k8s_dir = _download_module(go, "k8s.io/kubernetes", k8s_version, cwd=work, env=env, log=log)
+        k8s_dir = go.download("k8s.io/kubernetes", k8s_version, cwd=work)
         pinned = etcd_version_of(k8s_dir)
         if pinned != etcd_version:
             raise BuildError(
@@ -93,21 +95,14 @@ def build_binaries(
         log(f"[2/4] kubernetes {k8s_version} pins etcd {pinned} (build/dependencies.yaml)")
         if "etcd" in names:
             log(f"[3/4] building etcd {etcd_version}")
-            _build_etcd(go, work / "etcd", out_dir, version=etcd_version, env=env, log=log)
+            _build_etcd(go, work / "etcd", out_dir, version=etcd_version)
         else:
             log("[3/4] etcd already built")
         wanted = [n for n in ("kube-apiserver", "kubectl") if n in names]
         if wanted:
             log(f"[4/4] building {', '.join(wanted)} {k8s_version}")
             _build_kubernetes(
-                go,
-                work / "k8s",
-                out_dir,
-                k8s_dir=k8s_dir,
-                version=k8s_version,
-                names=wanted,
-                env=env,
-                log=log,
+                go, work / "k8s", out_dir, k8s_dir=k8s_dir, version=k8s_version, names=wanted
             )
         else:
             log("[4/4] kube-apiserver and kubectl already built")
@@ -166,15 +161,100 @@ def staging_replaces(k8s_go_mod: str, *, k8s_version: str) -> list[str]:
     return [f"replace {m} => {m} {staging_version}" for m in modules]
 
 
-def _build_etcd(
-    go: Path,
-    work: Path,
-    out_dir: Path,
-    *,
-    version: str,
-    env: Mapping[str, str],
-    log: console.Log,
-) -> None:
+def version_ldflags(k8s_version: str) -> str:
+    """``-ldflags`` value that stamps `k8s_version` (``"v1.34.4"``) into kubernetes binaries.
+
+    The same variables as kubernetes' hack/lib/version.sh, in client-go and component-base;
+    tree state "archive" since a module zip has no git metadata. No build date, so the
+    output is reproducible.
+    """
+    major, minor = k8s_version.removeprefix("v").split(".")[:2]
+    values = {"gitVersion": k8s_version, "gitMajor": major, "gitMinor": minor}
+    values["gitTreeState"] = "archive"
+    return " ".join(
+        f"-X {package}.{key}={value}"
+        for package in ("k8s.io/client-go/pkg/version", "k8s.io/component-base/version")
+        for key, value in values.items()
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Go:
+    """The go binary, the environment it runs in and where its output goes."""
+
+    binary: Path
+    env: Mapping[str, str]
+    log: console.Log
+
+    def run(self, args: list[str], *, cwd: Path, quiet: bool = False) -> str:
+        """Run ``go args…`` in `cwd`, streaming its output to `log` unless `quiet`.
+
+        Logs a heartbeat every 30 s of silence. Returns the output (stdout and stderr).
+        Raises BuildError on a non-zero exit, with the last 40 lines.
+        """
+        command = f"go {' '.join(args)}"
+        short = f"go build {args[-1]}" if args[0] == "build" else command
+        self.log(f"  $ {command}   (in {cwd})")
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [str(self.binary), *args],
+            cwd=cwd,
+            env=dict(self.env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        lines: queue.Queue[str | None] = queue.Queue()
+        reader = threading.Thread(target=_pump, args=(proc, lines), daemon=True)
+        reader.start()
+        output: list[str] = []
+        try:
+            while (
+                line := _next_line(lines, started=started, label=short, log=self.log)
+            ) is not None:
+                output.append(line)
+                if not quiet:
+                    self.log(f"    go: {line}")
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        reader.join()
+        if code != 0:
+            tail = "\n".join(output[-40:])
+            raise BuildError(f"`{command}` failed with status {code} in {cwd}:\n{tail}")
+        self.log(f"  done in {time.monotonic() - started:.0f} s: {short}")
+        return "\n".join(output)
+
+    def build(self, package: str, out: Path, *, cwd: Path, ldflags: str = "") -> None:
+        """``go build`` `package` to a temporary name next to `out`, then rename it to `out`."""
+        partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+        flags = ["-ldflags", ldflags] if ldflags else []
+        try:
+            self.run(["build", *flags, "-o", str(partial), package], cwd=cwd)
+            os.replace(partial, out)
+        finally:
+            partial.unlink(missing_ok=True)
+        self.log(f"  wrote {out}")
+
+    def download(self, module: str, version: str, *, cwd: Path) -> Path:
+        """``go mod download -json module@version``; returns the module's source directory."""
+        output = self.run(["mod", "download", "-json", f"{module}@{version}"], cwd=cwd, quiet=True)
+        try:  # go may print "go: downloading …" lines around the JSON object
+            info = json.loads(output[output.index("{") : output.rindex("}") + 1])
+        except ValueError as exc:
+            raise BuildError(f"go mod download printed no JSON: {output[-2000:]}") from exc
+        if "Error" in info or "Dir" not in info:
+            raise BuildError(
+                f"go mod download {module}@{version} failed: {info.get('Error', info)}"
+            )
+        self.log(f"  {module}@{version} is in {info['Dir']}")
+        return Path(info["Dir"])
+
+
+def _build_etcd(go: _Go, work: Path, out_dir: Path, *, version: str) -> None:
     package = "go.etcd.io/etcd/server/v3"
     _write_wrapper(
         work,
@@ -183,23 +263,15 @@ def _build_etcd(
         extra=[],
         imports=[package],
     )
-    _run_go(go, ["mod", "tidy"], cwd=work, env=env, log=log)
-    _go_build(go, package, out_dir / "etcd", cwd=work, env=env, log=log)
+    go.run(["mod", "tidy"], cwd=work)
+    go.build(package, out_dir / "etcd", cwd=work)
 
 
 def _build_kubernetes(
-    go: Path,
-    work: Path,
-    out_dir: Path,
-    *,
-    k8s_dir: Path,
-    version: str,
-    names: list[str],
-    env: Mapping[str, str],
-    log: console.Log,
+    go: _Go, work: Path, out_dir: Path, *, k8s_dir: Path, version: str, names: list[str]
 ) -> None:
     replaces = staging_replaces((k8s_dir / "go.mod").read_text(), k8s_version=version)
-    log(f"  replacing {len(replaces)} staging modules at v0.{version.split('.', 1)[1]}")
+    go.log(f"  replacing {len(replaces)} staging modules at v0.{version.split('.', 1)[1]}")
     packages = {n: f"k8s.io/kubernetes/cmd/{n}" for n in ("kube-apiserver", "kubectl")}
     _write_wrapper(
         work,
@@ -208,9 +280,9 @@ def _build_kubernetes(
         extra=replaces,
         imports=list(packages.values()),
     )
-    _run_go(go, ["mod", "tidy"], cwd=work, env=env, log=log)
+    go.run(["mod", "tidy"], cwd=work)
     for name in names:
-        _go_build(go, packages[name], out_dir / name, cwd=work, env=env, log=log)
+        go.build(packages[name], out_dir / name, cwd=work, ldflags=version_ldflags(version))
 
 
 def _write_wrapper(
@@ -223,86 +295,14 @@ def _write_wrapper(
     (work / "tools.go").write_text(_TOOLS_GO.format(imports=imports_text))
 
 
-def _download_module(
-    go: Path, module: str, version: str, *, cwd: Path, env: Mapping[str, str], log: console.Log
-) -> Path:
-    output = _run_go(
-        go,
-        ["mod", "download", "-json", f"{module}@{version}"],
-        cwd=cwd,
-        env=env,
-        log=console.discard,
-    )
-    try:  # go may print "go: downloading …" lines around the JSON object
-        info = json.loads(output[output.index("{") : output.rindex("}") + 1])
-    except ValueError as exc:
-        raise BuildError(f"go mod download printed no JSON: {output[-2000:]}") from exc
-    if "Error" in info or "Dir" not in info:
-        raise BuildError(f"go mod download {module}@{version} failed: {info.get('Error', info)}")
-    log(f"  {module}@{version} is in {info['Dir']}")
-    return Path(info["Dir"])
-
-
-def _go_build(
-    go: Path, package: str, out: Path, *, cwd: Path, env: Mapping[str, str], log: console.Log
-) -> None:
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    try:
-        _run_go(go, ["build", "-o", str(partial), package], cwd=cwd, env=env, log=log)
-        os.replace(partial, out)
-    finally:
-        partial.unlink(missing_ok=True)
-    log(f"  wrote {out}")
-
-
-def _run_go(
-    go: Path, args: list[str], *, cwd: Path, env: Mapping[str, str], log: console.Log
-) -> str:
-    """Run `go args…`, streaming its output lines to `log`; return the output.
-
-    Logs a heartbeat every 30 s of silence. Raises BuildError on a non-zero exit.
-    """
-    command = f"go {' '.join(args)}"
-    log(f"  $ {command}   (in {cwd})")
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [str(go), *args],
-        cwd=cwd,
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-    reader = threading.Thread(target=_pump, args=(proc, lines), daemon=True)
-    reader.start()
-    output: list[str] = []
-    try:
-        while (line := _next_line(lines, started=started, command=command, log=log)) is not None:
-            output.append(line)
-            log(f"    go: {line}")
-        code = proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join()
-    if code != 0:
-        tail = "\n".join(output[-40:])
-        raise BuildError(f"`{command}` failed with status {code} in {cwd}:\n{tail}")
-    log(f"  done in {time.monotonic() - started:.0f} s: {command}")
-    return "\n".join(output)
-
-
 def _next_line(
-    lines: queue.Queue[str | None], *, started: float, command: str, log: console.Log
+    lines: queue.Queue[str | None], *, started: float, label: str, log: console.Log
 ) -> str | None:
     while True:
         try:
             return lines.get(timeout=_HEARTBEAT_SECONDS)
         except queue.Empty:
-            log(f"  … still running {command} ({time.monotonic() - started:.0f} s)")
+            log(f"  … still running {label} ({time.monotonic() - started:.0f} s)")
 
 
 def _pump(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:

@@ -289,7 +289,8 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
         current = _recorded(dataclasses.replace(current, nats_url=nats.url), nats.component)
         mock = start_mockllm(scenarios, launch=launch)
         current = _recorded(dataclasses.replace(current, model_url=mockllm_url(mock)), mock)
-        current = _start_services(current, workers=options.workers, launch=launch)
+        env = service_env(kubeconfig=cluster.env["KUBECONFIG"], nats_url=nats.url)
+        current = _start_services(current, env=env, workers=options.workers, launch=launch)
         return _recorded(dataclasses.replace(current, complete=True))
     except BaseException:
         log("start failed: stopping what was started")
@@ -299,11 +300,13 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
 
 
 def _start_services(
-    current: state.StackState, *, workers: int, launch: components.Launch
+    current: state.StackState,
+    *,
+    env: Mapping[str, str],
+    workers: int,
+    launch: components.Launch,
 ) -> state.StackState:
-    """Start the operator and `workers` workers, recording each; needs cluster and nats."""
-    assert current.kubeconfig is not None and current.nats_url is not None
-    env = service_env(kubeconfig=current.kubeconfig, nats_url=current.nats_url)
+    """Start the operator and `workers` workers with `env`, recording each."""
     current = _recorded(current, start_operator(env, launch=launch))
     for index in range(1, workers + 1):
         current = _recorded(current, start_worker(index, env=env, launch=launch))

@@ -30,7 +30,14 @@ from agentrun.kernel.loop import (
     stop,
 )
 from agentrun.kernel.state import RunState, initial_state
-from agentrun.kernel.terminal import Outcome, Phase, ResourcePhase, Terminal, TerminalReason, conclude
+from agentrun.kernel.terminal import (
+    Outcome,
+    Phase,
+    ResourcePhase,
+    Terminal,
+    TerminalReason,
+    conclude,
+)
 from agentrun.kernel.usage import Usage, estimate_tokens, read_usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 

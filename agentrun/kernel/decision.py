@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-class MalformedCause(str, enum.Enum):
+class MalformedCause(enum.StrEnum):
     """Why a response is not a usable decision (each becomes a corrective turn)."""
 
     NO_CHOICE = "no_choice"

@@ -63,7 +63,7 @@ class TurnRecord:
     """The validated calls, in the assistant's order, with their final ids."""
     results: tuple[ToolResult, ...] = ()
     """One result per call in ``calls``, same order."""
-    usage: Usage = Usage()
+    usage: Usage = dataclasses.field(default_factory=Usage)
     """This turn's model usage."""
     failure: ModelFailure | None = None
 
@@ -89,7 +89,9 @@ def admit_model_call(
     leave; below ``limits.min_output_tokens`` the call is not made.
     """
     if now >= deadline:
-        return Gate(Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the next model call")
+        return Gate(
+            Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the next model call"
+        )
     if state.steps >= limits.max_steps:
         return Gate(Phase.MAX_STEPS, message=f"maxSteps {limits.max_steps} reached")
     allowance = limits.max_output_tokens
@@ -104,7 +106,9 @@ def admit_model_call(
         allowance = min(allowance, left)
     if limits.max_cost_usd is not None:
         left_usd = limits.max_cost_usd - state.usage.cost_usd
-        left_usd -= pricing.cost(input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=0)
+        left_usd -= pricing.cost(
+            input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=0
+        )
         if pricing.output_per_million > 0:
             affordable = int(left_usd * Decimal(1_000_000) / pricing.output_per_million)
         else:
@@ -112,20 +116,24 @@ def admit_model_call(
         if affordable < limits.min_output_tokens:
             return Gate(
                 Phase.COST_BUDGET_EXHAUSTED,
-                message=f"maxCostUSD: {_pct_left(state.usage.cost_usd, limits.max_cost_usd)} spent; "
-                "the next call could exceed it",
+                message=f"maxCostUSD: {_pct_left(state.usage.cost_usd, limits.max_cost_usd)} "
+                "spent; the next call could exceed it",
             )
         allowance = min(allowance, affordable)
     return Gate(None, max_output_tokens=allowance)
 
 
-def admit_tool_batch(state: RunState, limits: Limits, *, calls: int, now: float, deadline: float) -> Gate:
+def admit_tool_batch(
+    state: RunState, limits: Limits, *, calls: int, now: float, deadline: float
+) -> Gate:
     """May a batch of ``calls`` valid tool calls run within the deadline and ``maxToolCalls``?
 
     All or none: a batch that does not fit is not started (its calls get "not run" results).
     """
     if calls and now >= deadline:
-        return Gate(Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the tool batch")
+        return Gate(
+            Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the tool batch"
+        )
     if state.tool_calls + calls > limits.max_tool_calls:
         return Gate(
             Phase.TOOL_BUDGET_EXHAUSTED,
@@ -169,8 +177,8 @@ def correction_for(decision: Decision, calls: tuple[CheckedCall | InvalidCall, .
         hint = {
             MalformedCause.TRUNCATED: "Your reply was cut off by the output token limit. "
             "Be shorter: make fewer or smaller tool calls, or give a concise answer.",
-            MalformedCause.EMPTY_TOOL_CALLS: "Your reply said it calls tools but held no tool calls. "
-            "Call a tool with valid arguments, or give your final answer.",
+            MalformedCause.EMPTY_TOOL_CALLS: "Your reply said it calls tools but held no tool "
+            "calls. Call a tool with valid arguments, or give your final answer.",
         }.get(decision.cause, "Your reply was empty. Call a tool, or give your final answer.")
         return f"[agentrun] {decision.detail}. {hint}"
     return None
@@ -187,7 +195,9 @@ def _messages_of(record: TurnRecord, correction: str | None) -> tuple[Message, .
     return tuple(out)
 
 
-def _decide(state: RunState, record: TurnRecord, limits: Limits, malformed: bool) -> tuple[Phase, str]:
+def _decide(
+    state: RunState, record: TurnRecord, limits: Limits, malformed: bool
+) -> tuple[Phase, str]:
     """The phase after a turn: exactly one decision per turn, caps checked last."""
     if record.gate is not None and record.gate.phase is not None:
         return record.gate.phase, record.gate.message
@@ -203,7 +213,10 @@ def _decide(state: RunState, record: TurnRecord, limits: Limits, malformed: bool
             f"{state.malformed_streak} malformed turns in a row (limit {limits.malformed_limit})"
         )
     if state.steps >= limits.max_steps:
-        return Phase.MAX_STEPS, f"maxSteps {limits.max_steps} reached while the model still wanted to act"
+        return (
+            Phase.MAX_STEPS,
+            f"maxSteps {limits.max_steps} reached while the model still wanted to act",
+        )
     if limits.max_tokens is not None and state.usage.total_tokens >= limits.max_tokens:
         return Phase.TOKEN_BUDGET_EXHAUSTED, f"maxTokens {limits.max_tokens} used"
     if limits.max_cost_usd is not None and state.usage.cost_usd >= limits.max_cost_usd:
@@ -219,7 +232,9 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
     a bug in the caller, never a model fault.
     """
     if state.phase.is_terminal:
-        raise ValueError(f"run already ended ({state.phase.value}); turn {record.turn} cannot advance it")
+        raise ValueError(
+            f"run already ended ({state.phase.value}); turn {record.turn} cannot advance it"
+        )
     if record.turn != state.turn:
         raise ValueError(f"turn {record.turn} does not follow turn {state.turn - 1}")
     decision = record.decision

@@ -31,7 +31,7 @@ class RunState:
     """Corrective turns sent back to the model."""
     malformed_streak: int = 0
     """Consecutive malformed turns; a good turn resets it."""
-    usage: Usage = Usage()
+    usage: Usage = dataclasses.field(default_factory=Usage)
     """Tokens and cost so far."""
     phase: Phase = Phase.RUNNING
     """Running, or how the run ended."""

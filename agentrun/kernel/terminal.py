@@ -11,7 +11,7 @@ import enum
 from typing import assert_never
 
 
-class TerminalReason(str, enum.Enum):
+class TerminalReason(enum.StrEnum):
     """Why a run ended: the closed set of DESIGN.md §4, written to ``.status.terminalReason``."""
 
     COMPLETED = "completed"
@@ -33,15 +33,15 @@ class TerminalReason(str, enum.Enum):
     INVALID_SPEC = "invalid_spec"
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """``ok`` only for ``completed``; every other end is ``partial`` (its prose is no answer)."""
 
     OK = "ok"
     PARTIAL = "partial"
 
 
-class ResourcePhase(str, enum.Enum):
-    """``.status.phase`` of an AgentRun (Kubernetes API conventions: a simple, high-level summary)."""
+class ResourcePhase(enum.StrEnum):
+    """``.status.phase`` of an AgentRun: a high-level summary (Kubernetes API conventions)."""
 
     PENDING = "Pending"
     QUEUED = "Queued"
@@ -52,7 +52,7 @@ class ResourcePhase(str, enum.Enum):
     CANCELLED = "Cancelled"
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     """The loop's own phase: running, or the one way it ended.
 
     Every terminal member has the value of its ``TerminalReason`` so the two convert by value.
@@ -95,7 +95,7 @@ class Terminal:
     """``Succeeded``, ``Failed`` or ``Cancelled``."""
 
 
-def conclude(phase: Phase) -> Terminal | None:  # noqa: C901 - one arm per closed-set member
+def conclude(phase: Phase) -> Terminal | None:
     """Map a loop phase to its terminal report; ``None`` while the run is still running.
 
     Exhaustive over ``Phase`` (checked by ``assert_never``): adding a phase without deciding how

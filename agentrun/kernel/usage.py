@@ -51,7 +51,7 @@ class Usage:
             "inputTokens": self.input_tokens,
             "outputTokens": self.output_tokens,
             "cachedInputTokens": self.cached_input_tokens,
-            "costUSD": str(self.cost_usd),
+            "costUSD": format(self.cost_usd, "f"),
             "estimated": self.estimated,
         }
 
@@ -94,9 +94,7 @@ def _completion_chars(message: Mapping[str, Any]) -> int:
     return chars
 
 
-def read_usage(
-    response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate: int
-) -> Usage:
+def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate: int) -> Usage:
     """Usage of one chat-completions response, priced.
 
     Reads ``usage.prompt_tokens``, ``usage.completion_tokens`` and

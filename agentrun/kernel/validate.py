@@ -70,7 +70,10 @@ def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as err:
-        return None, f"arguments are not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        return (
+            None,
+            f"arguments are not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
+        )
     if isinstance(value, str):  # double-encoded: a JSON string holding a JSON object
         try:
             value = json.loads(value)
@@ -143,7 +146,9 @@ def check_calls(
             error = _schema_errors(schema, arguments)
         if error is not None or arguments is None:
             checked.append(
-                InvalidCall(call_id, call.name, f"{error}. The tool's schema: {_schema_hint(schema)}")
+                InvalidCall(
+                    call_id, call.name, f"{error}. The tool's schema: {_schema_hint(schema)}"
+                )
             )
             continue
         checked.append(CheckedCall(call_id, call.name, arguments))

@@ -13,9 +13,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from agentrun.operator import status as operator_status
 from crd_support import Apply, Kubectl, Manifest, make_agentmodel, make_agentrun, without
 
-from agentrun.kernel import limits, usage
+from agentrun import kernel
 
 pytestmark = pytest.mark.usefixtures("crds")
 
@@ -387,15 +388,57 @@ def test_status_accepts_the_kernels_usage_shape_even_for_tiny_costs(
     apply: Apply, kubectl: Kubectl, test_namespace: str
 ) -> None:
     # str(Decimal) writes 1.5E-7; a rejected pattern would block the operator's whole patch.
-    cost = limits.Pricing(output_per_million=Decimal("0.15")).cost(
+    cost = kernel.Pricing(output_per_million=Decimal("0.15")).cost(
         input_tokens=0, cached_input_tokens=0, output_tokens=1
     )
-    projected = usage.Usage(input_tokens=3, output_tokens=1, cost_usd=cost).as_dict()
+    projected = kernel.Usage(input_tokens=3, output_tokens=1, cost_usd=cost).as_dict()
     assert apply(make_agentrun("tiny"), namespace=test_namespace).returncode == 0
     result = patch_status(kubectl, test_namespace, "tiny", {"usage": projected})
     assert result.returncode == 0, result.stderr
     stored = get_json(kubectl, "agentrun", "tiny", "-n", test_namespace)["status"]["usage"]
     assert stored == projected
+
+
+def operator_projection(phase: kernel.Phase) -> dict[str, Any]:
+    state = kernel.RunState(
+        messages=(),
+        steps=3,
+        tool_calls=2,
+        tool_failures=1,
+        corrections=1,
+        usage=kernel.Usage(input_tokens=900, output_tokens=60, cached_input_tokens=512),
+        phase=phase,
+        answer="5" if phase is kernel.Phase.COMPLETED else None,
+        message="turn 2 committed",
+    )
+    t0 = 1_767_225_600.0
+    body: dict[str, Any] = operator_status.project(
+        state.summary(), seq=9, start_time=t0, event_time=t0 + 4.5, generation=1, admitted_at=t0
+    )
+    return body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(operator_projection(kernel.Phase.RUNNING), id="running"),
+        pytest.param(operator_projection(kernel.Phase.COMPLETED), id="completed"),
+        pytest.param(operator_projection(kernel.Phase.MAX_STEPS), id="max-steps"),
+        pytest.param(
+            operator_status.rejected("no AgentModel 'mock'", at=1_767_225_600.0, generation=1),
+            id="rejected-at-admission",
+        ),
+    ],
+)
+def test_status_stores_the_operators_projection_without_pruning(
+    apply: Apply, kubectl: Kubectl, test_namespace: str, body: dict[str, Any]
+) -> None:
+    # A field the schema does not declare would be dropped silently; equality catches it.
+    assert apply(make_agentrun("projected"), namespace=test_namespace).returncode == 0
+    result = patch_status(kubectl, test_namespace, "projected", body)
+    assert result.returncode == 0, result.stderr
+    assert "unknown field" not in result.stderr
+    assert get_json(kubectl, "agentrun", "projected", "-n", test_namespace)["status"] == body
 
 
 def test_get_agentruns_shows_phase_reason_steps_tokens_cost(

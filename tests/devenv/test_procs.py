@@ -111,11 +111,12 @@ def test_a_recycled_pid_is_neither_alive_nor_signalled() -> None:
 
 def test_another_process_can_stop_it_from_the_record(tmp_path: Path) -> None:
     record = procs.start_process(spec(tmp_path, "sleep", "60"))
+    as_json = json.dumps(json.dumps(record.as_dict()))
     stopper = textwrap.dedent(
         f"""
         import json
         from agentrun.devenv import procs
-        record = procs.ProcessRecord.from_dict(json.loads({json.dumps(json.dumps(record.as_dict()))}))
+        record = procs.ProcessRecord.from_dict(json.loads({as_json}))
         print(procs.is_alive(record), procs.stop_process(record).value)
         """
     )

@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
@@ -49,7 +49,14 @@ class E2EStack:
         found: dict[str, Any] = json.loads(result.stdout)
         return found
 
-    def wait_for(self, namespace: str, name: str, predicate: Callable[[dict[str, Any]], bool], *, timeout: float = 60) -> dict[str, Any]:
+    def wait_for(
+        self,
+        namespace: str,
+        name: str,
+        predicate: Callable[[dict[str, Any]], bool],
+        *,
+        timeout: float = 60,
+    ) -> dict[str, Any]:
         """Poll ``kubectl get`` until ``predicate(status)``; returns the status."""
         end = time.monotonic() + timeout
         status: dict[str, Any] = {}
@@ -59,35 +66,58 @@ class E2EStack:
             if predicate(status):
                 return status
             time.sleep(0.25)
-        raise AssertionError(f"{namespace}/{name} did not get there in {timeout}s; status: {json.dumps(status, indent=1)}")
+        raise AssertionError(
+            f"{namespace}/{name} did not get there in {timeout}s; "
+            f"status: {json.dumps(status, indent=1)}"
+        )
 
     def wait_terminal(self, namespace: str, name: str, *, timeout: float = 60) -> dict[str, Any]:
-        return self.wait_for(namespace, name, lambda s: bool(s.get("terminalReason")), timeout=timeout)
+        return self.wait_for(
+            namespace, name, lambda s: bool(s.get("terminalReason")), timeout=timeout
+        )
 
     def mock_requests(self) -> list[dict[str, Any]]:
         base = self.mock_url.removesuffix("/v1")
-        data: Any = httpx.get(f"{base}/_mock/requests", timeout=10).json()
+        data: Any = json.loads(http_get(f"{base}/_mock/requests"))
         return list(data["requests"] if isinstance(data, dict) else data)
 
     def restart_dead(self) -> None:
         """Bring back any service a test killed, so the next test finds the full stack."""
-        if not self.operator.is_alive:
+        if not self.operator.is_alive():
             self.operator = stack.start_operator(self.env, launch=self.launch)
         self.workers = [
-            w if w.is_alive else stack.start_worker(i + 1, env=self.env, launch=self.launch)
+            w if w.is_alive() else stack.start_worker(i + 1, env=self.env, launch=self.launch)
             for i, w in enumerate(self.workers)
         ]
+
+
+def http_get(url: str) -> str:
+    """GET ``url`` and return the body as text."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body: bytes = response.read()
+    return body.decode()
 
 
 def run_manifest(name: str, goal: str, **spec: Any) -> dict[str, Any]:
     """An AgentRun manifest for the ``mock`` model."""
     body: dict[str, Any] = {"model": "mock", "goal": goal, "tools": ["calculate", "sleep"]}
     body.update(spec)
-    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name}, "spec": body}
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": name},
+        "spec": body,
+    }
 
 
 @pytest.fixture(scope="session")
-def e2e(control_plane: Any, crds: Any, nats_server: Any, kubectl: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2EStack]:
+def e2e(
+    control_plane: Any,
+    crds: Any,
+    nats_server: Any,
+    kubectl: Callable[..., Any],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[E2EStack]:
     launch = components.Launch(log_dir=tmp_path_factory.mktemp("e2e-logs"), die_with_parent=True)
     mock = stack.start_mockllm([SCENARIOS], launch=launch)
     env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats_url=nats_server.url)
@@ -101,7 +131,11 @@ def e2e(control_plane: Any, crds: Any, nats_server: Any, kubectl: Callable[..., 
         "spec": {
             "baseURL": stack.mockllm_url(mock),
             "model": "scripted",
-            "pricing": {"inputPerMillionUSD": "2.50", "cachedInputPerMillionUSD": "1.25", "outputPerMillionUSD": "10"},
+            "pricing": {
+                "inputPerMillionUSD": "2.50",
+                "cachedInputPerMillionUSD": "1.25",
+                "outputPerMillionUSD": "10",
+            },
             "contextWindow": 32000,
             "maxOutputTokens": 1000,
         },

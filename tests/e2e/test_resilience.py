@@ -8,17 +8,21 @@ import pytest
 
 from agentrun.devenv import components, stack
 
-from .conftest import ACK_WAIT, E2EStack, run_manifest
+from .conftest import ACK_WAIT, E2EStack, http_get, run_manifest
 from .events import read_events, turn_numbers
 
 pytestmark = pytest.mark.e2e
 
 
 def wait_steps(stack_: E2EStack, namespace: str, name: str, steps: int) -> None:
-    stack_.wait_for(namespace, name, lambda s: (s.get("usage") or {}).get("steps", 0) >= steps, timeout=30)
+    stack_.wait_for(
+        namespace, name, lambda s: (s.get("usage") or {}).get("steps", 0) >= steps, timeout=30
+    )
 
 
-def test_deleting_a_run_mid_turn_stops_it_and_the_finalizer_goes(stack_: E2EStack, test_namespace: str, nats_server: object) -> None:
+def test_deleting_a_run_mid_turn_stops_it_and_the_finalizer_goes(
+    stack_: E2EStack, test_namespace: str, nats_server: object
+) -> None:
     stack_.apply(test_namespace, run_manifest("doomed", "E2E-LONG job"))
     wait_steps(stack_, test_namespace, "doomed", 1)
     started = time.monotonic()
@@ -52,7 +56,9 @@ def test_a_worker_killed_mid_turn_hands_the_turn_to_another_committed_once(
     lone = stack.start_worker(3, env=stack_.env, launch=stack_.launch)
     try:
         stack_.apply(test_namespace, run_manifest("handover", "E2E-SLOW-TOOL job"))
-        stack_.wait_for(test_namespace, "handover", lambda s: s.get("phase") == "Running", timeout=30)
+        stack_.wait_for(
+            test_namespace, "handover", lambda s: s.get("phase") == "Running", timeout=30
+        )
         deadline = time.monotonic() + 20
         while not any("E2E-SLOW-TOOL" in str(r) for r in stack_.mock_requests()):
             assert time.monotonic() < deadline, "the lone worker never called the model"
@@ -60,28 +66,41 @@ def test_a_worker_killed_mid_turn_hands_the_turn_to_another_committed_once(
         time.sleep(1.0)  # inside the 4 s tool call
         components.kill_component(lone)
     finally:
-        if lone.is_alive:
+        if lone.is_alive():
             components.kill_component(lone)
     stack_.restart_dead()
     status = stack_.wait_terminal(test_namespace, "handover", timeout=30 + ACK_WAIT)
-    assert (status["terminalReason"], status["answer"]) == ("completed", "Done after the slow tool.")
+    assert (status["terminalReason"], status["answer"]) == (
+        "completed",
+        "Done after the slow tool.",
+    )
     turns = turn_numbers(read_events(nats_server.url, test_namespace, "handover"))  # type: ignore[attr-defined]
     assert turns == [0, 1]
 
 
 def metric_value(text: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
+    )
 
 
 def test_two_workers_share_the_turns(stack_: E2EStack, test_namespace: str) -> None:
-    import httpx
-
-    before = [metric_value(httpx.get(f"http://127.0.0.1:{w.ports['metrics']}/metrics").text, "agentrun_turns_total") for w in stack_.workers]
+    before = [
+        metric_value(
+            http_get(f"http://127.0.0.1:{w.ports['metrics']}/metrics"), "agentrun_turns_total"
+        )
+        for w in stack_.workers
+    ]
     for i in range(8):
         stack_.apply(test_namespace, run_manifest(f"shared-{i}", f"E2E-SHARED {i}"))
     for i in range(8):
         assert stack_.wait_terminal(test_namespace, f"shared-{i}")["terminalReason"] == "completed"
-    after = [metric_value(httpx.get(f"http://127.0.0.1:{w.ports['metrics']}/metrics").text, "agentrun_turns_total") for w in stack_.workers]
+    after = [
+        metric_value(
+            http_get(f"http://127.0.0.1:{w.ports['metrics']}/metrics"), "agentrun_turns_total"
+        )
+        for w in stack_.workers
+    ]
     done = [a - b for a, b in zip(after, before, strict=True)]
     assert sum(done) == 24
     assert all(d > 0 for d in done), f"turns per worker: {done}"

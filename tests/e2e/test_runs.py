@@ -11,15 +11,23 @@ from .conftest import E2EStack, run_manifest
 pytestmark = pytest.mark.e2e
 
 
-def test_parallel_tool_calls_complete_with_results_in_call_order(stack_: E2EStack, test_namespace: str) -> None:
+def test_parallel_tool_calls_complete_with_results_in_call_order(
+    stack_: E2EStack, test_namespace: str
+) -> None:
     stack_.apply(test_namespace, run_manifest("parallel", "E2E-PARALLEL-ORDER: sleep and multiply"))
     status = stack_.wait_terminal(test_namespace, "parallel")
-    assert (status["phase"], status["terminalReason"], status["outcome"]) == ("Succeeded", "completed", "ok")
+    assert (status["phase"], status["terminalReason"], status["outcome"]) == (
+        "Succeeded",
+        "completed",
+        "ok",
+    )
     assert status["answer"] == "Slept, and 6*7 is 42."
     assert status["usage"]["toolCalls"] == 2
     assert status["usage"]["steps"] == 2
     assert (status["usage"]["inputTokens"], status["usage"]["outputTokens"]) == (260, 30)
-    second = [r for r in stack_.mock_requests() if "E2E-PARALLEL-ORDER" in str(r) and r.get("turn") == 1]
+    second = [
+        r for r in stack_.mock_requests() if "E2E-PARALLEL-ORDER" in str(r) and r.get("turn") == 1
+    ]
     assert second, "the model never saw turn 1"
     messages = second[-1]["body"]["messages"]
     tool_messages = [m for m in messages if m["role"] == "tool"]
@@ -30,19 +38,38 @@ def test_parallel_tool_calls_complete_with_results_in_call_order(stack_: E2EStac
 
 BUDGETS: list[Any] = [
     pytest.param("E2E-MAX-STEPS", {"maxSteps": 3}, "max_steps", {"steps": 3}, id="maxSteps"),
-    pytest.param("E2E-TOOL-BUDGET", {"maxToolCalls": 3}, "tool_budget_exhausted", {"toolCalls": 2}, id="maxToolCalls"),
-    pytest.param("E2E-TOKEN-BUDGET", {"maxTokens": 1200}, "token_budget_exhausted", {}, id="maxTokens"),
-    pytest.param("E2E-COST-BUDGET", {"maxCostUSD": "0.02"}, "cost_budget_exhausted", {}, id="maxCostUSD"),
+    pytest.param(
+        "E2E-TOOL-BUDGET",
+        {"maxToolCalls": 3},
+        "tool_budget_exhausted",
+        {"toolCalls": 2},
+        id="maxToolCalls",
+    ),
+    pytest.param(
+        "E2E-TOKEN-BUDGET", {"maxTokens": 1200}, "token_budget_exhausted", {}, id="maxTokens"
+    ),
+    pytest.param(
+        "E2E-COST-BUDGET", {"maxCostUSD": "0.02"}, "cost_budget_exhausted", {}, id="maxCostUSD"
+    ),
 ]
 
 
 @pytest.mark.parametrize(("goal", "budget", "reason", "usage"), BUDGETS)
 def test_each_per_run_budget_ends_the_run_with_its_own_reason(
-    stack_: E2EStack, test_namespace: str, goal: str, budget: dict[str, Any], reason: str, usage: dict[str, int]
+    stack_: E2EStack,
+    test_namespace: str,
+    goal: str,
+    budget: dict[str, Any],
+    reason: str,
+    usage: dict[str, int],
 ) -> None:
     stack_.apply(test_namespace, run_manifest("capped", goal, budget={"maxSteps": 10, **budget}))
     status = stack_.wait_terminal(test_namespace, "capped")
-    assert (status["phase"], status["terminalReason"], status["outcome"]) == ("Failed", reason, "partial")
+    assert (status["phase"], status["terminalReason"], status["outcome"]) == (
+        "Failed",
+        reason,
+        "partial",
+    )
     assert "answer" not in status
     for key, value in usage.items():
         assert status["usage"][key] == value
@@ -52,7 +79,9 @@ def test_each_per_run_budget_ends_the_run_with_its_own_reason(
         assert float(status["usage"]["costUSD"]) >= 0.015
 
 
-def test_a_rate_limited_model_call_is_retried_and_the_run_completes(stack_: E2EStack, test_namespace: str) -> None:
+def test_a_rate_limited_model_call_is_retried_and_the_run_completes(
+    stack_: E2EStack, test_namespace: str
+) -> None:
     stack_.apply(test_namespace, run_manifest("ratelimited", "E2E-429 say hi"))
     status = stack_.wait_terminal(test_namespace, "ratelimited")
     assert status["terminalReason"] == "completed"
@@ -61,7 +90,9 @@ def test_a_rate_limited_model_call_is_retried_and_the_run_completes(stack_: E2ES
     assert [r["status"] for r in attempts][-2:] == [429, 200]
 
 
-def test_a_model_that_always_fails_ends_with_model_error(stack_: E2EStack, test_namespace: str) -> None:
+def test_a_model_that_always_fails_ends_with_model_error(
+    stack_: E2EStack, test_namespace: str
+) -> None:
     stack_.apply(test_namespace, run_manifest("broken", "E2E-500 anything"))
     status = stack_.wait_terminal(test_namespace, "broken", timeout=90)
     assert (status["phase"], status["terminalReason"]) == ("Failed", "model_error")
@@ -72,27 +103,45 @@ def test_a_model_that_always_fails_ends_with_model_error(stack_: E2EStack, test_
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        pytest.param({"model": "no-such-model"}, "spec.model: AgentModel 'no-such-model' not found", id="unknown model"),
-        pytest.param({"tools": ["calculate", "launch_missiles"]}, "spec.tools: unknown tool(s) launch_missiles", id="unknown tool"),
+        pytest.param(
+            {"model": "no-such-model"},
+            "spec.model: AgentModel 'no-such-model' not found",
+            id="unknown model",
+        ),
+        pytest.param(
+            {"tools": ["calculate", "launch_missiles"]},
+            "spec.tools: unknown tool(s) launch_missiles",
+            id="unknown tool",
+        ),
     ],
 )
-def test_a_run_the_worker_cannot_serve_fails_with_invalid_spec(stack_: E2EStack, test_namespace: str, spec: dict[str, Any], fragment: str) -> None:
+def test_a_run_the_worker_cannot_serve_fails_with_invalid_spec(
+    stack_: E2EStack, test_namespace: str, spec: dict[str, Any], fragment: str
+) -> None:
     stack_.apply(test_namespace, run_manifest("invalid", "E2E-MAX-STEPS", **spec))
     status = stack_.wait_terminal(test_namespace, "invalid")
-    assert (status["phase"], status["terminalReason"], status["outcome"]) == ("Failed", "invalid_spec", "partial")
+    assert (status["phase"], status["terminalReason"], status["outcome"]) == (
+        "Failed",
+        "invalid_spec",
+        "partial",
+    )
     assert fragment in status["message"]
     condition = {c["type"]: c for c in status["conditions"]}["Admitted"]
     assert (condition["status"], condition["reason"]) == ("False", "InvalidSpec")
 
 
-def test_the_operator_enforces_the_timeout_while_the_model_hangs(stack_: E2EStack, test_namespace: str) -> None:
+def test_the_operator_enforces_the_timeout_while_the_model_hangs(
+    stack_: E2EStack, test_namespace: str
+) -> None:
     stack_.apply(test_namespace, run_manifest("hung", "E2E-SLOW-MODEL", budget={"timeout": "3s"}))
     status = stack_.wait_terminal(test_namespace, "hung", timeout=30)
     assert (status["phase"], status["terminalReason"]) == ("Failed", "deadline_exceeded")
     assert 2.5 <= status["usage"]["wallSeconds"] <= 15
 
 
-def test_kubectl_get_shows_phase_reason_steps_tokens_cost(stack_: E2EStack, test_namespace: str) -> None:
+def test_kubectl_get_shows_phase_reason_steps_tokens_cost(
+    stack_: E2EStack, test_namespace: str
+) -> None:
     stack_.apply(test_namespace, run_manifest("columns", "E2E-MAX-STEPS", budget={"maxSteps": 2}))
     stack_.wait_terminal(test_namespace, "columns")
     out = stack_.kubectl("get", "ar", "columns", "-n", test_namespace).stdout.split("\n")

@@ -16,7 +16,9 @@ CALC = kernel.ToolSchema(
         "additionalProperties": False,
     },
 )
-PING = kernel.ToolSchema("ping", {"type": "object", "properties": {}, "additionalProperties": False})
+PING = kernel.ToolSchema(
+    "ping", {"type": "object", "properties": {}, "additionalProperties": False}
+)
 TOOLS = {"calculate": CALC, "ping": PING}
 
 
@@ -48,10 +50,17 @@ def response(
     }
 
 
-def tool_turn(state: kernel.RunState, *calls: kernel.CheckedCall | kernel.InvalidCall, ok: bool = True) -> kernel.TurnRecord:
+def tool_turn(
+    state: kernel.RunState, *calls: kernel.CheckedCall | kernel.InvalidCall, ok: bool = True
+) -> kernel.TurnRecord:
     """A turn in which the model called ``calls`` and each got a result."""
     results = tuple(
-        kernel.ToolResult(c.id, c.name, "42" if ok and isinstance(c, kernel.CheckedCall) else "boom", not ok or isinstance(c, kernel.InvalidCall))
+        kernel.ToolResult(
+            c.id,
+            c.name,
+            "42" if ok and isinstance(c, kernel.CheckedCall) else "boom",
+            not ok or isinstance(c, kernel.InvalidCall),
+        )
         for c in calls
     )
     return kernel.TurnRecord(

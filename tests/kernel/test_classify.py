@@ -13,22 +13,69 @@ from .helpers import call, response
 
 CASES: list[tuple[str, dict[str, Any], type, Any]] = [
     ("plain final answer", response("The area is 12."), kernel.Final, None),
-    ("content with a tool call runs the call and keeps the text (C13)", response("Let me check.", tool_calls=[call("ping", "{}")]), kernel.ToolCalls, None),
-    ("finish_reason stop with tool calls: decide on the calls", response(None, tool_calls=[call("ping", "{}")], finish_reason="stop"), kernel.ToolCalls, None),
-    ("empty tool_calls with finish tool_calls is malformed (C10)", response(None, tool_calls=[], finish_reason="tool_calls"), kernel.Malformed, MalformedCause.EMPTY_TOOL_CALLS),
-    ("refusal ends the run (C14)", response(None, refusal="I can't help with that."), kernel.Refusal, None),
-    ("truncated tool call is never run", response(None, tool_calls=[call("calculate", '{"expre')], finish_reason="length"), kernel.Malformed, MalformedCause.TRUNCATED),
-    ("truncated prose is not an answer", response("The answer is", finish_reason="length"), kernel.Malformed, MalformedCause.TRUNCATED),
+    (
+        "content with a tool call runs the call and keeps the text (C13)",
+        response("Let me check.", tool_calls=[call("ping", "{}")]),
+        kernel.ToolCalls,
+        None,
+    ),
+    (
+        "finish_reason stop with tool calls: decide on the calls",
+        response(None, tool_calls=[call("ping", "{}")], finish_reason="stop"),
+        kernel.ToolCalls,
+        None,
+    ),
+    (
+        "empty tool_calls with finish tool_calls is malformed (C10)",
+        response(None, tool_calls=[], finish_reason="tool_calls"),
+        kernel.Malformed,
+        MalformedCause.EMPTY_TOOL_CALLS,
+    ),
+    (
+        "refusal ends the run (C14)",
+        response(None, refusal="I can't help with that."),
+        kernel.Refusal,
+        None,
+    ),
+    (
+        "truncated tool call is never run",
+        response(None, tool_calls=[call("calculate", '{"expre')], finish_reason="length"),
+        kernel.Malformed,
+        MalformedCause.TRUNCATED,
+    ),
+    (
+        "truncated prose is not an answer",
+        response("The answer is", finish_reason="length"),
+        kernel.Malformed,
+        MalformedCause.TRUNCATED,
+    ),
     ("blank final answer is malformed", response("   "), kernel.Malformed, MalformedCause.EMPTY),
-    ("null content and no calls is malformed", response(None), kernel.Malformed, MalformedCause.EMPTY),
-    ("content filter without text is a refusal", response(None, finish_reason="content_filter"), kernel.Refusal, None),
+    (
+        "null content and no calls is malformed",
+        response(None),
+        kernel.Malformed,
+        MalformedCause.EMPTY,
+    ),
+    (
+        "content filter without text is a refusal",
+        response(None, finish_reason="content_filter"),
+        kernel.Refusal,
+        None,
+    ),
     ("no choices at all", {"choices": []}, kernel.Malformed, MalformedCause.NO_CHOICE),
     ("choices is not a list", {"choices": "x"}, kernel.Malformed, MalformedCause.NO_CHOICE),
-    ("message is not an object", {"choices": [{"message": "hi"}]}, kernel.Malformed, MalformedCause.NO_CHOICE),
+    (
+        "message is not an object",
+        {"choices": [{"message": "hi"}]},
+        kernel.Malformed,
+        MalformedCause.NO_CHOICE,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("raw", "kind", "cause"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("raw", "kind", "cause"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_classify_sorts_every_response_shape(raw: dict[str, Any], kind: type, cause: Any) -> None:
     decision = kernel.classify(raw)
     assert isinstance(decision, kind)

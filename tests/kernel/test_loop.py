@@ -19,12 +19,25 @@ def start() -> kernel.RunState:
     return kernel.initial_state(goal="do it", instructions="be brief")
 
 
-def admit(state: kernel.RunState, limits: kernel.Limits, *, estimate: int = 50, pricing: kernel.Pricing = FREE, now: float = NOW) -> kernel.Gate:
-    return kernel.admit_model_call(state, limits, pricing=pricing, prompt_estimate=estimate, now=now, deadline=LATER)
+def admit(
+    state: kernel.RunState,
+    limits: kernel.Limits,
+    *,
+    estimate: int = 50,
+    pricing: kernel.Pricing = FREE,
+    now: float = NOW,
+) -> kernel.Gate:
+    return kernel.admit_model_call(
+        state, limits, pricing=pricing, prompt_estimate=estimate, now=now, deadline=LATER
+    )
 
 
 def test_a_final_answer_completes_the_run_with_outcome_ok() -> None:
-    state = kernel.advance(start(), kernel.TurnRecord(0, decision=kernel.Final("12"), usage=kernel.Usage(10, 2)), kernel.Limits())
+    state = kernel.advance(
+        start(),
+        kernel.TurnRecord(0, decision=kernel.Final("12"), usage=kernel.Usage(10, 2)),
+        kernel.Limits(),
+    )
     assert state.phase is Phase.COMPLETED
     assert state.answer == "12"
     terminal = kernel.conclude(state.phase)
@@ -79,9 +92,18 @@ def test_the_cost_cap_limits_output_and_then_stops() -> None:
     assert gate.phase is None and gate.max_output_tokens == 300
     spent = kernel.advance(
         start(),
-        kernel.TurnRecord(0, decision=kernel.ToolCalls((), None), calls=(checked(),),
-                          results=(kernel.ToolResult("c1", "calculate", "2"),),
-                          usage=kernel.Usage(500, 100, 0, pricing.cost(input_tokens=500, cached_input_tokens=0, output_tokens=100))),
+        kernel.TurnRecord(
+            0,
+            decision=kernel.ToolCalls((), None),
+            calls=(checked(),),
+            results=(kernel.ToolResult("c1", "calculate", "2"),),
+            usage=kernel.Usage(
+                500,
+                100,
+                0,
+                pricing.cost(input_tokens=500, cached_input_tokens=0, output_tokens=100),
+            ),
+        ),
         limits,
     )
     assert spent.usage.cost_usd == Decimal("0.008")
@@ -124,13 +146,17 @@ def test_a_good_turn_resets_the_malformed_streak() -> None:
 
 
 def test_a_refusal_ends_the_run_at_once() -> None:  # C14
-    state = kernel.advance(start(), kernel.TurnRecord(0, decision=kernel.Refusal("no")), kernel.Limits())
+    state = kernel.advance(
+        start(), kernel.TurnRecord(0, decision=kernel.Refusal("no")), kernel.Limits()
+    )
     assert state.phase is Phase.REFUSED
     assert state.steps == 1
 
 
 def test_a_model_failure_ends_with_model_error() -> None:
-    state = kernel.advance(start(), kernel.TurnRecord(0, failure=kernel.ModelFailure("HTTP 500")), kernel.Limits())
+    state = kernel.advance(
+        start(), kernel.TurnRecord(0, failure=kernel.ModelFailure("HTTP 500")), kernel.Limits()
+    )
     assert state.phase is Phase.MODEL_ERROR
     assert "HTTP 500" in state.message
 
@@ -161,7 +187,9 @@ def test_every_call_gets_one_result_in_call_order() -> None:
 def test_advance_refuses_turns_out_of_order() -> None:
     with pytest.raises(ValueError, match="does not follow"):
         kernel.advance(start(), kernel.TurnRecord(1, decision=kernel.Final("x")), kernel.Limits())
-    done = kernel.advance(start(), kernel.TurnRecord(0, decision=kernel.Final("x")), kernel.Limits())
+    done = kernel.advance(
+        start(), kernel.TurnRecord(0, decision=kernel.Final("x")), kernel.Limits()
+    )
     with pytest.raises(ValueError, match="already ended"):
         kernel.advance(done, kernel.TurnRecord(1, decision=kernel.Final("y")), kernel.Limits())
 
@@ -178,17 +206,38 @@ def test_every_phase_concludes(phase: Phase) -> None:
 
 
 def test_the_terminal_vocabulary_is_the_design_contract() -> None:
-    design = (
-        "completed cancelled deadline_exceeded max_steps tool_budget_exhausted token_budget_exhausted "
-        "cost_budget_exhausted tenant_budget_exhausted no_progress invalid_decision invalid_output refused "
-        "model_error tool_unavailable checkpoint_failed effect_unknown invalid_spec"
-    ).split()
+    design = [
+        "completed",
+        "cancelled",
+        "deadline_exceeded",
+        "max_steps",
+        "tool_budget_exhausted",
+        "token_budget_exhausted",
+        "cost_budget_exhausted",
+        "tenant_budget_exhausted",
+        "no_progress",
+        "invalid_decision",
+        "invalid_output",
+        "refused",
+        "model_error",
+        "tool_unavailable",
+        "checkpoint_failed",
+        "effect_unknown",
+        "invalid_spec",
+    ]
     assert [r.value for r in kernel.TerminalReason] == design
 
 
 def test_missing_usage_is_estimated_and_flagged() -> None:  # C17
-    raw = {"choices": [{"message": {"role": "assistant", "content": "x" * 30}, "finish_reason": "stop"}], "usage": None}
-    usage = kernel.read_usage(raw, pricing=kernel.Pricing(Decimal(1), Decimal(1), Decimal(1)), prompt_estimate=77)
+    raw = {
+        "choices": [
+            {"message": {"role": "assistant", "content": "x" * 30}, "finish_reason": "stop"}
+        ],
+        "usage": None,
+    }
+    usage = kernel.read_usage(
+        raw, pricing=kernel.Pricing(Decimal(1), Decimal(1), Decimal(1)), prompt_estimate=77
+    )
     assert usage.estimated
     assert usage.input_tokens == 77
     assert usage.output_tokens >= 10
@@ -196,6 +245,17 @@ def test_missing_usage_is_estimated_and_flagged() -> None:  # C17
 
 
 def test_reported_usage_is_read_with_cached_tokens() -> None:
-    raw = {"usage": {"prompt_tokens": 120, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 20}}}
+    raw = {
+        "usage": {
+            "prompt_tokens": 120,
+            "completion_tokens": 30,
+            "prompt_tokens_details": {"cached_tokens": 20},
+        }
+    }
     usage = kernel.read_usage(raw, pricing=FREE, prompt_estimate=1)
-    assert (usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.estimated) == (120, 30, 20, False)
+    assert (
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cached_input_tokens,
+        usage.estimated,
+    ) == (120, 30, 20, False)

@@ -7,7 +7,21 @@ import pathlib
 
 import agentrun.kernel
 
-FORBIDDEN = {"asyncio", "nats", "httpx", "httpx2", "aiohttp", "kubernetes", "kubernetes_asyncio", "kopf", "openai", "socket", "subprocess", "requests", "time"}
+FORBIDDEN = {
+    "asyncio",
+    "nats",
+    "httpx",
+    "httpx2",
+    "aiohttp",
+    "kubernetes",
+    "kubernetes_asyncio",
+    "kopf",
+    "openai",
+    "socket",
+    "subprocess",
+    "requests",
+    "time",
+}
 LAYERS = {
     # package → packages it must not import
     "agentrun": {"agentrun.operator", "agentrun.worker"},
@@ -36,7 +50,15 @@ def test_the_kernel_imports_no_io() -> None:
 
 def test_worker_and_operator_do_not_import_each_other() -> None:
     repo = pathlib.Path(agentrun.kernel.__file__).parents[2]
-    for folder, package in (("operator", "agentrun.operator"), ("worker", "agentrun.worker"), ("agentrun", "agentrun")):
+    for folder, package in (
+        ("operator", "agentrun.operator"),
+        ("worker", "agentrun.worker"),
+        ("agentrun", "agentrun"),
+    ):
         for path in (repo / folder).rglob("*.py"):
-            bad = {n for n in imported(path) if any(n == f or n.startswith(f + ".") for f in LAYERS[package])}
+            bad = {
+                n
+                for n in imported(path)
+                if any(n == f or n.startswith(f + ".") for f in LAYERS[package])
+            }
             assert not bad, f"{folder}/{path.relative_to(repo / folder)} imports {bad}"

@@ -13,7 +13,9 @@ from agentrun.kernel.validate import stored_arguments
 from .helpers import TOOLS
 
 
-def check(name: str, arguments: Any, *, id: str | None = "call_1") -> kernel.CheckedCall | kernel.InvalidCall:
+def check(
+    name: str, arguments: Any, *, id: str | None = "call_1"
+) -> kernel.CheckedCall | kernel.InvalidCall:
     (result,) = kernel.check_calls([kernel.ToolCall(id, name, arguments)], turn=0, tools=TOOLS)
     return result
 

@@ -10,14 +10,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from agentrun.worker.model import ModelClient, RetryPolicy
+from agentrun.worker.toolrunner import ToolRunSettings
+from agentrun.worker.turn import TurnDeps, execute_turn
 
 from agentrun import kernel
 from agentrun.protocol import ModelConfig, RunConfig
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import Catalog
-from agentrun.worker.model import ModelClient, RetryPolicy
-from agentrun.worker.toolrunner import ToolRunSettings
-from agentrun.worker.turn import TurnDeps, execute_turn
 
 
 class NoSecrets:
@@ -25,7 +25,14 @@ class NoSecrets:
         raise AssertionError("no secret expected")
 
 
-def config(url: str, *, goal: str, tools: tuple[str, ...], limits: kernel.Limits | None = None, timeout: float = 60) -> RunConfig:
+def config(
+    url: str,
+    *,
+    goal: str,
+    tools: tuple[str, ...],
+    limits: kernel.Limits | None = None,
+    timeout: float = 60,
+) -> RunConfig:
     return RunConfig(
         uid="uid-1",
         namespace="ns",
@@ -54,7 +61,12 @@ async def drive(
     model = ModelClient(RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05))
     records: list[kernel.TurnRecord] = []
     async with mockllm.MockLLM(scenarios) as mock:
-        deps = TurnDeps(model=model, catalog=catalog, secrets=NoSecrets(), tool_settings=tool_settings or ToolRunSettings())
+        deps = TurnDeps(
+            model=model,
+            catalog=catalog,
+            secrets=NoSecrets(),
+            tool_settings=tool_settings or ToolRunSettings(),
+        )
         run = config(mock.base_url, goal=goal, tools=tools, limits=limits, timeout=timeout)
         state = kernel.initial_state(goal=goal)
         while not state.phase.is_terminal:

@@ -8,10 +8,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from agentrun.worker.toolrunner import ToolRunSettings
+
 from agentrun import kernel
 from agentrun.kernel import Phase
 from agentrun.tools import Calculate, Catalog, Sleep, ToolContext, ToolError, ToolSpec
-from agentrun.worker.toolrunner import ToolRunSettings
 
 from .loop import drive
 
@@ -19,14 +20,25 @@ from .loop import drive
 class Counter:
     """A write tool with a visible side effect; ``fail_on`` makes one key raise."""
 
-    def __init__(self, name: str = "bump", *, fail_on: str | None = None, params: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "bump",
+        *,
+        fail_on: str | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> None:
         self.counts: dict[str, int] = {}
         self.fail_on = fail_on
         self._spec = ToolSpec(
             name=name,
             description="increments a named counter",
             parameters=params
-            or {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"], "additionalProperties": False},
+            or {
+                "type": "object",
+                "properties": {"key": {"type": "string"}},
+                "required": ["key"],
+                "additionalProperties": False,
+            },
             effect="write",
             pollable=False,
         )
@@ -46,7 +58,13 @@ class Counter:
 class Ping:
     """A tool without parameters (case C01)."""
 
-    spec = ToolSpec("ping", "answers pong", {"type": "object", "properties": {}, "additionalProperties": False}, "read", False)
+    spec = ToolSpec(
+        "ping",
+        "answers pong",
+        {"type": "object", "properties": {}, "additionalProperties": False},
+        "read",
+        False,
+    )
 
     async def run(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         if arguments:
@@ -58,7 +76,9 @@ def tool_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [m for m in request["body"]["messages"] if m["role"] == "tool"]
 
 
-async def test_empty_arguments_for_a_parameterless_tool_are_stored_as_an_empty_object() -> None:  # C01
+async def test_empty_arguments_for_a_parameterless_tool_are_stored_as_an_empty_object() -> (
+    None
+):  # C01
     script = """
 scenarios:
   - name: c01
@@ -66,9 +86,11 @@ scenarios:
       - tool_calls: [{id: c1, name: ping, arguments: ""}]
       - content: "pong received"
 """
-    state, _, requests = await drive(script, goal="ping it", catalog=Catalog([Ping()]), tools=("ping",))
+    state, _, requests = await drive(
+        script, goal="ping it", catalog=Catalog([Ping()]), tools=("ping",)
+    )
     assert state.phase is Phase.COMPLETED
-    assistant = [m for m in requests[1]["body"]["messages"] if m["role"] == "assistant"][0]
+    assistant = next(m for m in requests[1]["body"]["messages"] if m["role"] == "assistant")
     assert assistant["tool_calls"][0]["function"]["arguments"] == "{}"
     assert tool_messages(requests[1]) == [{"role": "tool", "tool_call_id": "c1", "content": "pong"}]
 
@@ -83,7 +105,9 @@ scenarios:
       - tool_calls: [{{name: bump, arguments: '{bad}'}}]
     after: repeat_last
 """
-    state, _, requests = await drive(script, goal="bump", catalog=Catalog([counter]), tools=("bump",))
+    state, _, requests = await drive(
+        script, goal="bump", catalog=Catalog([counter]), tools=("bump",)
+    )
     assert state.phase is Phase.INVALID_DECISION
     assert counter.counts == {}
     assert len(requests) == 3
@@ -124,7 +148,9 @@ scenarios:
       - tool_calls: [{name: "list_pods<|channel|>json", arguments: {}}]
       - content: "ok"
 """
-    state, records, requests = await drive(script, goal="pods", catalog=Catalog([counter]), tools=("list_pods",))
+    state, _, requests = await drive(
+        script, goal="pods", catalog=Catalog([counter]), tools=("list_pods",)
+    )
     assert counter.counts == {}
     assert "available tools: list_pods" in tool_messages(requests[1])[0]["content"]
     assert state.corrections == 1 and state.phase is Phase.COMPLETED
@@ -142,7 +168,9 @@ scenarios:
           - {id: x3, name: bump, arguments: {key: c}}
       - content: "two of three"
 """
-    state, records, requests = await drive(script, goal="bump all", catalog=Catalog([counter]), tools=("bump",))
+    state, _, requests = await drive(
+        script, goal="bump all", catalog=Catalog([counter]), tools=("bump",)
+    )
     assert state.phase is Phase.COMPLETED
     assert counter.counts == {"a": 1, "b": 1, "c": 1}  # each side effect exactly once, no redo
     results = tool_messages(requests[1])
@@ -163,7 +191,9 @@ scenarios:
           - {id: dup, name: bump, arguments: {key: b}}
       - content: "done"
 """
-    state, _, requests = await drive(script, goal="bump", catalog=Catalog([counter]), tools=("bump",))
+    state, _, requests = await drive(
+        script, goal="bump", catalog=Catalog([counter]), tools=("bump",)
+    )
     assert counter.counts == {"a": 1, "b": 1}
     ids = [m["tool_call_id"] for m in tool_messages(requests[1])]
     assert ids == ["dup", "0:bump:1"]
@@ -180,7 +210,9 @@ scenarios:
           - {id: fast, name: calculate, arguments: {expression: "1+2"}}
       - content: "done"
 """
-    _, _, requests = await drive(script, goal="order", catalog=Catalog([Sleep(), Calculate()]), tools=("sleep", "calculate"))
+    _, _, requests = await drive(
+        script, goal="order", catalog=Catalog([Sleep(), Calculate()]), tools=("sleep", "calculate")
+    )
     assert [m["tool_call_id"] for m in tool_messages(requests[1])] == ["slow", "fast"]
 
 
@@ -192,7 +224,9 @@ scenarios:
       - {tool_calls: [], finish_reason: tool_calls}
     after: repeat_last
 """
-    state, _, requests = await drive(script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate",))
+    state, _, requests = await drive(
+        script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate",)
+    )
     assert state.phase is Phase.INVALID_DECISION
     assert len(requests) == 3
     assert requests[1]["body"]["messages"][-1]["role"] == "user"
@@ -208,8 +242,10 @@ scenarios:
         tool_calls: [{id: k, name: calculate, arguments: {expression: "2*2"}}]
       - content: "It is 4."
 """
-    state, _, requests = await drive(script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate",))
-    assistant = [m for m in requests[1]["body"]["messages"] if m["role"] == "assistant"][0]
+    state, _, requests = await drive(
+        script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate",)
+    )
+    assistant = next(m for m in requests[1]["body"]["messages"] if m["role"] == "assistant")
     assert assistant["content"] == "Let me check."
     assert state.tool_calls == 1 and state.answer == "It is 4."
 
@@ -221,7 +257,13 @@ scenarios:
     turns:
       - {refusal: "I can't help with that."}
 """
-    state, _, requests = await drive(script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate",), limits=kernel.Limits(max_steps=50))
+    state, _, requests = await drive(
+        script,
+        goal="x",
+        catalog=Catalog([Calculate()]),
+        tools=("calculate",),
+        limits=kernel.Limits(max_steps=50),
+    )
     assert state.phase is Phase.REFUSED and len(requests) == 1
 
 
@@ -234,7 +276,13 @@ scenarios:
         usage: null
     after: repeat_last
 """
-    state, records, _ = await drive(script, goal="x" * 400, catalog=Catalog([Calculate()]), tools=("calculate",), limits=kernel.Limits(max_tokens=600))
+    state, records, _ = await drive(
+        script,
+        goal="x" * 400,
+        catalog=Catalog([Calculate()]),
+        tools=("calculate",),
+        limits=kernel.Limits(max_tokens=600),
+    )
     assert state.phase is Phase.TOKEN_BUDGET_EXHAUSTED
     assert state.usage.estimated and all(r.usage.estimated for r in records if r.decision)
     assert state.usage.total_tokens > 0
@@ -250,7 +298,11 @@ scenarios:
 """
     started = asyncio.get_running_loop().time()
     state, _, requests = await drive(
-        script, goal="x", catalog=Catalog([Sleep()]), tools=("sleep",), tool_settings=ToolRunSettings(call_timeout=0.3)
+        script,
+        goal="x",
+        catalog=Catalog([Sleep()]),
+        tools=("sleep",),
+        tool_settings=ToolRunSettings(call_timeout=0.3),
     )
     assert asyncio.get_running_loop().time() - started < 4
     assert tool_messages(requests[1])[0]["content"] == "ERROR: the tool timed out after 0.3s"
@@ -263,5 +315,7 @@ scenarios:
   - name: any
     turns: [{content: "never asked"}]
 """
-    state, _, requests = await drive(script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate", "gone"))
+    state, _, requests = await drive(
+        script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate", "gone")
+    )
     assert state.phase is Phase.TOOL_UNAVAILABLE and requests == []

@@ -1,0 +1,51 @@
+# agentrun — developer entry points. The README's first two commands are `make demo` and
+# `make test`; both create the virtualenv and install everything they need.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck pytest bench down status clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+## demo: the full local stack (kube-apiserver + etcd, nats-server, mock model, operator,
+## two workers), the example AgentRuns, and their terminal reasons. `make down` stops it.
+demo: $(STAMP)
+	$(BIN)/agentrun dev demo
+
+down: $(STAMP)
+	$(BIN)/agentrun dev down
+
+status: $(STAMP)
+	$(BIN)/agentrun dev status
+
+## test: lint, type-check, then the whole suite (unit, integration, e2e on real services).
+test: lint typecheck pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Type-check the installed package: `mypy operator/` would see the stdlib `operator`.
+typecheck: $(STAMP)
+	rm -rf $(VENV)/typecheck && $(BIN)/pip install --quiet --no-deps --target $(VENV)/typecheck .
+	rm -rf build
+	cd $(VENV) && MYPYPATH=typecheck ../$(BIN)/mypy --strict -p agentrun
+
+pytest: $(STAMP)
+	$(BIN)/agentrun dev binaries
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	cd bench && ../$(BIN)/python bench_overhead.py
+	cd bench && ../$(BIN)/python bench_throughput.py
+	cd bench && ../$(BIN)/python bench_operator_memory.py
+
+clean: down
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

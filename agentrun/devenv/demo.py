@@ -1,0 +1,106 @@
+"""The demo: the local stack, a ``mock`` AgentModel, the example runs, and their terminal reasons.
+
+What belongs here: what ``agentrun dev demo`` (the README's first command) does on top of
+``stack.up``. It drives the cluster with kubectl, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrun.devenv import console, kubectl, state
+
+MODEL_NAME = "mock"
+DEFAULT_EXAMPLES = (
+    Path("examples") / "rectangle.yaml",
+    Path("examples") / "collatz.yaml",
+    Path("examples") / "inventory.yaml",
+)
+
+
+def mock_model(base_url: str) -> dict[str, Any]:
+    """The cluster-scoped AgentModel ``mock``: the scripted server, with real-looking prices."""
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentModel",
+        "metadata": {"name": MODEL_NAME},
+        "spec": {
+            "baseURL": base_url,
+            "model": "scripted",
+            "pricing": {
+                "inputPerMillionUSD": "2.50",
+                "cachedInputPerMillionUSD": "1.25",
+                "outputPerMillionUSD": "10.00",
+            },
+            "contextWindow": 128000,
+            "maxOutputTokens": 4096,
+        },
+    }
+
+
+def kubectl_for(current: state.StackState) -> kubectl.Kubectl:
+    """A kubectl bound to the stack's cluster."""
+    if current.kubectl is None or current.kubeconfig is None:
+        raise RuntimeError("the stack has no cluster yet: run `agentrun dev up` first")
+    return kubectl.Kubectl(current.kubectl, kubeconfig=current.kubeconfig)
+
+
+def apply_mock_model(current: state.StackState) -> None:
+    """Create or update the ``mock`` AgentModel for the stack's mock model URL."""
+    if current.model_url is None:
+        raise RuntimeError("the stack has no mock model: run `agentrun dev up` first")
+    kubectl_for(current)("apply", "-f", "-", input=yaml.safe_dump(mock_model(current.model_url)))
+
+
+def run_examples(
+    current: state.StackState,
+    *,
+    examples: Sequence[Path] = DEFAULT_EXAMPLES,
+    namespace: str = "default",
+    timeout: float = 180.0,
+    log: console.Log = console.log_to_stderr,
+) -> list[dict[str, Any]]:
+    """Apply the examples afresh (deleting earlier copies), wait for every terminal reason.
+
+    Returns the AgentRun objects. Raises ``TimeoutError`` naming the runs still going.
+    """
+    kc = kubectl_for(current)
+    names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in examples]
+    kc("delete", "agentruns", "-n", namespace, "--ignore-not-found", "--wait=true", *names, timeout=120)
+    for path in examples:
+        log(f"kubectl apply -f {path}")
+        kc("apply", "-n", namespace, "-f", str(path))
+    deadline = time.monotonic() + timeout
+    while True:
+        out = kc("get", "agentruns", "-n", namespace, "-o", "json", *names).stdout
+        items: list[dict[str, Any]] = json.loads(out).get("items", [])
+        pending = [i["metadata"]["name"] for i in items if not (i.get("status") or {}).get("terminalReason")]
+        if not pending and len(items) == len(names):
+            return items
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"runs still going after {timeout:.0f}s: {', '.join(pending)}")
+        time.sleep(0.5)
+
+
+def usage_summary(items: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per run: phase, reason, outcome, steps, tool calls, tokens, cost, wall time, answer."""
+    lines = []
+    for item in items:
+        status = item.get("status") or {}
+        usage = status.get("usage") or {}
+        answer = status.get("answer")
+        lines.append(
+            f"{item['metadata']['name']}: {status.get('phase')} / {status.get('terminalReason')} "
+            f"({status.get('outcome')}) — {usage.get('steps', 0)} steps, "
+            f"{usage.get('toolCalls', 0)} tool calls, {usage.get('totalTokens', 0)} tokens "
+            f"({usage.get('cachedInputTokens', 0)} cached), ${usage.get('costUSD', '0')}, "
+            f"{usage.get('wallSeconds', 0)}s"
+            + (f' — answer: "{answer}"' if answer else f" — {status.get('message', '')}")
+        )
+    return lines

@@ -1,0 +1,63 @@
+"""Control-plane overhead per turn: committed event of turn n → model request of turn n+1.
+
+Zero-latency scripted model, one trivial tool call a turn, one worker, runs one at a time (so
+the figure is the path operator → JetStream → worker, not queueing). Target (issue 2):
+p50 ≤ 5 ms, p99 ≤ 25 ms on a 2-core machine.
+
+    .venv/bin/python bench/bench_overhead.py [--runs 5] [--turns 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness import agent_run, bench_stack, median, percentile, read_events, write_result
+
+HERE = Path(__file__).parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=40)
+    args = parser.parse_args()
+    with bench_stack(HERE / "scenarios.yaml") as bench:
+        bench.start_services(workers=1, extra_env={"AGENTRUN_STATUS_INTERVAL": "1"})
+        gaps_ms: list[float] = []
+        for i in range(args.runs):
+            name = f"overhead-{i}"
+            bench.apply([agent_run(name, f"BENCH overhead {i}", max_steps=args.turns)])
+            bench.wait_all_terminal(i + 1, timeout=300)
+            events = read_events(bench.nats_url, "default", [name])[name]
+            requests = [r for r in mock_requests(bench) if f"BENCH overhead {i}" in str(r["body"]["messages"][0])]
+            arrivals = {r["turn"]: r["time"] for r in requests}
+            for event, stored in events:
+                if event.kind == "turn" and event.record is not None and event.record.turn + 1 in arrivals:
+                    gaps_ms.append((arrivals[event.record.turn + 1] - stored) * 1000)
+        write_result(
+            "overhead",
+            {
+                "samples": len(gaps_ms),
+                "p50_ms": round(median(gaps_ms), 3),
+                "p90_ms": round(percentile(gaps_ms, 0.9), 3),
+                "p99_ms": round(percentile(gaps_ms, 0.99), 3),
+                "target": "p50 <= 5 ms, p99 <= 25 ms",
+            },
+        )
+
+
+def mock_requests(bench: object) -> list[dict]:  # type: ignore[type-arg]
+    import json
+    import urllib.request
+
+    from agentrun.devenv import stack
+
+    base = stack.mockllm_url(bench.mock).removesuffix("/v1")  # type: ignore[attr-defined]
+    with urllib.request.urlopen(f"{base}/_mock/requests", timeout=30) as response:
+        data = json.loads(response.read())
+    return list(data["requests"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""One worker process, 100 concurrent runs, zero-latency scripted model: turns per second and
+peak worker RSS. Targets (issue 2): ≥ 150 turns/s; worker RSS ≤ 200 MB.
+
+    .venv/bin/python bench/bench_throughput.py [--runs 100] [--turns 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from pathlib import Path
+
+from harness import agent_run, bench_stack, rss_mb, write_result
+
+HERE = Path(__file__).parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--turns", type=int, default=20)
+    args = parser.parse_args()
+    with bench_stack(HERE / "scenarios.yaml") as bench:
+        bench.start_services(workers=1, extra_env={"AGENTRUN_WORKER_CONCURRENCY": str(args.runs + 28)})
+        worker = bench.workers[0]
+        peak = [rss_mb(worker)]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.2):
+                peak.append(rss_mb(worker))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        runs = [agent_run(f"tp-{i}", f"BENCH throughput {i}", max_steps=args.turns) for i in range(args.runs)]
+        started = time.monotonic()
+        bench.apply(runs)
+        statuses = bench.wait_all_terminal(args.runs, timeout=900)
+        wall = time.monotonic() - started
+        done.set()
+        sampler.join()
+        turns = sum(s["usage"]["steps"] for s in statuses)
+        # wall includes kubectl apply and status polling; the committed span is tighter
+        first = min(_epoch(s["startTime"]) for s in statuses)
+        last = max(_epoch(s["completionTime"]) for s in statuses)
+        write_result(
+            "throughput",
+            {
+                "runs": args.runs,
+                "turns": turns,
+                "wall_seconds": round(wall, 2),
+                "turns_per_second_wall": round(turns / wall, 1),
+                "turns_per_second_admission_to_last_completion": round(turns / max(last - first, 1e-9), 1),
+                "worker_rss_mb_peak": round(max(peak), 1),
+                "worker_rss_mb_median": round(sorted(peak)[len(peak) // 2], 1),
+                "target": ">= 150 turns/s; worker RSS <= 200 MB",
+            },
+        )
+
+
+def _epoch(text: str) -> float:
+    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""``agentrun dev up / status / env / down``, run as a user would, against real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from agentrun import cli
+from agentrun.devenv import controlplane, procs, stack, state
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def agentrun(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``agentrun`` console script from the repo root."""
+    return subprocess.run(
+        [str(stack.script_path("agentrun")), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def existing_cluster() -> bool:
+    return controlplane.existing_cluster_requested()
+
+
+def exported(env_output: str) -> dict[str, str]:
+    """``export A=b`` lines as a dict."""
+    pairs = (shlex.split(line.removeprefix("export "))[0] for line in env_output.splitlines())
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+@pytest.fixture
+def dev_dir(tmp_path: Path) -> Iterator[Path]:
+    """A state directory; whatever a test leaves up in it is brought down afterwards."""
+    directory = tmp_path / "dev"
+    yield directory
+    if state.load_state(directory) is not None:
+        agentrun("dev", "down", "--dir", str(directory))
+
+
+def test_without_a_subcommand_the_usage_is_printed() -> None:
+    assert cli.main(["dev"]) == 2
+
+
+def test_status_and_env_say_when_nothing_is_up(tmp_path: Path) -> None:
+    assert cli.main(["dev", "status", "--dir", str(tmp_path)]) == 1
+    assert cli.main(["dev", "env", "--dir", str(tmp_path)]) == 1
+    assert cli.main(["dev", "down", "--dir", str(tmp_path)]) == 0
+
+
+def test_a_missing_scenario_file_fails_before_anything_starts(dev_dir: Path) -> None:
+    result = agentrun("dev", "up", "--dir", str(dev_dir), "--scenarios", "nope.yaml")
+
+    assert result.returncode == 1
+    assert "scenario file nope.yaml not found" in result.stderr
+    assert state.load_state(dev_dir) is None
+
+
+@pytest.mark.e2e
+def test_a_failed_up_stops_what_it_started(dev_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("scenarios: [ {name: x, turns: 12} ]\n")
+
+    result = agentrun("dev", "up", "--dir", str(dev_dir), "--scenarios", str(broken))
+
+    assert result.returncode == 1, result.stderr
+    assert "mockllm exited" in result.stderr
+    assert "start failed: stopping what was started" in result.stderr
+    assert "nats-server (pid" in result.stderr
+    assert "etcd (pid" in result.stderr or existing_cluster()
+    assert state.load_state(dev_dir) is None
+    assert (dev_dir / "logs" / "mockllm.log").is_file()
+
+
+@pytest.mark.e2e
+def test_up_status_env_revive_and_down_round_trip(dev_dir: Path) -> None:
+    d = ("--dir", str(dev_dir))
+    up = agentrun("dev", "up", "--workers", "1", *d)
+    assert up.returncode == 0, up.stderr
+    names = ["etcd", "kube-apiserver", "nats-server", "mockllm", "operator", "worker-1"]
+    if existing_cluster():
+        names = names[2:]
+    running = state.load_state(dev_dir)
+    assert running is not None and running.complete
+    assert [c.name for c in running.components] == names
+
+    status = agentrun("dev", "status", *d)
+    assert status.returncode == 0, status.stdout
+    assert status.stdout.count(" alive ") == len(names)
+
+    env = exported(agentrun("dev", "env", *d).stdout)
+    check_the_stack_answers(env, kubectl=running.kubectl)
+
+    worker = running.component("worker-1")
+    assert worker is not None
+    assert procs.kill_process(worker.record) is procs.StopOutcome.KILLED
+    assert agentrun("dev", "status", *d).returncode == 1
+
+    revived = agentrun("dev", "up", "--workers", "1", *d)
+    assert revived.returncode == 0, revived.stderr
+    assert "worker-1 died: restarting" in revived.stderr
+    after = state.load_state(dev_dir)
+    assert after is not None
+    new_worker = after.component("worker-1")
+    assert new_worker is not None and new_worker.record.pid != worker.record.pid
+    assert new_worker.ports == worker.ports
+
+    again = agentrun("dev", "up", "--workers", "1", *d)
+    assert again.returncode == 0 and "already up" in again.stderr
+
+    down = agentrun("dev", "down", *d)
+    assert down.returncode == 0, down.stderr
+    assert not any(procs.is_alive(c.record) for c in after.components)
+    assert state.load_state(dev_dir) is None
+    assert sorted(p.name for p in dev_dir.iterdir()) == [".lock", "logs"]
+
+
+def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> None:
+    """kubectl sees the CRDs, the mock model lists its models, nats has JetStream."""
+    assert set(env) == {"KUBECONFIG", "AGENTRUN_NATS_URL", "AGENTRUN_MODEL_URL"}
+    assert kubectl is not None
+    crds = subprocess.run(
+        [str(kubectl), "get", "crd", "-o", "name"],
+        env={**os.environ, "KUBECONFIG": env["KUBECONFIG"]},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert "customresourcedefinition.apiextensions.k8s.io/agentruns.agentrun.dev" in crds.stdout
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{env['AGENTRUN_MODEL_URL']}/models", timeout=10) as response:
+        assert json.load(response)["object"] == "list"
+
+    async def jetstream_answers() -> None:
+        client = await nats.connect(env["AGENTRUN_NATS_URL"])
+        try:
+            await client.jetstream().account_info()
+        finally:
+            await client.close()
+
+    asyncio.run(jetstream_answers())
