@@ -13,6 +13,7 @@ What belongs here: argument parsing and printing. The work is done by library mo
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
-from agentrun.devenv import binaries, console, stack, state
+from agentrun.devenv import binaries, console, demo, kubectl, stack, state
 
 Handler = Callable[[argparse.Namespace], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
@@ -66,13 +67,41 @@ def register_dev(subparsers: Subparsers) -> None:
         "env", parents=[common], help="print `export` lines: eval $(agentrun dev env)"
     )
     env.set_defaults(handler=cmd_dev_env)
+    show = commands.add_parser(
+        "demo",
+        parents=[common],
+        help="bring the stack up, run the examples, print their phases, reasons and usage",
+    )
+    show.add_argument("--workers", type=int, default=2, metavar="N", help="workers (default 2)")
+    show.add_argument(
+        "--examples",
+        type=Path,
+        nargs="+",
+        default=list(demo.DEFAULT_EXAMPLES),
+        metavar="FILE",
+        help="AgentRun manifests to apply (default: the three in examples/)",
+    )
+    show.set_defaults(handler=cmd_dev_demo)
     build = commands.add_parser(
         "binaries", help="build (once per machine) or locate kube-apiserver, etcd and kubectl"
     )
     build.set_defaults(handler=cmd_dev_binaries)
 
 
-COMMANDS: list[Callable[[Subparsers], None]] = [register_dev]
+def register_cancel(subparsers: Subparsers) -> None:
+    """``agentrun cancel RUN``: annotate the AgentRun so the operator ends it ``cancelled``."""
+    cancel = subparsers.add_parser(
+        "cancel",
+        help="cancel a run (sets the agentrun.dev/cancel annotation)",
+        description="End a running AgentRun with terminal reason `cancelled`: no new model or "
+        "tool call starts after the operator sees it. Uses KUBECONFIG, like kubectl.",
+    )
+    cancel.add_argument("run", metavar="RUN", help="AgentRun name")
+    cancel.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
+    cancel.set_defaults(handler=cmd_cancel)
+
+
+COMMANDS: list[Callable[[Subparsers], None]] = [register_dev, register_cancel]
 """Registrars of the top-level subcommands, in help order."""
 
 
@@ -113,9 +142,54 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
         workers=args.workers, scenarios=tuple(args.scenarios), crd_dir=args.crds
     )
     current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
+    demo.apply_mock_model(current)
     _print_status(current)
-    print(f"\nuse it from a shell: eval $(agentrun dev env{_dir_option(args)})")
+    print(f"\nAgentModel {demo.MODEL_NAME!r} points at the mock model: use `spec.model: mock`")
+    print(f"use it from a shell: eval $(agentrun dev env{_dir_option(args)})")
     return 0
+
+
+def cmd_dev_demo(args: argparse.Namespace) -> int:
+    """``agentrun dev demo``: stack up, ``mock`` AgentModel, the examples, their end states."""
+    options = stack.UpOptions(workers=args.workers)
+    current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
+    demo.apply_mock_model(current)
+    items = demo.run_examples(current, examples=args.examples, log=_progress)
+    names = [item["metadata"]["name"] for item in items]
+    kc = demo.kubectl_for(current)
+    print("\n$ kubectl get agentruns")
+    print(kc("get", "agentruns", "-n", "default", *names).stdout, end="")
+    print("\nusage:")
+    for line in demo.usage_summary(items):
+        print(f"  {line}")
+    print(
+        "\nThe stack is still up. Try:\n"
+        f"  eval $(.venv/bin/agentrun dev env{_dir_option(args)})\n"
+        "  kubectl get agentruns -o yaml\n"
+        "  kubectl explain agentrun.spec.budget\n"
+        "Stop it with `make down` (agentrun dev down)."
+    )
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """``agentrun cancel RUN``: ``kubectl annotate agentrun RUN agentrun.dev/cancel=true``."""
+    kc = kubectl.Kubectl(binaries.find_kubectl(log=_progress), kubeconfig=_kubeconfig())
+    out = kc(
+        "annotate",
+        "agentrun",
+        args.run,
+        "-n",
+        args.namespace,
+        "agentrun.dev/cancel=true",
+        "--overwrite",
+    )
+    print(out.stdout, end="")
+    return 0
+
+
+def _kubeconfig() -> str:
+    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
 
 
 def cmd_dev_down(args: argparse.Namespace) -> int:

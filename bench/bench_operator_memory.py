@@ -25,7 +25,10 @@ def main() -> None:
         idle = rss_mb(bench.operator)
         started = time.monotonic()
         for first in range(0, args.objects, 250):
-            batch = [agent_run(f"mem-{i}", f"BENCH memory {i}", max_steps=1) for i in range(first, min(first + 250, args.objects))]
+            batch = [
+                agent_run(f"mem-{i}", f"BENCH memory {i}", max_steps=1)
+                for i in range(first, min(first + 250, args.objects))
+            ]
             bench.apply(batch)
         bench.wait_all_terminal(args.objects, timeout=1200)
         settle = time.monotonic() - started

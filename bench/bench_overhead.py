@@ -30,10 +30,18 @@ def main() -> None:
             bench.apply([agent_run(name, f"BENCH overhead {i}", max_steps=args.turns)])
             bench.wait_all_terminal(i + 1, timeout=300)
             events = read_events(bench.nats_url, "default", [name])[name]
-            requests = [r for r in mock_requests(bench) if f"BENCH overhead {i}" in str(r["body"]["messages"][0])]
+            requests = [
+                r
+                for r in mock_requests(bench)
+                if f"BENCH overhead {i}" in str(r["body"]["messages"][0])
+            ]
             arrivals = {r["turn"]: r["time"] for r in requests}
             for event, stored in events:
-                if event.kind == "turn" and event.record is not None and event.record.turn + 1 in arrivals:
+                if (
+                    event.kind == "turn"
+                    and event.record is not None
+                    and event.record.turn + 1 in arrivals
+                ):
                     gaps_ms.append((arrivals[event.record.turn + 1] - stored) * 1000)
         write_result(
             "overhead",

@@ -47,7 +47,9 @@ class BenchStack:
         """Start the operator and ``workers`` worker processes."""
         env = {**self.env, **(extra_env or {})}
         self.operator = stack.start_operator(env, launch=self.launch)
-        self.workers = [stack.start_worker(i, env=env, launch=self.launch) for i in range(1, workers + 1)]
+        self.workers = [
+            stack.start_worker(i, env=env, launch=self.launch) for i in range(1, workers + 1)
+        ]
 
     def apply(self, documents: Sequence[dict[str, Any]], *, namespace: str = "default") -> None:
         """``kubectl apply`` a list of objects in one call."""
@@ -59,8 +61,10 @@ class BenchStack:
         out = self.kubectl("get", "agentruns", "-n", namespace, "-o", "json", timeout=120).stdout
         return [item.get("status") or {} for item in json.loads(out)["items"]]
 
-    def wait_all_terminal(self, count: int, *, timeout: float, namespace: str = "default") -> list[dict[str, Any]]:
-        """Poll until ``count`` runs have a terminal reason."""
+    def wait_all_terminal(
+        self, count: int, *, timeout: float, namespace: str = "default", poll: float = 0.5
+    ) -> list[dict[str, Any]]:
+        """Poll until ``count`` runs have a terminal reason (each poll is a kubectl list)."""
         end = time.monotonic() + timeout
         while True:
             done = [s for s in self.statuses(namespace) if s.get("terminalReason")]
@@ -68,7 +72,7 @@ class BenchStack:
                 return done
             if time.monotonic() > end:
                 raise TimeoutError(f"only {len(done)}/{count} runs ended within {timeout}s")
-            time.sleep(0.5)
+            time.sleep(poll)
 
 
 def rss_mb(component: components.Component) -> float:
@@ -84,17 +88,29 @@ def agent_model(base_url: str) -> dict[str, Any]:
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentModel",
         "metadata": {"name": "mock"},
-        "spec": {"baseURL": base_url, "model": "scripted", "contextWindow": 128000, "maxOutputTokens": 1000},
+        "spec": {
+            "baseURL": base_url,
+            "model": "scripted",
+            "contextWindow": 128000,
+            "maxOutputTokens": 1000,
+        },
     }
 
 
-def agent_run(name: str, goal: str, *, max_steps: int, tools: Sequence[str] = ("calculate",)) -> dict[str, Any]:
+def agent_run(
+    name: str, goal: str, *, max_steps: int, tools: Sequence[str] = ("calculate",)
+) -> dict[str, Any]:
     """An AgentRun for the ``mock`` model."""
     return {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentRun",
         "metadata": {"name": name},
-        "spec": {"model": "mock", "goal": goal, "tools": list(tools), "budget": {"maxSteps": max_steps, "maxToolCalls": 10000, "timeout": "30m"}},
+        "spec": {
+            "model": "mock",
+            "goal": goal,
+            "tools": list(tools),
+            "budget": {"maxSteps": max_steps, "maxToolCalls": 10000, "timeout": "30m"},
+        },
     }
 
 
@@ -127,23 +143,28 @@ def bench_stack(scenarios: Path) -> Iterator[BenchStack]:
         cluster.stop()
 
 
-def read_events(nats_url: str, namespace: str, names: Sequence[str]) -> dict[str, list[tuple[Any, float]]]:
+def read_events(
+    nats_url: str, namespace: str, names: Sequence[str]
+) -> dict[str, list[tuple[Any, float]]]:
     """For each run, its events with the JetStream store timestamp (epoch seconds)."""
 
     async def read() -> dict[str, list[tuple[Any, float]]]:
         bus = await Bus.connect(BusSettings(url=nats_url), name="bench-reader")
         out: dict[str, list[tuple[Any, float]]] = {}
         try:
+            import nats.js.errors
+
             from agentrun import protocol
             from agentrun.protocol import RunEvent
-            import nats.js.errors
 
             for name in names:
                 subject = protocol.event_subject(namespace, name)
                 seq, events = 1, []
                 while True:
                     try:
-                        raw = await bus.js._jsm.get_msg(protocol.STREAM_EVENTS, seq=seq, subject=subject, next=True, direct=True)
+                        raw = await bus.js._jsm.get_msg(
+                            protocol.STREAM_EVENTS, seq=seq, subject=subject, next=True, direct=True
+                        )
                     except nats.js.errors.NotFoundError:
                         break
                     assert raw.data is not None and raw.seq is not None and raw.time is not None
@@ -171,7 +192,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 def write_result(name: str, figures: dict[str, Any]) -> Path:
     """Print the figures and write ``bench/results/<name>.json``."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": name, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()}, **figures}
+    record = {
+        "benchmark": name,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version()},
+        **figures,
+    }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     for key, value in figures.items():

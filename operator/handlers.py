@@ -52,7 +52,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     memo.api = await kube.api_client()
     memo.writer = StatusWriter(
-        kube_patcher(memo.api), interval=float(os.environ.get("AGENTRUN_STATUS_INTERVAL", "1") or 1)
+        kube_patcher(memo.api), interval=float(os.environ.get("AGENTRUN_STATUS_INTERVAL", "2") or 2)
     )
     memo.writer.start()
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)

@@ -2,7 +2,8 @@
 
 A run with 50 fast turns must not cause 50 API writes: each submission replaces the run's
 pending body (the newest projection wins, ordered by event sequence), and a run is patched at
-most once per ``interval`` seconds — except a terminal status, which is written immediately.
+most once per ``interval`` seconds — except its first and its terminal status, which are written
+at once. At most ``concurrency`` patches are in flight, so a burst reuses a few connections.
 A 404 means the object is gone (deleted mid-run, case C21): the write is dropped, never retried
 into a re-creation.
 """
@@ -59,9 +60,10 @@ class _Pending:
 class StatusWriter:
     """Background writer; ``submit`` never blocks on the API server."""
 
-    def __init__(self, patch: Patcher, *, interval: float = 1.0) -> None:
+    def __init__(self, patch: Patcher, *, interval: float = 2.0, concurrency: int = 8) -> None:
         self.patch = patch
         self.interval = interval
+        self._slots = asyncio.Semaphore(concurrency)
         self.writes = 0
         self._pending: dict[tuple[str, str], _Pending] = {}
         self._written_seq: dict[tuple[str, str], int] = {}
@@ -114,7 +116,8 @@ class StatusWriter:
             return
         self._last_write[key] = time.monotonic()
         try:
-            await self.patch(key[0], key[1], pending.body)
+            async with self._slots:  # few connections, reused: no TLS handshake per write
+                await self.patch(key[0], key[1], pending.body)
             self.writes += 1
             self._written_seq[key] = pending.seq
         except ApiException as err:

@@ -22,6 +22,8 @@ from typing import Any
 
 import openai
 
+CHAT_COMPLETIONS = "/chat/completions"
+"""Path under the base URL (OpenAI API reference: Create chat completion)."""
 TRANSIENT_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
@@ -114,8 +116,10 @@ class ModelClient:
             delay: float | None = None
             try:
                 async with asyncio.timeout(left):
-                    raw = await client.chat.completions.with_raw_response.create(**kwargs)
-                body = json.loads(raw.content)
+                    # ``post`` rather than ``chat.completions.create``: the body is already in
+                    # wire shape, and the SDK's typed transform of ``messages`` costs ~0.2 ms
+                    # per message per call (17 ms at 80 messages) — it dominated a turn.
+                    body = await client.post(CHAT_COMPLETIONS, body=kwargs, cast_to=object)
                 if not isinstance(body, dict):
                     raise ModelError("the model endpoint answered with JSON that is not an object")
                 return body, attempt

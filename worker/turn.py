@@ -42,6 +42,18 @@ class TurnDeps:
     clock: Callable[[], float] = time.time
     schemas: dict[str, kernel.ToolSchema] = dataclasses.field(default_factory=dict)
     """Compiled tool schemas, filled lazily (one compile per tool per process)."""
+    openai_tools: dict[tuple[str, ...], list[dict[str, Any]]] = dataclasses.field(
+        default_factory=dict
+    )
+    """The OpenAI ``tools`` list per tool set, built once."""
+
+    def tools_param(self, names: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The OpenAI ``tools`` request parameter for ``names`` (cached)."""
+        found = self.openai_tools.get(names)
+        if found is None:
+            found = self.catalog.specs(names) if names else []
+            self.openai_tools[names] = found
+        return found
 
     def schema(self, name: str) -> kernel.ToolSchema:
         """The compiled schema of a catalog tool."""
@@ -72,7 +84,7 @@ async def execute_turn(
         return kernel.TurnRecord(
             turn=state.turn, gate=kernel.Gate(kernel.Phase.TOOL_UNAVAILABLE, message=message)
         )
-    openai_tools = deps.catalog.specs(config.tools) if config.tools else []
+    openai_tools = deps.tools_param(config.tools)
     estimate = kernel.estimate_tokens(state.messages, openai_tools)
     gate = kernel.admit_model_call(
         state,

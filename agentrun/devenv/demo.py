@@ -72,7 +72,16 @@ def run_examples(
     """
     kc = kubectl_for(current)
     names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in examples]
-    kc("delete", "agentruns", "-n", namespace, "--ignore-not-found", "--wait=true", *names, timeout=120)
+    kc(
+        "delete",
+        "agentruns",
+        "-n",
+        namespace,
+        "--ignore-not-found",
+        "--wait=true",
+        *names,
+        timeout=120,
+    )
     for path in examples:
         log(f"kubectl apply -f {path}")
         kc("apply", "-n", namespace, "-f", str(path))
@@ -80,7 +89,11 @@ def run_examples(
     while True:
         out = kc("get", "agentruns", "-n", namespace, "-o", "json", *names).stdout
         items: list[dict[str, Any]] = json.loads(out).get("items", [])
-        pending = [i["metadata"]["name"] for i in items if not (i.get("status") or {}).get("terminalReason")]
+        pending = [
+            i["metadata"]["name"]
+            for i in items
+            if not (i.get("status") or {}).get("terminalReason")
+        ]
         if not pending and len(items) == len(names):
             return items
         if time.monotonic() > deadline:
@@ -89,7 +102,7 @@ def run_examples(
 
 
 def usage_summary(items: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per run: phase, reason, outcome, steps, tool calls, tokens, cost, wall time, answer."""
+    """One line per run: phase, reason, outcome, steps, tool calls, tokens, cost, time, answer."""
     lines = []
     for item in items:
         status = item.get("status") or {}

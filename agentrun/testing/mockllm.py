@@ -70,6 +70,8 @@ class RecordedRequest:
     turn: int | None = None
     status: int | None = None
     """HTTP status answered; None while the answer is pending (latency)."""
+    api_key: str | None = None
+    """The bearer token the client sent (tests check credentials reach the model)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form served by ``GET /_mock/requests``."""
@@ -80,6 +82,7 @@ class RecordedRequest:
             "scenario": self.scenario,
             "turn": self.turn,
             "status": self.status,
+            "api_key": self.api_key,
             "body": self.body,
         }
 
@@ -97,9 +100,13 @@ class MockState:
         self._fault_counts: dict[tuple[str, str, str | None, int], int] = {}
         self._indexes = itertools.count()
 
-    def record(self, body: Any, *, model: str | None, arrived: float) -> RecordedRequest:
+    def record(
+        self, body: Any, *, model: str | None, arrived: float, api_key: str | None = None
+    ) -> RecordedRequest:
         """Append a request that arrived at `arrived` (time.time()); returns its record."""
-        entry = RecordedRequest(index=next(self._indexes), time=arrived, model=model, body=body)
+        entry = RecordedRequest(
+            index=next(self._indexes), time=arrived, model=model, body=body, api_key=api_key
+        )
         self.requests.append(entry)
         return entry
 
@@ -169,7 +176,13 @@ async def chat_completions(request: web.Request) -> web.Response:
     except ValueError:
         return _error(400, "request body is not valid JSON", code="invalid_json")
     model = body.get("model") if isinstance(body, dict) else None
-    entry = state.record(body, model=model if isinstance(model, str) else None, arrived=arrived)
+    bearer = request.headers.get("Authorization", "")
+    entry = state.record(
+        body,
+        model=model if isinstance(model, str) else None,
+        arrived=arrived,
+        api_key=bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None,
+    )
     response = await _answer(state, entry, body)
     entry.status = response.status
     return response

@@ -13,10 +13,10 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from agentrun.operator import status as operator_status
 from crd_support import Apply, Kubectl, Manifest, make_agentmodel, make_agentrun, without
 
 from agentrun import kernel
+from agentrun.operator import status as operator_status
 
 pytestmark = pytest.mark.usefixtures("crds")
 

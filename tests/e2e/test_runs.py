@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+
+from agentrun.devenv import components
 
 from .conftest import E2EStack, run_manifest
 
@@ -147,3 +154,126 @@ def test_kubectl_get_shows_phase_reason_steps_tokens_cost(
     out = stack_.kubectl("get", "ar", "columns", "-n", test_namespace).stdout.split("\n")
     assert out[0].split() == ["NAME", "PHASE", "REASON", "STEPS", "TOKENS", "COST", "AGE"]
     assert out[1].split()[:5] == ["columns", "Failed", "max_steps", "2", "120"]
+
+
+def test_a_turn_longer_than_ack_wait_is_kept_alive_and_runs_once(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(test_namespace, run_manifest("patient", "E2E-HEARTBEAT wait"))
+    status = stack_.wait_terminal(test_namespace, "patient", timeout=40)
+    assert status["terminalReason"] == "completed"
+    turn0 = [r for r in stack_.mock_requests() if "E2E-HEARTBEAT" in str(r) and r.get("turn") == 0]
+    assert len(turn0) == 1, "the 7 s turn was redelivered: in_progress heartbeats did not hold it"
+
+
+def test_the_timeout_ends_a_run_that_no_worker_picks_up(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    for worker in stack_.workers:
+        components.stop_component(worker)
+    stack_.apply(test_namespace, run_manifest("orphan", "E2E-MAX-STEPS", budget={"timeout": "2s"}))
+    status = stack_.wait_terminal(test_namespace, "orphan", timeout=30)
+    assert (status["phase"], status["terminalReason"]) == ("Failed", "deadline_exceeded")
+    assert status["usage"]["steps"] == 0
+
+
+def test_fifty_fast_turns_cause_far_fewer_than_fifty_status_writes(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    watch = subprocess.Popen(
+        [
+            str(stack_.kubectl.binary),
+            "get",
+            "agentrun",
+            "-n",
+            test_namespace,
+            "--watch",
+            "--output-watch-events",
+            "-o",
+            "jsonpath={.object.metadata.resourceVersion} {.object.status.phase}{'\\n'}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=stack_.kubectl.env,
+    )
+    try:
+        stack_.apply(
+            test_namespace, run_manifest("fifty", "E2E-FAST-FIFTY", budget={"maxSteps": 50})
+        )
+        status = stack_.wait_terminal(test_namespace, "fifty")
+        time.sleep(1.0)
+    finally:
+        watch.terminate()
+    lines = [line for line in (watch.communicate(timeout=10)[0] or "").splitlines() if line.strip()]
+    assert status["terminalReason"] == "max_steps" and status["usage"]["steps"] == 50
+    versions = {line.split()[0] for line in lines}
+    assert len(versions) < 25, f"{len(versions)} writes for 50 turns"
+    assert lines[-1].split()[-1] == "Failed"
+
+
+def test_agentrun_cancel_ends_a_running_run_cancelled(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(test_namespace, run_manifest("unwanted", "E2E-LONG job"))
+    stack_.wait_for(
+        test_namespace, "unwanted", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1
+    )
+    cli = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("agentrun")),
+            "cancel",
+            "unwanted",
+            "-n",
+            test_namespace,
+        ],
+        env={**stack_.kubectl.env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr
+    status = stack_.wait_terminal(test_namespace, "unwanted", timeout=20)
+    assert (status["phase"], status["terminalReason"], status["outcome"]) == (
+        "Cancelled",
+        "cancelled",
+        "partial",
+    )
+    assert status["usage"]["steps"] < 5
+
+
+def test_credentials_come_from_the_models_secret_and_tools_read_the_runs_namespace(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.kubectl(
+        "create",
+        "secret",
+        "generic",
+        "model-key",
+        "-n",
+        test_namespace,
+        "--from-literal=apiKey=sk-e2e-secret",
+    )
+    model = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentModel",
+        "metadata": {"name": f"keyed-{test_namespace}"},
+        "spec": {
+            "baseURL": stack_.mock_url,
+            "model": "scripted",
+            "credentials": {"secretRef": {"name": "model-key", "namespace": test_namespace}},
+        },
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    stack_.apply(
+        test_namespace,
+        run_manifest(
+            "reader", "E2E-KUBE-GET", model=f"keyed-{test_namespace}", tools=["kubernetes_get"]
+        ),
+    )
+    status = stack_.wait_terminal(test_namespace, "reader")
+    assert status["terminalReason"] == "completed", status.get("message")
+    calls = [r for r in stack_.mock_requests() if "E2E-KUBE-GET" in str(r["body"])]
+    assert {r["api_key"] for r in calls} == {"sk-e2e-secret"}
+    result = next(m for m in calls[-1]["body"]["messages"] if m["role"] == "tool")
+    assert result["tool_call_id"] == "look"
+    assert '"reader"' in result["content"]  # the run sees itself among its namespace's AgentRuns

@@ -14,7 +14,11 @@ MODEL: dict[str, Any] = {
     "spec": {
         "baseURL": "http://m/v1",
         "model": "gpt",
-        "pricing": {"inputPerMillionUSD": "2.5", "cachedInputPerMillionUSD": "1.25", "outputPerMillionUSD": "10"},
+        "pricing": {
+            "inputPerMillionUSD": "2.5",
+            "cachedInputPerMillionUSD": "1.25",
+            "outputPerMillionUSD": "10",
+        },
         "contextWindow": 8000,
         "maxOutputTokens": 500,
         "credentials": {"secretRef": {"name": "key", "namespace": "platform"}},
@@ -24,7 +28,9 @@ TOOLS = {"calculate", "sleep"}
 
 
 def admit(spec: dict[str, Any], model: dict[str, Any] | None = MODEL) -> Any:
-    return admission.admit(RUN, {"model": "m", "goal": "g", **spec}, model=model, known_tools=TOOLS, start_time=1000.0)
+    return admission.admit(
+        RUN, {"model": "m", "goal": "g", **spec}, model=model, known_tools=TOOLS, start_time=1000.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -42,7 +48,9 @@ def test_bad_durations_name_the_field(text: str) -> None:
 
 
 def test_an_admitted_run_takes_prices_and_windows_from_the_model_only() -> None:
-    config = admit({"tools": ["calculate"], "budget": {"maxSteps": 7, "maxCostUSD": "0.25", "timeout": "90s"}})
+    config = admit(
+        {"tools": ["calculate"], "budget": {"maxSteps": 7, "maxCostUSD": "0.25", "timeout": "90s"}}
+    )
     assert config.deadline == 1090.0
     assert config.limits.max_steps == 7 and config.limits.max_cost_usd == Decimal("0.25")
     assert config.limits.context_window == 8000 and config.limits.max_output_tokens == 500
@@ -60,12 +68,18 @@ def test_a_run_cannot_bring_its_own_prices() -> None:
     [
         ({}, None, "spec.model: AgentModel 'm' not found"),
         ({"tools": ["calculate", "rm_rf"]}, MODEL, "spec.tools: unknown tool(s) rm_rf"),
-        ({"tools": ["calculate"], "approval": {"tools": ["sleep"]}}, MODEL, "spec.approval.tools: sleep"),
+        (
+            {"tools": ["calculate"], "approval": {"tools": ["sleep"]}},
+            MODEL,
+            "spec.approval.tools: sleep",
+        ),
         ({"budget": {"maxCostUSD": "lots"}}, MODEL, "spec.budget.maxCostUSD"),
     ],
     ids=["unknown model", "unknown tool", "approval outside tools", "bad cost"],
 )
-def test_an_unservable_run_is_rejected_naming_the_field(spec: dict[str, Any], model: Any, message: str) -> None:
+def test_an_unservable_run_is_rejected_naming_the_field(
+    spec: dict[str, Any], model: Any, message: str
+) -> None:
     with pytest.raises(admission.InvalidSpec) as err:
         admit(spec, model)
     assert message in str(err.value)
@@ -73,5 +87,12 @@ def test_an_unservable_run_is_rejected_naming_the_field(spec: dict[str, Any], mo
 
 def test_a_rejection_projects_to_failed_invalid_spec() -> None:
     body = status.rejected("spec.model: AgentModel 'm' not found", at=1000.0, generation=1)
-    assert (body["phase"], body["terminalReason"], body["outcome"]) == ("Failed", "invalid_spec", "partial")
-    assert {c["type"]: c["status"] for c in body["conditions"]} == {"Admitted": "False", "Finished": "True"}
+    assert (body["phase"], body["terminalReason"], body["outcome"]) == (
+        "Failed",
+        "invalid_spec",
+        "partial",
+    )
+    assert {c["type"]: c["status"] for c in body["conditions"]} == {
+        "Admitted": "False",
+        "Finished": "True",
+    }

@@ -1,4 +1,4 @@
-"""Status writes are coalesced: many fast turns cause few API writes; the terminal one always lands."""
+"""Status writes are coalesced: fast turns cause few API writes; the terminal one always lands."""
 
 from __future__ import annotations
 

@@ -10,14 +10,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.worker.model import ModelClient, RetryPolicy
-from agentrun.worker.toolrunner import ToolRunSettings
-from agentrun.worker.turn import TurnDeps, execute_turn
-
 from agentrun import kernel
 from agentrun.protocol import ModelConfig, RunConfig
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import Catalog
+from agentrun.worker.model import ModelClient, RetryPolicy
+from agentrun.worker.toolrunner import ToolRunSettings
+from agentrun.worker.turn import TurnDeps, execute_turn
 
 
 class NoSecrets:

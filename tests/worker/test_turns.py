@@ -8,11 +8,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.worker.toolrunner import ToolRunSettings
-
 from agentrun import kernel
 from agentrun.kernel import Phase
 from agentrun.tools import Calculate, Catalog, Sleep, ToolContext, ToolError, ToolSpec
+from agentrun.worker.toolrunner import ToolRunSettings
 
 from .loop import drive
 
