@@ -145,7 +145,7 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     demo.apply_mock_model(current)
     _print_status(current)
     print(f"\nAgentModel {demo.MODEL_NAME!r} points at the mock model: use `spec.model: mock`")
-    print(f"use it from a shell: eval $(agentrun dev env{_dir_option(args)})")
+    print(f'use it from a shell: eval "$(agentrun dev env{_dir_option(args)})"')
     return 0
 
 
@@ -164,7 +164,7 @@ def cmd_dev_demo(args: argparse.Namespace) -> int:
         print(f"  {line}")
     print(
         "\nThe stack is still up. Try:\n"
-        f"  eval $(.venv/bin/agentrun dev env{_dir_option(args)})\n"
+        f'  eval "$(.venv/bin/agentrun dev env{_dir_option(args)})"\n'
         "  kubectl get agentruns -o yaml\n"
         "  kubectl explain agentrun.spec.budget\n"
         "Stop it with `make down` (agentrun dev down)."
@@ -217,6 +217,8 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
         return 1
     for name, value in current.env().items():
         print(f"export {name}={shlex.quote(value)}")
+    if current.kubectl is not None:  # the pinned kubectl first on PATH
+        print(f'export PATH={shlex.quote(str(current.kubectl.parent))}:"$PATH"')
     return 0
 
 

@@ -144,6 +144,9 @@ class RunConfig:
                 "maxToolCalls": lim.max_tool_calls,
                 "maxTokens": lim.max_tokens,
                 "maxCostUSD": str(lim.max_cost_usd) if lim.max_cost_usd is not None else None,
+                "noProgressWindow": lim.no_progress_window,
+                "pollable": sorted(lim.pollable),
+                "onExhausted": lim.on_exhausted.value,
             },
             "model": self.model.as_dict(),
             "deadline": self.deadline,
@@ -171,6 +174,10 @@ class RunConfig:
                 max_cost_usd=Decimal(str(cost)) if cost is not None else None,
                 context_window=model.context_window,
                 max_output_tokens=model.max_output_tokens,
+                no_progress_window=int(lim.get("noProgressWindow", 3)),
+                pollable=frozenset(lim.get("pollable") or ()),
+                output_schema=data.get("outputSchema"),
+                on_exhausted=kernel.OnExhausted(lim.get("onExhausted", "summarize")),
             ),
             model=model,
             deadline=float(data["deadline"]),
@@ -288,6 +295,7 @@ def record_as_dict(record: kernel.TurnRecord) -> dict[str, Any]:
         ],
         "usage": record.usage.as_dict(),
         "failure": record.failure.error if record.failure else None,
+        "summary": record.summary,
     }
 
 
@@ -317,6 +325,7 @@ def record_from_dict(data: Mapping[str, Any]) -> kernel.TurnRecord:
         ),
         usage=kernel.Usage.from_dict(data.get("usage") or {}),
         failure=kernel.ModelFailure(data["failure"]) if data.get("failure") else None,
+        summary=bool(data.get("summary", False)),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -96,12 +96,14 @@ def admit(
     spec: Mapping[str, Any],
     *,
     model: Mapping[str, Any] | None,
-    known_tools: Collection[str],
+    known_tools: Mapping[str, bool],
     start_time: float,
     tenant: str = DEFAULT_TENANT,
 ) -> RunConfig:
     """Validate ``spec`` against its AgentModel and the worker's tool catalog.
 
+    ``known_tools`` maps the worker catalog's tool names to whether each is pollable (exempt
+    from the no-progress breaker, like ``spec.budget.noProgress.pollable``).
     ``model`` is the AgentModel object or ``None`` when it does not exist; ``start_time`` is
     epoch seconds (the deadline counts from it). Raises ``InvalidSpec`` with a message naming
     the field (unknown model, unknown tools, unusable budget).
@@ -126,6 +128,8 @@ def admit(
     timeout = parse_duration(str(budget.get("timeout", DEFAULT_TIMEOUT)))
     cost = budget.get("maxCostUSD")
     max_tokens = budget.get("maxTokens")
+    no_progress = budget.get("noProgress") or {}
+    pollable = set(no_progress.get("pollable") or ()) | {t for t in tools if known_tools.get(t)}
     limits = kernel.Limits(
         max_steps=int(budget.get("maxSteps", 20)),
         max_tool_calls=int(budget.get("maxToolCalls", 50)),
@@ -133,8 +137,11 @@ def admit(
         max_cost_usd=_decimal(cost, "spec.budget.maxCostUSD") if cost is not None else None,
         context_window=resolved.context_window,
         max_output_tokens=resolved.max_output_tokens,
+        no_progress_window=int(no_progress.get("window", 3)),
+        pollable=frozenset(pollable),
+        output_schema=(spec.get("output") or {}).get("schema"),
+        on_exhausted=kernel.OnExhausted(str(budget.get("onExhausted", "summarize"))),
     )
-    output = spec.get("output") or {}
     return RunConfig(
         uid=run.uid,
         namespace=run.namespace,
@@ -146,5 +153,5 @@ def admit(
         model=resolved,
         deadline=start_time + timeout,
         tenant=tenant,
-        output_schema=output.get("schema"),
+        output_schema=limits.output_schema,
     )

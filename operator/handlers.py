@@ -57,7 +57,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.writer.start()
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)
     memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
-    memo.known_tools = frozenset(default_catalog(kube=None))
+    memo.known_tools = {
+        name: tool.spec.pollable for name, tool in default_catalog(kube=None).items()
+    }
 
 
 @kopf.on.cleanup()

@@ -85,7 +85,8 @@ async def execute_turn(
             turn=state.turn, gate=kernel.Gate(kernel.Phase.TOOL_UNAVAILABLE, message=message)
         )
     openai_tools = deps.tools_param(config.tools)
-    estimate = kernel.estimate_tokens(state.messages, openai_tools)
+    prompt = kernel.fit_context(state.messages, limits=limits, tools=openai_tools)
+    estimate = kernel.estimate_tokens(prompt, openai_tools)
     gate = kernel.admit_model_call(
         state,
         limits,
@@ -96,13 +97,17 @@ async def execute_turn(
     )
     if gate.phase is not None:
         return kernel.TurnRecord(turn=state.turn, gate=gate)
+    if gate.summary:  # the last, tool-free call at a cap (spec.budget.onExhausted: summarize)
+        assert state.pending_cap is not None
+        prompt += (kernel.summary_request(state.pending_cap),)
+        openai_tools = []
     try:
         api_key = await deps.secrets.api_key(config.model.secret) if config.model.secret else ""
         response, _attempts = await deps.model.complete(
             base_url=config.model.base_url,
             api_key=api_key,
             model=config.model.model,
-            messages=state.messages,
+            messages=prompt,
             tools=openai_tools,
             max_output_tokens=gate.max_output_tokens,
             deadline=config.deadline,
@@ -114,9 +119,13 @@ async def execute_turn(
                 message=f"the run's timeout passed during the model call ({err})",
             )
             return kernel.TurnRecord(turn=state.turn, gate=gate)
-        return kernel.TurnRecord(turn=state.turn, failure=kernel.ModelFailure(str(err)))
+        return kernel.TurnRecord(
+            turn=state.turn, failure=kernel.ModelFailure(str(err)), summary=gate.summary
+        )
     usage = kernel.read_usage(response, pricing=pricing, prompt_estimate=estimate)
     decision = kernel.classify(response)
+    if gate.summary:
+        return kernel.TurnRecord(turn=state.turn, decision=decision, usage=usage, summary=True)
     if not isinstance(decision, kernel.ToolCalls):
         return kernel.TurnRecord(turn=state.turn, decision=decision, usage=usage)
     calls = kernel.check_calls(

@@ -7,6 +7,7 @@ HTTP, Kubernetes). The worker and the operator call these functions; nothing els
 phase. A test (tests/kernel/test_purity.py) keeps this package free of I/O imports.
 """
 
+from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import (
     Decision,
     Final,
@@ -17,7 +18,7 @@ from agentrun.kernel.decision import (
     ToolCalls,
     classify,
 )
-from agentrun.kernel.limits import Limits, Pricing
+from agentrun.kernel.limits import Limits, OnExhausted, Pricing
 from agentrun.kernel.loop import (
     Gate,
     ModelFailure,
@@ -28,6 +29,7 @@ from agentrun.kernel.loop import (
     advance,
     state_from_summary,
     stop,
+    summary_request,
 )
 from agentrun.kernel.state import RunState, initial_state
 from agentrun.kernel.terminal import (
@@ -51,6 +53,7 @@ __all__ = [
     "Malformed",
     "MalformedCause",
     "ModelFailure",
+    "OnExhausted",
     "Outcome",
     "Phase",
     "Pricing",
@@ -72,8 +75,10 @@ __all__ = [
     "classify",
     "conclude",
     "estimate_tokens",
+    "fit_context",
     "initial_state",
     "read_usage",
     "state_from_summary",
     "stop",
+    "summary_request",
 ]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
+from collections.abc import Mapping
 from decimal import Decimal
+from typing import Any
 
 MILLION = Decimal(1_000_000)
 
@@ -33,6 +36,15 @@ class Pricing:
         ) / MILLION
 
 
+class OnExhausted(enum.StrEnum):
+    """``spec.budget.onExhausted``: what a step, token or cost cap does."""
+
+    SUMMARIZE = "summarize"
+    """One last tool-free model call writes a summary to ``.status.answer``."""
+    STOP = "stop"
+    """End at once."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Limits:
     """A run's budget (``spec.budget``) plus the model's window, all enforced in code."""
@@ -53,3 +65,17 @@ class Limits:
     """Consecutive malformed turns that end a run with ``invalid_decision`` (case C02)."""
     min_output_tokens: int = 16
     """A model call that could produce fewer tokens than this within budget is not made."""
+    no_progress_window: int = 3
+    """Consecutive stale turns that earn a nudge; twice as many end ``no_progress`` (case C15)."""
+    pollable: frozenset[str] = frozenset()
+    """Tools exempt from the no-progress breaker (``spec.budget.noProgress.pollable``)."""
+    tool_error_limit: int = 5
+    """Consecutive failed tool results that end the run ``tool_unavailable``."""
+    output_schema: Mapping[str, Any] | None = None
+    """JSON Schema the final answer must meet (``spec.output.schema``)."""
+    output_attempts: int = 2
+    """Final answers failing ``output_schema`` before ``invalid_output`` (one correction)."""
+    on_exhausted: OnExhausted = OnExhausted.SUMMARIZE
+    """What the step, token and cost caps do."""
+    summary_output_tokens: int = 1024
+    """Output allowance of the summary call."""

@@ -8,16 +8,21 @@ Ending a run is a value (a terminal ``Phase``), never an exception.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from decimal import Decimal
 from typing import Any
 
+from agentrun.kernel import output
 from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
-from agentrun.kernel.limits import Limits, Pricing
+from agentrun.kernel.limits import Limits, OnExhausted, Pricing
 from agentrun.kernel.state import Message, RunState
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.usage import Usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, stored_arguments
 
+SIGNATURE_CLIP = 512
+"""Characters of a result that count toward its no-progress signature."""
 ERROR_PREFIX = "ERROR: "
 """Tool messages have no error flag in the OpenAI shape; an error result's content starts so."""
 
@@ -31,6 +36,8 @@ class Gate:
     max_output_tokens: int = 0
     """For a model call: the most output tokens the call may produce within every budget."""
     message: str = ""
+    summary: bool = False
+    """The allowed call is the tool-free summary at a cap (``onExhausted: summarize``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,6 +73,8 @@ class TurnRecord:
     usage: Usage = dataclasses.field(default_factory=Usage)
     """This turn's model usage."""
     failure: ModelFailure | None = None
+    summary: bool = False
+    """This turn was the tool-free summary call made at a cap."""
 
 
 def _pct_left(used: Decimal, cap: Decimal) -> str:
@@ -83,8 +92,8 @@ def admit_model_call(
 ) -> Gate:
     """May the next model call start, and with how many output tokens at most?
 
-    Checks, in order: the wall-clock deadline (``now``/``deadline`` in epoch seconds), the step
-    cap, then the token and cost caps against the worst case of this call (``prompt_estimate``
+    Checks, in order: the wall-clock deadline (``now``/``deadline`` in epoch seconds), a pending
+    summary at a cap (allowed once, with ``summary_output_tokens``), the step cap, then the token and cost caps against the worst case of this call (``prompt_estimate``
     input tokens plus the output allowance). The output allowance is cut to what the budgets
     leave; below ``limits.min_output_tokens`` the call is not made.
     """
@@ -92,6 +101,8 @@ def admit_model_call(
         return Gate(
             Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the next model call"
         )
+    if state.pending_cap is not None:
+        return Gate(None, max_output_tokens=limits.summary_output_tokens, summary=True)
     if state.steps >= limits.max_steps:
         return Gate(Phase.MAX_STEPS, message=f"maxSteps {limits.max_steps} reached")
     allowance = limits.max_output_tokens
@@ -184,20 +195,63 @@ def correction_for(decision: Decision, calls: tuple[CheckedCall | InvalidCall, .
     return None
 
 
-def _messages_of(record: TurnRecord, correction: str | None) -> tuple[Message, ...]:
-    out: list[Message] = []
-    assistant = _assistant_message(record)
-    if assistant is not None:
-        out.append(assistant)
-    out.extend(_tool_message(r) for r in record.results)
-    if correction is not None:
-        out.append({"role": "user", "content": correction})
-    return tuple(out)
+def summary_request(cap: Phase) -> Message:
+    """The user message of the tool-free summary call made at a budget cap."""
+    return {
+        "role": "user",
+        "content": f"[agentrun] The run has reached its budget ({cap.value}) and cannot call "
+        "tools any more. Summarize what you found so far and what remains open, in a few "
+        "sentences.",
+    }
 
 
-def _decide(
-    state: RunState, record: TurnRecord, limits: Limits, malformed: bool
-) -> tuple[Phase, str]:
+def _nudge(window: int) -> str:
+    return (
+        f"[agentrun] Your last {window} turns produced tool results you had already seen: "
+        "you are not making progress. Try a different approach, or give your final answer."
+    )
+
+
+def turn_signature(record: TurnRecord, pollable: frozenset[str]) -> str | None:
+    """The multiset of (tool, ok/error, clipped result) of the calls a turn ran, hashed.
+
+    ``None`` when the turn ran no non-pollable tool (such a turn is never stale). Keyed on
+    results, not arguments: calls that vary their arguments but learn nothing new are stale
+    (case C15); pollable tools are exempt.
+    """
+    items = sorted(
+        f"{r.name}\x1f{'err' if r.is_error else 'ok'}\x1f{r.content[:SIGNATURE_CLIP]}"
+        for r, c in zip(record.results, record.calls, strict=False)
+        if isinstance(c, CheckedCall) and r.name not in pollable
+    )
+    if not items:
+        return None
+    return hashlib.sha256("\x1e".join(items).encode()).hexdigest()[:24]
+
+
+def _error_streak(state: RunState, record: TurnRecord) -> int:
+    streak = state.error_streak
+    for result, call in zip(record.results, record.calls, strict=False):
+        if isinstance(call, CheckedCall):
+            streak = streak + 1 if result.is_error else 0
+    return streak
+
+
+CAPS = frozenset({Phase.MAX_STEPS, Phase.TOKEN_BUDGET_EXHAUSTED, Phase.COST_BUDGET_EXHAUSTED})
+"""The caps at which ``onExhausted: summarize`` makes one last, tool-free model call."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Turn:
+    """What one turn showed, worked out before the phase is decided."""
+
+    malformed: bool
+    output_error: str | None
+    stale: bool
+    nudged: bool
+
+
+def _decide(state: RunState, record: TurnRecord, limits: Limits, seen: _Turn) -> tuple[Phase, str]:
     """The phase after a turn: exactly one decision per turn, caps checked last."""
     if record.gate is not None and record.gate.phase is not None:
         return record.gate.phase, record.gate.message
@@ -206,11 +260,22 @@ def _decide(
     decision = record.decision
     if isinstance(decision, Refusal):
         return Phase.REFUSED, decision.text
-    if isinstance(decision, Final):
+    if isinstance(decision, Final) and seen.output_error is None:
         return Phase.COMPLETED, "the model gave a final answer"
-    if malformed and state.malformed_streak >= limits.malformed_limit:
+    if seen.output_error is not None and state.output_failures >= limits.output_attempts:
+        return (
+            Phase.INVALID_OUTPUT,
+            f"the final answer does not meet spec.output.schema: {seen.output_error}",
+        )
+    if seen.malformed and state.malformed_streak >= limits.malformed_limit:
         return Phase.INVALID_DECISION, (
             f"{state.malformed_streak} malformed turns in a row (limit {limits.malformed_limit})"
+        )
+    if state.error_streak >= limits.tool_error_limit:
+        return Phase.TOOL_UNAVAILABLE, f"the last {state.error_streak} tool calls all failed"
+    if state.stale_streak >= 2 * limits.no_progress_window:
+        return Phase.NO_PROGRESS, (
+            f"{state.stale_streak} turns in a row repeated results already seen"
         )
     if state.steps >= limits.max_steps:
         return (
@@ -222,6 +287,27 @@ def _decide(
     if limits.max_cost_usd is not None and state.usage.cost_usd >= limits.max_cost_usd:
         return Phase.COST_BUDGET_EXHAUSTED, f"maxCostUSD {limits.max_cost_usd} spent"
     return Phase.RUNNING, f"turn {record.turn} committed"
+
+
+def _advance_summary(state: RunState, record: TurnRecord) -> RunState:
+    """Fold the tool-free summary call made at a cap: the run ends with the cap's reason."""
+    assert state.pending_cap is not None
+    decision = record.decision
+    answer = decision.content if isinstance(decision, Final) else None
+    messages = (summary_request(state.pending_cap),)
+    if answer is not None:
+        messages += ({"role": "assistant", "content": answer},)
+    return dataclasses.replace(
+        state,
+        messages=state.messages + messages,
+        turn=state.turn + 1,
+        steps=state.steps + (1 if record.decision is not None else 0),
+        usage=state.usage + record.usage,
+        phase=state.pending_cap,
+        pending_cap=None,
+        answer=answer,
+        message=state.message + ("; summary written to answer" if answer else "; no summary"),
+    )
 
 
 def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
@@ -237,29 +323,67 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         )
     if record.turn != state.turn:
         raise ValueError(f"turn {record.turn} does not follow turn {state.turn - 1}")
+    if record.summary:
+        return _advance_summary(state, record)
     decision = record.decision
-    invalid = sum(isinstance(c, InvalidCall) for c in record.calls)
-    malformed = isinstance(decision, Malformed) or invalid > 0
-    correction = correction_for(decision, record.calls) if decision is not None else None
-    ran = sum(isinstance(c, CheckedCall) for c in record.calls) if record.gate is None else 0
-    failures = sum(r.is_error for r in record.results)
-    called = record.decision is not None or record.failure is not None
-    answer = decision.content if isinstance(decision, Final) else None
+    malformed = isinstance(decision, Malformed) or any(
+        isinstance(c, InvalidCall) for c in record.calls
+    )
+    output_error = (
+        output.output_error(decision.content, limits.output_schema)
+        if isinstance(decision, Final) and limits.output_schema is not None
+        else None
+    )
+    signature = turn_signature(record, limits.pollable) if record.gate is None else None
+    stale = signature is not None and signature in state.signatures
+    stale_streak = (
+        state.stale_streak + 1 if stale else (0 if signature is not None else state.stale_streak)
+    )
+    nudged = stale and stale_streak == limits.no_progress_window
+    corrections = [correction_for(decision, record.calls)] if decision is not None else []
+    if output_error is not None:
+        corrections.append(
+            f"[agentrun] Your final answer does not meet the required output schema: "
+            f"{output_error}. Reply with only a JSON document valid against: "
+            f"{json.dumps(limits.output_schema, separators=(',', ':'), sort_keys=True)}"
+        )
+    if nudged:
+        corrections.append(_nudge(limits.no_progress_window))
+    notes = tuple({"role": "user", "content": c} for c in corrections if c is not None)
+    called = decision is not None or record.failure is not None
     after = dataclasses.replace(
         state,
-        messages=state.messages + _messages_of(record, correction),
+        messages=state.messages + _messages_of(record) + notes,
         turn=state.turn + 1,
         steps=state.steps + (1 if called and record.failure is None else 0),
-        tool_calls=state.tool_calls + ran,
-        tool_failures=state.tool_failures + failures,
-        corrections=state.corrections + (1 if malformed else 0),
+        tool_calls=state.tool_calls
+        + (sum(isinstance(c, CheckedCall) for c in record.calls) if record.gate is None else 0),
+        tool_failures=state.tool_failures + sum(r.is_error for r in record.results),
+        corrections=state.corrections + (1 if malformed or output_error or nudged else 0),
         malformed_streak=state.malformed_streak + 1 if malformed else 0,
         usage=state.usage + record.usage,
-        answer=answer,
+        answer=decision.content if isinstance(decision, Final) and output_error is None else None,
         call_ids=state.call_ids | {c.id for c in record.calls},
+        signatures=state.signatures | {signature} if signature is not None else state.signatures,
+        stale_streak=stale_streak,
+        error_streak=_error_streak(state, record) if record.gate is None else state.error_streak,
+        output_failures=state.output_failures + (1 if output_error else 0),
     )
-    phase, message = _decide(after, record, limits, malformed)
+    phase, message = _decide(after, record, limits, _Turn(malformed, output_error, stale, nudged))
+    if phase in CAPS and limits.on_exhausted is OnExhausted.SUMMARIZE:
+        return dataclasses.replace(
+            after, pending_cap=phase, message=f"{message}; asking for a summary"
+        )
     return dataclasses.replace(after, phase=phase, message=message)
+
+
+def _messages_of(record: TurnRecord) -> tuple[Message, ...]:
+    out: list[Message] = []
+    assistant = _assistant_message(record)
+    if assistant is not None:
+        out.append(assistant)
+    out.extend(_tool_message(r) for r in record.results)
+    return tuple(out)
 
 
 def stop(state: RunState, phase: Phase, message: str) -> RunState:

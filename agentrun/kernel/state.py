@@ -41,6 +41,16 @@ class RunState:
     """A one-line human explanation of the current phase."""
     call_ids: frozenset[str] = frozenset()
     """Every ``tool_call_id`` in history, to keep them unique."""
+    signatures: frozenset[str] = frozenset()
+    """Result signatures of every turn that ran tools (the no-progress breaker's memory)."""
+    stale_streak: int = 0
+    """Consecutive turns whose result signature had been seen before."""
+    error_streak: int = 0
+    """Consecutive tool results (of calls that ran) that were errors."""
+    output_failures: int = 0
+    """Final answers that failed ``spec.output.schema``."""
+    pending_cap: Phase | None = None
+    """A cap reached with ``onExhausted: summarize``: the next call is the tool-free summary."""
 
     def summary(self) -> dict[str, Any]:
         """The counters and phase as JSON (what an event carries and ``.status`` projects)."""

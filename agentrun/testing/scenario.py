@@ -11,6 +11,7 @@ Scenario file format (YAML)::
         match:                          # all given regexes must match; omitted = match anything
           goal: "rectangle"             # re.search in the FIRST user message's text
           system: "calculator"          # re.search in the system (or developer) message text
+          last: "reached its budget"    # re.search in the LAST message's text (any role)
         turns:                          # the reply for turn k, where k = the number of
                                         # assistant messages already in the request
           - content: "Let me compute both."         # optional text (null/omitted = null)
@@ -160,6 +161,8 @@ class Scenario:
     """Searched in the first user message; None = any."""
     system: re.Pattern[str] | None = None
     """Searched in the system/developer text; None = any."""
+    last: re.Pattern[str] | None = None
+    """Searched in the last message's text (e.g. a runtime's summary request); None = any."""
     after: After = After.ERROR
 
 
@@ -173,6 +176,8 @@ class Conversation:
     """Text of the first user message; None if there is none."""
     turn: int
     """k: the number of assistant messages in the request."""
+    last: str = ""
+    """Text of the last message (any role)."""
 
     def describe(self) -> str:
         """A short human description for error messages."""
@@ -201,7 +206,7 @@ properties:
         match:
           type: [object, "null"]
           additionalProperties: false
-          properties: {goal: {type: string}, system: {type: string}}
+          properties: {goal: {type: string}, system: {type: string}, last: {type: string}}
         turns: {type: array, minItems: 1, items: {$ref: "#/$defs/turn"}}
         after: {enum: [repeat_last, error]}
 $defs:
@@ -280,6 +285,7 @@ def _to_scenario(raw: Mapping[str, Any], *, source: str) -> Scenario:
     try:
         goal = re.compile(match["goal"]) if "goal" in match else None
         system = re.compile(match["system"]) if "system" in match else None
+        last = re.compile(match["last"]) if "last" in match else None
     except re.error as exc:
         raise ScenarioError(f"{source}: scenario {name!r}: bad match regex: {exc}") from exc
     return Scenario(
@@ -287,6 +293,7 @@ def _to_scenario(raw: Mapping[str, Any], *, source: str) -> Scenario:
         turns=tuple(_to_turn(t) for t in raw["turns"]),
         goal=goal,
         system=system,
+        last=last,
         after=After(raw.get("after", After.ERROR.value)),
     )
 
@@ -345,17 +352,20 @@ def read_conversation(messages: Any) -> Conversation:
             system.append(message_text(message.get("content")))
         elif role == "user" and first_user is None:
             first_user = message_text(message.get("content"))
-    return Conversation(system="\n".join(system), first_user=first_user, turn=assistants)
+    last = message_text(messages[-1].get("content"))
+    return Conversation(system="\n".join(system), first_user=first_user, turn=assistants, last=last)
 
 
 def find_scenario(scenarios: Sequence[Scenario], conversation: Conversation) -> Scenario | None:
-    """The first scenario whose `goal` and `system` regexes both match, or None."""
+    """The first scenario whose `goal`, `system` and `last` regexes all match, or None."""
     for scenario in scenarios:
         if scenario.goal is not None and (
             conversation.first_user is None or not scenario.goal.search(conversation.first_user)
         ):
             continue
         if scenario.system is not None and not scenario.system.search(conversation.system):
+            continue
+        if scenario.last is not None and not scenario.last.search(conversation.last):
             continue
         return scenario
     return None

@@ -29,7 +29,7 @@ SPEC = catalog.ToolSpec(
         "additionalProperties": False,
     },
     effect="read",
-    pollable=False,
+    pollable=True,
 )
 
 

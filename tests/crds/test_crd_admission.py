@@ -245,6 +245,7 @@ def test_agentrun_budget_defaults_are_filled_in(
         "maxToolCalls": 50,
         "timeout": "10m",
         "noProgress": {"window": 3},
+        "onExhausted": "summarize",
     }
 
 

@@ -124,6 +124,7 @@ def test_agentrun_spec_fields_are_the_contract() -> None:
         "maxCostUSD",
         "timeout",
         "noProgress",
+        "onExhausted",  # issue 3: summarize | stop at a step, token or cost cap
     }
     assert set(at(spec, "budget.noProgress")["properties"]) == {"window", "pollable"}
     assert set(at(spec, "approval")["properties"]) == {"tools"}

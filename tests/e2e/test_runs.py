@@ -44,7 +44,7 @@ def test_parallel_tool_calls_complete_with_results_in_call_order(
 
 
 BUDGETS: list[Any] = [
-    pytest.param("E2E-MAX-STEPS", {"maxSteps": 3}, "max_steps", {"steps": 3}, id="maxSteps"),
+    pytest.param("E2E-MAX-STEPS", {"maxSteps": 3}, "max_steps", {"steps": 4}, id="maxSteps"),
     pytest.param(
         "E2E-TOOL-BUDGET",
         {"maxToolCalls": 3},
@@ -77,13 +77,36 @@ def test_each_per_run_budget_ends_the_run_with_its_own_reason(
         reason,
         "partial",
     )
-    assert "answer" not in status
     for key, value in usage.items():
         assert status["usage"][key] == value
+    if reason == "tool_budget_exhausted":
+        assert "answer" not in status  # not a summarizing cap
+    else:  # onExhausted defaults to summarize: one tool-free call, its prose in .status.answer
+        assert status["answer"].startswith("SUMMARY after")
+        summary = [
+            r
+            for r in stack_.mock_requests()
+            if r["scenario"] == "budget-summary" and goal in str(r)
+        ]
+        assert len(summary) == 1 and "tools" not in summary[0]["body"]
     if reason == "token_budget_exhausted":
-        assert status["usage"]["totalTokens"] >= 1200 or status["usage"]["steps"] == 2
+        assert status["usage"]["totalTokens"] >= 1200
     if reason == "cost_budget_exhausted":
-        assert float(status["usage"]["costUSD"]) >= 0.015
+        assert float(status["usage"]["costUSD"]) >= 0.02
+
+
+def test_on_exhausted_stop_ends_at_the_cap_without_a_summary(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(
+        test_namespace,
+        run_manifest(
+            "stopper", "E2E-MAX-STEPS stop", budget={"maxSteps": 2, "onExhausted": "stop"}
+        ),
+    )
+    status = stack_.wait_terminal(test_namespace, "stopper")
+    assert (status["terminalReason"], status["usage"]["steps"]) == ("max_steps", 2)
+    assert "answer" not in status
 
 
 def test_a_rate_limited_model_call_is_retried_and_the_run_completes(
@@ -153,7 +176,7 @@ def test_kubectl_get_shows_phase_reason_steps_tokens_cost(
     stack_.wait_terminal(test_namespace, "columns")
     out = stack_.kubectl("get", "ar", "columns", "-n", test_namespace).stdout.split("\n")
     assert out[0].split() == ["NAME", "PHASE", "REASON", "STEPS", "TOKENS", "COST", "AGE"]
-    assert out[1].split()[:5] == ["columns", "Failed", "max_steps", "2", "120"]
+    assert out[1].split()[:5] == ["columns", "Failed", "max_steps", "3", "460"]
 
 
 def test_a_turn_longer_than_ack_wait_is_kept_alive_and_runs_once(

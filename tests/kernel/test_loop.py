@@ -46,7 +46,7 @@ def test_a_final_answer_completes_the_run_with_outcome_ok() -> None:
 
 
 def test_the_step_cap_stops_a_run_that_still_wants_tools_as_partial() -> None:
-    limits = kernel.Limits(max_steps=2)
+    limits = kernel.Limits(max_steps=2, on_exhausted=kernel.OnExhausted.STOP)
     state = start()
     for i in range(2):
         assert state.phase is Phase.RUNNING
@@ -79,7 +79,7 @@ def test_the_token_cap_blocks_a_call_whose_prompt_alone_would_exceed_it() -> Non
 
 
 def test_using_up_the_tokens_ends_the_run_after_the_turn() -> None:
-    limits = kernel.Limits(max_tokens=100)
+    limits = kernel.Limits(max_tokens=100, on_exhausted=kernel.OnExhausted.STOP)
     state = kernel.advance(start(), tool_turn(start(), checked()), limits)
     assert state.phase is Phase.TOKEN_BUDGET_EXHAUSTED
 
@@ -259,3 +259,151 @@ def test_reported_usage_is_read_with_cached_tokens() -> None:
         usage.cached_input_tokens,
         usage.estimated,
     ) == (120, 30, 20, False)
+
+
+@pytest.mark.parametrize(
+    ("limits", "cap"),
+    [
+        pytest.param(kernel.Limits(max_steps=1), Phase.MAX_STEPS, id="maxSteps"),
+        pytest.param(kernel.Limits(max_tokens=100), Phase.TOKEN_BUDGET_EXHAUSTED, id="maxTokens"),
+        pytest.param(
+            kernel.Limits(max_cost_usd=Decimal("0.000001")),
+            Phase.COST_BUDGET_EXHAUSTED,
+            id="maxCostUSD",
+        ),
+    ],
+)
+def test_at_a_cap_one_tool_free_summary_call_writes_the_answer_and_keeps_the_reason(
+    limits: kernel.Limits, cap: Phase
+) -> None:
+    first = kernel.TurnRecord(
+        0,
+        decision=kernel.ToolCalls((), None),
+        calls=(checked(),),
+        results=(kernel.ToolResult("c1", "calculate", "2"),),
+        usage=kernel.Usage(100, 10, 0, Decimal("0.01")),
+    )
+    state = kernel.advance(start(), first, limits)
+    assert state.phase is Phase.RUNNING and state.pending_cap is cap
+    gate = admit(state, limits)
+    assert gate.phase is None and gate.summary and gate.max_output_tokens == 1024
+    summary = kernel.TurnRecord(
+        1, decision=kernel.Final("Found 2."), usage=kernel.Usage(120, 5), summary=True
+    )
+    done = kernel.advance(state, summary, limits)
+    assert done.phase is cap and done.answer == "Found 2."
+    terminal = kernel.conclude(done.phase)
+    assert terminal is not None and terminal.outcome is kernel.Outcome.PARTIAL
+    assert done.messages[-2]["content"].startswith("[agentrun] The run has reached its budget")
+    assert done.steps == 2
+
+
+def test_a_summary_call_that_fails_still_ends_with_the_caps_reason() -> None:
+    limits = kernel.Limits(max_steps=1)
+    state = kernel.advance(start(), tool_turn(start(), checked()), limits)
+    failed = kernel.TurnRecord(1, failure=kernel.ModelFailure("HTTP 500"), summary=True)
+    done = kernel.advance(state, failed, limits)
+    assert done.phase is Phase.MAX_STEPS and done.answer is None
+
+
+def test_the_deadline_beats_the_summary() -> None:
+    limits = kernel.Limits(max_steps=1)
+    state = kernel.advance(start(), tool_turn(start(), checked()), limits)
+    assert admit(state, limits, now=LATER).phase is Phase.DEADLINE_EXCEEDED
+
+
+def stale_turn(state: kernel.RunState, expression: str, result: str = "same") -> kernel.TurnRecord:
+    call = kernel.CheckedCall(f"c{state.turn}", "calculate", {"expression": expression})
+    return kernel.TurnRecord(
+        state.turn,
+        decision=kernel.ToolCalls((), None),
+        calls=(call,),
+        results=(kernel.ToolResult(call.id, "calculate", result),),
+        usage=kernel.Usage(10, 1),
+    )
+
+
+def test_repeating_results_earns_a_nudge_then_no_progress_long_before_max_steps() -> None:  # C15
+    limits = kernel.Limits(max_steps=50, no_progress_window=3)
+    state = start()
+    for turn in range(7):
+        state = kernel.advance(
+            state, stale_turn(state, f"{turn}+0"), limits
+        )  # new args, same result
+        if turn == 3:
+            assert "not making progress" in state.messages[-1]["content"]
+    assert state.phase is Phase.NO_PROGRESS
+    assert state.steps == 7 and state.usage.input_tokens == 70  # tokens fully counted
+    assert state.corrections == 1
+
+
+def test_new_results_reset_the_no_progress_count() -> None:
+    limits = kernel.Limits(no_progress_window=2)
+    state = start()
+    for turn in range(12):
+        result = "same" if turn % 3 else f"new {turn}"
+        state = kernel.advance(state, stale_turn(state, "1", result), limits)
+    assert state.phase is Phase.RUNNING
+
+
+def test_pollable_tools_are_exempt_from_the_no_progress_breaker() -> None:  # C15
+    limits = kernel.Limits(no_progress_window=1, pollable=frozenset({"calculate"}))
+    state = start()
+    for _ in range(10):
+        state = kernel.advance(state, stale_turn(state, "1"), limits)
+    assert state.phase is Phase.RUNNING
+
+
+def test_a_tool_that_keeps_failing_ends_with_tool_unavailable() -> None:
+    limits = kernel.Limits(tool_error_limit=3)
+    state = start()
+    for turn in range(2):
+        state = kernel.advance(
+            state, tool_turn(state, checked(f"e{turn}a"), checked(f"e{turn}b"), ok=False), limits
+        )
+    assert state.phase is Phase.TOOL_UNAVAILABLE
+    assert state.error_streak == 4
+
+
+SCHEMA = {"type": "object", "properties": {"area": {"type": "integer"}}, "required": ["area"]}
+
+
+def test_a_final_answer_must_meet_the_output_schema_after_one_correction() -> None:
+    limits = kernel.Limits(output_schema=SCHEMA)
+    state = kernel.advance(start(), kernel.TurnRecord(0, decision=kernel.Final("twelve")), limits)
+    assert state.phase is Phase.RUNNING
+    assert "does not meet the required output schema" in state.messages[-1]["content"]
+    assert state.answer is None
+    state = kernel.advance(
+        state, kernel.TurnRecord(1, decision=kernel.Final('{"area": "12"}')), limits
+    )
+    assert state.phase is Phase.INVALID_OUTPUT
+    assert "area: '12' is not of type 'integer'" in state.message
+
+
+def test_a_valid_json_answer_in_a_code_fence_completes() -> None:
+    limits = kernel.Limits(output_schema=SCHEMA)
+    state = kernel.advance(
+        start(), kernel.TurnRecord(0, decision=kernel.Final('```json\n{"area": 12}\n```')), limits
+    )
+    assert state.phase is Phase.COMPLETED
+
+
+def test_old_large_observations_are_elided_to_fit_the_context_window() -> None:
+    limits = kernel.Limits(context_window=3000, max_output_tokens=500)
+    state = start()
+    for turn in range(6):
+        state = kernel.advance(
+            state, stale_turn(state, str(turn), result=f"{turn}" + "x" * 3000), limits
+        )
+    prompt = kernel.fit_context(state.messages, limits=limits)
+    assert kernel.estimate_tokens(prompt) <= 2500 < kernel.estimate_tokens(state.messages)
+    assert prompt[:2] == state.messages[:2]  # system prompt and goal untouched
+    assert len(prompt) == len(state.messages)  # nothing removed: every call keeps its result
+    elided = [
+        m
+        for m in prompt
+        if m["role"] == "tool" and m["content"].startswith("[agentrun: an earlier")
+    ]
+    assert elided and prompt[2]["role"] == "assistant"
+    assert prompt[-1] == state.messages[-1]  # the newest observation is kept whole

@@ -158,3 +158,37 @@ async def test_models_and_health(client: openai.AsyncOpenAI, mock: mockllm.MockL
     assert models == ["mock", MODEL]
     health = await client.get(mock.base_url.removesuffix("/v1") + "/healthz", cast_to=object)
     assert health == {"status": "ok"}
+
+
+async def test_a_scenario_can_match_on_the_last_message() -> None:
+    from agentrun.testing import mockllm as server
+    from agentrun.testing import scenario as sc
+
+    scenarios = sc.parse_scenarios(
+        """
+scenarios:
+  - name: summary
+    match: {last: "reached its budget"}
+    turns: [{content: "summary"}]
+    after: repeat_last
+  - name: work
+    turns: [{content: "working"}]
+    after: repeat_last
+"""
+    )
+    async with server.MockLLM(scenarios) as mock:
+        client = openai.AsyncOpenAI(base_url=mock.base_url, api_key="test", max_retries=0)
+        plain = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "go"}]
+        )
+        asked = await client.chat.completions.create(
+            model="m",
+            messages=[
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": "working"},
+                {"role": "user", "content": "The run has reached its budget. Summarize."},
+            ],
+        )
+        await client.close()
+    assert plain.choices[0].message.content == "working"
+    assert asked.choices[0].message.content == "summary"

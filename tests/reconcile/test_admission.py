@@ -24,7 +24,7 @@ MODEL: dict[str, Any] = {
         "credentials": {"secretRef": {"name": "key", "namespace": "platform"}},
     }
 }
-TOOLS = {"calculate", "sleep"}
+TOOLS = {"calculate": False, "sleep": False, "kubernetes_get": True}
 
 
 def admit(spec: dict[str, Any], model: dict[str, Any] | None = MODEL) -> Any:
