@@ -13,6 +13,7 @@ What belongs here: argument parsing and printing. The work is done by library mo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -101,7 +102,22 @@ def register_cancel(subparsers: Subparsers) -> None:
     cancel.set_defaults(handler=cmd_cancel)
 
 
-COMMANDS: list[Callable[[Subparsers], None]] = [register_dev, register_cancel]
+def register_review(subparsers: Subparsers) -> None:
+    """``agentrun approve|deny RUN``: decide the run's pending held tool call."""
+    for verb, text in (("approve", "run"), ("deny", "refuse")):
+        review = subparsers.add_parser(
+            verb,
+            help=f"{verb} the tool call a run is waiting on (phase AwaitingApproval)",
+            description=f"Reads .status.pendingApproval of RUN, shows the call, and sets the "
+            f"agentrun.dev/{verb} annotation to its digest: the operator will {text} exactly "
+            "that call (same tool, same arguments) and nothing else. Uses KUBECONFIG.",
+        )
+        review.add_argument("run", metavar="RUN", help="AgentRun name")
+        review.add_argument("-n", "--namespace", default="default", help="namespace")
+        review.set_defaults(handler=cmd_review, verb=verb)
+
+
+COMMANDS: list[Callable[[Subparsers], None]] = [register_dev, register_cancel, register_review]
 """Registrars of the top-level subcommands, in help order."""
 
 
@@ -185,6 +201,28 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         "--overwrite",
     )
     print(out.stdout, end="")
+    return 0
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    """``agentrun approve|deny RUN``: annotate the run with the pending call's digest."""
+    kc = kubectl.Kubectl(binaries.find_kubectl(log=_progress), kubeconfig=_kubeconfig())
+    out = kc("get", "agentrun", args.run, "-n", args.namespace, "-o", "json").stdout
+    pending = (json.loads(out).get("status") or {}).get("pendingApproval")
+    if not pending:
+        print(f"agentrun: error: {args.run} is not waiting for an approval", file=sys.stderr)
+        return 1
+    arguments = json.dumps(pending.get("arguments"), sort_keys=True)
+    print(f"{args.verb}: {pending.get('tool')}({arguments}) call {pending.get('toolCallID')}")
+    kc(
+        "annotate",
+        "agentrun",
+        args.run,
+        "-n",
+        args.namespace,
+        f"agentrun.dev/{args.verb}={pending['digest']}",
+        "--overwrite",
+    )
     return 0
 
 

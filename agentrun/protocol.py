@@ -147,6 +147,7 @@ class RunConfig:
                 "noProgressWindow": lim.no_progress_window,
                 "pollable": sorted(lim.pollable),
                 "onExhausted": lim.on_exhausted.value,
+                "approvalTools": sorted(lim.approval_tools),
             },
             "model": self.model.as_dict(),
             "deadline": self.deadline,
@@ -178,6 +179,7 @@ class RunConfig:
                 pollable=frozenset(lim.get("pollable") or ()),
                 output_schema=data.get("outputSchema"),
                 on_exhausted=kernel.OnExhausted(lim.get("onExhausted", "summarize")),
+                approval_tools=frozenset(lim.get("approvalTools") or ()),
             ),
             model=model,
             deadline=float(data["deadline"]),
@@ -225,7 +227,15 @@ class TurnRequest:
         )
 
 
-EventKind = Literal["admitted", "turn", "stop"]
+EventKind = Literal["admitted", "turn", "stop", "approval"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Approval:
+    """A person's decision on the pending held call, bound to its digest."""
+
+    digest: str
+    approved: bool
 
 
 def decision_as_dict(decision: dec.Decision | None) -> dict[str, Any] | None:
@@ -296,6 +306,8 @@ def record_as_dict(record: kernel.TurnRecord) -> dict[str, Any]:
         "usage": record.usage.as_dict(),
         "failure": record.failure.error if record.failure else None,
         "summary": record.summary,
+        "held": list(record.held),
+        "resume": record.resume,
     }
 
 
@@ -326,6 +338,8 @@ def record_from_dict(data: Mapping[str, Any]) -> kernel.TurnRecord:
         usage=kernel.Usage.from_dict(data.get("usage") or {}),
         failure=kernel.ModelFailure(data["failure"]) if data.get("failure") else None,
         summary=bool(data.get("summary", False)),
+        held=tuple(data.get("held") or ()),
+        resume=bool(data.get("resume", False)),
     )
 
 
@@ -341,6 +355,8 @@ class RunEvent:
     """Only on ``admitted``."""
     record: kernel.TurnRecord | None = None
     """Only on ``turn``."""
+    approval: Approval | None = None
+    """Only on ``approval``."""
     seq: int = 0
     time: float = 0.0
     """Epoch seconds when the event was made."""
@@ -366,6 +382,8 @@ class RunEvent:
             data["config"] = self.config.as_dict()
         if self.record is not None:
             data["record"] = record_as_dict(self.record)
+        if self.approval is not None:
+            data["approval"] = dataclasses.asdict(self.approval)
         return dumps(data)
 
     @classmethod
@@ -373,7 +391,7 @@ class RunEvent:
         """Parse a payload; raises ``ValueError`` (incl. JSON errors) or ``KeyError`` if bad."""
         data = json.loads(payload)
         kind = data["kind"]
-        if kind not in ("admitted", "turn", "stop"):
+        if kind not in ("admitted", "turn", "stop", "approval"):
             raise ValueError(f"unknown event kind {kind!r}")
         return cls(
             kind=kind,
@@ -381,6 +399,9 @@ class RunEvent:
             summary=data.get("summary") or {},
             config=RunConfig.from_dict(data["config"]) if data.get("config") else None,
             record=record_from_dict(data["record"]) if data.get("record") else None,
+            approval=Approval(str(data["approval"]["digest"]), bool(data["approval"]["approved"]))
+            if data.get("approval")
+            else None,
             seq=seq,
             time=float(data.get("time", 0.0)),
         )

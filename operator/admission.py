@@ -141,6 +141,7 @@ def admit(
         pollable=frozenset(pollable),
         output_schema=(spec.get("output") or {}).get("schema"),
         on_exhausted=kernel.OnExhausted(str(budget.get("onExhausted", "summarize"))),
+        approval_tools=frozenset(approval),
     )
     return RunConfig(
         uid=run.uid,

@@ -21,7 +21,7 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
-from agentrun import kernel
+from agentrun import history, kernel, protocol
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
@@ -186,12 +186,12 @@ class Dispatcher:
         view.seq = event.seq
         view.summary = event.summary
         phase = event.phase
-        if not phase.is_terminal:
+        if phase is kernel.Phase.RUNNING:
             request = TurnRequest(
                 view.uid, view.namespace, view.name, int(event.summary.get("turn", 0)), event.seq
             )
             await self.bus.publish_turn(request, tenant=view.tenant)
-        else:
+        elif phase.is_terminal:
             view.terminal = True
             if view.timer is not None and view.timer is not asyncio.current_task():
                 view.timer.cancel()
@@ -204,9 +204,8 @@ class Dispatcher:
             generation=view.generation,
             admitted_at=view.start_time,
         )
-        self.writer.submit(
-            view.namespace, view.name, body, seq=event.seq, terminal=phase.is_terminal
-        )
+        urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
+        self.writer.submit(view.namespace, view.name, body, seq=event.seq, terminal=urgent)
 
     # --- ends decided outside a turn ------------------------------------------------------------
 
@@ -246,6 +245,36 @@ class Dispatcher:
         raise RuntimeError(
             f"could not append a stop event to {namespace}/{name}: the run keeps moving"
         )
+
+    async def decide(
+        self, namespace: str, name: str, uid: str, *, digest: str, approved: bool
+    ) -> str | None:
+        """Apply a reviewer's decision on the run's pending held call.
+
+        Replays the run's events to the kernel state, lets the kernel check the digest, and
+        appends an ``approval`` event (compare-and-set on the last event). Returns ``None`` on
+        success, else why the decision was not applied (not waiting, digest mismatch, moved on).
+        """
+        events = await self.bus.read_events(namespace, name)
+        loaded = history.fold(events, run_uid=uid)
+        if loaded is None:
+            return "the run has no events"
+        try:
+            state = kernel.resolve_approval(loaded.state, digest=digest, approved=approved)
+        except ValueError as err:
+            return str(err)
+        event = RunEvent(
+            "approval",
+            uid,
+            state.summary(),
+            approval=protocol.Approval(digest, approved),
+            time=self.clock(),
+        )
+        try:
+            await self.bus.append_event(namespace, name, event, expected_seq=loaded.seq)
+        except CommitConflict as err:
+            return str(err)
+        return None
 
     async def forget(self, namespace: str, name: str, uid: str) -> None:
         """The AgentRun is being deleted: stop it, purge its events, drop its view.

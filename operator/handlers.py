@@ -24,11 +24,15 @@ from agentrun.tools import default_catalog
 
 from . import admission, status
 from .dispatch import Dispatcher
-from .statuswriter import StatusWriter, kube_patcher
+from .statuswriter import MERGE_PATCH, StatusWriter, kube_patcher
 
 log = logging.getLogger(__name__)
 
 CANCEL_ANNOTATION = "agentrun.dev/cancel"
+APPROVE_ANNOTATION = "agentrun.dev/approve"
+"""Set to the digest in ``.status.pendingApproval`` to approve that held call."""
+DENY_ANNOTATION = "agentrun.dev/deny"
+"""Set to the digest in ``.status.pendingApproval`` to deny that held call."""
 FINALIZER = "agentrun.dev/finalizer"
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 
@@ -196,6 +200,52 @@ async def cancel_run(
         kernel.Phase.CANCELLED,
         f"cancelled by the {CANCEL_ANNOTATION} annotation",
     )
+
+
+@kopf.on.field(*RUN, field="metadata.annotations")
+async def review_run(
+    *,
+    new: Any,
+    namespace: str | None,
+    name: str,
+    uid: str,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    **_: Any,
+) -> None:
+    """``agentrun.dev/approve`` or ``agentrun.dev/deny`` set to the pending call's digest.
+
+    The decision is applied only if the digest is the one waiting (the kernel checks), then the
+    annotation is removed so the same digest can be decided again later in the run.
+    """
+    assert namespace is not None  # AgentRun is namespaced
+    annotations = new or {}
+    for key, approved in ((APPROVE_ANNOTATION, True), (DENY_ANNOTATION, False)):
+        digest = annotations.get(key)
+        if not digest:
+            continue
+        refused = await memo.dispatcher.decide(
+            namespace, name, uid, digest=str(digest), approved=approved
+        )
+        if refused is not None:
+            logger.warning("%s=%s not applied: %s", key, digest, refused)
+        await _remove_annotation(memo.api, namespace, name, key)
+
+
+async def _remove_annotation(api: client.ApiClient, namespace: str, name: str, key: str) -> None:
+    try:
+        await client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            kube.GROUP,
+            kube.VERSION,
+            namespace,
+            kube.RUNS,
+            name,
+            {"metadata": {"annotations": {key: None}}},
+            **MERGE_PATCH,
+        )
+    except ApiException as err:
+        if err.status != 404:
+            raise
 
 
 @kopf.on.delete(*RUN)

@@ -75,7 +75,11 @@ def project(
         "startTime": rfc3339(start_time),
         "observedGeneration": generation,
         "lastEventSequence": seq,
+        "pendingApproval": summary.get("pendingApproval"),  # None removes it (merge patch)
     }
+    waiting = state.phase is kernel.Phase.AWAITING_APPROVAL
+    if waiting:
+        status["phase"] = kernel.ResourcePhase.AWAITING_APPROVAL.value
     conditions = [
         condition(
             "Admitted",
@@ -91,7 +95,7 @@ def project(
             condition(
                 "Finished",
                 status=False,
-                reason="Running",
+                reason="AwaitingApproval" if waiting else "Running",
                 message=state.message,
                 at=admitted_at,
                 generation=generation,

@@ -144,7 +144,7 @@ class TurnConsumer:
             run is None
             or run.seq != request.expected_seq
             or run.state.turn != request.turn
-            or run.state.phase.is_terminal
+            or run.state.phase is not kernel.Phase.RUNNING
         ):
             log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
             await msg.ack()

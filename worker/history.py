@@ -1,62 +1,18 @@
-"""Rebuild a run's state from its committed events, with a per-process cache.
+"""The worker's view of a run's history: the shared fold (``agentrun.history``) plus a cache.
 
-The run's event subject is the checkpoint (DESIGN.md §5): replaying it through
-``kernel.advance`` gives the exact state a turn builds on. The cache keeps the state after the
-last commit this worker saw, so a run whose turns land on the same worker costs no reads.
+The cache keeps the state after the last commit this worker saw, so a run whose turns land on
+the same worker costs no reads.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 
-from agentrun import kernel
 from agentrun.bus import Bus
-from agentrun.protocol import RunConfig, RunEvent, TurnRequest
+from agentrun.history import CorruptHistory, LoadedRun, fold
+from agentrun.protocol import TurnRequest
 
-
-class CorruptHistory(Exception):
-    """The run's events cannot be replayed (wrong run, missing admission, out-of-order turns)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LoadedRun:
-    """A run's config and its state as of event ``seq``."""
-
-    config: RunConfig
-    state: kernel.RunState
-    seq: int
-
-
-def fold(
-    events: list[RunEvent], *, run_uid: str, base: LoadedRun | None = None
-) -> LoadedRun | None:
-    """Replay ``events`` (oldest first) on top of ``base``; ``None`` if the run was never admitted.
-
-    Raises ``CorruptHistory`` when an event belongs to another run or does not apply.
-    """
-    loaded = base
-    for event in events:
-        if event.run_uid != run_uid:
-            raise CorruptHistory(f"event {event.seq} belongs to run {event.run_uid}, not {run_uid}")
-        if event.kind == "admitted":
-            if event.config is None:
-                raise CorruptHistory(f"admission event {event.seq} has no config")
-            config = event.config
-            state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-            loaded = LoadedRun(config, state, event.seq)
-            continue
-        if loaded is None:
-            raise CorruptHistory(f"event {event.seq} comes before the run's admission")
-        if event.kind == "turn" and event.record is not None:
-            try:
-                state = kernel.advance(loaded.state, event.record, loaded.config.limits)
-            except ValueError as err:
-                raise CorruptHistory(str(err)) from err
-        else:
-            state = kernel.stop(loaded.state, event.phase, str(event.summary.get("message", "")))
-        loaded = LoadedRun(loaded.config, state, event.seq)
-    return loaded
+__all__ = ["CorruptHistory", "LoadedRun", "RunCache", "fold", "load"]
 
 
 class RunCache:

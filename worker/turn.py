@@ -84,6 +84,8 @@ async def execute_turn(
         return kernel.TurnRecord(
             turn=state.turn, gate=kernel.Gate(kernel.Phase.TOOL_UNAVAILABLE, message=message)
         )
+    if state.pending is not None and state.pending.next_undecided is None:
+        return await resume_turn(deps, config, state)
     openai_tools = deps.tools_param(config.tools)
     prompt = kernel.fit_context(state.messages, limits=limits, tools=openai_tools)
     estimate = kernel.estimate_tokens(prompt, openai_tools)
@@ -131,7 +133,9 @@ async def execute_turn(
     calls = kernel.check_calls(
         decision.calls, turn=state.turn, tools=_tool_schemas(deps, config), used_ids=state.call_ids
     )
-    valid = sum(isinstance(c, kernel.CheckedCall) for c in calls)
+    held = kernel.held_calls(calls, limits.approval_tools)
+    runnable = tuple(c for c in calls if c.id not in held)
+    valid = sum(isinstance(c, kernel.CheckedCall) for c in runnable)
     batch_gate = kernel.admit_tool_batch(
         state, limits, calls=valid, now=deps.clock(), deadline=config.deadline
     )
@@ -144,6 +148,15 @@ async def execute_turn(
             results=toolrunner.not_run(calls, batch_gate.message),
             usage=usage,
         )
+    results = await _run(deps, config, runnable)
+    return kernel.TurnRecord(
+        turn=state.turn, decision=decision, calls=calls, results=results, usage=usage, held=held
+    )
+
+
+async def _run(
+    deps: TurnDeps, config: RunConfig, calls: tuple[kernel.CheckedCall | kernel.InvalidCall, ...]
+) -> tuple[kernel.ToolResult, ...]:
     context = ToolContext(
         namespace=config.namespace,
         run_name=config.name,
@@ -151,13 +164,36 @@ async def execute_turn(
         call_id="",
         kube=deps.kube,
     )
-    results = await toolrunner.run_batch(
+    return await toolrunner.run_batch(
         calls,
         tools=deps.catalog,
         context=context,
         settings=deps.tool_settings,
         deadline=config.deadline,
     )
+
+
+async def resume_turn(
+    deps: TurnDeps, config: RunConfig, state: kernel.RunState
+) -> kernel.TurnRecord:
+    """Settle a decided approval: run the approved held calls, deny the others (never run)."""
+    pending = state.pending
+    assert pending is not None and pending.next_undecided is None
+    approved = tuple(
+        kernel.CheckedCall(h.id, h.name, h.arguments) for h in pending.held if h.approved
+    )
+    gate = kernel.admit_tool_batch(
+        state, config.limits, calls=len(approved), now=deps.clock(), deadline=config.deadline
+    )
+    if gate.phase is not None:
+        ran = toolrunner.not_run(approved, gate.message)
+    else:
+        ran = await _run(deps, config, approved)
+    by_id = {r.tool_call_id: r for r in ran}
+    results = tuple(
+        by_id[h.id] if h.approved else kernel.ToolResult(h.id, h.name, kernel.DENIED, True)
+        for h in pending.held
+    )
     return kernel.TurnRecord(
-        turn=state.turn, decision=decision, calls=calls, results=results, usage=usage
+        turn=state.turn, results=results, resume=True, gate=gate if gate.phase else None
     )

@@ -7,6 +7,7 @@ HTTP, Kubernetes). The worker and the operator call these functions; nothing els
 phase. A test (tests/kernel/test_purity.py) keeps this package free of I/O imports.
 """
 
+from agentrun.kernel.approval import DENIED, HeldCall, PendingBatch, digest_of, held_calls
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import (
     Decision,
@@ -27,6 +28,7 @@ from agentrun.kernel.loop import (
     admit_model_call,
     admit_tool_batch,
     advance,
+    resolve_approval,
     state_from_summary,
     stop,
     summary_request,
@@ -44,10 +46,12 @@ from agentrun.kernel.usage import Usage, estimate_tokens, read_usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 
 __all__ = [
+    "DENIED",
     "CheckedCall",
     "Decision",
     "Final",
     "Gate",
+    "HeldCall",
     "InvalidCall",
     "Limits",
     "Malformed",
@@ -55,6 +59,7 @@ __all__ = [
     "ModelFailure",
     "OnExhausted",
     "Outcome",
+    "PendingBatch",
     "Phase",
     "Pricing",
     "Refusal",
@@ -74,10 +79,13 @@ __all__ = [
     "check_calls",
     "classify",
     "conclude",
+    "digest_of",
     "estimate_tokens",
     "fit_context",
+    "held_calls",
     "initial_state",
     "read_usage",
+    "resolve_approval",
     "state_from_summary",
     "stop",
     "summary_request",

@@ -79,3 +79,5 @@ class Limits:
     """What the step, token and cost caps do."""
     summary_output_tokens: int = 1024
     """Output allowance of the summary call."""
+    approval_tools: frozenset[str] = frozenset()
+    """Tools whose calls wait for a person (``spec.approval.tools``)."""

@@ -13,68 +13,19 @@ import json
 from decimal import Decimal
 from typing import Any
 
-from agentrun.kernel import output
+from agentrun.kernel import approval, output
 from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
 from agentrun.kernel.limits import Limits, OnExhausted, Pricing
+from agentrun.kernel.records import ERROR_PREFIX, Gate, ModelFailure, ToolResult, TurnRecord
 from agentrun.kernel.state import Message, RunState
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.usage import Usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, stored_arguments
 
+__all__ = ["Gate", "ModelFailure", "ToolResult", "TurnRecord"]  # re-exported for callers
+
 SIGNATURE_CLIP = 512
 """Characters of a result that count toward its no-progress signature."""
-ERROR_PREFIX = "ERROR: "
-"""Tool messages have no error flag in the OpenAI shape; an error result's content starts so."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Gate:
-    """The verdict of a budget gate: allowed (``phase is None``) or the cap that stops the run."""
-
-    phase: Phase | None
-    """``None`` when allowed, else the terminal phase."""
-    max_output_tokens: int = 0
-    """For a model call: the most output tokens the call may produce within every budget."""
-    message: str = ""
-    summary: bool = False
-    """The allowed call is the tool-free summary at a cap (``onExhausted: summarize``)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ToolResult:
-    """The result of one call, correlated by ``tool_call_id`` (one per call, always)."""
-
-    tool_call_id: str
-    name: str
-    content: str
-    is_error: bool = False
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ModelFailure:
-    """The model could not be reached or kept failing (after retries): ``model_error``."""
-
-    error: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TurnRecord:
-    """What one turn did; the content of a committed turn event."""
-
-    turn: int
-    gate: Gate | None = None
-    """A gate that stopped the turn (before the model call, or before the tool batch)."""
-    decision: Decision | None = None
-    """The classified response; ``None`` when no model call returned."""
-    calls: tuple[CheckedCall | InvalidCall, ...] = ()
-    """The validated calls, in the assistant's order, with their final ids."""
-    results: tuple[ToolResult, ...] = ()
-    """One result per call in ``calls``, same order."""
-    usage: Usage = dataclasses.field(default_factory=Usage)
-    """This turn's model usage."""
-    failure: ModelFailure | None = None
-    summary: bool = False
-    """This turn was the tool-free summary call made at a cap."""
 
 
 def _pct_left(used: Decimal, cap: Decimal) -> str:
@@ -93,8 +44,9 @@ def admit_model_call(
     """May the next model call start, and with how many output tokens at most?
 
     Checks, in order: the wall-clock deadline (``now``/``deadline`` in epoch seconds), a pending
-    summary at a cap (allowed once, with ``summary_output_tokens``), the step cap, then the token and cost caps against the worst case of this call (``prompt_estimate``
-    input tokens plus the output allowance). The output allowance is cut to what the budgets
+    summary at a cap (allowed once, with ``summary_output_tokens``), the step cap, then the
+    token and cost caps against the worst case of this call (``prompt_estimate`` input tokens
+    plus the output allowance). The output allowance is cut to what the budgets
     leave; below ``limits.min_output_tokens`` the call is not made.
     """
     if now >= deadline:
@@ -221,19 +173,26 @@ def turn_signature(record: TurnRecord, pollable: frozenset[str]) -> str | None:
     """
     items = sorted(
         f"{r.name}\x1f{'err' if r.is_error else 'ok'}\x1f{r.content[:SIGNATURE_CLIP]}"
-        for r, c in zip(record.results, record.calls, strict=False)
-        if isinstance(c, CheckedCall) and r.name not in pollable
+        for r in _ran_results(record)
+        if r.name not in pollable
     )
     if not items:
         return None
     return hashlib.sha256("\x1e".join(items).encode()).hexdigest()[:24]
 
 
-def _error_streak(state: RunState, record: TurnRecord) -> int:
+def _ran_results(record: TurnRecord) -> list[ToolResult]:
+    """Results of the valid calls that actually ran (not invalid, held or gated ones)."""
+    if record.gate is not None:
+        return []
+    valid = {c.id for c in record.calls if isinstance(c, CheckedCall)} - set(record.held)
+    return [r for r in record.results if r.tool_call_id in valid]
+
+
+def _error_streak(state: RunState, results: list[ToolResult]) -> int:
     streak = state.error_streak
-    for result, call in zip(record.results, record.calls, strict=False):
-        if isinstance(call, CheckedCall):
-            streak = streak + 1 if result.is_error else 0
+    for result in results:
+        streak = streak + 1 if result.is_error else 0
     return streak
 
 
@@ -325,6 +284,8 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         raise ValueError(f"turn {record.turn} does not follow turn {state.turn - 1}")
     if record.summary:
         return _advance_summary(state, record)
+    if record.resume:
+        return _advance_resume(state, record)
     decision = record.decision
     malformed = isinstance(decision, Malformed) or any(
         isinstance(c, InvalidCall) for c in record.calls
@@ -334,7 +295,7 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         if isinstance(decision, Final) and limits.output_schema is not None
         else None
     )
-    signature = turn_signature(record, limits.pollable) if record.gate is None else None
+    signature = turn_signature(record, limits.pollable)
     stale = signature is not None and signature in state.signatures
     stale_streak = (
         state.stale_streak + 1 if stale else (0 if signature is not None else state.stale_streak)
@@ -353,11 +314,10 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
     called = decision is not None or record.failure is not None
     after = dataclasses.replace(
         state,
-        messages=state.messages + _messages_of(record) + notes,
+        messages=state.messages + (() if record.held else _messages_of(record)) + notes,
         turn=state.turn + 1,
         steps=state.steps + (1 if called and record.failure is None else 0),
-        tool_calls=state.tool_calls
-        + (sum(isinstance(c, CheckedCall) for c in record.calls) if record.gate is None else 0),
+        tool_calls=state.tool_calls + len(_ran_results(record)),
         tool_failures=state.tool_failures + sum(r.is_error for r in record.results),
         corrections=state.corrections + (1 if malformed or output_error or nudged else 0),
         malformed_streak=state.malformed_streak + 1 if malformed else 0,
@@ -366,15 +326,69 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         call_ids=state.call_ids | {c.id for c in record.calls},
         signatures=state.signatures | {signature} if signature is not None else state.signatures,
         stale_streak=stale_streak,
-        error_streak=_error_streak(state, record) if record.gate is None else state.error_streak,
+        error_streak=_error_streak(state, _ran_results(record)),
         output_failures=state.output_failures + (1 if output_error else 0),
+        pending=approval.pending_of(record) if record.held else None,
     )
     phase, message = _decide(after, record, limits, _Turn(malformed, output_error, stale, nudged))
+    if phase is Phase.RUNNING and after.pending is not None:
+        waiting = after.pending.next_undecided
+        assert waiting is not None
+        phase = Phase.AWAITING_APPROVAL
+        message = f"waiting for approval of {waiting.name} ({waiting.id})"
     if phase in CAPS and limits.on_exhausted is OnExhausted.SUMMARIZE:
         return dataclasses.replace(
             after, pending_cap=phase, message=f"{message}; asking for a summary"
         )
     return dataclasses.replace(after, phase=phase, message=message)
+
+
+def _advance_resume(state: RunState, record: TurnRecord) -> RunState:
+    """Fold the turn that settled a held batch: the batch enters history whole, in call order."""
+    pending = state.pending
+    if pending is None or pending.next_undecided is not None:
+        raise ValueError(f"turn {record.turn} resumes, but no decided approval is pending")
+    held = pending.record
+    by_id = {r.tool_call_id: r for r in (*held.results, *record.results)}
+    assistant = _assistant_message(held)
+    assert assistant is not None
+    approved = {h.id for h in pending.held if h.approved}
+    ran = [r for r in record.results if r.tool_call_id in approved]
+    stopped = record.gate.phase if record.gate is not None else None
+    return dataclasses.replace(
+        state,
+        messages=(*state.messages, assistant, *(_tool_message(by_id[c.id]) for c in held.calls)),
+        turn=state.turn + 1,
+        tool_calls=state.tool_calls + (0 if stopped else len(ran)),
+        tool_failures=state.tool_failures + sum(r.is_error for r in record.results),
+        error_streak=_error_streak(state, ran),
+        call_ids=state.call_ids | {c.id for c in held.calls},
+        pending=None,
+        phase=stopped or Phase.RUNNING,
+        message=record.gate.message if record.gate is not None else "approved calls settled",
+    )
+
+
+def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunState:
+    """Apply a person's decision on the next held call (bound to its ``digest``).
+
+    Raises ``ValueError`` when the run is not waiting or the digest is not the pending call's.
+    Once every held call is decided the run is ``running`` again and its next turn resumes.
+    """
+    if state.phase is not Phase.AWAITING_APPROVAL or state.pending is None:
+        raise ValueError(f"the run is {state.phase.value}, not waiting for an approval")
+    pending = approval.decide(state.pending, digest=digest, approved=approved)
+    waiting = pending.next_undecided
+    verdict = "approved" if approved else "denied"
+    if waiting is not None:
+        return dataclasses.replace(
+            state,
+            pending=pending,
+            message=f"{verdict}; waiting for approval of {waiting.name} ({waiting.id})",
+        )
+    return dataclasses.replace(
+        state, pending=pending, phase=Phase.RUNNING, message=f"{verdict} by reviewer"
+    )
 
 
 def _messages_of(record: TurnRecord) -> tuple[Message, ...]:

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from agentrun.kernel.approval import PendingBatch
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.usage import Usage
 
@@ -51,6 +52,8 @@ class RunState:
     """Final answers that failed ``spec.output.schema``."""
     pending_cap: Phase | None = None
     """A cap reached with ``onExhausted: summarize``: the next call is the tool-free summary."""
+    pending: PendingBatch | None = None
+    """A turn held for human approval (``awaiting_approval``) or decided but not yet resumed."""
 
     def summary(self) -> dict[str, Any]:
         """The counters and phase as JSON (what an event carries and ``.status`` projects)."""
@@ -64,7 +67,14 @@ class RunState:
             "usage": self.usage.as_dict(),
             "answer": self.answer,
             "message": self.message,
+            "pendingApproval": self._pending_approval(),
         }
+
+    def _pending_approval(self) -> dict[str, Any] | None:
+        if self.phase is not Phase.AWAITING_APPROVAL or self.pending is None:
+            return None
+        waiting = self.pending.next_undecided
+        return waiting.as_status() if waiting is not None else None
 
 
 def initial_state(*, goal: str, instructions: str = "") -> RunState:

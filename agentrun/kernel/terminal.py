@@ -53,12 +53,13 @@ class ResourcePhase(enum.StrEnum):
 
 
 class Phase(enum.StrEnum):
-    """The loop's own phase: running, or the one way it ended.
+    """The loop's own phase: running, waiting for a person, or the one way it ended.
 
     Every terminal member has the value of its ``TerminalReason`` so the two convert by value.
     """
 
     RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
     COMPLETED = "completed"
     CANCELLED = "cancelled"
     DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -79,8 +80,8 @@ class Phase(enum.StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        """True for every phase but ``running``."""
-        return self is not Phase.RUNNING
+        """True for every phase but ``running`` and ``awaiting_approval``."""
+        return self not in (Phase.RUNNING, Phase.AWAITING_APPROVAL)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ def conclude(phase: Phase) -> Terminal | None:
     it ends is a type error.
     """
     match phase:
-        case Phase.RUNNING:
+        case Phase.RUNNING | Phase.AWAITING_APPROVAL:
             return None
         case Phase.COMPLETED:
             return Terminal(TerminalReason.COMPLETED, Outcome.OK, ResourcePhase.SUCCEEDED)

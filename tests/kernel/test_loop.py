@@ -197,9 +197,10 @@ def test_advance_refuses_turns_out_of_order() -> None:
 @pytest.mark.parametrize("phase", list(Phase), ids=lambda p: p.value)
 def test_every_phase_concludes(phase: Phase) -> None:
     terminal = kernel.conclude(phase)
-    if phase is Phase.RUNNING:
-        assert terminal is None
+    if phase in (Phase.RUNNING, Phase.AWAITING_APPROVAL):
+        assert terminal is None and not phase.is_terminal
         return
+    assert phase.is_terminal
     assert terminal is not None
     assert terminal.reason.value == phase.value
     assert (terminal.outcome is kernel.Outcome.OK) == (phase is Phase.COMPLETED)

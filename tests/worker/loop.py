@@ -7,7 +7,7 @@ It folds ``execute_turn`` + ``kernel.advance`` exactly as the consumer does betw
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentrun import kernel
@@ -45,6 +45,10 @@ def config(
     )
 
 
+Approver = Callable[[kernel.RunState], tuple[str, bool]]
+"""Given a state awaiting approval, returns (digest, approved) as a reviewer would."""
+
+
 async def drive(
     scenarios_yaml: str,
     *,
@@ -54,6 +58,7 @@ async def drive(
     limits: kernel.Limits | None = None,
     tool_settings: ToolRunSettings | None = None,
     timeout: float = 60,
+    approver: Approver | None = None,
 ) -> tuple[kernel.RunState, list[kernel.TurnRecord], list[Mapping[str, Any]]]:
     """Run a whole loop; returns the final state, the turn records and the model's requests."""
     scenarios = scenario.parse_scenarios(scenarios_yaml)
@@ -69,6 +74,11 @@ async def drive(
         run = config(mock.base_url, goal=goal, tools=tools, limits=limits, timeout=timeout)
         state = kernel.initial_state(goal=goal)
         while not state.phase.is_terminal:
+            if state.phase is kernel.Phase.AWAITING_APPROVAL:
+                assert approver is not None, "the run waits for an approval nobody gives"
+                digest, approved = approver(state)
+                state = kernel.resolve_approval(state, digest=digest, approved=approved)
+                continue
             record = await execute_turn(deps, run, state)
             records.append(record)
             state = kernel.advance(state, record, run.limits)

@@ -1,0 +1,108 @@
+"""A call to a tool in spec.approval.tools waits for a person, who decides with the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun import kernel
+
+from .conftest import E2EStack, run_manifest
+
+pytestmark = pytest.mark.e2e
+
+
+def cli(stack_: E2EStack, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("agentrun")), *args],
+        env={**stack_.kubectl.env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def start(stack_: E2EStack, namespace: str, name: str) -> dict[str, Any]:
+    manifest = run_manifest(name, f"E2E-APPROVAL {name}", approval={"tools": ["calculate"]})
+    stack_.apply(namespace, manifest)
+    return stack_.wait_for(namespace, name, lambda s: s.get("phase") == "AwaitingApproval")
+
+
+def second_request_tools(stack_: E2EStack, name: str) -> list[dict[str, Any]]:
+    requests = [r for r in stack_.mock_requests() if f"E2E-APPROVAL {name}" in str(r["body"])]
+    assert len(requests) == 2
+    return [m for m in requests[1]["body"]["messages"] if m["role"] == "tool"]
+
+
+def test_the_run_waits_then_an_approved_call_runs(stack_: E2EStack, test_namespace: str) -> None:
+    status = start(stack_, test_namespace, "approved")
+    pending = status["pendingApproval"]
+    assert (pending["toolCallID"], pending["tool"], pending["arguments"]) == (
+        "a1",
+        "calculate",
+        {"expression": "6*7"},
+    )
+    assert pending["digest"] == kernel.digest_of("calculate", {"expression": "6*7"})
+    assert status["usage"]["toolCalls"] == 1  # the sleep ran; the held call did not
+    time.sleep(1.5)
+    assert stack_.get(test_namespace, "approved")["status"]["phase"] == "AwaitingApproval"
+    result = cli(stack_, "approve", "approved", "-n", test_namespace)
+    assert result.returncode == 0, result.stderr
+    assert 'calculate({"expression": "6*7"})' in result.stdout
+    done = stack_.wait_terminal(test_namespace, "approved")
+    assert (done["terminalReason"], done["answer"]) == ("completed", "Reviewed and done.")
+    assert "pendingApproval" not in done
+    tools = second_request_tools(stack_, "approved")
+    assert [(m["tool_call_id"], m["content"]) for m in tools] == [
+        ("a1", "42"),
+        ("s1", "slept 0.1s"),
+    ]
+
+
+def test_a_denied_call_is_answered_as_denied_and_the_model_goes_on(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    start(stack_, test_namespace, "denied")
+    assert cli(stack_, "deny", "denied", "-n", test_namespace).returncode == 0
+    done = stack_.wait_terminal(test_namespace, "denied")
+    assert done["terminalReason"] == "completed"
+    assert done["usage"]["toolFailures"] == 1
+    (a1, _) = second_request_tools(stack_, "denied")
+    assert a1["content"] == "ERROR: " + kernel.DENIED
+
+
+def test_an_approval_naming_other_arguments_is_not_applied(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    start(stack_, test_namespace, "forged")
+    forged = kernel.digest_of("calculate", {"expression": "6*7*1000"})
+    stack_.kubectl(
+        "annotate", "agentrun", "forged", "-n", test_namespace, f"agentrun.dev/approve={forged}"
+    )
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # the operator consumes (removes) the annotation
+        obj = stack_.get(test_namespace, "forged") or {}
+        if "agentrun.dev/approve" not in (obj["metadata"].get("annotations") or {}):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the forged approval annotation was never processed")
+    time.sleep(1.0)
+    status = stack_.get(test_namespace, "forged")["status"]
+    assert status["phase"] == "AwaitingApproval"
+    assert status["usage"]["toolCalls"] == 1
+    assert cli(stack_, "approve", "forged", "-n", test_namespace).returncode == 0
+    assert stack_.wait_terminal(test_namespace, "forged")["terminalReason"] == "completed"
+
+
+def test_approve_says_so_when_nothing_waits(stack_: E2EStack, test_namespace: str) -> None:
+    stack_.apply(test_namespace, run_manifest("idle", "E2E-429 nothing to approve"))
+    stack_.wait_terminal(test_namespace, "idle")
+    result = cli(stack_, "approve", "idle", "-n", test_namespace)
+    assert result.returncode == 1
+    assert "idle is not waiting for an approval" in result.stderr
