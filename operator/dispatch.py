@@ -26,7 +26,7 @@ from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
 from . import status
-from .statuswriter import StatusWriter
+from .statuswriter import RunKey, StatusWriter
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,11 @@ class RunView:
     summary: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     terminal: bool = False
     timer: asyncio.Task[None] | None = None
+
+    @property
+    def key(self) -> RunKey:
+        """The object this view projects to."""
+        return RunKey(self.namespace, self.name, self.uid)
 
     @classmethod
     def of(cls, config: RunConfig, *, start_time: float, generation: int = 1) -> RunView:
@@ -137,11 +142,20 @@ class Dispatcher:
 
     async def run(self) -> None:
         """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer."""
-        sub = await self.bus.event_subscription()
+        sub = None
         while not self._stopping.is_set():
             try:
+                if sub is None:
+                    sub = await self.bus.event_subscription()
                 msgs = await sub.fetch(batch=1, timeout=1.0)  # see worker.consumer
             except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            except Exception as err:  # server restarted, stream lost, ...: rebuild and go on
+                log.warning("event consumer: %r; re-creating streams and consumer in 1s", err)
+                sub = None
+                await asyncio.sleep(1.0)
+                with contextlib.suppress(Exception):
+                    await self.bus.ensure_streams()
                 continue
             for msg in msgs:
                 await self._consume(msg)
@@ -205,7 +219,7 @@ class Dispatcher:
             admitted_at=view.start_time,
         )
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
-        self.writer.submit(view.namespace, view.name, body, seq=event.seq, terminal=urgent)
+        self.writer.submit(view.key, body, seq=event.seq, terminal=urgent)
 
     # --- ends decided outside a turn ------------------------------------------------------------
 
@@ -292,7 +306,11 @@ class Dispatcher:
                 await self.bus.purge_run(namespace, name)
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
-        self.writer.forget(namespace, name)
+        self.writer.forget(RunKey(namespace, name, uid))
+
+    async def on_gone(self, run: RunKey) -> None:
+        """The object of a live run vanished (deleted while we could not clean up): stop it."""
+        await self.forget(run.namespace, run.name, run.uid)
 
     async def close(self) -> None:
         """Cancel every timer."""

@@ -12,9 +12,10 @@ import datetime
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import kopf
+import nats.errors
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -24,10 +25,11 @@ from agentrun.tools import default_catalog
 
 from . import admission, status
 from .dispatch import Dispatcher
-from .statuswriter import MERGE_PATCH, StatusWriter, kube_patcher
+from .statuswriter import MERGE_PATCH, RunKey, StatusWriter, kube_patcher
 
 log = logging.getLogger(__name__)
 
+KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 CANCEL_ANNOTATION = "agentrun.dev/cancel"
 APPROVE_ANNOTATION = "agentrun.dev/approve"
 """Set to the digest in ``.status.pendingApproval`` to approve that held call."""
@@ -37,6 +39,25 @@ FINALIZER = "agentrun.dev/finalizer"
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 
 
+class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled-configuration without ``spec``.
+
+    An AgentRun's spec is immutable (CEL ``self == oldSelf``), so the only changes the handlers
+    react to are annotations (cancel, approve, deny). Leaving the spec out keeps the annotation
+    small — kopf would otherwise copy the whole spec into an annotation, which the API server
+    refuses past 256 KiB (a long non-ASCII goal, a large output schema), leaving the object
+    undeletable — and saves a deep copy of the spec on every watch event.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        """The essence kopf compares: labels and annotations only."""
+        essence = dict(super().build(body=body, extra_fields=extra_fields))
+        essence.pop("spec", None)
+        annotations = essence.get("metadata", {}).get("annotations", {})
+        annotations.pop(KUBECTL_LAST_APPLIED, None)  # a copy of the whole object
+        return cast(kopf.BodyEssence, essence)
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Configure kopf, connect to NATS and the API server, start the event consumer."""
@@ -44,7 +65,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix="kopf.agentrun.dev"
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = MetadataDiffBaseStorage(
         prefix="kopf.agentrun.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
@@ -60,6 +81,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     memo.writer.start()
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)
+    memo.writer.on_gone = memo.dispatcher.on_gone
     memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
     memo.known_tools = {
         name: tool.spec.pollable for name, tool in default_catalog(kube=None).items()
@@ -101,6 +123,12 @@ def _start_time(status_: kopf.Status) -> float:
     return time.time()
 
 
+def _reject(memo: kopf.Memo, run: RunKey, message: str, *, generation: int) -> None:
+    log.info("rejecting %s/%s: %s", run.namespace, run.name, message)
+    body = status.rejected(message, at=time.time(), generation=generation)
+    memo.writer.submit(run, body, seq=0, terminal=True)
+
+
 async def _admit(
     *,
     spec: kopf.Spec,
@@ -129,16 +157,20 @@ async def _admit(
             start_time=start_time,
         )
     except admission.InvalidSpec as err:
-        log.info("rejecting %s/%s: %s", namespace, name, err)
-        memo.writer.submit(
-            namespace,
-            name,
-            status.rejected(str(err), at=time.time(), generation=generation),
-            seq=0,
-            terminal=True,
+        _reject(memo, RunKey(namespace, name, uid), str(err), generation=generation)
+        return
+    try:
+        await dispatcher.admit(config, start_time=start_time, generation=generation)
+    except nats.errors.MaxPayloadError:
+        size = len(config.as_dict().__repr__())
+        _reject(
+            memo,
+            RunKey(namespace, name, uid),
+            f"spec: about {size} bytes, more than the event stream's message limit allows to "
+            "checkpoint; shorten spec.goal, spec.instructions or spec.output.schema",
+            generation=generation,
         )
         return
-    await dispatcher.admit(config, start_time=start_time, generation=generation)
     if meta.get("annotations", {}).get(CANCEL_ANNOTATION) == "true":
         await dispatcher.end(
             namespace,
@@ -202,10 +234,11 @@ async def cancel_run(
     )
 
 
-@kopf.on.field(*RUN, field="metadata.annotations")
+@kopf.on.update(*RUN, annotations={APPROVE_ANNOTATION: kopf.PRESENT})
+@kopf.on.update(*RUN, annotations={DENY_ANNOTATION: kopf.PRESENT})
 async def review_run(
     *,
-    new: Any,
+    annotations: kopf.Annotations,
     namespace: str | None,
     name: str,
     uid: str,
@@ -219,7 +252,6 @@ async def review_run(
     annotation is removed so the same digest can be decided again later in the run.
     """
     assert namespace is not None  # AgentRun is namespaced
-    annotations = new or {}
     for key, approved in ((APPROVE_ANNOTATION, True), (DENY_ANNOTATION, False)):
         digest = annotations.get(key)
         if not digest:

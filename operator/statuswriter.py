@@ -4,8 +4,12 @@ A run with 50 fast turns must not cause 50 API writes: each submission replaces 
 pending body (the newest projection wins, ordered by event sequence), and a run is patched at
 most once per ``interval`` seconds — except its first and its terminal status, which are written
 at once. At most ``concurrency`` patches are in flight, so a burst reuses a few connections.
-A 404 means the object is gone (deleted mid-run, case C21): the write is dropped, never retried
-into a re-creation.
+
+Every patch carries the run's ``metadata.uid`` as a precondition: a write meant for a deleted
+run can neither land on a new object of the same name (409) nor re-create one (404). Either
+answer means the run is gone (case C21): the write is dropped and ``on_gone`` is told, so the
+operator stops whatever of that run is still going. A body the API server refuses (422, e.g.
+a value outside the schema) is replaced once by a minimal status, never retried in a loop.
 """
 
 from __future__ import annotations
@@ -28,22 +32,38 @@ log = logging.getLogger(__name__)
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 """kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
 
-Patcher = Callable[[str, str, Mapping[str, Any]], Awaitable[None]]
-"""``patch(namespace, name, status_body)``; raises ``ApiException``."""
+GONE = frozenset({404, 409})
+"""Answers that mean the object we meant (by uid) no longer exists."""
+
+MINIMAL_KEYS = ("phase", "terminalReason", "outcome", "completionTime", "observedGeneration")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunKey:
+    """Which object a status belongs to: name and uid (names are reused, uids never)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+Patcher = Callable[[RunKey, Mapping[str, Any]], Awaitable[None]]
+"""``patch(run, status_body)``; raises ``ApiException``."""
+GoneCallback = Callable[[RunKey], Awaitable[None]]
 
 
 def kube_patcher(api: client.ApiClient) -> Patcher:
-    """A ``Patcher`` that merge-patches the AgentRun status subresource."""
+    """A ``Patcher`` that merge-patches the AgentRun status subresource, uid as precondition."""
     objects = client.CustomObjectsApi(api)
 
-    async def patch(namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    async def patch(run: RunKey, status: Mapping[str, Any]) -> None:
         await objects.patch_namespaced_custom_object_status(
             kube.GROUP,
             kube.VERSION,
-            namespace,
+            run.namespace,
             kube.RUNS,
-            name,
-            {"status": dict(status)},
+            run.name,
+            {"metadata": {"uid": run.uid}, "status": dict(status)},
             **MERGE_PATCH,
         )
 
@@ -57,17 +77,29 @@ class _Pending:
     terminal: bool
 
 
+async def _ignore(run: RunKey) -> None:
+    del run
+
+
 class StatusWriter:
     """Background writer; ``submit`` never blocks on the API server."""
 
-    def __init__(self, patch: Patcher, *, interval: float = 2.0, concurrency: int = 8) -> None:
+    def __init__(
+        self,
+        patch: Patcher,
+        *,
+        interval: float = 2.0,
+        concurrency: int = 8,
+        on_gone: GoneCallback = _ignore,
+    ) -> None:
         self.patch = patch
         self.interval = interval
-        self._slots = asyncio.Semaphore(concurrency)
+        self.on_gone = on_gone
         self.writes = 0
-        self._pending: dict[tuple[str, str], _Pending] = {}
-        self._written_seq: dict[tuple[str, str], int] = {}
-        self._last_write: dict[tuple[str, str], float] = {}
+        self._slots = asyncio.Semaphore(concurrency)
+        self._pending: dict[RunKey, _Pending] = {}
+        self._written_seq: dict[RunKey, int] = {}
+        self._last_write: dict[RunKey, float] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -83,75 +115,91 @@ class StatusWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def submit(
-        self, namespace: str, name: str, body: Mapping[str, Any], *, seq: int, terminal: bool
-    ) -> None:
+    def submit(self, run: RunKey, body: Mapping[str, Any], *, seq: int, terminal: bool) -> None:
         """Queue ``body`` as the run's status unless a newer one (higher ``seq``) is known."""
-        key = (namespace, name)
-        current = self._pending.get(key)
+        current = self._pending.get(run)
         if current is not None and current.seq > seq:
             return
-        if self._written_seq.get(key, -1) > seq:
+        if self._written_seq.get(run, -1) > seq:
             return
-        self._pending[key] = _Pending(
-            body, seq, terminal or (current.terminal if current and current.seq == seq else False)
-        )
+        urgent = terminal or (current is not None and current.seq == seq and current.terminal)
+        self._pending[run] = _Pending(body, seq, urgent)
         self._wake.set()
 
-    def forget(self, namespace: str, name: str) -> None:
+    def forget(self, run: RunKey) -> None:
         """Drop everything about a deleted run."""
-        key = (namespace, name)
-        self._pending.pop(key, None)
-        self._written_seq.pop(key, None)
-        self._last_write.pop(key, None)
+        self._pending.pop(run, None)
+        self._written_seq.pop(run, None)
+        self._last_write.pop(run, None)
 
     async def flush(self) -> None:
         """Write every pending body now."""
-        for key in list(self._pending):
-            await self._write(key)
+        for run in list(self._pending):
+            await self._write(run)
 
-    async def _write(self, key: tuple[str, str]) -> None:
-        pending = self._pending.pop(key, None)
+    async def _write(self, run: RunKey) -> None:
+        pending = self._pending.pop(run, None)
         if pending is None:
             return
-        self._last_write[key] = time.monotonic()
+        self._last_write[run] = time.monotonic()
         try:
             async with self._slots:  # few connections, reused: no TLS handshake per write
-                await self.patch(key[0], key[1], pending.body)
+                await self.patch(run, pending.body)
             self.writes += 1
-            self._written_seq[key] = pending.seq
+            self._written_seq[run] = pending.seq
         except ApiException as err:
-            if err.status == 404:
-                log.info("%s/%s is gone; status write dropped", *key)
-                self.forget(*key)
-                return
-            log.warning(
-                "status patch of %s/%s failed (HTTP %s); will retry", key[0], key[1], err.status
-            )
-            self._retry(key, pending)
+            await self._failed(run, pending, err)
         except Exception:
-            log.exception("status patch of %s/%s failed; will retry", *key)
-            self._retry(key, pending)
+            log.exception("status patch of %s/%s failed; will retry", run.namespace, run.name)
+            self._retry(run, pending)
 
-    def _retry(self, key: tuple[str, str], pending: _Pending) -> None:
+    async def _failed(self, run: RunKey, pending: _Pending, err: ApiException) -> None:
+        if err.status in GONE:
+            log.info("%s/%s (uid %s) is gone; status dropped", run.namespace, run.name, run.uid)
+            self.forget(run)
+            await self.on_gone(run)
+            return
+        if err.status == 422 and set(pending.body) - set(MINIMAL_KEYS) - {"message"}:
+            log.error(
+                "the API server refused the status of %s/%s: %s; writing a minimal status",
+                run.namespace,
+                run.name,
+                err.body,
+            )
+            minimal = {k: pending.body[k] for k in MINIMAL_KEYS if k in pending.body}
+            minimal["message"] = f"full status refused by the API server (HTTP 422): {err.reason}"
+            self._retry(run, _Pending(minimal, pending.seq, pending.terminal))
+            return
+        if 400 <= (err.status or 0) < 500 and err.status != 429:
+            log.error(
+                "status of %s/%s refused (HTTP %s); dropped", run.namespace, run.name, err.status
+            )
+            return
+        log.warning(
+            "status patch of %s/%s failed (HTTP %s); retrying", run.namespace, run.name, err.status
+        )
+        self._retry(run, pending)
+
+    def _retry(self, run: RunKey, pending: _Pending) -> None:
         """Re-queue a failed write after ``interval`` (even a terminal one: no hot loop)."""
-        if key not in self._pending:
+        if run not in self._pending:
             pending.terminal = False
-            self._pending[key] = pending
+            self._pending[run] = pending
+            self._wake.set()
 
     async def _run(self) -> None:
         while True:
             now = time.monotonic()
-            due: list[tuple[str, str]] = []
+            due: list[RunKey] = []
             wait = 3600.0
-            for key, pending in self._pending.items():
-                ready_at = self._last_write.get(key, 0.0) + self.interval
+            for run, pending in self._pending.items():
+                ready_at = self._last_write.get(run, 0.0) + self.interval
                 if pending.terminal or ready_at <= now:
-                    due.append(key)
+                    due.append(run)
                 else:
                     wait = min(wait, ready_at - now)
             if due:
-                await asyncio.gather(*(self._write(key) for key in due))
+                await asyncio.gather(*(self._write(run) for run in due))
                 continue
             self._wake.clear()
             with contextlib.suppress(TimeoutError):

@@ -64,8 +64,8 @@ class TurnConsumer:
 
     async def run(self) -> None:
         """Fetch and dispatch until ``stop``; returns after in-flight turns are settled."""
-        sub = await self.bus.turn_subscription()
         await self.bus.on_cancel(self._on_cancel)
+        sub = None
         # One message per pull request: nats-py's fetch(batch > 1) waits for the whole batch
         # or its timeout once the stream is idle, which would add up to the timeout to a turn.
         tasks: set[asyncio.Task[None]] = set()
@@ -76,8 +76,17 @@ class TurnConsumer:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
+                    if sub is None:
+                        sub = await self.bus.turn_subscription()
                     msgs = await sub.fetch(batch=1, timeout=1.0)
                 except (nats.errors.TimeoutError, TimeoutError):
+                    continue
+                except Exception as err:  # server restarted, stream lost: rebuild, go on
+                    log.warning("turn consumer: %r; re-creating streams and consumer in 1s", err)
+                    sub = None
+                    await asyncio.sleep(1.0)
+                    with contextlib.suppress(Exception):
+                        await self.bus.ensure_streams()
                     continue
                 for msg in msgs:
                     task = asyncio.create_task(self._handle(msg))
@@ -87,8 +96,9 @@ class TurnConsumer:
             for task in list(tasks):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def _heartbeat(self, msg: Msg) -> None:
         while True:
@@ -116,20 +126,44 @@ class TurnConsumer:
             with contextlib.suppress(Exception):
                 await msg.nak()  # shutting down: another worker takes the turn
             raise
-        except Exception:
-            log.exception(
-                "turn %s of %s/%s failed; it will be redelivered",
-                request.turn,
-                request.namespace,
-                request.name,
-            )
+        except Exception as err:
             self.cache.drop(request.run_uid)
-            with contextlib.suppress(Exception):
-                await msg.nak(delay=1.0)
+            await self._failed(msg, request, err)
         finally:
             beat.cancel()
             self._inflight.pop(request.run_uid, None)
             self._cancelled.discard(request.run_uid)
+
+    async def _failed(self, msg: Msg, request: TurnRequest, err: Exception) -> None:
+        """A turn raised. NATS trouble is retried by redelivery; anything else (a payload over
+        the server's limit, a bug) ends the run ``checkpoint_failed`` on its second failure —
+        each retry calls the model again, and a deterministic error would fail the same way."""
+        transient = isinstance(err, nats.errors.Error) and not isinstance(
+            err, nats.errors.MaxPayloadError
+        )
+        delivered = msg.metadata.num_delivered or 1
+        if transient or (delivered < 2 and not isinstance(err, nats.errors.MaxPayloadError)):
+            log.warning("turn %s failed (%r); it will be redelivered", request.msg_id, err)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+            return
+        log.error("turn %s failed for good: %r", request.msg_id, err, exc_info=err)
+        message = f"turn {request.turn} could not be committed: {type(err).__name__}: {err}"[:1000]
+        with contextlib.suppress(Exception):
+            await self._commit_failure(request, message)
+        with contextlib.suppress(Exception):
+            await msg.ack()
+
+    async def _commit_failure(self, request: TurnRequest, message: str) -> None:
+        last = await self.bus.last_event(request.namespace, request.name)
+        if last is None or last.seq != request.expected_seq or last.phase.is_terminal:
+            return
+        state = kernel.stop(last.state(), kernel.Phase.CHECKPOINT_FAILED, message)
+        event = RunEvent("stop", request.run_uid, state.summary(), time=time.time())
+        with contextlib.suppress(CommitConflict):
+            await self.bus.append_event(
+                request.namespace, request.name, event, expected_seq=request.expected_seq
+            )
 
     async def _turn(self, msg: Msg, request: TurnRequest) -> None:
         try:

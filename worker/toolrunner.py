@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from agentrun import kernel
+from agentrun.kernel.decision import clean_text
 from agentrun.tools.catalog import Tool, ToolContext, ToolError
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ async def _run_one(
             return kernel.ToolResult(
                 call.id, call.name, f"the tool failed: {type(err).__name__}: {err}", is_error=True
             )
-    return kernel.ToolResult(call.id, call.name, clip(output))
+    return kernel.ToolResult(call.id, call.name, clip(clean_text(str(output))))
 
 
 async def run_batch(

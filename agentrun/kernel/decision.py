@@ -73,18 +73,35 @@ class Malformed:
 Decision = Final | ToolCalls | Refusal | Malformed
 
 
+def clean_text(value: str) -> str:
+    """``value`` as valid Unicode: lone surrogates (half an emoji) become U+FFFD.
+
+    A lone surrogate cannot be encoded as UTF-8, so it would make the turn uncommittable and
+    the next request unsendable; it is replaced at the door instead.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return value
+
+
+def _text(value: Any) -> str | None:
+    return clean_text(value) if isinstance(value, str) else None
+
+
 def _read_calls(raw: Any) -> tuple[ToolCall, ...]:
     calls: list[ToolCall] = []
     for item in raw if isinstance(raw, list) else ():
         item = item if isinstance(item, Mapping) else {}
         function = item.get("function")
         function = function if isinstance(function, Mapping) else {}
-        call_id = item.get("id")
+        arguments = function.get("arguments")
         calls.append(
             ToolCall(
-                id=call_id if isinstance(call_id, str) and call_id else None,
-                name=str(function.get("name") or ""),
-                arguments=function.get("arguments"),
+                id=_text(item.get("id")) or None,
+                name=clean_text(str(function.get("name") or "")),
+                arguments=clean_text(arguments) if isinstance(arguments, str) else arguments,
             )
         )
     return tuple(calls)
@@ -97,8 +114,9 @@ def classify(response: Mapping[str, Any]) -> Decision:
     a non-empty ``refusal`` → ``Refusal``; ``finish_reason: length`` → ``Malformed(TRUNCATED)``
     (arguments cut mid-way are never run); any tool calls → ``ToolCalls`` whatever the
     ``finish_reason`` says (decide on the calls, not the label); ``finish_reason: tool_calls``
-    with none → ``Malformed(EMPTY_TOOL_CALLS)``; ``content_filter`` with no text → ``Refusal``;
-    blank content → ``Malformed(EMPTY)``; otherwise ``Final``. Never raises.
+    with none → ``Malformed(EMPTY_TOOL_CALLS)``; ``content_filter`` → ``Refusal`` (partial text
+    that got through a filter is no answer); blank content → ``Malformed(EMPTY)``; otherwise
+    ``Final``. Text with lone surrogates is repaired (``clean_text``). Never raises.
     """
     choices = response.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
@@ -107,10 +125,9 @@ def classify(response: Mapping[str, Any]) -> Decision:
         return Malformed(MalformedCause.NO_CHOICE, "the response has no choices[0].message")
     assert isinstance(choice, Mapping)
     finish = choice.get("finish_reason")
-    content = message.get("content")
-    content = content if isinstance(content, str) else None
-    refusal = message.get("refusal")
-    if isinstance(refusal, str) and refusal.strip():
+    content = _text(message.get("content"))
+    refusal = _text(message.get("refusal"))
+    if refusal is not None and refusal.strip():
         return Refusal(refusal)
     calls = _read_calls(message.get("tool_calls"))
     if finish == "length":
@@ -122,6 +139,8 @@ def classify(response: Mapping[str, Any]) -> Decision:
         )
     if calls:
         return ToolCalls(calls, content if content and content.strip() else None)
+    if finish == "content_filter":  # what got through the filter is not an answer
+        return Refusal("the provider's content filter stopped the output")
     if finish == "tool_calls":
         return Malformed(
             MalformedCause.EMPTY_TOOL_CALLS,
@@ -129,7 +148,5 @@ def classify(response: Mapping[str, Any]) -> Decision:
             content,
         )
     if not content or not content.strip():
-        if finish == "content_filter":
-            return Refusal("the provider's content filter stopped the output")
         return Malformed(MalformedCause.EMPTY, "the response has neither content nor tool calls")
     return Final(content)

@@ -253,7 +253,7 @@ def _advance_summary(state: RunState, record: TurnRecord) -> RunState:
     assert state.pending_cap is not None
     decision = record.decision
     answer = decision.content if isinstance(decision, Final) else None
-    messages = (summary_request(state.pending_cap),)
+    messages: tuple[Message, ...] = (summary_request(state.pending_cap),)
     if answer is not None:
         messages += ({"role": "assistant", "content": answer},)
     return dataclasses.replace(

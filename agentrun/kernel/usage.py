@@ -86,11 +86,34 @@ def estimate_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] 
     return chars // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1)
 
 
+MAX_REPORTED_TOKENS = 10_000_000_000
+"""Counts above this are not believed (no context window is that large)."""
+
+
+def _count(value: Any) -> int | None:
+    """A plausible token count, or ``None`` (negative, bool, float, string, absurd)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_REPORTED_TOKENS else None
+
+
+def _message(response: Mapping[str, Any]) -> Mapping[str, Any]:
+    choices = response.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, Mapping) else None
+    return message if isinstance(message, Mapping) else {}
+
+
 def _completion_chars(message: Mapping[str, Any]) -> int:
-    chars = len(message.get("content") or "") + len(message.get("refusal") or "")
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
-        chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
+    chars = 0
+    for key in ("content", "refusal"):
+        value = message.get(key)
+        chars += len(value) if isinstance(value, str) else 0
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
     return chars
 
 
@@ -104,17 +127,18 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
     (conservative) — and the result is flagged ``estimated``.
     """
     raw = response.get("usage")
-    if isinstance(raw, Mapping) and isinstance(raw.get("prompt_tokens"), int):
-        input_tokens = int(raw["prompt_tokens"])
-        output_tokens = int(raw.get("completion_tokens") or 0)
-        details = raw.get("prompt_tokens_details")
-        cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
+    raw = raw if isinstance(raw, Mapping) else {}
+    details = raw.get("prompt_tokens_details")
+    details = details if isinstance(details, Mapping) else {}
+    reported_in = _count(raw.get("prompt_tokens"))
+    reported_out = _count(raw.get("completion_tokens"))
+    if reported_in is not None and reported_out is not None:
+        input_tokens, output_tokens = reported_in, reported_out
+        cached = min(_count(details.get("cached_tokens")) or 0, input_tokens)
         estimated = False
-    else:
-        choices = response.get("choices") or [{}]
-        message = choices[0].get("message") if isinstance(choices[0], Mapping) else None
+    else:  # missing or nonsense (negative, non-integer, absurd): estimate, conservatively
         input_tokens = prompt_estimate
-        output_tokens = -(-_completion_chars(message or {}) // 3) + MESSAGE_OVERHEAD_TOKENS
+        output_tokens = -(-_completion_chars(_message(response)) // 3) + MESSAGE_OVERHEAD_TOKENS
         cached = 0
         estimated = True
     cost = pricing.cost(

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
 
-from agentrun.kernel.decision import ToolCall
+from agentrun.kernel.decision import ToolCall, clean_text
 
 MAX_ERRORS_SHOWN = 3
 
@@ -59,6 +60,33 @@ def mint_call_id(turn: int, name: str, ordinal: int) -> str:
     return f"{turn}:{safe}:{ordinal}"
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (RFC 8259 has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range for a JSON number")
+    return value
+
+
+def _strict_loads(text: str) -> Any:
+    """``json.loads`` as RFC 8259 reads it: no NaN/Infinity, no overflowing numbers, and text
+    repaired where an escape left half a surrogate pair (``clean_text``)."""
+    return _clean(json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float))
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_text(k): _clean(v) for k, v in value.items()}
+    return value
+
+
 def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
     """Arguments as an object, or an error. ``""``/``None`` → ``{}`` (case C01)."""
     if isinstance(raw, Mapping):
@@ -68,16 +96,18 @@ def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
     if not isinstance(raw, str):
         return None, f"arguments must be a JSON object, got {type(raw).__name__}"
     try:
-        value = json.loads(raw)
+        value = _strict_loads(raw)
     except json.JSONDecodeError as err:
         return (
             None,
             f"arguments are not valid JSON: {err.msg} at line {err.lineno} column {err.colno}",
         )
+    except ValueError as err:
+        return None, f"arguments are not valid JSON: {err}"
     if isinstance(value, str):  # double-encoded: a JSON string holding a JSON object
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
+            value = _strict_loads(value)
+        except ValueError:
             return None, "arguments are a JSON string, not a JSON object"
     if not isinstance(value, dict):
         return None, f"arguments must be a JSON object, got {type(value).__name__}"

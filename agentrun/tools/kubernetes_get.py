@@ -71,7 +71,14 @@ SPEC = catalog.ToolSpec(
         "type": "object",
         "properties": {
             "kind": {"type": "string", "enum": list(KINDS), "description": "Plural kind."},
-            "name": {"type": "string", "minLength": 1, "maxLength": 253},
+            "name": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 253,
+                # a DNS-1123 subdomain: no "/", no ".." (path traversal), no leading dot
+                "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                "description": "object name (DNS-1123 subdomain)",
+            },
             "labelSelector": {
                 "type": "string",
                 "maxLength": 1000,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 
 import pytest
 
@@ -104,3 +106,49 @@ def test_two_workers_share_the_turns(stack_: E2EStack, test_namespace: str) -> N
     done = [a - b for a, b in zip(after, before, strict=True)]
     assert sum(done) == 24
     assert all(d > 0 for d in done), f"turns per worker: {done}"
+
+
+def test_a_run_recreated_under_the_same_name_starts_fresh(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(test_namespace, run_manifest("again", "E2E-LONG job"))
+    wait_steps(stack_, test_namespace, "again", 1)
+    stack_.kubectl("delete", "agentrun", "again", "-n", test_namespace, "--timeout=20s")
+    stack_.apply(test_namespace, run_manifest("again", "E2E-PARALLEL-ORDER: second life"))
+    status = stack_.wait_terminal(test_namespace, "again", timeout=60)
+    assert (status["terminalReason"], status["answer"]) == ("completed", "Slept, and 6*7 is 42.")
+    assert status["usage"]["steps"] == 2  # nothing of the first run leaked into the second
+    time.sleep(1.5)  # a late write of the first run would land now
+    assert stack_.get(test_namespace, "again")["status"]["usage"]["steps"] == 2
+
+
+def test_a_model_answer_too_large_to_checkpoint_ends_checkpoint_failed(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    giant = "x" * (1024 * 1024 + 1)  # over nats-server's default max_payload of 1 MiB
+    scenario = {
+        "scenarios": [
+            {"name": "giant", "match": {"goal": "E2E-GIANT"}, "turns": [{"content": giant}]}
+        ]
+    }
+    base = stack_.mock_url.removesuffix("/v1")
+    request = urllib.request.Request(
+        f"{base}/_mock/scenarios?mode=append", data=json.dumps(scenario).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+    stack_.apply(test_namespace, run_manifest("giant", "E2E-GIANT answer"))
+    status = stack_.wait_terminal(test_namespace, "giant", timeout=60)
+    assert (status["phase"], status["terminalReason"]) == ("Failed", "checkpoint_failed")
+    assert "could not be committed" in status["message"]
+    calls = [r for r in stack_.mock_requests() if r.get("scenario") == "giant"]
+    assert len(calls) <= 2  # not retried up to max_deliver
+
+
+def test_a_run_with_a_long_non_ascii_goal_can_still_be_deleted(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(test_namespace, run_manifest("wide", "漢" * 50_000))  # ~300 KB once escaped
+    stack_.wait_terminal(test_namespace, "wide", timeout=60)
+    stack_.kubectl("delete", "agentrun", "wide", "-n", test_namespace, "--timeout=20s")
+    assert stack_.get(test_namespace, "wide") is None

@@ -221,7 +221,8 @@ def test_fifty_fast_turns_cause_far_fewer_than_fifty_status_writes(
     )
     try:
         stack_.apply(
-            test_namespace, run_manifest("fifty", "E2E-FAST-FIFTY", budget={"maxSteps": 50})
+            test_namespace,
+            run_manifest("fifty", "E2E-FAST-FIFTY", budget={"maxSteps": 50, "onExhausted": "stop"}),
         )
         status = stack_.wait_terminal(test_namespace, "fifty")
         time.sleep(1.0)
