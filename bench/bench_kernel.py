@@ -6,8 +6,9 @@ the consumer's ``advance`` and event summary):
 
 - core (the kernel's decisions): ``admit_model_call``, ``classify``, ``check_calls``,
   ``admit_tool_batch``, ``advance``;
-- full: core plus prompt building and accounting: ``fit_context``, ``estimate_tokens``,
-  ``read_usage`` and ``RunState.summary``.
+- full: core plus prompt building and accounting: ``fit_context`` (which also estimates the
+  prompt's tokens; the ``estimate_tokens`` stage is what is left of it), ``read_usage`` and
+  ``RunState.summary``.
 
 Figures are per turn over every turn of every repeat (the history, and so some costs, grow
 with the turn). Target: median ≤ 0.2 ms per turn (full).
@@ -116,9 +117,9 @@ def run_once(samples: dict[str, list[int]] | None) -> kernel.RunState:
     )
     for turn in range(TURNS):
         t0 = clock()
-        prompt = kernel.fit_context(state.messages, limits=LIMITS, tools=OPENAI_TOOLS)
+        fitted = kernel.fit_context(state.messages, limits=LIMITS, tools=OPENAI_TOOLS)
         t1 = clock()
-        estimate = kernel.estimate_tokens(prompt, OPENAI_TOOLS)
+        estimate = fitted.tokens  # estimated once, by fit_context
         t2 = clock()
         gate = kernel.admit_model_call(
             state, LIMITS, pricing=PRICING, prompt_estimate=estimate, now=NOW, deadline=DEADLINE

@@ -50,6 +50,7 @@ async def serve() -> None:
         tool_settings=ToolRunSettings(
             concurrency=int(_env_float("AGENTRUN_TOOL_CONCURRENCY", 4)),
             call_timeout=_env_float("AGENTRUN_TOOL_TIMEOUT", 60.0),
+            max_result_bytes=int(_env_float("AGENTRUN_TOOL_RESULT_MAX_BYTES", 16_384)),
         ),
         kube=api,
     )

@@ -20,8 +20,8 @@ from agentrun.tools.catalog import Tool, ToolContext, ToolError
 
 log = logging.getLogger(__name__)
 
-MAX_RESULT_CHARS = 16_384
-"""Results longer than this are cut with a visible marker."""
+MAX_RESULT_BYTES = 16_384
+"""Default cap of one tool result, in UTF-8 bytes (``AGENTRUN_TOOL_RESULT_MAX_BYTES``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,13 +32,20 @@ class ToolRunSettings:
     """Calls of one batch running at once."""
     call_timeout: float = 60.0
     """Seconds one call may take before it is reported as timed out."""
+    max_result_bytes: int = MAX_RESULT_BYTES
+    """Results longer than this (UTF-8) are cut, with a visible marker."""
 
 
-def clip(text: str, limit: int = MAX_RESULT_CHARS) -> str:
-    """``text`` cut to ``limit`` characters with a marker saying how much was dropped."""
-    if len(text) <= limit:
+def clip(text: str, limit: int = MAX_RESULT_BYTES) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (never inside a character), with a marker
+    saying how many bytes were dropped so the model knows it saw only part."""
+    if len(text) <= limit // 4:  # cannot exceed the limit even at 4 bytes a character
         return text
-    return text[:limit] + f"\n[agentrun: result truncated, {len(text) - limit} more characters]"
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode("utf-8", "ignore")
+    return kept + f"\n[agentrun: result truncated, {len(data) - len(kept.encode())} more bytes]"
 
 
 async def _run_one(
@@ -69,7 +76,9 @@ async def _run_one(
             return kernel.ToolResult(
                 call.id, call.name, f"the tool failed: {type(err).__name__}: {err}", is_error=True
             )
-    return kernel.ToolResult(call.id, call.name, clip(clean_text(str(output))))
+    return kernel.ToolResult(
+        call.id, call.name, clip(clean_text(str(output)), settings.max_result_bytes)
+    )
 
 
 async def run_batch(

@@ -87,8 +87,8 @@ async def execute_turn(
     if state.pending is not None and state.pending.next_undecided is None:
         return await resume_turn(deps, config, state)
     openai_tools = deps.tools_param(config.tools)
-    prompt = kernel.fit_context(state.messages, limits=limits, tools=openai_tools)
-    estimate = kernel.estimate_tokens(prompt, openai_tools)
+    fitted = kernel.fit_context(state.messages, limits=limits, tools=openai_tools)
+    prompt, estimate = fitted.messages, fitted.tokens
     gate = kernel.admit_model_call(
         state,
         limits,

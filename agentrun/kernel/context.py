@@ -9,6 +9,7 @@ call). Applied when building each prompt, never to the stored history, so replay
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,18 +29,27 @@ def elided_note(chars: int) -> str:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prompt:
+    """The messages to send and their estimated size."""
+
+    messages: tuple[Message, ...]
+    tokens: int
+    """``estimate_tokens`` of ``messages`` plus the tools."""
+
+
 def fit_context(
     messages: Sequence[Message], *, limits: Limits, tools: Sequence[Any] = ()
-) -> tuple[Message, ...]:
+) -> Prompt:
     """``messages`` as sent to the model: unchanged if they fit, else with old results elided.
 
     The budget is ``limits.context_window - limits.max_output_tokens`` tokens, estimated with
-    ``estimate_tokens``. Returns the best effort when even full elision does not fit.
+    ``estimate_tokens`` (once). Returns the best effort when even full elision does not fit.
     """
     budget = limits.context_window - limits.max_output_tokens
     total = estimate_tokens(messages, tools)
     if total <= budget:
-        return tuple(messages)
+        return Prompt(tuple(messages), total)
     fitted = list(messages)
     for index, message in enumerate(fitted):
         content = message.get("content")
@@ -52,4 +62,4 @@ def fit_context(
         total -= (len(content) - len(note)) // CHARS_PER_TOKEN
         if total <= budget:
             break
-    return tuple(fitted)
+    return Prompt(tuple(fitted), total)

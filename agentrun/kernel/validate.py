@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import jsonschema
@@ -71,10 +72,13 @@ def _finite_float(text: str) -> float:
     return value
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def _strict_loads(text: str) -> Any:
     """``json.loads`` as RFC 8259 reads it: no NaN/Infinity, no overflowing numbers, and text
     repaired where an escape left half a surrogate pair (``clean_text``)."""
-    return _clean(json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float))
+    return _clean(_DECODER.decode(text))
 
 
 def _clean(value: Any) -> Any:
@@ -115,6 +119,8 @@ def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
 
 
 def _schema_errors(schema: ToolSchema, arguments: Mapping[str, Any]) -> str | None:
+    if schema.validator.is_valid(arguments):  # the common case, without collecting errors
+        return None
     errors = sorted(schema.validator.iter_errors(arguments), key=lambda e: list(e.path))
     if not errors:
         return None
@@ -129,16 +135,16 @@ def _schema_hint(schema: ToolSchema) -> str:
     return json.dumps(schema.parameters, separators=(",", ":"), sort_keys=True)
 
 
-def _rekey(calls: Sequence[ToolCall], *, turn: int, used: Iterable[str]) -> list[str]:
-    seen = set(used)
+def _rekey(calls: Sequence[ToolCall], *, turn: int, used: AbstractSet[str]) -> list[str]:
+    batch: set[str] = set()  # ids taken in this batch; ``used`` (the history) is not copied
     ids: list[str] = []
     for ordinal, call in enumerate(calls):
         call_id = call.id
-        if not call_id or call_id in seen:
+        if not call_id or call_id in batch or call_id in used:
             call_id = mint_call_id(turn, call.name, ordinal)
-            while call_id in seen:
+            while call_id in batch or call_id in used:
                 call_id += "_"
-        seen.add(call_id)
+        batch.add(call_id)
         ids.append(call_id)
     return ids
 
@@ -148,7 +154,7 @@ def check_calls(
     *,
     turn: int,
     tools: Mapping[str, ToolSchema],
-    used_ids: Iterable[str] = (),
+    used_ids: AbstractSet[str] = frozenset(),
 ) -> tuple[CheckedCall | InvalidCall, ...]:
     """Validate a batch, keeping the order of the assistant's ``tool_calls``.
 

@@ -301,3 +301,62 @@ def test_credentials_come_from_the_models_secret_and_tools_read_the_runs_namespa
     result = next(m for m in calls[-1]["body"]["messages"] if m["role"] == "tool")
     assert result["tool_call_id"] == "look"
     assert '"reader"' in result["content"]  # the run sees itself among its namespace's AgentRuns
+
+
+GUARDS: list[Any] = [
+    pytest.param("E2E-STUCK", {}, "no_progress", {"steps": 7, "corrections": 1}, id="no_progress"),
+    pytest.param(
+        "E2E-BROKEN-TOOL", {}, "tool_unavailable", {"toolFailures": 5}, id="tool_unavailable"
+    ),
+    pytest.param(
+        "E2E-NOT-JSON",
+        {"output": {"schema": {"type": "object", "required": ["area"]}}},
+        "invalid_output",
+        {"steps": 2, "corrections": 2},  # a correction counts each turn that needed one
+        id="invalid_output",
+    ),
+    pytest.param("E2E-REFUSE", {}, "refused", {"steps": 1}, id="refused"),
+    pytest.param(
+        "E2E-MALFORMED", {}, "invalid_decision", {"steps": 3, "toolCalls": 0}, id="invalid_decision"
+    ),
+]
+
+
+@pytest.mark.parametrize(("goal", "spec", "reason", "usage"), GUARDS)
+def test_each_loop_guard_ends_the_run_with_its_own_reason(
+    stack_: E2EStack,
+    test_namespace: str,
+    goal: str,
+    spec: dict[str, Any],
+    reason: str,
+    usage: dict[str, int],
+) -> None:
+    stack_.apply(test_namespace, run_manifest("guarded", goal, budget={"maxSteps": 20}, **spec))
+    status = stack_.wait_terminal(test_namespace, "guarded")
+    assert (status["phase"], status["terminalReason"], status["outcome"]) == (
+        "Failed",
+        reason,
+        "partial",
+    )
+    for key, value in usage.items():
+        assert status["usage"][key] == value, key
+
+
+def test_cancelling_a_run_cancels_its_model_call_in_flight(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(
+        test_namespace,
+        run_manifest("waiting", "E2E-SLOW-MODEL cancel me", budget={"timeout": "5m"}),
+    )
+    deadline = time.monotonic() + 20
+    while not any("E2E-SLOW-MODEL cancel me" in str(r["body"]) for r in stack_.mock_requests()):
+        assert time.monotonic() < deadline, "the model was never called"
+        time.sleep(0.1)
+    started = time.monotonic()
+    stack_.kubectl(
+        "annotate", "agentrun", "waiting", "-n", test_namespace, "agentrun.dev/cancel=true"
+    )
+    status = stack_.wait_terminal(test_namespace, "waiting", timeout=20)
+    assert status["terminalReason"] == "cancelled"
+    assert time.monotonic() - started < 10  # not the 30 s the model would have taken

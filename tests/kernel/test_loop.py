@@ -397,8 +397,10 @@ def test_old_large_observations_are_elided_to_fit_the_context_window() -> None:
         state = kernel.advance(
             state, stale_turn(state, str(turn), result=f"{turn}" + "x" * 3000), limits
         )
-    prompt = kernel.fit_context(state.messages, limits=limits)
-    assert kernel.estimate_tokens(prompt) <= 2500 < kernel.estimate_tokens(state.messages)
+    fitted = kernel.fit_context(state.messages, limits=limits)
+    prompt = fitted.messages
+    assert kernel.estimate_tokens(prompt) <= fitted.tokens + 50
+    assert fitted.tokens <= 2500 < kernel.estimate_tokens(state.messages)
     assert prompt[:2] == state.messages[:2]  # system prompt and goal untouched
     assert len(prompt) == len(state.messages)  # nothing removed: every call keeps its result
     elided = [

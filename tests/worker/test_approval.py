@@ -145,3 +145,13 @@ def test_an_approval_for_a_different_digest_is_refused(digest: str) -> None:
 def test_an_approval_when_nothing_waits_is_refused() -> None:
     with pytest.raises(ValueError, match="not waiting for an approval"):
         kernel.resolve_approval(kernel.initial_state(goal="g"), digest="x", approved=True)
+
+
+def test_a_long_result_is_cut_to_the_byte_cap_with_a_marker() -> None:
+    from agentrun.worker.toolrunner import clip
+
+    text = "é" * 10_000  # 2 bytes each
+    cut = clip(text, 1001)
+    assert len(cut.split("\n")[0].encode()) <= 1001
+    assert cut.endswith("[agentrun: result truncated, 19000 more bytes]")
+    assert clip("short", 1001) == "short"
