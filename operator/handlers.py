@@ -51,9 +51,9 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
         """The essence kopf compares: labels and annotations only."""
-        essence = dict(super().build(body=body, extra_fields=extra_fields))
+        essence: dict[str, Any] = dict(super().build(body=body, extra_fields=extra_fields))
         essence.pop("spec", None)
-        annotations = essence.get("metadata", {}).get("annotations", {})
+        annotations: dict[str, Any] = essence.get("metadata", {}).get("annotations", {})
         annotations.pop(KUBECTL_LAST_APPLIED, None)  # a copy of the whole object
         return cast(kopf.BodyEssence, essence)
 
