@@ -118,6 +118,11 @@ class Bus:
         )
         return not ack.duplicate
 
+    async def pending_turns(self) -> int:
+        """TurnRequests not yet delivered to any worker (the work queue's backlog)."""
+        info = await self.js._jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
+        return int(info.num_pending or 0)
+
     async def turn_subscription(self) -> JetStreamContext.PullSubscription:
         """The pull consumer shared by every worker (durable ``agentrun-workers``)."""
         config = api.ConsumerConfig(

@@ -1,16 +1,181 @@
-"""Prometheus metric objects (names are public API, DESIGN.md §6).
+"""Prometheus metric objects (names are public API, DESIGN.md §6) and what records them.
 
-Only the metrics the code records today are defined here; each is recorded at one place.
-Labels are bounded: tenant, model, tool, reason, outcome, phase — never run names or ids.
+One module for every ``agentrun_`` metric so names, help texts, units and labels are written
+once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result —
+never run names or ids. Tool names outside the worker's catalog are recorded as ``unknown``
+(a model can invent any name). Processes do not fork, so the default registry is safe.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from collections.abc import Collection
 
-TURNS = Counter(
-    "agentrun_turns",
-    "Turns committed by this worker (one model call and its tool batch, or a budget stop).",
-    ["tenant"],
+from prometheus_client import Counter, Gauge, Histogram
+
+from agentrun import kernel
+from agentrun.protocol import RunConfig
+
+TURN_PHASE_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+)  # fmt: skip
+"""Seconds, 1 ms to 5 min: a turn phase ranges from a cache hit to a slow model or tool."""
+
+RUNS = Counter(
+    "agentrun_runs",
+    "Runs that ended, by terminal reason and outcome (counted once per run).",
+    ["tenant", "reason", "outcome"],
 )
-"""Exposed as ``agentrun_turns_total{tenant}``."""
+TURNS = Counter("agentrun_turns", "Turns committed.", ["tenant"])
+TURN_DURATION = Histogram(
+    "agentrun_turn_duration_seconds",
+    "Time of one turn by phase: model call(s), tool batch, and everything else (overhead).",
+    ["phase"],
+    buckets=TURN_PHASE_BUCKETS,
+)
+TOOL_CALLS = Counter(
+    "agentrun_tool_calls",
+    "Tool calls by result: ok, error, denied (by a reviewer) or not_run (stopped by a gate).",
+    ["tenant", "tool", "result"],
+)
+CORRECTIONS = Counter(
+    "agentrun_corrections",
+    "Corrective turns by kind: malformed, invalid_tool_call, output_schema, no_progress_nudge.",
+    ["tenant", "kind"],
+)
+TOKENS = Counter(
+    "agentrun_tokens",
+    "Model tokens by type: input (all prompt tokens), cached_input (their cached part), output.",
+    ["tenant", "model", "type"],
+)
+COST = Counter("agentrun_cost_usd", "Model spend in US dollars.", ["tenant", "model"])
+USAGE_ESTIMATED = Counter(
+    "agentrun_usage_estimated",
+    "Model calls whose response carried no usable usage, so tokens were estimated (case C17).",
+    ["tenant", "model"],
+)
+RUNS_BY_PHASE = Gauge(
+    "agentrun_runs_in_phase",
+    "Runs not yet ended, by phase (Pending, Queued, Running, AwaitingApproval).",
+    ["tenant", "phase"],
+)
+"""DESIGN.md §6 names this ``agentrun_runs``, which collides with the family of the counter
+``agentrun_runs_total`` (OpenMetrics; prometheus-client refuses both): hence ``_in_phase``."""
+DISPATCH_LATENCY = Histogram(
+    "agentrun_dispatch_latency_seconds",
+    "From a committed turn event to the next TurnRequest published by the operator.",
+    buckets=TURN_PHASE_BUCKETS,
+)
+TURNS_PENDING = Gauge(
+    "agentrun_turns_pending", "TurnRequests waiting in the work queue for a worker (queue lag)."
+)
+IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
+CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
+
+
+GEN_AI_TOKEN_BUCKETS = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+"""Explicit bucket boundaries of ``gen_ai.client.token.usage`` (OTel GenAI metrics)."""
+GEN_AI_DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+"""Explicit bucket boundaries of ``gen_ai.client.operation.duration`` (OTel GenAI metrics)."""
+
+GEN_AI_TOKEN_USAGE = Histogram(
+    "gen_ai_client_token_usage",
+    "Number of input and output tokens used per model call (OTel gen_ai.client.token.usage).",
+    ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "gen_ai_token_type"],
+    buckets=GEN_AI_TOKEN_BUCKETS,
+)
+GEN_AI_DURATION = Histogram(
+    "gen_ai_client_operation_duration_seconds",
+    "Duration of model calls (OTel gen_ai.client.operation.duration), seconds.",
+    ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "error_type"],
+    buckets=GEN_AI_DURATION_BUCKETS,
+)
+
+
+def record_model_call(
+    *, model: str, seconds: float, usage: kernel.Usage | None, error_type: str | None
+) -> None:
+    """The GenAI client metrics of one chat call (``model`` is the provider's model name)."""
+    labels = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "openai"}
+    GEN_AI_DURATION.labels(
+        **labels, gen_ai_request_model=model, error_type=error_type or ""
+    ).observe(seconds)
+    if usage is not None and not usage.estimated:
+        for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+            GEN_AI_TOKEN_USAGE.labels(
+                **labels, gen_ai_request_model=model, gen_ai_token_type=kind
+            ).observe(count)
+
+
+def record_turn(
+    record: kernel.TurnRecord,
+    *,
+    before: kernel.RunState,
+    after: kernel.RunState,
+    config: RunConfig,
+    catalog: Collection[str],
+) -> None:
+    """Count a committed turn: the turn, its tool calls, corrections, tokens and cost.
+
+    ``model`` labels carry the AgentModel's name (a cluster-scoped object: a bounded set).
+    """
+    tenant, model = config.tenant, config.model.name
+    TURNS.labels(tenant=tenant).inc()
+    _count_tools(record, tenant=tenant, catalog=catalog)
+    window = config.limits.no_progress_window
+    for kind in correction_kinds(record, before=before, after=after, window=window):
+        CORRECTIONS.labels(tenant=tenant, kind=kind).inc()
+    usage = record.usage
+    if usage.input_tokens or usage.output_tokens:
+        TOKENS.labels(tenant=tenant, model=model, type="input").inc(usage.input_tokens)
+        TOKENS.labels(tenant=tenant, model=model, type="cached_input").inc(
+            usage.cached_input_tokens
+        )
+        TOKENS.labels(tenant=tenant, model=model, type="output").inc(usage.output_tokens)
+        COST.labels(tenant=tenant, model=model).inc(float(usage.cost_usd))
+    if usage.estimated:
+        USAGE_ESTIMATED.labels(tenant=tenant, model=model).inc()
+
+
+def _count_tools(record: kernel.TurnRecord, *, tenant: str, catalog: Collection[str]) -> None:
+    held = set(record.held)
+    for result in record.results:
+        if result.content == kernel.DENIED and record.resume:
+            outcome = "denied"
+        elif record.gate is not None:
+            outcome = "not_run"
+        else:
+            outcome = "error" if result.is_error else "ok"
+        if result.tool_call_id in held:
+            continue
+        tool = result.name if result.name in catalog else "unknown"
+        TOOL_CALLS.labels(tenant=tenant, tool=tool, result=outcome).inc()
+
+
+def correction_kinds(
+    record: kernel.TurnRecord, *, before: kernel.RunState, after: kernel.RunState, window: int
+) -> list[str]:
+    """Which corrections a turn earned (empty for a clean turn)."""
+    kinds: list[str] = []
+    if isinstance(record.decision, kernel.Malformed):
+        kinds.append("malformed")
+    if any(isinstance(c, kernel.InvalidCall) for c in record.calls):
+        kinds.append("invalid_tool_call")
+    if after.output_failures > before.output_failures:
+        kinds.append("output_schema")
+    if after.stale_streak == window and after.stale_streak > before.stale_streak:
+        kinds.append("no_progress_nudge")  # the kernel nudges exactly then
+    return kinds
+
+
+def record_end(state: kernel.RunState, *, tenant: str) -> None:
+    """Count a run that ended (call once per run)."""
+    terminal = kernel.conclude(state.phase)
+    if terminal is not None:
+        RUNS.labels(
+            tenant=tenant, reason=terminal.reason.value, outcome=terminal.outcome.value
+        ).inc()

@@ -128,6 +128,8 @@ class RunConfig:
     """Epoch seconds: admission time + ``spec.budget.timeout``."""
     tenant: str = DEFAULT_TENANT
     output_schema: Mapping[str, Any] | None = None
+    traceparent: str | None = None
+    """W3C trace context of the run's ``invoke_agent`` span (minted at admission)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON shape."""
@@ -153,6 +155,7 @@ class RunConfig:
             "deadline": self.deadline,
             "tenant": self.tenant,
             "outputSchema": self.output_schema,
+            "traceparent": self.traceparent,
         }
 
     @classmethod
@@ -185,6 +188,7 @@ class RunConfig:
             deadline=float(data["deadline"]),
             tenant=str(data.get("tenant") or DEFAULT_TENANT),
             output_schema=data.get("outputSchema"),
+            traceparent=data.get("traceparent"),
         )
 
 

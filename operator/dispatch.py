@@ -11,6 +11,7 @@ compare-and-set, so they cannot interleave with a worker's commit.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -21,7 +22,7 @@ from typing import Any
 import nats.errors
 from nats.aio.msg import Msg
 
-from agentrun import history, kernel, protocol
+from agentrun import history, kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
@@ -48,6 +49,10 @@ class RunView:
     """Sequence of the last event processed."""
     summary: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     terminal: bool = False
+    traceparent: str | None = None
+    """The run span's W3C context (from the admitted event)."""
+    model: str = ""
+    """The provider's model name (``gen_ai.request.model``)."""
     timer: asyncio.Task[None] | None = None
 
     @property
@@ -66,6 +71,8 @@ class RunView:
             config.deadline,
             start_time,
             generation,
+            traceparent=config.traceparent,
+            model=config.model.model,
         )
 
 
@@ -86,6 +93,8 @@ class Dispatcher:
         self.clock = clock
         self.views: dict[str, RunView] = {}
         self._stopping = asyncio.Event()
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Runs already counted as ended (a redelivered terminal event is not counted twice)."""
 
     # --- admission and recovery -----------------------------------------------------------------
 
@@ -202,10 +211,19 @@ class Dispatcher:
         phase = event.phase
         if phase is kernel.Phase.RUNNING:
             request = TurnRequest(
-                view.uid, view.namespace, view.name, int(event.summary.get("turn", 0)), event.seq
+                view.uid,
+                view.namespace,
+                view.name,
+                int(event.summary.get("turn", 0)),
+                event.seq,
+                traceparent=view.traceparent,
             )
             await self.bus.publish_turn(request, tenant=view.tenant)
+            if event.time:
+                metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - event.time))
         elif phase.is_terminal:
+            if self.count_end(view.uid, event.state(), tenant=view.tenant):
+                self._emit_run_span(view, event)
             view.terminal = True
             if view.timer is not None and view.timer is not asyncio.current_task():
                 view.timer.cancel()
@@ -220,6 +238,66 @@ class Dispatcher:
         )
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
         self.writer.submit(view.key, body, seq=event.seq, terminal=urgent)
+
+    def count_end(self, uid: str, state: kernel.RunState, *, tenant: str) -> bool:
+        """``agentrun_runs_total`` once per run, however often its end is seen; False if seen."""
+        if uid in self._ended:
+            return False
+        self._ended[uid] = None
+        while len(self._ended) > 100_000:
+            self._ended.popitem(last=False)
+        metrics.record_end(state, tenant=tenant)
+        return True
+
+    def _emit_run_span(self, view: RunView, event: RunEvent) -> None:
+        state = event.state()
+        terminal = kernel.conclude(state.phase)
+        assert terminal is not None
+        usage = state.usage
+        telemetry.emit_run_span(
+            traceparent=view.traceparent,
+            name=view.name,
+            run_uid=view.uid,
+            model=view.model,
+            start=view.start_time,
+            end=event.time or self.clock(),
+            vitals={
+                "gen_ai.usage.input_tokens": usage.input_tokens,
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+                "agentrun.terminal_reason": terminal.reason.value,
+                "agentrun.outcome": terminal.outcome.value,
+                "agentrun.steps": state.steps,
+                "agentrun.tool_calls": state.tool_calls,
+                "agentrun.tool_failures": state.tool_failures,
+                "agentrun.corrections": state.corrections,
+                "agentrun.cost_usd": float(usage.cost_usd),
+                "agentrun.tenant": view.tenant,
+                "k8s.namespace.name": view.namespace,
+            },
+            error_type=None if terminal.outcome is kernel.Outcome.OK else terminal.reason.value,
+        )
+
+    def observe_phases(self) -> None:
+        """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
+        counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        for view in self.views.values():
+            phase = kernel.Phase(view.summary.get("phase", "running"))
+            if not phase.is_terminal:
+                resource = (
+                    "AwaitingApproval" if phase is kernel.Phase.AWAITING_APPROVAL else "Running"
+                )
+                counts[(view.tenant, resource)] += 1
+        metrics.RUNS_BY_PHASE.clear()
+        for (tenant, phase_name), count in counts.items():
+            metrics.RUNS_BY_PHASE.labels(tenant=tenant, phase=phase_name).set(count)
+
+    async def watch_queue(self, *, interval: float = 5.0) -> None:
+        """Keep ``agentrun_turns_pending`` (the work queue's backlog) and the phase gauge fresh."""
+        while not self._stopping.is_set():
+            self.observe_phases()
+            with contextlib.suppress(Exception):
+                metrics.TURNS_PENDING.set(await self.bus.pending_turns())
+            await asyncio.sleep(interval)
 
     # --- ends decided outside a turn ------------------------------------------------------------
 

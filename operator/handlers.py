@@ -8,6 +8,7 @@ ours alone (a projection of the run's events).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import os
@@ -19,7 +20,7 @@ import nats.errors
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kernel, kube
+from agentrun import kernel, kube, protocol, telemetry
 from agentrun.bus import Bus, BusSettings
 from agentrun.tools import default_catalog
 
@@ -83,6 +84,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)
     memo.writer.on_gone = memo.dispatcher.on_gone
     memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
+    memo.gauges = asyncio.create_task(memo.dispatcher.watch_queue(), name="queue-gauges")
     memo.known_tools = {
         name: tool.spec.pollable for name, tool in default_catalog(kube=None).items()
     }
@@ -93,6 +95,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
     memo.dispatcher.stop()
     memo.consumer.cancel()
+    memo.gauges.cancel()
     await memo.dispatcher.close()
     for closing in (memo.writer.close(), memo.bus.close(), memo.api.close()):
         try:
@@ -127,6 +130,8 @@ def _reject(memo: kopf.Memo, run: RunKey, message: str, *, generation: int) -> N
     log.info("rejecting %s/%s: %s", run.namespace, run.name, message)
     body = status.rejected(message, at=time.time(), generation=generation)
     memo.writer.submit(run, body, seq=0, terminal=True)
+    rejected = kernel.stop(kernel.initial_state(goal=""), kernel.Phase.INVALID_SPEC, message)
+    memo.dispatcher.count_end(run.uid, rejected, tenant=protocol.DEFAULT_TENANT)
 
 
 async def _admit(
@@ -159,6 +164,7 @@ async def _admit(
     except admission.InvalidSpec as err:
         _reject(memo, RunKey(namespace, name, uid), str(err), generation=generation)
         return
+    config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
     try:
         await dispatcher.admit(config, start_time=start_time, generation=generation)
     except nats.errors.MaxPayloadError:

@@ -9,6 +9,8 @@ import os
 import kopf
 from prometheus_client import start_http_server
 
+from agentrun import telemetry
+
 from . import handlers
 
 
@@ -20,6 +22,7 @@ def main() -> None:
     )
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    telemetry.setup_tracing("agentrun-operator")
     port = int(os.environ.get("AGENTRUN_METRICS_PORT", "0") or 0)
     if port:
         start_http_server(port, addr=os.environ.get("AGENTRUN_METRICS_ADDR", "0.0.0.0"))

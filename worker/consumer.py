@@ -17,13 +17,14 @@ import time
 
 import nats.errors
 from nats.aio.msg import Msg
+from opentelemetry import context as otel_context
 
-from agentrun import kernel, metrics
+from agentrun import kernel, metrics, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunEvent, TurnRequest
 
 from . import history
-from .turn import TurnDeps, execute_turn
+from .turn import PhaseClock, TurnDeps, execute_turn
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class TurnConsumer:
     async def run(self) -> None:
         """Fetch and dispatch until ``stop``; returns after in-flight turns are settled."""
         await self.bus.on_cancel(self._on_cancel)
+        metrics.CONCURRENCY.set(self.settings.concurrency)
         sub = None
         # One message per pull request: nats-py's fetch(batch > 1) waits for the whole batch
         # or its timeout once the stream is idle, which would add up to the timeout to a turn.
@@ -114,6 +116,7 @@ class TurnConsumer:
             await msg.term()
             return
         beat = asyncio.create_task(self._heartbeat(msg))
+        metrics.IN_FLIGHT.inc()
         task = asyncio.current_task()
         assert task is not None
         self._inflight[request.run_uid] = task
@@ -130,6 +133,7 @@ class TurnConsumer:
             self.cache.drop(request.run_uid)
             await self._failed(msg, request, err)
         finally:
+            metrics.IN_FLIGHT.dec()
             beat.cancel()
             self._inflight.pop(request.run_uid, None)
             self._cancelled.discard(request.run_uid)
@@ -166,6 +170,7 @@ class TurnConsumer:
             )
 
     async def _turn(self, msg: Msg, request: TurnRequest) -> None:
+        started = time.perf_counter()
         try:
             run = await history.load(self.bus, self.cache, request)
         except history.CorruptHistory as err:
@@ -183,7 +188,14 @@ class TurnConsumer:
             log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
             await msg.ack()
             return
-        record = await execute_turn(self.deps, run.config, run.state)
+        clock = PhaseClock()
+        parent = telemetry.context_of((msg.headers or {}).get("traceparent"))
+        token = otel_context.attach(parent) if parent is not None else None
+        try:
+            record = await execute_turn(self.deps, run.config, run.state, clock=clock)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
         after = kernel.advance(run.state, record, run.config.limits)
         event = RunEvent(
             kind="turn",
@@ -203,5 +215,12 @@ class TurnConsumer:
             return
         self.cache.put(history.LoadedRun(run.config, after, seq))
         self.turns_committed += 1
-        metrics.TURNS.labels(tenant=run.config.tenant).inc()
+        metrics.record_turn(
+            record, before=run.state, after=after, config=run.config, catalog=self.deps.catalog
+        )
+        spent = clock.seconds
+        metrics.TURN_DURATION.labels(phase="model").observe(spent["model"])
+        metrics.TURN_DURATION.labels(phase="tools").observe(spent["tools"])
+        overhead = time.perf_counter() - started - spent["model"] - spent["tools"]
+        metrics.TURN_DURATION.labels(phase="overhead").observe(max(0.0, overhead))
         await msg.ack()

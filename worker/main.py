@@ -10,7 +10,7 @@ import signal
 
 from prometheus_client import start_http_server
 
-from agentrun import kube
+from agentrun import kube, telemetry
 from agentrun.bus import Bus, BusSettings
 from agentrun.tools import default_catalog
 
@@ -84,6 +84,7 @@ def main() -> None:
     )
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    telemetry.setup_tracing("agentrun-worker")
     port = int(os.environ.get("AGENTRUN_METRICS_PORT", "0") or 0)
     if port:
         start_http_server(port, addr=os.environ.get("AGENTRUN_METRICS_ADDR", "0.0.0.0"))

@@ -14,7 +14,9 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-from agentrun import kernel
+from opentelemetry import trace
+
+from agentrun import kernel, telemetry
 from agentrun.kernel.decision import clean_text
 from agentrun.tools.catalog import Tool, ToolContext, ToolError
 
@@ -49,6 +51,32 @@ def clip(text: str, limit: int = MAX_RESULT_BYTES) -> str:
 
 
 async def _run_one(
+    call: kernel.CheckedCall,
+    tool: Tool,
+    ctx: ToolContext,
+    gate: asyncio.Semaphore,
+    settings: ToolRunSettings,
+    deadline: float,
+) -> kernel.ToolResult:
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": call.name,
+        "gen_ai.tool.call.id": call.id,
+        "gen_ai.tool.type": "function",
+    }
+    if telemetry.capture_content():
+        attributes["gen_ai.tool.call.arguments"] = telemetry.arguments_json(call.arguments)
+    with telemetry.tracer().start_as_current_span(
+        f"execute_tool {call.name}", attributes=attributes
+    ) as span:
+        result = await _attempt(call, tool, ctx, gate, settings, deadline)
+        if result.is_error:
+            span.set_attribute("error.type", "tool_error")
+            span.set_status(trace.Status(trace.StatusCode.ERROR, result.content[:200]))
+        return result
+
+
+async def _attempt(
     call: kernel.CheckedCall,
     tool: Tool,
     ctx: ToolContext,

@@ -6,12 +6,16 @@ commits nothing (``consumer`` does). Every I/O dependency comes in through ``Tur
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from agentrun import kernel
+from opentelemetry import trace
+
+from agentrun import kernel, metrics, telemetry
 from agentrun.protocol import RunConfig, SecretRef
 from agentrun.tools.catalog import Catalog, ToolContext
 
@@ -65,17 +69,40 @@ class TurnDeps:
         return compiled
 
 
+class PhaseClock:
+    """Seconds a turn spent per phase (``model``, ``tools``), for the turn-duration metric."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {"model": 0.0, "tools": 0.0}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the time spent inside the block to ``name``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+
 def _tool_schemas(deps: TurnDeps, config: RunConfig) -> Mapping[str, kernel.ToolSchema]:
     return {name: deps.schema(name) for name in config.tools if name in deps.catalog}
 
 
 async def execute_turn(
-    deps: TurnDeps, config: RunConfig, state: kernel.RunState
+    deps: TurnDeps,
+    config: RunConfig,
+    state: kernel.RunState,
+    *,
+    clock: PhaseClock | None = None,
 ) -> kernel.TurnRecord:
     """Run turn ``state.turn`` of the run ``config``; never raises for model or tool faults.
 
+    ``clock``, when given, receives the seconds spent calling the model and running tools.
+
     Raises ``asyncio.CancelledError`` when cancelled (the turn is then abandoned uncommitted).
     """
+    clock = clock or PhaseClock()
     limits = config.limits
     pricing = config.model.pricing
     missing = [name for name in config.tools if name not in deps.catalog]
@@ -85,7 +112,8 @@ async def execute_turn(
             turn=state.turn, gate=kernel.Gate(kernel.Phase.TOOL_UNAVAILABLE, message=message)
         )
     if state.pending is not None and state.pending.next_undecided is None:
-        return await resume_turn(deps, config, state)
+        with clock.phase("tools"):
+            return await resume_turn(deps, config, state)
     openai_tools = deps.tools_param(config.tools)
     fitted = kernel.fit_context(state.messages, limits=limits, tools=openai_tools)
     prompt, estimate = fitted.messages, fitted.tokens
@@ -104,16 +132,15 @@ async def execute_turn(
         prompt += (kernel.summary_request(state.pending_cap),)
         openai_tools = []
     try:
-        api_key = await deps.secrets.api_key(config.model.secret) if config.model.secret else ""
-        response, _attempts = await deps.model.complete(
-            base_url=config.model.base_url,
-            api_key=api_key,
-            model=config.model.model,
-            messages=prompt,
-            tools=openai_tools,
-            max_output_tokens=gate.max_output_tokens,
-            deadline=config.deadline,
-        )
+        with clock.phase("model"):
+            response, usage = await _call_model(
+                deps,
+                config,
+                prompt,
+                openai_tools,
+                max_output_tokens=gate.max_output_tokens,
+                prompt_estimate=estimate,
+            )
     except ModelError as err:
         if deps.clock() >= config.deadline:
             gate = kernel.Gate(
@@ -124,7 +151,6 @@ async def execute_turn(
         return kernel.TurnRecord(
             turn=state.turn, failure=kernel.ModelFailure(str(err)), summary=gate.summary
         )
-    usage = kernel.read_usage(response, pricing=pricing, prompt_estimate=estimate)
     decision = kernel.classify(response)
     if gate.summary:
         return kernel.TurnRecord(turn=state.turn, decision=decision, usage=usage, summary=True)
@@ -148,10 +174,71 @@ async def execute_turn(
             results=toolrunner.not_run(calls, batch_gate.message),
             usage=usage,
         )
-    results = await _run(deps, config, runnable)
+    with clock.phase("tools"):
+        results = await _run(deps, config, runnable)
     return kernel.TurnRecord(
         turn=state.turn, decision=decision, calls=calls, results=results, usage=usage, held=held
     )
+
+
+async def _call_model(
+    deps: TurnDeps,
+    config: RunConfig,
+    prompt: tuple[Mapping[str, Any], ...],
+    tools: list[dict[str, Any]],
+    *,
+    max_output_tokens: int,
+    prompt_estimate: int,
+) -> tuple[dict[str, Any], kernel.Usage]:
+    """One chat call inside a ``chat {model}`` span, with the GenAI client metrics.
+
+    Raises ``ModelError`` (the span and metrics then carry ``error.type``).
+    """
+    model = config.model.model
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": telemetry.PROVIDER_NAME,
+        "gen_ai.request.model": model,
+        "gen_ai.request.max_tokens": max_output_tokens,
+        "server.address": urllib.parse.urlsplit(config.model.base_url).hostname or "",
+    }
+    started = time.perf_counter()
+    with telemetry.tracer().start_as_current_span(
+        f"chat {model}", kind=trace.SpanKind.CLIENT, attributes=attributes
+    ) as span:
+        try:
+            secret = config.model.secret
+            api_key = await deps.secrets.api_key(secret) if secret else ""
+            response, _attempts = await deps.model.complete(
+                base_url=config.model.base_url,
+                api_key=api_key,
+                model=model,
+                messages=prompt,
+                tools=tools,
+                max_output_tokens=max_output_tokens,
+                deadline=config.deadline,
+            )
+        except ModelError as err:
+            span.set_attribute("error.type", type(err).__name__)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, str(err)[:200]))
+            metrics.record_model_call(
+                model=model,
+                seconds=time.perf_counter() - started,
+                usage=None,
+                error_type=type(err).__name__,
+            )
+            raise
+        usage = kernel.read_usage(
+            response, pricing=config.model.pricing, prompt_estimate=prompt_estimate
+        )
+        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        if isinstance(response.get("id"), str):
+            span.set_attribute("gen_ai.response.id", response["id"])
+        metrics.record_model_call(
+            model=model, seconds=time.perf_counter() - started, usage=usage, error_type=None
+        )
+        return response, usage
 
 
 async def _run(

@@ -16,6 +16,13 @@ The etcd version is read from ``build/dependencies.yaml`` of the downloaded kube
 and must equal the pinned one. Outputs are written under a temporary name and renamed, so an
 interrupted build never leaves a half-written binary.
 
+- prometheus and promtool: ``github.com/prometheus/prometheus`` carries no ``replace``
+  directives, so both are built by one ``go install cmd/prometheus@v0.3xx.y cmd/promtool@…``
+  (exactly the module's own go.sum), into a temporary GOBIN then renamed. Tags ``netgo`` and
+  ``remove_all_sd`` (static scrape configs only, which halves the build), no
+  ``builtinassets`` (the web UI is not needed, the HTTP API is), and the release version from
+  the module's ``VERSION`` file stamped at link time as its .promu.yml does.
+
 What belongs here: the build recipe only. Where binaries are cached, locking, and choosing
 between prebuilt and built binaries are `binaries`' job.
 """
@@ -40,6 +47,7 @@ import yaml
 from agentrun.devenv import console
 
 MIN_GO = (1, 24)
+PROMETHEUS_TAGS = ("netgo", "remove_all_sd")
 _HEARTBEAT_SECONDS = 30.0
 _STAGING_REQUIRE = re.compile(r"^\s*(k8s\.io/[a-z0-9-]+) v0\.0\.0$", re.MULTILINE)
 _TOOLS_GO = """//go:build tools
@@ -108,17 +116,109 @@ def build_binaries(
             log("[4/4] kube-apiserver and kubectl already built")
 
 
-def find_go() -> Path:
-    """The `go` binary on PATH, checked to be Go ≥ 1.24.
+PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+PROMETHEUS_NAMES = ("prometheus", "promtool")
+_PROMETHEUS_HINT = "set PROMETHEUS_BINARIES to a directory holding prometheus and promtool"
+_GO_DIRECTIVE = re.compile(r"^go (\d+)\.(\d+)", re.MULTILINE)
 
-    Raises BuildError with what to do if it is missing or too old.
+
+def build_prometheus(
+    out_dir: Path,
+    *,
+    module_version: str,
+    names: Collection[str] = PROMETHEUS_NAMES,
+    log: console.Log = console.log_to_stderr,
+) -> None:
+    """Build prometheus and/or promtool at `module_version` into `out_dir`.
+
+    Args:
+        out_dir: destination directory (created if needed); each binary appears there only
+            once complete (built into a temporary GOBIN beside it, then renamed).
+        module_version: the Go module version of ``github.com/prometheus/prometheus``, e.g.
+            ``"v0.316.0"`` (Prometheus 3.16.0; the release is read from its VERSION file).
+        names: a subset of ``{"prometheus", "promtool"}``.
+        log: receives progress lines, including the go commands' own output.
+
+    Raises:
+        BuildError: no Go on PATH, a Go older than the module's ``go`` directive, a go
+            command failed, or a built binary does not report the expected release.
+        ValueError: an unknown name.
     """
+    unknown = set(names) - set(PROMETHEUS_NAMES)
+    if unknown:
+        raise ValueError(f"cannot build {sorted(unknown)}")
+    wanted = [n for n in PROMETHEUS_NAMES if n in names]
+    go = _Go(binary=find_go(hint=_PROMETHEUS_HINT), env=_go_env(), log=log)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
+        work = Path(tmp)
+        log(f"[1/3] downloading {PROMETHEUS_MODULE}@{module_version} from the Go module proxy")
+        module_dir = go.download(PROMETHEUS_MODULE, module_version, cwd=work)
+        release = prometheus_release_of(module_dir)
+        required = go_directive_of((module_dir / "go.mod").read_text())
+        find_go(minimum=required, hint=_PROMETHEUS_HINT)
+        log(
+            f"[2/3] {module_version} is Prometheus {release}; it needs Go ≥{required[0]}."
+            f"{required[1]}"
+        )
+        log(f"[3/3] building {', '.join(wanted)} {release} (tags {','.join(PROMETHEUS_TAGS)})")
+        _install_prometheus(
+            go, work, out_dir, module_version=module_version, release=release, names=wanted
+        )
+
+
+def prometheus_release_of(module_dir: Path) -> str:
+    """The Prometheus release (``"3.16.0"``) in the module's ``VERSION`` file.
+
+    Raises BuildError if the file is missing or does not hold a version.
+    """
+    path = module_dir / "VERSION"
+    try:
+        release = path.read_text().strip()
+    except OSError as exc:
+        raise BuildError(f"cannot read {path}: {exc}") from exc
+    if not re.fullmatch(r"\d+\.\d+\.\d+\S*", release):
+        raise BuildError(f"{path} holds {release!r}, not a version")
+    return release
+
+
+def go_directive_of(go_mod: str) -> tuple[int, int]:
+    """The (major, minor) Go version that a go.mod's ``go`` directive requires.
+
+    ``"go 1.26.7"`` gives ``(1, 26)``: a newer patch release is fetched by Go itself when
+    ``GOTOOLCHAIN`` allows, else go says so. No directive means Go 1.16, as go assumes.
+    """
+    match = _GO_DIRECTIVE.search(go_mod)
+    return (1, 16) if match is None else (int(match[1]), int(match[2]))
+
+
+def prometheus_ldflags(*, release: str, module_version: str) -> str:
+    """``-ldflags`` value that stamps `release` into prometheus and promtool.
+
+    The variables of Prometheus' .promu.yml in ``github.com/prometheus/common/version``; the
+    revision is the module version (a module zip has no git metadata). No build date or user,
+    so the output is reproducible. ``prometheus --version`` then prints
+    ``prometheus, version 3.16.0 (branch: module, revision: v0.316.0)``.
+    """
+    values = {"Version": release, "Revision": module_version, "Branch": "module"}
+    return " ".join(
+        f"-X github.com/prometheus/common/version.{key}={value}" for key, value in values.items()
+    )
+
+
+_KUBE_HINT = "set KUBEBUILDER_ASSETS to a directory holding kube-apiserver and etcd"
+
+
+def find_go(*, minimum: tuple[int, int] = MIN_GO, hint: str = _KUBE_HINT) -> Path:
+    """The `go` binary on PATH, checked to be at least Go `minimum` (default 1.24).
+
+    `hint` is the alternative to installing Go that error messages offer (default: set
+    ``KUBEBUILDER_ASSETS``). Raises BuildError with what to do if it is missing or too old.
+    """
+    wanted = f"Go ≥{minimum[0]}.{minimum[1]}"
     found = shutil.which("go")
     if found is None:
-        raise BuildError(
-            "go not found on PATH: install Go ≥1.24 or set KUBEBUILDER_ASSETS to a directory"
-            " holding kube-apiserver and etcd"
-        )
+        raise BuildError(f"go not found on PATH: install {wanted} or {hint}")
     result = subprocess.run(
         [found, "env", "GOVERSION"], capture_output=True, text=True, check=False
     )
@@ -126,11 +226,8 @@ def find_go() -> Path:
     match = re.match(r"go(\d+)\.(\d+)", version)
     if result.returncode != 0 or match is None:
         raise BuildError(f"cannot tell the version of {found}: {result.stderr.strip()}")
-    if (int(match[1]), int(match[2])) < MIN_GO:
-        raise BuildError(
-            f"{found} is {version}; install Go ≥1.24 or set KUBEBUILDER_ASSETS to a directory"
-            " holding kube-apiserver and etcd"
-        )
+    if (int(match[1]), int(match[2])) < minimum:
+        raise BuildError(f"{found} is {version}; install {wanted} or {hint}")
     return Path(found)
 
 
@@ -193,7 +290,7 @@ class _Go:
         Raises BuildError on a non-zero exit, with the last 40 lines.
         """
         command = f"go {' '.join(args)}"
-        short = f"go build {args[-1]}" if args[0] == "build" else command
+        short = f"go {args[0]} {args[-1]}" if args[0] in ("build", "install") else command
         self.log(f"  $ {command}   (in {cwd})")
         started = time.monotonic()
         proc = subprocess.Popen(
@@ -283,6 +380,40 @@ def _build_kubernetes(
     go.run(["mod", "tidy"], cwd=work)
     for name in names:
         go.build(packages[name], out_dir / name, cwd=work, ldflags=version_ldflags(version))
+
+
+def _install_prometheus(
+    go: _Go, work: Path, out_dir: Path, *, module_version: str, release: str, names: list[str]
+) -> None:
+    """``go install`` `names` at `module_version` into a GOBIN beside `out_dir`, then rename."""
+    gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out_dir))
+    try:
+        installer = dataclasses.replace(go, env={**go.env, "GOBIN": str(gobin)})
+        packages = [f"{PROMETHEUS_MODULE}/cmd/{n}@{module_version}" for n in names]
+        ldflags = prometheus_ldflags(release=release, module_version=module_version)
+        tags = ",".join(PROMETHEUS_TAGS)
+        installer.run(["install", "-tags", tags, "-ldflags", ldflags, *packages], cwd=work)
+        for name in names:
+            _check_version(gobin / name, release=release)
+            os.replace(gobin / name, out_dir / name)
+            go.log(f"  wrote {out_dir / name}")
+    finally:
+        shutil.rmtree(gobin, ignore_errors=True)
+
+
+def _check_version(binary: Path, *, release: str) -> None:
+    """Raise BuildError unless ``binary --version`` names `release`."""
+    try:
+        result = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"cannot run {binary} --version: {exc}") from exc
+    if f"version {release} " not in result.stdout + result.stderr:
+        raise BuildError(
+            f"{binary} --version does not report {release}:"
+            f" {(result.stdout + result.stderr).strip()[:500]}"
+        )
 
 
 def _write_wrapper(

@@ -130,7 +130,8 @@ def test_up_status_env_revive_and_down_round_trip(dev_dir: Path) -> None:
 
 def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> None:
     """kubectl sees the CRDs, the mock model lists its models, nats has JetStream."""
-    assert set(env) == {"KUBECONFIG", "AGENTRUN_NATS_URL", "AGENTRUN_MODEL_URL"}
+    assert set(env) == {"KUBECONFIG", "AGENTRUN_NATS_URL", "AGENTRUN_MODEL_URL", "PATH"}
+    assert env["PATH"].endswith(":$PATH")  # the pinned kubectl first
     assert kubectl is not None
     crds = subprocess.run(
         [str(kubectl), "get", "crd", "-o", "name"],

@@ -121,7 +121,11 @@ def e2e(
     launch = components.Launch(log_dir=tmp_path_factory.mktemp("e2e-logs"), die_with_parent=True)
     mock = stack.start_mockllm([SCENARIOS], launch=launch)
     env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats_url=nats_server.url)
-    env.update(AGENTRUN_TURN_ACK_WAIT=str(ACK_WAIT), AGENTRUN_STATUS_INTERVAL="0.5")
+    env.update(
+        AGENTRUN_TURN_ACK_WAIT=str(ACK_WAIT),
+        AGENTRUN_STATUS_INTERVAL="0.5",
+        OTEL_TRACES_EXPORTER="console",  # one JSON line per span in each process's log
+    )
     operator = stack.start_operator(env, launch=launch)
     workers = [stack.start_worker(i, env=env, launch=launch) for i in (1, 2)]
     model = {

@@ -1,0 +1,197 @@
+"""OpenTelemetry traces for runs, model calls and tool calls (GenAI semantic conventions).
+
+One run is one trace, across processes. At admission the operator mints the run span's ids and
+stores them (as a W3C ``traceparent``) in the run's admitted event; every TurnRequest carries
+that ``traceparent`` in its NATS headers; workers open ``chat {model}`` and
+``execute_tool {name}`` spans as its children; when the run ends, whichever operator process
+sees the end emits the ``invoke_agent`` span itself, with those ids, its real start time and
+the run's vitals — so an operator restart mid-run loses nothing.
+
+Export follows the standard environment: ``OTEL_TRACES_EXPORTER`` (``otlp`` or ``console``),
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (implies ``otlp``), ``OTEL_SERVICE_NAME``. With none set,
+nothing is exported. Message contents and tool arguments are never recorded unless
+``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`` (they may hold secrets).
+
+Conventions: https://opentelemetry.io/docs/specs/semconv/gen-ai/ (gen-ai-spans, gen-ai-agent-
+spans, gen-ai-metrics): span names ``invoke_agent {agent}``, ``chat {model}``,
+``execute_tool {tool}``; attributes ``gen_ai.operation.name``, ``gen_ai.provider.name``,
+``gen_ai.request.model``, ``gen_ai.usage.input_tokens``/``output_tokens``,
+``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``error.type``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import sys
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+PROVIDER_NAME = "openai"
+"""``gen_ai.provider.name``: agentrun speaks the OpenAI chat-completions API to every model."""
+CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_PROPAGATOR = TraceContextTextMapPropagator()
+_preset: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "agentrun_preset_ids", default=None
+)
+
+
+class PresetIdGenerator(RandomIdGenerator):
+    """Random ids, except inside ``preset_ids``: then the given trace and span id.
+
+    Lets the operator emit the run span at the run's end with the ids it minted (and handed to
+    every child span) at admission.
+    """
+
+    def generate_span_id(self) -> int:
+        """The preset span id, or a random one."""
+        preset = _preset.get()
+        return preset[1] if preset else super().generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        """The preset trace id, or a random one."""
+        preset = _preset.get()
+        return preset[0] if preset else super().generate_trace_id()
+
+
+@contextlib.contextmanager
+def preset_ids(trace_id: int, span_id: int) -> Iterator[None]:
+    """Spans started in this block (without a parent) get these ids."""
+    token = _preset.set((trace_id, span_id))
+    try:
+        yield
+    finally:
+        _preset.reset(token)
+
+
+def _one_line(span: ReadableSpan) -> str:
+    return str(span.to_json(indent=None)) + "\n"
+
+
+def _exporter() -> SpanExporter | None:
+    choice = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not choice and os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        choice = "otlp"
+    if choice == "console":
+        return ConsoleSpanExporter(out=sys.stdout, formatter=_one_line)
+    if choice == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    return None
+
+
+def setup_tracing(service_name: str) -> TracerProvider | None:
+    """Install a tracer provider exporting as the environment says; ``None`` (no export) if
+    nothing is configured. Call once per process, before any span."""
+    exporter = _exporter()
+    if exporter is None:
+        return None
+    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    resource = Resource.create({"service.name": name, "process.pid": os.getpid()})
+    provider = TracerProvider(resource=resource, id_generator=PresetIdGenerator())
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    trace.set_tracer_provider(provider)
+    return provider
+
+
+def tracer() -> trace.Tracer:
+    """agentrun's tracer (a no-op one when tracing is not set up)."""
+    return trace.get_tracer("agentrun")
+
+
+def capture_content() -> bool:
+    """Whether message contents and tool arguments may be recorded on spans."""
+    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() == "true"
+
+
+def mint_traceparent() -> str:
+    """A fresh W3C ``traceparent`` for a run's span (sampled)."""
+    ids = RandomIdGenerator()
+    return f"00-{ids.generate_trace_id():032x}-{ids.generate_span_id():016x}-01"
+
+
+def parse_traceparent(value: str) -> tuple[int, int] | None:
+    """``(trace_id, span_id)`` of a version-00 ``traceparent``, or ``None`` if malformed."""
+    parts = value.split("-")
+    if len(parts) != 4 or parts[0] != "00" or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        return int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+
+
+def context_of(traceparent: str | None) -> Any:
+    """An OpenTelemetry context whose parent is the span ``traceparent`` names."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    return _PROPAGATOR.extract(carrier)
+
+
+def inject(headers: MutableMapping[str, str], traceparent: str | None) -> None:
+    """Put the run's ``traceparent`` into NATS headers."""
+    if traceparent:
+        headers["traceparent"] = traceparent
+
+
+def emit_run_span(
+    *,
+    traceparent: str | None,
+    name: str,
+    run_uid: str,
+    model: str,
+    start: float,
+    end: float,
+    vitals: Mapping[str, Any],
+    error_type: str | None,
+) -> None:
+    """Emit the finished ``invoke_agent`` span of a run (times in epoch seconds)."""
+    ids = parse_traceparent(traceparent or "")
+    if ids is None:
+        return
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": PROVIDER_NAME,
+        "gen_ai.agent.name": name,
+        "gen_ai.agent.id": run_uid,
+        "gen_ai.request.model": model,
+        **{k: v for k, v in vitals.items() if v is not None},
+    }
+    if error_type:
+        attributes["error.type"] = error_type
+    with preset_ids(*ids):
+        span = tracer().start_span(
+            f"invoke_agent {name}",
+            context=trace.set_span_in_context(trace.INVALID_SPAN),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=int(start * 1e9),
+        )
+    if error_type:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, error_type))
+    span.end(end_time=int(end * 1e9))
+
+
+def remote_parent(traceparent: str | None) -> SpanContext | None:
+    """The run span's context as a remote parent (for tests and diagnostics)."""
+    ids = parse_traceparent(traceparent or "")
+    if ids is None:
+        return None
+    return SpanContext(ids[0], ids[1], is_remote=True, trace_flags=TraceFlags(1))
+
+
+def arguments_json(arguments: Mapping[str, Any]) -> str:
+    """Tool arguments as recorded on a span when content capture is on."""
+    return json.dumps(arguments, separators=(",", ":"), sort_keys=True)

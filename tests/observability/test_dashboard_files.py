@@ -1,0 +1,571 @@
+"""The chart's Grafana dashboard and Prometheus alert rules, checked without a cluster.
+
+- The dashboard parses, has the panels platform operators need, a ``${datasource}`` and a
+  ``tenant`` variable; every target is well formed, filters by ``tenant=~"$tenant"`` where
+  its metric has a tenant label and uses ``$__rate_interval`` (``$__range`` for totals).
+- Every metric an expression reads is a contract name (DESIGN.md §6, this file's tables)
+  and is exported by `agentrun.metrics`.
+- Every expression, instantiated, is valid PromQL: ``promtool check rules`` when the
+  ``PROMTOOL`` environment variable names a promtool binary, else a Python sanity parse.
+- The rule file: every alert has expr, for, a severity and summary/description, and
+  annotations only use labels its expression keeps; with promtool, the alerts fire (and do
+  not) on synthetic series (``promtool test rules``).
+- The helpers of `agentrun.observability.promql` that the e2e suite relies on.
+
+Evaluating the expressions against a real Prometheus scraping a real run is the e2e suite's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun.observability import promql
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD_FILE = REPO / "charts" / "agentrun" / "dashboards" / "agentrun.json"
+RULES_FILE = REPO / "charts" / "agentrun" / "alerts" / "agentrun.rules.yaml"
+
+GENAI_TOKEN_USAGE = "gen_ai_client_token_usage"
+"""Prometheus name of OTel ``gen_ai.client.token.usage`` (dashboard constant of that name)."""
+GENAI_OPERATION_DURATION = "gen_ai_client_operation_duration_seconds"
+"""Prometheus name of OTel ``gen_ai.client.operation.duration`` (dashboard constant too)."""
+
+COUNTERS = {
+    "agentrun_runs_total",
+    "agentrun_turns_total",
+    "agentrun_tool_calls_total",
+    "agentrun_corrections_total",
+    "agentrun_tokens_total",
+    "agentrun_cost_usd_total",
+}
+GAUGES = {
+    "agentrun_tenant_budget_limit",
+    "agentrun_tenant_budget_used",
+    # DESIGN.md §6 says agentrun_runs{tenant,phase}; prometheus-client cannot export a gauge
+    # of that name beside the counter agentrun_runs_total, so the code exports _in_phase.
+    "agentrun_runs_in_phase",
+    "agentrun_turns_pending",
+    "agentrun_worker_turns_in_flight",
+    "agentrun_worker_concurrency",
+}
+HISTOGRAMS = {
+    "agentrun_turn_duration_seconds",
+    "agentrun_dispatch_latency_seconds",
+    GENAI_TOKEN_USAGE,
+    GENAI_OPERATION_DURATION,
+}
+KNOWN_METRICS = (
+    COUNTERS
+    | GAUGES
+    | {name + suffix for name in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
+)
+"""Every series name an expression may read."""
+TENANT_LABELLED = COUNTERS | {
+    "agentrun_tenant_budget_limit",
+    "agentrun_tenant_budget_used",
+    "agentrun_runs_in_phase",
+}
+"""Metrics with a ``tenant`` label: dashboard selectors of these must filter by it."""
+NOT_YET_EXPORTED = {"agentrun_tenant_budget_limit", "agentrun_tenant_budget_used"}
+"""Contract names that `agentrun.metrics` exports once AgentTenant budgets exist."""
+
+REQUIRED_PANELS = {
+    "Runs ended by terminal reason",
+    "Runs by terminal reason and outcome (range)",
+    "Runs by phase",
+    "Queued runs by tenant",
+    "Turns/s by tenant",
+    "Tokens/s by tenant",
+    "Cost per hour by tenant",
+    "Tenant budget used vs limit",
+    "Turn latency by phase (p50 / p99)",
+    "Tool error rate by tool",
+    "Corrections by kind",
+    "Queue lag (pending turns)",
+    "Worker saturation by instance",
+}
+"""Panels issue 5 asks for, by title."""
+PANEL_TYPES = {"timeseries", "stat", "bargauge"}
+UNITS = {"s", "currencyUSD", "short", "percentunit"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+REQUIRED_ALERTS = {
+    "AgentrunTenantBudgetNearlyExhausted",
+    "AgentrunRunsEndingNoProgress",
+    "AgentrunRunsEndingModelError",
+    "AgentrunQueueLagGrowing",
+    "AgentrunNoTurnsCommitted",
+}
+SEVERITIES = {"info", "warning", "critical"}
+DURATION = re.compile(r"(?:\d+(?:ms|[smhdwy]))+")
+
+
+def load_dashboard() -> dict[str, Any]:
+    """The dashboard JSON."""
+    dashboard: dict[str, Any] = json.loads(DASHBOARD_FILE.read_text())
+    return dashboard
+
+
+def load_rules() -> dict[str, Any]:
+    """The rule file YAML."""
+    rules: dict[str, Any] = yaml.safe_load(RULES_FILE.read_text())
+    return rules
+
+
+def panels(dashboard: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every panel except rows, nested panels of collapsed rows included."""
+    found = []
+    for panel in dashboard["panels"]:
+        found.extend(panel.get("panels") or [] if panel["type"] == "row" else [panel])
+    return found
+
+
+def variable(dashboard: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The template variable called ``name``."""
+    matches = [v for v in dashboard["templating"]["list"] if v["name"] == name]
+    assert len(matches) == 1, f"expected one template variable {name!r}"
+    found: dict[str, Any] = matches[0]
+    return found
+
+
+def alerts(rules: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every alerting rule of every group."""
+    return [rule for group in rules["groups"] for rule in group["rules"] if "alert" in rule]
+
+
+DASHBOARD_QUERIES = promql.dashboard_queries(load_dashboard())
+RULE_QUERIES = promql.rule_queries(load_rules())
+
+
+def query_id(query: promql.Query) -> str:
+    """A test id: panel title and refId, or the rule's name."""
+    return f"{query.title}/{query.ref_id}" if query.ref_id else query.title
+
+
+def instantiated(query: promql.Query) -> str:
+    """The query as a plain Prometheus takes it."""
+    return promql.instantiate(query.expr)
+
+
+# ------------------------------------------------------------------------ dashboard
+
+
+def test_dashboard_identity() -> None:
+    dashboard = load_dashboard()
+    assert (dashboard["uid"], dashboard["title"]) == ("agentrun", "agentrun")
+    assert 36 <= dashboard["schemaVersion"] <= 41
+    assert dashboard["id"] is None, "a provisioned dashboard must not carry a database id"
+
+
+def test_dashboard_has_a_prometheus_datasource_variable() -> None:
+    datasource = variable(load_dashboard(), "datasource")
+    assert (datasource["type"], datasource["query"]) == ("datasource", "prometheus")
+
+
+def test_dashboard_is_templated_by_tenant() -> None:
+    tenant = variable(load_dashboard(), "tenant")
+    assert tenant["type"] == "query"
+    assert tenant["datasource"] == DATASOURCE
+    assert tenant["definition"] == "label_values(agentrun_turns_total, tenant)"
+    assert tenant["query"]["query"] == tenant["definition"]
+    assert tenant["multi"] and tenant["includeAll"]
+    assert tenant["allValue"] == ".*", "instantiate's default tenant regex is Grafana's All"
+
+
+def test_tentative_genai_metric_names_are_dashboard_constants() -> None:
+    # The two OTel-derived names are written once in the dashboard, as hidden constants.
+    dashboard = load_dashboard()
+    assert promql.dashboard_constants(dashboard) == {
+        "genai_token_usage": GENAI_TOKEN_USAGE,
+        "genai_operation_duration": GENAI_OPERATION_DURATION,
+    }
+    raw = json.dumps([q.raw_expr for q in DASHBOARD_QUERIES])
+    assert GENAI_TOKEN_USAGE not in raw and GENAI_OPERATION_DURATION not in raw
+
+
+def test_dashboard_has_the_required_panels() -> None:
+    titles = [panel["title"] for panel in panels(load_dashboard())]
+    assert sorted(REQUIRED_PANELS - set(titles)) == []
+    assert len(titles) == len(set(titles)), "panel titles must be unique"
+
+
+def test_panels_have_a_known_type_unit_and_the_datasource_variable() -> None:
+    for panel in panels(load_dashboard()):
+        title = panel["title"]
+        assert panel["type"] in PANEL_TYPES, title
+        assert panel["fieldConfig"]["defaults"]["unit"] in UNITS, title
+        assert panel["datasource"] == DATASOURCE, title
+        assert panel.get("description"), f"{title}: say what the panel shows"
+
+
+def test_panel_ids_are_unique_and_the_grid_does_not_overlap() -> None:
+    everything = load_dashboard()["panels"]
+    everything += [p for row in everything for p in row.get("panels") or []]
+    ids = [panel["id"] for panel in everything]
+    assert len(ids) == len(set(ids))
+    taken: dict[tuple[int, int], str] = {}
+    for panel in everything:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, f"{panel['title']} overlaps {taken[(x, y)]}"
+                taken[(x, y)] = panel["title"]
+
+
+@pytest.mark.parametrize("panel", panels(load_dashboard()), ids=lambda panel: panel["title"])
+def test_targets_have_datasource_expr_and_unique_ref_ids(panel: dict[str, Any]) -> None:
+    targets = panel["targets"]
+    assert targets, "a panel without a query shows nothing"
+    for target in targets:
+        assert target["datasource"] == DATASOURCE
+        assert isinstance(target["expr"], str) and target["expr"].strip()
+        assert re.fullmatch(r"[A-Z]", target["refId"])
+    ref_ids = [target["refId"] for target in targets]
+    assert len(ref_ids) == len(set(ref_ids))
+
+
+def test_every_target_is_extracted() -> None:
+    targets = sum(len(panel["targets"]) for panel in panels(load_dashboard()))
+    assert len(DASHBOARD_QUERIES) == targets
+
+
+@pytest.mark.parametrize("query", DASHBOARD_QUERIES, ids=query_id)
+def test_dashboard_query_filters_by_tenant_and_uses_grafana_intervals(
+    query: promql.Query,
+) -> None:
+    for selector in promql.selectors(query.expr):
+        assert selector.metric in KNOWN_METRICS, selector.metric
+        if selector.metric in TENANT_LABELLED:
+            assert promql.Matcher("tenant", "=~", "$tenant") in selector.matchers, selector
+        assert selector.matcher("job") is None, "scrape job names belong to the deployment"
+    expected = "$__range" if query.instant else "$__rate_interval"
+    assert set(promql.ranges(query.expr)) <= {expected}
+    if re.search(r"\b(i?rate|increase)\(", query.expr):
+        assert promql.ranges(query.expr), "rate() needs a range"
+
+
+@pytest.mark.parametrize("query", DASHBOARD_QUERIES + RULE_QUERIES, ids=query_id)
+def test_query_reads_only_contract_metrics_and_parses(query: promql.Query) -> None:
+    names = promql.metric_names(query.expr)
+    assert names, "every expression reads at least one metric"
+    assert sorted(names - KNOWN_METRICS) == []
+    assert promql.syntax_problems(instantiated(query)) == []
+
+
+def exported_series_names() -> set[str]:
+    """The series names of every metric object defined in `agentrun.metrics`."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from agentrun import metrics
+
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+    return {
+        family.name + suffix
+        for value in vars(metrics).values()
+        if isinstance(value, MetricWrapperBase)
+        for family in value.describe()
+        for suffix in suffixes.get(family.type, [""])
+    }
+
+
+def test_every_metric_read_is_exported_by_agentrun_metrics() -> None:
+    used = set().union(*(promql.metric_names(q.expr) for q in DASHBOARD_QUERIES + RULE_QUERIES))
+    assert sorted(used - exported_series_names() - NOT_YET_EXPORTED) == []
+
+
+# ---------------------------------------------------------------------------- rules
+
+
+def test_rule_file_has_the_required_alerts() -> None:
+    names = [rule["alert"] for rule in alerts(load_rules())]
+    assert sorted(REQUIRED_ALERTS - set(names)) == []
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("rule", alerts(load_rules()), ids=lambda rule: rule["alert"])
+def test_alert_is_complete(rule: dict[str, Any]) -> None:
+    assert isinstance(rule["expr"], str) and rule["expr"].strip()
+    assert DURATION.fullmatch(rule["for"])
+    assert rule["labels"]["severity"] in SEVERITIES
+    assert rule["annotations"]["summary"].strip()
+    assert rule["annotations"]["description"].strip()
+    assert "$" not in re.sub(r"\{\{.*?\}\}", "", rule["expr"]), "no Grafana variables here"
+
+
+@pytest.mark.parametrize("rule", alerts(load_rules()), ids=lambda rule: rule["alert"])
+def test_alert_annotations_use_only_labels_the_expression_keeps(rule: dict[str, Any]) -> None:
+    # Every expression aggregates; only labels of its `by (...)` clauses survive.
+    kept = {
+        label.strip()
+        for clause in re.findall(r"\bby\s*\(([^)]*)\)", rule["expr"])
+        for label in clause.split(",")
+    }
+    text = " ".join(rule["annotations"].values())
+    assert sorted(set(re.findall(r"\$labels\.(\w+)", text)) - kept) == []
+
+
+@pytest.mark.parametrize("rule", alerts(load_rules()), ids=lambda rule: rule["alert"])
+def test_alert_condition_has_operands_to_check_for_data(rule: dict[str, Any]) -> None:
+    operands = promql.condition_operands(rule["expr"])
+    assert operands
+    for operand in operands:
+        assert promql.alert_condition_query(operand) is None, f"{operand} still compares"
+        assert promql.metric_names(operand) <= KNOWN_METRICS
+        assert promql.syntax_problems(operand) == []
+
+
+def test_condition_operands_of_the_project_alerts() -> None:
+    by_name = {rule["alert"]: rule["expr"] for rule in alerts(load_rules())}
+    assert promql.condition_operands(by_name["AgentrunNoTurnsCommitted"]) == [
+        'sum by (tenant) (agentrun_runs_in_phase{phase="Running"})',
+        "sum by (tenant) (rate(agentrun_turns_total[5m]))",
+    ]
+    budget = promql.alert_condition_query(by_name["AgentrunTenantBudgetNearlyExhausted"])
+    assert budget is not None and budget.endswith("(agentrun_tenant_budget_limit > 0)")
+
+
+# ------------------------------------------------------------------- promtool / syntax
+
+
+PROMTOOL = os.environ.get("PROMTOOL", "").strip()
+
+
+def run_promtool(*args: str | Path, cwd: Path) -> None:
+    """Run promtool and fail with its output unless it exits 0."""
+    done = subprocess.run(
+        [PROMTOOL, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"promtool {args}:\n{done.stdout}\n{done.stderr}"
+
+
+def test_every_expression_is_valid_promql(tmp_path: Path) -> None:
+    exprs = {query_id(q): instantiated(q) for q in DASHBOARD_QUERIES + RULE_QUERIES}
+    if not PROMTOOL:
+        problems = {name: promql.syntax_problems(expr) for name, expr in exprs.items()}
+        assert {name: found for name, found in problems.items() if found} == {}
+        return
+    # Each dashboard expression as a recording rule: promtool parses every expr.
+    as_rules = {
+        "groups": [
+            {
+                "name": "agentrun-dashboard",
+                "rules": [
+                    {"record": f"agentrun_dashboard:check_{index}", "expr": instantiated(q)}
+                    for index, q in enumerate(DASHBOARD_QUERIES)
+                ],
+            }
+        ]
+    }
+    dashboard_rules = tmp_path / "dashboard.rules.yaml"
+    dashboard_rules.write_text(yaml.safe_dump(as_rules, sort_keys=False))
+    run_promtool("check", "rules", dashboard_rules, RULES_FILE, cwd=tmp_path)
+
+
+ALERT_UNIT_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - name: budget above 90% alerts, a zero limit does not
+    interval: 1m
+    input_series:
+      - series: agentrun_tenant_budget_used{{tenant="a",resource="tokens",job="op"}}
+        values: 95x20
+      - series: agentrun_tenant_budget_limit{{tenant="a",resource="tokens",job="op"}}
+        values: 100x20
+      - series: agentrun_tenant_budget_used{{tenant="b",resource="cost_usd",job="op"}}
+        values: 5x20
+      - series: agentrun_tenant_budget_limit{{tenant="b",resource="cost_usd",job="op"}}
+        values: 0x20
+    alert_rule_test:
+      - eval_time: 10m
+        alertname: AgentrunTenantBudgetNearlyExhausted
+        exp_alerts:
+          - exp_labels: {{severity: warning, tenant: a, resource: tokens}}
+  - name: runs ending no_progress and model_error alert per tenant
+    interval: 1m
+    input_series:
+      - series: agentrun_runs_total{{tenant="a",reason="no_progress",outcome="partial"}}
+        values: 0+1x30
+      - series: agentrun_runs_total{{tenant="a",reason="model_error",outcome="partial"}}
+        values: 0+1x30
+      - series: agentrun_runs_total{{tenant="b",reason="completed",outcome="ok"}}
+        values: 0+5x30
+    alert_rule_test:
+      - eval_time: 25m
+        alertname: AgentrunRunsEndingNoProgress
+        exp_alerts:
+          - exp_labels: {{severity: warning, tenant: a}}
+      - eval_time: 25m
+        alertname: AgentrunRunsEndingModelError
+        exp_alerts:
+          - exp_labels: {{severity: warning, tenant: a}}
+  - name: a growing queue alerts, a steady one does not
+    interval: 1m
+    input_series:
+      - series: agentrun_turns_pending{{job="op"}}
+        values: 0+2x40
+    alert_rule_test:
+      - eval_time: 35m
+        alertname: AgentrunQueueLagGrowing
+        exp_alerts:
+          - exp_labels: {{severity: warning}}
+  - name: a steady queue does not alert
+    interval: 1m
+    input_series:
+      - series: agentrun_turns_pending{{job="op"}}
+        values: 50x40
+    alert_rule_test:
+      - eval_time: 35m
+        alertname: AgentrunQueueLagGrowing
+        exp_alerts: []
+  - name: Running runs without committed turns alert, also for a tenant with no turn ever
+    interval: 1m
+    input_series:
+      - series: agentrun_runs_in_phase{{tenant="stuck",phase="Running",job="op"}}
+        values: 2x20
+      - series: agentrun_runs_in_phase{{tenant="new",phase="Running",job="op"}}
+        values: 1x20
+      - series: agentrun_runs_in_phase{{tenant="busy",phase="Running",job="op"}}
+        values: 3x20
+      - series: agentrun_turns_total{{tenant="stuck",job="worker"}}
+        values: 7x20
+      - series: agentrun_turns_total{{tenant="busy",job="worker"}}
+        values: 0+4x20
+    alert_rule_test:
+      - eval_time: 15m
+        alertname: AgentrunNoTurnsCommitted
+        exp_alerts:
+          - exp_labels: {{severity: critical, tenant: stuck}}
+          - exp_labels: {{severity: critical, tenant: new}}
+"""
+"""promtool unit tests: each alert fires on the series it is for, and not on look-alikes."""
+
+
+@pytest.mark.skipif(not PROMTOOL, reason="needs PROMTOOL (a promtool binary) for `test rules`")
+def test_alerts_fire_on_synthetic_series(tmp_path: Path) -> None:
+    spec = tmp_path / "agentrun.rules.test.yaml"
+    spec.write_text(ALERT_UNIT_TESTS.format(rules=json.dumps(str(RULES_FILE))))
+    run_promtool("test", "rules", spec, cwd=tmp_path)
+
+
+# ------------------------------------------------------------------ promql helpers
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ('rate(x{tenant=~"$tenant"}[$__rate_interval])', 'rate(x{tenant=~".*"}[1m])'),
+        ('x{tenant=~"${tenant}"}[$__range]', 'x{tenant=~".*"}[1h]'),
+        ("avg_over_time(x[$__interval])", "avg_over_time(x[1m])"),
+        (
+            'label_replace(x, "d", "$1-${1}", "s", "(.*)")',
+            'label_replace(x, "d", "$1-${1}", "s", "(.*)")',
+        ),
+    ],
+)
+def test_instantiate_replaces_grafana_variables(expr: str, expected: str) -> None:
+    assert promql.instantiate(expr) == expected
+
+
+def test_instantiate_escapes_values_for_the_string_they_land_in() -> None:
+    expr = """x{tenant=~"$tenant", b=~'$tenant', c=~`$tenant`}"""
+    assert promql.instantiate(expr, tenant_regex='a\\.b|"q"') == (
+        """x{tenant=~"a\\\\.b|\\"q\\"", b=~'a\\\\.b|"q"', c=~`a\\.b|"q"`}"""
+    )
+    assert promql.syntax_problems(promql.instantiate(expr, tenant_regex="a|b")) == []
+
+
+@pytest.mark.parametrize(
+    "expr", ['x{d="${datasource}"}', "rate(x[$__rate_interval_ms])", 'x{t=~"${tenant:pipe}"}']
+)
+def test_instantiate_refuses_what_it_cannot_fill(expr: str) -> None:
+    with pytest.raises(ValueError):
+        promql.instantiate(expr)
+
+
+def test_instantiate_checks_durations_and_takes_extra_variables() -> None:
+    with pytest.raises(ValueError):
+        promql.instantiate("rate(x[$__rate_interval])", rate_interval="1 minute")
+    assert promql.instantiate("${m}_bucket", variables={"m": "h"}) == "h_bucket"
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("a / b > 0.9", "a / b"),
+        ('sum by (t) (a{x="1"}) >= bool 3', 'sum by (t) (a{x="1"})'),
+        ("(a > 0.5) > -(1e3)", "(a > 0.5)"),
+        ("a > 0.5 > 0.9", "a > 0.5"),
+        ("0.9 < rate(a[5m])", "rate(a[5m])"),
+        ("(a - b == 0)", "a - b"),
+        ('max(a{l=">"}) != Inf', 'max(a{l=">"})'),
+        ("a > b", None),
+        ("a > 2 * 60", None),
+        ("a > 0 and b == 0", None),
+        ("absent(a)", None),
+        ("a", None),
+    ],
+)
+def test_alert_condition_query(expr: str, expected: str | None) -> None:
+    assert promql.alert_condition_query(expr) == expected
+
+
+def test_condition_operands_split_set_operators_and_matching_clauses() -> None:
+    expr = "(a > 1 and on (t) group_left b < 2) or ignoring (x) c unless absent(d)"
+    assert promql.condition_operands(expr) == ["a", "b", "c", "absent(d)"]
+
+
+def test_selectors_and_metric_names_skip_functions_keywords_and_grouping_labels() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le, phase) (rate(h_bucket{t=~"$tenant"}[5m]))) '
+        '/ on (job) group_left (tenant) max without (instance) (g offset 5m) or {__name__="n"}'
+    )
+    assert promql.metric_names(expr) == {"h_bucket", "g", "n"}
+    first = promql.selectors(expr)[0]
+    assert first.matcher("t") == promql.Matcher("t", "=~", "$tenant")
+    assert promql.ranges(expr) == ["5m"]
+
+
+@pytest.mark.parametrize(
+    ("expr", "problem"),
+    [
+        ("sum(rate(x[5m])", "unclosed"),
+        ("rate(x[5m]))", "unmatched"),
+        ("rate(x[$__rate_interval])", "Grafana variable"),
+        ('x{t=~"$tenant"}', "Grafana variable"),
+        ("rate(x[5 m])", "not a range"),
+        ('x{t="a" u="b"}', "expected ','"),
+        ("histogram_quantil(0.5, x)", "unknown function"),
+        ("x >", "ends with"),
+        ("", "empty"),
+        ("x ; y", "unexpected"),
+    ],
+)
+def test_syntax_problems_catch_the_usual_mistakes(expr: str, problem: str) -> None:
+    assert any(problem in found for found in promql.syntax_problems(expr))
+
+
+def test_syntax_problems_accept_valid_promql() -> None:
+    for expr in (
+        'sum by (tenant) (rate(x_total{tenant=~".*", a!="b",}[1m])) * 60',
+        "max_over_time(x[1h:5m]) @ end()",
+        'label_replace(x, "d", "$1", "s", "(.*)")',
+        '{"gen.ai.metric", a="b"}',
+        "-x + +1 # comment",
+    ):
+        assert promql.syntax_problems(expr) == [], expr
