@@ -16,15 +16,12 @@ from harness import agent_run, bench_stack, read_events, rss_mb, write_result
 HERE = Path(__file__).parent
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=100)
-    parser.add_argument("--turns", type=int, default=20)
-    args = parser.parse_args()
+def measure(runs_count: int, turns_per_run: int, extra_env: dict[str, str]) -> dict[str, object]:
+    """One stack, ``runs_count`` concurrent runs on one worker; the figures as a dict."""
+    args = argparse.Namespace(runs=runs_count, turns=turns_per_run)
+    env = {"AGENTRUN_WORKER_CONCURRENCY": str(args.runs + 28), **extra_env}
     with bench_stack(HERE / "scenarios.yaml") as bench:
-        bench.start_services(
-            workers=1, extra_env={"AGENTRUN_WORKER_CONCURRENCY": str(args.runs + 28)}
-        )
+        bench.start_services(workers=1, extra_env=env)
         worker = bench.workers[0]
         peak = [rss_mb(worker)]
         done = threading.Event()
@@ -51,20 +48,25 @@ def main() -> None:
         events = read_events(bench.nats_url, "default", [f"tp-{i}" for i in range(args.runs)])
         first = min(stamp for evs in events.values() for _, stamp in evs[:1])
         last = max(stamp for evs in events.values() for _, stamp in evs[-1:])
-        write_result(
-            "throughput",
-            {
-                "runs": args.runs,
-                "turns": turns,
-                "wall_seconds": round(wall, 2),
-                "turns_per_second_wall": round(turns / wall, 1),
-                "turns_per_second": round(turns / max(last - first, 1e-9), 1),
-                "seconds_first_admission_to_last_end": round(last - first, 2),
-                "worker_rss_mb_peak": round(max(peak), 1),
-                "worker_rss_mb_median": round(sorted(peak)[len(peak) // 2], 1),
-                "target": ">= 150 turns/s; worker RSS <= 200 MB",
-            },
-        )
+        return {
+            "runs": args.runs,
+            "turns": turns,
+            "wall_seconds": round(wall, 2),
+            "turns_per_second_wall": round(turns / wall, 1),
+            "turns_per_second": round(turns / max(last - first, 1e-9), 1),
+            "seconds_first_admission_to_last_end": round(last - first, 2),
+            "worker_rss_mb_peak": round(max(peak), 1),
+            "worker_rss_mb_median": round(sorted(peak)[len(peak) // 2], 1),
+            "target": ">= 150 turns/s; worker RSS <= 200 MB",
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--turns", type=int, default=20)
+    args = parser.parse_args()
+    write_result("throughput", measure(args.runs, args.turns, {}))
 
 
 if __name__ == "__main__":

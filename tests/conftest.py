@@ -25,6 +25,8 @@ import pytest
 from agentrun.devenv import binaries, components, controlplane, natsserver
 from agentrun.devenv.kubectl import Kubectl, apply_crds, create_namespace, delete_namespace
 
+pytest_plugins = ["prometheus_support"]
+
 REPO = Path(__file__).resolve().parent.parent
 CRD_DIR = REPO / "crds"
 

@@ -14,6 +14,8 @@ cryptography / platformdirs / psutil / pyyaml; nothing here imports the runtime)
 - `controlplane`: etcd + kube-apiserver (or an existing cluster); `kubectl`: drive it.
 - `natsserver`: nats-server with JetStream.
 - `state`, `stack`: the whole stack behind ``agentrun dev`` and the test fixtures.
+- `prometheus`: Prometheus and promtool, built once per machine like the control plane, to
+  prove the dashboard and the alert rules against real scrapes.
 - `demo`: what ``agentrun dev demo`` adds on top: the ``mock`` AgentModel and the examples.
 
 Import the modules (``from agentrun.devenv import stack``); there is no re-export here, so

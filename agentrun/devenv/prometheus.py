@@ -333,6 +333,9 @@ def start_prometheus(
         f"--storage.tsdb.path={storage}",
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=info",
+        # Hidden flag, default 5s: how long the scrape manager batches target updates, so the
+        # static targets would only be scraped ~5 s after start.
+        "--scrape.discovery-reload-interval=250ms",
     ]
     url = f"http://127.0.0.1:{port}"
     component = components.start_component(

@@ -161,7 +161,6 @@ _OTHER_KEYWORDS = frozenset({"bool", "offset", "atan2"})
 _MATCH_OPERATORS = frozenset({"=", "!=", "=~", "!~"})
 _OPENERS = {"(": ")", "{": "}", "[": "]"}
 _CLOSERS = frozenset(_OPENERS.values())
-_GRAFANA_SCALARS = {"__rate_interval", "__interval", "__range"}
 
 _LEXEME = re.compile(
     r"""

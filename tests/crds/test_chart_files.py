@@ -35,9 +35,9 @@ def test_chart_metadata() -> None:
     assert chart["appVersion"]
 
 
-@pytest.mark.parametrize("placeholder", ["dashboards/.gitkeep", "alerts/.gitkeep"])
-def test_chart_has_folders_for_dashboards_and_alerts(placeholder: str) -> None:
-    assert (CHART_DIR / placeholder).is_file()
+@pytest.mark.parametrize("path", ["dashboards/agentrun.json", "alerts/agentrun.rules.yaml"])
+def test_chart_ships_the_dashboard_and_the_alert_rules(path: str) -> None:
+    assert (CHART_DIR / path).is_file()
 
 
 def load_values() -> dict[str, Any]:

@@ -8,6 +8,7 @@ runs only with ``AGENTRUN_TEST_GO_BUILD=1`` (minutes on a warm Go cache, longer 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -197,7 +198,7 @@ def test_rules_are_loaded_evaluated_and_an_alert_fires(
         recorded = server.query('tenant:demo_events:sum{tenant="acme"}')
 
     assert [g["name"] for g in groups] == ["demo"]
-    assert [(r["name"], r["health"], r["lastError"]) for r in groups[0]["rules"]] == [
+    assert [(r["name"], r["health"], r.get("lastError", "")) for r in groups[0]["rules"]] == [
         ("tenant:demo_events:sum", "ok", ""),
         ("DemoEventsSeen", "ok", ""),
     ]
@@ -224,7 +225,7 @@ def test_a_dead_target_times_out_with_its_scrape_error(
     dead = f"127.0.0.1:{probes.free_port()}"
     server = prometheus_factory({"gone": [dead]})
 
-    with pytest.raises(TimeoutError, match=f"gone/{dead}: (down|unknown)"):
+    with pytest.raises(TimeoutError, match=rf"gone/{re.escape(dead)}: down \(.*connection refused"):
         server.wait_for_targets_up(timeout=3)
 
 
