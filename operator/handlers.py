@@ -78,7 +78,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     memo.api = await kube.api_client()
     memo.writer = StatusWriter(
-        kube_patcher(memo.api), interval=float(os.environ.get("AGENTRUN_STATUS_INTERVAL", "2") or 2)
+        kube_patcher(memo.api), interval=float(os.environ.get("AGENTRUN_STATUS_INTERVAL", "5") or 5)
     )
     memo.writer.start()
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)

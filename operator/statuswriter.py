@@ -88,7 +88,7 @@ class StatusWriter:
         self,
         patch: Patcher,
         *,
-        interval: float = 2.0,
+        interval: float = 5.0,
         concurrency: int = 8,
         on_gone: GoneCallback = _ignore,
     ) -> None:
