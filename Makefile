@@ -46,6 +46,8 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_overhead.py
 	cd bench && ../$(BIN)/python bench_throughput.py
 	cd bench && ../$(BIN)/python bench_operator_memory.py
+	cd bench && ../$(BIN)/python bench_kernel.py
+	cd bench && ../$(BIN)/python bench_instrumentation.py
 
 clean: down
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
