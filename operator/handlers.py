@@ -188,25 +188,8 @@ async def _admit(
 
 
 @kopf.on.create(*RUN)
-async def create_run(
-    *,
-    spec: kopf.Spec,
-    meta: kopf.Meta,
-    status: kopf.Status,
-    namespace: str | None,
-    name: str,
-    uid: str,
-    memo: kopf.Memo,
-    **_: Any,
-) -> None:
-    """Admit a new AgentRun: validate it against its AgentModel and queue its first turn."""
-    await _admit(
-        spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo
-    )
-
-
 @kopf.on.resume(*RUN)
-async def resume_run(
+async def admit_run(
     *,
     spec: kopf.Spec,
     meta: kopf.Meta,
@@ -217,7 +200,8 @@ async def resume_run(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    """After an operator restart: pick up where the run's events left off (or admit it)."""
+    """Admit a new AgentRun (validate it against its AgentModel, queue its first turn), or,
+    after an operator restart, pick up where the run's events left off."""
     await _admit(
         spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo
     )

@@ -77,7 +77,7 @@ def ensure_binaries(
     bin_dir = cache_bin_dir(root)
     missing = _missing(bin_dir)
     if missing:
-        with _build_lock(bin_dir.parent, log=log):
+        with build_lock(bin_dir.parent, what="the control-plane binaries", log=log):
             missing = _missing(bin_dir)  # another process may have built them meanwhile
             if missing:
                 _build(bin_dir, names=missing, log=log)
@@ -153,15 +153,16 @@ def _build(bin_dir: Path, *, names: list[str], log: console.Log) -> None:
 
 
 @contextlib.contextmanager
-def _build_lock(directory: Path, *, log: console.Log) -> Iterator[None]:
-    """Hold an exclusive flock on ``directory/build.lock``; log if we have to wait for it."""
+def build_lock(directory: Path, *, what: str, log: console.Log) -> Iterator[None]:
+    """Hold an exclusive flock on ``directory/build.lock`` while building ``what``; log if we
+    have to wait for another process's build."""
     directory.mkdir(parents=True, exist_ok=True)
     lock_path = directory / "build.lock"
     with lock_path.open("a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log(f"another process is building the control-plane binaries ({lock_path}); waiting")
+            log(f"another process is building {what} ({lock_path}); waiting")
             fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -22,9 +22,7 @@ chart.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import subprocess
@@ -32,7 +30,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +98,7 @@ def ensure_prometheus(
     bin_dir = cache_bin_dir(root)
     missing = _missing(bin_dir)
     if missing:
-        with _build_lock(bin_dir.parent, log=log):
+        with binaries.build_lock(bin_dir.parent, what="prometheus and promtool", log=log):
             missing = _missing(bin_dir)  # another process may have built them meanwhile
             if missing:
                 _build(bin_dir, names=missing, log=log)
@@ -437,20 +435,3 @@ def _build(bin_dir: Path, *, names: list[str], log: console.Log) -> None:
     )
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
     log(f"built {', '.join(names)} in {minutes}m{seconds:02d}s")
-
-
-@contextlib.contextmanager
-def _build_lock(directory: Path, *, log: console.Log) -> Iterator[None]:
-    """Hold an exclusive flock on ``directory/build.lock``; log if we have to wait for it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    lock_path = directory / "build.lock"
-    with lock_path.open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"another process is building prometheus and promtool ({lock_path}); waiting")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
