@@ -206,8 +206,6 @@ class _Turn:
 
     malformed: bool
     output_error: str | None
-    stale: bool
-    nudged: bool
 
 
 def _decide(state: RunState, record: TurnRecord, limits: Limits, seen: _Turn) -> tuple[Phase, str]:
@@ -330,7 +328,7 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         output_failures=state.output_failures + (1 if output_error else 0),
         pending=approval.pending_of(record) if record.held else None,
     )
-    phase, message = _decide(after, record, limits, _Turn(malformed, output_error, stale, nudged))
+    phase, message = _decide(after, record, limits, _Turn(malformed, output_error))
     if phase is Phase.RUNNING and after.pending is not None:
         waiting = after.pending.next_undecided
         assert waiting is not None
