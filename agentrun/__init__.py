@@ -1,1 +1,15 @@
-"""TODO"""
+"""agentrun: a Kubernetes-native, multi-tenant runtime for LLM agent loops.
+
+The shared package: what both the operator (``agentrun.operator``, from ``operator/``) and the
+workers (``agentrun.worker``, from ``worker/``) use, and neither owns.
+
+- ``kernel``: the pure loop kernel (no I/O): decisions, validation, budgets, ``advance``.
+- ``protocol``: wire types on NATS; ``history``: replaying a run's events into its state.
+- ``bus``: the JetStream adapter; ``kube``: Kubernetes client set-up.
+- ``metrics`` and ``telemetry``: Prometheus metrics and OpenTelemetry traces.
+- ``tools``: the built-in tool catalog; ``testing``: the scripted OpenAI-compatible model.
+- ``devenv`` and ``cli``: the local stack and the ``agentrun`` command; ``observability``:
+  helpers for the dashboard and alert expressions.
+
+The worker never imports the operator, nor the operator the worker (a test checks it).
+"""
