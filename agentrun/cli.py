@@ -20,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from agentrun.devenv import binaries, console, demo, kubectl, stack, state
 
@@ -188,9 +188,27 @@ def cmd_dev_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_status(kc: kubectl.Kubectl, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The run's ``.status`` ({} before the operator wrote one); ``None`` after printing why
+    it could not be read (no such run, no cluster)."""
+    try:
+        out = kc("get", "agentrun", args.run, "-n", args.namespace, "-o", "json").stdout
+    except kubectl.KubectlError as err:
+        print(f"agentrun: error: {(err.stderr or '').strip() or err}", file=sys.stderr)
+        return None
+    status: dict[str, Any] = json.loads(out).get("status") or {}
+    return status
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``agentrun cancel RUN``: ``kubectl annotate agentrun RUN agentrun.dev/cancel=true``."""
     kc = kubectl.Kubectl(binaries.find_kubectl(log=_progress), kubeconfig=_kubeconfig())
+    status = _run_status(kc, args)
+    if status is None:
+        return 1
+    if status.get("terminalReason"):
+        print(f"{args.run} already ended: {status.get('phase')} / {status['terminalReason']}")
+        return 0
     out = kc(
         "annotate",
         "agentrun",
@@ -207,8 +225,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_review(args: argparse.Namespace) -> int:
     """``agentrun approve|deny RUN``: annotate the run with the pending call's digest."""
     kc = kubectl.Kubectl(binaries.find_kubectl(log=_progress), kubeconfig=_kubeconfig())
-    out = kc("get", "agentrun", args.run, "-n", args.namespace, "-o", "json").stdout
-    pending = (json.loads(out).get("status") or {}).get("pendingApproval")
+    status = _run_status(kc, args)
+    if status is None:
+        return 1
+    pending = status.get("pendingApproval")
     if not pending:
         print(f"agentrun: error: {args.run} is not waiting for an approval", file=sys.stderr)
         return 1

@@ -106,3 +106,19 @@ def test_approve_says_so_when_nothing_waits(stack_: E2EStack, test_namespace: st
     result = cli(stack_, "approve", "idle", "-n", test_namespace)
     assert result.returncode == 1
     assert "idle is not waiting for an approval" in result.stderr
+
+
+def test_the_cli_says_plainly_when_a_run_is_missing_or_already_ended(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    missing = cli(stack_, "approve", "nosuch", "-n", test_namespace)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("agentrun: error: Error from server (NotFound)")
+    assert "Traceback" not in missing.stderr and "returned non-zero" not in missing.stderr
+    stack_.apply(test_namespace, run_manifest("over", "E2E-429 already over"))
+    stack_.wait_terminal(test_namespace, "over")
+    late = cli(stack_, "cancel", "over", "-n", test_namespace)
+    assert late.returncode == 0
+    assert late.stdout.strip() == "over already ended: Succeeded / completed"
+    annotations = stack_.get(test_namespace, "over")["metadata"].get("annotations") or {}
+    assert "agentrun.dev/cancel" not in annotations
