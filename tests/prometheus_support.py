@@ -2,15 +2,15 @@
 
 A pytest plugin module. Wire it from the root ``tests/conftest.py`` with
 ``pytest_plugins = ["prometheus_support"]`` (``tests/`` is on ``sys.path`` there); until then
-``tests/devenv/conftest.py`` registers it. It provides:
+``tests/conftest.py`` registers it (``pytest_plugins``). It provides:
 
 - `pytest_collection_finish`: builds or locates prometheus and promtool (once per machine,
   cached; see `agentrun.devenv.prometheus`) right after collection when a selected test uses
   one of `PROMETHEUS_FIXTURES`, with progress on the terminal and outside per-test timeouts.
 - `prometheus_binaries` (session): ``PrometheusBinaries(prometheus, promtool)``.
-- `prometheus_factory` (function) and `session_prometheus_factory` (session): a
-  `PrometheusStarter`, ``start(targets, rule_files=(), …) -> PrometheusServer``; every server
-  it started is stopped by pid when the fixture's scope ends.
+- `prometheus_factory` (function): a `PrometheusStarter`,
+  ``start(targets, rule_files=(), …) -> PrometheusServer``; every server it started is stopped
+  by pid when the test ends.
 - `serve_metrics(registry)`: a context manager serving a ``prometheus_client`` registry on
   ``127.0.0.1:<free port>/metrics`` from a thread of the test process.
 
@@ -32,9 +32,7 @@ import pytest
 
 from agentrun.devenv import components, prometheus
 
-PROMETHEUS_FIXTURES = frozenset(
-    {"prometheus_binaries", "prometheus_factory", "session_prometheus_factory"}
-)
+PROMETHEUS_FIXTURES = frozenset({"prometheus_binaries", "prometheus_factory"})
 """Fixtures whose use makes `pytest_collection_finish` build the binaries up front."""
 
 
@@ -111,22 +109,6 @@ def prometheus_factory(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[PrometheusStarter]:
     """Start Prometheus servers in a test; they are stopped when the test ends."""
-    starter = PrometheusStarter(
-        binaries=prometheus_binaries, launch=devenv_launch, tmp_path_factory=tmp_path_factory
-    )
-    try:
-        yield starter
-    finally:
-        starter.stop_all()
-
-
-@pytest.fixture(scope="session")
-def session_prometheus_factory(
-    prometheus_binaries: prometheus.PrometheusBinaries,
-    devenv_launch: components.Launch,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[PrometheusStarter]:
-    """Start Prometheus servers shared by a session; they are stopped at session end."""
     starter = PrometheusStarter(
         binaries=prometheus_binaries, launch=devenv_launch, tmp_path_factory=tmp_path_factory
     )

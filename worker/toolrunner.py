@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 
 from opentelemetry import trace
 
@@ -50,14 +50,10 @@ def clip(text: str, limit: int = MAX_RESULT_BYTES) -> str:
     return kept + f"\n[agentrun: result truncated, {len(data) - len(kept.encode())} more bytes]"
 
 
-async def _run_one(
-    call: kernel.CheckedCall,
-    tool: Tool,
-    ctx: ToolContext,
-    gate: asyncio.Semaphore,
-    settings: ToolRunSettings,
-    deadline: float,
+async def _traced(
+    call: kernel.CheckedCall, attempt: Awaitable[kernel.ToolResult]
 ) -> kernel.ToolResult:
+    """Await one call's ``attempt`` inside its ``execute_tool {name}`` span."""
     attributes = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": call.name,
@@ -69,14 +65,14 @@ async def _run_one(
     with telemetry.tracer().start_as_current_span(
         f"execute_tool {call.name}", attributes=attributes
     ) as span:
-        result = await _attempt(call, tool, ctx, gate, settings, deadline)
+        result = await attempt
         if result.is_error:
             span.set_attribute("error.type", "tool_error")
             span.set_status(trace.Status(trace.StatusCode.ERROR, result.content[:200]))
         return result
 
 
-async def _attempt(
+async def _run_one(
     call: kernel.CheckedCall,
     tool: Tool,
     ctx: ToolContext,
@@ -131,7 +127,7 @@ async def run_batch(
             if isinstance(call, kernel.CheckedCall):
                 ctx = dataclasses.replace(context, call_id=call.id)
                 tasks[index] = group.create_task(
-                    _run_one(call, tools[call.name], ctx, gate, settings, deadline)
+                    _traced(call, _run_one(call, tools[call.name], ctx, gate, settings, deadline))
                 )
     results: list[kernel.ToolResult] = []
     for index, call in enumerate(calls):

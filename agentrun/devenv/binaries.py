@@ -22,7 +22,7 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import platformdirs
@@ -75,10 +75,10 @@ def ensure_binaries(
     if assets is not None:
         return _from_assets(assets, root=root)
     bin_dir = cache_bin_dir(root)
-    missing = _missing(bin_dir)
+    missing = missing_in(bin_dir)
     if missing:
         with build_lock(bin_dir.parent, what="the control-plane binaries", log=log):
-            missing = _missing(bin_dir)  # another process may have built them meanwhile
+            missing = missing_in(bin_dir)  # another process may have built them meanwhile
             if missing:
                 _build(bin_dir, names=missing, log=log)
     return Binaries(
@@ -106,7 +106,7 @@ def _assets_dir() -> Path | None:
 
 
 def _from_assets(assets: Path, *, root: Path | None) -> Binaries:
-    missing = [n for n in ("kube-apiserver", "etcd") if not _is_executable(assets / n)]
+    missing = missing_in(assets, ("kube-apiserver", "etcd"))
     if missing:
         raise BinariesError(
             f"KUBEBUILDER_ASSETS={assets} lacks {' and '.join(missing)}: point it at a directory"
@@ -122,20 +122,22 @@ def _from_assets(assets: Path, *, root: Path | None) -> Binaries:
 
 
 def _kubectl_without_build(assets: Path | None, *, root: Path | None) -> Path | None:
-    if assets is not None and _is_executable(assets / "kubectl"):
+    if assets is not None and is_executable(assets / "kubectl"):
         return assets / "kubectl"
     on_path = shutil.which("kubectl")
     if on_path is not None:
         return Path(on_path)
     cached = cache_bin_dir(root) / "kubectl"
-    return cached if _is_executable(cached) else None
+    return cached if is_executable(cached) else None
 
 
-def _missing(bin_dir: Path) -> list[str]:
-    return [n for n in NAMES if not _is_executable(bin_dir / n)]
+def missing_in(bin_dir: Path, names: Sequence[str] = NAMES) -> list[str]:
+    """Which of ``names`` are not executables in ``bin_dir`` (also used for Prometheus)."""
+    return [n for n in names if not is_executable(bin_dir / n)]
 
 
-def _is_executable(path: Path) -> bool:
+def is_executable(path: Path) -> bool:
+    """Whether ``path`` is a file we may execute."""
     return path.is_file() and os.access(path, os.X_OK)
 
 

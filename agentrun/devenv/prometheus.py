@@ -96,10 +96,12 @@ def ensure_prometheus(
     if override:
         return _from_override(Path(override))
     bin_dir = cache_bin_dir(root)
-    missing = _missing(bin_dir)
+    missing = binaries.missing_in(bin_dir, NAMES)
     if missing:
         with binaries.build_lock(bin_dir.parent, what="prometheus and promtool", log=log):
-            missing = _missing(bin_dir)  # another process may have built them meanwhile
+            missing = binaries.missing_in(
+                bin_dir, NAMES
+            )  # another process may have built them meanwhile
             if missing:
                 _build(bin_dir, names=missing, log=log)
     return PrometheusBinaries(prometheus=bin_dir / "prometheus", promtool=bin_dir / "promtool")
@@ -406,21 +408,13 @@ def _promtool(promtool: Path, args: list[str], *, stdin: str | None) -> tuple[bo
 
 
 def _from_override(directory: Path) -> PrometheusBinaries:
-    missing = [n for n in NAMES if not _is_executable(directory / n)]
+    missing = binaries.missing_in(directory, NAMES)
     if missing:
         raise PrometheusBinariesError(
             f"PROMETHEUS_BINARIES={directory} lacks {' and '.join(missing)}: point it at a"
             " directory holding prometheus and promtool, or unset it to build them from source"
         )
     return PrometheusBinaries(prometheus=directory / "prometheus", promtool=directory / "promtool")
-
-
-def _missing(bin_dir: Path) -> list[str]:
-    return [n for n in NAMES if not _is_executable(bin_dir / n)]
-
-
-def _is_executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
 
 
 def _build(bin_dir: Path, *, names: list[str], log: console.Log) -> None:
