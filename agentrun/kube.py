@@ -14,6 +14,7 @@ GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
 RUNS = "agentruns"
 MODELS = "agentmodels"
+TENANTS = "agenttenants"
 
 
 async def api_client() -> client.ApiClient:

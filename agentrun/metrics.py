@@ -8,11 +8,13 @@ never run names or ids. Tool names outside the worker's catalog are recorded as 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from agentrun import kernel
+from agentrun.ledger import Book
 from agentrun.protocol import RunConfig
 
 TURN_PHASE_BUCKETS = (
@@ -65,6 +67,23 @@ DISPATCH_LATENCY = Histogram(
     "agentrun_dispatch_latency_seconds",
     "From a committed turn event to the next TurnRequest published by the operator.",
     buckets=TURN_PHASE_BUCKETS,
+)
+TENANT_BUDGET_LIMIT = Gauge(
+    "agentrun_tenant_budget_limit",
+    "An AgentTenant's budget per window by resource: tokens, cost_usd (US dollars), "
+    "wall_clock_seconds. Absent for unlimited resources.",
+    ["tenant", "resource"],
+)
+TENANT_BUDGET_USED = Gauge(
+    "agentrun_tenant_budget_used",
+    "What an AgentTenant used of its budget in the current window, by resource (same units "
+    "as agentrun_tenant_budget_limit); reservations of calls in flight not included.",
+    ["tenant", "resource"],
+)
+TENANT_BUDGET_RESERVED = Gauge(
+    "agentrun_tenant_budget_reserved",
+    "Worst case held by an AgentTenant's model calls in flight, by resource.",
+    ["tenant", "resource"],
 )
 TURNS_PENDING = Gauge(
     "agentrun_turns_pending", "TurnRequests waiting in the work queue for a worker (queue lag)."
@@ -179,3 +198,25 @@ def record_end(state: kernel.RunState, *, tenant: str) -> None:
         RUNS.labels(
             tenant=tenant, reason=terminal.reason.value, outcome=terminal.outcome.value
         ).inc()
+
+
+def record_tenant_budget(tenant: str, book: Book, *, now: float) -> None:
+    """Set the tenant budget gauges from the tenant's ledger entry (epoch ``now``)."""
+    limits = book.limits
+    values = {
+        "tokens": (limits.tokens, book.used_tokens, book.reserved_tokens),
+        "cost_usd": (
+            None if limits.cost_usd is None else float(limits.cost_usd),
+            float(book.used_cost),
+            float(book.reserved_cost),
+        ),
+        "wall_clock_seconds": (limits.wall_seconds, book.wall_used(now), 0.0),
+    }
+    for resource, (limit, used, reserved) in values.items():
+        TENANT_BUDGET_USED.labels(tenant=tenant, resource=resource).set(used)
+        TENANT_BUDGET_RESERVED.labels(tenant=tenant, resource=resource).set(reserved)
+        if limit is None:
+            with contextlib.suppress(KeyError):
+                TENANT_BUDGET_LIMIT.remove(tenant, resource)
+        else:
+            TENANT_BUDGET_LIMIT.labels(tenant=tenant, resource=resource).set(limit)

@@ -22,7 +22,7 @@ import psutil
 import yaml
 
 from agentrun.bus import Bus, BusSettings
-from agentrun.devenv import binaries, components, controlplane, kubectl, natsserver, stack
+from agentrun.devenv import binaries, components, controlplane, demo, kubectl, natsserver, stack
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -130,6 +130,7 @@ def bench_stack(scenarios: Path) -> Iterator[BenchStack]:
         started.append(mock)
         env = stack.service_env(kubeconfig=str(cluster.kubeconfig), nats_url=nats.url)
         kc("apply", "-f", "-", input=yaml.safe_dump(agent_model(stack.mockllm_url(mock))))
+        kc("apply", "-f", "-", input=yaml.safe_dump(demo.default_tenant()))
         bench = BenchStack(workdir, launch, cluster, kc, nats.url, mock, env)
         try:
             yield bench

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import nats.errors
@@ -32,6 +32,9 @@ from .statuswriter import RunKey, StatusWriter
 log = logging.getLogger(__name__)
 
 STOP_ATTEMPTS = 8
+
+EndCallback = Callable[[str, str, RunEvent], Awaitable[None]]
+"""``on_end(tenant, run_uid, last_event)``: a run ended (or was deleted); settle its ledger."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -95,6 +98,9 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Runs already counted as ended (a redelivered terminal event is not counted twice)."""
+        self.on_end: EndCallback | None = None
+        self.queued_counts: Mapping[str, int] = {}
+        """Queued runs per tenant (kept by the admitter), for ``agentrun_runs_in_phase``."""
 
     # --- admission and recovery -----------------------------------------------------------------
 
@@ -228,6 +234,7 @@ class Dispatcher:
             if view.timer is not None and view.timer is not asyncio.current_task():
                 view.timer.cancel()
             self.views.pop(view.uid, None)  # a redelivered event rebuilds it from the stream
+            await self._closed(view.tenant, view.uid, event)
         body = status.project(
             event.summary,
             seq=event.seq,
@@ -235,9 +242,18 @@ class Dispatcher:
             event_time=event.time or self.clock(),
             generation=view.generation,
             admitted_at=view.start_time,
+            tenant=view.tenant,
         )
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
         self.writer.submit(view.key, body, seq=event.seq, terminal=urgent)
+
+    async def _closed(self, tenant: str, uid: str, event: RunEvent) -> None:
+        if self.on_end is None:
+            return
+        try:
+            await self.on_end(tenant, uid, event)
+        except Exception as err:  # the ledger sweep closes runs it finds ended
+            log.warning("ledger close of run %s failed: %r; the sweep will retry", uid, err)
 
     def count_end(self, uid: str, state: kernel.RunState, *, tenant: str) -> bool:
         """``agentrun_runs_total`` once per run, however often its end is seen; False if seen."""
@@ -287,6 +303,9 @@ class Dispatcher:
                     "AwaitingApproval" if phase is kernel.Phase.AWAITING_APPROVAL else "Running"
                 )
                 counts[(view.tenant, resource)] += 1
+        for tenant, queued in self.queued_counts.items():
+            if queued:
+                counts[(tenant, kernel.ResourcePhase.QUEUED.value)] += queued
         metrics.RUNS_BY_PHASE.clear()
         for (tenant, phase_name), count in counts.items():
             metrics.RUNS_BY_PHASE.labels(tenant=tenant, phase=phase_name).set(count)
@@ -369,7 +388,8 @@ class Dispatcher:
         return None
 
     async def forget(self, namespace: str, name: str, uid: str) -> None:
-        """The AgentRun is being deleted: stop it, purge its events, drop its view.
+        """The AgentRun is being deleted: stop it, settle its ledger entry, purge its events,
+        drop its view.
 
         Best effort with a bound: a dead NATS or a missing stream never holds the finalizer.
         """
@@ -381,6 +401,12 @@ class Dispatcher:
                 await self.end(
                     namespace, name, uid, kernel.Phase.CANCELLED, "the AgentRun was deleted"
                 )
+                first = await self.bus.first_event(namespace, name)
+                last = await self.bus.last_event(namespace, name)
+                ours = first is not None and first.run_uid == uid and first.config is not None
+                if ours and last is not None and last.run_uid == uid:
+                    assert first is not None and first.config is not None
+                    await self._closed(first.config.tenant, uid, last)
                 await self.bus.purge_run(namespace, name)
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)

@@ -8,36 +8,35 @@ ours alone (a projection of the run's events).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import datetime
 import logging
 import os
 import time
 from typing import Any, cast
 
 import kopf
-import nats.errors
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kernel, kube, protocol, telemetry
+from agentrun import kernel, kube, protocol
 from agentrun.bus import Bus, BusSettings
+from agentrun.ledger import LedgerStore
 from agentrun.tools import default_catalog
 
 from . import admission, status
+from .admitter import CANCEL_ANNOTATION, Admitter, NoTenant, Tenants
 from .dispatch import Dispatcher
 from .statuswriter import MERGE_PATCH, RunKey, StatusWriter, kube_patcher
 
 log = logging.getLogger(__name__)
 
 KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-CANCEL_ANNOTATION = "agentrun.dev/cancel"
 APPROVE_ANNOTATION = "agentrun.dev/approve"
 """Set to the digest in ``.status.pendingApproval`` to approve that held call."""
 DENY_ANNOTATION = "agentrun.dev/deny"
 """Set to the digest in ``.status.pendingApproval`` to deny that held call."""
 FINALIZER = "agentrun.dev/finalizer"
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
+TENANT = (kube.GROUP, kube.VERSION, kube.TENANTS)
 
 
 class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -83,19 +82,35 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.writer.start()
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)
     memo.writer.on_gone = memo.dispatcher.on_gone
-    memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
-    memo.gauges = asyncio.create_task(memo.dispatcher.watch_queue(), name="queue-gauges")
     memo.known_tools = {
         name: tool.spec.pollable for name, tool in default_catalog(kube=None).items()
     }
+    memo.tenants = Tenants(memo.api, default=os.environ.get("AGENTRUN_DEFAULT_TENANT"))
+    listed = await client.CustomObjectsApi(memo.api).list_cluster_custom_object(*TENANT)
+    for obj in listed.get("items", []):  # before any run is admitted: no false "no tenant"
+        memo.tenants.put(obj)
+    memo.admitter = Admitter(
+        await LedgerStore.open(memo.bus.js),
+        memo.dispatcher,
+        memo.writer,
+        memo.tenants,
+        api=memo.api,
+        known_tools=memo.known_tools,
+        sweep_interval=float(os.environ.get("AGENTRUN_LEDGER_SWEEP", "2") or 2),
+    )
+    memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
+    memo.gauges = asyncio.create_task(memo.dispatcher.watch_queue(), name="queue-gauges")
+    memo.sweeper = asyncio.create_task(memo.admitter.run(), name="ledger-sweep")
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
     memo.dispatcher.stop()
+    memo.admitter.stop()
     memo.consumer.cancel()
     memo.gauges.cancel()
+    memo.sweeper.cancel()
     await memo.dispatcher.close()
     for closing in (memo.writer.close(), memo.bus.close(), memo.api.close()):
         try:
@@ -105,33 +120,14 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
             log.warning("shutdown step failed: %r", err)
 
 
-async def _get_model(api: client.ApiClient, name: str) -> dict[str, Any] | None:
-    try:
-        found: dict[str, Any] = await client.CustomObjectsApi(api).get_cluster_custom_object(
-            kube.GROUP, kube.VERSION, kube.MODELS, name
-        )
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise kopf.TemporaryError(
-            f"cannot read AgentModel {name!r}: HTTP {err.status}", delay=5
-        ) from err
-    return found
-
-
-def _start_time(status_: kopf.Status) -> float:
-    text = status_.get("startTime")
-    if isinstance(text, str):
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    return time.time()
-
-
-def _reject(memo: kopf.Memo, run: RunKey, message: str, *, generation: int) -> None:
+def _reject(
+    memo: kopf.Memo, run: RunKey, message: str, *, generation: int, tenant: str | None = None
+) -> None:
     log.info("rejecting %s/%s: %s", run.namespace, run.name, message)
-    body = status.rejected(message, at=time.time(), generation=generation)
+    body = status.rejected(message, at=time.time(), generation=generation, tenant=tenant)
     memo.writer.submit(run, body, seq=0, terminal=True)
     rejected = kernel.stop(kernel.initial_state(goal=""), kernel.Phase.INVALID_SPEC, message)
-    memo.dispatcher.count_end(run.uid, rejected, tenant=protocol.DEFAULT_TENANT)
+    memo.dispatcher.count_end(run.uid, rejected, tenant=tenant or protocol.DEFAULT_TENANT)
 
 
 async def _admit(
@@ -148,43 +144,28 @@ async def _admit(
     if status_.get("terminalReason"):
         return
     dispatcher: Dispatcher = memo.dispatcher
+    admitter: Admitter = memo.admitter
     generation = int(meta.get("generation") or 1)
     if await dispatcher.recover(namespace, name, uid, generation=generation):
         return
-    model = await _get_model(memo.api, str(spec.get("model", "")))
-    start_time = _start_time(status_)
+    key = RunKey(namespace, name, uid)
     try:
-        config = admission.admit(
-            admission.RunRef(namespace, name, uid),
-            spec,
-            model=model,
-            known_tools=memo.known_tools,
-            start_time=start_time,
-        )
+        policy = await memo.tenants.resolve(namespace)
+    except NoTenant as err:
+        _reject(memo, key, str(err), generation=generation)
+        return
+    except ApiException as err:
+        raise kopf.TemporaryError(f"cannot read namespace {namespace!r}: {err.status}") from err
+    try:  # reject what can never run now, not after it waited in the queue
+        await admitter.prepare(key, spec, policy, start_time=time.time())
     except admission.InvalidSpec as err:
-        _reject(memo, RunKey(namespace, name, uid), str(err), generation=generation)
+        _reject(memo, key, str(err), generation=generation, tenant=policy.name)
         return
-    config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
-    try:
-        await dispatcher.admit(config, start_time=start_time, generation=generation)
-    except nats.errors.MaxPayloadError:
-        size = len(config.as_dict().__repr__())
-        _reject(
-            memo,
-            RunKey(namespace, name, uid),
-            f"spec: about {size} bytes, more than the event stream's message limit allows to "
-            "checkpoint; shorten spec.goal, spec.instructions or spec.output.schema",
-            generation=generation,
-        )
-        return
-    if meta.get("annotations", {}).get(CANCEL_ANNOTATION) == "true":
-        await dispatcher.end(
-            namespace,
-            name,
-            uid,
-            kernel.Phase.CANCELLED,
-            f"cancelled by the {CANCEL_ANNOTATION} annotation",
-        )
+    except ApiException as err:
+        raise kopf.TemporaryError(
+            f"cannot read the AgentModel: HTTP {err.status}", delay=5
+        ) from err
+    await admitter.submit(key, policy, generation=generation)
 
 
 @kopf.on.create(*RUN)
@@ -200,7 +181,8 @@ async def admit_run(
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    """Admit a new AgentRun (validate it against its AgentModel, queue its first turn), or,
+    """Admit a new AgentRun: validate it against its AgentModel and its AgentTenant, queue it
+    in the tenant's admission queue (the admitter starts it when the tenant has room), or,
     after an operator restart, pick up where the run's events left off."""
     await _admit(
         spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo
@@ -211,17 +193,20 @@ async def admit_run(
 async def cancel_run(
     *, status: kopf.Status, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    """``agentrun.dev/cancel: "true"``: end the run ``cancelled``; workers drop its turn."""
+    """``agentrun.dev/cancel: "true"``: end the run ``cancelled``; workers drop its turn; a
+    queued run leaves its queue."""
     assert namespace is not None  # AgentRun is namespaced
     if status.get("terminalReason"):
         return
-    await memo.dispatcher.end(
+    ended = await memo.dispatcher.end(
         namespace,
         name,
         uid,
         kernel.Phase.CANCELLED,
         f"cancelled by the {CANCEL_ANNOTATION} annotation",
     )
+    if not ended:
+        await memo.admitter.cancel_queued(RunKey(namespace, name, uid), status.get("tenant"))
 
 
 @kopf.on.update(*RUN, annotations={APPROVE_ANNOTATION: kopf.PRESENT})
@@ -274,6 +259,24 @@ async def _remove_annotation(api: client.ApiClient, namespace: str, name: str, k
 async def delete_run(
     *, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Stop the run and purge its events; bounded, so the finalizer always goes."""
+    """Stop the run, settle its ledger entry and purge its events (or take it out of its
+    queue); bounded, so the finalizer always goes."""
     assert namespace is not None  # AgentRun is namespaced
+    try:
+        async with asyncio.timeout(10):
+            await memo.admitter.forget_queued(uid)
+    except Exception as err:  # NATS down: the pump drops queued runs that no longer exist
+        log.warning("could not take %s/%s out of its queue: %r", namespace, name, err)
     await memo.dispatcher.forget(namespace, name, uid)
+
+
+@kopf.on.event(*TENANT)
+async def tenant_changed(
+    *, type: str | None, body: kopf.Body, name: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """Keep the tenant registry current; a changed tenant (more budget, more slots) is pumped."""
+    if type == "DELETED":
+        memo.tenants.remove(name)
+        return
+    if memo.tenants.put(body) is not None:
+        memo.admitter.kick(name)

@@ -64,12 +64,14 @@ def project(
     event_time: float,
     generation: int,
     admitted_at: float,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """The full ``.status`` after an event with this ``summary`` (``RunState.summary()``)."""
     state = kernel.state_from_summary(dict(summary))
     terminal = kernel.conclude(state.phase)
     status: dict[str, Any] = {
         "phase": kernel.ResourcePhase.RUNNING.value,
+        "queuePosition": None,  # admitted: out of the queue (merge patch removes it)
         "message": state.message,
         "usage": usage_status(state, wall_seconds=max(0.0, event_time - start_time)),
         "startTime": rfc3339(start_time),
@@ -77,6 +79,8 @@ def project(
         "lastEventSequence": seq,
         "pendingApproval": summary.get("pendingApproval"),  # None removes it (merge patch)
     }
+    if tenant is not None:
+        status["tenant"] = tenant
     waiting = state.phase is kernel.Phase.AWAITING_APPROVAL
     if waiting:
         status["phase"] = kernel.ResourcePhase.AWAITING_APPROVAL.value
@@ -124,22 +128,33 @@ def project(
     return status
 
 
-def rejected(message: str, *, at: float, generation: int) -> dict[str, Any]:
-    """``.status`` of a run that failed admission: ``Failed`` / ``invalid_spec``."""
-    terminal = kernel.conclude(kernel.Phase.INVALID_SPEC)
+def rejected(
+    message: str,
+    *,
+    at: float,
+    generation: int,
+    phase: kernel.Phase = kernel.Phase.INVALID_SPEC,
+    tenant: str | None = None,
+) -> dict[str, Any]:
+    """``.status`` of a run that ended without being admitted: ``invalid_spec`` by default;
+    ``tenant_budget_exhausted`` (tenant policy ``whenExhausted: Fail``) or ``cancelled`` (while
+    queued) otherwise."""
+    terminal = kernel.conclude(phase)
     assert terminal is not None
-    return {
+    reason = camel(terminal.reason.value)
+    body: dict[str, Any] = {
         "phase": terminal.resource_phase.value,
         "terminalReason": terminal.reason.value,
         "outcome": terminal.outcome.value,
         "message": message,
         "observedGeneration": generation,
         "completionTime": rfc3339(at),
+        "queuePosition": None,
         "conditions": [
             condition(
                 "Admitted",
                 status=False,
-                reason="InvalidSpec",
+                reason=reason,
                 message=message,
                 at=at,
                 generation=generation,
@@ -147,10 +162,40 @@ def rejected(message: str, *, at: float, generation: int) -> dict[str, Any]:
             condition(
                 "Finished",
                 status=True,
-                reason="InvalidSpec",
+                reason=reason,
                 message=message,
                 at=at,
                 generation=generation,
             ),
+        ],
+    }
+    if tenant is not None:
+        body["tenant"] = tenant
+    return body
+
+
+def queued(
+    *, tenant: str, reason: str, message: str, position: int, at: float, generation: int
+) -> dict[str, Any]:
+    """``.status`` of a run waiting in its tenant's admission queue.
+
+    ``reason`` is the ``Admitted=False`` condition's reason (``ConcurrencyLimit``,
+    ``BudgetExhausted``, ``Waiting`` behind earlier runs); ``position`` is 1-based.
+    """
+    return {
+        "phase": kernel.ResourcePhase.QUEUED.value,
+        "tenant": tenant,
+        "queuePosition": position,
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": [
+            condition(
+                "Admitted",
+                status=False,
+                reason=reason,
+                message=message,
+                at=at,
+                generation=generation,
+            )
         ],
     }

@@ -21,9 +21,11 @@ from opentelemetry import context as otel_context
 
 from agentrun import kernel, metrics, telemetry
 from agentrun.bus import Bus, CommitConflict
+from agentrun.ledger import LedgerStore
 from agentrun.protocol import RunEvent, TurnRequest
 
 from . import history
+from .budget import DEFAULT_HOLD_TTL, TurnBudget
 from .turn import PhaseClock, TurnDeps, execute_turn
 
 log = logging.getLogger(__name__)
@@ -36,16 +38,30 @@ class ConsumerSettings:
     concurrency: int = 64
     """Turns (of different runs) in flight at once."""
     heartbeat: float = 10.0
-    """Seconds between ``in_progress`` signals while a turn runs (well under ack_wait)."""
+    """Seconds between ``in_progress`` signals while a turn runs (well under ack_wait); the
+    turn's ledger hold is refreshed with the same beat."""
+    hold_ttl: float = DEFAULT_HOLD_TTL
+    """Seconds a ledger hold outlives its last refresh (a dead worker's hold is released
+    after at most this plus the operator's sweep interval)."""
 
 
 class TurnConsumer:
     """Runs turns pulled from the shared ``agentrun-workers`` consumer until stopped."""
 
-    def __init__(self, bus: Bus, deps: TurnDeps, settings: ConsumerSettings) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        deps: TurnDeps,
+        settings: ConsumerSettings,
+        *,
+        ledger: LedgerStore | None = None,
+    ) -> None:
+        """``ledger``: the tenant budget ledger (``None``: no tenant budgets, for tests)."""
         self.bus = bus
         self.deps = deps
         self.settings = settings
+        self.ledger = ledger
+        self._budgets: dict[str, TurnBudget] = {}
         self.cache = history.RunCache()
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._cancelled: set[str] = set()
@@ -102,11 +118,15 @@ class TurnConsumer:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
 
-    async def _heartbeat(self, msg: Msg) -> None:
+    async def _heartbeat(self, msg: Msg, run_uid: str) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat)
             with contextlib.suppress(Exception):
                 await msg.in_progress()
+            budget = self._budgets.get(run_uid)
+            if budget is not None:
+                with contextlib.suppress(Exception):
+                    await budget.refresh()
 
     async def _handle(self, msg: Msg) -> None:
         try:
@@ -115,7 +135,7 @@ class TurnConsumer:
             log.error("dropping a malformed TurnRequest: %s", err)
             await msg.term()
             return
-        beat = asyncio.create_task(self._heartbeat(msg))
+        beat = asyncio.create_task(self._heartbeat(msg, request.run_uid))
         metrics.IN_FLIGHT.inc()
         task = asyncio.current_task()
         assert task is not None
@@ -137,6 +157,9 @@ class TurnConsumer:
             beat.cancel()
             self._inflight.pop(request.run_uid, None)
             self._cancelled.discard(request.run_uid)
+            budget = self._budgets.pop(request.run_uid, None)
+            if budget is not None and budget.held:  # the turn did not commit: free its hold
+                await asyncio.shield(budget.release())
 
     async def _failed(self, msg: Msg, request: TurnRequest, err: Exception) -> None:
         """A turn raised. NATS trouble is retried by redelivery; anything else (a payload over
@@ -189,10 +212,24 @@ class TurnConsumer:
             await msg.ack()
             return
         clock = PhaseClock()
+        budget = None
+        if self.ledger is not None:
+            budget = TurnBudget(
+                self.ledger,
+                tenant=run.config.tenant,
+                run_uid=request.run_uid,
+                namespace=request.namespace,
+                name=request.name,
+                turn=request.turn,
+                ttl=self.settings.hold_ttl,
+            )
+            self._budgets[request.run_uid] = budget
         parent = telemetry.context_of((msg.headers or {}).get("traceparent"))
         token = otel_context.attach(parent) if parent is not None else None
         try:
-            record = await execute_turn(self.deps, run.config, run.state, clock=clock)
+            record = await execute_turn(
+                self.deps, run.config, run.state, clock=clock, budget=budget
+            )
         finally:
             if token is not None:
                 otel_context.detach(token)
@@ -215,6 +252,12 @@ class TurnConsumer:
             return
         self.cache.put(history.LoadedRun(run.config, after, seq))
         self.turns_committed += 1
+        if budget is not None:
+            try:
+                await budget.settle(after)
+            except Exception as err:  # committed: the next settlement or the run's close
+                # charges the run's cumulative usage, and the operator frees the hold
+                log.warning("turn %s committed but not settled: %r", request.msg_id, err)
         metrics.record_turn(
             record, before=run.state, after=after, config=run.config, catalog=self.deps.catalog
         )

@@ -12,6 +12,7 @@ from prometheus_client import start_http_server
 
 from agentrun import kube, telemetry
 from agentrun.bus import Bus, BusSettings
+from agentrun.ledger import LedgerStore
 from agentrun.tools import default_catalog
 
 from .consumer import ConsumerSettings, TurnConsumer
@@ -60,7 +61,9 @@ async def serve() -> None:
         ConsumerSettings(
             concurrency=int(_env_float("AGENTRUN_WORKER_CONCURRENCY", 64)),
             heartbeat=max(0.5, ack_wait / 3),
+            hold_ttl=_env_float("AGENTRUN_HOLD_TTL", 60.0),
         ),
+        ledger=await LedgerStore.open(bus.js),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

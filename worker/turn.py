@@ -20,6 +20,7 @@ from agentrun.protocol import RunConfig, SecretRef
 from agentrun.tools.catalog import Catalog, ToolContext
 
 from . import toolrunner
+from .budget import TurnBudget, worst_case
 from .model import ModelClient, ModelError
 
 
@@ -95,10 +96,15 @@ async def execute_turn(
     state: kernel.RunState,
     *,
     clock: PhaseClock | None = None,
+    budget: TurnBudget | None = None,
 ) -> kernel.TurnRecord:
     """Run turn ``state.turn`` of the run ``config``; never raises for model or tool faults.
 
     ``clock``, when given, receives the seconds spent calling the model and running tools.
+    ``budget``, when given, reserves the model call's worst case in the tenant ledger after the
+    run's own gates pass; a call that does not fit is not made and the run ends
+    ``tenant_budget_exhausted`` (a summary call at a cap ends with the cap's reason instead).
+    Ledger errors (``LedgerUnavailable``, NATS errors) propagate: the turn is retried.
 
     Raises ``asyncio.CancelledError`` when cancelled (the turn is then abandoned uncommitted).
     """
@@ -131,6 +137,10 @@ async def execute_turn(
         assert state.pending_cap is not None
         prompt += (kernel.summary_request(state.pending_cap),)
         openai_tools = []
+    if budget is not None:
+        refused = await _reserve(budget, state, gate, prompt_estimate=estimate, pricing=pricing)
+        if refused is not None:
+            return refused
     try:
         with clock.phase("model"):
             response, usage = await _call_model(
@@ -178,6 +188,29 @@ async def execute_turn(
         results = await _run(deps, config, runnable)
     return kernel.TurnRecord(
         turn=state.turn, decision=decision, calls=calls, results=results, usage=usage, held=held
+    )
+
+
+async def _reserve(
+    budget: TurnBudget,
+    state: kernel.RunState,
+    gate: kernel.Gate,
+    *,
+    prompt_estimate: int,
+    pricing: kernel.Pricing,
+) -> kernel.TurnRecord | None:
+    """Reserve the call's worst case; the record that ends the run if it does not fit."""
+    tokens, cost = worst_case(
+        prompt_tokens=prompt_estimate, output_tokens=gate.max_output_tokens, pricing=pricing
+    )
+    refusal = await budget.reserve(tokens=tokens, cost_usd=cost)
+    if refusal is None:
+        return None
+    if gate.summary:  # the run's own cap came first: end with it, without a summary
+        return kernel.TurnRecord(turn=state.turn, summary=True)
+    return kernel.TurnRecord(
+        turn=state.turn,
+        gate=kernel.Gate(kernel.Phase.TENANT_BUDGET_EXHAUSTED, message=refusal.message),
     )
 
 

@@ -17,6 +17,9 @@ import yaml
 from agentrun.devenv import console, kubectl, state
 
 MODEL_NAME = "mock"
+TENANT_NAME = "default"
+"""The dev stack's default AgentTenant (``AGENTRUN_DEFAULT_TENANT``): runs in namespaces no
+other AgentTenant binds are charged to it."""
 DEFAULT_EXAMPLES = (
     Path("examples") / "rectangle.yaml",
     Path("examples") / "collatz.yaml",
@@ -44,6 +47,21 @@ def mock_model(base_url: str) -> dict[str, Any]:
     }
 
 
+def default_tenant() -> dict[str, Any]:
+    """The cluster-scoped AgentTenant ``default``: binds namespace ``default`` and, as the
+    operator's default tenant, every namespace no other tenant binds; a generous daily budget."""
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": TENANT_NAME},
+        "spec": {
+            "namespaces": ["default"],
+            "window": "24h",
+            "budget": {"tokens": 100_000_000, "costUSD": "1000.00"},
+        },
+    }
+
+
 def kubectl_for(current: state.StackState) -> kubectl.Kubectl:
     """A kubectl bound to the stack's cluster."""
     if current.kubectl is None or current.kubeconfig is None:
@@ -52,10 +70,16 @@ def kubectl_for(current: state.StackState) -> kubectl.Kubectl:
 
 
 def apply_mock_model(current: state.StackState) -> None:
-    """Create or update the ``mock`` AgentModel for the stack's mock model URL."""
+    """Create or update the ``mock`` AgentModel for the stack's mock model URL, and the
+    ``default`` AgentTenant."""
     if current.model_url is None:
         raise RuntimeError("the stack has no mock model: run `agentrun dev up` first")
-    kubectl_for(current)("apply", "-f", "-", input=yaml.safe_dump(mock_model(current.model_url)))
+    objects = {
+        "kind": "List",
+        "apiVersion": "v1",
+        "items": [mock_model(current.model_url), default_tenant()],
+    }
+    kubectl_for(current)("apply", "-f", "-", input=yaml.safe_dump(objects))
 
 
 def run_examples(

@@ -98,9 +98,15 @@ def script_path(name: str) -> Path:
 def service_env(*, kubeconfig: str, nats_url: str) -> dict[str, str]:
     """Environment shared by the operator and workers (contracts.md), minus the metrics port.
 
-    Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen.
+    Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen, and
+    ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates).
     """
-    return {"KUBECONFIG": kubeconfig, "AGENTRUN_NATS_URL": nats_url, "PYTHONUNBUFFERED": "1"}
+    return {
+        "KUBECONFIG": kubeconfig,
+        "AGENTRUN_NATS_URL": nats_url,
+        "PYTHONUNBUFFERED": "1",
+        "AGENTRUN_DEFAULT_TENANT": "default",
+    }
 
 
 def start_mockllm(

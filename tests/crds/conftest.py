@@ -1,5 +1,6 @@
 """Fixtures for the CRD tests. The control plane (`kubectl`, `crds`, `test_namespace`) comes
-from tests/conftest.py; these add `kubectl apply -f -` of a dict and AgentModel clean-up."""
+from tests/conftest.py; these add `kubectl apply -f -` of a dict and the clean-up of
+cluster-scoped AgentModels and AgentTenants."""
 
 from __future__ import annotations
 
@@ -36,3 +37,11 @@ def agentmodel_name(kubectl: Kubectl) -> Iterator[str]:
     name = f"test-model-{uuid.uuid4().hex[:8]}"
     yield name
     kubectl("delete", "agentmodel", name, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def agenttenant_name(kubectl: Kubectl) -> Iterator[str]:
+    """A unique name for a cluster-scoped AgentTenant, deleted after the test."""
+    name = f"test-tenant-{uuid.uuid4().hex[:8]}"
+    yield name
+    kubectl("delete", "agenttenant", name, "--ignore-not-found", check=False)

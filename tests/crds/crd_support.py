@@ -4,7 +4,9 @@ folder on sys.path)."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ CRD_DIR = REPO_ROOT / "crds"
 CHART_DIR = REPO_ROOT / "charts" / "agentrun"
 AGENTRUN_CRD = CRD_DIR / "agentrun.dev_agentruns.yaml"
 AGENTMODEL_CRD = CRD_DIR / "agentrun.dev_agentmodels.yaml"
+AGENTTENANT_CRD = CRD_DIR / "agentrun.dev_agenttenants.yaml"
 
 Manifest = dict[str, Any]
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
@@ -46,6 +49,19 @@ def make_agentmodel(name: str = "model", **spec: Any) -> Manifest:
     return manifest
 
 
+def make_agenttenant(name: str = "tenant", **spec: Any) -> Manifest:
+    """A valid AgentTenant bound to one namespace; keyword arguments replace top-level spec
+    fields."""
+    manifest: Manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": name},
+        "spec": {"namespaces": ["team-a"]},
+    }
+    manifest["spec"].update(spec)
+    return manifest
+
+
 def without(manifest: Manifest, dotted_path: str) -> Manifest:
     """A copy of `manifest` with the field at `dotted_path` (e.g. "spec.goal") removed."""
     result = copy.deepcopy(manifest)
@@ -55,3 +71,19 @@ def without(manifest: Manifest, dotted_path: str) -> Manifest:
         node = node[key]
     del node[leaf]
     return result
+
+
+def get_json(kubectl: Kubectl, *args: str) -> dict[str, Any]:
+    """`kubectl get ARGS -o json`, parsed."""
+    result: dict[str, Any] = json.loads(kubectl("get", *args, "-o", "json").stdout)
+    return result
+
+
+def explain(kubectl: Kubectl, field: str, *, attempts: int = 30) -> str:
+    """`kubectl explain FIELD`, retried while the new CRD's OpenAPI is still being published."""
+    for _ in range(attempts):
+        result = kubectl("explain", field, check=False)
+        if result.returncode == 0:
+            return result.stdout
+        time.sleep(1)
+    raise AssertionError(f"kubectl explain {field} kept failing: {result.stderr}")

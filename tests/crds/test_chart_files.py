@@ -73,7 +73,12 @@ def test_template_actions_are_balanced(template: Path) -> None:
     [
         pytest.param(
             "operator-deployment.yaml",
-            ["AGENTRUN_NATS_URL", "AGENTRUN_METRICS_PORT", "AGENTRUN_TURN_ACK_WAIT"],
+            [
+                "AGENTRUN_NATS_URL",
+                "AGENTRUN_METRICS_PORT",
+                "AGENTRUN_TURN_ACK_WAIT",
+                "AGENTRUN_DEFAULT_TENANT",
+            ],
             id="operator",
         ),
         pytest.param(
@@ -93,6 +98,59 @@ def test_deployments_set_the_environment_of_docs_contracts(
 ) -> None:
     text = (TEMPLATES / template).read_text()
     assert [name for name in variables if f"name: {name}" not in text] == []
+
+
+def test_operator_default_tenant_comes_from_values_and_is_empty_by_default() -> None:
+    text = (TEMPLATES / "operator-deployment.yaml").read_text()
+    assert (
+        "- name: AGENTRUN_DEFAULT_TENANT\n"
+        "              value: {{ .Values.operator.defaultTenant | quote }}"
+    ) in text
+    assert load_values()["operator"]["defaultTenant"] == ""
+
+
+def operator_role_rules() -> list[dict[str, Any]]:
+    """The rules of the operator ClusterRole (plain YAML between `rules:` and `---`)."""
+    text = (TEMPLATES / "operator-rbac.yaml").read_text()
+    role = text[text.index("kind: ClusterRole\n") :]
+    rules_block = role[role.index("rules:") : role.index("---")]
+    rules: list[dict[str, Any]] = yaml.safe_load(rules_block)["rules"]
+    return rules
+
+
+def operator_verbs(group: str, resource: str) -> set[str]:
+    return {
+        verb
+        for rule in operator_role_rules()
+        if group in rule["apiGroups"] and resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+@pytest.mark.parametrize(
+    ("group", "resource", "verbs"),
+    [
+        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "update"}),
+        ("agentrun.dev", "agentruns/status", {"get", "patch", "update"}),
+        ("agentrun.dev", "agentmodels", {"get", "list", "watch"}),
+        ("agentrun.dev", "agenttenants", {"get", "list", "watch"}),
+        ("agentrun.dev", "agenttenants/status", {"get", "patch", "update"}),
+        ("", "namespaces", {"get", "list", "watch"}),  # AgentTenant spec.namespaceSelector
+        ("", "events", {"create"}),
+        ("apiextensions.k8s.io", "customresourcedefinitions", {"get", "list", "watch"}),
+    ],
+)
+def test_operator_role_grants(group: str, resource: str, verbs: set[str]) -> None:
+    assert operator_verbs(group, resource) == verbs
+
+
+def test_operator_role_reads_no_secrets() -> None:
+    assert operator_verbs("", "secrets") == set()
+
+
+def test_worker_roles_do_not_touch_agenttenants() -> None:
+    text = (TEMPLATES / "worker-rbac.yaml").read_text()
+    assert "agenttenants" not in text
 
 
 API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch"}

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from crd_support import Apply, Kubectl, Manifest, make_agentmodel, make_agentrun, without
+from crd_support import (
+    Apply,
+    Kubectl,
+    Manifest,
+    explain,
+    get_json,
+    make_agentmodel,
+    make_agentrun,
+    without,
+)
 
 from agentrun import kernel
 from agentrun.operator import status as operator_status
@@ -230,23 +238,14 @@ def test_api_server_accepts_valid_agentrun(
     assert result.returncode == 0, result.stderr
 
 
-def get_json(kubectl: Kubectl, *args: str) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(kubectl("get", *args, "-o", "json").stdout)
-    return result
-
-
 def test_agentrun_budget_defaults_are_filled_in(
     apply: Apply, kubectl: Kubectl, test_namespace: str
 ) -> None:
+    """maxSteps, maxToolCalls and timeout stay unset: the run's AgentTenant may default them
+    (runBudget.default), so the API server must not (the operator falls back to 20, 50, 10m)."""
     assert apply(make_agentrun("defaults"), namespace=test_namespace).returncode == 0
     spec = get_json(kubectl, "agentrun", "defaults", "-n", test_namespace)["spec"]
-    assert spec["budget"] == {
-        "maxSteps": 20,
-        "maxToolCalls": 50,
-        "timeout": "10m",
-        "noProgress": {"window": 3},
-        "onExhausted": "summarize",
-    }
+    assert spec["budget"] == {"noProgress": {"window": 3}, "onExhausted": "summarize"}
 
 
 def test_agentrun_defaults_leave_given_budget_fields_alone(
@@ -256,7 +255,7 @@ def test_agentrun_defaults_leave_given_budget_fields_alone(
     assert apply(manifest, namespace=test_namespace).returncode == 0
     budget = get_json(kubectl, "agentrun", "partly", "-n", test_namespace)["spec"]["budget"]
     assert (budget["maxSteps"], budget["maxCostUSD"]) == (7, "0.25")
-    assert (budget["maxToolCalls"], budget["timeout"]) == (50, "10m")
+    assert "maxToolCalls" not in budget and "timeout" not in budget
 
 
 @pytest.mark.parametrize(
@@ -444,6 +443,62 @@ def test_status_stores_the_operators_projection_without_pruning(
     assert get_json(kubectl, "agentrun", "projected", "-n", test_namespace)["status"] == stored
 
 
+def test_status_records_the_tenant_and_the_queue_position(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    assert apply(make_agentrun("queued"), namespace=test_namespace).returncode == 0
+    queued = {"phase": "Queued", "tenant": "team-a", "queuePosition": 3}
+    result = patch_status(kubectl, test_namespace, "queued", queued)
+    assert result.returncode == 0, result.stderr
+    assert get_json(kubectl, "agentrun", "queued", "-n", test_namespace)["status"] == queued
+    # admitted: the position goes away (None in a merge patch), the tenant stays
+    result = patch_status(
+        kubectl, test_namespace, "queued", {"phase": "Running", "queuePosition": None}
+    )
+    assert result.returncode == 0, result.stderr
+    stored = get_json(kubectl, "agentrun", "queued", "-n", test_namespace)["status"]
+    assert stored == {"phase": "Running", "tenant": "team-a"}
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        pytest.param(
+            {"queuePosition": 0},
+            ["status.queuePosition", "greater than or equal to 1"],
+            id="queue-position-zero",
+        ),
+        pytest.param(
+            {"tenant": 7}, ["status.tenant", "must be of type string"], id="tenant-not-a-string"
+        ),
+    ],
+)
+def test_status_rejects_invalid_tenant_fields(
+    apply: Apply,
+    kubectl: Kubectl,
+    test_namespace: str,
+    status: dict[str, Any],
+    expected: list[str],
+) -> None:
+    assert apply(make_agentrun("tenanted"), namespace=test_namespace).returncode == 0
+    result = patch_status(kubectl, test_namespace, "tenanted", status)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    for fragment in expected:
+        assert fragment in result.stderr
+
+
+def test_get_agentruns_wide_shows_model_and_tenant(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    assert apply(make_agentrun("wide"), namespace=test_namespace).returncode == 0
+    assert patch_status(kubectl, test_namespace, "wide", {"tenant": "team-a"}).returncode == 0
+    header, row = kubectl(
+        "get", "ar", "wide", "-n", test_namespace, "-o", "wide"
+    ).stdout.splitlines()
+    assert header.split()[-2:] == ["MODEL", "TENANT"]
+    assert row.split()[-2:] == ["mock", "team-a"]
+
+
 def test_get_agentruns_shows_phase_reason_steps_tokens_cost(
     apply: Apply, kubectl: Kubectl, test_namespace: str
 ) -> None:
@@ -486,24 +541,14 @@ def test_agentmodel_prices_can_be_changed_by_the_platform_team(
     assert pricing["outputPerMillionUSD"] == "0.60"
 
 
-def explain(kubectl: Kubectl, field: str, *, attempts: int = 30) -> str:
-    """`kubectl explain FIELD`, retried while the new CRD's OpenAPI is still being published."""
-    for _ in range(attempts):
-        result = kubectl("explain", field, check=False)
-        if result.returncode == 0:
-            return result.stdout
-        time.sleep(1)
-    raise AssertionError(f"kubectl explain {field} kept failing: {result.stderr}")
-
-
 def test_explain_budget_gives_units_defaults_and_terminal_reasons(kubectl: Kubectl) -> None:
     text = " ".join(explain(kubectl, "agentrun.spec.budget").split())
     for fragment in [
         "maxSteps",
-        "default 20",
+        "else 20",
         "max_steps",
         "maxToolCalls",
-        "default 50",
+        "else 50",
         "tool_budget_exhausted",
         "maxTokens",
         "token_budget_exhausted",
@@ -511,7 +556,7 @@ def test_explain_budget_gives_units_defaults_and_terminal_reasons(kubectl: Kubec
         "US dollars",
         "cost_budget_exhausted",
         "timeout",
-        "default 10m",
+        "else 10m",
         "at most 24h",
         "deadline_exceeded",
         "noProgress",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from crd_support import AGENTMODEL_CRD, AGENTRUN_CRD, CRD_DIR
+from crd_support import AGENTMODEL_CRD, AGENTRUN_CRD, AGENTTENANT_CRD, CRD_DIR
 
 from agentrun.kernel import terminal
 
@@ -50,14 +50,17 @@ def at(schema: Schema, dotted_path: str) -> Schema:
 
 
 CRD_FILES = pytest.mark.parametrize(
-    "path", [AGENTRUN_CRD, AGENTMODEL_CRD], ids=lambda path: path.name.split("_")[1]
+    "path",
+    [AGENTRUN_CRD, AGENTMODEL_CRD, AGENTTENANT_CRD],
+    ids=lambda path: path.name.split("_")[1],
 )
 
 
-def test_crd_directory_holds_exactly_the_two_crds() -> None:
+def test_crd_directory_holds_exactly_the_three_crds() -> None:
     assert sorted(path.name for path in CRD_DIR.iterdir()) == [
         "agentrun.dev_agentmodels.yaml",
         "agentrun.dev_agentruns.yaml",
+        "agentrun.dev_agenttenants.yaml",
     ]
 
 
@@ -67,6 +70,9 @@ def test_crd_directory_holds_exactly_the_two_crds() -> None:
         pytest.param(AGENTRUN_CRD, "Namespaced", "AgentRun", "agentruns", "ar", id="agentruns"),
         pytest.param(
             AGENTMODEL_CRD, "Cluster", "AgentModel", "agentmodels", "am", id="agentmodels"
+        ),
+        pytest.param(
+            AGENTTENANT_CRD, "Cluster", "AgentTenant", "agenttenants", "at", id="agenttenants"
         ),
     ],
 )
@@ -79,6 +85,8 @@ def test_crd_names_group_and_version(
     spec = crd["spec"]
     assert (spec["group"], spec["scope"]) == ("agentrun.dev", scope)
     assert spec["names"]["kind"] == kind
+    assert spec["names"]["listKind"] == f"{kind}List"
+    assert spec["names"]["singular"] == kind.lower()
     assert spec["names"]["plural"] == plural
     assert spec["names"]["shortNames"] == [short_name]
     assert spec["names"]["categories"] == ["agents"]
@@ -134,6 +142,8 @@ def test_agentrun_status_fields_are_the_contract() -> None:
     status = at(root_schema(AGENTRUN_CRD), "status")
     assert set(status["properties"]) == {
         "phase",
+        "tenant",  # the AgentTenant the run is charged to
+        "queuePosition",  # 1-based place in the tenant's admission queue while Queued
         "terminalReason",
         "outcome",
         "message",
@@ -221,3 +231,145 @@ def test_printer_columns_point_at_declared_fields(path: Path) -> None:
             continue
         field = at(schema, json_path.removeprefix("."))
         assert field["type"] == column["type"], column["name"]
+
+
+def printer_columns(path: Path) -> list[tuple[str, str, str, int]]:
+    (version,) = load_crd(path)["spec"]["versions"]
+    return [
+        (column["name"], column["type"], column["jsonPath"], column.get("priority", 0))
+        for column in version["additionalPrinterColumns"]
+    ]
+
+
+def test_agentrun_shows_its_tenant_in_the_wide_output() -> None:
+    assert ("Tenant", "string", ".status.tenant", 1) in printer_columns(AGENTRUN_CRD)
+
+
+def test_agenttenant_printer_columns() -> None:
+    assert printer_columns(AGENTTENANT_CRD) == [
+        ("Active", "integer", ".status.activeRuns", 0),
+        ("Queued", "integer", ".status.queuedRuns", 0),
+        ("Tokens", "integer", ".status.budget.tokens.used", 0),
+        ("Cost", "string", ".status.budget.costUSD.used", 0),
+        # string: a date column prints <invalid> for a time in the future
+        ("Reset", "string", ".status.resetTime", 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
+    ]
+
+
+RUN_BUDGET_FIELDS = {"maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout"}
+
+
+def test_agenttenant_spec_fields_are_the_contract() -> None:
+    spec = at(root_schema(AGENTTENANT_CRD), "spec")
+    assert set(spec["properties"]) == {
+        "namespaces",
+        "namespaceSelector",
+        "window",
+        "budget",
+        "whenExhausted",
+        "maxConcurrentRuns",
+        "runBudget",
+        "allowedModels",
+        "allowedTools",
+    }
+    assert "required" not in spec  # one of namespaces / namespaceSelector, checked in CEL
+    assert set(at(spec, "namespaceSelector")["properties"]) == {"matchLabels", "matchExpressions"}
+    expression = at(spec, "namespaceSelector.matchExpressions")["items"]
+    assert set(expression["properties"]) == {"key", "operator", "values"}
+    assert set(expression["required"]) == {"key", "operator"}
+    assert at(spec, "window")["default"] == "24h"
+    assert set(at(spec, "budget")["properties"]) == {"tokens", "costUSD", "wallClockSeconds"}
+    assert at(spec, "whenExhausted")["enum"] == ["Queue", "Fail"]
+    assert at(spec, "whenExhausted")["default"] == "Queue"
+    assert set(at(spec, "runBudget")["properties"]) == {"max", "default", "overMax"}
+    assert set(at(spec, "runBudget.max")["properties"]) == RUN_BUDGET_FIELDS
+    assert set(at(spec, "runBudget.default")["properties"]) == RUN_BUDGET_FIELDS
+    assert at(spec, "runBudget.overMax")["enum"] == ["Clamp", "Reject"]
+    assert at(spec, "runBudget.overMax")["default"] == "Reject"
+    for field in ["namespaces", "allowedModels", "allowedTools"]:
+        assert at(spec, field)["x-kubernetes-list-type"] == "set", field
+
+
+def test_agenttenant_spec_is_mutable() -> None:
+    # Platform teams edit tenants in place; no field carries a self == oldSelf rule.
+    spec = at(root_schema(AGENTTENANT_CRD), "spec")
+    rules = [
+        rule["rule"]
+        for _, schema in [("spec", spec), *walk_fields(spec)]
+        for rule in schema.get("x-kubernetes-validations", [])
+    ]
+    assert [rule for rule in rules if "oldSelf" in rule] == []
+
+
+@pytest.mark.parametrize("bound", ["max", "default"])
+@pytest.mark.parametrize("field", sorted(RUN_BUDGET_FIELDS))
+def test_agenttenant_run_budget_fields_copy_the_agentrun_constraints(
+    bound: str, field: str
+) -> None:
+    # Same bounds and patterns as AgentRun spec.budget, without its defaults: an unset cap
+    # or default means none.
+    run_field = at(root_schema(AGENTRUN_CRD), f"spec.budget.{field}")
+    tenant_field = at(root_schema(AGENTTENANT_CRD), f"spec.runBudget.{bound}.{field}")
+    constraints = ["type", "format", "minimum", "maximum", "pattern", "maxLength"]
+    assert {key: tenant_field.get(key) for key in constraints} == {
+        key: run_field.get(key) for key in constraints
+    }
+    assert "default" not in tenant_field
+    run_rules = [rule["rule"] for rule in run_field.get("x-kubernetes-validations", [])]
+    tenant_rules = [rule["rule"] for rule in tenant_field.get("x-kubernetes-validations", [])]
+    assert tenant_rules == run_rules
+
+
+def test_agenttenant_budget_patterns_match_the_agentrun_ones() -> None:
+    spec = at(root_schema(AGENTTENANT_CRD), "spec")
+    run_budget = at(root_schema(AGENTRUN_CRD), "spec.budget")
+    assert at(spec, "window")["pattern"] == at(run_budget, "timeout")["pattern"]
+    assert at(spec, "budget.costUSD")["pattern"] == at(run_budget, "maxCostUSD")["pattern"]
+
+
+def test_agenttenant_status_fields_are_the_contract() -> None:
+    status = at(root_schema(AGENTTENANT_CRD), "status")
+    assert "x-kubernetes-preserve-unknown-fields" not in status  # unknown fields are pruned
+    assert set(status["properties"]) == {
+        "observedGeneration",
+        "windowStart",
+        "resetTime",
+        "activeRuns",
+        "queuedRuns",
+        "budget",
+        "conditions",
+    }
+    budget = at(status, "budget")
+    assert set(budget["properties"]) == {"tokens", "costUSD", "wallClockSeconds"}
+    for name, value_type in [
+        ("tokens", "integer"),
+        ("costUSD", "string"),
+        ("wallClockSeconds", "number"),
+    ]:
+        usage = at(budget, name)
+        assert set(usage["properties"]) == {"used", "reserved", "limit", "remaining"}
+        assert {field["type"] for field in usage["properties"].values()} == {value_type}
+
+
+def test_agenttenant_conditions_are_declared_like_the_agentruns() -> None:
+    run_conditions = at(root_schema(AGENTRUN_CRD), "status.conditions")
+    tenant_conditions = at(root_schema(AGENTTENANT_CRD), "status.conditions")
+
+    def shape(conditions: Schema) -> Any:
+        without_descriptions = {
+            key: value for key, value in conditions.items() if key != "description"
+        }
+        items = without_descriptions["items"]
+        return {
+            **without_descriptions,
+            "items": {
+                **items,
+                "properties": {
+                    name: {k: v for k, v in field.items() if k != "description"}
+                    for name, field in items["properties"].items()
+                },
+            },
+        }
+
+    assert shape(tenant_conditions) == shape(run_conditions)

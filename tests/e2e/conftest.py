@@ -15,11 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.devenv import components, stack
+from agentrun.devenv import components, demo, stack
 
 SCENARIOS = Path(__file__).with_name("scenarios.yaml")
 ACK_WAIT = 4.0
 """Seconds before an unacked TurnRequest is redelivered (short, for the SIGKILL tests)."""
+HOLD_TTL = 5.0
+"""Seconds a ledger hold outlives its worker's last refresh (short, for the SIGKILL tests)."""
+LEDGER_SWEEP = 0.5
+"""Seconds between the operator's ledger sweeps (expired holds, window resets, queues)."""
 
 
 @dataclasses.dataclass
@@ -124,6 +128,8 @@ def e2e(
     env.update(
         AGENTRUN_TURN_ACK_WAIT=str(ACK_WAIT),
         AGENTRUN_STATUS_INTERVAL="0.5",
+        AGENTRUN_HOLD_TTL=str(HOLD_TTL),
+        AGENTRUN_LEDGER_SWEEP=str(LEDGER_SWEEP),
         OTEL_TRACES_EXPORTER="console",  # one JSON line per span in each process's log
     )
     operator = stack.start_operator(env, launch=launch)
@@ -145,6 +151,7 @@ def e2e(
         },
     }
     kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    kubectl("apply", "-f", "-", input=yaml.safe_dump(demo.default_tenant()))
     handle = E2EStack(kubectl, launch, env, mock, operator, workers)
     yield handle
     for component in [*handle.workers, handle.operator, handle.mock]:

@@ -1,0 +1,29 @@
+"""The tenant budget ledger (DESIGN.md §5): reservations before model calls, settlement after.
+
+``book`` is the pure arithmetic of one tenant's ledger entry; ``store`` keeps entries in
+JetStream KV and changes them only by compare-and-set on the entry's revision.
+"""
+
+from agentrun.ledger.book import (
+    RESOURCES,
+    Active,
+    Book,
+    Hold,
+    Refusal,
+    TenantLimits,
+    window_start,
+)
+from agentrun.ledger.store import LedgerStore, LedgerUnavailable, QueuedRun
+
+__all__ = [
+    "RESOURCES",
+    "Active",
+    "Book",
+    "Hold",
+    "LedgerStore",
+    "LedgerUnavailable",
+    "QueuedRun",
+    "Refusal",
+    "TenantLimits",
+    "window_start",
+]

@@ -1,0 +1,455 @@
+"""One tenant's ledger entry and the operations on it; pure (no I/O, ``now`` passed in).
+
+The entry (DESIGN.md §5, case C19) holds, for the current fixed window:
+
+- ``used``: what the tenant's runs spent: tokens (input + output), cost in USD, and wall-clock
+  seconds of ended runs; the elapsed time of active runs is added live (``wall_used``), so the
+  wall-clock budget is charged as runs progress, not only when they end.
+- ``holds``: reservations of in-flight model calls, keyed ``<run-uid>:<turn>``, each the worst
+  case of its call (estimated prompt tokens + the output allowance, priced). A call starts only
+  if ``used + reserved + its worst case`` stays within every limit, so concurrent turns on many
+  workers cannot together overspend: the check and the record are one compare-and-set.
+- ``active``: admitted runs that have not ended (``maxConcurrentRuns``), each with the run's
+  cumulative usage charged so far and the turn it was charged up to.
+
+Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
+``cumulative - charged`` only when the turn is newer than the one charged last. That makes it
+idempotent (a redelivered or repeated settlement adds nothing) and order-free (a turn whose
+worker died before settling is covered by the next turn's settlement or by the run's close),
+and the tenant's ``used`` equals the sum of its runs' own usage exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from decimal import Decimal
+from typing import Any
+
+RESOURCES = ("tokens", "costUSD", "wallClockSeconds")
+"""The budgeted resources, named as in ``AgentTenant.spec.budget``."""
+
+CONCURRENCY_LIMIT = "ConcurrencyLimit"
+BUDGET_EXHAUSTED = "BudgetExhausted"
+
+
+def window_start(now: float, window_seconds: float) -> float:
+    """Start (epoch seconds) of the fixed window holding ``now``, aligned to the UNIX epoch.
+
+    A ``24h`` window therefore starts at 00:00 UTC. Raises ``ValueError`` for a window ≤ 0.
+    """
+    if window_seconds <= 0:
+        raise ValueError(f"window must be positive, got {window_seconds}")
+    return math.floor(now / window_seconds) * window_seconds
+
+
+def _dec(value: Any) -> Decimal:
+    return Decimal(str(value))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """An ``AgentTenant``'s limits as the ledger enforces them (``None``: unlimited)."""
+
+    tokens: int | None = None
+    """Input + output tokens per window."""
+    cost_usd: Decimal | None = None
+    """USD per window."""
+    wall_seconds: float | None = None
+    """Sum of run durations per window, seconds."""
+    window_seconds: float = 86_400.0
+    """Length of the fixed window, seconds."""
+    max_concurrent_runs: int | None = None
+    """Runs admitted and not ended at once."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON shape (decimals as strings)."""
+        return {
+            "tokens": self.tokens,
+            "costUSD": None if self.cost_usd is None else format(self.cost_usd, "f"),
+            "wallClockSeconds": self.wall_seconds,
+            "windowSeconds": self.window_seconds,
+            "maxConcurrentRuns": self.max_concurrent_runs,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TenantLimits:
+        """Inverse of ``as_dict``."""
+        cost = data.get("costUSD")
+        wall = data.get("wallClockSeconds")
+        return cls(
+            tokens=data.get("tokens"),
+            cost_usd=None if cost is None else _dec(cost),
+            wall_seconds=None if wall is None else float(wall),
+            window_seconds=float(data.get("windowSeconds", 86_400.0)),
+            max_concurrent_runs=data.get("maxConcurrentRuns"),
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class Hold:
+    """A reservation for one model call of one run's turn."""
+
+    run_uid: str
+    turn: int
+    tokens: int
+    """Worst-case tokens of the call: estimated prompt + output allowance."""
+    cost_usd: Decimal
+    """Their price from the AgentModel."""
+    expires: float
+    """Epoch seconds; the worker refreshes it while the turn runs. Past it, the operator
+    treats the worker as dead and releases the hold."""
+    owner: str
+    """Who reserved (one id per delivery of the turn); only the owner may release it."""
+    namespace: str = ""
+    name: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {
+            "run": self.run_uid,
+            "turn": self.turn,
+            "tokens": self.tokens,
+            "costUSD": format(self.cost_usd, "f"),
+            "expires": round(self.expires, 3),
+            "owner": self.owner,
+            "ns": self.namespace,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Hold:
+        """Inverse of ``as_dict``."""
+        return cls(
+            run_uid=data["run"],
+            turn=int(data["turn"]),
+            tokens=int(data["tokens"]),
+            cost_usd=_dec(data["costUSD"]),
+            expires=float(data["expires"]),
+            owner=str(data["owner"]),
+            namespace=str(data.get("ns", "")),
+            name=str(data.get("name", "")),
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class Active:
+    """An admitted run that has not ended, and what has been charged for it."""
+
+    namespace: str
+    name: str
+    since: float
+    """Epoch seconds its wall-clock charge in this window runs from."""
+    turn: int = -1
+    """Last turn whose cumulative usage was charged (-1: none)."""
+    tokens: int = 0
+    """The run's cumulative tokens charged so far (across windows)."""
+    cost_usd: Decimal = Decimal(0)
+    """The run's cumulative cost charged so far (across windows)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {
+            "ns": self.namespace,
+            "name": self.name,
+            "since": round(self.since, 3),
+            "turn": self.turn,
+            "tokens": self.tokens,
+            "costUSD": format(self.cost_usd, "f"),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Active:
+        """Inverse of ``as_dict``."""
+        return cls(
+            namespace=str(data["ns"]),
+            name=str(data["name"]),
+            since=float(data["since"]),
+            turn=int(data.get("turn", -1)),
+            tokens=int(data.get("tokens", 0)),
+            cost_usd=_dec(data.get("costUSD", "0")),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a run may not be admitted or a call may not start."""
+
+    reason: str
+    """``ConcurrencyLimit`` or ``BudgetExhausted`` (condition reasons)."""
+    resource: str | None
+    """The exhausted resource (one of ``RESOURCES``) for ``BudgetExhausted``."""
+    message: str
+
+
+@dataclasses.dataclass(slots=True)
+class Book:
+    """One tenant's ledger entry. Operations mutate it; the store applies each to a freshly
+    decoded copy and writes it back with compare-and-set, so they must stay deterministic."""
+
+    tenant: str
+    limits: TenantLimits
+    window: float
+    """Start of the current window, epoch seconds."""
+    used_tokens: int = 0
+    used_cost: Decimal = Decimal(0)
+    used_wall: float = 0.0
+    """Wall-clock seconds of runs ended in this window (active runs are added live)."""
+    holds: dict[str, Hold] = dataclasses.field(default_factory=dict)
+    active: dict[str, Active] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Book:
+        """An empty entry whose window holds ``now``."""
+        return cls(tenant, limits, window_start(now, limits.window_seconds))
+
+    # --- reading --------------------------------------------------------------------------------
+
+    @property
+    def reset_time(self) -> float:
+        """When the current window ends (epoch seconds)."""
+        return self.window + self.limits.window_seconds
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens held by in-flight calls."""
+        return sum(h.tokens for h in self.holds.values())
+
+    @property
+    def reserved_cost(self) -> Decimal:
+        """USD held by in-flight calls."""
+        return sum((h.cost_usd for h in self.holds.values()), Decimal(0))
+
+    def wall_used(self, now: float) -> float:
+        """Wall-clock seconds charged in this window, active runs counted up to ``now``."""
+        return self.used_wall + sum(max(0.0, now - a.since) for a in self.active.values())
+
+    def exhausted(self, now: float) -> Refusal | None:
+        """The first resource with nothing left (used + reserved ≥ limit), else ``None``."""
+        limits = self.limits
+        if limits.tokens is not None and self.used_tokens + self.reserved_tokens >= limits.tokens:
+            return Refusal(
+                BUDGET_EXHAUSTED,
+                "tokens",
+                f"tokens: {self.used_tokens} used and {self.reserved_tokens} reserved of "
+                f"{limits.tokens} this window",
+            )
+        if limits.cost_usd is not None and self.used_cost + self.reserved_cost >= limits.cost_usd:
+            return Refusal(
+                BUDGET_EXHAUSTED,
+                "costUSD",
+                f"costUSD: {self.used_cost} used and {self.reserved_cost} reserved of "
+                f"{limits.cost_usd} this window",
+            )
+        if limits.wall_seconds is not None and self.wall_used(now) >= limits.wall_seconds:
+            return Refusal(
+                BUDGET_EXHAUSTED,
+                "wallClockSeconds",
+                f"wallClockSeconds: {self.wall_used(now):.0f} of {limits.wall_seconds:.0f} "
+                "used this window",
+            )
+        return None
+
+    def expired(self, now: float) -> list[tuple[str, Hold]]:
+        """Holds whose worker stopped refreshing them (presumed dead)."""
+        return [(key, h) for key, h in self.holds.items() if h.expires <= now]
+
+    # --- changing ---------------------------------------------------------------------------------
+
+    def roll(self, now: float) -> bool:
+        """Start a new window if ``now`` is past the current one: ``used`` goes to zero and
+        active runs' wall-clock charge restarts at the window start. Holds and what each run
+        has been charged stay. Returns True when it rolled."""
+        start = window_start(now, self.limits.window_seconds)
+        if start <= self.window:
+            return False
+        self.window = start
+        self.used_tokens = 0
+        self.used_cost = Decimal(0)
+        self.used_wall = 0.0
+        for run in self.active.values():
+            run.since = max(run.since, start)
+        return True
+
+    def set_limits(self, limits: TenantLimits, *, now: float) -> None:
+        """Apply an edited AgentTenant; a changed window length takes effect at once."""
+        self.limits = limits
+        self.roll(now)
+
+    def admit(self, run_uid: str, namespace: str, name: str, *, now: float) -> Refusal | None:
+        """Take a concurrency slot for a run, if one is free and budget is left.
+
+        Idempotent: a run already active is admitted again without change (an operator that
+        restarts mid-admission does not take two slots).
+        """
+        self.roll(now)
+        if run_uid in self.active:
+            return None
+        cap = self.limits.max_concurrent_runs
+        if cap is not None and len(self.active) >= cap:
+            return Refusal(
+                CONCURRENCY_LIMIT,
+                None,
+                f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
+            )
+        refusal = self.exhausted(now)
+        if refusal is not None:
+            return refusal
+        self.active[run_uid] = Active(namespace, name, now)
+        return None
+
+    def reserve(self, key: str, hold: Hold, *, now: float) -> Refusal | None:
+        """Hold ``hold`` under ``key`` (``<run-uid>:<turn>``) if it fits within every limit.
+
+        Fits means ``used + reserved + hold ≤ limit`` for tokens and cost (the last call that
+        exactly reaches a limit is allowed) and wall-clock time left. A hold already under
+        ``key`` (a redelivered turn whose first worker died) is replaced, not added to.
+        """
+        self.roll(now)
+        previous = self.holds.pop(key, None)
+        limits = self.limits
+        if limits.tokens is not None:
+            after = self.used_tokens + self.reserved_tokens + hold.tokens
+            if after > limits.tokens:
+                return self._refuse(
+                    key,
+                    previous,
+                    "tokens",
+                    f"tenant {self.tenant!r} tokens: {self.used_tokens} used + "
+                    f"{self.reserved_tokens} reserved + {hold.tokens} for this call "
+                    f"exceeds {limits.tokens}",
+                )
+        if limits.cost_usd is not None:
+            cost_after = self.used_cost + self.reserved_cost + hold.cost_usd
+            if cost_after > limits.cost_usd:
+                return self._refuse(
+                    key,
+                    previous,
+                    "costUSD",
+                    f"tenant {self.tenant!r} costUSD: {self.used_cost} used + "
+                    f"{self.reserved_cost} reserved + {hold.cost_usd} for this call "
+                    f"exceeds {limits.cost_usd}",
+                )
+        if limits.wall_seconds is not None and self.wall_used(now) >= limits.wall_seconds:
+            return self._refuse(
+                key,
+                previous,
+                "wallClockSeconds",
+                f"tenant {self.tenant!r} wallClockSeconds: {self.wall_used(now):.0f} of "
+                f"{limits.wall_seconds:.0f} used",
+            )
+        self.holds[key] = hold
+        return None
+
+    def _refuse(self, key: str, previous: Hold | None, resource: str, message: str) -> Refusal:
+        if previous is not None:
+            self.holds[key] = previous
+        return Refusal(BUDGET_EXHAUSTED, resource, message)
+
+    def refresh(self, key: str, *, owner: str, expires: float) -> bool:
+        """Push the expiry of ``owner``'s hold out; False if the hold is gone or not theirs."""
+        hold = self.holds.get(key)
+        if hold is None or hold.owner != owner:
+            return False
+        hold.expires = max(hold.expires, expires)
+        return True
+
+    def release(self, key: str, *, owner: str | None = None) -> bool:
+        """Drop a hold without charging (its call's turn will never commit).
+
+        With ``owner``, only that owner's hold is dropped (a replaced hold belongs to the worker
+        that took the turn over). Returns True when a hold was dropped.
+        """
+        hold = self.holds.get(key)
+        if hold is None or (owner is not None and hold.owner != owner):
+            return False
+        del self.holds[key]
+        return True
+
+    def settle(
+        self,
+        run_uid: str,
+        *,
+        turn: int,
+        tokens: int,
+        cost_usd: Decimal,
+        now: float,
+        key: str | None = None,
+    ) -> tuple[int, Decimal]:
+        """Charge a run's cumulative usage after its committed turn ``turn``; drop hold ``key``.
+
+        ``tokens``/``cost_usd`` are the run's totals after that turn (``.status.usage``).
+        Charges ``totals - already charged`` only if ``turn`` is newer than the last charged
+        one, so settling twice, late or out of order charges once. Returns what it charged.
+        """
+        self.roll(now)
+        if key is not None:
+            self.holds.pop(key, None)
+        run = self.active.get(run_uid)
+        if run is None or turn <= run.turn:
+            return 0, Decimal(0)
+        delta_tokens = max(0, tokens - run.tokens)
+        delta_cost = max(Decimal(0), cost_usd - run.cost_usd)
+        self.used_tokens += delta_tokens
+        self.used_cost += delta_cost
+        run.turn, run.tokens, run.cost_usd = (
+            turn,
+            max(tokens, run.tokens),
+            max(cost_usd, run.cost_usd),
+        )
+        return delta_tokens, delta_cost
+
+    def close(
+        self, run_uid: str, *, turn: int, tokens: int, cost_usd: Decimal, end: float, now: float
+    ) -> bool:
+        """The run ended at ``end``: settle its final totals, charge its wall-clock time in this
+        window, free its slot and drop any hold it left. False if it was not active."""
+        self.settle(run_uid, turn=turn, tokens=tokens, cost_usd=cost_usd, now=now)
+        for key in [k for k, h in self.holds.items() if h.run_uid == run_uid]:
+            del self.holds[key]
+        run = self.active.pop(run_uid, None)
+        if run is None:
+            return False
+        self.used_wall += max(0.0, min(end, now) - run.since)
+        return True
+
+    # --- wire -----------------------------------------------------------------------------------
+
+    def encode(self) -> bytes:
+        """Compact JSON bytes for the KV entry."""
+        return json.dumps(
+            {
+                "v": 1,
+                "tenant": self.tenant,
+                "limits": self.limits.as_dict(),
+                "window": self.window,
+                "used": {
+                    "tokens": self.used_tokens,
+                    "costUSD": format(self.used_cost, "f"),
+                    "wallClockSeconds": round(self.used_wall, 3),
+                },
+                "holds": {k: h.as_dict() for k, h in self.holds.items()},
+                "active": {k: a.as_dict() for k, a in self.active.items()},
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Book:
+        """Inverse of ``encode``; raises ``ValueError`` on a malformed entry."""
+        try:
+            raw = json.loads(data)
+            used = raw.get("used") or {}
+            return cls(
+                tenant=str(raw["tenant"]),
+                limits=TenantLimits.from_dict(raw.get("limits") or {}),
+                window=float(raw["window"]),
+                used_tokens=int(used.get("tokens", 0)),
+                used_cost=_dec(used.get("costUSD", "0")),
+                used_wall=float(used.get("wallClockSeconds", 0.0)),
+                holds={k: Hold.from_dict(v) for k, v in (raw.get("holds") or {}).items()},
+                active={k: Active.from_dict(v) for k, v in (raw.get("active") or {}).items()},
+            )
+        except (KeyError, TypeError, AttributeError, ArithmeticError, ValueError) as err:
+            raise ValueError(f"malformed ledger entry: {err!r}") from err

@@ -1,0 +1,219 @@
+"""The tenant ledger under concurrency: 3 tenants × 50 concurrent runs on 3 worker processes.
+
+The scripted model reports known usage (100 + 20 tokens per call, three calls per run). After
+every run has ended, for each tenant: settled usage ≤ its limit, exactly the sum of its runs'
+own ``.status.usage``, and no reservation or active slot remains. The second test SIGKILLs a
+worker mid-way: same invariants, and no hold outlives its expiry by more than the sweep bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import nats
+import pytest
+import yaml
+
+from agentrun.devenv import components, stack
+from agentrun.devenv.kubectl import create_namespace, delete_namespace
+from agentrun.ledger import Book, LedgerStore
+
+from .conftest import HOLD_TTL, LEDGER_SWEEP, E2EStack, run_manifest
+
+pytestmark = pytest.mark.e2e
+
+RUNS_PER_TENANT = 50
+TOKENS_LIMIT = 9_000
+"""Tenant "tokens": 50 runs want 18,000 tokens; the limit stops about half."""
+COST_LIMIT = Decimal("0.05")
+"""Tenant "cost": 50 runs want $0.0675 (each call $0.00045 at the mock model's prices)."""
+CONCURRENT_LIMIT = 8
+"""Tenant "slots": no budget pressure, 8 runs at a time, the rest queue."""
+
+
+class Ledger:
+    """Reads tenant books straight from JetStream KV (what the workers and operator share)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.nc: Any = self._run(nats.connect(url))
+        self.store: LedgerStore = self._run(LedgerStore.open(self.nc.jetstream()))
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def book(self, tenant: str) -> Book | None:
+        found: Book | None = self._run(self.store.read(tenant))
+        return found
+
+    def close(self) -> None:
+        self._run(self.nc.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def ledger(nats_server: Any) -> Iterator[Ledger]:
+    handle = Ledger(nats_server.url)
+    yield handle
+    handle.close()
+
+
+@pytest.fixture
+def third_worker(stack_: E2EStack) -> Iterator[components.Component]:
+    worker = stack.start_worker(3, env=stack_.env, launch=stack_.launch)
+    yield worker
+    components.stop_component(worker)
+
+
+@pytest.fixture
+def tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
+    """role → (AgentTenant name, its namespace)."""
+    specs: dict[str, dict[str, Any]] = {
+        "tokens": {"budget": {"tokens": TOKENS_LIMIT}},
+        "cost": {"budget": {"costUSD": str(COST_LIMIT)}},
+        "slots": {"budget": {"tokens": 10_000_000}, "maxConcurrentRuns": CONCURRENT_LIMIT},
+    }
+    made: dict[str, tuple[str, str]] = {}
+    for role, spec in specs.items():
+        namespace = create_namespace(stack_.kubectl)
+        name = f"{role}-{namespace}"
+        tenant = {
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "AgentTenant",
+            "metadata": {"name": name},
+            "spec": {"namespaces": [namespace], **spec},
+        }
+        stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
+        made[role] = (name, namespace)
+    time.sleep(1.0)  # the operator's watch sees the tenants before their first run
+    yield made
+    for name, namespace in made.values():
+        stack_.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false")
+        stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
+        delete_namespace(stack_.kubectl, namespace)
+
+
+def _apply_runs(stack_: E2EStack, namespace: str) -> None:
+    runs = [
+        run_manifest(f"r{index:02d}", "E2E-LEDGER invariant", tools=["calculate"])
+        for index in range(RUNS_PER_TENANT)
+    ]
+    body = {"apiVersion": "v1", "kind": "List", "items": runs}
+    stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+
+
+def _statuses(stack_: E2EStack, namespace: str) -> list[dict[str, Any]]:
+    out = stack_.kubectl("get", "agentruns", "-n", namespace, "-o", "json").stdout
+    return [item.get("status") or {} for item in json.loads(out)["items"]]
+
+
+def _run_all(
+    stack_: E2EStack,
+    tenants: dict[str, tuple[str, str]],
+    ledger: Ledger,
+    *,
+    during: Any = None,
+    timeout: float = 240,
+) -> dict[str, list[dict[str, Any]]]:
+    """Apply every tenant's runs at once; poll until all ended, checking the live invariants
+    (slots never above maxConcurrentRuns; no hold older than its expiry plus the sweep bound)
+    and calling ``during(ended_count)`` on each poll."""
+    for _, namespace in tenants.values():
+        _apply_runs(stack_, namespace)
+    bound = LEDGER_SWEEP + 2.0  # one sweep, plus the time it takes and our poll
+    end = time.monotonic() + timeout
+    while True:
+        now = time.time()
+        for role, (name, _) in tenants.items():
+            book = ledger.book(name)
+            if book is None:
+                continue
+            if role == "slots":
+                assert len(book.active) <= CONCURRENT_LIMIT, book.active.keys()
+            stale = [k for k, h in book.holds.items() if h.expires < now - bound]
+            assert not stale, f"{name}: holds past their expiry by more than {bound}s: {stale}"
+            if book.limits.tokens is not None:
+                assert book.used_tokens + book.reserved_tokens <= book.limits.tokens
+            if book.limits.cost_usd is not None:
+                assert book.used_cost + book.reserved_cost <= book.limits.cost_usd
+        statuses = {role: _statuses(stack_, ns) for role, (_, ns) in tenants.items()}
+        ended = sum(1 for s in statuses.values() for x in s if x.get("terminalReason"))
+        if during is not None:
+            during(ended)
+        if ended == RUNS_PER_TENANT * len(tenants):
+            return statuses
+        assert time.monotonic() < end, f"only {ended} runs ended in {timeout}s"
+        time.sleep(1.0)
+
+
+def _check_settled(
+    tenants: dict[str, tuple[str, str]],
+    ledger: Ledger,
+    statuses: dict[str, list[dict[str, Any]]],
+) -> None:
+    for role, (name, _) in tenants.items():
+        deadline = time.monotonic() + 15  # the last closes land right after the last status
+        while True:
+            book = ledger.book(name)
+            assert book is not None
+            if not book.active and not book.holds:
+                break
+            assert time.monotonic() < deadline, f"{name}: left {book.active} {book.holds}"
+            time.sleep(0.5)
+        runs = statuses[role]
+        tokens = sum(int(s["usage"]["totalTokens"]) for s in runs)
+        cost = sum((Decimal(s["usage"]["costUSD"]) for s in runs), Decimal(0))
+        assert book.used_tokens == tokens, (role, book.used_tokens, tokens)
+        assert book.used_cost == cost, (role, book.used_cost, cost)
+        if book.limits.tokens is not None:
+            assert book.used_tokens <= book.limits.tokens
+        if book.limits.cost_usd is not None:
+            assert book.used_cost <= book.limits.cost_usd
+        reasons = {s["terminalReason"] for s in runs}
+        if role == "slots":
+            assert reasons == {"completed"}, reasons
+        else:  # the budget stopped some runs, and only the budget
+            assert reasons == {"completed", "tenant_budget_exhausted"}, reasons
+            stopped = [s for s in runs if s["terminalReason"] == "tenant_budget_exhausted"]
+            assert all(
+                ("tokens" if role == "tokens" else "costUSD") in s["message"] for s in stopped
+            )
+
+
+def test_three_tenants_fifty_runs_each_three_workers_never_overspend(
+    stack_: E2EStack,
+    third_worker: components.Component,
+    tenants: dict[str, tuple[str, str]],
+    ledger: Ledger,
+) -> None:
+    statuses = _run_all(stack_, tenants, ledger)
+    _check_settled(tenants, ledger, statuses)
+
+
+def test_a_worker_sigkilled_mid_way_leaves_no_overspend_and_no_stuck_hold(
+    stack_: E2EStack,
+    third_worker: components.Component,
+    tenants: dict[str, tuple[str, str]],
+    ledger: Ledger,
+) -> None:
+    killed: list[float] = []
+
+    def kill_once(ended: int) -> None:
+        if not killed and ended >= 20:
+            components.kill_component(stack_.workers[0])
+            killed.append(time.time())
+
+    statuses = _run_all(stack_, tenants, ledger, during=kill_once)
+    assert killed, "the worker was never killed"
+    _check_settled(tenants, ledger, statuses)
+    assert HOLD_TTL < 10  # the bound the live check enforced is short

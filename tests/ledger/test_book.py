@@ -1,0 +1,738 @@
+"""The pure tenant ledger entry (DESIGN.md §5, case C19): every branch of ``Book``.
+
+Reservations are checked against ``used + reserved + hold ≤ limit`` for tokens and cost and
+"wall-clock left" for time; settlement charges a run's cumulative usage once per newer turn;
+close frees the slot and charges wall-clock seconds; the window rolls at fixed epoch-aligned
+boundaries. A hypothesis property drives random interleavings through encode/decode (as the
+store does) and checks that the limits are never overspent and that ``used`` is exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from decimal import Decimal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentrun.ledger import RESOURCES, Active, Book, Hold, Refusal, TenantLimits, window_start
+from agentrun.ledger.book import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT
+
+DAY = 86_400.0
+T0 = 19_675 * DAY
+"""2023-11-14 00:00:00 UTC: the start of a 24h window."""
+NOW = T0 + 3_600.0
+
+
+def limits(**kwargs: object) -> TenantLimits:
+    return TenantLimits(**kwargs)  # type: ignore[arg-type]
+
+
+def book(**kwargs: object) -> Book:
+    return Book.new("acme", limits(**kwargs), now=NOW)
+
+
+def hold(
+    run: str = "r1",
+    turn: int = 0,
+    tokens: int = 0,
+    cost: str = "0",
+    *,
+    owner: str = "w1",
+    expires: float = NOW + 60,
+) -> Hold:
+    return Hold(run, turn, tokens, Decimal(cost), expires, owner, "ns", f"name-{run}")
+
+
+def reserve(b: Book, run: str, turn: int, tokens: int = 0, cost: str = "0", **kw: object):
+    return b.reserve(f"{run}:{turn}", hold(run, turn, tokens, cost, **kw), now=NOW)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- window_start
+
+
+def test_a_24h_window_starts_at_midnight_utc() -> None:
+    now = dt.datetime(2024, 3, 5, 17, 42, 9, tzinfo=dt.UTC).timestamp()
+    start = window_start(now, DAY)
+    assert start == dt.datetime(2024, 3, 5, tzinfo=dt.UTC).timestamp()
+    assert start <= now < start + DAY
+
+
+def test_windows_are_aligned_to_the_epoch_not_to_now() -> None:
+    assert window_start(T0, DAY) == T0
+    assert window_start(T0 + DAY - 0.001, DAY) == T0
+    assert window_start(T0 + DAY, DAY) == T0 + DAY
+    assert window_start(7_262.5, 3_600) == 7_200
+    # the epoch was a Thursday: a 168h window starts on Thursdays at 00:00 UTC
+    week = window_start(dt.datetime(2024, 3, 5, 12, tzinfo=dt.UTC).timestamp(), 7 * DAY)
+    started = dt.datetime.fromtimestamp(week, dt.UTC)
+    assert (started.weekday(), started.hour, started.minute) == (3, 0, 0)
+
+
+@pytest.mark.parametrize("window", [0, 0.0, -1.0])
+def test_window_start_refuses_a_window_that_is_not_positive(window: float) -> None:
+    with pytest.raises(ValueError, match="window must be positive"):
+        window_start(NOW, window)
+
+
+def test_a_new_book_is_empty_in_the_window_holding_now() -> None:
+    b = book(tokens=10)
+    assert (b.tenant, b.window, b.reset_time) == ("acme", T0, T0 + DAY)
+    assert (b.used_tokens, b.used_cost, b.used_wall) == (0, Decimal(0), 0.0)
+    assert (b.holds, b.active) == ({}, {})
+    assert (b.reserved_tokens, b.reserved_cost) == (0, Decimal(0))
+    assert b.exhausted(NOW) is None
+    assert RESOURCES == ("tokens", "costUSD", "wallClockSeconds")
+
+
+# --------------------------------------------------------------------------- reserve
+
+
+def test_a_reservation_that_fits_is_held() -> None:
+    b = book(tokens=1_000, cost_usd=Decimal("1.00"))
+    assert reserve(b, "r1", 0, 300, "0.25") is None
+    assert reserve(b, "r2", 0, 200, "0.50") is None
+    assert set(b.holds) == {"r1:0", "r2:0"}
+    assert b.reserved_tokens == 500
+    assert b.reserved_cost == Decimal("0.75")
+
+
+def test_without_limits_everything_fits() -> None:
+    b = book()
+    assert reserve(b, "r1", 0, 10**12, "1000000") is None
+    assert b.exhausted(NOW) is None
+
+
+def test_a_reservation_over_the_tokens_limit_is_refused_and_not_held() -> None:
+    b = book(tokens=1_000, cost_usd=Decimal("100"))
+    b.used_tokens = 600
+    assert reserve(b, "r1", 0, 300) is None
+    refusal = reserve(b, "r2", 0, 101, "0.01")
+    assert isinstance(refusal, Refusal)
+    assert (refusal.reason, refusal.resource) == (BUDGET_EXHAUSTED, "tokens")
+    assert "acme" in refusal.message and "1000" in refusal.message
+    assert "r2:0" not in b.holds
+    assert b.reserved_tokens == 300
+
+
+def test_the_last_call_exactly_reaching_the_token_limit_is_admitted_one_more_is_not() -> None:
+    b = book(tokens=1_000)
+    b.used_tokens = 900
+    assert reserve(b, "r1", 0, 50) is None
+    assert reserve(b, "r2", 0, 50) is None  # 900 + 50 + 50 == 1000
+    assert b.used_tokens + b.reserved_tokens == 1_000
+    refusal = reserve(b, "r3", 0, 1)
+    assert refusal is not None and refusal.resource == "tokens"
+    exhausted = b.exhausted(NOW)
+    assert exhausted is not None
+    assert (exhausted.reason, exhausted.resource) == (BUDGET_EXHAUSTED, "tokens")
+
+
+def test_the_last_call_exactly_reaching_the_cost_limit_is_admitted_one_cent_more_is_not() -> None:
+    b = book(cost_usd=Decimal("1.00"))
+    b.used_cost = Decimal("0.70")
+    assert reserve(b, "r1", 0, cost="0.30") is None  # exactly 1.00
+    refusal = reserve(b, "r2", 0, cost="0.000001")
+    assert refusal is not None
+    assert (refusal.reason, refusal.resource) == (BUDGET_EXHAUSTED, "costUSD")
+
+
+def test_case_c19_only_the_turns_that_fit_under_the_cost_cap_are_reserved() -> None:
+    # tenant cap $5.00, $4.75 spent, four concurrent turns each priced about $0.09
+    b = book(cost_usd=Decimal("5.00"))
+    assert b.admit("run-a", "ns", "a", now=NOW) is None
+    b.settle("run-a", turn=0, tokens=40_000, cost_usd=Decimal("4.75"), now=NOW)
+    assert b.used_cost == Decimal("4.75")
+    results = [reserve(b, f"run-{i}", 1, 3_000, "0.09") for i in range(4)]
+    assert results[0] is None
+    assert results[1] is None
+    assert b.used_cost + b.reserved_cost == Decimal("4.93")
+    for refusal in results[2:]:
+        assert refusal is not None
+        assert (refusal.reason, refusal.resource) == (BUDGET_EXHAUSTED, "costUSD")
+        assert "5.00" in refusal.message
+    assert set(b.holds) == {"run-0:1", "run-1:1"}
+
+
+def test_case_c19_with_used_cost_set_directly() -> None:
+    b = book(cost_usd=Decimal("5.00"))
+    b.used_cost = Decimal("4.75")
+    fits = [reserve(b, f"t{i}", 0, cost="0.09") is None for i in range(4)]
+    assert fits == [True, True, False, False]
+    assert b.used_cost + b.reserved_cost == Decimal("4.93")
+
+
+def test_tokens_and_cost_limits_are_hit_separately() -> None:
+    b = book(tokens=1_000, cost_usd=Decimal("1.00"))
+    cheap_but_long = reserve(b, "r1", 0, 1_001, "0.01")
+    assert cheap_but_long is not None and cheap_but_long.resource == "tokens"
+    short_but_dear = reserve(b, "r2", 0, 10, "1.01")
+    assert short_but_dear is not None and short_but_dear.resource == "costUSD"
+    both = reserve(b, "r3", 0, 1_001, "1.01")
+    assert both is not None and both.resource == "tokens"  # tokens are checked first
+    assert b.holds == {}
+    assert reserve(b, "r4", 0, 1_000, "1.00") is None
+
+
+def test_a_reservation_is_refused_once_the_wall_clock_budget_is_used() -> None:
+    b = book(wall_seconds=100.0)
+    assert b.admit("r1", "ns", "n", now=NOW) is None
+    assert b.reserve("r1:0", hold(), now=NOW + 99) is None
+    refusal = b.reserve("r1:1", hold(turn=1), now=NOW + 100)
+    assert refusal is not None
+    assert (refusal.reason, refusal.resource) == (BUDGET_EXHAUSTED, "wallClockSeconds")
+    assert "r1:1" not in b.holds
+
+
+def test_replacing_a_hold_under_the_same_key_does_not_double_count() -> None:
+    b = book(tokens=1_000, cost_usd=Decimal("1.00"))
+    assert reserve(b, "r1", 3, 600, "0.60", owner="first") is None
+    # the turn is redelivered to another worker, which reserves again under the same key
+    assert reserve(b, "r1", 3, 700, "0.70", owner="second") is None
+    assert list(b.holds) == ["r1:3"]
+    assert b.holds["r1:3"].owner == "second"
+    assert (b.reserved_tokens, b.reserved_cost) == (700, Decimal("0.70"))
+
+
+@pytest.mark.parametrize(
+    ("tokens", "cost", "resource"), [(1_001, "0.10", "tokens"), (10, "1.01", "costUSD")]
+)
+def test_a_refused_replacement_keeps_the_previous_hold(
+    tokens: int, cost: str, resource: str
+) -> None:
+    b = book(tokens=1_000, cost_usd=Decimal("1.00"))
+    assert reserve(b, "r1", 3, 600, "0.60", owner="first") is None
+    previous = b.holds["r1:3"]
+    refusal = reserve(b, "r1", 3, tokens, cost, owner="second")
+    assert refusal is not None and refusal.resource == resource
+    assert b.holds == {"r1:3": previous}
+    assert b.holds["r1:3"].owner == "first"
+    assert b.reserved_tokens == 600
+
+
+def test_a_replacement_refused_for_wall_clock_keeps_the_previous_hold() -> None:
+    b = book(wall_seconds=100.0)
+    b.admit("r1", "ns", "n", now=NOW)
+    assert b.reserve("r1:0", hold(owner="first"), now=NOW + 10) is None
+    assert b.reserve("r1:0", hold(owner="second"), now=NOW + 200) is not None
+    assert b.holds["r1:0"].owner == "first"
+
+
+# --------------------------------------------------------------------------- release / refresh
+
+
+def test_only_the_owner_releases_a_hold() -> None:
+    b = book()
+    reserve(b, "r1", 0, 10, owner="mine")
+    assert b.release("r1:0", owner="theirs") is False
+    assert "r1:0" in b.holds
+    assert b.release("r1:0", owner="mine") is True
+    assert b.holds == {}
+    assert b.release("r1:0", owner="mine") is False
+
+
+def test_release_without_owner_drops_any_hold_and_never_charges() -> None:
+    b = book(tokens=100)
+    reserve(b, "r1", 0, 100, owner="mine")
+    assert b.release("r1:0") is True
+    assert b.release("nope:0") is False
+    assert (b.used_tokens, b.reserved_tokens) == (0, 0)
+
+
+def test_only_the_owner_refreshes_a_hold_and_expiry_never_shortens() -> None:
+    b = book()
+    reserve(b, "r1", 0, 10, owner="mine", expires=NOW + 60)
+    assert b.refresh("r1:0", owner="theirs", expires=NOW + 600) is False
+    assert b.holds["r1:0"].expires == NOW + 60
+    assert b.refresh("r1:0", owner="mine", expires=NOW + 120) is True
+    assert b.holds["r1:0"].expires == NOW + 120
+    assert b.refresh("r1:0", owner="mine", expires=NOW + 30) is True
+    assert b.holds["r1:0"].expires == NOW + 120
+    assert b.refresh("gone:0", owner="mine", expires=NOW + 999) is False
+
+
+def test_expired_lists_holds_past_their_expiry() -> None:
+    b = book()
+    reserve(b, "r1", 0, expires=NOW + 10)
+    reserve(b, "r2", 0, expires=NOW + 20)
+    assert b.expired(NOW + 9) == []
+    assert [key for key, _ in b.expired(NOW + 10)] == ["r1:0"]
+    assert sorted(key for key, _ in b.expired(NOW + 30)) == ["r1:0", "r2:0"]
+
+
+# --------------------------------------------------------------------------- settle
+
+
+def admitted(*runs: str, **limit_kwargs: object) -> Book:
+    b = book(**limit_kwargs)
+    for run in runs:
+        assert b.admit(run, "ns", run, now=NOW) is None
+    return b
+
+
+def test_settle_charges_cumulative_deltas_and_drops_the_hold() -> None:
+    b = admitted("r1")
+    reserve(b, "r1", 0, 500, "0.50")
+    assert b.settle("r1", turn=0, tokens=100, cost_usd=Decimal("0.01"), now=NOW, key="r1:0") == (
+        100,
+        Decimal("0.01"),
+    )
+    assert b.holds == {}
+    reserve(b, "r1", 1, 500, "0.50")
+    assert b.settle("r1", turn=1, tokens=250, cost_usd=Decimal("0.035"), now=NOW, key="r1:1") == (
+        150,
+        Decimal("0.025"),
+    )
+    assert (b.used_tokens, b.used_cost) == (250, Decimal("0.035"))
+    assert b.holds == {}
+    run = b.active["r1"]
+    assert (run.turn, run.tokens, run.cost_usd) == (1, 250, Decimal("0.035"))
+
+
+def test_settling_twice_charges_once() -> None:
+    b = admitted("r1")
+    reserve(b, "r1", 0, 500)
+    first = b.settle("r1", turn=0, tokens=120, cost_usd=Decimal("0.2"), now=NOW, key="r1:0")
+    second = b.settle("r1", turn=0, tokens=120, cost_usd=Decimal("0.2"), now=NOW, key="r1:0")
+    assert first == (120, Decimal("0.2"))
+    assert second == (0, Decimal(0))
+    assert (b.used_tokens, b.used_cost) == (120, Decimal("0.2"))
+
+
+def test_settlement_is_order_free() -> None:
+    b = admitted("r1")
+    reserve(b, "r1", 2, 100)
+    reserve(b, "r1", 3, 100)
+    # turn 3's settlement (cumulative, so it covers turn 2) lands before turn 2's
+    assert b.settle("r1", turn=3, tokens=300, cost_usd=Decimal("0.3"), now=NOW, key="r1:3") == (
+        300,
+        Decimal("0.3"),
+    )
+    assert b.settle("r1", turn=2, tokens=200, cost_usd=Decimal("0.2"), now=NOW, key="r1:2") == (
+        0,
+        Decimal(0),
+    )
+    assert (b.used_tokens, b.used_cost) == (300, Decimal("0.3"))
+    assert b.holds == {}  # the late settlement still dropped its hold
+    assert b.active["r1"].turn == 3
+
+
+def test_settle_without_a_key_keeps_holds() -> None:
+    b = admitted("r1")
+    reserve(b, "r1", 0, 100)
+    b.settle("r1", turn=0, tokens=10, cost_usd=Decimal(0), now=NOW)
+    assert "r1:0" in b.holds
+
+
+def test_settle_for_an_unknown_or_closed_run_charges_nothing_but_drops_the_hold() -> None:
+    b = admitted("r1")
+    reserve(b, "ghost", 4, 100, "0.1")
+    assert b.settle("ghost", turn=4, tokens=99, cost_usd=Decimal("1"), now=NOW, key="ghost:4") == (
+        0,
+        Decimal(0),
+    )
+    assert b.holds == {}
+    b.close("r1", turn=0, tokens=10, cost_usd=Decimal("0.01"), end=NOW, now=NOW)
+    reserve(b, "r1", 1, 100)
+    assert b.settle("r1", turn=1, tokens=50, cost_usd=Decimal("0.05"), now=NOW, key="r1:1") == (
+        0,
+        Decimal(0),
+    )
+    assert b.holds == {}
+    assert (b.used_tokens, b.used_cost) == (10, Decimal("0.01"))
+
+
+# --------------------------------------------------------------------------- close
+
+
+def test_close_charges_final_totals_and_wall_seconds_frees_the_slot_and_drops_holds() -> None:
+    b = admitted("r1", "r2", max_concurrent_runs=2)
+    b.settle("r1", turn=0, tokens=100, cost_usd=Decimal("0.10"), now=NOW + 1)
+    reserve(b, "r1", 1, 500)
+    reserve(b, "r1", 2, 500)  # a stray hold of a later turn
+    reserve(b, "r2", 0, 70)
+    assert b.admit("r3", "ns", "r3", now=NOW).reason == CONCURRENCY_LIMIT  # type: ignore[union-attr]
+    closed = b.close("r1", turn=1, tokens=180, cost_usd=Decimal("0.18"), end=NOW + 45, now=NOW + 50)
+    assert closed is True
+    assert (b.used_tokens, b.used_cost) == (180, Decimal("0.18"))
+    assert b.used_wall == 45.0
+    assert set(b.holds) == {"r2:0"}
+    assert set(b.active) == {"r2"}
+    assert b.admit("r3", "ns", "r3", now=NOW + 50) is None
+    # a second close: nothing more charged, False
+    again = b.close("r1", turn=2, tokens=999, cost_usd=Decimal("9"), end=NOW + 99, now=NOW + 99)
+    assert again is False
+    assert (b.used_tokens, b.used_cost, b.used_wall) == (180, Decimal("0.18"), 45.0)
+
+
+def test_close_charges_wall_time_up_to_now_at_most_and_never_negative() -> None:
+    b = admitted("r1", "r2")
+    b.close("r1", turn=-1, tokens=0, cost_usd=Decimal(0), end=NOW + 500, now=NOW + 20)
+    assert b.used_wall == 20.0
+    b.close("r2", turn=-1, tokens=0, cost_usd=Decimal(0), end=NOW - 5, now=NOW + 30)
+    assert b.used_wall == 20.0
+
+
+def test_close_of_a_run_never_admitted_returns_false_but_drops_its_holds() -> None:
+    b = book()
+    reserve(b, "r9", 0, 10)
+    assert b.close("r9", turn=0, tokens=5, cost_usd=Decimal(0), end=NOW, now=NOW) is False
+    assert b.holds == {}
+    assert b.used_tokens == 0
+
+
+# --------------------------------------------------------------------------- admit / exhausted
+
+
+def test_admit_is_idempotent() -> None:
+    b = book(max_concurrent_runs=1)
+    assert b.admit("r1", "ns", "one", now=NOW) is None
+    assert b.admit("r1", "ns", "one", now=NOW + 30) is None  # at the cap, but already active
+    assert list(b.active) == ["r1"]
+    assert b.active["r1"] == Active("ns", "one", NOW)
+
+
+def test_admit_refuses_at_max_concurrent_runs() -> None:
+    b = book(max_concurrent_runs=2)
+    assert b.admit("r1", "ns", "a", now=NOW) is None
+    assert b.admit("r2", "ns", "b", now=NOW) is None
+    refusal = b.admit("r3", "ns", "c", now=NOW)
+    assert refusal is not None
+    assert (refusal.reason, refusal.resource) == (CONCURRENCY_LIMIT, None)
+    assert "2" in refusal.message
+    assert "r3" not in b.active
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "setup", "resource"),
+    [
+        ({"tokens": 100}, {"used_tokens": 100}, "tokens"),
+        ({"cost_usd": Decimal("5.00")}, {"used_cost": Decimal("5.00")}, "costUSD"),
+        ({"wall_seconds": 60.0}, {"used_wall": 60.0}, "wallClockSeconds"),
+        ({"tokens": 0}, {}, "tokens"),
+    ],
+)
+def test_admit_refuses_when_the_budget_is_exhausted(
+    kwargs: dict[str, object], setup: dict[str, object], resource: str
+) -> None:
+    b = book(**kwargs)
+    for attr, value in setup.items():
+        setattr(b, attr, value)
+    refusal = b.admit("r1", "ns", "a", now=NOW)
+    assert refusal is not None
+    assert (refusal.reason, refusal.resource) == (BUDGET_EXHAUSTED, resource)
+    assert b.active == {}
+    assert b.exhausted(NOW) == refusal
+
+
+def test_reservations_count_toward_exhaustion() -> None:
+    b = book(tokens=100, cost_usd=Decimal("1"))
+    reserve(b, "r1", 0, 99, "0.99")
+    assert b.exhausted(NOW) is None
+    reserve(b, "r2", 0, 0, "0.01")
+    refusal = b.exhausted(NOW)
+    assert refusal is not None and refusal.resource == "costUSD"
+    reserve(b, "r3", 0, 1)
+    assert b.exhausted(NOW).resource == "tokens"  # type: ignore[union-attr]
+
+
+def test_wall_clock_of_active_runs_is_charged_live() -> None:
+    b = admitted("r1", "r2", wall_seconds=100.0)
+    b.used_wall = 10.0
+    assert b.wall_used(NOW) == 10.0
+    assert b.wall_used(NOW + 30) == 70.0
+    assert b.wall_used(NOW - 5) == 10.0  # a clock behind `since` never subtracts
+    assert b.exhausted(NOW + 44) is None
+    refusal = b.exhausted(NOW + 45)
+    assert refusal is not None and refusal.resource == "wallClockSeconds"
+    assert b.admit("r3", "ns", "r3", now=NOW + 45) == refusal
+
+
+# --------------------------------------------------------------------------- roll
+
+
+def test_roll_at_the_window_boundary_resets_used_but_not_holds_or_run_charges() -> None:
+    b = admitted("r1", wall_seconds=10_000.0, tokens=1_000)
+    b.settle("r1", turn=0, tokens=400, cost_usd=Decimal("0.4"), now=NOW)
+    reserve(b, "r1", 1, 300)
+    b.used_wall = 77.0
+    assert b.roll(T0 + DAY - 0.001) is False
+    assert b.used_tokens == 400
+    assert b.roll(T0 + DAY) is True
+    assert b.window == T0 + DAY
+    assert b.reset_time == T0 + 2 * DAY
+    assert (b.used_tokens, b.used_cost, b.used_wall) == (0, Decimal(0), 0.0)
+    assert set(b.holds) == {"r1:1"}
+    run = b.active["r1"]
+    assert (run.turn, run.tokens, run.cost_usd) == (0, 400, Decimal("0.4"))
+    assert run.since == T0 + DAY
+    assert b.wall_used(T0 + DAY + 5) == 5.0
+    assert b.roll(T0 + DAY + 10) is False
+    # the next settlement in the new window charges only what is new
+    b.settle("r1", turn=1, tokens=450, cost_usd=Decimal("0.45"), now=T0 + DAY + 10, key="r1:1")
+    assert (b.used_tokens, b.used_cost) == (50, Decimal("0.05"))
+
+
+def test_roll_keeps_since_of_a_run_admitted_after_the_window_start() -> None:
+    b = book()
+    b.admit("r1", "ns", "a", now=NOW)
+    b.roll(T0 + 3 * DAY + 1)  # several windows later
+    assert b.window == T0 + 3 * DAY
+    assert b.active["r1"].since == T0 + 3 * DAY
+
+
+def test_operations_roll_the_window_first() -> None:
+    b = book(tokens=100)
+    b.used_tokens = 100
+    assert b.admit("r1", "ns", "a", now=NOW) is not None
+    assert b.reserve("r1:0", hold(tokens=100), now=T0 + DAY + 1) is None  # rolled: fits again
+    assert b.window == T0 + DAY
+    assert b.admit("r1", "ns", "a", now=T0 + DAY + 1) is not None  # reserved = limit now
+    b.used_tokens = 0
+    b.holds.clear()
+    assert b.admit("r1", "ns", "a", now=T0 + 2 * DAY + 1) is None
+    assert b.window == T0 + 2 * DAY
+
+
+def test_set_limits_applies_a_new_window_length_at_once() -> None:
+    b = book(tokens=100, window_seconds=DAY)
+    b.used_tokens = 50
+    b.set_limits(limits(tokens=200, window_seconds=3_600.0), now=NOW + 1)
+    assert b.limits.tokens == 200
+    assert b.window == T0 + 3_600.0
+    assert b.used_tokens == 0
+    b.used_tokens = 10
+    b.set_limits(limits(tokens=300, window_seconds=3_600.0), now=NOW + 2)
+    assert (b.window, b.used_tokens) == (T0 + 3_600.0, 10)
+
+
+# --------------------------------------------------------------------------- encode / decode
+
+
+def full_book() -> Book:
+    b = Book.new(
+        "acme",
+        TenantLimits(
+            tokens=1_000_000,
+            cost_usd=Decimal("5.00"),
+            wall_seconds=3_600.5,
+            window_seconds=DAY,
+            max_concurrent_runs=3,
+        ),
+        now=NOW,
+    )
+    b.admit("r1", "ns1", "one", now=NOW + 0.125)
+    b.admit("r2", "ns2", "two", now=NOW + 7)
+    b.settle("r1", turn=4, tokens=12_345, cost_usd=Decimal("4.750000000001"), now=NOW)
+    b.used_wall = 12.345
+    reserve(b, "r1", 5, 777, "0.000000123456789", owner="w-1", expires=NOW + 60.5)
+    reserve(b, "r2", 0, 1, "0.09", owner="w-2")
+    return b
+
+
+def test_encode_decode_round_trips_exactly() -> None:
+    b = full_book()
+    back = Book.decode(b.encode())
+    assert back == b
+    assert back.encode() == b.encode()
+    assert back.used_cost == Decimal("4.750000000001")
+    assert str(back.limits.cost_usd) == "5.00"
+    assert back.holds["r1:5"].cost_usd == Decimal("0.000000123456789")
+    assert back.holds["r1:5"] == b.holds["r1:5"]
+    assert back.active["r1"].turn == 4
+
+
+def test_encode_keeps_decimals_as_strings_never_floats() -> None:
+    raw = json.loads(full_book().encode())
+    assert raw["used"]["costUSD"] == "4.750000000001"
+    assert raw["limits"]["costUSD"] == "5.00"
+    assert raw["holds"]["r1:5"]["costUSD"] == "0.000000123456789"
+    assert raw["active"]["r1"]["costUSD"] == "4.750000000001"
+
+
+def test_an_unlimited_empty_book_round_trips() -> None:
+    b = book()
+    assert Book.decode(b.encode()) == b
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"not json",
+        b"",
+        b"{}",
+        b'{"tenant": "t"}',
+        b'{"window": 0}',
+        b'{"tenant": "t", "window": 0, "used": {"costUSD": "abc"}}',
+        b'{"tenant": "t", "window": 0, "holds": {"k": {"run": "r"}}}',
+        b'{"tenant": "t", "window": 0, "active": {"k": []}}',
+        b'{"tenant": "t", "window": "abc"}',
+        b'{"tenant": "t", "window": 0, "limits": {"costUSD": "x"}}',
+        b"\xff\xfe",
+    ],
+)
+def test_decode_raises_value_error_on_garbage(garbage: bytes) -> None:
+    with pytest.raises(ValueError):
+        Book.decode(garbage)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"[]",
+        b"null",
+        b"42",
+        b'"book"',
+        b'{"tenant": "t", "window": 0, "used": 5}',
+        b'{"tenant": "t", "window": 0, "holds": [1]}',
+        b'{"tenant": "t", "window": 0, "active": "x"}',
+    ],
+)
+def test_decode_raises_value_error_on_json_of_the_wrong_shape(garbage: bytes) -> None:
+    # Book.decode documents ``ValueError`` on a malformed entry; JSON that is not an object
+    # (or whose parts are not objects) must not escape as AttributeError.
+    with pytest.raises(ValueError):
+        Book.decode(garbage)
+
+
+# --------------------------------------------------------------------------- property
+
+
+RUNS = ("run-0", "run-1", "run-2")
+TOKEN_LIMIT = 1_000
+COST_LIMIT = Decimal("1.00")
+FRACTIONS = st.integers(min_value=0, max_value=4)
+"""Quarters of a hold a settled call actually used."""
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("admit"), st.sampled_from(RUNS)),
+        st.tuples(
+            st.just("reserve"),
+            st.sampled_from(RUNS),
+            st.integers(min_value=0, max_value=450),
+            st.integers(min_value=0, max_value=45),
+        ),
+        st.tuples(st.just("settle"), st.sampled_from(RUNS), FRACTIONS),
+        st.tuples(st.just("resettle"), st.sampled_from(RUNS)),
+        st.tuples(st.just("release"), st.sampled_from(RUNS), st.booleans()),
+        st.tuples(st.just("refresh"), st.sampled_from(RUNS)),
+        st.tuples(st.just("close"), st.sampled_from(RUNS), FRACTIONS),
+    ),
+    max_size=60,
+)
+
+
+@dataclasses.dataclass
+class RunModel:
+    """What the test knows of one run: its own cumulative usage and its in-flight hold."""
+
+    admitted: bool = False
+    closed: bool = False
+    turn: int = 0
+    tokens: int = 0
+    cost: Decimal = Decimal(0)
+    hold: Hold | None = None
+    settled: tuple[int, int, Decimal] | None = None
+
+
+def _used_by(run: RunModel, quarters: int) -> tuple[int, Decimal]:
+    assert run.hold is not None
+    return run.hold.tokens * quarters // 4, run.hold.cost_usd * quarters / 4
+
+
+def _do_reserve(b: Book, uid: str, run: RunModel, tokens: int, cents: int, now: float) -> None:
+    cost = Decimal(cents) / 100
+    new = Hold(uid, run.turn, tokens, cost, now + 60, f"{uid}-owner-{run.turn}", "ns", uid)
+    fits = (
+        b.used_tokens + b.reserved_tokens + tokens <= TOKEN_LIMIT
+        and b.used_cost + b.reserved_cost + cost <= COST_LIMIT
+    )
+    refusal = b.reserve(f"{uid}:{run.turn}", new, now=now)
+    assert (refusal is None) == fits
+    if refusal is None:
+        run.hold = new
+
+
+def _do_settle(b: Book, uid: str, run: RunModel, quarters: int, now: float) -> None:
+    assert run.hold is not None
+    tokens, cost = _used_by(run, quarters)
+    run.tokens += tokens
+    run.cost += cost
+    charged = b.settle(
+        uid, turn=run.turn, tokens=run.tokens, cost_usd=run.cost, now=now, key=f"{uid}:{run.turn}"
+    )
+    assert charged == (tokens, cost)
+    run.settled = (run.turn, run.tokens, run.cost)
+    run.turn += 1
+    run.hold = None
+
+
+def _do_close(b: Book, uid: str, run: RunModel, quarters: int, now: float) -> None:
+    turn = run.turn - 1
+    if run.hold is not None:
+        tokens, cost = _used_by(run, quarters)
+        run.tokens += tokens
+        run.cost += cost
+        turn = run.turn
+    assert b.close(uid, turn=turn, tokens=run.tokens, cost_usd=run.cost, end=now, now=now)
+    assert b.close(uid, turn=turn, tokens=run.tokens, cost_usd=run.cost, end=now, now=now) is False
+    run.closed, run.hold = True, None
+
+
+def _step(b: Book, op: tuple, models: dict[str, RunModel], now: float) -> None:  # type: ignore[type-arg]
+    kind, uid = op[0], op[1]
+    run = models[uid]
+    if kind == "admit" and not run.closed:
+        run.admitted = run.admitted or b.admit(uid, "ns", uid, now=now) is None
+        return
+    if not run.admitted or run.closed:
+        return
+    key = f"{uid}:{run.turn}"
+    if kind == "reserve" and run.hold is None:
+        _do_reserve(b, uid, run, op[2], op[3], now)
+    elif kind == "settle" and run.hold is not None:
+        _do_settle(b, uid, run, op[2], now)
+    elif kind == "resettle" and run.settled is not None:
+        turn, tokens, cost = run.settled
+        assert b.settle(uid, turn=turn, tokens=tokens, cost_usd=cost, now=now) == (0, Decimal(0))
+    elif kind == "release" and run.hold is not None:
+        owner = run.hold.owner if op[2] else "someone-else"
+        assert b.release(key, owner=owner) is op[2]
+        if op[2]:
+            run.hold = None
+    elif kind == "refresh" and run.hold is not None:
+        assert b.refresh(key, owner=run.hold.owner, expires=now + 120)
+    elif kind == "close":
+        _do_close(b, uid, run, op[2], now)
+
+
+def _check(b: Book, models: dict[str, RunModel]) -> None:
+    assert b.used_tokens + b.reserved_tokens <= TOKEN_LIMIT
+    assert b.used_cost + b.reserved_cost <= COST_LIMIT
+    assert b.used_tokens == sum(m.tokens for m in models.values())
+    assert b.used_cost == sum((m.cost for m in models.values()), Decimal(0))
+    assert set(b.holds) == {f"{uid}:{m.turn}" for uid, m in models.items() if m.hold is not None}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(script=ops)
+def test_random_interleavings_never_overspend_and_charge_exactly(script: list[tuple]) -> None:  # type: ignore[type-arg]
+    b = Book.new("acme", TenantLimits(tokens=TOKEN_LIMIT, cost_usd=COST_LIMIT), now=NOW)
+    models = {uid: RunModel() for uid in RUNS}
+    for step, op in enumerate(script):
+        # every change goes through encode/decode, as the store applies it
+        b = Book.decode(b.encode())
+        _step(b, op, models, NOW + step)
+        _check(b, models)
+    end = NOW + len(script) + 1
+    for uid, run in models.items():
+        if run.admitted and not run.closed:
+            _do_close(b, uid, run, 4, end)
+    _check(b, models)
+    assert b.holds == {}
+    assert b.active == {}
+    assert b.window == T0  # no roll happened

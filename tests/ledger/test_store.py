@@ -1,0 +1,266 @@
+"""``LedgerStore`` against a real nats-server with JetStream (session fixture ``nats_server``).
+
+Every test uses its own tenant (the ``AGENTRUN_LEDGER`` bucket is shared by the session). Two
+stores on two NATS connections stand in for two processes: their writes to one entry race, and
+only compare-and-set on the entry's revision keeps the tenant within its limits (case C19).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from decimal import Decimal
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+
+from agentrun.devenv import natsserver
+from agentrun.ledger import Book, Hold, LedgerStore, LedgerUnavailable, QueuedRun, TenantLimits
+from agentrun.ledger.store import BUCKET, book_key, queue_key
+
+Opener = Callable[..., Awaitable[LedgerStore]]
+
+
+def tenant_name() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def open_store(nats_server: natsserver.NatsServer) -> AsyncIterator[Opener]:
+    """``await open_store(**kwargs)``: a LedgerStore on its own NATS connection."""
+    clients: list[NATS] = []
+
+    async def opener(**kwargs: object) -> LedgerStore:
+        client = await nats.connect(nats_server.url)
+        clients.append(client)
+        return await LedgerStore.open(client.jetstream(), **kwargs)  # type: ignore[arg-type]
+
+    yield opener
+    for client in clients:
+        await client.close()
+
+
+async def test_open_binds_the_ledger_bucket(open_store: Opener) -> None:
+    store = await open_store()
+    assert store.kv._name == BUCKET  # type: ignore[attr-defined]
+    again = await open_store()  # binding an existing bucket works too
+    assert again.kv._name == BUCKET  # type: ignore[attr-defined]
+
+
+async def test_change_creates_the_entry_with_the_given_limits(open_store: Opener) -> None:
+    store = await open_store()
+    tenant = tenant_name()
+    assert await store.read(tenant) is None
+    given = TenantLimits(tokens=5_000, cost_usd=Decimal("5.00"), max_concurrent_runs=2)
+    refusal = await store.change(
+        tenant, lambda b: b.admit("uid-1", "ns", "run", now=store.clock()), limits=given
+    )
+    assert refusal is None
+    stored = await store.read(tenant)
+    assert stored is not None
+    assert stored.tenant == tenant
+    assert stored.limits == given
+    assert str(stored.limits.cost_usd) == "5.00"
+    assert list(stored.active) == ["uid-1"]
+    # limits only seed a missing entry; later changes keep what is stored
+    await store.change(tenant, lambda b: None, limits=TenantLimits(tokens=1))
+    assert (await store.read(tenant)).limits == given  # type: ignore[union-attr]
+
+
+async def test_change_without_limits_starts_an_unlimited_entry(open_store: Opener) -> None:
+    store = await open_store()
+    tenant = tenant_name()
+    await store.change(tenant, lambda b: b.used_tokens)
+    stored = await store.read(tenant)
+    assert stored is not None and stored.limits == TenantLimits()
+
+
+async def test_a_change_that_changes_nothing_writes_nothing(open_store: Opener) -> None:
+    store = await open_store()
+    tenant = tenant_name()
+    await store.change(tenant, lambda b: None, limits=TenantLimits(tokens=10))
+    revision = (await store.kv.get(book_key(tenant))).revision
+    refused = await store.change(
+        tenant,
+        lambda b: b.reserve("r:0", Hold("r", 0, 11, Decimal(0), 0.0, "o"), now=store.clock()),
+    )
+    assert refused is not None and refused.resource == "tokens"
+    assert (await store.kv.get(book_key(tenant))).revision == revision
+
+
+async def test_a_stale_cached_revision_is_detected_and_the_change_reapplied(
+    open_store: Opener,
+) -> None:
+    one, two = await open_store(), await open_store()
+    tenant = tenant_name()
+    await one.change(tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()))
+    await two.change(tenant, lambda b: b.admit("b", "ns", "b", now=two.clock()))
+    # one's cached copy lacks "b": its first write must lose, re-read and keep "b"
+    await one.change(tenant, lambda b: b.admit("c", "ns", "c", now=one.clock()))
+    assert one.conflicts == 1
+    stored = await one.read(tenant)
+    assert stored is not None and set(stored.active) == {"a", "b", "c"}
+
+
+async def test_exhausting_the_attempts_raises_ledger_unavailable(open_store: Opener) -> None:
+    one, two = await open_store(attempts=1), await open_store()
+    tenant = tenant_name()
+    await one.change(tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()))
+    await two.change(tenant, lambda b: b.admit("b", "ns", "b", now=two.clock()))
+    with pytest.raises(LedgerUnavailable, match="1 compare-and-set attempts"):
+        await one.change(tenant, lambda b: b.admit("c", "ns", "c", now=one.clock()))
+    assert one.conflicts == 1
+    stored = await two.read(tenant)
+    assert stored is not None and set(stored.active) == {"a", "b"}  # "c" never landed
+
+
+async def test_a_monkeypatched_stale_revision_with_one_attempt_raises(
+    open_store: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await open_store(attempts=1)
+    tenant = tenant_name()
+    await store.change(tenant, lambda b: b.admit("a", "ns", "a", now=store.clock()))
+    key = book_key(tenant)
+    revision, data = store._cache[key]
+    monkeypatch.setitem(store._cache, key, (revision - 1 if revision > 1 else 10**9, data))
+    with pytest.raises(LedgerUnavailable):
+        await store.change(tenant, lambda b: b.admit("b", "ns", "b", now=store.clock()))
+    assert store.conflicts == 1
+
+
+async def reserve_and_settle(
+    store: LedgerStore, tenant: str, uid: str, tokens: int, actual: int, delay: float = 0.0
+) -> tuple[int, Decimal] | None:
+    """One turn: reserve ``tokens``; if held, settle ``actual`` (what the settle charged).
+
+    ``delay`` spreads the turns out so the stores' group commits interleave and race."""
+    await asyncio.sleep(delay)
+    now = store.clock()
+    hold = Hold(uid, 0, tokens, Decimal(0), now + 60, f"owner-{uid}", "ns", uid)
+    refusal = await store.change(tenant, lambda b: b.reserve(f"{uid}:0", hold, now=now))
+    if refusal is not None:
+        assert refusal.resource == "tokens"
+        return None
+    await asyncio.sleep(0)
+    return await store.change(
+        tenant,
+        lambda b: b.settle(
+            uid, turn=0, tokens=actual, cost_usd=Decimal(0), now=store.clock(), key=f"{uid}:0"
+        ),
+    )
+
+
+async def test_two_processes_racing_never_overspend_and_charge_exactly(
+    open_store: Opener,
+) -> None:
+    one, two = await open_store(), await open_store()
+    tenant = tenant_name()
+    limit = 2_000
+    runs = [f"{store_index}-{i}" for store_index in (1, 2) for i in range(32)]
+    # 64 turns of 100 tokens each: 6400 tokens demanded against a limit of 2000
+    await one.change(
+        tenant,
+        lambda b: [b.admit(uid, "ns", uid, now=one.clock()) for uid in runs],
+        limits=TenantLimits(tokens=limit),
+    )
+    jobs = []
+    for index, uid in enumerate(runs):
+        store = one if uid.startswith("1-") else two
+        delay = (index % 16) * 0.004
+        jobs.append(reserve_and_settle(store, tenant, uid, 100, 100 - index % 7, delay))
+    results = await asyncio.gather(*jobs)
+    stored = await one.read(tenant)
+    assert stored is not None
+    charged = [r for r in results if r is not None]
+    assert len(charged) >= limit // 100  # the limit was reached, not missed
+    assert len(charged) < len(runs)  # and some turns were refused
+    assert stored.used_tokens <= limit
+    assert stored.used_tokens == sum(tokens for tokens, _ in charged)
+    assert stored.holds == {}
+    assert one.conflicts + two.conflicts > 0, "no compare-and-set race happened"
+
+
+async def test_queue_is_fifo_and_enqueue_is_idempotent(open_store: Opener) -> None:
+    store = await open_store()
+    tenant = tenant_name()
+    assert await store.queue(tenant) == []
+    first = QueuedRun("u1", "ns", "one", 100.0)
+    second = QueuedRun("u2", "ns", "two", 101.0)
+    third = QueuedRun("u3", "other", "three", 102.5)
+    assert await store.enqueue(tenant, first) == 1
+    assert await store.enqueue(tenant, second) == 2
+    assert await store.enqueue(tenant, first) == 1  # already queued: its position
+    assert await store.enqueue(tenant, third) == 3
+    assert await store.queue(tenant) == [first, second, third]
+    assert await store.dequeue(tenant, "u2") is True
+    assert await store.dequeue(tenant, "u2") is False
+    assert await store.queue(tenant) == [first, third]
+    assert await store.enqueue(tenant, second) == 3  # back at the tail
+    raw = json.loads((await store.kv.get(queue_key(tenant))).value)
+    assert [item["uid"] for item in raw] == ["u1", "u3", "u2"]
+
+
+async def test_dequeue_from_an_empty_queue_is_false(open_store: Opener) -> None:
+    store = await open_store()
+    assert await store.dequeue(tenant_name(), "nobody") is False
+
+
+async def test_change_queue_applies_a_function_by_compare_and_set(open_store: Opener) -> None:
+    one, two = await open_store(), await open_store()
+    tenant = tenant_name()
+    for i in range(4):
+        await one.enqueue(tenant, QueuedRun(f"u{i}", "ns", f"r{i}", float(i)))
+
+    def pop_head(runs: list[QueuedRun]) -> QueuedRun | None:
+        return runs.pop(0) if runs else None
+
+    assert (await two.change_queue(tenant, pop_head)).uid == "u0"  # type: ignore[union-attr]
+    # one's cache is stale now; its change must still see two's pop
+    assert (await one.change_queue(tenant, pop_head)).uid == "u1"  # type: ignore[union-attr]
+    assert [r.uid for r in await two.queue(tenant)] == ["u2", "u3"]
+    assert await one.change_queue(tenant, len) == 2
+
+
+async def test_concurrent_enqueues_from_two_processes_lose_nothing(open_store: Opener) -> None:
+    one, two = await open_store(), await open_store()
+    tenant = tenant_name()
+    jobs = [
+        (one if i % 2 else two).enqueue(tenant, QueuedRun(f"u{i}", "ns", f"r{i}", float(i)))
+        for i in range(20)
+    ]
+    positions = await asyncio.gather(*jobs)
+    assert sorted(positions) == list(range(1, 21))
+    assert {r.uid for r in await one.queue(tenant)} == {f"u{i}" for i in range(20)}
+
+
+async def test_tenants_lists_tenants_with_a_book(open_store: Opener) -> None:
+    store = await open_store()
+    with_book, only_queued = tenant_name(), tenant_name()
+    await store.change(with_book, lambda b: None)
+    await store.enqueue(only_queued, QueuedRun("u", "ns", "n", 0.0))
+    assert book_key(with_book) in await store.kv.keys()  # the entry is in the bucket
+    tenants = await store.tenants()
+    # nats-py's KeyValue.keys(filters=...) matches filters as substrings on the client, so a
+    # subject wildcard such as "book.>" matches no key at all
+    assert with_book in tenants
+    assert only_queued not in tenants
+    assert all(not name.startswith("book.") for name in tenants)
+
+
+async def test_a_stored_book_decodes_as_written(open_store: Opener) -> None:
+    store = await open_store()
+    tenant = tenant_name()
+    await store.change(
+        tenant,
+        lambda b: b.reserve(
+            "r:1", Hold("r", 1, 5, Decimal("0.000001"), 1e9, "o", "ns", "n"), now=store.clock()
+        ),
+        limits=TenantLimits(cost_usd=Decimal("1.50")),
+    )
+    entry = await store.kv.get(book_key(tenant))
+    decoded = Book.decode(entry.value or b"")
+    assert decoded.holds["r:1"].cost_usd == Decimal("0.000001")
+    assert decoded == await store.read(tenant)

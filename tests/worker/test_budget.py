@@ -1,0 +1,174 @@
+"""``TurnBudget`` (reserve → settle / release around one turn) against a real LedgerStore."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator
+from decimal import Decimal
+
+import nats
+import pytest
+
+from agentrun import kernel
+from agentrun.devenv import natsserver
+from agentrun.ledger import LedgerStore, TenantLimits
+from agentrun.worker.budget import DEFAULT_HOLD_TTL, TurnBudget, worst_case
+
+NOW = 1_700_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def store(nats_server: natsserver.NatsServer) -> AsyncIterator[LedgerStore]:
+    client = await nats.connect(nats_server.url)
+    try:
+        yield await LedgerStore.open(client.jetstream(), clock=lambda: NOW)
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+async def admit(store: LedgerStore, tenant: str, uid: str, **limits: object) -> None:
+    refusal = await store.change(
+        tenant,
+        lambda b: b.admit(uid, "ns", uid, now=NOW),
+        limits=TenantLimits(**limits),  # type: ignore[arg-type]
+    )
+    assert refusal is None
+
+
+def budget(store: LedgerStore, tenant: str, uid: str, turn: int, clock: Clock) -> TurnBudget:
+    return TurnBudget(
+        store, tenant=tenant, run_uid=uid, namespace="ns", name=uid, turn=turn, clock=clock
+    )
+
+
+def after_turn(turn: int, **usage: object) -> kernel.RunState:
+    state = kernel.initial_state(goal="g")
+    return dataclasses.replace(state, usage=kernel.Usage(**usage), turn=turn + 1)  # type: ignore[arg-type]
+
+
+async def test_reserve_holds_the_worst_case(store: LedgerStore, tenant: str) -> None:
+    await admit(store, tenant, "run-1", tokens=1_000)
+    clock = Clock()
+    tb = budget(store, tenant, "run-1", 0, clock)
+    assert tb.key == "run-1:0"
+    assert tb.held is False
+    assert await tb.reserve(tokens=600, cost_usd=Decimal("0.06")) is None
+    assert tb.held is True
+    book = await store.read(tenant)
+    assert book is not None
+    hold = book.holds["run-1:0"]
+    assert (hold.run_uid, hold.turn, hold.tokens, hold.cost_usd) == (
+        "run-1",
+        0,
+        600,
+        Decimal("0.06"),
+    )
+    assert hold.owner == tb.owner
+    assert hold.expires == NOW + DEFAULT_HOLD_TTL
+    assert (hold.namespace, hold.name) == ("ns", "run-1")
+
+
+async def test_a_refused_reservation_is_not_held(store: LedgerStore, tenant: str) -> None:
+    await admit(store, tenant, "run-1", cost_usd=Decimal("5.00"))
+    clock = Clock()
+    first = budget(store, tenant, "run-1", 0, clock)
+    assert await first.reserve(tokens=10, cost_usd=Decimal("4.95")) is None
+    second = budget(store, tenant, "run-2", 0, clock)
+    refusal = await second.reserve(tokens=10, cost_usd=Decimal("0.09"))
+    assert refusal is not None and refusal.resource == "costUSD"
+    assert second.held is False
+    book = await store.read(tenant)
+    assert set(book.holds) == {"run-1:0"}  # type: ignore[union-attr]
+    # releasing or refreshing a delivery that holds nothing touches nothing
+    await second.release()
+    await second.refresh()
+    assert set((await store.read(tenant)).holds) == {"run-1:0"}  # type: ignore[union-attr]
+
+
+async def test_refresh_extends_the_hold(store: LedgerStore, tenant: str) -> None:
+    await admit(store, tenant, "run-1")
+    clock = Clock()
+    tb = budget(store, tenant, "run-1", 2, clock)
+    await tb.reserve(tokens=5, cost_usd=Decimal(0))
+    clock.now = NOW + 45
+    await tb.refresh()
+    hold = (await store.read(tenant)).holds["run-1:2"]  # type: ignore[union-attr]
+    assert hold.expires == NOW + 45 + DEFAULT_HOLD_TTL
+    assert tb.held is True
+
+
+async def test_settle_charges_the_cumulative_usage_and_drops_the_hold(
+    store: LedgerStore, tenant: str
+) -> None:
+    await admit(store, tenant, "run-1", tokens=10_000)
+    clock = Clock()
+    turn0 = budget(store, tenant, "run-1", 0, clock)
+    await turn0.reserve(tokens=2_000, cost_usd=Decimal("0.02"))
+    await turn0.settle(after_turn(0, input_tokens=300, output_tokens=50, cost_usd=Decimal("0.004")))
+    assert turn0.held is False
+    book = await store.read(tenant)
+    assert book is not None
+    assert (book.used_tokens, book.used_cost, book.holds) == (350, Decimal("0.004"), {})
+
+    turn1 = budget(store, tenant, "run-1", 1, clock)
+    await turn1.reserve(tokens=2_000, cost_usd=Decimal("0.02"))
+    after = after_turn(1, input_tokens=800, output_tokens=90, cost_usd=Decimal("0.0105"))
+    await turn1.settle(after)
+    await turn1.settle(after)  # idempotent
+    book = await store.read(tenant)
+    assert book is not None
+    assert (book.used_tokens, book.used_cost, book.holds) == (890, Decimal("0.0105"), {})
+    assert book.active["run-1"].turn == 1
+
+
+async def test_release_drops_only_its_own_hold(store: LedgerStore, tenant: str) -> None:
+    await admit(store, tenant, "run-1", tokens=1_000)
+    clock = Clock()
+    first = budget(store, tenant, "run-1", 3, clock)
+    await first.reserve(tokens=100, cost_usd=Decimal(0))
+    # the turn is redelivered: a second delivery takes the hold over under the same key
+    second = budget(store, tenant, "run-1", 3, clock)
+    assert second.owner != first.owner
+    await second.reserve(tokens=120, cost_usd=Decimal(0))
+    other = budget(store, tenant, "run-2", 0, clock)
+    await other.reserve(tokens=10, cost_usd=Decimal(0))
+
+    await first.release()  # not its hold any more: nothing dropped
+    assert first.held is False
+    book = await store.read(tenant)
+    assert book is not None
+    assert book.holds["run-1:3"].owner == second.owner
+    assert set(book.holds) == {"run-1:3", "run-2:0"}
+
+    await second.release()
+    book = await store.read(tenant)
+    assert set(book.holds) == {"run-2:0"}  # type: ignore[union-attr]
+    assert book.used_tokens == 0  # type: ignore[union-attr]
+
+
+def test_worst_case_prices_prompt_and_output_at_the_uncached_input_price() -> None:
+    pricing = kernel.Pricing(
+        input_per_million=Decimal("2.5"),
+        cached_input_per_million=Decimal("1.25"),
+        output_per_million=Decimal("10"),
+    )
+    tokens, cost = worst_case(prompt_tokens=3_000, output_tokens=500, pricing=pricing)
+    assert tokens == 3_500
+    assert cost == Decimal("0.0075") + Decimal("0.005")
+    assert cost == pricing.cost(input_tokens=3_000, cached_input_tokens=0, output_tokens=500)
+    assert cost > pricing.cost(input_tokens=3_000, cached_input_tokens=3_000, output_tokens=500)
+    assert worst_case(prompt_tokens=0, output_tokens=0, pricing=pricing) == (0, Decimal(0))

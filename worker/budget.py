@@ -1,0 +1,128 @@
+"""One turn's view of its tenant's ledger: reserve before the model call, settle after commit.
+
+The order (DESIGN.md §5): reserve the call's worst case → call the model → run tools → commit
+the turn event → settle the run's cumulative usage. A turn that never commits (cancelled, lost
+the commit race, its worker shut down) releases its hold; a worker that dies leaves the hold to
+expire, and the operator releases it (``operator.tenancy``). The hold is refreshed with the
+turn's JetStream heartbeat, so only a dead worker's hold expires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+
+from agentrun import kernel
+from agentrun.ledger import Hold, LedgerStore, Refusal
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOLD_TTL = 60.0
+"""Seconds a hold lives without a refresh (``AGENTRUN_HOLD_TTL``)."""
+
+
+class TurnBudget:
+    """Ledger operations of one delivery of one turn (``<run-uid>:<turn>``, a fresh owner id)."""
+
+    def __init__(
+        self,
+        store: LedgerStore,
+        *,
+        tenant: str,
+        run_uid: str,
+        namespace: str,
+        name: str,
+        turn: int,
+        ttl: float = DEFAULT_HOLD_TTL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.run_uid = run_uid
+        self.namespace = namespace
+        self.name = name
+        self.turn = turn
+        self.ttl = ttl
+        self.clock = clock
+        self.key = f"{run_uid}:{turn}"
+        self.owner = uuid.uuid4().hex[:16]
+        self.held = False
+
+    async def reserve(self, *, tokens: int, cost_usd: Decimal) -> Refusal | None:
+        """Hold ``tokens`` / ``cost_usd`` (the call's worst case) or say why it does not fit.
+
+        Raises ``LedgerUnavailable`` or a NATS error when the ledger cannot be changed (the
+        turn is then retried by redelivery, never run unreserved).
+        """
+        now = self.clock()
+        hold = Hold(
+            self.run_uid,
+            self.turn,
+            tokens,
+            cost_usd,
+            now + self.ttl,
+            self.owner,
+            self.namespace,
+            self.name,
+        )
+        self.held = True  # if cancelled mid-write, release() still drops it (owner-checked)
+        try:
+            refusal = await self.store.change(
+                self.tenant, lambda book: book.reserve(self.key, hold, now=now)
+            )
+        except BaseException:
+            await self.release()
+            raise
+        self.held = refusal is None
+        return refusal
+
+    async def refresh(self) -> None:
+        """Keep the hold alive while the turn runs (called with each heartbeat)."""
+        if not self.held:
+            return
+        expires = self.clock() + self.ttl
+        await self.store.change(
+            self.tenant, lambda book: book.refresh(self.key, owner=self.owner, expires=expires)
+        )
+
+    async def settle(self, after: kernel.RunState) -> None:
+        """Charge the run's cumulative usage after this committed turn; drop the hold."""
+        now = self.clock()
+        usage = after.usage
+        await self.store.change(
+            self.tenant,
+            lambda book: book.settle(
+                self.run_uid,
+                turn=self.turn,
+                tokens=usage.total_tokens,
+                cost_usd=usage.cost_usd,
+                now=now,
+                key=self.key,
+            ),
+        )
+        self.held = False
+
+    async def release(self) -> None:
+        """Drop this delivery's hold without charging (best effort: it would expire anyway)."""
+        if not self.held:
+            return
+        self.held = False
+        with contextlib.suppress(Exception):
+            await self.store.change(
+                self.tenant, lambda book: book.release(self.key, owner=self.owner)
+            )
+
+
+def worst_case(
+    *, prompt_tokens: int, output_tokens: int, pricing: kernel.Pricing
+) -> tuple[int, Decimal]:
+    """A call's worst case: its estimated prompt plus its whole output allowance, priced
+    (uncached input price: the cache discount is only known after the call)."""
+    cost = pricing.cost(
+        input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=output_tokens
+    )
+    return prompt_tokens + output_tokens, cost
