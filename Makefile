@@ -48,6 +48,7 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_operator_memory.py
 	cd bench && ../$(BIN)/python bench_kernel.py
 	cd bench && ../$(BIN)/python bench_instrumentation.py
+	cd bench && ../$(BIN)/python bench_ledger.py
 
 clean: down
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

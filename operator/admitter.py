@@ -484,11 +484,13 @@ class Admitter:
                 or (policy is not None and policy.limits != book.limits)
                 or (book.window + book.limits.window_seconds <= now)
             ):
-                book = await self.store.change(
+                await self.store.change(
                     tenant,
                     lambda b: _repair(b, policy, repairs, now),
                     limits=policy.limits if policy else None,
                 )
+                book = await self.store.read(tenant)
+                assert book is not None
             if (
                 book.limits.wall_seconds is not None
                 and book.active
@@ -628,8 +630,8 @@ def _repair(
     policy: TenantPolicy | None,
     repairs: list[tuple[str, str, RunEvent | None]],
     now: float,
-) -> Book:
-    """Apply the sweep's findings to a fresh copy of the entry (deterministic given it)."""
+) -> None:
+    """Apply the sweep's findings to the entry (deterministic given it)."""
     if policy is not None and book.limits != policy.limits:
         book.set_limits(policy.limits, now=now)
     book.roll(now)
@@ -659,4 +661,3 @@ def _repair(
             )
         elif not key and last is None:  # the run is gone and left no events
             book.close(uid, turn=-1, tokens=0, cost_usd=Decimal(0), end=now, now=now)
-    return book

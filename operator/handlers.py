@@ -86,8 +86,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         name: tool.spec.pollable for name, tool in default_catalog(kube=None).items()
     }
     memo.tenants = Tenants(memo.api, default=os.environ.get("AGENTRUN_DEFAULT_TENANT"))
-    listed = await client.CustomObjectsApi(memo.api).list_cluster_custom_object(*TENANT)
-    for obj in listed.get("items", []):  # before any run is admitted: no false "no tenant"
+    for obj in await _list_tenants(memo.api):  # before any run is admitted: no false "no tenant"
         memo.tenants.put(obj)
     memo.admitter = Admitter(
         await LedgerStore.open(memo.bus.js),
@@ -101,6 +100,23 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
     memo.gauges = asyncio.create_task(memo.dispatcher.watch_queue(), name="queue-gauges")
     memo.sweeper = asyncio.create_task(memo.admitter.run(), name="ledger-sweep")
+
+
+async def _list_tenants(api: client.ApiClient, *, patience: float = 120.0) -> list[dict[str, Any]]:
+    """Every AgentTenant; retries while the API server is starting (429 "storage is
+    (re)initializing" right after the CRD is installed, 5xx), then gives up loudly."""
+    objects = client.CustomObjectsApi(api)
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            listed: dict[str, Any] = await objects.list_cluster_custom_object(*TENANT)
+            return list(listed.get("items", []))
+        except ApiException as err:
+            retriable = err.status == 429 or (err.status or 0) >= 500
+            if not retriable or time.monotonic() > deadline:
+                raise
+            log.info("listing AgentTenants: HTTP %s; retrying", err.status)
+            await asyncio.sleep(1.0)
 
 
 @kopf.on.cleanup()

@@ -81,6 +81,8 @@ class LedgerStore:
         self.attempts = attempts
         self.clock = clock
         self._cache: dict[str, tuple[int, bytes]] = {}
+        self._decoded: dict[str, tuple[int, Any]] = {}
+        """The cached entry, decoded, at the cached revision (saves a decode per write)."""
         self._pending: dict[str, list[_Op]] = {}
         self._flushers: dict[str, asyncio.Task[None]] = {}
         self.conflicts = 0
@@ -155,7 +157,8 @@ class LedgerStore:
                 if current is None:
                     current = await self._get(key)
                 revision, data = current if current is not None else (0, None)
-                entry = decode(data)
+                kept = self._decoded.pop(key, None)  # mutated below: valid only if written
+                entry = kept[1] if kept is not None and kept[0] == revision else decode(data)
             except Exception as err:  # unreadable entry or NATS trouble: every caller hears it
                 _fail(batch, err)
                 return
@@ -175,8 +178,11 @@ class LedgerStore:
                     return
                 self._cache[key] = (written, new)
                 self.writes += 1
+                revision = written
             elif current is not None:
                 self._cache[key] = current
+            if all(ok for ok, _ in results):  # a change that raised may have left it half-done
+                self._decoded[key] = (revision, entry)
             _resolve(batch, results)
             return
         _fail(batch, LedgerUnavailable(f"{key}: {self.attempts} compare-and-set attempts lost"))

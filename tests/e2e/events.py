@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from agentrun.bus import Bus, BusSettings
+from agentrun.ledger import Book, LedgerStore
 from agentrun.protocol import RunEvent
 
 
@@ -24,3 +25,16 @@ def read_events(nats_url: str, namespace: str, name: str) -> list[RunEvent]:
 def turn_numbers(events: list[RunEvent]) -> list[int]:
     """The turn index of every committed turn event, in commit order."""
     return [e.record.turn for e in events if e.kind == "turn" and e.record is not None]
+
+
+def read_book(nats_url: str, tenant: str) -> Book | None:
+    """The tenant's ledger entry as stored in JetStream KV now."""
+
+    async def read() -> Book | None:
+        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-ledger-reader")
+        try:
+            return await (await LedgerStore.open(bus.js)).read(tenant)
+        finally:
+            await bus.close()
+
+    return asyncio.run(read())

@@ -11,7 +11,7 @@ import pytest
 from agentrun.devenv import components, stack
 
 from .conftest import ACK_WAIT, E2EStack, http_get, run_manifest
-from .events import read_events, turn_numbers
+from .events import read_book, read_events, turn_numbers
 
 pytestmark = pytest.mark.e2e
 
@@ -25,14 +25,24 @@ def wait_steps(stack_: E2EStack, namespace: str, name: str, steps: int) -> None:
 def test_deleting_a_run_mid_turn_stops_it_and_the_finalizer_goes(
     stack_: E2EStack, test_namespace: str, nats_server: object
 ) -> None:
+    """Case C21: the run stops, its reservation and slot in the tenant ledger are released,
+    the finalizer goes within a bound, and a late status patch does not re-create it."""
     stack_.apply(test_namespace, run_manifest("doomed", "E2E-LONG job"))
     wait_steps(stack_, test_namespace, "doomed", 1)
+    obj = stack_.get(test_namespace, "doomed")
+    assert obj is not None
+    uid, tenant = obj["metadata"]["uid"], obj["status"]["tenant"]
+    book = read_book(nats_server.url, tenant)  # type: ignore[attr-defined]
+    assert book is not None and uid in book.active
     started = time.monotonic()
     stack_.kubectl("delete", "agentrun", "doomed", "-n", test_namespace, "--timeout=20s")
     assert time.monotonic() - started < 20
     time.sleep(2 * 0.5 + 1.0)  # a late status patch would land now
     assert stack_.get(test_namespace, "doomed") is None, "a late status patch re-created the object"
     assert read_events(nats_server.url, test_namespace, "doomed") == []  # type: ignore[attr-defined]
+    book = read_book(nats_server.url, tenant)  # type: ignore[attr-defined]
+    assert book is not None and uid not in book.active
+    assert not [key for key, hold in book.holds.items() if hold.run_uid == uid]
 
 
 def test_an_operator_killed_mid_run_resumes_and_finishes_with_the_same_result(

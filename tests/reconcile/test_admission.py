@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agentrun import kernel
 from agentrun.operator import admission, status
 
 RUN = admission.RunRef("ns", "run", "uid-1")
@@ -96,3 +97,49 @@ def test_a_rejection_projects_to_failed_invalid_spec() -> None:
         "Admitted": "False",
         "Finished": "True",
     }
+
+
+def test_a_queued_status_names_tenant_reason_and_position() -> None:
+    body = status.queued(
+        tenant="team-a",
+        reason="ConcurrencyLimit",
+        message="2 of maxConcurrentRuns 2 runs are active",
+        position=3,
+        at=1000.0,
+        generation=1,
+    )
+    assert (body["phase"], body["tenant"], body["queuePosition"]) == ("Queued", "team-a", 3)
+    [admitted] = body["conditions"]
+    assert (admitted["type"], admitted["status"], admitted["reason"]) == (
+        "Admitted",
+        "False",
+        "ConcurrencyLimit",
+    )
+    assert "terminalReason" not in body
+
+
+def test_an_unadmitted_end_carries_its_reason_and_clears_the_queue_position() -> None:
+    body = status.rejected(
+        "no budget left",
+        at=1000.0,
+        generation=1,
+        phase=kernel.Phase.TENANT_BUDGET_EXHAUSTED,
+        tenant="team-a",
+    )
+    assert (body["phase"], body["terminalReason"], body["outcome"]) == (
+        "Failed",
+        "tenant_budget_exhausted",
+        "partial",
+    )
+    assert body["queuePosition"] is None and body["tenant"] == "team-a"
+    assert {c["reason"] for c in body["conditions"]} == {"TenantBudgetExhausted"}
+    cancelled = status.rejected("cancelled", at=1.0, generation=1, phase=kernel.Phase.CANCELLED)
+    assert (cancelled["phase"], cancelled["terminalReason"]) == ("Cancelled", "cancelled")
+
+
+def test_an_admitted_status_leaves_the_queue() -> None:
+    summary = kernel.initial_state(goal="g").summary()
+    body = status.project(
+        summary, seq=1, start_time=1.0, event_time=2.0, generation=1, admitted_at=1.0, tenant="t"
+    )
+    assert body["queuePosition"] is None and body["tenant"] == "t"
