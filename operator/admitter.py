@@ -21,8 +21,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -31,7 +32,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube, metrics, telemetry
-from agentrun.ledger import Book, LedgerStore, QueuedRun, Refusal
+from agentrun.ledger import Book, LedgerStore, QueuedRun, Refusal, worst_case
 from agentrun.ledger.book import BUDGET_EXHAUSTED
 from agentrun.protocol import RunConfig, RunEvent
 
@@ -149,15 +150,19 @@ class Admitter:
         *,
         api: client.ApiClient | None,
         known_tools: Mapping[str, bool],
+        tool_specs: Callable[[tuple[str, ...]], Sequence[Any]] = lambda names: (),
         clock: Callable[[], float] = time.time,
         sweep_interval: float = 2.0,
     ) -> None:
+        """``tool_specs(names)``: the OpenAI ``tools`` list a worker sends for those tools (they
+        count in a call's prompt estimate)."""
         self.store = store
         self.dispatcher = dispatcher
         self.writer = writer
         self.tenants = tenants
         self.api = api
         self.known_tools = known_tools
+        self.tool_specs = tool_specs
         self.clock = clock
         self.sweep_interval = sweep_interval
         self.waiting: dict[str, _Waiting] = {}
@@ -196,12 +201,15 @@ class Admitter:
             tenant=policy.name,
         )
 
-    async def submit(self, run: RunKey, policy: TenantPolicy, *, generation: int) -> None:
-        """Queue a validated run at the back of its tenant's queue (idempotent) and pump."""
+    async def submit(
+        self, run: RunKey, policy: TenantPolicy, *, generation: int, created: float
+    ) -> None:
+        """Queue a validated run in its tenant's queue by creation time (idempotent), pump.
+
+        ``created`` is the AgentRun's creationTimestamp (epoch seconds).
+        """
         self.waiting.setdefault(run.uid, _Waiting(generation))
-        await self.store.enqueue(
-            policy.name, QueuedRun(run.uid, run.namespace, run.name, self.clock())
-        )
+        await self.store.enqueue(policy.name, QueuedRun(run.uid, run.namespace, run.name, created))
         self.kick(policy.name)
 
     def kick(self, tenant: str) -> None:
@@ -269,8 +277,17 @@ class Admitter:
             await self._leave(policy.name, key, admitted=False)
             return None
         now = self.clock()
+        try:
+            config = await self.prepare(key, obj.get("spec") or {}, policy, start_time=now)
+        except admission.InvalidSpec as err:  # e.g. its AgentModel was deleted while it waited
+            self._end_unadmitted(
+                key, kernel.Phase.INVALID_SPEC, str(err), tenant=policy.name, generation=generation
+            )
+            await self._leave(policy.name, key, admitted=False)
+            return None
+        need = first_call_need(config, self.tool_specs(config.tools))
         refusal = await self.store.change(
-            policy.name, lambda book: _admit(book, policy, queued, now), limits=policy.limits
+            policy.name, lambda book: _admit(book, policy, queued, now, need), limits=policy.limits
         )
         if refusal is not None:
             if refusal.reason == BUDGET_EXHAUSTED and (
@@ -289,7 +306,7 @@ class Admitter:
             return refusal
         self._admitting.add(key.uid)
         try:
-            await self._start(policy, key, obj, generation=generation, now=now)
+            await self._start(policy, key, config, generation=generation, now=now)
         finally:
             self._admitting.discard(key.uid)
         return None
@@ -298,19 +315,11 @@ class Admitter:
         self,
         policy: TenantPolicy,
         key: RunKey,
-        obj: Mapping[str, Any],
+        config: RunConfig,
         *,
         generation: int,
         now: float,
     ) -> None:
-        try:
-            config = await self.prepare(key, obj.get("spec") or {}, policy, start_time=now)
-        except admission.InvalidSpec as err:
-            self._end_unadmitted(
-                key, kernel.Phase.INVALID_SPEC, str(err), tenant=policy.name, generation=generation
-            )
-            await self._leave(policy.name, key, admitted=True)
-            return
         config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
         try:
             await self.dispatcher.admit(config, start_time=now, generation=generation)
@@ -619,10 +628,40 @@ def budget_status(book: Book, now: float) -> dict[str, Any]:
     return {"tokens": tokens, "costUSD": cost, "wallClockSeconds": wall}
 
 
-def _admit(book: Book, policy: TenantPolicy, run: QueuedRun, now: float) -> Refusal | None:
+def _admit(
+    book: Book, policy: TenantPolicy, run: QueuedRun, now: float, need: tuple[int, Decimal]
+) -> Refusal | None:
     if book.limits != policy.limits:
         book.set_limits(policy.limits, now=now)
-    return book.admit(run.uid, run.namespace, run.name, now=now)
+    return book.admit(
+        run.uid, run.namespace, run.name, now=now, need_tokens=need[0], need_cost=need[1]
+    )
+
+
+def first_call_need(config: RunConfig, tools: Sequence[Any]) -> tuple[int, Decimal]:
+    """The worst case of the run's first model call, as its worker will reserve it (the same
+    prompt estimate and output allowance); (0, 0) if its own limits stop it before any call.
+
+    Admission asks the tenant's budget for this much, so a run that waits ``Queued`` for
+    budget is admitted only once its first call can actually be made.
+    """
+    state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
+    prompt = kernel.fit_context(state.messages, limits=config.limits, tools=tools)
+    gate = kernel.admit_model_call(
+        state,
+        config.limits,
+        pricing=config.model.pricing,
+        prompt_estimate=prompt.tokens,
+        now=0.0,
+        deadline=math.inf,
+    )
+    if gate.phase is not None:
+        return 0, Decimal(0)
+    return worst_case(
+        prompt_tokens=prompt.tokens,
+        output_tokens=gate.max_output_tokens,
+        pricing=config.model.pricing,
+    )
 
 
 def _repair(

@@ -8,6 +8,7 @@ ours alone (a projection of the run's events).
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import os
 import time
@@ -82,9 +83,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.writer.start()
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)
     memo.writer.on_gone = memo.dispatcher.on_gone
-    memo.known_tools = {
-        name: tool.spec.pollable for name, tool in default_catalog(kube=None).items()
-    }
+    catalog = default_catalog(kube=None)
+    memo.known_tools = {name: tool.spec.pollable for name, tool in catalog.items()}
     memo.tenants = Tenants(memo.api, default=os.environ.get("AGENTRUN_DEFAULT_TENANT"))
     for obj in await _list_tenants(memo.api):  # before any run is admitted: no false "no tenant"
         memo.tenants.put(obj)
@@ -95,6 +95,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         memo.tenants,
         api=memo.api,
         known_tools=memo.known_tools,
+        tool_specs=lambda names: catalog.specs(names) if names else [],
         sweep_interval=float(os.environ.get("AGENTRUN_LEDGER_SWEEP", "2") or 2),
     )
     memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
@@ -134,6 +135,13 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
                 await closing
         except Exception as err:  # shutting down: log and go on
             log.warning("shutdown step failed: %r", err)
+
+
+def _created(meta: kopf.Meta) -> float:
+    text = meta.get("creationTimestamp")
+    if isinstance(text, str):
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return time.time()
 
 
 def _reject(
@@ -181,7 +189,7 @@ async def _admit(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    await admitter.submit(key, policy, generation=generation)
+    await admitter.submit(key, policy, generation=generation, created=_created(meta))
 
 
 @kopf.on.create(*RUN)

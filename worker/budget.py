@@ -17,7 +17,9 @@ from collections.abc import Callable
 from decimal import Decimal
 
 from agentrun import kernel
-from agentrun.ledger import Hold, LedgerStore, Refusal
+from agentrun.ledger import Book, Hold, LedgerStore, Refusal, worst_case
+
+__all__ = ["DEFAULT_HOLD_TTL", "TurnBudget", "worst_case"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,14 @@ class TurnBudget:
         self.owner = uuid.uuid4().hex[:16]
         self.held = False
 
-    async def reserve(self, *, tokens: int, cost_usd: Decimal) -> Refusal | None:
+    async def reserve(
+        self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
+    ) -> Refusal | None:
         """Hold ``tokens`` / ``cost_usd`` (the call's worst case) or say why it does not fit.
+
+        ``before`` is the run's state before this turn: its totals through the last committed
+        turn are settled first, in the same write, and that turn's hold dropped — so a call is
+        never refused for a previous turn whose worker has not settled yet.
 
         Raises ``LedgerUnavailable`` or a NATS error when the ledger cannot be changed (the
         turn is then retried by redelivery, never run unreserved).
@@ -69,11 +77,21 @@ class TurnBudget:
             self.namespace,
             self.name,
         )
+
+        def apply(book: Book) -> Refusal | None:
+            if before is not None:
+                book.catch_up(
+                    self.run_uid,
+                    turn=before.turn - 1,
+                    tokens=before.usage.total_tokens,
+                    cost_usd=before.usage.cost_usd,
+                    now=now,
+                )
+            return book.reserve(self.key, hold, now=now)
+
         self.held = True  # if cancelled mid-write, release() still drops it (owner-checked)
         try:
-            refusal = await self.store.change(
-                self.tenant, lambda book: book.reserve(self.key, hold, now=now)
-            )
+            refusal = await self.store.change(self.tenant, apply)
         except BaseException:
             await self.release()
             raise
@@ -115,14 +133,3 @@ class TurnBudget:
             await self.store.change(
                 self.tenant, lambda book: book.release(self.key, owner=self.owner)
             )
-
-
-def worst_case(
-    *, prompt_tokens: int, output_tokens: int, pricing: kernel.Pricing
-) -> tuple[int, Decimal]:
-    """A call's worst case: its estimated prompt plus its whole output allowance, priced
-    (uncached input price: the cache discount is only known after the call)."""
-    cost = pricing.cost(
-        input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=output_tokens
-    )
-    return prompt_tokens + output_tokens, cost

@@ -203,7 +203,7 @@ async def _reserve(
     tokens, cost = worst_case(
         prompt_tokens=prompt_estimate, output_tokens=gate.max_output_tokens, pricing=pricing
     )
-    refusal = await budget.reserve(tokens=tokens, cost_usd=cost)
+    refusal = await budget.reserve(tokens=tokens, cost_usd=cost, before=state)
     if refusal is None:
         return None
     if gate.summary:  # the run's own cap came first: end with it, without a summary

@@ -12,6 +12,7 @@ from agentrun.ledger.book import (
     Refusal,
     TenantLimits,
     window_start,
+    worst_case,
 )
 from agentrun.ledger.store import LedgerStore, LedgerUnavailable, QueuedRun
 
@@ -26,4 +27,5 @@ __all__ = [
     "Refusal",
     "TenantLimits",
     "window_start",
+    "worst_case",
 ]

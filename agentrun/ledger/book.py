@@ -27,6 +27,8 @@ import math
 from decimal import Decimal
 from typing import Any
 
+from agentrun.kernel.limits import Pricing
+
 RESOURCES = ("tokens", "costUSD", "wallClockSeconds")
 """The budgeted resources, named as in ``AgentTenant.spec.budget``."""
 
@@ -42,6 +44,16 @@ def window_start(now: float, window_seconds: float) -> float:
     if window_seconds <= 0:
         raise ValueError(f"window must be positive, got {window_seconds}")
     return math.floor(now / window_seconds) * window_seconds
+
+
+def worst_case(*, prompt_tokens: int, output_tokens: int, pricing: Pricing) -> tuple[int, Decimal]:
+    """A model call's worst case, what a hold reserves: its estimated prompt plus its whole
+    output allowance, priced at the uncached input price (the cache discount is only known
+    after the call). Returns (tokens, USD)."""
+    cost = pricing.cost(
+        input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=output_tokens
+    )
+    return prompt_tokens + output_tokens, cost
 
 
 def _dec(value: Any) -> Decimal:
@@ -225,22 +237,33 @@ class Book:
         """Wall-clock seconds charged in this window, active runs counted up to ``now``."""
         return self.used_wall + sum(max(0.0, now - a.since) for a in self.active.values())
 
-    def exhausted(self, now: float) -> Refusal | None:
-        """The first resource with nothing left (used + reserved ≥ limit), else ``None``."""
+    def exhausted(
+        self, now: float, *, need_tokens: int = 0, need_cost: Decimal = Decimal(0)
+    ) -> Refusal | None:
+        """The first resource that cannot cover ``need`` (with no need: has nothing left,
+        used + reserved ≥ limit), else ``None``."""
         limits = self.limits
-        if limits.tokens is not None and self.used_tokens + self.reserved_tokens >= limits.tokens:
+        taken = self.used_tokens + self.reserved_tokens
+        if limits.tokens is not None and (
+            taken + need_tokens > limits.tokens if need_tokens else taken >= limits.tokens
+        ):
             return Refusal(
                 BUDGET_EXHAUSTED,
                 "tokens",
                 f"tokens: {self.used_tokens} used and {self.reserved_tokens} reserved of "
-                f"{limits.tokens} this window",
+                f"{limits.tokens} this window"
+                + (f"; a first call needs up to {need_tokens}" if need_tokens else ""),
             )
-        if limits.cost_usd is not None and self.used_cost + self.reserved_cost >= limits.cost_usd:
+        spent = self.used_cost + self.reserved_cost
+        if limits.cost_usd is not None and (
+            spent + need_cost > limits.cost_usd if need_cost else spent >= limits.cost_usd
+        ):
             return Refusal(
                 BUDGET_EXHAUSTED,
                 "costUSD",
                 f"costUSD: {self.used_cost} used and {self.reserved_cost} reserved of "
-                f"{limits.cost_usd} this window",
+                f"{limits.cost_usd} this window"
+                + (f"; a first call needs up to {need_cost}" if need_cost else ""),
             )
         if limits.wall_seconds is not None and self.wall_used(now) >= limits.wall_seconds:
             return Refusal(
@@ -277,8 +300,18 @@ class Book:
         self.limits = limits
         self.roll(now)
 
-    def admit(self, run_uid: str, namespace: str, name: str, *, now: float) -> Refusal | None:
-        """Take a concurrency slot for a run, if one is free and budget is left.
+    def admit(
+        self,
+        run_uid: str,
+        namespace: str,
+        name: str,
+        *,
+        now: float,
+        need_tokens: int = 0,
+        need_cost: Decimal = Decimal(0),
+    ) -> Refusal | None:
+        """Take a concurrency slot for a run, if one is free and the budget left covers
+        ``need`` (the worst case of the run's first call; 0: anything left).
 
         Idempotent: a run already active is admitted again without change (an operator that
         restarts mid-admission does not take two slots).
@@ -293,7 +326,7 @@ class Book:
                 None,
                 f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
             )
-        refusal = self.exhausted(now)
+        refusal = self.exhausted(now, need_tokens=need_tokens, need_cost=need_cost)
         if refusal is not None:
             return refusal
         self.active[run_uid] = Active(namespace, name, now)
@@ -399,6 +432,16 @@ class Book:
             max(cost_usd, run.cost_usd),
         )
         return delta_tokens, delta_cost
+
+    def catch_up(
+        self, run_uid: str, *, turn: int, tokens: int, cost_usd: Decimal, now: float
+    ) -> None:
+        """Before the run's next call reserves: settle its totals through committed turn
+        ``turn`` and drop its holds of turns up to ``turn`` (they committed; their worker may
+        not have settled yet — its late settlement then charges nothing more)."""
+        self.settle(run_uid, turn=turn, tokens=tokens, cost_usd=cost_usd, now=now)
+        for key in [k for k, h in self.holds.items() if h.run_uid == run_uid and h.turn <= turn]:
+            del self.holds[key]
 
     def close(
         self, run_uid: str, *, turn: int, tokens: int, cost_usd: Decimal, end: float, now: float

@@ -45,7 +45,7 @@ class QueuedRun:
     namespace: str
     name: str
     at: float
-    """When it was queued, epoch seconds."""
+    """The AgentRun's creation time, epoch seconds: the queue's order (ties: arrival order)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON shape."""
@@ -229,14 +229,19 @@ class LedgerStore:
         return result
 
     async def enqueue(self, tenant: str, run: QueuedRun) -> int:
-        """Append ``run`` unless already queued; returns its 1-based position."""
+        """Queue ``run`` unless already queued: after every run created no later than it (FIFO
+        by creation time, so runs created together queue in creation order even when their
+        admissions reach here out of order). Returns its 1-based position."""
 
         def add(runs: list[QueuedRun]) -> int:
             for index, queued in enumerate(runs):
                 if queued.uid == run.uid:
                     return index + 1
-            runs.append(run)
-            return len(runs)
+            index = len(runs)
+            while index > 0 and runs[index - 1].at > run.at:
+                index -= 1
+            runs.insert(index, run)
+            return index + 1
 
         return await self.change_queue(tenant, add)
 

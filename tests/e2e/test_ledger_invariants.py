@@ -22,7 +22,7 @@ import yaml
 
 from agentrun.devenv import components, stack
 from agentrun.devenv.kubectl import create_namespace, delete_namespace
-from agentrun.ledger import Book, LedgerStore
+from agentrun.ledger import Book, Hold, LedgerStore
 
 from .conftest import HOLD_TTL, LEDGER_SWEEP, E2EStack, run_manifest
 
@@ -79,8 +79,10 @@ def third_worker(stack_: E2EStack) -> Iterator[components.Component]:
 def tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
     """role → (AgentTenant name, its namespace)."""
     specs: dict[str, dict[str, Any]] = {
-        "tokens": {"budget": {"tokens": TOKENS_LIMIT}},
-        "cost": {"budget": {"costUSD": str(COST_LIMIT)}},
+        # whenExhausted Fail: runs that can no longer start end at once instead of waiting
+        # Queued for tomorrow's window (test_tenants.py covers Queue)
+        "tokens": {"budget": {"tokens": TOKENS_LIMIT}, "whenExhausted": "Fail"},
+        "cost": {"budget": {"costUSD": str(COST_LIMIT)}, "whenExhausted": "Fail"},
         "slots": {"budget": {"tokens": 10_000_000}, "maxConcurrentRuns": CONCURRENT_LIMIT},
     }
     made: dict[str, tuple[str, str]] = {}
@@ -171,8 +173,9 @@ def _check_settled(
             assert time.monotonic() < deadline, f"{name}: left {book.active} {book.holds}"
             time.sleep(0.5)
         runs = statuses[role]
-        tokens = sum(int(s["usage"]["totalTokens"]) for s in runs)
-        cost = sum((Decimal(s["usage"]["costUSD"]) for s in runs), Decimal(0))
+        usage = [s.get("usage") or {} for s in runs]  # runs failed at admission used nothing
+        tokens = sum(int(u.get("totalTokens", 0)) for u in usage)
+        cost = sum((Decimal(u.get("costUSD", "0")) for u in usage), Decimal(0))
         assert book.used_tokens == tokens, (role, book.used_tokens, tokens)
         assert book.used_cost == cost, (role, book.used_cost, cost)
         if book.limits.tokens is not None:
@@ -188,6 +191,11 @@ def _check_settled(
             assert all(
                 ("tokens" if role == "tokens" else "costUSD") in s["message"] for s in stopped
             )
+            # each by one of the two guards: admission (its first call could not fit) or a
+            # worker's reservation (its next call did not fit); how many of each is timing
+            at_admission = [s for s in stopped if "whenExhausted is Fail" in s["message"]]
+            mid_run = [s for s in stopped if "for this call exceeds" in s["message"]]
+            assert len(at_admission) + len(mid_run) == len(stopped)
 
 
 def test_three_tenants_fifty_runs_each_three_workers_never_overspend(
@@ -217,3 +225,90 @@ def test_a_worker_sigkilled_mid_way_leaves_no_overspend_and_no_stuck_hold(
     assert killed, "the worker was never killed"
     _check_settled(tenants, ledger, statuses)
     assert HOLD_TTL < 10  # the bound the live check enforced is short
+
+
+@pytest.fixture
+def tenant_ns(stack_: E2EStack) -> Iterator[tuple[str, str]]:
+    """A fresh namespace and the name its AgentTenant gets (created by the test)."""
+    namespace = create_namespace(stack_.kubectl)
+    name = f"t-{namespace}"
+    yield name, namespace
+    stack_.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false")
+    stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
+    delete_namespace(stack_.kubectl, namespace)
+
+
+def _apply_tenant(stack_: E2EStack, name: str, namespace: str, **spec: Any) -> None:
+    tenant = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": name},
+        "spec": {"namespaces": [namespace], **spec},
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
+    end = time.monotonic() + 15  # the operator has read it once it writes its status
+    while "observedGeneration" not in json.loads(
+        stack_.kubectl("get", "agenttenant", name, "-o", "json").stdout
+    ).get("status", {}):
+        assert time.monotonic() < end, "the operator never saw the AgentTenant"
+        time.sleep(0.2)
+
+
+def test_an_orphaned_hold_is_released_within_the_bound(
+    stack_: E2EStack, tenant_ns: tuple[str, str], ledger: Ledger
+) -> None:
+    """A hold whose worker died (nobody refreshes it) is gone at most one sweep after it
+    expires; a live run's hold is not touched."""
+    name, namespace = tenant_ns
+    _apply_tenant(stack_, name, namespace, budget={"tokens": 10_000})
+    expires = time.time() + 1.0
+    hold = Hold("dead-run", 3, 1_100, Decimal("0.01"), expires, "dead-worker", namespace, "gone")
+    refusal = ledger._run(
+        ledger.store.change(name, lambda book: book.reserve("dead-run:3", hold, now=time.time()))
+    )
+    assert refusal is None
+    book = ledger.book(name)
+    assert book is not None and book.reserved_tokens == 1_100
+    while True:
+        book = ledger.book(name)
+        assert book is not None
+        if "dead-run:3" not in book.holds:
+            break
+        assert time.time() < expires + LEDGER_SWEEP + 2.0, "the hold outlived its bound"
+        time.sleep(0.1)
+    assert book.used_tokens == 0  # released, not charged: its turn never committed
+    status = json.loads(stack_.kubectl("get", "agenttenant", name, "-o", "json").stdout)
+    assert status["status"]["budget"]["tokens"]["limit"] == 10_000
+
+
+def test_the_wall_clock_budget_is_charged_while_runs_go_and_ends_them(
+    stack_: E2EStack, tenant_ns: tuple[str, str], ledger: Ledger
+) -> None:
+    """wallClockSeconds is the sum of run durations, charged live: two long runs in a tenant
+    with 6 s end tenant_budget_exhausted after about 3 s each, without a turn boundary."""
+    name, namespace = tenant_ns
+    _apply_tenant(stack_, name, namespace, budget={"wallClockSeconds": 6})
+    for run in ("w1", "w2"):
+        stack_.apply(namespace, run_manifest(run, "E2E-LONG wall clock"))
+    samples: list[float] = []
+    deadline = time.monotonic() + 40
+    ends: dict[str, dict[str, Any]] = {}
+    while len(ends) < 2:
+        assert time.monotonic() < deadline, f"runs still going: {ends}"
+        tenant = json.loads(stack_.kubectl("get", "agenttenant", name, "-o", "json").stdout)
+        used = tenant.get("status", {}).get("budget", {}).get("wallClockSeconds", {}).get("used")
+        if used is not None:
+            samples.append(float(used))
+        for run in ("w1", "w2"):
+            status = (stack_.get(namespace, run) or {}).get("status") or {}
+            if status.get("terminalReason"):
+                ends[run] = status
+        time.sleep(0.3)
+    assert any(0 < s < 6 for s in samples), f"wall time was not charged live: {samples}"
+    for status in ends.values():
+        assert status["terminalReason"] == "tenant_budget_exhausted", status
+        assert "wall-clock" in status["message"]
+        assert float(status["usage"]["wallSeconds"]) < 3 + LEDGER_SWEEP + 3.0
+    book = ledger.book(name)
+    assert book is not None and not book.active
+    assert 6 <= book.used_wall < 6 + 2 * (LEDGER_SWEEP + 3.0)

@@ -736,3 +736,29 @@ def test_random_interleavings_never_overspend_and_charge_exactly(script: list[tu
     assert b.holds == {}
     assert b.active == {}
     assert b.window == T0  # no roll happened
+
+
+def test_catch_up_settles_the_previous_turn_and_frees_its_hold_before_the_next_reserve() -> None:
+    """A worker reserving turn 2 must not be refused for turn 1's hold when turn 1's worker
+    has committed but not yet settled (the race between two workers on consecutive turns)."""
+    book = Book.new("t", TenantLimits(tokens=2_000), now=0.0)
+    assert book.admit("r", "ns", "r", now=0.0) is None
+    first = Hold("r", 1, 1_100, Decimal(0), 60.0, "w1", "ns", "r")
+    assert book.reserve("r:1", first, now=1.0) is None
+    second = Hold("r", 2, 1_100, Decimal(0), 60.0, "w2", "ns", "r")
+    assert book.reserve("r:2", second, now=2.0) is not None  # 1100 + 1100 > 2000
+    book.catch_up("r", turn=1, tokens=120, cost_usd=Decimal(0), now=2.0)
+    assert "r:1" not in book.holds and book.used_tokens == 120
+    assert book.reserve("r:2", second, now=2.0) is None
+    # turn 1's worker settles late: nothing more is charged
+    book.settle("r", turn=1, tokens=120, cost_usd=Decimal(0), now=3.0, key="r:1")
+    assert book.used_tokens == 120 and "r:2" in book.holds
+
+
+def test_admission_asks_for_the_first_calls_worst_case() -> None:
+    book = Book.new("t", TenantLimits(tokens=2_000), now=0.0)
+    book.used_tokens = 1_000
+    refusal = book.admit("r", "ns", "r", now=0.0, need_tokens=1_253)
+    assert refusal is not None and refusal.resource == "tokens"
+    assert "first call needs up to 1253" in refusal.message
+    assert book.admit("r", "ns", "r", now=0.0, need_tokens=1_000) is None  # exactly fits
