@@ -178,11 +178,15 @@ def cmd_dev_demo(args: argparse.Namespace) -> int:
     print("\nusage:")
     for line in demo.usage_summary(items):
         print(f"  {line}")
+    demo.wait_tenant_settled(current)
+    print("\n$ kubectl get agenttenants  # every run is charged to its namespace's tenant")
+    print(kc("get", "agenttenants").stdout, end="")
     print(
         "\nThe stack is still up. Try:\n"
         f'  eval "$(.venv/bin/agentrun dev env{_dir_option(args)})"\n'
         "  kubectl get agentruns -o yaml\n"
         "  kubectl explain agentrun.spec.budget\n"
+        "  kubectl get agenttenant default -o yaml   # used / reserved / remaining, resetTime\n"
         "Stop it with `make down` (agentrun dev down)."
     )
     return 0

@@ -125,6 +125,19 @@ def run_examples(
         time.sleep(0.5)
 
 
+def wait_tenant_settled(current: state.StackState, *, timeout: float = 15.0) -> None:
+    """Wait until the ``default`` AgentTenant's status shows no active run (the operator
+    writes it every ledger sweep), so what the demo prints is the settled use."""
+    kc = kubectl_for(current)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = kc("get", "agenttenant", TENANT_NAME, "-o", "json").stdout
+        status = json.loads(out).get("status") or {}
+        if status.get("activeRuns") == 0 and "budget" in status:
+            return
+        time.sleep(0.5)
+
+
 def usage_summary(items: Sequence[dict[str, Any]]) -> list[str]:
     """One line per run: phase, reason, outcome, steps, tool calls, tokens, cost, time, answer."""
     lines = []
