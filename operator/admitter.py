@@ -74,20 +74,26 @@ class Tenants:
         self.api = api
         self.default = default or None
         self.policies: dict[str, TenantPolicy] = {}
-        self.invalid: dict[str, str] = {}
-        """AgentTenants that cannot be enforced, with why (shown in their status)."""
+        self.invalid: dict[str, tuple[int, str]] = {}
+        """AgentTenants that cannot be enforced: (generation, why), shown in their status."""
+        self._invalid_namespaces: dict[str, frozenset[str]] = {}
 
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
         """Add or replace an AgentTenant; an invalid one binds nothing (its runs are rejected
         with the reason rather than run unbudgeted)."""
-        name = str((obj.get("metadata") or {}).get("name", ""))
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
         try:
             policy = TenantPolicy.of(obj)
         except (tenancy.InvalidTenant, ValueError, TypeError) as err:
             self.policies.pop(name, None)
-            self.invalid[name] = str(err)
+            self.invalid[name] = (int(meta.get("generation") or 1), str(err))
+            self._invalid_namespaces[name] = frozenset(
+                (obj.get("spec") or {}).get("namespaces") or ()
+            )
             return None
         self.invalid.pop(name, None)
+        self._invalid_namespaces.pop(name, None)
         self.policies[name] = policy
         return policy
 
@@ -95,6 +101,7 @@ class Tenants:
         """Forget a deleted AgentTenant (its ledger entry stays until its runs end)."""
         self.policies.pop(name, None)
         self.invalid.pop(name, None)
+        self._invalid_namespaces.pop(name, None)
 
     async def _labels(self, namespace: str) -> Mapping[str, str]:
         if self.api is None or not any(p.selector is not None for p in self.policies.values()):
@@ -105,6 +112,12 @@ class Tenants:
     async def resolve(self, namespace: str) -> TenantPolicy:
         """The tenant of runs in ``namespace``; raises ``NoTenant`` with a message for the run's
         status when none (or several) applies."""
+        for name, namespaces in self._invalid_namespaces.items():
+            if namespace in namespaces:  # never fall through to another tenant's budget
+                raise NoTenant(
+                    f"AgentTenant {name!r} binds namespace {namespace!r} but is invalid: "
+                    f"{self.invalid[name][1]}"
+                )
         try:
             found = tenancy.resolve(
                 self.policies.values(),
@@ -118,7 +131,7 @@ class Tenants:
             return found
         if self.default and self.default in self.invalid:
             raise NoTenant(
-                f"default AgentTenant {self.default!r} is invalid: {self.invalid[self.default]}"
+                f"default AgentTenant {self.default!r} is invalid: {self.invalid[self.default][1]}"
             )
         if self.default:
             raise NoTenant(
@@ -473,6 +486,18 @@ class Admitter:
 
     async def sweep(self) -> None:
         """One pass over every tenant (see the module docstring)."""
+        for name, (generation, why) in list(self.tenants.invalid.items()):
+            await self._patch_tenant_status(
+                name,
+                {
+                    "observedGeneration": generation,
+                    "conditions": [
+                        self._condition(
+                            name, "Accepted", False, "InvalidSpec", why, self.clock(), generation
+                        )
+                    ],
+                },
+            )
         names = set(self.tenants.policies) | set(await self.store.tenants())
         for tenant in sorted(names):
             try:
@@ -529,6 +554,13 @@ class Admitter:
                 found.append(("", uid, None))
             elif last.phase.is_terminal:
                 found.append(("", uid, last))
+            elif await self._get_run(RunKey(run.namespace, run.name, uid)) is None:
+                # its object was removed while no operator watched (e.g. a finalizer forced
+                # off): end it, or its slot and budget would stay taken forever
+                with contextlib.suppress(Exception):
+                    await self.dispatcher.end(
+                        run.namespace, run.name, uid, kernel.Phase.CANCELLED, "the AgentRun is gone"
+                    )
         return found
 
     async def _end_all(self, book: Book, now: float) -> None:
@@ -551,22 +583,21 @@ class Admitter:
             book = Book.new(policy.name, policy.limits, now=now)
         body = self._tenant_status(policy, book, now)
         metrics.record_tenant_budget(policy.name, book, now=now)
-        if self._status.get(policy.name) == body or self.api is None:
+        await self._patch_tenant_status(policy.name, body)
+
+    async def _patch_tenant_status(self, name: str, body: dict[str, Any]) -> None:
+        """Merge-patch an AgentTenant's status unless it is what we wrote last."""
+        if self._status.get(name) == body or self.api is None:
             return
         try:
             await client.CustomObjectsApi(self.api).patch_cluster_custom_object_status(
-                kube.GROUP,
-                kube.VERSION,
-                kube.TENANTS,
-                policy.name,
-                {"status": body},
-                **MERGE_PATCH,
+                kube.GROUP, kube.VERSION, kube.TENANTS, name, {"status": body}, **MERGE_PATCH
             )
         except ApiException as err:
             if err.status != 404:
-                log.warning("status of AgentTenant %s: HTTP %s", policy.name, err.status)
+                log.warning("status of AgentTenant %s: HTTP %s", name, err.status)
             return
-        self._status[policy.name] = body
+        self._status[name] = body
 
     def _tenant_status(self, policy: TenantPolicy, book: Book, now: float) -> dict[str, Any]:
         exhausted = book.exhausted(now)
@@ -584,24 +615,33 @@ class Admitter:
             "activeRuns": len(book.active),
             "queuedRuns": self.queued.get(policy.name, 0),
             "budget": budget_status(book, now),
-            "conditions": [self._condition(policy, "BudgetExhausted", state, reason, message, now)],
+            "conditions": [
+                self._condition(
+                    policy.name, "Accepted", True, "Valid", "enforced", now, policy.generation
+                ),
+                self._condition(
+                    policy.name, "BudgetExhausted", state, reason, message, now, policy.generation
+                ),
+            ],
         }
 
     def _condition(
-        self, policy: TenantPolicy, type_: str, state: bool, reason: str, message: str, now: float
+        self,
+        tenant: str,
+        type_: str,
+        state: bool,
+        reason: str,
+        message: str,
+        now: float,
+        generation: int,
     ) -> dict[str, Any]:
-        key = (policy.name, type_)
+        key = (tenant, type_)
         value = "True" if state else "False"
         previous = self._transitions.get(key)
         since = previous[1] if previous is not None and previous[0] == value else now
         self._transitions[key] = (value, since)
         return status.condition(
-            type_,
-            status=state,
-            reason=reason,
-            message=message,
-            at=since,
-            generation=policy.generation,
+            type_, status=state, reason=reason, message=message, at=since, generation=generation
         )
 
 

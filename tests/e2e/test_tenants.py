@@ -714,3 +714,25 @@ def test_an_operator_killed_while_runs_are_queued_admits_each_once_in_fifo_order
     assert sorted(names, key=admitted_at.__getitem__) == names, admitted_at
     assert max_overlap(nats_server.url, ns, names) == 1
     wait_tenant(stack_, tenant, lambda s: s.get("activeRuns") == 0 and s.get("queuedRuns") == 0)
+
+
+def test_an_invalid_tenant_says_why_and_its_runs_are_rejected_not_charged_elsewhere(
+    stack_: E2EStack, test_namespace: str, tenants: TenantFactory
+) -> None:
+    """runBudget.default above runBudget.max passes the CRD schema but cannot be enforced:
+    the AgentTenant shows Accepted=False with the reason, and a run in its namespace is
+    rejected naming it — it does not fall through to the default tenant's budget."""
+    tenant = f"t-{test_namespace}"
+    tenants(
+        tenant,
+        [test_namespace],
+        runBudget={"max": {"maxSteps": 5}, "default": {"maxSteps": 10}},
+    )
+    status = wait_tenant(stack_, tenant, lambda s: "Accepted" in conditions(s))
+    accepted = conditions(status)["Accepted"]
+    assert (accepted["status"], accepted["reason"]) == ("False", "InvalidSpec")
+    assert "spec.runBudget.default.maxSteps" in accepted["message"]
+    stack_.apply(test_namespace, run_manifest("stray", "E2E-PARALLEL-ORDER: stray"))
+    ended = stack_.wait_terminal(test_namespace, "stray")
+    assert ended["terminalReason"] == "invalid_spec"
+    assert tenant in ended["message"] and "invalid" in ended["message"]
