@@ -307,7 +307,8 @@ def test_the_wall_clock_budget_is_charged_while_runs_go_and_ends_them(
     assert any(0 < s < 6 for s in samples), f"wall time was not charged live: {samples}"
     for status in ends.values():
         assert status["terminalReason"] == "tenant_budget_exhausted", status
-        assert "wall-clock" in status["message"]
+        # ended by the sweep mid-turn, or by a refused reservation at a turn boundary
+        assert "wall-clock" in status["message"] or "wallClockSeconds" in status["message"]
         assert float(status["usage"]["wallSeconds"]) < 3 + LEDGER_SWEEP + 3.0
     book = ledger.book(name)
     assert book is not None and not book.active
