@@ -91,13 +91,16 @@ class LedgerStore:
         """Entries written (each may carry several group-committed changes)."""
 
     @classmethod
-    async def open(cls, js: JetStreamContext, **kwargs: Any) -> LedgerStore:
-        """Bind (creating it if missing) the ``AGENTRUN_LEDGER`` bucket."""
+    async def open(
+        cls, js: JetStreamContext, *, bucket: str = BUCKET, **kwargs: Any
+    ) -> LedgerStore:
+        """Bind (creating it if missing) the ledger bucket (``AGENTRUN_LEDGER``; another name
+        keeps a second ledger apart on the same server, e.g. for tests)."""
         try:
-            kv = await js.key_value(BUCKET)
+            kv = await js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
             kv = await js.create_key_value(
-                api.KeyValueConfig(bucket=BUCKET, history=1, storage=api.StorageType.FILE)
+                api.KeyValueConfig(bucket=bucket, history=1, storage=api.StorageType.FILE)
             )
         return cls(kv, **kwargs)
 

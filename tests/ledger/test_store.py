@@ -12,6 +12,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from decimal import Decimal
+from typing import Any
 
 import nats
 import pytest
@@ -22,6 +23,10 @@ from agentrun.ledger import Book, Hold, LedgerStore, LedgerUnavailable, QueuedRu
 from agentrun.ledger.store import BUCKET, book_key, queue_key
 
 Opener = Callable[..., Awaitable[LedgerStore]]
+
+
+TEST_BUCKET = "AGENTRUN_LEDGER_TEST"
+"""Not the stack's bucket: an e2e operator sweeping in this session must not touch these books."""
 
 
 def tenant_name() -> str:
@@ -36,18 +41,24 @@ async def open_store(nats_server: natsserver.NatsServer) -> AsyncIterator[Opener
     async def opener(**kwargs: object) -> LedgerStore:
         client = await nats.connect(nats_server.url)
         clients.append(client)
-        return await LedgerStore.open(client.jetstream(), **kwargs)  # type: ignore[arg-type]
+        return await LedgerStore.open(client.jetstream(), bucket=TEST_BUCKET, **kwargs)  # type: ignore[arg-type]
 
     yield opener
     for client in clients:
         await client.close()
 
 
-async def test_open_binds_the_ledger_bucket(open_store: Opener) -> None:
+async def test_open_binds_the_ledger_bucket(open_store: Opener, nats_server: Any) -> None:
     store = await open_store()
-    assert store.kv._name == BUCKET  # type: ignore[attr-defined]
+    assert store.kv._name == TEST_BUCKET  # type: ignore[attr-defined]
     again = await open_store()  # binding an existing bucket works too
-    assert again.kv._name == BUCKET  # type: ignore[attr-defined]
+    assert again.kv._name == TEST_BUCKET  # type: ignore[attr-defined]
+    client = await nats.connect(nats_server.url)
+    try:
+        default = await LedgerStore.open(client.jetstream())
+        assert default.kv._name == BUCKET == "AGENTRUN_LEDGER"  # type: ignore[attr-defined]
+    finally:
+        await client.close()
 
 
 async def test_change_creates_the_entry_with_the_given_limits(open_store: Opener) -> None:

@@ -16,6 +16,8 @@ from agentrun.ledger import LedgerStore, TenantLimits
 from agentrun.worker.budget import DEFAULT_HOLD_TTL, TurnBudget, worst_case
 
 NOW = 1_700_000_000.0
+TEST_BUCKET = "AGENTRUN_LEDGER_TEST"
+"""Not the stack's bucket: an e2e operator sweeping in this session must not touch these books."""
 
 
 class Clock:
@@ -30,7 +32,7 @@ class Clock:
 async def store(nats_server: natsserver.NatsServer) -> AsyncIterator[LedgerStore]:
     client = await nats.connect(nats_server.url)
     try:
-        yield await LedgerStore.open(client.jetstream(), clock=lambda: NOW)
+        yield await LedgerStore.open(client.jetstream(), bucket=TEST_BUCKET, clock=lambda: NOW)
     finally:
         await client.close()
 
