@@ -94,8 +94,9 @@ def register_cancel(subparsers: Subparsers) -> None:
     cancel = subparsers.add_parser(
         "cancel",
         help="cancel a run (sets the agentrun.dev/cancel annotation)",
-        description="End a running AgentRun with terminal reason `cancelled`: no new model or "
-        "tool call starts after the operator sees it. Uses KUBECONFIG, like kubectl.",
+        description="End an AgentRun (running, awaiting approval or queued) with terminal reason "
+        "`cancelled`: no new model or tool call starts after the operator sees it; a queued run "
+        "leaves its tenant's queue. Uses KUBECONFIG, like kubectl.",
     )
     cancel.add_argument("run", metavar="RUN", help="AgentRun name")
     cancel.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
@@ -279,8 +280,10 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
         return 1
     for name, value in current.env().items():
         print(f"export {name}={shlex.quote(value)}")
-    if current.kubectl is not None:  # the pinned kubectl first on PATH
-        print(f'export PATH={shlex.quote(str(current.kubectl.parent))}:"$PATH"')
+    # the pinned kubectl first on PATH, and this agentrun (the README's `agentrun cancel RUN`)
+    path = [str(current.kubectl.parent)] if current.kubectl is not None else []
+    path.append(str(Path(sys.executable).parent))  # the venv holding this agentrun
+    print(f'export PATH={shlex.quote(os.pathsep.join(dict.fromkeys(path)))}:"$PATH"')
     return 0
 
 

@@ -182,6 +182,8 @@ class Admitter:
         """Runs this operator has seen queued (uid → what their status shows)."""
         self.queued: dict[str, int] = {}
         """Queue length per tenant, as of the last pump."""
+        self.blocked: dict[str, Refusal | None] = {}
+        """Why the head of each tenant's queue waits, as of the last pump."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._kicks: dict[str, asyncio.Event] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}
@@ -267,6 +269,7 @@ class Admitter:
                 index += 1
             waiting = queue[index:]
             self.queued[tenant] = len(waiting)
+            self.blocked[tenant] = refusal
             if refusal is not None:
                 self._show_queued(tenant, waiting, refusal)
 
@@ -309,8 +312,8 @@ class Admitter:
                 self._end_unadmitted(
                     key,
                     kernel.Phase.TENANT_BUDGET_EXHAUSTED,
-                    f"AgentTenant {policy.name!r} has no budget left ({refusal.message}); "
-                    "its spec.whenExhausted is Fail",
+                    f"AgentTenant {policy.name!r} has too little budget left for this run's "
+                    f"first model call ({refusal.message}); its spec.whenExhausted is Fail",
                     tenant=policy.name,
                     generation=generation,
                 )
@@ -601,6 +604,9 @@ class Admitter:
 
     def _tenant_status(self, policy: TenantPolicy, book: Book, now: float) -> dict[str, Any]:
         exhausted = book.exhausted(now)
+        blocked = self.blocked.get(policy.name)
+        if exhausted is None and blocked is not None and blocked.reason == BUDGET_EXHAUSTED:
+            exhausted = blocked  # something is left, but not enough for the next run's call
         if exhausted is None:
             state, reason, message = False, "WithinBudget", "budget left in this window"
         else:

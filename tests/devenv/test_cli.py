@@ -133,6 +133,9 @@ def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> Non
     assert set(env) == {"KUBECONFIG", "AGENTRUN_NATS_URL", "AGENTRUN_MODEL_URL", "PATH"}
     assert env["PATH"].endswith(":$PATH")  # the pinned kubectl first
     assert kubectl is not None
+    dirs = env["PATH"].removesuffix(':"$PATH"').removesuffix(":$PATH").strip("'").split(os.pathsep)
+    assert dirs[0] == str(kubectl.parent)
+    assert (Path(dirs[1]) / "agentrun").exists()  # `agentrun cancel RUN` works after the eval
     crds = subprocess.run(
         [str(kubectl), "get", "crd", "-o", "name"],
         env={**os.environ, "KUBECONFIG": env["KUBECONFIG"]},
