@@ -260,7 +260,16 @@ class Admitter:
             while index < len(queue):
                 run = queue[index]
                 if policy is None:
-                    refusal = Refusal("TenantMissing", None, f"AgentTenant {tenant!r} not found")
+                    invalid = self.tenants.invalid.get(tenant)
+                    refusal = (
+                        Refusal(
+                            "TenantInvalid",
+                            None,
+                            f"AgentTenant {tenant!r} is invalid: {invalid[1]}",
+                        )
+                        if invalid is not None
+                        else Refusal("TenantMissing", None, f"AgentTenant {tenant!r} not found")
+                    )
                     break
                 outcome = await self._admit_head(policy, run)
                 if isinstance(outcome, Refusal):
@@ -302,6 +311,17 @@ class Admitter:
             await self._leave(policy.name, key, admitted=False)
             return None
         need = first_call_need(config, self.tool_specs(config.tools))
+        never = _never_fits(policy, need)
+        if never is not None:  # waiting would block everyone behind it for ever
+            self._end_unadmitted(
+                key,
+                kernel.Phase.TENANT_BUDGET_EXHAUSTED,
+                never,
+                tenant=policy.name,
+                generation=generation,
+            )
+            await self._leave(policy.name, key, admitted=False)
+            return None
         refusal = await self.store.change(
             policy.name, lambda book: _admit(book, policy, queued, now, need), limits=policy.limits
         )
@@ -387,12 +407,15 @@ class Admitter:
             if seen.shown == shown:
                 continue
             seen.shown = shown
-            ahead = "" if position == 1 else f"; {position - 1} run(s) ahead of it"
+            why = (
+                refusal.message
+                if position == 1
+                else f"behind {position - 1} run(s); the first waits because {refusal.message}"
+            )
             body = status.queued(
                 tenant=tenant,
                 reason=reason,
-                message=f"queued in AgentTenant {tenant!r} at position {position}: "
-                f"{refusal.message}{ahead}",
+                message=f"queued in AgentTenant {tenant!r} at position {position}: {why}",
                 position=position,
                 at=now,
                 generation=seen.generation,
@@ -654,13 +677,18 @@ class Admitter:
 def budget_status(book: Book, now: float) -> dict[str, Any]:
     """``AgentTenant.status.budget``: used / reserved / limit / remaining per resource."""
     limits = book.limits
-    tokens: dict[str, Any] = {"used": book.used_tokens, "reserved": book.reserved_tokens}
+    tokens: dict[str, Any] = {
+        "used": book.used_tokens,
+        "reserved": book.reserved_tokens,
+        "abandoned": book.abandoned_tokens,
+    }
     if limits.tokens is not None:
         tokens["limit"] = limits.tokens
         tokens["remaining"] = max(0, limits.tokens - book.used_tokens - book.reserved_tokens)
     cost: dict[str, Any] = {
         "used": format(book.used_cost, "f"),
         "reserved": format(book.reserved_cost, "f"),
+        "abandoned": format(book.abandoned_cost, "f"),
     }
     if limits.cost_usd is not None:
         cost["limit"] = format(limits.cost_usd, "f")
@@ -682,6 +710,27 @@ def _admit(
     return book.admit(
         run.uid, run.namespace, run.name, now=now, need_tokens=need[0], need_cost=need[1]
     )
+
+
+def _never_fits(policy: TenantPolicy, need: tuple[int, Decimal]) -> str | None:
+    """Why a run's first call exceeds the tenant's whole budget per window, if it does."""
+    tokens, cost = need
+    limits = policy.limits
+    hint = (
+        "; give the run a lower spec.budget.maxTokens or maxCostUSD (or the tenant a "
+        "runBudget.default), which bounds each call's output allowance"
+    )
+    if limits.tokens is not None and tokens > limits.tokens:
+        return (
+            f"its first model call may use up to {tokens} tokens, more than AgentTenant "
+            f"{policy.name!r} allows per window ({limits.tokens}){hint}"
+        )
+    if limits.cost_usd is not None and cost > limits.cost_usd:
+        return (
+            f"its first model call may cost up to {cost} USD, more than AgentTenant "
+            f"{policy.name!r} allows per window ({limits.cost_usd}){hint}"
+        )
+    return None
 
 
 def first_call_need(config: RunConfig, tools: Sequence[Any]) -> tuple[int, Decimal]:

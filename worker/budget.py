@@ -53,6 +53,9 @@ class TurnBudget:
         self.key = f"{run_uid}:{turn}"
         self.owner = uuid.uuid4().hex[:16]
         self.held = False
+        self.spent: kernel.Usage | None = None
+        """What this turn's model call used, once it answered and until the turn commits: a
+        turn abandoned after that is charged for it (the provider bills it)."""
 
     async def reserve(
         self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
@@ -124,12 +127,30 @@ class TurnBudget:
         )
         self.held = False
 
+    def committed(self) -> None:
+        """The turn committed: its call's usage is now in the run's, charged by ``settle``."""
+        self.spent = None
+
     async def release(self) -> None:
-        """Drop this delivery's hold without charging (best effort: it would expire anyway)."""
+        """The turn will not commit: drop this delivery's hold, charging the model call's
+        usage if it answered (best effort: an unreleased hold expires anyway)."""
         if not self.held:
             return
         self.held = False
+        spent, now = self.spent, self.clock()
         with contextlib.suppress(Exception):
-            await self.store.change(
-                self.tenant, lambda book: book.release(self.key, owner=self.owner)
-            )
+            if spent is None:
+                await self.store.change(
+                    self.tenant, lambda book: book.release(self.key, owner=self.owner)
+                )
+            else:
+                await self.store.change(
+                    self.tenant,
+                    lambda book: book.abandon(
+                        self.key,
+                        owner=self.owner,
+                        tokens=spent.total_tokens,
+                        cost_usd=spent.cost_usd,
+                        now=now,
+                    ),
+                )

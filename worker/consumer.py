@@ -21,7 +21,7 @@ from opentelemetry import context as otel_context
 
 from agentrun import kernel, metrics, telemetry
 from agentrun.bus import Bus, CommitConflict
-from agentrun.ledger import LedgerStore
+from agentrun.ledger import LedgerCorrupt, LedgerStore, LedgerUnavailable
 from agentrun.protocol import RunEvent, TurnRequest
 
 from . import history
@@ -162,17 +162,19 @@ class TurnConsumer:
                 await asyncio.shield(budget.release())
 
     async def _failed(self, msg: Msg, request: TurnRequest, err: Exception) -> None:
-        """A turn raised. NATS trouble is retried by redelivery; anything else (a payload over
+        """A turn raised. NATS or ledger trouble is retried by redelivery (a damaged tenant
+        ledger entry holds the run's turns until it is repaired); anything else (a payload over
         the server's limit, a bug) ends the run ``checkpoint_failed`` on its second failure —
         each retry calls the model again, and a deterministic error would fail the same way."""
-        transient = isinstance(err, nats.errors.Error) and not isinstance(
-            err, nats.errors.MaxPayloadError
-        )
+        transient = (
+            isinstance(err, nats.errors.Error) and not isinstance(err, nats.errors.MaxPayloadError)
+        ) or isinstance(err, LedgerUnavailable | LedgerCorrupt)  # the run waits, not fails
         delivered = msg.metadata.num_delivered or 1
         if transient or (delivered < 2 and not isinstance(err, nats.errors.MaxPayloadError)):
             log.warning("turn %s failed (%r); it will be redelivered", request.msg_id, err)
+            ledger_trouble = isinstance(err, LedgerUnavailable | LedgerCorrupt)
             with contextlib.suppress(Exception):
-                await msg.nak(delay=1.0)
+                await msg.nak(delay=5.0 if ledger_trouble else 1.0)
             return
         log.error("turn %s failed for good: %r", request.msg_id, err, exc_info=err)
         message = f"turn {request.turn} could not be committed: {type(err).__name__}: {err}"[:1000]
@@ -253,6 +255,7 @@ class TurnConsumer:
         self.cache.put(history.LoadedRun(run.config, after, seq))
         self.turns_committed += 1
         if budget is not None:
+            budget.committed()
             try:
                 await budget.settle(after)
             except Exception as err:  # committed: the next settlement or the run's close

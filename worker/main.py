@@ -55,13 +55,15 @@ async def serve() -> None:
         ),
         kube=api,
     )
+    hold_ttl = _env_float("AGENTRUN_HOLD_TTL", 60.0)
     consumer = TurnConsumer(
         bus,
         deps,
         ConsumerSettings(
             concurrency=int(_env_float("AGENTRUN_WORKER_CONCURRENCY", 64)),
-            heartbeat=max(0.5, ack_wait / 3),
-            hold_ttl=_env_float("AGENTRUN_HOLD_TTL", 60.0),
+            # one beat refreshes both the JetStream delivery and the ledger hold
+            heartbeat=max(0.5, min(ack_wait, hold_ttl) / 3),
+            hold_ttl=hold_ttl,
         ),
         ledger=await LedgerStore.open(bus.js),
     )

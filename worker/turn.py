@@ -150,6 +150,7 @@ async def execute_turn(
                 openai_tools,
                 max_output_tokens=gate.max_output_tokens,
                 prompt_estimate=estimate,
+                budget=budget,
             )
     except ModelError as err:
         if deps.clock() >= config.deadline:
@@ -222,8 +223,10 @@ async def _call_model(
     *,
     max_output_tokens: int,
     prompt_estimate: int,
+    budget: TurnBudget | None = None,
 ) -> tuple[dict[str, Any], kernel.Usage]:
-    """One chat call inside a ``chat {model}`` span, with the GenAI client metrics.
+    """One chat call inside a ``chat {model}`` span, with the GenAI client metrics; what it
+    used is noted on ``budget`` at once (charged if the turn is abandoned after this).
 
     Raises ``ModelError`` (the span and metrics then carry ``error.type``).
     """
@@ -264,6 +267,8 @@ async def _call_model(
         usage = kernel.read_usage(
             response, pricing=config.model.pricing, prompt_estimate=prompt_estimate
         )
+        if budget is not None:
+            budget.spent = usage
         span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
         if isinstance(response.get("id"), str):

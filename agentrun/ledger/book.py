@@ -32,8 +32,15 @@ from agentrun.kernel.limits import Pricing
 RESOURCES = ("tokens", "costUSD", "wallClockSeconds")
 """The budgeted resources, named as in ``AgentTenant.spec.budget``."""
 
+ADMISSION_HOLD_TTL = 600.0
+"""Seconds admission holds a run's first call (until a worker reserves that call itself), so
+runs admitted together cannot each be promised the same budget."""
 CONCURRENCY_LIMIT = "ConcurrencyLimit"
 BUDGET_EXHAUSTED = "BudgetExhausted"
+
+
+class LedgerCorrupt(ValueError):
+    """A ledger entry that cannot be decoded (written by something else, or damaged)."""
 
 
 def window_start(now: float, window_seconds: float) -> float:
@@ -208,6 +215,11 @@ class Book:
     used_cost: Decimal = Decimal(0)
     used_wall: float = 0.0
     """Wall-clock seconds of runs ended in this window (active runs are added live)."""
+    abandoned_tokens: int = 0
+    """The part of ``used_tokens`` spent by model calls whose turn never committed (cancelled,
+    deleted, out of time, or lost to a redelivery): spent at the provider, in no run's usage."""
+    abandoned_cost: Decimal = Decimal(0)
+    """The part of ``used_cost`` spent that way."""
     holds: dict[str, Hold] = dataclasses.field(default_factory=dict)
     active: dict[str, Active] = dataclasses.field(default_factory=dict)
 
@@ -291,6 +303,8 @@ class Book:
         self.used_tokens = 0
         self.used_cost = Decimal(0)
         self.used_wall = 0.0
+        self.abandoned_tokens = 0
+        self.abandoned_cost = Decimal(0)
         for run in self.active.values():
             run.since = max(run.since, start)
         return True
@@ -311,7 +325,9 @@ class Book:
         need_cost: Decimal = Decimal(0),
     ) -> Refusal | None:
         """Take a concurrency slot for a run, if one is free and the budget left covers
-        ``need`` (the worst case of the run's first call; 0: anything left).
+        ``need`` (the worst case of the run's first call; 0: anything left). The need is held
+        (key ``<run-uid>:admission``) until the run's first reservation replaces it, so a run
+        admitted for budget can make its first call however many are admitted at once.
 
         Idempotent: a run already active is admitted again without change (an operator that
         restarts mid-admission does not take two slots).
@@ -330,6 +346,17 @@ class Book:
         if refusal is not None:
             return refusal
         self.active[run_uid] = Active(namespace, name, now)
+        if need_tokens or need_cost:  # held for the first call until its worker reserves it
+            self.holds[f"{run_uid}:admission"] = Hold(
+                run_uid,
+                -1,
+                need_tokens,
+                need_cost,
+                now + ADMISSION_HOLD_TTL,
+                "admission",
+                namespace,
+                name,
+            )
         return None
 
     def reserve(self, key: str, hold: Hold, *, now: float) -> Refusal | None:
@@ -398,6 +425,21 @@ class Book:
         if hold is None or (owner is not None and hold.owner != owner):
             return False
         del self.holds[key]
+        return True
+
+    def abandon(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal, now: float) -> bool:
+        """A model call answered but its turn will never commit: charge what it really used
+        (the provider bills it) and drop ``owner``'s hold. Returns False (charging nothing) if
+        the hold is gone or not ``owner``'s — then the turn was settled or taken over."""
+        self.roll(now)
+        hold = self.holds.get(key)
+        if hold is None or hold.owner != owner:
+            return False
+        del self.holds[key]
+        self.used_tokens += tokens
+        self.used_cost += cost_usd
+        self.abandoned_tokens += tokens
+        self.abandoned_cost += cost_usd
         return True
 
     def settle(
@@ -471,6 +513,8 @@ class Book:
                     "tokens": self.used_tokens,
                     "costUSD": format(self.used_cost, "f"),
                     "wallClockSeconds": round(self.used_wall, 3),
+                    "abandonedTokens": self.abandoned_tokens,
+                    "abandonedCostUSD": format(self.abandoned_cost, "f"),
                 },
                 "holds": {k: h.as_dict() for k, h in self.holds.items()},
                 "active": {k: a.as_dict() for k, a in self.active.items()},
@@ -491,8 +535,10 @@ class Book:
                 used_tokens=int(used.get("tokens", 0)),
                 used_cost=_dec(used.get("costUSD", "0")),
                 used_wall=float(used.get("wallClockSeconds", 0.0)),
+                abandoned_tokens=int(used.get("abandonedTokens", 0)),
+                abandoned_cost=_dec(used.get("abandonedCostUSD", "0")),
                 holds={k: Hold.from_dict(v) for k, v in (raw.get("holds") or {}).items()},
                 active={k: Active.from_dict(v) for k, v in (raw.get("active") or {}).items()},
             )
         except (KeyError, TypeError, AttributeError, ArithmeticError, ValueError) as err:
-            raise ValueError(f"malformed ledger entry: {err!r}") from err
+            raise LedgerCorrupt(f"malformed ledger entry: {err!r}") from err

@@ -157,6 +157,7 @@ class LedgerStore:
                 return
             try:
                 current = self._cache.get(key) if attempt == 0 else None
+                fresh = current is None
                 if current is None:
                     current = await self._get(key)
                 revision, data = current if current is not None else (0, None)
@@ -182,6 +183,11 @@ class LedgerStore:
                 self._cache[key] = (written, new)
                 self.writes += 1
                 revision = written
+            elif not fresh:
+                # nothing to write, judged on our cached copy: another process may have
+                # changed the entry since (a raised limit, a released hold), so the answer
+                # (a refusal, "nothing to repair") counts only once confirmed on a fresh read
+                continue
             elif current is not None:
                 self._cache[key] = current
             if all(ok for ok, _ in results):  # a change that raised may have left it half-done

@@ -176,6 +176,9 @@ def _check_settled(
         usage = [s.get("usage") or {} for s in runs]  # runs failed at admission used nothing
         tokens = sum(int(u.get("totalTokens", 0)) for u in usage)
         cost = sum((Decimal(u.get("costUSD", "0")) for u in usage), Decimal(0))
+        # no turn was abandoned after its model call (no cancels), so nothing was charged
+        # outside the runs' own usage
+        assert (book.abandoned_tokens, book.abandoned_cost) == (0, 0), role
         assert book.used_tokens == tokens, (role, book.used_tokens, tokens)
         assert book.used_cost == cost, (role, book.used_cost, cost)
         if book.limits.tokens is not None:
@@ -313,3 +316,52 @@ def test_the_wall_clock_budget_is_charged_while_runs_go_and_ends_them(
     book = ledger.book(name)
     assert book is not None and not book.active
     assert 6 <= book.used_wall < 6 + 2 * (LEDGER_SWEEP + 3.0)
+
+
+def test_a_turn_cancelled_after_its_model_call_is_still_charged(
+    stack_: E2EStack, tenant_ns: tuple[str, str], ledger: Ledger
+) -> None:
+    """The provider bills a call that answered even if its turn never commits: cancelling
+    the run during its tool phase charges the call to the tenant (as abandoned), once."""
+    name, namespace = tenant_ns
+    _apply_tenant(stack_, name, namespace, budget={"tokens": 100_000})
+    stack_.apply(namespace, run_manifest("slow", "E2E-SLOW-TOOL abandoned"))
+    deadline = time.monotonic() + 30
+    while not any("abandoned" in json.dumps(r) for r in stack_.mock_requests()):
+        assert time.monotonic() < deadline, "the model was never called"
+        time.sleep(0.2)
+    time.sleep(1.0)  # the answer is in; the worker is in the 4 s tool call
+    stack_.kubectl("annotate", "agentrun", "slow", "-n", namespace, "agentrun.dev/cancel=true")
+    ended = stack_.wait_terminal(namespace, "slow")
+    assert ended["terminalReason"] == "cancelled"
+    assert int((ended.get("usage") or {}).get("totalTokens", 0)) == 0  # never committed
+    deadline = time.monotonic() + 15
+    while True:
+        book = ledger.book(name)
+        assert book is not None
+        if book.abandoned_tokens and not book.active:
+            break
+        assert time.monotonic() < deadline, f"not charged: {book}"
+        time.sleep(0.2)
+    assert book.used_tokens == book.abandoned_tokens == 50  # the scenario's 40 + 10
+    assert not book.holds
+
+
+def test_a_run_whose_first_call_can_never_fit_fails_and_does_not_block_the_queue(
+    stack_: E2EStack, tenant_ns: tuple[str, str]
+) -> None:
+    """The e2e model allows 1000 output tokens a call: under a 600-token tenant a run without
+    its own maxTokens can never make a call. It fails at once, naming the remedy, and the
+    small run queued behind it runs."""
+    name, namespace = tenant_ns
+    _apply_tenant(stack_, name, namespace, budget={"tokens": 600}, maxConcurrentRuns=1)
+    stack_.apply(namespace, run_manifest("big", "E2E-PARALLEL-ORDER: big"))
+    stack_.apply(
+        namespace,
+        run_manifest("small", "E2E-PARALLEL-ORDER: small", budget={"maxTokens": 400}),
+    )
+    big = stack_.wait_terminal(namespace, "big")
+    assert (big["phase"], big["terminalReason"]) == ("Failed", "tenant_budget_exhausted")
+    assert "allows per window (600)" in big["message"] and "maxTokens" in big["message"]
+    small = stack_.wait_terminal(namespace, "small", timeout=60)
+    assert small["terminalReason"] in {"completed", "token_budget_exhausted"}, small

@@ -762,3 +762,41 @@ def test_admission_asks_for_the_first_calls_worst_case() -> None:
     assert refusal is not None and refusal.resource == "tokens"
     assert "first call needs up to 1253" in refusal.message
     assert book.admit("r", "ns", "r", now=0.0, need_tokens=1_000) is None  # exactly fits
+
+
+def test_runs_admitted_together_cannot_be_promised_the_same_budget() -> None:
+    """Admission holds each run's first call until its worker reserves it: six runs needing
+    3000 each under a 10000 limit — three are admitted, and each admitted run's first call
+    fits when it comes (the breaker's SIGSTOPped-workers case)."""
+    book = Book.new("t", TenantLimits(tokens=10_000), now=0.0)
+    admitted = [
+        uid
+        for uid in ("s1", "s2", "s3", "s4", "s5", "s6")
+        if book.admit(uid, "ns", uid, now=0.0, need_tokens=3_000) is None
+    ]
+    assert admitted == ["s1", "s2", "s3"]
+    for uid in admitted:  # each first call: catch up (drops its admission hold), then reserve
+        book.catch_up(uid, turn=-1, tokens=0, cost_usd=Decimal(0), now=1.0)
+        hold = Hold(uid, 0, 3_000, Decimal(0), 60.0, f"w-{uid}", "ns", uid)
+        assert book.reserve(f"{uid}:0", hold, now=1.0) is None
+    assert book.reserved_tokens == 9_000 and not any(k.endswith(":admission") for k in book.holds)
+    assert book.close("s1", turn=0, tokens=120, cost_usd=Decimal(0), end=2.0, now=2.0)
+    assert "s1:admission" not in book.holds
+
+
+def test_an_abandoned_call_is_charged_once_and_only_by_its_holder() -> None:
+    """A call answered, then its turn was cancelled: the provider bills it, so the tenant is
+    charged (and told apart as abandoned); a worker whose hold was taken over charges nothing."""
+    book = Book.new("t", TenantLimits(tokens=10_000), now=0.0)
+    assert book.admit("r", "ns", "r", now=0.0) is None
+    assert (
+        book.reserve("r:0", Hold("r", 0, 1_100, Decimal(0), 60.0, "w1", "ns", "r"), now=0.0) is None
+    )
+    assert not book.abandon("r:0", owner="w2", tokens=120, cost_usd=Decimal("0.001"), now=1.0)
+    assert book.abandon("r:0", owner="w1", tokens=120, cost_usd=Decimal("0.001"), now=1.0)
+    assert not book.abandon("r:0", owner="w1", tokens=120, cost_usd=Decimal("0.001"), now=1.0)
+    assert (book.used_tokens, book.abandoned_tokens, book.reserved_tokens) == (120, 120, 0)
+    assert book.abandoned_cost == Decimal("0.001") == book.used_cost
+    assert Book.decode(book.encode()).abandoned_tokens == 120
+    book.roll(86_400.0 * 2)
+    assert (book.used_tokens, book.abandoned_tokens) == (0, 0)

@@ -290,3 +290,21 @@ async def test_a_stored_book_decodes_as_written(open_store: Opener) -> None:
     decoded = Book.decode(entry.value or b"")
     assert decoded.holds["r:1"].cost_usd == Decimal("0.000001")
     assert decoded == await store.read(tenant)
+
+
+async def test_a_refusal_is_never_judged_on_a_stale_cached_copy(open_store: Opener) -> None:
+    """A worker's store refused a call and so wrote nothing (its cache keeps the old limit);
+    the operator then raised the limit. The next call must be judged on the entry as it is."""
+    worker, operator_ = await open_store(), await open_store()
+    tenant = tenant_name()
+    now = worker.clock()
+    await worker.change(
+        tenant, lambda b: b.admit("r", "ns", "r", now=now), limits=TenantLimits(tokens=100)
+    )
+    big = Hold("r", 0, 500, Decimal(0), now + 60, "w", "ns", "r")
+    assert await worker.change(tenant, lambda b: b.reserve("r:0", big, now=now)) is not None
+    await operator_.change(tenant, lambda b: b.set_limits(TenantLimits(tokens=1_000_000), now=now))
+    assert await worker.change(tenant, lambda b: b.reserve("r:0", big, now=now)) is None
+    # and an operator that cached the entry before a hold appeared still sees the hold
+    stale_view = await operator_.change(tenant, lambda b: sorted(b.holds))
+    assert stale_view == ["r:0"]

@@ -162,6 +162,33 @@ async def test_release_drops_only_its_own_hold(store: LedgerStore, tenant: str) 
     assert book.used_tokens == 0  # type: ignore[union-attr]
 
 
+async def test_a_turn_abandoned_after_its_model_call_is_charged_for_it(
+    store: LedgerStore, tenant: str
+) -> None:
+    await admit(store, tenant, "run-1", tokens=1_000)
+    turn = budget(store, tenant, "run-1", 0, Clock())
+    await turn.reserve(tokens=500, cost_usd=Decimal("0.01"))
+    turn.spent = kernel.Usage(input_tokens=100, output_tokens=20, cost_usd=Decimal("0.0004"))
+    await turn.release()  # cancelled before the commit
+    book = await store.read(tenant)
+    assert book is not None and book.holds == {}
+    assert (book.used_tokens, book.abandoned_tokens) == (120, 120)
+    assert book.used_cost == book.abandoned_cost == Decimal("0.0004")
+
+
+async def test_a_committed_turn_is_not_charged_as_abandoned(
+    store: LedgerStore, tenant: str
+) -> None:
+    await admit(store, tenant, "run-1", tokens=1_000)
+    turn = budget(store, tenant, "run-1", 0, Clock())
+    await turn.reserve(tokens=500, cost_usd=Decimal(0))
+    turn.spent = kernel.Usage(input_tokens=100, output_tokens=20)
+    turn.committed()  # then settle failed: release must not charge the call a second time
+    await turn.release()
+    book = await store.read(tenant)
+    assert book is not None and (book.used_tokens, book.abandoned_tokens) == (0, 0)
+
+
 def test_worst_case_prices_prompt_and_output_at_the_uncached_input_price() -> None:
     pricing = kernel.Pricing(
         input_per_million=Decimal("2.5"),
