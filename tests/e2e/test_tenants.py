@@ -365,6 +365,7 @@ def test_a_used_up_window_budget_queues_or_fails_new_runs_until_the_window_reset
             assert used_up[tenant]["budget"]["tokens"] == {
                 "used": 1000,
                 "reserved": 0,
+                "abandoned": 0,
                 "limit": 1000,
                 "remaining": 0,
             }
