@@ -348,7 +348,10 @@ def test_agenttenant_status_fields_are_the_contract() -> None:
         ("wallClockSeconds", "number"),
     ]:
         usage = at(budget, name)
-        assert set(usage["properties"]) == {"used", "reserved", "limit", "remaining"}
+        fields = {"used", "reserved", "limit", "remaining"}
+        if name != "wallClockSeconds":  # a model call can be abandoned; wall time cannot
+            fields.add("abandoned")
+        assert set(usage["properties"]) == fields
         assert {field["type"] for field in usage["properties"].values()} == {value_type}
 
 
