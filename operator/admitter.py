@@ -44,6 +44,7 @@ from .tenancy import TenantPolicy
 log = logging.getLogger(__name__)
 
 CANCEL_ANNOTATION = "agentrun.dev/cancel"
+MODEL_CACHE_SECONDS = 5.0
 STALE_GRACE = 30.0
 """Seconds an active ledger entry without a live run view is left alone before the sweep
 checks the run's events (admission in progress, an operator just restarted)."""
@@ -188,6 +189,8 @@ class Admitter:
         self._kicks: dict[str, asyncio.Event] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}
         self._admitting: set[str] = set()
+        self._objects: dict[str, Mapping[str, Any]] = {}
+        self._models: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._status: dict[str, dict[str, Any]] = {}
         self._transitions: dict[tuple[str, str], tuple[str, float]] = {}
         self._stopping = asyncio.Event()
@@ -206,7 +209,7 @@ class Admitter:
     ) -> RunConfig:
         """The run's ``RunConfig`` under its tenant's policy; raises ``InvalidSpec``."""
         applied = policy.apply(spec)
-        model = await get_model(self.api, str(spec.get("model", ""))) if self.api else None
+        model = await self._model(str(spec.get("model", "")))
         return admission.admit(
             admission.RunRef(run.namespace, run.name, run.uid),
             applied,
@@ -216,13 +219,36 @@ class Admitter:
             tenant=policy.name,
         )
 
+    async def _model(self, name: str) -> dict[str, Any] | None:
+        """The AgentModel, cached for ``MODEL_CACHE_SECONDS`` (a burst of admissions reads it
+        once; an edited price applies to runs admitted a few seconds later)."""
+        if self.api is None:
+            return None
+        cached = self._models.get(name)
+        now = time.monotonic()
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        model = await get_model(self.api, name)
+        self._models[name] = (now + MODEL_CACHE_SECONDS, model)
+        return model
+
     async def submit(
-        self, run: RunKey, policy: TenantPolicy, *, generation: int, created: float
+        self,
+        run: RunKey,
+        policy: TenantPolicy,
+        *,
+        generation: int,
+        created: float,
+        obj: Mapping[str, Any] | None = None,
     ) -> None:
         """Queue a validated run in its tenant's queue by creation time (idempotent), pump.
 
-        ``created`` is the AgentRun's creationTimestamp (epoch seconds).
+        ``created`` is the AgentRun's creationTimestamp (epoch seconds); ``obj`` the object
+        as the handler saw it (spec and metadata), so the pump need not read it again (its
+        spec is immutable; a cancel or delete reaches the queue through their handlers).
         """
+        if obj is not None:
+            self._objects[run.uid] = obj
         self.waiting.setdefault(run.uid, _Waiting(generation))
         await self.store.enqueue(policy.name, QueuedRun(run.uid, run.namespace, run.name, created))
         self.kick(policy.name)
@@ -285,7 +311,7 @@ class Admitter:
     async def _admit_head(self, policy: TenantPolicy, queued: QueuedRun) -> Refusal | None:
         """Admit ``queued`` or say why it waits; a run that cannot run at all leaves the queue."""
         key = RunKey(queued.namespace, queued.name, queued.uid)
-        obj = await self._get_run(key)
+        obj = self._objects.get(key.uid) or await self._get_run(key)
         if obj is None:  # deleted, or a new object of that name: nothing to admit
             await self._leave(policy.name, key, admitted=False)
             return None
@@ -372,6 +398,7 @@ class Admitter:
             await self._leave(policy.name, key, admitted=True)
             return
         self.waiting.pop(key.uid, None)
+        self._objects.pop(key.uid, None)
         await self.store.dequeue(policy.name, key.uid)
 
     async def _leave(self, tenant: str, key: RunKey, *, admitted: bool) -> None:
@@ -385,6 +412,7 @@ class Admitter:
                 ),
             )
         self.waiting.pop(key.uid, None)
+        self._objects.pop(key.uid, None)
         await self.store.dequeue(tenant, key.uid)
 
     def _end_unadmitted(
@@ -446,6 +474,7 @@ class Admitter:
         """End a run that is still queued ``cancelled``; False if it is not queued."""
         for name in [tenant] if tenant else await self._tenants_with_queues():
             if await self.store.dequeue(name, key.uid):
+                self._objects.pop(key.uid, None)
                 seen = self.waiting.pop(key.uid, None)
                 self._end_unadmitted(
                     key,
@@ -461,6 +490,7 @@ class Admitter:
     async def forget_queued(self, uid: str) -> None:
         """A deleted run leaves whatever queue holds it."""
         self.waiting.pop(uid, None)
+        self._objects.pop(uid, None)
         for name in await self._tenants_with_queues():
             if await self.store.dequeue(name, uid):
                 self.kick(name)
@@ -566,6 +596,9 @@ class Admitter:
         (hold key or ``""``, run uid, the run's last event or ``None``)."""
         found: list[tuple[str, str, RunEvent | None]] = []
         for key, hold in book.expired(now):
+            if not hold.name:  # its run is no longer active: nothing of it left to charge
+                found.append((key, hold.run_uid, None))
+                continue
             last = await self.dispatcher.bus.last_event(hold.namespace, hold.name)
             found.append(
                 (key, hold.run_uid, last if last and last.run_uid == hold.run_uid else None)

@@ -189,7 +189,10 @@ async def _admit(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    await admitter.submit(key, policy, generation=generation, created=_created(meta))
+    obj = {"metadata": {"generation": generation, "annotations": dict(meta.annotations)}}
+    await admitter.submit(
+        key, policy, generation=generation, created=_created(meta), obj={**obj, "spec": dict(spec)}
+    )
 
 
 @kopf.on.create(*RUN)

@@ -8,6 +8,8 @@ import logging
 import os
 import signal
 
+import nats
+import nats.aio.client
 from prometheus_client import start_http_server
 
 from agentrun import kube, telemetry
@@ -27,6 +29,16 @@ log = logging.getLogger("agentrun.worker")
 def _env_float(name: str, default: float) -> float:
     value = os.environ.get(name)
     return float(value) if value else default
+
+
+async def _connect(url: str, role: str) -> nats.aio.client.Client:
+    return await nats.connect(
+        url,
+        name=f"agentrun-worker-{os.getpid()}-{role}",
+        connect_timeout=5,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+    )
 
 
 async def serve() -> None:
@@ -65,7 +77,8 @@ async def serve() -> None:
             heartbeat=max(0.5, min(ack_wait, hold_ttl) / 3),
             hold_ttl=hold_ttl,
         ),
-        ledger=await LedgerStore.open(bus.js),
+        # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks
+        ledger=await LedgerStore.open((await _connect(url, "ledger")).jetstream()),
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -502,10 +502,12 @@ class Book:
     # --- wire -----------------------------------------------------------------------------------
 
     def encode(self) -> bytes:
-        """Compact JSON bytes for the KV entry."""
+        """Compact JSON bytes for the KV entry. Holds and active runs are arrays, not objects
+        (``[run, turn, tokens, cost, expires, owner]``, ``[ns, name, since, turn, tokens,
+        cost]``): the entry is rewritten on every change, so its size is the ledger's cost."""
         return json.dumps(
             {
-                "v": 1,
+                "v": 2,
                 "tenant": self.tenant,
                 "limits": self.limits.as_dict(),
                 "window": self.window,
@@ -516,18 +518,61 @@ class Book:
                     "abandonedTokens": self.abandoned_tokens,
                     "abandonedCostUSD": format(self.abandoned_cost, "f"),
                 },
-                "holds": {k: h.as_dict() for k, h in self.holds.items()},
-                "active": {k: a.as_dict() for k, a in self.active.items()},
+                "holds": {
+                    k: [
+                        h.run_uid,
+                        h.turn,
+                        h.tokens,
+                        format(h.cost_usd, "f"),
+                        round(h.expires, 3),
+                        h.owner,
+                    ]
+                    for k, h in self.holds.items()
+                },
+                "active": {
+                    k: [
+                        a.namespace,
+                        a.name,
+                        round(a.since, 3),
+                        a.turn,
+                        a.tokens,
+                        format(a.cost_usd, "f"),
+                    ]
+                    for k, a in self.active.items()
+                },
             },
             separators=(",", ":"),
         ).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Book:
-        """Inverse of ``encode``; raises ``ValueError`` on a malformed entry."""
+        """Inverse of ``encode`` (also reads the object form of version 1); raises
+        ``LedgerCorrupt`` (a ``ValueError``) on a malformed entry."""
         try:
             raw = json.loads(data)
             used = raw.get("used") or {}
+            active = {
+                k: Active(v[0], v[1], float(v[2]), int(v[3]), int(v[4]), _dec(v[5]))
+                if isinstance(v, list)
+                else Active.from_dict(v)
+                for k, v in (raw.get("active") or {}).items()
+            }
+            holds: dict[str, Hold] = {}
+            for k, v in (raw.get("holds") or {}).items():
+                if not isinstance(v, list):
+                    holds[k] = Hold.from_dict(v)
+                    continue
+                run = active.get(v[0])  # a hold's run names come from its active entry
+                holds[k] = Hold(
+                    v[0],
+                    int(v[1]),
+                    int(v[2]),
+                    _dec(v[3]),
+                    float(v[4]),
+                    str(v[5]),
+                    run.namespace if run else "",
+                    run.name if run else "",
+                )
             return cls(
                 tenant=str(raw["tenant"]),
                 limits=TenantLimits.from_dict(raw.get("limits") or {}),
@@ -537,8 +582,15 @@ class Book:
                 used_wall=float(used.get("wallClockSeconds", 0.0)),
                 abandoned_tokens=int(used.get("abandonedTokens", 0)),
                 abandoned_cost=_dec(used.get("abandonedCostUSD", "0")),
-                holds={k: Hold.from_dict(v) for k, v in (raw.get("holds") or {}).items()},
-                active={k: Active.from_dict(v) for k, v in (raw.get("active") or {}).items()},
+                holds=holds,
+                active=active,
             )
-        except (KeyError, TypeError, AttributeError, ArithmeticError, ValueError) as err:
+        except (
+            KeyError,
+            IndexError,
+            TypeError,
+            AttributeError,
+            ArithmeticError,
+            ValueError,
+        ) as err:
             raise LedgerCorrupt(f"malformed ledger entry: {err!r}") from err

@@ -43,8 +43,10 @@ def hold(
     *,
     owner: str = "w1",
     expires: float = NOW + 60,
+    namespace: str = "ns",
+    name: str | None = None,
 ) -> Hold:
-    return Hold(run, turn, tokens, Decimal(cost), expires, owner, "ns", f"name-{run}")
+    return Hold(run, turn, tokens, Decimal(cost), expires, owner, namespace, name or f"name-{run}")
 
 
 def reserve(b: Book, run: str, turn: int, tokens: int = 0, cost: str = "0", **kw: object):
@@ -528,8 +530,19 @@ def full_book() -> Book:
     b.admit("r2", "ns2", "two", now=NOW + 7)
     b.settle("r1", turn=4, tokens=12_345, cost_usd=Decimal("4.750000000001"), now=NOW)
     b.used_wall = 12.345
-    reserve(b, "r1", 5, 777, "0.000000123456789", owner="w-1", expires=NOW + 60.5)
-    reserve(b, "r2", 0, 1, "0.09", owner="w-2")
+    # a hold's run names are its run's (the entry stores them once, with the active run)
+    reserve(
+        b,
+        "r1",
+        5,
+        777,
+        "0.000000123456789",
+        owner="w-1",
+        expires=NOW + 60.5,
+        namespace="ns1",
+        name="one",
+    )
+    reserve(b, "r2", 0, 1, "0.09", owner="w-2", namespace="ns2", name="two")
     return b
 
 
@@ -549,8 +562,8 @@ def test_encode_keeps_decimals_as_strings_never_floats() -> None:
     raw = json.loads(full_book().encode())
     assert raw["used"]["costUSD"] == "4.750000000001"
     assert raw["limits"]["costUSD"] == "5.00"
-    assert raw["holds"]["r1:5"]["costUSD"] == "0.000000123456789"
-    assert raw["active"]["r1"]["costUSD"] == "4.750000000001"
+    assert raw["holds"]["r1:5"][3] == "0.000000123456789"  # [run, turn, tokens, cost, ...]
+    assert raw["active"]["r1"][5] == "4.750000000001"  # [ns, name, since, turn, tokens, cost]
 
 
 def test_an_unlimited_empty_book_round_trips() -> None:
