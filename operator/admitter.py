@@ -34,7 +34,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agentrun import kernel, kube, metrics, telemetry
 from agentrun.ledger import Book, LedgerStore, QueuedRun, Refusal, worst_case
 from agentrun.ledger.book import BUDGET_EXHAUSTED
-from agentrun.protocol import RunConfig, RunEvent
+from agentrun.protocol import DEFAULT_TENANT, RunConfig, RunEvent
 
 from . import admission, status, tenancy
 from .dispatch import Dispatcher
@@ -318,7 +318,7 @@ class Admitter:
         generation = int((obj.get("metadata") or {}).get("generation") or 1)
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         if annotations.get(CANCEL_ANNOTATION) == "true":
-            self._end_unadmitted(
+            self.end_unadmitted(
                 key,
                 kernel.Phase.CANCELLED,
                 f"cancelled by the {CANCEL_ANNOTATION} annotation",
@@ -331,7 +331,7 @@ class Admitter:
         try:
             config = await self.prepare(key, obj.get("spec") or {}, policy, start_time=now)
         except admission.InvalidSpec as err:  # e.g. its AgentModel was deleted while it waited
-            self._end_unadmitted(
+            self.end_unadmitted(
                 key, kernel.Phase.INVALID_SPEC, str(err), tenant=policy.name, generation=generation
             )
             await self._leave(policy.name, key, admitted=False)
@@ -339,7 +339,7 @@ class Admitter:
         need = first_call_need(config, self.tool_specs(config.tools))
         never = _never_fits(policy, need)
         if never is not None:  # waiting would block everyone behind it for ever
-            self._end_unadmitted(
+            self.end_unadmitted(
                 key,
                 kernel.Phase.TENANT_BUDGET_EXHAUSTED,
                 never,
@@ -355,7 +355,7 @@ class Admitter:
             if refusal.reason == BUDGET_EXHAUSTED and (
                 policy.when_exhausted is tenancy.WhenExhausted.FAIL
             ):
-                self._end_unadmitted(
+                self.end_unadmitted(
                     key,
                     kernel.Phase.TENANT_BUDGET_EXHAUSTED,
                     f"AgentTenant {policy.name!r} has too little budget left for this run's "
@@ -386,7 +386,7 @@ class Admitter:
         try:
             await self.dispatcher.admit(config, start_time=now, generation=generation)
         except nats.errors.MaxPayloadError:
-            self._end_unadmitted(
+            self.end_unadmitted(
                 key,
                 kernel.Phase.INVALID_SPEC,
                 f"spec: about {len(repr(config.as_dict()))} bytes, more than the event stream's "
@@ -415,16 +415,24 @@ class Admitter:
         self._objects.pop(key.uid, None)
         await self.store.dequeue(tenant, key.uid)
 
-    def _end_unadmitted(
-        self, key: RunKey, phase: kernel.Phase, message: str, *, tenant: str, generation: int
+    def end_unadmitted(
+        self,
+        key: RunKey,
+        phase: kernel.Phase,
+        message: str,
+        *,
+        tenant: str | None,
+        generation: int,
     ) -> None:
+        """End a run that was never admitted (rejected spec, no tenant, no budget with
+        ``whenExhausted: Fail``, cancelled while queued): write its terminal status, count it."""
         log.info("%s/%s ends unadmitted (%s): %s", key.namespace, key.name, phase.value, message)
         body = status.rejected(
             message, at=self.clock(), generation=generation, phase=phase, tenant=tenant
         )
         self.writer.submit(key, body, seq=0, terminal=True)
         state = kernel.stop(kernel.initial_state(goal=""), phase, message)
-        self.dispatcher.count_end(key.uid, state, tenant=tenant)
+        self.dispatcher.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT)
 
     def _show_queued(self, tenant: str, waiting: list[QueuedRun], refusal: Refusal) -> None:
         now = self.clock()
@@ -476,7 +484,7 @@ class Admitter:
             if await self.store.dequeue(name, key.uid):
                 self._objects.pop(key.uid, None)
                 seen = self.waiting.pop(key.uid, None)
-                self._end_unadmitted(
+                self.end_unadmitted(
                     key,
                     kernel.Phase.CANCELLED,
                     f"cancelled by the {CANCEL_ANNOTATION} annotation while queued",
@@ -505,20 +513,10 @@ class Admitter:
     async def close(self, tenant: str, uid: str, event: RunEvent) -> None:
         """A run ended (its terminal event, or its last event when deleted): settle its final
         usage, charge its wall-clock time, free its slot, pump its tenant's queue."""
-        state = event.state()
+        totals = committed_totals(event)
         now = self.clock()
         end = event.time or now
-        await self.store.change(
-            tenant,
-            lambda book: book.close(
-                uid,
-                turn=state.turn - 1,
-                tokens=state.usage.total_tokens,
-                cost_usd=state.usage.cost_usd,
-                end=end,
-                now=now,
-            ),
-        )
+        await self.store.change(tenant, lambda book: book.close(uid, **totals, end=end, now=now))
         self.kick(tenant)
 
     # --- the sweep --------------------------------------------------------------------------------
@@ -735,6 +733,17 @@ def budget_status(book: Book, now: float) -> dict[str, Any]:
     return {"tokens": tokens, "costUSD": cost, "wallClockSeconds": wall}
 
 
+def committed_totals(event: RunEvent) -> dict[str, Any]:
+    """What a run's event says it committed, as ``Book.settle``/``close`` take it: the last
+    committed turn and the run's cumulative tokens and cost through it."""
+    state = event.state()
+    return {
+        "turn": state.turn - 1,
+        "tokens": state.usage.total_tokens,
+        "cost_usd": state.usage.cost_usd,
+    }
+
+
 def _admit(
     book: Book, policy: TenantPolicy, run: QueuedRun, now: float, need: tuple[int, Decimal]
 ) -> Refusal | None:
@@ -805,26 +814,11 @@ def _repair(
     for key, uid, last in repairs:
         if key:  # an expired hold: charge what its run committed, then drop it
             if last is not None:
-                state = last.state()
-                book.settle(
-                    uid,
-                    turn=state.turn - 1,
-                    tokens=state.usage.total_tokens,
-                    cost_usd=state.usage.cost_usd,
-                    now=now,
-                )
+                book.settle(uid, **committed_totals(last), now=now)
             hold = book.holds.get(key)
             if hold is not None and hold.expires <= now:
                 del book.holds[key]
         if last is not None and last.phase.is_terminal:
-            state = last.state()
-            book.close(
-                uid,
-                turn=state.turn - 1,
-                tokens=state.usage.total_tokens,
-                cost_usd=state.usage.cost_usd,
-                end=last.time or now,
-                now=now,
-            )
+            book.close(uid, **committed_totals(last), end=last.time or now, now=now)
         elif not key and last is None:  # the run is gone and left no events
             book.close(uid, turn=-1, tokens=0, cost_usd=Decimal(0), end=now, now=now)

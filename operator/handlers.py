@@ -18,12 +18,12 @@ import kopf
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kernel, kube, protocol
+from agentrun import kernel, kube
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
 from agentrun.tools import default_catalog
 
-from . import admission, status
+from . import admission
 from .admitter import CANCEL_ANNOTATION, Admitter, NoTenant, Tenants
 from .dispatch import Dispatcher
 from .statuswriter import MERGE_PATCH, RunKey, StatusWriter, kube_patcher
@@ -147,11 +147,9 @@ def _created(meta: kopf.Meta) -> float:
 def _reject(
     memo: kopf.Memo, run: RunKey, message: str, *, generation: int, tenant: str | None = None
 ) -> None:
-    log.info("rejecting %s/%s: %s", run.namespace, run.name, message)
-    body = status.rejected(message, at=time.time(), generation=generation, tenant=tenant)
-    memo.writer.submit(run, body, seq=0, terminal=True)
-    rejected = kernel.stop(kernel.initial_state(goal=""), kernel.Phase.INVALID_SPEC, message)
-    memo.dispatcher.count_end(run.uid, rejected, tenant=tenant or protocol.DEFAULT_TENANT)
+    memo.admitter.end_unadmitted(
+        run, kernel.Phase.INVALID_SPEC, message, tenant=tenant, generation=generation
+    )
 
 
 async def _admit(
