@@ -59,8 +59,12 @@ async def drive(
     tool_settings: ToolRunSettings | None = None,
     timeout: float = 60,
     approver: Approver | None = None,
+    budget_for: Callable[[kernel.RunState], Any] | None = None,
 ) -> tuple[kernel.RunState, list[kernel.TurnRecord], list[Mapping[str, Any]]]:
-    """Run a whole loop; returns the final state, the turn records and the model's requests."""
+    """Run a whole loop; returns the final state, the turn records and the model's requests.
+
+    ``budget_for(state)``, when given, is the tenant ledger's view of each turn (a
+    ``TurnBudget`` or a stand-in with its ``reserve``)."""
     scenarios = scenario.parse_scenarios(scenarios_yaml)
     model = ModelClient(RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05))
     records: list[kernel.TurnRecord] = []
@@ -79,7 +83,8 @@ async def drive(
                 digest, approved = approver(state)
                 state = kernel.resolve_approval(state, digest=digest, approved=approved)
                 continue
-            record = await execute_turn(deps, run, state)
+            budget = budget_for(state) if budget_for is not None else None
+            record = await execute_turn(deps, run, state, budget=budget)
             records.append(record)
             state = kernel.advance(state, record, run.limits)
         requests = [r.as_dict() for r in mock.state.requests]
