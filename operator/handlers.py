@@ -21,6 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agentrun import kernel, kube
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
+from agentrun.settings import OperatorSettings
 from agentrun.tools import default_catalog
 
 from . import admission
@@ -71,21 +72,19 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
-    url = os.environ.get("AGENTRUN_NATS_URL", "nats://127.0.0.1:4222")
-    ack_wait = float(os.environ.get("AGENTRUN_TURN_ACK_WAIT", "30") or 30)
+    config = OperatorSettings()
     memo.bus = await Bus.connect(
-        BusSettings(url=url, ack_wait=ack_wait), name=f"agentrun-operator-{os.getpid()}"
+        BusSettings(url=config.nats_url, ack_wait=config.turn_ack_wait),
+        name=f"agentrun-operator-{os.getpid()}",
     )
     memo.api = await kube.api_client()
-    memo.writer = StatusWriter(
-        kube_patcher(memo.api), interval=float(os.environ.get("AGENTRUN_STATUS_INTERVAL", "5") or 5)
-    )
+    memo.writer = StatusWriter(kube_patcher(memo.api), interval=config.status_interval)
     memo.writer.start()
     memo.dispatcher = Dispatcher(memo.bus, memo.writer)
     memo.writer.on_gone = memo.dispatcher.on_gone
     catalog = default_catalog(kube=None)
     memo.known_tools = {name: tool.spec.pollable for name, tool in catalog.items()}
-    memo.tenants = Tenants(memo.api, default=os.environ.get("AGENTRUN_DEFAULT_TENANT"))
+    memo.tenants = Tenants(memo.api, default=config.default_tenant)
     for obj in await _list_tenants(memo.api):  # before any run is admitted: no false "no tenant"
         memo.tenants.put(obj)
     memo.admitter = Admitter(
@@ -96,7 +95,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         api=memo.api,
         known_tools=memo.known_tools,
         tool_specs=lambda names: catalog.specs(names) if names else [],
-        sweep_interval=float(os.environ.get("AGENTRUN_LEDGER_SWEEP", "2") or 2),
+        sweep_interval=config.ledger_sweep,
     )
     memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
     memo.gauges = asyncio.create_task(memo.dispatcher.watch_queue(), name="queue-gauges")

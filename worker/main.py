@@ -15,6 +15,7 @@ from prometheus_client import start_http_server
 from agentrun import kube, telemetry
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
+from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog
 
 from .consumer import ConsumerSettings, TurnConsumer
@@ -24,11 +25,6 @@ from .toolrunner import ToolRunSettings
 from .turn import TurnDeps
 
 log = logging.getLogger("agentrun.worker")
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value else default
 
 
 async def _connect(url: str, role: str) -> nats.aio.client.Client:
@@ -41,10 +37,10 @@ async def _connect(url: str, role: str) -> nats.aio.client.Client:
     )
 
 
-async def serve() -> None:
+async def serve(config: WorkerSettings) -> None:
     """Run one worker until SIGTERM/SIGINT."""
-    url = os.environ.get("AGENTRUN_NATS_URL", "nats://127.0.0.1:4222")
-    ack_wait = _env_float("AGENTRUN_TURN_ACK_WAIT", 30.0)
+    url = config.nats_url
+    ack_wait = config.turn_ack_wait
     bus = await Bus.connect(
         BusSettings(url=url, ack_wait=ack_wait), name=f"agentrun-worker-{os.getpid()}"
     )
@@ -61,18 +57,18 @@ async def serve() -> None:
         catalog=default_catalog(kube=api),
         secrets=KubeSecrets(api),
         tool_settings=ToolRunSettings(
-            concurrency=int(_env_float("AGENTRUN_TOOL_CONCURRENCY", 4)),
-            call_timeout=_env_float("AGENTRUN_TOOL_TIMEOUT", 60.0),
-            max_result_bytes=int(_env_float("AGENTRUN_TOOL_RESULT_MAX_BYTES", 16_384)),
+            concurrency=config.tool_concurrency,
+            call_timeout=config.tool_timeout,
+            max_result_bytes=config.tool_result_max_bytes,
         ),
         kube=api,
     )
-    hold_ttl = _env_float("AGENTRUN_HOLD_TTL", 60.0)
+    hold_ttl = config.hold_ttl
     consumer = TurnConsumer(
         bus,
         deps,
         ConsumerSettings(
-            concurrency=int(_env_float("AGENTRUN_WORKER_CONCURRENCY", 64)),
+            concurrency=config.worker_concurrency,
             # one beat refreshes both the JetStream delivery and the ledger hold
             heartbeat=max(0.5, min(ack_wait, hold_ttl) / 3),
             hold_ttl=hold_ttl,
@@ -96,14 +92,14 @@ async def serve() -> None:
 
 def main() -> None:
     """Console script ``agentrun-worker``."""
+    config = WorkerSettings()
     logging.basicConfig(
-        level=os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
+        level=config.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     telemetry.setup_tracing("agentrun-worker")
-    port = int(os.environ.get("AGENTRUN_METRICS_PORT", "0") or 0)
-    if port:
-        start_http_server(port, addr=os.environ.get("AGENTRUN_METRICS_ADDR", "0.0.0.0"))
-    asyncio.run(serve())
+    if config.metrics_port:
+        start_http_server(config.metrics_port, addr=config.metrics_addr)
+    asyncio.run(serve(config))

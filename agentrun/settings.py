@@ -1,0 +1,65 @@
+"""Process settings read from the environment: one typed object per process kind.
+
+Every ``AGENTRUN_*`` variable the operator and the workers read is a field here, with its unit
+and default; nothing else in the runtime reads the environment for its own configuration
+(``KUBECONFIG`` and the ``OTEL_*`` variables belong to their libraries). Values are parsed and
+checked once at start-up by pydantic-settings: a malformed value (``AGENTRUN_TOOL_TIMEOUT=ten``)
+stops the process with an error naming the variable. An empty variable counts as unset.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ProcessSettings(BaseSettings):
+    """Settings shared by ``agentrun-operator`` and ``agentrun-worker``.
+
+    Raises:
+        pydantic.ValidationError: a variable does not parse as its field's type or range.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="AGENTRUN_", env_ignore_empty=True, frozen=True, extra="ignore"
+    )
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    """``AGENTRUN_NATS_URL``: the NATS server with JetStream, e.g. ``nats://127.0.0.1:4222``."""
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """``AGENTRUN_METRICS_PORT``: Prometheus ``/metrics`` port; 0 serves none."""
+    metrics_addr: str = "0.0.0.0"
+    """``AGENTRUN_METRICS_ADDR``: the address the metrics port binds."""
+    log_level: str = "INFO"
+    """``AGENTRUN_LOG_LEVEL``: Python logging level name."""
+    turn_ack_wait: float = Field(default=30.0, gt=0)
+    """``AGENTRUN_TURN_ACK_WAIT``: seconds before an unacknowledged TurnRequest is redelivered."""
+
+
+class OperatorSettings(ProcessSettings):
+    """Settings of ``agentrun-operator`` (plus the shared ones)."""
+
+    status_interval: float = Field(default=5.0, ge=0)
+    """``AGENTRUN_STATUS_INTERVAL``: least seconds between two ``.status`` writes of one run
+    (the first write, terminal writes and approval requests go at once)."""
+    default_tenant: str | None = None
+    """``AGENTRUN_DEFAULT_TENANT``: the AgentTenant charged for runs in namespaces no tenant
+    binds; unset rejects such runs ``invalid_spec``."""
+    ledger_sweep: float = Field(default=2.0, gt=0)
+    """``AGENTRUN_LEDGER_SWEEP``: seconds between ledger sweeps (window resets, expired holds,
+    stale slots, queue pumps, AgentTenant status)."""
+
+
+class WorkerSettings(ProcessSettings):
+    """Settings of ``agentrun-worker`` (plus the shared ones)."""
+
+    worker_concurrency: int = Field(default=64, ge=1)
+    """``AGENTRUN_WORKER_CONCURRENCY``: turns one worker process runs at once."""
+    tool_concurrency: int = Field(default=4, ge=1)
+    """``AGENTRUN_TOOL_CONCURRENCY``: tool calls of one batch running at once."""
+    tool_timeout: float = Field(default=60.0, gt=0)
+    """``AGENTRUN_TOOL_TIMEOUT``: seconds one tool call may take."""
+    tool_result_max_bytes: int = Field(default=16_384, ge=256)
+    """``AGENTRUN_TOOL_RESULT_MAX_BYTES``: cap of one tool result in UTF-8 bytes."""
+    hold_ttl: float = Field(default=60.0, gt=0)
+    """``AGENTRUN_HOLD_TTL``: seconds a ledger hold outlives its last refresh."""
