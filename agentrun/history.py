@@ -32,7 +32,7 @@ def _apply(loaded: LoadedRun, event: RunEvent) -> kernel.RunState:
         return kernel.resolve_approval(
             loaded.state, digest=event.approval.digest, approved=event.approval.approved
         )
-    return kernel.stop(loaded.state, event.phase, str(event.summary.get("message", "")))
+    return kernel.stop(loaded.state, event.phase, event.summary.message)
 
 
 def fold(

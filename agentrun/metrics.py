@@ -148,7 +148,7 @@ def record_turn(
     window = config.limits.no_progress_window
     for kind in correction_kinds(record, before=before, after=after, window=window):
         CORRECTIONS.labels(tenant=tenant, kind=kind).inc()
-    usage = record.usage
+    usage = kernel.record_usage(record)
     if usage.input_tokens or usage.output_tokens:
         TOKENS.labels(tenant=tenant, model=model, type="input").inc(usage.input_tokens)
         TOKENS.labels(tenant=tenant, model=model, type="cached_input").inc(
@@ -161,16 +161,16 @@ def record_turn(
 
 
 def _count_tools(record: kernel.TurnRecord, *, tenant: str, catalog: Collection[str]) -> None:
-    held = set(record.held)
+    if not isinstance(record, kernel.Answered | kernel.Resumed):
+        return
+    resumed = isinstance(record, kernel.Resumed)
     for result in record.results:
-        if result.content == kernel.DENIED and record.resume:
+        if result.content == kernel.DENIED and resumed:
             outcome = "denied"
-        elif record.gate is not None:
+        elif record.stopped is not None:
             outcome = "not_run"
         else:
             outcome = "error" if result.is_error else "ok"
-        if result.tool_call_id in held:
-            continue
         tool = result.name if result.name in catalog else "unknown"
         TOOL_CALLS.labels(tenant=tenant, tool=tool, result=outcome).inc()
 
@@ -180,10 +180,11 @@ def correction_kinds(
 ) -> list[str]:
     """Which corrections a turn earned (empty for a clean turn)."""
     kinds: list[str] = []
-    if isinstance(record.decision, kernel.Malformed):
-        kinds.append("malformed")
-    if any(isinstance(c, kernel.InvalidCall) for c in record.calls):
-        kinds.append("invalid_tool_call")
+    if isinstance(record, kernel.Answered):
+        if isinstance(record.decision, kernel.Malformed):
+            kinds.append("malformed")
+        if any(isinstance(c, kernel.InvalidCall) for c in record.calls):
+            kinds.append("invalid_tool_call")
     if after.output_failures > before.output_failures:
         kinds.append("output_schema")
     if after.stale_streak == window and after.stale_streak > before.stale_streak:

@@ -11,11 +11,10 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
 
 from agentrun import kernel
 from agentrun.kernel import decision as dec
-from agentrun.kernel.loop import state_from_summary
 
 STREAM_TURNS = "AGENTRUN_TURNS"
 """Work-queue stream of TurnRequests (DESIGN.md §5)."""
@@ -278,73 +277,190 @@ def decision_from_dict(data: Mapping[str, Any] | None) -> dec.Decision | None:
     )
 
 
-def record_as_dict(record: kernel.TurnRecord) -> dict[str, Any]:
-    """JSON shape of a ``TurnRecord``."""
-    calls: list[dict[str, Any]] = []
-    for call in record.calls:
-        if isinstance(call, kernel.CheckedCall):
-            calls.append({"id": call.id, "name": call.name, "arguments": dict(call.arguments)})
-        else:
-            calls.append({"id": call.id, "name": call.name, "error": call.error})
-    gate = record.gate
+def usage_as_dict(usage: kernel.Usage) -> dict[str, Any]:
+    """JSON shape of a ``Usage`` (``costUSD`` as a decimal string, never a float)."""
     return {
-        "turn": record.turn,
-        "gate": None
-        if gate is None
-        else {
-            "phase": gate.phase.value if gate.phase else None,
-            "maxOutputTokens": gate.max_output_tokens,
-            "message": gate.message,
-        },
-        "decision": decision_as_dict(record.decision),
-        "calls": calls,
-        "results": [
-            {
-                "toolCallID": r.tool_call_id,
-                "name": r.name,
-                "content": r.content,
-                "isError": r.is_error,
-            }
-            for r in record.results
-        ],
-        "usage": record.usage.as_dict(),
-        "failure": record.failure.error if record.failure else None,
-        "summary": record.summary,
-        "held": list(record.held),
-        "resume": record.resume,
+        "inputTokens": usage.input_tokens,
+        "outputTokens": usage.output_tokens,
+        "cachedInputTokens": usage.cached_input_tokens,
+        "costUSD": format(usage.cost_usd, "f"),
+        "estimated": usage.estimated,
     }
 
 
-def record_from_dict(data: Mapping[str, Any]) -> kernel.TurnRecord:
-    """Inverse of ``record_as_dict``."""
-    calls: list[kernel.CheckedCall | kernel.InvalidCall] = []
-    for c in data.get("calls", ()):
-        if "error" in c:
-            calls.append(kernel.InvalidCall(c["id"], c["name"], c["error"]))
-        else:
-            calls.append(kernel.CheckedCall(c["id"], c["name"], c["arguments"]))
-    gate = data.get("gate")
-    return kernel.TurnRecord(
-        turn=int(data["turn"]),
-        gate=None
-        if gate is None
-        else kernel.Gate(
-            kernel.Phase(gate["phase"]) if gate.get("phase") else None,
-            int(gate.get("maxOutputTokens", 0)),
-            str(gate.get("message", "")),
-        ),
-        decision=decision_from_dict(data.get("decision")),
-        calls=tuple(calls),
-        results=tuple(
-            kernel.ToolResult(r["toolCallID"], r["name"], r["content"], bool(r["isError"]))
-            for r in data.get("results", ())
-        ),
-        usage=kernel.Usage.from_dict(data.get("usage") or {}),
-        failure=kernel.ModelFailure(data["failure"]) if data.get("failure") else None,
-        summary=bool(data.get("summary", False)),
-        held=tuple(data.get("held") or ()),
-        resume=bool(data.get("resume", False)),
+def usage_from_dict(data: Mapping[str, Any]) -> kernel.Usage:
+    """Inverse of ``usage_as_dict``."""
+    return kernel.Usage(
+        input_tokens=int(data.get("inputTokens", 0)),
+        output_tokens=int(data.get("outputTokens", 0)),
+        cached_input_tokens=int(data.get("cachedInputTokens", 0)),
+        cost_usd=Decimal(str(data.get("costUSD", "0"))),
+        estimated=bool(data.get("estimated", False)),
     )
+
+
+def held_call_as_dict(held: kernel.HeldCall | None) -> dict[str, Any] | None:
+    """JSON shape of the held call a reviewer must decide (``.status.pendingApproval``)."""
+    if held is None:
+        return None
+    return {
+        "toolCallID": held.id,
+        "tool": held.name,
+        "arguments": dict(held.arguments),
+        "digest": held.digest,
+    }
+
+
+def summary_as_dict(summary: kernel.RunSummary) -> dict[str, Any]:
+    """JSON shape of a ``RunSummary`` (camelCase, as ``.status`` names the same counters)."""
+    return {
+        "phase": summary.phase.value,
+        "turn": summary.turn,
+        "steps": summary.steps,
+        "toolCalls": summary.tool_calls,
+        "toolFailures": summary.tool_failures,
+        "corrections": summary.corrections,
+        "usage": usage_as_dict(summary.usage),
+        "answer": summary.answer,
+        "message": summary.message,
+        "pendingApproval": held_call_as_dict(summary.pending_approval),
+    }
+
+
+def summary_from_dict(data: Mapping[str, Any]) -> kernel.RunSummary:
+    """Inverse of ``summary_as_dict``; raises ``KeyError``/``ValueError`` on a bad shape."""
+    waiting = data.get("pendingApproval")
+    return kernel.RunSummary(
+        phase=kernel.Phase(data["phase"]),
+        turn=int(data["turn"]),
+        steps=int(data["steps"]),
+        tool_calls=int(data["toolCalls"]),
+        tool_failures=int(data["toolFailures"]),
+        corrections=int(data["corrections"]),
+        usage=usage_from_dict(data["usage"]),
+        answer=data.get("answer"),
+        message=str(data.get("message", "")),
+        pending_approval=None
+        if waiting is None
+        else kernel.HeldCall(
+            waiting["toolCallID"], waiting["tool"], waiting["arguments"], waiting["digest"]
+        ),
+    )
+
+
+def _calls_as_list(calls: tuple[kernel.CheckedCall | kernel.InvalidCall, ...]) -> list[Any]:
+    return [
+        {"id": c.id, "name": c.name, "arguments": dict(c.arguments)}
+        if isinstance(c, kernel.CheckedCall)
+        else {"id": c.id, "name": c.name, "error": c.error}
+        for c in calls
+    ]
+
+
+def _calls_from_list(data: list[Any]) -> tuple[kernel.CheckedCall | kernel.InvalidCall, ...]:
+    return tuple(
+        kernel.InvalidCall(c["id"], c["name"], c["error"])
+        if "error" in c
+        else kernel.CheckedCall(c["id"], c["name"], c["arguments"])
+        for c in data
+    )
+
+
+def _results_as_list(results: tuple[kernel.ToolResult, ...]) -> list[Any]:
+    return [
+        {"toolCallID": r.tool_call_id, "name": r.name, "content": r.content, "isError": r.is_error}
+        for r in results
+    ]
+
+
+def _results_from_list(data: list[Any]) -> tuple[kernel.ToolResult, ...]:
+    return tuple(
+        kernel.ToolResult(r["toolCallID"], r["name"], r["content"], bool(r["isError"]))
+        for r in data
+    )
+
+
+def _ending_as_dict(ending: kernel.Ending | None) -> dict[str, Any] | None:
+    return None if ending is None else {"phase": ending.phase.value, "message": ending.message}
+
+
+def _ending_from_dict(data: Mapping[str, Any] | None) -> kernel.Ending | None:
+    return None if data is None else kernel.Ending(kernel.Phase(data["phase"]), data["message"])
+
+
+def record_as_dict(record: kernel.TurnRecord) -> dict[str, Any]:
+    """JSON shape of a turn record: ``kind`` names the variant (``stopped``, ``model_failed``,
+    ``answered``, ``summarized``, ``resumed``), the other keys are that variant's fields."""
+    match record:
+        case kernel.Stopped(turn, ending):
+            return {"kind": "stopped", "turn": turn, "ending": _ending_as_dict(ending)}
+        case kernel.ModelFailed(turn, error):
+            return {"kind": "model_failed", "turn": turn, "error": error}
+        case kernel.Answered(turn, decision, usage, calls, results, held, stopped):
+            return {
+                "kind": "answered",
+                "turn": turn,
+                "decision": decision_as_dict(decision),
+                "usage": usage_as_dict(usage),
+                "calls": _calls_as_list(calls),
+                "results": _results_as_list(results),
+                "held": list(held),
+                "stopped": _ending_as_dict(stopped),
+            }
+        case kernel.Summarized(turn, decision, usage, error):
+            return {
+                "kind": "summarized",
+                "turn": turn,
+                "decision": decision_as_dict(decision),
+                "usage": usage_as_dict(usage),
+                "error": error,
+            }
+        case kernel.Resumed(turn, results, stopped):
+            return {
+                "kind": "resumed",
+                "turn": turn,
+                "results": _results_as_list(results),
+                "stopped": _ending_as_dict(stopped),
+            }
+        case _:
+            assert_never(record)
+
+
+def record_from_dict(data: Mapping[str, Any]) -> kernel.TurnRecord:
+    """Inverse of ``record_as_dict``; raises ``KeyError``/``ValueError`` on a bad shape (a
+    record written before the tagged ``kind`` existed is refused as unknown)."""
+    kind, turn = data.get("kind"), int(data["turn"])
+    if kind == "stopped":
+        ending = _ending_from_dict(data["ending"])
+        assert ending is not None
+        return kernel.Stopped(turn, ending)
+    if kind == "model_failed":
+        return kernel.ModelFailed(turn, str(data["error"]))
+    if kind == "answered":
+        decision = decision_from_dict(data["decision"])
+        if decision is None:
+            raise ValueError("an answered turn record without a decision")
+        return kernel.Answered(
+            turn,
+            decision,
+            usage_from_dict(data["usage"]),
+            _calls_from_list(data["calls"]),
+            _results_from_list(data["results"]),
+            tuple(data["held"]),
+            _ending_from_dict(data["stopped"]),
+        )
+    if kind == "summarized":
+        return kernel.Summarized(
+            turn,
+            decision_from_dict(data["decision"]),
+            usage_from_dict(data["usage"]),
+            str(data["error"]),
+        )
+    if kind == "resumed":
+        return kernel.Resumed(
+            turn, _results_from_list(data["results"]), _ending_from_dict(data["stopped"])
+        )
+    raise ValueError(f"unknown turn record kind {kind!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -353,8 +469,8 @@ class RunEvent:
 
     kind: EventKind
     run_uid: str
-    summary: Mapping[str, Any]
-    """``RunState.summary()`` after this event: counters, usage, phase, answer."""
+    summary: kernel.RunSummary
+    """The run's counters, phase and answer after this event."""
     config: RunConfig | None = None
     """Only on ``admitted``."""
     record: kernel.TurnRecord | None = None
@@ -368,18 +484,18 @@ class RunEvent:
     @property
     def phase(self) -> kernel.Phase:
         """The run's phase after this event."""
-        return kernel.Phase(self.summary.get("phase", "running"))
+        return self.summary.phase
 
     def state(self) -> kernel.RunState:
-        """Counters-only state after this event (see ``state_from_summary``)."""
-        return state_from_summary(dict(self.summary))
+        """Counters-only state after this event (see ``kernel.state_from_summary``)."""
+        return kernel.state_from_summary(self.summary)
 
     def encode(self) -> bytes:
         """Payload bytes."""
         data: dict[str, Any] = {
             "kind": self.kind,
             "runUID": self.run_uid,
-            "summary": self.summary,
+            "summary": summary_as_dict(self.summary),
             "time": self.time,
         }
         if self.config is not None:
@@ -400,7 +516,7 @@ class RunEvent:
         return cls(
             kind=kind,
             run_uid=str(data["runUID"]),
-            summary=data.get("summary") or {},
+            summary=summary_from_dict(data["summary"]),
             config=RunConfig.from_dict(data["config"]) if data.get("config") else None,
             record=record_from_dict(data["record"]) if data.get("record") else None,
             approval=Approval(str(data["approval"]["digest"]), bool(data["approval"]["approved"]))

@@ -8,7 +8,7 @@ the consumer's ``advance`` and event summary):
   ``admit_tool_batch``, ``advance``;
 - full: core plus prompt building and accounting: ``fit_context`` (which also estimates the
   prompt's tokens; the ``estimate_tokens`` stage is what is left of it), ``read_usage`` and
-  ``RunState.summary``.
+  ``RunState.summary`` in its JSON shape.
 
 Figures are per turn over every turn of every repeat (the history, and so some costs, grow
 with the turn). Target: median ≤ 0.2 ms per turn (full).
@@ -28,7 +28,7 @@ from typing import Any
 
 from harness import median, percentile, write_result
 
-from agentrun import kernel
+from agentrun import kernel, protocol
 from agentrun.tools import calculate
 
 TURNS = 50
@@ -137,12 +137,12 @@ def run_once(samples: dict[str, list[int]] | None) -> kernel.RunState:
         batch = kernel.admit_tool_batch(state, LIMITS, calls=len(calls), now=NOW, deadline=DEADLINE)
         t7 = clock()
         assert batch.phase is None
-        record = kernel.TurnRecord(
+        record = kernel.Answered(
             turn=state.turn, decision=decision, calls=calls, results=RESULTS[turn], usage=usage
         )
         state = kernel.advance(state, record, LIMITS)
         t8 = clock()
-        state.summary()
+        protocol.summary_as_dict(state.summary())  # the summary as an event carries it
         t9 = clock()
         if samples is not None:
             marks = (t0, t1, t2, t3, t4, t5, t6, t7, t8, t9)

@@ -1,6 +1,6 @@
 """Ledger reserve+settle pairs per second, against a real nats-server (JetStream KV, file store).
 
-Each reserver is one run doing what a worker does around every turn (``TurnBudget``): reserve
+Each reserver is one run doing what a worker does around every turn (``ledger.TurnHold``): reserve
 the model call's worst case (1,100 tokens: a 1,000-token prompt estimate plus a 100-token
 output allowance), then, if it fit, settle the run's growing cumulative usage (~120 tokens a
 call) from a fake committed ``RunState``. No model call or tools run between the two: this
@@ -51,8 +51,16 @@ from nats.aio.client import Client
 
 from agentrun import kernel
 from agentrun.devenv import components, natsserver
-from agentrun.ledger import Book, Hold, LedgerStore, LedgerUnavailable, TenantLimits
-from agentrun.worker.budget import TurnBudget, worst_case
+from agentrun.ledger import (
+    Book,
+    Hold,
+    LedgerStore,
+    LedgerUnavailable,
+    QueuedRun,
+    TenantLimits,
+    TurnRef,
+    worst_case,
+)
 
 RESERVERS = 64
 TARGET_UNCONTENDED = 1000.0
@@ -110,41 +118,35 @@ async def reserver(run: Run, tally: Tally, *, until: float, end_on_refusal: bool
     clock = time.perf_counter
     while clock() < until:
         turn = run.state.turn
-        budget = TurnBudget(
-            run.store,
-            tenant=run.tenant,
-            run_uid=run.uid,
-            namespace=NAMESPACE,
-            name=run.uid,
-            turn=turn,
-        )
-        t0 = clock()
-        try:
-            refusal = await budget.reserve(tokens=WORST_TOKENS, cost_usd=WORST_COST)
-        except LedgerUnavailable:
-            tally.unavailable += 1
-            continue
-        t1 = clock()
-        tally.reserve_s.append(t1 - t0)
-        if refusal is not None:
-            tally.refused += 1
-            if tally.first_refusal is None:
-                tally.first_refusal, tally.pairs_before_refusal = t1, tally.pairs
-            if end_on_refusal:
-                return  # the run ends: TenantBudgetExhausted
-            continue
-        # (the model call, the tools and the commit of the turn event would happen here)
-        after = dataclasses.replace(
-            run.state, usage=run.state.usage + call_usage(turn), turn=turn + 1
-        )
-        t2 = clock()
-        while True:
+        ref = TurnRef(run.tenant, run.uid, NAMESPACE, run.uid, turn)
+        async with run.store.turn_hold(ref) as hold:
+            t0 = clock()
             try:
-                await budget.settle(after)
-                break
+                refusal = await hold.reserve(tokens=WORST_TOKENS, cost_usd=WORST_COST)
             except LedgerUnavailable:
                 tally.unavailable += 1
-        tally.settle_s.append(clock() - t2)
+                continue
+            t1 = clock()
+            tally.reserve_s.append(t1 - t0)
+            if refusal is not None:
+                tally.refused += 1
+                if tally.first_refusal is None:
+                    tally.first_refusal, tally.pairs_before_refusal = t1, tally.pairs
+                if end_on_refusal:
+                    return  # the run ends: TenantBudgetExhausted
+                continue
+            # (the model call, the tools and the commit of the turn event would happen here)
+            after = dataclasses.replace(
+                run.state, usage=run.state.usage + call_usage(turn), turn=turn + 1
+            )
+            t2 = clock()
+            while True:
+                try:
+                    await hold.settle(after)
+                    break
+                except LedgerUnavailable:
+                    tally.unavailable += 1
+            tally.settle_s.append(clock() - t2)
         run.state = after
         tally.pairs += 1
 
@@ -153,10 +155,11 @@ async def admit(runs: Sequence[Run], limits: TenantLimits) -> None:
     """Admit every run (concurrently: one tenant's admissions race like the operator's)."""
 
     async def one(run: Run) -> None:
-        refusal = await run.store.change(
+        refusal = await run.store.admit_run(
             run.tenant,
-            lambda book: book.admit(run.uid, NAMESPACE, run.uid, now=time.time()),
+            QueuedRun(run.uid, NAMESPACE, run.uid, time.time()),
             limits=limits,
+            need=(0, Decimal(0)),
         )
         if refusal is not None:
             raise RuntimeError(f"{run.uid} not admitted: {refusal.message}")

@@ -348,8 +348,8 @@ class Admitter:
             )
             await self._leave(policy.name, key, admitted=False)
             return None
-        refusal = await self.store.change(
-            policy.name, lambda book: _admit(book, policy, queued, now, need), limits=policy.limits
+        refusal = await self.store.admit_run(
+            policy.name, queued, limits=policy.limits, need=need, now=now
         )
         if refusal is not None:
             if refusal.reason == BUDGET_EXHAUSTED and (
@@ -405,12 +405,7 @@ class Admitter:
         """Take a run that will not run out of the queue (and its slot, if it got one)."""
         if admitted:
             now = self.clock()
-            await self.store.change(
-                tenant,
-                lambda book: book.close(
-                    key.uid, turn=-1, tokens=0, cost_usd=Decimal(0), end=now, now=now
-                ),
-            )
+            await self.store.close_run(tenant, key.uid, None, end=now, now=now)
         self.waiting.pop(key.uid, None)
         self._objects.pop(key.uid, None)
         await self.store.dequeue(tenant, key.uid)
@@ -513,10 +508,9 @@ class Admitter:
     async def close(self, tenant: str, uid: str, event: RunEvent) -> None:
         """A run ended (its terminal event, or its last event when deleted): settle its final
         usage, charge its wall-clock time, free its slot, pump its tenant's queue."""
-        totals = committed_totals(event)
         now = self.clock()
         end = event.time or now
-        await self.store.change(tenant, lambda book: book.close(uid, **totals, end=end, now=now))
+        await self.store.close_run(tenant, uid, event.summary, end=end, now=now)
         self.kick(tenant)
 
     # --- the sweep --------------------------------------------------------------------------------
@@ -742,16 +736,6 @@ def committed_totals(event: RunEvent) -> dict[str, Any]:
         "tokens": state.usage.total_tokens,
         "cost_usd": state.usage.cost_usd,
     }
-
-
-def _admit(
-    book: Book, policy: TenantPolicy, run: QueuedRun, now: float, need: tuple[int, Decimal]
-) -> Refusal | None:
-    if book.limits != policy.limits:
-        book.set_limits(policy.limits, now=now)
-    return book.admit(
-        run.uid, run.namespace, run.name, now=now, need_tokens=need[0], need_cost=need[1]
-    )
 
 
 def _never_fits(policy: TenantPolicy, need: tuple[int, Decimal]) -> str | None:

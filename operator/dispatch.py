@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -50,7 +49,8 @@ class RunView:
     generation: int = 1
     seq: int = 0
     """Sequence of the last event processed."""
-    summary: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    summary: kernel.RunSummary | None = None
+    """The run's counters and phase after the last event processed."""
     terminal: bool = False
     traceparent: str | None = None
     """The run span's W3C context (from the admitted event)."""
@@ -220,7 +220,7 @@ class Dispatcher:
                 view.uid,
                 view.namespace,
                 view.name,
-                int(event.summary.get("turn", 0)),
+                event.summary.turn,
                 event.seq,
                 traceparent=view.traceparent,
             )
@@ -266,7 +266,7 @@ class Dispatcher:
         return True
 
     def _emit_run_span(self, view: RunView, event: RunEvent) -> None:
-        state = event.state()
+        state = event.summary
         terminal = kernel.conclude(state.phase)
         assert terminal is not None
         usage = state.usage
@@ -297,7 +297,7 @@ class Dispatcher:
         """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
         counts: collections.Counter[tuple[str, str]] = collections.Counter()
         for view in self.views.values():
-            phase = kernel.Phase(view.summary.get("phase", "running"))
+            phase = view.summary.phase if view.summary is not None else kernel.Phase.RUNNING
             if not phase.is_terminal:
                 resource = (
                     "AwaitingApproval" if phase is kernel.Phase.AWAITING_APPROVAL else "Running"

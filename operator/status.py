@@ -8,10 +8,9 @@ reason in CamelCase, message, lastTransitionTime, observedGeneration).
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
 from typing import Any
 
-from agentrun import kernel
+from agentrun import kernel, protocol
 
 
 def rfc3339(epoch: float) -> str:
@@ -38,14 +37,14 @@ def condition(
     }
 
 
-def usage_status(state: kernel.RunState, *, wall_seconds: float) -> dict[str, Any]:
-    """``.status.usage`` from a state's counters."""
-    usage = state.usage
+def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str, Any]:
+    """``.status.usage`` from a run's counters."""
+    usage = summary.usage
     return {
-        "steps": state.steps,
-        "toolCalls": state.tool_calls,
-        "toolFailures": state.tool_failures,
-        "corrections": state.corrections,
+        "steps": summary.steps,
+        "toolCalls": summary.tool_calls,
+        "toolFailures": summary.tool_failures,
+        "corrections": summary.corrections,
         "inputTokens": usage.input_tokens,
         "outputTokens": usage.output_tokens,
         "cachedInputTokens": usage.cached_input_tokens,
@@ -57,7 +56,7 @@ def usage_status(state: kernel.RunState, *, wall_seconds: float) -> dict[str, An
 
 
 def project(
-    summary: Mapping[str, Any],
+    summary: kernel.RunSummary,
     *,
     seq: int,
     start_time: float,
@@ -66,22 +65,22 @@ def project(
     admitted_at: float,
     tenant: str | None = None,
 ) -> dict[str, Any]:
-    """The full ``.status`` after an event with this ``summary`` (``RunState.summary()``)."""
-    state = kernel.state_from_summary(dict(summary))
-    terminal = kernel.conclude(state.phase)
+    """The full ``.status`` after an event with this ``summary``."""
+    terminal = kernel.conclude(summary.phase)
     status: dict[str, Any] = {
         "phase": kernel.ResourcePhase.RUNNING.value,
         "queuePosition": None,  # admitted: out of the queue (merge patch removes it)
-        "message": state.message,
-        "usage": usage_status(state, wall_seconds=max(0.0, event_time - start_time)),
+        "message": summary.message,
+        "usage": usage_status(summary, wall_seconds=max(0.0, event_time - start_time)),
         "startTime": rfc3339(start_time),
         "observedGeneration": generation,
         "lastEventSequence": seq,
-        "pendingApproval": summary.get("pendingApproval"),  # None removes it (merge patch)
+        # None removes it (merge patch)
+        "pendingApproval": protocol.held_call_as_dict(summary.pending_approval),
     }
     if tenant is not None:
         status["tenant"] = tenant
-    waiting = state.phase is kernel.Phase.AWAITING_APPROVAL
+    waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
     if waiting:
         status["phase"] = kernel.ResourcePhase.AWAITING_APPROVAL.value
     conditions = [
@@ -100,7 +99,7 @@ def project(
                 "Finished",
                 status=False,
                 reason="AwaitingApproval" if waiting else "Running",
-                message=state.message,
+                message=summary.message,
                 at=admitted_at,
                 generation=generation,
             )
@@ -112,14 +111,14 @@ def project(
             outcome=terminal.outcome.value,
             completionTime=rfc3339(event_time),
         )
-        if state.answer is not None:
-            status["answer"] = state.answer
+        if summary.answer is not None:
+            status["answer"] = summary.answer
         conditions.append(
             condition(
                 "Finished",
                 status=True,
                 reason=camel(terminal.reason.value),
-                message=state.message,
+                message=summary.message,
                 at=event_time,
                 generation=generation,
             )

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import time
+from typing import NamedTuple
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -21,11 +22,17 @@ from opentelemetry import context as otel_context
 
 from agentrun import kernel, metrics, telemetry
 from agentrun.bus import Bus, CommitConflict
-from agentrun.ledger import LedgerCorrupt, LedgerStore, LedgerUnavailable
+from agentrun.ledger import (
+    DEFAULT_HOLD_TTL,
+    LedgerCorrupt,
+    LedgerStore,
+    LedgerUnavailable,
+    TurnHold,
+    TurnRef,
+)
 from agentrun.protocol import RunEvent, TurnRequest
 
 from . import history
-from .budget import DEFAULT_HOLD_TTL, TurnBudget
 from .turn import PhaseClock, TurnDeps, execute_turn
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,14 @@ class ConsumerSettings:
     after at most this plus the operator's sweep interval)."""
 
 
+class Committed(NamedTuple):
+    """A turn this worker committed: its record, the state after it, its phase timings."""
+
+    record: kernel.TurnRecord
+    after: kernel.RunState
+    clock: PhaseClock
+
+
 class TurnConsumer:
     """Runs turns pulled from the shared ``agentrun-workers`` consumer until stopped."""
 
@@ -61,7 +76,7 @@ class TurnConsumer:
         self.deps = deps
         self.settings = settings
         self.ledger = ledger
-        self._budgets: dict[str, TurnBudget] = {}
+        self._holds: dict[str, TurnHold] = {}
         self.cache = history.RunCache()
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._cancelled: set[str] = set()
@@ -123,10 +138,10 @@ class TurnConsumer:
             await asyncio.sleep(self.settings.heartbeat)
             with contextlib.suppress(Exception):
                 await msg.in_progress()
-            budget = self._budgets.get(run_uid)
-            if budget is not None:
+            hold = self._holds.get(run_uid)
+            if hold is not None:
                 with contextlib.suppress(Exception):
-                    await budget.refresh()
+                    await hold.refresh()
 
     async def _handle(self, msg: Msg) -> None:
         try:
@@ -157,9 +172,6 @@ class TurnConsumer:
             beat.cancel()
             self._inflight.pop(request.run_uid, None)
             self._cancelled.discard(request.run_uid)
-            budget = self._budgets.pop(request.run_uid, None)
-            if budget is not None and budget.held:  # the turn did not commit: free its hold
-                await asyncio.shield(budget.release())
 
     async def _failed(self, msg: Msg, request: TurnRequest, err: Exception) -> None:
         """A turn raised. NATS or ledger trouble is retried by redelivery (a damaged tenant
@@ -213,36 +225,36 @@ class TurnConsumer:
             log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
             await msg.ack()
             return
-        clock = PhaseClock()
-        budget = None
-        if self.ledger is not None:
-            budget = TurnBudget(
-                self.ledger,
-                tenant=run.config.tenant,
-                run_uid=request.run_uid,
-                namespace=request.namespace,
-                name=request.name,
-                turn=request.turn,
-                ttl=self.settings.hold_ttl,
+        if self.ledger is None:
+            committed = await self._run_turn(msg, request, run, None)
+        else:
+            ref = TurnRef(
+                run.config.tenant, request.run_uid, request.namespace, request.name, request.turn
             )
-            self._budgets[request.run_uid] = budget
+            async with self.ledger.turn_hold(ref, ttl=self.settings.hold_ttl) as hold:
+                self._holds[request.run_uid] = hold
+                try:
+                    committed = await self._run_turn(msg, request, run, hold)
+                finally:
+                    self._holds.pop(request.run_uid, None)
+        if committed is not None:
+            self._observe(committed, run, started=started)
+        await msg.ack()
+
+    async def _run_turn(
+        self, msg: Msg, request: TurnRequest, run: history.LoadedRun, hold: TurnHold | None
+    ) -> Committed | None:
+        """Execute and commit the turn, then settle its hold; ``None`` if the commit lost."""
+        clock = PhaseClock()
         parent = telemetry.context_of((msg.headers or {}).get("traceparent"))
         token = otel_context.attach(parent) if parent is not None else None
         try:
-            record = await execute_turn(
-                self.deps, run.config, run.state, clock=clock, budget=budget
-            )
+            record = await execute_turn(self.deps, run.config, run.state, clock=clock, hold=hold)
         finally:
             if token is not None:
                 otel_context.detach(token)
         after = kernel.advance(run.state, record, run.config.limits)
-        event = RunEvent(
-            kind="turn",
-            run_uid=request.run_uid,
-            summary=after.summary(),
-            record=record,
-            time=time.time(),
-        )
+        event = RunEvent("turn", request.run_uid, after.summary(), record=record, time=time.time())
         try:
             seq = await self.bus.append_event(
                 request.namespace, request.name, event, expected_seq=request.expected_seq
@@ -250,17 +262,20 @@ class TurnConsumer:
         except CommitConflict as err:
             log.info("turn %s not committed: %s", request.msg_id, err)
             self.cache.drop(request.run_uid)
-            await msg.ack()
-            return
+            return None
         self.cache.put(history.LoadedRun(run.config, after, seq))
         self.turns_committed += 1
-        if budget is not None:
-            budget.committed()
+        if hold is not None:
             try:
-                await budget.settle(after)
+                await hold.settle(after)
             except Exception as err:  # committed: the next settlement or the run's close
                 # charges the run's cumulative usage, and the operator frees the hold
                 log.warning("turn %s committed but not settled: %r", request.msg_id, err)
+        return Committed(record, after, clock)
+
+    def _observe(self, committed: Committed, run: history.LoadedRun, *, started: float) -> None:
+        """The turn's metrics: counters, and its duration per phase."""
+        record, after, clock = committed
         metrics.record_turn(
             record, before=run.state, after=after, config=run.config, catalog=self.deps.catalog
         )
@@ -269,4 +284,3 @@ class TurnConsumer:
         metrics.TURN_DURATION.labels(phase="tools").observe(spent["tools"])
         overhead = time.perf_counter() - started - spent["model"] - spent["tools"]
         metrics.TURN_DURATION.labels(phase="overhead").observe(max(0.0, overhead))
-        await msg.ack()

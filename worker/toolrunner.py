@@ -136,15 +136,3 @@ async def run_batch(
         else:
             results.append(tasks[index].result())
     return tuple(results)
-
-
-def not_run(
-    calls: Sequence[kernel.CheckedCall | kernel.InvalidCall], why: str
-) -> tuple[kernel.ToolResult, ...]:
-    """Error results for a batch that a gate stopped: every call still gets its one result."""
-    return tuple(
-        kernel.ToolResult(
-            c.id, c.name, c.error if isinstance(c, kernel.InvalidCall) else f"not run: {why}", True
-        )
-        for c in calls
-    )

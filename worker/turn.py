@@ -1,7 +1,8 @@
-"""One turn of a run: gate, call the model, classify, validate, gate the batch, run the tools.
+"""One turn of a run: carry out what the kernel plans — call the model, run the tools.
 
-Returns a ``TurnRecord``; it decides nothing about the phase (``kernel.advance`` does) and
-commits nothing (``consumer`` does). Every I/O dependency comes in through ``TurnDeps``.
+The kernel plans the turn (``kernel.plan_turn``, then ``kernel.plan_answer``) and makes every
+record; this module only does the I/O in between, and decides no phase. It commits nothing
+(``consumer`` does). Every I/O dependency comes in through ``TurnDeps``.
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ import dataclasses
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from decimal import Decimal
+from typing import Any, Protocol, assert_never
 
 from opentelemetry import trace
 
 from agentrun import kernel, metrics, telemetry
+from agentrun.ledger import Refusal, worst_case
 from agentrun.protocol import RunConfig, SecretRef
 from agentrun.tools.catalog import Catalog, ToolContext
 
 from . import toolrunner
-from .budget import TurnBudget, worst_case
 from .model import ModelClient, ModelError
 
 
@@ -86,8 +88,18 @@ class PhaseClock:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
-def _tool_schemas(deps: TurnDeps, config: RunConfig) -> Mapping[str, kernel.ToolSchema]:
-    return {name: deps.schema(name) for name in config.tools if name in deps.catalog}
+class BudgetHold(Protocol):
+    """The tenant budget a turn draws on (``agentrun.ledger.TurnHold``, or a stand-in)."""
+
+    async def reserve(
+        self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
+    ) -> Refusal | None:
+        """Hold the call's worst case, or say why it does not fit."""
+        ...
+
+    def spend(self, usage: kernel.Usage) -> None:
+        """The model call answered with ``usage`` (charged if the turn is abandoned)."""
+        ...
 
 
 async def execute_turn(
@@ -96,140 +108,100 @@ async def execute_turn(
     state: kernel.RunState,
     *,
     clock: PhaseClock | None = None,
-    budget: TurnBudget | None = None,
+    hold: BudgetHold | None = None,
 ) -> kernel.TurnRecord:
-    """Run turn ``state.turn`` of the run ``config``; never raises for model or tool faults.
+    """Run turn ``state.turn`` of the run ``config`` as the kernel plans it; never raises for
+    model or tool faults.
 
     ``clock``, when given, receives the seconds spent calling the model and running tools.
-    ``budget``, when given, reserves the model call's worst case in the tenant ledger after the
-    run's own gates pass; a call that does not fit is not made and the run ends
-    ``tenant_budget_exhausted`` (a summary call at a cap ends with the cap's reason instead).
-    Ledger errors (``LedgerUnavailable``, NATS errors) propagate: the turn is retried.
+    ``hold``, when given, reserves the model call's worst case in the tenant ledger after the
+    run's own gates pass; a call that does not fit is not made (``kernel.refused_by_tenant``
+    says how the run ends). Ledger errors (``LedgerUnavailable``, NATS errors) propagate: the
+    turn is retried.
 
     Raises ``asyncio.CancelledError`` when cancelled (the turn is then abandoned uncommitted).
     """
     clock = clock or PhaseClock()
-    limits = config.limits
-    pricing = config.model.pricing
     missing = [name for name in config.tools if name not in deps.catalog]
-    if missing:
-        message = f"this worker's catalog lacks tool(s) {', '.join(missing)}"
-        return kernel.TurnRecord(
-            turn=state.turn, gate=kernel.Gate(kernel.Phase.TOOL_UNAVAILABLE, message=message)
-        )
-    if state.pending is not None and state.pending.next_undecided is None:
-        with clock.phase("tools"):
-            return await resume_turn(deps, config, state)
-    openai_tools = deps.tools_param(config.tools)
-    fitted = kernel.fit_context(state.messages, limits=limits, tools=openai_tools)
-    prompt, estimate = fitted.messages, fitted.tokens
-    gate = kernel.admit_model_call(
+    plan = kernel.plan_turn(
         state,
-        limits,
-        pricing=pricing,
-        prompt_estimate=estimate,
-        now=deps.clock(),
-        deadline=config.deadline,
+        config.limits,
+        pricing=config.model.pricing,
+        tools=[] if missing else deps.tools_param(config.tools),
+        missing_tools=missing,
+        clock=_now(deps, config),
     )
-    if gate.phase is not None:
-        return kernel.TurnRecord(turn=state.turn, gate=gate)
-    if gate.summary:  # the last, tool-free call at a cap (spec.budget.onExhausted: summarize)
-        assert state.pending_cap is not None
-        prompt += (kernel.summary_request(state.pending_cap),)
-        openai_tools = []
-    if budget is not None:
-        refused = await _reserve(budget, state, gate, prompt_estimate=estimate, pricing=pricing)
-        if refused is not None:
-            return refused
+    match plan:
+        case kernel.EndRun(record):
+            return record
+        case kernel.ResumeHeld():
+            with clock.phase("tools"):
+                return plan.finish(await _run(deps, config, plan.runnable))
+        case kernel.CallModel():
+            return await _answer(deps, config, state, plan, clock=clock, hold=hold)
+        case _:
+            assert_never(plan)
+
+
+async def _answer(
+    deps: TurnDeps,
+    config: RunConfig,
+    state: kernel.RunState,
+    call: kernel.CallModel,
+    *,
+    clock: PhaseClock,
+    hold: BudgetHold | None,
+) -> kernel.TurnRecord:
+    """Reserve, call the model, and carry out what the kernel makes of its answer."""
+    pricing = config.model.pricing
+    if hold is not None:
+        tokens, cost = worst_case(
+            prompt_tokens=call.prompt_estimate,
+            output_tokens=call.max_output_tokens,
+            pricing=pricing,
+        )
+        refusal = await hold.reserve(tokens=tokens, cost_usd=cost, before=state)
+        if refusal is not None:
+            return kernel.refused_by_tenant(call, refusal.message)
+    tools = [] if call.summary else deps.tools_param(config.tools)
     try:
         with clock.phase("model"):
-            response, usage = await _call_model(
-                deps,
-                config,
-                prompt,
-                openai_tools,
-                max_output_tokens=gate.max_output_tokens,
-                prompt_estimate=estimate,
-                budget=budget,
-            )
+            response, usage = await _call_model(deps, config, call, tools)
     except ModelError as err:
-        if deps.clock() >= config.deadline:
-            gate = kernel.Gate(
-                kernel.Phase.DEADLINE_EXCEEDED,
-                message=f"the run's timeout passed during the model call ({err})",
-            )
-            return kernel.TurnRecord(turn=state.turn, gate=gate)
-        return kernel.TurnRecord(
-            turn=state.turn, failure=kernel.ModelFailure(str(err)), summary=gate.summary
-        )
-    decision = kernel.classify(response)
-    if gate.summary:
-        return kernel.TurnRecord(turn=state.turn, decision=decision, usage=usage, summary=True)
-    if not isinstance(decision, kernel.ToolCalls):
-        return kernel.TurnRecord(turn=state.turn, decision=decision, usage=usage)
-    calls = kernel.check_calls(
-        decision.calls, turn=state.turn, tools=_tool_schemas(deps, config), used_ids=state.call_ids
+        return kernel.model_failed(call, str(err), clock=_now(deps, config))
+    if hold is not None:
+        hold.spend(usage)
+    step = kernel.plan_answer(
+        state,
+        config.limits,
+        call,
+        (kernel.classify(response), usage),
+        tools=_tool_schemas(deps, config),
+        clock=_now(deps, config),
     )
-    held = kernel.held_calls(calls, limits.approval_tools)
-    runnable = tuple(c for c in calls if c.id not in held)
-    valid = sum(isinstance(c, kernel.CheckedCall) for c in runnable)
-    batch_gate = kernel.admit_tool_batch(
-        state, limits, calls=valid, now=deps.clock(), deadline=config.deadline
-    )
-    if batch_gate.phase is not None:
-        return kernel.TurnRecord(
-            turn=state.turn,
-            gate=batch_gate,
-            decision=decision,
-            calls=calls,
-            results=toolrunner.not_run(calls, batch_gate.message),
-            usage=usage,
-        )
+    if not isinstance(step, kernel.RunTools):
+        return step
     with clock.phase("tools"):
-        results = await _run(deps, config, runnable)
-    return kernel.TurnRecord(
-        turn=state.turn, decision=decision, calls=calls, results=results, usage=usage, held=held
-    )
+        return step.finish(await _run(deps, config, step.runnable))
 
 
-async def _reserve(
-    budget: TurnBudget,
-    state: kernel.RunState,
-    gate: kernel.Gate,
-    *,
-    prompt_estimate: int,
-    pricing: kernel.Pricing,
-) -> kernel.TurnRecord | None:
-    """Reserve the call's worst case; the record that ends the run if it does not fit."""
-    tokens, cost = worst_case(
-        prompt_tokens=prompt_estimate, output_tokens=gate.max_output_tokens, pricing=pricing
-    )
-    refusal = await budget.reserve(tokens=tokens, cost_usd=cost, before=state)
-    if refusal is None:
-        return None
-    if gate.summary:  # the run's own cap came first: end with it, without a summary
-        return kernel.TurnRecord(turn=state.turn, summary=True)
-    return kernel.TurnRecord(
-        turn=state.turn,
-        gate=kernel.Gate(kernel.Phase.TENANT_BUDGET_EXHAUSTED, message=refusal.message),
-    )
+def _now(deps: TurnDeps, config: RunConfig) -> kernel.Timing:
+    return kernel.Timing(now=deps.clock(), deadline=config.deadline)
+
+
+def _tool_schemas(deps: TurnDeps, config: RunConfig) -> Mapping[str, kernel.ToolSchema]:
+    return {name: deps.schema(name) for name in config.tools if name in deps.catalog}
 
 
 async def _call_model(
-    deps: TurnDeps,
-    config: RunConfig,
-    prompt: tuple[Mapping[str, Any], ...],
-    tools: list[dict[str, Any]],
-    *,
-    max_output_tokens: int,
-    prompt_estimate: int,
-    budget: TurnBudget | None = None,
+    deps: TurnDeps, config: RunConfig, call: kernel.CallModel, tools: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], kernel.Usage]:
-    """One chat call inside a ``chat {model}`` span, with the GenAI client metrics; what it
-    used is noted on ``budget`` at once (charged if the turn is abandoned after this).
+    """One chat call inside a ``chat {model}`` span, with the GenAI client metrics: the raw
+    response and what the call used.
 
     Raises ``ModelError`` (the span and metrics then carry ``error.type``).
     """
+    max_output_tokens = call.max_output_tokens
     model = config.model.model
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
@@ -249,7 +221,7 @@ async def _call_model(
                 base_url=config.model.base_url,
                 api_key=api_key,
                 model=model,
-                messages=prompt,
+                messages=call.prompt,
                 tools=tools,
                 max_output_tokens=max_output_tokens,
                 deadline=config.deadline,
@@ -265,10 +237,8 @@ async def _call_model(
             )
             raise
         usage = kernel.read_usage(
-            response, pricing=config.model.pricing, prompt_estimate=prompt_estimate
+            response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
         )
-        if budget is not None:
-            budget.spent = usage
         span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
         if isinstance(response.get("id"), str):
@@ -282,6 +252,8 @@ async def _call_model(
 async def _run(
     deps: TurnDeps, config: RunConfig, calls: tuple[kernel.CheckedCall | kernel.InvalidCall, ...]
 ) -> tuple[kernel.ToolResult, ...]:
+    if not calls:
+        return ()
     context = ToolContext(
         namespace=config.namespace,
         run_name=config.name,
@@ -295,30 +267,4 @@ async def _run(
         context=context,
         settings=deps.tool_settings,
         deadline=config.deadline,
-    )
-
-
-async def resume_turn(
-    deps: TurnDeps, config: RunConfig, state: kernel.RunState
-) -> kernel.TurnRecord:
-    """Settle a decided approval: run the approved held calls, deny the others (never run)."""
-    pending = state.pending
-    assert pending is not None and pending.next_undecided is None
-    approved = tuple(
-        kernel.CheckedCall(h.id, h.name, h.arguments) for h in pending.held if h.approved
-    )
-    gate = kernel.admit_tool_batch(
-        state, config.limits, calls=len(approved), now=deps.clock(), deadline=config.deadline
-    )
-    if gate.phase is not None:
-        ran = toolrunner.not_run(approved, gate.message)
-    else:
-        ran = await _run(deps, config, approved)
-    by_id = {r.tool_call_id: r for r in ran}
-    results = tuple(
-        by_id[h.id] if h.approved else kernel.ToolResult(h.id, h.name, kernel.DENIED, True)
-        for h in pending.held
-    )
-    return kernel.TurnRecord(
-        turn=state.turn, results=results, resume=True, gate=gate if gate.phase else None
     )

@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.kernel.records import TurnRecord
+from agentrun.kernel.records import Answered
 from agentrun.kernel.validate import CheckedCall, InvalidCall
 
 DENIED = "denied by reviewer: the call was not run. Continue without it."
@@ -45,21 +45,12 @@ class HeldCall:
     approved: bool | None = None
     """``None`` until decided."""
 
-    def as_status(self) -> dict[str, Any]:
-        """``.status.pendingApproval``: what the reviewer sees and must name."""
-        return {
-            "toolCallID": self.id,
-            "tool": self.name,
-            "arguments": dict(self.arguments),
-            "digest": self.digest,
-        }
-
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PendingBatch:
     """A held turn: its record (with the results of the calls that did run) and the held calls."""
 
-    record: TurnRecord
+    record: Answered
     held: tuple[HeldCall, ...]
 
     @property
@@ -75,7 +66,7 @@ def held_calls(
     return tuple(c.id for c in calls if isinstance(c, CheckedCall) and c.name in approval_tools)
 
 
-def pending_of(record: TurnRecord) -> PendingBatch:
+def pending_of(record: Answered) -> PendingBatch:
     """The pending batch a held turn creates."""
     by_id = {c.id: c for c in record.calls if isinstance(c, CheckedCall)}
     held = tuple(

@@ -1,8 +1,7 @@
-"""Budget gates and ``advance``: the one place that decides a run's phase after each turn.
+"""``advance``: the one place that decides a run's phase after each turn.
 
-A turn is: gate the model call, call the model (worker), classify, validate, gate the tool
-batch, run the tools (worker), then fold the ``TurnRecord`` into the state with ``advance``.
-Ending a run is a value (a terminal ``Phase``), never an exception.
+A turn is planned (``plan``), carried out by the worker, and its ``TurnRecord`` folded into the
+state here. Ending a run is a value (a terminal ``Phase``), never an exception.
 """
 
 from __future__ import annotations
@@ -10,103 +9,31 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from decimal import Decimal
-from typing import Any
+from typing import assert_never
 
 from agentrun.kernel import approval, output
 from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
-from agentrun.kernel.limits import Limits, OnExhausted, Pricing
-from agentrun.kernel.records import ERROR_PREFIX, Gate, ModelFailure, ToolResult, TurnRecord
-from agentrun.kernel.state import Message, RunState
+from agentrun.kernel.limits import Limits, OnExhausted
+from agentrun.kernel.records import (
+    ERROR_PREFIX,
+    Answered,
+    Ending,
+    ModelFailed,
+    Resumed,
+    Stopped,
+    Summarized,
+    ToolResult,
+    TurnRecord,
+)
+from agentrun.kernel.state import Message, RunState, RunSummary
 from agentrun.kernel.terminal import Phase
-from agentrun.kernel.usage import Usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, stored_arguments
-
-__all__ = ["Gate", "ModelFailure", "ToolResult", "TurnRecord"]  # re-exported for callers
 
 SIGNATURE_CLIP = 512
 """Characters of a result that count toward its no-progress signature."""
 
 
-def _pct_left(used: Decimal, cap: Decimal) -> str:
-    return f"{used} of {cap}"
-
-
-def admit_model_call(
-    state: RunState,
-    limits: Limits,
-    *,
-    pricing: Pricing,
-    prompt_estimate: int,
-    now: float,
-    deadline: float,
-) -> Gate:
-    """May the next model call start, and with how many output tokens at most?
-
-    Checks, in order: the wall-clock deadline (``now``/``deadline`` in epoch seconds), a pending
-    summary at a cap (allowed once, with ``summary_output_tokens``), the step cap, then the
-    token and cost caps against the worst case of this call (``prompt_estimate`` input tokens
-    plus the output allowance). The output allowance is cut to what the budgets
-    leave; below ``limits.min_output_tokens`` the call is not made.
-    """
-    if now >= deadline:
-        return Gate(
-            Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the next model call"
-        )
-    if state.pending_cap is not None:
-        return Gate(None, max_output_tokens=limits.summary_output_tokens, summary=True)
-    if state.steps >= limits.max_steps:
-        return Gate(Phase.MAX_STEPS, message=f"maxSteps {limits.max_steps} reached")
-    allowance = limits.max_output_tokens
-    if limits.max_tokens is not None:
-        left = limits.max_tokens - state.usage.total_tokens - prompt_estimate
-        if left < limits.min_output_tokens:
-            return Gate(
-                Phase.TOKEN_BUDGET_EXHAUSTED,
-                message=f"maxTokens {limits.max_tokens}: {state.usage.total_tokens} used, "
-                f"the next prompt needs about {prompt_estimate}",
-            )
-        allowance = min(allowance, left)
-    if limits.max_cost_usd is not None:
-        left_usd = limits.max_cost_usd - state.usage.cost_usd
-        left_usd -= pricing.cost(
-            input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=0
-        )
-        if pricing.output_per_million > 0:
-            affordable = int(left_usd * Decimal(1_000_000) / pricing.output_per_million)
-        else:
-            affordable = allowance if left_usd >= 0 else -1
-        if affordable < limits.min_output_tokens:
-            return Gate(
-                Phase.COST_BUDGET_EXHAUSTED,
-                message=f"maxCostUSD: {_pct_left(state.usage.cost_usd, limits.max_cost_usd)} "
-                "spent; the next call could exceed it",
-            )
-        allowance = min(allowance, affordable)
-    return Gate(None, max_output_tokens=allowance)
-
-
-def admit_tool_batch(
-    state: RunState, limits: Limits, *, calls: int, now: float, deadline: float
-) -> Gate:
-    """May a batch of ``calls`` valid tool calls run within the deadline and ``maxToolCalls``?
-
-    All or none: a batch that does not fit is not started (its calls get "not run" results).
-    """
-    if calls and now >= deadline:
-        return Gate(
-            Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the tool batch"
-        )
-    if state.tool_calls + calls > limits.max_tool_calls:
-        return Gate(
-            Phase.TOOL_BUDGET_EXHAUSTED,
-            message=f"maxToolCalls {limits.max_tool_calls}: {state.tool_calls} made, "
-            f"{calls} more requested",
-        )
-    return Gate(None)
-
-
-def _assistant_message(record: TurnRecord) -> Message | None:
+def _assistant_message(record: Answered) -> Message | None:
     decision = record.decision
     if isinstance(decision, Final):
         return {"role": "assistant", "content": decision.content}
@@ -131,7 +58,7 @@ def _tool_message(result: ToolResult) -> Message:
     return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
 
 
-def correction_for(decision: Decision, calls: tuple[CheckedCall | InvalidCall, ...]) -> str | None:
+def correction_for(decision: Decision) -> str | None:
     """The corrective user message a malformed decision earns, or ``None``.
 
     Invalid tool calls are corrected by their own error results, so they need no extra message.
@@ -164,12 +91,12 @@ def _nudge(window: int) -> str:
     )
 
 
-def turn_signature(record: TurnRecord, pollable: frozenset[str]) -> str | None:
+def turn_signature(record: Answered, pollable: frozenset[str]) -> str | None:
     """The multiset of (tool, ok/error, clipped result) of the calls a turn ran, hashed.
 
     ``None`` when the turn ran no non-pollable tool (such a turn is never stale). Keyed on
     results, not arguments: calls that vary their arguments but learn nothing new are stale
-    (case C15); pollable tools are exempt.
+    ; pollable tools are exempt.
     """
     items = sorted(
         f"{r.name}\x1f{'err' if r.is_error else 'ok'}\x1f{r.content[:SIGNATURE_CLIP]}"
@@ -181,9 +108,9 @@ def turn_signature(record: TurnRecord, pollable: frozenset[str]) -> str | None:
     return hashlib.sha256("\x1e".join(items).encode()).hexdigest()[:24]
 
 
-def _ran_results(record: TurnRecord) -> list[ToolResult]:
+def _ran_results(record: Answered) -> list[ToolResult]:
     """Results of the valid calls that actually ran (not invalid, held or gated ones)."""
-    if record.gate is not None:
+    if record.stopped is not None:
         return []
     valid = {c.id for c in record.calls if isinstance(c, CheckedCall)} - set(record.held)
     return [r for r in record.results if r.tool_call_id in valid]
@@ -202,18 +129,16 @@ CAPS = frozenset({Phase.MAX_STEPS, Phase.TOKEN_BUDGET_EXHAUSTED, Phase.COST_BUDG
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Turn:
-    """What one turn showed, worked out before the phase is decided."""
+    """What one answered turn showed, worked out before the phase is decided."""
 
     malformed: bool
     output_error: str | None
 
 
-def _decide(state: RunState, record: TurnRecord, limits: Limits, seen: _Turn) -> tuple[Phase, str]:
-    """The phase after a turn: exactly one decision per turn, caps checked last."""
-    if record.gate is not None and record.gate.phase is not None:
-        return record.gate.phase, record.gate.message
-    if record.failure is not None:
-        return Phase.MODEL_ERROR, record.failure.error
+def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> tuple[Phase, str]:
+    """The phase after an answered turn: exactly one decision per turn, caps checked last."""
+    if record.stopped is not None:
+        return record.stopped.phase, record.stopped.message
     decision = record.decision
     if isinstance(decision, Refusal):
         return Phase.REFUSED, decision.text
@@ -246,25 +171,13 @@ def _decide(state: RunState, record: TurnRecord, limits: Limits, seen: _Turn) ->
     return Phase.RUNNING, f"turn {record.turn} committed"
 
 
-def _advance_summary(state: RunState, record: TurnRecord) -> RunState:
-    """Fold the tool-free summary call made at a cap: the run ends with the cap's reason."""
-    assert state.pending_cap is not None
-    decision = record.decision
-    answer = decision.content if isinstance(decision, Final) else None
-    messages: tuple[Message, ...] = (summary_request(state.pending_cap),)
-    if answer is not None:
-        messages += ({"role": "assistant", "content": answer},)
-    return dataclasses.replace(
-        state,
-        messages=state.messages + messages,
-        turn=state.turn + 1,
-        steps=state.steps + (1 if record.decision is not None else 0),
-        usage=state.usage + record.usage,
-        phase=state.pending_cap,
-        pending_cap=None,
-        answer=answer,
-        message=state.message + ("; summary written to answer" if answer else "; no summary"),
-    )
+def _settle_phase(after: RunState, ending: Ending, limits: Limits) -> RunState:
+    """Set the decided phase; a cap with ``onExhausted: summarize`` asks for a summary first."""
+    if ending.phase in CAPS and limits.on_exhausted is OnExhausted.SUMMARIZE:
+        return dataclasses.replace(
+            after, pending_cap=ending.phase, message=f"{ending.message}; asking for a summary"
+        )
+    return dataclasses.replace(after, phase=ending.phase, message=ending.message)
 
 
 def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
@@ -280,10 +193,28 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         )
     if record.turn != state.turn:
         raise ValueError(f"turn {record.turn} does not follow turn {state.turn - 1}")
-    if record.summary:
-        return _advance_summary(state, record)
-    if record.resume:
-        return _advance_resume(state, record)
+    match record:
+        case Answered():
+            return _advance_answered(state, record, limits)
+        case Summarized():
+            return _advance_summary(state, record)
+        case Resumed():
+            return _advance_resume(state, record)
+        case Stopped():
+            return _advance_stopped(state, record.ending, limits)
+        case ModelFailed():
+            return _advance_stopped(state, Ending(Phase.MODEL_ERROR, record.error), limits)
+        case _:
+            assert_never(record)
+
+
+def _advance_stopped(state: RunState, ending: Ending, limits: Limits) -> RunState:
+    """Fold a turn that made no (successful) model call: only the phase moves."""
+    after = dataclasses.replace(state, turn=state.turn + 1, malformed_streak=0, pending=None)
+    return _settle_phase(after, ending, limits)
+
+
+def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunState:
     decision = record.decision
     malformed = isinstance(decision, Malformed) or any(
         isinstance(c, InvalidCall) for c in record.calls
@@ -299,7 +230,7 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         state.stale_streak + 1 if stale else (0 if signature is not None else state.stale_streak)
     )
     nudged = stale and stale_streak == limits.no_progress_window
-    corrections = [correction_for(decision, record.calls)] if decision is not None else []
+    corrections = [correction_for(decision)]
     if output_error is not None:
         corrections.append(
             f"[agentrun] Your final answer does not meet the required output schema: "
@@ -309,13 +240,13 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
     if nudged:
         corrections.append(_nudge(limits.no_progress_window))
     notes = tuple({"role": "user", "content": c} for c in corrections if c is not None)
-    called = decision is not None or record.failure is not None
+    ran = _ran_results(record)
     after = dataclasses.replace(
         state,
         messages=state.messages + (() if record.held else _messages_of(record)) + notes,
         turn=state.turn + 1,
-        steps=state.steps + (1 if called and record.failure is None else 0),
-        tool_calls=state.tool_calls + len(_ran_results(record)),
+        steps=state.steps + 1,
+        tool_calls=state.tool_calls + len(ran),
         tool_failures=state.tool_failures + sum(r.is_error for r in record.results),
         corrections=state.corrections + (1 if malformed or output_error or nudged else 0),
         malformed_streak=state.malformed_streak + 1 if malformed else 0,
@@ -324,7 +255,7 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         call_ids=state.call_ids | {c.id for c in record.calls},
         signatures=state.signatures | {signature} if signature is not None else state.signatures,
         stale_streak=stale_streak,
-        error_streak=_error_streak(state, _ran_results(record)),
+        error_streak=_error_streak(state, ran),
         output_failures=state.output_failures + (1 if output_error else 0),
         pending=approval.pending_of(record) if record.held else None,
     )
@@ -334,14 +265,32 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         assert waiting is not None
         phase = Phase.AWAITING_APPROVAL
         message = f"waiting for approval of {waiting.name} ({waiting.id})"
-    if phase in CAPS and limits.on_exhausted is OnExhausted.SUMMARIZE:
-        return dataclasses.replace(
-            after, pending_cap=phase, message=f"{message}; asking for a summary"
-        )
-    return dataclasses.replace(after, phase=phase, message=message)
+    return _settle_phase(after, Ending(phase, message), limits)
 
 
-def _advance_resume(state: RunState, record: TurnRecord) -> RunState:
+def _advance_summary(state: RunState, record: Summarized) -> RunState:
+    """Fold the tool-free summary call made at a cap: the run ends with the cap's reason."""
+    if state.pending_cap is None:
+        raise ValueError(f"turn {record.turn} is a summary, but no cap is pending")
+    decision = record.decision
+    answer = decision.content if isinstance(decision, Final) else None
+    messages: tuple[Message, ...] = (summary_request(state.pending_cap),)
+    if answer is not None:
+        messages += ({"role": "assistant", "content": answer},)
+    return dataclasses.replace(
+        state,
+        messages=state.messages + messages,
+        turn=state.turn + 1,
+        steps=state.steps + (1 if decision is not None else 0),
+        usage=state.usage + record.usage,
+        phase=state.pending_cap,
+        pending_cap=None,
+        answer=answer,
+        message=state.message + ("; summary written to answer" if answer else "; no summary"),
+    )
+
+
+def _advance_resume(state: RunState, record: Resumed) -> RunState:
     """Fold the turn that settled a held batch: the batch enters history whole, in call order."""
     pending = state.pending
     if pending is None or pending.next_undecided is not None:
@@ -352,7 +301,7 @@ def _advance_resume(state: RunState, record: TurnRecord) -> RunState:
     assert assistant is not None
     approved = {h.id for h in pending.held if h.approved}
     ran = [r for r in record.results if r.tool_call_id in approved]
-    stopped = record.gate.phase if record.gate is not None else None
+    stopped = record.stopped
     return dataclasses.replace(
         state,
         messages=(*state.messages, assistant, *(_tool_message(by_id[c.id]) for c in held.calls)),
@@ -362,8 +311,8 @@ def _advance_resume(state: RunState, record: TurnRecord) -> RunState:
         error_streak=_error_streak(state, ran),
         call_ids=state.call_ids | {c.id for c in held.calls},
         pending=None,
-        phase=stopped or Phase.RUNNING,
-        message=record.gate.message if record.gate is not None else "approved calls settled",
+        phase=stopped.phase if stopped else Phase.RUNNING,
+        message=stopped.message if stopped else "approved calls settled",
     )
 
 
@@ -389,7 +338,7 @@ def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunStat
     )
 
 
-def _messages_of(record: TurnRecord) -> tuple[Message, ...]:
+def _messages_of(record: Answered) -> tuple[Message, ...]:
     out: list[Message] = []
     assistant = _assistant_message(record)
     if assistant is not None:
@@ -405,20 +354,20 @@ def stop(state: RunState, phase: Phase, message: str) -> RunState:
     return dataclasses.replace(state, phase=phase, message=message)
 
 
-def state_from_summary(summary: dict[str, Any]) -> RunState:
-    """A state holding only counters (no messages), rebuilt from ``RunState.summary()``.
+def state_from_summary(summary: RunSummary) -> RunState:
+    """A state holding only counters (no messages), rebuilt from a ``RunSummary``.
 
     The operator projects status from summaries and never needs the transcript.
     """
     return RunState(
         messages=(),
-        turn=int(summary.get("turn", 0)),
-        steps=int(summary.get("steps", 0)),
-        tool_calls=int(summary.get("toolCalls", 0)),
-        tool_failures=int(summary.get("toolFailures", 0)),
-        corrections=int(summary.get("corrections", 0)),
-        usage=Usage.from_dict(summary.get("usage") or {}),
-        phase=Phase(summary.get("phase", "running")),
-        answer=summary.get("answer"),
-        message=str(summary.get("message", "")),
+        turn=summary.turn,
+        steps=summary.steps,
+        tool_calls=summary.tool_calls,
+        tool_failures=summary.tool_failures,
+        corrections=summary.corrections,
+        usage=summary.usage,
+        phase=summary.phase,
+        answer=summary.answer,
+        message=summary.message,
     )

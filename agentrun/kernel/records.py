@@ -1,6 +1,11 @@
 """The values a turn produces: gate verdicts, tool results, and the turn record itself.
 
-Plain frozen data shared by the kernel's modules; no logic beyond construction.
+A turn record is a tagged union, one class per way a turn can go (the Agents SDK's
+``NextStep*`` habit): the run stopped before the model call (``Stopped``), the model call
+failed (``ModelFailed``), the model answered (``Answered``: a decision, maybe tool calls and
+their results), the tool-free summary at a cap (``Summarized``), or the held calls of an
+approval were settled (``Resumed``). Plain frozen data shared by the kernel's modules; no logic
+beyond construction.
 """
 
 from __future__ import annotations
@@ -30,6 +35,14 @@ class Gate:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Ending:
+    """A terminal phase and the one-line reason a gate gave for it."""
+
+    phase: Phase
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ToolResult:
     """The result of one call, correlated by ``tool_call_id`` (one per call, always)."""
 
@@ -40,32 +53,78 @@ class ToolResult:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ModelFailure:
+class Stopped:
+    """The turn ended the run before any model call: a budget gate, the tenant's ledger, or a
+    tool this worker lacks. Nothing was spent."""
+
+    turn: int
+    ending: Ending
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelFailed:
     """The model could not be reached or kept failing (after retries): ``model_error``."""
 
+    turn: int
     error: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TurnRecord:
-    """What one turn did; the content of a committed turn event."""
+class Answered:
+    """The model answered: its classified decision and, for tool calls, what became of them."""
 
     turn: int
-    gate: Gate | None = None
-    """A gate that stopped the turn (before the model call, or before the tool batch)."""
-    decision: Decision | None = None
-    """The classified response; ``None`` when no model call returned."""
+    decision: Decision
+    usage: Usage = dataclasses.field(default_factory=Usage)
+    """This turn's model usage."""
     calls: tuple[CheckedCall | InvalidCall, ...] = ()
     """The validated calls, in the assistant's order, with their final ids."""
     results: tuple[ToolResult, ...] = ()
     """One result per call in ``calls`` (held calls excepted), same order."""
-    usage: Usage = dataclasses.field(default_factory=Usage)
-    """This turn's model usage."""
-    failure: ModelFailure | None = None
-    summary: bool = False
-    """This turn was the tool-free summary call made at a cap."""
     held: tuple[str, ...] = ()
     """Ids of valid calls held for human approval (``spec.approval.tools``): not run, no
     result yet; ``results`` then covers only the other calls."""
-    resume: bool = False
-    """This turn only settled the held calls of an approval (ran or denied them)."""
+    stopped: Ending | None = None
+    """The tool batch did not fit a budget: none of it ran (every call has a "not run" error
+    result) and the run ends so."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Summarized:
+    """The tool-free summary call made at a cap; the run ends with the cap's reason."""
+
+    turn: int
+    decision: Decision | None
+    """``None`` when no summary came back (the call failed, or the tenant refused it)."""
+    usage: Usage = dataclasses.field(default_factory=Usage)
+    error: str = ""
+    """Why no summary came back, when none did."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resumed:
+    """The turn that settled the held calls of a decided approval (ran or denied them)."""
+
+    turn: int
+    results: tuple[ToolResult, ...]
+    """One result per held call, in call order (denied ones say so)."""
+    stopped: Ending | None = None
+    """The approved calls did not fit a budget: none ran, and the run ends so."""
+
+
+TurnRecord = Stopped | ModelFailed | Answered | Summarized | Resumed
+"""What one turn did; the content of a committed turn event."""
+
+
+def record_usage(record: TurnRecord) -> Usage:
+    """The model usage a turn spent (zero for turns that made no model call)."""
+    if isinstance(record, Answered | Summarized):
+        return record.usage
+    return Usage()
+
+
+def record_results(record: TurnRecord) -> tuple[ToolResult, ...]:
+    """The tool results a turn produced (empty for turns that ran no tools)."""
+    if isinstance(record, Answered | Resumed):
+        return record.results
+    return ()

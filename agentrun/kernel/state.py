@@ -6,12 +6,36 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.kernel.approval import PendingBatch
+from agentrun.kernel.approval import HeldCall, PendingBatch
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.usage import Usage
 
 Message = Mapping[str, Any]
 """A chat message in the OpenAI chat-completions shape (role, content, tool_calls, tool_call_id)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A run's counters and phase after an event: what the event carries and ``.status``
+    projects (the transcript stays in the events). Its JSON shape is ``protocol``'s."""
+
+    phase: Phase
+    turn: int = 0
+    """Committed turns so far (= the index of the next turn)."""
+    steps: int = 0
+    tool_calls: int = 0
+    tool_failures: int = 0
+    corrections: int = 0
+    usage: Usage = dataclasses.field(default_factory=Usage)
+    answer: str | None = None
+    message: str = ""
+    pending_approval: HeldCall | None = None
+    """The held call a reviewer must decide next (only while awaiting approval)."""
+
+    @property
+    def last_turn(self) -> int:
+        """The last committed turn (-1: none yet), the turn the ledger settles up to."""
+        return self.turn - 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,26 +79,23 @@ class RunState:
     pending: PendingBatch | None = None
     """A turn held for human approval (``awaiting_approval``) or decided but not yet resumed."""
 
-    def summary(self) -> dict[str, Any]:
-        """The counters and phase as JSON (what an event carries and ``.status`` projects)."""
-        return {
-            "phase": self.phase.value,
-            "turn": self.turn,
-            "steps": self.steps,
-            "toolCalls": self.tool_calls,
-            "toolFailures": self.tool_failures,
-            "corrections": self.corrections,
-            "usage": self.usage.as_dict(),
-            "answer": self.answer,
-            "message": self.message,
-            "pendingApproval": self._pending_approval(),
-        }
-
-    def _pending_approval(self) -> dict[str, Any] | None:
-        if self.phase is not Phase.AWAITING_APPROVAL or self.pending is None:
-            return None
-        waiting = self.pending.next_undecided
-        return waiting.as_status() if waiting is not None else None
+    def summary(self) -> RunSummary:
+        """The counters and phase (what an event carries and ``.status`` projects)."""
+        waiting = None
+        if self.phase is Phase.AWAITING_APPROVAL and self.pending is not None:
+            waiting = self.pending.next_undecided
+        return RunSummary(
+            self.phase,
+            self.turn,
+            self.steps,
+            self.tool_calls,
+            self.tool_failures,
+            self.corrections,
+            self.usage,
+            self.answer,
+            self.message,
+            waiting,
+        )
 
 
 def initial_state(*, goal: str, instructions: str = "") -> RunState:

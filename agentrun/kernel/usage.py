@@ -45,27 +45,6 @@ class Usage:
             estimated=self.estimated or other.estimated,
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON shape (``costUSD`` as a decimal string, never a float)."""
-        return {
-            "inputTokens": self.input_tokens,
-            "outputTokens": self.output_tokens,
-            "cachedInputTokens": self.cached_input_tokens,
-            "costUSD": format(self.cost_usd, "f"),
-            "estimated": self.estimated,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
-        """Inverse of ``as_dict``."""
-        return cls(
-            input_tokens=int(data.get("inputTokens", 0)),
-            output_tokens=int(data.get("outputTokens", 0)),
-            cached_input_tokens=int(data.get("cachedInputTokens", 0)),
-            cost_usd=Decimal(str(data.get("costUSD", "0"))),
-            estimated=bool(data.get("estimated", False)),
-        )
-
 
 def estimate_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] = ()) -> int:
     """Estimate the prompt tokens of a chat request: ~4 characters a token plus framing.

@@ -1,7 +1,8 @@
-"""The tenant budget ledger (DESIGN.md §5): reservations before model calls, settlement after.
+"""The tenant budget ledger: reservations before model calls, settlement after.
 
-``book`` is the pure arithmetic of one tenant's ledger entry; ``store`` keeps entries in
-JetStream KV and changes them only by compare-and-set on the entry's revision.
+``book`` is the pure arithmetic of one tenant's ledger entry; ``store`` is the port the
+operator and the workers use — named operations on the entries (admit a run, a turn's
+``hold``, close a run, the admission queue), written by compare-and-set (``cas``).
 """
 
 from agentrun.ledger.book import (
@@ -15,9 +16,12 @@ from agentrun.ledger.book import (
     window_start,
     worst_case,
 )
-from agentrun.ledger.store import LedgerStore, LedgerUnavailable, QueuedRun
+from agentrun.ledger.cas import LedgerUnavailable
+from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
+from agentrun.ledger.store import LedgerStore, QueuedRun
 
 __all__ = [
+    "DEFAULT_HOLD_TTL",
     "RESOURCES",
     "Active",
     "Book",
@@ -28,6 +32,8 @@ __all__ = [
     "QueuedRun",
     "Refusal",
     "TenantLimits",
+    "TurnHold",
+    "TurnRef",
     "window_start",
     "worst_case",
 ]

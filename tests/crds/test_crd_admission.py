@@ -23,7 +23,7 @@ from crd_support import (
     without,
 )
 
-from agentrun import kernel
+from agentrun import kernel, protocol
 from agentrun.operator import status as operator_status
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -391,7 +391,7 @@ def test_status_accepts_the_kernels_usage_shape_even_for_tiny_costs(
     cost = kernel.Pricing(output_per_million=Decimal("0.15")).cost(
         input_tokens=0, cached_input_tokens=0, output_tokens=1
     )
-    projected = kernel.Usage(input_tokens=3, output_tokens=1, cost_usd=cost).as_dict()
+    projected = protocol.usage_as_dict(kernel.Usage(input_tokens=3, output_tokens=1, cost_usd=cost))
     assert apply(make_agentrun("tiny"), namespace=test_namespace).returncode == 0
     result = patch_status(kubectl, test_namespace, "tiny", {"usage": projected})
     assert result.returncode == 0, result.stderr

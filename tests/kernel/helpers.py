@@ -63,7 +63,7 @@ def tool_turn(
         )
         for c in calls
     )
-    return kernel.TurnRecord(
+    return kernel.Answered(
         turn=state.turn,
         decision=kernel.ToolCalls((), None),
         calls=calls,

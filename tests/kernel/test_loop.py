@@ -35,7 +35,7 @@ def admit(
 def test_a_final_answer_completes_the_run_with_outcome_ok() -> None:
     state = kernel.advance(
         start(),
-        kernel.TurnRecord(0, decision=kernel.Final("12"), usage=kernel.Usage(10, 2)),
+        kernel.Answered(0, decision=kernel.Final("12"), usage=kernel.Usage(10, 2)),
         kernel.Limits(),
     )
     assert state.phase is Phase.COMPLETED
@@ -92,7 +92,7 @@ def test_the_cost_cap_limits_output_and_then_stops() -> None:
     assert gate.phase is None and gate.max_output_tokens == 300
     spent = kernel.advance(
         start(),
-        kernel.TurnRecord(
+        kernel.Answered(
             0,
             decision=kernel.ToolCalls((), None),
             calls=(checked(),),
@@ -123,10 +123,10 @@ def test_three_malformed_turns_in_a_row_end_with_invalid_decision() -> None:  # 
     state = start()
     bad = kernel.Malformed(kernel.MalformedCause.EMPTY_TOOL_CALLS, "no calls")
     for _ in range(2):
-        state = kernel.advance(state, kernel.TurnRecord(state.turn, decision=bad), limits)
+        state = kernel.advance(state, kernel.Answered(state.turn, decision=bad), limits)
         assert state.phase is Phase.RUNNING
         assert state.messages[-1]["role"] == "user"  # the corrective turn
-    state = kernel.advance(state, kernel.TurnRecord(state.turn, decision=bad), limits)
+    state = kernel.advance(state, kernel.Answered(state.turn, decision=bad), limits)
     assert state.phase is Phase.INVALID_DECISION
     assert state.corrections == 3
 
@@ -147,16 +147,14 @@ def test_a_good_turn_resets_the_malformed_streak() -> None:
 
 def test_a_refusal_ends_the_run_at_once() -> None:  # C14
     state = kernel.advance(
-        start(), kernel.TurnRecord(0, decision=kernel.Refusal("no")), kernel.Limits()
+        start(), kernel.Answered(0, decision=kernel.Refusal("no")), kernel.Limits()
     )
     assert state.phase is Phase.REFUSED
     assert state.steps == 1
 
 
 def test_a_model_failure_ends_with_model_error() -> None:
-    state = kernel.advance(
-        start(), kernel.TurnRecord(0, failure=kernel.ModelFailure("HTTP 500")), kernel.Limits()
-    )
+    state = kernel.advance(start(), kernel.ModelFailed(0, "HTTP 500"), kernel.Limits())
     assert state.phase is Phase.MODEL_ERROR
     assert "HTTP 500" in state.message
 
@@ -164,7 +162,9 @@ def test_a_model_failure_ends_with_model_error() -> None:
 def test_no_model_call_starts_after_the_deadline() -> None:
     gate = admit(start(), kernel.Limits(), now=LATER)
     assert gate.phase is Phase.DEADLINE_EXCEEDED
-    state = kernel.advance(start(), kernel.TurnRecord(0, gate=gate), kernel.Limits())
+    state = kernel.advance(
+        start(), kernel.Stopped(0, kernel.Ending(gate.phase, gate.message)), kernel.Limits()
+    )
     assert state.phase is Phase.DEADLINE_EXCEEDED
     assert state.steps == 0
 
@@ -186,12 +186,10 @@ def test_every_call_gets_one_result_in_call_order() -> None:
 
 def test_advance_refuses_turns_out_of_order() -> None:
     with pytest.raises(ValueError, match="does not follow"):
-        kernel.advance(start(), kernel.TurnRecord(1, decision=kernel.Final("x")), kernel.Limits())
-    done = kernel.advance(
-        start(), kernel.TurnRecord(0, decision=kernel.Final("x")), kernel.Limits()
-    )
+        kernel.advance(start(), kernel.Answered(1, decision=kernel.Final("x")), kernel.Limits())
+    done = kernel.advance(start(), kernel.Answered(0, decision=kernel.Final("x")), kernel.Limits())
     with pytest.raises(ValueError, match="already ended"):
-        kernel.advance(done, kernel.TurnRecord(1, decision=kernel.Final("y")), kernel.Limits())
+        kernel.advance(done, kernel.Answered(1, decision=kernel.Final("y")), kernel.Limits())
 
 
 @pytest.mark.parametrize("phase", list(Phase), ids=lambda p: p.value)
@@ -277,7 +275,7 @@ def test_reported_usage_is_read_with_cached_tokens() -> None:
 def test_at_a_cap_one_tool_free_summary_call_writes_the_answer_and_keeps_the_reason(
     limits: kernel.Limits, cap: Phase
 ) -> None:
-    first = kernel.TurnRecord(
+    first = kernel.Answered(
         0,
         decision=kernel.ToolCalls((), None),
         calls=(checked(),),
@@ -288,9 +286,7 @@ def test_at_a_cap_one_tool_free_summary_call_writes_the_answer_and_keeps_the_rea
     assert state.phase is Phase.RUNNING and state.pending_cap is cap
     gate = admit(state, limits)
     assert gate.phase is None and gate.summary and gate.max_output_tokens == 1024
-    summary = kernel.TurnRecord(
-        1, decision=kernel.Final("Found 2."), usage=kernel.Usage(120, 5), summary=True
-    )
+    summary = kernel.Summarized(1, kernel.Final("Found 2."), kernel.Usage(120, 5))
     done = kernel.advance(state, summary, limits)
     assert done.phase is cap and done.answer == "Found 2."
     terminal = kernel.conclude(done.phase)
@@ -302,7 +298,7 @@ def test_at_a_cap_one_tool_free_summary_call_writes_the_answer_and_keeps_the_rea
 def test_a_summary_call_that_fails_still_ends_with_the_caps_reason() -> None:
     limits = kernel.Limits(max_steps=1)
     state = kernel.advance(start(), tool_turn(start(), checked()), limits)
-    failed = kernel.TurnRecord(1, failure=kernel.ModelFailure("HTTP 500"), summary=True)
+    failed = kernel.Summarized(1, None, error="HTTP 500")
     done = kernel.advance(state, failed, limits)
     assert done.phase is Phase.MAX_STEPS and done.answer is None
 
@@ -315,7 +311,7 @@ def test_the_deadline_beats_the_summary() -> None:
 
 def stale_turn(state: kernel.RunState, expression: str, result: str = "same") -> kernel.TurnRecord:
     call = kernel.CheckedCall(f"c{state.turn}", "calculate", {"expression": expression})
-    return kernel.TurnRecord(
+    return kernel.Answered(
         state.turn,
         decision=kernel.ToolCalls((), None),
         calls=(call,),
@@ -371,12 +367,12 @@ SCHEMA = {"type": "object", "properties": {"area": {"type": "integer"}}, "requir
 
 def test_a_final_answer_must_meet_the_output_schema_after_one_correction() -> None:
     limits = kernel.Limits(output_schema=SCHEMA)
-    state = kernel.advance(start(), kernel.TurnRecord(0, decision=kernel.Final("twelve")), limits)
+    state = kernel.advance(start(), kernel.Answered(0, decision=kernel.Final("twelve")), limits)
     assert state.phase is Phase.RUNNING
     assert "does not meet the required output schema" in state.messages[-1]["content"]
     assert state.answer is None
     state = kernel.advance(
-        state, kernel.TurnRecord(1, decision=kernel.Final('{"area": "12"}')), limits
+        state, kernel.Answered(1, decision=kernel.Final('{"area": "12"}')), limits
     )
     assert state.phase is Phase.INVALID_OUTPUT
     assert "area: '12' is not of type 'integer'" in state.message
@@ -385,7 +381,7 @@ def test_a_final_answer_must_meet_the_output_schema_after_one_correction() -> No
 def test_a_valid_json_answer_in_a_code_fence_completes() -> None:
     limits = kernel.Limits(output_schema=SCHEMA)
     state = kernel.advance(
-        start(), kernel.TurnRecord(0, decision=kernel.Final('```json\n{"area": 12}\n```')), limits
+        start(), kernel.Answered(0, decision=kernel.Final('```json\n{"area": 12}\n```')), limits
     )
     assert state.phase is Phase.COMPLETED
 

@@ -261,16 +261,18 @@ def assert_each_result_says_what_happened(records: Sequence[kernel.TurnRecord]) 
     result comes with the turn that resumes it."""
     held: dict[str, kernel.CheckedCall] = {}
     for record in records:
-        if record.resume:
+        if isinstance(record, kernel.Resumed):
             assert [r.tool_call_id for r in record.results] == list(held)
             for result in record.results:
                 call = held[result.tool_call_id]
                 if result.content == kernel.DENIED:
                     assert result.is_error
                 else:
-                    assert_the_call_ran_or_was_stopped(call, result, record.gate)
+                    assert_the_call_ran_or_was_stopped(call, result, record.stopped)
             held = {}
             continue
+        if not isinstance(record, kernel.Answered):
+            continue  # no model answer, no calls
         ran = [c for c in record.calls if c.id not in record.held]
         assert [r.tool_call_id for r in record.results] == [c.id for c in ran]
         held = {
@@ -287,14 +289,14 @@ def assert_each_result_says_what_happened(records: Sequence[kernel.TurnRecord]) 
                     call.error,
                 )
             else:
-                assert_the_call_ran_or_was_stopped(call, result, record.gate)
+                assert_the_call_ran_or_was_stopped(call, result, record.stopped)
 
 
 def assert_the_call_ran_or_was_stopped(
-    call: kernel.CheckedCall, result: kernel.ToolResult, gate: kernel.Gate | None
+    call: kernel.CheckedCall, result: kernel.ToolResult, stopped: kernel.Ending | None
 ) -> None:
     assert result.name == call.name
-    if gate is not None:
+    if stopped is not None:
         assert result.is_error and result.content.startswith("not run: ")
     else:
         assert (result.is_error, outcome_of(result.content)) == OUTCOMES[call.name]
@@ -343,8 +345,8 @@ def assert_events_commit_and_replay(
 def describe(state: kernel.RunState, records: Sequence[kernel.TurnRecord]) -> None:
     """What the example covered (``pytest --hypothesis-show-statistics``)."""
     hypothesis.event(f"ended {state.phase.value} after {len(records)} turn(s)")
-    results = [r for record in records for r in record.results]
-    if any(r.resume for r in records):
+    results = [r for record in records for r in kernel.record_results(record)]
+    if any(isinstance(r, kernel.Resumed) for r in records):
         hypothesis.event("held calls were decided and resumed")
     for what in ("timed out after", "deadline passed", "not run: ", "refused: ", "denied by"):
         if any(what in r.content for r in results):
@@ -366,7 +368,9 @@ def test_every_tool_call_gets_exactly_one_result_in_call_order_whatever_happens(
     state, events = in_own_loop(lambda: play(plans, run_limits, verdicts))
     records = [e.record for e in events if e.record is not None]
     assert_every_call_has_one_result_in_order(state.messages)
-    assert state.call_ids == {c.id for r in records for c in r.calls}
+    assert state.call_ids == {
+        c.id for r in records if isinstance(r, kernel.Answered) for c in r.calls
+    }
     assert_each_result_says_what_happened(records)
     assert_events_commit_and_replay(events, run_limits, state)
     describe(state, records)
@@ -492,7 +496,7 @@ def test_a_lone_surrogate_from_the_model_never_makes_a_turn_uncommittable(
         if isinstance(decision, kernel.ToolCalls)
         else ()
     )
-    record = kernel.TurnRecord(
+    record = kernel.Answered(
         0,
         decision=decision,
         calls=calls,

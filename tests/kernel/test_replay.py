@@ -101,21 +101,29 @@ async def run_example(run: Mapping[str, Any]) -> Trajectory:
 
 
 def decisions(records: Sequence[kernel.TurnRecord]) -> list[tuple[Any, ...]]:
-    """What each turn decided: gate, decision kind, and the calls with ids and arguments."""
+    """What each turn decided: its kind, how it stopped, the decision kind, and the calls
+    with ids and arguments."""
     out: list[tuple[Any, ...]] = []
     for record in records:
         calls = tuple(
             (c.id, c.name, dict(c.arguments) if isinstance(c, kernel.CheckedCall) else c.error)
-            for c in record.calls
+            for c in (record.calls if isinstance(record, kernel.Answered) else ())
+        )
+        stopped = (
+            record.ending
+            if isinstance(record, kernel.Stopped)
+            else getattr(record, "stopped", None)
         )
         out.append(
             (
                 record.turn,
-                record.gate.phase if record.gate else None,
-                type(record.decision).__name__,
-                record.summary,
+                type(record).__name__,
+                stopped.phase if stopped is not None else None,
+                type(getattr(record, "decision", None)).__name__,
                 calls,
-                tuple((r.tool_call_id, r.content, r.is_error) for r in record.results),
+                tuple(
+                    (r.tool_call_id, r.content, r.is_error) for r in kernel.record_results(record)
+                ),
             )
         )
     return out

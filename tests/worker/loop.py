@@ -63,8 +63,8 @@ async def drive(
 ) -> tuple[kernel.RunState, list[kernel.TurnRecord], list[Mapping[str, Any]]]:
     """Run a whole loop; returns the final state, the turn records and the model's requests.
 
-    ``budget_for(state)``, when given, is the tenant ledger's view of each turn (a
-    ``TurnBudget`` or a stand-in with its ``reserve``)."""
+    ``budget_for(state)``, when given, is the tenant ledger's hold for each turn (a
+    ``ledger.TurnHold`` or a stand-in with its ``reserve`` and ``spend``)."""
     scenarios = scenario.parse_scenarios(scenarios_yaml)
     model = ModelClient(RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05))
     records: list[kernel.TurnRecord] = []
@@ -84,7 +84,7 @@ async def drive(
                 state = kernel.resolve_approval(state, digest=digest, approved=approved)
                 continue
             budget = budget_for(state) if budget_for is not None else None
-            record = await execute_turn(deps, run, state, budget=budget)
+            record = await execute_turn(deps, run, state, hold=budget)
             records.append(record)
             state = kernel.advance(state, record, run.limits)
         requests = [r.as_dict() for r in mock.state.requests]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentrun import kernel
+from agentrun import kernel, protocol
 from agentrun.kernel import Phase
 from agentrun.tools import Calculate, Catalog, ToolContext, ToolSpec
 
@@ -52,7 +52,8 @@ def reviewer(approved: bool) -> Any:
     seen: list[dict[str, Any]] = []
 
     def decide(state: kernel.RunState) -> tuple[str, bool]:
-        pending = state.summary()["pendingApproval"]
+        pending = protocol.held_call_as_dict(state.summary().pending_approval)
+        assert pending is not None
         seen.append(pending)
         return pending["digest"], approved
 
@@ -80,7 +81,7 @@ async def test_an_approved_call_runs_and_the_batch_enters_history_in_call_order(
         {"version": "1.2.3"},
     )
     assert pending["digest"] == kernel.digest_of("deploy", {"version": "1.2.3"})
-    assert [r.resume for r in records] == [False, True, False]
+    assert [type(r) for r in records] == [kernel.Answered, kernel.Resumed, kernel.Answered]
     tools = [m for m in requests[1]["body"]["messages"] if m["role"] == "tool"]
     assert [(m["tool_call_id"], m["content"]) for m in tools] == [
         ("c1", "42"),
@@ -111,7 +112,7 @@ def held_state() -> kernel.RunState:
         kernel.CheckedCall("c1", "calculate", {"expression": "1"}),
         kernel.CheckedCall("d1", "deploy", {"version": "1"}),
     )
-    record = kernel.TurnRecord(
+    record = kernel.Answered(
         0,
         decision=kernel.ToolCalls((), None),
         calls=calls,
@@ -126,7 +127,8 @@ def test_a_held_turn_waits_without_an_unanswered_call_in_history() -> None:
     assert state.phase is Phase.AWAITING_APPROVAL and not state.phase.is_terminal
     assert kernel.conclude(state.phase) is None
     assert [m["role"] for m in state.messages] == ["user"]  # nothing of the batch yet
-    assert state.summary()["pendingApproval"]["toolCallID"] == "d1"
+    waiting = state.summary().pending_approval
+    assert waiting is not None and waiting.id == "d1"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""``TurnBudget`` (reserve → settle / release around one turn) against a real LedgerStore."""
+"""A turn's ledger hold (reserve → settle, or released / abandoned when its block exits
+uncommitted) against a real LedgerStore."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ import pytest
 
 from agentrun import kernel
 from agentrun.devenv import natsserver
-from agentrun.ledger import LedgerStore, TenantLimits
-from agentrun.worker.budget import DEFAULT_HOLD_TTL, TurnBudget, worst_case
+from agentrun.ledger import (
+    DEFAULT_HOLD_TTL,
+    LedgerStore,
+    QueuedRun,
+    TenantLimits,
+    TurnHold,
+    TurnRef,
+    worst_case,
+)
 
 NOW = 1_700_000_000.0
 TEST_BUCKET = "AGENTRUN_LEDGER_TEST"
@@ -43,18 +51,17 @@ def tenant() -> str:
 
 
 async def admit(store: LedgerStore, tenant: str, uid: str, **limits: object) -> None:
-    refusal = await store.change(
+    refusal = await store.admit_run(
         tenant,
-        lambda b: b.admit(uid, "ns", uid, now=NOW),
+        QueuedRun(uid, "ns", uid, NOW),
         limits=TenantLimits(**limits),  # type: ignore[arg-type]
+        need=(0, Decimal(0)),
     )
     assert refusal is None
 
 
-def budget(store: LedgerStore, tenant: str, uid: str, turn: int, clock: Clock) -> TurnBudget:
-    return TurnBudget(
-        store, tenant=tenant, run_uid=uid, namespace="ns", name=uid, turn=turn, clock=clock
-    )
+def budget(store: LedgerStore, tenant: str, uid: str, turn: int, clock: Clock) -> TurnHold:
+    return store.turn_hold(TurnRef(tenant, uid, "ns", uid, turn), clock=clock)
 
 
 def after_turn(turn: int, **usage: object) -> kernel.RunState:
@@ -166,14 +173,39 @@ async def test_a_turn_abandoned_after_its_model_call_is_charged_for_it(
     store: LedgerStore, tenant: str
 ) -> None:
     await admit(store, tenant, "run-1", tokens=1_000)
-    turn = budget(store, tenant, "run-1", 0, Clock())
-    await turn.reserve(tokens=500, cost_usd=Decimal("0.01"))
-    turn.spent = kernel.Usage(input_tokens=100, output_tokens=20, cost_usd=Decimal("0.0004"))
-    await turn.release()  # cancelled before the commit
+    async with budget(store, tenant, "run-1", 0, Clock()) as turn:
+        await turn.reserve(tokens=500, cost_usd=Decimal("0.01"))
+        turn.spend(kernel.Usage(input_tokens=100, output_tokens=20, cost_usd=Decimal("0.0004")))
+    # the block exits before the commit (cancelled): the call is charged, the hold dropped
+    assert turn.held is False
     book = await store.read(tenant)
     assert book is not None and book.holds == {}
     assert (book.used_tokens, book.abandoned_tokens) == (120, 120)
     assert book.used_cost == book.abandoned_cost == Decimal("0.0004")
+
+
+async def test_a_turn_that_exits_before_its_model_answered_is_released_uncharged(
+    store: LedgerStore, tenant: str
+) -> None:
+    await admit(store, tenant, "run-1", tokens=1_000)
+    with pytest.raises(RuntimeError, match="worker stops"):
+        async with budget(store, tenant, "run-1", 0, Clock()) as turn:
+            await turn.reserve(tokens=500, cost_usd=Decimal("0.01"))
+            raise RuntimeError("worker stops")
+    assert turn.held is False
+    book = await store.read(tenant)
+    assert book is not None and book.holds == {} and book.used_tokens == 0
+
+
+async def test_a_settled_turn_gives_nothing_back_on_exit(store: LedgerStore, tenant: str) -> None:
+    await admit(store, tenant, "run-1", tokens=1_000)
+    async with budget(store, tenant, "run-1", 0, Clock()) as turn:
+        await turn.reserve(tokens=500, cost_usd=Decimal(0))
+        turn.spend(kernel.Usage(input_tokens=100, output_tokens=20))
+        await turn.settle(after_turn(0, input_tokens=100, output_tokens=20))
+    book = await store.read(tenant)
+    assert book is not None and book.holds == {}
+    assert (book.used_tokens, book.abandoned_tokens) == (120, 0)
 
 
 async def test_a_committed_turn_is_not_charged_as_abandoned(
@@ -182,11 +214,20 @@ async def test_a_committed_turn_is_not_charged_as_abandoned(
     await admit(store, tenant, "run-1", tokens=1_000)
     turn = budget(store, tenant, "run-1", 0, Clock())
     await turn.reserve(tokens=500, cost_usd=Decimal(0))
-    turn.spent = kernel.Usage(input_tokens=100, output_tokens=20)
-    turn.committed()  # then settle failed: release must not charge the call a second time
-    await turn.release()
+    turn.spend(kernel.Usage(input_tokens=100, output_tokens=20))
+    turn._change = failing_change  # the turn committed, then its settlement failed
+    with pytest.raises(ConnectionError):
+        await turn.settle(after_turn(0, input_tokens=100, output_tokens=20))
+    turn._change = store.change
+    async with turn:
+        pass  # leaving the block must not charge the call a second time
     book = await store.read(tenant)
     assert book is not None and (book.used_tokens, book.abandoned_tokens) == (0, 0)
+    assert book.holds == {}
+
+
+async def failing_change(tenant: str, fn: object) -> object:
+    raise ConnectionError("the ledger is unreachable")
 
 
 def test_worst_case_prices_prompt_and_output_at_the_uncached_input_price() -> None:

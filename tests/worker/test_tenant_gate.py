@@ -42,6 +42,9 @@ class Tenant:
         tenant: Tenant
         spent: kernel.Usage | None = None
 
+        def spend(self, usage: kernel.Usage) -> None:
+            self.spent = usage
+
         async def reserve(
             self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
         ) -> Refusal | None:
@@ -65,7 +68,7 @@ async def test_a_call_the_tenant_cannot_cover_is_not_made_and_ends_the_run() -> 
     assert state.phase is Phase.TENANT_BUDGET_EXHAUSTED
     assert "1 call too many" in state.message
     assert len(requests) == 2 and len(tenant.asked) == 3
-    assert records[-1].decision is None and records[-1].usage == kernel.Usage()
+    assert isinstance(records[-1], kernel.Stopped)  # no model call, nothing spent
     tokens, _ = tenant.asked[0]
     assert tokens > 1000  # the worst case: the prompt estimate plus the model's 1000 output
 
@@ -83,4 +86,5 @@ async def test_a_summary_the_tenant_cannot_cover_ends_with_the_runs_own_cap() ->
     )
     assert state.phase is Phase.MAX_STEPS
     assert state.answer is None and "no summary" in state.message
-    assert len(requests) == 2 and records[-1].summary
+    last = records[-1]
+    assert len(requests) == 2 and isinstance(last, kernel.Summarized) and last.decision is None

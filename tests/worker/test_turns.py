@@ -283,7 +283,8 @@ scenarios:
         limits=kernel.Limits(max_tokens=600),
     )
     assert state.phase is Phase.TOKEN_BUDGET_EXHAUSTED
-    assert state.usage.estimated and all(r.usage.estimated for r in records if r.decision)
+    answered = [r for r in records if isinstance(r, kernel.Answered)]
+    assert state.usage.estimated and answered and all(r.usage.estimated for r in answered)
     assert state.usage.total_tokens > 0
 
 

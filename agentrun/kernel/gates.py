@@ -1,0 +1,92 @@
+"""Budget gates: may the next model call (or tool batch) start, and within which allowance?
+
+Pure verdicts (``Gate``) from the run's state, its limits and the clock the caller passes in;
+``plan_turn`` turns them into what the worker does next.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from agentrun.kernel.limits import Limits, Pricing
+from agentrun.kernel.records import Gate
+from agentrun.kernel.state import RunState
+from agentrun.kernel.terminal import Phase
+
+
+def _pct_left(used: Decimal, cap: Decimal) -> str:
+    return f"{used} of {cap}"
+
+
+def admit_model_call(
+    state: RunState,
+    limits: Limits,
+    *,
+    pricing: Pricing,
+    prompt_estimate: int,
+    now: float,
+    deadline: float,
+) -> Gate:
+    """May the next model call start, and with how many output tokens at most?
+
+    Checks, in order: the wall-clock deadline (``now``/``deadline`` in epoch seconds), a pending
+    summary at a cap (allowed once, with ``summary_output_tokens``), the step cap, then the
+    token and cost caps against the worst case of this call (``prompt_estimate`` input tokens
+    plus the output allowance). The output allowance is cut to what the budgets
+    leave; below ``limits.min_output_tokens`` the call is not made.
+    """
+    if now >= deadline:
+        return Gate(
+            Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the next model call"
+        )
+    if state.pending_cap is not None:
+        return Gate(None, max_output_tokens=limits.summary_output_tokens, summary=True)
+    if state.steps >= limits.max_steps:
+        return Gate(Phase.MAX_STEPS, message=f"maxSteps {limits.max_steps} reached")
+    allowance = limits.max_output_tokens
+    if limits.max_tokens is not None:
+        left = limits.max_tokens - state.usage.total_tokens - prompt_estimate
+        if left < limits.min_output_tokens:
+            return Gate(
+                Phase.TOKEN_BUDGET_EXHAUSTED,
+                message=f"maxTokens {limits.max_tokens}: {state.usage.total_tokens} used, "
+                f"the next prompt needs about {prompt_estimate}",
+            )
+        allowance = min(allowance, left)
+    if limits.max_cost_usd is not None:
+        left_usd = limits.max_cost_usd - state.usage.cost_usd
+        left_usd -= pricing.cost(
+            input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=0
+        )
+        if pricing.output_per_million > 0:
+            affordable = int(left_usd * Decimal(1_000_000) / pricing.output_per_million)
+        else:
+            affordable = allowance if left_usd >= 0 else -1
+        if affordable < limits.min_output_tokens:
+            return Gate(
+                Phase.COST_BUDGET_EXHAUSTED,
+                message=f"maxCostUSD: {_pct_left(state.usage.cost_usd, limits.max_cost_usd)} "
+                "spent; the next call could exceed it",
+            )
+        allowance = min(allowance, affordable)
+    return Gate(None, max_output_tokens=allowance)
+
+
+def admit_tool_batch(
+    state: RunState, limits: Limits, *, calls: int, now: float, deadline: float
+) -> Gate:
+    """May a batch of ``calls`` valid tool calls run within the deadline and ``maxToolCalls``?
+
+    All or none: a batch that does not fit is not started (its calls get "not run" results).
+    """
+    if calls and now >= deadline:
+        return Gate(
+            Phase.DEADLINE_EXCEEDED, message="the run's timeout passed before the tool batch"
+        )
+    if state.tool_calls + calls > limits.max_tool_calls:
+        return Gate(
+            Phase.TOOL_BUDGET_EXHAUSTED,
+            message=f"maxToolCalls {limits.max_tool_calls}: {state.tool_calls} made, "
+            f"{calls} more requested",
+        )
+    return Gate(None)

@@ -1,0 +1,223 @@
+"""Planning a turn: what the worker does next, decided here and only interpreted there.
+
+A turn is planned in two pure steps around the model call:
+
+1. ``plan_turn`` before it: stop the run (``EndRun``: a tool this worker lacks, a budget
+   gate), settle a decided approval (``ResumeHeld``), or call the model (``CallModel``: the
+   fitted prompt, its estimate, the output allowance, and whether it is the tool-free summary
+   at a cap).
+2. ``plan_answer`` after it: the turn's record, or the tool batch to run (``RunTools``) whose
+   ``finish`` makes the record from the batch's results.
+
+The ends a worker meets in between are records made here too: ``refused_by_tenant`` (the
+tenant's ledger did not fit the call) and ``model_failed`` (the model errored, or the run's
+deadline passed during the call). The worker decides no phase itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from agentrun.kernel import approval
+from agentrun.kernel.context import fit_context
+from agentrun.kernel.decision import Decision, ToolCalls
+from agentrun.kernel.gates import admit_model_call, admit_tool_batch
+from agentrun.kernel.limits import Limits, Pricing
+from agentrun.kernel.loop import summary_request
+from agentrun.kernel.records import (
+    Answered,
+    Ending,
+    ModelFailed,
+    Resumed,
+    Stopped,
+    Summarized,
+    ToolResult,
+    TurnRecord,
+)
+from agentrun.kernel.state import Message, RunState
+from agentrun.kernel.terminal import Phase
+from agentrun.kernel.usage import Usage
+from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Timing:
+    """When the plan is made and the run's deadline, both epoch seconds."""
+
+    now: float
+    deadline: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EndRun:
+    """Stop the run without calling the model; commit ``record``."""
+
+    record: Stopped
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallModel:
+    """Call the model with ``prompt``."""
+
+    turn: int
+    prompt: tuple[Message, ...]
+    """The fitted history (plus the summary request for a summary call)."""
+    prompt_estimate: int
+    """Estimated prompt tokens, tools included (what the gates and the ledger reserve use)."""
+    max_output_tokens: int
+    """The output allowance every budget leaves."""
+    summary: bool = False
+    """The tool-free summary call at a cap: send no tools; its answer ends the run."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResumeHeld:
+    """Settle a decided approval: run ``approved`` (unless ``stopped``), deny the rest."""
+
+    state: RunState
+    approved: tuple[CheckedCall, ...]
+    """The approved held calls, in call order."""
+    stopped: Ending | None
+    """The approved calls do not fit a budget: none runs, and the run ends so."""
+
+    @property
+    def runnable(self) -> tuple[CheckedCall, ...]:
+        """The calls to run: the approved ones, or none when the batch was stopped."""
+        return () if self.stopped is not None else self.approved
+
+    def finish(self, ran: Sequence[ToolResult]) -> Resumed:
+        """The record, given one result per call of ``runnable``."""
+        pending = self.state.pending
+        assert pending is not None
+        if self.stopped is not None:
+            ran = not_run(self.approved, self.stopped.message)
+        by_id = {r.tool_call_id: r for r in ran}
+        results = tuple(
+            by_id[h.id] if h.approved else ToolResult(h.id, h.name, approval.DENIED, True)
+            for h in pending.held
+        )
+        return Resumed(self.state.turn, results, self.stopped)
+
+
+TurnPlan = EndRun | CallModel | ResumeHeld
+"""What the worker does first in a turn."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunTools:
+    """Run the tool batch ``runnable``, then commit ``finish(results)``."""
+
+    record: Answered
+    """The turn's record without results: ``finish`` fills them in."""
+    runnable: tuple[CheckedCall | InvalidCall, ...]
+    """The calls to run, in order (invalid calls get their validation error as result)."""
+
+    def finish(self, results: tuple[ToolResult, ...]) -> Answered:
+        """The turn's record with the batch's results (one per runnable call, same order)."""
+        return dataclasses.replace(self.record, results=results)
+
+
+def not_run(calls: Sequence[CheckedCall | InvalidCall], why: str) -> tuple[ToolResult, ...]:
+    """Error results for a batch that a gate stopped: every call still gets its one result."""
+    return tuple(
+        ToolResult(c.id, c.name, c.error if isinstance(c, InvalidCall) else f"not run: {why}", True)
+        for c in calls
+    )
+
+
+def plan_turn(
+    state: RunState,
+    limits: Limits,
+    *,
+    pricing: Pricing,
+    tools: Sequence[Mapping[str, Any]],
+    missing_tools: Collection[str],
+    clock: Timing,
+) -> TurnPlan:
+    """The first step of turn ``state.turn`` of a running run.
+
+    ``tools`` is the OpenAI ``tools`` list of the run (it counts toward the prompt estimate);
+    ``missing_tools`` the run's tools this worker's catalog lacks (the run then ends
+    ``tool_unavailable``). Otherwise a decided approval is settled before anything else, and
+    the model call is gated by ``admit_model_call``.
+    """
+    if missing_tools:
+        message = f"this worker's catalog lacks tool(s) {', '.join(missing_tools)}"
+        return EndRun(Stopped(state.turn, Ending(Phase.TOOL_UNAVAILABLE, message)))
+    pending = state.pending
+    if pending is not None and pending.next_undecided is None:
+        approved = tuple(CheckedCall(h.id, h.name, h.arguments) for h in pending.held if h.approved)
+        gate = admit_tool_batch(
+            state, limits, calls=len(approved), now=clock.now, deadline=clock.deadline
+        )
+        stopped = Ending(gate.phase, gate.message) if gate.phase is not None else None
+        return ResumeHeld(state, approved, stopped)
+    fitted = fit_context(state.messages, limits=limits, tools=tools)
+    gate = admit_model_call(
+        state,
+        limits,
+        pricing=pricing,
+        prompt_estimate=fitted.tokens,
+        now=clock.now,
+        deadline=clock.deadline,
+    )
+    if gate.phase is not None:
+        return EndRun(Stopped(state.turn, Ending(gate.phase, gate.message)))
+    prompt = fitted.messages
+    if gate.summary:
+        assert state.pending_cap is not None
+        prompt += (summary_request(state.pending_cap),)
+    return CallModel(state.turn, prompt, fitted.tokens, gate.max_output_tokens, gate.summary)
+
+
+def refused_by_tenant(call: CallModel, message: str) -> TurnRecord:
+    """The record when the tenant's ledger cannot hold ``call``'s worst case: the run ends
+    ``tenant_budget_exhausted`` — unless it was the summary at a cap, which ends with the
+    run's own cap (it came first), without a summary."""
+    if call.summary:
+        return Summarized(call.turn, None, error=message)
+    return Stopped(call.turn, Ending(Phase.TENANT_BUDGET_EXHAUSTED, message))
+
+
+def model_failed(call: CallModel, error: str, *, clock: Timing) -> TurnRecord:
+    """The record when the model call raised: ``deadline_exceeded`` if the run's timeout passed
+    meanwhile, no summary for a summary call, else ``model_error``."""
+    if clock.now >= clock.deadline:
+        message = f"the run's timeout passed during the model call ({error})"
+        return Stopped(call.turn, Ending(Phase.DEADLINE_EXCEEDED, message))
+    if call.summary:
+        return Summarized(call.turn, None, error=error)
+    return ModelFailed(call.turn, error)
+
+
+def plan_answer(
+    state: RunState,
+    limits: Limits,
+    call: CallModel,
+    answer: tuple[Decision, Usage],
+    *,
+    tools: Mapping[str, ToolSchema],
+    clock: Timing,
+) -> TurnRecord | RunTools:
+    """The second step: the record of a classified answer, or the tool batch to run.
+
+    Tool calls are validated against ``tools`` (the compiled schemas of the run's tools),
+    approval tools' calls are held, and the rest is gated by ``admit_tool_batch``; a batch that
+    does not fit ends the run with "not run" results for each call.
+    """
+    decision, usage = answer
+    if call.summary:
+        return Summarized(call.turn, decision, usage)
+    if not isinstance(decision, ToolCalls):
+        return Answered(call.turn, decision, usage)
+    calls = check_calls(decision.calls, turn=call.turn, tools=tools, used_ids=state.call_ids)
+    held = approval.held_calls(calls, limits.approval_tools)
+    runnable = tuple(c for c in calls if c.id not in held)
+    valid = sum(isinstance(c, CheckedCall) for c in runnable)
+    gate = admit_tool_batch(state, limits, calls=valid, now=clock.now, deadline=clock.deadline)
+    if gate.phase is not None:
+        ending = Ending(gate.phase, gate.message)
+        return Answered(call.turn, decision, usage, calls, not_run(calls, gate.message), (), ending)
+    return RunTools(Answered(call.turn, decision, usage, calls=calls, held=held), runnable)

@@ -1,0 +1,213 @@
+"""One turn's hold on its tenant's budget: reserve before the model call, settle after commit.
+
+The order: reserve the call's worst case → call the model → run tools → commit the turn event
+→ settle the run's cumulative usage. A turn that never commits (cancelled, lost the commit
+race, its worker shut down) gives its hold back when its ``async with`` block exits: it is
+released, or abandoned — charged what the model call used — if the model had answered (the
+provider bills that call). A worker that dies leaves its hold to expire; the operator's ledger
+sweep then drops it. The hold is refreshed with the turn's JetStream heartbeat, so only a dead
+worker's hold expires.
+
+    async with store.turn_hold(tenant=..., run_uid=..., namespace=..., name=..., turn=...) as h:
+        refusal = await h.reserve(tokens=..., cost_usd=..., before=state)
+        ...                      # the model call: h.spend(usage) once it answered
+        ...                      # commit the turn event
+        await h.settle(after)    # or leave the block uncommitted: released / abandoned
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from types import TracebackType
+from typing import Protocol, TypeVar
+
+from agentrun import kernel
+from agentrun.ledger.book import Book, Hold, Refusal
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Change(Protocol):
+    """``LedgerStore.change`` as a hold needs it: apply a pure change to a tenant's book."""
+
+    async def __call__(self, tenant: str, fn: Callable[[Book], T]) -> T:
+        """``fn``'s result, once the changed book is written (compare-and-set)."""
+        ...
+
+
+DEFAULT_HOLD_TTL = 60.0
+"""Seconds a hold lives without a refresh (``AGENTRUN_HOLD_TTL``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnRef:
+    """Which delivery of which turn holds budget: ``key`` ``<run-uid>:<turn>`` in the book."""
+
+    tenant: str
+    run_uid: str
+    namespace: str
+    name: str
+    turn: int
+
+    @property
+    def place(self) -> tuple[str, str]:
+        """(namespace, name) of the run."""
+        return self.namespace, self.name
+
+    @property
+    def key(self) -> str:
+        """The hold's key in the tenant's book."""
+        return f"{self.run_uid}:{self.turn}"
+
+
+class TurnHold:
+    """The ledger operations of one delivery of one turn (a fresh owner id per delivery).
+
+    Use as ``async with``: leaving the block with the hold still taken (the turn did not
+    commit) releases it, or abandons it if ``spend`` recorded a model call's usage.
+    """
+
+    def __init__(
+        self,
+        change: Change,
+        ref: TurnRef,
+        *,
+        ttl: float = DEFAULT_HOLD_TTL,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._change = change
+        self.ref = ref
+        self.key = ref.key
+        self.ttl = ttl
+        self.clock = clock
+        self.owner = uuid.uuid4().hex[:16]
+        self.held = False
+        """Whether this delivery may hold budget in the book now."""
+        self.spent: kernel.Usage | None = None
+        """What this turn's model call used, from its answer until the turn settles."""
+
+    async def __aenter__(self) -> TurnHold:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.held:  # the turn did not commit (or did, but did not settle): give it back
+            await asyncio.shield(self._give_back())
+
+    async def reserve(
+        self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
+    ) -> Refusal | None:
+        """Hold ``tokens`` / ``cost_usd`` (the call's worst case) or say why it does not fit.
+
+        ``before`` is the run's state before this turn: its totals through the last committed
+        turn are settled first, in the same write, and that turn's hold dropped — so a call is
+        never refused for a previous turn whose worker has not settled yet.
+
+        Raises ``LedgerUnavailable`` or a NATS error when the ledger cannot be changed (the
+        turn is then retried by redelivery, never run unreserved).
+        """
+        now, ref = self.clock(), self.ref
+        expires = now + self.ttl
+        hold = Hold(ref.run_uid, ref.turn, tokens, cost_usd, expires, self.owner, *ref.place)
+
+        def apply(book: Book) -> Refusal | None:
+            if before is not None:
+                book.catch_up(
+                    ref.run_uid,
+                    turn=before.turn - 1,
+                    tokens=before.usage.total_tokens,
+                    cost_usd=before.usage.cost_usd,
+                    now=now,
+                )
+            return book.reserve(self.key, hold, now=now)
+
+        self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
+        refusal = await self._change(ref.tenant, apply)
+        self.held = refusal is None
+        return refusal
+
+    def spend(self, usage: kernel.Usage) -> None:
+        """The model call answered with ``usage``: charged if the turn is abandoned now."""
+        self.spent = usage
+
+    async def refresh(self) -> None:
+        """Keep the hold alive while the turn runs (called with each heartbeat)."""
+        if not self.held:
+            return
+        expires = self.clock() + self.ttl
+
+        def apply(book: Book) -> bool:
+            return book.refresh(self.key, owner=self.owner, expires=expires)
+
+        await self._change(self.ref.tenant, apply)
+
+    async def settle(self, after: kernel.RunState) -> None:
+        """The turn committed: charge the run's cumulative usage after it (``after``) and drop
+        the hold. Its call's usage is in the run's from now on, never charged as abandoned."""
+        self.spent = None
+        now, ref, usage = self.clock(), self.ref, after.usage
+
+        def apply(book: Book) -> tuple[int, Decimal]:
+            return book.settle(
+                ref.run_uid,
+                turn=ref.turn,
+                tokens=usage.total_tokens,
+                cost_usd=usage.cost_usd,
+                now=now,
+                key=self.key,
+            )
+
+        await self._change(ref.tenant, apply)
+        self.held = False
+
+    async def release(self) -> None:
+        """Drop this delivery's hold without charging (no model call answered)."""
+        if not self.held:
+            return
+        self.held = False
+
+        def apply(book: Book) -> bool:
+            return book.release(self.key, owner=self.owner)
+
+        await self._change(self.ref.tenant, apply)
+
+    async def abandon(self, usage: kernel.Usage) -> None:
+        """Drop this delivery's hold, charging ``usage`` (a model call whose turn will never
+        commit: the provider bills it)."""
+        if not self.held:
+            return
+        self.held = False
+        now = self.clock()
+
+        def apply(book: Book) -> bool:
+            return book.abandon(
+                self.key,
+                owner=self.owner,
+                tokens=usage.total_tokens,
+                cost_usd=usage.cost_usd,
+                now=now,
+            )
+
+        await self._change(self.ref.tenant, apply)
+
+    async def _give_back(self) -> None:
+        """Release or abandon, best effort: an unreleased hold expires anyway."""
+        try:
+            if self.spent is None:
+                await self.release()
+            else:
+                await self.abandon(self.spent)
+        except Exception as err:
+            log.info("hold %s not given back (%r); it expires", self.key, err)
