@@ -10,10 +10,13 @@ so two writers racing on one run cannot both commit on top of the same event; Tu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import nats
 import nats.errors
@@ -31,6 +34,24 @@ WRONG_LAST_SEQUENCE = 10071
 """JetStream API error code of ``wrong last sequence`` (``JSStreamWrongLastSequenceErrF``)."""
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
+
+
+Subscribe = Callable[[], Awaitable[JetStreamContext.PullSubscription]]
+"""Binds a pull consumer (``Bus.turn_subscription``, ``Bus.event_subscription``)."""
+Handle = Callable[[Msg], Coroutine[Any, Any, None]]
+"""Handles one fetched message (acks, naks or terms it itself)."""
+
+
+async def connect_nats(url: str, *, name: str) -> NATS:
+    """A NATS connection as every agentrun process makes it: reconnecting for ever, half a
+    second apart. Raises ``nats.errors.NoServersError`` when no server answers at first."""
+    return await nats.connect(
+        url,
+        name=name,
+        connect_timeout=5,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+    )
 
 
 class CommitConflict(Exception):
@@ -64,13 +85,7 @@ class Bus:
 
         Raises ``nats.errors.NoServersError`` when no server answers.
         """
-        nc = await nats.connect(
-            settings.url,
-            name=name,
-            connect_timeout=5,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-        )
+        nc = await connect_nats(settings.url, name=name)
         bus = cls(nc, nc.jetstream(timeout=10), settings)
         await bus.ensure_streams()
         return bus
@@ -105,6 +120,59 @@ class Bus:
                 await self.js.add_stream(config)
             except nats.js.errors.BadRequestError:
                 await self.js.update_stream(config)
+
+    async def consume(
+        self,
+        subscribe: Subscribe,
+        handle: Handle,
+        *,
+        stopping: asyncio.Event,
+        concurrency: int = 0,
+    ) -> None:
+        """Pull messages from the consumer ``subscribe`` binds and pass each to ``handle``,
+        until ``stopping`` is set.
+
+        ``concurrency`` 0 handles each message before fetching the next (in stream order);
+        ``n > 0`` runs up to ``n`` handlers as tasks at once, cancelled when the loop stops.
+        Messages are fetched one per pull request: nats-py's ``fetch(batch > 1)`` waits for the
+        whole batch or its timeout once the stream is idle, which would delay a message by up
+        to the timeout. A fetch that fails other than as an empty poll (server restarted,
+        stream lost) re-creates the streams and the subscription a second later.
+        """
+        sub = None
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while not stopping.is_set():
+                if concurrency and len(tasks) >= concurrency:
+                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    if sub is None:
+                        sub = await subscribe()
+                    msgs = await sub.fetch(batch=1, timeout=1.0)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    continue
+                except Exception as err:
+                    log.warning("consumer: %r; re-creating streams and consumer in 1s", err)
+                    sub = None
+                    await asyncio.sleep(1.0)
+                    with contextlib.suppress(Exception):
+                        await self.ensure_streams()
+                    continue
+                for msg in msgs:
+                    if not concurrency:
+                        await handle(msg)
+                        continue
+                    task = asyncio.create_task(handle(msg))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        finally:
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     # --- TurnRequests -------------------------------------------------------------------------
 

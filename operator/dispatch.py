@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-import nats.errors
 from nats.aio.msg import Msg
 
 from agentrun import history, kernel, metrics, protocol, telemetry
@@ -156,24 +155,9 @@ class Dispatcher:
         self._stopping.set()
 
     async def run(self) -> None:
-        """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer."""
-        sub = None
-        while not self._stopping.is_set():
-            try:
-                if sub is None:
-                    sub = await self.bus.event_subscription()
-                msgs = await sub.fetch(batch=1, timeout=1.0)  # see worker.consumer
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            except Exception as err:  # server restarted, stream lost, ...: rebuild and go on
-                log.warning("event consumer: %r; re-creating streams and consumer in 1s", err)
-                sub = None
-                await asyncio.sleep(1.0)
-                with contextlib.suppress(Exception):
-                    await self.bus.ensure_streams()
-                continue
-            for msg in msgs:
-                await self._consume(msg)
+        """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer, one
+        event at a time in stream order, until ``stop``."""
+        await self.bus.consume(self.bus.event_subscription, self._consume, stopping=self._stopping)
 
     async def _consume(self, msg: Msg) -> None:
         try:

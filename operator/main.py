@@ -1,30 +1,22 @@
-"""Process wiring of ``agentrun-operator``: logging, metrics port, kopf's operator loop."""
+"""Process wiring of ``agentrun-operator``: the shared start-up, then kopf's operator loop."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import kopf
-from prometheus_client import start_http_server
 
-from agentrun import telemetry
+from agentrun import process
 from agentrun.settings import OperatorSettings
 
 from . import handlers
 
 
 def main() -> None:
-    """Console script ``agentrun-operator``: watch AgentRuns in every namespace."""
-    config = OperatorSettings()
-    logging.basicConfig(
-        level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("httpx", "httpx2", "openai"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    telemetry.setup_tracing("agentrun-operator")
-    if config.metrics_port:
-        start_http_server(config.metrics_port, addr=config.metrics_addr)
+    """Console script ``agentrun-operator``: watch AgentRuns in every namespace.
+
+    kopf installs its own SIGTERM/SIGINT handling (a graceful stop of every handler).
+    """
+    process.start(OperatorSettings, service="agentrun-operator")
     assert handlers.RUN  # the import registers the handlers with kopf
     asyncio.run(kopf.operator(clusterwide=True, standalone=True))

@@ -98,40 +98,12 @@ class TurnConsumer:
         """Fetch and dispatch until ``stop``; returns after in-flight turns are settled."""
         await self.bus.on_cancel(self._on_cancel)
         metrics.CONCURRENCY.set(self.settings.concurrency)
-        sub = None
-        # One message per pull request: nats-py's fetch(batch > 1) waits for the whole batch
-        # or its timeout once the stream is idle, which would add up to the timeout to a turn.
-        tasks: set[asyncio.Task[None]] = set()
-        try:
-            while not self._stopping.is_set():
-                free = self.settings.concurrency - len(tasks)
-                if free <= 0:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                try:
-                    if sub is None:
-                        sub = await self.bus.turn_subscription()
-                    msgs = await sub.fetch(batch=1, timeout=1.0)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    continue
-                except Exception as err:  # server restarted, stream lost: rebuild, go on
-                    log.warning("turn consumer: %r; re-creating streams and consumer in 1s", err)
-                    sub = None
-                    await asyncio.sleep(1.0)
-                    with contextlib.suppress(Exception):
-                        await self.bus.ensure_streams()
-                    continue
-                for msg in msgs:
-                    task = asyncio.create_task(self._handle(msg))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-        finally:
-            for task in list(tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+        await self.bus.consume(
+            self.bus.turn_subscription,
+            self._handle,
+            stopping=self._stopping,
+            concurrency=self.settings.concurrency,
+        )
 
     async def _heartbeat(self, msg: Msg, run_uid: str) -> None:
         while True:

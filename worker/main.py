@@ -1,4 +1,4 @@
-"""Process wiring of ``agentrun-worker``: settings from the environment, signals, serve."""
+"""Process wiring of ``agentrun-worker``: the shared start-up, the turn consumer, serve."""
 
 from __future__ import annotations
 
@@ -6,14 +6,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 
-import nats
-import nats.aio.client
-from prometheus_client import start_http_server
-
-from agentrun import kube, telemetry
-from agentrun.bus import Bus, BusSettings
+from agentrun import kube, process
+from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog
@@ -25,16 +20,6 @@ from .toolrunner import ToolRunSettings
 from .turn import TurnDeps
 
 log = logging.getLogger("agentrun.worker")
-
-
-async def _connect(url: str, role: str) -> nats.aio.client.Client:
-    return await nats.connect(
-        url,
-        name=f"agentrun-worker-{os.getpid()}-{role}",
-        connect_timeout=5,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-    )
 
 
 async def serve(config: WorkerSettings) -> None:
@@ -64,6 +49,8 @@ async def serve(config: WorkerSettings) -> None:
         kube=api,
     )
     hold_ttl = config.hold_ttl
+    # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks
+    ledger_nc = await connect_nats(url, name=f"agentrun-worker-{os.getpid()}-ledger")
     consumer = TurnConsumer(
         bus,
         deps,
@@ -73,18 +60,17 @@ async def serve(config: WorkerSettings) -> None:
             heartbeat=max(0.5, min(ack_wait, hold_ttl) / 3),
             hold_ttl=hold_ttl,
         ),
-        # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks
-        ledger=await LedgerStore.open((await _connect(url, "ledger")).jetstream()),
+        ledger=await LedgerStore.open(ledger_nc.jetstream()),
     )
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, consumer.stop)
+    process.stop_on_signals(consumer.stop)
     log.info("worker %d serving turns from %s", os.getpid(), url)
     try:
         await consumer.run()
     finally:
         await model.close()
         await bus.close()
+        with contextlib.suppress(Exception):
+            await ledger_nc.drain()
         if api is not None:
             with contextlib.suppress(Exception):
                 await api.close()
@@ -92,14 +78,5 @@ async def serve(config: WorkerSettings) -> None:
 
 def main() -> None:
     """Console script ``agentrun-worker``."""
-    config = WorkerSettings()
-    logging.basicConfig(
-        level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("httpx", "httpx2", "openai"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    telemetry.setup_tracing("agentrun-worker")
-    if config.metrics_port:
-        start_http_server(config.metrics_port, addr=config.metrics_addr)
+    config = process.start(WorkerSettings, service="agentrun-worker")
     asyncio.run(serve(config))

@@ -217,7 +217,7 @@ async def _call_model(
         try:
             secret = config.model.secret
             api_key = await deps.secrets.api_key(secret) if secret else ""
-            response, _attempts = await deps.model.complete(
+            response = await deps.model.complete(
                 base_url=config.model.base_url,
                 api_key=api_key,
                 model=model,

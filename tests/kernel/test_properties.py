@@ -86,8 +86,8 @@ class ScriptedModel(ModelClient):
         super().__init__()
         self.reply: dict[str, Any] = {}
 
-    async def complete(self, **_: Any) -> tuple[dict[str, Any], int]:
-        return self.reply, 1
+    async def complete(self, **_: Any) -> dict[str, Any]:
+        return self.reply
 
 
 class NoSecrets:

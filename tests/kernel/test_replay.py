@@ -75,7 +75,7 @@ class Trajectory:
 async def run_example(run: Mapping[str, Any]) -> Trajectory:
     """Admit ``run`` as the operator does and drive its loop to the end, as the workers do."""
     catalog = default_catalog(kube=None)
-    model = ModelClient(RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05))
+    model = ModelClient(RetryPolicy(max_retries=2))
     uid = f"uid-{run['metadata']['name']}"
     try:
         async with mockllm.MockLLM(SCENARIOS) as mock:

@@ -66,7 +66,7 @@ async def drive(
     ``budget_for(state)``, when given, is the tenant ledger's hold for each turn (a
     ``ledger.TurnHold`` or a stand-in with its ``reserve`` and ``spend``)."""
     scenarios = scenario.parse_scenarios(scenarios_yaml)
-    model = ModelClient(RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05))
+    model = ModelClient(RetryPolicy(max_retries=2))
     records: list[kernel.TurnRecord] = []
     async with mockllm.MockLLM(scenarios) as mock:
         deps = TurnDeps(
