@@ -182,7 +182,7 @@ class Bus:
         if request.traceparent:
             headers["traceparent"] = request.traceparent
         ack = await self.js.publish(
-            protocol.turn_subject(tenant), protocol.dumps(request.as_dict()), headers=headers
+            protocol.turn_subject(tenant), protocol.encode_turn_request(request), headers=headers
         )
         return not ack.duplicate
 

@@ -31,7 +31,7 @@ import nats.errors
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kernel, kube, metrics, telemetry
+from agentrun import kernel, kube, metrics, protocol, telemetry
 from agentrun.ledger import Book, LedgerStore, QueuedRun, Refusal, worst_case
 from agentrun.ledger.book import BUDGET_EXHAUSTED
 from agentrun.protocol import DEFAULT_TENANT, RunConfig, RunEvent
@@ -389,9 +389,9 @@ class Admitter:
             self.end_unadmitted(
                 key,
                 kernel.Phase.INVALID_SPEC,
-                f"spec: about {len(repr(config.as_dict()))} bytes, more than the event stream's "
-                "message limit allows to checkpoint; shorten spec.goal, spec.instructions or "
-                "spec.output.schema",
+                f"spec: about {len(protocol.encode_run_config(config))} bytes, more than the "
+                "event stream's message limit allows to checkpoint; shorten spec.goal, "
+                "spec.instructions or spec.output.schema",
                 tenant=policy.name,
                 generation=generation,
             )

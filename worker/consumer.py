@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from typing import NamedTuple
@@ -20,7 +19,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 
-from agentrun import kernel, metrics, telemetry
+from agentrun import kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
@@ -117,8 +116,8 @@ class TurnConsumer:
 
     async def _handle(self, msg: Msg) -> None:
         try:
-            request = TurnRequest.from_dict(json.loads(msg.data))
-        except (ValueError, KeyError, TypeError) as err:
+            request = protocol.decode_turn_request(msg.data)
+        except ValueError as err:  # pydantic.ValidationError included
             log.error("dropping a malformed TurnRequest: %s", err)
             await msg.term()
             return

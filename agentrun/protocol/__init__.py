@@ -1,0 +1,89 @@
+"""Wire types between operator and workers: subjects, TurnRequests, run configs, run events.
+
+What belongs here: the JSON shapes that cross NATS and their conversion to and from the
+kernel's values — each shape defined once. What does not: connecting or publishing (``bus``),
+deciding anything (``kernel``). Payloads are UTF-8 JSON.
+
+- ``subjects``: stream, subject and consumer names;
+- ``messages``: the values (``RunConfig``, ``TurnRequest``, ``Approval``);
+- ``shapes``: pydantic models of the payloads off the hot path, parsed and converted once;
+- ``events``: ``RunEvent`` and the per-turn codec of records and summaries.
+"""
+
+from agentrun.protocol.events import (
+    EventKind,
+    RunEvent,
+    decision_as_dict,
+    decision_from_dict,
+    held_call_as_dict,
+    record_as_dict,
+    record_from_dict,
+    summary_as_dict,
+    summary_from_dict,
+    usage_as_dict,
+    usage_from_dict,
+)
+from agentrun.protocol.messages import (
+    DEFAULT_TENANT,
+    Approval,
+    ModelConfig,
+    RunConfig,
+    SecretRef,
+    TurnRequest,
+)
+from agentrun.protocol.shapes import (
+    RunConfigShape,
+    TurnRequestShape,
+    decode_turn_request,
+    encode_run_config,
+    encode_turn_request,
+)
+from agentrun.protocol.subjects import (
+    CANCEL_SUBJECTS,
+    EVENT_SUBJECTS,
+    OPERATOR_CONSUMER,
+    STREAM_EVENTS,
+    STREAM_TURNS,
+    TURN_SUBJECTS,
+    WORKERS_CONSUMER,
+    cancel_subject,
+    dumps,
+    event_subject,
+    turn_subject,
+)
+
+__all__ = [
+    "CANCEL_SUBJECTS",
+    "DEFAULT_TENANT",
+    "EVENT_SUBJECTS",
+    "OPERATOR_CONSUMER",
+    "STREAM_EVENTS",
+    "STREAM_TURNS",
+    "TURN_SUBJECTS",
+    "WORKERS_CONSUMER",
+    "Approval",
+    "EventKind",
+    "ModelConfig",
+    "RunConfig",
+    "RunConfigShape",
+    "RunEvent",
+    "SecretRef",
+    "TurnRequest",
+    "TurnRequestShape",
+    "cancel_subject",
+    "decision_as_dict",
+    "decision_from_dict",
+    "decode_turn_request",
+    "dumps",
+    "encode_run_config",
+    "encode_turn_request",
+    "event_subject",
+    "held_call_as_dict",
+    "record_as_dict",
+    "record_from_dict",
+    "summary_as_dict",
+    "summary_from_dict",
+    "turn_subject",
+    "usage_as_dict",
+    "usage_from_dict",
+]

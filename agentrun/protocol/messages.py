@@ -1,0 +1,82 @@
+"""The values that cross NATS between operator and workers: a run's config, a TurnRequest, an
+approval. Plain frozen data; their JSON shapes are ``protocol.shapes``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from agentrun import kernel
+
+DEFAULT_TENANT = "default"
+"""The tenant of a run no AgentTenant claims (when the operator is configured to allow it)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SecretRef:
+    """Where the model's API key lives (``AgentModel.spec.credentials.secretRef``)."""
+
+    name: str
+    namespace: str
+    key: str = "apiKey"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The resolved AgentModel, snapshotted at admission so a run's prices cannot move."""
+
+    name: str
+    """The AgentModel object's name."""
+    base_url: str
+    model: str
+    pricing: kernel.Pricing
+    context_window: int
+    max_output_tokens: int
+    secret: SecretRef | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunConfig:
+    """Everything a worker needs to run any turn of a run; carried by the ``admitted`` event."""
+
+    uid: str
+    namespace: str
+    name: str
+    goal: str
+    instructions: str
+    tools: tuple[str, ...]
+    limits: kernel.Limits
+    model: ModelConfig
+    deadline: float
+    """Epoch seconds: admission time + ``spec.budget.timeout``."""
+    tenant: str = DEFAULT_TENANT
+    output_schema: Mapping[str, Any] | None = None
+    traceparent: str | None = None
+    """W3C trace context of the run's ``invoke_agent`` span (minted at admission)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """Work item: run turn ``turn`` of run ``run_uid`` on top of event ``expected_seq``."""
+
+    run_uid: str
+    namespace: str
+    name: str
+    turn: int
+    expected_seq: int
+    """Stream sequence of the run's last event when this turn was dispatched (the CAS base)."""
+    traceparent: str | None = None
+
+    @property
+    def msg_id(self) -> str:
+        """``Nats-Msg-Id`` for JetStream de-duplication: ``<run-uid>:<turn>``."""
+        return f"{self.run_uid}:{self.turn}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Approval:
+    """A person's decision on the pending held call, bound to its digest."""
+
+    digest: str
+    approved: bool

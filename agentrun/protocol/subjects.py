@@ -1,0 +1,42 @@
+"""NATS names: streams, subjects and durable consumers, and the payload JSON encoding."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+STREAM_TURNS = "AGENTRUN_TURNS"
+"""Work-queue stream of TurnRequests."""
+STREAM_EVENTS = "AGENTRUN_EVENTS"
+"""Per-run event subjects: the source of truth of every run."""
+TURN_SUBJECTS = "agentrun.turn.>"
+EVENT_SUBJECTS = "agentrun.event.>"
+CANCEL_SUBJECTS = "agentrun.cancel.>"
+WORKERS_CONSUMER = "agentrun-workers"
+OPERATOR_CONSUMER = "agentrun-operator"
+
+
+def _token(value: str) -> str:
+    """A subject token from a Kubernetes name: ``.`` (legal in names) becomes ``_`` (illegal)."""
+    return value.replace(".", "_")
+
+
+def turn_subject(tenant: str) -> str:
+    """``agentrun.turn.<tenant>``."""
+    return f"agentrun.turn.{_token(tenant)}"
+
+
+def event_subject(namespace: str, name: str) -> str:
+    """``agentrun.event.<ns>.<run>``: one subject per run, the run's checkpoint."""
+    return f"agentrun.event.{_token(namespace)}.{_token(name)}"
+
+
+def cancel_subject(run_uid: str) -> str:
+    """Core-NATS subject on which the operator tells workers to abandon a run's turn."""
+    return f"agentrun.cancel.{run_uid}"
+
+
+def dumps(data: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
