@@ -3,7 +3,7 @@
 What belongs here: every call into nats-py, and the translation of its errors into ours
 (``CommitConflict``). What does not: deciding what to publish (operator, worker, kernel).
 
-Commit rule (DESIGN.md §5): an event is appended with ``Nats-Expected-Last-Subject-Sequence``,
+Commit rule: an event is appended with ``Nats-Expected-Last-Subject-Sequence``,
 so two writers racing on one run cannot both commit on top of the same event; TurnRequests carry
 ``Nats-Msg-Id: <run-uid>:<turn>`` so JetStream drops a re-dispatch inside the duplicate window.
 """

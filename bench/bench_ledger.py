@@ -59,6 +59,7 @@ from agentrun.ledger import (
     QueuedRun,
     TenantLimits,
     TurnRef,
+    codec,
     worst_case,
 )
 
@@ -238,7 +239,7 @@ async def one_round(
         "seconds": round(elapsed, 3),
         "pairs_per_s": round(tally.pairs / elapsed, 1),
         "conflicts": sum(store.conflicts for store in stores) - conflicts_before,
-        "entry_bytes": len(book.encode()),
+        "entry_bytes": len(codec.encode_book(book)),
         "problems": problems,
     }
     if contended:
@@ -387,7 +388,7 @@ async def time_split(clients: Sequence[Client], seconds: float) -> dict[str, Any
     for store, kv in zip(stores, timed, strict=True):
         store.kv = kv  # type: ignore[assignment]
     spent = {"decode": 0.0, "encode": 0.0}
-    decode, encode = Book.decode, Book.encode
+    decode, encode = codec.decode_book, codec.encode_book
 
     def timed_decode(data: bytes) -> Book:
         start = time.perf_counter()
@@ -403,7 +404,7 @@ async def time_split(clients: Sequence[Client], seconds: float) -> dict[str, Any
         finally:
             spent["encode"] += time.perf_counter() - start
 
-    Book.decode, Book.encode = timed_decode, timed_encode  # type: ignore[assignment,method-assign]
+    codec.decode_book, codec.encode_book = timed_decode, timed_encode
     try:
         wall, cpu = time.perf_counter(), time.thread_time()
         figures = await one_round(
@@ -411,7 +412,7 @@ async def time_split(clients: Sequence[Client], seconds: float) -> dict[str, Any
         )
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     finally:
-        Book.decode, Book.encode = decode, encode  # type: ignore[method-assign]
+        codec.decode_book, codec.encode_book = decode, encode
     changes = 2 * figures["pairs"] + figures["refused"]
     per_change = {
         op: round(sum(kv.seconds[op] for kv in timed) / changes * 1000, 3)
@@ -433,19 +434,19 @@ async def time_split(clients: Sequence[Client], seconds: float) -> dict[str, Any
 async def profile(clients: Sequence[Client], seconds: float) -> dict[str, Any]:
     """Pure-CPU cost of one change of a contended entry, KV round trips, and a cProfile."""
     book = contended_book()
-    data = book.encode()
+    data = codec.encode_book(book)
     now = time.time()
     hold = Hold("contended-run40", 9, WORST_TOKENS, WORST_COST, now + 60, "1" * 16)
 
     def change() -> None:  # what LedgerStore.change does per attempt, minus the I/O
-        copy = Book.decode(data)
+        copy = codec.decode_book(data)
         copy.reserve("contended-run40:9", hold, now=now)
-        copy.encode()
+        codec.encode_book(copy)
 
     cpu = {
         "entry_bytes": len(data),
-        "decode_us": time_us(lambda: Book.decode(data)),
-        "encode_us": time_us(book.encode),
+        "decode_us": time_us(lambda: codec.decode_book(data)),
+        "encode_us": time_us(lambda: codec.encode_book(book)),
         "decode_apply_encode_us": time_us(change),
     }
     kv = (await LedgerStore.open(clients[0].jetstream())).kv

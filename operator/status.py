@@ -1,6 +1,6 @@
 """Status projection: a run's latest event (or admission failure) → the ``.status`` body.
 
-Pure. ``.status`` is a projection of the run's event stream (DESIGN.md §5); these functions are
+Pure. ``.status`` is a projection of the run's event stream; these functions are
 the only place that shapes it. Conditions follow the Kubernetes API conventions (type, status,
 reason in CamelCase, message, lastTransitionTime, observedGeneration).
 """

@@ -1,6 +1,6 @@
 """The worker's pull loop: fetch TurnRequests, run each turn, commit, then ack.
 
-Delivery rules (DESIGN.md §5): ack only after the turn event is committed; ``in_progress``
+Delivery rules: ack only after the turn event is committed; ``in_progress``
 heartbeats while a turn runs so JetStream does not redeliver it; a request whose base event is
 not the run's last event is stale (the turn was already committed, or the run moved on) and is
 acked without running; a commit that loses the compare-and-set is dropped, never retried.

@@ -1,6 +1,6 @@
 """Run a validated tool batch concurrently and correlate every result by ``tool_call_id``.
 
-Invariant (OpenAI tool calling; cases C05, C08, C09): every call in the batch gets exactly one
+Invariant (OpenAI tool calling): every call in the batch gets exactly one
 result, in the order of the assistant's ``tool_calls`` — never completion order — whether it
 succeeded, raised, timed out or was cancelled. A tool failure is a result value, never an
 exception into the loop. Nothing here retries a call.

@@ -1,10 +1,12 @@
 """The loop kernel: purely computational, no I/O.
 
-What belongs here: the immutable run state, the typed decision a model response is classified
-into, tool-call validation, budget gates, and the one function that decides a run's phase after
-each turn (``advance``). What does not: anything that waits, sends or reads (asyncio, NATS,
-HTTP, Kubernetes). The worker and the operator call these functions; nothing else decides a
-phase. A test (tests/kernel/test_purity.py) keeps this package free of I/O imports.
+What belongs here: the immutable run state and its summary, the typed decision a model response
+is classified into, tool-call validation, budget gates, the planning of each turn (``plan``:
+what the worker does next, and every record a turn can end in), and the one function that
+decides a run's phase after each turn (``advance``). What does not: anything that waits, sends
+or reads (asyncio, NATS, HTTP, Kubernetes), or any JSON shape (``agentrun.protocol``). The
+worker and the operator call these functions; nothing else decides a phase. A test
+(tests/kernel/test_purity.py) keeps this package free of I/O imports.
 """
 
 from agentrun.kernel.approval import DENIED, HeldCall, PendingBatch, digest_of, held_calls

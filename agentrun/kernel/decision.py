@@ -18,7 +18,7 @@ class MalformedCause(enum.StrEnum):
     NO_CHOICE = "no_choice"
     """The response has no ``choices[0].message`` object."""
     EMPTY_TOOL_CALLS = "empty_tool_calls"
-    """``finish_reason: tool_calls`` with no calls (case C10)."""
+    """``finish_reason: tool_calls`` with no calls."""
     EMPTY = "empty"
     """Neither content nor tool calls: an empty final answer is not an answer."""
     TRUNCATED = "truncated"
@@ -32,9 +32,9 @@ class ToolCall:
     """One proposed call, as the model wrote it (untrusted)."""
 
     id: str | None
-    """The model's ``tool_call_id``; may be missing or repeated (case C06)."""
+    """The model's ``tool_call_id``; may be missing or repeated."""
     name: str
-    """The tool name as written (may be unknown or mangled, case C04)."""
+    """The tool name as written (may be unknown or mangled)."""
     arguments: Any
     """The raw ``function.arguments`` (normally a JSON string; anything is possible)."""
 
@@ -48,7 +48,7 @@ class Final:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolCalls:
-    """One or more tool calls, with any text the model wrote alongside (case C13)."""
+    """One or more tool calls, with any text the model wrote alongside."""
 
     calls: tuple[ToolCall, ...]
     content: str | None

@@ -62,11 +62,11 @@ class Limits:
     max_output_tokens: int = 4096
     """Most tokens one model call may produce (AgentModel ``maxOutputTokens``)."""
     malformed_limit: int = 3
-    """Consecutive malformed turns that end a run with ``invalid_decision`` (case C02)."""
+    """Consecutive malformed turns that end a run with ``invalid_decision``."""
     min_output_tokens: int = 16
     """A model call that could produce fewer tokens than this within budget is not made."""
     no_progress_window: int = 3
-    """Consecutive stale turns that earn a nudge; twice as many end ``no_progress`` (case C15)."""
+    """Consecutive stale turns that earn a nudge; twice as many end ``no_progress``."""
     pollable: frozenset[str] = frozenset()
     """Tools exempt from the no-progress breaker (``spec.budget.noProgress.pollable``)."""
     tool_error_limit: int = 5

@@ -1,7 +1,8 @@
 """Closed vocabularies of a run's life: loop phases, terminal reasons, outcomes.
 
-The terminal vocabulary is public API (DESIGN.md §4). ``conclude`` is the one exhaustive
-mapping from a loop phase to what a run's ``.status`` says about its end.
+The terminal vocabulary is public API (written to ``.status`` and metric labels).
+``conclude`` is the one exhaustive mapping from a loop phase to what a run's ``.status`` says
+about its end.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import assert_never
 
 
 class TerminalReason(enum.StrEnum):
-    """Why a run ended: the closed set of DESIGN.md §4, written to ``.status.terminalReason``."""
+    """Why a run ended: a closed set (public API), written to ``.status.terminalReason``."""
 
     COMPLETED = "completed"
     CANCELLED = "cancelled"

@@ -101,7 +101,7 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
 
     Reads ``usage.prompt_tokens``, ``usage.completion_tokens`` and
     ``usage.prompt_tokens_details.cached_tokens`` (OpenAI API reference, chat completion
-    object). When ``usage`` is missing or null (case C17) the counts are estimated — the prompt
+    object). When ``usage`` is missing or null the counts are estimated — the prompt
     from ``prompt_estimate``, the completion from the returned text at 3 characters a token
     (conservative) — and the result is flagged ``estimated``.
     """

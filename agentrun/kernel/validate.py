@@ -1,7 +1,7 @@
 """Validate proposed tool calls before anything runs: names, JSON arguments, schemas, ids.
 
-Rules come from the failure cases in ``shared/cases`` (C01 empty arguments, C02 invalid JSON,
-C04 mangled names, C06 duplicate ids) and from the OpenAI tool-calling contract: every
+Rules come from how models get tool calls wrong (empty arguments, invalid JSON, mangled
+names, missing or duplicate ids) and from the OpenAI tool-calling contract: every
 ``tool_call_id`` in history must be unique and answered by exactly one tool message.
 """
 
@@ -92,7 +92,7 @@ def _clean(value: Any) -> Any:
 
 
 def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
-    """Arguments as an object, or an error. ``""``/``None`` → ``{}`` (case C01)."""
+    """Arguments as an object, or an error. ``""``/``None`` → ``{}``."""
     if isinstance(raw, Mapping):
         return raw, None
     if raw is None or (isinstance(raw, str) and not raw.strip()):
@@ -194,7 +194,7 @@ def check_calls(
 def stored_arguments(call: CheckedCall | InvalidCall) -> str:
     """The ``arguments`` string stored in history: canonical JSON, ``"{}"`` for invalid calls.
 
-    History must only hold valid JSON (case C01: servers reject a history that does not).
+    History must only hold valid JSON (servers reject a history that does not).
     """
     if isinstance(call, CheckedCall):
         return json.dumps(call.arguments, separators=(",", ":"), ensure_ascii=False)

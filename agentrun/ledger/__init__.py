@@ -5,6 +5,7 @@ operator and the workers use — named operations on the entries (admit a run, a
 ``hold``, close a run, the admission queue), written by compare-and-set (``cas``).
 """
 
+from agentrun.ledger import codec
 from agentrun.ledger.book import (
     RESOURCES,
     Active,
@@ -34,6 +35,7 @@ __all__ = [
     "TenantLimits",
     "TurnHold",
     "TurnRef",
+    "codec",
     "window_start",
     "worst_case",
 ]

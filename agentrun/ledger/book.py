@@ -1,6 +1,6 @@
 """One tenant's ledger entry and the operations on it; pure (no I/O, ``now`` passed in).
 
-The entry (DESIGN.md §5, case C19) holds, for the current fixed window:
+The entry holds, for the current fixed window:
 
 - ``used``: what the tenant's runs spent: tokens (input + output), cost in USD, and wall-clock
   seconds of ended runs; the elapsed time of active runs is added live (``wall_used``), so the
@@ -22,7 +22,6 @@ and the tenant's ``used`` equals the sum of its runs' own usage exactly.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from decimal import Decimal
 from typing import Any
@@ -82,29 +81,6 @@ class TenantLimits:
     max_concurrent_runs: int | None = None
     """Runs admitted and not ended at once."""
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON shape (decimals as strings)."""
-        return {
-            "tokens": self.tokens,
-            "costUSD": None if self.cost_usd is None else format(self.cost_usd, "f"),
-            "wallClockSeconds": self.wall_seconds,
-            "windowSeconds": self.window_seconds,
-            "maxConcurrentRuns": self.max_concurrent_runs,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TenantLimits:
-        """Inverse of ``as_dict``."""
-        cost = data.get("costUSD")
-        wall = data.get("wallClockSeconds")
-        return cls(
-            tokens=data.get("tokens"),
-            cost_usd=None if cost is None else _dec(cost),
-            wall_seconds=None if wall is None else float(wall),
-            window_seconds=float(data.get("windowSeconds", 86_400.0)),
-            max_concurrent_runs=data.get("maxConcurrentRuns"),
-        )
-
 
 @dataclasses.dataclass(slots=True)
 class Hold:
@@ -124,33 +100,6 @@ class Hold:
     namespace: str = ""
     name: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON shape."""
-        return {
-            "run": self.run_uid,
-            "turn": self.turn,
-            "tokens": self.tokens,
-            "costUSD": format(self.cost_usd, "f"),
-            "expires": round(self.expires, 3),
-            "owner": self.owner,
-            "ns": self.namespace,
-            "name": self.name,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Hold:
-        """Inverse of ``as_dict``."""
-        return cls(
-            run_uid=data["run"],
-            turn=int(data["turn"]),
-            tokens=int(data["tokens"]),
-            cost_usd=_dec(data["costUSD"]),
-            expires=float(data["expires"]),
-            owner=str(data["owner"]),
-            namespace=str(data.get("ns", "")),
-            name=str(data.get("name", "")),
-        )
-
 
 @dataclasses.dataclass(slots=True)
 class Active:
@@ -166,29 +115,6 @@ class Active:
     """The run's cumulative tokens charged so far (across windows)."""
     cost_usd: Decimal = Decimal(0)
     """The run's cumulative cost charged so far (across windows)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON shape."""
-        return {
-            "ns": self.namespace,
-            "name": self.name,
-            "since": round(self.since, 3),
-            "turn": self.turn,
-            "tokens": self.tokens,
-            "costUSD": format(self.cost_usd, "f"),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Active:
-        """Inverse of ``as_dict``."""
-        return cls(
-            namespace=str(data["ns"]),
-            name=str(data["name"]),
-            since=float(data["since"]),
-            turn=int(data.get("turn", -1)),
-            tokens=int(data.get("tokens", 0)),
-            cost_usd=_dec(data.get("costUSD", "0")),
-        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -498,99 +424,3 @@ class Book:
             return False
         self.used_wall += max(0.0, min(end, now) - run.since)
         return True
-
-    # --- wire -----------------------------------------------------------------------------------
-
-    def encode(self) -> bytes:
-        """Compact JSON bytes for the KV entry. Holds and active runs are arrays, not objects
-        (``[run, turn, tokens, cost, expires, owner]``, ``[ns, name, since, turn, tokens,
-        cost]``): the entry is rewritten on every change, so its size is the ledger's cost."""
-        return json.dumps(
-            {
-                "v": 2,
-                "tenant": self.tenant,
-                "limits": self.limits.as_dict(),
-                "window": self.window,
-                "used": {
-                    "tokens": self.used_tokens,
-                    "costUSD": format(self.used_cost, "f"),
-                    "wallClockSeconds": round(self.used_wall, 3),
-                    "abandonedTokens": self.abandoned_tokens,
-                    "abandonedCostUSD": format(self.abandoned_cost, "f"),
-                },
-                "holds": {
-                    k: [
-                        h.run_uid,
-                        h.turn,
-                        h.tokens,
-                        format(h.cost_usd, "f"),
-                        round(h.expires, 3),
-                        h.owner,
-                    ]
-                    for k, h in self.holds.items()
-                },
-                "active": {
-                    k: [
-                        a.namespace,
-                        a.name,
-                        round(a.since, 3),
-                        a.turn,
-                        a.tokens,
-                        format(a.cost_usd, "f"),
-                    ]
-                    for k, a in self.active.items()
-                },
-            },
-            separators=(",", ":"),
-        ).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> Book:
-        """Inverse of ``encode`` (also reads the object form of version 1); raises
-        ``LedgerCorrupt`` (a ``ValueError``) on a malformed entry."""
-        try:
-            raw = json.loads(data)
-            used = raw.get("used") or {}
-            active = {
-                k: Active(v[0], v[1], float(v[2]), int(v[3]), int(v[4]), _dec(v[5]))
-                if isinstance(v, list)
-                else Active.from_dict(v)
-                for k, v in (raw.get("active") or {}).items()
-            }
-            holds: dict[str, Hold] = {}
-            for k, v in (raw.get("holds") or {}).items():
-                if not isinstance(v, list):
-                    holds[k] = Hold.from_dict(v)
-                    continue
-                run = active.get(v[0])  # a hold's run names come from its active entry
-                holds[k] = Hold(
-                    v[0],
-                    int(v[1]),
-                    int(v[2]),
-                    _dec(v[3]),
-                    float(v[4]),
-                    str(v[5]),
-                    run.namespace if run else "",
-                    run.name if run else "",
-                )
-            return cls(
-                tenant=str(raw["tenant"]),
-                limits=TenantLimits.from_dict(raw.get("limits") or {}),
-                window=float(raw["window"]),
-                used_tokens=int(used.get("tokens", 0)),
-                used_cost=_dec(used.get("costUSD", "0")),
-                used_wall=float(used.get("wallClockSeconds", 0.0)),
-                abandoned_tokens=int(used.get("abandonedTokens", 0)),
-                abandoned_cost=_dec(used.get("abandonedCostUSD", "0")),
-                holds=holds,
-                active=active,
-            )
-        except (
-            KeyError,
-            IndexError,
-            TypeError,
-            AttributeError,
-            ArithmeticError,
-            ValueError,
-        ) as err:
-            raise LedgerCorrupt(f"malformed ledger entry: {err!r}") from err

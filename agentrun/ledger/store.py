@@ -11,7 +11,6 @@ revision, group-committed per key (``cas``).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -20,8 +19,10 @@ import nats.js.errors
 from nats.js import JetStreamContext, api
 
 from agentrun import kernel
+from agentrun.ledger import codec
 from agentrun.ledger.book import Book, Refusal, TenantLimits
 from agentrun.ledger.cas import CasStore, LedgerUnavailable
+from agentrun.ledger.codec import QueuedRunShape
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 
 __all__ = ["BUCKET", "LedgerStore", "LedgerUnavailable", "QueuedRun"]
@@ -39,15 +40,6 @@ class QueuedRun:
     name: str
     at: float
     """The AgentRun's creation time, epoch seconds: the queue's order (ties: arrival order)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON shape."""
-        return {"uid": self.uid, "ns": self.namespace, "name": self.name, "at": round(self.at, 3)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> QueuedRun:
-        """Inverse of ``as_dict``."""
-        return cls(str(data["uid"]), str(data["ns"]), str(data["name"]), float(data["at"]))
 
 
 def book_key(tenant: str) -> str:
@@ -82,7 +74,7 @@ class LedgerStore(CasStore):
     async def read(self, tenant: str) -> Book | None:
         """The tenant's entry as stored now, or ``None``."""
         found = await self._get(book_key(tenant))
-        return None if found is None else Book.decode(found[1])
+        return None if found is None else codec.decode_book(found[1])
 
     async def change(
         self, tenant: str, fn: Callable[[Book], T], *, limits: TenantLimits | None = None
@@ -97,9 +89,9 @@ class LedgerStore(CasStore):
         def decode(data: bytes | None) -> Book:
             if data is None:
                 return Book.new(tenant, limits or TenantLimits(), now=self.clock())
-            return Book.decode(data)
+            return codec.decode_book(data)
 
-        result: T = await self._submit(book_key(tenant), fn, decode, Book.encode)
+        result: T = await self._submit(book_key(tenant), fn, decode, codec.encode_book)
         return result
 
     # --- the budget lifecycle of a run ------------------------------------------------------
@@ -218,11 +210,14 @@ class LedgerStore(CasStore):
 
 
 def _encode_queue(runs: list[QueuedRun]) -> bytes:
-    return json.dumps([r.as_dict() for r in runs], separators=(",", ":")).encode()
+    shapes = [
+        QueuedRunShape(uid=r.uid, ns=r.namespace, name=r.name, at=round(r.at, 3)) for r in runs
+    ]
+    return codec.QUEUE.dump_json(shapes)
 
 
 def _decode_queue(data: bytes) -> list[QueuedRun]:
     try:
-        return [QueuedRun.from_dict(item) for item in json.loads(data)]
-    except (KeyError, TypeError, ValueError) as err:
+        return [QueuedRun(r.uid, r.ns, r.name, r.at) for r in codec.QUEUE.validate_json(data)]
+    except ValueError as err:  # pydantic.ValidationError included
         raise ValueError(f"malformed admission queue: {err!r}") from err

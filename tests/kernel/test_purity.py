@@ -1,4 +1,4 @@
-"""The kernel is purely computational: it imports no I/O library (STYLE.md, layers)."""
+"""The kernel is purely computational: it imports no I/O library (layers point one way)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pure tenant ledger entry (DESIGN.md §5, case C19): every branch of ``Book``.
+"""The pure tenant ledger entry: every branch of ``Book``.
 
 Reservations are checked against ``used + reserved + hold ≤ limit`` for tokens and cost and
 "wall-clock left" for time; settlement charges a run's cumulative usage once per newer turn;
@@ -18,7 +18,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrun.ledger import RESOURCES, Active, Book, Hold, Refusal, TenantLimits, window_start
+from agentrun.ledger import (
+    RESOURCES,
+    Active,
+    Book,
+    Hold,
+    Refusal,
+    TenantLimits,
+    codec,
+    window_start,
+)
 from agentrun.ledger.book import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT
 
 DAY = 86_400.0
@@ -548,9 +557,9 @@ def full_book() -> Book:
 
 def test_encode_decode_round_trips_exactly() -> None:
     b = full_book()
-    back = Book.decode(b.encode())
+    back = codec.decode_book(codec.encode_book(b))
     assert back == b
-    assert back.encode() == b.encode()
+    assert codec.encode_book(back) == codec.encode_book(b)
     assert back.used_cost == Decimal("4.750000000001")
     assert str(back.limits.cost_usd) == "5.00"
     assert back.holds["r1:5"].cost_usd == Decimal("0.000000123456789")
@@ -559,7 +568,7 @@ def test_encode_decode_round_trips_exactly() -> None:
 
 
 def test_encode_keeps_decimals_as_strings_never_floats() -> None:
-    raw = json.loads(full_book().encode())
+    raw = json.loads(codec.encode_book(full_book()))
     assert raw["used"]["costUSD"] == "4.750000000001"
     assert raw["limits"]["costUSD"] == "5.00"
     assert raw["holds"]["r1:5"][3] == "0.000000123456789"  # [run, turn, tokens, cost, ...]
@@ -568,7 +577,7 @@ def test_encode_keeps_decimals_as_strings_never_floats() -> None:
 
 def test_an_unlimited_empty_book_round_trips() -> None:
     b = book()
-    assert Book.decode(b.encode()) == b
+    assert codec.decode_book(codec.encode_book(b)) == b
 
 
 @pytest.mark.parametrize(
@@ -589,7 +598,7 @@ def test_an_unlimited_empty_book_round_trips() -> None:
 )
 def test_decode_raises_value_error_on_garbage(garbage: bytes) -> None:
     with pytest.raises(ValueError):
-        Book.decode(garbage)
+        codec.decode_book(garbage)
 
 
 @pytest.mark.parametrize(
@@ -608,7 +617,7 @@ def test_decode_raises_value_error_on_json_of_the_wrong_shape(garbage: bytes) ->
     # Book.decode documents ``ValueError`` on a malformed entry; JSON that is not an object
     # (or whose parts are not objects) must not escape as AttributeError.
     with pytest.raises(ValueError):
-        Book.decode(garbage)
+        codec.decode_book(garbage)
 
 
 # --------------------------------------------------------------------------- property
@@ -738,7 +747,7 @@ def test_random_interleavings_never_overspend_and_charge_exactly(script: list[tu
     models = {uid: RunModel() for uid in RUNS}
     for step, op in enumerate(script):
         # every change goes through encode/decode, as the store applies it
-        b = Book.decode(b.encode())
+        b = codec.decode_book(codec.encode_book(b))
         _step(b, op, models, NOW + step)
         _check(b, models)
     end = NOW + len(script) + 1
@@ -810,6 +819,6 @@ def test_an_abandoned_call_is_charged_once_and_only_by_its_holder() -> None:
     assert not book.abandon("r:0", owner="w1", tokens=120, cost_usd=Decimal("0.001"), now=1.0)
     assert (book.used_tokens, book.abandoned_tokens, book.reserved_tokens) == (120, 120, 0)
     assert book.abandoned_cost == Decimal("0.001") == book.used_cost
-    assert Book.decode(book.encode()).abandoned_tokens == 120
+    assert codec.decode_book(codec.encode_book(book)).abandoned_tokens == 120
     book.roll(86_400.0 * 2)
     assert (book.used_tokens, book.abandoned_tokens) == (0, 0)

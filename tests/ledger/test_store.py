@@ -2,7 +2,7 @@
 
 Every test uses its own tenant (the ``AGENTRUN_LEDGER`` bucket is shared by the session). Two
 stores on two NATS connections stand in for two processes: their writes to one entry race, and
-only compare-and-set on the entry's revision keeps the tenant within its limits (case C19).
+only compare-and-set on the entry's revision keeps the tenant within its limits.
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from agentrun.devenv import natsserver
-from agentrun.ledger import Book, Hold, LedgerStore, LedgerUnavailable, QueuedRun, TenantLimits
+from agentrun.ledger import (
+    Hold,
+    LedgerStore,
+    LedgerUnavailable,
+    QueuedRun,
+    TenantLimits,
+    codec,
+)
 from agentrun.ledger.store import BUCKET, book_key, queue_key
 
 Opener = Callable[..., Awaitable[LedgerStore]]
@@ -287,7 +294,7 @@ async def test_a_stored_book_decodes_as_written(open_store: Opener) -> None:
         limits=TenantLimits(cost_usd=Decimal("1.50")),
     )
     entry = await store.kv.get(book_key(tenant))
-    decoded = Book.decode(entry.value or b"")
+    decoded = codec.decode_book(entry.value or b"")
     assert decoded.holds["r:1"].cost_usd == Decimal("0.000001")
     assert decoded == await store.read(tenant)
 
