@@ -174,24 +174,23 @@ class TurnHold:
 
     async def release(self) -> None:
         """Drop this delivery's hold without charging (no model call answered)."""
-        if not self.held:
-            return
-        self.held = False
-
-        def apply(book: Book) -> bool:
-            return book.release(self.key, owner=self.owner)
-
-        await self._change(self.ref.tenant, apply)
+        await self._drop(None)
 
     async def abandon(self, usage: kernel.Usage) -> None:
         """Drop this delivery's hold, charging ``usage`` (a model call whose turn will never
         commit: the provider bills it)."""
+        await self._drop(usage)
+
+    async def _drop(self, usage: kernel.Usage | None) -> None:
+        """Drop the hold if this delivery still owns it, charging ``usage`` if given."""
         if not self.held:
             return
         self.held = False
         now = self.clock()
 
         def apply(book: Book) -> bool:
+            if usage is None:
+                return book.release(self.key, owner=self.owner)
             return book.abandon(
                 self.key,
                 owner=self.owner,
@@ -205,9 +204,6 @@ class TurnHold:
     async def _give_back(self) -> None:
         """Release or abandon, best effort: an unreleased hold expires anyway."""
         try:
-            if self.spent is None:
-                await self.release()
-            else:
-                await self.abandon(self.spent)
+            await self._drop(self.spent)
         except Exception as err:
             log.info("hold %s not given back (%r); it expires", self.key, err)
