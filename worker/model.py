@@ -31,6 +31,21 @@ class ModelError(Exception):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat-completions request, in wire shape."""
+
+    base_url: str
+    """The OpenAI-compatible endpoint (``AgentModel.spec.baseURL``)."""
+    api_key: str
+    """``""`` when the endpoint needs none."""
+    model: str
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]]
+    """The OpenAI ``tools`` list (empty: none sent)."""
+    max_output_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """The ``openai`` client's retry and timeout options."""
 
@@ -66,31 +81,21 @@ class ModelClient:
             await client.close()
         self._clients.clear()
 
-    async def complete(
-        self,
-        *,
-        base_url: str,
-        api_key: str,
-        model: str,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]],
-        max_output_tokens: int,
-        deadline: float,
-    ) -> dict[str, Any]:
+    async def complete(self, request: ChatRequest, *, deadline: float) -> dict[str, Any]:
         """One chat completion as its raw JSON object.
 
         ``deadline`` is epoch seconds. Raises ``ModelError`` for a permanent error (a 4xx the
         client does not retry, a body that is not a JSON object), when retries run out, or when
         the deadline passes first; ``asyncio.TimeoutError`` never escapes.
         """
-        client = self._client(base_url, api_key)
+        client = self._client(request.base_url, request.api_key)
         body: dict[str, Any] = {
-            "model": model,
-            "messages": list(messages),
-            "max_tokens": max_output_tokens,
+            "model": request.model,
+            "messages": list(request.messages),
+            "max_tokens": request.max_output_tokens,
         }
-        if tools:
-            body["tools"] = list(tools)
+        if request.tools:
+            body["tools"] = list(request.tools)
         left = deadline - time.time()
         if left <= 0:
             raise ModelError("the run's deadline passed before the model call")

@@ -23,7 +23,7 @@ from agentrun.protocol import RunConfig, SecretRef
 from agentrun.tools.catalog import Catalog, ToolContext
 
 from . import toolrunner
-from .model import ModelClient, ModelError
+from .model import ChatRequest, ModelClient, ModelError
 
 
 class SecretSource(Protocol):
@@ -201,13 +201,12 @@ async def _call_model(
 
     Raises ``ModelError`` (the span and metrics then carry ``error.type``).
     """
-    max_output_tokens = call.max_output_tokens
     model = config.model.model
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": telemetry.PROVIDER_NAME,
         "gen_ai.request.model": model,
-        "gen_ai.request.max_tokens": max_output_tokens,
+        "gen_ai.request.max_tokens": call.max_output_tokens,
         "server.address": urllib.parse.urlsplit(config.model.base_url).hostname or "",
     }
     started = time.perf_counter()
@@ -216,16 +215,15 @@ async def _call_model(
     ) as span:
         try:
             secret = config.model.secret
-            api_key = await deps.secrets.api_key(secret) if secret else ""
-            response = await deps.model.complete(
+            request = ChatRequest(
                 base_url=config.model.base_url,
-                api_key=api_key,
+                api_key=await deps.secrets.api_key(secret) if secret else "",
                 model=model,
                 messages=call.prompt,
                 tools=tools,
-                max_output_tokens=max_output_tokens,
-                deadline=config.deadline,
+                max_output_tokens=call.max_output_tokens,
             )
+            response = await deps.model.complete(request, deadline=config.deadline)
         except ModelError as err:
             span.set_attribute("error.type", type(err).__name__)
             span.set_status(trace.Status(trace.StatusCode.ERROR, str(err)[:200]))

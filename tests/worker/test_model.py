@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentrun.testing import mockllm, scenario
-from agentrun.worker.model import ModelClient, ModelError, RetryPolicy
+from agentrun.worker.model import ChatRequest, ModelClient, ModelError, RetryPolicy
 
 SCRIPT = """
 scenarios:
@@ -43,15 +43,15 @@ async def ask(
 ) -> str:
     model = ModelClient(RetryPolicy(max_retries=retries))
     try:
-        answer = await model.complete(
+        request = ChatRequest(
             base_url=mock.base_url,
             api_key="",
             model="scripted",
             messages=[{"role": "user", "content": goal}],
             tools=[],
             max_output_tokens=100,
-            deadline=time.time() + seconds_left,
         )
+        answer = await model.complete(request, deadline=time.time() + seconds_left)
     finally:
         await model.close()
     content = answer["choices"][0]["message"]["content"]
