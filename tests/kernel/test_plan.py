@@ -1,0 +1,172 @@
+"""The kernel plans each turn; the worker only carries the plan out.
+
+Every way a turn can go is decided here, from values: stop before the model call, settle a
+decided approval, call the model (or make the summary call at a cap), and what a model's
+answer, a model failure or a tenant's refusal becomes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from agentrun import kernel
+from agentrun.kernel import Phase
+
+from .helpers import checked, tool_turn
+
+NOW = kernel.Timing(now=1_000.0, deadline=2_000.0)
+LATE = kernel.Timing(now=2_000.0, deadline=2_000.0)
+SCHEMAS = {"calculate": kernel.ToolSchema("calculate", {"type": "object"})}
+
+
+def start() -> kernel.RunState:
+    return kernel.initial_state(goal="do it")
+
+
+def plan(
+    state: kernel.RunState,
+    limits: kernel.Limits,
+    *,
+    timing: kernel.Timing = NOW,
+    missing: tuple[str, ...] = (),
+) -> kernel.TurnPlan:
+    return kernel.plan_turn(
+        state, limits, pricing=kernel.Pricing(), tools=[], missing_tools=missing, clock=timing
+    )
+
+
+def call_of(state: kernel.RunState, limits: kernel.Limits) -> kernel.CallModel:
+    step = plan(state, limits)
+    assert isinstance(step, kernel.CallModel)
+    return step
+
+
+def test_a_running_run_calls_the_model_with_its_history_and_allowance() -> None:
+    limits = kernel.Limits(max_output_tokens=700)
+    step = call_of(start(), limits)
+    assert step.prompt == start().messages and not step.summary
+    assert step.max_output_tokens == 700 and step.prompt_estimate > 0
+
+
+def test_a_tool_the_worker_lacks_ends_the_run_before_any_call() -> None:
+    step = plan(start(), kernel.Limits(), missing=("deploy", "scale"))
+    assert isinstance(step, kernel.EndRun)
+    assert step.record.ending.phase is Phase.TOOL_UNAVAILABLE
+    assert "deploy, scale" in step.record.ending.message
+
+
+def test_a_run_past_its_deadline_stops_without_calling_the_model() -> None:
+    step = plan(start(), kernel.Limits(), timing=LATE)
+    assert isinstance(step, kernel.EndRun)
+    assert step.record == kernel.Stopped(0, step.record.ending)
+    assert step.record.ending.phase is Phase.DEADLINE_EXCEEDED
+
+
+def test_at_a_cap_the_model_is_asked_for_a_tool_free_summary() -> None:
+    limits = kernel.Limits(max_steps=1)
+    state = kernel.advance(start(), tool_turn(start(), checked()), limits)
+    step = call_of(state, limits)
+    assert step.summary and step.max_output_tokens == limits.summary_output_tokens
+    assert step.prompt[-1] == kernel.summary_request(Phase.MAX_STEPS)
+
+
+def test_a_decided_approval_is_settled_before_anything_else() -> None:
+    limits = kernel.Limits(approval_tools=frozenset({"deploy"}))
+    held = dataclasses.replace(
+        tool_turn(start(), checked("c1"), kernel.CheckedCall("d1", "deploy", {})),
+        held=("d1",),
+    )
+    held = dataclasses.replace(held, results=held.results[:1])
+    waiting = kernel.advance(start(), held, limits)
+    pending = waiting.pending
+    assert pending is not None and pending.next_undecided is not None
+    decided = kernel.resolve_approval(waiting, digest=pending.next_undecided.digest, approved=False)
+    step = plan(decided, limits, timing=LATE)  # even past the deadline: nothing would run
+    assert isinstance(step, kernel.ResumeHeld)
+    assert step.runnable == ()
+    record = step.finish(())
+    assert [(r.tool_call_id, r.content) for r in record.results] == [("d1", kernel.DENIED)]
+
+
+def test_a_tenant_refusal_ends_the_run_tenant_budget_exhausted() -> None:
+    step = call_of(start(), kernel.Limits())
+    record = kernel.refused_by_tenant(step, "tenant 't' tokens exhausted")
+    assert record == kernel.Stopped(
+        0, kernel.Ending(Phase.TENANT_BUDGET_EXHAUSTED, "tenant 't' tokens exhausted")
+    )
+
+
+def test_a_tenant_refusal_of_the_summary_ends_with_the_runs_own_cap() -> None:
+    limits = kernel.Limits(max_steps=1)
+    state = kernel.advance(start(), tool_turn(start(), checked()), limits)
+    record = kernel.refused_by_tenant(call_of(state, limits), "no budget")
+    assert isinstance(record, kernel.Summarized) and record.decision is None
+    assert kernel.advance(state, record, limits).phase is Phase.MAX_STEPS
+
+
+@pytest.mark.parametrize(
+    ("timing", "expected"),
+    [
+        pytest.param(NOW, kernel.ModelFailed(0, "HTTP 500"), id="model_error"),
+        pytest.param(
+            LATE,
+            kernel.Stopped(
+                0,
+                kernel.Ending(
+                    Phase.DEADLINE_EXCEEDED,
+                    "the run's timeout passed during the model call (HTTP 500)",
+                ),
+            ),
+            id="deadline passed meanwhile",
+        ),
+    ],
+)
+def test_a_failed_model_call_ends_with_model_error_unless_the_deadline_passed(
+    timing: kernel.Timing, expected: kernel.TurnRecord
+) -> None:
+    step = call_of(start(), kernel.Limits())
+    assert kernel.model_failed(step, "HTTP 500", clock=timing) == expected
+
+
+def answer(
+    state: kernel.RunState, limits: kernel.Limits, decision: kernel.Decision
+) -> kernel.TurnRecord | kernel.RunTools:
+    step = call_of(state, limits)
+    usage = kernel.Usage(10, 2)
+    return kernel.plan_answer(state, limits, step, (decision, usage), tools=SCHEMAS, clock=NOW)
+
+
+def tool_calls(*ids: str) -> kernel.ToolCalls:
+    return kernel.ToolCalls(tuple(kernel.ToolCall(i, "calculate", "{}") for i in ids), None)
+
+
+def test_a_final_answer_is_the_turns_record() -> None:
+    record = answer(start(), kernel.Limits(), kernel.Final("12"))
+    assert record == kernel.Answered(0, kernel.Final("12"), kernel.Usage(10, 2))
+
+
+def test_tool_calls_within_budget_are_run_then_recorded_with_their_results() -> None:
+    step = answer(start(), kernel.Limits(), tool_calls("a", "b"))
+    assert isinstance(step, kernel.RunTools)
+    assert [c.id for c in step.runnable] == ["a", "b"]
+    results = tuple(kernel.ToolResult(i, "calculate", "1") for i in ("a", "b"))
+    record = step.finish(results)
+    assert record.results == results and record.stopped is None
+
+
+def test_a_batch_over_the_tool_budget_runs_nothing_and_ends_the_run() -> None:
+    record = answer(start(), kernel.Limits(max_tool_calls=1), tool_calls("a", "b"))
+    assert isinstance(record, kernel.Answered)
+    assert record.stopped is not None and record.stopped.phase is Phase.TOOL_BUDGET_EXHAUSTED
+    assert all(r.is_error and r.content.startswith("not run: ") for r in record.results)
+    state = kernel.advance(start(), record, kernel.Limits(max_tool_calls=1))
+    assert state.phase is Phase.TOOL_BUDGET_EXHAUSTED and state.tool_calls == 0
+
+
+def test_calls_to_approval_tools_are_held_not_run() -> None:
+    limits = kernel.Limits(approval_tools=frozenset({"calculate"}))
+    step = answer(start(), limits, tool_calls("a"))
+    assert isinstance(step, kernel.RunTools)
+    assert step.runnable == () and step.record.held == ("a",)
