@@ -32,7 +32,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube, metrics, protocol, telemetry
-from agentrun.ledger import Book, LedgerStore, QueuedRun, Refusal, worst_case
+from agentrun.ledger import Book, LedgerStore, QueuedRun, Refusal, Repair, worst_case
 from agentrun.ledger.book import BUDGET_EXHAUSTED
 from agentrun.protocol import DEFAULT_TENANT, RunConfig, RunEvent
 
@@ -566,10 +566,14 @@ class Admitter:
                 or (policy is not None and policy.limits != book.limits)
                 or (book.window + book.limits.window_seconds <= now)
             ):
-                await self.store.change(
+                await self.store.repair_entry(
                     tenant,
-                    lambda b: _repair(b, policy, repairs, now),
+                    [
+                        Repair(k, uid, e.summary if e else None, e.time if e else 0.0)
+                        for k, uid, e in repairs
+                    ],
                     limits=policy.limits if policy else None,
+                    now=now,
                 )
                 book = await self.store.read(tenant)
                 assert book is not None
@@ -727,17 +731,6 @@ def budget_status(book: Book, now: float) -> dict[str, Any]:
     return {"tokens": tokens, "costUSD": cost, "wallClockSeconds": wall}
 
 
-def committed_totals(event: RunEvent) -> dict[str, Any]:
-    """What a run's event says it committed, as ``Book.settle``/``close`` take it: the last
-    committed turn and the run's cumulative tokens and cost through it."""
-    state = event.state()
-    return {
-        "turn": state.turn - 1,
-        "tokens": state.usage.total_tokens,
-        "cost_usd": state.usage.cost_usd,
-    }
-
-
 def _never_fits(policy: TenantPolicy, need: tuple[int, Decimal]) -> str | None:
     """Why a run's first call exceeds the tenant's whole budget per window, if it does."""
     tokens, cost = need
@@ -783,26 +776,3 @@ def first_call_need(config: RunConfig, tools: Sequence[Any]) -> tuple[int, Decim
         output_tokens=gate.max_output_tokens,
         pricing=config.model.pricing,
     )
-
-
-def _repair(
-    book: Book,
-    policy: TenantPolicy | None,
-    repairs: list[tuple[str, str, RunEvent | None]],
-    now: float,
-) -> None:
-    """Apply the sweep's findings to the entry (deterministic given it)."""
-    if policy is not None and book.limits != policy.limits:
-        book.set_limits(policy.limits, now=now)
-    book.roll(now)
-    for key, uid, last in repairs:
-        if key:  # an expired hold: charge what its run committed, then drop it
-            if last is not None:
-                book.settle(uid, **committed_totals(last), now=now)
-            hold = book.holds.get(key)
-            if hold is not None and hold.expires <= now:
-                del book.holds[key]
-        if last is not None and last.phase.is_terminal:
-            book.close(uid, **committed_totals(last), end=last.time or now, now=now)
-        elif not key and last is None:  # the run is gone and left no events
-            book.close(uid, turn=-1, tokens=0, cost_usd=Decimal(0), end=now, now=now)

@@ -19,7 +19,7 @@ from agentrun.ledger.book import (
 )
 from agentrun.ledger.cas import LedgerUnavailable
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
-from agentrun.ledger.store import LedgerStore, QueuedRun
+from agentrun.ledger.store import LedgerStore, QueuedRun, Repair
 
 __all__ = [
     "DEFAULT_HOLD_TTL",
@@ -32,6 +32,7 @@ __all__ = [
     "LedgerUnavailable",
     "QueuedRun",
     "Refusal",
+    "Repair",
     "TenantLimits",
     "TurnHold",
     "TurnRef",

@@ -3,15 +3,16 @@
 Two keys per tenant in bucket ``AGENTRUN_LEDGER``: ``book.<tenant>`` (a ``Book``: usage,
 holds, active runs) and ``queue.<tenant>`` (the FIFO admission queue, written by the operator
 only). This is the tenant-budget port: admitting a run (``admit_run``), a turn's hold
-(``turn_hold``: reserve, refresh, settle, release, abandon), ending a run (``close_run``) and
-the admission queue (``enqueue``, ``dequeue``). Writes are compare-and-set on the entry's
-revision, group-committed per key (``cas``).
+(``turn_hold``: reserve, refresh, settle, release, abandon), ending a run (``close_run``), the
+operator sweep's fixes (``repair_entry``) and the admission queue (``enqueue``, ``dequeue``).
+Callers outside this package change entries only through these. Writes are compare-and-set on
+the entry's revision, group-committed per key (``cas``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -25,7 +26,7 @@ from agentrun.ledger.cas import CasStore, LedgerUnavailable
 from agentrun.ledger.codec import QueuedRunShape
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 
-__all__ = ["BUCKET", "LedgerStore", "LedgerUnavailable", "QueuedRun"]
+__all__ = ["BUCKET", "LedgerStore", "LedgerUnavailable", "QueuedRun", "Repair"]
 
 BUCKET = "AGENTRUN_LEDGER"
 T = TypeVar("T")
@@ -40,6 +41,20 @@ class QueuedRun:
     name: str
     at: float
     """The AgentRun's creation time, epoch seconds: the queue's order (ties: arrival order)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Repair:
+    """What the operator's sweep found about one run, read from its events, to fix its tenant's
+    entry with: an expired hold to charge and drop, or an active run that has ended or gone."""
+
+    hold_key: str
+    """The expired hold's key (``<run-uid>:<turn>``), or ``""`` for a stale active run."""
+    run_uid: str
+    last: kernel.RunSummary | None
+    """The summary of the run's last event (``None``: the run left no events)."""
+    last_time: float = 0.0
+    """When that event was made, epoch seconds (0: unknown)."""
 
 
 def book_key(tenant: str) -> str:
@@ -143,17 +158,37 @@ class LedgerStore(CasStore):
         """The run ended at ``end`` (epoch seconds): settle what it ``committed`` (its last
         event's summary; ``None``: nothing), charge its wall-clock time in this window, free
         its slot and drop any hold it left. False if it was not active."""
-        if now is None:
-            now = self.clock()
-        turn, tokens, cost = -1, 0, Decimal(0)
-        if committed is not None:
-            turn, tokens = committed.last_turn, committed.usage.total_tokens
-            cost = committed.usage.cost_usd
+        at = self.clock() if now is None else now
+        totals = _committed(committed)
 
         def apply(book: Book) -> bool:
-            return book.close(run_uid, turn=turn, tokens=tokens, cost_usd=cost, end=end, now=now)
+            return book.close(run_uid, **totals, end=end, now=at)
 
         return await self.change(tenant, apply)
+
+    async def repair_entry(
+        self,
+        tenant: str,
+        repairs: Sequence[Repair],
+        *,
+        limits: TenantLimits | None,
+        now: float | None = None,
+    ) -> None:
+        """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), a new
+        window if one is due, then each repair — an expired hold is charged what its run
+        committed and dropped; a run whose last event is terminal is closed at that event's
+        time; a stale run that left no events is closed with nothing charged."""
+        if now is None:
+            now = self.clock()
+
+        def apply(book: Book) -> None:
+            if limits is not None and book.limits != limits:
+                book.set_limits(limits, now=now)
+            book.roll(now)
+            for repair in repairs:
+                _repair(book, repair, now)
+
+        await self.change(tenant, apply, limits=limits)
 
     # --- admission queues ------------------------------------------------------------------------
 
@@ -207,6 +242,29 @@ class LedgerStore(CasStore):
         except nats.js.errors.NoKeysError:
             return []
         return [key.removeprefix("book.") for key in keys if key.startswith("book.")]
+
+
+def _committed(last: kernel.RunSummary | None) -> dict[str, Any]:
+    """What a run's last summary says it committed, as ``Book.settle``/``close`` take it: the
+    last committed turn (-1: none) and the run's cumulative tokens and USD through it."""
+    if last is None:
+        return {"turn": -1, "tokens": 0, "cost_usd": Decimal(0)}
+    usage = last.usage
+    return {"turn": last.last_turn, "tokens": usage.total_tokens, "cost_usd": usage.cost_usd}
+
+
+def _repair(book: Book, repair: Repair, now: float) -> None:
+    uid, last = repair.run_uid, repair.last
+    if repair.hold_key:
+        if last is not None:
+            book.settle(uid, **_committed(last), now=now)
+        hold = book.holds.get(repair.hold_key)
+        if hold is not None and hold.expires <= now:
+            del book.holds[repair.hold_key]
+    if last is not None and last.phase.is_terminal:
+        book.close(uid, **_committed(last), end=repair.last_time or now, now=now)
+    elif not repair.hold_key and last is None:  # the run is gone and left no events
+        book.close(uid, **_committed(None), end=now, now=now)
 
 
 def _encode_queue(runs: list[QueuedRun]) -> bytes:

@@ -18,13 +18,16 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
+from agentrun import kernel
 from agentrun.devenv import natsserver
 from agentrun.ledger import (
     Hold,
     LedgerStore,
     LedgerUnavailable,
     QueuedRun,
+    Repair,
     TenantLimits,
+    TurnRef,
     codec,
 )
 from agentrun.ledger.store import BUCKET, book_key, queue_key
@@ -315,3 +318,61 @@ async def test_a_refusal_is_never_judged_on_a_stale_cached_copy(open_store: Open
     # and an operator that cached the entry before a hold appeared still sees the hold
     stale_view = await operator_.change(tenant, lambda b: sorted(b.holds))
     assert stale_view == ["r:0"]
+
+
+# --------------------------------------------------------------------------- named operations
+
+
+def summary(phase: kernel.Phase, *, turns: int, tokens: int, cost: str = "0") -> kernel.RunSummary:
+    """A run's last summary after ``turns`` committed turns that used ``tokens``."""
+    usage = kernel.Usage(input_tokens=tokens, cost_usd=Decimal(cost))
+    return kernel.RunSummary(phase, turn=turns, steps=turns, usage=usage)
+
+
+async def test_a_run_is_admitted_then_closed_with_what_it_committed(open_store: Opener) -> None:
+    store = await open_store()
+    tenant, now = tenant_name(), store.clock()
+    limits = TenantLimits(tokens=10_000, max_concurrent_runs=1)
+    run = QueuedRun("uid-1", "ns", "run", now)
+    assert await store.admit_run(tenant, run, limits=limits, need=(500, Decimal(0))) is None
+    refusal = await store.admit_run(
+        tenant, QueuedRun("uid-2", "ns", "other", now), limits=limits, need=(0, Decimal(0))
+    )
+    assert refusal is not None and refusal.reason == "ConcurrencyLimit"
+    book = await store.read(tenant)
+    assert book is not None and set(book.holds) == {"uid-1:admission"}
+    ended = summary(kernel.Phase.COMPLETED, turns=3, tokens=1_200, cost="0.01")
+    assert await store.close_run(tenant, "uid-1", ended, end=now + 5, now=now + 6) is True
+    book = await store.read(tenant)
+    assert book is not None and book.active == {} and book.holds == {}
+    assert (book.used_tokens, book.used_cost, book.used_wall) == (1_200, Decimal("0.01"), 5.0)
+    assert await store.close_run(tenant, "uid-1", ended, end=now + 5) is False  # once
+
+
+async def test_the_sweeps_repairs_charge_expired_holds_and_close_ended_or_vanished_runs(
+    open_store: Opener,
+) -> None:
+    store = await open_store()
+    tenant, now = tenant_name(), store.clock()
+    for uid in ("alive", "ended", "vanished"):
+        run = QueuedRun(uid, "ns", uid, now - 100)
+        await store.admit_run(
+            tenant, run, limits=TenantLimits(), need=(0, Decimal(0)), now=now - 100
+        )
+    dead = store.turn_hold(
+        TurnRef(tenant, "alive", "ns", "alive", 2), ttl=10, clock=lambda: now - 50
+    )
+    await dead.reserve(tokens=900, cost_usd=Decimal(0))  # its worker died: expired at now - 40
+    repairs = [
+        Repair("alive:2", "alive", summary(kernel.Phase.RUNNING, turns=2, tokens=300)),
+        Repair("", "ended", summary(kernel.Phase.MAX_STEPS, turns=4, tokens=700), now - 20),
+        Repair("", "vanished", None),
+    ]
+    limits = TenantLimits(tokens=50_000)
+    await store.repair_entry(tenant, repairs, limits=limits, now=now)
+    book = await store.read(tenant)
+    assert book is not None and book.limits == limits
+    assert book.holds == {}  # the expired hold dropped, its run's commits charged
+    assert set(book.active) == {"alive"} and book.active["alive"].tokens == 300
+    assert book.used_tokens == 300 + 700
+    assert book.used_wall == pytest.approx(80 + 100)  # ended at now - 20; vanished at now
