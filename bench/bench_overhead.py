@@ -59,7 +59,7 @@ def mock_requests(bench: object) -> list[dict]:  # type: ignore[type-arg]
     import json
     import urllib.request
 
-    from agentrun.devenv import stack
+    from agentrun_dev import stack
 
     base = stack.mockllm_url(bench.mock).removesuffix("/v1")  # type: ignore[attr-defined]
     with urllib.request.urlopen(f"{base}/_mock/requests", timeout=30) as response:

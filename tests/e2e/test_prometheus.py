@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.devenv import prometheus
-from agentrun.devenv.kubectl import create_namespace, delete_namespace
 from agentrun.observability import promql
+from agentrun_dev import prometheus
+from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from .conftest import E2EStack, http_get, run_manifest
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from agentrun.devenv import components, stack
+from agentrun_dev import components, stack
 
 from .conftest import ACK_WAIT, E2EStack, http_get, run_manifest
 from .events import read_book, read_events, turn_numbers

@@ -18,9 +18,9 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from agentrun.devenv import natsserver
 from agentrun.ledger import Book, Hold, LedgerStore, LedgerUnavailable, QueuedRun, TenantLimits
 from agentrun.ledger.store import BUCKET, book_key, queue_key
+from agentrun_dev import natsserver
 
 Opener = Callable[..., Awaitable[LedgerStore]]
 

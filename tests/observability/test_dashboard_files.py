@@ -338,7 +338,7 @@ def test_condition_operands_of_the_project_alerts() -> None:
 
 @pytest.fixture
 def promtool(prometheus_binaries: Any) -> Path:
-    """The pinned promtool (built once per machine with Prometheus, see agentrun.devenv)."""
+    """The pinned promtool (built once per machine with Prometheus, see agentrun_dev)."""
     path: Path = prometheus_binaries.promtool
     return path
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import agentrun
-from agentrun.devenv import components, console, controlplane, kubectl, natsserver, probes, state
-from agentrun.devenv.components import (
+from agentrun_dev import components, console, controlplane, kubectl, natsserver, probes, state
+from agentrun_dev.components import (
     Launch,
     kill_component,
     restart_component,

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from agentrun.devenv import binaries, components, console, gobuild, probes
+from agentrun_dev import binaries, components, console, gobuild, probes
 
 PROMETHEUS_MODULE_VERSION = "v0.316.0"
 """``github.com/prometheus/prometheus`` at this version is Prometheus 3.16.0."""

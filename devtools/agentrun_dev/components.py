@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrun.devenv import console, probes, procs
+from agentrun_dev import console, probes, procs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

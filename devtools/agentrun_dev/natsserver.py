@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from agentrun.devenv import components, probes
+from agentrun_dev import components, probes
 
 
 class NatsServerNotFoundError(FileNotFoundError):

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import yaml
 
-from agentrun.devenv import binaries, certs, components, console, probes
+from agentrun_dev import binaries, certs, components, console, probes
 
 USE_EXISTING_ENV = "AGENTRUN_USE_EXISTING_CLUSTER"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/24"
