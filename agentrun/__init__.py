@@ -11,8 +11,7 @@ workers (``agentrun.worker``, from ``worker/``) use, and neither owns.
   (for tests, ours and users'; nothing in the runtime imports it).
 - ``cli``: the ``agentrun`` command (``cancel``, ``approve``, ``deny``); ``agentrun dev …``, the
   local stack, is the separate ``agentrun_dev`` distribution (``devtools/``), found through
-  the ``agentrun.cli`` entry point group. ``observability``: helpers for the dashboard and
-  alert expressions.
+  the ``agentrun.cli`` entry point group.
 
 The worker never imports the operator, nor the operator the worker (a test checks it).
 """
