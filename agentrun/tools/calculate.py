@@ -32,9 +32,8 @@ SPEC = catalog.ToolSpec(
         "(/ is true division, // floor division, ** power). No variables or functions. "
         "Fails on division by zero, invalid syntax or results beyond about 1e308."
     ),
-    parameters={
-        "type": "object",
-        "properties": {
+    parameters=catalog.object_schema(
+        {
             "expression": {
                 "type": "string",
                 "minLength": 1,
@@ -42,9 +41,8 @@ SPEC = catalog.ToolSpec(
                 "description": "The arithmetic expression, e.g. (12 + 3) * 4 / 5",
             },
         },
-        "required": ["expression"],
-        "additionalProperties": False,
-    },
+        required=["expression"],
+    ),
     effect="read",
     pollable=False,
 )

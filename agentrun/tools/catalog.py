@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-__all__ = ["Catalog", "Tool", "ToolContext", "ToolError", "ToolSpec"]
+__all__ = ["Catalog", "Tool", "ToolContext", "ToolError", "ToolSpec", "object_schema"]
 
 Effect = Literal["read", "write"]
 
@@ -28,6 +28,23 @@ class ToolError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+def object_schema(
+    properties: Mapping[str, Mapping[str, Any]], *, required: Iterable[str]
+) -> dict[str, Any]:
+    """The JSON Schema of a tool's arguments object: these `properties`, no others.
+
+    `required` names the properties the model must give; unknown ones are refused
+    (``additionalProperties: false``), so a misspelt argument is a validation error the
+    model reads, not a silently ignored value.
+    """
+    return {
+        "type": "object",
+        "properties": {name: dict(schema) for name, schema in properties.items()},
+        "required": list(required),
+        "additionalProperties": False,
+    }
 
 
 @dataclass(frozen=True, slots=True)

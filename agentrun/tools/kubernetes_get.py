@@ -67,9 +67,8 @@ SPEC = catalog.ToolSpec(
         "age. Events are listed newest first with type, reason, object, message and count. "
         "Fails if the named object does not exist."
     ),
-    parameters={
-        "type": "object",
-        "properties": {
+    parameters=catalog.object_schema(
+        {
             "kind": {"type": "string", "enum": list(KINDS), "description": "Plural kind."},
             "name": {
                 "type": "string",
@@ -86,9 +85,8 @@ SPEC = catalog.ToolSpec(
             },
             "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
         },
-        "required": ["kind"],
-        "additionalProperties": False,
-    },
+        required=["kind"],
+    ),
     effect="read",
     pollable=True,
 )

@@ -42,6 +42,19 @@ class Launch:
             die_with_parent=self.die_with_parent,
         )
 
+    def start(
+        self,
+        spec: procs.ProcessSpec,
+        *,
+        probe: probes.Probe | None,
+        ports: Mapping[str, int],
+        ready_timeout: float = 30.0,
+    ) -> Component:
+        """`start_component` with this launch's progress output; raises like it."""
+        return start_component(
+            spec, probe=probe, ports=ports, ready_timeout=ready_timeout, log=self.log
+        )
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Component:

@@ -354,12 +354,11 @@ def start_prometheus(
         "--scrape.discovery-reload-interval=250ms",
     ]
     url = f"http://127.0.0.1:{port}"
-    component = components.start_component(
+    component = launch.start(
         dataclasses.replace(launch.spec("prometheus", argv), cwd=workdir),
         probe=probes.Probe(url=f"{url}/-/ready"),
         ports={"web": port},
         ready_timeout=ready_timeout,
-        log=launch.log,
     )
     return PrometheusServer(
         url=url, config_path=config_path, storage_dir=storage, targets=jobs, component=component
