@@ -1,7 +1,7 @@
 """Control-plane overhead per turn: committed event of turn n → model request of turn n+1.
 
 Zero-latency scripted model, one trivial tool call a turn, one worker, runs one at a time (so
-the figure is the path operator → JetStream → worker, not queueing). Target (issue 2):
+the figure is the path operator → JetStream → worker, not queueing). Target:
 p50 ≤ 5 ms, p99 ≤ 25 ms on a 2-core machine.
 
     .venv/bin/python bench/bench_overhead.py [--runs 5] [--turns 40]

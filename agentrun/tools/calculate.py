@@ -48,7 +48,7 @@ SPEC = catalog.ToolSpec(
 )
 
 # Lambdas rather than the `operator` module: the repo's operator/ folder shadows it for
-# static tools run from the repository root (DESIGN.md section 2).
+# static tools run from the repository root (the folder is installed as agentrun.operator).
 _BINARY: Mapping[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,

@@ -61,7 +61,8 @@ class ToolSpec:
     """`read` has no side effects; `write` gets an idempotency key and the effect ledger."""
     pollable: bool
     """True if calling again with the same arguments may legitimately give a new answer
-    (observing changing state), which exempts it from the no-progress detector (case C15)."""
+    (observing changing state), which exempts it from the no-progress detector (which ends a
+    run that repeats the same call with the same result)."""
 
     def as_openai_tool(self) -> dict[str, Any]:
         """The function tool definition of the Chat Completions API (a fresh copy).

@@ -8,7 +8,7 @@ agentruns.agentrun.dev/v1alpha1), turned into plain camelCase dicts with
 below into compact JSON of at most MAX_RESULT_CHARS characters.
 
 The tool is `pollable`: watching a rollout by reading the same object again is progress,
-not a loop (case C15).
+not a loop, so the no-progress detector must not end the run for it.
 """
 
 from __future__ import annotations

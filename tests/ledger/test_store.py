@@ -2,7 +2,8 @@
 
 Every test uses its own tenant (the ``AGENTRUN_LEDGER`` bucket is shared by the session). Two
 stores on two NATS connections stand in for two processes: their writes to one entry race, and
-only compare-and-set on the entry's revision keeps the tenant within its limits (case C19).
+only compare-and-set on the entry's revision keeps the tenant within its limits (concurrent
+turns of one tenant: only those that fit run).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ REQUIRED_PANELS = {
     "Queue lag (pending turns)",
     "Worker saturation by instance",
 }
-"""Panels issue 5 asks for, by title."""
+"""Panels platform operators need, by title."""
 PANEL_TYPES = {"timeseries", "stat", "bargauge"}
 UNITS = {"s", "currencyUSD", "short", "percentunit"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
