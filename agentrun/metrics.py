@@ -61,7 +61,7 @@ RUNS_BY_PHASE = Gauge(
     "Runs not yet ended, by phase (Pending, Queued, Running, AwaitingApproval).",
     ["tenant", "phase"],
 )
-"""Not ``agentrun_runs``: that name collides with the family of the counter
+"""Not ``agentrun_runs``: a gauge of that name collides with the family of the counter
 ``agentrun_runs_total`` (OpenMetrics; prometheus-client refuses both): hence ``_in_phase``."""
 DISPATCH_LATENCY = Histogram(
     "agentrun_dispatch_latency_seconds",

@@ -50,7 +50,6 @@ from harness import median, percentile, write_result
 from nats.aio.client import Client
 
 from agentrun import kernel
-from agentrun.devenv import components, natsserver
 from agentrun.ledger import (
     Book,
     Hold,
@@ -62,6 +61,7 @@ from agentrun.ledger import (
     codec,
     worst_case,
 )
+from agentrun_dev import components, natsserver
 
 RESERVERS = 64
 TARGET_UNCONTENDED = 1000.0

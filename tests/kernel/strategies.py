@@ -36,7 +36,7 @@ any object, and succeed once a person approves (``APPROVAL_TOOLS``)."""
 APPROVAL_TOOLS = frozenset({"guarded"})
 
 UNKNOWN_NAMES = ("", "nope", "Echo", "functions.echo", "echo<|channel|>json", "echo ")
-"""Names a model writes that no tool has (mangled names)."""
+"""Names a model writes that no tool has (mangled names such as ``list_pods<|channel|>json``)."""
 
 FAMILIAR_IDS = ("c1", "c2", "dup", "call_0_0", "0:echo:0", "0:echo:1", "1:echo:0", "0:tool:0")
 """Ids likely to collide: with each other, across turns, and with ids the kernel mints."""

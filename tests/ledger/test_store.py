@@ -2,7 +2,8 @@
 
 Every test uses its own tenant (the ``AGENTRUN_LEDGER`` bucket is shared by the session). Two
 stores on two NATS connections stand in for two processes: their writes to one entry race, and
-only compare-and-set on the entry's revision keeps the tenant within its limits.
+only compare-and-set on the entry's revision keeps the tenant within its limits (concurrent
+turns of one tenant: only those that fit run).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from agentrun import kernel
-from agentrun.devenv import natsserver
 from agentrun.ledger import (
     Hold,
     LedgerStore,
@@ -31,6 +31,7 @@ from agentrun.ledger import (
     codec,
 )
 from agentrun.ledger.store import BUCKET, book_key, queue_key
+from agentrun_dev import natsserver
 
 Opener = Callable[..., Awaitable[LedgerStore]]
 

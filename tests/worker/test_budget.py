@@ -12,7 +12,6 @@ import nats
 import pytest
 
 from agentrun import kernel
-from agentrun.devenv import natsserver
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
     LedgerStore,
@@ -22,6 +21,7 @@ from agentrun.ledger import (
     TurnRef,
     worst_case,
 )
+from agentrun_dev import natsserver
 
 NOW = 1_700_000_000.0
 TEST_BUCKET = "AGENTRUN_LEDGER_TEST"

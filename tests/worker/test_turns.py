@@ -1,5 +1,7 @@
-"""The failure cases of shared/cases, driven through the worker's real turn code and the kernel
-against the scripted model server over HTTP (the real ``openai`` client)."""
+"""Known ways models and servers misbehave (empty or invalid arguments, mangled names,
+duplicate ids, empty tool-call lists, refusals, missing usage…), driven through the worker's
+real turn code and the kernel against the scripted model server over HTTP (the real ``openai``
+client)."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ class Counter:
 
 
 class Ping:
-    """A tool without parameters."""
+    """A tool without parameters (a model may send its arguments as ``""``)."""
 
     spec = ToolSpec(
         "ping",
