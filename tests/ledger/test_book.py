@@ -572,7 +572,8 @@ def test_encode_keeps_decimals_as_strings_never_floats() -> None:
     raw = json.loads(codec.encode_book(full_book()))
     assert raw["used"]["costUSD"] == "4.750000000001"
     assert raw["limits"]["costUSD"] == "5.00"
-    assert raw["holds"]["r1:5"][3] == "0.000000123456789"  # [run, turn, tokens, cost, ...]
+    tiny = raw["holds"]["r1:5"][3]  # [run, turn, tokens, cost, ...]; exact, maybe as 1.2E-7
+    assert isinstance(tiny, str) and Decimal(tiny) == Decimal("0.000000123456789")
     assert raw["active"]["r1"][5] == "4.750000000001"  # [ns, name, since, turn, tokens, cost]
 
 
