@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DEVENV = REPO / "agentrun" / "devenv"
-THIRD_PARTY = {"cryptography", "platformdirs", "psutil", "yaml"}
+THIRD_PARTY = {"cryptography", "installer", "packaging", "platformdirs", "psutil", "yaml"}
 
 
 def imported_modules(path: Path) -> set[str]:
