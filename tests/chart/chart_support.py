@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from agentrun.devenv import gobuild
+from agentrun_dev import gobuild
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "agentrun"

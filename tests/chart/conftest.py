@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.devenv import helm
-from agentrun.devenv.kubectl import Kubectl, create_namespace, delete_namespace
+from agentrun_dev import helm
+from agentrun_dev.kubectl import Kubectl, create_namespace, delete_namespace
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

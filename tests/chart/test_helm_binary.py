@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from agentrun.devenv import gobuild, helm
+from agentrun_dev import gobuild, helm
 
 HELM_GO_MOD = """\
 module helm.sh/helm/v3

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from chart_support import CHART_DIR
 
-from agentrun.devenv import helm
-from agentrun.devenv.kubectl import Kubectl
+from agentrun_dev import helm
+from agentrun_dev.kubectl import Kubectl
 
 pytestmark = pytest.mark.e2e
 

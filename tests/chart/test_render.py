@@ -14,7 +14,7 @@ import yaml
 from chart_support import CHART_DIR, FEATURES, REPO_ROOT, documents, keda_module_dir
 
 from agentrun import protocol
-from agentrun.devenv import helm, image, natsserver
+from agentrun_dev import helm, image, natsserver
 
 
 def values() -> dict[str, Any]:

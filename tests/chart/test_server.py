@@ -19,8 +19,8 @@ from chart_support import (
     pod_from_workload,
 )
 
-from agentrun.devenv import helm
-from agentrun.devenv.kubectl import Kubectl, KubectlError
+from agentrun_dev import helm
+from agentrun_dev.kubectl import Kubectl, KubectlError
 
 pytestmark = pytest.mark.e2e
 

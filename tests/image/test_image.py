@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.devenv import image, natsserver
+from agentrun_dev import image, natsserver
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SIZE_LIMIT = 200_000_000

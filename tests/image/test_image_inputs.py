@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.devenv import image
+from agentrun_dev import image
 
 
 def write_wheel(

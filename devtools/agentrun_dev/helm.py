@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agentrun.devenv import binaries, console, gobuild
+from agentrun_dev import binaries, console, gobuild
 
 HELM_VERSION = "v3.22.0"
 """The ``helm.sh/helm/v3`` module version built and cached."""
