@@ -4,8 +4,8 @@ model, operator and workers as child processes, started and stopped by pid.
 A distribution of its own (``devtools/`` in the repository), not part of the runtime wheel;
 ``agentrun`` finds its ``dev`` subcommands (`cli`) through the ``agentrun.cli`` entry point
 group. Modules, from the bottom up (each imports only those above it, the standard library and
-cryptography / platformdirs / psutil / pyyaml; of the runtime only the ``agentrun`` package
-itself, to find its files):
+cryptography / installer / packaging / platformdirs / psutil / pyyaml; of the runtime only the
+``agentrun`` package itself, to find its files):
 
 - `console`: the `Log` callable that progress lines go to.
 - `procs`: start a process in its own group, stop / kill / check it by its recorded pid.
@@ -19,6 +19,9 @@ itself, to find its files):
 - `state`, `stack`: the whole stack behind ``agentrun dev`` and the test fixtures.
 - `prometheus`: Prometheus and promtool, built once per machine like the control plane, to
   prove the dashboard and the alert rules against real scrapes.
+- `helm`: helm, built once per machine like the control plane, and a runner for the chart.
+- `image`: container images built with buildah from Debian packages and wheels (the
+  agentrun and NATS images the chart runs), cached by a hash of their inputs.
 - `demo`: what ``agentrun dev demo`` adds on top: the ``mock`` AgentModel and the examples.
 - `cli`: the ``agentrun dev up|down|status|env|demo|binaries`` subcommands.
 
