@@ -11,7 +11,8 @@ dev`` says to install it. `main` maps the errors our modules raise (which say wh
 to a one-line message and exit status 1.
 
 What belongs here: argument parsing, printing, and the two Kubernetes calls the run commands
-make (read a run's status, set an annotation on it) through ``kubernetes_asyncio``.
+make (read a run's status, set an annotation on it) through ``kubernetes_asyncio``, over one
+API session per command (`RunClient`).
 """
 
 from __future__ import annotations
@@ -154,31 +155,50 @@ class RunAccessError(RuntimeError):
         return cls(f"Error from server ({reason}): {message}")
 
 
-async def read_run(namespace: str, name: str) -> dict[str, Any]:
-    """The AgentRun ``namespace/name`` as a dict (``KUBECONFIG`` or in-cluster credentials).
+class RunClient:
+    """Reads and annotates AgentRuns of one namespace over one API session.
 
-    Raises RunAccessError (not found, forbidden, …) or ConfigException (no credentials).
+    ``async with RunClient(namespace) as runs:`` loads ``KUBECONFIG`` (or the in-cluster
+    credentials) once; raises ConfigException when there are none.
     """
-    async with await kube.api_client() as api:
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self._api: client.ApiClient | None = None
+
+    async def __aenter__(self) -> RunClient:
+        self._api = await kube.api_client()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._api is not None:
+            await self._api.close()
+
+    def _objects(self) -> client.CustomObjectsApi:
+        if self._api is None:
+            raise RuntimeError("RunClient used outside `async with`")
+        return client.CustomObjectsApi(self._api)
+
+    async def status(self, name: str) -> dict[str, Any]:
+        """The run's ``.status`` ({} before the operator wrote one).
+
+        Raises RunAccessError (not found, forbidden, …).
+        """
         try:
-            obj: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, namespace, kube.RUNS, name
+            obj: dict[str, Any] = await self._objects().get_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name
             )
         except ApiException as err:
             raise RunAccessError.from_api(err) from err
-    return obj
+        status: dict[str, Any] = obj.get("status") or {}
+        return status
 
-
-async def annotate_run(namespace: str, name: str, *, key: str, value: str) -> None:
-    """Set annotation `key` to `value` on the AgentRun ``namespace/name`` (merge patch).
-
-    Raises RunAccessError or ConfigException like `read_run`.
-    """
-    body = {"metadata": {"annotations": {key: value}}}
-    async with await kube.api_client() as api:
+    async def annotate(self, name: str, *, key: str, value: str) -> None:
+        """Set annotation `key` to `value` on the run (merge patch); raises RunAccessError."""
+        body = {"metadata": {"annotations": {key: value}}}
         try:
-            await client.CustomObjectsApi(api).patch_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, namespace, kube.RUNS, name, body, **MERGE_PATCH
+            await self._objects().patch_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name, body, **MERGE_PATCH
             )
         except ApiException as err:
             raise RunAccessError.from_api(err) from err
@@ -186,32 +206,40 @@ async def annotate_run(namespace: str, name: str, *, key: str, value: str) -> No
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``agentrun cancel RUN``: set ``agentrun.dev/cancel=true`` unless the run already ended."""
-    status = _run_status(args)
-    if status.get("terminalReason"):
-        print(f"{args.run} already ended: {status.get('phase')} / {status['terminalReason']}")
+
+    async def cancel() -> int:
+        async with RunClient(args.namespace) as runs:
+            status = await runs.status(args.run)
+            if status.get("terminalReason"):
+                phase, reason = status.get("phase"), status["terminalReason"]
+                print(f"{args.run} already ended: {phase} / {reason}")
+                return 0
+            await runs.annotate(args.run, key="agentrun.dev/cancel", value="true")
+        print(f"agentrun.agentrun.dev/{args.run} annotated")
         return 0
-    asyncio.run(annotate_run(args.namespace, args.run, key="agentrun.dev/cancel", value="true"))
-    print(f"agentrun.agentrun.dev/{args.run} annotated")
-    return 0
+
+    return asyncio.run(cancel())
 
 
 def cmd_review(args: argparse.Namespace) -> int:
     """``agentrun approve|deny RUN``: annotate the run with the pending call's digest."""
-    pending = _run_status(args).get("pendingApproval")
-    if not pending:
-        print(f"agentrun: error: {args.run} is not waiting for an approval", file=sys.stderr)
-        return 1
-    arguments = json.dumps(pending.get("arguments"), sort_keys=True)
-    print(f"{args.verb}: {pending.get('tool')}({arguments}) call {pending.get('toolCallID')}")
-    key = f"agentrun.dev/{args.verb}"
-    asyncio.run(annotate_run(args.namespace, args.run, key=key, value=pending["digest"]))
-    return 0
 
+    async def review() -> int:
+        async with RunClient(args.namespace) as runs:
+            pending = (await runs.status(args.run)).get("pendingApproval")
+            if not pending:
+                print(
+                    f"agentrun: error: {args.run} is not waiting for an approval", file=sys.stderr
+                )
+                return 1
+            arguments = json.dumps(pending.get("arguments"), sort_keys=True)
+            tool, call_id = pending.get("tool"), pending.get("toolCallID")
+            print(f"{args.verb}: {tool}({arguments}) call {call_id}")
+            key = f"agentrun.dev/{args.verb}"
+            await runs.annotate(args.run, key=key, value=pending["digest"])
+        return 0
 
-def _run_status(args: argparse.Namespace) -> dict[str, Any]:
-    """The run's ``.status`` ({} before the operator wrote one); raises like `read_run`."""
-    status: dict[str, Any] = asyncio.run(read_run(args.namespace, args.run)).get("status") or {}
-    return status
+    return asyncio.run(review())
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

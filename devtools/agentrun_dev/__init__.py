@@ -1,9 +1,11 @@
-"""The real local stack for tests and demos: control plane, nats-server, mock model,
-operator and workers as child processes, started and stopped by pid.
+"""agentrun-dev: the real local stack for tests and demos: control plane, nats-server, mock
+model, operator and workers as child processes, started and stopped by pid.
 
-Modules, from the bottom up (each imports only those above it, the standard library and
-cryptography / installer / packaging / platformdirs / psutil / pyyaml; nothing here imports
-the runtime):
+A distribution of its own (``devtools/`` in the repository), not part of the runtime wheel;
+``agentrun`` finds its ``dev`` subcommands (`cli`) through the ``agentrun.cli`` entry point
+group. Modules, from the bottom up (each imports only those above it, the standard library and
+cryptography / installer / packaging / platformdirs / psutil / pyyaml; of the runtime only the
+``agentrun`` package itself, to find its files):
 
 - `console`: the `Log` callable that progress lines go to.
 - `procs`: start a process in its own group, stop / kill / check it by its recorded pid.
@@ -21,6 +23,7 @@ the runtime):
 - `image`: container images built with buildah from Debian packages and wheels (the
   agentrun and NATS images the chart runs), cached by a hash of their inputs.
 - `demo`: what ``agentrun dev demo`` adds on top: the ``mock`` AgentModel and the examples.
+- `cli`: the ``agentrun dev up|down|status|env|demo|binaries`` subcommands.
 
 Import the modules (``from agentrun_dev import stack``); there is no re-export here, so
 importing one piece does not start loading the rest.

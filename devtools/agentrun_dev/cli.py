@@ -114,7 +114,7 @@ def cmd_dev_demo(args: argparse.Namespace) -> int:
     print("\nusage:")
     for line in demo.usage_summary(items):
         print(f"  {line}")
-    demo.wait_tenant_settled(current)
+    demo.wait_tenant_settled(current, items=items)
     print("\n$ kubectl get agenttenants  # every run is charged to its namespace's tenant")
     print(kc("get", "agenttenants").stdout, end="")
     print(

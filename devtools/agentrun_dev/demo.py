@@ -125,15 +125,25 @@ def run_examples(
         time.sleep(0.5)
 
 
-def wait_tenant_settled(current: state.StackState, *, timeout: float = 15.0) -> None:
-    """Wait until the ``default`` AgentTenant's status shows no active run (the operator
-    writes it every ledger sweep), so what the demo prints is the settled use."""
+def wait_tenant_settled(
+    current: state.StackState, *, items: Sequence[dict[str, Any]], timeout: float = 15.0
+) -> None:
+    """Wait until the ``default`` AgentTenant's status shows no active run and charges at least
+    the tokens the runs in `items` used (the operator writes it every ledger sweep), so what the
+    demo prints is the settled use, not a status written before the runs were admitted.
+
+    Returns after `timeout` seconds regardless (the demo then prints what there is).
+    """
+    spent = sum(
+        int(((item.get("status") or {}).get("usage") or {}).get("totalTokens", 0)) for item in items
+    )
     kc = kubectl_for(current)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         out = kc("get", "agenttenant", TENANT_NAME, "-o", "json").stdout
         status = json.loads(out).get("status") or {}
-        if status.get("activeRuns") == 0 and "budget" in status:
+        used = ((status.get("budget") or {}).get("tokens") or {}).get("used", 0)
+        if status.get("activeRuns") == 0 and int(used) >= spent:
             return
         time.sleep(0.5)
 

@@ -273,8 +273,27 @@ def _signal_orphans(record: ProcessRecord) -> None:
     """
     if _state(record) is _State.REUSED:
         return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    try:
         os.killpg(record.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    _wait_group_dead(record.pid, timeout=5.0)
+
+
+def _wait_group_dead(pgid: int, *, timeout: float) -> None:
+    """Wait until every member of group `pgid` has died (exited or a zombie), at most
+    `timeout` s: a SIGKILLed process can still show as running for a moment after
+    ``killpg`` returns, and callers expect the group gone once stopping returns."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        living = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                    living.append(proc)
+        if not living:
+            return
+        time.sleep(_POLL_SECONDS)
 
 
 def _die_with_parent_hook(parent_pid: int) -> Callable[[], None] | None:
