@@ -32,7 +32,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube, metrics, telemetry
-from agentrun.ledger import Book, LedgerStore, QueuedRun, Refusal, worst_case
+from agentrun.ledger import Book, BudgetRefusal, LedgerStore, QueuedRun, worst_case
 from agentrun.ledger.book import BUDGET_EXHAUSTED
 from agentrun.protocol import DEFAULT_TENANT, RunConfig, RunEvent
 
@@ -183,7 +183,7 @@ class Admitter:
         """Runs this operator has seen queued (uid → what their status shows)."""
         self.queued: dict[str, int] = {}
         """Queue length per tenant, as of the last pump."""
-        self.blocked: dict[str, Refusal | None] = {}
+        self.blocked: dict[str, BudgetRefusal | None] = {}
         """Why the head of each tenant's queue waits, as of the last pump."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._kicks: dict[str, asyncio.Event] = {}
@@ -281,24 +281,26 @@ class Admitter:
         async with lock:
             policy = self.tenants.policies.get(tenant)
             queue = await self.store.queue(tenant)
-            refusal: Refusal | None = None
+            refusal: BudgetRefusal | None = None
             index = 0
             while index < len(queue):
                 run = queue[index]
                 if policy is None:
                     invalid = self.tenants.invalid.get(tenant)
                     refusal = (
-                        Refusal(
+                        BudgetRefusal(
                             "TenantInvalid",
                             None,
                             f"AgentTenant {tenant!r} is invalid: {invalid[1]}",
                         )
                         if invalid is not None
-                        else Refusal("TenantMissing", None, f"AgentTenant {tenant!r} not found")
+                        else BudgetRefusal(
+                            "TenantMissing", None, f"AgentTenant {tenant!r} not found"
+                        )
                     )
                     break
                 outcome = await self._admit_head(policy, run)
-                if isinstance(outcome, Refusal):
+                if isinstance(outcome, BudgetRefusal):
                     refusal = outcome
                     break
                 index += 1
@@ -308,7 +310,7 @@ class Admitter:
             if refusal is not None:
                 self._show_queued(tenant, waiting, refusal)
 
-    async def _admit_head(self, policy: TenantPolicy, queued: QueuedRun) -> Refusal | None:
+    async def _admit_head(self, policy: TenantPolicy, queued: QueuedRun) -> BudgetRefusal | None:
         """Admit ``queued`` or say why it waits; a run that cannot run at all leaves the queue."""
         key = RunKey(queued.namespace, queued.name, queued.uid)
         obj = self._objects.get(key.uid) or await self._get_run(key)
@@ -434,7 +436,7 @@ class Admitter:
         state = kernel.stop(kernel.initial_state(goal=""), phase, message)
         self.dispatcher.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT)
 
-    def _show_queued(self, tenant: str, waiting: list[QueuedRun], refusal: Refusal) -> None:
+    def _show_queued(self, tenant: str, waiting: list[QueuedRun], refusal: BudgetRefusal) -> None:
         now = self.clock()
         for position, run in enumerate(waiting, start=1):
             seen = self.waiting.setdefault(run.uid, _Waiting())
@@ -746,7 +748,7 @@ def committed_totals(event: RunEvent) -> dict[str, Any]:
 
 def _admit(
     book: Book, policy: TenantPolicy, run: QueuedRun, now: float, need: tuple[int, Decimal]
-) -> Refusal | None:
+) -> BudgetRefusal | None:
     if book.limits != policy.limits:
         book.set_limits(policy.limits, now=now)
     return book.admit(

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from decimal import Decimal
 
 from agentrun import kernel
-from agentrun.ledger import Book, Hold, LedgerStore, Refusal, worst_case
+from agentrun.ledger import Book, BudgetRefusal, Hold, LedgerStore, worst_case
 
 __all__ = ["DEFAULT_HOLD_TTL", "TurnBudget", "worst_case"]
 
@@ -59,7 +59,7 @@ class TurnBudget:
 
     async def reserve(
         self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
-    ) -> Refusal | None:
+    ) -> BudgetRefusal | None:
         """Hold ``tokens`` / ``cost_usd`` (the call's worst case) or say why it does not fit.
 
         ``before`` is the run's state before this turn: its totals through the last committed
@@ -81,7 +81,7 @@ class TurnBudget:
             self.name,
         )
 
-        def apply(book: Book) -> Refusal | None:
+        def apply(book: Book) -> BudgetRefusal | None:
             if before is not None:
                 book.catch_up(
                     self.run_uid,
