@@ -7,14 +7,17 @@ cluster-scoped AgentModel, never from the run).
 
 from __future__ import annotations
 
-import dataclasses
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agentrun import kernel
+from agentrun.ledger import TenantLimits, worst_case
 from agentrun.protocol import DEFAULT_TENANT, ModelConfig, RunConfig, SecretRef
+
+from .runs import RunKey
 
 DEFAULT_TIMEOUT = "10m"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -82,17 +85,8 @@ def model_config(name: str, model: Mapping[str, Any]) -> ModelConfig:
     )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunRef:
-    """Identity of the AgentRun being admitted."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
-def admit(
-    run: RunRef,
+def build_run_config(
+    run: RunKey,
     spec: Mapping[str, Any],
     *,
     model: Mapping[str, Any] | None,
@@ -156,3 +150,51 @@ def admit(
         tenant=tenant,
         output_schema=limits.output_schema,
     )
+
+
+def first_call_need(config: RunConfig, tools: Sequence[Any]) -> tuple[int, Decimal]:
+    """The worst case (tokens, USD) of the run's first model call, as its worker will reserve
+    it (the same prompt estimate and output allowance); (0, 0) if its own limits stop it
+    before any call. ``tools``: the OpenAI ``tools`` list its worker sends.
+
+    Admission asks the tenant's budget for this much, so a run that waits ``Queued`` for
+    budget is admitted only once its first call can actually be made.
+    """
+    state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
+    prompt = kernel.fit_context(state.messages, limits=config.limits, tools=tools)
+    gate = kernel.admit_model_call(
+        state,
+        config.limits,
+        pricing=config.model.pricing,
+        prompt_estimate=prompt.tokens,
+        now=0.0,
+        deadline=math.inf,
+    )
+    if gate.phase is not None:
+        return 0, Decimal(0)
+    return worst_case(
+        prompt_tokens=prompt.tokens,
+        output_tokens=gate.max_output_tokens,
+        pricing=config.model.pricing,
+    )
+
+
+def never_fits(tenant: str, limits: TenantLimits, need: tuple[int, Decimal]) -> str | None:
+    """Why a run's first call (``need``: tokens, USD) exceeds its tenant's whole budget per
+    window, if it does; such a run would block everyone queued behind it for ever."""
+    tokens, cost = need
+    hint = (
+        "; give the run a lower spec.budget.maxTokens or maxCostUSD (or the tenant a "
+        "runBudget.default), which bounds each call's output allowance"
+    )
+    if limits.tokens is not None and tokens > limits.tokens:
+        return (
+            f"its first model call may use up to {tokens} tokens, more than AgentTenant "
+            f"{tenant!r} allows per window ({limits.tokens}){hint}"
+        )
+    if limits.cost_usd is not None and cost > limits.cost_usd:
+        return (
+            f"its first model call may cost up to {cost} USD, more than AgentTenant "
+            f"{tenant!r} allows per window ({limits.cost_usd}){hint}"
+        )
+    return None

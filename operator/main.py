@@ -11,7 +11,7 @@ from prometheus_client import start_http_server
 from agentrun import telemetry
 from agentrun.settings import OperatorSettings
 
-from . import handlers
+from . import handlers, wiring
 
 
 def main() -> None:
@@ -27,4 +27,5 @@ def main() -> None:
     if config.metrics_port:
         start_http_server(config.metrics_port, addr=config.metrics_addr)
     assert handlers.RUN  # the import registers the handlers with kopf
-    asyncio.run(kopf.operator(clusterwide=True, standalone=True))
+    memo = wiring.OperatorMemo(config)
+    asyncio.run(kopf.operator(clusterwide=True, standalone=True, memo=memo))

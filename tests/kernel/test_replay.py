@@ -26,6 +26,7 @@ import yaml
 from agentrun import history, kernel
 from agentrun.devenv import demo
 from agentrun.operator import admission
+from agentrun.operator.runs import RunKey
 from agentrun.protocol import RunConfig, RunEvent
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import default_catalog
@@ -79,8 +80,8 @@ async def run_example(run: Mapping[str, Any]) -> Trajectory:
     uid = f"uid-{run['metadata']['name']}"
     try:
         async with mockllm.MockLLM(SCENARIOS) as mock:
-            config = admission.admit(
-                admission.RunRef("default", run["metadata"]["name"], uid),
+            config = admission.build_run_config(
+                RunKey("default", run["metadata"]["name"], uid),
                 run["spec"],
                 model=demo.mock_model(mock.base_url),
                 known_tools={name: tool.spec.pollable for name, tool in catalog.items()},

@@ -9,8 +9,9 @@ import pytest
 
 from agentrun import kernel
 from agentrun.operator import admission, status
+from agentrun.operator.runs import RunKey
 
-RUN = admission.RunRef("ns", "run", "uid-1")
+RUN = RunKey("ns", "run", "uid-1")
 MODEL: dict[str, Any] = {
     "spec": {
         "baseURL": "http://m/v1",
@@ -29,7 +30,7 @@ TOOLS = {"calculate": False, "sleep": False, "kubernetes_get": True}
 
 
 def admit(spec: dict[str, Any], model: dict[str, Any] | None = MODEL) -> Any:
-    return admission.admit(
+    return admission.build_run_config(
         RUN, {"model": "m", "goal": "g", **spec}, model=model, known_tools=TOOLS, start_time=1000.0
     )
 
