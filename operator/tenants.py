@@ -90,12 +90,12 @@ class RunConfigs:
     ) -> RunConfig:
         """The run's ``RunConfig``; raises ``admission.InvalidSpec`` naming the field, or
         ``ApiException`` when the AgentModel cannot be read."""
-        applied = policy.apply(spec)
-        model = await self.models.get(str(spec.get("model", "")))
+        applied = policy.apply(admission.parse_run_spec(spec))
+        found = await self.models.get(applied.model)
         return admission.build_run_config(
             run,
             applied,
-            model=model,
+            model=None if found is None else admission.model_config(applied.model, found),
             known_tools=self.known_tools,
             start_time=start_time,
             tenant=policy.name,
@@ -128,12 +128,10 @@ class Tenants:
         name = str(meta.get("name", ""))
         try:
             policy = TenantPolicy.of(obj)
-        except (tenancy.InvalidTenant, ValueError, TypeError) as err:
+        except tenancy.InvalidTenant as err:
             self.policies.pop(name, None)
             self.invalid[name] = (int(meta.get("generation") or 1), str(err))
-            self._invalid_namespaces[name] = frozenset(
-                (obj.get("spec") or {}).get("namespaces") or ()
-            )
+            self._invalid_namespaces[name] = tenancy.bound_namespaces(obj)
             return None
         self.invalid.pop(name, None)
         self._invalid_namespaces.pop(name, None)

@@ -82,8 +82,8 @@ async def run_example(run: Mapping[str, Any]) -> Trajectory:
         async with mockllm.MockLLM(SCENARIOS) as mock:
             config = admission.build_run_config(
                 RunKey("default", run["metadata"]["name"], uid),
-                run["spec"],
-                model=demo.mock_model(mock.base_url),
+                admission.parse_run_spec(run["spec"]),
+                model=admission.model_config(demo.MODEL_NAME, demo.mock_model(mock.base_url)),
                 known_tools={name: tool.spec.pollable for name, tool in catalog.items()},
                 start_time=time.time(),
             )
