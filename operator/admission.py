@@ -89,12 +89,34 @@ def build_run_config(
         raise InvalidSpec(
             f"spec.approval.tools: {', '.join(sorted(approval - set(tools)))} not in spec.tools"
         )
+    timeout = spec.budget.timeout or IMPLICIT_BUDGET.timeout
+    assert timeout is not None
+    limits = run_limits(spec, model, known_tools)
+    return RunConfig(
+        uid=run.uid,
+        namespace=run.namespace,
+        name=run.name,
+        goal=spec.goal,
+        instructions=spec.instructions or "",
+        tools=tools,
+        limits=limits,
+        model=model,
+        deadline=start_time + timeout.seconds,
+        tenant=tenant,
+        output_schema=limits.output_schema,
+    )
+
+
+def run_limits(
+    spec: AgentRunSpec, model: ModelConfig, known_tools: Mapping[str, bool]
+) -> kernel.Limits:
+    """The kernel's limits of a run: its budget (unset caps from ``IMPLICIT_BUDGET``), its
+    model's window, its pollable tools (declared, or pollable in the catalog)."""
     budget = spec.budget
     caps = budget.filled_from(IMPLICIT_BUDGET)
     assert caps.max_steps is not None and caps.max_tool_calls is not None
-    assert caps.timeout is not None
-    pollable = set(budget.no_progress.pollable) | {t for t in tools if known_tools.get(t)}
-    limits = kernel.Limits(
+    pollable = set(budget.no_progress.pollable) | {t for t in spec.tools if known_tools.get(t)}
+    return kernel.Limits(
         max_steps=caps.max_steps,
         max_tool_calls=caps.max_tool_calls,
         max_tokens=caps.max_tokens,
@@ -105,20 +127,7 @@ def build_run_config(
         pollable=frozenset(pollable),
         output_schema=spec.output.json_schema,
         on_exhausted=budget.on_exhausted,
-        approval_tools=frozenset(approval),
-    )
-    return RunConfig(
-        uid=run.uid,
-        namespace=run.namespace,
-        name=run.name,
-        goal=spec.goal,
-        instructions=spec.instructions or "",
-        tools=tools,
-        limits=limits,
-        model=model,
-        deadline=start_time + caps.timeout.seconds,
-        tenant=tenant,
-        output_schema=limits.output_schema,
+        approval_tools=frozenset(spec.approval.tools),
     )
 
 

@@ -143,7 +143,7 @@ async def _validate_and_enqueue(
 
 @kopf.on.create(*RUN)
 @kopf.on.resume(*RUN)
-async def admit_run(
+async def admit_run(  # kopf passes each of these by keyword: its handler signature
     *,
     spec: kopf.Spec,
     meta: kopf.Meta,

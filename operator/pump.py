@@ -30,11 +30,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube, telemetry
 from agentrun.ledger import Book, BudgetRefusal, LedgerStore, QueuedRun
-from agentrun.ledger.book import BUDGET_EXHAUSTED
 from agentrun.protocol import DEFAULT_TENANT, RunConfig
 
 from . import admission, status, tenancy
-from .runs import CANCEL_ANNOTATION, RunKey
+from .runs import CANCEL_ANNOTATION, QueueWait, RunKey, WaitReason
 from .settlement import QueueBoard, RunSettlement
 from .tenancy import TenantPolicy
 from .tenants import RunConfigs, Tenants
@@ -241,28 +240,25 @@ class QueuePump:
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             policy = self.deps.tenants.policies.get(tenant)
             queue = await self.store.queue(tenant)
-            refusal: BudgetRefusal | None = None
+            wait: QueueWait | None = None
             index = 0
             while index < len(queue):
                 if policy is None:
-                    reason, message = self.deps.tenants.why_missing(tenant)
-                    refusal = BudgetRefusal(reason, None, message)
+                    wait = self.deps.tenants.why_missing(tenant)
                     break
-                refusal = await self._admit_queue_head(policy, queue[index])
-                if refusal is not None:
+                wait = await self._admit_queue_head(policy, queue[index])
+                if wait is not None:
                     break
                 index += 1
             waiting = queue[index:]
             self.board.queued[tenant] = len(waiting)
-            self.board.blocked[tenant] = refusal
-            if refusal is not None:
-                self._show_queued(tenant, waiting, refusal)
+            self.board.blocked[tenant] = wait
+            if wait is not None:
+                self._show_queued(tenant, waiting, wait)
 
     # --- admitting one run ----------------------------------------------------------------------
 
-    async def _admit_queue_head(
-        self, policy: TenantPolicy, queued: QueuedRun
-    ) -> BudgetRefusal | None:
+    async def _admit_queue_head(self, policy: TenantPolicy, queued: QueuedRun) -> QueueWait | None:
         """Admit ``queued`` or say why it waits; a run that cannot run at all leaves the queue."""
         head = await self._read_head(policy, queued)
         if head is None:
@@ -288,16 +284,17 @@ class QueuePump:
         if refusal is None:
             await self._start_admitted(head, policy, config, now=now)
             return None
-        if refusal.reason == BUDGET_EXHAUSTED and (
+        wait = QueueWait.of(refusal)
+        if wait.reason is WaitReason.BUDGET_EXHAUSTED and (
             policy.when_exhausted is tenancy.WhenExhausted.FAIL
         ):
             message = (
                 f"AgentTenant {policy.name!r} has too little budget left for this run's "
-                f"first model call ({refusal.message}); its spec.whenExhausted is Fail"
+                f"first model call ({wait.message}); its spec.whenExhausted is Fail"
             )
             await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message)
             return None
-        return refusal
+        return wait
 
     async def _read_head(self, policy: TenantPolicy, queued: QueuedRun) -> _Head | None:
         """The queue head's object, or ``None`` once it left the queue (deleted, cancelled)."""
@@ -352,22 +349,22 @@ class QueuePump:
         self._objects.pop(key.uid, None)
         await self.store.dequeue(tenant, key.uid)
 
-    def _show_queued(self, tenant: str, waiting: list[QueuedRun], refusal: BudgetRefusal) -> None:
+    def _show_queued(self, tenant: str, waiting: list[QueuedRun], wait: QueueWait) -> None:
         now = self.clock()
         for position, run in enumerate(waiting, start=1):
             seen = self._waiting.setdefault(run.uid, _Waiting())
-            shown = (position, refusal.reason)
+            shown = (position, wait.reason)
             if seen.shown == shown:
                 continue
             seen.shown = shown
             why = (
-                refusal.message
+                wait.message
                 if position == 1
-                else f"behind {position - 1} run(s); the first waits because {refusal.message}"
+                else f"behind {position - 1} run(s); the first waits because {wait.message}"
             )
             body = status.queued(
                 tenant=tenant,
-                reason=refusal.reason,
+                reason=wait.reason.value,
                 message=f"queued in AgentTenant {tenant!r} at position {position}: {why}",
                 position=position,
                 at=now,

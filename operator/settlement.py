@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from agentrun.ledger import BudgetRefusal, LedgerStore
+from agentrun.ledger import LedgerStore
 from agentrun.protocol import RunEvent
+
+from .runs import QueueWait
 
 
 def committed_totals(event: RunEvent) -> dict[str, Any]:
@@ -37,7 +39,7 @@ class QueueBoard:
     def __init__(self) -> None:
         self.queued: dict[str, int] = {}
         """Runs waiting per tenant."""
-        self.blocked: dict[str, BudgetRefusal | None] = {}
+        self.blocked: dict[str, QueueWait | None] = {}
         """Why the head of each tenant's queue waits (``None``: nothing waits)."""
         self.admitting: set[str] = set()
         """Uids of runs being admitted right now (their ledger slot exists, their view not yet)."""

@@ -19,7 +19,7 @@ from agentrun import kube
 from agentrun.protocol import RunConfig
 
 from . import admission, tenancy
-from .runs import RunKey
+from .runs import QueueWait, RunKey, WaitReason
 from .tenancy import TenantPolicy
 
 MODEL_CACHE_SECONDS = 5.0
@@ -144,12 +144,14 @@ class Tenants:
         self.invalid.pop(name, None)
         self._invalid_namespaces.pop(name, None)
 
-    def why_missing(self, tenant: str) -> tuple[str, str]:
-        """(condition reason, message) for runs queued in ``tenant`` when it has no policy."""
+    def why_missing(self, tenant: str) -> QueueWait:
+        """Why runs queued in ``tenant`` wait when it has no policy (invalid or deleted)."""
         invalid = self.invalid.get(tenant)
         if invalid is not None:
-            return "TenantInvalid", f"AgentTenant {tenant!r} is invalid: {invalid[1]}"
-        return "TenantMissing", f"AgentTenant {tenant!r} not found"
+            return QueueWait(
+                WaitReason.TENANT_INVALID, f"AgentTenant {tenant!r} is invalid: {invalid[1]}"
+            )
+        return QueueWait(WaitReason.TENANT_MISSING, f"AgentTenant {tenant!r} not found")
 
     async def _labels(self, namespace: str) -> Mapping[str, str]:
         if self.api is None or not any(p.selector is not None for p in self.policies.values()):

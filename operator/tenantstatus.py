@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from agentrun.ledger import Book, BudgetRefusal
-from agentrun.ledger.book import BUDGET_EXHAUSTED
+from agentrun.ledger import Book
 
 from . import status
+from .runs import QueueWait, WaitReason
 from .tenancy import TenantPolicy
 
 
@@ -107,13 +107,15 @@ def invalid_tenant_status(
     return TenantStatus(body, conditions.transitions)
 
 
-def exhaustion(book: Book, blocked: BudgetRefusal | None, now: float) -> BudgetRefusal | None:
+def exhaustion(book: Book, blocked: QueueWait | None, now: float) -> QueueWait | None:
     """Why the tenant counts as exhausted: a used-up resource, else a queue head that waits
     because too little is left for its first call; ``None`` when neither."""
     exhausted = book.exhausted(now)
-    if exhausted is None and blocked is not None and blocked.reason == BUDGET_EXHAUSTED:
+    if exhausted is not None:
+        return QueueWait.of(exhausted)
+    if blocked is not None and blocked.reason is WaitReason.BUDGET_EXHAUSTED:
         return blocked
-    return exhausted
+    return None
 
 
 def tenant_status(
@@ -121,7 +123,7 @@ def tenant_status(
     book: Book,
     *,
     queued: int,
-    blocked: BudgetRefusal | None,
+    blocked: QueueWait | None,
     now: float,
     previous: Transitions,
 ) -> TenantStatus:

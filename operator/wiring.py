@@ -129,14 +129,20 @@ async def start_parts(
         SweepDeps(store=store, tenants=tenants, board=board, runs=dispatcher, events=bus, api=api),
         interval=settings.ledger_sweep,
     )
-    tasks = (
+    tasks = _start_loops(dispatcher, pump, sweep)
+    return Parts(bus, api, writer, dispatcher, tenants, configs, pump, sweep, tasks)
+
+
+def _start_loops(
+    dispatcher: Dispatcher, pump: QueuePump, sweep: LedgerSweep
+) -> tuple[asyncio.Task[None], ...]:
+    return (
         asyncio.create_task(dispatcher.run(), name="event-consumer"),
         asyncio.create_task(dispatcher.watch_queue(), name="queue-gauges"),
         asyncio.create_task(dispatcher.forget_gone_runs(), name="gone-runs"),
         asyncio.create_task(pump.run(), name="queue-pumps"),
         asyncio.create_task(sweep.run(), name="ledger-sweep"),
     )
-    return Parts(bus, api, writer, dispatcher, tenants, configs, pump, sweep, tasks)
 
 
 async def stop_parts(parts: Parts) -> None:
