@@ -267,4 +267,4 @@ async def tenant_changed(
         parts.tenants.remove(name)
         return
     if parts.tenants.put(body) is not None:
-        parts.pump.board.kick(name)
+        parts.board.kick(name)

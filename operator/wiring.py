@@ -55,6 +55,7 @@ class Parts:
     dispatcher: Dispatcher
     tenants: Tenants
     configs: RunConfigs
+    board: QueueBoard
     pump: QueuePump
     sweep: LedgerSweep
     tasks: tuple[asyncio.Task[None], ...]
@@ -130,7 +131,7 @@ async def start_parts(
         interval=settings.ledger_sweep,
     )
     tasks = _start_loops(dispatcher, pump, sweep)
-    return Parts(bus, api, writer, dispatcher, tenants, configs, pump, sweep, tasks)
+    return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, tasks)
 
 
 def _start_loops(
