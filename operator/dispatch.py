@@ -440,7 +440,10 @@ class Dispatcher:
         could not clean up)."""
         while True:
             run = await self.writer.next_gone()
-            await self.forget(run.namespace, run.name, run.uid)
+            try:
+                await self.forget(run.namespace, run.name, run.uid)
+            except Exception:  # one failed clean-up must not stop the next ones
+                log.exception("could not stop gone run %s/%s", run.namespace, run.name)
 
     async def cancel_timers(self) -> None:
         """Cancel every deadline timer."""
