@@ -22,6 +22,7 @@ from agentrun import kernel, kube
 
 from . import admission, wiring
 from .runs import CANCEL_ANNOTATION, RunKey
+from .specs import ObjectMeta, RunObject
 from .statuswriter import MERGE_PATCH
 from .tenants import NoTenant
 from .wiring import OperatorMemo, Parts
@@ -135,9 +136,12 @@ async def _validate_and_enqueue(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    obj = {"metadata": {"generation": generation, "annotations": dict(meta.annotations)}}
+    obj = RunObject(
+        metadata=ObjectMeta(generation=generation, annotations=dict(meta.annotations)),
+        spec=dict(spec),
+    )
     await parts.pump.enqueue_run(
-        key, policy, generation=generation, created=_created(meta), obj={**obj, "spec": dict(spec)}
+        key, policy, generation=generation, created=_created(meta), obj=obj
     )
 
 

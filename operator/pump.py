@@ -35,6 +35,7 @@ from agentrun.protocol import DEFAULT_TENANT, RunConfig
 from . import admission, status, tenancy
 from .runs import CANCEL_ANNOTATION, QueueWait, RunKey, WaitReason
 from .settlement import QueueBoard, RunSettlement
+from .specs import ObjectMeta, RunObject
 from .tenancy import TenantPolicy
 from .tenants import RunConfigs, Tenants
 
@@ -59,12 +60,12 @@ class StatusSubmitter(Protocol):
         """Queue ``body`` as the run's status."""
 
 
-async def fetch_pending_run(api: client.ApiClient | None, key: RunKey) -> dict[str, Any] | None:
+async def fetch_pending_run(api: client.ApiClient | None, key: RunKey) -> RunObject | None:
     """The AgentRun object ``key`` if it still exists with that uid and has not ended, else
-    ``None``; raises ``ApiException`` on other API errors. Without an API server: a stand-in
-    with an empty spec."""
+    ``None``; raises ``ApiException`` on other API errors, ``SpecError`` on an object that is
+    not an AgentRun. Without an API server: a stand-in with an empty spec."""
     if api is None:
-        return {"metadata": {"uid": key.uid}, "spec": {}}
+        return RunObject(metadata=ObjectMeta(uid=key.uid))
     try:
         obj: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(
             kube.GROUP, kube.VERSION, key.namespace, kube.RUNS, key.name
@@ -73,10 +74,10 @@ async def fetch_pending_run(api: client.ApiClient | None, key: RunKey) -> dict[s
         if err.status == 404:
             return None
         raise
-    meta = obj.get("metadata") or {}
-    if meta.get("uid") != key.uid or (obj.get("status") or {}).get("terminalReason"):
+    run = RunObject.of(obj)
+    if run.metadata.uid != key.uid or run.status.terminal_reason:
         return None
-    return obj
+    return run
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,10 +108,8 @@ class _Waiting:
 class _Head:
     """The run at the head of a queue, with what its object says."""
 
-    run: QueuedRun
     key: RunKey
-    obj: Mapping[str, Any]
-    generation: int
+    obj: RunObject
 
 
 class QueuePump:
@@ -124,7 +123,7 @@ class QueuePump:
         self.clock = deps.clock
         self._waiting: dict[str, _Waiting] = {}
         """Runs this operator has seen queued (uid → what their status shows)."""
-        self._objects: dict[str, Mapping[str, Any]] = {}
+        self._objects: dict[str, RunObject] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._wakes: dict[str, asyncio.Event] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}
@@ -139,7 +138,7 @@ class QueuePump:
         *,
         generation: int,
         created: float,
-        obj: Mapping[str, Any] | None = None,
+        obj: RunObject | None = None,
     ) -> None:
         """Queue a validated run in its tenant's queue by creation time (idempotent), pump.
 
@@ -266,7 +265,7 @@ class QueuePump:
         now = self.clock()
         try:
             config = await self.deps.configs.build_config(
-                head.key, head.obj.get("spec") or {}, policy, start_time=now
+                head.key, head.obj.spec, policy, start_time=now
             )
         except admission.InvalidSpec as err:  # e.g. its AgentModel was deleted while it waited
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
@@ -303,9 +302,8 @@ class QueuePump:
         if obj is None:  # deleted, or a new object of that name: nothing to admit
             await self._leave(policy.name, key)
             return None
-        meta = obj.get("metadata") or {}
-        head = _Head(queued, key, obj, int(meta.get("generation") or 1))
-        if (meta.get("annotations") or {}).get(CANCEL_ANNOTATION) == "true":
+        head = _Head(key, obj)
+        if obj.metadata.annotations.get(CANCEL_ANNOTATION) == "true":
             message = f"cancelled by the {CANCEL_ANNOTATION} annotation"
             await self._drop(head, policy, kernel.Phase.CANCELLED, message)
             return None
@@ -316,7 +314,7 @@ class QueuePump:
     ) -> None:
         """End a queued run that will not run, and take it out of the queue."""
         self.end_unadmitted(
-            head.key, phase, message, tenant=policy.name, generation=head.generation
+            head.key, phase, message, tenant=policy.name, generation=head.obj.metadata.generation
         )
         await self._leave(policy.name, head.key)
 
@@ -327,7 +325,9 @@ class QueuePump:
         config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
         self.board.admitting.add(head.key.uid)
         try:
-            await self.deps.runs.start_run(config, start_time=now, generation=head.generation)
+            await self.deps.runs.start_run(
+                config, start_time=now, generation=head.obj.metadata.generation
+            )
         except nats.errors.MaxPayloadError:
             message = (
                 f"spec: about {len(repr(config.as_dict()))} bytes, more than the event stream's "

@@ -21,7 +21,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
 from agentrun import kernel
 
@@ -110,6 +110,47 @@ def describe(err: pydantic.ValidationError, *, where: str) -> str:
     if first["type"] == "value_error":
         return f"{path}: {first['ctx']['error']}"
     return f"{path}: {first['input']!r} is invalid ({first['msg'][0].lower()}{first['msg'][1:]})"
+
+
+# --- object metadata --------------------------------------------------------------------------
+
+
+Generation = Annotated[int, BeforeValidator(lambda value: value or 1)]
+"""``metadata.generation``; an object that has none (a stand-in, an old fixture) is at 1."""
+
+
+class ObjectMeta(_Spec):
+    """The part of ``metadata`` the operator reads."""
+
+    name: str = ""
+    uid: str = ""
+    generation: Generation = 1
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> ObjectMeta:
+        """The metadata of a Kubernetes object (as a dict); raises ``SpecError``."""
+        return parse(cls, obj.get("metadata"), where="metadata")
+
+
+class RunStatusView(_Spec):
+    """The part of an AgentRun's ``.status`` the queue pump reads."""
+
+    terminal_reason: str | None = Field(default=None, alias="terminalReason")
+
+
+class RunObject(_Spec):
+    """An AgentRun object as the queue pump keeps it; its spec stays as written until the run
+    is admitted (``AgentRunSpec.of`` then names a bad field in the run's status)."""
+
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: dict[str, Any] = Field(default_factory=dict)
+    status: RunStatusView = Field(default_factory=RunStatusView)
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> RunObject:
+        """Parse an AgentRun object as read from the API server; raises ``SpecError``."""
+        return parse(cls, obj, where="AgentRun")
 
 
 # --- AgentRun ---------------------------------------------------------------------------------

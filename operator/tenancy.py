@@ -18,6 +18,7 @@ from .specs import (
     IMPLICIT_BUDGET,
     AgentRunSpec,
     AgentTenantSpec,
+    ObjectMeta,
     OverMax,
     RunBudgetSpec,
     SpecError,
@@ -92,8 +93,8 @@ class TenantPolicy:
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
         """Parse an AgentTenant object; raises ``InvalidTenant`` naming the field."""
-        meta = obj.get("metadata") or {}
         try:
+            meta = ObjectMeta.of(obj)
             spec = AgentTenantSpec.of(obj.get("spec"))
         except SpecError as err:
             raise InvalidTenant(str(err)) from None
@@ -103,8 +104,8 @@ class TenantPolicy:
         run_budget = spec.run_budget
         _check_defaults_under_caps(run_budget.default, run_budget.max)
         return cls(
-            name=str(meta.get("name", "")),
-            generation=int(meta.get("generation") or 1),
+            name=meta.name,
+            generation=meta.generation,
             namespaces=frozenset(spec.namespaces),
             selector=spec.namespace_selector,
             limits=TenantLimits(

@@ -20,6 +20,7 @@ from agentrun.protocol import RunConfig
 
 from . import admission, tenancy
 from .runs import QueueWait, RunKey, WaitReason
+from .specs import ObjectMeta
 from .tenancy import TenantPolicy
 
 MODEL_CACHE_SECONDS = 5.0
@@ -124,13 +125,13 @@ class Tenants:
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
         """Add or replace an AgentTenant; an invalid one binds nothing (its runs are rejected
         with the reason rather than run unbudgeted)."""
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name", ""))
+        meta = ObjectMeta.of(obj)  # kopf's watch hands over well-formed metadata
+        name = meta.name
         try:
             policy = TenantPolicy.of(obj)
         except tenancy.InvalidTenant as err:
             self.policies.pop(name, None)
-            self.invalid[name] = (int(meta.get("generation") or 1), str(err))
+            self.invalid[name] = (meta.generation, str(err))
             self._invalid_namespaces[name] = tenancy.bound_namespaces(obj)
             return None
         self.invalid.pop(name, None)
