@@ -30,7 +30,7 @@ from kubernetes_asyncio import client
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
-from agentrun.tools import default_catalog
+from agentrun.tools import Catalog, default_catalog
 
 from .dispatch import Dispatcher
 from .pump import PumpDeps, QueuePump
@@ -78,7 +78,7 @@ class OperatorMemo:
         return self.parts
 
 
-def tool_catalog() -> tuple[Mapping[str, bool], Any]:
+def tool_catalog() -> tuple[Mapping[str, bool], Catalog]:
     """The worker's built-in tool catalog: (name → pollable, the catalog)."""
     catalog = default_catalog(kube=None)
     return {name: tool.spec.pollable for name, tool in catalog.items()}, catalog
