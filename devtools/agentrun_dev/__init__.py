@@ -18,6 +18,6 @@ cryptography / platformdirs / psutil / pyyaml; nothing here imports the runtime)
   prove the dashboard and the alert rules against real scrapes.
 - `demo`: what ``agentrun dev demo`` adds on top: the ``mock`` AgentModel and the examples.
 
-Import the modules (``from agentrun.devenv import stack``); there is no re-export here, so
+Import the modules (``from agentrun_dev import stack``); there is no re-export here, so
 importing one piece does not start loading the rest.
 """
