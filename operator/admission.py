@@ -91,7 +91,7 @@ def build_run_config(
         )
     timeout = spec.budget.timeout or IMPLICIT_BUDGET.timeout
     assert timeout is not None
-    limits = run_limits(spec, model, known_tools)
+    limits = run_limits(spec, model=model, known_tools=known_tools)
     return RunConfig(
         uid=run.uid,
         namespace=run.namespace,
@@ -108,7 +108,7 @@ def build_run_config(
 
 
 def run_limits(
-    spec: AgentRunSpec, model: ModelConfig, known_tools: Mapping[str, bool]
+    spec: AgentRunSpec, *, model: ModelConfig, known_tools: Mapping[str, bool]
 ) -> kernel.Limits:
     """The kernel's limits of a run: its budget (unset caps from ``IMPLICIT_BUDGET``), its
     model's window, its pollable tools (declared, or pollable in the catalog)."""
@@ -131,7 +131,7 @@ def run_limits(
     )
 
 
-def first_call_need(config: RunConfig, tools: Sequence[Any]) -> tuple[int, Decimal]:
+def first_call_need(config: RunConfig, *, tools: Sequence[Any]) -> tuple[int, Decimal]:
     """The worst case (tokens, USD) of the run's first model call, as its worker will reserve
     it (the same prompt estimate and output allowance); (0, 0) if its own limits stop it
     before any call. ``tools``: the OpenAI ``tools`` list its worker sends.
@@ -158,7 +158,7 @@ def first_call_need(config: RunConfig, tools: Sequence[Any]) -> tuple[int, Decim
     )
 
 
-def never_fits(tenant: str, limits: TenantLimits, need: tuple[int, Decimal]) -> str | None:
+def never_fits(need: tuple[int, Decimal], *, tenant: str, limits: TenantLimits) -> str | None:
     """Why a run's first call (``need``: tokens, USD) exceeds its tenant's whole budget per
     window, if it does; such a run would block everyone queued behind it for ever."""
     tokens, cost = need

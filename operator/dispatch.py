@@ -38,7 +38,7 @@ STOP_ATTEMPTS = 8
 class RunEndListener(Protocol):
     """Told when a run ended or was deleted (``RunSettlement``)."""
 
-    async def settle_ended_run(self, tenant: str, uid: str, event: RunEvent) -> None:
+    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
         """Settle the run's tenant-ledger entry from its last event; may raise (the ledger
         sweep closes runs it finds ended)."""
 
@@ -274,7 +274,7 @@ class Dispatcher:
 
     async def _settle_ended(self, tenant: str, uid: str, event: RunEvent) -> None:
         try:
-            await self.ends.settle_ended_run(tenant, uid, event)
+            await self.ends.settle_ended_run(event, tenant=tenant, uid=uid)
         except Exception as err:  # the ledger sweep closes runs it finds ended
             log.warning("ledger close of run %s failed: %r; the sweep will retry", uid, err)
 

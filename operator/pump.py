@@ -271,7 +271,7 @@ class QueuePump:
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
             return None
         need = self.deps.configs.first_call_need(config)
-        never = admission.never_fits(policy.name, policy.limits, need)
+        never = admission.never_fits(need, tenant=policy.name, limits=policy.limits)
         if never is not None:  # waiting would block everyone behind it for ever
             await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
             return None
@@ -334,7 +334,7 @@ class QueuePump:
                 "message limit allows to checkpoint; shorten spec.goal, spec.instructions or "
                 "spec.output.schema"
             )
-            await self.deps.settlement.release_unstarted(policy.name, head.key.uid)
+            await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
             return
         finally:

@@ -79,7 +79,7 @@ class RunSettlement:
         self.board = board
         self.clock = clock
 
-    async def settle_ended_run(self, tenant: str, uid: str, event: RunEvent) -> None:
+    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
         """A run ended (its terminal event, or its last event when deleted): settle its final
         usage, charge its wall-clock time, free its slot, pump its tenant's queue.
 
@@ -90,7 +90,7 @@ class RunSettlement:
         await self.store.change(tenant, lambda book: book.close(uid, **totals, end=end, now=now))
         self.board.kick(tenant)
 
-    async def release_unstarted(self, tenant: str, uid: str) -> None:
+    async def release_unstarted(self, tenant: str, *, uid: str) -> None:
         """Free the slot of a run that was admitted in the ledger but never started."""
         now = self.clock()
         await self.store.change(

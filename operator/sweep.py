@@ -199,7 +199,7 @@ class LedgerSweep:
             return book
         await self.store.change(
             book.tenant,
-            lambda b: apply_repairs(b, policy, repairs, now),
+            lambda b: apply_repairs(b, policy=policy, repairs=repairs, now=now),
             limits=policy.limits if policy else None,
         )
         repaired = await self.store.read(book.tenant)
@@ -252,7 +252,7 @@ class LedgerSweep:
 
 
 def apply_repairs(
-    book: Book, policy: TenantPolicy | None, repairs: list[Repair], now: float
+    book: Book, *, policy: TenantPolicy | None, repairs: list[Repair], now: float
 ) -> None:
     """Apply the sweep's findings to the entry (deterministic given them): current limits, a
     new window if due, expired holds charged and dropped, ended or vanished runs closed."""

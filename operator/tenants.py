@@ -105,7 +105,7 @@ class RunConfigs:
     def first_call_need(self, config: RunConfig) -> tuple[int, Decimal]:
         """(tokens, USD) the run's first model call may use at worst (see
         ``admission.first_call_need``)."""
-        return admission.first_call_need(config, self.tool_specs(config.tools))
+        return admission.first_call_need(config, tools=self.tool_specs(config.tools))
 
 
 class Tenants:
