@@ -1,7 +1,18 @@
 """The agentrun operator (kopf): admission, dispatch of turns, status projection, deadlines.
 
-Layers: ``admission`` and ``status`` are pure (spec + AgentModel → RunConfig; events → status
-body); ``statuswriter`` coalesces status patches; ``dispatch`` consumes committed run events and
-publishes the next TurnRequest or ends the run; ``handlers`` are the kopf entry points; ``main``
-is process wiring. The operator never imports the worker.
+Layers, pure first:
+
+- ``runs`` (run identity, control annotations, queue-wait vocabulary), ``specs`` (the CRD
+  specs as pydantic models: the one parser of what kopf hands over), ``admission`` (spec +
+  AgentModel → ``RunConfig``), ``tenancy`` (AgentTenant policy), ``status`` (events → AgentRun
+  status body) and ``tenantstatus`` (ledger entry → AgentTenant status body) are pure.
+- ``tenants`` (AgentTenant registry, AgentModel cache, ``RunConfig`` building), ``statuswriter``
+  (coalesced status patches), ``settlement`` (closing an ended run's ledger entry; the shared
+  view of the queues), ``pump`` (per-tenant admission queues), ``sweep`` (periodic ledger
+  repairs, AgentTenant status) and ``dispatch`` (consumes committed run events, publishes the
+  next TurnRequest or ends the run) do the I/O.
+- ``wiring`` builds those parts once and passes each its collaborators; ``handlers`` are the
+  kopf entry points; ``main`` is the process.
+
+The operator never imports the worker.
 """

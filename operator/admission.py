@@ -7,152 +7,173 @@ cluster-scoped AgentModel, never from the run).
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+import math
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from agentrun import kernel
+from agentrun.ledger import TenantLimits, worst_case
 from agentrun.protocol import DEFAULT_TENANT, ModelConfig, RunConfig, SecretRef
 
-DEFAULT_TIMEOUT = "10m"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+from .runs import RunKey
+from .specs import IMPLICIT_BUDGET, AgentModelSpec, AgentRunSpec, SpecError
 
 
 class InvalidSpec(Exception):
     """The run cannot be admitted as written; the message names the field."""
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in a Go-style duration (``90s``, ``1h30m``, ``1.5s``, ``250ms``).
-
-    Raises ``InvalidSpec`` for anything else (the CRD pattern rejects most of it first).
-    """
-    text = text.strip()
-    pos = 0
-    total = 0.0
-    for match in _DURATION.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    if pos != len(text) or not text:
-        raise InvalidSpec(f"spec.budget.timeout: {text!r} is not a duration like 90s, 10m or 1h30m")
-    return total
-
-
-def _decimal(value: Any, field: str) -> Decimal:
+def parse_run_spec(spec: Mapping[str, Any] | None) -> AgentRunSpec:
+    """An AgentRun's spec as kopf hands it, parsed; raises ``InvalidSpec`` naming the field."""
     try:
-        number = Decimal(str(value))
-    except InvalidOperation as err:
-        raise InvalidSpec(f"{field}: {value!r} is not a decimal number") from err
-    if not number.is_finite() or number < 0:
-        raise InvalidSpec(f"{field}: {value!r} must be a non-negative decimal")
-    return number
+        return AgentRunSpec.of(spec)
+    except SpecError as err:
+        raise InvalidSpec(str(err)) from None
 
 
 def model_config(name: str, model: Mapping[str, Any]) -> ModelConfig:
-    """The AgentModel object (as a dict) as a ``ModelConfig``; raises ``InvalidSpec``."""
-    spec = model.get("spec") or {}
-    pricing = spec.get("pricing") or {}
-    secret = (spec.get("credentials") or {}).get("secretRef")
-    where = f"AgentModel {name!r} spec.pricing"
+    """The AgentModel object (as a dict) as a ``ModelConfig``; raises ``InvalidSpec`` naming
+    the model and the field. The one place an AgentModel becomes a ``ModelConfig``."""
+    try:
+        spec = AgentModelSpec.of(name, model.get("spec"))
+    except SpecError as err:
+        raise InvalidSpec(str(err)) from None
+    pricing = spec.pricing
+    secret = spec.credentials.secret_ref
     return ModelConfig(
         name=name,
-        base_url=str(spec.get("baseURL", "")),
-        model=str(spec.get("model", "")),
+        base_url=spec.base_url,
+        model=spec.model,
         pricing=kernel.Pricing(
-            _decimal(pricing.get("inputPerMillionUSD", "0"), f"{where}.inputPerMillionUSD"),
-            _decimal(
-                pricing.get("cachedInputPerMillionUSD", "0"), f"{where}.cachedInputPerMillionUSD"
-            ),
-            _decimal(pricing.get("outputPerMillionUSD", "0"), f"{where}.outputPerMillionUSD"),
+            pricing.input_per_million,
+            pricing.cached_input_per_million,
+            pricing.output_per_million,
         ),
-        context_window=int(spec.get("contextWindow", 128_000)),
-        max_output_tokens=int(spec.get("maxOutputTokens", 4096)),
-        secret=SecretRef(
-            name=str(secret["name"]),
-            namespace=str(secret["namespace"]),
-            key=str(secret.get("key", "apiKey")),
-        )
-        if secret
-        else None,
+        context_window=spec.context_window,
+        max_output_tokens=spec.max_output_tokens,
+        secret=SecretRef(secret.name, secret.namespace, secret.key) if secret else None,
     )
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunRef:
-    """Identity of the AgentRun being admitted."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
-def admit(
-    run: RunRef,
-    spec: Mapping[str, Any],
+def build_run_config(
+    run: RunKey,
+    spec: AgentRunSpec,
     *,
-    model: Mapping[str, Any] | None,
+    model: ModelConfig | None,
     known_tools: Mapping[str, bool],
     start_time: float,
     tenant: str = DEFAULT_TENANT,
 ) -> RunConfig:
     """Validate ``spec`` against its AgentModel and the worker's tool catalog.
 
-    ``known_tools`` maps the worker catalog's tool names to whether each is pollable (exempt
-    from the no-progress breaker, like ``spec.budget.noProgress.pollable``).
-    ``model`` is the AgentModel object or ``None`` when it does not exist; ``start_time`` is
-    epoch seconds (the deadline counts from it). Raises ``InvalidSpec`` with a message naming
-    the field (unknown model, unknown tools, unusable budget).
+    ``spec`` is the run's spec as its tenant admits it (``TenantPolicy.apply``); budget
+    fields it still leaves unset get the implicit defaults. ``model`` is the AgentModel's
+    ``ModelConfig`` or ``None`` when it does not exist. ``known_tools`` maps the worker
+    catalog's tool names to whether each is pollable (exempt from the no-progress breaker, like
+    ``spec.budget.noProgress.pollable``). ``start_time`` is epoch seconds (the deadline counts
+    from it). Raises ``InvalidSpec`` with a message naming the field (unknown model, unknown
+    tools, approval of tools the run does not have).
     """
-    model_name = str(spec.get("model", ""))
     if model is None:
-        raise InvalidSpec(f"spec.model: AgentModel {model_name!r} not found")
-    tools = tuple(spec.get("tools") or ())
+        raise InvalidSpec(f"spec.model: AgentModel {spec.model!r} not found")
+    tools = spec.tools
     unknown = sorted(set(tools) - set(known_tools))
     if unknown:
         raise InvalidSpec(
             f"spec.tools: unknown tool(s) {', '.join(unknown)}; the worker's catalog has "
             f"{', '.join(sorted(known_tools))}"
         )
-    approval = set((spec.get("approval") or {}).get("tools") or ())
+    approval = set(spec.approval.tools)
     if approval - set(tools):
         raise InvalidSpec(
             f"spec.approval.tools: {', '.join(sorted(approval - set(tools)))} not in spec.tools"
         )
-    budget = spec.get("budget") or {}
-    resolved = model_config(model_name, model)
-    timeout = parse_duration(str(budget.get("timeout", DEFAULT_TIMEOUT)))
-    cost = budget.get("maxCostUSD")
-    max_tokens = budget.get("maxTokens")
-    no_progress = budget.get("noProgress") or {}
-    pollable = set(no_progress.get("pollable") or ()) | {t for t in tools if known_tools.get(t)}
-    limits = kernel.Limits(
-        max_steps=int(budget.get("maxSteps", 20)),
-        max_tool_calls=int(budget.get("maxToolCalls", 50)),
-        max_tokens=int(max_tokens) if max_tokens is not None else None,
-        max_cost_usd=_decimal(cost, "spec.budget.maxCostUSD") if cost is not None else None,
-        context_window=resolved.context_window,
-        max_output_tokens=resolved.max_output_tokens,
-        no_progress_window=int(no_progress.get("window", 3)),
-        pollable=frozenset(pollable),
-        output_schema=(spec.get("output") or {}).get("schema"),
-        on_exhausted=kernel.OnExhausted(str(budget.get("onExhausted", "summarize"))),
-        approval_tools=frozenset(approval),
-    )
+    timeout = spec.budget.timeout or IMPLICIT_BUDGET.timeout
+    assert timeout is not None
+    limits = run_limits(spec, model=model, known_tools=known_tools)
     return RunConfig(
         uid=run.uid,
         namespace=run.namespace,
         name=run.name,
-        goal=str(spec.get("goal", "")),
-        instructions=str(spec.get("instructions") or ""),
+        goal=spec.goal,
+        instructions=spec.instructions or "",
         tools=tools,
         limits=limits,
-        model=resolved,
-        deadline=start_time + timeout,
+        model=model,
+        deadline=start_time + timeout.seconds,
         tenant=tenant,
         output_schema=limits.output_schema,
     )
+
+
+def run_limits(
+    spec: AgentRunSpec, *, model: ModelConfig, known_tools: Mapping[str, bool]
+) -> kernel.Limits:
+    """The kernel's limits of a run: its budget (unset caps from ``IMPLICIT_BUDGET``), its
+    model's window, its pollable tools (declared, or pollable in the catalog)."""
+    budget = spec.budget
+    caps = budget.filled_from(IMPLICIT_BUDGET)
+    assert caps.max_steps is not None and caps.max_tool_calls is not None
+    pollable = set(budget.no_progress.pollable) | {t for t in spec.tools if known_tools.get(t)}
+    return kernel.Limits(
+        max_steps=caps.max_steps,
+        max_tool_calls=caps.max_tool_calls,
+        max_tokens=caps.max_tokens,
+        max_cost_usd=caps.max_cost_usd,
+        context_window=model.context_window,
+        max_output_tokens=model.max_output_tokens,
+        no_progress_window=budget.no_progress.window,
+        pollable=frozenset(pollable),
+        output_schema=spec.output.json_schema,
+        on_exhausted=budget.on_exhausted,
+        approval_tools=frozenset(spec.approval.tools),
+    )
+
+
+def first_call_need(config: RunConfig, *, tools: Sequence[Any]) -> tuple[int, Decimal]:
+    """The worst case (tokens, USD) of the run's first model call, as its worker will reserve
+    it (the same prompt estimate and output allowance); (0, 0) if its own limits stop it
+    before any call. ``tools``: the OpenAI ``tools`` list its worker sends.
+
+    Admission asks the tenant's budget for this much, so a run that waits ``Queued`` for
+    budget is admitted only once its first call can actually be made.
+    """
+    state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
+    prompt = kernel.fit_context(state.messages, limits=config.limits, tools=tools)
+    gate = kernel.admit_model_call(
+        state,
+        config.limits,
+        pricing=config.model.pricing,
+        prompt_estimate=prompt.tokens,
+        now=0.0,
+        deadline=math.inf,
+    )
+    if gate.phase is not None:
+        return 0, Decimal(0)
+    return worst_case(
+        prompt_tokens=prompt.tokens,
+        output_tokens=gate.max_output_tokens,
+        pricing=config.model.pricing,
+    )
+
+
+def never_fits(need: tuple[int, Decimal], *, tenant: str, limits: TenantLimits) -> str | None:
+    """Why a run's first call (``need``: tokens, USD) exceeds its tenant's whole budget per
+    window, if it does; such a run would block everyone queued behind it for ever."""
+    tokens, cost = need
+    hint = (
+        "; give the run a lower spec.budget.maxTokens or maxCostUSD (or the tenant a "
+        "runBudget.default), which bounds each call's output allowance"
+    )
+    if limits.tokens is not None and tokens > limits.tokens:
+        return (
+            f"its first model call may use up to {tokens} tokens, more than AgentTenant "
+            f"{tenant!r} allows per window ({limits.tokens}){hint}"
+        )
+    if limits.cost_usd is not None and cost > limits.cost_usd:
+        return (
+            f"its first model call may cost up to {cost} USD, more than AgentTenant "
+            f"{tenant!r} allows per window ({limits.cost_usd}){hint}"
+        )
+    return None

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from nats.aio.msg import Msg
 
@@ -25,14 +26,27 @@ from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
 from . import status
-from .statuswriter import RunKey, StatusWriter
+from .runs import RunKey
+from .statuswriter import StatusWriter
 
 log = logging.getLogger(__name__)
 
 STOP_ATTEMPTS = 8
 
-EndCallback = Callable[[str, str, RunEvent], Awaitable[None]]
-"""``on_end(tenant, run_uid, last_event)``: a run ended (or was deleted); settle its ledger."""
+
+class RunEndListener(Protocol):
+    """Told when a run ended or was deleted (``RunSettlement``)."""
+
+    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
+        """Settle the run's tenant-ledger entry from its last event; may raise (the ledger
+        sweep closes runs it finds ended)."""
+
+
+class QueuedCounts(Protocol):
+    """Queued runs per tenant (``QueueBoard``), for ``agentrun_runs_in_phase``."""
+
+    def queued_counts(self) -> Mapping[str, int]:
+        """Runs waiting per tenant as of the last pump."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -88,22 +102,30 @@ class Dispatcher:
     """Owns the event consumer, the deadline timers and the run views."""
 
     def __init__(
-        self, bus: Bus, writer: StatusWriter, *, clock: Callable[[], float] = time.time
+        self,
+        bus: Bus,
+        writer: StatusWriter,
+        *,
+        ends: RunEndListener,
+        queues: QueuedCounts,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``ends`` settles each ended run's ledger entry; ``queues`` says how many runs wait
+        per tenant; ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are
+        stopped by ``forget_gone_runs``."""
         self.bus = bus
         self.writer = writer
+        self.ends = ends
+        self.queues = queues
         self.clock = clock
         self.views: dict[str, RunView] = {}
         self._stopping = asyncio.Event()
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Runs already counted as ended (a redelivered terminal event is not counted twice)."""
-        self.on_end: EndCallback | None = None
-        self.queued_counts: Mapping[str, int] = {}
-        """Queued runs per tenant (kept by the admitter), for ``agentrun_runs_in_phase``."""
 
     # --- admission and recovery -----------------------------------------------------------------
 
-    async def admit(self, config: RunConfig, *, start_time: float, generation: int) -> None:
+    async def start_run(self, config: RunConfig, *, start_time: float, generation: int) -> None:
         """Append the run's ``admitted`` event (once: compare-and-set on an empty subject).
 
         If the subject holds events of an older object with the same name, they are purged
@@ -140,6 +162,10 @@ class Dispatcher:
         self._track(view)
         await self._apply(view, last)
         return True
+
+    def is_tracked(self, uid: str) -> bool:
+        """Whether the run has a live view here (admitted, not ended, not forgotten)."""
+        return uid in self.views
 
     def _track(self, view: RunView) -> None:
         if view.uid in self.views:
@@ -218,7 +244,7 @@ class Dispatcher:
             if view.timer is not None and view.timer is not asyncio.current_task():
                 view.timer.cancel()
             self.views.pop(view.uid, None)  # a redelivered event rebuilds it from the stream
-            await self._closed(view.tenant, view.uid, event)
+            await self._settle_ended(view.tenant, view.uid, event)
         body = status.project(
             event.summary,
             seq=event.seq,
@@ -231,11 +257,9 @@ class Dispatcher:
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
         self.writer.submit(view.key, body, seq=event.seq, terminal=urgent)
 
-    async def _closed(self, tenant: str, uid: str, event: RunEvent) -> None:
-        if self.on_end is None:
-            return
+    async def _settle_ended(self, tenant: str, uid: str, event: RunEvent) -> None:
         try:
-            await self.on_end(tenant, uid, event)
+            await self.ends.settle_ended_run(event, tenant=tenant, uid=uid)
         except Exception as err:  # the ledger sweep closes runs it finds ended
             log.warning("ledger close of run %s failed: %r; the sweep will retry", uid, err)
 
@@ -287,7 +311,7 @@ class Dispatcher:
                     "AwaitingApproval" if phase is kernel.Phase.AWAITING_APPROVAL else "Running"
                 )
                 counts[(view.tenant, resource)] += 1
-        for tenant, queued in self.queued_counts.items():
+        for tenant, queued in self.queues.queued_counts().items():
             if queued:
                 counts[(tenant, kernel.ResourcePhase.QUEUED.value)] += queued
         metrics.RUNS_BY_PHASE.clear()
@@ -390,18 +414,24 @@ class Dispatcher:
                 ours = first is not None and first.run_uid == uid and first.config is not None
                 if ours and last is not None and last.run_uid == uid:
                     assert first is not None and first.config is not None
-                    await self._closed(first.config.tenant, uid, last)
+                    await self._settle_ended(first.config.tenant, uid, last)
                 await self.bus.purge_run(namespace, name)
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
         self.writer.forget(RunKey(namespace, name, uid))
 
-    async def on_gone(self, run: RunKey) -> None:
-        """The object of a live run vanished (deleted while we could not clean up): stop it."""
-        await self.forget(run.namespace, run.name, run.uid)
+    async def forget_gone_runs(self) -> None:
+        """Forever: stop each run whose object the status writer found gone (deleted while we
+        could not clean up)."""
+        while True:
+            run = await self.writer.next_gone()
+            try:
+                await self.forget(run.namespace, run.name, run.uid)
+            except Exception:  # one failed clean-up must not stop the next ones
+                log.exception("could not stop gone run %s/%s", run.namespace, run.name)
 
-    async def close(self) -> None:
-        """Cancel every timer."""
+    async def cancel_timers(self) -> None:
+        """Cancel every deadline timer."""
         for view in self.views.values():
             if view.timer is not None:
                 view.timer.cancel()

@@ -1,8 +1,9 @@
-"""kopf entry points: start-up wiring, admission on create/resume, cancellation, deletion.
+"""kopf entry points: start-up, admission on create/resume, cancellation, review, deletion.
 
-Handlers stay thin: they fetch what admission needs and hand over to ``dispatch``. kopf keeps its
-own bookkeeping in annotations (prefix ``kopf.agentrun.dev``), never in ``.status``, which is
-ours alone (a projection of the run's events).
+Handlers stay thin: they resolve what admission needs and hand over to the parts built by
+``wiring`` (carried in kopf's memo, an ``OperatorMemo``). kopf keeps its own bookkeeping in
+annotations (prefix ``kopf.agentrun.dev``), never in ``.status``, which is ours alone (a
+projection of the run's events).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import os
 import time
 from typing import Any, cast
 
@@ -19,15 +19,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube
-from agentrun.bus import Bus, BusSettings
-from agentrun.ledger import LedgerStore
-from agentrun.settings import OperatorSettings
-from agentrun.tools import default_catalog
 
-from . import admission
-from .admitter import CANCEL_ANNOTATION, Admitter, NoTenant, Tenants
-from .dispatch import Dispatcher
-from .statuswriter import MERGE_PATCH, RunKey, StatusWriter, kube_patcher
+from . import admission, wiring
+from .runs import CANCEL_ANNOTATION, RunKey
+from .specs import ObjectMeta, RunObject
+from .statuswriter import MERGE_PATCH
+from .tenants import NoTenant
+from .wiring import OperatorMemo, Parts
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +59,8 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 
 @kopf.on.startup()
-async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Configure kopf, connect to NATS and the API server, start the event consumer."""
+async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
+    """Configure kopf, connect to the API server, list AgentTenants, start the parts."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix="kopf.agentrun.dev"
@@ -72,34 +70,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
-    config = OperatorSettings()
-    memo.bus = await Bus.connect(
-        BusSettings(url=config.nats_url, ack_wait=config.turn_ack_wait),
-        name=f"agentrun-operator-{os.getpid()}",
+    api = await kube.api_client()
+    memo.parts = await wiring.start_parts(
+        memo.settings, tenant_objects=await _list_tenants(api), api=api
     )
-    memo.api = await kube.api_client()
-    memo.writer = StatusWriter(kube_patcher(memo.api), interval=config.status_interval)
-    memo.writer.start()
-    memo.dispatcher = Dispatcher(memo.bus, memo.writer)
-    memo.writer.on_gone = memo.dispatcher.on_gone
-    catalog = default_catalog(kube=None)
-    memo.known_tools = {name: tool.spec.pollable for name, tool in catalog.items()}
-    memo.tenants = Tenants(memo.api, default=config.default_tenant)
-    for obj in await _list_tenants(memo.api):  # before any run is admitted: no false "no tenant"
-        memo.tenants.put(obj)
-    memo.admitter = Admitter(
-        await LedgerStore.open(memo.bus.js),
-        memo.dispatcher,
-        memo.writer,
-        memo.tenants,
-        api=memo.api,
-        known_tools=memo.known_tools,
-        tool_specs=lambda names: catalog.specs(names) if names else [],
-        sweep_interval=config.ledger_sweep,
-    )
-    memo.consumer = asyncio.create_task(memo.dispatcher.run(), name="event-consumer")
-    memo.gauges = asyncio.create_task(memo.dispatcher.watch_queue(), name="queue-gauges")
-    memo.sweeper = asyncio.create_task(memo.admitter.run(), name="ledger-sweep")
 
 
 async def _list_tenants(api: client.ApiClient, *, patience: float = 120.0) -> list[dict[str, Any]]:
@@ -120,20 +94,10 @@ async def _list_tenants(api: client.ApiClient, *, patience: float = 120.0) -> li
 
 
 @kopf.on.cleanup()
-async def stop(memo: kopf.Memo, **_: Any) -> None:
+async def stop(memo: OperatorMemo, **_: Any) -> None:
     """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
-    memo.dispatcher.stop()
-    memo.admitter.stop()
-    memo.consumer.cancel()
-    memo.gauges.cancel()
-    memo.sweeper.cancel()
-    await memo.dispatcher.close()
-    for closing in (memo.writer.close(), memo.bus.close(), memo.api.close()):
-        try:
-            async with asyncio.timeout(5):
-                await closing
-        except Exception as err:  # shutting down: log and go on
-            log.warning("shutdown step failed: %r", err)
+    if memo.parts is not None:
+        await wiring.stop_parts(memo.parts)
 
 
 def _created(meta: kopf.Meta) -> float:
@@ -144,57 +108,46 @@ def _created(meta: kopf.Meta) -> float:
 
 
 def _reject(
-    memo: kopf.Memo, run: RunKey, message: str, *, generation: int, tenant: str | None = None
+    parts: Parts, run: RunKey, message: str, *, generation: int, tenant: str | None = None
 ) -> None:
-    memo.admitter.end_unadmitted(
+    parts.pump.end_unadmitted(
         run, kernel.Phase.INVALID_SPEC, message, tenant=tenant, generation=generation
     )
 
 
-async def _admit(
-    *,
-    spec: kopf.Spec,
-    meta: kopf.Meta,
-    status_: kopf.Status,
-    namespace: str | None,
-    name: str,
-    uid: str,
-    memo: kopf.Memo,
+async def _validate_and_enqueue(
+    parts: Parts, key: RunKey, *, spec: kopf.Spec, meta: kopf.Meta
 ) -> None:
-    assert namespace is not None  # AgentRun is namespaced
-    if status_.get("terminalReason"):
-        return
-    dispatcher: Dispatcher = memo.dispatcher
-    admitter: Admitter = memo.admitter
+    """Resolve the run's tenant, reject what can never run, queue the rest."""
     generation = int(meta.get("generation") or 1)
-    if await dispatcher.recover(namespace, name, uid, generation=generation):
-        return
-    key = RunKey(namespace, name, uid)
     try:
-        policy = await memo.tenants.resolve(namespace)
+        policy = await parts.tenants.resolve(key.namespace)
     except NoTenant as err:
-        _reject(memo, key, str(err), generation=generation)
+        _reject(parts, key, str(err), generation=generation)
         return
     except ApiException as err:
-        raise kopf.TemporaryError(f"cannot read namespace {namespace!r}: {err.status}") from err
+        raise kopf.TemporaryError(f"cannot read namespace {key.namespace!r}: {err.status}") from err
     try:  # reject what can never run now, not after it waited in the queue
-        await admitter.prepare(key, spec, policy, start_time=time.time())
+        await parts.configs.build_config(key, spec, policy, start_time=time.time())
     except admission.InvalidSpec as err:
-        _reject(memo, key, str(err), generation=generation, tenant=policy.name)
+        _reject(parts, key, str(err), generation=generation, tenant=policy.name)
         return
     except ApiException as err:
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    obj = {"metadata": {"generation": generation, "annotations": dict(meta.annotations)}}
-    await admitter.submit(
-        key, policy, generation=generation, created=_created(meta), obj={**obj, "spec": dict(spec)}
+    obj = RunObject(
+        metadata=ObjectMeta(generation=generation, annotations=dict(meta.annotations)),
+        spec=dict(spec),
+    )
+    await parts.pump.enqueue_run(
+        key, policy, generation=generation, created=_created(meta), obj=obj
     )
 
 
 @kopf.on.create(*RUN)
 @kopf.on.resume(*RUN)
-async def admit_run(
+async def admit_run(  # kopf passes each of these by keyword: its handler signature
     *,
     spec: kopf.Spec,
     meta: kopf.Meta,
@@ -202,27 +155,39 @@ async def admit_run(
     namespace: str | None,
     name: str,
     uid: str,
-    memo: kopf.Memo,
+    memo: OperatorMemo,
     **_: Any,
 ) -> None:
     """Admit a new AgentRun: validate it against its AgentModel and its AgentTenant, queue it
-    in the tenant's admission queue (the admitter starts it when the tenant has room), or,
+    in the tenant's admission queue (the pump starts it when the tenant has room), or,
     after an operator restart, pick up where the run's events left off."""
-    await _admit(
-        spec=spec, meta=meta, status_=status, namespace=namespace, name=name, uid=uid, memo=memo
-    )
+    assert namespace is not None  # AgentRun is namespaced
+    if status.get("terminalReason"):
+        return
+    parts = memo.running()
+    generation = int(meta.get("generation") or 1)
+    if await parts.dispatcher.recover(namespace, name, uid, generation=generation):
+        return
+    await _validate_and_enqueue(parts, RunKey(namespace, name, uid), spec=spec, meta=meta)
 
 
 @kopf.on.update(*RUN, annotations={CANCEL_ANNOTATION: "true"})
 async def cancel_run(
-    *, status: kopf.Status, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
+    *,
+    status: kopf.Status,
+    namespace: str | None,
+    name: str,
+    uid: str,
+    memo: OperatorMemo,
+    **_: Any,
 ) -> None:
     """``agentrun.dev/cancel: "true"``: end the run ``cancelled``; workers drop its turn; a
     queued run leaves its queue."""
     assert namespace is not None  # AgentRun is namespaced
     if status.get("terminalReason"):
         return
-    ended = await memo.dispatcher.end(
+    parts = memo.running()
+    ended = await parts.dispatcher.end(
         namespace,
         name,
         uid,
@@ -230,7 +195,7 @@ async def cancel_run(
         f"cancelled by the {CANCEL_ANNOTATION} annotation",
     )
     if not ended:
-        await memo.admitter.cancel_queued(RunKey(namespace, name, uid), status.get("tenant"))
+        await parts.pump.cancel_queued(RunKey(namespace, name, uid), status.get("tenant"))
 
 
 @kopf.on.update(*RUN, annotations={APPROVE_ANNOTATION: kopf.PRESENT})
@@ -241,7 +206,7 @@ async def review_run(
     namespace: str | None,
     name: str,
     uid: str,
-    memo: kopf.Memo,
+    memo: OperatorMemo,
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
@@ -251,16 +216,17 @@ async def review_run(
     annotation is removed so the same digest can be decided again later in the run.
     """
     assert namespace is not None  # AgentRun is namespaced
+    parts = memo.running()
     for key, approved in ((APPROVE_ANNOTATION, True), (DENY_ANNOTATION, False)):
         digest = annotations.get(key)
         if not digest:
             continue
-        refused = await memo.dispatcher.decide(
+        refused = await parts.dispatcher.decide(
             namespace, name, uid, digest=str(digest), approved=approved
         )
         if refused is not None:
             logger.warning("%s=%s not applied: %s", key, digest, refused)
-        await _remove_annotation(memo.api, namespace, name, key)
+        await _remove_annotation(parts.api, namespace, name, key)
 
 
 async def _remove_annotation(api: client.ApiClient, namespace: str, name: str, key: str) -> None:
@@ -281,26 +247,28 @@ async def _remove_annotation(api: client.ApiClient, namespace: str, name: str, k
 
 @kopf.on.delete(*RUN)
 async def delete_run(
-    *, namespace: str | None, name: str, uid: str, memo: kopf.Memo, **_: Any
+    *, namespace: str | None, name: str, uid: str, memo: OperatorMemo, **_: Any
 ) -> None:
     """Stop the run, settle its ledger entry and purge its events (or take it out of its
     queue); bounded, so the finalizer always goes."""
     assert namespace is not None  # AgentRun is namespaced
+    parts = memo.running()
     try:
         async with asyncio.timeout(10):
-            await memo.admitter.forget_queued(uid)
+            await parts.pump.forget_queued(uid)
     except Exception as err:  # NATS down: the pump drops queued runs that no longer exist
         log.warning("could not take %s/%s out of its queue: %r", namespace, name, err)
-    await memo.dispatcher.forget(namespace, name, uid)
+    await parts.dispatcher.forget(namespace, name, uid)
 
 
 @kopf.on.event(*TENANT)
 async def tenant_changed(
-    *, type: str | None, body: kopf.Body, name: str, memo: kopf.Memo, **_: Any
+    *, type: str | None, body: kopf.Body, name: str, memo: OperatorMemo, **_: Any
 ) -> None:
     """Keep the tenant registry current; a changed tenant (more budget, more slots) is pumped."""
+    parts = memo.running()
     if type == "DELETED":
-        memo.tenants.remove(name)
+        parts.tenants.remove(name)
         return
-    if memo.tenants.put(body) is not None:
-        memo.admitter.kick(name)
+    if parts.tenants.put(body) is not None:
+        parts.board.kick(name)

@@ -9,7 +9,7 @@ import kopf
 from agentrun import process
 from agentrun.settings import OperatorSettings
 
-from . import handlers
+from . import handlers, wiring
 
 
 def main() -> None:
@@ -17,6 +17,7 @@ def main() -> None:
 
     kopf installs its own SIGTERM/SIGINT handling (a graceful stop of every handler).
     """
-    process.start(OperatorSettings, service="agentrun-operator")
+    config = process.start(OperatorSettings, service="agentrun-operator")
     assert handlers.RUN  # the import registers the handlers with kopf
-    asyncio.run(kopf.operator(clusterwide=True, standalone=True))
+    memo = wiring.OperatorMemo(config)
+    asyncio.run(kopf.operator(clusterwide=True, standalone=True, memo=memo))

@@ -37,6 +37,13 @@ def condition(
     }
 
 
+def not_admitted(reason: str, message: str, *, at: float, generation: int) -> dict[str, Any]:
+    """The ``Admitted=False`` condition of a run that waits or ended before admission."""
+    return condition(
+        "Admitted", status=False, reason=reason, message=message, at=at, generation=generation
+    )
+
+
 def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str, Any]:
     """``.status.usage`` from a run's counters."""
     usage = summary.usage
@@ -150,14 +157,7 @@ def rejected(
         "completionTime": rfc3339(at),
         "queuePosition": None,
         "conditions": [
-            condition(
-                "Admitted",
-                status=False,
-                reason=reason,
-                message=message,
-                at=at,
-                generation=generation,
-            ),
+            not_admitted(reason, message, at=at, generation=generation),
             condition(
                 "Finished",
                 status=True,
@@ -187,14 +187,5 @@ def queued(
         "queuePosition": position,
         "message": message,
         "observedGeneration": generation,
-        "conditions": [
-            condition(
-                "Admitted",
-                status=False,
-                reason=reason,
-                message=message,
-                at=at,
-                generation=generation,
-            )
-        ],
+        "conditions": [not_admitted(reason, message, at=at, generation=generation)],
     }

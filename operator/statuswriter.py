@@ -7,9 +7,10 @@ at once. At most ``concurrency`` patches are in flight, so a burst reuses a few 
 
 Every patch carries the run's ``metadata.uid`` as a precondition: a write meant for a deleted
 run can neither land on a new object of the same name (409) nor re-create one (404). Either
-answer means the run is gone (case C21): the write is dropped and ``on_gone`` is told, so the
-operator stops whatever of that run is still going. A body the API server refuses (422, e.g.
-a value outside the schema) is replaced once by a minimal status, never retried in a loop.
+answer means the run is gone: the write is dropped and the run is handed out by
+``next_gone``, so the dispatcher stops whatever of that run is still going. A body the API
+server refuses (422, e.g. a value outside the schema) is replaced once by a minimal status,
+never retried in a loop.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kube
 
+from .runs import RunKey
+
 log = logging.getLogger(__name__)
 
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
@@ -38,18 +41,8 @@ GONE = frozenset({404, 409})
 MINIMAL_KEYS = ("phase", "terminalReason", "outcome", "completionTime", "observedGeneration")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunKey:
-    """Which object a status belongs to: name and uid (names are reused, uids never)."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
 Patcher = Callable[[RunKey, Mapping[str, Any]], Awaitable[None]]
 """``patch(run, status_body)``; raises ``ApiException``."""
-GoneCallback = Callable[[RunKey], Awaitable[None]]
 
 
 def kube_patcher(api: client.ApiClient) -> Patcher:
@@ -77,10 +70,6 @@ class _Pending:
     terminal: bool
 
 
-async def _ignore(run: RunKey) -> None:
-    del run
-
-
 class StatusWriter:
     """Background writer; ``submit`` never blocks on the API server."""
 
@@ -90,24 +79,25 @@ class StatusWriter:
         *,
         interval: float = 5.0,
         concurrency: int = 8,
-        on_gone: GoneCallback = _ignore,
     ) -> None:
+        """``interval``: least seconds between two patches of one run; ``concurrency``: patches
+        in flight at most."""
         self.patch = patch
         self.interval = interval
-        self.on_gone = on_gone
         self.writes = 0
         self._slots = asyncio.Semaphore(concurrency)
         self._pending: dict[RunKey, _Pending] = {}
         self._written_seq: dict[RunKey, int] = {}
         self._last_write: dict[RunKey, float] = {}
         self._wake = asyncio.Event()
+        self._gone: asyncio.Queue[RunKey] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Start the flushing task."""
         self._task = asyncio.create_task(self._run(), name="status-writer")
 
-    async def close(self) -> None:
+    async def flush_and_stop(self) -> None:
         """Flush what is pending (best effort), then stop."""
         await self.flush()
         if self._task is not None:
@@ -125,6 +115,10 @@ class StatusWriter:
         urgent = terminal or (current is not None and current.seq == seq and current.terminal)
         self._pending[run] = _Pending(body, seq, urgent)
         self._wake.set()
+
+    async def next_gone(self) -> RunKey:
+        """Wait for the next run whose object turned out to be gone (404/409 on a patch)."""
+        return await self._gone.get()
 
     def forget(self, run: RunKey) -> None:
         """Drop everything about a deleted run."""
@@ -157,7 +151,7 @@ class StatusWriter:
         if err.status in GONE:
             log.info("%s/%s (uid %s) is gone; status dropped", run.namespace, run.name, run.uid)
             self.forget(run)
-            await self.on_gone(run)
+            self._gone.put_nowait(run)
             return
         if err.status == 422 and set(pending.body) - set(MINIMAL_KEYS) - {"message"}:
             log.error(

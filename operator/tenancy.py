@@ -8,64 +8,39 @@ nothing in an AgentRun can raise its tenant's limits, choose its tenant or lower
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agentrun.ledger import TenantLimits
 
-from .admission import DEFAULT_TIMEOUT, InvalidSpec, parse_duration
+from .admission import InvalidSpec
+from .specs import (
+    IMPLICIT_BUDGET,
+    AgentRunSpec,
+    AgentTenantSpec,
+    ObjectMeta,
+    OverMax,
+    RunBudgetSpec,
+    SpecError,
+    WhenExhausted,
+)
+
+__all__ = [
+    "Ambiguous",
+    "InvalidTenant",
+    "OverMax",
+    "TenantPolicy",
+    "WhenExhausted",
+    "bound_namespaces",
+    "resolve",
+    "selector_matches",
+]
+
+MIN_WINDOW_SECONDS = 1.0
 
 
 class InvalidTenant(Exception):
     """The AgentTenant cannot be enforced as written; the message names the field."""
-
-
-class WhenExhausted(enum.StrEnum):
-    """``spec.whenExhausted``: a new run of a tenant whose window budget is used up..."""
-
-    QUEUE = "Queue"
-    """...waits in the queue for the next window (or a raised budget)."""
-    FAIL = "Fail"
-    """...ends at once with ``tenant_budget_exhausted``."""
-
-
-class OverMax(enum.StrEnum):
-    """``spec.runBudget.overMax``: a run asking for more than ``runBudget.max`` is..."""
-
-    CLAMP = "Clamp"
-    """...admitted with the cap instead."""
-    REJECT = "Reject"
-    """...rejected ``invalid_spec``."""
-
-
-RUN_BUDGET_FIELDS = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
-IMPLICIT: Mapping[str, Any] = {
-    "maxSteps": 20,
-    "maxToolCalls": 50,
-    "maxTokens": None,
-    "maxCostUSD": None,
-    "timeout": DEFAULT_TIMEOUT,
-}
-"""What a run that sets a field gets without a tenant default (``None``: no per-run cap)."""
-
-
-def _measure(field: str, value: Any) -> Decimal:
-    """A run-budget value as a comparable number (durations in seconds)."""
-    if field == "timeout":
-        return Decimal(str(parse_duration(str(value))))
-    try:
-        return Decimal(str(value))
-    except InvalidOperation as err:
-        raise InvalidSpec(f"spec.budget.{field}: {value!r} is not a number") from err
-
-
-def _seconds(text: Any, field: str) -> float:
-    try:
-        return parse_duration(str(text))
-    except InvalidSpec as err:
-        raise InvalidTenant(f"{field}: {text!r} is not a duration like 30s, 1h or 24h") from err
 
 
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -107,8 +82,10 @@ class TenantPolicy:
     selector: Mapping[str, Any] | None
     limits: TenantLimits
     when_exhausted: WhenExhausted
-    run_max: Mapping[str, Any]
-    run_default: Mapping[str, Any]
+    run_max: RunBudgetSpec
+    """``spec.runBudget.max``: caps on a run's budget (unset fields: no cap)."""
+    run_default: RunBudgetSpec
+    """``spec.runBudget.default``: what a run that leaves a field unset gets."""
     over_max: OverMax
     allowed_models: frozenset[str] | None
     allowed_tools: frozenset[str] | None
@@ -116,53 +93,35 @@ class TenantPolicy:
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
         """Parse an AgentTenant object; raises ``InvalidTenant`` naming the field."""
-        meta = obj.get("metadata") or {}
-        spec = obj.get("spec") or {}
-        budget = spec.get("budget") or {}
-        run_budget = spec.get("runBudget") or {}
-        cost = budget.get("costUSD")
         try:
-            cost_usd = None if cost is None else Decimal(str(cost))
-        except InvalidOperation as err:
-            raise InvalidTenant(f"spec.budget.costUSD: {cost!r} is not a decimal") from err
-        window = _seconds(spec.get("window", "24h"), "spec.window")
-        if window < 1:
-            raise InvalidTenant(f"spec.window: {spec.get('window')!r} is shorter than 1s")
-        wall = budget.get("wallClockSeconds")
-        concurrent = spec.get("maxConcurrentRuns")
-        models = spec.get("allowedModels")
-        tools = spec.get("allowedTools")
-        policy = cls(
-            name=str(meta.get("name", "")),
-            generation=int(meta.get("generation") or 1),
-            namespaces=frozenset(spec.get("namespaces") or ()),
-            selector=spec.get("namespaceSelector"),
+            meta = ObjectMeta.of(obj)
+            spec = AgentTenantSpec.of(obj.get("spec"))
+        except SpecError as err:
+            raise InvalidTenant(str(err)) from None
+        if spec.window.seconds < MIN_WINDOW_SECONDS:
+            raise InvalidTenant(f"spec.window: {spec.window.text!r} is shorter than 1s")
+        budget = spec.budget
+        run_budget = spec.run_budget
+        _check_defaults_under_caps(run_budget.default, run_budget.max)
+        return cls(
+            name=meta.name,
+            generation=meta.generation,
+            namespaces=frozenset(spec.namespaces),
+            selector=spec.namespace_selector,
             limits=TenantLimits(
-                tokens=None if budget.get("tokens") is None else int(budget["tokens"]),
-                cost_usd=cost_usd,
-                wall_seconds=None if wall is None else float(wall),
-                window_seconds=window,
-                max_concurrent_runs=None if concurrent is None else int(concurrent),
+                tokens=budget.tokens,
+                cost_usd=budget.cost_usd,
+                wall_seconds=budget.wall_clock_seconds,
+                window_seconds=spec.window.seconds,
+                max_concurrent_runs=spec.max_concurrent_runs,
             ),
-            when_exhausted=WhenExhausted(spec.get("whenExhausted", "Queue")),
-            run_max=dict(run_budget.get("max") or {}),
-            run_default=dict(run_budget.get("default") or {}),
-            over_max=OverMax(run_budget.get("overMax", "Reject")),
-            allowed_models=None if models is None else frozenset(models),
-            allowed_tools=None if tools is None else frozenset(tools),
+            when_exhausted=spec.when_exhausted,
+            run_max=run_budget.max,
+            run_default=run_budget.default,
+            over_max=run_budget.over_max,
+            allowed_models=_names(spec.allowed_models),
+            allowed_tools=_names(spec.allowed_tools),
         )
-        for field, value in policy.run_default.items():
-            cap = policy.run_max.get(field)
-            try:
-                over = cap is not None and _measure(field, value) > _measure(field, cap)
-            except InvalidSpec as err:
-                raise InvalidTenant(f"spec.runBudget.default.{field}: {err}") from err
-            if over:
-                raise InvalidTenant(
-                    f"spec.runBudget.default.{field}: {value} is above spec.runBudget.max.{field} "
-                    f"{cap}"
-                )
-        return policy
 
     def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """Whether runs in ``namespace`` (with these labels) belong to this tenant."""
@@ -170,43 +129,67 @@ class TenantPolicy:
             return True
         return self.selector is not None and selector_matches(self.selector, labels)
 
-    def apply(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def apply(self, spec: AgentRunSpec) -> AgentRunSpec:
         """The run's spec as this tenant admits it: allowed model and tools checked, budget
         defaults filled in and ``runBudget.max`` enforced (clamped or rejected per ``overMax``).
 
-        Returns a new spec (the object is never edited: spec is immutable). Raises
-        ``InvalidSpec`` naming the field and the tenant.
+        Returns a new spec whose caps are all set (except token and cost caps nobody sets).
+        Raises ``InvalidSpec`` naming the field and the tenant.
         """
-        model = str(spec.get("model", ""))
-        if self.allowed_models is not None and model not in self.allowed_models:
+        if self.allowed_models is not None and spec.model not in self.allowed_models:
             raise InvalidSpec(
-                f"spec.model: AgentModel {model!r} is not allowed by AgentTenant {self.name!r} "
-                f"(allowedModels: {', '.join(sorted(self.allowed_models)) or 'none'})"
+                f"spec.model: AgentModel {spec.model!r} is not allowed by AgentTenant "
+                f"{self.name!r} (allowedModels: {', '.join(sorted(self.allowed_models)) or 'none'})"
             )
-        tools = [str(t) for t in spec.get("tools") or ()]
         if self.allowed_tools is not None:
-            denied = sorted(set(tools) - self.allowed_tools)
+            denied = sorted(set(spec.tools) - self.allowed_tools)
             if denied:
                 raise InvalidSpec(
                     f"spec.tools: {', '.join(denied)} not allowed by AgentTenant {self.name!r} "
                     f"(allowedTools: {', '.join(sorted(self.allowed_tools)) or 'none'})"
                 )
-        budget = dict(spec.get("budget") or {})
-        for field in RUN_BUDGET_FIELDS:
-            value = budget.get(field)
-            if value is None:
-                value = self.run_default.get(field, IMPLICIT[field])
-            cap = self.run_max.get(field)
-            if cap is not None and (value is None or _measure(field, value) > _measure(field, cap)):
-                if value is not None and field in budget and self.over_max is OverMax.REJECT:
-                    raise InvalidSpec(
-                        f"spec.budget.{field}: {value} is above the cap {cap} of AgentTenant "
-                        f"{self.name!r} (spec.runBudget.max.{field})"
-                    )
-                value = cap
-            if value is not None:
-                budget[field] = value
-        return {**spec, "budget": budget}
+        asked = spec.budget
+        wanted = asked.filled_from(self.run_default).filled_from(IMPLICIT_BUDGET)
+        admitted: dict[str, Any] = {}
+        for field, info in RunBudgetSpec.model_fields.items():
+            name = info.alias or field
+            value, cap = getattr(wanted, field), getattr(self.run_max, field)
+            if cap is None or (value is not None and value <= cap):
+                continue
+            asked_for = value is not None and getattr(asked, field) is not None
+            if asked_for and self.over_max is OverMax.REJECT:
+                raise InvalidSpec(
+                    f"spec.budget.{name}: {value} is above the cap {cap} of "
+                    f"AgentTenant {self.name!r} (spec.runBudget.max.{name})"
+                )
+            admitted[field] = cap
+        budget = wanted.model_copy(update=admitted)
+        return spec.model_copy(update={"budget": asked.model_copy(update=dict(budget))})
+
+
+def bound_namespaces(obj: Mapping[str, Any]) -> frozenset[str]:
+    """The namespaces an AgentTenant lists, read leniently (also from an invalid one, whose
+    runs must be rejected rather than fall through to another tenant)."""
+    spec = obj.get("spec")
+    listed = spec.get("namespaces") if isinstance(spec, Mapping) else None
+    if not isinstance(listed, list | tuple):
+        return frozenset()
+    return frozenset(str(name) for name in listed)
+
+
+def _names(names: Iterable[str] | None) -> frozenset[str] | None:
+    return None if names is None else frozenset(names)
+
+
+def _check_defaults_under_caps(default: RunBudgetSpec, cap: RunBudgetSpec) -> None:
+    """Raises ``InvalidTenant`` for a ``runBudget.default`` field above its ``runBudget.max``."""
+    for field, info in RunBudgetSpec.model_fields.items():
+        name = info.alias or field
+        value, most = getattr(default, field), getattr(cap, field)
+        if value is not None and most is not None and value > most:
+            raise InvalidTenant(
+                f"spec.runBudget.default.{name}: {value} is above spec.runBudget.max.{name} {most}"
+            )
 
 
 class Ambiguous(Exception):

@@ -18,7 +18,7 @@ from typing import Any, Protocol, assert_never
 from opentelemetry import trace
 
 from agentrun import kernel, metrics, telemetry
-from agentrun.ledger import Refusal, worst_case
+from agentrun.ledger import BudgetRefusal, worst_case
 from agentrun.protocol import RunConfig, SecretRef
 from agentrun.tools.catalog import Catalog, ToolContext
 
@@ -93,7 +93,7 @@ class BudgetHold(Protocol):
 
     async def reserve(
         self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
-    ) -> Refusal | None:
+    ) -> BudgetRefusal | None:
         """Hold the call's worst case, or say why it does not fit."""
         ...
 

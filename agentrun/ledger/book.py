@@ -118,7 +118,7 @@ class Active:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Refusal:
+class BudgetRefusal:
     """Why a run may not be admitted or a call may not start."""
 
     reason: str
@@ -177,7 +177,7 @@ class Book:
 
     def exhausted(
         self, now: float, *, need_tokens: int = 0, need_cost: Decimal = Decimal(0)
-    ) -> Refusal | None:
+    ) -> BudgetRefusal | None:
         """The first resource that cannot cover ``need`` (with no need: has nothing left,
         used + reserved ≥ limit), else ``None``."""
         limits = self.limits
@@ -185,7 +185,7 @@ class Book:
         if limits.tokens is not None and (
             taken + need_tokens > limits.tokens if need_tokens else taken >= limits.tokens
         ):
-            return Refusal(
+            return BudgetRefusal(
                 BUDGET_EXHAUSTED,
                 "tokens",
                 f"tokens: {self.used_tokens} used and {self.reserved_tokens} reserved of "
@@ -196,7 +196,7 @@ class Book:
         if limits.cost_usd is not None and (
             spent + need_cost > limits.cost_usd if need_cost else spent >= limits.cost_usd
         ):
-            return Refusal(
+            return BudgetRefusal(
                 BUDGET_EXHAUSTED,
                 "costUSD",
                 f"costUSD: {self.used_cost} used and {self.reserved_cost} reserved of "
@@ -204,7 +204,7 @@ class Book:
                 + (f"; a first call needs up to {need_cost}" if need_cost else ""),
             )
         if limits.wall_seconds is not None and self.wall_used(now) >= limits.wall_seconds:
-            return Refusal(
+            return BudgetRefusal(
                 BUDGET_EXHAUSTED,
                 "wallClockSeconds",
                 f"wallClockSeconds: {self.wall_used(now):.0f} of {limits.wall_seconds:.0f} "
@@ -249,7 +249,7 @@ class Book:
         now: float,
         need_tokens: int = 0,
         need_cost: Decimal = Decimal(0),
-    ) -> Refusal | None:
+    ) -> BudgetRefusal | None:
         """Take a concurrency slot for a run, if one is free and the budget left covers
         ``need`` (the worst case of the run's first call; 0: anything left). The need is held
         (key ``<run-uid>:admission``) until the run's first reservation replaces it, so a run
@@ -263,7 +263,7 @@ class Book:
             return None
         cap = self.limits.max_concurrent_runs
         if cap is not None and len(self.active) >= cap:
-            return Refusal(
+            return BudgetRefusal(
                 CONCURRENCY_LIMIT,
                 None,
                 f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
@@ -285,7 +285,7 @@ class Book:
             )
         return None
 
-    def reserve(self, key: str, hold: Hold, *, now: float) -> Refusal | None:
+    def reserve(self, key: str, hold: Hold, *, now: float) -> BudgetRefusal | None:
         """Hold ``hold`` under ``key`` (``<run-uid>:<turn>``) if it fits within every limit.
 
         Fits means ``used + reserved + hold ≤ limit`` for tokens and cost (the last call that
@@ -328,10 +328,12 @@ class Book:
         self.holds[key] = hold
         return None
 
-    def _refuse(self, key: str, previous: Hold | None, resource: str, message: str) -> Refusal:
+    def _refuse(
+        self, key: str, previous: Hold | None, resource: str, message: str
+    ) -> BudgetRefusal:
         if previous is not None:
             self.holds[key] = previous
-        return Refusal(BUDGET_EXHAUSTED, resource, message)
+        return BudgetRefusal(BUDGET_EXHAUSTED, resource, message)
 
     def refresh(self, key: str, *, owner: str, expires: float) -> bool:
         """Push the expiry of ``owner``'s hold out; False if the hold is gone or not theirs."""

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Protocol, TypeVar
 
 from agentrun import kernel
-from agentrun.ledger.book import Book, Hold, Refusal
+from agentrun.ledger.book import Book, Hold, BudgetRefusal
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class TurnHold:
 
     async def reserve(
         self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
-    ) -> Refusal | None:
+    ) -> BudgetRefusal | None:
         """Hold ``tokens`` / ``cost_usd`` (the call's worst case) or say why it does not fit.
 
         ``before`` is the run's state before this turn: its totals through the last committed
@@ -122,7 +122,7 @@ class TurnHold:
         expires = now + self.ttl
         hold = Hold(ref.run_uid, ref.turn, tokens, cost_usd, expires, self.owner, *ref.place)
 
-        def apply(book: Book) -> Refusal | None:
+        def apply(book: Book) -> BudgetRefusal | None:
             if before is not None:
                 book.catch_up(
                     ref.run_uid,

@@ -21,7 +21,7 @@ from nats.js import JetStreamContext, api
 
 from agentrun import kernel
 from agentrun.ledger import codec
-from agentrun.ledger.book import Book, Refusal, TenantLimits
+from agentrun.ledger.book import Book, BudgetRefusal, TenantLimits
 from agentrun.ledger.cas import CasStore, LedgerUnavailable
 from agentrun.ledger.codec import QueuedRunShape
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
@@ -119,7 +119,7 @@ class LedgerStore(CasStore):
         limits: TenantLimits,
         need: tuple[int, Decimal],
         now: float | None = None,
-    ) -> Refusal | None:
+    ) -> BudgetRefusal | None:
         """Take a concurrency slot for ``run`` if its tenant (now with ``limits``) has one and
         the budget left covers ``need`` (tokens, USD: its first call's worst case, held until
         that call reserves) at ``now`` (epoch seconds; the store's clock if not given).
@@ -127,7 +127,7 @@ class LedgerStore(CasStore):
         if now is None:
             now = self.clock()
 
-        def apply(book: Book) -> Refusal | None:
+        def apply(book: Book) -> BudgetRefusal | None:
             if book.limits != limits:
                 book.set_limits(limits, now=now)
             return book.admit(

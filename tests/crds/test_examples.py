@@ -9,6 +9,7 @@ import pytest
 import yaml
 from crd_support import Kubectl
 
+from agentrun.operator.specs import AgentRunSpec
 from agentrun.operator.tenancy import TenantPolicy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -36,4 +37,5 @@ def test_example_tenant_parses_into_an_enforceable_policy() -> None:
     assert policy.limits.max_concurrent_runs == 10
     assert policy.binds("team-search", {})
     assert policy.binds("elsewhere", {"agentrun.dev/tenant": "team-search"})
-    assert policy.apply({"model": "mock", "tools": ["calculate"]})["budget"]["maxSteps"] == 20
+    run = AgentRunSpec.of({"model": "mock", "tools": ["calculate"]})
+    assert policy.apply(run).budget.max_steps == 20

@@ -25,6 +25,7 @@ import yaml
 
 from agentrun import history, kernel
 from agentrun.operator import admission
+from agentrun.operator.runs import RunKey
 from agentrun.protocol import RunConfig, RunEvent
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import default_catalog
@@ -79,10 +80,10 @@ async def run_example(run: Mapping[str, Any]) -> Trajectory:
     uid = f"uid-{run['metadata']['name']}"
     try:
         async with mockllm.MockLLM(SCENARIOS) as mock:
-            config = admission.admit(
-                admission.RunRef("default", run["metadata"]["name"], uid),
-                run["spec"],
-                model=demo.mock_model(mock.base_url),
+            config = admission.build_run_config(
+                RunKey("default", run["metadata"]["name"], uid),
+                admission.parse_run_spec(run["spec"]),
+                model=admission.model_config(demo.MODEL_NAME, demo.mock_model(mock.base_url)),
                 known_tools={name: tool.spec.pollable for name, tool in catalog.items()},
                 start_time=time.time(),
             )

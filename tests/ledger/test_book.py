@@ -23,8 +23,8 @@ from agentrun.ledger import (
     RESOURCES,
     Active,
     Book,
+    BudgetRefusal,
     Hold,
-    Refusal,
     TenantLimits,
     codec,
     window_start,
@@ -123,7 +123,7 @@ def test_a_reservation_over_the_tokens_limit_is_refused_and_not_held() -> None:
     b.used_tokens = 600
     assert reserve(b, "r1", 0, 300) is None
     refusal = reserve(b, "r2", 0, 101, "0.01")
-    assert isinstance(refusal, Refusal)
+    assert isinstance(refusal, BudgetRefusal)
     assert (refusal.reason, refusal.resource) == (BUDGET_EXHAUSTED, "tokens")
     assert "acme" in refusal.message and "1000" in refusal.message
     assert "r2:0" not in b.holds

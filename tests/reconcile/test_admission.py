@@ -9,8 +9,9 @@ import pytest
 
 from agentrun import kernel
 from agentrun.operator import admission, status
+from agentrun.operator.runs import RunKey
 
-RUN = admission.RunRef("ns", "run", "uid-1")
+RUN = RunKey("ns", "run", "uid-1")
 MODEL: dict[str, Any] = {
     "spec": {
         "baseURL": "http://m/v1",
@@ -29,8 +30,12 @@ TOOLS = {"calculate": False, "sleep": False, "kubernetes_get": True}
 
 
 def admit(spec: dict[str, Any], model: dict[str, Any] | None = MODEL) -> Any:
-    return admission.admit(
-        RUN, {"model": "m", "goal": "g", **spec}, model=model, known_tools=TOOLS, start_time=1000.0
+    return admission.build_run_config(
+        RUN,
+        admission.parse_run_spec({"model": "m", "goal": "g", **spec}),
+        model=None if model is None else admission.model_config("m", model),
+        known_tools=TOOLS,
+        start_time=1000.0,
     )
 
 
@@ -39,13 +44,22 @@ def admit(spec: dict[str, Any], model: dict[str, Any] | None = MODEL) -> Any:
     [("90s", 90), ("10m", 600), ("1h30m", 5400), ("1.5s", 1.5), ("250ms", 0.25), ("2h", 7200)],
 )
 def test_durations_are_read_like_go(text: str, seconds: float) -> None:
-    assert admission.parse_duration(text) == seconds
+    assert admit({"budget": {"timeout": text}}).deadline == 1000.0 + seconds
 
 
 @pytest.mark.parametrize("text", ["", "5 minutes", "10", "m10", "1h 30m", "-1s"])
 def test_bad_durations_name_the_field(text: str) -> None:
-    with pytest.raises(admission.InvalidSpec, match=r"spec\.budget\.timeout"):
-        admission.parse_duration(text)
+    with pytest.raises(admission.InvalidSpec, match=r"^spec\.budget\.timeout: .*like 90s"):
+        admit({"budget": {"timeout": text}})
+
+
+def test_an_unset_budget_gets_the_implicit_caps_and_the_kernel_defaults() -> None:
+    config = admit({})
+    assert (config.limits.max_steps, config.limits.max_tool_calls) == (20, 50)
+    assert (config.limits.max_tokens, config.limits.max_cost_usd) == (None, None)
+    assert config.deadline == 1000.0 + 600
+    assert config.limits.on_exhausted is kernel.OnExhausted.SUMMARIZE
+    assert config.limits.no_progress_window == 3
 
 
 def test_an_admitted_run_takes_prices_and_windows_from_the_model_only() -> None:
@@ -74,9 +88,24 @@ def test_a_run_cannot_bring_its_own_prices() -> None:
             MODEL,
             "spec.approval.tools: sleep",
         ),
-        ({"budget": {"maxCostUSD": "lots"}}, MODEL, "spec.budget.maxCostUSD"),
+        ({"budget": {"maxCostUSD": "lots"}}, MODEL, "spec.budget.maxCostUSD: 'lots' is not a"),
+        ({"budget": {"maxCostUSD": "-1"}}, MODEL, "spec.budget.maxCostUSD: '-1' must be"),
+        ({"budget": {"maxSteps": "many"}}, MODEL, "spec.budget.maxSteps: 'many' is invalid"),
+        ({"budget": {"onExhausted": "panic"}}, MODEL, "spec.budget.onExhausted: 'panic'"),
+        ({"budget": {"noProgress": {"window": []}}}, MODEL, "spec.budget.noProgress.window: "),
+        ({"tools": "calculate"}, MODEL, "spec.tools: 'calculate' is invalid"),
     ],
-    ids=["unknown model", "unknown tool", "approval outside tools", "bad cost"],
+    ids=[
+        "unknown model",
+        "unknown tool",
+        "approval outside tools",
+        "bad cost",
+        "negative cost",
+        "steps not a number",
+        "unknown onExhausted",
+        "noProgress window not a number",
+        "tools not a list",
+    ],
 )
 def test_an_unservable_run_is_rejected_naming_the_field(
     spec: dict[str, Any], model: Any, message: str
@@ -84,6 +113,34 @@ def test_an_unservable_run_is_rejected_naming_the_field(
     with pytest.raises(admission.InvalidSpec) as err:
         admit(spec, model)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"pricing": {"inputPerMillionUSD": "cheap"}}, "spec.pricing.inputPerMillionUSD: 'cheap'"),
+        ({"pricing": {"outputPerMillionUSD": "-2"}}, "spec.pricing.outputPerMillionUSD: '-2' must"),
+        ({"contextWindow": "big"}, "spec.contextWindow: 'big' is invalid"),
+        ({"credentials": {"secretRef": {"name": "k"}}}, "spec.credentials.secretRef.namespace: "),
+    ],
+    ids=["input price", "negative output price", "context window", "secret without namespace"],
+)
+def test_a_bad_agentmodel_is_rejected_naming_the_model_and_the_field(
+    spec: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(admission.InvalidSpec) as err:
+        admission.model_config("m", {"spec": spec})
+    assert str(err.value).startswith(f"AgentModel 'm' {message}")
+
+
+def test_an_agentmodel_without_limits_gets_the_kernel_window_defaults() -> None:
+    model = admission.model_config("m", {"spec": {"baseURL": "http://m/v1", "model": "x"}})
+    defaults = kernel.Limits()
+    assert (model.context_window, model.max_output_tokens) == (
+        defaults.context_window,
+        defaults.max_output_tokens,
+    )
+    assert model.pricing == kernel.Pricing() and model.secret is None
 
 
 def test_a_rejection_projects_to_failed_invalid_spec() -> None:

@@ -8,7 +8,8 @@ from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun.operator.statuswriter import RunKey, StatusWriter
+from agentrun.operator.runs import RunKey
+from agentrun.operator.statuswriter import StatusWriter
 
 RUN = RunKey("ns", "run", "uid-1")
 
@@ -17,16 +18,12 @@ class FakeApi:
     def __init__(self, *, fail_with: int | None = None) -> None:
         self.writes: list[tuple[RunKey, dict[str, Any]]] = []
         self.fail_with = fail_with
-        self.gone: list[RunKey] = []
 
     async def patch(self, run: RunKey, body: Mapping[str, Any]) -> None:
         refused = self.fail_with is not None and not (self.fail_with == 422 and "usage" not in body)
         if refused:  # a 422 fake refuses only full bodies; the minimal status is accepted
             raise ApiException(status=self.fail_with, reason="test")
         self.writes.append((run, dict(body)))
-
-    async def on_gone(self, run: RunKey) -> None:
-        self.gone.append(run)
 
 
 async def test_fifty_fast_turns_cause_a_handful_of_writes_and_the_last_is_terminal() -> None:
@@ -38,7 +35,7 @@ async def test_fifty_fast_turns_cause_a_handful_of_writes_and_the_last_is_termin
         await asyncio.sleep(0.005)
     writer.submit(RUN, {"seq": 51, "phase": "Succeeded"}, seq=51, terminal=True)
     await asyncio.sleep(0.05)
-    await writer.close()
+    await writer.flush_and_stop()
     assert 1 <= len(api.writes) <= 4
     assert api.writes[-1][1] == {"seq": 51, "phase": "Succeeded"}
 
@@ -66,11 +63,13 @@ async def test_runs_that_share_a_name_are_written_separately() -> None:
 async def test_a_write_to_a_deleted_or_replaced_object_is_dropped_and_reported() -> None:
     for status in (404, 409):
         api = FakeApi(fail_with=status)
-        writer = StatusWriter(api.patch, interval=0.0, on_gone=api.on_gone)
+        writer = StatusWriter(api.patch, interval=0.0)
         writer.submit(RUN, {"phase": "Running"}, seq=1, terminal=True)
         await writer.flush()
         await writer.flush()
-        assert api.writes == [] and api.gone == [RUN]
+        assert api.writes == []
+        async with asyncio.timeout(1):
+            assert await writer.next_gone() == RUN
 
 
 async def test_a_refused_status_is_replaced_once_by_a_minimal_one() -> None:
@@ -93,5 +92,5 @@ async def test_a_failed_write_is_retried_after_the_interval() -> None:
     await asyncio.sleep(0.02)
     api.fail_with = None
     await asyncio.sleep(0.2)
-    await writer.close()
+    await writer.flush_and_stop()
     assert api.writes == [(RUN, {"phase": "Failed"})]

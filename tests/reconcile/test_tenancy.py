@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import copy
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from agentrun.ledger import TenantLimits
-from agentrun.operator.admission import InvalidSpec
+from agentrun.operator.admission import InvalidSpec, parse_run_spec
+from agentrun.operator.specs import IMPLICIT_BUDGET, AgentRunSpec
 from agentrun.operator.tenancy import (
-    IMPLICIT,
     Ambiguous,
     InvalidTenant,
     OverMax,
@@ -30,6 +29,11 @@ def policy(name: str = "acme", **spec: Any) -> TenantPolicy:
     return TenantPolicy.of(tenant(name, **spec))
 
 
+def admitted_spec(spec: dict[str, Any]) -> AgentRunSpec:
+    """The run's spec as the operator parses it (``InvalidSpec`` naming a bad field)."""
+    return parse_run_spec(spec)
+
+
 def run_spec(**budget: Any) -> dict[str, Any]:
     return {"model": "gpt", "goal": "g", "tools": ["calculate"], "budget": budget}
 
@@ -46,7 +50,7 @@ def test_defaults_of_an_almost_empty_tenant() -> None:
     assert p.limits == TenantLimits(window_seconds=86_400.0)
     assert p.when_exhausted is WhenExhausted.QUEUE
     assert p.over_max is OverMax.REJECT
-    assert (p.run_max, p.run_default) == ({}, {})
+    assert (p.run_max.written(), p.run_default.written()) == ({}, {})
     assert (p.allowed_models, p.allowed_tools) == (None, None)
 
 
@@ -72,8 +76,8 @@ def test_a_full_tenant_is_parsed() -> None:
     )
     assert p.when_exhausted is WhenExhausted.FAIL
     assert p.over_max is OverMax.CLAMP
-    assert p.run_max == {"maxSteps": 50}
-    assert p.run_default == {"maxSteps": 10}
+    assert p.run_max.written() == {"maxSteps": 50}
+    assert p.run_default.written() == {"maxSteps": 10}
     assert p.allowed_models == frozenset({"gpt", "small"})
     assert p.allowed_tools == frozenset()
 
@@ -115,7 +119,7 @@ def test_a_default_above_its_cap_is_an_invalid_tenant_naming_the_field(
 )
 def test_a_default_equal_to_its_cap_is_fine(field: str, default: Any, cap: Any) -> None:
     p = policy(runBudget={"max": {field: cap}, "default": {field: default}})
-    assert p.run_default[field] == default
+    assert p.run_default.written()[field] == default
 
 
 def test_a_malformed_default_under_a_cap_is_an_invalid_tenant() -> None:
@@ -199,36 +203,36 @@ def test_match_labels_and_expressions_are_anded() -> None:
 def test_a_model_not_allowed_is_invalid_naming_spec_model_and_the_tenant() -> None:
     p = policy(allowedModels=["small", "tiny"])
     with pytest.raises(InvalidSpec, match=r"^spec\.model: ") as err:
-        p.apply(run_spec())
+        p.apply(admitted_spec(run_spec()))
     assert "'gpt'" in str(err.value) and "'acme'" in str(err.value)
-    assert p.apply({**run_spec(), "model": "small"})["model"] == "small"
+    assert p.apply(admitted_spec({**run_spec(), "model": "small"})).model == "small"
 
 
 def test_an_empty_allowed_models_list_allows_none() -> None:
     with pytest.raises(InvalidSpec, match=r"^spec\.model: .*none"):
-        policy(allowedModels=[]).apply(run_spec())
+        policy(allowedModels=[]).apply(admitted_spec(run_spec()))
 
 
 def test_a_tool_not_allowed_is_invalid_naming_spec_tools_and_the_tenant() -> None:
     p = policy(allowedTools=["calculate"])
-    spec = {**run_spec(), "tools": ["calculate", "kubernetes_get", "sleep"]}
+    spec = admitted_spec({**run_spec(), "tools": ["calculate", "kubernetes_get", "sleep"]})
     with pytest.raises(InvalidSpec, match=r"^spec\.tools: kubernetes_get, sleep ") as err:
         p.apply(spec)
     assert "'acme'" in str(err.value)
-    assert p.apply(run_spec())["tools"] == ["calculate"]
+    assert p.apply(admitted_spec(run_spec())).tools == ("calculate",)
 
 
 def test_an_empty_allowed_tools_list_allows_only_runs_without_tools() -> None:
     p = policy(allowedTools=[])
     with pytest.raises(InvalidSpec, match=r"^spec\.tools: "):
-        p.apply(run_spec())
-    assert p.apply({"model": "gpt", "goal": "g"})["model"] == "gpt"
+        p.apply(admitted_spec(run_spec()))
+    assert p.apply(admitted_spec({"model": "gpt", "goal": "g"})).model == "gpt"
 
 
 def test_without_a_policy_only_the_implicit_values_are_filled() -> None:
-    budget = policy().apply({"model": "gpt", "goal": "g"})["budget"]
+    budget = policy().apply(admitted_spec({"model": "gpt", "goal": "g"})).budget.written()
     assert budget == {"maxSteps": 20, "maxToolCalls": 50, "timeout": "10m"}
-    assert IMPLICIT["maxTokens"] is None and IMPLICIT["maxCostUSD"] is None
+    assert IMPLICIT_BUDGET.max_tokens is None and IMPLICIT_BUDGET.max_cost_usd is None
 
 
 def test_defaults_are_filled_only_for_unset_fields() -> None:
@@ -237,7 +241,7 @@ def test_defaults_are_filled_only_for_unset_fields() -> None:
             "default": {"maxSteps": 7, "maxTokens": 500, "maxCostUSD": "0.50", "timeout": "5m"}
         }
     )
-    budget = p.apply(run_spec(maxSteps=12, maxCostUSD="2"))["budget"]
+    budget = p.apply(admitted_spec(run_spec(maxSteps=12, maxCostUSD="2"))).budget.written()
     assert budget == {
         "maxSteps": 12,
         "maxToolCalls": 50,
@@ -263,7 +267,7 @@ def test_over_max_with_reject_is_invalid_naming_the_field_and_the_cap(
 ) -> None:
     p = policy(runBudget={"max": {field: cap}})
     with pytest.raises(InvalidSpec, match=rf"^spec\.budget\.{field}: ") as err:
-        p.apply(run_spec(**{field: value}))
+        p.apply(admitted_spec(run_spec(**{field: value})))
     message = str(err.value)
     assert f"cap {cap}" in message
     assert "'acme'" in message
@@ -282,7 +286,7 @@ def test_over_max_with_reject_is_invalid_naming_the_field_and_the_cap(
 )
 def test_over_max_with_clamp_is_clamped(field: str, value: Any, cap: Any) -> None:
     p = policy(runBudget={"max": {field: cap}, "overMax": "Clamp"})
-    assert p.apply(run_spec(**{field: value}))["budget"][field] == cap
+    assert p.apply(admitted_spec(run_spec(**{field: value}))).budget.written()[field] == cap
 
 
 @pytest.mark.parametrize(
@@ -299,7 +303,7 @@ def test_over_max_with_clamp_is_clamped(field: str, value: Any, cap: Any) -> Non
 def test_values_within_the_cap_are_kept_as_written(field: str, value: Any, cap: Any) -> None:
     for over_max in ("Reject", "Clamp"):
         p = policy(runBudget={"max": {field: cap}, "overMax": over_max})
-        assert p.apply(run_spec(**{field: value}))["budget"][field] == value
+        assert p.apply(admitted_spec(run_spec(**{field: value}))).budget.written()[field] == value
 
 
 def test_an_unset_field_with_a_cap_gets_the_cap_or_the_lower_implicit_default() -> None:
@@ -314,7 +318,7 @@ def test_an_unset_field_with_a_cap_gets_the_cap_or_the_lower_implicit_default() 
             }
         }
     )
-    budget = p.apply({"model": "gpt", "goal": "g"})["budget"]
+    budget = p.apply(admitted_spec({"model": "gpt", "goal": "g"})).budget.written()
     assert budget == {
         "maxSteps": 20,  # implicit 20 is under the cap of 50: stays 20
         "maxToolCalls": 10,  # implicit 50 is above the cap of 10: the cap (not a rejection)
@@ -326,32 +330,30 @@ def test_an_unset_field_with_a_cap_gets_the_cap_or_the_lower_implicit_default() 
 
 def test_an_unset_field_takes_the_tenant_default_under_the_cap() -> None:
     p = policy(runBudget={"max": {"maxTokens": 4_000}, "default": {"maxTokens": 1_000}})
-    assert p.apply(run_spec())["budget"]["maxTokens"] == 1_000
-    assert p.apply(run_spec(maxTokens=3_000))["budget"]["maxTokens"] == 3_000
+    assert p.apply(admitted_spec(run_spec())).budget.max_tokens == 1_000
+    assert p.apply(admitted_spec(run_spec(maxTokens=3_000))).budget.max_tokens == 3_000
 
 
-def test_the_spec_passed_in_is_not_mutated() -> None:
+def test_the_spec_passed_in_is_left_as_it_was() -> None:
     p = policy(
         runBudget={"max": {"maxSteps": 5, "timeout": "1m"}, "overMax": "Clamp"},
         allowedTools=["calculate"],
     )
-    spec = run_spec(maxSteps=9, timeout="5m")
-    before = copy.deepcopy(spec)
+    spec = admitted_spec(run_spec(maxSteps=9, timeout="5m"))
+    before = spec.model_copy(deep=True)
     result = p.apply(spec)
     assert spec == before
-    assert result["budget"]["maxSteps"] == 5
-    assert result["budget"] is not spec["budget"]
-    assert {k: v for k, v in result.items() if k != "budget"} == {
-        k: v for k, v in before.items() if k != "budget"
-    }
+    assert result.budget.written()["maxSteps"] == 5
+    assert spec.budget.written()["maxSteps"] == 9
+    assert result.model_copy(update={"budget": spec.budget}) == spec
 
 
 def test_a_run_value_that_is_not_a_number_is_invalid_naming_the_field() -> None:
     p = policy(runBudget={"max": {"maxSteps": 5}})
     with pytest.raises(InvalidSpec, match=r"^spec\.budget\.maxSteps: "):
-        p.apply(run_spec(maxSteps="many"))
+        p.apply(admitted_spec(run_spec(maxSteps="many")))
     with pytest.raises(InvalidSpec, match=r"^spec\.budget\.timeout: "):
-        policy(runBudget={"max": {"timeout": "1m"}}).apply(run_spec(timeout="soon"))
+        policy(runBudget={"max": {"timeout": "1m"}}).apply(admitted_spec(run_spec(timeout="soon")))
 
 
 # --------------------------------------------------------------------------- resolve()

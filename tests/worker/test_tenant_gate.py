@@ -11,7 +11,7 @@ from decimal import Decimal
 
 from agentrun import kernel
 from agentrun.kernel import Phase
-from agentrun.ledger import Refusal
+from agentrun.ledger import BudgetRefusal
 from agentrun.tools import Catalog
 from agentrun.tools.calculate import Calculate
 
@@ -47,11 +47,13 @@ class Tenant:
 
         async def reserve(
             self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
-        ) -> Refusal | None:
+        ) -> BudgetRefusal | None:
             assert before is not None  # the previous turn is settled in the same write
             self.tenant.asked.append((tokens, cost_usd))
             if len(self.tenant.asked) > self.tenant.calls:
-                return Refusal("BudgetExhausted", "tokens", "tenant 't' tokens: 1 call too many")
+                return BudgetRefusal(
+                    "BudgetExhausted", "tokens", "tenant 't' tokens: 1 call too many"
+                )
             return None
 
 

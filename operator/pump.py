@@ -1,0 +1,373 @@
+"""The admission queue pump: per-tenant FIFO queues of validated runs, admitted from the head.
+
+A new AgentRun, validated against its AgentModel and its tenant's policy, is appended to its
+tenant's queue (``queue.<tenant>`` in the ledger bucket). A pump per tenant admits from the
+head while the tenant has a free ``maxConcurrentRuns`` slot and budget left for the run's first
+model call (``Book.admit``, one compare-and-set), appending the run's ``admitted`` event; it
+stops at the first run that does not fit, so admission is FIFO. Runs left waiting show
+``Queued`` with the reason and their position. Every step is idempotent (the ledger slot by
+run uid, the admitted event by compare-and-set on an empty subject, the queue by uid), so an
+operator that dies mid-admission neither admits a run twice nor forgets one: the queue and the
+ledger are in JetStream.
+
+What does not belong here: the periodic ledger repairs and AgentTenant status (``sweep``),
+settling a run that ended (``settlement``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any, Protocol
+
+import nats.errors
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun import kernel, kube, protocol, telemetry
+from agentrun.ledger import Book, BudgetRefusal, LedgerStore, QueuedRun
+from agentrun.protocol import DEFAULT_TENANT, RunConfig
+
+from . import admission, status, tenancy
+from .runs import CANCEL_ANNOTATION, QueueWait, RunKey, WaitReason
+from .settlement import QueueBoard, RunSettlement
+from .specs import ObjectMeta, RunObject
+from .tenancy import TenantPolicy
+from .tenants import RunConfigs, Tenants
+
+log = logging.getLogger(__name__)
+
+
+class RunStarter(Protocol):
+    """What the pump needs of the dispatcher."""
+
+    async def start_run(self, config: RunConfig, *, start_time: float, generation: int) -> None:
+        """Append the run's ``admitted`` event and track it; raises
+        ``nats.errors.MaxPayloadError`` when its config is too large to checkpoint."""
+
+    def count_end(self, uid: str, state: kernel.RunState, *, tenant: str) -> bool:
+        """Count the run's end once (``agentrun_runs_total``)."""
+
+
+class StatusSubmitter(Protocol):
+    """Where run status bodies go (``StatusWriter``)."""
+
+    def submit(self, run: RunKey, body: Mapping[str, Any], *, seq: int, terminal: bool) -> None:
+        """Queue ``body`` as the run's status."""
+
+
+async def fetch_pending_run(api: client.ApiClient | None, key: RunKey) -> RunObject | None:
+    """The AgentRun object ``key`` if it still exists with that uid and has not ended, else
+    ``None``; raises ``ApiException`` on other API errors, ``SpecError`` on an object that is
+    not an AgentRun. Without an API server: a stand-in with an empty spec."""
+    if api is None:
+        return RunObject(metadata=ObjectMeta(uid=key.uid))
+    try:
+        obj: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            kube.GROUP, kube.VERSION, key.namespace, kube.RUNS, key.name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    run = RunObject.of(obj)
+    if run.metadata.uid != key.uid or run.status.terminal_reason:
+        return None
+    return run
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PumpDeps:
+    """The pump's collaborators."""
+
+    store: LedgerStore
+    tenants: Tenants
+    configs: RunConfigs
+    runs: RunStarter
+    writer: StatusSubmitter
+    settlement: RunSettlement
+    board: QueueBoard
+    api: client.ApiClient | None
+    """Reads queued AgentRuns the handler did not hand over (after a restart)."""
+    clock: Callable[[], float] = time.time
+    """Epoch seconds."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Waiting:
+    generation: int = 1
+    shown: tuple[int, str] | None = None
+    """(position, reason) last written to the run's status."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Head:
+    """The run at the head of a queue, with what its object says."""
+
+    key: RunKey
+    obj: RunObject
+
+
+class QueuePump:
+    """Owns the tenant queues and a pump task per tenant. One per operator process."""
+
+    def __init__(self, deps: PumpDeps) -> None:
+        """Wired once at start-up (see ``wiring``)."""
+        self.deps = deps
+        self.store = deps.store
+        self.board = deps.board
+        self.clock = deps.clock
+        self._waiting: dict[str, _Waiting] = {}
+        """Runs this operator has seen queued (uid → what their status shows)."""
+        self._objects: dict[str, RunObject] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._wakes: dict[str, asyncio.Event] = {}
+        self._pumps: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+
+    # --- queueing -------------------------------------------------------------------------------
+
+    async def enqueue_run(
+        self,
+        run: RunKey,
+        policy: TenantPolicy,
+        *,
+        generation: int,
+        created: float,
+        obj: RunObject | None = None,
+    ) -> None:
+        """Queue a validated run in its tenant's queue by creation time (idempotent), pump.
+
+        ``created`` is the AgentRun's creationTimestamp (epoch seconds); ``obj`` the object
+        as the handler saw it (spec and metadata), so the pump need not read it again (its
+        spec is immutable; a cancel or delete reaches the queue through their handlers).
+        """
+        if obj is not None:
+            self._objects[run.uid] = obj
+        self._waiting.setdefault(run.uid, _Waiting(generation))
+        await self.store.enqueue(policy.name, QueuedRun(run.uid, run.namespace, run.name, created))
+        self.board.kick(policy.name)
+
+    async def cancel_queued(self, key: RunKey, tenant: str | None = None) -> bool:
+        """End a run that is still queued ``cancelled``; False if it is not queued."""
+        for name in [tenant] if tenant else self._tenants_with_queues():
+            if await self.store.dequeue(name, key.uid):
+                self._objects.pop(key.uid, None)
+                seen = self._waiting.pop(key.uid, None)
+                self.end_unadmitted(
+                    key,
+                    kernel.Phase.CANCELLED,
+                    f"cancelled by the {CANCEL_ANNOTATION} annotation while queued",
+                    tenant=name,
+                    generation=seen.generation if seen else 1,
+                )
+                self.board.kick(name)
+                return True
+        return False
+
+    async def forget_queued(self, uid: str) -> None:
+        """A deleted run leaves whatever queue holds it."""
+        self._waiting.pop(uid, None)
+        self._objects.pop(uid, None)
+        for name in self._tenants_with_queues():
+            if await self.store.dequeue(name, uid):
+                self.board.kick(name)
+                return
+
+    def _tenants_with_queues(self) -> list[str]:
+        return sorted(set(self.deps.tenants.policies) | set(self.board.queued))
+
+    def end_unadmitted(
+        self,
+        key: RunKey,
+        phase: kernel.Phase,
+        message: str,
+        *,
+        tenant: str | None,
+        generation: int,
+    ) -> None:
+        """End a run that was never admitted (rejected spec, no tenant, no budget with
+        ``whenExhausted: Fail``, cancelled while queued): write its terminal status, count it."""
+        log.info("%s/%s ends unadmitted (%s): %s", key.namespace, key.name, phase.value, message)
+        body = status.rejected(
+            message, at=self.clock(), generation=generation, phase=phase, tenant=tenant
+        )
+        self.deps.writer.submit(key, body, seq=0, terminal=True)
+        state = kernel.stop(kernel.initial_state(goal=""), phase, message)
+        self.deps.runs.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT)
+
+    # --- the pump tasks -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start (or wake) a tenant's pump for every kick, until stopped."""
+        while not self._stopping.is_set():
+            for tenant in await self.board.take_kicks():
+                self._wake_pump(tenant)
+
+    def stop(self) -> None:
+        """Stop the pumps."""
+        self._stopping.set()
+        for task in self._pumps.values():
+            task.cancel()
+
+    def _wake_pump(self, tenant: str) -> None:
+        wake = self._wakes.setdefault(tenant, asyncio.Event())
+        wake.set()
+        task = self._pumps.get(tenant)
+        if task is None or task.done():
+            self._pumps[tenant] = asyncio.create_task(
+                self._pump_loop(tenant, wake), name=f"pump-{tenant}"
+            )
+
+    async def _pump_loop(self, tenant: str, wake: asyncio.Event) -> None:
+        while not self._stopping.is_set():
+            await wake.wait()
+            wake.clear()
+            try:
+                await self.pump_queue(tenant)
+            except Exception:
+                log.exception(
+                    "admission pump of tenant %s failed; retrying at the next sweep", tenant
+                )
+
+    async def pump_queue(self, tenant: str) -> None:
+        """Admit from the head of the tenant's queue while runs fit; show the rest as Queued."""
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            policy = self.deps.tenants.policies.get(tenant)
+            queue = await self.store.queue(tenant)
+            wait: QueueWait | None = None
+            index = 0
+            while index < len(queue):
+                if policy is None:
+                    wait = self.deps.tenants.why_missing(tenant)
+                    break
+                wait = await self._admit_queue_head(policy, queue[index])
+                if wait is not None:
+                    break
+                index += 1
+            waiting = queue[index:]
+            self.board.queued[tenant] = len(waiting)
+            self.board.blocked[tenant] = wait
+            if wait is not None:
+                self._show_queued(tenant, waiting, wait)
+
+    # --- admitting one run ----------------------------------------------------------------------
+
+    async def _admit_queue_head(self, policy: TenantPolicy, queued: QueuedRun) -> QueueWait | None:
+        """Admit ``queued`` or say why it waits; a run that cannot run at all leaves the queue."""
+        head = await self._read_head(policy, queued)
+        if head is None:
+            return None
+        now = self.clock()
+        try:
+            config = await self.deps.configs.build_config(
+                head.key, head.obj.spec, policy, start_time=now
+            )
+        except admission.InvalidSpec as err:  # e.g. its AgentModel was deleted while it waited
+            await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
+            return None
+        need = self.deps.configs.first_call_need(config)
+        never = admission.never_fits(need, tenant=policy.name, limits=policy.limits)
+        if never is not None:  # waiting would block everyone behind it for ever
+            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
+            return None
+        refusal = await self.store.admit_run(
+            policy.name, queued, limits=policy.limits, need=need, now=now
+        )
+        if refusal is None:
+            await self._start_admitted(head, policy, config, now=now)
+            return None
+        wait = QueueWait.of(refusal)
+        if wait.reason is WaitReason.BUDGET_EXHAUSTED and (
+            policy.when_exhausted is tenancy.WhenExhausted.FAIL
+        ):
+            message = (
+                f"AgentTenant {policy.name!r} has too little budget left for this run's "
+                f"first model call ({wait.message}); its spec.whenExhausted is Fail"
+            )
+            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message)
+            return None
+        return wait
+
+    async def _read_head(self, policy: TenantPolicy, queued: QueuedRun) -> _Head | None:
+        """The queue head's object, or ``None`` once it left the queue (deleted, cancelled)."""
+        key = RunKey(queued.namespace, queued.name, queued.uid)
+        obj = self._objects.get(key.uid) or await fetch_pending_run(self.deps.api, key)
+        if obj is None:  # deleted, or a new object of that name: nothing to admit
+            await self._leave(policy.name, key)
+            return None
+        head = _Head(key, obj)
+        if obj.metadata.annotations.get(CANCEL_ANNOTATION) == "true":
+            message = f"cancelled by the {CANCEL_ANNOTATION} annotation"
+            await self._drop(head, policy, kernel.Phase.CANCELLED, message)
+            return None
+        return head
+
+    async def _drop(
+        self, head: _Head, policy: TenantPolicy, phase: kernel.Phase, message: str
+    ) -> None:
+        """End a queued run that will not run, and take it out of the queue."""
+        self.end_unadmitted(
+            head.key, phase, message, tenant=policy.name, generation=head.obj.metadata.generation
+        )
+        await self._leave(policy.name, head.key)
+
+    async def _start_admitted(
+        self, head: _Head, policy: TenantPolicy, config: RunConfig, *, now: float
+    ) -> None:
+        """Start a run that got its ledger slot: its ``admitted`` event, then out of the queue."""
+        config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
+        self.board.admitting.add(head.key.uid)
+        try:
+            await self.deps.runs.start_run(
+                config, start_time=now, generation=head.obj.metadata.generation
+            )
+        except nats.errors.MaxPayloadError:
+            message = (
+                f"spec: about {len(protocol.encode_run_config(config))} bytes, more than the "
+                "event stream's message limit allows to checkpoint; shorten spec.goal, "
+                "spec.instructions or spec.output.schema"
+            )
+            await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
+            await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
+            return
+        finally:
+            self.board.admitting.discard(head.key.uid)
+        self._waiting.pop(head.key.uid, None)
+        self._objects.pop(head.key.uid, None)
+        await self.store.dequeue(policy.name, head.key.uid)
+
+    async def _leave(self, tenant: str, key: RunKey) -> None:
+        """Take a run that will not run out of the queue."""
+        self._waiting.pop(key.uid, None)
+        self._objects.pop(key.uid, None)
+        await self.store.dequeue(tenant, key.uid)
+
+    def _show_queued(self, tenant: str, waiting: list[QueuedRun], wait: QueueWait) -> None:
+        now = self.clock()
+        for position, run in enumerate(waiting, start=1):
+            seen = self._waiting.setdefault(run.uid, _Waiting())
+            shown = (position, wait.reason)
+            if seen.shown == shown:
+                continue
+            seen.shown = shown
+            why = (
+                wait.message
+                if position == 1
+                else f"behind {position - 1} run(s); the first waits because {wait.message}"
+            )
+            body = status.queued(
+                tenant=tenant,
+                reason=wait.reason.value,
+                message=f"queued in AgentTenant {tenant!r} at position {position}: {why}",
+                position=position,
+                at=now,
+                generation=seen.generation,
+            )
+            self.deps.writer.submit(
+                RunKey(run.namespace, run.name, run.uid), body, seq=0, terminal=False
+            )

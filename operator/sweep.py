@@ -1,0 +1,246 @@
+"""The periodic ledger sweep and the AgentTenant status it writes.
+
+Every few seconds, per tenant: start a new window when the old one is over, release holds whose
+worker died (charging what the run's events show it committed), free the slots of runs that
+ended while no operator watched, end the runs of a tenant whose wall-clock budget ran out, pump
+its queue, and write its AgentTenant ``.status`` and the tenant budget metrics. Invalid
+AgentTenants get ``Accepted=False`` with the reason.
+
+What does not belong here: admitting runs (``pump``), the status body's shape
+(``tenantstatus``, pure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, Protocol
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun import kernel, kube, metrics
+from agentrun.ledger import Book, LedgerStore, Repair
+from agentrun.protocol import RunEvent
+
+from . import tenantstatus
+from .pump import fetch_pending_run
+from .runs import RunKey
+from .settlement import QueueBoard
+from .statuswriter import MERGE_PATCH
+from .tenancy import TenantPolicy
+from .tenants import Tenants
+
+log = logging.getLogger(__name__)
+
+STALE_GRACE = 30.0
+"""Seconds an active ledger entry without a live run view is left alone before the sweep
+checks the run's events (admission in progress, an operator just restarted)."""
+
+class LiveRuns(Protocol):
+    """What the sweep needs of the dispatcher."""
+
+    def is_tracked(self, uid: str) -> bool:
+        """Whether the run has a live view in this operator."""
+
+    async def end(
+        self, namespace: str, name: str, uid: str, phase: kernel.Phase, message: str
+    ) -> bool:
+        """Append a ``stop`` event ending the run with ``phase``."""
+
+
+class EventLog(Protocol):
+    """Reads runs' event streams (``Bus``)."""
+
+    async def last_event(self, namespace: str, name: str) -> RunEvent | None:
+        """The run subject's last event, if any."""
+
+
+class TenantStatusWriter:
+    """Merge-patches AgentTenant ``.status`` (skipping a body equal to the last one written)
+    and keeps each condition's last transition."""
+
+    def __init__(self, api: client.ApiClient | None) -> None:
+        """``api`` ``None``: nothing is written (tests without an API server)."""
+        self.api = api
+        self._written: dict[str, dict[str, Any]] = {}
+        self._transitions: dict[str, dict[tenantstatus.TenantCondition, tenantstatus.Transition]]
+        self._transitions = {}
+
+    async def write_invalid(self, name: str, generation: int, why: str, *, now: float) -> None:
+        """``Accepted=False`` with ``why`` for an AgentTenant that cannot be enforced."""
+        projected = tenantstatus.invalid_tenant_status(
+            generation, why, now=now, previous=self._transitions.get(name, {})
+        )
+        self._transitions[name] = projected.transitions
+        await self._patch(name, projected.body)
+
+    async def write_enforced(
+        self, policy: TenantPolicy, book: Book | None, *, board: QueueBoard, now: float
+    ) -> None:
+        """The status of an enforced AgentTenant and its budget metrics; ``book`` ``None``:
+        the tenant has no ledger entry yet (an empty one is shown)."""
+        if book is None:
+            book = Book.new(policy.name, policy.limits, now=now)
+        projected = tenantstatus.tenant_status(
+            policy,
+            book,
+            queued=board.queued.get(policy.name, 0),
+            blocked=board.blocked.get(policy.name),
+            now=now,
+            previous=self._transitions.get(policy.name, {}),
+        )
+        self._transitions[policy.name] = projected.transitions
+        metrics.record_tenant_budget(policy.name, book, now=now)
+        await self._patch(policy.name, projected.body)
+
+    async def _patch(self, name: str, body: dict[str, Any]) -> None:
+        if self._written.get(name) == body or self.api is None:
+            return
+        try:
+            await client.CustomObjectsApi(self.api).patch_cluster_custom_object_status(
+                kube.GROUP, kube.VERSION, kube.TENANTS, name, {"status": body}, **MERGE_PATCH
+            )
+        except ApiException as err:
+            if err.status != 404:
+                log.warning("status of AgentTenant %s: HTTP %s", name, err.status)
+            return
+        self._written[name] = body
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SweepDeps:
+    """The sweep's collaborators."""
+
+    store: LedgerStore
+    tenants: Tenants
+    board: QueueBoard
+    runs: LiveRuns
+    events: EventLog
+    api: client.ApiClient | None
+    """Checks whether an AgentRun still exists; writes AgentTenant status."""
+    clock: Callable[[], float] = time.time
+    """Epoch seconds."""
+
+
+class LedgerSweep:
+    """Runs the sweep every ``interval`` seconds. One per operator process."""
+
+    def __init__(self, deps: SweepDeps, *, interval: float = 2.0) -> None:
+        """``interval``: seconds between two sweeps."""
+        self.deps = deps
+        self.store = deps.store
+        self.clock = deps.clock
+        self.interval = interval
+        self.tenant_status = TenantStatusWriter(deps.api)
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Stop after the current sweep."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Sweep every ``interval`` seconds until stopped."""
+        while not self._stopping.is_set():
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("ledger sweep failed; next one in %ss", self.interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval):
+                    await self._stopping.wait()
+
+    async def sweep(self) -> None:
+        """One pass over every tenant (see the module docstring)."""
+        for name, (generation, why) in list(self.deps.tenants.invalid.items()):
+            await self.tenant_status.write_invalid(name, generation, why, now=self.clock())
+        names = set(self.deps.tenants.policies) | set(await self.store.tenants())
+        for tenant in sorted(names):
+            try:
+                await self._sweep_tenant(tenant)
+            except Exception:
+                log.exception("sweep of tenant %s failed", tenant)
+
+    async def _sweep_tenant(self, tenant: str) -> None:
+        policy = self.deps.tenants.policies.get(tenant)
+        book = await self.store.read(tenant)
+        now = self.clock()
+        if book is None and policy is None:
+            return
+        if book is not None:
+            book = await self._repair_entry(book, policy, now)
+            if (
+                book.limits.wall_seconds is not None
+                and book.active
+                and (book.wall_used(now) >= book.limits.wall_seconds)
+            ):
+                await self._end_all(book)
+        if policy is not None:
+            self.deps.board.kick(tenant)
+            await self.tenant_status.write_enforced(policy, book, board=self.deps.board, now=now)
+
+    async def _repair_entry(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
+        """The entry after its repairs, limits and window are brought up to date."""
+        repairs = await self._find_repairs(book, now)
+        if not (
+            repairs
+            or (policy is not None and policy.limits != book.limits)
+            or (book.window + book.limits.window_seconds <= now)
+        ):
+            return book
+        await self.store.repair_entry(
+            book.tenant, repairs, limits=policy.limits if policy else None, now=now
+        )
+        repaired = await self.store.read(book.tenant)
+        assert repaired is not None
+        return repaired
+
+    async def _find_repairs(self, book: Book, now: float) -> list[Repair]:
+        """What the sweep must fix, read from the runs' events before the compare-and-set."""
+        found: list[Repair] = []
+        events = self.deps.events
+        for key, hold in book.expired(now):
+            if not hold.name:  # its run is no longer active: nothing of it left to charge
+                found.append(Repair(key, hold.run_uid, None))
+                continue
+            last = await events.last_event(hold.namespace, hold.name)
+            mine = last if last and last.run_uid == hold.run_uid else None
+            found.append(
+                Repair(key, hold.run_uid, mine.summary if mine else None, mine.time if mine else 0)
+            )
+        for uid, run in book.active.items():
+            if self.deps.runs.is_tracked(uid) or uid in self.deps.board.admitting:
+                continue
+            if now - run.since < STALE_GRACE:
+                continue
+            last = await events.last_event(run.namespace, run.name)
+            if last is None or last.run_uid != uid:
+                found.append(Repair("", uid, None))
+            elif last.phase.is_terminal:
+                found.append(Repair("", uid, last.summary, last.time))
+            elif (
+                await fetch_pending_run(self.deps.api, RunKey(run.namespace, run.name, uid)) is None
+            ):
+                # its object was removed while no operator watched (e.g. a finalizer forced
+                # off): end it, or its slot and budget would stay taken forever
+                with contextlib.suppress(Exception):
+                    await self.deps.runs.end(
+                        run.namespace, run.name, uid, kernel.Phase.CANCELLED, "the AgentRun is gone"
+                    )
+        return found
+
+    async def _end_all(self, book: Book) -> None:
+        message = (
+            f"AgentTenant {book.tenant!r} used its wall-clock budget of "
+            f"{book.limits.wall_seconds:.0f}s for this window"
+        )
+        for uid, run in list(book.active.items()):
+            with contextlib.suppress(Exception):
+                await self.deps.runs.end(
+                    run.namespace, run.name, uid, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message
+                )

@@ -1,0 +1,162 @@
+"""The operator's one wiring place: which part gets which collaborator, built once at start-up.
+
+Read this module to see how control flows: every collaborator is passed to a constructor here
+(no part assigns another's attributes). Order of construction, and what each part is told:
+
+- ``StatusWriter`` patches AgentRun ``.status``; the runs it finds gone are pulled by the
+  dispatcher (``Dispatcher.forget_gone_runs``).
+- ``QueueBoard`` is the shared view of the admission queues (lengths, why heads wait, kicks).
+- ``RunSettlement`` closes an ended run's ledger entry and kicks its tenant's queue; the
+  dispatcher calls it for every run end (``RunEndListener``).
+- ``Dispatcher`` consumes run events and publishes turns.
+- ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
+- ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
+
+What does not belong here: kopf's configuration and handlers (``handlers``), the process
+bootstrap (``main``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from agentrun.bus import Bus, BusSettings
+from agentrun.ledger import LedgerStore
+from agentrun.settings import OperatorSettings
+from agentrun.tools import Catalog, default_catalog
+
+from .dispatch import Dispatcher
+from .pump import PumpDeps, QueuePump
+from .settlement import QueueBoard, RunSettlement
+from .statuswriter import StatusWriter, kube_patcher
+from .sweep import LedgerSweep, SweepDeps
+from .tenants import ModelCache, RunConfigs, Tenants
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_STEP_SECONDS = 5.0
+"""Longest wait for each shutdown step (flushing status, closing connections)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Parts:
+    """The operator's running parts, as wired by ``start_parts``."""
+
+    bus: Bus
+    api: client.ApiClient
+    writer: StatusWriter
+    dispatcher: Dispatcher
+    tenants: Tenants
+    configs: RunConfigs
+    board: QueueBoard
+    pump: QueuePump
+    sweep: LedgerSweep
+    tasks: tuple[asyncio.Task[None], ...]
+    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep."""
+
+
+@dataclasses.dataclass
+class OperatorMemo:
+    """kopf's memo (``kopf.operator(memo=...)``): the settings, read once by the process, and
+    the parts, set by the start-up handler before any resource handler runs (kopf gives each
+    resource a shallow copy of this object)."""
+
+    settings: OperatorSettings
+    parts: Parts | None = None
+
+    def running(self) -> Parts:
+        """The parts; raises ``RuntimeError`` before start-up finished."""
+        if self.parts is None:
+            raise RuntimeError("the operator's start-up handler has not run")
+        return self.parts
+
+
+def tool_catalog() -> tuple[Mapping[str, bool], Catalog]:
+    """The worker's built-in tool catalog: (name → pollable, the catalog)."""
+    catalog = default_catalog(kube=None)
+    return {name: tool.spec.pollable for name, tool in catalog.items()}, catalog
+
+
+async def start_parts(
+    settings: OperatorSettings,
+    *,
+    tenant_objects: Iterable[Mapping[str, Any]],
+    api: client.ApiClient,
+) -> Parts:
+    """Connect to NATS, build every part with its collaborators, start the background loops.
+
+    ``tenant_objects``: the AgentTenants listed before any run is admitted (no false "no
+    tenant"). Raises what ``Bus.connect`` / ``LedgerStore.open`` raise.
+    """
+    bus = await Bus.connect(
+        BusSettings(url=settings.nats_url, ack_wait=settings.turn_ack_wait),
+        name=f"agentrun-operator-{os.getpid()}",
+    )
+    writer = StatusWriter(kube_patcher(api), interval=settings.status_interval)
+    writer.start()
+    tenants = Tenants(api, default=settings.default_tenant)
+    for obj in tenant_objects:
+        tenants.put(obj)
+    known_tools, catalog = tool_catalog()
+    configs = RunConfigs(
+        ModelCache(api),
+        known_tools=known_tools,
+        tool_specs=lambda names: catalog.specs(names) if names else [],
+    )
+    store = await LedgerStore.open(bus.js)
+    board = QueueBoard()
+    settlement = RunSettlement(store, board)
+    dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board)
+    pump = QueuePump(
+        PumpDeps(
+            store=store,
+            tenants=tenants,
+            configs=configs,
+            runs=dispatcher,
+            writer=writer,
+            settlement=settlement,
+            board=board,
+            api=api,
+        )
+    )
+    sweep = LedgerSweep(
+        SweepDeps(store=store, tenants=tenants, board=board, runs=dispatcher, events=bus, api=api),
+        interval=settings.ledger_sweep,
+    )
+    tasks = _start_loops(dispatcher, pump, sweep)
+    return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, tasks)
+
+
+def _start_loops(
+    dispatcher: Dispatcher, pump: QueuePump, sweep: LedgerSweep
+) -> tuple[asyncio.Task[None], ...]:
+    return (
+        asyncio.create_task(dispatcher.run(), name="event-consumer"),
+        asyncio.create_task(dispatcher.watch_queue(), name="queue-gauges"),
+        asyncio.create_task(dispatcher.forget_gone_runs(), name="gone-runs"),
+        asyncio.create_task(pump.run(), name="queue-pumps"),
+        asyncio.create_task(sweep.run(), name="ledger-sweep"),
+    )
+
+
+async def stop_parts(parts: Parts) -> None:
+    """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
+    parts.dispatcher.stop()
+    parts.pump.stop()
+    parts.sweep.stop()
+    for task in parts.tasks:
+        task.cancel()
+    await parts.dispatcher.cancel_timers()
+    for closing in (parts.writer.flush_and_stop(), parts.bus.close(), parts.api.close()):
+        try:
+            async with asyncio.timeout(SHUTDOWN_STEP_SECONDS):
+                await closing
+        except Exception as err:  # shutting down: log and go on
+            log.warning("shutdown step failed: %r", err)

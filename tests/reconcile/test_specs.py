@@ -1,0 +1,120 @@
+"""The CRD specs parse into typed values; a bad field is named in the message."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentrun import kernel
+from agentrun.operator import specs
+from agentrun.operator.specs import (
+    IMPLICIT_BUDGET,
+    AgentModelSpec,
+    AgentRunSpec,
+    AgentTenantSpec,
+    Duration,
+    SpecError,
+)
+from agentrun.operator.tenancy import InvalidTenant, TenantPolicy
+from agentrun.operator.tenants import NoTenant, Tenants
+
+BAD_TENANT_FIELDS = [
+    pytest.param(
+        {"budget": {"tokens": "lots"}}, "spec.budget.tokens: 'lots' is invalid", id="tokens"
+    ),
+    pytest.param(
+        {"budget": {"wallClockSeconds": "long"}},
+        "spec.budget.wallClockSeconds: 'long' is invalid",
+        id="wall clock",
+    ),
+    pytest.param({"whenExhausted": "Wait"}, "spec.whenExhausted: 'Wait' is invalid", id="when"),
+    pytest.param(
+        {"runBudget": {"overMax": "Ignore"}}, "spec.runBudget.overMax: 'Ignore'", id="overMax"
+    ),
+    pytest.param(
+        {"runBudget": {"max": {"timeout": "1 hour"}}},
+        "spec.runBudget.max.timeout: '1 hour' is not a duration",
+        id="cap timeout",
+    ),
+    pytest.param(
+        {"maxConcurrentRuns": "some"}, "spec.maxConcurrentRuns: 'some' is invalid", id="slots"
+    ),
+    pytest.param({"namespaces": "team-a"}, "spec.namespaces: 'team-a' is invalid", id="namespaces"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), BAD_TENANT_FIELDS)
+def test_a_bad_agenttenant_field_is_named(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidTenant) as err:
+        TenantPolicy.of({"metadata": {"name": "acme"}, "spec": spec})
+    assert str(err.value).startswith(message)
+
+
+def test_durations_compare_by_length_and_print_as_written() -> None:
+    assert Duration.parse("90s") == Duration.parse("1m30s")
+    assert Duration.parse("1h") > Duration.parse("59m59s")
+    assert str(Duration.parse("1h30m")) == "1h30m"
+    with pytest.raises(ValueError, match="like 90s"):
+        Duration.parse("90")
+
+
+def test_the_implicit_budget_takes_its_caps_from_the_kernel() -> None:
+    defaults = kernel.Limits()
+    assert IMPLICIT_BUDGET.max_steps == defaults.max_steps
+    assert IMPLICIT_BUDGET.max_tool_calls == defaults.max_tool_calls
+    assert IMPLICIT_BUDGET.timeout == Duration(600.0, "10m")
+
+
+def test_an_empty_agentrun_spec_has_every_default() -> None:
+    spec = AgentRunSpec.of(None)
+    assert (spec.model, spec.goal, spec.instructions, spec.tools) == ("", "", None, ())
+    assert spec.budget.written() == {}
+    assert spec.budget.on_exhausted is kernel.OnExhausted.SUMMARIZE
+    assert spec.output.json_schema is None and spec.approval.tools == ()
+
+
+def test_unset_budget_fields_are_filled_from_defaults_and_set_ones_kept() -> None:
+    asked = AgentRunSpec.of({"budget": {"maxSteps": 3, "maxCostUSD": "0.10"}}).budget
+    filled = asked.filled_from(IMPLICIT_BUDGET)
+    assert filled.written() == {
+        "maxSteps": 3,
+        "maxToolCalls": 50,
+        "maxCostUSD": "0.10",
+        "timeout": "10m",
+    }
+    assert filled.max_cost_usd == Decimal("0.10")
+
+
+def test_an_agentmodel_spec_reads_prices_as_decimals() -> None:
+    spec = AgentModelSpec.of("m", {"pricing": {"outputPerMillionUSD": "10.5"}, "model": "x"})
+    assert spec.pricing.output_per_million == Decimal("10.5")
+    assert spec.pricing.input_per_million == Decimal(0)
+
+
+def test_an_agenttenant_without_a_window_gets_a_day() -> None:
+    assert AgentTenantSpec.of({}).window.seconds == 86_400.0
+
+
+def test_only_the_first_error_is_reported_with_its_path() -> None:
+    with pytest.raises(SpecError) as err:
+        specs.parse(AgentRunSpec, {"budget": {"maxSteps": "x", "maxToolCalls": "y"}}, where="spec")
+    assert str(err.value).startswith("spec.budget.maxSteps: ")
+    assert "maxToolCalls" not in str(err.value)
+
+
+async def test_an_invalid_tenant_keeps_its_namespaces_so_their_runs_are_rejected() -> None:
+    tenants = Tenants(None, default="fallback")
+    tenants.put({"metadata": {"name": "fallback"}, "spec": {"namespaces": ["other"]}})
+    bad = {
+        "metadata": {"name": "acme", "generation": 5},
+        "spec": {"namespaces": ["team-a"], "window": "soon"},
+    }
+    assert tenants.put(bad) is None
+    assert tenants.invalid["acme"][0] == 5
+    with pytest.raises(
+        NoTenant, match=r"'acme' binds namespace 'team-a' but is invalid: spec\.window"
+    ):
+        await tenants.resolve("team-a")
+    assert (await tenants.resolve("elsewhere")).name == "fallback"
