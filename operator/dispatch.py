@@ -16,8 +16,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from nats.aio.msg import Msg
 

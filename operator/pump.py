@@ -21,7 +21,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from decimal import Decimal
 from typing import Any, Protocol
 
 import nats.errors
@@ -29,7 +28,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube, protocol, telemetry
-from agentrun.ledger import Book, BudgetRefusal, LedgerStore, QueuedRun
+from agentrun.ledger import LedgerStore, QueuedRun
 from agentrun.protocol import DEFAULT_TENANT, RunConfig
 
 from . import admission, status, tenancy

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from decimal import Decimal
-from typing import Any
 
 from agentrun.ledger import LedgerStore
 from agentrun.protocol import RunEvent

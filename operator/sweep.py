@@ -18,7 +18,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client
@@ -41,6 +40,7 @@ log = logging.getLogger(__name__)
 STALE_GRACE = 30.0
 """Seconds an active ledger entry without a live run view is left alone before the sweep
 checks the run's events (admission in progress, an operator just restarted)."""
+
 
 class LiveRuns(Protocol):
     """What the sweep needs of the dispatcher."""

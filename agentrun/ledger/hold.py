@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Protocol, TypeVar
 
 from agentrun import kernel
-from agentrun.ledger.book import Book, Hold, BudgetRefusal
+from agentrun.ledger.book import Book, BudgetRefusal, Hold
 
 log = logging.getLogger(__name__)
 
