@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import json
 import os
 import sys
@@ -146,18 +147,31 @@ def inject(headers: MutableMapping[str, str], traceparent: str | None) -> None:
         headers["traceparent"] = traceparent
 
 
-def emit_run_span(
-    *,
-    traceparent: str | None,
-    name: str,
-    run_uid: str,
-    model: str,
-    start: float,
-    end: float,
-    vitals: Mapping[str, Any],
-    error_type: str | None,
-) -> None:
-    """Emit the finished ``invoke_agent`` span of a run (times in epoch seconds)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunSpan:
+    """A finished run, as its ``invoke_agent`` span reports it."""
+
+    traceparent: str | None
+    """The run's W3C ``traceparent`` (minted at admission); ``None``: no span is emitted."""
+    name: str
+    """The AgentRun's name (``gen_ai.agent.name``)."""
+    run_uid: str
+    """The AgentRun's uid (``gen_ai.agent.id``)."""
+    model: str
+    """The requested model (``gen_ai.request.model``)."""
+    start: float
+    """Admission time, epoch seconds."""
+    end: float
+    """The terminal event's time, epoch seconds."""
+    vitals: Mapping[str, Any]
+    """Further span attributes (usage, terminal reason, counters); ``None`` values are left out."""
+    error_type: str | None
+    """``error.type`` for a run that did not complete (its terminal reason), else ``None``."""
+
+
+def emit_run_span(run: RunSpan) -> None:
+    """Emit the finished ``invoke_agent`` span of a run (GenAI semantic conventions)."""
+    traceparent, name, error_type = run.traceparent, run.name, run.error_type
     ids = parse_traceparent(traceparent or "")
     if ids is None:
         return
@@ -165,9 +179,9 @@ def emit_run_span(
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.provider.name": PROVIDER_NAME,
         "gen_ai.agent.name": name,
-        "gen_ai.agent.id": run_uid,
-        "gen_ai.request.model": model,
-        **{k: v for k, v in vitals.items() if v is not None},
+        "gen_ai.agent.id": run.run_uid,
+        "gen_ai.request.model": run.model,
+        **{k: v for k, v in run.vitals.items() if v is not None},
     }
     if error_type:
         attributes["error.type"] = error_type
@@ -177,11 +191,11 @@ def emit_run_span(
             context=trace.set_span_in_context(trace.INVALID_SPAN),
             kind=SpanKind.INTERNAL,
             attributes=attributes,
-            start_time=int(start * 1e9),
+            start_time=int(run.start * 1e9),
         )
     if error_type:
         span.set_status(trace.Status(trace.StatusCode.ERROR, error_type))
-    span.end(end_time=int(end * 1e9))
+    span.end(end_time=int(run.end * 1e9))
 
 
 def remote_parent(traceparent: str | None) -> SpanContext | None:

@@ -251,7 +251,6 @@ class Dispatcher:
             start_time=view.start_time,
             event_time=event.time or self.clock(),
             generation=view.generation,
-            admitted_at=view.start_time,
             tenant=view.tenant,
         )
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
@@ -279,26 +278,28 @@ class Dispatcher:
         assert terminal is not None
         usage = state.usage
         telemetry.emit_run_span(
-            traceparent=view.traceparent,
-            name=view.name,
-            run_uid=view.uid,
-            model=view.model,
-            start=view.start_time,
-            end=event.time or self.clock(),
-            vitals={
-                "gen_ai.usage.input_tokens": usage.input_tokens,
-                "gen_ai.usage.output_tokens": usage.output_tokens,
-                "agentrun.terminal_reason": terminal.reason.value,
-                "agentrun.outcome": terminal.outcome.value,
-                "agentrun.steps": state.steps,
-                "agentrun.tool_calls": state.tool_calls,
-                "agentrun.tool_failures": state.tool_failures,
-                "agentrun.corrections": state.corrections,
-                "agentrun.cost_usd": float(usage.cost_usd),
-                "agentrun.tenant": view.tenant,
-                "k8s.namespace.name": view.namespace,
-            },
-            error_type=None if terminal.outcome is kernel.Outcome.OK else terminal.reason.value,
+            telemetry.RunSpan(
+                traceparent=view.traceparent,
+                name=view.name,
+                run_uid=view.uid,
+                model=view.model,
+                start=view.start_time,
+                end=event.time or self.clock(),
+                vitals={
+                    "gen_ai.usage.input_tokens": usage.input_tokens,
+                    "gen_ai.usage.output_tokens": usage.output_tokens,
+                    "agentrun.terminal_reason": terminal.reason.value,
+                    "agentrun.outcome": terminal.outcome.value,
+                    "agentrun.steps": state.steps,
+                    "agentrun.tool_calls": state.tool_calls,
+                    "agentrun.tool_failures": state.tool_failures,
+                    "agentrun.corrections": state.corrections,
+                    "agentrun.cost_usd": float(usage.cost_usd),
+                    "agentrun.tenant": view.tenant,
+                    "k8s.namespace.name": view.namespace,
+                },
+                error_type=None if terminal.outcome is kernel.Outcome.OK else terminal.reason.value,
+            )
         )
 
     def observe_phases(self) -> None:

@@ -69,13 +69,19 @@ def project(
     start_time: float,
     event_time: float,
     generation: int,
-    admitted_at: float,
     tenant: str | None = None,
 ) -> dict[str, Any]:
-    """The full ``.status`` after an event with this ``summary``."""
+    """The full ``.status`` after an event with this ``summary``.
+
+    ``seq`` is the event's stream sequence; ``start_time`` (the run's admission) and
+    ``event_time`` are epoch seconds; ``generation`` becomes ``observedGeneration``.
+    """
     terminal = kernel.conclude(summary.phase)
+    waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
     status: dict[str, Any] = {
-        "phase": kernel.ResourcePhase.RUNNING.value,
+        "phase": (
+            kernel.ResourcePhase.AWAITING_APPROVAL if waiting else kernel.ResourcePhase.RUNNING
+        ).value,
         "queuePosition": None,  # admitted: out of the queue (merge patch removes it)
         "message": summary.message,
         "usage": usage_status(summary, wall_seconds=max(0.0, event_time - start_time)),
@@ -87,51 +93,50 @@ def project(
     }
     if tenant is not None:
         status["tenant"] = tenant
-    waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
-    if waiting:
-        status["phase"] = kernel.ResourcePhase.AWAITING_APPROVAL.value
-    conditions = [
-        condition(
-            "Admitted",
-            status=True,
-            reason="Admitted",
-            message="admitted and dispatched",
-            at=admitted_at,
+    admitted = condition(
+        "Admitted",
+        status=True,
+        reason="Admitted",
+        message="admitted and dispatched",
+        at=start_time,
+        generation=generation,
+    )
+    if terminal is None:
+        finished = condition(
+            "Finished",
+            status=False,
+            reason="AwaitingApproval" if waiting else "Running",
+            message=summary.message,
+            at=start_time,
             generation=generation,
         )
-    ]
-    if terminal is None:
-        conditions.append(
-            condition(
-                "Finished",
-                status=False,
-                reason="AwaitingApproval" if waiting else "Running",
-                message=summary.message,
-                at=admitted_at,
-                generation=generation,
-            )
-        )
     else:
-        status.update(
-            phase=terminal.resource_phase.value,
-            terminalReason=terminal.reason.value,
-            outcome=terminal.outcome.value,
-            completionTime=rfc3339(event_time),
+        status.update(_ended(terminal, summary, event_time=event_time))
+        finished = condition(
+            "Finished",
+            status=True,
+            reason=camel(terminal.reason.value),
+            message=summary.message,
+            at=event_time,
+            generation=generation,
         )
-        if summary.answer is not None:
-            status["answer"] = summary.answer
-        conditions.append(
-            condition(
-                "Finished",
-                status=True,
-                reason=camel(terminal.reason.value),
-                message=summary.message,
-                at=event_time,
-                generation=generation,
-            )
-        )
-    status["conditions"] = conditions
+    status["conditions"] = [admitted, finished]
     return status
+
+
+def _ended(
+    terminal: kernel.Terminal, summary: kernel.RunSummary, *, event_time: float
+) -> dict[str, Any]:
+    """The fields a terminal status adds: phase, reason, outcome, completion time, answer."""
+    fields: dict[str, Any] = {
+        "phase": terminal.resource_phase.value,
+        "terminalReason": terminal.reason.value,
+        "outcome": terminal.outcome.value,
+        "completionTime": rfc3339(event_time),
+    }
+    if summary.answer is not None:
+        fields["answer"] = summary.answer
+    return fields
 
 
 def rejected(

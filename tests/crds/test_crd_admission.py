@@ -413,7 +413,7 @@ def operator_projection(phase: kernel.Phase) -> dict[str, Any]:
     )
     t0 = 1_767_225_600.0
     body: dict[str, Any] = operator_status.project(
-        state.summary(), seq=9, start_time=t0, event_time=t0 + 4.5, generation=1, admitted_at=t0
+        state.summary(), seq=9, start_time=t0, event_time=t0 + 4.5, generation=1
     )
     return body
 

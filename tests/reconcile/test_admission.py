@@ -196,7 +196,5 @@ def test_an_unadmitted_end_carries_its_reason_and_clears_the_queue_position() ->
 
 def test_an_admitted_status_leaves_the_queue() -> None:
     summary = kernel.initial_state(goal="g").summary()
-    body = status.project(
-        summary, seq=1, start_time=1.0, event_time=2.0, generation=1, admitted_at=1.0, tenant="t"
-    )
+    body = status.project(summary, seq=1, start_time=1.0, event_time=2.0, generation=1, tenant="t")
     assert body["queuePosition"] is None and body["tenant"] == "t"
