@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -25,9 +24,10 @@ from agentrun import history, kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
-from . import status
+from . import status, views
 from .runs import RunKey
 from .statuswriter import StatusWriter
+from .views import RunView
 
 log = logging.getLogger(__name__)
 
@@ -47,49 +47,6 @@ class QueuedCounts(Protocol):
 
     def queued_counts(self) -> Mapping[str, int]:
         """Runs waiting per tenant as of the last pump."""
-
-
-@dataclasses.dataclass(slots=True)
-class RunView:
-    """What the operator keeps about a live run (all of it derivable from the run's events)."""
-
-    namespace: str
-    name: str
-    uid: str
-    tenant: str
-    deadline: float
-    start_time: float
-    generation: int = 1
-    seq: int = 0
-    """Sequence of the last event processed."""
-    summary: kernel.RunSummary | None = None
-    """The run's counters and phase after the last event processed."""
-    terminal: bool = False
-    traceparent: str | None = None
-    """The run span's W3C context (from the admitted event)."""
-    model: str = ""
-    """The provider's model name (``gen_ai.request.model``)."""
-    timer: asyncio.Task[None] | None = None
-
-    @property
-    def key(self) -> RunKey:
-        """The object this view projects to."""
-        return RunKey(self.namespace, self.name, self.uid)
-
-    @classmethod
-    def of(cls, config: RunConfig, *, start_time: float, generation: int = 1) -> RunView:
-        """A fresh view of an admitted run."""
-        return cls(
-            config.namespace,
-            config.name,
-            config.uid,
-            config.tenant,
-            config.deadline,
-            start_time,
-            generation,
-            traceparent=config.traceparent,
-            model=config.model.model,
-        )
 
 
 def subject_key(subject: str) -> tuple[str, str]:
@@ -273,48 +230,11 @@ class Dispatcher:
         return True
 
     def _emit_run_span(self, view: RunView, event: RunEvent) -> None:
-        state = event.summary
-        terminal = kernel.conclude(state.phase)
-        assert terminal is not None
-        usage = state.usage
-        telemetry.emit_run_span(
-            telemetry.RunSpan(
-                traceparent=view.traceparent,
-                name=view.name,
-                run_uid=view.uid,
-                model=view.model,
-                start=view.start_time,
-                end=event.time or self.clock(),
-                vitals={
-                    "gen_ai.usage.input_tokens": usage.input_tokens,
-                    "gen_ai.usage.output_tokens": usage.output_tokens,
-                    "agentrun.terminal_reason": terminal.reason.value,
-                    "agentrun.outcome": terminal.outcome.value,
-                    "agentrun.steps": state.steps,
-                    "agentrun.tool_calls": state.tool_calls,
-                    "agentrun.tool_failures": state.tool_failures,
-                    "agentrun.corrections": state.corrections,
-                    "agentrun.cost_usd": float(usage.cost_usd),
-                    "agentrun.tenant": view.tenant,
-                    "k8s.namespace.name": view.namespace,
-                },
-                error_type=None if terminal.outcome is kernel.Outcome.OK else terminal.reason.value,
-            )
-        )
+        telemetry.emit_run_span(views.run_span(view, event.summary, end=event.time or self.clock()))
 
     def observe_phases(self) -> None:
         """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
-        counts: collections.Counter[tuple[str, str]] = collections.Counter()
-        for view in self.views.values():
-            phase = view.summary.phase if view.summary is not None else kernel.Phase.RUNNING
-            if not phase.is_terminal:
-                resource = (
-                    "AwaitingApproval" if phase is kernel.Phase.AWAITING_APPROVAL else "Running"
-                )
-                counts[(view.tenant, resource)] += 1
-        for tenant, queued in self.queues.queued_counts().items():
-            if queued:
-                counts[(tenant, kernel.ResourcePhase.QUEUED.value)] += queued
+        counts = views.phase_counts(self.views.values(), self.queues.queued_counts())
         metrics.RUNS_BY_PHASE.clear()
         for (tenant, phase_name), count in counts.items():
             metrics.RUNS_BY_PHASE.labels(tenant=tenant, phase=phase_name).set(count)
