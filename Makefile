@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench down status clean
+.PHONY: demo demo-cluster test lint typecheck pytest bench down status clean node-packages
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,15 @@ $(STAMP): pyproject.toml
 ## two workers), the example AgentRuns, and their terminal reasons. `make down` stops it.
 demo: $(STAMP)
 	$(BIN)/agentrun dev demo
+
+## demo-cluster: the same stack plus a real single node (containerd, kubelet, kube-proxy,
+## CoreDNS, controller-manager, scheduler; needs root). `make down` stops it and cleans the host.
+demo-cluster: $(STAMP) node-packages
+	$(BIN)/agentrun dev demo --node
+
+## node-packages: the Debian packages the node needs, installed only when missing.
+node-packages:
+	.ci/node-packages
 
 down: $(STAMP)
 	$(BIN)/agentrun dev down
@@ -38,8 +47,8 @@ typecheck: $(STAMP)
 	rm -rf build
 	cd $(VENV) && MYPYPATH=typecheck ../$(BIN)/mypy --strict -p agentrun
 
-pytest: $(STAMP)
-	$(BIN)/agentrun dev binaries
+pytest: $(STAMP) node-packages
+	$(BIN)/agentrun dev binaries --node
 	$(BIN)/pytest
 
 bench: $(STAMP)
