@@ -139,6 +139,7 @@ def start_node(
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     admin = kubectl.Kubectl.for_cluster(cluster)
+    began = time.monotonic()
     stale = nodehost.claim_host(
         directory, owner=_this_process(launch.log_dir), wait=claim_wait, log=launch.log
     )
@@ -164,6 +165,7 @@ def start_node(
         started.append(_start_kubelet(context))
         started.append(_start_kube_proxy(context))
         _wait_ready(admin, timeout=ready_timeout, log=launch.log)
+        launch.log(f"node {NODE_NAME} Ready in {time.monotonic() - began:.1f} s")
     except BaseException:
         launch.log("node start failed: stopping what was started")
         stop_node(directory, tuple(started), kubectl=admin, log=launch.log)
@@ -397,6 +399,7 @@ def _start_kubelet(context: _Context) -> components.Component:
         },
         "authorization": {"mode": "Webhook"},
         "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,
         "containerRuntimeEndpoint": f"unix://{containerd.socket_path(context.directory)}",
         "failSwapOn": False,
         "evictionHard": {

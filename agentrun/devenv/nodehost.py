@@ -3,8 +3,8 @@
 A node adds host-wide state that outlives its processes: mounts (container root filesystems,
 ``/dev/shm`` and volume tmpfs, network-namespace files under ``/run/netns``), network devices
 (the pod bridge `BRIDGE` and one veth per pod), iptables rules (kube-proxy's ``KUBE-*`` and
-the CNI plugins' ``CNI-*`` chains) and two sysctls (IPv4 forwarding, which the bridge plugin
-turns on, and ``route_localnet``). `HostSnapshot` records the node-related part of that state;
+the CNI plugins' ``CNI-*`` chains) and sysctls (`SYSCTLS`: IPv4 forwarding, which the bridge
+plugin turns on, and the kernel tunables the kubelet sets). `HostSnapshot` records the node-related part of that state;
 `take_snapshot` before the node starts, `cleanup_host` after its processes stopped removes
 what is new, and `leftovers` says what is still there.
 
@@ -37,7 +37,18 @@ POD_SUBNET = "10.244.0.0/24"
 GATEWAY = "10.244.0.1"
 NETNS_DIRS = (Path("/run/netns"), Path("/var/run/netns"))
 """Where containerd's CRI pins pod network namespaces (``cni-<uuid>`` files)."""
-SYSCTLS = ("net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet")
+SYSCTLS = (
+    "net/ipv4/ip_forward",
+    "net/ipv4/conf/all/route_localnet",
+    "net/bridge/bridge-nf-call-iptables",
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
+"""Sysctls the bridge plugin, kube-proxy or the kubelet (its kernel tunables) may change."""
 CLAIM_DIR = Path("/run/agentrun")
 CLAIM_FILE = CLAIM_DIR / "node.json"
 _IPTABLES_PREFIXES = ("KUBE-", "CNI-")
@@ -132,7 +143,8 @@ def cleanup_host(
             with contextlib.suppress(OSError):
                 pinned.unlink()
     for link in sorted(set(now.links) - set(before.links), key=lambda n: n == BRIDGE):
-        _try(["ip", "link", "delete", link], log=log)
+        if Path("/sys/class/net", link).exists():  # a veth's peer goes with it
+            _try(["ip", "link", "delete", link], log=log)
     _remove_iptables(set(now.iptables) - set(before.iptables), log=log)
     for name, value in before.sysctls:
         if _read_sysctl(name) != value:

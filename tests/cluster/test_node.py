@@ -12,6 +12,8 @@ import yaml
 from agentrun.devenv import binaries, node, nodehost
 from agentrun.devenv.kubectl import Kubectl
 
+pytestmark = pytest.mark.timeout(1200)  # the first test waits for another run's node to stop
+
 WEB_SCRIPT = (
     "mkdir -p /www && echo hello from $(hostname) > /www/index.html"
     " && echo serving on $(hostname) && exec httpd -f -p 8080 -h /www"
@@ -119,7 +121,7 @@ def test_a_pod_reaches_a_service_by_dns_name_and_by_cluster_ip(
                               "jsonpath={.spec.clusterIP}").stdout  # fmt: skip
     names = {f"pod {p['metadata']['name']}" for p in pods(node_kubectl, web, "app=web")}
     for host in (f"web.{web}.svc.cluster.local", "web", cluster_ip):
-        page = exec_in_client(node_kubectl, web, "wget", "-q", "-T", "10", "-O", "-",
+        page = exec_in_client(node_kubectl, web, "timeout", "10", "wget", "-q", "-O", "-",
                               f"http://{host}/")  # fmt: skip
         assert page.startswith("hello from web-"), host
         assert f"pod {page.split()[-1]}" in names
@@ -139,7 +141,7 @@ def test_a_pod_reaches_the_api_server_through_the_kubernetes_service_with_its_to
 ) -> None:
     token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     script = (
-        f'wget -q -T 10 -O - --no-check-certificate --header "Authorization: Bearer $(cat {token})"'
+        f'timeout 10 wget -q -O - --no-check-certificate --header "Authorization: Bearer $(cat {token})"'
         " https://kubernetes.default.svc/api"
     )
     versions = json.loads(exec_in_client(node_kubectl, web, "sh", "-c", script))

@@ -1,4 +1,6 @@
-"""The host cleanup a node relies on: it finds and removes what a node adds, nothing else."""
+"""The host cleanup a node relies on: it finds and removes what a node adds, nothing else.
+
+Root only. Holds the machine's node claim, so it waits while a node (of any test run) is up."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from agentrun.devenv import nodehost, procs
 
 CHAIN = "KUBE-AGENTRUN-CLEANUP-TEST"
+pytestmark = pytest.mark.timeout(1200)  # waits for another run's node to stop
 
 
 def run(*argv: str) -> None:
