@@ -141,8 +141,8 @@ def test_a_pod_reaches_the_api_server_through_the_kubernetes_service_with_its_to
 ) -> None:
     token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     script = (
-        f'timeout 10 wget -q -O - --no-check-certificate --header "Authorization: Bearer $(cat {token})"'
-        " https://kubernetes.default.svc/api"
+        "timeout 10 wget -q -O - --no-check-certificate"
+        f' --header "Authorization: Bearer $(cat {token})" https://kubernetes.default.svc/api'
     )
     versions = json.loads(exec_in_client(node_kubectl, web, "sh", "-c", script))
     assert versions["kind"] == "APIVersions"
