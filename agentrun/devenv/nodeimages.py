@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -90,7 +91,7 @@ def busybox_image(*, log: console.Log = console.log_to_stderr) -> ImageArchive:
     """
     if not BUSYBOX_BINARY.is_file():
         raise ImageBuildError(f"{BUSYBOX_BINARY} missing: apt-get install busybox-static")
-    key = _key(BUSYBOX_IMAGE.encode(), BUSYBOX_BINARY.read_bytes())
+    key = _key(BUSYBOX_IMAGE.encode(), b"cmd sh", BUSYBOX_BINARY.read_bytes())
     return _cached(BUSYBOX_IMAGE, key, build=_build_busybox, log=log)
 
 
@@ -99,7 +100,8 @@ def build_rootfs_image(
     *,
     name: str,
     archive: Path,
-    entrypoint: Sequence[str],
+    entrypoint: Sequence[str] = (),
+    cmd: Sequence[str] = (),
     log: console.Log = console.log_to_stderr,
 ) -> ImageArchive:
     """Build an image of exactly `rootfs` (its contents at ``/``) into `archive`.
@@ -108,7 +110,8 @@ def build_rootfs_image(
         rootfs: directory copied into an empty (``scratch``) image.
         name: ``repository:tag`` recorded in the archive (what ``ctr images import`` names it).
         archive: the ``docker-archive`` tarball to write (replaced atomically).
-        entrypoint: the image's entrypoint, e.g. ``["/pause"]``.
+        entrypoint: the image's entrypoint, e.g. ``["/pause"]``; empty for none.
+        cmd: its default command (Kubernetes' ``args`` replace it), e.g. ``["sh"]``.
         log: receives progress lines.
 
     Raises:
@@ -137,8 +140,13 @@ def build_rootfs_image(
         log(f"building image {name} with buildah")
         container = run("from", "--name", "agentrun-image", "scratch")
         run("copy", container, f"{rootfs}/", "/")
-        entry = "[" + ", ".join(f'"{part}"' for part in entrypoint) + "]"
-        run("config", "--entrypoint", entry, container)
+        settings = []
+        if entrypoint:
+            settings += ["--entrypoint", json.dumps(list(entrypoint))]
+        if cmd:
+            settings += ["--cmd", json.dumps(list(cmd))]
+        if settings:
+            run("config", *settings, container)
         try:
             run("commit", "--quiet", container, f"docker-archive:{partial}:{name}")
             os.replace(partial, archive)
@@ -184,9 +192,7 @@ def _build_busybox(work: Path, archive: Path, *, log: console.Log) -> ImageArchi
         link = rootfs / "bin" / applet
         if not link.exists():
             link.symlink_to("busybox")
-    return build_rootfs_image(
-        rootfs, name=BUSYBOX_IMAGE, archive=archive, entrypoint=["/bin/sh"], log=log
-    )
+    return build_rootfs_image(rootfs, name=BUSYBOX_IMAGE, archive=archive, cmd=["sh"], log=log)
 
 
 def _cached(name: str, key: str, *, build: _Builder, log: console.Log) -> ImageArchive:
