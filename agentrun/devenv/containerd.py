@@ -74,8 +74,9 @@ class ContainerdError(RuntimeError):
 
 
 def socket_path(directory: Path) -> Path:
-    """containerd's gRPC socket for the node state in `directory`."""
-    return directory / "containerd" / "containerd.sock"
+    """containerd's gRPC socket for the node state in `directory` (in its short
+    `nodehost.runtime_dir`: socket paths are limited to 107 bytes)."""
+    return nodehost.runtime_dir(directory) / "containerd.sock"
 
 
 def start_containerd(
@@ -96,6 +97,7 @@ def start_containerd(
     base = directory / "containerd"
     for sub in ("root", "state", "opt", "runc", "net.d", "cni-ipam"):
         (base / sub).mkdir(parents=True, exist_ok=True)
+    socket_path(directory).parent.mkdir(parents=True, exist_ok=True)
     write_cni_config(base / "net.d", ipam_dir=base / "cni-ipam")
     config = base / "config.toml"
     config.write_text(

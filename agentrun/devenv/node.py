@@ -422,7 +422,7 @@ def _start_kubelet(context: _Context) -> components.Component:
         str(context.executables.kubelet),
         f"--config={config_file}",
         f"--kubeconfig={config}",
-        f"--root-dir={directory / 'root'}",
+        f"--root-dir={nodehost.runtime_dir(context.directory) / 'kubelet'}",
         f"--cert-dir={directory / 'pki'}",
         f"--hostname-override={NODE_NAME}",
         f"--node-ip={nodehost.GATEWAY}",

@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -50,6 +52,8 @@ SYSCTLS = (
 )
 """Sysctls the bridge plugin, kube-proxy or the kubelet (its kernel tunables) may change."""
 CLAIM_DIR = Path("/run/agentrun")
+RUNTIME_ROOT = CLAIM_DIR
+"""Parent of the nodes' runtime directories (see `runtime_dir`)."""
 CLAIM_FILE = CLAIM_DIR / "node.json"
 _IPTABLES_PREFIXES = ("KUBE-", "CNI-")
 
@@ -63,7 +67,8 @@ class HostSnapshot:
     """The node-related host state at one moment (all sorted, JSON-serialisable)."""
 
     mounts: tuple[str, ...]
-    """Mount points under the node's directory, ``/run/containerd`` and the netns dirs."""
+    """Mount points under the node's directory, its `runtime_dir`, ``/run/containerd`` and the
+    netns dirs."""
     links: tuple[str, ...]
     """Network devices named `BRIDGE` or ``veth…``."""
     iptables: tuple[str, ...]
@@ -85,6 +90,18 @@ class HostSnapshot:
             iptables=tuple(data["iptables"]),
             sysctls=tuple((str(k), str(v)) for k, v in data["sysctls"]),
         )
+
+
+def runtime_dir(node_dir: Path) -> Path:
+    """A short directory for `node_dir`'s unix sockets and the kubelet's root directory.
+
+    Unix socket paths are limited to 107 bytes, and the kubelet and containerd create sockets
+    deep below their directories; a test's temporary directory is too long for that. This
+    is ``/run/agentrun/node-<12 hex of the node directory's hash>`` (``/run`` is a tmpfs, so
+    nothing outlives a reboot); `cleanup_host` removes it.
+    """
+    key = hashlib.sha256(str(node_dir.resolve()).encode()).hexdigest()[:12]
+    return RUNTIME_ROOT / f"node-{key}"
 
 
 def take_snapshot(node_dir: Path) -> HostSnapshot:
@@ -150,7 +167,10 @@ def cleanup_host(
         if _read_sysctl(name) != value:
             with contextlib.suppress(OSError):
                 (Path("/proc/sys") / name).write_text(value)
-    return leftovers(before, take_snapshot(node_dir))
+    left = leftovers(before, take_snapshot(node_dir))
+    if not any(line.startswith("mount ") for line in left):
+        shutil.rmtree(runtime_dir(node_dir), ignore_errors=True)
+    return left
 
 
 @contextlib.contextmanager
@@ -218,6 +238,13 @@ def release_host(node_dir: Path) -> None:
             CLAIM_FILE.unlink(missing_ok=True)
 
 
+def claim_holder() -> Path | None:
+    """The directory of the node that holds this machine now, if any (alive or not)."""
+    with _claim_lock():
+        current = _read_claim()
+    return None if current is None else Path(current["directory"])
+
+
 def _read_claim() -> dict[str, Any] | None:
     try:
         data = json.loads(CLAIM_FILE.read_text())
@@ -233,7 +260,8 @@ def _write_claim(data: dict[str, Any]) -> None:
 
 
 def _node_mounts(node_dir: Path) -> list[str]:
-    prefixes = [str(node_dir.resolve()), "/run/containerd", *(str(d) for d in NETNS_DIRS)]
+    prefixes = [str(node_dir.resolve()), str(runtime_dir(node_dir)), "/run/containerd"]
+    prefixes += [str(d) for d in NETNS_DIRS]
     points = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4].replace("\\040", " ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import time
 from typing import Any
 
 import pytest
@@ -69,7 +70,23 @@ def web(node_kubectl: Kubectl, node_namespace: str, busybox: str) -> str:
                  timeout=130)  # fmt: skip
     node_kubectl("wait", "--for=condition=Ready", "pod/client", "-n", node_namespace,
                  "--timeout=120s", timeout=130)  # fmt: skip
+    wait_until_served(node_kubectl, node_namespace)
     return node_namespace
+
+
+def wait_until_served(kubectl: Kubectl, namespace: str, *, timeout: float = 60.0) -> None:
+    """Until kube-proxy has programmed Service ``web`` (it does so asynchronously, after the
+    pods are Ready): a request to its ClusterIP from the client pod is answered by a pod."""
+    cluster_ip = kubectl("get", "service", "web", "-n", namespace, "-o",
+                         "jsonpath={.spec.clusterIP}").stdout  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while True:
+        result = kubectl("exec", "-n", namespace, "client", "--", "timeout", "5", "wget", "-q",
+                         "-O", "-", f"http://{cluster_ip}/", check=False)  # fmt: skip
+        if result.stdout.startswith("hello from web-"):
+            return
+        assert time.monotonic() < deadline, f"Service web not served: {result.stderr}"
+        time.sleep(1.0)
 
 
 def pods(kubectl: Kubectl, namespace: str, selector: str) -> list[dict[str, Any]]:
