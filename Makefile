@@ -1,5 +1,7 @@
 # agentrun — developer entry points. The README's first two commands are `make demo` and
-# `make test`; both create the virtualenv and install everything they need.
+# `make test`; both create the virtualenv and install everything they need: the runtime
+# (`agentrun`, this directory) and its dev tooling (`agentrun-dev`, `devtools/`: the local
+# stack behind `agentrun dev …`, the binary builds, the test fixtures' services).
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,10 +10,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo demo-cluster test lint typecheck pytest bench down status clean node-packages
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e ./devtools
 	touch $(STAMP)
 
 ## demo: the full local stack (kube-apiserver + etcd, nats-server, mock model, operator,
@@ -41,11 +43,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Type-check the installed package: `mypy operator/` would see the stdlib `operator`.
+# Type-check the installed packages: `mypy operator/` would see the stdlib `operator`.
 typecheck: $(STAMP)
-	rm -rf $(VENV)/typecheck && $(BIN)/pip install --quiet --no-deps --target $(VENV)/typecheck .
-	rm -rf build
-	cd $(VENV) && MYPYPATH=typecheck ../$(BIN)/mypy --strict -p agentrun
+	rm -rf $(VENV)/typecheck
+	$(BIN)/pip install --quiet --no-deps --target $(VENV)/typecheck . ./devtools
+	rm -rf build devtools/build
+	cd $(VENV) && MYPYPATH=typecheck ../$(BIN)/mypy --strict -p agentrun -p agentrun_dev
 
 pytest: $(STAMP) node-packages
 	$(BIN)/agentrun dev binaries --node
@@ -60,4 +63,4 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_ledger.py
 
 clean: down
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build devtools/build *.egg-info devtools/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 """Rebuild a run's state from its committed events (the checkpoint), for worker and operator.
 
-The run's event subject is the source of truth (DESIGN.md §5): replaying it through the kernel
-gives the exact state the next turn builds on. Pure: the caller reads the events.
+The run's event subject is the source of truth: replaying it through the kernel gives the
+exact state the next turn builds on. Pure: the caller reads the events.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prometheus metric objects (names are public API, DESIGN.md §6) and what records them.
+"""Prometheus metric objects (names are public API) and what records them.
 
 One module for every ``agentrun_`` metric so names, help texts, units and labels are written
 once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result —
@@ -53,7 +53,7 @@ TOKENS = Counter(
 COST = Counter("agentrun_cost_usd", "Model spend in US dollars.", ["tenant", "model"])
 USAGE_ESTIMATED = Counter(
     "agentrun_usage_estimated",
-    "Model calls whose response carried no usable usage, so tokens were estimated (case C17).",
+    "Model calls whose response carried no usable usage, so tokens were estimated.",
     ["tenant", "model"],
 )
 RUNS_BY_PHASE = Gauge(
@@ -61,7 +61,7 @@ RUNS_BY_PHASE = Gauge(
     "Runs not yet ended, by phase (Pending, Queued, Running, AwaitingApproval).",
     ["tenant", "phase"],
 )
-"""DESIGN.md §6 names this ``agentrun_runs``, which collides with the family of the counter
+"""Not ``agentrun_runs``: a gauge of that name collides with the family of the counter
 ``agentrun_runs_total`` (OpenMetrics; prometheus-client refuses both): hence ``_in_phase``."""
 DISPATCH_LATENCY = Histogram(
     "agentrun_dispatch_latency_seconds",

@@ -3,7 +3,7 @@
 Metrics (prometheus-client counters and histograms) are always recorded; "on" adds OpenTelemetry
 spans for every run, model call and tool call, exported (console exporter, to the process
 logs). Runs alternate off/on ``--rounds`` times; medians and their ratio are reported.
-Target (issue 5): on is at most 10% slower.
+Target: on is at most 10% slower.
 
     cd bench && ../.venv/bin/python bench_instrumentation.py [--rounds 2]
 """

@@ -50,9 +50,9 @@ from harness import median, percentile, write_result
 from nats.aio.client import Client
 
 from agentrun import kernel
-from agentrun.devenv import components, natsserver
 from agentrun.ledger import Book, Hold, LedgerStore, LedgerUnavailable, TenantLimits
 from agentrun.worker.budget import TurnBudget, worst_case
+from agentrun_dev import components, natsserver
 
 RESERVERS = 64
 TARGET_UNCONTENDED = 1000.0

@@ -1,5 +1,5 @@
 """Operator RSS with 1,000 AgentRun objects present (all run to their end: one turn each).
-Target (issue 2): ≤ 250 MB.
+Target: ≤ 250 MB.
 
     .venv/bin/python bench/bench_operator_memory.py [--objects 1000]
 """

@@ -1,7 +1,7 @@
 """Control-plane overhead per turn: committed event of turn n → model request of turn n+1.
 
 Zero-latency scripted model, one trivial tool call a turn, one worker, runs one at a time (so
-the figure is the path operator → JetStream → worker, not queueing). Target (issue 2):
+the figure is the path operator → JetStream → worker, not queueing). Target:
 p50 ≤ 5 ms, p99 ≤ 25 ms on a 2-core machine.
 
     .venv/bin/python bench/bench_overhead.py [--runs 5] [--turns 40]
@@ -59,7 +59,7 @@ def mock_requests(bench: object) -> list[dict]:  # type: ignore[type-arg]
     import json
     import urllib.request
 
-    from agentrun.devenv import stack
+    from agentrun_dev import stack
 
     base = stack.mockllm_url(bench.mock).removesuffix("/v1")  # type: ignore[attr-defined]
     with urllib.request.urlopen(f"{base}/_mock/requests", timeout=30) as response:

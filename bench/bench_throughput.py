@@ -1,5 +1,5 @@
 """One worker process, 100 concurrent runs, zero-latency scripted model: turns per second and
-peak worker RSS. Targets (issue 2): ≥ 150 turns/s; worker RSS ≤ 200 MB.
+peak worker RSS. Targets: ≥ 150 turns/s; worker RSS ≤ 200 MB.
 
     .venv/bin/python bench/bench_throughput.py [--runs 100] [--turns 20]
 """

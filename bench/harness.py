@@ -1,4 +1,4 @@
-"""Shared benchmark harness: the real local stack through ``agentrun.devenv`` (the same code as
+"""Shared benchmark harness: the real local stack through ``agentrun_dev`` (the same code as
 ``agentrun dev up`` and the tests), plus helpers to create runs, read events and write results.
 
 Every process is started with ``die_with_parent`` and stopped by pid on exit.
@@ -22,7 +22,7 @@ import psutil
 import yaml
 
 from agentrun.bus import Bus, BusSettings
-from agentrun.devenv import binaries, components, controlplane, demo, kubectl, natsserver, stack
+from agentrun_dev import binaries, components, controlplane, demo, kubectl, natsserver, stack
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

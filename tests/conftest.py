@@ -1,10 +1,10 @@
 """Session fixtures that start real services, through the same code as ``agentrun dev up``.
 
-- `control_plane`: etcd + kube-apiserver from `agentrun.devenv.controlplane` (or the cluster
+- `control_plane`: etcd + kube-apiserver from `agentrun_dev.controlplane` (or the cluster
   of ``KUBECONFIG`` when ``AGENTRUN_USE_EXISTING_CLUSTER=1``); `kubectl` drives it; `crds`
   installs ``crds/*.yaml``; `test_namespace` gives each test a fresh namespace.
-- `nats_server`: nats-server with JetStream from `agentrun.devenv.natsserver`.
-- `devenv_binaries`: the control-plane executables (see `agentrun.devenv.binaries`).
+- `nats_server`: nats-server with JetStream from `agentrun_dev.natsserver`.
+- `devenv_binaries`: the control-plane executables (see `agentrun_dev.binaries`).
 - `devenv_launch`: where fixtures' processes log (a pytest temp dir, kept for the last three
   sessions) and the rule that they die with the pytest process.
 
@@ -12,7 +12,7 @@ Every process is stopped by pid at session end, and is SIGKILLed by the kernel i
 itself dies. The control-plane binaries are built (once per machine) right after collection
 when a selected test needs them, with progress on the terminal and outside per-test timeouts.
 Higher-level fixtures (mock model, operator, workers) belong in the suites that need them,
-built on `agentrun.devenv.stack`.
+built on `agentrun_dev.stack`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.devenv import binaries, components, controlplane, natsserver
-from agentrun.devenv.kubectl import Kubectl, apply_crds, create_namespace, delete_namespace
+from agentrun_dev import binaries, components, controlplane, natsserver
+from agentrun_dev.kubectl import Kubectl, apply_crds, create_namespace, delete_namespace
 
 pytest_plugins = ["prometheus_support"]
 

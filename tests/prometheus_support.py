@@ -5,7 +5,7 @@ A pytest plugin module. Wire it from the root ``tests/conftest.py`` with
 ``tests/conftest.py`` registers it (``pytest_plugins``). It provides:
 
 - `pytest_collection_finish`: builds or locates prometheus and promtool (once per machine,
-  cached; see `agentrun.devenv.prometheus`) right after collection when a selected test uses
+  cached; see `agentrun_dev.prometheus`) right after collection when a selected test uses
   one of `PROMETHEUS_FIXTURES`, with progress on the terminal and outside per-test timeouts.
 - `prometheus_binaries` (session): ``PrometheusBinaries(prometheus, promtool)``.
 - `prometheus_factory` (function): a `PrometheusStarter`,
@@ -30,7 +30,7 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from agentrun.devenv import components, prometheus
+from agentrun_dev import components, prometheus
 
 PROMETHEUS_FIXTURES = frozenset({"prometheus_binaries", "prometheus_factory"})
 """Fixtures whose use makes `pytest_collection_finish` build the binaries up front."""
@@ -73,7 +73,7 @@ class PrometheusStarter:
         rule_files: Sequence[Path] = (),
         **options: Any,
     ) -> prometheus.PrometheusServer:
-        """Start one server; see `agentrun.devenv.prometheus.start_prometheus`.
+        """Start one server; see `agentrun_dev.prometheus.start_prometheus`.
 
         `targets` is job name → ``["127.0.0.1:port", …]``; `options` are passed on
         (``scrape_interval``, ``evaluation_interval``, ``ready_timeout``). Its workdir is a

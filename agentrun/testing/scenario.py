@@ -36,8 +36,9 @@ OpenAI-shaped error object).
 
 Every string of a reply (content, refusal, tool call ids, names and arguments) may hold the
 template ``{turn}``, replaced with k. Tool call ids default to ``call_<k>_<index>``; an
-explicit ``id`` is sent as written, duplicates included (case C06). The first scenario whose
-``match`` fits wins; files are read in the order given.
+explicit ``id`` is sent as written, duplicates included (to reproduce servers that repeat
+ids within one response). The first scenario whose ``match`` fits wins; files are read in
+the order given.
 
 Response shape: the chat completion object of the OpenAI API reference
 (https://platform.openai.com/docs/api-reference/chat/object), as modelled by the `openai`
@@ -104,7 +105,7 @@ class ToolCallSpec:
     """One scripted tool call."""
 
     name: str
-    """Function name, sent as written (may be a name no tool has, case C04)."""
+    """Function name, sent as written (may be a name no tool has, e.g. a mangled one)."""
     arguments: str
     """The `function.arguments` text: JSON-encoded from a mapping, or a raw string."""
     id: str | None = None
@@ -141,12 +142,13 @@ class Turn:
 
     content: str | None = None
     tool_calls: tuple[ToolCallSpec, ...] | None = None
-    """None = the message has no `tool_calls` key; () = an explicitly empty list (C10)."""
+    """None = the message has no `tool_calls` key; () = an explicitly empty list (which some
+    servers send with ``finish_reason: tool_calls``)."""
     refusal: str | None = None
     finish_reason: str | None = None
     """Override; None = `tool_calls` when `tool_calls` is not None, else `stop`."""
     usage: UsageSpec | None = field(default_factory=UsageSpec)
-    """None = the response says `"usage": null` (case C17)."""
+    """None = the response says `"usage": null` (the runtime must then estimate usage)."""
     latency_ms: float = 0.0
     fault: Fault | None = None
 

@@ -32,9 +32,8 @@ SPEC = catalog.ToolSpec(
         "(/ is true division, // floor division, ** power). No variables or functions. "
         "Fails on division by zero, invalid syntax or results beyond about 1e308."
     ),
-    parameters={
-        "type": "object",
-        "properties": {
+    parameters=catalog.object_schema(
+        {
             "expression": {
                 "type": "string",
                 "minLength": 1,
@@ -42,15 +41,14 @@ SPEC = catalog.ToolSpec(
                 "description": "The arithmetic expression, e.g. (12 + 3) * 4 / 5",
             },
         },
-        "required": ["expression"],
-        "additionalProperties": False,
-    },
+        required=["expression"],
+    ),
     effect="read",
     pollable=False,
 )
 
 # Lambdas rather than the `operator` module: the repo's operator/ folder shadows it for
-# static tools run from the repository root (DESIGN.md section 2).
+# static tools run from the repository root (the folder is installed as agentrun.operator).
 _BINARY: Mapping[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,

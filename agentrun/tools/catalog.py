@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-__all__ = ["Catalog", "Tool", "ToolContext", "ToolError", "ToolSpec"]
+__all__ = ["Catalog", "Tool", "ToolContext", "ToolError", "ToolSpec", "object_schema"]
 
 Effect = Literal["read", "write"]
 
@@ -30,6 +30,23 @@ class ToolError(Exception):
         self.message = message
 
 
+def object_schema(
+    properties: Mapping[str, Mapping[str, Any]], *, required: Iterable[str]
+) -> dict[str, Any]:
+    """The JSON Schema of a tool's arguments object: these `properties`, no others.
+
+    `required` names the properties the model must give; unknown ones are refused
+    (``additionalProperties: false``), so a misspelt argument is a validation error the
+    model reads, not a silently ignored value.
+    """
+    return {
+        "type": "object",
+        "properties": {name: dict(schema) for name, schema in properties.items()},
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
     """What a tool declares to the model and to the runtime."""
@@ -44,7 +61,8 @@ class ToolSpec:
     """`read` has no side effects; `write` gets an idempotency key and the effect ledger."""
     pollable: bool
     """True if calling again with the same arguments may legitimately give a new answer
-    (observing changing state), which exempts it from the no-progress detector (case C15)."""
+    (observing changing state), which exempts it from the no-progress detector (which ends a
+    run that repeats the same call with the same result)."""
 
     def as_openai_tool(self) -> dict[str, Any]:
         """The function tool definition of the Chat Completions API (a fresh copy).

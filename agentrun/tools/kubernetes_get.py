@@ -8,7 +8,7 @@ agentruns.agentrun.dev/v1alpha1), turned into plain camelCase dicts with
 below into compact JSON of at most MAX_RESULT_CHARS characters.
 
 The tool is `pollable`: watching a rollout by reading the same object again is progress,
-not a loop (case C15).
+not a loop, so the no-progress detector must not end the run for it.
 """
 
 from __future__ import annotations
@@ -67,9 +67,8 @@ SPEC = catalog.ToolSpec(
         "age. Events are listed newest first with type, reason, object, message and count. "
         "Fails if the named object does not exist."
     ),
-    parameters={
-        "type": "object",
-        "properties": {
+    parameters=catalog.object_schema(
+        {
             "kind": {"type": "string", "enum": list(KINDS), "description": "Plural kind."},
             "name": {
                 "type": "string",
@@ -86,9 +85,8 @@ SPEC = catalog.ToolSpec(
             },
             "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
         },
-        "required": ["kind"],
-        "additionalProperties": False,
-    },
+        required=["kind"],
+    ),
     effect="read",
     pollable=True,
 )

@@ -15,9 +15,8 @@ MAX_SECONDS = 30
 SPEC = catalog.ToolSpec(
     name="sleep",
     description=f"Wait the given number of seconds (0 to {MAX_SECONDS}), then say so.",
-    parameters={
-        "type": "object",
-        "properties": {
+    parameters=catalog.object_schema(
+        {
             "seconds": {
                 "type": "number",
                 "minimum": 0,
@@ -25,9 +24,8 @@ SPEC = catalog.ToolSpec(
                 "description": "How long to wait, in seconds (fractions allowed).",
             },
         },
-        "required": ["seconds"],
-        "additionalProperties": False,
-    },
+        required=["seconds"],
+    ),
     effect="read",
     pollable=True,
 )

@@ -1,5 +1,5 @@
 """A real single node for the cluster tests: its own control plane (started for a node), the
-node's components (see `agentrun.devenv.node`), and the busybox test image imported into it.
+node's components (see `agentrun_dev.node`), and the busybox test image imported into it.
 
 - `cluster_node`: a Ready node, started once for the tests under tests/cluster and stopped
   when they are done (the rest of the suite does not pay for its processes). Its teardown
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.devenv import binaries, components, controlplane, node, nodeimages
-from agentrun.devenv.kubectl import Kubectl, create_namespace, delete_namespace
+from agentrun_dev import binaries, components, controlplane, node, nodeimages
+from agentrun_dev.kubectl import Kubectl, create_namespace, delete_namespace
 
 CLAIM_WAIT = 900.0
 """Seconds to wait for another test run's node on this machine to stop."""

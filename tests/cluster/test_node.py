@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.devenv import binaries, node, nodehost
-from agentrun.devenv.kubectl import Kubectl
+from agentrun_dev import binaries, node, nodehost
+from agentrun_dev.kubectl import Kubectl
 
 pytestmark = pytest.mark.timeout(1200)  # the first test waits for another run's node to stop
 

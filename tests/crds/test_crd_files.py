@@ -1,7 +1,7 @@
 """The CRD files themselves, without a cluster: names, field sets, descriptions, vocabularies.
 
-The field sets are the contract of docs/contracts.md and DESIGN.md §3; the terminal reasons are
-the closed set of DESIGN.md §4 (agentrun.kernel.terminal.TerminalReason).
+The field sets are the contract of docs/contracts.md and docs/architecture.md; the terminal
+reasons are the closed set of agentrun.kernel.terminal.TerminalReason.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def test_agentrun_spec_fields_are_the_contract() -> None:
         "maxCostUSD",
         "timeout",
         "noProgress",
-        "onExhausted",  # issue 3: summarize | stop at a step, token or cost cap
+        "onExhausted",  # summarize | stop at a step, token or cost cap
     }
     assert set(at(spec, "budget.noProgress")["properties"]) == {"window", "pollable"}
     assert set(at(spec, "approval")["properties"]) == {"tools"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.devenv import binaries, gobuild
+from agentrun_dev import binaries, gobuild
 
 K8S_GO_MOD = """\
 module k8s.io/kubernetes
@@ -124,7 +124,7 @@ BUILD = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from agentrun.devenv import binaries
+    from agentrun_dev import binaries
     def show(line): print(line, flush=True)
     found = binaries.ensure_binaries(root=Path(sys.argv[1]), log=show)
     print("RESULT", found.etcd, found.kube_apiserver, found.kubectl)

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from agentrun.devenv import certs
+from agentrun_dev import certs
 
 
 def load(path: Path) -> x509.Certificate:

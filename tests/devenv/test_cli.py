@@ -15,7 +15,8 @@ import nats
 import pytest
 
 from agentrun import cli
-from agentrun.devenv import controlplane, procs, stack, state
+from agentrun_dev import cli as dev_cli
+from agentrun_dev import controlplane, procs, stack, state
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,6 +54,22 @@ def dev_dir(tmp_path: Path) -> Iterator[Path]:
 
 def test_without_a_subcommand_the_usage_is_printed() -> None:
     assert cli.main(["dev"]) == 2
+
+
+def test_the_runtime_cli_finds_agentrun_dev_through_its_entry_point() -> None:
+    assert cli.plugin_registrars()["dev"] is dev_cli.register_dev
+
+
+def test_without_agentrun_dev_the_dev_command_says_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "plugin_registrars", dict)
+
+    assert cli.main(["dev", "up", "--workers", "1"]) == 1
+    assert "install agentrun-dev" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as help_exit:  # the runtime's own commands stay
+        cli.main(["cancel", "--help"])
+    assert help_exit.value.code == 0
 
 
 def test_status_and_env_say_when_nothing_is_up(tmp_path: Path) -> None:

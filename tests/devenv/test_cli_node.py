@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.devenv import node, nodehost, procs, stack, state
+from agentrun_dev import node, nodehost, procs, stack, state
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrun.devenv import binaries, components, controlplane, probes
-from agentrun.devenv.kubectl import Kubectl, KubectlError
+from agentrun_dev import binaries, components, controlplane, probes
+from agentrun_dev.kubectl import Kubectl, KubectlError
 
 local_only = pytest.mark.skipif(
     controlplane.existing_cluster_requested(), reason="tests the local control plane"

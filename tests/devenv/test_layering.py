@@ -1,19 +1,24 @@
-"""agentrun.devenv stays at the edge: it starts the stack, it imports none of the runtime.
+"""The dev tooling stays at the edge, in its own distribution.
 
-The operator, workers and kernel must not depend on the dev tooling either.
+``agentrun_dev`` (``devtools/``) starts the stack and imports nothing of the runtime but the
+package itself (to find its files); the runtime (``agentrun``, the operator and the workers)
+imports nothing of the dev tooling nor its libraries, so its wheel can leave them out.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DEVENV = REPO / "agentrun" / "devenv"
+DEVENV = REPO / "devtools" / "agentrun_dev"
 THIRD_PARTY = {"cryptography", "platformdirs", "psutil", "yaml"}
+DEV_ONLY_LIBRARIES = {"cryptography", "platformdirs", "psutil"}
+RUNTIME = ["agentrun", "operator", "worker"]
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -26,6 +31,10 @@ def imported_modules(path: Path) -> set[str]:
     return modules
 
 
+def runtime_files() -> list[Path]:
+    return [path for folder in RUNTIME for path in sorted((REPO / folder).rglob("*.py"))]
+
+
 @pytest.mark.parametrize("path", sorted(DEVENV.glob("*.py")), ids=lambda p: p.name)
 def test_devenv_imports_only_itself_the_stdlib_and_its_few_libraries(path: Path) -> None:
     allowed = sys.stdlib_module_names | THIRD_PARTY | {"__future__"}
@@ -34,16 +43,28 @@ def test_devenv_imports_only_itself_the_stdlib_and_its_few_libraries(path: Path)
         for module in imported_modules(path)
         if module.split(".")[0] not in allowed
         and module != "agentrun"
-        and not module.startswith("agentrun.devenv")
+        and not module.startswith("agentrun_dev")
     }
     assert strays == set()
 
 
-@pytest.mark.parametrize("folder", ["operator", "worker", "agentrun/kernel"])
-def test_the_runtime_does_not_import_the_dev_tooling(folder: str) -> None:
-    users = [
-        path.relative_to(REPO)
-        for path in sorted((REPO / folder).rglob("*.py"))
-        if any(m.startswith("agentrun.devenv") for m in imported_modules(path))
-    ]
-    assert users == []
+def test_the_runtime_imports_neither_the_dev_tooling_nor_its_libraries() -> None:
+    users = {
+        str(path.relative_to(REPO)): sorted(
+            m
+            for m in imported_modules(path)
+            if m.split(".")[0] in DEV_ONLY_LIBRARIES or m.startswith("agentrun_dev")
+        )
+        for path in runtime_files()
+    }
+    assert {path: modules for path, modules in users.items() if modules} == {}
+
+
+def test_the_runtime_wheel_declares_no_dev_tooling_package_or_library() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = project["tool"]["setuptools"]["packages"]
+    dependencies = {
+        dep.split(">")[0].split("=")[0].strip() for dep in project["project"]["dependencies"]
+    }
+    assert not [p for p in packages if "devenv" in p or p.startswith("agentrun_dev")]
+    assert dependencies.isdisjoint(DEV_ONLY_LIBRARIES)

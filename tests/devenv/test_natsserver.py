@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nats
 
-from agentrun.devenv import natsserver
+from agentrun_dev import natsserver
 
 
 async def test_jetstream_answers_account_info(nats_server: natsserver.NatsServer) -> None:

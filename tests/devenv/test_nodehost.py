@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentrun.devenv import nodehost, procs
+from agentrun_dev import nodehost, procs
 
 CHAIN = "KUBE-AGENTRUN-CLEANUP-TEST"
 pytestmark = pytest.mark.timeout(1200)  # waits for another run's node to stop

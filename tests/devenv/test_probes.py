@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentrun.devenv import components, probes, procs
+from agentrun_dev import components, probes, procs
 
 
 @pytest.fixture

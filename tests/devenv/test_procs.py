@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentrun.devenv import procs
+from agentrun_dev import procs
 
 IGNORES_SIGTERM = textwrap.dedent(
     """
@@ -115,7 +115,7 @@ def test_another_process_can_stop_it_from_the_record(tmp_path: Path) -> None:
     stopper = textwrap.dedent(
         f"""
         import json
-        from agentrun.devenv import procs
+        from agentrun_dev import procs
         record = procs.ProcessRecord.from_dict(json.loads({as_json}))
         print(procs.is_alive(record), procs.stop_process(record).value)
         """
@@ -147,7 +147,7 @@ def test_die_with_parent_decides_whether_a_process_outlives_its_starter(
         f"""
         import json, os
         from pathlib import Path
-        from agentrun.devenv import procs
+        from agentrun_dev import procs
         record = procs.start_process(procs.ProcessSpec(
             name="orphan", argv=("sleep", "60"), log_path=Path({str(tmp_path / "o.log")!r}),
             die_with_parent={die_with_parent!r}))

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from prometheus_support import PrometheusStarter, serve_metrics
 
-from agentrun.devenv import gobuild, probes, prometheus
+from agentrun_dev import gobuild, probes, prometheus
 
 RULES = textwrap.dedent(
     """
@@ -313,7 +313,7 @@ BUILD = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from agentrun.devenv import prometheus
+    from agentrun_dev import prometheus
     def show(line): print(line, flush=True)
     found = prometheus.ensure_prometheus(root=Path(sys.argv[1]), log=show)
     print("RESULT", found.prometheus, found.promtool)

@@ -1,6 +1,6 @@
 """The e2e stack: the real control plane and nats-server (session fixtures in tests/conftest.py),
 the scripted model server, the operator and two workers, all started through
-``agentrun.devenv.stack`` — the same code ``agentrun dev up`` uses."""
+``agentrun_dev.stack`` — the same code ``agentrun dev up`` uses."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.devenv import components, demo, stack
+from agentrun_dev import components, demo, stack
 
 SCENARIOS = Path(__file__).with_name("scenarios.yaml")
 ACK_WAIT = 4.0

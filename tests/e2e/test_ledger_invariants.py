@@ -20,9 +20,9 @@ import nats
 import pytest
 import yaml
 
-from agentrun.devenv import components, stack
-from agentrun.devenv.kubectl import create_namespace, delete_namespace
 from agentrun.ledger import Book, Hold, LedgerStore
+from agentrun_dev import components, stack
+from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from .conftest import HOLD_TTL, LEDGER_SWEEP, E2EStack, run_manifest
 

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import promql_support as promql
 import pytest
 import yaml
 
-from agentrun.devenv import prometheus
-from agentrun.devenv.kubectl import create_namespace, delete_namespace
-from agentrun.observability import promql
+from agentrun_dev import prometheus
+from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from .conftest import E2EStack, http_get, run_manifest
 
@@ -105,9 +105,10 @@ def test_every_dashboard_and_alert_expression_has_data_from_real_runs(
         if not server.query(expr):
             missing[f"panel {query.title!r} {query.ref_id}"] = expr
     for query in promql.rule_queries(yaml.safe_load(RULES.read_text())):
-        for operand in promql.condition_operands(instantiated(query)):
-            if not server.query(operand):
-                missing[f"alert {query.title}"] = operand
+        for operand in promql.condition_operands(server.parse(instantiated(query))):
+            text = promql.render(operand)
+            if not server.query(text):
+                missing[f"alert {query.title}"] = text
     assert missing == {}, "expressions without data:\n" + "\n".join(
         f"{k}: {v}" for k, v in missing.items()
     )

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from agentrun.devenv import components, stack
+from agentrun_dev import components, stack
 
 from .conftest import ACK_WAIT, E2EStack, http_get, run_manifest
 from .events import read_book, read_events, turn_numbers
@@ -25,8 +25,9 @@ def wait_steps(stack_: E2EStack, namespace: str, name: str, steps: int) -> None:
 def test_deleting_a_run_mid_turn_stops_it_and_the_finalizer_goes(
     stack_: E2EStack, test_namespace: str, nats_server: object
 ) -> None:
-    """Case C21: the run stops, its reservation and slot in the tenant ledger are released,
-    the finalizer goes within a bound, and a late status patch does not re-create it."""
+    """Deleted mid-turn: the run stops, its reservation and slot in the tenant ledger are
+    released, the finalizer goes within a bound, and a late status patch does not re-create
+    it."""
     stack_.apply(test_namespace, run_manifest("doomed", "E2E-LONG job"))
     wait_steps(stack_, test_namespace, "doomed", 1)
     obj = stack_.get(test_namespace, "doomed")

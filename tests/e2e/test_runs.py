@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.devenv import components
+from agentrun_dev import components
 
 from .conftest import E2EStack, run_manifest
 

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
-from agentrun.devenv import components
-from agentrun.devenv.kubectl import Kubectl, create_namespace, delete_namespace
+from agentrun_dev import components
+from agentrun_dev.kubectl import Kubectl, create_namespace, delete_namespace
 
 from .conftest import E2EStack, run_manifest
 from .events import read_events, turn_numbers

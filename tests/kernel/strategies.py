@@ -36,7 +36,7 @@ any object, and succeed once a person approves (``APPROVAL_TOOLS``)."""
 APPROVAL_TOOLS = frozenset({"guarded"})
 
 UNKNOWN_NAMES = ("", "nope", "Echo", "functions.echo", "echo<|channel|>json", "echo ")
-"""Names a model writes that no tool has (case C04: mangled names)."""
+"""Names a model writes that no tool has (mangled names such as ``list_pods<|channel|>json``)."""
 
 FAMILIAR_IDS = ("c1", "c2", "dup", "call_0_0", "0:echo:0", "0:echo:1", "1:echo:0", "0:tool:0")
 """Ids likely to collide: with each other, across turns, and with ids the kernel mints."""
@@ -62,7 +62,7 @@ counted_objects = st.fixed_dictionaries({}, optional={"n": st.integers()})
 
 valid_arguments = st.one_of(
     counted_objects.map(json.dumps),
-    st.sampled_from(["", "  ", None, "{}"]),  # case C01: empty means no arguments
+    st.sampled_from(["", "  ", None, "{}"]),  # empty means no arguments
     counted_objects,  # an object rather than a string, as some servers send
     counted_objects.map(json.dumps).map(json.dumps),  # double-encoded
 )

@@ -14,7 +14,7 @@ from .helpers import call, response
 CASES: list[tuple[str, dict[str, Any], type, Any]] = [
     ("plain final answer", response("The area is 12."), kernel.Final, None),
     (
-        "content with a tool call runs the call and keeps the text (C13)",
+        "content with a tool call runs the call and keeps the text",
         response("Let me check.", tool_calls=[call("ping", "{}")]),
         kernel.ToolCalls,
         None,
@@ -26,13 +26,13 @@ CASES: list[tuple[str, dict[str, Any], type, Any]] = [
         None,
     ),
     (
-        "empty tool_calls with finish tool_calls is malformed (C10)",
+        "empty tool_calls with finish tool_calls is malformed",
         response(None, tool_calls=[], finish_reason="tool_calls"),
         kernel.Malformed,
         MalformedCause.EMPTY_TOOL_CALLS,
     ),
     (
-        "refusal ends the run (C14)",
+        "refusal ends the run",
         response(None, refusal="I can't help with that."),
         kernel.Refusal,
         None,

@@ -118,7 +118,7 @@ def test_cached_input_tokens_are_priced_at_the_cached_rate() -> None:
     assert cost == Decimal("1.2") + Decimal("0.2") + Decimal("0.8")
 
 
-def test_three_malformed_turns_in_a_row_end_with_invalid_decision() -> None:  # C02, C10
+def test_three_malformed_turns_in_a_row_end_with_invalid_decision() -> None:
     limits = kernel.Limits()
     state = start()
     bad = kernel.Malformed(kernel.MalformedCause.EMPTY_TOOL_CALLS, "no calls")
@@ -145,7 +145,7 @@ def test_a_good_turn_resets_the_malformed_streak() -> None:
     assert state.phase is Phase.RUNNING
 
 
-def test_a_refusal_ends_the_run_at_once() -> None:  # C14
+def test_a_refusal_ends_the_run_at_once() -> None:
     state = kernel.advance(
         start(), kernel.TurnRecord(0, decision=kernel.Refusal("no")), kernel.Limits()
     )
@@ -229,7 +229,7 @@ def test_the_terminal_vocabulary_is_the_design_contract() -> None:
     assert [r.value for r in kernel.TerminalReason] == design
 
 
-def test_missing_usage_is_estimated_and_flagged() -> None:  # C17
+def test_missing_usage_is_estimated_and_flagged() -> None:
     raw = {
         "choices": [
             {"message": {"role": "assistant", "content": "x" * 30}, "finish_reason": "stop"}
@@ -324,7 +324,7 @@ def stale_turn(state: kernel.RunState, expression: str, result: str = "same") ->
     )
 
 
-def test_repeating_results_earns_a_nudge_then_no_progress_long_before_max_steps() -> None:  # C15
+def test_repeating_results_earns_a_nudge_then_no_progress_long_before_max_steps() -> None:
     limits = kernel.Limits(max_steps=50, no_progress_window=3)
     state = start()
     for turn in range(7):
@@ -347,7 +347,7 @@ def test_new_results_reset_the_no_progress_count() -> None:
     assert state.phase is Phase.RUNNING
 
 
-def test_pollable_tools_are_exempt_from_the_no_progress_breaker() -> None:  # C15
+def test_pollable_tools_are_exempt_from_the_no_progress_breaker() -> None:
     limits = kernel.Limits(no_progress_window=1, pollable=frozenset({"calculate"}))
     state = start()
     for _ in range(10):

@@ -1,10 +1,10 @@
 """Properties of the history the loop builds, whatever the model sends and the tools do.
 
-The invariant (OpenAI tool calling; cases C01, C05, C06, C08, C09): every assistant tool call
-has exactly one result message with its id, in the order of the calls, whatever happened —
-success, a ``ToolError``, a tool bug, a timeout, the run's deadline, a cancelled attempt, a
-batch the budget refused, or calls held for approval and then approved or denied. Ids are
-unique across the history and stored arguments are JSON.
+The invariant (OpenAI tool calling; servers reject a history that breaks it): every assistant
+tool call has exactly one result message with its id, in the order of the calls, whatever
+happened — success, a ``ToolError``, a tool bug, a timeout, the run's deadline, a cancelled
+attempt, a batch the budget refused, or calls held for approval and then approved or denied.
+Ids are unique across the history and stored arguments are JSON.
 
 Turns run through the worker's real turn code (``execute_turn``: classify, ``check_calls``,
 the gates, ``toolrunner.run_batch``, approval holds and resumes) against an in-process scripted
@@ -438,8 +438,8 @@ def test_stored_arguments_are_json_even_when_the_model_writes_nan_or_infinity(ra
     """Python's ``json.loads`` accepts ``NaN``, ``Infinity`` and ``1e999`` (as inf); JSON
     (RFC 8259) has no such numbers.
 
-    validate.py: "History must only hold valid JSON (case C01: servers reject a history that
-    does not)". Today such arguments pass ``check_calls`` (a ``{"type": "object"}`` schema or a
+    ``validate`` requires that history only holds valid JSON (servers reject a history that
+    does not). Today such arguments pass ``check_calls`` (a ``{"type": "object"}`` schema or a
     ``number`` field accepts them: ``sleep`` with ``{"seconds": NaN}`` then sleeps until the
     call timeout or the run's deadline, since NaN escapes its clamp) and ``stored_arguments``
     writes ``NaN``.

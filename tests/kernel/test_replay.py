@@ -24,13 +24,13 @@ import pytest
 import yaml
 
 from agentrun import history, kernel
-from agentrun.devenv import demo
 from agentrun.operator import admission
 from agentrun.protocol import RunConfig, RunEvent
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import default_catalog
 from agentrun.worker.model import ModelClient, RetryPolicy
 from agentrun.worker.turn import TurnDeps, execute_turn
+from agentrun_dev import demo
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 SCENARIOS = scenario.parse_scenarios((EXAMPLES / "scenarios.yaml").read_text())

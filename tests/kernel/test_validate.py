@@ -20,14 +20,14 @@ def check(
     return result
 
 
-def test_empty_arguments_for_a_parameterless_tool_are_an_empty_object() -> None:  # C01
+def test_empty_arguments_for_a_parameterless_tool_are_an_empty_object() -> None:
     result = check("ping", "")
     assert isinstance(result, kernel.CheckedCall)
     assert result.arguments == {}
     assert stored_arguments(result) == "{}"
 
 
-def test_empty_arguments_for_a_tool_with_required_fields_get_a_correction() -> None:  # C01
+def test_empty_arguments_for_a_tool_with_required_fields_get_a_correction() -> None:
     result = check("calculate", "")
     assert isinstance(result, kernel.InvalidCall)
     assert "'expression' is a required property" in result.error
@@ -35,14 +35,14 @@ def test_empty_arguments_for_a_tool_with_required_fields_get_a_correction() -> N
     assert stored_arguments(result) == "{}"
 
 
-def test_invalid_json_names_the_parse_error_and_the_schema() -> None:  # C02
+def test_invalid_json_names_the_parse_error_and_the_schema() -> None:
     result = check("calculate", '{"expression": "1+1"}\\n}')
     assert isinstance(result, kernel.InvalidCall)
     assert "not valid JSON" in result.error
     assert "The tool's schema" in result.error
 
 
-def test_mangled_tool_name_lists_the_available_tools() -> None:  # C04
+def test_mangled_tool_name_lists_the_available_tools() -> None:
     result = check("list_pods<|channel|>json", "{}")
     assert isinstance(result, kernel.InvalidCall)
     assert "unknown tool 'list_pods<|channel|>json'" in result.error
@@ -71,7 +71,7 @@ def test_double_encoded_arguments_are_decoded() -> None:
     assert result.arguments == {"expression": "2*3"}
 
 
-def test_duplicate_ids_are_rekeyed_deterministically() -> None:  # C06
+def test_duplicate_ids_are_rekeyed_deterministically() -> None:
     calls = [
         kernel.ToolCall("call_0", "calculate", '{"expression": "1"}'),
         kernel.ToolCall("call_0", "calculate", '{"expression": "2"}'),

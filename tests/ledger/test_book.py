@@ -1,4 +1,5 @@
-"""The pure tenant ledger entry (DESIGN.md §5, case C19): every branch of ``Book``.
+"""The pure tenant ledger entry (reserve before a model call, settle after): every branch of
+``Book``.
 
 Reservations are checked against ``used + reserved + hold ≤ limit`` for tokens and cost and
 "wall-clock left" for time; settlement charges a run's cumulative usage once per newer turn;

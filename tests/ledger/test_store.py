@@ -2,7 +2,8 @@
 
 Every test uses its own tenant (the ``AGENTRUN_LEDGER`` bucket is shared by the session). Two
 stores on two NATS connections stand in for two processes: their writes to one entry race, and
-only compare-and-set on the entry's revision keeps the tenant within its limits (case C19).
+only compare-and-set on the entry's revision keeps the tenant within its limits (concurrent
+turns of one tenant: only those that fit run).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from agentrun.devenv import natsserver
 from agentrun.ledger import Book, Hold, LedgerStore, LedgerUnavailable, QueuedRun, TenantLimits
 from agentrun.ledger.store import BUCKET, book_key, queue_key
+from agentrun_dev import natsserver
 
 Opener = Callable[..., Awaitable[LedgerStore]]
 

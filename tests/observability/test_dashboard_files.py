@@ -3,14 +3,16 @@
 - The dashboard parses, has the panels platform operators need, a ``${datasource}`` and a
   ``tenant`` variable; every target is well formed, filters by ``tenant=~"$tenant"`` where
   its metric has a tenant label and uses ``$__rate_interval`` (``$__range`` for totals).
-- Every metric an expression reads is a contract name (DESIGN.md §6, this file's tables)
-  and is exported by `agentrun.metrics`.
-- Every expression, instantiated, is valid PromQL: ``promtool check rules`` when the
-  the pinned promtool (the ``prometheus_binaries`` fixture), plus a Python sanity parse.
+- Every metric an expression reads is a contract name (this file's tables, the list in
+  ``docs/architecture.md``) and is exported by `agentrun.metrics`.
+- Every expression, instantiated, is valid PromQL: Prometheus' own parser reads it (the
+  ``parse`` fixture: a real server's ``/api/v1/parse_query``), and ``promtool check rules``
+  accepts it. What an expression reads (selectors, matchers, ranges, an alert's operands) is
+  taken from that parser's syntax tree.
 - The rule file: every alert has expr, for, a severity and summary/description, and
-  annotations only use labels its expression keeps; with promtool, the alerts fire (and do
-  not) on synthetic series (``promtool test rules``).
-- The helpers of `agentrun.observability.promql` that the e2e suite relies on.
+  annotations only use labels its expression keeps; the alerts fire (and do not) on
+  synthetic series (``promtool test rules``).
+- The helpers of ``promql_support`` that the e2e suite relies on.
 
 Evaluating the expressions against a real Prometheus scraping a real run is the e2e suite's.
 """
@@ -24,10 +26,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import promql_support as promql
 import pytest
 import yaml
 
-from agentrun.observability import promql
+from agentrun_dev.prometheus import PrometheusAPIError
+
+Parse = promql.Parse
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD_FILE = REPO / "charts" / "agentrun" / "dashboards" / "agentrun.json"
@@ -49,8 +54,8 @@ COUNTERS = {
 GAUGES = {
     "agentrun_tenant_budget_limit",
     "agentrun_tenant_budget_used",
-    # DESIGN.md §6 says agentrun_runs{tenant,phase}; prometheus-client cannot export a gauge
-    # of that name beside the counter agentrun_runs_total, so the code exports _in_phase.
+    # Not `agentrun_runs`: prometheus-client cannot export a gauge of that name beside the
+    # counter agentrun_runs_total (one metric family in OpenMetrics).
     "agentrun_runs_in_phase",
     "agentrun_turns_pending",
     "agentrun_worker_turns_in_flight",
@@ -92,7 +97,7 @@ REQUIRED_PANELS = {
     "Queue lag (pending turns)",
     "Worker saturation by instance",
 }
-"""Panels issue 5 asks for, by title."""
+"""Panels platform operators need, by title."""
 PANEL_TYPES = {"timeseries", "stat", "bargauge"}
 UNITS = {"s", "currencyUSD", "short", "percentunit"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -238,27 +243,40 @@ def test_every_target_is_extracted() -> None:
     assert len(DASHBOARD_QUERIES) == targets
 
 
+TENANT_SENTINEL = "tenant-under-test"
+"""The tenant regex the selector checks instantiate with, to find ``$tenant`` in the tree."""
+RATE_INTERVAL, TIME_RANGE = "1m7s", "2h3m"
+"""Distinct durations for ``$__rate_interval`` and ``$__range``, found back in the tree."""
+
+
 @pytest.mark.parametrize("query", DASHBOARD_QUERIES, ids=query_id)
 def test_dashboard_query_filters_by_tenant_and_uses_grafana_intervals(
-    query: promql.Query,
+    query: promql.Query, parse: Parse
 ) -> None:
-    for selector in promql.selectors(query.expr):
+    tree = parse(
+        promql.instantiate(
+            query.expr,
+            tenant_regex=TENANT_SENTINEL,
+            rate_interval=RATE_INTERVAL,
+            time_range=TIME_RANGE,
+        )
+    )
+    for selector in promql.selectors(tree):
         assert selector.metric in KNOWN_METRICS, selector.metric
         if selector.metric in TENANT_LABELLED:
-            assert promql.Matcher("tenant", "=~", "$tenant") in selector.matchers, selector
+            assert promql.Matcher("tenant", "=~", TENANT_SENTINEL) in selector.matchers, selector
         assert selector.matcher("job") is None, "scrape job names belong to the deployment"
-    expected = "$__range" if query.instant else "$__rate_interval"
-    assert set(promql.ranges(query.expr)) <= {expected}
-    if re.search(r"\b(i?rate|increase)\(", query.expr):
-        assert promql.ranges(query.expr), "rate() needs a range"
+    expected = TIME_RANGE if query.instant else RATE_INTERVAL
+    assert {promql.duration(ms) for ms in promql.ranges_ms(tree)} <= {expected}
+    if promql.calls(tree) & {"rate", "irate", "increase"}:
+        assert promql.ranges_ms(tree), "rate() needs a range"
 
 
 @pytest.mark.parametrize("query", DASHBOARD_QUERIES + RULE_QUERIES, ids=query_id)
-def test_query_reads_only_contract_metrics_and_parses(query: promql.Query) -> None:
-    names = promql.metric_names(query.expr)
+def test_query_reads_only_contract_metrics_and_parses(query: promql.Query, parse: Parse) -> None:
+    names = promql.metric_names(parse(instantiated(query)))
     assert names, "every expression reads at least one metric"
     assert sorted(names - KNOWN_METRICS) == []
-    assert promql.syntax_problems(instantiated(query)) == []
 
 
 def exported_series_names() -> set[str]:
@@ -277,8 +295,9 @@ def exported_series_names() -> set[str]:
     }
 
 
-def test_every_metric_read_is_exported_by_agentrun_metrics() -> None:
-    used = set().union(*(promql.metric_names(q.expr) for q in DASHBOARD_QUERIES + RULE_QUERIES))
+def test_every_metric_read_is_exported_by_agentrun_metrics(parse: Parse) -> None:
+    trees = [parse(instantiated(q)) for q in DASHBOARD_QUERIES + RULE_QUERIES]
+    used = set().union(*(promql.metric_names(tree) for tree in trees))
     assert sorted(used - exported_series_names() - NOT_YET_EXPORTED) == []
 
 
@@ -314,23 +333,25 @@ def test_alert_annotations_use_only_labels_the_expression_keeps(rule: dict[str, 
 
 
 @pytest.mark.parametrize("rule", alerts(load_rules()), ids=lambda rule: rule["alert"])
-def test_alert_condition_has_operands_to_check_for_data(rule: dict[str, Any]) -> None:
-    operands = promql.condition_operands(rule["expr"])
+def test_alert_condition_has_operands_to_check_for_data(rule: dict[str, Any], parse: Parse) -> None:
+    operands = promql.condition_operands(parse(rule["expr"]))
     assert operands
     for operand in operands:
-        assert promql.alert_condition_query(operand) is None, f"{operand} still compares"
+        assert promql.alert_condition(operand) is None, f"{promql.render(operand)} still compares"
         assert promql.metric_names(operand) <= KNOWN_METRICS
-        assert promql.syntax_problems(operand) == []
+        assert parse(promql.render(operand)) == operand
 
 
-def test_condition_operands_of_the_project_alerts() -> None:
-    by_name = {rule["alert"]: rule["expr"] for rule in alerts(load_rules())}
-    assert promql.condition_operands(by_name["AgentrunNoTurnsCommitted"]) == [
+def test_condition_operands_of_the_project_alerts(parse: Parse) -> None:
+    by_name = {rule["alert"]: parse(rule["expr"]) for rule in alerts(load_rules())}
+    operands = promql.condition_operands(by_name["AgentrunNoTurnsCommitted"])
+    assert [promql.render(operand) for operand in operands] == [
         'sum by (tenant) (agentrun_runs_in_phase{phase="Running"})',
         "sum by (tenant) (rate(agentrun_turns_total[5m]))",
     ]
-    budget = promql.alert_condition_query(by_name["AgentrunTenantBudgetNearlyExhausted"])
-    assert budget is not None and budget.endswith("(agentrun_tenant_budget_limit > 0)")
+    budget = promql.alert_condition(by_name["AgentrunTenantBudgetNearlyExhausted"])
+    assert budget is not None
+    assert promql.render(budget).endswith("(agentrun_tenant_budget_limit > 0)")
 
 
 # ------------------------------------------------------------------- promtool / syntax
@@ -338,7 +359,7 @@ def test_condition_operands_of_the_project_alerts() -> None:
 
 @pytest.fixture
 def promtool(prometheus_binaries: Any) -> Path:
-    """The pinned promtool (built once per machine with Prometheus, see agentrun.devenv)."""
+    """The pinned promtool (built once per machine with Prometheus, see agentrun_dev)."""
     path: Path = prometheus_binaries.promtool
     return path
 
@@ -356,10 +377,11 @@ def run_promtool(promtool: Path, *args: str | Path, cwd: Path) -> None:
     assert done.returncode == 0, f"promtool {args}:\n{done.stdout}\n{done.stderr}"
 
 
-def test_every_expression_passes_the_python_sanity_parse() -> None:
-    exprs = {query_id(q): instantiated(q) for q in DASHBOARD_QUERIES + RULE_QUERIES}
-    problems = {name: promql.syntax_problems(expr) for name, expr in exprs.items()}
-    assert {name: found for name, found in problems.items() if found} == {}
+def test_every_expression_renders_back_to_the_same_tree(parse: Parse) -> None:
+    # The e2e suite queries rendered parts of these trees: rendering must not change them.
+    trees = {query_id(q): parse(instantiated(q)) for q in DASHBOARD_QUERIES + RULE_QUERIES}
+    changed = {name for name, tree in trees.items() if parse(promql.render(tree)) != tree}
+    assert changed == set()
 
 
 def test_every_expression_is_valid_promql(tmp_path: Path, promtool: Path) -> None:
@@ -521,12 +543,12 @@ def test_instantiate_replaces_grafana_variables(expr: str, expected: str) -> Non
     assert promql.instantiate(expr) == expected
 
 
-def test_instantiate_escapes_values_for_the_string_they_land_in() -> None:
+def test_instantiate_escapes_values_for_the_string_they_land_in(parse: Parse) -> None:
     expr = """x{tenant=~"$tenant", b=~'$tenant', c=~`$tenant`}"""
-    assert promql.instantiate(expr, tenant_regex='a\\.b|"q"') == (
-        """x{tenant=~"a\\\\.b|\\"q\\"", b=~'a\\\\.b|"q"', c=~`a\\.b|"q"`}"""
-    )
-    assert promql.syntax_problems(promql.instantiate(expr, tenant_regex="a|b")) == []
+    instantiated_expr = promql.instantiate(expr, tenant_regex='a\\.b|"q"')
+    assert instantiated_expr == """x{tenant=~"a\\\\.b|\\"q\\"", b=~'a\\\\.b|"q"', c=~`a\\.b|"q"`}"""
+    (selector,) = promql.selectors(parse(instantiated_expr))
+    assert {m.value for m in selector.matchers} == {'a\\.b|"q"'}
 
 
 @pytest.mark.parametrize(
@@ -560,51 +582,83 @@ def test_instantiate_checks_durations_and_takes_extra_variables() -> None:
         ("a", None),
     ],
 )
-def test_alert_condition_query(expr: str, expected: str | None) -> None:
-    assert promql.alert_condition_query(expr) == expected
+def test_alert_condition(expr: str, expected: str | None, parse: Parse) -> None:
+    condition = promql.alert_condition(parse(expr))
+    assert (None if condition is None else promql.render(condition)) == expected
 
 
-def test_condition_operands_split_set_operators_and_matching_clauses() -> None:
-    expr = "(a > 1 and on (t) group_left b < 2) or ignoring (x) c unless absent(d)"
-    assert promql.condition_operands(expr) == ["a", "b", "c", "absent(d)"]
+def test_condition_operands_split_set_operators_and_matching_clauses(parse: Parse) -> None:
+    expr = "(a > 1 and on (t) b < 2) or ignoring (x) c unless absent(d)"
+    operands = promql.condition_operands(parse(expr))
+    assert [promql.render(operand) for operand in operands] == ["a", "b", "c", "absent(d)"]
 
 
-def test_selectors_and_metric_names_skip_functions_keywords_and_grouping_labels() -> None:
+def test_selectors_and_metric_names_skip_functions_keywords_and_grouping_labels(
+    parse: Parse,
+) -> None:
     expr = (
-        'histogram_quantile(0.99, sum by (le, phase) (rate(h_bucket{t=~"$tenant"}[5m]))) '
+        'histogram_quantile(0.99, sum by (le, phase) (rate(h_bucket{t=~"x.*"}[5m]))) '
         '/ on (job) group_left (tenant) max without (instance) (g offset 5m) or {__name__="n"}'
     )
-    assert promql.metric_names(expr) == {"h_bucket", "g", "n"}
-    first = promql.selectors(expr)[0]
-    assert first.matcher("t") == promql.Matcher("t", "=~", "$tenant")
-    assert promql.ranges(expr) == ["5m"]
+    tree = parse(expr)
+    assert promql.metric_names(tree) == {"h_bucket", "g", "n"}
+    assert promql.selectors(tree)[0].matcher("t") == promql.Matcher("t", "=~", "x.*")
+    assert promql.ranges_ms(tree) == [300_000]
+    assert promql.calls(tree) == {"histogram_quantile", "rate"}
+
+
+def test_an_unknown_metric_is_caught(parse: Parse) -> None:
+    # What the contract-metric checks above rely on: a misspelt name comes out of the tree.
+    tree = parse('sum(rate(agentrun_turns_totl{tenant=~".*"}[1m]))')
+    assert promql.metric_names(tree) - KNOWN_METRICS == {"agentrun_turns_totl"}
 
 
 @pytest.mark.parametrize(
     ("expr", "problem"),
     [
         ("sum(rate(x[5m])", "unclosed"),
-        ("rate(x[5m]))", "unmatched"),
-        ("rate(x[$__rate_interval])", "Grafana variable"),
-        ('x{t=~"$tenant"}', "Grafana variable"),
-        ("rate(x[5 m])", "not a range"),
-        ('x{t="a" u="b"}', "expected ','"),
+        ("rate(x[5m]))", "unexpected"),
+        ("rate(x[$__rate_interval])", "unexpected"),
+        ('x{t=~"$tenant"} + $tenant', "unexpected"),
+        ("rate(x[5 m])", "unexpected"),
+        ('x{t="a" u="b"}', "unexpected"),
         ("histogram_quantil(0.5, x)", "unknown function"),
-        ("x >", "ends with"),
-        ("", "empty"),
-        ("x ; y", "unexpected"),
+        ("rate(x)", "expected type range vector"),
+        ("x >", "unexpected end of input"),
+        ("", "no expression found"),
+        ("x ; y", "unexpected character"),
     ],
 )
-def test_syntax_problems_catch_the_usual_mistakes(expr: str, problem: str) -> None:
-    assert any(problem in found for found in promql.syntax_problems(expr))
+def test_the_parser_rejects_the_usual_mistakes(expr: str, problem: str, parse: Parse) -> None:
+    with pytest.raises(PrometheusAPIError) as rejected:
+        parse(expr)
+    assert rejected.value.error_type == "bad_data"
+    assert problem in rejected.value.error
 
 
-def test_syntax_problems_accept_valid_promql() -> None:
-    for expr in (
+@pytest.mark.parametrize(
+    "expr",
+    [
         'sum by (tenant) (rate(x_total{tenant=~".*", a!="b",}[1m])) * 60',
-        "max_over_time(x[1h:5m]) @ end()",
+        "max_over_time(x[1h:5m] @ end())",
+        "max_over_time(x[1h:] offset 1m30s)",
         'label_replace(x, "d", "$1", "s", "(.*)")',
         '{"gen.ai.metric", a="b"}',
+        '{"gen.ai.metric", "x.y"="b"}',
         "-x + +1 # comment",
-    ):
-        assert promql.syntax_problems(expr) == [], expr
+        "topk by (a) (5, x) unless on () y",
+        'count_values without (b) ("v", x) > bool 1',
+        "a * on (t) group_right (u, v) b",
+        "x @ 1700000000.5",
+    ],
+)
+def test_render_writes_valid_promql_back_as_the_same_tree(expr: str, parse: Parse) -> None:
+    tree = parse(expr)
+    assert parse(promql.render(tree)) == tree
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"), [(0, "0s"), (90_000, "1m30s"), (7_380_000, "2h3m"), (1_500, "1s500ms")]
+)
+def test_durations_are_written_as_promql_writes_them(ms: int, text: str) -> None:
+    assert promql.duration(ms) == text

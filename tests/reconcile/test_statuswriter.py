@@ -63,7 +63,7 @@ async def test_runs_that_share_a_name_are_written_separately() -> None:
     assert sorted((w[0].uid, w[1]["seq"]) for w in api.writes) == [("uid-new", 1), ("uid-old", 9)]
 
 
-async def test_a_write_to_a_deleted_or_replaced_object_is_dropped_and_reported() -> None:  # C21
+async def test_a_write_to_a_deleted_or_replaced_object_is_dropped_and_reported() -> None:
     for status in (404, 409):
         api = FakeApi(fail_with=status)
         writer = StatusWriter(api.patch, interval=0.0, on_gone=api.on_gone)

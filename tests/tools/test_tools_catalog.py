@@ -31,6 +31,16 @@ def test_parameters_are_a_valid_draft_2020_12_object_schema(spec: tools.ToolSpec
     assert spec.description
 
 
+def test_an_object_schema_refuses_unknown_and_missing_arguments() -> None:
+    schema = tools.catalog.object_schema(
+        {"a": {"type": "integer"}, "b": {"type": "string"}}, required=["a"]
+    )
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid({"a": 1}) and validator.is_valid({"a": 1, "b": "x"})
+    assert not validator.is_valid({"b": "x"})
+    assert not validator.is_valid({"a": 1, "c": 2})
+
+
 def test_specs_render_openai_function_tools_in_the_order_asked() -> None:
     specs = CATALOG.specs(["sleep", "calculate", "sleep"])
     assert [s["function"]["name"] for s in specs] == ["sleep", "calculate"]

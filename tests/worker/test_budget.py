@@ -11,9 +11,9 @@ import nats
 import pytest
 
 from agentrun import kernel
-from agentrun.devenv import natsserver
 from agentrun.ledger import LedgerStore, TenantLimits
 from agentrun.worker.budget import DEFAULT_HOLD_TTL, TurnBudget, worst_case
+from agentrun_dev import natsserver
 
 NOW = 1_700_000_000.0
 TEST_BUCKET = "AGENTRUN_LEDGER_TEST"

@@ -1,5 +1,7 @@
-"""The failure cases of shared/cases, driven through the worker's real turn code and the kernel
-against the scripted model server over HTTP (the real ``openai`` client)."""
+"""Known ways models and servers misbehave (empty or invalid arguments, mangled names,
+duplicate ids, empty tool-call lists, refusals, missing usage…), driven through the worker's
+real turn code and the kernel against the scripted model server over HTTP (the real ``openai``
+client)."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ class Counter:
 
 
 class Ping:
-    """A tool without parameters (case C01)."""
+    """A tool without parameters (a model may send its arguments as ``""``)."""
 
     spec = ToolSpec(
         "ping",
@@ -75,9 +77,7 @@ def tool_messages(request: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [m for m in request["body"]["messages"] if m["role"] == "tool"]
 
 
-async def test_empty_arguments_for_a_parameterless_tool_are_stored_as_an_empty_object() -> (
-    None
-):  # C01
+async def test_empty_arguments_for_a_parameterless_tool_are_stored_as_an_empty_object() -> None:
     script = """
 scenarios:
   - name: c01
@@ -94,7 +94,7 @@ scenarios:
     assert tool_messages(requests[1]) == [{"role": "tool", "tool_call_id": "c1", "content": "pong"}]
 
 
-async def test_three_turns_of_invalid_json_end_invalid_decision_and_nothing_runs() -> None:  # C02
+async def test_three_turns_of_invalid_json_end_invalid_decision_and_nothing_runs() -> None:
     counter = Counter()
     bad = '{"key": "a"}\\\\n}'
     script = f"""
@@ -119,7 +119,7 @@ scenarios:
             json.loads(call["function"]["arguments"])
 
 
-async def test_a_good_turn_between_malformed_ones_resets_the_streak() -> None:  # C02
+async def test_a_good_turn_between_malformed_ones_resets_the_streak() -> None:
     counter = Counter()
     script = """
 scenarios:
@@ -138,7 +138,7 @@ scenarios:
     assert state.corrections == 4
 
 
-async def test_a_mangled_tool_name_runs_nothing_and_lists_the_tools() -> None:  # C04
+async def test_a_mangled_tool_name_runs_nothing_and_lists_the_tools() -> None:
     counter = Counter("list_pods", params={"type": "object"})
     script = """
 scenarios:
@@ -155,7 +155,7 @@ scenarios:
     assert state.corrections == 1 and state.phase is Phase.COMPLETED
 
 
-async def test_a_failing_parallel_call_still_gets_exactly_one_result() -> None:  # C05, C09
+async def test_a_failing_parallel_call_still_gets_exactly_one_result() -> None:
     counter = Counter(fail_on="c")
     script = """
 scenarios:
@@ -179,7 +179,7 @@ scenarios:
     assert state.tool_failures == 1
 
 
-async def test_duplicate_call_ids_are_rekeyed_and_both_calls_run_once() -> None:  # C06
+async def test_duplicate_call_ids_are_rekeyed_and_both_calls_run_once() -> None:
     counter = Counter()
     script = """
 scenarios:
@@ -199,7 +199,7 @@ scenarios:
     assert len(set(state.call_ids)) == 2
 
 
-async def test_results_follow_call_order_not_completion_order() -> None:  # C08
+async def test_results_follow_call_order_not_completion_order() -> None:
     script = """
 scenarios:
   - name: c08
@@ -215,7 +215,7 @@ scenarios:
     assert [m["tool_call_id"] for m in tool_messages(requests[1])] == ["slow", "fast"]
 
 
-async def test_empty_tool_calls_get_a_corrective_turn_then_invalid_decision() -> None:  # C10
+async def test_empty_tool_calls_get_a_corrective_turn_then_invalid_decision() -> None:
     script = """
 scenarios:
   - name: c10
@@ -232,7 +232,7 @@ scenarios:
     assert "held no tool calls" in requests[1]["body"]["messages"][-1]["content"]
 
 
-async def test_text_alongside_a_tool_call_is_kept_in_the_transcript() -> None:  # C13
+async def test_text_alongside_a_tool_call_is_kept_in_the_transcript() -> None:
     script = """
 scenarios:
   - name: c13
@@ -249,7 +249,7 @@ scenarios:
     assert state.tool_calls == 1 and state.answer == "It is 4."
 
 
-async def test_a_refusal_ends_the_run_after_one_model_call() -> None:  # C14
+async def test_a_refusal_ends_the_run_after_one_model_call() -> None:
     script = """
 scenarios:
   - name: c14
@@ -266,7 +266,7 @@ scenarios:
     assert state.phase is Phase.REFUSED and len(requests) == 1
 
 
-async def test_missing_usage_is_estimated_flagged_and_still_budgeted() -> None:  # C17
+async def test_missing_usage_is_estimated_flagged_and_still_budgeted() -> None:
     script = """
 scenarios:
   - name: c17

@@ -11,7 +11,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from agentrun.devenv import console, controlplane
+from agentrun_dev import console, controlplane
 
 
 class KubectlError(subprocess.CalledProcessError):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import platformdirs
 
-from agentrun.devenv import console, gobuild
+from agentrun_dev import console, gobuild
 
 K8S_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.5"

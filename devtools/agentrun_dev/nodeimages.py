@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from agentrun.devenv import binaries, console
+from agentrun_dev import binaries, console
 
 PAUSE_IMAGE = "agentrun.dev/pause:3.10"
 """The node's ``sandbox_image``."""

@@ -28,7 +28,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from agentrun.devenv import components, console, nodehost, probes
+from agentrun_dev import components, console, nodehost, probes
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
 NETWORK_NAME = "agentrun"

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import yaml
 
-from agentrun.devenv import console
+from agentrun_dev import console
 
 MIN_GO = (1, 24)
 KUBE_COMMANDS = (
@@ -109,7 +109,7 @@ def build_binaries(
         if pinned != etcd_version:
             raise BuildError(
                 f"k8s.io/kubernetes {k8s_version} pins etcd {pinned} in build/dependencies.yaml,"
-                f" but agentrun expects {etcd_version}: update the pins in agentrun.devenv"
+                f" but agentrun expects {etcd_version}: update the pins in agentrun_dev"
             )
         log(f"[2/4] kubernetes {k8s_version} pins etcd {pinned} (build/dependencies.yaml)")
         if "etcd" in names:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from agentrun.devenv import console, kubectl, state
+from agentrun_dev import console, kubectl, state
 
 MODEL_NAME = "mock"
 TENANT_NAME = "default"

@@ -33,7 +33,7 @@ from typing import Protocol
 
 import yaml
 
-from agentrun.devenv import binaries, certs, components, console, probes
+from agentrun_dev import binaries, certs, components, console, probes
 
 USE_EXISTING_ENV = "AGENTRUN_USE_EXISTING_CLUSTER"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/24"
@@ -278,12 +278,11 @@ def _start_etcd(
         "--log-level=warn",
     )
     probe = probes.Probe(url=f"http://127.0.0.1:{client}/health", expect='"health":"true"')
-    return components.start_component(
+    return launch.start(
         launch.spec("etcd", argv),
         probe=probe,
         ports={"client": client, "peer": peer},
         ready_timeout=timeout,
-        log=launch.log,
     )
 
 
@@ -340,10 +339,9 @@ def _start_apiserver(
         cert_file=pki.admin_cert,
         key_file=pki.admin_key,
     )
-    return components.start_component(
+    return launch.start(
         launch.spec("kube-apiserver", argv),
         probe=probe,
         ports={"secure": port},
         ready_timeout=timeout,
-        log=launch.log,
     )

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import agentrun
-from agentrun.devenv import (
+from agentrun_dev import (
     binaries,
     components,
     console,
@@ -37,7 +37,7 @@ from agentrun.devenv import (
     probes,
     state,
 )
-from agentrun.devenv.components import (
+from agentrun_dev.components import (
     Launch,
     kill_component,
     restart_component,
@@ -146,7 +146,7 @@ def start_mockllm(
     argv += ["--port", str(port), "--scenarios", ",".join(str(p) for p in scenarios)]
     spec = launch.spec("mockllm", argv, env={"PYTHONUNBUFFERED": "1", **(env or {})})
     probe = probes.Probe(url=f"http://127.0.0.1:{port}/healthz", expect="ok")
-    return components.start_component(spec, probe=probe, ports={"http": port}, log=launch.log)
+    return launch.start(spec, probe=probe, ports={"http": port})
 
 
 def mockllm_url(component: components.Component) -> str:
@@ -282,7 +282,7 @@ def _start_service(
     spec = launch.spec(name, (str(script_path(script)),), env=env)
     probe = None if port == 0 else probes.Probe(url=f"http://127.0.0.1:{port}/metrics")
     ports = {} if port == 0 else {"metrics": port}
-    return components.start_component(spec, probe=probe, ports=ports, log=launch.log)
+    return launch.start(spec, probe=probe, ports=ports)
 
 
 def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> state.StackState:

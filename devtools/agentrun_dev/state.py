@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrun.devenv.components import Component  # the field `components` shadows the module
+from agentrun_dev.components import Component  # the field `components` shadows the module
 
 DIR_ENV = "AGENTRUN_DEV_DIR"
 DEFAULT_DIR = Path(".agentrun") / "dev"

@@ -12,8 +12,9 @@ Prometheus is pinned at `PROMETHEUS_MODULE_VERSION`, the Go module version of
 
 `start_prometheus` runs one server on a free loopback port that scrapes the given static
 targets and evaluates the given rule files; `PrometheusServer` wraps the parts of its HTTP API
-that tests need (instant queries, targets, rules). `promtool_check_metrics` and
-`promtool_check_rules` lint an exposition and a rules file.
+that tests need (instant queries, PromQL syntax trees from Prometheus' own parser, targets,
+rules). `promtool_check_metrics` and `promtool_check_rules` lint an exposition and a rules
+file.
 
 What belongs here: locating, caching and building the binaries (through `gobuild`), starting
 the server and talking to it. What the metrics and rules say belongs to the runtime and the
@@ -36,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from agentrun.devenv import binaries, components, console, gobuild, probes
+from agentrun_dev import binaries, components, console, gobuild, probes
 
 PROMETHEUS_MODULE_VERSION = "v0.316.0"
 """``github.com/prometheus/prometheus`` at this version is Prometheus 3.16.0."""
@@ -151,6 +152,21 @@ class PrometheusServer:
         if data.get("resultType") in ("scalar", "string"):
             return [{"metric": {}, "value": result}]
         return list(result)
+
+    def parse(self, expr: str) -> dict[str, Any]:
+        """The syntax tree of PromQL `expr`, as Prometheus' own parser reads it.
+
+        Uses ``/api/v1/parse_query``; nothing is evaluated. Each node is a dict with a
+        ``type`` (``vectorSelector``, ``matrixSelector``, ``call``, ``aggregation``,
+        ``binaryExpr``, ``unaryExpr``, ``parenExpr``, ``subquery``, ``numberLiteral``,
+        ``stringLiteral``) and that type's fields (selectors: ``name`` and ``matchers``
+        ``[{"name", "type", "value"}]``; ranges in milliseconds).
+
+        Raises:
+            PrometheusAPIError: `expr` is not valid PromQL (``bad_data``, with the parser's
+                message and position), or Prometheus could not be reached.
+        """
+        return self._call("/api/v1/parse_query", form={"query": expr})
 
     def value(self, expr: str, *, time: float | None = None) -> float | None:
         """The single value of `expr` (a one-series vector or a scalar), or None if empty.
@@ -338,12 +354,11 @@ def start_prometheus(
         "--scrape.discovery-reload-interval=250ms",
     ]
     url = f"http://127.0.0.1:{port}"
-    component = components.start_component(
+    component = launch.start(
         dataclasses.replace(launch.spec("prometheus", argv), cwd=workdir),
         probe=probes.Probe(url=f"{url}/-/ready"),
         ports={"web": port},
         ready_timeout=ready_timeout,
-        log=launch.log,
     )
     return PrometheusServer(
         url=url, config_path=config_path, storage_dir=storage, targets=jobs, component=component

@@ -171,12 +171,9 @@ def stop_process(record: ProcessRecord, *, timeout: float = 10.0) -> StopOutcome
     Never signals a process whose pid was recycled. Raises RuntimeError if the process
     survives SIGKILL for 10 s (e.g. stuck in uninterruptible I/O).
     """
-    state = _state(record)
-    if state is _State.REUSED:
-        return StopOutcome.PID_REUSED
-    if state is _State.GONE:
-        _signal_orphans(record)
-        return StopOutcome.NOT_RUNNING
+    settled = _settled(record)
+    if settled is not None:
+        return settled
     _signal_group(record, signal.SIGTERM)
     if _wait_gone(record, timeout=timeout):
         _signal_orphans(record)
@@ -190,13 +187,22 @@ def kill_process(record: ProcessRecord) -> StopOutcome:
     Returns KILLED, NOT_RUNNING or PID_REUSED (then nothing was signalled). Raises
     RuntimeError if the process survives SIGKILL for 10 s.
     """
+    settled = _settled(record)
+    if settled is not None:
+        return settled
+    return _kill_and_wait(record, outcome=StopOutcome.KILLED)
+
+
+def _settled(record: ProcessRecord) -> StopOutcome | None:
+    """Why there is nothing to stop (PID_REUSED, or NOT_RUNNING after its orphans were
+    signalled), or None when the recorded process is alive."""
     state = _state(record)
     if state is _State.REUSED:
         return StopOutcome.PID_REUSED
     if state is _State.GONE:
         _signal_orphans(record)
         return StopOutcome.NOT_RUNNING
-    return _kill_and_wait(record, outcome=StopOutcome.KILLED)
+    return None
 
 
 def exit_code(record: ProcessRecord) -> int | None:

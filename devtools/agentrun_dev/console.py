@@ -1,6 +1,6 @@
 """Progress output for the local stack: the `Log` callable type and its default.
 
-Everything in `agentrun.devenv` reports what it does through a `Log` passed in by the caller
+Everything in `agentrun_dev` reports what it does through a `Log` passed in by the caller
 (the CLI prints to stderr, pytest writes to its terminal reporter). Nothing else belongs here.
 """
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrun.devenv import console, procs
+from agentrun_dev import console, procs
 
 BRIDGE = "agentrun0"
 """The pod bridge; its address `GATEWAY` is the node's IP."""

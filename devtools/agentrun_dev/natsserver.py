@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from agentrun.devenv import components, probes
+from agentrun_dev import components, probes
 
 
 class NatsServerNotFoundError(FileNotFoundError):
@@ -74,12 +74,11 @@ def start_nats_server(
     argv += ["-p", str(port), "-m", str(monitor)]
     monitor_url = f"http://127.0.0.1:{monitor}"
     probe = probes.Probe(url=f"{monitor_url}/healthz?js-enabled-only=true", expect="ok")
-    component = components.start_component(
+    component = launch.start(
         launch.spec("nats-server", argv),
         probe=probe,
         ports={"client": port, "monitor": monitor},
         ready_timeout=ready_timeout,
-        log=launch.log,
     )
     return NatsServer(
         url=f"nats://127.0.0.1:{port}",

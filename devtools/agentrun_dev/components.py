@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrun.devenv import console, probes, procs
+from agentrun_dev import console, probes, procs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,6 +40,19 @@ class Launch:
             log_path=self.log_dir / f"{name}.log",
             env=dict(env or {}),
             die_with_parent=self.die_with_parent,
+        )
+
+    def start(
+        self,
+        spec: procs.ProcessSpec,
+        *,
+        probe: probes.Probe | None,
+        ports: Mapping[str, int],
+        ready_timeout: float = 30.0,
+    ) -> Component:
+        """`start_component` with this launch's progress output; raises like it."""
+        return start_component(
+            spec, probe=probe, ports=ports, ready_timeout=ready_timeout, log=self.log
         )
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrun.devenv import procs
+from agentrun_dev import procs
 
 _HANDED_OUT: set[int] = set()
 """Ports already returned by `free_port` in this process, never returned twice."""

@@ -40,7 +40,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from agentrun.devenv import (
+from agentrun_dev import (
     binaries,
     certs,
     components,

@@ -1,0 +1,230 @@
+"""``agentrun dev …``: the local stack's subcommands, plugged into the ``agentrun`` command.
+
+The runtime's ``agentrun`` finds `register_dev` through the ``agentrun.cli`` entry point group
+(declared in ``devtools/pyproject.toml``), so the runtime wheel carries none of this. Each
+subcommand is a ``cmd_dev_<name>(args) -> int`` handler returning the exit code; errors the
+dev modules raise (``OSError``, ``RuntimeError``, ``subprocess.SubprocessError``, each saying
+what to do next) are printed as one line by ``agentrun.cli.main``.
+
+What belongs here: argument parsing and printing. The work is done by the library modules
+(`stack`, `demo`, `binaries`, `state`), so tests and other tools can call it without the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import TypeAlias
+
+from agentrun_dev import binaries, console, demo, stack, state
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
+_NODE_HELP = (
+    "also run a real single node (containerd, kubelet, kube-proxy, CoreDNS, controller-manager, "
+    "scheduler) so pods run; needs root and `make node-packages`"
+)
+
+
+def register_dev(subparsers: Subparsers) -> None:
+    """``agentrun dev up|down|status|env|binaries``: the local stack."""
+    dev = subparsers.add_parser(
+        "dev",
+        help="run the local stack (cluster, nats, mock model, operator, workers)",
+        description="Run agentrun locally. State and logs live in --dir "
+        f"(default ${state.DIR_ENV} or ./{state.DEFAULT_DIR}).",
+    )
+    dev.set_defaults(handler=lambda _: _usage(dev))
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", type=Path, default=None, help="state directory")
+    commands = dev.add_subparsers(title="commands", metavar="COMMAND")
+
+    up = commands.add_parser(
+        "up", parents=[common], help="start the stack, or restart its dead components"
+    )
+    up.add_argument("--workers", type=int, default=2, metavar="N", help="workers (default 2)")
+    up.add_argument(
+        "--scenarios",
+        type=Path,
+        nargs="+",
+        default=[stack.DEFAULT_SCENARIOS],
+        metavar="FILE",
+        help=f"mock model scenario files (default {stack.DEFAULT_SCENARIOS})",
+    )
+    up.add_argument("--crds", type=Path, default=None, metavar="DIR", help="CRD directory")
+    up.add_argument("--node", action="store_true", help=_NODE_HELP)
+    up.set_defaults(handler=cmd_dev_up)
+
+    down = commands.add_parser(
+        "down", parents=[common], help="stop everything by pid and remove the state"
+    )
+    down.set_defaults(handler=cmd_dev_down)
+    status = commands.add_parser(
+        "status", parents=[common], help="components, pids, ports, logs (exit 1: not all ok)"
+    )
+    status.set_defaults(handler=cmd_dev_status)
+    env = commands.add_parser(
+        "env", parents=[common], help="print `export` lines: eval $(agentrun dev env)"
+    )
+    env.set_defaults(handler=cmd_dev_env)
+    show = commands.add_parser(
+        "demo",
+        parents=[common],
+        help="bring the stack up, run the examples, print their phases, reasons and usage",
+    )
+    show.add_argument("--workers", type=int, default=2, metavar="N", help="workers (default 2)")
+    show.add_argument(
+        "--examples",
+        type=Path,
+        nargs="+",
+        default=list(demo.DEFAULT_EXAMPLES),
+        metavar="FILE",
+        help="AgentRun manifests to apply (default: the three in examples/)",
+    )
+    show.add_argument("--node", action="store_true", help=_NODE_HELP)
+    show.set_defaults(handler=cmd_dev_demo)
+    build = commands.add_parser(
+        "binaries", help="build (once per machine) or locate kube-apiserver, etcd and kubectl"
+    )
+    build.add_argument(
+        "--node",
+        action="store_true",
+        help="also the node's binaries (kube-controller-manager, kube-scheduler, kubelet, "
+        "kube-proxy, coredns), in one build",
+    )
+    build.set_defaults(handler=cmd_dev_binaries)
+
+
+def cmd_dev_up(args: argparse.Namespace) -> int:
+    """``agentrun dev up``: start the stack (or revive it), then print its status."""
+    if args.workers < 0:
+        print("agentrun: error: --workers must be ≥ 0", file=sys.stderr)
+        return 2
+    options = stack.UpOptions(
+        workers=args.workers, scenarios=tuple(args.scenarios), crd_dir=args.crds, node=args.node
+    )
+    current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
+    demo.apply_mock_model(current)
+    _print_status(current)
+    print(f"\nAgentModel {demo.MODEL_NAME!r} points at the mock model: use `spec.model: mock`")
+    print(f'use it from a shell: eval "$(agentrun dev env{_dir_option(args)})"')
+    return 0
+
+
+def cmd_dev_demo(args: argparse.Namespace) -> int:
+    """``agentrun dev demo``: stack up, ``mock`` AgentModel, the examples, their end states."""
+    options = stack.UpOptions(workers=args.workers, node=args.node)
+    current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
+    demo.apply_mock_model(current)
+    items = demo.run_examples(current, examples=args.examples, log=_progress)
+    names = [item["metadata"]["name"] for item in items]
+    kc = demo.kubectl_for(current)
+    print("\n$ kubectl get agentruns")
+    print(kc("get", "agentruns", "-n", "default", *names).stdout, end="")
+    print("\nusage:")
+    for line in demo.usage_summary(items):
+        print(f"  {line}")
+    demo.wait_tenant_settled(current)
+    print("\n$ kubectl get agenttenants  # every run is charged to its namespace's tenant")
+    print(kc("get", "agenttenants").stdout, end="")
+    print(
+        "\nThe stack is still up. Try:\n"
+        f'  eval "$(.venv/bin/agentrun dev env{_dir_option(args)})"\n'
+        "  kubectl get agentruns -o yaml\n"
+        "  kubectl explain agentrun.spec.budget\n"
+        "  kubectl get agenttenant default -o yaml   # used / reserved / remaining, resetTime\n"
+        "Stop it with `make down` (agentrun dev down)."
+    )
+    return 0
+
+
+def cmd_dev_down(args: argparse.Namespace) -> int:
+    """``agentrun dev down``: stop everything recorded, in reverse order."""
+    stack.down(state.resolve_dir(args.dir), log=_progress)
+    return 0
+
+
+def cmd_dev_status(args: argparse.Namespace) -> int:
+    """``agentrun dev status``: 0 if every component is alive, 1 if one is dead or none is up."""
+    current = state.load_state(state.resolve_dir(args.dir))
+    if current is None:
+        print(f"not up (no state in {state.resolve_dir(args.dir)})")
+        return 1
+    rows = _print_status(current)
+    return 0 if current.complete and all(r.alive for r in rows) else 1
+
+
+def cmd_dev_env(args: argparse.Namespace) -> int:
+    """``agentrun dev env``: ``export NAME=value`` lines for the running stack."""
+    directory = state.resolve_dir(args.dir)
+    current = state.load_state(directory)
+    if current is None:
+        print(f"agentrun: error: not up (no state in {directory})", file=sys.stderr)
+        return 1
+    for name, value in current.env().items():
+        print(f"export {name}={shlex.quote(value)}")
+    # the pinned kubectl first on PATH, and this agentrun (the README's `agentrun cancel RUN`)
+    path = [str(current.kubectl.parent)] if current.kubectl is not None else []
+    path.append(str(Path(sys.executable).parent))  # the venv holding this agentrun
+    print(f'export PATH={shlex.quote(os.pathsep.join(dict.fromkeys(path)))}:"$PATH"')
+    return 0
+
+
+def cmd_dev_binaries(args: argparse.Namespace) -> int:
+    """``agentrun dev binaries [--node]``: build or locate the binaries; print their paths."""
+    rows: list[tuple[str, Path]] = []
+    if args.node:
+        found, on_node = binaries.ensure_node_binaries(log=_progress)
+        rows += [
+            ("kube-controller-manager", on_node.kube_controller_manager),
+            ("kube-scheduler", on_node.kube_scheduler),
+            ("kubelet", on_node.kubelet),
+            ("kube-proxy", on_node.kube_proxy),
+            ("coredns", on_node.coredns),
+        ]
+    else:
+        found = binaries.ensure_binaries(log=_progress)
+    rows = [
+        ("etcd", found.etcd),
+        ("kube-apiserver", found.kube_apiserver),
+        ("kubectl", found.kubectl),
+        *rows,
+    ]
+    for name, path in rows:
+        print(f"{name:<24} {path}")
+    return 0
+
+
+def _print_status(current: state.StackState) -> list[stack.ComponentStatus]:
+    rows = stack.status(current)
+    table = [("COMPONENT", "PID", "STATE", "PORTS", "LOG")]
+    for row in rows:
+        ports = ",".join(f"{k}={v}" for k, v in row.ports.items()) or "-"
+        alive = "alive" if row.alive else "DEAD"
+        table.append((row.name, str(row.pid), alive, ports, str(row.log_path)))
+    widths = [max(len(line[i]) for line in table) for i in range(4)]
+    for *cells, log_path in table:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)), end=""
+        )
+        print(f"  {log_path}")
+    if current.existing_cluster:
+        print(f"cluster: existing, KUBECONFIG={current.kubeconfig}")
+    if not current.complete:
+        print("incomplete: `up` did not finish; run `agentrun dev up` or `agentrun dev down`")
+    return rows
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _dir_option(args: argparse.Namespace) -> str:
+    return "" if args.dir is None else f" --dir {shlex.quote(str(args.dir))}"
+
+
+def _progress(line: str) -> None:
+    console.log_to_stderr(f"agentrun dev: {line}")
