@@ -2,9 +2,9 @@
 
 A node adds host-wide state that outlives its processes: mounts (container root filesystems,
 ``/dev/shm`` and volume tmpfs, network-namespace files under ``/run/netns``), network devices
-(the pod bridge `BRIDGE` and one veth per pod), iptables rules (kube-proxy's ``KUBE-*`` and
-the CNI plugins' ``CNI-*`` chains) and sysctls (`SYSCTLS`: IPv4 forwarding, which the bridge
-plugin turns on, and the kernel tunables the kubelet sets). `HostSnapshot` records the
+(the pod bridge `BRIDGE` and one veth per pod), the kubelet's ``kubepods`` cgroups, iptables
+rules (kube-proxy's ``KUBE-*`` and the CNI plugins' ``CNI-*`` chains) and sysctls (`SYSCTLS`:
+IPv4 forwarding, which the bridge plugin turns on, and the kernel tunables the kubelet sets). `HostSnapshot` records the
 node-related part of that state; `take_snapshot` before the node starts, `cleanup_host` after
 its processes stopped removes what is new, and `leftovers` says what is still there.
 
@@ -76,6 +76,8 @@ class HostSnapshot:
     each prefixed with its family and table (``"ipv4 nat -A KUBE-SERVICES …"``)."""
     sysctls: tuple[tuple[str, str], ...]
     """Values of `SYSCTLS`."""
+    cgroups: tuple[str, ...] = ()
+    """The kubelet's cgroup directories (``/sys/fs/cgroup/<controller>/kubepods…``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form, read back by `from_dict`."""
@@ -89,6 +91,7 @@ class HostSnapshot:
             links=tuple(data["links"]),
             iptables=tuple(data["iptables"]),
             sysctls=tuple((str(k), str(v)) for k, v in data["sysctls"]),
+            cgroups=tuple(data.get("cgroups", ())),
         )
 
 
@@ -114,6 +117,7 @@ def take_snapshot(node_dir: Path) -> HostSnapshot:
         links=tuple(sorted(_node_links())),
         iptables=tuple(sorted(_iptables_lines())),
         sysctls=tuple((name, _read_sysctl(name)) for name in SYSCTLS),
+        cgroups=tuple(sorted(_node_cgroups())),
     )
 
 
@@ -127,6 +131,7 @@ def leftovers(before: HostSnapshot, after: HostSnapshot) -> list[str]:
     found += [f"iptables {line}" for line in after.iptables if line not in before.iptables]
     old = dict(before.sysctls)
     found += [f"sysctl {k}={v} (was {old.get(k)})" for k, v in after.sysctls if old.get(k) != v]
+    found += [f"cgroup {c}" for c in after.cgroups if c not in before.cgroups]
     return found
 
 
@@ -148,7 +153,8 @@ def cleanup_host(
     Call after the node's processes (and its containers) stopped. In order: unmounts every
     new mount point (deepest first, lazily if busy), removes the netns files it pinned,
     deletes new veths and `BRIDGE`, deletes new ``CNI-*`` / ``KUBE-*`` iptables rules and
-    chains (kube-proxy's own ``--cleanup`` should run first), and restores the sysctls.
+    chains (kube-proxy's own ``--cleanup`` should run first), removes the new (empty)
+    ``kubepods`` cgroups, and restores the sysctls.
     Every step runs even if one fails; failures are logged and show up in the result.
     """
     now = take_snapshot(node_dir)
@@ -163,6 +169,9 @@ def cleanup_host(
         if Path("/sys/class/net", link).exists():  # a veth's peer goes with it
             _try(["ip", "link", "delete", link], log=log)
     _remove_iptables(set(now.iptables) - set(before.iptables), log=log)
+    for cgroup in sorted(set(now.cgroups) - set(before.cgroups), key=len, reverse=True):
+        with contextlib.suppress(OSError):  # busy while a process is still in it
+            os.rmdir(cgroup)
     for name, value in before.sysctls:
         if _read_sysctl(name) != value:
             with contextlib.suppress(OSError):
@@ -268,6 +277,13 @@ def _node_mounts(node_dir: Path) -> list[str]:
         if any(point == p or point.startswith(p + "/") for p in prefixes):
             points.append(point)
     return points
+
+
+def _node_cgroups() -> list[str]:
+    found = []
+    for top in Path("/sys/fs/cgroup").glob("*/kubepods"):
+        found += [root for root, _, _ in os.walk(top)]
+    return found
 
 
 def _node_links() -> list[str]:
