@@ -94,7 +94,7 @@ class Node:
 
     def stop(self, *, log: console.Log = console.log_to_stderr) -> list[str]:
         """Stop it and clean the host (see `stop_node`); returns what is left (empty: clean)."""
-        return stop_node(self.directory, self.components, kubectl=self.kubectl, log=log)
+        return stop_node(self.directory, self.components, admin=self.kubectl, log=log)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -168,7 +168,7 @@ def start_node(
         launch.log(f"node {NODE_NAME} Ready in {time.monotonic() - began:.1f} s")
     except BaseException:
         launch.log("node start failed: stopping what was started")
-        stop_node(directory, tuple(started), kubectl=admin, log=launch.log)
+        stop_node(directory, tuple(started), admin=admin, log=launch.log)
         raise
     return Node(directory, NODE_NAME, nodehost.GATEWAY, admin, tuple(started))
 
@@ -177,7 +177,7 @@ def stop_node(
     directory: Path,
     started: Sequence[components.Component],
     *,
-    kubectl: kubectl.Kubectl | None,
+    admin: kubectl.Kubectl | None,
     log: console.Log = console.log_to_stderr,
 ) -> list[str]:
     """Stop the node's components by pid and undo its host changes (see the module doc).
@@ -185,7 +185,7 @@ def stop_node(
     Args:
         directory: the node's state directory.
         started: its components (any subset of `COMPONENT_NAMES`, e.g. after a failed start).
-        kubectl: admin kubectl of its control plane, to delete its pods and its Node while
+        admin: admin kubectl of its control plane, to delete its pods and its Node while
             the API server still runs; None skips that (the kubelet then cannot tear pods
             down, and their containers are killed by pid).
         log: receives progress lines.
@@ -197,8 +197,8 @@ def stop_node(
     for name in ("kube-controller-manager", "kube-scheduler"):
         _stop(by_name.get(name), log=log)
     kubelet = by_name.get("kubelet")
-    if kubectl is not None and kubelet is not None and kubelet.is_alive():
-        _drain(kubectl, directory, log=log)
+    if admin is not None and kubelet is not None and kubelet.is_alive():
+        _drain(admin, directory, log=log)
     for name in ("kubelet", "kube-proxy", "coredns"):
         _stop(by_name.get(name), log=log)
     proxy = by_name.get("kube-proxy")
@@ -209,8 +209,8 @@ def stop_node(
         log(f"killed {killed} container processes left by the kubelet")
         time.sleep(0.5)
     _stop(by_name.get("containerd"), log=log)
-    if kubectl is not None:
-        kubectl("delete", "node", NODE_NAME, "--wait=false", "--ignore-not-found", check=False)
+    if admin is not None:
+        admin("delete", "node", NODE_NAME, "--wait=false", "--ignore-not-found", check=False)
     left = _clean_host(directory, log=log)
     nodehost.release_host(directory)
     if left:

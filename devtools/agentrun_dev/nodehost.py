@@ -4,9 +4,10 @@ A node adds host-wide state that outlives its processes: mounts (container root 
 ``/dev/shm`` and volume tmpfs, network-namespace files under ``/run/netns``), network devices
 (the pod bridge `BRIDGE` and one veth per pod), the kubelet's ``kubepods`` cgroups, iptables
 rules (kube-proxy's ``KUBE-*`` and the CNI plugins' ``CNI-*`` chains) and sysctls (`SYSCTLS`:
-IPv4 forwarding, which the bridge plugin turns on, and the kernel tunables the kubelet sets). `HostSnapshot` records the
-node-related part of that state; `take_snapshot` before the node starts, `cleanup_host` after
-its processes stopped removes what is new, and `leftovers` says what is still there.
+IPv4 forwarding, which the bridge plugin turns on, and the kernel tunables the kubelet sets).
+`HostSnapshot` records the node-related part of that state; `take_snapshot` before the node
+starts, `cleanup_host` after its processes stopped removes what is new, and `leftovers` says
+what is still there.
 
 Only one node can run per machine (the bridge name, the pod subnet, the kube-proxy chains and
 the ``kubepods`` cgroups are global): `claim_host` records the running node in `CLAIM_FILE`

@@ -411,7 +411,7 @@ def _stop_node(
     admin = None
     if current.kubectl is not None and current.kubeconfig is not None:
         admin = kubectl.Kubectl(current.kubectl, kubeconfig=current.kubeconfig)
-    node.stop_node(current.node_dir, started, kubectl=admin, log=log)
+    node.stop_node(current.node_dir, started, admin=admin, log=log)
 
 
 def _remove_state(directory: Path) -> None:
