@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentrun_dev import node, nodehost, procs, stack, state
+from agentrun_dev.kubectl import Kubectl
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -33,7 +34,9 @@ def dev_dir(tmp_path: Path) -> Iterator[Path]:
         agentrun("dev", "down", "--dir", str(directory))
 
 
-def test_up_with_a_node_runs_a_ready_node_and_down_leaves_the_host_clean(dev_dir: Path) -> None:
+def test_up_with_a_node_runs_a_ready_node_and_down_leaves_the_host_clean(
+    dev_dir: Path, tmp_path: Path
+) -> None:
     d = ("--dir", str(dev_dir))
     before = nodehost.take_snapshot(dev_dir / "node")
 
@@ -44,11 +47,8 @@ def test_up_with_a_node_runs_a_ready_node_and_down_leaves_the_host_clean(dev_dir
     assert running.node_dir == dev_dir / "node"
     names = [c.name for c in running.components]
     assert names[2 : 2 + len(node.COMPONENT_NAMES)] == list(node.COMPONENT_NAMES)
-    found = subprocess.run(
-        [str(running.kubectl), "get", "node", node.NODE_NAME, "-o", "json"],
-        env={"KUBECONFIG": str(running.kubeconfig), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+    admin = Kubectl(running.kubectl, kubeconfig=str(running.kubeconfig), cache_dir=tmp_path)
+    found = admin("get", "node", node.NODE_NAME, "-o", "json")
     conditions = {c["type"]: c["status"] for c in json.loads(found.stdout)["status"]["conditions"]}
     assert conditions["Ready"] == "True"
     assert nodehost.leftovers(before, nodehost.take_snapshot(dev_dir / "node")) != []
