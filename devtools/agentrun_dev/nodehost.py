@@ -52,6 +52,20 @@ SYSCTLS = (
     "kernel/keys/root_maxbytes",
 )
 """Sysctls the bridge plugin, kube-proxy or the kubelet (its kernel tunables) may change."""
+HOST_PATHS = (
+    Path("/var/log/containers"),
+    Path("/var/lib/kubelet/device-plugins"),
+    Path("/var/lib/kubelet"),
+    Path("/run/containerd/s"),
+    Path("/run/containerd"),
+    *NETNS_DIRS,
+)
+"""Fixed host directories the kubelet, containerd and its shims create whatever their own
+directories are set to; removed again (when empty) if the node created them."""
+KUBELET_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+"""The device-plugin socket the kubelet leaves behind (its path is fixed)."""
+CONTAINER_LOGS = Path("/var/log/containers")
+"""Where the kubelet links each container's log (into its pod logs directory)."""
 CLAIM_DIR = Path("/run/agentrun")
 RUNTIME_ROOT = CLAIM_DIR
 """Parent of the nodes' runtime directories (see `runtime_dir`)."""
@@ -79,6 +93,9 @@ class HostSnapshot:
     """Values of `SYSCTLS`."""
     cgroups: tuple[str, ...] = ()
     """The kubelet's cgroup directories (``/sys/fs/cgroup/<controller>/kubepods…``)."""
+    paths: tuple[str, ...] = ()
+    """Which of `HOST_PATHS` exist, the kubelet's device-plugin socket, and the container log
+    links into the node's directory."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form, read back by `from_dict`."""
@@ -93,6 +110,7 @@ class HostSnapshot:
             iptables=tuple(data["iptables"]),
             sysctls=tuple((str(k), str(v)) for k, v in data["sysctls"]),
             cgroups=tuple(data.get("cgroups", ())),
+            paths=tuple(data.get("paths", ())),
         )
 
 
@@ -119,6 +137,7 @@ def take_snapshot(node_dir: Path) -> HostSnapshot:
         iptables=tuple(sorted(_iptables_lines())),
         sysctls=tuple((name, _read_sysctl(name)) for name in SYSCTLS),
         cgroups=tuple(sorted(_node_cgroups())),
+        paths=tuple(sorted(_node_paths(node_dir))),
     )
 
 
@@ -133,6 +152,7 @@ def leftovers(before: HostSnapshot, after: HostSnapshot) -> list[str]:
     old = dict(before.sysctls)
     found += [f"sysctl {k}={v} (was {old.get(k)})" for k, v in after.sysctls if old.get(k) != v]
     found += [f"cgroup {c}" for c in after.cgroups if c not in before.cgroups]
+    found += [f"path {p}" for p in after.paths if p not in before.paths]
     return found
 
 
@@ -154,8 +174,9 @@ def cleanup_host(
     Call after the node's processes (and its containers) stopped. In order: unmounts every
     new mount point (deepest first, lazily if busy), removes the netns files it pinned,
     deletes new veths and `BRIDGE`, deletes new ``CNI-*`` / ``KUBE-*`` iptables rules and
-    chains (kube-proxy's own ``--cleanup`` should run first), removes the new (empty)
-    ``kubepods`` cgroups, and restores the sysctls.
+    chains (kube-proxy's own ``--cleanup`` should run first), removes its container log links
+    and the `HOST_PATHS` it created (when empty), the new (empty) ``kubepods`` cgroups, and
+    restores the sysctls.
     Every step runs even if one fails; failures are logged and show up in the result.
     """
     now = take_snapshot(node_dir)
@@ -170,17 +191,31 @@ def cleanup_host(
         if Path("/sys/class/net", link).exists():  # a veth's peer goes with it
             _try(["ip", "link", "delete", link], log=log)
     _remove_iptables(set(now.iptables) - set(before.iptables), log=log)
-    for cgroup in sorted(set(now.cgroups) - set(before.cgroups), key=len, reverse=True):
-        with contextlib.suppress(OSError):  # busy while a process is still in it
-            os.rmdir(cgroup)
-    for name, value in before.sysctls:
-        if _read_sysctl(name) != value:
-            with contextlib.suppress(OSError):
-                (Path("/proc/sys") / name).write_text(value)
+    # Deepest first; a directory someone else filled is kept, a busy cgroup too.
+    _remove_paths(sorted(set(now.paths) - set(before.paths), key=len, reverse=True))
+    _remove_paths(sorted(set(now.cgroups) - set(before.cgroups), key=len, reverse=True))
+    _restore_sysctls(before.sysctls)
     left = leftovers(before, take_snapshot(node_dir))
     if not any(line.startswith("mount ") for line in left):
         shutil.rmtree(runtime_dir(node_dir), ignore_errors=True)
     return left
+
+
+def _remove_paths(paths: Sequence[str]) -> None:
+    """Unlink files and links, rmdir directories (only empty ones go); errors are ignored."""
+    for path in map(Path, paths):
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink()
+
+
+def _restore_sysctls(values: Sequence[tuple[str, str]]) -> None:
+    for name, value in values:
+        if _read_sysctl(name) != value:
+            with contextlib.suppress(OSError):
+                (Path("/proc/sys") / name).write_text(value)
 
 
 @contextlib.contextmanager
@@ -278,6 +313,19 @@ def _node_mounts(node_dir: Path) -> list[str]:
         if any(point == p or point.startswith(p + "/") for p in prefixes):
             points.append(point)
     return points
+
+
+def _node_paths(node_dir: Path) -> list[str]:
+    found = [str(path) for path in HOST_PATHS if path.is_dir()]
+    if KUBELET_PLUGIN_SOCKET.exists():
+        found.append(str(KUBELET_PLUGIN_SOCKET))
+    prefixes = (str(node_dir.resolve()) + "/", str(runtime_dir(node_dir)) + "/")
+    if CONTAINER_LOGS.is_dir():
+        for link in CONTAINER_LOGS.iterdir():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and os.readlink(link).startswith(prefixes):
+                    found.append(str(link))
+    return found
 
 
 def _node_cgroups() -> list[str]:
