@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test lint typecheck pytest bench down status clean node-packages
+.PHONY: demo demo-cluster test lint typecheck pytest bench down status clean image system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,9 +50,27 @@ typecheck: $(STAMP)
 	rm -rf build devtools/build
 	cd $(VENV) && MYPYPATH=typecheck ../$(BIN)/mypy --strict -p agentrun -p agentrun_dev
 
-pytest: $(STAMP) node-packages
+pytest: $(STAMP) system-packages node-packages
 	$(BIN)/agentrun dev binaries --node
 	$(BIN)/pytest
+
+## image: the agentrun and NATS container images (buildah, from Debian packages and this
+## repository's wheel), as docker-archive tarballs for `ctr -n k8s.io images import`. Cached:
+## unchanged inputs are not rebuilt. Needs root.
+image: $(STAMP) system-packages
+	$(BIN)/python -m agentrun_dev.image .
+
+# Debian packages the image build needs (as root), installed only when missing.
+IMAGE_PACKAGES := buildah runc
+system-packages:
+	@missing=""; for p in $(IMAGE_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
+	  apt-get -o DPkg::Lock::Timeout=600 update -q && \
+	  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $$missing; \
+	fi
 
 bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_overhead.py

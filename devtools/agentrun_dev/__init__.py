@@ -2,7 +2,8 @@
 operator and workers as child processes, started and stopped by pid.
 
 Modules, from the bottom up (each imports only those above it, the standard library and
-cryptography / platformdirs / psutil / pyyaml; nothing here imports the runtime):
+cryptography / installer / packaging / platformdirs / psutil / pyyaml; nothing here imports
+the runtime):
 
 - `console`: the `Log` callable that progress lines go to.
 - `procs`: start a process in its own group, stop / kill / check it by its recorded pid.
@@ -20,6 +21,9 @@ cryptography / platformdirs / psutil / pyyaml; nothing here imports the runtime)
 - `state`, `stack`: the whole stack behind ``agentrun dev`` and the test fixtures.
 - `prometheus`: Prometheus and promtool, built once per machine like the control plane, to
   prove the dashboard and the alert rules against real scrapes.
+- `helm`: helm, built once per machine like the control plane, and a runner for the chart.
+- `image`: container images built with buildah from Debian packages and wheels (the
+  agentrun and NATS images the chart runs), cached by a hash of their inputs.
 - `demo`: what ``agentrun dev demo`` adds on top: the ``mock`` AgentModel and the examples.
 
 Import the modules (``from agentrun_dev import stack``); there is no re-export here, so

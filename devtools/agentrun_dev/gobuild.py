@@ -547,3 +547,86 @@ def _go_env() -> dict[str, str]:
     env["GOFLAGS"] = f"{env.get('GOFLAGS', '')} -mod=mod".strip()
     env["GOWORK"] = "off"
     return env
+
+
+HELM_MODULE = "helm.sh/helm/v3"
+_HELM_HINT = "set HELM_BINARY to a helm v3 executable"
+_CLIENT_GO_REQUIRE = re.compile(r"^\s*k8s\.io/client-go v0\.(\d+)\.\d+", re.MULTILINE)
+
+
+def build_helm(out: Path, *, module_version: str, log: console.Log = console.log_to_stderr) -> None:
+    """Build helm at `module_version` (e.g. ``"v3.22.0"``) into the file `out`.
+
+    ``helm.sh/helm/v3`` carries no ``replace`` directives, so ``go install
+    helm.sh/helm/v3/cmd/helm@<version>`` builds exactly the module's go.sum, into a temporary
+    GOBIN beside `out`, then renamed. The link-time stamps are those of helm's Makefile: the
+    release version, and the default Kubernetes version of offline rendering (``helm
+    template`` without ``--kube-version``) taken from the module's client-go, ``v0.37.x`` →
+    ``v1.37.0``, as a released helm binary has.
+
+    Raises:
+        BuildError: no Go on PATH, a Go older than the module's ``go`` directive, a go
+            command failed, or the built binary does not report `module_version`.
+    """
+    go = _Go(binary=find_go(hint=_HELM_HINT), env=_go_env(), log=log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
+        work = Path(tmp)
+        log(f"[1/2] downloading {HELM_MODULE}@{module_version} from the Go module proxy")
+        module_dir = go.download(HELM_MODULE, module_version, cwd=work)
+        go_mod = (module_dir / "go.mod").read_text()
+        find_go(minimum=go_directive_of(go_mod), hint=_HELM_HINT)
+        flags = helm_ldflags(module_version=module_version, go_mod=go_mod)
+        log(f"[2/2] building helm {module_version}")
+        gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out.parent))
+        try:
+            installer = dataclasses.replace(go, env={**go.env, "GOBIN": str(gobin)})
+            package = f"{HELM_MODULE}/cmd/helm@{module_version}"
+            installer.run(["install", "-ldflags", flags, package], cwd=work)
+            _check_helm_version(gobin / "helm", module_version=module_version)
+            os.replace(gobin / "helm", out)
+            log(f"  wrote {out}")
+        finally:
+            shutil.rmtree(gobin, ignore_errors=True)
+
+
+def helm_ldflags(*, module_version: str, go_mod: str) -> str:
+    """``-ldflags`` value that stamps helm as its Makefile does for a release.
+
+    `go_mod` is helm's own go.mod: its ``k8s.io/client-go v0.<minor>.<patch>`` gives the
+    default Kubernetes version ``1.<minor>`` of offline rendering and linting (helm leaves
+    ``1.20`` unstamped). Raises BuildError if go.mod requires no client-go.
+    """
+    match = _CLIENT_GO_REQUIRE.search(go_mod)
+    if match is None:
+        raise BuildError("helm's go.mod requires no k8s.io/client-go v0.x: cannot stamp it")
+    values = {
+        "helm.sh/helm/v3/internal/version.version": module_version,
+        "helm.sh/helm/v3/internal/version.metadata": "",
+        "helm.sh/helm/v3/internal/version.gitTreeState": "clean",
+        "helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor": "1",
+        "helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor": match[1],
+        "helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor": "1",
+        "helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor": match[1],
+    }
+    return " ".join(["-s", "-w", *(f"-X {key}={value}" for key, value in values.items())])
+
+
+def _check_helm_version(binary: Path, *, module_version: str) -> None:
+    """Raise BuildError unless ``helm version --short`` starts with `module_version`."""
+    try:
+        result = subprocess.run(
+            [str(binary), "version", "--short"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "HELM_CONFIG_HOME": "/nonexistent", "HELM_CACHE_HOME": "/tmp"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"cannot run {binary} version: {exc}") from exc
+    if not result.stdout.startswith(module_version):
+        raise BuildError(
+            f"{binary} version does not report {module_version}:"
+            f" {(result.stdout + result.stderr).strip()[:500]}"
+        )

@@ -130,11 +130,11 @@ def operator_verbs(group: str, resource: str) -> set[str]:
 @pytest.mark.parametrize(
     ("group", "resource", "verbs"),
     [
-        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "update"}),
-        ("agentrun.dev", "agentruns/status", {"get", "patch", "update"}),
+        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch"}),
+        ("agentrun.dev", "agentruns/status", {"get", "patch"}),
         ("agentrun.dev", "agentmodels", {"get", "list", "watch"}),
         ("agentrun.dev", "agenttenants", {"get", "list", "watch"}),
-        ("agentrun.dev", "agenttenants/status", {"get", "patch", "update"}),
+        ("agentrun.dev", "agenttenants/status", {"get", "patch"}),
         ("", "namespaces", {"get", "list", "watch"}),  # AgentTenant spec.namespaceSelector
         ("", "events", {"create"}),
         ("apiextensions.k8s.io", "customresourcedefinitions", {"get", "list", "watch"}),

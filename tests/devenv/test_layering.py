@@ -16,8 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DEVENV = REPO / "devtools" / "agentrun_dev"
-THIRD_PARTY = {"cryptography", "platformdirs", "psutil", "yaml"}
-DEV_ONLY_LIBRARIES = {"cryptography", "platformdirs", "psutil"}
+THIRD_PARTY = {"cryptography", "installer", "packaging", "platformdirs", "psutil", "yaml"}
+DEV_ONLY_LIBRARIES = {"cryptography", "installer", "platformdirs", "psutil"}
 RUNTIME = ["agentrun", "operator", "worker"]
 
 

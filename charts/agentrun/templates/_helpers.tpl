@@ -42,3 +42,45 @@ app.kubernetes.io/component: {{ .component }}
 {{- default "default" .Values.serviceAccount.worker.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The NATS image of the in-cluster server (nats.install). */}}
+{{- define "agentrun.natsImage" -}}
+{{- printf "%s:%s" .Values.nats.install.image.repository .Values.nats.install.image.tag -}}
+{{- end -}}
+
+{{/* Name of the in-cluster NATS Service and StatefulSet. */}}
+{{- define "agentrun.natsName" -}}
+{{- printf "%s-nats" (include "agentrun.fullname" .) -}}
+{{- end -}}
+
+{{/*
+The NATS URL the operator and the workers use (AGENTRUN_NATS_URL): the in-cluster server's
+Service when nats.install.enabled, else nats.url (an existing NATS with JetStream).
+*/}}
+{{- define "agentrun.natsURL" -}}
+{{- if .Values.nats.install.enabled -}}
+{{- printf "nats://%s.%s.svc:4222" (include "agentrun.natsName" .) .Release.Namespace -}}
+{{- else -}}
+{{- required "nats.url is required unless nats.install.enabled" .Values.nats.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+host:port of the NATS monitoring endpoint (/jsz), which KEDA's nats-jetstream scaler reads:
+the in-cluster server's Service, else nats.monitoringEndpoint.
+*/}}
+{{- define "agentrun.natsMonitoringEndpoint" -}}
+{{- if .Values.nats.install.enabled -}}
+{{- printf "%s.%s.svc:8222" (include "agentrun.natsName" .) .Release.Namespace -}}
+{{- else -}}
+{{- required "nats.monitoringEndpoint (host:port of the NATS monitoring port) is required for worker.autoscaling.keda unless nats.install.enabled" .Values.nats.monitoringEndpoint -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether an autoscaler owns the worker Deployment's replica count. */}}
+{{- define "agentrun.workerAutoscaled" -}}
+{{- if and .Values.worker.autoscaling.keda.enabled .Values.worker.autoscaling.hpa.enabled -}}
+{{- fail "worker.autoscaling: enable keda or hpa, not both (both would scale the same Deployment)" -}}
+{{- end -}}
+{{- if or .Values.worker.autoscaling.keda.enabled .Values.worker.autoscaling.hpa.enabled -}}true{{- end -}}
+{{- end -}}

@@ -1,0 +1,102 @@
+"""Rendering the chart and turning what it renders into objects the API server can judge
+(imported by name; pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrun_dev import gobuild
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO_ROOT / "charts" / "agentrun"
+KEDA_MODULE = "github.com/kedacore/keda/v2"
+KEDA_VERSION = "v2.21.0"
+"""KEDA release whose ScaledObject CRD and nats-jetstream scaler the chart is checked against."""
+
+Manifest = dict[str, Any]
+
+FEATURES: dict[str, dict[str, str]] = {
+    "defaults": {},
+    "nats": {"nats.install.enabled": "true"},
+    "nats-without-persistence": {
+        "nats.install.enabled": "true",
+        "nats.install.persistence.enabled": "false",
+    },
+    "keda": {"nats.install.enabled": "true", "worker.autoscaling.keda.enabled": "true"},
+    "keda-existing-nats": {
+        "worker.autoscaling.keda.enabled": "true",
+        "nats.monitoringEndpoint": "nats.nats.svc:8222",
+    },
+    "hpa": {"worker.autoscaling.hpa.enabled": "true"},
+    "mock-model": {"mockModel.enabled": "true"},
+    "secrets-cluster-wide": {"rbac.secretsClusterWide": "true", "rbac.kubernetesGetTool": "false"},
+    "everything": {
+        "nats.install.enabled": "true",
+        "worker.autoscaling.keda.enabled": "true",
+        "mockModel.enabled": "true",
+        "operator.defaultTenant": "default",
+    },
+}
+"""Named value sets: the defaults and every optional feature turned on."""
+
+
+def documents(rendered: str) -> list[Manifest]:
+    """The non-empty YAML documents of `rendered` (a ``helm template`` output)."""
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def pod_from_workload(workload: Manifest) -> Manifest:
+    """A bare Pod built from a Deployment's or StatefulSet's pod template, in its namespace.
+
+    Pod Security Admission only warns about workloads; it enforces on pods, so this is what
+    the API server is asked to admit. PersistentVolumeClaim templates become emptyDirs (a
+    bare pod cannot own claims).
+    """
+    template = copy.deepcopy(workload["spec"]["template"])
+    spec = template["spec"]
+    claims = {c["metadata"]["name"] for c in workload["spec"].get("volumeClaimTemplates", [])}
+    if claims:
+        spec["volumes"] = spec.get("volumes", []) + [
+            {"name": name, "emptyDir": {}} for name in sorted(claims)
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{workload['metadata']['name']}-psa-check",
+            "namespace": workload["metadata"]["namespace"],
+            "labels": template["metadata"].get("labels", {}),
+        },
+        "spec": spec,
+    }
+
+
+def keda_module_dir() -> Path:
+    """The KEDA Go module's source at `KEDA_VERSION`, from the Go module proxy (cached by Go).
+
+    Raises gobuild.BuildError if Go is missing or the download fails.
+    """
+    go = gobuild.find_go()
+    result = subprocess.run(
+        [str(go), "mod", "download", "-json", f"{KEDA_MODULE}@{KEDA_VERSION}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd="/",
+        env={**os.environ, "GOWORK": "off", "GO111MODULE": "on"},
+    )
+    try:
+        info = json.loads(result.stdout)
+    except ValueError as exc:
+        raise gobuild.BuildError(f"go mod download printed no JSON: {result.stderr}") from exc
+    if "Dir" not in info:
+        raise gobuild.BuildError(f"go mod download {KEDA_MODULE}: {info.get('Error', info)}")
+    return Path(info["Dir"])

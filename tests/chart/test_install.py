@@ -1,0 +1,94 @@
+"""``helm install``, ``upgrade`` and ``uninstall`` against the suite's real API server (no node:
+pods are not scheduled here, the objects are what is checked). A typo in values fails the
+install naming the field; an upgrade changes what it should; uninstalling keeps the CRDs and
+the AgentRuns."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chart_support import CHART_DIR
+
+from agentrun_dev import helm
+from agentrun_dev.kubectl import Kubectl
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def cluster_helm(helm_binary: Path, kubectl: Kubectl, crds: list[str], tmp_path: Path) -> helm.Helm:
+    """helm against the suite's API server (the CRDs already installed)."""
+    return helm.Helm(helm_binary, home=tmp_path / "helm", kubeconfig=kubectl.env["KUBECONFIG"])
+
+
+@pytest.fixture
+def release(cluster_helm: helm.Helm, test_namespace: str) -> Iterator[str]:
+    """A release name with a unique object prefix; uninstalled afterwards if still there."""
+    name = f"ar{uuid.uuid4().hex[:8]}"
+    yield name
+    cluster_helm("uninstall", name, "-n", test_namespace, "--ignore-not-found", check=False)
+
+
+def install(cluster_helm: helm.Helm, release: str, namespace: str, *sets: str) -> None:
+    args = [arg for s in (f"fullnameOverride={release}", *sets) for arg in ("--set", s)]
+    cluster_helm("install", release, str(CHART_DIR), "-n", namespace, *args)
+
+
+def test_a_typo_in_values_fails_the_install_naming_the_field(
+    cluster_helm: helm.Helm, kubectl: Kubectl, release: str, test_namespace: str
+) -> None:
+    with pytest.raises(helm.HelmError) as raised:
+        install(cluster_helm, release, test_namespace, "wroker.replicas=3")
+
+    assert "additional properties 'wroker' not allowed" in str(raised.value)
+    assert kubectl("get", "deploy", "-n", test_namespace, "-o", "name").stdout == ""
+
+
+def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
+    cluster_helm: helm.Helm, kubectl: Kubectl, release: str, test_namespace: str
+) -> None:
+    install(cluster_helm, release, test_namespace, "nats.install.enabled=true")
+    deployments = kubectl("get", "deploy", "-n", test_namespace, "-o", "name").stdout.split()
+    assert sorted(deployments) == [
+        f"deployment.apps/{release}-operator",
+        f"deployment.apps/{release}-worker",
+    ]
+    assert kubectl("get", "statefulset", f"{release}-nats", "-n", test_namespace).returncode == 0
+
+    cluster_helm(
+        "upgrade",
+        release,
+        str(CHART_DIR),
+        "-n",
+        test_namespace,
+        "--reuse-values",
+        "--set",
+        "worker.replicas=3",
+    )
+    worker = json.loads(
+        kubectl("get", "deploy", f"{release}-worker", "-n", test_namespace, "-o", "json").stdout
+    )
+    assert worker["spec"]["replicas"] == 3
+
+    run = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {"name": "kept", "namespace": test_namespace},
+        "spec": {"model": "mock", "goal": "outlive the release"},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(run))
+
+    cluster_helm("uninstall", release, "-n", test_namespace, "--wait")
+
+    left = kubectl(
+        "get", "deploy,statefulset,service,serviceaccount", "-n", test_namespace, "-o", "name"
+    ).stdout.split()
+    assert [name for name in left if release in name] == []
+    roles = kubectl("get", "clusterrole", "-o", "name").stdout.split()
+    assert [name for name in roles if release in name] == []
+    assert kubectl("get", "crd", "agentruns.agentrun.dev").returncode == 0
+    assert kubectl("get", "agentrun", "kept", "-n", test_namespace).returncode == 0

@@ -1,0 +1,208 @@
+"""The chart renders and lints with the pinned helm, offline, the way GitOps tools run it; its
+values schema names the field a typo or a wrong type hits; its defaults name what is built
+here; its KEDA trigger names the workers' real consumer."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_support import CHART_DIR, FEATURES, REPO_ROOT, documents, keda_module_dir
+
+from agentrun import protocol
+from agentrun_dev import helm, image, natsserver
+
+
+def values() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    return loaded
+
+
+def render(offline_helm: helm.Helm, feature: str, *, namespace: str = "agentrun") -> list[Any]:
+    return documents(
+        offline_helm.template(CHART_DIR, namespace=namespace, values=FEATURES[feature])
+    )
+
+
+def find(docs: list[Any], kind: str, name: str) -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name} rendered {len(matches)} times"
+    found: dict[str, Any] = matches[0]
+    return found
+
+
+def env_of(workload: dict[str, Any]) -> dict[str, str]:
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_helm_lint_strict_passes(offline_helm: helm.Helm, feature: str) -> None:
+    sets = [arg for k, v in FEATURES[feature].items() for arg in ("--set", f"{k}={v}")]
+    result = offline_helm("lint", "--strict", str(CHART_DIR), *sets)
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param((), id="helm-default-kube-version"),
+        # A helm library built without the release's link-time stamp (as GitOps controllers
+        # embed it) defaults to Kubernetes 1.20 when no cluster is asked.
+        pytest.param(("--kube-version", "1.20.0"), id="unstamped-library-default"),
+    ],
+)
+def test_template_renders_with_no_cluster_and_no_kube_version_given(
+    offline_helm: helm.Helm, extra: tuple[str, ...]
+) -> None:
+    assert not Path(offline_helm.env["KUBECONFIG"]).exists()  # no cluster to ask
+    docs = documents(offline_helm.template(CHART_DIR, extra=extra))
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "ClusterRole", "ServiceAccount"} <= kinds
+
+
+@pytest.mark.parametrize(
+    ("assignment", "named"),
+    [
+        pytest.param("wroker.replicas=3", "additional properties 'wroker' not allowed", id="typo"),
+        pytest.param("worker.replicas=two", "/worker/replicas", id="not-an-integer"),
+        pytest.param("worker.replicas=-1", "/worker/replicas", id="negative"),
+        pytest.param("nats.instal.enabled=true", "'instal' not allowed", id="nested-typo"),
+        pytest.param("image.pullPolicy=Sometimes", "/image/pullPolicy", id="not-in-enum"),
+        pytest.param("nats.url=http://nats:4222", "/nats/url", id="not-a-nats-url"),
+    ],
+)
+def test_values_schema_fails_naming_the_field(
+    offline_helm: helm.Helm, assignment: str, named: str
+) -> None:
+    result = offline_helm("template", "agentrun", str(CHART_DIR), "--set", assignment, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert named in result.stderr
+
+
+def test_both_autoscalers_at_once_fail(offline_helm: helm.Helm) -> None:
+    result = offline_helm(
+        "template",
+        "agentrun",
+        str(CHART_DIR),
+        *("--set", "worker.autoscaling.keda.enabled=true,worker.autoscaling.hpa.enabled=true"),
+        *("--set", "nats.install.enabled=true"),
+        check=False,
+    )
+    assert result.returncode != 0 and "enable keda or hpa, not both" in result.stderr
+
+
+def test_keda_on_an_existing_nats_needs_its_monitoring_endpoint(offline_helm: helm.Helm) -> None:
+    result = offline_helm(
+        "template",
+        "agentrun",
+        str(CHART_DIR),
+        *("--set", "worker.autoscaling.keda.enabled=true"),
+        check=False,
+    )
+    assert result.returncode != 0 and "nats.monitoringEndpoint" in result.stderr
+
+
+def test_default_image_is_what_make_image_builds(offline_helm: helm.Helm) -> None:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    worker = find(render(offline_helm, "defaults"), "Deployment", "agentrun-worker")
+    container = worker["spec"]["template"]["spec"]["containers"][0]
+
+    assert chart["appVersion"] == project["version"]
+    assert container["image"] == f"{image.AGENTRUN_REPOSITORY}:{project['version']}"
+
+
+def test_default_nats_image_is_what_make_image_builds() -> None:
+    nats_image = values()["nats"]["install"]["image"]
+    binary = natsserver.find_nats_server()
+
+    assert nats_image["repository"] == image.NATS_REPOSITORY
+    assert nats_image["tag"] == image.nats_server_version(binary)
+
+
+def test_by_default_the_workers_use_the_given_nats_and_no_nats_is_installed(
+    offline_helm: helm.Helm,
+) -> None:
+    docs = render(offline_helm, "defaults")
+
+    assert not [d for d in docs if d["kind"] == "StatefulSet"]
+    assert (
+        env_of(find(docs, "Deployment", "agentrun-worker"))["AGENTRUN_NATS_URL"]
+        == (values()["nats"]["url"])
+    )
+
+
+def test_installed_nats_is_what_the_operator_and_workers_connect_to(
+    offline_helm: helm.Helm,
+) -> None:
+    docs = render(offline_helm, "nats", namespace="ops")
+    service = find(docs, "Service", "agentrun-nats")
+    server = find(docs, "StatefulSet", "agentrun-nats")
+    args = server["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
+        "client": 4222,
+        "monitor": 8222,
+    }
+    assert "--jetstream" in args and "--store_dir=/data" in args
+    assert server["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    for name in ("agentrun-operator", "agentrun-worker"):
+        assert env_of(find(docs, "Deployment", name))["AGENTRUN_NATS_URL"] == (
+            "nats://agentrun-nats.ops.svc:4222"
+        )
+
+
+def test_autoscaled_workers_leave_the_replica_count_to_the_autoscaler(
+    offline_helm: helm.Helm,
+) -> None:
+    fixed = find(render(offline_helm, "defaults"), "Deployment", "agentrun-worker")
+    for feature in ("keda", "hpa"):
+        scaled = find(render(offline_helm, feature), "Deployment", "agentrun-worker")
+        assert "replicas" not in scaled["spec"], feature
+    assert fixed["spec"]["replicas"] == values()["worker"]["replicas"]
+
+
+def keda_scaler_parameters() -> set[str]:
+    """The trigger metadata names KEDA's nats-jetstream scaler parses (its struct tags)."""
+    source = (keda_module_dir() / "pkg" / "scalers" / "nats_jetstream_scaler.go").read_text()
+    return set(re.findall(r'keda:"name=([A-Za-z]+)', source))
+
+
+def test_keda_trigger_reads_the_workers_shared_consumer_with_parameters_keda_knows(
+    offline_helm: helm.Helm,
+) -> None:
+    scaled = find(render(offline_helm, "keda", namespace="ops"), "ScaledObject", "agentrun-worker")
+    [trigger] = scaled["spec"]["triggers"]
+    metadata = trigger["metadata"]
+
+    assert trigger["type"] == "nats-jetstream"
+    assert (metadata["stream"], metadata["consumer"]) == (
+        protocol.STREAM_TURNS,
+        protocol.WORKERS_CONSUMER,
+    )
+    assert metadata["natsServerMonitoringEndpoint"] == "agentrun-nats.ops.svc:8222"
+    assert set(metadata) <= keda_scaler_parameters()
+    assert all(isinstance(value, str) for value in metadata.values())
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "agentrun-worker"
+
+
+def test_the_mock_model_answers_from_the_examples_scenarios(offline_helm: helm.Helm) -> None:
+    docs = render(offline_helm, "mock-model", namespace="demo")
+    scenarios = find(docs, "ConfigMap", "agentrun-mock-model")["data"]["scenarios.yaml"]
+    model = find(docs, "AgentModel", "mock")
+
+    assert (CHART_DIR / "files" / "mock-scenarios.yaml").read_bytes() == (
+        REPO_ROOT / "examples" / "scenarios.yaml"
+    ).read_bytes(), (
+        "copy with: cp examples/scenarios.yaml charts/agentrun/files/mock-scenarios.yaml"
+    )
+    assert yaml.safe_load(scenarios) == yaml.safe_load(
+        (REPO_ROOT / "examples" / "scenarios.yaml").read_text()
+    )
+    assert model["spec"]["baseURL"] == "http://agentrun-mock-model.demo.svc:8000/v1"
