@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench down status clean image system-packages
+.PHONY: demo demo-cluster test lint typecheck pytest bench down status clean image system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ $(STAMP): pyproject.toml devtools/pyproject.toml
 ## two workers), the example AgentRuns, and their terminal reasons. `make down` stops it.
 demo: $(STAMP)
 	$(BIN)/agentrun dev demo
+
+## demo-cluster: the same stack plus a real single node (containerd, kubelet, kube-proxy,
+## CoreDNS, controller-manager, scheduler; needs root). `make down` stops it and cleans the host.
+demo-cluster: $(STAMP) node-packages
+	$(BIN)/agentrun dev demo --node
+
+## node-packages: the Debian packages the node needs, installed only when missing.
+node-packages:
+	.ci/node-packages
 
 down: $(STAMP)
 	$(BIN)/agentrun dev down
@@ -41,8 +50,8 @@ typecheck: $(STAMP)
 	rm -rf build devtools/build
 	cd $(VENV) && MYPYPATH=typecheck ../$(BIN)/mypy --strict -p agentrun -p agentrun_dev
 
-pytest: $(STAMP) system-packages
-	$(BIN)/agentrun dev binaries
+pytest: $(STAMP) system-packages node-packages
+	$(BIN)/agentrun dev binaries --node
 	$(BIN)/pytest
 
 ## image: the agentrun and NATS container images (buildah, from Debian packages and this

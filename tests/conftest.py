@@ -32,9 +32,10 @@ CRD_DIR = REPO / "crds"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build or locate the control-plane binaries before the first test that needs them."""
-    needed = {"control_plane", "devenv_binaries"}
-    if not any(needed & set(getattr(item, "fixturenames", ())) for item in session.items):
+    """Build or locate the control-plane (and node) binaries before the first test needing them."""
+    needed = {"control_plane", "devenv_binaries", "cluster_node"}
+    used = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
+    if not needed & used:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
 
@@ -42,6 +43,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if reporter is not None:
             reporter.write_line(f"agentrun devenv: {line}")
 
+    if "cluster_node" in used:  # the node's binaries too, in the same go build
+        binaries.ensure_node_binaries(log=show)
     if controlplane.existing_cluster_requested():
         binaries.find_kubectl(log=show)
     else:

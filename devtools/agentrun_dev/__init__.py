@@ -11,11 +11,15 @@ cryptography / installer / packaging / platformdirs / psutil / pyyaml; of the ru
 - `procs`: start a process in its own group, stop / kill / check it by its recorded pid.
 - `probes`: free loopback ports; readiness probes that fail fast with the log tail.
 - `components`: a process plus how to restart and probe it (`Component`, `Launch`).
-- `certs`: a throw-away PKI for kube-apiserver.
+- `certs`: a throw-away PKI for kube-apiserver (and client certificates for a node).
 - `gobuild`, `binaries`: kube-apiserver, etcd, kubectl from ``KUBEBUILDER_ASSETS``, the
-  per-machine cache, or a pinned build from the Go module proxy.
+  per-machine cache, or a pinned build from the Go module proxy; likewise the node's
+  kubernetes binaries and CoreDNS.
 - `controlplane`: etcd + kube-apiserver (or an existing cluster); `kubectl`: drive it.
 - `natsserver`: nats-server with JetStream.
+- `nodehost`, `containerd`, `nodeimages`, `node`: a real single node (containerd, kubelet,
+  kube-proxy, CoreDNS, controller-manager, scheduler) joined to the local control plane; the
+  host state it adds and removes; the pause and busybox images it runs, built here.
 - `state`, `stack`: the whole stack behind ``agentrun dev`` and the test fixtures.
 - `prometheus`: Prometheus and promtool, built once per machine like the control plane, to
   prove the dashboard and the alert rules against real scrapes.

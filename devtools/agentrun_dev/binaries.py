@@ -1,4 +1,5 @@
-"""Where the control-plane binaries (kube-apiserver, etcd, kubectl) come from.
+"""Where the control-plane binaries (kube-apiserver, etcd, kubectl) and the node's binaries
+(kube-controller-manager, kube-scheduler, kubelet, kube-proxy, coredns) come from.
 
 In order of preference:
 
@@ -9,7 +10,10 @@ In order of preference:
    lock makes concurrent callers wait for a single build.
 
 Kubernetes is pinned at `K8S_VERSION` and etcd at `ETCD_VERSION`; the build checks that the
-etcd pin matches what that kubernetes release declares.
+etcd pin matches what that kubernetes release declares. The node's kubernetes binaries come
+from the same cache directory and the same pinned module (`ensure_node_binaries` builds every
+missing kubernetes command in one ``go build``); CoreDNS is pinned at `COREDNS_VERSION`, the
+release kubernetes' ``build/dependencies.yaml`` names, and cached beside them.
 
 What belongs here: locating, caching and locking; not the build recipe, not running anything.
 """
@@ -31,7 +35,9 @@ from agentrun_dev import console, gobuild
 
 K8S_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.5"
+COREDNS_VERSION = "v1.12.1"
 NAMES = ("etcd", "kube-apiserver", "kubectl")
+NODE_NAMES = ("kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 
 
 class BinariesError(RuntimeError):
@@ -45,6 +51,17 @@ class Binaries:
     etcd: Path
     kube_apiserver: Path
     kubectl: Path
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeBinaries:
+    """Absolute paths of what a single-node cluster runs besides the control plane."""
+
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubelet: Path
+    kube_proxy: Path
+    coredns: Path
 
 
 def cache_root() -> Path:
@@ -86,6 +103,58 @@ def ensure_binaries(
         kube_apiserver=bin_dir / "kube-apiserver",
         kubectl=bin_dir / "kubectl",
     )
+
+
+def ensure_node_binaries(
+    *, root: Path | None = None, log: console.Log = console.log_to_stderr
+) -> tuple[Binaries, NodeBinaries]:
+    """The control-plane and node binaries from the cache, building what is missing.
+
+    Every missing kubernetes command (control plane and node) is built by one ``go build``
+    under the control-plane build lock; coredns under its own lock. ``KUBEBUILDER_ASSETS`` is
+    not consulted: the node's binaries must match the cached kube-apiserver's version.
+
+    Raises:
+        gobuild.BuildError: no suitable Go, or a build failed.
+    """
+    bin_dir = cache_bin_dir(root)
+    if missing_in(bin_dir, (*NAMES, *NODE_NAMES)):
+        with build_lock(bin_dir.parent, what="the kubernetes binaries", log=log):
+            missing = missing_in(bin_dir, (*NAMES, *NODE_NAMES))
+            if missing:
+                _build(bin_dir, names=missing, log=log)
+    coredns_dir = coredns_bin_dir(root)
+    if missing_in(coredns_dir, ("coredns",)):
+        with build_lock(coredns_dir.parent, what="coredns", log=log):
+            if missing_in(coredns_dir, ("coredns",)):
+                _build_coredns(coredns_dir, log=log)
+    control_plane = Binaries(
+        etcd=bin_dir / "etcd",
+        kube_apiserver=bin_dir / "kube-apiserver",
+        kubectl=bin_dir / "kubectl",
+    )
+    node = NodeBinaries(
+        kube_controller_manager=bin_dir / "kube-controller-manager",
+        kube_scheduler=bin_dir / "kube-scheduler",
+        kubelet=bin_dir / "kubelet",
+        kube_proxy=bin_dir / "kube-proxy",
+        coredns=coredns_dir / "coredns",
+    )
+    return control_plane, node
+
+
+def coredns_bin_dir(root: Path | None = None) -> Path:
+    """The cache directory of the pinned coredns, under `root` (default `cache_root()`)."""
+    base = cache_root() if root is None else root
+    return base / "coredns" / f"coredns-{COREDNS_VERSION}" / "bin"
+
+
+def _build_coredns(bin_dir: Path, *, log: console.Log) -> None:
+    log(f"building coredns {COREDNS_VERSION} from the Go module proxy into {bin_dir}")
+    started = time.monotonic()
+    gobuild.build_coredns(bin_dir, module_version=COREDNS_VERSION, log=log)
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    log(f"built coredns in {minutes}m{seconds:02d}s")
 
 
 def find_kubectl(*, root: Path | None = None, log: console.Log = console.log_to_stderr) -> Path:

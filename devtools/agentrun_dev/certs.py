@@ -1,8 +1,11 @@
 """Certificates and keys for a local kube-apiserver, generated with `cryptography`.
 
-One call writes a throw-away PKI into a directory: a CA, the apiserver's serving certificate
-for 127.0.0.1 / localhost, an admin client certificate in group ``system:masters`` (cluster
-admin under RBAC), and the RSA key pair that signs service-account tokens.
+One call writes a throw-away PKI into a directory: a CA (its key kept, mode 0600, so more
+client certificates can be issued), the apiserver's serving certificate for 127.0.0.1 /
+localhost / the ``kubernetes`` Service, an admin client certificate in group
+``system:masters`` (cluster admin under RBAC), and the RSA key pair that signs
+service-account tokens. `issue_client_cert` signs further client certificates (the node's
+kubelet, controller-manager, scheduler, kube-proxy).
 
 What belongs here: PEM files only; nothing about processes or kubeconfigs.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -28,8 +32,11 @@ class Pki:
     """Paths of the PEM files written by `generate_pki` (all in one directory)."""
 
     ca_cert: Path
+    ca_key: Path
+    """The CA's private key (mode 0600), for `issue_client_cert`."""
     serving_cert: Path
-    """kube-apiserver's certificate, SANs 127.0.0.1, ::1, localhost, kubernetes.default.svc."""
+    """kube-apiserver's certificate, SANs 127.0.0.1, ::1, localhost, the ``kubernetes``
+    Service's names, and `generate_pki`'s ``extra_ips``."""
     serving_key: Path
     admin_cert: Path
     """Client certificate CN=agentrun-admin, O=system:masters."""
@@ -40,14 +47,17 @@ class Pki:
     """Its public key, which verifies them."""
 
 
-def generate_pki(directory: Path) -> Pki:
+def generate_pki(directory: Path, *, extra_ips: Sequence[str] = ()) -> Pki:
     """Write a fresh PKI into `directory` (created if needed; keys are mode 0600).
 
-    Returns the file paths. Raises OSError if the directory cannot be written.
+    `extra_ips` are added to the serving certificate's SANs, e.g. the ``kubernetes``
+    Service's ClusterIP that in-cluster clients connect to. Returns the file paths. Raises
+    OSError if the directory cannot be written, ValueError for a malformed IP.
     """
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         admin_cert=directory / "admin.crt",
@@ -64,13 +74,23 @@ def generate_pki(directory: Path) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
     _write_cert(pki.ca_cert, ca_cert)
+    _write_key(pki.ca_key, ca_key)
 
     serving_key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("::1")),
         x509.DNSName("localhost"),
-        x509.DNSName("kubernetes.default.svc"),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
+        *(
+            x509.DNSName(name)
+            for name in (
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            )
+        ),
     ]
     serving_cert = (
         _builder(
@@ -110,6 +130,36 @@ def generate_pki(directory: Path) -> Pki:
         )
     )
     return pki
+
+
+def issue_client_cert(
+    pki: Pki, *, name: str, common_name: str, organization: str | None = None
+) -> tuple[Path, Path]:
+    """Sign a client certificate for `common_name` (in group `organization`) with the CA.
+
+    Writes ``<name>.crt`` and ``<name>.key`` (0600) next to the CA and returns their paths.
+    Kubernetes reads the CN as the user and O as the group, e.g. ``system:node:<node>`` in
+    ``system:nodes`` for a kubelet. Raises OSError if the files cannot be written or read.
+    """
+    directory = pki.ca_cert.parent
+    loaded = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(loaded, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{pki.ca_key} is not the EC key generate_pki writes")
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization is not None:
+        attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _builder(subject=x509.Name(attributes), issuer=ca_cert.subject, public_key=key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .sign(loaded, hashes.SHA256())
+    )
+    cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    _write_cert(cert_path, cert)
+    _write_key(key_path, key)
+    return cert_path, key_path
 
 
 def _builder(

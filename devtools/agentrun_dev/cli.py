@@ -22,6 +22,10 @@ from typing import TypeAlias
 from agentrun_dev import binaries, console, demo, stack, state
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
+_NODE_HELP = (
+    "also run a real single node (containerd, kubelet, kube-proxy, CoreDNS, controller-manager, "
+    "scheduler) so pods run; needs root and `make node-packages`"
+)
 
 
 def register_dev(subparsers: Subparsers) -> None:
@@ -50,6 +54,7 @@ def register_dev(subparsers: Subparsers) -> None:
         help=f"mock model scenario files (default {stack.DEFAULT_SCENARIOS})",
     )
     up.add_argument("--crds", type=Path, default=None, metavar="DIR", help="CRD directory")
+    up.add_argument("--node", action="store_true", help=_NODE_HELP)
     up.set_defaults(handler=cmd_dev_up)
 
     down = commands.add_parser(
@@ -78,9 +83,16 @@ def register_dev(subparsers: Subparsers) -> None:
         metavar="FILE",
         help="AgentRun manifests to apply (default: the three in examples/)",
     )
+    show.add_argument("--node", action="store_true", help=_NODE_HELP)
     show.set_defaults(handler=cmd_dev_demo)
     build = commands.add_parser(
         "binaries", help="build (once per machine) or locate kube-apiserver, etcd and kubectl"
+    )
+    build.add_argument(
+        "--node",
+        action="store_true",
+        help="also the node's binaries (kube-controller-manager, kube-scheduler, kubelet, "
+        "kube-proxy, coredns), in one build",
     )
     build.set_defaults(handler=cmd_dev_binaries)
 
@@ -91,7 +103,7 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
         print("agentrun: error: --workers must be ≥ 0", file=sys.stderr)
         return 2
     options = stack.UpOptions(
-        workers=args.workers, scenarios=tuple(args.scenarios), crd_dir=args.crds
+        workers=args.workers, scenarios=tuple(args.scenarios), crd_dir=args.crds, node=args.node
     )
     current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
     demo.apply_mock_model(current)
@@ -103,7 +115,7 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
 
 def cmd_dev_demo(args: argparse.Namespace) -> int:
     """``agentrun dev demo``: stack up, ``mock`` AgentModel, the examples, their end states."""
-    options = stack.UpOptions(workers=args.workers)
+    options = stack.UpOptions(workers=args.workers, node=args.node)
     current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
     demo.apply_mock_model(current)
     items = demo.run_examples(current, examples=args.examples, log=_progress)
@@ -161,15 +173,27 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_binaries(args: argparse.Namespace) -> int:
-    """``agentrun dev binaries``: build or locate the control-plane binaries; print paths."""
-    del args
-    found = binaries.ensure_binaries(log=_progress)
-    for name, path in (
+    """``agentrun dev binaries [--node]``: build or locate the binaries; print their paths."""
+    rows: list[tuple[str, Path]] = []
+    if args.node:
+        found, on_node = binaries.ensure_node_binaries(log=_progress)
+        rows += [
+            ("kube-controller-manager", on_node.kube_controller_manager),
+            ("kube-scheduler", on_node.kube_scheduler),
+            ("kubelet", on_node.kubelet),
+            ("kube-proxy", on_node.kube_proxy),
+            ("coredns", on_node.coredns),
+        ]
+    else:
+        found = binaries.ensure_binaries(log=_progress)
+    rows = [
         ("etcd", found.etcd),
         ("kube-apiserver", found.kube_apiserver),
         ("kubectl", found.kubectl),
-    ):
-        print(f"{name:<15} {path}")
+        *rows,
+    ]
+    for name, path in rows:
+        print(f"{name:<24} {path}")
     return 0
 
 

@@ -7,6 +7,14 @@ kubeconfig. There is no controller-manager or scheduler: objects are stored and 
 never run, and a deleted namespace stays Terminating. That is enough for CRDs, an operator
 and kubectl.
 
+With ``node=True`` the same control plane is made ready for a real node (see `node`): the
+apiserver also listens on non-loopback addresses (pods reach it through the ``kubernetes``
+Service at the node's IP), authorizes kubelets with the Node authorizer and NodeRestriction,
+gives pods service-account tokens (the ServiceAccount admission plugin; the node's
+controller-manager creates the ``default`` ServiceAccounts it requires), and reaches kubelets
+by their InternalIP with a client certificate, for ``kubectl logs`` / ``exec``. Without it the
+flags are exactly the process-only ones.
+
 `open_cluster` picks the existing cluster instead when ``AGENTRUN_USE_EXISTING_CLUSTER=1`` and
 ``KUBECONFIG`` are set. Both variants offer the same attributes (`Cluster`).
 
@@ -29,6 +37,8 @@ from agentrun_dev import binaries, certs, components, console, probes
 
 USE_EXISTING_ENV = "AGENTRUN_USE_EXISTING_CLUSTER"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/24"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+"""ClusterIP of the ``kubernetes`` Service: the first address of the range."""
 
 
 class ClusterError(RuntimeError):
@@ -73,6 +83,10 @@ class ControlPlane:
     """API server URL, ``https://127.0.0.1:<port>``."""
     components: tuple[components.Component, ...]
     """etcd, then kube-apiserver."""
+    pki: certs.Pki
+    """Its certificates; a node issues its components' client certificates from this CA."""
+    node_ready: bool = False
+    """Started with ``node=True`` (see the module docstring)."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -112,10 +126,11 @@ def existing_cluster_requested(environ: Mapping[str, str] | None = None) -> bool
 
 
 def open_cluster(
-    workdir: Path, *, launch: components.Launch | None = None
+    workdir: Path, *, launch: components.Launch | None = None, node: bool = False
 ) -> ControlPlane | ExistingCluster:
     """The existing cluster if requested (see `existing_cluster_requested`), else a new
-    local control plane with its files under `workdir` (see `start_control_plane`).
+    local control plane with its files under `workdir` (see `start_control_plane`; `node`
+    makes it ready for a node).
 
     Raises ClusterError, probes.NotReadyError, binaries.BinariesError or gobuild.BuildError.
     """
@@ -123,7 +138,7 @@ def open_cluster(
     if existing_cluster_requested():
         return use_existing_cluster(log=launch.log)
     executables = binaries.ensure_binaries(log=launch.log)
-    return start_control_plane(workdir, executables=executables, launch=launch)
+    return start_control_plane(workdir, executables=executables, launch=launch, node=node)
 
 
 def use_existing_cluster(*, log: console.Log = console.log_to_stderr) -> ExistingCluster:
@@ -158,6 +173,7 @@ def start_control_plane(
     executables: binaries.Binaries,
     launch: components.Launch | None = None,
     ready_timeout: float = 60.0,
+    node: bool = False,
 ) -> ControlPlane:
     """Start etcd and kube-apiserver with their state, certificates and kubeconfig in `workdir`.
 
@@ -166,6 +182,7 @@ def start_control_plane(
         executables: the binaries (see `binaries.ensure_binaries`).
         launch: log directory (default ``workdir/logs``), lifetime and progress output.
         ready_timeout: seconds to wait for each of etcd ``/health`` and apiserver ``/readyz``.
+        node: add the flags a real node needs (see the module docstring).
 
     Raises:
         probes.NotReadyError: a process exited or was not ready in time; the message holds its
@@ -173,7 +190,7 @@ def start_control_plane(
     """
     launch = components.Launch(log_dir=workdir / "logs") if launch is None else launch
     workdir.mkdir(parents=True, exist_ok=True)
-    pki = certs.generate_pki(workdir / "pki")
+    pki = certs.generate_pki(workdir / "pki", extra_ips=[KUBERNETES_SERVICE_IP])
     etcd = _start_etcd(workdir, executables.etcd, launch=launch, timeout=ready_timeout)
     try:
         apiserver = _start_apiserver(
@@ -183,6 +200,7 @@ def start_control_plane(
             etcd_url=f"http://127.0.0.1:{etcd.ports['client']}",
             launch=launch,
             timeout=ready_timeout,
+            node=node,
         )
     except BaseException:
         components.stop_component(etcd)
@@ -195,11 +213,20 @@ def start_control_plane(
         kubectl=executables.kubectl,
         server=server,
         components=(etcd, apiserver),
+        pki=pki,
+        node_ready=node,
     )
 
 
-def write_kubeconfig(path: Path, *, server: str, pki: certs.Pki) -> None:
-    """Write a self-contained admin kubeconfig (certificates embedded, mode 0600)."""
+def write_kubeconfig(
+    path: Path, *, server: str, pki: certs.Pki, client: tuple[Path, Path] | None = None
+) -> None:
+    """Write a self-contained kubeconfig (certificates embedded, mode 0600).
+
+    The user is the admin unless `client` names another (certificate, key) pair, e.g. one
+    from `certs.issue_client_cert`.
+    """
+    cert, key = (pki.admin_cert, pki.admin_key) if client is None else client
 
     def b64(file: Path) -> str:
         return base64.b64encode(file.read_bytes()).decode()
@@ -217,8 +244,8 @@ def write_kubeconfig(path: Path, *, server: str, pki: certs.Pki) -> None:
             {
                 "name": "agentrun-admin",
                 "user": {
-                    "client-certificate-data": b64(pki.admin_cert),
-                    "client-key-data": b64(pki.admin_key),
+                    "client-certificate-data": b64(cert),
+                    "client-key-data": b64(key),
                 },
             }
         ],
@@ -267,30 +294,44 @@ def _start_apiserver(
     etcd_url: str,
     launch: components.Launch,
     timeout: float,
+    node: bool,
 ) -> components.Component:
     port = probes.free_port()
-    argv = (
+    argv: tuple[str, ...] = (
         str(binary),
         f"--etcd-servers={etcd_url}",
-        "--bind-address=127.0.0.1",
+        f"--bind-address={'0.0.0.0' if node else '127.0.0.1'}",
         "--advertise-address=127.0.0.1",
         f"--secure-port={port}",
         f"--cert-dir={workdir / 'apiserver'}",
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
         f"--client-ca-file={pki.ca_cert}",
-        "--authorization-mode=RBAC",
+        f"--authorization-mode={'Node,RBAC' if node else 'RBAC'}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.service_account_pub}",
         f"--service-account-signing-key-file={pki.service_account_key}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--allow-privileged=true",
-        # The "kubernetes" Service's endpoint would be 127.0.0.1, which Endpoints reject.
+        # The "kubernetes" Service's endpoint would be 127.0.0.1, which Endpoints reject; a
+        # node writes its own (its IP and this port).
         "--endpoint-reconciler-type=none",
+    )
+    if node:
+        kubelet_cert, kubelet_key = certs.issue_client_cert(
+            pki, name="apiserver-kubelet-client", common_name="kube-apiserver-kubelet-client",
+            organization="system:masters",
+        )  # fmt: skip
+        argv += (
+            "--enable-admission-plugins=NodeRestriction",
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={kubelet_cert}",
+            f"--kubelet-client-key={kubelet_key}",
+        )
+    else:
         # No controller-manager creates the "default" ServiceAccount, which this
         # admission plugin would require of every pod.
-        "--disable-admission-plugins=ServiceAccount",
-    )
+        argv += ("--disable-admission-plugins=ServiceAccount",)
     probe = probes.Probe(
         url=f"https://127.0.0.1:{port}/readyz",
         expect="ok",

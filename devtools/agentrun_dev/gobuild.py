@@ -5,12 +5,13 @@ requires the upstream module at the pinned version, because neither module can b
 `go install path@version` (both carry `replace` directives).
 
 - etcd: require ``go.etcd.io/etcd/server/v3``, `go mod tidy`, `go build` the module root.
-- kube-apiserver and kubectl: require ``k8s.io/kubernetes``, plus one
+- kube-apiserver, kubectl and the node's kube-controller-manager, kube-scheduler, kubelet and
+  kube-proxy: require ``k8s.io/kubernetes``, plus one
   ``replace k8s.io/X => k8s.io/X v0.<minor>.<patch>`` for every staging module that
   kubernetes' own go.mod requires at the placeholder ``v0.0.0`` (those are replaced by local
-  paths upstream), then `go mod tidy` and `go build` the two commands, with the version
-  stamped at link time as kubernetes' hack/lib/version.sh does (else they report
-  ``v0.0.0-master``).
+  paths upstream), then `go mod tidy` and one `go build -o DIR/` of all requested commands
+  (one invocation shares the compile and link work), with the version stamped at link time
+  as kubernetes' hack/lib/version.sh does (else they report ``v0.0.0-master``).
 
 The etcd version is read from ``build/dependencies.yaml`` of the downloaded kubernetes module
 and must equal the pinned one. Outputs are written under a temporary name and renamed, so an
@@ -47,6 +48,15 @@ import yaml
 from agentrun_dev import console
 
 MIN_GO = (1, 24)
+KUBE_COMMANDS = (
+    "kube-apiserver",
+    "kubectl",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+)
+"""Commands of ``k8s.io/kubernetes/cmd/`` that `build_binaries` can build."""
 PROMETHEUS_TAGS = ("netgo", "remove_all_sd")
 _HEARTBEAT_SECONDS = 30.0
 _STAGING_REQUIRE = re.compile(r"^\s*(k8s\.io/[a-z0-9-]+) v0\.0\.0$", re.MULTILINE)
@@ -78,14 +88,15 @@ def build_binaries(
         out_dir: destination directory (created if needed).
         k8s_version: e.g. ``"v1.34.4"``; kube-apiserver and kubectl are built at it.
         etcd_version: e.g. ``"v3.6.5"``; must equal what that kubernetes release pins.
-        names: a subset of ``{"etcd", "kube-apiserver", "kubectl"}``.
+        names: a subset of ``{"etcd"} | KUBE_COMMANDS``; the kubernetes ones are built by one
+            ``go build``.
         log: receives progress lines, including the go commands' own output.
 
     Raises:
         BuildError: see the class; the message says what to do next.
         ValueError: an unknown name.
     """
-    unknown = set(names) - {"etcd", "kube-apiserver", "kubectl"}
+    unknown = set(names) - {"etcd", *KUBE_COMMANDS}
     if unknown:
         raise ValueError(f"cannot build {sorted(unknown)}")
     go = _Go(binary=find_go(), env=_go_env(), log=log)
@@ -106,14 +117,14 @@ def build_binaries(
             _build_etcd(go, work / "etcd", out_dir, version=etcd_version)
         else:
             log("[3/4] etcd already built")
-        wanted = [n for n in ("kube-apiserver", "kubectl") if n in names]
+        wanted = [n for n in KUBE_COMMANDS if n in names]
         if wanted:
             log(f"[4/4] building {', '.join(wanted)} {k8s_version}")
             _build_kubernetes(
                 go, work / "k8s", out_dir, k8s_dir=k8s_dir, version=k8s_version, names=wanted
             )
         else:
-            log("[4/4] kube-apiserver and kubectl already built")
+            log("[4/4] the kubernetes commands are already built")
 
 
 PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
@@ -165,6 +176,76 @@ def build_prometheus(
         _install_prometheus(
             go, work, out_dir, module_version=module_version, release=release, names=wanted
         )
+
+
+COREDNS_MODULE = "github.com/coredns/coredns"
+COREDNS_PLUGINS = (
+    "bind",
+    "cache",
+    "errors",
+    "forward",
+    "health",
+    "kubernetes",
+    "loadbalance",
+    "log",
+    "loop",
+    "ready",
+    "reload",
+)
+"""The plugins of the cluster-DNS build: what a kubeadm Corefile uses, plus ``bind`` and
+``log``."""
+_COREDNS_MAIN = """package main
+
+import (
+{imports}
+\t"github.com/coredns/coredns/coremain"
+)
+
+func main() {{
+\tcoremain.Run()
+}}
+"""
+
+
+def build_coredns(
+    out_dir: Path, *, module_version: str, log: console.Log = console.log_to_stderr
+) -> None:
+    """Build ``coredns`` at `module_version` with `COREDNS_PLUGINS` into ``out_dir/coredns``.
+
+    Args:
+        out_dir: destination directory (created if needed); the binary appears only complete.
+        module_version: a ``github.com/coredns/coredns`` version, e.g. ``"v1.12.1"``; stamped
+            as CoreDNS' own Makefile does (``coremain.GitCommit``).
+        log: receives progress lines, including the go commands' own output.
+
+    Raises:
+        BuildError: no Go, a Go older than the module's ``go`` directive, or a go command
+            failed.
+    """
+    go = _Go(binary=find_go(hint=_COREDNS_HINT), env=_go_env(), log=log)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
+        work = Path(tmp)
+        log(f"[1/2] downloading {COREDNS_MODULE}@{module_version} from the Go module proxy")
+        module_dir = go.download(COREDNS_MODULE, module_version, cwd=work)
+        find_go(minimum=go_directive_of((module_dir / "go.mod").read_text()), hint=_COREDNS_HINT)
+        log(f"[2/2] building coredns {module_version} with {', '.join(COREDNS_PLUGINS)}")
+        _write_wrapper(
+            work,
+            module="agentrun.dev/corednswrap",
+            require=f"{COREDNS_MODULE} {module_version}",
+            extra=[],
+            imports=[],
+        )
+        (work / "tools.go").unlink()
+        imports = "\n".join(f'\t_ "{COREDNS_MODULE}/plugin/{p}"' for p in COREDNS_PLUGINS)
+        (work / "main.go").write_text(_COREDNS_MAIN.format(imports=imports))
+        go.run(["mod", "tidy"], cwd=work)
+        ldflags = f"-X {COREDNS_MODULE}/coremain.GitCommit={module_version}"
+        go.build(".", out_dir / "coredns", cwd=work, ldflags=ldflags)
+
+
+_COREDNS_HINT = "or put a coredns binary on PATH"
 
 
 def prometheus_release_of(module_dir: Path) -> str:
@@ -336,6 +417,24 @@ class _Go:
             partial.unlink(missing_ok=True)
         self.log(f"  wrote {out}")
 
+    def build_many(
+        self, packages: Mapping[str, str], out_dir: Path, *, cwd: Path, ldflags: str = ""
+    ) -> None:
+        """One ``go build -o DIR/`` of `packages` (output name → main package).
+
+        Each package's binary is named after its last path element, built into a temporary
+        directory beside `out_dir`, then renamed to ``out_dir/<name>``.
+        """
+        staging = Path(tempfile.mkdtemp(prefix=f".gobuild-{os.getpid()}-", dir=out_dir))
+        flags = ["-ldflags", ldflags] if ldflags else []
+        try:
+            self.run(["build", *flags, "-o", f"{staging}/", *packages.values()], cwd=cwd)
+            for name, package in packages.items():
+                os.replace(staging / package.rsplit("/", 1)[-1], out_dir / name)
+                self.log(f"  wrote {out_dir / name}")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
     def download(self, module: str, version: str, *, cwd: Path) -> Path:
         """``go mod download -json module@version``; returns the module's source directory."""
         output = self.run(["mod", "download", "-json", f"{module}@{version}"], cwd=cwd, quiet=True)
@@ -369,7 +468,7 @@ def _build_kubernetes(
 ) -> None:
     replaces = staging_replaces((k8s_dir / "go.mod").read_text(), k8s_version=version)
     go.log(f"  replacing {len(replaces)} staging modules at v0.{version.split('.', 1)[1]}")
-    packages = {n: f"k8s.io/kubernetes/cmd/{n}" for n in ("kube-apiserver", "kubectl")}
+    packages = {n: f"k8s.io/kubernetes/cmd/{n}" for n in names}
     _write_wrapper(
         work,
         module="agentrun.dev/k8swrap",
@@ -378,8 +477,7 @@ def _build_kubernetes(
         imports=list(packages.values()),
     )
     go.run(["mod", "tidy"], cwd=work)
-    for name in names:
-        go.build(packages[name], out_dir / name, cwd=work, ldflags=version_ldflags(version))
+    go.build_many(packages, out_dir, cwd=work, ldflags=version_ldflags(version))
 
 
 def _install_prometheus(

@@ -32,10 +32,11 @@ class NotReadyError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Probe:
-    """A check that a service is ready: an HTTP(S) GET answering 200, or a TCP connect."""
+    """A check that a service is ready: an HTTP(S) GET answering 200, or a TCP or unix-socket
+    connect."""
 
     url: str
-    """``http://…``, ``https://…`` or ``tcp://host:port``."""
+    """``http://…``, ``https://…``, ``tcp://host:port`` or ``unix:///path/to/socket``."""
     expect: str | None = None
     """Text the HTTP response body must contain (e.g. ``"ok"``); None accepts any 200."""
     ca_file: Path | None = None
@@ -85,6 +86,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 def check(probe: Probe, *, timeout: float = 2.0) -> str | None:
     """Probe once. Returns None when ready, else a short reason (e.g. "connection refused")."""
     parsed = urllib.parse.urlsplit(probe.url)
+    if parsed.scheme == "unix":
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(parsed.path)
+                return None
+        except OSError as exc:
+            return str(exc)
     if parsed.scheme == "tcp":
         try:
             with socket.create_connection((parsed.hostname or "", parsed.port or 0), timeout):

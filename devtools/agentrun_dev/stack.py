@@ -8,7 +8,9 @@ Two layers, one code path for tests and demos:
   again with the same spec, `stop_component` stops it.
 - `up` / `down` / `status` behind ``agentrun dev``: start everything in order, recording each
   component in the state directory as it comes up (see `state`); stop everything by pid in
-  reverse order; report what is alive.
+  reverse order; report what is alive. With ``UpOptions.node`` the cluster gets a real node
+  (see `node`) right after the control plane; ``down`` stops it with `node.stop_node`, which
+  also removes what it left on the host.
 
 What belongs here: which components make the stack and how they are wired
 (``KUBECONFIG``, ``AGENTRUN_NATS_URL``, ``AGENTRUN_METRICS_PORT``, see docs/contracts.md).
@@ -24,7 +26,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import agentrun
-from agentrun_dev import components, console, controlplane, kubectl, natsserver, probes, state
+from agentrun_dev import (
+    binaries,
+    components,
+    console,
+    controlplane,
+    kubectl,
+    natsserver,
+    node,
+    probes,
+    state,
+)
 from agentrun_dev.components import (
     Launch,
     kill_component,
@@ -66,6 +78,8 @@ class UpOptions:
     """Scenario YAML files for the mock model."""
     crd_dir: Path | None = None
     """Directory of CRD YAML; None looks in ``./crds``, then in the installed package."""
+    node: bool = False
+    """Also run a real single node (containerd, kubelet, kube-proxy, CoreDNS …; root only)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -280,7 +294,11 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
     state.save_state(current)
     launch = components.Launch(log_dir=current.log_dir, log=log)
     try:
-        cluster = controlplane.open_cluster(directory / "controlplane", launch=launch)
+        if options.node:
+            binaries.ensure_node_binaries(log=log)  # every missing binary in one build
+        cluster = controlplane.open_cluster(
+            directory / "controlplane", launch=launch, node=options.node
+        )
         current = _recorded(
             dataclasses.replace(
                 current,
@@ -290,6 +308,8 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
             ),
             *cluster.components,
         )
+        if options.node:
+            current = _start_node(current, cluster=cluster, launch=launch)
         kubectl.apply_crds(kubectl.Kubectl.for_cluster(cluster), crd_dir, log=log)
         nats = natsserver.start_nats_server(directory / "nats", launch=launch)
         current = _recorded(dataclasses.replace(current, nats_url=nats.url), nats.component)
@@ -303,6 +323,25 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
         _stop_all(current, log=log)
         _remove_state(directory)
         raise
+
+
+def _start_node(
+    current: state.StackState,
+    *,
+    cluster: controlplane.ControlPlane | controlplane.ExistingCluster,
+    launch: components.Launch,
+) -> state.StackState:
+    """Start the node in ``<directory>/node`` and record its components."""
+    if not isinstance(cluster, controlplane.ControlPlane):
+        raise controlplane.ClusterError(
+            "a node joins only the local control plane: unset "
+            f"{controlplane.USE_EXISTING_ENV} or drop --node"
+        )
+    node_dir = current.directory / "node"
+    current = _recorded(dataclasses.replace(current, node_dir=node_dir))
+    _, executables = binaries.ensure_node_binaries(log=launch.log)
+    started = node.start_node(node_dir, cluster=cluster, executables=executables, launch=launch)
+    return _recorded(current, *started.components)
 
 
 def _start_services(
@@ -347,9 +386,32 @@ def _revive(current: state.StackState, *, options: UpOptions, log: console.Log) 
 
 
 def _stop_all(current: state.StackState, *, log: console.Log) -> None:
+    """Stop every component in reverse order; the node's as one step, with its cleanup."""
+    node_components = [c for c in current.components if c.name in node.COMPONENT_NAMES]
+    node_stopped = current.node_dir is None
     for component in reversed(current.components):
+        if component in node_components or (not node_stopped and _is_control(component)):
+            if not node_stopped:
+                node_stopped = True
+                _stop_node(current, node_components, log=log)
+            if component in node_components:
+                continue
         outcome = stop_component(component)
         log(f"{component.name} (pid {component.record.pid}): {outcome.value}")
+
+
+def _is_control(component: components.Component) -> bool:
+    return component.name in ("kube-apiserver", "etcd")
+
+
+def _stop_node(
+    current: state.StackState, started: list[components.Component], *, log: console.Log
+) -> None:
+    assert current.node_dir is not None
+    admin = None
+    if current.kubectl is not None and current.kubeconfig is not None:
+        admin = kubectl.Kubectl(current.kubectl, kubeconfig=current.kubeconfig)
+    node.stop_node(current.node_dir, started, admin=admin, log=log)
 
 
 def _remove_state(directory: Path) -> None:

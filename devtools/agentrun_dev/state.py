@@ -46,6 +46,8 @@ class StackState:
     """OpenAI-compatible base URL of the mock model, ``http://127.0.0.1:<port>/v1``."""
     components: tuple[Component, ...] = ()
     """In start order; stopped in reverse."""
+    node_dir: Path | None = None
+    """The node's state directory when the stack runs a real node (``up --node``)."""
     complete: bool = False
     """Set once ``up`` started everything; False after an interrupted ``up``."""
 
@@ -82,6 +84,7 @@ class StackState:
             "nats_url": self.nats_url,
             "model_url": self.model_url,
             "components": [c.as_dict() for c in self.components],
+            "node_dir": None if self.node_dir is None else str(self.node_dir),
             "complete": self.complete,
         }
 
@@ -91,6 +94,7 @@ class StackState:
         if data.get("version") != _VERSION:
             raise ValueError(f"unsupported state version {data.get('version')!r}")
         kubectl = data.get("kubectl")
+        node_dir = data.get("node_dir")
         return cls(
             directory=Path(data["directory"]),
             kubeconfig=data.get("kubeconfig"),
@@ -99,6 +103,7 @@ class StackState:
             nats_url=data.get("nats_url"),
             model_url=data.get("model_url"),
             components=tuple(Component.from_dict(c) for c in data["components"]),
+            node_dir=None if node_dir is None else Path(node_dir),
             complete=bool(data.get("complete", False)),
         )
 

@@ -160,3 +160,35 @@ def test_two_concurrent_callers_share_one_build_into_an_empty_cache(tmp_path: Pa
         [str(bin_dir / "etcd"), "--version"], capture_output=True, text=True, check=True
     )
     assert "etcd Version: 3.6.5" in etcd.stdout
+
+
+def test_node_binaries_come_from_the_cache_without_a_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir, coredns_dir = binaries.cache_bin_dir(tmp_path), binaries.coredns_bin_dir(tmp_path)
+    for directory, names in ((bin_dir, binaries.NAMES + binaries.NODE_NAMES),
+                             (coredns_dir, ("coredns",))):  # fmt: skip
+        directory.mkdir(parents=True)
+        for name in names:
+            (directory / name).write_text("#!/bin/sh\n")
+            (directory / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-go-here"))  # a build would fail: no go
+
+    control_plane, node = binaries.ensure_node_binaries(root=tmp_path, log=lambda _: None)
+
+    assert control_plane.kube_apiserver == bin_dir / "kube-apiserver"
+    assert node == binaries.NodeBinaries(
+        kube_controller_manager=bin_dir / "kube-controller-manager",
+        kube_scheduler=bin_dir / "kube-scheduler",
+        kubelet=bin_dir / "kubelet",
+        kube_proxy=bin_dir / "kube-proxy",
+        coredns=tmp_path / "coredns" / f"coredns-{binaries.COREDNS_VERSION}" / "bin" / "coredns",
+    )
+
+
+def test_a_missing_node_binary_is_built_and_without_go_the_error_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "no-go-here"))
+    with pytest.raises(gobuild.BuildError, match="go not found on PATH"):
+        binaries.ensure_node_binaries(root=tmp_path, log=lambda _: None)

@@ -46,3 +46,31 @@ def test_the_service_account_key_is_rsa_and_private_files_are_0600(tmp_path: Pat
     )
     for key in (pki.serving_key, pki.admin_key, pki.service_account_key):
         assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_serving_cert_names_the_kubernetes_service_and_the_extra_ips(tmp_path: Path) -> None:
+    pki = certs.generate_pki(tmp_path, extra_ips=["10.96.0.1"])
+    sans = load(pki.serving_cert).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+
+    assert ipaddress.ip_address("10.96.0.1") in sans.value.get_values_for_type(x509.IPAddress)
+    assert "kubernetes.default.svc.cluster.local" in sans.value.get_values_for_type(x509.DNSName)
+
+
+def test_an_issued_client_cert_carries_user_and_group_and_is_signed_by_the_ca(
+    tmp_path: Path,
+) -> None:
+    pki = certs.generate_pki(tmp_path)
+    cert_path, key_path = certs.issue_client_cert(
+        pki, name="kubelet", common_name="system:node:n1", organization="system:nodes"
+    )
+    cert, ca = load(cert_path), load(pki.ca_cert)
+
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:n1"
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == (
+        "system:nodes"
+    )
+    cert.verify_directly_issued_by(ca)
+    usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
+    assert key_path.stat().st_mode & 0o777 == 0o600
+    assert pki.ca_key.stat().st_mode & 0o777 == 0o600

@@ -1,0 +1,75 @@
+"""The host cleanup a node relies on: it finds and removes what a node adds, nothing else.
+
+Root only. Holds the machine's node claim, so it waits while a node (of any test run) is up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agentrun_dev import nodehost, procs
+
+CHAIN = "KUBE-AGENTRUN-CLEANUP-TEST"
+pytestmark = pytest.mark.timeout(1200)  # waits for another run's node to stop
+
+
+def run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def claimed(tmp_path: Path) -> Iterator[Path]:
+    """This machine's node claim, so no real node adds host state during the test."""
+    me = psutil.Process(os.getpid())
+    owner = procs.ProcessRecord("test", me.pid, me.create_time(), tmp_path / "owner.log")
+    nodehost.claim_host(tmp_path, owner=owner, wait=900.0)
+    yield tmp_path
+    nodehost.release_host(tmp_path)
+
+
+def test_leftovers_name_new_mounts_links_rules_and_changed_sysctls() -> None:
+    before = nodehost.HostSnapshot(
+        mounts=("/a",), links=("veth1",), iptables=("ipv4 nat :KUBE-X -",),
+        sysctls=(("net/ipv4/ip_forward", "0"),),
+    )  # fmt: skip
+    after = nodehost.HostSnapshot(
+        mounts=("/a", "/a/b"), links=("veth1", "veth2"),
+        iptables=("ipv4 nat :KUBE-X -", "ipv4 nat -A KUBE-X -j ACCEPT"),
+        sysctls=(("net/ipv4/ip_forward", "1"),),
+    )  # fmt: skip
+    assert nodehost.leftovers(before, before) == []
+    assert nodehost.leftovers(before, after) == [
+        "mount /a/b",
+        "link veth2",
+        "iptables ipv4 nat -A KUBE-X -j ACCEPT",
+        "sysctl net/ipv4/ip_forward=1 (was 0)",
+    ]
+
+
+def test_cleanup_removes_a_new_tmpfs_veth_and_iptables_chain_and_keeps_the_old(
+    claimed: Path,
+) -> None:
+    kept = claimed / "kept"
+    kept.mkdir()
+    run("mount", "-t", "tmpfs", "tmpfs", str(kept))
+    try:
+        before = nodehost.take_snapshot(claimed)
+        added = claimed / "containerd-like" / "rootfs"
+        added.mkdir(parents=True)
+        run("mount", "-t", "tmpfs", "tmpfs", str(added))
+        run("ip", "link", "add", "vethagtest0", "type", "veth", "peer", "name", "vethagtest1")
+        run("iptables", "-t", "nat", "-N", CHAIN)
+        run("iptables", "-t", "nat", "-A", "POSTROUTING", "-m", "comment", "--comment",
+            "agentrun cleanup test", "-j", CHAIN)  # fmt: skip
+        assert len(nodehost.leftovers(before, nodehost.take_snapshot(claimed))) >= 5
+        left = nodehost.cleanup_host(claimed, before=before, log=print)
+        assert left == []
+        assert nodehost.take_snapshot(claimed) == before
+        assert str(kept) in nodehost.take_snapshot(claimed).mounts
+    finally:
+        run("umount", str(kept))
