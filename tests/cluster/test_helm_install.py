@@ -43,43 +43,6 @@ SLOW_SCENARIO = {
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
-def nats_server(image_name: str) -> list[dict[str, Any]]:
-    """An existing NATS for the release (the chart's ``nats.url`` path): a JetStream server
-    from the project's NATS image, as a Deployment and Service ``nats`` that Pod Security
-    ``restricted`` admits."""
-    labels = {"app": "nats"}
-    container = {
-        "name": "nats",
-        "image": image_name,
-        "imagePullPolicy": "Never",
-        "args": ["--jetstream", "--store_dir=/data", "--port=4222", "--http_port=8222"],
-        "ports": [{"containerPort": 4222}],
-        "readinessProbe": {"tcpSocket": {"port": 4222}, "periodSeconds": 1},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-    }
-    pod_spec = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [container],
-        "volumes": [{"name": "data", "emptyDir": {}}],
-    }
-    return [
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "nats"},
-         "spec": {"selector": {"matchLabels": labels},
-                  "template": {"metadata": {"labels": labels}, "spec": pod_spec}}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "nats"},
-         "spec": {"selector": labels, "ports": [{"port": 4222, "targetPort": 4222}]}},
-    ]  # fmt: skip
-
-
 def agent_run(name: str, goal: str, **budget: Any) -> dict[str, Any]:
     return {
         "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
@@ -139,7 +102,7 @@ def turns_committed(kubectl: Kubectl, namespace: str, pod: str) -> float:
 def release(
     cluster_node: node.Node, node_kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """The chart installed (the scripted model included, NATS given by ``nats.url``) in a
+    """The chart installed (the scripted model and the chart's own NATS included) in a
     namespace under Pod Security ``restricted``, its images imported into the node; returns
     the namespace."""
     images = image.build_project_images(REPO, log=print)
@@ -154,12 +117,9 @@ def release(
     scenarios = yaml.safe_load((REPO / "examples" / "scenarios.yaml").read_text())
     scenarios["scenarios"].append(SLOW_SCENARIO)
     values = home / "values.yaml"
-    node_kubectl("apply", "-n", namespace, "-f", "-",
-                 input=yaml.safe_dump_all(nats_server(images.nats.name)))  # fmt: skip
-    node_kubectl("rollout", "status", "deployment/nats", "-n", namespace, "--timeout=120s",
-                 timeout=130)  # fmt: skip
     values.write_text(yaml.safe_dump({
-        "nats": {"url": f"nats://nats.{namespace}.svc.cluster.local:4222"},
+        # the chart's JetStream StatefulSet; emptyDir storage (the node has no StorageClass)
+        "nats": {"install": {"enabled": True, "persistence": {"enabled": False}}},
         "mockModel": {"enabled": True, "scenarios": scenarios},
         "operator": {"defaultTenant": demo.TENANT_NAME},
         "turnAckWaitSeconds": 5,
@@ -187,9 +147,8 @@ def test_the_operator_and_the_workers_run_as_ready_pods(
         )
         for p in json.loads(output)["items"]
     }
-    assert {k: ready.get(k) for k in ("operator", "worker", "mock-model")} == dict.fromkeys(
-        ("operator", "worker", "mock-model"), True
-    )
+    components = ("operator", "worker", "mock-model", "nats")
+    assert {k: ready.get(k) for k in components} == dict.fromkeys(components, True)
 
 
 def test_the_example_runs_reach_their_terminal_reasons(node_kubectl: Kubectl, release: str) -> None:
