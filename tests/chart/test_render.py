@@ -5,6 +5,7 @@ here; its KEDA trigger names the workers' real consumer."""
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -150,12 +151,38 @@ def test_installed_nats_is_what_the_operator_and_workers_connect_to(
         "client": 4222,
         "monitor": 8222,
     }
-    assert "--jetstream" in args and "--store_dir=/data" in args
+    assert args == ["--config=/etc/nats/nats.conf"]
     assert server["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     for name in ("agentrun-operator", "agentrun-worker"):
         assert env_of(find(docs, "Deployment", name))["AGENTRUN_NATS_URL"] == (
             "nats://agentrun-nats.ops.svc:4222"
         )
+
+
+def test_the_installed_nats_configuration_is_accepted_by_the_real_server(
+    offline_helm: helm.Helm, tmp_path: Path
+) -> None:
+    """The rendered arguments and configuration file, checked by the nats-server the image
+    carries (``-t``: parse, validate, exit): an unknown flag or field fails here, not in a
+    crash-looping pod."""
+    docs = render(offline_helm, "nats", namespace="ops")
+    config = find(docs, "ConfigMap", "agentrun-nats-config")["data"]["nats.conf"]
+    assert "max_file_store: 1G" in config and 'store_dir: "/data"' in config
+    (tmp_path / "nats.conf").write_text(config)
+    container = find(docs, "StatefulSet", "agentrun-nats")["spec"]["template"]["spec"]
+    args = [
+        a.replace("/etc/nats/nats.conf", str(tmp_path / "nats.conf"))
+        for a in container["containers"][0]["args"]
+    ]
+    checked = subprocess.run(
+        [str(natsserver.find_nats_server()), *args, "-t"],
+        env={"POD_NAME": "agentrun-nats-0"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "is valid" in checked.stdout + checked.stderr
 
 
 def test_autoscaled_workers_leave_the_replica_count_to_the_autoscaler(
