@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agentrun_dev import binaries, console, gobuild
+from agentrun_dev import binaries, console, gobuild, procs
 
 HELM_VERSION = "v3.22.0"
 """The ``helm.sh/helm/v3`` module version built and cached."""
@@ -102,18 +102,13 @@ class Helm:
             HelmError: non-zero exit and `check`.
             subprocess.TimeoutExpired: it ran longer than `timeout` seconds.
         """
-        result = subprocess.run(
+        return procs.run_captured(
             [str(self.binary), *args],
-            input=input,
-            capture_output=True,
-            text=True,
             env=self.env,
+            input=input,
             timeout=timeout,
-            check=False,
+            error=HelmError if check else None,
         )
-        if check and result.returncode != 0:
-            raise HelmError(result.returncode, result.args, result.stdout, result.stderr)
-        return result
 
     def template(
         self,

@@ -11,7 +11,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from agentrun_dev import console, controlplane
+from agentrun_dev import console, controlplane, procs
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -60,18 +60,13 @@ class Kubectl:
             KubectlError: non-zero exit and `check` (a `subprocess.CalledProcessError`).
             subprocess.TimeoutExpired: it ran longer than `timeout`.
         """
-        result = subprocess.run(
+        return procs.run_captured(
             [str(self.binary), *args],
-            input=input,
-            capture_output=True,
-            text=True,
             env=self.env,
+            input=input,
             timeout=timeout,
-            check=False,
+            error=KubectlError if check else None,
         )
-        if check and result.returncode != 0:
-            raise KubectlError(result.returncode, result.args, result.stdout, result.stderr)
-        return result
 
 
 def crd_files(crd_dir: Path) -> list[Path]:

@@ -316,12 +316,7 @@ def _start_controller_manager(context: _Context) -> components.Component:
         f"--cluster-signing-key-file={pki.ca_key}",
         "--cluster-name=agentrun-dev",
     )
-    return components.start_component(
-        context.launch.spec("kube-controller-manager", argv),
-        probe=probes.Probe(url=f"tcp://127.0.0.1:{port}"),
-        ports={"secure": port},
-        log=context.launch.log,
-    )
+    return _start_secure(context, "kube-controller-manager", argv, port=port)
 
 
 def _start_scheduler(context: _Context) -> components.Component:
@@ -336,8 +331,16 @@ def _start_scheduler(context: _Context) -> components.Component:
         f"--secure-port={port}",
         "--leader-elect=false",
     )
+    return _start_secure(context, "kube-scheduler", argv, port=port)
+
+
+def _start_secure(
+    context: _Context, name: str, argv: tuple[str, ...], *, port: int
+) -> components.Component:
+    """Start a control-plane component that serves only its secure port (ready once it
+    accepts connections there)."""
     return components.start_component(
-        context.launch.spec("kube-scheduler", argv),
+        context.launch.spec(name, argv),
         probe=probes.Probe(url=f"tcp://127.0.0.1:{port}"),
         ports={"secure": port},
         log=context.launch.log,

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +308,31 @@ def _die_with_parent_hook(parent_pid: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return hook
+
+
+def run_captured(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    input: str | None,
+    timeout: float,
+    error: type[subprocess.CalledProcessError] | None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion in text mode, capturing stdout and stderr.
+
+    ``error`` (a ``CalledProcessError`` subclass) is raised on a non-zero exit; ``None``
+    returns the result whatever the exit status. Raises ``subprocess.TimeoutExpired`` when it
+    runs longer than ``timeout`` seconds.
+    """
+    result = subprocess.run(
+        list(argv),
+        input=input,
+        capture_output=True,
+        text=True,
+        env=None if env is None else dict(env),
+        timeout=timeout,
+        check=False,
+    )
+    if error is not None and result.returncode != 0:
+        raise error(result.returncode, result.args, result.stdout, result.stderr)
+    return result
