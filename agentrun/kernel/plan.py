@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from agentrun.kernel import approval
+from agentrun.kernel import approval, wire
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import Decision, ToolCalls
 from agentrun.kernel.gates import admit_model_call, admit_tool_batch
@@ -63,7 +63,8 @@ class CallModel:
 
     turn: int
     prompt: tuple[Message, ...]
-    """The fitted history (plus the summary request for a summary call)."""
+    """The history plus the summary request for a summary call, in wire form
+    (``wire.conform``), then fitted to the context window."""
     prompt_estimate: int
     """Estimated prompt tokens, tools included (what the gates and the ledger reserve use)."""
     max_output_tokens: int
@@ -141,7 +142,8 @@ def plan_turn(
     ``tools`` is the OpenAI ``tools`` list of the run (it counts toward the prompt estimate);
     ``missing_tools`` the run's tools this worker's catalog lacks (the run then ends
     ``tool_unavailable``). Otherwise a decided approval is settled before anything else, and
-    the model call is gated by ``admit_model_call``.
+    the model call is gated by ``admit_model_call``. Every prompt goes through
+    ``wire.conform`` (role order, wire ids and names) before it is fitted and estimated.
     """
     if missing_tools:
         message = f"this worker's catalog lacks tool(s) {', '.join(missing_tools)}"
@@ -154,7 +156,10 @@ def plan_turn(
         )
         stopped = Ending(gate.phase, gate.message) if gate.phase is not None else None
         return ResumeHeld(state, approved, stopped)
-    fitted = fit_context(state.messages, limits=limits, tools=tools)
+    history = state.messages
+    if state.pending_cap is not None:
+        history += (summary_request(state.pending_cap),)
+    fitted = fit_context(wire.conform(history), limits=limits, tools=tools)
     gate = admit_model_call(
         state,
         limits,
@@ -165,11 +170,9 @@ def plan_turn(
     )
     if gate.phase is not None:
         return EndRun(Stopped(state.turn, Ending(gate.phase, gate.message)))
-    prompt = fitted.messages
-    if gate.summary:
-        assert state.pending_cap is not None
-        prompt += (summary_request(state.pending_cap),)
-    return CallModel(state.turn, prompt, fitted.tokens, gate.max_output_tokens, gate.summary)
+    return CallModel(
+        state.turn, fitted.messages, fitted.tokens, gate.max_output_tokens, gate.summary
+    )
 
 
 def refused_by_tenant(call: CallModel, message: str) -> TurnRecord:

@@ -59,6 +59,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from agentrun.kernel import wire
+
 __all__ = [
     "After",
     "Conversation",
@@ -348,8 +350,8 @@ def read_conversation(messages: Any) -> Conversation:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError("every message must be an object with a string 'role'")
         role = message["role"]
-        if role == "assistant":
-            assistants += 1
+        if role == "assistant" and message.get("content") != wire.BRIDGE:
+            assistants += 1  # the runtime's bridge between a tool result and a user note is no turn
         elif role in ("system", "developer"):
             system.append(message_text(message.get("content")))
         elif role == "user" and first_user is None:
