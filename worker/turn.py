@@ -168,7 +168,7 @@ async def _answer(
         with clock.phase("model"):
             response, usage = await _call_model(deps, config, call, tools)
     except ModelError as err:
-        return kernel.model_failed(call, str(err), clock=_now(deps, config))
+        return kernel.model_failed(call, str(err), clock=_now(deps, config), fault=err.fault)
     if hold is not None:
         hold.spend(usage)
     step = kernel.plan_answer(

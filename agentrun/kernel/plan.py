@@ -17,6 +17,7 @@ deadline passed during the call). The worker decides no phase itself.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -184,14 +185,36 @@ def refused_by_tenant(call: CallModel, message: str) -> TurnRecord:
     return Stopped(call.turn, Ending(Phase.TENANT_BUDGET_EXHAUSTED, message))
 
 
-def model_failed(call: CallModel, error: str, *, clock: Timing) -> TurnRecord:
+class ModelFault(enum.StrEnum):
+    """What kind of failure a failed model call was (the worker's adapter sorts provider
+    answers into these; the kernel decides what each ends as)."""
+
+    UNAVAILABLE = "unavailable"
+    """No answer: transport errors, retries run out, a permanent error (an
+    ``insufficient_quota`` 429 included): ``model_error`` naming the cause."""
+    FILTERED = "filtered"
+    """The provider's content filter rejected the request (HTTP 400 ``content_filter``):
+    ``refused``, naming the filter and its categories."""
+    WAIT_BEYOND_DEADLINE = "wait_beyond_deadline"
+    """The provider asked to retry after the run's deadline (``Retry-After``):
+    ``deadline_exceeded`` at once, without waiting."""
+
+
+def model_failed(
+    call: CallModel, error: str, *, clock: Timing, fault: ModelFault = ModelFault.UNAVAILABLE
+) -> TurnRecord:
     """The record when the model call raised: ``deadline_exceeded`` if the run's timeout passed
-    meanwhile, no summary for a summary call, else ``model_error``."""
+    meanwhile or the provider asked to wait past it, no summary for a summary call,
+    ``refused`` for a content filter, else ``model_error``."""
     if clock.now >= clock.deadline:
         message = f"the run's timeout passed during the model call ({error})"
         return Stopped(call.turn, Ending(Phase.DEADLINE_EXCEEDED, message))
+    if fault is ModelFault.WAIT_BEYOND_DEADLINE:
+        return Stopped(call.turn, Ending(Phase.DEADLINE_EXCEEDED, error))
     if call.summary:
         return Summarized(call.turn, None, error=error)
+    if fault is ModelFault.FILTERED:
+        return Stopped(call.turn, Ending(Phase.REFUSED, error))
     return ModelFailed(call.turn, error)
 
 

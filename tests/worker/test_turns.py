@@ -326,3 +326,22 @@ scenarios:
         script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate", "gone")
     )
     assert state.phase is Phase.TOOL_UNAVAILABLE and requests == []
+
+
+async def test_a_content_filter_400_ends_the_run_refused_at_once_naming_the_category() -> None:
+    script = """
+scenarios:
+  - name: filtered
+    match: {goal: "jailbreak"}
+    turns:
+      - fault:
+          status: 400
+          body: {error: {code: content_filter, param: prompt, message: filtered,
+            innererror: {code: ResponsibleAIPolicyViolation,
+              content_filter_result: {jailbreak: {filtered: true}}}}}
+"""
+    state, records, requests = await drive(script, goal="jailbreak", catalog=Catalog([]), tools=())
+    assert state.phase is Phase.REFUSED
+    assert "content filter" in state.message and "jailbreak" in state.message
+    assert len(requests) == 1 and state.steps == 0
+    assert isinstance(records[0], kernel.Stopped)
