@@ -47,7 +47,8 @@ CORRECTIONS = Counter(
 )
 TOKENS = Counter(
     "agentrun_tokens",
-    "Model tokens by type: input (all prompt tokens), cached_input (their cached part), output.",
+    "Model tokens by type: input (all prompt tokens), cached_input (their cached part), output "
+    "(all completion tokens, reasoning included), reasoning (the reasoning part of output).",
     ["tenant", "model", "type"],
 )
 COST = Counter("agentrun_cost_usd", "Model spend in US dollars.", ["tenant", "model"])
@@ -155,6 +156,7 @@ def record_turn(
             usage.cached_input_tokens
         )
         TOKENS.labels(tenant=tenant, model=model, type="output").inc(usage.output_tokens)
+        TOKENS.labels(tenant=tenant, model=model, type="reasoning").inc(usage.reasoning_tokens)
         COST.labels(tenant=tenant, model=model).inc(float(usage.cost_usd))
     if usage.estimated:
         USAGE_ESTIMATED.labels(tenant=tenant, model=model).inc()

@@ -55,6 +55,7 @@ def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str
         "inputTokens": usage.input_tokens,
         "outputTokens": usage.output_tokens,
         "cachedInputTokens": usage.cached_input_tokens,
+        "reasoningTokens": usage.reasoning_tokens,
         "totalTokens": usage.total_tokens,
         "costUSD": f"{usage.cost_usd:.6f}",
         "wallSeconds": round(wall_seconds, 3),

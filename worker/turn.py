@@ -239,6 +239,8 @@ async def _call_model(
         )
         span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        # OTel GenAI: the reasoning part, which gen_ai.usage.output_tokens includes
+        span.set_attribute("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens)
         if isinstance(response.get("id"), str):
             span.set_attribute("gen_ai.response.id", response["id"])
         metrics.record_model_call(

@@ -164,6 +164,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "inputTokens",
         "outputTokens",
         "cachedInputTokens",
+        "reasoningTokens",
         "totalTokens",
         "costUSD",
         "wallSeconds",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -406,3 +407,99 @@ def test_old_large_observations_are_elided_to_fit_the_context_window() -> None:
     ]
     assert elided and prompt[2]["role"] == "assistant"
     assert prompt[-1] == state.messages[-1]  # the newest observation is kept whole
+
+
+PER_MILLION = kernel.Pricing(Decimal(1), Decimal(1), Decimal(2))
+"""$1 per million input tokens, $2 per million output tokens."""
+
+
+@pytest.mark.parametrize(
+    ("usage", "output", "reasoning"),
+    [
+        pytest.param(
+            {"prompt_tokens": 9, "completion_tokens": 664, "total_tokens": 1994},
+            1985,
+            1321,
+            id="reasoning-only-in-the-total",
+        ),
+        pytest.param(
+            {
+                "prompt_tokens": 9,
+                "completion_tokens": 664,
+                "total_tokens": 1994,
+                "completion_tokens_details": {"reasoning_tokens": 1321},
+            },
+            1985,
+            1321,
+            id="reasoning-left-out-of-completion",
+        ),
+        pytest.param(
+            {
+                "prompt_tokens": 9,
+                "completion_tokens": 664,
+                "completion_tokens_details": {"reasoning_tokens": 1321},
+            },
+            1985,
+            1321,
+            id="reasoning-left-out-no-total",
+        ),
+        pytest.param(
+            {
+                "prompt_tokens": 9,
+                "completion_tokens": 1985,
+                "total_tokens": 1994,
+                "completion_tokens_details": {"reasoning_tokens": 1321},
+            },
+            1985,
+            1321,
+            id="openai-reasoning-inside-completion",
+        ),
+        pytest.param(
+            {"prompt_tokens": 9, "completion_tokens": 664, "total_tokens": 600},
+            664,
+            0,
+            id="a-total-saying-less-is-ignored",
+        ),
+        pytest.param(
+            {"prompt_tokens": 9, "completion_tokens": 664, "total_tokens": "many"},
+            664,
+            0,
+            id="an-unreadable-total-is-ignored",
+        ),
+    ],
+)
+def test_reasoning_tokens_are_counted_and_priced_as_output(
+    usage: dict[str, Any], output: int, reasoning: int
+) -> None:
+    read = kernel.read_usage({"usage": usage}, pricing=PER_MILLION, prompt_estimate=1)
+    assert (read.output_tokens, read.reasoning_tokens) == (output, reasoning)
+    assert read.cost_usd == (Decimal(9) + Decimal(output) * 2) / 1_000_000
+    assert read.total_tokens == 9 + output
+
+
+def test_a_cost_cap_stops_a_run_whose_reasoning_shows_only_in_the_total() -> None:
+    """The reported case: 664 completion tokens per call, 1994 in total; a run under a cost
+    cap it would exceed threefold by the completion count alone ends at the cap."""
+    answer = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": None, "tool_calls": []},
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 664, "total_tokens": 1994},
+    }
+    cap = Decimal("0.01")  # by completion tokens alone a call costs $0.001337: 8 calls
+    limits = kernel.Limits(
+        max_cost_usd=cap, on_exhausted=kernel.OnExhausted.STOP, malformed_limit=100
+    )
+    state = kernel.initial_state(goal="think hard")
+    calls = 0
+    while not state.phase.is_terminal:
+        usage = kernel.read_usage(answer, pricing=PER_MILLION, prompt_estimate=9)
+        record = kernel.Answered(state.turn, kernel.classify(answer), usage)
+        state = kernel.advance(state, record, limits)
+        calls += 1
+    assert state.phase is kernel.Phase.COST_BUDGET_EXHAUSTED
+    assert calls == 3 and state.usage.reasoning_tokens == 3 * 1321  # $0.003979 a call
+    assert state.usage.cost_usd == 3 * (Decimal(9) + Decimal(1985) * 2) / 1_000_000
