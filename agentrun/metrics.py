@@ -196,7 +196,7 @@ def correction_kinds(
 
 def record_end(state: kernel.RunState, *, tenant: str) -> None:
     """Count a run that ended (call once per run)."""
-    terminal = kernel.conclude(state.phase)
+    terminal = kernel.conclude(state.phase, steps=state.steps)
     if terminal is not None:
         RUNS.labels(
             tenant=tenant, reason=terminal.reason.value, outcome=terminal.outcome.value

@@ -63,7 +63,7 @@ class RunView:
 
 def run_span(view: RunView, summary: kernel.RunSummary, *, end: float) -> telemetry.RunSpan:
     """The ``invoke_agent`` span of a run that ended with ``summary`` at ``end`` (epoch s)."""
-    terminal = kernel.conclude(summary.phase)
+    terminal = kernel.conclude(summary.phase, steps=summary.steps)
     assert terminal is not None, "only an ended run has a run span"
     usage = summary.usage
     return telemetry.RunSpan(

@@ -246,6 +246,10 @@ def test_agentrun_shows_its_tenant_in_the_wide_output() -> None:
     assert ("Tenant", "string", ".status.tenant", 1) in printer_columns(AGENTRUN_CRD)
 
 
+def test_agentrun_shows_its_outcome_in_the_wide_output() -> None:
+    assert ("Outcome", "string", ".status.outcome", 1) in printer_columns(AGENTRUN_CRD)
+
+
 def test_agenttenant_printer_columns() -> None:
     assert printer_columns(AGENTTENANT_CRD) == [
         ("Active", "integer", ".status.activeRuns", 0),

@@ -41,7 +41,7 @@ def test_a_final_answer_completes_the_run_with_outcome_ok() -> None:
     )
     assert state.phase is Phase.COMPLETED
     assert state.answer == "12"
-    terminal = kernel.conclude(state.phase)
+    terminal = kernel.conclude(state.phase, steps=state.steps)
     assert terminal is not None and terminal.outcome is kernel.Outcome.OK
     assert state.messages[-1] == {"role": "assistant", "content": "12"}
 
@@ -54,7 +54,7 @@ def test_the_step_cap_stops_a_run_that_still_wants_tools_as_partial() -> None:
         state = kernel.advance(state, tool_turn(state, checked(f"c{i}")), limits)
     assert state.phase is Phase.MAX_STEPS
     assert state.steps == 2
-    terminal = kernel.conclude(state.phase)
+    terminal = kernel.conclude(state.phase, steps=state.steps)
     assert terminal is not None and terminal.outcome is kernel.Outcome.PARTIAL
     assert admit(state, limits).phase is Phase.MAX_STEPS
 
@@ -195,7 +195,7 @@ def test_advance_refuses_turns_out_of_order() -> None:
 
 @pytest.mark.parametrize("phase", list(Phase), ids=lambda p: p.value)
 def test_every_phase_concludes(phase: Phase) -> None:
-    terminal = kernel.conclude(phase)
+    terminal = kernel.conclude(phase, steps=1)
     if phase in (Phase.RUNNING, Phase.AWAITING_APPROVAL):
         assert terminal is None and not phase.is_terminal
         return
@@ -203,6 +203,25 @@ def test_every_phase_concludes(phase: Phase) -> None:
     assert terminal is not None
     assert terminal.reason.value == phase.value
     assert (terminal.outcome is kernel.Outcome.OK) == (phase is Phase.COMPLETED)
+
+
+@pytest.mark.parametrize(
+    "phase", [p for p in Phase if p.is_terminal and p is not Phase.COMPLETED], ids=str
+)
+def test_a_run_that_ended_before_any_model_answer_did_nothing_and_says_so(phase: Phase) -> None:
+    """A rejected spec, a budget spent before the first call, a provider refusing to serve:
+    none of these may look like partial work to someone filtering on outcome."""
+    before = kernel.conclude(phase, steps=0)
+    after = kernel.conclude(phase, steps=1)
+    assert before is not None and after is not None
+    assert (before.outcome, after.outcome) == (kernel.Outcome.NONE, kernel.Outcome.PARTIAL)
+    assert (before.reason, before.resource_phase) == (after.reason, after.resource_phase)
+
+
+def test_a_provider_refusing_the_first_call_ends_with_outcome_none() -> None:
+    state = kernel.advance(start(), kernel.ModelFailed(0, "HTTP 401"), kernel.Limits())
+    terminal = kernel.conclude(state.phase, steps=state.steps)
+    assert terminal is not None and terminal.outcome is kernel.Outcome.NONE
 
 
 def test_the_terminal_vocabulary_is_the_design_contract() -> None:
@@ -290,7 +309,7 @@ def test_at_a_cap_one_tool_free_summary_call_writes_the_answer_and_keeps_the_rea
     summary = kernel.Summarized(1, kernel.Final("Found 2."), kernel.Usage(120, 5))
     done = kernel.advance(state, summary, limits)
     assert done.phase is cap and done.answer == "Found 2."
-    terminal = kernel.conclude(done.phase)
+    terminal = kernel.conclude(done.phase, steps=done.steps)
     assert terminal is not None and terminal.outcome is kernel.Outcome.PARTIAL
     assert done.messages[-2]["content"].startswith("[agentrun] The run has reached its budget")
     assert done.steps == 2

@@ -129,7 +129,7 @@ def held_state() -> kernel.RunState:
 def test_a_held_turn_waits_without_an_unanswered_call_in_history() -> None:
     state = held_state()
     assert state.phase is Phase.AWAITING_APPROVAL and not state.phase.is_terminal
-    assert kernel.conclude(state.phase) is None
+    assert kernel.conclude(state.phase, steps=state.steps) is None
     assert [m["role"] for m in state.messages] == ["user"]  # nothing of the batch yet
     waiting = state.summary().pending_approval
     assert waiting is not None and waiting.id == "d1"
