@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import openai
 
 from agentrun import kernel
+from agentrun.kernel import ModelFault
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -66,6 +67,16 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429})
 """Statuses the client retries (and every 5xx)."""
 _DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("agentrun_model_deadline")
 """The deadline (epoch seconds) of the call in flight in this task, for the response hook."""
+
+
+REDACTED = "[redacted]"
+"""What stands in a message for the API key it would otherwise show."""
+
+
+def redact(text: str, secret: str) -> str:
+    """``text`` without ``secret`` (a provider's error may echo the key it was sent, e.g.
+    "Incorrect API key provided: sk-…"); an empty secret changes nothing."""
+    return text.replace(secret, REDACTED) if secret else text
 
 
 def retry_after_seconds(headers: Mapping[str, str], *, now: float) -> float | None:
@@ -268,10 +279,14 @@ class ModelClient:
                 # per message per call (17 ms at 80 messages) — it dominated a turn.
                 answer = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
         except openai.APIStatusError as err:
+            # ``from None``: the client's error holds the provider's text, which may echo the
+            # key; only the redacted message travels on (to status, Events, logs and spans)
             verdict = _judge_response(err.response, deadline=deadline)
             if verdict is not None:
-                raise ModelError(verdict.message, fault=verdict.fault) from err
-            raise ModelError(f"HTTP {err.status_code}: {err.message}") from err
+                message, fault = verdict.message, verdict.fault
+            else:
+                message, fault = f"HTTP {err.status_code}: {err.message}", ModelFault.UNAVAILABLE
+            raise ModelError(redact(message, request.api_key), fault=fault) from None
         except (openai.APITimeoutError, openai.APIConnectionError) as err:
             raise ModelError(f"{type(err).__name__}: {err}") from err
         except TimeoutError as err:

@@ -62,6 +62,14 @@ scenarios:
           body:
             error: {code: insufficient_quota, type: insufficient_quota,
               message: "You exceeded your current quota, please check your plan."}
+  - name: echoes-the-key
+    match: {goal: "wrong key"}
+    turns:
+      - fault:
+          status: 401
+          body:
+            error: {code: invalid_api_key, type: invalid_request_error,
+              message: "Incorrect API key provided: sk-test-echo-0123456789abcdef."}
   - name: come-back-later
     match: {goal: "come back later"}
     turns:
@@ -77,13 +85,18 @@ async def mock() -> AsyncIterator[mockllm.MockLLM]:
 
 
 async def ask(
-    mock: mockllm.MockLLM, goal: str, *, seconds_left: float = 30.0, retries: int = 4
+    mock: mockllm.MockLLM,
+    goal: str,
+    *,
+    seconds_left: float = 30.0,
+    retries: int = 4,
+    api_key: str = "",
 ) -> str:
     model = ModelClient(RetryPolicy(max_retries=retries))
     try:
         request = ChatRequest(
             base_url=mock.base_url,
-            api_key="",
+            api_key=api_key,
             model="scripted",
             messages=[{"role": "user", "content": goal}],
             tools=[],
@@ -221,3 +234,15 @@ def test_retry_after_reads_seconds_milliseconds_and_dates(
     headers: dict[str, str], seconds: float | None
 ) -> None:
     assert retry_after_seconds(headers, now=60.0) == seconds
+
+
+async def test_a_provider_error_echoing_the_key_is_redacted_and_not_chained(
+    mock: mockllm.MockLLM,
+) -> None:
+    key = "sk-test-echo-0123456789abcdef"
+    with pytest.raises(ModelError) as caught:
+        await ask(mock, "wrong key", api_key=key)
+    assert str(caught.value).startswith("HTTP 401: ")
+    assert str(caught.value).endswith("Incorrect API key provided: [redacted].")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert [r.api_key for r in mock.state.requests] == [key]
