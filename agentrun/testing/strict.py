@@ -81,7 +81,7 @@ def violations(messages: Sequence[Mapping[str, Any]]) -> list[str]:
         if role == "assistant" and "tool_calls" in message:
             problems.extend(_calls_problems(index, message["tool_calls"], seen))
             calls = message["tool_calls"] if isinstance(message["tool_calls"], list) else []
-            expected = [c.get("id") for c in calls if isinstance(c, Mapping)]
+            expected = [str(c.get("id")) for c in calls if isinstance(c, Mapping)]
         previous = role if isinstance(role, str) else None
         if role == "assistant" and "tool_calls" in message:
             previous = "assistant+tool_calls"
