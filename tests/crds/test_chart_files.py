@@ -78,6 +78,10 @@ def test_template_actions_are_balanced(template: Path) -> None:
                 "AGENTRUN_METRICS_PORT",
                 "AGENTRUN_TURN_ACK_WAIT",
                 "AGENTRUN_DEFAULT_TENANT",
+                "AGENTRUN_HEALTH_PORT",
+                "AGENTRUN_IDENTITY",
+                "AGENTRUN_LEASE_NAMESPACE",
+                "AGENTRUN_LEASE_NAME",
             ],
             id="operator",
         ),
@@ -130,7 +134,7 @@ def operator_verbs(group: str, resource: str) -> set[str]:
 @pytest.mark.parametrize(
     ("group", "resource", "verbs"),
     [
-        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch"}),
+        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "delete"}),
         ("agentrun.dev", "agentruns/status", {"get", "patch"}),
         ("agentrun.dev", "agentmodels", {"get", "list", "watch"}),
         ("agentrun.dev", "agenttenants", {"get", "list", "watch"}),
