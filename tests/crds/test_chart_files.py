@@ -164,7 +164,8 @@ def tool_role_rules() -> list[dict[str, Any]]:
     """The rules of the kubernetes_get ClusterRole (plain YAML between `rules:` and `---`)."""
     text = (TEMPLATES / "worker-rbac.yaml").read_text()
     role = text[text.index("name: {{ $fullname }}-worker-kubernetes-get") :]
-    rules_block = role[role.index("rules:") : role.index("---")]
+    tail = role[role.index("rules:") :]
+    rules_block = tail[: min(tail.index("---"), tail.index("{{"))]  # up to the bindings
     rules: list[dict[str, Any]] = yaml.safe_load(rules_block)["rules"]
     return rules
 
