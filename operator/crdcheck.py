@@ -93,7 +93,9 @@ class KindRequirement:
 REQUIRED = (
     KindRequirement("AgentRun", kube.RUNS, RUN_STATUS_FIELDS, RUN_SPEC_FIELDS),
     KindRequirement("AgentModel", kube.MODELS),
-    KindRequirement("AgentTenant", kube.TENANTS, TENANT_STATUS_FIELDS),
+    KindRequirement(
+        "AgentTenant", kube.TENANTS, TENANT_STATUS_FIELDS, ("ttlSecondsAfterFinished",)
+    ),
 )
 """The kinds this operator serves, as ``v1alpha1``."""
 

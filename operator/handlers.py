@@ -292,7 +292,9 @@ async def run_seen(
         if status.get("terminalReason"):
             await parts.dispatcher.purge_deleted(namespace, name, uid)
         return
-    parts.reaper.observe(key, spec=spec, status=status)
+    policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
+    default_ttl = policy.ttl_after_finished if policy is not None else None
+    parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)
 
 
 @kopf.on.event(*TENANT)

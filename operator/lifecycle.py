@@ -7,11 +7,12 @@ purged by whichever comes first: the operator seeing the deletion (``purge_delet
 orphan sweep at the start of every leader (``purge_orphans``: a subject whose AgentRun no
 longer exists).
 
-``spec.ttlSecondsAfterFinished`` follows the Job field of that name: unset keeps the run until
-someone deletes it; ``N`` deletes it ``N`` seconds after ``status.completionTime`` (0: at
-once). The ``Reaper`` holds the due times of the finished runs it was told about (kopf shows
-it every run at start-up, then every change) and deletes each one when due, with its uid as a
-precondition (a newer object of the same name is never deleted).
+``spec.ttlSecondsAfterFinished`` follows the Job field of that name (its AgentTenant's field of
+that name is the default): unset keeps the run until someone deletes it; ``N`` deletes it ``N``
+seconds after ``status.completionTime`` (0: at once). The ``Reaper`` holds the due times of the
+finished runs it was told about (kopf shows it every run at start-up, then every change) and
+deletes each one when due, with its uid as a precondition (a newer object of the same name is
+never deleted).
 
 What does not belong here: ending running runs on deletion (``dispatch.Dispatcher.forget``).
 """
@@ -48,9 +49,12 @@ def finished_at(status: Mapping[str, Any]) -> float | None:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def due_time(spec: Mapping[str, Any], status: Mapping[str, Any]) -> float | None:
-    """When a finished run is to be deleted (epoch seconds); None: keep it."""
-    ttl = spec.get(TTL_FIELD)
+def due_time(
+    spec: Mapping[str, Any], status: Mapping[str, Any], *, default_ttl: int | None = None
+) -> float | None:
+    """When a finished run is to be deleted (epoch seconds); None: keep it. ``default_ttl``
+    (its AgentTenant's ``spec.ttlSecondsAfterFinished``) applies when the run sets none."""
+    ttl = spec.get(TTL_FIELD, default_ttl)
     end = finished_at(status)
     if ttl is None or end is None:
         return None
@@ -102,9 +106,17 @@ class Reaper:
         self._wake = asyncio.Event()
         self._stopping = False
 
-    def observe(self, run: RunKey, *, spec: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-        """Note (or update) a run's due time from its object; a run without one is dropped."""
-        due = due_time(spec, status)
+    def observe(
+        self,
+        run: RunKey,
+        *,
+        spec: Mapping[str, Any],
+        status: Mapping[str, Any],
+        default_ttl: int | None = None,
+    ) -> None:
+        """Note (or update) a run's due time from its object (``default_ttl``: its tenant's);
+        a run without one is dropped."""
+        due = due_time(spec, status, default_ttl=default_ttl)
         if due is None:
             self.due.pop(run, None)
             return

@@ -153,6 +153,34 @@ def test_ttl_seconds_after_finished_deletes_the_run_and_its_events(
     assert stack_.get(test_namespace, "kept") is not None  # no TTL: kept
 
 
+def test_the_tenant_ttl_default_deletes_its_runs_that_set_none(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    tenant = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": f"ttl-{test_namespace}"},
+        "spec": {
+            "namespaces": [test_namespace],
+            "budget": {"tokens": 1_000_000, "costUSD": "10"},
+            "ttlSecondsAfterFinished": 4,
+        },
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
+    try:
+        time.sleep(1.0)  # the operator sees the tenant
+        stack_.apply(test_namespace, run_manifest("tenant-ttl", "E2E-PARALLEL-ORDER: t"))
+        status = stack_.wait_terminal(test_namespace, "tenant-ttl")
+        assert status["tenant"] == tenant["metadata"]["name"]
+        wait_until(
+            lambda: stack_.get(test_namespace, "tenant-ttl") is None,
+            timeout=15,
+            what="the run deleted after its tenant's default TTL",
+        )
+    finally:
+        stack_.kubectl("delete", "agenttenant", tenant["metadata"]["name"], "--wait=false")
+
+
 def older_agentrun_crd() -> dict[str, Any]:
     """The AgentRun CRD as an older chart shipped it: no status.lastEventSequence, no
     spec.ttlSecondsAfterFinished."""

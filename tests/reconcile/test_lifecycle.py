@@ -108,3 +108,9 @@ async def test_events_of_runs_deleted_while_no_operator_ran_are_purged() -> None
 
     assert await lifecycle.purge_orphans(events, list_runs=existing) == [("team-a", "gone")]
     assert events.purged == [("team-a", "gone")]
+
+
+def test_the_tenant_default_applies_only_to_runs_that_set_none() -> None:
+    assert lifecycle.due_time({}, DONE, default_ttl=60) == DONE_AT + 60
+    assert lifecycle.due_time({"ttlSecondsAfterFinished": 5}, DONE, default_ttl=60) == DONE_AT + 5
+    assert lifecycle.due_time({}, {"phase": "Running"}, default_ttl=60) is None
