@@ -42,6 +42,11 @@ REJECTED_AGENTRUNS = [
     ),
     pytest.param(make_agentrun(goal=""), ["spec.goal", "at least 1 chars"], id="empty-goal"),
     pytest.param(
+        make_agentrun(ttlSecondsAfterFinished=-1),
+        ["spec.ttlSecondsAfterFinished", "greater than or equal to 0"],
+        id="negative-ttl",
+    ),
+    pytest.param(
         make_agentrun(model="GPT_4o"), ["spec.model", "should match"], id="model-not-a-dns-name"
     ),
     pytest.param(
@@ -199,6 +204,7 @@ def test_api_server_rejects_invalid_agentmodel_naming_the_field(
 
 ACCEPTED_AGENTRUNS = [
     pytest.param(without(make_agentrun(), "spec.tools"), id="minimal-no-tools"),
+    pytest.param(make_agentrun(ttlSecondsAfterFinished=0), id="ttl-zero-like-a-job"),
     pytest.param(
         with_budget(
             maxSteps=1000,

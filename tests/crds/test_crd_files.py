@@ -122,6 +122,7 @@ def test_agentrun_spec_fields_are_the_contract() -> None:
         "output",
         "budget",
         "approval",
+        "ttlSecondsAfterFinished",
     }
     assert set(spec["required"]) == {"model", "goal"}
     assert set(at(spec, "output")["properties"]) == {"schema"}
@@ -277,6 +278,7 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "runBudget",
         "allowedModels",
         "allowedTools",
+        "ttlSecondsAfterFinished",
     }
     assert "required" not in spec  # one of namespaces / namespaceSelector, checked in CEL
     assert set(at(spec, "namespaceSelector")["properties"]) == {"matchLabels", "matchExpressions"}
