@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml devtools/pyproject.toml
 demo: $(STAMP)
 	$(BIN)/agentrun dev demo
 
-## demo-cluster: the same stack plus a real single node (containerd, kubelet, kube-proxy,
-## CoreDNS, controller-manager, scheduler; needs root). `make down` stops it and cleans the host.
-demo-cluster: $(STAMP) node-packages
-	$(BIN)/agentrun dev demo --node
+## demo-cluster: the examples on a real single node (containerd, kubelet, kube-proxy, CoreDNS,
+## controller-manager, scheduler; needs root) through `helm install` of charts/agentrun: the
+## images built here and imported, NATS, the mock model, the operator and the workers as pods.
+## `make down` stops it (every process by pid) and cleans the host.
+demo-cluster: $(STAMP) system-packages node-packages
+	$(BIN)/agentrun dev demo --chart
 
 ## node-packages: the Debian packages the node needs, installed only when missing.
 node-packages:
