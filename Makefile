@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test lint typecheck pytest bench down status clean image system-packages node-packages
+.PHONY: demo demo-cluster test lint typecheck pytest bench bench-cluster down status clean image system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_kernel.py
 	cd bench && ../$(BIN)/python bench_instrumentation.py
 	cd bench && ../$(BIN)/python bench_ledger.py
+
+## bench-cluster: the chart on a real node (root): image size, time to a Ready node,
+## helm install → first run Succeeded, pod memory with 1,000 AgentRuns.
+bench-cluster: $(STAMP) system-packages node-packages
+	$(BIN)/agentrun dev binaries --node
+	cd bench && ../$(BIN)/python bench_cluster.py
 
 clean: down
 	rm -rf $(VENV) build devtools/build *.egg-info devtools/*.egg-info .pytest_cache .mypy_cache .ruff_cache
