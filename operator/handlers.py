@@ -59,13 +59,12 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         """
         if not extra_fields:
             meta = body.get("metadata", {})
-            body = kopf.Body(
-                {
-                    "apiVersion": body.get("apiVersion"),
-                    "kind": body.get("kind"),
-                    "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
-                }
-            )
+            slim = {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
+            }
+            body = kopf.Body(cast(kopf.RawBody, slim))
         essence: dict[str, Any] = dict(super().build(body=body, extra_fields=extra_fields))
         essence.pop("spec", None)
         annotations: dict[str, Any] = essence.get("metadata", {}).get("annotations", {})
