@@ -79,6 +79,7 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_kernel.py
 	cd bench && ../$(BIN)/python bench_instrumentation.py
 	cd bench && ../$(BIN)/python bench_ledger.py
+	cd bench && ../$(BIN)/python bench_cpu.py
 
 clean: down
 	rm -rf $(VENV) build devtools/build *.egg-info devtools/*.egg-info .pytest_cache .mypy_cache .ruff_cache
