@@ -81,6 +81,7 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_kernel.py
 	cd bench && ../$(BIN)/python bench_instrumentation.py
 	cd bench && ../$(BIN)/python bench_ledger.py
+	cd bench && ../$(BIN)/python bench_cpu.py
 
 ## bench-cluster: the chart on a real node (root): image size, time to a Ready node,
 ## helm install → first run Succeeded, pod memory with 1,000 AgentRuns.

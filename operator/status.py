@@ -94,6 +94,8 @@ def project(
     }
     if tenant is not None:
         status["tenant"] = tenant
+    if terminal is not None:
+        status.update(_ended(terminal, summary, event_time=event_time))
     admitted = condition(
         "Admitted",
         status=True,
@@ -102,27 +104,33 @@ def project(
         at=start_time,
         generation=generation,
     )
-    if terminal is None:
-        finished = condition(
-            "Finished",
-            status=False,
-            reason="AwaitingApproval" if waiting else "Running",
-            message=summary.message,
-            at=start_time,
-            generation=generation,
-        )
-    else:
-        status.update(_ended(terminal, summary, event_time=event_time))
-        finished = condition(
-            "Finished",
-            status=True,
-            reason=camel(terminal.reason.value),
-            message=summary.message,
-            at=event_time,
-            generation=generation,
-        )
-    status["conditions"] = [admitted, finished]
+    status["conditions"] = [
+        admitted,
+        _finished(
+            summary, terminal, at=event_time if terminal else start_time, generation=generation
+        ),
+    ]
     return status
+
+
+def _finished(
+    summary: kernel.RunSummary, terminal: kernel.Terminal | None, *, at: float, generation: int
+) -> dict[str, Any]:
+    """The ``Finished`` condition: True with the terminal reason once the run ended, else False
+    with ``Running`` or ``AwaitingApproval``."""
+    if terminal is None:
+        waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
+        reason = "AwaitingApproval" if waiting else "Running"
+    else:
+        reason = camel(terminal.reason.value)
+    return condition(
+        "Finished",
+        status=terminal is not None,
+        reason=reason,
+        message=summary.message,
+        at=at,
+        generation=generation,
+    )
 
 
 def _ended(

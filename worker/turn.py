@@ -202,37 +202,15 @@ async def _call_model(
     Raises ``ModelError`` (the span and metrics then carry ``error.type``).
     """
     model = config.model.model
-    attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": telemetry.PROVIDER_NAME,
-        "gen_ai.request.model": model,
-        "gen_ai.request.max_tokens": call.max_output_tokens,
-        "server.address": urllib.parse.urlsplit(config.model.base_url).hostname or "",
-    }
     started = time.perf_counter()
     with telemetry.tracer().start_as_current_span(
-        f"chat {model}", kind=trace.SpanKind.CLIENT, attributes=attributes
+        f"chat {model}", kind=trace.SpanKind.CLIENT, attributes=_chat_attributes(config, call)
     ) as span:
         try:
-            secret = config.model.secret
-            request = ChatRequest(
-                base_url=config.model.base_url,
-                api_key=await deps.secrets.api_key(secret) if secret else "",
-                model=model,
-                messages=call.prompt,
-                tools=tools,
-                max_output_tokens=call.max_output_tokens,
-            )
+            request = await _chat_request(deps, config, call, tools)
             response = await deps.model.complete(request, deadline=config.deadline)
         except ModelError as err:
-            span.set_attribute("error.type", type(err).__name__)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, str(err)[:200]))
-            metrics.record_model_call(
-                model=model,
-                seconds=time.perf_counter() - started,
-                usage=None,
-                error_type=type(err).__name__,
-            )
+            _record_failure(span, err, model=model, started=started)
             raise
         usage = kernel.read_usage(
             response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
@@ -247,6 +225,45 @@ async def _call_model(
             model=model, seconds=time.perf_counter() - started, usage=usage, error_type=None
         )
         return response, usage
+
+
+def _chat_attributes(config: RunConfig, call: kernel.CallModel) -> dict[str, Any]:
+    """The ``chat`` span's request attributes (OpenTelemetry GenAI conventions)."""
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": telemetry.PROVIDER_NAME,
+        "gen_ai.request.model": config.model.model,
+        "gen_ai.request.max_tokens": call.max_output_tokens,
+        "server.address": urllib.parse.urlsplit(config.model.base_url).hostname or "",
+    }
+
+
+async def _chat_request(
+    deps: TurnDeps, config: RunConfig, call: kernel.CallModel, tools: list[dict[str, Any]]
+) -> ChatRequest:
+    """The wire request of the call, with the model's API key read from its Secret (raises
+    ``ModelError`` when it cannot be read)."""
+    secret = config.model.secret
+    return ChatRequest(
+        base_url=config.model.base_url,
+        api_key=await deps.secrets.api_key(secret) if secret else "",
+        model=config.model.model,
+        messages=call.prompt,
+        tools=tools,
+        max_output_tokens=call.max_output_tokens,
+    )
+
+
+def _record_failure(span: trace.Span, err: ModelError, *, model: str, started: float) -> None:
+    """A failed call on its span (``error.type``, status) and in the client metrics."""
+    span.set_attribute("error.type", type(err).__name__)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, str(err)[:200]))
+    metrics.record_model_call(
+        model=model,
+        seconds=time.perf_counter() - started,
+        usage=None,
+        error_type=type(err).__name__,
+    )
 
 
 async def _run(

@@ -214,6 +214,23 @@ def _advance_stopped(state: RunState, ending: Ending, limits: Limits) -> RunStat
     return _settle_phase(after, ending, limits)
 
 
+def _correction_notes(
+    decision: Decision, output_error: str | None, *, nudged: bool, limits: Limits
+) -> tuple[Message, ...]:
+    """The user messages that correct the model after this turn: a malformed decision, an
+    answer that misses the output schema, the no-progress nudge (none for a clean turn)."""
+    corrections = [correction_for(decision)]
+    if output_error is not None:
+        corrections.append(
+            f"[agentrun] Your final answer does not meet the required output schema: "
+            f"{output_error}. Reply with only a JSON document valid against: "
+            f"{json.dumps(limits.output_schema, separators=(',', ':'), sort_keys=True)}"
+        )
+    if nudged:
+        corrections.append(_nudge(limits.no_progress_window))
+    return tuple({"role": "user", "content": c} for c in corrections if c is not None)
+
+
 def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunState:
     decision = record.decision
     malformed = isinstance(decision, Malformed) or any(
@@ -230,16 +247,7 @@ def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunS
         state.stale_streak + 1 if stale else (0 if signature is not None else state.stale_streak)
     )
     nudged = stale and stale_streak == limits.no_progress_window
-    corrections = [correction_for(decision)]
-    if output_error is not None:
-        corrections.append(
-            f"[agentrun] Your final answer does not meet the required output schema: "
-            f"{output_error}. Reply with only a JSON document valid against: "
-            f"{json.dumps(limits.output_schema, separators=(',', ':'), sort_keys=True)}"
-        )
-    if nudged:
-        corrections.append(_nudge(limits.no_progress_window))
-    notes = tuple({"role": "user", "content": c} for c in corrections if c is not None)
+    notes = _correction_notes(decision, output_error, nudged=nudged, limits=limits)
     ran = _ran_results(record)
     after = dataclasses.replace(
         state,

@@ -568,6 +568,15 @@ def test_encode_decode_round_trips_exactly() -> None:
     assert back.active["r1"].turn == 4
 
 
+def test_times_round_trip_to_the_writers_exact_values() -> None:
+    b = full_book()
+    b.active["r2"].since = NOW + 7.123456789
+    b.holds["r1:5"].expires = NOW + 60.0004567
+    back = codec.decode_book(codec.encode_book(b))
+    assert back.active["r2"].since == NOW + 7.123456789
+    assert back.holds["r1:5"].expires == NOW + 60.0004567
+
+
 def test_encode_keeps_decimals_as_strings_never_floats() -> None:
     raw = json.loads(codec.encode_book(full_book()))
     assert raw["used"]["costUSD"] == "4.750000000001"
