@@ -178,15 +178,6 @@ async def test_a_retry_after_past_the_deadline_ends_at_once_instead_of_waiting(
     assert len(mock.state.requests) == 1
 
 
-async def test_the_existing_retry_after_rule_holds_just_past_the_deadline(
-    mock: mockllm.MockLLM,
-) -> None:
-    with pytest.raises(ModelError) as caught:
-        await ask(mock, "rate limit", seconds_left=0.5)  # asks for 0.6 s
-    assert caught.value.fault is kernel.ModelFault.WAIT_BEYOND_DEADLINE
-    assert len(mock.state.requests) == 1
-
-
 RATE_LIMITED = {"error": {"code": "rate_limit_exceeded", "type": "requests", "message": "slow"}}
 
 
