@@ -45,6 +45,7 @@ RUN_STATUS_FIELDS = (
     "usage.inputTokens",
     "usage.outputTokens",
     "usage.cachedInputTokens",
+    "usage.reasoningTokens",
     "usage.totalTokens",
     "usage.costUSD",
     "usage.wallSeconds",

@@ -50,7 +50,21 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        """The essence kopf compares: labels and annotations only."""
+        """The essence kopf compares: labels and annotations only.
+
+        kopf's own build deep-copies the whole object (managed fields, spec, status) before it
+        drops all but the labels and annotations; it runs on every watch event — each status
+        write of every run causes one — so it is given only what it keeps (unless a handler
+        asked for extra fields).
+        """
+        if not extra_fields:
+            meta = body.get("metadata", {})
+            kept: dict[str, Any] = {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
+            }
+            body = kopf.Body(cast(kopf.RawBody, kept))
         essence: dict[str, Any] = dict(super().build(body=body, extra_fields=extra_fields))
         essence.pop("spec", None)
         annotations: dict[str, Any] = essence.get("metadata", {}).get("annotations", {})

@@ -501,8 +501,13 @@ def test_get_agentruns_wide_shows_model_and_tenant(
     header, row = kubectl(
         "get", "ar", "wide", "-n", test_namespace, "-o", "wide"
     ).stdout.splitlines()
-    assert header.split()[-2:] == ["MODEL", "TENANT"]
-    assert row.split()[-2:] == ["mock", "team-a"]
+    names = header.split()
+    starts = [header.index(f" {name} ") + 1 if i else 0 for i, name in enumerate(names[:-1])]
+    starts.append(header.rindex(f" {names[-1]}") + 1)
+    ends = [*starts[1:], None]
+    columns = {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
+    assert columns["MODEL"] == "mock"
+    assert columns["TENANT"] == "team-a"
 
 
 def test_get_agentruns_shows_phase_reason_steps_tokens_cost(

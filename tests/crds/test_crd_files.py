@@ -165,6 +165,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "inputTokens",
         "outputTokens",
         "cachedInputTokens",
+        "reasoningTokens",
         "totalTokens",
         "costUSD",
         "wallSeconds",
@@ -244,6 +245,10 @@ def printer_columns(path: Path) -> list[tuple[str, str, str, int]]:
 
 def test_agentrun_shows_its_tenant_in_the_wide_output() -> None:
     assert ("Tenant", "string", ".status.tenant", 1) in printer_columns(AGENTRUN_CRD)
+
+
+def test_agentrun_shows_its_outcome_in_the_wide_output() -> None:
+    assert ("Outcome", "string", ".status.outcome", 1) in printer_columns(AGENTRUN_CRD)
 
 
 def test_agenttenant_printer_columns() -> None:
