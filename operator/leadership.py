@@ -144,10 +144,12 @@ class LeaderElector:
         announced = False
         while True:
             try:
-                if await self.try_acquire_or_renew():
+                async with asyncio.timeout(self.timing.renew_deadline):
+                    acquired = await self.try_acquire_or_renew()
+                if acquired:
                     log.info("leading: %s holds the Lease", self.identity)
                     return
-            except Exception as err:  # API server away: keep trying, as a standby
+            except Exception as err:  # API server away or slow: keep trying, as a standby
                 log.warning("could not read or take the Lease: %r", err)
             if not announced and self._observed is not None:
                 log.info("standby: the Lease is held by %s", self._observed.holder)
@@ -160,8 +162,10 @@ class LeaderElector:
         last_renewal = self.clock()
         while True:
             await asyncio.sleep(self.timing.retry)
-            try:
-                renewed = await self.try_acquire_or_renew()
+            left = self.timing.renew_deadline - (self.clock() - last_renewal)
+            try:  # a hung request must not outlive the deadline
+                async with asyncio.timeout(max(left, 0.1)):
+                    renewed = await self.try_acquire_or_renew()
             except Exception as err:
                 log.warning("could not renew the Lease: %r", err)
                 renewed = False

@@ -126,16 +126,18 @@ def service_env(*, kubeconfig: str, nats_url: str) -> dict[str, str]:
 
     Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen,
     ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates), and a short leader
-    Lease (4 s), so that an operator restarted in place takes over within seconds.
+    Lease (8 s; a leader gives up after 6 s without renewal), so that an operator restarted in
+    place takes over within seconds, while a slow API server on a busy machine does not make
+    it give up.
     """
     return {
         "KUBECONFIG": kubeconfig,
         "AGENTRUN_NATS_URL": nats_url,
         "PYTHONUNBUFFERED": "1",
         "AGENTRUN_DEFAULT_TENANT": "default",
-        "AGENTRUN_LEASE_DURATION": "4",
-        "AGENTRUN_LEASE_RENEW_DEADLINE": "3",
-        "AGENTRUN_LEASE_RETRY": "0.5",
+        "AGENTRUN_LEASE_DURATION": "8",
+        "AGENTRUN_LEASE_RENEW_DEADLINE": "6",
+        "AGENTRUN_LEASE_RETRY": "1",
     }
 
 

@@ -21,7 +21,7 @@ from .test_telemetry import metric
 
 pytestmark = pytest.mark.e2e
 
-LEASE_DURATION = 4.0
+LEASE_DURATION = 8.0
 """``AGENTRUN_LEASE_DURATION`` of the e2e stack (``stack.service_env``)."""
 TAKEOVER_BOUND = LEASE_DURATION + 6.0
 """Seconds from the leader's SIGKILL to the standby leading: the Lease duration, a retry

@@ -104,26 +104,65 @@ def test_d02_finished_runs_hold_no_finalizer_and_delete_with_no_operator_running
         )
 
 
-def test_d02_a_running_run_deleted_with_its_namespace_ends_and_frees_its_hold_and_slot(
+def test_d02_running_and_queued_runs_deleted_with_their_namespace_free_slot_hold_and_queue(
     stack_: E2EStack,
     namespace_controller: components.Component,
     test_namespace: str,
     nats_server: Any,
 ) -> None:
-    stack_.apply(test_namespace, run_manifest("midway", "E2E-LONG job"))
-    stack_.wait_for(test_namespace, "midway", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1)
-    obj = stack_.get(test_namespace, "midway")
-    assert obj is not None
-    assert FINALIZER in obj["metadata"]["finalizers"]
-    uid, tenant = obj["metadata"]["uid"], obj["status"]["tenant"]
-    book = read_book(nats_server.url, tenant)
-    assert book is not None and uid in book.active
-    stack_.kubectl("delete", "namespace", test_namespace, "--wait=false")
-    wait_until(lambda: namespace_gone(stack_, test_namespace), timeout=60, what="namespace gone")
-    book = read_book(nats_server.url, tenant)
-    assert book is not None and uid not in book.active
-    assert not [key for key, hold in book.holds.items() if hold.run_uid == uid]
-    assert read_events(nats_server.url, test_namespace, "midway") == []
+    """A tenant with one slot: one run mid-turn, one queued behind it. Deleting the namespace
+    ends the first (its hold and slot freed, events purged) and takes the second out of the
+    queue: the tenant is left with nothing active, held or queued."""
+    tenant = f"one-slot-{test_namespace}"
+    stack_.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "agentrun.dev/v1alpha1",
+                "kind": "AgentTenant",
+                "metadata": {"name": tenant},
+                "spec": {
+                    "namespaces": [test_namespace],
+                    "budget": {"tokens": 1_000_000, "costUSD": "10"},
+                    "maxConcurrentRuns": 1,
+                },
+            }
+        ),
+    )
+    try:
+        time.sleep(1.0)  # the operator sees the tenant
+        stack_.apply(test_namespace, run_manifest("midway", "E2E-LONG job"))
+        stack_.wait_for(
+            test_namespace, "midway", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1
+        )
+        stack_.apply(test_namespace, run_manifest("waiting", "E2E-LONG job"))
+        stack_.wait_for(test_namespace, "waiting", lambda s: s.get("phase") == "Queued")
+        obj = stack_.get(test_namespace, "midway")
+        assert obj is not None
+        assert FINALIZER in obj["metadata"]["finalizers"]
+        uid = obj["metadata"]["uid"]
+        assert obj["status"]["tenant"] == tenant
+        book = read_book(nats_server.url, tenant)
+        assert book is not None and uid in book.active
+
+        stack_.kubectl("delete", "namespace", test_namespace, "--wait=false")
+        wait_until(
+            lambda: namespace_gone(stack_, test_namespace), timeout=60, what="namespace gone"
+        )
+        book = read_book(nats_server.url, tenant)
+        assert book is not None and list(book.active) == [] and dict(book.holds) == {}
+        assert read_events(nats_server.url, test_namespace, "midway") == []
+
+        def queue_empty() -> bool:
+            found = stack_.kubectl("get", "agenttenant", tenant, "-o", "json")
+            shown = json.loads(found.stdout).get("status") or {}
+            return shown.get("queuedRuns") == 0 and shown.get("activeRuns") == 0
+
+        wait_until(queue_empty, timeout=20, what="the tenant's queue and slots empty")
+    finally:
+        stack_.kubectl("delete", "agenttenant", tenant, "--wait=false")
 
 
 def test_ttl_seconds_after_finished_deletes_the_run_and_its_events(

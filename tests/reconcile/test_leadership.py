@@ -3,7 +3,9 @@ for its duration, a leader that cannot renew gives up before a standby may start
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 
 import pytest
 
@@ -164,3 +166,22 @@ def test_micro_time_always_has_six_fraction_digits() -> None:
 
     moment = datetime.datetime(2026, 11, 30, 12, 0, 0, tzinfo=datetime.UTC)
     assert leadership.micro_time(moment) == "2026-11-30T12:00:00.000000Z"
+
+
+async def test_a_hung_renewal_does_not_outlive_the_renew_deadline() -> None:
+    """The API server accepts the connection and never answers: ``hold`` still returns by
+    the renew deadline (real time, short timings)."""
+    timing = LeaseTiming(duration=1.0, renew_deadline=0.5, retry=0.1)
+    store = MemoryLeases()
+    leader = LeaderElector(store, identity="a", timing=timing)
+    assert await leader.try_acquire_or_renew()
+
+    async def hang() -> LeaseRecord | None:
+        await asyncio.Event().wait()
+        return None
+
+    store.read = hang  # type: ignore[method-assign]
+    started = time.monotonic()
+    async with asyncio.timeout(5):
+        await leader.hold()
+    assert time.monotonic() - started < timing.duration
