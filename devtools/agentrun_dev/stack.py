@@ -124,14 +124,18 @@ def script_path(name: str) -> Path:
 def service_env(*, kubeconfig: str, nats_url: str) -> dict[str, str]:
     """Environment shared by the operator and workers (contracts.md), minus the metrics port.
 
-    Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen, and
-    ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates).
+    Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen,
+    ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates), and a short leader
+    Lease (4 s), so that an operator restarted in place takes over within seconds.
     """
     return {
         "KUBECONFIG": kubeconfig,
         "AGENTRUN_NATS_URL": nats_url,
         "PYTHONUNBUFFERED": "1",
         "AGENTRUN_DEFAULT_TENANT": "default",
+        "AGENTRUN_LEASE_DURATION": "4",
+        "AGENTRUN_LEASE_RENEW_DEADLINE": "3",
+        "AGENTRUN_LEASE_RETRY": "0.5",
     }
 
 
@@ -167,23 +171,26 @@ def mockllm_url(component: components.Component) -> str:
 
 
 def start_operator(
-    env: Mapping[str, str], *, launch: components.Launch, metrics_port: int | None = None
+    env: Mapping[str, str],
+    *,
+    launch: components.Launch,
+    metrics_port: int | None = None,
+    name: str = "operator",
 ) -> components.Component:
     """Start ``agentrun-operator`` with `env` and wait until its metrics port answers.
 
     Args:
         env: its environment on top of ours, e.g. `service_env` plus test settings.
-        launch: log directory (the log is ``operator.log``), lifetime, progress output.
+        launch: log directory (the log is ``<name>.log``), lifetime, progress output.
         metrics_port: ``AGENTRUN_METRICS_PORT``; None picks a free one; 0 disables metrics
             (then it counts as ready once started).
+        name: the component's name; a second operator (a standby) needs its own.
 
     Raises:
         FileNotFoundError: the console script is not installed.
         probes.NotReadyError: it exited, or ``/metrics`` did not answer within 30 s.
     """
-    return _start_service(
-        OPERATOR_SCRIPT, "operator", env=env, launch=launch, metrics_port=metrics_port
-    )
+    return _start_service(OPERATOR_SCRIPT, name, env=env, launch=launch, metrics_port=metrics_port)
 
 
 def start_worker(
