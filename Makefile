@@ -23,10 +23,11 @@ demo: $(STAMP)
 
 ## demo-cluster: the examples on a real single node (containerd, kubelet, kube-proxy, CoreDNS,
 ## controller-manager, scheduler; needs root) through `helm install` of charts/agentrun: the
-## images built here and imported, NATS, the mock model, the operator and the workers as pods.
-## `make down` stops it (every process by pid) and cleans the host.
+## images built here and imported, NATS, the mock model, the operator and the workers as pods;
+## then everything is stopped by pid and the host cleaned (`agentrun dev demo --chart` without
+## --down keeps it up; `make down` stops it).
 demo-cluster: $(STAMP) system-packages node-packages
-	$(BIN)/agentrun dev demo --chart
+	$(BIN)/agentrun dev demo --chart --down
 
 ## node-packages: the Debian packages the node needs, installed only when missing.
 node-packages:

@@ -90,6 +90,12 @@ def register_dev(subparsers: Subparsers) -> None:
     )
     show.add_argument("--node", action="store_true", help=_NODE_HELP)
     show.add_argument("--chart", action="store_true", help=_CHART_HELP)
+    show.add_argument(
+        "--down",
+        action="store_true",
+        help="stop everything (by pid; with a node, the host cleaned) once the results are "
+        "printed, or when the demo fails",
+    )
     show.set_defaults(handler=cmd_dev_demo)
     build = commands.add_parser(
         "binaries", help="build (once per machine) or locate kube-apiserver, etcd and kubectl"
@@ -124,9 +130,19 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_demo(args: argparse.Namespace) -> int:
-    """``agentrun dev demo``: stack up, ``mock`` AgentModel, the examples, their end states."""
+    """``agentrun dev demo``: stack up, ``mock`` AgentModel, the examples, their end states;
+    with ``--down`` the stack is stopped afterwards, whatever happened."""
+    directory = state.resolve_dir(args.dir)
     options = stack.UpOptions(workers=args.workers, node=args.node, chart=args.chart)
-    current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
+    current = stack.up(directory, options=options, log=_progress)  # stops itself if it fails
+    try:
+        return _demo(current, args)
+    finally:
+        if args.down:
+            stack.down(directory, log=_progress)
+
+
+def _demo(current: state.StackState, args: argparse.Namespace) -> int:
     demo.apply_mock_model(current)
     kc = demo.kubectl_for(current)
     if current.release_namespace is not None:
@@ -142,6 +158,8 @@ def cmd_dev_demo(args: argparse.Namespace) -> int:
     demo.wait_tenant_settled(current, items=items)
     print("\n$ kubectl get agenttenants  # every run is charged to its namespace's tenant")
     print(kc("get", "agenttenants").stdout, end="")
+    if args.down:
+        return 0
     print(
         "\nThe stack is still up. Try:\n"
         f'  eval "$(.venv/bin/agentrun dev env{_dir_option(args)})"\n'
