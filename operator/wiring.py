@@ -59,7 +59,8 @@ class Parts:
     pump: QueuePump
     sweep: LedgerSweep
     tasks: tuple[asyncio.Task[None], ...]
-    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep."""
+    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
+    orphaned turns."""
 
 
 @dataclasses.dataclass
@@ -130,7 +131,12 @@ async def start_parts(
         SweepDeps(store=store, tenants=tenants, board=board, runs=dispatcher, events=bus, api=api),
         interval=settings.ledger_sweep,
     )
-    tasks = _start_loops(dispatcher, pump, sweep)
+    tasks = (
+        *_start_loops(dispatcher, pump, sweep),
+        asyncio.create_task(
+            dispatcher.watch_orphans(after=settings.orphan_after), name="orphan-turns"
+        ),
+    )
     return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, tasks)
 
 
