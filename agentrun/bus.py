@@ -90,16 +90,16 @@ async def connect_nats(url: str, *, name: str) -> NATS:
     async def errored(err: Exception) -> None:
         log.warning("NATS connection %s: %r", name, err)
 
-    await nc.connect(
-        url,
-        name=name,
-        connect_timeout=5,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        reconnected_cb=reconnected,
-        disconnected_cb=disconnected,
-        error_cb=errored,
-    )
+    options: dict[str, Any] = {  # nats-py types the wait as int; it takes seconds as float
+        "name": name,
+        "connect_timeout": 5,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "reconnected_cb": reconnected,
+        "disconnected_cb": disconnected,
+        "error_cb": errored,
+    }
+    await nc.connect(url, **options)
     return nc
 
 

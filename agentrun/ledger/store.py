@@ -176,7 +176,8 @@ class LedgerStore(CasStore):
     ) -> None:
         """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), a new
         window if one is due, then each repair — an expired hold is charged what its run
-        committed and dropped; a run whose last event is terminal is closed at that event's
+        committed and dropped (and what its call used, recorded on it, if its turn never
+        committed); a run whose last event is terminal is closed at that event's
         time; a stale run that left no events is closed with nothing charged."""
         if now is None:
             now = self.clock()
@@ -256,11 +257,12 @@ def _committed(last: kernel.RunSummary | None) -> dict[str, Any]:
 def _repair(book: Book, repair: Repair, now: float) -> None:
     uid, last = repair.run_uid, repair.last
     if repair.hold_key:
+        committed = _committed(last)
         if last is not None:
-            book.settle(uid, **_committed(last), now=now)
+            book.settle(uid, **committed, now=now)
         hold = book.holds.get(repair.hold_key)
-        if hold is not None and hold.expires <= now:
-            del book.holds[repair.hold_key]
+        if hold is not None and hold.expires <= now:  # charged if its call answered, uncommitted
+            book.drop_hold(repair.hold_key, committed_turn=committed["turn"])
     if last is not None and last.phase.is_terminal:
         book.close(uid, **_committed(last), end=repair.last_time or now, now=now)
     elif not repair.hold_key and last is None:  # the run is gone and left no events
