@@ -85,7 +85,8 @@ async def connect_nats(url: str, *, name: str) -> NATS:
         log.info("NATS connection %s reconnected (%d)", name, nc.reconnects)
 
     async def disconnected() -> None:
-        log.warning("NATS connection %s lost; reconnecting", name)
+        if not (nc.is_closed or nc.is_draining):
+            log.warning("NATS connection %s lost; reconnecting", name)
 
     async def errored(err: Exception) -> None:
         log.warning("NATS connection %s: %r", name, err)
