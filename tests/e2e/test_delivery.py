@@ -10,7 +10,8 @@ import pytest
 from agentrun_dev import components, stack
 
 from .conftest import ACK_WAIT, ORPHAN_AFTER, E2EStack, run_manifest
-from .events import delete_queued_turns, read_events, turn_numbers
+from .events import delete_queued_turns, read_book, read_events, turn_numbers
+from .test_tenants import TenantFactory, tenants  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -50,3 +51,43 @@ def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_
     assert time.monotonic() - lost_at < 2 * ORPHAN_AFTER + 4 + 6
     turns = turn_numbers(read_events(nats_server.url, test_namespace, "lost"))  # type: ignore[attr-defined]
     assert turns == [0, 1]
+
+
+def test_a_worker_killed_right_after_the_model_answered_has_that_call_charged_once(
+    stack_: E2EStack,
+    test_namespace: str,
+    tenants: TenantFactory,  # noqa: F811
+    nats_server: object,
+) -> None:
+    """The lone worker is SIGKILLed while turn 0's tool runs, after its model call answered
+    (50 tokens): that call never commits, but the provider billed it. The usage recorded on
+    its hold is charged once as abandoned, whether the redelivered turn replaces the hold or
+    the sweep drops it expired; the run's own two calls are charged once each."""
+    tenant = tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000})
+    for worker in stack_.workers:
+        components.stop_component(worker)
+    lone = stack.start_worker(3, env=stack_.env, launch=stack_.launch)
+    try:
+        stack_.apply(test_namespace, run_manifest("billed", f"E2E-SLOW-TOOL {test_namespace}"))
+        deadline = time.monotonic() + 20
+        while not any(test_namespace in str(r) for r in stack_.mock_requests()):
+            assert time.monotonic() < deadline, "the lone worker never called the model"
+            time.sleep(0.1)
+        time.sleep(1.0)  # the answer is in, the 4 s tool runs
+        components.kill_component(lone)
+    finally:
+        if lone.is_alive():
+            components.kill_component(lone)
+    stack_.restart_dead()
+    status = stack_.wait_terminal(test_namespace, "billed", timeout=30 + ACK_WAIT)
+    assert status["terminalReason"] == "completed"
+    assert status["usage"]["inputTokens"] + status["usage"]["outputTokens"] == 100
+    deadline = time.monotonic() + 10
+    while True:  # the run's close is settled by the operator just after its end
+        book = read_book(nats_server.url, tenant)  # type: ignore[attr-defined]
+        if book is not None and not book.active:
+            break
+        assert time.monotonic() < deadline, "the run's ledger slot was never freed"
+        time.sleep(0.2)
+    assert (book.used_tokens, book.abandoned_tokens) == (150, 50)
+    assert book.holds == {}
