@@ -22,7 +22,7 @@ from agentrun.ledger.book import (
 )
 from agentrun.ledger.cas import LedgerUnavailable
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
-from agentrun.ledger.store import LedgerStore, QueuedRun, Repair
+from agentrun.ledger.store import LedgerStore, QueuedRun, QueueFull, Repair
 
 __all__ = [
     "DEFAULT_HOLD_TTL",
@@ -37,6 +37,7 @@ __all__ = [
     "LedgerCorrupt",
     "LedgerStore",
     "LedgerUnavailable",
+    "QueueFull",
     "QueuedRun",
     "Repair",
     "TenantLimits",

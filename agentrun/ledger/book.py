@@ -38,6 +38,12 @@ from agentrun.kernel.limits import MILLION, Pricing
 RESOURCES = ("tokens", "costUSD", "wallClockSeconds")
 """The budgeted resources, named as in ``AgentTenant.spec.budget``."""
 
+MAX_ACTIVE_RUNS = 500
+"""Runs one tenant may have active at once, whatever its ``maxConcurrentRuns``: the entry is
+one KV value, rewritten on every change, and must stay far below the server's max payload
+(1 MiB by default). An active run costs at most about 680 bytes of it (its slot, one hold with
+a recorded spend, one waiter, every name at its longest), so the entry stays under 350 KB;
+runs over the cap wait in the queue (``ConcurrencyLimit``)."""
 WAITER_TTL = 10.0
 """Seconds a waiting call's place is kept after it last asked (it asks about once a second;
 a waiter whose worker died stops holding the others back after this)."""
@@ -347,6 +353,12 @@ class Book:
                 CONCURRENCY_LIMIT,
                 None,
                 f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
+            )
+        if len(self.active) >= MAX_ACTIVE_RUNS:
+            return BudgetRefusal(
+                CONCURRENCY_LIMIT,
+                None,
+                f"{len(self.active)} runs are active, the most one tenant's ledger entry holds",
             )
         if need_tokens or need_cost:
             refusal = self._admission_refusal(now, need_tokens=need_tokens, need_cost=need_cost)

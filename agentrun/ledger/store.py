@@ -26,10 +26,27 @@ from agentrun.ledger.cas import CasStore, LedgerUnavailable
 from agentrun.ledger.codec import QueuedRunShape
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 
-__all__ = ["BUCKET", "LedgerStore", "LedgerUnavailable", "QueuedRun", "Repair"]
+__all__ = [
+    "BUCKET",
+    "MAX_QUEUED_RUNS",
+    "LedgerStore",
+    "LedgerUnavailable",
+    "QueueFull",
+    "QueuedRun",
+    "Repair",
+]
 
 BUCKET = "AGENTRUN_LEDGER"
 T = TypeVar("T")
+
+MAX_QUEUED_RUNS = 1_000
+"""Runs one tenant's admission queue holds: the queue is one KV value, and at about 400 bytes
+a run at most (every name at its longest) 1 000 runs stay under 410 KB, far below the
+server's max payload (1 MiB by default). ``enqueue`` refuses the next one (``QueueFull``)."""
+
+
+class QueueFull(Exception):
+    """The tenant's admission queue holds ``MAX_QUEUED_RUNS`` runs: this run cannot join it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -210,12 +227,19 @@ class LedgerStore(CasStore):
     async def enqueue(self, tenant: str, run: QueuedRun) -> int:
         """Queue ``run`` unless already queued: after every run created no later than it (FIFO
         by creation time, so runs created together queue in creation order even when their
-        admissions reach here out of order). Returns its 1-based position."""
+        admissions reach here out of order). Returns its 1-based position.
+
+        Raises ``QueueFull`` (for this run only) when the queue holds ``MAX_QUEUED_RUNS``.
+        """
 
         def add(runs: list[QueuedRun]) -> int:
             for index, queued in enumerate(runs):
                 if queued.uid == run.uid:
                     return index + 1
+            if len(runs) >= MAX_QUEUED_RUNS:
+                raise QueueFull(
+                    f"AgentTenant {tenant!r}'s admission queue is full ({len(runs)} runs wait)"
+                )
             index = len(runs)
             while index > 0 and runs[index - 1].at > run.at:
                 index -= 1
