@@ -65,3 +65,20 @@ def delete_queued_turns(nats_url: str, tenant: str) -> int:
             await bus.close()
 
     return asyncio.run(delete())
+
+
+def put_book_bytes(nats_url: str, tenant: str, value: bytes) -> bytes:
+    """Overwrite the tenant's ledger entry with ``value`` (e.g. bytes no ledger can decode);
+    returns what it held before."""
+
+    async def put() -> bytes:
+        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-ledger-writer")
+        try:
+            store = await LedgerStore.open(bus.js)
+            before = await store.kv.get(f"book.{tenant}")
+            await store.kv.put(f"book.{tenant}", value)
+            return before.value or b""
+        finally:
+            await bus.close()
+
+    return asyncio.run(put())

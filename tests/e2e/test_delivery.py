@@ -10,8 +10,8 @@ import pytest
 from agentrun_dev import components, stack
 
 from .conftest import ACK_WAIT, ORPHAN_AFTER, E2EStack, run_manifest
-from .events import delete_queued_turns, read_book, read_events, turn_numbers
-from .test_tenants import TenantFactory, tenants  # noqa: F401
+from .events import delete_queued_turns, put_book_bytes, read_book, read_events, turn_numbers
+from .test_tenants import TenantFactory, append_scenario, tenants  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -91,3 +91,43 @@ def test_a_worker_killed_right_after_the_model_answered_has_that_call_charged_on
         time.sleep(0.2)
     assert (book.used_tokens, book.abandoned_tokens) == (150, 50)
     assert book.holds == {}
+
+
+D03_SCENARIO = {
+    "name": "d03-ledger-outage",
+    "match": {"goal": "E2E-D03"},
+    "turns": [
+        {"tool_calls": [{"name": "sleep", "arguments": {"seconds": 8}}]},
+        {"content": "resumed after the outage"},
+    ],
+}
+
+
+def test_a_ledger_entry_unreadable_for_longer_than_any_delivery_limit_makes_the_turn_wait(
+    stack_: E2EStack,
+    test_namespace: str,
+    tenants: TenantFactory,  # noqa: F811
+    nats_server: object,
+) -> None:
+    """The run's turn 0 sleeps 8 s; meanwhile its tenant's ledger entry is made unreadable,
+    then restored. Turn 1 cannot reserve while it is damaged, so its TurnRequest is
+    redelivered 5 s apart and runs once the entry is back: the run completes within its 2 m
+    timeout. The outage is the reported 25 s stretched to 40 s, so that turn 1 alone waits
+    through more than five deliveries (the old delivery limit, which dropped it)."""
+    append_scenario(stack_, D03_SCENARIO)
+    tenant = tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 1_000_000})
+    manifest = run_manifest("outage", f"E2E-D03 {test_namespace}", budget={"timeout": "2m"})
+    stack_.apply(test_namespace, manifest)
+    deadline = time.monotonic() + 20
+    while not any(test_namespace in str(r) for r in stack_.mock_requests()):
+        assert time.monotonic() < deadline, "no worker called the model"
+        time.sleep(0.1)
+    saved = put_book_bytes(nats_server.url, tenant, b"{not a ledger entry")  # type: ignore[attr-defined]
+    time.sleep(40)
+    status = stack_.get(test_namespace, "outage")
+    assert status is not None and not status["status"].get("terminalReason")
+    put_book_bytes(nats_server.url, tenant, saved)  # type: ignore[attr-defined]
+    status = stack_.wait_terminal(test_namespace, "outage", timeout=60)
+    assert (status["terminalReason"], status["answer"]) == ("completed", "resumed after the outage")
+    turns = turn_numbers(read_events(nats_server.url, test_namespace, "outage"))  # type: ignore[attr-defined]
+    assert turns == [0, 1]
