@@ -88,7 +88,7 @@ class PhaseClock:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
-MIN_OUTPUT_TOKENS = 256
+MIN_OUTPUT_TOKENS = 128
 """The smallest output allowance a call is shrunk to when the tenant's budget left cannot hold
 its full allowance (a longer answer is cut at it, and the kernel asks for a correction)."""
 BUDGET_POLL_SECONDS = 0.5

