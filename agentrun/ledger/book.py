@@ -514,6 +514,8 @@ class Book:
             if self._wall_exhausted(now):
                 self.waiting.pop(key, None)
                 return self._refuse(key, own, "wallClockSeconds", self._wall_message(now))
+            if own is not None:  # asked again while holding: keep what it holds
+                self.holds[key] = own
             tokens, cost = need.worst(floor)
             waiter = self.waiting.get(key)
             if waiter is None:
