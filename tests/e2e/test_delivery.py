@@ -40,8 +40,8 @@ def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_
     finally:
         if lone.is_alive():
             components.kill_component(lone)
-    lost_at = time.monotonic()
     stack_.restart_dead()
+    lost_at = time.monotonic()  # workers are back (their start-up is not the operator's time)
     status = stack_.wait_terminal(test_namespace, "lost", timeout=30 + ACK_WAIT)
     assert (status["terminalReason"], status["answer"]) == (
         "completed",
