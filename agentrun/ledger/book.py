@@ -29,187 +29,26 @@ and the tenant's ``used`` equals the sum of its runs' own usage exactly.
 from __future__ import annotations
 
 import dataclasses
-import math
 from decimal import Decimal
-from typing import Any
 
-from agentrun.kernel.limits import MILLION, Pricing
-
-RESOURCES = ("tokens", "costUSD", "wallClockSeconds")
-"""The budgeted resources, named as in ``AgentTenant.spec.budget``."""
-
-MAX_ACTIVE_RUNS = 500
-"""Runs one tenant may have active at once, whatever its ``maxConcurrentRuns``: the entry is
-one KV value, rewritten on every change, and must stay far below the server's max payload
-(1 MiB by default). An active run costs at most about 680 bytes of it (its slot, one hold with
-a recorded spend, one waiter, every name at its longest), so the entry stays under 350 KB;
-runs over the cap wait in the queue (``ConcurrencyLimit``)."""
-WAITER_TTL = 10.0
-"""Seconds a waiting call's place is kept after it last asked (it asks about once a second;
-a waiter whose worker died stops holding the others back after this)."""
-ADMISSION_HOLD_TTL = 600.0
-"""Seconds admission holds a run's first call (until a worker reserves that call itself), so
-runs admitted together cannot each be promised the same budget."""
-CONCURRENCY_LIMIT = "ConcurrencyLimit"
-BUDGET_EXHAUSTED = "BudgetExhausted"
-BUDGET_HELD = "BudgetHeld"
-"""A run's first call fits what is committed, but not next to the holds of calls in flight
-(or an older waiting call): it is admitted once they settle."""
-
-
-class LedgerCorrupt(ValueError):
-    """A ledger entry that cannot be decoded (written by something else, or damaged)."""
-
-
-def window_start(now: float, window_seconds: float) -> float:
-    """Start (epoch seconds) of the fixed window holding ``now``, aligned to the UNIX epoch.
-
-    A ``24h`` window therefore starts at 00:00 UTC. Raises ``ValueError`` for a window ≤ 0.
-    """
-    if window_seconds <= 0:
-        raise ValueError(f"window must be positive, got {window_seconds}")
-    return math.floor(now / window_seconds) * window_seconds
-
-
-def worst_case(*, prompt_tokens: int, output_tokens: int, pricing: Pricing) -> tuple[int, Decimal]:
-    """A model call's worst case, what a hold reserves: its estimated prompt plus its whole
-    output allowance, priced at the uncached input price (the cache discount is only known
-    after the call). Returns (tokens, USD)."""
-    cost = pricing.cost(
-        input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=output_tokens
-    )
-    return prompt_tokens + output_tokens, cost
-
-
-def _dec(value: Any) -> Decimal:
-    return Decimal(str(value))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TenantLimits:
-    """An ``AgentTenant``'s limits as the ledger enforces them (``None``: unlimited)."""
-
-    tokens: int | None = None
-    """Input + output tokens per window."""
-    cost_usd: Decimal | None = None
-    """USD per window."""
-    wall_seconds: float | None = None
-    """Sum of run durations per window, seconds."""
-    window_seconds: float = 86_400.0
-    """Length of the fixed window, seconds."""
-    max_concurrent_runs: int | None = None
-    """Runs admitted and not ended at once."""
-
-
-@dataclasses.dataclass(slots=True)
-class Hold:
-    """A reservation for one model call of one run's turn."""
-
-    run_uid: str
-    turn: int
-    tokens: int
-    """Worst-case tokens of the call: estimated prompt + output allowance."""
-    cost_usd: Decimal
-    """Their price from the AgentModel."""
-    expires: float
-    """Epoch seconds; the worker refreshes it while the turn runs. Past it, the operator
-    treats the worker as dead and releases the hold."""
-    owner: str
-    """Who reserved (one id per delivery of the turn); only the owner may release it."""
-    namespace: str = ""
-    name: str = ""
-    spent_tokens: int = 0
-    """Tokens its model call used, recorded once the call answered (0: not answered yet)."""
-    spent_cost: Decimal = Decimal(0)
-    """USD its model call used, recorded with ``spent_tokens``."""
-
-    @property
-    def answered(self) -> bool:
-        """Whether the hold's model call answered (its usage is recorded)."""
-        return bool(self.spent_tokens or self.spent_cost)
-
-
-@dataclasses.dataclass(slots=True)
-class Waiter:
-    """A call waiting for other runs' holds to settle (``Book.reserve_call``)."""
-
-    since: float
-    """When it first waited, epoch seconds: the order waiters are served in."""
-    tokens: int
-    """The least it can start with: its prompt plus the smallest output allowance."""
-    cost_usd: Decimal
-    """The price of that."""
-    expires: float
-    """Epoch seconds; pushed out each time the call asks again. Past it, the waiter is gone."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CallNeed:
-    """A model call to hold budget for: its prompt and the output allowance it may shrink."""
-
-    prompt_tokens: int
-    """An upper bound of the prompt's tokens."""
-    output_tokens: int
-    """The output allowance every run budget leaves (the request's ``max_tokens``)."""
-    pricing: Pricing
-    min_output_tokens: int = 0
-    """The least allowance worth calling with; the allowance shrinks down to it to fit what
-    is left (0 or ``output_tokens``: never shrinks)."""
-
-    def worst(self, output_tokens: int) -> tuple[int, Decimal]:
-        """(tokens, USD) of the call with ``output_tokens`` allowed (see ``worst_case``)."""
-        return worst_case(
-            prompt_tokens=self.prompt_tokens, output_tokens=output_tokens, pricing=self.pricing
-        )
-
-    @property
-    def floor(self) -> int:
-        """The smallest allowance it accepts."""
-        return min(self.output_tokens, self.min_output_tokens or self.output_tokens)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Granted:
-    """A held call: it may start with ``output_tokens`` allowed."""
-
-    output_tokens: int
-    tokens: int
-    cost_usd: Decimal
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BudgetWait:
-    """The call fits what is committed, but not next to other runs' holds (or an older
-    waiter): it waits for them to settle and asks again."""
-
-    message: str
-
-
-@dataclasses.dataclass(slots=True)
-class Active:
-    """An admitted run that has not ended, and what has been charged for it."""
-
-    namespace: str
-    name: str
-    since: float
-    """Epoch seconds its wall-clock charge in this window runs from."""
-    turn: int = -1
-    """Last turn whose cumulative usage was charged (-1: none)."""
-    tokens: int = 0
-    """The run's cumulative tokens charged so far (across windows)."""
-    cost_usd: Decimal = Decimal(0)
-    """The run's cumulative cost charged so far (across windows)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BudgetRefusal:
-    """Why a run may not be admitted or a call may not start."""
-
-    reason: str
-    """``ConcurrencyLimit`` or ``BudgetExhausted`` (condition reasons)."""
-    resource: str | None
-    """The exhausted resource (one of ``RESOURCES``) for ``BudgetExhausted``."""
-    message: str
+from agentrun.kernel.limits import MILLION
+from agentrun.ledger.entries import (
+    ADMISSION_HOLD_TTL,
+    BUDGET_EXHAUSTED,
+    BUDGET_HELD,
+    CONCURRENCY_LIMIT,
+    MAX_ACTIVE_RUNS,
+    WAITER_TTL,
+    Active,
+    BudgetRefusal,
+    BudgetWait,
+    CallNeed,
+    Granted,
+    Hold,
+    TenantLimits,
+    Waiter,
+    window_start,
+)
 
 
 @dataclasses.dataclass(slots=True)

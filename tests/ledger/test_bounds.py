@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from typing import Any
 
@@ -28,7 +28,7 @@ from agentrun.ledger import (
     TenantLimits,
     codec,
 )
-from agentrun.ledger.book import CONCURRENCY_LIMIT, MAX_ACTIVE_RUNS, Waiter
+from agentrun.ledger.entries import CONCURRENCY_LIMIT, MAX_ACTIVE_RUNS, Waiter
 from agentrun.ledger.store import MAX_QUEUED_RUNS, book_key, queue_key
 from agentrun.operator.pump import PumpDeps, QueuePump
 from agentrun.operator.runs import RunKey
@@ -123,8 +123,18 @@ class Ends:
         self.bodies: list[dict[str, Any]] = []
         self.counted: list[kernel.RunState] = []
 
-    def submit(self, key: RunKey, body: dict[str, Any], *, seq: int, terminal: bool) -> None:
+    def submit(
+        self,
+        key: RunKey,
+        body: dict[str, Any],
+        *,
+        seq: int,
+        terminal: bool,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
         self.bodies.append(body)
+        if on_end is not None:
+            on_end()  # the write that ended the object
 
     def count_end(self, uid: str, state: kernel.RunState, *, tenant: str) -> bool:
         self.counted.append(state)

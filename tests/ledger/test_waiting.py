@@ -13,7 +13,7 @@ import pytest
 
 from agentrun import kernel
 from agentrun.ledger import Book, BudgetRefusal, BudgetWait, CallNeed, Granted, Hold, codec
-from agentrun.ledger.book import BUDGET_EXHAUSTED, BUDGET_HELD, WAITER_TTL, TenantLimits
+from agentrun.ledger.entries import BUDGET_EXHAUSTED, BUDGET_HELD, WAITER_TTL, TenantLimits
 
 NOW = 19_675 * 86_400.0 + 3_600.0
 PRICING = kernel.Pricing(Decimal("2.50"), Decimal("1.25"), Decimal("10"))
