@@ -6,6 +6,12 @@ What belongs here: every call into nats-py, and the translation of its errors in
 Commit rule: an event is appended with ``Nats-Expected-Last-Subject-Sequence``,
 so two writers racing on one run cannot both commit on top of the same event; TurnRequests carry
 ``Nats-Msg-Id: <run-uid>:<turn>`` so JetStream drops a re-dispatch inside the duplicate window.
+
+Delivery: a TurnRequest is redelivered for as long as it is not acked (no delivery limit: a
+worker acks, naks with a delay, or ends the run itself; nothing is discarded by the server).
+Connections: every connection reconnects for ever, also after the server closed it with a
+protocol error (``-ERR``), which nats-py would otherwise treat as final; pull consumers are
+bound again after each reconnect.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
+from nats.protocol import parser
 
 from agentrun import protocol
 from agentrun.protocol import RunEvent, TurnRequest
@@ -42,16 +49,64 @@ Handle = Callable[[Msg], Coroutine[Any, Any, None]]
 """Handles one fetched message (acks, naks or terms it itself)."""
 
 
+class ReconnectingClient(NATS):
+    """A nats-py client that reconnects after *any* server error, not only a stale connection.
+
+    nats-py closes the connection for good when the server sends ``-ERR`` (other than a stale
+    connection or a permissions violation), e.g. after the server hit a protocol error on it;
+    the server then closes the socket, and a runtime process must not stay disconnected.
+    Here such an error goes down the reconnect path instead (``max_reconnect_attempts=-1``:
+    for ever). ``reconnects`` counts completed reconnections, so pull consumers can rebind.
+    """
+
+    reconnects = 0
+    """Reconnections completed since the first connect."""
+
+    async def _process_err(self, err_msg: str) -> None:
+        if self.is_connecting or parser.PERMISSIONS_ERR in err_msg:  # the latter leaves it open
+            await super()._process_err(err_msg)
+            return
+        err = nats.errors.Error(f"nats: {err_msg.strip(chr(39))}")
+        log.warning("NATS server error %s; reconnecting", err)
+        self._err = err
+        await self._process_op_err(err)
+
+
 async def connect_nats(url: str, *, name: str) -> NATS:
     """A NATS connection as every agentrun process makes it: reconnecting for ever, half a
-    second apart. Raises ``nats.errors.NoServersError`` when no server answers at first."""
-    return await nats.connect(
-        url,
-        name=name,
-        connect_timeout=5,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-    )
+    second apart, also after a server ``-ERR`` (``ReconnectingClient``).
+
+    Raises ``nats.errors.NoServersError`` when no server answers at first.
+    """
+    nc = ReconnectingClient()
+
+    async def reconnected() -> None:
+        nc.reconnects += 1
+        log.info("NATS connection %s reconnected (%d)", name, nc.reconnects)
+
+    async def disconnected() -> None:
+        if not (nc.is_closed or nc.is_draining):
+            log.warning("NATS connection %s lost; reconnecting", name)
+
+    async def errored(err: Exception) -> None:
+        log.warning("NATS connection %s: %r", name, err)
+
+    options: dict[str, Any] = {  # nats-py types the wait as int; it takes seconds as float
+        "name": name,
+        "connect_timeout": 5,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "reconnected_cb": reconnected,
+        "disconnected_cb": disconnected,
+        "error_cb": errored,
+    }
+    await nc.connect(url, **options)
+    return nc
+
+
+def reconnections(nc: NATS) -> int:
+    """How often ``nc`` reconnected (0 for a client not made by ``connect_nats``)."""
+    return nc.reconnects if isinstance(nc, ReconnectingClient) else 0
 
 
 class CommitConflict(Exception):
@@ -65,8 +120,11 @@ class BusSettings:
     url: str
     ack_wait: float = 30.0
     """Seconds before an unacked TurnRequest is redelivered (workers heartbeat inside it)."""
-    max_deliver: int = 5
-    """Deliveries of one TurnRequest before it is treated as poison."""
+    max_deliver: int = -1
+    """Deliveries of one TurnRequest before JetStream stops delivering it; -1: no limit. A
+    limit would silently discard a turn whose fault outlasts it (a ledger unreadable for a
+    while), so the worker decides instead: it naks a transient fault with a delay and ends the
+    run ``checkpoint_failed`` on a permanent one."""
     duplicate_window: float = 120.0
     """JetStream de-duplication window for ``Nats-Msg-Id`` (seconds)."""
 
@@ -137,9 +195,11 @@ class Bus:
         Messages are fetched one per pull request: nats-py's ``fetch(batch > 1)`` waits for the
         whole batch or its timeout once the stream is idle, which would delay a message by up
         to the timeout. A fetch that fails other than as an empty poll (server restarted,
-        stream lost) re-creates the streams and the subscription a second later.
+        stream lost) re-creates the streams and the subscription a second later; after the
+        connection reconnected, the subscription is bound again before the next fetch.
         """
         sub = None
+        bound_at = reconnections(self.nc)
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stopping.is_set():
@@ -147,7 +207,12 @@ class Bus:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
+                    if sub is not None and bound_at != reconnections(self.nc):
+                        with contextlib.suppress(Exception):
+                            await sub.unsubscribe()
+                        sub = None
                     if sub is None:
+                        bound_at = reconnections(self.nc)
                         sub = await subscribe()
                     msgs = await sub.fetch(batch=1, timeout=1.0)
                 except (nats.errors.TimeoutError, TimeoutError):
@@ -176,15 +241,30 @@ class Bus:
 
     # --- TurnRequests -------------------------------------------------------------------------
 
-    async def publish_turn(self, request: TurnRequest, *, tenant: str) -> bool:
-        """Queue a TurnRequest; returns False when JetStream saw it as a duplicate (fine)."""
-        headers = {MSG_ID: request.msg_id}
+    async def publish_turn(self, request: TurnRequest, *, tenant: str, attempt: int = 0) -> int:
+        """Queue a TurnRequest; returns its stream sequence (the earlier copy's when JetStream
+        saw it as a duplicate, which is fine).
+
+        ``attempt`` > 0 re-dispatches a request that was lost from the queue: its
+        ``Nats-Msg-Id`` gets the suffix ``:<attempt>`` so the duplicate window does not drop it.
+        """
+        msg_id = request.msg_id if attempt == 0 else f"{request.msg_id}:{attempt}"
+        headers = {MSG_ID: msg_id}
         if request.traceparent:
             headers["traceparent"] = request.traceparent
         ack = await self.js.publish(
             protocol.turn_subject(tenant), protocol.encode_turn_request(request), headers=headers
         )
-        return not ack.duplicate
+        return int(ack.seq)
+
+    async def turn_queued(self, seq: int) -> bool:
+        """Whether the TurnRequest at stream sequence ``seq`` is still in the work queue (not
+        yet acked: waiting, in flight, or waiting out a nak's delay)."""
+        try:
+            await self.js._jsm.get_msg(protocol.STREAM_TURNS, seq=seq)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
 
     async def pending_turns(self) -> int:
         """TurnRequests not yet delivered to any worker (the work queue's backlog)."""
@@ -192,13 +272,19 @@ class Bus:
         return int(info.num_pending or 0)
 
     async def turn_subscription(self) -> JetStreamContext.PullSubscription:
-        """The pull consumer shared by every worker (durable ``agentrun-workers``)."""
+        """The pull consumer shared by every worker (durable ``agentrun-workers``), created or
+        updated to these settings (a consumer made by an older release keeps no delivery
+        limit)."""
         config = api.ConsumerConfig(
+            name=protocol.WORKERS_CONSUMER,
+            durable_name=protocol.WORKERS_CONSUMER,
+            filter_subject=protocol.TURN_SUBJECTS,
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=self.settings.ack_wait,
             max_deliver=self.settings.max_deliver,
             max_ack_pending=-1,
         )
+        await self.js._jsm.add_consumer(protocol.STREAM_TURNS, config)
         return await self.js.pull_subscribe(
             protocol.TURN_SUBJECTS,
             durable=protocol.WORKERS_CONSUMER,

@@ -46,6 +46,9 @@ class OperatorSettings(ProcessSettings):
     default_tenant: str | None = None
     """``AGENTRUN_DEFAULT_TENANT``: the AgentTenant charged for runs in namespaces no tenant
     binds; unset rejects such runs ``invalid_spec``."""
+    orphan_after: float = Field(default=10.0, gt=0)
+    """``AGENTRUN_ORPHAN_AFTER``: seconds after which a running run whose TurnRequest is neither
+    queued nor in a worker's hands, and that committed nothing since, is dispatched again."""
     ledger_sweep: float = Field(default=2.0, gt=0)
     """``AGENTRUN_LEDGER_SWEEP``: seconds between ledger sweeps (window resets, expired holds,
     stale slots, queue pumps, AgentTenant status)."""

@@ -28,7 +28,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube, protocol, telemetry
-from agentrun.ledger import LedgerStore, QueuedRun
+from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import DEFAULT_TENANT, RunConfig
 
 from . import admission, status, tenancy
@@ -156,7 +156,22 @@ class QueuePump:
         if obj is not None:
             self._objects[run.uid] = obj
         self._waiting.setdefault(run.uid, _Waiting(generation))
-        await self.store.enqueue(policy.name, QueuedRun(run.uid, run.namespace, run.name, created))
+        try:
+            await self.store.enqueue(
+                policy.name, QueuedRun(run.uid, run.namespace, run.name, created)
+            )
+        except QueueFull as err:  # this run only: the queue's value must stay bounded
+            self._waiting.pop(run.uid, None)
+            self._objects.pop(run.uid, None)
+            message = f"{err}; the run could not be queued"
+            self.end_unadmitted(
+                run,
+                kernel.Phase.CHECKPOINT_FAILED,
+                message,
+                tenant=policy.name,
+                generation=generation,
+            )
+            return
         self.board.kick(policy.name)
 
     async def cancel_queued(self, key: RunKey, tenant: str | None = None) -> bool:

@@ -33,6 +33,9 @@ class WaitReason(enum.StrEnum):
     """Its tenant runs ``maxConcurrentRuns`` runs already."""
     BUDGET_EXHAUSTED = "BudgetExhausted"
     """Its tenant's window budget cannot cover its first model call."""
+    BUDGET_HELD = "BudgetHeld"
+    """Its first model call fits what its tenant has used, but not next to the holds of
+    calls in flight: it is admitted once they settle (never failed for it)."""
     TENANT_INVALID = "TenantInvalid"
     """Its AgentTenant cannot be enforced as written."""
     TENANT_MISSING = "TenantMissing"

@@ -39,6 +39,12 @@ class RunView:
     model: str = ""
     """The provider's model name (``gen_ai.request.model``)."""
     timer: asyncio.Task[None] | None = None
+    queued_seq: int = 0
+    """Stream sequence of the run's last TurnRequest in the work queue (0: none published)."""
+    checked_at: float = 0.0
+    """When that TurnRequest was published or last seen still queued (epoch seconds)."""
+    redispatches: int = 0
+    """Times the pending turn was published again after its TurnRequest was lost."""
 
     @property
     def key(self) -> RunKey:

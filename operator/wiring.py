@@ -67,7 +67,7 @@ class Parts:
     reaper: lifecycle.Reaper
     tasks: tuple[asyncio.Task[None], ...]
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
-    TTL reaper, orphan purge."""
+    TTL reaper, orphan purge, orphaned turns."""
 
 
 @dataclasses.dataclass
@@ -143,6 +143,9 @@ async def start_parts(
         *_start_loops(dispatcher, pump, sweep),
         asyncio.create_task(reaper.run(), name="ttl-reaper"),
         asyncio.create_task(_purge_orphans(bus, api), name="orphan-purge"),
+        asyncio.create_task(
+            dispatcher.watch_orphans(after=settings.orphan_after), name="orphan-turns"
+        ),
     )
     return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, reaper, tasks)
 

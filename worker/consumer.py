@@ -32,6 +32,7 @@ from agentrun.ledger import (
 from agentrun.protocol import RunEvent, TurnRequest
 
 from . import history
+from .secrets import SecretUnavailable
 from .turn import PhaseClock, TurnDeps, execute_turn
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,17 @@ class ConsumerSettings:
     hold_ttl: float = DEFAULT_HOLD_TTL
     """Seconds a ledger hold outlives its last refresh (a dead worker's hold is released
     after at most this plus the operator's sweep interval)."""
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether a turn that raised ``err`` should wait and be retried however long the fault
+    lasts (NATS trouble, an unreadable or contended ledger entry, an API server that cannot
+    be asked now), rather than end its run on a repeat."""
+    if isinstance(err, nats.errors.MaxPayloadError):
+        return False  # deterministic: the same turn would not fit again
+    return isinstance(
+        err, nats.errors.Error | LedgerUnavailable | LedgerCorrupt | SecretUnavailable
+    )
 
 
 class Committed(NamedTuple):
@@ -145,19 +157,18 @@ class TurnConsumer:
             self._cancelled.discard(request.run_uid)
 
     async def _failed(self, msg: Msg, request: TurnRequest, err: Exception) -> None:
-        """A turn raised. NATS or ledger trouble is retried by redelivery (a damaged tenant
-        ledger entry holds the run's turns until it is repaired); anything else (a payload over
+        """A turn raised. NATS, ledger or API-server trouble is retried by redelivery (a
+        damaged tenant ledger entry holds the run's turns until it is repaired; no delivery
+        limit drops the turn meanwhile); anything else (a payload over
         the server's limit, a bug) ends the run ``checkpoint_failed`` on its second failure —
         each retry calls the model again, and a deterministic error would fail the same way."""
-        transient = (
-            isinstance(err, nats.errors.Error) and not isinstance(err, nats.errors.MaxPayloadError)
-        ) or isinstance(err, LedgerUnavailable | LedgerCorrupt)  # the run waits, not fails
+        transient = is_transient(err)  # the run waits, not fails
         delivered = msg.metadata.num_delivered or 1
         if transient or (delivered < 2 and not isinstance(err, nats.errors.MaxPayloadError)):
             log.warning("turn %s failed (%r); it will be redelivered", request.msg_id, err)
-            ledger_trouble = isinstance(err, LedgerUnavailable | LedgerCorrupt)
+            slow = isinstance(err, LedgerUnavailable | LedgerCorrupt | SecretUnavailable)
             with contextlib.suppress(Exception):
-                await msg.nak(delay=5.0 if ledger_trouble else 1.0)
+                await msg.nak(delay=5.0 if slow else 1.0)
             return
         log.error("turn %s failed for good: %r", request.msg_id, err, exc_info=err)
         message = f"turn {request.turn} could not be committed: {type(err).__name__}: {err}"[:1000]

@@ -5,12 +5,21 @@ from __future__ import annotations
 import base64
 import time
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.protocol import SecretRef
 
 from .model import ModelError
+
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+"""API server answers that say "try again" (overload, restart, timeouts)."""
+
+
+class SecretUnavailable(Exception):
+    """The API server could not be asked right now (unreachable, restarting, overloaded): the
+    turn waits and is retried, the run does not end."""
 
 
 class KubeSecrets:
@@ -22,7 +31,8 @@ class KubeSecrets:
         self._cache: dict[SecretRef, tuple[float, str]] = {}
 
     async def api_key(self, ref: SecretRef) -> str:
-        """The key's value; raises ``ModelError`` naming the Secret when it cannot be read."""
+        """The key's value; raises ``ModelError`` naming the Secret when it cannot be read,
+        ``SecretUnavailable`` when the API server cannot be asked right now."""
         hit = self._cache.get(ref)
         now = time.monotonic()
         if hit is not None and now - hit[0] < self.ttl:
@@ -33,7 +43,11 @@ class KubeSecrets:
         try:
             secret = await self.core.read_namespaced_secret(ref.name, ref.namespace)
         except ApiException as err:
+            if err.status in TRANSIENT_STATUSES:
+                raise SecretUnavailable(f"{where}: HTTP {err.status} {err.reason}") from err
             raise ModelError(f"cannot read {where}: HTTP {err.status} {err.reason}") from err
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise SecretUnavailable(f"{where}: {err!r}") from err
         data = (secret.data or {}).get(ref.key)
         if data is None:
             raise ModelError(f"{where} does not exist in the Secret")

@@ -7,18 +7,18 @@ record; this module only does the I/O in between, and decides no phase. It commi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from decimal import Decimal
 from typing import Any, Protocol, assert_never
 
 from opentelemetry import trace
 
 from agentrun import kernel, metrics, telemetry
-from agentrun.ledger import BudgetRefusal, worst_case
+from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed, Granted
 from agentrun.protocol import RunConfig, SecretRef
 from agentrun.tools.catalog import Catalog, ToolContext
 
@@ -88,17 +88,26 @@ class PhaseClock:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
+MIN_OUTPUT_TOKENS = 128
+"""The smallest output allowance a call is shrunk to when the tenant's budget left cannot hold
+its full allowance (a longer answer is cut at it, and the kernel asks for a correction)."""
+BUDGET_POLL_SECONDS = 0.5
+"""Seconds between two asks of a call waiting for other runs' holds to settle."""
+
+
 class BudgetHold(Protocol):
     """The tenant budget a turn draws on (``agentrun.ledger.TurnHold``, or a stand-in)."""
 
-    async def reserve(
-        self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
-    ) -> BudgetRefusal | None:
-        """Hold the call's worst case, or say why it does not fit."""
+    async def reserve_call(
+        self, need: CallNeed, *, before: kernel.RunState | None = None
+    ) -> Granted | BudgetWait | BudgetRefusal:
+        """Hold the call's worst case (shrunk to fit, if need be), or say that it waits for
+        other runs' holds, or why it cannot run."""
         ...
 
-    def spend(self, usage: kernel.Usage) -> None:
-        """The model call answered with ``usage`` (charged if the turn is abandoned)."""
+    async def spend(self, usage: kernel.Usage) -> None:
+        """The model call answered with ``usage`` (recorded; charged if the turn is
+        abandoned, even by a worker that dies)."""
         ...
 
 
@@ -153,24 +162,28 @@ async def _answer(
     hold: BudgetHold | None,
 ) -> kernel.TurnRecord:
     """Reserve, call the model, and carry out what the kernel makes of its answer."""
-    pricing = config.model.pricing
-    if hold is not None:
-        tokens, cost = worst_case(
-            prompt_tokens=call.prompt_estimate,
-            output_tokens=call.max_output_tokens,
-            pricing=pricing,
-        )
-        refusal = await hold.reserve(tokens=tokens, cost_usd=cost, before=state)
-        if refusal is not None:
-            return kernel.refused_by_tenant(call, refusal.message)
     tools = [] if call.summary else deps.tools_param(config.tools)
+    if hold is not None:
+        need = CallNeed(
+            prompt_tokens=max(call.prompt_estimate, kernel.prompt_token_bound(call.prompt, tools)),
+            output_tokens=call.max_output_tokens,
+            pricing=config.model.pricing,
+            min_output_tokens=MIN_OUTPUT_TOKENS,
+        )
+        answer = await _hold_budget(deps, config, hold, need, state)
+        if isinstance(answer, BudgetRefusal):
+            return kernel.refused_by_tenant(call, answer.message)
+        if isinstance(answer, BudgetWait):
+            return kernel.model_failed(call, answer.message, clock=_now(deps, config))
+        if answer.output_tokens < call.max_output_tokens:
+            call = dataclasses.replace(call, max_output_tokens=answer.output_tokens)
     try:
         with clock.phase("model"):
             response, usage = await _call_model(deps, config, call, tools)
     except ModelError as err:
         return kernel.model_failed(call, str(err), clock=_now(deps, config), fault=err.fault)
     if hold is not None:
-        hold.spend(usage)
+        await hold.spend(usage)
     step = kernel.plan_answer(
         state,
         config.limits,
@@ -183,6 +196,23 @@ async def _answer(
         return step
     with clock.phase("tools"):
         return step.finish(await _run(deps, config, step.runnable))
+
+
+async def _hold_budget(
+    deps: TurnDeps,
+    config: RunConfig,
+    hold: BudgetHold,
+    need: CallNeed,
+    state: kernel.RunState,
+) -> Granted | BudgetWait | BudgetRefusal:
+    """Reserve ``need``, asking again every ``BUDGET_POLL_SECONDS`` while it waits for other
+    runs' holds; a ``BudgetWait`` comes back only once the run's deadline passed waiting."""
+    while True:
+        answer = await hold.reserve_call(need, before=state)
+        left = config.deadline - deps.clock()
+        if not isinstance(answer, BudgetWait) or left <= 0:
+            return answer
+        await asyncio.sleep(min(BUDGET_POLL_SECONDS, left))
 
 
 def _now(deps: TurnDeps, config: RunConfig) -> kernel.Timing:

@@ -66,7 +66,7 @@ from agentrun.kernel.terminal import (
     TerminalReason,
     conclude,
 )
-from agentrun.kernel.usage import Usage, estimate_tokens, read_usage
+from agentrun.kernel.usage import Usage, estimate_tokens, prompt_token_bound, read_usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 
 __all__ = [
@@ -125,6 +125,7 @@ __all__ = [
     "not_run",
     "plan_answer",
     "plan_turn",
+    "prompt_token_bound",
     "read_usage",
     "record_results",
     "record_usage",

@@ -68,6 +68,51 @@ def estimate_tokens(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] 
     return chars // CHARS_PER_TOKEN + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1)
 
 
+BOUND_MESSAGE_OVERHEAD = 8
+"""Framing tokens per message allowed by ``prompt_token_bound`` (chat formats use 3–4: role
+and separator special tokens; doubled for formats not measured)."""
+BOUND_TOOL_OVERHEAD = 32
+"""Tokens per tool definition allowed on top of its text's count (the provider renders the
+definitions into its own text form with per-tool framing)."""
+
+
+def utf8_bytes(text: str) -> int:
+    """UTF-8 length of ``text``; an unpaired surrogate counts 3 bytes (what a provider receives
+    once the JSON escape is decoded and replaced by U+FFFD, also 3 bytes)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _schema_tokens(text: str) -> int:
+    """Tokens allowed for tool-definition text: one per 4 ASCII characters, one per byte of
+    anything else."""
+    ascii_chars = sum(1 for char in text if char < "\x80")
+    return -(-ascii_chars // CHARS_PER_TOKEN) + utf8_bytes(text) - ascii_chars
+
+
+def prompt_token_bound(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] = ()) -> int:
+    """An upper bound of the prompt tokens a byte-level BPE tokenizer counts for this chat
+    request, whatever the script or encoding of the conversation's text.
+
+    Every token of a byte-level BPE (GPT-2, cl100k_base, o200k_base and their kin) stands for
+    at least one byte of UTF-8, so a text has at most as many tokens as bytes. The messages
+    (goal, instructions, answers, tool calls and results: text nobody vets) count as the
+    UTF-8 size of each message as JSON (content, tool calls, ids and names, plus keys and
+    quotes, which only add) and ``BOUND_MESSAGE_OVERHEAD`` framing tokens per message and for
+    the reply. The tools list, written by the platform (the worker's catalog, tool servers it
+    trusts), counts one token per 4 ASCII characters of its JSON, one per byte of anything
+    else, and ``BOUND_TOOL_OVERHEAD`` per tool. What it assumes is written in the architecture
+    document.
+    """
+    total = BOUND_MESSAGE_OVERHEAD * (len(messages) + 1)
+    for message in messages:
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=str)
+        total += utf8_bytes(text)
+    if tools:
+        text = json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"), default=str)
+        total += _schema_tokens(text) + BOUND_TOOL_OVERHEAD * len(tools)
+    return total
+
+
 MAX_REPORTED_TOKENS = 10_000_000_000
 """Counts above this are not believed (no context window is that large)."""
 

@@ -13,6 +13,9 @@ from agentrun.ledger.entries import (
     RESOURCES,
     Active,
     BudgetRefusal,
+    BudgetWait,
+    CallNeed,
+    Granted,
     Hold,
     LedgerCorrupt,
     TenantLimits,
@@ -20,7 +23,7 @@ from agentrun.ledger.entries import (
     worst_case,
 )
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
-from agentrun.ledger.store import LedgerStore, QueuedRun, Repair
+from agentrun.ledger.store import LedgerStore, QueuedRun, QueueFull, Repair
 
 __all__ = [
     "DEFAULT_HOLD_TTL",
@@ -28,10 +31,14 @@ __all__ = [
     "Active",
     "Book",
     "BudgetRefusal",
+    "BudgetWait",
+    "CallNeed",
+    "Granted",
     "Hold",
     "LedgerCorrupt",
     "LedgerStore",
     "LedgerUnavailable",
+    "QueueFull",
     "QueuedRun",
     "Repair",
     "TenantLimits",

@@ -11,6 +11,13 @@ The entry holds, for the current fixed window:
   workers cannot together overspend: the check and the record are one compare-and-set.
 - ``active``: admitted runs that have not ended (``maxConcurrentRuns``), each with the run's
   cumulative usage charged so far and the turn it was charged up to.
+- ``waiting``: calls that fit what is committed (``used``) but not next to other runs' holds;
+  they wait for those holds to settle instead of ending the run, oldest first
+  (``reserve_call``). A run ends ``tenant_budget_exhausted`` only when ``used`` plus its own
+  smallest worst case exceeds a limit.
+- a hold's ``spent``: what its model call used once it answered, written before the turn goes
+  on, so the call is charged even if its worker dies before the turn commits (the sweep, a
+  redelivery replacing the hold, or the run's close charges it as abandoned).
 
 Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
 ``cumulative - charged`` only when the turn is newer than the one charged last. That makes it
@@ -24,14 +31,22 @@ from __future__ import annotations
 import dataclasses
 from decimal import Decimal
 
+from agentrun.kernel.limits import MILLION
 from agentrun.ledger.entries import (
     ADMISSION_HOLD_TTL,
     BUDGET_EXHAUSTED,
+    BUDGET_HELD,
     CONCURRENCY_LIMIT,
+    MAX_ACTIVE_RUNS,
+    WAITER_TTL,
     Active,
     BudgetRefusal,
+    BudgetWait,
+    CallNeed,
+    Granted,
     Hold,
     TenantLimits,
+    Waiter,
     window_start,
 )
 
@@ -56,6 +71,8 @@ class Book:
     """The part of ``used_cost`` spent that way."""
     holds: dict[str, Hold] = dataclasses.field(default_factory=dict)
     active: dict[str, Active] = dataclasses.field(default_factory=dict)
+    waiting: dict[str, Waiter] = dataclasses.field(default_factory=dict)
+    """Calls waiting for holds to settle, by hold key."""
 
     @classmethod
     def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Book:
@@ -176,7 +193,16 @@ class Book:
                 None,
                 f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
             )
-        refusal = self.exhausted(now, need_tokens=need_tokens, need_cost=need_cost)
+        if len(self.active) >= MAX_ACTIVE_RUNS:
+            return BudgetRefusal(
+                CONCURRENCY_LIMIT,
+                None,
+                f"{len(self.active)} runs are active, the most one tenant's ledger entry holds",
+            )
+        if need_tokens or need_cost:
+            refusal = self._admission_refusal(now, need_tokens=need_tokens, need_cost=need_cost)
+        else:
+            refusal = self.exhausted(now)
         if refusal is not None:
             return refusal
         self.active[run_uid] = Active(namespace, name, now)
@@ -193,6 +219,56 @@ class Book:
             )
         return None
 
+    def _admission_refusal(
+        self, now: float, *, need_tokens: int, need_cost: Decimal
+    ) -> BudgetRefusal | None:
+        """``BudgetExhausted`` when ``need`` does not fit what is committed (``used``), so it
+        never will this window; ``BudgetHeld`` when it does, but not next to the holds in
+        flight and the oldest waiting call (running runs go first); else ``None``."""
+        limits = self.limits
+        if limits.tokens is not None and self.used_tokens + need_tokens > limits.tokens:
+            return BudgetRefusal(
+                BUDGET_EXHAUSTED,
+                "tokens",
+                f"tokens: {self.used_tokens} used of {limits.tokens} this window; a first "
+                f"call needs up to {need_tokens}",
+            )
+        if limits.cost_usd is not None and self.used_cost + need_cost > limits.cost_usd:
+            return BudgetRefusal(
+                BUDGET_EXHAUSTED,
+                "costUSD",
+                f"costUSD: {self.used_cost} used of {limits.cost_usd} this window; a first "
+                f"call needs up to {need_cost}",
+            )
+        if self._wall_exhausted(now):
+            return BudgetRefusal(BUDGET_EXHAUSTED, "wallClockSeconds", self._wall_message(now))
+        self._drop_expired_waiters(now)
+        held_tokens, held_cost = self.reserved_tokens, self.reserved_cost
+        ahead = self._oldest_waiter_before("")
+        if ahead is not None:
+            held_tokens, held_cost = held_tokens + ahead.tokens, held_cost + ahead.cost_usd
+        for resource, over in (
+            (
+                "tokens",
+                limits.tokens is not None
+                and self.used_tokens + held_tokens + need_tokens > limits.tokens,
+            ),
+            (
+                "costUSD",
+                limits.cost_usd is not None
+                and self.used_cost + held_cost + need_cost > limits.cost_usd,
+            ),
+        ):
+            if over:
+                return BudgetRefusal(
+                    BUDGET_HELD,
+                    resource,
+                    f"{resource}: {self.used_tokens} tokens / {self.used_cost} USD used and "
+                    f"{held_tokens} / {held_cost} held by calls in flight or waiting; a first "
+                    f"call needs up to {need_tokens} / {need_cost}",
+                )
+        return None
+
     def reserve(self, key: str, hold: Hold, *, now: float) -> BudgetRefusal | None:
         """Hold ``hold`` under ``key`` (``<run-uid>:<turn>``) if it fits within every limit.
 
@@ -202,6 +278,10 @@ class Book:
         """
         self.roll(now)
         previous = self.holds.pop(key, None)
+        if previous is not None and previous.answered and previous.owner != hold.owner:
+            # an earlier delivery's call answered and its worker is gone: the provider billed it
+            self._charge_abandoned(previous)
+            previous = None
         limits = self.limits
         if limits.tokens is not None:
             after = self.used_tokens + self.reserved_tokens + hold.tokens
@@ -235,6 +315,149 @@ class Book:
             )
         self.holds[key] = hold
         return None
+
+    def reserve_call(
+        self, key: str, need: CallNeed, hold: Hold, *, now: float
+    ) -> Granted | BudgetWait | BudgetRefusal:
+        """Hold the call ``need`` under ``key`` (``hold`` gives its run, turn, owner and expiry;
+        its amounts are set here), or say that it waits or why it can never run.
+
+        - Refused when even its smallest worst case (``need.floor``) does not fit what is
+          committed (``used``): used only grows in a window, so waiting would not help.
+        - Waits (``BudgetWait``, recorded in ``waiting``) when it fits what is committed but
+          not next to other runs' holds, or not next to the oldest earlier waiter's smallest
+          worst case: waiters are served oldest first, and a newer call never takes the room
+          an older one waits for.
+        - Otherwise held with the largest output allowance up to ``need.output_tokens`` that
+          fits (so the last calls of a window shrink to what is left instead of failing).
+        """
+        self.roll(now)
+        self._drop_expired_waiters(now)
+        previous = self.holds.get(key)
+        if previous is not None and previous.owner != hold.owner:
+            self.holds.pop(key)
+            if previous.answered:
+                self._charge_abandoned(previous)
+        own = self.holds.pop(key, None)  # this owner asking again: its old hold is not a rival
+        floor = need.floor
+        alone = self._largest_output(need, reserved=(0, Decimal(0)))
+        if alone is None or alone < floor:
+            self.waiting.pop(key, None)
+            return self._refuse(key, own, *self._shortfall(need, floor))
+        rivals = (self.reserved_tokens, self.reserved_cost)
+        ahead = self._oldest_waiter_before(key)
+        if ahead is not None:
+            rivals = (rivals[0] + ahead.tokens, rivals[1] + ahead.cost_usd)
+        fits = self._largest_output(need, reserved=rivals)
+        if fits is None or fits < floor or self._wall_exhausted(now):
+            if self._wall_exhausted(now):
+                self.waiting.pop(key, None)
+                return self._refuse(key, own, "wallClockSeconds", self._wall_message(now))
+            if own is not None:  # asked again while holding: keep what it holds
+                self.holds[key] = own
+            tokens, cost = need.worst(floor)
+            waiter = self.waiting.get(key)
+            if waiter is None:
+                self.waiting[key] = Waiter(now, tokens, cost, now + WAITER_TTL)
+            elif waiter.expires - now < WAITER_TTL / 2:
+                waiter.expires = now + WAITER_TTL
+            return BudgetWait(
+                f"tenant {self.tenant!r}: {self.used_tokens} tokens / {self.used_cost} USD "
+                f"used, {self.reserved_tokens} / {self.reserved_cost} held by calls in flight; "
+                f"this call needs at least {tokens} / {cost}"
+            )
+        output = min(fits, need.output_tokens)
+        tokens, cost = need.worst(output)
+        hold.tokens, hold.cost_usd = tokens, cost
+        self.waiting.pop(key, None)
+        self.holds[key] = hold
+        return Granted(output, tokens, cost)
+
+    def _largest_output(self, need: CallNeed, *, reserved: tuple[int, Decimal]) -> int | None:
+        """The largest output allowance ≤ ``need.output_tokens`` that fits next to ``used``
+        and ``reserved`` (tokens, USD); ``None`` if not even the prompt fits."""
+        best = need.output_tokens
+        limits = self.limits
+        if limits.tokens is not None:
+            best = min(best, limits.tokens - self.used_tokens - reserved[0] - need.prompt_tokens)
+        if limits.cost_usd is not None:
+            left = limits.cost_usd - self.used_cost - reserved[1] - need.worst(0)[1]
+            price = need.pricing.output_per_million
+            if left < 0:
+                return None
+            if price > 0:
+                best = min(best, int(left * MILLION // price))
+        return None if best < 0 else best
+
+    def _shortfall(self, need: CallNeed, floor: int) -> tuple[str, str]:
+        """The resource a call's smallest worst case overruns on committed use, and why."""
+        tokens, cost = need.worst(floor)
+        limits = self.limits
+        if limits.tokens is not None and self.used_tokens + tokens > limits.tokens:
+            return "tokens", (
+                f"tenant {self.tenant!r} tokens: {self.used_tokens} used + {tokens} for this "
+                f"call exceeds {limits.tokens}"
+            )
+        return "costUSD", (
+            f"tenant {self.tenant!r} costUSD: {self.used_cost} used + {cost} for this call "
+            f"exceeds {limits.cost_usd}"
+        )
+
+    def _oldest_waiter_before(self, key: str) -> Waiter | None:
+        """The oldest waiter other than ``key`` that waits longer than ``key`` (if it waits)."""
+        mine = self.waiting.get(key)
+        others = [(w.since, k) for k, w in self.waiting.items() if k != key]
+        if not others:
+            return None
+        since, oldest = min(others)
+        if mine is not None and (mine.since, key) < (since, oldest):
+            return None
+        return self.waiting[oldest]
+
+    def _drop_expired_waiters(self, now: float) -> None:
+        for key in [k for k, w in self.waiting.items() if w.expires <= now]:
+            del self.waiting[key]
+
+    def _wall_exhausted(self, now: float) -> bool:
+        limit = self.limits.wall_seconds
+        return limit is not None and self.wall_used(now) >= limit
+
+    def _wall_message(self, now: float) -> str:
+        return (
+            f"tenant {self.tenant!r} wallClockSeconds: {self.wall_used(now):.0f} of "
+            f"{self.limits.wall_seconds:.0f} used"
+        )
+
+    def stop_waiting(self, key: str) -> bool:
+        """The call ``key`` no longer waits (its turn was given up); True if it did."""
+        return self.waiting.pop(key, None) is not None
+
+    def record_spend(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal) -> bool:
+        """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
+        the hold, so it is charged even if the turn never commits. False if the hold is gone
+        or not ``owner``'s."""
+        hold = self.holds.get(key)
+        if hold is None or hold.owner != owner:
+            return False
+        hold.spent_tokens, hold.spent_cost = tokens, cost_usd
+        return True
+
+    def drop_hold(self, key: str, *, committed_turn: int) -> bool:
+        """Drop hold ``key`` (its worker is gone), charging its answered call as abandoned if
+        its turn is newer than ``committed_turn`` (the run's last committed turn: a committed
+        turn's usage is in the run's own, charged by ``settle``). True if dropped."""
+        hold = self.holds.pop(key, None)
+        if hold is None:
+            return False
+        if hold.answered and hold.turn > committed_turn:
+            self._charge_abandoned(hold)
+        return True
+
+    def _charge_abandoned(self, hold: Hold) -> None:
+        self.used_tokens += hold.spent_tokens
+        self.used_cost += hold.spent_cost
+        self.abandoned_tokens += hold.spent_tokens
+        self.abandoned_cost += hold.spent_cost
 
     def _refuse(
         self, key: str, previous: Hold | None, resource: str, message: str
@@ -328,7 +551,9 @@ class Book:
         window, free its slot and drop any hold it left. False if it was not active."""
         self.settle(run_uid, turn=turn, tokens=tokens, cost_usd=cost_usd, now=now)
         for key in [k for k, h in self.holds.items() if h.run_uid == run_uid]:
-            del self.holds[key]
+            self.drop_hold(key, committed_turn=turn)
+        for key in [k for k in self.waiting if k.startswith(f"{run_uid}:")]:
+            del self.waiting[key]
         run = self.active.pop(run_uid, None)
         if run is None:
             return False

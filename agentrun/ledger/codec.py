@@ -19,13 +19,19 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from agentrun.ledger.book import Book
-from agentrun.ledger.entries import Active, Hold, LedgerCorrupt, TenantLimits
+from agentrun.ledger.entries import Active, Hold, LedgerCorrupt, TenantLimits, Waiter
 
 FORMAT = 2
 """Version of the book entry's shape (``"v"``)."""
 
-HoldRow = tuple[str, int, int, Decimal, float, str]
-"""A hold: run uid, turn, tokens, USD, expiry (epoch seconds), owner."""
+HoldRow = (
+    tuple[str, int, int, Decimal, float, str]
+    | tuple[str, int, int, Decimal, float, str, int, Decimal]
+)
+"""A hold: run uid, turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
+answered, the tokens and USD the call used."""
+WaiterRow = tuple[float, int, Decimal, float]
+"""A waiting call: waiting since (epoch seconds), tokens, USD it needs at least, expiry."""
 ActiveRow = tuple[str, str, float, int, int, Decimal]
 """An active run: namespace, name, charged since (epoch seconds), turn, tokens, USD charged."""
 
@@ -64,6 +70,7 @@ class BookShape(_Shape):
     used: UsedShape
     holds: dict[str, HoldRow]
     active: dict[str, ActiveRow]
+    waiting: dict[str, WaiterRow] = {}
 
 
 def encode_book(book: Book) -> bytes:
@@ -90,16 +97,22 @@ def encode_book(book: Book) -> bytes:
             abandonedTokens=book.abandoned_tokens,
             abandonedCostUSD=book.abandoned_cost,
         ),
-        holds={
-            k: (h.run_uid, h.turn, h.tokens, h.cost_usd, h.expires, h.owner)
-            for k, h in book.holds.items()
-        },
+        holds={k: _hold_row(h) for k, h in book.holds.items()},
         active={
             k: (a.namespace, a.name, a.since, a.turn, a.tokens, a.cost_usd)
             for k, a in book.active.items()
         },
+        waiting={
+            k: (w.since, w.tokens, w.cost_usd, w.expires)
+            for k, w in book.waiting.items()
+        },
     )
     return shape.model_dump_json().encode()
+
+
+def _hold_row(h: Hold) -> HoldRow:
+    row = (h.run_uid, h.turn, h.tokens, h.cost_usd, h.expires, h.owner)
+    return (*row, h.spent_tokens, h.spent_cost) if h.answered else row
 
 
 def decode_book(data: bytes) -> Book:
@@ -114,7 +127,8 @@ def decode_book(data: bytes) -> Book:
     holds: dict[str, Hold] = {}
     for k, row in shape.holds.items():
         run = active.get(row[0])  # a hold's run names come from its active entry
-        holds[k] = Hold(*row, run.namespace if run else "", run.name if run else "")
+        place = (run.namespace, run.name) if run else ("", "")
+        holds[k] = Hold(*row[:6], *place, *row[6:])
     return Book(
         tenant=shape.tenant,
         limits=TenantLimits(
@@ -132,6 +146,7 @@ def decode_book(data: bytes) -> Book:
         abandoned_cost=used.abandonedCostUSD,
         holds=holds,
         active=active,
+        waiting={k: Waiter(*row) for k, row in shape.waiting.items()},
     )
 
 

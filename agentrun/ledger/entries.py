@@ -21,6 +21,18 @@ ADMISSION_HOLD_TTL = 600.0
 runs admitted together cannot each be promised the same budget."""
 CONCURRENCY_LIMIT = "ConcurrencyLimit"
 BUDGET_EXHAUSTED = "BudgetExhausted"
+BUDGET_HELD = "BudgetHeld"
+"""A run's first call fits what is committed, but not next to the holds of calls in flight
+(or an older waiting call): it is admitted once they settle."""
+MAX_ACTIVE_RUNS = 500
+"""Runs one tenant may have active at once, whatever its ``maxConcurrentRuns``: the entry is
+one KV value, rewritten on every change, and must stay far below the server's max payload
+(1 MiB by default). An active run costs at most about 680 bytes of it (its slot, one hold with
+a recorded spend, one waiter, every name at its longest), so the entry stays under 350 KB;
+runs over the cap wait in the queue (``ConcurrencyLimit``)."""
+WAITER_TTL = 10.0
+"""Seconds a waiting call's place is kept after it last asked (it asks about once a second;
+a waiter whose worker died stops holding the others back after this)."""
 
 
 class LedgerCorrupt(ValueError):
@@ -80,6 +92,71 @@ class Hold:
     """Who reserved (one id per delivery of the turn); only the owner may release it."""
     namespace: str = ""
     name: str = ""
+    spent_tokens: int = 0
+    """Tokens its model call used, recorded once the call answered (0: not answered yet)."""
+    spent_cost: Decimal = Decimal(0)
+    """USD its model call used, recorded with ``spent_tokens``."""
+
+    @property
+    def answered(self) -> bool:
+        """Whether the hold's model call answered (its usage is recorded)."""
+        return bool(self.spent_tokens or self.spent_cost)
+
+
+@dataclasses.dataclass(slots=True)
+class Waiter:
+    """A call waiting for other runs' holds to settle (``Book.reserve_call``)."""
+
+    since: float
+    """When it first waited, epoch seconds: the order waiters are served in."""
+    tokens: int
+    """The least it can start with: its prompt plus the smallest output allowance."""
+    cost_usd: Decimal
+    """The price of that."""
+    expires: float
+    """Epoch seconds; pushed out each time the call asks again. Past it, the waiter is gone."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallNeed:
+    """A model call to hold budget for: its prompt and the output allowance it may shrink."""
+
+    prompt_tokens: int
+    """An upper bound of the prompt's tokens."""
+    output_tokens: int
+    """The output allowance every run budget leaves (the request's ``max_tokens``)."""
+    pricing: Pricing
+    min_output_tokens: int = 0
+    """The least allowance worth calling with; the allowance shrinks down to it to fit what
+    is left (0 or ``output_tokens``: never shrinks)."""
+
+    def worst(self, output_tokens: int) -> tuple[int, Decimal]:
+        """(tokens, USD) of the call with ``output_tokens`` allowed (see ``worst_case``)."""
+        return worst_case(
+            prompt_tokens=self.prompt_tokens, output_tokens=output_tokens, pricing=self.pricing
+        )
+
+    @property
+    def floor(self) -> int:
+        """The smallest allowance it accepts."""
+        return min(self.output_tokens, self.min_output_tokens or self.output_tokens)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Granted:
+    """A held call: it may start with ``output_tokens`` allowed."""
+
+    output_tokens: int
+    tokens: int
+    cost_usd: Decimal
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BudgetWait:
+    """The call fits what is committed, but not next to other runs' holds (or an older
+    waiter): it waits for them to settle and asks again."""
+
+    message: str
 
 
 @dataclasses.dataclass(slots=True)

@@ -1,16 +1,18 @@
 """One turn's hold on its tenant's budget: reserve before the model call, settle after commit.
 
-The order: reserve the call's worst case → call the model → run tools → commit the turn event
-→ settle the run's cumulative usage. A turn that never commits (cancelled, lost the commit
-race, its worker shut down) gives its hold back when its ``async with`` block exits: it is
-released, or abandoned — charged what the model call used — if the model had answered (the
-provider bills that call). A worker that dies leaves its hold to expire; the operator's ledger
-sweep then drops it. The hold is refreshed with the turn's JetStream heartbeat, so only a dead
-worker's hold expires.
+The order: reserve the call's worst case (``reserve_call``: held, waiting for other runs'
+holds, or refused) → call the model → record what it used (``spend``, written to the hold) →
+run tools → commit the turn event → settle the run's cumulative usage. A turn that never
+commits (cancelled, lost the commit race, its worker shut down) gives its hold back when its
+``async with`` block exits: it is released, or abandoned — charged what the model call used —
+if the model had answered (the provider bills that call). A worker that dies leaves its hold
+to expire; the operator's ledger sweep then drops it, charging the usage ``spend`` recorded on
+it unless the turn committed (a redelivery that replaces the hold charges it likewise). The
+hold is refreshed with the turn's JetStream heartbeat, so only a dead worker's hold expires.
 
-    async with store.turn_hold(tenant=..., run_uid=..., namespace=..., name=..., turn=...) as h:
-        refusal = await h.reserve(tokens=..., cost_usd=..., before=state)
-        ...                      # the model call: h.spend(usage) once it answered
+    async with store.turn_hold(ref, ttl=...) as h:
+        answer = await h.reserve_call(need, before=state)   # Granted | BudgetWait | refusal
+        ...                      # the model call: await h.spend(usage) once it answered
         ...                      # commit the turn event
         await h.settle(after)    # or leave the block uncommitted: released / abandoned
 """
@@ -29,7 +31,7 @@ from typing import Protocol, TypeVar
 
 from agentrun import kernel
 from agentrun.ledger.book import Book
-from agentrun.ledger.entries import BudgetRefusal, Hold
+from agentrun.ledger.entries import BudgetRefusal, BudgetWait, CallNeed, Granted, Hold
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,8 @@ class TurnHold:
         """Whether this delivery may hold budget in the book now."""
         self.spent: kernel.Usage | None = None
         """What this turn's model call used, from its answer until the turn settles."""
+        self.waiting = False
+        """Whether this delivery's call waits in the book for other runs' holds."""
 
     async def __aenter__(self) -> TurnHold:
         return self
@@ -107,6 +111,8 @@ class TurnHold:
     ) -> None:
         if self.held:  # the turn did not commit (or did, but did not settle): give it back
             await asyncio.shield(self._give_back())
+        elif self.waiting:  # given up while waiting: let the next waiter go first
+            await asyncio.shield(self._stop_waiting())
 
     async def reserve(
         self, *, tokens: int, cost_usd: Decimal, before: kernel.RunState | None = None
@@ -140,9 +146,55 @@ class TurnHold:
         self.held = refusal is None
         return refusal
 
-    def spend(self, usage: kernel.Usage) -> None:
-        """The model call answered with ``usage``: charged if the turn is abandoned now."""
+    async def reserve_call(
+        self, need: CallNeed, *, before: kernel.RunState | None = None
+    ) -> Granted | BudgetWait | BudgetRefusal:
+        """Hold the call ``need`` (its output allowance shrunk to what is left, if need be),
+        or learn that it waits for other runs' holds (ask again later) or can never run this
+        window (``Book.reserve_call``). ``before`` as for ``reserve``.
+
+        Raises ``LedgerUnavailable`` or a NATS error when the ledger cannot be changed.
+        """
+        now, ref = self.clock(), self.ref
+        template = Hold(
+            ref.run_uid, ref.turn, 0, Decimal(0), now + self.ttl, self.owner, *ref.place
+        )
+
+        def apply(book: Book) -> Granted | BudgetWait | BudgetRefusal:
+            if before is not None:
+                book.catch_up(
+                    ref.run_uid,
+                    turn=before.turn - 1,
+                    tokens=before.usage.total_tokens,
+                    cost_usd=before.usage.cost_usd,
+                    now=now,
+                )
+            return book.reserve_call(self.key, need, dataclasses.replace(template), now=now)
+
+        self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
+        answer = await self._change(ref.tenant, apply)
+        self.held = isinstance(answer, Granted)
+        self.waiting = isinstance(answer, BudgetWait)
+        return answer
+
+    async def spend(self, usage: kernel.Usage) -> None:
+        """The model call answered with ``usage``: charged if the turn is abandoned now, and
+        written to the hold so that it is charged even if this process dies before the turn
+        commits. A failed write is logged, not raised (the turn goes on; only a worker dying
+        while the ledger is also unreachable loses the charge)."""
         self.spent = usage
+        if not self.held:
+            return
+
+        def apply(book: Book) -> bool:
+            return book.record_spend(
+                self.key, owner=self.owner, tokens=usage.total_tokens, cost_usd=usage.cost_usd
+            )
+
+        try:
+            await self._change(self.ref.tenant, apply)
+        except Exception as err:
+            log.warning("usage of hold %s not recorded (%r); kept in memory only", self.key, err)
 
     async def refresh(self) -> None:
         """Keep the hold alive while the turn runs (called with each heartbeat)."""
@@ -202,6 +254,14 @@ class TurnHold:
             )
 
         await self._change(self.ref.tenant, apply)
+
+    async def _stop_waiting(self) -> None:
+        """Leave the book's waiting calls, best effort: a stale waiter expires anyway."""
+        self.waiting = False
+        try:
+            await self._change(self.ref.tenant, lambda book: book.stop_waiting(self.key))
+        except Exception as err:
+            log.info("waiter %s not removed (%r); it expires", self.key, err)
 
     async def _give_back(self) -> None:
         """Release or abandon, best effort: an unreleased hold expires anyway."""

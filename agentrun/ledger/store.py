@@ -27,10 +27,27 @@ from agentrun.ledger.codec import QueuedRunShape
 from agentrun.ledger.entries import BudgetRefusal, TenantLimits
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 
-__all__ = ["BUCKET", "LedgerStore", "LedgerUnavailable", "QueuedRun", "Repair"]
+__all__ = [
+    "BUCKET",
+    "MAX_QUEUED_RUNS",
+    "LedgerStore",
+    "LedgerUnavailable",
+    "QueueFull",
+    "QueuedRun",
+    "Repair",
+]
 
 BUCKET = "AGENTRUN_LEDGER"
 T = TypeVar("T")
+
+MAX_QUEUED_RUNS = 1_000
+"""Runs one tenant's admission queue holds: the queue is one KV value, and at about 400 bytes
+a run at most (every name at its longest) 1 000 runs stay under 410 KB, far below the
+server's max payload (1 MiB by default). ``enqueue`` refuses the next one (``QueueFull``)."""
+
+
+class QueueFull(Exception):
+    """The tenant's admission queue holds ``MAX_QUEUED_RUNS`` runs: this run cannot join it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,7 +195,8 @@ class LedgerStore(CasStore):
     ) -> None:
         """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), a new
         window if one is due, then each repair — an expired hold is charged what its run
-        committed and dropped; a run whose last event is terminal is closed at that event's
+        committed and dropped (and what its call used, recorded on it, if its turn never
+        committed); a run whose last event is terminal is closed at that event's
         time; a stale run that left no events is closed with nothing charged."""
         if now is None:
             now = self.clock()
@@ -211,12 +229,19 @@ class LedgerStore(CasStore):
     async def enqueue(self, tenant: str, run: QueuedRun) -> int:
         """Queue ``run`` unless already queued: after every run created no later than it (FIFO
         by creation time, so runs created together queue in creation order even when their
-        admissions reach here out of order). Returns its 1-based position."""
+        admissions reach here out of order). Returns its 1-based position.
+
+        Raises ``QueueFull`` (for this run only) when the queue holds ``MAX_QUEUED_RUNS``.
+        """
 
         def add(runs: list[QueuedRun]) -> int:
             for index, queued in enumerate(runs):
                 if queued.uid == run.uid:
                     return index + 1
+            if len(runs) >= MAX_QUEUED_RUNS:
+                raise QueueFull(
+                    f"AgentTenant {tenant!r}'s admission queue is full ({len(runs)} runs wait)"
+                )
             index = len(runs)
             while index > 0 and runs[index - 1].at > run.at:
                 index -= 1
@@ -258,11 +283,12 @@ def _committed(last: kernel.RunSummary | None) -> dict[str, Any]:
 def _repair(book: Book, repair: Repair, now: float) -> None:
     uid, last = repair.run_uid, repair.last
     if repair.hold_key:
+        committed = _committed(last)
         if last is not None:
-            book.settle(uid, **_committed(last), now=now)
+            book.settle(uid, **committed, now=now)
         hold = book.holds.get(repair.hold_key)
-        if hold is not None and hold.expires <= now:
-            del book.holds[repair.hold_key]
+        if hold is not None and hold.expires <= now:  # charged if its call answered, uncommitted
+            book.drop_hold(repair.hold_key, committed_turn=committed["turn"])
     if last is not None and last.phase.is_terminal:
         book.close(uid, **_committed(last), end=repair.last_time or now, now=now)
     elif not repair.hold_key and last is None:  # the run is gone and left no events

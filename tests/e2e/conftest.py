@@ -26,6 +26,8 @@ HOLD_TTL = 5.0
 """Seconds a ledger hold outlives its worker's last refresh (short, for the SIGKILL tests)."""
 LEDGER_SWEEP = 0.5
 """Seconds between the operator's ledger sweeps (expired holds, window resets, queues)."""
+ORPHAN_AFTER = 2.0
+"""Seconds before the operator looks whether a running run's TurnRequest was lost."""
 
 
 @dataclasses.dataclass
@@ -132,6 +134,7 @@ def e2e(
         AGENTRUN_STATUS_INTERVAL="0.5",
         AGENTRUN_HOLD_TTL=str(HOLD_TTL),
         AGENTRUN_LEDGER_SWEEP=str(LEDGER_SWEEP),
+        AGENTRUN_ORPHAN_AFTER=str(ORPHAN_AFTER),
         OTEL_TRACES_EXPORTER="console",  # one JSON line per span in each process's log
     )
     operator = stack.start_operator(env, launch=launch)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.js.errors
+
+from agentrun import protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import Book, LedgerStore
 from agentrun.protocol import RunEvent
@@ -38,3 +41,44 @@ def read_book(nats_url: str, tenant: str) -> Book | None:
             await bus.close()
 
     return asyncio.run(read())
+
+
+def delete_queued_turns(nats_url: str, tenant: str) -> int:
+    """Delete every TurnRequest of ``tenant`` still in the work queue (JetStream delete msg,
+    as an operator of the server could); returns how many were deleted."""
+
+    async def delete() -> int:
+        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-turn-deleter")
+        deleted = 0
+        try:
+            while True:
+                try:
+                    raw = await bus.js._jsm.get_last_msg(
+                        protocol.STREAM_TURNS, protocol.turn_subject(tenant)
+                    )
+                except nats.js.errors.NotFoundError:
+                    return deleted
+                assert raw.seq is not None
+                await bus.js._jsm.delete_msg(protocol.STREAM_TURNS, raw.seq)
+                deleted += 1
+        finally:
+            await bus.close()
+
+    return asyncio.run(delete())
+
+
+def put_book_bytes(nats_url: str, tenant: str, value: bytes) -> bytes:
+    """Overwrite the tenant's ledger entry with ``value`` (e.g. bytes no ledger can decode);
+    returns what it held before."""
+
+    async def put() -> bytes:
+        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-ledger-writer")
+        try:
+            store = await LedgerStore.open(bus.js)
+            before = await store.kv.get(f"book.{tenant}")
+            await store.kv.put(f"book.{tenant}", value)
+            return before.value or b""
+        finally:
+            await bus.close()
+
+    return asyncio.run(put())

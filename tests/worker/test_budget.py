@@ -175,7 +175,9 @@ async def test_a_turn_abandoned_after_its_model_call_is_charged_for_it(
     await admit(store, tenant, "run-1", tokens=1_000)
     async with budget(store, tenant, "run-1", 0, Clock()) as turn:
         await turn.reserve(tokens=500, cost_usd=Decimal("0.01"))
-        turn.spend(kernel.Usage(input_tokens=100, output_tokens=20, cost_usd=Decimal("0.0004")))
+        await turn.spend(
+            kernel.Usage(input_tokens=100, output_tokens=20, cost_usd=Decimal("0.0004"))
+        )
     # the block exits before the commit (cancelled): the call is charged, the hold dropped
     assert turn.held is False
     book = await store.read(tenant)
@@ -201,7 +203,7 @@ async def test_a_settled_turn_gives_nothing_back_on_exit(store: LedgerStore, ten
     await admit(store, tenant, "run-1", tokens=1_000)
     async with budget(store, tenant, "run-1", 0, Clock()) as turn:
         await turn.reserve(tokens=500, cost_usd=Decimal(0))
-        turn.spend(kernel.Usage(input_tokens=100, output_tokens=20))
+        await turn.spend(kernel.Usage(input_tokens=100, output_tokens=20))
         await turn.settle(after_turn(0, input_tokens=100, output_tokens=20))
     book = await store.read(tenant)
     assert book is not None and book.holds == {}
@@ -214,7 +216,7 @@ async def test_a_committed_turn_is_not_charged_as_abandoned(
     await admit(store, tenant, "run-1", tokens=1_000)
     turn = budget(store, tenant, "run-1", 0, Clock())
     await turn.reserve(tokens=500, cost_usd=Decimal(0))
-    turn.spend(kernel.Usage(input_tokens=100, output_tokens=20))
+    await turn.spend(kernel.Usage(input_tokens=100, output_tokens=20))
     turn._change = failing_change  # the turn committed, then its settlement failed
     with pytest.raises(ConnectionError):
         await turn.settle(after_turn(0, input_tokens=100, output_tokens=20))

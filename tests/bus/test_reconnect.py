@@ -1,0 +1,180 @@
+"""Every NATS connection of the runtime comes back after any disconnect and its pull
+consumers resume: a connection reset, and a connection the server itself closes after a
+protocol error (which nats-py, left to itself, treats as final)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+from nats.js import api
+
+from agentrun import bus as bus_module
+from agentrun.bus import Bus, BusSettings
+from agentrun.ledger import LedgerStore, QueuedRun
+from agentrun_dev import natsserver
+
+
+class Proxy:
+    """A TCP proxy in front of nats-server that can break the connections it carries."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
+        self.server: asyncio.Server | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"nats://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self.pairs.append((writer, up_writer))
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(source, sink))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        with contextlib.suppress(Exception):
+            sink.close()
+
+    async def protocol_error(self) -> None:
+        """Send the server garbage on every carried connection: it answers
+        ``-ERR 'Unknown Protocol Operation'`` and closes the connection itself."""
+        for _, upstream in self.pairs:
+            upstream.write(b"BOGUS-OPERATION\r\n")
+            with contextlib.suppress(Exception):
+                await upstream.drain()
+        self.pairs.clear()
+
+    async def reset(self) -> None:
+        """Cut every carried connection."""
+        for client, upstream in self.pairs:
+            for writer in (client, upstream):
+                transport = writer.transport
+                with contextlib.suppress(Exception):
+                    transport.abort()
+        self.pairs.clear()
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.reset()
+        for task in list(self.tasks):
+            task.cancel()
+
+
+@pytest.fixture
+async def proxy(nats_server: natsserver.NatsServer) -> AsyncIterator[Proxy]:
+    port = int(nats_server.url.rsplit(":", 1)[1])
+    front = Proxy(port)
+    await front.start()
+    yield front
+    await front.stop()
+
+
+Fault = Callable[[Proxy], Awaitable[None]]
+FAULTS: dict[str, Fault] = {
+    "server-closes-after-protocol-error": Proxy.protocol_error,
+    "connection-reset": Proxy.reset,
+}
+
+
+async def wait_until(predicate: Callable[[], bool], *, timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("fault", FAULTS.values(), ids=FAULTS.keys())
+async def test_a_pull_consumer_resumes_after_the_connection_breaks(
+    fault: Fault, proxy: Proxy, nats_server: natsserver.NatsServer
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    stream, subject = f"RECONNECT_{suffix}", f"reconnect.{suffix}"
+    bus = await Bus.connect(BusSettings(url=proxy.url), name="reconnect-test")
+    publisher = await nats.connect(nats_server.url)
+    js = publisher.jetstream()
+    await js.add_stream(api.StreamConfig(name=stream, subjects=[subject]))
+    seen: list[bytes] = []
+
+    async def handle(msg: Msg) -> None:
+        seen.append(msg.data)
+        await msg.ack()
+
+    async def subscribe() -> object:
+        return await bus.js.pull_subscribe(subject, durable="reconnect", stream=stream)
+
+    stopping = asyncio.Event()
+    loop = asyncio.create_task(bus.consume(subscribe, handle, stopping=stopping))  # type: ignore[arg-type]
+    try:
+        await js.publish(subject, b"before")
+        await wait_until(lambda: seen == [b"before"])
+        await fault(proxy)
+        await wait_until(lambda: bus_module.reconnections(bus.nc) >= 1)
+        await js.publish(subject, b"after")
+        await wait_until(lambda: seen == [b"before", b"after"])
+        assert not bus.nc.is_closed
+        info = await bus.js.stream_info(stream)
+        assert info.state.messages == 2
+    finally:
+        stopping.set()
+        await loop
+        await bus.close()
+        await js.delete_stream(stream)
+        await publisher.close()
+
+
+@pytest.mark.parametrize("fault", FAULTS.values(), ids=FAULTS.keys())
+async def test_the_ledger_connection_writes_again_after_the_connection_breaks(
+    fault: Fault, proxy: Proxy
+) -> None:
+    nc = await bus_module.connect_nats(proxy.url, name="reconnect-ledger-test")
+    store = await LedgerStore.open(nc.jetstream(), bucket="AGENTRUN_LEDGER_RECONNECT_TEST")
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+
+    first, second = (QueuedRun(f"run-{i}", "ns", f"run-{i}", float(i)) for i in (1, 2))
+    try:
+        assert await store.enqueue(tenant, first) == 1
+        await fault(proxy)
+        await wait_until(lambda: bus_module.reconnections(nc) >= 1)
+        assert await store.enqueue(tenant, second) == 2  # a compare-and-set after reconnecting
+        assert [run.uid for run in await store.queue(tenant)] == ["run-1", "run-2"]
+    finally:
+        await nc.close()
+
+
+async def test_plain_nats_py_gives_up_after_the_server_closes_on_a_protocol_error(
+    proxy: Proxy,
+) -> None:
+    """The fault is real: a client made the nats-py default way stays closed for good."""
+    closed = asyncio.Event()
+
+    async def on_closed() -> None:
+        closed.set()
+
+    nc = await nats.connect(proxy.url, max_reconnect_attempts=-1, closed_cb=on_closed)
+    try:
+        await proxy.protocol_error()
+        async with asyncio.timeout(10):
+            await closed.wait()
+        assert nc.is_closed
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()

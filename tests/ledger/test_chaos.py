@@ -1,0 +1,148 @@
+"""Chaos: nats-server is SIGKILLed and restarted while two processes' worth of turns reserve,
+record and settle by compare-and-set. Every operation is retried the way the runtime retries
+it (a turn whose reservation failed is redelivered with a new owner; a failed settlement is
+settled again), and the tenant's entry comes out exact: every turn charged once, no hold left,
+nothing abandoned."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from agentrun import kernel
+from agentrun.bus import connect_nats
+from agentrun.ledger import CallNeed, Granted, LedgerStore, QueuedRun, TenantLimits, TurnRef
+from agentrun_dev import components, natsserver
+
+T = TypeVar("T")
+RUNS, TURNS = 16, 40
+DONE: list[TurnRef] = []
+"""Turns delivered so far."""
+CALL = kernel.Usage(input_tokens=80, output_tokens=20, cost_usd=Decimal("0.00040"))
+PRICING = kernel.Pricing(Decimal("2.50"), Decimal("1.25"), Decimal("10"))
+
+
+class Server:
+    """A nats-server of this test's own that can be SIGKILLed and started again (same port,
+    same store)."""
+
+    def __init__(self, workdir: Path, launch: components.Launch) -> None:
+        self.launch = launch
+        self.server = natsserver.start_nats_server(workdir, launch=launch)
+        self.component = self.server.component
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def kill_and_restart(self, *, down: float) -> None:
+        """SIGKILL it, wait ``down`` seconds, start it again."""
+        components.kill_component(self.component)
+        time.sleep(down)
+        old = self.component
+        self.component = self.launch.start(old.spec, probe=old.probe, ports=old.ports)
+
+    def stop(self) -> None:
+        components.stop_component(self.component)
+
+
+@pytest.fixture
+def server(tmp_path: Path, devenv_launch: components.Launch) -> Iterator[Server]:
+    running = Server(tmp_path, devenv_launch)
+    yield running
+    running.stop()
+
+
+FAILURES: list[BaseException] = []
+"""Operations that failed and were retried (the chaos reached them)."""
+
+
+async def retried(op: Callable[[], Awaitable[T]], *, timeout: float = 60.0) -> T:
+    """``op()`` until it succeeds (each failure is what a redelivery or a retry would do)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await op()
+            except Exception as err:
+                FAILURES.append(err)
+                await asyncio.sleep(random.uniform(0.05, 0.2))
+
+
+def after_turn(turn: int) -> kernel.RunState:
+    """A run's state after ``turn`` committed turns of ``CALL`` each."""
+    total = kernel.Usage()
+    for _ in range(turn):
+        total = total + CALL
+    return dataclasses.replace(kernel.initial_state(goal="chaos"), usage=total, turn=turn)
+
+
+async def deliver(store: LedgerStore, ref: TurnRef) -> None:
+    """One delivery of turn ``ref.turn``: reserve, spend, settle (the settlement retried)."""
+    hold = store.turn_hold(ref, ttl=120)
+    need = CallNeed(100, 50, PRICING, min_output_tokens=50)
+    answer = await hold.reserve_call(need, before=after_turn(ref.turn))
+    assert isinstance(answer, Granted), answer
+    await hold.spend(CALL)
+    await retried(lambda: hold.settle(after_turn(ref.turn + 1)))
+
+
+async def run_turns(store: LedgerStore, tenant: str, uid: str) -> None:
+    """One run's turns, each redelivered (a new owner) until its delivery went through."""
+    for turn in range(TURNS):
+        ref = TurnRef(tenant, uid, "ns", uid, turn)
+        await retried(lambda ref=ref: deliver(store, ref))  # type: ignore[misc]
+        DONE.append(ref)
+
+
+async def test_a_nats_server_restart_during_ledger_compare_and_sets_loses_and_doubles_nothing(
+    server: Server,
+) -> None:
+    clients: list[NATS] = [await connect_nats(server.url, name=f"chaos-{i}") for i in range(2)]
+    stores = [await LedgerStore.open(c.jetstream(timeout=2)) for c in clients]
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    limits = TenantLimits(tokens=10_000_000, cost_usd=Decimal("100"))
+    uids = [f"run-{i}" for i in range(RUNS)]
+    for uid in uids:
+        run = QueuedRun(uid, "ns", uid, 0.0)
+        assert await stores[0].admit_run(tenant, run, limits=limits, need=(0, Decimal(0))) is None
+    try:
+        work = asyncio.gather(
+            *(run_turns(stores[i % 2], tenant, uid) for i, uid in enumerate(uids))
+        )
+        FAILURES.clear()
+        DONE.clear()
+        async with asyncio.timeout(60):  # a quarter done: compare-and-sets in flight from both
+            while len(DONE) < RUNS * TURNS // 4:
+                await asyncio.sleep(0.01)
+        assert not work.done()
+        # down longer than a JetStream request's 2 s timeout: requests in flight fail, and
+        # writes buffered by the client may still land after their caller gave up
+        await asyncio.to_thread(server.kill_and_restart, down=3.0)
+        await work
+        assert FAILURES, "the restart reached no compare-and-set"
+        for uid in uids:
+            await retried(
+                lambda uid=uid: stores[1].close_run(
+                    tenant, uid, after_turn(TURNS).summary(), end=0.0
+                )
+            )
+        book = await retried(lambda: stores[0].read(tenant))
+        assert book is not None
+        assert book.used_tokens == RUNS * TURNS * CALL.total_tokens
+        assert book.used_cost == RUNS * TURNS * CALL.cost_usd
+        assert (book.abandoned_tokens, book.holds, book.active) == (0, {}, {})
+    finally:
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.close()
