@@ -264,7 +264,7 @@ class QueuePump:
         now = self.clock()
         try:
             config = await self.deps.configs.build_config(
-                head.key, head.obj.spec, policy, start_time=now
+                head.key, head.obj.run_spec(), policy, start_time=now
             )
         except admission.InvalidSpec as err:  # e.g. its AgentModel was deleted while it waited
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
