@@ -24,7 +24,8 @@ from agentrun import history, kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
-from . import status, views
+from . import recorder, status, views
+from .recorder import EventRecorder
 from .runs import RunKey
 from .statuswriter import StatusWriter
 from .views import RunView
@@ -65,12 +66,15 @@ class Dispatcher:
         *,
         ends: RunEndListener,
         queues: QueuedCounts,
+        events: EventRecorder,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``ends`` settles each ended run's ledger entry; ``queues`` says how many runs wait
-        per tenant; ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are
-        stopped by ``forget_gone_runs``."""
+        per tenant; ``events`` records approval requests and ends as Kubernetes Events;
+        ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are stopped by
+        ``forget_gone_runs``."""
         self.bus = bus
+        self.events = events
         self.writer = writer
         self.ends = ends
         self.queues = queues
@@ -197,6 +201,7 @@ class Dispatcher:
         elif phase.is_terminal:
             if self.count_end(view.uid, event.state(), tenant=view.tenant):
                 self._emit_run_span(view, event)
+                recorder.record_end(self.events, view.key, event.summary, model=view.agent_model)
             view.terminal = True
             if view.timer is not None and view.timer is not asyncio.current_task():
                 view.timer.cancel()
@@ -211,6 +216,10 @@ class Dispatcher:
             tenant=view.tenant,
         )
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
+        if event.summary.pending_approval is not None and not phase.is_terminal:
+            recorder.record_approval_requested(
+                self.events, view.key, event.summary.pending_approval
+            )
         self.writer.submit(view.key, body, seq=event.seq, terminal=urgent)
 
     async def _settle_ended(self, tenant: str, uid: str, event: RunEvent) -> None:

@@ -21,6 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agentrun import kernel, kube
 
 from . import admission, agents, wiring
+from .recorder import EventType, Involved
 from .runs import CANCEL_ANNOTATION, RunKey
 from .specs import ObjectMeta, RunObject
 from .statuswriter import MERGE_PATCH
@@ -234,8 +235,24 @@ async def review_run(
         refused = await parts.dispatcher.decide(
             namespace, name, uid, digest=str(digest), approved=approved
         )
+        involved = Involved("AgentRun", name, namespace, uid)
         if refused is not None:
             logger.warning("%s=%s not applied: %s", key, digest, refused)
+            parts.events.record(
+                involved,
+                type=EventType.WARNING,
+                reason="ApprovalNotApplied",
+                message=f"{key}={digest} not applied: {refused}",
+                key=(uid, "ApprovalNotApplied", digest),
+            )
+        else:
+            parts.events.record(
+                involved,
+                type=EventType.NORMAL,
+                reason="Approved" if approved else "Denied",
+                message=f"held tool call {digest} {'approved' if approved else 'denied'} by {key}",
+                key=(uid, "Decided", digest),
+            )
         await _remove_annotation(parts.api, namespace, name, key)
 
 
@@ -316,6 +333,14 @@ async def agent_changed(
     )
     if new is None:
         return
+    if not found.ready:
+        parts.events.record(
+            Involved("Agent", name, namespace, str(body.get("metadata", {}).get("uid", ""))),
+            type=EventType.WARNING,
+            reason=found.reason,
+            message=f"runs of this Agent would end invalid_spec: {found.message}",
+            key=(name, namespace, found.reason, generation),
+        )
     try:
         await client.CustomObjectsApi(parts.api).patch_namespaced_custom_object_status(
             kube.GROUP,

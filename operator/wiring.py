@@ -8,6 +8,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``QueueBoard`` is the shared view of the admission queues (lengths, why heads wait, kicks).
 - ``RunSettlement`` closes an ended run's ledger entry and kicks its tenant's queue; the
   dispatcher calls it for every run end (``RunEndListener``).
+- ``EventRecorder`` posts Kubernetes Events (rate-limited); the dispatcher, the pump, the
+  sweep and the handlers record into it.
 - ``Dispatcher`` consumes run events and publishes turns.
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
@@ -32,8 +34,10 @@ from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 
+from . import recorder
 from .dispatch import Dispatcher
 from .pump import PumpDeps, QueuePump
+from .recorder import EventRecorder
 from .settlement import QueueBoard, RunSettlement
 from .statuswriter import StatusWriter, kube_patcher
 from .sweep import LedgerSweep, SweepDeps
@@ -58,8 +62,10 @@ class Parts:
     board: QueueBoard
     pump: QueuePump
     sweep: LedgerSweep
+    events: EventRecorder
     tasks: tuple[asyncio.Task[None], ...]
-    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep."""
+    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
+    Kubernetes Events poster."""
 
 
 @dataclasses.dataclass
@@ -113,7 +119,8 @@ async def start_parts(
     store = await LedgerStore.open(bus.js)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
-    dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board)
+    events = EventRecorder(api, throttle=recorder.standard_throttle())
+    dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
     pump = QueuePump(
         PumpDeps(
             store=store,
@@ -124,14 +131,26 @@ async def start_parts(
             settlement=settlement,
             board=board,
             api=api,
+            events=events,
         )
     )
     sweep = LedgerSweep(
-        SweepDeps(store=store, tenants=tenants, board=board, runs=dispatcher, events=bus, api=api),
+        SweepDeps(
+            store=store,
+            tenants=tenants,
+            board=board,
+            runs=dispatcher,
+            events=bus,
+            api=api,
+            recorder=events,
+        ),
         interval=settings.ledger_sweep,
     )
-    tasks = _start_loops(dispatcher, pump, sweep)
-    return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, tasks)
+    tasks = (
+        *_start_loops(dispatcher, pump, sweep),
+        asyncio.create_task(events.run(), name="k8s-events"),
+    )
+    return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, events, tasks)
 
 
 def _start_loops(
