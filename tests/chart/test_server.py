@@ -136,6 +136,9 @@ OPERATOR_NEEDS = [
     ("patch", "agenttenants.agentrun.dev/status"),
     ("get", "namespaces"),
     ("create", "events"),
+    ("patch", "events"),
+    ("watch", "agents.agentrun.dev"),
+    ("patch", "agents.agentrun.dev/status"),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
 ]
 WORKER_NEEDS = [
@@ -151,6 +154,7 @@ NOBODY_GETS = [
     ("create", "agentruns.agentrun.dev"),
     ("update", "agentruns.agentrun.dev"),
     ("patch", "agentmodels.agentrun.dev"),
+    ("patch", "agents.agentrun.dev"),
     ("create", "pods"),
     ("delete", "pods"),
     ("list", "secrets"),
