@@ -306,7 +306,7 @@ async def _follow(
                 continue
             seen = True
             _print_event(event, output=args.output)
-            if kernel.conclude(event.summary.phase) is not None:
+            if kernel.conclude(event.summary.phase, steps=event.summary.steps) is not None:
                 return 0
     finally:
         reader.cancel()

@@ -62,7 +62,7 @@ def event_lines(event: RunEvent) -> list[str]:
     lines = [
         f"{at} {line}" if i == 0 else f"         {line}" for i, line in enumerate(_body(event))
     ]
-    terminal = kernel.conclude(event.summary.phase)
+    terminal = kernel.conclude(event.summary.phase, steps=event.summary.steps)
     if terminal is not None:
         lines.append(f"{at} {end_line(event.summary)}")
     return lines
@@ -71,7 +71,7 @@ def event_lines(event: RunEvent) -> list[str]:
 def end_line(summary: kernel.RunSummary) -> str:
     """``end  Succeeded completed (ok): 2 steps, 1 tool calls, 390 tokens, 0.000975 USD``, and
     the answer or the message."""
-    terminal = kernel.conclude(summary.phase)
+    terminal = kernel.conclude(summary.phase, steps=summary.steps)
     assert terminal is not None
     usage = summary.usage
     line = (

@@ -296,7 +296,7 @@ def record_end(
     """The run ended: ``reason`` is its terminal reason in CamelCase (``Completed``,
     ``MaxSteps``...), Normal for completed and cancelled, Warning otherwise; a ``model_error``
     end also warns on its AgentModel (``ModelCallsFailing``, once per model per interval)."""
-    terminal = kernel.conclude(summary.phase)
+    terminal = kernel.conclude(summary.phase, steps=summary.steps)
     if terminal is None:
         return
     value = terminal.reason.value

@@ -376,6 +376,9 @@ class AgentTenantSpec(_Spec):
     run_budget: RunBudgetPolicySpec = Field(default_factory=RunBudgetPolicySpec, alias="runBudget")
     allowed_models: tuple[str, ...] | None = Field(default=None, alias="allowedModels")
     allowed_tools: tuple[str, ...] | None = Field(default=None, alias="allowedTools")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, alias="ttlSecondsAfterFinished", ge=0
+    )
 
     @classmethod
     def of(cls, spec: Mapping[str, Any] | None) -> AgentTenantSpec:

@@ -89,6 +89,8 @@ class TenantPolicy:
     over_max: OverMax
     allowed_models: frozenset[str] | None
     allowed_tools: frozenset[str] | None
+    ttl_after_finished: int | None = None
+    """``spec.ttlSecondsAfterFinished``: the default of its runs that set none."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
@@ -121,6 +123,7 @@ class TenantPolicy:
             over_max=run_budget.over_max,
             allowed_models=_names(spec.allowed_models),
             allowed_tools=_names(spec.allowed_tools),
+            ttl_after_finished=spec.ttl_seconds_after_finished,
         )
 
     def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:

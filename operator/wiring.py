@@ -13,6 +13,11 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``Dispatcher`` consumes run events and publishes turns.
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
+- ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
+  events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
+
+Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
+``start_parts``, after taking the leader Lease).
 
 What does not belong here: kopf's configuration and handlers (``handlers``), the process
 bootstrap (``main``).
@@ -34,12 +39,12 @@ from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 
-from . import recorder
+from . import lifecycle, recorder
 from .dispatch import Dispatcher
 from .pump import PumpDeps, QueuePump
 from .recorder import EventRecorder
 from .settlement import QueueBoard, RunSettlement
-from .statuswriter import StatusWriter, kube_patcher
+from .statuswriter import KubeStatusStore, StatusWriter
 from .sweep import LedgerSweep, SweepDeps
 from .tenants import ModelCache, RunConfigs, Tenants
 
@@ -62,10 +67,11 @@ class Parts:
     board: QueueBoard
     pump: QueuePump
     sweep: LedgerSweep
+    reaper: lifecycle.Reaper
     events: EventRecorder
     tasks: tuple[asyncio.Task[None], ...]
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
-    Kubernetes Events poster."""
+    TTL reaper, orphan purge, Kubernetes Events poster."""
 
 
 @dataclasses.dataclass
@@ -105,7 +111,7 @@ async def start_parts(
         BusSettings(url=settings.nats_url, ack_wait=settings.turn_ack_wait),
         name=f"agentrun-operator-{os.getpid()}",
     )
-    writer = StatusWriter(kube_patcher(api), interval=settings.status_interval)
+    writer = StatusWriter(KubeStatusStore(api), interval=settings.status_interval)
     writer.start()
     tenants = Tenants(api, default=settings.default_tenant)
     for obj in tenant_objects:
@@ -146,11 +152,23 @@ async def start_parts(
         ),
         interval=settings.ledger_sweep,
     )
+    reaper = lifecycle.Reaper(lifecycle.KubeRunDeleter(api))
     tasks = (
         *_start_loops(dispatcher, pump, sweep),
+        asyncio.create_task(reaper.run(), name="ttl-reaper"),
+        asyncio.create_task(_purge_orphans(bus, api), name="orphan-purge"),
         asyncio.create_task(events.run(), name="k8s-events"),
     )
-    return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, events, tasks)
+    return Parts(
+        bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, reaper, events, tasks
+    )
+
+
+async def _purge_orphans(bus: Bus, api: client.ApiClient) -> None:
+    try:
+        await lifecycle.purge_orphans(bus, list_runs=lambda: lifecycle.list_run_names(api))
+    except Exception as err:  # the next leader tries again; nothing depends on it
+        log.warning("purging the events of deleted runs failed: %r", err)
 
 
 def _start_loops(
@@ -170,6 +188,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.dispatcher.stop()
     parts.pump.stop()
     parts.sweep.stop()
+    parts.reaper.stop()
     for task in parts.tasks:
         task.cancel()
     await parts.dispatcher.cancel_timers()

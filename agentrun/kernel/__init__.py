@@ -33,6 +33,7 @@ from agentrun.kernel.loop import (
 from agentrun.kernel.plan import (
     CallModel,
     EndRun,
+    ModelFault,
     ResumeHeld,
     RunTools,
     Timing,
@@ -84,6 +85,7 @@ __all__ = [
     "Malformed",
     "MalformedCause",
     "ModelFailed",
+    "ModelFault",
     "OnExhausted",
     "Outcome",
     "PendingBatch",

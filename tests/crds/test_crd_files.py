@@ -122,6 +122,7 @@ def test_agentrun_spec_fields_are_the_contract() -> None:
         "output",
         "budget",
         "approval",
+        "ttlSecondsAfterFinished",
     }
     assert set(spec["required"]) == {"model", "goal"}
     assert set(at(spec, "output")["properties"]) == {"schema"}
@@ -164,6 +165,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "inputTokens",
         "outputTokens",
         "cachedInputTokens",
+        "reasoningTokens",
         "totalTokens",
         "costUSD",
         "wallSeconds",
@@ -245,6 +247,10 @@ def test_agentrun_shows_its_tenant_in_the_wide_output() -> None:
     assert ("Tenant", "string", ".status.tenant", 1) in printer_columns(AGENTRUN_CRD)
 
 
+def test_agentrun_shows_its_outcome_in_the_wide_output() -> None:
+    assert ("Outcome", "string", ".status.outcome", 1) in printer_columns(AGENTRUN_CRD)
+
+
 def test_agenttenant_printer_columns() -> None:
     assert printer_columns(AGENTTENANT_CRD) == [
         ("Active", "integer", ".status.activeRuns", 0),
@@ -272,6 +278,7 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "runBudget",
         "allowedModels",
         "allowedTools",
+        "ttlSecondsAfterFinished",
     }
     assert "required" not in spec  # one of namespaces / namespaceSelector, checked in CEL
     assert set(at(spec, "namespaceSelector")["properties"]) == {"matchLabels", "matchExpressions"}

@@ -76,7 +76,7 @@ def test_reviews_and_stops_are_one_line_each() -> None:
     stopped = summary(kernel.Phase.CANCELLED, message="cancelled by the annotation")
     lines = trajectory.event_lines(RunEvent("stop", "u", stopped, time=0))
     assert lines[0] == "--:--:-- stop  cancelled by the annotation"
-    assert lines[1].startswith("--:--:-- end   Cancelled cancelled (partial)")
+    assert lines[1].startswith("--:--:-- end   Cancelled cancelled (none)")
 
 
 AGES: list[Any] = [
