@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import nats
@@ -361,6 +361,23 @@ class Bus:
             assert raw.data is not None and raw.seq is not None
             events.append(RunEvent.decode(raw.data, seq=int(raw.seq)))
             seq = int(raw.seq) + 1
+
+    async def follow_events(self, namespace: str, name: str) -> AsyncIterator[RunEvent]:
+        """Every event of the run, oldest first, then each new one as it is committed, until
+        the caller stops iterating. An ordered push consumer: ephemeral, no acks, re-created
+        by nats-py after a gap, so nothing is skipped or repeated; only reads the stream."""
+        sub = await self.js.subscribe(
+            protocol.event_subject(namespace, name),
+            stream=protocol.STREAM_EVENTS,
+            ordered_consumer=True,
+            deliver_policy=api.DeliverPolicy.ALL,
+        )
+        try:
+            async for msg in sub.messages:
+                yield RunEvent.decode(msg.data, seq=msg.metadata.sequence.stream)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def purge_run(self, namespace: str, name: str) -> None:
         """Delete every event of a run (on deletion of the AgentRun); missing stream is fine."""

@@ -179,19 +179,65 @@ class RunClient:
             raise RuntimeError("RunClient used outside `async with`")
         return client.CustomObjectsApi(self._api)
 
-    async def status(self, name: str) -> dict[str, Any]:
-        """The run's ``.status`` ({} before the operator wrote one).
-
-        Raises RunAccessError (not found, forbidden, …).
-        """
+    async def get(self, name: str) -> dict[str, Any]:
+        """The AgentRun object; raises RunAccessError (not found, forbidden, …)."""
         try:
             obj: dict[str, Any] = await self._objects().get_namespaced_custom_object(
                 kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name
             )
         except ApiException as err:
             raise RunAccessError.from_api(err) from err
-        status: dict[str, Any] = obj.get("status") or {}
+        return obj
+
+    async def status(self, name: str) -> dict[str, Any]:
+        """The run's ``.status`` ({} before the operator wrote one).
+
+        Raises RunAccessError (not found, forbidden, …).
+        """
+        status: dict[str, Any] = (await self.get(name)).get("status") or {}
         return status
+
+    async def list_runs(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        """The AgentRuns of the namespace (or of every namespace); raises RunAccessError."""
+        objects = self._objects()
+        try:
+            if all_namespaces:
+                listed = await objects.list_cluster_custom_object(
+                    kube.GROUP, kube.VERSION, kube.RUNS
+                )
+            else:
+                listed = await objects.list_namespaced_custom_object(
+                    kube.GROUP, kube.VERSION, self.namespace, kube.RUNS
+                )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        items: list[dict[str, Any]] = listed.get("items", [])
+        return items
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create an AgentRun in the namespace; the created object. Raises RunAccessError
+        (e.g. the API server's validation refused it)."""
+        try:
+            created: dict[str, Any] = await self._objects().create_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, body
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        return created
+
+    async def events_of(self, uid: str) -> list[dict[str, Any]]:
+        """The Kubernetes Events about the object ``uid`` in the namespace, oldest first;
+        raises RunAccessError."""
+        if self._api is None:
+            raise RuntimeError("RunClient used outside `async with`")
+        try:
+            listed = await client.CoreV1Api(self._api).list_namespaced_event(
+                self.namespace, field_selector=f"involvedObject.uid={uid}"
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        events = [self._api.sanitize_for_serialization(e) for e in listed.items]
+        return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
 
     async def annotate(self, name: str, *, key: str, value: str) -> None:
         """Set annotation `key` to `value` on the run (merge patch); raises RunAccessError."""

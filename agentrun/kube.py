@@ -15,6 +15,7 @@ VERSION = "v1alpha1"
 RUNS = "agentruns"
 MODELS = "agentmodels"
 TENANTS = "agenttenants"
+AGENTS = "agents"
 
 
 async def api_client() -> client.ApiClient:

@@ -29,7 +29,8 @@ from agentrun import history, kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
-from . import status, views
+from . import recorder, status, views
+from .recorder import EventRecorder
 from .runs import RunKey
 from .statuswriter import StatusWriter
 from .views import RunView
@@ -72,12 +73,15 @@ class Dispatcher:
         *,
         ends: RunEndListener,
         queues: QueuedCounts,
+        events: EventRecorder,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``ends`` settles each ended run's ledger entry; ``queues`` says how many runs wait
-        per tenant; ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are
-        stopped by ``forget_gone_runs``."""
+        per tenant; ``events`` records approval requests and ends as Kubernetes Events;
+        ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are stopped by
+        ``forget_gone_runs``."""
         self.bus = bus
+        self.events = events
         self.writer = writer
         self.ends = ends
         self.queues = queues
@@ -219,6 +223,10 @@ class Dispatcher:
             tenant=view.tenant,
         )
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
+        if event.summary.pending_approval is not None and not phase.is_terminal:
+            recorder.record_approval_requested(
+                self.events, view.key, event.summary.pending_approval
+            )
         self.writer.submit(view.key, body, seq=event.seq, terminal=urgent, on_end=on_end)
 
     def _ending(self, view: RunView, event: RunEvent) -> Callable[[], None]:
@@ -228,6 +236,7 @@ class Dispatcher:
         def ended() -> None:
             if self.count_end(view.uid, state, tenant=view.tenant):
                 self._emit_run_span(view, event)
+                recorder.record_end(self.events, view.key, event.summary, model=view.agent_model)
 
         return ended
 

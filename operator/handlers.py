@@ -20,7 +20,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube
 
-from . import admission, wiring
+from . import admission, agents, wiring
+from .recorder import EventType, Involved
 from .runs import CANCEL_ANNOTATION, RunKey
 from .specs import ObjectMeta, RunObject
 from .statuswriter import MERGE_PATCH
@@ -37,6 +38,7 @@ DENY_ANNOTATION = "agentrun.dev/deny"
 FINALIZER = "agentrun.dev/finalizer"
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 TENANT = (kube.GROUP, kube.VERSION, kube.TENANTS)
+AGENT = (kube.GROUP, kube.VERSION, kube.AGENTS)
 
 
 class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -130,9 +132,9 @@ def _reject(
 
 
 async def _validate_and_enqueue(
-    parts: Parts, key: RunKey, *, spec: kopf.Spec, meta: kopf.Meta
+    parts: Parts, key: RunKey, *, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status
 ) -> None:
-    """Resolve the run's tenant, reject what can never run, queue the rest."""
+    """Resolve the run's tenant and Agent, reject what can never run, queue the rest."""
     generation = int(meta.get("generation") or 1)
     try:
         policy = await parts.tenants.resolve(key.namespace)
@@ -141,8 +143,15 @@ async def _validate_and_enqueue(
         return
     except ApiException as err:
         raise kopf.TemporaryError(f"cannot read namespace {key.namespace!r}: {err.status}") from err
+    try:  # before the tenant's policy: it applies to the spec the run executes
+        run_spec = await agents.resolve_run(parts.api, key, spec, status)
+    except agents.InvalidRef as err:
+        _reject(parts, key, str(err), generation=generation, tenant=policy.name)
+        return
+    except ApiException as err:
+        raise kopf.TemporaryError(f"cannot resolve spec.agentRef: HTTP {err.status}") from err
     try:  # reject what can never run now, not after it waited in the queue
-        await parts.configs.build_config(key, spec, policy, start_time=time.time())
+        await parts.configs.build_config(key, run_spec, policy, start_time=time.time())
     except admission.InvalidSpec as err:
         _reject(parts, key, str(err), generation=generation, tenant=policy.name)
         return
@@ -152,7 +161,7 @@ async def _validate_and_enqueue(
         ) from err
     obj = RunObject(
         metadata=ObjectMeta(generation=generation, annotations=dict(meta.annotations)),
-        spec=dict(spec),
+        spec=dict(run_spec),
     )
     await parts.pump.enqueue_run(
         key, policy, generation=generation, created=_created(meta), obj=obj
@@ -182,7 +191,9 @@ async def admit_run(  # kopf passes each of these by keyword: its handler signat
     generation = int(meta.get("generation") or 1)
     if await parts.dispatcher.recover(namespace, name, uid, generation=generation):
         return
-    await _validate_and_enqueue(parts, RunKey(namespace, name, uid), spec=spec, meta=meta)
+    await _validate_and_enqueue(
+        parts, RunKey(namespace, name, uid), spec=spec, meta=meta, status=status
+    )
 
 
 @kopf.on.update(*RUN, annotations={CANCEL_ANNOTATION: "true"})
@@ -238,8 +249,24 @@ async def review_run(
         refused = await parts.dispatcher.decide(
             namespace, name, uid, digest=str(digest), approved=approved
         )
+        involved = Involved("AgentRun", name, namespace, uid)
         if refused is not None:
             logger.warning("%s=%s not applied: %s", key, digest, refused)
+            parts.events.record(
+                involved,
+                type=EventType.WARNING,
+                reason="ApprovalNotApplied",
+                message=f"{key}={digest} not applied: {refused}",
+                key=(uid, "ApprovalNotApplied", digest),
+            )
+        else:
+            parts.events.record(
+                involved,
+                type=EventType.NORMAL,
+                reason="Approved" if approved else "Denied",
+                message=f"held tool call {digest} {'approved' if approved else 'denied'} by {key}",
+                key=(uid, "Decided", digest),
+            )
         await _remove_annotation(parts.api, namespace, name, key)
 
 
@@ -322,3 +349,58 @@ async def tenant_changed(
         return
     if parts.tenants.put(body) is not None:
         parts.board.kick(name)
+
+
+@kopf.on.event(*AGENT)
+async def agent_changed(
+    *,
+    type: str | None,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """Keep an Agent's ``Ready`` condition current: checked whenever the Agent changes and
+    whenever kopf re-lists (at least every ``settings.watching.server_timeout`` seconds), so
+    an AgentModel created later turns it Ready."""
+    if type == "DELETED" or namespace is None:
+        return
+    parts = memo.running()
+    spec_model = str((body.get("spec") or {}).get("model", ""))
+    try:
+        model = await parts.configs.models.get(spec_model) if spec_model else None
+    except ApiException as err:
+        raise kopf.TemporaryError(
+            f"cannot read the AgentModel: HTTP {err.status}", delay=5
+        ) from err
+    found = agents.readiness(
+        body, model_found=model is not None, known_tools=parts.configs.known_tools
+    )
+    generation = int(body.get("metadata", {}).get("generation") or 1)
+    new = agents.ready_status(
+        found, generation=generation, previous=body.get("status") or {}, now=time.time()
+    )
+    if new is None:
+        return
+    if not found.ready:
+        parts.events.record(
+            Involved("Agent", name, namespace, str(body.get("metadata", {}).get("uid", ""))),
+            type=EventType.WARNING,
+            reason=found.reason,
+            message=f"runs of this Agent would end invalid_spec: {found.message}",
+            key=(name, namespace, found.reason, generation),
+        )
+    try:
+        await client.CustomObjectsApi(parts.api).patch_namespaced_custom_object_status(
+            kube.GROUP,
+            kube.VERSION,
+            namespace,
+            kube.AGENTS,
+            name,
+            {"metadata": {"uid": body.get("metadata", {}).get("uid")}, "status": new},
+            **MERGE_PATCH,
+        )
+    except ApiException as err:
+        if err.status not in (404, 409):  # gone, or replaced by a new object of the name
+            raise

@@ -31,7 +31,8 @@ from agentrun import kernel, kube, protocol, telemetry
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import DEFAULT_TENANT, RunConfig
 
-from . import admission, status, tenancy
+from . import admission, recorder, status, tenancy
+from .recorder import EventRecorder, EventType, Involved
 from .runs import CANCEL_ANNOTATION, QueueWait, RunKey, WaitReason
 from .settlement import QueueBoard, RunSettlement
 from .specs import ObjectMeta, RunObject
@@ -100,6 +101,8 @@ class PumpDeps:
     board: QueueBoard
     api: client.ApiClient | None
     """Reads queued AgentRuns the handler did not hand over (after a restart)."""
+    events: EventRecorder
+    """Records admissions, queue waits and unadmitted ends as Kubernetes Events."""
     clock: Callable[[], float] = time.time
     """Epoch seconds."""
 
@@ -117,6 +120,8 @@ class _Head:
 
     key: RunKey
     obj: RunObject
+    created: float
+    """The AgentRun's creation (epoch seconds)."""
 
 
 class QueuePump:
@@ -221,7 +226,8 @@ class QueuePump:
         state = kernel.stop(kernel.initial_state(goal=""), phase, message)
 
         def ended() -> None:  # counted once: only by the write that ended the object
-            self.deps.runs.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT)
+            if self.deps.runs.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT):
+                recorder.record_end(self.deps.events, key, state.summary(), model=None)
 
         self.deps.writer.submit(key, body, seq=0, terminal=True, on_end=ended)
 
@@ -290,7 +296,7 @@ class QueuePump:
         now = self.clock()
         try:
             config = await self.deps.configs.build_config(
-                head.key, head.obj.spec, policy, start_time=now
+                head.key, head.obj.run_spec(), policy, start_time=now
             )
         except admission.InvalidSpec as err:  # e.g. its AgentModel was deleted while it waited
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
@@ -325,7 +331,7 @@ class QueuePump:
         if obj is None:  # deleted, or a new object of that name: nothing to admit
             await self._leave(policy.name, key)
             return None
-        head = _Head(key, obj)
+        head = _Head(key, obj, queued.at)
         if obj.metadata.annotations.get(CANCEL_ANNOTATION) == "true":
             message = f"cancelled by the {CANCEL_ANNOTATION} annotation"
             await self._drop(head, policy, kernel.Phase.CANCELLED, message)
@@ -365,6 +371,15 @@ class QueuePump:
         self._waiting.pop(head.key.uid, None)
         self._objects.pop(head.key.uid, None)
         await self.store.dequeue(policy.name, head.key.uid)
+        self.deps.events.record(
+            Involved.run(head.key),
+            type=EventType.NORMAL,
+            reason="Admitted",
+            message=(
+                f"admitted in AgentTenant {policy.name!r} (model {config.model.name!r}); "
+                f"waited {max(0.0, now - head.created):.1f}s since creation"
+            ),
+        )
 
     async def _leave(self, tenant: str, key: RunKey) -> None:
         """Take a run that will not run out of the queue."""
@@ -379,6 +394,14 @@ class QueuePump:
             shown = (position, wait.reason)
             if seen.shown == shown:
                 continue
+            if seen.shown is None or seen.shown[1] != wait.reason:  # an event per reason
+                self.deps.events.record(
+                    Involved("AgentRun", run.name, run.namespace, run.uid),
+                    type=EventType.NORMAL,
+                    reason="Queued",
+                    message=f"queued in AgentTenant {tenant!r} ({wait.reason}): {wait.message}",
+                    key=(run.uid, "Queued", wait.reason),
+                )
             seen.shown = shown
             why = (
                 wait.message

@@ -1,6 +1,6 @@
-"""The three CRD specs as pydantic models: the operator's one parser of what kopf hands it.
+"""The CRD specs as pydantic models: the operator's one parser of what kopf hands it.
 
-What belongs here: the shapes of ``AgentRun.spec``, ``AgentModel.spec`` and
+What belongs here: the shapes of ``AgentRun.spec``, ``Agent.spec``, ``AgentModel.spec`` and
 ``AgentTenant.spec``, their defaults (each defined once: per-run step and tool-call caps and the
 model's window come from ``kernel.Limits``; the run timeout, the tenant window are here), the
 value types they share (``Duration``, USD amounts) and the conversion of a validation error into
@@ -137,6 +137,8 @@ class RunStatusView(_Spec):
     """The part of an AgentRun's ``.status`` the queue pump reads."""
 
     terminal_reason: str | None = Field(default=None, alias="terminalReason")
+    resolved_spec: dict[str, Any] | None = Field(default=None, alias="resolvedSpec")
+    """The spec a run with ``spec.agentRef`` executes, recorded when it was created."""
 
 
 class RunObject(_Spec):
@@ -151,6 +153,13 @@ class RunObject(_Spec):
     def of(cls, obj: Mapping[str, Any]) -> RunObject:
         """Parse an AgentRun object as read from the API server; raises ``SpecError``."""
         return parse(cls, obj, where="AgentRun")
+
+    def run_spec(self) -> dict[str, Any]:
+        """The spec the run executes: ``status.resolvedSpec`` for a run of an Agent (once
+        recorded), else ``spec`` as written."""
+        if "agentRef" in self.spec and self.status.resolved_spec is not None:
+            return self.status.resolved_spec
+        return self.spec
 
 
 # --- AgentRun ---------------------------------------------------------------------------------
@@ -222,10 +231,18 @@ class OutputSpec(_Spec):
     json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
 
 
+class AgentRefSpec(_Spec):
+    """``AgentRun.spec.agentRef``: which Agent, with which parameter values."""
+
+    name: str
+    parameters: dict[str, str] = Field(default_factory=dict)
+
+
 class AgentRunSpec(_Spec):
     """``AgentRun.spec``. Parse with ``AgentRunSpec.of``."""
 
     model: str = ""
+    agent_ref: AgentRefSpec | None = Field(default=None, alias="agentRef")
     goal: str = ""
     instructions: str | None = None
     tools: tuple[str, ...] = ()
@@ -237,6 +254,34 @@ class AgentRunSpec(_Spec):
     def of(cls, spec: Mapping[str, Any] | None) -> AgentRunSpec:
         """Parse an AgentRun's spec; raises ``SpecError`` naming the field."""
         return parse(cls, spec, where="spec")
+
+
+# --- Agent ------------------------------------------------------------------------------------
+
+
+class ParameterSpec(_Spec):
+    """One of ``Agent.spec.parameters``."""
+
+    name: str
+    description: str = ""
+    default: str | None = None
+    required: bool = False
+
+
+class AgentSpec(_Spec):
+    """``Agent.spec``: the fields a run of the Agent takes (as written: ``agents`` copies them
+    into the run's resolved spec) and the parameters it declares. Parse with
+    ``AgentSpec.of``."""
+
+    model: str = ""
+    instructions: str | None = None
+    tools: tuple[str, ...] = ()
+    parameters: tuple[ParameterSpec, ...] = ()
+
+    @classmethod
+    def of(cls, name: str, spec: Mapping[str, Any] | None) -> AgentSpec:
+        """Parse Agent ``name``'s spec; raises ``SpecError`` naming the Agent and field."""
+        return parse(cls, spec, where=f"Agent {name!r} spec")
 
 
 # --- AgentModel -------------------------------------------------------------------------------

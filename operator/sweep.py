@@ -27,8 +27,9 @@ from agentrun import kernel, kube, metrics
 from agentrun.ledger import Book, LedgerStore, Repair
 from agentrun.protocol import RunEvent
 
-from . import tenantstatus
+from . import status, tenantstatus
 from .pump import fetch_pending_run
+from .recorder import EventRecorder, EventType, Involved
 from .runs import RunKey
 from .settlement import QueueBoard
 from .statuswriter import MERGE_PATCH
@@ -61,13 +62,21 @@ class EventLog(Protocol):
         """The run subject's last event, if any."""
 
 
-class TenantStatusWriter:
-    """Merge-patches AgentTenant ``.status`` (skipping a body equal to the last one written)
-    and keeps each condition's last transition."""
+EXHAUSTED = tenantstatus.TenantCondition.BUDGET_EXHAUSTED
 
-    def __init__(self, api: client.ApiClient | None) -> None:
+
+class TenantStatusWriter:
+    """Merge-patches AgentTenant ``.status`` (skipping a body equal to the last one written),
+    keeps each condition's last transition, and records the moments a person looks for as
+    Kubernetes Events: a window budget used up (``BudgetExhausted``, Warning) and a new window
+    (``WindowReset``, Normal)."""
+
+    def __init__(self, api: client.ApiClient | None, *, events: EventRecorder) -> None:
         """``api`` ``None``: nothing is written (tests without an API server)."""
         self.api = api
+        self.events = events
+        self._windows: dict[str, Book] = {}
+        """The last book seen per tenant (its window start and usage)."""
         self._written: dict[str, dict[str, Any]] = {}
         self._transitions: dict[str, dict[tenantstatus.TenantCondition, tenantstatus.Transition]]
         self._transitions = {}
@@ -87,6 +96,7 @@ class TenantStatusWriter:
         the tenant has no ledger entry yet (an empty one is shown)."""
         if book is None:
             book = Book.new(policy.name, policy.limits, now=now)
+        before = self._transitions.get(policy.name, {}).get(EXHAUSTED)
         projected = tenantstatus.tenant_status(
             policy,
             book,
@@ -98,6 +108,36 @@ class TenantStatusWriter:
         self._transitions[policy.name] = projected.transitions
         metrics.record_tenant_budget(policy.name, book, now=now)
         await self._patch(policy.name, projected.body)
+        after = projected.transitions.get(EXHAUSTED)
+        if after is not None and after.status and (before is None or not before.status):
+            condition = next(
+                c for c in projected.body["conditions"] if c["type"] == EXHAUSTED.value
+            )
+            self.events.record(
+                Involved("AgentTenant", policy.name),
+                type=EventType.WARNING,
+                reason="BudgetExhausted",
+                message=condition["message"],
+                key=(policy.name, "BudgetExhausted", book.window),
+            )
+        self._record_window(policy.name, book)
+
+    def _record_window(self, tenant: str, book: Book) -> None:
+        previous = self._windows.get(tenant)
+        self._windows[tenant] = book
+        if previous is None or book.window <= previous.window:
+            return
+        self.events.record(
+            Involved("AgentTenant", tenant),
+            type=EventType.NORMAL,
+            reason="WindowReset",
+            message=(
+                f"budget window reset: a new window runs from {status.rfc3339(book.window)} to "
+                f"{status.rfc3339(book.reset_time)}; the previous one used "
+                f"{previous.used_tokens} tokens, {previous.used_cost} USD"
+            ),
+            key=(tenant, "WindowReset", book.window),
+        )
 
     async def _patch(self, name: str, body: dict[str, Any]) -> None:
         if self._written.get(name) == body or self.api is None:
@@ -124,6 +164,8 @@ class SweepDeps:
     events: EventLog
     api: client.ApiClient | None
     """Checks whether an AgentRun still exists; writes AgentTenant status."""
+    recorder: EventRecorder
+    """Records tenant budget moments as Kubernetes Events."""
     clock: Callable[[], float] = time.time
     """Epoch seconds."""
 
@@ -137,7 +179,7 @@ class LedgerSweep:
         self.store = deps.store
         self.clock = deps.clock
         self.interval = interval
-        self.tenant_status = TenantStatusWriter(deps.api)
+        self.tenant_status = TenantStatusWriter(deps.api, events=deps.recorder)
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:

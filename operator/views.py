@@ -38,6 +38,8 @@ class RunView:
     """The run span's W3C context (from the admitted event)."""
     model: str = ""
     """The provider's model name (``gen_ai.request.model``)."""
+    agent_model: str = ""
+    """The AgentModel's name (events about the model are recorded on it)."""
     timer: asyncio.Task[None] | None = None
     queued_seq: int = 0
     """Stream sequence of the run's last TurnRequest in the work queue (0: none published)."""
@@ -64,6 +66,7 @@ class RunView:
             generation,
             traceparent=config.traceparent,
             model=config.model.model,
+            agent_model=config.model.name,
         )
 
 

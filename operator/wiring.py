@@ -8,6 +8,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``QueueBoard`` is the shared view of the admission queues (lengths, why heads wait, kicks).
 - ``RunSettlement`` closes an ended run's ledger entry and kicks its tenant's queue; the
   dispatcher calls it for every run end (``RunEndListener``).
+- ``EventRecorder`` posts Kubernetes Events (rate-limited); the dispatcher, the pump, the
+  sweep and the handlers record into it.
 - ``Dispatcher`` consumes run events and publishes turns.
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
@@ -37,9 +39,10 @@ from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 
-from . import lifecycle
+from . import lifecycle, recorder
 from .dispatch import Dispatcher
 from .pump import PumpDeps, QueuePump
+from .recorder import EventRecorder
 from .settlement import QueueBoard, RunSettlement
 from .statuswriter import KubeStatusStore, StatusWriter
 from .sweep import LedgerSweep, SweepDeps
@@ -65,9 +68,10 @@ class Parts:
     pump: QueuePump
     sweep: LedgerSweep
     reaper: lifecycle.Reaper
+    events: EventRecorder
     tasks: tuple[asyncio.Task[None], ...]
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
-    TTL reaper, orphan purge, orphaned turns."""
+    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster."""
 
 
 @dataclasses.dataclass
@@ -121,7 +125,8 @@ async def start_parts(
     store = await LedgerStore.open(bus.js)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
-    dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board)
+    events = EventRecorder(api, throttle=recorder.standard_throttle())
+    dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
     pump = QueuePump(
         PumpDeps(
             store=store,
@@ -132,10 +137,19 @@ async def start_parts(
             settlement=settlement,
             board=board,
             api=api,
+            events=events,
         )
     )
     sweep = LedgerSweep(
-        SweepDeps(store=store, tenants=tenants, board=board, runs=dispatcher, events=bus, api=api),
+        SweepDeps(
+            store=store,
+            tenants=tenants,
+            board=board,
+            runs=dispatcher,
+            events=bus,
+            api=api,
+            recorder=events,
+        ),
         interval=settings.ledger_sweep,
     )
     reaper = lifecycle.Reaper(lifecycle.KubeRunDeleter(api))
@@ -146,8 +160,11 @@ async def start_parts(
         asyncio.create_task(
             dispatcher.watch_orphans(after=settings.orphan_after), name="orphan-turns"
         ),
+        asyncio.create_task(events.run(), name="k8s-events"),
     )
-    return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, reaper, tasks)
+    return Parts(
+        bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, reaper, events, tasks
+    )
 
 
 async def _purge_orphans(bus: Bus, api: client.ApiClient) -> None:

@@ -151,6 +151,9 @@ OPERATOR_NEEDS = [
     ("patch", "agenttenants.agentrun.dev/status"),
     ("get", "namespaces"),
     ("create", "events"),
+    ("patch", "events"),
+    ("watch", "agents.agentrun.dev"),
+    ("patch", "agents.agentrun.dev/status"),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
     ("get", "customresourcedefinitions.apiextensions.k8s.io"),  # the start-up CRD check
     ("delete", "agentruns.agentrun.dev"),  # spec.ttlSecondsAfterFinished
@@ -172,6 +175,7 @@ NOBODY_GETS = [
     ("delete", "namespaces"),
     ("update", "agentruns.agentrun.dev"),
     ("patch", "agentmodels.agentrun.dev"),
+    ("patch", "agents.agentrun.dev"),
     ("create", "pods"),
     ("delete", "pods"),
     ("list", "secrets"),

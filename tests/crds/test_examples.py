@@ -14,6 +14,15 @@ from agentrun.operator.tenancy import TenantPolicy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MANIFESTS = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "scenarios.yaml")
+NAMESPACED = ("AgentRun", "Agent")
+
+
+def namespaced_objects(path: Path) -> list[dict[str, object]]:
+    """The AgentRuns and Agents of an example file."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") in NAMESPACED]
+
+
+WITH_NAMESPACED = [path for path in MANIFESTS if namespaced_objects(path)]
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
@@ -39,3 +48,49 @@ def test_example_tenant_parses_into_an_enforceable_policy() -> None:
     assert policy.binds("elsewhere", {"agentrun.dev/tenant": "team-search"})
     run = AgentRunSpec.of({"model": "mock", "tools": ["calculate"]})
     assert policy.apply(run).budget.max_steps == 20
+
+
+@pytest.mark.parametrize("path", WITH_NAMESPACED, ids=lambda p: p.name)
+def test_server_side_apply_of_an_example_twice_is_a_no_op(
+    path: Path, kubectl: Kubectl, crds: object, test_namespace: str
+) -> None:
+    """What Argo CD (and any GitOps tool) relies on: once applied, the example shows no diff,
+    and applying it again changes nothing (no defaulted field flip-flops into OutOfSync).
+    AgentModels and AgentTenants are cluster-scoped and shared by the suite: left to the
+    dry run above."""
+    body = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": namespaced_objects(path)})
+    apply = ("apply", "--server-side", "--field-manager=gitops", "-n", test_namespace, "-f", "-")
+    kubectl(*apply, input=body)
+    versions = kubectl(
+        "get",
+        "-n",
+        test_namespace,
+        "agentruns,agents",
+        "-o",
+        "jsonpath={.items[*].metadata.resourceVersion}",
+    ).stdout
+    again = kubectl(*apply, input=body)
+    assert "serverside-applied" in again.stdout
+    assert (
+        kubectl(
+            "get",
+            "-n",
+            test_namespace,
+            "agentruns,agents",
+            "-o",
+            "jsonpath={.items[*].metadata.resourceVersion}",
+        ).stdout
+        == versions
+    )
+    diff = kubectl(
+        "diff",
+        "--server-side",
+        "--field-manager=gitops",
+        "-n",
+        test_namespace,
+        "-f",
+        "-",
+        input=body,
+        check=False,
+    )
+    assert (diff.returncode, diff.stdout) == (0, ""), diff.stdout + diff.stderr

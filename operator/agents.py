@@ -1,0 +1,255 @@
+"""Agents: an AgentRun with ``spec.agentRef`` resolved against its Agent into a full spec.
+
+What belongs here: the resolution rule (which fields come from the Agent, which from the run,
+how ``{{ params.NAME }}`` references are substituted), the digest of a resolved spec, and
+reading/recording the resolution on the run (``status.agent``, ``status.resolvedSpec``), so a
+run executes the Agent as it was when the run was created. What does not: tenant policy and
+admission (``tenancy``, ``admission``), which apply to the resolved spec like to any other.
+
+The rule: the Agent gives ``model``, ``instructions``, ``tools``, ``output``, ``approval`` and
+``budget``; the run gives ``goal`` and may override the budget's caps (``maxSteps``,
+``maxToolCalls``, ``maxTokens``, ``maxCostUSD``, ``timeout``). ``onExhausted`` and
+``noProgress`` always come from the Agent (the API server fills the run's own with defaults,
+so they cannot tell an intent). References are substituted in the run's goal and the Agent's
+instructions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun import kube
+
+from . import status
+from .runs import RunKey
+from .specs import AgentRefSpec, AgentSpec, ObjectMeta, SpecError, parse
+from .statuswriter import MERGE_PATCH
+
+REFERENCE = re.compile(r"\{\{\s*params\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+"""``{{ params.NAME }}``, spaces inside the braces optional."""
+FROM_AGENT = ("model", "instructions", "tools", "output", "approval")
+"""Spec fields a run of an Agent takes from the Agent as written."""
+RUN_CAPS = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
+"""Budget fields a run of an Agent may set over the Agent's."""
+
+
+class InvalidRef(Exception):
+    """The run's ``spec.agentRef`` cannot be resolved; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resolution:
+    """A run's ``spec.agentRef`` resolved: the spec it executes and where it came from."""
+
+    spec: dict[str, Any]
+    """The AgentRun spec as if written in full (no ``agentRef``)."""
+    agent: str
+    """The Agent's name."""
+    generation: int
+    """The Agent's ``metadata.generation`` at resolution."""
+    digest: str
+    """``sha256:<hex>`` of ``spec`` (``digest_of``)."""
+
+    def status(self) -> dict[str, Any]:
+        """The run's ``status.agent`` and ``status.resolvedSpec``."""
+        return {
+            "agent": {"name": self.agent, "generation": self.generation, "digest": self.digest},
+            "resolvedSpec": self.spec,
+        }
+
+
+def digest_of(spec: Mapping[str, Any]) -> str:
+    """``sha256:<64 hex>`` of ``spec`` as canonical JSON (keys sorted, no spaces, UTF-8)."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def substitute(text: str, values: Mapping[str, str], *, field: str) -> str:
+    """``text`` with each ``{{ params.NAME }}`` replaced by ``values[NAME]``; raises
+    ``InvalidRef`` naming ``field`` for a name ``values`` lacks (an undeclared parameter)."""
+    unknown = sorted({m.group(1) for m in REFERENCE.finditer(text)} - set(values))
+    if unknown:
+        names = ", ".join(f"{{{{ params.{name} }}}}" for name in unknown)
+        declared = ", ".join(sorted(values)) or "none"
+        raise InvalidRef(
+            f"{field}: references {names}, not a parameter of the Agent (declared: {declared})"
+        )
+    return REFERENCE.sub(lambda m: values[m.group(1)], text)
+
+
+def parameter_values(agent: str, spec: AgentSpec, given: Mapping[str, str]) -> dict[str, str]:
+    """Every declared parameter's value: given, else its default, else ``""``; raises
+    ``InvalidRef`` naming ``spec.agentRef.parameters.<name>`` for an undeclared or a missing
+    required one."""
+    declared = {p.name: p for p in spec.parameters}
+    for name in sorted(given):
+        if name not in declared:
+            raise InvalidRef(
+                f"spec.agentRef.parameters.{name}: Agent {agent!r} declares no parameter "
+                f"{name!r} (it declares: {', '.join(sorted(declared)) or 'none'})"
+            )
+    values: dict[str, str] = {}
+    for name, param in declared.items():
+        if name in given:
+            values[name] = given[name]
+        elif param.required:
+            hint = f" ({param.description})" if param.description else ""
+            raise InvalidRef(
+                f"spec.agentRef.parameters.{name}: required by Agent {agent!r} and not given{hint}"
+            )
+        else:
+            values[name] = param.default or ""
+    return values
+
+
+def resolve(run_spec: Mapping[str, Any], agent: Mapping[str, Any]) -> Resolution:
+    """The spec a run of ``agent`` (an Agent object as a dict) executes; raises ``InvalidRef``
+    naming the field (an invalid reference, parameter or Agent spec)."""
+    try:
+        ref = parse(AgentRefSpec, run_spec.get("agentRef"), where="spec.agentRef")
+        meta = ObjectMeta.of(agent)
+        parsed = AgentSpec.of(meta.name, agent.get("spec"))
+    except SpecError as err:
+        raise InvalidRef(str(err)) from None
+    written: Mapping[str, Any] = agent.get("spec") or {}
+    values = parameter_values(ref.name, parsed, ref.parameters)
+    spec: dict[str, Any] = {key: written[key] for key in FROM_AGENT if key in written}
+    spec["goal"] = substitute(str(run_spec.get("goal", "")), values, field="spec.goal")
+    if parsed.instructions is not None:
+        where = f"Agent {ref.name!r} spec.instructions"
+        spec["instructions"] = substitute(parsed.instructions, values, field=where)
+    budget = dict(written.get("budget") or {})
+    own: Mapping[str, Any] = run_spec.get("budget") or {}
+    budget.update({cap: own[cap] for cap in RUN_CAPS if cap in own})
+    if budget:
+        spec["budget"] = budget
+    return Resolution(spec, ref.name, meta.generation, digest_of(spec))
+
+
+def recorded(status: Mapping[str, Any]) -> Resolution | None:
+    """The resolution recorded in a run's status, or ``None`` if there is none (or it does
+    not match its digest)."""
+    agent = status.get("agent")
+    spec = status.get("resolvedSpec")
+    if not isinstance(agent, Mapping) or not isinstance(spec, Mapping):
+        return None
+    resolution = Resolution(
+        dict(spec), str(agent.get("name", "")), int(agent.get("generation") or 0), digest_of(spec)
+    )
+    return resolution if agent.get("digest") == resolution.digest else None
+
+
+async def get_agent(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The Agent ``namespace/name`` or ``None``; raises ``ApiException`` otherwise."""
+    try:
+        found: dict[str, Any] = await client.CustomObjectsApi(api).get_namespaced_custom_object(
+            kube.GROUP, kube.VERSION, namespace, kube.AGENTS, name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return found
+
+
+async def resolve_run(
+    api: client.ApiClient, run: RunKey, spec: Mapping[str, Any], status: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """The spec ``run`` executes: ``spec`` itself without ``agentRef``; the recorded
+    resolution if there is one; else its Agent resolved now and recorded in the run's status
+    (before it is queued, so an operator restart finds it).
+
+    Raises ``InvalidRef`` naming the field, ``ApiException`` when the Agent cannot be read or
+    the status not written.
+    """
+    if "agentRef" not in spec:
+        return spec
+    known = recorded(status)
+    if known is not None:
+        return known.spec
+    name = str((spec.get("agentRef") or {}).get("name", ""))
+    agent = await get_agent(api, run.namespace, name)
+    if agent is None:
+        raise InvalidRef(
+            f"spec.agentRef.name: Agent {name!r} not found in namespace {run.namespace!r}"
+        )
+    resolution = resolve(spec, agent)
+    await client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        kube.GROUP,
+        kube.VERSION,
+        run.namespace,
+        kube.RUNS,
+        run.name,
+        {"metadata": {"uid": run.uid}, "status": resolution.status()},
+        **MERGE_PATCH,
+    )
+    return resolution.spec
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Readiness:
+    """Whether runs of an Agent can be admitted as far as the Agent decides: its ``Ready``
+    condition."""
+
+    ready: bool
+    reason: str
+    """CamelCase: ``Ready``, ``InvalidSpec``, ``ModelNotFound``, ``UnknownTools``."""
+    message: str
+
+
+def readiness(
+    agent: Mapping[str, Any], *, model_found: bool, known_tools: Collection[str]
+) -> Readiness:
+    """Check an Agent object (as a dict) against what exists: its AgentModel (``model_found``)
+    and the worker's tool catalog (``known_tools``). Pure."""
+    name = str((agent.get("metadata") or {}).get("name", ""))
+    try:
+        spec = AgentSpec.of(name, agent.get("spec"))
+    except SpecError as err:
+        return Readiness(False, "InvalidSpec", str(err))
+    if not model_found:
+        return Readiness(False, "ModelNotFound", f"spec.model: AgentModel {spec.model!r} not found")
+    unknown = sorted(set(spec.tools) - set(known_tools))
+    if unknown:
+        return Readiness(
+            False,
+            "UnknownTools",
+            f"spec.tools: unknown tool(s) {', '.join(unknown)}; the worker's catalog has "
+            f"{', '.join(sorted(known_tools))}",
+        )
+    return Readiness(True, "Ready", f"AgentModel {spec.model!r} and every tool exist")
+
+
+def ready_status(
+    found: Readiness, *, generation: int, previous: Mapping[str, Any], now: float
+) -> dict[str, Any] | None:
+    """The Agent's ``.status`` for ``found``, or ``None`` when ``previous`` (its status now)
+    already says so. ``lastTransitionTime`` moves only when the condition's status flips."""
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), None)
+    flag = "True" if found.ready else "False"
+    if (
+        old is not None
+        and previous.get("observedGeneration") == generation
+        and (old.get("status"), old.get("reason"), old.get("message"))
+        == (flag, found.reason, found.message)
+    ):
+        return None
+    condition = status.condition(
+        "Ready",
+        status=found.ready,
+        reason=found.reason,
+        message=found.message,
+        at=now,
+        generation=generation,
+    )
+    if old is not None and old.get("status") == flag and old.get("lastTransitionTime"):
+        condition["lastTransitionTime"] = old["lastTransitionTime"]
+    return {"observedGeneration": generation, "conditions": [condition]}

@@ -1,0 +1,207 @@
+"""Argo CD health checks (docs/argocd): the Lua scripts, run with a real Lua 5.1 runtime,
+against the committed samples (``health_test.yaml``, as Argo CD's own resource_customizations
+are tested) and against live objects of real runs, tenants and Agents.
+
+``AGENTRUN_WRITE_ARGOCD_TESTDATA=1`` rewrites each Kind's ``testdata/`` and ``health_test.yaml``
+from the live objects (review the diff: the statuses are asserted here either way)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+import pytest
+import yaml
+
+from . import argocd_health, test_tenants
+from .conftest import E2EStack, run_manifest
+from .test_agents import agent_manifest
+from .test_tenants import TenantFactory, conditions, wait_tenant
+
+tenants = test_tenants.tenants
+"""The AgentTenant fixture: ``tenants(name, namespaces, **spec)``."""
+
+WRITE = os.environ.get("AGENTRUN_WRITE_ARGOCD_TESTDATA") == "1"
+
+
+@pytest.mark.parametrize("kind", argocd_health.KINDS)
+def test_the_committed_samples_get_the_health_their_test_file_states(kind: str) -> None:
+    cases = argocd_health.test_cases(kind)
+    assert len(cases) >= 2
+    for expected, path in cases:
+        obj = yaml.safe_load(path.read_text())
+        assert obj["kind"] == kind, path
+        assert argocd_health.health(kind, obj) == expected, path.name
+
+
+def test_every_argo_status_a_kind_can_report_has_a_sample() -> None:
+    covered = {
+        kind: {expected["status"] for expected, _ in argocd_health.test_cases(kind)}
+        for kind in argocd_health.KINDS
+    }
+    assert covered == {
+        "AgentRun": {"Progressing", "Suspended", "Healthy", "Degraded"},
+        "AgentTenant": {"Progressing", "Suspended", "Healthy", "Degraded"},
+        "Agent": {"Progressing", "Healthy", "Degraded"},
+    }
+
+
+def get(stack_: E2EStack, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
+    found: dict[str, Any] = json.loads(stack_.kubectl(*args).stdout)
+    return argocd_health.clean(found)
+
+
+def anonymous(obj: dict[str, Any], namespace: str, tenant: str | None) -> dict[str, Any]:
+    """The object with the test's random namespace and tenant names made stable."""
+    text = json.dumps(obj).replace(namespace, "team-a")
+    if tenant:
+        text = text.replace(tenant, "team-a")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+@pytest.mark.e2e
+def test_live_objects_get_the_expected_health(
+    stack_: E2EStack, test_namespace: str, tenants: TenantFactory
+) -> None:
+    ns = test_namespace
+    tenant = tenants(
+        f"argo-{ns}",
+        [ns],
+        maxConcurrentRuns=1,
+        window="1h",
+        budget={"tokens": 1000},
+        runBudget={"default": {"maxTokens": 1000}},
+    )
+    samples: dict[str, list[tuple[str, dict[str, Any], str]]] = {k: [] for k in argocd_health.KINDS}
+
+    def sample(kind: str, case: str, obj: dict[str, Any], status: str) -> dict[str, str]:
+        found = argocd_health.health(kind, obj)
+        assert found["status"] == status, (case, found)
+        samples[kind].append((case, anonymous(obj, ns, tenant), status))
+        return found
+
+    # a run waiting for a person holds the tenant's one slot; the next one queues
+    holder = run_manifest("held", "E2E-APPROVAL held", approval={"tools": ["calculate"]})
+    stack_.apply(ns, holder)
+    stack_.wait_for(ns, "held", lambda s: s.get("phase") == "AwaitingApproval")
+    found = sample(
+        "AgentRun", "awaiting-approval", get(stack_, "agentrun", "held", ns), "Suspended"
+    )
+    assert found["message"] == "Waiting for a person to approve or deny a call of calculate"
+    stack_.apply(ns, run_manifest("exact", "E2E-TENANT-EXACT argo"))
+    stack_.wait_for(ns, "exact", lambda s: s.get("phase") == "Queued")
+    found = sample("AgentRun", "queued", get(stack_, "agentrun", "exact", ns), "Progressing")
+    assert "queued in AgentTenant" in found["message"]
+    stack_.kubectl("annotate", "agentrun", "held", "-n", ns, "agentrun.dev/cancel=true")
+    stack_.wait_terminal(ns, "held")
+    found = sample("AgentRun", "cancelled", get(stack_, "agentrun", "held", ns), "Degraded")
+    assert found["message"].startswith("cancelled: cancelled by the agentrun.dev/cancel")
+    # the holder spent some of the tenant's 1000 tokens: the queued run's first call (up to
+    # 1000) no longer fits, so the tenant is Suspended until the window resets or it gets more
+    exhausted = wait_tenant(
+        stack_, tenant, lambda s: conditions(s).get("BudgetExhausted", {}).get("status") == "True"
+    )
+    assert exhausted["queuedRuns"] == 1
+    found = sample(
+        "AgentTenant", "budget-exhausted", get(stack_, "agenttenant", tenant), "Suspended"
+    )
+    assert "tokens" in found["message"]
+    stale = copy.deepcopy(get(stack_, "agenttenant", tenant))
+    stale["metadata"]["generation"] += 1  # edited, not yet read by the operator
+    sample("AgentTenant", "not-observed", stale, "Progressing")
+
+    # with the budget raised the queued run goes on and the tenant is healthy
+    stack_.kubectl(
+        "patch",
+        "agenttenant",
+        tenant,
+        "--type=merge",
+        "-p",
+        '{"spec":{"budget":{"tokens":100000}}}',
+    )
+    stack_.wait_terminal(ns, "exact")
+    succeeded = get(stack_, "agentrun", "exact", ns)
+    found = sample("AgentRun", "succeeded", succeeded, "Healthy")
+    assert found["message"].startswith("completed in 1 steps, ")
+    pending = copy.deepcopy(succeeded)
+    del pending["status"]  # as applied, before the operator's first status write
+    sample("AgentRun", "pending", pending, "Progressing")
+    wait_tenant(
+        stack_,
+        tenant,
+        lambda s: (
+            s.get("observedGeneration") == 2
+            and s.get("activeRuns") == 0
+            and conditions(s).get("BudgetExhausted", {}).get("status") == "False"
+        ),
+    )
+    found = sample("AgentTenant", "healthy", get(stack_, "agenttenant", tenant), "Healthy")
+    assert found["message"] == "0 active, 0 queued runs"
+    stack_.apply(ns, run_manifest("long", "E2E-LONG argo"))
+    stack_.wait_for(ns, "long", lambda s: s.get("phase") == "Running" and s.get("usage"))
+    found = sample("AgentRun", "running", get(stack_, "agentrun", "long", ns), "Progressing")
+    assert found["message"].startswith("Running: ")
+    stack_.apply(ns, run_manifest("capped", "E2E-MAX-STEPS argo", budget={"maxSteps": 2}))
+    stack_.wait_terminal(ns, "capped", timeout=90)
+    found = sample("AgentRun", "max-steps", get(stack_, "agentrun", "capped", ns), "Degraded")
+    assert found["message"].startswith("max_steps: ")
+    stack_.apply(ns, run_manifest("nomodel", "x", model="no-such-model"))
+    stack_.wait_terminal(ns, "nomodel")
+    found = sample("AgentRun", "invalid-spec", get(stack_, "agentrun", "nomodel", ns), "Degraded")
+    assert found["message"] == "invalid_spec: spec.model: AgentModel 'no-such-model' not found"
+
+    invalid = f"argo-invalid-{ns}"
+    tenants(
+        invalid, [f"unused-{ns}"], runBudget={"max": {"maxSteps": 5}, "default": {"maxSteps": 10}}
+    )
+    wait_tenant(stack_, invalid, lambda s: "Accepted" in conditions(s))
+    obj = anonymous(get(stack_, "agenttenant", invalid), invalid, None)
+    found = sample("AgentTenant", "invalid-spec", obj, "Degraded")
+    assert "spec.runBudget.default.maxSteps" in found["message"]
+
+    stack_.apply(ns, agent_manifest("calc"))
+    stack_.apply(ns, agent_manifest("orphan", model="no-such-model"))
+    for name, case, status in (
+        ("calc", "ready", "Healthy"),
+        ("orphan", "model-missing", "Degraded"),
+    ):
+        obj = wait_agent_checked(stack_, ns, name)
+        sample("Agent", case, obj, status)
+    fresh = copy.deepcopy(obj)
+    del fresh["status"]
+    sample("Agent", "unchecked", fresh, "Progressing")
+
+    if WRITE:
+        write_samples(samples)
+
+
+def wait_agent_checked(stack_: E2EStack, namespace: str, name: str) -> dict[str, Any]:
+    import time
+
+    end = time.monotonic() + 30
+    while True:
+        obj = get(stack_, "agent", name, namespace)
+        if (obj.get("status") or {}).get("conditions") or time.monotonic() > end:
+            return obj
+        time.sleep(0.25)
+
+
+def write_samples(samples: dict[str, list[tuple[str, dict[str, Any], str]]]) -> None:
+    for kind, cases in samples.items():
+        folder = argocd_health.ROOT / kind
+        tests = []
+        for case, obj, _ in cases:
+            (folder / "testdata" / f"{case}.yaml").write_text(yaml.safe_dump(obj, sort_keys=False))
+            tests.append(
+                {
+                    "healthStatus": argocd_health.health(kind, obj),
+                    "inputPath": f"testdata/{case}.yaml",
+                }
+            )
+        (folder / "health_test.yaml").write_text(
+            yaml.safe_dump({"tests": tests}, sort_keys=False, width=100)
+        )

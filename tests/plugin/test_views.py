@@ -1,0 +1,135 @@
+"""What ``kubectl agentrun`` prints, from values (no cluster): trajectory lines, table rows,
+ages, rerun manifests."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentrun import kernel, kubectl, trajectory
+from agentrun.kernel import decision as dec
+from agentrun.protocol import Approval, RunEvent
+
+
+def summary(phase: kernel.Phase = kernel.Phase.RUNNING, **fields: Any) -> kernel.RunSummary:
+    return kernel.RunSummary(phase=phase, **fields)
+
+
+def test_long_text_is_cut_on_one_line_with_its_length() -> None:
+    assert trajectory.truncate("a\nb   c", 10) == "a b c"
+    assert trajectory.truncate("x" * 30, 10) == "xxxxxxxxx… (30 chars)"
+
+
+def test_a_turn_shows_text_calls_results_rejections_and_usage() -> None:
+    record = kernel.Answered(
+        turn=2,
+        decision=dec.ToolCalls((), "Let me check."),
+        usage=kernel.Usage(100, 20, 40, Decimal("0.00045")),
+        calls=(
+            kernel.CheckedCall("c1", "calculate", {"expression": "6*7"}),
+            kernel.InvalidCall("c2", "nope", "unknown tool 'nope'"),
+            kernel.CheckedCall("c3", "deploy", {"x": "y" * 200}),
+        ),
+        results=(
+            kernel.ToolResult("c1", "calculate", "42"),
+            kernel.ToolResult("c2", "nope", "ERROR: unknown tool 'nope'", is_error=True),
+        ),
+        held=("c3",),
+    )
+    event = RunEvent("turn", "u", summary(), record=record, time=3600.0)
+    lines = trajectory.event_lines(event)
+    assert lines[0] == "01:00:00 turn 2: model"
+    body = [line.strip() for line in lines[1:]]
+    assert body[:4] == [
+        "says: Let me check.",
+        '→ calculate({"expression":"6*7"}) [c1]',
+        "← calculate [c1]: 42",
+        "✗ nope [c2] rejected: unknown tool 'nope'",
+    ]
+    assert body[4].startswith('→ deploy({"x":"yyy') and body[4].endswith("… (208 chars)) [c3]")
+    assert body[5] == "⏸ deploy [c3] held for approval"
+    assert body[6] == "usage 100 in (40 cached) + 20 out tokens, 0.000450 USD"
+
+
+def test_a_correction_and_the_end_are_shown() -> None:
+    record = kernel.Answered(
+        turn=0,
+        decision=dec.Malformed(dec.MalformedCause.EMPTY, "empty reply"),
+        usage=kernel.Usage(),
+    )
+    ended = summary(
+        kernel.Phase.COMPLETED, steps=2, tool_calls=1, answer="42", usage=kernel.Usage(10, 5)
+    )
+    lines = trajectory.event_lines(RunEvent("turn", "u", ended, record=record, time=0.0))
+    assert lines[1].strip() == "correction (empty): empty reply"
+    assert lines[-1] == (
+        "--:--:-- end   Succeeded completed (ok): 2 steps, 1 tool calls, 15 tokens, "
+        "0.000000 USD; answer: 42"
+    )
+
+
+def test_reviews_and_stops_are_one_line_each() -> None:
+    review = RunEvent("approval", "u", summary(), approval=Approval("sha256:ab", False), time=0)
+    assert trajectory.event_lines(review) == ["--:--:-- review denied held call sha256:ab"]
+    stopped = summary(kernel.Phase.CANCELLED, message="cancelled by the annotation")
+    lines = trajectory.event_lines(RunEvent("stop", "u", stopped, time=0))
+    assert lines[0] == "--:--:-- stop  cancelled by the annotation"
+    assert lines[1].startswith("--:--:-- end   Cancelled cancelled (none)")
+
+
+AGES: list[Any] = [
+    pytest.param(5, "5s", id="seconds"),
+    pytest.param(90, "1m", id="minutes"),
+    pytest.param(3 * 3600, "3h", id="hours"),
+    pytest.param(3 * 86400, "3d", id="days"),
+]
+
+
+@pytest.mark.parametrize(("seconds", "shown"), AGES)
+def test_age_reads_like_kubectls(seconds: int, shown: str) -> None:
+    assert kubectl.age("1970-01-01T00:00:00Z", now=float(seconds)) == shown
+
+
+def test_a_table_row_shows_tenant_queue_position_and_cost() -> None:
+    obj = {
+        "metadata": {"name": "r", "namespace": "ns", "creationTimestamp": "1970-01-01T00:00:00Z"},
+        "status": {
+            "tenant": "team",
+            "phase": "Queued",
+            "queuePosition": 2,
+            "usage": {"steps": 0, "totalTokens": 0, "costUSD": "0.012345"},
+        },
+    }
+    row = kubectl.run_row(obj, now=10.0)
+    assert [row[c] for c in ("TENANT", "PHASE", "REASON", "QUEUE", "COST", "AGE")] == [
+        "team",
+        "Queued",
+        "-",
+        "2",
+        "$0.0123",
+        "10s",
+    ]
+    text = kubectl.table([row], ["NAME", "PHASE"])
+    assert text.splitlines() == ["NAME   PHASE", "r      Queued"]
+
+
+def test_a_rerun_copies_the_spec_and_labels_and_says_where_from() -> None:
+    obj = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "metadata": {"name": "nightly", "labels": {"team": "a"}, "uid": "x", "generation": 1},
+        "spec": {"goal": "g", "agentRef": {"name": "helper"}},
+        "status": {"phase": "Succeeded"},
+    }
+    manifest = kubectl.rerun_manifest(obj, name=None)
+    assert manifest == {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentRun",
+        "metadata": {
+            "labels": {"team": "a", "agentrun.dev/rerun-of": "nightly"},
+            "generateName": "nightly-",
+        },
+        "spec": {"goal": "g", "agentRef": {"name": "helper"}},
+    }
+    assert kubectl.rerun_manifest(obj, name="again")["metadata"]["name"] == "again"
