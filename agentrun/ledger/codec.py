@@ -102,10 +102,7 @@ def encode_book(book: Book) -> bytes:
             k: (a.namespace, a.name, a.since, a.turn, a.tokens, a.cost_usd)
             for k, a in book.active.items()
         },
-        waiting={
-            k: (w.since, w.tokens, w.cost_usd, w.expires)
-            for k, w in book.waiting.items()
-        },
+        waiting={k: (w.since, w.tokens, w.cost_usd, w.expires) for k, w in book.waiting.items()},
     )
     return shape.model_dump_json().encode()
 
