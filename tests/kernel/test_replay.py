@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from agentrun import history, kernel
-from agentrun.operator import admission
+from agentrun.operator import admission, agents
 from agentrun.operator.runs import RunKey
 from agentrun.protocol import RunConfig, RunEvent
 from agentrun.testing import mockllm, scenario
@@ -40,17 +40,30 @@ ENDINGS = {
     "rectangle": kernel.TerminalReason.COMPLETED,
     "collatz": kernel.TerminalReason.MAX_STEPS,
     "inventory": kernel.TerminalReason.TOOL_BUDGET_EXHAUSTED,
+    "rectangle-from-agent": kernel.TerminalReason.COMPLETED,
 }
 """How each example run ends, as its manifest's comment and examples/README.md say."""
 
 
 def example_runs() -> dict[str, Mapping[str, Any]]:
-    """Every AgentRun object in ``examples/*.yaml``, by name."""
+    """Every AgentRun object in ``examples/*.yaml``, by name; a run of an Agent carries the
+    spec the operator resolves from that Agent (also in ``examples/``)."""
+    documents = [
+        document
+        for path in sorted(EXAMPLES.glob("*.yaml"))
+        for document in yaml.safe_load_all(path.read_text())
+        if isinstance(document, dict)
+    ]
+    defined = {d["metadata"]["name"]: d for d in documents if d.get("kind") == "Agent"}
     runs: dict[str, Mapping[str, Any]] = {}
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if isinstance(document, dict) and document.get("kind") == "AgentRun":
-                runs[document["metadata"]["name"]] = document
+    for document in documents:
+        if document.get("kind") != "AgentRun":
+            continue
+        spec = document["spec"]
+        if "agentRef" in spec:
+            resolved = agents.resolve(spec, defined[spec["agentRef"]["name"]])
+            document = {**document, "spec": resolved.spec}
+        runs[document["metadata"]["name"]] = document
     return runs
 
 
