@@ -140,7 +140,9 @@ def operator_verbs(group: str, resource: str) -> set[str]:
         ("agentrun.dev", "agenttenants", {"get", "list", "watch"}),
         ("agentrun.dev", "agenttenants/status", {"get", "patch"}),
         ("", "namespaces", {"get", "list", "watch"}),  # AgentTenant spec.namespaceSelector
-        ("", "events", {"create"}),
+        ("agentrun.dev", "agents", {"get", "list", "watch"}),
+        ("agentrun.dev", "agents/status", {"get", "patch"}),
+        ("", "events", {"create", "patch"}),  # a repeated occasion raises its Event's count
         ("apiextensions.k8s.io", "customresourcedefinitions", {"get", "list", "watch"}),
     ],
 )
