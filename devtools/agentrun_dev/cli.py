@@ -91,6 +91,13 @@ def register_dev(subparsers: Subparsers) -> None:
     show.add_argument("--node", action="store_true", help=_NODE_HELP)
     show.add_argument("--chart", action="store_true", help=_CHART_HELP)
     show.add_argument(
+        "--node-wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long for another node on this machine to stop (default: refuse)",
+    )
+    show.add_argument(
         "--down",
         action="store_true",
         help="stop everything (by pid; with a node, the host cleaned) once the results are "
@@ -133,7 +140,9 @@ def cmd_dev_demo(args: argparse.Namespace) -> int:
     """``agentrun dev demo``: stack up, ``mock`` AgentModel, the examples, their end states;
     with ``--down`` the stack is stopped afterwards, whatever happened."""
     directory = state.resolve_dir(args.dir)
-    options = stack.UpOptions(workers=args.workers, node=args.node, chart=args.chart)
+    options = stack.UpOptions(
+        workers=args.workers, node=args.node, chart=args.chart, node_wait=args.node_wait
+    )
     current = stack.up(directory, options=options, log=_progress)  # stops itself if it fails
     try:
         return _demo(current, args)

@@ -88,6 +88,9 @@ class UpOptions:
     (the chart's copy of the example scenarios; `scenarios` is not used), the operator and
     `workers` workers run as pods in namespace `release.RELEASE_NAMESPACE`."""
 
+    node_wait: float = 0.0
+    """Seconds to wait for another node on this machine to stop (0: refuse at once)."""
+
     @property
     def with_node(self) -> bool:
         """Whether a node is started."""
@@ -335,7 +338,7 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
             *cluster.components,
         )
         if options.with_node:
-            current = _start_node(current, cluster=cluster, launch=launch)
+            current = _start_node(current, cluster=cluster, wait=options.node_wait, launch=launch)
         if options.chart:
             current = _install_release(
                 current, cluster=cluster, chart=chart, options=options, log=log
@@ -360,9 +363,11 @@ def _start_node(
     current: state.StackState,
     *,
     cluster: controlplane.ControlPlane | controlplane.ExistingCluster,
+    wait: float,
     launch: components.Launch,
 ) -> state.StackState:
-    """Start the node in ``<directory>/node`` and record its components."""
+    """Start the node in ``<directory>/node`` (waiting up to `wait` seconds for another node
+    on this machine to stop) and record its components."""
     if not isinstance(cluster, controlplane.ControlPlane):
         raise controlplane.ClusterError(
             "a node joins only the local control plane: unset "
@@ -371,7 +376,9 @@ def _start_node(
     node_dir = current.directory / "node"
     current = _recorded(dataclasses.replace(current, node_dir=node_dir))
     _, executables = binaries.ensure_node_binaries(log=launch.log)
-    started = node.start_node(node_dir, cluster=cluster, executables=executables, launch=launch)
+    started = node.start_node(
+        node_dir, cluster=cluster, executables=executables, launch=launch, claim_wait=wait
+    )
     return _recorded(current, *started.components)
 
 

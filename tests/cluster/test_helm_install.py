@@ -43,7 +43,7 @@ SLOW_SCENARIO = {
         {"content": "done", "usage": {"prompt_tokens": 100, "completion_tokens": 5}},
     ],
 }
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.node, pytest.mark.timeout(1800)]
 
 
 def agent_run(name: str, goal: str, **budget: Any) -> dict[str, Any]:

@@ -13,7 +13,8 @@ import yaml
 from agentrun_dev import binaries, node, nodehost
 from agentrun_dev.kubectl import Kubectl
 
-pytestmark = pytest.mark.timeout(1200)  # the first test waits for another run's node to stop
+# the first test may wait for another run's node to stop
+pytestmark = [pytest.mark.node, pytest.mark.timeout(1200)]
 
 WEB_SCRIPT = (
     "mkdir -p /www && echo hello from $(hostname) > /www/index.html"
