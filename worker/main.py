@@ -45,6 +45,7 @@ async def serve(config: WorkerSettings) -> None:
             concurrency=config.tool_concurrency,
             call_timeout=config.tool_timeout,
             max_result_bytes=config.tool_result_max_bytes,
+            retries=config.tool_retries,
         ),
         kube=api,
     )

@@ -3,7 +3,10 @@
 Invariant (OpenAI tool calling): every call in the batch gets exactly one
 result, in the order of the assistant's ``tool_calls`` — never completion order — whether it
 succeeded, raised, timed out or was cancelled. A tool failure is a result value, never an
-exception into the loop. Nothing here retries a call.
+exception into the loop. A call that failed for infrastructure reasons (timeout, connection,
+server or transport error) is retried a bounded number of times with backoff, within the run's
+deadline, unless its tool is a ``write``; an error the model caused is never retried (it goes
+back to the model as the result).
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ class ToolRunSettings:
     """Seconds one call may take before it is reported as timed out."""
     max_result_bytes: int = MAX_RESULT_BYTES
     """Results longer than this (UTF-8) are cut, with a visible marker."""
+    retries: int = 2
+    """Extra attempts of a call that failed for infrastructure reasons (read and idempotent
+    tools only; see ``kernel.may_retry``)."""
+    retry_backoff: float = 0.5
+    """Seconds before the first retry; doubled for each further one (``kernel.backoff``)."""
 
 
 def clip(text: str, limit: int = MAX_RESULT_BYTES) -> str:
@@ -67,9 +75,45 @@ async def _traced(
     ) as span:
         result = await attempt
         if result.is_error:
-            span.set_attribute("error.type", "tool_error")
+            span.set_attribute("error.type", result.fault or "tool_error")
             span.set_status(trace.Status(trace.StatusCode.ERROR, result.content[:200]))
         return result
+
+
+async def _attempt(
+    call: kernel.CheckedCall,
+    tool: Tool,
+    ctx: ToolContext,
+    settings: ToolRunSettings,
+    deadline: float,
+) -> kernel.ToolResult:
+    """One attempt of ``call``, bounded by the call timeout and the run's deadline."""
+    left = deadline - time.time()
+    by_deadline = left < settings.call_timeout
+    try:
+        async with asyncio.timeout(max(0.0, min(settings.call_timeout, left))):
+            output = await tool.run(call.arguments, ctx)
+    except ToolError as err:
+        return kernel.ToolResult(call.id, call.name, str(err), True, err.fault)
+    except TimeoutError:
+        why = (
+            "the run's deadline passed while the tool ran"
+            if by_deadline
+            else f"the tool timed out after {settings.call_timeout:g}s"
+        )
+        return kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.TIMEOUT)
+    except Exception as err:  # a tool bug must not break the loop: it becomes a result
+        log.exception("tool %s raised", call.name)
+        return kernel.ToolResult(
+            call.id,
+            call.name,
+            f"the tool failed: {type(err).__name__}: {err}",
+            True,
+            kernel.ToolFault.CRASHED,
+        )
+    return kernel.ToolResult(
+        call.id, call.name, clip(clean_text(str(output)), settings.max_result_bytes)
+    )
 
 
 async def _run_one(
@@ -80,29 +124,29 @@ async def _run_one(
     settings: ToolRunSettings,
     deadline: float,
 ) -> kernel.ToolResult:
+    """``call`` with bounded retries: an infrastructure failure of a tool that may be retried
+    (``kernel.may_retry``) is sent again after ``kernel.backoff`` seconds, at most
+    ``settings.retries`` times, and only while the wait still ends before ``deadline``. The
+    last attempt's result stands (an error result says how many attempts were made)."""
+    attempts = 0
     async with gate:
-        left = deadline - time.time()
-        by_deadline = left < settings.call_timeout
-        try:
-            async with asyncio.timeout(max(0.0, min(settings.call_timeout, left))):
-                output = await tool.run(call.arguments, ctx)
-        except ToolError as err:
-            return kernel.ToolResult(call.id, call.name, str(err), is_error=True)
-        except TimeoutError:
-            why = (
-                "the run's deadline passed while the tool ran"
-                if by_deadline
-                else f"the tool timed out after {settings.call_timeout:g}s"
-            )
-            return kernel.ToolResult(call.id, call.name, why, is_error=True)
-        except Exception as err:  # a tool bug must not break the loop: it becomes a result
-            log.exception("tool %s raised", call.name)
-            return kernel.ToolResult(
-                call.id, call.name, f"the tool failed: {type(err).__name__}: {err}", is_error=True
-            )
-    return kernel.ToolResult(
-        call.id, call.name, clip(clean_text(str(output)), settings.max_result_bytes)
-    )
+        while True:
+            attempts += 1
+            result = await _attempt(call, tool, ctx, settings, deadline)
+            fault = result.fault
+            if fault is None or not kernel.may_retry(fault, effect=tool.spec.effect):
+                break
+            if attempts > settings.retries:
+                break
+            delay = kernel.backoff(attempts, base=settings.retry_backoff)
+            if time.time() + delay >= deadline:
+                break
+            log.info("tool %s failed (%s); retry %d in %.1fs", call.name, fault, attempts, delay)
+            await asyncio.sleep(delay)
+    if attempts > 1 and result.is_error:
+        content = f"{result.content} (after {attempts} attempts)"
+        result = dataclasses.replace(result, content=content)
+    return result
 
 
 async def run_batch(
@@ -132,7 +176,9 @@ async def run_batch(
     results: list[kernel.ToolResult] = []
     for index, call in enumerate(calls):
         if isinstance(call, kernel.InvalidCall):
-            results.append(kernel.ToolResult(call.id, call.name, call.error, is_error=True))
+            results.append(
+                kernel.ToolResult(call.id, call.name, call.error, True, kernel.ToolFault.ARGUMENTS)
+            )
         else:
             results.append(tasks[index].result())
     return tuple(results)
