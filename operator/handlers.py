@@ -24,7 +24,8 @@ from . import admission, wiring
 from .runs import CANCEL_ANNOTATION, RunKey
 from .specs import ObjectMeta, RunObject
 from .statuswriter import MERGE_PATCH
-from .tenants import NoTenant
+from .tenants import NoTenant, ToolServerPending
+from .toolservers import TOOL_SERVERS
 from .wiring import OperatorMemo, Parts
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ DENY_ANNOTATION = "agentrun.dev/deny"
 FINALIZER = "agentrun.dev/finalizer"
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 TENANT = (kube.GROUP, kube.VERSION, kube.TENANTS)
+TOOL_SERVER = (kube.GROUP, kube.VERSION, TOOL_SERVERS)
 
 
 class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -129,6 +131,8 @@ async def _validate_and_enqueue(
         raise kopf.TemporaryError(f"cannot read namespace {key.namespace!r}: {err.status}") from err
     try:  # reject what can never run now, not after it waited in the queue
         await parts.configs.build_config(key, spec, policy, start_time=time.time())
+    except ToolServerPending as err:  # applied together with its AgentToolServer: wait for it
+        raise kopf.TemporaryError(str(err), delay=2) from err
     except admission.InvalidSpec as err:
         _reject(parts, key, str(err), generation=generation, tenant=policy.name)
         return
@@ -272,3 +276,22 @@ async def tenant_changed(
         return
     if parts.tenants.put(body) is not None:
         parts.board.kick(name)
+
+
+@kopf.on.event(*TOOL_SERVER)
+async def tool_server_changed(
+    *,
+    type: str | None,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """Tell the refresher about AgentToolServers; it discovers their tools in the background
+    (never in this handler) and writes their status."""
+    parts = memo.running()
+    if type == "DELETED":
+        parts.toolservers.forget(str(namespace), name)
+        return
+    parts.toolservers.observe(body)

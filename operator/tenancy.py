@@ -142,7 +142,7 @@ class TenantPolicy:
                 f"{self.name!r} (allowedModels: {', '.join(sorted(self.allowed_models)) or 'none'})"
             )
         if self.allowed_tools is not None:
-            denied = sorted(set(spec.tools) - self.allowed_tools)
+            denied = sorted(t for t in set(spec.tools) if not _tool_allowed(t, self.allowed_tools))
             if denied:
                 raise InvalidSpec(
                     f"spec.tools: {', '.join(denied)} not allowed by AgentTenant {self.name!r} "
@@ -219,3 +219,12 @@ def resolve(
     if default:
         return next((p for p in pool if p.name == default), None)
     return None
+
+
+def _tool_allowed(name: str, allowed: frozenset[str]) -> bool:
+    """Whether ``allowedTools`` grants ``name``: listed as is, or an MCP tool
+    (``SERVER/TOOL``) whose server is granted whole (``SERVER/*``)."""
+    if name in allowed:
+        return True
+    server, slash, _ = name.partition("/")
+    return bool(slash) and f"{server}/*" in allowed

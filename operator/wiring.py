@@ -11,6 +11,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``Dispatcher`` consumes run events and publishes turns.
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
+- ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
+  status; admission (``RunConfigs``) reads that status through a ``ToolServerCache``.
 
 What does not belong here: kopf's configuration and handlers (``handlers``), the process
 bootstrap (``main``).
@@ -38,6 +40,7 @@ from .settlement import QueueBoard, RunSettlement
 from .statuswriter import StatusWriter, kube_patcher
 from .sweep import LedgerSweep, SweepDeps
 from .tenants import ModelCache, RunConfigs, Tenants
+from .toolservers import ToolServerCache, ToolServerRefresher
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +61,10 @@ class Parts:
     board: QueueBoard
     pump: QueuePump
     sweep: LedgerSweep
+    toolservers: ToolServerRefresher
     tasks: tuple[asyncio.Task[None], ...]
-    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep."""
+    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
+    tool server discovery."""
 
 
 @dataclasses.dataclass
@@ -109,6 +114,7 @@ async def start_parts(
         ModelCache(api),
         known_tools=known_tools,
         tool_specs=lambda names: catalog.specs(names) if names else [],
+        servers=ToolServerCache(api),
     )
     store = await LedgerStore.open(bus.js)
     board = QueueBoard()
@@ -130,8 +136,14 @@ async def start_parts(
         SweepDeps(store=store, tenants=tenants, board=board, runs=dispatcher, events=bus, api=api),
         interval=settings.ledger_sweep,
     )
-    tasks = _start_loops(dispatcher, pump, sweep)
-    return Parts(bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, tasks)
+    refresher = ToolServerRefresher(api)
+    tasks = (
+        *_start_loops(dispatcher, pump, sweep),
+        asyncio.create_task(refresher.run(), name="tool-servers"),
+    )
+    return Parts(
+        bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, refresher, tasks
+    )
 
 
 def _start_loops(
@@ -151,6 +163,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.dispatcher.stop()
     parts.pump.stop()
     parts.sweep.stop()
+    parts.toolservers.stop()
     for task in parts.tasks:
         task.cancel()
     await parts.dispatcher.cancel_timers()

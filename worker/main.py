@@ -37,10 +37,11 @@ async def serve(config: WorkerSettings) -> None:
             "no Kubernetes access (%s): kubernetes_get and Secret credentials are unavailable", err
         )
     model = ModelClient()
+    secrets = KubeSecrets(api)
     deps = TurnDeps(
         model=model,
         catalog=default_catalog(kube=api),
-        secrets=KubeSecrets(api),
+        secrets=secrets,
         tool_settings=ToolRunSettings(
             concurrency=config.tool_concurrency,
             call_timeout=config.tool_timeout,
@@ -48,6 +49,7 @@ async def serve(config: WorkerSettings) -> None:
             retries=config.tool_retries,
         ),
         kube=api,
+        headers=secrets,
     )
     hold_ttl = config.hold_ttl
     # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks

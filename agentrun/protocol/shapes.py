@@ -17,7 +17,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from agentrun import kernel
-from agentrun.protocol.messages import Approval, ModelConfig, RunConfig, SecretRef, TurnRequest
+from agentrun.protocol.messages import (
+    Approval,
+    ModelConfig,
+    RemoteTool,
+    RunConfig,
+    SecretRef,
+    TurnRequest,
+)
 
 
 class _Shape(BaseModel):
@@ -127,6 +134,52 @@ class LimitsShape(_Shape):
     approvalTools: list[str]
 
 
+class RemoteToolShape(_Shape):
+    """One admitted MCP tool of a run."""
+
+    name: str
+    server: str
+    tool: str
+    description: str
+    parameters: dict[str, Any]
+    effect: str
+    url: str
+    transport: str
+    timeout: float
+    headersSecret: str | None = None
+
+    @classmethod
+    def of(cls, tool: RemoteTool) -> RemoteToolShape:
+        """The shape of ``tool``."""
+        return cls(
+            name=tool.name,
+            server=tool.server,
+            tool=tool.tool,
+            description=tool.description,
+            parameters=dict(tool.parameters),
+            effect=tool.effect,
+            url=tool.url,
+            transport=tool.transport,
+            timeout=tool.timeout,
+            headersSecret=tool.headers_secret,
+        )
+
+    def value(self) -> RemoteTool:
+        """The tool as a value."""
+        return RemoteTool(
+            self.name,
+            self.server,
+            self.tool,
+            self.description,
+            self.parameters,
+            self.effect,
+            self.url,
+            self.transport,
+            self.timeout,
+            self.headersSecret,
+        )
+
+
 class RunConfigShape(_Shape):
     """Everything a worker needs to run any turn of a run (the ``admitted`` event's config)."""
 
@@ -142,6 +195,8 @@ class RunConfigShape(_Shape):
     tenant: str
     outputSchema: dict[str, Any] | None
     traceparent: str | None
+    remoteTools: list[RemoteToolShape] = []
+    """Absent in configs written before MCP tools existed."""
 
     @classmethod
     def of(cls, config: RunConfig) -> RunConfigShape:
@@ -169,6 +224,7 @@ class RunConfigShape(_Shape):
             tenant=config.tenant,
             outputSchema=None if config.output_schema is None else dict(config.output_schema),
             traceparent=config.traceparent,
+            remoteTools=[RemoteToolShape.of(t) for t in config.remote_tools],
         )
 
     def value(self) -> RunConfig:
@@ -199,6 +255,7 @@ class RunConfigShape(_Shape):
             tenant=self.tenant,
             output_schema=self.outputSchema,
             traceparent=self.traceparent,
+            remote_tools=tuple(t.value() for t in self.remoteTools),
         )
 
 
