@@ -243,7 +243,8 @@ def resolve_tool(reference: str, server: Mapping[str, Any] | None, *, namespace:
     found = {t.get("name"): t for t in status.get("tools") or []}
     entry = found.get(tool)
     if entry is None:
-        ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        conditions = status.get("conditions") or []
+        ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
         why = ready.get("message") or "its tools have not been discovered yet"
         raise InvalidSpec(f"{where}: not discovered on AgentToolServer {server_name!r}: {why}")
     function = remote.function_name(server_name, tool)

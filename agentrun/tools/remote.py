@@ -29,14 +29,14 @@ import dataclasses
 import enum
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx2
 from mcp import Client, MCPError
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, RequestParamsMeta
 
 from agentrun.kernel import ToolFault
 from agentrun.protocol import RemoteTool
@@ -284,9 +284,9 @@ class McpTool:
         if self.headers is not None:
             extra = await self.headers()
             endpoint = dataclasses.replace(endpoint, headers={**endpoint.headers, **extra})
-        meta: dict[str, Any] | None = None
-        if self.spec.effect != "read":
-            meta = {IDEMPOTENCY_META_KEY: f"{ctx.run_uid}:{ctx.call_id}"}
+        meta: RequestParamsMeta | None = None
+        if self.spec.effect != "read":  # an open map: extra keys are allowed
+            meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: f"{ctx.run_uid}:{ctx.call_id}"})
         try:
             async with asyncio.timeout(endpoint.timeout), _session(endpoint) as client:
                 result = await client.call_tool(self.tool, dict(arguments), meta=meta)
