@@ -14,7 +14,14 @@ from typing import Any
 
 from agentrun import kernel
 from agentrun.ledger import TenantLimits, worst_case
-from agentrun.protocol import DEFAULT_TENANT, ModelConfig, RemoteTool, RunConfig, SecretRef
+from agentrun.protocol import (
+    DEFAULT_TENANT,
+    ModelConfig,
+    RemoteTool,
+    RunConfig,
+    SecretRef,
+    UrlRule,
+)
 
 from .runs import RunKey
 from .specs import IMPLICIT_BUDGET, AgentModelSpec, AgentRunSpec, SpecError
@@ -65,6 +72,7 @@ def build_run_config(
     start_time: float,
     tenant: str = DEFAULT_TENANT,
     remote_tools: Sequence[RemoteTool] = (),
+    url_rules: Sequence[UrlRule] = (),
 ) -> RunConfig:
     """Validate ``spec`` against its AgentModel and the worker's tool catalog.
 
@@ -74,7 +82,8 @@ def build_run_config(
     catalog's tool names to whether each is pollable (exempt from the no-progress breaker, like
     ``spec.budget.noProgress.pollable``). ``remote_tools`` are the run's resolved MCP tools
     (``SERVER/TOOL`` in the spec): in the config every name (tools, approval, pollable) is the
-    function name the model sees (``SERVER__TOOL``). ``start_time`` is epoch seconds (the
+    function name the model sees (``SERVER__TOOL``). ``url_rules``: what ``http_get`` may
+    fetch (the tenant's). ``start_time`` is epoch seconds (the
     deadline counts from it). Raises ``InvalidSpec`` with a message naming the field (unknown
     model, unknown tools, approval of tools the run does not have).
     """
@@ -109,6 +118,7 @@ def build_run_config(
         tenant=tenant,
         output_schema=limits.output_schema,
         remote_tools=tuple(remote_tools),
+        url_rules=tuple(url_rules),
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agentrun.ledger import TenantLimits
+from agentrun.protocol import UrlRule
 
 from .admission import InvalidSpec
 from .specs import (
@@ -89,6 +90,8 @@ class TenantPolicy:
     over_max: OverMax
     allowed_models: frozenset[str] | None
     allowed_tools: frozenset[str] | None
+    url_rules: tuple[UrlRule, ...] = ()
+    """``spec.httpGet.allow``: what the ``http_get`` tool may fetch for this tenant's runs."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
@@ -121,6 +124,9 @@ class TenantPolicy:
             over_max=run_budget.over_max,
             allowed_models=_names(spec.allowed_models),
             allowed_tools=_names(spec.allowed_tools),
+            url_rules=tuple(
+                UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.http_get.allow
+            ),
         )
 
     def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:

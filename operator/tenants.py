@@ -120,6 +120,7 @@ class RunConfigs:
             start_time=start_time,
             tenant=policy.name,
             remote_tools=remote_tools,
+            url_rules=policy.url_rules,
         )
 
     def first_call_need(self, config: RunConfig) -> tuple[int, Decimal]:

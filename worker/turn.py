@@ -22,7 +22,7 @@ from opentelemetry import trace
 from agentrun import kernel, metrics, telemetry
 from agentrun.ledger import BudgetRefusal, worst_case
 from agentrun.protocol import RemoteTool, RunConfig, SecretRef
-from agentrun.tools import remote
+from agentrun.tools import http_get, remote
 from agentrun.tools.catalog import Catalog, Tool, ToolContext, ToolError
 
 from . import toolrunner
@@ -90,9 +90,12 @@ class TurnDeps:
         return compiled
 
     def run_tools(self, config: RunConfig) -> dict[str, Tool]:
-        """The tools ``config`` may call by function name: its built-in catalog tools and its
-        MCP tools (calls of which read their headers Secret from ``headers``)."""
+        """The tools ``config`` may call by function name: its built-in catalog tools
+        (``http_get`` with the run's URL rules) and its MCP tools (calls of which read their
+        headers Secret from ``headers``)."""
         tools: dict[str, Tool] = {n: self.catalog[n] for n in config.tools if n in self.catalog}
+        if http_get.SPEC.name in tools:  # with the URLs the run's tenant allows
+            tools[http_get.SPEC.name] = http_get.HttpGet(config.url_rules)
         for remote_tool in config.remote_tools:
             source = None
             secret = remote_tool.headers_secret

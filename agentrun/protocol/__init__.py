@@ -31,6 +31,7 @@ from agentrun.protocol.messages import (
     RunConfig,
     SecretRef,
     TurnRequest,
+    UrlRule,
 )
 from agentrun.protocol.shapes import (
     RunConfigShape,
@@ -72,6 +73,7 @@ __all__ = [
     "SecretRef",
     "TurnRequest",
     "TurnRequestShape",
+    "UrlRule",
     "cancel_subject",
     "decision_as_dict",
     "decision_from_dict",

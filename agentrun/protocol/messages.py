@@ -37,6 +37,18 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class UrlRule:
+    """One URL the ``http_get`` tool may fetch (``AgentTenant.spec.httpGet.allow[]``)."""
+
+    host: str
+    """Host name, optionally with ``:port`` (then only that port)."""
+    path_prefix: str = "/"
+    """The URL's path must start with this."""
+    private_network: bool = False
+    """Allow private, loopback and link-local addresses for this host."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RemoteTool:
     """One tool of an AgentToolServer (a remote MCP server) as admitted for a run: where to
     call it and what the model sees, snapshotted at admission so a run keeps the schemas it
@@ -82,6 +94,8 @@ class RunConfig:
     """W3C trace context of the run's ``invoke_agent`` span (minted at admission)."""
     remote_tools: tuple[RemoteTool, ...] = ()
     """The run's MCP tools (their function names are in ``tools`` too)."""
+    url_rules: tuple[UrlRule, ...] = ()
+    """What ``http_get`` may fetch for this run (its tenant's rules at admission)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from agentrun.protocol.messages import (
     RunConfig,
     SecretRef,
     TurnRequest,
+    UrlRule,
 )
 
 
@@ -180,6 +181,23 @@ class RemoteToolShape(_Shape):
         )
 
 
+class UrlRuleShape(_Shape):
+    """One URL rule of ``http_get``."""
+
+    host: str
+    pathPrefix: str = "/"
+    privateNetwork: bool = False
+
+    @classmethod
+    def of(cls, rule: UrlRule) -> UrlRuleShape:
+        """The shape of ``rule``."""
+        return cls(host=rule.host, pathPrefix=rule.path_prefix, privateNetwork=rule.private_network)
+
+    def value(self) -> UrlRule:
+        """The rule as a value."""
+        return UrlRule(self.host, self.pathPrefix, self.privateNetwork)
+
+
 class RunConfigShape(_Shape):
     """Everything a worker needs to run any turn of a run (the ``admitted`` event's config)."""
 
@@ -197,6 +215,8 @@ class RunConfigShape(_Shape):
     traceparent: str | None
     remoteTools: list[RemoteToolShape] = []
     """Absent in configs written before MCP tools existed."""
+    urlRules: list[UrlRuleShape] = []
+    """Absent in configs written before http_get existed."""
 
     @classmethod
     def of(cls, config: RunConfig) -> RunConfigShape:
@@ -225,6 +245,7 @@ class RunConfigShape(_Shape):
             outputSchema=None if config.output_schema is None else dict(config.output_schema),
             traceparent=config.traceparent,
             remoteTools=[RemoteToolShape.of(t) for t in config.remote_tools],
+            urlRules=[UrlRuleShape.of(r) for r in config.url_rules],
         )
 
     def value(self) -> RunConfig:
@@ -256,6 +277,7 @@ class RunConfigShape(_Shape):
             output_schema=self.outputSchema,
             traceparent=self.traceparent,
             remote_tools=tuple(t.value() for t in self.remoteTools),
+            url_rules=tuple(r.value() for r in self.urlRules),
         )
 
 

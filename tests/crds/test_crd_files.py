@@ -296,6 +296,7 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "runBudget",
         "allowedModels",
         "allowedTools",
+        "httpGet",
     }
     assert "required" not in spec  # one of namespaces / namespaceSelector, checked in CEL
     assert set(at(spec, "namespaceSelector")["properties"]) == {"matchLabels", "matchExpressions"}
