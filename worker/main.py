@@ -40,7 +40,7 @@ async def serve(config: WorkerSettings) -> None:
     secrets = KubeSecrets(api)
     deps = TurnDeps(
         model=model,
-        catalog=default_catalog(kube=api),
+        catalog=default_catalog(kube=api, prometheus_url=config.prometheus_url),
         secrets=secrets,
         tool_settings=ToolRunSettings(
             concurrency=config.tool_concurrency,

@@ -18,8 +18,14 @@ ALL_SPECS = {name: tool.spec for name, tool in CATALOG.items()}
 
 
 def test_default_catalog_holds_the_built_in_tools() -> None:
-    assert list(CATALOG) == ["calculate", "sleep", "kubernetes_get", "http_get"]
-    assert len(CATALOG) == 4
+    assert list(CATALOG) == [
+        "calculate",
+        "sleep",
+        "kubernetes_get",
+        "http_get",
+        "prometheus_query",
+    ]
+    assert len(CATALOG) == 5
 
 
 @pytest.mark.parametrize("spec", ALL_SPECS.values(), ids=ALL_SPECS.keys())
