@@ -342,10 +342,12 @@ class ToolServerRefresher:
         api: client.ApiClient,
         *,
         tick: float = 2.0,
+        concurrency: int = 16,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        """``tick``: seconds between two looks for due servers."""
+        """``tick``: seconds between two looks for due servers; ``concurrency``: discoveries
+        running at once (the others wait their turn; none blocks anything else)."""
         self._objects = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._tick = tick
@@ -354,6 +356,7 @@ class ToolServerRefresher:
         self._known: dict[tuple[str, str], _Known] = {}
         self._kick = asyncio.Event()
         self._stopped = False
+        self._gate = asyncio.Semaphore(concurrency)
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """An AgentToolServer was listed, added or changed (a kopf watch event)."""
@@ -424,7 +427,10 @@ class ToolServerRefresher:
             status = failed_status({}, str(err), generation=generation, now=now)
             status["conditions"][0]["reason"] = Reason.INVALID_SPEC
         else:
-            status = await self._discover(spec, namespace, generation=generation, previous=previous)
+            async with self._gate:
+                status = await self._discover(
+                    spec, namespace, generation=generation, previous=previous
+                )
         try:
             await self._objects.patch_namespaced_custom_object_status(
                 kube.GROUP,
