@@ -9,6 +9,7 @@ import os
 
 from agentrun import kube, process
 from agentrun.bus import Bus, BusSettings, connect_nats
+from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog
@@ -50,6 +51,7 @@ async def serve(config: WorkerSettings) -> None:
         ),
         kube=api,
         headers=secrets,
+        effects=await EffectLedger.open(bus.js),
     )
     hold_ttl = config.hold_ttl
     # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks

@@ -6,7 +6,8 @@ succeeded, raised, timed out or was cancelled. A tool failure is a result value,
 exception into the loop. A call that failed for infrastructure reasons (timeout, connection,
 server or transport error) is retried a bounded number of times with backoff, within the run's
 deadline, unless its tool is a ``write``; an error the model caused is never retried (it goes
-back to the model as the result).
+back to the model as the result). Write and idempotent calls go through the effect ledger when
+one is given, so a turn run again never sends one twice.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from opentelemetry import trace
 
 from agentrun import kernel, telemetry
+from agentrun.effects import EffectLedger, EffectLedgerUnavailable
 from agentrun.kernel.decision import clean_text
 from agentrun.tools.catalog import Tool, ToolContext, ToolError
 
@@ -116,20 +118,45 @@ async def _attempt(
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Batch:
+    """What every call of one batch shares."""
+
+    gate: asyncio.Semaphore
+    settings: ToolRunSettings
+    deadline: float
+    effects: EffectLedger | None
+
+
 async def _run_one(
-    call: kernel.CheckedCall,
-    tool: Tool,
-    ctx: ToolContext,
-    gate: asyncio.Semaphore,
-    settings: ToolRunSettings,
-    deadline: float,
+    call: kernel.CheckedCall, tool: Tool, ctx: ToolContext, batch: _Batch
+) -> kernel.ToolResult:
+    """``call``, once per the effect ledger for write and idempotent tools (see
+    ``agentrun.effects``): a call already recorded is answered from the ledger, never sent
+    again. Raises ``EffectLedgerUnavailable`` when the ledger cannot be read or written (the
+    turn is then not committed)."""
+    ledger = batch.effects
+    if ledger is None or tool.spec.effect == "read":
+        return await _with_retries(call, tool, ctx, batch)
+    recorded = await ledger.claim(ctx.run_uid, call)
+    if recorded is not None:
+        log.info("tool %s (%s) answered from the effect ledger", call.name, call.id)
+        return recorded
+    result = await _with_retries(call, tool, ctx, batch)
+    await ledger.done(ctx.run_uid, call, result)
+    return result
+
+
+async def _with_retries(
+    call: kernel.CheckedCall, tool: Tool, ctx: ToolContext, batch: _Batch
 ) -> kernel.ToolResult:
     """``call`` with bounded retries: an infrastructure failure of a tool that may be retried
     (``kernel.may_retry``) is sent again after ``kernel.backoff`` seconds, at most
-    ``settings.retries`` times, and only while the wait still ends before ``deadline``. The
+    ``settings.retries`` times, and only while the wait still ends before the deadline. The
     last attempt's result stands (an error result says how many attempts were made)."""
+    settings, deadline = batch.settings, batch.deadline
     attempts = 0
-    async with gate:
+    async with batch.gate:
         while True:
             attempts += 1
             result = await _attempt(call, tool, ctx, settings, deadline)
@@ -156,23 +183,31 @@ async def run_batch(
     context: ToolContext,
     settings: ToolRunSettings,
     deadline: float,
+    effects: EffectLedger | None = None,
 ) -> tuple[kernel.ToolResult, ...]:
     """One result per call, in call order. Invalid calls get their validation error.
+
+    ``effects``, when given, records every write and idempotent call (``agentrun.effects``):
+    a call of this run already recorded is answered from it, never sent twice. Raises
+    ``EffectLedgerUnavailable`` when it cannot be used (the turn must not commit).
 
     ``context`` is shared by the batch; each call gets it with its own ``call_id``. A call still
     running at ``deadline`` (epoch seconds) is cancelled and reported as such. On
     cancellation, calls still running are cancelled and the ``CancelledError`` propagates
     (the turn is then abandoned, not committed).
     """
-    gate = asyncio.Semaphore(settings.concurrency)
+    batch = _Batch(asyncio.Semaphore(settings.concurrency), settings, deadline, effects)
     tasks: dict[int, asyncio.Task[kernel.ToolResult]] = {}
-    async with asyncio.TaskGroup() as group:
-        for index, call in enumerate(calls):
-            if isinstance(call, kernel.CheckedCall):
-                ctx = dataclasses.replace(context, call_id=call.id)
-                tasks[index] = group.create_task(
-                    _traced(call, _run_one(call, tools[call.name], ctx, gate, settings, deadline))
-                )
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, call in enumerate(calls):
+                if isinstance(call, kernel.CheckedCall):
+                    ctx = dataclasses.replace(context, call_id=call.id)
+                    tasks[index] = group.create_task(
+                        _traced(call, _run_one(call, tools[call.name], ctx, batch))
+                    )
+    except* EffectLedgerUnavailable as failed:
+        raise failed.exceptions[0] from None
     results: list[kernel.ToolResult] = []
     for index, call in enumerate(calls):
         if isinstance(call, kernel.InvalidCall):

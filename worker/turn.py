@@ -20,6 +20,7 @@ from typing import Any, Protocol, assert_never
 from opentelemetry import trace
 
 from agentrun import kernel, metrics, telemetry
+from agentrun.effects import EffectLedger
 from agentrun.ledger import BudgetRefusal, worst_case
 from agentrun.protocol import RemoteTool, RunConfig, SecretRef
 from agentrun.tools import http_get, remote
@@ -71,6 +72,8 @@ class TurnDeps:
     )
     """Compiled schemas of MCP tools, by (function name, schema JSON): a server may change a
     tool's schema between runs."""
+    effects: EffectLedger | None = None
+    """Where write and idempotent calls are recorded (``None``: nowhere; tests)."""
 
     def tools_param(self, names: tuple[str, ...]) -> list[dict[str, Any]]:
         """The OpenAI ``tools`` request parameter for ``names`` (cached)."""
@@ -335,4 +338,5 @@ async def _run(
         context=context,
         settings=deps.tool_settings,
         deadline=config.deadline,
+        effects=deps.effects,
     )

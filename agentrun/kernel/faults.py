@@ -36,6 +36,9 @@ class ToolFault(enum.StrEnum):
     """The protocol broke: an unreadable response, a terminated MCP session (infrastructure)."""
     CRASHED = "crashed"
     """The tool's own code raised unexpectedly (infrastructure; a bug, never retried)."""
+    EFFECT_UNKNOWN = "effect_unknown"
+    """A write or idempotent call was sent before its worker stopped and its outcome was not
+    recorded: it is not sent again, and the run ends ``effect_unknown``."""
 
     @property
     def infrastructure(self) -> bool:

@@ -13,6 +13,7 @@ from typing import assert_never
 
 from agentrun.kernel import approval, faults, output
 from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
+from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.limits import Limits, OnExhausted
 from agentrun.kernel.records import (
     ERROR_PREFIX,
@@ -146,6 +147,9 @@ def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> t
     """The phase after an answered turn: exactly one decision per turn, caps checked last."""
     if record.stopped is not None:
         return record.stopped.phase, record.stopped.message
+    unknown = [r for r in _ran_results(record) if r.fault is ToolFault.EFFECT_UNKNOWN]
+    if unknown:
+        return Phase.EFFECT_UNKNOWN, unknown[0].content
     decision = record.decision
     if isinstance(decision, Refusal):
         return Phase.REFUSED, decision.text
@@ -314,11 +318,14 @@ def _advance_resume(state: RunState, record: Resumed) -> RunState:
     approved = {h.id for h in pending.held if h.approved}
     ran = [r for r in record.results if r.tool_call_id in approved]
     stopped = record.stopped
+    unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
+    if stopped is None and unknown is not None:
+        stopped = Ending(Phase.EFFECT_UNKNOWN, unknown.content)
     return dataclasses.replace(
         state,
         messages=(*state.messages, assistant, *(_tool_message(by_id[c.id]) for c in held.calls)),
         turn=state.turn + 1,
-        tool_calls=state.tool_calls + (0 if stopped else len(ran)),
+        tool_calls=state.tool_calls + (0 if record.stopped else len(ran)),
         tool_failures=state.tool_failures + sum(r.is_error for r in record.results),
         unavailable=_unavailable(state, ran),
         call_ids=state.call_ids | {c.id for c in held.calls},
