@@ -13,7 +13,8 @@ every behaviour the tests need, each in its own tool:
   content only): large and non-text results.
 - ``grow``: adds the tool ``extra`` to the server's list (a changing tool list).
 - ``count`` (a write): counts its calls per key in a file given by ``--count-file``, and echoes
-  the idempotency key it received in ``_meta``.
+  the idempotency key it received in ``_meta``; ``count_slow`` counts at once and answers after
+  the given seconds (a window to kill a worker in).
 """
 
 from __future__ import annotations
@@ -86,20 +87,29 @@ def picture() -> list[ImageContent | TextContent]:
     return [ImageContent(data=png, mime_type="image/png"), TextContent(text="a single pixel")]
 
 
-def counter(count_file: str | None) -> Any:
-    """The ``count`` tool, counting in ``count_file``."""
+def counters(count_file: str | None) -> tuple[Any, Any]:
+    """The ``count`` and ``count_slow`` tools, counting in ``count_file``."""
 
-    def count(key: str, ctx: Context) -> str:
-        """Count a call per key (a write)."""
-        idem = (ctx.request_context.meta or {}).get("agentrun.dev/idempotencyKey")
+    def bump(key: str) -> int:
         path = Path(count_file or os.devnull)
         counts = json.loads(path.read_text()) if count_file and path.exists() else {}
         counts[key] = counts.get(key, 0) + 1
         if count_file:
             path.write_text(json.dumps(counts))
-        return f"{key}={counts[key]} key={idem}"
+        return int(counts[key])
 
-    return count
+    def count(key: str, ctx: Context) -> str:
+        """Count a call per key (a write)."""
+        idem = (ctx.request_context.meta or {}).get("agentrun.dev/idempotencyKey")
+        return f"{key}={bump(key)} key={idem}"
+
+    async def count_slow(key: str, seconds: float) -> str:
+        """Count a call per key at once, answer after the given seconds (a write)."""
+        n = bump(key)
+        await asyncio.sleep(seconds)
+        return f"{key}={n}"
+
+    return count, count_slow
 
 
 def build(count_file: str | None) -> MCPServer:
@@ -111,7 +121,7 @@ def build(count_file: str | None) -> MCPServer:
         server.add_tool(extra)
         return "grown"
 
-    for tool in (add, echo, divide, slow, die, huge, picture, grow, counter(count_file)):
+    for tool in (add, echo, divide, slow, die, huge, picture, grow, *counters(count_file)):
         server.add_tool(tool)
 
     def structured(city: str) -> dict[str, Any]:
