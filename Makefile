@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test lint typecheck pytest bench down status clean image system-packages node-packages
+.PHONY: demo demo-cluster test lint typecheck pytest bench bench-cluster down status clean image system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml devtools/pyproject.toml
 demo: $(STAMP)
 	$(BIN)/agentrun dev demo
 
-## demo-cluster: the same stack plus a real single node (containerd, kubelet, kube-proxy,
-## CoreDNS, controller-manager, scheduler; needs root). `make down` stops it and cleans the host.
-demo-cluster: $(STAMP) node-packages
-	$(BIN)/agentrun dev demo --node
+## demo-cluster: the examples on a real single node (containerd, kubelet, kube-proxy, CoreDNS,
+## controller-manager, scheduler; needs root) through `helm install` of charts/agentrun: the
+## images built here and imported, NATS, the mock model, the operator and the workers as pods.
+## `make down` stops it (every process by pid) and cleans the host.
+demo-cluster: $(STAMP) system-packages node-packages
+	$(BIN)/agentrun dev demo --chart
 
 ## node-packages: the Debian packages the node needs, installed only when missing.
 node-packages:
@@ -79,6 +81,12 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_kernel.py
 	cd bench && ../$(BIN)/python bench_instrumentation.py
 	cd bench && ../$(BIN)/python bench_ledger.py
+
+## bench-cluster: the chart on a real node (root): image size, time to a Ready node,
+## helm install → first run Succeeded, pod memory with 1,000 AgentRuns.
+bench-cluster: $(STAMP) system-packages node-packages
+	$(BIN)/agentrun dev binaries --node
+	cd bench && ../$(BIN)/python bench_cluster.py
 
 clean: down
 	rm -rf $(VENV) build devtools/build *.egg-info devtools/*.egg-info .pytest_cache .mypy_cache .ruff_cache

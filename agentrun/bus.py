@@ -285,6 +285,17 @@ class Bus:
         except nats.js.errors.NotFoundError:
             log.info("events stream missing while purging %s/%s", namespace, name)
 
+    async def event_subjects(self) -> list[str]:
+        """Every run subject that holds events (one per run with a checkpoint); empty when the
+        events stream is missing."""
+        try:
+            info = await self.js._jsm.stream_info(
+                protocol.STREAM_EVENTS, subjects_filter=protocol.EVENT_SUBJECTS
+            )
+        except nats.js.errors.NotFoundError:
+            return []
+        return sorted((info.state.subjects or {}).keys())
+
     async def event_subscription(self) -> JetStreamContext.PullSubscription:
         """The operator's durable consumer on every run's events (``agentrun-operator``)."""
         config = api.ConsumerConfig(

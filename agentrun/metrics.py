@@ -4,6 +4,13 @@ One module for every ``agentrun_`` metric so names, help texts, units and labels
 once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result —
 never run names or ids. Tool names outside the worker's catalog are recorded as ``unknown``
 (a model can invent any name). Processes do not fork, so the default registry is safe.
+
+Counters exist at 0 before their first event: ``increase()`` over a series that appears with
+its first increment sees nothing (Prometheus has no earlier sample), so an alert on the first
+burst after a start would never fire. Each process creates the series it increments as soon as
+it knows the tenant: the operator ``agentrun_runs_total`` for every reason × outcome when an
+AgentTenant is known (``know_tenant``), a worker its per-turn counters when it gets a tenant's
+first turn (``know_run``). Creating a series adds 0: nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ CORRECTIONS = Counter(
 )
 TOKENS = Counter(
     "agentrun_tokens",
-    "Model tokens by type: input (all prompt tokens), cached_input (their cached part), output.",
+    "Model tokens by type: input (all prompt tokens), cached_input (their cached part), output "
+    "(all completion tokens, reasoning included), reasoning (the reasoning part of output).",
     ["tenant", "model", "type"],
 )
 COST = Counter("agentrun_cost_usd", "Model spend in US dollars.", ["tenant", "model"])
@@ -115,6 +123,60 @@ GEN_AI_DURATION = Histogram(
 )
 
 
+CORRECTION_KINDS = ("malformed", "invalid_tool_call", "output_schema", "no_progress_nudge")
+"""Every ``kind`` of ``agentrun_corrections_total`` (``correction_kinds``)."""
+TOOL_RESULTS = ("ok", "error", "denied", "not_run")
+"""Every ``result`` of ``agentrun_tool_calls_total``."""
+TOKEN_TYPES = ("input", "cached_input", "output", "reasoning")
+"""Every ``type`` of ``agentrun_tokens_total``."""
+_known: set[tuple[str, ...]] = set()
+"""What this process has created series for already (each set of series is made once)."""
+
+
+def run_ends() -> frozenset[tuple[str, str]]:
+    """Every ``(reason, outcome)`` pair a run can end with (``kernel.conclude``)."""
+    pairs = set()
+    for phase in kernel.Phase:
+        for steps in (0, 1):
+            terminal = kernel.conclude(phase, steps=steps)
+            if terminal is not None:
+                pairs.add((terminal.reason.value, terminal.outcome.value))
+    return frozenset(pairs)
+
+
+RUN_ENDS = run_ends()
+
+
+def know_tenant(tenant: str) -> None:
+    """Create ``agentrun_runs_total`` at 0 for ``tenant`` × every reason and outcome a run can
+    end with (the operator, which counts run ends, calls it when it learns of a tenant)."""
+    if ("runs", tenant) in _known:
+        return
+    for reason, outcome in RUN_ENDS:
+        RUNS.labels(tenant=tenant, reason=reason, outcome=outcome)
+    _known.add(("runs", tenant))
+
+
+def know_run(config: RunConfig, *, catalog: Collection[str]) -> None:
+    """Create at 0 the per-turn counters a worker increments for ``config``'s tenant (turns,
+    corrections by kind, tool calls by catalog tool and result, tokens by type, cost, estimated
+    usage, for its model); called before the run's turn is executed."""
+    tenant, model = config.tenant, config.model.name
+    if ("turns", tenant, model) in _known:
+        return
+    TURNS.labels(tenant=tenant)
+    for kind in CORRECTION_KINDS:
+        CORRECTIONS.labels(tenant=tenant, kind=kind)
+    for tool in (*catalog, "unknown"):
+        for result in TOOL_RESULTS:
+            TOOL_CALLS.labels(tenant=tenant, tool=tool, result=result)
+    for kind in TOKEN_TYPES:
+        TOKENS.labels(tenant=tenant, model=model, type=kind)
+    COST.labels(tenant=tenant, model=model)
+    USAGE_ESTIMATED.labels(tenant=tenant, model=model)
+    _known.add(("turns", tenant, model))
+
+
 def record_model_call(
     *, model: str, seconds: float, usage: kernel.Usage | None, error_type: str | None
 ) -> None:
@@ -155,6 +217,7 @@ def record_turn(
             usage.cached_input_tokens
         )
         TOKENS.labels(tenant=tenant, model=model, type="output").inc(usage.output_tokens)
+        TOKENS.labels(tenant=tenant, model=model, type="reasoning").inc(usage.reasoning_tokens)
         COST.labels(tenant=tenant, model=model).inc(float(usage.cost_usd))
     if usage.estimated:
         USAGE_ESTIMATED.labels(tenant=tenant, model=model).inc()
@@ -194,7 +257,7 @@ def correction_kinds(
 
 def record_end(state: kernel.RunState, *, tenant: str) -> None:
     """Count a run that ended (call once per run)."""
-    terminal = kernel.conclude(state.phase)
+    terminal = kernel.conclude(state.phase, steps=state.steps)
     if terminal is not None:
         RUNS.labels(
             tenant=tenant, reason=terminal.reason.value, outcome=terminal.outcome.value

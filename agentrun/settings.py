@@ -9,6 +9,7 @@ stops the process with an error naming the variable. An empty variable counts as
 
 from __future__ import annotations
 
+import pydantic
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -48,6 +49,37 @@ class OperatorSettings(ProcessSettings):
     ledger_sweep: float = Field(default=2.0, gt=0)
     """``AGENTRUN_LEDGER_SWEEP``: seconds between ledger sweeps (window resets, expired holds,
     stale slots, queue pumps, AgentTenant status)."""
+    health_port: int = Field(default=0, ge=0, le=65535)
+    """``AGENTRUN_HEALTH_PORT``: HTTP port of ``/healthz`` (alive) and ``/readyz`` (the installed
+    CRDs serve what this operator writes); 0 serves none."""
+    identity: str | None = None
+    """``AGENTRUN_IDENTITY``: this process's name in the leader Lease (the chart passes the pod
+    name); unset uses ``<hostname>-<pid>``."""
+    lease_namespace: str = "default"
+    """``AGENTRUN_LEASE_NAMESPACE``: namespace of the ``coordination.k8s.io`` Lease that elects
+    the one active operator (the chart passes its release namespace)."""
+    lease_name: str = "agentrun-operator"
+    """``AGENTRUN_LEASE_NAME``: name of that Lease."""
+    lease_duration: float = Field(default=15.0, gt=0)
+    """``AGENTRUN_LEASE_DURATION``: seconds a standby waits after the Lease last changed before
+    it takes over (the failover bound is this plus ``lease_retry``)."""
+    lease_renew_deadline: float = Field(default=10.0, gt=0)
+    """``AGENTRUN_LEASE_RENEW_DEADLINE``: seconds the leader keeps acting without a successful
+    renewal before it exits; must be below ``lease_duration``."""
+    lease_retry: float = Field(default=2.0, gt=0)
+    """``AGENTRUN_LEASE_RETRY``: seconds between two renewals or acquisition attempts."""
+    crd_check_interval: float = Field(default=5.0, gt=0)
+    """``AGENTRUN_CRD_CHECK_INTERVAL``: seconds between two checks of the installed CRDs while
+    they do not serve what this operator writes."""
+
+    @pydantic.model_validator(mode="after")
+    def _lease_timings(self) -> OperatorSettings:
+        if not self.lease_retry < self.lease_renew_deadline < self.lease_duration:
+            raise ValueError(
+                "need AGENTRUN_LEASE_RETRY < AGENTRUN_LEASE_RENEW_DEADLINE < "
+                "AGENTRUN_LEASE_DURATION (a leader must give up before a standby takes over)"
+            )
+        return self
 
 
 class WorkerSettings(ProcessSettings):

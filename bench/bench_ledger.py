@@ -438,7 +438,7 @@ async def profile(clients: Sequence[Client], seconds: float) -> dict[str, Any]:
     now = time.time()
     hold = Hold("contended-run40", 9, WORST_TOKENS, WORST_COST, now + 60, "1" * 16)
 
-    def change() -> None:  # what LedgerStore.change does per attempt, minus the I/O
+    def change() -> None:  # what LedgerStore._change does per attempt, minus the I/O
         copy = codec.decode_book(data)
         copy.reserve("contended-run40:9", hold, now=now)
         codec.encode_book(copy)

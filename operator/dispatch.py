@@ -182,6 +182,7 @@ class Dispatcher:
         view.seq = event.seq
         view.summary = event.summary
         phase = event.phase
+        on_end: Callable[[], None] | None = None
         if phase is kernel.Phase.RUNNING:
             request = TurnRequest(
                 view.uid,
@@ -195,8 +196,7 @@ class Dispatcher:
             if event.time:
                 metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - event.time))
         elif phase.is_terminal:
-            if self.count_end(view.uid, event.state(), tenant=view.tenant):
-                self._emit_run_span(view, event)
+            on_end = self._ending(view, event)
             view.terminal = True
             if view.timer is not None and view.timer is not asyncio.current_task():
                 view.timer.cancel()
@@ -211,7 +211,17 @@ class Dispatcher:
             tenant=view.tenant,
         )
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
-        self.writer.submit(view.key, body, seq=event.seq, terminal=urgent)
+        self.writer.submit(view.key, body, seq=event.seq, terminal=urgent, on_end=on_end)
+
+    def _ending(self, view: RunView, event: RunEvent) -> Callable[[], None]:
+        """What to do once this end is the one written (counted once, even across failover)."""
+        state = event.state()
+
+        def ended() -> None:
+            if self.count_end(view.uid, state, tenant=view.tenant):
+                self._emit_run_span(view, event)
+
+        return ended
 
     async def _settle_ended(self, tenant: str, uid: str, event: RunEvent) -> None:
         try:
@@ -340,6 +350,14 @@ class Dispatcher:
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
         self.writer.forget(RunKey(namespace, name, uid))
+
+    async def purge_deleted(self, namespace: str, name: str, uid: str) -> None:
+        """A finished AgentRun was deleted (it held no finalizer): purge its events if they are
+        still this run's (a new run of the same name keeps its own)."""
+        self.writer.forget(RunKey(namespace, name, uid))
+        first = await self.bus.first_event(namespace, name)
+        if first is not None and first.run_uid == uid:
+            await self.bus.purge_run(namespace, name)
 
     async def forget_gone_runs(self) -> None:
         """Forever: stop each run whose object the status writer found gone (deleted while we

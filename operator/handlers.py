@@ -52,7 +52,21 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        """The essence kopf compares: labels and annotations only."""
+        """The essence kopf compares: labels and annotations only.
+
+        kopf's own build deep-copies the whole object (managed fields, spec, status) before it
+        drops all but the labels and annotations; it runs on every watch event — each status
+        write of every run causes one — so it is given only what it keeps (unless a handler
+        asked for extra fields).
+        """
+        if not extra_fields:
+            meta = body.get("metadata", {})
+            kept: dict[str, Any] = {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
+            }
+            body = kopf.Body(cast(kopf.RawBody, kept))
         essence: dict[str, Any] = dict(super().build(body=body, extra_fields=extra_fields))
         essence.pop("spec", None)
         annotations: dict[str, Any] = essence.get("metadata", {}).get("annotations", {})
@@ -249,7 +263,15 @@ async def _remove_annotation(api: client.ApiClient, namespace: str, name: str, k
             raise
 
 
-@kopf.on.delete(*RUN)
+def unfinished(status: kopf.Status, **_: Any) -> bool:
+    """kopf filter: the run has not ended. Only such runs hold the finalizer: kopf adds it to
+    the runs the deletion handler matches and removes it from the others, so a run loses it
+    once its terminal status is written (its ledger entry is settled before that), and finished
+    runs and their namespaces delete with no operator running."""
+    return not status.get("terminalReason")
+
+
+@kopf.on.delete(*RUN, when=unfinished)
 async def delete_run(
     *, namespace: str | None, name: str, uid: str, memo: OperatorMemo, **_: Any
 ) -> None:
@@ -263,6 +285,34 @@ async def delete_run(
     except Exception as err:  # NATS down: the pump drops queued runs that no longer exist
         log.warning("could not take %s/%s out of its queue: %r", namespace, name, err)
     await parts.dispatcher.forget(namespace, name, uid)
+
+
+@kopf.on.event(*RUN)
+async def run_seen(
+    *,
+    type: str | None,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    namespace: str | None,
+    name: str,
+    uid: str,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """Every AgentRun as listed at start-up and on each change: schedule a finished run's
+    deletion after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished
+    run (an unfinished one is cleaned up by ``delete_run`` before its finalizer goes)."""
+    assert namespace is not None  # AgentRun is namespaced
+    parts = memo.running()
+    key = RunKey(namespace, name, uid)
+    if type == "DELETED":
+        parts.reaper.forget(key)
+        if status.get("terminalReason"):
+            await parts.dispatcher.purge_deleted(namespace, name, uid)
+        return
+    policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
+    default_ttl = policy.ttl_after_finished if policy is not None else None
+    parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)
 
 
 @kopf.on.event(*TENANT)

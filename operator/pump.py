@@ -55,8 +55,16 @@ class RunStarter(Protocol):
 class StatusSubmitter(Protocol):
     """Where run status bodies go (``StatusWriter``)."""
 
-    def submit(self, run: RunKey, body: Mapping[str, Any], *, seq: int, terminal: bool) -> None:
-        """Queue ``body`` as the run's status."""
+    def submit(
+        self,
+        run: RunKey,
+        body: Mapping[str, Any],
+        *,
+        seq: int,
+        terminal: bool,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue ``body`` as the run's status; ``on_end`` runs once this write ends the run."""
 
 
 async def fetch_pending_run(api: client.ApiClient | None, key: RunKey) -> RunObject | None:
@@ -195,9 +203,12 @@ class QueuePump:
         body = status.rejected(
             message, at=self.clock(), generation=generation, phase=phase, tenant=tenant
         )
-        self.deps.writer.submit(key, body, seq=0, terminal=True)
         state = kernel.stop(kernel.initial_state(goal=""), phase, message)
-        self.deps.runs.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT)
+
+        def ended() -> None:  # counted once: only by the write that ended the object
+            self.deps.runs.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT)
+
+        self.deps.writer.submit(key, body, seq=0, terminal=True, on_end=ended)
 
     # --- the pump tasks -------------------------------------------------------------------------
 

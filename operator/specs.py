@@ -346,6 +346,9 @@ class AgentTenantSpec(_Spec):
     allowed_models: tuple[str, ...] | None = Field(default=None, alias="allowedModels")
     allowed_tools: tuple[str, ...] | None = Field(default=None, alias="allowedTools")
     http_get: HttpGetSpec = Field(default_factory=HttpGetSpec, alias="httpGet")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, alias="ttlSecondsAfterFinished", ge=0
+    )
 
     @classmethod
     def of(cls, spec: Mapping[str, Any] | None) -> AgentTenantSpec:

@@ -55,6 +55,7 @@ def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str
         "inputTokens": usage.input_tokens,
         "outputTokens": usage.output_tokens,
         "cachedInputTokens": usage.cached_input_tokens,
+        "reasoningTokens": usage.reasoning_tokens,
         "totalTokens": usage.total_tokens,
         "costUSD": f"{usage.cost_usd:.6f}",
         "wallSeconds": round(wall_seconds, 3),
@@ -76,7 +77,7 @@ def project(
     ``seq`` is the event's stream sequence; ``start_time`` (the run's admission) and
     ``event_time`` are epoch seconds; ``generation`` becomes ``observedGeneration``.
     """
-    terminal = kernel.conclude(summary.phase)
+    terminal = kernel.conclude(summary.phase, steps=summary.steps)
     waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
     status: dict[str, Any] = {
         "phase": (
@@ -150,7 +151,7 @@ def rejected(
     """``.status`` of a run that ended without being admitted: ``invalid_spec`` by default;
     ``tenant_budget_exhausted`` (tenant policy ``whenExhausted: Fail``) or ``cancelled`` (while
     queued) otherwise."""
-    terminal = kernel.conclude(phase)
+    terminal = kernel.conclude(phase, steps=0)  # never admitted: nothing was done
     assert terminal is not None
     reason = camel(terminal.reason.value)
     body: dict[str, Any] = {

@@ -1,16 +1,25 @@
-"""Coalesced ``.status`` writes: at most one patch per run per interval; terminal ones at once.
+"""Coalesced, monotonic ``.status`` writes: at most one patch per run per interval; terminal
+ones at once; never a projection older than what the object already shows.
 
 A run with 50 fast turns must not cause 50 API writes: each submission replaces the run's
 pending body (the newest projection wins, ordered by event sequence), and a run is patched at
 most once per ``interval`` seconds — except its first and its terminal status, which are written
 at once. At most ``concurrency`` patches are in flight, so a burst reuses a few connections.
 
-Every patch carries the run's ``metadata.uid`` as a precondition: a write meant for a deleted
-run can neither land on a new object of the same name (409) nor re-create one (404). Either
-answer means the run is gone: the write is dropped and the run is handed out by
-``next_gone``, so the dispatcher stops whatever of that run is still going. A body the API
-server refuses (422, e.g. a value outside the schema) is replaced once by a minimal status,
-never retried in a loop.
+Status never goes backwards, whoever else writes it (an operator that lost its Lease, a
+redelivered event): before patching, the writer compares its body with the object's status as
+last read or written — a terminal status (``terminalReason`` set) is final, and a body whose
+event sequence is below ``status.lastEventSequence`` is dropped — and every patch carries that
+``resourceVersion`` as a precondition, so a write that raced another is re-read and re-decided
+(409), never applied blindly. The callback given with a terminal body runs only when this
+write is the one that ended the object, which is how an end is counted once even across a
+failover.
+
+Every patch also carries the run's ``metadata.uid``: a write meant for a deleted run can
+neither land on a new object of the same name nor re-create one. A run found gone (404, or
+another uid) is dropped and handed out by ``next_gone``, so the dispatcher stops whatever of
+that run is still going. A body the API server refuses (422, e.g. a value outside the schema)
+is replaced once by a minimal status, never retried in a loop.
 """
 
 from __future__ import annotations
@@ -20,8 +29,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -35,39 +44,92 @@ log = logging.getLogger(__name__)
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 """kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
 
-GONE = frozenset({404, 409})
-"""Answers that mean the object we meant (by uid) no longer exists."""
+MINIMAL_KEYS = (
+    "phase",
+    "terminalReason",
+    "outcome",
+    "completionTime",
+    "observedGeneration",
+    "lastEventSequence",
+)
+CONFLICT_ATTEMPTS = 5
+"""Re-reads of a run whose object changed between our read and our patch, per write."""
 
-MINIMAL_KEYS = ("phase", "terminalReason", "outcome", "completionTime", "observedGeneration")
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Written:
+    """What an AgentRun's ``.status`` holds, as last read or written."""
+
+    version: str
+    """``metadata.resourceVersion``: the precondition of the next patch."""
+    seq: int
+    """``status.lastEventSequence`` (0 when absent: queued or ended before admission)."""
+    terminal: bool
+    """Whether ``status.terminalReason`` is set (the status is final)."""
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> Written:
+        """From an AgentRun object as JSON."""
+        found: Mapping[str, Any] = obj.get("status") or {}
+        return cls(
+            version=str(obj.get("metadata", {}).get("resourceVersion", "")),
+            seq=int(found.get("lastEventSequence") or 0),
+            terminal=bool(found.get("terminalReason")),
+        )
 
 
-Patcher = Callable[[RunKey, Mapping[str, Any]], Awaitable[None]]
-"""``patch(run, status_body)``; raises ``ApiException``."""
+class StatusStore(Protocol):
+    """The AgentRun status as stored by the API server."""
+
+    async def read(self, run: RunKey) -> Written | None:
+        """The run's status; None when the object is gone (404, or another uid). Raises
+        ``ApiException`` otherwise."""
+
+    async def patch(self, run: RunKey, body: Mapping[str, Any], *, version: str) -> Written:
+        """Merge-patch ``body`` into the status if the object is still at ``version`` and has
+        ``run.uid``; raises ``ApiException`` (409 when either precondition fails)."""
 
 
-def kube_patcher(api: client.ApiClient) -> Patcher:
-    """A ``Patcher`` that merge-patches the AgentRun status subresource, uid as precondition."""
-    objects = client.CustomObjectsApi(api)
+class KubeStatusStore:
+    """``StatusStore`` over the AgentRun status subresource."""
 
-    async def patch(run: RunKey, status: Mapping[str, Any]) -> None:
-        await objects.patch_namespaced_custom_object_status(
+    def __init__(self, api: client.ApiClient) -> None:
+        self.objects = client.CustomObjectsApi(api)
+
+    async def read(self, run: RunKey) -> Written | None:
+        """See ``StatusStore.read``."""
+        try:
+            obj: dict[str, Any] = await self.objects.get_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, run.namespace, kube.RUNS, run.name
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        if obj.get("metadata", {}).get("uid") != run.uid:
+            return None
+        return Written.of(obj)
+
+    async def patch(self, run: RunKey, body: Mapping[str, Any], *, version: str) -> Written:
+        """See ``StatusStore.patch``."""
+        patched: dict[str, Any] = await self.objects.patch_namespaced_custom_object_status(
             kube.GROUP,
             kube.VERSION,
             run.namespace,
             kube.RUNS,
             run.name,
-            {"metadata": {"uid": run.uid}, "status": dict(status)},
+            {"metadata": {"uid": run.uid, "resourceVersion": version}, "status": dict(body)},
             **MERGE_PATCH,
         )
-
-    return patch
+        return Written.of(patched)
 
 
 @dataclasses.dataclass(slots=True)
 class _Pending:
     body: Mapping[str, Any]
     seq: int
-    terminal: bool
+    urgent: bool
+    on_end: Callable[[], None] | None = None
 
 
 class StatusWriter:
@@ -75,19 +137,21 @@ class StatusWriter:
 
     def __init__(
         self,
-        patch: Patcher,
+        store: StatusStore,
         *,
         interval: float = 5.0,
         concurrency: int = 8,
     ) -> None:
         """``interval``: least seconds between two patches of one run; ``concurrency``: patches
         in flight at most."""
-        self.patch = patch
+        self.store = store
         self.interval = interval
         self.writes = 0
+        self.stale = 0
+        """Bodies dropped because the object already showed a newer or final status."""
         self._slots = asyncio.Semaphore(concurrency)
         self._pending: dict[RunKey, _Pending] = {}
-        self._written_seq: dict[RunKey, int] = {}
+        self._known: dict[RunKey, Written] = {}
         self._last_write: dict[RunKey, float] = {}
         self._wake = asyncio.Event()
         self._gone: asyncio.Queue[RunKey] = asyncio.Queue()
@@ -105,25 +169,41 @@ class StatusWriter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def submit(self, run: RunKey, body: Mapping[str, Any], *, seq: int, terminal: bool) -> None:
-        """Queue ``body`` as the run's status unless a newer one (higher ``seq``) is known."""
+    def submit(
+        self,
+        run: RunKey,
+        body: Mapping[str, Any],
+        *,
+        seq: int,
+        terminal: bool,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue ``body`` as the run's status unless a newer one (higher ``seq``) is known.
+
+        ``terminal``: write at once. ``on_end``: for a terminal body, called once if and when
+        this write is the one that made the object's status terminal (not when the object
+        ended already, by this process or another)."""
         current = self._pending.get(run)
         if current is not None and current.seq > seq:
             return
-        if self._written_seq.get(run, -1) > seq:
+        known = self._known.get(run)
+        if known is not None and (known.terminal or known.seq > seq):
+            self.stale += 1
             return
-        urgent = terminal or (current is not None and current.seq == seq and current.terminal)
-        self._pending[run] = _Pending(body, seq, urgent)
+        urgent = terminal or (current is not None and current.seq == seq and current.urgent)
+        if on_end is None and current is not None and current.seq == seq:
+            on_end = current.on_end
+        self._pending[run] = _Pending(body, seq, urgent, on_end)
         self._wake.set()
 
     async def next_gone(self) -> RunKey:
-        """Wait for the next run whose object turned out to be gone (404/409 on a patch)."""
+        """Wait for the next run whose object turned out to be gone (404/other uid)."""
         return await self._gone.get()
 
     def forget(self, run: RunKey) -> None:
         """Drop everything about a deleted run."""
         self._pending.pop(run, None)
-        self._written_seq.pop(run, None)
+        self._known.pop(run, None)
         self._last_write.pop(run, None)
 
     async def flush(self) -> None:
@@ -138,20 +218,56 @@ class StatusWriter:
         self._last_write[run] = time.monotonic()
         try:
             async with self._slots:  # few connections, reused: no TLS handshake per write
-                await self.patch(run, pending.body)
-            self.writes += 1
-            self._written_seq[run] = pending.seq
+                await self._write_checked(run, pending)
         except ApiException as err:
             await self._failed(run, pending, err)
         except Exception:
             log.exception("status patch of %s/%s failed; will retry", run.namespace, run.name)
             self._retry(run, pending)
 
+    async def _write_checked(self, run: RunKey, pending: _Pending) -> None:
+        """Compare with the object's status, patch at its resourceVersion; re-read on 409."""
+        for _ in range(CONFLICT_ATTEMPTS):
+            known = self._known.get(run) or await self.store.read(run)
+            if known is None:
+                self._went(run)
+                return
+            if known.terminal or known.seq > pending.seq:
+                self.stale += 1
+                self._known[run] = known
+                log.info(
+                    "%s/%s: status at sequence %s%s; older projection (sequence %s) dropped",
+                    run.namespace,
+                    run.name,
+                    known.seq,
+                    " (final)" if known.terminal else "",
+                    pending.seq,
+                )
+                return
+            try:
+                written = await self.store.patch(run, pending.body, version=known.version)
+            except ApiException as err:
+                if err.status != 409:
+                    raise
+                self._known.pop(run, None)  # changed meanwhile, or replaced: read again
+                continue
+            self.writes += 1
+            self._known[run] = written
+            if written.terminal:
+                self._last_write.pop(run, None)
+                if pending.on_end is not None:
+                    pending.on_end()
+            return
+        raise RuntimeError(f"the status of {run.namespace}/{run.name} keeps changing")
+
+    def _went(self, run: RunKey) -> None:
+        log.info("%s/%s (uid %s) is gone; status dropped", run.namespace, run.name, run.uid)
+        self.forget(run)
+        self._gone.put_nowait(run)
+
     async def _failed(self, run: RunKey, pending: _Pending, err: ApiException) -> None:
-        if err.status in GONE:
-            log.info("%s/%s (uid %s) is gone; status dropped", run.namespace, run.name, run.uid)
-            self.forget(run)
-            self._gone.put_nowait(run)
+        if err.status == 404:
+            self._went(run)
             return
         if err.status == 422 and set(pending.body) - set(MINIMAL_KEYS) - {"message"}:
             log.error(
@@ -162,7 +278,7 @@ class StatusWriter:
             )
             minimal = {k: pending.body[k] for k in MINIMAL_KEYS if k in pending.body}
             minimal["message"] = f"full status refused by the API server (HTTP 422): {err.reason}"
-            self._retry(run, _Pending(minimal, pending.seq, pending.terminal))
+            self._retry(run, _Pending(minimal, pending.seq, pending.urgent, pending.on_end))
             return
         if 400 <= (err.status or 0) < 500 and err.status != 429:
             log.error(
@@ -177,7 +293,7 @@ class StatusWriter:
     def _retry(self, run: RunKey, pending: _Pending) -> None:
         """Re-queue a failed write after ``interval`` (even a terminal one: no hot loop)."""
         if run not in self._pending:
-            pending.terminal = False
+            pending.urgent = False
             self._pending[run] = pending
             self._wake.set()
 
@@ -188,7 +304,7 @@ class StatusWriter:
             wait = 3600.0
             for run, pending in self._pending.items():
                 ready_at = self._last_write.get(run, 0.0) + self.interval
-                if pending.terminal or ready_at <= now:
+                if pending.urgent or ready_at <= now:
                     due.append(run)
                 else:
                     wait = min(wait, ready_at - now)

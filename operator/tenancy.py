@@ -92,6 +92,8 @@ class TenantPolicy:
     allowed_tools: frozenset[str] | None
     url_rules: tuple[UrlRule, ...] = ()
     """``spec.httpGet.allow``: what the ``http_get`` tool may fetch for this tenant's runs."""
+    ttl_after_finished: int | None = None
+    """``spec.ttlSecondsAfterFinished``: the default of its runs that set none."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
@@ -127,6 +129,7 @@ class TenantPolicy:
             url_rules=tuple(
                 UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.http_get.allow
             ),
+            ttl_after_finished=spec.ttl_seconds_after_finished,
         )
 
     def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:

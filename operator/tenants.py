@@ -15,8 +15,8 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kube
-from agentrun.protocol import RunConfig
+from agentrun import kube, metrics
+from agentrun.protocol import DEFAULT_TENANT, RunConfig
 from agentrun.tools import remote
 
 from . import admission, tenancy, toolservers
@@ -144,6 +144,8 @@ class Tenants:
         the tenant charged for namespaces no AgentTenant binds."""
         self.api = api
         self.default = default or None
+        for known in {DEFAULT_TENANT, self.default or DEFAULT_TENANT}:
+            metrics.know_tenant(known)  # runs no tenant binds are counted under the default
         self.policies: dict[str, TenantPolicy] = {}
         self.invalid: dict[str, tuple[int, str]] = {}
         """AgentTenants that cannot be enforced: (generation, why), shown in their status."""
@@ -154,6 +156,7 @@ class Tenants:
         with the reason rather than run unbudgeted)."""
         meta = ObjectMeta.of(obj)  # kopf's watch hands over well-formed metadata
         name = meta.name
+        metrics.know_tenant(name)  # its run-end counters exist from now on, at 0
         try:
             policy = TenantPolicy.of(obj)
         except tenancy.InvalidTenant as err:

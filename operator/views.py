@@ -63,7 +63,7 @@ class RunView:
 
 def run_span(view: RunView, summary: kernel.RunSummary, *, end: float) -> telemetry.RunSpan:
     """The ``invoke_agent`` span of a run that ended with ``summary`` at ``end`` (epoch s)."""
-    terminal = kernel.conclude(summary.phase)
+    terminal = kernel.conclude(summary.phase, steps=summary.steps)
     assert terminal is not None, "only an ended run has a run span"
     usage = summary.usage
     return telemetry.RunSpan(
@@ -76,6 +76,7 @@ def run_span(view: RunView, summary: kernel.RunSummary, *, end: float) -> teleme
         vitals={
             "gen_ai.usage.input_tokens": usage.input_tokens,
             "gen_ai.usage.output_tokens": usage.output_tokens,
+            "gen_ai.usage.reasoning.output_tokens": usage.reasoning_tokens,
             "agentrun.terminal_reason": terminal.reason.value,
             "agentrun.outcome": terminal.outcome.value,
             "agentrun.steps": summary.steps,

@@ -13,6 +13,11 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
   status; admission (``RunConfigs``) reads that status through a ``ToolServerCache``.
+- ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
+  events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
+
+Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
+``start_parts``, after taking the leader Lease).
 
 What does not belong here: kopf's configuration and handlers (``handlers``), the process
 bootstrap (``main``).
@@ -34,10 +39,11 @@ from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 
+from . import lifecycle
 from .dispatch import Dispatcher
 from .pump import PumpDeps, QueuePump
 from .settlement import QueueBoard, RunSettlement
-from .statuswriter import StatusWriter, kube_patcher
+from .statuswriter import KubeStatusStore, StatusWriter
 from .sweep import LedgerSweep, SweepDeps
 from .tenants import ModelCache, RunConfigs, Tenants
 from .toolservers import ToolServerCache, ToolServerRefresher
@@ -61,10 +67,11 @@ class Parts:
     board: QueueBoard
     pump: QueuePump
     sweep: LedgerSweep
+    reaper: lifecycle.Reaper
     toolservers: ToolServerRefresher
     tasks: tuple[asyncio.Task[None], ...]
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
-    tool server discovery."""
+    TTL reaper, orphan purge, tool server discovery."""
 
 
 @dataclasses.dataclass
@@ -104,7 +111,7 @@ async def start_parts(
         BusSettings(url=settings.nats_url, ack_wait=settings.turn_ack_wait),
         name=f"agentrun-operator-{os.getpid()}",
     )
-    writer = StatusWriter(kube_patcher(api), interval=settings.status_interval)
+    writer = StatusWriter(KubeStatusStore(api), interval=settings.status_interval)
     writer.start()
     tenants = Tenants(api, default=settings.default_tenant)
     for obj in tenant_objects:
@@ -136,14 +143,24 @@ async def start_parts(
         SweepDeps(store=store, tenants=tenants, board=board, runs=dispatcher, events=bus, api=api),
         interval=settings.ledger_sweep,
     )
+    reaper = lifecycle.Reaper(lifecycle.KubeRunDeleter(api))
     refresher = ToolServerRefresher(api)
     tasks = (
         *_start_loops(dispatcher, pump, sweep),
+        asyncio.create_task(reaper.run(), name="ttl-reaper"),
+        asyncio.create_task(_purge_orphans(bus, api), name="orphan-purge"),
         asyncio.create_task(refresher.run(), name="tool-servers"),
     )
     return Parts(
-        bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, refresher, tasks
+        bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, reaper, refresher, tasks
     )
+
+
+async def _purge_orphans(bus: Bus, api: client.ApiClient) -> None:
+    try:
+        await lifecycle.purge_orphans(bus, list_runs=lambda: lifecycle.list_run_names(api))
+    except Exception as err:  # the next leader tries again; nothing depends on it
+        log.warning("purging the events of deleted runs failed: %r", err)
 
 
 def _start_loops(
@@ -163,6 +180,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.dispatcher.stop()
     parts.pump.stop()
     parts.sweep.stop()
+    parts.reaper.stop()
     parts.toolservers.stop()
     for task in parts.tasks:
         task.cancel()

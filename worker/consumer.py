@@ -196,6 +196,7 @@ class TurnConsumer:
             log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
             await msg.ack()
             return
+        metrics.know_run(run.config, catalog=self.deps.catalog)
         if self.ledger is None:
             committed = await self._run_turn(msg, request, run, None)
         else:

@@ -8,18 +8,34 @@ Retries are the ``openai`` client's own (``max_retries``): it retries 408, 409, 
 answers, timeouts and connection errors, honours ``Retry-After`` / ``retry-after-ms`` (up to
 two minutes), and otherwise backs off exponentially with jitter; other 4xx answers are not
 retried. The whole call, retries and their waits included, is cut at the run's deadline.
+
+Some error answers must not be retried although their status says so, or mean more than
+"no answer" (``judge_error``): a content filter's 400 (Azure OpenAI's shape: ``code:
+content_filter``, ``innererror.content_filter_result``) ends the run ``refused`` naming the
+filter and its categories; an ``insufficient_quota`` 429 (OpenAI: the account is out of
+credit, retrying cannot help) ends it ``model_error`` at once; a ``Retry-After`` reaching past
+the run's deadline ends it ``deadline_exceeded`` at once instead of waiting. The client is
+told so through its own override: a response hook sets ``x-should-retry: false`` on such an
+answer, which the client obeys before its status rules; the raised ``ModelError`` carries the
+kernel's ``ModelFault``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import email.utils
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import openai
+
+from agentrun import kernel
+from agentrun.kernel import ModelFault
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -27,7 +43,158 @@ CHAT_COMPLETIONS = "/chat/completions"
 
 class ModelError(Exception):
     """The model could not give a response (permanent error, retries exhausted, or the run's
-    deadline passed)."""
+    deadline passed); ``fault`` says which kind of failure it was."""
+
+    def __init__(
+        self, message: str, *, fault: kernel.ModelFault = kernel.ModelFault.UNAVAILABLE
+    ) -> None:
+        super().__init__(message)
+        self.fault = fault
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a provider's error answer means, when it must not be retried."""
+
+    fault: kernel.ModelFault
+    message: str
+
+
+NO_RETRY_HEADER = "x-should-retry"
+"""The ``openai`` client's own override: ``false`` means "do not retry", checked before the
+status (openai-python ``_base_client._should_retry``)."""
+RETRYABLE_STATUSES = frozenset({408, 409, 429})
+"""Statuses the client retries (and every 5xx)."""
+_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("agentrun_model_deadline")
+"""The deadline (epoch seconds) of the call in flight in this task, for the response hook."""
+
+
+REDACTED = "[redacted]"
+"""What stands in a message for the API key it would otherwise show."""
+
+
+def redact(text: str, secret: str) -> str:
+    """``text`` without ``secret`` (a provider's error may echo the key it was sent, e.g.
+    "Incorrect API key provided: sk-…"); an empty secret changes nothing."""
+    return text.replace(secret, REDACTED) if secret else text
+
+
+def retry_after_seconds(headers: Mapping[str, str], *, now: float) -> float | None:
+    """Seconds a provider asks to wait: ``retry-after-ms``, else ``Retry-After`` in seconds or
+    as an HTTP date (RFC 9110 section 10.2.3); ``None`` when absent or unreadable."""
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            delay = float(value) / divisor
+        except ValueError:
+            continue
+        return delay if not math.isnan(delay) else None
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp() - now
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _error_object(body: Any) -> Mapping[str, Any]:
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    return error if isinstance(error, Mapping) else {}
+
+
+def _filter_categories(error: Mapping[str, Any]) -> list[str]:
+    """The categories a content filter flagged (Azure: ``innererror.content_filter_result``,
+    each ``{filtered: true}`` or ``{detected: true}``)."""
+    inner = error.get("innererror")
+    result = inner.get("content_filter_result") if isinstance(inner, Mapping) else None
+    if not isinstance(result, Mapping):
+        return []
+    return sorted(
+        str(name)
+        for name, verdict in result.items()
+        if isinstance(verdict, Mapping) and (verdict.get("filtered") or verdict.get("detected"))
+    )
+
+
+def judge_error(
+    status: int, body: Any, *, retry_after: float | None, seconds_left: float
+) -> Verdict | None:
+    """The verdict on an error answer that must not be retried; ``None`` leaves it to the
+    client's own rules.
+
+    ``body`` is the parsed JSON body (any value), ``retry_after`` the seconds the provider asks
+    to wait (``retry_after_seconds``), ``seconds_left`` the time to the run's deadline.
+    """
+    error = _error_object(body)
+    code, kind = error.get("code"), error.get("type")
+    inner = error.get("innererror")
+    inner_code = inner.get("code") if isinstance(inner, Mapping) else None
+    text = str(error.get("message") or "")[:300]
+    if status == 400 and (code == "content_filter" or inner_code == "ResponsibleAIPolicyViolation"):
+        categories = ", ".join(_filter_categories(error)) or "unspecified category"
+        where = f" on the {error['param']}" if isinstance(error.get("param"), str) else ""
+        rule = f" ({inner_code})" if isinstance(inner_code, str) else ""
+        message = f"the provider's content filter{rule} rejected the request{where}: {categories}"
+        return Verdict(kernel.ModelFault.FILTERED, message)
+    if status == 429 and "insufficient_quota" in (code, kind):
+        return Verdict(
+            kernel.ModelFault.UNAVAILABLE,
+            f"HTTP 429 insufficient_quota (not retried: the provider account has no quota "
+            f"left): {text}",
+        )
+    retryable = status in RETRYABLE_STATUSES or status >= 500
+    if retryable and retry_after is not None and retry_after >= seconds_left:
+        return Verdict(
+            kernel.ModelFault.WAIT_BEYOND_DEADLINE,
+            f"HTTP {status}: the provider asked to retry after {retry_after:g} s, past the "
+            f"run's deadline in {max(seconds_left, 0):.0f} s",
+        )
+    return None
+
+
+class _Response(Protocol):
+    """The part of the client's HTTP response the hook reads (httpx's ``Response``)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Any: ...
+
+    async def aread(self) -> bytes: ...
+
+
+def _judge_response(response: _Response, *, deadline: float) -> Verdict | None:
+    """``judge_error`` of a read error response."""
+    try:
+        body = json.loads(_content(response))
+    except ValueError:  # not JSON (or not UTF-8): no error object to read
+        body = None
+    now = time.time()
+    return judge_error(
+        response.status_code,
+        body,
+        retry_after=retry_after_seconds(response.headers, now=now),
+        seconds_left=deadline - now,
+    )
+
+
+def _content(response: Any) -> bytes:
+    content = response.content
+    return content if isinstance(content, bytes) else b""
+
+
+async def _mark_final(response: _Response) -> None:
+    """Response hook: an error answer ``judge_error`` rules on is not retried by the client."""
+    deadline = _DEADLINE.get(None)
+    if response.status_code < 400 or deadline is None:
+        return
+    await response.aread()
+    if _judge_response(response, deadline=deadline) is not None:
+        response.headers[NO_RETRY_HEADER] = "false"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,6 +238,10 @@ class ModelClient:
                 api_key=api_key or "unused",
                 max_retries=self.policy.max_retries,
                 timeout=self.policy.request_timeout,
+                http_client=openai.DefaultAsyncHttpxClient(
+                    timeout=self.policy.request_timeout,
+                    event_hooks={"response": [_mark_final]},
+                ),
             )
             self._clients[key] = client
         return client
@@ -86,7 +257,8 @@ class ModelClient:
 
         ``deadline`` is epoch seconds. Raises ``ModelError`` for a permanent error (a 4xx the
         client does not retry, a body that is not a JSON object), when retries run out, or when
-        the deadline passes first; ``asyncio.TimeoutError`` never escapes.
+        the deadline passes first; its ``fault`` is ``judge_error``'s when that rules on the
+        answer. ``asyncio.TimeoutError`` never escapes.
         """
         client = self._client(request.base_url, request.api_key)
         body: dict[str, Any] = {
@@ -99,6 +271,7 @@ class ModelClient:
         left = deadline - time.time()
         if left <= 0:
             raise ModelError("the run's deadline passed before the model call")
+        token = _DEADLINE.set(deadline)
         try:
             async with asyncio.timeout(left):
                 # ``post`` rather than ``chat.completions.create``: the body is already in
@@ -106,7 +279,14 @@ class ModelClient:
                 # per message per call (17 ms at 80 messages) — it dominated a turn.
                 answer = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
         except openai.APIStatusError as err:
-            raise ModelError(f"HTTP {err.status_code}: {err.message}") from err
+            # ``from None``: the client's error holds the provider's text, which may echo the
+            # key; only the redacted message travels on (to status, Events, logs and spans)
+            verdict = _judge_response(err.response, deadline=deadline)
+            if verdict is not None:
+                message, fault = verdict.message, verdict.fault
+            else:
+                message, fault = f"HTTP {err.status_code}: {err.message}", ModelFault.UNAVAILABLE
+            raise ModelError(redact(message, request.api_key), fault=fault) from None
         except (openai.APITimeoutError, openai.APIConnectionError) as err:
             raise ModelError(f"{type(err).__name__}: {err}") from err
         except TimeoutError as err:
@@ -115,6 +295,8 @@ class ModelClient:
             raise ModelError(
                 f"the model endpoint answered with a body that is not JSON: {err}"
             ) from err
+        finally:
+            _DEADLINE.reset(token)
         if not isinstance(answer, dict):
             raise ModelError("the model endpoint answered with JSON that is not an object")
         return answer

@@ -224,7 +224,7 @@ async def _answer(
         with clock.phase("model"):
             response, usage = await _call_model(deps, config, call, offered)
     except ModelError as err:
-        return kernel.model_failed(call, str(err), clock=_now(deps, config))
+        return kernel.model_failed(call, str(err), clock=_now(deps, config), fault=err.fault)
     if hold is not None:
         hold.spend(usage)
     step = kernel.plan_answer(
@@ -309,6 +309,8 @@ async def _call_model(
         )
         span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        # OTel GenAI: the reasoning part, which gen_ai.usage.output_tokens includes
+        span.set_attribute("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens)
         if isinstance(response.get("id"), str):
             span.set_attribute("gen_ai.response.id", response["id"])
         metrics.record_model_call(

@@ -34,6 +34,7 @@ from agentrun.kernel.loop import (
 from agentrun.kernel.plan import (
     CallModel,
     EndRun,
+    ModelFault,
     ResumeHeld,
     RunTools,
     Timing,
@@ -85,6 +86,7 @@ __all__ = [
     "Malformed",
     "MalformedCause",
     "ModelFailed",
+    "ModelFault",
     "OnExhausted",
     "Outcome",
     "PendingBatch",

@@ -107,6 +107,18 @@ def _read_calls(raw: Any) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+def _filtered_categories(choice: Mapping[str, Any]) -> str:
+    """The categories a content filter flagged in a choice (Azure OpenAI's
+    ``content_filter_results``: ``{category: {filtered: bool, severity}}``), comma-separated."""
+    results = choice.get("content_filter_results")
+    flagged = sorted(
+        clean_text(str(name))
+        for name, verdict in (results.items() if isinstance(results, Mapping) else ())
+        if isinstance(verdict, Mapping) and verdict.get("filtered") is True
+    )
+    return ", ".join(flagged) or "unspecified category"
+
+
 def classify(response: Mapping[str, Any]) -> Decision:
     """Sort a chat-completions response (the JSON object) into a ``Decision``.
 
@@ -140,7 +152,9 @@ def classify(response: Mapping[str, Any]) -> Decision:
     if calls:
         return ToolCalls(calls, content if content and content.strip() else None)
     if finish == "content_filter":  # what got through the filter is not an answer
-        return Refusal("the provider's content filter stopped the output")
+        return Refusal(
+            "the provider's content filter stopped the output: " + _filtered_categories(choice)
+        )
     if finish == "tool_calls":
         return Malformed(
             MalformedCause.EMPTY_TOOL_CALLS,

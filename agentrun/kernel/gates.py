@@ -43,33 +43,53 @@ def admit_model_call(
         return Gate(None, max_output_tokens=limits.summary_output_tokens, summary=True)
     if state.steps >= limits.max_steps:
         return Gate(Phase.MAX_STEPS, message=f"maxSteps {limits.max_steps} reached")
-    allowance = limits.max_output_tokens
-    if limits.max_tokens is not None:
-        left = limits.max_tokens - state.usage.total_tokens - prompt_estimate
-        if left < limits.min_output_tokens:
-            return Gate(
-                Phase.TOKEN_BUDGET_EXHAUSTED,
-                message=f"maxTokens {limits.max_tokens}: {state.usage.total_tokens} used, "
-                f"the next prompt needs about {prompt_estimate}",
-            )
-        allowance = min(allowance, left)
-    if limits.max_cost_usd is not None:
-        left_usd = limits.max_cost_usd - state.usage.cost_usd
-        left_usd -= pricing.cost(
-            input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=0
-        )
-        if pricing.output_per_million > 0:
-            affordable = int(left_usd * Decimal(1_000_000) / pricing.output_per_million)
-        else:
-            affordable = allowance if left_usd >= 0 else -1
-        if affordable < limits.min_output_tokens:
-            return Gate(
-                Phase.COST_BUDGET_EXHAUSTED,
-                message=f"maxCostUSD: {_pct_left(state.usage.cost_usd, limits.max_cost_usd)} "
-                "spent; the next call could exceed it",
-            )
-        allowance = min(allowance, affordable)
+    allowance = _token_allowance(state, limits, prompt_estimate=prompt_estimate)
+    if isinstance(allowance, Gate):
+        return allowance
+    allowance = _cost_allowance(
+        state, limits, pricing=pricing, prompt_estimate=prompt_estimate, allowance=allowance
+    )
+    if isinstance(allowance, Gate):
+        return allowance
     return Gate(None, max_output_tokens=allowance)
+
+
+def _token_allowance(state: RunState, limits: Limits, *, prompt_estimate: int) -> int | Gate:
+    """The output allowance ``maxTokens`` leaves after the run's usage and this prompt, or the
+    gate that ends the run when it is below ``limits.min_output_tokens``."""
+    if limits.max_tokens is None:
+        return limits.max_output_tokens
+    left = limits.max_tokens - state.usage.total_tokens - prompt_estimate
+    if left < limits.min_output_tokens:
+        return Gate(
+            Phase.TOKEN_BUDGET_EXHAUSTED,
+            message=f"maxTokens {limits.max_tokens}: {state.usage.total_tokens} used, "
+            f"the next prompt needs about {prompt_estimate}",
+        )
+    return min(limits.max_output_tokens, left)
+
+
+def _cost_allowance(
+    state: RunState, limits: Limits, *, pricing: Pricing, prompt_estimate: int, allowance: int
+) -> int | Gate:
+    """``allowance`` cut to the output tokens ``maxCostUSD`` still pays for after the run's
+    spend and this prompt, or the gate that ends the run when that is below
+    ``limits.min_output_tokens``."""
+    if limits.max_cost_usd is None:
+        return allowance
+    left_usd = limits.max_cost_usd - state.usage.cost_usd
+    left_usd -= pricing.cost(input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=0)
+    if pricing.output_per_million > 0:
+        affordable = int(left_usd * Decimal(1_000_000) / pricing.output_per_million)
+    else:
+        affordable = allowance if left_usd >= 0 else -1
+    if affordable < limits.min_output_tokens:
+        return Gate(
+            Phase.COST_BUDGET_EXHAUSTED,
+            message=f"maxCostUSD: {_pct_left(state.usage.cost_usd, limits.max_cost_usd)} "
+            "spent; the next call could exceed it",
+        )
+    return min(allowance, affordable)
 
 
 def admit_tool_batch(

@@ -17,10 +17,11 @@ deadline passed during the call). The worker decides no phase itself.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from agentrun.kernel import approval
+from agentrun.kernel import approval, wire
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import Decision, ToolCalls
 from agentrun.kernel.faults import ToolFault
@@ -64,7 +65,8 @@ class CallModel:
 
     turn: int
     prompt: tuple[Message, ...]
-    """The fitted history (plus the summary request for a summary call)."""
+    """The history plus the summary request for a summary call, in wire form
+    (``wire.conform``), then fitted to the context window."""
     prompt_estimate: int
     """Estimated prompt tokens, tools included (what the gates and the ledger reserve use)."""
     max_output_tokens: int
@@ -144,7 +146,8 @@ def plan_turn(
     ``tools`` is the OpenAI ``tools`` list of the run (it counts toward the prompt estimate);
     ``missing_tools`` the run's tools this worker's catalog lacks (the run then ends
     ``tool_unavailable``). Otherwise a decided approval is settled before anything else, and
-    the model call is gated by ``admit_model_call``.
+    the model call is gated by ``admit_model_call``. Every prompt goes through
+    ``wire.conform`` (role order, wire ids and names) before it is fitted and estimated.
     """
     if missing_tools:
         message = f"this worker's catalog lacks tool(s) {', '.join(missing_tools)}"
@@ -157,7 +160,10 @@ def plan_turn(
         )
         stopped = Ending(gate.phase, gate.message) if gate.phase is not None else None
         return ResumeHeld(state, approved, stopped)
-    fitted = fit_context(state.messages, limits=limits, tools=tools)
+    history = state.messages
+    if state.pending_cap is not None:
+        history += (summary_request(state.pending_cap),)
+    fitted = fit_context(wire.conform(history), limits=limits, tools=tools)
     gate = admit_model_call(
         state,
         limits,
@@ -168,11 +174,9 @@ def plan_turn(
     )
     if gate.phase is not None:
         return EndRun(Stopped(state.turn, Ending(gate.phase, gate.message)))
-    prompt = fitted.messages
-    if gate.summary:
-        assert state.pending_cap is not None
-        prompt += (summary_request(state.pending_cap),)
-    return CallModel(state.turn, prompt, fitted.tokens, gate.max_output_tokens, gate.summary)
+    return CallModel(
+        state.turn, fitted.messages, fitted.tokens, gate.max_output_tokens, gate.summary
+    )
 
 
 def refused_by_tenant(call: CallModel, message: str) -> TurnRecord:
@@ -184,14 +188,36 @@ def refused_by_tenant(call: CallModel, message: str) -> TurnRecord:
     return Stopped(call.turn, Ending(Phase.TENANT_BUDGET_EXHAUSTED, message))
 
 
-def model_failed(call: CallModel, error: str, *, clock: Timing) -> TurnRecord:
+class ModelFault(enum.StrEnum):
+    """What kind of failure a failed model call was (the worker's adapter sorts provider
+    answers into these; the kernel decides what each ends as)."""
+
+    UNAVAILABLE = "unavailable"
+    """No answer: transport errors, retries run out, a permanent error (an
+    ``insufficient_quota`` 429 included): ``model_error`` naming the cause."""
+    FILTERED = "filtered"
+    """The provider's content filter rejected the request (HTTP 400 ``content_filter``):
+    ``refused``, naming the filter and its categories."""
+    WAIT_BEYOND_DEADLINE = "wait_beyond_deadline"
+    """The provider asked to retry after the run's deadline (``Retry-After``):
+    ``deadline_exceeded`` at once, without waiting."""
+
+
+def model_failed(
+    call: CallModel, error: str, *, clock: Timing, fault: ModelFault = ModelFault.UNAVAILABLE
+) -> TurnRecord:
     """The record when the model call raised: ``deadline_exceeded`` if the run's timeout passed
-    meanwhile, no summary for a summary call, else ``model_error``."""
+    meanwhile or the provider asked to wait past it, no summary for a summary call,
+    ``refused`` for a content filter, else ``model_error``."""
     if clock.now >= clock.deadline:
         message = f"the run's timeout passed during the model call ({error})"
         return Stopped(call.turn, Ending(Phase.DEADLINE_EXCEEDED, message))
+    if fault is ModelFault.WAIT_BEYOND_DEADLINE:
+        return Stopped(call.turn, Ending(Phase.DEADLINE_EXCEEDED, error))
     if call.summary:
         return Summarized(call.turn, None, error=error)
+    if fault is ModelFault.FILTERED:
+        return Stopped(call.turn, Ending(Phase.REFUSED, error))
     return ModelFailed(call.turn, error)
 
 

@@ -35,10 +35,15 @@ class TerminalReason(enum.StrEnum):
 
 
 class Outcome(enum.StrEnum):
-    """``ok`` only for ``completed``; every other end is ``partial`` (its prose is no answer)."""
+    """What a finished run delivered: ``ok`` only for ``completed``; ``partial`` for a run that
+    worked (the model answered at least once) but ended without an answer; ``none`` for a run
+    that did nothing — its spec rejected, a budget exhausted before the first call, the
+    provider refusing to serve it (an error or a content filter), cancelled before any answer.
+    """
 
     OK = "ok"
     PARTIAL = "partial"
+    NONE = "none"
 
 
 class ResourcePhase(enum.StrEnum):
@@ -92,17 +97,25 @@ class Terminal:
     reason: TerminalReason
     """The typed terminal reason (``.status.terminalReason``)."""
     outcome: Outcome
-    """``ok`` for a completed run, ``partial`` otherwise."""
+    """``ok`` for a completed run, ``partial`` when it worked, ``none`` when it did nothing."""
     resource_phase: ResourcePhase
     """``Succeeded``, ``Failed`` or ``Cancelled``."""
 
 
-def conclude(phase: Phase) -> Terminal | None:
+def conclude(phase: Phase, *, steps: int) -> Terminal | None:
     """Map a loop phase to its terminal report; ``None`` while the run is still running.
 
-    Exhaustive over ``Phase`` (checked by ``assert_never``): adding a phase without deciding how
-    it ends is a type error.
+    ``steps`` is the number of model calls the model answered (``RunState.steps``): a run that
+    ended with none has outcome ``none``, whatever the reason. Exhaustive over ``Phase``
+    (checked by ``assert_never``): adding a phase without deciding how it ends is a type error.
     """
+    terminal = _conclude(phase)
+    if terminal is None or terminal.outcome is Outcome.OK or steps > 0:
+        return terminal
+    return dataclasses.replace(terminal, outcome=Outcome.NONE)
+
+
+def _conclude(phase: Phase) -> Terminal | None:
     match phase:
         case Phase.RUNNING | Phase.AWAITING_APPROVAL:
             return None

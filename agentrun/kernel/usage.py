@@ -23,13 +23,15 @@ class Usage:
     input_tokens: int = 0
     """Prompt tokens, cached ones included."""
     output_tokens: int = 0
-    """Completion tokens."""
+    """Completion tokens, reasoning tokens included (all billed at the output price)."""
     cached_input_tokens: int = 0
     """The part of ``input_tokens`` served from the prompt cache."""
     cost_usd: Decimal = Decimal(0)
     """USD, priced from the AgentModel."""
     estimated: bool = False
     """True when some of these counts are estimates because the provider sent no usage."""
+    reasoning_tokens: int = 0
+    """The part of ``output_tokens`` the model spent reasoning (not in its visible answer)."""
 
     @property
     def total_tokens(self) -> int:
@@ -43,6 +45,7 @@ class Usage:
             cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
             cost_usd=self.cost_usd + other.cost_usd,
             estimated=self.estimated or other.estimated,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
         )
 
 
@@ -96,24 +99,62 @@ def _completion_chars(message: Mapping[str, Any]) -> int:
     return chars
 
 
+def _details(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    details = raw.get(key)
+    return details if isinstance(details, Mapping) else {}
+
+
+def billed_output(
+    *, completion: int, reasoning: int | None, prompt: int, total: int | None
+) -> tuple[int, int]:
+    """``(output_tokens, reasoning_tokens)`` as billed, from a provider's counts.
+
+    OpenAI counts reasoning inside ``completion_tokens`` (``completion_tokens_details.
+    reasoning_tokens`` is a part of it); some OpenAI-compatible servers leave it out of
+    ``completion_tokens`` and show it only in ``reasoning_tokens`` or only in ``total_tokens``.
+    So: reasoning larger than the completion count is taken as left out (output = completion
+    + reasoning); and output is at least ``total − prompt`` when the total says more, the
+    difference then counting as reasoning when no reasoning count says otherwise.
+    """
+    output = completion
+    known = reasoning or 0
+    if known > completion:
+        output = completion + known
+    if total is not None and total - prompt > output:
+        hidden = total - prompt - output
+        output = total - prompt
+        if reasoning is None:
+            known = hidden
+    return output, min(known, output)
+
+
 def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate: int) -> Usage:
     """Usage of one chat-completions response, priced.
 
-    Reads ``usage.prompt_tokens``, ``usage.completion_tokens`` and
-    ``usage.prompt_tokens_details.cached_tokens`` (OpenAI API reference, chat completion
-    object). When ``usage`` is missing or null the counts are estimated — the prompt
-    from ``prompt_estimate``, the completion from the returned text at 3 characters a token
-    (conservative) — and the result is flagged ``estimated``.
+    Reads ``usage.prompt_tokens``, ``usage.completion_tokens``, ``usage.total_tokens``,
+    ``usage.prompt_tokens_details.cached_tokens`` and
+    ``usage.completion_tokens_details.reasoning_tokens`` (OpenAI API reference, chat
+    completion object); output and reasoning tokens as ``billed_output`` reads them, all
+    priced as output. When ``usage`` is missing or null the counts are estimated — the
+    prompt from ``prompt_estimate``, the completion from the returned text at 3 characters a
+    token (conservative) — and the result is flagged ``estimated``.
     """
     raw = response.get("usage")
     raw = raw if isinstance(raw, Mapping) else {}
-    details = raw.get("prompt_tokens_details")
-    details = details if isinstance(details, Mapping) else {}
     reported_in = _count(raw.get("prompt_tokens"))
     reported_out = _count(raw.get("completion_tokens"))
+    reasoning = 0
     if reported_in is not None and reported_out is not None:
-        input_tokens, output_tokens = reported_in, reported_out
-        cached = min(_count(details.get("cached_tokens")) or 0, input_tokens)
+        input_tokens = reported_in
+        output_tokens, reasoning = billed_output(
+            completion=reported_out,
+            reasoning=_count(_details(raw, "completion_tokens_details").get("reasoning_tokens")),
+            prompt=reported_in,
+            total=_count(raw.get("total_tokens")),
+        )
+        cached = min(
+            _count(_details(raw, "prompt_tokens_details").get("cached_tokens")) or 0, input_tokens
+        )
         estimated = False
     else:  # missing or nonsense (negative, non-integer, absurd): estimate, conservatively
         input_tokens = prompt_estimate
@@ -123,4 +164,4 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
     cost = pricing.cost(
         input_tokens=input_tokens, cached_input_tokens=cached, output_tokens=output_tokens
     )
-    return Usage(input_tokens, output_tokens, cached, cost, estimated)
+    return Usage(input_tokens, output_tokens, cached, cost, estimated, reasoning)

@@ -103,34 +103,24 @@ class CasStore:
             batch = [op for op in batch + self._pending.pop(key, []) if not op[1].done()]
             if not batch:
                 return
+            fresh = attempt > 0 or key not in self._cache
             try:
-                current = self._cache.get(key) if attempt == 0 else None
-                fresh = current is None
-                if current is None:
-                    current = await self._get(key)
-                revision, data = current if current is not None else (0, None)
-                kept = self._decoded.pop(key, None)  # mutated below: valid only if written
-                entry = kept[1] if kept is not None and kept[0] == revision else decode(data)
+                current, entry = await self._read(key, decode, fresh=fresh)
             except Exception as err:  # unreadable entry or NATS trouble: every caller hears it
                 _fail(batch, err)
                 return
+            revision, data = current if current is not None else (0, None)
             results = _apply_all(batch, entry)
             new = encode(entry)
             if new != data:
                 try:
-                    written = await self.kv.update(key, new, last=revision)
+                    revision = await self._write(key, new, revision=revision)
                 except nats.js.errors.KeyWrongLastSequenceError:
-                    self.conflicts += 1
-                    self._cache.pop(key, None)
                     await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2**attempt)))
                     continue
                 except Exception as err:
-                    self._cache.pop(key, None)
                     _fail(batch, err)
                     return
-                self._cache[key] = (written, new)
-                self.writes += 1
-                revision = written
             elif not fresh:
                 # nothing to write, judged on our cached copy: another process may have
                 # changed the entry since (a raised limit, a released hold), so the answer
@@ -143,6 +133,35 @@ class CasStore:
             _resolve(batch, results)
             return
         _fail(batch, LedgerUnavailable(f"{key}: {self.attempts} compare-and-set attempts lost"))
+
+    async def _read(
+        self, key: str, decode: Callable[[bytes | None], Any], *, fresh: bool
+    ) -> tuple[tuple[int, bytes] | None, Any]:
+        """The entry ``key`` as (revision, bytes) — ``None`` if missing — and decoded: from the
+        server if ``fresh``, else the cached copy last written. The decoded entry kept from the
+        last write is reused at the same revision; it is handed out once (it gets mutated)."""
+        current = await self._get(key) if fresh else self._cache.get(key)
+        revision, data = current if current is not None else (0, None)
+        kept = self._decoded.pop(key, None)
+        entry = kept[1] if kept is not None and kept[0] == revision else decode(data)
+        return current, entry
+
+    async def _write(self, key: str, new: bytes, *, revision: int) -> int:
+        """Write ``new`` over ``revision`` of ``key`` and cache it; returns the new revision.
+        Raises ``KeyWrongLastSequenceError`` on a lost race (counted in ``conflicts``), or
+        whatever NATS raised; either way the cached copy is dropped."""
+        try:
+            written = await self.kv.update(key, new, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            self.conflicts += 1
+            self._cache.pop(key, None)
+            raise
+        except Exception:
+            self._cache.pop(key, None)
+            raise
+        self._cache[key] = (written, new)
+        self.writes += 1
+        return written
 
 
 def _apply_all(batch: list[_Op], entry: Any) -> list[tuple[bool, Any]]:

@@ -18,7 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from agentrun.ledger.book import Active, Book, Hold, LedgerCorrupt, TenantLimits
+from agentrun.ledger.book import Book
+from agentrun.ledger.entries import Active, Hold, LedgerCorrupt, TenantLimits
 
 FORMAT = 2
 """Version of the book entry's shape (``"v"``)."""

@@ -28,7 +28,8 @@ from types import TracebackType
 from typing import Protocol, TypeVar
 
 from agentrun import kernel
-from agentrun.ledger.book import Book, BudgetRefusal, Hold
+from agentrun.ledger.book import Book
+from agentrun.ledger.entries import BudgetRefusal, Hold
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ T = TypeVar("T")
 
 
 class Change(Protocol):
-    """``LedgerStore.change`` as a hold needs it: apply a pure change to a tenant's book."""
+    """How a hold changes its tenant's book: apply a pure change, written by compare-and-set
+    (the store's private ``_change``)."""
 
     async def __call__(self, tenant: str, fn: Callable[[Book], T]) -> T:
         """``fn``'s result, once the changed book is written (compare-and-set)."""

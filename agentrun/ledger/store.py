@@ -21,9 +21,10 @@ from nats.js import JetStreamContext, api
 
 from agentrun import kernel
 from agentrun.ledger import codec
-from agentrun.ledger.book import Book, BudgetRefusal, TenantLimits
+from agentrun.ledger.book import Book
 from agentrun.ledger.cas import CasStore, LedgerUnavailable
 from agentrun.ledger.codec import QueuedRunShape
+from agentrun.ledger.entries import BudgetRefusal, TenantLimits
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 
 __all__ = ["BUCKET", "LedgerStore", "LedgerUnavailable", "QueuedRun", "Repair"]
@@ -91,10 +92,11 @@ class LedgerStore(CasStore):
         found = await self._get(book_key(tenant))
         return None if found is None else codec.decode_book(found[1])
 
-    async def change(
+    async def _change(
         self, tenant: str, fn: Callable[[Book], T], *, limits: TenantLimits | None = None
     ) -> T:
-        """Apply ``fn`` to the tenant's entry and write it back by compare-and-set.
+        """Apply ``fn`` to the tenant's entry and write it back by compare-and-set (what every
+        named operation does; callers outside the ledger use those, never this).
 
         A missing entry starts empty with ``limits`` (unlimited if not given: the operator
         writes the real limits when it admits the tenant's first run). ``fn`` may run more than
@@ -134,7 +136,7 @@ class LedgerStore(CasStore):
                 run.uid, run.namespace, run.name, now=now, need_tokens=need[0], need_cost=need[1]
             )
 
-        return await self.change(tenant, apply, limits=limits)
+        return await self._change(tenant, apply, limits=limits)
 
     def turn_hold(
         self,
@@ -144,7 +146,7 @@ class LedgerStore(CasStore):
         clock: Callable[[], float] | None = None,
     ) -> TurnHold:
         """The hold of one delivery of turn ``ref`` (an ``async with`` block; see ``hold``)."""
-        return TurnHold(self.change, ref, ttl=ttl, clock=clock or self.clock)
+        return TurnHold(self._change, ref, ttl=ttl, clock=clock or self.clock)
 
     async def close_run(
         self,
@@ -164,7 +166,7 @@ class LedgerStore(CasStore):
         def apply(book: Book) -> bool:
             return book.close(run_uid, **totals, end=end, now=at)
 
-        return await self.change(tenant, apply)
+        return await self._change(tenant, apply)
 
     async def repair_entry(
         self,
@@ -188,7 +190,7 @@ class LedgerStore(CasStore):
             for repair in repairs:
                 _repair(book, repair, now)
 
-        await self.change(tenant, apply, limits=limits)
+        await self._change(tenant, apply, limits=limits)
 
     # --- admission queues ------------------------------------------------------------------------
 

@@ -69,6 +69,7 @@ def usage_as_dict(usage: kernel.Usage) -> dict[str, Any]:
         "inputTokens": usage.input_tokens,
         "outputTokens": usage.output_tokens,
         "cachedInputTokens": usage.cached_input_tokens,
+        "reasoningTokens": usage.reasoning_tokens,
         "costUSD": format(usage.cost_usd, "f"),
         "estimated": usage.estimated,
     }
@@ -82,6 +83,7 @@ def usage_from_dict(data: Mapping[str, Any]) -> kernel.Usage:
         cached_input_tokens=int(data.get("cachedInputTokens", 0)),
         cost_usd=Decimal(str(data.get("costUSD", "0"))),
         estimated=bool(data.get("estimated", False)),
+        reasoning_tokens=int(data.get("reasoningTokens", 0)),
     )
 
 

@@ -13,9 +13,12 @@ Endpoints:
 - ``POST /v1/chat/completions``: non-streaming chat completions answered from the scenarios
   (format, matching and reply shape: `agentrun.testing.scenario`). ``stream: true``, a
   request no scenario matches and a conversation past its script with ``after: error`` are
-  answered 400 with an OpenAI-shaped error saying why. A turn's ``fault`` answers its status
-  (with ``Retry-After`` when scripted); ``times: N`` counts per conversation (system text +
-  first user message) and turn k, so the retry of a ``times: 1`` fault gets the reply.
+  answered 400 with an OpenAI-shaped error saying why, and so is a request that breaks the
+  strictest providers' rules (role order, tool results right after their call, 9-alphanumeric
+  call ids, function names: `agentrun.testing.strict`), as Mistral's API does. A turn's
+  ``fault`` answers its status (with ``Retry-After`` when scripted); ``times: N`` counts per
+  conversation (system text + first user message) and turn k, so the retry of a ``times: 1``
+  fault gets the reply.
 - ``GET /v1/models``: ``mock`` plus every model name requested so far.
 - ``GET /healthz``: ``{"status": "ok"}``.
 - ``GET /_mock/requests[?scenario=NAME]``: ``{"requests": [{index, time (time.time() at
@@ -49,6 +52,7 @@ from typing import Any
 from aiohttp import web
 
 from . import scenario as sc
+from . import strict
 
 __all__ = ["MockLLM", "MockState", "RecordedRequest", "build_app", "load_scenario_files", "main"]
 
@@ -204,6 +208,11 @@ async def _answer(state: MockState, entry: RecordedRequest, body: Any) -> web.Re
         conversation = sc.read_conversation(body.get("messages"))
     except sc.RequestError as exc:
         return _error(400, str(exc), code="invalid_request", param="messages")
+    broken = strict.violations(body["messages"])
+    if broken:
+        return _error(
+            400, "; ".join(broken), code="invalid_request_message_order", param="messages"
+        )
     found = sc.find_scenario(state.scenarios, conversation)
     if found is None:
         names = ", ".join(s.name for s in state.scenarios) or "<none loaded>"

@@ -26,7 +26,8 @@ Per-turn keys: ``content``, ``tool_calls`` (each ``{id?, name, arguments?}``; ``
 defaults to ``{}``), ``refusal`` (string; content stays null unless given), ``finish_reason``
 (override; default ``tool_calls`` when the turn has the key ``tool_calls``, else ``stop``),
 ``usage`` (omitted: estimated as characters/4 of the request messages and of the reply; a
-mapping whose missing counts are estimated the same way, ``cached_tokens`` default 0;
+mapping whose missing counts are estimated the same way, ``cached_tokens`` and
+``reasoning_tokens`` default 0, ``total_tokens`` defaults to prompt + completion;
 ``null``: the response carries ``"usage": null``), ``latency_ms`` (sleep before answering),
 ``fault: {status, times?, retry_after?, body?}`` (answer an error instead: ``times`` omitted
 means every request for this turn fails, ``times: N`` means the first N requests of one
@@ -58,6 +59,8 @@ from typing import Any
 
 import jsonschema
 import yaml
+
+from agentrun.kernel import wire
 
 __all__ = [
     "After",
@@ -120,6 +123,12 @@ class UsageSpec:
     completion_tokens: int | None = None
     cached_tokens: int = 0
     """Reported as `usage.prompt_tokens_details.cached_tokens` (a subset of prompt_tokens)."""
+    reasoning_tokens: int = 0
+    """Reported as `usage.completion_tokens_details.reasoning_tokens` (OpenAI counts them
+    inside completion_tokens; some servers do not)."""
+    total_tokens: int | None = None
+    """Reported `usage.total_tokens`; None = prompt + completion (servers that count reasoning
+    only here report more)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +247,8 @@ $defs:
           prompt_tokens: {$ref: "#/$defs/count"}
           completion_tokens: {$ref: "#/$defs/count"}
           cached_tokens: {$ref: "#/$defs/count"}
+          reasoning_tokens: {$ref: "#/$defs/count"}
+          total_tokens: {$ref: "#/$defs/count"}
       fault:
         type: object
         required: [status]
@@ -348,8 +359,8 @@ def read_conversation(messages: Any) -> Conversation:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError("every message must be an object with a string 'role'")
         role = message["role"]
-        if role == "assistant":
-            assistants += 1
+        if role == "assistant" and message.get("content") != wire.BRIDGE:
+            assistants += 1  # the runtime's bridge between a tool result and a user note is no turn
         elif role in ("system", "developer"):
             system.append(message_text(message.get("content")))
         elif role == "user" and first_user is None:
@@ -473,9 +484,9 @@ def _render_usage(
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "total_tokens": prompt + completion if usage.total_tokens is None else usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
 
 

@@ -26,6 +26,10 @@ _NODE_HELP = (
     "also run a real single node (containerd, kubelet, kube-proxy, CoreDNS, controller-manager, "
     "scheduler) so pods run; needs root and `make node-packages`"
 )
+_CHART_HELP = (
+    "run a node (as --node) and `helm install` charts/agentrun on it: NATS, the mock model, "
+    "the operator and the workers run as pods built from this checkout (`make image`)"
+)
 
 
 def register_dev(subparsers: Subparsers) -> None:
@@ -55,6 +59,7 @@ def register_dev(subparsers: Subparsers) -> None:
     )
     up.add_argument("--crds", type=Path, default=None, metavar="DIR", help="CRD directory")
     up.add_argument("--node", action="store_true", help=_NODE_HELP)
+    up.add_argument("--chart", action="store_true", help=_CHART_HELP)
     up.set_defaults(handler=cmd_dev_up)
 
     down = commands.add_parser(
@@ -84,6 +89,7 @@ def register_dev(subparsers: Subparsers) -> None:
         help="AgentRun manifests to apply (default: the three in examples/)",
     )
     show.add_argument("--node", action="store_true", help=_NODE_HELP)
+    show.add_argument("--chart", action="store_true", help=_CHART_HELP)
     show.set_defaults(handler=cmd_dev_demo)
     build = commands.add_parser(
         "binaries", help="build (once per machine) or locate kube-apiserver, etcd and kubectl"
@@ -103,7 +109,11 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
         print("agentrun: error: --workers must be ≥ 0", file=sys.stderr)
         return 2
     options = stack.UpOptions(
-        workers=args.workers, scenarios=tuple(args.scenarios), crd_dir=args.crds, node=args.node
+        workers=args.workers,
+        scenarios=tuple(args.scenarios),
+        crd_dir=args.crds,
+        node=args.node,
+        chart=args.chart,
     )
     current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
     demo.apply_mock_model(current)
@@ -115,12 +125,15 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
 
 def cmd_dev_demo(args: argparse.Namespace) -> int:
     """``agentrun dev demo``: stack up, ``mock`` AgentModel, the examples, their end states."""
-    options = stack.UpOptions(workers=args.workers, node=args.node)
+    options = stack.UpOptions(workers=args.workers, node=args.node, chart=args.chart)
     current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
     demo.apply_mock_model(current)
+    kc = demo.kubectl_for(current)
+    if current.release_namespace is not None:
+        print(f"$ kubectl get pods -n {current.release_namespace}  # helm install, on the node")
+        print(kc("get", "pods", "-n", current.release_namespace, "-o", "wide").stdout, end="")
     items = demo.run_examples(current, examples=args.examples, log=_progress)
     names = [item["metadata"]["name"] for item in items]
-    kc = demo.kubectl_for(current)
     print("\n$ kubectl get agentruns")
     print(kc("get", "agentruns", "-n", "default", *names).stdout, end="")
     print("\nusage:")

@@ -71,14 +71,17 @@ def kubectl_for(current: state.StackState) -> kubectl.Kubectl:
 
 def apply_mock_model(current: state.StackState) -> None:
     """Create or update the ``mock`` AgentModel for the stack's mock model URL, and the
-    ``default`` AgentTenant."""
-    if current.model_url is None:
-        raise RuntimeError("the stack has no mock model: run `agentrun dev up` first")
-    objects = {
-        "kind": "List",
-        "apiVersion": "v1",
-        "items": [mock_model(current.model_url), default_tenant()],
-    }
+    ``default`` AgentTenant. A stack running the chart (``release_namespace``) has its mock
+    model as a pod, whose AgentModel the chart created: only the tenant is applied.
+
+    Raises RuntimeError if the stack has neither a mock model nor a release.
+    """
+    items = [default_tenant()]
+    if current.release_namespace is None:
+        if current.model_url is None:
+            raise RuntimeError("the stack has no mock model: run `agentrun dev up` first")
+        items.insert(0, mock_model(current.model_url))
+    objects = {"kind": "List", "apiVersion": "v1", "items": items}
     kubectl_for(current)("apply", "-f", "-", input=yaml.safe_dump(objects))
 
 

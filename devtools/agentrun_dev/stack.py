@@ -10,7 +10,9 @@ Two layers, one code path for tests and demos:
   component in the state directory as it comes up (see `state`); stop everything by pid in
   reverse order; report what is alive. With ``UpOptions.node`` the cluster gets a real node
   (see `node`) right after the control plane; ``down`` stops it with `node.stop_node`, which
-  also removes what it left on the host.
+  also removes what it left on the host. With ``UpOptions.chart`` the node runs the services
+  instead: the project's images are imported and the Helm chart installed (see `release`),
+  so NATS, the mock model, the operator and the workers are pods, not local processes.
 
 What belongs here: which components make the stack and how they are wired
 (``KUBECONFIG``, ``AGENTRUN_NATS_URL``, ``AGENTRUN_METRICS_PORT``, see docs/contracts.md).
@@ -35,6 +37,7 @@ from agentrun_dev import (
     natsserver,
     node,
     probes,
+    release,
     state,
 )
 from agentrun_dev.components import (
@@ -80,6 +83,15 @@ class UpOptions:
     """Directory of CRD YAML; None looks in ``./crds``, then in the installed package."""
     node: bool = False
     """Also run a real single node (containerd, kubelet, kube-proxy, CoreDNS …; root only)."""
+    chart: bool = False
+    """Run a node (implies `node`) and ``helm install`` the chart on it: NATS, the mock model
+    (the chart's copy of the example scenarios; `scenarios` is not used), the operator and
+    `workers` workers run as pods in namespace `release.RELEASE_NAMESPACE`."""
+
+    @property
+    def with_node(self) -> bool:
+        """Whether a node is started."""
+        return self.node or self.chart
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,14 +124,18 @@ def script_path(name: str) -> Path:
 def service_env(*, kubeconfig: str, nats_url: str) -> dict[str, str]:
     """Environment shared by the operator and workers (contracts.md), minus the metrics port.
 
-    Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen, and
-    ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates).
+    Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen,
+    ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates), and a short leader
+    Lease (4 s), so that an operator restarted in place takes over within seconds.
     """
     return {
         "KUBECONFIG": kubeconfig,
         "AGENTRUN_NATS_URL": nats_url,
         "PYTHONUNBUFFERED": "1",
         "AGENTRUN_DEFAULT_TENANT": "default",
+        "AGENTRUN_LEASE_DURATION": "4",
+        "AGENTRUN_LEASE_RENEW_DEADLINE": "3",
+        "AGENTRUN_LEASE_RETRY": "0.5",
     }
 
 
@@ -155,23 +171,26 @@ def mockllm_url(component: components.Component) -> str:
 
 
 def start_operator(
-    env: Mapping[str, str], *, launch: components.Launch, metrics_port: int | None = None
+    env: Mapping[str, str],
+    *,
+    launch: components.Launch,
+    metrics_port: int | None = None,
+    name: str = "operator",
 ) -> components.Component:
     """Start ``agentrun-operator`` with `env` and wait until its metrics port answers.
 
     Args:
         env: its environment on top of ours, e.g. `service_env` plus test settings.
-        launch: log directory (the log is ``operator.log``), lifetime, progress output.
+        launch: log directory (the log is ``<name>.log``), lifetime, progress output.
         metrics_port: ``AGENTRUN_METRICS_PORT``; None picks a free one; 0 disables metrics
             (then it counts as ready once started).
+        name: the component's name; a second operator (a standby) needs its own.
 
     Raises:
         FileNotFoundError: the console script is not installed.
         probes.NotReadyError: it exited, or ``/metrics`` did not answer within 30 s.
     """
-    return _start_service(
-        OPERATOR_SCRIPT, "operator", env=env, launch=launch, metrics_port=metrics_port
-    )
+    return _start_service(OPERATOR_SCRIPT, name, env=env, launch=launch, metrics_port=metrics_port)
 
 
 def start_worker(
@@ -219,13 +238,15 @@ def up(
     started afresh. Otherwise starts, in order: cluster, CRDs (waits until Established),
     nats-server, mock model, operator, workers; the state is saved after each, and if a step
     fails everything started is stopped and the state removed before the error propagates.
+    With ``options.chart``: cluster, node, the project's images imported, ``helm install``
+    of the chart (its CRDs included) until its pods are Ready.
 
     Raises:
-        FileNotFoundError: a scenario file, the CRDs or a console script is missing (checked
-            before anything starts).
+        FileNotFoundError: a scenario file, the CRDs, the chart or a console script is missing
+            (checked before anything starts).
         state.StateError: another ``agentrun dev`` command holds the directory.
         probes.NotReadyError, controlplane.ClusterError, kubectl.KubectlError,
-        gobuild.BuildError: a step failed.
+        gobuild.BuildError, image.ImageError, helm.HelmError: a step failed.
     """
     with state.locked(directory):
         current = state.load_state(directory)
@@ -286,18 +307,21 @@ def _start_service(
 
 
 def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> state.StackState:
-    crd_dir = default_crd_dir(options.crd_dir)
-    scenarios = [_existing_file(p) for p in options.scenarios]
-    for script in (OPERATOR_SCRIPT, WORKER_SCRIPT):
-        script_path(script)
+    if options.chart:
+        chart = release.project_chart(Path.cwd())
+    else:
+        crd_dir = default_crd_dir(options.crd_dir)
+        scenarios = [_existing_file(p) for p in options.scenarios]
+        for script in (OPERATOR_SCRIPT, WORKER_SCRIPT):
+            script_path(script)
     current = state.StackState(directory=directory)
     state.save_state(current)
     launch = components.Launch(log_dir=current.log_dir, log=log)
     try:
-        if options.node:
+        if options.with_node:
             binaries.ensure_node_binaries(log=log)  # every missing binary in one build
         cluster = controlplane.open_cluster(
-            directory / "controlplane", launch=launch, node=options.node
+            directory / "controlplane", launch=launch, node=options.with_node
         )
         current = _recorded(
             dataclasses.replace(
@@ -308,8 +332,13 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
             ),
             *cluster.components,
         )
-        if options.node:
+        if options.with_node:
             current = _start_node(current, cluster=cluster, launch=launch)
+        if options.chart:
+            current = _install_release(
+                current, cluster=cluster, chart=chart, options=options, log=log
+            )
+            return _recorded(dataclasses.replace(current, complete=True))
         kubectl.apply_crds(kubectl.Kubectl.for_cluster(cluster), crd_dir, log=log)
         nats = natsserver.start_nats_server(directory / "nats", launch=launch)
         current = _recorded(dataclasses.replace(current, nats_url=nats.url), nats.component)
@@ -344,6 +373,29 @@ def _start_node(
     return _recorded(current, *started.components)
 
 
+def _install_release(
+    current: state.StackState,
+    *,
+    cluster: controlplane.Cluster,
+    chart: Path,
+    options: UpOptions,
+    log: console.Log,
+) -> state.StackState:
+    """Import the project's images into the node and install `chart` with the demo values
+    (the operator's default tenant is ``default``, as for the local services)."""
+    assert current.node_dir is not None
+    release.import_project_images(current.node_dir, project=chart.parents[1], log=log)
+    current = _recorded(dataclasses.replace(current, release_namespace=release.RELEASE_NAMESPACE))
+    release.install_chart(
+        kubectl.Kubectl.for_cluster(cluster),
+        chart=chart,
+        values=release.demo_values(default_tenant="default", worker_replicas=options.workers),
+        home=current.directory / "release",
+        log=log,
+    )
+    return current
+
+
 def _start_services(
     current: state.StackState,
     *,
@@ -367,7 +419,7 @@ def _recorded(current: state.StackState, *started: components.Component) -> stat
 
 def _revive(current: state.StackState, *, options: UpOptions, log: console.Log) -> state.StackState:
     workers = sum(1 for c in current.components if c.name.startswith("worker-"))
-    if workers != options.workers:
+    if workers != options.workers and current.release_namespace is None:
         log(f"note: the stack runs {workers} workers; `agentrun dev down` first to change that")
     dead = [c.name for c in current.components if not c.is_alive()]
     if not dead:

@@ -48,6 +48,8 @@ class StackState:
     """In start order; stopped in reverse."""
     node_dir: Path | None = None
     """The node's state directory when the stack runs a real node (``up --node``)."""
+    release_namespace: str | None = None
+    """Namespace of the Helm release when the chart runs the services as pods (``--chart``)."""
     complete: bool = False
     """Set once ``up`` started everything; False after an interrupted ``up``."""
 
@@ -85,6 +87,7 @@ class StackState:
             "model_url": self.model_url,
             "components": [c.as_dict() for c in self.components],
             "node_dir": None if self.node_dir is None else str(self.node_dir),
+            "release_namespace": self.release_namespace,
             "complete": self.complete,
         }
 
@@ -104,6 +107,7 @@ class StackState:
             model_url=data.get("model_url"),
             components=tuple(Component.from_dict(c) for c in data["components"]),
             node_dir=None if node_dir is None else Path(node_dir),
+            release_namespace=data.get("release_namespace"),
             complete=bool(data.get("complete", False)),
         )
 

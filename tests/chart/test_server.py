@@ -89,37 +89,52 @@ def test_pod_security_restricted_is_enforced_in_the_checking_namespace(
     assert 'violates PodSecurity "restricted:latest"' in str(raised.value)
 
 
-@pytest.fixture
-def installed_rbac(
-    offline_helm: helm.Helm, kubectl: Kubectl, crds: list[str], test_namespace: str
-) -> Iterator[str]:
-    """The chart's ServiceAccounts, Roles and bindings applied for real under a unique
-    ``fullnameOverride``; the cluster-scoped ones deleted afterwards. Yields the prefix."""
+def apply_rbac(
+    offline_helm: helm.Helm, kubectl: Kubectl, namespace: str, values: dict[str, Any]
+) -> tuple[str, list[Any]]:
+    """The chart's ServiceAccounts, Roles and bindings rendered with `values` under a unique
+    ``fullnameOverride`` and applied for real; (the prefix, the applied documents)."""
     prefix = f"ar{uuid.uuid4().hex[:8]}"
     docs = [
         d
         for d in documents(
             offline_helm.template(
-                CHART_DIR, namespace=test_namespace, values={"fullnameOverride": prefix}
+                CHART_DIR, namespace=namespace, values={"fullnameOverride": prefix, **values}
             )
         )
         if d["kind"]
         in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
     ]
     kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    return prefix, docs
+
+
+def delete_cluster_scoped(kubectl: Kubectl, docs: list[Any]) -> None:
+    for doc in docs:
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            kubectl("delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found")
+
+
+@pytest.fixture
+def installed_rbac(
+    offline_helm: helm.Helm, kubectl: Kubectl, crds: list[str], test_namespace: str
+) -> Iterator[str]:
+    """The chart's default RBAC applied for real; the cluster-scoped objects deleted
+    afterwards. Yields the ``fullnameOverride`` prefix."""
+    prefix, docs = apply_rbac(offline_helm, kubectl, test_namespace, {})
     try:
         yield prefix
     finally:
-        for doc in docs:
-            if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-                kubectl(
-                    "delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found"
-                )
+        delete_cluster_scoped(kubectl, docs)
 
 
 def can_i(kubectl: Kubectl, account: str, verb: str, resource: str, namespace: str) -> bool:
-    """``kubectl auth can-i`` as `account`; `resource` may end in ``/status`` (a subresource)."""
-    resource, _, subresource = resource.partition("/")
+    """``kubectl auth can-i`` as `account`; `resource` may end in ``/status`` (a subresource)
+    or name one object as ``TYPE:NAME``."""
+    resource, _, named = resource.partition(":")
+    if named:
+        resource = f"{resource}/{named}"
+    resource, _, subresource = resource.partition("/") if not named else (resource, "", "")
     extra = [f"--subresource={subresource}"] if subresource else []
     result = kubectl(
         "auth", "can-i", verb, resource, *extra, "--as", account, "-n", namespace, check=False
@@ -137,6 +152,9 @@ OPERATOR_NEEDS = [
     ("get", "namespaces"),
     ("create", "events"),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("get", "customresourcedefinitions.apiextensions.k8s.io"),  # the start-up CRD check
+    ("delete", "agentruns.agentrun.dev"),  # spec.ttlSecondsAfterFinished
+    ("create", "leases.coordination.k8s.io"),  # the leader Lease, release namespace only
 ]
 WORKER_NEEDS = [
     ("get", "agentmodels.agentrun.dev"),
@@ -147,8 +165,11 @@ WORKER_NEEDS = [
 NOBODY_GETS = [
     ("update", "agentruns.agentrun.dev/status"),
     ("patch", "agenttenants.agentrun.dev"),
-    ("delete", "agentruns.agentrun.dev"),
     ("create", "agentruns.agentrun.dev"),
+    ("delete", "agentruns.agentrun.dev/status"),
+    ("delete", "leases.coordination.k8s.io"),
+    ("patch", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("delete", "namespaces"),
     ("update", "agentruns.agentrun.dev"),
     ("patch", "agentmodels.agentrun.dev"),
     ("create", "pods"),
@@ -166,6 +187,7 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         return f"system:serviceaccount:{test_namespace}:{installed_rbac}-{component}"
 
     operator, worker = account("operator"), account("worker")
+    lease = f"{installed_rbac}-operator"
     found = {
         "operator lacks": [
             n for n in OPERATOR_NEEDS if not can_i(kubectl, operator, *n, test_namespace)
@@ -175,6 +197,24 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         "worker may": [n for n in NOBODY_GETS if can_i(kubectl, worker, *n, test_namespace)],
         "operator reads secrets": can_i(kubectl, operator, "get", "secrets", test_namespace),
         "worker reads secrets elsewhere": can_i(kubectl, worker, "get", "secrets", "default"),
+        "worker deletes runs": can_i(
+            kubectl, worker, "delete", "agentruns.agentrun.dev", test_namespace
+        ),
+        "operator's Lease": [
+            can_i(kubectl, operator, verb, f"leases.coordination.k8s.io:{lease}", test_namespace)
+            for verb in ("get", "update")
+        ],
+        "another Lease": [
+            can_i(kubectl, operator, verb, "leases.coordination.k8s.io:kube-scheduler", ns)
+            for verb in ("get", "update")
+            for ns in (test_namespace, "kube-system")
+        ],
+        "Leases elsewhere": can_i(
+            kubectl, operator, "create", "leases.coordination.k8s.io", "kube-system"
+        ),
+        "worker Leases": can_i(
+            kubectl, worker, "get", f"leases.coordination.k8s.io:{lease}", test_namespace
+        ),
     }
 
     assert json.loads(json.dumps(found)) == {
@@ -184,4 +224,38 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         "worker may": [],
         "operator reads secrets": False,
         "worker reads secrets elsewhere": False,
+        "worker deletes runs": False,
+        "operator's Lease": [True, True],
+        "another Lease": [False, False, False, False],
+        "Leases elsewhere": False,
+        "worker Leases": False,
+    }
+
+
+def test_kubernetes_get_grant_bound_to_listed_namespaces_reads_no_other(
+    offline_helm: helm.Helm, kubectl: Kubectl, crds: list[str], test_namespace: str
+) -> None:
+    """``rbac.kubernetesGetNamespaces``: the tool's read grant holds in those namespaces and
+    nowhere else (the tool itself only ever names the run's namespace)."""
+    prefix, docs = apply_rbac(
+        offline_helm,
+        kubectl,
+        test_namespace,
+        {"rbac.kubernetesGetNamespaces": f"{{{test_namespace}}}"},
+    )
+    worker = f"system:serviceaccount:{test_namespace}:{prefix}-worker"
+    try:
+        reads = {
+            ns: [
+                can_i(kubectl, worker, verb, kind, ns)
+                for verb, kind in (("list", "pods"), ("get", "configmaps"), ("list", "events"))
+            ]
+            for ns in (test_namespace, "default", "kube-system")
+        }
+    finally:
+        delete_cluster_scoped(kubectl, docs)
+    assert reads == {
+        test_namespace: [True, True, True],
+        "default": [False, False, False],
+        "kube-system": [False, False, False],
     }

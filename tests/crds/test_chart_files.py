@@ -78,6 +78,10 @@ def test_template_actions_are_balanced(template: Path) -> None:
                 "AGENTRUN_METRICS_PORT",
                 "AGENTRUN_TURN_ACK_WAIT",
                 "AGENTRUN_DEFAULT_TENANT",
+                "AGENTRUN_HEALTH_PORT",
+                "AGENTRUN_IDENTITY",
+                "AGENTRUN_LEASE_NAMESPACE",
+                "AGENTRUN_LEASE_NAME",
             ],
             id="operator",
         ),
@@ -130,7 +134,7 @@ def operator_verbs(group: str, resource: str) -> set[str]:
 @pytest.mark.parametrize(
     ("group", "resource", "verbs"),
     [
-        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch"}),
+        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "delete"}),
         ("agentrun.dev", "agentruns/status", {"get", "patch"}),
         ("agentrun.dev", "agentmodels", {"get", "list", "watch"}),
         ("agentrun.dev", "agenttenants", {"get", "list", "watch"}),
@@ -160,7 +164,8 @@ def tool_role_rules() -> list[dict[str, Any]]:
     """The rules of the kubernetes_get ClusterRole (plain YAML between `rules:` and `---`)."""
     text = (TEMPLATES / "worker-rbac.yaml").read_text()
     role = text[text.index("name: {{ $fullname }}-worker-kubernetes-get") :]
-    rules_block = role[role.index("rules:") : role.index("---")]
+    tail = role[role.index("rules:") :]
+    rules_block = tail[: min(tail.index("---"), tail.index("{{"))]  # up to the bindings
     rules: list[dict[str, Any]] = yaml.safe_load(rules_block)["rules"]
     return rules
 

@@ -42,6 +42,11 @@ REJECTED_AGENTRUNS = [
     ),
     pytest.param(make_agentrun(goal=""), ["spec.goal", "at least 1 chars"], id="empty-goal"),
     pytest.param(
+        make_agentrun(ttlSecondsAfterFinished=-1),
+        ["spec.ttlSecondsAfterFinished", "greater than or equal to 0"],
+        id="negative-ttl",
+    ),
+    pytest.param(
         make_agentrun(model="GPT_4o"), ["spec.model", "should match"], id="model-not-a-dns-name"
     ),
     pytest.param(
@@ -199,6 +204,7 @@ def test_api_server_rejects_invalid_agentmodel_naming_the_field(
 
 ACCEPTED_AGENTRUNS = [
     pytest.param(without(make_agentrun(), "spec.tools"), id="minimal-no-tools"),
+    pytest.param(make_agentrun(ttlSecondsAfterFinished=0), id="ttl-zero-like-a-job"),
     pytest.param(
         with_budget(
             maxSteps=1000,
@@ -495,8 +501,13 @@ def test_get_agentruns_wide_shows_model_and_tenant(
     header, row = kubectl(
         "get", "ar", "wide", "-n", test_namespace, "-o", "wide"
     ).stdout.splitlines()
-    assert header.split()[-2:] == ["MODEL", "TENANT"]
-    assert row.split()[-2:] == ["mock", "team-a"]
+    names = header.split()
+    starts = [header.index(f" {name} ") + 1 if i else 0 for i, name in enumerate(names[:-1])]
+    starts.append(header.rindex(f" {names[-1]}") + 1)
+    ends = [*starts[1:], None]
+    columns = {n: row[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
+    assert columns["MODEL"] == "mock"
+    assert columns["TENANT"] == "team-a"
 
 
 def test_get_agentruns_shows_phase_reason_steps_tokens_cost(

@@ -143,6 +143,7 @@ def test_agentrun_spec_fields_are_the_contract() -> None:
         "output",
         "budget",
         "approval",
+        "ttlSecondsAfterFinished",
     }
     assert set(spec["required"]) == {"model", "goal"}
     assert set(at(spec, "output")["properties"]) == {"schema"}
@@ -185,6 +186,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "inputTokens",
         "outputTokens",
         "cachedInputTokens",
+        "reasoningTokens",
         "totalTokens",
         "costUSD",
         "wallSeconds",
@@ -269,6 +271,10 @@ def test_agentrun_shows_its_tenant_in_the_wide_output() -> None:
     assert ("Tenant", "string", ".status.tenant", 1) in printer_columns(AGENTRUN_CRD)
 
 
+def test_agentrun_shows_its_outcome_in_the_wide_output() -> None:
+    assert ("Outcome", "string", ".status.outcome", 1) in printer_columns(AGENTRUN_CRD)
+
+
 def test_agenttenant_printer_columns() -> None:
     assert printer_columns(AGENTTENANT_CRD) == [
         ("Active", "integer", ".status.activeRuns", 0),
@@ -297,6 +303,7 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "allowedModels",
         "allowedTools",
         "httpGet",
+        "ttlSecondsAfterFinished",
     }
     assert "required" not in spec  # one of namespaces / namespaceSelector, checked in CEL
     assert set(at(spec, "namespaceSelector")["properties"]) == {"matchLabels", "matchExpressions"}

@@ -1,4 +1,5 @@
-"""``agentrun dev up --node`` / ``down``: a Ready node from the CLI, and a clean host after.
+"""``agentrun dev demo --chart`` (``make demo-cluster``) / ``down``: a Ready node from the CLI,
+the chart installed on it, the examples' terminal reasons printed, and a clean host after.
 
 Root only. Runs after tests/cluster (whose node must be gone: one node per machine)."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun_dev import node, nodehost, procs, stack, state
+from agentrun_dev import node, nodehost, procs, release, stack, state
 from agentrun_dev.kubectl import Kubectl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,23 +35,38 @@ def dev_dir(tmp_path: Path) -> Iterator[Path]:
         agentrun("dev", "down", "--dir", str(directory))
 
 
-def test_up_with_a_node_runs_a_ready_node_and_down_leaves_the_host_clean(
+def test_demo_with_the_chart_runs_the_examples_on_pods_and_down_leaves_the_host_clean(
     dev_dir: Path, tmp_path: Path
 ) -> None:
     d = ("--dir", str(dev_dir))
     before = nodehost.take_snapshot(dev_dir / "node")
 
-    up = agentrun("dev", "up", "--node", "--workers", "0", *d)
-    assert up.returncode == 0, up.stderr
+    shown = agentrun("dev", "demo", "--chart", *d)
+    assert shown.returncode == 0, shown.stderr
     running = state.load_state(dev_dir)
     assert running is not None and running.complete and running.kubectl is not None
     assert running.node_dir == dev_dir / "node"
+    assert running.release_namespace == release.RELEASE_NAMESPACE
     names = [c.name for c in running.components]
-    assert names[2 : 2 + len(node.COMPONENT_NAMES)] == list(node.COMPONENT_NAMES)
+    assert names[2:] == list(node.COMPONENT_NAMES)  # no local nats, model, operator, workers
     admin = Kubectl(running.kubectl, kubeconfig=str(running.kubeconfig), cache_dir=tmp_path)
     found = admin("get", "node", node.NODE_NAME, "-o", "json")
     conditions = {c["type"]: c["status"] for c in json.loads(found.stdout)["status"]["conditions"]}
     assert conditions["Ready"] == "True"
+    pods = json.loads(admin("get", "pods", "-n", release.RELEASE_NAMESPACE, "-o", "json").stdout)
+    running_pods = {
+        p["metadata"]["labels"]["app.kubernetes.io/component"]: p["status"]["phase"]
+        for p in pods["items"]
+    }
+    expected = dict.fromkeys(("operator", "worker", "mock-model", "nats"), "Running")
+    assert running_pods == expected
+    table = shown.stdout.split("$ kubectl get agentruns", 1)[1]
+    rows = {line.split()[0]: line.split()[1:3] for line in table.splitlines()[2:5]}
+    assert rows == {
+        "rectangle": ["Succeeded", "completed"],
+        "collatz": ["Failed", "max_steps"],
+        "inventory": ["Failed", "tool_budget_exhausted"],
+    }
     assert nodehost.leftovers(before, nodehost.take_snapshot(dev_dir / "node")) != []
 
     down = agentrun("dev", "down", *d)

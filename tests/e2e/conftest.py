@@ -18,6 +18,8 @@ import yaml
 from agentrun_dev import components, demo, stack
 
 SCENARIOS = Path(__file__).with_name("scenarios.yaml")
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+"""The examples users apply; ``scenarios.yaml`` scripts ``rectangle.yaml`` as the demo does."""
 ACK_WAIT = 4.0
 """Seconds before an unacked TurnRequest is redelivered (short, for the SIGKILL tests)."""
 HOLD_TTL = 5.0

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentrun import kernel
+from agentrun.kernel import wire
 
 from .conftest import E2EStack, run_manifest
 
@@ -59,8 +60,8 @@ def test_the_run_waits_then_an_approved_call_runs(stack_: E2EStack, test_namespa
     assert "pendingApproval" not in done
     tools = second_request_tools(stack_, "approved")
     assert [(m["tool_call_id"], m["content"]) for m in tools] == [
-        ("a1", "42"),
-        ("s1", "slept 0.1s"),
+        (wire.wire_call_id("a1"), "42"),  # ids go out in wire form
+        (wire.wire_call_id("s1"), "slept 0.1s"),
     ]
 
 

@@ -267,7 +267,7 @@ def test_an_orphaned_hold_is_released_within_the_bound(
     expires = time.time() + 1.0
     hold = Hold("dead-run", 3, 1_100, Decimal("0.01"), expires, "dead-worker", namespace, "gone")
     refusal = ledger._run(
-        ledger.store.change(name, lambda book: book.reserve("dead-run:3", hold, now=time.time()))
+        ledger.store._change(name, lambda book: book.reserve("dead-run:3", hold, now=time.time()))
     )
     assert refusal is None
     book = ledger.book(name)

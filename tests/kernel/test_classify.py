@@ -96,3 +96,21 @@ def test_garbage_tool_call_entries_do_not_crash() -> None:
     assert isinstance(decision, kernel.ToolCalls)
     assert [c.name for c in decision.calls] == ["", "", ""]
     assert all(c.id is None for c in decision.calls)
+
+
+def test_a_filtered_answer_is_a_refusal_naming_the_flagged_categories() -> None:
+    """Azure OpenAI answers 200 with ``finish_reason: content_filter`` and per-category verdicts."""
+    raw = response("Here is how to", finish_reason="content_filter")
+    raw["choices"][0]["content_filter_results"] = {
+        "hate": {"filtered": False, "severity": "safe"},
+        "violence": {"filtered": True, "severity": "medium"},
+        "self_harm": {"filtered": True, "severity": "high"},
+    }
+    decision = kernel.classify(raw)
+    assert decision == kernel.Refusal(
+        "the provider's content filter stopped the output: self_harm, violence"
+    )
+    plain = kernel.classify(response(None, finish_reason="content_filter"))
+    assert plain == kernel.Refusal(
+        "the provider's content filter stopped the output: unspecified category"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_a_final_answer_completes_the_run_with_outcome_ok() -> None:
     )
     assert state.phase is Phase.COMPLETED
     assert state.answer == "12"
-    terminal = kernel.conclude(state.phase)
+    terminal = kernel.conclude(state.phase, steps=state.steps)
     assert terminal is not None and terminal.outcome is kernel.Outcome.OK
     assert state.messages[-1] == {"role": "assistant", "content": "12"}
 
@@ -53,7 +54,7 @@ def test_the_step_cap_stops_a_run_that_still_wants_tools_as_partial() -> None:
         state = kernel.advance(state, tool_turn(state, checked(f"c{i}")), limits)
     assert state.phase is Phase.MAX_STEPS
     assert state.steps == 2
-    terminal = kernel.conclude(state.phase)
+    terminal = kernel.conclude(state.phase, steps=state.steps)
     assert terminal is not None and terminal.outcome is kernel.Outcome.PARTIAL
     assert admit(state, limits).phase is Phase.MAX_STEPS
 
@@ -194,7 +195,7 @@ def test_advance_refuses_turns_out_of_order() -> None:
 
 @pytest.mark.parametrize("phase", list(Phase), ids=lambda p: p.value)
 def test_every_phase_concludes(phase: Phase) -> None:
-    terminal = kernel.conclude(phase)
+    terminal = kernel.conclude(phase, steps=1)
     if phase in (Phase.RUNNING, Phase.AWAITING_APPROVAL):
         assert terminal is None and not phase.is_terminal
         return
@@ -202,6 +203,25 @@ def test_every_phase_concludes(phase: Phase) -> None:
     assert terminal is not None
     assert terminal.reason.value == phase.value
     assert (terminal.outcome is kernel.Outcome.OK) == (phase is Phase.COMPLETED)
+
+
+@pytest.mark.parametrize(
+    "phase", [p for p in Phase if p.is_terminal and p is not Phase.COMPLETED], ids=str
+)
+def test_a_run_that_ended_before_any_model_answer_did_nothing_and_says_so(phase: Phase) -> None:
+    """A rejected spec, a budget spent before the first call, a provider refusing to serve:
+    none of these may look like partial work to someone filtering on outcome."""
+    before = kernel.conclude(phase, steps=0)
+    after = kernel.conclude(phase, steps=1)
+    assert before is not None and after is not None
+    assert (before.outcome, after.outcome) == (kernel.Outcome.NONE, kernel.Outcome.PARTIAL)
+    assert (before.reason, before.resource_phase) == (after.reason, after.resource_phase)
+
+
+def test_a_provider_refusing_the_first_call_ends_with_outcome_none() -> None:
+    state = kernel.advance(start(), kernel.ModelFailed(0, "HTTP 401"), kernel.Limits())
+    terminal = kernel.conclude(state.phase, steps=state.steps)
+    assert terminal is not None and terminal.outcome is kernel.Outcome.NONE
 
 
 def test_the_terminal_vocabulary_is_the_design_contract() -> None:
@@ -289,7 +309,7 @@ def test_at_a_cap_one_tool_free_summary_call_writes_the_answer_and_keeps_the_rea
     summary = kernel.Summarized(1, kernel.Final("Found 2."), kernel.Usage(120, 5))
     done = kernel.advance(state, summary, limits)
     assert done.phase is cap and done.answer == "Found 2."
-    terminal = kernel.conclude(done.phase)
+    terminal = kernel.conclude(done.phase, steps=done.steps)
     assert terminal is not None and terminal.outcome is kernel.Outcome.PARTIAL
     assert done.messages[-2]["content"].startswith("[agentrun] The run has reached its budget")
     assert done.steps == 2
@@ -442,3 +462,99 @@ def test_old_large_observations_are_elided_to_fit_the_context_window() -> None:
     ]
     assert elided and prompt[2]["role"] == "assistant"
     assert prompt[-1] == state.messages[-1]  # the newest observation is kept whole
+
+
+PER_MILLION = kernel.Pricing(Decimal(1), Decimal(1), Decimal(2))
+"""$1 per million input tokens, $2 per million output tokens."""
+
+
+@pytest.mark.parametrize(
+    ("usage", "output", "reasoning"),
+    [
+        pytest.param(
+            {"prompt_tokens": 9, "completion_tokens": 664, "total_tokens": 1994},
+            1985,
+            1321,
+            id="reasoning-only-in-the-total",
+        ),
+        pytest.param(
+            {
+                "prompt_tokens": 9,
+                "completion_tokens": 664,
+                "total_tokens": 1994,
+                "completion_tokens_details": {"reasoning_tokens": 1321},
+            },
+            1985,
+            1321,
+            id="reasoning-left-out-of-completion",
+        ),
+        pytest.param(
+            {
+                "prompt_tokens": 9,
+                "completion_tokens": 664,
+                "completion_tokens_details": {"reasoning_tokens": 1321},
+            },
+            1985,
+            1321,
+            id="reasoning-left-out-no-total",
+        ),
+        pytest.param(
+            {
+                "prompt_tokens": 9,
+                "completion_tokens": 1985,
+                "total_tokens": 1994,
+                "completion_tokens_details": {"reasoning_tokens": 1321},
+            },
+            1985,
+            1321,
+            id="openai-reasoning-inside-completion",
+        ),
+        pytest.param(
+            {"prompt_tokens": 9, "completion_tokens": 664, "total_tokens": 600},
+            664,
+            0,
+            id="a-total-saying-less-is-ignored",
+        ),
+        pytest.param(
+            {"prompt_tokens": 9, "completion_tokens": 664, "total_tokens": "many"},
+            664,
+            0,
+            id="an-unreadable-total-is-ignored",
+        ),
+    ],
+)
+def test_reasoning_tokens_are_counted_and_priced_as_output(
+    usage: dict[str, Any], output: int, reasoning: int
+) -> None:
+    read = kernel.read_usage({"usage": usage}, pricing=PER_MILLION, prompt_estimate=1)
+    assert (read.output_tokens, read.reasoning_tokens) == (output, reasoning)
+    assert read.cost_usd == (Decimal(9) + Decimal(output) * 2) / 1_000_000
+    assert read.total_tokens == 9 + output
+
+
+def test_a_cost_cap_stops_a_run_whose_reasoning_shows_only_in_the_total() -> None:
+    """The reported case: 664 completion tokens per call, 1994 in total; a run under a cost
+    cap it would exceed threefold by the completion count alone ends at the cap."""
+    answer = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": None, "tool_calls": []},
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 664, "total_tokens": 1994},
+    }
+    cap = Decimal("0.01")  # by completion tokens alone a call costs $0.001337: 8 calls
+    limits = kernel.Limits(
+        max_cost_usd=cap, on_exhausted=kernel.OnExhausted.STOP, malformed_limit=100
+    )
+    state = kernel.initial_state(goal="think hard")
+    calls = 0
+    while not state.phase.is_terminal:
+        usage = kernel.read_usage(answer, pricing=PER_MILLION, prompt_estimate=9)
+        record = kernel.Answered(state.turn, kernel.classify(answer), usage)
+        state = kernel.advance(state, record, limits)
+        calls += 1
+    assert state.phase is kernel.Phase.COST_BUDGET_EXHAUSTED
+    assert calls == 3 and state.usage.reasoning_tokens == 3 * 1321  # $0.003979 a call
+    assert state.usage.cost_usd == 3 * (Decimal(9) + Decimal(1985) * 2) / 1_000_000

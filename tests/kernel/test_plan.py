@@ -130,6 +130,48 @@ def test_a_failed_model_call_ends_with_model_error_unless_the_deadline_passed(
     assert kernel.model_failed(step, "HTTP 500", clock=timing) == expected
 
 
+@pytest.mark.parametrize(
+    ("fault", "summary", "expected"),
+    [
+        pytest.param(
+            kernel.ModelFault.FILTERED,
+            False,
+            kernel.Stopped(0, kernel.Ending(Phase.REFUSED, "filtered: jailbreak")),
+            id="filter-refused",
+        ),
+        pytest.param(
+            kernel.ModelFault.FILTERED,
+            True,
+            kernel.Summarized(0, None, error="filtered: jailbreak"),
+            id="filter-on-summary-keeps-the-cap",
+        ),
+        pytest.param(
+            kernel.ModelFault.WAIT_BEYOND_DEADLINE,
+            False,
+            kernel.Stopped(0, kernel.Ending(Phase.DEADLINE_EXCEEDED, "filtered: jailbreak")),
+            id="wait-past-deadline",
+        ),
+        pytest.param(
+            kernel.ModelFault.WAIT_BEYOND_DEADLINE,
+            True,
+            kernel.Stopped(0, kernel.Ending(Phase.DEADLINE_EXCEEDED, "filtered: jailbreak")),
+            id="wait-past-deadline-on-summary",
+        ),
+        pytest.param(
+            kernel.ModelFault.UNAVAILABLE,
+            False,
+            kernel.ModelFailed(0, "filtered: jailbreak"),
+            id="unavailable",
+        ),
+    ],
+)
+def test_a_failed_call_ends_as_its_fault_says(
+    fault: kernel.ModelFault, summary: bool, expected: kernel.TurnRecord
+) -> None:
+    step = dataclasses.replace(call_of(start(), kernel.Limits()), summary=summary)
+    assert kernel.model_failed(step, "filtered: jailbreak", clock=NOW, fault=fault) == expected
+
+
 def answer(
     state: kernel.RunState, limits: kernel.Limits, decision: kernel.Decision
 ) -> kernel.TurnRecord | kernel.RunTools:

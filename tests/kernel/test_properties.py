@@ -28,7 +28,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentrun import kernel
+from agentrun.kernel import wire
 from agentrun.protocol import Approval, ModelConfig, RunConfig, RunEvent
+from agentrun.testing import strict
 from agentrun.tools import Catalog, ToolContext, ToolError, ToolSpec
 from agentrun.worker.model import ModelClient
 from agentrun.worker.toolrunner import ToolRunSettings
@@ -85,8 +87,10 @@ class ScriptedModel(ModelClient):
     def __init__(self) -> None:
         super().__init__()
         self.reply: dict[str, Any] = {}
+        self.prompts: list[Sequence[Mapping[str, Any]]] = []
 
     async def complete(self, request: Any, **_: Any) -> dict[str, Any]:
+        self.prompts.append(request.messages)
         return self.reply
 
 
@@ -188,11 +192,15 @@ async def play_turn(
 
 
 async def play(
-    plans: Sequence[TurnPlan], run_limits: kernel.Limits, verdicts: Sequence[bool]
+    plans: Sequence[TurnPlan],
+    run_limits: kernel.Limits,
+    verdicts: Sequence[bool],
+    model: ScriptedModel | None = None,
 ) -> tuple[kernel.RunState, list[RunEvent]]:
     """Fold the turns of ``plans`` until the script or the run ends; held calls get the
-    reviewer's ``verdicts`` in order (approved once they run out)."""
-    model = ScriptedModel()
+    reviewer's ``verdicts`` in order (approved once they run out). ``model`` records every
+    prompt sent."""
+    model = model or ScriptedModel()
     reviewer = iter(verdicts)
     state = kernel.initial_state(goal="use the tools")
     events: list[RunEvent] = []
@@ -365,7 +373,14 @@ def describe(state: kernel.RunState, records: Sequence[kernel.TurnRecord]) -> No
 def test_every_tool_call_gets_exactly_one_result_in_call_order_whatever_happens(
     plans: list[TurnPlan], run_limits: kernel.Limits, verdicts: list[bool]
 ) -> None:
-    state, events = in_own_loop(lambda: play(plans, run_limits, verdicts))
+    model = ScriptedModel()
+    state, events = in_own_loop(lambda: play(plans, run_limits, verdicts, model))
+    for prompt in model.prompts:  # summaries, nudges, corrections and resumes included
+        assert strict.violations(prompt) == [], prompt
+    if any(
+        m["role"] == "assistant" and m["content"] == wire.BRIDGE for p in model.prompts for m in p
+    ):
+        hypothesis.event("a user note after tool results was bridged")
     records = [e.record for e in events if e.record is not None]
     assert_every_call_has_one_result_in_order(state.messages)
     assert state.call_ids == {

@@ -131,7 +131,7 @@ def decisions(records: Sequence[kernel.TurnRecord]) -> list[tuple[Any, ...]]:
 
 
 def ending(state: kernel.RunState) -> kernel.TerminalReason:
-    terminal = kernel.conclude(state.phase)
+    terminal = kernel.conclude(state.phase, steps=state.steps)
     assert terminal is not None, f"the run did not end: {state.phase}"
     return terminal.reason
 

@@ -29,7 +29,7 @@ from agentrun.ledger import (
     codec,
     window_start,
 )
-from agentrun.ledger.book import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT
+from agentrun.ledger.entries import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT
 
 DAY = 86_400.0
 T0 = 19_675 * DAY

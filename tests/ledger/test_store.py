@@ -77,7 +77,7 @@ async def test_change_creates_the_entry_with_the_given_limits(open_store: Opener
     tenant = tenant_name()
     assert await store.read(tenant) is None
     given = TenantLimits(tokens=5_000, cost_usd=Decimal("5.00"), max_concurrent_runs=2)
-    refusal = await store.change(
+    refusal = await store._change(
         tenant, lambda b: b.admit("uid-1", "ns", "run", now=store.clock()), limits=given
     )
     assert refusal is None
@@ -88,14 +88,14 @@ async def test_change_creates_the_entry_with_the_given_limits(open_store: Opener
     assert str(stored.limits.cost_usd) == "5.00"
     assert list(stored.active) == ["uid-1"]
     # limits only seed a missing entry; later changes keep what is stored
-    await store.change(tenant, lambda b: None, limits=TenantLimits(tokens=1))
+    await store._change(tenant, lambda b: None, limits=TenantLimits(tokens=1))
     assert (await store.read(tenant)).limits == given  # type: ignore[union-attr]
 
 
 async def test_change_without_limits_starts_an_unlimited_entry(open_store: Opener) -> None:
     store = await open_store()
     tenant = tenant_name()
-    await store.change(tenant, lambda b: b.used_tokens)
+    await store._change(tenant, lambda b: b.used_tokens)
     stored = await store.read(tenant)
     assert stored is not None and stored.limits == TenantLimits()
 
@@ -103,9 +103,9 @@ async def test_change_without_limits_starts_an_unlimited_entry(open_store: Opene
 async def test_a_change_that_changes_nothing_writes_nothing(open_store: Opener) -> None:
     store = await open_store()
     tenant = tenant_name()
-    await store.change(tenant, lambda b: None, limits=TenantLimits(tokens=10))
+    await store._change(tenant, lambda b: None, limits=TenantLimits(tokens=10))
     revision = (await store.kv.get(book_key(tenant))).revision
-    refused = await store.change(
+    refused = await store._change(
         tenant,
         lambda b: b.reserve("r:0", Hold("r", 0, 11, Decimal(0), 0.0, "o"), now=store.clock()),
     )
@@ -118,10 +118,10 @@ async def test_a_stale_cached_revision_is_detected_and_the_change_reapplied(
 ) -> None:
     one, two = await open_store(), await open_store()
     tenant = tenant_name()
-    await one.change(tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()))
-    await two.change(tenant, lambda b: b.admit("b", "ns", "b", now=two.clock()))
+    await one._change(tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()))
+    await two._change(tenant, lambda b: b.admit("b", "ns", "b", now=two.clock()))
     # one's cached copy lacks "b": its first write must lose, re-read and keep "b"
-    await one.change(tenant, lambda b: b.admit("c", "ns", "c", now=one.clock()))
+    await one._change(tenant, lambda b: b.admit("c", "ns", "c", now=one.clock()))
     assert one.conflicts == 1
     stored = await one.read(tenant)
     assert stored is not None and set(stored.active) == {"a", "b", "c"}
@@ -130,10 +130,10 @@ async def test_a_stale_cached_revision_is_detected_and_the_change_reapplied(
 async def test_exhausting_the_attempts_raises_ledger_unavailable(open_store: Opener) -> None:
     one, two = await open_store(attempts=1), await open_store()
     tenant = tenant_name()
-    await one.change(tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()))
-    await two.change(tenant, lambda b: b.admit("b", "ns", "b", now=two.clock()))
+    await one._change(tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()))
+    await two._change(tenant, lambda b: b.admit("b", "ns", "b", now=two.clock()))
     with pytest.raises(LedgerUnavailable, match="1 compare-and-set attempts"):
-        await one.change(tenant, lambda b: b.admit("c", "ns", "c", now=one.clock()))
+        await one._change(tenant, lambda b: b.admit("c", "ns", "c", now=one.clock()))
     assert one.conflicts == 1
     stored = await two.read(tenant)
     assert stored is not None and set(stored.active) == {"a", "b"}  # "c" never landed
@@ -144,12 +144,12 @@ async def test_a_monkeypatched_stale_revision_with_one_attempt_raises(
 ) -> None:
     store = await open_store(attempts=1)
     tenant = tenant_name()
-    await store.change(tenant, lambda b: b.admit("a", "ns", "a", now=store.clock()))
+    await store._change(tenant, lambda b: b.admit("a", "ns", "a", now=store.clock()))
     key = book_key(tenant)
     revision, data = store._cache[key]
     monkeypatch.setitem(store._cache, key, (revision - 1 if revision > 1 else 10**9, data))
     with pytest.raises(LedgerUnavailable):
-        await store.change(tenant, lambda b: b.admit("b", "ns", "b", now=store.clock()))
+        await store._change(tenant, lambda b: b.admit("b", "ns", "b", now=store.clock()))
     assert store.conflicts == 1
 
 
@@ -162,12 +162,12 @@ async def reserve_and_settle(
     await asyncio.sleep(delay)
     now = store.clock()
     hold = Hold(uid, 0, tokens, Decimal(0), now + 60, f"owner-{uid}", "ns", uid)
-    refusal = await store.change(tenant, lambda b: b.reserve(f"{uid}:0", hold, now=now))
+    refusal = await store._change(tenant, lambda b: b.reserve(f"{uid}:0", hold, now=now))
     if refusal is not None:
         assert refusal.resource == "tokens"
         return None
     await asyncio.sleep(0)
-    return await store.change(
+    return await store._change(
         tenant,
         lambda b: b.settle(
             uid, turn=0, tokens=actual, cost_usd=Decimal(0), now=store.clock(), key=f"{uid}:0"
@@ -183,7 +183,7 @@ async def test_two_processes_racing_never_overspend_and_charge_exactly(
     limit = 2_000
     runs = [f"{store_index}-{i}" for store_index in (1, 2) for i in range(32)]
     # 64 turns of 100 tokens each: 6400 tokens demanded against a limit of 2000
-    await one.change(
+    await one._change(
         tenant,
         lambda b: [b.admit(uid, "ns", uid, now=one.clock()) for uid in runs],
         limits=TenantLimits(tokens=limit),
@@ -276,7 +276,7 @@ async def test_concurrent_enqueues_from_two_processes_lose_nothing(open_store: O
 async def test_tenants_lists_tenants_with_a_book(open_store: Opener) -> None:
     store = await open_store()
     with_book, only_queued = tenant_name(), tenant_name()
-    await store.change(with_book, lambda b: None)
+    await store._change(with_book, lambda b: None)
     await store.enqueue(only_queued, QueuedRun("u", "ns", "n", 0.0))
     assert book_key(with_book) in await store.kv.keys()  # the entry is in the bucket
     tenants = await store.tenants()
@@ -290,7 +290,7 @@ async def test_tenants_lists_tenants_with_a_book(open_store: Opener) -> None:
 async def test_a_stored_book_decodes_as_written(open_store: Opener) -> None:
     store = await open_store()
     tenant = tenant_name()
-    await store.change(
+    await store._change(
         tenant,
         lambda b: b.reserve(
             "r:1", Hold("r", 1, 5, Decimal("0.000001"), 1e9, "o", "ns", "n"), now=store.clock()
@@ -309,15 +309,15 @@ async def test_a_refusal_is_never_judged_on_a_stale_cached_copy(open_store: Open
     worker, operator_ = await open_store(), await open_store()
     tenant = tenant_name()
     now = worker.clock()
-    await worker.change(
+    await worker._change(
         tenant, lambda b: b.admit("r", "ns", "r", now=now), limits=TenantLimits(tokens=100)
     )
     big = Hold("r", 0, 500, Decimal(0), now + 60, "w", "ns", "r")
-    assert await worker.change(tenant, lambda b: b.reserve("r:0", big, now=now)) is not None
-    await operator_.change(tenant, lambda b: b.set_limits(TenantLimits(tokens=1_000_000), now=now))
-    assert await worker.change(tenant, lambda b: b.reserve("r:0", big, now=now)) is None
+    assert await worker._change(tenant, lambda b: b.reserve("r:0", big, now=now)) is not None
+    await operator_._change(tenant, lambda b: b.set_limits(TenantLimits(tokens=1_000_000), now=now))
+    assert await worker._change(tenant, lambda b: b.reserve("r:0", big, now=now)) is None
     # and an operator that cached the entry before a hold appeared still sees the hold
-    stale_view = await operator_.change(tenant, lambda b: sorted(b.holds))
+    stale_view = await operator_._change(tenant, lambda b: sorted(b.holds))
     assert stale_view == ["r:0"]
 
 

@@ -14,10 +14,10 @@ def conversation(goal: str, *, turns: int = 0, system: str = "You are helpful.")
     ]
     for k in range(turns):
         call = {
-            "id": f"call_{k}_0",
+            "id": f"call{k:05d}",  # 9 alphanumerics: the mock checks ids as Mistral does
             "type": "function",
             "function": {"name": "calculate", "arguments": '{"expression":"1"}'},
         }
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"call_{k}_0", "content": "1"})
+        messages.append({"role": "tool", "tool_call_id": f"call{k:05d}", "content": "1"})
     return messages

@@ -106,7 +106,12 @@ async def test_runs_as_a_module_and_prints_its_url_first() -> None:
                 '{"expression":"2*(3+4)"}',
             ]
             final = await client.chat.completions.create(
-                model="demo", messages=[*messages, {"role": "assistant", "content": "..."}]
+                model="demo",
+                messages=[
+                    *messages,
+                    {"role": "assistant", "content": "..."},
+                    {"role": "user", "content": "go on"},
+                ],
             )
             assert final.choices[0].message.content == (
                 "The rectangle's area is 12 and its perimeter is 14."

@@ -192,3 +192,39 @@ scenarios:
         await client.close()
     assert plain.choices[0].message.content == "working"
     assert asked.choices[0].message.content == "summary"
+
+
+@pytest.mark.parametrize(
+    ("tail", "problem"),
+    [
+        pytest.param(
+            [{"role": "user", "content": "summarize"}],
+            "unexpected role 'user' after role 'tool'",
+            id="user-after-tool",
+        ),
+        pytest.param(
+            [
+                {"role": "assistant", "content": "bridge"},
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": "b"},
+            ],
+            "unexpected role 'user' after role 'user'",
+            id="two-users",
+        ),
+    ],
+)
+async def test_a_request_breaking_the_strictest_ordering_rules_is_a_400_naming_it(
+    client: openai.AsyncOpenAI, tail: list[dict[str, str]], problem: str
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=problem):
+        await client.chat.completions.create(
+            model=MODEL,
+            messages=[*conversation("rectangle", turns=1), *tail],  # type: ignore[list-item]
+        )
+
+
+async def test_a_call_id_mistral_would_reject_is_a_400(client: openai.AsyncOpenAI) -> None:
+    messages = conversation("rectangle", turns=1)
+    messages[2]["tool_calls"][0]["id"] = messages[3]["tool_call_id"] = "call_0_0"
+    with pytest.raises(openai.BadRequestError, match="must be 9 of a-z, A-Z, 0-9"):
+        await client.chat.completions.create(model=MODEL, messages=messages)

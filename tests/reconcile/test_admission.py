@@ -148,7 +148,7 @@ def test_a_rejection_projects_to_failed_invalid_spec() -> None:
     assert (body["phase"], body["terminalReason"], body["outcome"]) == (
         "Failed",
         "invalid_spec",
-        "partial",
+        "none",
     )
     assert {c["type"]: c["status"] for c in body["conditions"]} == {
         "Admitted": "False",
@@ -186,7 +186,7 @@ def test_an_unadmitted_end_carries_its_reason_and_clears_the_queue_position() ->
     assert (body["phase"], body["terminalReason"], body["outcome"]) == (
         "Failed",
         "tenant_budget_exhausted",
-        "partial",
+        "none",
     )
     assert body["queuePosition"] is None and body["tenant"] == "team-a"
     assert {c["reason"] for c in body["conditions"]} == {"TenantBudgetExhausted"}

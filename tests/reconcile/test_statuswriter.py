@@ -9,62 +9,163 @@ from typing import Any
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.operator.runs import RunKey
-from agentrun.operator.statuswriter import StatusWriter
+from agentrun.operator.statuswriter import StatusWriter, Written
 
 RUN = RunKey("ns", "run", "uid-1")
 
 
 class FakeApi:
-    def __init__(self, *, fail_with: int | None = None) -> None:
+    """An AgentRun object in memory: merge-patches its status under the uid and
+    resourceVersion preconditions, as the API server does."""
+
+    def __init__(self, *, fail_with: int | None = None, uid: str = RUN.uid) -> None:
         self.writes: list[tuple[RunKey, dict[str, Any]]] = []
         self.fail_with = fail_with
+        self.uid: str | None = uid
+        self.version = 1
+        self.status: dict[str, Any] = {}
+        self.reads = 0
 
-    async def patch(self, run: RunKey, body: Mapping[str, Any]) -> None:
+    def other_writer(self, status: dict[str, Any]) -> None:
+        """Another process patches the status (the version moves on)."""
+        self.status.update(status)
+        self.version += 1
+
+    async def read(self, run: RunKey) -> Written | None:
+        self.reads += 1
+        if self.uid != run.uid:
+            return None
+        return Written.of(
+            {"metadata": {"resourceVersion": str(self.version)}, "status": self.status}
+        )
+
+    async def patch(self, run: RunKey, body: Mapping[str, Any], *, version: str) -> Written:
         refused = self.fail_with is not None and not (self.fail_with == 422 and "usage" not in body)
         if refused:  # a 422 fake refuses only full bodies; the minimal status is accepted
             raise ApiException(status=self.fail_with, reason="test")
+        if self.uid is None:
+            raise ApiException(status=404, reason="NotFound")
+        if self.uid != run.uid or version != str(self.version):
+            raise ApiException(status=409, reason="Conflict")
         self.writes.append((run, dict(body)))
+        self.other_writer(dict(body))
+        return Written.of(
+            {"metadata": {"resourceVersion": str(self.version)}, "status": self.status}
+        )
+
+
+def running(seq: int) -> dict[str, Any]:
+    return {"phase": "Running", "lastEventSequence": seq}
+
+
+def ended(seq: int, reason: str = "completed") -> dict[str, Any]:
+    return {"phase": "Succeeded", "terminalReason": reason, "lastEventSequence": seq}
 
 
 async def test_fifty_fast_turns_cause_a_handful_of_writes_and_the_last_is_terminal() -> None:
     api = FakeApi()
-    writer = StatusWriter(api.patch, interval=0.2)
+    writer = StatusWriter(api, interval=0.2)
     writer.start()
     for seq in range(1, 51):
-        writer.submit(RUN, {"seq": seq}, seq=seq, terminal=False)
+        writer.submit(RUN, running(seq), seq=seq, terminal=False)
         await asyncio.sleep(0.005)
-    writer.submit(RUN, {"seq": 51, "phase": "Succeeded"}, seq=51, terminal=True)
+    writer.submit(RUN, ended(51), seq=51, terminal=True)
     await asyncio.sleep(0.05)
     await writer.flush_and_stop()
     assert 1 <= len(api.writes) <= 4
-    assert api.writes[-1][1] == {"seq": 51, "phase": "Succeeded"}
+    assert api.writes[-1][1] == ended(51)
+    assert api.reads == 1  # read once; later patches go on the version each patch returned
 
 
 async def test_an_older_projection_never_overwrites_a_newer_one() -> None:
     api = FakeApi()
-    writer = StatusWriter(api.patch, interval=0.0)
-    writer.submit(RUN, {"seq": 5}, seq=5, terminal=True)
+    writer = StatusWriter(api, interval=0.0)
+    writer.submit(RUN, running(5), seq=5, terminal=True)
     await writer.flush()
-    writer.submit(RUN, {"seq": 3}, seq=3, terminal=False)
+    writer.submit(RUN, running(3), seq=3, terminal=False)
     await writer.flush()
-    assert [w[1] for w in api.writes] == [{"seq": 5}]
+    assert [w[1] for w in api.writes] == [running(5)]
+
+
+async def test_a_projection_older_than_another_writers_status_is_dropped() -> None:
+    """Two operators (one that lost its Lease): what the object shows decides, not memory."""
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.submit(RUN, running(2), seq=2, terminal=False)
+    await writer.flush()
+    api.other_writer(running(7))  # the other process wrote a newer projection meanwhile
+    writer.submit(RUN, running(4), seq=4, terminal=False)
+    await writer.flush()
+    assert api.status["lastEventSequence"] == 7
+    assert [w[1] for w in api.writes] == [running(2)]
+    assert writer.stale == 1
+
+
+async def test_a_terminal_status_is_final() -> None:
+    """The D01 shape: a late Running projection must not undo another process's end."""
+    api = FakeApi()
+    api.other_writer(ended(6))
+    writer = StatusWriter(api, interval=0.0)
+    counted: list[str] = []
+    writer.submit(RUN, running(9), seq=9, terminal=False)  # even a higher sequence
+    writer.submit(
+        RUN, ended(9, "cancelled"), seq=9, terminal=True, on_end=lambda: counted.append("x")
+    )
+    await writer.flush()
+    assert api.writes == []
+    assert api.status == ended(6)
+    assert counted == []  # the end was the other process's: not counted here
+
+
+async def test_the_write_that_ends_the_run_calls_its_end_once() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    counted: list[int] = []
+    writer.submit(RUN, ended(3), seq=3, terminal=True, on_end=lambda: counted.append(3))
+    await writer.flush()
+    writer.submit(RUN, ended(3), seq=3, terminal=True, on_end=lambda: counted.append(3))
+    await writer.flush()  # a redelivered terminal event: the object is final already
+    assert counted == [3]
+    assert len(api.writes) == 1
+
+
+async def test_a_patch_that_raced_another_writer_is_re_read_and_re_decided() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.submit(RUN, running(1), seq=1, terminal=False)
+    await writer.flush()
+    api.other_writer({"metadata-only": True})  # e.g. kopf's annotations: the version moves
+    writer.submit(RUN, running(2), seq=2, terminal=False)
+    await writer.flush()
+    assert [w[1] for w in api.writes] == [running(1), running(2)]
+    assert api.reads == 2
 
 
 async def test_runs_that_share_a_name_are_written_separately() -> None:
-    api = FakeApi()
-    writer = StatusWriter(api.patch, interval=0.0)
     old, new = RunKey("ns", "same", "uid-old"), RunKey("ns", "same", "uid-new")
-    writer.submit(old, {"seq": 9}, seq=9, terminal=False)
-    writer.submit(new, {"seq": 1}, seq=1, terminal=False)  # a lower seq, but another run
+    apis = {old: FakeApi(uid=old.uid), new: FakeApi(uid=new.uid)}
+
+    class ByRun:
+        async def read(self, run: RunKey) -> Written | None:
+            return await apis[run].read(run)
+
+        async def patch(self, run: RunKey, body: Mapping[str, Any], *, version: str) -> Written:
+            return await apis[run].patch(run, body, version=version)
+
+    writer = StatusWriter(ByRun(), interval=0.0)
+    writer.submit(old, running(9), seq=9, terminal=False)
+    writer.submit(new, running(1), seq=1, terminal=False)  # a lower seq, but another run
     await writer.flush()
-    assert sorted((w[0].uid, w[1]["seq"]) for w in api.writes) == [("uid-new", 1), ("uid-old", 9)]
+    assert [w[1]["lastEventSequence"] for w in apis[old].writes] == [9]
+    assert [w[1]["lastEventSequence"] for w in apis[new].writes] == [1]
 
 
 async def test_a_write_to_a_deleted_or_replaced_object_is_dropped_and_reported() -> None:
-    for status in (404, 409):
-        api = FakeApi(fail_with=status)
-        writer = StatusWriter(api.patch, interval=0.0)
-        writer.submit(RUN, {"phase": "Running"}, seq=1, terminal=True)
+    for uid in (None, "uid-of-a-new-object-with-that-name"):
+        api = FakeApi()
+        api.uid = uid
+        writer = StatusWriter(api, interval=0.0)
+        writer.submit(RUN, running(1), seq=1, terminal=True)
         await writer.flush()
         await writer.flush()
         assert api.writes == []
@@ -72,25 +173,43 @@ async def test_a_write_to_a_deleted_or_replaced_object_is_dropped_and_reported()
             assert await writer.next_gone() == RUN
 
 
+async def test_a_write_whose_object_went_between_read_and_patch_is_reported_gone() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.submit(RUN, running(1), seq=1, terminal=False)
+    await writer.flush()
+    api.uid = None  # deleted after our last read: the patch answers 404
+    writer.submit(RUN, running(2), seq=2, terminal=True)
+    await writer.flush()
+    async with asyncio.timeout(1):
+        assert await writer.next_gone() == RUN
+
+
 async def test_a_refused_status_is_replaced_once_by_a_minimal_one() -> None:
     api = FakeApi(fail_with=422)
-    writer = StatusWriter(api.patch, interval=0.0)
-    body = {"phase": "Failed", "terminalReason": "model_error", "usage": {"inputTokens": -1}}
+    writer = StatusWriter(api, interval=0.0)
+    body = {
+        "phase": "Failed",
+        "terminalReason": "model_error",
+        "lastEventSequence": 4,
+        "usage": {"inputTokens": -1},
+    }
     writer.submit(RUN, body, seq=4, terminal=True)
     await writer.flush()
     await writer.flush()
     (written,) = [w[1] for w in api.writes]
     assert (written["phase"], written["terminalReason"]) == ("Failed", "model_error")
+    assert written["lastEventSequence"] == 4
     assert "refused by the API server" in written["message"]
 
 
 async def test_a_failed_write_is_retried_after_the_interval() -> None:
     api = FakeApi(fail_with=500)
-    writer = StatusWriter(api.patch, interval=0.05)
+    writer = StatusWriter(api, interval=0.05)
     writer.start()
-    writer.submit(RUN, {"phase": "Failed"}, seq=9, terminal=True)
+    writer.submit(RUN, ended(9), seq=9, terminal=True)
     await asyncio.sleep(0.02)
     api.fail_with = None
     await asyncio.sleep(0.2)
     await writer.flush_and_stop()
-    assert api.writes == [(RUN, {"phase": "Failed"})]
+    assert api.writes == [(RUN, ended(9))]

@@ -52,6 +52,7 @@ def test_defaults_of_an_almost_empty_tenant() -> None:
     assert p.over_max is OverMax.REJECT
     assert (p.run_max.written(), p.run_default.written()) == ({}, {})
     assert (p.allowed_models, p.allowed_tools) == (None, None)
+    assert p.ttl_after_finished is None
 
 
 def test_a_full_tenant_is_parsed() -> None:
@@ -65,8 +66,10 @@ def test_a_full_tenant_is_parsed() -> None:
         runBudget={"max": {"maxSteps": 50}, "default": {"maxSteps": 10}, "overMax": "Clamp"},
         allowedModels=["gpt", "small"],
         allowedTools=[],
+        ttlSecondsAfterFinished=3600,
     )
     assert p.generation == 3
+    assert p.ttl_after_finished == 3600
     assert p.limits == TenantLimits(
         tokens=1_000_000,
         cost_usd=Decimal("250.50"),
@@ -80,6 +83,11 @@ def test_a_full_tenant_is_parsed() -> None:
     assert p.run_default.written() == {"maxSteps": 10}
     assert p.allowed_models == frozenset({"gpt", "small"})
     assert p.allowed_tools == frozenset()
+
+
+def test_a_negative_run_ttl_default_is_an_invalid_tenant_naming_the_field() -> None:
+    with pytest.raises(InvalidTenant, match="ttlSecondsAfterFinished"):
+        policy(ttlSecondsAfterFinished=-1)
 
 
 @pytest.mark.parametrize("window", ["soon", "", "1d", "0s", "500ms"])

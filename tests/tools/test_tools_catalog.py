@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from agentrun import tools
+from agentrun.kernel import wire
 
 CTX = tools.ToolContext(namespace="ns", run_name="run", run_uid="uid", call_id="call_0_0")
 CATALOG = tools.default_catalog()
@@ -91,3 +92,8 @@ async def test_sleep_is_cancellable() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_every_built_in_tool_name_is_a_function_name_every_provider_accepts() -> None:
+    """OpenAI's rule for function names, which Mistral and Anthropic also accept."""
+    assert all(wire.WIRE_NAME.match(name) for name in CATALOG)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentrun import kernel, protocol
-from agentrun.kernel import Phase
+from agentrun.kernel import Phase, wire
 from agentrun.tools import Calculate, Catalog, ToolContext, ToolSpec
 
 from .loop import drive
@@ -84,8 +84,8 @@ async def test_an_approved_call_runs_and_the_batch_enters_history_in_call_order(
     assert [type(r) for r in records] == [kernel.Answered, kernel.Resumed, kernel.Answered]
     tools = [m for m in requests[1]["body"]["messages"] if m["role"] == "tool"]
     assert [(m["tool_call_id"], m["content"]) for m in tools] == [
-        ("c1", "42"),
-        ("d1", "deployed 1.2.3"),
+        (wire.wire_call_id("c1"), "42"),  # ids go out in wire form
+        (wire.wire_call_id("d1"), "deployed 1.2.3"),
     ]
     assert state.tool_calls == 2
 
@@ -103,7 +103,11 @@ async def test_a_denied_call_never_runs_and_the_model_reads_the_denial() -> None
     assert deploy.deployed == []
     assert state.phase is Phase.COMPLETED  # the model continues after a denial
     tools = [m for m in requests[1]["body"]["messages"] if m["role"] == "tool"]
-    assert tools[1] == {"role": "tool", "tool_call_id": "d1", "content": "ERROR: " + kernel.DENIED}
+    assert tools[1] == {
+        "role": "tool",
+        "tool_call_id": wire.wire_call_id("d1"),
+        "content": "ERROR: " + kernel.DENIED,
+    }
     assert state.tool_calls == 1 and state.tool_failures == 1
 
 
@@ -125,7 +129,7 @@ def held_state() -> kernel.RunState:
 def test_a_held_turn_waits_without_an_unanswered_call_in_history() -> None:
     state = held_state()
     assert state.phase is Phase.AWAITING_APPROVAL and not state.phase.is_terminal
-    assert kernel.conclude(state.phase) is None
+    assert kernel.conclude(state.phase, steps=state.steps) is None
     assert [m["role"] for m in state.messages] == ["user"]  # nothing of the batch yet
     waiting = state.summary().pending_approval
     assert waiting is not None and waiting.id == "d1"

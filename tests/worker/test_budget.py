@@ -218,7 +218,7 @@ async def test_a_committed_turn_is_not_charged_as_abandoned(
     turn._change = failing_change  # the turn committed, then its settlement failed
     with pytest.raises(ConnectionError):
         await turn.settle(after_turn(0, input_tokens=100, output_tokens=20))
-    turn._change = store.change
+    turn._change = store._change
     async with turn:
         pass  # leaving the block must not charge the call a second time
     book = await store.read(tenant)

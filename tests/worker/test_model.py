@@ -2,6 +2,8 @@
 
 Against the scripted model server over real HTTP: a 429 with ``Retry-After`` is waited out and
 retried, a 400 is never retried, and a model that keeps failing is cut at the run's deadline.
+Answers whose status would be retried but must not be (an ``insufficient_quota`` 429, a
+``Retry-After`` past the deadline) and a content filter's 400 end the call at once, typed.
 """
 
 from __future__ import annotations
@@ -11,8 +13,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from agentrun import kernel
 from agentrun.testing import mockllm, scenario
-from agentrun.worker.model import ChatRequest, ModelClient, ModelError, RetryPolicy
+from agentrun.worker.model import (
+    ChatRequest,
+    ModelClient,
+    ModelError,
+    RetryPolicy,
+    judge_error,
+    retry_after_seconds,
+)
 
 SCRIPT = """
 scenarios:
@@ -29,6 +39,42 @@ scenarios:
     match: {goal: "bad request"}
     turns:
       - fault: {status: 400}
+  - name: azure-content-filter
+    match: {goal: "filtered"}
+    turns:
+      - fault:
+          status: 400
+          body:
+            error:
+              code: content_filter
+              param: prompt
+              message: "The response was filtered due to the prompt triggering Azure OpenAI's
+                content management policy."
+              innererror:
+                code: ResponsibleAIPolicyViolation
+                content_filter_result: {jailbreak: {filtered: true, detected: true},
+                  hate: {filtered: false, severity: safe}}
+  - name: out-of-credit
+    match: {goal: "no quota"}
+    turns:
+      - fault:
+          status: 429
+          body:
+            error: {code: insufficient_quota, type: insufficient_quota,
+              message: "You exceeded your current quota, please check your plan."}
+  - name: echoes-the-key
+    match: {goal: "wrong key"}
+    turns:
+      - fault:
+          status: 401
+          body:
+            error: {code: invalid_api_key, type: invalid_request_error,
+              message: "Incorrect API key provided: sk-test-echo-0123456789abcdef."}
+  - name: come-back-later
+    match: {goal: "come back later"}
+    turns:
+      - content: "too late"
+        fault: {status: 429, times: 1, retry_after: 30}
 """
 
 
@@ -39,13 +85,18 @@ async def mock() -> AsyncIterator[mockllm.MockLLM]:
 
 
 async def ask(
-    mock: mockllm.MockLLM, goal: str, *, seconds_left: float = 30.0, retries: int = 4
+    mock: mockllm.MockLLM,
+    goal: str,
+    *,
+    seconds_left: float = 30.0,
+    retries: int = 4,
+    api_key: str = "",
 ) -> str:
     model = ModelClient(RetryPolicy(max_retries=retries))
     try:
         request = ChatRequest(
             base_url=mock.base_url,
-            api_key="",
+            api_key=api_key,
             model="scripted",
             messages=[{"role": "user", "content": goal}],
             tools=[],
@@ -93,3 +144,105 @@ async def test_no_call_starts_after_the_deadline(mock: mockllm.MockLLM) -> None:
     with pytest.raises(ModelError, match="deadline passed"):
         await ask(mock, "rate limit", seconds_left=-1)
     assert not mock.state.requests
+
+
+async def test_a_content_filter_400_is_not_retried_and_names_the_filter_and_category(
+    mock: mockllm.MockLLM,
+) -> None:
+    with pytest.raises(ModelError) as caught:
+        await ask(mock, "filtered")
+    assert caught.value.fault is kernel.ModelFault.FILTERED
+    assert str(caught.value) == (
+        "the provider's content filter (ResponsibleAIPolicyViolation) rejected the request on "
+        "the prompt: jailbreak"
+    )
+    assert len(mock.state.requests) == 1
+
+
+async def test_an_insufficient_quota_429_is_not_retried(mock: mockllm.MockLLM) -> None:
+    with pytest.raises(ModelError, match="HTTP 429 insufficient_quota") as caught:
+        await ask(mock, "no quota", retries=4)
+    assert caught.value.fault is kernel.ModelFault.UNAVAILABLE
+    assert "exceeded your current quota" in str(caught.value)
+    assert len(mock.state.requests) == 1
+
+
+async def test_a_retry_after_past_the_deadline_ends_at_once_instead_of_waiting(
+    mock: mockllm.MockLLM,
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(ModelError, match="retry after 30 s, past the run's deadline") as caught:
+        await ask(mock, "come back later", seconds_left=10)
+    assert caught.value.fault is kernel.ModelFault.WAIT_BEYOND_DEADLINE
+    assert time.monotonic() - started < 1.0
+    assert len(mock.state.requests) == 1
+
+
+async def test_the_existing_retry_after_rule_holds_just_past_the_deadline(
+    mock: mockllm.MockLLM,
+) -> None:
+    with pytest.raises(ModelError) as caught:
+        await ask(mock, "rate limit", seconds_left=0.5)  # asks for 0.6 s
+    assert caught.value.fault is kernel.ModelFault.WAIT_BEYOND_DEADLINE
+    assert len(mock.state.requests) == 1
+
+
+RATE_LIMITED = {"error": {"code": "rate_limit_exceeded", "type": "requests", "message": "slow"}}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "retry_after", "fault"),
+    [
+        pytest.param(400, {"error": {"code": "content_filter"}}, None, "filtered", id="filter"),
+        pytest.param(
+            400,
+            {"error": {"innererror": {"code": "ResponsibleAIPolicyViolation"}}},
+            None,
+            "filtered",
+            id="filter-by-inner-code",
+        ),
+        pytest.param(400, {"error": {"code": "invalid_value"}}, None, None, id="other-400"),
+        pytest.param(
+            429, {"error": {"type": "insufficient_quota"}}, None, "unavailable", id="quota"
+        ),
+        pytest.param(429, RATE_LIMITED, 5.0, None, id="rate-limit-within-deadline"),
+        pytest.param(429, RATE_LIMITED, 11.0, "wait_beyond_deadline", id="rate-limit-past"),
+        pytest.param(503, "not json", 60.0, "wait_beyond_deadline", id="503-past"),
+        pytest.param(503, None, None, None, id="503-no-header"),
+        pytest.param(400, None, 60.0, None, id="400-never-retried-anyway"),
+        pytest.param(429, [1, 2], None, None, id="body-not-an-object"),
+    ],
+)
+def test_judge_error_rules_only_on_answers_that_must_not_be_retried(
+    status: int, body: object, retry_after: float | None, fault: str | None
+) -> None:
+    verdict = judge_error(status, body, retry_after=retry_after, seconds_left=10.0)
+    assert (verdict.fault if verdict else None) == fault
+
+
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [
+        pytest.param({"retry-after": "7"}, 7.0, id="seconds"),
+        pytest.param({"retry-after-ms": "250", "retry-after": "9"}, 0.25, id="ms-first"),
+        pytest.param({"retry-after": "Thu, 01 Jan 1970 00:01:40 GMT"}, 40.0, id="http-date"),
+        pytest.param({"retry-after": "soon"}, None, id="unreadable"),
+        pytest.param({}, None, id="absent"),
+    ],
+)
+def test_retry_after_reads_seconds_milliseconds_and_dates(
+    headers: dict[str, str], seconds: float | None
+) -> None:
+    assert retry_after_seconds(headers, now=60.0) == seconds
+
+
+async def test_a_provider_error_echoing_the_key_is_redacted_and_not_chained(
+    mock: mockllm.MockLLM,
+) -> None:
+    key = "sk-test-echo-0123456789abcdef"
+    with pytest.raises(ModelError) as caught:
+        await ask(mock, "wrong key", api_key=key)
+    assert str(caught.value).startswith("HTTP 401: ")
+    assert str(caught.value).endswith("Incorrect API key provided: [redacted].")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert [r.api_key for r in mock.state.requests] == [key]

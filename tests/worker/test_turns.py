@@ -11,11 +11,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun import kernel
-from agentrun.kernel import Phase
+from agentrun.kernel import Phase, wire
 from agentrun.tools import Calculate, Catalog, Sleep, ToolContext, ToolError, ToolSpec
 from agentrun.worker.toolrunner import ToolRunSettings
 
 from .loop import drive
+
+
+def wired(*stored: str) -> list[str]:
+    """The ids the model reads for calls stored with ``stored`` ids (the wire form)."""
+    return [wire.wire_call_id(s) for s in stored]
 
 
 class Counter:
@@ -91,7 +96,9 @@ scenarios:
     assert state.phase is Phase.COMPLETED
     assistant = next(m for m in requests[1]["body"]["messages"] if m["role"] == "assistant")
     assert assistant["tool_calls"][0]["function"]["arguments"] == "{}"
-    assert tool_messages(requests[1]) == [{"role": "tool", "tool_call_id": "c1", "content": "pong"}]
+    assert tool_messages(requests[1]) == [
+        {"role": "tool", "tool_call_id": wire.wire_call_id("c1"), "content": "pong"}
+    ]
 
 
 async def test_three_turns_of_invalid_json_end_invalid_decision_and_nothing_runs() -> None:
@@ -173,7 +180,7 @@ scenarios:
     assert state.phase is Phase.COMPLETED
     assert counter.counts == {"a": 1, "b": 1, "c": 1}  # each side effect exactly once, no redo
     results = tool_messages(requests[1])
-    assert [m["tool_call_id"] for m in results] == ["x1", "x2", "x3"]
+    assert [m["tool_call_id"] for m in results] == wired("x1", "x2", "x3")
     assert [m["content"] for m in results[:2]] == ["a=1", "b=1"]
     assert results[2]["content"].startswith("ERROR: the tool failed: RuntimeError")
     assert state.tool_failures == 1
@@ -195,7 +202,7 @@ scenarios:
     )
     assert counter.counts == {"a": 1, "b": 1}
     ids = [m["tool_call_id"] for m in tool_messages(requests[1])]
-    assert ids == ["dup", "0:bump:1"]
+    assert ids == wired("dup", "0:bump:1")
     assert len(set(state.call_ids)) == 2
 
 
@@ -212,7 +219,7 @@ scenarios:
     _, _, requests = await drive(
         script, goal="order", catalog=Catalog([Sleep(), Calculate()]), tools=("sleep", "calculate")
     )
-    assert [m["tool_call_id"] for m in tool_messages(requests[1])] == ["slow", "fast"]
+    assert [m["tool_call_id"] for m in tool_messages(requests[1])] == wired("slow", "fast")
 
 
 async def test_empty_tool_calls_get_a_corrective_turn_then_invalid_decision() -> None:
@@ -322,3 +329,22 @@ scenarios:
         script, goal="x", catalog=Catalog([Calculate()]), tools=("calculate", "gone")
     )
     assert state.phase is Phase.TOOL_UNAVAILABLE and requests == []
+
+
+async def test_a_content_filter_400_ends_the_run_refused_at_once_naming_the_category() -> None:
+    script = """
+scenarios:
+  - name: filtered
+    match: {goal: "jailbreak"}
+    turns:
+      - fault:
+          status: 400
+          body: {error: {code: content_filter, param: prompt, message: filtered,
+            innererror: {code: ResponsibleAIPolicyViolation,
+              content_filter_result: {jailbreak: {filtered: true}}}}}
+"""
+    state, records, requests = await drive(script, goal="jailbreak", catalog=Catalog([]), tools=())
+    assert state.phase is Phase.REFUSED
+    assert "content filter" in state.message and "jailbreak" in state.message
+    assert len(requests) == 1 and state.steps == 0
+    assert isinstance(records[0], kernel.Stopped)

@@ -1,0 +1,109 @@
+"""The values a tenant's ledger entry is made of, and the rules that size them: the limits,
+a hold, an active run, a refusal, the fixed window and a call's worst case. Pure.
+
+What belongs here: the entry's parts and the arithmetic that needs no whole entry. What does
+not: the operations on an entry (``book``), its JSON (``codec``), storage (``store``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from decimal import Decimal
+
+from agentrun.kernel.limits import Pricing
+
+RESOURCES = ("tokens", "costUSD", "wallClockSeconds")
+"""The budgeted resources, named as in ``AgentTenant.spec.budget``."""
+
+ADMISSION_HOLD_TTL = 600.0
+"""Seconds admission holds a run's first call (until a worker reserves that call itself), so
+runs admitted together cannot each be promised the same budget."""
+CONCURRENCY_LIMIT = "ConcurrencyLimit"
+BUDGET_EXHAUSTED = "BudgetExhausted"
+
+
+class LedgerCorrupt(ValueError):
+    """A ledger entry that cannot be decoded (written by something else, or damaged)."""
+
+
+def window_start(now: float, window_seconds: float) -> float:
+    """Start (epoch seconds) of the fixed window holding ``now``, aligned to the UNIX epoch.
+
+    A ``24h`` window therefore starts at 00:00 UTC. Raises ``ValueError`` for a window ≤ 0.
+    """
+    if window_seconds <= 0:
+        raise ValueError(f"window must be positive, got {window_seconds}")
+    return math.floor(now / window_seconds) * window_seconds
+
+
+def worst_case(*, prompt_tokens: int, output_tokens: int, pricing: Pricing) -> tuple[int, Decimal]:
+    """A model call's worst case, what a hold reserves: its estimated prompt plus its whole
+    output allowance, priced at the uncached input price (the cache discount is only known
+    after the call). Returns (tokens, USD)."""
+    cost = pricing.cost(
+        input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=output_tokens
+    )
+    return prompt_tokens + output_tokens, cost
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantLimits:
+    """An ``AgentTenant``'s limits as the ledger enforces them (``None``: unlimited)."""
+
+    tokens: int | None = None
+    """Input + output tokens per window."""
+    cost_usd: Decimal | None = None
+    """USD per window."""
+    wall_seconds: float | None = None
+    """Sum of run durations per window, seconds."""
+    window_seconds: float = 86_400.0
+    """Length of the fixed window, seconds."""
+    max_concurrent_runs: int | None = None
+    """Runs admitted and not ended at once."""
+
+
+@dataclasses.dataclass(slots=True)
+class Hold:
+    """A reservation for one model call of one run's turn."""
+
+    run_uid: str
+    turn: int
+    tokens: int
+    """Worst-case tokens of the call: estimated prompt + output allowance."""
+    cost_usd: Decimal
+    """Their price from the AgentModel."""
+    expires: float
+    """Epoch seconds; the worker refreshes it while the turn runs. Past it, the operator
+    treats the worker as dead and releases the hold."""
+    owner: str
+    """Who reserved (one id per delivery of the turn); only the owner may release it."""
+    namespace: str = ""
+    name: str = ""
+
+
+@dataclasses.dataclass(slots=True)
+class Active:
+    """An admitted run that has not ended, and what has been charged for it."""
+
+    namespace: str
+    name: str
+    since: float
+    """Epoch seconds its wall-clock charge in this window runs from."""
+    turn: int = -1
+    """Last turn whose cumulative usage was charged (-1: none)."""
+    tokens: int = 0
+    """The run's cumulative tokens charged so far (across windows)."""
+    cost_usd: Decimal = Decimal(0)
+    """The run's cumulative cost charged so far (across windows)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BudgetRefusal:
+    """Why a run may not be admitted or a call may not start."""
+
+    reason: str
+    """``ConcurrencyLimit`` or ``BudgetExhausted`` (condition reasons)."""
+    resource: str | None
+    """The exhausted resource (one of ``RESOURCES``) for ``BudgetExhausted``."""
+    message: str

@@ -1,0 +1,234 @@
+"""Start-up check of the installed CustomResourceDefinitions against what this operator needs.
+
+Helm installs a chart's ``crds/`` once and never upgrades them: after an upgrade the operator
+can be newer than its CRDs, and the API server then prunes status fields it does not know
+(silently) or answers 404 for a kind it does not serve. So before it touches anything the
+operator reads the CRD objects and compares them with ``REQUIRED``: each kind served at
+``v1alpha1`` with a status subresource, and every ``.status`` (and read ``.spec``) field the
+operator writes or reads present in the schema. Until they match the operator is not ready,
+says so once in its log and once as a Kubernetes Event on the CRD, and checks again every few
+seconds; once they match it goes on without a restart.
+
+What belongs here: the requirements, the pure comparison (``find_mismatches``) and the waiting
+loop. What does not: the HTTP readiness endpoint (``health``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun import kube
+
+from . import status
+
+log = logging.getLogger(__name__)
+
+RUN_STATUS_FIELDS = (
+    "phase",
+    "tenant",
+    "queuePosition",
+    "terminalReason",
+    "outcome",
+    "message",
+    "answer",
+    "usage.steps",
+    "usage.toolCalls",
+    "usage.toolFailures",
+    "usage.corrections",
+    "usage.inputTokens",
+    "usage.outputTokens",
+    "usage.cachedInputTokens",
+    "usage.reasoningTokens",
+    "usage.totalTokens",
+    "usage.costUSD",
+    "usage.wallSeconds",
+    "usage.estimated",
+    "pendingApproval",
+    "conditions",
+    "observedGeneration",
+    "lastEventSequence",
+    "startTime",
+    "completionTime",
+)
+"""Every AgentRun ``.status`` field the operator writes (dotted paths)."""
+
+RUN_SPEC_FIELDS = ("model", "goal", "budget", "ttlSecondsAfterFinished")
+"""AgentRun ``.spec`` fields the operator reads that an older CRD would prune."""
+
+TENANT_STATUS_FIELDS = (
+    "observedGeneration",
+    "windowStart",
+    "resetTime",
+    "activeRuns",
+    "queuedRuns",
+    "budget.tokens",
+    "budget.costUSD",
+    "budget.wallClockSeconds",
+    "conditions",
+)
+"""Every AgentTenant ``.status`` field the operator writes (dotted paths)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KindRequirement:
+    """What one CRD must serve."""
+
+    kind: str
+    plural: str
+    status_fields: tuple[str, ...] = ()
+    spec_fields: tuple[str, ...] = ()
+
+    @property
+    def crd_name(self) -> str:
+        """``<plural>.<group>``, the CRD object's name."""
+        return f"{self.plural}.{kube.GROUP}"
+
+
+REQUIRED = (
+    KindRequirement("AgentRun", kube.RUNS, RUN_STATUS_FIELDS, RUN_SPEC_FIELDS),
+    KindRequirement("AgentModel", kube.MODELS),
+    KindRequirement(
+        "AgentTenant", kube.TENANTS, TENANT_STATUS_FIELDS, ("ttlSecondsAfterFinished",)
+    ),
+)
+"""The kinds this operator serves, as ``v1alpha1``."""
+
+UPGRADE_HINT = "apply the chart's CRDs: kubectl apply --server-side -f charts/agentrun/crds/"
+
+
+def _has_path(schema: Mapping[str, Any], path: str) -> bool:
+    node: Mapping[str, Any] = schema
+    for part in path.split("."):
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            return True
+        properties: Mapping[str, Any] = node.get("properties") or {}
+        if part not in properties:
+            return False
+        node = properties[part]
+    return True
+
+
+def _version(crd: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for version in crd.get("spec", {}).get("versions") or []:
+        if version.get("name") == kube.VERSION and version.get("served"):
+            found: Mapping[str, Any] = version
+            return found
+    return None
+
+
+def check_kind(need: KindRequirement, crd: Mapping[str, Any] | None) -> list[str]:
+    """What ``crd`` (the CRD object as JSON, None when absent) lacks for ``need``; empty when
+    it serves everything."""
+    if crd is None:
+        return [f"CRD {need.crd_name} is not installed"]
+    kind = crd.get("spec", {}).get("names", {}).get("kind")
+    if kind != need.kind:
+        return [f"CRD {need.crd_name} serves kind {kind!r}, not {need.kind}"]
+    version = _version(crd)
+    if version is None:
+        return [f"CRD {need.crd_name} does not serve {kube.VERSION}"]
+    problems: list[str] = []
+    if "status" not in (version.get("subresources") or {}):
+        problems.append(f"CRD {need.crd_name} has no status subresource")
+    root: Mapping[str, Any] = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+    properties: Mapping[str, Any] = root.get("properties") or {}
+    for section, fields in (("status", need.status_fields), ("spec", need.spec_fields)):
+        schema: Mapping[str, Any] = properties.get(section) or {}
+        missing = [path for path in fields if not _has_path(schema, path)]
+        if missing:
+            problems.append(f"CRD {need.crd_name} lacks .{section} fields: {', '.join(missing)}")
+    return problems
+
+
+def find_mismatches(
+    crds: Mapping[str, Mapping[str, Any] | None],
+    *,
+    required: Sequence[KindRequirement] = REQUIRED,
+) -> list[str]:
+    """Every mismatch between the installed CRDs (by name; None: absent) and ``required``."""
+    return [problem for need in required for problem in check_kind(need, crds.get(need.crd_name))]
+
+
+async def read_crds(api: client.ApiClient) -> dict[str, dict[str, Any] | None]:
+    """The required CRD objects as JSON, by name (None: not installed); raises
+    ``ApiException`` on any other failure."""
+    extensions = client.ApiextensionsV1Api(api)
+    found: dict[str, dict[str, Any] | None] = {}
+    for need in REQUIRED:
+        try:
+            obj = await extensions.read_custom_resource_definition(need.crd_name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            found[need.crd_name] = None
+            continue
+        found[need.crd_name] = api.sanitize_for_serialization(obj)
+    return found
+
+
+async def post_event(api: client.ApiClient, *, crd_name: str, message: str, at: float) -> None:
+    """One Warning Event ``CRDMismatch`` on the CRD (in ``default``, where Events of
+    cluster-scoped objects live); raises ``ApiException``."""
+    stamp = status.rfc3339(at)
+    body = {
+        "metadata": {"generateName": "agentrun-operator-crds."},
+        "involvedObject": {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "name": crd_name,
+        },
+        "type": "Warning",
+        "reason": "CRDMismatch",
+        "message": message[:1024],
+        "source": {"component": "agentrun-operator"},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    await client.CoreV1Api(api).create_namespaced_event(
+        "default",
+        cast(client.CoreV1Event, body),  # a dict is serialised as it is
+    )
+
+
+async def wait_until_served(
+    api: client.ApiClient,
+    *,
+    interval: float,
+    on_ready: Callable[[bool], None],
+    clock: Callable[[], float],
+) -> None:
+    """Return once the installed CRDs serve ``REQUIRED``; until then re-check every
+    ``interval`` seconds. ``on_ready(False)`` is called on the first mismatch (with one error
+    log line and one Event), ``on_ready(True)`` at the end. API errors are retried."""
+    reported = False
+    while True:
+        try:
+            problems = find_mismatches(await read_crds(api))
+        except ApiException as err:
+            problems = [f"cannot read the CRDs: HTTP {err.status} {err.reason}"]
+        if not problems:
+            if reported:
+                log.info("the installed CRDs now serve what this operator writes; starting")
+            on_ready(True)
+            return
+        if not reported:
+            reported = True
+            on_ready(False)
+            message = f"not ready: {'; '.join(problems)}; {UPGRADE_HINT}"
+            log.error("%s", message)
+            first = next((n.crd_name for n in REQUIRED if n.crd_name in message), None)
+            try:
+                await post_event(
+                    api, crd_name=first or REQUIRED[0].crd_name, message=message, at=clock()
+                )
+            except ApiException as err:
+                log.warning("could not post the CRD mismatch Event: HTTP %s", err.status)
+        await asyncio.sleep(interval)

@@ -1,0 +1,250 @@
+"""Lifecycle hygiene: finished runs hold no finalizer and delete (alone or with their
+namespace) with no operator running; running runs deleted with their namespace end and free
+their tenant's hold and slot; ttlSecondsAfterFinished deletes finished runs with their events;
+an operator facing older CRDs stays not ready, says so once, and proceeds once they are fixed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun_dev import binaries, components, probes, stack
+
+from .conftest import E2EStack, run_manifest
+from .events import read_book, read_events
+from .test_failover import readiness
+
+pytestmark = pytest.mark.e2e
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "agentrun" / "crds"
+FINALIZER = "agentrun.dev/finalizer"
+
+
+@pytest.fixture(scope="module")
+def namespace_controller(control_plane: Any, e2e: E2EStack) -> Iterator[components.Component]:
+    """kube-controller-manager running only its namespace controller: what deletes a
+    namespace's objects (and waits for their finalizers) in a real cluster."""
+    _, node = binaries.ensure_node_binaries()
+    argv = (
+        str(node.kube_controller_manager),
+        f"--kubeconfig={control_plane.kubeconfig}",
+        "--controllers=namespace",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={probes.free_port()}",
+        "--concurrent-namespace-syncs=4",
+    )
+    spec = e2e.launch.spec("namespace-controller", argv)
+    started = e2e.launch.start(spec, probe=None, ports={})
+    yield started
+    components.stop_component(started)
+
+
+def finalizers(stack_: E2EStack, namespace: str, name: str) -> list[str]:
+    obj = stack_.get(namespace, name)
+    assert obj is not None
+    return list(obj["metadata"].get("finalizers") or [])
+
+
+def wait_until(check: Any, *, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{what} not within {timeout}s")
+
+
+def namespace_gone(stack_: E2EStack, namespace: str) -> bool:
+    found = stack_.kubectl("get", "namespace", namespace, check=False)
+    return found.returncode != 0 and "NotFound" in found.stderr
+
+
+def test_d02_finished_runs_hold_no_finalizer_and_delete_with_no_operator_running(
+    stack_: E2EStack,
+    namespace_controller: components.Component,
+    test_namespace: str,
+    nats_server: Any,
+) -> None:
+    """D02: a Succeeded run loses the finalizer when it ends; with the operator stopped the run
+    deletes, and so does a namespace holding finished runs; the next leader purges the
+    events of runs deleted meanwhile."""
+    for name in ("alone", "with-namespace"):
+        stack_.apply(test_namespace, run_manifest(name, f"E2E-PARALLEL-ORDER: {name}"))
+        while_running = finalizers(stack_, test_namespace, name)
+        status = stack_.wait_terminal(test_namespace, name)
+        assert status["terminalReason"] == "completed"
+        wait_until(
+            lambda n=name: not finalizers(stack_, test_namespace, n),
+            timeout=10,
+            what=f"{name}'s finalizer removed",
+        )
+    assert while_running in ([], [FINALIZER])  # added once admitted, gone once ended
+    assert read_events(nats_server.url, test_namespace, "alone") != []
+
+    components.stop_component(stack_.operator)
+    stack_.kubectl("delete", "agentrun", "alone", "-n", test_namespace, "--timeout=15s")
+    stack_.kubectl("delete", "namespace", test_namespace, "--wait=false")
+    wait_until(lambda: namespace_gone(stack_, test_namespace), timeout=60, what="namespace gone")
+
+    stack_.restart_dead()  # the new leader purges the events of the runs deleted meanwhile
+    for name in ("alone", "with-namespace"):
+        wait_until(
+            lambda n=name: read_events(nats_server.url, test_namespace, n) == [],
+            timeout=30,
+            what=f"events of {name} purged",
+        )
+
+
+def test_d02_a_running_run_deleted_with_its_namespace_ends_and_frees_its_hold_and_slot(
+    stack_: E2EStack,
+    namespace_controller: components.Component,
+    test_namespace: str,
+    nats_server: Any,
+) -> None:
+    stack_.apply(test_namespace, run_manifest("midway", "E2E-LONG job"))
+    stack_.wait_for(test_namespace, "midway", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1)
+    obj = stack_.get(test_namespace, "midway")
+    assert obj is not None
+    assert FINALIZER in obj["metadata"]["finalizers"]
+    uid, tenant = obj["metadata"]["uid"], obj["status"]["tenant"]
+    book = read_book(nats_server.url, tenant)
+    assert book is not None and uid in book.active
+    stack_.kubectl("delete", "namespace", test_namespace, "--wait=false")
+    wait_until(lambda: namespace_gone(stack_, test_namespace), timeout=60, what="namespace gone")
+    book = read_book(nats_server.url, tenant)
+    assert book is not None and uid not in book.active
+    assert not [key for key, hold in book.holds.items() if hold.run_uid == uid]
+    assert read_events(nats_server.url, test_namespace, "midway") == []
+
+
+def test_ttl_seconds_after_finished_deletes_the_run_and_its_events(
+    stack_: E2EStack, test_namespace: str, nats_server: Any
+) -> None:
+    stack_.apply(
+        test_namespace,
+        run_manifest("short-lived", "E2E-PARALLEL-ORDER: ttl", ttlSecondsAfterFinished=6),
+    )
+    stack_.apply(test_namespace, run_manifest("kept", "E2E-PARALLEL-ORDER: kept"))
+    status = stack_.wait_terminal(test_namespace, "short-lived")
+    assert status["terminalReason"] == "completed"
+    assert read_events(nats_server.url, test_namespace, "short-lived") != []
+    finished = datetime.fromisoformat(status["completionTime"]).timestamp()
+    # completionTime has 1 s steps: until 5 s after it, the run is certainly inside its TTL.
+    while time.time() < finished + 4.5:
+        assert stack_.get(test_namespace, "short-lived") is not None, "deleted before its TTL"
+        time.sleep(0.5)
+    wait_until(
+        lambda: stack_.get(test_namespace, "short-lived") is None,
+        timeout=20,
+        what="the run deleted after its TTL",
+    )
+    wait_until(
+        lambda: read_events(nats_server.url, test_namespace, "short-lived") == [],
+        timeout=10,
+        what="its events purged",
+    )
+    stack_.wait_terminal(test_namespace, "kept")
+    time.sleep(3)
+    assert stack_.get(test_namespace, "kept") is not None  # no TTL: kept
+
+
+def test_the_tenant_ttl_default_deletes_its_runs_that_set_none(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    tenant = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": f"ttl-{test_namespace}"},
+        "spec": {
+            "namespaces": [test_namespace],
+            "budget": {"tokens": 1_000_000, "costUSD": "10"},
+            "ttlSecondsAfterFinished": 4,
+        },
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
+    try:
+        time.sleep(1.0)  # the operator sees the tenant
+        stack_.apply(test_namespace, run_manifest("tenant-ttl", "E2E-PARALLEL-ORDER: t"))
+        status = stack_.wait_terminal(test_namespace, "tenant-ttl")
+        assert status["tenant"] == tenant["metadata"]["name"]
+        wait_until(
+            lambda: stack_.get(test_namespace, "tenant-ttl") is None,
+            timeout=15,
+            what="the run deleted after its tenant's default TTL",
+        )
+    finally:
+        stack_.kubectl("delete", "agenttenant", tenant["metadata"]["name"], "--wait=false")
+
+
+def older_agentrun_crd() -> dict[str, Any]:
+    """The AgentRun CRD as an older chart shipped it: no status.lastEventSequence, no
+    spec.ttlSecondsAfterFinished."""
+    crd: dict[str, Any] = copy.deepcopy(
+        yaml.safe_load((CRD_DIR / "agentrun.dev_agentruns.yaml").read_text())
+    )
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    del schema["status"]["properties"]["lastEventSequence"]
+    del schema["spec"]["properties"]["ttlSecondsAfterFinished"]
+    return crd
+
+
+def mismatch_events(stack_: E2EStack) -> list[dict[str, Any]]:
+    listed = stack_.kubectl(
+        "get", "events", "-n", "default", "--field-selector", "reason=CRDMismatch", "-o", "json"
+    )
+    return list(json.loads(listed.stdout)["items"])
+
+
+def test_d07_an_operator_facing_an_older_crd_is_not_ready_says_so_once_and_proceeds(
+    stack_: E2EStack,
+) -> None:
+    """D07: the AgentRun CRD is older than the operator. The new operator touches nothing,
+    /readyz answers 503, one log line and one Event name the missing fields; once the chart's
+    CRDs are applied as documented (server-side), it becomes ready without a restart."""
+    events_before = len(mismatch_events(stack_))
+    stack_.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        "-",
+        input=yaml.safe_dump(older_agentrun_crd()),
+    )
+    port = probes.free_port()
+    env = {**stack_.env, "AGENTRUN_HEALTH_PORT": str(port), "AGENTRUN_CRD_CHECK_INTERVAL": "0.5"}
+    checker = stack.start_operator(env, launch=stack_.launch, name="operator-crd-check")
+    try:
+        wait_until(lambda: readiness(port)[0] == 503, timeout=20, what="/readyz 503")
+        time.sleep(2.0)  # several checks: still one message
+        log = checker.spec.log_path.read_text()
+        said = [line for line in log.splitlines() if "not ready:" in line]
+        assert len(said) == 1, said
+        assert "lastEventSequence" in said[0] and "ttlSecondsAfterFinished" in said[0]
+        assert "kubectl apply --server-side" in said[0]
+        assert "leading" not in log and "standby" not in log  # it took no part yet
+        wait_until(
+            lambda: len(mismatch_events(stack_)) == events_before + 1,
+            timeout=10,
+            what="one CRDMismatch Event",
+        )
+        event = mismatch_events(stack_)[-1]
+        assert event["involvedObject"]["name"] == "agentruns.agentrun.dev"
+        assert "lastEventSequence" in event["message"]
+
+        stack_.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+        wait_until(lambda: readiness(port)[0] == 200, timeout=20, what="/readyz 200")
+        assert readiness(port) == (200, "ready standby\n")  # the stack's operator leads
+        assert len(mismatch_events(stack_)) == events_before + 1
+        assert checker.is_alive()
+    finally:
+        components.stop_component(checker)
+        stack_.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
