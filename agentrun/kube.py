@@ -5,6 +5,7 @@ Loads ``KUBECONFIG`` (or ``~/.kube/config``) when present, else the in-cluster s
 
 from __future__ import annotations
 
+import base64
 import os
 
 from kubernetes_asyncio import client, config
@@ -29,3 +30,19 @@ async def api_client() -> client.ApiClient:
         except ConfigException as err:
             raise ConfigException(f"no kubeconfig at {path} and not in a cluster: {err}") from err
     return client.ApiClient()
+
+
+async def secret_values(core: client.CoreV1Api, *, namespace: str, name: str) -> dict[str, str]:
+    """Every key of Secret ``namespace/name`` with its decoded (UTF-8, stripped) value.
+
+    Raises ``ApiException`` when the Secret cannot be read, ``ValueError`` when a value is not
+    UTF-8 text.
+    """
+    secret = await core.read_namespaced_secret(name, namespace)
+    values: dict[str, str] = {}
+    for key, data in (secret.data or {}).items():
+        try:
+            values[key] = base64.b64decode(data).decode().strip()
+        except UnicodeDecodeError:
+            raise ValueError(f"Secret {namespace}/{name} key {key!r} is not UTF-8 text") from None
+    return values

@@ -96,5 +96,12 @@ class WorkerSettings(ProcessSettings):
     """``AGENTRUN_TOOL_TIMEOUT``: seconds one tool call may take."""
     tool_result_max_bytes: int = Field(default=16_384, ge=256)
     """``AGENTRUN_TOOL_RESULT_MAX_BYTES``: cap of one tool result in UTF-8 bytes."""
+    prometheus_url: str | None = None
+    """``AGENTRUN_PROMETHEUS_URL``: the Prometheus the ``prometheus_query`` tool queries, e.g.
+    ``http://prometheus.monitoring.svc:9090``; unset: its calls fail saying so."""
+    tool_retries: int = Field(default=2, ge=0, le=10)
+    """``AGENTRUN_TOOL_RETRIES``: extra attempts of a read or idempotent tool call that failed
+    for infrastructure reasons (timeout, connection, server or transport error), with
+    exponential backoff from 0.5 s, within the run's deadline."""
     hold_ttl: float = Field(default=60.0, gt=0)
     """``AGENTRUN_HOLD_TTL``: seconds a ledger hold outlives its last refresh."""

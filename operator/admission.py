@@ -14,7 +14,14 @@ from typing import Any
 
 from agentrun import kernel
 from agentrun.ledger import TenantLimits, worst_case
-from agentrun.protocol import DEFAULT_TENANT, ModelConfig, RunConfig, SecretRef
+from agentrun.protocol import (
+    DEFAULT_TENANT,
+    ModelConfig,
+    RemoteTool,
+    RunConfig,
+    SecretRef,
+    UrlRule,
+)
 
 from .runs import RunKey
 from .specs import IMPLICIT_BUDGET, AgentModelSpec, AgentRunSpec, SpecError
@@ -64,6 +71,8 @@ def build_run_config(
     known_tools: Mapping[str, bool],
     start_time: float,
     tenant: str = DEFAULT_TENANT,
+    remote_tools: Sequence[RemoteTool] = (),
+    url_rules: Sequence[UrlRule] = (),
 ) -> RunConfig:
     """Validate ``spec`` against its AgentModel and the worker's tool catalog.
 
@@ -71,47 +80,59 @@ def build_run_config(
     fields it still leaves unset get the implicit defaults. ``model`` is the AgentModel's
     ``ModelConfig`` or ``None`` when it does not exist. ``known_tools`` maps the worker
     catalog's tool names to whether each is pollable (exempt from the no-progress breaker, like
-    ``spec.budget.noProgress.pollable``). ``start_time`` is epoch seconds (the deadline counts
-    from it). Raises ``InvalidSpec`` with a message naming the field (unknown model, unknown
-    tools, approval of tools the run does not have).
+    ``spec.budget.noProgress.pollable``). ``remote_tools`` are the run's resolved MCP tools
+    (``SERVER/TOOL`` in the spec): in the config every name (tools, approval, pollable) is the
+    function name the model sees (``SERVER__TOOL``). ``url_rules``: what ``http_get`` may
+    fetch (the tenant's). ``start_time`` is epoch seconds (the
+    deadline counts from it). Raises ``InvalidSpec`` with a message naming the field (unknown
+    model, unknown tools, approval of tools the run does not have).
     """
     if model is None:
         raise InvalidSpec(f"spec.model: AgentModel {spec.model!r} not found")
-    tools = spec.tools
-    unknown = sorted(set(tools) - set(known_tools))
+    rename = {f"{t.server}/{t.tool}": t.name for t in remote_tools}
+    unknown = sorted(set(spec.tools) - set(known_tools) - set(rename))
     if unknown:
         raise InvalidSpec(
             f"spec.tools: unknown tool(s) {', '.join(unknown)}; the worker's catalog has "
-            f"{', '.join(sorted(known_tools))}"
+            f"{', '.join(sorted(known_tools))} (an AgentToolServer's tools are named SERVER/TOOL)"
         )
     approval = set(spec.approval.tools)
-    if approval - set(tools):
+    if approval - set(spec.tools):
         raise InvalidSpec(
-            f"spec.approval.tools: {', '.join(sorted(approval - set(tools)))} not in spec.tools"
+            f"spec.approval.tools: {', '.join(sorted(approval - set(spec.tools)))} not in "
+            "spec.tools"
         )
     timeout = spec.budget.timeout or IMPLICIT_BUDGET.timeout
     assert timeout is not None
-    limits = run_limits(spec, model=model, known_tools=known_tools)
+    limits = run_limits(spec, model=model, known_tools=known_tools, rename=rename)
     return RunConfig(
         uid=run.uid,
         namespace=run.namespace,
         name=run.name,
         goal=spec.goal,
         instructions=spec.instructions or "",
-        tools=tools,
+        tools=tuple(rename.get(t, t) for t in spec.tools),
         limits=limits,
         model=model,
         deadline=start_time + timeout.seconds,
         tenant=tenant,
         output_schema=limits.output_schema,
+        remote_tools=tuple(remote_tools),
+        url_rules=tuple(url_rules),
     )
 
 
 def run_limits(
-    spec: AgentRunSpec, *, model: ModelConfig, known_tools: Mapping[str, bool]
+    spec: AgentRunSpec,
+    *,
+    model: ModelConfig,
+    known_tools: Mapping[str, bool],
+    rename: Mapping[str, str] | None = None,
 ) -> kernel.Limits:
     """The kernel's limits of a run: its budget (unset caps from ``IMPLICIT_BUDGET``), its
-    model's window, its pollable tools (declared, or pollable in the catalog)."""
+    model's window, its pollable tools (declared, or pollable in the catalog). ``rename`` maps
+    ``SERVER/TOOL`` names to the function names the kernel sees."""
+    names = rename or {}
     budget = spec.budget
     caps = budget.filled_from(IMPLICIT_BUDGET)
     assert caps.max_steps is not None and caps.max_tool_calls is not None
@@ -124,10 +145,10 @@ def run_limits(
         context_window=model.context_window,
         max_output_tokens=model.max_output_tokens,
         no_progress_window=budget.no_progress.window,
-        pollable=frozenset(pollable),
+        pollable=frozenset(names.get(t, t) for t in pollable),
         output_schema=spec.output.json_schema,
         on_exhausted=budget.on_exhausted,
-        approval_tools=frozenset(spec.approval.tools),
+        approval_tools=frozenset(names.get(t, t) for t in spec.approval.tools),
     )
 
 

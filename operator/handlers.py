@@ -25,7 +25,8 @@ from .recorder import EventType, Involved
 from .runs import CANCEL_ANNOTATION, RunKey
 from .specs import ObjectMeta, RunObject
 from .statuswriter import MERGE_PATCH
-from .tenants import NoTenant
+from .tenants import NoTenant, ToolServerPending
+from .toolservers import TOOL_SERVERS
 from .wiring import OperatorMemo, Parts
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ FINALIZER = "agentrun.dev/finalizer"
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 TENANT = (kube.GROUP, kube.VERSION, kube.TENANTS)
 AGENT = (kube.GROUP, kube.VERSION, kube.AGENTS)
+TOOL_SERVER = (kube.GROUP, kube.VERSION, TOOL_SERVERS)
 
 
 class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -152,6 +154,8 @@ async def _validate_and_enqueue(
         raise kopf.TemporaryError(f"cannot resolve spec.agentRef: HTTP {err.status}") from err
     try:  # reject what can never run now, not after it waited in the queue
         await parts.configs.build_config(key, run_spec, policy, start_time=time.time())
+    except ToolServerPending as err:  # applied together with its AgentToolServer: wait for it
+        raise kopf.TemporaryError(str(err), delay=2) from err
     except admission.InvalidSpec as err:
         _reject(parts, key, str(err), generation=generation, tenant=policy.name)
         return
@@ -404,3 +408,22 @@ async def agent_changed(
     except ApiException as err:
         if err.status not in (404, 409):  # gone, or replaced by a new object of the name
             raise
+
+
+@kopf.on.event(*TOOL_SERVER)
+async def tool_server_changed(
+    *,
+    type: str | None,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """Tell the refresher about AgentToolServers; it discovers their tools in the background
+    (never in this handler) and writes their status."""
+    parts = memo.running()
+    if type == "DELETED":
+        parts.toolservers.forget(str(namespace), name)
+        return
+    parts.toolservers.observe(body)

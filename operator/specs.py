@@ -364,6 +364,20 @@ class RunBudgetPolicySpec(_Spec):
     over_max: OverMax = Field(default=OverMax.REJECT, alias="overMax")
 
 
+class UrlRuleSpec(_Spec):
+    """``AgentTenant.spec.httpGet.allow[]``."""
+
+    host: str
+    path_prefix: str = Field(default="/", alias="pathPrefix")
+    private_network: bool = Field(default=False, alias="privateNetwork")
+
+
+class HttpGetSpec(_Spec):
+    """``AgentTenant.spec.httpGet``."""
+
+    allow: tuple[UrlRuleSpec, ...] = ()
+
+
 class AgentTenantSpec(_Spec):
     """``AgentTenant.spec``. Parse with ``AgentTenantSpec.of``."""
 
@@ -376,6 +390,7 @@ class AgentTenantSpec(_Spec):
     run_budget: RunBudgetPolicySpec = Field(default_factory=RunBudgetPolicySpec, alias="runBudget")
     allowed_models: tuple[str, ...] | None = Field(default=None, alias="allowedModels")
     allowed_tools: tuple[str, ...] | None = Field(default=None, alias="allowedTools")
+    http_get: HttpGetSpec = Field(default_factory=HttpGetSpec, alias="httpGet")
     ttl_seconds_after_finished: int | None = Field(
         default=None, alias="ttlSecondsAfterFinished", ge=0
     )

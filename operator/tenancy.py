@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agentrun.ledger import TenantLimits
+from agentrun.protocol import UrlRule
 
 from .admission import InvalidSpec
 from .specs import (
@@ -89,6 +90,8 @@ class TenantPolicy:
     over_max: OverMax
     allowed_models: frozenset[str] | None
     allowed_tools: frozenset[str] | None
+    url_rules: tuple[UrlRule, ...] = ()
+    """``spec.httpGet.allow``: what the ``http_get`` tool may fetch for this tenant's runs."""
     ttl_after_finished: int | None = None
     """``spec.ttlSecondsAfterFinished``: the default of its runs that set none."""
 
@@ -123,6 +126,9 @@ class TenantPolicy:
             over_max=run_budget.over_max,
             allowed_models=_names(spec.allowed_models),
             allowed_tools=_names(spec.allowed_tools),
+            url_rules=tuple(
+                UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.http_get.allow
+            ),
             ttl_after_finished=spec.ttl_seconds_after_finished,
         )
 
@@ -145,7 +151,7 @@ class TenantPolicy:
                 f"{self.name!r} (allowedModels: {', '.join(sorted(self.allowed_models)) or 'none'})"
             )
         if self.allowed_tools is not None:
-            denied = sorted(set(spec.tools) - self.allowed_tools)
+            denied = sorted(t for t in set(spec.tools) if not _tool_allowed(t, self.allowed_tools))
             if denied:
                 raise InvalidSpec(
                     f"spec.tools: {', '.join(denied)} not allowed by AgentTenant {self.name!r} "
@@ -222,3 +228,12 @@ def resolve(
     if default:
         return next((p for p in pool if p.name == default), None)
     return None
+
+
+def _tool_allowed(name: str, allowed: frozenset[str]) -> bool:
+    """Whether ``allowedTools`` grants ``name``: listed as is, or an MCP tool
+    (``SERVER/TOOL``) whose server is granted whole (``SERVER/*``)."""
+    if name in allowed:
+        return True
+    server, slash, _ = name.partition("/")
+    return bool(slash) and f"{server}/*" in allowed

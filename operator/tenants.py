@@ -17,8 +17,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kube, metrics
 from agentrun.protocol import DEFAULT_TENANT, RunConfig
+from agentrun.tools import remote
 
-from . import admission, tenancy
+from . import admission, tenancy, toolservers
 from .runs import QueueWait, RunKey, WaitReason
 from .specs import ObjectMeta
 from .tenancy import TenantPolicy
@@ -69,9 +70,14 @@ class ModelCache:
         return model
 
 
+class ToolServerPending(admission.InvalidSpec):
+    """An AgentToolServer the run names exists but has not been discovered yet: admission
+    should be tried again shortly (a run applied together with its server)."""
+
+
 class RunConfigs:
-    """Builds a run's ``RunConfig`` under its tenant's policy from its AgentModel (cached) and
-    the worker's tool catalog."""
+    """Builds a run's ``RunConfig`` under its tenant's policy from its AgentModel (cached),
+    the worker's tool catalog and the AgentToolServers it names (cached)."""
 
     def __init__(
         self,
@@ -79,20 +85,33 @@ class RunConfigs:
         *,
         known_tools: Mapping[str, bool],
         tool_specs: Callable[[tuple[str, ...]], Sequence[Any]],
+        servers: toolservers.ToolServerCache | None = None,
     ) -> None:
         """``known_tools``: the catalog's tool names → pollable; ``tool_specs(names)``: the
-        OpenAI ``tools`` list a worker sends for those tools (they count in a call's prompt)."""
+        OpenAI ``tools`` list a worker sends for those built-in tools (they count in a call's
+        prompt); ``servers``: where ``SERVER/TOOL`` names are looked up (``None``: nowhere)."""
         self.models = models
         self.known_tools = known_tools
         self.tool_specs = tool_specs
+        self.servers = servers or toolservers.ToolServerCache(None)
 
     async def build_config(
         self, run: RunKey, spec: Mapping[str, Any], policy: TenantPolicy, *, start_time: float
     ) -> RunConfig:
-        """The run's ``RunConfig``; raises ``admission.InvalidSpec`` naming the field, or
-        ``ApiException`` when the AgentModel cannot be read."""
+        """The run's ``RunConfig``; raises ``admission.InvalidSpec`` naming the field
+        (``ToolServerPending`` when a named AgentToolServer is not discovered yet), or
+        ``ApiException`` when the AgentModel or an AgentToolServer cannot be read."""
         applied = policy.apply(admission.parse_run_spec(spec))
         found = await self.models.get(applied.model)
+        remote_tools = []
+        for name in applied.tools:
+            parts = toolservers.split_reference(name)
+            if parts is None:
+                continue
+            server = await self.servers.get(run.namespace, parts[0])
+            if toolservers.is_pending(server):
+                raise ToolServerPending(f"spec.tools: {name}: AgentToolServer not discovered yet")
+            remote_tools.append(toolservers.resolve_tool(name, server, namespace=run.namespace))
         return admission.build_run_config(
             run,
             applied,
@@ -100,12 +119,20 @@ class RunConfigs:
             known_tools=self.known_tools,
             start_time=start_time,
             tenant=policy.name,
+            remote_tools=remote_tools,
+            url_rules=policy.url_rules,
         )
 
     def first_call_need(self, config: RunConfig) -> tuple[int, Decimal]:
         """(tokens, USD) the run's first model call may use at worst (see
         ``admission.first_call_need``)."""
-        return admission.first_call_need(config, tools=self.tool_specs(config.tools))
+        remote_names = {t.name for t in config.remote_tools}
+        builtin = tuple(t for t in config.tools if t not in remote_names)
+        tools = [
+            *self.tool_specs(builtin),
+            *(remote.spec_of(t).as_openai_tool() for t in config.remote_tools),
+        ]
+        return admission.first_call_need(config, tools=tools)
 
 
 class Tenants:

@@ -13,6 +13,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``Dispatcher`` consumes run events and publishes turns.
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
+- ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
+  status; admission (``RunConfigs``) reads that status through a ``ToolServerCache``.
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
   events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
 
@@ -47,6 +49,7 @@ from .settlement import QueueBoard, RunSettlement
 from .statuswriter import KubeStatusStore, StatusWriter
 from .sweep import LedgerSweep, SweepDeps
 from .tenants import ModelCache, RunConfigs, Tenants
+from .toolservers import ToolServerCache, ToolServerRefresher
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +72,10 @@ class Parts:
     sweep: LedgerSweep
     reaper: lifecycle.Reaper
     events: EventRecorder
+    toolservers: ToolServerRefresher
     tasks: tuple[asyncio.Task[None], ...]
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
-    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster."""
+    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery."""
 
 
 @dataclasses.dataclass
@@ -121,6 +125,7 @@ async def start_parts(
         ModelCache(api),
         known_tools=known_tools,
         tool_specs=lambda names: catalog.specs(names) if names else [],
+        servers=ToolServerCache(api),
     )
     store = await LedgerStore.open(bus.js)
     board = QueueBoard()
@@ -153,6 +158,7 @@ async def start_parts(
         interval=settings.ledger_sweep,
     )
     reaper = lifecycle.Reaper(lifecycle.KubeRunDeleter(api))
+    refresher = ToolServerRefresher(api)
     tasks = (
         *_start_loops(dispatcher, pump, sweep),
         asyncio.create_task(reaper.run(), name="ttl-reaper"),
@@ -161,9 +167,22 @@ async def start_parts(
             dispatcher.watch_orphans(after=settings.orphan_after), name="orphan-turns"
         ),
         asyncio.create_task(events.run(), name="k8s-events"),
+        asyncio.create_task(refresher.run(), name="tool-servers"),
     )
     return Parts(
-        bus, api, writer, dispatcher, tenants, configs, board, pump, sweep, reaper, events, tasks
+        bus=bus,
+        api=api,
+        writer=writer,
+        dispatcher=dispatcher,
+        tenants=tenants,
+        configs=configs,
+        board=board,
+        pump=pump,
+        sweep=sweep,
+        reaper=reaper,
+        events=events,
+        toolservers=refresher,
+        tasks=tasks,
     )
 
 
@@ -192,6 +211,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.pump.stop()
     parts.sweep.stop()
     parts.reaper.stop()
+    parts.toolservers.stop()
     for task in parts.tasks:
         task.cancel()
     await parts.dispatcher.cancel_timers()

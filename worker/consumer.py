@@ -259,9 +259,9 @@ class TurnConsumer:
     def _observe(self, committed: Committed, run: history.LoadedRun, *, started: float) -> None:
         """The turn's metrics: counters, and its duration per phase."""
         record, after, clock = committed
-        metrics.record_turn(
-            record, before=run.state, after=after, config=run.config, catalog=self.deps.catalog
-        )
+        # MCP tools are labelled by their function name: admins declare them, so it is bounded
+        known = {*self.deps.catalog, *(t.name for t in run.config.remote_tools)}
+        metrics.record_turn(record, before=run.state, after=after, config=run.config, catalog=known)
         spent = clock.seconds
         metrics.TURN_DURATION.labels(phase="model").observe(spent["model"])
         metrics.TURN_DURATION.labels(phase="tools").observe(spent["tools"])

@@ -9,6 +9,7 @@ import os
 
 from agentrun import kube, process
 from agentrun.bus import Bus, BusSettings, connect_nats
+from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog
@@ -37,16 +38,20 @@ async def serve(config: WorkerSettings) -> None:
             "no Kubernetes access (%s): kubernetes_get and Secret credentials are unavailable", err
         )
     model = ModelClient()
+    secrets = KubeSecrets(api)
     deps = TurnDeps(
         model=model,
-        catalog=default_catalog(kube=api),
-        secrets=KubeSecrets(api),
+        catalog=default_catalog(kube=api, prometheus_url=config.prometheus_url),
+        secrets=secrets,
         tool_settings=ToolRunSettings(
             concurrency=config.tool_concurrency,
             call_timeout=config.tool_timeout,
             max_result_bytes=config.tool_result_max_bytes,
+            retries=config.tool_retries,
         ),
         kube=api,
+        headers=secrets,
+        effects=await EffectLedger.open(bus.js),
     )
     hold_ttl = config.hold_ttl
     # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks

@@ -1,4 +1,5 @@
-"""Model API keys read from Kubernetes Secrets (``AgentModel.spec.credentials.secretRef``)."""
+"""Secrets the worker reads: model API keys (``AgentModel.spec.credentials.secretRef``) and
+the HTTP headers of MCP tool servers (``AgentToolServer.spec.headersFrom``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from agentrun import kernel, kube
 from agentrun.protocol import SecretRef
+from agentrun.tools import ToolError
 
 from .model import ModelError
 
@@ -29,6 +32,7 @@ class KubeSecrets:
         self.core = client.CoreV1Api(api) if api is not None else None
         self.ttl = ttl
         self._cache: dict[SecretRef, tuple[float, str]] = {}
+        self._headers: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
 
     async def api_key(self, ref: SecretRef) -> str:
         """The key's value; raises ``ModelError`` naming the Secret when it cannot be read,
@@ -54,3 +58,26 @@ class KubeSecrets:
         value = base64.b64decode(data).decode().strip()
         self._cache[ref] = (now, value)
         return value
+
+    async def headers(self, namespace: str, name: str) -> dict[str, str]:
+        """Every key of Secret ``namespace/name`` as an HTTP header (cached like keys).
+
+        Raises ``ToolError`` (an infrastructure fault) naming the Secret, never its values,
+        when it cannot be read.
+        """
+        hit = self._headers.get((namespace, name))
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        where = f"cannot read Secret {namespace}/{name} (AgentToolServer spec.headersFrom)"
+        fault = kernel.ToolFault.TRANSPORT
+        if self.core is None:
+            raise ToolError(f"{where}: the worker has no Kubernetes access", fault=fault)
+        try:
+            values = await kube.secret_values(self.core, namespace=namespace, name=name)
+        except ApiException as err:
+            raise ToolError(f"{where}: HTTP {err.status} {err.reason}", fault=fault) from None
+        except ValueError as err:
+            raise ToolError(f"{where}: {err}", fault=fault) from None
+        self._headers[(namespace, name)] = (now, values)
+        return values

@@ -3,7 +3,11 @@
 Invariant (OpenAI tool calling): every call in the batch gets exactly one
 result, in the order of the assistant's ``tool_calls`` — never completion order — whether it
 succeeded, raised, timed out or was cancelled. A tool failure is a result value, never an
-exception into the loop. Nothing here retries a call.
+exception into the loop. A call that failed for infrastructure reasons (timeout, connection,
+server or transport error) is retried a bounded number of times with backoff, within the run's
+deadline, unless its tool is a ``write``; an error the model caused is never retried (it goes
+back to the model as the result). Write and idempotent calls go through the effect ledger when
+one is given, so a turn run again never sends one twice.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from opentelemetry import trace
 
 from agentrun import kernel, telemetry
+from agentrun.effects import EffectLedger, EffectLedgerUnavailable
 from agentrun.kernel.decision import clean_text
 from agentrun.tools.catalog import Tool, ToolContext, ToolError
 
@@ -36,6 +41,11 @@ class ToolRunSettings:
     """Seconds one call may take before it is reported as timed out."""
     max_result_bytes: int = MAX_RESULT_BYTES
     """Results longer than this (UTF-8) are cut, with a visible marker."""
+    retries: int = 2
+    """Extra attempts of a call that failed for infrastructure reasons (read and idempotent
+    tools only; see ``kernel.may_retry``)."""
+    retry_backoff: float = 0.5
+    """Seconds before the first retry; doubled for each further one (``kernel.backoff``)."""
 
 
 def clip(text: str, limit: int = MAX_RESULT_BYTES) -> str:
@@ -67,42 +77,103 @@ async def _traced(
     ) as span:
         result = await attempt
         if result.is_error:
-            span.set_attribute("error.type", "tool_error")
+            span.set_attribute("error.type", result.fault or "tool_error")
             span.set_status(trace.Status(trace.StatusCode.ERROR, result.content[:200]))
         return result
 
 
-async def _run_one(
+async def _attempt(
     call: kernel.CheckedCall,
     tool: Tool,
     ctx: ToolContext,
-    gate: asyncio.Semaphore,
     settings: ToolRunSettings,
     deadline: float,
 ) -> kernel.ToolResult:
-    async with gate:
-        left = deadline - time.time()
-        by_deadline = left < settings.call_timeout
-        try:
-            async with asyncio.timeout(max(0.0, min(settings.call_timeout, left))):
-                output = await tool.run(call.arguments, ctx)
-        except ToolError as err:
-            return kernel.ToolResult(call.id, call.name, str(err), is_error=True)
-        except TimeoutError:
-            why = (
-                "the run's deadline passed while the tool ran"
-                if by_deadline
-                else f"the tool timed out after {settings.call_timeout:g}s"
-            )
-            return kernel.ToolResult(call.id, call.name, why, is_error=True)
-        except Exception as err:  # a tool bug must not break the loop: it becomes a result
-            log.exception("tool %s raised", call.name)
-            return kernel.ToolResult(
-                call.id, call.name, f"the tool failed: {type(err).__name__}: {err}", is_error=True
-            )
+    """One attempt of ``call``, bounded by the call timeout and the run's deadline."""
+    left = deadline - time.time()
+    by_deadline = left < settings.call_timeout
+    try:
+        async with asyncio.timeout(max(0.0, min(settings.call_timeout, left))):
+            output = await tool.run(call.arguments, ctx)
+    except ToolError as err:
+        return kernel.ToolResult(call.id, call.name, str(err), True, err.fault)
+    except TimeoutError:
+        why = (
+            "the run's deadline passed while the tool ran"
+            if by_deadline
+            else f"the tool timed out after {settings.call_timeout:g}s"
+        )
+        return kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.TIMEOUT)
+    except Exception as err:  # a tool bug must not break the loop: it becomes a result
+        log.exception("tool %s raised", call.name)
+        return kernel.ToolResult(
+            call.id,
+            call.name,
+            f"the tool failed: {type(err).__name__}: {err}",
+            True,
+            kernel.ToolFault.CRASHED,
+        )
     return kernel.ToolResult(
         call.id, call.name, clip(clean_text(str(output)), settings.max_result_bytes)
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Batch:
+    """What every call of one batch shares."""
+
+    gate: asyncio.Semaphore
+    settings: ToolRunSettings
+    deadline: float
+    effects: EffectLedger | None
+
+
+async def _run_one(
+    call: kernel.CheckedCall, tool: Tool, ctx: ToolContext, batch: _Batch
+) -> kernel.ToolResult:
+    """``call``, once per the effect ledger for write and idempotent tools (see
+    ``agentrun.effects``): a call already recorded is answered from the ledger, never sent
+    again. Raises ``EffectLedgerUnavailable`` when the ledger cannot be read or written (the
+    turn is then not committed)."""
+    ledger = batch.effects
+    if ledger is None or tool.spec.effect == "read":
+        return await _with_retries(call, tool, ctx, batch)
+    recorded = await ledger.claim(ctx.run_uid, call)
+    if recorded is not None:
+        log.info("tool %s (%s) answered from the effect ledger", call.name, call.id)
+        return recorded
+    result = await _with_retries(call, tool, ctx, batch)
+    await ledger.done(ctx.run_uid, call, result)
+    return result
+
+
+async def _with_retries(
+    call: kernel.CheckedCall, tool: Tool, ctx: ToolContext, batch: _Batch
+) -> kernel.ToolResult:
+    """``call`` with bounded retries: an infrastructure failure of a tool that may be retried
+    (``kernel.may_retry``) is sent again after ``kernel.backoff`` seconds, at most
+    ``settings.retries`` times, and only while the wait still ends before the deadline. The
+    last attempt's result stands (an error result says how many attempts were made)."""
+    settings, deadline = batch.settings, batch.deadline
+    attempts = 0
+    async with batch.gate:
+        while True:
+            attempts += 1
+            result = await _attempt(call, tool, ctx, settings, deadline)
+            fault = result.fault
+            if fault is None or not kernel.may_retry(fault, effect=tool.spec.effect):
+                break
+            if attempts > settings.retries:
+                break
+            delay = kernel.backoff(attempts, base=settings.retry_backoff)
+            if time.time() + delay >= deadline:
+                break
+            log.info("tool %s failed (%s); retry %d in %.1fs", call.name, fault, attempts, delay)
+            await asyncio.sleep(delay)
+    if attempts > 1 and result.is_error:
+        content = f"{result.content} (after {attempts} attempts)"
+        result = dataclasses.replace(result, content=content)
+    return result
 
 
 async def run_batch(
@@ -112,27 +183,37 @@ async def run_batch(
     context: ToolContext,
     settings: ToolRunSettings,
     deadline: float,
+    effects: EffectLedger | None = None,
 ) -> tuple[kernel.ToolResult, ...]:
     """One result per call, in call order. Invalid calls get their validation error.
+
+    ``effects``, when given, records every write and idempotent call (``agentrun.effects``):
+    a call of this run already recorded is answered from it, never sent twice. Raises
+    ``EffectLedgerUnavailable`` when it cannot be used (the turn must not commit).
 
     ``context`` is shared by the batch; each call gets it with its own ``call_id``. A call still
     running at ``deadline`` (epoch seconds) is cancelled and reported as such. On
     cancellation, calls still running are cancelled and the ``CancelledError`` propagates
     (the turn is then abandoned, not committed).
     """
-    gate = asyncio.Semaphore(settings.concurrency)
+    batch = _Batch(asyncio.Semaphore(settings.concurrency), settings, deadline, effects)
     tasks: dict[int, asyncio.Task[kernel.ToolResult]] = {}
-    async with asyncio.TaskGroup() as group:
-        for index, call in enumerate(calls):
-            if isinstance(call, kernel.CheckedCall):
-                ctx = dataclasses.replace(context, call_id=call.id)
-                tasks[index] = group.create_task(
-                    _traced(call, _run_one(call, tools[call.name], ctx, gate, settings, deadline))
-                )
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, call in enumerate(calls):
+                if isinstance(call, kernel.CheckedCall):
+                    ctx = dataclasses.replace(context, call_id=call.id)
+                    tasks[index] = group.create_task(
+                        _traced(call, _run_one(call, tools[call.name], ctx, batch))
+                    )
+    except* EffectLedgerUnavailable as failed:
+        raise failed.exceptions[0] from None
     results: list[kernel.ToolResult] = []
     for index, call in enumerate(calls):
         if isinstance(call, kernel.InvalidCall):
-            results.append(kernel.ToolResult(call.id, call.name, call.error, is_error=True))
+            results.append(
+                kernel.ToolResult(call.id, call.name, call.error, True, kernel.ToolFault.ARGUMENTS)
+            )
         else:
             results.append(tasks[index].result())
     return tuple(results)

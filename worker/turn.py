@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import json
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
@@ -18,9 +20,11 @@ from typing import Any, Protocol, assert_never
 from opentelemetry import trace
 
 from agentrun import kernel, metrics, telemetry
+from agentrun.effects import EffectLedger
 from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed, Granted
-from agentrun.protocol import RunConfig, SecretRef
-from agentrun.tools.catalog import Catalog, ToolContext
+from agentrun.protocol import RemoteTool, RunConfig, SecretRef
+from agentrun.tools import http_get, remote
+from agentrun.tools.catalog import Catalog, Tool, ToolContext, ToolError
 
 from . import toolrunner
 from .model import ChatRequest, ModelClient, ModelError
@@ -31,6 +35,14 @@ class SecretSource(Protocol):
 
     async def api_key(self, ref: SecretRef) -> str:
         """The key's value."""
+        ...
+
+
+class HeaderSecrets(Protocol):
+    """Reads an MCP tool server's headers from a Secret (``ToolError`` when it cannot)."""
+
+    async def headers(self, namespace: str, name: str) -> Mapping[str, str]:
+        """Header name → value, one per key of the Secret."""
         ...
 
 
@@ -53,6 +65,15 @@ class TurnDeps:
         default_factory=dict
     )
     """The OpenAI ``tools`` list per tool set, built once."""
+    headers: HeaderSecrets | None = None
+    """Where MCP tool servers' ``headersFrom`` Secrets are read (``None``: such calls fail)."""
+    remote_schemas: dict[tuple[str, str], kernel.ToolSchema] = dataclasses.field(
+        default_factory=dict
+    )
+    """Compiled schemas of MCP tools, by (function name, schema JSON): a server may change a
+    tool's schema between runs."""
+    effects: EffectLedger | None = None
+    """Where write and idempotent calls are recorded (``None``: nowhere; tests)."""
 
     def tools_param(self, names: tuple[str, ...]) -> list[dict[str, Any]]:
         """The OpenAI ``tools`` request parameter for ``names`` (cached)."""
@@ -62,6 +83,30 @@ class TurnDeps:
             self.openai_tools[names] = found
         return found
 
+    def remote_schema(self, tool: RemoteTool) -> kernel.ToolSchema:
+        """The compiled schema of an admitted MCP tool (cached by its schema)."""
+        key = (tool.name, json.dumps(tool.parameters, sort_keys=True, default=str))
+        compiled = self.remote_schemas.get(key)
+        if compiled is None:
+            compiled = kernel.ToolSchema(tool.name, tool.parameters, False)
+            self.remote_schemas[key] = compiled
+        return compiled
+
+    def run_tools(self, config: RunConfig) -> dict[str, Tool]:
+        """The tools ``config`` may call by function name: its built-in catalog tools
+        (``http_get`` with the run's URL rules) and its MCP tools (calls of which read their
+        headers Secret from ``headers``)."""
+        tools: dict[str, Tool] = {n: self.catalog[n] for n in config.tools if n in self.catalog}
+        if http_get.SPEC.name in tools:  # with the URLs the run's tenant allows
+            tools[http_get.SPEC.name] = http_get.HttpGet(config.url_rules)
+        for remote_tool in config.remote_tools:
+            source = None
+            secret = remote_tool.headers_secret
+            if secret is not None:
+                source = functools.partial(_headers, self.headers, config.namespace, secret)
+            tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source)
+        return tools
+
     def schema(self, name: str) -> kernel.ToolSchema:
         """The compiled schema of a catalog tool."""
         compiled = self.schemas.get(name)
@@ -70,6 +115,15 @@ class TurnDeps:
             compiled = kernel.ToolSchema(spec.name, spec.parameters, spec.pollable)
             self.schemas[name] = compiled
         return compiled
+
+
+async def _headers(source: HeaderSecrets | None, namespace: str, name: str) -> Mapping[str, str]:
+    if source is None:
+        raise ToolError(
+            f"cannot read Secret {namespace}/{name}: this worker reads no Secrets",
+            fault=kernel.ToolFault.TRANSPORT,
+        )
+    return await source.headers(namespace, name)
 
 
 class PhaseClock:
@@ -131,12 +185,13 @@ async def execute_turn(
     Raises ``asyncio.CancelledError`` when cancelled (the turn is then abandoned uncommitted).
     """
     clock = clock or PhaseClock()
-    missing = [name for name in config.tools if name not in deps.catalog]
+    tools = deps.run_tools(config)
+    missing = [name for name in config.tools if name not in tools]
     plan = kernel.plan_turn(
         state,
         config.limits,
         pricing=config.model.pricing,
-        tools=[] if missing else deps.tools_param(config.tools),
+        tools=[] if missing else _tools_param(deps, config),
         missing_tools=missing,
         clock=_now(deps, config),
     )
@@ -145,9 +200,9 @@ async def execute_turn(
             return record
         case kernel.ResumeHeld():
             with clock.phase("tools"):
-                return plan.finish(await _run(deps, config, plan.runnable))
+                return plan.finish(await _run(deps, config, tools, plan.runnable))
         case kernel.CallModel():
-            return await _answer(deps, config, state, plan, clock=clock, hold=hold)
+            return await _answer(deps, config, state, plan, tools, clock=clock, hold=hold)
         case _:
             assert_never(plan)
 
@@ -157,15 +212,18 @@ async def _answer(
     config: RunConfig,
     state: kernel.RunState,
     call: kernel.CallModel,
+    tools: Mapping[str, Tool],
     *,
     clock: PhaseClock,
     hold: BudgetHold | None,
 ) -> kernel.TurnRecord:
     """Reserve, call the model, and carry out what the kernel makes of its answer."""
-    tools = [] if call.summary else deps.tools_param(config.tools)
+    offered = [] if call.summary else _tools_param(deps, config)
     if hold is not None:
         need = CallNeed(
-            prompt_tokens=max(call.prompt_estimate, kernel.prompt_token_bound(call.prompt, tools)),
+            prompt_tokens=max(
+                call.prompt_estimate, kernel.prompt_token_bound(call.prompt, offered)
+            ),
             output_tokens=call.max_output_tokens,
             pricing=config.model.pricing,
             min_output_tokens=MIN_OUTPUT_TOKENS,
@@ -179,7 +237,7 @@ async def _answer(
             call = dataclasses.replace(call, max_output_tokens=answer.output_tokens)
     try:
         with clock.phase("model"):
-            response, usage = await _call_model(deps, config, call, tools)
+            response, usage = await _call_model(deps, config, call, offered)
     except ModelError as err:
         return kernel.model_failed(call, str(err), clock=_now(deps, config), fault=err.fault)
     if hold is not None:
@@ -195,7 +253,7 @@ async def _answer(
     if not isinstance(step, kernel.RunTools):
         return step
     with clock.phase("tools"):
-        return step.finish(await _run(deps, config, step.runnable))
+        return step.finish(await _run(deps, config, tools, step.runnable))
 
 
 async def _hold_budget(
@@ -220,7 +278,21 @@ def _now(deps: TurnDeps, config: RunConfig) -> kernel.Timing:
 
 
 def _tool_schemas(deps: TurnDeps, config: RunConfig) -> Mapping[str, kernel.ToolSchema]:
-    return {name: deps.schema(name) for name in config.tools if name in deps.catalog}
+    schemas = {name: deps.schema(name) for name in config.tools if name in deps.catalog}
+    schemas.update((t.name, deps.remote_schema(t)) for t in config.remote_tools)
+    return schemas
+
+
+def _tools_param(deps: TurnDeps, config: RunConfig) -> list[dict[str, Any]]:
+    """The OpenAI ``tools`` of the run, in ``config.tools`` order (MCP tools with the schemas
+    their server listed at admission)."""
+    if not config.remote_tools:
+        return deps.tools_param(config.tools)
+    remote_specs = {t.name: remote.spec_of(t) for t in config.remote_tools}
+    return [
+        remote_specs[n].as_openai_tool() if n in remote_specs else deps.tools_param((n,))[0]
+        for n in config.tools
+    ]
 
 
 async def _call_model(
@@ -297,7 +369,10 @@ def _record_failure(span: trace.Span, err: ModelError, *, model: str, started: f
 
 
 async def _run(
-    deps: TurnDeps, config: RunConfig, calls: tuple[kernel.CheckedCall | kernel.InvalidCall, ...]
+    deps: TurnDeps,
+    config: RunConfig,
+    tools: Mapping[str, Tool],
+    calls: tuple[kernel.CheckedCall | kernel.InvalidCall, ...],
 ) -> tuple[kernel.ToolResult, ...]:
     if not calls:
         return ()
@@ -310,8 +385,9 @@ async def _run(
     )
     return await toolrunner.run_batch(
         calls,
-        tools=deps.catalog,
+        tools=tools,
         context=context,
         settings=deps.tool_settings,
         deadline=config.deadline,
+        effects=deps.effects,
     )

@@ -21,6 +21,7 @@ from agentrun.kernel.decision import (
     ToolCalls,
     classify,
 )
+from agentrun.kernel.faults import ToolFault, backoff, may_retry, next_unavailable
 from agentrun.kernel.gates import admit_model_call, admit_tool_batch
 from agentrun.kernel.limits import Limits, OnExhausted, Pricing
 from agentrun.kernel.loop import (
@@ -105,6 +106,7 @@ __all__ = [
     "Timing",
     "ToolCall",
     "ToolCalls",
+    "ToolFault",
     "ToolResult",
     "ToolSchema",
     "TurnPlan",
@@ -113,6 +115,7 @@ __all__ = [
     "admit_model_call",
     "admit_tool_batch",
     "advance",
+    "backoff",
     "check_calls",
     "classify",
     "conclude",
@@ -121,7 +124,9 @@ __all__ = [
     "fit_context",
     "held_calls",
     "initial_state",
+    "may_retry",
     "model_failed",
+    "next_unavailable",
     "not_run",
     "plan_answer",
     "plan_turn",

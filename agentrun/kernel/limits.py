@@ -69,8 +69,10 @@ class Limits:
     """Consecutive stale turns that earn a nudge; twice as many end ``no_progress``."""
     pollable: frozenset[str] = frozenset()
     """Tools exempt from the no-progress breaker (``spec.budget.noProgress.pollable``)."""
-    tool_error_limit: int = 5
-    """Consecutive failed tool results that end the run ``tool_unavailable``."""
+    unavailable_turns: int = 3
+    """Consecutive turns in which a tool's calls all failed for infrastructure reasons
+    (after the runner's retries) that end the run ``tool_unavailable``. Errors the model
+    caused never count."""
     output_schema: Mapping[str, Any] | None = None
     """JSON Schema the final answer must meet (``spec.output.schema``)."""
     output_attempts: int = 2

@@ -11,8 +11,9 @@ import hashlib
 import json
 from typing import assert_never
 
-from agentrun.kernel import approval, output
+from agentrun.kernel import approval, faults, output
 from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
+from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.limits import Limits, OnExhausted
 from agentrun.kernel.records import (
     ERROR_PREFIX,
@@ -116,11 +117,18 @@ def _ran_results(record: Answered) -> list[ToolResult]:
     return [r for r in record.results if r.tool_call_id in valid]
 
 
-def _error_streak(state: RunState, results: list[ToolResult]) -> int:
-    streak = state.error_streak
-    for result in results:
-        streak = streak + 1 if result.is_error else 0
-    return streak
+def _unavailable(state: RunState, results: list[ToolResult]) -> dict[str, int]:
+    """The per-tool infrastructure-failure turn counts after a turn that ran ``results``."""
+    return faults.next_unavailable(
+        state.unavailable, ((r.name, r.fault if r.is_error else None) for r in results)
+    )
+
+
+def _unavailable_tool(state: RunState, limits: Limits) -> str | None:
+    """The first tool (by name) that failed for infrastructure reasons in the last
+    ``limits.unavailable_turns`` turns it was called in, if any."""
+    worn = sorted(name for name, n in state.unavailable.items() if n >= limits.unavailable_turns)
+    return worn[0] if worn else None
 
 
 CAPS = frozenset({Phase.MAX_STEPS, Phase.TOKEN_BUDGET_EXHAUSTED, Phase.COST_BUDGET_EXHAUSTED})
@@ -139,6 +147,9 @@ def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> t
     """The phase after an answered turn: exactly one decision per turn, caps checked last."""
     if record.stopped is not None:
         return record.stopped.phase, record.stopped.message
+    unknown = [r for r in _ran_results(record) if r.fault is ToolFault.EFFECT_UNKNOWN]
+    if unknown:
+        return Phase.EFFECT_UNKNOWN, unknown[0].content
     decision = record.decision
     if isinstance(decision, Refusal):
         return Phase.REFUSED, decision.text
@@ -153,8 +164,13 @@ def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> t
         return Phase.INVALID_DECISION, (
             f"{state.malformed_streak} malformed turns in a row (limit {limits.malformed_limit})"
         )
-    if state.error_streak >= limits.tool_error_limit:
-        return Phase.TOOL_UNAVAILABLE, f"the last {state.error_streak} tool calls all failed"
+    unavailable = _unavailable_tool(state, limits)
+    if unavailable is not None:
+        return Phase.TOOL_UNAVAILABLE, (
+            f"tool {unavailable} failed for infrastructure reasons (timeout, connection, "
+            f"server or transport error) in {state.unavailable[unavailable]} turns in a row, "
+            "after retries"
+        )
     if state.stale_streak >= 2 * limits.no_progress_window:
         return Phase.NO_PROGRESS, (
             f"{state.stale_streak} turns in a row repeated results already seen"
@@ -263,7 +279,7 @@ def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunS
         call_ids=state.call_ids | {c.id for c in record.calls},
         signatures=state.signatures | {signature} if signature is not None else state.signatures,
         stale_streak=stale_streak,
-        error_streak=_error_streak(state, ran),
+        unavailable=_unavailable(state, ran),
         output_failures=state.output_failures + (1 if output_error else 0),
         pending=approval.pending_of(record) if record.held else None,
     )
@@ -310,13 +326,16 @@ def _advance_resume(state: RunState, record: Resumed) -> RunState:
     approved = {h.id for h in pending.held if h.approved}
     ran = [r for r in record.results if r.tool_call_id in approved]
     stopped = record.stopped
+    unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
+    if stopped is None and unknown is not None:
+        stopped = Ending(Phase.EFFECT_UNKNOWN, unknown.content)
     return dataclasses.replace(
         state,
         messages=(*state.messages, assistant, *(_tool_message(by_id[c.id]) for c in held.calls)),
         turn=state.turn + 1,
-        tool_calls=state.tool_calls + (0 if stopped else len(ran)),
+        tool_calls=state.tool_calls + (0 if record.stopped else len(ran)),
         tool_failures=state.tool_failures + sum(r.is_error for r in record.results),
-        error_streak=_error_streak(state, ran),
+        unavailable=_unavailable(state, ran),
         call_ids=state.call_ids | {c.id for c in held.calls},
         pending=None,
         phase=stopped.phase if stopped else Phase.RUNNING,

@@ -24,6 +24,7 @@ from typing import Any
 from agentrun.kernel import approval, wire
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import Decision, ToolCalls
+from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.gates import admit_model_call, admit_tool_batch
 from agentrun.kernel.limits import Limits, Pricing
 from agentrun.kernel.loop import summary_request
@@ -124,7 +125,9 @@ class RunTools:
 def not_run(calls: Sequence[CheckedCall | InvalidCall], why: str) -> tuple[ToolResult, ...]:
     """Error results for a batch that a gate stopped: every call still gets its one result."""
     return tuple(
-        ToolResult(c.id, c.name, c.error if isinstance(c, InvalidCall) else f"not run: {why}", True)
+        ToolResult(c.id, c.name, c.error, True, ToolFault.ARGUMENTS)
+        if isinstance(c, InvalidCall)
+        else ToolResult(c.id, c.name, f"not run: {why}", True)
         for c in calls
     )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from agentrun.kernel.decision import Decision
+from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.usage import Usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall
@@ -50,6 +51,14 @@ class ToolResult:
     name: str
     content: str
     is_error: bool = False
+    fault: ToolFault | None = None
+    """Why an error result failed (``None`` for a success, and for errors recorded before
+    faults were classified, which count as the model's)."""
+
+    @property
+    def infrastructure_failure(self) -> bool:
+        """True for an error the model cannot have caused (see ``faults.ToolFault``)."""
+        return self.is_error and self.fault is not None and self.fault.infrastructure
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

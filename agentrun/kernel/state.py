@@ -70,8 +70,9 @@ class RunState:
     """Result signatures of every turn that ran tools (the no-progress breaker's memory)."""
     stale_streak: int = 0
     """Consecutive turns whose result signature had been seen before."""
-    error_streak: int = 0
-    """Consecutive tool results (of calls that ran) that were errors."""
+    unavailable: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Per tool: consecutive turns in which every call of it failed for infrastructure
+    reasons (``faults.next_unavailable``); treat as read-only."""
     output_failures: int = 0
     """Final answers that failed ``spec.output.schema``."""
     pending_cap: Phase | None = None

@@ -154,16 +154,33 @@ def _calls_from_list(data: list[Any]) -> tuple[kernel.CheckedCall | kernel.Inval
     )
 
 
+def _result_as_dict(result: kernel.ToolResult) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "toolCallID": result.tool_call_id,
+        "name": result.name,
+        "content": result.content,
+        "isError": result.is_error,
+    }
+    if result.fault is not None:
+        data["fault"] = result.fault.value
+    return data
+
+
 def _results_as_list(results: tuple[kernel.ToolResult, ...]) -> list[Any]:
-    return [
-        {"toolCallID": r.tool_call_id, "name": r.name, "content": r.content, "isError": r.is_error}
-        for r in results
-    ]
+    return [_result_as_dict(r) for r in results]
 
 
 def _results_from_list(data: list[Any]) -> tuple[kernel.ToolResult, ...]:
+    """Results as stored; ``fault`` is absent for successes and for events written before
+    faults were classified (those errors then count as the model's)."""
     return tuple(
-        kernel.ToolResult(r["toolCallID"], r["name"], r["content"], bool(r["isError"]))
+        kernel.ToolResult(
+            r["toolCallID"],
+            r["name"],
+            r["content"],
+            bool(r["isError"]),
+            kernel.ToolFault(r["fault"]) if r.get("fault") else None,
+        )
         for r in data
     )
 

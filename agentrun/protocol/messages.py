@@ -37,6 +37,44 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class UrlRule:
+    """One URL the ``http_get`` tool may fetch (``AgentTenant.spec.httpGet.allow[]``)."""
+
+    host: str
+    """Host name, optionally with ``:port`` (then only that port)."""
+    path_prefix: str = "/"
+    """The URL's path must start with this."""
+    private_network: bool = False
+    """Allow private, loopback and link-local addresses for this host."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RemoteTool:
+    """One tool of an AgentToolServer (a remote MCP server) as admitted for a run: where to
+    call it and what the model sees, snapshotted at admission so a run keeps the schemas it
+    started with."""
+
+    name: str
+    """The function name the model calls (``SERVER__TOOL``), as listed in ``RunConfig.tools``."""
+    server: str
+    """The AgentToolServer's name (in the run's namespace)."""
+    tool: str
+    """The tool's own name on the MCP server."""
+    description: str
+    parameters: Mapping[str, Any]
+    """The input JSON Schema the server listed."""
+    effect: str
+    """``read``, ``idempotent`` or ``write`` (``AgentToolServer.spec.tools[].effect``)."""
+    url: str
+    transport: str
+    """``StreamableHTTP`` or ``SSE``."""
+    timeout: float
+    """Seconds one call may take (``spec.timeouts.call``)."""
+    headers_secret: str | None = None
+    """A Secret in the run's namespace whose keys and values are sent as HTTP headers."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RunConfig:
     """Everything a worker needs to run any turn of a run; carried by the ``admitted`` event."""
 
@@ -54,6 +92,10 @@ class RunConfig:
     output_schema: Mapping[str, Any] | None = None
     traceparent: str | None = None
     """W3C trace context of the run's ``invoke_agent`` span (minted at admission)."""
+    remote_tools: tuple[RemoteTool, ...] = ()
+    """The run's MCP tools (their function names are in ``tools`` too)."""
+    url_rules: tuple[UrlRule, ...] = ()
+    """What ``http_get`` may fetch for this run (its tenant's rules at admission)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,7 +17,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from agentrun import kernel
-from agentrun.protocol.messages import Approval, ModelConfig, RunConfig, SecretRef, TurnRequest
+from agentrun.protocol.messages import (
+    Approval,
+    ModelConfig,
+    RemoteTool,
+    RunConfig,
+    SecretRef,
+    TurnRequest,
+    UrlRule,
+)
 
 
 class _Shape(BaseModel):
@@ -127,6 +135,69 @@ class LimitsShape(_Shape):
     approvalTools: list[str]
 
 
+class RemoteToolShape(_Shape):
+    """One admitted MCP tool of a run."""
+
+    name: str
+    server: str
+    tool: str
+    description: str
+    parameters: dict[str, Any]
+    effect: str
+    url: str
+    transport: str
+    timeout: float
+    headersSecret: str | None = None
+
+    @classmethod
+    def of(cls, tool: RemoteTool) -> RemoteToolShape:
+        """The shape of ``tool``."""
+        return cls(
+            name=tool.name,
+            server=tool.server,
+            tool=tool.tool,
+            description=tool.description,
+            parameters=dict(tool.parameters),
+            effect=tool.effect,
+            url=tool.url,
+            transport=tool.transport,
+            timeout=tool.timeout,
+            headersSecret=tool.headers_secret,
+        )
+
+    def value(self) -> RemoteTool:
+        """The tool as a value."""
+        return RemoteTool(
+            self.name,
+            self.server,
+            self.tool,
+            self.description,
+            self.parameters,
+            self.effect,
+            self.url,
+            self.transport,
+            self.timeout,
+            self.headersSecret,
+        )
+
+
+class UrlRuleShape(_Shape):
+    """One URL rule of ``http_get``."""
+
+    host: str
+    pathPrefix: str = "/"
+    privateNetwork: bool = False
+
+    @classmethod
+    def of(cls, rule: UrlRule) -> UrlRuleShape:
+        """The shape of ``rule``."""
+        return cls(host=rule.host, pathPrefix=rule.path_prefix, privateNetwork=rule.private_network)
+
+    def value(self) -> UrlRule:
+        """The rule as a value."""
+        return UrlRule(self.host, self.pathPrefix, self.privateNetwork)
+
+
 class RunConfigShape(_Shape):
     """Everything a worker needs to run any turn of a run (the ``admitted`` event's config)."""
 
@@ -142,6 +213,10 @@ class RunConfigShape(_Shape):
     tenant: str
     outputSchema: dict[str, Any] | None
     traceparent: str | None
+    remoteTools: list[RemoteToolShape] = []
+    """Absent in configs written before MCP tools existed."""
+    urlRules: list[UrlRuleShape] = []
+    """Absent in configs written before http_get existed."""
 
     @classmethod
     def of(cls, config: RunConfig) -> RunConfigShape:
@@ -169,6 +244,8 @@ class RunConfigShape(_Shape):
             tenant=config.tenant,
             outputSchema=None if config.output_schema is None else dict(config.output_schema),
             traceparent=config.traceparent,
+            remoteTools=[RemoteToolShape.of(t) for t in config.remote_tools],
+            urlRules=[UrlRuleShape.of(r) for r in config.url_rules],
         )
 
     def value(self) -> RunConfig:
@@ -199,6 +276,8 @@ class RunConfigShape(_Shape):
             tenant=self.tenant,
             output_schema=self.outputSchema,
             traceparent=self.traceparent,
+            remote_tools=tuple(t.value() for t in self.remoteTools),
+            url_rules=tuple(r.value() for r in self.urlRules),
         )
 
 

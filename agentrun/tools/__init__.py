@@ -1,7 +1,9 @@
 """The built-in tool catalog: the tool port (`catalog`) and the tools the worker ships.
 
 What belongs here: tool declarations (`ToolSpec`), the `Tool` protocol, and tool
-implementations, each in its own module (`calculate`, `sleep`, `kubernetes_get`). What does
+implementations, each in its own module (`calculate`, `sleep`, `kubernetes_get`, `http_get`,
+`prometheus_query`),
+and remote MCP tools (`remote`). What does
 not: deciding whether a call may run (schema validation, permissions, budgets, approval) and
 turning results into history messages; the worker does that, and the kernel imports none of
 this package.
@@ -13,13 +15,17 @@ from typing import Any
 
 from .calculate import Calculate
 from .catalog import Catalog, Tool, ToolContext, ToolError, ToolSpec
+from .http_get import HttpGet
 from .kubernetes_get import KubernetesGet
+from .prometheus_query import PrometheusQuery
 from .sleep import Sleep
 
 __all__ = [
     "Calculate",
     "Catalog",
+    "HttpGet",
     "KubernetesGet",
+    "PrometheusQuery",
     "Sleep",
     "Tool",
     "ToolContext",
@@ -29,11 +35,15 @@ __all__ = [
 ]
 
 
-def default_catalog(*, kube: Any | None = None) -> Catalog:
-    """The built-in tools: calculate, sleep, kubernetes_get.
+def default_catalog(*, kube: Any | None = None, prometheus_url: str | None = None) -> Catalog:
+    """The built-in tools: calculate, sleep, kubernetes_get, http_get, prometheus_query.
 
     `kube` (a kubernetes_asyncio ApiClient) is the client kubernetes_get falls back to when
     a call's `ToolContext.kube` is None; with neither, its calls fail with a ToolError. The
-    tool is listed either way, so every worker offers the same catalog.
+    tool is listed either way, so every worker offers the same catalog. `http_get` here allows
+    no URL: the worker gives each run one with its tenant's rules. `prometheus_query` queries
+    `prometheus_url` (None: its calls fail saying none is configured).
     """
-    return Catalog([Calculate(), Sleep(), KubernetesGet(kube)])
+    return Catalog(
+        [Calculate(), Sleep(), KubernetesGet(kube), HttpGet(), PrometheusQuery(prometheus_url)]
+    )

@@ -13,21 +13,32 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from agentrun.kernel.faults import ToolFault
+
 __all__ = ["Catalog", "Tool", "ToolContext", "ToolError", "ToolSpec", "object_schema"]
 
-Effect = Literal["read", "write"]
+Effect = Literal["read", "idempotent", "write"]
+"""``read``: no side effects. ``idempotent``: a side effect that repeating with the same
+idempotency key does not repeat. ``write``: a side effect that must happen at most once."""
 
 
 class ToolError(Exception):
     """An expected tool failure whose message the model should see as the call's result.
 
+    ``fault`` says who caused it (``kernel.ToolFault``): by default ``domain`` (the tool
+    refused the input; the model can correct itself). A tool raises it with an
+    infrastructure fault (``timeout``, ``connection``, ``server``, ``transport``) when its
+    backend could not be reached or failed: the runner may retry such a call, and a tool that
+    keeps failing so across turns ends the run ``tool_unavailable``.
+
     Any other exception from `Tool.run` is a bug in the tool; the runner reports it as an
-    error result too, but without trusting its text.
+    error result too (fault ``crashed``), but without trusting its text.
     """
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, fault: ToolFault = ToolFault.DOMAIN) -> None:
         super().__init__(message)
         self.message = message
+        self.fault = fault
 
 
 def object_schema(
@@ -58,7 +69,8 @@ class ToolSpec:
     parameters: Mapping[str, Any]
     """JSON Schema (Draft 2020-12) of the arguments object; treat as read-only."""
     effect: Effect
-    """`read` has no side effects; `write` gets an idempotency key and the effect ledger."""
+    """`read` has no side effects (infrastructure failures are retried); `idempotent` and
+    `write` calls get an idempotency key; a `write` call is never re-sent."""
     pollable: bool
     """True if calling again with the same arguments may legitimately give a new answer
     (observing changing state), which exempts it from the no-progress detector (which ends a

@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client as k8s
 
+from agentrun import kernel
+
 from . import catalog
 
 __all__ = ["KINDS", "SPEC", "KubernetesGet", "format_age", "render_list", "summarize"]
@@ -296,7 +298,8 @@ def _error_for(exc: k8s.ApiException, *, kind: str, name: str | None, ns: str) -
         return catalog.ToolError(f"{kind} are not served by this cluster")
     if exc.status == 403:
         return catalog.ToolError(f"not allowed to read {kind} in namespace {ns}")
-    return catalog.ToolError(f"kubernetes API error {exc.status}: {clip(message)}")
+    fault = kernel.ToolFault.SERVER if exc.status >= 500 else kernel.ToolFault.REJECTED
+    return catalog.ToolError(f"kubernetes API error {exc.status}: {clip(message)}", fault=fault)
 
 
 class KubernetesGet:
@@ -315,7 +318,10 @@ class KubernetesGet:
         """
         kube = ctx.kube if ctx.kube is not None else self._kube
         if kube is None:
-            raise catalog.ToolError("kubernetes_get is unavailable: no cluster connection")
+            raise catalog.ToolError(
+                "kubernetes_get is unavailable: no cluster connection",
+                fault=kernel.ToolFault.CONNECTION,
+            )
         kind, name = arguments["kind"], arguments.get("name")
         now = datetime.now(UTC)
         try:
@@ -326,7 +332,14 @@ class KubernetesGet:
         except k8s.ApiException as exc:
             raise _error_for(exc, kind=kind, name=name, ns=ctx.namespace) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise catalog.ToolError(f"kubernetes API unreachable: {clip(exc)}") from None
+            fault = (
+                kernel.ToolFault.TIMEOUT
+                if isinstance(exc, TimeoutError)
+                else kernel.ToolFault.CONNECTION
+            )
+            raise catalog.ToolError(
+                f"kubernetes API unreachable: {clip(exc)}", fault=fault
+            ) from None
         if kind == "events":
             items.sort(key=lambda e: event_time(e) or "", reverse=True)
             more = more or len(items) > arguments.get("limit", 20)

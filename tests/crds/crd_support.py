@@ -17,6 +17,7 @@ CHART_DIR = REPO_ROOT / "charts" / "agentrun"
 AGENTRUN_CRD = CRD_DIR / "agentrun.dev_agentruns.yaml"
 AGENTMODEL_CRD = CRD_DIR / "agentrun.dev_agentmodels.yaml"
 AGENTTENANT_CRD = CRD_DIR / "agentrun.dev_agenttenants.yaml"
+AGENTTOOLSERVER_CRD = CRD_DIR / "agentrun.dev_agenttoolservers.yaml"
 
 Manifest = dict[str, Any]
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]

@@ -6,13 +6,20 @@ reasons are the closed set of agentrun.kernel.terminal.TerminalReason.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from crd_support import AGENTMODEL_CRD, AGENTRUN_CRD, AGENTTENANT_CRD, CRD_DIR
+from crd_support import (
+    AGENTMODEL_CRD,
+    AGENTRUN_CRD,
+    AGENTTENANT_CRD,
+    AGENTTOOLSERVER_CRD,
+    CRD_DIR,
+)
 
 from agentrun.kernel import terminal
 
@@ -43,24 +50,30 @@ def walk_fields(schema: Schema, path: str = "") -> Iterator[tuple[str, Schema]]:
 
 
 def at(schema: Schema, dotted_path: str) -> Schema:
+    """The schema of a field; a JSONPath filter (``conditions[?(@.type=="Ready")]``) selects
+    the list's items."""
     node = schema
-    for name in dotted_path.split("."):
-        node = node["properties"][name]
+    for name in re.sub(r"\[\?\(.*?\)\]", "[]", dotted_path).split("."):
+        listed = name.endswith("[]")
+        node = node["properties"][name.removesuffix("[]")]
+        if listed:
+            node = node["items"]
     return node
 
 
 CRD_FILES = pytest.mark.parametrize(
     "path",
-    [AGENTRUN_CRD, AGENTMODEL_CRD, AGENTTENANT_CRD],
+    [AGENTRUN_CRD, AGENTMODEL_CRD, AGENTTENANT_CRD, AGENTTOOLSERVER_CRD],
     ids=lambda path: path.name.split("_")[1],
 )
 
 
-def test_crd_directory_holds_exactly_the_three_crds() -> None:
+def test_crd_directory_holds_exactly_the_agentrun_crds() -> None:
     assert sorted(path.name for path in CRD_DIR.iterdir()) == [
         "agentrun.dev_agentmodels.yaml",
         "agentrun.dev_agentruns.yaml",
         "agentrun.dev_agenttenants.yaml",
+        "agentrun.dev_agenttoolservers.yaml",
     ]
 
 
@@ -73,6 +86,14 @@ def test_crd_directory_holds_exactly_the_three_crds() -> None:
         ),
         pytest.param(
             AGENTTENANT_CRD, "Cluster", "AgentTenant", "agenttenants", "at", id="agenttenants"
+        ),
+        pytest.param(
+            AGENTTOOLSERVER_CRD,
+            "Namespaced",
+            "AgentToolServer",
+            "agenttoolservers",
+            "ats",
+            id="agenttoolservers",
         ),
     ],
 )
@@ -232,7 +253,10 @@ def test_printer_columns_point_at_declared_fields(path: Path) -> None:
         if json_path == ".metadata.creationTimestamp":
             continue
         field = at(schema, json_path.removeprefix("."))
-        assert field["type"] == column["type"], column["name"]
+        if column["type"] == "date":  # a date column shows the age of an RFC 3339 time
+            assert field.get("format") == "date-time", column["name"]
+        else:
+            assert field["type"] == column["type"], column["name"]
 
 
 def printer_columns(path: Path) -> list[tuple[str, str, str, int]]:
@@ -278,6 +302,7 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "runBudget",
         "allowedModels",
         "allowedTools",
+        "httpGet",
         "ttlSecondsAfterFinished",
     }
     assert "required" not in spec  # one of namespaces / namespaceSelector, checked in CEL

@@ -309,8 +309,13 @@ def test_credentials_come_from_the_models_secret_and_tools_read_the_runs_namespa
 
 GUARDS: list[Any] = [
     pytest.param("E2E-STUCK", {}, "no_progress", {"steps": 7, "corrections": 1}, id="no_progress"),
+    # the same failing call over and over is the no-progress breaker's, not tool_unavailable
     pytest.param(
-        "E2E-BROKEN-TOOL", {}, "tool_unavailable", {"toolFailures": 5}, id="tool_unavailable"
+        "E2E-BROKEN-TOOL",
+        {},
+        "no_progress",
+        {"steps": 7, "toolFailures": 7},
+        id="repeated_failing_call",
     ),
     pytest.param(
         "E2E-NOT-JSON",
@@ -324,6 +329,32 @@ GUARDS: list[Any] = [
         "E2E-MALFORMED", {}, "invalid_decision", {"steps": 3, "toolCalls": 0}, id="invalid_decision"
     ),
 ]
+
+
+def test_invalid_tool_calls_go_back_to_the_model_which_corrects_itself(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(test_namespace, run_manifest("learner", "E2E-SIX-BAD-CALLS: root of 16"))
+    status = stack_.wait_terminal(test_namespace, "learner")
+    assert (status["terminalReason"], status["answer"]) == (
+        "completed",
+        "The square root of 16 is 4.",
+    )
+    assert (status["usage"]["toolFailures"], status["usage"]["steps"]) == (6, 3)
+    second = [
+        r for r in stack_.mock_requests() if "E2E-SIX-BAD-CALLS" in str(r) and r.get("turn") == 1
+    ]
+    assert second, "the model never saw its errors"
+    results = {
+        m["tool_call_id"]: m["content"]
+        for m in second[-1]["body"]["messages"]
+        if m["role"] == "tool"
+    }
+    assert len(results) == 6 and all(c.startswith("ERROR: ") for c in results.values())
+    on_wire = wire.wire_call_id  # requests carry ids in their wire form
+    assert "division by zero" in results[on_wire("bad_zero")]
+    assert "result too large" in results[on_wire("bad_huge")]
+    assert "expr" in results[on_wire("bad_args")]  # the schema error names the wrong argument
 
 
 @pytest.mark.parametrize(("goal", "spec", "reason", "usage"), GUARDS)

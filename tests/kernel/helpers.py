@@ -51,15 +51,22 @@ def response(
 
 
 def tool_turn(
-    state: kernel.RunState, *calls: kernel.CheckedCall | kernel.InvalidCall, ok: bool = True
+    state: kernel.RunState,
+    *calls: kernel.CheckedCall | kernel.InvalidCall,
+    ok: bool = True,
+    fault: kernel.ToolFault | None = None,
 ) -> kernel.TurnRecord:
-    """A turn in which the model called ``calls`` and each got a result."""
+    """A turn in which the model called ``calls`` and each got a result (an error with
+    ``fault`` unless ``ok``)."""
     results = tuple(
-        kernel.ToolResult(
+        kernel.ToolResult(c.id, c.name, "42", False)
+        if ok and isinstance(c, kernel.CheckedCall)
+        else kernel.ToolResult(
             c.id,
             c.name,
-            "42" if ok and isinstance(c, kernel.CheckedCall) else "boom",
-            not ok or isinstance(c, kernel.InvalidCall),
+            "boom",
+            True,
+            kernel.ToolFault.ARGUMENTS if isinstance(c, kernel.InvalidCall) else fault,
         )
         for c in calls
     )

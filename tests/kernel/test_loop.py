@@ -371,15 +371,51 @@ def test_pollable_tools_are_exempt_from_the_no_progress_breaker() -> None:
     assert state.phase is Phase.RUNNING
 
 
-def test_a_tool_that_keeps_failing_ends_with_tool_unavailable() -> None:
-    limits = kernel.Limits(tool_error_limit=3)
+def test_a_tool_that_keeps_failing_for_infrastructure_reasons_ends_tool_unavailable() -> None:
+    limits = kernel.Limits(unavailable_turns=3)
     state = start()
-    for turn in range(2):
-        state = kernel.advance(
-            state, tool_turn(state, checked(f"e{turn}a"), checked(f"e{turn}b"), ok=False), limits
+    for turn in range(3):
+        assert state.phase is Phase.RUNNING
+        record = tool_turn(
+            state, checked(f"e{turn}a", f"{turn}+1"), ok=False, fault=kernel.ToolFault.CONNECTION
         )
+        state = kernel.advance(state, record, limits)
     assert state.phase is Phase.TOOL_UNAVAILABLE
-    assert state.error_streak == 4
+    assert "tool calculate failed for infrastructure reasons" in state.message
+    assert state.unavailable == {"calculate": 3}
+
+
+def test_a_bad_batch_of_calls_is_an_observation_not_an_unavailable_tool() -> None:
+    """Six invalid calculate calls in the first turn go back to the model as results."""
+    state = start()
+    calls = [checked(f"bad{i}", f"{i}/0") for i in range(6)]
+    state = kernel.advance(
+        state, tool_turn(state, *calls, ok=False, fault=kernel.ToolFault.DOMAIN), kernel.Limits()
+    )
+    assert state.phase is Phase.RUNNING
+    assert [m["content"] for m in state.messages if m["role"] == "tool"] == ["ERROR: boom"] * 6
+    assert state.tool_failures == 6 and state.unavailable == {}
+
+
+def test_a_tool_that_answers_again_is_reachable_and_its_count_starts_over() -> None:
+    limits = kernel.Limits(unavailable_turns=2)
+    state = start()
+    down = kernel.ToolFault.TIMEOUT
+    state = kernel.advance(state, tool_turn(state, checked("a"), ok=False, fault=down), limits)
+    state = kernel.advance(state, tool_turn(state, checked("b", "2+2")), limits)
+    state = kernel.advance(state, tool_turn(state, checked("c"), ok=False, fault=down), limits)
+    assert state.phase is Phase.RUNNING and state.unavailable == {"calculate": 1}
+
+
+def test_the_same_failing_call_repeated_is_the_no_progress_breakers_job() -> None:
+    limits = kernel.Limits(no_progress_window=2)
+    state = start()
+    for turn in range(5):  # the first is new; four repeats reach twice the window
+        record = tool_turn(
+            state, checked(f"z{turn}", "1/0"), ok=False, fault=kernel.ToolFault.DOMAIN
+        )
+        state = kernel.advance(state, record, limits)
+    assert state.phase is Phase.NO_PROGRESS
 
 
 SCHEMA = {"type": "object", "properties": {"area": {"type": "integer"}}, "required": ["area"]}

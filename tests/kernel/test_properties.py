@@ -123,7 +123,7 @@ limits = st.one_of(
             max_steps=100,
             max_tool_calls=1000,
             malformed_limit=100,
-            tool_error_limit=1000,
+            unavailable_turns=1000,
             no_progress_window=100,
             approval_tools=strategies.APPROVAL_TOOLS,
         )
@@ -133,7 +133,7 @@ limits = st.one_of(
         max_steps=st.integers(1, 8),
         max_tool_calls=st.integers(0, 20),
         malformed_limit=st.integers(1, 4),
-        tool_error_limit=st.integers(1, 8),
+        unavailable_turns=st.integers(1, 4),
         no_progress_window=st.integers(1, 3),
         on_exhausted=st.sampled_from(kernel.OnExhausted),
         approval_tools=st.just(strategies.APPROVAL_TOOLS),
@@ -175,7 +175,7 @@ async def play_turn(
         model=model,
         catalog=CATALOG,
         secrets=NoSecrets(),
-        tool_settings=ToolRunSettings(call_timeout=CALL_TIMEOUT),
+        tool_settings=ToolRunSettings(call_timeout=CALL_TIMEOUT, retry_backoff=0.01),
         clock=lambda: 0.0,  # the gates see time before the deadline; the tools see real time
     )
     if plan.interrupted:

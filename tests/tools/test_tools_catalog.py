@@ -19,8 +19,14 @@ ALL_SPECS = {name: tool.spec for name, tool in CATALOG.items()}
 
 
 def test_default_catalog_holds_the_built_in_tools() -> None:
-    assert list(CATALOG) == ["calculate", "sleep", "kubernetes_get"]
-    assert len(CATALOG) == 3
+    assert list(CATALOG) == [
+        "calculate",
+        "sleep",
+        "kubernetes_get",
+        "http_get",
+        "prometheus_query",
+    ]
+    assert len(CATALOG) == 5
 
 
 @pytest.mark.parametrize("spec", ALL_SPECS.values(), ids=ALL_SPECS.keys())

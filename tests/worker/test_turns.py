@@ -309,10 +309,13 @@ scenarios:
         goal="x",
         catalog=Catalog([Sleep()]),
         tools=("sleep",),
-        tool_settings=ToolRunSettings(call_timeout=0.3),
+        tool_settings=ToolRunSettings(call_timeout=0.3, retries=1, retry_backoff=0.1),
     )
     assert asyncio.get_running_loop().time() - started < 4
-    assert tool_messages(requests[1])[0]["content"] == "ERROR: the tool timed out after 0.3s"
+    assert (
+        tool_messages(requests[1])[0]["content"]
+        == "ERROR: the tool timed out after 0.3s (after 2 attempts)"
+    )
     assert state.phase is Phase.COMPLETED
 
 

@@ -1,0 +1,185 @@
+"""The effect ledger: write and idempotent tool calls recorded in JetStream KV, so a turn that
+is run again (its worker died after the tool answered, before the commit) never repeats one
+blindly.
+
+Each such call has one entry, keyed by the run and the call id (the call's idempotency key
+``<run-uid>:<call-id>`` in KV-key form): ``prepared`` is written (create-only: the first writer
+wins) before the call is sent, ``done`` with its result after it answered. Running the call
+again finds the entry: ``done`` replays the recorded result, and ``prepared`` — sent, outcome
+unknown — is never re-sent: the call's result says so with the fault ``effect_unknown``, which
+ends the run with that reason. An entry records a digest of the call's name and arguments; a
+different call under the same key is never given another call's result.
+
+What does not belong here: deciding the run's end (the kernel), which tools have effects (their
+``ToolSpec.effect``). Ledger failures (NATS away) raise ``EffectLedgerUnavailable``: the turn is
+then not committed and runs again later, which is safe at every step.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import hashlib
+import json
+from typing import Any
+
+import nats.js.errors
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+
+from agentrun import kernel
+from agentrun.ledger import LedgerUnavailable
+
+__all__ = [
+    "BUCKET",
+    "EffectEntry",
+    "EffectLedger",
+    "EffectLedgerUnavailable",
+    "EffectState",
+    "call_digest",
+    "effect_key",
+    "unknown_result",
+]
+
+BUCKET = "AGENTRUN_EFFECTS"
+TTL_SECONDS = 7 * 24 * 3600
+"""Entries expire after a week (longer than any run's timeout, at most 24 h)."""
+
+
+class EffectLedgerUnavailable(LedgerUnavailable):
+    """The ledger could not be read or written; the turn must not commit (it runs again, as
+    for the tenant ledger: the worker redelivers it after a pause)."""
+
+
+class EffectState(enum.StrEnum):
+    """Where a recorded call is."""
+
+    PREPARED = "prepared"
+    """About to be sent, or sent with no recorded outcome."""
+    DONE = "done"
+    """Answered; its result is recorded."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EffectEntry:
+    """One recorded call."""
+
+    state: EffectState
+    digest: str
+    """``call_digest`` of the call the entry is for."""
+    result: kernel.ToolResult | None = None
+    """The call's result (``done`` only)."""
+
+
+def effect_key(run_uid: str, call_id: str) -> str:
+    """The KV key of a call: the run uid, then the call id in base64url (call ids may hold
+    characters KV keys do not allow)."""
+    encoded = base64.urlsafe_b64encode(call_id.encode()).decode().rstrip("=")
+    return f"{run_uid}.{encoded}"
+
+
+def call_digest(call: kernel.CheckedCall) -> str:
+    """SHA-256 of the call's name and canonical JSON arguments (hex, 32 characters)."""
+    canonical = json.dumps(
+        [call.name, call.arguments], sort_keys=True, separators=(",", ":"), default=str
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def unknown_result(call: kernel.CheckedCall) -> kernel.ToolResult:
+    """The result of a call found ``prepared``: not sent again, outcome unknown."""
+    return kernel.ToolResult(
+        call.id,
+        call.name,
+        f"{call.name} ({call.id}) was sent before its worker stopped and its outcome was not "
+        "recorded; it is not sent again",
+        True,
+        kernel.ToolFault.EFFECT_UNKNOWN,
+    )
+
+
+def _encode(entry: EffectEntry) -> bytes:
+    data: dict[str, Any] = {"state": entry.state.value, "digest": entry.digest}
+    if entry.result is not None:
+        r = entry.result
+        data["result"] = {
+            "content": r.content,
+            "isError": r.is_error,
+            "fault": r.fault.value if r.fault else None,
+        }
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _decode(data: bytes, call: kernel.CheckedCall) -> EffectEntry:
+    raw = json.loads(data)
+    result = None
+    if raw.get("result") is not None:
+        r = raw["result"]
+        fault = kernel.ToolFault(r["fault"]) if r.get("fault") else None
+        result = kernel.ToolResult(call.id, call.name, str(r["content"]), bool(r["isError"]), fault)
+    return EffectEntry(EffectState(raw["state"]), str(raw["digest"]), result)
+
+
+class EffectLedger:
+    """The ledger over one KV bucket. Create with ``EffectLedger.open``."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, *, bucket: str = BUCKET) -> EffectLedger:
+        """Bind (creating it if missing) the bucket ``AGENTRUN_EFFECTS``."""
+        try:
+            kv = await js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            kv = await js.create_key_value(
+                api.KeyValueConfig(
+                    bucket=bucket, history=1, ttl=TTL_SECONDS, storage=api.StorageType.FILE
+                )
+            )
+        return cls(kv)
+
+    async def prepare(self, run_uid: str, call: kernel.CheckedCall) -> EffectEntry | None:
+        """Record ``call`` as about to be sent; ``None`` when this is its first record (send
+        it), else the entry already there (do not send). Raises ``EffectLedgerUnavailable``."""
+        key = effect_key(run_uid, call.id)
+        entry = EffectEntry(EffectState.PREPARED, call_digest(call))
+        try:
+            await self._kv.create(key, _encode(entry))
+            return None
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass
+        except Exception as err:
+            raise EffectLedgerUnavailable(f"cannot record {key}: {err!r}") from err
+        try:
+            found = await self._kv.get(key)
+        except Exception as err:
+            raise EffectLedgerUnavailable(f"cannot read {key}: {err!r}") from err
+        assert found.value is not None
+        return _decode(found.value, call)
+
+    async def done(self, run_uid: str, call: kernel.CheckedCall, result: kernel.ToolResult) -> None:
+        """Record ``call``'s result. Raises ``EffectLedgerUnavailable``."""
+        key = effect_key(run_uid, call.id)
+        entry = EffectEntry(EffectState.DONE, call_digest(call), result)
+        try:
+            await self._kv.put(key, _encode(entry))
+        except Exception as err:
+            raise EffectLedgerUnavailable(f"cannot record {key}: {err!r}") from err
+
+    async def claim(self, run_uid: str, call: kernel.CheckedCall) -> kernel.ToolResult | None:
+        """Claim ``call`` for sending, or say what to answer instead: ``None`` when it was never
+        recorded (it is now ``prepared``: send it, then ``done``); the recorded result when it
+        is ``done`` for this very call; an ``effect_unknown`` result otherwise (never send).
+        Raises ``EffectLedgerUnavailable``."""
+        existing = await self.prepare(run_uid, call)
+        if existing is None:
+            return None
+        if (
+            existing.state is EffectState.DONE
+            and existing.result is not None
+            and existing.digest == call_digest(call)
+        ):
+            return existing.result
+        return unknown_result(call)

@@ -1,0 +1,322 @@
+"""Remote tools over MCP: discovery, calls, and the mapping of results and failures.
+
+An ``AgentToolServer`` declares a remote MCP server (streamable HTTP, or SSE for servers that
+still need it). The operator discovers its tools (``discover``); a worker calls them
+(``McpTool``), always through the official ``mcp`` SDK client, never hand-written protocol code.
+
+Every call and every discovery opens its own MCP session and closes it in the same task,
+inside one ``async with``: a session is never shared across tasks, a server restart costs the
+next call a fresh session rather than leaving clients stuck on a terminated one, and a timeout
+cancels the whole exchange (connection included), so nothing outlives it.
+
+Results map to the text the model reads (``render_result``): text content joined by newlines,
+images and audio named but not inlined, embedded resources by their text or their URI,
+structured content kept (appended as compact JSON unless the text already is that JSON). An
+``isError`` result is an error the model caused (``ToolFault.REJECTED``); a failure to reach or
+talk to the server is an infrastructure fault (``fault_of``).
+
+What does not belong here: reading Secrets (the caller resolves headers), the allowlist and the
+tenant's policy (the operator), retries and the result byte cap (the worker's tool runner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import dataclasses
+import enum
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import Any, cast
+
+import anyio
+import httpx2
+from mcp import Client, MCPError
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, RequestParamsMeta
+
+from agentrun.kernel import ToolFault
+from agentrun.protocol import RemoteTool
+
+from . import catalog
+
+__all__ = [
+    "IDEMPOTENCY_META_KEY",
+    "Discovered",
+    "Endpoint",
+    "HeaderSource",
+    "McpTool",
+    "RemoteError",
+    "Transport",
+    "discover",
+    "fault_of",
+    "function_name",
+    "mcp_tool",
+    "render_result",
+    "spec_of",
+]
+
+IDEMPOTENCY_META_KEY = "agentrun.dev/idempotencyKey"
+"""The request ``_meta`` key carrying ``<run-uid>:<call-id>`` on write and idempotent calls."""
+SEPARATOR = "__"
+"""Joins server and tool in the function name the model sees (``SERVER__TOOL``)."""
+MAX_DISCOVERED_PAGES = 20
+"""Pages of ``tools/list`` read at most (a server that pages for ever is cut off)."""
+
+_INVALID_PARAMS = -32602
+_METHOD_NOT_FOUND = -32601
+
+
+class Transport(enum.StrEnum):
+    """How the MCP server is reached (``AgentToolServer.spec.transport``)."""
+
+    STREAMABLE_HTTP = "StreamableHTTP"
+    SSE = "SSE"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Endpoint:
+    """How to reach one MCP server."""
+
+    url: str
+    transport: Transport = Transport.STREAMABLE_HTTP
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Sent with every request (e.g. ``Authorization``); never logged or echoed."""
+    timeout: float = 30.0
+    """Seconds one exchange (connect, handshake and the request) may take in all."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Discovered:
+    """A tool the server lists."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    """The JSON Schema of its arguments object, as the server gives it."""
+
+
+class RemoteError(Exception):
+    """The server could not be reached or failed; ``fault`` classifies it."""
+
+    def __init__(self, message: str, *, fault: ToolFault) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fault = fault
+
+
+def function_name(server: str, tool: str) -> str:
+    """The function name the model sees for ``tool`` of AgentToolServer ``server``."""
+    return f"{server}{SEPARATOR}{tool}"
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group that is not a cancellation (anyio cancels the
+    transport's other tasks once one fails)."""
+    for leaf in _leaves(exc):
+        if not isinstance(leaf, asyncio.CancelledError | anyio.get_cancelled_exc_class()):
+            return leaf
+    return exc
+
+
+_CONNECTION_ERRORS = (
+    httpx2.NetworkError,
+    httpx2.RemoteProtocolError,
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    ConnectionError,
+    OSError,
+)
+
+
+def fault_of(exc: BaseException) -> ToolFault:
+    """The fault of a failed exchange: ``timeout``; ``connection`` (refused, reset, dropped);
+    ``server`` (HTTP 5xx, a JSON-RPC error other than bad parameters); ``arguments`` (the server
+    refused the arguments: JSON-RPC invalid params); ``transport`` (anything else, e.g. an
+    unreadable response, a terminated session, an HTTP 4xx from the endpoint)."""
+    cause = _cause(exc)
+    if isinstance(cause, TimeoutError | httpx2.TimeoutException):
+        return ToolFault.TIMEOUT
+    if isinstance(cause, MCPError):
+        if cause.code == _INVALID_PARAMS:
+            return ToolFault.ARGUMENTS
+        return ToolFault.TRANSPORT if cause.code == _METHOD_NOT_FOUND else ToolFault.SERVER
+    if isinstance(cause, httpx2.HTTPStatusError):
+        return ToolFault.SERVER if cause.response.status_code >= 500 else ToolFault.TRANSPORT
+    if isinstance(cause, _CONNECTION_ERRORS):
+        return ToolFault.CONNECTION
+    return ToolFault.TRANSPORT
+
+
+def _describe(exc: BaseException) -> str:
+    cause = _cause(exc)
+    if isinstance(cause, TimeoutError):
+        return "no answer in time"
+    if isinstance(cause, httpx2.HTTPStatusError):
+        return f"HTTP {cause.response.status_code}"
+    text = str(cause) or type(cause).__name__
+    return f"{type(cause).__name__}: {text[:300]}"
+
+
+@contextlib.asynccontextmanager
+async def _session(endpoint: Endpoint) -> AsyncIterator[Client]:
+    """An MCP client session, entered and left in the caller's task."""
+    headers = dict(endpoint.headers)
+    if endpoint.transport is Transport.SSE:
+        transport = sse_client(endpoint.url, headers=headers, timeout=endpoint.timeout)
+    else:
+        http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(endpoint.timeout))
+        transport = streamable_http_client(endpoint.url, http_client=http)
+    async with contextlib.AsyncExitStack() as stack:
+        if endpoint.transport is not Transport.SSE:
+            await stack.enter_async_context(http)
+        client = Client(transport, read_timeout_seconds=endpoint.timeout, cache=None)
+        yield await stack.enter_async_context(client)
+
+
+async def discover(endpoint: Endpoint) -> list[Discovered]:
+    """Every tool the server lists, within ``endpoint.timeout`` seconds in all (a hard bound:
+    connect, handshake and every page).
+
+    Raises ``RemoteError`` (with its fault) when the server cannot be reached, fails, or does
+    not answer in time.
+    """
+    found: list[Discovered] = []
+    try:
+        async with asyncio.timeout(endpoint.timeout), _session(endpoint) as client:
+            cursor: str | None = None
+            for _ in range(MAX_DISCOVERED_PAGES):
+                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                found.extend(
+                    Discovered(t.name, t.description or "", dict(t.input_schema))
+                    for t in page.tools
+                )
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+    except Exception as err:
+        raise RemoteError(
+            f"MCP server {endpoint.url} unavailable: {_describe(err)}", fault=fault_of(err)
+        ) from err
+    return found
+
+
+def _size_of(data: str) -> int:
+    try:
+        return len(base64.b64decode(data, validate=False))
+    except (binascii.Error, ValueError):
+        return len(data)
+
+
+def _block_text(block: Any) -> str:
+    kind = getattr(block, "type", "")
+    if kind == "text":
+        return str(block.text)
+    if kind in ("image", "audio"):
+        return f"[{kind} {block.mime_type}, {_size_of(block.data)} bytes, not shown]"
+    if kind == "resource":
+        resource = block.resource
+        text = getattr(resource, "text", None)
+        if isinstance(text, str):
+            return text
+        blob = getattr(resource, "blob", "")
+        return f"[resource {resource.uri} ({resource.mime_type}), {_size_of(blob)} bytes]"
+    if kind == "resource_link":
+        return f"[resource link {block.uri}]"
+    return f"[{kind or 'unknown'} content, not shown]"
+
+
+def render_result(result: CallToolResult) -> str:
+    """The text the model reads for ``result`` (see the module docstring)."""
+    text = "\n".join(_block_text(block) for block in result.content)
+    structured = result.structured_content
+    if structured is None:
+        return text
+    try:
+        parsed: Any = json.loads(text)
+    except ValueError:
+        parsed = text
+    # the SDK wraps a tool's non-object return value as {"result": value}
+    same = structured in (parsed, {"result": parsed})
+    if same:
+        return text
+    compact = json.dumps(structured, separators=(",", ":"), sort_keys=True, default=str)
+    return f"{text}\n{compact}" if text else compact
+
+
+HeaderSource = Callable[[], Awaitable[Mapping[str, str]]]
+"""Reads the headers to send (e.g. from a Secret) at call time; raises ``catalog.ToolError``
+when it cannot."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class McpTool:
+    """One allowlisted tool of an MCP server, callable by the worker (``catalog.Tool``)."""
+
+    spec: catalog.ToolSpec
+    """Its function name (``SERVER__TOOL``), description, real input schema and effect."""
+    tool: str
+    """The tool's own name on the server."""
+    endpoint: Endpoint
+    headers: HeaderSource | None = None
+    """Headers added to ``endpoint.headers`` at each call."""
+
+    async def run(self, arguments: Mapping[str, Any], ctx: catalog.ToolContext) -> str:
+        """Call the tool once in a session of its own; returns the rendered result.
+
+        Write and idempotent calls carry ``<run-uid>:<call-id>`` in the request's ``_meta``
+        (``IDEMPOTENCY_META_KEY``). Raises ``catalog.ToolError``: ``rejected`` for an
+        ``isError`` result (its text), else the exchange's fault (``fault_of``).
+        """
+        endpoint = self.endpoint
+        if self.headers is not None:
+            extra = await self.headers()
+            endpoint = dataclasses.replace(endpoint, headers={**endpoint.headers, **extra})
+        meta: RequestParamsMeta | None = None
+        if self.spec.effect != "read":  # an open map: extra keys are allowed
+            meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: f"{ctx.run_uid}:{ctx.call_id}"})
+        try:
+            async with asyncio.timeout(endpoint.timeout), _session(endpoint) as client:
+                result = await client.call_tool(self.tool, dict(arguments), meta=meta)
+        except Exception as err:
+            raise catalog.ToolError(
+                f"{self.spec.name}: {_describe(err)}", fault=fault_of(err)
+            ) from None
+        text = render_result(result)
+        if result.is_error:
+            raise catalog.ToolError(text or "the tool reported an error", fault=ToolFault.REJECTED)
+        return text
+
+
+def spec_of(tool: RemoteTool) -> catalog.ToolSpec:
+    """The declaration of an admitted MCP tool: its function name, the server's description
+    and input schema, its effect. Never pollable (the no-progress breaker watches it)."""
+    effect: catalog.Effect = "read"
+    if tool.effect in ("idempotent", "write"):
+        effect = "idempotent" if tool.effect == "idempotent" else "write"
+    return catalog.ToolSpec(
+        name=tool.name,
+        description=tool.description or f"Tool {tool.tool} of MCP server {tool.server}.",
+        parameters=tool.parameters,
+        effect=effect,
+        pollable=False,
+    )
+
+
+def mcp_tool(tool: RemoteTool, *, headers: HeaderSource | None = None) -> McpTool:
+    """The callable tool of an admitted MCP tool; ``headers`` (when given) are read at each
+    call and sent with every request."""
+    endpoint = Endpoint(tool.url, Transport(tool.transport), timeout=tool.timeout)
+    return McpTool(spec_of(tool), tool.tool, endpoint, headers)

@@ -1,0 +1,479 @@
+"""AgentToolServers: remote MCP servers whose tools AgentRuns may call as ``SERVER/TOOL``.
+
+What belongs here: the shape of ``AgentToolServer.spec``; discovery of each server's tools and
+the ``.status`` it writes (the tools found with their input schemas, a ``Ready`` condition with
+a reason, ``lastRefreshTime``); and the resolution of a run's ``SERVER/TOOL`` names into the
+``RemoteTool`` values its admitted config carries.
+
+Discovery runs in its own background loop (``ToolServerRefresher``), one task per server, each
+bounded by the server's own discovery timeout (a hard bound: connect, handshake and every page),
+so a server that hangs delays nothing but its own status. A failed refresh keeps the last good
+list (runs keep being admitted with it) and says so in the condition. The operator's kopf
+handlers only tell the refresher about objects (``observe``/``forget``); no finalizer is
+involved, so deleting an AgentToolServer never waits for the operator.
+
+What does not: calling tools (the worker), the tenant's ``allowedTools`` (``tenancy``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import Field
+
+from agentrun import kernel, kube
+from agentrun.protocol import RemoteTool
+from agentrun.tools import remote
+
+from .admission import InvalidSpec
+from .specs import Duration, DurationField, ObjectMeta, SpecError, _Spec, parse
+from .status import condition, rfc3339
+from .statuswriter import MERGE_PATCH
+
+log = logging.getLogger(__name__)
+
+TOOL_SERVERS = "agenttoolservers"
+REFERENCE = "/"
+"""Separates server and tool in ``AgentRun.spec.tools`` (``SERVER/TOOL``)."""
+MAX_FUNCTION_NAME = 64
+"""Longest function name the OpenAI tools API accepts."""
+SERVER_CACHE_SECONDS = 5.0
+"""How long admission reuses an AgentToolServer read (a burst of runs reads it once)."""
+
+
+class Effect(enum.StrEnum):
+    """``spec.tools[].effect``: what calling the tool does."""
+
+    READ = "read"
+    IDEMPOTENT = "idempotent"
+    WRITE = "write"
+
+
+class Reason(enum.StrEnum):
+    """Reasons of the ``Ready`` condition."""
+
+    DISCOVERED = "Discovered"
+    """Every allowlisted tool was found."""
+    TOOLS_MISSING = "ToolsMissing"
+    """The server does not offer some allowlisted tools (the others are usable)."""
+    REFRESH_FAILED = "RefreshFailed"
+    """The last refresh failed; the last good list is kept and still used."""
+    DISCOVERY_FAILED = "DiscoveryFailed"
+    """Discovery never succeeded: the server offers no tools to runs."""
+    INVALID_SPEC = "InvalidSpec"
+    """The spec does not parse."""
+
+
+class OfferedTool(_Spec):
+    """``spec.tools[]``: one allowlisted tool."""
+
+    name: str
+    effect: Effect = Effect.READ
+
+
+class SecretName(_Spec):
+    """``spec.headersFrom.secretRef``."""
+
+    name: str
+
+
+class HeadersFrom(_Spec):
+    """``spec.headersFrom``."""
+
+    secret_ref: SecretName = Field(alias="secretRef")
+
+
+class Timeouts(_Spec):
+    """``spec.timeouts``."""
+
+    discovery: DurationField = Field(default_factory=lambda: Duration.parse("10s"))
+    call: DurationField = Field(default_factory=lambda: Duration.parse("30s"))
+
+
+class AgentToolServerSpec(_Spec):
+    """``AgentToolServer.spec``. Parse with ``AgentToolServerSpec.of``."""
+
+    url: str
+    transport: remote.Transport = remote.Transport.STREAMABLE_HTTP
+    headers_from: HeadersFrom | None = Field(default=None, alias="headersFrom")
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    refresh_interval: DurationField = Field(
+        default_factory=lambda: Duration.parse("5m"), alias="refreshInterval"
+    )
+    tools: tuple[OfferedTool, ...] = ()
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any] | None) -> AgentToolServerSpec:
+        """Parse an AgentToolServer's spec; raises ``SpecError`` naming the field."""
+        return parse(cls, spec, where="spec")
+
+    def effect_of(self, tool: str) -> Effect | None:
+        """The allowlisted tool's effect, or ``None`` when it is not allowlisted."""
+        return next((t.effect for t in self.tools if t.name == tool), None)
+
+
+# --- status ---------------------------------------------------------------------------------
+
+
+def discovered_status(
+    spec: AgentToolServerSpec,
+    found: Sequence[remote.Discovered],
+    *,
+    generation: int,
+    now: float,
+) -> dict[str, Any]:
+    """``.status`` after a successful discovery: the allowlisted tools the server offers (in
+    allowlist order, with their input schemas), and ``Ready`` saying whether any is missing."""
+    by_name = {d.name: d for d in found}
+    tools = [
+        {
+            "name": t.name,
+            "effect": t.effect.value,
+            "description": by_name[t.name].description,
+            "inputSchema": dict(by_name[t.name].input_schema),
+        }
+        for t in spec.tools
+        if t.name in by_name
+    ]
+    missing = [t.name for t in spec.tools if t.name not in by_name]
+    if missing:
+        ready = condition(
+            "Ready",
+            status=False,
+            reason=Reason.TOOLS_MISSING,
+            message=f"the server does not offer {', '.join(missing)}; it offers "
+            f"{', '.join(sorted(by_name)) or 'no tools'}",
+            at=now,
+            generation=generation,
+        )
+    else:
+        ready = condition(
+            "Ready",
+            status=True,
+            reason=Reason.DISCOVERED,
+            message=f"{len(tools)} tool(s) discovered",
+            at=now,
+            generation=generation,
+        )
+    return {
+        "observedGeneration": generation,
+        "lastRefreshTime": rfc3339(now),
+        "tools": tools,
+        "toolCount": len(tools),
+        "conditions": [ready],
+    }
+
+
+def failed_status(
+    previous: Mapping[str, Any], error: str, *, generation: int, now: float
+) -> dict[str, Any]:
+    """``.status`` after a failed discovery: the last good list is kept (and still used)."""
+    kept = list(previous.get("tools") or [])
+    last = previous.get("lastRefreshTime")
+    if last:
+        reason = Reason.REFRESH_FAILED
+        message = f"{error}; keeping the {len(kept)} tool(s) discovered at {last}"
+    else:
+        reason, message, kept = Reason.DISCOVERY_FAILED, error, []
+    ready = condition(
+        "Ready", status=False, reason=reason, message=message, at=now, generation=generation
+    )
+    return {
+        "observedGeneration": generation,
+        "lastRefreshTime": last,
+        "tools": kept,
+        "toolCount": len(kept),
+        "conditions": [ready],
+    }
+
+
+def _keep_transition(status: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
+    """``lastTransitionTime`` moves only when the condition's status flips."""
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    for cond in status["conditions"]:
+        old = before.get(cond["type"])
+        if old is not None and old.get("status") == cond["status"]:
+            cond["lastTransitionTime"] = old.get("lastTransitionTime", cond["lastTransitionTime"])
+    return status
+
+
+# --- resolution at admission ----------------------------------------------------------------
+
+
+def split_reference(name: str) -> tuple[str, str] | None:
+    """``("server", "tool")`` for a ``SERVER/TOOL`` name, ``None`` for a built-in tool."""
+    if REFERENCE not in name:
+        return None
+    server, _, tool = name.partition(REFERENCE)
+    return server, tool
+
+
+def resolve_tool(reference: str, server: Mapping[str, Any] | None, *, namespace: str) -> RemoteTool:
+    """The ``RemoteTool`` a run gets for ``reference`` (``SERVER/TOOL``), from the
+    AgentToolServer object (``None``: it does not exist) in the run's namespace.
+
+    Only allowlisted tools that discovery found are resolved (the last good list if a refresh
+    failed). Raises ``InvalidSpec`` naming ``spec.tools`` and the reason otherwise.
+    """
+    parts = split_reference(reference)
+    assert parts is not None
+    server_name, tool = parts
+    where = f"spec.tools: {reference}"
+    if server is None:
+        raise InvalidSpec(f"{where}: AgentToolServer {server_name!r} not found in {namespace}")
+    try:
+        spec = AgentToolServerSpec.of(server.get("spec"))
+    except SpecError as err:
+        raise InvalidSpec(f"{where}: AgentToolServer {server_name!r} is invalid: {err}") from None
+    if spec.effect_of(tool) is None:
+        offered = ", ".join(t.name for t in spec.tools) or "none"
+        raise InvalidSpec(
+            f"{where}: AgentToolServer {server_name!r} does not offer {tool!r} "
+            f"(spec.tools: {offered})"
+        )
+    status = server.get("status") or {}
+    found = {t.get("name"): t for t in status.get("tools") or []}
+    entry = found.get(tool)
+    if entry is None:
+        conditions = status.get("conditions") or []
+        ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+        why = ready.get("message") or "its tools have not been discovered yet"
+        raise InvalidSpec(f"{where}: not discovered on AgentToolServer {server_name!r}: {why}")
+    function = remote.function_name(server_name, tool)
+    if len(function) > MAX_FUNCTION_NAME:
+        raise InvalidSpec(
+            f"{where}: the model-facing name {function} is longer than {MAX_FUNCTION_NAME} "
+            "characters; use a shorter AgentToolServer name"
+        )
+    headers = spec.headers_from
+    return RemoteTool(
+        name=function,
+        server=server_name,
+        tool=tool,
+        description=str(entry.get("description") or ""),
+        parameters=dict(entry.get("inputSchema") or {"type": "object"}),
+        effect=spec.effect_of(tool) or Effect.READ,
+        url=spec.url,
+        transport=spec.transport.value,
+        timeout=spec.timeouts.call.seconds,
+        headers_secret=headers.secret_ref.name if headers else None,
+    )
+
+
+def function_names(names: Sequence[str]) -> tuple[str, ...]:
+    """The names the model (and the kernel) use for ``spec.tools``-style names: built-in names
+    unchanged, ``SERVER/TOOL`` as ``SERVER__TOOL``."""
+    out = []
+    for name in names:
+        parts = split_reference(name)
+        out.append(name if parts is None else remote.function_name(*parts))
+    return tuple(out)
+
+
+def is_pending(server: Mapping[str, Any] | None) -> bool:
+    """True when an AgentToolServer exists but has not been looked at yet (no condition): a
+    run naming it was probably applied together with it and should wait a moment."""
+    return server is not None and not (server.get("status") or {}).get("conditions")
+
+
+class ToolServerCache:
+    """AgentToolServers by (namespace, name), each read at most once per
+    ``SERVER_CACHE_SECONDS``."""
+
+    def __init__(
+        self, api: client.ApiClient | None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """``api`` ``None`` (no API server) finds no server."""
+        self._objects = client.CustomObjectsApi(api) if api is not None else None
+        self._clock = clock
+        self._cache: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The AgentToolServer object or ``None``; raises ``ApiException`` on other errors."""
+        if self._objects is None:
+            return None
+        now = self._clock()
+        hit = self._cache.get((namespace, name))
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        try:
+            found: dict[str, Any] | None = await self._objects.get_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, namespace, TOOL_SERVERS, name
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            found = None
+        if found is not None and is_pending(found):
+            self._cache.pop((namespace, name), None)  # read again soon
+        else:
+            self._cache[(namespace, name)] = (now + SERVER_CACHE_SECONDS, found)
+        return found
+
+
+# --- the refresher --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Known:
+    """What the refresher knows of one AgentToolServer."""
+
+    body: Mapping[str, Any]
+    refreshed_at: float | None = None
+    """Monotonic seconds of our last discovery attempt (``None``: none yet)."""
+    refreshed_generation: int = 0
+    running: asyncio.Task[None] | None = None
+
+
+class ToolServerRefresher:
+    """Discovers every known AgentToolServer when it appears, when its spec changes and every
+    ``spec.refreshInterval``, and writes its status."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        tick: float = 2.0,
+        concurrency: int = 16,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """``tick``: seconds between two looks for due servers; ``concurrency``: discoveries
+        running at once (the others wait their turn; none blocks anything else)."""
+        self._objects = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self._tick = tick
+        self._clock = clock
+        self._wall = wall
+        self._known: dict[tuple[str, str], _Known] = {}
+        self._kick = asyncio.Event()
+        self._stopped = False
+        self._gate = asyncio.Semaphore(concurrency)
+
+    def observe(self, body: Mapping[str, Any]) -> None:
+        """An AgentToolServer was listed, added or changed (a kopf watch event)."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        known = self._known.get(key)
+        if known is None:
+            self._known[key] = _Known(body)
+        else:
+            known.body = body
+        self._kick.set()
+
+    def forget(self, namespace: str, name: str) -> None:
+        """An AgentToolServer was deleted: stop refreshing it."""
+        known = self._known.pop((namespace, name), None)
+        if known is not None and known.running is not None:
+            known.running.cancel()
+
+    def stop(self) -> None:
+        """End ``run`` after its current tick; cancel discoveries in flight."""
+        self._stopped = True
+        self._kick.set()
+        for known in self._known.values():
+            if known.running is not None:
+                known.running.cancel()
+
+    def _due(self, known: _Known, now: float) -> bool:
+        if known.running is not None and not known.running.done():
+            return False
+        meta = ObjectMeta.of(known.body)
+        if known.refreshed_at is None or known.refreshed_generation != meta.generation:
+            return True
+        try:
+            interval = AgentToolServerSpec.of(known.body.get("spec")).refresh_interval.seconds
+        except SpecError:
+            return False  # an invalid spec is reported once per generation
+        return now - known.refreshed_at >= interval
+
+    async def run(self) -> None:
+        """Start a discovery task for each due server, every ``tick`` seconds (or at once when
+        an object is observed), until ``stop``."""
+        while not self._stopped:
+            now = self._clock()
+            for key, known in list(self._known.items()):
+                if self._due(known, now):
+                    known.refreshed_at = now
+                    known.refreshed_generation = ObjectMeta.of(known.body).generation
+                    known.running = asyncio.create_task(
+                        self.refresh(known.body), name=f"discover {key[0]}/{key[1]}"
+                    )
+            self._kick.clear()
+            try:
+                async with asyncio.timeout(self._tick):
+                    await self._kick.wait()
+            except TimeoutError:
+                pass
+
+    async def refresh(self, body: Mapping[str, Any]) -> None:
+        """Discover one server and write its status; never raises (failures are logged)."""
+        meta = body.get("metadata") or {}
+        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+        generation = int(meta.get("generation") or 1)
+        previous = body.get("status") or {}
+        now = self._wall()
+        try:
+            spec = AgentToolServerSpec.of(body.get("spec"))
+        except SpecError as err:
+            status = failed_status({}, str(err), generation=generation, now=now)
+            status["conditions"][0]["reason"] = Reason.INVALID_SPEC
+        else:
+            async with self._gate:
+                status = await self._discover(
+                    spec, namespace, generation=generation, previous=previous
+                )
+        try:
+            await self._objects.patch_namespaced_custom_object_status(
+                kube.GROUP,
+                kube.VERSION,
+                namespace,
+                TOOL_SERVERS,
+                name,
+                {"status": _keep_transition(status, previous)},
+                **MERGE_PATCH,
+            )
+        except ApiException as err:
+            if err.status != 404:
+                log.warning("AgentToolServer %s/%s: status not written: %s", namespace, name, err)
+        except Exception as err:  # the API server is away: the next refresh writes it
+            log.warning("AgentToolServer %s/%s: status not written: %r", namespace, name, err)
+
+    async def _discover(
+        self,
+        spec: AgentToolServerSpec,
+        namespace: str,
+        *,
+        generation: int,
+        previous: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        try:
+            headers = await self._headers(spec, namespace)
+            endpoint = remote.Endpoint(
+                spec.url, spec.transport, headers, timeout=spec.timeouts.discovery.seconds
+            )
+            found = await remote.discover(endpoint)
+        except remote.RemoteError as err:
+            return failed_status(previous, err.message, generation=generation, now=self._wall())
+        return discovered_status(spec, found, generation=generation, now=self._wall())
+
+    async def _headers(self, spec: AgentToolServerSpec, namespace: str) -> dict[str, str]:
+        if spec.headers_from is None:
+            return {}
+        secret = spec.headers_from.secret_ref.name
+        try:
+            return await kube.secret_values(self._core, namespace=namespace, name=secret)
+        except (ApiException, ValueError) as err:
+            reason = f"HTTP {err.status}" if isinstance(err, ApiException) else str(err)
+            raise remote.RemoteError(
+                f"cannot read Secret {namespace}/{secret} (spec.headersFrom): {reason}",
+                fault=kernel.ToolFault.TRANSPORT,
+            ) from None

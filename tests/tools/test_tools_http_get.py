@@ -1,0 +1,200 @@
+"""`http_get` against a real local HTTP server: the tenant's URL rules, redirects re-checked,
+private addresses refused unless a rule allows them, size and time caps, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from yarl import URL
+
+from agentrun.kernel import ToolFault
+from agentrun.protocol import UrlRule
+from agentrun.tools import ToolContext, ToolError, http_get
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CTX = ToolContext(namespace="ns", run_name="run", run_uid="uid", call_id="c1")
+
+
+async def _slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(30)
+    return web.Response(text="late")
+
+
+def respond(make: Callable[[], web.StreamResponse]) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = make()
+        if isinstance(response, web.HTTPException):
+            raise response
+        return response
+
+    return handler
+
+
+def _routes() -> web.Application:
+    app = web.Application()
+    table: dict[str, Callable[[], web.StreamResponse]] = {
+        "/api/ok": lambda: web.json_response({"status": "green"}),
+        "/api/big": lambda: web.Response(text="y" * (http_get.MAX_BYTES + 500)),
+        "/api/png": lambda: web.Response(body=b"\x89PNG\x00", content_type="image/png"),
+        "/api/missing": lambda: web.Response(status=404, text="no such thing"),
+        "/api/broken": lambda: web.Response(status=503, text="overloaded"),
+        "/api/in": lambda: web.HTTPFound("/api/ok"),
+        "/api/out": lambda: web.HTTPFound("/admin/secret"),
+        "/api/loop": lambda: web.HTTPFound("/api/loop"),
+        "/admin/secret": lambda: web.Response(text="never"),
+        "/api/headers": lambda: web.Response(text="ok", headers={"Set-Cookie": "session=s3cr3t"}),
+    }
+    for path, make in table.items():
+        app.router.add_get(path, respond(make))
+    app.router.add_get("/api/slow", _slow)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[int]:
+    runner = web.AppRunner(_routes())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+def fetch(path: str, *, rules: Callable[[int], list[UrlRule]] | None = None) -> str:
+    """GET ``http://127.0.0.1:<port><path>`` with the rules (default: /api/ on loopback,
+    private network allowed)."""
+
+    async def go() -> str:
+        async with serving() as port:
+            chosen = rules(port) if rules else [UrlRule(f"127.0.0.1:{port}", "/api/", True)]
+            url = path if path.startswith("http") else f"http://127.0.0.1:{port}{path}"
+            return await http_get.HttpGet(chosen).run({"url": url}, CTX)
+
+    return asyncio.run(go())
+
+
+def refused(path: str, **kwargs: Any) -> ToolError:
+    with pytest.raises(ToolError) as caught:
+        fetch(path, **kwargs)
+    return caught.value
+
+
+def test_an_allowed_url_is_fetched_with_status_type_size_and_body() -> None:
+    out = fetch("/api/ok")
+    assert out.startswith("HTTP 200 OK, application/json; charset=utf-8, 19 bytes\n\n")
+    assert out.endswith('{"status": "green"}')
+
+
+def test_a_path_outside_the_prefix_is_refused_as_the_models_error() -> None:
+    err = refused("/admin/secret")
+    assert err.fault is ToolFault.DOMAIN
+    assert "is not allowed for this tenant" in err.message and "/api/" in err.message
+
+
+def test_another_port_or_host_is_refused() -> None:
+    err = refused("http://127.0.0.1:1/api/ok")
+    assert err.fault is ToolFault.DOMAIN
+    assert refused("http://localhost.invalid/api/ok").fault is ToolFault.DOMAIN
+
+
+def test_dot_segments_and_credentials_are_refused() -> None:
+    assert "not allowed" in refused("/api/../admin/secret").message
+    err = refused("http://user:pw@127.0.0.1:1/api/ok")
+    assert "pw" not in err.message  # never echoed
+
+
+def test_loopback_is_refused_unless_the_rule_allows_private_networks() -> None:
+    err = refused("/api/ok", rules=lambda port: [UrlRule(f"127.0.0.1:{port}", "/api/")])
+    assert "127.0.0.1 is a loopback address" in err.message
+    assert err.fault is ToolFault.DOMAIN
+
+
+def test_a_redirect_inside_the_rules_is_followed() -> None:
+    assert fetch("/api/in").endswith('{"status": "green"}')
+
+
+def test_a_redirect_outside_the_rules_is_not_followed() -> None:
+    err = refused("/api/out")
+    assert "/admin/secret is not allowed" in err.message
+
+
+def test_endless_redirects_stop() -> None:
+    assert "more than 5 redirects" in refused("/api/loop").message
+
+
+def test_a_large_body_is_cut_and_a_binary_one_not_shown() -> None:
+    big = fetch("/api/big")
+    assert f"{http_get.MAX_BYTES} bytes (cut at {http_get.MAX_BYTES})" in big.splitlines()[0]
+    assert fetch("/api/png").endswith("[binary content, not shown]")
+
+
+def test_response_headers_are_never_echoed() -> None:
+    assert "s3cr3t" not in fetch("/api/headers")
+
+
+@pytest.mark.parametrize(
+    ("path", "fault", "text"),
+    [
+        pytest.param("/api/missing", ToolFault.REJECTED, "HTTP 404", id="4xx"),
+        pytest.param("/api/broken", ToolFault.SERVER, "HTTP 503", id="5xx"),
+    ],
+)
+def test_http_errors_carry_their_fault_and_the_start_of_the_body(
+    path: str, fault: ToolFault, text: str
+) -> None:
+    err = refused(path)
+    assert err.fault is fault and text in err.message
+
+
+def test_a_slow_server_is_cut_at_the_time_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_get, "TIMEOUT_SECONDS", 0.5)
+    err = refused("/api/slow")
+    assert err.fault is ToolFault.TIMEOUT
+
+
+def test_a_refused_connection_is_infrastructure() -> None:
+    async def go() -> None:
+        async with serving() as port:
+            pass  # the server is gone once the block ends
+        tool = http_get.HttpGet([UrlRule(f"127.0.0.1:{port}", "/", True)])
+        await tool.run({"url": f"http://127.0.0.1:{port}/"}, CTX)
+
+    with pytest.raises(ToolError) as caught:
+        asyncio.run(go())
+    assert caught.value.fault is ToolFault.CONNECTION
+
+
+@pytest.mark.parametrize(
+    ("address", "private", "refused_as"),
+    [
+        ("8.8.8.8", False, None),
+        ("10.1.2.3", False, "private"),
+        ("169.254.169.254", False, "link-local"),
+        ("::1", False, "loopback"),
+        ("::ffff:127.0.0.1", False, "loopback"),
+        ("fe80::1", False, "link-local"),
+        ("10.1.2.3", True, None),
+    ],
+)
+def test_non_global_addresses_need_an_explicit_allow(
+    address: str, private: bool, refused_as: str | None
+) -> None:
+    why = http_get.check_address(address, private_network=private)
+    assert (why is None) if refused_as is None else (why is not None and refused_as in why)
+
+
+def test_rules_match_host_port_and_path_prefix() -> None:
+    rules = [UrlRule("api.example.com", "/v1/"), UrlRule("metrics.local:9090", "/")]
+    assert http_get.allowed_by(URL("https://API.example.com/v1/x"), rules) is rules[0]
+    assert http_get.allowed_by(URL("https://api.example.com/v2/x"), rules) is None
+    assert http_get.allowed_by(URL("http://metrics.local:9090/q"), rules) is rules[1]
+    assert http_get.allowed_by(URL("http://metrics.local:9091/q"), rules) is None
+    assert http_get.allowed_by(URL("ftp://api.example.com/v1/x"), rules) is None

@@ -1,0 +1,153 @@
+"""The effect ledger against a real nats-server: a write call runs at most once however often
+its turn is run again, a recorded call is replayed, one sent with no recorded outcome ends the
+run ``effect_unknown``, and read calls are not recorded."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import nats
+import pytest
+
+from agentrun import kernel
+from agentrun.effects import EffectLedger, EffectState, call_digest, effect_key
+from agentrun.kernel import Phase, ToolFault
+from agentrun.tools import ToolContext, ToolError, ToolSpec
+from agentrun.worker import toolrunner
+from agentrun_dev import natsserver
+
+SETTINGS = toolrunner.ToolRunSettings(retries=2, retry_backoff=0.01)
+
+
+class Counting:
+    """A tool that counts its calls; ``fail`` makes it raise once with that fault."""
+
+    def __init__(self, effect: str, *, fail: ToolFault | None = None) -> None:
+        self.calls = 0
+        self.fail = fail
+        self._spec = ToolSpec(
+            "bump",
+            "counts",
+            {"type": "object", "properties": {"key": {"type": "string"}}},
+            effect,  # type: ignore[arg-type]
+            False,
+        )
+
+    @property
+    def spec(self) -> ToolSpec:
+        return self._spec
+
+    async def run(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        self.calls += 1
+        if self.fail is not None:
+            fault, self.fail = self.fail, None
+            raise ToolError("reset by peer", fault=fault)
+        return f"bumped {arguments['key']} (key {ctx.run_uid}:{ctx.call_id})"
+
+
+@pytest.fixture
+async def ledger(nats_server: natsserver.NatsServer) -> AsyncIterator[EffectLedger]:
+    client = await nats.connect(nats_server.url)
+    try:
+        yield await EffectLedger.open(client.jetstream(), bucket=f"E{uuid.uuid4().hex[:10]}")
+    finally:
+        await client.close()
+
+
+async def run(
+    tool: Counting, ledger: EffectLedger, call: kernel.CheckedCall, *, run_uid: str = "run-1"
+) -> kernel.ToolResult:
+    ctx = ToolContext(namespace="ns", run_name="r", run_uid=run_uid, call_id="")
+    (result,) = await toolrunner.run_batch(
+        [call],
+        tools={"bump": tool},
+        context=ctx,
+        settings=SETTINGS,
+        deadline=time.time() + 60,
+        effects=ledger,
+    )
+    return result
+
+
+CALL = kernel.CheckedCall("call_7", "bump", {"key": "a"})
+
+
+@pytest.mark.parametrize("effect", ["write", "idempotent"])
+async def test_a_turn_run_again_replays_the_recorded_result(
+    ledger: EffectLedger, effect: str
+) -> None:
+    tool = Counting(effect)
+    first = await run(tool, ledger, CALL)
+    again = await run(tool, ledger, CALL)
+    assert tool.calls == 1
+    assert first == again
+    assert first.content == "bumped a (key run-1:call_7)"
+
+
+async def test_a_call_sent_with_no_recorded_outcome_is_never_sent_again(
+    ledger: EffectLedger,
+) -> None:
+    tool = Counting("write")
+    assert await ledger.claim("run-1", CALL) is None  # the worker died right after sending
+    result = await run(tool, ledger, CALL)
+    assert tool.calls == 0
+    assert (result.is_error, result.fault) == (True, ToolFault.EFFECT_UNKNOWN)
+    state = kernel.advance(
+        kernel.initial_state(goal="g"),
+        kernel.Answered(0, kernel.ToolCalls((), None), calls=(CALL,), results=(result,)),
+        kernel.Limits(),
+    )
+    assert state.phase is Phase.EFFECT_UNKNOWN
+    assert "bump (call_7) was sent before its worker stopped" in state.message
+
+
+async def test_a_different_call_under_the_same_key_gets_no_other_calls_result(
+    ledger: EffectLedger,
+) -> None:
+    tool = Counting("write")
+    await run(tool, ledger, CALL)
+    other = kernel.CheckedCall("call_7", "bump", {"key": "b"})
+    result = await run(tool, ledger, other)
+    assert tool.calls == 1 and result.fault is ToolFault.EFFECT_UNKNOWN
+
+
+async def test_runs_are_kept_apart(ledger: EffectLedger) -> None:
+    tool = Counting("write")
+    await run(tool, ledger, CALL, run_uid="run-1")
+    await run(tool, ledger, CALL, run_uid="run-2")
+    assert tool.calls == 2
+
+
+async def test_a_failed_write_is_recorded_once_and_not_retried(ledger: EffectLedger) -> None:
+    tool = Counting("write", fail=ToolFault.CONNECTION)
+    result = await run(tool, ledger, CALL)
+    assert (tool.calls, result.fault) == (1, ToolFault.CONNECTION)
+    assert await run(tool, ledger, CALL) == result and tool.calls == 1
+
+
+async def test_an_idempotent_call_is_retried_inside_its_one_ledger_entry(
+    ledger: EffectLedger,
+) -> None:
+    tool = Counting("idempotent", fail=ToolFault.CONNECTION)
+    result = await run(tool, ledger, CALL)
+    assert (tool.calls, result.is_error) == (2, False)
+    entry = await ledger.claim("run-1", CALL)
+    assert entry is not None and entry == result
+
+
+async def test_read_calls_are_not_recorded(ledger: EffectLedger) -> None:
+    tool = Counting("read")
+    await run(tool, ledger, CALL)
+    await run(tool, ledger, CALL)
+    assert tool.calls == 2
+    assert await ledger.claim("run-1", CALL) is None  # nothing was there
+
+
+def test_keys_are_valid_kv_keys_and_digests_tell_calls_apart() -> None:
+    key = effect_key("0d7c-uid", "call:weird/id ü")
+    assert key.startswith("0d7c-uid.") and all(c.isalnum() or c in "-_." for c in key)
+    assert call_digest(CALL) != call_digest(kernel.CheckedCall("call_7", "bump", {"key": "b"}))
+    assert EffectState.PREPARED.value == "prepared"
