@@ -18,6 +18,7 @@ AGENTRUN_CRD = CRD_DIR / "agentrun.dev_agentruns.yaml"
 AGENTMODEL_CRD = CRD_DIR / "agentrun.dev_agentmodels.yaml"
 AGENTTENANT_CRD = CRD_DIR / "agentrun.dev_agenttenants.yaml"
 AGENTTOOLSERVER_CRD = CRD_DIR / "agentrun.dev_agenttoolservers.yaml"
+AGENT_CRD = CRD_DIR / "agentrun.dev_agents.yaml"
 
 Manifest = dict[str, Any]
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from crd_support import (
+    AGENT_CRD,
     AGENTMODEL_CRD,
     AGENTRUN_CRD,
     AGENTTENANT_CRD,
@@ -63,7 +64,7 @@ def at(schema: Schema, dotted_path: str) -> Schema:
 
 CRD_FILES = pytest.mark.parametrize(
     "path",
-    [AGENTRUN_CRD, AGENTMODEL_CRD, AGENTTENANT_CRD, AGENTTOOLSERVER_CRD],
+    [AGENTRUN_CRD, AGENTMODEL_CRD, AGENTTENANT_CRD, AGENTTOOLSERVER_CRD, AGENT_CRD],
     ids=lambda path: path.name.split("_")[1],
 )
 
@@ -72,6 +73,7 @@ def test_crd_directory_holds_exactly_the_agentrun_crds() -> None:
     assert sorted(path.name for path in CRD_DIR.iterdir()) == [
         "agentrun.dev_agentmodels.yaml",
         "agentrun.dev_agentruns.yaml",
+        "agentrun.dev_agents.yaml",
         "agentrun.dev_agenttenants.yaml",
         "agentrun.dev_agenttoolservers.yaml",
     ]
@@ -144,8 +146,9 @@ def test_agentrun_spec_fields_are_the_contract() -> None:
         "budget",
         "approval",
         "ttlSecondsAfterFinished",
+        "agentRef",  # a run of an Agent: exactly one of model and agentRef (CEL)
     }
-    assert set(spec["required"]) == {"model", "goal"}
+    assert set(spec["required"]) == {"goal"}
     assert set(at(spec, "output")["properties"]) == {"schema"}
     assert set(at(spec, "budget")["properties"]) == {
         "maxSteps",
@@ -177,6 +180,8 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "startTime",
         "completionTime",
         "lastEventSequence",
+        "agent",  # a run of an Agent: the Agent's name, generation and the resolved spec's digest
+        "resolvedSpec",  # a run of an Agent: the spec it executes
     }
     assert set(at(status, "usage")["properties"]) == {
         "steps",

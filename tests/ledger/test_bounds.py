@@ -30,7 +30,9 @@ from agentrun.ledger import (
 )
 from agentrun.ledger.entries import CONCURRENCY_LIMIT, MAX_ACTIVE_RUNS, Waiter
 from agentrun.ledger.store import MAX_QUEUED_RUNS, book_key, queue_key
+from agentrun.operator import recorder
 from agentrun.operator.pump import PumpDeps, QueuePump
+from agentrun.operator.recorder import EventRecorder
 from agentrun.operator.runs import RunKey
 from agentrun.operator.settlement import QueueBoard
 from agentrun_dev import natsserver
@@ -154,8 +156,9 @@ async def test_a_run_the_full_queue_refuses_ends_checkpoint_failed_naming_the_ca
     )
     ends = Ends()
     deps: Any = dict.fromkeys(("tenants", "configs", "settlement", "api"))
+    events = EventRecorder(None, throttle=recorder.standard_throttle())
     pump = QueuePump(
-        PumpDeps(store=store, runs=ends, writer=ends, board=QueueBoard(), **deps)  # type: ignore[arg-type]
+        PumpDeps(store=store, runs=ends, writer=ends, board=QueueBoard(), events=events, **deps)  # type: ignore[arg-type]
     )
     key = RunKey("ns", "late", str(uuid.uuid4()))
     await pump.enqueue_run(key, Policy(), generation=1, created=NOW + 99)  # type: ignore[arg-type]
