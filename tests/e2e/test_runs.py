@@ -74,6 +74,7 @@ def test_each_per_run_budget_ends_the_run_with_its_own_reason(
     reason: str,
     usage: dict[str, int],
 ) -> None:
+    goal = f"{goal} in {test_namespace}"  # the scripted model's log holds every test's requests
     stack_.apply(test_namespace, run_manifest("capped", goal, budget={"maxSteps": 10, **budget}))
     status = stack_.wait_terminal(test_namespace, "capped")
     assert (status["phase"], status["terminalReason"], status["outcome"]) == (
