@@ -242,7 +242,7 @@ def test_fifty_fast_turns_cause_far_fewer_than_fifty_status_writes(
 def test_agentrun_cancel_ends_a_running_run_cancelled(
     stack_: E2EStack, test_namespace: str
 ) -> None:
-    stack_.apply(test_namespace, run_manifest("unwanted", "E2E-LONG job"))
+    stack_.apply(test_namespace, run_manifest("unwanted", "E2E-CANCELLABLE job"))
     stack_.wait_for(
         test_namespace, "unwanted", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1
     )
@@ -266,7 +266,7 @@ def test_agentrun_cancel_ends_a_running_run_cancelled(
         "cancelled",
         "partial" if status["usage"]["steps"] else "none",
     )
-    assert status["usage"]["steps"] < 5
+    assert status["usage"]["steps"] < 20
 
 
 def test_credentials_come_from_the_models_secret_and_tools_read_the_runs_namespace(
