@@ -56,10 +56,11 @@ CRD_FILES = pytest.mark.parametrize(
 )
 
 
-def test_crd_directory_holds_exactly_the_three_crds() -> None:
+def test_crd_directory_holds_exactly_the_four_crds() -> None:
     assert sorted(path.name for path in CRD_DIR.iterdir()) == [
         "agentrun.dev_agentmodels.yaml",
         "agentrun.dev_agentruns.yaml",
+        "agentrun.dev_agents.yaml",
         "agentrun.dev_agenttenants.yaml",
     ]
 
@@ -123,8 +124,9 @@ def test_agentrun_spec_fields_are_the_contract() -> None:
         "budget",
         "approval",
         "ttlSecondsAfterFinished",
+        "agentRef",  # a run of an Agent: exactly one of model and agentRef (CEL)
     }
-    assert set(spec["required"]) == {"model", "goal"}
+    assert set(spec["required"]) == {"goal"}
     assert set(at(spec, "output")["properties"]) == {"schema"}
     assert set(at(spec, "budget")["properties"]) == {
         "maxSteps",
@@ -151,6 +153,8 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "answer",
         "usage",
         "pendingApproval",
+        "agent",  # a run of an Agent: its name, generation and the resolved spec's digest
+        "resolvedSpec",  # a run of an Agent: the spec it executes
         "conditions",
         "observedGeneration",
         "startTime",

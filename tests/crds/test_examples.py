@@ -14,6 +14,9 @@ from agentrun.operator.tenancy import TenantPolicy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MANIFESTS = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "scenarios.yaml")
+MANIFESTS += sorted(EXAMPLES.glob("agents/*.yaml"))
+"""Runs of Agents live in examples/agents/ (the kernel replay of examples/ reads runs that
+carry their own spec.model)."""
 NAMESPACED = ("AgentRun", "Agent")
 
 
