@@ -175,13 +175,13 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "answer",
         "usage",
         "pendingApproval",
+        "agent",  # a run of an Agent: its name, generation and the resolved spec's digest
+        "resolvedSpec",  # a run of an Agent: the spec it executes
         "conditions",
         "observedGeneration",
         "startTime",
         "completionTime",
         "lastEventSequence",
-        "agent",  # a run of an Agent: the Agent's name, generation and the resolved spec's digest
-        "resolvedSpec",  # a run of an Agent: the spec it executes
     }
     assert set(at(status, "usage")["properties"]) == {
         "steps",

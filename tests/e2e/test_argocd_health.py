@@ -18,7 +18,7 @@ import yaml
 from . import argocd_health, test_tenants
 from .conftest import E2EStack, run_manifest
 from .test_agents import agent_manifest
-from .test_tenants import TenantFactory, conditions, wait_tenant
+from .test_tenants import TenantFactory, append_scenario, conditions, wait_tenant
 
 tenants = test_tenants.tenants
 """The AgentTenant fixture: ``tenants(name, namespaces, **spec)``."""
@@ -145,7 +145,21 @@ def test_live_objects_get_the_expected_health(
     stack_.wait_for(ns, "long", lambda s: s.get("phase") == "Running" and s.get("usage"))
     found = sample("AgentRun", "running", get(stack_, "agentrun", "long", ns), "Progressing")
     assert found["message"].startswith("Running: ")
-    stack_.apply(ns, run_manifest("capped", "E2E-MAX-STEPS argo", budget={"maxSteps": 2}))
+    append_scenario(
+        stack_,
+        {
+            "name": "argo-steps",
+            "match": {"goal": "E2E-ARGO-STEPS"},
+            "turns": [
+                {
+                    "tool_calls": [{"name": "calculate", "arguments": {"expression": "{turn}+1"}}],
+                    "usage": {"prompt_tokens": 50, "completion_tokens": 10},
+                }
+            ],
+            "after": "repeat_last",
+        },
+    )
+    stack_.apply(ns, run_manifest("capped", "E2E-ARGO-STEPS", budget={"maxSteps": 2}))
     stack_.wait_terminal(ns, "capped", timeout=90)
     found = sample("AgentRun", "max-steps", get(stack_, "agentrun", "capped", ns), "Degraded")
     assert found["message"].startswith("max_steps: ")
