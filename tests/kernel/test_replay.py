@@ -1,6 +1,6 @@
 """A committed trajectory replays: the example runs' events, folded again, give the same run.
 
-For every AgentRun in ``examples/*.yaml`` with the scenarios of ``examples/scenarios.yaml``:
+For every AgentRun in ``examples/**/*.yaml`` with the scenarios of ``examples/scenarios.yaml``:
 admit it as the operator does, run its loop in-process (the worker's ``execute_turn`` and
 ``kernel.advance`` against the scripted model over HTTP, with the real ``openai`` client),
 and keep its events as the bytes JetStream would store. Then
@@ -46,11 +46,11 @@ ENDINGS = {
 
 
 def example_runs() -> dict[str, Mapping[str, Any]]:
-    """Every AgentRun object in ``examples/*.yaml``, by name; a run of an Agent carries the
+    """Every AgentRun object in ``examples/**/*.yaml``, by name; a run of an Agent carries the
     spec the operator resolves from that Agent (also in ``examples/``)."""
     documents = [
         document
-        for path in sorted(EXAMPLES.glob("*.yaml"))
+        for path in sorted(EXAMPLES.rglob("*.yaml"))
         for document in yaml.safe_load_all(path.read_text())
         if isinstance(document, dict)
     ]
