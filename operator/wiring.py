@@ -11,6 +11,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``EventRecorder`` posts Kubernetes Events (rate-limited); the dispatcher, the pump, the
   sweep and the handlers record into it.
 - ``Dispatcher`` consumes run events and publishes turns.
+- ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost; it
+  reads the dispatcher's live views and ends runs through it (``LiveRuns``).
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
@@ -43,6 +45,7 @@ from agentrun.tools import Catalog, default_catalog
 
 from . import lifecycle, recorder
 from .dispatch import Dispatcher
+from .orphans import OrphanWatch
 from .pump import PumpDeps, QueuePump
 from .recorder import EventRecorder
 from .settlement import QueueBoard, RunSettlement
@@ -65,6 +68,7 @@ class Parts:
     api: client.ApiClient
     writer: StatusWriter
     dispatcher: Dispatcher
+    orphans: OrphanWatch
     tenants: Tenants
     configs: RunConfigs
     board: QueueBoard
@@ -132,6 +136,7 @@ async def start_parts(
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
+    orphans = OrphanWatch(bus, dispatcher, after=settings.orphan_after)
     pump = QueuePump(
         PumpDeps(
             store=store,
@@ -163,9 +168,7 @@ async def start_parts(
         *_start_loops(dispatcher, pump, sweep),
         asyncio.create_task(reaper.run(), name="ttl-reaper"),
         asyncio.create_task(_purge_orphans(bus, api), name="orphan-purge"),
-        asyncio.create_task(
-            dispatcher.watch_orphans(after=settings.orphan_after), name="orphan-turns"
-        ),
+        asyncio.create_task(orphans.run(), name="orphan-turns"),
         asyncio.create_task(events.run(), name="k8s-events"),
         asyncio.create_task(refresher.run(), name="tool-servers"),
     )
@@ -174,6 +177,7 @@ async def start_parts(
         api=api,
         writer=writer,
         dispatcher=dispatcher,
+        orphans=orphans,
         tenants=tenants,
         configs=configs,
         board=board,
@@ -208,6 +212,7 @@ def _start_loops(
 async def stop_parts(parts: Parts) -> None:
     """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
     parts.dispatcher.stop()
+    parts.orphans.stop()
     parts.pump.stop()
     parts.sweep.stop()
     parts.reaper.stop()
