@@ -52,7 +52,8 @@ from .settlement import QueueBoard, RunSettlement
 from .statuswriter import KubeStatusStore, StatusWriter
 from .sweep import LedgerSweep, SweepDeps
 from .tenants import ModelCache, RunConfigs, Tenants
-from .toolservers import ToolServerCache, ToolServerRefresher
+from .toolrefresh import ToolServerRefresher
+from .toolservers import ToolServerCache
 
 log = logging.getLogger(__name__)
 
