@@ -183,19 +183,9 @@ class Book:
         self.roll(now)
         if run_uid in self.active:
             return None
-        cap = self.limits.max_concurrent_runs
-        if cap is not None and len(self.active) >= cap:
-            return BudgetRefusal(
-                CONCURRENCY_LIMIT,
-                None,
-                f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
-            )
-        if len(self.active) >= MAX_ACTIVE_RUNS:
-            return BudgetRefusal(
-                CONCURRENCY_LIMIT,
-                None,
-                f"{len(self.active)} runs are active, the most one tenant's ledger entry holds",
-            )
+        slot = self._slot_refusal()
+        if slot is not None:
+            return slot
         if need_tokens or need_cost:
             refusal = reserve.admission_refusal(
                 self, now, need_tokens=need_tokens, need_cost=need_cost
@@ -215,6 +205,24 @@ class Book:
                 "admission",
                 namespace,
                 name,
+            )
+        return None
+
+    def _slot_refusal(self) -> BudgetRefusal | None:
+        """``ConcurrencyLimit`` when no concurrency slot is free (``maxConcurrentRuns``, or the
+        most runs one entry holds), else ``None``."""
+        cap = self.limits.max_concurrent_runs
+        if cap is not None and len(self.active) >= cap:
+            return BudgetRefusal(
+                CONCURRENCY_LIMIT,
+                None,
+                f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
+            )
+        if len(self.active) >= MAX_ACTIVE_RUNS:
+            return BudgetRefusal(
+                CONCURRENCY_LIMIT,
+                None,
+                f"{len(self.active)} runs are active, the most one tenant's ledger entry holds",
             )
         return None
 
