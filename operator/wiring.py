@@ -125,13 +125,7 @@ async def start_parts(
     tenants = Tenants(api, default=settings.default_tenant)
     for obj in tenant_objects:
         tenants.put(obj)
-    known_tools, catalog = tool_catalog()
-    configs = RunConfigs(
-        ModelCache(api),
-        known_tools=known_tools,
-        tool_specs=lambda names: catalog.specs(names) if names else [],
-        servers=ToolServerCache(api),
-    )
+    configs = _run_configs(api)
     store = await LedgerStore.open(bus.js)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
@@ -165,15 +159,7 @@ async def start_parts(
     )
     reaper = lifecycle.Reaper(lifecycle.KubeRunDeleter(api))
     refresher = ToolServerRefresher(api)
-    tasks = (
-        *_start_loops(dispatcher, pump, sweep),
-        asyncio.create_task(reaper.run(), name="ttl-reaper"),
-        asyncio.create_task(_purge_orphans(bus, api), name="orphan-purge"),
-        asyncio.create_task(orphans.run(), name="orphan-turns"),
-        asyncio.create_task(events.run(), name="k8s-events"),
-        asyncio.create_task(refresher.run(), name="tool-servers"),
-    )
-    return Parts(
+    parts = Parts(
         bus=bus,
         api=api,
         writer=writer,
@@ -187,7 +173,19 @@ async def start_parts(
         reaper=reaper,
         events=events,
         toolservers=refresher,
-        tasks=tasks,
+        tasks=(),
+    )
+    return dataclasses.replace(parts, tasks=_start_loops(parts))
+
+
+def _run_configs(api: client.ApiClient) -> RunConfigs:
+    """Admission's ``RunConfigs``: AgentModels, the built-in tools and AgentToolServers."""
+    known_tools, catalog = tool_catalog()
+    return RunConfigs(
+        ModelCache(api),
+        known_tools=known_tools,
+        tool_specs=lambda names: catalog.specs(names) if names else [],
+        servers=ToolServerCache(api),
     )
 
 
@@ -198,15 +196,19 @@ async def _purge_orphans(bus: Bus, api: client.ApiClient) -> None:
         log.warning("purging the events of deleted runs failed: %r", err)
 
 
-def _start_loops(
-    dispatcher: Dispatcher, pump: QueuePump, sweep: LedgerSweep
-) -> tuple[asyncio.Task[None], ...]:
+def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
+    """Start every background loop of ``parts`` (the order of ``Parts.tasks``)."""
     return (
-        asyncio.create_task(dispatcher.run(), name="event-consumer"),
-        asyncio.create_task(dispatcher.watch_queue(), name="queue-gauges"),
-        asyncio.create_task(dispatcher.forget_gone_runs(), name="gone-runs"),
-        asyncio.create_task(pump.run(), name="queue-pumps"),
-        asyncio.create_task(sweep.run(), name="ledger-sweep"),
+        asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
+        asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
+        asyncio.create_task(parts.dispatcher.forget_gone_runs(), name="gone-runs"),
+        asyncio.create_task(parts.pump.run(), name="queue-pumps"),
+        asyncio.create_task(parts.sweep.run(), name="ledger-sweep"),
+        asyncio.create_task(parts.reaper.run(), name="ttl-reaper"),
+        asyncio.create_task(_purge_orphans(parts.bus, parts.api), name="orphan-purge"),
+        asyncio.create_task(parts.orphans.run(), name="orphan-turns"),
+        asyncio.create_task(parts.events.run(), name="k8s-events"),
+        asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
     )
 
 
