@@ -188,7 +188,7 @@ class Book:
             return slot
         if need_tokens or need_cost:
             refusal = reserve.admission_refusal(
-                self, now, need_tokens=need_tokens, need_cost=need_cost
+                self, now=now, need_tokens=need_tokens, need_cost=need_cost
             )
         else:
             refusal = self.exhausted(now)

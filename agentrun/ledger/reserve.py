@@ -73,7 +73,7 @@ class BudgetWait:
 
 
 def admission_refusal(
-    book: Book, now: float, *, need_tokens: int, need_cost: Decimal
+    book: Book, *, now: float, need_tokens: int, need_cost: Decimal
 ) -> BudgetRefusal | None:
     """``BudgetExhausted`` when ``need`` does not fit what is committed (``used``), so it
     never will this window; ``BudgetHeld`` when it does, but not next to the holds in
