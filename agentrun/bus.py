@@ -10,8 +10,9 @@ so two writers racing on one run cannot both commit on top of the same event; Tu
 Delivery: a TurnRequest is redelivered for as long as it is not acked (no delivery limit: a
 worker acks, naks with a delay, or ends the run itself; nothing is discarded by the server).
 Connections: every connection reconnects for ever, also after the server closed it with a
-protocol error (``-ERR``), which nats-py would otherwise treat as final; pull consumers are
-bound again after each reconnect.
+protocol error (``-ERR``), which nats-py would otherwise treat as final (``natsclient``, whose
+``connect_nats`` and ``reconnections`` are re-exported here); pull consumers are bound again
+after each reconnect.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.protocol import parser
 
 from agentrun import protocol
+from agentrun.natsclient import connect_nats as connect_nats
+from agentrun.natsclient import reconnections as reconnections
 from agentrun.protocol import RunEvent, TurnRequest
 
 log = logging.getLogger(__name__)
@@ -47,66 +49,6 @@ Subscribe = Callable[[], Awaitable[JetStreamContext.PullSubscription]]
 """Binds a pull consumer (``Bus.turn_subscription``, ``Bus.event_subscription``)."""
 Handle = Callable[[Msg], Coroutine[Any, Any, None]]
 """Handles one fetched message (acks, naks or terms it itself)."""
-
-
-class ReconnectingClient(NATS):
-    """A nats-py client that reconnects after *any* server error, not only a stale connection.
-
-    nats-py closes the connection for good when the server sends ``-ERR`` (other than a stale
-    connection or a permissions violation), e.g. after the server hit a protocol error on it;
-    the server then closes the socket, and a runtime process must not stay disconnected.
-    Here such an error goes down the reconnect path instead (``max_reconnect_attempts=-1``:
-    for ever). ``reconnects`` counts completed reconnections, so pull consumers can rebind.
-    """
-
-    reconnects = 0
-    """Reconnections completed since the first connect."""
-
-    async def _process_err(self, err_msg: str) -> None:
-        if self.is_connecting or parser.PERMISSIONS_ERR in err_msg:  # the latter leaves it open
-            await super()._process_err(err_msg)
-            return
-        err = nats.errors.Error(f"nats: {err_msg.strip(chr(39))}")
-        log.warning("NATS server error %s; reconnecting", err)
-        self._err = err
-        await self._process_op_err(err)
-
-
-async def connect_nats(url: str, *, name: str) -> NATS:
-    """A NATS connection as every agentrun process makes it: reconnecting for ever, half a
-    second apart, also after a server ``-ERR`` (``ReconnectingClient``).
-
-    Raises ``nats.errors.NoServersError`` when no server answers at first.
-    """
-    nc = ReconnectingClient()
-
-    async def reconnected() -> None:
-        nc.reconnects += 1
-        log.info("NATS connection %s reconnected (%d)", name, nc.reconnects)
-
-    async def disconnected() -> None:
-        if not (nc.is_closed or nc.is_draining):
-            log.warning("NATS connection %s lost; reconnecting", name)
-
-    async def errored(err: Exception) -> None:
-        log.warning("NATS connection %s: %r", name, err)
-
-    options: dict[str, Any] = {  # nats-py types the wait as int; it takes seconds as float
-        "name": name,
-        "connect_timeout": 5,
-        "max_reconnect_attempts": -1,
-        "reconnect_time_wait": 0.5,
-        "reconnected_cb": reconnected,
-        "disconnected_cb": disconnected,
-        "error_cb": errored,
-    }
-    await nc.connect(url, **options)
-    return nc
-
-
-def reconnections(nc: NATS) -> int:
-    """How often ``nc`` reconnected (0 for a client not made by ``connect_nats``)."""
-    return nc.reconnects if isinstance(nc, ReconnectingClient) else 0
 
 
 class CommitConflict(Exception):

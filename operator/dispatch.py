@@ -7,10 +7,9 @@ worker's compare-and-set commit makes a late duplicate harmless). Ends decided o
 the wall-clock deadline, cancellation — are appended as ``stop`` events with the same
 compare-and-set, so they cannot interleave with a worker's commit.
 
-Orphans: a running run whose TurnRequest left the work queue (acked, or deleted) while no
-newer event came is found by ``watch_orphans`` and its turn published again under a fresh
-``Nats-Msg-Id`` (a duplicate is harmless: the commit is compare-and-set); after
-``MAX_REDISPATCHES`` such losses of one turn it ends ``checkpoint_failed`` naming the cause.
+A running run whose TurnRequest left the work queue without a newer event is found and
+dispatched again by ``orphans.OrphanWatch``, which reads the live views (``running_views``) and
+ends runs through ``end``.
 """
 
 from __future__ import annotations
@@ -38,8 +37,6 @@ from .views import RunView
 log = logging.getLogger(__name__)
 
 STOP_ATTEMPTS = 8
-MAX_REDISPATCHES = 3
-"""Times a lost turn is published again before the run ends ``checkpoint_failed``."""
 
 
 class RunEndListener(Protocol):
@@ -259,6 +256,10 @@ class Dispatcher:
     def _emit_run_span(self, view: RunView, event: RunEvent) -> None:
         telemetry.emit_run_span(views.run_span(view, event.summary, end=event.time or self.clock()))
 
+    def running_views(self) -> list[RunView]:
+        """A snapshot of the live run views (admitted, not forgotten), for the orphan watch."""
+        return list(self.views.values())
+
     def observe_phases(self) -> None:
         """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
         counts = views.phase_counts(self.views.values(), self.queues.queued_counts())
@@ -273,71 +274,6 @@ class Dispatcher:
             with contextlib.suppress(Exception):
                 metrics.TURNS_PENDING.set(await self.bus.pending_turns())
             await asyncio.sleep(interval)
-
-    # --- orphans --------------------------------------------------------------------------------
-
-    async def watch_orphans(self, *, after: float) -> None:
-        """Forever: find running runs with no turn in flight (see the module docstring).
-
-        A run is looked at once its TurnRequest was published or last seen queued ``after``
-        seconds ago (so a lost turn is found within about ``1.25 × after`` seconds); each look
-        is one stream read, a second one only for a run whose request is gone.
-        """
-        interval = max(0.2, after / 4)
-        while not self._stopping.is_set():
-            await asyncio.sleep(interval)
-            for view in list(self.views.values()):
-                try:
-                    await self.check_orphan(view, after=after)
-                except Exception as err:  # NATS trouble: the next pass looks again
-                    log.warning("orphan check of %s/%s failed: %r", view.namespace, view.name, err)
-
-    async def check_orphan(self, view: RunView, *, after: float) -> bool:
-        """Re-dispatch ``view``'s pending turn if its TurnRequest is gone and no newer event
-        came, or end the run ``checkpoint_failed`` once that happened ``MAX_REDISPATCHES``
-        times; True when it acted."""
-        now = self.clock()
-        summary = view.summary
-        if (
-            view.terminal
-            or summary is None
-            or summary.phase is not kernel.Phase.RUNNING
-            or not view.queued_seq
-            or now - view.checked_at < after
-        ):
-            return False
-        if await self.bus.turn_queued(view.queued_seq):
-            view.checked_at = now
-            return False
-        last = await self.bus.last_event(view.namespace, view.name)
-        if last is None or last.run_uid != view.uid or last.seq != view.seq:
-            return False  # deleted, or the event consumer has not caught up yet
-        if view.redispatches >= MAX_REDISPATCHES:
-            message = (
-                f"turn {summary.turn} left the work queue {view.redispatches + 1} times "
-                "without being committed (its TurnRequest was lost or its worker gave it up)"
-            )
-            log.error("%s/%s: %s", view.namespace, view.name, message)
-            await self.end(
-                view.namespace, view.name, view.uid, kernel.Phase.CHECKPOINT_FAILED, message
-            )
-            return True
-        view.redispatches += 1
-        log.warning(
-            "%s/%s: turn %s is in no worker's hands and not queued; dispatching it again (%d)",
-            view.namespace,
-            view.name,
-            summary.turn,
-            view.redispatches,
-        )
-        request = TurnRequest(
-            view.uid, view.namespace, view.name, summary.turn, view.seq, view.traceparent
-        )
-        view.queued_seq = await self.bus.publish_turn(
-            request, tenant=view.tenant, attempt=view.redispatches
-        )
-        view.checked_at = self.clock()
-        return True
 
     # --- ends decided outside a turn ------------------------------------------------------------
 

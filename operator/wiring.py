@@ -11,6 +11,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``EventRecorder`` posts Kubernetes Events (rate-limited); the dispatcher, the pump, the
   sweep and the handlers record into it.
 - ``Dispatcher`` consumes run events and publishes turns.
+- ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost; it
+  reads the dispatcher's live views and ends runs through it (``LiveRuns``).
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
@@ -43,13 +45,15 @@ from agentrun.tools import Catalog, default_catalog
 
 from . import lifecycle, recorder
 from .dispatch import Dispatcher
+from .orphans import OrphanWatch
 from .pump import PumpDeps, QueuePump
 from .recorder import EventRecorder
 from .settlement import QueueBoard, RunSettlement
 from .statuswriter import KubeStatusStore, StatusWriter
 from .sweep import LedgerSweep, SweepDeps
 from .tenants import ModelCache, RunConfigs, Tenants
-from .toolservers import ToolServerCache, ToolServerRefresher
+from .toolrefresh import ToolServerRefresher
+from .toolservers import ToolServerCache
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,7 @@ class Parts:
     api: client.ApiClient
     writer: StatusWriter
     dispatcher: Dispatcher
+    orphans: OrphanWatch
     tenants: Tenants
     configs: RunConfigs
     board: QueueBoard
@@ -120,18 +125,13 @@ async def start_parts(
     tenants = Tenants(api, default=settings.default_tenant)
     for obj in tenant_objects:
         tenants.put(obj)
-    known_tools, catalog = tool_catalog()
-    configs = RunConfigs(
-        ModelCache(api),
-        known_tools=known_tools,
-        tool_specs=lambda names: catalog.specs(names) if names else [],
-        servers=ToolServerCache(api),
-    )
+    configs = _run_configs(api)
     store = await LedgerStore.open(bus.js)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
+    orphans = OrphanWatch(bus, dispatcher, after=settings.orphan_after)
     pump = QueuePump(
         PumpDeps(
             store=store,
@@ -159,21 +159,12 @@ async def start_parts(
     )
     reaper = lifecycle.Reaper(lifecycle.KubeRunDeleter(api))
     refresher = ToolServerRefresher(api)
-    tasks = (
-        *_start_loops(dispatcher, pump, sweep),
-        asyncio.create_task(reaper.run(), name="ttl-reaper"),
-        asyncio.create_task(_purge_orphans(bus, api), name="orphan-purge"),
-        asyncio.create_task(
-            dispatcher.watch_orphans(after=settings.orphan_after), name="orphan-turns"
-        ),
-        asyncio.create_task(events.run(), name="k8s-events"),
-        asyncio.create_task(refresher.run(), name="tool-servers"),
-    )
-    return Parts(
+    parts = Parts(
         bus=bus,
         api=api,
         writer=writer,
         dispatcher=dispatcher,
+        orphans=orphans,
         tenants=tenants,
         configs=configs,
         board=board,
@@ -182,7 +173,19 @@ async def start_parts(
         reaper=reaper,
         events=events,
         toolservers=refresher,
-        tasks=tasks,
+        tasks=(),
+    )
+    return dataclasses.replace(parts, tasks=_start_loops(parts))
+
+
+def _run_configs(api: client.ApiClient) -> RunConfigs:
+    """Admission's ``RunConfigs``: AgentModels, the built-in tools and AgentToolServers."""
+    known_tools, catalog = tool_catalog()
+    return RunConfigs(
+        ModelCache(api),
+        known_tools=known_tools,
+        tool_specs=lambda names: catalog.specs(names) if names else [],
+        servers=ToolServerCache(api),
     )
 
 
@@ -193,21 +196,26 @@ async def _purge_orphans(bus: Bus, api: client.ApiClient) -> None:
         log.warning("purging the events of deleted runs failed: %r", err)
 
 
-def _start_loops(
-    dispatcher: Dispatcher, pump: QueuePump, sweep: LedgerSweep
-) -> tuple[asyncio.Task[None], ...]:
+def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
+    """Start every background loop of ``parts`` (the order of ``Parts.tasks``)."""
     return (
-        asyncio.create_task(dispatcher.run(), name="event-consumer"),
-        asyncio.create_task(dispatcher.watch_queue(), name="queue-gauges"),
-        asyncio.create_task(dispatcher.forget_gone_runs(), name="gone-runs"),
-        asyncio.create_task(pump.run(), name="queue-pumps"),
-        asyncio.create_task(sweep.run(), name="ledger-sweep"),
+        asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
+        asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
+        asyncio.create_task(parts.dispatcher.forget_gone_runs(), name="gone-runs"),
+        asyncio.create_task(parts.pump.run(), name="queue-pumps"),
+        asyncio.create_task(parts.sweep.run(), name="ledger-sweep"),
+        asyncio.create_task(parts.reaper.run(), name="ttl-reaper"),
+        asyncio.create_task(_purge_orphans(parts.bus, parts.api), name="orphan-purge"),
+        asyncio.create_task(parts.orphans.run(), name="orphan-turns"),
+        asyncio.create_task(parts.events.run(), name="k8s-events"),
+        asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
     )
 
 
 async def stop_parts(parts: Parts) -> None:
     """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
     parts.dispatcher.stop()
+    parts.orphans.stop()
     parts.pump.stop()
     parts.sweep.stop()
     parts.reaper.stop()

@@ -1,7 +1,8 @@
 """The tenant budget ledger: reservations before model calls, settlement after.
 
 ``book`` is the pure arithmetic of one tenant's ledger entry (its parts: ``entries``);
-``store`` is the port the operator and the workers use — named operations on the entries
+``reserve`` decides one model call's reservation (held, waiting or refused); ``store`` is
+the port the operator and the workers use — named operations on the entries
 (admit a run, a turn's ``hold``, close a run, the admission queue), written by
 compare-and-set (``cas``).
 """
@@ -13,9 +14,6 @@ from agentrun.ledger.entries import (
     RESOURCES,
     Active,
     BudgetRefusal,
-    BudgetWait,
-    CallNeed,
-    Granted,
     Hold,
     LedgerCorrupt,
     TenantLimits,
@@ -23,6 +21,7 @@ from agentrun.ledger.entries import (
     worst_case,
 )
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
+from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 from agentrun.ledger.store import LedgerStore, QueuedRun, QueueFull, Repair
 
 __all__ = [

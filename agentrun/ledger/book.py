@@ -13,8 +13,9 @@ The entry holds, for the current fixed window:
   cumulative usage charged so far and the turn it was charged up to.
 - ``waiting``: calls that fit what is committed (``used``) but not next to other runs' holds;
   they wait for those holds to settle instead of ending the run, oldest first
-  (``reserve_call``). A run ends ``tenant_budget_exhausted`` only when ``used`` plus its own
-  smallest worst case exceeds a limit.
+  (``reserve_call``; the reservation rules are in ``reserve``). A run ends
+  ``tenant_budget_exhausted`` only when ``used`` plus its own smallest worst case exceeds a
+  limit.
 - a hold's ``spent``: what its model call used once it answered, written before the turn goes
   on, so the call is charged even if its worker dies before the turn commits (the sweep, a
   redelivery replacing the hold, or the run's close charges it as abandoned).
@@ -31,24 +32,20 @@ from __future__ import annotations
 import dataclasses
 from decimal import Decimal
 
-from agentrun.kernel.limits import MILLION
+from agentrun.ledger import reserve
 from agentrun.ledger.entries import (
     ADMISSION_HOLD_TTL,
     BUDGET_EXHAUSTED,
-    BUDGET_HELD,
     CONCURRENCY_LIMIT,
     MAX_ACTIVE_RUNS,
-    WAITER_TTL,
     Active,
     BudgetRefusal,
-    BudgetWait,
-    CallNeed,
-    Granted,
     Hold,
     TenantLimits,
     Waiter,
     window_start,
 )
+from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
 
 @dataclasses.dataclass(slots=True)
@@ -186,21 +183,13 @@ class Book:
         self.roll(now)
         if run_uid in self.active:
             return None
-        cap = self.limits.max_concurrent_runs
-        if cap is not None and len(self.active) >= cap:
-            return BudgetRefusal(
-                CONCURRENCY_LIMIT,
-                None,
-                f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
-            )
-        if len(self.active) >= MAX_ACTIVE_RUNS:
-            return BudgetRefusal(
-                CONCURRENCY_LIMIT,
-                None,
-                f"{len(self.active)} runs are active, the most one tenant's ledger entry holds",
-            )
+        slot = self._slot_refusal()
+        if slot is not None:
+            return slot
         if need_tokens or need_cost:
-            refusal = self._admission_refusal(now, need_tokens=need_tokens, need_cost=need_cost)
+            refusal = reserve.admission_refusal(
+                self, now=now, need_tokens=need_tokens, need_cost=need_cost
+            )
         else:
             refusal = self.exhausted(now)
         if refusal is not None:
@@ -219,218 +208,39 @@ class Book:
             )
         return None
 
-    def _admission_refusal(
-        self, now: float, *, need_tokens: int, need_cost: Decimal
-    ) -> BudgetRefusal | None:
-        """``BudgetExhausted`` when ``need`` does not fit what is committed (``used``), so it
-        never will this window; ``BudgetHeld`` when it does, but not next to the holds in
-        flight and the oldest waiting call (running runs go first); else ``None``."""
-        limits = self.limits
-        if limits.tokens is not None and self.used_tokens + need_tokens > limits.tokens:
+    def _slot_refusal(self) -> BudgetRefusal | None:
+        """``ConcurrencyLimit`` when no concurrency slot is free (``maxConcurrentRuns``, or the
+        most runs one entry holds), else ``None``."""
+        cap = self.limits.max_concurrent_runs
+        if cap is not None and len(self.active) >= cap:
             return BudgetRefusal(
-                BUDGET_EXHAUSTED,
-                "tokens",
-                f"tokens: {self.used_tokens} used of {limits.tokens} this window; a first "
-                f"call needs up to {need_tokens}",
+                CONCURRENCY_LIMIT,
+                None,
+                f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
             )
-        if limits.cost_usd is not None and self.used_cost + need_cost > limits.cost_usd:
+        if len(self.active) >= MAX_ACTIVE_RUNS:
             return BudgetRefusal(
-                BUDGET_EXHAUSTED,
-                "costUSD",
-                f"costUSD: {self.used_cost} used of {limits.cost_usd} this window; a first "
-                f"call needs up to {need_cost}",
+                CONCURRENCY_LIMIT,
+                None,
+                f"{len(self.active)} runs are active, the most one tenant's ledger entry holds",
             )
-        if self._wall_exhausted(now):
-            return BudgetRefusal(BUDGET_EXHAUSTED, "wallClockSeconds", self._wall_message(now))
-        self._drop_expired_waiters(now)
-        held_tokens, held_cost = self.reserved_tokens, self.reserved_cost
-        ahead = self._oldest_waiter_before("")
-        if ahead is not None:
-            held_tokens, held_cost = held_tokens + ahead.tokens, held_cost + ahead.cost_usd
-        for resource, over in (
-            (
-                "tokens",
-                limits.tokens is not None
-                and self.used_tokens + held_tokens + need_tokens > limits.tokens,
-            ),
-            (
-                "costUSD",
-                limits.cost_usd is not None
-                and self.used_cost + held_cost + need_cost > limits.cost_usd,
-            ),
-        ):
-            if over:
-                return BudgetRefusal(
-                    BUDGET_HELD,
-                    resource,
-                    f"{resource}: {self.used_tokens} tokens / {self.used_cost} USD used and "
-                    f"{held_tokens} / {held_cost} held by calls in flight or waiting; a first "
-                    f"call needs up to {need_tokens} / {need_cost}",
-                )
         return None
 
     def reserve(self, key: str, hold: Hold, *, now: float) -> BudgetRefusal | None:
-        """Hold ``hold`` under ``key`` (``<run-uid>:<turn>``) if it fits within every limit.
-
-        Fits means ``used + reserved + hold ≤ limit`` for tokens and cost (the last call that
-        exactly reaches a limit is allowed) and wall-clock time left. A hold already under
-        ``key`` (a redelivered turn whose first worker died) is replaced, not added to.
-        """
-        self.roll(now)
-        previous = self.holds.pop(key, None)
-        if previous is not None and previous.answered and previous.owner != hold.owner:
-            # an earlier delivery's call answered and its worker is gone: the provider billed it
-            self._charge_abandoned(previous)
-            previous = None
-        limits = self.limits
-        if limits.tokens is not None:
-            after = self.used_tokens + self.reserved_tokens + hold.tokens
-            if after > limits.tokens:
-                return self._refuse(
-                    key,
-                    previous,
-                    "tokens",
-                    f"tenant {self.tenant!r} tokens: {self.used_tokens} used + "
-                    f"{self.reserved_tokens} reserved + {hold.tokens} for this call "
-                    f"exceeds {limits.tokens}",
-                )
-        if limits.cost_usd is not None:
-            cost_after = self.used_cost + self.reserved_cost + hold.cost_usd
-            if cost_after > limits.cost_usd:
-                return self._refuse(
-                    key,
-                    previous,
-                    "costUSD",
-                    f"tenant {self.tenant!r} costUSD: {self.used_cost} used + "
-                    f"{self.reserved_cost} reserved + {hold.cost_usd} for this call "
-                    f"exceeds {limits.cost_usd}",
-                )
-        if limits.wall_seconds is not None and self.wall_used(now) >= limits.wall_seconds:
-            return self._refuse(
-                key,
-                previous,
-                "wallClockSeconds",
-                f"tenant {self.tenant!r} wallClockSeconds: {self.wall_used(now):.0f} of "
-                f"{limits.wall_seconds:.0f} used",
-            )
-        self.holds[key] = hold
-        return None
+        """Hold ``hold`` under ``key`` (``<run-uid>:<turn>``) if it fits within every limit,
+        else the refusal; a hold already under ``key`` is replaced (``reserve.reserve``)."""
+        return reserve.reserve(self, key, hold, now=now)
 
     def reserve_call(
         self, key: str, need: CallNeed, hold: Hold, *, now: float
     ) -> Granted | BudgetWait | BudgetRefusal:
-        """Hold the call ``need`` under ``key`` (``hold`` gives its run, turn, owner and expiry;
-        its amounts are set here), or say that it waits or why it can never run.
-
-        - Refused when even its smallest worst case (``need.floor``) does not fit what is
-          committed (``used``): used only grows in a window, so waiting would not help.
-        - Waits (``BudgetWait``, recorded in ``waiting``) when it fits what is committed but
-          not next to other runs' holds, or not next to the oldest earlier waiter's smallest
-          worst case: waiters are served oldest first, and a newer call never takes the room
-          an older one waits for.
-        - Otherwise held with the largest output allowance up to ``need.output_tokens`` that
-          fits (so the last calls of a window shrink to what is left instead of failing).
-        """
-        self.roll(now)
-        self._drop_expired_waiters(now)
-        previous = self.holds.get(key)
-        if previous is not None and previous.owner != hold.owner:
-            self.holds.pop(key)
-            if previous.answered:
-                self._charge_abandoned(previous)
-        own = self.holds.pop(key, None)  # this owner asking again: its old hold is not a rival
-        floor = need.floor
-        alone = self._largest_output(need, reserved=(0, Decimal(0)))
-        if alone is None or alone < floor:
-            self.waiting.pop(key, None)
-            return self._refuse(key, own, *self._shortfall(need, floor))
-        rivals = (self.reserved_tokens, self.reserved_cost)
-        ahead = self._oldest_waiter_before(key)
-        if ahead is not None:
-            rivals = (rivals[0] + ahead.tokens, rivals[1] + ahead.cost_usd)
-        fits = self._largest_output(need, reserved=rivals)
-        if fits is None or fits < floor or self._wall_exhausted(now):
-            if self._wall_exhausted(now):
-                self.waiting.pop(key, None)
-                return self._refuse(key, own, "wallClockSeconds", self._wall_message(now))
-            if own is not None:  # asked again while holding: keep what it holds
-                self.holds[key] = own
-            tokens, cost = need.worst(floor)
-            waiter = self.waiting.get(key)
-            if waiter is None:
-                self.waiting[key] = Waiter(now, tokens, cost, now + WAITER_TTL)
-            elif waiter.expires - now < WAITER_TTL / 2:
-                waiter.expires = now + WAITER_TTL
-            return BudgetWait(
-                f"tenant {self.tenant!r}: {self.used_tokens} tokens / {self.used_cost} USD "
-                f"used, {self.reserved_tokens} / {self.reserved_cost} held by calls in flight; "
-                f"this call needs at least {tokens} / {cost}"
-            )
-        output = min(fits, need.output_tokens)
-        tokens, cost = need.worst(output)
-        hold.tokens, hold.cost_usd = tokens, cost
-        self.waiting.pop(key, None)
-        self.holds[key] = hold
-        return Granted(output, tokens, cost)
-
-    def _largest_output(self, need: CallNeed, *, reserved: tuple[int, Decimal]) -> int | None:
-        """The largest output allowance ≤ ``need.output_tokens`` that fits next to ``used``
-        and ``reserved`` (tokens, USD); ``None`` if not even the prompt fits."""
-        best = need.output_tokens
-        limits = self.limits
-        if limits.tokens is not None:
-            best = min(best, limits.tokens - self.used_tokens - reserved[0] - need.prompt_tokens)
-        if limits.cost_usd is not None:
-            left = limits.cost_usd - self.used_cost - reserved[1] - need.worst(0)[1]
-            price = need.pricing.output_per_million
-            if left < 0:
-                return None
-            if price > 0:
-                best = min(best, int(left * MILLION // price))
-        return None if best < 0 else best
-
-    def _shortfall(self, need: CallNeed, floor: int) -> tuple[str, str]:
-        """The resource a call's smallest worst case overruns on committed use, and why."""
-        tokens, cost = need.worst(floor)
-        limits = self.limits
-        if limits.tokens is not None and self.used_tokens + tokens > limits.tokens:
-            return "tokens", (
-                f"tenant {self.tenant!r} tokens: {self.used_tokens} used + {tokens} for this "
-                f"call exceeds {limits.tokens}"
-            )
-        return "costUSD", (
-            f"tenant {self.tenant!r} costUSD: {self.used_cost} used + {cost} for this call "
-            f"exceeds {limits.cost_usd}"
-        )
-
-    def _oldest_waiter_before(self, key: str) -> Waiter | None:
-        """The oldest waiter other than ``key`` that waits longer than ``key`` (if it waits)."""
-        mine = self.waiting.get(key)
-        others = [(w.since, k) for k, w in self.waiting.items() if k != key]
-        if not others:
-            return None
-        since, oldest = min(others)
-        if mine is not None and (mine.since, key) < (since, oldest):
-            return None
-        return self.waiting[oldest]
-
-    def _drop_expired_waiters(self, now: float) -> None:
-        for key in [k for k, w in self.waiting.items() if w.expires <= now]:
-            del self.waiting[key]
-
-    def _wall_exhausted(self, now: float) -> bool:
-        limit = self.limits.wall_seconds
-        return limit is not None and self.wall_used(now) >= limit
-
-    def _wall_message(self, now: float) -> str:
-        return (
-            f"tenant {self.tenant!r} wallClockSeconds: {self.wall_used(now):.0f} of "
-            f"{self.limits.wall_seconds:.0f} used"
-        )
+        """Hold the call ``need`` under ``key`` with the largest output allowance that fits,
+        or record it as waiting, or refuse it (``reserve.reserve_call``)."""
+        return reserve.reserve_call(self, key, need, hold, now=now)
 
     def stop_waiting(self, key: str) -> bool:
         """The call ``key`` no longer waits (its turn was given up); True if it did."""
-        return self.waiting.pop(key, None) is not None
+        return reserve.stop_waiting(self, key)
 
     def record_spend(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal) -> bool:
         """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
@@ -450,21 +260,16 @@ class Book:
         if hold is None:
             return False
         if hold.answered and hold.turn > committed_turn:
-            self._charge_abandoned(hold)
+            self.charge_abandoned(hold)
         return True
 
-    def _charge_abandoned(self, hold: Hold) -> None:
+    def charge_abandoned(self, hold: Hold) -> None:
+        """Charge ``hold``'s answered call (its ``spent``) to ``used``, as abandoned: the
+        provider billed it, but its turn will never commit."""
         self.used_tokens += hold.spent_tokens
         self.used_cost += hold.spent_cost
         self.abandoned_tokens += hold.spent_tokens
         self.abandoned_cost += hold.spent_cost
-
-    def _refuse(
-        self, key: str, previous: Hold | None, resource: str, message: str
-    ) -> BudgetRefusal:
-        if previous is not None:
-            self.holds[key] = previous
-        return BudgetRefusal(BUDGET_EXHAUSTED, resource, message)
 
     def refresh(self, key: str, *, owner: str, expires: float) -> bool:
         """Push the expiry of ``owner``'s hold out; False if the hold is gone or not theirs."""

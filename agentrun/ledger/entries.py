@@ -105,7 +105,7 @@ class Hold:
 
 @dataclasses.dataclass(slots=True)
 class Waiter:
-    """A call waiting for other runs' holds to settle (``Book.reserve_call``)."""
+    """A call waiting for other runs' holds to settle (``reserve.reserve_call``)."""
 
     since: float
     """When it first waited, epoch seconds: the order waiters are served in."""
@@ -115,48 +115,6 @@ class Waiter:
     """The price of that."""
     expires: float
     """Epoch seconds; pushed out each time the call asks again. Past it, the waiter is gone."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CallNeed:
-    """A model call to hold budget for: its prompt and the output allowance it may shrink."""
-
-    prompt_tokens: int
-    """An upper bound of the prompt's tokens."""
-    output_tokens: int
-    """The output allowance every run budget leaves (the request's ``max_tokens``)."""
-    pricing: Pricing
-    min_output_tokens: int = 0
-    """The least allowance worth calling with; the allowance shrinks down to it to fit what
-    is left (0 or ``output_tokens``: never shrinks)."""
-
-    def worst(self, output_tokens: int) -> tuple[int, Decimal]:
-        """(tokens, USD) of the call with ``output_tokens`` allowed (see ``worst_case``)."""
-        return worst_case(
-            prompt_tokens=self.prompt_tokens, output_tokens=output_tokens, pricing=self.pricing
-        )
-
-    @property
-    def floor(self) -> int:
-        """The smallest allowance it accepts."""
-        return min(self.output_tokens, self.min_output_tokens or self.output_tokens)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Granted:
-    """A held call: it may start with ``output_tokens`` allowed."""
-
-    output_tokens: int
-    tokens: int
-    cost_usd: Decimal
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BudgetWait:
-    """The call fits what is committed, but not next to other runs' holds (or an older
-    waiter): it waits for them to settle and asks again."""
-
-    message: str
 
 
 @dataclasses.dataclass(slots=True)

@@ -31,7 +31,8 @@ from typing import Protocol, TypeVar
 
 from agentrun import kernel
 from agentrun.ledger.book import Book
-from agentrun.ledger.entries import BudgetRefusal, BudgetWait, CallNeed, Granted, Hold
+from agentrun.ledger.entries import BudgetRefusal, Hold
+from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,312 @@
+"""Reserving budget for one model call: hold it, let it wait, or refuse it; pure like ``book``.
+
+A call holds its worst case (estimated prompt tokens + the output allowance, priced) only if
+``used + reserved + worst case`` stays within every limit. A call that fits what is committed
+(``used``) but not next to other runs' holds waits for them to settle instead of ending its
+run (``BudgetWait``); waiters are served oldest first, and a newer call never takes the room an
+older one waits for. When it fits, the output allowance shrinks down to ``min_output_tokens``
+to what is left, so the last calls of a window shrink instead of failing (``Granted``). The
+``Book`` methods ``reserve``, ``reserve_call``, ``stop_waiting`` and ``admit`` call these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from agentrun.kernel.limits import MILLION, Pricing
+from agentrun.ledger.entries import (
+    BUDGET_EXHAUSTED,
+    BUDGET_HELD,
+    WAITER_TTL,
+    BudgetRefusal,
+    Hold,
+    Waiter,
+    worst_case,
+)
+
+if TYPE_CHECKING:
+    from agentrun.ledger.book import Book
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CallNeed:
+    """A model call to hold budget for: its prompt and the output allowance it may shrink."""
+
+    prompt_tokens: int
+    """An upper bound of the prompt's tokens."""
+    output_tokens: int
+    """The output allowance every run budget leaves (the request's ``max_tokens``)."""
+    pricing: Pricing
+    min_output_tokens: int = 0
+    """The least allowance worth calling with; the allowance shrinks down to it to fit what
+    is left (0 or ``output_tokens``: never shrinks)."""
+
+    def worst(self, output_tokens: int) -> tuple[int, Decimal]:
+        """(tokens, USD) of the call with ``output_tokens`` allowed (see ``worst_case``)."""
+        return worst_case(
+            prompt_tokens=self.prompt_tokens, output_tokens=output_tokens, pricing=self.pricing
+        )
+
+    @property
+    def floor(self) -> int:
+        """The smallest allowance it accepts."""
+        return min(self.output_tokens, self.min_output_tokens or self.output_tokens)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Granted:
+    """A held call: it may start with ``output_tokens`` allowed."""
+
+    output_tokens: int
+    tokens: int
+    cost_usd: Decimal
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BudgetWait:
+    """The call fits what is committed, but not next to other runs' holds (or an older
+    waiter): it waits for them to settle and asks again."""
+
+    message: str
+
+
+def admission_refusal(
+    book: Book, *, now: float, need_tokens: int, need_cost: Decimal
+) -> BudgetRefusal | None:
+    """``BudgetExhausted`` when ``need`` does not fit what is committed (``used``), so it
+    never will this window; ``BudgetHeld`` when it does, but not next to the holds in
+    flight and the oldest waiting call (running runs go first); else ``None``."""
+    limits = book.limits
+    if limits.tokens is not None and book.used_tokens + need_tokens > limits.tokens:
+        return BudgetRefusal(
+            BUDGET_EXHAUSTED,
+            "tokens",
+            f"tokens: {book.used_tokens} used of {limits.tokens} this window; a first "
+            f"call needs up to {need_tokens}",
+        )
+    if limits.cost_usd is not None and book.used_cost + need_cost > limits.cost_usd:
+        return BudgetRefusal(
+            BUDGET_EXHAUSTED,
+            "costUSD",
+            f"costUSD: {book.used_cost} used of {limits.cost_usd} this window; a first "
+            f"call needs up to {need_cost}",
+        )
+    if _wall_exhausted(book, now):
+        return BudgetRefusal(BUDGET_EXHAUSTED, "wallClockSeconds", _wall_message(book, now))
+    _drop_expired_waiters(book, now)
+    held_tokens, held_cost = book.reserved_tokens, book.reserved_cost
+    ahead = _oldest_waiter_before(book, "")
+    if ahead is not None:
+        held_tokens, held_cost = held_tokens + ahead.tokens, held_cost + ahead.cost_usd
+    for resource, over in (
+        (
+            "tokens",
+            limits.tokens is not None
+            and book.used_tokens + held_tokens + need_tokens > limits.tokens,
+        ),
+        (
+            "costUSD",
+            limits.cost_usd is not None
+            and book.used_cost + held_cost + need_cost > limits.cost_usd,
+        ),
+    ):
+        if over:
+            return BudgetRefusal(
+                BUDGET_HELD,
+                resource,
+                f"{resource}: {book.used_tokens} tokens / {book.used_cost} USD used and "
+                f"{held_tokens} / {held_cost} held by calls in flight or waiting; a first "
+                f"call needs up to {need_tokens} / {need_cost}",
+            )
+    return None
+
+
+def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | None:
+    """Hold ``hold`` under ``key`` (``<run-uid>:<turn>``) if it fits within every limit.
+
+    Fits means ``used + reserved + hold ≤ limit`` for tokens and cost (the last call that
+    exactly reaches a limit is allowed) and wall-clock time left. A hold already under
+    ``key`` (a redelivered turn whose first worker died) is replaced, not added to.
+    """
+    book.roll(now)
+    previous = book.holds.pop(key, None)
+    if previous is not None and previous.answered and previous.owner != hold.owner:
+        # an earlier delivery's call answered and its worker is gone: the provider billed it
+        book.charge_abandoned(previous)
+        previous = None
+    limits = book.limits
+    if limits.tokens is not None:
+        after = book.used_tokens + book.reserved_tokens + hold.tokens
+        if after > limits.tokens:
+            return _refuse(
+                book,
+                key,
+                previous,
+                "tokens",
+                f"tenant {book.tenant!r} tokens: {book.used_tokens} used + "
+                f"{book.reserved_tokens} reserved + {hold.tokens} for this call "
+                f"exceeds {limits.tokens}",
+            )
+    if limits.cost_usd is not None:
+        cost_after = book.used_cost + book.reserved_cost + hold.cost_usd
+        if cost_after > limits.cost_usd:
+            return _refuse(
+                book,
+                key,
+                previous,
+                "costUSD",
+                f"tenant {book.tenant!r} costUSD: {book.used_cost} used + "
+                f"{book.reserved_cost} reserved + {hold.cost_usd} for this call "
+                f"exceeds {limits.cost_usd}",
+            )
+    if limits.wall_seconds is not None and book.wall_used(now) >= limits.wall_seconds:
+        return _refuse(
+            book,
+            key,
+            previous,
+            "wallClockSeconds",
+            f"tenant {book.tenant!r} wallClockSeconds: {book.wall_used(now):.0f} of "
+            f"{limits.wall_seconds:.0f} used",
+        )
+    book.holds[key] = hold
+    return None
+
+
+def reserve_call(
+    book: Book, key: str, need: CallNeed, hold: Hold, *, now: float
+) -> Granted | BudgetWait | BudgetRefusal:
+    """Hold the call ``need`` under ``key`` (``hold`` gives its run, turn, owner and expiry;
+    its amounts are set here), or say that it waits or why it can never run.
+
+    - Refused when even its smallest worst case (``need.floor``) does not fit what is
+      committed (``used``): used only grows in a window, so waiting would not help.
+    - Waits (``BudgetWait``, recorded in ``waiting``) when it fits what is committed but
+      not next to other runs' holds, or not next to the oldest earlier waiter's smallest
+      worst case: waiters are served oldest first, and a newer call never takes the room
+      an older one waits for.
+    - Otherwise held with the largest output allowance up to ``need.output_tokens`` that
+      fits (so the last calls of a window shrink to what is left instead of failing).
+    """
+    book.roll(now)
+    _drop_expired_waiters(book, now)
+    previous = book.holds.get(key)
+    if previous is not None and previous.owner != hold.owner:
+        book.holds.pop(key)
+        if previous.answered:
+            book.charge_abandoned(previous)
+    own = book.holds.pop(key, None)  # this owner asking again: its old hold is not a rival
+    floor = need.floor
+    alone = _largest_output(book, need, reserved=(0, Decimal(0)))
+    if alone is None or alone < floor:
+        book.waiting.pop(key, None)
+        return _refuse(book, key, own, *_shortfall(book, need, floor))
+    rivals = (book.reserved_tokens, book.reserved_cost)
+    ahead = _oldest_waiter_before(book, key)
+    if ahead is not None:
+        rivals = (rivals[0] + ahead.tokens, rivals[1] + ahead.cost_usd)
+    fits = _largest_output(book, need, reserved=rivals)
+    if fits is None or fits < floor or _wall_exhausted(book, now):
+        if _wall_exhausted(book, now):
+            book.waiting.pop(key, None)
+            return _refuse(book, key, own, "wallClockSeconds", _wall_message(book, now))
+        if own is not None:  # asked again while holding: keep what it holds
+            book.holds[key] = own
+        return _wait(book, key, need.worst(floor), now=now)
+    output = min(fits, need.output_tokens)
+    tokens, cost = need.worst(output)
+    hold.tokens, hold.cost_usd = tokens, cost
+    book.waiting.pop(key, None)
+    book.holds[key] = hold
+    return Granted(output, tokens, cost)
+
+
+def _wait(book: Book, key: str, least: tuple[int, Decimal], *, now: float) -> BudgetWait:
+    """Record (or keep alive) the call ``key`` as a waiter needing at least ``least``
+    (tokens, USD), and say why it waits."""
+    tokens, cost = least
+    waiter = book.waiting.get(key)
+    if waiter is None:
+        book.waiting[key] = Waiter(now, tokens, cost, now + WAITER_TTL)
+    elif waiter.expires - now < WAITER_TTL / 2:
+        waiter.expires = now + WAITER_TTL
+    return BudgetWait(
+        f"tenant {book.tenant!r}: {book.used_tokens} tokens / {book.used_cost} USD "
+        f"used, {book.reserved_tokens} / {book.reserved_cost} held by calls in flight; "
+        f"this call needs at least {tokens} / {cost}"
+    )
+
+
+def _largest_output(book: Book, need: CallNeed, *, reserved: tuple[int, Decimal]) -> int | None:
+    """The largest output allowance ≤ ``need.output_tokens`` that fits next to ``used``
+    and ``reserved`` (tokens, USD); ``None`` if not even the prompt fits."""
+    best = need.output_tokens
+    limits = book.limits
+    if limits.tokens is not None:
+        best = min(best, limits.tokens - book.used_tokens - reserved[0] - need.prompt_tokens)
+    if limits.cost_usd is not None:
+        left = limits.cost_usd - book.used_cost - reserved[1] - need.worst(0)[1]
+        price = need.pricing.output_per_million
+        if left < 0:
+            return None
+        if price > 0:
+            best = min(best, int(left * MILLION // price))
+    return None if best < 0 else best
+
+
+def _shortfall(book: Book, need: CallNeed, floor: int) -> tuple[str, str]:
+    """The resource a call's smallest worst case overruns on committed use, and why."""
+    tokens, cost = need.worst(floor)
+    limits = book.limits
+    if limits.tokens is not None and book.used_tokens + tokens > limits.tokens:
+        return "tokens", (
+            f"tenant {book.tenant!r} tokens: {book.used_tokens} used + {tokens} for this "
+            f"call exceeds {limits.tokens}"
+        )
+    return "costUSD", (
+        f"tenant {book.tenant!r} costUSD: {book.used_cost} used + {cost} for this call "
+        f"exceeds {limits.cost_usd}"
+    )
+
+
+def _oldest_waiter_before(book: Book, key: str) -> Waiter | None:
+    """The oldest waiter other than ``key`` that waits longer than ``key`` (if it waits)."""
+    mine = book.waiting.get(key)
+    others = [(w.since, k) for k, w in book.waiting.items() if k != key]
+    if not others:
+        return None
+    since, oldest = min(others)
+    if mine is not None and (mine.since, key) < (since, oldest):
+        return None
+    return book.waiting[oldest]
+
+
+def _drop_expired_waiters(book: Book, now: float) -> None:
+    for key in [k for k, w in book.waiting.items() if w.expires <= now]:
+        del book.waiting[key]
+
+
+def _wall_exhausted(book: Book, now: float) -> bool:
+    limit = book.limits.wall_seconds
+    return limit is not None and book.wall_used(now) >= limit
+
+
+def _wall_message(book: Book, now: float) -> str:
+    return (
+        f"tenant {book.tenant!r} wallClockSeconds: {book.wall_used(now):.0f} of "
+        f"{book.limits.wall_seconds:.0f} used"
+    )
+
+
+def stop_waiting(book: Book, key: str) -> bool:
+    """The call ``key`` no longer waits (its turn was given up); True if it did."""
+    return book.waiting.pop(key, None) is not None
+
+
+def _refuse(
+    book: Book, key: str, previous: Hold | None, resource: str, message: str
+) -> BudgetRefusal:
+    if previous is not None:
+        book.holds[key] = previous
+    return BudgetRefusal(BUDGET_EXHAUSTED, resource, message)
