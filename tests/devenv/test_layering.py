@@ -17,7 +17,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DEVENV = REPO / "devtools" / "agentrun_dev"
 THIRD_PARTY = {"cryptography", "installer", "packaging", "platformdirs", "psutil", "yaml"}
-DEV_ONLY_LIBRARIES = {"cryptography", "installer", "platformdirs", "psutil"}
+DEV_ONLY_LIBRARIES = {"installer", "platformdirs", "psutil"}
+"""Libraries only the dev tooling uses. (``cryptography`` is a runtime dependency since the MCP
+client needs it; the dev tooling's certificates use it too.)"""
 RUNTIME = ["agentrun", "operator", "worker"]
 
 
