@@ -47,7 +47,12 @@ async def get_model(api: client.ApiClient, name: str) -> dict[str, Any] | None:
 
 
 class ModelCache:
-    """AgentModels by name, each read at most once per ``MODEL_CACHE_SECONDS``."""
+    """AgentModels by name, each read at most once per ``MODEL_CACHE_SECONDS``.
+
+    Only models found are cached: a model that does not exist is asked for again next time,
+    so a run applied together with its AgentModel (or just before it) is not refused for
+    the cache's lifetime.
+    """
 
     def __init__(
         self, api: client.ApiClient | None, *, clock: Callable[[], float] = time.monotonic
@@ -66,7 +71,10 @@ class ModelCache:
         if cached is not None and cached[0] > now:
             return cached[1]
         model = await get_model(self._api, name)
-        self._models[name] = (now + MODEL_CACHE_SECONDS, model)
+        if model is None:
+            self._models.pop(name, None)
+        else:
+            self._models[name] = (now + MODEL_CACHE_SECONDS, model)
         return model
 
 
