@@ -23,8 +23,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
 ``start_parts``, after taking the leader Lease).
 
-What does not belong here: kopf's configuration and handlers (``handlers``), the process
-bootstrap (``main``).
+What does not belong here: kopf's configuration and handlers (``handlers``, ``runhandlers``,
+``watches``), the process bootstrap (``main``).
 """
 
 from __future__ import annotations
