@@ -10,14 +10,12 @@ import time
 from typing import Any
 
 import kopf
-from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kube
 
 from . import agents
 from .recorder import EventType, Involved
-from .statuswriter import MERGE_PATCH
 from .toolservers import TOOL_SERVERS
 from .wiring import OperatorMemo
 
@@ -79,19 +77,7 @@ async def agent_changed(
             message=f"runs of this Agent would end invalid_spec: {found.message}",
             key=(name, namespace, found.reason, generation),
         )
-    try:
-        await client.CustomObjectsApi(parts.api).patch_namespaced_custom_object_status(
-            kube.GROUP,
-            kube.VERSION,
-            namespace,
-            kube.AGENTS,
-            name,
-            {"metadata": {"uid": body.get("metadata", {}).get("uid")}, "status": new},
-            **MERGE_PATCH,
-        )
-    except ApiException as err:
-        if err.status not in (404, 409):  # gone, or replaced by a new object of the name
-            raise
+    await agents.write_ready_status(parts.api, body, new)
 
 
 @kopf.on.event(*TOOL_SERVER)

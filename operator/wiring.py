@@ -120,62 +120,60 @@ async def start_parts(
         BusSettings(url=settings.nats_url, ack_wait=settings.turn_ack_wait),
         name=f"agentrun-operator-{os.getpid()}",
     )
-    writer = StatusWriter(KubeStatusStore(api), interval=settings.status_interval)
-    writer.start()
-    tenants = Tenants(api, default=settings.default_tenant)
+    parts = _build_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
     for obj in tenant_objects:
-        tenants.put(obj)
+        parts.tenants.put(obj)
+    parts.writer.start()
+    return dataclasses.replace(parts, tasks=_start_loops(parts))
+
+
+def _build_parts(
+    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: client.ApiClient
+) -> Parts:
+    """Every part, each given its collaborators; nothing started yet."""
+    writer = StatusWriter(KubeStatusStore(api), interval=settings.status_interval)
+    tenants = Tenants(api, default=settings.default_tenant)
     configs = _run_configs(api)
-    store = await LedgerStore.open(bus.js)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
-    orphans = OrphanWatch(bus, dispatcher, after=settings.orphan_after)
-    pump = QueuePump(
-        PumpDeps(
-            store=store,
-            tenants=tenants,
-            configs=configs,
-            runs=dispatcher,
-            writer=writer,
-            settlement=settlement,
-            board=board,
-            api=api,
-            events=events,
-        )
+    pump = PumpDeps(
+        store=store,
+        tenants=tenants,
+        configs=configs,
+        runs=dispatcher,
+        writer=writer,
+        settlement=settlement,
+        board=board,
+        api=api,
+        events=events,
     )
-    sweep = LedgerSweep(
-        SweepDeps(
-            store=store,
-            tenants=tenants,
-            board=board,
-            runs=dispatcher,
-            events=bus,
-            api=api,
-            recorder=events,
-        ),
-        interval=settings.ledger_sweep,
+    sweep = SweepDeps(
+        store=store,
+        tenants=tenants,
+        board=board,
+        runs=dispatcher,
+        events=bus,
+        api=api,
+        recorder=events,
     )
-    reaper = lifecycle.Reaper(lifecycle.KubeRunDeleter(api))
-    refresher = ToolServerRefresher(api)
-    parts = Parts(
+    return Parts(
         bus=bus,
         api=api,
         writer=writer,
         dispatcher=dispatcher,
-        orphans=orphans,
+        orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         tenants=tenants,
         configs=configs,
         board=board,
-        pump=pump,
-        sweep=sweep,
-        reaper=reaper,
+        pump=QueuePump(pump),
+        sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
+        reaper=lifecycle.Reaper(lifecycle.KubeRunDeleter(api)),
         events=events,
-        toolservers=refresher,
+        toolservers=ToolServerRefresher(api),
         tasks=(),
     )
-    return dataclasses.replace(parts, tasks=_start_loops(parts))
 
 
 def _run_configs(api: client.ApiClient) -> RunConfigs:
