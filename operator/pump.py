@@ -33,7 +33,7 @@ from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import RunConfig
 
 from . import admission, tenancy
-from .queuestatus import EndCounter, QueueStatus, StatusSubmitter, Waiting
+from .queuestatus import EndCounter, QueueStatus, Waiting
 from .recorder import EventRecorder, EventType, Involved
 from .runs import CANCEL_ANNOTATION, QueueWait, RunKey, WaitReason
 from .settlement import QueueBoard, RunSettlement
@@ -80,7 +80,8 @@ class PumpDeps:
     tenants: Tenants
     configs: RunConfigs
     runs: RunStarter
-    writer: StatusSubmitter
+    shown: QueueStatus
+    """Writes the status of the runs that wait or end unadmitted."""
     settlement: RunSettlement
     board: QueueBoard
     api: client.ApiClient | None
@@ -110,8 +111,7 @@ class QueuePump:
         self.store = deps.store
         self.board = deps.board
         self.clock = deps.clock
-        self.shown = QueueStatus(deps.writer, deps.runs, deps.events, deps.clock)
-        """Writes the status of the runs that wait or end unadmitted."""
+        self.shown = deps.shown
         self._waiting: dict[str, Waiting] = {}
         """Runs this operator has seen queued (uid → what their status shows)."""
         self._objects: dict[str, RunObject] = {}
@@ -148,7 +148,7 @@ class QueuePump:
             self._waiting.pop(run.uid, None)
             self._objects.pop(run.uid, None)
             message = f"{err}; the run could not be queued"
-            self.end_unadmitted(
+            self.shown.end_unadmitted(
                 run,
                 kernel.Phase.CHECKPOINT_FAILED,
                 message,
@@ -164,7 +164,7 @@ class QueuePump:
             if await self.store.dequeue(name, key.uid):
                 self._objects.pop(key.uid, None)
                 seen = self._waiting.pop(key.uid, None)
-                self.end_unadmitted(
+                self.shown.end_unadmitted(
                     key,
                     kernel.Phase.CANCELLED,
                     f"cancelled by the {CANCEL_ANNOTATION} annotation while queued",
@@ -186,19 +186,6 @@ class QueuePump:
 
     def _tenants_with_queues(self) -> list[str]:
         return sorted(set(self.deps.tenants.policies) | set(self.board.queued))
-
-    def end_unadmitted(
-        self,
-        key: RunKey,
-        phase: kernel.Phase,
-        message: str,
-        *,
-        tenant: str | None,
-        generation: int,
-    ) -> None:
-        """End a run that was never admitted (rejected spec, no tenant, no budget with
-        ``whenExhausted: Fail``, cancelled while queued): write its terminal status, count it."""
-        self.shown.end_unadmitted(key, phase, message, tenant=tenant, generation=generation)
 
     # --- the pump tasks -------------------------------------------------------------------------
 
@@ -311,7 +298,7 @@ class QueuePump:
         self, head: _Head, policy: TenantPolicy, phase: kernel.Phase, message: str
     ) -> None:
         """End a queued run that will not run, and take it out of the queue."""
-        self.end_unadmitted(
+        self.shown.end_unadmitted(
             head.key, phase, message, tenant=policy.name, generation=head.obj.metadata.generation
         )
         await self._leave(policy.name, head.key)

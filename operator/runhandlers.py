@@ -43,7 +43,7 @@ def _created(meta: kopf.Meta) -> float:
 def _reject(
     parts: Parts, run: RunKey, message: str, *, generation: int, tenant: str | None = None
 ) -> None:
-    parts.pump.end_unadmitted(
+    parts.shown.end_unadmitted(
         run, kernel.Phase.INVALID_SPEC, message, tenant=tenant, generation=generation
     )
 

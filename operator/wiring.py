@@ -13,6 +13,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``Dispatcher`` consumes run events and publishes turns.
 - ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost; it
   reads the dispatcher's live views and ends runs through it (``LiveRuns``).
+- ``QueueStatus`` writes the status of runs that wait in a queue or end unadmitted, counting
+  such ends through the dispatcher; the pump and the handlers use it.
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
@@ -33,6 +35,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -47,6 +50,7 @@ from . import lifecycle, recorder
 from .dispatch import Dispatcher
 from .orphans import OrphanWatch
 from .pump import PumpDeps, QueuePump
+from .queuestatus import QueueStatus
 from .recorder import EventRecorder
 from .settlement import QueueBoard, RunSettlement
 from .statuswriter import KubeStatusStore, StatusWriter
@@ -74,6 +78,7 @@ class Parts:
     configs: RunConfigs
     board: QueueBoard
     pump: QueuePump
+    shown: QueueStatus
     sweep: LedgerSweep
     reaper: lifecycle.Reaper
     events: EventRecorder
@@ -138,12 +143,13 @@ def _build_parts(
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
+    shown = QueueStatus(writer, dispatcher, events, time.time)
     pump = PumpDeps(
         store=store,
         tenants=tenants,
         configs=configs,
         runs=dispatcher,
-        writer=writer,
+        shown=shown,
         settlement=settlement,
         board=board,
         api=api,
@@ -168,6 +174,7 @@ def _build_parts(
         configs=configs,
         board=board,
         pump=QueuePump(pump),
+        shown=shown,
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
         reaper=lifecycle.Reaper(lifecycle.KubeRunDeleter(api)),
         events=events,
