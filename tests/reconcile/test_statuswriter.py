@@ -214,3 +214,61 @@ async def test_a_failed_write_is_retried_after_the_interval() -> None:
     await asyncio.sleep(0.2)
     await writer.flush_and_stop()
     assert api.writes == [(RUN, ended(9))]
+
+
+def watched(api: FakeApi) -> dict[str, Any]:
+    """The object as a watch event carries it."""
+    return {
+        "metadata": {"uid": RUN.uid, "resourceVersion": str(api.version)},
+        "status": dict(api.status),
+    }
+
+
+async def test_a_watched_version_spares_the_read_before_a_patch() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.observe(RUN, watched(api))
+    writer.submit(RUN, running(3), seq=3, terminal=False)
+    await writer.flush()
+    api.other_writer({})  # kopf's own patch (annotations, finalizer) moves the version on
+    writer.observe(RUN, watched(api))
+    writer.submit(RUN, running(5), seq=5, terminal=False)
+    await writer.flush()
+    assert [body["lastEventSequence"] for _, body in api.writes] == [3, 5]
+    assert api.reads == 0
+
+
+async def test_an_older_watched_version_is_not_taken_and_costs_one_read() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    early = watched(api)
+    writer.submit(RUN, running(3), seq=3, terminal=False)
+    await writer.flush()
+    writer.observe(RUN, early)  # delivered late: older than what the patch returned
+    api.other_writer({})
+    writer.submit(RUN, running(5), seq=5, terminal=False)
+    await writer.flush()
+    assert [body["lastEventSequence"] for _, body in api.writes] == [3, 5]
+    assert api.reads == 2  # the first write's, and the re-read after the refused (409) patch
+
+
+async def test_a_watched_end_drops_an_older_projection_unwritten() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.observe(RUN, watched(api))
+    api.other_writer(ended(6))
+    writer.observe(RUN, watched(api))
+    writer.submit(RUN, running(5), seq=5, terminal=False)
+    await writer.flush()
+    assert api.writes == [] and api.reads == 0
+
+
+async def test_a_finished_run_the_writer_never_wrote_is_not_remembered() -> None:
+    api = FakeApi()
+    api.other_writer(ended(6))
+    writer = StatusWriter(api, interval=0.0)
+    writer.observe(RUN, watched(api))  # e.g. listed at start-up: nothing is kept for it
+    writer.submit(RUN, running(5), seq=5, terminal=False)
+    assert writer.stale == 0
+    await writer.flush()  # so the write reads the object first, and drops the projection
+    assert (api.reads, writer.stale, api.writes) == (1, 1, [])
