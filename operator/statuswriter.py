@@ -270,8 +270,9 @@ class StatusWriter:
             except ApiException as err:
                 if err.status != 409:
                     raise
-                self._known.pop(run, None)  # changed meanwhile, or replaced: read again
-                continue
+                if self._known.get(run) is known:  # changed, or replaced, and not seen yet
+                    self._known.pop(run, None)  # so read it again
+                continue  # else the watch showed a newer version meanwhile: patch on that
             self.writes += 1
             self._known[run] = written
             if written.terminal:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -19,6 +19,8 @@ class FakeApi:
     resourceVersion preconditions, as the API server does."""
 
     def __init__(self, *, fail_with: int | None = None, uid: str = RUN.uid) -> None:
+        self.on_conflict: Callable[[], None] | None = None
+        """Runs when a patch is refused (409): e.g. a watch event arriving meanwhile."""
         self.writes: list[tuple[RunKey, dict[str, Any]]] = []
         self.fail_with = fail_with
         self.uid: str | None = uid
@@ -46,6 +48,8 @@ class FakeApi:
         if self.uid is None:
             raise ApiException(status=404, reason="NotFound")
         if self.uid != run.uid or version != str(self.version):
+            if self.on_conflict is not None:
+                self.on_conflict()
             raise ApiException(status=409, reason="Conflict")
         self.writes.append((run, dict(body)))
         self.other_writer(dict(body))
@@ -272,3 +276,15 @@ async def test_a_finished_run_the_writer_never_wrote_is_not_remembered() -> None
     assert writer.stale == 0
     await writer.flush()  # so the write reads the object first, and drops the projection
     assert (api.reads, writer.stale, api.writes) == (1, 1, [])
+
+
+async def test_a_refused_patch_retries_on_the_version_the_watch_showed_meanwhile() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.observe(RUN, watched(api))
+    api.other_writer({})  # kopf patches; its watch event arrives while our patch is refused
+    api.on_conflict = lambda: writer.observe(RUN, watched(api))
+    writer.submit(RUN, running(3), seq=3, terminal=False)
+    await writer.flush()
+    assert [body["lastEventSequence"] for _, body in api.writes] == [3]
+    assert api.reads == 0
