@@ -9,7 +9,14 @@ worker and the operator call these functions; nothing else decides a phase. A te
 (tests/kernel/test_purity.py) keeps this package free of I/O imports.
 """
 
-from agentrun.kernel.approval import DENIED, HeldCall, PendingBatch, digest_of, held_calls
+from agentrun.kernel.approval import (
+    DENIED,
+    HeldCall,
+    HoldReason,
+    PendingBatch,
+    digest_of,
+    held_calls,
+)
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import (
     Decision,
@@ -81,6 +88,7 @@ __all__ = [
     "Final",
     "Gate",
     "HeldCall",
+    "HoldReason",
     "InvalidCall",
     "Limits",
     "Malformed",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import assert_never
 
 from agentrun.kernel import approval, faults, output
@@ -99,9 +100,13 @@ def turn_signature(record: Answered, pollable: frozenset[str]) -> str | None:
     results, not arguments: calls that vary their arguments but learn nothing new are stale
     ; pollable tools are exempt.
     """
+    return _signature(_ran_results(record), pollable)
+
+
+def _signature(ran: Sequence[ToolResult], pollable: frozenset[str]) -> str | None:
     items = sorted(
         f"{r.name}\x1f{'err' if r.is_error else 'ok'}\x1f{r.content[:SIGNATURE_CLIP]}"
-        for r in _ran_results(record)
+        for r in ran
         if r.name not in pollable
     )
     if not items:
@@ -113,7 +118,8 @@ def _ran_results(record: Answered) -> list[ToolResult]:
     """Results of the valid calls that actually ran (not invalid, held or gated ones)."""
     if record.stopped is not None:
         return []
-    valid = {c.id for c in record.calls if isinstance(c, CheckedCall)} - set(record.held)
+    valid = {c.id for c in record.calls if isinstance(c, CheckedCall)}
+    valid -= {*record.held, *record.deferred}
     return [r for r in record.results if r.tool_call_id in valid]
 
 
@@ -164,6 +170,12 @@ def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> t
         return Phase.INVALID_DECISION, (
             f"{state.malformed_streak} malformed turns in a row (limit {limits.malformed_limit})"
         )
+    return _decide_after_tools(state, limits, turn=record.turn)
+
+
+def _decide_after_tools(state: RunState, limits: Limits, *, turn: int) -> tuple[Phase, str]:
+    """The phase once a turn's tools ran (the tail of ``_decide``, also used after the calls
+    of a batch with effects ran in their resume turn): unavailable tools, no progress, caps."""
     unavailable = _unavailable_tool(state, limits)
     if unavailable is not None:
         return Phase.TOOL_UNAVAILABLE, (
@@ -184,7 +196,19 @@ def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> t
         return Phase.TOKEN_BUDGET_EXHAUSTED, f"maxTokens {limits.max_tokens} used"
     if limits.max_cost_usd is not None and state.usage.cost_usd >= limits.max_cost_usd:
         return Phase.COST_BUDGET_EXHAUSTED, f"maxCostUSD {limits.max_cost_usd} spent"
-    return Phase.RUNNING, f"turn {record.turn} committed"
+    return Phase.RUNNING, f"turn {turn} committed"
+
+
+_AFTER_TOOLS = CAPS | {Phase.INVALID_DECISION, Phase.TOOL_UNAVAILABLE, Phase.NO_PROGRESS}
+"""The endings a turn's tool results can lead to: a turn with deferred calls leaves them to
+its resume turn (the calls run first, then the run may end so)."""
+
+
+def _deferred_message(record: Answered) -> str:
+    """``.status.message`` while a batch with effects waits for its resume turn."""
+    names = {c.id: c.name for c in record.calls}
+    calls = ", ".join(f"{names[i]} ({i})" for i in record.deferred)
+    return f"turn {record.turn} committed the model's decision; its calls run next: {calls}"
 
 
 def _settle_phase(after: RunState, ending: Ending, limits: Limits) -> RunState:
@@ -215,7 +239,7 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
         case Summarized():
             return _advance_summary(state, record)
         case Resumed():
-            return _advance_resume(state, record)
+            return _advance_resume(state, record, limits)
         case Stopped():
             return _advance_stopped(state, record.ending, limits)
         case ModelFailed():
@@ -265,9 +289,10 @@ def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunS
     nudged = stale and stale_streak == limits.no_progress_window
     notes = _correction_notes(decision, output_error, nudged=nudged, limits=limits)
     ran = _ran_results(record)
+    pending = record.held or record.deferred
     after = dataclasses.replace(
         state,
-        messages=state.messages + (() if record.held else _messages_of(record)) + notes,
+        messages=state.messages + (() if pending else _messages_of(record)) + notes,
         turn=state.turn + 1,
         steps=state.steps + 1,
         tool_calls=state.tool_calls + len(ran),
@@ -281,14 +306,17 @@ def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunS
         stale_streak=stale_streak,
         unavailable=_unavailable(state, ran),
         output_failures=state.output_failures + (1 if output_error else 0),
-        pending=approval.pending_of(record) if record.held else None,
+        pending=approval.pending_of(record) if pending else None,
     )
     phase, message = _decide(after, record, limits, _Turn(malformed, output_error))
+    if record.deferred and (phase is Phase.RUNNING or phase in _AFTER_TOOLS):
+        # the deferred calls run first: what they show is decided in their resume turn
+        phase, message = Phase.RUNNING, _deferred_message(record)
     if phase is Phase.RUNNING and after.pending is not None:
         waiting = after.pending.next_undecided
-        assert waiting is not None
-        phase = Phase.AWAITING_APPROVAL
-        message = f"waiting for approval of {waiting.name} ({waiting.id})"
+        if waiting is not None:
+            phase = Phase.AWAITING_APPROVAL
+            message = f"waiting for approval of {waiting.name} ({waiting.id})"
     return _settle_phase(after, Ending(phase, message), limits)
 
 
@@ -314,33 +342,58 @@ def _advance_summary(state: RunState, record: Summarized) -> RunState:
     )
 
 
-def _advance_resume(state: RunState, record: Resumed) -> RunState:
-    """Fold the turn that settled a held batch: the batch enters history whole, in call order."""
+def _advance_resume(state: RunState, record: Resumed, limits: Limits) -> RunState:
+    """Fold the turn that settled a pending batch: the batch enters history whole, in call
+    order. After a batch with effects ran, the phase is decided as after any tool batch (no
+    progress, unavailable tools, caps); after an approval alone the run goes on."""
     pending = state.pending
     if pending is None or pending.next_undecided is not None:
-        raise ValueError(f"turn {record.turn} resumes, but no decided approval is pending")
+        raise ValueError(f"turn {record.turn} resumes, but no decided batch is pending")
     held = pending.record
     by_id = {r.tool_call_id: r for r in (*held.results, *record.results)}
     assistant = _assistant_message(held)
     assert assistant is not None
     approved = {h.id for h in pending.held if h.approved}
-    ran = [r for r in record.results if r.tool_call_id in approved]
-    stopped = record.stopped
-    unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
-    if stopped is None and unknown is not None:
-        stopped = Ending(Phase.EFFECT_UNKNOWN, unknown.content)
-    return dataclasses.replace(
+    ran = [] if record.stopped else [r for r in record.results if r.tool_call_id in approved]
+    signature = _signature(ran, limits.pollable) if held.deferred else None
+    stale = signature is not None and signature in state.signatures
+    stale_streak = state.stale_streak + 1 if stale else (0 if signature else state.stale_streak)
+    nudged = stale and stale_streak == limits.no_progress_window
+    notes = _correction_notes(held.decision, None, nudged=nudged, limits=limits)
+    after = dataclasses.replace(
         state,
-        messages=(*state.messages, assistant, *(_tool_message(by_id[c.id]) for c in held.calls)),
+        messages=(
+            *state.messages,
+            assistant,
+            *(_tool_message(by_id[c.id]) for c in held.calls),
+            *(notes if nudged else ()),
+        ),
         turn=state.turn + 1,
-        tool_calls=state.tool_calls + (0 if record.stopped else len(ran)),
+        tool_calls=state.tool_calls + len(ran),
         tool_failures=state.tool_failures + sum(r.is_error for r in record.results),
+        corrections=state.corrections + (1 if nudged else 0),
         unavailable=_unavailable(state, ran),
         call_ids=state.call_ids | {c.id for c in held.calls},
+        signatures=state.signatures | {signature} if signature is not None else state.signatures,
+        stale_streak=stale_streak,
         pending=None,
-        phase=stopped.phase if stopped else Phase.RUNNING,
-        message=stopped.message if stopped else "approved calls settled",
     )
+    unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
+    stopped = record.stopped
+    if stopped is None and unknown is not None:
+        stopped = Ending(Phase.EFFECT_UNKNOWN, unknown.content)
+    if stopped is not None:
+        return dataclasses.replace(after, phase=stopped.phase, message=stopped.message)
+    if not held.deferred:
+        return dataclasses.replace(after, phase=Phase.RUNNING, message="approved calls settled")
+    if after.malformed_streak >= limits.malformed_limit:
+        phase, message = (
+            Phase.INVALID_DECISION,
+            (f"{after.malformed_streak} malformed turns in a row (limit {limits.malformed_limit})"),
+        )
+    else:
+        phase, message = _decide_after_tools(after, limits, turn=record.turn)
+    return _settle_phase(after, Ending(phase, message), limits)
 
 
 def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunState:
