@@ -359,14 +359,13 @@ def _advance_resume(state: RunState, record: Resumed, limits: Limits) -> RunStat
     stale = signature is not None and signature in state.signatures
     stale_streak = state.stale_streak + 1 if stale else (0 if signature else state.stale_streak)
     nudged = stale and stale_streak == limits.no_progress_window
-    notes = _correction_notes(held.decision, None, nudged=nudged, limits=limits)
     after = dataclasses.replace(
         state,
         messages=(
             *state.messages,
             assistant,
             *(_tool_message(by_id[c.id]) for c in held.calls),
-            *(notes if nudged else ()),
+            *_correction_notes(held.decision, None, nudged=nudged, limits=limits),
         ),
         turn=state.turn + 1,
         tool_calls=state.tool_calls + len(ran),
@@ -378,22 +377,29 @@ def _advance_resume(state: RunState, record: Resumed, limits: Limits) -> RunStat
         stale_streak=stale_streak,
         pending=None,
     )
+    return _settle_resumed(after, record, limits, ran=ran, effects=bool(held.deferred))
+
+
+def _settle_resumed(
+    after: RunState, record: Resumed, limits: Limits, *, ran: list[ToolResult], effects: bool
+) -> RunState:
+    """The phase after a resume turn: its gate's ending, an effect left unknown, then — only
+    for a batch with effects, whose decision turn left this to it — a malformed streak and
+    what any tool batch can end in; an approval alone lets the run go on."""
     unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
     stopped = record.stopped
     if stopped is None and unknown is not None:
         stopped = Ending(Phase.EFFECT_UNKNOWN, unknown.content)
     if stopped is not None:
         return dataclasses.replace(after, phase=stopped.phase, message=stopped.message)
-    if not held.deferred:
+    if not effects:
         return dataclasses.replace(after, phase=Phase.RUNNING, message="approved calls settled")
     if after.malformed_streak >= limits.malformed_limit:
-        phase, message = (
-            Phase.INVALID_DECISION,
-            (f"{after.malformed_streak} malformed turns in a row (limit {limits.malformed_limit})"),
-        )
+        message = f"{after.malformed_streak} malformed turns in a row"
+        ending = Ending(Phase.INVALID_DECISION, f"{message} (limit {limits.malformed_limit})")
     else:
-        phase, message = _decide_after_tools(after, limits, turn=record.turn)
-    return _settle_phase(after, Ending(phase, message), limits)
+        ending = Ending(*_decide_after_tools(after, limits, turn=record.turn))
+    return _settle_phase(after, ending, limits)
 
 
 def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunState:
