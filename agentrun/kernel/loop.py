@@ -12,21 +12,10 @@ import json
 from collections.abc import Sequence
 from typing import assert_never
 
-from agentrun.kernel import approval, faults, output
+from agentrun.kernel import approval, faults, output, records
 from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
 from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.limits import Limits, OnExhausted
-from agentrun.kernel.records import (
-    ERROR_PREFIX,
-    Answered,
-    Ending,
-    ModelFailed,
-    Resumed,
-    Stopped,
-    Summarized,
-    ToolResult,
-    TurnRecord,
-)
 from agentrun.kernel.state import Message, RunState, RunSummary
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.validate import CheckedCall, InvalidCall, stored_arguments
@@ -35,7 +24,7 @@ SIGNATURE_CLIP = 512
 """Characters of a result that count toward its no-progress signature."""
 
 
-def _assistant_message(record: Answered) -> Message | None:
+def _assistant_message(record: records.Answered) -> Message | None:
     decision = record.decision
     if isinstance(decision, Final):
         return {"role": "assistant", "content": decision.content}
@@ -55,8 +44,8 @@ def _assistant_message(record: Answered) -> Message | None:
     return None
 
 
-def _tool_message(result: ToolResult) -> Message:
-    content = ERROR_PREFIX + result.content if result.is_error else result.content
+def _tool_message(result: records.ToolResult) -> Message:
+    content = records.ERROR_PREFIX + result.content if result.is_error else result.content
     return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
 
 
@@ -93,7 +82,7 @@ def _nudge(window: int) -> str:
     )
 
 
-def turn_signature(record: Answered, pollable: frozenset[str]) -> str | None:
+def turn_signature(record: records.Answered, pollable: frozenset[str]) -> str | None:
     """The multiset of (tool, ok/error, clipped result) of the calls a turn ran, hashed.
 
     ``None`` when the turn ran no non-pollable tool (such a turn is never stale). Keyed on
@@ -103,7 +92,7 @@ def turn_signature(record: Answered, pollable: frozenset[str]) -> str | None:
     return _signature(_ran_results(record), pollable)
 
 
-def _signature(ran: Sequence[ToolResult], pollable: frozenset[str]) -> str | None:
+def _signature(ran: Sequence[records.ToolResult], pollable: frozenset[str]) -> str | None:
     items = sorted(
         f"{r.name}\x1f{'err' if r.is_error else 'ok'}\x1f{r.content[:SIGNATURE_CLIP]}"
         for r in ran
@@ -114,7 +103,7 @@ def _signature(ran: Sequence[ToolResult], pollable: frozenset[str]) -> str | Non
     return hashlib.sha256("\x1e".join(items).encode()).hexdigest()[:24]
 
 
-def _ran_results(record: Answered) -> list[ToolResult]:
+def _ran_results(record: records.Answered) -> list[records.ToolResult]:
     """Results of the valid calls that actually ran (not invalid, held or gated ones)."""
     if record.stopped is not None:
         return []
@@ -123,7 +112,7 @@ def _ran_results(record: Answered) -> list[ToolResult]:
     return [r for r in record.results if r.tool_call_id in valid]
 
 
-def _unavailable(state: RunState, results: list[ToolResult]) -> dict[str, int]:
+def _unavailable(state: RunState, results: list[records.ToolResult]) -> dict[str, int]:
     """The per-tool infrastructure-failure turn counts after a turn that ran ``results``."""
     return faults.next_unavailable(
         state.unavailable, ((r.name, r.fault if r.is_error else None) for r in results)
@@ -149,7 +138,9 @@ class _Turn:
     output_error: str | None
 
 
-def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> tuple[Phase, str]:
+def _decide(
+    state: RunState, record: records.Answered, limits: Limits, seen: _Turn
+) -> tuple[Phase, str]:
     """The phase after an answered turn: exactly one decision per turn, caps checked last."""
     if record.stopped is not None:
         return record.stopped.phase, record.stopped.message
@@ -204,14 +195,14 @@ _AFTER_TOOLS = CAPS | {Phase.INVALID_DECISION, Phase.TOOL_UNAVAILABLE, Phase.NO_
 its resume turn (the calls run first, then the run may end so)."""
 
 
-def _deferred_message(record: Answered) -> str:
+def _deferred_message(record: records.Answered) -> str:
     """``.status.message`` while a batch with effects waits for its resume turn."""
     names = {c.id: c.name for c in record.calls}
     calls = ", ".join(f"{names[i]} ({i})" for i in record.deferred)
     return f"turn {record.turn} committed the model's decision; its calls run next: {calls}"
 
 
-def _settle_phase(after: RunState, ending: Ending, limits: Limits) -> RunState:
+def _settle_phase(after: RunState, ending: records.Ending, limits: Limits) -> RunState:
     """Set the decided phase; a cap with ``onExhausted: summarize`` asks for a summary first."""
     if ending.phase in CAPS and limits.on_exhausted is OnExhausted.SUMMARIZE:
         return dataclasses.replace(
@@ -220,7 +211,7 @@ def _settle_phase(after: RunState, ending: Ending, limits: Limits) -> RunState:
     return dataclasses.replace(after, phase=ending.phase, message=ending.message)
 
 
-def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
+def advance(state: RunState, record: records.TurnRecord, limits: Limits) -> RunState:
     """Fold one committed turn into the state and decide the next phase.
 
     Shapes: ``state`` must be running and ``record.turn == state.turn``; returns the state after
@@ -234,21 +225,21 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
     if record.turn != state.turn:
         raise ValueError(f"turn {record.turn} does not follow turn {state.turn - 1}")
     match record:
-        case Answered():
+        case records.Answered():
             return _advance_answered(state, record, limits)
-        case Summarized():
+        case records.Summarized():
             return _advance_summary(state, record)
-        case Resumed():
+        case records.Resumed():
             return _advance_resume(state, record, limits)
-        case Stopped():
+        case records.Stopped():
             return _advance_stopped(state, record.ending, limits)
-        case ModelFailed():
-            return _advance_stopped(state, Ending(Phase.MODEL_ERROR, record.error), limits)
+        case records.ModelFailed():
+            return _advance_stopped(state, records.Ending(Phase.MODEL_ERROR, record.error), limits)
         case _:
             assert_never(record)
 
 
-def _advance_stopped(state: RunState, ending: Ending, limits: Limits) -> RunState:
+def _advance_stopped(state: RunState, ending: records.Ending, limits: Limits) -> RunState:
     """Fold a turn that made no (successful) model call: only the phase moves."""
     after = dataclasses.replace(state, turn=state.turn + 1, malformed_streak=0, pending=None)
     return _settle_phase(after, ending, limits)
@@ -271,7 +262,7 @@ def _correction_notes(
     return tuple({"role": "user", "content": c} for c in corrections if c is not None)
 
 
-def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunState:
+def _advance_answered(state: RunState, record: records.Answered, limits: Limits) -> RunState:
     decision = record.decision
     malformed = isinstance(decision, Malformed) or any(
         isinstance(c, InvalidCall) for c in record.calls
@@ -317,10 +308,10 @@ def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunS
         if waiting is not None:
             phase = Phase.AWAITING_APPROVAL
             message = f"waiting for approval of {waiting.name} ({waiting.id})"
-    return _settle_phase(after, Ending(phase, message), limits)
+    return _settle_phase(after, records.Ending(phase, message), limits)
 
 
-def _advance_summary(state: RunState, record: Summarized) -> RunState:
+def _advance_summary(state: RunState, record: records.Summarized) -> RunState:
     """Fold the tool-free summary call made at a cap: the run ends with the cap's reason."""
     if state.pending_cap is None:
         raise ValueError(f"turn {record.turn} is a summary, but no cap is pending")
@@ -342,7 +333,7 @@ def _advance_summary(state: RunState, record: Summarized) -> RunState:
     )
 
 
-def _advance_resume(state: RunState, record: Resumed, limits: Limits) -> RunState:
+def _advance_resume(state: RunState, record: records.Resumed, limits: Limits) -> RunState:
     """Fold the turn that settled a pending batch: the batch enters history whole, in call
     order. After a batch with effects ran, the phase is decided as after any tool batch (no
     progress, unavailable tools, caps); after an approval alone the run goes on."""
@@ -381,7 +372,12 @@ def _advance_resume(state: RunState, record: Resumed, limits: Limits) -> RunStat
 
 
 def _settle_resumed(
-    after: RunState, record: Resumed, limits: Limits, *, ran: list[ToolResult], effects: bool
+    after: RunState,
+    record: records.Resumed,
+    limits: Limits,
+    *,
+    ran: list[records.ToolResult],
+    effects: bool,
 ) -> RunState:
     """The phase after a resume turn: its gate's ending, an effect left unknown, then — only
     for a batch with effects, whose decision turn left this to it — a malformed streak and
@@ -389,16 +385,18 @@ def _settle_resumed(
     unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
     stopped = record.stopped
     if stopped is None and unknown is not None:
-        stopped = Ending(Phase.EFFECT_UNKNOWN, unknown.content)
+        stopped = records.Ending(Phase.EFFECT_UNKNOWN, unknown.content)
     if stopped is not None:
         return dataclasses.replace(after, phase=stopped.phase, message=stopped.message)
     if not effects:
         return dataclasses.replace(after, phase=Phase.RUNNING, message="approved calls settled")
     if after.malformed_streak >= limits.malformed_limit:
         message = f"{after.malformed_streak} malformed turns in a row"
-        ending = Ending(Phase.INVALID_DECISION, f"{message} (limit {limits.malformed_limit})")
+        ending = records.Ending(
+            Phase.INVALID_DECISION, f"{message} (limit {limits.malformed_limit})"
+        )
     else:
-        ending = Ending(*_decide_after_tools(after, limits, turn=record.turn))
+        ending = records.Ending(*_decide_after_tools(after, limits, turn=record.turn))
     return _settle_phase(after, ending, limits)
 
 
@@ -424,7 +422,7 @@ def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunStat
     )
 
 
-def _messages_of(record: Answered) -> tuple[Message, ...]:
+def _messages_of(record: records.Answered) -> tuple[Message, ...]:
     out: list[Message] = []
     assistant = _assistant_message(record)
     if assistant is not None:
