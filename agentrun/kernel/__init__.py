@@ -36,7 +36,6 @@ from agentrun.kernel.loop import (
     resolve_approval,
     state_from_summary,
     stop,
-    summary_request,
 )
 from agentrun.kernel.plan import (
     CallModel,
@@ -74,6 +73,7 @@ from agentrun.kernel.terminal import (
     TerminalReason,
     conclude,
 )
+from agentrun.kernel.transcript import summary_request
 from agentrun.kernel.usage import Usage, estimate_tokens, prompt_token_bound, read_usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 

@@ -7,109 +7,15 @@ state here. Ending a run is a value (a terminal ``Phase``), never an exception.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-from collections.abc import Sequence
 from typing import assert_never
 
-from agentrun.kernel import approval, faults, output, records
-from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
+from agentrun.kernel import approval, faults, output, records, transcript
+from agentrun.kernel.decision import Final, Malformed, Refusal
 from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.limits import Limits, OnExhausted
 from agentrun.kernel.state import Message, RunState, RunSummary
 from agentrun.kernel.terminal import Phase
-from agentrun.kernel.validate import CheckedCall, InvalidCall, stored_arguments
-
-SIGNATURE_CLIP = 512
-"""Characters of a result that count toward its no-progress signature."""
-
-
-def _assistant_message(record: records.Answered) -> Message | None:
-    decision = record.decision
-    if isinstance(decision, Final):
-        return {"role": "assistant", "content": decision.content}
-    if isinstance(decision, ToolCalls):
-        return {
-            "role": "assistant",
-            "content": decision.content,
-            "tool_calls": [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": stored_arguments(call)},
-                }
-                for call in record.calls
-            ],
-        }
-    return None
-
-
-def _tool_message(result: records.ToolResult) -> Message:
-    content = records.ERROR_PREFIX + result.content if result.is_error else result.content
-    return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
-
-
-def correction_for(decision: Decision) -> str | None:
-    """The corrective user message a malformed decision earns, or ``None``.
-
-    Invalid tool calls are corrected by their own error results, so they need no extra message.
-    """
-    if isinstance(decision, Malformed):
-        hint = {
-            MalformedCause.TRUNCATED: "Your reply was cut off by the output token limit. "
-            "Be shorter: make fewer or smaller tool calls, or give a concise answer.",
-            MalformedCause.EMPTY_TOOL_CALLS: "Your reply said it calls tools but held no tool "
-            "calls. Call a tool with valid arguments, or give your final answer.",
-        }.get(decision.cause, "Your reply was empty. Call a tool, or give your final answer.")
-        return f"[agentrun] {decision.detail}. {hint}"
-    return None
-
-
-def summary_request(cap: Phase) -> Message:
-    """The user message of the tool-free summary call made at a budget cap."""
-    return {
-        "role": "user",
-        "content": f"[agentrun] The run has reached its budget ({cap.value}) and cannot call "
-        "tools any more. Summarize what you found so far and what remains open, in a few "
-        "sentences.",
-    }
-
-
-def _nudge(window: int) -> str:
-    return (
-        f"[agentrun] Your last {window} turns produced tool results you had already seen: "
-        "you are not making progress. Try a different approach, or give your final answer."
-    )
-
-
-def turn_signature(record: records.Answered, pollable: frozenset[str]) -> str | None:
-    """The multiset of (tool, ok/error, clipped result) of the calls a turn ran, hashed.
-
-    ``None`` when the turn ran no non-pollable tool (such a turn is never stale). Keyed on
-    results, not arguments: calls that vary their arguments but learn nothing new are stale
-    ; pollable tools are exempt.
-    """
-    return _signature(_ran_results(record), pollable)
-
-
-def _signature(ran: Sequence[records.ToolResult], pollable: frozenset[str]) -> str | None:
-    items = sorted(
-        f"{r.name}\x1f{'err' if r.is_error else 'ok'}\x1f{r.content[:SIGNATURE_CLIP]}"
-        for r in ran
-        if r.name not in pollable
-    )
-    if not items:
-        return None
-    return hashlib.sha256("\x1e".join(items).encode()).hexdigest()[:24]
-
-
-def _ran_results(record: records.Answered) -> list[records.ToolResult]:
-    """Results of the valid calls that actually ran (not invalid, held or gated ones)."""
-    if record.stopped is not None:
-        return []
-    valid = {c.id for c in record.calls if isinstance(c, CheckedCall)}
-    valid -= {*record.held, *record.deferred}
-    return [r for r in record.results if r.tool_call_id in valid]
+from agentrun.kernel.validate import InvalidCall
 
 
 def _unavailable(state: RunState, results: list[records.ToolResult]) -> dict[str, int]:
@@ -144,7 +50,7 @@ def _decide(
     """The phase after an answered turn: exactly one decision per turn, caps checked last."""
     if record.stopped is not None:
         return record.stopped.phase, record.stopped.message
-    unknown = [r for r in _ran_results(record) if r.fault is ToolFault.EFFECT_UNKNOWN]
+    unknown = [r for r in transcript.ran_results(record) if r.fault is ToolFault.EFFECT_UNKNOWN]
     if unknown:
         return Phase.EFFECT_UNKNOWN, unknown[0].content
     decision = record.decision
@@ -245,23 +151,6 @@ def _advance_stopped(state: RunState, ending: records.Ending, limits: Limits) ->
     return _settle_phase(after, ending, limits)
 
 
-def _correction_notes(
-    decision: Decision, output_error: str | None, *, nudged: bool, limits: Limits
-) -> tuple[Message, ...]:
-    """The user messages that correct the model after this turn: a malformed decision, an
-    answer that misses the output schema, the no-progress nudge (none for a clean turn)."""
-    corrections = [correction_for(decision)]
-    if output_error is not None:
-        corrections.append(
-            f"[agentrun] Your final answer does not meet the required output schema: "
-            f"{output_error}. Reply with only a JSON document valid against: "
-            f"{json.dumps(limits.output_schema, separators=(',', ':'), sort_keys=True)}"
-        )
-    if nudged:
-        corrections.append(_nudge(limits.no_progress_window))
-    return tuple({"role": "user", "content": c} for c in corrections if c is not None)
-
-
 def _advance_answered(state: RunState, record: records.Answered, limits: Limits) -> RunState:
     decision = record.decision
     malformed = isinstance(decision, Malformed) or any(
@@ -272,18 +161,18 @@ def _advance_answered(state: RunState, record: records.Answered, limits: Limits)
         if isinstance(decision, Final) and limits.output_schema is not None
         else None
     )
-    signature = turn_signature(record, limits.pollable)
+    signature = transcript.turn_signature(record, limits.pollable)
     stale = signature is not None and signature in state.signatures
     stale_streak = (
         state.stale_streak + 1 if stale else (0 if signature is not None else state.stale_streak)
     )
     nudged = stale and stale_streak == limits.no_progress_window
-    notes = _correction_notes(decision, output_error, nudged=nudged, limits=limits)
-    ran = _ran_results(record)
+    notes = transcript.correction_notes(decision, output_error, nudged=nudged, limits=limits)
+    ran = transcript.ran_results(record)
     pending = record.held or record.deferred
     after = dataclasses.replace(
         state,
-        messages=state.messages + (() if pending else _messages_of(record)) + notes,
+        messages=state.messages + (() if pending else transcript.messages_of(record)) + notes,
         turn=state.turn + 1,
         steps=state.steps + 1,
         tool_calls=state.tool_calls + len(ran),
@@ -317,7 +206,7 @@ def _advance_summary(state: RunState, record: records.Summarized) -> RunState:
         raise ValueError(f"turn {record.turn} is a summary, but no cap is pending")
     decision = record.decision
     answer = decision.content if isinstance(decision, Final) else None
-    messages: tuple[Message, ...] = (summary_request(state.pending_cap),)
+    messages: tuple[Message, ...] = (transcript.summary_request(state.pending_cap),)
     if answer is not None:
         messages += ({"role": "assistant", "content": answer},)
     return dataclasses.replace(
@@ -342,11 +231,11 @@ def _advance_resume(state: RunState, record: records.Resumed, limits: Limits) ->
         raise ValueError(f"turn {record.turn} resumes, but no decided batch is pending")
     held = pending.record
     by_id = {r.tool_call_id: r for r in (*held.results, *record.results)}
-    assistant = _assistant_message(held)
+    assistant = transcript.assistant_message(held)
     assert assistant is not None
     approved = {h.id for h in pending.held if h.approved}
     ran = [] if record.stopped else [r for r in record.results if r.tool_call_id in approved]
-    signature = _signature(ran, limits.pollable) if held.deferred else None
+    signature = transcript.signature(ran, limits.pollable) if held.deferred else None
     stale = signature is not None and signature in state.signatures
     stale_streak = state.stale_streak + 1 if stale else (0 if signature else state.stale_streak)
     nudged = stale and stale_streak == limits.no_progress_window
@@ -355,8 +244,8 @@ def _advance_resume(state: RunState, record: records.Resumed, limits: Limits) ->
         messages=(
             *state.messages,
             assistant,
-            *(_tool_message(by_id[c.id]) for c in held.calls),
-            *_correction_notes(held.decision, None, nudged=nudged, limits=limits),
+            *(transcript.tool_message(by_id[c.id]) for c in held.calls),
+            *transcript.correction_notes(held.decision, None, nudged=nudged, limits=limits),
         ),
         turn=state.turn + 1,
         tool_calls=state.tool_calls + len(ran),
@@ -420,15 +309,6 @@ def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunStat
     return dataclasses.replace(
         state, pending=pending, phase=Phase.RUNNING, message=f"{verdict} by reviewer"
     )
-
-
-def _messages_of(record: records.Answered) -> tuple[Message, ...]:
-    out: list[Message] = []
-    assistant = _assistant_message(record)
-    if assistant is not None:
-        out.append(assistant)
-    out.extend(_tool_message(r) for r in record.results)
-    return tuple(out)
 
 
 def stop(state: RunState, phase: Phase, message: str) -> RunState:

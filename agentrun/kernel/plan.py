@@ -30,9 +30,9 @@ from agentrun.kernel.decision import Decision, ToolCalls
 from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.gates import admit_model_call, admit_tool_batch
 from agentrun.kernel.limits import Limits, Pricing
-from agentrun.kernel.loop import summary_request
 from agentrun.kernel.state import Message, RunState
 from agentrun.kernel.terminal import Phase
+from agentrun.kernel.transcript import summary_request
 from agentrun.kernel.usage import Usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 
