@@ -44,7 +44,9 @@ TURN_DURATION = Histogram(
 )
 TOOL_CALLS = Counter(
     "agentrun_tool_calls",
-    "Tool calls by result: ok, error, denied (by a reviewer) or not_run (stopped by a gate).",
+    "Tool calls by result: ok; error (the model's: bad arguments, a domain error, a 4xx); "
+    "fault (infrastructure: timeout, connection, 5xx, MCP transport, a crash, an effect left "
+    "unknown); denied (by a reviewer); not_run (stopped by a gate).",
     ["tenant", "tool", "result"],
 )
 CORRECTIONS = Counter(
@@ -125,8 +127,8 @@ GEN_AI_DURATION = Histogram(
 
 CORRECTION_KINDS = ("malformed", "invalid_tool_call", "output_schema", "no_progress_nudge")
 """Every ``kind`` of ``agentrun_corrections_total`` (``correction_kinds``)."""
-TOOL_RESULTS = ("ok", "error", "denied", "not_run")
-"""Every ``result`` of ``agentrun_tool_calls_total``."""
+TOOL_RESULTS = ("ok", "error", "fault", "denied", "not_run")
+"""Every ``result`` of ``agentrun_tool_calls_total`` (``tool_result``)."""
 TOKEN_TYPES = ("input", "cached_input", "output", "reasoning")
 """Every ``type`` of ``agentrun_tokens_total``."""
 _known: set[tuple[str, ...]] = set()
@@ -223,17 +225,29 @@ def record_turn(
         USAGE_ESTIMATED.labels(tenant=tenant, model=model).inc()
 
 
+def tool_result(result: kernel.ToolResult, *, denied: bool, not_run: bool) -> str:
+    """The ``result`` label of one call (one of ``TOOL_RESULTS``): ``fault`` for an
+    infrastructure failure (``kernel.ToolFault.infrastructure``), ``error`` for an error the
+    model caused (or one recorded before faults were classified)."""
+    if denied:
+        return "denied"
+    if not_run:
+        return "not_run"
+    if result.infrastructure_failure:
+        return "fault"
+    return "error" if result.is_error else "ok"
+
+
 def _count_tools(record: kernel.TurnRecord, *, tenant: str, catalog: Collection[str]) -> None:
     if not isinstance(record, kernel.Answered | kernel.Resumed):
         return
     resumed = isinstance(record, kernel.Resumed)
     for result in record.results:
-        if result.content == kernel.DENIED and resumed:
-            outcome = "denied"
-        elif record.stopped is not None:
-            outcome = "not_run"
-        else:
-            outcome = "error" if result.is_error else "ok"
+        outcome = tool_result(
+            result,
+            denied=resumed and result.content == kernel.DENIED,
+            not_run=record.stopped is not None,
+        )
         tool = result.name if result.name in catalog else "unknown"
         TOOL_CALLS.labels(tenant=tenant, tool=tool, result=outcome).inc()
 

@@ -13,8 +13,9 @@ every behaviour the tests need, each in its own tool:
   content only): large and non-text results.
 - ``grow``: adds the tool ``extra`` to the server's list (a changing tool list).
 - ``count`` (a write): counts its calls per key in a file given by ``--count-file``, and echoes
-  the idempotency key it received in ``_meta``; ``count_slow`` counts at once and answers after
-  the given seconds (a window to kill a worker in).
+  the idempotency key it received in ``_meta`` (an ignored ``note`` makes a second argument);
+  ``count_slow`` counts at once and answers after the given seconds (a window to kill a worker
+  in).
 """
 
 from __future__ import annotations
@@ -98,8 +99,9 @@ def counters(count_file: str | None) -> tuple[Any, Any]:
             path.write_text(json.dumps(counts))
         return int(counts[key])
 
-    def count(key: str, ctx: Context) -> str:
-        """Count a call per key (a write)."""
+    def count(key: str, ctx: Context, note: str = "") -> str:
+        """Count a call per key (a write; ``note`` is ignored: a second argument whose order a
+        model may change)."""
         idem = (ctx.request_context.meta or {}).get("agentrun.dev/idempotencyKey")
         return f"{key}={bump(key)} key={idem}"
 

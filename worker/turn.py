@@ -67,11 +67,11 @@ class TurnDeps:
     """The OpenAI ``tools`` list per tool set, built once."""
     headers: HeaderSecrets | None = None
     """Where MCP tool servers' ``headersFrom`` Secrets are read (``None``: such calls fail)."""
-    remote_schemas: dict[tuple[str, str], kernel.ToolSchema] = dataclasses.field(
+    remote_schemas: dict[tuple[str, str, str], kernel.ToolSchema] = dataclasses.field(
         default_factory=dict
     )
-    """Compiled schemas of MCP tools, by (function name, schema JSON): a server may change a
-    tool's schema between runs."""
+    """Compiled schemas of MCP tools, by (function name, effect, schema JSON): a server may
+    change a tool's schema between runs, and an admin its effect class."""
     effects: EffectLedger | None = None
     """Where write and idempotent calls are recorded (``None``: nowhere; tests)."""
 
@@ -85,10 +85,10 @@ class TurnDeps:
 
     def remote_schema(self, tool: RemoteTool) -> kernel.ToolSchema:
         """The compiled schema of an admitted MCP tool (cached by its schema)."""
-        key = (tool.name, json.dumps(tool.parameters, sort_keys=True, default=str))
+        key = (tool.name, tool.effect, json.dumps(tool.parameters, sort_keys=True, default=str))
         compiled = self.remote_schemas.get(key)
         if compiled is None:
-            compiled = kernel.ToolSchema(tool.name, tool.parameters, False)
+            compiled = kernel.ToolSchema(tool.name, tool.parameters, False, tool.effect)
             self.remote_schemas[key] = compiled
         return compiled
 
@@ -112,7 +112,7 @@ class TurnDeps:
         compiled = self.schemas.get(name)
         if compiled is None:
             spec = self.catalog[name].spec
-            compiled = kernel.ToolSchema(spec.name, spec.parameters, spec.pollable)
+            compiled = kernel.ToolSchema(spec.name, spec.parameters, spec.pollable, spec.effect)
             self.schemas[name] = compiled
         return compiled
 
