@@ -12,7 +12,7 @@ from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
-from agentrun.tools import default_catalog
+from agentrun.tools import default_catalog, sessions
 
 from .consumer import ConsumerSettings, TurnConsumer
 from .model import ModelClient
@@ -38,6 +38,7 @@ async def serve(config: WorkerSettings) -> None:
             "no Kubernetes access (%s): kubernetes_get and Secret credentials are unavailable", err
         )
     model = ModelClient()
+    mcp_sessions = sessions.SessionPool()
     secrets = KubeSecrets(api)
     deps = TurnDeps(
         model=model,
@@ -52,6 +53,7 @@ async def serve(config: WorkerSettings) -> None:
         kube=api,
         headers=secrets,
         effects=await EffectLedger.open(bus.js),
+        mcp_sessions=mcp_sessions,
     )
     hold_ttl = config.hold_ttl
     # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks
@@ -72,6 +74,7 @@ async def serve(config: WorkerSettings) -> None:
     try:
         await consumer.run()
     finally:
+        await mcp_sessions.aclose()  # each session closed by the task that opened it
         await model.close()
         await bus.close()
         with contextlib.suppress(Exception):

@@ -74,6 +74,8 @@ class TurnDeps:
     tool's schema between runs."""
     effects: EffectLedger | None = None
     """Where write and idempotent calls are recorded (``None``: nowhere; tests)."""
+    mcp_sessions: remote.SessionPool | None = None
+    """The process's reused MCP sessions (``None``: each MCP call opens its own)."""
 
     def tools_param(self, names: tuple[str, ...]) -> list[dict[str, Any]]:
         """The OpenAI ``tools`` request parameter for ``names`` (cached)."""
@@ -95,7 +97,7 @@ class TurnDeps:
     def run_tools(self, config: RunConfig) -> dict[str, Tool]:
         """The tools ``config`` may call by function name: its built-in catalog tools
         (``http_get`` with the run's URL rules) and its MCP tools (calls of which read their
-        headers Secret from ``headers``)."""
+        headers Secret from ``headers`` and go through ``mcp_sessions``)."""
         tools: dict[str, Tool] = {n: self.catalog[n] for n in config.tools if n in self.catalog}
         if http_get.SPEC.name in tools:  # with the URLs the run's tenant allows
             tools[http_get.SPEC.name] = http_get.HttpGet(config.url_rules)
@@ -104,7 +106,9 @@ class TurnDeps:
             secret = remote_tool.headers_secret
             if secret is not None:
                 source = functools.partial(_headers, self.headers, config.namespace, secret)
-            tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source)
+            tools[remote_tool.name] = remote.mcp_tool(
+                remote_tool, headers=source, pool=self.mcp_sessions
+            )
         return tools
 
     def schema(self, name: str) -> kernel.ToolSchema:
