@@ -220,7 +220,11 @@ class McpProcess:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def start(self, *, timeout: float = 20.0) -> None:
-        """Start the server and wait until it accepts connections."""
+        """Start the server and wait until it accepts connections (after the previous process,
+        if any — e.g. one that killed itself — has exited, so its listener is not mistaken for
+        the new one)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.wait(timeout)
         cmd = [sys.executable, str(HERE), "--port", str(self.port), "--transport", self.transport]
         cmd += ["--count-file", str(self.count_file), "--era", self.era]
         if self.requests_file is not None:

@@ -38,6 +38,7 @@ from typing import Any
 import anyio
 import httpx2
 from mcp import Client, MCPError
+from mcp.client.session import IncomingMessage
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, RequestParamsMeta
@@ -105,17 +106,28 @@ def root_cause(exc: BaseException) -> BaseException:
 
 
 ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
+FaultHook = Callable[[Exception], None]
 
 
 @contextlib.asynccontextmanager
 async def open_session(
-    endpoint: Endpoint, *, on_response: ResponseHook | None = None
+    endpoint: Endpoint,
+    *,
+    on_response: ResponseHook | None = None,
+    on_fault: FaultHook | None = None,
 ) -> AsyncIterator[Client]:
     """An MCP client session (handshake done), entered and left in the caller's task.
 
-    ``on_response``, when given, sees every HTTP response of the session (headers only).
-    Raises what the SDK and ``httpx2`` raise when the server cannot be reached or refuses.
+    ``on_response``, when given, sees every HTTP response of the session (headers only);
+    ``on_fault`` every transport failure the SDK reports outside a request (e.g. the SSE
+    stream of a server that went away). Raises what the SDK and ``httpx2`` raise when the
+    server cannot be reached or refuses.
     """
+
+    async def on_message(message: IncomingMessage) -> None:
+        if on_fault is not None and isinstance(message, Exception):
+            on_fault(message)
+
     headers = dict(endpoint.headers)
     hooks: dict[str, list[ResponseHook]] = {"response": [on_response] if on_response else []}
     timeout = httpx2.Timeout(endpoint.timeout)
@@ -141,7 +153,9 @@ async def open_session(
             http = httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=hooks)
             await stack.enter_async_context(http)
             transport = streamable_http_client(endpoint.url, http_client=http)
-        client = Client(transport, read_timeout_seconds=endpoint.timeout, cache=None)
+        client = Client(
+            transport, read_timeout_seconds=endpoint.timeout, cache=None, message_handler=on_message
+        )
         yield await stack.enter_async_context(client)
 
 
@@ -219,6 +233,13 @@ class _Session:
         if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
             self.refused = True
 
+    def _on_fault(self, fault: Exception) -> None:
+        """The transport failed outside a call: no new call may start on it."""
+        if self.failure is None:
+            self.failure = fault
+        log.info("MCP session to %s failed: %r", self.endpoint.url, fault)
+        self.drop()
+
     def drop(self) -> None:
         """Take no new calls; close once the calls running end."""
         self.closing = True
@@ -236,7 +257,9 @@ class _Session:
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(self.endpoint.timeout):
                     client = await stack.enter_async_context(
-                        open_session(self.endpoint, on_response=self._on_response)
+                        open_session(
+                            self.endpoint, on_response=self._on_response, on_fault=self._on_fault
+                        )
                     )
                 self.ready.set_result(client)
                 await self._hold()
