@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 _SESSION_HEADER = "mcp-session-id"
 _CONNECTION_CLOSED = -32000
 """The SDK's JSON-RPC code for a request whose connection closed before its answer."""
+_SESSION_REFUSED = frozenset({-32600, -32001})
+"""JSON-RPC codes of the error a request gets with an HTTP 404 for an unknown session id:
+invalid request (the Python SDK's servers, and the client's own "Session terminated"), and
+-32001 "Session not found" (the TypeScript SDK's servers)."""
 
 
 class Transport(enum.StrEnum):
@@ -220,7 +224,7 @@ class _Session:
         self.closing = False
         """No new call may use it (dropped, idle, or shutting down)."""
         self.refused = False
-        """The server answered 404 for its session id."""
+        """The server answered 404 for its session id (to some request)."""
         self.failure: BaseException | None = None
         self.ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self.ready.add_done_callback(_retrieved)
@@ -230,8 +234,11 @@ class _Session:
         self.owner = asyncio.create_task(self._own(), name=f"mcp-session {endpoint.url}")
 
     async def _on_response(self, response: httpx2.Response) -> None:
+        """HTTP 404 for a request with our session id: the server no longer knows the
+        session (it restarted, or expired it); no new call may start on it."""
         if response.status_code == 404 and _SESSION_HEADER in response.request.headers:
             self.refused = True
+            self.drop()
 
     def _on_fault(self, fault: Exception) -> None:
         """The transport failed outside a call: no new call may start on it."""
@@ -333,7 +340,8 @@ class _Session:
     def _loss(self, err: BaseException | None) -> SessionLost | None:
         """The loss ``err`` means for this session, or ``None`` when it leaves it usable."""
         cause = root_cause(err) if err is not None else None
-        if self.refused:
+        if self.refused and isinstance(cause, MCPError) and cause.code in _SESSION_REFUSED:
+            # this request's own answer: the 404 for the session id, as the SDK surfaces it
             return SessionLost(
                 "the server no longer knows this MCP session (HTTP 404)",
                 loss=Loss.REFUSED,
