@@ -38,7 +38,7 @@ def main() -> None:
     process leads; before that, a stop signal ends the process at once.
     """
     config = process.start(OperatorSettings, service="agentrun-operator")
-    assert handlers.RUN  # the import registers the handlers with kopf
+    assert handlers.REGISTERED  # the import registers the handlers with kopf
     asyncio.run(run(config))
 
 
