@@ -101,14 +101,12 @@ class TurnDeps:
         tools: dict[str, Tool] = {n: self.catalog[n] for n in config.tools if n in self.catalog}
         if http_get.SPEC.name in tools:  # with the URLs the run's tenant allows
             tools[http_get.SPEC.name] = http_get.HttpGet(config.url_rules)
+        pool = self.mcp_sessions
         for remote_tool in config.remote_tools:
-            source = None
-            secret = remote_tool.headers_secret
+            secret, source = remote_tool.headers_secret, None
             if secret is not None:
                 source = functools.partial(_headers, self.headers, config.namespace, secret)
-            tools[remote_tool.name] = remote.mcp_tool(
-                remote_tool, headers=source, pool=self.mcp_sessions
-            )
+            tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source, pool=pool)
         return tools
 
     def schema(self, name: str) -> kernel.ToolSchema:
@@ -123,10 +121,8 @@ class TurnDeps:
 
 async def _headers(source: HeaderSecrets | None, namespace: str, name: str) -> Mapping[str, str]:
     if source is None:
-        raise ToolError(
-            f"cannot read Secret {namespace}/{name}: this worker reads no Secrets",
-            fault=kernel.ToolFault.TRANSPORT,
-        )
+        why = f"cannot read Secret {namespace}/{name}: this worker reads no Secrets"
+        raise ToolError(why, fault=kernel.ToolFault.TRANSPORT)
     return await source.headers(namespace, name)
 
 
