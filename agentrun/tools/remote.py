@@ -40,7 +40,8 @@ from agentrun.kernel import ToolFault
 from agentrun.protocol import RemoteTool
 
 from . import catalog
-from .sessions import Endpoint, Loss, SessionLost, SessionPool, Transport, open_session, root_cause
+from .endpoint import Endpoint, Transport, open_session, root_cause
+from .sessions import Loss, SessionLost, SessionPool
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",

@@ -215,7 +215,7 @@ def test_changed_header_values_get_a_new_session_and_are_never_kept_in_the_key(
         {"Bearer first-secret"},
         {"Bearer second-secret"},
     ]
-    identity = sessions.Endpoint(legacy.url, headers={"Authorization": "x-secret"}).identity()
+    identity = remote.Endpoint(legacy.url, headers={"Authorization": "x-secret"}).identity()
     assert "x-secret" not in repr(identity)
 
 
