@@ -247,7 +247,12 @@ class McpTool:
         try:
             if self.pool is not None:
                 result = await self.pool.call_tool(
-                    endpoint, self.tool, dict(arguments), meta=meta, effect=self.spec.effect
+                    endpoint,
+                    self.tool,
+                    dict(arguments),
+                    meta=meta,
+                    effect=self.spec.effect,
+                    scope=ctx.namespace,
                 )
             else:
                 async with asyncio.timeout(endpoint.timeout), open_session(endpoint) as client:

@@ -2,9 +2,11 @@
 
 Opening an MCP session costs a handshake (``initialize``, or the ``server/discover`` probe of
 2026-era servers) and a connection: about 200 ms per call when every call opens its own. A
-worker process therefore keeps one session per server identity — URL, transport, timeout and
-a digest of the header values (so headers from a Secret that changed get a new session; the
-values themselves are never logged) — in a ``SessionPool``:
+worker process therefore keeps one session per namespace and server identity — URL,
+transport, timeout and a digest of the header values (so headers from a Secret that changed
+get a new session; the values themselves are never logged) — in a ``SessionPool``. Runs of
+one namespace share it (a stateful server sees their calls in one session); runs of two
+namespaces never do.
 
 - Each pooled session is entered and left by one long-lived task of its own (the SDK's
   context managers hold anyio cancel scopes, which must be exited in the task that entered
@@ -103,11 +105,16 @@ _LOST_ERRORS = (
 )
 
 
+_Key = tuple[str, str, str, float, str]
+"""A pooled session's key: the scope, then ``Endpoint.identity``."""
+
+
 class _Session:
     """One pooled session and the task that owns it (enters and leaves its client)."""
 
-    def __init__(self, endpoint: Endpoint, settings: PoolSettings) -> None:
+    def __init__(self, endpoint: Endpoint, settings: PoolSettings, *, key: _Key) -> None:
         self.endpoint = endpoint
+        self.key = key
         self.settings = settings
         self.gate = asyncio.Semaphore(settings.calls_per_session)
         self.in_flight = 0
@@ -255,12 +262,13 @@ def _retrieved(future: asyncio.Future[Client]) -> None:
 
 
 class SessionPool:
-    """The MCP sessions of one worker process, one per server identity
-    (``Endpoint.identity``), reused across calls, runs and turns. Close with ``aclose``."""
+    """The MCP sessions of one worker process, one per scope (the calling run's namespace)
+    and server identity (``Endpoint.identity``), reused across calls, runs and turns. Close
+    with ``aclose``."""
 
     def __init__(self, settings: PoolSettings | None = None) -> None:
         self.settings = settings or PoolSettings()
-        self._sessions: dict[tuple[str, str, float, str], _Session] = {}
+        self._sessions: dict[_Key, _Session] = {}
         self._all: set[_Session] = set()
         self._closed = False
         self.opened = 0
@@ -270,14 +278,15 @@ class SessionPool:
         """Sessions open or opening now."""
         return sum(1 for s in self._all if not s.owner.done())
 
-    def _checkout(self, endpoint: Endpoint) -> _Session:
-        """A usable session for ``endpoint`` (opened if need be), counted as in use."""
+    def _checkout(self, endpoint: Endpoint, scope: str) -> _Session:
+        """A usable session for ``endpoint`` in ``scope`` (opened if need be), counted as in
+        use."""
         if self._closed:
             raise RuntimeError("the MCP session pool is closed")
-        key = endpoint.identity()
+        key = (scope, *endpoint.identity())
         session = self._sessions.get(key)
         if session is None or session.closing:
-            session = _Session(endpoint, self.settings)
+            session = _Session(endpoint, self.settings, key=key)
             self._sessions[key] = session
             self._all.add(session)
             session.owner.add_done_callback(self._forget)
@@ -288,9 +297,8 @@ class SessionPool:
     def _forget(self, owner: asyncio.Task[None]) -> None:
         for session in [s for s in self._all if s.owner is owner]:
             self._all.discard(session)
-            key = session.endpoint.identity()
-            if self._sessions.get(key) is session:
-                del self._sessions[key]
+            if self._sessions.get(session.key) is session:
+                del self._sessions[session.key]
 
     async def call_tool(
         self,
@@ -300,9 +308,11 @@ class SessionPool:
         *,
         meta: RequestParamsMeta | None = None,
         effect: str = "read",
+        scope: str = "",
     ) -> CallToolResult:
         """Call ``tool`` on a pooled session of ``endpoint``, within ``endpoint.timeout``
-        seconds in all (opening a session included).
+        seconds in all (opening a session included). Sessions are never shared across
+        ``scope``s (the worker passes the run's namespace, so no two tenants share one).
 
         When the session is lost under the call it is dropped, and the call is sent once
         more on a new session if ``may_resend(loss, effect=effect)``. Raises ``SessionLost``
@@ -311,7 +321,7 @@ class SessionPool:
         """
         async with asyncio.timeout(endpoint.timeout):
             for attempt in (1, 2):
-                session = self._checkout(endpoint)
+                session = self._checkout(endpoint, scope)
                 try:
                     return await session.call(tool, arguments, meta)
                 except SessionLost as lost:

@@ -25,8 +25,8 @@ T = TypeVar("T")
 ERAS = pytest.mark.parametrize("era", ["legacy", "modern"])
 
 
-def ctx(run: str = "run-uid", call: str = "call_0_0") -> ToolContext:
-    return ToolContext(namespace="ns", run_name="run", run_uid=run, call_id=call)
+def ctx(run: str = "run-uid", call: str = "call_0_0", namespace: str = "ns") -> ToolContext:
+    return ToolContext(namespace=namespace, run_name="run", run_uid=run, call_id=call)
 
 
 def admitted(url: str, tool: str, *, effect: str = "read", timeout: float = 10.0) -> RemoteTool:
@@ -96,6 +96,18 @@ def test_concurrent_calls_of_several_runs_share_a_session_within_its_bound(
     assert answers == ["slept 1.0"] * 8
     assert legacy.handshakes() == 1
     assert 2.0 <= elapsed < 6.0  # two waves of four: never all eight at once, nor one by one
+
+
+def test_runs_of_two_namespaces_never_share_a_session(legacy: mcp_support.McpProcess) -> None:
+    async def body(pool: sessions.SessionPool) -> None:
+        tool = remote.mcp_tool(admitted(legacy.url, "add"), pool=pool)
+        for namespace in ("team-a", "team-b", "team-a", "team-b"):
+            await tool.run({"a": 1, "b": 1}, ctx(namespace=namespace))
+
+    with_pool(body)
+    assert legacy.handshakes() == 2
+    ids = [r["session"] for r in legacy.requests() if r["method"] == "tools/call"]
+    assert ids[0] == ids[2] != ids[1] == ids[3]
 
 
 def test_a_restarted_server_gets_a_new_session_and_the_call_goes_through(
