@@ -74,6 +74,8 @@ class TurnDeps:
     change a tool's schema between runs, and an admin its effect class."""
     effects: EffectLedger | None = None
     """Where write and idempotent calls are recorded (``None``: nowhere; tests)."""
+    mcp_sessions: remote.SessionPool | None = None
+    """The process's reused MCP sessions (``None``: each MCP call opens its own)."""
 
     def tools_param(self, names: tuple[str, ...]) -> list[dict[str, Any]]:
         """The OpenAI ``tools`` request parameter for ``names`` (cached)."""
@@ -95,16 +97,16 @@ class TurnDeps:
     def run_tools(self, config: RunConfig) -> dict[str, Tool]:
         """The tools ``config`` may call by function name: its built-in catalog tools
         (``http_get`` with the run's URL rules) and its MCP tools (calls of which read their
-        headers Secret from ``headers``)."""
+        headers Secret from ``headers`` and go through ``mcp_sessions``)."""
         tools: dict[str, Tool] = {n: self.catalog[n] for n in config.tools if n in self.catalog}
         if http_get.SPEC.name in tools:  # with the URLs the run's tenant allows
             tools[http_get.SPEC.name] = http_get.HttpGet(config.url_rules)
+        pool = self.mcp_sessions
         for remote_tool in config.remote_tools:
-            source = None
-            secret = remote_tool.headers_secret
+            secret, source = remote_tool.headers_secret, None
             if secret is not None:
                 source = functools.partial(_headers, self.headers, config.namespace, secret)
-            tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source)
+            tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source, pool=pool)
         return tools
 
     def schema(self, name: str) -> kernel.ToolSchema:
@@ -119,10 +121,8 @@ class TurnDeps:
 
 async def _headers(source: HeaderSecrets | None, namespace: str, name: str) -> Mapping[str, str]:
     if source is None:
-        raise ToolError(
-            f"cannot read Secret {namespace}/{name}: this worker reads no Secrets",
-            fault=kernel.ToolFault.TRANSPORT,
-        )
+        why = f"cannot read Secret {namespace}/{name}: this worker reads no Secrets"
+        raise ToolError(why, fault=kernel.ToolFault.TRANSPORT)
     return await source.headers(namespace, name)
 
 

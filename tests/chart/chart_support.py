@@ -36,6 +36,7 @@ FEATURES: dict[str, dict[str, str]] = {
     },
     "hpa": {"worker.autoscaling.hpa.enabled": "true"},
     "mock-model": {"mockModel.enabled": "true"},
+    "prometheus-query": {"tools.prometheusQuery.url": "http://prometheus.monitoring.svc:9090"},
     "secrets-cluster-wide": {"rbac.secretsClusterWide": "true", "rbac.kubernetesGetTool": "false"},
     "everything": {
         "nats.install.enabled": "true",
