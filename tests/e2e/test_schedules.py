@@ -4,6 +4,7 @@ operator restart neither doubles a run nor skips beyond the starting deadline.""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from agentrun_dev import components, stack
 
+from . import argocd_health, test_argocd_health
 from .conftest import E2EStack
 from .test_tenants import append_scenario
 
@@ -283,3 +285,96 @@ def test_an_operator_restart_neither_doubles_nor_skips_beyond_the_deadline(
     # the gap is the operator's absence only: the first time after it is at most the
     # deadline older than the restarted operator's first look
     assert restarted >= killed + 6 - deadline - every
+
+
+def test_the_api_server_checks_the_run_template_as_an_agentrun_naming_the_field(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    def refusal(manifest: dict[str, Any]) -> str:
+        body = json.dumps(manifest)
+        result = stack_.kubectl("apply", "-n", test_namespace, "-f", "-", input=body, check=False)
+        assert result.returncode != 0, result.stdout
+        return str(result.stderr)
+
+    no_goal = cron_manifest("no-goal", QUICK)
+    del no_goal["spec"]["runTemplate"]["spec"]["goal"]
+    assert "spec.runTemplate.spec.goal: Required value" in refusal(no_goal)
+    both = cron_manifest("both", QUICK)
+    both["spec"]["runTemplate"]["spec"]["agentRef"] = {"name": "calc"}
+    assert "spec.runTemplate.spec.model" in refusal(both)
+    negative = cron_manifest("negative", QUICK)
+    negative["spec"]["runTemplate"]["spec"]["budget"] = {"maxSteps": 0}
+    assert "spec.runTemplate.spec.budget.maxSteps" in refusal(negative)
+    assert "at most 52 characters" in refusal(cron_manifest("n" * 53, QUICK))
+    assert "spec.concurrencyPolicy" in refusal(cron_manifest("p", QUICK, concurrencyPolicy="Once"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "field"),
+    [
+        pytest.param({"timeZone": "Mars/Olympus"}, "InvalidTimeZone", "spec.timeZone", id="zone"),
+        pytest.param({"schedule": "61 * * * *"}, "InvalidSchedule", "spec.schedule", id="cron"),
+    ],
+)
+def test_an_unusable_schedule_is_not_ready_with_the_reason_and_creates_nothing(
+    stack_: E2EStack, test_namespace: str, spec: dict[str, Any], reason: str, field: str
+) -> None:
+    ns = test_namespace
+    stack_.apply(ns, cron_manifest("broken", QUICK, **spec))
+
+    def ready() -> dict[str, Any] | None:
+        status = get_cron(stack_, ns, "broken").get("status") or {}
+        found = {c["type"]: c for c in status.get("conditions") or []}.get("Ready")
+        return found if found and found["status"] == "False" else None
+
+    condition = wait_until("not Ready", ready)
+    assert condition["reason"] == reason and condition["message"].startswith(f"{field}: ")
+    assert reason in reasons(stack_, ns, "broken")
+    time.sleep(2.5)
+    assert runs_of(stack_, ns, "broken") == []
+
+
+def test_argo_cd_health_of_live_cronagentruns(stack_: E2EStack, test_namespace: str) -> None:
+    """The CronAgentRun health.lua on live objects; ``AGENTRUN_WRITE_ARGOCD_TESTDATA=1``
+    rewrites its testdata/ and health_test.yaml from them."""
+    ns = test_namespace
+    samples: list[tuple[str, dict[str, Any], str]] = []
+
+    def sample(case: str, obj: dict[str, Any], expected: str) -> dict[str, str]:
+        found = argocd_health.health("CronAgentRun", obj)
+        assert found["status"] == expected, (case, found)
+        samples.append((case, test_argocd_health.anonymous(obj, ns, None), expected))
+        return found
+
+    def checked(name: str) -> dict[str, Any]:
+        def read() -> dict[str, Any] | None:
+            obj = test_argocd_health.get(stack_, "cronagentrun", name, ns)
+            done = (obj.get("status") or {}).get("observedGeneration") == obj["metadata"][
+                "generation"
+            ]
+            return obj if done else None
+
+        found: dict[str, Any] = wait_until(f"{name} read by the operator", read)
+        return found
+
+    stack_.apply(
+        ns, cron_manifest("nightly", QUICK, schedule="0 2 * * *", timeZone="Europe/Berlin")
+    )
+    healthy = checked("nightly")
+    found = sample("scheduled", healthy, "Healthy")
+    assert found["message"].startswith("0 2 * * * (Europe/Berlin): next run at ")
+    unread = copy.deepcopy(healthy)
+    unread["metadata"]["generation"] += 1  # edited, not yet read by the operator
+    sample("not-observed", unread, "Progressing")
+    stack_.apply(
+        ns,
+        cron_manifest(
+            "nightly", QUICK, schedule="0 2 * * *", timeZone="Europe/Berlin", suspend=True
+        ),
+    )
+    sample("suspended", checked("nightly"), "Suspended")
+    stack_.apply(ns, cron_manifest("elsewhere", QUICK, timeZone="Mars/Olympus"))
+    found = sample("invalid-time-zone", checked("elsewhere"), "Degraded")
+    assert found["message"].startswith("spec.timeZone: 'Mars/Olympus' is not a time zone")
+    if test_argocd_health.WRITE:
+        test_argocd_health.write_samples({"CronAgentRun": samples})
