@@ -13,12 +13,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrun import kube
 
 from . import cronplan, status
-from .specs import AgentRunSpec, SpecError, parse
+from .specs import AgentRunSpec, SpecError, describe, parse
 
 CRONS = "cronagentruns"
 """The plural of ``CronAgentRun``."""
@@ -74,7 +75,10 @@ class CronAgentRunSpec(_Spec):
     @classmethod
     def of(cls, spec: Mapping[str, Any] | None) -> CronAgentRunSpec:
         """Parse a CronAgentRun's spec; raises ``SpecError`` naming the field."""
-        return parse(cls, spec, where="spec")
+        try:
+            return cls.model_validate(dict(spec or {}))
+        except pydantic.ValidationError as err:
+            raise SpecError(describe(err, where="spec")) from None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
