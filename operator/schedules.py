@@ -199,6 +199,9 @@ class ScheduleController:
         self.clock = clock
         self._crons: dict[CronKey, _Entry] = {}
         self._dirty: set[CronKey] = set()
+        self._last: dict[str, float] = {}
+        """By CronAgentRun uid: the last schedule time this process created a run for, in case
+        the object it reconciles next predates its own status write (the watch lags)."""
         self._kick = asyncio.Event()
         self._stopped = False
 
@@ -208,8 +211,11 @@ class ScheduleController:
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         generation = int(meta.get("generation") or 1)
         known = self._crons.get(key)
-        fresh = known is None or (known.body.get("metadata") or {}).get("uid") != meta.get("uid")
-        if fresh or known is None or known.generation != generation:
+        if (
+            known is None
+            or (known.body.get("metadata") or {}).get("uid") != meta.get("uid")
+            or known.generation != generation
+        ):
             self._crons[key] = _Entry(body, generation)
             self._mark(key)
         else:
@@ -217,8 +223,10 @@ class ScheduleController:
 
     def forget(self, namespace: str, name: str) -> None:
         """The CronAgentRun was deleted (its runs go through ownerReference GC)."""
-        self._crons.pop((namespace, name), None)
+        entry = self._crons.pop((namespace, name), None)
         self._dirty.discard((namespace, name))
+        if entry is not None:
+            self._last.pop(str((entry.body.get("metadata") or {}).get("uid", "")), None)
 
     def run_changed(self, namespace: str, cron: str) -> None:
         """One of ``cron``'s runs ended or was deleted: look again (a ``Forbid``-skipped time
@@ -289,7 +297,13 @@ class ScheduleController:
         owned = await self._owned_runs(namespace, name, uid=involved.uid)
         recorded = epoch(old_status.get("lastScheduleTime"))
         since = recorded if recorded is not None else epoch(meta.get("creationTimestamp"))
-        last = max([since if since is not None else now, *(run.scheduled for run in owned)])
+        last = max(
+            [
+                since if since is not None else now,
+                self._last.get(involved.uid, 0.0),
+                *(run.scheduled for run in owned),
+            ]
+        )
         active = [
             cronplan.ActiveRun(run.name, run.uid, run.scheduled) for run in owned if not run.ended
         ]
@@ -298,11 +312,13 @@ class ScheduleController:
         )
         created = await self._act(cron, checked, step, involved=involved)
         if created is not None:
+            self._last[involved.uid] = max(created.scheduled, self._last.get(involved.uid, 0.0))
             owned = [*owned, created]
-            active.append(cronplan.ActiveRun(created.name, created.uid, created.scheduled))
         owned = await self._prune(namespace, owned, checked, involved=involved)
         wake = None if isinstance(step, cronplan.Suspended) else step.wake
-        body = _status(cron, owned, checked, wake=wake, now=now)
+        body = _status(
+            cron, owned, checked, wake=wake, now=now, scheduled=self._last.get(involved.uid, 0.0)
+        )
         await self._write_status(cron, body)
         return wake
 
@@ -444,13 +460,16 @@ def _status(
     *,
     wake: float | None,
     now: float,
+    scheduled: float,
 ) -> dict[str, Any]:
-    """The CronAgentRun's ``.status`` after a pass: ``None`` values remove a field."""
+    """The CronAgentRun's ``.status`` after a pass: ``None`` values remove a field.
+    ``scheduled``: the last schedule time this process created a run for (0: none)."""
     meta = cron.get("metadata") or {}
     old: Mapping[str, Any] = cron.get("status") or {}
     generation = int(meta.get("generation") or 1)
-    scheduled = [run.scheduled for run in owned]
-    last = max([*scheduled, epoch(old.get("lastScheduleTime")) or 0.0])
+    last = max(
+        [scheduled, *(r.scheduled for r in owned), epoch(old.get("lastScheduleTime")) or 0.0]
+    )
     successes = [r.completed_at for r in owned if r.succeeded and r.completed_at is not None]
     last_success = max([*successes, epoch(old.get("lastSuccessfulTime")) or 0.0])
     active = [

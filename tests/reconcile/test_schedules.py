@@ -161,3 +161,17 @@ async def test_an_invalid_template_is_not_ready_and_creates_nothing() -> None:
     assert (ready["status"], ready["reason"]) == ("False", "InvalidRunTemplate")
     assert ready["message"].startswith("spec.runTemplate.spec.goal: ")
     assert store.runs == {}
+
+
+async def test_a_pruned_run_is_not_created_again_from_an_object_older_than_the_status() -> None:
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    spec = {"successfulRunsHistoryLimit": 0}
+    await ctl.reconcile(cron(**spec))
+    store.end("report-1796032800", "Succeeded", at=T0 + 1)
+    clock.now = T0 + 2
+    await ctl.reconcile(cron(**spec))  # the watch has not brought the status written yet
+    assert store.deleted == ["report-1796032800"] and store.runs == {}
+    clock.now = T0 + 3
+    await ctl.reconcile(cron(**spec))
+    assert store.creates == 1 and store.status["lastScheduleTime"] == "2026-11-30T10:00:00Z"
