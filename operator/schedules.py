@@ -4,7 +4,8 @@ What belongs here: the loop that wakes at each CronAgentRun's next schedule time
 or one of its runs, changes), reads its runs, acts on ``cronplan.plan`` (create the run,
 cancel the running ones for ``Replace``, skip for ``Forbid``), deletes finished runs beyond the
 history limits, writes the CronAgentRun's status and records Events. What does not: the rules
-(``cronplan``), the spec and the run manifest (``cronspec``), the kopf handlers that feed it
+(``cronplan``), the spec and the run manifest (``cronspec``), the status body
+(``cronstatus``), the API calls (``cronstore``), the kopf handlers that feed it
 (``cronhandlers``).
 
 Exactly-once per schedule time without any state of its own: a run's name is derived from its
@@ -19,21 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
-
-from agentrun import kube
-
-from . import cronplan, cronspec, status
+from . import cronplan, cronspec, cronstatus, status
+from .cronstore import CronStore, OwnedRun, epoch
 from .recorder import EventRecorder, EventType, Involved
-from .runs import CANCEL_ANNOTATION
-from .statuswriter import MERGE_PATCH
 
 log = logging.getLogger(__name__)
 
@@ -42,137 +36,6 @@ RETRY_SECONDS = 5.0
 
 CronKey = tuple[str, str]
 """(namespace, name) of a CronAgentRun."""
-
-
-def epoch(text: Any) -> float | None:
-    """An RFC 3339 timestamp as epoch seconds; ``None`` for anything else."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class OwnedRun:
-    """A run a CronAgentRun created, as read back."""
-
-    name: str
-    uid: str
-    scheduled: float
-    ended: bool
-    succeeded: bool
-    completed_at: float | None
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any]) -> OwnedRun | None:
-        """A run object as a dict; ``None`` if it lacks its schedule-time annotation."""
-        meta = obj.get("metadata") or {}
-        scheduled = epoch((meta.get("annotations") or {}).get(cronspec.SCHEDULED_ANNOTATION))
-        if scheduled is None:
-            return None
-        run_status = obj.get("status") or {}
-        return cls(
-            name=str(meta.get("name", "")),
-            uid=str(meta.get("uid", "")),
-            scheduled=scheduled,
-            ended=bool(run_status.get("terminalReason")),
-            succeeded=run_status.get("phase") == "Succeeded",
-            completed_at=epoch(run_status.get("completionTime")),
-        )
-
-
-class CronStore(Protocol):
-    """The API calls of the controller; each raises ``ApiException`` on a failed request."""
-
-    async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
-        """The AgentRuns labelled as created by ``cron``."""
-
-    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
-        """Create the run; ``False`` when it exists already."""
-
-    async def cancel_run(self, namespace: str, name: str) -> None:
-        """Set the run's cancel annotation (a run gone already is no error)."""
-
-    async def delete_run(self, namespace: str, name: str) -> None:
-        """Delete the run (a run gone already is no error)."""
-
-    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
-        """Merge ``body`` into the CronAgentRun's status (a CronAgentRun gone or replaced by
-        a new object of its name is no error)."""
-
-
-class KubeCronStore:
-    """``CronStore`` over the API server."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.objects = client.CustomObjectsApi(api)
-
-    async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
-        """The AgentRuns labelled as created by ``cron``."""
-        listed: dict[str, Any] = await self.objects.list_namespaced_custom_object(
-            kube.GROUP,
-            kube.VERSION,
-            namespace,
-            kube.RUNS,
-            label_selector=f"{cronspec.CRON_LABEL}={cron}",
-        )
-        return list(listed.get("items", []))
-
-    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
-        """Create the run; ``False`` when it exists already (HTTP 409)."""
-        try:
-            await self.objects.create_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, manifest["metadata"]["namespace"], kube.RUNS, manifest
-            )
-        except ApiException as err:
-            if err.status == 409:
-                return False
-            raise
-        return True
-
-    async def cancel_run(self, namespace: str, name: str) -> None:
-        """Set ``agentrun.dev/cancel: "true"``, as ``kubectl agentrun cancel`` does."""
-        body = {"metadata": {"annotations": {CANCEL_ANNOTATION: "true"}}}
-        with _unless_gone():
-            await self.objects.patch_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, namespace, kube.RUNS, name, body, **MERGE_PATCH
-            )
-
-    async def delete_run(self, namespace: str, name: str) -> None:
-        """Delete the run in the background (its own finalizer, if any, still runs)."""
-        with _unless_gone():
-            await self.objects.delete_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, namespace, kube.RUNS, name
-            )
-
-    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
-        """Merge ``body`` into ``.status``, only while the object has ``cron``'s uid."""
-        meta = cron.get("metadata") or {}
-        patch = {"metadata": {"uid": meta.get("uid")}, "status": dict(body)}
-        try:
-            await self.objects.patch_namespaced_custom_object_status(
-                kube.GROUP,
-                kube.VERSION,
-                str(meta.get("namespace")),
-                cronspec.CRONS,
-                str(meta.get("name")),
-                patch,
-                **MERGE_PATCH,
-            )
-        except ApiException as err:
-            if err.status not in (404, 409):
-                raise
-
-
-@contextlib.contextmanager
-def _unless_gone() -> Any:
-    try:
-        yield
-    except ApiException as err:
-        if err.status != 404:
-            raise
 
 
 @dataclasses.dataclass(slots=True)
@@ -291,7 +154,7 @@ class ScheduleController:
                 message=f"no runs are created: {err}",
                 key=(involved.uid, err.reason, generation),
             )
-            ready = _ready(False, err.reason, str(err), now=now, generation=generation)
+            ready = cronstatus.ready(False, err.reason, str(err), now=now, generation=generation)
             await self._write_status(cron, {"observedGeneration": generation, **ready})
             return None
         owned = await self._owned_runs(namespace, name, uid=involved.uid)
@@ -316,7 +179,7 @@ class ScheduleController:
             owned = [*owned, created]
         owned = await self._prune(namespace, owned, checked, involved=involved)
         wake = None if isinstance(step, cronplan.Suspended) else step.wake
-        body = _status(
+        body = cronstatus.status_body(
             cron, owned, checked, wake=wake, now=now, scheduled=self._last.get(involved.uid, 0.0)
         )
         await self._write_status(cron, body)
@@ -431,81 +294,6 @@ class ScheduleController:
         return [run for run in owned if run.name not in doomed]
 
     async def _write_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
-        old: Mapping[str, Any] = cron.get("status") or {}
-        if all(_same(old.get(k), v) for k, v in body.items()):
+        if cronstatus.unchanged(cron.get("status") or {}, body):
             return
         await self.store.patch_status(cron, body)
-
-
-def _same(old: Any, new: Any) -> bool:
-    """Whether a status field already holds ``new`` (conditions compared without their
-    transition time; ``None`` means absent)."""
-    if isinstance(old, list) and isinstance(new, list) and old and new:
-        strip = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in old]
-        return strip == [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in new]
-    return bool(old == new or (old in (None, []) and new in (None, [])))
-
-
-def _ready(flag: bool, reason: str, message: str, *, now: float, generation: int) -> dict[str, Any]:
-    condition = status.condition(
-        "Ready", status=flag, reason=reason, message=message, at=now, generation=generation
-    )
-    return {"conditions": [condition]}
-
-
-def _status(
-    cron: Mapping[str, Any],
-    owned: Sequence[OwnedRun],
-    checked: cronspec.Checked,
-    *,
-    wake: float | None,
-    now: float,
-    scheduled: float,
-) -> dict[str, Any]:
-    """The CronAgentRun's ``.status`` after a pass: ``None`` values remove a field.
-    ``scheduled``: the last schedule time this process created a run for (0: none)."""
-    meta = cron.get("metadata") or {}
-    old: Mapping[str, Any] = cron.get("status") or {}
-    generation = int(meta.get("generation") or 1)
-    last = max(
-        [scheduled, *(r.scheduled for r in owned), epoch(old.get("lastScheduleTime")) or 0.0]
-    )
-    successes = [r.completed_at for r in owned if r.succeeded and r.completed_at is not None]
-    last_success = max([*successes, epoch(old.get("lastSuccessfulTime")) or 0.0])
-    active = [
-        {
-            "apiVersion": f"{kube.GROUP}/{kube.VERSION}",
-            "kind": "AgentRun",
-            "name": run.name,
-            "namespace": str(meta.get("namespace", "")),
-            **({"uid": run.uid} if run.uid else {}),
-        }
-        for run in sorted(owned, key=lambda r: (r.scheduled, r.name))
-        if not run.ended
-    ]
-    if checked.policy.suspend:
-        ready = _ready(
-            True, "Suspended", "spec.suspend: no runs are created", now=now, generation=generation
-        )
-    else:
-        zone = checked.spec.time_zone or "UTC"
-        next_at = status.rfc3339(wake) if wake is not None else "never"
-        ready = _ready(
-            True,
-            "Scheduled",
-            f"{checked.schedule.written} ({zone}): next run at {next_at}",
-            now=now,
-            generation=generation,
-        )
-    old_ready = next((c for c in old.get("conditions") or [] if c.get("type") == "Ready"), None)
-    if old_ready is not None and old_ready.get("status") == ready["conditions"][0]["status"]:
-        ready["conditions"][0]["lastTransitionTime"] = old_ready.get("lastTransitionTime")
-    return {
-        "observedGeneration": generation,
-        "lastScheduleTime": status.rfc3339(last) if last else None,
-        "lastSuccessfulTime": status.rfc3339(last_success) if last_success else None,
-        "nextScheduleTime": status.rfc3339(wake) if wake is not None else None,
-        "active": active or None,
-        "activeRuns": len(active),
-        **ready,
-    }

@@ -8,7 +8,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from agentrun.operator import schedules
+from agentrun.operator import schedules, status
 from agentrun.operator.recorder import EventRecorder, Throttle
 
 T0 = 1_796_032_800.0
@@ -54,7 +54,7 @@ class MemoryStore:
 
     def end(self, name: str, phase: str, *, at: float) -> None:
         reason = "completed" if phase == "Succeeded" else "max_steps"
-        completed = schedules.status.rfc3339(at)
+        completed = status.rfc3339(at)
         self.runs[name]["status"] = {
             "phase": phase,
             "terminalReason": reason,
