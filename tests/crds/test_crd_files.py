@@ -444,7 +444,10 @@ def test_cronagentrun_run_template_is_checked_by_the_agentrun_spec_schema() -> N
     assert rules[0]["rule"] == "self == oldSelf"
     assert template.pop("x-kubernetes-validations") == rules[1:]
     template.pop("description"), run.pop("description")
-    assert template == run
+    assert template == run, (
+        "the AgentRun spec schema changed: copy it (without its `self == oldSelf` rule) into "
+        "spec.runTemplate.spec of crds/agentrun.dev_cronagentruns.yaml and the chart's copy"
+    )
 
 
 def test_cronagentrun_spec_fields_and_defaults_are_a_cronjobs() -> None:
