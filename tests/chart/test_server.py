@@ -156,7 +156,11 @@ OPERATOR_NEEDS = [
     ("patch", "agents.agentrun.dev/status"),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
     ("get", "customresourcedefinitions.apiextensions.k8s.io"),  # the start-up CRD check
-    ("delete", "agentruns.agentrun.dev"),  # spec.ttlSecondsAfterFinished
+    ("delete", "agentruns.agentrun.dev"),  # spec.ttlSecondsAfterFinished, history limits
+    ("create", "agentruns.agentrun.dev"),  # the runs of CronAgentRuns
+    ("watch", "cronagentruns.agentrun.dev"),
+    ("patch", "cronagentruns.agentrun.dev/status"),
+    ("update", "cronagentruns.agentrun.dev/finalizers"),  # blockOwnerDeletion on its runs
     ("create", "leases.coordination.k8s.io"),  # the leader Lease, release namespace only
 ]
 WORKER_NEEDS = [
@@ -168,7 +172,6 @@ WORKER_NEEDS = [
 NOBODY_GETS = [
     ("update", "agentruns.agentrun.dev/status"),
     ("patch", "agenttenants.agentrun.dev"),
-    ("create", "agentruns.agentrun.dev"),
     ("delete", "agentruns.agentrun.dev/status"),
     ("delete", "leases.coordination.k8s.io"),
     ("patch", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -176,6 +179,8 @@ NOBODY_GETS = [
     ("update", "agentruns.agentrun.dev"),
     ("patch", "agentmodels.agentrun.dev"),
     ("patch", "agents.agentrun.dev"),
+    ("patch", "cronagentruns.agentrun.dev"),
+    ("update", "cronagentruns.agentrun.dev"),
     ("create", "pods"),
     ("delete", "pods"),
     ("list", "secrets"),
@@ -204,6 +209,9 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         "worker deletes runs": can_i(
             kubectl, worker, "delete", "agentruns.agentrun.dev", test_namespace
         ),
+        "worker creates runs": can_i(
+            kubectl, worker, "create", "agentruns.agentrun.dev", test_namespace
+        ),
         "operator's Lease": [
             can_i(kubectl, operator, verb, f"leases.coordination.k8s.io:{lease}", test_namespace)
             for verb in ("get", "update")
@@ -229,6 +237,7 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         "operator reads secrets": False,
         "worker reads secrets elsewhere": False,
         "worker deletes runs": False,
+        "worker creates runs": False,
         "operator's Lease": [True, True],
         "another Lease": [False, False, False, False],
         "Leases elsewhere": False,
