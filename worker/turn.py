@@ -313,6 +313,9 @@ async def _call_model(
             response = await deps.model.complete(request, deadline=config.deadline)
         except ModelError as err:
             _record_failure(span, err, model=model, started=started)
+            metrics.count_model_call(
+                config.tenant, model=config.model.name, error_type=err.error_type
+            )
             raise
         usage = kernel.read_usage(
             response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
@@ -326,6 +329,7 @@ async def _call_model(
         metrics.record_model_call(
             model=model, seconds=time.perf_counter() - started, usage=usage, error_type=None
         )
+        metrics.count_model_call(config.tenant, model=config.model.name, error_type=None)
         return response, usage
 
 
