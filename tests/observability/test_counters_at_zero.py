@@ -127,10 +127,11 @@ def promtool_series(
                     "exp_labels": {"severity": "warning", "tenant": "fresh"},
                     "exp_annotations": {
                         "summary": "Runs of tenant fresh are ending with model_error",
-                        "description": "5 runs of tenant fresh ended with terminal reason "
-                        "model_error in the last 15 minutes: the model endpoint fails after "
-                        "retries. Check the AgentModel's baseURL, credentials Secret and the "
-                        "provider's status.",
+                        "description": "100% of the runs of tenant fresh that ended in the "
+                        "last 15 minutes ended model_error: the model endpoint fails after "
+                        "retries.",
+                        "runbook_url": "https://agentrun.dev/docs/runbooks/"
+                        "AgentrunRunsEndingModelError.md",
                     },
                 }
             ],
