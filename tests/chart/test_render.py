@@ -75,6 +75,14 @@ def test_template_renders_with_no_cluster_and_no_kube_version_given(
         pytest.param("nats.instal.enabled=true", "'instal' not allowed", id="nested-typo"),
         pytest.param("image.pullPolicy=Sometimes", "/image/pullPolicy", id="not-in-enum"),
         pytest.param("nats.url=http://nats:4222", "/nats/url", id="not-a-nats-url"),
+        pytest.param(
+            "metrics.prometheusRule.runbookBaseURL=wiki",
+            "/metrics/prometheusRule/runbookBaseURL",
+            id="runbook-base-not-a-url",
+        ),
+        pytest.param(
+            "metrics.grafanaDashboard.lable=x", "'lable' not allowed", id="dashboard-typo"
+        ),
     ],
 )
 def test_values_schema_fails_naming_the_field(
