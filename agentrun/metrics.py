@@ -270,18 +270,27 @@ def know_run(config: RunConfig, *, catalog: Collection[str]) -> None:
 
 
 def record_model_call(
-    *, model: str, seconds: float, usage: kernel.Usage | None, error_type: str | None
+    config: RunConfig,
+    *,
+    seconds: float,
+    usage: kernel.Usage | None,
+    error_type: ModelErrorType | None = None,
+    error_class: str = "",
 ) -> None:
-    """The GenAI client metrics of one chat call (``model`` is the provider's model name)."""
+    """One chat call of ``config``'s run: the GenAI client metrics (by the provider's model
+    name, ``error_class`` as their ``error_type``) and the agentrun model-call counters (by
+    tenant and AgentModel name, a failure by its bounded ``error_type``)."""
+    model = config.model.model
     labels = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "openai"}
-    GEN_AI_DURATION.labels(
-        **labels, gen_ai_request_model=model, error_type=error_type or ""
-    ).observe(seconds)
+    GEN_AI_DURATION.labels(**labels, gen_ai_request_model=model, error_type=error_class).observe(
+        seconds
+    )
     if usage is not None and not usage.estimated:
         for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
             GEN_AI_TOKEN_USAGE.labels(
                 **labels, gen_ai_request_model=model, gen_ai_token_type=kind
             ).observe(count)
+    count_model_call(config.tenant, model=config.model.name, error_type=error_type)
 
 
 def count_model_call(tenant: str, *, model: str, error_type: ModelErrorType | None) -> None:

@@ -72,6 +72,36 @@ def status_error_type(status: int, *, fault: kernel.ModelFault) -> ModelErrorTyp
     return ModelErrorType.SERVER_ERROR if status >= 500 else ModelErrorType.CLIENT_ERROR
 
 
+def _refused(err: openai.APIStatusError, *, api_key: str, deadline: float) -> ModelError:
+    """The ``ModelError`` of an error answer the client gave up on (or must not retry): the
+    verdict of `judge_error` when it rules, else ``HTTP <status>``; ``api_key`` redacted."""
+    verdict = _judge_response(err.response, deadline=deadline)
+    if verdict is not None:
+        message, fault = verdict.message, verdict.fault
+    else:
+        message, fault = f"HTTP {err.status_code}: {err.message}", ModelFault.UNAVAILABLE
+    return ModelError(
+        redact(message, api_key),
+        fault=fault,
+        error_type=status_error_type(err.status_code, fault=fault),
+    )
+
+
+def _unanswered(err: Exception) -> ModelError:
+    """The ``ModelError`` of a call that got no usable answer: a timeout of the client, no
+    connection, the run's deadline (``TimeoutError`` of its ``asyncio.timeout``), or a body
+    that is not JSON (``json.JSONDecodeError``)."""
+    if isinstance(err, openai.APITimeoutError):  # a subclass of APIConnectionError
+        return ModelError(f"{type(err).__name__}: {err}", error_type=ModelErrorType.TIMEOUT)
+    if isinstance(err, openai.APIConnectionError):
+        return ModelError(f"{type(err).__name__}: {err}", error_type=ModelErrorType.CONNECTION)
+    if isinstance(err, TimeoutError):
+        message = "the run's deadline passed while calling the model"
+        return ModelError(message, error_type=ModelErrorType.DEADLINE)
+    message = f"the model endpoint answered with a body that is not JSON: {err}"
+    return ModelError(message, error_type=ModelErrorType.INVALID_RESPONSE)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:
     """What a provider's error answer means, when it must not be retried."""
@@ -304,32 +334,9 @@ class ModelClient:
         except openai.APIStatusError as err:
             # ``from None``: the client's error holds the provider's text, which may echo the
             # key; only the redacted message travels on (to status, Events, logs and spans)
-            verdict = _judge_response(err.response, deadline=deadline)
-            if verdict is not None:
-                message, fault = verdict.message, verdict.fault
-            else:
-                message, fault = f"HTTP {err.status_code}: {err.message}", ModelFault.UNAVAILABLE
-            raise ModelError(
-                redact(message, request.api_key),
-                fault=fault,
-                error_type=status_error_type(err.status_code, fault=fault),
-            ) from None
-        except openai.APITimeoutError as err:  # before its base class APIConnectionError
-            raise ModelError(
-                f"{type(err).__name__}: {err}", error_type=ModelErrorType.TIMEOUT
-            ) from err
-        except openai.APIConnectionError as err:
-            raise ModelError(f"{type(err).__name__}: {err}") from err
-        except TimeoutError as err:
-            raise ModelError(
-                "the run's deadline passed while calling the model",
-                error_type=ModelErrorType.DEADLINE,
-            ) from err
-        except json.JSONDecodeError as err:
-            raise ModelError(
-                f"the model endpoint answered with a body that is not JSON: {err}",
-                error_type=ModelErrorType.INVALID_RESPONSE,
-            ) from err
+            raise _refused(err, api_key=request.api_key, deadline=deadline) from None
+        except (openai.APIConnectionError, TimeoutError, json.JSONDecodeError) as err:
+            raise _unanswered(err) from err
         finally:
             _DEADLINE.reset(token)
         if not isinstance(answer, dict):
