@@ -319,7 +319,7 @@ async def _call_model(
             request = await _chat_request(deps, config, call, tools)
             response = await deps.model.complete(request, deadline=config.deadline)
         except ModelError as err:
-            _record_failure(span, err, model=model, started=started)
+            _record_failure(span, err, config=config, start=started)
             raise
         usage = kernel.read_usage(
             response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
@@ -330,9 +330,7 @@ async def _call_model(
         span.set_attribute("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens)
         if isinstance(response.get("id"), str):
             span.set_attribute("gen_ai.response.id", response["id"])
-        metrics.record_model_call(
-            model=model, seconds=time.perf_counter() - started, usage=usage, error_type=None
-        )
+        metrics.record_model_call(config, seconds=time.perf_counter() - started, usage=usage)
         return response, usage
 
 
@@ -363,15 +361,16 @@ async def _chat_request(
     )
 
 
-def _record_failure(span: trace.Span, err: ModelError, *, model: str, started: float) -> None:
-    """A failed call on its span (``error.type``, status) and in the client metrics."""
+def _record_failure(span: trace.Span, err: ModelError, *, config: RunConfig, start: float) -> None:
+    """A failed call on its span (``error.type``, status) and in the model-call metrics."""
     span.set_attribute("error.type", type(err).__name__)
     span.set_status(trace.Status(trace.StatusCode.ERROR, str(err)[:200]))
     metrics.record_model_call(
-        model=model,
-        seconds=time.perf_counter() - started,
+        config,
+        seconds=time.perf_counter() - start,
         usage=None,
-        error_type=type(err).__name__,
+        error_type=err.error_type,
+        error_class=type(err).__name__,
     )
 
 

@@ -85,6 +85,14 @@ def test_template_renders_with_no_cluster_and_no_kube_version_given(
             "/tools/prometheusQuery/url",
             id="prometheus-url-without-scheme",
         ),
+        pytest.param(
+            "metrics.prometheusRule.runbookBaseURL=wiki",
+            "/metrics/prometheusRule/runbookBaseURL",
+            id="runbook-base-not-a-url",
+        ),
+        pytest.param(
+            "metrics.grafanaDashboard.lable=x", "'lable' not allowed", id="dashboard-typo"
+        ),
     ],
 )
 def test_values_schema_fails_naming_the_field(
