@@ -21,6 +21,7 @@ Read this module to see how control flows: every collaborator is passed to a con
   status; admission (``RunConfigs``) reads that status through a ``ToolServerCache``.
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
   events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
+- ``ScheduleController`` creates the AgentRuns of CronAgentRuns on their schedules.
 
 Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
 ``start_parts``, after taking the leader Lease).
@@ -47,11 +48,13 @@ from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 
 from . import lifecycle, recorder
+from .cronstore import KubeCronStore
 from .dispatch import Dispatcher
 from .orphans import OrphanWatch
 from .pump import PumpDeps, QueuePump
 from .queuestatus import QueueStatus
 from .recorder import EventRecorder
+from .schedules import ScheduleController
 from .settlement import QueueBoard, RunSettlement
 from .statuswriter import KubeStatusStore, StatusWriter
 from .sweep import LedgerSweep, SweepDeps
@@ -83,9 +86,11 @@ class Parts:
     reaper: lifecycle.Reaper
     events: EventRecorder
     toolservers: ToolServerRefresher
+    schedules: ScheduleController
     tasks: tuple[asyncio.Task[None], ...]
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
-    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery."""
+    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
+    CronAgentRun schedules."""
 
 
 @dataclasses.dataclass
@@ -179,6 +184,7 @@ def _build_parts(
         reaper=lifecycle.Reaper(lifecycle.KubeRunDeleter(api)),
         events=events,
         toolservers=ToolServerRefresher(api),
+        schedules=ScheduleController(KubeCronStore(api), events=events),
         tasks=(),
     )
 
@@ -214,6 +220,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.orphans.run(), name="orphan-turns"),
         asyncio.create_task(parts.events.run(), name="k8s-events"),
         asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
+        asyncio.create_task(parts.schedules.run(), name="schedules"),
     )
 
 
@@ -225,6 +232,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.sweep.stop()
     parts.reaper.stop()
     parts.toolservers.stop()
+    parts.schedules.stop()
     for task in parts.tasks:
         task.cancel()
     await parts.dispatcher.cancel_timers()

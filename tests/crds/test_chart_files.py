@@ -134,7 +134,8 @@ def operator_verbs(group: str, resource: str) -> set[str]:
 @pytest.mark.parametrize(
     ("group", "resource", "verbs"),
     [
-        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "delete"}),
+        # create: the runs of CronAgentRuns; delete: TTL and their history limits
+        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "create", "delete"}),
         ("agentrun.dev", "agentruns/status", {"get", "patch"}),
         ("agentrun.dev", "agentmodels", {"get", "list", "watch"}),
         ("agentrun.dev", "agenttenants", {"get", "list", "watch"}),
@@ -142,6 +143,9 @@ def operator_verbs(group: str, resource: str) -> set[str]:
         ("", "namespaces", {"get", "list", "watch"}),  # AgentTenant spec.namespaceSelector
         ("agentrun.dev", "agents", {"get", "list", "watch"}),
         ("agentrun.dev", "agents/status", {"get", "patch"}),
+        ("agentrun.dev", "cronagentruns", {"get", "list", "watch"}),
+        ("agentrun.dev", "cronagentruns/status", {"get", "patch"}),
+        ("agentrun.dev", "cronagentruns/finalizers", {"update"}),  # blockOwnerDeletion
         ("", "events", {"create", "patch"}),  # a repeated occasion raises its Event's count
         ("apiextensions.k8s.io", "customresourcedefinitions", {"get", "list", "watch"}),
     ],
