@@ -1,8 +1,9 @@
 """Prometheus metric objects (names are public API) and what records them.
 
 One module for every ``agentrun_`` metric so names, help texts, units and labels are written
-once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result —
-never run names or ids. Tool names outside the worker's catalog are recorded as ``unknown``
+once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result, and
+an AgentEval's namespace and name (one series set per AgentEval object) — never run or case
+names or ids. Tool names outside the worker's catalog are recorded as ``unknown``
 (a model can invent any name). Processes do not fork, so the default registry is safe.
 
 Counters exist at 0 before their first event: ``increase()`` over a series that appears with
@@ -98,6 +99,20 @@ TURNS_PENDING = Gauge(
 )
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
+EVAL_CASES = Counter(
+    "agentrun_eval_cases",
+    "AgentEval cases graded, by result (passed, failed); counted once per case and round.",
+    ["namespace", "eval", "result"],
+)
+"""Labelled by the AgentEval's namespace and name (bounded by the AgentEval objects, never
+case or run names); the operator creates both results at 0 when it first sees an eval."""
+EVAL_PASS_RATIO = Gauge(
+    "agentrun_eval_pass_ratio",
+    "Share of the cases that passed in an AgentEval's last complete round (0 to 1).",
+    ["namespace", "eval"],
+)
+EVAL_RESULTS = ("passed", "failed")
+"""Every ``result`` of ``agentrun_eval_cases_total``."""
 
 
 GEN_AI_TOKEN_BUCKETS = (
@@ -284,3 +299,22 @@ def record_tenant_budget(tenant: str, book: Book, *, now: float) -> None:
                 TENANT_BUDGET_LIMIT.remove(tenant, resource)
         else:
             TENANT_BUDGET_LIMIT.labels(tenant=tenant, resource=resource).set(limit)
+
+
+def know_eval(namespace: str, name: str) -> None:
+    """Create an AgentEval's case counters at 0 (once per process)."""
+    if ("eval", namespace, name) in _known:
+        return
+    _known.add(("eval", namespace, name))
+    for result in EVAL_RESULTS:
+        EVAL_CASES.labels(namespace=namespace, eval=name, result=result)
+
+
+def forget_eval(namespace: str, name: str) -> None:
+    """Drop a deleted AgentEval's series."""
+    _known.discard(("eval", namespace, name))
+    for result in EVAL_RESULTS:
+        with contextlib.suppress(KeyError):
+            EVAL_CASES.remove(namespace, name, result)
+    with contextlib.suppress(KeyError):
+        EVAL_PASS_RATIO.remove(namespace, name)

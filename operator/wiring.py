@@ -17,6 +17,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
   status; admission (``RunConfigs``) reads that status through a ``ToolServerCache``.
+- ``EvalController`` runs AgentEvals: creates their cases' runs, grades the ended ones from
+  their status and committed events (``Bus``), writes the table, posts Events.
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
   events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
 
@@ -45,6 +47,7 @@ from agentrun.tools import Catalog, default_catalog
 
 from . import lifecycle, recorder
 from .dispatch import Dispatcher
+from .evals import EvalController
 from .orphans import OrphanWatch
 from .pump import PumpDeps, QueuePump
 from .recorder import EventRecorder
@@ -78,9 +81,11 @@ class Parts:
     reaper: lifecycle.Reaper
     events: EventRecorder
     toolservers: ToolServerRefresher
+    evals: EvalController
     tasks: tuple[asyncio.Task[None], ...]
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
-    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery."""
+    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
+    AgentEval reconciles."""
 
 
 @dataclasses.dataclass
@@ -173,6 +178,7 @@ async def start_parts(
         reaper=reaper,
         events=events,
         toolservers=refresher,
+        evals=EvalController(api, runs=bus, events=events),
         tasks=(),
     )
     return dataclasses.replace(parts, tasks=_start_loops(parts))
@@ -209,6 +215,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.orphans.run(), name="orphan-turns"),
         asyncio.create_task(parts.events.run(), name="k8s-events"),
         asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
+        asyncio.create_task(parts.evals.run(), name="agent-evals"),
     )
 
 
@@ -220,6 +227,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.sweep.stop()
     parts.reaper.stop()
     parts.toolservers.stop()
+    parts.evals.stop()
     for task in parts.tasks:
         task.cancel()
     await parts.dispatcher.cancel_timers()
