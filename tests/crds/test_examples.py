@@ -17,11 +17,11 @@ MANIFESTS = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "scenarios.ya
 MANIFESTS += sorted(EXAMPLES.glob("agents/*.yaml"))
 """Runs of Agents live in examples/agents/ (the kernel replay of examples/ reads runs that
 carry their own spec.model)."""
-NAMESPACED = ("AgentRun", "Agent")
+NAMESPACED = ("AgentRun", "Agent", "AgentEval")
 
 
 def namespaced_objects(path: Path) -> list[dict[str, object]]:
-    """The AgentRuns and Agents of an example file."""
+    """The AgentRuns, Agents and AgentEvals of an example file."""
     return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") in NAMESPACED]
 
 
@@ -69,7 +69,7 @@ def test_server_side_apply_of_an_example_twice_is_a_no_op(
         "get",
         "-n",
         test_namespace,
-        "agentruns,agents",
+        "agentruns,agents,agentevals",
         "-o",
         "jsonpath={.items[*].metadata.generation}",
     ).stdout
@@ -80,7 +80,7 @@ def test_server_side_apply_of_an_example_twice_is_a_no_op(
             "get",
             "-n",
             test_namespace,
-            "agentruns,agents",
+            "agentruns,agents,agentevals",
             "-o",
             "jsonpath={.items[*].metadata.generation}",
         ).stdout
