@@ -270,7 +270,7 @@ class EvalController:
                 _involved(suite),
                 type=EventType.NORMAL,
                 reason="EvaluationPassed",
-                message=f"round {round_.id}: all {found.total} cases passed",
+                message=f"round {round_.id}: {found.total} of {found.total} cases passed",
                 key=(suite.uid, "EvaluationFinished", round_.id),
             )
 

@@ -302,7 +302,7 @@ def eval_status(
         passed = ("False", "CasesFailed", failed_cases_text(rows))
     else:
         complete = ("True", "Graded", f"{found.total} cases graded")
-        passed = ("True", "AllPassed", f"all {found.total} cases passed")
+        passed = ("True", "AllPassed", f"{found.total} of {found.total} cases passed")
     body["conditions"] = _conditions(
         {"Complete": complete, "Passed": passed},
         generation=round_.generation,
