@@ -158,6 +158,9 @@ OPERATOR_NEEDS = [
     ("get", "customresourcedefinitions.apiextensions.k8s.io"),  # the start-up CRD check
     ("delete", "agentruns.agentrun.dev"),  # spec.ttlSecondsAfterFinished
     ("create", "leases.coordination.k8s.io"),  # the leader Lease, release namespace only
+    ("create", "agentruns.agentrun.dev"),  # an AgentEval's case runs
+    ("watch", "agentevals.agentrun.dev"),
+    ("patch", "agentevals.agentrun.dev/status"),
 ]
 WORKER_NEEDS = [
     ("get", "agentmodels.agentrun.dev"),
@@ -168,7 +171,7 @@ WORKER_NEEDS = [
 NOBODY_GETS = [
     ("update", "agentruns.agentrun.dev/status"),
     ("patch", "agenttenants.agentrun.dev"),
-    ("create", "agentruns.agentrun.dev"),
+    ("patch", "agentevals.agentrun.dev"),
     ("delete", "agentruns.agentrun.dev/status"),
     ("delete", "leases.coordination.k8s.io"),
     ("patch", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -204,6 +207,9 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         "worker deletes runs": can_i(
             kubectl, worker, "delete", "agentruns.agentrun.dev", test_namespace
         ),
+        "worker creates runs": can_i(
+            kubectl, worker, "create", "agentruns.agentrun.dev", test_namespace
+        ),
         "operator's Lease": [
             can_i(kubectl, operator, verb, f"leases.coordination.k8s.io:{lease}", test_namespace)
             for verb in ("get", "update")
@@ -229,6 +235,7 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         "operator reads secrets": False,
         "worker reads secrets elsewhere": False,
         "worker deletes runs": False,
+        "worker creates runs": False,
         "operator's Lease": [True, True],
         "another Lease": [False, False, False, False],
         "Leases elsewhere": False,
