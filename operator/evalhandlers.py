@@ -15,11 +15,10 @@ import kopf
 
 from agentrun import kube
 
-from .evals import EVALS
 from .evalstatus import EVAL_LABEL
 from .wiring import OperatorMemo
 
-EVAL = (kube.GROUP, kube.VERSION, EVALS)
+EVAL = (kube.GROUP, kube.VERSION, kube.EVALS)
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 AGENT = (kube.GROUP, kube.VERSION, kube.AGENTS)
 

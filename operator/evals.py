@@ -59,8 +59,6 @@ from .statuswriter import MERGE_PATCH
 
 log = logging.getLogger(__name__)
 
-EVALS = "agentevals"
-"""The AgentEval plural."""
 EvalKey = tuple[str, str]
 """(namespace, name) of an AgentEval."""
 
@@ -296,7 +294,7 @@ class EvalController:
     async def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             found: dict[str, Any] = await self.objects.get_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, namespace, EVALS, name
+                kube.GROUP, kube.VERSION, namespace, kube.EVALS, name
             )
         except ApiException as err:
             if err.status == 404:
@@ -363,7 +361,7 @@ class EvalController:
                 kube.GROUP,
                 kube.VERSION,
                 suite.namespace,
-                EVALS,
+                kube.EVALS,
                 suite.name,
                 {"metadata": {"uid": suite.uid}, "status": dict(body)},
                 **MERGE_PATCH,

@@ -21,7 +21,7 @@ import yaml
 
 from agentrun_dev import components, stack
 
-from . import argocd_health, test_argocd_health
+from . import argocd_health, test_argocd_health, test_kubectl_plugin
 from .conftest import EXAMPLES, E2EStack, http_get
 from .test_agents import AGENT_TURNS, agent_manifest
 from .test_budget_use import collatz_scenario
@@ -262,6 +262,10 @@ def test_a_failing_suite_is_graded_case_by_case_at_most_parallelism_at_a_time(
     assert ("Warning", "EvaluationFailed", f"round {status['round']}: {passed['message']}") in (
         events
     )
+    shown = test_kubectl_plugin.plugin(stack_, "eval", "mixed", "-n", ns)
+    assert shown.returncode == 1, shown.stderr  # a failed suite, as for a CI gate
+    assert shown.stdout.startswith("mixed: Failed, 1 passed, 2 failed of 3\n")
+    assert "  slow: terminal reason completed != expected max_steps" in shown.stdout
     metrics = http_get(f"http://127.0.0.1:{stack_.operator.ports['metrics']}/metrics")
     labels = f'eval="mixed",namespace="{ns}"'
     assert metric_value(metrics, "agentrun_eval_cases_total") >= 3
