@@ -247,7 +247,7 @@ class EvalController:
                 key=(suite.uid, "EvaluationStarted", round_.id),
             )
         found = verdict(rows)
-        was_complete = same_round and previous.get("phase") in ("Succeeded", "Failed")
+        was_complete = same_round and bool(previous.get("completionTime"))
         if not found.complete:
             return
         metrics.EVAL_PASS_RATIO.labels(namespace=suite.namespace, eval=suite.name).set(

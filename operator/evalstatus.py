@@ -238,15 +238,19 @@ class Verdict:
     @property
     def complete(self) -> bool:
         """Every case graded."""
-        return self.phase in (EvalPhase.SUCCEEDED, EvalPhase.FAILED)
+        return self.passed + self.failed == self.total
 
 
 def verdict(rows: Sequence[CaseRow]) -> Verdict:
-    """The round's phase and counts from its rows."""
+    """The round's phase and counts from its rows: Failed as soon as a case failed (the
+    suite cannot pass; its other cases still run and are graded), Succeeded once every case
+    passed, Pending before any run exists, else Running."""
     passed = sum(1 for r in rows if r.phase is CasePhase.PASSED)
     failed = sum(1 for r in rows if r.phase is CasePhase.FAILED)
-    if passed + failed == len(rows):
-        phase = EvalPhase.FAILED if failed else EvalPhase.SUCCEEDED
+    if failed:
+        phase = EvalPhase.FAILED
+    elif passed == len(rows):
+        phase = EvalPhase.SUCCEEDED
     elif all(r.phase is CasePhase.PENDING for r in rows):
         phase = EvalPhase.PENDING
     else:
@@ -255,10 +259,12 @@ def verdict(rows: Sequence[CaseRow]) -> Verdict:
 
 
 def failed_cases_text(rows: Sequence[CaseRow]) -> str:
-    """``2 of 5 cases failed: area (terminal reason max_steps != expected completed); ...``."""
+    """``2 of 5 cases failed: area (terminal reason max_steps != expected completed); ...``
+    (``failed so far`` while cases are still to be graded)."""
     failed = [r for r in rows if r.phase is CasePhase.FAILED]
     listed = "; ".join(f"{r.name} ({r.message})" for r in failed)
-    return f"{len(failed)} of {len(rows)} cases failed: {listed}"
+    so_far = " so far" if not all(r.graded for r in rows) else ""
+    return f"{len(failed)} of {len(rows)} cases failed{so_far}: {listed}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -294,15 +300,16 @@ def eval_status(
         done = previous.get("completionTime") if same_round else None
         body["completionTime"] = done or status.rfc3339(now)
     graded = found.passed + found.failed
-    if not found.complete:
-        complete = ("False", "Running", f"{graded} of {found.total} cases graded")
-        passed = ("Unknown", "Running", f"{found.failed} failed so far")
-    elif found.failed:
+    if found.complete:
         complete = ("True", "Graded", f"{found.total} cases graded")
-        passed = ("False", "CasesFailed", failed_cases_text(rows))
     else:
-        complete = ("True", "Graded", f"{found.total} cases graded")
+        complete = ("False", "Running", f"{graded} of {found.total} cases graded")
+    if found.failed:
+        passed = ("False", "CasesFailed", failed_cases_text(rows))
+    elif found.complete:
         passed = ("True", "AllPassed", f"{found.total} of {found.total} cases passed")
+    else:
+        passed = ("Unknown", "Running", f"{found.passed} of {found.total} cases passed so far")
     body["conditions"] = _conditions(
         {"Complete": complete, "Passed": passed},
         generation=round_.generation,

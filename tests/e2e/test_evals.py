@@ -120,7 +120,8 @@ def wait_eval(
 
 
 def finished(status: dict[str, Any]) -> bool:
-    return status.get("phase") in ("Succeeded", "Failed")
+    """Every case graded (a suite is Failed as soon as one case failed)."""
+    return conditions(status).get("Complete", {}).get("status") == "True"
 
 
 def eval_runs(stack_: E2EStack, namespace: str, name: str) -> list[dict[str, Any]]:

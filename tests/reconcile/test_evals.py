@@ -312,3 +312,18 @@ def test_an_invalid_spec_fails_the_suite_with_the_message() -> None:
         "Complete": ("True", "InvalidSpec", "spec.cases[0].goal: required"),
         "Passed": ("False", "InvalidSpec", "spec.cases[0].goal: required"),
     }
+
+
+def test_a_failed_case_fails_the_suite_at_once_while_the_others_are_still_graded() -> None:
+    rows = [FAILED, CaseRow("area", "run-a", CasePhase.RUNNING)]
+    body = eval_status(rows, round_=ROUND, previous={}, now=0.0)
+    conditions = {c["type"]: c for c in body["conditions"]}
+    assert (body["phase"], body["completionTime"]) == ("Failed", None)
+    assert (conditions["Complete"]["status"], conditions["Complete"]["message"]) == (
+        "False",
+        "1 of 2 cases graded",
+    )
+    assert (conditions["Passed"]["status"], conditions["Passed"]["message"]) == (
+        "False",
+        "1 of 2 cases failed so far: capped (terminal reason completed != expected max_steps)",
+    )

@@ -1,8 +1,8 @@
 -- Argo CD health of an agentrun.dev/v1alpha1 AgentEval (read from its phase and its Passed
 -- condition, which the agentrun operator writes): Healthy when every case of the current round
--- passed, Degraded with the failed cases (or the invalid field) when not, Progressing while the
--- round's runs are going or the operator has not started the current generation's round. An
--- Argo CD sync that waits for health therefore waits for the suite's verdict.
+-- passed, Degraded with the failed cases (or the invalid field) as soon as one failed,
+-- Progressing while the round's runs are going or the operator has not started the current
+-- generation's round. An Argo CD sync that waits for health therefore waits for the verdict.
 local hs = {}
 local status = obj.status
 local generation = obj.metadata.generation
