@@ -134,7 +134,8 @@ def operator_verbs(group: str, resource: str) -> set[str]:
 @pytest.mark.parametrize(
     ("group", "resource", "verbs"),
     [
-        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "delete"}),
+        # create: an AgentEval's case runs; delete: TTL and an AgentEval's earlier rounds
+        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "delete", "create"}),
         ("agentrun.dev", "agentruns/status", {"get", "patch"}),
         ("agentrun.dev", "agentmodels", {"get", "list", "watch"}),
         ("agentrun.dev", "agenttenants", {"get", "list", "watch"}),
@@ -142,6 +143,8 @@ def operator_verbs(group: str, resource: str) -> set[str]:
         ("", "namespaces", {"get", "list", "watch"}),  # AgentTenant spec.namespaceSelector
         ("agentrun.dev", "agents", {"get", "list", "watch"}),
         ("agentrun.dev", "agents/status", {"get", "patch"}),
+        ("agentrun.dev", "agentevals", {"get", "list", "watch"}),
+        ("agentrun.dev", "agentevals/status", {"get", "patch"}),
         ("", "events", {"create", "patch"}),  # a repeated occasion raises its Event's count
         ("apiextensions.k8s.io", "customresourcedefinitions", {"get", "list", "watch"}),
     ],
