@@ -76,6 +76,24 @@ TENANT_STATUS_FIELDS = (
 """Every AgentTenant ``.status`` field the operator writes (dotted paths)."""
 
 
+EVAL_STATUS_FIELDS = (
+    "phase",
+    "observedGeneration",
+    "round",
+    "agent.name",
+    "agent.generation",
+    "agent.digest",
+    "startTime",
+    "completionTime",
+    "summary.passed",
+    "summary.failed",
+    "summary.total",
+    "cases",
+    "conditions",
+)
+"""Every AgentEval ``.status`` field the operator writes (dotted paths)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KindRequirement:
     """What one CRD must serve."""
@@ -97,6 +115,7 @@ REQUIRED = (
     KindRequirement(
         "AgentTenant", kube.TENANTS, TENANT_STATUS_FIELDS, ("ttlSecondsAfterFinished",)
     ),
+    KindRequirement("AgentEval", kube.EVALS, EVAL_STATUS_FIELDS),
 )
 """The kinds this operator serves, as ``v1alpha1``."""
 
