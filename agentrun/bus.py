@@ -140,33 +140,14 @@ class Bus:
         stream lost) re-creates the streams and the subscription a second later; after the
         connection reconnected, the subscription is bound again before the next fetch.
         """
-        sub = None
-        bound_at = reconnections(self.nc)
+        puller = _Puller(self, subscribe)
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stopping.is_set():
                 if concurrency and len(tasks) >= concurrency:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                try:
-                    if sub is not None and bound_at != reconnections(self.nc):
-                        with contextlib.suppress(Exception):
-                            await sub.unsubscribe()
-                        sub = None
-                    if sub is None:
-                        bound_at = reconnections(self.nc)
-                        sub = await subscribe()
-                    msgs = await sub.fetch(batch=1, timeout=1.0)
-                except (nats.errors.TimeoutError, TimeoutError):
-                    continue
-                except Exception as err:
-                    log.warning("consumer: %r; re-creating streams and consumer in 1s", err)
-                    sub = None
-                    await asyncio.sleep(1.0)
-                    with contextlib.suppress(Exception):
-                        await self.ensure_streams()
-                    continue
-                for msg in msgs:
+                for msg in await puller.fetch():
                     if not concurrency:
                         await handle(msg)
                         continue
@@ -177,9 +158,7 @@ class Bus:
             for task in list(tasks):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+            await puller.unbind()
 
     # --- TurnRequests -------------------------------------------------------------------------
 
@@ -369,3 +348,42 @@ class Bus:
             await callback(msg.subject.rsplit(".", 1)[-1])
 
         await self.nc.subscribe(protocol.CANCEL_SUBJECTS, cb=handler)
+
+
+class _Puller:
+    """One pull subscription of ``Bus.consume``, bound again after each reconnect and
+    re-created (with the streams) after a failed fetch."""
+
+    def __init__(self, bus: Bus, subscribe: Subscribe) -> None:
+        self.bus = bus
+        self.subscribe = subscribe
+        self.sub: JetStreamContext.PullSubscription | None = None
+        self.bound_at = reconnections(bus.nc)
+        """The connection's reconnect count when ``sub`` was bound."""
+
+    async def fetch(self) -> list[Msg]:
+        """The next message, or none after an empty poll (one second) or a failure (the
+        streams and the subscription are re-created a second later)."""
+        try:
+            if self.sub is not None and self.bound_at != reconnections(self.bus.nc):
+                await self.unbind()
+            if self.sub is None:
+                self.bound_at = reconnections(self.bus.nc)
+                self.sub = await self.subscribe()
+            return await self.sub.fetch(batch=1, timeout=1.0)
+        except (nats.errors.TimeoutError, TimeoutError):
+            return []
+        except Exception as err:
+            log.warning("consumer: %r; re-creating streams and consumer in 1s", err)
+            self.sub = None
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(Exception):
+                await self.bus.ensure_streams()
+            return []
+
+    async def unbind(self) -> None:
+        """Unsubscribe (best effort)."""
+        sub, self.sub = self.sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()

@@ -7,6 +7,7 @@ cluster-scoped AgentModel, never from the run).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -63,6 +64,18 @@ def model_config(name: str, model: Mapping[str, Any]) -> ModelConfig:
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resolved:
+    """What admission resolved for a run beyond its spec."""
+
+    tenant: str = DEFAULT_TENANT
+    """The AgentTenant that admits and pays for the run."""
+    remote_tools: Sequence[RemoteTool] = ()
+    """The run's MCP tools (``SERVER/TOOL`` in the spec), resolved against AgentToolServers."""
+    url_rules: Sequence[UrlRule] = ()
+    """What ``http_get`` may fetch (the tenant's rules)."""
+
+
 def build_run_config(
     run: RunKey,
     spec: AgentRunSpec,
@@ -70,9 +83,7 @@ def build_run_config(
     model: ModelConfig | None,
     known_tools: Mapping[str, bool],
     start_time: float,
-    tenant: str = DEFAULT_TENANT,
-    remote_tools: Sequence[RemoteTool] = (),
-    url_rules: Sequence[UrlRule] = (),
+    resolved: Resolved = Resolved(),
 ) -> RunConfig:
     """Validate ``spec`` against its AgentModel and the worker's tool catalog.
 
@@ -80,28 +91,15 @@ def build_run_config(
     fields it still leaves unset get the implicit defaults. ``model`` is the AgentModel's
     ``ModelConfig`` or ``None`` when it does not exist. ``known_tools`` maps the worker
     catalog's tool names to whether each is pollable (exempt from the no-progress breaker, like
-    ``spec.budget.noProgress.pollable``). ``remote_tools`` are the run's resolved MCP tools
-    (``SERVER/TOOL`` in the spec): in the config every name (tools, approval, pollable) is the
-    function name the model sees (``SERVER__TOOL``). ``url_rules``: what ``http_get`` may
-    fetch (the tenant's). ``start_time`` is epoch seconds (the
-    deadline counts from it). Raises ``InvalidSpec`` with a message naming the field (unknown
-    model, unknown tools, approval of tools the run does not have).
+    ``spec.budget.noProgress.pollable``). In the config every name of a remote tool (tools,
+    approval, pollable) is the function name the model sees (``SERVER__TOOL``). ``start_time``
+    is epoch seconds (the deadline counts from it). Raises ``InvalidSpec`` with a message
+    naming the field (unknown model, unknown tools, approval of tools the run does not have).
     """
     if model is None:
         raise InvalidSpec(f"spec.model: AgentModel {spec.model!r} not found")
-    rename = {f"{t.server}/{t.tool}": t.name for t in remote_tools}
-    unknown = sorted(set(spec.tools) - set(known_tools) - set(rename))
-    if unknown:
-        raise InvalidSpec(
-            f"spec.tools: unknown tool(s) {', '.join(unknown)}; the worker's catalog has "
-            f"{', '.join(sorted(known_tools))} (an AgentToolServer's tools are named SERVER/TOOL)"
-        )
-    approval = set(spec.approval.tools)
-    if approval - set(spec.tools):
-        raise InvalidSpec(
-            f"spec.approval.tools: {', '.join(sorted(approval - set(spec.tools)))} not in "
-            "spec.tools"
-        )
+    rename = {f"{t.server}/{t.tool}": t.name for t in resolved.remote_tools}
+    _check_tools(spec, known_tools=known_tools, remote=set(rename))
     timeout = spec.budget.timeout or IMPLICIT_BUDGET.timeout
     assert timeout is not None
     limits = run_limits(spec, model=model, known_tools=known_tools, rename=rename)
@@ -115,11 +113,28 @@ def build_run_config(
         limits=limits,
         model=model,
         deadline=start_time + timeout.seconds,
-        tenant=tenant,
+        tenant=resolved.tenant,
         output_schema=limits.output_schema,
-        remote_tools=tuple(remote_tools),
-        url_rules=tuple(url_rules),
+        remote_tools=tuple(resolved.remote_tools),
+        url_rules=tuple(resolved.url_rules),
     )
+
+
+def _check_tools(spec: AgentRunSpec, *, known_tools: Mapping[str, bool], remote: set[str]) -> None:
+    """Raises ``InvalidSpec`` for a tool neither in the catalog nor ``remote`` (``SERVER/TOOL``
+    names), or an approval of a tool the run does not have."""
+    unknown = sorted(set(spec.tools) - set(known_tools) - remote)
+    if unknown:
+        raise InvalidSpec(
+            f"spec.tools: unknown tool(s) {', '.join(unknown)}; the worker's catalog has "
+            f"{', '.join(sorted(known_tools))} (an AgentToolServer's tools are named SERVER/TOOL)"
+        )
+    approval = set(spec.approval.tools)
+    if approval - set(spec.tools):
+        raise InvalidSpec(
+            f"spec.approval.tools: {', '.join(sorted(approval - set(spec.tools)))} not in "
+            "spec.tools"
+        )
 
 
 def run_limits(

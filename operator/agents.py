@@ -253,3 +253,25 @@ def ready_status(
     if old is not None and old.get("status") == flag and old.get("lastTransitionTime"):
         condition["lastTransitionTime"] = old["lastTransitionTime"]
     return {"observedGeneration": generation, "conditions": [condition]}
+
+
+async def write_ready_status(
+    api: client.ApiClient, agent: Mapping[str, Any], body: Mapping[str, Any]
+) -> None:
+    """Patch ``body`` (``ready_status``) into the Agent object ``agent``'s ``.status``, only if
+    it is still the object of that uid; an Agent gone or replaced is left alone. Raises
+    ``ApiException`` on other API errors."""
+    meta = agent.get("metadata") or {}
+    try:
+        await client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            kube.GROUP,
+            kube.VERSION,
+            str(meta.get("namespace", "")),
+            kube.AGENTS,
+            str(meta.get("name", "")),
+            {"metadata": {"uid": meta.get("uid")}, "status": body},
+            **MERGE_PATCH,
+        )
+    except ApiException as err:
+        if err.status not in (404, 409):  # gone, or replaced by a new object of the name
+            raise

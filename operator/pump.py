@@ -11,7 +11,8 @@ operator that dies mid-admission neither admits a run twice nor forgets one: the
 ledger are in JetStream.
 
 What does not belong here: the periodic ledger repairs and AgentTenant status (``sweep``),
-settling a run that ended (``settlement``).
+settling a run that ended (``settlement``), the status and Events of runs that wait or end
+unadmitted (``queuestatus``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import nats.errors
@@ -29,9 +30,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube, protocol, telemetry
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
-from agentrun.protocol import DEFAULT_TENANT, RunConfig
+from agentrun.protocol import RunConfig
 
-from . import admission, recorder, status, tenancy
+from . import admission, tenancy
+from .queuestatus import EndCounter, QueueStatus, Waiting
 from .recorder import EventRecorder, EventType, Involved
 from .runs import CANCEL_ANNOTATION, QueueWait, RunKey, WaitReason
 from .settlement import QueueBoard, RunSettlement
@@ -42,30 +44,12 @@ from .tenants import RunConfigs, Tenants
 log = logging.getLogger(__name__)
 
 
-class RunStarter(Protocol):
-    """What the pump needs of the dispatcher."""
+class RunStarter(EndCounter, Protocol):
+    """What the pump needs of the dispatcher: starting an admitted run, counting an end."""
 
     async def start_run(self, config: RunConfig, *, start_time: float, generation: int) -> None:
         """Append the run's ``admitted`` event and track it; raises
         ``nats.errors.MaxPayloadError`` when its config is too large to checkpoint."""
-
-    def count_end(self, uid: str, state: kernel.RunState, *, tenant: str) -> bool:
-        """Count the run's end once (``agentrun_runs_total``)."""
-
-
-class StatusSubmitter(Protocol):
-    """Where run status bodies go (``StatusWriter``)."""
-
-    def submit(
-        self,
-        run: RunKey,
-        body: Mapping[str, Any],
-        *,
-        seq: int,
-        terminal: bool,
-        on_end: Callable[[], None] | None = None,
-    ) -> None:
-        """Queue ``body`` as the run's status; ``on_end`` runs once this write ends the run."""
 
 
 async def fetch_pending_run(api: client.ApiClient | None, key: RunKey) -> RunObject | None:
@@ -96,7 +80,8 @@ class PumpDeps:
     tenants: Tenants
     configs: RunConfigs
     runs: RunStarter
-    writer: StatusSubmitter
+    shown: QueueStatus
+    """Writes the status of the runs that wait or end unadmitted."""
     settlement: RunSettlement
     board: QueueBoard
     api: client.ApiClient | None
@@ -105,13 +90,6 @@ class PumpDeps:
     """Records admissions, queue waits and unadmitted ends as Kubernetes Events."""
     clock: Callable[[], float] = time.time
     """Epoch seconds."""
-
-
-@dataclasses.dataclass(slots=True)
-class _Waiting:
-    generation: int = 1
-    shown: tuple[int, str] | None = None
-    """(position, reason) last written to the run's status."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,7 +111,8 @@ class QueuePump:
         self.store = deps.store
         self.board = deps.board
         self.clock = deps.clock
-        self._waiting: dict[str, _Waiting] = {}
+        self.shown = deps.shown
+        self._waiting: dict[str, Waiting] = {}
         """Runs this operator has seen queued (uid → what their status shows)."""
         self._objects: dict[str, RunObject] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -160,7 +139,7 @@ class QueuePump:
         """
         if obj is not None:
             self._objects[run.uid] = obj
-        self._waiting.setdefault(run.uid, _Waiting(generation))
+        self._waiting.setdefault(run.uid, Waiting(generation))
         try:
             await self.store.enqueue(
                 policy.name, QueuedRun(run.uid, run.namespace, run.name, created)
@@ -169,7 +148,7 @@ class QueuePump:
             self._waiting.pop(run.uid, None)
             self._objects.pop(run.uid, None)
             message = f"{err}; the run could not be queued"
-            self.end_unadmitted(
+            self.shown.end_unadmitted(
                 run,
                 kernel.Phase.CHECKPOINT_FAILED,
                 message,
@@ -185,7 +164,7 @@ class QueuePump:
             if await self.store.dequeue(name, key.uid):
                 self._objects.pop(key.uid, None)
                 seen = self._waiting.pop(key.uid, None)
-                self.end_unadmitted(
+                self.shown.end_unadmitted(
                     key,
                     kernel.Phase.CANCELLED,
                     f"cancelled by the {CANCEL_ANNOTATION} annotation while queued",
@@ -207,29 +186,6 @@ class QueuePump:
 
     def _tenants_with_queues(self) -> list[str]:
         return sorted(set(self.deps.tenants.policies) | set(self.board.queued))
-
-    def end_unadmitted(
-        self,
-        key: RunKey,
-        phase: kernel.Phase,
-        message: str,
-        *,
-        tenant: str | None,
-        generation: int,
-    ) -> None:
-        """End a run that was never admitted (rejected spec, no tenant, no budget with
-        ``whenExhausted: Fail``, cancelled while queued): write its terminal status, count it."""
-        log.info("%s/%s ends unadmitted (%s): %s", key.namespace, key.name, phase.value, message)
-        body = status.rejected(
-            message, at=self.clock(), generation=generation, phase=phase, tenant=tenant
-        )
-        state = kernel.stop(kernel.initial_state(goal=""), phase, message)
-
-        def ended() -> None:  # counted once: only by the write that ended the object
-            if self.deps.runs.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT):
-                recorder.record_end(self.deps.events, key, state.summary(), model=None)
-
-        self.deps.writer.submit(key, body, seq=0, terminal=True, on_end=ended)
 
     # --- the pump tasks -------------------------------------------------------------------------
 
@@ -284,7 +240,7 @@ class QueuePump:
             self.board.queued[tenant] = len(waiting)
             self.board.blocked[tenant] = wait
             if wait is not None:
-                self._show_queued(tenant, waiting, wait)
+                self.shown.show_queued(tenant, waiting, wait, seen=self._waiting)
 
     # --- admitting one run ----------------------------------------------------------------------
 
@@ -342,7 +298,7 @@ class QueuePump:
         self, head: _Head, policy: TenantPolicy, phase: kernel.Phase, message: str
     ) -> None:
         """End a queued run that will not run, and take it out of the queue."""
-        self.end_unadmitted(
+        self.shown.end_unadmitted(
             head.key, phase, message, tenant=policy.name, generation=head.obj.metadata.generation
         )
         await self._leave(policy.name, head.key)
@@ -386,36 +342,3 @@ class QueuePump:
         self._waiting.pop(key.uid, None)
         self._objects.pop(key.uid, None)
         await self.store.dequeue(tenant, key.uid)
-
-    def _show_queued(self, tenant: str, waiting: list[QueuedRun], wait: QueueWait) -> None:
-        now = self.clock()
-        for position, run in enumerate(waiting, start=1):
-            seen = self._waiting.setdefault(run.uid, _Waiting())
-            shown = (position, wait.reason)
-            if seen.shown == shown:
-                continue
-            if seen.shown is None or seen.shown[1] != wait.reason:  # an event per reason
-                self.deps.events.record(
-                    Involved("AgentRun", run.name, run.namespace, run.uid),
-                    type=EventType.NORMAL,
-                    reason="Queued",
-                    message=f"queued in AgentTenant {tenant!r} ({wait.reason}): {wait.message}",
-                    key=(run.uid, "Queued", wait.reason),
-                )
-            seen.shown = shown
-            why = (
-                wait.message
-                if position == 1
-                else f"behind {position - 1} run(s); the first waits because {wait.message}"
-            )
-            body = status.queued(
-                tenant=tenant,
-                reason=wait.reason.value,
-                message=f"queued in AgentTenant {tenant!r} at position {position}: {why}",
-                position=position,
-                at=now,
-                generation=seen.generation,
-            )
-            self.deps.writer.submit(
-                RunKey(run.namespace, run.name, run.uid), body, seq=0, terminal=False
-            )

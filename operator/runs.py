@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 CANCEL_ANNOTATION = "agentrun.dev/cancel"
 """Set to ``"true"`` to end the run ``cancelled`` (a queued run leaves its queue)."""
+APPROVE_ANNOTATION = "agentrun.dev/approve"
+"""Set to the digest in ``.status.pendingApproval`` to approve that held call."""
+DENY_ANNOTATION = "agentrun.dev/deny"
+"""Set to the digest in ``.status.pendingApproval`` to deny that held call."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,11 +1,12 @@
 """The CRD specs as pydantic models: the operator's one parser of what kopf hands it.
 
-What belongs here: the shapes of ``AgentRun.spec``, ``Agent.spec``, ``AgentModel.spec`` and
-``AgentTenant.spec``, their defaults (each defined once: per-run step and tool-call caps and the
-model's window come from ``kernel.Limits``; the run timeout, the tenant window are here), the
-value types they share (``Duration``, USD amounts) and the conversion of a validation error into
+What belongs here: the shapes of ``AgentRun.spec``, ``Agent.spec`` and ``AgentModel.spec``,
+their defaults (each defined once: per-run step and tool-call caps and the model's window come
+from ``kernel.Limits``; the run timeout is here), the base model and value types every spec
+shares (``SpecModel``, ``Duration``, USD amounts) and the conversion of a validation error into
 one message naming the field (``spec.budget.maxCostUSD: 'lots' is not a decimal number``).
-What does not: tenant policy (``tenancy``), building a ``RunConfig`` (``admission``).
+What does not: ``AgentTenant.spec`` (``tenantspecs``), tenant policy (``tenancy``), building a
+``RunConfig`` (``admission``).
 
 The API server already checks most of this against the CRD schemas; parsing again here keeps
 the operator safe from objects written before a schema change, or without one (tests).
@@ -14,7 +15,6 @@ the operator safe from objects written before a schema change, or without one (t
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
@@ -29,8 +29,6 @@ KERNEL_DEFAULTS = kernel.Limits()
 """Where per-run step/tool-call caps and the model's window default from."""
 DEFAULT_TIMEOUT = "10m"
 """A run's wall-clock budget when neither it nor its tenant sets one."""
-DEFAULT_WINDOW = "24h"
-"""An AgentTenant's budget window when it sets none."""
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -85,13 +83,14 @@ DurationField = Annotated[Duration, PlainValidator(Duration.parse)]
 USD = Annotated[Decimal, PlainValidator(_usd)]
 
 
-class _Spec(BaseModel):
-    """Frozen, camelCase on the wire, unknown fields ignored (the CRD schema prunes them)."""
+class SpecModel(BaseModel):
+    """The base of every spec model: frozen, camelCase on the wire, unknown fields ignored (the
+    CRD schema prunes them)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
 
-M = TypeVar("M", bound=_Spec)
+M = TypeVar("M", bound=SpecModel)
 
 
 def parse(model: type[M], data: Mapping[str, Any] | None, *, where: str) -> M:
@@ -119,7 +118,7 @@ Generation = Annotated[int, BeforeValidator(lambda value: value or 1)]
 """``metadata.generation``; an object that has none (a stand-in, an old fixture) is at 1."""
 
 
-class ObjectMeta(_Spec):
+class ObjectMeta(SpecModel):
     """The part of ``metadata`` the operator reads."""
 
     name: str = ""
@@ -133,7 +132,7 @@ class ObjectMeta(_Spec):
         return parse(cls, obj.get("metadata"), where="metadata")
 
 
-class RunStatusView(_Spec):
+class RunStatusView(SpecModel):
     """The part of an AgentRun's ``.status`` the queue pump reads."""
 
     terminal_reason: str | None = Field(default=None, alias="terminalReason")
@@ -141,7 +140,7 @@ class RunStatusView(_Spec):
     """The spec a run with ``spec.agentRef`` executes, recorded when it was created."""
 
 
-class RunObject(_Spec):
+class RunObject(SpecModel):
     """An AgentRun object as the queue pump keeps it; its spec stays as written until the run
     is admitted (``AgentRunSpec.of`` then names a bad field in the run's status)."""
 
@@ -165,7 +164,7 @@ class RunObject(_Spec):
 # --- AgentRun ---------------------------------------------------------------------------------
 
 
-class RunBudgetSpec(_Spec):
+class RunBudgetSpec(SpecModel):
     """The per-run caps a tenant can default and cap: ``AgentRun.spec.budget`` and
     ``AgentTenant.spec.runBudget.max|default``. ``None``: not set here."""
 
@@ -203,7 +202,7 @@ IMPLICIT_BUDGET = RunBudgetSpec(
 """What a run gets for a field that neither it nor its tenant sets (no token or cost cap)."""
 
 
-class NoProgressSpec(_Spec):
+class NoProgressSpec(SpecModel):
     """``spec.budget.noProgress``."""
 
     window: int = KERNEL_DEFAULTS.no_progress_window
@@ -219,26 +218,26 @@ class AgentRunBudget(RunBudgetSpec):
     no_progress: NoProgressSpec = Field(default_factory=NoProgressSpec, alias="noProgress")
 
 
-class ApprovalSpec(_Spec):
+class ApprovalSpec(SpecModel):
     """``spec.approval``."""
 
     tools: tuple[str, ...] = ()
 
 
-class OutputSpec(_Spec):
+class OutputSpec(SpecModel):
     """``spec.output``."""
 
     json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
 
 
-class AgentRefSpec(_Spec):
+class AgentRefSpec(SpecModel):
     """``AgentRun.spec.agentRef``: which Agent, with which parameter values."""
 
     name: str
     parameters: dict[str, str] = Field(default_factory=dict)
 
 
-class AgentRunSpec(_Spec):
+class AgentRunSpec(SpecModel):
     """``AgentRun.spec``. Parse with ``AgentRunSpec.of``."""
 
     model: str = ""
@@ -259,7 +258,7 @@ class AgentRunSpec(_Spec):
 # --- Agent ------------------------------------------------------------------------------------
 
 
-class ParameterSpec(_Spec):
+class ParameterSpec(SpecModel):
     """One of ``Agent.spec.parameters``."""
 
     name: str
@@ -268,7 +267,7 @@ class ParameterSpec(_Spec):
     required: bool = False
 
 
-class AgentSpec(_Spec):
+class AgentSpec(SpecModel):
     """``Agent.spec``: the fields a run of the Agent takes (as written: ``agents`` copies them
     into the run's resolved spec) and the parameters it declares. Parse with
     ``AgentSpec.of``."""
@@ -287,7 +286,7 @@ class AgentSpec(_Spec):
 # --- AgentModel -------------------------------------------------------------------------------
 
 
-class PricingSpec(_Spec):
+class PricingSpec(SpecModel):
     """``AgentModel.spec.pricing``: USD per one million tokens."""
 
     input_per_million: USD = Field(default=Decimal(0), alias="inputPerMillionUSD")
@@ -295,7 +294,7 @@ class PricingSpec(_Spec):
     output_per_million: USD = Field(default=Decimal(0), alias="outputPerMillionUSD")
 
 
-class SecretRefSpec(_Spec):
+class SecretRefSpec(SpecModel):
     """``AgentModel.spec.credentials.secretRef``."""
 
     name: str
@@ -303,13 +302,13 @@ class SecretRefSpec(_Spec):
     key: str = "apiKey"
 
 
-class CredentialsSpec(_Spec):
+class CredentialsSpec(SpecModel):
     """``AgentModel.spec.credentials``."""
 
     secret_ref: SecretRefSpec | None = Field(default=None, alias="secretRef")
 
 
-class AgentModelSpec(_Spec):
+class AgentModelSpec(SpecModel):
     """``AgentModel.spec``. Parse with ``AgentModelSpec.of``."""
 
     base_url: str = Field(default="", alias="baseURL")
@@ -325,77 +324,3 @@ class AgentModelSpec(_Spec):
     def of(cls, name: str, spec: Mapping[str, Any] | None) -> AgentModelSpec:
         """Parse AgentModel ``name``'s spec; raises ``SpecError`` naming the model and field."""
         return parse(cls, spec, where=f"AgentModel {name!r} spec")
-
-
-# --- AgentTenant ------------------------------------------------------------------------------
-
-
-class WhenExhausted(enum.StrEnum):
-    """``spec.whenExhausted``: a new run of a tenant whose window budget is used up..."""
-
-    QUEUE = "Queue"
-    """...waits in the queue for the next window (or a raised budget)."""
-    FAIL = "Fail"
-    """...ends at once with ``tenant_budget_exhausted``."""
-
-
-class OverMax(enum.StrEnum):
-    """``spec.runBudget.overMax``: a run asking for more than ``runBudget.max`` is..."""
-
-    CLAMP = "Clamp"
-    """...admitted with the cap instead."""
-    REJECT = "Reject"
-    """...rejected ``invalid_spec``."""
-
-
-class TenantBudgetSpec(_Spec):
-    """``AgentTenant.spec.budget``: per window; ``None``: unlimited."""
-
-    tokens: int | None = None
-    cost_usd: USD | None = Field(default=None, alias="costUSD")
-    wall_clock_seconds: float | None = Field(default=None, alias="wallClockSeconds")
-
-
-class RunBudgetPolicySpec(_Spec):
-    """``AgentTenant.spec.runBudget``."""
-
-    max: RunBudgetSpec = Field(default_factory=RunBudgetSpec)
-    default: RunBudgetSpec = Field(default_factory=RunBudgetSpec)
-    over_max: OverMax = Field(default=OverMax.REJECT, alias="overMax")
-
-
-class UrlRuleSpec(_Spec):
-    """``AgentTenant.spec.httpGet.allow[]``."""
-
-    host: str
-    path_prefix: str = Field(default="/", alias="pathPrefix")
-    private_network: bool = Field(default=False, alias="privateNetwork")
-
-
-class HttpGetSpec(_Spec):
-    """``AgentTenant.spec.httpGet``."""
-
-    allow: tuple[UrlRuleSpec, ...] = ()
-
-
-class AgentTenantSpec(_Spec):
-    """``AgentTenant.spec``. Parse with ``AgentTenantSpec.of``."""
-
-    namespaces: tuple[str, ...] = ()
-    namespace_selector: dict[str, Any] | None = Field(default=None, alias="namespaceSelector")
-    window: DurationField = Field(default_factory=lambda: Duration.parse(DEFAULT_WINDOW))
-    budget: TenantBudgetSpec = Field(default_factory=TenantBudgetSpec)
-    when_exhausted: WhenExhausted = Field(default=WhenExhausted.QUEUE, alias="whenExhausted")
-    max_concurrent_runs: int | None = Field(default=None, alias="maxConcurrentRuns")
-    run_budget: RunBudgetPolicySpec = Field(default_factory=RunBudgetPolicySpec, alias="runBudget")
-    allowed_models: tuple[str, ...] | None = Field(default=None, alias="allowedModels")
-    allowed_tools: tuple[str, ...] | None = Field(default=None, alias="allowedTools")
-    http_get: HttpGetSpec = Field(default_factory=HttpGetSpec, alias="httpGet")
-    ttl_seconds_after_finished: int | None = Field(
-        default=None, alias="ttlSecondsAfterFinished", ge=0
-    )
-
-    @classmethod
-    def of(cls, spec: Mapping[str, Any] | None) -> AgentTenantSpec:
-        """Parse an AgentTenant's spec; raises ``SpecError`` naming the field."""
-        return parse(cls, spec, where="spec")

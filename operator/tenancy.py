@@ -15,16 +15,8 @@ from agentrun.ledger import TenantLimits
 from agentrun.protocol import UrlRule
 
 from .admission import InvalidSpec
-from .specs import (
-    IMPLICIT_BUDGET,
-    AgentRunSpec,
-    AgentTenantSpec,
-    ObjectMeta,
-    OverMax,
-    RunBudgetSpec,
-    SpecError,
-    WhenExhausted,
-)
+from .specs import IMPLICIT_BUDGET, AgentRunSpec, ObjectMeta, RunBudgetSpec, SpecError
+from .tenantspecs import AgentTenantSpec, OverMax, WhenExhausted
 
 __all__ = [
     "Ambiguous",

@@ -126,9 +126,7 @@ class RunConfigs:
             model=None if found is None else admission.model_config(applied.model, found),
             known_tools=self.known_tools,
             start_time=start_time,
-            tenant=policy.name,
-            remote_tools=remote_tools,
-            url_rules=policy.url_rules,
+            resolved=admission.Resolved(policy.name, remote_tools, policy.url_rules),
         )
 
     def first_call_need(self, config: RunConfig) -> tuple[int, Decimal]:

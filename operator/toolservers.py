@@ -28,7 +28,7 @@ from agentrun.protocol import RemoteTool
 from agentrun.tools import remote
 
 from .admission import InvalidSpec
-from .specs import Duration, DurationField, SpecError, _Spec, parse
+from .specs import Duration, DurationField, SpecError, SpecModel, parse
 from .status import condition, rfc3339
 
 log = logging.getLogger(__name__)
@@ -65,33 +65,33 @@ class Reason(enum.StrEnum):
     """The spec does not parse."""
 
 
-class OfferedTool(_Spec):
+class OfferedTool(SpecModel):
     """``spec.tools[]``: one allowlisted tool."""
 
     name: str
     effect: Effect = Effect.READ
 
 
-class SecretName(_Spec):
+class SecretName(SpecModel):
     """``spec.headersFrom.secretRef``."""
 
     name: str
 
 
-class HeadersFrom(_Spec):
+class HeadersFrom(SpecModel):
     """``spec.headersFrom``."""
 
     secret_ref: SecretName = Field(alias="secretRef")
 
 
-class Timeouts(_Spec):
+class Timeouts(SpecModel):
     """``spec.timeouts``."""
 
     discovery: DurationField = Field(default_factory=lambda: Duration.parse("10s"))
     call: DurationField = Field(default_factory=lambda: Duration.parse("30s"))
 
 
-class AgentToolServerSpec(_Spec):
+class AgentToolServerSpec(SpecModel):
     """``AgentToolServer.spec``. Parse with ``AgentToolServerSpec.of``."""
 
     url: str

@@ -13,6 +13,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``Dispatcher`` consumes run events and publishes turns.
 - ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost; it
   reads the dispatcher's live views and ends runs through it (``LiveRuns``).
+- ``QueueStatus`` writes the status of runs that wait in a queue or end unadmitted, counting
+  such ends through the dispatcher; the pump and the handlers use it.
 - ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
@@ -25,8 +27,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
 ``start_parts``, after taking the leader Lease).
 
-What does not belong here: kopf's configuration and handlers (``handlers``), the process
-bootstrap (``main``).
+What does not belong here: kopf's configuration and handlers (``handlers``, ``runhandlers``,
+``watches``), the process bootstrap (``main``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -50,6 +53,7 @@ from .dispatch import Dispatcher
 from .evals import EvalController
 from .orphans import OrphanWatch
 from .pump import PumpDeps, QueuePump
+from .queuestatus import QueueStatus
 from .recorder import EventRecorder
 from .settlement import QueueBoard, RunSettlement
 from .statuswriter import KubeStatusStore, StatusWriter
@@ -77,6 +81,7 @@ class Parts:
     configs: RunConfigs
     board: QueueBoard
     pump: QueuePump
+    shown: QueueStatus
     sweep: LedgerSweep
     reaper: lifecycle.Reaper
     events: EventRecorder
@@ -125,63 +130,63 @@ async def start_parts(
         BusSettings(url=settings.nats_url, ack_wait=settings.turn_ack_wait),
         name=f"agentrun-operator-{os.getpid()}",
     )
-    writer = StatusWriter(KubeStatusStore(api), interval=settings.status_interval)
-    writer.start()
-    tenants = Tenants(api, default=settings.default_tenant)
+    parts = _build_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
     for obj in tenant_objects:
-        tenants.put(obj)
+        parts.tenants.put(obj)
+    parts.writer.start()
+    return dataclasses.replace(parts, tasks=_start_loops(parts))
+
+
+def _build_parts(
+    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: client.ApiClient
+) -> Parts:
+    """Every part, each given its collaborators; nothing started yet."""
+    writer = StatusWriter(KubeStatusStore(api), interval=settings.status_interval)
+    tenants = Tenants(api, default=settings.default_tenant)
     configs = _run_configs(api)
-    store = await LedgerStore.open(bus.js)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
-    orphans = OrphanWatch(bus, dispatcher, after=settings.orphan_after)
-    pump = QueuePump(
-        PumpDeps(
-            store=store,
-            tenants=tenants,
-            configs=configs,
-            runs=dispatcher,
-            writer=writer,
-            settlement=settlement,
-            board=board,
-            api=api,
-            events=events,
-        )
+    shown = QueueStatus(writer, dispatcher, events, time.time)
+    pump = PumpDeps(
+        store=store,
+        tenants=tenants,
+        configs=configs,
+        runs=dispatcher,
+        shown=shown,
+        settlement=settlement,
+        board=board,
+        api=api,
+        events=events,
     )
-    sweep = LedgerSweep(
-        SweepDeps(
-            store=store,
-            tenants=tenants,
-            board=board,
-            runs=dispatcher,
-            events=bus,
-            api=api,
-            recorder=events,
-        ),
-        interval=settings.ledger_sweep,
+    sweep = SweepDeps(
+        store=store,
+        tenants=tenants,
+        board=board,
+        runs=dispatcher,
+        events=bus,
+        api=api,
+        recorder=events,
     )
-    reaper = lifecycle.Reaper(lifecycle.KubeRunDeleter(api))
-    refresher = ToolServerRefresher(api)
-    parts = Parts(
+    return Parts(
         bus=bus,
         api=api,
         writer=writer,
         dispatcher=dispatcher,
-        orphans=orphans,
+        orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         tenants=tenants,
         configs=configs,
         board=board,
-        pump=pump,
-        sweep=sweep,
-        reaper=reaper,
+        pump=QueuePump(pump),
+        shown=shown,
+        sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
+        reaper=lifecycle.Reaper(lifecycle.KubeRunDeleter(api)),
         events=events,
-        toolservers=refresher,
+        toolservers=ToolServerRefresher(api),
         evals=EvalController(api, runs=bus, events=events),
         tasks=(),
     )
-    return dataclasses.replace(parts, tasks=_start_loops(parts))
 
 
 def _run_configs(api: client.ApiClient) -> RunConfigs:

@@ -7,6 +7,8 @@ import contextlib
 import logging
 import os
 
+from kubernetes_asyncio.client import ApiClient
+
 from agentrun import kube, process
 from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.effects import EffectLedger
@@ -26,21 +28,55 @@ log = logging.getLogger("agentrun.worker")
 async def serve(config: WorkerSettings) -> None:
     """Run one worker until SIGTERM/SIGINT."""
     url = config.nats_url
-    ack_wait = config.turn_ack_wait
     bus = await Bus.connect(
-        BusSettings(url=url, ack_wait=ack_wait), name=f"agentrun-worker-{os.getpid()}"
+        BusSettings(url=url, ack_wait=config.turn_ack_wait),
+        name=f"agentrun-worker-{os.getpid()}",
     )
-    api = None
+    api = await _kube_api()
+    deps = await _turn_deps(config, bus=bus, api=api)
+    # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks
+    ledger_nc = await connect_nats(url, name=f"agentrun-worker-{os.getpid()}-ledger")
+    consumer = TurnConsumer(
+        bus,
+        deps,
+        ConsumerSettings(
+            concurrency=config.worker_concurrency,
+            # one beat refreshes both the JetStream delivery and the ledger hold
+            heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
+            hold_ttl=config.hold_ttl,
+        ),
+        ledger=await LedgerStore.open(ledger_nc.jetstream()),
+    )
+    process.stop_on_signals(consumer.stop)
+    log.info("worker %d serving turns from %s", os.getpid(), url)
     try:
-        api = await kube.api_client()
+        await consumer.run()
+    finally:
+        await deps.model.close()
+        await bus.close()
+        with contextlib.suppress(Exception):
+            await ledger_nc.drain()
+        if api is not None:
+            with contextlib.suppress(Exception):
+                await api.close()
+
+
+async def _kube_api() -> ApiClient | None:
+    """The Kubernetes client, or ``None`` (logged) when there is no cluster access."""
+    try:
+        return await kube.api_client()
     except Exception as err:  # a worker without cluster access can still run cluster-free tools
         log.warning(
             "no Kubernetes access (%s): kubernetes_get and Secret credentials are unavailable", err
         )
-    model = ModelClient()
+        return None
+
+
+async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None) -> TurnDeps:
+    """What every turn uses: the model client, the tool catalog, Secrets, the effect ledger."""
     secrets = KubeSecrets(api)
-    deps = TurnDeps(
-        model=model,
+    return TurnDeps(
+        model=ModelClient(),
         catalog=default_catalog(kube=api, prometheus_url=config.prometheus_url),
         secrets=secrets,
         tool_settings=ToolRunSettings(
@@ -53,32 +89,6 @@ async def serve(config: WorkerSettings) -> None:
         headers=secrets,
         effects=await EffectLedger.open(bus.js),
     )
-    hold_ttl = config.hold_ttl
-    # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks
-    ledger_nc = await connect_nats(url, name=f"agentrun-worker-{os.getpid()}-ledger")
-    consumer = TurnConsumer(
-        bus,
-        deps,
-        ConsumerSettings(
-            concurrency=config.worker_concurrency,
-            # one beat refreshes both the JetStream delivery and the ledger hold
-            heartbeat=max(0.5, min(ack_wait, hold_ttl) / 3),
-            hold_ttl=hold_ttl,
-        ),
-        ledger=await LedgerStore.open(ledger_nc.jetstream()),
-    )
-    process.stop_on_signals(consumer.stop)
-    log.info("worker %d serving turns from %s", os.getpid(), url)
-    try:
-        await consumer.run()
-    finally:
-        await model.close()
-        await bus.close()
-        with contextlib.suppress(Exception):
-            await ledger_nc.drain()
-        if api is not None:
-            with contextlib.suppress(Exception):
-                await api.close()
 
 
 def main() -> None:

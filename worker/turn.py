@@ -202,22 +202,29 @@ async def execute_turn(
             with clock.phase("tools"):
                 return plan.finish(await _run(deps, config, tools, plan.runnable))
         case kernel.CallModel():
-            return await _answer(deps, config, state, plan, tools, clock=clock, hold=hold)
+            turn = _Turn(deps, config, state, tools, clock)
+            return await _answer(turn, plan, hold=hold)
         case _:
             assert_never(plan)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Turn:
+    """The turn being carried out: the run, the state it builds on, what it uses."""
+
+    deps: TurnDeps
+    config: RunConfig
+    state: kernel.RunState
+    tools: Mapping[str, Tool]
+    """The run's tools by the name the model sees."""
+    clock: PhaseClock
+
+
 async def _answer(
-    deps: TurnDeps,
-    config: RunConfig,
-    state: kernel.RunState,
-    call: kernel.CallModel,
-    tools: Mapping[str, Tool],
-    *,
-    clock: PhaseClock,
-    hold: BudgetHold | None,
+    turn: _Turn, call: kernel.CallModel, *, hold: BudgetHold | None
 ) -> kernel.TurnRecord:
     """Reserve, call the model, and carry out what the kernel makes of its answer."""
+    deps, config, state, tools, clock = turn.deps, turn.config, turn.state, turn.tools, turn.clock
     offered = [] if call.summary else _tools_param(deps, config)
     if hold is not None:
         need = CallNeed(

@@ -11,21 +11,10 @@ import hashlib
 import json
 from typing import assert_never
 
-from agentrun.kernel import approval, faults, output
+from agentrun.kernel import approval, faults, output, records
 from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
 from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.limits import Limits, OnExhausted
-from agentrun.kernel.records import (
-    ERROR_PREFIX,
-    Answered,
-    Ending,
-    ModelFailed,
-    Resumed,
-    Stopped,
-    Summarized,
-    ToolResult,
-    TurnRecord,
-)
 from agentrun.kernel.state import Message, RunState, RunSummary
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.validate import CheckedCall, InvalidCall, stored_arguments
@@ -34,7 +23,7 @@ SIGNATURE_CLIP = 512
 """Characters of a result that count toward its no-progress signature."""
 
 
-def _assistant_message(record: Answered) -> Message | None:
+def _assistant_message(record: records.Answered) -> Message | None:
     decision = record.decision
     if isinstance(decision, Final):
         return {"role": "assistant", "content": decision.content}
@@ -54,8 +43,8 @@ def _assistant_message(record: Answered) -> Message | None:
     return None
 
 
-def _tool_message(result: ToolResult) -> Message:
-    content = ERROR_PREFIX + result.content if result.is_error else result.content
+def _tool_message(result: records.ToolResult) -> Message:
+    content = records.ERROR_PREFIX + result.content if result.is_error else result.content
     return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
 
 
@@ -92,7 +81,7 @@ def _nudge(window: int) -> str:
     )
 
 
-def turn_signature(record: Answered, pollable: frozenset[str]) -> str | None:
+def turn_signature(record: records.Answered, pollable: frozenset[str]) -> str | None:
     """The multiset of (tool, ok/error, clipped result) of the calls a turn ran, hashed.
 
     ``None`` when the turn ran no non-pollable tool (such a turn is never stale). Keyed on
@@ -109,7 +98,7 @@ def turn_signature(record: Answered, pollable: frozenset[str]) -> str | None:
     return hashlib.sha256("\x1e".join(items).encode()).hexdigest()[:24]
 
 
-def _ran_results(record: Answered) -> list[ToolResult]:
+def _ran_results(record: records.Answered) -> list[records.ToolResult]:
     """Results of the valid calls that actually ran (not invalid, held or gated ones)."""
     if record.stopped is not None:
         return []
@@ -117,7 +106,7 @@ def _ran_results(record: Answered) -> list[ToolResult]:
     return [r for r in record.results if r.tool_call_id in valid]
 
 
-def _unavailable(state: RunState, results: list[ToolResult]) -> dict[str, int]:
+def _unavailable(state: RunState, results: list[records.ToolResult]) -> dict[str, int]:
     """The per-tool infrastructure-failure turn counts after a turn that ran ``results``."""
     return faults.next_unavailable(
         state.unavailable, ((r.name, r.fault if r.is_error else None) for r in results)
@@ -143,7 +132,9 @@ class _Turn:
     output_error: str | None
 
 
-def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> tuple[Phase, str]:
+def _decide(
+    state: RunState, record: records.Answered, limits: Limits, seen: _Turn
+) -> tuple[Phase, str]:
     """The phase after an answered turn: exactly one decision per turn, caps checked last."""
     if record.stopped is not None:
         return record.stopped.phase, record.stopped.message
@@ -187,7 +178,7 @@ def _decide(state: RunState, record: Answered, limits: Limits, seen: _Turn) -> t
     return Phase.RUNNING, f"turn {record.turn} committed"
 
 
-def _settle_phase(after: RunState, ending: Ending, limits: Limits) -> RunState:
+def _settle_phase(after: RunState, ending: records.Ending, limits: Limits) -> RunState:
     """Set the decided phase; a cap with ``onExhausted: summarize`` asks for a summary first."""
     if ending.phase in CAPS and limits.on_exhausted is OnExhausted.SUMMARIZE:
         return dataclasses.replace(
@@ -196,7 +187,7 @@ def _settle_phase(after: RunState, ending: Ending, limits: Limits) -> RunState:
     return dataclasses.replace(after, phase=ending.phase, message=ending.message)
 
 
-def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
+def advance(state: RunState, record: records.TurnRecord, limits: Limits) -> RunState:
     """Fold one committed turn into the state and decide the next phase.
 
     Shapes: ``state`` must be running and ``record.turn == state.turn``; returns the state after
@@ -210,21 +201,21 @@ def advance(state: RunState, record: TurnRecord, limits: Limits) -> RunState:
     if record.turn != state.turn:
         raise ValueError(f"turn {record.turn} does not follow turn {state.turn - 1}")
     match record:
-        case Answered():
+        case records.Answered():
             return _advance_answered(state, record, limits)
-        case Summarized():
+        case records.Summarized():
             return _advance_summary(state, record)
-        case Resumed():
+        case records.Resumed():
             return _advance_resume(state, record)
-        case Stopped():
+        case records.Stopped():
             return _advance_stopped(state, record.ending, limits)
-        case ModelFailed():
-            return _advance_stopped(state, Ending(Phase.MODEL_ERROR, record.error), limits)
+        case records.ModelFailed():
+            return _advance_stopped(state, records.Ending(Phase.MODEL_ERROR, record.error), limits)
         case _:
             assert_never(record)
 
 
-def _advance_stopped(state: RunState, ending: Ending, limits: Limits) -> RunState:
+def _advance_stopped(state: RunState, ending: records.Ending, limits: Limits) -> RunState:
     """Fold a turn that made no (successful) model call: only the phase moves."""
     after = dataclasses.replace(state, turn=state.turn + 1, malformed_streak=0, pending=None)
     return _settle_phase(after, ending, limits)
@@ -247,7 +238,7 @@ def _correction_notes(
     return tuple({"role": "user", "content": c} for c in corrections if c is not None)
 
 
-def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunState:
+def _advance_answered(state: RunState, record: records.Answered, limits: Limits) -> RunState:
     decision = record.decision
     malformed = isinstance(decision, Malformed) or any(
         isinstance(c, InvalidCall) for c in record.calls
@@ -289,10 +280,10 @@ def _advance_answered(state: RunState, record: Answered, limits: Limits) -> RunS
         assert waiting is not None
         phase = Phase.AWAITING_APPROVAL
         message = f"waiting for approval of {waiting.name} ({waiting.id})"
-    return _settle_phase(after, Ending(phase, message), limits)
+    return _settle_phase(after, records.Ending(phase, message), limits)
 
 
-def _advance_summary(state: RunState, record: Summarized) -> RunState:
+def _advance_summary(state: RunState, record: records.Summarized) -> RunState:
     """Fold the tool-free summary call made at a cap: the run ends with the cap's reason."""
     if state.pending_cap is None:
         raise ValueError(f"turn {record.turn} is a summary, but no cap is pending")
@@ -314,7 +305,7 @@ def _advance_summary(state: RunState, record: Summarized) -> RunState:
     )
 
 
-def _advance_resume(state: RunState, record: Resumed) -> RunState:
+def _advance_resume(state: RunState, record: records.Resumed) -> RunState:
     """Fold the turn that settled a held batch: the batch enters history whole, in call order."""
     pending = state.pending
     if pending is None or pending.next_undecided is not None:
@@ -328,7 +319,7 @@ def _advance_resume(state: RunState, record: Resumed) -> RunState:
     stopped = record.stopped
     unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
     if stopped is None and unknown is not None:
-        stopped = Ending(Phase.EFFECT_UNKNOWN, unknown.content)
+        stopped = records.Ending(Phase.EFFECT_UNKNOWN, unknown.content)
     return dataclasses.replace(
         state,
         messages=(*state.messages, assistant, *(_tool_message(by_id[c.id]) for c in held.calls)),
@@ -365,7 +356,7 @@ def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunStat
     )
 
 
-def _messages_of(record: Answered) -> tuple[Message, ...]:
+def _messages_of(record: records.Answered) -> tuple[Message, ...]:
     out: list[Message] = []
     assistant = _assistant_message(record)
     if assistant is not None:

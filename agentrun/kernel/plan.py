@@ -21,23 +21,13 @@ import enum
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from agentrun.kernel import approval, wire
+from agentrun.kernel import approval, records, wire
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import Decision, ToolCalls
 from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.gates import admit_model_call, admit_tool_batch
 from agentrun.kernel.limits import Limits, Pricing
 from agentrun.kernel.loop import summary_request
-from agentrun.kernel.records import (
-    Answered,
-    Ending,
-    ModelFailed,
-    Resumed,
-    Stopped,
-    Summarized,
-    ToolResult,
-    TurnRecord,
-)
 from agentrun.kernel.state import Message, RunState
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.usage import Usage
@@ -56,7 +46,7 @@ class Timing:
 class EndRun:
     """Stop the run without calling the model; commit ``record``."""
 
-    record: Stopped
+    record: records.Stopped
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,7 +72,7 @@ class ResumeHeld:
     state: RunState
     approved: tuple[CheckedCall, ...]
     """The approved held calls, in call order."""
-    stopped: Ending | None
+    stopped: records.Ending | None
     """The approved calls do not fit a budget: none runs, and the run ends so."""
 
     @property
@@ -90,7 +80,7 @@ class ResumeHeld:
         """The calls to run: the approved ones, or none when the batch was stopped."""
         return () if self.stopped is not None else self.approved
 
-    def finish(self, ran: Sequence[ToolResult]) -> Resumed:
+    def finish(self, ran: Sequence[records.ToolResult]) -> records.Resumed:
         """The record, given one result per call of ``runnable``."""
         pending = self.state.pending
         assert pending is not None
@@ -98,10 +88,10 @@ class ResumeHeld:
             ran = not_run(self.approved, self.stopped.message)
         by_id = {r.tool_call_id: r for r in ran}
         results = tuple(
-            by_id[h.id] if h.approved else ToolResult(h.id, h.name, approval.DENIED, True)
+            by_id[h.id] if h.approved else records.ToolResult(h.id, h.name, approval.DENIED, True)
             for h in pending.held
         )
-        return Resumed(self.state.turn, results, self.stopped)
+        return records.Resumed(self.state.turn, results, self.stopped)
 
 
 TurnPlan = EndRun | CallModel | ResumeHeld
@@ -112,22 +102,22 @@ TurnPlan = EndRun | CallModel | ResumeHeld
 class RunTools:
     """Run the tool batch ``runnable``, then commit ``finish(results)``."""
 
-    record: Answered
+    record: records.Answered
     """The turn's record without results: ``finish`` fills them in."""
     runnable: tuple[CheckedCall | InvalidCall, ...]
     """The calls to run, in order (invalid calls get their validation error as result)."""
 
-    def finish(self, results: tuple[ToolResult, ...]) -> Answered:
+    def finish(self, results: tuple[records.ToolResult, ...]) -> records.Answered:
         """The turn's record with the batch's results (one per runnable call, same order)."""
         return dataclasses.replace(self.record, results=results)
 
 
-def not_run(calls: Sequence[CheckedCall | InvalidCall], why: str) -> tuple[ToolResult, ...]:
+def not_run(calls: Sequence[CheckedCall | InvalidCall], why: str) -> tuple[records.ToolResult, ...]:
     """Error results for a batch that a gate stopped: every call still gets its one result."""
     return tuple(
-        ToolResult(c.id, c.name, c.error, True, ToolFault.ARGUMENTS)
+        records.ToolResult(c.id, c.name, c.error, True, ToolFault.ARGUMENTS)
         if isinstance(c, InvalidCall)
-        else ToolResult(c.id, c.name, f"not run: {why}", True)
+        else records.ToolResult(c.id, c.name, f"not run: {why}", True)
         for c in calls
     )
 
@@ -151,14 +141,14 @@ def plan_turn(
     """
     if missing_tools:
         message = f"this worker's catalog lacks tool(s) {', '.join(missing_tools)}"
-        return EndRun(Stopped(state.turn, Ending(Phase.TOOL_UNAVAILABLE, message)))
+        return EndRun(records.Stopped(state.turn, records.Ending(Phase.TOOL_UNAVAILABLE, message)))
     pending = state.pending
     if pending is not None and pending.next_undecided is None:
         approved = tuple(CheckedCall(h.id, h.name, h.arguments) for h in pending.held if h.approved)
         gate = admit_tool_batch(
             state, limits, calls=len(approved), now=clock.now, deadline=clock.deadline
         )
-        stopped = Ending(gate.phase, gate.message) if gate.phase is not None else None
+        stopped = records.Ending(gate.phase, gate.message) if gate.phase is not None else None
         return ResumeHeld(state, approved, stopped)
     history = state.messages
     if state.pending_cap is not None:
@@ -173,19 +163,19 @@ def plan_turn(
         deadline=clock.deadline,
     )
     if gate.phase is not None:
-        return EndRun(Stopped(state.turn, Ending(gate.phase, gate.message)))
+        return EndRun(records.Stopped(state.turn, records.Ending(gate.phase, gate.message)))
     return CallModel(
         state.turn, fitted.messages, fitted.tokens, gate.max_output_tokens, gate.summary
     )
 
 
-def refused_by_tenant(call: CallModel, message: str) -> TurnRecord:
+def refused_by_tenant(call: CallModel, message: str) -> records.TurnRecord:
     """The record when the tenant's ledger cannot hold ``call``'s worst case: the run ends
     ``tenant_budget_exhausted`` — unless it was the summary at a cap, which ends with the
     run's own cap (it came first), without a summary."""
     if call.summary:
-        return Summarized(call.turn, None, error=message)
-    return Stopped(call.turn, Ending(Phase.TENANT_BUDGET_EXHAUSTED, message))
+        return records.Summarized(call.turn, None, error=message)
+    return records.Stopped(call.turn, records.Ending(Phase.TENANT_BUDGET_EXHAUSTED, message))
 
 
 class ModelFault(enum.StrEnum):
@@ -205,20 +195,20 @@ class ModelFault(enum.StrEnum):
 
 def model_failed(
     call: CallModel, error: str, *, clock: Timing, fault: ModelFault = ModelFault.UNAVAILABLE
-) -> TurnRecord:
+) -> records.TurnRecord:
     """The record when the model call raised: ``deadline_exceeded`` if the run's timeout passed
     meanwhile or the provider asked to wait past it, no summary for a summary call,
     ``refused`` for a content filter, else ``model_error``."""
     if clock.now >= clock.deadline:
         message = f"the run's timeout passed during the model call ({error})"
-        return Stopped(call.turn, Ending(Phase.DEADLINE_EXCEEDED, message))
+        return records.Stopped(call.turn, records.Ending(Phase.DEADLINE_EXCEEDED, message))
     if fault is ModelFault.WAIT_BEYOND_DEADLINE:
-        return Stopped(call.turn, Ending(Phase.DEADLINE_EXCEEDED, error))
+        return records.Stopped(call.turn, records.Ending(Phase.DEADLINE_EXCEEDED, error))
     if call.summary:
-        return Summarized(call.turn, None, error=error)
+        return records.Summarized(call.turn, None, error=error)
     if fault is ModelFault.FILTERED:
-        return Stopped(call.turn, Ending(Phase.REFUSED, error))
-    return ModelFailed(call.turn, error)
+        return records.Stopped(call.turn, records.Ending(Phase.REFUSED, error))
+    return records.ModelFailed(call.turn, error)
 
 
 def plan_answer(
@@ -229,7 +219,7 @@ def plan_answer(
     *,
     tools: Mapping[str, ToolSchema],
     clock: Timing,
-) -> TurnRecord | RunTools:
+) -> records.TurnRecord | RunTools:
     """The second step: the record of a classified answer, or the tool batch to run.
 
     Tool calls are validated against ``tools`` (the compiled schemas of the run's tools),
@@ -238,15 +228,17 @@ def plan_answer(
     """
     decision, usage = answer
     if call.summary:
-        return Summarized(call.turn, decision, usage)
+        return records.Summarized(call.turn, decision, usage)
     if not isinstance(decision, ToolCalls):
-        return Answered(call.turn, decision, usage)
+        return records.Answered(call.turn, decision, usage)
     calls = check_calls(decision.calls, turn=call.turn, tools=tools, used_ids=state.call_ids)
     held = approval.held_calls(calls, limits.approval_tools)
     runnable = tuple(c for c in calls if c.id not in held)
     valid = sum(isinstance(c, CheckedCall) for c in runnable)
     gate = admit_tool_batch(state, limits, calls=valid, now=clock.now, deadline=clock.deadline)
     if gate.phase is not None:
-        ending = Ending(gate.phase, gate.message)
-        return Answered(call.turn, decision, usage, calls, not_run(calls, gate.message), (), ending)
-    return RunTools(Answered(call.turn, decision, usage, calls=calls, held=held), runnable)
+        ending = records.Ending(gate.phase, gate.message)
+        return records.Answered(
+            call.turn, decision, usage, calls, not_run(calls, gate.message), (), ending
+        )
+    return RunTools(records.Answered(call.turn, decision, usage, calls=calls, held=held), runnable)

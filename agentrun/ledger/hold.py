@@ -132,14 +132,7 @@ class TurnHold:
         hold = Hold(ref.run_uid, ref.turn, tokens, cost_usd, expires, self.owner, *ref.place)
 
         def apply(book: Book) -> BudgetRefusal | None:
-            if before is not None:
-                book.catch_up(
-                    ref.run_uid,
-                    turn=before.turn - 1,
-                    tokens=before.usage.total_tokens,
-                    cost_usd=before.usage.cost_usd,
-                    now=now,
-                )
+            self._settle_before(book, before, now=now)
             return book.reserve(self.key, hold, now=now)
 
         self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
@@ -162,14 +155,7 @@ class TurnHold:
         )
 
         def apply(book: Book) -> Granted | BudgetWait | BudgetRefusal:
-            if before is not None:
-                book.catch_up(
-                    ref.run_uid,
-                    turn=before.turn - 1,
-                    tokens=before.usage.total_tokens,
-                    cost_usd=before.usage.cost_usd,
-                    now=now,
-                )
+            self._settle_before(book, before, now=now)
             return book.reserve_call(self.key, need, dataclasses.replace(template), now=now)
 
         self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
@@ -177,6 +163,18 @@ class TurnHold:
         self.held = isinstance(answer, Granted)
         self.waiting = isinstance(answer, BudgetWait)
         return answer
+
+    def _settle_before(self, book: Book, before: kernel.RunState | None, *, now: float) -> None:
+        """Settle the run's totals through the turn before this one (``before``: the run's
+        state before this turn) and drop that turn's hold, in the write that reserves."""
+        if before is not None:
+            book.catch_up(
+                self.ref.run_uid,
+                turn=before.turn - 1,
+                tokens=before.usage.total_tokens,
+                cost_usd=before.usage.cost_usd,
+                now=now,
+            )
 
     async def spend(self, usage: kernel.Usage) -> None:
         """The model call answered with ``usage``: charged if the turn is abandoned now, and

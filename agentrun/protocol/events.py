@@ -304,11 +304,11 @@ class RunEvent:
             "time": self.time,
         }
         if self.config is not None:
-            data["config"] = RunConfigShape.of(self.config).model_dump(mode="json")
+            data["config"] = RunConfigShape.of(self.config).model_dump(mode="json", by_alias=True)
         if self.record is not None:
             data["record"] = record_as_dict(self.record)
         if self.approval is not None:
-            data["approval"] = ApprovalShape.of(self.approval).model_dump()
+            data["approval"] = ApprovalShape.of(self.approval).model_dump(by_alias=True)
         return dumps(data)
 
     @classmethod

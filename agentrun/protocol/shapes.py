@@ -4,17 +4,21 @@ A TurnRequest, a run's config (carried by its ``admitted`` event) and a reviewer
 parsed here, checked field by field, and converted once into the frozen values of
 ``protocol.messages``; nothing past this module sees their JSON. The turn events' own records
 and summaries are shaped in ``protocol.events`` (hand-written there: see that module for why).
-Field names are the wire's (camelCase), so each model reads as the payload does.
+Each shape's fields carry the names of the value it shapes, so a value becomes its shape and
+back with no field listed twice; on the wire they are camelCase (``alias_generator``), an
+acronym spelled by an explicit alias (``runUID``, ``baseURL``, ``maxCostUSD``).
 
 Raises, when parsing: ``pydantic.ValidationError`` (a ``ValueError``) on a malformed payload.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Annotated, Any, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from agentrun import kernel
 from agentrun.protocol.messages import (
@@ -27,44 +31,68 @@ from agentrun.protocol.messages import (
     UrlRule,
 )
 
+V = TypeVar("V")
+
+Names = Annotated[list[str], AfterValidator(sorted)]
+"""A set of names, written sorted so equal sets encode to equal bytes."""
+
 
 class _Shape(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    """A value's JSON shape: its fields by the value's own names, on the wire in camelCase
+    (an acronym spelled out by an explicit alias). Dump with ``by_alias=True``."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="ignore",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        from_attributes=True,
+    )
+
+    @classmethod
+    def of(cls, value: Any) -> Self:
+        """The shape of ``value`` (a frozen dataclass with these fields' names)."""
+        return cls.model_validate(value)
+
+    def build(self, kind: Callable[..., V], **overrides: Any) -> V:
+        """The value ``kind(...)`` of these fields (shapes inside turned into values), with
+        ``overrides`` taking the place of fields of the same name."""
+        fields = {name: _value(getattr(self, name)) for name in type(self).model_fields}
+        return kind(**(fields | overrides))
+
+
+def _value(field: Any) -> Any:
+    if isinstance(field, _Shape) and hasattr(field, "value"):
+        return field.value()
+    if isinstance(field, list):
+        return tuple(_value(item) for item in field)
+    return field
 
 
 class TurnRequestShape(_Shape):
     """A work item on ``agentrun.turn.<tenant>`` (its trace context rides in the headers)."""
 
-    runUID: str
+    run_uid: str = Field(alias="runUID")
     namespace: str
     name: str
     turn: int
-    expectedSeq: int
-
-    @classmethod
-    def of(cls, request: TurnRequest) -> TurnRequestShape:
-        """The shape of ``request``."""
-        return cls(
-            runUID=request.run_uid,
-            namespace=request.namespace,
-            name=request.name,
-            turn=request.turn,
-            expectedSeq=request.expected_seq,
-        )
+    expected_seq: int
 
     def value(self, *, traceparent: str | None = None) -> TurnRequest:
         """The request as a value."""
-        return TurnRequest(
-            self.runUID, self.namespace, self.name, self.turn, self.expectedSeq, traceparent
-        )
+        return self.build(TurnRequest, traceparent=traceparent)
 
 
 class PricingShape(_Shape):
     """USD per one million tokens (decimal strings)."""
 
-    inputPerMillionUSD: Decimal
-    cachedInputPerMillionUSD: Decimal
-    outputPerMillionUSD: Decimal
+    input_per_million: Decimal = Field(alias="inputPerMillionUSD")
+    cached_input_per_million: Decimal = Field(alias="cachedInputPerMillionUSD")
+    output_per_million: Decimal = Field(alias="outputPerMillionUSD")
+
+    def value(self) -> kernel.Pricing:
+        """The prices as a value."""
+        return self.build(kernel.Pricing)
 
 
 class SecretRefShape(_Shape):
@@ -74,65 +102,39 @@ class SecretRefShape(_Shape):
     namespace: str
     key: str
 
+    def value(self) -> SecretRef:
+        """The reference as a value."""
+        return self.build(SecretRef)
+
 
 class ModelShape(_Shape):
     """The AgentModel as snapshotted at admission."""
 
     name: str
-    baseURL: str
+    base_url: str = Field(alias="baseURL")
     model: str
     pricing: PricingShape
-    contextWindow: int
-    maxOutputTokens: int
-    secretRef: SecretRefShape | None
-
-    @classmethod
-    def of(cls, model: ModelConfig) -> ModelShape:
-        """The shape of ``model``."""
-        pricing, secret = model.pricing, model.secret
-        return cls(
-            name=model.name,
-            baseURL=model.base_url,
-            model=model.model,
-            pricing=PricingShape(
-                inputPerMillionUSD=pricing.input_per_million,
-                cachedInputPerMillionUSD=pricing.cached_input_per_million,
-                outputPerMillionUSD=pricing.output_per_million,
-            ),
-            contextWindow=model.context_window,
-            maxOutputTokens=model.max_output_tokens,
-            secretRef=None
-            if secret is None
-            else SecretRefShape(name=secret.name, namespace=secret.namespace, key=secret.key),
-        )
+    context_window: int
+    max_output_tokens: int
+    secret: SecretRefShape | None = Field(alias="secretRef")
 
     def value(self) -> ModelConfig:
         """The model as a value."""
-        p, s = self.pricing, self.secretRef
-        return ModelConfig(
-            name=self.name,
-            base_url=self.baseURL,
-            model=self.model,
-            pricing=kernel.Pricing(
-                p.inputPerMillionUSD, p.cachedInputPerMillionUSD, p.outputPerMillionUSD
-            ),
-            context_window=self.contextWindow,
-            max_output_tokens=self.maxOutputTokens,
-            secret=None if s is None else SecretRef(s.name, s.namespace, s.key),
-        )
+        return self.build(ModelConfig)
 
 
 class LimitsShape(_Shape):
-    """The run's own budget (``spec.budget``, resolved at admission)."""
+    """The run's own budget (``spec.budget``, resolved at admission); the model's window and
+    output cap and the output schema are carried by the model and the config."""
 
-    maxSteps: int
-    maxToolCalls: int
-    maxTokens: int | None
-    maxCostUSD: Decimal | None
-    noProgressWindow: int
-    pollable: list[str]
-    onExhausted: kernel.OnExhausted
-    approvalTools: list[str]
+    max_steps: int
+    max_tool_calls: int
+    max_tokens: int | None
+    max_cost_usd: Decimal | None = Field(alias="maxCostUSD")
+    no_progress_window: int
+    pollable: Names
+    on_exhausted: kernel.OnExhausted
+    approval_tools: Names
 
 
 class RemoteToolShape(_Shape):
@@ -147,55 +149,23 @@ class RemoteToolShape(_Shape):
     url: str
     transport: str
     timeout: float
-    headersSecret: str | None = None
-
-    @classmethod
-    def of(cls, tool: RemoteTool) -> RemoteToolShape:
-        """The shape of ``tool``."""
-        return cls(
-            name=tool.name,
-            server=tool.server,
-            tool=tool.tool,
-            description=tool.description,
-            parameters=dict(tool.parameters),
-            effect=tool.effect,
-            url=tool.url,
-            transport=tool.transport,
-            timeout=tool.timeout,
-            headersSecret=tool.headers_secret,
-        )
+    headers_secret: str | None = None
 
     def value(self) -> RemoteTool:
         """The tool as a value."""
-        return RemoteTool(
-            self.name,
-            self.server,
-            self.tool,
-            self.description,
-            self.parameters,
-            self.effect,
-            self.url,
-            self.transport,
-            self.timeout,
-            self.headersSecret,
-        )
+        return self.build(RemoteTool)
 
 
 class UrlRuleShape(_Shape):
     """One URL rule of ``http_get``."""
 
     host: str
-    pathPrefix: str = "/"
-    privateNetwork: bool = False
-
-    @classmethod
-    def of(cls, rule: UrlRule) -> UrlRuleShape:
-        """The shape of ``rule``."""
-        return cls(host=rule.host, pathPrefix=rule.path_prefix, privateNetwork=rule.private_network)
+    path_prefix: str = "/"
+    private_network: bool = False
 
     def value(self) -> UrlRule:
         """The rule as a value."""
-        return UrlRule(self.host, self.pathPrefix, self.privateNetwork)
+        return self.build(UrlRule)
 
 
 class RunConfigShape(_Shape):
@@ -211,74 +181,25 @@ class RunConfigShape(_Shape):
     model: ModelShape
     deadline: float
     tenant: str
-    outputSchema: dict[str, Any] | None
+    output_schema: dict[str, Any] | None
     traceparent: str | None
-    remoteTools: list[RemoteToolShape] = []
+    remote_tools: list[RemoteToolShape] = []
     """Absent in configs written before MCP tools existed."""
-    urlRules: list[UrlRuleShape] = []
+    url_rules: list[UrlRuleShape] = []
     """Absent in configs written before http_get existed."""
-
-    @classmethod
-    def of(cls, config: RunConfig) -> RunConfigShape:
-        """The shape of ``config``."""
-        lim = config.limits
-        return cls(
-            uid=config.uid,
-            namespace=config.namespace,
-            name=config.name,
-            goal=config.goal,
-            instructions=config.instructions,
-            tools=list(config.tools),
-            limits=LimitsShape(
-                maxSteps=lim.max_steps,
-                maxToolCalls=lim.max_tool_calls,
-                maxTokens=lim.max_tokens,
-                maxCostUSD=lim.max_cost_usd,
-                noProgressWindow=lim.no_progress_window,
-                pollable=sorted(lim.pollable),
-                onExhausted=lim.on_exhausted,
-                approvalTools=sorted(lim.approval_tools),
-            ),
-            model=ModelShape.of(config.model),
-            deadline=config.deadline,
-            tenant=config.tenant,
-            outputSchema=None if config.output_schema is None else dict(config.output_schema),
-            traceparent=config.traceparent,
-            remoteTools=[RemoteToolShape.of(t) for t in config.remote_tools],
-            urlRules=[UrlRuleShape.of(r) for r in config.url_rules],
-        )
 
     def value(self) -> RunConfig:
         """The config as a value; the model's window and output cap complete its limits."""
         lim, model = self.limits, self.model.value()
-        return RunConfig(
-            uid=self.uid,
-            namespace=self.namespace,
-            name=self.name,
-            goal=self.goal,
-            instructions=self.instructions,
-            tools=tuple(self.tools),
-            limits=kernel.Limits(
-                max_steps=lim.maxSteps,
-                max_tool_calls=lim.maxToolCalls,
-                max_tokens=lim.maxTokens,
-                max_cost_usd=lim.maxCostUSD,
-                context_window=model.context_window,
-                max_output_tokens=model.max_output_tokens,
-                no_progress_window=lim.noProgressWindow,
-                pollable=frozenset(lim.pollable),
-                output_schema=self.outputSchema,
-                on_exhausted=lim.onExhausted,
-                approval_tools=frozenset(lim.approvalTools),
-            ),
-            model=model,
-            deadline=self.deadline,
-            tenant=self.tenant,
-            output_schema=self.outputSchema,
-            traceparent=self.traceparent,
-            remote_tools=tuple(t.value() for t in self.remoteTools),
-            url_rules=tuple(r.value() for r in self.urlRules),
+        limits = lim.build(
+            kernel.Limits,
+            context_window=model.context_window,
+            max_output_tokens=model.max_output_tokens,
+            pollable=frozenset(lim.pollable),
+            approval_tools=frozenset(lim.approval_tools),
+            output_schema=self.output_schema,
         )
+        return self.build(RunConfig, limits=limits, model=model)
 
 
 class ApprovalShape(_Shape):
@@ -287,19 +208,14 @@ class ApprovalShape(_Shape):
     digest: str
     approved: bool
 
-    @classmethod
-    def of(cls, approval: Approval) -> ApprovalShape:
-        """The shape of ``approval``."""
-        return cls(digest=approval.digest, approved=approval.approved)
-
     def value(self) -> Approval:
         """The approval as a value."""
-        return Approval(self.digest, self.approved)
+        return self.build(Approval)
 
 
 def encode_turn_request(request: TurnRequest) -> bytes:
     """A TurnRequest's payload bytes (compact UTF-8 JSON)."""
-    return TurnRequestShape.of(request).model_dump_json().encode()
+    return TurnRequestShape.of(request).model_dump_json(by_alias=True).encode()
 
 
 def decode_turn_request(payload: bytes, *, traceparent: str | None = None) -> TurnRequest:
@@ -309,4 +225,4 @@ def decode_turn_request(payload: bytes, *, traceparent: str | None = None) -> Tu
 
 def encode_run_config(config: RunConfig) -> bytes:
     """A run config as an ``admitted`` event carries it (compact UTF-8 JSON)."""
-    return RunConfigShape.of(config).model_dump_json().encode()
+    return RunConfigShape.of(config).model_dump_json(by_alias=True).encode()

@@ -95,7 +95,7 @@ def test_forty_collatz_runs_spend_the_tenant_budget_on_work_with_no_overspend(
     utilisation = book.used_cost / LIMIT
     ended = [s for s in runs.values() if s["terminalReason"] == "tenant_budget_exhausted"]
     print(
-        f"\nD09: used {book.used_cost} of {LIMIT} USD, utilisation {utilisation:.1%}; "
+        f"\nbudget use: used {book.used_cost} of {LIMIT} USD, utilisation {utilisation:.1%}; "
         f"{len(ended)} of {RUNS} runs ended tenant_budget_exhausted, steps per run "
         f"{sorted(u.get('steps', 0) for u in usage.values())}"
     )

@@ -93,9 +93,9 @@ def test_a_worker_killed_right_after_the_model_answered_has_that_call_charged_on
     assert book.holds == {}
 
 
-D03_SCENARIO = {
-    "name": "d03-ledger-outage",
-    "match": {"goal": "E2E-D03"},
+LEDGER_OUTAGE_SCENARIO = {
+    "name": "ledger-outage",
+    "match": {"goal": "E2E-ledger-outage"},
     "turns": [
         {"tool_calls": [{"name": "sleep", "arguments": {"seconds": 8}}]},
         {"content": "resumed after the outage"},
@@ -114,9 +114,11 @@ def test_a_ledger_entry_unreadable_for_longer_than_any_delivery_limit_makes_the_
     redelivered 5 s apart and runs once the entry is back: the run completes within its 2 m
     timeout. The outage is the reported 25 s stretched to 40 s, so that turn 1 alone waits
     through more than five deliveries (the old delivery limit, which dropped it)."""
-    append_scenario(stack_, D03_SCENARIO)
+    append_scenario(stack_, LEDGER_OUTAGE_SCENARIO)
     tenant = tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 1_000_000})
-    manifest = run_manifest("outage", f"E2E-D03 {test_namespace}", budget={"timeout": "2m"})
+    manifest = run_manifest(
+        "outage", f"E2E-ledger-outage {test_namespace}", budget={"timeout": "2m"}
+    )
     stack_.apply(test_namespace, manifest)
     deadline = time.monotonic() + 20
     while not any(test_namespace in str(r) for r in stack_.mock_requests()):

@@ -123,7 +123,7 @@ def assert_completed_once(
 def test_d01_twenty_rectangles_with_two_operators_only_the_leader_acts(
     pair: Pair, test_namespace: str, nats_server: Any
 ) -> None:
-    """D01's input: a second operator beside the first and 20 copies of rectangle.yaml. Every
+    """A second operator beside the first and 20 copies of rectangle.yaml. Every
     run ends Succeeded with Finished=True, each turn committed once; the leader counts 20
     ends, the standby none — also after it takes over and sees all 20 again."""
     before_a, before_b = pair.ended("a"), pair.ended("b")

@@ -74,7 +74,7 @@ def test_d02_finished_runs_hold_no_finalizer_and_delete_with_no_operator_running
     test_namespace: str,
     nats_server: Any,
 ) -> None:
-    """D02: a Succeeded run loses the finalizer when it ends; with the operator stopped the run
+    """A Succeeded run loses the finalizer when it ends; with the operator stopped the run
     deletes, and so does a namespace holding finished runs; the next leader purges the
     events of runs deleted meanwhile."""
     for name in ("alone", "with-namespace"):
@@ -246,7 +246,7 @@ def mismatch_events(stack_: E2EStack) -> list[dict[str, Any]]:
 def test_d07_an_operator_facing_an_older_crd_is_not_ready_says_so_once_and_proceeds(
     stack_: E2EStack,
 ) -> None:
-    """D07: the AgentRun CRD is older than the operator. The new operator touches nothing,
+    """The AgentRun CRD is older than the operator. The new operator touches nothing,
     /readyz answers 503, one log line and one Event name the missing fields; once the chart's
     CRDs are applied as documented (server-side), it becomes ready without a restart."""
     events_before = len(mismatch_events(stack_))

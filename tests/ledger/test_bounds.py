@@ -7,6 +7,7 @@ that run only. Checked at the claimed scale against the real server."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
@@ -32,6 +33,7 @@ from agentrun.ledger.entries import CONCURRENCY_LIMIT, MAX_ACTIVE_RUNS, Waiter
 from agentrun.ledger.store import MAX_QUEUED_RUNS, book_key, queue_key
 from agentrun.operator import recorder
 from agentrun.operator.pump import PumpDeps, QueuePump
+from agentrun.operator.queuestatus import QueueStatus
 from agentrun.operator.recorder import EventRecorder
 from agentrun.operator.runs import RunKey
 from agentrun.operator.settlement import QueueBoard
@@ -157,8 +159,9 @@ async def test_a_run_the_full_queue_refuses_ends_checkpoint_failed_naming_the_ca
     ends = Ends()
     deps: Any = dict.fromkeys(("tenants", "configs", "settlement", "api"))
     events = EventRecorder(None, throttle=recorder.standard_throttle())
+    shown = QueueStatus(ends, ends, events, time.time)
     pump = QueuePump(
-        PumpDeps(store=store, runs=ends, writer=ends, board=QueueBoard(), events=events, **deps)  # type: ignore[arg-type]
+        PumpDeps(store=store, runs=ends, shown=shown, board=QueueBoard(), events=events, **deps)  # type: ignore[arg-type]
     )
     key = RunKey("ns", "late", str(uuid.uuid4()))
     await pump.enqueue_run(key, Policy(), generation=1, created=NOW + 99)  # type: ignore[arg-type]

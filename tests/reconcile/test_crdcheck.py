@@ -39,7 +39,7 @@ def test_the_shipped_crds_serve_everything_the_operator_writes(directory: Path) 
 
 
 def test_an_older_agentrun_crd_is_named_with_the_fields_it_lacks() -> None:
-    """D07: an AgentRun CRD from before lastEventSequence and ttlSecondsAfterFinished."""
+    """An AgentRun CRD from before lastEventSequence and ttlSecondsAfterFinished."""
     crds = copy.deepcopy(installed(CRD_DIRS[0]))
     schema = run_schema(crds)
     del schema["properties"]["status"]["properties"]["lastEventSequence"]

@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 import pytest
 
-from agentrun.operator import handlers
+from agentrun.operator import handlers, runs
 
 SPEC = {"model": "mock", "goal": "add numbers", "tools": ["calculate"]}
 STATUS = {"phase": "Running", "usage": {"steps": 3}, "conditions": [{"type": "Admitted"}]}
@@ -67,7 +67,7 @@ BODIES = {
         },
         labels={"team": "a"},
     ),
-    "an approval": run_object({handlers.APPROVE_ANNOTATION: "sha256:abc"}),
+    "an approval": run_object({runs.APPROVE_ANNOTATION: "sha256:abc"}),
 }
 
 

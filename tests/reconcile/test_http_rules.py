@@ -44,7 +44,7 @@ def test_the_tenants_url_rules_reach_the_run_config_and_the_workers_http_get() -
         model=model,
         known_tools={"http_get": True},
         start_time=0.0,
-        url_rules=policy.url_rules,
+        resolved=admission.Resolved(url_rules=policy.url_rules),
     )
     config = RunConfigShape.of(config).value()  # as the admitted event carries it
     assert config.url_rules == policy.url_rules

@@ -13,12 +13,12 @@ from agentrun.operator.specs import (
     IMPLICIT_BUDGET,
     AgentModelSpec,
     AgentRunSpec,
-    AgentTenantSpec,
     Duration,
     SpecError,
 )
 from agentrun.operator.tenancy import InvalidTenant, TenantPolicy
 from agentrun.operator.tenants import NoTenant, Tenants
+from agentrun.operator.tenantspecs import AgentTenantSpec
 
 BAD_TENANT_FIELDS = [
     pytest.param(

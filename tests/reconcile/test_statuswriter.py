@@ -102,7 +102,8 @@ async def test_a_projection_older_than_another_writers_status_is_dropped() -> No
 
 
 async def test_a_terminal_status_is_final() -> None:
-    """The D01 shape: a late Running projection must not undo another process's end."""
+    """A late Running projection (from an operator that lost its Lease) must not undo another
+    process's end."""
     api = FakeApi()
     api.other_writer(ended(6))
     writer = StatusWriter(api, interval=0.0)

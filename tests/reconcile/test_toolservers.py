@@ -155,7 +155,7 @@ def test_admission_gives_the_model_function_names_everywhere() -> None:
         model=model,
         known_tools={"calculate": False},
         start_time=0.0,
-        remote_tools=tools,
+        resolved=admission.Resolved(remote_tools=tools),
     )
     assert config.tools == ("calculate", "tools__add", "tools__create_ticket")
     assert config.limits.approval_tools == {"tools__create_ticket"}
