@@ -3,7 +3,9 @@ is run again (its worker died after the tool answered, before the commit) never 
 blindly.
 
 Each such call has one entry, keyed by the run and the call id (the call's idempotency key
-``<run-uid>:<call-id>`` in KV-key form): ``prepared`` is written (create-only: the first writer
+``<run-uid>:<call-id>`` in KV-key form; the id is always one committed with the model's
+decision before the call runs, see ``kernel.plan_answer``, so a model answering a redone turn
+with new ids cannot key a second effect): ``prepared`` is written (create-only: the first writer
 wins) before the call is sent, ``done`` with its result after it answered. Running the call
 again finds the entry: ``done`` replays the recorded result, and ``prepared`` — sent, outcome
 unknown — is never re-sent: the call's result says so with the fault ``effect_unknown``, which

@@ -1,10 +1,16 @@
 """Prometheus metric objects (names are public API) and what records them.
 
 One module for every ``agentrun_`` metric so names, help texts, units and labels are written
-once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result, and
-an AgentEval's namespace and name (one series set per AgentEval object) — never run or case
-names or ids. Tool names outside the worker's catalog are recorded as ``unknown``
-(a model can invent any name). Processes do not fork, so the default registry is safe.
+once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result,
+error_type, and an AgentEval's namespace and name (one series set per AgentEval object) —
+never run or case names or ids. Tool names outside the worker's catalog are recorded as
+``unknown`` (a model can invent any name). Processes do not fork, so the default registry is safe.
+
+Every process imports this module, so an unlabelled gauge registered at import would be
+exported at 0 by processes that never set it. The operator-only gauges are registered by the
+operator itself: ``agentrun_operator_leader`` by every operator process (`export_operator`),
+``agentrun_turns_pending`` by the leader only (`lead`); the labelled operator gauges (phases,
+tenants, budgets) have no series until the leader sets them.
 
 Counters exist at 0 before their first event: ``increase()`` over a series that appears with
 its first increment sees nothing (Prometheus has no earlier sample), so an alert on the first
@@ -17,9 +23,10 @@ first turn (``know_run``). Creating a series adds 0: nothing is counted twice.
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Collection
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from agentrun import kernel
 from agentrun.ledger import Book
@@ -30,6 +37,12 @@ TURN_PHASE_BUCKETS = (
     120.0, 300.0,
 )  # fmt: skip
 """Seconds, 1 ms to 5 min: a turn phase ranges from a cache hit to a slow model or tool."""
+WAIT_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    3600.0, 14400.0, 86400.0,
+)  # fmt: skip
+"""Seconds, 5 ms to a day: a wait ranges from an idle worker picking a turn up at once to a
+run queued until its tenant's budget window resets."""
 
 RUNS = Counter(
     "agentrun_runs",
@@ -45,7 +58,9 @@ TURN_DURATION = Histogram(
 )
 TOOL_CALLS = Counter(
     "agentrun_tool_calls",
-    "Tool calls by result: ok, error, denied (by a reviewer) or not_run (stopped by a gate).",
+    "Tool calls by result: ok; error (the model's: bad arguments, a domain error, a 4xx); "
+    "fault (infrastructure: timeout, connection, 5xx, MCP transport, a crash, an effect left "
+    "unknown); denied (by a reviewer); not_run (stopped by a gate).",
     ["tenant", "tool", "result"],
 )
 CORRECTIONS = Counter(
@@ -94,9 +109,51 @@ TENANT_BUDGET_RESERVED = Gauge(
     "Worst case held by an AgentTenant's model calls in flight, by resource.",
     ["tenant", "resource"],
 )
-TURNS_PENDING = Gauge(
-    "agentrun_turns_pending", "TurnRequests waiting in the work queue for a worker (queue lag)."
+TENANT_INFO = Gauge(
+    "agentrun_tenant_info",
+    "1 for every AgentTenant the leading operator knows (and the default tenant), whether or "
+    "not it has a budget or has run anything: the list of tenants.",
+    ["tenant"],
 )
+MODEL_CALLS = Counter(
+    "agentrun_model_calls",
+    "Model (chat) calls made by workers, failed ones included, by tenant and AgentModel.",
+    ["tenant", "model"],
+)
+MODEL_CALL_ERRORS = Counter(
+    "agentrun_model_call_errors",
+    "Model calls that failed after the client's retries, by tenant, AgentModel and error_type "
+    "(rate_limited, auth, client_error, server_error, timeout, connection, filtered, deadline, "
+    "credentials, invalid_response).",
+    ["tenant", "model", "error_type"],
+)
+TURN_QUEUE_WAIT = Histogram(
+    "agentrun_turn_queue_wait_seconds",
+    "From a TurnRequest's publication in the work queue to a worker starting it (every "
+    "delivery; a redelivered request counts from its first publication).",
+    buckets=WAIT_BUCKETS,
+)
+ADMISSION_WAIT = Histogram(
+    "agentrun_run_admission_wait_seconds",
+    "From an AgentRun's creation to its admission by the operator (time spent Queued included), "
+    "by tenant.",
+    ["tenant"],
+    buckets=WAIT_BUCKETS,
+)
+TURNS_PENDING = Gauge(
+    "agentrun_turns_pending",
+    "TurnRequests waiting in the work queue for a worker (queue lag); exported by the leading "
+    "operator only.",
+    registry=None,
+)
+"""Not registered at import: only the leader exports it (`lead`), so a standby operator or a
+worker never shows a 0 that would hide a dead leader."""
+OPERATOR_LEADER = Gauge(
+    "agentrun_operator_leader",
+    "1 while this operator process holds the leader Lease, 0 while it stands by.",
+    registry=None,
+)
+"""Registered by operator processes only (`export_operator`): its absence means no operator."""
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
 EVAL_CASES = Counter(
@@ -138,10 +195,36 @@ GEN_AI_DURATION = Histogram(
 )
 
 
+class ModelErrorType(enum.StrEnum):
+    """Every ``error_type`` of ``agentrun_model_call_errors_total``: why a model call failed."""
+
+    RATE_LIMITED = "rate_limited"
+    """HTTP 429 after the client's retries (``insufficient_quota`` included)."""
+    AUTH = "auth"
+    """HTTP 401 or 403: the API key is wrong, revoked or lacks access to the model."""
+    CLIENT_ERROR = "client_error"
+    """Another HTTP 4xx: the request was refused (unknown model, too long a prompt...)."""
+    SERVER_ERROR = "server_error"
+    """HTTP 5xx after the client's retries."""
+    TIMEOUT = "timeout"
+    """The HTTP client timed out."""
+    CONNECTION = "connection"
+    """No connection to the endpoint (DNS, refused, reset, TLS)."""
+    FILTERED = "filtered"
+    """The provider's content filter rejected the request."""
+    DEADLINE = "deadline"
+    """The run's deadline passed before or during the call, or the provider asked to retry
+    after it."""
+    CREDENTIALS = "credentials"
+    """The API key's Secret could not be read."""
+    INVALID_RESPONSE = "invalid_response"
+    """The endpoint answered with something that is not a chat completion (not JSON...)."""
+
+
 CORRECTION_KINDS = ("malformed", "invalid_tool_call", "output_schema", "no_progress_nudge")
 """Every ``kind`` of ``agentrun_corrections_total`` (``correction_kinds``)."""
-TOOL_RESULTS = ("ok", "error", "denied", "not_run")
-"""Every ``result`` of ``agentrun_tool_calls_total``."""
+TOOL_RESULTS = ("ok", "error", "fault", "denied", "not_run")
+"""Every ``result`` of ``agentrun_tool_calls_total`` (``tool_result``)."""
 TOKEN_TYPES = ("input", "cached_input", "output", "reasoning")
 """Every ``type`` of ``agentrun_tokens_total``."""
 _known: set[tuple[str, ...]] = set()
@@ -164,9 +247,11 @@ RUN_ENDS = run_ends()
 
 def know_tenant(tenant: str) -> None:
     """Create ``agentrun_runs_total`` at 0 for ``tenant`` × every reason and outcome a run can
-    end with (the operator, which counts run ends, calls it when it learns of a tenant)."""
+    end with, and its ``agentrun_tenant_info`` (the operator, which counts run ends, calls it
+    when it learns of a tenant)."""
     if ("runs", tenant) in _known:
         return
+    TENANT_INFO.labels(tenant=tenant).set(1)
     for reason, outcome in RUN_ENDS:
         RUNS.labels(tenant=tenant, reason=reason, outcome=outcome)
     _known.add(("runs", tenant))
@@ -188,23 +273,63 @@ def know_run(config: RunConfig, *, catalog: Collection[str]) -> None:
     for kind in TOKEN_TYPES:
         TOKENS.labels(tenant=tenant, model=model, type=kind)
     COST.labels(tenant=tenant, model=model)
+    MODEL_CALLS.labels(tenant=tenant, model=model)
+    for error_type in ModelErrorType:
+        MODEL_CALL_ERRORS.labels(tenant=tenant, model=model, error_type=error_type.value)
     USAGE_ESTIMATED.labels(tenant=tenant, model=model)
     _known.add(("turns", tenant, model))
 
 
 def record_model_call(
-    *, model: str, seconds: float, usage: kernel.Usage | None, error_type: str | None
+    config: RunConfig,
+    *,
+    seconds: float,
+    usage: kernel.Usage | None,
+    error_type: ModelErrorType | None = None,
+    error_class: str = "",
 ) -> None:
-    """The GenAI client metrics of one chat call (``model`` is the provider's model name)."""
+    """One chat call of ``config``'s run: the GenAI client metrics (by the provider's model
+    name, ``error_class`` as their ``error_type``) and the agentrun model-call counters (by
+    tenant and AgentModel name, a failure by its bounded ``error_type``)."""
+    model = config.model.model
     labels = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "openai"}
-    GEN_AI_DURATION.labels(
-        **labels, gen_ai_request_model=model, error_type=error_type or ""
-    ).observe(seconds)
+    GEN_AI_DURATION.labels(**labels, gen_ai_request_model=model, error_type=error_class).observe(
+        seconds
+    )
     if usage is not None and not usage.estimated:
         for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
             GEN_AI_TOKEN_USAGE.labels(
                 **labels, gen_ai_request_model=model, gen_ai_token_type=kind
             ).observe(count)
+    count_model_call(config.tenant, model=config.model.name, error_type=error_type)
+
+
+def count_model_call(tenant: str, *, model: str, error_type: ModelErrorType | None) -> None:
+    """Count one model call of ``tenant`` to the AgentModel ``model`` (its object name, a
+    bounded set), and its failure when ``error_type`` is given."""
+    MODEL_CALLS.labels(tenant=tenant, model=model).inc()
+    if error_type is not None:
+        MODEL_CALL_ERRORS.labels(tenant=tenant, model=model, error_type=error_type.value).inc()
+
+
+def export_operator() -> None:
+    """Export ``agentrun_operator_leader`` (at 0) from this process: an operator calls it at
+    start-up, before it waits for the Lease. Idempotent."""
+    if ("operator",) not in _known:
+        OPERATOR_LEADER.set(0)
+        REGISTRY.register(OPERATOR_LEADER)
+        _known.add(("operator",))
+
+
+def lead() -> None:
+    """This operator leads: ``agentrun_operator_leader`` goes to 1 and the leader-only gauges
+    (``agentrun_turns_pending``) are exported from now on. A leader that loses its Lease exits,
+    so nothing is unexported. Idempotent."""
+    export_operator()
+    OPERATOR_LEADER.set(1)
+    if ("leader",) not in _known:
+        REGISTRY.register(TURNS_PENDING)
+        _known.add(("leader",))
 
 
 def record_turn(
@@ -238,17 +363,29 @@ def record_turn(
         USAGE_ESTIMATED.labels(tenant=tenant, model=model).inc()
 
 
+def tool_result(result: kernel.ToolResult, *, denied: bool, not_run: bool) -> str:
+    """The ``result`` label of one call (one of ``TOOL_RESULTS``): ``fault`` for an
+    infrastructure failure (``kernel.ToolFault.infrastructure``), ``error`` for an error the
+    model caused (or one recorded before faults were classified)."""
+    if denied:
+        return "denied"
+    if not_run:
+        return "not_run"
+    if result.infrastructure_failure:
+        return "fault"
+    return "error" if result.is_error else "ok"
+
+
 def _count_tools(record: kernel.TurnRecord, *, tenant: str, catalog: Collection[str]) -> None:
     if not isinstance(record, kernel.Answered | kernel.Resumed):
         return
     resumed = isinstance(record, kernel.Resumed)
     for result in record.results:
-        if result.content == kernel.DENIED and resumed:
-            outcome = "denied"
-        elif record.stopped is not None:
-            outcome = "not_run"
-        else:
-            outcome = "error" if result.is_error else "ok"
+        outcome = tool_result(
+            result,
+            denied=resumed and result.content == kernel.DENIED,
+            not_run=record.stopped is not None,
+        )
         tool = result.name if result.name in catalog else "unknown"
         TOOL_CALLS.labels(tenant=tenant, tool=tool, result=outcome).inc()
 

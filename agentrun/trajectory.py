@@ -135,7 +135,7 @@ def _turn(record: kernel.TurnRecord) -> list[str]:
                 return [f"turn {turn}: no summary at the cap: {truncate(error, TEXT_LIMIT)}"]
             return [f"turn {turn}: summary at the cap", *_decision(decision), usage_text(usage)]
         case kernel.Resumed(turn, results, stopped):
-            lines = [f"turn {turn}: held calls settled after review"]
+            lines = [f"turn {turn}: pending calls settled (after review, or committed first)"]
             lines += [_result(result) for result in results]
             if stopped is not None:
                 lines.append(f"stopped: {stopped.message}")
@@ -152,6 +152,8 @@ def _answered(record: kernel.Answered) -> list[str]:
             lines.append(f"→ {call.name}({arguments_text(call.arguments)}) [{call.id}]")
             if call.id in record.held:
                 lines.append(f"⏸ {call.name} [{call.id}] held for approval")
+            elif call.id in record.deferred:
+                lines.append(f"⏸ {call.name} [{call.id}] committed; runs next turn")
         else:
             lines.append(f"✗ {call.name} [{call.id}] rejected: {truncate(call.error, TEXT_LIMIT)}")
         result = results.get(call.id)

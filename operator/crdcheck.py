@@ -26,7 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kube
 
-from . import status
+from . import cronspec, status
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,19 @@ TENANT_STATUS_FIELDS = (
 )
 """Every AgentTenant ``.status`` field the operator writes (dotted paths)."""
 
+CRON_STATUS_FIELDS = (
+    "observedGeneration",
+    "lastScheduleTime",
+    "lastSuccessfulTime",
+    "nextScheduleTime",
+    "active",
+    "activeRuns",
+    "conditions",
+)
+"""Every CronAgentRun ``.status`` field the operator writes (dotted paths)."""
+CRON_SPEC_FIELDS = ("schedule", "timeZone", "concurrencyPolicy", "runTemplate.spec")
+"""CronAgentRun ``.spec`` fields the operator reads (all of them: the kind is new)."""
+
 
 EVAL_STATUS_FIELDS = (
     "phase",
@@ -116,6 +129,7 @@ REQUIRED = (
         "AgentTenant", kube.TENANTS, TENANT_STATUS_FIELDS, ("ttlSecondsAfterFinished",)
     ),
     KindRequirement("AgentEval", kube.EVALS, EVAL_STATUS_FIELDS),
+    KindRequirement("CronAgentRun", cronspec.CRONS, CRON_STATUS_FIELDS, CRON_SPEC_FIELDS),
 )
 """The kinds this operator serves, as ``v1alpha1``."""
 

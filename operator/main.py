@@ -20,7 +20,7 @@ import time
 
 import kopf
 
-from agentrun import kube, process
+from agentrun import kube, metrics, process
 from agentrun.settings import OperatorSettings
 
 from . import crdcheck, handlers, health, leadership, wiring
@@ -38,6 +38,7 @@ def main() -> None:
     process leads; before that, a stop signal ends the process at once.
     """
     config = process.start(OperatorSettings, service="agentrun-operator")
+    metrics.export_operator()  # agentrun_operator_leader 0 until it leads
     assert handlers.REGISTERED  # the import registers the handlers with kopf
     asyncio.run(run(config))
 
@@ -72,6 +73,7 @@ async def run(settings: OperatorSettings) -> None:
         )
         await elector.acquire()
         probes.role = "leader"
+        metrics.lead()
         await _lead(settings, elector)
     except asyncio.CancelledError:
         log.info("stopped before leading")

@@ -28,7 +28,7 @@ import nats.errors
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kernel, kube, protocol, telemetry
+from agentrun import kernel, kube, metrics, protocol, telemetry
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import RunConfig
 
@@ -327,6 +327,7 @@ class QueuePump:
         self._waiting.pop(head.key.uid, None)
         self._objects.pop(head.key.uid, None)
         await self.store.dequeue(policy.name, head.key.uid)
+        metrics.ADMISSION_WAIT.labels(tenant=policy.name).observe(max(0.0, now - head.created))
         self.deps.events.record(
             Involved.run(head.key),
             type=EventType.NORMAL,

@@ -233,6 +233,7 @@ async def delete_run(
 async def run_seen(
     *,
     type: str | None,
+    body: kopf.Body,
     spec: kopf.Spec,
     status: kopf.Status,
     namespace: str | None,
@@ -241,9 +242,10 @@ async def run_seen(
     memo: OperatorMemo,
     **_: Any,
 ) -> None:
-    """Every AgentRun as listed at start-up and on each change: schedule a finished run's
-    deletion after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished
-    run (an unfinished one is cleaned up by ``delete_run`` before its finalizer goes)."""
+    """Every AgentRun as listed at start-up and on each change: tell the status writer the
+    object's version (its next patch then needs no read); schedule a finished run's deletion
+    after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished run (an
+    unfinished one is cleaned up by ``delete_run`` before its finalizer goes)."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running()
     key = RunKey(namespace, name, uid)
@@ -252,6 +254,7 @@ async def run_seen(
         if status.get("terminalReason"):
             await parts.dispatcher.purge_deleted(namespace, name, uid)
         return
+    parts.writer.observe(key, body)
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)

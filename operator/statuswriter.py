@@ -8,10 +8,11 @@ at once. At most ``concurrency`` patches are in flight, so a burst reuses a few 
 
 Status never goes backwards, whoever else writes it (an operator that lost its Lease, a
 redelivered event): before patching, the writer compares its body with the object's status as
-last read or written — a terminal status (``terminalReason`` set) is final, and a body whose
-event sequence is below ``status.lastEventSequence`` is dropped — and every patch carries that
-``resourceVersion`` as a precondition, so a write that raced another is re-read and re-decided
-(409), never applied blindly. The callback given with a terminal body runs only when this
+last read, written or seen in a watch event (``observe``: so a run's patches need no read) —
+a terminal status (``terminalReason`` set) is final, and a body whose event sequence is below
+``status.lastEventSequence`` is dropped — and every patch carries that ``resourceVersion`` as
+a precondition, so a write that raced another is re-read and re-decided (409), never applied
+blindly. The callback given with a terminal body runs only when this
 write is the one that ended the object, which is how an end is counted once even across a
 failover.
 
@@ -58,7 +59,7 @@ CONFLICT_ATTEMPTS = 5
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Written:
-    """What an AgentRun's ``.status`` holds, as last read or written."""
+    """What an AgentRun's ``.status`` holds, as last read, written or seen in a watch event."""
 
     version: str
     """``metadata.resourceVersion``: the precondition of the next patch."""
@@ -76,6 +77,12 @@ class Written:
             seq=int(found.get("lastEventSequence") or 0),
             terminal=bool(found.get("terminalReason")),
         )
+
+
+def _newer(version: str, *, than: str) -> bool:
+    """Whether ``resourceVersion`` ``version`` is later than ``than``: the API server's are
+    etcd revisions (integers); anything else is never taken as newer."""
+    return version.isdigit() and than.isdigit() and int(version) > int(than)
 
 
 class StatusStore(Protocol):
@@ -196,6 +203,20 @@ class StatusWriter:
         self._pending[run] = _Pending(body, seq, urgent, on_end)
         self._wake.set()
 
+    def observe(self, run: RunKey, obj: Mapping[str, Any]) -> None:
+        """The AgentRun ``obj`` as a watch event showed it: what the writer knows of the run's
+        status moves on to it if it is newer (a greater ``resourceVersion``), so the next
+        patch's precondition matches without reading the object again. A run this writer does
+        not know is learned only while it has not ended. An observation never makes a write:
+        a stale one costs at most the re-read of a refused (409) patch."""
+        seen = Written.of(obj)
+        known = self._known.get(run)
+        if known is None:
+            if not seen.terminal:
+                self._known[run] = seen
+        elif _newer(seen.version, than=known.version):
+            self._known[run] = seen
+
     async def next_gone(self) -> RunKey:
         """Wait for the next run whose object turned out to be gone (404/other uid)."""
         return await self._gone.get()
@@ -249,8 +270,9 @@ class StatusWriter:
             except ApiException as err:
                 if err.status != 409:
                     raise
-                self._known.pop(run, None)  # changed meanwhile, or replaced: read again
-                continue
+                if self._known.get(run) is known:  # changed, or replaced, and not seen yet
+                    self._known.pop(run, None)  # so read it again
+                continue  # else the watch showed a newer version meanwhile: patch on that
             self.writes += 1
             self._known[run] = written
             if written.terminal:

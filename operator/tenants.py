@@ -7,6 +7,7 @@ What does not: queues, the ledger, status writes (``pump``, ``sweep``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
@@ -51,7 +52,8 @@ class ModelCache:
 
     Only models found are cached: a model that does not exist is asked for again next time,
     so a run applied together with its AgentModel (or just before it) is not refused for
-    the cache's lifetime.
+    the cache's lifetime. Callers asking for a model while it is being read wait for that
+    read (a burst of admissions reads it once, not once per run).
     """
 
     def __init__(
@@ -60,17 +62,26 @@ class ModelCache:
         """``api`` ``None`` (no API server) finds no model; ``clock`` is monotonic seconds."""
         self._api = api
         self._clock = clock
-        self._models: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._models: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._reading: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
 
     async def get(self, name: str) -> dict[str, Any] | None:
         """The AgentModel object or ``None`` if it does not exist; raises ``ApiException``."""
         if self._api is None:
             return None
         cached = self._models.get(name)
-        now = self._clock()
-        if cached is not None and cached[0] > now:
+        if cached is not None and cached[0] > self._clock():
             return cached[1]
-        model = await get_model(self._api, name)
+        reading = self._reading.get(name)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read(self._api, name))
+            self._reading[name] = reading
+            reading.add_done_callback(lambda _: self._reading.pop(name, None))
+        return await asyncio.shield(reading)
+
+    async def _read(self, api: client.ApiClient, name: str) -> dict[str, Any] | None:
+        now = self._clock()
+        model = await get_model(api, name)
         if model is None:
             self._models.pop(name, None)
         else:

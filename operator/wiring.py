@@ -23,6 +23,7 @@ Read this module to see how control flows: every collaborator is passed to a con
   their status and committed events (``Bus``), writes the table, posts Events.
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
   events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
+- ``ScheduleController`` creates the AgentRuns of CronAgentRuns on their schedules.
 
 Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
 ``start_parts``, after taking the leader Lease).
@@ -49,12 +50,14 @@ from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 
 from . import lifecycle, recorder
+from .cronstore import KubeCronStore
 from .dispatch import Dispatcher
 from .evals import EvalController
 from .orphans import OrphanWatch
 from .pump import PumpDeps, QueuePump
 from .queuestatus import QueueStatus
 from .recorder import EventRecorder
+from .schedules import ScheduleController
 from .settlement import QueueBoard, RunSettlement
 from .statuswriter import KubeStatusStore, StatusWriter
 from .sweep import LedgerSweep, SweepDeps
@@ -87,10 +90,11 @@ class Parts:
     events: EventRecorder
     toolservers: ToolServerRefresher
     evals: EvalController
-    tasks: tuple[asyncio.Task[None], ...]
+    schedules: ScheduleController
+    tasks: tuple[asyncio.Task[None], ...] = ()
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
     TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
-    AgentEval reconciles."""
+    AgentEval reconciles, CronAgentRun schedules."""
 
 
 @dataclasses.dataclass
@@ -185,7 +189,7 @@ def _build_parts(
         events=events,
         toolservers=ToolServerRefresher(api),
         evals=EvalController(api, runs=bus, events=events),
-        tasks=(),
+        schedules=ScheduleController(KubeCronStore(api), events=events),
     )
 
 
@@ -221,6 +225,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.events.run(), name="k8s-events"),
         asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
         asyncio.create_task(parts.evals.run(), name="agent-evals"),
+        asyncio.create_task(parts.schedules.run(), name="schedules"),
     )
 
 
@@ -233,6 +238,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.reaper.stop()
     parts.toolservers.stop()
     parts.evals.stop()
+    parts.schedules.stop()
     for task in parts.tasks:
         task.cancel()
     await parts.dispatcher.cancel_timers()

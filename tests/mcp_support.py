@@ -13,8 +13,17 @@ every behaviour the tests need, each in its own tool:
   content only): large and non-text results.
 - ``grow``: adds the tool ``extra`` to the server's list (a changing tool list).
 - ``count`` (a write): counts its calls per key in a file given by ``--count-file``, and echoes
-  the idempotency key it received in ``_meta``; ``count_slow`` counts at once and answers after
-  the given seconds (a window to kill a worker in).
+  the idempotency key it received in ``_meta`` (an ignored ``note`` makes a second argument);
+  ``count_slow`` counts at once and answers after the given seconds (a window to kill a worker
+  in).
+
+Every POST is recorded, one JSON line each (``--requests-file``): its JSON-RPC method, the
+``Mcp-Session-Id`` it carried and its ``Authorization`` header, so a test can count handshakes
+(``initialize``, ``server/discover``) and see which session and headers a call came with.
+``--era legacy`` makes the server answer like the servers of the handshake era (protocol
+2025-xx and before): the 2026 ``server/discover`` probe is refused as a request without a
+session, so clients fall back to ``initialize`` and get an ``Mcp-Session-Id`` — which a
+restarted server no longer knows (HTTP 404), the field failure pooled clients must survive.
 """
 
 from __future__ import annotations
@@ -35,9 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ImageContent, TextContent
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 HERE = Path(__file__).resolve()
 
@@ -98,8 +109,9 @@ def counters(count_file: str | None) -> tuple[Any, Any]:
             path.write_text(json.dumps(counts))
         return int(counts[key])
 
-    def count(key: str, ctx: Context) -> str:
-        """Count a call per key (a write)."""
+    def count(key: str, ctx: Context, note: str = "") -> str:
+        """Count a call per key (a write; ``note`` is ignored: a second argument whose order a
+        model may change)."""
         idem = (ctx.request_context.meta or {}).get("agentrun.dev/idempotencyKey")
         return f"{key}={bump(key)} key={idem}"
 
@@ -132,6 +144,56 @@ def build(count_file: str | None) -> MCPServer:
     return server
 
 
+class Recorder:
+    """ASGI middleware: records every POST (``requests_file``) and, for ``legacy``, refuses
+    requests of the 2026 protocol as a handshake-era server does."""
+
+    def __init__(self, app: Any, *, requests_file: str | None, legacy: bool) -> None:
+        self.app = app
+        self.requests_file = requests_file
+        self.legacy = legacy
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages: list[Any] = []
+        body = b""
+        while True:
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        try:
+            method = json.loads(body).get("method")
+        except (ValueError, AttributeError):
+            method = None
+        if self.requests_file:
+            line = {
+                "method": method,
+                "session": headers.get("mcp-session-id"),
+                "authorization": headers.get("authorization"),
+            }
+            with open(self.requests_file, "a") as out:
+                out.write(json.dumps(line) + "\n")
+        version = headers.get("mcp-protocol-version")
+        if self.legacy and version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            error = {"code": -32600, "message": "Bad Request: Missing session ID"}
+            reply = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+            start = {"type": "http.response.start", "status": 400}
+            start["headers"] = [(b"content-type", b"application/json")]
+            await send(start)
+            await send({"type": "http.response.body", "body": reply})
+            return
+
+        async def replay() -> Any:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as sock:
@@ -149,6 +211,9 @@ class McpProcess:
     count_file: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    era: str = "modern"
+    """``modern`` (the SDK's own: 2026 protocol, no sessions) or ``legacy`` (see above)."""
+    requests_file: Path | None = None
 
     @property
     def url(self) -> str:
@@ -157,9 +222,15 @@ class McpProcess:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def start(self, *, timeout: float = 20.0) -> None:
-        """Start the server and wait until it accepts connections."""
+        """Start the server and wait until it accepts connections (after the previous process,
+        if any — e.g. one that killed itself — has exited, so its listener is not mistaken for
+        the new one)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.wait(timeout)
         cmd = [sys.executable, str(HERE), "--port", str(self.port), "--transport", self.transport]
-        cmd += ["--count-file", str(self.count_file)]
+        cmd += ["--count-file", str(self.count_file), "--era", self.era]
+        if self.requests_file is not None:
+            cmd += ["--requests-file", str(self.requests_file)]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -195,11 +266,26 @@ class McpProcess:
         data: dict[str, int] = json.loads(self.count_file.read_text())
         return data
 
+    def requests(self) -> list[dict[str, Any]]:
+        """Every POST so far (across restarts): ``method``, ``session``, ``authorization``."""
+        if self.requests_file is None or not self.requests_file.exists():
+            return []
+        return [json.loads(line) for line in self.requests_file.read_text().splitlines()]
+
+    def handshakes(self) -> int:
+        """Sessions opened so far: ``initialize`` requests, or else ``server/discover`` probes
+        (a legacy server gets both from a client that probes first)."""
+        methods = [r["method"] for r in self.requests()]
+        return methods.count("initialize") or methods.count("server/discover")
+
 
 @contextlib.contextmanager
-def running(tmp: Path, *, transport: str = "streamable-http") -> Iterator[McpProcess]:
+def running(
+    tmp: Path, *, transport: str = "streamable-http", era: str = "modern"
+) -> Iterator[McpProcess]:
     """A started test server, stopped on exit."""
-    server = McpProcess(free_port(), transport, tmp / "counts.json", tmp / "mcp.log")
+    server = McpProcess(free_port(), transport, tmp / "counts.json", tmp / "mcp.log", era=era)
+    server.requests_file = tmp / "requests.jsonl"
     server.start()
     try:
         yield server
@@ -215,12 +301,13 @@ def main() -> None:
         "--transport", choices=["streamable-http", "sse"], default="streamable-http"
     )
     parser.add_argument("--count-file")
+    parser.add_argument("--requests-file")
+    parser.add_argument("--era", choices=["modern", "legacy"], default="modern")
     args = parser.parse_args()
     server = build(args.count_file)
-    if args.transport == "sse":
-        server.run("sse", host="127.0.0.1", port=args.port)
-    else:
-        server.run("streamable-http", host="127.0.0.1", port=args.port)
+    app = server.sse_app() if args.transport == "sse" else server.streamable_http_app()
+    recorded = Recorder(app, requests_file=args.requests_file, legacy=args.era == "legacy")
+    uvicorn.run(recorded, host="127.0.0.1", port=args.port, log_level="info")
 
 
 if __name__ == "__main__":

@@ -166,6 +166,7 @@ def instantiate(
     expr: str,
     *,
     tenant_regex: str = ".*",
+    namespace_regex: str = ".*",
     rate_interval: str = "1m",
     interval: str = "1m",
     time_range: str = "1h",
@@ -173,8 +174,9 @@ def instantiate(
 ) -> str:
     """``expr`` with Grafana's variables replaced, ready for a plain Prometheus.
 
-    Replaces ``$tenant`` / ``${tenant}`` with ``tenant_regex`` (a regular expression, as
-    Grafana's multi-value "All" gives: the dashboard sets ``allValue`` to ``.*``),
+    Replaces ``$tenant`` / ``${tenant}`` with ``tenant_regex`` and ``$namespace`` with
+    ``namespace_regex`` (regular expressions, as Grafana's "All" gives: the dashboard sets
+    ``allValue`` to ``.*``),
     ``$__rate_interval``, ``$__interval`` and ``$__range`` with the given durations, and any
     other ``$name`` / ``${name}`` from ``variables`` (e.g. `dashboard_constants`).
 
@@ -196,6 +198,7 @@ def instantiate(
             raise ValueError(f"{name}={value!r} is not a PromQL duration such as 1m or 1h30m")
     values = {
         "tenant": tenant_regex,
+        "namespace": namespace_regex,
         "__rate_interval": rate_interval,
         "__interval": interval,
         "__range": time_range,

@@ -133,6 +133,9 @@ class TurnConsumer:
             log.error("dropping a malformed TurnRequest: %s", err)
             await msg.term()
             return
+        published = msg.metadata.timestamp  # the stream's time of the (first) publication
+        if published is not None:
+            metrics.TURN_QUEUE_WAIT.observe(max(0.0, time.time() - published.timestamp()))
         beat = asyncio.create_task(self._heartbeat(msg, request.run_uid))
         metrics.IN_FLIGHT.inc()
         task = asyncio.current_task()

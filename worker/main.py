@@ -14,7 +14,7 @@ from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
-from agentrun.tools import default_catalog
+from agentrun.tools import default_catalog, sessions
 
 from .consumer import ConsumerSettings, TurnConsumer
 from .model import ModelClient
@@ -52,6 +52,8 @@ async def serve(config: WorkerSettings) -> None:
     try:
         await consumer.run()
     finally:
+        if deps.mcp_sessions is not None:  # each session closed by the task that opened it
+            await deps.mcp_sessions.aclose()
         await deps.model.close()
         await bus.close()
         with contextlib.suppress(Exception):
@@ -73,7 +75,8 @@ async def _kube_api() -> ApiClient | None:
 
 
 async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None) -> TurnDeps:
-    """What every turn uses: the model client, the tool catalog, Secrets, the effect ledger."""
+    """What every turn uses: the model client, the tool catalog, Secrets, the effect ledger,
+    the process's pool of reused MCP sessions."""
     secrets = KubeSecrets(api)
     return TurnDeps(
         model=ModelClient(),
@@ -88,6 +91,7 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
         kube=api,
         headers=secrets,
         effects=await EffectLedger.open(bus.js),
+        mcp_sessions=sessions.SessionPool(),
     )
 
 

@@ -36,6 +36,7 @@ import openai
 
 from agentrun import kernel
 from agentrun.kernel import ModelFault
+from agentrun.metrics import ModelErrorType
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -43,13 +44,62 @@ CHAT_COMPLETIONS = "/chat/completions"
 
 class ModelError(Exception):
     """The model could not give a response (permanent error, retries exhausted, or the run's
-    deadline passed); ``fault`` says which kind of failure it was."""
+    deadline passed); ``fault`` says which kind of failure it was (what the run ends as),
+    ``error_type`` why it failed (the ``error_type`` label of the model-call error metric)."""
 
     def __init__(
-        self, message: str, *, fault: kernel.ModelFault = kernel.ModelFault.UNAVAILABLE
+        self,
+        message: str,
+        *,
+        fault: kernel.ModelFault = kernel.ModelFault.UNAVAILABLE,
+        error_type: ModelErrorType = ModelErrorType.CONNECTION,
     ) -> None:
         super().__init__(message)
         self.fault = fault
+        self.error_type = error_type
+
+
+def status_error_type(status: int, *, fault: kernel.ModelFault) -> ModelErrorType:
+    """The ``error_type`` of a call the provider answered with HTTP ``status`` (an error)."""
+    if fault is ModelFault.FILTERED:
+        return ModelErrorType.FILTERED
+    if fault is ModelFault.WAIT_BEYOND_DEADLINE:
+        return ModelErrorType.DEADLINE
+    if status == 429:
+        return ModelErrorType.RATE_LIMITED
+    if status in (401, 403):
+        return ModelErrorType.AUTH
+    return ModelErrorType.SERVER_ERROR if status >= 500 else ModelErrorType.CLIENT_ERROR
+
+
+def _refused(err: openai.APIStatusError, *, api_key: str, deadline: float) -> ModelError:
+    """The ``ModelError`` of an error answer the client gave up on (or must not retry): the
+    verdict of `judge_error` when it rules, else ``HTTP <status>``; ``api_key`` redacted."""
+    verdict = _judge_response(err.response, deadline=deadline)
+    if verdict is not None:
+        message, fault = verdict.message, verdict.fault
+    else:
+        message, fault = f"HTTP {err.status_code}: {err.message}", ModelFault.UNAVAILABLE
+    return ModelError(
+        redact(message, api_key),
+        fault=fault,
+        error_type=status_error_type(err.status_code, fault=fault),
+    )
+
+
+def _unanswered(err: Exception) -> ModelError:
+    """The ``ModelError`` of a call that got no usable answer: a timeout of the client, no
+    connection, the run's deadline (``TimeoutError`` of its ``asyncio.timeout``), or a body
+    that is not JSON (``json.JSONDecodeError``)."""
+    if isinstance(err, openai.APITimeoutError):  # a subclass of APIConnectionError
+        return ModelError(f"{type(err).__name__}: {err}", error_type=ModelErrorType.TIMEOUT)
+    if isinstance(err, openai.APIConnectionError):
+        return ModelError(f"{type(err).__name__}: {err}", error_type=ModelErrorType.CONNECTION)
+    if isinstance(err, TimeoutError):
+        message = "the run's deadline passed while calling the model"
+        return ModelError(message, error_type=ModelErrorType.DEADLINE)
+    message = f"the model endpoint answered with a body that is not JSON: {err}"
+    return ModelError(message, error_type=ModelErrorType.INVALID_RESPONSE)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -270,7 +320,10 @@ class ModelClient:
             body["tools"] = list(request.tools)
         left = deadline - time.time()
         if left <= 0:
-            raise ModelError("the run's deadline passed before the model call")
+            raise ModelError(
+                "the run's deadline passed before the model call",
+                error_type=ModelErrorType.DEADLINE,
+            )
         token = _DEADLINE.set(deadline)
         try:
             async with asyncio.timeout(left):
@@ -281,22 +334,14 @@ class ModelClient:
         except openai.APIStatusError as err:
             # ``from None``: the client's error holds the provider's text, which may echo the
             # key; only the redacted message travels on (to status, Events, logs and spans)
-            verdict = _judge_response(err.response, deadline=deadline)
-            if verdict is not None:
-                message, fault = verdict.message, verdict.fault
-            else:
-                message, fault = f"HTTP {err.status_code}: {err.message}", ModelFault.UNAVAILABLE
-            raise ModelError(redact(message, request.api_key), fault=fault) from None
-        except (openai.APITimeoutError, openai.APIConnectionError) as err:
-            raise ModelError(f"{type(err).__name__}: {err}") from err
-        except TimeoutError as err:
-            raise ModelError("the run's deadline passed while calling the model") from err
-        except json.JSONDecodeError as err:
-            raise ModelError(
-                f"the model endpoint answered with a body that is not JSON: {err}"
-            ) from err
+            raise _refused(err, api_key=request.api_key, deadline=deadline) from None
+        except (openai.APIConnectionError, TimeoutError, json.JSONDecodeError) as err:
+            raise _unanswered(err) from err
         finally:
             _DEADLINE.reset(token)
         if not isinstance(answer, dict):
-            raise ModelError("the model endpoint answered with JSON that is not an object")
+            raise ModelError(
+                "the model endpoint answered with JSON that is not an object",
+                error_type=ModelErrorType.INVALID_RESPONSE,
+            )
         return answer

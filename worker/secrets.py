@@ -11,6 +11,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kernel, kube
+from agentrun.metrics import ModelErrorType
 from agentrun.protocol import SecretRef
 from agentrun.tools import ToolError
 
@@ -43,18 +44,26 @@ class KubeSecrets:
             return hit[1]
         where = f"Secret {ref.namespace}/{ref.name} key {ref.key!r}"
         if self.core is None:
-            raise ModelError(f"cannot read {where}: the worker has no Kubernetes access")
+            raise ModelError(
+                f"cannot read {where}: the worker has no Kubernetes access",
+                error_type=ModelErrorType.CREDENTIALS,
+            )
         try:
             secret = await self.core.read_namespaced_secret(ref.name, ref.namespace)
         except ApiException as err:
             if err.status in TRANSIENT_STATUSES:
                 raise SecretUnavailable(f"{where}: HTTP {err.status} {err.reason}") from err
-            raise ModelError(f"cannot read {where}: HTTP {err.status} {err.reason}") from err
+            raise ModelError(
+                f"cannot read {where}: HTTP {err.status} {err.reason}",
+                error_type=ModelErrorType.CREDENTIALS,
+            ) from err
         except (aiohttp.ClientError, TimeoutError) as err:
             raise SecretUnavailable(f"{where}: {err!r}") from err
         data = (secret.data or {}).get(ref.key)
         if data is None:
-            raise ModelError(f"{where} does not exist in the Secret")
+            raise ModelError(
+                f"{where} does not exist in the Secret", error_type=ModelErrorType.CREDENTIALS
+            )
         value = base64.b64decode(data).decode().strip()
         self._cache[ref] = (now, value)
         return value

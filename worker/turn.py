@@ -67,13 +67,15 @@ class TurnDeps:
     """The OpenAI ``tools`` list per tool set, built once."""
     headers: HeaderSecrets | None = None
     """Where MCP tool servers' ``headersFrom`` Secrets are read (``None``: such calls fail)."""
-    remote_schemas: dict[tuple[str, str], kernel.ToolSchema] = dataclasses.field(
+    remote_schemas: dict[tuple[str, str, str], kernel.ToolSchema] = dataclasses.field(
         default_factory=dict
     )
-    """Compiled schemas of MCP tools, by (function name, schema JSON): a server may change a
-    tool's schema between runs."""
+    """Compiled schemas of MCP tools, by (function name, effect, schema JSON): a server may
+    change a tool's schema between runs, and an admin its effect class."""
     effects: EffectLedger | None = None
     """Where write and idempotent calls are recorded (``None``: nowhere; tests)."""
+    mcp_sessions: remote.SessionPool | None = None
+    """The process's reused MCP sessions (``None``: each MCP call opens its own)."""
 
     def tools_param(self, names: tuple[str, ...]) -> list[dict[str, Any]]:
         """The OpenAI ``tools`` request parameter for ``names`` (cached)."""
@@ -85,26 +87,26 @@ class TurnDeps:
 
     def remote_schema(self, tool: RemoteTool) -> kernel.ToolSchema:
         """The compiled schema of an admitted MCP tool (cached by its schema)."""
-        key = (tool.name, json.dumps(tool.parameters, sort_keys=True, default=str))
+        key = (tool.name, tool.effect, json.dumps(tool.parameters, sort_keys=True, default=str))
         compiled = self.remote_schemas.get(key)
         if compiled is None:
-            compiled = kernel.ToolSchema(tool.name, tool.parameters, False)
+            compiled = kernel.ToolSchema(tool.name, tool.parameters, False, tool.effect)
             self.remote_schemas[key] = compiled
         return compiled
 
     def run_tools(self, config: RunConfig) -> dict[str, Tool]:
         """The tools ``config`` may call by function name: its built-in catalog tools
         (``http_get`` with the run's URL rules) and its MCP tools (calls of which read their
-        headers Secret from ``headers``)."""
+        headers Secret from ``headers`` and go through ``mcp_sessions``)."""
         tools: dict[str, Tool] = {n: self.catalog[n] for n in config.tools if n in self.catalog}
         if http_get.SPEC.name in tools:  # with the URLs the run's tenant allows
             tools[http_get.SPEC.name] = http_get.HttpGet(config.url_rules)
+        pool = self.mcp_sessions
         for remote_tool in config.remote_tools:
-            source = None
-            secret = remote_tool.headers_secret
+            secret, source = remote_tool.headers_secret, None
             if secret is not None:
                 source = functools.partial(_headers, self.headers, config.namespace, secret)
-            tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source)
+            tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source, pool=pool)
         return tools
 
     def schema(self, name: str) -> kernel.ToolSchema:
@@ -112,17 +114,15 @@ class TurnDeps:
         compiled = self.schemas.get(name)
         if compiled is None:
             spec = self.catalog[name].spec
-            compiled = kernel.ToolSchema(spec.name, spec.parameters, spec.pollable)
+            compiled = kernel.ToolSchema(spec.name, spec.parameters, spec.pollable, spec.effect)
             self.schemas[name] = compiled
         return compiled
 
 
 async def _headers(source: HeaderSecrets | None, namespace: str, name: str) -> Mapping[str, str]:
     if source is None:
-        raise ToolError(
-            f"cannot read Secret {namespace}/{name}: this worker reads no Secrets",
-            fault=kernel.ToolFault.TRANSPORT,
-        )
+        why = f"cannot read Secret {namespace}/{name}: this worker reads no Secrets"
+        raise ToolError(why, fault=kernel.ToolFault.TRANSPORT)
     return await source.headers(namespace, name)
 
 
@@ -319,7 +319,7 @@ async def _call_model(
             request = await _chat_request(deps, config, call, tools)
             response = await deps.model.complete(request, deadline=config.deadline)
         except ModelError as err:
-            _record_failure(span, err, model=model, started=started)
+            _record_failure(span, err, config=config, start=started)
             raise
         usage = kernel.read_usage(
             response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
@@ -330,9 +330,7 @@ async def _call_model(
         span.set_attribute("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens)
         if isinstance(response.get("id"), str):
             span.set_attribute("gen_ai.response.id", response["id"])
-        metrics.record_model_call(
-            model=model, seconds=time.perf_counter() - started, usage=usage, error_type=None
-        )
+        metrics.record_model_call(config, seconds=time.perf_counter() - started, usage=usage)
         return response, usage
 
 
@@ -363,15 +361,16 @@ async def _chat_request(
     )
 
 
-def _record_failure(span: trace.Span, err: ModelError, *, model: str, started: float) -> None:
-    """A failed call on its span (``error.type``, status) and in the client metrics."""
+def _record_failure(span: trace.Span, err: ModelError, *, config: RunConfig, start: float) -> None:
+    """A failed call on its span (``error.type``, status) and in the model-call metrics."""
     span.set_attribute("error.type", type(err).__name__)
     span.set_status(trace.Status(trace.StatusCode.ERROR, str(err)[:200]))
     metrics.record_model_call(
-        model=model,
-        seconds=time.perf_counter() - started,
+        config,
+        seconds=time.perf_counter() - start,
         usage=None,
-        error_type=type(err).__name__,
+        error_type=err.error_type,
+        error_class=type(err).__name__,
     )
 
 

@@ -9,7 +9,14 @@ worker and the operator call these functions; nothing else decides a phase. A te
 (tests/kernel/test_purity.py) keeps this package free of I/O imports.
 """
 
-from agentrun.kernel.approval import DENIED, HeldCall, PendingBatch, digest_of, held_calls
+from agentrun.kernel.approval import (
+    DENIED,
+    HeldCall,
+    HoldReason,
+    PendingBatch,
+    digest_of,
+    held_calls,
+)
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import (
     Decision,
@@ -29,7 +36,6 @@ from agentrun.kernel.loop import (
     resolve_approval,
     state_from_summary,
     stop,
-    summary_request,
 )
 from agentrun.kernel.plan import (
     CallModel,
@@ -67,6 +73,7 @@ from agentrun.kernel.terminal import (
     TerminalReason,
     conclude,
 )
+from agentrun.kernel.transcript import summary_request
 from agentrun.kernel.usage import Usage, estimate_tokens, prompt_token_bound, read_usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 
@@ -81,6 +88,7 @@ __all__ = [
     "Final",
     "Gate",
     "HeldCall",
+    "HoldReason",
     "InvalidCall",
     "Limits",
     "Malformed",

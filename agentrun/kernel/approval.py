@@ -7,11 +7,16 @@ call at a time, naming its digest (a SHA-256 of the canonical tool name and argu
 approval cannot be replayed onto different arguments. When every held call is decided, a
 ``resume`` turn runs the approved ones, answers the denied ones with a "denied by reviewer"
 error, and appends the whole batch in call order. A denial never becomes permission.
+
+The same pending batch carries the calls of a batch with effects (``Answered.deferred``): they
+are committed with the decision, need nobody (``HoldReason.EFFECT``, approved from the start),
+and run in the resume turn together with any approved held calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 from collections.abc import Mapping
@@ -34,16 +39,27 @@ def digest_of(name: str, arguments: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+class HoldReason(enum.StrEnum):
+    """Why a committed call has not run yet."""
+
+    APPROVAL = "approval"
+    """Its tool is listed in ``spec.approval.tools``: a person decides it."""
+    EFFECT = "effect"
+    """Its batch holds a write or idempotent call: the decision is committed before any of the
+    batch runs, and the next turn runs it (no person involved)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class HeldCall:
-    """One call waiting for a person."""
+    """One committed call that has not run yet: waiting for a person, or for its resume turn."""
 
     id: str
     name: str
     arguments: Mapping[str, Any]
     digest: str
     approved: bool | None = None
-    """``None`` until decided."""
+    """``None`` until decided (always ``True`` for ``HoldReason.EFFECT``)."""
+    reason: HoldReason = HoldReason.APPROVAL
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -67,13 +83,34 @@ def held_calls(
 
 
 def pending_of(record: Answered) -> PendingBatch:
-    """The pending batch a held turn creates."""
-    by_id = {c.id: c for c in record.calls if isinstance(c, CheckedCall)}
-    held = tuple(
-        HeldCall(i, by_id[i].name, by_id[i].arguments, digest_of(by_id[i].name, by_id[i].arguments))
-        for i in record.held
+    """The pending batch a held or deferred turn creates: its held and deferred calls, in
+    call order (deferred ones approved from the start)."""
+    held, deferred = set(record.held), set(record.deferred)
+    calls = (
+        HeldCall(c.id, c.name, c.arguments, digest_of(c.name, c.arguments))
+        if c.id in held
+        else HeldCall(
+            c.id, c.name, c.arguments, digest_of(c.name, c.arguments), True, HoldReason.EFFECT
+        )
+        for c in record.calls
+        if isinstance(c, CheckedCall) and (c.id in held or c.id in deferred)
     )
-    return PendingBatch(record, held)
+    return PendingBatch(record, tuple(calls))
+
+
+def deferred_calls(
+    calls: tuple[CheckedCall | InvalidCall, ...],
+    *,
+    held: tuple[str, ...],
+    effects: Mapping[str, str],
+) -> tuple[str, ...]:
+    """Ids of the valid calls not ``held`` to commit before they run: all of them, in call
+    order, when one of them is a ``write`` or ``idempotent`` call (``effects``: tool name →
+    effect class; a tool not in it is ``read``), else none."""
+    rest = [c for c in calls if isinstance(c, CheckedCall) and c.id not in held]
+    if any(effects.get(c.name, "read") != "read" for c in rest):
+        return tuple(c.id for c in rest)
+    return ()
 
 
 def decide(pending: PendingBatch, *, digest: str, approved: bool) -> PendingBatch:

@@ -7,103 +7,15 @@ state here. Ending a run is a value (a terminal ``Phase``), never an exception.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from typing import assert_never
 
-from agentrun.kernel import approval, faults, output, records
-from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause, Refusal, ToolCalls
+from agentrun.kernel import approval, faults, output, records, transcript
+from agentrun.kernel.decision import Final, Malformed, Refusal
 from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.limits import Limits, OnExhausted
 from agentrun.kernel.state import Message, RunState, RunSummary
 from agentrun.kernel.terminal import Phase
-from agentrun.kernel.validate import CheckedCall, InvalidCall, stored_arguments
-
-SIGNATURE_CLIP = 512
-"""Characters of a result that count toward its no-progress signature."""
-
-
-def _assistant_message(record: records.Answered) -> Message | None:
-    decision = record.decision
-    if isinstance(decision, Final):
-        return {"role": "assistant", "content": decision.content}
-    if isinstance(decision, ToolCalls):
-        return {
-            "role": "assistant",
-            "content": decision.content,
-            "tool_calls": [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": stored_arguments(call)},
-                }
-                for call in record.calls
-            ],
-        }
-    return None
-
-
-def _tool_message(result: records.ToolResult) -> Message:
-    content = records.ERROR_PREFIX + result.content if result.is_error else result.content
-    return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
-
-
-def correction_for(decision: Decision) -> str | None:
-    """The corrective user message a malformed decision earns, or ``None``.
-
-    Invalid tool calls are corrected by their own error results, so they need no extra message.
-    """
-    if isinstance(decision, Malformed):
-        hint = {
-            MalformedCause.TRUNCATED: "Your reply was cut off by the output token limit. "
-            "Be shorter: make fewer or smaller tool calls, or give a concise answer.",
-            MalformedCause.EMPTY_TOOL_CALLS: "Your reply said it calls tools but held no tool "
-            "calls. Call a tool with valid arguments, or give your final answer.",
-        }.get(decision.cause, "Your reply was empty. Call a tool, or give your final answer.")
-        return f"[agentrun] {decision.detail}. {hint}"
-    return None
-
-
-def summary_request(cap: Phase) -> Message:
-    """The user message of the tool-free summary call made at a budget cap."""
-    return {
-        "role": "user",
-        "content": f"[agentrun] The run has reached its budget ({cap.value}) and cannot call "
-        "tools any more. Summarize what you found so far and what remains open, in a few "
-        "sentences.",
-    }
-
-
-def _nudge(window: int) -> str:
-    return (
-        f"[agentrun] Your last {window} turns produced tool results you had already seen: "
-        "you are not making progress. Try a different approach, or give your final answer."
-    )
-
-
-def turn_signature(record: records.Answered, pollable: frozenset[str]) -> str | None:
-    """The multiset of (tool, ok/error, clipped result) of the calls a turn ran, hashed.
-
-    ``None`` when the turn ran no non-pollable tool (such a turn is never stale). Keyed on
-    results, not arguments: calls that vary their arguments but learn nothing new are stale
-    ; pollable tools are exempt.
-    """
-    items = sorted(
-        f"{r.name}\x1f{'err' if r.is_error else 'ok'}\x1f{r.content[:SIGNATURE_CLIP]}"
-        for r in _ran_results(record)
-        if r.name not in pollable
-    )
-    if not items:
-        return None
-    return hashlib.sha256("\x1e".join(items).encode()).hexdigest()[:24]
-
-
-def _ran_results(record: records.Answered) -> list[records.ToolResult]:
-    """Results of the valid calls that actually ran (not invalid, held or gated ones)."""
-    if record.stopped is not None:
-        return []
-    valid = {c.id for c in record.calls if isinstance(c, CheckedCall)} - set(record.held)
-    return [r for r in record.results if r.tool_call_id in valid]
+from agentrun.kernel.validate import InvalidCall
 
 
 def _unavailable(state: RunState, results: list[records.ToolResult]) -> dict[str, int]:
@@ -138,7 +50,7 @@ def _decide(
     """The phase after an answered turn: exactly one decision per turn, caps checked last."""
     if record.stopped is not None:
         return record.stopped.phase, record.stopped.message
-    unknown = [r for r in _ran_results(record) if r.fault is ToolFault.EFFECT_UNKNOWN]
+    unknown = [r for r in transcript.ran_results(record) if r.fault is ToolFault.EFFECT_UNKNOWN]
     if unknown:
         return Phase.EFFECT_UNKNOWN, unknown[0].content
     decision = record.decision
@@ -155,6 +67,12 @@ def _decide(
         return Phase.INVALID_DECISION, (
             f"{state.malformed_streak} malformed turns in a row (limit {limits.malformed_limit})"
         )
+    return _decide_after_tools(state, limits, turn=record.turn)
+
+
+def _decide_after_tools(state: RunState, limits: Limits, *, turn: int) -> tuple[Phase, str]:
+    """The phase once a turn's tools ran (the tail of ``_decide``, also used after the calls
+    of a batch with effects ran in their resume turn): unavailable tools, no progress, caps."""
     unavailable = _unavailable_tool(state, limits)
     if unavailable is not None:
         return Phase.TOOL_UNAVAILABLE, (
@@ -175,7 +93,19 @@ def _decide(
         return Phase.TOKEN_BUDGET_EXHAUSTED, f"maxTokens {limits.max_tokens} used"
     if limits.max_cost_usd is not None and state.usage.cost_usd >= limits.max_cost_usd:
         return Phase.COST_BUDGET_EXHAUSTED, f"maxCostUSD {limits.max_cost_usd} spent"
-    return Phase.RUNNING, f"turn {record.turn} committed"
+    return Phase.RUNNING, f"turn {turn} committed"
+
+
+_AFTER_TOOLS = CAPS | {Phase.INVALID_DECISION, Phase.TOOL_UNAVAILABLE, Phase.NO_PROGRESS}
+"""The endings a turn's tool results can lead to: a turn with deferred calls leaves them to
+its resume turn (the calls run first, then the run may end so)."""
+
+
+def _deferred_message(record: records.Answered) -> str:
+    """``.status.message`` while a batch with effects waits for its resume turn."""
+    names = {c.id: c.name for c in record.calls}
+    calls = ", ".join(f"{names[i]} ({i})" for i in record.deferred)
+    return f"turn {record.turn} committed the model's decision; its calls run next: {calls}"
 
 
 def _settle_phase(after: RunState, ending: records.Ending, limits: Limits) -> RunState:
@@ -206,7 +136,7 @@ def advance(state: RunState, record: records.TurnRecord, limits: Limits) -> RunS
         case records.Summarized():
             return _advance_summary(state, record)
         case records.Resumed():
-            return _advance_resume(state, record)
+            return _advance_resume(state, record, limits)
         case records.Stopped():
             return _advance_stopped(state, record.ending, limits)
         case records.ModelFailed():
@@ -221,23 +151,6 @@ def _advance_stopped(state: RunState, ending: records.Ending, limits: Limits) ->
     return _settle_phase(after, ending, limits)
 
 
-def _correction_notes(
-    decision: Decision, output_error: str | None, *, nudged: bool, limits: Limits
-) -> tuple[Message, ...]:
-    """The user messages that correct the model after this turn: a malformed decision, an
-    answer that misses the output schema, the no-progress nudge (none for a clean turn)."""
-    corrections = [correction_for(decision)]
-    if output_error is not None:
-        corrections.append(
-            f"[agentrun] Your final answer does not meet the required output schema: "
-            f"{output_error}. Reply with only a JSON document valid against: "
-            f"{json.dumps(limits.output_schema, separators=(',', ':'), sort_keys=True)}"
-        )
-    if nudged:
-        corrections.append(_nudge(limits.no_progress_window))
-    return tuple({"role": "user", "content": c} for c in corrections if c is not None)
-
-
 def _advance_answered(state: RunState, record: records.Answered, limits: Limits) -> RunState:
     decision = record.decision
     malformed = isinstance(decision, Malformed) or any(
@@ -248,17 +161,18 @@ def _advance_answered(state: RunState, record: records.Answered, limits: Limits)
         if isinstance(decision, Final) and limits.output_schema is not None
         else None
     )
-    signature = turn_signature(record, limits.pollable)
+    signature = transcript.turn_signature(record, limits.pollable)
     stale = signature is not None and signature in state.signatures
     stale_streak = (
         state.stale_streak + 1 if stale else (0 if signature is not None else state.stale_streak)
     )
     nudged = stale and stale_streak == limits.no_progress_window
-    notes = _correction_notes(decision, output_error, nudged=nudged, limits=limits)
-    ran = _ran_results(record)
+    notes = transcript.correction_notes(decision, output_error, nudged=nudged, limits=limits)
+    ran = transcript.ran_results(record)
+    pending = record.held or record.deferred
     after = dataclasses.replace(
         state,
-        messages=state.messages + (() if record.held else _messages_of(record)) + notes,
+        messages=state.messages + (() if pending else transcript.messages_of(record)) + notes,
         turn=state.turn + 1,
         steps=state.steps + 1,
         tool_calls=state.tool_calls + len(ran),
@@ -272,14 +186,17 @@ def _advance_answered(state: RunState, record: records.Answered, limits: Limits)
         stale_streak=stale_streak,
         unavailable=_unavailable(state, ran),
         output_failures=state.output_failures + (1 if output_error else 0),
-        pending=approval.pending_of(record) if record.held else None,
+        pending=approval.pending_of(record) if pending else None,
     )
     phase, message = _decide(after, record, limits, _Turn(malformed, output_error))
+    if record.deferred and (phase is Phase.RUNNING or phase in _AFTER_TOOLS):
+        # the deferred calls run first: what they show is decided in their resume turn
+        phase, message = Phase.RUNNING, _deferred_message(record)
     if phase is Phase.RUNNING and after.pending is not None:
         waiting = after.pending.next_undecided
-        assert waiting is not None
-        phase = Phase.AWAITING_APPROVAL
-        message = f"waiting for approval of {waiting.name} ({waiting.id})"
+        if waiting is not None:
+            phase = Phase.AWAITING_APPROVAL
+            message = f"waiting for approval of {waiting.name} ({waiting.id})"
     return _settle_phase(after, records.Ending(phase, message), limits)
 
 
@@ -289,7 +206,7 @@ def _advance_summary(state: RunState, record: records.Summarized) -> RunState:
         raise ValueError(f"turn {record.turn} is a summary, but no cap is pending")
     decision = record.decision
     answer = decision.content if isinstance(decision, Final) else None
-    messages: tuple[Message, ...] = (summary_request(state.pending_cap),)
+    messages: tuple[Message, ...] = (transcript.summary_request(state.pending_cap),)
     if answer is not None:
         messages += ({"role": "assistant", "content": answer},)
     return dataclasses.replace(
@@ -305,33 +222,71 @@ def _advance_summary(state: RunState, record: records.Summarized) -> RunState:
     )
 
 
-def _advance_resume(state: RunState, record: records.Resumed) -> RunState:
-    """Fold the turn that settled a held batch: the batch enters history whole, in call order."""
+def _advance_resume(state: RunState, record: records.Resumed, limits: Limits) -> RunState:
+    """Fold the turn that settled a pending batch: the batch enters history whole, in call
+    order. After a batch with effects ran, the phase is decided as after any tool batch (no
+    progress, unavailable tools, caps); after an approval alone the run goes on."""
     pending = state.pending
     if pending is None or pending.next_undecided is not None:
-        raise ValueError(f"turn {record.turn} resumes, but no decided approval is pending")
+        raise ValueError(f"turn {record.turn} resumes, but no decided batch is pending")
     held = pending.record
     by_id = {r.tool_call_id: r for r in (*held.results, *record.results)}
-    assistant = _assistant_message(held)
+    assistant = transcript.assistant_message(held)
     assert assistant is not None
     approved = {h.id for h in pending.held if h.approved}
-    ran = [r for r in record.results if r.tool_call_id in approved]
-    stopped = record.stopped
-    unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
-    if stopped is None and unknown is not None:
-        stopped = records.Ending(Phase.EFFECT_UNKNOWN, unknown.content)
-    return dataclasses.replace(
+    ran = [] if record.stopped else [r for r in record.results if r.tool_call_id in approved]
+    signature = transcript.signature(ran, limits.pollable) if held.deferred else None
+    stale = signature is not None and signature in state.signatures
+    stale_streak = state.stale_streak + 1 if stale else (0 if signature else state.stale_streak)
+    nudged = stale and stale_streak == limits.no_progress_window
+    after = dataclasses.replace(
         state,
-        messages=(*state.messages, assistant, *(_tool_message(by_id[c.id]) for c in held.calls)),
+        messages=(
+            *state.messages,
+            assistant,
+            *(transcript.tool_message(by_id[c.id]) for c in held.calls),
+            *transcript.correction_notes(held.decision, None, nudged=nudged, limits=limits),
+        ),
         turn=state.turn + 1,
-        tool_calls=state.tool_calls + (0 if record.stopped else len(ran)),
+        tool_calls=state.tool_calls + len(ran),
         tool_failures=state.tool_failures + sum(r.is_error for r in record.results),
+        corrections=state.corrections + (1 if nudged else 0),
         unavailable=_unavailable(state, ran),
         call_ids=state.call_ids | {c.id for c in held.calls},
+        signatures=state.signatures | {signature} if signature is not None else state.signatures,
+        stale_streak=stale_streak,
         pending=None,
-        phase=stopped.phase if stopped else Phase.RUNNING,
-        message=stopped.message if stopped else "approved calls settled",
     )
+    return _settle_resumed(after, record, limits, ran=ran, effects=bool(held.deferred))
+
+
+def _settle_resumed(
+    after: RunState,
+    record: records.Resumed,
+    limits: Limits,
+    *,
+    ran: list[records.ToolResult],
+    effects: bool,
+) -> RunState:
+    """The phase after a resume turn: its gate's ending, an effect left unknown, then — only
+    for a batch with effects, whose decision turn left this to it — a malformed streak and
+    what any tool batch can end in; an approval alone lets the run go on."""
+    unknown = next((r for r in ran if r.fault is ToolFault.EFFECT_UNKNOWN), None)
+    stopped = record.stopped
+    if stopped is None and unknown is not None:
+        stopped = records.Ending(Phase.EFFECT_UNKNOWN, unknown.content)
+    if stopped is not None:
+        return dataclasses.replace(after, phase=stopped.phase, message=stopped.message)
+    if not effects:
+        return dataclasses.replace(after, phase=Phase.RUNNING, message="approved calls settled")
+    if after.malformed_streak >= limits.malformed_limit:
+        message = f"{after.malformed_streak} malformed turns in a row"
+        ending = records.Ending(
+            Phase.INVALID_DECISION, f"{message} (limit {limits.malformed_limit})"
+        )
+    else:
+        ending = records.Ending(*_decide_after_tools(after, limits, turn=record.turn))
+    return _settle_phase(after, ending, limits)
 
 
 def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunState:
@@ -354,15 +309,6 @@ def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunStat
     return dataclasses.replace(
         state, pending=pending, phase=Phase.RUNNING, message=f"{verdict} by reviewer"
     )
-
-
-def _messages_of(record: records.Answered) -> tuple[Message, ...]:
-    out: list[Message] = []
-    assistant = _assistant_message(record)
-    if assistant is not None:
-        out.append(assistant)
-    out.extend(_tool_message(r) for r in record.results)
-    return tuple(out)
 
 
 def stop(state: RunState, phase: Phase, message: str) -> RunState:

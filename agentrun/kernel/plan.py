@@ -3,11 +3,14 @@
 A turn is planned in two pure steps around the model call:
 
 1. ``plan_turn`` before it: stop the run (``EndRun``: a tool this worker lacks, a budget
-   gate), settle a decided approval (``ResumeHeld``), or call the model (``CallModel``: the
+   gate), settle a committed batch's pending calls (``ResumeHeld``: a decided approval, or
+   the calls of a batch with effects, deferred when their decision was committed), or call
+   the model (``CallModel``: the
    fitted prompt, its estimate, the output allowance, and whether it is the tool-free summary
    at a cap).
-2. ``plan_answer`` after it: the turn's record, or the tool batch to run (``RunTools``) whose
-   ``finish`` makes the record from the batch's results.
+2. ``plan_answer`` after it: the turn's record (a batch with write or idempotent calls is
+   committed as a record with its calls deferred, before any of them runs), or the tool batch
+   to run (``RunTools``) whose ``finish`` makes the record from the batch's results.
 
 The ends a worker meets in between are records made here too: ``refused_by_tenant`` (the
 tenant's ledger did not fit the call) and ``model_failed`` (the model errored, or the run's
@@ -27,9 +30,9 @@ from agentrun.kernel.decision import Decision, ToolCalls
 from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.gates import admit_model_call, admit_tool_batch
 from agentrun.kernel.limits import Limits, Pricing
-from agentrun.kernel.loop import summary_request
 from agentrun.kernel.state import Message, RunState
 from agentrun.kernel.terminal import Phase
+from agentrun.kernel.transcript import summary_request
 from agentrun.kernel.usage import Usage
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 
@@ -67,11 +70,13 @@ class CallModel:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ResumeHeld:
-    """Settle a decided approval: run ``approved`` (unless ``stopped``), deny the rest."""
+    """Settle a committed batch's pending calls: run ``approved`` (unless ``stopped``), deny
+    the rest. The calls are the held calls of a decided approval and the deferred calls of a
+    batch with effects, under the ids committed with their decision."""
 
     state: RunState
     approved: tuple[CheckedCall, ...]
-    """The approved held calls, in call order."""
+    """The approved held calls and the deferred calls, in call order."""
     stopped: records.Ending | None
     """The approved calls do not fit a budget: none runs, and the run ends so."""
 
@@ -224,7 +229,12 @@ def plan_answer(
 
     Tool calls are validated against ``tools`` (the compiled schemas of the run's tools),
     approval tools' calls are held, and the rest is gated by ``admit_tool_batch``; a batch that
-    does not fit ends the run with "not run" results for each call.
+    does not fit ends the run with "not run" results for each call. A batch holding a
+    ``write`` or ``idempotent`` call runs nothing in this turn but its invalid calls: the
+    record (decision, usage, every call id) is committed with the valid calls ``deferred``,
+    and the next turn runs them (``ResumeHeld``) under those committed ids — the effect
+    ledger's keys — so the model is never asked again for a decision that may have had
+    effects. A batch of ``read`` calls runs in this turn, with no extra commit.
     """
     decision, usage = answer
     if call.summary:
@@ -233,12 +243,17 @@ def plan_answer(
         return records.Answered(call.turn, decision, usage)
     calls = check_calls(decision.calls, turn=call.turn, tools=tools, used_ids=state.call_ids)
     held = approval.held_calls(calls, limits.approval_tools)
-    runnable = tuple(c for c in calls if c.id not in held)
-    valid = sum(isinstance(c, CheckedCall) for c in runnable)
+    valid = sum(isinstance(c, CheckedCall) and c.id not in held for c in calls)
     gate = admit_tool_batch(state, limits, calls=valid, now=clock.now, deadline=clock.deadline)
     if gate.phase is not None:
         ending = records.Ending(gate.phase, gate.message)
         return records.Answered(
             call.turn, decision, usage, calls, not_run(calls, gate.message), (), ending
         )
-    return RunTools(records.Answered(call.turn, decision, usage, calls=calls, held=held), runnable)
+    effects = {name: schema.effect for name, schema in tools.items()}
+    deferred = approval.deferred_calls(calls, held=held, effects=effects)
+    runnable = tuple(c for c in calls if c.id not in held and c.id not in deferred)
+    record = records.Answered(call.turn, decision, usage, calls=calls, held=held, deferred=deferred)
+    if deferred and not runnable:
+        return record  # commit the decision first: its calls run next turn (``ResumeHeld``)
+    return RunTools(record, runnable)

@@ -3,8 +3,9 @@
 A turn record is a tagged union, one class per way a turn can go (the Agents SDK's
 ``NextStep*`` habit): the run stopped before the model call (``Stopped``), the model call
 failed (``ModelFailed``), the model answered (``Answered``: a decision, maybe tool calls and
-their results), the tool-free summary at a cap (``Summarized``), or the held calls of an
-approval were settled (``Resumed``). Plain frozen data shared by the kernel's modules; no logic
+their results, or its calls pending: held for a person or deferred because the batch has
+effects), the tool-free summary at a cap (``Summarized``), or a committed batch's pending calls
+were settled (``Resumed``). Plain frozen data shared by the kernel's modules; no logic
 beyond construction.
 """
 
@@ -96,6 +97,12 @@ class Answered:
     stopped: Ending | None = None
     """The tool batch did not fit a budget: none of it ran (every call has a "not run" error
     result) and the run ends so."""
+    deferred: tuple[str, ...] = ()
+    """Ids of the valid calls committed with the decision before they run, because the batch
+    holds a ``write`` or ``idempotent`` call: not run, no result yet; the next turn runs them
+    (``Resumed``) under these committed ids, so a turn run again never asks the model for a new
+    decision (with new call ids) after an effect may have happened. ``results`` then covers
+    only the invalid calls (and ``held`` the calls that also wait for a person)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,11 +119,12 @@ class Summarized:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Resumed:
-    """The turn that settled the held calls of a decided approval (ran or denied them)."""
+    """The turn that settled a committed batch's pending calls: the held calls of a decided
+    approval (ran or denied them) and the deferred calls of a batch with effects (ran them)."""
 
     turn: int
     results: tuple[ToolResult, ...]
-    """One result per held call, in call order (denied ones say so)."""
+    """One result per pending call (held or deferred), in call order (denied ones say so)."""
     stopped: Ending | None = None
     """The approved calls did not fit a budget: none ran, and the run ends so."""
 

@@ -30,6 +30,9 @@ class ToolSchema:
     """JSON Schema (draft 2020-12) of the arguments object."""
     pollable: bool = False
     """Calls that legitimately repeat (status polls) are exempt from the no-progress breaker."""
+    effect: str = "read"
+    """``read``, ``idempotent`` or ``write``: a batch holding an ``idempotent`` or ``write`` call
+    is committed with the decision before any of its calls runs (``plan.plan_answer``)."""
     validator: jsonschema.protocols.Validator = dataclasses.field(init=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -201,7 +201,7 @@ def record_as_dict(record: kernel.TurnRecord) -> dict[str, Any]:
             return {"kind": "stopped", "turn": turn, "ending": _ending_as_dict(ending)}
         case kernel.ModelFailed(turn, error):
             return {"kind": "model_failed", "turn": turn, "error": error}
-        case kernel.Answered(turn, decision, usage, calls, results, held, stopped):
+        case kernel.Answered(turn, decision, usage, calls, results, held, stopped, deferred):
             return {
                 "kind": "answered",
                 "turn": turn,
@@ -211,6 +211,7 @@ def record_as_dict(record: kernel.TurnRecord) -> dict[str, Any]:
                 "results": _results_as_list(results),
                 "held": list(held),
                 "stopped": _ending_as_dict(stopped),
+                "deferred": list(deferred),
             }
         case kernel.Summarized(turn, decision, usage, error):
             return {
@@ -253,6 +254,7 @@ def record_from_dict(data: Mapping[str, Any]) -> kernel.TurnRecord:
             _results_from_list(data["results"]),
             tuple(data["held"]),
             _ending_from_dict(data["stopped"]),
+            tuple(data.get("deferred", ())),  # absent in records written before deferral
         )
     if kind == "summarized":
         return kernel.Summarized(

@@ -13,9 +13,10 @@ Raises, when parsing: ``pydantic.ValidationError`` (a ``ValueError``) on a malfo
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Annotated, Any, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -54,18 +55,46 @@ class _Shape(BaseModel):
         """The shape of ``value`` (a frozen dataclass with these fields' names)."""
         return cls.model_validate(value)
 
+    _nested: ClassVar[tuple[str, ...]] = ()
+    """The fields that hold shapes or lists (converted by ``build``); the rest pass as they are."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._nested = tuple(n for n, f in cls.model_fields.items() if _holds_nested(f.annotation))
+
+    if typing.TYPE_CHECKING:
+
+        def value(self) -> Any:
+            """The value this shape stands for (each shape a value is built from has one)."""
+
     def build(self, kind: Callable[..., V], **overrides: Any) -> V:
-        """The value ``kind(...)`` of these fields (shapes inside turned into values), with
-        ``overrides`` taking the place of fields of the same name."""
-        fields = {name: _value(getattr(self, name)) for name in type(self).model_fields}
-        return kind(**(fields | overrides))
+        """The value ``kind(...)`` of these fields (shapes inside turned into values, lists into
+        tuples), with ``overrides`` taking the place of fields of the same name."""
+        fields = dict(self.__dict__)
+        for name in self._nested:
+            if name not in overrides:
+                fields[name] = _value(fields[name])
+        fields.update(overrides)
+        return kind(**fields)
+
+
+def _holds_nested(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, _Shape):
+        return True
+    if typing.get_origin(annotation) is list:
+        return True
+    return any(_holds_nested(arg) for arg in typing.get_args(annotation))
 
 
 def _value(field: Any) -> Any:
-    if isinstance(field, _Shape) and hasattr(field, "value"):
-        return field.value()
+    """A field as its value takes it: a shape as its value, a list as a tuple (of values)."""
     if isinstance(field, list):
-        return tuple(_value(item) for item in field)
+        if field and isinstance(field[0], _Shape):
+            return tuple([item.value() for item in field])
+        return tuple(field)
+    if isinstance(field, _Shape):
+        return field.value()
     return field
 
 

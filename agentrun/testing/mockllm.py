@@ -244,6 +244,7 @@ async def _answer(state: MockState, entry: RecordedRequest, body: Any) -> web.Re
         completion_id=f"chatcmpl-mock-{entry.index}",
         created=int(entry.time),
         messages=body["messages"],
+        request=entry.index,
     )
     return web.json_response(completion)
 

@@ -36,7 +36,11 @@ conversation for this turn fail and later ones get the reply; ``retry_after`` se
 OpenAI-shaped error object).
 
 Every string of a reply (content, refusal, tool call ids, names and arguments) may hold the
-template ``{turn}``, replaced with k. Tool call ids default to ``call_<k>_<index>``; an
+template ``{turn}``, replaced with k, and ``{request}``, replaced with the request's index in
+the server's log (unique per request: a real model's fresh call ids when it is asked again for
+a decision it already made). ``arguments`` may also be a list of variants (each a mapping or a
+string): request n sends variant n mod len (the same call worded differently, e.g. its keys in
+another order). Tool call ids default to ``call_<k>_<index>``; an
 explicit ``id`` is sent as written, duplicates included (to reproduce servers that repeat
 ids within one response). The first scenario whose ``match`` fits wins; files are read in
 the order given.
@@ -84,6 +88,7 @@ __all__ = [
 ]
 
 TURN_TEMPLATE = "{turn}"
+REQUEST_TEMPLATE = "{request}"
 CHARS_PER_TOKEN = 4
 """The usage estimate's rule of thumb (OpenAI: about 4 characters of English per token)."""
 
@@ -113,6 +118,13 @@ class ToolCallSpec:
     """The `function.arguments` text: JSON-encoded from a mapping, or a raw string."""
     id: str | None = None
     """Explicit call id; None gives `call_<turn>_<index>`."""
+    variants: tuple[str, ...] = ()
+    """Alternative `arguments` texts: request n sends ``variants[n % len]`` (empty: always
+    ``arguments``)."""
+
+    def arguments_for(self, request: int) -> str:
+        """The arguments text request number ``request`` sends."""
+        return self.variants[request % len(self.variants)] if self.variants else self.arguments
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +251,10 @@ $defs:
           properties:
             id: {type: string}
             name: {type: string}
-            arguments: {type: [object, string]}
+            arguments:
+              oneOf:
+                - {type: [object, string]}
+                - {type: array, minItems: 1, items: {type: [object, string]}}
       usage:
         type: [object, "null"]
         additionalProperties: false
@@ -326,11 +341,15 @@ def _to_turn(raw: Mapping[str, Any]) -> Turn:
     )
 
 
+def _arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, separators=(",", ":"))
+
+
 def _to_call(raw: Mapping[str, Any]) -> ToolCallSpec:
     arguments = raw.get("arguments", {})
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, separators=(",", ":"))
-    return ToolCallSpec(name=raw["name"], arguments=arguments, id=raw.get("id"))
+    variants = tuple(_arguments_text(a) for a in arguments) if isinstance(arguments, list) else ()
+    text = variants[0] if variants else _arguments_text(arguments)
+    return ToolCallSpec(name=raw["name"], arguments=text, id=raw.get("id"), variants=variants)
 
 
 # --------------------------------------------------------------------------- matching
@@ -413,8 +432,10 @@ def prompt_chars(messages: Sequence[Any]) -> int:
     return total
 
 
-def _fill(text: str | None, k: str) -> str | None:
-    return None if text is None else text.replace(TURN_TEMPLATE, k)
+def _fill(text: str | None, k: str, request: int = 0) -> str | None:
+    if text is None:
+        return None
+    return text.replace(TURN_TEMPLATE, k).replace(REQUEST_TEMPLATE, str(request))
 
 
 def render_completion(
@@ -425,6 +446,7 @@ def render_completion(
     completion_id: str,
     created: int,
     messages: Sequence[Any],
+    request: int = 0,
 ) -> dict[str, Any]:
     """The chat.completion object for `turn` at conversation turn k.
 
@@ -433,22 +455,23 @@ def render_completion(
     {role: assistant, content, refusal, tool_calls?[{id, type: function, function{name,
     arguments}}]}, `finish_reason`, and `usage` {prompt_tokens, completion_tokens,
     total_tokens, prompt_tokens_details{cached_tokens}} or null. `messages` (the request's)
-    is only read when a prompt token count must be estimated.
+    is only read when a prompt token count must be estimated. `request` is the request's
+    index in the server's log (the ``{request}`` template and argument variants).
     """
     ks = str(k)
-    content = _fill(turn.content, ks)
+    content = _fill(turn.content, ks, request)
     message: dict[str, Any] = {
         "role": "assistant",
         "content": content,
-        "refusal": _fill(turn.refusal, ks),
+        "refusal": _fill(turn.refusal, ks, request),
     }
     out_chars = len(content or "") + len(turn.refusal or "")
     if turn.tool_calls is not None:
         calls = []
         for index, spec in enumerate(turn.tool_calls):
-            arguments = spec.arguments.replace(TURN_TEMPLATE, ks)
-            name = spec.name.replace(TURN_TEMPLATE, ks)
-            call_id = f"call_{ks}_{index}" if spec.id is None else _fill(spec.id, ks)
+            arguments = _fill(spec.arguments_for(request), ks, request) or ""
+            name = _fill(spec.name, ks, request) or ""
+            call_id = f"call_{ks}_{index}" if spec.id is None else _fill(spec.id, ks, request)
             calls.append(
                 {
                     "id": call_id,

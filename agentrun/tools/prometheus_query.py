@@ -145,7 +145,8 @@ class PrometheusQuery:
         """Query and summarise per the module docstring; raises ToolError."""
         if self.url is None:
             raise catalog.ToolError(
-                "no Prometheus is configured for this worker (AGENTRUN_PROMETHEUS_URL)",
+                "no Prometheus is configured for this worker (AGENTRUN_PROMETHEUS_URL; "
+                "the chart's value tools.prometheusQuery.url)",
                 fault=ToolFault.TRANSPORT,
             )
         params: dict[str, str] = {"query": str(arguments["query"])}

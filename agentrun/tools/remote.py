@@ -4,10 +4,12 @@ An ``AgentToolServer`` declares a remote MCP server (streamable HTTP, or SSE for
 still need it). The operator discovers its tools (``discover``); a worker calls them
 (``McpTool``), always through the official ``mcp`` SDK client, never hand-written protocol code.
 
-Every call and every discovery opens its own MCP session and closes it in the same task,
-inside one ``async with``: a session is never shared across tasks, a server restart costs the
-next call a fresh session rather than leaving clients stuck on a terminated one, and a timeout
-cancels the whole exchange (connection included), so nothing outlives it.
+A worker's calls go through its ``SessionPool`` (``agentrun.tools.sessions``): one reused
+session per server identity, owned by a task of its own, dropped and reopened when the server
+restarts or the connection breaks (the call is then sent once more when that is safe). A tool
+without a pool, and every discovery, opens its own session and closes it in the same task,
+inside one ``async with``. Either way a timeout bounds the whole exchange (connecting and the
+handshake included).
 
 Results map to the text the model reads (``render_result``): text content joined by newlines,
 images and audio named but not inlined, embedded resources by their text or their URI,
@@ -24,24 +26,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import dataclasses
-import enum
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 import anyio
 import httpx2
-from mcp import Client, MCPError
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp import MCPError
 from mcp.types import CallToolResult, RequestParamsMeta
 
 from agentrun.kernel import ToolFault
 from agentrun.protocol import RemoteTool
 
 from . import catalog
+from .endpoint import Endpoint, Transport, open_session, root_cause
+from .sessions import Loss, SessionLost, SessionPool
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -50,6 +50,7 @@ __all__ = [
     "HeaderSource",
     "McpTool",
     "RemoteError",
+    "SessionPool",
     "Transport",
     "discover",
     "fault_of",
@@ -68,25 +69,6 @@ MAX_DISCOVERED_PAGES = 20
 
 _INVALID_PARAMS = -32602
 _METHOD_NOT_FOUND = -32601
-
-
-class Transport(enum.StrEnum):
-    """How the MCP server is reached (``AgentToolServer.spec.transport``)."""
-
-    STREAMABLE_HTTP = "StreamableHTTP"
-    SSE = "SSE"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Endpoint:
-    """How to reach one MCP server."""
-
-    url: str
-    transport: Transport = Transport.STREAMABLE_HTTP
-    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """Sent with every request (e.g. ``Authorization``); never logged or echoed."""
-    timeout: float = 30.0
-    """Seconds one exchange (connect, handshake and the request) may take in all."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,23 +95,6 @@ def function_name(server: str, tool: str) -> str:
     return f"{server}{SEPARATOR}{tool}"
 
 
-def _leaves(exc: BaseException) -> Iterator[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield exc
-
-
-def _cause(exc: BaseException) -> BaseException:
-    """The first leaf of an exception group that is not a cancellation (anyio cancels the
-    transport's other tasks once one fails)."""
-    for leaf in _leaves(exc):
-        if not isinstance(leaf, asyncio.CancelledError | anyio.get_cancelled_exc_class()):
-            return leaf
-    return exc
-
-
 _CONNECTION_ERRORS = (
     httpx2.NetworkError,
     httpx2.RemoteProtocolError,
@@ -146,7 +111,9 @@ def fault_of(exc: BaseException) -> ToolFault:
     ``server`` (HTTP 5xx, a JSON-RPC error other than bad parameters); ``arguments`` (the server
     refused the arguments: JSON-RPC invalid params); ``transport`` (anything else, e.g. an
     unreadable response, a terminated session, an HTTP 4xx from the endpoint)."""
-    cause = _cause(exc)
+    if isinstance(exc, SessionLost):
+        return ToolFault.TRANSPORT if exc.loss is Loss.REFUSED else ToolFault.CONNECTION
+    cause = root_cause(exc)
     if isinstance(cause, TimeoutError | httpx2.TimeoutException):
         return ToolFault.TIMEOUT
     if isinstance(cause, MCPError):
@@ -161,29 +128,15 @@ def fault_of(exc: BaseException) -> ToolFault:
 
 
 def _describe(exc: BaseException) -> str:
-    cause = _cause(exc)
+    if isinstance(exc, SessionLost):
+        return f"MCP session lost: {exc}"
+    cause = root_cause(exc)
     if isinstance(cause, TimeoutError):
         return "no answer in time"
     if isinstance(cause, httpx2.HTTPStatusError):
         return f"HTTP {cause.response.status_code}"
     text = str(cause) or type(cause).__name__
     return f"{type(cause).__name__}: {text[:300]}"
-
-
-@contextlib.asynccontextmanager
-async def _session(endpoint: Endpoint) -> AsyncIterator[Client]:
-    """An MCP client session, entered and left in the caller's task."""
-    headers = dict(endpoint.headers)
-    if endpoint.transport is Transport.SSE:
-        transport = sse_client(endpoint.url, headers=headers, timeout=endpoint.timeout)
-    else:
-        http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(endpoint.timeout))
-        transport = streamable_http_client(endpoint.url, http_client=http)
-    async with contextlib.AsyncExitStack() as stack:
-        if endpoint.transport is not Transport.SSE:
-            await stack.enter_async_context(http)
-        client = Client(transport, read_timeout_seconds=endpoint.timeout, cache=None)
-        yield await stack.enter_async_context(client)
 
 
 async def discover(endpoint: Endpoint) -> list[Discovered]:
@@ -195,7 +148,7 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
     """
     found: list[Discovered] = []
     try:
-        async with asyncio.timeout(endpoint.timeout), _session(endpoint) as client:
+        async with asyncio.timeout(endpoint.timeout), open_session(endpoint) as client:
             cursor: str | None = None
             for _ in range(MAX_DISCOVERED_PAGES):
                 page = await client.list_tools(cursor=cursor, cache_mode="refresh")
@@ -272,9 +225,13 @@ class McpTool:
     endpoint: Endpoint
     headers: HeaderSource | None = None
     """Headers added to ``endpoint.headers`` at each call."""
+    pool: SessionPool | None = None
+    """The worker's pooled sessions (``None``: a session of its own per call)."""
 
     async def run(self, arguments: Mapping[str, Any], ctx: catalog.ToolContext) -> str:
-        """Call the tool once in a session of its own; returns the rendered result.
+        """Call the tool once, on a pooled session (sent once more on a new session when the
+        pooled one was lost and ``sessions.may_resend`` allows it) or on a session of its own;
+        returns the rendered result, within ``endpoint.timeout`` seconds in all.
 
         Write and idempotent calls carry ``<run-uid>:<call-id>`` in the request's ``_meta``
         (``IDEMPOTENCY_META_KEY``). Raises ``catalog.ToolError``: ``rejected`` for an
@@ -288,8 +245,18 @@ class McpTool:
         if self.spec.effect != "read":  # an open map: extra keys are allowed
             meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: f"{ctx.run_uid}:{ctx.call_id}"})
         try:
-            async with asyncio.timeout(endpoint.timeout), _session(endpoint) as client:
-                result = await client.call_tool(self.tool, dict(arguments), meta=meta)
+            if self.pool is not None:
+                result = await self.pool.call_tool(
+                    endpoint,
+                    self.tool,
+                    dict(arguments),
+                    meta=meta,
+                    effect=self.spec.effect,
+                    scope=ctx.namespace,
+                )
+            else:
+                async with asyncio.timeout(endpoint.timeout), open_session(endpoint) as client:
+                    result = await client.call_tool(self.tool, dict(arguments), meta=meta)
         except Exception as err:
             raise catalog.ToolError(
                 f"{self.spec.name}: {_describe(err)}", fault=fault_of(err)
@@ -315,8 +282,10 @@ def spec_of(tool: RemoteTool) -> catalog.ToolSpec:
     )
 
 
-def mcp_tool(tool: RemoteTool, *, headers: HeaderSource | None = None) -> McpTool:
+def mcp_tool(
+    tool: RemoteTool, *, headers: HeaderSource | None = None, pool: SessionPool | None = None
+) -> McpTool:
     """The callable tool of an admitted MCP tool; ``headers`` (when given) are read at each
-    call and sent with every request."""
+    call and sent with every request; ``pool`` (when given) holds the sessions it calls on."""
     endpoint = Endpoint(tool.url, Transport(tool.transport), timeout=tool.timeout)
-    return McpTool(spec_of(tool), tool.tool, endpoint, headers)
+    return McpTool(spec_of(tool), tool.tool, endpoint, headers, pool)

@@ -19,6 +19,9 @@ CHART_DIR = REPO_ROOT / "charts" / "agentrun"
 KEDA_MODULE = "github.com/kedacore/keda/v2"
 KEDA_VERSION = "v2.21.0"
 """KEDA release whose ScaledObject CRD and nats-jetstream scaler the chart is checked against."""
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+"""Prometheus Operator release whose CRDs the chart's monitoring objects are checked against."""
 
 Manifest = dict[str, Any]
 
@@ -36,7 +39,17 @@ FEATURES: dict[str, dict[str, str]] = {
     },
     "hpa": {"worker.autoscaling.hpa.enabled": "true"},
     "mock-model": {"mockModel.enabled": "true"},
+    "prometheus-query": {"tools.prometheusQuery.url": "http://prometheus.monitoring.svc:9090"},
     "secrets-cluster-wide": {"rbac.secretsClusterWide": "true", "rbac.kubernetesGetTool": "false"},
+    "monitoring": {
+        "metrics.serviceMonitor.enabled": "true",
+        "metrics.prometheusRule.enabled": "true",
+        "metrics.grafanaDashboard.enabled": "true",
+    },
+    "monitoring-podmonitor": {
+        "metrics.podMonitor.enabled": "true",
+        "metrics.prometheusRule.enabled": "true",
+    },
     "everything": {
         "nats.install.enabled": "true",
         "worker.autoscaling.keda.enabled": "true",
@@ -83,9 +96,26 @@ def keda_module_dir() -> Path:
 
     Raises gobuild.BuildError if Go is missing or the download fails.
     """
+    return module_dir(KEDA_MODULE, KEDA_VERSION)
+
+
+def monitoring_crd_files() -> list[Path]:
+    """The Prometheus Operator's CRDs of the kinds the chart renders (ServiceMonitor,
+    PodMonitor, PrometheusRule), from its Go module at `PROMETHEUS_OPERATOR_VERSION`."""
+    crds = module_dir(PROMETHEUS_OPERATOR_MODULE, PROMETHEUS_OPERATOR_VERSION)
+    folder = crds / "example" / "prometheus-operator-crd"
+    kinds = ("servicemonitors", "podmonitors", "prometheusrules")
+    return [folder / f"monitoring.coreos.com_{kind}.yaml" for kind in kinds]
+
+
+def module_dir(module: str, version: str) -> Path:
+    """A Go module's source at `version`, from the Go module proxy (cached by Go).
+
+    Raises gobuild.BuildError if Go is missing or the download fails.
+    """
     go = gobuild.find_go()
     result = subprocess.run(
-        [str(go), "mod", "download", "-json", f"{KEDA_MODULE}@{KEDA_VERSION}"],
+        [str(go), "mod", "download", "-json", f"{module}@{version}"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -98,5 +128,5 @@ def keda_module_dir() -> Path:
     except ValueError as exc:
         raise gobuild.BuildError(f"go mod download printed no JSON: {result.stderr}") from exc
     if "Dir" not in info:
-        raise gobuild.BuildError(f"go mod download {KEDA_MODULE}: {info.get('Error', info)}")
+        raise gobuild.BuildError(f"go mod download {module}: {info.get('Error', info)}")
     return Path(info["Dir"])

@@ -4,6 +4,7 @@ here; its KEDA trigger names the workers' real consumer."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import tomllib
@@ -15,7 +16,11 @@ import yaml
 from chart_support import CHART_DIR, FEATURES, REPO_ROOT, documents, keda_module_dir
 
 from agentrun import protocol
+from agentrun.settings import WorkerSettings
+from agentrun.tools import PrometheusQuery, ToolContext, ToolError
 from agentrun_dev import helm, image, natsserver
+
+CTX = ToolContext(namespace="ns", run_name="run", run_uid="uid", call_id="c")
 
 
 def values() -> dict[str, Any]:
@@ -75,6 +80,19 @@ def test_template_renders_with_no_cluster_and_no_kube_version_given(
         pytest.param("nats.instal.enabled=true", "'instal' not allowed", id="nested-typo"),
         pytest.param("image.pullPolicy=Sometimes", "/image/pullPolicy", id="not-in-enum"),
         pytest.param("nats.url=http://nats:4222", "/nats/url", id="not-a-nats-url"),
+        pytest.param(
+            "tools.prometheusQuery.url=prometheus:9090",
+            "/tools/prometheusQuery/url",
+            id="prometheus-url-without-scheme",
+        ),
+        pytest.param(
+            "metrics.prometheusRule.runbookBaseURL=wiki",
+            "/metrics/prometheusRule/runbookBaseURL",
+            id="runbook-base-not-a-url",
+        ),
+        pytest.param(
+            "metrics.grafanaDashboard.lable=x", "'lable' not allowed", id="dashboard-typo"
+        ),
     ],
 )
 def test_values_schema_fails_naming_the_field(
@@ -183,6 +201,36 @@ def test_the_installed_nats_configuration_is_accepted_by_the_real_server(
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "is valid" in checked.stdout + checked.stderr
+
+
+def worker_settings(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> WorkerSettings:
+    """The settings an ``agentrun-worker`` reads from the container's ``env``."""
+    monkeypatch.delenv("AGENTRUN_PROMETHEUS_URL", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return WorkerSettings()
+
+
+def test_the_prometheus_query_tool_gets_the_url_the_values_name(
+    offline_helm: helm.Helm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = render(offline_helm, "prometheus-query")
+    worker = env_of(find(docs, "Deployment", "agentrun-worker"))
+    assert worker["AGENTRUN_PROMETHEUS_URL"] == "http://prometheus.monitoring.svc:9090"
+    assert "AGENTRUN_PROMETHEUS_URL" not in env_of(find(docs, "Deployment", "agentrun-operator"))
+    settings = worker_settings(monkeypatch, worker)
+    assert settings.prometheus_url == "http://prometheus.monitoring.svc:9090"
+
+
+def test_by_default_no_prometheus_is_configured_and_the_tool_says_so(
+    offline_helm: helm.Helm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = env_of(find(render(offline_helm, "defaults"), "Deployment", "agentrun-worker"))
+    assert "AGENTRUN_PROMETHEUS_URL" not in worker
+    settings = worker_settings(monkeypatch, worker)
+    with pytest.raises(ToolError) as unset:
+        asyncio.run(PrometheusQuery(settings.prometheus_url).run({"query": "up"}, CTX))
+    assert "tools.prometheusQuery.url" in unset.value.message
 
 
 def test_autoscaled_workers_leave_the_replica_count_to_the_autoscaler(

@@ -16,6 +16,7 @@ from chart_support import (
     FEATURES,
     documents,
     keda_module_dir,
+    monitoring_crd_files,
     pod_from_workload,
 )
 
@@ -34,6 +35,19 @@ def keda_crd(kubectl: Kubectl) -> str:
     return "scaledobjects.keda.sh"
 
 
+@pytest.fixture(scope="session")
+def monitoring_crds(kubectl: Kubectl) -> list[str]:
+    """The Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs, applied
+    and Established (the chart's monitoring objects are judged by their schemas)."""
+    names = []
+    for path in monitoring_crd_files():
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        names.append(yaml.safe_load(path.read_text())["metadata"]["name"])
+    for name in names:
+        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return names
+
+
 def dry_run(kubectl: Kubectl, docs: list[Any]) -> str:
     """``kubectl apply --dry-run=server`` of `docs`; kubectl's output (raises KubectlError)."""
     text = yaml.safe_dump_all(docs)
@@ -46,6 +60,7 @@ def test_rendered_chart_passes_server_side_dry_run(
     kubectl: Kubectl,
     crds: list[str],
     keda_crd: str,
+    monitoring_crds: list[str],
     restricted_namespace: str,
     feature: str,
 ) -> None:
@@ -156,7 +171,11 @@ OPERATOR_NEEDS = [
     ("patch", "agents.agentrun.dev/status"),
     ("watch", "customresourcedefinitions.apiextensions.k8s.io"),
     ("get", "customresourcedefinitions.apiextensions.k8s.io"),  # the start-up CRD check
-    ("delete", "agentruns.agentrun.dev"),  # spec.ttlSecondsAfterFinished
+    ("delete", "agentruns.agentrun.dev"),  # spec.ttlSecondsAfterFinished, history limits
+    ("create", "agentruns.agentrun.dev"),  # the runs of CronAgentRuns
+    ("watch", "cronagentruns.agentrun.dev"),
+    ("patch", "cronagentruns.agentrun.dev/status"),
+    ("update", "cronagentruns.agentrun.dev/finalizers"),  # blockOwnerDeletion on its runs
     ("create", "leases.coordination.k8s.io"),  # the leader Lease, release namespace only
     ("create", "agentruns.agentrun.dev"),  # an AgentEval's case runs
     ("watch", "agentevals.agentrun.dev"),
@@ -179,6 +198,8 @@ NOBODY_GETS = [
     ("update", "agentruns.agentrun.dev"),
     ("patch", "agentmodels.agentrun.dev"),
     ("patch", "agents.agentrun.dev"),
+    ("patch", "cronagentruns.agentrun.dev"),
+    ("update", "cronagentruns.agentrun.dev"),
     ("create", "pods"),
     ("delete", "pods"),
     ("list", "secrets"),

@@ -20,6 +20,7 @@ AGENTTENANT_CRD = CRD_DIR / "agentrun.dev_agenttenants.yaml"
 AGENTTOOLSERVER_CRD = CRD_DIR / "agentrun.dev_agenttoolservers.yaml"
 AGENT_CRD = CRD_DIR / "agentrun.dev_agents.yaml"
 AGENTEVAL_CRD = CRD_DIR / "agentrun.dev_agentevals.yaml"
+CRON_CRD = CRD_DIR / "agentrun.dev_cronagentruns.yaml"
 
 Manifest = dict[str, Any]
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]

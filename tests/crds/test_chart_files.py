@@ -134,8 +134,8 @@ def operator_verbs(group: str, resource: str) -> set[str]:
 @pytest.mark.parametrize(
     ("group", "resource", "verbs"),
     [
-        # create: an AgentEval's case runs; delete: TTL and an AgentEval's earlier rounds
-        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "delete", "create"}),
+        # create: the runs of CronAgentRuns and AgentEvals; delete: TTL, history limits, rounds
+        ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "create", "delete"}),
         ("agentrun.dev", "agentruns/status", {"get", "patch"}),
         ("agentrun.dev", "agentmodels", {"get", "list", "watch"}),
         ("agentrun.dev", "agenttenants", {"get", "list", "watch"}),
@@ -145,6 +145,9 @@ def operator_verbs(group: str, resource: str) -> set[str]:
         ("agentrun.dev", "agents/status", {"get", "patch"}),
         ("agentrun.dev", "agentevals", {"get", "list", "watch"}),
         ("agentrun.dev", "agentevals/status", {"get", "patch"}),
+        ("agentrun.dev", "cronagentruns", {"get", "list", "watch"}),
+        ("agentrun.dev", "cronagentruns/status", {"get", "patch"}),
+        ("agentrun.dev", "cronagentruns/finalizers", {"update"}),  # blockOwnerDeletion
         ("", "events", {"create", "patch"}),  # a repeated occasion raises its Event's count
         ("apiextensions.k8s.io", "customresourcedefinitions", {"get", "list", "watch"}),
     ],

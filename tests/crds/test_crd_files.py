@@ -6,6 +6,7 @@ reasons are the closed set of agentrun.kernel.terminal.TerminalReason.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,11 @@ from crd_support import (
     AGENTTENANT_CRD,
     AGENTTOOLSERVER_CRD,
     CRD_DIR,
+    CRON_CRD,
 )
 
 from agentrun.kernel import terminal
+from agentrun.operator.cronplan import ConcurrencyPolicy
 
 Schema = dict[str, Any]
 
@@ -65,7 +68,15 @@ def at(schema: Schema, dotted_path: str) -> Schema:
 
 CRD_FILES = pytest.mark.parametrize(
     "path",
-    [AGENTRUN_CRD, AGENTMODEL_CRD, AGENTTENANT_CRD, AGENTTOOLSERVER_CRD, AGENT_CRD, AGENTEVAL_CRD],
+    [
+        AGENTRUN_CRD,
+        AGENTMODEL_CRD,
+        AGENTTENANT_CRD,
+        AGENTTOOLSERVER_CRD,
+        AGENT_CRD,
+        CRON_CRD,
+        AGENTEVAL_CRD,
+    ],
     ids=lambda path: path.name.split("_")[1],
 )
 
@@ -78,6 +89,7 @@ def test_crd_directory_holds_exactly_the_agentrun_crds() -> None:
         "agentrun.dev_agents.yaml",
         "agentrun.dev_agenttenants.yaml",
         "agentrun.dev_agenttoolservers.yaml",
+        "agentrun.dev_cronagentruns.yaml",
     ]
 
 
@@ -98,6 +110,9 @@ def test_crd_directory_holds_exactly_the_agentrun_crds() -> None:
             "agenttoolservers",
             "ats",
             id="agenttoolservers",
+        ),
+        pytest.param(
+            CRON_CRD, "Namespaced", "CronAgentRun", "cronagentruns", "car", id="cronagentruns"
         ),
     ],
 )
@@ -428,3 +443,49 @@ def test_agenteval_printer_columns() -> None:
     (version,) = load_crd(AGENTEVAL_CRD)["spec"]["versions"]
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
     assert columns == ["Agent", "Passed", "Failed", "Total", "Phase", "Age"]
+
+
+def test_cronagentrun_printer_columns_are_a_cronjobs() -> None:
+    assert printer_columns(CRON_CRD) == [
+        ("Schedule", "string", ".spec.schedule", 0),
+        ("Timezone", "string", ".spec.timeZone", 0),
+        ("Suspend", "boolean", ".spec.suspend", 0),
+        ("Active", "integer", ".status.activeRuns", 0),
+        ("Last Schedule", "date", ".status.lastScheduleTime", 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
+        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].reason', 1),
+        # string: a date column prints <invalid> for a time in the future
+        ("Next", "string", ".status.nextScheduleTime", 1),
+    ]
+
+
+def test_cronagentrun_run_template_is_checked_by_the_agentrun_spec_schema() -> None:
+    """The same fields, constraints and CEL rules as an AgentRun's spec, but mutable."""
+    template = copy.deepcopy(at(root_schema(CRON_CRD), "spec.runTemplate.spec"))
+    run = copy.deepcopy(at(root_schema(AGENTRUN_CRD), "spec"))
+    rules = run.pop("x-kubernetes-validations")
+    assert rules[0]["rule"] == "self == oldSelf"
+    assert template.pop("x-kubernetes-validations") == rules[1:]
+    template.pop("description"), run.pop("description")
+    assert template == run, (
+        "the AgentRun spec schema changed: copy it (without its `self == oldSelf` rule) into "
+        "spec.runTemplate.spec of crds/agentrun.dev_cronagentruns.yaml and the chart's copy"
+    )
+
+
+def test_cronagentrun_spec_fields_and_defaults_are_a_cronjobs() -> None:
+    spec = at(root_schema(CRON_CRD), "spec")
+    assert set(spec["properties"]) == {
+        "schedule",
+        "timeZone",
+        "concurrencyPolicy",
+        "startingDeadlineSeconds",
+        "suspend",
+        "successfulRunsHistoryLimit",
+        "failedRunsHistoryLimit",
+        "runTemplate",
+    }
+    assert spec["properties"]["concurrencyPolicy"]["enum"] == [p.value for p in ConcurrencyPolicy]
+    assert spec["properties"]["successfulRunsHistoryLimit"]["default"] == 3
+    assert spec["properties"]["failedRunsHistoryLimit"]["default"] == 1
+    assert set(spec["required"]) == {"schedule", "runTemplate"}

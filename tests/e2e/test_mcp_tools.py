@@ -128,6 +128,32 @@ def test_a_tool_the_tenant_does_not_grant_is_refused_before_the_run_starts(
         stack_.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+def test_a_run_completes_across_a_restart_of_its_tool_server(
+    stack_: E2EStack, test_namespace: str, tmp_path: Path
+) -> None:
+    # a handshake-era server: its sessions have ids, which a restart forgets (HTTP 404)
+    with mcp_support.running(tmp_path, era="legacy") as again:
+        stack_.apply(
+            test_namespace,
+            tool_server("again", again.url, {"name": "add"}, {"name": "count", "effect": "write"}),
+        )
+        wait_server(stack_, test_namespace, "again", "Discovered")
+        tools = ["again/add", "again/count", "sleep"]
+        stack_.apply(test_namespace, run_manifest("restart", "E2E-MCP-RESTART", tools=tools))
+        end = time.monotonic() + 30
+        while not [r for r in again.requests() if r["method"] == "tools/call"]:
+            assert time.monotonic() < end, "the first call never reached the tool server"
+            time.sleep(0.1)
+        again.restart()  # while the run's second turn sleeps
+        run = stack_.wait_terminal(test_namespace, "restart")
+        assert (run["terminalReason"], run["answer"]) == ("completed", "recovered"), run
+        assert again.counts() == {"after-restart": 1}  # the write happened exactly once
+        requests = [r for r in stack_.mock_requests() if "E2E-MCP-RESTART" in str(r["body"])]
+        results = [m["content"] for m in requests[-1]["body"]["messages"] if m["role"] == "tool"]
+        assert results[0] == "3" and results[-2] == "7"
+        assert results[-1].startswith("after-restart=1 key=")
+
+
 def test_a_changing_list_a_lost_server_and_a_tool_that_stays_down(
     stack_: E2EStack, test_namespace: str, tmp_path: Path
 ) -> None:

@@ -1,5 +1,7 @@
 """The Grafana dashboard and the alert rules, proven against a real Prometheus scraping the
-operator and both workers while runs of every kind go through the stack."""
+operator and both workers while runs of every kind go through the stack: every panel query and
+every operand of every alert condition returns data (an ``absent(x)`` operand returns none,
+and ``x`` does), and the operator-only gauges come from the leading operator alone."""
 
 from __future__ import annotations
 
@@ -98,6 +100,26 @@ def test_every_dashboard_and_alert_expression_has_data_from_real_runs(
     groups = server.rules()
     assert all(rule.get("health") == "ok" for group in groups for rule in group["rules"])
 
+    assert_operator_only_gauges(server)
+    missing = expressions_without_data(server)
+    assert missing == {}, "expressions without data:\n" + "\n".join(
+        f"{k}: {v}" for k, v in missing.items()
+    )
+
+
+def assert_operator_only_gauges(server: prometheus.PrometheusServer) -> None:
+    """A worker must report neither an empty queue nor a leader: only the operator exports
+    these, and the (only) operator leads."""
+    for name, value in (("agentrun_turns_pending", None), ("agentrun_operator_leader", 1.0)):
+        exporters = server.query(f"count by (job) ({name})")
+        assert [sample["metric"]["job"] for sample in exporters] == ["agentrun-operator"], name
+        if value is not None:
+            assert [float(s["value"][1]) for s in server.query(name)] == [value], name
+
+
+def expressions_without_data(server: prometheus.PrometheusServer) -> dict[str, str]:
+    """Every panel query, and every operand of every alert condition, that returns nothing
+    (what it is → the PromQL asked). ``absent(x)`` must return nothing, and ``x`` data."""
     dashboard = yaml.safe_load(DASHBOARD.read_text())
     missing: dict[str, str] = {}
     for query in promql.dashboard_queries(dashboard):
@@ -106,9 +128,10 @@ def test_every_dashboard_and_alert_expression_has_data_from_real_runs(
             missing[f"panel {query.title!r} {query.ref_id}"] = expr
     for query in promql.rule_queries(yaml.safe_load(RULES.read_text())):
         for operand in promql.condition_operands(server.parse(instantiated(query))):
+            if operand["type"] == "call" and operand["func"]["name"] == "absent":
+                assert server.query(promql.render(operand)) == [], query.title
+                operand = operand["args"][0]
             text = promql.render(operand)
             if not server.query(text):
                 missing[f"alert {query.title}"] = text
-    assert missing == {}, "expressions without data:\n" + "\n".join(
-        f"{k}: {v}" for k, v in missing.items()
-    )
+    return missing

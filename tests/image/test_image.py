@@ -120,7 +120,9 @@ def test_the_agentrun_image_runs_as_65532_on_a_read_only_root(
     assert result.stdout.split() == ["65532", "65532", "EROFS", "tmp-ok"]
 
 
-@pytest.mark.parametrize("script", ["agentrun", "agentrun-operator", "agentrun-worker"])
+@pytest.mark.parametrize(
+    "script", ["agentrun", "agentrun-operator", "agentrun-worker", "kubectl-agentrun"]
+)
 def test_the_console_scripts_are_on_path(
     images: image.ProjectImages, unpacked: dict[str, Path], tmp_path: Path, script: str
 ) -> None:
@@ -144,6 +146,23 @@ def test_the_agentrun_cli_answers_help_inside_the_image(
 
     assert result.returncode == 0, result.stderr
     assert "usage: agentrun" in result.stdout
+
+
+def test_the_kubectl_plugin_answers_help_inside_the_image(
+    images: image.ProjectImages, unpacked: dict[str, Path], tmp_path: Path
+) -> None:
+    # `kubectl agentrun ...` runs the kubectl-agentrun console script found on PATH.
+    result = run_in_container(
+        images.agentrun.archive,
+        unpacked["agentrun"],
+        ["kubectl-agentrun", "--help"],
+        tmp_path=tmp_path,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: kubectl agentrun")
+    for command in ("get", "logs", "describe", "approve", "deny", "cancel", "rerun"):
+        assert command in result.stdout
 
 
 def test_the_agentrun_image_is_non_root_labelled_and_small(images: image.ProjectImages) -> None:

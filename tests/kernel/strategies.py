@@ -30,9 +30,11 @@ TOOL_SCHEMAS = {
     "hang": kernel.ToolSchema("hang", COUNTED),
     "open": kernel.ToolSchema("open", {"type": "object"}),
     "guarded": kernel.ToolSchema("guarded", COUNTED),
+    "post": kernel.ToolSchema("post", COUNTED, effect="write"),
 }
 """Known tools by what they do: succeed, raise ``ToolError``, raise a bug, never return, take
-any object, and succeed once a person approves (``APPROVAL_TOOLS``)."""
+any object, succeed once a person approves (``APPROVAL_TOOLS``), and succeed as a write (its
+batch is committed before it runs, and runs in the next turn)."""
 APPROVAL_TOOLS = frozenset({"guarded"})
 
 UNKNOWN_NAMES = ("", "nope", "Echo", "functions.echo", "echo<|channel|>json", "echo ")

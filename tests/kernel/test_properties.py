@@ -56,18 +56,24 @@ FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCh
 
 
 class ScriptedTool:
-    """A tool whose behaviour is its name: ``echo`` and ``guarded`` name their call id,
+    """A tool whose behaviour is its name: ``echo``, ``guarded`` and ``post`` (a write) name
+    their call id,
     ``refuse`` raises ``ToolError``, ``crash`` has a bug, ``hang`` never returns, ``open``
     takes any object."""
 
     def __init__(self, name: str) -> None:
+        schema = strategies.TOOL_SCHEMAS[name]
         self.spec = ToolSpec(
-            name, f"scripted {name}", strategies.TOOL_SCHEMAS[name].parameters, "read", False
+            name,
+            f"scripted {name}",
+            schema.parameters,
+            schema.effect,
+            False,  # type: ignore[arg-type]
         )
 
     async def run(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
         match self.spec.name:
-            case "echo" | "guarded":
+            case "echo" | "guarded" | "post":
                 return f"{self.spec.name} {ctx.call_id}"
             case "refuse":
                 raise ToolError("refused: the scripted tool says no")
@@ -260,13 +266,13 @@ def assert_a_success_is_its_own_calls(call: Mapping[str, Any], content: str) -> 
     if content.startswith(ERROR):
         return
     name = call["function"]["name"]
-    assert name in ("echo", "guarded", "open"), f"{name!r} succeeded although it cannot: {content}"
+    assert name in ("echo", "guarded", "open", "post"), f"{name!r} cannot succeed: {content}"
     assert content == ("opened" if name == "open" else f"{name} {call['id']}")
 
 
 def assert_each_result_says_what_happened(records: Sequence[kernel.TurnRecord]) -> None:
-    """One result per call, by id and in order, saying what became of that call; a held call's
-    result comes with the turn that resumes it."""
+    """One result per call, by id and in order, saying what became of that call; a held or
+    deferred call's result comes with the turn that resumes it."""
     held: dict[str, kernel.CheckedCall] = {}
     for record in records:
         if isinstance(record, kernel.Resumed):
@@ -281,14 +287,15 @@ def assert_each_result_says_what_happened(records: Sequence[kernel.TurnRecord]) 
             continue
         if not isinstance(record, kernel.Answered):
             continue  # no model answer, no calls
-        ran = [c for c in record.calls if c.id not in record.held]
+        pending = {*record.held, *record.deferred}
+        ran = [c for c in record.calls if c.id not in pending]
         assert [r.tool_call_id for r in record.results] == [c.id for c in ran]
         held = {
-            c.id: c
-            for c in record.calls
-            if c.id in record.held and isinstance(c, kernel.CheckedCall)
+            c.id: c for c in record.calls if c.id in pending and isinstance(c, kernel.CheckedCall)
         }
-        assert list(held) == list(record.held)
+        assert set(held) == pending
+        if record.deferred:  # a batch with a write: nothing valid ran before its commit
+            assert all(isinstance(c, kernel.InvalidCall) for c in ran)
         for call, result in zip(ran, record.results, strict=True):
             if isinstance(call, kernel.InvalidCall):
                 assert (result.name, result.is_error, result.content) == (
@@ -313,6 +320,7 @@ def assert_the_call_ran_or_was_stopped(
 OUTCOMES = {
     "echo": (False, "ran"),
     "guarded": (False, "ran"),
+    "post": (False, "ran"),
     "open": (False, "ran"),
     "refuse": (True, "refused"),
     "crash": (True, "failed"),

@@ -55,6 +55,11 @@ scenarios:
       - tool_calls:
           - {name: calculate, arguments: {expression: "{turn}*3+1"}}
     after: repeat_last
+  - name: fresh-ids
+    match: {goal: "ask again"}
+    turns:
+      - tool_calls:
+          - {id: "w{request}", name: write, arguments: [{a: 1, b: 2}, '{"b":2,"a":1}']}
   - name: short
     match: {goal: "short script"}
     turns:

@@ -98,6 +98,21 @@ async def test_turn_template_varies_arguments_every_turn(client: openai.AsyncOpe
     assert expressions == ["0*3+1", "1*3+1", "5*3+1"]
 
 
+async def test_a_decision_asked_again_gets_new_ids_and_its_argument_variants(
+    client: openai.AsyncOpenAI,
+) -> None:
+    seen = []
+    for _ in range(3):
+        completion = await client.chat.completions.create(
+            model=MODEL, messages=conversation("ask again")
+        )
+        (call,) = completion.choices[0].message.tool_calls or []
+        seen.append((call.id, call.function.arguments))  # type: ignore[union-attr]
+    assert len({i for i, _ in seen}) == 3  # a new id per request
+    assert {a for _, a in seen} == {'{"a":1,"b":2}', '{"b":2,"a":1}'}
+    assert all(json.loads(a) == {"a": 1, "b": 2} for _, a in seen)
+
+
 async def test_refusal_is_set_with_null_content(client: openai.AsyncOpenAI) -> None:
     completion = await client.chat.completions.create(model=MODEL, messages=conversation("refuse"))
     message = completion.choices[0].message

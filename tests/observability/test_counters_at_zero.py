@@ -127,10 +127,11 @@ def promtool_series(
                     "exp_labels": {"severity": "warning", "tenant": "fresh"},
                     "exp_annotations": {
                         "summary": "Runs of tenant fresh are ending with model_error",
-                        "description": "5 runs of tenant fresh ended with terminal reason "
-                        "model_error in the last 15 minutes: the model endpoint fails after "
-                        "retries. Check the AgentModel's baseURL, credentials Secret and the "
-                        "provider's status.",
+                        "description": "100% of the runs of tenant fresh that ended in the "
+                        "last 15 minutes ended model_error: the model endpoint fails after "
+                        "retries.",
+                        "runbook_url": "https://agentrun.dev/docs/runbooks/"
+                        "AgentrunRunsEndingModelError.md",
                     },
                 }
             ],
@@ -202,3 +203,9 @@ def test_a_worker_creates_its_per_turn_counters_at_zero_on_a_tenant_s_first_turn
         assert value("agentrun_tokens_total", model="zero-model", type=kind) == 0
     assert value("agentrun_cost_usd_total", model="zero-model") == 0
     assert value("agentrun_usage_estimated_total", model="zero-model") == 0
+    assert value("agentrun_model_calls_total", model="zero-model") == 0
+    for error_type in metrics.ModelErrorType:
+        assert (
+            value("agentrun_model_call_errors_total", model="zero-model", error_type=error_type)
+            == 0
+        )

@@ -1,17 +1,21 @@
 """The chart's Grafana dashboard and Prometheus alert rules, checked without a cluster.
 
-- The dashboard parses, has the panels platform operators need, a ``${datasource}`` and a
-  ``tenant`` variable; every target is well formed, filters by ``tenant=~"$tenant"`` where
-  its metric has a tenant label and uses ``$__rate_interval`` (``$__range`` for totals).
+- The dashboard parses, has the panels platform operators need (budget headroom on used +
+  reserved near the top, model-call failures, wait times), a ``${datasource}``, a
+  ``namespace`` (install) and a ``tenant`` variable; every target is well formed, filters by
+  ``namespace=~"$namespace"``, by ``tenant=~"$tenant"`` where its metric has a tenant label
+  and uses ``$__rate_interval`` (``$__range`` for totals); tokens are not stacked on their
+  cached part; ``partial`` outcomes are coloured apart from ``ok``.
 - Every metric an expression reads is a contract name (this file's tables, the list in
   ``docs/architecture.md``) and is exported by `agentrun.metrics`.
 - Every expression, instantiated, is valid PromQL: Prometheus' own parser reads it (the
   ``parse`` fixture: a real server's ``/api/v1/parse_query``), and ``promtool check rules``
   accepts it. What an expression reads (selectors, matchers, ranges, an alert's operands) is
   taken from that parser's syntax tree.
-- The rule file: every alert has expr, for, a severity and summary/description, and
+- The rule file: every alert has expr, for, a severity, summary/description and a
+  ``runbook_url`` naming its runbook in ``docs/runbooks/``, aggregates by ``namespace``, and
   annotations only use labels its expression keeps; the alerts fire (and do not) on
-  synthetic series (``promtool test rules``).
+  synthetic series (``promtool test rules``): ratios, not counts, and absences.
 - The helpers of ``promql_support`` that the e2e suite relies on.
 
 Evaluating the expressions against a real Prometheus scraping a real run is the e2e suite's.
@@ -44,6 +48,8 @@ GENAI_OPERATION_DURATION = "gen_ai_client_operation_duration_seconds"
 """Prometheus name of OTel ``gen_ai.client.operation.duration`` (dashboard constant too)."""
 
 COUNTERS = {
+    "agentrun_model_calls_total",
+    "agentrun_model_call_errors_total",
     "agentrun_runs_total",
     "agentrun_turns_total",
     "agentrun_tool_calls_total",
@@ -54,6 +60,9 @@ COUNTERS = {
 GAUGES = {
     "agentrun_tenant_budget_limit",
     "agentrun_tenant_budget_used",
+    "agentrun_tenant_budget_reserved",
+    "agentrun_tenant_info",
+    "agentrun_operator_leader",
     # Not `agentrun_runs`: prometheus-client cannot export a gauge of that name beside the
     # counter agentrun_runs_total (one metric family in OpenMetrics).
     "agentrun_runs_in_phase",
@@ -63,26 +72,43 @@ GAUGES = {
 }
 HISTOGRAMS = {
     "agentrun_turn_duration_seconds",
+    "agentrun_turn_queue_wait_seconds",
+    "agentrun_run_admission_wait_seconds",
     "agentrun_dispatch_latency_seconds",
     GENAI_TOKEN_USAGE,
     GENAI_OPERATION_DURATION,
 }
+PROMETHEUS_MADE = {"up"}
+"""Series Prometheus writes itself (``up`` per scrape target)."""
 KNOWN_METRICS = (
     COUNTERS
     | GAUGES
+    | PROMETHEUS_MADE
     | {name + suffix for name in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
 )
 """Every series name an expression may read."""
 TENANT_LABELLED = COUNTERS | {
     "agentrun_tenant_budget_limit",
     "agentrun_tenant_budget_used",
+    "agentrun_tenant_budget_reserved",
+    "agentrun_tenant_info",
     "agentrun_runs_in_phase",
+    "agentrun_run_admission_wait_seconds_bucket",
 }
 """Metrics with a ``tenant`` label: dashboard selectors of these must filter by it."""
-NOT_YET_EXPORTED = {"agentrun_tenant_budget_limit", "agentrun_tenant_budget_used"}
-"""Contract names that `agentrun.metrics` exports once AgentTenant budgets exist."""
 
 REQUIRED_PANELS = {
+    "Operator leader",
+    "Workers up",
+    "Tenant budget used + reserved vs limit",
+    "Tenant budget left",
+    "Tenant budget burn rate per hour",
+    "Time to budget exhaustion",
+    "Run admission wait (p50 / p99)",
+    "TurnRequest queue wait (p50 / p99)",
+    "Model call failures by model and error type",
+    "Model call failure ratio by model",
+    "Cached share of input tokens",
     "Runs ended by terminal reason",
     "Runs by terminal reason and outcome (range)",
     "Runs by phase",
@@ -90,7 +116,6 @@ REQUIRED_PANELS = {
     "Turns/s by tenant",
     "Tokens/s by tenant",
     "Cost per hour by tenant",
-    "Tenant budget used vs limit",
     "Turn latency by phase (p50 / p99)",
     "Tool error rate by tool",
     "Corrections by kind",
@@ -103,12 +128,24 @@ UNITS = {"s", "currencyUSD", "short", "percentunit"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 REQUIRED_ALERTS = {
+    "AgentrunOperatorAbsent",
+    "AgentrunNoOperatorLeader",
+    "AgentrunWorkersAbsent",
+    "AgentrunTargetsDown",
     "AgentrunTenantBudgetNearlyExhausted",
     "AgentrunRunsEndingNoProgress",
     "AgentrunRunsEndingModelError",
-    "AgentrunQueueLagGrowing",
+    "AgentrunRunsEndingCheckpointFailed",
+    "AgentrunRunsEndingEffectUnknown",
+    "AgentrunRunsEndingToolUnavailable",
     "AgentrunNoTurnsCommitted",
+    "AgentrunModelCallsFailing",
+    "AgentrunQueueLagGrowing",
+    "AgentrunTurnsWaitLong",
 }
+RUNBOOKS = REPO / "docs" / "runbooks"
+RUNBOOK_URL = "https://agentrun.dev/docs/runbooks/{alert}.md"
+"""The rule file's runbook links (the chart swaps the prefix for its runbookBaseURL)."""
 SEVERITIES = {"info", "warning", "critical"}
 DURATION = re.compile(r"(?:\d+(?:ms|[smhdwy]))+")
 
@@ -175,14 +212,41 @@ def test_dashboard_has_a_prometheus_datasource_variable() -> None:
     assert (datasource["type"], datasource["query"]) == ("datasource", "prometheus")
 
 
-def test_dashboard_is_templated_by_tenant() -> None:
+def test_dashboard_is_templated_by_tenant_from_a_metric_every_tenant_has() -> None:
+    # agentrun_tenant_info exists for every AgentTenant the operator knows, from the moment
+    # it knows it: a new tenant, or one whose runs all wait Queued, is listed too.
     tenant = variable(load_dashboard(), "tenant")
     assert tenant["type"] == "query"
     assert tenant["datasource"] == DATASOURCE
-    assert tenant["definition"] == "label_values(agentrun_turns_total, tenant)"
+    assert (
+        tenant["definition"]
+        == 'label_values(agentrun_tenant_info{namespace=~"$namespace"}, tenant)'
+    )
     assert tenant["query"]["query"] == tenant["definition"]
     assert tenant["multi"] and tenant["includeAll"]
     assert tenant["allValue"] == ".*", "instantiate's default tenant regex is Grafana's All"
+
+
+def test_dashboard_is_templated_by_install_namespace() -> None:
+    # Two installs scraped by one Prometheus differ by their targets' namespace label.
+    dashboard = load_dashboard()
+    namespace = variable(dashboard, "namespace")
+    assert namespace["type"] == "query" and namespace["datasource"] == DATASOURCE
+    assert namespace["definition"] == "label_values(agentrun_operator_leader, namespace)"
+    assert namespace["query"]["query"] == namespace["definition"]
+    assert namespace["allValue"] == ".*"
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    assert names.index("namespace") < names.index("tenant"), "tenant depends on namespace"
+
+
+def test_a_known_tenant_is_in_the_tenant_variable_s_metric() -> None:
+    from prometheus_client import REGISTRY
+
+    from agentrun import metrics
+
+    metrics.know_tenant("listed-before-any-run")
+    value = REGISTRY.get_sample_value("agentrun_tenant_info", {"tenant": "listed-before-any-run"})
+    assert value == 1.0
 
 
 def test_tentative_genai_metric_names_are_dashboard_constants() -> None:
@@ -243,8 +307,92 @@ def test_every_target_is_extracted() -> None:
     assert len(DASHBOARD_QUERIES) == targets
 
 
+def panel(title: str) -> dict[str, Any]:
+    """The panel called ``title``."""
+    (found,) = [p for p in panels(load_dashboard()) if p["title"] == title]
+    return found
+
+
+def test_budget_headroom_is_the_row_after_the_overview() -> None:
+    rows = [p for p in load_dashboard()["panels"] if p["type"] == "row"]
+    assert [row["title"] for row in rows[:2]] == ["Overview", "Budget headroom"]
+    top = {
+        p["title"] for p in panels(load_dashboard()) if p["gridPos"]["y"] < rows[2]["gridPos"]["y"]
+    }
+    assert {
+        "Tenant budget used + reserved vs limit",
+        "Tenant budget left",
+        "Tenant budget burn rate per hour",
+        "Time to budget exhaustion",
+        "Operator leader",
+        "Workers up",
+    } <= top
+
+
+def test_budget_headroom_is_what_the_ledger_refuses_on(parse: Parse) -> None:
+    # The ledger refuses a call once used + reserved + the call's need exceeds the limit.
+    (share,) = panel("Tenant budget used + reserved vs limit")["targets"]
+    tree = parse(promql.instantiate(share["expr"]))
+    assert (tree["type"], tree["op"]) == ("binaryExpr", "/")
+    numerator = tree["lhs"]["expr"]
+    assert (numerator["type"], numerator["op"]) == ("binaryExpr", "+")
+    assert promql.metric_names(numerator) == {
+        "agentrun_tenant_budget_used",
+        "agentrun_tenant_budget_reserved",
+    }
+    assert promql.metric_names(tree["rhs"]) == {"agentrun_tenant_budget_limit"}
+    for title in ("Tenant budget left", "Time to budget exhaustion"):
+        (left,) = panel(title)["targets"]
+        assert promql.metric_names(parse(promql.instantiate(left["expr"]))) == {
+            "agentrun_tenant_budget_limit",
+            "agentrun_tenant_budget_used",
+            "agentrun_tenant_budget_reserved",
+        }, title
+
+
+def test_tokens_are_not_stacked_on_their_cached_part(parse: Parse) -> None:
+    # cached_input is part of input (and reasoning part of output): stacking double counts.
+    tokens = panel("Tokens/s by tenant")
+    assert tokens["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "none"
+    (target,) = tokens["targets"]
+    (selector,) = promql.selectors(parse(promql.instantiate(target["expr"])))
+    assert selector.matcher("type") == promql.Matcher("type", "=~", "input|output")
+    (share,) = panel("Cached share of input tokens")["targets"]
+    types = [s.matcher("type") for s in promql.selectors(parse(promql.instantiate(share["expr"])))]
+    assert [m.value if m else None for m in types] == ["cached_input", "input"]
+
+
+def outcome_colour(panel_: dict[str, Any], name: str) -> str | None:
+    """The fixed colour the panel's overrides give a series displayed as ``name``."""
+    colour = None
+    for override in panel_["fieldConfig"]["overrides"]:
+        matcher = override["matcher"]
+        if matcher["id"] == "byRegexp" and re.fullmatch(matcher["options"], name):
+            for prop in override["properties"]:
+                if prop["id"] == "color":
+                    colour = prop["value"]["fixedColor"]
+    return colour
+
+
+@pytest.mark.parametrize(
+    ("title", "shown"),
+    [
+        ("Runs ended in range", "{}"),
+        ("Runs ended by terminal reason", "max_steps ({})"),
+        ("Runs by terminal reason and outcome (range)", "completed ({})"),
+    ],
+)
+def test_outcomes_have_their_own_colours(title: str, shown: str) -> None:
+    found = panel(title)
+    assert all("{{outcome}}" in t["legendFormat"] for t in found["targets"])
+    colours = {o: outcome_colour(found, shown.format(o)) for o in ("ok", "partial", "none")}
+    assert None not in colours.values() and len(set(colours.values())) == 3, colours
+
+
 TENANT_SENTINEL = "tenant-under-test"
 """The tenant regex the selector checks instantiate with, to find ``$tenant`` in the tree."""
+NAMESPACE_SENTINEL = "install-under-test"
+"""Likewise for ``$namespace``."""
 RATE_INTERVAL, TIME_RANGE = "1m7s", "2h3m"
 """Distinct durations for ``$__rate_interval`` and ``$__range``, found back in the tree."""
 
@@ -257,6 +405,7 @@ def test_dashboard_query_filters_by_tenant_and_uses_grafana_intervals(
         promql.instantiate(
             query.expr,
             tenant_regex=TENANT_SENTINEL,
+            namespace_regex=NAMESPACE_SENTINEL,
             rate_interval=RATE_INTERVAL,
             time_range=TIME_RANGE,
         )
@@ -265,6 +414,7 @@ def test_dashboard_query_filters_by_tenant_and_uses_grafana_intervals(
         assert selector.metric in KNOWN_METRICS, selector.metric
         if selector.metric in TENANT_LABELLED:
             assert promql.Matcher("tenant", "=~", TENANT_SENTINEL) in selector.matchers, selector
+        assert promql.Matcher("namespace", "=~", NAMESPACE_SENTINEL) in selector.matchers, selector
         assert selector.matcher("job") is None, "scrape job names belong to the deployment"
     expected = TIME_RANGE if query.instant else RATE_INTERVAL
     assert {promql.duration(ms) for ms in promql.ranges_ms(tree)} <= {expected}
@@ -298,7 +448,7 @@ def exported_series_names() -> set[str]:
 def test_every_metric_read_is_exported_by_agentrun_metrics(parse: Parse) -> None:
     trees = [parse(instantiated(q)) for q in DASHBOARD_QUERIES + RULE_QUERIES]
     used = set().union(*(promql.metric_names(tree) for tree in trees))
-    assert sorted(used - exported_series_names() - NOT_YET_EXPORTED) == []
+    assert sorted(used - exported_series_names() - PROMETHEUS_MADE) == []
 
 
 # ---------------------------------------------------------------------------- rules
@@ -346,12 +496,40 @@ def test_condition_operands_of_the_project_alerts(parse: Parse) -> None:
     by_name = {rule["alert"]: parse(rule["expr"]) for rule in alerts(load_rules())}
     operands = promql.condition_operands(by_name["AgentrunNoTurnsCommitted"])
     assert [promql.render(operand) for operand in operands] == [
-        'sum by (tenant) (agentrun_runs_in_phase{phase="Running"})',
-        "sum by (tenant) (rate(agentrun_turns_total[5m]))",
+        'sum by (namespace, tenant) (agentrun_runs_in_phase{phase="Running"})',
+        "sum by (namespace, tenant) (rate(agentrun_turns_total[5m]))",
     ]
     budget = promql.alert_condition(by_name["AgentrunTenantBudgetNearlyExhausted"])
     assert budget is not None
-    assert promql.render(budget).endswith("(agentrun_tenant_budget_limit > 0)")
+    text = promql.render(budget)
+    assert text.startswith("(max by (namespace, tenant, resource) (agentrun_tenant_budget_used)")
+    assert "+ max by (namespace, tenant, resource) (agentrun_tenant_budget_reserved))" in text
+    assert text.endswith("(agentrun_tenant_budget_limit > 0)")
+
+
+@pytest.mark.parametrize("rule", alerts(load_rules()), ids=lambda rule: rule["alert"])
+def test_alert_links_its_runbook(rule: dict[str, Any]) -> None:
+    name = rule["alert"]
+    assert rule["annotations"]["runbook_url"] == RUNBOOK_URL.format(alert=name)
+    runbook = (RUNBOOKS / f"{name}.md").read_text()
+    assert runbook.startswith(f"# {name}\n")
+    for section in ("## What it means", "## How to confirm", "## What to do"):
+        assert section in runbook, f"{name}.md: {section}"
+    assert "kubectl " in runbook and "```promql" in runbook
+
+
+def test_every_runbook_belongs_to_an_alert() -> None:
+    names = {rule["alert"] for rule in alerts(load_rules())}
+    assert {path.stem for path in RUNBOOKS.glob("*.md")} - {"README"} == names
+
+
+@pytest.mark.parametrize("rule", alerts(load_rules()), ids=lambda rule: rule["alert"])
+def test_alert_keeps_installs_apart(rule: dict[str, Any], parse: Parse) -> None:
+    # Every aggregation keeps `namespace` (the install's): two installs never add up.
+    aggregations = [n for n in promql.walk(parse(rule["expr"])) if n["type"] == "aggregation"]
+    for node in aggregations:
+        assert "namespace" in node["grouping"] and not node["without"], promql.render(node)
+    assert aggregations or promql.calls(parse(rule["expr"])) == {"absent"}
 
 
 # ------------------------------------------------------------------- promtool / syntax
@@ -406,78 +584,235 @@ ALERT_UNIT_TESTS = """
 rule_files: [{rules}]
 evaluation_interval: 1m
 tests:
-  - name: budget above 90% alerts, a zero limit does not
+  - name: budget on used + reserved over 90% alerts; used alone, or a zero limit, does not
     interval: 1m
     input_series:
-      - series: agentrun_tenant_budget_used{{tenant="a",resource="tokens",job="op"}}
-        values: 95x20
-      - series: agentrun_tenant_budget_limit{{tenant="a",resource="tokens",job="op"}}
+      - series: agentrun_tenant_budget_used{{namespace="ns",tenant="a",resource="tokens",job="op"}}
+        values: 80x20
+      - series: agentrun_tenant_budget_reserved{{namespace="ns",tenant="a",resource="tokens",
+          job="op"}}
+        values: 15x20
+      - series: agentrun_tenant_budget_limit{{namespace="ns",tenant="a",resource="tokens",job="op"}}
         values: 100x20
-      - series: agentrun_tenant_budget_used{{tenant="b",resource="cost_usd",job="op"}}
+      - series: agentrun_tenant_budget_used{{namespace="ns",tenant="c",resource="tokens",job="op"}}
+        values: 85x20
+      - series: agentrun_tenant_budget_reserved{{namespace="ns",tenant="c",resource="tokens",
+          job="op"}}
+        values: 0x20
+      - series: agentrun_tenant_budget_limit{{namespace="ns",tenant="c",resource="tokens",job="op"}}
+        values: 100x20
+      - series: agentrun_tenant_budget_used{{namespace="ns",tenant="b",resource="cost_usd",
+          job="op"}}
         values: 5x20
-      - series: agentrun_tenant_budget_limit{{tenant="b",resource="cost_usd",job="op"}}
+      - series: agentrun_tenant_budget_reserved{{namespace="ns",tenant="b",resource="cost_usd",
+          job="op"}}
+        values: 0x20
+      - series: agentrun_tenant_budget_limit{{namespace="ns",tenant="b",resource="cost_usd",
+          job="op"}}
         values: 0x20
     alert_rule_test:
       - eval_time: 10m
         alertname: AgentrunTenantBudgetNearlyExhausted
         exp_alerts:
-          - exp_labels: {{severity: warning, tenant: a, resource: tokens}}
-  - name: runs ending no_progress and model_error alert per tenant
+          - exp_labels: {{severity: warning, namespace: ns, tenant: a, resource: tokens}}
+  - name: run-end alerts are ratios among ended runs, with a minimum volume
     interval: 1m
     input_series:
-      - series: agentrun_runs_total{{tenant="a",reason="no_progress",outcome="partial"}}
+      # busy: one run a minute of each bad reason among 24: about 4%, under every threshold
+      - series: agentrun_runs_total{{namespace="ns",tenant="busy",reason="completed",outcome="ok"}}
+        values: 0+20x30
+      - series: agentrun_runs_total{{namespace="ns",tenant="busy",reason="model_error",
+          outcome="none"}}
         values: 0+1x30
-      - series: agentrun_runs_total{{tenant="a",reason="model_error",outcome="partial"}}
+      - series: agentrun_runs_total{{namespace="ns",tenant="busy",reason="no_progress",
+          outcome="partial"}}
         values: 0+1x30
-      - series: agentrun_runs_total{{tenant="b",reason="completed",outcome="ok"}}
-        values: 0+5x30
+      - series: agentrun_runs_total{{namespace="ns",tenant="busy",reason="checkpoint_failed",
+          outcome="none"}}
+        values: 0+1x30
+      - series: agentrun_runs_total{{namespace="ns",tenant="busy",reason="tool_unavailable",
+          outcome="none"}}
+        values: 0+1x30
+      # small: the same counts, but they are all its runs: 25% each
+      - series: agentrun_runs_total{{namespace="ns",tenant="small",reason="model_error",
+          outcome="none"}}
+        values: 0+1x30
+      - series: agentrun_runs_total{{namespace="ns",tenant="small",reason="no_progress",
+          outcome="partial"}}
+        values: 0+1x30
+      - series: agentrun_runs_total{{namespace="ns",tenant="small",reason="checkpoint_failed",
+          outcome="none"}}
+        values: 0+1x30
+      - series: agentrun_runs_total{{namespace="ns",tenant="small",reason="tool_unavailable",
+          outcome="none"}}
+        values: 0+1x30
+      # few: one run in 15 minutes, model_error: 100%, but too few runs to tell
+      - series: agentrun_runs_total{{namespace="ns",tenant="few",reason="model_error",
+          outcome="none"}}
+        values: 0x20 1x10
+      # write: any effect_unknown share alerts
+      - series: agentrun_runs_total{{namespace="ns",tenant="write",reason="completed",outcome="ok"}}
+        values: 0+20x30
+      - series: agentrun_runs_total{{namespace="ns",tenant="write",reason="effect_unknown",
+          outcome="none"}}
+        values: 0+1x30
     alert_rule_test:
       - eval_time: 25m
         alertname: AgentrunRunsEndingNoProgress
         exp_alerts:
-          - exp_labels: {{severity: warning, tenant: a}}
+          - exp_labels: {{severity: warning, namespace: ns, tenant: small}}
       - eval_time: 25m
         alertname: AgentrunRunsEndingModelError
         exp_alerts:
-          - exp_labels: {{severity: warning, tenant: a}}
-  - name: a growing queue alerts, a steady one does not
+          - exp_labels: {{severity: warning, namespace: ns, tenant: small}}
+      - eval_time: 25m
+        alertname: AgentrunRunsEndingCheckpointFailed
+        exp_alerts:
+          - exp_labels: {{severity: critical, namespace: ns, tenant: small}}
+      - eval_time: 25m
+        alertname: AgentrunRunsEndingToolUnavailable
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: ns, tenant: small}}
+      - eval_time: 25m
+        alertname: AgentrunRunsEndingEffectUnknown
+        exp_alerts:
+          - exp_labels: {{severity: critical, namespace: ns, tenant: write}}
+  - name: model call failures alert as a share of the model's calls, by error type
     interval: 1m
     input_series:
-      - series: agentrun_turns_pending{{job="op"}}
-        values: 0+2x40
+      - series: agentrun_model_calls_total{{namespace="ns",tenant="t",model="m1"}}
+        values: 0+20x40
+      - series: agentrun_model_call_errors_total{{namespace="ns",tenant="t",model="m1",
+          error_type="rate_limited"}}
+        values: 0+5x40
+      - series: agentrun_model_call_errors_total{{namespace="ns",tenant="t",model="m1",
+          error_type="server_error"}}
+        values: 0+1x40
+      - series: agentrun_model_calls_total{{namespace="ns",tenant="t",model="m2"}}
+        values: 0+100x40
+      - series: agentrun_model_call_errors_total{{namespace="ns",tenant="t",model="m2",
+          error_type="rate_limited"}}
+        values: 0+5x40
+    alert_rule_test:
+      - eval_time: 30m
+        alertname: AgentrunModelCallsFailing
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: ns, model: m1, error_type: rate_limited}}
+  - name: a queue growing past the workers' capacity alerts, a steady one does not
+    interval: 1m
+    input_series:
+      - series: agentrun_turns_pending{{namespace="grow",job="op"}}
+        values: 0+20x40
+      - series: agentrun_worker_concurrency{{namespace="grow",job="worker",instance="w1"}}
+        values: 32x40
+      - series: agentrun_worker_concurrency{{namespace="grow",job="worker",instance="w2"}}
+        values: 32x40
+      - series: agentrun_turns_pending{{namespace="steady",job="op"}}
+        values: 500x40
+      - series: agentrun_worker_concurrency{{namespace="steady",job="worker",instance="w1"}}
+        values: 64x40
     alert_rule_test:
       - eval_time: 35m
         alertname: AgentrunQueueLagGrowing
         exp_alerts:
-          - exp_labels: {{severity: warning}}
-  - name: a steady queue does not alert
+          - exp_labels: {{severity: warning, namespace: grow}}
+  - name: TurnRequests waiting long for a worker alert on the p90 of their wait
     interval: 1m
     input_series:
-      - series: agentrun_turns_pending{{job="op"}}
-        values: 50x40
+      - series: agentrun_turn_queue_wait_seconds_bucket{{namespace="slow",le="1"}}
+        values: 0+1x30
+      - series: agentrun_turn_queue_wait_seconds_bucket{{namespace="slow",le="30"}}
+        values: 0+1x30
+      - series: agentrun_turn_queue_wait_seconds_bucket{{namespace="slow",le="60"}}
+        values: 0+10x30
+      - series: agentrun_turn_queue_wait_seconds_bucket{{namespace="slow",le="+Inf"}}
+        values: 0+10x30
+      - series: agentrun_turn_queue_wait_seconds_bucket{{namespace="fast",le="1"}}
+        values: 0+10x30
+      - series: agentrun_turn_queue_wait_seconds_bucket{{namespace="fast",le="30"}}
+        values: 0+10x30
+      - series: agentrun_turn_queue_wait_seconds_bucket{{namespace="fast",le="60"}}
+        values: 0+10x30
+      - series: agentrun_turn_queue_wait_seconds_bucket{{namespace="fast",le="+Inf"}}
+        values: 0+10x30
     alert_rule_test:
-      - eval_time: 35m
-        alertname: AgentrunQueueLagGrowing
-        exp_alerts: []
+      - eval_time: 25m
+        alertname: AgentrunTurnsWaitLong
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: slow}}
   - name: Running runs without committed turns alert, also for a tenant with no turn ever
     interval: 1m
     input_series:
-      - series: agentrun_runs_in_phase{{tenant="stuck",phase="Running",job="op"}}
+      - series: agentrun_runs_in_phase{{namespace="ns",tenant="stuck",phase="Running",job="op"}}
         values: 2x20
-      - series: agentrun_runs_in_phase{{tenant="new",phase="Running",job="op"}}
+      - series: agentrun_runs_in_phase{{namespace="ns",tenant="new",phase="Running",job="op"}}
         values: 1x20
-      - series: agentrun_runs_in_phase{{tenant="busy",phase="Running",job="op"}}
+      - series: agentrun_runs_in_phase{{namespace="ns",tenant="busy",phase="Running",job="op"}}
         values: 3x20
-      - series: agentrun_turns_total{{tenant="stuck",job="worker"}}
+      - series: agentrun_turns_total{{namespace="ns",tenant="stuck",job="worker"}}
         values: 7x20
-      - series: agentrun_turns_total{{tenant="busy",job="worker"}}
+      - series: agentrun_turns_total{{namespace="ns",tenant="busy",job="worker"}}
         values: 0+4x20
     alert_rule_test:
       - eval_time: 15m
         alertname: AgentrunNoTurnsCommitted
         exp_alerts:
-          - exp_labels: {{severity: critical, tenant: stuck}}
-          - exp_labels: {{severity: critical, tenant: new}}
+          - exp_labels: {{severity: critical, namespace: ns, tenant: stuck}}
+          - exp_labels: {{severity: critical, namespace: ns, tenant: new}}
+  - name: a dead leader without a successor, and workers without a leader, alert per install
+    interval: 1m
+    input_series:
+      # install "dead": its leader stops being scraped at 10m; the standby never takes over
+      - series: agentrun_operator_leader{{namespace="dead",pod="op-1"}}
+        values: 1x10
+      - series: agentrun_operator_leader{{namespace="dead",pod="op-2"}}
+        values: 0x30
+      - series: agentrun_worker_concurrency{{namespace="dead",pod="w-1"}}
+        values: 64x30
+      # install "noworkers": a leader, but no worker exports anything
+      - series: agentrun_operator_leader{{namespace="noworkers",pod="op-1"}}
+        values: 1x30
+      # install "healthy": a failover at 10m, workers up
+      - series: agentrun_operator_leader{{namespace="healthy",pod="op-1"}}
+        values: 1x10
+      - series: agentrun_operator_leader{{namespace="healthy",pod="op-2"}}
+        values: 0x10 1x20
+      - series: agentrun_worker_concurrency{{namespace="healthy",pod="w-1"}}
+        values: 64x30
+    alert_rule_test:
+      - eval_time: 25m
+        alertname: AgentrunNoOperatorLeader
+        exp_alerts:
+          - exp_labels: {{severity: critical, namespace: dead}}
+      - eval_time: 25m
+        alertname: AgentrunWorkersAbsent
+        exp_alerts:
+          - exp_labels: {{severity: critical, namespace: noworkers}}
+      - eval_time: 25m
+        alertname: AgentrunOperatorAbsent
+        exp_alerts: []
+  - name: no operator scraped at all alerts; a share of targets down alerts per job
+    interval: 1m
+    input_series:
+      - series: agentrun_worker_concurrency{{namespace="ns",pod="w-1"}}
+        values: 64x20
+      - series: up{{namespace="ns",job="agentrun-worker",instance="w-1"}}
+        values: 1x20
+      - series: up{{namespace="ns",job="agentrun-worker",instance="w-2"}}
+        values: 0x20
+      - series: up{{namespace="ns",job="agentrun-operator-metrics",instance="op-1"}}
+        values: 1x20
+      - series: up{{namespace="ns",job="someone-else",instance="x"}}
+        values: 0x20
+    alert_rule_test:
+      - eval_time: 15m
+        alertname: AgentrunOperatorAbsent
+        exp_alerts:
+          - exp_labels: {{severity: critical}}
+      - eval_time: 15m
+        alertname: AgentrunTargetsDown
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: ns, job: agentrun-worker}}
 """
 """promtool unit tests: each alert fires on the series it is for, and not on look-alikes."""
 
@@ -486,22 +821,23 @@ ANNOTATION_TEST = """
 rule_files: [{rules}]
 evaluation_interval: 1m
 tests:
-  - name: annotations render the tenant and the value
+  - name: annotations render the tenant, the value and the runbook
     interval: 1m
     input_series:
-      - series: agentrun_runs_in_phase{{tenant="t1",phase="Running",job="op"}}
+      - series: agentrun_runs_in_phase{{namespace="ns",tenant="t1",phase="Running",job="op"}}
         values: 2x20
     alert_rule_test:
       - eval_time: 15m
         alertname: AgentrunNoTurnsCommitted
         exp_alerts:
-          - exp_labels: {{severity: critical, tenant: t1}}
+          - exp_labels: {{severity: critical, namespace: ns, tenant: t1}}
             exp_annotations:
               summary: Runs of tenant t1 are Running but no turn is committed
               description: >-
                 Tenant t1 has 2 run(s) in phase Running and no turn was committed for it in
                 over 5 minutes. Check that workers are up and consuming AGENTRUN_TURNS, that
                 NATS is reachable, and the worker logs for commit failures.
+              runbook_url: https://agentrun.dev/docs/runbooks/AgentrunNoTurnsCommitted.md
 """
 """promtool unit test of one alert's annotations, against the rule file as shipped."""
 

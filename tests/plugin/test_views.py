@@ -53,6 +53,26 @@ def test_a_turn_shows_text_calls_results_rejections_and_usage() -> None:
     assert body[6] == "usage 100 in (40 cached) + 20 out tokens, 0.000450 USD"
 
 
+def test_a_committed_decision_shows_its_calls_pending_then_their_results() -> None:
+    decided = kernel.Answered(
+        turn=0,
+        decision=dec.ToolCalls((), None),
+        usage=kernel.Usage(10, 2),
+        calls=(kernel.CheckedCall("w1", "ledger__count", {"key": "a"}),),
+        deferred=("w1",),
+    )
+    lines = trajectory.event_lines(RunEvent("turn", "u", summary(), record=decided, time=0.0))
+    body = [line.strip() for line in lines[1:]]
+    assert body[:2] == [
+        '→ ledger__count({"key":"a"}) [w1]',
+        "⏸ ledger__count [w1] committed; runs next turn",
+    ]
+    resumed = kernel.Resumed(1, (kernel.ToolResult("w1", "ledger__count", "a=1"),))
+    lines = trajectory.event_lines(RunEvent("turn", "u", summary(), record=resumed, time=0.0))
+    assert lines[0].endswith("turn 1: pending calls settled (after review, or committed first)")
+    assert lines[1].strip() == "← ledger__count [w1]: a=1"
+
+
 def test_a_correction_and_the_end_are_shown() -> None:
     record = kernel.Answered(
         turn=0,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -19,6 +19,8 @@ class FakeApi:
     resourceVersion preconditions, as the API server does."""
 
     def __init__(self, *, fail_with: int | None = None, uid: str = RUN.uid) -> None:
+        self.on_conflict: Callable[[], None] | None = None
+        """Runs when a patch is refused (409): e.g. a watch event arriving meanwhile."""
         self.writes: list[tuple[RunKey, dict[str, Any]]] = []
         self.fail_with = fail_with
         self.uid: str | None = uid
@@ -46,6 +48,8 @@ class FakeApi:
         if self.uid is None:
             raise ApiException(status=404, reason="NotFound")
         if self.uid != run.uid or version != str(self.version):
+            if self.on_conflict is not None:
+                self.on_conflict()
             raise ApiException(status=409, reason="Conflict")
         self.writes.append((run, dict(body)))
         self.other_writer(dict(body))
@@ -214,3 +218,73 @@ async def test_a_failed_write_is_retried_after_the_interval() -> None:
     await asyncio.sleep(0.2)
     await writer.flush_and_stop()
     assert api.writes == [(RUN, ended(9))]
+
+
+def watched(api: FakeApi) -> dict[str, Any]:
+    """The object as a watch event carries it."""
+    return {
+        "metadata": {"uid": RUN.uid, "resourceVersion": str(api.version)},
+        "status": dict(api.status),
+    }
+
+
+async def test_a_watched_version_spares_the_read_before_a_patch() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.observe(RUN, watched(api))
+    writer.submit(RUN, running(3), seq=3, terminal=False)
+    await writer.flush()
+    api.other_writer({})  # kopf's own patch (annotations, finalizer) moves the version on
+    writer.observe(RUN, watched(api))
+    writer.submit(RUN, running(5), seq=5, terminal=False)
+    await writer.flush()
+    assert [body["lastEventSequence"] for _, body in api.writes] == [3, 5]
+    assert api.reads == 0
+
+
+async def test_an_older_watched_version_is_not_taken_and_costs_one_read() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    early = watched(api)
+    writer.submit(RUN, running(3), seq=3, terminal=False)
+    await writer.flush()
+    writer.observe(RUN, early)  # delivered late: older than what the patch returned
+    api.other_writer({})
+    writer.submit(RUN, running(5), seq=5, terminal=False)
+    await writer.flush()
+    assert [body["lastEventSequence"] for _, body in api.writes] == [3, 5]
+    assert api.reads == 2  # the first write's, and the re-read after the refused (409) patch
+
+
+async def test_a_watched_end_drops_an_older_projection_unwritten() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.observe(RUN, watched(api))
+    api.other_writer(ended(6))
+    writer.observe(RUN, watched(api))
+    writer.submit(RUN, running(5), seq=5, terminal=False)
+    await writer.flush()
+    assert api.writes == [] and api.reads == 0
+
+
+async def test_a_finished_run_the_writer_never_wrote_is_not_remembered() -> None:
+    api = FakeApi()
+    api.other_writer(ended(6))
+    writer = StatusWriter(api, interval=0.0)
+    writer.observe(RUN, watched(api))  # e.g. listed at start-up: nothing is kept for it
+    writer.submit(RUN, running(5), seq=5, terminal=False)
+    assert writer.stale == 0
+    await writer.flush()  # so the write reads the object first, and drops the projection
+    assert (api.reads, writer.stale, api.writes) == (1, 1, [])
+
+
+async def test_a_refused_patch_retries_on_the_version_the_watch_showed_meanwhile() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    writer.observe(RUN, watched(api))
+    api.other_writer({})  # kopf patches; its watch event arrives while our patch is refused
+    api.on_conflict = lambda: writer.observe(RUN, watched(api))
+    writer.submit(RUN, running(3), seq=3, terminal=False)
+    await writer.flush()
+    assert [body["lastEventSequence"] for _, body in api.writes] == [3]
+    assert api.reads == 0

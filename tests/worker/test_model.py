@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from agentrun import kernel
+from agentrun.metrics import ModelErrorType
 from agentrun.testing import mockllm, scenario
 from agentrun.worker.model import (
     ChatRequest,
@@ -237,3 +239,44 @@ async def test_a_provider_error_echoing_the_key_is_redacted_and_not_chained(
     assert str(caught.value).endswith("Incorrect API key provided: [redacted].")
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
     assert [r.api_key for r in mock.state.requests] == [key]
+
+
+@pytest.mark.parametrize(
+    ("goal", "options", "error_type"),
+    [
+        pytest.param("bad request", {}, ModelErrorType.CLIENT_ERROR, id="400"),
+        pytest.param("wrong key", {}, ModelErrorType.AUTH, id="401"),
+        pytest.param("no quota", {}, ModelErrorType.RATE_LIMITED, id="429-no-quota"),
+        pytest.param("server down", {"retries": 1}, ModelErrorType.SERVER_ERROR, id="500"),
+        pytest.param("filtered", {}, ModelErrorType.FILTERED, id="content-filter"),
+        pytest.param("come back later", {"seconds_left": 5}, ModelErrorType.DEADLINE, id="late"),
+        pytest.param("rate limit", {"seconds_left": -1}, ModelErrorType.DEADLINE, id="expired"),
+    ],
+)
+async def test_a_failed_call_says_why_in_a_bounded_error_type(
+    mock: mockllm.MockLLM, goal: str, options: dict[str, Any], error_type: ModelErrorType
+) -> None:
+    # The error_type label of agentrun_model_call_errors_total: one of a closed set.
+    with pytest.raises(ModelError) as caught:
+        await ask(mock, goal, **options)
+    assert caught.value.error_type is error_type
+
+
+async def test_an_endpoint_that_refuses_connections_is_a_connection_error() -> None:
+    async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as gone:
+        base_url = gone.base_url  # closed when the block ends: nothing listens there
+    model = ModelClient(RetryPolicy(max_retries=0))
+    request = ChatRequest(
+        base_url=base_url,
+        api_key="",
+        model="scripted",
+        messages=[{"role": "user", "content": "hello"}],
+        tools=[],
+        max_output_tokens=10,
+    )
+    try:
+        with pytest.raises(ModelError) as caught:
+            await model.complete(request, deadline=time.time() + 10)
+    finally:
+        await model.close()
+    assert caught.value.error_type is ModelErrorType.CONNECTION

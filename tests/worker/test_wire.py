@@ -100,3 +100,17 @@ def test_a_record_without_its_kind_is_refused() -> None:
     del data["record"]["kind"]
     with pytest.raises(ValueError, match="unknown turn record kind"):
         RunEvent.decode(json.dumps(data).encode())
+
+
+def test_a_committed_decision_keeps_its_deferred_call_ids_on_the_wire() -> None:
+    calls = (kernel.CheckedCall("w1", "deploy", {"app": "web"}), kernel.CheckedCall("r1", "ls", {}))
+    decision = kernel.ToolCalls(tuple(kernel.ToolCall(c.id, c.name, "{}") for c in calls), None)
+    record = kernel.Answered(0, decision, kernel.Usage(10, 2), calls, deferred=("w1", "r1"))
+    state = kernel.initial_state(goal="g")
+    event = RunEvent("turn", "uid-1", state.summary(), record=record)
+    assert RunEvent.decode(event.encode()).record == record
+    data = json.loads(event.encode())
+    assert data["record"]["deferred"] == ["w1", "r1"]
+    del data["record"]["deferred"]  # a record written before calls were deferred
+    old = RunEvent.decode(json.dumps(data).encode()).record
+    assert isinstance(old, kernel.Answered) and old.deferred == ()

@@ -1,0 +1,122 @@
+"""How the worker and the operator reach an MCP server: its ``Endpoint`` and one client session
+opened on it with the official ``mcp`` SDK (streamable HTTP, or SSE for servers that still
+need it).
+
+What does not belong here: reusing sessions (``sessions``), mapping results and faults
+(``remote``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.session import IncomingMessage
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+
+__all__ = ["Endpoint", "FaultHook", "ResponseHook", "Transport", "open_session", "root_cause"]
+
+
+class Transport(enum.StrEnum):
+    """How the MCP server is reached (``AgentToolServer.spec.transport``)."""
+
+    STREAMABLE_HTTP = "StreamableHTTP"
+    SSE = "SSE"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Endpoint:
+    """How to reach one MCP server."""
+
+    url: str
+    transport: Transport = Transport.STREAMABLE_HTTP
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Sent with every request (e.g. ``Authorization``); never logged or echoed."""
+    timeout: float = 30.0
+    """Seconds one exchange (connect, handshake and the request) may take in all."""
+
+    def identity(self) -> tuple[str, str, float, str]:
+        """The pool key: URL, transport, timeout and a SHA-256 digest of the headers (names
+        and values), so the values themselves are never kept or logged."""
+        canonical = "\n".join(f"{k.lower()}:{v}" for k, v in sorted(self.headers.items()))
+        digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return (self.url, self.transport.value, self.timeout, digest)
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group that is not a cancellation (anyio cancels the
+    transport's other tasks once one fails); ``exc`` itself when it is no group."""
+    for leaf in _leaves(exc):
+        if not isinstance(leaf, asyncio.CancelledError | anyio.get_cancelled_exc_class()):
+            return leaf
+    return exc
+
+
+ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
+FaultHook = Callable[[Exception], None]
+
+
+@contextlib.asynccontextmanager
+async def open_session(
+    endpoint: Endpoint,
+    *,
+    on_response: ResponseHook | None = None,
+    on_fault: FaultHook | None = None,
+) -> AsyncIterator[Client]:
+    """An MCP client session (handshake done), entered and left in the caller's task.
+
+    ``on_response``, when given, sees every HTTP response of the session (headers only);
+    ``on_fault`` every transport failure the SDK reports outside a request (e.g. the SSE
+    stream of a server that went away). Raises what the SDK and ``httpx2`` raise when the
+    server cannot be reached or refuses.
+    """
+
+    async def on_message(message: IncomingMessage) -> None:
+        if on_fault is not None and isinstance(message, Exception):
+            on_fault(message)
+
+    headers = dict(endpoint.headers)
+    hooks: dict[str, list[ResponseHook]] = {"response": [on_response] if on_response else []}
+    timeout = httpx2.Timeout(endpoint.timeout)
+    async with contextlib.AsyncExitStack() as stack:
+        if endpoint.transport is Transport.SSE:
+
+            def factory(
+                headers: dict[str, str] | None = None,
+                timeout: httpx2.Timeout | None = None,
+                auth: httpx2.Auth | None = None,
+            ) -> httpx2.AsyncClient:
+                return httpx2.AsyncClient(
+                    headers=headers, timeout=timeout, auth=auth, event_hooks=hooks
+                )
+
+            transport = sse_client(
+                endpoint.url,
+                headers=headers,
+                timeout=endpoint.timeout,
+                httpx_client_factory=factory,
+            )
+        else:
+            http = httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=hooks)
+            await stack.enter_async_context(http)
+            transport = streamable_http_client(endpoint.url, http_client=http)
+        client = Client(
+            transport, read_timeout_seconds=endpoint.timeout, cache=None, message_handler=on_message
+        )
+        yield await stack.enter_async_context(client)

@@ -1,0 +1,54 @@
+"""kopf entry points of the CronAgentRun controller: they only tell it what changed.
+
+Every CronAgentRun as listed and on each change goes to ``ScheduleController.observe``; a
+deleted one to ``forget``; a run it created that ends or is deleted to ``run_changed``. None of
+these handlers adds a finalizer or writes to the object: a CronAgentRun deletes with no operator
+running, and its runs follow through their ownerReferences.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from agentrun import kube
+
+from .cronspec import CRON_LABEL, CRONS
+from .wiring import OperatorMemo
+
+CRON = (kube.GROUP, kube.VERSION, CRONS)
+RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
+
+
+@kopf.on.event(*CRON)
+async def cron_changed(
+    *,
+    type: str | None,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """A CronAgentRun appeared, changed or was deleted."""
+    parts = memo.running()
+    if type == "DELETED":
+        parts.schedules.forget(str(namespace), name)
+        return
+    parts.schedules.observe(body)
+
+
+@kopf.on.event(*RUN, labels={CRON_LABEL: kopf.PRESENT})
+async def scheduled_run_changed(
+    *,
+    type: str | None,
+    labels: kopf.Labels,
+    status: kopf.Status,
+    namespace: str | None,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """A run created by a CronAgentRun ended or was deleted: its CronAgentRun looks again."""
+    if type == "DELETED" or status.get("terminalReason"):
+        memo.running().schedules.run_changed(str(namespace), str(labels[CRON_LABEL]))

@@ -1,0 +1,108 @@
+"""A CronAgentRun's ``.status`` (pure): the body a controller pass writes, and whether the
+object already shows it.
+
+What belongs here: the status fields (``lastScheduleTime``, ``lastSuccessfulTime``,
+``nextScheduleTime``, ``active``/``activeRuns``, the ``Ready`` condition, ``observedGeneration``)
+from the runs read back and the plan. What does not: deciding what runs (``cronplan``), writing
+it (``cronstore``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentrun import kube
+
+from . import cronspec, status
+from .cronstore import OwnedRun, epoch
+
+
+def unchanged(old: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """Whether the status ``old`` already holds every field of ``body`` (conditions compared
+    without their transition time; ``None`` and an empty list mean absent)."""
+    return all(_same(old.get(key), value) for key, value in body.items())
+
+
+def _same(old: Any, new: Any) -> bool:
+    if isinstance(old, list) and isinstance(new, list) and old and new:
+        strip = [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in old]
+        return strip == [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in new]
+    return bool(old == new or (old in (None, []) and new in (None, [])))
+
+
+def ready(flag: bool, reason: str, message: str, *, now: float, generation: int) -> dict[str, Any]:
+    """``{"conditions": [Ready]}``."""
+    condition = status.condition(
+        "Ready", status=flag, reason=reason, message=message, at=now, generation=generation
+    )
+    return {"conditions": [condition]}
+
+
+def schedule_ready(
+    checked: cronspec.Checked,
+    old: Mapping[str, Any],
+    *,
+    wake: float | None,
+    now: float,
+    generation: int,
+) -> dict[str, Any]:
+    """The ``Ready=True`` condition of a usable CronAgentRun: ``Suspended``, or ``Scheduled``
+    with the next time in the message; the transition time kept from ``old`` (its status)."""
+    if checked.policy.suspend:
+        found = ready(
+            True, "Suspended", "spec.suspend: no runs are created", now=now, generation=generation
+        )
+    else:
+        zone = checked.spec.time_zone or "UTC"
+        next_at = status.rfc3339(wake) if wake is not None else "never"
+        message = f"{checked.schedule.written} ({zone}): next run at {next_at}"
+        found = ready(True, "Scheduled", message, now=now, generation=generation)
+    before = next((c for c in old.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if before is not None and before.get("status") == "True":
+        found["conditions"][0]["lastTransitionTime"] = before.get("lastTransitionTime")
+    return found
+
+
+def status_body(
+    cron: Mapping[str, Any],
+    owned: Sequence[OwnedRun],
+    checked: cronspec.Checked,
+    *,
+    wake: float | None,
+    now: float,
+    scheduled: float,
+) -> dict[str, Any]:
+    """The CronAgentRun's ``.status`` after a pass (``None`` values remove a field).
+
+    ``owned``: its runs left; ``wake``: the next schedule time (``None``: suspended);
+    ``scheduled``: the last schedule time this process created a run for (0: none).
+    """
+    meta = cron.get("metadata") or {}
+    old: Mapping[str, Any] = cron.get("status") or {}
+    generation = int(meta.get("generation") or 1)
+    last = max(
+        [scheduled, *(r.scheduled for r in owned), epoch(old.get("lastScheduleTime")) or 0.0]
+    )
+    successes = [r.completed_at for r in owned if r.succeeded and r.completed_at is not None]
+    last_success = max([*successes, epoch(old.get("lastSuccessfulTime")) or 0.0])
+    active = [
+        {
+            "apiVersion": f"{kube.GROUP}/{kube.VERSION}",
+            "kind": "AgentRun",
+            "name": run.name,
+            "namespace": str(meta.get("namespace", "")),
+            **({"uid": run.uid} if run.uid else {}),
+        }
+        for run in sorted(owned, key=lambda r: (r.scheduled, r.name))
+        if not run.ended
+    ]
+    return {
+        "observedGeneration": generation,
+        "lastScheduleTime": status.rfc3339(last) if last else None,
+        "lastSuccessfulTime": status.rfc3339(last_success) if last_success else None,
+        "nextScheduleTime": status.rfc3339(wake) if wake is not None else None,
+        "active": active or None,
+        "activeRuns": len(active),
+        **schedule_ready(checked, old, wake=wake, now=now, generation=generation),
+    }

@@ -1,0 +1,91 @@
+"""``agentrun_tool_calls_total`` tells infrastructure failures from errors the model caused.
+
+A dashboard reading ``result="error"`` sees what the model got wrong (bad arguments, a domain
+error, a 4xx); ``result="fault"`` is what the platform must fix (timeouts, connections, 5xx,
+MCP transport, tool crashes, an effect left unknown). One row per fault class, so a new class
+cannot land without its label.
+"""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+
+from agentrun import kernel, metrics
+from agentrun.kernel import ToolFault
+from agentrun.protocol import ModelConfig, RunConfig
+
+LABEL_OF_FAULT = {
+    ToolFault.ARGUMENTS: "error",
+    ToolFault.DOMAIN: "error",
+    ToolFault.REJECTED: "error",
+    ToolFault.TIMEOUT: "fault",
+    ToolFault.CONNECTION: "fault",
+    ToolFault.SERVER: "fault",
+    ToolFault.TRANSPORT: "fault",
+    ToolFault.CRASHED: "fault",
+    ToolFault.EFFECT_UNKNOWN: "fault",
+}
+
+
+def test_every_fault_class_has_its_row() -> None:
+    assert set(LABEL_OF_FAULT) == set(ToolFault)
+
+
+@pytest.mark.parametrize(
+    ("fault", "label"),
+    sorted(LABEL_OF_FAULT.items()),
+    ids=[f.value for f in sorted(LABEL_OF_FAULT)],
+)
+def test_a_failed_call_is_labelled_by_who_caused_it(fault: ToolFault, label: str) -> None:
+    result = kernel.ToolResult("c1", "t", "failed", True, fault)
+    assert metrics.tool_result(result, denied=False, not_run=False) == label
+    assert label in metrics.TOOL_RESULTS
+
+
+@pytest.mark.parametrize(
+    ("result", "denied", "not_run", "label"),
+    [
+        (kernel.ToolResult("c1", "t", "42"), False, False, "ok"),
+        (kernel.ToolResult("c1", "t", "old error", True), False, False, "error"),
+        (kernel.ToolResult("c1", "t", kernel.DENIED, True), True, False, "denied"),
+        (kernel.ToolResult("c1", "t", "not run", True, ToolFault.TIMEOUT), False, True, "not_run"),
+    ],
+    ids=["ok", "unclassified-error", "denied", "not-run"],
+)
+def test_the_other_results_keep_their_labels(
+    result: kernel.ToolResult, denied: bool, not_run: bool, label: str
+) -> None:
+    assert metrics.tool_result(result, denied=denied, not_run=not_run) == label
+
+
+def test_a_committed_turn_counts_each_call_under_its_label() -> None:
+    config = RunConfig(
+        uid="u",
+        namespace="ns",
+        name="r",
+        goal="g",
+        instructions="",
+        tools=("calculate",),
+        limits=kernel.Limits(),
+        model=ModelConfig("labels-model", "http://unused.invalid/v1", "m", kernel.Pricing(), 1, 1),
+        deadline=0.0,
+        tenant="labels-tenant",
+    )
+    metrics.know_run(config, catalog=("calculate",))
+    calls = tuple(kernel.CheckedCall(f"c{i}", "calculate", {}) for i in range(3))
+    results = (
+        kernel.ToolResult("c0", "calculate", "2"),
+        kernel.ToolResult("c1", "calculate", "division by zero", True, ToolFault.DOMAIN),
+        kernel.ToolResult("c2", "calculate", "timed out", True, ToolFault.TIMEOUT),
+    )
+    state = kernel.initial_state(goal="g")
+    record = kernel.Answered(0, kernel.ToolCalls((), None), calls=calls, results=results)
+    after = kernel.advance(state, record, config.limits)
+    metrics.record_turn(record, before=state, after=after, config=config, catalog=("calculate",))
+
+    def value(result: str) -> float | None:
+        labels = {"tenant": "labels-tenant", "tool": "calculate", "result": result}
+        return REGISTRY.get_sample_value("agentrun_tool_calls_total", labels)
+
+    assert [value(r) for r in metrics.TOOL_RESULTS] == [1, 1, 1, 0, 0]
