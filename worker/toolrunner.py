@@ -8,8 +8,8 @@ server or transport error) is retried a bounded number of times with backoff, wi
 deadline, unless its tool is a ``write``; an error the model caused is never retried (it goes
 back to the model as the result). A ``write`` call that failed after it may have been sent has
 an unknown outcome: its result is ``effect_unknown`` (the run ends naming it), so the model
-never gets the chance to repeat it under a new call id. Write and idempotent calls go through the effect ledger when
-one is given, so a turn run again never sends one twice.
+never gets the chance to repeat it under a new call id. Write and idempotent calls go through
+the effect ledger when one is given, so a turn run again never sends one twice.
 """
 
 from __future__ import annotations
