@@ -68,6 +68,18 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+CONNECTION_LOST = (
+    httpx2.NetworkError,
+    httpx2.RemoteProtocolError,
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    ConnectionError,
+)
+"""The errors of a connection that was reset, closed or could not carry the exchange (a
+session's connection is lost; the call's fault is ``connection``)."""
+
+
 ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
 FaultHook = Callable[[Exception], None]
 

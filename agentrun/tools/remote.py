@@ -31,7 +31,6 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
-import anyio
 import httpx2
 from mcp import MCPError
 from mcp.types import CallToolResult, RequestParamsMeta
@@ -40,7 +39,7 @@ from agentrun.kernel import ToolFault
 from agentrun.protocol import RemoteTool
 
 from . import catalog
-from .endpoint import Endpoint, Transport, open_session, root_cause
+from .endpoint import CONNECTION_LOST, Endpoint, Transport, open_session, root_cause
 from .sessions import Loss, SessionLost, SessionPool
 
 __all__ = [
@@ -96,15 +95,7 @@ def function_name(server: str, tool: str) -> str:
     return f"{server}{SEPARATOR}{tool}"
 
 
-_CONNECTION_ERRORS = (
-    httpx2.NetworkError,
-    httpx2.RemoteProtocolError,
-    anyio.ClosedResourceError,
-    anyio.BrokenResourceError,
-    anyio.EndOfStream,
-    ConnectionError,
-    OSError,
-)
+_CONNECTION_ERRORS = (*CONNECTION_LOST, OSError)
 
 
 def fault_of(exc: BaseException) -> ToolFault:

@@ -35,12 +35,11 @@ import enum
 import logging
 from typing import Any
 
-import anyio
 import httpx2
 from mcp import Client, MCPError
 from mcp.types import CallToolResult, RequestParamsMeta
 
-from .endpoint import Endpoint, open_session, root_cause
+from .endpoint import CONNECTION_LOST, Endpoint, open_session, root_cause
 
 __all__ = ["Loss", "PoolSettings", "SessionLost", "SessionPool", "may_resend"]
 
@@ -93,16 +92,6 @@ class PoolSettings:
     """A session with no call for this long is closed."""
     close_seconds: float = 5.0
     """Seconds a session's close (the DELETE of its id, the connection's close) may take."""
-
-
-_LOST_ERRORS = (
-    httpx2.NetworkError,
-    httpx2.RemoteProtocolError,
-    anyio.ClosedResourceError,
-    anyio.BrokenResourceError,
-    anyio.EndOfStream,
-    ConnectionError,
-)
 
 
 _Key = tuple[str, str, str, float, str]
@@ -248,7 +237,7 @@ class _Session:
             return SessionLost(f"cannot connect: {cause}", loss=Loss.REFUSED, cause=cause)
         if isinstance(cause, MCPError) and cause.code == _CONNECTION_CLOSED:
             return SessionLost("the MCP connection closed", loss=Loss.BROKEN, cause=cause)
-        if isinstance(cause, _LOST_ERRORS):
+        if isinstance(cause, CONNECTION_LOST):
             return SessionLost(f"{type(cause).__name__}", loss=Loss.BROKEN, cause=cause)
         if err is None:
             return SessionLost("the MCP session ended", loss=Loss.BROKEN, cause=self.failure)
