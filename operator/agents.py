@@ -33,8 +33,10 @@ from .runs import RunKey
 from .specs import AgentRefSpec, AgentSpec, ObjectMeta, SpecError, parse
 from .statuswriter import MERGE_PATCH
 
-REFERENCE = re.compile(r"\{\{\s*params\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
-"""``{{ params.NAME }}``, spaces inside the braces optional."""
+OPEN, CLOSE = "{{", "}}"
+"""What starts and ends a placeholder."""
+PLACEHOLDER = re.compile(r"\s*params\.([A-Za-z_][A-Za-z0-9_]*)\s*")
+"""What a placeholder holds: ``params.NAME``, spaces around it optional."""
 FROM_AGENT = ("model", "instructions", "tools", "output", "approval")
 """Spec fields a run of an Agent takes from the Agent as written."""
 RUN_CAPS = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
@@ -43,6 +45,65 @@ RUN_CAPS = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
 
 class InvalidRef(Exception):
     """The run's ``spec.agentRef`` cannot be resolved; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Template:
+    """A text with ``{{ params.NAME }}`` placeholders, parsed (``parse_template``)."""
+
+    pieces: tuple[str, ...]
+    """Literal text and parameter names alternating, starting and ending with literal text
+    (possibly empty): ``"a {{ params.x }} b"`` is ``("a ", "x", " b")``."""
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The parameter names the text references."""
+        return frozenset(self.pieces[1::2])
+
+    def render(self, values: Mapping[str, str]) -> str:
+        """The text with each placeholder replaced by ``values[NAME]``; raises ``KeyError``
+        for a name ``values`` lacks (check ``names`` first)."""
+        return "".join(
+            values[piece] if index % 2 else piece for index, piece in enumerate(self.pieces)
+        )
+
+
+def parse_template(text: str, *, field: str) -> Template:
+    """``text`` split at its placeholders; raises ``InvalidRef`` naming ``field`` for a
+    malformed one: a ``{{`` with no ``}}`` after it, or a ``{{ ... }}`` that does not hold
+    exactly ``params.NAME`` (NAME: a letter or ``_``, then letters, digits, ``_``)."""
+    pieces: list[str] = []
+    done = 0
+    while (start := text.find(OPEN, done)) >= 0:
+        end = text.find(CLOSE, start + len(OPEN))
+        if end < 0:
+            raise InvalidRef(
+                f"{field}: {OPEN!r} at character {start} has no matching {CLOSE!r} "
+                f"(a placeholder is {{{{ params.NAME }}}})"
+            )
+        found = PLACEHOLDER.fullmatch(text, start + len(OPEN), end)
+        if found is None:
+            written = text[start : end + len(CLOSE)]
+            raise InvalidRef(
+                f"{field}: placeholder {written!r} at character {start} is not "
+                f"{{{{ params.NAME }}}}"
+            )
+        pieces += [text[done:start], found.group(1)]
+        done = end + len(CLOSE)
+    pieces.append(text[done:])
+    return Template(tuple(pieces))
+
+
+def check_names(template: Template, declared: Collection[str], *, field: str) -> None:
+    """Raise ``InvalidRef`` naming ``field`` if ``template`` references a parameter not in
+    ``declared``."""
+    unknown = sorted(template.names - set(declared))
+    if unknown:
+        names = ", ".join(f"{{{{ params.{name} }}}}" for name in unknown)
+        listed = ", ".join(sorted(declared)) or "none"
+        raise InvalidRef(
+            f"{field}: references {names}, not a parameter of the Agent (declared: {listed})"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,15 +135,11 @@ def digest_of(spec: Mapping[str, Any]) -> str:
 
 def substitute(text: str, values: Mapping[str, str], *, field: str) -> str:
     """``text`` with each ``{{ params.NAME }}`` replaced by ``values[NAME]``; raises
-    ``InvalidRef`` naming ``field`` for a name ``values`` lacks (an undeclared parameter)."""
-    unknown = sorted({m.group(1) for m in REFERENCE.finditer(text)} - set(values))
-    if unknown:
-        names = ", ".join(f"{{{{ params.{name} }}}}" for name in unknown)
-        declared = ", ".join(sorted(values)) or "none"
-        raise InvalidRef(
-            f"{field}: references {names}, not a parameter of the Agent (declared: {declared})"
-        )
-    return REFERENCE.sub(lambda m: values[m.group(1)], text)
+    ``InvalidRef`` naming ``field`` for a malformed placeholder (``parse_template``) or a name
+    ``values`` lacks (an undeclared parameter)."""
+    template = parse_template(text, field=field)
+    check_names(template, values, field=field)
+    return template.render(values)
 
 
 def parameter_values(agent: str, spec: AgentSpec, given: Mapping[str, str]) -> dict[str, str]:
@@ -209,12 +266,19 @@ def readiness(
     agent: Mapping[str, Any], *, model_found: bool, known_tools: Collection[str]
 ) -> Readiness:
     """Check an Agent object (as a dict) against what exists: its AgentModel (``model_found``)
-    and the worker's tool catalog (``known_tools``). Pure."""
+    and the worker's tool catalog (``known_tools``); ``InvalidSpec`` also covers instructions
+    with a malformed placeholder or one naming an undeclared parameter. Pure."""
     name = str((agent.get("metadata") or {}).get("name", ""))
     try:
         spec = AgentSpec.of(name, agent.get("spec"))
     except SpecError as err:
         return Readiness(False, "InvalidSpec", str(err))
+    if spec.instructions is not None:
+        try:
+            template = parse_template(spec.instructions, field="spec.instructions")
+            check_names(template, [p.name for p in spec.parameters], field="spec.instructions")
+        except InvalidRef as err:
+            return Readiness(False, "InvalidSpec", str(err))
     if not model_found:
         return Readiness(False, "ModelNotFound", f"spec.model: AgentModel {spec.model!r} not found")
     unknown = sorted(set(spec.tools) - set(known_tools))

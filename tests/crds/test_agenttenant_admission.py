@@ -96,6 +96,19 @@ ACCEPTED_SPECS = [
     pytest.param({"allowedModels": [], "allowedTools": []}, id="nothing-allowed"),
     pytest.param(
         {
+            "runBudget": {
+                "max": {"maxSteps": 5, "maxCostUSD": "10", "timeout": "1h30m"},
+                "default": {"maxSteps": 5, "maxCostUSD": "9.999999", "timeout": "90m"},
+            }
+        },
+        id="defaults-equal-to-or-below-their-caps",
+    ),
+    pytest.param(
+        {"runBudget": {"max": {"maxSteps": 5}, "default": {"maxToolCalls": 50, "timeout": "2h"}}},
+        id="defaults-without-a-cap",
+    ),
+    pytest.param(
+        {
             "namespaceSelector": {
                 "matchExpressions": [{"key": "team", "operator": "Exists", "values": []}]
             }
@@ -118,6 +131,15 @@ NOT_BOUND = "spec.namespaces or spec.namespaceSelector must be set"
 
 def selector(*expressions: dict[str, Any]) -> dict[str, Any]:
     return {"namespaceSelector": {"matchExpressions": list(expressions)}}
+
+
+def above_cap_message(field: str, value: int | str, most: int | str) -> str:
+    """The API server's message for a runBudget default above its cap. String fields show
+    both values; integer ones cannot (``string(int)`` in a message expression is too costly
+    for the API server's CEL budget), so their message names the fields only."""
+    if isinstance(value, str):
+        return f"spec.runBudget.default.{field}: {value} is above spec.runBudget.max.{field} {most}"
+    return f"spec.runBudget.default.{field} is above spec.runBudget.max.{field}"
 
 
 REJECTED_SPECS = [
@@ -264,6 +286,22 @@ REJECTED_SPECS = [
         {"allowedTools": ["rm -rf /"]}, ["spec.allowedTools[0]", "should match"], id="bad-tool"
     ),
     pytest.param({"priority": "high"}, ['unknown field "spec.priority"'], id="unknown-field"),
+    *[
+        pytest.param(
+            {"runBudget": {"max": {field: most}, "default": {field: value}}},
+            [f"spec.runBudget.default.{field}", above_cap_message(field, value, most)],
+            id=f"default-{field}-{value}-above-max-{most}",
+        )
+        for field, most, value in [
+            ("maxSteps", 5, 50),
+            ("maxToolCalls", 10, 11),
+            ("maxTokens", 100_000, 100_001),
+            ("maxCostUSD", "9.5", "10"),
+            ("maxCostUSD", "2.50", "2.500001"),
+            ("timeout", "1h", "61m"),
+            ("timeout", "90s", "1m30s500ms"),
+        ]
+    ],
 ]
 
 

@@ -253,17 +253,43 @@ def test_editing_the_agent_does_not_change_a_run_created_before_even_while_it_wa
     assert system_prompts(stack_, "E2E-AGENT-EDIT 2") == {"Edited: answer in French."}
 
 
-def test_an_agent_whose_model_is_missing_is_not_ready(
-    stack_: E2EStack, test_namespace: str
-) -> None:
-    stack_.apply(test_namespace, agent_manifest("orphan", model="no-such-model"))
+def ready_condition(stack_: E2EStack, namespace: str, name: str) -> dict[str, Any]:
+    """The Agent's ``Ready`` condition, once the operator has written one (30 s at most)."""
     end = time.monotonic() + 30
     while True:
-        agent = get_agent(stack_, test_namespace, "orphan")
+        agent = get_agent(stack_, namespace, name)
         conditions = {c["type"]: c for c in (agent.get("status") or {}).get("conditions", [])}
         if "Ready" in conditions or time.monotonic() > end:
             break
         time.sleep(0.25)
-    ready = conditions["Ready"]
+    found: dict[str, Any] = conditions["Ready"]
+    return found
+
+
+def test_an_agent_whose_model_is_missing_is_not_ready(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(test_namespace, agent_manifest("orphan", model="no-such-model"))
+    ready = ready_condition(stack_, test_namespace, "orphan")
     assert (ready["status"], ready["reason"]) == ("False", "ModelNotFound")
     assert ready["message"] == "spec.model: AgentModel 'no-such-model' not found"
+
+
+def test_an_agent_with_an_unclosed_placeholder_is_not_ready_and_its_runs_are_invalid_spec(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    stack_.apply(test_namespace, agent_manifest("unclosed", instructions="hi {{ params.team"))
+    ready = ready_condition(stack_, test_namespace, "unclosed")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert ready["message"] == (
+        "spec.instructions: '{{' at character 3 has no matching '}}' "
+        "(a placeholder is {{ params.NAME }})"
+    )
+    run = agent_run("verbatim", "E2E-AGENT-UNCLOSED", "unclosed", parameters={"team": "a"})
+    stack_.apply(test_namespace, run)
+    status = stack_.wait_terminal(test_namespace, "verbatim")
+    assert (status["phase"], status["terminalReason"]) == ("Failed", "invalid_spec")
+    assert status["message"].startswith(
+        "Agent 'unclosed' spec.instructions: '{{' at character 3 has no matching '}}'"
+    ), status["message"]
+    assert model_calls(stack_, "E2E-AGENT-UNCLOSED") == []

@@ -171,9 +171,8 @@ def test_live_objects_get_the_expected_health(
     assert found["message"] == "invalid_spec: spec.model: AgentModel 'no-such-model' not found"
 
     invalid = f"argo-invalid-{ns}"
-    tenants(
-        invalid, [f"unused-{ns}"], runBudget={"max": {"maxSteps": 5}, "default": {"maxSteps": 10}}
-    )
+    with test_tenants.tenant_crd_before_default_checks(stack_):  # now rejected on apply
+        tenants(invalid, [f"unused-{ns}"], runBudget=test_tenants.DEFAULT_ABOVE_CAP)
     wait_tenant(stack_, invalid, lambda s: "Accepted" in conditions(s))
     obj = anonymous(get(stack_, "agenttenant", invalid), invalid, None)
     found = sample("AgentTenant", "invalid-spec", obj, "Degraded")

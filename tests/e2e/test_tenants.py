@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import calendar
 import contextlib
+import copy
 import json
 import re
 import threading
@@ -14,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -33,6 +35,9 @@ SPEND_TOKENS = 500
 """Tokens per turn of the E2E-TENANT-SPEND scenario (100 in, 400 out)."""
 SPEND_COST = 100 * MOCK_PRICE_INPUT + 400 * MOCK_PRICE_OUTPUT
 """Its cost per turn at the ``mock`` AgentModel's prices ($0.00425)."""
+TENANT_CRD = Path(__file__).parents[2] / "crds" / "agentrun.dev_agenttenants.yaml"
+DEFAULT_ABOVE_CAP = {"max": {"maxSteps": 5}, "default": {"maxSteps": 10}}
+"""A ``runBudget`` the API server rejects now but stored before it checked defaults."""
 
 
 class TenantFactory(Protocol):
@@ -56,6 +61,49 @@ def get_tenant(stack_: E2EStack, name: str) -> dict[str, Any]:
         stack_.kubectl("get", "agenttenant", name, "-o", "json").stdout
     )
     return found
+
+
+def tenant_accepted(stack_: E2EStack, run_budget: dict[str, Any]) -> bool:
+    """Whether the API server accepts (server-side dry run) a tenant with ``run_budget``."""
+    probe = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": "schema-probe"},
+        "spec": {"namespaces": ["schema-probe"], "runBudget": run_budget},
+    }
+    result = stack_.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe), check=False
+    )
+    return bool(result.returncode == 0)
+
+
+def set_tenant_crd(stack_: E2EStack, crd: dict[str, Any], *, accepts: bool) -> None:
+    """Apply ``crd`` and wait (30 s at most) until the API server validates with it, seen as
+    whether it ``accepts`` a default above its cap."""
+    stack_.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(crd)
+    )
+    end = time.monotonic() + 30
+    while tenant_accepted(stack_, DEFAULT_ABOVE_CAP) != accepts:
+        assert time.monotonic() < end, "the API server did not take up the AgentTenant CRD"
+        time.sleep(0.25)
+
+
+@contextlib.contextmanager
+def tenant_crd_before_default_checks(stack_: E2EStack) -> Iterator[None]:
+    """The AgentTenant CRD as it was before the API server checked that each runBudget
+    default is within its cap: a tenant stored then survives an upgrade, and the operator
+    must still refuse it. The current CRD is back on exit."""
+    current = yaml.safe_load(TENANT_CRD.read_text())
+    earlier = copy.deepcopy(current)
+    for version in earlier["spec"]["versions"]:
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        del spec["properties"]["runBudget"]["x-kubernetes-validations"]
+    set_tenant_crd(stack_, earlier, accepts=True)
+    try:
+        yield
+    finally:
+        set_tenant_crd(stack_, current, accepts=False)
 
 
 def wait_tenant(
@@ -720,15 +768,13 @@ def test_an_operator_killed_while_runs_are_queued_admits_each_once_in_fifo_order
 def test_an_invalid_tenant_says_why_and_its_runs_are_rejected_not_charged_elsewhere(
     stack_: E2EStack, test_namespace: str, tenants: TenantFactory
 ) -> None:
-    """runBudget.default above runBudget.max passes the CRD schema but cannot be enforced:
-    the AgentTenant shows Accepted=False with the reason, and a run in its namespace is
-    rejected naming it — it does not fall through to the default tenant's budget."""
+    """runBudget.default above runBudget.max (stored before the API server checked it)
+    cannot be enforced: the AgentTenant shows Accepted=False with the reason, and a run in its
+    namespace is rejected naming it — it does not fall through to the default tenant's
+    budget."""
     tenant = f"t-{test_namespace}"
-    tenants(
-        tenant,
-        [test_namespace],
-        runBudget={"max": {"maxSteps": 5}, "default": {"maxSteps": 10}},
-    )
+    with tenant_crd_before_default_checks(stack_):
+        tenants(tenant, [test_namespace], runBudget=DEFAULT_ABOVE_CAP)
     status = wait_tenant(stack_, tenant, lambda s: "Accepted" in conditions(s))
     accepted = conditions(status)["Accepted"]
     assert (accepted["status"], accepted["reason"]) == ("False", "InvalidSpec")

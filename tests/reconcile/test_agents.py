@@ -86,9 +86,79 @@ def test_invalid_references_name_the_field(given: dict[str, str], goal: str, mes
     assert str(raised.value) == message
 
 
-def test_text_that_only_looks_like_a_reference_is_left_alone() -> None:
-    assert agents.substitute("{{ other.x }} {{params.}} {params.a}", {}, field="f") == (
-        "{{ other.x }} {{params.}} {params.a}"
+def test_a_template_is_split_at_its_placeholders_and_rendered() -> None:
+    template = agents.parse_template("a {{params.x}} b {{  params.y_2 }}{{ params.x }}", field="f")
+    assert template.pieces == ("a ", "x", " b ", "y_2", "", "x", "")
+    assert template.names == {"x", "y_2"}
+    assert template.render({"x": "1", "y_2": "2"}) == "a 1 b 21"
+
+
+def test_text_without_a_double_brace_is_left_alone() -> None:
+    text = '{params.a} }} {"json": {"nested": 1}}'
+    assert agents.substitute(text, {}, field="f") == text
+
+
+MALFORMED: list[Any] = [
+    pytest.param(
+        "hi {{ params.x",
+        "f: '{{' at character 3 has no matching '}}' (a placeholder is {{ params.NAME }})",
+        id="unclosed",
+    ),
+    pytest.param(
+        "{{ params.x }} then {{",
+        "f: '{{' at character 20 has no matching '}}' (a placeholder is {{ params.NAME }})",
+        id="unclosed-after-a-good-one",
+    ),
+    pytest.param(
+        "{{ other.x }}",
+        "f: placeholder '{{ other.x }}' at character 0 is not {{ params.NAME }}",
+        id="not-params",
+    ),
+    pytest.param(
+        "x {{params.}}",
+        "f: placeholder '{{params.}}' at character 2 is not {{ params.NAME }}",
+        id="no-name",
+    ),
+    pytest.param(
+        "{{ params.a-b }}",
+        "f: placeholder '{{ params.a-b }}' at character 0 is not {{ params.NAME }}",
+        id="bad-name",
+    ),
+    pytest.param(
+        "{{ params.x {{ params.y }}",
+        "f: placeholder '{{ params.x {{ params.y }}' at character 0 is not {{ params.NAME }}",
+        id="nested",
+    ),
+    pytest.param(
+        "{{ params.x params.y }}",
+        "f: placeholder '{{ params.x params.y }}' at character 0 is not {{ params.NAME }}",
+        id="two-names",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), MALFORMED)
+def test_a_malformed_placeholder_is_invalid_naming_the_field(text: str, message: str) -> None:
+    with pytest.raises(agents.InvalidRef) as raised:
+        agents.substitute(text, {"x": "1", "y": "2"}, field="f")
+    assert str(raised.value) == message
+
+
+def test_a_run_of_an_agent_with_malformed_instructions_names_them() -> None:
+    run = {"goal": "g", "agentRef": {"name": "helper", "parameters": {"team": "a"}}}
+    with pytest.raises(agents.InvalidRef) as raised:
+        agents.resolve(run, agent(instructions="hi {{ params.team"))
+    assert str(raised.value).startswith(
+        "Agent 'helper' spec.instructions: '{{' at character 3 has no matching '}}'"
+    )
+
+
+def test_a_malformed_goal_of_a_run_of_an_agent_is_invalid_naming_spec_goal() -> None:
+    run = {"goal": "do {{ team }}", "agentRef": {"name": "helper", "parameters": {"team": "a"}}}
+    with pytest.raises(agents.InvalidRef) as raised:
+        agents.resolve(run, agent())
+    assert str(raised.value) == (
+        "spec.goal: placeholder '{{ team }}' at character 3 is not {{ params.NAME }}"
     )
 
 
@@ -97,6 +167,30 @@ READINESS: list[Any] = [
     pytest.param(agent(), False, {"calculate"}, ("ModelNotFound", False), id="no-model"),
     pytest.param(agent(), True, {"sleep"}, ("UnknownTools", False), id="unknown-tool"),
     pytest.param(agent(tools="calc"), True, {"calc"}, ("InvalidSpec", False), id="bad-spec"),
+    pytest.param(
+        agent(instructions=None), True, {"calculate"}, ("Ready", True), id="no-instructions"
+    ),
+]
+
+
+NOT_READY_INSTRUCTIONS: list[Any] = [
+    pytest.param(
+        "hi {{ params.team",
+        "spec.instructions: '{{' at character 3 has no matching '}}' "
+        "(a placeholder is {{ params.NAME }})",
+        id="unclosed",
+    ),
+    pytest.param(
+        "hi {{ team }}",
+        "spec.instructions: placeholder '{{ team }}' at character 3 is not {{ params.NAME }}",
+        id="not-params",
+    ),
+    pytest.param(
+        "hi {{ params.team }} {{ params.colour }}",
+        "spec.instructions: references {{ params.colour }}, not a parameter of the Agent "
+        "(declared: team, tone)",
+        id="undeclared",
+    ),
 ]
 
 
@@ -106,6 +200,16 @@ def test_readiness(
 ) -> None:
     found = agents.readiness(obj, model_found=model_found, known_tools=tools)
     assert (found.reason, found.ready) == expected
+
+
+@pytest.mark.parametrize(("instructions", "message"), NOT_READY_INSTRUCTIONS)
+def test_an_agent_whose_instructions_have_a_bad_placeholder_is_not_ready(
+    instructions: str, message: str
+) -> None:
+    found = agents.readiness(
+        agent(instructions=instructions), model_found=True, known_tools={"calculate"}
+    )
+    assert found == agents.Readiness(False, "InvalidSpec", message)
 
 
 def test_the_ready_status_is_written_only_on_change_and_keeps_its_transition_time() -> None:
