@@ -119,10 +119,30 @@ def test_crd_names_group_and_version(
     assert spec["names"]["singular"] == kind.lower()
     assert spec["names"]["plural"] == plural
     assert spec["names"]["shortNames"] == [short_name]
-    assert spec["names"]["categories"] == ["agents"]
+    assert spec["names"]["categories"] == ["agentrun-all"]
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
     assert version["subresources"] == {"status": {}}
+
+
+def test_no_category_shadows_a_resource_name() -> None:
+    """`kubectl get agents` must list Agents: a category that equals any kind's plural,
+    singular or short name makes kubectl expand it to every kind of the category instead."""
+    crds = [load_crd(path) for path in sorted(CRD_DIR.glob("*.yaml"))]
+    resource_names = {
+        name
+        for crd in crds
+        for name in [
+            crd["spec"]["names"]["plural"],
+            crd["spec"]["names"]["singular"],
+            *crd["spec"]["names"].get("shortNames", []),
+        ]
+    }
+    categories = {
+        category for crd in crds for category in crd["spec"]["names"].get("categories", [])
+    }
+    assert categories == {"agentrun-all"}
+    assert categories & resource_names == set()
 
 
 @CRD_FILES
