@@ -449,8 +449,9 @@ def test_cronagentrun_printer_columns_are_a_cronjobs() -> None:
         ("Suspend", "boolean", ".spec.suspend", 0),
         ("Active", "integer", ".status.activeRuns", 0),
         ("Last Schedule", "date", ".status.lastScheduleTime", 0),
+        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status', 0),
+        ("Reason", "string", '.status.conditions[?(@.type=="Ready")].reason', 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
-        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].reason', 1),
         # string: a date column prints <invalid> for a time in the future
         ("Next", "string", ".status.nextScheduleTime", 1),
     ]
