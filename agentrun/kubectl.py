@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect and steer agentrun AgentRuns: a table, a description, the "
         "trajectory (live with -f), approvals, cancellation and reruns.",
     )
-    parser.set_defaults(handler=None)
+    parser.set_defaults(handler=None, prog=PROG)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     def add(name: str, help_text: str, *, output: bool = True) -> argparse.ArgumentParser:
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (OSError, RuntimeError, ConfigException, nats.errors.Error) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
 
 

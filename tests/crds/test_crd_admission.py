@@ -183,9 +183,7 @@ def make_cronagentrun(**spec: Any) -> Manifest:
 
 SCHEDULE_SHAPE = "must be five cron fields"
 REJECTED_CRONAGENTRUNS = [
-    pytest.param(
-        {"schedule": "every 5 minutes"}, ["spec.schedule", SCHEDULE_SHAPE], id="words"
-    ),
+    pytest.param({"schedule": "every 5 minutes"}, ["spec.schedule", SCHEDULE_SHAPE], id="words"),
     pytest.param({"schedule": "0 * * *"}, ["spec.schedule", SCHEDULE_SHAPE], id="four-fields"),
     pytest.param(
         {"schedule": "0 0 * * * * 2026"}, ["spec.schedule", SCHEDULE_SHAPE], id="seven-fields"
