@@ -487,3 +487,12 @@ def test_cronagentrun_spec_fields_and_defaults_are_a_cronjobs() -> None:
     assert spec["properties"]["successfulRunsHistoryLimit"]["default"] == 3
     assert spec["properties"]["failedRunsHistoryLimit"]["default"] == 1
     assert set(spec["required"]) == {"schedule", "runTemplate"}
+
+
+def test_terminal_reason_invalid_spec_names_the_agent_ref_cases() -> None:
+    """`kubectl explain agentrun.status.terminalReason` must cover every way a spec is
+    rejected after admission, including a run of an Agent."""
+    text = " ".join(at(root_schema(AGENTRUN_CRD), "status.terminalReason")["description"].split())
+    invalid_spec = text[text.index("invalid_spec:") :]
+    for case in ["unknown Agent", "does not declare", "required parameter missing"]:
+        assert case in invalid_spec
