@@ -85,7 +85,8 @@ class RunState:
 
     def summary(self) -> RunSummary:
         """The counters and phase (what an event carries and ``.status`` projects)."""
-        waiting, batch = None, ()
+        waiting: HeldCall | None = None
+        batch: tuple[HeldCall, ...] = ()
         if self.phase is Phase.AWAITING_APPROVAL and self.pending is not None:
             waiting, batch = self.pending.next_undecided, self.pending.for_approval
         return RunSummary(
