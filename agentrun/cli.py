@@ -189,6 +189,16 @@ class RunClient:
             raise RunAccessError.from_api(err) from err
         return obj
 
+    async def get_eval(self, name: str) -> dict[str, Any]:
+        """The AgentEval object; raises RunAccessError (not found, forbidden, …)."""
+        try:
+            obj: dict[str, Any] = await self._objects().get_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.EVALS, name
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        return obj
+
     async def status(self, name: str) -> dict[str, Any]:
         """The run's ``.status`` ({} before the operator wrote one).
 

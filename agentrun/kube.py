@@ -17,6 +17,7 @@ RUNS = "agentruns"
 MODELS = "agentmodels"
 TENANTS = "agenttenants"
 AGENTS = "agents"
+EVALS = "agentevals"
 
 
 async def api_client() -> client.ApiClient:

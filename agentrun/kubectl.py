@@ -1,10 +1,11 @@
 """``kubectl agentrun``: the kubectl plugin (console script ``kubectl-agentrun``).
 
 kubectl runs any ``kubectl-<name>`` executable on ``PATH`` as ``kubectl <name>``, so installing
-the package makes ``kubectl agentrun get|logs|describe|approve|deny|cancel|rerun`` work. The
-Kubernetes calls and the approve/deny/cancel commands are the ``agentrun`` CLI's (``cli``);
+the package makes ``kubectl agentrun get|logs|describe|eval|approve|deny|cancel|rerun`` work.
+The Kubernetes calls and the approve/deny/cancel commands are the ``agentrun`` CLI's (``cli``);
 this module adds the views: a table of runs, a run described, its trajectory read from the
-run's event stream (``logs``; ``-f`` follows it live) and a rerun.
+run's event stream (``logs``; ``-f`` follows it live), an AgentEval's verdict and case table
+(``eval``) and a rerun.
 
 ``logs`` reads NATS JetStream, where the run's events are (the source of truth): the server is
 ``--nats-url``, else ``AGENTRUN_NATS_URL``, else ``nats://127.0.0.1:4222`` (from outside the
@@ -119,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = add("cancel", "cancel a run (running, awaiting approval or queued)", output=False)
     cancel.add_argument("run", metavar="RUN")
     cancel.set_defaults(handler=cli.cmd_cancel)
+
+    suite = add(
+        "eval",
+        "show an AgentEval's verdict and its cases: phase, run, terminal reason, steps, "
+        "tokens, cost, and every expectation a failed case missed",
+    )
+    suite.add_argument("eval", metavar="EVAL")
+    suite.set_defaults(handler=cmd_eval)
 
     rerun = add(
         "rerun",
@@ -438,6 +447,69 @@ def cmd_describe(args: argparse.Namespace) -> int:
     else:
         print("\n".join(describe_lines(obj, events)))
     return 0
+
+
+# --- eval ---------------------------------------------------------------------------------------
+
+
+def eval_lines(obj: dict[str, Any]) -> list[str]:
+    """An AgentEval as a person reads it: the verdict, the case table, then each failed case
+    with the expectations it missed."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    summary = status.get("summary") or {}
+    agent = status.get("agent") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    lines = [
+        f"{meta.get('name', '')}: {status.get('phase') or 'Pending'}, "
+        f"{summary.get('passed', 0)} passed, {summary.get('failed', 0)} failed of "
+        f"{summary.get('total', 0)}",
+    ]
+    if agent:
+        lines.append(
+            f"Agent {agent.get('name', '')} generation {agent.get('generation', 0)}, "
+            f"round {status.get('round', '')}"
+        )
+    passed = conditions.get("Passed")
+    if passed is not None and passed.get("reason") == "InvalidSpec":
+        lines.append(f"invalid: {passed.get('message', '')}")
+    cases = status.get("cases") or []
+    if cases:
+        rows = [
+            {
+                "CASE": str(row.get("name", "")),
+                "PHASE": str(row.get("phase", "")),
+                "RUN": str(row.get("run", "")),
+                "REASON": str(row.get("reason") or "-"),
+                "STEPS": str(row.get("steps", "-")) if "passed" in row else "-",
+                "TOKENS": str(row.get("tokens", "-")) if "passed" in row else "-",
+                "COST": f"${float(row['costUSD']):.4f}" if row.get("costUSD") else "-",
+            }
+            for row in cases
+        ]
+        columns = ["CASE", "PHASE", "RUN", "REASON", "STEPS", "TOKENS", "COST"]
+        lines += ["", *table(rows, columns).splitlines()]
+    failed = [row for row in cases if row.get("phase") == "Failed"]
+    if failed:
+        lines += ["", "Failed:"]
+        lines += [f"  {row.get('name', '')}: {row.get('message', '')}" for row in failed]
+    return lines
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``eval EVAL``: the verdict and the case table (``-o json``: the object); exit status 1
+    when the suite failed."""
+
+    async def get() -> dict[str, Any]:
+        async with cli.RunClient(args.namespace) as runs:
+            return await runs.get_eval(args.eval)
+
+    obj = asyncio.run(get())
+    if args.output == "json":
+        print(json.dumps(obj, indent=2))
+    else:
+        print("\n".join(eval_lines(obj)))
+    return 1 if (obj.get("status") or {}).get("phase") == "Failed" else 0
 
 
 # --- rerun --------------------------------------------------------------------------------------

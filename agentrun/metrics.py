@@ -2,14 +2,9 @@
 
 One module for every ``agentrun_`` metric so names, help texts, units and labels are written
 once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result,
-error_type — never run names or ids. Tool names outside the worker's catalog are recorded as
+error_type, and an AgentEval's namespace and name (one series set per AgentEval object) —
+never run or case names or ids. Tool names outside the worker's catalog are recorded as
 ``unknown`` (a model can invent any name). Processes do not fork, so the default registry is safe.
-
-Every process imports this module, so an unlabelled gauge registered at import would be
-exported at 0 by processes that never set it. The operator-only gauges are registered by the
-operator itself: ``agentrun_operator_leader`` by every operator process (`export_operator`),
-``agentrun_turns_pending`` by the leader only (`lead`); the labelled operator gauges (phases,
-tenants, budgets) have no series until the leader sets them.
 
 Every process imports this module, so an unlabelled gauge registered at import would be
 exported at 0 by processes that never set it. The operator-only gauges are registered by the
@@ -161,6 +156,20 @@ OPERATOR_LEADER = Gauge(
 """Registered by operator processes only (`export_operator`): its absence means no operator."""
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
+EVAL_CASES = Counter(
+    "agentrun_eval_cases",
+    "AgentEval cases graded, by result (passed, failed); counted once per case and round.",
+    ["namespace", "eval", "result"],
+)
+"""Labelled by the AgentEval's namespace and name (bounded by the AgentEval objects, never
+case or run names); the operator creates both results at 0 when it first sees an eval."""
+EVAL_PASS_RATIO = Gauge(
+    "agentrun_eval_pass_ratio",
+    "Share of the cases that passed in an AgentEval's last complete round (0 to 1).",
+    ["namespace", "eval"],
+)
+EVAL_RESULTS = ("passed", "failed")
+"""Every ``result`` of ``agentrun_eval_cases_total``."""
 
 
 GEN_AI_TOKEN_BUCKETS = (
@@ -427,3 +436,22 @@ def record_tenant_budget(tenant: str, book: Book, *, now: float) -> None:
                 TENANT_BUDGET_LIMIT.remove(tenant, resource)
         else:
             TENANT_BUDGET_LIMIT.labels(tenant=tenant, resource=resource).set(limit)
+
+
+def know_eval(namespace: str, name: str) -> None:
+    """Create an AgentEval's case counters at 0 (once per process)."""
+    if ("eval", namespace, name) in _known:
+        return
+    _known.add(("eval", namespace, name))
+    for result in EVAL_RESULTS:
+        EVAL_CASES.labels(namespace=namespace, eval=name, result=result)
+
+
+def forget_eval(namespace: str, name: str) -> None:
+    """Drop a deleted AgentEval's series."""
+    _known.discard(("eval", namespace, name))
+    for result in EVAL_RESULTS:
+        with contextlib.suppress(KeyError):
+            EVAL_CASES.remove(namespace, name, result)
+    with contextlib.suppress(KeyError):
+        EVAL_PASS_RATIO.remove(namespace, name)

@@ -89,6 +89,24 @@ CRON_SPEC_FIELDS = ("schedule", "timeZone", "concurrencyPolicy", "runTemplate.sp
 """CronAgentRun ``.spec`` fields the operator reads (all of them: the kind is new)."""
 
 
+EVAL_STATUS_FIELDS = (
+    "phase",
+    "observedGeneration",
+    "round",
+    "agent.name",
+    "agent.generation",
+    "agent.digest",
+    "startTime",
+    "completionTime",
+    "summary.passed",
+    "summary.failed",
+    "summary.total",
+    "cases",
+    "conditions",
+)
+"""Every AgentEval ``.status`` field the operator writes (dotted paths)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KindRequirement:
     """What one CRD must serve."""
@@ -110,6 +128,7 @@ REQUIRED = (
     KindRequirement(
         "AgentTenant", kube.TENANTS, TENANT_STATUS_FIELDS, ("ttlSecondsAfterFinished",)
     ),
+    KindRequirement("AgentEval", kube.EVALS, EVAL_STATUS_FIELDS),
     KindRequirement("CronAgentRun", cronspec.CRONS, CRON_STATUS_FIELDS, CRON_SPEC_FIELDS),
 )
 """The kinds this operator serves, as ``v1alpha1``."""

@@ -21,12 +21,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kube
 
-from . import cronhandlers, runhandlers, watches, wiring
+from . import cronhandlers, evalhandlers, runhandlers, watches, wiring
 from .wiring import OperatorMemo
 
 log = logging.getLogger(__name__)
 
-REGISTERED: tuple[ModuleType, ...] = (runhandlers, watches, cronhandlers)
+REGISTERED: tuple[ModuleType, ...] = (runhandlers, watches, cronhandlers, evalhandlers)
 """The modules whose import registers their handlers with kopf; a new kind's handlers go in a
 module of their own, named here."""
 KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"

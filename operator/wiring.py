@@ -19,6 +19,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 - ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
   status; admission (``RunConfigs``) reads that status through a ``ToolServerCache``.
+- ``EvalController`` runs AgentEvals: creates their cases' runs, grades the ended ones from
+  their status and committed events (``Bus``), writes the table, posts Events.
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
   events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
 - ``ScheduleController`` creates the AgentRuns of CronAgentRuns on their schedules.
@@ -50,6 +52,7 @@ from agentrun.tools import Catalog, default_catalog
 from . import lifecycle, recorder
 from .cronstore import KubeCronStore
 from .dispatch import Dispatcher
+from .evals import EvalController
 from .orphans import OrphanWatch
 from .pump import PumpDeps, QueuePump
 from .queuestatus import QueueStatus
@@ -86,11 +89,12 @@ class Parts:
     reaper: lifecycle.Reaper
     events: EventRecorder
     toolservers: ToolServerRefresher
+    evals: EvalController
     schedules: ScheduleController
-    tasks: tuple[asyncio.Task[None], ...]
+    tasks: tuple[asyncio.Task[None], ...] = ()
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
     TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
-    CronAgentRun schedules."""
+    AgentEval reconciles, CronAgentRun schedules."""
 
 
 @dataclasses.dataclass
@@ -184,8 +188,8 @@ def _build_parts(
         reaper=lifecycle.Reaper(lifecycle.KubeRunDeleter(api)),
         events=events,
         toolservers=ToolServerRefresher(api),
+        evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
-        tasks=(),
     )
 
 
@@ -220,6 +224,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.orphans.run(), name="orphan-turns"),
         asyncio.create_task(parts.events.run(), name="k8s-events"),
         asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
+        asyncio.create_task(parts.evals.run(), name="agent-evals"),
         asyncio.create_task(parts.schedules.run(), name="schedules"),
     )
 
@@ -232,6 +237,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.sweep.stop()
     parts.reaper.stop()
     parts.toolservers.stop()
+    parts.evals.stop()
     parts.schedules.stop()
     for task in parts.tasks:
         task.cancel()

@@ -6,8 +6,10 @@ succeeded, raised, timed out or was cancelled. A tool failure is a result value,
 exception into the loop. A call that failed for infrastructure reasons (timeout, connection,
 server or transport error) is retried a bounded number of times with backoff, within the run's
 deadline, unless its tool is a ``write``; an error the model caused is never retried (it goes
-back to the model as the result). Write and idempotent calls go through the effect ledger when
-one is given, so a turn run again never sends one twice.
+back to the model as the result). A ``write`` call that failed after it may have been sent has
+an unknown outcome: its result is ``effect_unknown`` (the run ends naming it), so the model
+never gets the chance to repeat it under a new call id. Write and idempotent calls go through
+the effect ledger when one is given, so a turn run again never sends one twice.
 """
 
 from __future__ import annotations
@@ -89,33 +91,58 @@ async def _attempt(
     settings: ToolRunSettings,
     deadline: float,
 ) -> kernel.ToolResult:
-    """One attempt of ``call``, bounded by the call timeout and the run's deadline."""
+    """One attempt of ``call``, bounded by the call timeout and the run's deadline; an
+    infrastructure failure of a ``write`` call that may have been sent is ``effect_unknown``
+    (``_outcome_unknown``)."""
     left = deadline - time.time()
     by_deadline = left < settings.call_timeout
+    unsent = False
     try:
         async with asyncio.timeout(max(0.0, min(settings.call_timeout, left))):
             output = await tool.run(call.arguments, ctx)
     except ToolError as err:
-        return kernel.ToolResult(call.id, call.name, str(err), True, err.fault)
+        unsent = err.unsent
+        result = kernel.ToolResult(call.id, call.name, str(err), True, err.fault)
     except TimeoutError:
         why = (
             "the run's deadline passed while the tool ran"
             if by_deadline
             else f"the tool timed out after {settings.call_timeout:g}s"
         )
-        return kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.TIMEOUT)
+        result = kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.TIMEOUT)
     except Exception as err:  # a tool bug must not break the loop: it becomes a result
         log.exception("tool %s raised", call.name)
-        return kernel.ToolResult(
+        result = kernel.ToolResult(
             call.id,
             call.name,
             f"the tool failed: {type(err).__name__}: {err}",
             True,
             kernel.ToolFault.CRASHED,
         )
-    return kernel.ToolResult(
-        call.id, call.name, clip(clean_text(str(output)), settings.max_result_bytes)
+    else:
+        return kernel.ToolResult(
+            call.id, call.name, clip(clean_text(str(output)), settings.max_result_bytes)
+        )
+    if tool.spec.effect == "write" and not unsent:
+        return _outcome_unknown(result)
+    return result
+
+
+def _outcome_unknown(result: kernel.ToolResult) -> kernel.ToolResult:
+    """``result`` of a ``write`` call that failed after it may have been sent: an
+    infrastructure failure (timeout, reset or closed connection, a server or transport error,
+    a crash of the tool's own code) can come after the effect happened, so the call's outcome
+    is unknown. It becomes an ``effect_unknown`` result, which ends the run naming the call —
+    never an error the model could answer by calling the write again under a new call id.
+    Errors the model caused (arguments, domain, rejected) are answers and stay as they are."""
+    fault = result.fault
+    if fault is None or not fault.infrastructure or fault is kernel.ToolFault.EFFECT_UNKNOWN:
+        return result
+    content = (
+        f"{result.name} ({result.tool_call_id}) failed after it may have been sent ({fault}: "
+        f"{result.content}); its outcome is unknown and it is not sent again"
     )
+    return dataclasses.replace(result, content=content, fault=kernel.ToolFault.EFFECT_UNKNOWN)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

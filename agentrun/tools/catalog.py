@@ -33,12 +33,21 @@ class ToolError(Exception):
 
     Any other exception from `Tool.run` is a bug in the tool; the runner reports it as an
     error result too (fault ``crashed``), but without trusting its text.
+
+    ``unsent`` says the request is known never to have reached the tool's backend (the
+    connection could not be opened, the server refused the request unread). An
+    infrastructure failure of a ``write`` call that is not known to be unsent may have done
+    its effect: the runner reports it as ``effect_unknown`` (the run ends so) instead of letting
+    the model call it again.
     """
 
-    def __init__(self, message: str, *, fault: ToolFault = ToolFault.DOMAIN) -> None:
+    def __init__(
+        self, message: str, *, fault: ToolFault = ToolFault.DOMAIN, unsent: bool = False
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.fault = fault
+        self.unsent = unsent
 
 
 def object_schema(

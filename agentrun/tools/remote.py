@@ -56,6 +56,7 @@ __all__ = [
     "fault_of",
     "function_name",
     "mcp_tool",
+    "never_sent",
     "render_result",
     "spec_of",
 ]
@@ -125,6 +126,16 @@ def fault_of(exc: BaseException) -> ToolFault:
     if isinstance(cause, _CONNECTION_ERRORS):
         return ToolFault.CONNECTION
     return ToolFault.TRANSPORT
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether the failed exchange ``exc`` cannot have reached the tool: the connection could
+    not be opened, or the server refused the request unread (HTTP 404 for a session id it no
+    longer knows). Anything else — a reset, a timeout, an error answer — may have come after
+    the tool ran."""
+    if isinstance(exc, SessionLost):
+        return exc.loss is Loss.REFUSED
+    return isinstance(root_cause(exc), httpx2.ConnectError)
 
 
 def _describe(exc: BaseException) -> str:
@@ -259,7 +270,7 @@ class McpTool:
                     result = await client.call_tool(self.tool, dict(arguments), meta=meta)
         except Exception as err:
             raise catalog.ToolError(
-                f"{self.spec.name}: {_describe(err)}", fault=fault_of(err)
+                f"{self.spec.name}: {_describe(err)}", fault=fault_of(err), unsent=never_sent(err)
             ) from None
         text = render_result(result)
         if result.is_error:

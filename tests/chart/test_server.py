@@ -177,6 +177,9 @@ OPERATOR_NEEDS = [
     ("patch", "cronagentruns.agentrun.dev/status"),
     ("update", "cronagentruns.agentrun.dev/finalizers"),  # blockOwnerDeletion on its runs
     ("create", "leases.coordination.k8s.io"),  # the leader Lease, release namespace only
+    ("create", "agentruns.agentrun.dev"),  # an AgentEval's case runs
+    ("watch", "agentevals.agentrun.dev"),
+    ("patch", "agentevals.agentrun.dev/status"),
 ]
 WORKER_NEEDS = [
     ("get", "agentmodels.agentrun.dev"),
@@ -187,6 +190,7 @@ WORKER_NEEDS = [
 NOBODY_GETS = [
     ("update", "agentruns.agentrun.dev/status"),
     ("patch", "agenttenants.agentrun.dev"),
+    ("patch", "agentevals.agentrun.dev"),
     ("delete", "agentruns.agentrun.dev/status"),
     ("delete", "leases.coordination.k8s.io"),
     ("patch", "customresourcedefinitions.apiextensions.k8s.io"),

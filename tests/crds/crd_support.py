@@ -19,6 +19,7 @@ AGENTMODEL_CRD = CRD_DIR / "agentrun.dev_agentmodels.yaml"
 AGENTTENANT_CRD = CRD_DIR / "agentrun.dev_agenttenants.yaml"
 AGENTTOOLSERVER_CRD = CRD_DIR / "agentrun.dev_agenttoolservers.yaml"
 AGENT_CRD = CRD_DIR / "agentrun.dev_agents.yaml"
+AGENTEVAL_CRD = CRD_DIR / "agentrun.dev_agentevals.yaml"
 CRON_CRD = CRD_DIR / "agentrun.dev_cronagentruns.yaml"
 
 Manifest = dict[str, Any]

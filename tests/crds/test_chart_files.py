@@ -134,7 +134,7 @@ def operator_verbs(group: str, resource: str) -> set[str]:
 @pytest.mark.parametrize(
     ("group", "resource", "verbs"),
     [
-        # create: the runs of CronAgentRuns; delete: TTL and their history limits
+        # create: the runs of CronAgentRuns and AgentEvals; delete: TTL, history limits, rounds
         ("agentrun.dev", "agentruns", {"get", "list", "watch", "patch", "create", "delete"}),
         ("agentrun.dev", "agentruns/status", {"get", "patch"}),
         ("agentrun.dev", "agentmodels", {"get", "list", "watch"}),
@@ -143,6 +143,8 @@ def operator_verbs(group: str, resource: str) -> set[str]:
         ("", "namespaces", {"get", "list", "watch"}),  # AgentTenant spec.namespaceSelector
         ("agentrun.dev", "agents", {"get", "list", "watch"}),
         ("agentrun.dev", "agents/status", {"get", "patch"}),
+        ("agentrun.dev", "agentevals", {"get", "list", "watch"}),
+        ("agentrun.dev", "agentevals/status", {"get", "patch"}),
         ("agentrun.dev", "cronagentruns", {"get", "list", "watch"}),
         ("agentrun.dev", "cronagentruns/status", {"get", "patch"}),
         ("agentrun.dev", "cronagentruns/finalizers", {"update"}),  # blockOwnerDeletion

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from crd_support import (
     AGENT_CRD,
+    AGENTEVAL_CRD,
     AGENTMODEL_CRD,
     AGENTRUN_CRD,
     AGENTTENANT_CRD,
@@ -67,13 +68,22 @@ def at(schema: Schema, dotted_path: str) -> Schema:
 
 CRD_FILES = pytest.mark.parametrize(
     "path",
-    [AGENTRUN_CRD, AGENTMODEL_CRD, AGENTTENANT_CRD, AGENTTOOLSERVER_CRD, AGENT_CRD, CRON_CRD],
+    [
+        AGENTRUN_CRD,
+        AGENTMODEL_CRD,
+        AGENTTENANT_CRD,
+        AGENTTOOLSERVER_CRD,
+        AGENT_CRD,
+        CRON_CRD,
+        AGENTEVAL_CRD,
+    ],
     ids=lambda path: path.name.split("_")[1],
 )
 
 
 def test_crd_directory_holds_exactly_the_agentrun_crds() -> None:
     assert sorted(path.name for path in CRD_DIR.iterdir()) == [
+        "agentrun.dev_agentevals.yaml",
         "agentrun.dev_agentmodels.yaml",
         "agentrun.dev_agentruns.yaml",
         "agentrun.dev_agents.yaml",
@@ -440,6 +450,19 @@ def test_agenttenant_conditions_are_declared_like_the_agentruns() -> None:
         }
 
     assert shape(tenant_conditions) == shape(run_conditions)
+
+
+def test_agenteval_expected_reasons_are_the_terminal_vocabulary() -> None:
+    expect = at(root_schema(AGENTEVAL_CRD), "spec.cases[].expect")
+    reasons = expect["properties"]["reason"]["enum"]
+    assert reasons == [reason.value for reason in terminal.TerminalReason]
+    assert expect["properties"]["outcome"]["enum"] == [o.value for o in terminal.Outcome]
+
+
+def test_agenteval_printer_columns() -> None:
+    (version,) = load_crd(AGENTEVAL_CRD)["spec"]["versions"]
+    columns = [column["name"] for column in version["additionalPrinterColumns"]]
+    assert columns == ["Agent", "Passed", "Failed", "Total", "Phase", "Age"]
 
 
 def test_cronagentrun_printer_columns_are_a_cronjobs() -> None:

@@ -15,13 +15,13 @@ from agentrun.operator.tenancy import TenantPolicy
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MANIFESTS = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "scenarios.yaml")
 MANIFESTS += sorted(EXAMPLES.glob("agents/*.yaml")) + sorted(EXAMPLES.glob("schedules/*.yaml"))
-"""Runs of Agents live in examples/agents/, CronAgentRuns in examples/schedules/ (the kernel
-replay of examples/ reads runs that carry their own spec.model)."""
-NAMESPACED = ("AgentRun", "Agent", "CronAgentRun")
+"""Runs of Agents and AgentEvals live in examples/agents/, CronAgentRuns in examples/schedules/
+(the kernel replay of examples/ reads runs that carry their own spec.model)."""
+NAMESPACED = ("AgentRun", "Agent", "CronAgentRun", "AgentEval")
 
 
 def namespaced_objects(path: Path) -> list[dict[str, object]]:
-    """The AgentRuns, Agents and CronAgentRuns of an example file."""
+    """The AgentRuns, Agents, CronAgentRuns and AgentEvals of an example file."""
     return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") in NAMESPACED]
 
 
@@ -69,7 +69,7 @@ def test_server_side_apply_of_an_example_twice_is_a_no_op(
         "get",
         "-n",
         test_namespace,
-        "agentruns,agents,cronagentruns",
+        "agentruns,agents,cronagentruns,agentevals",
         "-o",
         "jsonpath={.items[*].metadata.generation}",
     ).stdout
@@ -80,7 +80,7 @@ def test_server_side_apply_of_an_example_twice_is_a_no_op(
             "get",
             "-n",
             test_namespace,
-            "agentruns,agents,cronagentruns",
+            "agentruns,agents,cronagentruns,agentevals",
             "-o",
             "jsonpath={.items[*].metadata.generation}",
         ).stdout

@@ -11,7 +11,7 @@ import yaml
 from lupa import lua51
 
 ROOT = Path(__file__).resolve().parents[2] / "docs/argocd/resource_customizations/agentrun.dev"
-KINDS = ("AgentRun", "AgentTenant", "Agent", "CronAgentRun")
+KINDS = ("AgentRun", "AgentTenant", "Agent", "CronAgentRun", "AgentEval")
 STATUSES = {"Healthy", "Progressing", "Degraded", "Suspended", "Missing", "Unknown"}
 
 

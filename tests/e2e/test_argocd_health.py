@@ -45,6 +45,7 @@ def test_every_argo_status_a_kind_can_report_has_a_sample() -> None:
         "AgentRun": {"Progressing", "Suspended", "Healthy", "Degraded"},
         "AgentTenant": {"Progressing", "Suspended", "Healthy", "Degraded"},
         "Agent": {"Progressing", "Healthy", "Degraded"},
+        "AgentEval": {"Progressing", "Healthy", "Degraded"},
         "CronAgentRun": {"Progressing", "Suspended", "Healthy", "Degraded"},
     }
 
@@ -207,7 +208,7 @@ def wait_agent_checked(stack_: E2EStack, namespace: str, name: str) -> dict[str,
 
 def write_samples(samples: dict[str, list[tuple[str, dict[str, Any], str]]]) -> None:
     for kind, cases in samples.items():
-        if not cases:  # sampled by another test (CronAgentRun: test_schedules.py)
+        if not cases:  # sampled by another test (test_schedules.py, test_evals.py)
             continue
         folder = argocd_health.ROOT / kind
         tests = []

@@ -8,7 +8,7 @@ import copy
 import datetime
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -47,6 +47,21 @@ def scenarios(e2e: E2EStack) -> None:
             "turns": [{"content": "too late", "latency_ms": 60000}],
         },
     )
+
+
+@pytest.fixture(autouse=True)
+def no_runs_left(stack_: E2EStack, test_namespace: str) -> Iterator[None]:
+    """After each test: its CronAgentRuns deleted and their unfinished runs cancelled and
+    ended, so no run of theirs ends (or holds a worker) during a later test."""
+    yield
+    ns = test_namespace
+    stack_.kubectl("delete", "cronagentruns", "--all", "-n", ns, "--wait=false")
+    listed = stack_.kubectl("get", "agentruns", "-n", ns, "-l", CRON_LABEL, "-o", "json").stdout
+    for run in json.loads(listed)["items"]:
+        if not (run.get("status") or {}).get("terminalReason"):
+            name = run["metadata"]["name"]
+            stack_.kubectl("annotate", "agentrun", name, "-n", ns, "agentrun.dev/cancel=true")
+            stack_.wait_terminal(ns, name)
 
 
 def cron_manifest(name: str, goal: str, **spec: Any) -> dict[str, Any]:

@@ -145,10 +145,25 @@ def test_a_reset_connection_drops_the_session_and_a_write_is_not_sent_again(
 
     err, after = with_pool(body)
     assert err.fault is ToolFault.CONNECTION
+    assert not err.unsent  # it may have run: the tool runner makes it effect_unknown
     assert after == "3"
     methods = [r["method"] for r in legacy.requests()]
     assert methods.count("tools/call") == 3  # add, die once (outcome unknown: not resent), add
     assert legacy.handshakes() == 2
+
+
+def test_a_write_to_a_server_that_is_down_is_known_unsent(
+    legacy: mcp_support.McpProcess,
+) -> None:
+    async def body(pool: sessions.SessionPool) -> ToolError:
+        count = remote.mcp_tool(admitted(legacy.url, "count", effect="write"), pool=pool)
+        await asyncio.to_thread(legacy.stop)
+        with pytest.raises(ToolError) as caught:
+            await count.run({"key": "down"}, ctx(call="w1"))
+        return caught.value
+
+    err = with_pool(body)
+    assert err.fault.infrastructure and err.unsent  # never reached it: not effect_unknown
 
 
 def test_a_read_call_on_a_lost_session_is_sent_once_more(

@@ -134,7 +134,50 @@ def test_read_and_idempotent_tools_are_retried(effect: str) -> None:
 def test_a_write_tool_is_never_sent_twice() -> None:
     tool = Failing(ToolError("reset", fault=ToolFault.CONNECTION), effect="write", failures=1)
     result = run_one(tool)
-    assert result.fault is ToolFault.CONNECTION and tool.attempts == 1
+    assert result.fault is ToolFault.EFFECT_UNKNOWN and tool.attempts == 1
+
+
+WRITE_FAILURES = [
+    # (error raised by a write tool, the fault recorded): a failure that may have come after
+    # the write was sent leaves its outcome unknown; one known to be unsent, or an answer the
+    # model caused, stays what it is
+    pytest.param("hang", ToolFault.EFFECT_UNKNOWN, id="timeout"),
+    pytest.param(
+        ToolError("reset", fault=ToolFault.CONNECTION), ToolFault.EFFECT_UNKNOWN, id="reset"
+    ),
+    pytest.param(ToolError("HTTP 502", fault=ToolFault.SERVER), ToolFault.EFFECT_UNKNOWN, id="5xx"),
+    pytest.param(
+        ToolError("unreadable", fault=ToolFault.TRANSPORT), ToolFault.EFFECT_UNKNOWN, id="transport"
+    ),
+    pytest.param(RuntimeError("bug"), ToolFault.EFFECT_UNKNOWN, id="crashed"),
+    pytest.param(
+        ToolError("refused", fault=ToolFault.CONNECTION, unsent=True),
+        ToolFault.CONNECTION,
+        id="connect-refused-unsent",
+    ),
+    pytest.param(ToolError("no such row"), ToolFault.DOMAIN, id="domain"),
+    pytest.param(
+        ToolError("HTTP 409", fault=ToolFault.REJECTED), ToolFault.REJECTED, id="4xx-rejected"
+    ),
+]
+
+
+@pytest.mark.parametrize(("error", "fault"), WRITE_FAILURES)
+def test_a_write_that_may_have_been_sent_has_an_unknown_outcome(
+    error: BaseException | str, fault: ToolFault
+) -> None:
+    result = run_one(Failing(error, effect="write"))
+    assert result.fault is fault
+    if fault is ToolFault.EFFECT_UNKNOWN:
+        assert "flaky (c1)" in result.content and "not sent again" in result.content
+        record = kernel.Answered(
+            0,
+            kernel.ToolCalls((), None),
+            calls=(kernel.CheckedCall("c1", "flaky", {}),),
+            results=(result,),
+        )
+        after = kernel.advance(kernel.initial_state(goal="g"), record, kernel.Limits())
+        assert (after.phase, after.message) == (Phase.EFFECT_UNKNOWN, result.content)
 
 
 def test_retries_stop_at_the_runs_deadline() -> None:
