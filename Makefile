@@ -11,6 +11,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo demo-cluster test lint typecheck pytest bench bench-cluster down status clean image system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
+	@echo 'installing agentrun and its dev tooling into $(VENV) (a few minutes the first time)…'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]' -e ./devtools

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrun", description="A Kubernetes-native runtime for LLM agent loops."
     )
-    parser.set_defaults(handler=lambda _: _usage(parser))
+    parser.set_defaults(handler=lambda _: _usage(parser), prog=parser.prog)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     plugins = plugin_registrars()
     plugins.setdefault("dev", register_dev_missing)
@@ -278,14 +278,17 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    """``agentrun approve|deny RUN``: annotate the run with the pending call's digest."""
+    """``agentrun approve|deny RUN``: annotate the run with the pending call's digest.
+
+    ``args.prog`` (the parser's default: ``agentrun`` or ``kubectl agentrun``) leads an error."""
 
     async def review() -> int:
         async with RunClient(args.namespace) as runs:
             pending = (await runs.status(args.run)).get("pendingApproval")
             if not pending:
                 print(
-                    f"agentrun: error: {args.run} is not waiting for an approval", file=sys.stderr
+                    f"{args.prog}: error: {args.run} is not waiting for an approval",
+                    file=sys.stderr,
                 )
                 return 1
             arguments = json.dumps(pending.get("arguments"), sort_keys=True)

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect and steer agentrun AgentRuns: a table, a description, the "
         "trajectory (live with -f), approvals, cancellation and reruns.",
     )
-    parser.set_defaults(handler=None)
+    parser.set_defaults(handler=None, prog=PROG)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     def add(name: str, help_text: str, *, output: bool = True) -> argparse.ArgumentParser:
@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (OSError, RuntimeError, ConfigException, nats.errors.Error) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
 
 
@@ -393,11 +393,7 @@ def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
         )
     pending = status.get("pendingApproval")
     if pending:
-        lines.append(
-            f"Pending:       {pending.get('tool')}("
-            f"{trajectory.arguments_text(pending.get('arguments'))}) call "
-            f"{pending.get('toolCallID')}: kubectl agentrun approve|deny {name}"
-        )
+        lines.extend(_pending_lines(name, pending))
     if status.get("answer"):
         lines.append(f"Answer:        {trajectory.truncate(status['answer'], 500)}")
     lines.append("Conditions:")
@@ -405,6 +401,24 @@ def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
         lines.append(
             f"  {condition.get('type')}={condition.get('status')} {condition.get('reason')}: "
             f"{trajectory.truncate(str(condition.get('message', '')), 200)}"
+        )
+    return lines
+
+
+def _pending_lines(name: str, pending: dict[str, Any]) -> list[str]:
+    """The call to decide now and, for a batch, every held call with its decision: each is
+    approved or denied in turn, one ``approve``/``deny`` per call."""
+    held = pending.get("heldCalls") or [{**pending, "decision": "pending"}]
+    lines = [
+        f"Pending:       call {pending.get('call', 1)} of {pending.get('of', len(held))} held "
+        f"for approval, decided in turn: kubectl agentrun approve|deny {name}"
+    ]
+    for number, call in enumerate(held, start=1):
+        marker = "→" if call.get("toolCallID") == pending.get("toolCallID") else " "
+        lines.append(
+            f"  {marker} {number}. {call.get('tool')}("
+            f"{trajectory.arguments_text(call.get('arguments'))}) call {call.get('toolCallID')}: "
+            f"{call.get('decision', 'pending')}"
         )
     return lines
 

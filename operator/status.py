@@ -90,7 +90,7 @@ def project(
         "observedGeneration": generation,
         "lastEventSequence": seq,
         # None removes it (merge patch)
-        "pendingApproval": protocol.held_call_as_dict(summary.pending_approval),
+        "pendingApproval": protocol.pending_approval_as_dict(summary),
     }
     if tenant is not None:
         status["tenant"] = tenant

@@ -74,6 +74,22 @@ class PendingBatch:
         """The first held call nobody has decided yet."""
         return next((h for h in self.held if h.approved is None), None)
 
+    @property
+    def for_approval(self) -> tuple[HeldCall, ...]:
+        """The calls of the batch a person decides (``HoldReason.APPROVAL``), in call order,
+        decided or not; each is decided in turn, one approval or denial per call."""
+        return tuple(h for h in self.held if h.reason is HoldReason.APPROVAL)
+
+    def waiting_message(self) -> str | None:
+        """``call 2 of 3 held for approval: NAME (ID)`` for the next undecided call (its
+        1-based position among `for_approval`), or ``None`` when every call is decided."""
+        waiting = self.next_undecided
+        if waiting is None:
+            return None
+        asked = self.for_approval
+        position = asked.index(waiting) + 1
+        return f"call {position} of {len(asked)} held for approval: {waiting.name} ({waiting.id})"
+
 
 def held_calls(
     calls: tuple[CheckedCall | InvalidCall, ...], approval_tools: frozenset[str]

@@ -193,10 +193,9 @@ def _advance_answered(state: RunState, record: records.Answered, limits: Limits)
         # the deferred calls run first: what they show is decided in their resume turn
         phase, message = Phase.RUNNING, _deferred_message(record)
     if phase is Phase.RUNNING and after.pending is not None:
-        waiting = after.pending.next_undecided
+        waiting = after.pending.waiting_message()
         if waiting is not None:
-            phase = Phase.AWAITING_APPROVAL
-            message = f"waiting for approval of {waiting.name} ({waiting.id})"
+            phase, message = Phase.AWAITING_APPROVAL, waiting
     return _settle_phase(after, records.Ending(phase, message), limits)
 
 
@@ -298,14 +297,10 @@ def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunStat
     if state.phase is not Phase.AWAITING_APPROVAL or state.pending is None:
         raise ValueError(f"the run is {state.phase.value}, not waiting for an approval")
     pending = approval.decide(state.pending, digest=digest, approved=approved)
-    waiting = pending.next_undecided
+    waiting = pending.waiting_message()
     verdict = "approved" if approved else "denied"
     if waiting is not None:
-        return dataclasses.replace(
-            state,
-            pending=pending,
-            message=f"{verdict}; waiting for approval of {waiting.name} ({waiting.id})",
-        )
+        return dataclasses.replace(state, pending=pending, message=f"{verdict}; {waiting}")
     return dataclasses.replace(
         state, pending=pending, phase=Phase.RUNNING, message=f"{verdict} by reviewer"
     )

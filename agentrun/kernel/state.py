@@ -31,6 +31,9 @@ class RunSummary:
     message: str = ""
     pending_approval: HeldCall | None = None
     """The held call a reviewer must decide next (only while awaiting approval)."""
+    held_for_approval: tuple[HeldCall, ...] = ()
+    """Every call of that batch a reviewer decides, in call order, with the decisions made so
+    far (``approved``: ``None`` still undecided); empty unless awaiting approval."""
 
     @property
     def last_turn(self) -> int:
@@ -82,9 +85,10 @@ class RunState:
 
     def summary(self) -> RunSummary:
         """The counters and phase (what an event carries and ``.status`` projects)."""
-        waiting = None
+        waiting: HeldCall | None = None
+        batch: tuple[HeldCall, ...] = ()
         if self.phase is Phase.AWAITING_APPROVAL and self.pending is not None:
-            waiting = self.pending.next_undecided
+            waiting, batch = self.pending.next_undecided, self.pending.for_approval
         return RunSummary(
             self.phase,
             self.turn,
@@ -96,6 +100,7 @@ class RunState:
             self.answer,
             self.message,
             waiting,
+            batch,
         )
 
 

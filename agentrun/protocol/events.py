@@ -99,6 +99,43 @@ def held_call_as_dict(held: kernel.HeldCall | None) -> dict[str, Any] | None:
     }
 
 
+_DECISIONS = {None: "pending", True: "approved", False: "denied"}
+
+
+def pending_approval_as_dict(summary: kernel.RunSummary) -> dict[str, Any] | None:
+    """JSON shape of ``.status.pendingApproval``: the call to decide now (as
+    ``held_call_as_dict``), its 1-based position ``call`` among the ``of`` calls of its batch
+    that need a person, and ``heldCalls``: each of those with its ``decision`` (``pending``,
+    ``approved``, ``denied``). ``None`` when nothing waits."""
+    now = summary.pending_approval
+    if now is None:
+        return None
+    batch = summary.held_for_approval or (now,)
+    return {
+        **(held_call_as_dict(now) or {}),
+        "call": [held.id for held in batch].index(now.id) + 1,
+        "of": len(batch),
+        "heldCalls": [
+            {**(held_call_as_dict(held) or {}), "decision": _DECISIONS[held.approved]}
+            for held in batch
+        ],
+    }
+
+
+def _held_calls_from_dict(waiting: Mapping[str, Any]) -> tuple[kernel.HeldCall, ...]:
+    approved = {decision: value for value, decision in _DECISIONS.items()}
+    return tuple(
+        kernel.HeldCall(
+            held["toolCallID"],
+            held["tool"],
+            held["arguments"],
+            held["digest"],
+            approved[held.get("decision", "pending")],
+        )
+        for held in waiting.get("heldCalls") or []
+    )
+
+
 def summary_as_dict(summary: kernel.RunSummary) -> dict[str, Any]:
     """JSON shape of a ``RunSummary`` (camelCase, as ``.status`` names the same counters)."""
     return {
@@ -111,7 +148,7 @@ def summary_as_dict(summary: kernel.RunSummary) -> dict[str, Any]:
         "usage": usage_as_dict(summary.usage),
         "answer": summary.answer,
         "message": summary.message,
-        "pendingApproval": held_call_as_dict(summary.pending_approval),
+        "pendingApproval": pending_approval_as_dict(summary),
     }
 
 
@@ -133,6 +170,7 @@ def summary_from_dict(data: Mapping[str, Any]) -> kernel.RunSummary:
         else kernel.HeldCall(
             waiting["toolCallID"], waiting["tool"], waiting["arguments"], waiting["digest"]
         ),
+        held_for_approval=() if waiting is None else _held_calls_from_dict(waiting),
     )
 
 

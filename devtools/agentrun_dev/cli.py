@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import TypeAlias
@@ -132,7 +133,7 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     demo.apply_mock_model(current)
     _print_status(current)
     print(f"\nAgentModel {demo.MODEL_NAME!r} points at the mock model: use `spec.model: mock`")
-    print(f'use it from a shell: eval "$(agentrun dev env{_dir_option(args)})"')
+    print(f'use it from a shell: eval "$({_executable()} dev env{_dir_option(args)})"')
     return 0
 
 
@@ -171,7 +172,7 @@ def _demo(current: state.StackState, args: argparse.Namespace) -> int:
         return 0
     print(
         "\nThe stack is still up. Try:\n"
-        f'  eval "$(.venv/bin/agentrun dev env{_dir_option(args)})"\n'
+        f'  eval "$({_executable()} dev env{_dir_option(args)})"\n'
         "  kubectl get agentruns -o yaml\n"
         "  kubectl explain agentrun.spec.budget\n"
         "  kubectl get agenttenant default -o yaml   # used / reserved / remaining, resetTime\n"
@@ -260,6 +261,21 @@ def _print_status(current: state.StackState) -> list[stack.ComponentStatus]:
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2
+
+
+def _executable(argv0: str | None = None) -> str:
+    """How a shell here reaches the running ``agentrun`` (``argv0``: default ``sys.argv[0]``):
+    the bare name when that is what ``PATH`` finds, else its path (relative to the working
+    directory when below it, e.g. ``.venv/bin/agentrun``), shell-quoted."""
+    path = Path(argv0 if argv0 is not None else sys.argv[0]).resolve()
+    found = shutil.which(path.name)
+    if found is not None and Path(found).resolve() == path:
+        return path.name
+    try:
+        shown = str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(path)
+    return shlex.quote(shown)
 
 
 def _dir_option(args: argparse.Namespace) -> str:

@@ -360,7 +360,7 @@ def test_agenttenant_short_name_and_category(
     assert kubectl("get", "at", agenttenant_name, "-o", "name").stdout.strip() == (
         f"agenttenant.agentrun.dev/{agenttenant_name}"
     )
-    listed = kubectl("get", "agents", "-o", "name").stdout.split()
+    listed = kubectl("get", "agentrun-all", "-o", "name").stdout.split()
     assert f"agenttenant.agentrun.dev/{agenttenant_name}" in listed
 
 

@@ -166,6 +166,92 @@ def test_api_server_rejects_invalid_agentrun_naming_the_field(
         assert fragment in result.stderr
 
 
+def make_cronagentrun(**spec: Any) -> Manifest:
+    """A valid CronAgentRun; keyword arguments replace top-level spec fields."""
+    body: dict[str, Any] = {
+        "schedule": "30 6 * * 1-5",
+        "runTemplate": {"spec": {"model": "mock", "goal": "add 2 and 3"}},
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "CronAgentRun",
+        "metadata": {"name": "nightly"},
+        "spec": body,
+    }
+
+
+SCHEDULE_SHAPE = "must be five cron fields"
+REJECTED_CRONAGENTRUNS = [
+    pytest.param({"schedule": "every 5 minutes"}, ["spec.schedule", SCHEDULE_SHAPE], id="words"),
+    pytest.param({"schedule": "0 * * *"}, ["spec.schedule", SCHEDULE_SHAPE], id="four-fields"),
+    pytest.param(
+        {"schedule": "0 0 * * * * 2026"}, ["spec.schedule", SCHEDULE_SHAPE], id="seven-fields"
+    ),
+    pytest.param({"schedule": "@every 5m"}, ["spec.schedule", SCHEDULE_SHAPE], id="every-macro"),
+    pytest.param(
+        {"timeZone": "Europe Berlin"}, ["spec.timeZone", "should match"], id="zone-with-space"
+    ),
+    pytest.param({"timeZone": "../etc/passwd"}, ["spec.timeZone", "should match"], id="zone-path"),
+    pytest.param({"timeZone": "Europe/"}, ["spec.timeZone", "should match"], id="zone-slash"),
+]
+
+
+@pytest.mark.parametrize(("spec", "expected"), REJECTED_CRONAGENTRUNS)
+def test_api_server_rejects_a_malformed_schedule_or_time_zone_naming_the_field(
+    apply: Apply, test_namespace: str, spec: dict[str, Any], expected: list[str]
+) -> None:
+    result = apply(make_cronagentrun(**spec), namespace=test_namespace)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    for fragment in expected:
+        assert fragment in result.stderr
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param({"schedule": "*/10 * * * * *"}, id="six-fields"),
+        pytest.param({"schedule": " @Hourly "}, id="macro-any-case"),
+        pytest.param({"schedule": "0 9 ? JAN-MAR MON#1"}, id="names-and-specials"),
+        pytest.param({"timeZone": "America/Argentina/Buenos_Aires"}, id="three-part-zone"),
+        pytest.param({"timeZone": "Etc/GMT+5"}, id="offset-zone"),
+        # well-formed but unknown: the operator's Ready condition says InvalidTimeZone
+        pytest.param({"timeZone": "Europe/Berlinn"}, id="unknown-zone"),
+    ],
+)
+def test_api_server_accepts_well_formed_schedules_and_time_zones(
+    apply: Apply, kubectl: Kubectl, test_namespace: str, spec: dict[str, Any]
+) -> None:
+    result = apply(make_cronagentrun(**spec), namespace=test_namespace)
+    assert result.returncode == 0, result.stderr
+    assert kubectl("delete", "car", "nightly", "-n", test_namespace).returncode == 0
+
+
+def test_get_cronagentruns_shows_ready_and_reason(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    assert apply(make_cronagentrun(), namespace=test_namespace).returncode == 0
+    not_ready = {
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "InvalidTimeZone",
+                "message": "spec.timeZone: 'Europe/Berlinn' is not a time zone",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ]
+    }
+    kubectl(
+        *("patch", "car", "nightly", "-n", test_namespace, "--subresource=status"),
+        *("--type=merge", "-p", json.dumps({"status": not_ready})),
+    )
+    header, row = kubectl("get", "car", "nightly", "-n", test_namespace).stdout.splitlines()
+    ready, reason, age = (header.index(name) for name in ("READY", "REASON", "AGE"))
+    assert header.index("LAST SCHEDULE") < ready
+    assert (row[ready:reason].strip(), row[reason:age].strip()) == ("False", "InvalidTimeZone")
+
+
 REJECTED_AGENTMODELS = [
     pytest.param({"baseURL": "ftp://x"}, ["spec.baseURL", "should match"], id="ftp-base-url"),
     pytest.param(

@@ -129,10 +129,30 @@ def test_crd_names_group_and_version(
     assert spec["names"]["singular"] == kind.lower()
     assert spec["names"]["plural"] == plural
     assert spec["names"]["shortNames"] == [short_name]
-    assert spec["names"]["categories"] == ["agents"]
+    assert spec["names"]["categories"] == ["agentrun-all"]
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
     assert version["subresources"] == {"status": {}}
+
+
+def test_no_category_shadows_a_resource_name() -> None:
+    """`kubectl get agents` must list Agents: a category that equals any kind's plural,
+    singular or short name makes kubectl expand it to every kind of the category instead."""
+    crds = [load_crd(path) for path in sorted(CRD_DIR.glob("*.yaml"))]
+    resource_names = {
+        name
+        for crd in crds
+        for name in [
+            crd["spec"]["names"]["plural"],
+            crd["spec"]["names"]["singular"],
+            *crd["spec"]["names"].get("shortNames", []),
+        ]
+    }
+    categories = {
+        category for crd in crds for category in crd["spec"]["names"].get("categories", [])
+    }
+    assert categories == {"agentrun-all"}
+    assert categories & resource_names == set()
 
 
 @CRD_FILES
@@ -452,8 +472,9 @@ def test_cronagentrun_printer_columns_are_a_cronjobs() -> None:
         ("Suspend", "boolean", ".spec.suspend", 0),
         ("Active", "integer", ".status.activeRuns", 0),
         ("Last Schedule", "date", ".status.lastScheduleTime", 0),
+        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status', 0),
+        ("Reason", "string", '.status.conditions[?(@.type=="Ready")].reason', 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
-        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].reason', 1),
         # string: a date column prints <invalid> for a time in the future
         ("Next", "string", ".status.nextScheduleTime", 1),
     ]
@@ -489,3 +510,12 @@ def test_cronagentrun_spec_fields_and_defaults_are_a_cronjobs() -> None:
     assert spec["properties"]["successfulRunsHistoryLimit"]["default"] == 3
     assert spec["properties"]["failedRunsHistoryLimit"]["default"] == 1
     assert set(spec["required"]) == {"schedule", "runTemplate"}
+
+
+def test_terminal_reason_invalid_spec_names_the_agent_ref_cases() -> None:
+    """`kubectl explain agentrun.status.terminalReason` must cover every way a spec is
+    rejected after admission, including a run of an Agent."""
+    text = " ".join(at(root_schema(AGENTRUN_CRD), "status.terminalReason")["description"].split())
+    invalid_spec = text[text.index("invalid_spec:") :]
+    for case in ["unknown Agent", "does not declare", "required parameter missing"]:
+        assert case in invalid_spec

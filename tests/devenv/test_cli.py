@@ -174,3 +174,22 @@ def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> Non
             await client.close()
 
     asyncio.run(jetstream_answers())
+
+
+def test_the_eval_hint_names_the_running_executable_when_path_does_not_find_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`agentrun dev up` ends with an eval line: a bare `agentrun` not on PATH would fail."""
+    script = tmp_path / ".venv" / "bin" / "agentrun"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert dev_cli._executable(str(script)) == ".venv/bin/agentrun"
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin")
+    assert dev_cli._executable(str(script)) == "agentrun"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert dev_cli._executable(str(script)) == str(script.resolve())

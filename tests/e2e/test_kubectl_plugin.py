@@ -229,7 +229,8 @@ def test_describe_approve_cancel_and_rerun(stack_: E2EStack, test_namespace: str
     text = described.stdout
     assert "Phase:         AwaitingApproval" in text
     assert "Agent:         calc (generation 1, sha256:" in text and "  team: qa" in text
-    assert 'Pending:       calculate({"expression":"6*7"}) call c1' in text
+    assert "Pending:       call 1 of 1 held for approval, decided in turn" in text
+    assert '  → 1. calculate({"expression":"6*7"}) call c1: pending' in text
     assert "Approval:      calculate" in text
     assert "ApprovalRequested" in text  # its Kubernetes Events
     approved = plugin(stack_, "approve", "held", "-n", test_namespace)

@@ -213,8 +213,11 @@ def test_a_seconds_schedule_fires_owned_runs_and_history_limits_keep_the_newest(
         "ACTIVE",
         "LAST",
         "SCHEDULE",
+        "READY",
+        "REASON",
         "AGE",
     ]
+    assert table[1].split()[-3:-1] == ["True", "Suspended"]
     assert table[1].split()[:6] == ["report", "*/2", "*", "*", "*", "*"]
 
 

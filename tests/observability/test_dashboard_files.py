@@ -362,6 +362,21 @@ def test_tokens_are_not_stacked_on_their_cached_part(parse: Parse) -> None:
     assert [m.value if m else None for m in types] == ["cached_input", "input"]
 
 
+def test_tool_failures_show_model_errors_and_infrastructure_faults(parse: Parse) -> None:
+    """``result="error"`` counts only what the model caused; ``fault`` is the platform's."""
+    failures = panel("Tool error rate by tool")
+    shown = {}
+    for target in failures["targets"]:
+        first = promql.selectors(parse(promql.instantiate(target["expr"])))[0]
+        matcher = first.matcher("result")
+        assert matcher is not None and matcher.op == "="
+        shown[matcher.value] = target["legendFormat"]
+    assert shown == {"error": "{{tool}} error", "fault": "{{tool}} fault"}
+    described = panel("Tool calls by result")["description"]
+    for result in ["ok", "error", "fault", "denied", "not_run"]:
+        assert re.search(rf"\b{result}\b", described), result
+
+
 def outcome_colour(panel_: dict[str, Any], name: str) -> str | None:
     """The fixed colour the panel's overrides give a series displayed as ``name``."""
     colour = None

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentrun import kernel, kubectl, trajectory
+from agentrun import kernel, kubectl, protocol, trajectory
 from agentrun.kernel import decision as dec
 from agentrun.protocol import Approval, RunEvent
 
@@ -153,3 +153,29 @@ def test_a_rerun_copies_the_spec_and_labels_and_says_where_from() -> None:
         "spec": {"goal": "g", "agentRef": {"name": "helper"}},
     }
     assert kubectl.rerun_manifest(obj, name="again")["metadata"]["name"] == "again"
+
+
+def test_describe_lists_every_held_call_of_a_batch_with_its_decision() -> None:
+    """One approval per call, in turn: describe shows which is next and what is decided."""
+    waiting = kernel.HeldCall("d2", "deploy", {"version": "2"}, "sha256:b")
+    batch = (
+        kernel.HeldCall("d1", "deploy", {"version": "1"}, "sha256:a", True),
+        waiting,
+    )
+    summary_ = summary(
+        kernel.Phase.AWAITING_APPROVAL, pending_approval=waiting, held_for_approval=batch
+    )
+    status = {
+        "phase": "AwaitingApproval",
+        "pendingApproval": protocol.pending_approval_as_dict(summary_),
+    }
+    obj = {"metadata": {"name": "ship", "namespace": "default"}, "spec": {}, "status": status}
+    lines = kubectl.describe_lines(obj, [])
+    start = lines.index(
+        "Pending:       call 2 of 2 held for approval, decided in turn: "
+        "kubectl agentrun approve|deny ship"
+    )
+    assert lines[start + 1 : start + 3] == [
+        '    1. deploy({"version":"1"}) call d1: approved',
+        '  → 2. deploy({"version":"2"}) call d2: pending',
+    ]

@@ -1,0 +1,67 @@
+"""A batch with several calls to approval tools: each is decided in turn, and what the run
+shows (message, summary, ``.status.pendingApproval``) says which call of how many waits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agentrun import kernel, protocol
+from agentrun.kernel import Phase
+
+from .helpers import checked, tool_turn
+
+LIMITS = kernel.Limits(approval_tools=frozenset({"deploy"}))
+
+
+def waiting_on_two_deploys() -> kernel.RunState:
+    start = kernel.initial_state(goal="ship both")
+    calls = (
+        kernel.CheckedCall("d1", "deploy", {"version": "1"}),
+        checked("c1"),
+        kernel.CheckedCall("d2", "deploy", {"version": "2"}),
+    )
+    turn = tool_turn(start, *calls)
+    held = dataclasses.replace(turn, held=("d1", "d2"), results=turn.results[1:2])
+    return kernel.advance(start, held, LIMITS)
+
+
+def test_a_held_batch_says_which_call_of_how_many_waits() -> None:
+    state = waiting_on_two_deploys()
+    assert state.phase is Phase.AWAITING_APPROVAL
+    assert state.message == "call 1 of 2 held for approval: deploy (d1)"
+    summary = state.summary()
+    assert summary.pending_approval is not None and summary.pending_approval.id == "d1"
+    assert [held.id for held in summary.held_for_approval] == ["d1", "d2"]
+    pending = protocol.pending_approval_as_dict(summary)
+    assert pending is not None
+    assert (pending["toolCallID"], pending["call"], pending["of"]) == ("d1", 1, 2)
+    assert [(h["toolCallID"], h["decision"]) for h in pending["heldCalls"]] == [
+        ("d1", "pending"),
+        ("d2", "pending"),
+    ]
+
+
+def test_after_the_first_decision_the_second_call_waits_and_the_first_shows_its_verdict() -> None:
+    state = waiting_on_two_deploys()
+    first = state.summary().pending_approval
+    assert first is not None
+    after = kernel.resolve_approval(state, digest=first.digest, approved=True)
+    assert after.phase is Phase.AWAITING_APPROVAL
+    assert after.message == "approved; call 2 of 2 held for approval: deploy (d2)"
+    pending = protocol.pending_approval_as_dict(after.summary())
+    assert pending is not None
+    assert (pending["toolCallID"], pending["call"], pending["of"]) == ("d2", 2, 2)
+    assert [h["decision"] for h in pending["heldCalls"]] == ["approved", "pending"]
+    second = after.summary().pending_approval
+    assert second is not None
+    done = kernel.resolve_approval(after, digest=second.digest, approved=False)
+    assert done.phase is Phase.RUNNING and done.summary().held_for_approval == ()
+    assert protocol.pending_approval_as_dict(done.summary()) is None
+
+
+def test_the_batch_survives_the_event_round_trip() -> None:
+    state = waiting_on_two_deploys()
+    first = state.summary().pending_approval
+    assert first is not None
+    summary = kernel.resolve_approval(state, digest=first.digest, approved=False).summary()
+    assert protocol.summary_from_dict(protocol.summary_as_dict(summary)) == summary

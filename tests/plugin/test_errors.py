@@ -1,0 +1,51 @@
+"""How ``kubectl agentrun`` and ``agentrun`` name themselves in errors (no cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrun import cli, kubectl
+
+
+class NothingWaits:
+    """A ``cli.RunClient`` stand-in whose run waits for no approval."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    async def __aenter__(self) -> NothingWaits:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def status(self, name: str) -> dict[str, Any]:
+        return {"phase": "Succeeded"}
+
+
+def test_the_plugin_names_itself_kubectl_agentrun_in_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert kubectl.main(["approve", "idle", "-n", "default"]) == 1
+    assert capsys.readouterr().err.startswith("kubectl agentrun: error: no kubeconfig")
+    assert cli.main(["approve", "idle", "-n", "default"]) == 1
+    assert capsys.readouterr().err.startswith("agentrun: error: no kubeconfig")
+
+
+@pytest.mark.parametrize(
+    ("main", "prog"),
+    [
+        pytest.param(kubectl.main, "kubectl agentrun", id="plugin"),
+        pytest.param(cli.main, "agentrun", id="cli"),
+    ],
+)
+def test_approve_without_a_held_call_names_the_command_it_was_run_as(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], main: Any, prog: str
+) -> None:
+    monkeypatch.setattr(cli, "RunClient", NothingWaits)
+    assert main(["approve", "idle", "-n", "default"]) == 1
+    assert capsys.readouterr().err == f"{prog}: error: idle is not waiting for an approval\n"
