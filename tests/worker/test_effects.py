@@ -124,7 +124,8 @@ async def test_runs_are_kept_apart(ledger: EffectLedger) -> None:
 async def test_a_failed_write_is_recorded_once_and_not_retried(ledger: EffectLedger) -> None:
     tool = Counting("write", fail=ToolFault.CONNECTION)
     result = await run(tool, ledger, CALL)
-    assert (tool.calls, result.fault) == (1, ToolFault.CONNECTION)
+    # a reset may have come after the write happened: its outcome is unknown
+    assert (tool.calls, result.fault) == (1, ToolFault.EFFECT_UNKNOWN)
     assert await run(tool, ledger, CALL) == result and tool.calls == 1
 
 

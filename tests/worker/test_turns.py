@@ -177,12 +177,15 @@ scenarios:
     state, _, requests = await drive(
         script, goal="bump all", catalog=Catalog([counter]), tools=("bump",)
     )
-    assert state.phase is Phase.COMPLETED
     assert counter.counts == {"a": 1, "b": 1, "c": 1}  # each side effect exactly once, no redo
-    results = tool_messages(requests[1])
-    assert [m["tool_call_id"] for m in results] == wired("x1", "x2", "x3")
+    results = [m for m in state.messages if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in results] == ["x1", "x2", "x3"]
     assert [m["content"] for m in results[:2]] == ["a=1", "b=1"]
-    assert results[2]["content"].startswith("ERROR: the tool failed: RuntimeError")
+    # a write whose own code crashed may have done its effect: the run ends naming it, and the
+    # model is never asked again (it could only call the write once more)
+    assert results[2]["content"].startswith("ERROR: bump (x3) failed after it may have been sent")
+    assert state.phase is Phase.EFFECT_UNKNOWN and "bump (x3)" in state.message
+    assert len(requests) == 1
     assert state.tool_failures == 1
 
 
