@@ -244,3 +244,85 @@ def test_worst_case_prices_prompt_and_output_at_the_uncached_input_price() -> No
     assert cost == pricing.cost(input_tokens=3_000, cached_input_tokens=0, output_tokens=500)
     assert cost > pricing.cost(input_tokens=3_000, cached_input_tokens=3_000, output_tokens=500)
     assert worst_case(prompt_tokens=0, output_tokens=0, pricing=pricing) == (0, Decimal(0))
+
+
+CALL_A = kernel.Usage(input_tokens=100, output_tokens=20, cost_usd=Decimal("0.0004"))
+CALL_B = kernel.Usage(input_tokens=130, output_tokens=25, cost_usd=Decimal("0.0005"))
+
+# Two deliveries of the same turn run at once (a redelivery while the first still runs); the
+# steps in order: "<who> reserve|spend|commit|exit" — commit is the winner's settle, exit the
+# loser's leaving its block uncommitted (its commit met the turn already committed).
+DUPLICATES = {
+    "the winner settles while the loser's call is in flight": (
+        "a reserve",
+        "b reserve",
+        "a spend",
+        "a commit",
+        "b spend",
+        "b exit",
+    ),
+    "the winner settles after the loser's call answered": (
+        "a reserve",
+        "b reserve",
+        "a spend",
+        "b spend",
+        "a commit",
+        "b exit",
+    ),
+    "the redelivery wins; the first delivery's hold was taken over": (
+        "a reserve",
+        "b reserve",
+        "a spend",
+        "b spend",
+        "b commit",
+        "a exit",
+    ),
+    "the first delivery answered before the redelivery took its hold over": (
+        "a reserve",
+        "a spend",
+        "b reserve",
+        "b spend",
+        "b commit",
+        "a exit",
+    ),
+    "the loser's call answers after the winner settled": (
+        "a reserve",
+        "b reserve",
+        "b spend",
+        "b commit",
+        "a spend",
+        "a exit",
+    ),
+}
+
+
+@pytest.mark.parametrize("steps", DUPLICATES.values(), ids=DUPLICATES.keys())
+async def test_both_model_calls_of_a_turn_run_twice_at_once_are_charged(
+    store: LedgerStore, tenant: str, steps: tuple[str, ...]
+) -> None:
+    await admit(store, tenant, "run-1", tokens=10_000)
+    clock = Clock()
+    holds = {who: budget(store, tenant, "run-1", 5, clock) for who in "ab"}
+    usage = {"a": CALL_A, "b": CALL_B}
+    for step in steps:
+        who, action = step.split()
+        hold = holds[who]
+        if action == "reserve":
+            await hold.reserve(tokens=1_000, cost_usd=Decimal("0.01"))
+        elif action == "spend":
+            await hold.spend(usage[who])
+        elif action == "commit":
+            await hold.settle(after_turn(5, **dataclasses.asdict(usage[who])))
+        else:
+            async with hold:  # uncommitted: the turn was committed by the other delivery
+                pass
+    winner = next(s.split()[0] for s in steps if s.endswith("commit"))
+    loser = usage["b" if winner == "a" else "a"]
+    book = await store.read(tenant)
+    assert book is not None and book.holds == {}
+    assert (book.used_tokens, book.abandoned_tokens) == (
+        CALL_A.total_tokens + CALL_B.total_tokens,
+        loser.total_tokens,
+    )
+    assert book.used_cost == CALL_A.cost_usd + CALL_B.cost_usd
+    assert book.abandoned_cost == loser.cost_usd
