@@ -20,9 +20,6 @@ from agentrun_dev import components, demo, stack
 SCENARIOS = Path(__file__).with_name("scenarios.yaml")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 """The examples users apply; ``scenarios.yaml`` scripts ``rectangle.yaml`` as the demo does."""
-HUGE_GOAL = "E2E-HUGE-ARGS"
-"""Goal of the generated scenario whose first reply calls ``calculate`` with ~800 KB of
-arguments (too big to keep in ``scenarios.yaml``)."""
 ACK_WAIT = 4.0
 """Seconds before an unacked TurnRequest is redelivered (short, for the SIGKILL tests)."""
 HOLD_TTL = 5.0
@@ -121,20 +118,6 @@ def run_manifest(name: str, goal: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def generated_scenarios() -> dict[str, Any]:
-    """Scenarios too big to write by hand: a model turn with ~800 KB of tool call arguments
-    (over the bus's 1 MiB message cap once stored twice), then a corrected answer."""
-    huge = "1+" * 400_000 + "1"
-    turns = [
-        {
-            "tool_calls": [{"id": "huge", "name": "calculate", "arguments": {"expression": huge}}],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 10},
-        },
-        {"content": "Corrected: 2.", "usage": {"prompt_tokens": 120, "completion_tokens": 5}},
-    ]
-    return {"scenarios": [{"name": "huge-args", "match": {"goal": HUGE_GOAL}, "turns": turns}]}
-
-
 @pytest.fixture(scope="session")
 def e2e(
     control_plane: Any,
@@ -144,9 +127,7 @@ def e2e(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[E2EStack]:
     launch = components.Launch(log_dir=tmp_path_factory.mktemp("e2e-logs"), die_with_parent=True)
-    generated = tmp_path_factory.mktemp("e2e-scenarios") / "generated.yaml"
-    generated.write_text(yaml.safe_dump(generated_scenarios()))
-    mock = stack.start_mockllm([SCENARIOS, generated], launch=launch)
+    mock = stack.start_mockllm([SCENARIOS], launch=launch)
     env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats_url=nats_server.url)
     env.update(
         AGENTRUN_TURN_ACK_WAIT=str(ACK_WAIT),
