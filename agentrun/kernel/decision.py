@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,20 @@ class MalformedCause(enum.StrEnum):
     """``finish_reason: length``: output cut off by the token limit; never run or store it."""
     INVALID_TOOL_CALLS = "invalid_tool_calls"
     """Tool calls whose names or arguments failed validation (set by ``validate``)."""
+    OVERSIZED = "oversized"
+    """A final answer longer than ``MAX_CONTENT_BYTES``: never stored whole, never an answer."""
+
+
+MAX_ARGUMENTS_BYTES = 65_536
+"""Most UTF-8 bytes of one tool call's ``arguments``; longer ones are dropped (the call becomes
+an error result) so a turn's committed record stays well under the bus's 1 MiB message cap."""
+MAX_BATCH_ARGUMENTS_BYTES = 262_144
+"""Most UTF-8 bytes of all the ``arguments`` of one response; calls past it are dropped too."""
+MAX_CONTENT_BYTES = 131_072
+"""Most UTF-8 bytes of assistant text (content or refusal) kept; the rest is cut. A final
+answer over it is ``Malformed(OVERSIZED)``."""
+PLACEHOLDER_CHARS = 256
+"""Characters of dropped arguments kept in the record, for audit."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,7 +51,11 @@ class ToolCall:
     name: str
     """The tool name as written (may be unknown or mangled)."""
     arguments: Any
-    """The raw ``function.arguments`` (normally a JSON string; anything is possible)."""
+    """The raw ``function.arguments`` (normally a JSON string; anything is possible); a
+    bounded placeholder when ``dropped`` is set."""
+    dropped: int | None = None
+    """UTF-8 bytes of arguments dropped for exceeding ``MAX_ARGUMENTS_BYTES`` (or the batch's
+    ``MAX_BATCH_ARGUMENTS_BYTES``); such a call never runs (``validate`` makes it an error)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,18 +109,52 @@ def _text(value: Any) -> str | None:
     return clean_text(value) if isinstance(value, str) else None
 
 
+def clip_text(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (never inside a character), followed by a
+    marker naming the bytes cut; ``text`` itself when it fits."""
+    if len(text) <= limit // 4:  # fits even at 4 bytes a character
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode("utf-8", "ignore")
+    return kept + f"\n[agentrun: cut, {len(data) - len(kept.encode())} more bytes]"
+
+
+def _arguments_size(arguments: Any) -> int:
+    """UTF-8 bytes of raw arguments as they would be stored (JSON for a non-string)."""
+    if isinstance(arguments, str):
+        return len(arguments.encode("utf-8", "surrogatepass"))
+    try:
+        return len(json.dumps(arguments, ensure_ascii=False, default=str).encode())
+    except (TypeError, ValueError, RecursionError):
+        return MAX_BATCH_ARGUMENTS_BYTES + 1
+
+
 def _read_calls(raw: Any) -> tuple[ToolCall, ...]:
+    """The calls of ``tool_calls``; arguments over ``MAX_ARGUMENTS_BYTES``, or past
+    ``MAX_BATCH_ARGUMENTS_BYTES`` for the batch, are replaced by a placeholder (``dropped``)."""
     calls: list[ToolCall] = []
+    total = 0
     for item in raw if isinstance(raw, list) else ():
         item = item if isinstance(item, Mapping) else {}
         function = item.get("function")
         function = function if isinstance(function, Mapping) else {}
         arguments = function.get("arguments")
+        size = _arguments_size(arguments)
+        dropped: int | None = None
+        if size > MAX_ARGUMENTS_BYTES or total + size > MAX_BATCH_ARGUMENTS_BYTES:
+            dropped = size
+            head = arguments if isinstance(arguments, str) else type(arguments).__name__
+            arguments = clean_text(head[:PLACEHOLDER_CHARS]) + f"…[{size} bytes dropped]"
+        else:
+            total += size
         calls.append(
             ToolCall(
                 id=_text(item.get("id")) or None,
-                name=clean_text(str(function.get("name") or "")),
+                name=clean_text(str(function.get("name") or ""))[:PLACEHOLDER_CHARS],
                 arguments=clean_text(arguments) if isinstance(arguments, str) else arguments,
+                dropped=dropped,
             )
         )
     return tuple(calls)
@@ -128,7 +181,11 @@ def classify(response: Mapping[str, Any]) -> Decision:
     ``finish_reason`` says (decide on the calls, not the label); ``finish_reason: tool_calls``
     with none → ``Malformed(EMPTY_TOOL_CALLS)``; ``content_filter`` → ``Refusal`` (partial text
     that got through a filter is no answer); blank content → ``Malformed(EMPTY)``; otherwise
-    ``Final``. Text with lone surrogates is repaired (``clean_text``). Never raises.
+    ``Final``. Text with lone surrogates is repaired (``clean_text``). Model output is bounded
+    so a committed turn never outgrows the bus's message cap: text is cut at
+    ``MAX_CONTENT_BYTES`` (a final answer over it is ``Malformed(OVERSIZED)``), tool call
+    arguments past ``MAX_ARGUMENTS_BYTES`` / ``MAX_BATCH_ARGUMENTS_BYTES`` are dropped
+    (``ToolCall.dropped``). Never raises.
     """
     choices = response.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
@@ -138,7 +195,10 @@ def classify(response: Mapping[str, Any]) -> Decision:
     assert isinstance(choice, Mapping)
     finish = choice.get("finish_reason")
     content = _text(message.get("content"))
+    whole = content
+    content = None if content is None else clip_text(content, MAX_CONTENT_BYTES)
     refusal = _text(message.get("refusal"))
+    refusal = None if refusal is None else clip_text(refusal, MAX_CONTENT_BYTES)
     if refusal is not None and refusal.strip():
         return Refusal(refusal)
     calls = _read_calls(message.get("tool_calls"))
@@ -161,6 +221,18 @@ def classify(response: Mapping[str, Any]) -> Decision:
             "finish_reason was tool_calls but the response holds no tool calls",
             content,
         )
+    return _answer(content, whole)
+
+
+def _answer(content: str | None, whole: str | None) -> Decision:
+    """The final answer ``content`` (cut from ``whole`` when over ``MAX_CONTENT_BYTES``)."""
     if not content or not content.strip():
         return Malformed(MalformedCause.EMPTY, "the response has neither content nor tool calls")
+    if content is not whole:
+        return Malformed(
+            MalformedCause.OVERSIZED,
+            f"the answer is {len(str(whole).encode())} bytes, over the {MAX_CONTENT_BYTES}-byte "
+            "cap; it was cut and not accepted",
+            content[:PLACEHOLDER_CHARS] + "…",
+        )
     return Final(content)

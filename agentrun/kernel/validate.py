@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonschema
 
-from agentrun.kernel.decision import ToolCall, clean_text
+from agentrun.kernel.decision import MAX_ARGUMENTS_BYTES, ToolCall, clean_text
 
 MAX_ERRORS_SHOWN = 3
 
@@ -164,7 +164,8 @@ def check_calls(
     Ids that are missing, or repeated within the batch or the run's history (``used_ids``), are
     re-keyed with ``mint_call_id`` so history holds unique ids. An unknown name gets an error
     listing the available tools; bad JSON or a schema mismatch gets an error naming the problem
-    and giving the schema. Never raises.
+    and giving the schema; arguments dropped as oversized (``ToolCall.dropped``) get an error
+    naming the cap. Never raises.
     """
     ids = _rekey(calls, turn=turn, used=used_ids)
     checked: list[CheckedCall | InvalidCall] = []
@@ -180,6 +181,9 @@ def check_calls(
                 )
             )
             continue
+        if call.dropped is not None:
+            checked.append(InvalidCall(call_id, call.name, _dropped_error(call.dropped)))
+            continue
         arguments, error = _parse_arguments(call.arguments)
         if arguments is not None:
             error = _schema_errors(schema, arguments)
@@ -192,6 +196,14 @@ def check_calls(
             continue
         checked.append(CheckedCall(call_id, call.name, arguments))
     return tuple(checked)
+
+
+def _dropped_error(size: int) -> str:
+    return (
+        f"the arguments were {size} bytes, over the {MAX_ARGUMENTS_BYTES}-byte cap per call "
+        "(or the cap for all calls of one reply); the call did not run. Pass smaller "
+        "arguments, or split the work into several calls"
+    )
 
 
 def stored_arguments(call: CheckedCall | InvalidCall) -> str:

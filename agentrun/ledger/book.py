@@ -18,7 +18,9 @@ The entry holds, for the current fixed window:
   limit.
 - a hold's ``spent``: what its model call used once it answered, written before the turn goes
   on, so the call is charged even if its worker dies before the turn commits (the sweep, a
-  redelivery replacing the hold, or the run's close charges it as abandoned).
+  redelivery replacing the hold, or the run's close charges it as abandoned). When two
+  deliveries of one turn ran at once, the loser's call is charged as abandoned too: by the
+  winner's settlement if it sits on the hold, else by the loser as it leaves.
 
 Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
 ``cumulative - charged`` only when the turn is newer than the one charged last. That makes it
@@ -291,19 +293,45 @@ class Book:
         del self.holds[key]
         return True
 
-    def abandon(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal, now: float) -> bool:
+    def abandon(
+        self,
+        key: str,
+        *,
+        owner: str,
+        tokens: int,
+        cost_usd: Decimal,
+        now: float,
+        unrecorded: bool = False,
+    ) -> bool:
         """A model call answered but its turn will never commit: charge what it really used
-        (the provider bills it) and drop ``owner``'s hold. Returns False (charging nothing) if
-        the hold is gone or not ``owner``'s — then the turn was settled or taken over."""
+        (the provider bills it) and drop ``owner``'s hold.
+
+        When the hold is gone or not ``owner``'s (another delivery of the same turn took it
+        over, or settled the turn), the call is charged only if ``unrecorded``: its usage was
+        never written to a hold, so nothing else charges it (a hold that carried it was
+        charged by whoever dropped it: a replacing reservation, the winner's ``settle``, the
+        sweep). Returns True when it charged."""
         self.roll(now)
         hold = self.holds.get(key)
         if hold is None or hold.owner != owner:
-            return False
-        del self.holds[key]
+            if not unrecorded:
+                return False
+        else:
+            del self.holds[key]
         self.used_tokens += tokens
         self.used_cost += cost_usd
         self.abandoned_tokens += tokens
         self.abandoned_cost += cost_usd
+        return True
+
+    def drop_committed(self, key: str, *, owner: str) -> bool:
+        """``owner``'s delivery committed the turn of hold ``key``: drop the hold. One of another
+        owner belongs to a duplicate delivery of the same turn that lost (it can never commit
+        now): its answered call is charged as abandoned. True if it charged one."""
+        hold = self.holds.pop(key, None)
+        if hold is None or hold.owner == owner or not hold.answered:
+            return False
+        self.charge_abandoned(hold)
         return True
 
     def settle(

@@ -9,6 +9,9 @@ if the model had answered (the provider bills that call). A worker that dies lea
 to expire; the operator's ledger sweep then drops it, charging the usage ``spend`` recorded on
 it unless the turn committed (a redelivery that replaces the hold charges it likewise). The
 hold is refreshed with the turn's JetStream heartbeat, so only a dead worker's hold expires.
+Two deliveries of one turn never call the model at once: a delivery that finds the turn's hold
+owned by another one refreshed within ``live_for`` seconds raises ``TurnBusy`` instead of
+taking it over (its worker retries later; by then the turn has committed, or its holder died).
 
     async with store.turn_hold(ref, ttl=...) as h:
         answer = await h.reserve_call(need, before=state)   # Granted | BudgetWait | refusal
@@ -52,6 +55,11 @@ DEFAULT_HOLD_TTL = 60.0
 """Seconds a hold lives without a refresh (``AGENTRUN_HOLD_TTL``)."""
 
 
+class TurnBusy(Exception):
+    """Another delivery of the same turn holds it and refreshed its hold lately: it is running
+    the turn now (a redelivery met a worker that is still alive). Retry the delivery later."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TurnRef:
     """Which delivery of which turn holds budget: ``key`` ``<run-uid>:<turn>`` in the book."""
@@ -87,8 +95,13 @@ class TurnHold:
         *,
         ttl: float = DEFAULT_HOLD_TTL,
         clock: Callable[[], float] = time.time,
+        live_for: float = 0.0,
     ) -> None:
+        """``live_for``: seconds after its last refresh during which another delivery's hold
+        of this turn counts as running (``TurnBusy``); 0 takes any hold over (its holder is
+        presumed dead). Set it above the refresh interval and below the redelivery delay."""
         self._change = change
+        self.live_for = live_for
         self.ref = ref
         self.key = ref.key
         self.ttl = ttl
@@ -98,6 +111,9 @@ class TurnHold:
         """Whether this delivery may hold budget in the book now."""
         self.spent: kernel.Usage | None = None
         """What this turn's model call used, from its answer until the turn settles."""
+        self.recorded = False
+        """Whether ``spent`` was written to this delivery's hold in the book (then whoever
+        drops that hold charges it; otherwise leaving uncommitted charges it directly)."""
         self.waiting = False
         """Whether this delivery's call waits in the book for other runs' holds."""
 
@@ -132,11 +148,16 @@ class TurnHold:
         hold = Hold(ref.run_uid, ref.turn, tokens, cost_usd, expires, self.owner, *ref.place)
 
         def apply(book: Book) -> BudgetRefusal | None:
+            self._check_free(book, now=now)
             self._settle_before(book, before, now=now)
             return book.reserve(self.key, hold, now=now)
 
         self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
-        refusal = await self._change(ref.tenant, apply)
+        try:
+            refusal = await self._change(ref.tenant, apply)
+        except TurnBusy:
+            self.held = False
+            raise
         self.held = refusal is None
         return refusal
 
@@ -155,14 +176,32 @@ class TurnHold:
         )
 
         def apply(book: Book) -> Granted | BudgetWait | BudgetRefusal:
+            self._check_free(book, now=now)
             self._settle_before(book, before, now=now)
             return book.reserve_call(self.key, need, dataclasses.replace(template), now=now)
 
         self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
-        answer = await self._change(ref.tenant, apply)
+        try:
+            answer = await self._change(ref.tenant, apply)
+        except TurnBusy:
+            self.held = False
+            raise
         self.held = isinstance(answer, Granted)
         self.waiting = isinstance(answer, BudgetWait)
         return answer
+
+    def _check_free(self, book: Book, *, now: float) -> None:
+        """Raise ``TurnBusy`` if another delivery's hold of this turn was refreshed within
+        ``live_for`` seconds (its refresh time: its expiry less the ttl). Changes nothing."""
+        other = book.holds.get(self.key)
+        if other is None or other.owner == self.owner or self.live_for <= 0:
+            return
+        refreshed = other.expires - self.ttl
+        if refreshed > now - self.live_for:
+            raise TurnBusy(
+                f"turn {self.key} is being run by another delivery "
+                f"(its hold was refreshed {max(0.0, now - refreshed):.1f}s ago)"
+            )
 
     def _settle_before(self, book: Book, before: kernel.RunState | None, *, now: float) -> None:
         """Settle the run's totals through the turn before this one (``before``: the run's
@@ -182,6 +221,7 @@ class TurnHold:
         commits. A failed write is logged, not raised (the turn goes on; only a worker dying
         while the ledger is also unreachable loses the charge)."""
         self.spent = usage
+        self.recorded = False
         if not self.held:
             return
 
@@ -191,9 +231,11 @@ class TurnHold:
             )
 
         try:
-            await self._change(self.ref.tenant, apply)
+            self.recorded = await self._change(self.ref.tenant, apply)
         except Exception as err:
             log.warning("usage of hold %s not recorded (%r); kept in memory only", self.key, err)
+        if not self.recorded:
+            log.info("hold %s was taken over by another delivery of its turn", self.key)
 
     async def refresh(self) -> None:
         """Keep the hold alive while the turn runs (called with each heartbeat)."""
@@ -213,13 +255,13 @@ class TurnHold:
         now, ref, usage = self.clock(), self.ref, after.usage
 
         def apply(book: Book) -> tuple[int, Decimal]:
+            book.drop_committed(self.key, owner=self.owner)
             return book.settle(
                 ref.run_uid,
                 turn=ref.turn,
                 tokens=usage.total_tokens,
                 cost_usd=usage.cost_usd,
                 now=now,
-                key=self.key,
             )
 
         await self._change(ref.tenant, apply)
@@ -231,15 +273,18 @@ class TurnHold:
 
     async def abandon(self, usage: kernel.Usage) -> None:
         """Drop this delivery's hold, charging ``usage`` (a model call whose turn will never
-        commit: the provider bills it)."""
+        commit — cancelled, or another delivery of the same turn committed it first: the
+        provider bills it either way)."""
         await self._drop(usage)
 
     async def _drop(self, usage: kernel.Usage | None) -> None:
-        """Drop the hold if this delivery still owns it, charging ``usage`` if given."""
+        """Drop the hold if this delivery still owns it, charging ``usage`` if given — also
+        when the hold was taken over, if ``usage`` was never recorded on it (``Book.abandon``)."""
         if not self.held:
             return
         self.held = False
         now = self.clock()
+        unrecorded = not (self.recorded and usage is self.spent)
 
         def apply(book: Book) -> bool:
             if usage is None:
@@ -250,6 +295,7 @@ class TurnHold:
                 tokens=usage.total_tokens,
                 cost_usd=usage.cost_usd,
                 now=now,
+                unrecorded=unrecorded,
             )
 
         await self._change(self.ref.tenant, apply)

@@ -35,7 +35,11 @@ def decision_as_dict(decision: dec.Decision | None) -> dict[str, Any] | None:
         case dec.Final(content):
             return {"kind": "final", "content": content}
         case dec.ToolCalls(calls, content):
-            raw = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+            raw = [
+                {"id": c.id, "name": c.name, "arguments": c.arguments}
+                | ({} if c.dropped is None else {"dropped": c.dropped})
+                for c in calls
+            ]
             return {"kind": "tool_calls", "content": content, "raw": raw}
         case dec.Refusal(text):
             return {"kind": "refusal", "text": text}
@@ -52,7 +56,7 @@ def decision_from_dict(data: Mapping[str, Any] | None) -> dec.Decision | None:
         return dec.Final(data["content"])
     if kind == "tool_calls":
         calls = tuple(
-            dec.ToolCall(r.get("id"), r.get("name", ""), r.get("arguments"))
+            dec.ToolCall(r.get("id"), r.get("name", ""), r.get("arguments"), r.get("dropped"))
             for r in data.get("raw", ())
         )
         return dec.ToolCalls(calls, data.get("content"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,9 @@ from agentrun_dev import components, stack
 
 from .conftest import ACK_WAIT, E2EStack, http_get, run_manifest
 from .events import read_book, read_events, turn_numbers
+
+HUGE_EXPRESSION = "1+" * 400_000 + "1"
+"""~800 KB: with the rest of a turn event, over nats-server's default 1 MiB max_payload."""
 
 pytestmark = pytest.mark.e2e
 
@@ -133,27 +137,77 @@ def test_a_run_recreated_under_the_same_name_starts_fresh(
     assert stack_.get(test_namespace, "again")["status"]["usage"]["steps"] == 2
 
 
-def test_a_model_answer_too_large_to_checkpoint_ends_checkpoint_failed(
-    stack_: E2EStack, test_namespace: str
-) -> None:
-    giant = "x" * (1024 * 1024 + 1)  # over nats-server's default max_payload of 1 MiB
-    scenario = {
-        "scenarios": [
-            {"name": "giant", "match": {"goal": "E2E-GIANT"}, "turns": [{"content": giant}]}
-        ]
-    }
+def append_scenarios(stack_: E2EStack, *scenarios: dict[str, Any]) -> None:
+    """Add scenarios to the running scripted model (too big to keep in ``scenarios.yaml``)."""
+    scenario = {"scenarios": list(scenarios)}
     base = stack_.mock_url.removesuffix("/v1")
     request = urllib.request.Request(
         f"{base}/_mock/scenarios?mode=append", data=json.dumps(scenario).encode(), method="POST"
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status == 200
+
+
+def test_a_model_answer_too_large_to_checkpoint_is_corrected_not_fatal(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """An answer over nats-server's default max_payload of 1 MiB is the model's fault: it is
+    cut before it is stored, the model is told to be shorter, and the run goes on."""
+    giant = "x" * (1024 * 1024 + 1)
+    shorter = {"content": "Short now.", "usage": {"prompt_tokens": 120, "completion_tokens": 5}}
+    append_scenarios(
+        stack_,  # a malformed reply stores no assistant message: the fix is matched on the note
+        {
+            "name": "giant-fixed",
+            "match": {"goal": "E2E-GIANT", "last": "shorter"},
+            "turns": [shorter],
+        },
+        {
+            "name": "giant",
+            "match": {"goal": "E2E-GIANT"},
+            "turns": [{"content": giant, "usage": {"prompt_tokens": 100, "completion_tokens": 10}}],
+        },
+    )
     stack_.apply(test_namespace, run_manifest("giant", "E2E-GIANT answer"))
     status = stack_.wait_terminal(test_namespace, "giant", timeout=60)
-    assert (status["phase"], status["terminalReason"]) == ("Failed", "checkpoint_failed")
-    assert "could not be committed" in status["message"]
-    calls = [r for r in stack_.mock_requests() if r.get("scenario") == "giant"]
-    assert len(calls) <= 2  # not retried up to max_deliver
+    assert (status["terminalReason"], status.get("answer")) == ("completed", "Short now.")
+    usage = status["usage"]
+    assert (usage["steps"], usage["corrections"], usage["inputTokens"]) == (2, 1, 220)
+    [second] = [r for r in stack_.mock_requests() if r.get("scenario") == "giant-fixed"]
+    note = str(second["body"]["messages"][-1]["content"])
+    assert "over the 131072-byte cap" in note and "shorter" in note
+
+
+def test_huge_tool_arguments_are_a_correction_and_the_call_is_charged(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """A tool call with ~800 KB of arguments becomes an error result the model reads (a
+    placeholder is stored, not the arguments); the turn commits and its usage counts."""
+    turns = [
+        {
+            "tool_calls": [
+                {"id": "huge", "name": "calculate", "arguments": {"expression": HUGE_EXPRESSION}}
+            ],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 10},
+        },
+        {"content": "Corrected: 2.", "usage": {"prompt_tokens": 120, "completion_tokens": 5}},
+    ]
+    append_scenarios(
+        stack_, {"name": "huge-args", "match": {"goal": "E2E-HUGE-ARGS"}, "turns": turns}
+    )
+    stack_.apply(test_namespace, run_manifest("huge", "E2E-HUGE-ARGS: add"))
+    status = stack_.wait_terminal(test_namespace, "huge", timeout=60)
+    assert (status["terminalReason"], status["answer"]) == ("completed", "Corrected: 2.")
+    usage = status["usage"]
+    assert (usage["steps"], usage["corrections"], usage["toolFailures"]) == (2, 1, 1)
+    assert (usage["inputTokens"], usage["outputTokens"]) == (220, 15)
+    [second] = [r for r in stack_.mock_requests() if r.get("scenario") == "huge-args" and r["turn"]]
+    messages = second["body"]["messages"]
+    [asked] = [m for m in messages if m["role"] == "assistant"]
+    assert asked["tool_calls"][0]["function"]["arguments"] == "{}"
+    [result] = [m["content"] for m in messages if m["role"] == "tool"]
+    assert result.startswith("ERROR: the arguments were 800018 bytes, over the 65536-byte cap")
+    assert len(json.dumps(second["body"])) < 10_000  # history holds no copy of the 800 KB
 
 
 def test_a_run_with_a_long_non_ascii_goal_can_still_be_deleted(

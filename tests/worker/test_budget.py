@@ -14,9 +14,12 @@ import pytest
 from agentrun import kernel
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
+    CallNeed,
+    Granted,
     LedgerStore,
     QueuedRun,
     TenantLimits,
+    TurnBusy,
     TurnHold,
     TurnRef,
     worst_case,
@@ -244,3 +247,119 @@ def test_worst_case_prices_prompt_and_output_at_the_uncached_input_price() -> No
     assert cost == pricing.cost(input_tokens=3_000, cached_input_tokens=0, output_tokens=500)
     assert cost > pricing.cost(input_tokens=3_000, cached_input_tokens=3_000, output_tokens=500)
     assert worst_case(prompt_tokens=0, output_tokens=0, pricing=pricing) == (0, Decimal(0))
+
+
+CALL_A = kernel.Usage(input_tokens=100, output_tokens=20, cost_usd=Decimal("0.0004"))
+CALL_B = kernel.Usage(input_tokens=130, output_tokens=25, cost_usd=Decimal("0.0005"))
+
+# Two deliveries of the same turn run at once (a redelivery while the first still runs); the
+# steps in order: "<who> reserve|spend|commit|exit" — commit is the winner's settle, exit the
+# loser's leaving its block uncommitted (its commit met the turn already committed).
+DUPLICATES = {
+    "the winner settles while the loser's call is in flight": (
+        "a reserve",
+        "b reserve",
+        "a spend",
+        "a commit",
+        "b spend",
+        "b exit",
+    ),
+    "the winner settles after the loser's call answered": (
+        "a reserve",
+        "b reserve",
+        "a spend",
+        "b spend",
+        "a commit",
+        "b exit",
+    ),
+    "the redelivery wins; the first delivery's hold was taken over": (
+        "a reserve",
+        "b reserve",
+        "a spend",
+        "b spend",
+        "b commit",
+        "a exit",
+    ),
+    "the first delivery answered before the redelivery took its hold over": (
+        "a reserve",
+        "a spend",
+        "b reserve",
+        "b spend",
+        "b commit",
+        "a exit",
+    ),
+    "the loser's call answers after the winner settled": (
+        "a reserve",
+        "b reserve",
+        "b spend",
+        "b commit",
+        "a spend",
+        "a exit",
+    ),
+}
+
+
+@pytest.mark.parametrize("steps", DUPLICATES.values(), ids=DUPLICATES.keys())
+async def test_both_model_calls_of_a_turn_run_twice_at_once_are_charged(
+    store: LedgerStore, tenant: str, steps: tuple[str, ...]
+) -> None:
+    await admit(store, tenant, "run-1", tokens=10_000)
+    clock = Clock()
+    holds = {who: budget(store, tenant, "run-1", 5, clock) for who in "ab"}
+    usage = {"a": CALL_A, "b": CALL_B}
+    for step in steps:
+        who, action = step.split()
+        hold = holds[who]
+        if action == "reserve":
+            await hold.reserve(tokens=1_000, cost_usd=Decimal("0.01"))
+        elif action == "spend":
+            await hold.spend(usage[who])
+        elif action == "commit":
+            await hold.settle(after_turn(5, **dataclasses.asdict(usage[who])))
+        else:
+            async with hold:  # uncommitted: the turn was committed by the other delivery
+                pass
+    winner = next(s.split()[0] for s in steps if s.endswith("commit"))
+    loser = usage["b" if winner == "a" else "a"]
+    book = await store.read(tenant)
+    assert book is not None and book.holds == {}
+    assert (book.used_tokens, book.abandoned_tokens) == (
+        CALL_A.total_tokens + CALL_B.total_tokens,
+        loser.total_tokens,
+    )
+    assert book.used_cost == CALL_A.cost_usd + CALL_B.cost_usd
+    assert book.abandoned_cost == loser.cost_usd
+
+
+async def test_a_redelivery_does_not_take_over_a_turn_whose_holder_is_alive(
+    store: LedgerStore, tenant: str
+) -> None:
+    """The first delivery refreshes its hold every beat; a redelivery meeting a hold refreshed
+    within ``live_for`` seconds is told the turn is busy and holds nothing, so the model is not
+    called twice; once the holder has been silent longer (it died), the redelivery takes over
+    and charges the dead delivery's answered call as abandoned."""
+    await admit(store, tenant, "run-1", tokens=10_000)
+    clock = Clock()
+    ref = TurnRef(tenant, "run-1", "ns", "run-1", 2)
+    first = store.turn_hold(ref, ttl=60.0, clock=clock, live_for=20.0)
+    await first.reserve(tokens=1_000, cost_usd=Decimal(0))
+    await first.spend(CALL_A)
+    clock.now += 15.0
+    await first.refresh()
+    clock.now += 19.0  # 19 s since the refresh: still alive
+    second = store.turn_hold(ref, ttl=60.0, clock=clock, live_for=20.0)
+    with pytest.raises(TurnBusy, match=r"refreshed 19\.0s ago"):
+        await second.reserve(tokens=1_000, cost_usd=Decimal(0))
+    async with second:
+        assert second.held is False
+    book = await store.read(tenant)
+    assert book is not None and book.holds["run-1:2"].owner == first.owner
+    assert (book.used_tokens, book.reserved_tokens) == (0, 1_000)
+
+    clock.now += 2.0  # 21 s of silence: the first delivery's worker is gone
+    third = store.turn_hold(ref, ttl=60.0, clock=clock, live_for=20.0)
+    need = CallNeed(prompt_tokens=500, output_tokens=500, pricing=kernel.Pricing())
+    assert isinstance(await third.reserve_call(need), Granted)
+    book = await store.read(tenant)
+    assert book is not None and book.holds["run-1:2"].owner == third.owner
+    assert (book.used_tokens, book.abandoned_tokens) == (CALL_A.total_tokens,) * 2
