@@ -66,6 +66,9 @@ def server(tmp_path: Path, devenv_launch: components.Launch) -> Iterator[Server]
 
 FAILURES: list[BaseException] = []
 """Operations that failed and were retried (the chaos reached them)."""
+SPANS: list[tuple[float, float]] = []
+"""When each delivery started and ended (monotonic seconds): one that spans the kill was in
+flight through the outage (the client may have held its requests until the server was back)."""
 
 
 async def retried(op: Callable[[], Awaitable[T]], *, timeout: float = 60.0) -> T:
@@ -89,6 +92,14 @@ def after_turn(turn: int) -> kernel.RunState:
 
 async def deliver(store: LedgerStore, ref: TurnRef) -> None:
     """One delivery of turn ``ref.turn``: reserve, spend, settle (the settlement retried)."""
+    started = time.monotonic()
+    try:
+        await _deliver(store, ref)
+    finally:
+        SPANS.append((started, time.monotonic()))
+
+
+async def _deliver(store: LedgerStore, ref: TurnRef) -> None:
     hold = store.turn_hold(ref, ttl=120)
     need = CallNeed(100, 50, PRICING, min_output_tokens=50)
     answer = await hold.reserve_call(need, before=after_turn(ref.turn))
@@ -122,15 +133,18 @@ async def test_a_nats_server_restart_during_ledger_compare_and_sets_loses_and_do
         )
         FAILURES.clear()
         DONE.clear()
+        SPANS.clear()
         async with asyncio.timeout(60):  # a quarter done: compare-and-sets in flight from both
             while len(DONE) < RUNS * TURNS // 4:
                 await asyncio.sleep(0.01)
         assert not work.done()
         # down longer than a JetStream request's 2 s timeout: requests in flight fail, and
         # writes buffered by the client may still land after their caller gave up
+        killed = time.monotonic()
         await asyncio.to_thread(server.kill_and_restart, down=3.0)
         await work
-        assert FAILURES, "the restart reached no compare-and-set"
+        through = [s for s in SPANS if s[0] < killed and s[1] > killed + 3.0]
+        assert FAILURES or through, "the restart reached no compare-and-set"
         for uid in uids:
             await retried(
                 lambda uid=uid: stores[1].close_run(
