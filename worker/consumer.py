@@ -26,7 +26,6 @@ from agentrun.ledger import (
     LedgerCorrupt,
     LedgerStore,
     LedgerUnavailable,
-    TurnBusy,
     TurnHold,
     TurnRef,
 )
@@ -47,9 +46,7 @@ class ConsumerSettings:
     """Turns (of different runs) in flight at once."""
     heartbeat: float = 10.0
     """Seconds between ``in_progress`` signals while a turn runs (well under ack_wait); the
-    turn's ledger hold is refreshed with the same beat. A redelivered turn whose hold another
-    worker refreshed within two beats is running there: it is retried a beat later, not run
-    a second time (keep two beats under ack_wait, or a dead worker's turn waits longer)."""
+    turn's ledger hold is refreshed with the same beat."""
     hold_ttl: float = DEFAULT_HOLD_TTL
     """Seconds a ledger hold outlives its last refresh (a dead worker's hold is released
     after at most this plus the operator's sweep interval)."""
@@ -220,22 +217,12 @@ class TurnConsumer:
             ref = TurnRef(
                 run.config.tenant, request.run_uid, request.namespace, request.name, request.turn
             )
-            # a hold refreshed within two beats is a live worker's: never run the turn twice
-            live_for = 2 * self.settings.heartbeat
-            try:
-                async with self.ledger.turn_hold(
-                    ref, ttl=self.settings.hold_ttl, live_for=live_for
-                ) as hold:
-                    self._holds[request.run_uid] = hold
-                    try:
-                        committed = await self._run_turn(msg, request, run, hold)
-                    finally:
-                        self._holds.pop(request.run_uid, None)
-            except TurnBusy as err:
-                log.info("turn %s redelivered while it runs elsewhere (%s)", request.msg_id, err)
-                self.cache.drop(request.run_uid)
-                await msg.nak(delay=self.settings.heartbeat)
-                return
+            async with self.ledger.turn_hold(ref, ttl=self.settings.hold_ttl) as hold:
+                self._holds[request.run_uid] = hold
+                try:
+                    committed = await self._run_turn(msg, request, run, hold)
+                finally:
+                    self._holds.pop(request.run_uid, None)
         if committed is not None:
             self._observe(committed, run, started=started)
         await msg.ack()

@@ -20,7 +20,7 @@ from agentrun.ledger.entries import (
     window_start,
     worst_case,
 )
-from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnBusy, TurnHold, TurnRef
+from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 from agentrun.ledger.store import LedgerStore, QueuedRun, QueueFull, Repair
 
@@ -41,7 +41,6 @@ __all__ = [
     "QueuedRun",
     "Repair",
     "TenantLimits",
-    "TurnBusy",
     "TurnHold",
     "TurnRef",
     "codec",

@@ -324,16 +324,6 @@ class Book:
         self.abandoned_cost += cost_usd
         return True
 
-    def drop_committed(self, key: str, *, owner: str) -> bool:
-        """``owner``'s delivery committed the turn of hold ``key``: drop the hold. One of another
-        owner belongs to a duplicate delivery of the same turn that lost (it can never commit
-        now): its answered call is charged as abandoned. True if it charged one."""
-        hold = self.holds.pop(key, None)
-        if hold is None or hold.owner == owner or not hold.answered:
-            return False
-        self.charge_abandoned(hold)
-        return True
-
     def settle(
         self,
         run_uid: str,
@@ -343,8 +333,13 @@ class Book:
         cost_usd: Decimal,
         now: float,
         key: str | None = None,
+        owner: str | None = None,
     ) -> tuple[int, Decimal]:
         """Charge a run's cumulative usage after its committed turn ``turn``; drop hold ``key``.
+
+        With ``owner`` (the delivery that committed), a hold under ``key`` of another owner
+        belongs to a duplicate delivery of the same turn that lost: its answered call is
+        charged as abandoned as it is dropped (its turn can never commit now).
 
         ``tokens``/``cost_usd`` are the run's totals after that turn (``.status.usage``).
         Charges ``totals - already charged`` only if ``turn`` is newer than the last charged
@@ -352,7 +347,10 @@ class Book:
         """
         self.roll(now)
         if key is not None:
-            self.holds.pop(key, None)
+            dropped = self.holds.pop(key, None)
+            lost = dropped is not None and owner is not None and dropped.owner != owner
+            if lost and dropped is not None and dropped.answered:  # a duplicate's call
+                self.charge_abandoned(dropped)
         run = self.active.get(run_uid)
         if run is None or turn <= run.turn:
             return 0, Decimal(0)

@@ -9,9 +9,6 @@ if the model had answered (the provider bills that call). A worker that dies lea
 to expire; the operator's ledger sweep then drops it, charging the usage ``spend`` recorded on
 it unless the turn committed (a redelivery that replaces the hold charges it likewise). The
 hold is refreshed with the turn's JetStream heartbeat, so only a dead worker's hold expires.
-Two deliveries of one turn never call the model at once: a delivery that finds the turn's hold
-owned by another one refreshed within ``live_for`` seconds raises ``TurnBusy`` instead of
-taking it over (its worker retries later; by then the turn has committed, or its holder died).
 
     async with store.turn_hold(ref, ttl=...) as h:
         answer = await h.reserve_call(need, before=state)   # Granted | BudgetWait | refusal
@@ -55,11 +52,6 @@ DEFAULT_HOLD_TTL = 60.0
 """Seconds a hold lives without a refresh (``AGENTRUN_HOLD_TTL``)."""
 
 
-class TurnBusy(Exception):
-    """Another delivery of the same turn holds it and refreshed its hold lately: it is running
-    the turn now (a redelivery met a worker that is still alive). Retry the delivery later."""
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class TurnRef:
     """Which delivery of which turn holds budget: ``key`` ``<run-uid>:<turn>`` in the book."""
@@ -95,13 +87,8 @@ class TurnHold:
         *,
         ttl: float = DEFAULT_HOLD_TTL,
         clock: Callable[[], float] = time.time,
-        live_for: float = 0.0,
     ) -> None:
-        """``live_for``: seconds after its last refresh during which another delivery's hold
-        of this turn counts as running (``TurnBusy``); 0 takes any hold over (its holder is
-        presumed dead). Set it above the refresh interval and below the redelivery delay."""
         self._change = change
-        self.live_for = live_for
         self.ref = ref
         self.key = ref.key
         self.ttl = ttl
@@ -148,16 +135,11 @@ class TurnHold:
         hold = Hold(ref.run_uid, ref.turn, tokens, cost_usd, expires, self.owner, *ref.place)
 
         def apply(book: Book) -> BudgetRefusal | None:
-            self._check_free(book, now=now)
             self._settle_before(book, before, now=now)
             return book.reserve(self.key, hold, now=now)
 
         self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
-        try:
-            refusal = await self._change(ref.tenant, apply)
-        except TurnBusy:
-            self.held = False
-            raise
+        refusal = await self._change(ref.tenant, apply)
         self.held = refusal is None
         return refusal
 
@@ -176,32 +158,14 @@ class TurnHold:
         )
 
         def apply(book: Book) -> Granted | BudgetWait | BudgetRefusal:
-            self._check_free(book, now=now)
             self._settle_before(book, before, now=now)
             return book.reserve_call(self.key, need, dataclasses.replace(template), now=now)
 
         self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
-        try:
-            answer = await self._change(ref.tenant, apply)
-        except TurnBusy:
-            self.held = False
-            raise
+        answer = await self._change(ref.tenant, apply)
         self.held = isinstance(answer, Granted)
         self.waiting = isinstance(answer, BudgetWait)
         return answer
-
-    def _check_free(self, book: Book, *, now: float) -> None:
-        """Raise ``TurnBusy`` if another delivery's hold of this turn was refreshed within
-        ``live_for`` seconds (its refresh time: its expiry less the ttl). Changes nothing."""
-        other = book.holds.get(self.key)
-        if other is None or other.owner == self.owner or self.live_for <= 0:
-            return
-        refreshed = other.expires - self.ttl
-        if refreshed > now - self.live_for:
-            raise TurnBusy(
-                f"turn {self.key} is being run by another delivery "
-                f"(its hold was refreshed {max(0.0, now - refreshed):.1f}s ago)"
-            )
 
     def _settle_before(self, book: Book, before: kernel.RunState | None, *, now: float) -> None:
         """Settle the run's totals through the turn before this one (``before``: the run's
@@ -255,13 +219,14 @@ class TurnHold:
         now, ref, usage = self.clock(), self.ref, after.usage
 
         def apply(book: Book) -> tuple[int, Decimal]:
-            book.drop_committed(self.key, owner=self.owner)
             return book.settle(
                 ref.run_uid,
                 turn=ref.turn,
                 tokens=usage.total_tokens,
                 cost_usd=usage.cost_usd,
                 now=now,
+                key=self.key,
+                owner=self.owner,
             )
 
         await self._change(ref.tenant, apply)

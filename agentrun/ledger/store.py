@@ -161,11 +161,9 @@ class LedgerStore(CasStore):
         *,
         ttl: float = DEFAULT_HOLD_TTL,
         clock: Callable[[], float] | None = None,
-        live_for: float = 0.0,
     ) -> TurnHold:
-        """The hold of one delivery of turn ``ref`` (an ``async with`` block; see ``hold``);
-        ``live_for`` as for ``TurnHold`` (0: take over any other delivery's hold)."""
-        return TurnHold(self._change, ref, ttl=ttl, clock=clock or self.clock, live_for=live_for)
+        """The hold of one delivery of turn ``ref`` (an ``async with`` block; see ``hold``)."""
+        return TurnHold(self._change, ref, ttl=ttl, clock=clock or self.clock)
 
     async def close_run(
         self,

@@ -843,8 +843,7 @@ def test_a_duplicate_deliverys_call_is_charged_as_abandoned_by_the_winner_or_by_
     loser = Hold("r", 0, 1_000, Decimal(0), 60.0, "w2", "ns", "r")
     assert book.reserve("r:0", loser, now=0.0) is None
     assert book.record_spend("r:0", owner="w2", tokens=155, cost_usd=Decimal("0.002"))
-    assert book.drop_committed("r:0", owner="w1")
-    book.settle("r", turn=0, tokens=120, cost_usd=Decimal("0.001"), now=1.0)
+    book.settle("r", turn=0, tokens=120, cost_usd=Decimal("0.001"), now=1.0, key="r:0", owner="w1")
     assert (book.used_tokens, book.abandoned_tokens, book.holds) == (275, 155, {})
     # the loser leaves: its usage was on the hold the winner charged, so nothing more
     assert not book.abandon("r:0", owner="w2", tokens=155, cost_usd=Decimal("0.002"), now=2.0)

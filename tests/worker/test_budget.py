@@ -14,12 +14,9 @@ import pytest
 from agentrun import kernel
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
-    CallNeed,
-    Granted,
     LedgerStore,
     QueuedRun,
     TenantLimits,
-    TurnBusy,
     TurnHold,
     TurnRef,
     worst_case,
@@ -329,37 +326,3 @@ async def test_both_model_calls_of_a_turn_run_twice_at_once_are_charged(
     )
     assert book.used_cost == CALL_A.cost_usd + CALL_B.cost_usd
     assert book.abandoned_cost == loser.cost_usd
-
-
-async def test_a_redelivery_does_not_take_over_a_turn_whose_holder_is_alive(
-    store: LedgerStore, tenant: str
-) -> None:
-    """The first delivery refreshes its hold every beat; a redelivery meeting a hold refreshed
-    within ``live_for`` seconds is told the turn is busy and holds nothing, so the model is not
-    called twice; once the holder has been silent longer (it died), the redelivery takes over
-    and charges the dead delivery's answered call as abandoned."""
-    await admit(store, tenant, "run-1", tokens=10_000)
-    clock = Clock()
-    ref = TurnRef(tenant, "run-1", "ns", "run-1", 2)
-    first = store.turn_hold(ref, ttl=60.0, clock=clock, live_for=20.0)
-    await first.reserve(tokens=1_000, cost_usd=Decimal(0))
-    await first.spend(CALL_A)
-    clock.now += 15.0
-    await first.refresh()
-    clock.now += 19.0  # 19 s since the refresh: still alive
-    second = store.turn_hold(ref, ttl=60.0, clock=clock, live_for=20.0)
-    with pytest.raises(TurnBusy, match=r"refreshed 19\.0s ago"):
-        await second.reserve(tokens=1_000, cost_usd=Decimal(0))
-    async with second:
-        assert second.held is False
-    book = await store.read(tenant)
-    assert book is not None and book.holds["run-1:2"].owner == first.owner
-    assert (book.used_tokens, book.reserved_tokens) == (0, 1_000)
-
-    clock.now += 2.0  # 21 s of silence: the first delivery's worker is gone
-    third = store.turn_hold(ref, ttl=60.0, clock=clock, live_for=20.0)
-    need = CallNeed(prompt_tokens=500, output_tokens=500, pricing=kernel.Pricing())
-    assert isinstance(await third.reserve_call(need), Granted)
-    book = await store.read(tenant)
-    assert book is not None and book.holds["run-1:2"].owner == third.owner
-    assert (book.used_tokens, book.abandoned_tokens) == (CALL_A.total_tokens,) * 2
