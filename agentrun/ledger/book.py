@@ -18,9 +18,7 @@ The entry holds, for the current fixed window:
   limit.
 - a hold's ``spent``: what its model call used once it answered, written before the turn goes
   on, so the call is charged even if its worker dies before the turn commits (the sweep, a
-  redelivery replacing the hold, or the run's close charges it as abandoned). When two
-  deliveries of one turn ran at once, the loser's call is charged as abandoned too: by the
-  winner's settlement if it sits on the hold, else by the loser as it leaves.
+  redelivery replacing the hold, or the run's close charges it as abandoned).
 
 Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
 ``cumulative - charged`` only when the turn is newer than the one charged last. That makes it
@@ -293,31 +291,15 @@ class Book:
         del self.holds[key]
         return True
 
-    def abandon(
-        self,
-        key: str,
-        *,
-        owner: str,
-        tokens: int,
-        cost_usd: Decimal,
-        now: float,
-        unrecorded: bool = False,
-    ) -> bool:
+    def abandon(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal, now: float) -> bool:
         """A model call answered but its turn will never commit: charge what it really used
-        (the provider bills it) and drop ``owner``'s hold.
-
-        When the hold is gone or not ``owner``'s (another delivery of the same turn took it
-        over, or settled the turn), the call is charged only if ``unrecorded``: its usage was
-        never written to a hold, so nothing else charges it (a hold that carried it was
-        charged by whoever dropped it: a replacing reservation, the winner's ``settle``, the
-        sweep). Returns True when it charged."""
+        (the provider bills it) and drop ``owner``'s hold. Returns False (charging nothing) if
+        the hold is gone or not ``owner``'s — then the turn was settled or taken over."""
         self.roll(now)
         hold = self.holds.get(key)
         if hold is None or hold.owner != owner:
-            if not unrecorded:
-                return False
-        else:
-            del self.holds[key]
+            return False
+        del self.holds[key]
         self.used_tokens += tokens
         self.used_cost += cost_usd
         self.abandoned_tokens += tokens
@@ -333,13 +315,8 @@ class Book:
         cost_usd: Decimal,
         now: float,
         key: str | None = None,
-        owner: str | None = None,
     ) -> tuple[int, Decimal]:
         """Charge a run's cumulative usage after its committed turn ``turn``; drop hold ``key``.
-
-        With ``owner`` (the delivery that committed), a hold under ``key`` of another owner
-        belongs to a duplicate delivery of the same turn that lost: its answered call is
-        charged as abandoned as it is dropped (its turn can never commit now).
 
         ``tokens``/``cost_usd`` are the run's totals after that turn (``.status.usage``).
         Charges ``totals - already charged`` only if ``turn`` is newer than the last charged
@@ -347,10 +324,7 @@ class Book:
         """
         self.roll(now)
         if key is not None:
-            dropped = self.holds.pop(key, None)
-            lost = dropped is not None and owner is not None and dropped.owner != owner
-            if lost and dropped is not None and dropped.answered:  # a duplicate's call
-                self.charge_abandoned(dropped)
+            self.holds.pop(key, None)
         run = self.active.get(run_uid)
         if run is None or turn <= run.turn:
             return 0, Decimal(0)

@@ -98,9 +98,6 @@ class TurnHold:
         """Whether this delivery may hold budget in the book now."""
         self.spent: kernel.Usage | None = None
         """What this turn's model call used, from its answer until the turn settles."""
-        self.recorded = False
-        """Whether ``spent`` was written to this delivery's hold in the book (then whoever
-        drops that hold charges it; otherwise leaving uncommitted charges it directly)."""
         self.waiting = False
         """Whether this delivery's call waits in the book for other runs' holds."""
 
@@ -185,7 +182,6 @@ class TurnHold:
         commits. A failed write is logged, not raised (the turn goes on; only a worker dying
         while the ledger is also unreachable loses the charge)."""
         self.spent = usage
-        self.recorded = False
         if not self.held:
             return
 
@@ -195,11 +191,9 @@ class TurnHold:
             )
 
         try:
-            self.recorded = await self._change(self.ref.tenant, apply)
+            await self._change(self.ref.tenant, apply)
         except Exception as err:
             log.warning("usage of hold %s not recorded (%r); kept in memory only", self.key, err)
-        if not self.recorded:
-            log.info("hold %s was taken over by another delivery of its turn", self.key)
 
     async def refresh(self) -> None:
         """Keep the hold alive while the turn runs (called with each heartbeat)."""
@@ -226,7 +220,6 @@ class TurnHold:
                 cost_usd=usage.cost_usd,
                 now=now,
                 key=self.key,
-                owner=self.owner,
             )
 
         await self._change(ref.tenant, apply)
@@ -238,18 +231,15 @@ class TurnHold:
 
     async def abandon(self, usage: kernel.Usage) -> None:
         """Drop this delivery's hold, charging ``usage`` (a model call whose turn will never
-        commit — cancelled, or another delivery of the same turn committed it first: the
-        provider bills it either way)."""
+        commit: the provider bills it)."""
         await self._drop(usage)
 
     async def _drop(self, usage: kernel.Usage | None) -> None:
-        """Drop the hold if this delivery still owns it, charging ``usage`` if given — also
-        when the hold was taken over, if ``usage`` was never recorded on it (``Book.abandon``)."""
+        """Drop the hold if this delivery still owns it, charging ``usage`` if given."""
         if not self.held:
             return
         self.held = False
         now = self.clock()
-        unrecorded = not (self.recorded and usage is self.spent)
 
         def apply(book: Book) -> bool:
             if usage is None:
@@ -260,7 +250,6 @@ class TurnHold:
                 tokens=usage.total_tokens,
                 cost_usd=usage.cost_usd,
                 now=now,
-                unrecorded=unrecorded,
             )
 
         await self._change(self.ref.tenant, apply)

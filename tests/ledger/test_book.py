@@ -833,23 +833,3 @@ def test_an_abandoned_call_is_charged_once_and_only_by_its_holder() -> None:
     assert codec.decode_book(codec.encode_book(book)).abandoned_tokens == 120
     book.roll(86_400.0 * 2)
     assert (book.used_tokens, book.abandoned_tokens) == (0, 0)
-
-
-def test_a_duplicate_deliverys_call_is_charged_as_abandoned_by_the_winner_or_by_itself() -> None:
-    """Two deliveries of turn 0 ran at once: the winner's settle charges the loser's answered
-    hold as abandoned; a loser whose usage never reached a hold charges it itself, once."""
-    book = Book.new("t", TenantLimits(tokens=10_000), now=0.0)
-    assert book.admit("r", "ns", "r", now=0.0) is None
-    loser = Hold("r", 0, 1_000, Decimal(0), 60.0, "w2", "ns", "r")
-    assert book.reserve("r:0", loser, now=0.0) is None
-    assert book.record_spend("r:0", owner="w2", tokens=155, cost_usd=Decimal("0.002"))
-    book.settle("r", turn=0, tokens=120, cost_usd=Decimal("0.001"), now=1.0, key="r:0", owner="w1")
-    assert (book.used_tokens, book.abandoned_tokens, book.holds) == (275, 155, {})
-    # the loser leaves: its usage was on the hold the winner charged, so nothing more
-    assert not book.abandon("r:0", owner="w2", tokens=155, cost_usd=Decimal("0.002"), now=2.0)
-    # a call whose usage no hold carried (its hold was taken before it answered) is charged
-    assert book.abandon(
-        "r:0", owner="w3", tokens=90, cost_usd=Decimal("0.003"), now=2.0, unrecorded=True
-    )
-    assert (book.used_tokens, book.abandoned_tokens) == (365, 245)
-    assert book.used_cost == Decimal("0.006") and book.abandoned_cost == Decimal("0.005")
