@@ -23,6 +23,9 @@ class LoadedRun:
     config: RunConfig
     state: kernel.RunState
     seq: int
+    committer: str = ""
+    """The delivery (ledger hold owner) that committed the run's last turn, as its turn event
+    names it ("" if none did)."""
 
 
 def _apply(loaded: LoadedRun, event: RunEvent) -> kernel.RunState:
@@ -59,5 +62,6 @@ def fold(
             state = _apply(loaded, event)
         except ValueError as err:
             raise CorruptHistory(f"event {event.seq}: {err}") from err
-        loaded = LoadedRun(loaded.config, state, event.seq)
+        committer = event.owner if event.kind == "turn" else loaded.committer
+        loaded = LoadedRun(loaded.config, state, event.seq, committer)
     return loaded

@@ -73,7 +73,9 @@ class RunSettlement:
         Raises what the ledger store raises (the sweep closes runs it finds ended)."""
         now = self.clock()
         end = event.time or now
-        await self.store.close_run(tenant, uid, event.summary, end=end, now=now)
+        await self.store.close_run(
+            tenant, uid, event.summary, end=end, now=now, committer=event.owner
+        )
         self.board.kick(tenant)
 
     async def release_unstarted(self, tenant: str, *, uid: str) -> None:

@@ -252,9 +252,10 @@ class LedgerSweep:
                 continue
             last = await events.last_event(hold.namespace, hold.name)
             mine = last if last and last.run_uid == hold.run_uid else None
-            found.append(
-                Repair(key, hold.run_uid, mine.summary if mine else None, mine.time if mine else 0)
-            )
+            if mine is None:
+                found.append(Repair(key, hold.run_uid, None))
+            else:
+                found.append(Repair(key, hold.run_uid, mine.summary, mine.time, mine.owner))
         for uid, run in book.active.items():
             if self.deps.runs.is_tracked(uid) or uid in self.deps.board.admitting:
                 continue
@@ -264,7 +265,7 @@ class LedgerSweep:
             if last is None or last.run_uid != uid:
                 found.append(Repair("", uid, None))
             elif last.phase.is_terminal:
-                found.append(Repair("", uid, last.summary, last.time))
+                found.append(Repair("", uid, last.summary, last.time, last.owner))
             elif (
                 await fetch_pending_run(self.deps.api, RunKey(run.namespace, run.name, uid)) is None
             ):

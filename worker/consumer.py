@@ -217,7 +217,9 @@ class TurnConsumer:
             ref = TurnRef(
                 run.config.tenant, request.run_uid, request.namespace, request.name, request.turn
             )
-            async with self.ledger.turn_hold(ref, ttl=self.settings.hold_ttl) as hold:
+            async with self.ledger.turn_hold(
+                ref, ttl=self.settings.hold_ttl, prior_owner=run.committer
+            ) as hold:
                 self._holds[request.run_uid] = hold
                 try:
                     committed = await self._run_turn(msg, request, run, hold)
@@ -240,16 +242,19 @@ class TurnConsumer:
             if token is not None:
                 otel_context.detach(token)
         after = kernel.advance(run.state, record, run.config.limits)
-        event = RunEvent("turn", request.run_uid, after.summary(), record=record, time=time.time())
+        owner = "" if hold is None else hold.owner  # names the call this commit contains
+        event = RunEvent(
+            "turn", request.run_uid, after.summary(), record=record, time=time.time(), owner=owner
+        )
         try:
             seq = await self.bus.append_event(
                 request.namespace, request.name, event, expected_seq=request.expected_seq
             )
-        except CommitConflict as err:
+        except CommitConflict as err:  # the block's exit charges this delivery's call
             log.info("turn %s not committed: %s", request.msg_id, err)
             self.cache.drop(request.run_uid)
             return None
-        self.cache.put(history.LoadedRun(run.config, after, seq))
+        self.cache.put(history.LoadedRun(run.config, after, seq, owner))
         self.turns_committed += 1
         if hold is not None:
             try:

@@ -17,8 +17,20 @@ The entry holds, for the current fixed window:
   ``tenant_budget_exhausted`` only when ``used`` plus its own smallest worst case exceeds a
   limit.
 - a hold's ``spent``: what its model call used once it answered, written before the turn goes
-  on, so the call is charged even if its worker dies before the turn commits (the sweep, a
-  redelivery replacing the hold, or the run's close charges it as abandoned).
+  on, so the call is charged even if its worker dies before the turn commits (the sweep, the
+  turn's settlement or the run's close charges it as abandoned).
+
+One turn may be run by two deliveries at once (a redelivery while the first worker still runs
+it, as after a NATS outage), so every model call made must be charged exactly once: the call
+the committed turn contains through the run's usage, every other answered call as abandoned.
+A turn event names the delivery (hold owner) that committed it; only that tells the calls
+apart. So a reservation never charges another delivery's answered hold of its turn: it sets it
+aside (key ``<run-uid>:<turn>/<owner>``) until the turn's committer is known, and
+``resolve_turn`` — called by the committer's settlement, the next turn's reservation, the
+sweep and the run's close with the owner read from the turn's event — drops every hold of the
+turn, charging the answered calls of other owners as abandoned. A delivery that leaves its turn
+uncommitted charges its own call: on its hold if it still has one, directly if its usage never
+reached a hold (``abandon``).
 
 Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
 ``cumulative - charged`` only when the turn is newer than the one charged last. That makes it
@@ -43,6 +55,7 @@ from agentrun.ledger.entries import (
     Hold,
     TenantLimits,
     Waiter,
+    aside_key,
     window_start,
 )
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
@@ -242,6 +255,36 @@ class Book:
         """The call ``key`` no longer waits (its turn was given up); True if it did."""
         return reserve.stop_waiting(self, key)
 
+    def set_aside(self, key: str, *, owner: str) -> bool:
+        """Another delivery (``owner``) reserves turn ``key``: if the hold under ``key`` is a
+        different owner's and its call answered, move it to ``<key>/<its owner>``, holding
+        exactly what the call used, uncharged — whether that call is the one its turn commits
+        is known only once the turn's committer is (``resolve_turn``). True if it moved one."""
+        previous = self.holds.get(key)
+        if previous is None or previous.owner == owner or not previous.answered:
+            return False
+        del self.holds[key]
+        previous.tokens, previous.cost_usd = previous.spent_tokens, previous.spent_cost
+        self.holds[aside_key(key, previous.owner)] = previous
+        return True
+
+    def resolve_turn(self, run_uid: str, turn: int, *, committer: str) -> int:
+        """Turn ``turn`` of the run committed, by the delivery ``committer`` (the hold owner its
+        turn event names): drop every hold of that turn. ``committer``'s call is in the run's
+        usage (charged by ``settle``); every other answered call lost the commit and is charged
+        as abandoned; an unanswered one's delivery charges its call itself if it answers
+        (``abandon`` with ``unrecorded``). An empty ``committer`` (an event that names none)
+        resolves nothing. Returns how many calls it charged as abandoned."""
+        if not committer:
+            return 0
+        charged = 0
+        for key in [k for k, h in self.holds.items() if h.run_uid == run_uid and h.turn == turn]:
+            hold = self.holds.pop(key)
+            if hold.owner != committer and hold.answered:
+                self.charge_abandoned(hold)
+                charged += 1
+        return charged
+
     def record_spend(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal) -> bool:
         """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
         the hold, so it is charged even if the turn never commits. False if the hold is gone
@@ -272,9 +315,12 @@ class Book:
         self.abandoned_cost += hold.spent_cost
 
     def refresh(self, key: str, *, owner: str, expires: float) -> bool:
-        """Push the expiry of ``owner``'s hold out; False if the hold is gone or not theirs."""
+        """Push the expiry of ``owner``'s hold out (also one set aside for it by another
+        delivery of its turn: its worker is alive); False if it has none."""
         hold = self.holds.get(key)
         if hold is None or hold.owner != owner:
+            hold = self.holds.get(aside_key(key, owner))
+        if hold is None:
             return False
         hold.expires = max(hold.expires, expires)
         return True
@@ -291,15 +337,30 @@ class Book:
         del self.holds[key]
         return True
 
-    def abandon(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal, now: float) -> bool:
-        """A model call answered but its turn will never commit: charge what it really used
-        (the provider bills it) and drop ``owner``'s hold. Returns False (charging nothing) if
-        the hold is gone or not ``owner``'s — then the turn was settled or taken over."""
+    def abandon(
+        self,
+        key: str,
+        *,
+        owner: str,
+        tokens: int,
+        cost_usd: Decimal,
+        now: float,
+        unrecorded: bool = False,
+    ) -> bool:
+        """A model call answered but its turn will never commit (cancelled, or another
+        delivery committed it): charge what it really used (the provider bills it) and drop
+        ``owner``'s hold (under ``key``, or set aside for it).
+
+        With no such hold, the call is charged only if ``unrecorded``: its usage never reached
+        a hold, so nothing else charges it. A hold that carried it was charged by whoever
+        dropped it (``resolve_turn``, the sweep, the run's close). Returns True if it charged.
+        """
         self.roll(now)
         hold = self.holds.get(key)
-        if hold is None or hold.owner != owner:
+        if hold is not None and hold.owner == owner:
+            del self.holds[key]
+        elif self.holds.pop(aside_key(key, owner), None) is None and not unrecorded:
             return False
-        del self.holds[key]
         self.used_tokens += tokens
         self.used_cost += cost_usd
         self.abandoned_tokens += tokens

@@ -49,6 +49,12 @@ def window_start(now: float, window_seconds: float) -> float:
     return math.floor(now / window_seconds) * window_seconds
 
 
+def aside_key(key: str, owner: str) -> str:
+    """Where the answered hold of delivery ``owner`` of turn ``key`` (``<run-uid>:<turn>``)
+    waits while another delivery of the same turn holds ``key``: ``<key>/<owner>``."""
+    return f"{key}/{owner}"
+
+
 def worst_case(*, prompt_tokens: int, output_tokens: int, pricing: Pricing) -> tuple[int, Decimal]:
     """A model call's worst case, what a hold reserves: its estimated prompt plus its whole
     output allowance, priced at the uncached input price (the cache discount is only known

@@ -7,8 +7,15 @@ commits (cancelled, lost the commit race, its worker shut down) gives its hold b
 ``async with`` block exits: it is released, or abandoned — charged what the model call used —
 if the model had answered (the provider bills that call). A worker that dies leaves its hold
 to expire; the operator's ledger sweep then drops it, charging the usage ``spend`` recorded on
-it unless the turn committed (a redelivery that replaces the hold charges it likewise). The
-hold is refreshed with the turn's JetStream heartbeat, so only a dead worker's hold expires.
+it unless its own delivery committed the turn. The hold is refreshed with the turn's JetStream
+heartbeat, so only a dead worker's hold expires.
+
+Two deliveries may run one turn at once (a redelivery while the first still runs it). Each
+delivery has its own ``owner`` id, which the committed turn event carries; the committer's
+settlement drops every hold of the turn and charges the others' answered calls as abandoned,
+and the next turn's reservation does the same for the turn before it with ``prior_owner`` (the
+committer its events name), so a committer that died before settling is never charged twice.
+A delivery whose commit lost charges its call as it leaves (``Book.abandon``).
 
     async with store.turn_hold(ref, ttl=...) as h:
         answer = await h.reserve_call(need, before=state)   # Granted | BudgetWait | refusal
@@ -87,8 +94,12 @@ class TurnHold:
         *,
         ttl: float = DEFAULT_HOLD_TTL,
         clock: Callable[[], float] = time.time,
+        prior_owner: str = "",
     ) -> None:
+        """``prior_owner``: the delivery that committed the run's previous turn, as its turn
+        event names it ("" if none or unknown); its holds are resolved when this one reserves."""
         self._change = change
+        self.prior_owner = prior_owner
         self.ref = ref
         self.key = ref.key
         self.ttl = ttl
@@ -98,6 +109,9 @@ class TurnHold:
         """Whether this delivery may hold budget in the book now."""
         self.spent: kernel.Usage | None = None
         """What this turn's model call used, from its answer until the turn settles."""
+        self.recorded = False
+        """Whether ``spent`` was written to this delivery's hold in the book (then whoever drops
+        that hold charges it; otherwise leaving uncommitted charges it directly)."""
         self.waiting = False
         """Whether this delivery's call waits in the book for other runs' holds."""
 
@@ -166,8 +180,10 @@ class TurnHold:
 
     def _settle_before(self, book: Book, before: kernel.RunState | None, *, now: float) -> None:
         """Settle the run's totals through the turn before this one (``before``: the run's
-        state before this turn) and drop that turn's hold, in the write that reserves."""
+        state before this turn) and drop that turn's holds (charging those of deliveries other
+        than ``prior_owner`` whose calls answered), in the write that reserves."""
         if before is not None:
+            book.resolve_turn(self.ref.run_uid, before.turn - 1, committer=self.prior_owner)
             book.catch_up(
                 self.ref.run_uid,
                 turn=before.turn - 1,
@@ -182,6 +198,7 @@ class TurnHold:
         commits. A failed write is logged, not raised (the turn goes on; only a worker dying
         while the ledger is also unreachable loses the charge)."""
         self.spent = usage
+        self.recorded = False
         if not self.held:
             return
 
@@ -191,9 +208,12 @@ class TurnHold:
             )
 
         try:
-            await self._change(self.ref.tenant, apply)
+            self.recorded = await self._change(self.ref.tenant, apply)
         except Exception as err:
             log.warning("usage of hold %s not recorded (%r); kept in memory only", self.key, err)
+            return
+        if not self.recorded:
+            log.info("hold %s was taken by another delivery of its turn", self.key)
 
     async def refresh(self) -> None:
         """Keep the hold alive while the turn runs (called with each heartbeat)."""
@@ -207,19 +227,21 @@ class TurnHold:
         await self._change(self.ref.tenant, apply)
 
     async def settle(self, after: kernel.RunState) -> None:
-        """The turn committed: charge the run's cumulative usage after it (``after``) and drop
-        the hold. Its call's usage is in the run's from now on, never charged as abandoned."""
+        """This delivery committed the turn: charge the run's cumulative usage after it
+        (``after``) and drop every hold of the turn. Its own call's usage is in the run's from
+        now on, never charged as abandoned; another delivery's answered call is
+        (``Book.resolve_turn``)."""
         self.spent = None
         now, ref, usage = self.clock(), self.ref, after.usage
 
         def apply(book: Book) -> tuple[int, Decimal]:
+            book.resolve_turn(ref.run_uid, ref.turn, committer=self.owner)
             return book.settle(
                 ref.run_uid,
                 turn=ref.turn,
                 tokens=usage.total_tokens,
                 cost_usd=usage.cost_usd,
                 now=now,
-                key=self.key,
             )
 
         await self._change(ref.tenant, apply)
@@ -231,15 +253,18 @@ class TurnHold:
 
     async def abandon(self, usage: kernel.Usage) -> None:
         """Drop this delivery's hold, charging ``usage`` (a model call whose turn will never
-        commit: the provider bills it)."""
+        commit — cancelled, or another delivery of the turn committed it: the provider bills
+        it either way)."""
         await self._drop(usage)
 
     async def _drop(self, usage: kernel.Usage | None) -> None:
-        """Drop the hold if this delivery still owns it, charging ``usage`` if given."""
+        """Drop the hold if this delivery still owns it, charging ``usage`` if given — also
+        when it owns none, if ``usage`` never reached its hold (``Book.abandon``)."""
         if not self.held:
             return
         self.held = False
         now = self.clock()
+        unrecorded = not (self.recorded and usage is self.spent)
 
         def apply(book: Book) -> bool:
             if usage is None:
@@ -250,6 +275,7 @@ class TurnHold:
                 tokens=usage.total_tokens,
                 cost_usd=usage.cost_usd,
                 now=now,
+                unrecorded=unrecorded,
             )
 
         await self._change(self.ref.tenant, apply)

@@ -128,14 +128,14 @@ def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | 
 
     Fits means ``used + reserved + hold ≤ limit`` for tokens and cost (the last call that
     exactly reaches a limit is allowed) and wall-clock time left. A hold already under
-    ``key`` (a redelivered turn whose first worker died) is replaced, not added to.
+    ``key`` (a redelivered turn whose first worker died) is replaced, not added to; if its
+    call answered, it is set aside uncharged until the turn's committer is known
+    (``Book.set_aside``).
     """
     book.roll(now)
+    # an earlier delivery's answered call waits aside until its turn's committer is known
+    book.set_aside(key, owner=hold.owner)
     previous = book.holds.pop(key, None)
-    if previous is not None and previous.answered and previous.owner != hold.owner:
-        # an earlier delivery's call answered and its worker is gone: the provider billed it
-        book.charge_abandoned(previous)
-        previous = None
     limits = book.limits
     if limits.tokens is not None:
         after = book.used_tokens + book.reserved_tokens + hold.tokens
@@ -191,11 +191,10 @@ def reserve_call(
     """
     book.roll(now)
     _drop_expired_waiters(book, now)
+    book.set_aside(key, owner=hold.owner)  # an earlier delivery's answered call waits aside
     previous = book.holds.get(key)
     if previous is not None and previous.owner != hold.owner:
-        book.holds.pop(key)
-        if previous.answered:
-            book.charge_abandoned(previous)
+        book.holds.pop(key)  # unanswered: its delivery charges its call itself if it answers
     own = book.holds.pop(key, None)  # this owner asking again: its old hold is not a rival
     floor = need.floor
     alone = _largest_output(book, need, reserved=(0, Decimal(0)))

@@ -73,6 +73,9 @@ class Repair:
     """The summary of the run's last event (``None``: the run left no events)."""
     last_time: float = 0.0
     """When that event was made, epoch seconds (0: unknown)."""
+    committer: str = ""
+    """The delivery (hold owner) that event names as the committer of the run's last turn
+    ("" if it names none: then that turn's other calls are not told apart)."""
 
 
 def book_key(tenant: str) -> str:
@@ -161,9 +164,13 @@ class LedgerStore(CasStore):
         *,
         ttl: float = DEFAULT_HOLD_TTL,
         clock: Callable[[], float] | None = None,
+        prior_owner: str = "",
     ) -> TurnHold:
-        """The hold of one delivery of turn ``ref`` (an ``async with`` block; see ``hold``)."""
-        return TurnHold(self._change, ref, ttl=ttl, clock=clock or self.clock)
+        """The hold of one delivery of turn ``ref`` (an ``async with`` block; see ``hold``);
+        ``prior_owner``: the delivery that committed the run's previous turn, if known."""
+        return TurnHold(
+            self._change, ref, ttl=ttl, clock=clock or self.clock, prior_owner=prior_owner
+        )
 
     async def close_run(
         self,
@@ -173,14 +180,18 @@ class LedgerStore(CasStore):
         *,
         end: float,
         now: float | None = None,
+        committer: str = "",
     ) -> bool:
         """The run ended at ``end`` (epoch seconds): settle what it ``committed`` (its last
         event's summary; ``None``: nothing), charge its wall-clock time in this window, free
-        its slot and drop any hold it left. False if it was not active."""
+        its slot and drop any hold it left — a hold of its last turn is charged as abandoned
+        if its call answered and its owner is not ``committer`` (the delivery the last event
+        names, if any). False if it was not active."""
         at = self.clock() if now is None else now
         totals = _committed(committed)
 
         def apply(book: Book) -> bool:
+            book.resolve_turn(run_uid, totals["turn"], committer=committer)
             return book.close(run_uid, **totals, end=end, now=at)
 
         return await self._change(tenant, apply)
@@ -288,8 +299,12 @@ def _repair(book: Book, repair: Repair, now: float) -> None:
             book.settle(uid, **committed, now=now)
         hold = book.holds.get(repair.hold_key)
         if hold is not None and hold.expires <= now:  # charged if its call answered, uncommitted
-            book.drop_hold(repair.hold_key, committed_turn=committed["turn"])
+            if hold.turn == committed["turn"] and repair.committer:  # or lost the commit
+                book.resolve_turn(uid, hold.turn, committer=repair.committer)
+            else:
+                book.drop_hold(repair.hold_key, committed_turn=committed["turn"])
     if last is not None and last.phase.is_terminal:
+        book.resolve_turn(uid, last.last_turn, committer=repair.committer)
         book.close(uid, **_committed(last), end=repair.last_time or now, now=now)
     elif not repair.hold_key and last is None:  # the run is gone and left no events
         book.close(uid, **_committed(None), end=now, now=now)

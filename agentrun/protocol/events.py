@@ -329,6 +329,11 @@ class RunEvent:
     seq: int = 0
     time: float = 0.0
     """Epoch seconds when the event was made."""
+    owner: str = ""
+    """Only on ``turn``: the delivery (its tenant-ledger hold owner) that committed it, whose
+    model call the record contains; "" when no ledger hold was taken (and in events written
+    before deliveries were named). The ledger tells the committed call of a turn run twice
+    apart from the losing one by it."""
 
     @property
     def phase(self) -> kernel.Phase:
@@ -353,6 +358,8 @@ class RunEvent:
             data["record"] = record_as_dict(self.record)
         if self.approval is not None:
             data["approval"] = ApprovalShape.of(self.approval).model_dump(by_alias=True)
+        if self.owner:
+            data["owner"] = self.owner
         return dumps(data)
 
     @classmethod
@@ -375,4 +382,5 @@ class RunEvent:
             else None,
             seq=seq,
             time=float(data.get("time", 0.0)),
+            owner=str(data.get("owner", "")),  # absent: no hold, or written before owners
         )

@@ -833,3 +833,119 @@ def test_an_abandoned_call_is_charged_once_and_only_by_its_holder() -> None:
     assert codec.decode_book(codec.encode_book(book)).abandoned_tokens == 120
     book.roll(86_400.0 * 2)
     assert (book.used_tokens, book.abandoned_tokens) == (0, 0)
+
+
+CALLS = {"a": (120, Decimal("0.001")), "b": (155, Decimal("0.002"))}
+"""What each delivery's model call of the turn uses: (tokens, USD)."""
+
+# One turn (turn 0 of run "r") delivered twice and run by both deliveries at once, step by
+# step: "<who> reserve|spend|settle|commit|leave", or "next" / "close" (the committer read
+# from the turn's event). ``settle``: commits and settles; ``commit``: commits, then its
+# worker dies before settling; ``leave``: its commit lost, it leaves uncommitted; a delivery
+# with no ``leave`` or ``settle`` died after its last step. ``next``: the run's next turn
+# reserves; ``close``: the run ends.
+TURN_RUN_TWICE = {
+    "the winner settles while the loser's call is in flight": (
+        "a reserve",
+        "b reserve",
+        "a spend",
+        "a settle",
+        "b spend",
+        "b leave",
+    ),
+    "the winner settles after the loser's call answered": (
+        "a reserve",
+        "b reserve",
+        "a spend",
+        "b spend",
+        "a settle",
+        "b leave",
+    ),
+    "the loser leaves before the winner settles": (
+        "a reserve",
+        "b reserve",
+        "b spend",
+        "a spend",
+        "a leave",
+        "b settle",
+    ),
+    "the first delivery answered before the redelivery took its hold, and lost": (
+        "a reserve",
+        "a spend",
+        "b reserve",
+        "b spend",
+        "b settle",
+        "a leave",
+    ),
+    "the first delivery answered before the redelivery took its hold, and won": (
+        "a reserve",
+        "a spend",
+        "b reserve",
+        "a settle",
+        "b spend",
+        "b leave",
+    ),
+    "the winner dies between its commit and its settle; the next turn resolves it": (
+        "a reserve",
+        "a spend",
+        "b reserve",
+        "a commit",
+        "b spend",
+        "b leave",
+        "next",
+    ),
+    "the winner dies before settling and the loser after its call; the close resolves": (
+        "a reserve",
+        "a spend",
+        "b reserve",
+        "b spend",
+        "a commit",
+        "close",
+    ),
+    "the loser dies after its model call": (
+        "a reserve",
+        "b reserve",
+        "b spend",
+        "a spend",
+        "a settle",
+    ),
+}
+
+
+@pytest.mark.parametrize("steps", TURN_RUN_TWICE.values(), ids=TURN_RUN_TWICE.keys())
+def test_every_model_call_of_a_turn_run_twice_is_charged_exactly_once(
+    steps: tuple[str, ...],
+) -> None:
+    """The committed call through the run's usage, the losing call as abandoned, whoever
+    settles, leaves or dies first: ``set_aside`` on a takeover, ``resolve_turn`` with the
+    committer its event names, ``abandon`` of a call whose usage never reached a hold."""
+    book = Book.new("t", TenantLimits(tokens=100_000), now=0.0)
+    assert book.admit("r", "ns", "r", now=0.0) is None
+    recorded = dict.fromkeys(CALLS, False)
+    winner = next(s.split()[0] for s in steps if s.endswith(("settle", "commit")))
+    for step in steps:
+        who, _, action = step.partition(" ")
+        tokens, cost = CALLS.get(who, CALLS[winner])
+        if action == "reserve":
+            assert book.reserve("r:0", Hold("r", 0, 1_000, Decimal(0), 60.0, who), now=1.0) is None
+        elif action == "spend":
+            recorded[who] = book.record_spend("r:0", owner=who, tokens=tokens, cost_usd=cost)
+        elif action == "settle":
+            book.resolve_turn("r", 0, committer=who)
+            book.settle("r", turn=0, tokens=tokens, cost_usd=cost, now=2.0)
+        elif action == "leave":
+            unrecorded = not recorded[who]
+            book.abandon(
+                "r:0", owner=who, tokens=tokens, cost_usd=cost, now=2.0, unrecorded=unrecorded
+            )
+        elif who == "next":
+            book.resolve_turn("r", 0, committer=winner)
+            book.catch_up("r", turn=0, tokens=tokens, cost_usd=cost, now=3.0)
+        elif who == "close":
+            book.resolve_turn("r", 0, committer=winner)
+            book.close("r", turn=0, tokens=tokens, cost_usd=cost, end=3.0, now=3.0)
+        book = codec.decode_book(codec.encode_book(book))  # as the store applies each change
+    loser = "b" if winner == "a" else "a"
+    assert book.holds == {}
+    assert (book.used_tokens, book.abandoned_tokens) == (275, CALLS[loser][0])
+    assert (book.used_cost, book.abandoned_cost) == (Decimal("0.003"), CALLS[loser][1])

@@ -261,8 +261,20 @@ def test_a_committed_turns_answered_call_is_not_charged_again_when_its_hold_is_d
     assert (b.used_tokens, b.abandoned_tokens) == (0, 0)
 
 
+REPLACING = {
+    "the replaced delivery lost the commit": ("next", 50),
+    "the replaced delivery had committed, then died before settling": ("dead", 0),
+}
+
+
 @pytest.mark.parametrize("via", ["reserve", "reserve_call"])
-def test_a_redelivery_replacing_a_dead_workers_answered_hold_charges_that_call(via: str) -> None:
+@pytest.mark.parametrize(("committer", "abandoned"), REPLACING.values(), ids=list(REPLACING.keys()))
+def test_a_redelivery_replacing_an_answered_hold_sets_it_aside_until_the_turn_resolves(
+    via: str, committer: str, abandoned: int
+) -> None:
+    """The replaced call is not charged when replaced (its delivery may be the one whose commit
+    holds it); it waits aside, holding what it used, and is charged as abandoned only if the
+    turn's event names another delivery as its committer."""
     b = book()
     ask(b, "r1", need(), owner="dead")
     b.record_spend("r1:0", owner="dead", tokens=50, cost_usd=Decimal("0.0002"))
@@ -270,8 +282,14 @@ def test_a_redelivery_replacing_a_dead_workers_answered_hold_charges_that_call(v
         b.reserve("r1:0", template("r1", 0, "next"), now=NOW)
     else:
         ask(b, "r1", need(), owner="next")
-    assert (b.used_tokens, b.abandoned_tokens) == (50, 50)
+    assert (b.used_tokens, b.abandoned_tokens) == (0, 0)
     assert b.holds["r1:0"].owner == "next" and not b.holds["r1:0"].answered
+    aside = b.holds["r1:0/dead"]
+    assert (aside.owner, aside.tokens, aside.cost_usd) == ("dead", 50, Decimal("0.0002"))
+    decoded = codec.decode_book(codec.encode_book(b)).holds["r1:0/dead"]
+    assert (decoded.owner, decoded.spent_tokens, decoded.tokens) == ("dead", 50, 50)
+    assert b.resolve_turn("r1", 0, committer=committer) == (1 if abandoned else 0)
+    assert (b.used_tokens, b.abandoned_tokens, b.holds) == (abandoned, abandoned, {})
 
 
 def test_a_closed_run_charges_its_uncommitted_answered_hold() -> None:

@@ -1,0 +1,272 @@
+"""One turn run by two workers (a redelivery while the first worker still runs it, as after a
+NATS restart, or by a worker holding the run's state from before the turn committed): real
+consumers, a real nats-server (JetStream events and ledger), the scripted model over HTTP.
+The turn commits once, and every model call made is charged to the tenant exactly once: the
+committed one through the run's usage, the losing one as abandoned."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentrun import kernel, protocol
+from agentrun.bus import Bus, BusSettings
+from agentrun.ledger import Book, LedgerStore, QueuedRun, Repair, TenantLimits, TurnHold, TurnRef
+from agentrun.operator.settlement import QueueBoard, RunSettlement
+from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
+from agentrun.testing import mockllm, scenario
+from agentrun.tools import Calculate, Catalog
+from agentrun.worker import history
+from agentrun.worker.consumer import ConsumerSettings, TurnConsumer
+from agentrun.worker.model import ModelClient, RetryPolicy
+from agentrun.worker.toolrunner import ToolRunSettings
+from agentrun.worker.turn import TurnDeps
+from agentrun_dev import natsserver
+
+from .loop import NoSecrets
+
+SCRIPT = """
+scenarios:
+  - name: slow-first-turn
+    turns:
+      - tool_calls: [{id: call_1, name: calculate, arguments: {expression: "6*7"}}]
+        latency_ms: 1500
+        usage: {prompt_tokens: 100, completion_tokens: 10}
+      - content: "42"
+        usage: {prompt_tokens: 150, completion_tokens: 5}
+"""
+TURN_0 = 110
+"""Tokens of each call of turn 0."""
+TURN_1 = 155
+SETTINGS = ConsumerSettings(concurrency=4, heartbeat=0.5, hold_ttl=5.0)
+
+
+class Delivery:
+    """One delivery of a TurnRequest, as a worker's handler sees it; records what it got."""
+
+    def __init__(self, request: TurnRequest) -> None:
+        self.data = protocol.encode_turn_request(request)
+        self.headers: dict[str, str] | None = None
+        self.metadata = _Metadata()
+        self.outcome: list[str] = []
+
+    async def ack(self) -> None:
+        self.outcome.append("ack")
+
+    async def nak(self, delay: float | None = None) -> None:
+        self.outcome.append("nak")
+
+    async def term(self) -> None:
+        self.outcome.append("term")
+
+    async def in_progress(self) -> None:
+        pass
+
+
+class _Metadata:
+    num_delivered = 1
+    timestamp = None
+
+
+class Stack:
+    """Workers on their own connections to one nats-server, a tenant and the scripted model."""
+
+    def __init__(self, url: str, mock: mockllm.MockLLM) -> None:
+        self.url, self.mock = url, mock
+        self.tenant = f"t-{uuid.uuid4().hex[:10]}"
+        self.buses: list[Bus] = []
+        self.model = ModelClient(RetryPolicy(max_retries=0))
+
+    async def connect(self) -> Bus:
+        """A connection of its own (the first one is the test's, never a worker's)."""
+        bus = await Bus.connect(BusSettings(self.url), name=f"c{len(self.buses)}")
+        self.buses.append(bus)
+        return bus
+
+    async def worker(self) -> TurnConsumer:
+        """A worker with its own connection (closing it is the worker dying, to the ledger)."""
+        bus = await self.connect()
+        ledger = await LedgerStore.open(bus.js)
+        deps = TurnDeps(
+            model=self.model,
+            catalog=Catalog([Calculate()]),
+            secrets=NoSecrets(),
+            tool_settings=ToolRunSettings(),
+        )
+        return TurnConsumer(bus, deps, SETTINGS, ledger=ledger)
+
+    async def store(self) -> LedgerStore:
+        return await LedgerStore.open(self.buses[0].js)
+
+    async def admit(self) -> TurnRequest:
+        """A fresh run, admitted (its event and its tenant slot): its turn 0's request."""
+        uid = uuid.uuid4().hex
+        config = RunConfig(
+            uid=uid,
+            namespace="ns",
+            name=f"dup-{uid[:8]}",
+            goal="what is 6*7?",
+            instructions="",
+            tools=("calculate",),
+            limits=kernel.Limits(),
+            model=ModelConfig("mock", self.mock.base_url, "scripted", kernel.Pricing(), 32000, 100),
+            deadline=time.time() + 60,
+            tenant=self.tenant,
+        )
+        state = kernel.initial_state(goal=config.goal)
+        event = RunEvent("admitted", uid, state.summary(), config=config, time=time.time())
+        seq = await self.buses[0].append_event("ns", config.name, event, expected_seq=0)
+        refusal = await (await self.store()).admit_run(
+            self.tenant,
+            QueuedRun(uid, "ns", config.name, time.time()),
+            limits=TenantLimits(tokens=1_000_000),
+            need=(0, Decimal(0)),
+        )
+        assert refusal is None
+        return TurnRequest(uid, "ns", config.name, 0, seq)
+
+    async def book(self) -> Book:
+        book = await (await self.store()).read(self.tenant)
+        assert book is not None
+        return book
+
+    async def events(self, request: TurnRequest) -> list[RunEvent]:
+        return await self.buses[0].read_events("ns", request.name)
+
+    def model_calls(self) -> int:
+        """Requests the scripted model got (a fresh model per test)."""
+        return len(self.mock.state.requests)
+
+
+@pytest.fixture
+async def stack(nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
+    async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as mock:
+        s = Stack(nats_server.url, mock)
+        await s.connect()
+        try:
+            yield s
+        finally:
+            await s.model.close()
+            for bus in s.buses:
+                await bus.close()
+
+
+async def handle(worker: TurnConsumer, request: TurnRequest, *, after: float = 0.0) -> Delivery:
+    """Deliver ``request`` to ``worker`` ``after`` seconds from now; what it did with it."""
+    delivery = Delivery(request)
+    await asyncio.sleep(after)
+    await worker._handle(delivery)  # type: ignore[arg-type]
+    return delivery
+
+
+async def test_a_turn_run_by_two_workers_at_once_charges_both_model_calls_once_each(
+    stack: Stack,
+) -> None:
+    """The second delivery starts 0.5 s into the first one's 1.5 s model call and takes its
+    hold; the first commits. Both calls were made: the committed one is in the run's usage,
+    the other is charged as abandoned (before: the winner's settlement dropped the loser's hold
+    and the loser found nothing to charge, so its call was charged nowhere)."""
+    first, second = await stack.worker(), await stack.worker()
+    request = await stack.admit()
+    a, b = await asyncio.gather(handle(first, request), handle(second, request, after=0.5))
+    assert (a.outcome, b.outcome) == (["ack"], ["ack"])
+    assert stack.model_calls() == 2
+    events = await stack.events(request)
+    assert [e.kind for e in events] == ["admitted", "turn"]
+    assert events[1].owner  # the committed turn names the delivery whose call it holds
+    assert events[1].summary.usage.total_tokens == TURN_0
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens, book.holds) == (2 * TURN_0, TURN_0, {})
+
+
+def dies_before_settling(worker: TurnConsumer) -> None:
+    """Make ``worker`` die, as far as the ledger can tell, right after its next commit: its
+    connection closes before the turn's settlement, so its answered hold stays in the book."""
+    assert worker.ledger is not None
+    make: Callable[..., TurnHold] = worker.ledger.turn_hold
+
+    def turn_hold(ref: TurnRef, **kwargs: Any) -> TurnHold:
+        hold = make(ref, **kwargs)
+
+        async def settle(after: kernel.RunState) -> None:
+            await worker.bus.nc.close()
+            raise ConnectionError("the worker died between its commit and its settlement")
+
+        hold.settle = settle  # type: ignore[method-assign]
+        return hold
+
+    worker.ledger.turn_hold = turn_hold  # type: ignore[method-assign]
+
+
+async def next_turn(stack: Stack, request: TurnRequest, last: RunEvent) -> None:
+    """The run's next turn runs on a fresh worker: its reservation resolves turn 0 with the
+    committer turn 0's event names."""
+    worker = await stack.worker()
+    following = TurnRequest(request.run_uid, "ns", request.name, 1, last.seq)
+    assert (await handle(worker, following)).outcome == ["ack"]
+
+
+async def run_closes(stack: Stack, request: TurnRequest, last: RunEvent) -> None:
+    """The operator closes the run on its last event (as when it is deleted now)."""
+    settlement = RunSettlement(await stack.store(), QueueBoard())
+    await settlement.settle_ended_run(last, tenant=stack.tenant, uid=request.run_uid)
+
+
+async def sweep_repairs(stack: Stack, request: TurnRequest, last: RunEvent) -> None:
+    """The operator's sweep finds the dead worker's hold expired and repairs the entry from
+    the run's last event."""
+    store = await stack.store()
+    book = await stack.book()
+    later = time.time() + 3_600.0
+    repairs = [
+        Repair(key, request.run_uid, last.summary, last.time, last.owner)
+        for key, _ in book.expired(later)
+    ]
+    assert repairs
+    await store.repair_entry(stack.tenant, repairs, limits=None, now=later)
+
+
+RESOLVED_BY = {
+    "the next turn": next_turn,
+    "the run's close": run_closes,
+    "the sweep": sweep_repairs,
+}
+
+
+@pytest.mark.parametrize("resolve", RESOLVED_BY.values(), ids=RESOLVED_BY.keys())
+async def test_a_committer_that_died_before_settling_is_charged_once(
+    stack: Stack, resolve: Callable[[Stack, TurnRequest, RunEvent], Any]
+) -> None:
+    """The first worker commits turn 0 and dies before settling, its answered hold left in the
+    book. A second worker that still holds the run as it was before that commit runs the turn
+    again: it takes the hold over and its commit loses. Its own call is charged as abandoned;
+    the dead worker's call, which the committed turn holds, is not (before: the takeover
+    charged it as abandoned, and the run's usage charged it again)."""
+    first, second = await stack.worker(), await stack.worker()
+    request = await stack.admit()
+    await history.load(second.bus, second.cache, request)  # it saw the run before the commit
+    dies_before_settling(first)
+    assert (await handle(first, request)).outcome == ["ack"]
+    events = await stack.events(request)
+    assert [e.kind for e in events] == ["admitted", "turn"]
+    book = await stack.book()
+    assert [h.owner for h in book.holds.values()] == [events[1].owner]
+
+    assert (await handle(second, request)).outcome == ["ack"]
+    assert stack.model_calls() == 2
+    assert len(await stack.events(request)) == 2  # its commit lost
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens) == (TURN_0, TURN_0)  # its own call only
+
+    await resolve(stack, request, events[1])
+    book = await stack.book()
+    assert book.holds == {}
+    ran_next = resolve is next_turn
+    assert book.abandoned_tokens == TURN_0
+    assert book.used_tokens == 2 * TURN_0 + (TURN_1 if ran_next else 0)
