@@ -193,6 +193,8 @@ class TurnConsumer:
 
     async def _turn(self, msg: Msg, request: TurnRequest) -> None:
         started = time.perf_counter()
+        if (msg.metadata.num_delivered or 1) > 1:  # the turn may have committed elsewhere:
+            self.cache.drop(request.run_uid)  # read the run's events, not what this worker saw
         try:
             run = await history.load(self.bus, self.cache, request)
         except history.CorruptHistory as err:

@@ -21,6 +21,9 @@ ADMISSION_HOLD_TTL = 600.0
 runs admitted together cannot each be promised the same budget."""
 CONCURRENCY_LIMIT = "ConcurrencyLimit"
 BUDGET_EXHAUSTED = "BudgetExhausted"
+TURN_COMMITTED = "TurnCommitted"
+"""A call of a turn the ledger has settled already: its delivery is stale (the turn committed
+through another delivery) and can never commit, so it makes no call."""
 BUDGET_HELD = "BudgetHeld"
 """A run's first call fits what is committed, but not next to the holds of calls in flight
 (or an older waiting call): it is admitted once they settle."""
@@ -144,7 +147,8 @@ class BudgetRefusal:
     """Why a run may not be admitted or a call may not start."""
 
     reason: str
-    """``ConcurrencyLimit`` or ``BudgetExhausted`` (condition reasons)."""
+    """``ConcurrencyLimit`` or ``BudgetExhausted`` (condition reasons), or ``TurnCommitted``
+    (a stale delivery's call: its turn record cannot commit, so no run ends by it)."""
     resource: str | None
     """The exhausted resource (one of ``RESOURCES``) for ``BudgetExhausted``."""
     message: str

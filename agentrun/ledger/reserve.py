@@ -19,6 +19,7 @@ from agentrun.kernel.limits import MILLION, Pricing
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     BUDGET_HELD,
+    TURN_COMMITTED,
     WAITER_TTL,
     BudgetRefusal,
     Hold,
@@ -133,6 +134,9 @@ def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | 
     (``Book.set_aside``).
     """
     book.roll(now)
+    stale = _stale(book, key, hold)
+    if stale is not None:
+        return stale
     # an earlier delivery's answered call waits aside until its turn's committer is known
     book.set_aside(key, owner=hold.owner)
     previous = book.holds.pop(key, None)
@@ -180,6 +184,7 @@ def reserve_call(
     """Hold the call ``need`` under ``key`` (``hold`` gives its run, turn, owner and expiry;
     its amounts are set here), or say that it waits or why it can never run.
 
+    - Refused ``TurnCommitted`` when its turn is settled already (a stale delivery).
     - Refused when even its smallest worst case (``need.floor``) does not fit what is
       committed (``used``): used only grows in a window, so waiting would not help.
     - Waits (``BudgetWait``, recorded in ``waiting``) when it fits what is committed but
@@ -191,6 +196,9 @@ def reserve_call(
     """
     book.roll(now)
     _drop_expired_waiters(book, now)
+    stale = _stale(book, key, hold)
+    if stale is not None:
+        return stale
     book.set_aside(key, owner=hold.owner)  # an earlier delivery's answered call waits aside
     previous = book.holds.get(key)
     if previous is not None and previous.owner != hold.owner:
@@ -219,6 +227,21 @@ def reserve_call(
     book.waiting.pop(key, None)
     book.holds[key] = hold
     return Granted(output, tokens, cost)
+
+
+def _stale(book: Book, key: str, hold: Hold) -> BudgetRefusal | None:
+    """``TurnCommitted`` if ``hold``'s turn is one the book has settled for its run (only a
+    committed turn is settled): this delivery built on the run as it was before that commit,
+    so its turn can never commit and its call would be wasted. Else ``None``."""
+    run = book.active.get(hold.run_uid)
+    if run is None or hold.turn > run.turn:
+        return None
+    book.waiting.pop(key, None)
+    return BudgetRefusal(
+        TURN_COMMITTED,
+        None,
+        f"turn {hold.turn} of run {hold.run_uid} is committed already: this delivery is stale",
+    )
 
 
 def _wait(book: Book, key: str, least: tuple[int, Decimal], *, now: float) -> BudgetWait:

@@ -13,7 +13,13 @@ import pytest
 
 from agentrun import kernel
 from agentrun.ledger import Book, BudgetRefusal, BudgetWait, CallNeed, Granted, Hold, codec
-from agentrun.ledger.entries import BUDGET_EXHAUSTED, BUDGET_HELD, WAITER_TTL, TenantLimits
+from agentrun.ledger.entries import (
+    BUDGET_EXHAUSTED,
+    BUDGET_HELD,
+    TURN_COMMITTED,
+    WAITER_TTL,
+    TenantLimits,
+)
 
 NOW = 19_675 * 86_400.0 + 3_600.0
 PRICING = kernel.Pricing(Decimal("2.50"), Decimal("1.25"), Decimal("10"))
@@ -312,3 +318,20 @@ def test_the_entry_keeps_waiters_and_recorded_spends_through_encode_and_decode()
     assert again.holds["r1:0"].spent_cost == Decimal("0.0004")
     assert again.waiting == b.waiting
     assert codec.encode_book(again) == codec.encode_book(b)
+
+
+@pytest.mark.parametrize("via", ["reserve", "reserve_call"])
+def test_a_call_of_a_turn_the_book_settled_already_is_refused_as_stale(via: str) -> None:
+    """Only a committed turn is settled, so a delivery asking for it built on the run from
+    before that commit: its record cannot commit, and it makes no call."""
+    b = book()
+    b.admit("r1", "ns", "r1", now=NOW)
+    b.settle("r1", turn=2, tokens=300, cost_usd=Decimal("0.001"), now=NOW)
+    if via == "reserve":
+        refusal = b.reserve("r1:2", template("r1", 2, "late"), now=NOW)
+    else:
+        refusal = ask(b, "r1", need(), turn=2, owner="late")
+    assert isinstance(refusal, BudgetRefusal) and refusal.reason == TURN_COMMITTED
+    assert "turn 2 of run r1 is committed already" in refusal.message
+    assert (b.holds, b.waiting, b.used_tokens) == ({}, {}, 300)
+    assert isinstance(ask(b, "r1", need(), turn=3), Granted)  # the next turn's call is held

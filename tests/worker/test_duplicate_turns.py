@@ -74,6 +74,11 @@ class _Metadata:
     timestamp = None
 
 
+class _Redelivered:
+    num_delivered = 2
+    timestamp = None
+
+
 class Stack:
     """Workers on their own connections to one nats-server, a tenant and the scripted model."""
 
@@ -157,9 +162,14 @@ async def stack(nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
                 await bus.close()
 
 
-async def handle(worker: TurnConsumer, request: TurnRequest, *, after: float = 0.0) -> Delivery:
-    """Deliver ``request`` to ``worker`` ``after`` seconds from now; what it did with it."""
+async def handle(
+    worker: TurnConsumer, request: TurnRequest, *, after: float = 0.0, again: bool = False
+) -> Delivery:
+    """Deliver ``request`` to ``worker`` ``after`` seconds from now (``again``: as JetStream
+    redelivers it); what it did with it."""
     delivery = Delivery(request)
+    if again:
+        delivery.metadata = _Redelivered()
     await asyncio.sleep(after)
     await worker._handle(delivery)  # type: ignore[arg-type]
     return delivery
@@ -270,3 +280,35 @@ async def test_a_committer_that_died_before_settling_is_charged_once(
     ran_next = resolve is next_turn
     assert book.abandoned_tokens == TURN_0
     assert book.used_tokens == 2 * TURN_0 + (TURN_1 if ran_next else 0)
+
+
+async def test_a_stale_delivery_of_a_settled_turn_makes_no_model_call(stack: Stack) -> None:
+    """A worker that saw the run before turn 0 committed and settled elsewhere gets turn 0's
+    request: the ledger refuses its call (the turn is settled), so it calls no model; its
+    record cannot commit, and nothing is charged for it."""
+    first, second = await stack.worker(), await stack.worker()
+    request = await stack.admit()
+    await history.load(second.bus, second.cache, request)
+    assert (await handle(first, request)).outcome == ["ack"]
+    assert (await handle(second, request)).outcome == ["ack"]
+    assert stack.model_calls() == 1
+    assert len(await stack.events(request)) == 2
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens, book.holds) == (TURN_0, 0, {})
+
+
+async def test_a_redelivery_reads_the_runs_events_rather_than_what_its_worker_saw(
+    stack: Stack,
+) -> None:
+    """A redelivered request (its committer died before settling) on a worker that saw the
+    run before that commit: the worker reads the run's events, finds the turn committed and
+    acks it without a model call."""
+    first, second = await stack.worker(), await stack.worker()
+    request = await stack.admit()
+    await history.load(second.bus, second.cache, request)
+    dies_before_settling(first)
+    assert (await handle(first, request)).outcome == ["ack"]
+    assert (await handle(second, request, again=True)).outcome == ["ack"]
+    assert stack.model_calls() == 1
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens) == (0, 0)  # settled by the next turn
