@@ -30,7 +30,8 @@ aside (key ``<run-uid>:<turn>/<owner>``) until the turn's committer is known, an
 sweep and the run's close with the owner read from the turn's event — drops every hold of the
 turn, charging the answered calls of other owners as abandoned. A delivery that leaves its turn
 uncommitted charges its own call: on its hold if it still has one, directly if its usage never
-reached a hold (``abandon``).
+reached a hold (``abandon``; ``charged`` remembers the calls others charged, so a usage write
+that timed out but landed is not charged twice).
 
 Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
 ``cumulative - charged`` only when the turn is newer than the one charged last. That makes it
@@ -48,6 +49,7 @@ from agentrun.ledger import reserve
 from agentrun.ledger.entries import (
     ADMISSION_HOLD_TTL,
     BUDGET_EXHAUSTED,
+    CHARGED_MEMORY,
     CONCURRENCY_LIMIT,
     MAX_ACTIVE_RUNS,
     Active,
@@ -83,6 +85,11 @@ class Book:
     active: dict[str, Active] = dataclasses.field(default_factory=dict)
     waiting: dict[str, Waiter] = dataclasses.field(default_factory=dict)
     """Calls waiting for holds to settle, by hold key."""
+    charged: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Answered calls charged as abandoned when another party dropped their hold, by
+    ``<run-uid>:<turn>/<owner>``, each remembered until an expiry (epoch seconds): a delivery
+    whose usage write failed (it may still have landed) asks here before charging its call
+    itself as it leaves (``abandon``)."""
 
     @classmethod
     def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Book:
@@ -157,6 +164,8 @@ class Book:
         """Start a new window if ``now`` is past the current one: ``used`` goes to zero and
         active runs' wall-clock charge restarts at the window start. Holds and what each run
         has been charged stay. Returns True when it rolled."""
+        for key in [k for k, until in self.charged.items() if until <= now]:
+            del self.charged[key]
         start = window_start(now, self.limits.window_seconds)
         if start <= self.window:
             return False
@@ -308,7 +317,10 @@ class Book:
 
     def charge_abandoned(self, hold: Hold) -> None:
         """Charge ``hold``'s answered call (its ``spent``) to ``used``, as abandoned: the
-        provider billed it, but its turn will never commit."""
+        provider billed it, but its turn will never commit. Remembered in ``charged`` until
+        ``CHARGED_MEMORY`` seconds past the hold's expiry."""
+        key = aside_key(f"{hold.run_uid}:{hold.turn}", hold.owner)
+        self.charged[key] = hold.expires + CHARGED_MEMORY
         self.used_tokens += hold.spent_tokens
         self.used_cost += hold.spent_cost
         self.abandoned_tokens += hold.spent_tokens
@@ -351,15 +363,18 @@ class Book:
         delivery committed it): charge what it really used (the provider bills it) and drop
         ``owner``'s hold (under ``key``, or set aside for it).
 
-        With no such hold, the call is charged only if ``unrecorded``: its usage never reached
-        a hold, so nothing else charges it. A hold that carried it was charged by whoever
-        dropped it (``resolve_turn``, the sweep, the run's close). Returns True if it charged.
+        With no such hold, the call is charged only if ``unrecorded`` (its usage write did not
+        land, as far as its delivery knows) and ``charged`` does not hold it: a hold that
+        carried it was charged by whoever dropped it (``resolve_turn``, the sweep, the run's
+        close). Returns True if it charged.
         """
         self.roll(now)
         hold = self.holds.get(key)
         if hold is not None and hold.owner == owner:
             del self.holds[key]
-        elif self.holds.pop(aside_key(key, owner), None) is None and not unrecorded:
+        elif self.holds.pop(aside_key(key, owner), None) is None and (
+            not unrecorded or aside_key(key, owner) in self.charged
+        ):
             return False
         self.used_tokens += tokens
         self.used_cost += cost_usd

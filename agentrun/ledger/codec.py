@@ -71,6 +71,9 @@ class BookShape(_Shape):
     holds: dict[str, HoldRow]
     active: dict[str, ActiveRow]
     waiting: dict[str, WaiterRow] = {}
+    charged: dict[str, float] = {}
+    """Calls charged as abandoned by another party: ``<run-uid>:<turn>/<owner>`` → until
+    (epoch seconds). Absent in entries written before it existed."""
 
 
 def encode_book(book: Book) -> bytes:
@@ -103,6 +106,7 @@ def encode_book(book: Book) -> bytes:
             for k, a in book.active.items()
         },
         waiting={k: (w.since, w.tokens, w.cost_usd, w.expires) for k, w in book.waiting.items()},
+        charged=dict(book.charged),
     )
     return shape.model_dump_json().encode()
 
@@ -144,6 +148,7 @@ def decode_book(data: bytes) -> Book:
         holds=holds,
         active=active,
         waiting={k: Waiter(*row) for k, row in shape.waiting.items()},
+        charged=dict(shape.charged),
     )
 
 

@@ -19,6 +19,10 @@ RESOURCES = ("tokens", "costUSD", "wallClockSeconds")
 ADMISSION_HOLD_TTL = 600.0
 """Seconds admission holds a run's first call (until a worker reserves that call itself), so
 runs admitted together cannot each be promised the same budget."""
+CHARGED_MEMORY = 3_600.0
+"""Seconds past its hold's expiry that a call charged as abandoned by another party is
+remembered (``Book.charged``): longer than a losing delivery that outlived its hold can take
+to leave its turn."""
 CONCURRENCY_LIMIT = "ConcurrencyLimit"
 BUDGET_EXHAUSTED = "BudgetExhausted"
 TURN_COMMITTED = "TurnCommitted"

@@ -840,7 +840,8 @@ CALLS = {"a": (120, Decimal("0.001")), "b": (155, Decimal("0.002"))}
 
 # One turn (turn 0 of run "r") delivered twice and run by both deliveries at once, step by
 # step: "<who> reserve|spend|settle|commit|leave", or "next" / "close" (the committer read
-# from the turn's event). ``settle``: commits and settles; ``commit``: commits, then its
+# from the turn's event). ``spend-unacknowledged``: its usage is recorded, but its worker
+# heard a timeout. ``settle``: commits and settles; ``commit``: commits, then its
 # worker dies before settling; ``leave``: its commit lost, it leaves uncommitted; a delivery
 # with no ``leave`` or ``settle`` died after its last step. ``next``: the run's next turn
 # reserves; ``close``: the run ends.
@@ -902,6 +903,14 @@ TURN_RUN_TWICE = {
         "a commit",
         "close",
     ),
+    "the loser's usage write timed out but landed; it charges nothing more as it leaves": (
+        "a reserve",
+        "b reserve",
+        "b spend-unacknowledged",
+        "a spend",
+        "a settle",
+        "b leave",
+    ),
     "the loser dies after its model call": (
         "a reserve",
         "b reserve",
@@ -928,8 +937,9 @@ def test_every_model_call_of_a_turn_run_twice_is_charged_exactly_once(
         tokens, cost = CALLS.get(who, CALLS[winner])
         if action == "reserve":
             assert book.reserve("r:0", Hold("r", 0, 1_000, Decimal(0), 60.0, who), now=1.0) is None
-        elif action == "spend":
-            recorded[who] = book.record_spend("r:0", owner=who, tokens=tokens, cost_usd=cost)
+        elif action.startswith("spend"):
+            landed = book.record_spend("r:0", owner=who, tokens=tokens, cost_usd=cost)
+            recorded[who] = landed and action == "spend"  # else its worker heard a timeout
         elif action == "settle":
             book.resolve_turn("r", 0, committer=who)
             book.settle("r", turn=0, tokens=tokens, cost_usd=cost, now=2.0)
