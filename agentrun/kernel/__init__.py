@@ -17,6 +17,7 @@ from agentrun.kernel.approval import (
     digest_of,
     held_calls,
 )
+from agentrun.kernel.bounds import MESSAGE_CAP, bound_results, results_budget, shrink_record
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import (
     Decision,
@@ -79,6 +80,7 @@ from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check
 
 __all__ = [
     "DENIED",
+    "MESSAGE_CAP",
     "Answered",
     "CallModel",
     "CheckedCall",
@@ -124,6 +126,7 @@ __all__ = [
     "admit_tool_batch",
     "advance",
     "backoff",
+    "bound_results",
     "check_calls",
     "classify",
     "conclude",
@@ -144,6 +147,8 @@ __all__ = [
     "record_usage",
     "refused_by_tenant",
     "resolve_approval",
+    "results_budget",
+    "shrink_record",
     "state_from_summary",
     "stop",
     "summary_request",
