@@ -127,7 +127,7 @@ def bound_results(
     """``results`` (one per call, in call order) within ``budget`` bytes as stored: results are
     kept whole in call order while they fit, the one that crosses the budget is cut to what is
     left (with a marker naming the bytes cut; dropped instead if under ``MIN_KEPT_BYTES``),
-    and every later one is replaced by a ``placeholder``. Ids, names, errors and faults are
+    and every later one is replaced by a ``placeholder`` (unless it is no longer than one). Ids, names, errors and faults are
     kept, so call-id correlation and the run's counters stay intact. ``results`` itself when
     it fits; placeholders themselves may pass a budget too small to hold them."""
     contents = [stored_bytes(r.content) for r in results]
@@ -138,19 +138,19 @@ def bound_results(
         return tuple(results)
     floors = [o + min(c, PLACEHOLDER_BYTES) for c, o in zip(contents, overheads, strict=True)]
     later = sum(floors)  # what the results after the current one need at least
-    used = 0
+    used, full = 0, False
     bounded: list[records.ToolResult] = []
     for result, size, overhead, floor in zip(results, contents, overheads, floors, strict=True):
         later -= floor
         room = budget - used - overhead - later
-        if size > room and size > PLACEHOLDER_BYTES:
+        if (full or size > room) and size > PLACEHOLDER_BYTES:
             content = (
                 _cut(result.content, room, budget=budget)
-                if room >= MIN_KEPT_BYTES
+                if not full and room >= MIN_KEPT_BYTES
                 else placeholder(size, budget=budget)
             )
             result = dataclasses.replace(result, content=content)
-            size = stored_bytes(content)
+            size, full = stored_bytes(content), True
         used += overhead + size
         bounded.append(result)
     return tuple(bounded)
