@@ -127,9 +127,10 @@ def bound_results(
     """``results`` (one per call, in call order) within ``budget`` bytes as stored: results are
     kept whole in call order while they fit, the one that crosses the budget is cut to what is
     left (with a marker naming the bytes cut; dropped instead if under ``MIN_KEPT_BYTES``),
-    and every later one is replaced by a ``placeholder`` (unless it is no longer than one). Ids, names, errors and faults are
-    kept, so call-id correlation and the run's counters stay intact. ``results`` itself when
-    it fits; placeholders themselves may pass a budget too small to hold them."""
+    and every later one is replaced by a ``placeholder`` (unless it is no longer than one).
+    Ids, names, errors and faults are kept, so call-id correlation and the run's counters stay
+    intact. ``results`` itself when it fits; placeholders may pass a budget too small to hold
+    them (``shrink_record`` is the backstop)."""
     contents = [stored_bytes(r.content) for r in results]
     overheads = [
         RESULT_OVERHEAD + stored_bytes(r.tool_call_id) + stored_bytes(r.name) for r in results

@@ -248,8 +248,7 @@ def test_a_shrunk_record_keeps_a_budget_ending() -> None:
 SHRUNK: list[Any] = [
     pytest.param(
         kernel.Resumed(4, (result(0, "w" * 600 * KIB), result(1, "ok"))),
-        lambda r: [x.content[:27] for x in r.results]
-        == ["[agentrun: result dropped, ", "ok"],
+        lambda r: [x.content[:27] for x in r.results] == ["[agentrun: result dropped, ", "ok"],
         id="a resume turn keeps every call's result, as a placeholder when large",
     ),
     pytest.param(

@@ -19,9 +19,11 @@ from agentrun.bus import Bus, BusSettings
 from agentrun.kernel import MalformedCause, Phase
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 from agentrun.testing import mockllm, scenario
-from agentrun.tools import Catalog, ToolContext, ToolSpec
+from agentrun.tools import Catalog, ToolContext, ToolError, ToolSpec
+from agentrun.worker import toolrunner
 from agentrun.worker.consumer import ConsumerSettings, TurnConsumer
 from agentrun.worker.model import ModelClient, RetryPolicy
+from agentrun.worker.toolrunner import ToolRunSettings
 from agentrun.worker.turn import TurnDeps
 from agentrun_dev import components, natsserver
 
@@ -185,3 +187,35 @@ async def test_a_turn_whose_event_would_still_pass_the_cap_is_committed_as_a_cor
     assert (end.phase, end.answer) == (Phase.COMPLETED, "read what fit")
     assert (end.steps, end.corrections) == (2, 1)
     assert (end.usage.input_tokens, end.usage.output_tokens) == (1200, 405)
+
+
+class Loud:
+    """A read tool whose errors hold a whole response body."""
+
+    spec = ToolSpec("loud", "fails verbosely", {"type": "object"}, "read", False)
+
+    async def run(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        if arguments.get("crash"):
+            raise RuntimeError("b" * 100_000)
+        raise ToolError("the backend said: " + "a" * 100_000)
+
+
+async def test_a_tool_error_is_cut_to_the_result_cap_like_any_result() -> None:
+    calls = (
+        kernel.CheckedCall("e1", "loud", {}),
+        kernel.CheckedCall("e2", "loud", {"crash": True}),
+    )
+    context = ToolContext(namespace="ns", run_name="run", run_uid="uid", call_id="")
+    settings = ToolRunSettings(max_result_bytes=4096)
+    results = await toolrunner.run_batch(
+        calls, tools={"loud": Loud()}, context=context, settings=settings, deadline=time.time() + 9
+    )
+    assert [(r.tool_call_id, r.fault) for r in results] == [
+        ("e1", kernel.ToolFault.DOMAIN),
+        ("e2", kernel.ToolFault.CRASHED),
+    ]
+    assert results[0].content.startswith("the backend said: aaa")
+    assert results[1].content.startswith("the tool failed: RuntimeError: bbb")
+    for result in results:
+        assert len(result.content.encode()) < 4096 + 100
+        assert "[agentrun: result truncated, " in result.content
