@@ -50,7 +50,7 @@ SHRUNK_TEXT_BYTES = 4096
 
 def stored_bytes(text: str) -> int:
     """UTF-8 bytes of ``text`` stored as a JSON string, escapes included, quotes not
-    (``"`` and ``\\`` count 2, a control character 6). Never raises."""
+    (``"``, ``\\`` and ``\\n`` count 2, other control characters 6). Never raises."""
     encoded = json.dumps(text, ensure_ascii=False)
     if encoded.isascii():
         return len(encoded) - 2
@@ -155,6 +155,21 @@ def bound_results(
         used += overhead + size
         bounded.append(result)
     return tuple(bounded)
+
+
+def bound_for_cap(
+    results: Sequence[records.ToolResult], *, cap: int, reply: records.Answered | None = None
+) -> tuple[records.ToolResult, ...]:
+    """``results`` bounded (``bound_results``) for a bus whose messages hold ``cap`` bytes,
+    next to the model's ``reply`` (``None`` for a resume turn). Results that cannot take more
+    than an eighth of the cap even at 6 bytes a character are returned unmeasured: the
+    reply's own caps (text, arguments, calls per reply) leave far more than that, unless its
+    text is mostly escapes — which ``shrink_record`` handles."""
+    most = sum(6 * (len(r.content) + len(r.tool_call_id) + len(r.name)) for r in results)
+    if most + RESULT_OVERHEAD * len(results) <= cap // 8:
+        return tuple(results)
+    reply_bytes = 0 if reply is None else reply_size(reply)
+    return bound_results(results, budget=results_budget(cap, reply_bytes=reply_bytes))
 
 
 def shrink_record(record: records.TurnRecord, *, size: int, cap: int) -> records.TurnRecord:

@@ -94,7 +94,7 @@ class ResumeHeld:
         assert pending is not None
         if self.stopped is not None:
             ran = not_run(self.approved, self.stopped.message)
-        ran = bounds.bound_results(ran, budget=bounds.results_budget(cap))
+        ran = bounds.bound_for_cap(ran, cap=cap)
         by_id = {r.tool_call_id: r for r in ran}
         results = tuple(
             by_id[h.id] if h.approved else records.ToolResult(h.id, h.name, approval.DENIED, True)
@@ -122,10 +122,8 @@ class RunTools:
         """The turn's record with the batch's results (one per runnable call, same order),
         bounded for a bus whose messages hold ``cap`` bytes: together they take at most
         ``bounds.results_budget`` of it, less what the model's reply takes."""
-        budget = bounds.results_budget(cap, reply_bytes=bounds.reply_size(self.record))
-        return dataclasses.replace(
-            self.record, results=bounds.bound_results(results, budget=budget)
-        )
+        bounded = bounds.bound_for_cap(results, cap=cap, reply=self.record)
+        return dataclasses.replace(self.record, results=bounded)
 
 
 def not_run(calls: Sequence[CheckedCall | InvalidCall], why: str) -> tuple[records.ToolResult, ...]:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agentrun import kernel
-from agentrun.bus import Bus, BusSettings
+from agentrun.bus import Bus, BusSettings, EventTooLarge
 from agentrun.kernel import MalformedCause, Phase
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 from agentrun.testing import mockllm, scenario
@@ -219,3 +219,14 @@ async def test_a_tool_error_is_cut_to_the_result_cap_like_any_result() -> None:
     for result in results:
         assert len(result.content.encode()) < 4096 + 100
         assert "[agentrun: result truncated, " in result.content
+
+
+async def test_the_bus_refuses_an_event_over_its_cap_without_sending_it(bus: Bus) -> None:
+    summary = kernel.RunSummary(Phase.COMPLETED, answer="a" * bus.event_cap)
+    event = RunEvent("stop", "uid-big", summary, time=1.0)
+    with pytest.raises(EventTooLarge) as raised:
+        await bus.append_event("ns", "big", event, expected_seq=None)
+    assert raised.value.cap == bus.event_cap == 1024 * 1024 - 4096
+    assert raised.value.size > bus.event_cap
+    assert await bus.last_event("ns", "big") is None
+    assert bus.nc.is_connected
