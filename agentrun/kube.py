@@ -6,9 +6,13 @@ Loads ``KUBECONFIG`` (or ``~/.kube/config``) when present, else the in-cluster s
 from __future__ import annotations
 
 import base64
+import json
 import os
+from collections.abc import Awaitable
+from typing import Any
 
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 GROUP = "agentrun.dev"
@@ -47,3 +51,20 @@ async def secret_values(core: client.CoreV1Api, *, namespace: str, name: str) ->
         except UnicodeDecodeError:
             raise ValueError(f"Secret {namespace}/{name} key {key!r} is not UTF-8 text") from None
     return values
+
+
+async def raw_json(call: Awaitable[Any]) -> dict[str, Any]:
+    """The JSON object answered to a client call made with ``_preload_content=False``, read
+    without the client's decoding into its models (which parses every timestamp with dateutil:
+    more CPU than the request itself, for calls made every second or per run). Raises
+    ``ApiException`` (``status``, ``reason`` the body) on a status other than 2xx, as the
+    decoding call would."""
+    response = await call
+    try:
+        body = await response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=body.decode(errors="replace"))
+    finally:
+        response.release()
+    found = json.loads(body) if body else {}
+    return found if isinstance(found, dict) else {}

@@ -20,8 +20,10 @@ from agentrun.settings import ProcessSettings
 
 S = TypeVar("S", bound=ProcessSettings)
 
-QUIET_LOGGERS = ("httpx", "httpx2", "openai")
-"""Client libraries that log every request at INFO: kept at WARNING."""
+QUIET_LOGGERS = ("httpx", "httpx2", "openai", "kopf.objects")
+"""Libraries that log every request (the clients) or every handler call of every object
+(kopf: "Handler 'run_seen' succeeded." per watch event) at INFO: kept at WARNING, so their
+failures and retries still show."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

@@ -22,6 +22,11 @@ def measure(runs_count: int, turns_per_run: int, extra_env: dict[str, str]) -> d
     env = {"AGENTRUN_WORKER_CONCURRENCY": str(args.runs + 28), **extra_env}
     with bench_stack(HERE / "scenarios.yaml") as bench:
         bench.start_services(workers=1, extra_env=env)
+        # warm-up: the clock starts once the operator's watches are up and one run has gone
+        # through admission, a worker and the status writer (connections made, code loaded)
+        bench.apply([agent_run("tp-warm", "BENCH throughput warm", max_steps=2)])
+        bench.wait_all_terminal(1, timeout=300, poll=0.5)
+        bench.kubectl("delete", "agentrun", "tp-warm", "--wait", timeout=120)
         worker = bench.workers[0]
         peak = [rss_mb(worker)]
         done = threading.Event()

@@ -23,11 +23,13 @@ import dataclasses
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun import kube
 
 log = logging.getLogger(__name__)
 
@@ -201,42 +203,49 @@ class KubeLeases:
     async def read(self) -> LeaseRecord | None:
         """The Lease, or None when it does not exist; raises ``ApiException`` otherwise."""
         try:
-            lease = await self.leases.read_namespaced_lease(self.name, self.namespace)
+            lease = await kube.raw_json(
+                self.leases.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
+            )
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
-        spec = lease.spec
-        acquired = spec.acquire_time
+        spec = lease.get("spec") or {}
         return LeaseRecord(
-            holder=spec.holder_identity or "",
-            duration=float(spec.lease_duration_seconds or 0),
-            transitions=int(spec.lease_transitions or 0),
-            acquired=micro_time(acquired) if acquired else "",
-            version=str(lease.metadata.resource_version),
+            holder=str(spec.get("holderIdentity") or ""),
+            duration=float(spec.get("leaseDurationSeconds") or 0),
+            transitions=int(spec.get("leaseTransitions") or 0),
+            acquired=str(spec.get("acquireTime") or ""),
+            version=_version(lease),
         )
 
     async def create(self, record: LeaseRecord) -> LeaseRecord:
         """Create the Lease; ``LeaseConflict`` when it exists already."""
         try:
-            lease = await self.leases.create_namespaced_lease(self.namespace, self._body(record))
+            lease = await kube.raw_json(
+                self.leases.create_namespaced_lease(
+                    self.namespace, self._body(record), _preload_content=False
+                )
+            )
         except ApiException as err:
             if err.status == 409:
                 raise LeaseConflict(f"Lease {self.name} exists") from err
             raise
-        return dataclasses.replace(record, version=str(lease.metadata.resource_version))
+        return dataclasses.replace(record, version=_version(lease))
 
     async def update(self, record: LeaseRecord) -> LeaseRecord:
         """Replace the Lease at ``record.version``; ``LeaseConflict`` when it moved on."""
         try:
-            lease = await self.leases.replace_namespaced_lease(
-                self.name, self.namespace, self._body(record)
+            lease = await kube.raw_json(
+                self.leases.replace_namespaced_lease(
+                    self.name, self.namespace, self._body(record), _preload_content=False
+                )
             )
         except ApiException as err:
             if err.status in (404, 409):
                 raise LeaseConflict(f"Lease {self.name} changed: HTTP {err.status}") from err
             raise
-        return dataclasses.replace(record, version=str(lease.metadata.resource_version))
+        return dataclasses.replace(record, version=_version(lease))
 
     def _body(self, record: LeaseRecord) -> client.V1Lease:
         """The Lease as JSON (typed as the model the client accepts: it serialises dicts as
@@ -254,3 +263,7 @@ class KubeLeases:
             spec["acquireTime"] = record.acquired
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
         return cast(client.V1Lease, {**body, "metadata": metadata, "spec": spec})
+
+
+def _version(lease: Mapping[str, Any]) -> str:
+    return str((lease.get("metadata") or {}).get("resourceVersion") or "")

@@ -26,7 +26,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -70,15 +70,14 @@ class Involved:
         """The AgentRun ``key``."""
         return cls("AgentRun", key.name, key.namespace, key.uid)
 
-    def reference(self, uid: str) -> client.V1ObjectReference:
-        """The ``involvedObject``, with ``uid`` (empty: none)."""
-        return client.V1ObjectReference(
-            api_version=f"{kube.GROUP}/{kube.VERSION}",
-            kind=self.kind,
-            name=self.name,
-            namespace=self.namespace or None,
-            uid=uid or None,
-        )
+    def reference(self, uid: str) -> dict[str, str]:
+        """The ``involvedObject`` as JSON, with ``uid`` (empty: none)."""
+        ref = {"apiVersion": f"{kube.GROUP}/{kube.VERSION}", "kind": self.kind, "name": self.name}
+        if self.namespace:
+            ref["namespace"] = self.namespace
+        if uid:
+            ref["uid"] = uid
+        return ref
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,7 +232,11 @@ class EventRecorder:
             seen.count += 1
             body = {"count": seen.count, "lastTimestamp": _rfc3339(at), "message": occasion.message}
             try:
-                await events.patch_namespaced_event(seen.name, seen.namespace, body, **MERGE_PATCH)
+                await kube.raw_json(
+                    events.patch_namespaced_event(
+                        seen.name, seen.namespace, body, _preload_content=False, **MERGE_PATCH
+                    )
+                )
                 self.posted += 1
                 return
             except ApiException as err:
@@ -241,21 +244,25 @@ class EventRecorder:
                     raise
         uid = involved.uid or await self._uid_of(involved)
         name = f"{involved.name}.{time.time_ns():x}"[-253:].lstrip(".-")
-        stamp = datetime.datetime.fromtimestamp(int(at), datetime.UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            involved_object=involved.reference(uid),
-            type=occasion.type.value,
-            reason=occasion.reason,
-            message=occasion.message,
-            count=1,
-            first_timestamp=stamp,
-            last_timestamp=stamp,
-            source=client.V1EventSource(component=COMPONENT, host=self.instance),
-            reporting_component=COMPONENT,
-            reporting_instance=self.instance,
+        stamp = _rfc3339(int(at))
+        event = {
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": involved.reference(uid),
+            "type": occasion.type.value,
+            "reason": occasion.reason,
+            "message": occasion.message,
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": COMPONENT, "host": self.instance},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+        }
+        await kube.raw_json(
+            events.create_namespaced_event(
+                namespace, cast(client.CoreV1Event, event), _preload_content=False
+            )
         )
-        await events.create_namespaced_event(namespace, event)
         self.posted += 1
         self._events[occasion.key] = _Posted(name, namespace, 1)
         while len(self._events) > self.throttle.memory:

@@ -85,7 +85,7 @@ def utf8_bytes(text: str) -> int:
 def _schema_tokens(text: str) -> int:
     """Tokens allowed for tool-definition text: one per 4 ASCII characters, one per byte of
     anything else."""
-    ascii_chars = sum(1 for char in text if char < "\x80")
+    ascii_chars = len(text.encode("ascii", "ignore"))  # the ASCII characters, counted in C
     return -(-ascii_chars // CHARS_PER_TOKEN) + utf8_bytes(text) - ascii_chars
 
 
@@ -104,9 +104,11 @@ def prompt_token_bound(messages: Sequence[Mapping[str, Any]], tools: Sequence[An
     document.
     """
     total = BOUND_MESSAGE_OVERHEAD * (len(messages) + 1)
-    for message in messages:
-        text = json.dumps(message, ensure_ascii=False, separators=(",", ":"), default=str)
-        total += utf8_bytes(text)
+    if messages:
+        # one encoding of the whole list: its items are each message's JSON, joined by a comma
+        # and bracketed, so its size less those n + 1 bytes is the sum of the messages' sizes
+        text = json.dumps(list(messages), ensure_ascii=False, separators=(",", ":"), default=str)
+        total += utf8_bytes(text) - (len(messages) + 1)
     if tools:
         text = json.dumps(list(tools), ensure_ascii=False, separators=(",", ":"), default=str)
         total += _schema_tokens(text) + BOUND_TOOL_OVERHEAD * len(tools)

@@ -33,6 +33,7 @@ The rules, each the strictest seen among major providers and servers:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -51,10 +52,12 @@ BRIDGE = "[agentrun] Tool results received."
 """The assistant message put between a tool result and a user message that follows it."""
 
 
+@functools.lru_cache(maxsize=16_384)
 def wire_call_id(stored: str, *, salt: int = 0) -> str:
     """The 9-character ``[a-zA-Z0-9]`` id that stands for ``stored`` on the wire.
 
-    Deterministic (SHA-256 of the stored id, and of ``salt`` when it is not 0, in base 62).
+    Deterministic (SHA-256 of the stored id, and of ``salt`` when it is not 0, in base 62);
+    remembered, since every prompt of a run maps its whole history's ids again.
     """
     seed = stored if salt == 0 else f"{stored}\x00{salt}"
     number = int.from_bytes(hashlib.sha256(seed.encode("utf-8", "surrogatepass")).digest()[:8])
@@ -103,28 +106,32 @@ def _joined(first: str, second: str) -> str:
     return f"{first}\n\n{second}" if first and second else first or second
 
 
-def _recast(messages: Iterable[Message], ids: _Ids) -> Iterable[dict[str, object]]:
-    """Each message with wire ids and names, and a late ``system`` message as ``user``."""
+def _recast(messages: Iterable[Message], ids: _Ids) -> Iterable[Message]:
+    """Each message with wire ids and names, and a late ``system`` message as ``user``; a
+    message with nothing to change is the stored one itself (never mutated)."""
     for index, message in enumerate(messages):
+        role, calls = message.get("role"), message.get("tool_calls")
+        late_system = role == "system" and index > 0
+        if not (calls or role == "tool" or late_system):
+            yield message
+            continue
         out = dict(message)
-        if out.get("role") == "system" and index > 0:
+        if late_system:
             out["role"] = "user"
-        calls = out.get("tool_calls")
         if calls:
-            out["tool_calls"] = [
-                {
-                    **call,
-                    "id": ids(str(call.get("id", ""))),
-                    "function": {
-                        **call.get("function", {}),
-                        "name": wire_name(str(call.get("function", {}).get("name", ""))),
-                    },
-                }
-                for call in calls
-            ]
-        if out.get("role") == "tool":
+            out["tool_calls"] = [_wire_call(call, ids) for call in calls]
+        if role == "tool":
             out["tool_call_id"] = ids(str(out.get("tool_call_id", "")))
         yield out
+
+
+def _wire_call(call: Message, ids: _Ids) -> dict[str, object]:
+    function = call.get("function", {})
+    return {
+        **call,
+        "id": ids(str(call.get("id", ""))),
+        "function": {**function, "name": wire_name(str(function.get("name", "")))},
+    }
 
 
 def conform(messages: Sequence[Message]) -> tuple[Message, ...]:
@@ -134,13 +141,13 @@ def conform(messages: Sequence[Message]) -> tuple[Message, ...]:
     message more per ``tool`` → ``user`` boundary and fewer when messages merge. Pure and
     deterministic; never raises for the messages the kernel stores.
     """
-    out: list[dict[str, object]] = []
+    out: list[Message] = []
     for message in _recast(messages, _Ids()):
         role = message.get("role")
         last = out[-1] if out else None
         last_role = last.get("role") if last else None
         if role == "user" and last is not None and last_role == "user":
-            last["content"] = _joined(_text(last), _text(message))
+            out[-1] = {**last, "content": _joined(_text(last), _text(message))}
             continue
         if (
             role == "assistant"

@@ -3,12 +3,17 @@ budget moments and model failures, as ``kubectl get events`` shows them; never o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun import kube
+from agentrun.operator.recorder import EventRecorder, EventType, Involved, Occasion, Throttle
 
 from . import test_tenants
 from .conftest import E2EStack, run_manifest
@@ -187,3 +192,44 @@ def test_a_failing_model_is_warned_about_on_its_agentmodel(
     failing = found[reasons(found).index("ModelCallsFailing")]
     assert failing["type"] == "Warning"  # once per model per minute: any run's failure
     assert "ended model_error" in failing["message"]
+
+
+def test_the_recorder_raises_a_repeat_s_count_and_posts_anew_once_the_event_is_gone(
+    control_plane: Any, stack_: E2EStack, test_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poster against the API server itself: the first occasion creates an Event, a repeat
+    raises its ``count``, a repeat after the Event expired (deleted) creates a new one, and an
+    API refusal (a namespace that does not exist) is raised to the caller."""
+    monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))
+    involved = Involved("AgentRun", "posted", test_namespace, "uid-posted")
+
+    async def post_all() -> None:
+        api = await kube.api_client()
+        recorder = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=100, burst=100))
+        try:
+            for message in ("one", "two"):
+                await recorder.post(
+                    Occasion(involved, EventType.NORMAL, "Probe", message, "k"), at=time.time()
+                )
+            found = events(stack_, test_namespace, "AgentRun", "posted")
+            assert [(e["count"], e["message"]) for e in found] == [(2, "two")]
+            assert found[0]["involvedObject"]["uid"] == "uid-posted"
+            assert found[0]["source"]["component"] == "agentrun-operator"
+            stack_.kubectl("delete", "events", "--all", "-n", test_namespace)
+            await recorder.post(
+                Occasion(involved, EventType.WARNING, "Probe", "three", "k"), at=time.time()
+            )
+            found = events(stack_, test_namespace, "AgentRun", "posted")
+            assert [(e["type"], e["count"], e["message"]) for e in found] == [
+                ("Warning", 1, "three")
+            ]
+            nowhere = Involved("AgentRun", "posted", "no-such-namespace", "uid-posted")
+            with pytest.raises(ApiException) as refused:
+                await recorder.post(
+                    Occasion(nowhere, EventType.NORMAL, "Probe", "four", "k2"), at=time.time()
+                )
+            assert refused.value.status == 404
+        finally:
+            await api.close()
+
+    asyncio.run(post_all())

@@ -8,6 +8,7 @@ the scripted model server answer 400, as Mistral's API does.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -194,7 +195,9 @@ def histories(draw: st.DrawFn) -> list[dict[str, Any]]:
 def test_every_history_the_kernel_stores_goes_out_meeting_every_rule(
     history: list[dict[str, Any]],
 ) -> None:
+    kept = copy.deepcopy(history)
     out = wire.conform(history)
+    assert history == kept  # stored history is never rewritten, even where messages merge
     assert strict.violations(out) == []
     # each result still answers the call it answered in history: same position, same content
     by_wire: dict[str, str] = {}
