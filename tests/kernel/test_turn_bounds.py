@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrun import kernel
 from agentrun.kernel import MalformedCause, Phase, bounds
@@ -103,6 +105,33 @@ def test_a_turns_results_are_kept_within_the_budget_in_call_order(
     assert stored_results(bounded) <= BUDGET
     if whole == len(results):
         assert bounded == results
+
+
+TEXT = st.text(alphabet=st.sampled_from(["a", "é", "\x01", '"', "\n", "🙂", "\\"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pieces=st.lists(st.tuples(TEXT, st.integers(0, 40_000)), min_size=1, max_size=60),
+    budget=st.integers(64 * KIB, 600 * KIB),
+)
+def test_any_results_are_bounded_in_order_with_every_id_kept(
+    pieces: list[tuple[str, int]], budget: int
+) -> None:
+    results = tuple(result(i, (text or "a") * reps) for i, (text, reps) in enumerate(pieces))
+    bounded = kernel.bound_results(results, budget=budget)
+    assert [r.tool_call_id for r in bounded] == [r.tool_call_id for r in results]
+    assert stored_results(bounded) <= budget
+    changed = [b.content != r.content for b, r in zip(bounded, results, strict=True)]
+    if True in changed:  # whole results before the first change, none whole after but small ones
+        first = changed.index(True)
+        assert all(
+            b.content == r.content for b, r in zip(bounded[:first], results[:first], strict=True)
+        )
+        assert all(
+            c or bounds.stored_bytes(r.content) <= bounds.PLACEHOLDER_BYTES
+            for c, r in zip(changed[first + 1 :], results[first + 1 :], strict=True)
+        )
 
 
 def test_the_cut_result_says_how_many_bytes_were_cut() -> None:
