@@ -1,7 +1,8 @@
 """The loop kernel: purely computational, no I/O.
 
 What belongs here: the immutable run state and its summary, the typed decision a model response
-is classified into, tool-call validation, budget gates, the planning of each turn (``plan``:
+is classified into, tool-call validation, budget gates, the bounds of what one turn may hold
+(``bounds``: its event must fit the bus's message cap), the planning of each turn (``plan``:
 what the worker does next, and every record a turn can end in), and the one function that
 decides a run's phase after each turn (``advance``). What does not: anything that waits, sends
 or reads (asyncio, NATS, HTTP, Kubernetes), or any JSON shape (``agentrun.protocol``). The

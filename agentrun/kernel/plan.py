@@ -257,7 +257,7 @@ def plan_answer(
     if gate.phase is not None:
         ending = records.Ending(gate.phase, gate.message)
         stopped = records.Answered(call.turn, decision, usage, calls, stopped=ending)
-        return RunTools(stopped, ()).finish(not_run(calls, gate.message))  # bounded as any
+        return RunTools(stopped, ()).finish(not_run(calls, gate.message))  # bounded, as any
     effects = {name: schema.effect for name, schema in tools.items()}
     deferred = approval.deferred_calls(calls, held=held, effects=effects)
     runnable = tuple(c for c in calls if c.id not in held and c.id not in deferred)
