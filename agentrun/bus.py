@@ -1,7 +1,7 @@
 """The NATS JetStream adapter: streams, TurnRequests, run events, cancellation broadcasts.
 
 What belongs here: every call into nats-py, and the translation of its errors into ours
-(``CommitConflict``). What does not: deciding what to publish (operator, worker, kernel).
+(``CommitConflict``, ``EventTooLarge``). Deciding what to publish is not (operator, worker, kernel).
 
 Commit rule: an event is appended with ``Nats-Expected-Last-Subject-Sequence``,
 so two writers racing on one run cannot both commit on top of the same event; TurnRequests carry
@@ -33,7 +33,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
 from agentrun import protocol
+from agentrun.natsclient import EventTooLarge as EventTooLarge
 from agentrun.natsclient import connect_nats as connect_nats
+from agentrun.natsclient import event_cap
 from agentrun.natsclient import reconnections as reconnections
 from agentrun.protocol import RunEvent, TurnRequest
 
@@ -89,6 +91,11 @@ class Bus:
         bus = cls(nc, nc.jetstream(timeout=10), settings)
         await bus.ensure_streams()
         return bus
+
+    @property
+    def event_cap(self) -> int:
+        """The most bytes an event's payload may take (``natsclient.event_cap``)."""
+        return event_cap(self.nc)
 
     async def close(self) -> None:
         """Drain and close the connection."""
@@ -222,16 +229,20 @@ class Bus:
 
         ``expected_seq`` is the sequence of the run's last event the writer built on (0: the
         subject must be empty); ``None`` appends unconditionally. Raises ``CommitConflict`` if
-        the subject has moved on.
+        the subject has moved on, ``EventTooLarge`` (sending nothing) if the event's payload is
+        over ``event_cap``.
         """
         headers: dict[str, str] = {}
         if expected_seq is not None:
             headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
         if event.time == 0.0:
             event = dataclasses.replace(event, time=time.time())
+        payload = event.encode()
+        if len(payload) > self.event_cap:
+            raise EventTooLarge(len(payload), self.event_cap)
         try:
             ack = await self.js.publish(
-                protocol.event_subject(namespace, name), event.encode(), headers=headers or None
+                protocol.event_subject(namespace, name), payload, headers=headers or None
             )
         except nats.js.errors.APIError as err:
             if err.err_code == WRONG_LAST_SEQUENCE:

@@ -3,7 +3,9 @@
 nats-py treats a server ``-ERR`` (other than a stale connection or a permissions violation) as
 final and closes the connection; a runtime process must not stay disconnected, so
 ``ReconnectingClient`` sends such an error down the reconnect path instead and counts completed
-reconnections (``reconnections``), which lets pull consumers bind again.
+reconnections (``reconnections``), which lets pull consumers bind again. A message over the
+server's ``max_payload`` is such an error, so a payload's size is checked before it is sent
+(``event_cap``, ``EventTooLarge``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,27 @@ from nats.aio.client import Client as NATS
 from nats.protocol import parser
 
 log = logging.getLogger(__name__)
+
+HEADER_ROOM = 4096
+"""Bytes of the server's ``max_payload`` left for a message's headers: nats-py checks only the
+payload against it, the server the whole message (answering ``-ERR`` over it)."""
+
+
+class EventTooLarge(Exception):
+    """An event's payload is over what one message may hold (``event_cap``); nothing was sent."""
+
+    def __init__(self, size: int, cap: int) -> None:
+        super().__init__(f"the event is {size} bytes, over the {cap} bytes a message may hold")
+        self.size = size
+        """The payload's bytes."""
+        self.cap = cap
+        """The most bytes the payload could have taken."""
+
+
+def event_cap(nc: NATS) -> int:
+    """The most bytes a payload sent on ``nc`` may take: its server's ``max_payload`` (1 MiB
+    unless configured), less ``HEADER_ROOM``."""
+    return int(nc.max_payload) - HEADER_ROOM
 
 
 class ReconnectingClient(NATS):

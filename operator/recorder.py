@@ -244,10 +244,25 @@ class EventRecorder:
                     raise
         uid = involved.uid or await self._uid_of(involved)
         name = f"{involved.name}.{time.time_ns():x}"[-253:].lstrip(".-")
+        event = self._event(occasion, name=name, namespace=namespace, uid=uid, at=at)
+        await kube.raw_json(
+            events.create_namespaced_event(
+                namespace, cast(client.CoreV1Event, event), _preload_content=False
+            )
+        )
+        self.posted += 1
+        self._events[occasion.key] = _Posted(name, namespace, 1)
+        while len(self._events) > self.throttle.memory:
+            self._events.popitem(last=False)
+
+    def _event(
+        self, occasion: Occasion, *, name: str, namespace: str, uid: str, at: float
+    ) -> dict[str, Any]:
+        """A new core/v1 Event for ``occasion`` as JSON (count 1, first and last seen ``at``)."""
         stamp = _rfc3339(int(at))
-        event = {
+        return {
             "metadata": {"name": name, "namespace": namespace},
-            "involvedObject": involved.reference(uid),
+            "involvedObject": occasion.involved.reference(uid),
             "type": occasion.type.value,
             "reason": occasion.reason,
             "message": occasion.message,
@@ -258,15 +273,6 @@ class EventRecorder:
             "reportingComponent": COMPONENT,
             "reportingInstance": self.instance,
         }
-        await kube.raw_json(
-            events.create_namespaced_event(
-                namespace, cast(client.CoreV1Event, event), _preload_content=False
-            )
-        )
-        self.posted += 1
-        self._events[occasion.key] = _Posted(name, namespace, 1)
-        while len(self._events) > self.throttle.memory:
-            self._events.popitem(last=False)
 
     async def _uid_of(self, involved: Involved) -> str:
         """The object's uid, read once per object; "" when it cannot be read."""

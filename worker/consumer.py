@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 
 from agentrun import kernel, metrics, protocol, telemetry
-from agentrun.bus import Bus, CommitConflict
+from agentrun.bus import Bus, CommitConflict, EventTooLarge
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
     LedgerCorrupt,
@@ -56,10 +56,49 @@ def is_transient(err: BaseException) -> bool:
     """Whether a turn that raised ``err`` should wait and be retried however long the fault
     lasts (NATS trouble, an unreadable or contended ledger entry, an API server that cannot
     be asked now), rather than end its run on a repeat."""
-    if isinstance(err, nats.errors.MaxPayloadError):
+    if isinstance(err, nats.errors.MaxPayloadError | EventTooLarge):
         return False  # deterministic: the same turn would not fit again
     return isinstance(
         err, nats.errors.Error | LedgerUnavailable | LedgerCorrupt | SecretUnavailable
+    )
+
+
+async def commit_turn(
+    bus: Bus,
+    request: TurnRequest,
+    run: history.LoadedRun,
+    record: kernel.TurnRecord,
+    *,
+    owner: str = "",
+) -> tuple[kernel.TurnRecord, kernel.RunState, int]:
+    """Fold ``record`` into ``run`` and append it as the turn's event on top of
+    ``request.expected_seq``, naming ``owner`` (the delivery's ledger hold owner, whose model
+    call the record holds; "" without a ledger); returns the record committed, the state after
+    it and the event's stream sequence. An event over the bus's message cap is committed once
+    more with the record the kernel shrinks it to (``kernel.shrink_record``: a corrective turn
+    that keeps the call's usage), so model output or tool results never make a turn
+    uncommittable.
+
+    Raises ``CommitConflict`` (the run moved on) and ``EventTooLarge`` (even the shrunk
+    record does not fit: the caller ends the run ``checkpoint_failed``).
+    """
+    after = kernel.advance(run.state, record, run.config.limits)
+    try:
+        return record, after, await _append_turn(bus, request, after, record, owner)
+    except EventTooLarge as err:
+        log.warning("turn %s: %s; committing it shrunk", request.msg_id, err)
+        record = kernel.shrink_record(record, size=err.size, cap=err.cap)
+        after = kernel.advance(run.state, record, run.config.limits)
+        return record, after, await _append_turn(bus, request, after, record, owner)
+
+
+async def _append_turn(
+    bus: Bus, request: TurnRequest, after: kernel.RunState, record: kernel.TurnRecord, owner: str
+) -> int:
+    summary = after.summary()
+    event = RunEvent("turn", request.run_uid, summary, record=record, time=time.time(), owner=owner)
+    return await bus.append_event(
+        request.namespace, request.name, event, expected_seq=request.expected_seq
     )
 
 
@@ -163,11 +202,13 @@ class TurnConsumer:
         """A turn raised. NATS, ledger or API-server trouble is retried by redelivery (a
         damaged tenant ledger entry holds the run's turns until it is repaired; no delivery
         limit drops the turn meanwhile); anything else (a payload over
-        the server's limit, a bug) ends the run ``checkpoint_failed`` on its second failure —
-        each retry calls the model again, and a deterministic error would fail the same way."""
+        the server's limit even once shrunk, a bug) ends the run ``checkpoint_failed`` — at
+        once for a payload, on its second failure otherwise: each retry calls the model again,
+        and a deterministic error would fail the same way."""
         transient = is_transient(err)  # the run waits, not fails
         delivered = msg.metadata.num_delivered or 1
-        if transient or (delivered < 2 and not isinstance(err, nats.errors.MaxPayloadError)):
+        too_large = isinstance(err, nats.errors.MaxPayloadError | EventTooLarge)
+        if transient or (delivered < 2 and not too_large):
             log.warning("turn %s failed (%r); it will be redelivered", request.msg_id, err)
             slow = isinstance(err, LedgerUnavailable | LedgerCorrupt | SecretUnavailable)
             with contextlib.suppress(Exception):
@@ -243,15 +284,9 @@ class TurnConsumer:
         finally:
             if token is not None:
                 otel_context.detach(token)
-        after = kernel.advance(run.state, record, run.config.limits)
         owner = "" if hold is None else hold.owner  # names the call this commit contains
-        event = RunEvent(
-            "turn", request.run_uid, after.summary(), record=record, time=time.time(), owner=owner
-        )
         try:
-            seq = await self.bus.append_event(
-                request.namespace, request.name, event, expected_seq=request.expected_seq
-            )
+            record, after, seq = await commit_turn(self.bus, request, run, record, owner=owner)
         except CommitConflict as err:  # the block's exit charges this delivery's call
             log.info("turn %s not committed: %s", request.msg_id, err)
             self.cache.drop(request.run_uid)

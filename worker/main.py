@@ -92,6 +92,7 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
         headers=secrets,
         effects=await EffectLedger.open(bus.js),
         mcp_sessions=sessions.SessionPool(),
+        message_cap=bus.event_cap,
     )
 
 

@@ -42,7 +42,8 @@ class ToolRunSettings:
     call_timeout: float = 60.0
     """Seconds one call may take before it is reported as timed out."""
     max_result_bytes: int = MAX_RESULT_BYTES
-    """Results longer than this (UTF-8) are cut, with a visible marker."""
+    """Results longer than this (UTF-8), error messages included, are cut with a visible
+    marker (a turn's results together are bounded too: ``kernel.bound_results``)."""
     retries: int = 2
     """Extra attempts of a call that failed for infrastructure reasons (read and idempotent
     tools only; see ``kernel.may_retry``)."""
@@ -102,7 +103,8 @@ async def _attempt(
             output = await tool.run(call.arguments, ctx)
     except ToolError as err:
         unsent = err.unsent
-        result = kernel.ToolResult(call.id, call.name, str(err), True, err.fault)
+        message = clip(clean_text(str(err)), settings.max_result_bytes)
+        result = kernel.ToolResult(call.id, call.name, message, True, err.fault)
     except TimeoutError:
         why = (
             "the run's deadline passed while the tool ran"
@@ -112,13 +114,9 @@ async def _attempt(
         result = kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.TIMEOUT)
     except Exception as err:  # a tool bug must not break the loop: it becomes a result
         log.exception("tool %s raised", call.name)
-        result = kernel.ToolResult(
-            call.id,
-            call.name,
-            f"the tool failed: {type(err).__name__}: {err}",
-            True,
-            kernel.ToolFault.CRASHED,
-        )
+        why = clean_text(f"the tool failed: {type(err).__name__}: {err}")
+        why = clip(why, settings.max_result_bytes)
+        result = kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.CRASHED)
     else:
         return kernel.ToolResult(
             call.id, call.name, clip(clean_text(str(output)), settings.max_result_bytes)

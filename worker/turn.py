@@ -76,6 +76,8 @@ class TurnDeps:
     """Where write and idempotent calls are recorded (``None``: nowhere; tests)."""
     mcp_sessions: remote.SessionPool | None = None
     """The process's reused MCP sessions (``None``: each MCP call opens its own)."""
+    message_cap: int = kernel.MESSAGE_CAP
+    """Bytes a turn's event may take (``Bus.event_cap``); its tool results get a share."""
 
     def tools_param(self, names: tuple[str, ...]) -> list[dict[str, Any]]:
         """The OpenAI ``tools`` request parameter for ``names`` (cached)."""
@@ -200,7 +202,7 @@ async def execute_turn(
             return record
         case kernel.ResumeHeld():
             with clock.phase("tools"):
-                return plan.finish(await _run(deps, config, tools, plan.runnable))
+                return await _run(deps, config, tools, plan)
         case kernel.CallModel():
             turn = _Turn(deps, config, state, tools, clock)
             return await _answer(turn, plan, hold=hold)
@@ -260,7 +262,7 @@ async def _answer(
     if not isinstance(step, kernel.RunTools):
         return step
     with clock.phase("tools"):
-        return step.finish(await _run(deps, config, tools, step.runnable))
+        return await _run(deps, config, tools, step)
 
 
 async def _hold_budget(
@@ -378,22 +380,16 @@ async def _run(
     deps: TurnDeps,
     config: RunConfig,
     tools: Mapping[str, Tool],
-    calls: tuple[kernel.CheckedCall | kernel.InvalidCall, ...],
-) -> tuple[kernel.ToolResult, ...]:
-    if not calls:
-        return ()
-    context = ToolContext(
-        namespace=config.namespace,
-        run_name=config.name,
-        run_uid=config.uid,
-        call_id="",
-        kube=deps.kube,
-    )
-    return await toolrunner.run_batch(
-        calls,
+    step: kernel.RunTools | kernel.ResumeHeld,
+) -> kernel.TurnRecord:
+    """Run ``step``'s calls and make its record, the results bounded to ``deps.message_cap``."""
+    context = ToolContext(config.namespace, config.name, config.uid, call_id="", kube=deps.kube)
+    results = await toolrunner.run_batch(
+        step.runnable,
         tools=tools,
         context=context,
         settings=deps.tool_settings,
         deadline=config.deadline,
         effects=deps.effects,
     )
+    return step.finish(results, cap=deps.message_cap)

@@ -1,7 +1,8 @@
 """The loop kernel: purely computational, no I/O.
 
 What belongs here: the immutable run state and its summary, the typed decision a model response
-is classified into, tool-call validation, budget gates, the planning of each turn (``plan``:
+is classified into, tool-call validation, budget gates, the bounds of what one turn may hold
+(``bounds``: its event must fit the bus's message cap), the planning of each turn (``plan``:
 what the worker does next, and every record a turn can end in), and the one function that
 decides a run's phase after each turn (``advance``). What does not: anything that waits, sends
 or reads (asyncio, NATS, HTTP, Kubernetes), or any JSON shape (``agentrun.protocol``). The
@@ -17,6 +18,7 @@ from agentrun.kernel.approval import (
     digest_of,
     held_calls,
 )
+from agentrun.kernel.bounds import MESSAGE_CAP, bound_results, results_budget, shrink_record
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import (
     Decision,
@@ -79,6 +81,7 @@ from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check
 
 __all__ = [
     "DENIED",
+    "MESSAGE_CAP",
     "Answered",
     "CallModel",
     "CheckedCall",
@@ -124,6 +127,7 @@ __all__ = [
     "admit_tool_batch",
     "advance",
     "backoff",
+    "bound_results",
     "check_calls",
     "classify",
     "conclude",
@@ -144,6 +148,8 @@ __all__ = [
     "record_usage",
     "refused_by_tenant",
     "resolve_approval",
+    "results_budget",
+    "shrink_record",
     "state_from_summary",
     "stop",
     "summary_request",

@@ -28,6 +28,11 @@ class MalformedCause(enum.StrEnum):
     """Tool calls whose names or arguments failed validation (set by ``validate``)."""
     OVERSIZED = "oversized"
     """A final answer longer than ``MAX_CONTENT_BYTES``: never stored whole, never an answer."""
+    TOO_MANY_CALLS = "too_many_calls"
+    """More tool calls in one reply than ``MAX_CALLS_PER_REPLY``: none of them runs."""
+    UNSTORABLE = "unstorable"
+    """The turn's record would not fit the bus's message cap even with its tool results
+    bounded (``bounds.shrink_record``): nothing of the reply is kept but its usage."""
 
 
 MAX_ARGUMENTS_BYTES = 65_536
@@ -39,7 +44,12 @@ MAX_CONTENT_BYTES = 131_072
 """Most UTF-8 bytes of assistant text (content or refusal) kept; the rest is cut. A final
 answer over it is ``Malformed(OVERSIZED)``."""
 PLACEHOLDER_CHARS = 256
-"""Characters of dropped arguments kept in the record, for audit."""
+"""Characters of dropped arguments kept in the record, for audit; also the longest tool name
+and call id kept (a longer id is replaced by a minted one, see ``validate.check_calls``)."""
+MAX_CALLS_PER_REPLY = 128
+"""Most tool calls one reply may make; a reply with more is ``Malformed(TOO_MANY_CALLS)``, so
+the calls, their results and the run's summary of one turn stay within the bus's message cap
+(each call is stored with its id, name, arguments and result)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,6 +141,13 @@ def _arguments_size(arguments: Any) -> int:
         return MAX_BATCH_ARGUMENTS_BYTES + 1
 
 
+def _call_id(value: Any) -> str | None:
+    """The model's call id, or ``None`` (a minted id replaces it) when missing, empty or longer
+    than ``PLACEHOLDER_CHARS``."""
+    text = _text(value)
+    return text if text and len(text) <= PLACEHOLDER_CHARS else None
+
+
 def _read_calls(raw: Any) -> tuple[ToolCall, ...]:
     """The calls of ``tool_calls``; arguments over ``MAX_ARGUMENTS_BYTES``, or past
     ``MAX_BATCH_ARGUMENTS_BYTES`` for the batch, are replaced by a placeholder (``dropped``)."""
@@ -151,7 +168,7 @@ def _read_calls(raw: Any) -> tuple[ToolCall, ...]:
             total += size
         calls.append(
             ToolCall(
-                id=_text(item.get("id")) or None,
+                id=_call_id(item.get("id")),
                 name=clean_text(str(function.get("name") or ""))[:PLACEHOLDER_CHARS],
                 arguments=clean_text(arguments) if isinstance(arguments, str) else arguments,
                 dropped=dropped,
@@ -185,7 +202,8 @@ def classify(response: Mapping[str, Any]) -> Decision:
     so a committed turn never outgrows the bus's message cap: text is cut at
     ``MAX_CONTENT_BYTES`` (a final answer over it is ``Malformed(OVERSIZED)``), tool call
     arguments past ``MAX_ARGUMENTS_BYTES`` / ``MAX_BATCH_ARGUMENTS_BYTES`` are dropped
-    (``ToolCall.dropped``). Never raises.
+    (``ToolCall.dropped``), a reply with more than ``MAX_CALLS_PER_REPLY`` calls is
+    ``Malformed(TOO_MANY_CALLS)`` (unless it was cut off: ``TRUNCATED``). Never raises.
     """
     choices = response.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
@@ -201,16 +219,9 @@ def classify(response: Mapping[str, Any]) -> Decision:
     refusal = None if refusal is None else clip_text(refusal, MAX_CONTENT_BYTES)
     if refusal is not None and refusal.strip():
         return Refusal(refusal)
-    calls = _read_calls(message.get("tool_calls"))
-    if finish == "length":
-        what = f"{len(calls)} tool call(s)" if calls else "the answer"
-        return Malformed(
-            MalformedCause.TRUNCATED,
-            f"the output hit the token limit in the middle of {what}; nothing was run",
-            content,
-        )
-    if calls:
-        return ToolCalls(calls, content if content and content.strip() else None)
+    calls = _calls_decision(message.get("tool_calls"), finish=finish, content=content)
+    if calls is not None:
+        return calls
     if finish == "content_filter":  # what got through the filter is not an answer
         return Refusal(
             "the provider's content filter stopped the output: " + _filtered_categories(choice)
@@ -222,6 +233,31 @@ def classify(response: Mapping[str, Any]) -> Decision:
             content,
         )
     return _answer(content, whole)
+
+
+def _calls_decision(raw: Any, *, finish: Any, content: str | None) -> Decision | None:
+    """The decision of a reply by its ``tool_calls`` and ``finish_reason`` (``None`` when it
+    holds no call and was not cut off): ``Malformed(TRUNCATED)`` when cut off, then
+    ``Malformed(TOO_MANY_CALLS)`` past ``MAX_CALLS_PER_REPLY``, else ``ToolCalls``."""
+    count = len(raw) if isinstance(raw, list) else 0
+    if finish == "length":
+        what = f"{count} tool call(s)" if count else "the answer"
+        return Malformed(
+            MalformedCause.TRUNCATED,
+            f"the output hit the token limit in the middle of {what}; nothing was run",
+            content,
+        )
+    if count > MAX_CALLS_PER_REPLY:
+        return Malformed(
+            MalformedCause.TOO_MANY_CALLS,
+            f"the reply holds {count} tool calls, over the {MAX_CALLS_PER_REPLY} one reply "
+            "may make; none of them was run",
+            content,
+        )
+    calls = _read_calls(raw)
+    if calls:
+        return ToolCalls(calls, content if content and content.strip() else None)
+    return None
 
 
 def _answer(content: str | None, whole: str | None) -> Decision:

@@ -24,7 +24,7 @@ import enum
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from agentrun.kernel import approval, records, wire
+from agentrun.kernel import approval, bounds, records, wire
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import Decision, ToolCalls
 from agentrun.kernel.faults import ToolFault
@@ -85,12 +85,16 @@ class ResumeHeld:
         """The calls to run: the approved ones, or none when the batch was stopped."""
         return () if self.stopped is not None else self.approved
 
-    def finish(self, ran: Sequence[records.ToolResult]) -> records.Resumed:
-        """The record, given one result per call of ``runnable``."""
+    def finish(
+        self, ran: Sequence[records.ToolResult], *, cap: int = bounds.MESSAGE_CAP
+    ) -> records.Resumed:
+        """The record, given one result per call of ``runnable``; the results are bounded
+        for a bus whose messages hold ``cap`` bytes (``bounds.bound_results``)."""
         pending = self.state.pending
         assert pending is not None
         if self.stopped is not None:
             ran = not_run(self.approved, self.stopped.message)
+        ran = bounds.bound_for_cap(ran, cap=cap)
         by_id = {r.tool_call_id: r for r in ran}
         results = tuple(
             by_id[h.id] if h.approved else records.ToolResult(h.id, h.name, approval.DENIED, True)
@@ -112,9 +116,14 @@ class RunTools:
     runnable: tuple[CheckedCall | InvalidCall, ...]
     """The calls to run, in order (invalid calls get their validation error as result)."""
 
-    def finish(self, results: tuple[records.ToolResult, ...]) -> records.Answered:
-        """The turn's record with the batch's results (one per runnable call, same order)."""
-        return dataclasses.replace(self.record, results=results)
+    def finish(
+        self, results: tuple[records.ToolResult, ...], *, cap: int = bounds.MESSAGE_CAP
+    ) -> records.Answered:
+        """The turn's record with the batch's results (one per runnable call, same order),
+        bounded for a bus whose messages hold ``cap`` bytes: together they take at most
+        ``bounds.results_budget`` of it, less what the model's reply takes."""
+        bounded = bounds.bound_for_cap(results, cap=cap, reply=self.record)
+        return dataclasses.replace(self.record, results=bounded)
 
 
 def not_run(calls: Sequence[CheckedCall | InvalidCall], why: str) -> tuple[records.ToolResult, ...]:
@@ -247,9 +256,8 @@ def plan_answer(
     gate = admit_tool_batch(state, limits, calls=valid, now=clock.now, deadline=clock.deadline)
     if gate.phase is not None:
         ending = records.Ending(gate.phase, gate.message)
-        return records.Answered(
-            call.turn, decision, usage, calls, not_run(calls, gate.message), (), ending
-        )
+        stopped = records.Answered(call.turn, decision, usage, calls, stopped=ending)
+        return RunTools(stopped, ()).finish(not_run(calls, gate.message))  # bounded, as any
     effects = {name: schema.effect for name, schema in tools.items()}
     deferred = approval.deferred_calls(calls, held=held, effects=effects)
     runnable = tuple(c for c in calls if c.id not in held and c.id not in deferred)

@@ -59,6 +59,10 @@ def correction_for(decision: Decision) -> str | None:
             MalformedCause.TRUNCATED: "Your reply was cut off by the output token limit. "
             "Be shorter: make fewer or smaller tool calls, or give a concise answer.",
             MalformedCause.OVERSIZED: "Give a shorter final answer.",
+            MalformedCause.TOO_MANY_CALLS: "Make fewer tool calls in one reply, and spread "
+            "the work over several turns.",
+            MalformedCause.UNSTORABLE: "Make fewer tool calls in one reply, ask the tools for "
+            "less output, and keep your text and arguments short.",
             MalformedCause.EMPTY_TOOL_CALLS: "Your reply said it calls tools but held no tool "
             "calls. Call a tool with valid arguments, or give your final answer.",
         }.get(decision.cause, "Your reply was empty. Call a tool, or give your final answer.")

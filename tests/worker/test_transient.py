@@ -11,6 +11,7 @@ import nats.errors
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerCorrupt, LedgerUnavailable
 from agentrun.protocol import SecretRef
 from agentrun.worker.consumer import is_transient
@@ -27,6 +28,7 @@ TRANSIENT = {
 }
 PERMANENT = {
     "over-max-payload": nats.errors.MaxPayloadError(),
+    "event-too-large-even-shrunk": EventTooLarge(2_000_000, 1_044_480),
     "a-bug": KeyError("x"),
     "model-error": ModelError("HTTP 400"),
 }
