@@ -17,8 +17,11 @@ import pytest
 
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
-from agentrun.ledger import Book, LedgerStore, QueuedRun, Repair, TenantLimits, TurnHold, TurnRef
+from agentrun.ledger import Book, LedgerStore, QueuedRun, TenantLimits, TurnHold, TurnRef
+from agentrun.operator.recorder import EventRecorder, Throttle
 from agentrun.operator.settlement import QueueBoard, RunSettlement
+from agentrun.operator.sweep import LedgerSweep, SweepDeps
+from agentrun.operator.tenants import Tenants
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import Calculate, Catalog
@@ -228,18 +231,34 @@ async def run_closes(stack: Stack, request: TurnRequest, last: RunEvent) -> None
     await settlement.settle_ended_run(last, tenant=stack.tenant, uid=request.run_uid)
 
 
+class _TrackedRuns:
+    """The dispatcher as the sweep sees it: every run has a live view."""
+
+    def is_tracked(self, uid: str) -> bool:
+        return True
+
+    async def end(
+        self, namespace: str, name: str, uid: str, phase: kernel.Phase, message: str
+    ) -> bool:
+        raise AssertionError("the sweep ends no run here")
+
+
 async def sweep_repairs(stack: Stack, request: TurnRequest, last: RunEvent) -> None:
-    """The operator's sweep finds the dead worker's hold expired and repairs the entry from
-    the run's last event."""
-    store = await stack.store()
-    book = await stack.book()
+    """The operator's sweep, an hour later, finds the dead worker's hold expired and repairs
+    the entry from the run's last event (the committer it names)."""
     later = time.time() + 3_600.0
-    repairs = [
-        Repair(key, request.run_uid, last.summary, last.time, last.owner)
-        for key, _ in book.expired(later)
-    ]
-    assert repairs
-    await store.repair_entry(stack.tenant, repairs, limits=None, now=later)
+    recorder = EventRecorder(None, throttle=Throttle(repeat_after=60.0, rate=1.0, burst=10))
+    deps = SweepDeps(
+        store=await stack.store(),
+        tenants=Tenants(None),
+        board=QueueBoard(),
+        runs=_TrackedRuns(),
+        events=stack.buses[0],
+        api=None,
+        recorder=recorder,
+        clock=lambda: later,
+    )
+    await LedgerSweep(deps)._repair_entry(await stack.book(), None, later)
 
 
 RESOLVED_BY = {
@@ -312,3 +331,54 @@ async def test_a_redelivery_reads_the_runs_events_rather_than_what_its_worker_sa
     assert stack.model_calls() == 1
     book = await stack.book()
     assert (book.used_tokens, book.abandoned_tokens) == (0, 0)  # settled by the next turn
+
+
+def dies_after_its_call(worker: TurnConsumer) -> None:
+    """Make ``worker`` die, as far as the ledger and the bus can tell, right after its next
+    model call answered and its usage was recorded on its hold."""
+    assert worker.ledger is not None
+    make: Callable[..., TurnHold] = worker.ledger.turn_hold
+
+    def turn_hold(ref: TurnRef, **kwargs: Any) -> TurnHold:
+        hold = make(ref, **kwargs)
+        record = hold.spend
+
+        async def spend(usage: kernel.Usage) -> None:
+            await record(usage)
+            await worker.bus.nc.close()
+
+        hold.spend = spend  # type: ignore[method-assign]
+        return hold
+
+    worker.ledger.turn_hold = turn_hold  # type: ignore[method-assign]
+
+
+LEFT_BEHIND = {"the run's close": run_closes, "the sweep": sweep_repairs}
+
+
+@pytest.mark.parametrize("resolve", LEFT_BEHIND.values(), ids=LEFT_BEHIND.keys())
+async def test_a_losing_call_left_behind_by_a_dead_worker_is_charged_from_the_committer_named(
+    stack: Stack, resolve: Callable[[Stack, TurnRequest, RunEvent], Any]
+) -> None:
+    """Both deliveries die: the committer between its commit and its settle, the other (which
+    saw the run from before that commit) right after its own model call. Both holds are left
+    in the book, answered; the one resolving the turn reads its committer from the turn's
+    event and charges only the other call as abandoned (before: neither was told apart, and
+    the losing call was dropped uncharged)."""
+    first, second = await stack.worker(), await stack.worker()
+    request = await stack.admit()
+    await history.load(second.bus, second.cache, request)
+    dies_before_settling(first)
+    dies_after_its_call(second)
+    assert (await handle(first, request)).outcome == ["ack"]
+    await handle(second, request)
+    assert stack.model_calls() == 2
+    events = await stack.events(request)
+    assert [e.kind for e in events] == ["admitted", "turn"]
+    book = await stack.book()
+    assert len(book.holds) == 2 and all(h.answered for h in book.holds.values())
+    assert (book.used_tokens, book.abandoned_tokens) == (0, 0)
+
+    await resolve(stack, request, events[1])
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens, book.holds) == (2 * TURN_0, TURN_0, {})
