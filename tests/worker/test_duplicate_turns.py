@@ -382,3 +382,32 @@ async def test_a_losing_call_left_behind_by_a_dead_worker_is_charged_from_the_co
     await resolve(stack, request, events[1])
     book = await stack.book()
     assert (book.used_tokens, book.abandoned_tokens, book.holds) == (2 * TURN_0, TURN_0, {})
+
+
+def test_the_turn_event_names_its_committer_through_its_json_and_the_fold() -> None:
+    """``owner`` goes through an event's JSON and is what the fold hands the next turn; an
+    event that names none (no ledger hold, or written before owners) gives ""."""
+    config = RunConfig(
+        uid="u",
+        namespace="ns",
+        name="r",
+        goal="g",
+        instructions="",
+        tools=(),
+        limits=kernel.Limits(),
+        model=ModelConfig("mock", "http://x", "scripted", kernel.Pricing(), 32000, 100),
+        deadline=0.0,
+    )
+    state = kernel.initial_state(goal="g")
+    record = kernel.Stopped(0, kernel.Ending(kernel.Phase.CANCELLED, "stopped"))
+    after = kernel.advance(state, record, config.limits)
+    admitted = RunEvent("admitted", "u", state.summary(), config=config)
+    named = RunEvent("turn", "u", after.summary(), record=record, owner="d1")
+    unnamed = RunEvent("turn", "u", after.summary(), record=record)
+    assert b'"owner"' not in unnamed.encode()
+    events = [RunEvent.decode(e.encode(), seq=i) for i, e in enumerate((admitted, named), 1)]
+    assert events[1].owner == "d1"
+    loaded = history.fold(events, run_uid="u")
+    assert loaded is not None and (loaded.committer, loaded.seq) == ("d1", 2)
+    loaded = history.fold([events[0], RunEvent.decode(unnamed.encode(), seq=2)], run_uid="u")
+    assert loaded is not None and loaded.committer == ""
