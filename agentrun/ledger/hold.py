@@ -228,14 +228,16 @@ class TurnHold:
 
     async def settle(self, after: kernel.RunState) -> None:
         """This delivery committed the turn: charge the run's cumulative usage after it
-        (``after``) and drop every hold of the turn. Its own call's usage is in the run's from
-        now on, never charged as abandoned; another delivery's answered call is
-        (``Book.resolve_turn``)."""
+        (``after``) and drop every hold of the turn (and of the turn before, by
+        ``prior_owner``). Its own call's usage is in the run's from now on, never charged as
+        abandoned; another delivery's answered call is (``Book.resolve_turn``)."""
         self.spent = None
         now, ref, usage = self.clock(), self.ref, after.usage
 
         def apply(book: Book) -> tuple[int, Decimal]:
             book.resolve_turn(ref.run_uid, ref.turn, committer=self.owner)
+            # the turn before, too: this one may have made no call, so reserved nothing
+            book.resolve_turn(ref.run_uid, ref.turn - 1, committer=self.prior_owner)
             return book.settle(
                 ref.run_uid,
                 turn=ref.turn,

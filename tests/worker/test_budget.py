@@ -244,3 +244,31 @@ def test_worst_case_prices_prompt_and_output_at_the_uncached_input_price() -> No
     assert cost == pricing.cost(input_tokens=3_000, cached_input_tokens=0, output_tokens=500)
     assert cost > pricing.cost(input_tokens=3_000, cached_input_tokens=3_000, output_tokens=500)
     assert worst_case(prompt_tokens=0, output_tokens=0, pricing=pricing) == (0, Decimal(0))
+
+
+async def test_a_turn_that_made_no_call_resolves_the_turn_before_when_it_settles(
+    store: LedgerStore, tenant: str
+) -> None:
+    """Turn 0 was run twice: its committer died before settling and the other delivery after
+    its call, both holds left answered. Turn 1 makes no model call (it reserves nothing), but
+    its settlement resolves turn 0 by the committer turn 0's event names: only the other
+    call is charged as abandoned, the committer's is in the run's usage."""
+    await admit(store, tenant, "run-1", tokens=10_000)
+    clock = Clock()
+    winner, loser = (
+        budget(store, tenant, "run-1", 0, clock),
+        budget(store, tenant, "run-1", 0, clock),
+    )
+    await winner.reserve(tokens=1_000, cost_usd=Decimal(0))
+    await winner.spend(kernel.Usage(input_tokens=100, output_tokens=20))
+    await loser.reserve(tokens=1_000, cost_usd=Decimal(0))  # sets the winner's hold aside
+    await loser.spend(kernel.Usage(input_tokens=130, output_tokens=25))
+    book = await store.read(tenant)
+    assert book is not None and len(book.holds) == 2 and book.used_tokens == 0
+
+    ref = TurnRef(tenant, "run-1", "ns", "run-1", 1)
+    async with store.turn_hold(ref, clock=clock, prior_owner=winner.owner) as resumed:
+        await resumed.settle(after_turn(1, input_tokens=100, output_tokens=20))
+    book = await store.read(tenant)
+    assert book is not None and book.holds == {}
+    assert (book.used_tokens, book.abandoned_tokens) == (120 + 155, 155)
