@@ -13,8 +13,9 @@ heartbeat, so only a dead worker's hold expires.
 Two deliveries may run one turn at once (a redelivery while the first still runs it). Each
 delivery has its own ``owner`` id, which the committed turn event carries; the committer's
 settlement drops every hold of the turn and charges the others' answered calls as abandoned,
-and the next turn's reservation does the same for the turn before it with ``prior_owner`` (the
-committer its events name), so a committer that died before settling is never charged twice.
+and the next turn's reservation and settlement do the same for the turn before it with
+``prior_owner`` (the committer its event names), so a committer that died before settling is
+never charged twice.
 A delivery whose commit lost charges its call as it leaves (``Book.abandon``).
 
     async with store.turn_hold(ref, ttl=...) as h:
