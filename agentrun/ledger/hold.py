@@ -15,8 +15,8 @@ delivery has its own ``owner`` id, which the committed turn event carries; the c
 settlement drops every hold of the turn and charges the others' answered calls as abandoned,
 and the next turn's reservation and settlement do the same for the turn before it with
 ``prior_owner`` (the committer its event names), so a committer that died before settling is
-never charged twice.
-A delivery whose commit lost charges its call as it leaves (``Book.abandon``).
+never charged twice. A delivery whose commit lost charges its call as it leaves
+(``Book.abandon``).
 
     async with store.turn_hold(ref, ttl=...) as h:
         answer = await h.reserve_call(need, before=state)   # Granted | BudgetWait | refusal
@@ -98,7 +98,8 @@ class TurnHold:
         prior_owner: str = "",
     ) -> None:
         """``prior_owner``: the delivery that committed the run's previous turn, as its turn
-        event names it ("" if none or unknown); its holds are resolved when this one reserves."""
+        event names it ("" if none or unknown); that turn's holds are resolved when this
+        delivery reserves or settles."""
         self._change = change
         self.prior_owner = prior_owner
         self.ref = ref
