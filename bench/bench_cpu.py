@@ -6,7 +6,8 @@ One operator, one worker, ``--runs`` concurrent runs of ``--turns`` turns each o
 zero-latency scripted model, ``--repeat`` batches. The operator's and worker's user+system CPU
 time is read from the kernel before each batch is applied and after its last run has ended
 (plus ``--settle`` seconds, so the trailing status writes are counted), less their idle rate
-(the pull loops' polling, measured over ``--idle`` seconds first). CPU time still moves with
+(the pull loops' polling, measured over ``--idle`` seconds first). A warm-up batch of 5-turn
+runs goes first and is not counted. CPU time still moves with
 contention (shared caches, a busier scheduler: ±15 % between runs was seen on 2 busy cores), so
 interleave the trees compared and take medians or minima over several runs. The request counts
 (the API server's ``apiserver_request_total`` for agentrun's kinds) and the messages each
@@ -136,13 +137,15 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=10.0)
     args = parser.parse_args()
     with bench_stack(HERE / "scenarios.yaml") as bench:
-        before_api = api_requests(bench)
         bench.start_services(
             workers=1, extra_env={"AGENTRUN_WORKER_CONCURRENCY": str(args.runs + 28)}
         )
         assert bench.operator is not None
-        time.sleep(3.0)
+        # warm-up, not counted: first-use costs (connections, schema compilation, caches)
+        # belong to no turn, and would weigh on a batch's median with few batches
+        batch(bench, prefix="warm", runs=args.runs, turns=5, settle=args.settle)
         op_pid, wk_pid = bench.operator.record.pid, bench.workers[0].record.pid
+        before_api, before_nats = api_requests(bench), nats_messages()
         idle0 = cpu_seconds(op_pid), cpu_seconds(wk_pid)
         time.sleep(args.idle)
         idle1 = cpu_seconds(op_pid), cpu_seconds(wk_pid)
@@ -154,7 +157,7 @@ def main() -> None:
         ]
         api = api_requests(bench)
         api = {k: v - before_api.get(k, 0) for k, v in api.items() if v - before_api.get(k, 0)}
-        nats_sent = nats_messages()
+        nats_sent = {k: v - before_nats.get(k, 0) for k, v in nats_messages().items()}
     turns = sum(int(r["turns"]) for r in results)
     # the idle polling cost over each batch's span is subtracted: it does not scale with turns
     per_turn_op = [(r["operator"] - idle_op * r["seconds"]) / r["turns"] * 1000 for r in results]

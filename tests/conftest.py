@@ -91,16 +91,31 @@ def crds(kubectl: Kubectl) -> list[str]:
     return apply_crds(kubectl, CRD_DIR)
 
 
+def _nats_server(
+    tmp_path_factory: pytest.TempPathFactory, launch: components.Launch
+) -> Iterator[natsserver.NatsServer]:
+    server = natsserver.start_nats_server(tmp_path_factory.mktemp("nats"), launch=launch)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def nats_server(
     tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
 ) -> Iterator[natsserver.NatsServer]:
     """A started nats-server with JetStream (``.url``); stopped at session end."""
-    server = natsserver.start_nats_server(tmp_path_factory.mktemp("nats"), launch=devenv_launch)
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _nats_server(tmp_path_factory, devenv_launch)
+
+
+@pytest.fixture(scope="module")
+def own_nats_server(
+    tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
+) -> Iterator[natsserver.NatsServer]:
+    """A nats-server of one test module's own, stopped after it: no other test's operator or
+    workers (the e2e stack shares ``nats_server``) can take the turns it publishes."""
+    yield from _nats_server(tmp_path_factory, devenv_launch)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from typing import Any
 
 import pytest
@@ -22,8 +21,6 @@ from .test_tenants import TenantFactory, append_scenario, conditions, wait_tenan
 
 tenants = test_tenants.tenants
 """The AgentTenant fixture: ``tenants(name, namespaces, **spec)``."""
-
-WRITE = os.environ.get("AGENTRUN_WRITE_ARGOCD_TESTDATA") == "1"
 
 
 @pytest.mark.parametrize("kind", argocd_health.KINDS)
@@ -56,15 +53,6 @@ def get(stack_: E2EStack, kind: str, name: str, namespace: str | None = None) ->
     return argocd_health.clean(found)
 
 
-def anonymous(obj: dict[str, Any], namespace: str, tenant: str | None) -> dict[str, Any]:
-    """The object with the test's random namespace and tenant names made stable."""
-    text = json.dumps(obj).replace(namespace, "team-a")
-    if tenant:
-        text = text.replace(tenant, "team-a")
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
-
-
 @pytest.mark.e2e
 def test_live_objects_get_the_expected_health(
     stack_: E2EStack, test_namespace: str, tenants: TenantFactory
@@ -78,13 +66,8 @@ def test_live_objects_get_the_expected_health(
         budget={"tokens": 1000},
         runBudget={"default": {"maxTokens": 1000}},
     )
-    samples: dict[str, list[tuple[str, dict[str, Any], str]]] = {k: [] for k in argocd_health.KINDS}
-
-    def sample(kind: str, case: str, obj: dict[str, Any], status: str) -> dict[str, str]:
-        found = argocd_health.health(kind, obj)
-        assert found["status"] == status, (case, found)
-        samples[kind].append((case, anonymous(obj, ns, tenant), status))
-        return found
+    samples = argocd_health.Samples(ns, tenant)
+    sample = samples.check
 
     # a run waiting for a person holds the tenant's one slot; the next one queues
     holder = run_manifest("held", "E2E-APPROVAL held", approval={"tools": ["calculate"]})
@@ -174,7 +157,7 @@ def test_live_objects_get_the_expected_health(
     with test_tenants.tenant_crd_before_default_checks(stack_):  # now rejected on apply
         tenants(invalid, [f"unused-{ns}"], runBudget=test_tenants.DEFAULT_ABOVE_CAP)
     wait_tenant(stack_, invalid, lambda s: "Accepted" in conditions(s))
-    obj = anonymous(get(stack_, "agenttenant", invalid), invalid, None)
+    obj = argocd_health.anonymous(get(stack_, "agenttenant", invalid), invalid, None)
     found = sample("AgentTenant", "invalid-spec", obj, "Degraded")
     assert "spec.runBudget.default.maxSteps" in found["message"]
 
@@ -190,8 +173,7 @@ def test_live_objects_get_the_expected_health(
     del fresh["status"]
     sample("Agent", "unchecked", fresh, "Progressing")
 
-    if WRITE:
-        write_samples(samples)
+    samples.write()
 
 
 def wait_agent_checked(stack_: E2EStack, namespace: str, name: str) -> dict[str, Any]:
@@ -203,22 +185,3 @@ def wait_agent_checked(stack_: E2EStack, namespace: str, name: str) -> dict[str,
         if (obj.get("status") or {}).get("conditions") or time.monotonic() > end:
             return obj
         time.sleep(0.25)
-
-
-def write_samples(samples: dict[str, list[tuple[str, dict[str, Any], str]]]) -> None:
-    for kind, cases in samples.items():
-        if not cases:  # sampled by another test (test_schedules.py, test_evals.py)
-            continue
-        folder = argocd_health.ROOT / kind
-        tests = []
-        for case, obj, _ in cases:
-            (folder / "testdata" / f"{case}.yaml").write_text(yaml.safe_dump(obj, sort_keys=False))
-            tests.append(
-                {
-                    "healthStatus": argocd_health.health(kind, obj),
-                    "inputPath": f"testdata/{case}.yaml",
-                }
-            )
-        (folder / "health_test.yaml").write_text(
-            yaml.safe_dump({"tests": tests}, sort_keys=False, width=100)
-        )

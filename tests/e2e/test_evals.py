@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +19,7 @@ import yaml
 
 from agentrun_dev import components, stack
 
-from . import argocd_health, test_argocd_health, test_kubectl_plugin
+from . import argocd_health, test_kubectl_plugin
 from .conftest import EXAMPLES, E2EStack, http_get
 from .test_agents import AGENT_TURNS, agent_manifest
 from .test_budget_use import collatz_scenario
@@ -30,7 +28,6 @@ from .test_tenants import append_scenario
 
 pytestmark = pytest.mark.e2e
 
-WRITE = os.environ.get("AGENTRUN_WRITE_ARGOCD_TESTDATA") == "1"
 SLOW_TURNS = [
     {
         "content": "Resting first.",
@@ -353,13 +350,10 @@ def test_a_spec_the_operator_cannot_run_fails_naming_the_field(
 
 def test_live_suites_get_the_expected_argo_health(stack_: E2EStack, test_namespace: str) -> None:
     ns = test_namespace
-    samples: list[tuple[str, dict[str, Any], str]] = []
+    samples = argocd_health.Samples(ns)
 
-    def sample(case_name: str, obj: dict[str, Any], status: str) -> dict[str, str]:
-        found = argocd_health.health("AgentEval", obj)
-        assert found["status"] == status, (case_name, found)
-        samples.append((case_name, test_argocd_health.anonymous(obj, ns, None), status))
-        return found
+    def sample(case: str, obj: dict[str, Any], status: str) -> dict[str, str]:
+        return samples.check("AgentEval", case, obj, status)
 
     def live(name: str) -> dict[str, Any]:
         return argocd_health.clean(get_eval(stack_, ns, name))
@@ -394,22 +388,4 @@ def test_live_suites_get_the_expected_argo_health(stack_: E2EStack, test_namespa
     wait_eval(stack_, ns, "broken", finished)
     found = sample("invalid-spec", live("broken"), "Degraded")
     assert found["message"].startswith("spec.cases[0].expect.answer.jsonSchema: not a valid")
-    if WRITE:
-        write_samples(samples)
-
-
-def write_samples(samples: list[tuple[str, dict[str, Any], str]]) -> None:
-    folder: Path = argocd_health.ROOT / "AgentEval"
-    tests = []
-    for case_name, obj, _ in samples:
-        path = folder / "testdata" / f"{case_name}.yaml"
-        path.write_text(yaml.safe_dump(obj, sort_keys=False))
-        tests.append(
-            {
-                "healthStatus": argocd_health.health("AgentEval", obj),
-                "inputPath": f"testdata/{case_name}.yaml",
-            }
-        )
-    (folder / "health_test.yaml").write_text(
-        yaml.safe_dump({"tests": tests}, sort_keys=False, width=100)
-    )
+    samples.write()

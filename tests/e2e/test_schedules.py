@@ -356,13 +356,10 @@ def test_argo_cd_health_of_live_cronagentruns(stack_: E2EStack, test_namespace: 
     """The CronAgentRun health.lua on live objects; ``AGENTRUN_WRITE_ARGOCD_TESTDATA=1``
     rewrites its testdata/ and health_test.yaml from them."""
     ns = test_namespace
-    samples: list[tuple[str, dict[str, Any], str]] = []
+    samples = argocd_health.Samples(ns)
 
     def sample(case: str, obj: dict[str, Any], expected: str) -> dict[str, str]:
-        found = argocd_health.health("CronAgentRun", obj)
-        assert found["status"] == expected, (case, found)
-        samples.append((case, test_argocd_health.anonymous(obj, ns, None), expected))
-        return found
+        return samples.check("CronAgentRun", case, obj, expected)
 
     def checked(name: str) -> dict[str, Any]:
         def read() -> dict[str, Any] | None:
@@ -394,5 +391,4 @@ def test_argo_cd_health_of_live_cronagentruns(stack_: E2EStack, test_namespace: 
     stack_.apply(ns, cron_manifest("elsewhere", QUICK, timeZone="Mars/Olympus"))
     found = sample("invalid-time-zone", checked("elsewhere"), "Degraded")
     assert found["message"].startswith("spec.timeZone: 'Mars/Olympus' is not a time zone")
-    if test_argocd_health.WRITE:
-        test_argocd_health.write_samples({"CronAgentRun": samples})
+    samples.write()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from agentrun.worker.consumer import ConsumerSettings, TurnConsumer
 from agentrun.worker.model import ModelClient, RetryPolicy
 from agentrun.worker.toolrunner import ToolRunSettings
 from agentrun.worker.turn import TurnDeps
-from agentrun_dev import components, natsserver
+from agentrun_dev import natsserver
 
 from .loop import NoSecrets, config
 
@@ -79,21 +79,9 @@ scenarios:
 """
 
 
-@pytest.fixture(scope="module")
-def own_nats(
-    tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
-) -> Iterator[natsserver.NatsServer]:
-    """A nats-server of this module's own: no other test's operator or workers see its runs."""
-    server = natsserver.start_nats_server(tmp_path_factory.mktemp("nats"), launch=devenv_launch)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-async def bus(own_nats: natsserver.NatsServer) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(BusSettings(url=own_nats.url), name="test-turn-bounds")
+async def bus(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Bus]:
+    connected = await Bus.connect(BusSettings(url=own_nats_server.url), name="test-turn-bounds")
     try:
         yield connected
     finally:
