@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from typing import Any
 
@@ -30,7 +30,7 @@ from agentrun.worker.consumer import ConsumerSettings, TurnConsumer
 from agentrun.worker.model import ModelClient, RetryPolicy
 from agentrun.worker.toolrunner import ToolRunSettings
 from agentrun.worker.turn import TurnDeps
-from agentrun_dev import components, natsserver
+from agentrun_dev import natsserver
 
 from .loop import NoSecrets
 
@@ -152,23 +152,12 @@ class Stack:
         return len(self.mock.state.requests)
 
 
-@pytest.fixture(scope="module")
-def own_nats(
-    tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
-) -> Iterator[natsserver.NatsServer]:
-    """A nats-server of this module's own: its runs' events and ledger entries never reach an
-    operator another suite runs in the same session."""
-    server = natsserver.start_nats_server(tmp_path_factory.mktemp("nats-dup"), launch=devenv_launch)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-async def stack(own_nats: natsserver.NatsServer) -> AsyncIterator[Stack]:
+async def stack(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
+    """Its own nats-server: its runs' events and ledger entries never reach an operator
+    another suite runs in the same session."""
     async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as mock:
-        s = Stack(own_nats.url, mock)
+        s = Stack(own_nats_server.url, mock)
         await s.connect()
         try:
             yield s
