@@ -18,20 +18,8 @@ The entry holds, for the current fixed window:
   limit.
 - a hold's ``spent``: what its model call used once it answered, written before the turn goes
   on, so the call is charged even if its worker dies before the turn commits (the sweep, the
-  turn's settlement or the run's close charges it as abandoned).
-
-One turn may be run by two deliveries at once (a redelivery while the first worker still runs
-it, as after a NATS outage), so every model call made must be charged exactly once: the call
-the committed turn contains through the run's usage, every other answered call as abandoned.
-A turn event names the delivery (hold owner) that committed it; only that tells the calls
-apart. So a reservation never charges another delivery's answered hold of its turn: it sets it
-aside (key ``<run-uid>:<turn>/<owner>``) until the turn's committer is known, and
-``resolve_turn`` — called by the committer's settlement, the next turn's reservation, the
-sweep and the run's close with the owner read from the turn's event — drops every hold of the
-turn, charging the answered calls of other owners as abandoned. A delivery that leaves its turn
-uncommitted charges its own call: on its hold if it still has one, directly if its usage never
-reached a hold (``abandon``; ``charged`` remembers the calls others charged, so a usage write
-that timed out but landed is not charged twice).
+  turn's settlement or the run's close charges it as abandoned; for a turn run by two
+  deliveries at once, see ``deliveries``).
 
 Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
 ``cumulative - charged`` only when the turn is newer than the one charged last. That makes it
@@ -45,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 from decimal import Decimal
 
-from agentrun.ledger import reserve
+from agentrun.ledger import deliveries, reserve
 from agentrun.ledger.entries import (
     ADMISSION_HOLD_TTL,
     BUDGET_EXHAUSTED,
@@ -86,10 +74,8 @@ class Book:
     waiting: dict[str, Waiter] = dataclasses.field(default_factory=dict)
     """Calls waiting for holds to settle, by hold key."""
     charged: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Answered calls charged as abandoned when another party dropped their hold, by
-    ``<run-uid>:<turn>/<owner>``, each remembered until an expiry (epoch seconds): a delivery
-    whose usage write failed (it may still have landed) asks here before charging its call
-    itself as it leaves (``abandon``)."""
+    """Calls charged as abandoned by whoever dropped their hold: ``<run-uid>:<turn>/<owner>``
+    → until when it is remembered (epoch seconds; see ``deliveries``)."""
 
     @classmethod
     def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Book:
@@ -264,35 +250,10 @@ class Book:
         """The call ``key`` no longer waits (its turn was given up); True if it did."""
         return reserve.stop_waiting(self, key)
 
-    def set_aside(self, key: str, *, owner: str) -> bool:
-        """Another delivery (``owner``) reserves turn ``key``: if the hold under ``key`` is a
-        different owner's and its call answered, move it to ``<key>/<its owner>``, holding
-        exactly what the call used, uncharged — whether that call is the one its turn commits
-        is known only once the turn's committer is (``resolve_turn``). True if it moved one."""
-        previous = self.holds.get(key)
-        if previous is None or previous.owner == owner or not previous.answered:
-            return False
-        del self.holds[key]
-        previous.tokens, previous.cost_usd = previous.spent_tokens, previous.spent_cost
-        self.holds[aside_key(key, previous.owner)] = previous
-        return True
-
     def resolve_turn(self, run_uid: str, turn: int, *, committer: str) -> int:
-        """Turn ``turn`` of the run committed, by the delivery ``committer`` (the hold owner its
-        turn event names): drop every hold of that turn. ``committer``'s call is in the run's
-        usage (charged by ``settle``); every other answered call lost the commit and is charged
-        as abandoned; an unanswered one's delivery charges its call itself if it answers
-        (``abandon`` with ``unrecorded``). An empty ``committer`` (an event that names none)
-        resolves nothing. Returns how many calls it charged as abandoned."""
-        if not committer:
-            return 0
-        charged = 0
-        for key in [k for k, h in self.holds.items() if h.run_uid == run_uid and h.turn == turn]:
-            hold = self.holds.pop(key)
-            if hold.owner != committer and hold.answered:
-                self.charge_abandoned(hold)
-                charged += 1
-        return charged
+        """Turn ``turn`` of the run was committed by ``committer``: drop its holds, charging
+        other deliveries' answered calls as abandoned (``deliveries.resolve_turn``)."""
+        return deliveries.resolve_turn(self, run_uid, turn, committer=committer)
 
     def record_spend(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal) -> bool:
         """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
@@ -317,10 +278,9 @@ class Book:
 
     def charge_abandoned(self, hold: Hold) -> None:
         """Charge ``hold``'s answered call (its ``spent``) to ``used``, as abandoned: the
-        provider billed it, but its turn will never commit. Remembered in ``charged`` until
-        ``CHARGED_MEMORY`` seconds past the hold's expiry."""
-        key = aside_key(f"{hold.run_uid}:{hold.turn}", hold.owner)
-        self.charged[key] = hold.expires + CHARGED_MEMORY
+        provider billed it, but its turn will never commit (remembered in ``charged``)."""
+        memo = aside_key(f"{hold.run_uid}:{hold.turn}", hold.owner)
+        self.charged[memo] = hold.expires + CHARGED_MEMORY
         self.used_tokens += hold.spent_tokens
         self.used_cost += hold.spent_cost
         self.abandoned_tokens += hold.spent_tokens
@@ -363,11 +323,9 @@ class Book:
         delivery committed it): charge what it really used (the provider bills it) and drop
         ``owner``'s hold (under ``key``, or set aside for it).
 
-        With no such hold, the call is charged only if ``unrecorded`` (its usage write did not
-        land, as far as its delivery knows) and ``charged`` does not hold it: a hold that
-        carried it was charged by whoever dropped it (``resolve_turn``, the sweep, the run's
-        close). Returns True if it charged.
-        """
+        With no such hold, it is charged only if ``unrecorded`` (its usage write did not land,
+        as far as its delivery knows) and not in ``charged``: a hold that carried it was
+        charged by whoever dropped it. Returns True if it charged."""
         self.roll(now)
         hold = self.holds.get(key)
         if hold is not None and hold.owner == owner:

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from agentrun.kernel.limits import MILLION, Pricing
+from agentrun.ledger import deliveries
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     BUDGET_HELD,
@@ -131,14 +132,12 @@ def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | 
     exactly reaches a limit is allowed) and wall-clock time left. A hold already under
     ``key`` (a redelivered turn whose first worker died) is replaced, not added to; if its
     call answered, it is set aside uncharged until the turn's committer is known
-    (``Book.set_aside``).
+    (``deliveries.set_aside``).
     """
     book.roll(now)
-    stale = _stale(book, key, hold)
-    if stale is not None:
+    if (stale := _stale(book, key, hold)) is not None:
         return stale
-    # an earlier delivery's answered call waits aside until its turn's committer is known
-    book.set_aside(key, owner=hold.owner)
+    deliveries.set_aside(book, key, owner=hold.owner)
     previous = book.holds.pop(key, None)
     limits = book.limits
     if limits.tokens is not None:
@@ -196,10 +195,9 @@ def reserve_call(
     """
     book.roll(now)
     _drop_expired_waiters(book, now)
-    stale = _stale(book, key, hold)
-    if stale is not None:
+    if (stale := _stale(book, key, hold)) is not None:
         return stale
-    book.set_aside(key, owner=hold.owner)  # an earlier delivery's answered call waits aside
+    deliveries.set_aside(book, key, owner=hold.owner)
     previous = book.holds.get(key)
     if previous is not None and previous.owner != hold.owner:
         book.holds.pop(key)  # unanswered: its delivery charges its call itself if it answers

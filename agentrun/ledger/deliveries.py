@@ -1,0 +1,60 @@
+"""A turn run by more than one delivery: whose model call is charged how; pure like ``book``.
+
+One turn may be run by two deliveries at once (a redelivery while the first worker still runs
+it, as after a NATS outage), so every model call made must be charged exactly once: the call
+the committed turn contains through the run's usage, every other answered call as abandoned.
+A turn event names the delivery (hold owner) that committed it; only that tells the calls
+apart. So a reservation never charges another delivery's answered hold of its turn: it sets it
+aside (key ``<run-uid>:<turn>/<owner>``) until the turn's committer is known, and
+``resolve_turn`` — called by the committer's settlement, the next turn's reservation, the
+sweep and the run's close with the owner read from the turn's event — drops every hold of the
+turn, charging the answered calls of other owners as abandoned. A delivery that leaves its turn
+uncommitted charges its own call: on its hold if it still has one, directly if its usage never
+reached a hold (``abandon``; ``charged`` remembers the calls others charged, so a usage write
+that timed out but landed is not charged twice).
+
+What belongs here: the operations that tell a turn's deliveries apart (``set_aside`` on a
+takeover, ``resolve_turn`` once the committer is known). What does not: the rest of a hold's
+lifecycle (``book``, ``reserve``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentrun.ledger.entries import aside_key
+
+if TYPE_CHECKING:
+    from agentrun.ledger.book import Book
+
+
+def set_aside(book: Book, key: str, *, owner: str) -> bool:
+    """Another delivery (``owner``) reserves turn ``key``: if the hold under ``key`` is a
+    different owner's and its call answered, move it to ``<key>/<its owner>``, holding
+    exactly what the call used, uncharged — whether that call is the one its turn commits is
+    known only once the turn's committer is (``resolve_turn``). True if it moved one."""
+    previous = book.holds.get(key)
+    if previous is None or previous.owner == owner or not previous.answered:
+        return False
+    del book.holds[key]
+    previous.tokens, previous.cost_usd = previous.spent_tokens, previous.spent_cost
+    book.holds[aside_key(key, previous.owner)] = previous
+    return True
+
+
+def resolve_turn(book: Book, run_uid: str, turn: int, *, committer: str) -> int:
+    """Turn ``turn`` of the run committed, by the delivery ``committer`` (the hold owner its
+    turn event names): drop every hold of that turn. ``committer``'s call is in the run's
+    usage (charged by ``Book.settle``); every other answered call lost the commit and is
+    charged as abandoned; an unanswered one's delivery charges its call itself if it answers
+    (``Book.abandon`` with ``unrecorded``). An empty ``committer`` (an event that names none)
+    resolves nothing. Returns how many calls it charged as abandoned."""
+    if not committer:
+        return 0
+    charged = 0
+    for key in [k for k, h in book.holds.items() if h.run_uid == run_uid and h.turn == turn]:
+        hold = book.holds.pop(key)
+        if hold.owner != committer and hold.answered:
+            book.charge_abandoned(hold)
+            charged += 1
+    return charged
