@@ -13,16 +13,50 @@ import contextlib
 import dataclasses
 import enum
 import hashlib
+import importlib
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx2
-from mcp import Client
-from mcp.client.session import IncomingMessage
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 
-__all__ = ["Endpoint", "FaultHook", "ResponseHook", "Transport", "open_session", "root_cause"]
+if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
+    from mcp import Client
+    from mcp.client.session import IncomingMessage
+
+__all__ = [
+    "Endpoint",
+    "FaultHook",
+    "ResponseHook",
+    "Transport",
+    "load_sdk",
+    "mcp_error_code",
+    "open_session",
+    "root_cause",
+]
+
+SDK_MODULES = ("mcp", "mcp.client.sse", "mcp.client.streamable_http")
+"""The parts of the ``mcp`` SDK a session uses."""
+
+
+async def load_sdk() -> None:
+    """Import the ``mcp`` SDK unless it is loaded, in a thread. It is loaded on first use:
+    with the server stack it imports (uvicorn, starlette) it takes about 27 MB and 0.4 s of
+    CPU, which a process that never reaches an MCP server does not pay; the thread keeps the
+    first caller's event loop turning meanwhile."""
+    if all(name in sys.modules for name in SDK_MODULES):
+        return
+    await asyncio.to_thread(lambda: [importlib.import_module(name) for name in SDK_MODULES])
+
+
+def mcp_error_code(exc: BaseException | None) -> int | None:
+    """The JSON-RPC error code of an ``mcp.MCPError``; ``None`` for any other exception (an
+    ``MCPError`` only comes from the SDK, so an unloaded SDK means there is none)."""
+    sdk = sys.modules.get("mcp")
+    if sdk is None or not isinstance(exc, sdk.MCPError):
+        return None
+    return int(exc.code)
 
 
 class Transport(enum.StrEnum):
@@ -98,6 +132,11 @@ async def open_session(
     stream of a server that went away). Raises what the SDK and ``httpx2`` raise when the
     server cannot be reached or refuses.
     """
+
+    await load_sdk()
+    from mcp import Client
+    from mcp.client.sse import sse_client
+    from mcp.client.streamable_http import streamable_http_client
 
     async def on_message(message: IncomingMessage) -> None:
         if on_fault is not None and isinstance(message, Exception):

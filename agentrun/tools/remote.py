@@ -29,18 +29,26 @@ import binascii
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
-from mcp import MCPError
-from mcp.types import CallToolResult, RequestParamsMeta
 
 from agentrun.kernel import ToolFault
 from agentrun.protocol import RemoteTool
 
 from . import catalog
-from .endpoint import CONNECTION_LOST, Endpoint, Transport, open_session, root_cause
+from .endpoint import (
+    CONNECTION_LOST,
+    Endpoint,
+    Transport,
+    mcp_error_code,
+    open_session,
+    root_cause,
+)
 from .sessions import Loss, SessionLost, SessionPool
+
+if TYPE_CHECKING:  # loaded on first use (``endpoint.load_sdk``)
+    from mcp.types import CallToolResult, RequestParamsMeta
 
 __all__ = [
     "IDEMPOTENCY_META_KEY",
@@ -108,10 +116,11 @@ def fault_of(exc: BaseException) -> ToolFault:
     cause = root_cause(exc)
     if isinstance(cause, TimeoutError | httpx2.TimeoutException):
         return ToolFault.TIMEOUT
-    if isinstance(cause, MCPError):
-        if cause.code == _INVALID_PARAMS:
+    code = mcp_error_code(cause)
+    if code is not None:
+        if code == _INVALID_PARAMS:
             return ToolFault.ARGUMENTS
-        return ToolFault.TRANSPORT if cause.code == _METHOD_NOT_FOUND else ToolFault.SERVER
+        return ToolFault.TRANSPORT if code == _METHOD_NOT_FOUND else ToolFault.SERVER
     if isinstance(cause, httpx2.HTTPStatusError):
         return ToolFault.SERVER if cause.response.status_code >= 500 else ToolFault.TRANSPORT
     if isinstance(cause, _CONNECTION_ERRORS):
@@ -245,7 +254,7 @@ class McpTool:
             endpoint = dataclasses.replace(endpoint, headers={**endpoint.headers, **extra})
         meta: RequestParamsMeta | None = None
         if self.spec.effect != "read":  # an open map: extra keys are allowed
-            meta = cast(RequestParamsMeta, {IDEMPOTENCY_META_KEY: f"{ctx.run_uid}:{ctx.call_id}"})
+            meta = cast("RequestParamsMeta", {IDEMPOTENCY_META_KEY: f"{ctx.run_uid}:{ctx.call_id}"})
         try:
             if self.pool is not None:
                 result = await self.pool.call_tool(

@@ -33,13 +33,15 @@ import contextlib
 import dataclasses
 import enum
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-from mcp import Client, MCPError
-from mcp.types import CallToolResult, RequestParamsMeta
 
-from .endpoint import CONNECTION_LOST, Endpoint, open_session, root_cause
+from .endpoint import CONNECTION_LOST, Endpoint, mcp_error_code, open_session, root_cause
+
+if TYPE_CHECKING:  # loaded on first use (``endpoint.load_sdk``)
+    from mcp import Client
+    from mcp.types import CallToolResult, RequestParamsMeta
 
 __all__ = ["Loss", "PoolSettings", "SessionLost", "SessionPool", "may_resend"]
 
@@ -226,7 +228,8 @@ class _Session:
     def _loss(self, err: BaseException | None) -> SessionLost | None:
         """The loss ``err`` means for this session, or ``None`` when it leaves it usable."""
         cause = root_cause(err) if err is not None else None
-        if self.refused and isinstance(cause, MCPError) and cause.code in _SESSION_REFUSED:
+        code = mcp_error_code(cause)
+        if self.refused and code in _SESSION_REFUSED:
             # this request's own answer: the 404 for the session id, as the SDK surfaces it
             return SessionLost(
                 "the server no longer knows this MCP session (HTTP 404)",
@@ -235,7 +238,7 @@ class _Session:
             )
         if isinstance(cause, httpx2.ConnectError):
             return SessionLost(f"cannot connect: {cause}", loss=Loss.REFUSED, cause=cause)
-        if isinstance(cause, MCPError) and cause.code == _CONNECTION_CLOSED:
+        if code == _CONNECTION_CLOSED:
             return SessionLost("the MCP connection closed", loss=Loss.BROKEN, cause=cause)
         if isinstance(cause, CONNECTION_LOST):
             return SessionLost(f"{type(cause).__name__}", loss=Loss.BROKEN, cause=cause)
