@@ -63,12 +63,14 @@ def test_deleting_a_cronagentrun_collects_its_runs(
     )
     end = time.monotonic() + GC_WAIT
     while time.monotonic() < end:
+        # the owner is read before its run: "owner gone, then run still there" means the owner
+        # went first, which foreground deletion forbids; the reverse order of reads would race
+        # the collector removing both between them
+        owner_gone = not exists(node_kubectl, "cronagentrun", "hourly", ns)
         left = [n for n in (background, foreground) if exists(node_kubectl, "agentrun", n, ns)]
+        assert not (owner_gone and foreground in left), "the owner went before its run"
         if not left:
             break
-        # foreground: the owner stays (finalizer foregroundDeletion) while its run exists
-        if foreground in left:
-            assert exists(node_kubectl, "cronagentrun", "hourly", ns)
         time.sleep(1)
     assert left == []
     deadline = time.monotonic() + 30
