@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import nats.js.errors
 
@@ -41,6 +42,22 @@ def read_book(nats_url: str, tenant: str) -> Book | None:
             await bus.close()
 
     return asyncio.run(read())
+
+
+def wait_answered_hold(
+    nats_url: str, tenant: str, namespace: str, name: str, *, timeout: float = 30
+) -> None:
+    """Poll the tenant's ledger entry until a hold of run ``namespace/name`` records that its
+    model call answered: from then on the turn is in its tool phase, and the call is billed
+    whatever happens to the turn. Raises AssertionError after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        book = read_book(nats_url, tenant)
+        holds = [] if book is None else list(book.holds.values())
+        if any(h.namespace == namespace and h.name == name and h.answered for h in holds):
+            return
+        assert time.monotonic() < end, f"{namespace}/{name}: no answered hold in {timeout}s"
+        time.sleep(0.05)
 
 
 def delete_queued_turns(nats_url: str, tenant: str) -> int:

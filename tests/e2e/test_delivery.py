@@ -9,8 +9,15 @@ import pytest
 
 from agentrun_dev import components, stack
 
-from .conftest import ACK_WAIT, ORPHAN_AFTER, E2EStack, run_manifest
-from .events import delete_queued_turns, put_book_bytes, read_book, read_events, turn_numbers
+from .conftest import ACK_WAIT, E2EStack, run_manifest
+from .events import (
+    delete_queued_turns,
+    put_book_bytes,
+    read_book,
+    read_events,
+    turn_numbers,
+    wait_answered_hold,
+)
 from .test_tenants import TenantFactory, append_scenario, tenants  # noqa: F401
 
 pytestmark = pytest.mark.e2e
@@ -27,12 +34,14 @@ def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_
         components.stop_component(worker)
     lone = stack.start_worker(3, env=stack_.env, launch=stack_.launch)
     try:
-        stack_.apply(test_namespace, run_manifest("lost", "E2E-SLOW-TOOL job"))
+        # the goal names this test's namespace: other tests' runs of the same scenario are in
+        # the model's request log too, and must not count as this run's call
+        stack_.apply(test_namespace, run_manifest("lost", f"E2E-SLOW-TOOL {test_namespace}"))
         status = stack_.wait_for(
             test_namespace, "lost", lambda s: s.get("phase") == "Running", timeout=30
         )
         deadline = time.monotonic() + 20
-        while not any("E2E-SLOW-TOOL" in str(r) for r in stack_.mock_requests()):
+        while not any(test_namespace in str(r) for r in stack_.mock_requests()):
             assert time.monotonic() < deadline, "the lone worker never called the model"
             time.sleep(0.1)
         assert delete_queued_turns(nats_server.url, status["tenant"]) == 1  # type: ignore[attr-defined]
@@ -41,14 +50,14 @@ def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_
         if lone.is_alive():
             components.kill_component(lone)
     stack_.restart_dead()
-    lost_at = time.monotonic()  # workers are back (their start-up is not the operator's time)
+    # nothing but the operator's orphan check can bring the deleted request back (no message
+    # is left to redeliver), so the run completing at all is the proof; the deadline is the
+    # orphan bound, a sweep, the 4 s tool and the answer, with room for a loaded machine
     status = stack_.wait_terminal(test_namespace, "lost", timeout=30 + ACK_WAIT)
     assert (status["terminalReason"], status["answer"]) == (
         "completed",
         "Done after the slow tool.",
     )
-    # found within seconds: the orphan bound, a sweep interval, the 4 s tool and the answer
-    assert time.monotonic() - lost_at < 2 * ORPHAN_AFTER + 4 + 6
     turns = turn_numbers(read_events(nats_server.url, test_namespace, "lost"))  # type: ignore[attr-defined]
     assert turns == [0, 1]
 
@@ -69,11 +78,8 @@ def test_a_worker_killed_right_after_the_model_answered_has_that_call_charged_on
     lone = stack.start_worker(3, env=stack_.env, launch=stack_.launch)
     try:
         stack_.apply(test_namespace, run_manifest("billed", f"E2E-SLOW-TOOL {test_namespace}"))
-        deadline = time.monotonic() + 20
-        while not any(test_namespace in str(r) for r in stack_.mock_requests()):
-            assert time.monotonic() < deadline, "the lone worker never called the model"
-            time.sleep(0.1)
-        time.sleep(1.0)  # the answer is in, the 4 s tool runs
+        # the answer is in (its usage is on the hold) and the 4 s tool runs
+        wait_answered_hold(nats_server.url, tenant, test_namespace, "billed")  # type: ignore[attr-defined]
         components.kill_component(lone)
     finally:
         if lone.is_alive():

@@ -130,7 +130,11 @@ def test_d01_twenty_rectangles_with_two_operators_only_the_leader_acts(
     names = rectangles(pair.stack, test_namespace, 20)
     for name in names:
         assert_completed_once(pair.stack, test_namespace, name, turns=2, nats_url=nats_server.url)
-    time.sleep(1.0)
+    # the leader counts an end once its status patch is written, so the count may trail the
+    # status read above: poll for it
+    deadline = time.monotonic() + 15
+    while pair.ended("a") - before_a < 20 and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert pair.ended("a") - before_a == 20
     assert pair.ended("b") - before_b == 0
     settled = {n: pair.stack.get(test_namespace, n) for n in names}

@@ -21,6 +21,7 @@ from agentrun_dev import binaries, components, probes, stack
 from .conftest import E2EStack, run_manifest
 from .events import read_book, read_events
 from .test_failover import readiness
+from .test_tenants import wait_tenant
 
 pytestmark = pytest.mark.e2e
 
@@ -131,8 +132,8 @@ def test_d02_running_and_queued_runs_deleted_with_their_namespace_free_slot_hold
             }
         ),
     )
-    try:
-        time.sleep(1.0)  # the operator sees the tenant
+    try:  # the operator has read the tenant (it writes its status) before the first run
+        wait_tenant(stack_, tenant, lambda s: "observedGeneration" in s, timeout=30)
         stack_.apply(test_namespace, run_manifest("midway", "E2E-LONG job"))
         stack_.wait_for(
             test_namespace, "midway", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1
@@ -192,8 +193,10 @@ def test_ttl_seconds_after_finished_deletes_the_run_and_its_events(
         what="its events purged",
     )
     stack_.wait_terminal(test_namespace, "kept")
+    # no TTL: kept. A negative check: "kept" ended with "short-lived", whose 6 s TTL has run
+    # out by now; 3 s more is the time the operator had to act on a TTL wrongly applied
     time.sleep(3)
-    assert stack_.get(test_namespace, "kept") is not None  # no TTL: kept
+    assert stack_.get(test_namespace, "kept") is not None
 
 
 def test_the_tenant_ttl_default_deletes_its_runs_that_set_none(
@@ -210,8 +213,10 @@ def test_the_tenant_ttl_default_deletes_its_runs_that_set_none(
         },
     }
     stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
-    try:
-        time.sleep(1.0)  # the operator sees the tenant
+    try:  # the operator has read the tenant (it writes its status) before the run
+        wait_tenant(
+            stack_, tenant["metadata"]["name"], lambda s: "observedGeneration" in s, timeout=30
+        )
         stack_.apply(test_namespace, run_manifest("tenant-ttl", "E2E-PARALLEL-ORDER: t"))
         status = stack_.wait_terminal(test_namespace, "tenant-ttl")
         assert status["tenant"] == tenant["metadata"]["name"]

@@ -168,18 +168,30 @@ def test_a_seconds_schedule_fires_owned_runs_and_history_limits_keep_the_newest(
             == {"Suspended"}
         ),
     )
+    suspended_at = time.time()  # the operator has taken the suspension up by now
     wait_until(
         "the runs left end",
         lambda: all(
             r.get("status", {}).get("terminalReason") for r in runs_of(stack_, ns, "report")
         ),
     )
-    time.sleep(3)  # a suspended schedule creates nothing more; the history limit holds
-    runs = wait_until(
-        "history limit applied",
-        lambda: (found := runs_of(stack_, ns, "report")) and len(found) <= 2 and found,
-        timeout=20,
-    )
+    # a negative check: a suspended schedule creates nothing more. 3 s is one and a half
+    # schedule periods; a run it created would be the newest, which the history limit keeps
+    time.sleep(3)
+
+    def settled() -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+        """The runs (history limit applied) and the schedule's status once it has caught up
+        with their ends: the status follows the runs' own, so it is read after them."""
+        found = runs_of(stack_, ns, "report")
+        status = get_cron(stack_, ns, "report").get("status") or {}
+        caught_up = bool(found) and (
+            status.get("lastScheduleTime") == found[-1]["metadata"]["annotations"][SCHEDULED]
+            and status.get("activeRuns") == 0
+        )
+        return (found, status) if len(found) <= 2 and caught_up else None
+
+    runs, status = wait_until("history limit applied, status caught up", settled, timeout=30)
+    assert all(scheduled(r) <= suspended_at for r in runs), "a suspended schedule created a run"
     assert {r["status"]["terminalReason"] for r in runs} == {"completed"}
     for run in runs:
         meta = run["metadata"]
@@ -198,8 +210,6 @@ def test_a_seconds_schedule_fires_owned_runs_and_history_limits_keep_the_newest(
         ]
         spec = run["spec"]
         assert (spec["model"], spec["goal"], spec["tools"]) == ("mock", QUICK, ["calculate"])
-    status = get_cron(stack_, ns, "report")["status"]
-    assert status["lastScheduleTime"] == runs[-1]["metadata"]["annotations"][SCHEDULED]
     assert epoch(status["lastSuccessfulTime"]) >= scheduled(runs[-1])
     assert "active" not in status and status["activeRuns"] == 0
     assert status["observedGeneration"] == get_cron(stack_, ns, "report")["metadata"]["generation"]
@@ -232,7 +242,9 @@ def test_forbid_skips_while_a_run_runs_and_replace_cancels_it(
     wait_until(
         "a Forbid skip", lambda: "RunAlreadyActive" in reasons(stack_, ns, "forbid"), timeout=60
     )
-    time.sleep(4)  # two more schedule times pass while the first run still runs
+    # a negative check: two more schedule times (every 2 s) pass while the first run still
+    # runs (its model call takes 60 s); Forbid creates nothing for them
+    time.sleep(4)
     forbid_runs = runs_of(stack_, ns, "forbid")
     assert len(forbid_runs) == 1 and not forbid_runs[0].get("status", {}).get("terminalReason")
     active = get_cron(stack_, ns, "forbid")["status"]["active"]
@@ -348,7 +360,7 @@ def test_an_unusable_schedule_is_not_ready_with_the_reason_and_creates_nothing(
     condition = wait_until("not Ready", ready)
     assert condition["reason"] == reason and condition["message"].startswith(f"{field}: ")
     assert reason in reasons(stack_, ns, "broken")
-    time.sleep(2.5)
+    time.sleep(2.5)  # a negative check: past the next time of the 2 s schedule, still no run
     assert runs_of(stack_, ns, "broken") == []
 
 

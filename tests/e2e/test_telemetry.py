@@ -74,13 +74,21 @@ def test_metrics_count_runs_turns_tools_and_tokens(stack_: E2EStack, test_namesp
     op_before, w_before = scrape()
     stack_.apply(test_namespace, run_manifest("counted", "E2E-PARALLEL-ORDER: counted"))
     stack_.wait_terminal(test_namespace, "counted")
-    time.sleep(0.5)
-    op_after, w_after = scrape()
 
     def delta(before: str, after: str, name: str, **labels: str) -> float:
         return metric(after, name, **labels) - metric(before, name, **labels)
 
-    ended = delta(op_before, op_after, "agentrun_runs_total", reason="completed", outcome="ok")
+    # a worker counts a turn after its commit and hold settlement, and the operator its end
+    # around the status patch: the counts may trail the status seen, so poll for the last
+    # of them (the turn durations, observed last) and the run's end
+    deadline = time.monotonic() + 15
+    while True:
+        op_after, w_after = scrape()
+        ended = delta(op_before, op_after, "agentrun_runs_total", reason="completed", outcome="ok")
+        timed = delta(w_before, w_after, "agentrun_turn_duration_seconds_count", phase="overhead")
+        if (ended >= 1 and timed >= 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert ended == 1
     assert delta(w_before, w_after, "agentrun_turns_total", tenant="default") == 2
     assert delta(w_before, w_after, "agentrun_tool_calls_total", tool="sleep", result="ok") == 1
