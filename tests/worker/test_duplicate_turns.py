@@ -168,14 +168,21 @@ async def stack(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
 
 
 async def handle(
-    worker: TurnConsumer, request: TurnRequest, *, after: float = 0.0, again: bool = False
+    worker: TurnConsumer,
+    request: TurnRequest,
+    *,
+    once: Callable[[], bool] | None = None,
+    again: bool = False,
 ) -> Delivery:
-    """Deliver ``request`` to ``worker`` ``after`` seconds from now (``again``: as JetStream
-    redelivers it); what it did with it."""
+    """Deliver ``request`` to ``worker`` (once ``once()`` holds, polled every 10 ms, 30 s at
+    most; ``again``: as JetStream redelivers it); what it did with it."""
     delivery = Delivery(request)
     if again:
         delivery.metadata = _Redelivered()
-    await asyncio.sleep(after)
+    if once is not None:
+        async with asyncio.timeout(30):
+            while not once():
+                await asyncio.sleep(0.01)
     await worker._handle(delivery)  # type: ignore[arg-type]
     return delivery
 
@@ -183,13 +190,19 @@ async def handle(
 async def test_a_turn_run_by_two_workers_at_once_charges_both_model_calls_once_each(
     stack: Stack,
 ) -> None:
-    """The second delivery starts 0.5 s into the first one's 1.5 s model call and takes its
-    hold; the first commits. Both calls were made: the committed one is in the run's usage,
-    the other is charged as abandoned (before: the winner's settlement dropped the loser's hold
-    and the loser found nothing to charge, so its call was charged nowhere)."""
+    """The second delivery starts once the first one's 1.5 s model call is under way and
+    takes its hold; the first commits. Both calls were made: the committed one is in the run's
+    usage, the other is charged as abandoned (before: the winner's settlement dropped the
+    loser's hold and the loser found nothing to charge, so its call was charged nowhere)."""
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
-    a, b = await asyncio.gather(handle(first, request), handle(second, request, after=0.5))
+
+    # the second starts on the first's model call, not after a fixed time: on a busy machine
+    # the first may not have reached its call yet
+    def calling() -> bool:
+        return stack.model_calls() >= 1
+
+    a, b = await asyncio.gather(handle(first, request), handle(second, request, once=calling))
     assert (a.outcome, b.outcome) == (["ack"], ["ack"])
     assert stack.model_calls() == 2
     events = await stack.events(request)
