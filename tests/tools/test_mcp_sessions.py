@@ -254,8 +254,11 @@ def test_an_idle_session_is_closed_and_a_later_call_opens_another(
     async def body(pool: sessions.SessionPool) -> tuple[int, int]:
         tool = remote.mcp_tool(admitted(legacy.url, "add"), pool=pool)
         await tool.run({"a": 1, "b": 1}, ctx())
-        await asyncio.sleep(1.0)
-        idle = len(pool)
+        # closed 0.3 s after its last call, once its DELETE is answered: poll for it (a busy
+        # server answers late), with a deadline far beyond the idle time
+        end = time.monotonic() + 10
+        while (idle := len(pool)) and time.monotonic() < end:
+            await asyncio.sleep(0.05)
         await tool.run({"a": 1, "b": 1}, ctx())
         return idle, len(pool)
 
@@ -339,7 +342,10 @@ def test_an_sse_session_whose_stream_broke_is_not_used_again(tmp_path: Path) -> 
             count = remote.mcp_tool(sse, pool=pool)
             out = [await count.run({"key": "before"}, ctx())]
             await asyncio.to_thread(server.restart)  # the session's event stream breaks
-            await asyncio.sleep(0.5)
+            end = time.monotonic() + 10  # the pool sees it and closes the session
+            while len(pool) and time.monotonic() < end:
+                await asyncio.sleep(0.05)
+            assert len(pool) == 0, "the broken session is still open"
             # a write: it may only go on a session known to work, never on the broken one
             out.append(await count.run({"key": "after"}, ctx(call="w2")))
             return out
