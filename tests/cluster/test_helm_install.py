@@ -166,7 +166,14 @@ def test_three_workers_all_execute_turns(node_kubectl: Kubectl, ns: str) -> None
         node_kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(run))
     for name in names:
         assert wait_for(node_kubectl, ns, name, ended)["terminalReason"] == "max_steps"
-    executed = {pod: turns_committed(node_kubectl, ns, pod) - before[pod] for pod in workers}
+    # a worker counts a turn after its commit and settlement, so the last counts may land
+    # after the runs' ends are written: poll for them
+    deadline = time.monotonic() + 30
+    while True:
+        executed = {pod: turns_committed(node_kubectl, ns, pod) - before[pod] for pod in workers}
+        if sum(executed.values()) >= 12 * 4 or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
     assert all(count > 0 for count in executed.values()), executed
     assert sum(executed.values()) >= 12 * 4
 
@@ -205,7 +212,14 @@ def test_the_operator_pod_deleted_mid_run_and_the_run_completes(
     start_slow_runs(node_kubectl, ns, ["slow-operator"])
     node_kubectl("delete", "pods", "-n", ns, "-l", selector, "--wait=false")
     assert_completed_once_per_turn(node_kubectl, ns, ["slow-operator"])
-    after = node_kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "name").stdout.split()
+    # the old pod is listed (Terminating) until its process has stopped, which may end after
+    # the run did: poll for it to go, within its 30 s grace period and then some
+    deadline = time.monotonic() + 90
+    while True:
+        after = node_kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "name").stdout.split()
+        if (after and not set(before) & set(after)) or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
     assert after and not set(before) & set(after)
 
 
