@@ -90,13 +90,33 @@ class E2EStack:
         return list(data["requests"] if isinstance(data, dict) else data)
 
     def restart_dead(self) -> None:
-        """Bring back any service a test killed, so the next test finds the full stack."""
+        """Bring back any service a test killed, so the next test finds the full stack (its
+        workers consuming: see `wait_consuming`)."""
         if not self.operator.is_alive():
             self.operator = stack.start_operator(self.env, launch=self.launch)
         self.workers = [
             w if w.is_alive() else stack.start_worker(i + 1, env=self.env, launch=self.launch)
             for i, w in enumerate(self.workers)
         ]
+        for worker in self.workers:
+            wait_consuming(worker)
+
+
+def wait_consuming(worker: components.Component, *, timeout: float = 30) -> None:
+    """Wait until ``worker`` pulls turns. A started worker answers on its metrics port before
+    it has connected to NATS and bound its consumer; it sets ``agentrun_worker_concurrency``
+    just as it starts consuming. Raises AssertionError after ``timeout`` seconds."""
+    url = f"http://127.0.0.1:{worker.ports['metrics']}/metrics"
+    end = time.monotonic() + timeout
+    while True:
+        lines = http_get(url).splitlines()
+        if any(
+            line.startswith("agentrun_worker_concurrency ") and float(line.split()[1]) > 0
+            for line in lines
+        ):
+            return
+        assert time.monotonic() < end, f"{worker.name} is not consuming after {timeout}s"
+        time.sleep(0.1)
 
 
 def http_get(url: str) -> str:
@@ -139,6 +159,8 @@ def e2e(
     )
     operator = stack.start_operator(env, launch=launch)
     workers = [stack.start_worker(i, env=env, launch=launch) for i in (1, 2)]
+    for worker in workers:
+        wait_consuming(worker)
     model = {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentModel",
