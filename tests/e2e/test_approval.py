@@ -50,6 +50,8 @@ def test_the_run_waits_then_an_approved_call_runs(stack_: E2EStack, test_namespa
     )
     assert pending["digest"] == kernel.digest_of("calculate", {"expression": "6*7"})
     assert status["usage"]["toolCalls"] == 1  # the sleep ran; the held call did not
+    # a negative check: nothing moves the run on without a decision. 1.5 s is three of the
+    # operator's status intervals, ample for a turn of this scenario to commit and show
     time.sleep(1.5)
     assert stack_.get(test_namespace, "approved")["status"]["phase"] == "AwaitingApproval"
     result = cli(stack_, "approve", "approved", "-n", test_namespace)
@@ -93,6 +95,8 @@ def test_an_approval_naming_other_arguments_is_not_applied(
         time.sleep(0.2)
     else:
         raise AssertionError("the forged approval annotation was never processed")
+    # a negative check: the annotation was read, and applied it would have resumed the run
+    # at once; a second (two status intervals) shows whether it did
     time.sleep(1.0)
     status = stack_.get(test_namespace, "forged")["status"]
     assert status["phase"] == "AwaitingApproval"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -224,16 +225,32 @@ def test_fifty_fast_turns_cause_far_fewer_than_fifty_status_writes(
         text=True,
         env=stack_.kubectl.env,
     )
+    seen: list[str] = []
+
+    def read() -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            if line.strip():
+                seen.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         stack_.apply(
             test_namespace,
             run_manifest("fifty", "E2E-FAST-FIFTY", budget={"maxSteps": 50, "onExhausted": "stop"}),
         )
         status = stack_.wait_terminal(test_namespace, "fifty")
-        time.sleep(1.0)
+        # the watch delivers the terminal write on its own schedule: wait until it has
+        deadline = time.monotonic() + 15
+        while not any(line.split()[-1] == "Failed" for line in list(seen)):
+            assert time.monotonic() < deadline, f"the watch never showed the end: {seen}"
+            time.sleep(0.1)
     finally:
         watch.terminate()
-    lines = [line for line in (watch.communicate(timeout=10)[0] or "").splitlines() if line.strip()]
+        watch.wait(timeout=10)
+        reader.join(timeout=10)
+    lines = list(seen)
     assert status["terminalReason"] == "max_steps" and status["usage"]["steps"] == 50
     versions = {line.split()[0] for line in lines}
     assert len(versions) < 25, f"{len(versions)} writes for 50 turns"
@@ -393,6 +410,8 @@ def test_cancelling_a_run_cancels_its_model_call_in_flight(
     stack_.kubectl(
         "annotate", "agentrun", "waiting", "-n", test_namespace, "agentrun.dev/cancel=true"
     )
-    status = stack_.wait_terminal(test_namespace, "waiting", timeout=20)
+    status = stack_.wait_terminal(test_namespace, "waiting", timeout=25)
     assert status["terminalReason"] == "cancelled"
-    assert time.monotonic() - started < 10  # not the 30 s the model would have taken
+    # not the 30 s the model takes to answer (it was called before ``started``); the room
+    # above the usual second or two is for a loaded machine
+    assert time.monotonic() - started < 20
