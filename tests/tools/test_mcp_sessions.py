@@ -195,7 +195,7 @@ def test_a_slow_tool_is_cut_at_its_timeout_and_the_next_call_works(
 
     err, took, after = with_pool(body)
     assert err.fault is ToolFault.TIMEOUT
-    assert took < 4.0  # cut at 1 s, not after the tool's 10 s
+    assert took < 6.0  # cut at 1 s, not after the tool's 10 s (room for a busy machine)
     assert after == "5"
 
 
@@ -214,7 +214,7 @@ def test_a_server_that_never_answers_is_bounded_by_the_timeout() -> None:
 
         err, took = with_pool(body)
     assert err.fault is ToolFault.TIMEOUT
-    assert took < 4.0
+    assert took < 6.0  # cut at 1 s, never waiting for an answer (room for a busy machine)
 
 
 def test_changed_header_values_get_a_new_session_and_are_never_kept_in_the_key(

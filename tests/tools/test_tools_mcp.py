@@ -130,7 +130,9 @@ def test_a_slow_tool_is_cut_at_its_timeout_as_an_infrastructure_fault(
     started = time.monotonic()
     err = failure(admitted(server.url, "slow", timeout=1.0), seconds=10)
     assert err.fault is ToolFault.TIMEOUT and err.fault.infrastructure
-    assert time.monotonic() - started < 3
+    # cut at 1 s, not after the tool's 10 s; the rest is the session's opening and closing,
+    # slower on a busy machine
+    assert time.monotonic() - started < 6
 
 
 def test_write_and_idempotent_calls_carry_the_idempotency_key(

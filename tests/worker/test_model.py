@@ -176,7 +176,7 @@ async def test_a_retry_after_past_the_deadline_ends_at_once_instead_of_waiting(
     with pytest.raises(ModelError, match="retry after 30 s, past the run's deadline") as caught:
         await ask(mock, "come back later", seconds_left=10)
     assert caught.value.fault is kernel.ModelFault.WAIT_BEYOND_DEADLINE
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # one call, not the 30 s wait (room for a busy host)
     assert len(mock.state.requests) == 1
 
 
