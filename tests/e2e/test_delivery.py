@@ -24,12 +24,18 @@ pytestmark = pytest.mark.e2e
 
 
 def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_completes(
-    stack_: E2EStack, test_namespace: str, nats_server: object
+    stack_: E2EStack,
+    test_namespace: str,
+    tenants: TenantFactory,  # noqa: F811
+    nats_server: object,
 ) -> None:
     """The lone worker running turn 0 dies and the TurnRequest it held is deleted from the
     stream: nothing would ever deliver it again. The operator finds the run Running with no
     turn queued or in flight within seconds and dispatches turn 0 again; the run completes
     with each turn committed once."""
+    # a tenant of its own: the deletion takes every queued turn of the run's tenant, and
+    # earlier tests' runs still going in the default tenant must keep theirs
+    tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000})
     for worker in stack_.workers:
         components.stop_component(worker)
     lone = stack.start_worker(3, env=stack_.env, launch=stack_.launch)
