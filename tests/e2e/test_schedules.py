@@ -259,7 +259,9 @@ def test_forbid_skips_while_a_run_runs_and_replace_cancels_it(
         ],
         timeout=60,
     )
-    assert "ReplacedRun" in reasons(stack_, ns, "replace")
+    # the operator queues its Events and posts them one at a time, so one may show after
+    # the state it speaks of: poll for it
+    wait_until("a ReplacedRun event", lambda: "ReplacedRun" in reasons(stack_, ns, "replace"))
     newer = [r for r in runs_of(stack_, ns, "replace") if scheduled(r) > scheduled(replaced[0])]
     assert newer, "the replacing run was created"
     stack_.kubectl("delete", "cronagentrun", "forbid", "replace", "-n", ns)
@@ -359,7 +361,8 @@ def test_an_unusable_schedule_is_not_ready_with_the_reason_and_creates_nothing(
 
     condition = wait_until("not Ready", ready)
     assert condition["reason"] == reason and condition["message"].startswith(f"{field}: ")
-    assert reason in reasons(stack_, ns, "broken")
+    # its Event is queued before the status is written, and posted after it may show
+    wait_until(f"a {reason} event", lambda: reason in reasons(stack_, ns, "broken"))
     time.sleep(2.5)  # a negative check: past the next time of the 2 s schedule, still no run
     assert runs_of(stack_, ns, "broken") == []
 
