@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -224,15 +225,16 @@ def test_describe_approve_cancel_and_rerun(stack_: E2EStack, test_namespace: str
         test_namespace, agent_run("held", "E2E-PLUGIN-AGENT", "calc", parameters={"team": "qa"})
     )
     stack_.wait_for(test_namespace, "held", lambda s: s.get("phase") == "AwaitingApproval")
-    described = plugin(stack_, "describe", "held", "-n", test_namespace)
-    assert described.returncode == 0, described.stderr
+    described = described_once(
+        stack_, test_namespace, "held", lambda r: "ApprovalRequested" in r.stdout
+    )
     text = described.stdout
     assert "Phase:         AwaitingApproval" in text
     assert "Agent:         calc (generation 1, sha256:" in text and "  team: qa" in text
     assert "Pending:       call 1 of 1 held for approval, decided in turn" in text
     assert '  → 1. calculate({"expression":"6*7"}) call c1: pending' in text
     assert "Approval:      calculate" in text
-    assert "ApprovalRequested" in text  # its Kubernetes Events
+    assert "ApprovalRequested" in text  # its Kubernetes Events (waited for above)
     approved = plugin(stack_, "approve", "held", "-n", test_namespace)
     assert approved.returncode == 0, approved.stderr
     assert stack_.wait_terminal(test_namespace, "held")["terminalReason"] == "completed"
@@ -249,8 +251,33 @@ def test_describe_approve_cancel_and_rerun(stack_: E2EStack, test_namespace: str
     cancelled = plugin(stack_, "cancel", new_name, "-n", test_namespace)
     assert cancelled.returncode == 0, cancelled.stderr
     assert stack_.wait_terminal(test_namespace, new_name)["terminalReason"] == "cancelled"
-    as_json = json.loads(
-        plugin(stack_, "describe", new_name, "-n", test_namespace, "-o", "json").stdout
-    )
+
+    def cancelled_event(result: subprocess.CompletedProcess[str]) -> bool:
+        return "Cancelled" in [e["reason"] for e in json.loads(result.stdout)["events"]]
+
+    described = described_once(stack_, test_namespace, new_name, cancelled_event, "-o", "json")
+    as_json = json.loads(described.stdout)
     assert as_json["object"]["status"]["terminalReason"] == "cancelled"
     assert "Cancelled" in [e["reason"] for e in as_json["events"]]
+
+
+def described_once(
+    stack_: E2EStack,
+    namespace: str,
+    name: str,
+    shows: Callable[[subprocess.CompletedProcess[str]], bool],
+    *args: str,
+    timeout: float = 30,
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl agentrun describe NAME ARGS`` once its output ``shows`` what is wanted. The
+    operator posts its Events from a queue after the status they speak of (a run's end only
+    once its status is written), so a describe right after a status change may not list the
+    Event yet. Raises AssertionError after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        result = plugin(stack_, "describe", name, "-n", namespace, *args)
+        assert result.returncode == 0, result.stderr
+        if shows(result):
+            return result
+        assert time.monotonic() < end, f"describe never showed it:\n{result.stdout}"
+        time.sleep(0.5)
