@@ -285,8 +285,12 @@ def test_an_operator_restart_mid_round_creates_no_second_run(
         "restart",
         lambda s: [r["phase"] for r in s.get("cases") or []].count("Running") == 2,
     )
-    created = sorted(r["metadata"]["name"] for r in eval_runs(stack_, ns, "restart"))
-    assert len(created) == 2
+    # read after the status: a case that ended meanwhile (3 s each) may have let the third
+    # one start, so parallelism is checked on the runs still going, not on how many exist
+    listed = eval_runs(stack_, ns, "restart")
+    created = sorted(r["metadata"]["name"] for r in listed)
+    going = [r for r in listed if not (r.get("status") or {}).get("terminalReason")]
+    assert len(created) >= 2 and len(going) <= 2, created
     components.kill_component(stack_.operator)
     time.sleep(1.5)
     stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
