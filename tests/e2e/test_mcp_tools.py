@@ -128,6 +128,10 @@ def test_a_tool_the_tenant_does_not_grant_is_refused_before_the_run_starts(
         stack_.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+SECOND = ("mcp-restart", 1)
+"""The model request of the restart scenario's second turn (scenario name, turn index)."""
+
+
 def test_a_run_completes_across_a_restart_of_its_tool_server(
     stack_: E2EStack, test_namespace: str, tmp_path: Path
 ) -> None:
@@ -140,9 +144,11 @@ def test_a_run_completes_across_a_restart_of_its_tool_server(
         wait_server(stack_, test_namespace, "again", "Discovered")
         tools = ["again/add", "again/count", "sleep"]
         stack_.apply(test_namespace, run_manifest("restart", "E2E-MCP-RESTART", tools=tools))
+        # the model is asked for the second turn once the first call's answer is in: the
+        # server's own log shows the call when it arrives, and a restart then would cut it
         end = time.monotonic() + 30
-        while not [r for r in again.requests() if r["method"] == "tools/call"]:
-            assert time.monotonic() < end, "the first call never reached the tool server"
+        while not [r for r in stack_.mock_requests() if (r["scenario"], r["turn"]) == SECOND]:
+            assert time.monotonic() < end, "the first call's result never reached the model"
             time.sleep(0.1)
         again.restart()  # while the run's second turn sleeps
         run = stack_.wait_terminal(test_namespace, "restart")
