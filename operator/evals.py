@@ -14,11 +14,19 @@ decision is made from what the API server holds (the suite, its runs by label, t
 of its status): an operator restart mid-round picks up where it was, and run names are
 deterministic, so a run is never created twice. A round is graded on the leader only: the
 controller is one of the parts ``wiring`` starts after the leader Lease is taken.
+
+What follows from a graded case (its count in ``agentrun_eval_cases_total``, its
+``CaseFailed`` Event) and from a round (its start and end Events, the pass ratio) is posted once
+the status recording it is written, and a case is counted once per round: a failed status
+write grades the case again on the retry, but the case graded and not yet counted is counted
+once, when a write records it (or the retry finds it recorded: a write applied whose reply was
+lost). The counts are the cases recorded, never one per grading.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -95,6 +103,9 @@ class EvalController:
         self._queued: set[EvalKey] = set()
         self._uses: dict[EvalKey, frozenset[str]] = {}
         """The Agents each known suite runs, so an Agent's change kicks them."""
+        self._unposted: dict[EvalKey, _Unposted] = {}
+        """Per suite: what this process decided in its current round and has not counted or
+        posted yet (it waits for a status write recording it)."""
         self._stopped = False
 
     def kick(self, namespace: str, name: str) -> None:
@@ -116,6 +127,7 @@ class EvalController:
     def forget(self, namespace: str, name: str) -> None:
         """AgentEval ``namespace/name`` was deleted (its runs go with it: they are owned)."""
         self._uses.pop((namespace, name), None)
+        self._unposted.pop((namespace, name), None)
         metrics.forget_eval(namespace, name)
 
     def stop(self) -> None:
@@ -159,12 +171,31 @@ class EvalController:
         round_ = Round(
             round_id(suite.generation, seen.values()), suite.generation, seen[spec.agent]
         )
+        unposted = self._unposted_of(suite, round_=round_.id, previous=previous)
         current = await self._runs_of_round(suite, round_.id)
         rows = await self._rows(suite, spec, round_, current=current, previous=previous)
         body = eval_status(rows, round_=round_, previous=previous, now=self.clock())
-        self._record_progress(suite, rows, round_=round_, previous=previous)
+        if verdict(rows).complete and not (
+            previous.get("completionTime") and _same_round(previous, round_.id)
+        ):
+            unposted.finish = True
         if not unchanged(body, previous):
             await self._write(suite, body)
+        # the status now records ``rows``: what follows from them is posted, once
+        self._post_recorded(suite, rows, round_=round_, unposted=unposted)
+
+    def _unposted_of(
+        self, suite: EvalRef, *, round_: str, previous: Mapping[str, Any]
+    ) -> _Unposted:
+        """The suite's ``_Unposted`` for ``round_``: a new one when this process had none for
+        it (an earlier round's news is never recorded, so never posted); its start is news
+        when the status is not of ``round_`` yet."""
+        key = (suite.namespace, suite.name)
+        found = self._unposted.get(key)
+        if found is None or found.round != round_:
+            found = _Unposted(round_, start=not _same_round(previous, round_))
+            self._unposted[key] = found
+        return found
 
     async def _rows(
         self,
@@ -179,6 +210,7 @@ class EvalController:
         run's; runs are created for waiting cases while fewer than ``parallelism`` are
         unfinished."""
         kept = previous_rows(previous, round_=round_.id)
+        uncounted = self._unposted[(suite.namespace, suite.name)].cases
         rows: list[CaseRow] = []
         waiting: list[tuple[int, EvalCase]] = []
         for case in spec.cases:
@@ -191,7 +223,9 @@ class EvalController:
                 waiting.append((len(rows), case))
                 rows.append(CaseRow(case.name, name, CasePhase.PENDING))
             elif (run.get("status") or {}).get("terminalReason"):
-                rows.append(await self._grade(suite, case, run, round_=round_.id))
+                graded = await self._grade(case, run, namespace=suite.namespace)
+                uncounted[case.name] = graded
+                rows.append(graded)
             else:
                 rows.append(CaseRow(case.name, name, CasePhase.RUNNING))
         room = spec.parallelism - sum(1 for r in rows if r.phase is CasePhase.RUNNING)
@@ -203,58 +237,68 @@ class EvalController:
             rows[index] = CaseRow(case.name, rows[index].run, CasePhase.RUNNING)
         return rows
 
-    async def _grade(
-        self, suite: EvalRef, case: EvalCase, run: Mapping[str, Any], *, round_: str
-    ) -> CaseRow:
-        """Grade a run that ended; count it and, when it failed, say so in an Event."""
+    async def _grade(self, case: EvalCase, run: Mapping[str, Any], *, namespace: str) -> CaseRow:
+        """The graded row of ``case`` whose ``run`` ended (nothing counted or posted here:
+        ``_post_recorded``)."""
         name = str(run["metadata"]["name"])
-        events = await self.runs.read_events(suite.namespace, name)
+        events = await self.runs.read_events(namespace, name)
         result = run_result(run.get("status") or {}, tools=grading.tools_called(events))
-        failures = grading.grade(case.expect, result)
-        row = graded_row(case.name, name, result, failures)
-        outcome = "failed" if failures else "passed"
-        metrics.EVAL_CASES.labels(namespace=suite.namespace, eval=suite.name, result=outcome).inc()
-        if failures:
-            self.events.record(
-                _involved(suite),
-                type=EventType.WARNING,
-                reason="CaseFailed",
-                message=f"case {case.name} (run {name}) failed: {row.message}",
-                key=(suite.uid, "CaseFailed", round_, case.name),
-            )
-        return row
+        return graded_row(case.name, name, result, grading.grade(case.expect, result))
 
-    def _record_progress(
-        self,
-        suite: EvalRef,
-        rows: Sequence[CaseRow],
-        *,
-        round_: Round,
-        previous: Mapping[str, Any],
+    def _post_recorded(
+        self, suite: EvalRef, rows: Sequence[CaseRow], *, round_: Round, unposted: _Unposted
     ) -> None:
-        """Events for a round that starts and one that finishes; the pass ratio gauge."""
-        same_round = previous.get("round") == round_.id
-        if not same_round:
-            agent = round_.agent
-            self.events.record(
-                _involved(suite),
-                type=EventType.NORMAL,
-                reason="EvaluationStarted",
-                message=(
-                    f"round {round_.id}: {len(rows)} cases against Agent {agent.name} "
-                    f"generation {agent.generation} (AgentEval generation {round_.generation})"
-                ),
-                key=(suite.uid, "EvaluationStarted", round_.id),
-            )
+        """What follows from ``rows``, which the status now records (written or found
+        written), each once (it leaves ``unposted``): the round's start, each case this
+        process graded (counted, and ``CaseFailed`` when it failed), the round's end; the pass
+        ratio gauge of a complete round."""
+        if unposted.start:
+            unposted.start = False
+            self._announce_start(suite, rows, round_=round_)
+        for row in rows:
+            graded = unposted.cases.get(row.name)
+            if graded is None or not row.graded or row.run != graded.run:
+                continue
+            del unposted.cases[row.name]
+            outcome = "failed" if row.phase is CasePhase.FAILED else "passed"
+            metrics.EVAL_CASES.labels(
+                namespace=suite.namespace, eval=suite.name, result=outcome
+            ).inc()
+            if row.phase is CasePhase.FAILED:
+                self.events.record(
+                    _involved(suite),
+                    type=EventType.WARNING,
+                    reason="CaseFailed",
+                    message=f"case {row.name} (run {row.run}) failed: {row.message}",
+                    key=(suite.uid, "CaseFailed", round_.id, row.name),
+                )
         found = verdict(rows)
-        was_complete = same_round and bool(previous.get("completionTime"))
         if not found.complete:
             return
         metrics.EVAL_PASS_RATIO.labels(namespace=suite.namespace, eval=suite.name).set(
             found.passed / found.total if found.total else 0.0
         )
-        if was_complete:
-            return
+        if unposted.finish:
+            unposted.finish = False
+            self._announce_finish(suite, rows, round_=round_)
+
+    def _announce_start(self, suite: EvalRef, rows: Sequence[CaseRow], *, round_: Round) -> None:
+        """The ``EvaluationStarted`` Event of ``round_``."""
+        agent = round_.agent
+        self.events.record(
+            _involved(suite),
+            type=EventType.NORMAL,
+            reason="EvaluationStarted",
+            message=(
+                f"round {round_.id}: {len(rows)} cases against Agent {agent.name} "
+                f"generation {agent.generation} (AgentEval generation {round_.generation})"
+            ),
+            key=(suite.uid, "EvaluationStarted", round_.id),
+        )
+
+    def _announce_finish(self, suite: EvalRef, rows: Sequence[CaseRow], *, round_: Round) -> None:
+        """The ``EvaluationFailed`` or ``EvaluationPassed`` Event of a complete round."""
+        found = verdict(rows)
         if found.failed:
             self.events.record(
                 _involved(suite),
@@ -373,3 +417,23 @@ class EvalController:
 
 def _involved(suite: EvalRef) -> Involved:
     return Involved("AgentEval", suite.name, suite.namespace, suite.uid)
+
+
+def _same_round(status: Mapping[str, Any], round_: str) -> bool:
+    """Whether an AgentEval's ``status`` is of ``round_``."""
+    return status.get("round") == round_
+
+
+@dataclasses.dataclass(slots=True)
+class _Unposted:
+    """What the controller decided in a suite's round and has not counted or posted yet: it is
+    posted once a status write records it (``EvalController._post_recorded``), so a failed
+    write, retried, never posts or counts anything twice."""
+
+    round: str
+    start: bool = False
+    """The round's ``EvaluationStarted`` is due."""
+    finish: bool = False
+    """The round's end (``EvaluationFailed`` or ``EvaluationPassed``) is due."""
+    cases: dict[str, CaseRow] = dataclasses.field(default_factory=dict)
+    """Cases graded by this process and not counted yet, by name."""
