@@ -174,6 +174,9 @@ class EvalController:
         unposted = self._unposted_of(suite, round_=round_.id, previous=previous)
         current = await self._runs_of_round(suite, round_.id)
         rows = await self._rows(suite, spec, round_, current=current, previous=previous)
+        kept = previous_rows(previous, round_=round_.id)
+        # the rows graded now (not read back from the status): counted once a write records them
+        unposted.cases.update((r.name, r) for r in rows if r.graded and kept.get(r.name) != r)
         body = eval_status(rows, round_=round_, previous=previous, now=self.clock())
         if verdict(rows).complete and not (
             previous.get("completionTime") and _same_round(previous, round_.id)
@@ -210,7 +213,6 @@ class EvalController:
         run's; runs are created for waiting cases while fewer than ``parallelism`` are
         unfinished."""
         kept = previous_rows(previous, round_=round_.id)
-        uncounted = self._unposted[(suite.namespace, suite.name)].cases
         rows: list[CaseRow] = []
         waiting: list[tuple[int, EvalCase]] = []
         for case in spec.cases:
@@ -223,9 +225,7 @@ class EvalController:
                 waiting.append((len(rows), case))
                 rows.append(CaseRow(case.name, name, CasePhase.PENDING))
             elif (run.get("status") or {}).get("terminalReason"):
-                graded = await self._grade(case, run, namespace=suite.namespace)
-                uncounted[case.name] = graded
-                rows.append(graded)
+                rows.append(await self._grade(case, run, namespace=suite.namespace))
             else:
                 rows.append(CaseRow(case.name, name, CasePhase.RUNNING))
         room = spec.parallelism - sum(1 for r in rows if r.phase is CasePhase.RUNNING)
