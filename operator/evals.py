@@ -4,7 +4,8 @@ What belongs here: the reconcile of one AgentEval (read it and its Agents, decid
 delete the runs of earlier rounds, grade the runs that ended, create runs up to the suite's
 parallelism, write ``.status``, post Events and count metrics) and the one loop that runs
 reconciles one at a time. What does not: the rules (``evalspec``: the spec; ``evalstatus``:
-rounds, run names and manifests, the status body; ``agentrun.grading``: grading), the kopf
+rounds, run names and manifests, the status body; ``agentrun.grading``: grading;
+``evalnews``: the counts and Events, told once the status recording them is written), the kopf
 entry points (``evalhandlers``).
 
 Reconciles are requested with ``kick`` (a suite changed, one of its runs ended or went away,
@@ -14,22 +15,14 @@ decision is made from what the API server holds (the suite, its runs by label, t
 of its status): an operator restart mid-round picks up where it was, and run names are
 deterministic, so a run is never created twice. A round is graded on the leader only: the
 controller is one of the parts ``wiring`` starts after the leader Lease is taken.
-
-What follows from a graded case (its count in ``agentrun_eval_cases_total``, its
-``CaseFailed`` Event) and from a round (its start and end Events, the pass ratio) is posted once
-the status recording it is written, and a case is counted once per round: a failed status
-write grades the case again on the retry, but the case graded and not yet counted is counted
-once, when a write records it (or the retry finds it recorded: a write applied whose reply was
-lost). The counts are the cases recorded, never one per grading.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client
@@ -39,6 +32,7 @@ from agentrun import grading, kube, metrics
 from agentrun.protocol import RunEvent
 
 from . import agents
+from .evalnews import EvalNews, involved
 from .evalspec import EvalCase, EvalSpec
 from .evalstatus import (
     CASE_LABEL,
@@ -50,7 +44,6 @@ from .evalstatus import (
     EvalRef,
     Round,
     eval_status,
-    failed_cases_text,
     graded_row,
     invalid_status,
     previous_rows,
@@ -59,9 +52,8 @@ from .evalstatus import (
     run_name,
     run_result,
     unchanged,
-    verdict,
 )
-from .recorder import EventRecorder, EventType, Involved
+from .recorder import EventRecorder, EventType
 from .specs import SpecError
 from .statuswriter import MERGE_PATCH
 
@@ -97,15 +89,14 @@ class EvalController:
         self.objects = client.CustomObjectsApi(api)
         self.runs = runs
         self.events = events
+        self.news = EvalNews(events)
+        """Tells the counts and Events of what a written status records, each once."""
         self.retry = retry
         self.clock = clock
         self._queue: asyncio.Queue[EvalKey] = asyncio.Queue()
         self._queued: set[EvalKey] = set()
         self._uses: dict[EvalKey, frozenset[str]] = {}
         """The Agents each known suite runs, so an Agent's change kicks them."""
-        self._unposted: dict[EvalKey, _Unposted] = {}
-        """Per suite: what this process decided in its current round and has not counted or
-        posted yet (it waits for a status write recording it)."""
         self._stopped = False
 
     def kick(self, namespace: str, name: str) -> None:
@@ -127,7 +118,7 @@ class EvalController:
     def forget(self, namespace: str, name: str) -> None:
         """AgentEval ``namespace/name`` was deleted (its runs go with it: they are owned)."""
         self._uses.pop((namespace, name), None)
-        self._unposted.pop((namespace, name), None)
+        self.news.forget(namespace, name)
         metrics.forget_eval(namespace, name)
 
     def stop(self) -> None:
@@ -171,34 +162,13 @@ class EvalController:
         round_ = Round(
             round_id(suite.generation, seen.values()), suite.generation, seen[spec.agent]
         )
-        unposted = self._unposted_of(suite, round_=round_.id, previous=previous)
         current = await self._runs_of_round(suite, round_.id)
         rows = await self._rows(suite, spec, round_, current=current, previous=previous)
-        kept = previous_rows(previous, round_=round_.id)
-        # the rows graded now (not read back from the status): counted once a write records them
-        unposted.cases.update((r.name, r) for r in rows if r.graded and kept.get(r.name) != r)
         body = eval_status(rows, round_=round_, previous=previous, now=self.clock())
-        if verdict(rows).complete and not (
-            previous.get("completionTime") and _same_round(previous, round_.id)
-        ):
-            unposted.finish = True
+        self.news.note(suite, rows, round_=round_.id, previous=previous)
         if not unchanged(body, previous):
-            await self._write(suite, body)
-        # the status now records ``rows``: what follows from them is posted, once
-        self._post_recorded(suite, rows, round_=round_, unposted=unposted)
-
-    def _unposted_of(
-        self, suite: EvalRef, *, round_: str, previous: Mapping[str, Any]
-    ) -> _Unposted:
-        """The suite's ``_Unposted`` for ``round_``: a new one when this process had none for
-        it (an earlier round's news is never recorded, so never posted); its start is news
-        when the status is not of ``round_`` yet."""
-        key = (suite.namespace, suite.name)
-        found = self._unposted.get(key)
-        if found is None or found.round != round_:
-            found = _Unposted(round_, start=not _same_round(previous, round_))
-            self._unposted[key] = found
-        return found
+            await self._write(suite, body)  # raises when it fails: nothing is told twice
+        self.news.tell(suite, rows, round_=round_)
 
     async def _rows(
         self,
@@ -238,83 +208,12 @@ class EvalController:
         return rows
 
     async def _grade(self, case: EvalCase, run: Mapping[str, Any], *, namespace: str) -> CaseRow:
-        """The graded row of ``case`` whose ``run`` ended (nothing counted or posted here:
-        ``_post_recorded``)."""
+        """The graded row of ``case``, whose ``run`` ended (counted when a status write records
+        it: ``EvalNews``)."""
         name = str(run["metadata"]["name"])
         events = await self.runs.read_events(namespace, name)
         result = run_result(run.get("status") or {}, tools=grading.tools_called(events))
         return graded_row(case.name, name, result, grading.grade(case.expect, result))
-
-    def _post_recorded(
-        self, suite: EvalRef, rows: Sequence[CaseRow], *, round_: Round, unposted: _Unposted
-    ) -> None:
-        """What follows from ``rows``, which the status now records (written or found
-        written), each once (it leaves ``unposted``): the round's start, each case this
-        process graded (counted, and ``CaseFailed`` when it failed), the round's end; the pass
-        ratio gauge of a complete round."""
-        if unposted.start:
-            unposted.start = False
-            self._announce_start(suite, rows, round_=round_)
-        for row in rows:
-            graded = unposted.cases.get(row.name)
-            if graded is None or not row.graded or row.run != graded.run:
-                continue
-            del unposted.cases[row.name]
-            outcome = "failed" if row.phase is CasePhase.FAILED else "passed"
-            metrics.EVAL_CASES.labels(
-                namespace=suite.namespace, eval=suite.name, result=outcome
-            ).inc()
-            if row.phase is CasePhase.FAILED:
-                self.events.record(
-                    _involved(suite),
-                    type=EventType.WARNING,
-                    reason="CaseFailed",
-                    message=f"case {row.name} (run {row.run}) failed: {row.message}",
-                    key=(suite.uid, "CaseFailed", round_.id, row.name),
-                )
-        found = verdict(rows)
-        if not found.complete:
-            return
-        metrics.EVAL_PASS_RATIO.labels(namespace=suite.namespace, eval=suite.name).set(
-            found.passed / found.total if found.total else 0.0
-        )
-        if unposted.finish:
-            unposted.finish = False
-            self._announce_finish(suite, rows, round_=round_)
-
-    def _announce_start(self, suite: EvalRef, rows: Sequence[CaseRow], *, round_: Round) -> None:
-        """The ``EvaluationStarted`` Event of ``round_``."""
-        agent = round_.agent
-        self.events.record(
-            _involved(suite),
-            type=EventType.NORMAL,
-            reason="EvaluationStarted",
-            message=(
-                f"round {round_.id}: {len(rows)} cases against Agent {agent.name} "
-                f"generation {agent.generation} (AgentEval generation {round_.generation})"
-            ),
-            key=(suite.uid, "EvaluationStarted", round_.id),
-        )
-
-    def _announce_finish(self, suite: EvalRef, rows: Sequence[CaseRow], *, round_: Round) -> None:
-        """The ``EvaluationFailed`` or ``EvaluationPassed`` Event of a complete round."""
-        found = verdict(rows)
-        if found.failed:
-            self.events.record(
-                _involved(suite),
-                type=EventType.WARNING,
-                reason="EvaluationFailed",
-                message=f"round {round_.id}: {failed_cases_text(rows)}",
-                key=(suite.uid, "EvaluationFinished", round_.id),
-            )
-        else:
-            self.events.record(
-                _involved(suite),
-                type=EventType.NORMAL,
-                reason="EvaluationPassed",
-                message=f"round {round_.id}: {found.total} of {found.total} cases passed",
-                key=(suite.uid, "EvaluationFinished", round_.id),
-            )
 
     async def _invalid(self, suite: EvalRef, message: str, previous: Mapping[str, Any]) -> None:
         """A spec the operator cannot run: no runs (earlier rounds' deleted), Failed."""
@@ -325,7 +224,7 @@ class EvalController:
         if unchanged(body, previous):
             return
         self.events.record(
-            _involved(suite),
+            involved(suite),
             type=EventType.WARNING,
             reason="InvalidSpec",
             message=message,
@@ -413,27 +312,3 @@ class EvalController:
         except ApiException as err:
             if err.status not in (404, 409):  # gone, or replaced by a new object of the name
                 raise
-
-
-def _involved(suite: EvalRef) -> Involved:
-    return Involved("AgentEval", suite.name, suite.namespace, suite.uid)
-
-
-def _same_round(status: Mapping[str, Any], round_: str) -> bool:
-    """Whether an AgentEval's ``status`` is of ``round_``."""
-    return status.get("round") == round_
-
-
-@dataclasses.dataclass(slots=True)
-class _Unposted:
-    """What the controller decided in a suite's round and has not counted or posted yet: it is
-    posted once a status write records it (``EvalController._post_recorded``), so a failed
-    write, retried, never posts or counts anything twice."""
-
-    round: str
-    start: bool = False
-    """The round's ``EvaluationStarted`` is due."""
-    finish: bool = False
-    """The round's end (``EvaluationFailed`` or ``EvaluationPassed``) is due."""
-    cases: dict[str, CaseRow] = dataclasses.field(default_factory=dict)
-    """Cases graded by this process and not counted yet, by name."""
