@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from typing import Any
 
 import pytest
@@ -185,8 +186,16 @@ def test_live_objects_get_the_expected_health(
     found = sample("AgentTenant", "healthy", get(stack_, "agenttenant", tenant), "Healthy")
     assert found["message"] == "0 active, 0 queued runs"
     stack_.apply(ns, run_manifest("long", "E2E-LONG argo"))
-    stack_.wait_for(ns, "long", lambda s: s.get("phase") == "Running" and s.get("usage"))
-    found = sample("AgentRun", "running", get(stack_, "agentrun", "long", ns), "Progressing")
+    # the object sampled is the one seen running: a second read could find the run ended
+    end = time.monotonic() + 60
+    while True:
+        running = get(stack_, "agentrun", "long", ns)
+        shown = running.get("status") or {}
+        if shown.get("phase") == "Running" and shown.get("usage"):
+            break
+        assert time.monotonic() < end, f"long never showed Running with usage: {shown}"
+        time.sleep(0.25)
+    found = sample("AgentRun", "running", running, "Progressing")
     assert found["message"].startswith("Running: ")
     append_scenario(
         stack_,
@@ -235,8 +244,6 @@ def test_live_objects_get_the_expected_health(
 
 
 def wait_agent_checked(stack_: E2EStack, namespace: str, name: str) -> dict[str, Any]:
-    import time
-
     end = time.monotonic() + 30
     while True:
         obj = get(stack_, "agent", name, namespace)
