@@ -53,7 +53,9 @@ from .evalstatus import (
     unchanged,
     verdict,
 )
+from .lifecycle import KubeRunDeleter
 from .recorder import EventRecorder, EventType, Involved
+from .runs import RunKey
 from .specs import SpecError
 from .statuswriter import MERGE_PATCH
 
@@ -87,6 +89,7 @@ class EvalController:
         seconds."""
         self.api = api
         self.objects = client.CustomObjectsApi(api)
+        self.deleter = KubeRunDeleter(api)
         self.runs = runs
         self.events = events
         self.retry = retry
@@ -256,21 +259,17 @@ class EvalController:
         if was_complete:
             return
         if found.failed:
-            self.events.record(
-                _involved(suite),
-                type=EventType.WARNING,
-                reason="EvaluationFailed",
-                message=f"round {round_.id}: {failed_cases_text(rows)}",
-                key=(suite.uid, "EvaluationFinished", round_.id),
-            )
+            kind, reason, text = EventType.WARNING, "EvaluationFailed", failed_cases_text(rows)
         else:
-            self.events.record(
-                _involved(suite),
-                type=EventType.NORMAL,
-                reason="EvaluationPassed",
-                message=f"round {round_.id}: {found.total} of {found.total} cases passed",
-                key=(suite.uid, "EvaluationFinished", round_.id),
-            )
+            kind, reason = EventType.NORMAL, "EvaluationPassed"
+            text = f"{found.total} of {found.total} cases passed"
+        self.events.record(
+            _involved(suite),
+            type=kind,
+            reason=reason,
+            message=f"round {round_.id}: {text}",
+            key=(suite.uid, "EvaluationFinished", round_.id),
+        )
 
     async def _invalid(self, suite: EvalRef, message: str, previous: Mapping[str, Any]) -> None:
         """A spec the operator cannot run: no runs (earlier rounds' deleted), Failed."""
@@ -329,7 +328,8 @@ class EvalController:
             if labels.get(ROUND_LABEL) == round_ and round_:
                 current[str(labels.get(CASE_LABEL, ""))] = run
             elif not meta.get("deletionTimestamp"):
-                await self._delete(suite.namespace, str(meta["name"]), str(meta.get("uid", "")))
+                run_key = RunKey(suite.namespace, str(meta["name"]), str(meta.get("uid", "")))
+                await self.deleter.delete(run_key)
         return current
 
     async def _create(self, namespace: str, manifest: dict[str, Any]) -> None:
@@ -339,20 +339,6 @@ class EvalController:
             )
         except ApiException as err:
             if err.status != 409:  # created before (a restart, a lost reply): the same run
-                raise
-
-    async def _delete(self, namespace: str, name: str, uid: str) -> None:
-        try:
-            await self.objects.delete_namespaced_custom_object(
-                kube.GROUP,
-                kube.VERSION,
-                namespace,
-                kube.RUNS,
-                name,
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
-            )
-        except ApiException as err:
-            if err.status not in (404, 409):
                 raise
 
     async def _write(self, suite: EvalRef, body: Mapping[str, Any]) -> None:

@@ -22,6 +22,7 @@ from agentrun.ledger.entries import (
     BUDGET_HELD,
     TURN_COMMITTED,
     WAITER_TTL,
+    Amount,
     BudgetRefusal,
     Hold,
     Waiter,
@@ -140,30 +141,23 @@ def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | 
     deliveries.set_aside(book, key, owner=hold.owner)
     previous = book.holds.pop(key, None)
     limits = book.limits
-    if limits.tokens is not None:
-        after = book.used_tokens + book.reserved_tokens + hold.tokens
-        if after > limits.tokens:
-            return _refuse(
-                book,
-                key,
-                previous,
-                "tokens",
-                f"tenant {book.tenant!r} tokens: {book.used_tokens} used + "
-                f"{book.reserved_tokens} reserved + {hold.tokens} for this call "
-                f"exceeds {limits.tokens}",
-            )
-    if limits.cost_usd is not None:
-        cost_after = book.used_cost + book.reserved_cost + hold.cost_usd
-        if cost_after > limits.cost_usd:
-            return _refuse(
-                book,
-                key,
-                previous,
-                "costUSD",
-                f"tenant {book.tenant!r} costUSD: {book.used_cost} used + "
-                f"{book.reserved_cost} reserved + {hold.cost_usd} for this call "
-                f"exceeds {limits.cost_usd}",
-            )
+    over = _over_limit(
+        "tokens",
+        book,
+        used=book.used_tokens,
+        reserved=book.reserved_tokens,
+        extra=hold.tokens,
+        limit=limits.tokens,
+    ) or _over_limit(
+        "costUSD",
+        book,
+        used=book.used_cost,
+        reserved=book.reserved_cost,
+        extra=hold.cost_usd,
+        limit=limits.cost_usd,
+    )
+    if over is not None:
+        return _refuse(book, key, previous, *over)
     if limits.wall_seconds is not None and book.wall_used(now) >= limits.wall_seconds:
         return _refuse(
             book,
@@ -322,6 +316,25 @@ def _wall_message(book: Book, now: float) -> str:
 def stop_waiting(book: Book, key: str) -> bool:
     """The call ``key`` no longer waits (its turn was given up); True if it did."""
     return book.waiting.pop(key, None) is not None
+
+
+def _over_limit(
+    resource: str,
+    book: Book,
+    *,
+    used: Amount,
+    reserved: Amount,
+    extra: Amount,
+    limit: Amount | None,
+) -> tuple[str, str] | None:
+    """``resource`` and the refusal's message when ``used + reserved + extra`` (tokens, or
+    USD) exceeds ``limit`` (``None``: unlimited); else ``None``."""
+    if limit is None or used + reserved + extra <= limit:
+        return None
+    return resource, (
+        f"tenant {book.tenant!r} {resource}: {used} used + {reserved} reserved + {extra} "
+        f"for this call exceeds {limit}"
+    )
 
 
 def _refuse(
