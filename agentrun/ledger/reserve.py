@@ -141,21 +141,10 @@ def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | 
     deliveries.set_aside(book, key, owner=hold.owner)
     previous = book.holds.pop(key, None)
     limits = book.limits
-    over = _over_limit(
-        "tokens",
-        book,
-        used=book.used_tokens,
-        reserved=book.reserved_tokens,
-        extra=hold.tokens,
-        limit=limits.tokens,
-    ) or _over_limit(
-        "costUSD",
-        book,
-        used=book.used_cost,
-        reserved=book.reserved_cost,
-        extra=hold.cost_usd,
-        limit=limits.cost_usd,
-    )
+    tokens = (book.used_tokens, book.reserved_tokens, hold.tokens)
+    cost = (book.used_cost, book.reserved_cost, hold.cost_usd)
+    over = _over_limit("tokens", amounts=tokens, limit=limits.tokens, tenant=book.tenant)
+    over = over or _over_limit("costUSD", amounts=cost, limit=limits.cost_usd, tenant=book.tenant)
     if over is not None:
         return _refuse(book, key, previous, *over)
     if limits.wall_seconds is not None and book.wall_used(now) >= limits.wall_seconds:
@@ -319,20 +308,16 @@ def stop_waiting(book: Book, key: str) -> bool:
 
 
 def _over_limit(
-    resource: str,
-    book: Book,
-    *,
-    used: Amount,
-    reserved: Amount,
-    extra: Amount,
-    limit: Amount | None,
+    resource: str, *, amounts: tuple[Amount, Amount, Amount], limit: Amount | None, tenant: str
 ) -> tuple[str, str] | None:
-    """``resource`` and the refusal's message when ``used + reserved + extra`` (tokens, or
-    USD) exceeds ``limit`` (``None``: unlimited); else ``None``."""
+    """``resource`` and the refusal's message when its ``amounts`` (used, reserved, this
+    call's hold: tokens, or USD) add up to more than ``limit`` (``None``: unlimited); else
+    ``None``."""
+    used, reserved, extra = amounts
     if limit is None or used + reserved + extra <= limit:
         return None
     return resource, (
-        f"tenant {book.tenant!r} {resource}: {used} used + {reserved} reserved + {extra} "
+        f"tenant {tenant!r} {resource}: {used} used + {reserved} reserved + {extra} "
         f"for this call exceeds {limit}"
     )
 
