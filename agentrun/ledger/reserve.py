@@ -82,20 +82,12 @@ def admission_refusal(
     never will this window; ``BudgetHeld`` when it does, but not next to the holds in
     flight and the oldest waiting call (running runs go first); else ``None``."""
     limits = book.limits
-    if limits.tokens is not None and book.used_tokens + need_tokens > limits.tokens:
-        return BudgetRefusal(
-            BUDGET_EXHAUSTED,
-            "tokens",
-            f"tokens: {book.used_tokens} used of {limits.tokens} this window; a first "
-            f"call needs up to {need_tokens}",
-        )
-    if limits.cost_usd is not None and book.used_cost + need_cost > limits.cost_usd:
-        return BudgetRefusal(
-            BUDGET_EXHAUSTED,
-            "costUSD",
-            f"costUSD: {book.used_cost} used of {limits.cost_usd} this window; a first "
-            f"call needs up to {need_cost}",
-        )
+    refusal = _beyond_used("tokens", used=book.used_tokens, need=need_tokens, limit=limits.tokens)
+    refusal = refusal or _beyond_used(
+        "costUSD", used=book.used_cost, need=need_cost, limit=limits.cost_usd
+    )
+    if refusal is not None:
+        return refusal
     if _wall_exhausted(book, now):
         return BudgetRefusal(BUDGET_EXHAUSTED, "wallClockSeconds", _wall_message(book, now))
     _drop_expired_waiters(book, now)
@@ -305,6 +297,20 @@ def _wall_message(book: Book, now: float) -> str:
 def stop_waiting(book: Book, key: str) -> bool:
     """The call ``key`` no longer waits (its turn was given up); True if it did."""
     return book.waiting.pop(key, None) is not None
+
+
+def _beyond_used(
+    resource: str, *, used: Amount, need: Amount, limit: Amount | None
+) -> BudgetRefusal | None:
+    """``BudgetExhausted`` when ``need`` does not fit next to what is ``used`` of ``limit``
+    (``None``: unlimited) — it never will this window; else ``None``."""
+    if limit is None or used + need <= limit:
+        return None
+    return BudgetRefusal(
+        BUDGET_EXHAUSTED,
+        resource,
+        f"{resource}: {used} used of {limit} this window; a first call needs up to {need}",
+    )
 
 
 def _over_limit(
