@@ -10,7 +10,10 @@ wins) before the call is sent, ``done`` with its result after it answered. Runni
 again finds the entry: ``done`` replays the recorded result, and ``prepared`` — sent, outcome
 unknown — is never re-sent: the call's result says so with the fault ``effect_unknown``, which
 ends the run with that reason. An entry records a digest of the call's name and arguments; a
-different call under the same key is never given another call's result.
+different call under the same key is never given another call's result. An entry holds at most
+what one message on the bus may (its server's ``max_payload``, less room for headers): a result
+that would not fit is recorded cut, with the marker tool results are cut with, and that cut
+result is what the call answers, first time and replayed alike.
 
 What does not belong here: deciding the run's end (the kernel), which tools have effects (their
 ``ToolSpec.effect``). Ledger failures (NATS away) raise ``EffectLedgerUnavailable``: the turn is
@@ -30,7 +33,7 @@ import nats.js.errors
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
-from agentrun import kernel
+from agentrun import kernel, natsclient
 from agentrun.ledger import LedgerUnavailable
 
 __all__ = [
@@ -41,10 +44,15 @@ __all__ = [
     "EffectState",
     "call_digest",
     "effect_key",
+    "fit_entry",
     "unknown_result",
 ]
 
 BUCKET = "AGENTRUN_EFFECTS"
+DEFAULT_ENTRY_CAP = kernel.MESSAGE_CAP - natsclient.HEADER_ROOM
+"""The most bytes one entry may take on a nats-server with the default ``max_payload``."""
+MIN_ENTRY_CAP = 4096
+"""The least ``entry_cap`` a ledger takes: an entry's keys, digest and a cut result's marker."""
 TTL_SECONDS = 7 * 24 * 3600
 """Entries expire after a week (longer than any run's timeout, at most 24 h)."""
 
@@ -123,15 +131,47 @@ def _decode(data: bytes, call: kernel.CheckedCall) -> EffectEntry:
     return EffectEntry(EffectState(raw["state"]), str(raw["digest"]), result)
 
 
+def fit_entry(entry: EffectEntry, cap: int) -> tuple[EffectEntry, bytes]:
+    """``entry`` and its encoding, its result's content cut (``kernel.clip_result``, marker
+    included) so the encoding takes at most ``cap`` bytes; ``entry`` itself when it fits.
+    Raises ``ValueError`` when ``cap`` cannot hold the entry even with an empty result."""
+    data = _encode(entry)
+    result = entry.result
+    if len(data) <= cap or result is None:
+        return entry, data
+    content = result.content
+    limit = len(content.encode("utf-8", "surrogatepass"))
+    while True:
+        # escapes make the stored text longer than its UTF-8 bytes: shrink in proportion
+        limit = max(0, limit * cap // len(data) - 64)
+        cut = dataclasses.replace(result, content=kernel.clip_result(content, limit))
+        fitted = dataclasses.replace(entry, result=cut)
+        data = _encode(fitted)
+        if len(data) <= cap:
+            return fitted, data
+        if limit == 0:
+            raise ValueError(f"an effect entry cannot fit in {cap} bytes")
+
+
 class EffectLedger:
     """The ledger over one KV bucket. Create with ``EffectLedger.open``."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, *, entry_cap: int = DEFAULT_ENTRY_CAP) -> None:
+        """``entry_cap``: the most bytes one entry may take (the bus's payload cap). Raises
+        ``ValueError`` below ``MIN_ENTRY_CAP``."""
+        if entry_cap < MIN_ENTRY_CAP:
+            raise ValueError(f"entry_cap {entry_cap} is below {MIN_ENTRY_CAP} bytes")
         self._kv = kv
+        self.entry_cap = entry_cap
+        """The most bytes one entry may take; a larger result is recorded cut."""
 
     @classmethod
-    async def open(cls, js: JetStreamContext, *, bucket: str = BUCKET) -> EffectLedger:
-        """Bind (creating it if missing) the bucket ``AGENTRUN_EFFECTS``."""
+    async def open(
+        cls, js: JetStreamContext, *, bucket: str = BUCKET, entry_cap: int = DEFAULT_ENTRY_CAP
+    ) -> EffectLedger:
+        """Bind (creating it if missing) the bucket ``AGENTRUN_EFFECTS``; ``entry_cap``: the
+        most bytes one entry may take — pass the bus's (``Bus.event_cap``). Raises
+        ``ValueError`` below ``MIN_ENTRY_CAP``."""
         try:
             kv = await js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:
@@ -140,7 +180,7 @@ class EffectLedger:
                     bucket=bucket, history=1, ttl=TTL_SECONDS, storage=api.StorageType.FILE
                 )
             )
-        return cls(kv)
+        return cls(kv, entry_cap=entry_cap)
 
     async def prepare(self, run_uid: str, call: kernel.CheckedCall) -> EffectEntry | None:
         """Record ``call`` as about to be sent; ``None`` when this is its first record (send
@@ -161,14 +201,21 @@ class EffectLedger:
         assert found.value is not None
         return _decode(found.value, call)
 
-    async def done(self, run_uid: str, call: kernel.CheckedCall, result: kernel.ToolResult) -> None:
-        """Record ``call``'s result. Raises ``EffectLedgerUnavailable``."""
+    async def done(
+        self, run_uid: str, call: kernel.CheckedCall, result: kernel.ToolResult
+    ) -> kernel.ToolResult:
+        """Record ``call``'s result; the result as recorded: ``result``, or its content cut
+        (``fit_entry``) when the entry would take more than ``entry_cap`` bytes. Raises
+        ``EffectLedgerUnavailable``."""
         key = effect_key(run_uid, call.id)
         entry = EffectEntry(EffectState.DONE, call_digest(call), result)
+        entry, data = fit_entry(entry, self.entry_cap)
         try:
-            await self._kv.put(key, _encode(entry))
+            await self._kv.put(key, data)
         except Exception as err:
             raise EffectLedgerUnavailable(f"cannot record {key}: {err!r}") from err
+        assert entry.result is not None
+        return entry.result
 
     async def claim(self, run_uid: str, call: kernel.CheckedCall) -> kernel.ToolResult | None:
         """Claim ``call`` for sending, or say what to answer instead: ``None`` when it was never

@@ -13,6 +13,13 @@ import pydantic
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agentrun.kernel import bounds
+
+TOOL_RESULT_MAX_BYTES_LIMIT = bounds.results_budget(bounds.MESSAGE_CAP)
+"""The most ``AGENTRUN_TOOL_RESULT_MAX_BYTES`` may be (524288): what one turn's tool results
+may take together at NATS's default ``max_payload`` of 1 MiB. A write call's result is stored
+in its effect-ledger entry and in the turn's event, each one message on the bus."""
+
 
 class ProcessSettings(BaseSettings):
     """Settings shared by ``agentrun-operator`` and ``agentrun-worker``.
@@ -95,7 +102,8 @@ class WorkerSettings(ProcessSettings):
     tool_timeout: float = Field(default=60.0, gt=0)
     """``AGENTRUN_TOOL_TIMEOUT``: seconds one tool call may take."""
     tool_result_max_bytes: int = Field(default=16_384, ge=256)
-    """``AGENTRUN_TOOL_RESULT_MAX_BYTES``: cap of one tool result in UTF-8 bytes."""
+    """``AGENTRUN_TOOL_RESULT_MAX_BYTES``: cap of one tool result in UTF-8 bytes, at most
+    ``TOOL_RESULT_MAX_BYTES_LIMIT``."""
     prometheus_url: str | None = None
     """``AGENTRUN_PROMETHEUS_URL``: the Prometheus the ``prometheus_query`` tool queries, e.g.
     ``http://prometheus.monitoring.svc:9090``; unset: its calls fail saying so."""
@@ -105,3 +113,14 @@ class WorkerSettings(ProcessSettings):
     exponential backoff from 0.5 s, within the run's deadline."""
     hold_ttl: float = Field(default=60.0, gt=0)
     """``AGENTRUN_HOLD_TTL``: seconds a ledger hold outlives its last refresh."""
+
+    @pydantic.field_validator("tool_result_max_bytes")
+    @classmethod
+    def _result_fits_a_turn(cls, value: int) -> int:
+        if value > TOOL_RESULT_MAX_BYTES_LIMIT:
+            raise ValueError(
+                f"AGENTRUN_TOOL_RESULT_MAX_BYTES={value} is over its limit of "
+                f"{TOOL_RESULT_MAX_BYTES_LIMIT} bytes (what one turn's tool results may take "
+                "together in its event on the bus: half of NATS's default max_payload of 1 MiB)"
+            )
+        return value

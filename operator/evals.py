@@ -4,7 +4,8 @@ What belongs here: the reconcile of one AgentEval (read it and its Agents, decid
 delete the runs of earlier rounds, grade the runs that ended, create runs up to the suite's
 parallelism, write ``.status``, post Events and count metrics) and the one loop that runs
 reconciles one at a time. What does not: the rules (``evalspec``: the spec; ``evalstatus``:
-rounds, run names and manifests, the status body; ``agentrun.grading``: grading), the kopf
+rounds, run names and manifests, the status body; ``agentrun.grading``: grading;
+``evalnews``: the counts and Events, told once the status recording them is written), the kopf
 entry points (``evalhandlers``).
 
 Reconciles are requested with ``kick`` (a suite changed, one of its runs ended or went away,
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client
@@ -31,6 +32,7 @@ from agentrun import grading, kube, metrics
 from agentrun.protocol import RunEvent
 
 from . import agents
+from .evalnews import EvalNews, involved
 from .evalspec import EvalCase, EvalSpec
 from .evalstatus import (
     CASE_LABEL,
@@ -42,7 +44,6 @@ from .evalstatus import (
     EvalRef,
     Round,
     eval_status,
-    failed_cases_text,
     graded_row,
     invalid_status,
     previous_rows,
@@ -51,10 +52,9 @@ from .evalstatus import (
     run_name,
     run_result,
     unchanged,
-    verdict,
 )
 from .lifecycle import KubeRunDeleter
-from .recorder import EventRecorder, EventType, Involved
+from .recorder import EventRecorder, EventType
 from .runs import RunKey
 from .specs import SpecError
 from .statuswriter import MERGE_PATCH
@@ -92,6 +92,8 @@ class EvalController:
         self.deleter = KubeRunDeleter(api)
         self.runs = runs
         self.events = events
+        self.news = EvalNews(events)
+        """Tells the counts and Events of what a written status records, each once."""
         self.retry = retry
         self.clock = clock
         self._queue: asyncio.Queue[EvalKey] = asyncio.Queue()
@@ -119,6 +121,7 @@ class EvalController:
     def forget(self, namespace: str, name: str) -> None:
         """AgentEval ``namespace/name`` was deleted (its runs go with it: they are owned)."""
         self._uses.pop((namespace, name), None)
+        self.news.forget(namespace, name)
         metrics.forget_eval(namespace, name)
 
     def stop(self) -> None:
@@ -165,9 +168,10 @@ class EvalController:
         current = await self._runs_of_round(suite, round_.id)
         rows = await self._rows(suite, spec, round_, current=current, previous=previous)
         body = eval_status(rows, round_=round_, previous=previous, now=self.clock())
-        self._record_progress(suite, rows, round_=round_, previous=previous)
+        self.news.note(suite, rows, round_=round_.id, previous=previous)
         if not unchanged(body, previous):
-            await self._write(suite, body)
+            await self._write(suite, body)  # raises when it fails: nothing is told twice
+        self.news.tell(suite, rows, round_=round_)
 
     async def _rows(
         self,
@@ -194,7 +198,7 @@ class EvalController:
                 waiting.append((len(rows), case))
                 rows.append(CaseRow(case.name, name, CasePhase.PENDING))
             elif (run.get("status") or {}).get("terminalReason"):
-                rows.append(await self._grade(suite, case, run, round_=round_.id))
+                rows.append(await self._grade(case, run, namespace=suite.namespace))
             else:
                 rows.append(CaseRow(case.name, name, CasePhase.RUNNING))
         room = spec.parallelism - sum(1 for r in rows if r.phase is CasePhase.RUNNING)
@@ -206,70 +210,13 @@ class EvalController:
             rows[index] = CaseRow(case.name, rows[index].run, CasePhase.RUNNING)
         return rows
 
-    async def _grade(
-        self, suite: EvalRef, case: EvalCase, run: Mapping[str, Any], *, round_: str
-    ) -> CaseRow:
-        """Grade a run that ended; count it and, when it failed, say so in an Event."""
+    async def _grade(self, case: EvalCase, run: Mapping[str, Any], *, namespace: str) -> CaseRow:
+        """The graded row of ``case``, whose ``run`` ended (counted when a status write records
+        it: ``EvalNews``)."""
         name = str(run["metadata"]["name"])
-        events = await self.runs.read_events(suite.namespace, name)
+        events = await self.runs.read_events(namespace, name)
         result = run_result(run.get("status") or {}, tools=grading.tools_called(events))
-        failures = grading.grade(case.expect, result)
-        row = graded_row(case.name, name, result, failures)
-        outcome = "failed" if failures else "passed"
-        metrics.EVAL_CASES.labels(namespace=suite.namespace, eval=suite.name, result=outcome).inc()
-        if failures:
-            self.events.record(
-                _involved(suite),
-                type=EventType.WARNING,
-                reason="CaseFailed",
-                message=f"case {case.name} (run {name}) failed: {row.message}",
-                key=(suite.uid, "CaseFailed", round_, case.name),
-            )
-        return row
-
-    def _record_progress(
-        self,
-        suite: EvalRef,
-        rows: Sequence[CaseRow],
-        *,
-        round_: Round,
-        previous: Mapping[str, Any],
-    ) -> None:
-        """Events for a round that starts and one that finishes; the pass ratio gauge."""
-        same_round = previous.get("round") == round_.id
-        if not same_round:
-            agent = round_.agent
-            self.events.record(
-                _involved(suite),
-                type=EventType.NORMAL,
-                reason="EvaluationStarted",
-                message=(
-                    f"round {round_.id}: {len(rows)} cases against Agent {agent.name} "
-                    f"generation {agent.generation} (AgentEval generation {round_.generation})"
-                ),
-                key=(suite.uid, "EvaluationStarted", round_.id),
-            )
-        found = verdict(rows)
-        was_complete = same_round and bool(previous.get("completionTime"))
-        if not found.complete:
-            return
-        metrics.EVAL_PASS_RATIO.labels(namespace=suite.namespace, eval=suite.name).set(
-            found.passed / found.total if found.total else 0.0
-        )
-        if was_complete:
-            return
-        if found.failed:
-            kind, reason, text = EventType.WARNING, "EvaluationFailed", failed_cases_text(rows)
-        else:
-            kind, reason = EventType.NORMAL, "EvaluationPassed"
-            text = f"{found.total} of {found.total} cases passed"
-        self.events.record(
-            _involved(suite),
-            type=kind,
-            reason=reason,
-            message=f"round {round_.id}: {text}",
-            key=(suite.uid, "EvaluationFinished", round_.id),
-        )
+        return graded_row(case.name, name, result, grading.grade(case.expect, result))
 
     async def _invalid(self, suite: EvalRef, message: str, previous: Mapping[str, Any]) -> None:
         """A spec the operator cannot run: no runs (earlier rounds' deleted), Failed."""
@@ -280,7 +227,7 @@ class EvalController:
         if unchanged(body, previous):
             return
         self.events.record(
-            _involved(suite),
+            involved(suite),
             type=EventType.WARNING,
             reason="InvalidSpec",
             message=message,
@@ -355,7 +302,3 @@ class EvalController:
         except ApiException as err:
             if err.status not in (404, 409):  # gone, or replaced by a new object of the name
                 raise
-
-
-def _involved(suite: EvalRef) -> Involved:
-    return Involved("AgentEval", suite.name, suite.namespace, suite.uid)

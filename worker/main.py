@@ -90,7 +90,7 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
         ),
         kube=api,
         headers=secrets,
-        effects=await EffectLedger.open(bus.js),
+        effects=await EffectLedger.open(bus.js, entry_cap=bus.event_cap),
         mcp_sessions=sessions.SessionPool(),
         message_cap=bus.event_cap,
     )

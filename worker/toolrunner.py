@@ -51,18 +51,6 @@ class ToolRunSettings:
     """Seconds before the first retry; doubled for each further one (``kernel.backoff``)."""
 
 
-def clip(text: str, limit: int = MAX_RESULT_BYTES) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes (never inside a character), with a marker
-    saying how many bytes were dropped so the model knows it saw only part."""
-    if len(text) <= limit // 4:  # cannot exceed the limit even at 4 bytes a character
-        return text
-    data = text.encode("utf-8")
-    if len(data) <= limit:
-        return text
-    kept = data[:limit].decode("utf-8", "ignore")
-    return kept + f"\n[agentrun: result truncated, {len(data) - len(kept.encode())} more bytes]"
-
-
 async def _traced(
     call: kernel.CheckedCall, attempt: Awaitable[kernel.ToolResult]
 ) -> kernel.ToolResult:
@@ -103,7 +91,7 @@ async def _attempt(
             output = await tool.run(call.arguments, ctx)
     except ToolError as err:
         unsent = err.unsent
-        message = clip(clean_text(str(err)), settings.max_result_bytes)
+        message = kernel.clip_result(clean_text(str(err)), settings.max_result_bytes)
         result = kernel.ToolResult(call.id, call.name, message, True, err.fault)
     except TimeoutError:
         why = (
@@ -115,11 +103,13 @@ async def _attempt(
     except Exception as err:  # a tool bug must not break the loop: it becomes a result
         log.exception("tool %s raised", call.name)
         why = clean_text(f"the tool failed: {type(err).__name__}: {err}")
-        why = clip(why, settings.max_result_bytes)
+        why = kernel.clip_result(why, settings.max_result_bytes)
         result = kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.CRASHED)
     else:
         return kernel.ToolResult(
-            call.id, call.name, clip(clean_text(str(output)), settings.max_result_bytes)
+            call.id,
+            call.name,
+            kernel.clip_result(clean_text(str(output)), settings.max_result_bytes),
         )
     if tool.spec.effect == "write" and not unsent:
         return _outcome_unknown(result)
@@ -158,8 +148,9 @@ async def _run_one(
 ) -> kernel.ToolResult:
     """``call``, once per the effect ledger for write and idempotent tools (see
     ``agentrun.effects``): a call already recorded is answered from the ledger, never sent
-    again. Raises ``EffectLedgerUnavailable`` when the ledger cannot be read or written (the
-    turn is then not committed)."""
+    again; a new call's result is the one the ledger recorded. Raises
+    ``EffectLedgerUnavailable`` when the ledger cannot be read or written (the turn is then not
+    committed)."""
     ledger = batch.effects
     if ledger is None or tool.spec.effect == "read":
         return await _with_retries(call, tool, ctx, batch)
@@ -168,8 +159,8 @@ async def _run_one(
         log.info("tool %s (%s) answered from the effect ledger", call.name, call.id)
         return recorded
     result = await _with_retries(call, tool, ctx, batch)
-    await ledger.done(ctx.run_uid, call, result)
-    return result
+    # the result as recorded (cut should it not fit an entry), so a replay answers the same
+    return await ledger.done(ctx.run_uid, call, result)
 
 
 async def _with_retries(

@@ -18,7 +18,13 @@ from agentrun.kernel.approval import (
     digest_of,
     held_calls,
 )
-from agentrun.kernel.bounds import MESSAGE_CAP, bound_results, results_budget, shrink_record
+from agentrun.kernel.bounds import (
+    MESSAGE_CAP,
+    bound_results,
+    clip_result,
+    results_budget,
+    shrink_record,
+)
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import (
     Decision,
@@ -130,6 +136,7 @@ __all__ = [
     "bound_results",
     "check_calls",
     "classify",
+    "clip_result",
     "conclude",
     "digest_of",
     "estimate_tokens",

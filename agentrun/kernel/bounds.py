@@ -48,6 +48,21 @@ SHRUNK_TEXT_BYTES = 4096
 """Bytes of a refusal or an error message kept when a record is shrunk."""
 
 
+def clip_result(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (never inside a character), with a marker
+    saying how many bytes were dropped so the model knows it saw only part; ``text`` itself when
+    it fits. The marker (``[agentrun: result truncated, N more bytes]``, on its own line) comes
+    on top of ``limit``. Never raises."""
+    if len(text) <= limit // 4:  # cannot exceed the limit even at 4 bytes a character
+        return text
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    kept = data[: max(0, limit)].decode("utf-8", "ignore")
+    dropped = len(data) - len(kept.encode("utf-8", "surrogatepass"))
+    return kept + f"\n[agentrun: result truncated, {dropped} more bytes]"
+
+
 def stored_bytes(text: str) -> int:
     """UTF-8 bytes of ``text`` stored as a JSON string, escapes included, quotes not
     (``"``, ``\\`` and ``\\n`` count 2, other control characters 6). Never raises."""

@@ -47,6 +47,62 @@ def test_every_argo_status_a_kind_can_report_has_a_sample() -> None:
     }
 
 
+def awaiting_approval(*decisions: str) -> dict[str, Any]:
+    """The committed AwaitingApproval sample with one held ``calculate`` call per decision
+    (``pending``, ``approved``, ``denied``), waiting for the first pending one, as the operator
+    writes ``status.pendingApproval`` for a turn that held several calls."""
+    path = argocd_health.ROOT / "AgentRun/testdata/awaiting-approval.yaml"
+    obj: dict[str, Any] = yaml.safe_load(path.read_text())
+    pending = obj["status"]["pendingApproval"]
+    template = pending["heldCalls"][0]
+    held = [
+        {**copy.deepcopy(template), "toolCallID": f"a{i + 1}", "decision": decision}
+        for i, decision in enumerate(decisions)
+    ]
+    waiting = next(i for i, h in enumerate(held) if h["decision"] == "pending")
+    pending.update(
+        toolCallID=held[waiting]["toolCallID"], call=waiting + 1, of=len(held), heldCalls=held
+    )
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("decisions", "message"),
+    [
+        pytest.param(("pending",), "call 1 of 1 held for approval: calculate", id="one-held"),
+        pytest.param(
+            ("pending", "pending", "pending"),
+            "call 1 of 3 held for approval: calculate",
+            id="three-held-none-decided",
+        ),
+        pytest.param(
+            ("approved", "denied", "pending"),
+            "call 3 of 3 held for approval: calculate (2 decided)",
+            id="three-held-two-decided",
+        ),
+    ],
+)
+def test_a_run_awaiting_approval_says_which_held_call_waits_and_how_many_were_held(
+    decisions: tuple[str, ...], message: str
+) -> None:
+    found = argocd_health.health("AgentRun", awaiting_approval(*decisions))
+    assert found == {
+        "status": "Suspended",
+        "message": f"Waiting for a person to approve or deny {message}",
+    }
+
+
+def test_a_pending_approval_without_the_held_call_fields_still_names_the_tool() -> None:
+    obj = awaiting_approval("pending")
+    pending = obj["status"]["pendingApproval"]
+    for written_later in ("call", "of", "heldCalls"):
+        del pending[written_later]
+    assert argocd_health.health("AgentRun", obj) == {
+        "status": "Suspended",
+        "message": "Waiting for a person to approve or deny a call of calculate",
+    }
+
+
 def get(stack_: E2EStack, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
     args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
     found: dict[str, Any] = json.loads(stack_.kubectl(*args).stdout)
@@ -76,7 +132,9 @@ def test_live_objects_get_the_expected_health(
     found = sample(
         "AgentRun", "awaiting-approval", get(stack_, "agentrun", "held", ns), "Suspended"
     )
-    assert found["message"] == "Waiting for a person to approve or deny a call of calculate"
+    assert found["message"] == (
+        "Waiting for a person to approve or deny call 1 of 1 held for approval: calculate"
+    )
     stack_.apply(ns, run_manifest("exact", "E2E-TENANT-EXACT argo"))
     stack_.wait_for(ns, "exact", lambda s: s.get("phase") == "Queued")
     found = sample("AgentRun", "queued", get(stack_, "agentrun", "exact", ns), "Progressing")

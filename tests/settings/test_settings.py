@@ -5,7 +5,8 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from agentrun.settings import OperatorSettings, WorkerSettings
+from agentrun import kernel
+from agentrun.settings import TOOL_RESULT_MAX_BYTES_LIMIT, OperatorSettings, WorkerSettings
 
 
 def test_defaults_apply_when_variables_are_unset_or_empty(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,3 +40,17 @@ def test_a_malformed_variable_is_rejected_naming_its_field(
     monkeypatch.setenv(variable, value)
     with pytest.raises(pydantic.ValidationError, match=variable.removeprefix("AGENTRUN_").lower()):
         WorkerSettings()
+
+
+def test_the_tool_result_cap_is_bounded_by_what_one_turn_may_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert TOOL_RESULT_MAX_BYTES_LIMIT == kernel.results_budget(kernel.MESSAGE_CAP) == 524_288
+    monkeypatch.setenv("AGENTRUN_TOOL_RESULT_MAX_BYTES", str(TOOL_RESULT_MAX_BYTES_LIMIT))
+    assert WorkerSettings().tool_result_max_bytes == TOOL_RESULT_MAX_BYTES_LIMIT
+    monkeypatch.setenv("AGENTRUN_TOOL_RESULT_MAX_BYTES", str(TOOL_RESULT_MAX_BYTES_LIMIT + 1))
+    with pytest.raises(pydantic.ValidationError) as raised:
+        WorkerSettings()
+    assert "AGENTRUN_TOOL_RESULT_MAX_BYTES=524289 is over its limit of 524288 bytes" in str(
+        raised.value
+    )

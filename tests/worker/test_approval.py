@@ -154,10 +154,8 @@ def test_an_approval_when_nothing_waits_is_refused() -> None:
 
 
 def test_a_long_result_is_cut_to_the_byte_cap_with_a_marker() -> None:
-    from agentrun.worker.toolrunner import clip
-
     text = "é" * 10_000  # 2 bytes each
-    cut = clip(text, 1001)
+    cut = kernel.clip_result(text, 1001)
     assert len(cut.split("\n")[0].encode()) <= 1001
     assert cut.endswith("[agentrun: result truncated, 19000 more bytes]")
-    assert clip("short", 1001) == "short"
+    assert kernel.clip_result("short", 1001) == "short"

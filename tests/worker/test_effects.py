@@ -4,6 +4,7 @@ run ``effect_unknown``, and read calls are not recorded."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -12,9 +13,17 @@ from typing import Any
 import nats
 import pytest
 
-from agentrun import kernel
-from agentrun.effects import EffectLedger, EffectState, call_digest, effect_key
+from agentrun import kernel, natsclient
+from agentrun.effects import (
+    EffectEntry,
+    EffectLedger,
+    EffectState,
+    call_digest,
+    effect_key,
+    fit_entry,
+)
 from agentrun.kernel import Phase, ToolFault
+from agentrun.settings import TOOL_RESULT_MAX_BYTES_LIMIT
 from agentrun.tools import ToolContext, ToolError, ToolSpec
 from agentrun.worker import toolrunner
 from agentrun_dev import natsserver
@@ -152,3 +161,81 @@ def test_keys_are_valid_kv_keys_and_digests_tell_calls_apart() -> None:
     assert key.startswith("0d7c-uid.") and all(c.isalnum() or c in "-_." for c in key)
     assert call_digest(CALL) != call_digest(kernel.CheckedCall("call_7", "bump", {"key": "b"}))
     assert EffectState.PREPARED.value == "prepared"
+
+
+class Verbose:
+    """A write tool whose result is ``text``; counts its calls."""
+
+    def __init__(self, text: str) -> None:
+        self.calls = 0
+        self.text = text
+        self.spec = ToolSpec("bump", "verbose", {"type": "object"}, "write", False)
+
+    async def run(self, arguments: Mapping[str, Any], ctx: ToolContext) -> str:
+        self.calls += 1
+        return self.text
+
+
+TRUNCATED = re.compile(r"\n\[agentrun: result truncated, (\d+) more bytes\]$")
+
+
+async def test_a_result_over_what_an_entry_holds_is_recorded_cut_and_replayed_cut(
+    nats_server: natsserver.NatsServer,
+) -> None:
+    """At the largest result cap the settings allow, accented text (2 UTF-8 bytes a character,
+    stored as 6-byte escapes) would take three times the bus's message cap in its entry: it is
+    recorded cut, with the marker results are cut with, and the call answers what was recorded
+    both times."""
+    bucket = f"E{uuid.uuid4().hex[:10]}"
+    client = await nats.connect(nats_server.url)
+    try:
+        cap = natsclient.event_cap(client)
+        ledger = await EffectLedger.open(client.jetstream(), bucket=bucket, entry_cap=cap)
+        tool = Verbose("é" * (TOOL_RESULT_MAX_BYTES_LIMIT // 2))
+        ctx = ToolContext(namespace="ns", run_name="r", run_uid="run-1", call_id="")
+        settings = toolrunner.ToolRunSettings(max_result_bytes=TOOL_RESULT_MAX_BYTES_LIMIT)
+
+        async def run_turn() -> kernel.ToolResult:
+            (result,) = await toolrunner.run_batch(
+                [CALL],
+                tools={"bump": tool},
+                context=ctx,
+                settings=settings,
+                deadline=time.time() + 60,
+                effects=ledger,
+            )
+            return result
+
+        first = await run_turn()
+        again = await run_turn()
+        entry = await (await client.jetstream().key_value(bucket)).get(effect_key("run-1", CALL.id))
+    finally:
+        await client.close()
+    assert tool.calls == 1
+    assert first == again and not first.is_error
+    found = TRUNCATED.search(first.content)
+    assert found is not None
+    kept = first.content[: found.start()]
+    assert set(kept) == {"é"}
+    assert len(kept.encode()) + int(found.group(1)) == len(tool.text.encode())
+    assert entry.value is not None and cap - 1024 < len(entry.value) <= cap
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("\x01" * 5000, id="control-characters"),
+        pytest.param('"' * 5000, id="quotes"),
+        pytest.param("ü" * 5000, id="accents"),
+        pytest.param("🙂" * 5000, id="emoji"),
+    ],
+)
+def test_an_entry_is_cut_to_its_cap_however_its_text_is_escaped(text: str) -> None:
+    result = kernel.ToolResult("call_7", "bump", text)
+    entry = EffectEntry(EffectState.DONE, call_digest(CALL), result)
+    fitted, data = fit_entry(entry, 4096)
+    assert len(data) <= 4096
+    assert fitted.result is not None and TRUNCATED.search(fitted.result.content)
+    assert fit_entry(entry, 1_000_000)[0] is entry
+    with pytest.raises(ValueError, match="cannot fit in 50 bytes"):
+        fit_entry(entry, 50)
