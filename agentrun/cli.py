@@ -181,19 +181,16 @@ class RunClient:
 
     async def get(self, name: str) -> dict[str, Any]:
         """The AgentRun object; raises RunAccessError (not found, forbidden, …)."""
-        try:
-            obj: dict[str, Any] = await self._objects().get_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name
-            )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
-        return obj
+        return await self._get(kube.RUNS, name)
 
     async def get_eval(self, name: str) -> dict[str, Any]:
         """The AgentEval object; raises RunAccessError (not found, forbidden, …)."""
+        return await self._get(kube.EVALS, name)
+
+    async def _get(self, plural: str, name: str) -> dict[str, Any]:
         try:
             obj: dict[str, Any] = await self._objects().get_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, self.namespace, kube.EVALS, name
+                kube.GROUP, kube.VERSION, self.namespace, plural, name
             )
         except ApiException as err:
             raise RunAccessError.from_api(err) from err

@@ -1,7 +1,8 @@
 """kopf entry points of the CronAgentRun controller: they only tell it what changed.
 
 Every CronAgentRun as listed and on each change goes to ``ScheduleController.observe``; a
-deleted one to ``forget``; a run it created that ends or is deleted to ``run_changed``. None of
+deleted one to ``forget``; a run it created that ends or is deleted goes to ``run_changed``
+(``runhandlers.owned_run_changed``, shared with the AgentEval controller). None of
 these handlers adds a finalizer or writes to the object: a CronAgentRun deletes with no operator
 running, and its runs follow through their ownerReferences.
 """
@@ -14,11 +15,10 @@ import kopf
 
 from agentrun import kube
 
-from .cronspec import CRON_LABEL, CRONS
+from .cronspec import CRONS
 from .wiring import OperatorMemo
 
 CRON = (kube.GROUP, kube.VERSION, CRONS)
-RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 
 
 @kopf.on.event(*CRON)
@@ -37,18 +37,3 @@ async def cron_changed(
         parts.schedules.forget(str(namespace), name)
         return
     parts.schedules.observe(body)
-
-
-@kopf.on.event(*RUN, labels={CRON_LABEL: kopf.PRESENT})
-async def scheduled_run_changed(
-    *,
-    type: str | None,
-    labels: kopf.Labels,
-    status: kopf.Status,
-    namespace: str | None,
-    memo: OperatorMemo,
-    **_: Any,
-) -> None:
-    """A run created by a CronAgentRun ended or was deleted: its CronAgentRun looks again."""
-    if type == "DELETED" or status.get("terminalReason"):
-        memo.running().schedules.run_changed(str(namespace), str(labels[CRON_LABEL]))

@@ -133,21 +133,17 @@ class EvalNews:
     def _finished(self, suite: EvalRef, rows: Sequence[CaseRow], *, round_: Round) -> None:
         found = verdict(rows)
         if found.failed:
-            self.events.record(
-                involved(suite),
-                type=EventType.WARNING,
-                reason="EvaluationFailed",
-                message=f"round {round_.id}: {failed_cases_text(rows)}",
-                key=(suite.uid, "EvaluationFinished", round_.id),
-            )
+            kind, reason, text = EventType.WARNING, "EvaluationFailed", failed_cases_text(rows)
         else:
-            self.events.record(
-                involved(suite),
-                type=EventType.NORMAL,
-                reason="EvaluationPassed",
-                message=f"round {round_.id}: {found.total} of {found.total} cases passed",
-                key=(suite.uid, "EvaluationFinished", round_.id),
-            )
+            kind, reason = EventType.NORMAL, "EvaluationPassed"
+            text = f"{found.total} of {found.total} cases passed"
+        self.events.record(
+            involved(suite),
+            type=kind,
+            reason=reason,
+            message=f"round {round_.id}: {text}",
+            key=(suite.uid, "EvaluationFinished", round_.id),
+        )
 
 
 def involved(suite: EvalRef) -> Involved:

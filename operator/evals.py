@@ -53,7 +53,9 @@ from .evalstatus import (
     run_result,
     unchanged,
 )
+from .lifecycle import KubeRunDeleter
 from .recorder import EventRecorder, EventType
+from .runs import RunKey
 from .specs import SpecError
 from .statuswriter import MERGE_PATCH
 
@@ -87,6 +89,7 @@ class EvalController:
         seconds."""
         self.api = api
         self.objects = client.CustomObjectsApi(api)
+        self.deleter = KubeRunDeleter(api)
         self.runs = runs
         self.events = events
         self.news = EvalNews(events)
@@ -272,7 +275,8 @@ class EvalController:
             if labels.get(ROUND_LABEL) == round_ and round_:
                 current[str(labels.get(CASE_LABEL, ""))] = run
             elif not meta.get("deletionTimestamp"):
-                await self._delete(suite.namespace, str(meta["name"]), str(meta.get("uid", "")))
+                run_key = RunKey(suite.namespace, str(meta["name"]), str(meta.get("uid", "")))
+                await self.deleter.delete(run_key)
         return current
 
     async def _create(self, namespace: str, manifest: dict[str, Any]) -> None:
@@ -282,20 +286,6 @@ class EvalController:
             )
         except ApiException as err:
             if err.status != 409:  # created before (a restart, a lost reply): the same run
-                raise
-
-    async def _delete(self, namespace: str, name: str, uid: str) -> None:
-        try:
-            await self.objects.delete_namespaced_custom_object(
-                kube.GROUP,
-                kube.VERSION,
-                namespace,
-                kube.RUNS,
-                name,
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
-            )
-        except ApiException as err:
-            if err.status not in (404, 409):
                 raise
 
     async def _write(self, suite: EvalRef, body: Mapping[str, Any]) -> None:

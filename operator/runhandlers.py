@@ -1,4 +1,5 @@
-"""kopf handlers of AgentRuns: admission on create/resume, cancellation, review, deletion, TTL.
+"""kopf handlers of AgentRuns: admission on create/resume, cancellation, review, deletion, TTL,
+and the end of a run a CronAgentRun or an AgentEval created (told to that controller).
 
 Handlers stay thin: they resolve what admission needs (the tenant, the Agent a run refers to,
 its AgentModel) and hand over to the parts built by ``wiring`` (carried in kopf's memo). What
@@ -21,6 +22,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agentrun import kernel, kube
 
 from . import admission, agents
+from .cronspec import CRON_LABEL
+from .evalstatus import EVAL_LABEL
 from .recorder import EventType, Involved
 from .runs import APPROVE_ANNOTATION, CANCEL_ANNOTATION, DENY_ANNOTATION, RunKey
 from .specs import ObjectMeta, RunObject
@@ -203,6 +206,33 @@ async def _remove_annotation(api: client.ApiClient, namespace: str, name: str, k
     except ApiException as err:
         if err.status != 404:
             raise
+
+
+def created_by_a_controller(labels: kopf.Labels, **_: Any) -> bool:
+    """kopf filter: a run a CronAgentRun or an AgentEval created (it carries their label)."""
+    return CRON_LABEL in labels or EVAL_LABEL in labels
+
+
+@kopf.on.event(*RUN, when=created_by_a_controller)
+async def owned_run_changed(
+    *,
+    type: str | None,
+    labels: kopf.Labels,
+    status: kopf.Status,
+    namespace: str | None,
+    memo: OperatorMemo,
+    **_: Any,
+) -> None:
+    """A run a controller created ended or was deleted: its CronAgentRun looks again at its
+    schedule; its AgentEval reconciles the suite (grades it, starts the next waiting case)."""
+    assert namespace is not None  # AgentRun is namespaced
+    if type != "DELETED" and not status.get("terminalReason"):
+        return
+    parts = memo.running()
+    if CRON_LABEL in labels:
+        parts.schedules.run_changed(namespace, str(labels[CRON_LABEL]))
+    if EVAL_LABEL in labels:
+        parts.evals.kick(namespace, str(labels[EVAL_LABEL]))
 
 
 def unfinished(status: kopf.Status, **_: Any) -> bool:

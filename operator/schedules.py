@@ -147,12 +147,12 @@ class ScheduleController:
         try:
             checked = cronspec.check(cron.get("spec"))
         except cronspec.Invalid as err:
-            self.events.record(
+            self._record(
                 involved,
-                type=EventType.WARNING,
                 reason=err.reason,
                 message=f"no runs are created: {err}",
-                key=(involved.uid, err.reason, generation),
+                per=generation,
+                warning=True,
             )
             ready = cronstatus.ready(False, err.reason, str(err), now=now, generation=generation)
             await self._write_status(cron, {"observedGeneration": generation, **ready})
@@ -216,56 +216,53 @@ class ScheduleController:
         when = status.rfc3339(step.scheduled)
         if isinstance(step, cronplan.Skip):
             running = ", ".join(run.name for run in step.running)
-            self.events.record(
+            self._record(
                 involved,
-                type=EventType.NORMAL,
                 reason="RunAlreadyActive",
                 message=f"skipped the run for {when}: concurrencyPolicy Forbid and {running} "
                 "still runs",
-                key=(involved.uid, "RunAlreadyActive", step.scheduled),
+                per=step.scheduled,
             )
             return None
         for run in step.cancel:
             await self.store.cancel_run(involved.namespace, run.name)
-            self.events.record(
+            self._record(
                 involved,
-                type=EventType.NORMAL,
                 reason="ReplacedRun",
                 message=f"cancelled {run.name} (concurrencyPolicy Replace) for the run of {when}",
-                key=(involved.uid, "ReplacedRun", run.uid),
+                per=run.uid,
             )
         manifest = cronspec.run_manifest(cron, checked, scheduled=step.scheduled)
         name = manifest["metadata"]["name"]
         if not await self.store.create_run(manifest):
             return None  # created before (then listed with the others): done already
-        self.events.record(
+        self._record(
             involved,
-            type=EventType.NORMAL,
             reason="SuccessfulCreate",
             message=f"created run {name} for {when}",
-            key=(involved.uid, "SuccessfulCreate", step.scheduled),
+            per=step.scheduled,
         )
         return OwnedRun(name, "", step.scheduled, False, False, None)
 
     def _record_missed(self, involved: Involved, missed: cronplan.Missed) -> None:
         when = status.rfc3339(missed.latest)
         if missed.past_deadline:
-            self.events.record(
+            self._record(
                 involved,
-                type=EventType.WARNING,
                 reason="MissSchedule",
                 message=f"missed the run for {when}: more than startingDeadlineSeconds ago",
-                key=(involved.uid, "MissSchedule", missed.latest),
+                per=missed.latest,
+                warning=True,
             )
         if missed.too_many:
-            self.events.record(
+            self._record(
                 involved,
-                type=EventType.WARNING,
                 reason="TooManyMissedTimes",
                 message=f"more than {cronplan.TOO_MANY_MISSED} schedule times passed without a "
                 "run (operator down, or suspended); only the most recent can start. Set "
                 "startingDeadlineSeconds to bound this",
-                key=(involved.uid, "TooManyMissedTimes", missed.latest),
+                per=missed.latest,
+                warning=True,
             )
 
     async def _prune(
@@ -284,14 +281,32 @@ class ScheduleController:
         )
         for name in doomed:
             await self.store.delete_run(namespace, name)
-            self.events.record(
+            self._record(
                 involved,
-                type=EventType.NORMAL,
                 reason="SuccessfulDelete",
                 message=f"deleted finished run {name} (history limit)",
-                key=(involved.uid, "SuccessfulDelete", name),
+                per=name,
             )
         return [run for run in owned if run.name not in doomed]
+
+    def _record(
+        self,
+        involved: Involved,
+        *,
+        reason: str,
+        message: str,
+        per: object,
+        warning: bool = False,
+    ) -> None:
+        """A Kubernetes Event about the CronAgentRun ``involved`` (Normal, or Warning), once
+        per ``reason`` and occasion ``per`` (a schedule time, a generation, a run)."""
+        self.events.record(
+            involved,
+            type=EventType.WARNING if warning else EventType.NORMAL,
+            reason=reason,
+            message=message,
+            key=(involved.uid, reason, per),
+        )
 
     async def _write_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
         if cronstatus.unchanged(cron.get("status") or {}, body):

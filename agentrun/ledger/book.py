@@ -46,6 +46,7 @@ from agentrun.ledger.entries import (
     TenantLimits,
     Waiter,
     aside_key,
+    short_of,
     window_start,
 )
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
@@ -109,28 +110,21 @@ class Book:
         """The first resource that cannot cover ``need`` (with no need: has nothing left,
         used + reserved ≥ limit), else ``None``."""
         limits = self.limits
-        taken = self.used_tokens + self.reserved_tokens
-        if limits.tokens is not None and (
-            taken + need_tokens > limits.tokens if need_tokens else taken >= limits.tokens
-        ):
-            return BudgetRefusal(
-                BUDGET_EXHAUSTED,
-                "tokens",
-                f"tokens: {self.used_tokens} used and {self.reserved_tokens} reserved of "
-                f"{limits.tokens} this window"
-                + (f"; a first call needs up to {need_tokens}" if need_tokens else ""),
-            )
-        spent = self.used_cost + self.reserved_cost
-        if limits.cost_usd is not None and (
-            spent + need_cost > limits.cost_usd if need_cost else spent >= limits.cost_usd
-        ):
-            return BudgetRefusal(
-                BUDGET_EXHAUSTED,
-                "costUSD",
-                f"costUSD: {self.used_cost} used and {self.reserved_cost} reserved of "
-                f"{limits.cost_usd} this window"
-                + (f"; a first call needs up to {need_cost}" if need_cost else ""),
-            )
+        short = short_of(
+            "tokens",
+            used=self.used_tokens,
+            reserved=self.reserved_tokens,
+            need=need_tokens,
+            limit=limits.tokens,
+        ) or short_of(
+            "costUSD",
+            used=self.used_cost,
+            reserved=self.reserved_cost,
+            need=need_cost,
+            limit=limits.cost_usd,
+        )
+        if short is not None:
+            return short
         if limits.wall_seconds is not None and self.wall_used(now) >= limits.wall_seconds:
             return BudgetRefusal(
                 BUDGET_EXHAUSTED,

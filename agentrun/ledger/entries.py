@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from decimal import Decimal
+from typing import TypeVar
 
 from agentrun.kernel.limits import Pricing
 
@@ -156,3 +157,23 @@ class BudgetRefusal:
     resource: str | None
     """The exhausted resource (one of ``RESOURCES``) for ``BudgetExhausted``."""
     message: str
+
+
+Amount = TypeVar("Amount", int, Decimal)
+"""An amount of a budget: tokens (``int``) or USD (``Decimal``)."""
+
+
+def short_of(
+    resource: str, *, used: Amount, reserved: Amount, need: Amount, limit: Amount | None
+) -> BudgetRefusal | None:
+    """Refuse when ``resource`` cannot cover ``need`` (with no need: ``used + reserved`` has
+    reached ``limit``); ``None`` when it can or ``limit`` is ``None`` (unlimited)."""
+    taken = used + reserved
+    if limit is None or (taken + need <= limit if need else taken < limit):
+        return None
+    return BudgetRefusal(
+        BUDGET_EXHAUSTED,
+        resource,
+        f"{resource}: {used} used and {reserved} reserved of {limit} this window"
+        + (f"; a first call needs up to {need}" if need else ""),
+    )

@@ -34,7 +34,6 @@ import time
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
-from types import TracebackType
 from typing import Protocol, TypeVar
 
 from agentrun import kernel
@@ -120,12 +119,7 @@ class TurnHold:
     async def __aenter__(self) -> TurnHold:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self.held:  # the turn did not commit (or did, but did not settle): give it back
             await asyncio.shield(self._give_back())
         elif self.waiting:  # given up while waiting: let the next waiter go first

@@ -22,6 +22,7 @@ from agentrun.ledger.entries import (
     BUDGET_HELD,
     TURN_COMMITTED,
     WAITER_TTL,
+    Amount,
     BudgetRefusal,
     Hold,
     Waiter,
@@ -81,20 +82,12 @@ def admission_refusal(
     never will this window; ``BudgetHeld`` when it does, but not next to the holds in
     flight and the oldest waiting call (running runs go first); else ``None``."""
     limits = book.limits
-    if limits.tokens is not None and book.used_tokens + need_tokens > limits.tokens:
-        return BudgetRefusal(
-            BUDGET_EXHAUSTED,
-            "tokens",
-            f"tokens: {book.used_tokens} used of {limits.tokens} this window; a first "
-            f"call needs up to {need_tokens}",
-        )
-    if limits.cost_usd is not None and book.used_cost + need_cost > limits.cost_usd:
-        return BudgetRefusal(
-            BUDGET_EXHAUSTED,
-            "costUSD",
-            f"costUSD: {book.used_cost} used of {limits.cost_usd} this window; a first "
-            f"call needs up to {need_cost}",
-        )
+    refusal = _beyond_used("tokens", used=book.used_tokens, need=need_tokens, limit=limits.tokens)
+    refusal = refusal or _beyond_used(
+        "costUSD", used=book.used_cost, need=need_cost, limit=limits.cost_usd
+    )
+    if refusal is not None:
+        return refusal
     if _wall_exhausted(book, now):
         return BudgetRefusal(BUDGET_EXHAUSTED, "wallClockSeconds", _wall_message(book, now))
     _drop_expired_waiters(book, now)
@@ -140,30 +133,12 @@ def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | 
     deliveries.set_aside(book, key, owner=hold.owner)
     previous = book.holds.pop(key, None)
     limits = book.limits
-    if limits.tokens is not None:
-        after = book.used_tokens + book.reserved_tokens + hold.tokens
-        if after > limits.tokens:
-            return _refuse(
-                book,
-                key,
-                previous,
-                "tokens",
-                f"tenant {book.tenant!r} tokens: {book.used_tokens} used + "
-                f"{book.reserved_tokens} reserved + {hold.tokens} for this call "
-                f"exceeds {limits.tokens}",
-            )
-    if limits.cost_usd is not None:
-        cost_after = book.used_cost + book.reserved_cost + hold.cost_usd
-        if cost_after > limits.cost_usd:
-            return _refuse(
-                book,
-                key,
-                previous,
-                "costUSD",
-                f"tenant {book.tenant!r} costUSD: {book.used_cost} used + "
-                f"{book.reserved_cost} reserved + {hold.cost_usd} for this call "
-                f"exceeds {limits.cost_usd}",
-            )
+    tokens = (book.used_tokens, book.reserved_tokens, hold.tokens)
+    cost = (book.used_cost, book.reserved_cost, hold.cost_usd)
+    over = _over_limit("tokens", amounts=tokens, limit=limits.tokens, tenant=book.tenant)
+    over = over or _over_limit("costUSD", amounts=cost, limit=limits.cost_usd, tenant=book.tenant)
+    if over is not None:
+        return _refuse(book, key, previous, *over)
     if limits.wall_seconds is not None and book.wall_used(now) >= limits.wall_seconds:
         return _refuse(
             book,
@@ -322,6 +297,35 @@ def _wall_message(book: Book, now: float) -> str:
 def stop_waiting(book: Book, key: str) -> bool:
     """The call ``key`` no longer waits (its turn was given up); True if it did."""
     return book.waiting.pop(key, None) is not None
+
+
+def _beyond_used(
+    resource: str, *, used: Amount, need: Amount, limit: Amount | None
+) -> BudgetRefusal | None:
+    """``BudgetExhausted`` when ``need`` does not fit next to what is ``used`` of ``limit``
+    (``None``: unlimited) — it never will this window; else ``None``."""
+    if limit is None or used + need <= limit:
+        return None
+    return BudgetRefusal(
+        BUDGET_EXHAUSTED,
+        resource,
+        f"{resource}: {used} used of {limit} this window; a first call needs up to {need}",
+    )
+
+
+def _over_limit(
+    resource: str, *, amounts: tuple[Amount, Amount, Amount], limit: Amount | None, tenant: str
+) -> tuple[str, str] | None:
+    """``resource`` and the refusal's message when its ``amounts`` (used, reserved, this
+    call's hold: tokens, or USD) add up to more than ``limit`` (``None``: unlimited); else
+    ``None``."""
+    used, reserved, extra = amounts
+    if limit is None or used + reserved + extra <= limit:
+        return None
+    return resource, (
+        f"tenant {tenant!r} {resource}: {used} used + {reserved} reserved + {extra} "
+        f"for this call exceeds {limit}"
+    )
 
 
 def _refuse(

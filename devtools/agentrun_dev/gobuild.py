@@ -163,11 +163,11 @@ def build_prometheus(
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
         work = Path(tmp)
-        log(f"[1/3] downloading {PROMETHEUS_MODULE}@{module_version} from the Go module proxy")
-        module_dir = go.download(PROMETHEUS_MODULE, module_version, cwd=work)
+        module_dir, go_mod = go.download_module(
+            PROMETHEUS_MODULE, module_version, cwd=work, hint=_PROMETHEUS_HINT, step="[1/3]"
+        )
         release = prometheus_release_of(module_dir)
-        required = go_directive_of((module_dir / "go.mod").read_text())
-        find_go(minimum=required, hint=_PROMETHEUS_HINT)
+        required = go_directive_of(go_mod)
         log(
             f"[2/3] {module_version} is Prometheus {release}; it needs Go ≥{required[0]}."
             f"{required[1]}"
@@ -226,9 +226,9 @@ def build_coredns(
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
         work = Path(tmp)
-        log(f"[1/2] downloading {COREDNS_MODULE}@{module_version} from the Go module proxy")
-        module_dir = go.download(COREDNS_MODULE, module_version, cwd=work)
-        find_go(minimum=go_directive_of((module_dir / "go.mod").read_text()), hint=_COREDNS_HINT)
+        go.download_module(
+            COREDNS_MODULE, module_version, cwd=work, hint=_COREDNS_HINT, step="[1/2]"
+        )
         log(f"[2/2] building coredns {module_version} with {', '.join(COREDNS_PLUGINS)}")
         _write_wrapper(
             work,
@@ -449,6 +449,19 @@ class _Go:
         self.log(f"  {module}@{version} is in {info['Dir']}")
         return Path(info["Dir"])
 
+    def download_module(
+        self, module: str, version: str, *, cwd: Path, hint: str, step: str
+    ) -> tuple[Path, str]:
+        """Log `step` (e.g. ``"[1/2]"``), ``download`` `module` at `version`, then check that
+        the Go on PATH is at least what its ``go`` directive requires (``find_go`` with
+        `hint`). Returns the module's source directory and its go.mod text; raises
+        BuildError (a failed download, too old a Go)."""
+        self.log(f"{step} downloading {module}@{version} from the Go module proxy")
+        module_dir = self.download(module, version, cwd=cwd)
+        go_mod = (module_dir / "go.mod").read_text()
+        find_go(minimum=go_directive_of(go_mod), hint=hint)
+        return module_dir, go_mod
+
 
 def _build_etcd(go: _Go, work: Path, out_dir: Path, *, version: str) -> None:
     package = "go.etcd.io/etcd/server/v3"
@@ -572,10 +585,9 @@ def build_helm(out: Path, *, module_version: str, log: console.Log = console.log
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
         work = Path(tmp)
-        log(f"[1/2] downloading {HELM_MODULE}@{module_version} from the Go module proxy")
-        module_dir = go.download(HELM_MODULE, module_version, cwd=work)
-        go_mod = (module_dir / "go.mod").read_text()
-        find_go(minimum=go_directive_of(go_mod), hint=_HELM_HINT)
+        _, go_mod = go.download_module(
+            HELM_MODULE, module_version, cwd=work, hint=_HELM_HINT, step="[1/2]"
+        )
         flags = helm_ldflags(module_version=module_version, go_mod=go_mod)
         log(f"[2/2] building helm {module_version}")
         gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out.parent))

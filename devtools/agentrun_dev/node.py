@@ -302,13 +302,7 @@ def _start_controller_manager(context: _Context) -> components.Component:
     port = probes.free_port()
     pki = context.cluster.pki
     argv = (
-        str(context.executables.kube_controller_manager),
-        f"--kubeconfig={config}",
-        f"--authentication-kubeconfig={config}",
-        f"--authorization-kubeconfig={config}",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
-        "--leader-elect=false",
+        *_secure_argv(context.executables.kube_controller_manager, config, port=port),
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={pki.service_account_key}",
         f"--root-ca-file={pki.ca_cert}",
@@ -322,16 +316,22 @@ def _start_controller_manager(context: _Context) -> components.Component:
 def _start_scheduler(context: _Context) -> components.Component:
     config = _kubeconfig(context, name="kube-scheduler", user="system:kube-scheduler", group=None)
     port = probes.free_port()
-    argv = (
-        str(context.executables.kube_scheduler),
-        f"--kubeconfig={config}",
-        f"--authentication-kubeconfig={config}",
-        f"--authorization-kubeconfig={config}",
+    argv = _secure_argv(context.executables.kube_scheduler, config, port=port)
+    return _start_secure(context, "kube-scheduler", argv, port=port)
+
+
+def _secure_argv(binary: Path, kubeconfig: Path, *, port: int) -> tuple[str, ...]:
+    """The command line a controller-manager and a scheduler share: `kubeconfig` for the API
+    and for checking callers, HTTPS on 127.0.0.1:`port`, no leader election."""
+    return (
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
         "--leader-elect=false",
     )
-    return _start_secure(context, "kube-scheduler", argv, port=port)
 
 
 def _start_secure(

@@ -126,16 +126,7 @@ def build_rootfs_image(
         store = [f"--root={tmp}/root", f"--runroot={tmp}/run", "--storage-driver=vfs"]
 
         def run(*args: str) -> str:
-            result = subprocess.run(
-                [buildah, *store, *args],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=_TIMEOUT,
-            )
-            if result.returncode != 0:
-                raise ImageBuildError(f"`buildah {' '.join(args)}` failed: {result.stderr}")
-            return result.stdout.strip()
+            return _output([buildah, *store, *args], what=f"`buildah {' '.join(args)}`")
 
         log(f"building image {name} with buildah")
         container = run("from", "--name", "agentrun-image", "scratch")
@@ -156,6 +147,15 @@ def build_rootfs_image(
     return ImageArchive(name=name, archive=archive)
 
 
+def _output(argv: list[str], *, what: str) -> str:
+    """Run `argv` (at most ``_TIMEOUT`` seconds); its stdout, stripped. Raises ImageBuildError
+    naming `what` with the command's stderr when it exits non-zero."""
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=_TIMEOUT)
+    if result.returncode != 0:
+        raise ImageBuildError(f"{what} failed: {result.stderr}")
+    return result.stdout.strip()
+
+
 def _build_pause(work: Path, archive: Path, *, log: console.Log) -> ImageArchive:
     gcc = shutil.which("gcc")
     if gcc is None:
@@ -163,15 +163,10 @@ def _build_pause(work: Path, archive: Path, *, log: console.Log) -> ImageArchive
     rootfs = work / "rootfs"
     rootfs.mkdir()
     (work / "pause.c").write_text(PAUSE_SOURCE)
-    result = subprocess.run(
+    _output(
         [gcc, "-static", "-Os", "-s", "-o", str(rootfs / "pause"), str(work / "pause.c")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=_TIMEOUT,
+        what="gcc -static pause.c",
     )
-    if result.returncode != 0:
-        raise ImageBuildError(f"gcc -static pause.c failed: {result.stderr}")
     return build_rootfs_image(
         rootfs, name=PAUSE_IMAGE, archive=archive, entrypoint=["/pause"], log=log
     )
