@@ -138,7 +138,7 @@ def run_manifest(name: str, goal: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def e2e(
     control_plane: Any,
     crds: Any,
@@ -146,6 +146,10 @@ def e2e(
     kubectl: Callable[..., Any],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[E2EStack]:
+    """The operator, two workers and the scripted model on the session's API server and NATS,
+    for the tests of this package only: stopped after its last test, so that a later test
+    driving a controller by hand on the same API server (or consuming from the same NATS) does
+    not race a live operator reconciling the same objects."""
     launch = components.Launch(log_dir=tmp_path_factory.mktemp("e2e-logs"), die_with_parent=True)
     mock = stack.start_mockllm([SCENARIOS], launch=launch)
     env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats_url=nats_server.url)

@@ -50,6 +50,12 @@ TURN_1 = 155
 SETTINGS = ConsumerSettings(concurrency=4, heartbeat=0.5, hold_ttl=5.0)
 
 
+NO_ROLLOVER = 100 * 365 * 86_400.0
+"""The tenants' budget window: a century, aligned to the epoch (its next start is in 2069), so
+the sweep an hour later sees the same window however close to 00:00 UTC the test runs (with
+the default 24 h window, the hour crossed midnight from 23:00 on and reset the counters)."""
+
+
 class Delivery:
     """One delivery of a TurnRequest, as a worker's handler sees it; records what it got."""
 
@@ -133,7 +139,7 @@ class Stack:
         refusal = await (await self.store()).admit_run(
             self.tenant,
             QueuedRun(uid, "ns", config.name, time.time()),
-            limits=TenantLimits(tokens=1_000_000),
+            limits=TenantLimits(tokens=1_000_000, window_seconds=NO_ROLLOVER),
             need=(0, Decimal(0)),
         )
         assert refusal is None
@@ -261,7 +267,7 @@ class _TrackedRuns:
 async def sweep_repairs(stack: Stack, request: TurnRequest, last: RunEvent) -> None:
     """The operator's sweep, an hour later, finds the dead worker's hold expired and repairs
     the entry from the run's last event (the committer it names)."""
-    later = time.time() + 3_600.0
+    later = time.time() + 3_600.0  # inside the tenant's window (``NO_ROLLOVER``)
     recorder = EventRecorder(None, throttle=Throttle(repeat_after=60.0, rate=1.0, burst=10))
     deps = SweepDeps(
         store=await stack.store(),
