@@ -152,7 +152,7 @@ def e2e(
     not race a live operator reconciling the same objects."""
     launch = components.Launch(log_dir=tmp_path_factory.mktemp("e2e-logs"), die_with_parent=True)
     mock = stack.start_mockllm([SCENARIOS], launch=launch)
-    env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats_url=nats_server.url)
+    env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats=nats_server)
     env.update(
         AGENTRUN_TURN_ACK_WAIT=str(ACK_WAIT),
         AGENTRUN_STATUS_INTERVAL="0.5",
