@@ -48,6 +48,7 @@ OPERATOR_SEED = "operator.nk"
 ACCOUNT_SEED = "account.nk"
 SYSTEM_PUBLIC = "system.pub"
 ISSUED = "issued"
+CREATED = "created"
 REVOCATIONS = "revocations.json"
 
 
@@ -66,8 +67,11 @@ class Authority:
     """The system account's public key (its seed is never kept: it has no users)."""
     signers: Mapping[Role, NKey]
     """One scoped signing key of the account per role."""
+    created: int
+    """UNIX second the operator's and the system account's JWTs are stamped with: fixed, since
+    nats-server reloads no change of its trusted operator."""
     issued: int
-    """UNIX second the account JWTs are stamped with; moved on by ``revoke``."""
+    """UNIX second the ``AGENTRUN`` account's JWT is stamped with; moved on by ``revoke``."""
     revocations: Mapping[str, int] = dataclasses.field(default_factory=dict)
     """User public key (or ``*``) → UNIX second: that user's JWTs issued up to it are refused."""
 
@@ -79,6 +83,7 @@ class Authority:
             account=NKey.generate(KeyKind.ACCOUNT),
             system=NKey.generate(KeyKind.ACCOUNT).public,
             signers={role: NKey.generate(KeyKind.ACCOUNT) for role in Role},
+            created=int(time.time() if now is None else now),
             issued=int(time.time() if now is None else now),
         )
 
@@ -88,6 +93,7 @@ class Authority:
             OPERATOR_SEED: self.operator.seed,
             ACCOUNT_SEED: self.account.seed,
             SYSTEM_PUBLIC: self.system,
+            CREATED: str(self.created),
             ISSUED: str(self.issued),
             REVOCATIONS: json.dumps(dict(sorted(self.revocations.items()))),
         }
@@ -116,6 +122,7 @@ class Authority:
                 str(k): int(v) for k, v in json.loads(files.get(REVOCATIONS) or "{}").items()
             }
             issued = int(need(ISSUED))
+            created = int(files.get(CREATED) or issued)
         except (ValueError, AttributeError) as err:
             raise ValueError(f"{REVOCATIONS} or {ISSUED} is malformed: {err}") from None
         return cls(
@@ -123,6 +130,7 @@ class Authority:
             account=key(ACCOUNT_SEED, KeyKind.ACCOUNT),
             system=need(SYSTEM_PUBLIC),
             signers={role: key(signer_file(role), KeyKind.ACCOUNT) for role in Role},
+            created=created,
             issued=issued,
             revocations=revocations,
         )
@@ -157,7 +165,7 @@ class Authority:
             issuer=self.operator,
             subject=self.system,
             name=SYSTEM_NAME,
-            issued_at=self.issued,
+            issued_at=self.created,
         )
 
     def operator_jwt(self) -> str:
@@ -167,7 +175,7 @@ class Authority:
             issuer=self.operator,
             subject=self.operator.public,
             name=OPERATOR_NAME,
-            issued_at=self.issued,
+            issued_at=self.created,
         )
 
     def server_config(self) -> str:

@@ -131,7 +131,8 @@ def operator() -> Permissions:
         f"{JS_API}.STREAM.MSG.GET.{ledger}",
         f"{JS_API}.CONSUMER.CREATE.{ledger}",
         f"{JS_API}.CONSUMER.CREATE.{ledger}.>",
-        f"{JS_API}.CONSUMER.DELETE.{ledger}.>",
+        f"{JS_API}.CONSUMER.INFO.{ledger}.*",
+        f"{JS_API}.CONSUMER.DELETE.{ledger}.*",
         f"$JS.FC.{ledger}.>",
     ]
     return Permissions(tuple(publish), (f"{inbox_prefix(Role.OPERATOR)}.>",))

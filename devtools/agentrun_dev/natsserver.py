@@ -18,7 +18,9 @@ inspection), never given to the operator or the workers.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,19 @@ class NatsServer:
         path = self.auth_dir / f"reader-{namespace}-{reader.public[:8]}.creds"
         _write_secret(path, reader.text())
         return NatsAuth(creds_file=path, ca_file=self.auth_dir / "ca.crt")
+
+    def revoke(self, public: str) -> None:
+        """Refuse the user `public` from now on: the authority's revocation list grows, the
+        server's ``auth.conf`` is written again and the server reloads it (SIGHUP), closing
+        that user's connections. Raises ValueError for an open server."""
+        authority = self.authority().revoke(public)
+        assert self.auth_dir is not None
+        for name, text in authority.files().items():
+            _write_secret(self.auth_dir / "authority" / name, text)
+        (self.auth_dir / "auth.conf").write_text(authority.server_config())
+        if not self.component.is_alive():  # never signal a pid that is no longer ours
+            raise RuntimeError(f"nats-server (pid {self.component.record.pid}) is not running")
+        os.kill(self.component.record.pid, signal.SIGHUP)
 
     def stop(self) -> None:
         """Stop it by pid (SIGTERM, then SIGKILL after 10 s)."""

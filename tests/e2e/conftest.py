@@ -187,6 +187,19 @@ def e2e(
     yield handle
     for component in [*handle.workers, handle.operator, handle.mock]:
         components.stop_component(component)
+    violations = permission_violations(nats_server)
+    assert not violations, (
+        "the operator or a worker did something its NATS permissions do not allow "
+        f"(agentrun.natsauth.permissions): {violations[:5]}"
+    )
+
+
+def permission_violations(server: Any) -> list[str]:
+    """The permission violations the shared server logged (its own lines: other servers of
+    the session log to the same file, some refusing on purpose)."""
+    prefix = f"[{server.component.record.pid}] "
+    log = server.component.spec.log_path.read_text(errors="replace")
+    return [line for line in log.splitlines() if line.startswith(prefix) and "Violation" in line]
 
 
 @pytest.fixture

@@ -227,14 +227,14 @@ async def snapshot(admin: Client, run: RunB) -> dict[str, object]:
     except nats.js.errors.NoKeysError:
         effect_keys = []
     workers = await js.consumer_info(TURNS, protocol.WORKERS_CONSUMER)
-    consumers = sorted(c.name for c in await js._jsm.consumers_info(EVENTS))
+    durable = [c.name for c in await js._jsm.consumers_info(EVENTS) if c.config.durable_name]
     return {
         "streams": streams,
         "book": (await ledger.get(f"book.{TENANT_B}")).value,
         "queue": (await ledger.get(f"queue.{TENANT_B}")).value,
         "effects": effect_keys,
         "workers max_deliver": workers.config.max_deliver,
-        "event consumers": [c for c in consumers if not c.startswith("admin")],
+        "durable event consumers": sorted(durable),  # ephemeral ones come and go
     }
 
 
