@@ -115,8 +115,9 @@ def agent_run(
 
 
 @contextlib.contextmanager
-def bench_stack(scenarios: Path) -> Iterator[BenchStack]:
-    """Control plane, CRDs, nats-server and the mock model; operator and workers on request."""
+def bench_stack(scenarios: Path, *, closed: bool = True) -> Iterator[BenchStack]:
+    """Control plane, CRDs, nats-server (closed, as shipped, unless ``closed`` is False) and the
+    mock model; operator and workers on request."""
     workdir = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
     launch = components.Launch(log_dir=workdir / "logs", die_with_parent=True)
     binaries.ensure_binaries()
@@ -125,7 +126,7 @@ def bench_stack(scenarios: Path) -> Iterator[BenchStack]:
     try:
         kc = kubectl.Kubectl.for_cluster(cluster)
         kubectl.apply_crds(kc, REPO / "crds")
-        nats = natsserver.start_nats_server(workdir / "nats", launch=launch)
+        nats = natsserver.start_nats_server(workdir / "nats", launch=launch, closed=closed)
         mock = stack.start_mockllm([scenarios], launch=launch)
         started.append(mock)
         env = stack.service_env(kubeconfig=str(cluster.kubeconfig), nats=nats)
