@@ -34,7 +34,7 @@ import nats.errors
 from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import bus, cli, kernel, trajectory
+from agentrun import bus, cli, kernel, natsclient, trajectory
 from agentrun.protocol import RunEvent
 
 PROG = "kubectl agentrun"
@@ -283,11 +283,13 @@ async def _logs(args: argparse.Namespace) -> int:
             await events.close()
 
 
-def _nats_auth(args: argparse.Namespace) -> bus.NatsAuth:
+def _nats_auth(args: argparse.Namespace) -> natsclient.NatsAuth:
     """The credentials and CA files of the flags, else of the environment."""
     creds = args.nats_creds or os.environ.get("AGENTRUN_NATS_CREDS_FILE")
     ca = args.nats_ca or os.environ.get("AGENTRUN_NATS_CA_FILE")
-    return bus.NatsAuth(creds_file=Path(creds) if creds else None, ca_file=Path(ca) if ca else None)
+    return natsclient.NatsAuth(
+        creds_file=Path(creds) if creds else None, ca_file=Path(ca) if ca else None
+    )
 
 
 async def _print_all(

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import nats.js.errors
 import pytest
 from nats.js import api
 
@@ -78,7 +79,7 @@ async def test_a_worker_hears_cancellations(worker_bus: Bus, operator_bus: Bus) 
     await worker_bus.on_cancel(on_cancel)
     await worker_bus.nc.flush()
     await operator_bus.broadcast_cancel("some-run")
-    async with asyncio.timeout(5):
+    async with asyncio.timeout(20):
         while heard != ["some-run"]:
             await asyncio.sleep(0.02)
 
@@ -122,3 +123,26 @@ async def test_the_operator_inspects_lists_consumes_and_purges(
     await operator_bus.append_event(NAMESPACE_B, doomed, event, expected_seq=0)
     await operator_bus.purge_run(NAMESPACE_B, doomed)
     assert await operator_bus.read_events(NAMESPACE_B, doomed) == []
+
+
+async def test_a_worker_started_before_the_operator_waits_for_the_buckets(
+    closed_server: natsserver.NatsServer,
+) -> None:
+    """A worker does not create a bucket: it binds the one the operator makes, once it exists.
+    (A bucket of the test's own, so the admin's credentials play both parts here.)"""
+    bucket = f"LATE_{uuid.uuid4().hex[:8].upper()}"
+    settings = BusSettings(url=closed_server.url, auth=closed_server.auth("admin"))
+    worker = await Bus.connect(settings, name="early-worker", provision=False)
+    operator = await Bus.connect(settings, name="late-operator", provision=False)
+    try:
+        waiting = asyncio.create_task(LedgerStore.open(worker.js, bucket=bucket, create=False))
+        await asyncio.sleep(1.5)
+        assert not waiting.done()  # no bucket, none made
+        with pytest.raises(nats.js.errors.BucketNotFoundError):
+            await worker.js.key_value(bucket)
+        await LedgerStore.open(operator.js, bucket=bucket)  # the operator's part
+        store = await asyncio.wait_for(waiting, 10)
+        assert store.kv._name == bucket
+    finally:
+        await worker.close()
+        await operator.close()
