@@ -12,11 +12,11 @@ from agentrun.protocol import RunEvent
 from agentrun_dev.natsserver import NatsServer
 
 
-def read_events(nats: NatsServer, namespace: str, name: str) -> list[RunEvent]:
+def read_events(server: NatsServer, namespace: str, name: str) -> list[RunEvent]:
     """Every event on the run's subject, oldest first."""
 
     async def read() -> list[RunEvent]:
-        bus = await Bus.connect(BusSettings(url=nats.url, auth=nats.auth()), name="e2e-reader")
+        bus = await Bus.connect(BusSettings(url=server.url, auth=server.auth()), name="e2e-reader")
         try:
             return await bus.read_events(namespace, name)
         finally:
@@ -30,12 +30,12 @@ def turn_numbers(events: list[RunEvent]) -> list[int]:
     return [e.record.turn for e in events if e.kind == "turn" and e.record is not None]
 
 
-def read_book(nats: NatsServer, tenant: str) -> Book | None:
+def read_book(server: NatsServer, tenant: str) -> Book | None:
     """The tenant's ledger entry as stored in JetStream KV now."""
 
     async def read() -> Book | None:
         bus = await Bus.connect(
-            BusSettings(url=nats.url, auth=nats.auth()), name="e2e-ledger-reader"
+            BusSettings(url=server.url, auth=server.auth()), name="e2e-ledger-reader"
         )
         try:
             return await (await LedgerStore.open(bus.js)).read(tenant)
@@ -46,14 +46,14 @@ def read_book(nats: NatsServer, tenant: str) -> Book | None:
 
 
 def wait_answered_hold(
-    nats: NatsServer, tenant: str, namespace: str, name: str, *, timeout: float = 30
+    server: NatsServer, tenant: str, namespace: str, name: str, *, timeout: float = 30
 ) -> None:
     """Poll the tenant's ledger entry until a hold of run ``namespace/name`` records that its
     model call answered: from then on the turn is in its tool phase, and the call is billed
     whatever happens to the turn. Raises AssertionError after ``timeout`` seconds."""
     end = time.monotonic() + timeout
     while True:
-        book = read_book(nats, tenant)
+        book = read_book(server, tenant)
         holds = [] if book is None else list(book.holds.values())
         if any(h.namespace == namespace and h.name == name and h.answered for h in holds):
             return
@@ -61,13 +61,13 @@ def wait_answered_hold(
         time.sleep(0.05)
 
 
-def delete_queued_turns(nats: NatsServer, tenant: str) -> int:
+def delete_queued_turns(server: NatsServer, tenant: str) -> int:
     """Delete every TurnRequest of ``tenant`` still in the work queue (JetStream delete msg,
     as an operator of the server could); returns how many were deleted."""
 
     async def delete() -> int:
         bus = await Bus.connect(
-            BusSettings(url=nats.url, auth=nats.auth()), name="e2e-turn-deleter"
+            BusSettings(url=server.url, auth=server.auth()), name="e2e-turn-deleter"
         )
         deleted = 0
         try:
@@ -87,13 +87,13 @@ def delete_queued_turns(nats: NatsServer, tenant: str) -> int:
     return asyncio.run(delete())
 
 
-def put_book_bytes(nats: NatsServer, tenant: str, value: bytes) -> bytes:
+def put_book_bytes(server: NatsServer, tenant: str, value: bytes) -> bytes:
     """Overwrite the tenant's ledger entry with ``value`` (e.g. bytes no ledger can decode);
     returns what it held before."""
 
     async def put() -> bytes:
         bus = await Bus.connect(
-            BusSettings(url=nats.url, auth=nats.auth()), name="e2e-ledger-writer"
+            BusSettings(url=server.url, auth=server.auth()), name="e2e-ledger-writer"
         )
         try:
             store = await LedgerStore.open(bus.js)
