@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import nats.js.errors
+
 from agentrun import protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import Book, LedgerStore
