@@ -87,7 +87,40 @@ def register_dev_missing(subparsers: Subparsers) -> None:
     dev.set_defaults(handler=cmd_dev_missing)
 
 
-COMMANDS: list[Registrar] = [register_cancel, register_review]
+def register_nats(subparsers: Subparsers) -> None:
+    """``agentrun nats bootstrap|rotate|adopt-store``: the closed bus's keys and credentials in
+    Kubernetes Secrets (``agentrun.natsauth.bootstrap``), and the open bus's store adopted."""
+    nats_cmd = subparsers.add_parser(
+        "nats",
+        help="NATS identities and credentials of an installation (the chart's hooks use it)",
+        description="Keys, credentials and the server's auth configuration of the closed bus, "
+        "kept in Kubernetes Secrets named PREFIX-keys, -operator, -worker and -server.",
+    )
+    verbs = nats_cmd.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, text in (
+        ("bootstrap", "make the Secrets that are missing (idempotent; never overwrites creds)"),
+        ("rotate", "replace ROLE's user with a new one and revoke the old one"),
+    ):
+        parser = verbs.add_parser(verb, help=text, description=text)
+        parser.add_argument("-n", "--namespace", required=True, help="namespace of the Secrets")
+        parser.add_argument(
+            "--prefix", required=True, help="Secret name prefix, e.g. agentrun-nats"
+        )
+        if verb == "rotate":
+            parser.add_argument("role", choices=["operator", "worker"], help="whose user")
+        parser.set_defaults(handler=cmd_nats)
+    adopt = verbs.add_parser(
+        "adopt-store",
+        help="move an open server's JetStream data ($G) under the AGENTRUN account",
+        description="Before a closed nats-server starts on the store an open one used: move "
+        "STORE/$G to STORE/<account>, unless that exists (runs and buckets are kept).",
+    )
+    adopt.add_argument("--store", required=True, help="JetStream's directory (…/jetstream)")
+    adopt.add_argument("--account-file", required=True, help="file holding the account key")
+    adopt.set_defaults(handler=cmd_nats)
+
+
+COMMANDS: list[Registrar] = [register_cancel, register_review, register_nats]
 """The runtime's own registrars of top-level subcommands, in help order."""
 
 
@@ -296,6 +329,38 @@ def cmd_review(args: argparse.Namespace) -> int:
         return 0
 
     return asyncio.run(review())
+
+
+def cmd_nats(args: argparse.Namespace) -> int:
+    """``agentrun nats VERB``: print what was made or changed."""
+    from pathlib import Path
+
+    from agentrun.natsauth import bootstrap
+    from agentrun.natsauth.permissions import Role
+
+    if args.verb == "adopt-store":
+        account = Path(args.account_file).read_text().strip()
+        moved = bootstrap.adopt_store(Path(args.store), account)
+        print(f"moved {args.store}/$G to {account}" if moved else "nothing to adopt")
+        return 0
+
+    async def run() -> int:
+        api = await kube.api_client()
+        try:
+            store = bootstrap.SecretStore(client.CoreV1Api(api), args.namespace)
+            names = bootstrap.SecretNames(args.prefix)
+            if args.verb == "rotate":
+                public = await bootstrap.rotate(store, names, Role(args.role))
+                print(f"{args.role}: new user {public}; the previous one is revoked")
+                return 0
+            outcome = await bootstrap.bootstrap(store, names)
+            print(f"created: {', '.join(outcome.created) or 'nothing'}")
+            print(f"updated: {', '.join(outcome.updated) or 'nothing'}")
+            return 0
+        finally:
+            await api.close()
+
+    return asyncio.run(run())
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

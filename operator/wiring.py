@@ -45,6 +45,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from agentrun.bus import Bus, BusSettings
+from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
@@ -131,9 +132,12 @@ async def start_parts(
     tenant"). Raises what ``Bus.connect`` / ``LedgerStore.open`` raise.
     """
     bus = await Bus.connect(
-        BusSettings(url=settings.nats_url, ack_wait=settings.turn_ack_wait),
+        BusSettings(
+            url=settings.nats_url, auth=settings.nats_auth, ack_wait=settings.turn_ack_wait
+        ),
         name=f"agentrun-operator-{os.getpid()}",
     )
+    await EffectLedger.open(bus.js)  # the operator creates the buckets; workers only bind them
     parts = _build_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)

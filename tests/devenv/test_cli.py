@@ -15,6 +15,7 @@ import nats
 import pytest
 
 from agentrun import cli
+from agentrun.natsclient import NatsAuth, connect_options
 from agentrun_dev import cli as dev_cli
 from agentrun_dev import controlplane, procs, stack, state
 
@@ -167,7 +168,11 @@ def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> Non
         assert json.load(response)["object"] == "list"
 
     async def jetstream_answers() -> None:
-        client = await nats.connect(env["AGENTRUN_NATS_URL"])
+        auth = NatsAuth(
+            creds_file=Path(env["AGENTRUN_NATS_CREDS_FILE"]),
+            ca_file=Path(env["AGENTRUN_NATS_CA_FILE"]),
+        )
+        client = await nats.connect(env["AGENTRUN_NATS_URL"], **connect_options(auth))
         try:
             await client.jetstream().account_info()
         finally:
