@@ -165,12 +165,16 @@ class Bus:
         *,
         stopping: asyncio.Event,
         concurrency: int = 0,
+        drain: float = 0.0,
     ) -> None:
         """Pull messages from the consumer ``subscribe`` binds and pass each to ``handle``,
         until ``stopping`` is set.
 
         ``concurrency`` 0 handles each message before fetching the next (in stream order);
-        ``n > 0`` runs up to ``n`` handlers as tasks at once, cancelled when the loop stops.
+        ``n > 0`` runs up to ``n`` handlers as tasks at once. Once ``stopping`` is set nothing
+        more is fetched; handlers still running get ``drain`` seconds (from the moment the loop
+        sees the stop: within a one-second poll) to finish, then are cancelled, and this
+        returns when every one has ended. Cancelling ``consume`` itself cancels them at once.
         Messages are fetched one per pull request: nats-py's ``fetch(batch > 1)`` waits for the
         whole batch or its timeout once the stream is idle, which would delay a message by up
         to the timeout. A fetch that fails other than as an empty poll (server restarted,
@@ -181,9 +185,33 @@ class Bus:
         puller = _Puller(self, subscribe)
         tasks: set[asyncio.Task[None]] = set()
         try:
+            await self._pull(puller, handle, tasks, stopping=stopping, concurrency=concurrency)
+            if tasks and drain > 0:
+                log.info("stopping: %d handler(s) get %.0fs to finish", len(tasks), drain)
+                await asyncio.wait(tasks, timeout=drain)
+        finally:
+            if tasks:
+                log.info("cancelling %d handler(s) still running", len(tasks))
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await puller.unbind()
+
+    @staticmethod
+    async def _pull(
+        puller: _Puller,
+        handle: Handle,
+        tasks: set[asyncio.Task[None]],
+        *,
+        stopping: asyncio.Event,
+        concurrency: int,
+    ) -> None:
+        """The fetch loop of ``consume``: returns once ``stopping`` is set."""
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
             while not stopping.is_set():
-                if concurrency and len(tasks) >= concurrency:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                if concurrency and len(tasks) >= concurrency:  # full: a slot, or the stop
+                    await asyncio.wait({*tasks, stop}, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 for msg in await puller.fetch():
                     if not concurrency:
@@ -193,10 +221,7 @@ class Bus:
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
         finally:
-            for task in list(tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await puller.unbind()
+            stop.cancel()
 
     # --- TurnRequests -------------------------------------------------------------------------
 

@@ -58,6 +58,10 @@ class ProcessSettings(BaseSettings):
     """``AGENTRUN_LOG_LEVEL``: Python logging level name."""
     turn_ack_wait: float = Field(default=30.0, gt=0)
     """``AGENTRUN_TURN_ACK_WAIT``: seconds before an unacknowledged TurnRequest is redelivered."""
+    health_port: int = Field(default=0, ge=0, le=65535)
+    """``AGENTRUN_HEALTH_PORT``: HTTP port of ``/healthz`` (alive: answered by the process's
+    event loop itself, so a stuck loop fails it) and ``/readyz`` (operator: the installed CRDs
+    serve what it writes; worker: it takes turns, not while it drains); 0 serves none."""
 
     @property
     def nats_auth(self) -> NatsAuth:
@@ -90,9 +94,6 @@ class OperatorSettings(ProcessSettings):
     ledger_sweep: float = Field(default=2.0, gt=0)
     """``AGENTRUN_LEDGER_SWEEP``: seconds between ledger sweeps (window resets, expired holds,
     stale slots, queue pumps, AgentTenant status)."""
-    health_port: int = Field(default=0, ge=0, le=65535)
-    """``AGENTRUN_HEALTH_PORT``: HTTP port of ``/healthz`` (alive) and ``/readyz`` (the installed
-    CRDs serve what this operator writes); 0 serves none."""
     identity: str | None = None
     """``AGENTRUN_IDENTITY``: this process's name in the leader Lease (the chart passes the pod
     name); unset uses ``<hostname>-<pid>``."""
@@ -144,6 +145,32 @@ class WorkerSettings(ProcessSettings):
     exponential backoff from 0.5 s, within the run's deadline."""
     hold_ttl: float = Field(default=60.0, gt=0)
     """``AGENTRUN_HOLD_TTL``: seconds a ledger hold outlives its last refresh."""
+    termination_grace: float = Field(default=30.0, gt=0)
+    """``AGENTRUN_TERMINATION_GRACE``: seconds from SIGTERM until the process is killed (the
+    pod's ``terminationGracePeriodSeconds``, which the chart passes; Kubernetes' default is
+    30). A stopping worker fetches no new turn and lets the turns it holds finish for this
+    less ``drain_margin``."""
+    drain_margin: float = Field(default=10.0, ge=0)
+    """``AGENTRUN_DRAIN_MARGIN``: seconds of ``termination_grace`` kept for what follows the
+    drain: turns still running are cancelled (left for another worker), a write call in
+    flight completes and records its outcome (bounded by ``tool_timeout``), connections
+    close. Must be below ``termination_grace``."""
+
+    @property
+    def drain_seconds(self) -> float:
+        """Seconds a stopping worker lets its in-flight turns run: ``termination_grace`` less
+        ``drain_margin``."""
+        return self.termination_grace - self.drain_margin
+
+    @pydantic.model_validator(mode="after")
+    def _drain_fits_the_grace(self) -> WorkerSettings:
+        if self.drain_margin >= self.termination_grace:
+            raise ValueError(
+                f"AGENTRUN_DRAIN_MARGIN={self.drain_margin:g} must be below "
+                f"AGENTRUN_TERMINATION_GRACE={self.termination_grace:g} (the drain gets the "
+                "grace period less the margin)"
+            )
+        return self
 
     @pydantic.field_validator("tool_result_max_bytes")
     @classmethod

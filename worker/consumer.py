@@ -4,6 +4,11 @@ Delivery rules: ack only after the turn event is committed; ``in_progress``
 heartbeats while a turn runs so JetStream does not redeliver it; a request whose base event is
 not the run's last event is stale (the turn was already committed, or the run moved on) and is
 acked without running; a commit that loses the compare-and-set is dropped, never retried.
+
+Stopping (SIGTERM) drains: nothing more is fetched, the turns in flight run on (heartbeats and
+hold refreshes too) for the drain time, and only those still running then are cancelled and
+naked for another worker — a model call so cut is charged as abandoned and asked again
+elsewhere; a write call in flight is not cut (``toolrunner``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ class ConsumerSettings:
     hold_ttl: float = DEFAULT_HOLD_TTL
     """Seconds a ledger hold outlives its last refresh (a dead worker's hold is released
     after at most this plus the operator's sweep interval)."""
+    drain: float = 0.0
+    """Seconds a stopping worker lets the turns it holds run to their commit after it stopped
+    fetching (``AGENTRUN_TERMINATION_GRACE`` less ``AGENTRUN_DRAIN_MARGIN``); turns still
+    running then are cancelled and left for another worker (a write call in flight completes
+    and records its outcome first). 0 cancels them at once."""
 
 
 def is_transient(err: BaseException) -> bool:
@@ -134,8 +144,26 @@ class TurnConsumer:
         self.turns_committed = 0
 
     def stop(self) -> None:
-        """Ask the loop to stop fetching; in-flight turns are cancelled and left for redelivery."""
+        """Stop fetching; the turns in flight get ``settings.drain`` seconds to commit, then
+        those still running are cancelled and naked for another worker. Heartbeats, ledger
+        hold refreshes and cancellation broadcasts go on meanwhile."""
+        if not self._stopping.is_set():
+            log.info(
+                "stopping: no new turns; %d in flight get %.0fs to finish",
+                len(self._inflight),
+                self.settings.drain,
+            )
         self._stopping.set()
+
+    @property
+    def draining(self) -> bool:
+        """Whether ``stop`` was called (the worker takes no new turns)."""
+        return self._stopping.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        """Turns this worker is running now."""
+        return len(self._inflight)
 
     async def _on_cancel(self, run_uid: str) -> None:
         task = self._inflight.get(run_uid)
@@ -145,7 +173,8 @@ class TurnConsumer:
         self.cache.drop(run_uid)
 
     async def run(self) -> None:
-        """Fetch and dispatch until ``stop``; returns after in-flight turns are settled."""
+        """Fetch and dispatch until ``stop``; returns once every turn in flight committed or,
+        past the drain time, was cancelled and handed back (naked)."""
         await self.bus.on_cancel(self._on_cancel)
         metrics.CONCURRENCY.set(self.settings.concurrency)
         await self.bus.consume(
@@ -153,6 +182,7 @@ class TurnConsumer:
             self._handle,
             stopping=self._stopping,
             concurrency=self.settings.concurrency,
+            drain=self.settings.drain,
         )
 
     async def _heartbeat(self, msg: Msg, run_uid: str) -> None:
@@ -186,6 +216,7 @@ class TurnConsumer:
             if request.run_uid in self._cancelled:
                 await msg.ack()  # the run is being stopped; its turn is void
                 return
+            log.info("turn %s cancelled while stopping; another worker takes it", request.msg_id)
             with contextlib.suppress(Exception):
                 await msg.nak()  # shutting down: another worker takes the turn
             raise

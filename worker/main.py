@@ -1,4 +1,5 @@
-"""Process wiring of ``agentrun-worker``: the shared start-up, the turn consumer, serve."""
+"""Process wiring of ``agentrun-worker``: the shared start-up, the turn consumer, the probes,
+serve until SIGTERM/SIGINT, then drain."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 from kubernetes_asyncio.client import ApiClient
 
-from agentrun import kube, process
+from agentrun import healthserver, kube, process
 from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
@@ -26,7 +27,8 @@ log = logging.getLogger("agentrun.worker")
 
 
 async def serve(config: WorkerSettings) -> None:
-    """Run one worker until SIGTERM/SIGINT."""
+    """Run one worker until SIGTERM/SIGINT, then drain: the turns it holds get
+    ``config.drain_seconds`` to commit before the rest are handed back."""
     url = config.nats_url
     bus = await Bus.connect(  # binds what the operator provisions; creates nothing
         BusSettings(url=url, auth=config.nats_auth, ack_wait=config.turn_ack_wait),
@@ -47,14 +49,23 @@ async def serve(config: WorkerSettings) -> None:
             # one beat refreshes both the JetStream delivery and the ledger hold
             heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
             hold_ttl=config.hold_ttl,
+            drain=config.drain_seconds,
         ),
         ledger=await LedgerStore.open(ledger_nc.jetstream(), create=False),
     )
     process.stop_on_signals(consumer.stop)
+    probes = None
+    if config.health_port:  # answered by this loop: a stuck loop fails the liveness probe
+        answer = healthserver.probe_answer(
+            alive="ok", ready=lambda: "draining" if consumer.draining else None
+        )
+        probes = await healthserver.serve(answer, host=config.metrics_addr, port=config.health_port)
     log.info("worker %d serving turns from %s", os.getpid(), url)
     try:
         await consumer.run()
     finally:
+        if probes is not None:
+            probes.close()
         if deps.mcp_sessions is not None:  # each session closed by the task that opened it
             await deps.mcp_sessions.aclose()
         await deps.model.close()
@@ -64,6 +75,7 @@ async def serve(config: WorkerSettings) -> None:
         if api is not None:
             with contextlib.suppress(Exception):
                 await api.close()
+        log.info("worker %d stopped", os.getpid())
 
 
 async def _kube_api() -> ApiClient | None:

@@ -129,6 +129,10 @@ def script_path(name: str) -> Path:
     return Path(found)
 
 
+STOP_GRACE = 10.0
+"""Seconds a stopped service gets after SIGTERM before SIGKILL (``stop_component``'s wait)."""
+
+
 def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, str]:
     """Environment shared by the operator and workers (contracts.md), minus the metrics port
     and the NATS credentials, which `start_operator` and `start_worker` pick per role from
@@ -138,7 +142,8 @@ def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, st
     ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates), and a short leader
     Lease (8 s; a leader gives up after 6 s without renewal), so that an operator restarted in
     place takes over within seconds, while a slow API server on a busy machine does not make
-    it give up.
+    it give up; and a worker's grace period of ``STOP_GRACE`` seconds, the time its stop waits
+    before SIGKILL, less a 3 s margin for its drain.
     """
     env = {
         "KUBECONFIG": kubeconfig,
@@ -148,6 +153,9 @@ def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, st
         "AGENTRUN_LEASE_DURATION": "8",
         "AGENTRUN_LEASE_RENEW_DEADLINE": "6",
         "AGENTRUN_LEASE_RETRY": "1",
+        # a stopped worker drains within the 10 s its stop waits before SIGKILL
+        "AGENTRUN_TERMINATION_GRACE": str(STOP_GRACE),
+        "AGENTRUN_DRAIN_MARGIN": "3",
     }
     if nats.auth_dir is not None:
         env["AGENTRUN_NATS_CA_FILE"] = str(nats.auth_dir / "ca.crt")
