@@ -23,8 +23,13 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The agentrun image: repository@digest when image.digest is set, else repository:tag. */}}
 {{- define "agentrun.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "agentrun.operatorServiceAccountName" -}}
@@ -45,7 +50,12 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The NATS image of the in-cluster server (nats.install). */}}
 {{- define "agentrun.natsImage" -}}
-{{- printf "%s:%s" .Values.nats.install.image.repository .Values.nats.install.image.tag -}}
+{{- $image := .Values.nats.install.image -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository $image.tag -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Name of the in-cluster NATS Service and StatefulSet. */}}
@@ -169,4 +179,43 @@ the AGENTRUN account of the <natsName>-server Secret when it exists.
 {{- end -}}
 {{- end -}}
 {{- $account -}}
+{{- end -}}
+
+{{/*
+What a component's pod template adds from its values (operator, worker): labels beside the
+chart's, annotations, priorityClassName, topology spread (each constraint's labelSelector
+defaults to the component's own pods). Call with (dict "root" $ "component" "worker").
+*/}}
+{{- define "agentrun.podLabels" -}}
+{{- with (index .root.Values .component).podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "agentrun.podScheduling" -}}
+{{- $values := index .root.Values .component -}}
+{{- with $values.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with $values.topologySpreadConstraints }}
+{{- $own := dict "labelSelector" (dict "matchLabels" (include "agentrun.selectorLabels" (dict "root" $.root "component" $.component) | fromYaml)) }}
+{{- $constraints := list }}
+{{- range . }}
+{{- $constraints = append $constraints (ternary . (merge (deepCopy .) $own) (hasKey . "labelSelector")) }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
