@@ -26,8 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import nats
 import nats.errors
@@ -36,7 +35,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from agentrun import protocol
+from agentrun import protocol, pulling
 from agentrun.natsclient import EventTooLarge as EventTooLarge
 from agentrun.natsclient import NatsAuth, event_cap
 from agentrun.natsclient import connect_nats as connect_nats
@@ -51,10 +50,8 @@ EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
 
 
-Subscribe = Callable[[], Awaitable[JetStreamContext.PullSubscription]]
-"""Binds a pull consumer (``Bus.turn_subscription``, ``Bus.event_subscription``)."""
-Handle = Callable[[Msg], Coroutine[Any, Any, None]]
-"""Handles one fetched message (acks, naks or terms it itself)."""
+Subscribe = pulling.Subscribe
+Handle = pulling.Handle
 
 
 class CommitConflict(Exception):
@@ -167,61 +164,12 @@ class Bus:
         concurrency: int = 0,
         drain: float = 0.0,
     ) -> None:
-        """Pull messages from the consumer ``subscribe`` binds and pass each to ``handle``,
-        until ``stopping`` is set.
-
-        ``concurrency`` 0 handles each message before fetching the next (in stream order);
-        ``n > 0`` runs up to ``n`` handlers as tasks at once. Once ``stopping`` is set nothing
-        more is fetched; handlers still running get ``drain`` seconds (from the moment the loop
-        sees the stop: within a one-second poll) to finish, then are cancelled, and this
-        returns when every one has ended. Cancelling ``consume`` itself cancels them at once.
-        Messages are fetched one per pull request: nats-py's ``fetch(batch > 1)`` waits for the
-        whole batch or its timeout once the stream is idle, which would delay a message by up
-        to the timeout. A fetch that fails other than as an empty poll (server restarted,
-        stream lost) re-creates the subscription a second later (and, on a provisioning bus,
-        the streams); after the
-        connection reconnected, the subscription is bound again before the next fetch.
-        """
-        puller = _Puller(self, subscribe)
-        tasks: set[asyncio.Task[None]] = set()
-        try:
-            await self._pull(puller, handle, tasks, stopping=stopping, concurrency=concurrency)
-            if tasks and drain > 0:
-                log.info("stopping: %d handler(s) get %.0fs to finish", len(tasks), drain)
-                await asyncio.wait(tasks, timeout=drain)
-        finally:
-            if tasks:
-                log.info("cancelling %d handler(s) still running", len(tasks))
-            for task in list(tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await puller.unbind()
-
-    @staticmethod
-    async def _pull(
-        puller: _Puller,
-        handle: Handle,
-        tasks: set[asyncio.Task[None]],
-        *,
-        stopping: asyncio.Event,
-        concurrency: int,
-    ) -> None:
-        """The fetch loop of ``consume``: returns once ``stopping`` is set."""
-        stop = asyncio.ensure_future(stopping.wait())
-        try:
-            while not stopping.is_set():
-                if concurrency and len(tasks) >= concurrency:  # full: a slot, or the stop
-                    await asyncio.wait({*tasks, stop}, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                for msg in await puller.fetch():
-                    if not concurrency:
-                        await handle(msg)
-                        continue
-                    task = asyncio.create_task(handle(msg))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-        finally:
-            stop.cancel()
+        """Pull messages from the consumer ``subscribe`` binds and pass each to ``handle``
+        until ``stopping`` is set, then let handlers still running finish for ``drain``
+        seconds before cancelling them (``pulling.consume``, which documents the rules)."""
+        await pulling.consume(
+            self, subscribe, handle, stopping=stopping, concurrency=concurrency, drain=drain
+        )
 
     # --- TurnRequests -------------------------------------------------------------------------
 
@@ -411,43 +359,3 @@ class Bus:
             await callback(msg.subject.rsplit(".", 1)[-1])
 
         await self.nc.subscribe(protocol.CANCEL_SUBJECTS, cb=handler)
-
-
-class _Puller:
-    """One pull subscription of ``Bus.consume``, bound again after each reconnect and
-    re-created (with the streams) after a failed fetch."""
-
-    def __init__(self, bus: Bus, subscribe: Subscribe) -> None:
-        self.bus = bus
-        self.subscribe = subscribe
-        self.sub: JetStreamContext.PullSubscription | None = None
-        self.bound_at = reconnections(bus.nc)
-        """The connection's reconnect count when ``sub`` was bound."""
-
-    async def fetch(self) -> list[Msg]:
-        """The next message, or none after an empty poll (one second) or a failure (the
-        streams and the subscription are re-created a second later)."""
-        try:
-            if self.sub is not None and self.bound_at != reconnections(self.bus.nc):
-                await self.unbind()
-            if self.sub is None:
-                self.bound_at = reconnections(self.bus.nc)
-                self.sub = await self.subscribe()
-            return await self.sub.fetch(batch=1, timeout=1.0)
-        except (nats.errors.TimeoutError, TimeoutError):
-            return []
-        except Exception as err:
-            log.warning("consumer: %r; re-creating streams and consumer in 1s", err)
-            self.sub = None
-            await asyncio.sleep(1.0)
-            if self.bus.provision:
-                with contextlib.suppress(Exception):
-                    await self.bus.ensure_streams()
-            return []
-
-    async def unbind(self) -> None:
-        """Unsubscribe (best effort)."""
-        sub, self.sub = self.sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()

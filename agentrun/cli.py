@@ -11,8 +11,9 @@ dev`` says to install it. `main` maps the errors our modules raise (which say wh
 to a one-line message and exit status 1.
 
 What belongs here: argument parsing, printing, and the two Kubernetes calls the run commands
-make (read a run's status, set an annotation on it) through ``kubernetes_asyncio``, over one
-API session per command (`RunClient`).
+make (read a run's status, set annotations on it; a reviewer's own user name from a
+``SelfSubjectReview``) through ``kubernetes_asyncio``, over one API session per command
+(`RunClient`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ DEV_MISSING = (
     "workers) is in the agentrun-dev distribution: install agentrun-dev "
     "(`pip install -e ./devtools` in a checkout; `make demo` and `make test` install it)"
 )
+
+REVIEWER = "agentrun.dev/reviewer"
+"""Set with ``approve``/``deny`` to the caller's own user name (checked by the API server)."""
 
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 """kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
@@ -279,9 +283,27 @@ class RunClient:
         events = [self._api.sanitize_for_serialization(e) for e in listed.items]
         return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
 
+    async def whoami(self) -> str:
+        """The user name the API server authenticates this client as (a
+        ``SelfSubjectReview``, what ``kubectl auth whoami`` asks); raises RunAccessError."""
+        if self._api is None:
+            raise RuntimeError("RunClient used outside `async with`")
+        try:
+            review = await client.AuthenticationV1Api(self._api).create_self_subject_review(
+                client.V1SelfSubjectReview()
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        return str(review.status.user_info.username)
+
     async def annotate(self, name: str, *, key: str, value: str) -> None:
         """Set annotation `key` to `value` on the run (merge patch); raises RunAccessError."""
-        body = {"metadata": {"annotations": {key: value}}}
+        await self.annotate_all(name, {key: value})
+
+    async def annotate_all(self, name: str, annotations: dict[str, str]) -> None:
+        """Set every annotation of ``annotations`` on the run in one merge patch; raises
+        RunAccessError (the API server refused: not found, forbidden, an admission policy)."""
+        body = {"metadata": {"annotations": annotations}}
         try:
             await self._objects().patch_namespaced_custom_object(
                 kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name, body, **MERGE_PATCH
@@ -308,7 +330,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_review(args: argparse.Namespace) -> int:
-    """``agentrun approve|deny RUN``: annotate the run with the pending call's digest.
+    """``agentrun approve|deny RUN``: annotate the run with the pending call's digest and
+    ``agentrun.dev/reviewer`` with the caller's own user name (the API server's admission
+    policy checks both the name and the ``approve`` permission on ``agentruns/approval``).
 
     ``args.prog`` (the parser's default: ``agentrun`` or ``kubectl agentrun``) leads an error."""
 
@@ -323,9 +347,10 @@ def cmd_review(args: argparse.Namespace) -> int:
                 return 1
             arguments = json.dumps(pending.get("arguments"), sort_keys=True)
             tool, call_id = pending.get("tool"), pending.get("toolCallID")
-            print(f"{args.verb}: {tool}({arguments}) call {call_id}")
-            key = f"agentrun.dev/{args.verb}"
-            await runs.annotate(args.run, key=key, value=pending["digest"])
+            reviewer = await runs.whoami()
+            print(f"{args.verb}: {tool}({arguments}) call {call_id} as {reviewer}")
+            decision = {f"agentrun.dev/{args.verb}": pending["digest"], REVIEWER: reviewer}
+            await runs.annotate_all(args.run, decision)
         return 0
 
     return asyncio.run(review())

@@ -33,7 +33,10 @@ def _apply(loaded: LoadedRun, event: RunEvent) -> kernel.RunState:
         return kernel.advance(loaded.state, event.record, loaded.config.limits)
     if event.kind == "approval" and event.approval is not None:
         return kernel.resolve_approval(
-            loaded.state, digest=event.approval.digest, approved=event.approval.approved
+            loaded.state,
+            digest=event.approval.digest,
+            approved=event.approval.approved,
+            reviewer=event.approval.reviewer,
         )
     return kernel.stop(loaded.state, event.phase, event.summary.message)
 

@@ -315,27 +315,27 @@ class Dispatcher:
         )
 
     async def decide(
-        self, namespace: str, name: str, uid: str, *, digest: str, approved: bool
+        self, namespace: str, name: str, uid: str, *, digest: str, approved: bool, reviewer: str
     ) -> str | None:
-        """Apply a reviewer's decision on the run's pending held call.
-
-        Replays the run's events to the kernel state, lets the kernel check the digest, and
-        appends an ``approval`` event (compare-and-set on the last event). Returns ``None`` on
-        success, else why the decision was not applied (not waiting, digest mismatch, moved on).
-        """
+        """Apply ``reviewer``'s decision on the run's pending held call: replay its events to
+        the kernel state, let the kernel check the digest, append an ``approval`` event naming
+        the reviewer (compare-and-set on the last event). Returns ``None`` on success, else why
+        the decision was not applied (not waiting, digest mismatch, moved on)."""
         events = await self.bus.read_events(namespace, name)
         loaded = history.fold(events, run_uid=uid)
         if loaded is None:
             return "the run has no events"
         try:
-            state = kernel.resolve_approval(loaded.state, digest=digest, approved=approved)
+            state = kernel.resolve_approval(
+                loaded.state, digest=digest, approved=approved, reviewer=reviewer
+            )
         except ValueError as err:
             return str(err)
         event = RunEvent(
             "approval",
             uid,
             state.summary(),
-            approval=protocol.Approval(digest, approved),
+            approval=protocol.Approval(digest, approved, reviewer),
             time=self.clock(),
         )
         try:

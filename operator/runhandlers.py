@@ -25,7 +25,13 @@ from . import admission, agents
 from .cronspec import CRON_LABEL
 from .evalstatus import EVAL_LABEL
 from .recorder import EventType, Involved
-from .runs import APPROVE_ANNOTATION, CANCEL_ANNOTATION, DENY_ANNOTATION, RunKey
+from .runs import (
+    APPROVE_ANNOTATION,
+    CANCEL_ANNOTATION,
+    DENY_ANNOTATION,
+    REVIEWER_ANNOTATION,
+    RunKey,
+)
 from .specs import ObjectMeta, RunObject
 from .statuswriter import MERGE_PATCH
 from .tenants import NoTenant, ToolServerPending
@@ -157,19 +163,20 @@ async def review_run(
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """``agentrun.dev/approve`` or ``agentrun.dev/deny`` set to the pending call's digest.
-
-    The decision is applied only if the digest is the one waiting (the kernel checks), then the
-    annotation is removed so the same digest can be decided again later in the run.
-    """
+    """``agentrun.dev/approve|deny`` set to the pending call's digest with
+    ``agentrun.dev/reviewer`` (checked by the chart's admission policy): applied only if the
+    digest is the one waiting (the kernel checks), the reviewer recorded in the approval event,
+    the held call's status and the Event; then the annotations are removed together, so the
+    same digest can be decided again later in the run."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running()
+    reviewer = str(annotations.get(REVIEWER_ANNOTATION) or "")
     for key, approved in ((APPROVE_ANNOTATION, True), (DENY_ANNOTATION, False)):
         digest = annotations.get(key)
         if not digest:
             continue
         refused = await parts.dispatcher.decide(
-            namespace, name, uid, digest=str(digest), approved=approved
+            namespace, name, uid, digest=str(digest), approved=approved, reviewer=reviewer
         )
         involved = Involved("AgentRun", name, namespace, uid)
         if refused is not None:
@@ -186,13 +193,20 @@ async def review_run(
                 involved,
                 type=EventType.NORMAL,
                 reason="Approved" if approved else "Denied",
-                message=f"held tool call {digest} {'approved' if approved else 'denied'} by {key}",
+                message=(
+                    f"held tool call {digest} {'approved' if approved else 'denied'} by "
+                    f"{reviewer or 'an unnamed reviewer'} ({key})"
+                ),
                 key=(uid, "Decided", digest),
             )
-        await _remove_annotation(parts.api, namespace, name, key)
+    await _remove_annotations(
+        parts.api, namespace, name, (APPROVE_ANNOTATION, DENY_ANNOTATION, REVIEWER_ANNOTATION)
+    )
 
 
-async def _remove_annotation(api: client.ApiClient, namespace: str, name: str, key: str) -> None:
+async def _remove_annotations(
+    api: client.ApiClient, namespace: str, name: str, keys: tuple[str, ...]
+) -> None:
     try:
         await client.CustomObjectsApi(api).patch_namespaced_custom_object(
             kube.GROUP,
@@ -200,7 +214,7 @@ async def _remove_annotation(api: client.ApiClient, namespace: str, name: str, k
             namespace,
             kube.RUNS,
             name,
-            {"metadata": {"annotations": {key: None}}},
+            {"metadata": {"annotations": dict.fromkeys(keys)}},
             **MERGE_PATCH,
         )
     except ApiException as err:

@@ -19,6 +19,11 @@ APPROVE_ANNOTATION = "agentrun.dev/approve"
 """Set to the digest in ``.status.pendingApproval`` to approve that held call."""
 DENY_ANNOTATION = "agentrun.dev/deny"
 """Set to the digest in ``.status.pendingApproval`` to deny that held call."""
+REVIEWER_ANNOTATION = "agentrun.dev/reviewer"
+"""Set with ``approve``/``deny`` to the deciding user's Kubernetes name: the chart's admission
+policy (``agentrun-approval``) refuses a value other than the requesting user's and a caller
+without the ``approve`` verb on ``agentruns/approval``; the operator records it as the
+reviewer."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -100,6 +100,7 @@ def held_call_as_dict(held: kernel.HeldCall | None) -> dict[str, Any] | None:
         "tool": held.name,
         "arguments": dict(held.arguments),
         "digest": held.digest,
+        **({"reviewer": held.reviewer} if held.reviewer else {}),
     }
 
 
@@ -135,6 +136,7 @@ def _held_calls_from_dict(waiting: Mapping[str, Any]) -> tuple[kernel.HeldCall, 
             held["arguments"],
             held["digest"],
             approved[held.get("decision", "pending")],
+            reviewer=str(held.get("reviewer", "")),
         )
         for held in waiting.get("heldCalls") or []
     )

@@ -122,3 +122,6 @@ class Approval:
 
     digest: str
     approved: bool
+    reviewer: str = ""
+    """The Kubernetes user who decided (``agentrun.dev/reviewer``, which the chart's admission
+    policy checks equals the requesting user); "" in events written before reviewers."""

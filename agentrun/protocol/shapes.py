@@ -236,6 +236,7 @@ class ApprovalShape(_Shape):
 
     digest: str
     approved: bool
+    reviewer: str = ""
 
     def value(self) -> Approval:
         """The approval as a value."""

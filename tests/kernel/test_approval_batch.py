@@ -45,16 +45,18 @@ def test_after_the_first_decision_the_second_call_waits_and_the_first_shows_its_
     state = waiting_on_two_deploys()
     first = state.summary().pending_approval
     assert first is not None
-    after = kernel.resolve_approval(state, digest=first.digest, approved=True)
+    after = kernel.resolve_approval(state, digest=first.digest, approved=True, reviewer="alice")
     assert after.phase is Phase.AWAITING_APPROVAL
-    assert after.message == "approved; call 2 of 2 held for approval: deploy (d2)"
+    assert after.message == "approved by alice; call 2 of 2 held for approval: deploy (d2)"
     pending = protocol.pending_approval_as_dict(after.summary())
     assert pending is not None
     assert (pending["toolCallID"], pending["call"], pending["of"]) == ("d2", 2, 2)
     assert [h["decision"] for h in pending["heldCalls"]] == ["approved", "pending"]
+    assert [h.get("reviewer") for h in pending["heldCalls"]] == ["alice", None]
     second = after.summary().pending_approval
     assert second is not None
-    done = kernel.resolve_approval(after, digest=second.digest, approved=False)
+    done = kernel.resolve_approval(after, digest=second.digest, approved=False, reviewer="bob")
+    assert done.message == "denied by bob"
     assert done.phase is Phase.RUNNING and done.summary().held_for_approval == ()
     assert protocol.pending_approval_as_dict(done.summary()) is None
 
@@ -63,5 +65,8 @@ def test_the_batch_survives_the_event_round_trip() -> None:
     state = waiting_on_two_deploys()
     first = state.summary().pending_approval
     assert first is not None
-    summary = kernel.resolve_approval(state, digest=first.digest, approved=False).summary()
+    summary = kernel.resolve_approval(
+        state, digest=first.digest, approved=False, reviewer="alice"
+    ).summary()
     assert protocol.summary_from_dict(protocol.summary_as_dict(summary)) == summary
+    assert summary.held_for_approval[0].reviewer == "alice"
