@@ -1,5 +1,5 @@
 """Where the control-plane binaries (kube-apiserver, etcd, kubectl) and the node's binaries
-(kube-controller-manager, kube-scheduler, kubelet, kube-proxy, coredns) come from.
+(kube-controller-manager, kube-scheduler, kubelet, kube-proxy, coredns, kube-router) come from.
 
 In order of preference:
 
@@ -13,7 +13,8 @@ Kubernetes is pinned at `K8S_VERSION` and etcd at `ETCD_VERSION`; the build chec
 etcd pin matches what that kubernetes release declares. The node's kubernetes binaries come
 from the same cache directory and the same pinned module (`ensure_node_binaries` builds every
 missing kubernetes command in one ``go build``); CoreDNS is pinned at `COREDNS_VERSION`, the
-release kubernetes' ``build/dependencies.yaml`` names, and cached beside them.
+release kubernetes' ``build/dependencies.yaml`` names, and cached beside them; the
+NetworkPolicy enforcer kube-router is pinned at `KUBE_ROUTER_VERSION` and cached the same way.
 
 What belongs here: locating, caching and locking; not the build recipe, not running anything.
 """
@@ -36,6 +37,8 @@ from agentrun_dev import console, gobuild
 K8S_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.5"
 COREDNS_VERSION = "v1.12.1"
+KUBE_ROUTER_VERSION = "v2.1.0"
+"""kube-router, run on the node with only its NetworkPolicy controller (see `node`)."""
 NAMES = ("etcd", "kube-apiserver", "kubectl")
 NODE_NAMES = ("kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 
@@ -62,6 +65,8 @@ class NodeBinaries:
     kubelet: Path
     kube_proxy: Path
     coredns: Path
+    kube_router: Path
+    """The NetworkPolicy enforcer."""
 
 
 def cache_root() -> Path:
@@ -113,6 +118,7 @@ def ensure_node_binaries(
     Every missing kubernetes command (control plane and node) is built by one ``go build``
     under the control-plane build lock; coredns under its own lock. ``KUBEBUILDER_ASSETS`` is
     not consulted: the node's binaries must match the cached kube-apiserver's version.
+    kube-router likewise under its own lock.
 
     Raises:
         gobuild.BuildError: no suitable Go, or a build failed.
@@ -128,6 +134,11 @@ def ensure_node_binaries(
         with build_lock(coredns_dir.parent, what="coredns", log=log):
             if missing_in(coredns_dir, ("coredns",)):
                 _build_coredns(coredns_dir, log=log)
+    kube_router = kube_router_bin_dir(root) / "kube-router"
+    if not is_executable(kube_router):
+        with build_lock(kube_router.parent.parent, what="kube-router", log=log):
+            if not is_executable(kube_router):
+                _build_kube_router(kube_router, log=log)
     control_plane = Binaries(
         etcd=bin_dir / "etcd",
         kube_apiserver=bin_dir / "kube-apiserver",
@@ -139,6 +150,7 @@ def ensure_node_binaries(
         kubelet=bin_dir / "kubelet",
         kube_proxy=bin_dir / "kube-proxy",
         coredns=coredns_dir / "coredns",
+        kube_router=kube_router,
     )
     return control_plane, node
 
@@ -155,6 +167,20 @@ def _build_coredns(bin_dir: Path, *, log: console.Log) -> None:
     gobuild.build_coredns(bin_dir, module_version=COREDNS_VERSION, log=log)
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
     log(f"built coredns in {minutes}m{seconds:02d}s")
+
+
+def kube_router_bin_dir(root: Path | None = None) -> Path:
+    """The cache directory of the pinned kube-router, under `root` (default `cache_root()`)."""
+    base = cache_root() if root is None else root
+    return base / "kube-router" / f"kube-router-{KUBE_ROUTER_VERSION}" / "bin"
+
+
+def _build_kube_router(out: Path, *, log: console.Log) -> None:
+    log(f"building kube-router {KUBE_ROUTER_VERSION} from the Go module proxy into {out}")
+    started = time.monotonic()
+    gobuild.build_kube_router(out, module_version=KUBE_ROUTER_VERSION, log=log)
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    log(f"built kube-router in {minutes}m{seconds:02d}s")
 
 
 def find_kubectl(*, root: Path | None = None, log: console.Log = console.log_to_stderr) -> Path:

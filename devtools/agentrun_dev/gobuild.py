@@ -24,6 +24,10 @@ interrupted build never leaves a half-written binary.
   ``builtinassets`` (the web UI is not needed, the HTTP API is), and the release version from
   the module's ``VERSION`` file stamped at link time as its .promu.yml does.
 
+- kube-router (the node's NetworkPolicy enforcer): ``github.com/cloudnativelabs/kube-router/v2``
+  carries no ``replace`` directives either: one ``go install cmd/kube-router@v2.x.y`` with
+  ``CGO_ENABLED=0`` and the version stamped as its Makefile does (see `build_kube_router`).
+
 What belongs here: the build recipe only. Where binaries are cached, locking, and choosing
 between prebuilt and built binaries are `binaries`' job.
 """
@@ -640,5 +644,61 @@ def _check_helm_version(binary: Path, *, module_version: str) -> None:
     if not result.stdout.startswith(module_version):
         raise BuildError(
             f"{binary} version does not report {module_version}:"
+            f" {(result.stdout + result.stderr).strip()[:500]}"
+        )
+
+
+KUBE_ROUTER_MODULE = "github.com/cloudnativelabs/kube-router/v2"
+_KUBE_ROUTER_HINT = "or put a kube-router binary in the cache (see agentrun_dev.binaries)"
+
+
+def build_kube_router(
+    out: Path, *, module_version: str, log: console.Log = console.log_to_stderr
+) -> None:
+    """Build kube-router at `module_version` (e.g. ``"v2.1.0"``) into the file `out`.
+
+    ``github.com/cloudnativelabs/kube-router/v2`` carries no ``replace`` directives, so
+    ``go install …/cmd/kube-router@<version>`` builds exactly the module's go.sum, with
+    ``CGO_ENABLED=0`` and the version stamped at link time as its Makefile does
+    (``pkg/version.Version``; no build date, so the output is reproducible), into a temporary
+    GOBIN beside `out`, then renamed.
+
+    Raises:
+        BuildError: no Go on PATH, a Go older than the module's ``go`` directive, a go
+            command failed, or the built binary does not report `module_version`.
+    """
+    go = _Go(binary=find_go(hint=_KUBE_ROUTER_HINT), env=_go_env(), log=log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
+        work = Path(tmp)
+        go.download_module(
+            KUBE_ROUTER_MODULE, module_version, cwd=work, hint=_KUBE_ROUTER_HINT, step="[1/2]"
+        )
+        log(f"[2/2] building kube-router {module_version}")
+        gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out.parent))
+        try:
+            env = {**go.env, "GOBIN": str(gobin), "CGO_ENABLED": "0"}
+            installer = dataclasses.replace(go, env=env)
+            ldflags = f"-X {KUBE_ROUTER_MODULE}/pkg/version.Version={module_version}"
+            package = f"{KUBE_ROUTER_MODULE}/cmd/kube-router@{module_version}"
+            installer.run(["install", "-ldflags", ldflags, package], cwd=work)
+            _check_kube_router_version(gobin / "kube-router", module_version=module_version)
+            os.replace(gobin / "kube-router", out)
+            log(f"  wrote {out}")
+        finally:
+            shutil.rmtree(gobin, ignore_errors=True)
+
+
+def _check_kube_router_version(binary: Path, *, module_version: str) -> None:
+    """Raise BuildError unless ``kube-router --version`` names `module_version`."""
+    try:
+        result = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f"cannot run {binary} --version: {exc}") from exc
+    if f"version {module_version}," not in result.stdout + result.stderr:
+        raise BuildError(
+            f"{binary} --version does not report {module_version}:"
             f" {(result.stdout + result.stderr).strip()[:500]}"
         )
