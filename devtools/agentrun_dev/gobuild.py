@@ -44,7 +44,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import yaml
@@ -509,26 +509,51 @@ def _install_prometheus(
         tags = ",".join(PROMETHEUS_TAGS)
         installer.run(["install", "-tags", tags, "-ldflags", ldflags, *packages], cwd=work)
         for name in names:
-            _check_version(gobin / name, release=release)
+            _check_version(gobin / name, says=f"version {release} ")
             os.replace(gobin / name, out_dir / name)
             go.log(f"  wrote {out_dir / name}")
     finally:
         shutil.rmtree(gobin, ignore_errors=True)
 
 
-def _check_version(binary: Path, *, release: str) -> None:
-    """Raise BuildError unless ``binary --version`` names `release`."""
+def _check_version(binary: Path, *, says: str) -> None:
+    """Raise BuildError unless the output of ``binary --version`` contains `says`."""
     try:
         result = subprocess.run(
             [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BuildError(f"cannot run {binary} --version: {exc}") from exc
-    if f"version {release} " not in result.stdout + result.stderr:
+    if says not in result.stdout + result.stderr:
         raise BuildError(
-            f"{binary} --version does not report {release}:"
+            f"{binary} --version does not say {says!r}:"
             f" {(result.stdout + result.stderr).strip()[:500]}"
         )
+
+
+def _install_binary(
+    go: _Go,
+    package: str,
+    out: Path,
+    *,
+    cwd: Path,
+    ldflags: str,
+    check: Callable[[Path], None],
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """``go install -ldflags … package@version`` (one main package) into a temporary GOBIN
+    beside `out`, `check` the built binary (raises BuildError), then rename it to `out`.
+    `env` adds to the go environment (e.g. ``CGO_ENABLED``)."""
+    gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out.parent))
+    try:
+        installer = dataclasses.replace(go, env={**go.env, **(env or {}), "GOBIN": str(gobin)})
+        installer.run(["install", "-ldflags", ldflags, package], cwd=cwd)
+        built = gobin / package.split("@", 1)[0].rsplit("/", 1)[-1]
+        check(built)
+        os.replace(built, out)
+        go.log(f"  wrote {out}")
+    finally:
+        shutil.rmtree(gobin, ignore_errors=True)
 
 
 def _write_wrapper(
@@ -594,16 +619,14 @@ def build_helm(out: Path, *, module_version: str, log: console.Log = console.log
         )
         flags = helm_ldflags(module_version=module_version, go_mod=go_mod)
         log(f"[2/2] building helm {module_version}")
-        gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out.parent))
-        try:
-            installer = dataclasses.replace(go, env={**go.env, "GOBIN": str(gobin)})
-            package = f"{HELM_MODULE}/cmd/helm@{module_version}"
-            installer.run(["install", "-ldflags", flags, package], cwd=work)
-            _check_helm_version(gobin / "helm", module_version=module_version)
-            os.replace(gobin / "helm", out)
-            log(f"  wrote {out}")
-        finally:
-            shutil.rmtree(gobin, ignore_errors=True)
+        _install_binary(
+            go,
+            f"{HELM_MODULE}/cmd/helm@{module_version}",
+            out,
+            cwd=work,
+            ldflags=flags,
+            check=lambda built: _check_helm_version(built, module_version=module_version),
+        )
 
 
 def helm_ldflags(*, module_version: str, go_mod: str) -> str:
@@ -675,30 +698,12 @@ def build_kube_router(
             KUBE_ROUTER_MODULE, module_version, cwd=work, hint=_KUBE_ROUTER_HINT, step="[1/2]"
         )
         log(f"[2/2] building kube-router {module_version}")
-        gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out.parent))
-        try:
-            env = {**go.env, "GOBIN": str(gobin), "CGO_ENABLED": "0"}
-            installer = dataclasses.replace(go, env=env)
-            ldflags = f"-X {KUBE_ROUTER_MODULE}/pkg/version.Version={module_version}"
-            package = f"{KUBE_ROUTER_MODULE}/cmd/kube-router@{module_version}"
-            installer.run(["install", "-ldflags", ldflags, package], cwd=work)
-            _check_kube_router_version(gobin / "kube-router", module_version=module_version)
-            os.replace(gobin / "kube-router", out)
-            log(f"  wrote {out}")
-        finally:
-            shutil.rmtree(gobin, ignore_errors=True)
-
-
-def _check_kube_router_version(binary: Path, *, module_version: str) -> None:
-    """Raise BuildError unless ``kube-router --version`` names `module_version`."""
-    try:
-        result = subprocess.run(
-            [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BuildError(f"cannot run {binary} --version: {exc}") from exc
-    if f"version {module_version}," not in result.stdout + result.stderr:
-        raise BuildError(
-            f"{binary} --version does not report {module_version}:"
-            f" {(result.stdout + result.stderr).strip()[:500]}"
+        _install_binary(
+            go,
+            f"{KUBE_ROUTER_MODULE}/cmd/kube-router@{module_version}",
+            out,
+            cwd=work,
+            ldflags=f"-X {KUBE_ROUTER_MODULE}/pkg/version.Version={module_version}",
+            check=lambda built: _check_version(built, says=f"version {module_version},"),
+            env={"CGO_ENABLED": "0"},
         )

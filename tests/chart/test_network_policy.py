@@ -161,28 +161,3 @@ def test_worker_egress_without_what_the_workers_need_fails_naming_the_value(
     result = offline_helm("template", "agentrun", str(CHART_DIR), *sets, check=False)
     assert result.returncode != 0
     assert named in result.stderr
-
-
-@pytest.mark.parametrize(
-    ("assignment", "named"),
-    [
-        pytest.param("networkPolicy.enabeld=false", "'enabeld' not allowed", id="typo"),
-        pytest.param(
-            "networkPolicy.workerEgress.apiServer.cidrs={10.0.0.10}",
-            "/networkPolicy/workerEgress/apiServer/cidrs/0",
-            id="cidr-without-prefix",
-        ),
-        pytest.param(
-            "networkPolicy.nats.extraClients[0].podSelektor.app=x",
-            "'podSelektor' not allowed",
-            id="peer-typo",
-        ),
-    ],
-)
-def test_values_schema_names_the_network_policy_field(
-    offline_helm: helm.Helm, assignment: str, named: str
-) -> None:
-    result = offline_helm("template", "agentrun", str(CHART_DIR), "--set", assignment, check=False)
-    assert result.returncode != 0
-    assert "values don't meet the specifications of the schema" in result.stderr
-    assert named in result.stderr

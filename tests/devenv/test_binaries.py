@@ -199,3 +199,13 @@ def test_a_missing_node_binary_is_built_and_without_go_the_error_says_so(
     monkeypatch.setenv("PATH", str(tmp_path / "no-go-here"))
     with pytest.raises(gobuild.BuildError, match="go not found on PATH"):
         binaries.ensure_node_binaries(root=tmp_path, log=lambda _: None)
+
+
+def test_the_node_s_network_policy_enforcer_is_the_pinned_kube_router() -> None:
+    """kube-router built from the Go module proxy (or cached), stamped with its version."""
+    _, node = binaries.ensure_node_binaries(log=print)
+    version = subprocess.run(
+        [str(node.kube_router), "--version"], capture_output=True, text=True, check=True
+    )
+    assert f"version {binaries.KUBE_ROUTER_VERSION}," in version.stdout + version.stderr
+    assert node.kube_router == binaries.kube_router_bin_dir() / "kube-router"
