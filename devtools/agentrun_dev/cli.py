@@ -224,6 +224,7 @@ def cmd_dev_binaries(args: argparse.Namespace) -> int:
             ("kubelet", on_node.kubelet),
             ("kube-proxy", on_node.kube_proxy),
             ("coredns", on_node.coredns),
+            ("kube-router", on_node.kube_router),
         ]
     else:
         found = binaries.ensure_binaries(log=_progress)
