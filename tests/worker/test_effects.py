@@ -14,7 +14,11 @@ import nats
 import pytest
 
 from agentrun import kernel, natsclient
-from agentrun.effects import (
+from agentrun.kernel import Phase, ToolFault
+from agentrun.settings import TOOL_RESULT_MAX_BYTES_LIMIT
+from agentrun.tools import ToolContext, ToolError, ToolSpec
+from agentrun.worker import toolrunner
+from agentrun.worker.effects import (
     EffectEntry,
     EffectLedger,
     EffectState,
@@ -22,10 +26,6 @@ from agentrun.effects import (
     effect_key,
     fit_entry,
 )
-from agentrun.kernel import Phase, ToolFault
-from agentrun.settings import TOOL_RESULT_MAX_BYTES_LIMIT
-from agentrun.tools import ToolContext, ToolError, ToolSpec
-from agentrun.worker import toolrunner
 from agentrun_dev import natsserver
 
 SETTINGS = toolrunner.ToolRunSettings(retries=2, retry_backoff=0.01)
