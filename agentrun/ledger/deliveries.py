@@ -21,8 +21,6 @@ change it only through its methods. What does not: the rest of a hold's lifecycl
 
 from __future__ import annotations
 
-import dataclasses
-
 from agentrun.ledger.entries import aside_key
 from agentrun.ledger.state import BookState
 
@@ -36,9 +34,7 @@ def set_aside(book: BookState, key: str, *, owner: str) -> bool:
     if previous is None or previous.owner == owner or not previous.answered:
         return False
     book.take_hold(key)
-    aside = dataclasses.replace(
-        previous, tokens=previous.spent_tokens, cost_usd=previous.spent_cost
-    )
+    aside = previous.holding(previous.spent_tokens, previous.spent_cost)
     book.put_hold(aside_key(key, previous.owner), aside)
     return True
 

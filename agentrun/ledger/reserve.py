@@ -261,7 +261,7 @@ def reserve_call(
     output = min(fits, need.output_tokens)
     tokens, cost = need.worst(output)
     book.stop_waiting(key)
-    book.put_hold(key, dataclasses.replace(hold, tokens=tokens, cost_usd=cost))
+    book.put_hold(key, hold.holding(tokens, cost))
     return Granted(output, tokens, cost)
 
 
@@ -288,7 +288,8 @@ def _wait(book: BookState, key: str, least: tuple[int, Decimal], *, now: float) 
     if waiter is None:
         book.put_waiter(key, Waiter(now, tokens, cost, now + WAITER_TTL))
     elif waiter.expires - now < WAITER_TTL / 2:
-        book.put_waiter(key, dataclasses.replace(waiter, expires=now + WAITER_TTL))
+        renewed = Waiter(waiter.since, waiter.tokens, waiter.cost_usd, now + WAITER_TTL)
+        book.put_waiter(key, renewed)
     return BudgetWait(
         f"tenant {book.tenant!r}: {book.used_tokens} tokens / {book.used_cost} USD "
         f"used, {book.reserved_tokens} / {book.reserved_cost} held by calls in flight; "
