@@ -7,7 +7,7 @@ a model call held, waiting or refused) and ``deliveries`` (a turn run by two del
 once). ``Book`` puts them behind one name, so a caller — the store's compare-and-set changes,
 the tests — reads ``book.reserve_call(...)`` whichever module holds the rule. Nothing below
 imports this module: the layers run ``entries`` → ``state`` → ``deliveries`` → ``reserve`` →
-``book`` → ``codec`` → ``store``.
+``book`` → ``codec`` → ``cas`` → ``hold`` → ``store``.
 
 What belongs here: naming the operations. What does not: any rule or change of state (those
 live in ``state``, ``reserve`` and ``deliveries``), I/O (``store``).
