@@ -9,7 +9,9 @@ verdict and case table (``eval``) and a rerun.
 
 ``logs`` reads NATS JetStream, where the run's events are (the source of truth): the server is
 ``--nats-url``, else ``AGENTRUN_NATS_URL``, else ``nats://127.0.0.1:4222`` (from outside the
-cluster: ``kubectl port-forward svc/<release>-nats 4222``). Every other command needs only the
+cluster: ``kubectl port-forward svc/<release>-nats 4222``), with the credentials of
+``--nats-creds`` (else ``AGENTRUN_NATS_CREDS_FILE``) and the CA of ``--nats-ca`` (else
+``AGENTRUN_NATS_CA_FILE``) on a closed bus. Every other command needs only the
 kubeconfig, like kubectl; the namespace defaults to the current context's.
 
 Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error, 130 Ctrl-C.
@@ -25,13 +27,14 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import nats.errors
 from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import bus, kernel
+from agentrun import bus, kernel, natsclient
 from agentrun.cli import control, trajectory
 from agentrun.protocol import RunEvent
 
@@ -102,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="NATS server holding the run events "
         f"(default: $AGENTRUN_NATS_URL, else {DEFAULT_NATS_URL})",
+    )
+    logs.add_argument(
+        "--nats-creds",
+        default=None,
+        help="NATS .creds file to read with (default: $AGENTRUN_NATS_CREDS_FILE)",
+    )
+    logs.add_argument(
+        "--nats-ca",
+        default=None,
+        help="CA file the NATS server's certificate must chain to, for TLS "
+        "(default: $AGENTRUN_NATS_CA_FILE)",
     )
     logs.set_defaults(handler=cmd_logs)
 
@@ -252,10 +266,13 @@ async def _logs(args: argparse.Namespace) -> int:
         uid = obj["metadata"]["uid"]
         url = args.nats_url or os.environ.get("AGENTRUN_NATS_URL") or DEFAULT_NATS_URL
         try:
-            nc = await asyncio.wait_for(bus.connect_nats(url, name="kubectl-agentrun"), 10)
-        except (TimeoutError, nats.errors.NoServersError, OSError) as err:
+            nc = await asyncio.wait_for(
+                bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args)), 10
+            )
+        except (TimeoutError, nats.errors.Error, OSError, ValueError) as err:  # refused too
             raise RuntimeError(
                 f"cannot reach NATS at {url} ({err!r}); set --nats-url or AGENTRUN_NATS_URL "
+                "(and --nats-creds, --nats-ca on a closed bus) "
                 "(e.g. kubectl port-forward the chart's NATS service)"
             ) from err
         events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=url))
@@ -265,6 +282,15 @@ async def _logs(args: argparse.Namespace) -> int:
             return await _print_all(args, obj, events, uid=uid)
         finally:
             await events.close()
+
+
+def _nats_auth(args: argparse.Namespace) -> natsclient.NatsAuth:
+    """The credentials and CA files of the flags, else of the environment."""
+    creds = args.nats_creds or os.environ.get("AGENTRUN_NATS_CREDS_FILE")
+    ca = args.nats_ca or os.environ.get("AGENTRUN_NATS_CA_FILE")
+    return natsclient.NatsAuth(
+        creds_file=Path(creds) if creds else None, ca_file=Path(ca) if ca else None
+    )
 
 
 async def _print_all(

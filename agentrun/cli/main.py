@@ -10,7 +10,8 @@ the ``agentrun-dev`` distribution (``devtools/`` in the repository); without it,
 dev`` says to install it. `main` maps the errors our modules raise (which say what to do next)
 to a one-line message and exit status 1.
 
-What belongs here: the ``agentrun`` program: its parser, its plugins and its exit statuses.
+What belongs here: the ``agentrun`` program: its parser, its plugins, its exit statuses and the
+commands only it has (``nats bootstrap|rotate|adopt-store``: the closed bus's Secrets).
 What does not: the Kubernetes calls and the run commands it shares with ``kubectl agentrun``
 (``control``: ``cancel``, ``approve``, ``deny`` over one API session per command).
 """
@@ -18,14 +19,17 @@ What does not: the Kubernetes calls and the run commands it shares with ``kubect
 from __future__ import annotations
 
 import argparse
+import asyncio
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import TypeAlias
 
+from kubernetes_asyncio import client
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from agentrun import kube
 from agentrun.cli import control
 
 Handler = Callable[[argparse.Namespace], int]
@@ -80,7 +84,40 @@ def register_dev_missing(subparsers: Subparsers) -> None:
     dev.set_defaults(handler=cmd_dev_missing)
 
 
-COMMANDS: list[Registrar] = [register_cancel, register_review]
+def register_nats(subparsers: Subparsers) -> None:
+    """``agentrun nats bootstrap|rotate|adopt-store``: the closed bus's keys and credentials in
+    Kubernetes Secrets (``agentrun.natsauth.bootstrap``), and the open bus's store adopted."""
+    nats_cmd = subparsers.add_parser(
+        "nats",
+        help="NATS identities and credentials of an installation (the chart's hooks use it)",
+        description="Keys, credentials and the server's auth configuration of the closed bus, "
+        "kept in Kubernetes Secrets named PREFIX-keys, -operator, -worker and -server.",
+    )
+    verbs = nats_cmd.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, text in (
+        ("bootstrap", "make the Secrets that are missing (idempotent; never overwrites creds)"),
+        ("rotate", "replace ROLE's user with a new one and revoke the old one"),
+    ):
+        parser = verbs.add_parser(verb, help=text, description=text)
+        parser.add_argument("-n", "--namespace", required=True, help="namespace of the Secrets")
+        parser.add_argument(
+            "--prefix", required=True, help="Secret name prefix, e.g. agentrun-nats"
+        )
+        if verb == "rotate":
+            parser.add_argument("role", choices=["operator", "worker"], help="whose user")
+        parser.set_defaults(handler=cmd_nats)
+    adopt = verbs.add_parser(
+        "adopt-store",
+        help="move an open server's JetStream data ($G) under the AGENTRUN account",
+        description="Before a closed nats-server starts on the store an open one used: move "
+        "STORE/$G to STORE/<account>, unless that exists (runs and buckets are kept).",
+    )
+    adopt.add_argument("--store", required=True, help="JetStream's directory (…/jetstream)")
+    adopt.add_argument("--account-file", required=True, help="file holding the account key")
+    adopt.set_defaults(handler=cmd_nats)
+
+
+COMMANDS: list[Registrar] = [register_cancel, register_review, register_nats]
 """The runtime's own registrars of top-level subcommands, in help order."""
 
 
@@ -130,6 +167,38 @@ def cmd_dev_missing(args: argparse.Namespace) -> int:
     del args
     print(f"agentrun: error: {DEV_MISSING}", file=sys.stderr)
     return 1
+
+
+def cmd_nats(args: argparse.Namespace) -> int:
+    """``agentrun nats VERB``: print what was made or changed."""
+    from pathlib import Path
+
+    from agentrun.natsauth import bootstrap
+    from agentrun.natsauth.permissions import Role
+
+    if args.verb == "adopt-store":
+        account = Path(args.account_file).read_text().strip()
+        moved = bootstrap.adopt_store(Path(args.store), account)
+        print(f"moved {args.store}/$G to {account}" if moved else "nothing to adopt")
+        return 0
+
+    async def run() -> int:
+        api = await kube.api_client()
+        try:
+            store = bootstrap.SecretStore(client.CoreV1Api(api), args.namespace)
+            names = bootstrap.SecretNames(args.prefix)
+            if args.verb == "rotate":
+                public = await bootstrap.rotate(store, names, Role(args.role))
+                print(f"{args.role}: new user {public}; the previous one is revoked")
+                return 0
+            outcome = await bootstrap.bootstrap(store, names)
+            print(f"created: {', '.join(outcome.created) or 'nothing'}")
+            print(f"updated: {', '.join(outcome.updated) or 'nothing'}")
+            return 0
+        finally:
+            await api.close()
+
+    return asyncio.run(run())
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

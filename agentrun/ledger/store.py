@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from agentrun import kernel
+from agentrun import buckets, kernel, protocol
 from agentrun.ledger import codec
 from agentrun.ledger.book import Book
 from agentrun.ledger.cas import CasStore, LedgerUnavailable
@@ -40,7 +40,7 @@ __all__ = [
     "Repair",
 ]
 
-BUCKET = "AGENTRUN_LEDGER"
+BUCKET = protocol.LEDGER_BUCKET
 T = TypeVar("T")
 
 MAX_QUEUED_RUNS = 1_000
@@ -98,17 +98,13 @@ class LedgerStore(CasStore):
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, *, bucket: str = BUCKET, **kwargs: Any
+        cls, js: JetStreamContext, *, bucket: str = BUCKET, create: bool = True, **kwargs: Any
     ) -> LedgerStore:
-        """Bind (creating it if missing) the ledger bucket (``AGENTRUN_LEDGER``; another name
-        keeps a second ledger apart on the same server, e.g. for tests)."""
-        try:
-            kv = await js.key_value(bucket)
-        except nats.js.errors.BucketNotFoundError:
-            kv = await js.create_key_value(
-                api.KeyValueConfig(bucket=bucket, history=1, storage=api.StorageType.FILE)
-            )
-        return cls(kv, **kwargs)
+        """Bind the ledger bucket (``AGENTRUN_LEDGER``; another name keeps a second ledger
+        apart on the same server, e.g. for tests), creating it when missing if ``create``
+        (the operator), else waiting for it (a worker: ``buckets.open_bucket``)."""
+        config = api.KeyValueConfig(bucket=bucket, history=1, storage=api.StorageType.FILE)
+        return cls(await buckets.open_bucket(js, config, create=create), **kwargs)
 
     # --- books ------------------------------------------------------------------------------------
 

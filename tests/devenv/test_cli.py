@@ -15,6 +15,7 @@ import nats
 import pytest
 
 from agentrun.cli import main as agentrun_cli
+from agentrun.natsclient import NatsAuth, connect_options
 from agentrun_dev import cli as dev_cli
 from agentrun_dev import controlplane, procs, stack, state
 
@@ -147,7 +148,14 @@ def test_up_status_env_revive_and_down_round_trip(dev_dir: Path) -> None:
 
 def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> None:
     """kubectl sees the CRDs, the mock model lists its models, nats has JetStream."""
-    assert set(env) == {"KUBECONFIG", "AGENTRUN_NATS_URL", "AGENTRUN_MODEL_URL", "PATH"}
+    assert set(env) == {
+        "KUBECONFIG",
+        "AGENTRUN_NATS_URL",
+        "AGENTRUN_NATS_CREDS_FILE",
+        "AGENTRUN_NATS_CA_FILE",
+        "AGENTRUN_MODEL_URL",
+        "PATH",
+    }
     assert env["PATH"].endswith(":$PATH")  # the pinned kubectl first
     assert kubectl is not None
     dirs = env["PATH"].removesuffix(':"$PATH"').removesuffix(":$PATH").strip("'").split(os.pathsep)
@@ -167,7 +175,11 @@ def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> Non
         assert json.load(response)["object"] == "list"
 
     async def jetstream_answers() -> None:
-        client = await nats.connect(env["AGENTRUN_NATS_URL"])
+        auth = NatsAuth(
+            creds_file=Path(env["AGENTRUN_NATS_CREDS_FILE"]),
+            ca_file=Path(env["AGENTRUN_NATS_CA_FILE"]),
+        )
+        client = await nats.connect(env["AGENTRUN_NATS_URL"], **connect_options(auth))
         try:
             await client.jetstream().account_info()
         finally:

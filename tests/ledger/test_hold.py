@@ -42,7 +42,7 @@ class Clock:
 
 @pytest.fixture
 async def store(nats_server: natsserver.NatsServer) -> AsyncIterator[LedgerStore]:
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         yield await LedgerStore.open(client.jetstream(), bucket=TEST_BUCKET, clock=lambda: NOW)
     finally:

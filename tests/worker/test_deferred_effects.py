@@ -41,7 +41,7 @@ scenarios:
 
 @pytest.fixture
 async def ledger(nats_server: natsserver.NatsServer) -> AsyncIterator[EffectLedger]:
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         yield await EffectLedger.open(client.jetstream(), bucket=f"E{uuid.uuid4().hex[:10]}")
     finally:

@@ -59,7 +59,7 @@ class Counting:
 
 @pytest.fixture
 async def ledger(nats_server: natsserver.NatsServer) -> AsyncIterator[EffectLedger]:
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         yield await EffectLedger.open(client.jetstream(), bucket=f"E{uuid.uuid4().hex[:10]}")
     finally:
@@ -187,7 +187,7 @@ async def test_a_result_over_what_an_entry_holds_is_recorded_cut_and_replayed_cu
     recorded cut, with the marker results are cut with, and the call answers what was recorded
     both times."""
     bucket = f"E{uuid.uuid4().hex[:10]}"
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         cap = natsclient.event_cap(client)
         ledger = await EffectLedger.open(client.jetstream(), bucket=bucket, entry_cap=cap)
