@@ -1,4 +1,4 @@
-"""The ``agentrun`` command line.
+"""The ``agentrun`` command line (console script ``agentrun``).
 
 Each subcommand is one ``register_<name>(subparsers)`` function that adds its parser and sets
 ``handler`` to a ``cmd_<name>(args) -> int`` function returning the exit code. `COMMANDS`
@@ -10,27 +10,27 @@ the ``agentrun-dev`` distribution (``devtools/`` in the repository); without it,
 dev`` says to install it. `main` maps the errors our modules raise (which say what to do next)
 to a one-line message and exit status 1.
 
-What belongs here: argument parsing, printing, and the two Kubernetes calls the run commands
-make (read a run's status, set an annotation on it) through ``kubernetes_asyncio``, over one
-API session per command (`RunClient`).
+What belongs here: the ``agentrun`` program: its parser, its plugins, its exit statuses and the
+commands only it has (``nats bootstrap|rotate|adopt-store``: the closed bus's Secrets).
+What does not: the Kubernetes calls and the run commands it shares with ``kubectl agentrun``
+(``control``: ``cancel``, ``approve``, ``deny`` over one API session per command).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from agentrun import kube
+from agentrun.cli import control
 
 Handler = Callable[[argparse.Namespace], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
@@ -45,9 +45,6 @@ DEV_MISSING = (
     "(`pip install -e ./devtools` in a checkout; `make demo` and `make test` install it)"
 )
 
-MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
-"""kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
-
 
 def register_cancel(subparsers: Subparsers) -> None:
     """``agentrun cancel RUN``: annotate the AgentRun so the operator ends it ``cancelled``."""
@@ -60,7 +57,7 @@ def register_cancel(subparsers: Subparsers) -> None:
     )
     cancel.add_argument("run", metavar="RUN", help="AgentRun name")
     cancel.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
-    cancel.set_defaults(handler=cmd_cancel)
+    cancel.set_defaults(handler=control.cmd_cancel)
 
 
 def register_review(subparsers: Subparsers) -> None:
@@ -75,7 +72,7 @@ def register_review(subparsers: Subparsers) -> None:
         )
         review.add_argument("run", metavar="RUN", help="AgentRun name")
         review.add_argument("-n", "--namespace", default="default", help="namespace")
-        review.set_defaults(handler=cmd_review, verb=verb)
+        review.set_defaults(handler=control.cmd_review, verb=verb)
 
 
 def register_dev_missing(subparsers: Subparsers) -> None:
@@ -170,165 +167,6 @@ def cmd_dev_missing(args: argparse.Namespace) -> int:
     del args
     print(f"agentrun: error: {DEV_MISSING}", file=sys.stderr)
     return 1
-
-
-class RunAccessError(RuntimeError):
-    """The API server refused a read or patch of an AgentRun; `str()` reads like kubectl's
-    ``Error from server (NotFound): agentruns.agentrun.dev "x" not found``."""
-
-    @classmethod
-    def from_api(cls, err: ApiException) -> RunAccessError:
-        """From the API server's ``Status`` body (reason, message), else the HTTP status."""
-        try:
-            body = json.loads(err.body or "{}")
-        except (TypeError, ValueError):
-            body = {}
-        reason = body.get("reason") or err.reason or err.status
-        message = body.get("message") or str(err.body or "").strip() or f"HTTP {err.status}"
-        return cls(f"Error from server ({reason}): {message}")
-
-
-class RunClient:
-    """Reads and annotates AgentRuns of one namespace over one API session.
-
-    ``async with RunClient(namespace) as runs:`` loads ``KUBECONFIG`` (or the in-cluster
-    credentials) once; raises ConfigException when there are none.
-    """
-
-    def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
-        self._api: client.ApiClient | None = None
-
-    async def __aenter__(self) -> RunClient:
-        self._api = await kube.api_client()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._api is not None:
-            await self._api.close()
-
-    def _objects(self) -> client.CustomObjectsApi:
-        if self._api is None:
-            raise RuntimeError("RunClient used outside `async with`")
-        return client.CustomObjectsApi(self._api)
-
-    async def get(self, name: str) -> dict[str, Any]:
-        """The AgentRun object; raises RunAccessError (not found, forbidden, …)."""
-        return await self._get(kube.RUNS, name)
-
-    async def get_eval(self, name: str) -> dict[str, Any]:
-        """The AgentEval object; raises RunAccessError (not found, forbidden, …)."""
-        return await self._get(kube.EVALS, name)
-
-    async def _get(self, plural: str, name: str) -> dict[str, Any]:
-        try:
-            obj: dict[str, Any] = await self._objects().get_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, self.namespace, plural, name
-            )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
-        return obj
-
-    async def status(self, name: str) -> dict[str, Any]:
-        """The run's ``.status`` ({} before the operator wrote one).
-
-        Raises RunAccessError (not found, forbidden, …).
-        """
-        status: dict[str, Any] = (await self.get(name)).get("status") or {}
-        return status
-
-    async def list_runs(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
-        """The AgentRuns of the namespace (or of every namespace); raises RunAccessError."""
-        objects = self._objects()
-        try:
-            if all_namespaces:
-                listed = await objects.list_cluster_custom_object(
-                    kube.GROUP, kube.VERSION, kube.RUNS
-                )
-            else:
-                listed = await objects.list_namespaced_custom_object(
-                    kube.GROUP, kube.VERSION, self.namespace, kube.RUNS
-                )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
-        items: list[dict[str, Any]] = listed.get("items", [])
-        return items
-
-    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Create an AgentRun in the namespace; the created object. Raises RunAccessError
-        (e.g. the API server's validation refused it)."""
-        try:
-            created: dict[str, Any] = await self._objects().create_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, body
-            )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
-        return created
-
-    async def events_of(self, uid: str) -> list[dict[str, Any]]:
-        """The Kubernetes Events about the object ``uid`` in the namespace, oldest first;
-        raises RunAccessError."""
-        if self._api is None:
-            raise RuntimeError("RunClient used outside `async with`")
-        try:
-            listed = await client.CoreV1Api(self._api).list_namespaced_event(
-                self.namespace, field_selector=f"involvedObject.uid={uid}"
-            )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
-        events = [self._api.sanitize_for_serialization(e) for e in listed.items]
-        return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
-
-    async def annotate(self, name: str, *, key: str, value: str) -> None:
-        """Set annotation `key` to `value` on the run (merge patch); raises RunAccessError."""
-        body = {"metadata": {"annotations": {key: value}}}
-        try:
-            await self._objects().patch_namespaced_custom_object(
-                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name, body, **MERGE_PATCH
-            )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    """``agentrun cancel RUN``: set ``agentrun.dev/cancel=true`` unless the run already ended."""
-
-    async def cancel() -> int:
-        async with RunClient(args.namespace) as runs:
-            status = await runs.status(args.run)
-            if status.get("terminalReason"):
-                phase, reason = status.get("phase"), status["terminalReason"]
-                print(f"{args.run} already ended: {phase} / {reason}")
-                return 0
-            await runs.annotate(args.run, key="agentrun.dev/cancel", value="true")
-        print(f"agentrun.agentrun.dev/{args.run} annotated")
-        return 0
-
-    return asyncio.run(cancel())
-
-
-def cmd_review(args: argparse.Namespace) -> int:
-    """``agentrun approve|deny RUN``: annotate the run with the pending call's digest.
-
-    ``args.prog`` (the parser's default: ``agentrun`` or ``kubectl agentrun``) leads an error."""
-
-    async def review() -> int:
-        async with RunClient(args.namespace) as runs:
-            pending = (await runs.status(args.run)).get("pendingApproval")
-            if not pending:
-                print(
-                    f"{args.prog}: error: {args.run} is not waiting for an approval",
-                    file=sys.stderr,
-                )
-                return 1
-            arguments = json.dumps(pending.get("arguments"), sort_keys=True)
-            tool, call_id = pending.get("tool"), pending.get("toolCallID")
-            print(f"{args.verb}: {tool}({arguments}) call {call_id}")
-            key = f"agentrun.dev/{args.verb}"
-            await runs.annotate(args.run, key=key, value=pending["digest"])
-        return 0
-
-    return asyncio.run(review())
 
 
 def cmd_nats(args: argparse.Namespace) -> int:
