@@ -37,10 +37,10 @@ import nats
 from harness import agent_run, bench_stack, percentile, write_result
 
 from agentrun import kernel
-from agentrun.effects import EffectLedger
 from agentrun.protocol import RemoteTool
 from agentrun.tools import ToolContext, remote
 from agentrun.worker import toolrunner
+from agentrun.worker.effects import EffectLedger
 from agentrun_dev import components, natsserver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -44,8 +44,8 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from agentrun import buckets
 from agentrun.bus import Bus, BusSettings
-from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
@@ -137,7 +137,8 @@ async def start_parts(
         ),
         name=f"agentrun-operator-{os.getpid()}",
     )
-    await EffectLedger.open(bus.js)  # the operator creates the buckets; workers only bind them
+    # the operator creates the buckets; workers only bind them
+    await buckets.open_bucket(bus.js, buckets.effects_config(), create=True)
     parts = _build_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)

@@ -12,12 +12,12 @@ from kubernetes_asyncio.client import ApiClient
 
 from agentrun import healthserver, kube, process
 from agentrun.bus import Bus, BusSettings, connect_nats
-from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog, sessions
 
 from .consumer import ConsumerSettings, TurnConsumer
+from .effects import EffectLedger
 from .model import ModelClient
 from .secrets import KubeSecrets
 from .toolrunner import ToolRunSettings

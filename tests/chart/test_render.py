@@ -94,6 +94,17 @@ def test_template_renders_with_no_cluster_and_no_kube_version_given(
         pytest.param(
             "metrics.grafanaDashboard.lable=x", "'lable' not allowed", id="dashboard-typo"
         ),
+        pytest.param("networkPolicy.enabeld=false", "'enabeld' not allowed", id="netpol-typo"),
+        pytest.param(
+            "networkPolicy.workerEgress.apiServer.cidrs={10.0.0.10}",
+            "/networkPolicy/workerEgress/apiServer/cidrs/0",
+            id="cidr-without-prefix",
+        ),
+        pytest.param(
+            "networkPolicy.nats.extraClients[0].podSelektor.app=x",
+            "'podSelektor' not allowed",
+            id="peer-typo",
+        ),
     ],
 )
 def test_values_schema_fails_naming_the_field(

@@ -2,9 +2,9 @@
 
 ``agentrun_dev`` (``devtools/``) starts the stack and imports nothing of the runtime but the
 package itself (to find its files) and the closed bus's own code (``RUNTIME_USED``: the dev
-stack's nats-server is closed by the same code as the chart's); the runtime (``agentrun``,
-the operator and the workers) imports nothing of the dev tooling nor its libraries, so its
-wheel can leave them out.
+stack's nats-server is closed by the same code as the chart's); the runtime (``agentrun``, the
+operator and the workers) imports nothing of the dev tooling nor its libraries, so its wheel can
+leave them out.
 """
 
 from __future__ import annotations

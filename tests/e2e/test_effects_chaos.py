@@ -25,7 +25,7 @@ import nats
 import nats.js.errors
 import pytest
 
-from agentrun import effects
+from agentrun.worker import effects
 from agentrun_dev import components, natsserver, stack
 from agentrun_dev.natsserver import NatsServer
 

@@ -19,9 +19,9 @@ from nats.js import JetStreamContext
 
 from agentrun import kernel, natsclient, protocol
 from agentrun.bus import Bus, BusSettings
-from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
+from agentrun.worker.effects import EffectLedger
 from agentrun_dev import components, natsserver
 
 TENANT_B, NAMESPACE_B = "tenant-b", "team-b"

@@ -17,9 +17,9 @@ from nats.js import api
 
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
-from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.protocol import RunEvent
+from agentrun.worker.effects import EffectLedger
 from agentrun_dev import natsserver
 
 from .conftest import NAMESPACE_B, TENANT_B, RunB, connect, event_subject_b

@@ -15,10 +15,10 @@ import nats
 import pytest
 
 from agentrun import kernel
-from agentrun.effects import EffectLedger
 from agentrun.kernel import Phase
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import Catalog, Sleep
+from agentrun.worker.effects import EffectLedger
 from agentrun.worker.model import ModelClient, RetryPolicy
 from agentrun.worker.turn import TurnDeps, execute_turn
 from agentrun_dev import natsserver

@@ -219,3 +219,61 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The workers' egress rules (NetworkPolicyEgressRule list) when networkPolicy.workerEgress
+is enabled: DNS, NATS (the installed server, else networkPolicy.workerEgress.nats on the port
+of nats.url), the scripted model, the API server's endpoints, then extraRules.
+*/}}
+{{- define "agentrun.workerEgressRules" -}}
+{{- $egress := .Values.networkPolicy.workerEgress -}}
+{{- if not $egress.apiServer.cidrs -}}
+{{- fail "networkPolicy.workerEgress.apiServer.cidrs: list the API server's endpoint addresses (kubectl get endpointslices -n default -l kubernetes.io/service-name=kubernetes), or the workers cannot read AgentModels and Secrets" -}}
+{{- end -}}
+{{- if $egress.dns }}
+- ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- end }}
+{{- if .Values.nats.install.enabled }}
+- to:
+    - podSelector:
+        matchLabels:
+          {{- include "agentrun.selectorLabels" (dict "root" . "component" "nats") | nindent 10 }}
+  ports:
+    - port: 4222
+      protocol: TCP
+{{- else }}
+{{- if not $egress.nats -}}
+{{- fail "networkPolicy.workerEgress.nats: name the peers of the NATS at nats.url (e.g. [{ipBlock: {cidr: 10.0.0.5/32}}] or a namespaceSelector), or the workers cannot reach it" -}}
+{{- end }}
+{{- $hostPort := (urlParse .Values.nats.url).host }}
+- to:
+    {{- toYaml $egress.nats | nindent 4 }}
+  ports:
+    - port: {{ regexFind "[0-9]+$" (regexFind ":[0-9]+$" $hostPort) | default "4222" | int }}
+      protocol: TCP
+{{- end }}
+{{- if .Values.mockModel.enabled }}
+- to:
+    - podSelector:
+        matchLabels:
+          {{- include "agentrun.selectorLabels" (dict "root" . "component" "mock-model") | nindent 10 }}
+  ports:
+    - port: {{ int .Values.mockModel.port }}
+      protocol: TCP
+{{- end }}
+- to:
+    {{- range $egress.apiServer.cidrs }}
+    - ipBlock:
+        cidr: {{ . | quote }}
+    {{- end }}
+  ports:
+    - port: {{ int $egress.apiServer.port }}
+      protocol: TCP
+{{- with $egress.extraRules }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}

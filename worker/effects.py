@@ -30,7 +30,7 @@ import json
 from typing import Any
 
 import nats.js.errors
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from agentrun import buckets, kernel, natsclient, protocol
@@ -53,8 +53,6 @@ DEFAULT_ENTRY_CAP = kernel.MESSAGE_CAP - natsclient.HEADER_ROOM
 """The most bytes one entry may take on a nats-server with the default ``max_payload``."""
 MIN_ENTRY_CAP = 4096
 """The least ``entry_cap`` a ledger takes: an entry's keys, digest and a cut result's marker."""
-TTL_SECONDS = 7 * 24 * 3600
-"""Entries expire after a week (longer than any run's timeout, at most 24 h)."""
 
 
 class EffectLedgerUnavailable(LedgerUnavailable):
@@ -178,9 +176,7 @@ class EffectLedger:
         operator), else waiting for it (a worker: ``buckets.open_bucket``); ``entry_cap``:
         the most bytes one entry may take — pass the bus's (``Bus.event_cap``). Raises
         ``ValueError`` below ``MIN_ENTRY_CAP``."""
-        config = api.KeyValueConfig(
-            bucket=bucket, history=1, ttl=TTL_SECONDS, storage=api.StorageType.FILE
-        )
+        config = buckets.effects_config(bucket)
         return cls(await buckets.open_bucket(js, config, create=create), entry_cap=entry_cap)
 
     async def prepare(self, run_uid: str, call: kernel.CheckedCall) -> EffectEntry | None:

@@ -2,10 +2,10 @@
 
 kubectl runs any ``kubectl-<name>`` executable on ``PATH`` as ``kubectl <name>``, so installing
 the package makes ``kubectl agentrun get|logs|describe|eval|approve|deny|cancel|rerun`` work.
-The Kubernetes calls and the approve/deny/cancel commands are the ``agentrun`` CLI's (``cli``);
-this module adds the views: a table of runs, a run described, its trajectory read from the
-run's event stream (``logs``; ``-f`` follows it live), an AgentEval's verdict and case table
-(``eval``) and a rerun.
+The Kubernetes calls and the approve/deny/cancel commands are those the ``agentrun`` command
+uses too (``control``); this module adds the views: a table of runs, a run described, its
+trajectory read from the run's event stream (``logs``; ``-f`` follows it live), an AgentEval's
+verdict and case table (``eval``) and a rerun.
 
 ``logs`` reads NATS JetStream, where the run's events are (the source of truth): the server is
 ``--nats-url``, else ``AGENTRUN_NATS_URL``, else ``nats://127.0.0.1:4222`` (from outside the
@@ -34,7 +34,8 @@ import nats.errors
 from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import bus, cli, kernel, natsclient, trajectory
+from agentrun import bus, kernel, natsclient
+from agentrun.cli import control, trajectory
 from agentrun.protocol import RunEvent
 
 PROG = "kubectl agentrun"
@@ -129,11 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in ("approve", "deny"):
         review = add(verb, f"{verb} the tool call a run is waiting on", output=False)
         review.add_argument("run", metavar="RUN")
-        review.set_defaults(handler=cli.cmd_review, verb=verb)
+        review.set_defaults(handler=control.cmd_review, verb=verb)
 
     cancel = add("cancel", "cancel a run (running, awaiting approval or queued)", output=False)
     cancel.add_argument("run", metavar="RUN")
-    cancel.set_defaults(handler=cli.cmd_cancel)
+    cancel.set_defaults(handler=control.cmd_cancel)
 
     suite = add(
         "eval",
@@ -218,7 +219,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     """``get [RUN] [-A]``: the table (or ``-o json``)."""
 
     async def get() -> list[dict[str, Any]]:
-        async with cli.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace) as runs:
             if args.run:
                 return [await runs.get(args.run)]
             return await runs.list_runs(all_namespaces=args.all_namespaces)
@@ -260,7 +261,7 @@ def _status_end(name: str, status: dict[str, Any]) -> str:
 
 
 async def _logs(args: argparse.Namespace) -> int:
-    async with cli.RunClient(args.namespace) as runs:
+    async with control.RunClient(args.namespace) as runs:
         obj = await runs.get(args.run)  # a missing run: one line, before NATS is needed
         uid = obj["metadata"]["uid"]
         url = args.nats_url or os.environ.get("AGENTRUN_NATS_URL") or DEFAULT_NATS_URL
@@ -311,7 +312,7 @@ async def _print_all(
 
 
 async def _follow(
-    args: argparse.Namespace, runs: cli.RunClient, events: bus.Bus, *, uid: str
+    args: argparse.Namespace, runs: control.RunClient, events: bus.Bus, *, uid: str
 ) -> int:
     """Print every event, then each new one, until the run's end; a run that ends without
     events (or is deleted) is noticed from its status."""
@@ -463,7 +464,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     """``describe RUN``: the run and its Events (``-o json``: ``{"object", "events"}``)."""
 
     async def describe() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with cli.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace) as runs:
             obj = await runs.get(args.run)
             return obj, await runs.events_of(obj["metadata"]["uid"])
 
@@ -527,7 +528,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     when the suite failed."""
 
     async def get() -> dict[str, Any]:
-        async with cli.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace) as runs:
             return await runs.get_eval(args.eval)
 
     obj = asyncio.run(get())
@@ -563,7 +564,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     """``rerun RUN [--name NEW]``: create the new run and print its name."""
 
     async def rerun() -> dict[str, Any]:
-        async with cli.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace) as runs:
             return await runs.create(rerun_manifest(await runs.get(args.run), name=args.name))
 
     created = asyncio.run(rerun())
