@@ -7,9 +7,8 @@ worker's compare-and-set commit makes a late duplicate harmless). Ends decided o
 the wall-clock deadline, cancellation — are appended as ``stop`` events with the same
 compare-and-set, so they cannot interleave with a worker's commit.
 
-A running run whose TurnRequest left the work queue without a newer event is found and
-dispatched again by ``orphans.OrphanWatch``, which reads the live views (``running_views``) and
-ends runs through ``end``.
+A running run whose TurnRequest left the work queue without a newer event is found and dispatched
+again by ``orphans.OrphanWatch``, reading the live views (``running_views``), ending via ``end``.
 """
 
 from __future__ import annotations
@@ -153,6 +152,9 @@ class Dispatcher:
     async def _consume(self, msg: Msg) -> None:
         try:
             event = RunEvent.decode(msg.data, seq=msg.metadata.sequence.stream)
+        except protocol.UnsupportedSchema as err:  # a newer worker wrote it, mid-upgrade
+            log.error("leaving an event on %s for a newer operator: %s", msg.subject, err)
+            return await msg.nak(delay=30.0)
         except (ValueError, KeyError, TypeError) as err:
             log.error("dropping an undecodable event on %s: %s", msg.subject, err)
             await msg.term()

@@ -62,6 +62,11 @@ class ConsumerSettings:
     and records its outcome first). 0 cancels them at once."""
 
 
+NEWER_SCHEMA_DELAY = 30.0
+"""Seconds before a message written in a newer wire schema is offered again (to a newer
+worker, during a rolling upgrade)."""
+
+
 def is_transient(err: BaseException) -> bool:
     """Whether a turn that raised ``err`` should wait and be retried however long the fault
     lasts (NATS trouble, an unreadable or contended ledger entry, an API server that cannot
@@ -69,7 +74,12 @@ def is_transient(err: BaseException) -> bool:
     if isinstance(err, nats.errors.MaxPayloadError | EventTooLarge):
         return False  # deterministic: the same turn would not fit again
     return isinstance(
-        err, nats.errors.Error | LedgerUnavailable | LedgerCorrupt | SecretUnavailable
+        err,
+        nats.errors.Error
+        | LedgerUnavailable
+        | LedgerCorrupt
+        | SecretUnavailable
+        | protocol.UnsupportedSchema,  # the run's events: a newer worker wrote them
     )
 
 
@@ -198,6 +208,10 @@ class TurnConsumer:
     async def _handle(self, msg: Msg) -> None:
         try:
             request = protocol.decode_turn_request(msg.data)
+        except protocol.UnsupportedSchema as err:  # a newer operator wrote it: not ours to run
+            log.warning("leaving a TurnRequest for a newer worker: %s", err)
+            await msg.nak(delay=NEWER_SCHEMA_DELAY)
+            return
         except ValueError as err:  # pydantic.ValidationError included
             log.error("dropping a malformed TurnRequest: %s", err)
             await msg.term()
@@ -242,8 +256,9 @@ class TurnConsumer:
         if transient or (delivered < 2 and not too_large):
             log.warning("turn %s failed (%r); it will be redelivered", request.msg_id, err)
             slow = isinstance(err, LedgerUnavailable | LedgerCorrupt | SecretUnavailable)
+            delay = NEWER_SCHEMA_DELAY if isinstance(err, protocol.UnsupportedSchema) else 1.0
             with contextlib.suppress(Exception):
-                await msg.nak(delay=5.0 if slow else 1.0)
+                await msg.nak(delay=5.0 if slow else delay)
             return
         log.error("turn %s failed for good: %r", request.msg_id, err, exc_info=err)
         message = f"turn {request.turn} could not be committed: {type(err).__name__}: {err}"[:1000]

@@ -7,7 +7,8 @@ deciding anything (``kernel``). Payloads are UTF-8 JSON.
 - ``subjects``: stream, subject and consumer names;
 - ``messages``: the values (``RunConfig``, ``TurnRequest``, ``Approval``);
 - ``shapes``: pydantic models of the payloads off the hot path, parsed and converted once;
-- ``events``: ``RunEvent`` and the per-turn codec of records and summaries.
+- ``events``: ``RunEvent`` and the per-turn codec of records and summaries;
+- ``versions``: the wire schema's version every message carries, and the readers' check.
 """
 
 from agentrun.protocol.events import (
@@ -58,6 +59,7 @@ from agentrun.protocol.subjects import (
     kv_subject,
     turn_subject,
 )
+from agentrun.protocol.versions import SCHEMA_VERSION, UnsupportedSchema
 
 __all__ = [
     "CANCEL_SUBJECTS",
@@ -66,6 +68,7 @@ __all__ = [
     "EVENT_SUBJECTS",
     "LEDGER_BUCKET",
     "OPERATOR_CONSUMER",
+    "SCHEMA_VERSION",
     "STREAM_EVENTS",
     "STREAM_TURNS",
     "TURN_SUBJECTS",
@@ -80,6 +83,7 @@ __all__ = [
     "SecretRef",
     "TurnRequest",
     "TurnRequestShape",
+    "UnsupportedSchema",
     "UrlRule",
     "cancel_subject",
     "decision_as_dict",

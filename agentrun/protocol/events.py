@@ -20,6 +20,7 @@ from typing import Any, Literal, assert_never
 
 from agentrun import kernel
 from agentrun.kernel import decision as dec
+from agentrun.protocol import versions
 from agentrun.protocol.messages import Approval, RunConfig
 from agentrun.protocol.shapes import ApprovalShape, RunConfigShape
 from agentrun.protocol.subjects import dumps
@@ -349,6 +350,7 @@ class RunEvent:
     def encode(self) -> bytes:
         """Payload bytes."""
         data: dict[str, Any] = {
+            versions.FIELD: versions.SCHEMA_VERSION,
             "kind": self.kind,
             "runUID": self.run_uid,
             "summary": summary_as_dict(self.summary),
@@ -366,8 +368,11 @@ class RunEvent:
 
     @classmethod
     def decode(cls, payload: bytes, *, seq: int = 0) -> RunEvent:
-        """Parse a payload; raises ``ValueError`` (incl. JSON errors) or ``KeyError`` if bad."""
+        """Parse a payload; raises ``versions.UnsupportedSchema`` (a ``ValueError``) when it is
+        written in a newer schema than this release reads, ``ValueError`` (incl. JSON errors)
+        or ``KeyError`` if bad."""
         data = json.loads(payload)
+        versions.check(data, what="run event")
         kind = data["kind"]
         if kind not in ("admitted", "turn", "stop", "approval"):
             raise ValueError(f"unknown event kind {kind!r}")
