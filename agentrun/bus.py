@@ -35,7 +35,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from agentrun import protocol, pulling
+from agentrun import metrics, protocol, pulling
 from agentrun.natsclient import EventTooLarge as EventTooLarge
 from agentrun.natsclient import NatsAuth, event_cap
 from agentrun.natsclient import connect_nats as connect_nats
@@ -202,6 +202,32 @@ class Bus:
         """TurnRequests not yet delivered to any worker (the work queue's backlog)."""
         info = await self.js._jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
         return int(info.num_pending or 0)
+
+    async def stats(self) -> metrics.BusStats:
+        """Stored bytes and messages of agentrun's streams (the work queue, the run events, the
+        ledger and effect buckets) and the lag of the two durable consumers; a stream or
+        consumer that does not exist (yet) is left out. Needs the operator's permissions
+        (stream and consumer info). Raises ``nats.errors.Error`` when NATS cannot be asked."""
+        streams: dict[str, tuple[int, int]] = {}
+        for stream in (
+            protocol.STREAM_TURNS,
+            protocol.STREAM_EVENTS,
+            protocol.kv_stream(protocol.LEDGER_BUCKET),
+            protocol.kv_stream(protocol.EFFECTS_BUCKET),
+        ):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                state = (await self.js._jsm.stream_info(stream)).state
+                streams[stream] = (int(state.bytes or 0), int(state.messages or 0))
+        consumers: dict[str, tuple[int, int]] = {}
+        for stream, consumer in (
+            (protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER),
+            (protocol.STREAM_EVENTS, protocol.OPERATOR_CONSUMER),
+        ):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                info = await self.js._jsm.consumer_info(stream, consumer)
+                consumers[consumer] = (int(info.num_pending or 0), int(info.num_ack_pending or 0))
+        workers = consumers.get(protocol.WORKERS_CONSUMER, (0, 0))
+        return metrics.BusStats(workers[0], streams, consumers)
 
     async def turn_subscription(self) -> JetStreamContext.PullSubscription:
         """The pull consumer shared by every worker (durable ``agentrun-workers``). A

@@ -23,14 +23,28 @@ first turn (``know_run``). Creating a series adds 0: nothing is counted twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from agentrun import kernel
 from agentrun.ledger import Book
 from agentrun.protocol import RunConfig
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BusStats:
+    """One look at agentrun's JetStream state (``Bus.stats``)."""
+
+    turns_pending: int
+    """TurnRequests not yet delivered to a worker."""
+    streams: Mapping[str, tuple[int, int]]
+    """Stream name → (bytes, messages) stored."""
+    consumers: Mapping[str, tuple[int, int]]
+    """Durable consumer name → (pending, acknowledgements pending)."""
+
 
 TURN_PHASE_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -154,6 +168,49 @@ OPERATOR_LEADER = Gauge(
     registry=None,
 )
 """Registered by operator processes only (`export_operator`): its absence means no operator."""
+CRD_MISMATCH = Gauge(
+    "agentrun_crd_mismatch",
+    "1 while the installed CRDs do not serve every field this operator writes (it is not ready "
+    "and touches nothing until they are applied), 0 once they do.",
+    registry=None,
+)
+"""Registered by operator processes only (`export_operator`)."""
+JETSTREAM_STORE_LIMIT = Gauge(
+    "agentrun_jetstream_store_limit_bytes",
+    "The JetStream file store's size the streams share (AGENTRUN_JETSTREAM_STORE_BYTES: the "
+    "NATS server's max_file_store), in bytes.",
+    registry=None,
+)
+"""Registered only when the store's size is configured (`export_store_limit`)."""
+JETSTREAM_STREAM_BYTES = Gauge(
+    "agentrun_jetstream_stream_bytes",
+    "Bytes stored by each of agentrun's JetStream streams (the work queue, the run events, the "
+    "ledger and effect buckets); exported by the leading operator.",
+    ["stream"],
+)
+JETSTREAM_STREAM_MESSAGES = Gauge(
+    "agentrun_jetstream_stream_messages",
+    "Messages stored by each of agentrun's JetStream streams; exported by the leading operator.",
+    ["stream"],
+)
+JETSTREAM_CONSUMER_PENDING = Gauge(
+    "agentrun_jetstream_consumer_pending",
+    "Messages a durable consumer has not been delivered yet (its lag): agentrun-workers on the "
+    "work queue, agentrun-operator on the run events; exported by the leading operator.",
+    ["consumer"],
+)
+JETSTREAM_CONSUMER_ACK_PENDING = Gauge(
+    "agentrun_jetstream_consumer_ack_pending",
+    "Messages a durable consumer was delivered and has not acknowledged yet (in flight); "
+    "exported by the leading operator.",
+    ["consumer"],
+)
+APPROVAL_OLDEST = Gauge(
+    "agentrun_approval_oldest_request_timestamp_seconds",
+    "When the oldest tool call still waiting for a person's decision was held, by tenant "
+    "(Unix seconds; no series while none waits); exported by the leading operator.",
+    ["tenant"],
+)
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
 EVAL_CASES = Counter(
@@ -318,7 +375,44 @@ def export_operator() -> None:
     if ("operator",) not in _known:
         OPERATOR_LEADER.set(0)
         REGISTRY.register(OPERATOR_LEADER)
+        CRD_MISMATCH.set(0)
+        REGISTRY.register(CRD_MISMATCH)
         _known.add(("operator",))
+
+
+def export_store_limit(limit_bytes: int) -> None:
+    """Export ``agentrun_jetstream_store_limit_bytes`` (when ``limit_bytes`` > 0: the store's
+    size is known). Idempotent."""
+    if limit_bytes <= 0:
+        return
+    JETSTREAM_STORE_LIMIT.set(limit_bytes)
+    if ("store",) not in _known:
+        REGISTRY.register(JETSTREAM_STORE_LIMIT)
+        _known.add(("store",))
+
+
+def record_bus(stats: BusStats) -> None:
+    """Set the work queue's backlog and the JetStream gauges from one look at the bus."""
+    TURNS_PENDING.set(stats.turns_pending)
+    for stream, (size, messages) in stats.streams.items():
+        JETSTREAM_STREAM_BYTES.labels(stream=stream).set(size)
+        JETSTREAM_STREAM_MESSAGES.labels(stream=stream).set(messages)
+    for consumer, (pending, ack_pending) in stats.consumers.items():
+        JETSTREAM_CONSUMER_PENDING.labels(consumer=consumer).set(pending)
+        JETSTREAM_CONSUMER_ACK_PENDING.labels(consumer=consumer).set(ack_pending)
+
+
+def record_live_runs(
+    phases: Mapping[tuple[str, str], int], oldest_approval: Mapping[str, float]
+) -> None:
+    """Set ``agentrun_runs_in_phase`` (runs per tenant and phase) and the oldest held call's
+    time per tenant; series of tenants and phases that emptied are dropped."""
+    RUNS_BY_PHASE.clear()
+    for (tenant, phase_name), count in phases.items():
+        RUNS_BY_PHASE.labels(tenant=tenant, phase=phase_name).set(count)
+    APPROVAL_OLDEST.clear()
+    for tenant, held_at in oldest_approval.items():
+        APPROVAL_OLDEST.labels(tenant=tenant).set(held_at)
 
 
 def lead() -> None:

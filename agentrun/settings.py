@@ -110,6 +110,11 @@ class OperatorSettings(ProcessSettings):
     renewal before it exits; must be below ``lease_duration``."""
     lease_retry: float = Field(default=2.0, gt=0)
     """``AGENTRUN_LEASE_RETRY``: seconds between two renewals or acquisition attempts."""
+    jetstream_store_bytes: int = Field(default=0, ge=0)
+    """``AGENTRUN_JETSTREAM_STORE_BYTES``: size of the JetStream file store the streams share
+    (the NATS server's ``max_file_store``), exported as ``agentrun_jetstream_store_limit_bytes``
+    for the store-filling alert; 0 (unknown) exports nothing. The chart sets it from
+    ``nats.install.maxFileStore``, or ``nats.storeBytes`` for a server you bring."""
     crd_check_interval: float = Field(default=5.0, gt=0)
     """``AGENTRUN_CRD_CHECK_INTERVAL``: seconds between two checks of the installed CRDs while
     they do not serve what this operator writes."""

@@ -189,8 +189,7 @@ class Dispatcher:
     async def _apply(self, view: RunView, event: RunEvent) -> None:
         if event.seq <= view.seq:
             return
-        view.seq = event.seq
-        view.summary = event.summary
+        view.advance(event.seq, event.summary, at=event.time or self.clock())
         phase = event.phase
         on_end: Callable[[], None] | None = None
         if phase is kernel.Phase.RUNNING:
@@ -265,16 +264,14 @@ class Dispatcher:
     def observe_phases(self) -> None:
         """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
         counts = views.phase_counts(self.views.values(), self.queues.queued_counts())
-        metrics.RUNS_BY_PHASE.clear()
-        for (tenant, phase_name), count in counts.items():
-            metrics.RUNS_BY_PHASE.labels(tenant=tenant, phase=phase_name).set(count)
+        metrics.record_live_runs(counts, views.oldest_approvals(self.views.values()))
 
     async def watch_queue(self, *, interval: float = 5.0) -> None:
-        """Keep ``agentrun_turns_pending`` (the work queue's backlog) and the phase gauge fresh."""
+        """Keep the bus gauges (``metrics.record_bus``) and the phase gauge fresh."""
         while not self._stopping.is_set():
             self.observe_phases()
             with contextlib.suppress(Exception):
-                metrics.TURNS_PENDING.set(await self.bus.pending_turns())
+                metrics.record_bus(await self.bus.stats())
             await asyncio.sleep(interval)
 
     # --- ends decided outside a turn ------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from agentrun import healthserver
+from agentrun import healthserver, metrics
 
 
 @dataclasses.dataclass
@@ -25,7 +25,8 @@ class Health:
     role: str = "standby"
 
     def set_ready(self, ready: bool) -> None:
-        """Record the outcome of the CRD check."""
+        """Record the outcome of the CRD check (and show it as ``agentrun_crd_mismatch``)."""
+        metrics.CRD_MISMATCH.set(0 if ready else 1)
         self.ready = ready
         self.reason = "" if ready else "the installed CRDs do not serve what this operator writes"
 

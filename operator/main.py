@@ -39,6 +39,7 @@ def main() -> None:
     """
     config = process.start(OperatorSettings, service="agentrun-operator")
     metrics.export_operator()  # agentrun_operator_leader 0 until it leads
+    metrics.export_store_limit(config.jetstream_store_bytes)
     assert handlers.REGISTERED  # the import registers the handlers with kopf
     asyncio.run(run(config))
 

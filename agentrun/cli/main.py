@@ -85,8 +85,9 @@ def register_dev_missing(subparsers: Subparsers) -> None:
 
 
 def register_nats(subparsers: Subparsers) -> None:
-    """``agentrun nats bootstrap|rotate|adopt-store``: the closed bus's keys and credentials in
-    Kubernetes Secrets (``agentrun.natsauth.bootstrap``), and the open bus's store adopted."""
+    """``agentrun nats bootstrap|rotate|adopt-store|status``: the closed bus's keys and
+    credentials in Kubernetes Secrets (``agentrun.natsauth.bootstrap``), the open bus's store
+    adopted, and a read-only look at the streams and consumers for runbooks."""
     nats_cmd = subparsers.add_parser(
         "nats",
         help="NATS identities and credentials of an installation (the chart's hooks use it)",
@@ -115,6 +116,15 @@ def register_nats(subparsers: Subparsers) -> None:
     adopt.add_argument("--store", required=True, help="JetStream's directory (…/jetstream)")
     adopt.add_argument("--account-file", required=True, help="file holding the account key")
     adopt.set_defaults(handler=cmd_nats)
+    status = verbs.add_parser(
+        "status",
+        help="agentrun's streams and consumers: stored bytes and messages, lag (read-only)",
+        description="Connect as this process's environment says (AGENTRUN_NATS_URL, "
+        "AGENTRUN_NATS_CREDS_FILE, AGENTRUN_NATS_CA_FILE: in the operator's pod, its own "
+        "identity) and print what each stream stores, each durable consumer's lag and the "
+        "share of the store used (AGENTRUN_JETSTREAM_STORE_BYTES).",
+    )
+    status.set_defaults(handler=cmd_nats)
 
 
 COMMANDS: list[Registrar] = [register_cancel, register_review, register_nats]
@@ -176,6 +186,8 @@ def cmd_nats(args: argparse.Namespace) -> int:
     from agentrun.natsauth import bootstrap
     from agentrun.natsauth.permissions import Role
 
+    if args.verb == "status":
+        return asyncio.run(_bus_status())
     if args.verb == "adopt-store":
         account = Path(args.account_file).read_text().strip()
         moved = bootstrap.adopt_store(Path(args.store), account)
@@ -199,6 +211,34 @@ def cmd_nats(args: argparse.Namespace) -> int:
             await api.close()
 
     return asyncio.run(run())
+
+
+async def _bus_status() -> int:
+    """``agentrun nats status``: one look at the bus (``Bus.stats``), printed as tables."""
+    from agentrun.bus import Bus, BusSettings
+    from agentrun.settings import OperatorSettings
+
+    settings = OperatorSettings()
+    bus = await Bus.connect(
+        BusSettings(url=settings.nats_url, auth=settings.nats_auth),
+        name="agentrun-nats-status",
+        provision=False,
+    )
+    try:
+        stats = await bus.stats()
+    finally:
+        await bus.close()
+    print(f"{'STREAM':<28}{'MESSAGES':>12}{'BYTES':>16}")
+    for stream, (size, messages) in stats.streams.items():
+        print(f"{stream:<28}{messages:>12}{size:>16}")
+    print(f"\n{'CONSUMER':<28}{'PENDING':>12}{'ACK PENDING':>16}")
+    for consumer, (pending, ack_pending) in stats.consumers.items():
+        print(f"{consumer:<28}{pending:>12}{ack_pending:>16}")
+    used = sum(size for size, _ in stats.streams.values())
+    limit = settings.jetstream_store_bytes
+    share = f"{used / limit:.1%} of {limit}" if limit else "store size unknown"
+    print(f"\nstore: {used} bytes used ({share})")
+    return 0
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -157,6 +157,8 @@ def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, st
         "AGENTRUN_TERMINATION_GRACE": str(STOP_GRACE),
         "AGENTRUN_DRAIN_MARGIN": "3",
     }
+    if nats.store_bytes:
+        env["AGENTRUN_JETSTREAM_STORE_BYTES"] = str(nats.store_bytes)
     if nats.auth_dir is not None:
         env["AGENTRUN_NATS_CA_FILE"] = str(nats.auth_dir / "ca.crt")
         env[CREDS_DIR_ENV] = str(nats.auth_dir)

@@ -277,3 +277,26 @@ of nats.url), the scripted model, the API server's endpoints, then extraRules.
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The JetStream file store's size in bytes, for the store-filling alert
+(AGENTRUN_JETSTREAM_STORE_BYTES): nats.install.maxFileStore in NATS's units (1K = 1000,
+1KB = 1024, up to T/TB) when the chart runs NATS, else nats.storeBytes; 0 when unknown.
+*/}}
+{{- define "agentrun.natsStoreBytes" -}}
+{{- if .Values.nats.install.enabled -}}
+{{- $text := upper (toString .Values.nats.install.maxFileStore) -}}
+{{- $digits := regexFind "^[0-9]+" $text -}}
+{{- $unit := trimPrefix $digits $text -}}
+{{- $powers := dict "" 0 "K" 1 "M" 2 "G" 3 "T" 4 -}}
+{{- if or (not $digits) (not (hasKey $powers (trimSuffix "B" $unit))) -}}
+{{- fail (printf "nats.install.maxFileStore %q: a number with an optional unit K, KB, M, MB, G, GB, T or TB" .Values.nats.install.maxFileStore) -}}
+{{- end -}}
+{{- $bytes := int64 $digits -}}
+{{- $base := ternary 1024 1000 (hasSuffix "B" $unit) -}}
+{{- range until (int (get $powers (trimSuffix "B" $unit))) }}{{ $bytes = mul $bytes $base }}{{ end -}}
+{{- $bytes -}}
+{{- else -}}
+{{- int64 .Values.nats.storeBytes -}}
+{{- end -}}
+{{- end -}}
