@@ -164,3 +164,24 @@ def test_the_workers_probes_are_the_ones_its_event_loop_answers(offline_helm: he
     assert {"name": "health", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+
+
+@pytest.mark.parametrize(
+    ("values", "store_bytes"),
+    [
+        pytest.param({"nats.install.enabled": "true"}, "1000000000", id="installed-1G"),
+        pytest.param(
+            {"nats.install.enabled": "true", "nats.install.maxFileStore": "2GB"},
+            str(2 << 30),
+            id="installed-2GB",
+        ),
+        pytest.param({"nats.storeBytes": "5000000"}, "5000000", id="brought"),
+        pytest.param({}, "0", id="unknown"),
+    ],
+)
+def test_the_operator_knows_the_jetstream_store_s_size_in_nats_units(
+    offline_helm: helm.Helm, values: dict[str, str], store_bytes: str
+) -> None:
+    """1K is 1000 and 1KB 1024 in the NATS server's configuration."""
+    operator = pod_spec(render(offline_helm, values), "operator")
+    assert env(operator)["AGENTRUN_JETSTREAM_STORE_BYTES"] == store_bytes
