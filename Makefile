@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test lint typecheck pytest bench bench-cluster down status clean image system-packages node-packages
+.PHONY: demo demo-cluster test lint typecheck pytest bench bench-cluster down status clean image release system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	@echo 'installing agentrun and its dev tooling into $(VENV) (a few minutes the first time)…'
@@ -63,6 +63,12 @@ pytest: $(STAMP) system-packages node-packages
 ## unchanged inputs are not rebuilt. Needs root.
 image: $(STAMP) system-packages
 	$(BIN)/python -m agentrun_dev.image .
+
+## release: dist/agentrun-<version>/ — the chart package, both image archives, a CycloneDX
+## SBOM of each (syft, built once from the Go module proxy), SHA256SUMS, and with
+## SIGNING_KEY=<ssh private key> its signature (ssh-keygen -Y sign). Needs root (images).
+release: $(STAMP) system-packages
+	$(BIN)/python -m agentrun_dev.dist . --out dist $(if $(SIGNING_KEY),--signing-key $(SIGNING_KEY))
 
 # Debian packages the image build needs (as root), installed only when missing.
 IMAGE_PACKAGES := buildah runc

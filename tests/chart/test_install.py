@@ -92,3 +92,27 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     assert [name for name in roles if release in name] == []
     assert kubectl("get", "crd", "agentruns.agentrun.dev").returncode == 0
     assert kubectl("get", "agentrun", "kept", "-n", test_namespace).returncode == 0
+
+
+def test_the_notes_lead_a_first_install_to_a_run_that_can_be_admitted(
+    cluster_helm: helm.Helm, release: str, test_namespace: str
+) -> None:
+    """NOTES name the kinds as kubectl knows them, the AgentTenant a run needs, the Secret's
+    namespace the workers may read, the roles, and the CRDs applied before an upgrade."""
+    shown = cluster_helm(
+        "install", release, str(CHART_DIR), "-n", test_namespace, "--dry-run=client",
+        "--set", f"fullnameOverride={release}",
+    ).stdout  # fmt: skip
+    notes = shown[shown.index("NOTES:") :]
+    assert "kubectl get agentruns -A" in notes and "get agents -A" not in notes
+    assert "an AgentTenant binding the namespaces runs go in" in notes
+    assert f"Model API-key Secrets must live in: {test_namespace}." in notes
+    assert f"ClusterRoles {release}-view, {release}-edit, {release}-approve" in notes
+    assert f"--clusterrole={release}-edit" in notes
+    assert "BEFORE `helm upgrade`" in notes
+    assert "runs still going keep their finalizer" in notes
+    with_tenant = cluster_helm(
+        "install", release, str(CHART_DIR), "-n", test_namespace, "--dry-run=client",
+        "--set", f"fullnameOverride={release}", "--set", "operator.defaultTenant=shared",
+    ).stdout  # fmt: skip
+    assert 'charged to the AgentTenant "shared", which must exist' in with_tenant

@@ -44,7 +44,7 @@ VALUE_SETS: dict[str, dict[str, str]] = {
 }
 """Named ``--set`` values the matrix is taken for."""
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-USER_ROLES = ("agentrun-view", "agentrun-edit", "agentrun-approve", "agentrun-admin")
+USER_ROLES = ("view", "edit", "approve", "admin")
 """The people's ClusterRoles, each bound in a team namespace to a user of its own (for the
 default values): what a team member with that role may do there."""
 _ROW = re.compile(r"^\s*(\S*)\s+\[(.*?)\]\s+\[(.*?)\]\s+\[(.*?)\]\s*$")
@@ -108,15 +108,17 @@ def applied_accounts(
     return prefix, accounts, docs
 
 
-def user_role_sections(kubectl: Kubectl, namespace: str) -> list[str]:
-    """A section per user role, bound with a RoleBinding in `namespace` to a user of its own."""
+def user_role_sections(kubectl: Kubectl, namespace: str, *, prefix: str) -> list[str]:
+    """A section per user role (``<prefix>-view`` …), bound with a RoleBinding in
+    `namespace` to a user of its own."""
     sections = []
     for role in USER_ROLES:
-        user = f"{role}-user"
-        kubectl("create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}",
+        user = f"agentrun-{role}-user"
+        kubectl("create", "rolebinding", user, f"--clusterrole={prefix}-{role}", f"--user={user}",
                 "-n", namespace)  # fmt: skip
         rows = can_i_list(kubectl, user, namespace)
-        sections.append(render_table(rows, title=f"values: defaults · user role: {role}"))
+        title = f"values: defaults · user role: agentrun-{role}"
+        sections.append(render_table(rows, title=title))
     return sections
 
 
@@ -149,7 +151,7 @@ def test_every_service_account_may_do_exactly_what_the_committed_matrix_lists(
                     )
                     sections.append(render_table(rows, title=title))
             if not values:
-                sections += user_role_sections(kubectl, tenant_namespace)
+                sections += user_role_sections(kubectl, tenant_namespace, prefix=prefix)
         finally:
             for doc in docs:
                 if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):

@@ -856,11 +856,14 @@ tests:
       - series: agentrun_jetstream_stream_bytes{{namespace="unknown",stream="AGENTRUN_EVENTS"}}
         values: 999999x30
       # "behind": 500 events wait all along; "bursty": a burst drained within minutes
-      - series: agentrun_jetstream_consumer_pending{{namespace="behind",consumer="agentrun-operator"}}
+      - series: agentrun_jetstream_consumer_pending{{namespace="behind",
+          consumer="agentrun-operator"}}
         values: 500x30
-      - series: agentrun_jetstream_consumer_pending{{namespace="bursty",consumer="agentrun-operator"}}
+      - series: agentrun_jetstream_consumer_pending{{namespace="bursty",
+          consumer="agentrun-operator"}}
         values: 0x10 500 0x19
-      - series: agentrun_jetstream_consumer_pending{{namespace="behind",consumer="agentrun-workers"}}
+      - series: agentrun_jetstream_consumer_pending{{namespace="behind",
+          consumer="agentrun-workers"}}
         values: 900x30
       # tenant "old" held a call at t=0 (waits the whole time), "new" 20 minutes in
       - series: agentrun_approval_oldest_request_timestamp_seconds{{namespace="ns",tenant="old"}}
