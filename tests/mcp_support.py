@@ -214,12 +214,14 @@ class McpProcess:
     era: str = "modern"
     """``modern`` (the SDK's own: 2026 protocol, no sessions) or ``legacy`` (see above)."""
     requests_file: Path | None = None
+    host: str = "127.0.0.1"
+    """The address it listens on (the node's pod gateway for pods to reach it)."""
 
     @property
     def url(self) -> str:
         """The endpoint: ``/mcp`` (streamable HTTP) or ``/sse``."""
         path = "/sse" if self.transport == "sse" else "/mcp"
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"http://{self.host}:{self.port}{path}"
 
     def start(self, *, timeout: float = 20.0) -> None:
         """Start the server and wait until it accepts connections (after the previous process,
@@ -228,7 +230,7 @@ class McpProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.wait(timeout)
         cmd = [sys.executable, str(HERE), "--port", str(self.port), "--transport", self.transport]
-        cmd += ["--count-file", str(self.count_file), "--era", self.era]
+        cmd += ["--count-file", str(self.count_file), "--era", self.era, "--host", self.host]
         if self.requests_file is not None:
             cmd += ["--requests-file", str(self.requests_file)]
         with self.log.open("ab") as out:
@@ -237,7 +239,7 @@ class McpProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"MCP server exited: {self.log.read_text()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port)):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"MCP server did not listen on {self.port}")
@@ -303,11 +305,12 @@ def main() -> None:
     parser.add_argument("--count-file")
     parser.add_argument("--requests-file")
     parser.add_argument("--era", choices=["modern", "legacy"], default="modern")
+    parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args()
     server = build(args.count_file)
     app = server.sse_app() if args.transport == "sse" else server.streamable_http_app()
     recorded = Recorder(app, requests_file=args.requests_file, legacy=args.era == "legacy")
-    uvicorn.run(recorded, host="127.0.0.1", port=args.port, log_level="info")
+    uvicorn.run(recorded, host=args.host, port=args.port, log_level="info")
 
 
 if __name__ == "__main__":
