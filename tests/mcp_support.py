@@ -308,7 +308,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args()
     server = build(args.count_file)
-    app = server.sse_app() if args.transport == "sse" else server.streamable_http_app()
+    # the SDK guards a loopback server against DNS rebinding (Host must be loopback); one on
+    # the node's pod gateway is reached by that address
+    if args.transport == "sse":
+        app = server.sse_app(host=args.host)
+    else:
+        app = server.streamable_http_app(host=args.host)
     recorded = Recorder(app, requests_file=args.requests_file, legacy=args.era == "legacy")
     uvicorn.run(recorded, host=args.host, port=args.port, log_level="info")
 
