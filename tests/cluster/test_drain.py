@@ -51,8 +51,8 @@ SCENARIO = {
     ],
 }  # fmt: skip
 MODEL_TURNS = 3
-"""Model calls per run: the write's decision, the calculation, the answer (the write itself
-runs in a resume turn of its own, with no model call)."""
+"""Model calls per run, and its steps: the write's decision, the calculation, the answer (the
+write itself runs in a resume turn of its own, with no model call and no step)."""
 GRACE, MARGIN = 90, 20
 RUN_IN_GOAL = re.compile(r"drain-slow-write ([a-z0-9-]+)")
 pytestmark = [pytest.mark.e2e, pytest.mark.node, pytest.mark.timeout(1800)]
@@ -175,9 +175,23 @@ def model_requests(kubectl: Kubectl, namespace: str) -> Counter[tuple[str, int]]
     return counted
 
 
-def worker_pods(kubectl: Kubectl, namespace: str) -> set[str]:
-    return set(kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=worker",
-                       "-o", "name").stdout.split())  # fmt: skip
+def worker_pods(kubectl: Kubectl, namespace: str, *, terminating: bool = False) -> set[str]:
+    """The worker pods (with `terminating`, only those still draining after their deletion)."""
+    listed = kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=worker",
+                     "-o", "json").stdout  # fmt: skip
+    return {
+        p["metadata"]["name"]
+        for p in json.loads(listed)["items"]
+        if (p["metadata"].get("deletionTimestamp") is not None) == terminating
+    }
+
+
+def wait_drained(kubectl: Kubectl, namespace: str) -> None:
+    """Until no worker pod is terminating (each stopped one drained and exited in its grace)."""
+    deadline = time.monotonic() + GRACE + 30
+    while stopping := worker_pods(kubectl, namespace, terminating=True):
+        assert time.monotonic() < deadline, f"still terminating after the grace: {stopping}"
+        time.sleep(1.0)
 
 
 def assert_paid_once(
@@ -186,7 +200,7 @@ def assert_paid_once(
     summary = {
         n: (s["terminalReason"], s.get("answer"), s["usage"]["steps"]) for n, s in ends.items()
     }
-    assert summary == dict.fromkeys(names, ("completed", "drained", MODEL_TURNS + 1))
+    assert summary == dict.fromkeys(names, ("completed", "drained", MODEL_TURNS))
     asked = model_requests(kubectl, release_ns)
     assert {key: count for key, count in asked.items() if key[0] in names and count != 1} == {}
     assert {(n, t) for n in names for t in range(MODEL_TURNS)} <= set(asked)
@@ -209,8 +223,10 @@ def test_a_helm_upgrade_that_rolls_the_workers_pays_for_nothing_twice(
         "--reuse-values", "--set", "worker.podAnnotations.agentrun\\.dev/rolled=yes",
         "--wait", "--timeout", "10m", timeout=660,
     )  # fmt: skip
-    assert not before & worker_pods(node_kubectl, installed.namespace)  # every worker replaced
+    # every worker replaced; a replaced one may still be finishing the turns it held
+    assert not before & worker_pods(node_kubectl, installed.namespace)
     ends = wait_all_ended(node_kubectl, team, names)
+    wait_drained(node_kubectl, installed.namespace)
     assert_paid_once(node_kubectl, installed.namespace, team, names, ends)
     assert tool_server.counts() == {"drain": len(names)}  # each run wrote once
     assert tenant_abandoned(node_kubectl, team) == (0, "0")
@@ -229,7 +245,5 @@ def test_a_scale_in_while_runs_are_in_flight_pays_for_nothing_twice(
     assert_paid_once(node_kubectl, installed.namespace, team, names, ends)
     assert tool_server.counts() == {"drain": written + len(names)}
     assert tenant_abandoned(node_kubectl, team) == (0, "0")
-    deadline = time.monotonic() + GRACE + 30  # the stopped workers are gone within their grace
-    while len(worker_pods(node_kubectl, installed.namespace)) != 1:
-        assert time.monotonic() < deadline, worker_pods(node_kubectl, installed.namespace)
-        time.sleep(1.0)
+    wait_drained(node_kubectl, installed.namespace)
+    assert len(worker_pods(node_kubectl, installed.namespace)) == 1
