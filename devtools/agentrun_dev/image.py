@@ -425,6 +425,24 @@ def _unpack_packages(
     log(f"  unpacked {len(files)} Debian packages")
     for dropped in _DROPPED:
         shutil.rmtree(rootfs / dropped, ignore_errors=True)
+    _record_packages(files, rootfs, log=log)
+
+
+def _record_packages(debs: Sequence[Path], rootfs: Path, *, log: console.Log) -> None:
+    """Keep what was unpacked on record as distroless images do: one control paragraph per
+    package in ``/var/lib/dpkg/status.d/<package>`` (no maintainer scripts, no file lists), so
+    SBOM and vulnerability scanners (syft, grype, trivy) find every Debian package and its
+    version."""
+    records = rootfs / "var" / "lib" / "dpkg" / "status.d"
+    records.mkdir(parents=True, exist_ok=True)
+    for deb in debs:
+        control = _run(["dpkg-deb", "-f", str(deb)], what=f"dpkg-deb -f {deb.name}", log=log)
+        name = next(
+            line.split(":", 1)[1].strip()
+            for line in control.splitlines()
+            if line.startswith("Package:")
+        )
+        (records / name).write_text(control.rstrip("\n") + "\nStatus: install ok installed\n")
 
 
 def _fetch_requirements(requirements: Sequence[str], out: Path, *, log: console.Log) -> list[Path]:
