@@ -432,9 +432,14 @@ def _record_packages(debs: Sequence[Path], rootfs: Path, *, log: console.Log) ->
     """Keep what was unpacked on record as distroless images do: one control paragraph per
     package in ``/var/lib/dpkg/status.d/<package>`` (no maintainer scripts, no file lists), so
     SBOM and vulnerability scanners (syft, grype, trivy) find every Debian package and its
-    version."""
+    version; and the release they come from (the host's apt lists: its ``/etc/os-release``),
+    which names them as ``pkg:deb/<distro>/…``."""
     records = rootfs / "var" / "lib" / "dpkg" / "status.d"
     records.mkdir(parents=True, exist_ok=True)
+    release = Path("/etc/os-release")
+    if release.is_file() and not (rootfs / "etc" / "os-release").exists():
+        (rootfs / "etc").mkdir(exist_ok=True)
+        shutil.copyfile(release.resolve(), rootfs / "etc" / "os-release")
     for deb in debs:
         control = _run(["dpkg-deb", "-f", str(deb)], what=f"dpkg-deb -f {deb.name}", log=log)
         name = next(

@@ -21,16 +21,19 @@ pytestmark = pytest.mark.timeout(3600)
 
 
 def components(sbom: Path) -> dict[str, set[str]]:
-    """The SBOM's component names by package type (``deb``, ``pypi``, ``golang``, …) of
-    their purl."""
+    """The SBOM's component names by the package type syft found them as (``deb``,
+    ``python``, ``go-module``, …); a Debian package must carry its purl too."""
     data = json.loads(sbom.read_text())
     assert data["bomFormat"] == "CycloneDX" and data["specVersion"].startswith("1.")
     found: dict[str, set[str]] = {}
     for component in data.get("components", []):
-        purl = str(component.get("purl", ""))
-        if purl.startswith("pkg:"):
-            kind = purl[4:].split("/", 1)[0]
-            found.setdefault(kind, set()).add(str(component["name"]))
+        props = {p["name"]: p["value"] for p in component.get("properties", [])}
+        kind = props.get("syft:package:type")
+        if kind is None:
+            continue
+        if kind == "deb":
+            assert str(component.get("purl", "")).startswith("pkg:deb/"), component
+        found.setdefault(kind, set()).add(str(component["name"]))
     return found
 
 
@@ -55,7 +58,7 @@ def test_make_release_builds_a_verifiable_release(tmp_path: Path) -> None:
 
     agentrun = components(built.directory / f"agentrun-image-{version}.cdx.json")
     assert {"python3.11", "libc6"} <= agentrun.get("deb", set())
-    assert {"agentrun", "kopf", "openai", "nats-py"} <= agentrun.get("pypi", set())
+    assert {"agentrun", "kopf", "openai", "nats-py"} <= agentrun.get("python", set())
     (nats_sbom,) = [p for p in built.files if p.name.startswith("agentrun-nats-image-")
                     and p.name.endswith(".cdx.json")]  # fmt: skip
-    assert "github.com/nats-io/nats-server/v2" in components(nats_sbom).get("golang", set())
+    assert "github.com/nats-io/nats-server/v2" in components(nats_sbom).get("go-module", set())
