@@ -4,7 +4,8 @@ one machine, and the ratios between them.
 In order, within minutes of each other:
 
 1. the NATS floor (``bench_floor.py``): the three JetStream round trips a turn's overhead path
-   needs at the least, with nats-py on loopback, per hop and summed;
+   needs at the least, with nats-py on loopback, per hop and summed, against a nats-server
+   closed as the stack's (TLS, JWT auth; both open with ``--open-bus``);
 2. the peer (``bench_peer.py``): the OpenAI Agents SDK's in-process ``Runner`` in its own
    virtualenv, ``--runs`` × ``--turns`` (one tool call a turn) on the scripted model;
 3. agentrun on the real local stack (kube-apiserver + etcd, nats-server, the scripted model,
@@ -109,7 +110,7 @@ def batch(
     api = {k: v - api0.get(k, 0) for k, v in api_requests(bench).items() if v - api0.get(k, 0)}
     sent = {k: v - nats0.get(k, 0) for k, v in nats_messages(bench).items()}
     model_calls = mock_request_count(base_url, scenario=scenario)
-    events = read_events(bench.nats_url, "default", names)
+    events = read_events(bench.nats, "default", names)
     first = min(stamp for evs in events.values() for _, stamp in evs[:1])
     last = max(stamp for evs in events.values() for _, stamp in evs[-1:])
     reasons = sorted({str(s.get("terminalReason")) for s in statuses})
@@ -138,7 +139,7 @@ def batch(
 def measure_agentrun(args: argparse.Namespace) -> dict[str, Any]:
     """agentrun's figures on one stack: overhead per turn, then the measured batch."""
     env = {"AGENTRUN_WORKER_CONCURRENCY": str(args.runs + 28)}
-    with bench_stack(HERE / "scenarios.yaml") as bench:
+    with bench_stack(HERE / "scenarios.yaml", closed=not args.open_bus) as bench:
         bench.start_services(workers=args.workers, extra_env=env)
         warm_up(bench)
         gaps = overhead_gaps(bench, runs=args.overhead_runs, turns=args.overhead_turns)
@@ -160,6 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--floor-samples", type=int, help="floor iterations (2000)")
     parser.add_argument("--idle", type=float, help="seconds of idle measured before a batch")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds after a batch ends")
+    parser.add_argument("--open-bus", action="store_true", help="floor and stack on open NATS")
     parser.add_argument("--name", default="compare", help="result file name (default compare)")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.monotonic()
     load: dict[str, list[float]] = {"start": load_average()}
-    floor = bench_floor.measure(samples=args.floor_samples)
+    floor = bench_floor.measure(samples=args.floor_samples, closed=not args.open_bus)
     load["after_floor"] = load_average()
     peer = bench_peer.measure(runs=args.runs, turns=args.turns, idle=min(args.idle, 3.0))
     load["after_peer"] = load_average()
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     record = {
         "tree": tree_revision(),
         "quick": args.quick,
+        "bus": "open" if args.open_bus else "closed (TLS, JWT auth, role permissions)",
         "workload": {"runs": args.runs, "turns": args.turns, "tool_calls_per_turn": 1},
         "cores": len(os.sched_getaffinity(0)),
         "load_average": load,

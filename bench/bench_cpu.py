@@ -17,8 +17,12 @@ interleave the trees compared and take medians or minima over several runs. The 
 process sent to NATS (the server's ``/connz``) are exact: they show a change in what is done
 per turn, independent of the machine.
 
-    cd bench && ../.venv/bin/python bench_cpu.py [--runs 20] [--turns 20] [--repeat 1]
-"""
+    cd bench && ../.venv/bin/python bench_cpu.py [--runs 20] [--turns 20] [--repeat 1] [--open-bus]
+
+``--open-bus`` runs nats-server open (plain text, no auth) instead of closed (TLS, JWT auth,
+each process with its role's permissions, as shipped): interleave both to measure what the
+closed bus costs per turn. The nats-server's own CPU per turn is reported too (TLS and the
+permission checks are partly its work)."""
 
 from __future__ import annotations
 
@@ -68,8 +72,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--settle", type=float, default=3.0)
     parser.add_argument("--idle", type=float, default=10.0)
+    parser.add_argument("--open-bus", action="store_true", help="nats-server without TLS, auth")
     args = parser.parse_args()
-    with bench_stack(HERE / "scenarios.yaml") as bench:
+    with bench_stack(HERE / "scenarios.yaml", closed=not args.open_bus) as bench:
         bench.start_services(
             workers=1, extra_env={"AGENTRUN_WORKER_CONCURRENCY": str(args.runs + 28)}
         )
@@ -94,13 +99,15 @@ def main() -> None:
     per_process = {name: round(median([b[name] for b in per_batch]), 3) for name in idle}
     services = [b["operator"] + b["worker-1"] for b in per_batch]
     write_result(
-        "cpu",
+        "cpu-open-bus" if args.open_bus else "cpu",
         {
+            "bus": "open" if args.open_bus else "closed (TLS, JWT auth, role permissions)",
             "batches": len(results),
             "turns_per_batch": [int(r["turns"]) for r in results],
             "operator_cpu_ms_per_turn": per_process["operator"],
             "worker_cpu_ms_per_turn": per_process["worker-1"],
             "total_cpu_ms_per_turn": round(median(services), 3),
+            "nats_server_cpu_ms_per_turn": per_process["nats-server"],
             "stack_cpu_ms_per_turn": figures.cpu_table(per_process),
             "batch_seconds": [round(r["seconds"], 1) for r in results],
             "api_requests_per_turn": {k: round(v / turns, 3) for k, v in api.items()},

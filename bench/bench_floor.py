@@ -5,9 +5,11 @@ A turn's overhead (committed event n → model request n+1) crosses, at the leas
 JetStream publish and its ack, the TurnRequest through the work queue (publish, a worker's
 fetch, its ack), and the tenant ledger's compare-and-set (a KV get, then an update on that
 revision). Each iteration here does those three hops in sequence, one message each, against a
-nats-server of its own, with the same stream kinds agentrun uses (file storage; a limits stream
-with a subject per run, a work-queue stream with a durable pull consumer, a KV bucket with
-history 1), and times each hop with ``time.perf_counter``:
+nats-server of its own — closed as the stack's (TLS, JWT auth; the floor connects as the
+development server's ``admin`` user, since its streams are not agentrun's), or open with
+``--open-bus`` — with the same stream kinds agentrun uses (file storage; a limits stream with a
+subject per run, a work-queue stream with a durable pull consumer, a KV bucket with history 1),
+and times each hop with ``time.perf_counter``:
 
 - ``publish``: ``js.publish`` of a ``--payload``-byte event until its ``PubAck``;
 - ``work_queue``: ``js.publish`` to the work queue, ``fetch(batch=1)`` of it, ``msg.ack()``
@@ -17,7 +19,7 @@ history 1), and times each hop with ``time.perf_counter``:
 The floor is the sum of the hops' medians (``sum_p50_ms``); ``chain_p50_ms`` / ``chain_p99_ms``
 are percentiles of each iteration's total. Warm-up iterations are not counted.
 
-    cd bench && ../.venv/bin/python bench_floor.py [--samples 2000] [--payload 1024]
+    cd bench && ../.venv/bin/python bench_floor.py [--samples 2000] [--payload 1024] [--open-bus]
 """
 
 from __future__ import annotations
@@ -43,15 +45,16 @@ HOPS = ("publish", "work_queue", "kv_cas")
 
 
 async def measure_hops(
-    url: str, *, samples: int, payload: int = 1024, warmup: int = 200
+    server: natsserver.NatsServer, *, samples: int, payload: int = 1024, warmup: int = 200
 ) -> dict[str, list[float]]:
-    """Time ``samples`` iterations of the three hops against the server at ``url``.
+    """Time ``samples`` iterations of the three hops against ``server`` (as its ``admin``
+    when it is closed).
 
     Returns ``{hop: [milliseconds, …]}`` for each of ``HOPS``, plus ``chain`` (each
     iteration's total), all of length ``samples``. Raises whatever nats-py raises when the
     server does not answer (``nats.errors.NoServersError``, timeouts).
     """
-    nc = await nats.connect(url, name="bench-floor")
+    nc = await nats.connect(**server.client_options("admin"), name="bench-floor")
     try:
         js = nc.jetstream(timeout=10)
         await js.add_stream(
@@ -100,34 +103,36 @@ async def measure_hops(
 
 
 @contextlib.contextmanager
-def nats_server(prefix: str = "agentrun-bench-floor-") -> Iterator[str]:
-    """A nats-server of its own with JetStream in a temporary directory; its client URL.
-
-    Stopped by pid and its directory removed on exit.
-    """
-    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+def nats_server(*, closed: bool = True) -> Iterator[natsserver.NatsServer]:
+    """A nats-server of its own with JetStream (closed unless ``closed`` is False) in a
+    temporary directory; stopped by pid and its directory removed on exit."""
+    workdir = Path(tempfile.mkdtemp(prefix="agentrun-bench-floor-"))
     launch = components.Launch(log_dir=workdir / "logs", die_with_parent=True)
-    server = natsserver.start_nats_server(workdir / "nats", launch=launch)
+    server = natsserver.start_nats_server(workdir / "nats", launch=launch, closed=closed)
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def measure(*, samples: int, payload: int = 1024) -> dict[str, Any]:
-    """Start a nats-server, time the hops, stop it; the figures (``figures.floor_figures``)."""
-    with nats_server() as url:
-        hops = asyncio.run(measure_hops(url, samples=samples, payload=payload))
-    return {**figures.floor_figures(hops), "payload_bytes": payload}
+def measure(*, samples: int, payload: int = 1024, closed: bool = True) -> dict[str, Any]:
+    """Start a nats-server, time the hops, stop it; the figures (``figures.floor_figures``),
+    the payload size and the bus kind."""
+    with nats_server(closed=closed) as server:
+        hops = asyncio.run(measure_hops(server, samples=samples, payload=payload))
+    bus = "closed (TLS, JWT auth)" if closed else "open"
+    return {**figures.floor_figures(hops), "payload_bytes": payload, "bus": bus}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--payload", type=int, default=1024, help="bytes per message")
+    parser.add_argument("--open-bus", action="store_true", help="nats-server without TLS, auth")
     args = parser.parse_args()
-    write_result("floor", measure(samples=args.samples, payload=args.payload))
+    found = measure(samples=args.samples, payload=args.payload, closed=not args.open_bus)
+    write_result("floor-open-bus" if args.open_bus else "floor", found)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def overhead_gaps(
         name, goal = f"{prefix}-{i}", f"BENCH {prefix} {i}"
         bench.apply([agent_run(name, goal, max_steps=turns)])
         bench.wait_all_terminal(1, timeout=300, names=[name])
-        events = read_events(bench.nats_url, "default", [name])[name]
+        events = read_events(bench.nats, "default", [name])[name]
         requests = [
             r
             for r in mock_requests(bench)

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BENCH
 
 from agentrun_dev import binaries
 
 pytestmark = pytest.mark.e2e
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 TINY = ["--quick", "--runs", "3", "--turns", "3", "--overhead-runs", "1", "--overhead-turns", "4"]
 TINY += ["--floor-samples", "30", "--idle", "1", "--settle", "1", "--name", "tiny"]
