@@ -97,14 +97,15 @@ bench-all: bench
 	cd bench && ../$(BIN)/python bench_ledger.py
 	cd bench && ../$(BIN)/python bench_cpu.py
 
-## bench-ab REF=<git rev> [BENCH=bench_cpu.py] [N=3] [ARGS='--runs 20']: this tree against
-## REF (built once per commit in the cache with its own virtualenv), the bench run in both
-## alternately N times each; medians of every figure and this/REF.
+## bench-ab REF=<git rev> [BENCH=bench_cpu.py] [N=3] [ARGS='--runs 20'] [OWN=1]: this tree
+## against REF (built once per commit in the cache with its own virtualenv), the bench run in
+## both alternately N times each; medians of every figure and this/REF. OWN=1 runs REF's own
+## bench scripts (needed for refs before the closed bus).
 BENCH ?= bench_cpu.py
 N ?= 3
 bench-ab: $(STAMP)
-	@test -n "$(REF)" || { echo 'usage: make bench-ab REF=<git rev> [BENCH=bench_cpu.py] [N=3] [ARGS=...]' >&2; exit 2; }
-	cd bench && ../$(BIN)/python bench_ab.py --ref '$(REF)' --bench '$(BENCH)' --repeat $(N) -- $(ARGS)
+	@test -n "$(REF)" || { echo 'usage: make bench-ab REF=<git rev> [BENCH=bench_cpu.py] [N=3] [ARGS=...] [OWN=1]' >&2; exit 2; }
+	cd bench && ../$(BIN)/python bench_ab.py --ref '$(REF)' --bench '$(BENCH)' --repeat $(N) $(if $(OWN),--own-bench) -- $(ARGS)
 
 ## bench-cluster: the chart on a real node (root): image size, time to a Ready node,
 ## helm install → first run Succeeded, pod memory with 1,000 AgentRuns.

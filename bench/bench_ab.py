@@ -6,7 +6,9 @@ The other tree is ``git archive REF`` unpacked under the agentrun cache director
 virtualenv (``pip install -e 'TREE[test]' -e TREE/devtools``), both built once per commit and
 reused. By default the benchmark scripts are this tree's (copied into ``TREE/bench-ab/``, so the
 instrument is the same on both sides and only the runtime differs); ``--own-bench`` runs the
-ref's own ``bench/`` instead (for a script whose harness needs what the ref lacks). Each run
+ref's own ``bench/`` instead (for a ref whose ``agentrun_dev`` lacks what this tree's harness
+calls: refs before the closed bus, 60a0290); then only the figures both trees' scripts write
+are compared. Each run
 writes its JSON into a directory of its own (``AGENTRUN_BENCH_RESULTS``); every number in it is
 compared (``figures.ab_summary``): medians over ``--repeat`` runs a side, this/ref.
 
@@ -27,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,11 @@ from agentrun_dev import binaries, console
 
 HERE = Path(__file__).parent
 BENCH_FILES = ("*.py", "*.yaml", "peer/*")
+OLD_REF_HINT = (
+    "; this tree's scripts need the ref's agentrun_dev to offer what they call (the closed"
+    " bus's NATS server, from 60a0290 on): for an older ref run its own scripts (OWN=1,"
+    " --own-bench)"
+)
 
 
 def resolve(ref: str) -> str:
@@ -93,12 +101,16 @@ def bench_dir(tree: Path, *, own: bool) -> Path:
 
 def run_once(python: Path, directory: Path, script: str, args: list[str], out: Path) -> Any:
     """Run ``script`` from ``directory`` with ``python``, its results into ``out``; the one
-    JSON record it wrote. Raises CalledProcessError if it fails, RuntimeError if it wrote
-    not exactly one record."""
+    JSON record it wrote (a harness older than ``AGENTRUN_BENCH_RESULTS`` writes into
+    ``directory/results``: the files it wrote there during the run). Raises
+    CalledProcessError if it fails, RuntimeError if it wrote not exactly one record."""
     out.mkdir(parents=True)
     env = {**os.environ, "AGENTRUN_BENCH_RESULTS": str(out)}
+    started = time.time()
     subprocess.run([str(python), script, *args], cwd=directory, env=env, check=True)
-    written = sorted(out.glob("*.json"))
+    written = sorted(out.glob("*.json")) or [
+        path for path in (directory / "results").glob("*.json") if path.stat().st_mtime >= started
+    ]
     if len(written) != 1:
         raise RuntimeError(f"{script} wrote {len(written)} result files into {out}, not one")
     return json.loads(written[0].read_text())
@@ -138,7 +150,14 @@ def main() -> None:
                 print(f"bench_ab: {side} run {i + 1}/{args.repeat} ({args.bench})", flush=True)
                 before = load_average()
                 out = scratch / f"{side}-{i}"
-                records[side].append(run_once(python, directory, args.bench, bench_args, out))
+                try:
+                    record = run_once(python, directory, args.bench, bench_args, out)
+                except subprocess.CalledProcessError as err:
+                    hint = OLD_REF_HINT if side == "ref" and not args.own_bench else ""
+                    raise SystemExit(
+                        f"bench_ab: {args.bench} failed in the {side} tree{hint}"
+                    ) from err
+                records[side].append(record)
                 loads.append(
                     {"side": side, "run": i + 1, "before": before, "after": load_average()}
                 )
