@@ -114,17 +114,18 @@ def batch(
     first = min(stamp for evs in events.values() for _, stamp in evs[:1])
     last = max(stamp for evs in events.values() for _, stamp in evs[-1:])
     reasons = sorted({str(s.get("terminalReason")) for s in statuses})
-    if reasons != ["completed"] or model_calls != runs * (turns + 1):
-        raise RuntimeError(
-            f"the batch did not run its workload: runs ended {reasons}, the model server"
-            f" answered {model_calls} calls for {runs} runs of {turns} turns and an answer"
-        )
+    tool_calls = sum(s["usage"]["toolCalls"] for s in statuses)
+    problem = figures.workload_problem(
+        runs=runs, turns=turns, model_calls=model_calls, tool_calls=tool_calls
+    )
+    if problem is not None or reasons != ["completed"]:
+        raise RuntimeError(f"agentrun did not run the workload: {problem}; runs ended {reasons}")
     per_turn = figures.cpu_per_turn_ms(used, rates, seconds=window, turns=model_calls)
     return {
         "runs": runs,
         "turns": model_calls,
         "steps_per_run": sum(s["usage"]["steps"] for s in statuses) / runs,
-        "tool_calls_per_run": sum(s["usage"]["toolCalls"] for s in statuses) / runs,
+        "tool_calls_per_run": tool_calls / runs,
         "terminal_reasons": reasons,
         "seconds_first_admission_to_last_end": round(last - first, 3),
         "turns_per_second": round(model_calls / max(last - first, 1e-9), 1),

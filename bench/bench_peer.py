@@ -119,11 +119,11 @@ def measure(
         counted = mock_request_count(base_url, scenario=scenario)
     finally:
         components.stop_component(mock)
-    if counted != runs * (turns + 1) or done["tool_calls"] != runs * turns:
-        raise PeerError(
-            f"the model server answered {counted} calls and the peer ran {done['tool_calls']}"
-            f" tools for {runs} runs of {turns} turns and an answer"
-        )
+    problem = figures.workload_problem(
+        runs=runs, turns=turns, model_calls=counted, tool_calls=done["tool_calls"]
+    )
+    if problem is not None:
+        raise PeerError(f"the peer did not run the workload: {problem}")
     shutil.rmtree(workdir, ignore_errors=True)
     per_turn = figures.cpu_per_turn_ms(used, rates, seconds=window, turns=counted)
     return {

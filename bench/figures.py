@@ -92,6 +92,20 @@ def cpu_per_turn_ms(
     }
 
 
+def workload_problem(*, runs: int, turns: int, model_calls: int, tool_calls: int) -> str | None:
+    """Why a side did not run the comparison's workload (``runs`` runs of ``turns`` turns of
+    one tool call and a final answer: ``runs`` × (``turns`` + 1) model calls and ``runs`` ×
+    ``turns`` tool calls), or None when it did. A side that did other work has no figures
+    comparable with the other's."""
+    want_calls, want_tools = runs * (turns + 1), runs * turns
+    if model_calls == want_calls and tool_calls == want_tools:
+        return None
+    return (
+        f"{model_calls} model calls and {tool_calls} tool calls for {runs} runs of {turns}"
+        f" turns and an answer ({want_calls} and {want_tools} expected)"
+    )
+
+
 def cpu_table(per_process: Mapping[str, float]) -> dict[str, Any]:
     """``{"per_process": …, "sum", "sum_without_model_server"}`` (ms per turn) of a CPU split
     whose model server, if any, is named ``MODEL_SERVER``."""

@@ -156,3 +156,21 @@ def test_a_compare_record_is_json_and_prints_every_ratio_with_its_target() -> No
     assert "0.417× (target <= 0.286: not met)" in text
     assert "worker-2 0.5" in text
     assert "publish 0.2 / 0.4" in text
+
+
+@pytest.mark.parametrize(
+    ("model_calls", "tool_calls", "problem"),
+    [
+        pytest.param(210, 200, None, id="the-workload"),
+        pytest.param(200, 200, "200 model calls and 200 tool calls", id="a-call-short"),
+        pytest.param(210, 190, "(210 and 200 expected)", id="tools-missing"),
+        pytest.param(1010, 1000, "for 10 runs of 20 turns", id="runs-never-answered"),
+    ],
+)
+def test_a_side_that_did_other_work_than_the_workload_is_named(
+    model_calls: int, tool_calls: int, problem: str | None
+) -> None:
+    found = figures.workload_problem(
+        runs=10, turns=20, model_calls=model_calls, tool_calls=tool_calls
+    )
+    assert found is None if problem is None else problem in (found or "")
