@@ -13,8 +13,10 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -151,12 +153,15 @@ def agent_run(
 @contextlib.contextmanager
 def bench_stack(scenarios: Path, *, closed: bool = True) -> Iterator[BenchStack]:
     """Control plane, CRDs, nats-server (closed, as shipped, unless ``closed`` is False) and the
-    mock model; operator and workers on request."""
+    mock model; operator and workers on request. Everything is stopped by pid on the way out;
+    the working directory (stores and logs, about 75 MB) is removed after a clean exit and
+    kept, with its path printed, when the benchmark failed."""
     workdir = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
     launch = components.Launch(log_dir=workdir / "logs", die_with_parent=True)
     binaries.ensure_binaries()
     cluster = controlplane.open_cluster(workdir / "cp", launch=launch)
     started: list[components.Component] = []
+    failed = True
     try:
         kc = kubectl.Kubectl.for_cluster(cluster)
         kubectl.apply_crds(kc, REPO / "crds")
@@ -173,10 +178,15 @@ def bench_stack(scenarios: Path, *, closed: bool = True) -> Iterator[BenchStack]
             for component in [*bench.workers, *([bench.operator] if bench.operator else [])]:
                 components.stop_component(component)
             nats.stop()
+        failed = False
     finally:
         for component in started:
             components.stop_component(component)
         cluster.stop()
+        if failed:
+            print(f"bench: the stack's files and logs are kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def read_events(
