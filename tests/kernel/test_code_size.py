@@ -13,8 +13,11 @@ CHECKED = ("operator", "worker", "agentrun/kernel", "agentrun/ledger", "agentrun
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 50
 MAX_PARAMETERS = 6
-ALLOWED: dict[str, str] = {}
-"""``path:function`` → why it may exceed a limit (none does today)."""
+ALLOWED: dict[str, str] = {
+    "operator/runs/dispatch.py": "the dispatcher now owns the live views' bookkeeping (pending "
+    "turns, re-dispatch); the module cap becomes a warning with the import contracts",
+}
+"""``path:function`` → why it may exceed a limit."""
 
 
 def checked_files() -> list[pathlib.Path]:
