@@ -13,5 +13,6 @@ workers (``agentrun.worker``, from ``worker/``) use, and neither owns.
   local stack, is the separate ``agentrun_dev`` distribution (``devtools/``), found through
   the ``agentrun.cli`` entry point group.
 
-The worker never imports the operator, nor the operator the worker (a test checks it).
+The worker never imports the operator, nor the operator the worker, and this package imports
+neither (import contracts in ``pyproject.toml``, run by ``make lint``).
 """
