@@ -10,7 +10,7 @@ says so once in its log and once as a Kubernetes Event on the CRD, and checks ag
 seconds; once they match it goes on without a restart.
 
 What belongs here: the requirements, the pure comparison (``find_mismatches``) and the waiting
-loop. What does not: the HTTP readiness endpoint (``health``).
+loop. What does not: the HTTP readiness endpoint (``platform.health``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ What belongs here: projecting a tenant queue's waiting runs into their status (p
 reason, written only when either changed; one Event per reason) and ending a run that was never
 admitted (rejected spec, no tenant, no budget under ``whenExhausted: Fail``, cancelled while
 queued), counted once. What does not: deciding which run is admitted or waits (``pump``), the
-status bodies themselves (``status``), writing them (``statuswriter``).
+status bodies themselves and writing them (``runs``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ generations of the Agents it runs), the deterministic name, labels and manifest 
 AgentRun (so an operator restart finds the run it created instead of creating another), what
 a finished run's status says for grading, the rows of ``status.cases`` and the whole
 ``.status`` body (phase, summary, ``Complete`` and ``Passed`` conditions). What does not:
-reading or writing objects, reading a run's events (``evals``), grading (``agentrun.grading``).
+reading or writing objects, reading a run's events (``controller``), grading (``grading``).
 """
 
 from __future__ import annotations
