@@ -25,7 +25,7 @@ from crd_support import (
 )
 
 from agentrun import kernel, protocol
-from agentrun.operator import status as operator_status
+from agentrun.operator.runs import status as operator_status
 
 pytestmark = pytest.mark.usefixtures("crds")
 

@@ -26,7 +26,7 @@ from crd_support import (
 )
 
 from agentrun.kernel import terminal
-from agentrun.operator.cronplan import ConcurrencyPolicy
+from agentrun.operator.schedules.plan import ConcurrencyPolicy
 
 Schema = dict[str, Any]
 

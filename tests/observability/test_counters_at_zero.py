@@ -32,9 +32,9 @@ FRESH_OPERATOR = textwrap.dedent(
     import sys
     from prometheus_client import generate_latest
     from agentrun import kernel, metrics
-    from agentrun.operator.tenants import Tenants
+    from agentrun.operator.tenants.registry import Tenants
 
-    tenants = Tenants(None)  # as the operator's wiring makes it at start-up
+    tenants = Tenants(None)  # as the wiring makes it (no selector here: the API is not read)
     tenants.put({{
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentTenant",
