@@ -9,9 +9,10 @@ from __future__ import annotations
 from decimal import Decimal
 
 from agentrun.kernel.limits import Limits, Pricing
-from agentrun.kernel.records import Gate
+from agentrun.kernel.records import Ending, Gate
 from agentrun.kernel.state import RunState
 from agentrun.kernel.terminal import Phase
+from agentrun.kernel.usage import Usage
 
 
 def _pct_left(used: Decimal, cap: Decimal) -> str:
@@ -90,6 +91,32 @@ def _cost_allowance(
             "spent; the next call could exceed it",
         )
     return min(allowance, affordable)
+
+
+def overrun(before: RunState, limits: Limits, usage: Usage) -> Ending | None:
+    """The run's own cap that a model call using ``usage`` on top of ``before``'s spend went
+    past, if it did: a provider that ignored the call's ``max_tokens``, or counted more prompt
+    tokens than the gate's bound (hidden template text). Reaching a cap exactly is no overrun
+    (``used ≤ limit`` holds); going past it ends the run with the cap's reason at once — no
+    summary call, no tool of the reply run — its answer kept. ``None`` within every cap."""
+    after = before.usage + usage
+    if limits.max_tokens is not None and after.total_tokens > limits.max_tokens:
+        over = after.total_tokens - limits.max_tokens
+        return Ending(
+            Phase.TOKEN_BUDGET_EXHAUSTED,
+            f"maxTokens {limits.max_tokens} overrun by {over} tokens: the provider reported "
+            f"{usage.input_tokens} input and {usage.output_tokens} output tokens for one call "
+            f"({after.total_tokens} in all)",
+        )
+    if limits.max_cost_usd is not None and after.cost_usd > limits.max_cost_usd:
+        over_usd = after.cost_usd - limits.max_cost_usd
+        return Ending(
+            Phase.COST_BUDGET_EXHAUSTED,
+            f"maxCostUSD {limits.max_cost_usd} overrun by {over_usd} USD: one call used "
+            f"{usage.input_tokens} input and {usage.output_tokens} output tokens "
+            f"({after.cost_usd} USD in all)",
+        )
+    return None
 
 
 def admit_tool_batch(

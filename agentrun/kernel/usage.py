@@ -133,17 +133,30 @@ def _message(response: Mapping[str, Any]) -> Mapping[str, Any]:
     return message if isinstance(message, Mapping) else {}
 
 
-def _completion_chars(message: Mapping[str, Any]) -> int:
-    chars = 0
+def completion_texts(message: Mapping[str, Any]) -> list[str]:
+    """The texts a model wrote in an assistant ``message``: its content, refusal, and each
+    tool call's name and arguments."""
+    texts: list[str] = []
     for key in ("content", "refusal"):
         value = message.get(key)
-        chars += len(value) if isinstance(value, str) else 0
+        if isinstance(value, str):
+            texts.append(value)
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, Mapping) else None
         if isinstance(function, Mapping):
-            chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
-    return chars
+            texts += [str(function.get("name", "")), str(function.get("arguments", ""))]
+    return texts
+
+
+def output_token_bound(texts: Sequence[str]) -> int:
+    """An upper bound of the output tokens a byte-level BPE tokenizer counts for ``texts``
+    (what a model wrote: content, refusal, tool-call names and arguments): their UTF-8 bytes
+    (every such token stands for at least one byte), plus ``MESSAGE_OVERHEAD_TOKENS`` for the
+    reply's framing. Used when a provider reports no usage, or a response was cut before it
+    could: the charge is then never below what the provider can bill for the text delivered.
+    """
+    return sum(utf8_bytes(t) for t in texts) + MESSAGE_OVERHEAD_TOKENS
 
 
 def _details(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -182,9 +195,10 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
     ``usage.prompt_tokens_details.cached_tokens`` and
     ``usage.completion_tokens_details.reasoning_tokens`` (OpenAI API reference, chat
     completion object); output and reasoning tokens as ``billed_output`` reads them, all
-    priced as output. When ``usage`` is missing or null the counts are estimated — the
-    prompt from ``prompt_estimate``, the completion from the returned text at 3 characters a
-    token (conservative) — and the result is flagged ``estimated``.
+    priced as output. When ``usage`` is missing or null the counts are estimated as upper
+    bounds — the prompt from ``prompt_estimate`` (the call's ``prompt_token_bound``), the
+    completion by ``output_token_bound`` of the returned text — and the result is flagged
+    ``estimated``.
     """
     raw = response.get("usage")
     raw = raw if isinstance(raw, Mapping) else {}
@@ -205,7 +219,7 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
         estimated = False
     else:  # missing or nonsense (negative, non-integer, absurd): estimate, conservatively
         input_tokens = prompt_estimate
-        output_tokens = -(-_completion_chars(_message(response)) // 3) + MESSAGE_OVERHEAD_TOKENS
+        output_tokens = output_token_bound(completion_texts(_message(response)))
         cached = 0
         estimated = True
     cost = pricing.cost(

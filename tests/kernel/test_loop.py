@@ -284,9 +284,11 @@ def test_reported_usage_is_read_with_cached_tokens() -> None:
     ("limits", "cap"),
     [
         pytest.param(kernel.Limits(max_steps=1), Phase.MAX_STEPS, id="maxSteps"),
-        pytest.param(kernel.Limits(max_tokens=100), Phase.TOKEN_BUDGET_EXHAUSTED, id="maxTokens"),
+        # reached exactly: a call that goes past a cap ends the run without a summary
+        # (tests/kernel/test_overrun.py)
+        pytest.param(kernel.Limits(max_tokens=110), Phase.TOKEN_BUDGET_EXHAUSTED, id="maxTokens"),
         pytest.param(
-            kernel.Limits(max_cost_usd=Decimal("0.000001")),
+            kernel.Limits(max_cost_usd=Decimal("0.01")),
             Phase.COST_BUDGET_EXHAUSTED,
             id="maxCostUSD",
         ),
