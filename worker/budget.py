@@ -52,8 +52,8 @@ class BudgetHold(Protocol):
 class SpendWatch:
     """Records what a streamed response delivered on the turn's hold: every few seconds while
     it streams (so a worker that dies mid-response is charged it when its hold expires), and
-    when it is abandoned (a cancelled run is charged it). What is charged is an upper bound:
-    the prompt's bound and one token per UTF-8 byte delivered."""
+    when it is abandoned (a cancelled run is charged it): the prompt's bound and the output
+    delivered so far (``Delivery.charged_tokens``)."""
 
     hold: BudgetHold
     call: kernel.CallModel
@@ -61,7 +61,7 @@ class SpendWatch:
 
     def usage(self, delivery: Delivery) -> kernel.Usage:
         """The bound of what ``delivery`` cost so far."""
-        prompt, output = self.call.prompt_estimate, delivery.output_bound()
+        prompt, output = self.call.prompt_estimate, delivery.charged_tokens
         cost = self.pricing.cost(input_tokens=prompt, cached_input_tokens=0, output_tokens=output)
         return kernel.Usage(prompt, output, 0, cost, estimated=True)
 

@@ -4,17 +4,20 @@ output delivered so far counted, so the model adapter can cut it at the call's a
 What belongs here: reading one streamed response through the ``openai`` client
 (``read_stream``) and its bookkeeping (``Delivery``, pure): folding
 ``chat.completion.chunk`` objects (OpenAI API reference, "The chat completion chunk object")
-into the ``chat.completion`` shape the kernel classifies, and the two counts of delivered
-output — ``delivered_tokens``, what the cut compares with the allowance, and the upper bound
-(``kernel.usage.output_token_bound``) charged when no usage came. What does not: the HTTP
-request and its errors (``model``), budgets (the kernel's allowance, the ledger's hold).
+into the ``chat.completion`` shape the kernel classifies, and the count of delivered output
+the cut compares with the allowance (``delivered_tokens``). What does not: the HTTP request
+and its errors (``model``), budgets (the kernel's allowance, the ledger's hold).
 
-Why two counts. A provider that honours ``max_tokens`` stops at the allowance by its own
+Two counts. A provider that honours ``max_tokens`` stops at the allowance by its own
 tokenizer; the cut must not come before that, so it compares a count that does not run ahead
-of a real tokenizer's in practice: the content-bearing chunks (streaming servers send at least
-one token per chunk) or a quarter of the ASCII characters plus one per other character,
-whichever is larger. A response cut there, or one that never reports usage, is charged the
-upper bound: one token per UTF-8 byte of what was delivered, which no byte-level BPE exceeds.
+of a real tokenizer's: the content-bearing chunks (streaming servers send at least one token
+per chunk; OpenAI's and llama.cpp's send one) or six ASCII characters a token plus two other
+characters a token (English runs 4–5 characters a cl100k token, CJK one or two tokens a
+character), whichever is larger. A response cut there — its provider ignored ``max_tokens`` —
+is charged at the usual density (``charged_tokens``: four ASCII characters or one other
+character a token, at least the chunks), which may pass what was held for it: that call's
+overrun ends the run with its cap's reason and is counted in
+``agentrun_budget_overrun_tokens_total``.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from typing import Any, Protocol
 
 import openai
 
-from agentrun.kernel import usage as kernel_usage
-
+CUT_KEY = "x_agentrun_cut"
+"""Set on a response the worker cut: the output tokens it is charged (``charged_tokens``).
+Not an OpenAI field: nothing but the worker reads it (the kernel classifies the rest)."""
 CUT_FINISH_REASON = "length"
 """The finish reason of a response the worker cut: what a provider says when it stops at
 ``max_tokens`` (the kernel asks for a shorter reply, or the run ends at its cap)."""
@@ -118,9 +122,16 @@ class Delivery:
 
     @property
     def delivered_tokens(self) -> int:
-        """Output tokens delivered, counted so as not to run ahead of the provider's count:
-        the content-bearing chunks, or ASCII characters / 4 plus one per other character,
-        whichever is larger (see the module docstring)."""
+        """Output tokens delivered, counted so as not to run ahead of a real tokenizer's
+        count (what the cut compares with the allowance): the content-bearing chunks, or six
+        ASCII characters a token plus two other characters a token, whichever is larger."""
+        return max(self.chunks, -(-self.ascii_chars // 6) + -(-self.other_chars // 2))
+
+    @property
+    def charged_tokens(self) -> int:
+        """Output tokens a response cut mid-way (or abandoned) is charged: the content-bearing
+        chunks, or four ASCII characters a token plus one per other character, whichever is
+        larger — the usual density, never below ``delivered_tokens``."""
         return max(self.chunks, -(-self.ascii_chars // 4) + self.other_chars)
 
     def message(self) -> dict[str, Any]:
@@ -141,21 +152,20 @@ class Delivery:
             ]
         return message
 
-    def output_bound(self) -> int:
-        """The upper bound of the output tokens delivered (``output_token_bound``)."""
-        return kernel_usage.output_token_bound(kernel_usage.completion_texts(self.message()))
-
     def completion(self) -> dict[str, Any]:
         """The response as one ``chat.completion`` object: the usage the provider reported
-        (none when it sent none, or the response was cut before it could), finish reason
-        ``length`` when cut."""
+        (none when it sent none). A cut response has finish reason ``length``, no usage, and
+        ``CUT_KEY`` holding ``charged_tokens`` (what it is charged as output)."""
         finish = CUT_FINISH_REASON if self.cut else (self.finish_reason or "stop")
-        return {
+        completion: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion",
             "choices": [{"index": 0, "message": self.message(), "finish_reason": finish}],
             "usage": None if self.cut else self.usage,
         }
+        if self.cut:
+            completion[CUT_KEY] = self.charged_tokens
+        return completion
 
 
 PROGRESS_SECONDS = 2.0

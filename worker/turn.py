@@ -27,6 +27,7 @@ from agentrun.tools.catalog import Catalog, Tool, ToolContext, ToolError
 
 from . import budget, toolrunner
 from .model import ChatRequest, ModelClient, ModelError
+from .stream import CUT_KEY
 
 
 class SecretSource(Protocol):
@@ -296,9 +297,7 @@ async def _call_model(
         except ModelError as err:
             _record_failure(span, err, config=config, start=started)
             raise
-        usage = kernel.read_usage(
-            response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
-        )
+        usage = _usage_of(response, config=config, call=call)
         span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
         # OTel GenAI: the reasoning part, which gen_ai.usage.output_tokens includes
@@ -307,6 +306,21 @@ async def _call_model(
             span.set_attribute("gen_ai.response.id", response["id"])
         metrics.record_model_call(config, seconds=time.perf_counter() - started, usage=usage)
         return response, usage
+
+
+def _usage_of(
+    response: dict[str, Any], *, config: RunConfig, call: kernel.CallModel
+) -> kernel.Usage:
+    """What the call used: the provider's usage (``kernel.read_usage``); for a response the
+    worker cut, the prompt's bound and the output it had delivered, flagged estimated."""
+    cut = response.get(CUT_KEY)
+    if not isinstance(cut, int):
+        return kernel.read_usage(
+            response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
+        )
+    prompt, pricing = call.prompt_estimate, config.model.pricing
+    cost = pricing.cost(input_tokens=prompt, cached_input_tokens=0, output_tokens=cut)
+    return kernel.Usage(prompt, cut, 0, cost, estimated=True)
 
 
 def _chat_attributes(config: RunConfig, call: kernel.CallModel) -> dict[str, Any]:

@@ -119,11 +119,13 @@ def _settle_phase(after: RunState, ending: records.Ending, limits: Limits) -> Ru
     past_cap = (limits.max_tokens is not None and after.usage.total_tokens > limits.max_tokens) or (
         limits.max_cost_usd is not None and after.usage.cost_usd > limits.max_cost_usd
     )
-    if ending.phase in CAPS and limits.on_exhausted is OnExhausted.SUMMARIZE and not past_cap:
+    asked = after.pending_cap is not None  # the summary was due but cannot be made: end
+    summarize = limits.on_exhausted is OnExhausted.SUMMARIZE and not past_cap and not asked
+    if ending.phase in CAPS and summarize:
         return dataclasses.replace(
             after, pending_cap=ending.phase, message=f"{ending.message}; asking for a summary"
         )
-    return dataclasses.replace(after, phase=ending.phase, message=ending.message)
+    return dataclasses.replace(after, phase=ending.phase, message=ending.message, pending_cap=None)
 
 
 def advance(state: RunState, record: records.TurnRecord, limits: Limits) -> RunState:

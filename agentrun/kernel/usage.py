@@ -149,14 +149,19 @@ def completion_texts(message: Mapping[str, Any]) -> list[str]:
     return texts
 
 
-def output_token_bound(texts: Sequence[str]) -> int:
-    """An upper bound of the output tokens a byte-level BPE tokenizer counts for ``texts``
-    (what a model wrote: content, refusal, tool-call names and arguments): their UTF-8 bytes
-    (every such token stands for at least one byte), plus ``MESSAGE_OVERHEAD_TOKENS`` for the
-    reply's framing. Used when a provider reports no usage, or a response was cut before it
-    could: the charge is then never below what the provider can bill for the text delivered.
-    """
-    return sum(utf8_bytes(t) for t in texts) + MESSAGE_OVERHEAD_TOKENS
+def output_estimate(texts: Sequence[str]) -> int:
+    """The output tokens charged for ``texts`` (what a model wrote: content, refusal,
+    tool-call names and arguments) when the provider reports no usage: three ASCII characters
+    a token (English runs about four), one token per other character (several providers'
+    tokenizers count CJK so), plus ``MESSAGE_OVERHEAD_TOKENS`` for the reply's framing. An
+    estimate, flagged as such; what a reservation holds is an upper bound
+    (``prompt_token_bound`` and the output allowance)."""
+    ascii_chars = other = 0
+    for text in texts:
+        count = len(text.encode("ascii", "ignore"))
+        ascii_chars += count
+        other += len(text) - count
+    return -(-ascii_chars // 3) + other + MESSAGE_OVERHEAD_TOKENS
 
 
 def _details(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -195,10 +200,9 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
     ``usage.prompt_tokens_details.cached_tokens`` and
     ``usage.completion_tokens_details.reasoning_tokens`` (OpenAI API reference, chat
     completion object); output and reasoning tokens as ``billed_output`` reads them, all
-    priced as output. When ``usage`` is missing or null the counts are estimated as upper
-    bounds — the prompt from ``prompt_estimate`` (the call's ``prompt_token_bound``), the
-    completion by ``output_token_bound`` of the returned text — and the result is flagged
-    ``estimated``.
+    priced as output. When ``usage`` is missing or null the counts are estimated — the prompt
+    from ``prompt_estimate`` (the call's upper bound), the completion by ``output_estimate``
+    of the returned text — and the result is flagged ``estimated``.
     """
     raw = response.get("usage")
     raw = raw if isinstance(raw, Mapping) else {}
@@ -219,7 +223,7 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
         estimated = False
     else:  # missing or nonsense (negative, non-integer, absurd): estimate, conservatively
         input_tokens = prompt_estimate
-        output_tokens = output_token_bound(completion_texts(_message(response)))
+        output_tokens = output_estimate(completion_texts(_message(response)))
         cached = 0
         estimated = True
     cost = pricing.cost(

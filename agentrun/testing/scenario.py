@@ -236,8 +236,8 @@ class Provider:
     stream_usage: bool = True
     """Whether a streamed reply ends with the usage chunk when
     ``stream_options.include_usage`` asks for it."""
-    chunk_tokens: int = 4
-    """Tokens per streamed content chunk."""
+    chunk_tokens: int = 1
+    """Tokens per streamed content chunk (one, as OpenAI's and llama.cpp's servers send)."""
     chunk_ms: float = 0.0
     """Milliseconds between two streamed chunks."""
 
@@ -417,7 +417,7 @@ def _to_turn(raw: Mapping[str, Any]) -> Turn:
             count=Count(raw.get("count", Count.QUARTER.value)),
             streaming=Streaming(raw.get("stream", Streaming.SSE.value)),
             stream_usage=bool(raw.get("stream_usage", True)),
-            chunk_tokens=int(raw.get("chunk_tokens", 4)),
+            chunk_tokens=int(raw.get("chunk_tokens", 1)),
             chunk_ms=float(raw.get("chunk_ms", 0)),
         ),
     )
