@@ -293,11 +293,18 @@ def readiness(
 
 
 def ready_status(
-    found: Readiness, *, generation: int, previous: Mapping[str, Any], now: float
+    found: Readiness,
+    *,
+    generation: int,
+    previous: Mapping[str, Any],
+    now: float,
+    condition: str = "Ready",
 ) -> dict[str, Any] | None:
-    """The Agent's ``.status`` for ``found``, or ``None`` when ``previous`` (its status now)
-    already says so. ``lastTransitionTime`` moves only when the condition's status flips."""
-    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), None)
+    """The Agent's ``.status`` for ``found`` (or another object's, with its one ``condition``
+    type), or ``None`` when ``previous`` (its status now) already says so.
+    ``lastTransitionTime`` moves only when the condition's status flips."""
+    kind = condition
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == kind), None)
     flag = "True" if found.ready else "False"
     if (
         old is not None
@@ -306,8 +313,8 @@ def ready_status(
         == (flag, found.reason, found.message)
     ):
         return None
-    condition = status.condition(
-        "Ready",
+    made = status.condition(
+        kind,
         status=found.ready,
         reason=found.reason,
         message=found.message,
@@ -315,8 +322,8 @@ def ready_status(
         generation=generation,
     )
     if old is not None and old.get("status") == flag and old.get("lastTransitionTime"):
-        condition["lastTransitionTime"] = old["lastTransitionTime"]
-    return {"observedGeneration": generation, "conditions": [condition]}
+        made["lastTransitionTime"] = old["lastTransitionTime"]
+    return {"observedGeneration": generation, "conditions": [made]}
 
 
 async def write_ready_status(
@@ -325,17 +332,28 @@ async def write_ready_status(
     """Patch ``body`` (``ready_status``) into the Agent object ``agent``'s ``.status``, only if
     it is still the object of that uid; an Agent gone or replaced is left alone. Raises
     ``ApiException`` on other API errors."""
-    meta = agent.get("metadata") or {}
+    await write_status(api, agent, body, plural=kube.AGENTS)
+
+
+async def write_status(
+    api: client.ApiClient, obj: Mapping[str, Any], body: Mapping[str, Any], *, plural: str
+) -> None:
+    """Patch ``body`` into ``obj``'s ``.status`` (namespaced, or cluster-scoped when it has no
+    namespace) only if it is still the object of that uid; gone or replaced is left alone.
+    Raises ``ApiException`` on other API errors."""
+    meta = obj.get("metadata") or {}
+    patch = {"metadata": {"uid": meta.get("uid")}, "status": body}
+    objects = client.CustomObjectsApi(api)
+    name, namespace = str(meta.get("name", "")), meta.get("namespace")
     try:
-        await client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            kube.GROUP,
-            kube.VERSION,
-            str(meta.get("namespace", "")),
-            kube.AGENTS,
-            str(meta.get("name", "")),
-            {"metadata": {"uid": meta.get("uid")}, "status": body},
-            **MERGE_PATCH,
-        )
+        if namespace:
+            await objects.patch_namespaced_custom_object_status(
+                kube.GROUP, kube.VERSION, str(namespace), plural, name, patch, **MERGE_PATCH
+            )
+        else:
+            await objects.patch_cluster_custom_object_status(
+                kube.GROUP, kube.VERSION, plural, name, patch, **MERGE_PATCH
+            )
     except ApiException as err:
         if err.status not in (404, 409):  # gone, or replaced by a new object of the name
             raise

@@ -117,11 +117,20 @@ class RunConfigs:
     async def build_config(
         self, run: RunKey, spec: Mapping[str, Any], policy: TenantPolicy, *, start_time: float
     ) -> RunConfig:
-        """The run's ``RunConfig``; raises ``admission.InvalidSpec`` naming the field
-        (``ToolServerPending`` when a named AgentToolServer is not discovered yet), or
+        """The run's ``RunConfig``; raises ``admission.InvalidSpec`` naming the field (an
+        AgentModel without prices where a cost budget applies, ``admission.check_metered``;
+        ``ToolServerPending`` when a named AgentToolServer is not discovered yet), or
         ``ApiException`` when the AgentModel or an AgentToolServer cannot be read."""
         applied = policy.apply(admission.parse_run_spec(spec))
         found = await self.models.get(applied.model)
+        if found is not None:
+            admission.check_metered(
+                applied.model,
+                found,
+                spec=applied,
+                tenant=policy.name,
+                tenant_cost=policy.limits.cost_usd is not None,
+            )
         remote_tools = []
         for name in applied.tools:
             parts = toolservers.split_reference(name)

@@ -1,4 +1,5 @@
-"""kopf handlers of the objects runs refer to: AgentTenants, Agents, AgentToolServers.
+"""kopf handlers of the objects runs refer to: AgentTenants, Agents, AgentModels,
+AgentToolServers.
 
 Each keeps a registry current or writes a status; none starts or ends a run. What does not
 belong here: the AgentRun handlers (``runhandlers``), kopf's configuration (``handlers``).
@@ -14,14 +15,16 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import kube
 
-from . import agents
+from . import admission, agents
 from .recorder import EventType, Involved
+from .specs import AgentModelSpec, SpecError
 from .toolservers import TOOL_SERVERS
 from .wiring import OperatorMemo
 
 TENANT = (kube.GROUP, kube.VERSION, kube.TENANTS)
 AGENT = (kube.GROUP, kube.VERSION, kube.AGENTS)
 TOOL_SERVER = (kube.GROUP, kube.VERSION, TOOL_SERVERS)
+MODEL = (kube.GROUP, kube.VERSION, kube.MODELS)
 
 
 @kopf.on.event(*TENANT)
@@ -78,6 +81,45 @@ async def agent_changed(
             key=(name, namespace, found.reason, generation),
         )
     await agents.write_ready_status(parts.api, body, new)
+
+
+@kopf.on.event(*MODEL)
+async def model_changed(
+    *, type: str | None, body: kopf.Body, name: str, memo: OperatorMemo, **_: Any
+) -> None:
+    """Keep an AgentModel's ``Priced`` condition current: ``False`` (reason ``Unpriced``, and a
+    Warning Event) while it has no prices and is not declared free — runs with a cost budget,
+    their own or their tenant's, are refused on it (``admission.check_metered``)."""
+    if type == "DELETED":
+        return
+    parts = memo.running()
+    try:
+        pricing = AgentModelSpec.of(name, body.get("spec")).pricing
+    except SpecError:
+        return  # runs naming it end invalid_spec with the field
+    generation = int(body.get("metadata", {}).get("generation") or 1)
+    if pricing.unpriced:
+        found = agents.Readiness(False, "Unpriced", f"no prices: {admission.UNPRICED_HINT}")
+        why = "runs with a cost budget (theirs or their AgentTenant's) are refused on it"
+        parts.events.record(
+            Involved("AgentModel", name, "", str(body.get("metadata", {}).get("uid", ""))),
+            type=EventType.WARNING,
+            reason="Unpriced",
+            message=f"this AgentModel has no prices: {why}; {admission.UNPRICED_HINT}",
+            key=(name, "Unpriced", generation),
+        )
+    else:
+        free = "declared free (pricing.free: true)" if pricing.free else "prices set"
+        found = agents.Readiness(True, "Free" if pricing.free else "PricesSet", free)
+    new = agents.ready_status(
+        found,
+        generation=generation,
+        previous=body.get("status") or {},
+        now=time.time(),
+        condition="Priced",
+    )
+    if new is not None:
+        await agents.write_status(parts.api, body, new, plural=kube.MODELS)
 
 
 @kopf.on.event(*TOOL_SERVER)

@@ -20,7 +20,7 @@ from agentrun.protocol import RunConfig
 
 from .stream import Delivery
 
-MIN_OUTPUT_TOKENS = 128
+MIN_OUTPUT_TOKENS = kernel.MIN_SHRUNK_OUTPUT_TOKENS
 """The smallest output allowance a call is shrunk to when the tenant's budget left cannot hold
 its full allowance (a longer answer is cut at it, and the kernel asks for a correction)."""
 BUDGET_POLL_SECONDS = 0.5
