@@ -80,6 +80,8 @@ class TenantStatusWriter:
         self._written: dict[str, dict[str, Any]] = {}
         self._transitions: dict[str, dict[tenantstatus.TenantCondition, tenantstatus.Transition]]
         self._transitions = {}
+        self._overruns: set[tuple[str, str, float]] = set()
+        """(tenant, resource, window start) of the overruns told (once per window)."""
 
     async def write_invalid(self, name: str, generation: int, why: str, *, now: float) -> None:
         """``Accepted=False`` with ``why`` for an AgentTenant that cannot be enforced."""
@@ -132,8 +134,10 @@ class TenantStatusWriter:
             ("tokens", book.used_tokens, limits.tokens),
             ("costUSD", book.used_cost, limits.cost_usd),
         ):
-            if limit is None or used <= limit:
+            told = (policy.name, resource, book.window)
+            if limit is None or used <= limit or told in self._overruns:
                 continue
+            self._overruns.add(told)
             self.events.record(
                 Involved("AgentTenant", policy.name),
                 type=EventType.WARNING,

@@ -75,22 +75,27 @@ class SpendWatch:
 class PromptCalibration:
     """Prompt tokens each model's provider was seen to count beyond the bound of what was
     sent (its chat template, tool definitions rendered in its own words, a system prompt of
-    its own): the largest excess seen per (base URL, model), added to later calls' bounds in
-    this worker process, so an overrun of that kind is not repeated."""
+    its own): the largest excess seen per tenant and (base URL, model), added to later calls'
+    bounds in this worker process, so an overrun of that kind is not repeated for the tenant
+    it hit. Per tenant: what one tenant's runs taught never shrinks another's budgets."""
 
     LIMIT = 1_000_000
     """Excesses above this are not believed."""
 
     def __init__(self) -> None:
-        self._hidden: dict[tuple[str, str], int] = {}
+        self._hidden: dict[tuple[str, str, str], int] = {}
+
+    @staticmethod
+    def _key(config: RunConfig) -> tuple[str, str, str]:
+        return (config.tenant, config.model.base_url, config.model.model)
 
     def hidden(self, config: RunConfig) -> int:
-        """The hidden prompt tokens to add for ``config``'s model."""
-        return self._hidden.get((config.model.base_url, config.model.model), 0)
+        """The hidden prompt tokens to add for ``config``'s model and tenant."""
+        return self._hidden.get(self._key(config), 0)
 
     def saw(self, config: RunConfig, *, reported: int, bound: int) -> None:
         """A call whose prompt bound was ``bound`` was reported as ``reported`` tokens."""
-        key = (config.model.base_url, config.model.model)
+        key = self._key(config)
         excess = min(reported - bound, self.LIMIT)
         if excess > self._hidden.get(key, 0):
             self._hidden[key] = excess
