@@ -316,7 +316,10 @@ def _usage_of(
     cut = response.get(CUT_KEY)
     if not isinstance(cut, int):
         return kernel.read_usage(
-            response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
+            response,
+            pricing=config.model.pricing,
+            prompt_estimate=call.prompt_estimate,
+            max_output_tokens=call.max_output_tokens,
         )
     prompt, pricing = call.prompt_estimate, config.model.pricing
     cost = pricing.cost(input_tokens=prompt, cached_input_tokens=0, output_tokens=cut)

@@ -193,7 +193,13 @@ def billed_output(
     return output, min(known, output)
 
 
-def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate: int) -> Usage:
+def read_usage(
+    response: Mapping[str, Any],
+    *,
+    pricing: Pricing,
+    prompt_estimate: int,
+    max_output_tokens: int | None = None,
+) -> Usage:
     """Usage of one chat-completions response, priced.
 
     Reads ``usage.prompt_tokens``, ``usage.completion_tokens``, ``usage.total_tokens``,
@@ -202,7 +208,9 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
     completion object); output and reasoning tokens as ``billed_output`` reads them, all
     priced as output. When ``usage`` is missing or null the counts are estimated — the prompt
     from ``prompt_estimate`` (the call's upper bound), the completion by ``output_estimate``
-    of the returned text — and the result is flagged ``estimated``.
+    of the returned text, at most ``max_output_tokens`` (the ``max_tokens`` the call sent: a
+    server that honours it cannot have produced more; one that does not is cut by the worker)
+    — and the result is flagged ``estimated``.
     """
     raw = response.get("usage")
     raw = raw if isinstance(raw, Mapping) else {}
@@ -224,6 +232,8 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
     else:  # missing or nonsense (negative, non-integer, absurd): estimate, conservatively
         input_tokens = prompt_estimate
         output_tokens = output_estimate(completion_texts(_message(response)))
+        if max_output_tokens is not None:
+            output_tokens = min(output_tokens, max_output_tokens)
         cached = 0
         estimated = True
     cost = pricing.cost(

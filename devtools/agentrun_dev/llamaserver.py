@@ -95,8 +95,13 @@ def _ready(install: LlamaInstall) -> bool:
 def _pip(args: list[str], *, log: console.Log, env: dict[str, str] | None = None) -> None:
     command = [sys.executable, "-m", "pip", *args]
     log("$ " + " ".join(command))
-    done = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False
+    done = subprocess.run(  # not in the caller's directory: a repository's operator/
+        command,  # folder there would shadow the standard library's operator module
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+        cwd=Path.home(),
     )
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-3000:]
@@ -131,11 +136,14 @@ def _wheel(wheels: Path, *, log: console.Log) -> Path:
 
 def _venv(venv: Path, wheel: Path, *, log: console.Log) -> None:
     """A virtualenv holding the wheel with its ``[server]`` extra."""
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--clear", str(venv)], check=True, cwd=venv.parent.parent
+    )
     python = venv / "bin" / "python"
     command = [str(python), "-m", "pip", "install", "--quiet", f"{wheel}[server]"]
     log("$ " + " ".join(command))
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=venv.parent)
     if done.returncode != 0:
         raise LlamaBuildError(f"installing {wheel.name} failed:\n{(done.stderr)[-3000:]}")
 
@@ -191,8 +199,10 @@ def start_llama_server(
     argv = [str(install.python), "-m", "llama_cpp.server", "--model", str(install.model)]
     argv += ["--model_alias", MODEL_ALIAS, "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--n_ctx", str(context), "--n_threads", str(threads), "--verbose", "False"]
+    # in its own directory: a repository's operator/ folder would shadow the stdlib module
+    spec = dataclasses.replace(launch.spec("llama-server", argv), cwd=workdir)
     component = launch.start(
-        launch.spec("llama-server", argv),
+        spec,
         probe=probes.Probe(url=f"http://127.0.0.1:{port}/v1/models", expect=MODEL_ALIAS),
         ports={"http": port},
         ready_timeout=ready_timeout,
