@@ -116,6 +116,9 @@ class Delivery:
         return carried
 
     def _count(self, text: str) -> None:
+        if text.isascii():  # most chunks: no encoding needed
+            self.ascii_chars += len(text)
+            return
         ascii_chars = len(text.encode("ascii", "ignore"))
         self.ascii_chars += ascii_chars
         self.other_chars += len(text) - ascii_chars
