@@ -14,8 +14,12 @@ interleave the trees compared and take medians or minima over several runs. The 
 process sent to NATS (the server's ``/connz``) are exact: they show a change in what is done
 per turn, independent of the machine.
 
-    cd bench && ../.venv/bin/python bench_cpu.py [--runs 20] [--turns 20] [--repeat 1]
-"""
+    cd bench && ../.venv/bin/python bench_cpu.py [--runs 20] [--turns 20] [--repeat 1] [--open-bus]
+
+``--open-bus`` runs nats-server open (plain text, no auth) instead of closed (TLS, JWT auth,
+each process with its role's permissions, as shipped): interleave both to measure what the
+closed bus costs per turn. The nats-server's own CPU per turn is reported too (TLS and the
+permission checks are partly its work)."""
 
 from __future__ import annotations
 
@@ -39,20 +43,23 @@ def cpu_seconds(pid: int) -> float:
 def batch(
     bench: BenchStack, *, prefix: str, runs: int, turns: int, settle: float
 ) -> dict[str, float]:
-    """Apply ``runs`` runs, wait for all to end; CPU seconds of operator and worker, turns."""
+    """Apply ``runs`` runs, wait for all to end; CPU seconds of operator, worker and
+    nats-server, turns."""
     assert bench.operator is not None
     op_pid, wk_pid = bench.operator.record.pid, bench.workers[0].record.pid
+    nats_pid = bench.nats.component.record.pid
     names = [f"{prefix}-{i}" for i in range(runs)]
-    before = cpu_seconds(op_pid), cpu_seconds(wk_pid)
+    before = cpu_seconds(op_pid), cpu_seconds(wk_pid), cpu_seconds(nats_pid)
     started = time.monotonic()
     bench.apply([agent_run(name, f"BENCH cpu {name}", max_steps=turns) for name in names])
     statuses = wait_ended(bench, names, timeout=900.0)
     time.sleep(settle)
-    after = cpu_seconds(op_pid), cpu_seconds(wk_pid)
+    after = cpu_seconds(op_pid), cpu_seconds(wk_pid), cpu_seconds(nats_pid)
     steps = sum(s["usage"]["steps"] for s in statuses)
     return {
         "operator": after[0] - before[0],
         "worker": after[1] - before[1],
+        "nats": after[2] - before[2],
         "turns": steps,
         "seconds": time.monotonic() - started,
     }
@@ -99,32 +106,23 @@ def api_requests(bench: BenchStack) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def nats_messages() -> dict[str, int]:
+def nats_messages(bench: BenchStack) -> dict[str, int]:
     """Messages each agentrun client connection sent to the NATS server (``/connz``), by
     connection kind (operator, worker, worker ledger): exact, like ``api_requests``."""
     import urllib.request
 
     totals: dict[str, int] = {}
-    for proc in psutil.Process().children(recursive=True):  # ours, not another stack's
-        if proc.name() != "nats-server":
+    try:
+        with urllib.request.urlopen(f"{bench.nats.monitor_url}/connz?limit=1000", timeout=10) as r:
+            connz = json.loads(r.read())
+    except OSError:
+        return totals
+    for conn in connz.get("connections", []):
+        name = conn.get("name", "")
+        if not name.startswith("agentrun-"):
             continue
-        argv = proc.cmdline()
-        if "-m" not in argv:
-            continue
-        port = argv[argv.index("-m") + 1]
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{port}/connz?limit=1000", timeout=10
-            ) as r:
-                connz = json.loads(r.read())
-        except OSError:
-            continue
-        for conn in connz.get("connections", []):
-            name = conn.get("name", "")
-            if not name.startswith("agentrun-"):
-                continue
-            kind = "-".join(p for p in name.split("-") if not p.isdigit())
-            totals[kind] = totals.get(kind, 0) + int(conn.get("in_msgs", 0))
+        kind = "-".join(p for p in name.split("-") if not p.isdigit())
+        totals[kind] = totals.get(kind, 0) + int(conn.get("in_msgs", 0))
     return totals
 
 
@@ -135,8 +133,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--settle", type=float, default=3.0)
     parser.add_argument("--idle", type=float, default=10.0)
+    parser.add_argument("--open-bus", action="store_true", help="nats-server without TLS, auth")
     args = parser.parse_args()
-    with bench_stack(HERE / "scenarios.yaml") as bench:
+    with bench_stack(HERE / "scenarios.yaml", closed=not args.open_bus) as bench:
         bench.start_services(
             workers=1, extra_env={"AGENTRUN_WORKER_CONCURRENCY": str(args.runs + 28)}
         )
@@ -145,26 +144,30 @@ def main() -> None:
         # belong to no turn, and would weigh on a batch's median with few batches
         batch(bench, prefix="warm", runs=args.runs, turns=5, settle=args.settle)
         op_pid, wk_pid = bench.operator.record.pid, bench.workers[0].record.pid
-        before_api, before_nats = api_requests(bench), nats_messages()
-        idle0 = cpu_seconds(op_pid), cpu_seconds(wk_pid)
+        before_api, before_nats = api_requests(bench), nats_messages(bench)
+        nats_pid = bench.nats.component.record.pid
+        idle0 = cpu_seconds(op_pid), cpu_seconds(wk_pid), cpu_seconds(nats_pid)
         time.sleep(args.idle)
-        idle1 = cpu_seconds(op_pid), cpu_seconds(wk_pid)
+        idle1 = cpu_seconds(op_pid), cpu_seconds(wk_pid), cpu_seconds(nats_pid)
         idle_op = (idle1[0] - idle0[0]) / args.idle
         idle_wk = (idle1[1] - idle0[1]) / args.idle
+        idle_nats = (idle1[2] - idle0[2]) / args.idle
         results = [
             batch(bench, prefix=f"cpu{k}", runs=args.runs, turns=args.turns, settle=args.settle)
             for k in range(args.repeat)
         ]
         api = api_requests(bench)
         api = {k: v - before_api.get(k, 0) for k, v in api.items() if v - before_api.get(k, 0)}
-        nats_sent = {k: v - before_nats.get(k, 0) for k, v in nats_messages().items()}
+        nats_sent = {k: v - before_nats.get(k, 0) for k, v in nats_messages(bench).items()}
     turns = sum(int(r["turns"]) for r in results)
     # the idle polling cost over each batch's span is subtracted: it does not scale with turns
     per_turn_op = [(r["operator"] - idle_op * r["seconds"]) / r["turns"] * 1000 for r in results]
     per_turn_wk = [(r["worker"] - idle_wk * r["seconds"]) / r["turns"] * 1000 for r in results]
+    per_turn_nats = [(r["nats"] - idle_nats * r["seconds"]) / r["turns"] * 1000 for r in results]
     write_result(
-        "cpu",
+        "cpu-open-bus" if args.open_bus else "cpu",
         {
+            "bus": "open" if args.open_bus else "closed (TLS, JWT auth, role permissions)",
             "batches": len(results),
             "turns_per_batch": [int(r["turns"]) for r in results],
             "operator_cpu_ms_per_turn": round(median(per_turn_op), 3),
@@ -172,6 +175,7 @@ def main() -> None:
             "total_cpu_ms_per_turn": round(
                 median([a + b for a, b in zip(per_turn_op, per_turn_wk, strict=True)]), 3
             ),
+            "nats_server_cpu_ms_per_turn": round(median(per_turn_nats), 3),
             "batch_seconds": [round(r["seconds"], 1) for r in results],
             "api_requests_per_turn": {k: round(v / turns, 3) for k, v in api.items()},
             "nats_messages_sent_per_turn": {k: round(v / turns, 3) for k, v in nats_sent.items()},

@@ -29,7 +29,7 @@ def main() -> None:
             name = f"overhead-{i}"
             bench.apply([agent_run(name, f"BENCH overhead {i}", max_steps=args.turns)])
             bench.wait_all_terminal(i + 1, timeout=300)
-            events = read_events(bench.nats_url, "default", [name])[name]
+            events = read_events(bench.nats, "default", [name])[name]
             requests = [
                 r
                 for r in mock_requests(bench)

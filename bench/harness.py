@@ -36,7 +36,7 @@ class BenchStack:
     launch: components.Launch
     cluster: controlplane.Cluster
     kubectl: kubectl.Kubectl
-    nats_url: str
+    nats: natsserver.NatsServer
     mock: components.Component
     env: dict[str, str]
     operator: components.Component | None = None
@@ -116,8 +116,9 @@ def agent_run(
 
 
 @contextlib.contextmanager
-def bench_stack(scenarios: Path) -> Iterator[BenchStack]:
-    """Control plane, CRDs, nats-server and the mock model; operator and workers on request."""
+def bench_stack(scenarios: Path, *, closed: bool = True) -> Iterator[BenchStack]:
+    """Control plane, CRDs, nats-server (closed, as shipped, unless ``closed`` is False) and the
+    mock model; operator and workers on request."""
     workdir = Path(tempfile.mkdtemp(prefix="agentrun-bench-"))
     launch = components.Launch(log_dir=workdir / "logs", die_with_parent=True)
     binaries.ensure_binaries()
@@ -126,13 +127,13 @@ def bench_stack(scenarios: Path) -> Iterator[BenchStack]:
     try:
         kc = kubectl.Kubectl.for_cluster(cluster)
         kubectl.apply_crds(kc, REPO / "crds")
-        nats = natsserver.start_nats_server(workdir / "nats", launch=launch)
+        nats = natsserver.start_nats_server(workdir / "nats", launch=launch, closed=closed)
         mock = stack.start_mockllm([scenarios], launch=launch)
         started.append(mock)
-        env = stack.service_env(kubeconfig=str(cluster.kubeconfig), nats_url=nats.url)
+        env = stack.service_env(kubeconfig=str(cluster.kubeconfig), nats=nats)
         kc("apply", "-f", "-", input=yaml.safe_dump(agent_model(stack.mockllm_url(mock))))
         kc("apply", "-f", "-", input=yaml.safe_dump(demo.default_tenant()))
-        bench = BenchStack(workdir, launch, cluster, kc, nats.url, mock, env)
+        bench = BenchStack(workdir, launch, cluster, kc, nats, mock, env)
         try:
             yield bench
         finally:
@@ -146,12 +147,14 @@ def bench_stack(scenarios: Path) -> Iterator[BenchStack]:
 
 
 def read_events(
-    nats_url: str, namespace: str, names: Sequence[str]
+    server: natsserver.NatsServer, namespace: str, names: Sequence[str]
 ) -> dict[str, list[tuple[Any, float]]]:
     """For each run, its events with the JetStream store timestamp (epoch seconds)."""
 
     async def read() -> dict[str, list[tuple[Any, float]]]:
-        bus = await Bus.connect(BusSettings(url=nats_url), name="bench-reader")
+        bus = await Bus.connect(
+            BusSettings(url=server.url, auth=server.auth()), name="bench-reader"
+        )
         out: dict[str, list[tuple[Any, float]]] = {}
         try:
             import nats.js.errors

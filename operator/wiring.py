@@ -44,6 +44,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
+from agentrun import buckets
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
@@ -131,9 +132,13 @@ async def start_parts(
     tenant"). Raises what ``Bus.connect`` / ``LedgerStore.open`` raise.
     """
     bus = await Bus.connect(
-        BusSettings(url=settings.nats_url, ack_wait=settings.turn_ack_wait),
+        BusSettings(
+            url=settings.nats_url, auth=settings.nats_auth, ack_wait=settings.turn_ack_wait
+        ),
         name=f"agentrun-operator-{os.getpid()}",
     )
+    # the operator creates the buckets; workers only bind them
+    await buckets.open_bucket(bus.js, buckets.effects_config(), create=True)
     parts = _build_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)

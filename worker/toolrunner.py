@@ -23,9 +23,10 @@ from collections.abc import Awaitable, Mapping, Sequence
 from opentelemetry import trace
 
 from agentrun import kernel, telemetry
-from agentrun.effects import EffectLedger, EffectLedgerUnavailable
 from agentrun.kernel.decision import clean_text
 from agentrun.tools.catalog import Tool, ToolContext, ToolError
+
+from .effects import EffectLedger, EffectLedgerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ async def _run_one(
     call: kernel.CheckedCall, tool: Tool, ctx: ToolContext, batch: _Batch
 ) -> kernel.ToolResult:
     """``call``, once per the effect ledger for write and idempotent tools (see
-    ``agentrun.effects``): a call already recorded is answered from the ledger, never sent
+    ``effects``): a call already recorded is answered from the ledger, never sent
     again; a new call's result is the one the ledger recorded. Raises
     ``EffectLedgerUnavailable`` when the ledger cannot be read or written (the turn is then not
     committed)."""
@@ -224,9 +225,9 @@ async def run_batch(
 ) -> tuple[kernel.ToolResult, ...]:
     """One result per call, in call order. Invalid calls get their validation error.
 
-    ``effects``, when given, records every write and idempotent call (``agentrun.effects``):
-    a call of this run already recorded is answered from it, never sent twice. Raises
-    ``EffectLedgerUnavailable`` when it cannot be used (the turn must not commit).
+    ``effects``, when given (the effect ledger, ``EffectLedger``), records every write and
+    idempotent call: a call of this run already recorded is answered from it, never sent twice.
+    Raises ``EffectLedgerUnavailable`` when it cannot be used (the turn must not commit).
 
     ``context`` is shared by the batch; each call gets it with its own ``call_id``. A call still
     running at ``deadline`` (epoch seconds) is cancelled and reported as such. On

@@ -19,13 +19,13 @@ from typing import Any, Protocol, assert_never
 from opentelemetry import trace
 
 from agentrun import kernel, metrics, telemetry
-from agentrun.effects import EffectLedger
 from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed
 from agentrun.protocol import RemoteTool, RunConfig, SecretRef
 from agentrun.tools import http_get, remote
 from agentrun.tools.catalog import Catalog, Tool, ToolContext, ToolError
 
 from . import budget, toolrunner
+from .effects import EffectLedger
 from .model import ChatRequest, ModelClient, ModelError
 from .stream import CUT_KEY
 

@@ -1,8 +1,10 @@
 """The dev tooling stays at the edge, in its own distribution.
 
 ``agentrun_dev`` (``devtools/``) starts the stack and imports nothing of the runtime but the
-package itself (to find its files); the runtime (``agentrun``, the operator and the workers)
-imports nothing of the dev tooling nor its libraries, so its wheel can leave them out.
+package itself (to find its files) and the closed bus's own code (``RUNTIME_USED``: the dev
+stack's nats-server is closed by the same code as the chart's); the runtime (``agentrun``, the
+operator and the workers) imports nothing of the dev tooling nor its libraries, so its wheel can
+leave them out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ DEV_ONLY_LIBRARIES = {"installer", "platformdirs", "psutil"}
 """Libraries only the dev tooling uses. (``cryptography`` is a runtime dependency since the MCP
 client needs it; the dev tooling's certificates use it too.)"""
 RUNTIME = ["agentrun", "operator", "worker"]
+RUNTIME_USED = {"agentrun.natsauth", "agentrun.natsclient"}
+"""Runtime modules the dev tooling uses: the NATS trust chain, credentials and client options,
+so the suite's nats-server is closed exactly as the chart closes it."""
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -45,6 +50,7 @@ def test_devenv_imports_only_itself_the_stdlib_and_its_few_libraries(path: Path)
         for module in imported_modules(path)
         if module.split(".")[0] not in allowed
         and module != "agentrun"
+        and module not in RUNTIME_USED
         and not module.startswith("agentrun_dev")
     }
     assert strays == set()

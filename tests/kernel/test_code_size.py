@@ -13,8 +13,12 @@ CHECKED = ("operator", "worker", "agentrun/kernel", "agentrun/ledger", "agentrun
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 50
 MAX_PARAMETERS = 6
-ALLOWED: dict[str, str] = {}
-"""``path:function`` → why it may exceed a limit (none does today)."""
+ALLOWED: dict[str, str] = {
+    "agentrun/ledger/store.py": "the ledger's one port: every named operation on the entries "
+    "(a run's admission and close, a turn's hold, the sweep's repairs, the admission queue), "
+    "each one compare-and-set write; split by concept, not to pass a line count",
+}
+"""``path:function`` (or ``path``) → why it may exceed a limit."""
 
 
 def checked_files() -> list[pathlib.Path]:

@@ -49,7 +49,7 @@ FAR_BELOW = 512 * 1024
 
 @pytest.fixture
 async def client(nats_server: natsserver.NatsServer) -> AsyncIterator[NATS]:
-    nc = await nats.connect(nats_server.url)
+    nc = await nats.connect(**nats_server.client_options())
     yield nc
     await nc.close()
 

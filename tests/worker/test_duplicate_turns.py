@@ -91,22 +91,28 @@ class _Redelivered:
 class Stack:
     """Workers on their own connections to one nats-server, a tenant and the scripted model."""
 
-    def __init__(self, url: str, mock: mockllm.MockLLM) -> None:
-        self.url, self.mock = url, mock
+    def __init__(self, server: natsserver.NatsServer, mock: mockllm.MockLLM) -> None:
+        self.server, self.mock = server, mock
         self.tenant = f"t-{uuid.uuid4().hex[:10]}"
         self.buses: list[Bus] = []
         self.model = ModelClient(RetryPolicy(max_retries=0))
 
-    async def connect(self) -> Bus:
-        """A connection of its own (the first one is the test's, never a worker's)."""
-        bus = await Bus.connect(BusSettings(self.url), name=f"c{len(self.buses)}")
+    async def connect(self, identity: str = "admin") -> Bus:
+        """A connection of its own (the first one is the test's, never a worker's; it
+        provisions the streams, as the operator would)."""
+        bus = await Bus.connect(
+            BusSettings(self.server.url, auth=self.server.auth(identity)),
+            name=f"c{len(self.buses)}",
+            provision=identity != "worker",
+        )
         self.buses.append(bus)
         return bus
 
     async def worker(self) -> TurnConsumer:
-        """A worker with its own connection (closing it is the worker dying, to the ledger)."""
-        bus = await self.connect()
-        ledger = await LedgerStore.open(bus.js)
+        """A worker with its own connection and the workers' credentials (closing it is the
+        worker dying, to the ledger)."""
+        bus = await self.connect("worker")
+        ledger = await LedgerStore.open(bus.js, create=False)
         deps = TurnDeps(
             model=self.model,
             catalog=Catalog([Calculate()]),
@@ -163,8 +169,9 @@ async def stack(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
     """Its own nats-server: its runs' events and ledger entries never reach an operator
     another suite runs in the same session."""
     async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as mock:
-        s = Stack(own_nats_server.url, mock)
+        s = Stack(own_nats_server, mock)
         await s.connect()
+        await s.store()  # the operator's part: the ledger bucket the workers bind
         try:
             yield s
         finally:

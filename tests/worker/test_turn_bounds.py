@@ -84,7 +84,9 @@ scenarios:
 
 @pytest.fixture
 async def bus(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(BusSettings(url=own_nats_server.url), name="test-turn-bounds")
+    connected = await Bus.connect(
+        BusSettings(url=own_nats_server.url, auth=own_nats_server.auth()), name="test-turn-bounds"
+    )
     try:
         yield connected
     finally:

@@ -30,10 +30,10 @@ import json
 from typing import Any
 
 import nats.js.errors
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from agentrun import kernel, natsclient
+from agentrun import buckets, kernel, natsclient, protocol
 from agentrun.ledger import LedgerUnavailable
 
 __all__ = [
@@ -48,13 +48,11 @@ __all__ = [
     "unknown_result",
 ]
 
-BUCKET = "AGENTRUN_EFFECTS"
+BUCKET = protocol.EFFECTS_BUCKET
 DEFAULT_ENTRY_CAP = kernel.MESSAGE_CAP - natsclient.HEADER_ROOM
 """The most bytes one entry may take on a nats-server with the default ``max_payload``."""
 MIN_ENTRY_CAP = 4096
 """The least ``entry_cap`` a ledger takes: an entry's keys, digest and a cut result's marker."""
-TTL_SECONDS = 7 * 24 * 3600
-"""Entries expire after a week (longer than any run's timeout, at most 24 h)."""
 
 
 class EffectLedgerUnavailable(LedgerUnavailable):
@@ -167,20 +165,19 @@ class EffectLedger:
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, *, bucket: str = BUCKET, entry_cap: int = DEFAULT_ENTRY_CAP
+        cls,
+        js: JetStreamContext,
+        *,
+        bucket: str = BUCKET,
+        entry_cap: int = DEFAULT_ENTRY_CAP,
+        create: bool = True,
     ) -> EffectLedger:
-        """Bind (creating it if missing) the bucket ``AGENTRUN_EFFECTS``; ``entry_cap``: the
-        most bytes one entry may take — pass the bus's (``Bus.event_cap``). Raises
+        """Bind the bucket ``AGENTRUN_EFFECTS``, creating it when missing if ``create`` (the
+        operator), else waiting for it (a worker: ``buckets.open_bucket``); ``entry_cap``:
+        the most bytes one entry may take — pass the bus's (``Bus.event_cap``). Raises
         ``ValueError`` below ``MIN_ENTRY_CAP``."""
-        try:
-            kv = await js.key_value(bucket)
-        except nats.js.errors.BucketNotFoundError:
-            kv = await js.create_key_value(
-                api.KeyValueConfig(
-                    bucket=bucket, history=1, ttl=TTL_SECONDS, storage=api.StorageType.FILE
-                )
-            )
-        return cls(kv, entry_cap=entry_cap)
+        config = buckets.effects_config(bucket)
+        return cls(await buckets.open_bucket(js, config, create=create), entry_cap=entry_cap)
 
     async def prepare(self, run_uid: str, call: kernel.CheckedCall) -> EffectEntry | None:
         """Record ``call`` as about to be sent; ``None`` when this is its first record (send

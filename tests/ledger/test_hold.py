@@ -7,6 +7,7 @@ import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from decimal import Decimal
+from typing import Any
 
 import nats
 import pytest
@@ -14,6 +15,9 @@ import pytest
 from agentrun import kernel
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
+    BudgetWait,
+    CallNeed,
+    Granted,
     LedgerStore,
     QueuedRun,
     TenantLimits,
@@ -38,7 +42,7 @@ class Clock:
 
 @pytest.fixture
 async def store(nats_server: natsserver.NatsServer) -> AsyncIterator[LedgerStore]:
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         yield await LedgerStore.open(client.jetstream(), bucket=TEST_BUCKET, clock=lambda: NOW)
     finally:
@@ -118,6 +122,30 @@ async def test_refresh_extends_the_hold(store: LedgerStore, tenant: str) -> None
     hold = (await store.read(tenant)).holds["run-1:2"]  # type: ignore[union-attr]
     assert hold.expires == NOW + 45 + DEFAULT_HOLD_TTL
     assert tb.held is True
+
+
+async def test_a_call_given_up_while_it_waits_leaves_the_waiting_calls(
+    store: LedgerStore, tenant: str
+) -> None:
+    """The call fits what the tenant used but not next to another run's hold: it waits, and
+    leaving the block before it is held takes it out of the book's waiting calls (the next
+    waiter goes first instead of behind a call nobody makes)."""
+    free = kernel.Pricing(Decimal(0), Decimal(0), Decimal(0))
+    await admit(store, tenant, "run-1", tokens=10_000)
+    await admit(store, tenant, "run-2", tokens=10_000)
+    clock = Clock()
+    holder = budget(store, tenant, "run-1", 0, clock)
+    assert await holder.reserve_call(CallNeed(1_000, 5_000, free)) == Granted(
+        5_000, 6_000, Decimal(0)
+    )
+    async with budget(store, tenant, "run-2", 0, clock) as waiter:
+        assert isinstance(await waiter.reserve_call(CallNeed(1_000, 5_000, free)), BudgetWait)
+        assert (waiter.held, waiter.waiting) == (False, True)
+        book = await store.read(tenant)
+        assert book is not None and set(book.waiting) == {"run-2:0"}
+    assert waiter.waiting is False
+    book = await store.read(tenant)
+    assert book is not None and book.waiting == {} and set(book.holds) == {"run-1:0"}
 
 
 async def test_settle_charges_the_cumulative_usage_and_drops_the_hold(
@@ -210,26 +238,35 @@ async def test_a_settled_turn_gives_nothing_back_on_exit(store: LedgerStore, ten
     assert (book.used_tokens, book.abandoned_tokens) == (120, 0)
 
 
+class SettlementFails(LedgerStore):
+    """The store as a turn's ``TurnLedger`` whose settlement cannot reach the ledger while
+    ``down`` (every other operation works)."""
+
+    down = False
+
+    async def settle_turn(self, ref: TurnRef, **kwargs: Any) -> tuple[int, Decimal]:
+        if self.down:
+            raise ConnectionError("the ledger is unreachable")
+        return await super().settle_turn(ref, **kwargs)
+
+
 async def test_a_committed_turn_is_not_charged_as_abandoned(
     store: LedgerStore, tenant: str
 ) -> None:
     await admit(store, tenant, "run-1", tokens=1_000)
-    turn = budget(store, tenant, "run-1", 0, Clock())
+    flaky = SettlementFails(store.kv, clock=store.clock)
+    turn = budget(flaky, tenant, "run-1", 0, Clock())
     await turn.reserve(tokens=500, cost_usd=Decimal(0))
     await turn.spend(kernel.Usage(input_tokens=100, output_tokens=20))
-    turn._change = failing_change  # the turn committed, then its settlement failed
+    flaky.down = True  # the turn committed, then its settlement failed
     with pytest.raises(ConnectionError):
         await turn.settle(after_turn(0, input_tokens=100, output_tokens=20))
-    turn._change = store._change
+    flaky.down = False
     async with turn:
         pass  # leaving the block must not charge the call a second time
     book = await store.read(tenant)
     assert book is not None and (book.used_tokens, book.abandoned_tokens) == (0, 0)
     assert book.holds == {}
-
-
-async def failing_change(tenant: str, fn: object) -> object:
-    raise ConnectionError("the ledger is unreachable")
 
 
 def test_worst_case_prices_prompt_and_output_at_the_uncached_input_price() -> None:

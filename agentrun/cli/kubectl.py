@@ -2,14 +2,16 @@
 
 kubectl runs any ``kubectl-<name>`` executable on ``PATH`` as ``kubectl <name>``, so installing
 the package makes ``kubectl agentrun get|logs|describe|eval|approve|deny|cancel|rerun`` work.
-The Kubernetes calls and the approve/deny/cancel commands are the ``agentrun`` CLI's (``cli``);
-this module adds the views: a table of runs, a run described, its trajectory read from the
-run's event stream (``logs``; ``-f`` follows it live), an AgentEval's verdict and case table
-(``eval``) and a rerun.
+The Kubernetes calls and the approve/deny/cancel commands are those the ``agentrun`` command
+uses too (``control``); this module adds the views: a table of runs, a run described, its
+trajectory read from the run's event stream (``logs``; ``-f`` follows it live), an AgentEval's
+verdict and case table (``eval``) and a rerun.
 
 ``logs`` reads NATS JetStream, where the run's events are (the source of truth): the server is
 ``--nats-url``, else ``AGENTRUN_NATS_URL``, else ``nats://127.0.0.1:4222`` (from outside the
-cluster: ``kubectl port-forward svc/<release>-nats 4222``). Every other command needs only the
+cluster: ``kubectl port-forward svc/<release>-nats 4222``), with the credentials of
+``--nats-creds`` (else ``AGENTRUN_NATS_CREDS_FILE``) and the CA of ``--nats-ca`` (else
+``AGENTRUN_NATS_CA_FILE``) on a closed bus. Every other command needs only the
 kubeconfig, like kubectl; the namespace defaults to the current context's.
 
 Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error, 130 Ctrl-C.
@@ -25,13 +27,15 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import nats.errors
 from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import bus, cli, kernel, trajectory
+from agentrun import bus, kernel, natsclient
+from agentrun.cli import control, trajectory
 from agentrun.protocol import RunEvent
 
 PROG = "kubectl agentrun"
@@ -102,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="NATS server holding the run events "
         f"(default: $AGENTRUN_NATS_URL, else {DEFAULT_NATS_URL})",
     )
+    logs.add_argument(
+        "--nats-creds",
+        default=None,
+        help="NATS .creds file to read with (default: $AGENTRUN_NATS_CREDS_FILE)",
+    )
+    logs.add_argument(
+        "--nats-ca",
+        default=None,
+        help="CA file the NATS server's certificate must chain to, for TLS "
+        "(default: $AGENTRUN_NATS_CA_FILE)",
+    )
     logs.set_defaults(handler=cmd_logs)
 
     describe = add(
@@ -115,11 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in ("approve", "deny"):
         review = add(verb, f"{verb} the tool call a run is waiting on", output=False)
         review.add_argument("run", metavar="RUN")
-        review.set_defaults(handler=cli.cmd_review, verb=verb)
+        review.set_defaults(handler=control.cmd_review, verb=verb)
 
     cancel = add("cancel", "cancel a run (running, awaiting approval or queued)", output=False)
     cancel.add_argument("run", metavar="RUN")
-    cancel.set_defaults(handler=cli.cmd_cancel)
+    cancel.set_defaults(handler=control.cmd_cancel)
 
     suite = add(
         "eval",
@@ -204,7 +219,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     """``get [RUN] [-A]``: the table (or ``-o json``)."""
 
     async def get() -> list[dict[str, Any]]:
-        async with cli.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace) as runs:
             if args.run:
                 return [await runs.get(args.run)]
             return await runs.list_runs(all_namespaces=args.all_namespaces)
@@ -246,15 +261,18 @@ def _status_end(name: str, status: dict[str, Any]) -> str:
 
 
 async def _logs(args: argparse.Namespace) -> int:
-    async with cli.RunClient(args.namespace) as runs:
+    async with control.RunClient(args.namespace) as runs:
         obj = await runs.get(args.run)  # a missing run: one line, before NATS is needed
         uid = obj["metadata"]["uid"]
         url = args.nats_url or os.environ.get("AGENTRUN_NATS_URL") or DEFAULT_NATS_URL
         try:
-            nc = await asyncio.wait_for(bus.connect_nats(url, name="kubectl-agentrun"), 10)
-        except (TimeoutError, nats.errors.NoServersError, OSError) as err:
+            nc = await asyncio.wait_for(
+                bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args)), 10
+            )
+        except (TimeoutError, nats.errors.Error, OSError, ValueError) as err:  # refused too
             raise RuntimeError(
                 f"cannot reach NATS at {url} ({err!r}); set --nats-url or AGENTRUN_NATS_URL "
+                "(and --nats-creds, --nats-ca on a closed bus) "
                 "(e.g. kubectl port-forward the chart's NATS service)"
             ) from err
         events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=url))
@@ -264,6 +282,15 @@ async def _logs(args: argparse.Namespace) -> int:
             return await _print_all(args, obj, events, uid=uid)
         finally:
             await events.close()
+
+
+def _nats_auth(args: argparse.Namespace) -> natsclient.NatsAuth:
+    """The credentials and CA files of the flags, else of the environment."""
+    creds = args.nats_creds or os.environ.get("AGENTRUN_NATS_CREDS_FILE")
+    ca = args.nats_ca or os.environ.get("AGENTRUN_NATS_CA_FILE")
+    return natsclient.NatsAuth(
+        creds_file=Path(creds) if creds else None, ca_file=Path(ca) if ca else None
+    )
 
 
 async def _print_all(
@@ -285,7 +312,7 @@ async def _print_all(
 
 
 async def _follow(
-    args: argparse.Namespace, runs: cli.RunClient, events: bus.Bus, *, uid: str
+    args: argparse.Namespace, runs: control.RunClient, events: bus.Bus, *, uid: str
 ) -> int:
     """Print every event, then each new one, until the run's end; a run that ends without
     events (or is deleted) is noticed from its status."""
@@ -437,7 +464,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     """``describe RUN``: the run and its Events (``-o json``: ``{"object", "events"}``)."""
 
     async def describe() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with cli.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace) as runs:
             obj = await runs.get(args.run)
             return obj, await runs.events_of(obj["metadata"]["uid"])
 
@@ -501,7 +528,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     when the suite failed."""
 
     async def get() -> dict[str, Any]:
-        async with cli.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace) as runs:
             return await runs.get_eval(args.eval)
 
     obj = asyncio.run(get())
@@ -537,7 +564,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     """``rerun RUN [--name NEW]``: create the new run and print its name."""
 
     async def rerun() -> dict[str, Any]:
-        async with cli.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace) as runs:
             return await runs.create(rerun_manifest(await runs.get(args.run), name=args.name))
 
     created = asyncio.run(rerun())

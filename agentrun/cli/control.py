@@ -1,18 +1,13 @@
-"""The ``agentrun`` command line.
+"""Reading and controlling AgentRuns through the API server, for both user programs.
 
-Each subcommand is one ``register_<name>(subparsers)`` function that adds its parser and sets
-``handler`` to a ``cmd_<name>(args) -> int`` function returning the exit code. `COMMANDS`
-lists the runtime's registrars; to add ``agentrun pause RUN``, write ``register_pause`` and
-``cmd_pause`` and append ``register_pause`` to `COMMANDS`. Other distributions add
-subcommands through the ``agentrun.cli`` entry point group (`PLUGIN_GROUP`): each entry point
-names a registrar of the same shape. ``agentrun dev …`` (the local stack) comes that way from
-the ``agentrun-dev`` distribution (``devtools/`` in the repository); without it, ``agentrun
-dev`` says to install it. `main` maps the errors our modules raise (which say what to do next)
-to a one-line message and exit status 1.
+``RunClient`` is the Kubernetes access of ``agentrun`` (``main``) and ``kubectl agentrun``
+(``kubectl``): read a run's status, list, create and annotate runs, read an AgentEval and the
+Events about an object, over one API session per command, with the user's own kubeconfig and
+so their own RBAC. ``cmd_cancel`` and ``cmd_review`` are the ``cancel`` and ``approve``/``deny``
+commands both programs offer: each sets a control annotation the operator reads and removes.
 
-What belongs here: argument parsing, printing, and the two Kubernetes calls the run commands
-make (read a run's status, set an annotation on it) through ``kubernetes_asyncio``, over one
-API session per command (`RunClient`).
+What belongs here: those calls and commands. What does not: argument parsing (each program
+builds its own parser), the views of ``kubectl agentrun`` (``kubectl``, ``trajectory``).
 """
 
 from __future__ import annotations
@@ -20,123 +15,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
-from collections.abc import Callable, Sequence
-from importlib import metadata
-from typing import Any, TypeAlias
+from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.config.config_exception import ConfigException
 
 from agentrun import kube
 
-Handler = Callable[[argparse.Namespace], int]
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
-Registrar = Callable[[Subparsers], None]
-
-PLUGIN_GROUP = "agentrun.cli"
-"""Entry point group whose entry points are extra registrars (``dev`` from agentrun-dev)."""
-
-DEV_MISSING = (
-    "`agentrun dev` (the local stack: control plane, nats-server, mock model, operator, "
-    "workers) is in the agentrun-dev distribution: install agentrun-dev "
-    "(`pip install -e ./devtools` in a checkout; `make demo` and `make test` install it)"
-)
-
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 """kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
-
-
-def register_cancel(subparsers: Subparsers) -> None:
-    """``agentrun cancel RUN``: annotate the AgentRun so the operator ends it ``cancelled``."""
-    cancel = subparsers.add_parser(
-        "cancel",
-        help="cancel a run (sets the agentrun.dev/cancel annotation)",
-        description="End an AgentRun (running, awaiting approval or queued) with terminal reason "
-        "`cancelled`: no new model or tool call starts after the operator sees it; a queued run "
-        "leaves its tenant's queue. Uses KUBECONFIG, like kubectl.",
-    )
-    cancel.add_argument("run", metavar="RUN", help="AgentRun name")
-    cancel.add_argument("-n", "--namespace", default="default", help="namespace (default: default)")
-    cancel.set_defaults(handler=cmd_cancel)
-
-
-def register_review(subparsers: Subparsers) -> None:
-    """``agentrun approve|deny RUN``: decide the run's pending held tool call."""
-    for verb, text in (("approve", "run"), ("deny", "refuse")):
-        review = subparsers.add_parser(
-            verb,
-            help=f"{verb} the tool call a run is waiting on (phase AwaitingApproval)",
-            description=f"Reads .status.pendingApproval of RUN, shows the call, and sets the "
-            f"agentrun.dev/{verb} annotation to its digest: the operator will {text} exactly "
-            "that call (same tool, same arguments) and nothing else. Uses KUBECONFIG.",
-        )
-        review.add_argument("run", metavar="RUN", help="AgentRun name")
-        review.add_argument("-n", "--namespace", default="default", help="namespace")
-        review.set_defaults(handler=cmd_review, verb=verb)
-
-
-def register_dev_missing(subparsers: Subparsers) -> None:
-    """``agentrun dev …`` when agentrun-dev is not installed: say how to get it (exit 1)."""
-    dev = subparsers.add_parser(
-        "dev", help="the local stack (needs agentrun-dev)", description=DEV_MISSING
-    )
-    dev.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    dev.set_defaults(handler=cmd_dev_missing)
-
-
-COMMANDS: list[Registrar] = [register_cancel, register_review]
-"""The runtime's own registrars of top-level subcommands, in help order."""
-
-
-def plugin_registrars() -> dict[str, Registrar]:
-    """The registrars other distributions declare in `PLUGIN_GROUP`, by entry point name.
-
-    Raises ImportError (or what the plugin's import raises) when a declared plugin is broken.
-    """
-    return {ep.name: ep.load() for ep in metadata.entry_points(group=PLUGIN_GROUP)}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``agentrun`` parser: every subcommand of `COMMANDS`, then the plugins'.
-
-    Without a ``dev`` plugin, ``agentrun dev`` is `register_dev_missing`'s explanation.
-    """
-    parser = argparse.ArgumentParser(
-        prog="agentrun", description="A Kubernetes-native runtime for LLM agent loops."
-    )
-    parser.set_defaults(handler=lambda _: _usage(parser), prog=parser.prog)
-    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    plugins = plugin_registrars()
-    plugins.setdefault("dev", register_dev_missing)
-    for register in [*COMMANDS, *plugins.values()]:
-        register(subparsers)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``agentrun`` with `argv` (default ``sys.argv[1:]``); return the exit status.
-
-    0 is success, 1 an error (printed as one line on stderr), 2 a usage error, 130 Ctrl-C.
-    """
-    args = build_parser().parse_args(argv)
-    handler: Handler = args.handler
-    try:
-        return handler(args)
-    except KeyboardInterrupt:
-        return 130
-    except (OSError, RuntimeError, subprocess.SubprocessError, ConfigException) as exc:
-        print(f"agentrun: error: {exc}", file=sys.stderr)
-        return 1
-
-
-def cmd_dev_missing(args: argparse.Namespace) -> int:
-    """``agentrun dev …`` without agentrun-dev: print `DEV_MISSING`, exit 1."""
-    del args
-    print(f"agentrun: error: {DEV_MISSING}", file=sys.stderr)
-    return 1
 
 
 class RunAccessError(RuntimeError):
@@ -296,8 +184,3 @@ def cmd_review(args: argparse.Namespace) -> int:
         return 0
 
     return asyncio.run(review())
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
