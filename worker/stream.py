@@ -25,12 +25,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import openai
 
+STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
+"""What an error saying the endpoint does not stream names (not "upstream")."""
 CUT_KEY = "x_agentrun_cut"
 """Set on a response the worker cut: the output tokens it is charged (``charged_tokens``).
 Not an OpenAI field: nothing but the worker reads it (the kernel classifies the rest)."""
@@ -243,5 +246,5 @@ def refuses_streaming(body: object) -> bool:
     if not isinstance(error, Mapping):
         return False
     param = str(error.get("param") or "")
-    text = f"{error.get('code') or ''} {error.get('message') or ''}".lower()
-    return param.startswith("stream") or "stream" in text
+    text = f"{error.get('code') or ''} {error.get('message') or ''}"
+    return param.startswith("stream") or STREAM_WORD.search(text) is not None

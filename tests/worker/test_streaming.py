@@ -303,6 +303,7 @@ def test_a_refusal_body_is_recognised() -> None:
     assert stream.refuses_streaming({"message": "Streaming is not supported", "param": None})
     assert not stream.refuses_streaming({"error": {"param": "messages", "message": "bad role"}})
     assert not stream.refuses_streaming("text")
+    assert not stream.refuses_streaming({"error": {"message": "upstream connect error"}})
 
 
 _ = openai  # the real client is what ModelClient drives
