@@ -87,12 +87,14 @@ async def agent_changed(
 async def model_changed(
     *, type: str | None, body: kopf.Body, name: str, memo: OperatorMemo, **_: Any
 ) -> None:
-    """Keep an AgentModel's ``Priced`` condition current: ``False`` (reason ``Unpriced``, and a
-    Warning Event) while it has no prices and is not declared free — runs with a cost budget,
-    their own or their tenant's, are refused on it (``admission.check_metered``)."""
+    """Keep the AgentModel cache current (a change applies to the next admission) and its
+    ``Priced`` condition: ``False`` (reason ``Unpriced``, and a Warning Event) while it has no
+    prices and is not declared free — runs with a cost budget, their own or their tenant's,
+    are refused on it (``admission.check_metered``)."""
+    parts = memo.running()
+    parts.configs.models.put(name, None if type == "DELETED" else dict(body))
     if type == "DELETED":
         return
-    parts = memo.running()
     try:
         pricing = AgentModelSpec.of(name, body.get("spec")).pricing
     except SpecError:

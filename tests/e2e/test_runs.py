@@ -446,18 +446,24 @@ def test_a_model_without_prices_is_refused_where_a_cost_budget_applies(
     assert (status["terminalReason"], status["outcome"]) == ("invalid_spec", "none")
     assert "has no prices" in status["message"] and "costUSD" in status["message"]
     assert not [r for r in stack_.mock_requests() if goal in str(r)]  # never called
+    assert priced_condition(stack_, name, "False") == "Unpriced"
+    model["spec"]["pricing"] = {"free": True}
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    assert priced_condition(stack_, name, "True") == "Free"  # the operator saw it
+    stack_.apply(test_namespace, run_manifest("free", f"{goal} free", model=name))
+    assert stack_.wait_terminal(test_namespace, "free")["terminalReason"] == "completed"
+    stack_.kubectl("delete", "agentmodel", name, "--wait=false")
+
+
+def priced_condition(stack_: E2EStack, name: str, status: str) -> str:
+    """The reason of AgentModel ``name``'s ``Priced`` condition once it has ``status``."""
     deadline = time.monotonic() + 30
     priced: dict[str, Any] = {}
     while time.monotonic() < deadline:
         got = json.loads(stack_.kubectl("get", "agentmodel", name, "-o", "json").stdout)
         conditions = (got.get("status") or {}).get("conditions") or []
         priced = next((c for c in conditions if c["type"] == "Priced"), {})
-        if priced:
-            break
+        if priced.get("status") == status:
+            return str(priced["reason"])
         time.sleep(0.5)
-    assert (priced.get("status"), priced.get("reason")) == ("False", "Unpriced"), priced
-    model["spec"]["pricing"] = {"free": True}
-    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
-    stack_.apply(test_namespace, run_manifest("free", f"{goal} free", model=name))
-    assert stack_.wait_terminal(test_namespace, "free")["terminalReason"] == "completed"
-    stack_.kubectl("delete", "agentmodel", name, "--wait=false")
+    raise AssertionError(f"AgentModel {name} never had Priced={status}: {priced}")
