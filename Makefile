@@ -59,6 +59,7 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) system-packages node-packages
 	$(BIN)/agentrun dev binaries --node
+	$(BIN)/python -m agentrun_dev.llamaserver
 	$(BIN)/pytest
 
 ## image: the agentrun and NATS container images (buildah, from Debian packages and this

@@ -18,8 +18,36 @@ from agentrun import kernel
 from agentrun.ledger import TenantLimits, worst_case
 from agentrun.protocol import DEFAULT_TENANT, ModelConfig, RemoteTool, RunConfig, UrlRule
 
-from .. import runs
+from .. import agents, runs
 from ..platform.spec import SpecError
+
+UNPRICED_HINT = (
+    "set its spec.pricing (USD per 1M tokens), or spec.pricing.free: true if its calls cost nothing"
+)
+
+
+def check_metered(
+    name: str, model: Mapping[str, Any], *, spec: runs.AgentRunSpec, tenant: str, tenant_cost: bool
+) -> None:
+    """Refuse a run whose cost budget its AgentModel could not enforce: the model has no
+    prices (``PricingSpec.unpriced``) and the run has ``spec.budget.maxCostUSD`` or its
+    AgentTenant a cost budget (``tenant_cost``). Raises ``SpecError`` naming the field."""
+    try:
+        pricing = agents.AgentModelSpec.of(name, model.get("spec")).pricing
+    except SpecError as err:
+        raise SpecError(str(err)) from None
+    if not pricing.unpriced:
+        return
+    if spec.budget.max_cost_usd is not None:
+        where = f"spec.budget.maxCostUSD {spec.budget.max_cost_usd}"
+    elif tenant_cost:
+        where = f"AgentTenant {tenant!r} spec.budget.costUSD"
+    else:
+        return
+    raise SpecError(
+        f"spec.model: AgentModel {name!r} has no prices, so {where} cannot be enforced (its "
+        f"calls would cost 0 USD): {UNPRICED_HINT}"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,28 +156,30 @@ def run_limits(
 
 
 def first_call_need(config: RunConfig, *, tools: Sequence[Any]) -> tuple[int, Decimal]:
-    """The worst case (tokens, USD) of the run's first model call, as its worker will reserve
-    it (the same prompt estimate and output allowance); (0, 0) if its own limits stop it
-    before any call. ``tools``: the OpenAI ``tools`` list its worker sends.
+    """The smallest worst case (tokens, USD) of the run's first model call, as its worker's
+    reservation would shrink it: the prompt's upper bound (``kernel.plan_turn``'s, the same
+    the worker reserves) and ``kernel.MIN_SHRUNK_OUTPUT_TOKENS`` of output (fewer if the run's
+    own allowance is smaller); (0, 0) if its own limits stop it before any call. ``tools``:
+    the OpenAI ``tools`` list its worker sends.
 
-    Admission asks the tenant's budget for this much, so a run that waits ``Queued`` for
-    budget is admitted only once its first call can actually be made.
+    Admission asks the tenant's budget for this much — what the worker's reservation needs
+    at least — so a run is admitted whenever its first call can be made at all, its output
+    allowance then shrinking to what is left; a run that waits ``Queued`` for budget is
+    admitted once that much is free.
     """
     state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-    prompt = kernel.fit_context(state.messages, limits=config.limits, tools=tools)
-    gate = kernel.admit_model_call(
+    plan = kernel.plan_turn(
         state,
         config.limits,
         pricing=config.model.pricing,
-        prompt_estimate=prompt.tokens,
-        now=0.0,
-        deadline=math.inf,
+        offer=kernel.Offer(tools),
+        clock=kernel.Timing(now=0.0, deadline=math.inf),
     )
-    if gate.phase is not None:
+    if not isinstance(plan, kernel.CallModel):
         return 0, Decimal(0)
     return worst_case(
-        prompt_tokens=prompt.tokens,
-        output_tokens=gate.max_output_tokens,
+        prompt_tokens=plan.prompt_estimate,
+        output_tokens=min(plan.max_output_tokens, kernel.MIN_SHRUNK_OUTPUT_TOKENS),
         pricing=config.model.pricing,
     )
 
@@ -159,8 +189,8 @@ def never_fits(need: tuple[int, Decimal], *, tenant: str, limits: TenantLimits) 
     window, if it does; such a run would block everyone queued behind it for ever."""
     tokens, cost = need
     hint = (
-        "; give the run a lower spec.budget.maxTokens or maxCostUSD (or the tenant a "
-        "runBudget.default), which bounds each call's output allowance"
+        f"; even its smallest call (its prompt and {kernel.MIN_SHRUNK_OUTPUT_TOKENS} output "
+        "tokens) cannot fit: shorten its goal and instructions, or raise the tenant's budget"
     )
     if limits.tokens is not None and tokens > limits.tokens:
         return (

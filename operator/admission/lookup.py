@@ -17,7 +17,7 @@ from agentrun.tools import remote
 
 from .. import agents, runs, tenants, toolservers
 from ..platform.spec import SpecError
-from .config import Resolved, build_run_config, first_call_need
+from .config import Resolved, build_run_config, check_metered, first_call_need
 
 
 class ToolServerPending(SpecError):
@@ -54,11 +54,20 @@ class RunConfigs:
         *,
         start_time: float,
     ) -> RunConfig:
-        """The run's ``RunConfig``; raises ``SpecError`` naming the field
-        (``ToolServerPending`` when a named AgentToolServer is not discovered yet), or
+        """The run's ``RunConfig``; raises ``SpecError`` naming the field (an AgentModel
+        without prices where a cost budget applies, ``config.check_metered``;
+        ``ToolServerPending`` when a named AgentToolServer is not discovered yet), or
         ``ApiError`` when the AgentModel or an AgentToolServer cannot be read."""
         applied = policy.apply(runs.AgentRunSpec.of(spec))
         found = await self.models.get(applied.model)
+        if found is not None:
+            check_metered(
+                applied.model,
+                found,
+                spec=applied,
+                tenant=policy.name,
+                tenant_cost=policy.limits.cost_usd is not None,
+            )
         remote_tools = []
         for name in applied.tools:
             parts = toolservers.split_reference(name)

@@ -35,7 +35,7 @@ from ..platform.spec import SpecError
 from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, involved
 from ..tenants import QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
 from .config import never_fits
-from .lookup import RunConfigs
+from .lookup import RunConfigs, ToolServerPending
 from .queue import QueueBoard
 from .queuestatus import QueueStatus, Waiting
 from .settlement import RunSettlement
@@ -218,7 +218,12 @@ class QueuePump:
                     wait = self.deps.tenants.why_missing(tenant)
                     break
                 wait = await self._admit_queue_head(policy, queue[index])
-                if wait is not None:
+                if wait is not None and wait.reason is WaitReason.TOOL_SERVER_PENDING:
+                    # waits for its AgentToolServer's discovery, not for the tenant: shown
+                    # Queued, and the runs behind it go on
+                    self.shown.show_queued(tenant, [queue[index]], wait, seen=self._waiting)
+                    wait = None
+                elif wait is not None:
                     break
                 index += 1
             waiting = queue[index:]
@@ -238,6 +243,8 @@ class QueuePump:
             config = await self.deps.configs.build_config(
                 head.key, head.obj.run_spec(), policy, start_time=now
             )
+        except ToolServerPending as err:
+            return QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
         except SpecError as err:  # e.g. its AgentModel was deleted while it waited
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
             return None

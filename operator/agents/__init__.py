@@ -12,7 +12,7 @@ modules directly.
 
 from .models import ModelCache
 from .resolve import digest_of
-from .spec import model_config
+from .spec import AgentModelSpec, model_config
 from .store import get_agent
 
-__all__ = ["ModelCache", "digest_of", "get_agent", "model_config"]
+__all__ = ["AgentModelSpec", "ModelCache", "digest_of", "get_agent", "model_config"]

@@ -52,6 +52,15 @@ class ModelCache:
             reading.add_done_callback(lambda _: self._reading.pop(name, None))
         return await asyncio.shield(reading)
 
+    def put(self, name: str, model: dict[str, Any] | None) -> None:
+        """What a watch saw of AgentModel ``name`` (``None``: deleted), so a change (new
+        prices, ``pricing.free``) applies to the next admission, not after the cache's
+        lifetime."""
+        if model is None:
+            self._models.pop(name, None)
+        else:
+            self._models[name] = (self._clock() + MODEL_CACHE_SECONDS, model)
+
     async def _read(self, name: str) -> dict[str, Any] | None:
         now = self._clock()
         model = await self._api.get(Ref(MODELS, name))

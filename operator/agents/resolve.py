@@ -242,11 +242,18 @@ def readiness(
 
 
 def ready_status(
-    found: Readiness, *, generation: int, previous: Mapping[str, Any], now: float
+    found: Readiness,
+    *,
+    generation: int,
+    previous: Mapping[str, Any],
+    now: float,
+    condition: str = "Ready",
 ) -> dict[str, Any] | None:
-    """The Agent's ``.status`` for ``found``, or ``None`` when ``previous`` (its status now)
-    already says so. ``lastTransitionTime`` moves only when the condition's status flips."""
-    old = next((c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), None)
+    """The Agent's ``.status`` for ``found`` (or another object's, with its one ``condition``
+    type), or ``None`` when ``previous`` (its status now) already says so.
+    ``lastTransitionTime`` moves only when the condition's status flips."""
+    kind = condition
+    old = next((c for c in previous.get("conditions") or [] if c.get("type") == kind), None)
     flag = "True" if found.ready else "False"
     if (
         old is not None
@@ -255,8 +262,8 @@ def ready_status(
         == (flag, found.reason, found.message)
     ):
         return None
-    condition = make_condition(
-        "Ready",
+    made = make_condition(
+        kind,
         status=found.ready,
         reason=found.reason,
         message=found.message,
@@ -264,5 +271,5 @@ def ready_status(
         generation=generation,
     )
     if old is not None and old.get("status") == flag and old.get("lastTransitionTime"):
-        condition["lastTransitionTime"] = old["lastTransitionTime"]
-    return {"observedGeneration": generation, "conditions": [condition]}
+        made["lastTransitionTime"] = old["lastTransitionTime"]
+    return {"observedGeneration": generation, "conditions": [made]}

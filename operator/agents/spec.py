@@ -56,6 +56,15 @@ class PricingSpec(SpecModel):
     input_per_million: USD = Field(default=Decimal(0), alias="inputPerMillionUSD")
     cached_input_per_million: USD = Field(default=Decimal(0), alias="cachedInputPerMillionUSD")
     output_per_million: USD = Field(default=Decimal(0), alias="outputPerMillionUSD")
+    free: bool = False
+    """``pricing.free: true``: the model's calls cost nothing, said on purpose."""
+
+    @property
+    def unpriced(self) -> bool:
+        """No price is set and the model is not declared free: its calls would be charged
+        0 USD, so no cost budget could hold them."""
+        prices = (self.input_per_million, self.cached_input_per_million, self.output_per_million)
+        return not self.free and not any(prices)
 
 
 class SecretRefSpec(SpecModel):

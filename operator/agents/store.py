@@ -56,8 +56,17 @@ async def write_ready_status(
     """Patch ``body`` (``resolve.ready_status``) into the Agent object ``agent``'s ``.status``,
     only if it is still the object of that uid; an Agent gone or replaced is left alone. Raises
     ``ApiError`` on other API errors."""
-    meta = agent.get("metadata") or {}
-    ref = Ref(AGENTS, str(meta.get("name", "")), str(meta.get("namespace", "")))
+    await write_status(api, agent, body, plural=AGENTS)
+
+
+async def write_status(
+    api: KubeApi, obj: Mapping[str, Any], body: Mapping[str, Any], *, plural: str
+) -> None:
+    """Patch ``body`` into ``obj``'s ``.status`` (namespaced, or cluster-scoped when it has no
+    namespace: an AgentModel's ``Priced``), only if it is still the object of that uid; gone or
+    replaced is left alone. Raises ``ApiError`` on other API errors."""
+    meta = obj.get("metadata") or {}
+    ref = Ref(plural, str(meta.get("name", "")), str(meta.get("namespace") or ""))
     try:
         await api.patch_status(ref, body, uid=str(meta.get("uid") or ""))
     except ApiError as err:

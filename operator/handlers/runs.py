@@ -73,8 +73,9 @@ async def _validate_and_enqueue(
         raise kopf.TemporaryError(f"cannot resolve spec.agentRef: HTTP {err.status}") from err
     try:  # reject what can never run now, not after it waited in the queue
         await parts.configs.build_config(key, run_spec, policy, start_time=time.time())
-    except ToolServerPending as err:  # applied together with its AgentToolServer: wait for it
-        raise kopf.TemporaryError(str(err), delay=2) from err
+    except ToolServerPending as err:  # applied together with its AgentToolServer: a normal
+        # wait, shown as Queued (ToolServerPending) by the queue, not an error to retry
+        log.info("run %s/%s waits for discovery: %s", key.namespace, key.name, err)
     except SpecError as err:
         _reject(parts, key, str(err), generation=generation, tenant=policy.name)
         return

@@ -27,6 +27,9 @@ class WaitReason(enum.StrEnum):
     """Its AgentTenant cannot be enforced as written."""
     TENANT_MISSING = "TenantMissing"
     """Its AgentTenant was deleted while it waited."""
+    TOOL_SERVER_PENDING = "ToolServerPending"
+    """An AgentToolServer it names has not been discovered yet (applied together with it): it
+    waits without holding up the runs queued behind it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -49,6 +49,8 @@ class TenantStatusWriter:
         self._written: dict[str, dict[str, Any]] = {}
         self._transitions: dict[str, dict[TenantCondition, Transition]]
         self._transitions = {}
+        self._overruns: set[tuple[str, str, float]] = set()
+        """(tenant, resource, window start) of the overruns told (once per window)."""
 
     async def write_invalid(self, name: str, generation: int, why: str, *, now: float) -> None:
         """``Accepted=False`` with ``why`` for an AgentTenant that cannot be enforced."""
@@ -97,7 +99,34 @@ class TenantStatusWriter:
                 message=condition["message"],
                 key=(policy.name, "BudgetExhausted", book.window),
             )
+        self._record_overrun(policy, book)
         self._record_window(policy.name, book)
+
+    def _record_overrun(self, policy: TenantPolicy, book: Book) -> None:
+        """A window's usage past a limit: the calls in flight when the budget ran out used more
+        than was held for them (a provider ignoring ``max_tokens``, hidden prompt tokens).
+        Told once per window and resource (Warning ``BudgetOverrun``)."""
+        limits = policy.limits
+        for resource, used, limit in (
+            ("tokens", book.used_tokens, limits.tokens),
+            ("costUSD", book.used_cost, limits.cost_usd),
+        ):
+            told = (policy.name, resource, book.window)
+            if limit is None or used <= limit or told in self._overruns:
+                continue
+            self._overruns.add(told)
+            self.events.record(
+                Involved("AgentTenant", policy.name),
+                type=EventType.WARNING,
+                reason="BudgetOverrun",
+                message=(
+                    f"budget {resource} overrun: {used} used of {limit} this window; model "
+                    "calls used more than was held for them (a provider that ignored "
+                    "max_tokens, or counted hidden prompt tokens): see "
+                    "agentrun_budget_overrun_tokens_total"
+                ),
+                key=(policy.name, "BudgetOverrun", resource, book.window),
+            )
 
     def _record_window(self, tenant: str, book: Book) -> None:
         previous = self._windows.get(tenant)

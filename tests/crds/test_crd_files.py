@@ -283,6 +283,7 @@ def test_agentmodel_spec_fields_are_the_contract() -> None:
         "inputPerMillionUSD",
         "cachedInputPerMillionUSD",
         "outputPerMillionUSD",
+        "free",
     }
 
 

@@ -203,6 +203,7 @@ def test_a_worker_creates_its_per_turn_counters_at_zero_on_a_tenant_s_first_turn
         assert value("agentrun_tokens_total", model="zero-model", type=kind) == 0
     assert value("agentrun_cost_usd_total", model="zero-model") == 0
     assert value("agentrun_usage_estimated_total", model="zero-model") == 0
+    assert value("agentrun_budget_overrun_tokens_total", model="zero-model") == 0
     assert value("agentrun_model_calls_total", model="zero-model") == 0
     for error_type in metrics.ModelErrorType:
         assert (

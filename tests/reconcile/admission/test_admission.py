@@ -201,3 +201,61 @@ def test_an_admitted_status_leaves_the_queue() -> None:
     summary = kernel.initial_state(goal="g").summary()
     body = status.project(summary, seq=1, start_time=1.0, event_time=2.0, generation=1, tenant="t")
     assert body["queuePosition"] is None and body["tenant"] == "t"
+
+
+def test_admission_asks_for_the_smallest_first_call_the_reservation_would_make() -> None:
+    """Finding 7: a tenant with 0.026 USD left could start no run on a model whose
+    maxOutputTokens is 4096 (0.041 USD worst case), although the turn's reservation shrinks
+    to what is left. Admission now asks what the reservation needs at least: the prompt's
+    bound and 128 output tokens."""
+    big = {"spec": {**MODEL["spec"], "maxOutputTokens": 4096, "contextWindow": 128000}}
+    config = admit({}, big)
+    tokens, cost = admission.first_call_need(config, tools=[])
+    plan = kernel.plan_turn(
+        kernel.initial_state(goal="g"),
+        config.limits,
+        pricing=config.model.pricing,
+        offer=kernel.Offer([]),
+        clock=kernel.Timing(now=0.0, deadline=1e12),
+    )
+    assert isinstance(plan, kernel.CallModel) and plan.max_output_tokens == 4096
+    assert tokens == plan.prompt_estimate + kernel.MIN_SHRUNK_OUTPUT_TOKENS
+    assert (
+        cost
+        < Decimal("0.026")
+        < config.model.pricing.cost(
+            input_tokens=plan.prompt_estimate, cached_input_tokens=0, output_tokens=4096
+        )
+    )
+
+
+def test_a_run_whose_own_allowance_is_smaller_asks_for_that() -> None:
+    config = admit({"budget": {"maxTokens": 150}})
+    tokens, _ = admission.first_call_need(config, tools=[])
+    assert tokens <= 150
+
+
+@pytest.mark.parametrize(
+    ("pricing", "budget", "tenant_cost", "refused"),
+    [
+        ({}, {}, True, "AgentTenant 't' spec.budget.costUSD"),
+        ({}, {"maxCostUSD": "1"}, False, "spec.budget.maxCostUSD 1"),
+        ({}, {}, False, None),  # no cost budget applies: a free model is fine
+        ({"free": True}, {"maxCostUSD": "1"}, True, None),
+        ({"outputPerMillionUSD": "1"}, {}, True, None),
+    ],
+    ids=["tenant-cost", "run-cost", "no-cost-budget", "declared-free", "priced"],
+)
+def test_an_unpriced_model_is_refused_where_a_cost_budget_applies(
+    pricing: dict[str, Any], budget: dict[str, Any], tenant_cost: bool, refused: str | None
+) -> None:
+    model = {"spec": {"baseURL": "http://m/v1", "model": "gpt", "pricing": pricing}}
+    spec = AgentRunSpec.of({"model": "m", "goal": "g", "budget": budget})
+    if refused is None:
+        admission.check_metered("m", model, spec=spec, tenant="t", tenant_cost=tenant_cost)
+        return
+    with pytest.raises(SpecError) as caught:
+        admission.check_metered("m", model, spec=spec, tenant="t", tenant_cost=tenant_cost)
+    message = str(caught.value)
+    assert message.startswith("spec.model: AgentModel 'm' has no prices") and refused in message
+    assert "pricing.free: true" in message

@@ -145,3 +145,41 @@ def test_an_invalid_tenant_is_not_accepted_and_says_why() -> None:
     assert projected.body["observedGeneration"] == 4
     again = invalid_tenant_status(4, "same", now=NOW + 5, previous=projected.transitions)
     assert again.transitions[TenantCondition.ACCEPTED].since == NOW
+
+
+def queued_reasons(events: Any) -> list[tuple[str, str]]:
+    found = []
+    while not events._queue.empty():
+        occasion, _ = events._queue.get_nowait()
+        found.append((occasion.reason, occasion.message))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("budget", "used", "resource"),
+    [
+        ({"tokens": 1000}, {"tokens": 1071}, "tokens"),
+        ({"costUSD": "0.25"}, {"cost": "0.267"}, "costUSD"),
+    ],
+    ids=["tokens", "cost"],
+)
+async def test_a_window_used_past_its_limit_tells_the_tenant_once(
+    budget: dict[str, Any], used: dict[str, Any], resource: str
+) -> None:
+    """B13: calls in flight used more than was held for them: a Warning on the AgentTenant,
+    once per window and resource."""
+    from kube_support import FakeKube
+
+    from agentrun.operator.platform.events import EventRecorder, Throttle
+    from agentrun.operator.tenants.writer import TenantStatusWriter
+
+    api = FakeKube()
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    writer = TenantStatusWriter(api, events=events)
+    p = policy(**budget)
+    for _ in range(2):
+        await writer.write_enforced(p, book(p, **used), queued=0, blocked=None, now=NOW)
+    overruns = [m for r, m in queued_reasons(events) if r == "BudgetOverrun"]
+    assert len(overruns) == 1 and f"budget {resource} overrun" in overruns[0]
+    await writer.write_enforced(p, book(p), queued=0, blocked=None, now=NOW)
+    assert not [r for r, _ in queued_reasons(events) if r == "BudgetOverrun"]
