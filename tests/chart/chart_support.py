@@ -28,6 +28,12 @@ Manifest = dict[str, Any]
 FEATURES: dict[str, dict[str, str]] = {
     "defaults": {},
     "nats": {"nats.install.enabled": "true"},
+    "nats-credentials-brought": {
+        "nats.install.enabled": "true",
+        "nats.auth.operatorSecret": "bus-operator",
+        "nats.auth.workerSecret": "bus-worker",
+        "nats.auth.serverSecret": "bus-server",
+    },
     "nats-without-persistence": {
         "nats.install.enabled": "true",
         "nats.install.persistence.enabled": "false",
