@@ -12,7 +12,7 @@ from typing import Any
 import nats
 import nats.errors
 import pytest
-from chart_support import CHART_DIR, documents
+from chart_support import CHART_DIR, FEATURES, documents
 from test_render import closed_nats_files, env_of, find, render
 
 from agentrun import natsclient
@@ -79,13 +79,7 @@ def test_credentials_brought_by_the_user_need_no_hook(offline_helm: helm.Helm) -
 def test_an_installed_nats_with_every_secret_brought_needs_no_hook(
     offline_helm: helm.Helm,
 ) -> None:
-    values = {
-        "nats.install.enabled": "true",
-        "nats.auth.operatorSecret": "bus-operator",
-        "nats.auth.workerSecret": "bus-worker",
-        "nats.auth.serverSecret": "bus-server",
-    }
-    docs = documents(offline_helm.template(CHART_DIR, namespace="ops", values=values))
+    docs = render(offline_helm, "nats-credentials-brought", namespace="ops")
     assert not [d for d in docs if "nats-bootstrap" in d["metadata"]["name"]]
     assert secrets_of(find(docs, "StatefulSet", "agentrun-nats"))["auth"] == "bus-server"
     assert secrets_of(find(docs, "Deployment", "agentrun-operator"))["nats-creds"] == "bus-operator"
@@ -94,11 +88,8 @@ def test_an_installed_nats_with_every_secret_brought_needs_no_hook(
 def test_an_installed_nats_without_its_server_secret_still_runs_the_hook(
     offline_helm: helm.Helm,
 ) -> None:
-    values = {
-        "nats.install.enabled": "true",
-        "nats.auth.operatorSecret": "bus-operator",
-        "nats.auth.workerSecret": "bus-worker",
-    }
+    values = dict(FEATURES["nats-credentials-brought"])
+    del values["nats.auth.serverSecret"]
     docs = documents(offline_helm.template(CHART_DIR, namespace="ops", values=values))
     find(docs, "Job", "agentrun-nats-bootstrap")
     assert secrets_of(find(docs, "StatefulSet", "agentrun-nats"))["auth"] == "agentrun-nats-server"
