@@ -23,7 +23,7 @@ from ..admission.lookup import ToolServerPending
 from ..agents.resolve import InvalidRef
 from ..agents.store import resolve_run
 from ..evals.status import EVAL_LABEL
-from ..platform.events import EventType, Involved
+from ..platform.events import EventRecorder, EventType, Involved
 from ..platform.kubeapi import ApiError, KubeApi
 from ..platform.spec import ObjectMeta, SpecError
 from ..runs.keys import (
@@ -180,31 +180,55 @@ async def review_run(
         refused = await parts.runs.decide(
             namespace, name, uid, digest=str(digest), approved=approved, reviewer=reviewer
         )
-        involved = Involved("AgentRun", name, namespace, uid)
         if refused is not None:
             logger.warning("%s=%s not applied: %s", key, digest, refused)
-            parts.events.record(
-                involved,
-                type=EventType.WARNING,
-                reason="ApprovalNotApplied",
-                message=f"{key}={digest} not applied: {refused}",
-                key=(uid, "ApprovalNotApplied", digest),
-            )
-        else:
-            parts.events.record(
-                involved,
-                type=EventType.NORMAL,
-                reason="Approved" if approved else "Denied",
-                message=(
-                    f"held tool call {digest} {'approved' if approved else 'denied'} by "
-                    f"{reviewer or 'an unnamed reviewer'} ({key})"
-                ),
-                key=(uid, "Decided", digest),
-            )
+        _record_decision(
+            parts.events,
+            Involved("AgentRun", name, namespace, uid),
+            key=key,
+            digest=str(digest),
+            reviewer=reviewer,
+            refused=refused,
+        )
     await _remove_annotations(
         parts.api,
         RunKey(namespace, name, uid),
         (APPROVE_ANNOTATION, DENY_ANNOTATION, REVIEWER_ANNOTATION),
+    )
+
+
+def _record_decision(
+    events: EventRecorder,
+    involved: Involved,
+    *,
+    key: str,
+    digest: str,
+    reviewer: str,
+    refused: str | None,
+) -> None:
+    """The Event of one ``key`` (``agentrun.dev/approve`` or ``/deny``) on the held call
+    `digest`: Warning ``ApprovalNotApplied`` naming why it was `refused`, else Normal
+    ``Approved``/``Denied`` naming the reviewer (one Event per run, outcome and digest)."""
+    uid = involved.uid
+    if refused is not None:
+        events.record(
+            involved,
+            type=EventType.WARNING,
+            reason="ApprovalNotApplied",
+            message=f"{key}={digest} not applied: {refused}",
+            key=(uid, "ApprovalNotApplied", digest),
+        )
+        return
+    approved = key == APPROVE_ANNOTATION
+    events.record(
+        involved,
+        type=EventType.NORMAL,
+        reason="Approved" if approved else "Denied",
+        message=(
+            f"held tool call {digest} {'approved' if approved else 'denied'} by "
+            f"{reviewer or 'an unnamed reviewer'} ({key})"
+        ),
+        key=(uid, "Decided", digest),
     )
 
 
