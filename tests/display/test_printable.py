@@ -54,7 +54,7 @@ def test_plain_text_and_non_latin_scripts_pass_unchanged() -> None:
 def test_the_neutralised_set_is_every_cc_character_and_the_bidi_controls() -> None:
     cc = {c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cc"}
     bidi = {0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)}
-    assert display.NEUTRALISED == cc | bidi
+    assert cc | bidi == display.NEUTRALISED
 
 
 def test_arguments_are_shown_in_full_indented_with_controls_neutralised() -> None:

@@ -134,7 +134,7 @@ def test_approval_requested_and_decided_are_recorded(stack_: E2EStack, test_name
     )
     requested = found[reasons(found).index("ApprovalRequested")]
     assert "a1 (calculate)" in requested["message"] and digest in requested["message"]
-    assert cli(stack_, "approve", "held", "-n", test_namespace).returncode == 0
+    assert cli(stack_, "approve", "held", "--digest", digest, "-n", test_namespace).returncode == 0
     stack_.wait_terminal(test_namespace, "held")
     found = wait_events(
         stack_, test_namespace, "AgentRun", "held", lambda f: "Completed" in reasons(f)
