@@ -50,7 +50,8 @@ def mock_model(base_url: str) -> dict[str, Any]:
 
 def default_tenant() -> dict[str, Any]:
     """The cluster-scoped AgentTenant ``default``: binds namespace ``default`` and, as the
-    operator's default tenant, every namespace no other tenant binds; a generous daily budget."""
+    operator's default tenant, every namespace no other tenant binds; a generous daily budget;
+    MCP tool servers on this machine's loopback (where the dev stack's run)."""
     return {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentTenant",
@@ -59,6 +60,13 @@ def default_tenant() -> dict[str, Any]:
             "namespaces": ["default"],
             "window": "24h",
             "budget": {"tokens": 100_000_000, "costUSD": "1000.00"},
+            # the local stack's MCP servers listen on loopback
+            "toolServers": {
+                "allow": [
+                    {"host": "127.0.0.1", "privateNetwork": True},
+                    {"host": "localhost", "privateNetwork": True},
+                ]
+            },
         },
     }
 

@@ -12,7 +12,6 @@ from agentrun import kernel
 from ..platform.events import EventRecorder, EventType, Involved
 from .keys import RunKey
 
-
 MODEL_CALLS_FAILING = (
     "a run on this model ended model_error (the Event's count says how many); the cause is in "
     "that run's own Events and status, and agentrun_model_call_errors_total{model,error_type} "

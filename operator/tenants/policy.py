@@ -84,6 +84,9 @@ class TenantPolicy:
     allowed_tools: frozenset[str] | None
     url_rules: tuple[UrlRule, ...] = ()
     """``spec.httpGet.allow``: what the ``http_get`` tool may fetch for this tenant's runs."""
+    tool_server_rules: tuple[UrlRule, ...] = ()
+    """``spec.toolServers.allow``: the URLs its namespaces' AgentToolServers may have (none:
+    no tool server is discovered or called)."""
     ttl_after_finished: int | None = None
     """``spec.ttlSecondsAfterFinished``: the default of its runs that set none."""
 
@@ -120,6 +123,9 @@ class TenantPolicy:
             allowed_tools=_names(spec.allowed_tools),
             url_rules=tuple(
                 UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.http_get.allow
+            ),
+            tool_server_rules=tuple(
+                UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.tool_servers.allow
             ),
             ttl_after_finished=spec.ttl_seconds_after_finished,
         )

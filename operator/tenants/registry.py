@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun import metrics
-from agentrun.protocol import DEFAULT_TENANT
+from agentrun.protocol import DEFAULT_TENANT, UrlRule
 
 from ..platform.kubeapi import KubeApi
 from ..platform.spec import ObjectMeta
@@ -20,7 +20,7 @@ from .policy import TenantPolicy
 from .waits import QueueWait, WaitReason
 
 
-class NoTenant(Exception):
+class NoTenant(LookupError):
     """The run's namespace is bound to no AgentTenant (and no default tenant applies)."""
 
 
@@ -99,6 +99,13 @@ class Tenants:
         if found is not None:
             return found
         raise NoTenant(self._unbound(namespace))
+
+    async def tool_server_rules(self, namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
+        """The tenant of ``namespace`` and the URLs its AgentToolServers may have
+        (``spec.toolServers.allow``); raises ``NoTenant`` (a ``LookupError``) or ``ApiError``
+        as ``resolve`` does."""
+        policy = await self.resolve(namespace)
+        return policy.name, policy.tool_server_rules
 
     def _unbound(self, namespace: str) -> str:
         if self.default and self.default in self.invalid:
