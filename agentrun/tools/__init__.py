@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import prometheus_query
 from .calculate import Calculate
 from .catalog import Catalog, Tool, ToolContext, ToolError, ToolSpec
 from .http_get import HttpGet
 from .kubernetes_get import KubernetesGet
-from . import prometheus_query
 from .prometheus_query import PrometheusQuery
 from .sleep import Sleep
 

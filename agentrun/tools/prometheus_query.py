@@ -48,7 +48,8 @@ TIMEOUT_SECONDS = 20.0
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_PATTERN = "^[0-9]+(s|m|h|d)$"
 DEFAULT_SCOPE_LABEL = "namespace"
-"""The label every selector must match the run's namespace on (``AGENTRUN_PROMETHEUS_SCOPE_LABEL``)."""
+"""The label every selector must match the run's namespace on
+(``AGENTRUN_PROMETHEUS_SCOPE_LABEL``)."""
 UNSCOPED_FUNCTIONS = frozenset({"info"})
 """Functions that read series no selector of the query names (``info`` joins ``target_info``)."""
 
@@ -57,7 +58,7 @@ SPEC = catalog.ToolSpec(
     description=(
         "Run a PromQL query against the platform's Prometheus and get a short summary. "
         "Only this run's namespace can be read: every selector must carry the matcher the "
-        "tool's error names (e.g. {namespace=\"team-a\"}). "
+        'tool\'s error names (e.g. {namespace="team-a"}). '
         "Without 'range': the current value of each series (largest first). With 'range' "
         "(e.g. 30m, 6h): each series over that window ending now, as point count, min, max, "
         f"average and last value; 'step' sets the resolution (default range/60). At most "
