@@ -38,6 +38,8 @@ class Tenants:
         self.policies: dict[str, TenantPolicy] = {}
         self.invalid: dict[str, tuple[int, str]] = {}
         """AgentTenants that cannot be enforced: (generation, why), shown in their status."""
+        self._ambiguous: dict[str, tuple[str, ...]] = {}
+        """Namespaces found bound by several tenants when a run came: namespace → tenants."""
         self._invalid_namespaces: dict[str, frozenset[str]] = {}
 
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
@@ -95,10 +97,22 @@ class Tenants:
                 default=self.default,
             )
         except rules.Ambiguous as err:
+            self._ambiguous[namespace] = err.tenants
             raise NoTenant(str(err)) from err
+        self._ambiguous.pop(namespace, None)
         if found is not None:
             return found
         raise NoTenant(self._unbound(namespace))
+
+    def ambiguous_of(self, tenant: str) -> dict[str, tuple[str, ...]]:
+        """The namespaces ``tenant`` shares with other tenants (as last seen when a run or a
+        tool server there was resolved; their runs are rejected): namespace → the other
+        tenants. Shown in its ``NamespacesAmbiguous`` condition."""
+        return {
+            namespace: tuple(t for t in tenants if t != tenant)
+            for namespace, tenants in sorted(self._ambiguous.items())
+            if tenant in tenants
+        }
 
     async def tool_server_rules(self, namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
         """The tenant of ``namespace`` and the URLs its AgentToolServers may have
