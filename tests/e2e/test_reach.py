@@ -33,6 +33,9 @@ def mcp(tmp_path: Path) -> Iterator[mcp_support.McpProcess]:
         yield server
 
 
+# The servers are named "tools": the E2E-MCP-ADD scenario calls tools__add.
+
+
 def tenant_name() -> str:
     return f"reach-{uuid.uuid4().hex[:6]}"
 
@@ -62,11 +65,11 @@ def test_a_private_address_is_refused_until_the_rule_allows_private_networks(
     name = tenant_name()
     tenants(name, [test_namespace], toolServers={"allow": [{"host": "127.0.0.1"}]})
     stack_.apply(
-        test_namespace, tool_server("local", mcp.url, {"name": "add"}, refreshInterval="1s")
+        test_namespace, tool_server("tools", mcp.url, {"name": "add"}, refreshInterval="1s")
     )
-    status = wait_server(stack_, test_namespace, "local", "DiscoveryFailed")
+    status = wait_server(stack_, test_namespace, "tools", "DiscoveryFailed")
     assert "127.0.0.1 is a loopback address" in ready(status)["message"]
-    stack_.apply(test_namespace, run_manifest("too-near", "E2E-MCP-ADD", tools=["local/add"]))
+    stack_.apply(test_namespace, run_manifest("too-near", "E2E-MCP-ADD", tools=["tools/add"]))
     refused = stack_.wait_terminal(test_namespace, "too-near")
     assert refused["terminalReason"] == "invalid_spec"
     assert "loopback address" in refused["message"]
@@ -74,10 +77,11 @@ def test_a_private_address_is_refused_until_the_rule_allows_private_networks(
 
     allow = [{"host": "127.0.0.1", "privateNetwork": True}]
     tenants(name, [test_namespace], toolServers={"allow": allow})
-    wait_server(stack_, test_namespace, "local", "Discovered")
-    stack_.apply(test_namespace, run_manifest("near", "E2E-MCP-ADD", tools=["local/add"]))
+    wait_server(stack_, test_namespace, "tools", "Discovered")
+    stack_.apply(test_namespace, run_manifest("near", "E2E-MCP-ADD", tools=["tools/add"]))
     run = stack_.wait_terminal(test_namespace, "near")
     assert (run["terminalReason"], run["answer"]) == ("completed", "2 + 40 = 42"), run
+    assert "tools/call" in {r["method"] for r in mcp.requests()}  # the worker's call went
 
 
 def test_headers_from_sends_the_listed_keys_of_the_secret_and_no_other(
@@ -93,10 +97,10 @@ def test_headers_from_sends_the_listed_keys_of_the_secret_and_no_other(
     stack_.kubectl("apply", "-n", test_namespace, "-f", "-", input=yaml.safe_dump(secret))
     headers = {"secretRef": {"name": "tool-auth"}, "keys": ["Authorization", "X-Team"]}
     stack_.apply(
-        test_namespace, tool_server("authed", mcp.url, {"name": "add"}, headersFrom=headers)
+        test_namespace, tool_server("tools", mcp.url, {"name": "add"}, headersFrom=headers)
     )
-    wait_server(stack_, test_namespace, "authed", "Discovered")
-    stack_.apply(test_namespace, run_manifest("authed", "E2E-MCP-ADD", tools=["authed/add"]))
+    wait_server(stack_, test_namespace, "tools", "Discovered")
+    stack_.apply(test_namespace, run_manifest("authed", "E2E-MCP-ADD", tools=["tools/add"]))
     run = stack_.wait_terminal(test_namespace, "authed")
     assert (run["terminalReason"], run["answer"]) == ("completed", "2 + 40 = 42"), run
     seen = mcp.requests()
