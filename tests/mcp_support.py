@@ -314,8 +314,8 @@ def running(
     server = McpProcess(free_port(), transport, tmp / "counts.json", tmp / "mcp.log", era=era)
     server.deny = deny
     server.requests_file = tmp / "requests.jsonl"
-    server.start()
     try:
+        server.start()  # a start that times out leaves its process: stopped below too
         yield server
     finally:
         server.stop()
