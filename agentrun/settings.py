@@ -144,6 +144,12 @@ class WorkerSettings(ProcessSettings):
     prometheus_url: str | None = None
     """``AGENTRUN_PROMETHEUS_URL``: the Prometheus the ``prometheus_query`` tool queries, e.g.
     ``http://prometheus.monitoring.svc:9090``; unset: its calls fail saying so."""
+    prometheus_scope_label: str = Field(
+        default="namespace", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", max_length=128
+    )
+    """``AGENTRUN_PROMETHEUS_SCOPE_LABEL``: the label every ``prometheus_query`` selector must
+    match the run's namespace on (the label naming a series' namespace where the platform's
+    Prometheus keeps it, e.g. ``namespace``, or ``exported_namespace`` behind a relabelling)."""
     tool_retries: int = Field(default=2, ge=0, le=10)
     """``AGENTRUN_TOOL_RETRIES``: extra attempts of a read or idempotent tool call that failed
     for infrastructure reasons (timeout, connection, server or transport error), with

@@ -266,7 +266,7 @@ def _build_parts(
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
         reaper=lifecycle.Reaper(api),
         events=events,
-        toolservers=ToolServerRefresher(api),
+        toolservers=ToolServerRefresher(api, reach=tenants.tool_server_rules),
         evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
     )

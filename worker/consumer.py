@@ -350,9 +350,10 @@ class TurnConsumer:
     def _observe(self, committed: Committed, run: history.LoadedRun, *, started: float) -> None:
         """The turn's metrics: counters, and its duration per phase."""
         record, after, clock = committed
-        # MCP tools are labelled by their function name: admins declare them, so it is bounded
-        known = {*self.deps.catalog, *(t.name for t in run.config.remote_tools)}
-        metrics.record_turn(record, before=run.state, after=after, config=run.config, catalog=known)
+        # MCP tools (the config's) are labelled by name up to a bound per tenant (metrics)
+        metrics.record_turn(
+            record, before=run.state, after=after, config=run.config, catalog=self.deps.catalog
+        )
         spent = clock.seconds
         metrics.TURN_DURATION.labels(phase="model").observe(spent["model"])
         metrics.TURN_DURATION.labels(phase="tools").observe(spent["tools"])

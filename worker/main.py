@@ -95,7 +95,11 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
     secrets = KubeSecrets(api)
     return TurnDeps(
         model=ModelClient(),
-        catalog=default_catalog(kube=api, prometheus_url=config.prometheus_url),
+        catalog=default_catalog(
+            kube=api,
+            prometheus_url=config.prometheus_url,
+            prometheus_scope_label=config.prometheus_scope_label,
+        ),
         secrets=secrets,
         tool_settings=ToolRunSettings(
             concurrency=config.tool_concurrency,

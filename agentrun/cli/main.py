@@ -29,7 +29,7 @@ from typing import TypeAlias
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import kube
+from agentrun import display, kube
 from agentrun.cli import control
 
 Handler = Callable[[argparse.Namespace], int]
@@ -66,12 +66,13 @@ def register_review(subparsers: Subparsers) -> None:
         review = subparsers.add_parser(
             verb,
             help=f"{verb} the tool call a run is waiting on (phase AwaitingApproval)",
-            description=f"Reads .status.pendingApproval of RUN, shows the call, and sets the "
-            f"agentrun.dev/{verb} annotation to its digest: the operator will {text} exactly "
+            description=f"Reads .status.pendingApproval of RUN, shows the call in full, and sets "
+            f"the agentrun.dev/{verb} annotation to its digest: the operator will {text} exactly "
             "that call (same tool, same arguments) and nothing else. Uses KUBECONFIG.",
         )
         review.add_argument("run", metavar="RUN", help="AgentRun name")
         review.add_argument("-n", "--namespace", default="default", help="namespace")
+        control.add_digest_option(review, verb=verb)
         review.set_defaults(handler=control.cmd_review, verb=verb)
 
 
@@ -168,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (OSError, RuntimeError, subprocess.SubprocessError, ConfigException) as exc:
-        print(f"agentrun: error: {exc}", file=sys.stderr)
+        print(display.printable(f"agentrun: error: {exc}"), file=sys.stderr)
         return 1
 
 

@@ -120,6 +120,7 @@ class LedgerSweep:
                 queued=self.deps.board.queued(tenant),
                 blocked=self.deps.board.blocked(tenant),
                 now=now,
+                ambiguous=self.deps.tenants.ambiguous_of(tenant),
             )
 
     async def _repair_entry(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:

@@ -28,6 +28,8 @@ class TenantCondition(enum.StrEnum):
     """The spec is valid and enforced."""
     BUDGET_EXHAUSTED = "BudgetExhausted"
     """A window budget is used up, or too little is left for the next queued run's call."""
+    NAMESPACES_AMBIGUOUS = "NamespacesAmbiguous"
+    """Some namespace it binds is bound by another tenant too: runs there are rejected."""
 
 
 class TenantReason(enum.StrEnum):
@@ -39,6 +41,8 @@ class TenantReason(enum.StrEnum):
     TOKENS_EXHAUSTED = "TokensExhausted"
     COST_EXHAUSTED = "CostUSDExhausted"
     WALL_CLOCK_EXHAUSTED = "WallClockSecondsExhausted"
+    AMBIGUOUS = "Ambiguous"
+    UNAMBIGUOUS = "Unambiguous"
 
 
 EXHAUSTED_REASON: Mapping[str, TenantReason] = {
@@ -126,11 +130,13 @@ def tenant_status(
     blocked: QueueWait | None,
     now: float,
     previous: Transitions,
+    ambiguous: Mapping[str, tuple[str, ...]] | None = None,
 ) -> TenantStatus:
     """The status of an enforced AgentTenant.
 
     ``queued``: runs waiting in its queue; ``blocked``: why the queue head waits (as of the
-    last pump), ``None`` if nothing waits; ``now``: epoch seconds.
+    last pump), ``None`` if nothing waits; ``now``: epoch seconds; ``ambiguous``: the
+    namespaces it shares with other tenants (namespace → the others), whose runs are rejected.
     """
     exhausted = exhaustion(book, blocked, now)
     if exhausted is None:
@@ -149,9 +155,28 @@ def tenant_status(
         "conditions": [
             conditions.condition(TenantCondition.ACCEPTED, True, TenantReason.VALID, "enforced"),
             conditions.condition(TenantCondition.BUDGET_EXHAUSTED, state, reason, message),
+            _ambiguity(conditions, ambiguous or {}),
         ],
     }
     return TenantStatus(body, conditions.transitions)
+
+
+def _ambiguity(conditions: _Conditions, ambiguous: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    """``NamespacesAmbiguous``: True naming each shared namespace (at most 10) and the other
+    tenants binding it; runs in those namespaces only are rejected until one tenant lets go."""
+    kind = TenantCondition.NAMESPACES_AMBIGUOUS
+    if not ambiguous:
+        return conditions.condition(
+            kind, False, TenantReason.UNAMBIGUOUS, "no namespace is bound by another tenant too"
+        )
+    shown = [f"{ns} (also {', '.join(others)})" for ns, others in list(ambiguous.items())[:10]]
+    more = f" and {len(ambiguous) - 10} more" if len(ambiguous) > 10 else ""
+    message = (
+        f"runs are rejected in namespaces other AgentTenants bind too: {'; '.join(shown)}{more}; "
+        "list each namespace in one tenant's spec.namespaces (a name wins over a selector) or "
+        "narrow the selectors"
+    )
+    return conditions.condition(kind, True, TenantReason.AMBIGUOUS, message)
 
 
 def budget_status(book: Book, now: float) -> dict[str, Any]:

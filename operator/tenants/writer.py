@@ -9,6 +9,7 @@ window budget used up and a new window as Kubernetes Events. What does not: the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from agentrun import kube, metrics
@@ -68,6 +69,7 @@ class TenantStatusWriter:
         queued: int,
         blocked: QueueWait | None,
         now: float,
+        ambiguous: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         """The status of an enforced AgentTenant and its budget metrics; ``book`` ``None``:
         the tenant has no ledger entry yet (an empty one is shown); ``queued``: runs waiting in
@@ -83,6 +85,7 @@ class TenantStatusWriter:
             blocked=blocked,
             now=now,
             previous=self._transitions.get(policy.name, {}),
+            ambiguous=ambiguous,
         )
         self._transitions[policy.name] = projected.transitions
         metrics.record_tenant_budget(policy.name, book, now=now)

@@ -106,7 +106,8 @@ def team(
         "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentTenant",
         "metadata": {"name": namespace},
         "spec": {"namespaces": [namespace], "budget": {"tokens": 10_000_000},
-                 "maxConcurrentRuns": 50},
+                 "maxConcurrentRuns": 50,
+                 "toolServers": {"allow": [{"host": nodehost.GATEWAY, "privateNetwork": True}]}},
     }  # fmt: skip
     tools = {
         "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentToolServer",

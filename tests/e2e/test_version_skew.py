@@ -115,9 +115,10 @@ def test_this_operator_drives_a_worker_of_the_previous_revision(
     stack_.apply(test_namespace, run_manifest("skew-approval", "E2E-APPROVAL skew-approval",
                                               approval={"tools": ["calculate"]}))  # fmt: skip
     stack_.wait_for(test_namespace, "skew-approval", lambda s: s.get("phase") == "AwaitingApproval")
+    digest = stack_.get(test_namespace, "skew-approval")["status"]["pendingApproval"]["digest"]
     approve = subprocess.run(
-        [str(Path(sys.executable).with_name("agentrun")), "approve", "skew-approval", "-n",
-         test_namespace],
+        [str(Path(sys.executable).with_name("agentrun")), "approve", "skew-approval", "--digest",
+         digest, "-n", test_namespace],
         env={**stack_.kubectl.env}, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert approve.returncode == 0, approve.stderr
