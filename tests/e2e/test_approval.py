@@ -66,7 +66,8 @@ def test_the_run_waits_then_an_approved_call_runs(
     # who approved: the CLI names the caller as the API server knows them, and the decision
     # is recorded under that name in the trajectory and the Event
     me = stack_.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout
-    assert me and result.stdout.rstrip().endswith(f"call a1 as {me}")
+    said = f"approve: {pending['digest']} as {me} (applied only while that call is the pending one)"
+    assert me and result.stdout.splitlines()[-1] == said
     decisions = [
         e.approval
         for e in read_events(nats_server, test_namespace, "approved")  # type: ignore[arg-type]
