@@ -12,6 +12,11 @@ The dispatcher is the one owner of the live-run views: nothing else holds or cha
 by ``orphans.OrphanWatch`` from snapshots (``pending_turns``) and dispatched again through
 ``redispatch`` (or ended through ``end``). Other kinds reach the live runs through the
 ``LiveRuns`` port (``ports``).
+
+The dispatcher follows a run only through a config the operator sealed for that run's subject,
+and applies an ``admitted`` or ``approval`` event only when it is the operator's (``seals``): a
+run whose stream holds anything else is refused and ends ``checkpoint_failed``; a run admitted
+before seals existed is re-sealed once the API server vouches for it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -29,11 +35,13 @@ from nats.aio.msg import Msg
 from agentrun import history, kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
+from agentrun.trust import SealFault, Untrusted
 
 from ..platform.events import EventRecorder
 from . import news, status, views
 from .keys import RunKey
 from .ports import PendingTurn
+from .seals import RunSeals, untrusted
 from .views import RunView
 from .writer import StatusWriter
 
@@ -57,6 +65,20 @@ class QueuedCounts(Protocol):
         """Runs waiting per tenant as of the last pump."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DispatchDeps:
+    """The dispatcher's collaborators besides the bus and the status writer."""
+
+    ends: RunEndListener
+    """Settles each ended run's ledger entry."""
+    queues: QueuedCounts
+    """How many runs wait per tenant."""
+    events: EventRecorder
+    """Records approval requests and ends as Kubernetes Events."""
+    seals: RunSeals
+    """Seals what the dispatcher appends; judges what it reads."""
+
+
 def subject_key(subject: str) -> tuple[str, str]:
     """``agentrun.event.<ns>.<run>`` → (namespace, name), undoing the ``.``→``_`` mapping."""
     _, _, namespace, name = subject.split(".", 3)
@@ -70,67 +92,137 @@ class Dispatcher:
         self,
         bus: Bus,
         writer: StatusWriter,
+        deps: DispatchDeps,
         *,
-        ends: RunEndListener,
-        queues: QueuedCounts,
-        events: EventRecorder,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``ends`` settles each ended run's ledger entry; ``queues`` says how many runs wait
-        per tenant; ``events`` records approval requests and ends as Kubernetes Events;
-        ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are stopped by
-        ``forget_gone_runs``."""
+        """``deps``: see ``DispatchDeps``; ``clock`` is epoch seconds. Runs whose object
+        ``writer`` finds gone are stopped by ``forget_gone_runs``."""
         self.bus = bus
-        self.events = events
+        self.events = deps.events
         self.writer = writer
-        self.ends = ends
-        self.queues = queues
+        self.ends = deps.ends
+        self.queues = deps.queues
+        self.seals = deps.seals
         self.clock = clock
         self._views: dict[str, RunView] = {}
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
         self._stopping = asyncio.Event()
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Runs already counted as ended (a redelivered terminal event is not counted twice)."""
+        self._refused: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Runs refused while not followed (their later events are ignored, not refused
+        again)."""
 
     # --- admission and recovery -----------------------------------------------------------------
 
     async def start_run(self, config: RunConfig, *, start_time: float, generation: int) -> None:
-        """Append the run's ``admitted`` event (once: compare-and-set on an empty subject).
+        """Append the run's sealed ``admitted`` event (once: compare-and-set on an empty
+        subject).
 
-        If the subject holds events of an older object with the same name, they are purged
+        If the subject holds events of an older object with the same name, or an admission
+        of this run the operator did not seal (refused: counted and told), they are purged
         first. Turn 0 is dispatched by the event consumer when it sees the admission.
         """
+        key = RunKey(config.namespace, config.name, config.uid)
         state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-        event = RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
+        event = self.seals.seal(
+            RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
+        )
+        seq = 0
         for _ in range(2):
             try:
-                await self.bus.append_event(config.namespace, config.name, event, expected_seq=0)
+                seq = await self.bus.append_event(
+                    config.namespace, config.name, event, expected_seq=0
+                )
                 break
             except CommitConflict:
                 first = await self.bus.first_event(config.namespace, config.name)
                 if first is not None and first.run_uid == config.uid:
-                    return  # admitted before a restart; recovery takes it from here
-                log.warning("purging stale events of an older %s/%s", config.namespace, config.name)
+                    fault = self.seals.fault(first, key=key)
+                    if fault is None:
+                        return  # admitted before a restart; recovery takes it from here
+                    self.seals.report(key, untrusted(first, fault))
+                log.warning(
+                    "purging events of %s/%s that are not this run's", key.namespace, key.name
+                )
                 await self.bus.purge_run(config.namespace, config.name)
-        self._track(RunView.of(config, start_time=start_time, generation=generation))
+        view = RunView.of(config, start_time=start_time, generation=generation, admitted_seq=seq)
+        self._track(view)
 
     async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
         """Resume a run after an operator restart; False when the run has no events of ``uid``.
 
         Re-dispatches the pending turn of a running run, re-arms its deadline, and re-projects
-        the status of a finished one.
+        the status of a finished one; a run whose stream the operator did not seal is refused
+        (or re-sealed, when admitted before seals and vouched for: ``seals``).
         """
+        key = RunKey(namespace, name, uid)
         first = await self.bus.first_event(namespace, name)
         if first is None or first.run_uid != uid or first.config is None:
             return False
+        view = self._views.get(uid) or await self._trusted_view(key, first, generation=generation)
+        if view is None:
+            return True  # refused (ended), or re-sealed (followed once its re-seal is read)
+        self._track(view)
         last = await self.bus.last_event(namespace, name)
         assert last is not None
-        view = self._views.get(uid) or RunView.of(
-            first.config, start_time=first.time, generation=generation
-        )
-        self._track(view)
-        await self._apply(view, last)
+        if await self._judge(view, last):
+            await self._apply(view, last)
         return True
+
+    async def _trusted_view(
+        self, key: RunKey, first: RunEvent, *, generation: int = 1
+    ) -> RunView | None:
+        """A view of run ``key`` from its ``first`` event if the operator sealed it for this
+        subject; a run admitted before seals is looked at whole (``_legacy_view``); anything
+        else is refused (``None``)."""
+        assert first.config is not None
+        fault = self.seals.fault(first, key=key)
+        if fault is None:
+            return RunView.of(
+                first.config, start_time=first.time, generation=generation, admitted_seq=first.seq
+            )
+        if fault is not SealFault.UNSIGNED:
+            await self._refuse(key, untrusted(first, fault), base=None)
+            return None
+        return await self._legacy_view(key, first, generation=generation)
+
+    async def _legacy_view(
+        self, key: RunKey, first: RunEvent, *, generation: int
+    ) -> RunView | None:
+        """Run ``key`` admitted unsealed (``first``): followed if re-sealed since, or if it
+        ended before it could be; re-sealed now (and followed once the re-seal is read) if the
+        API server vouches for it; refused otherwise. ``None`` unless followed now."""
+        events = await self.bus.read_events(key.namespace, key.name)
+        try:
+            loaded = history.fold(events, run_uid=key.uid, seals=self.seals.verifier)
+        except history.CorruptHistory:
+            return None  # another run's events, or a deleted one's
+        except Untrusted as err:
+            await self._refuse(key, err, base=None)
+            return None
+        if loaded is None:
+            return None
+        view = RunView.of(
+            loaded.config, start_time=first.time, generation=generation, admitted_seq=first.seq
+        )
+        if loaded.sealed:
+            return view
+        if not await self.seals.vouched(key, first):
+            await self._refuse(key, untrusted(first, SealFault.UNSIGNED), base=None)
+            return None
+        if events[-1].phase.is_terminal:
+            return view  # it ended before it was re-sealed: its end is still projected
+        event = self.seals.seal(
+            RunEvent(
+                "admitted", key.uid, events[-1].summary, config=loaded.config, time=self.clock()
+            )
+        )
+        with contextlib.suppress(CommitConflict):  # it moved on: its next event returns here
+            await self.bus.append_event(key.namespace, key.name, event, expected_seq=loaded.seq)
+            log.info("re-sealed %s/%s, admitted before seals existed", key.namespace, key.name)
+        return None
 
     def is_tracked(self, uid: str) -> bool:
         """Whether the run has a live view here (admitted, not ended, not forgotten)."""
@@ -170,23 +262,70 @@ class Dispatcher:
         await msg.ack()
 
     async def on_event(self, subject: str, event: RunEvent) -> None:
-        """Project one committed event and act on it (next turn, or nothing once terminal)."""
+        """Project one committed event and act on it (next turn, or nothing once terminal);
+        an event the operator should have sealed and did not ends the run (``_judge``)."""
+        namespace, name = subject_key(subject)
         view = self._views.get(event.run_uid)
         if view is None:
-            view = await self._view_from_stream(subject, event)
-            if view is None:
+            if event.run_uid in self._refused:
+                return  # refused already: its stop, or more of what was refused
+            first = await self.bus.first_event(namespace, name)
+            if first is None or first.run_uid != event.run_uid or first.config is None:
                 return  # events of a deleted run
+            view = await self._trusted_view(RunKey(namespace, name, event.run_uid), first)
+            if view is None:
+                return
             self._track(view)
-        await self._apply(view, event)
+        if await self._judge(view, event):
+            await self._apply(view, event)
 
-    async def _view_from_stream(self, subject: str, event: RunEvent) -> RunView | None:
-        if event.kind == "admitted" and event.config is not None:
-            return RunView.of(event.config, start_time=event.time)
-        namespace, name = subject_key(subject)
-        first = await self.bus.first_event(namespace, name)
-        if first is None or first.run_uid != event.run_uid or first.config is None:
-            return None
-        return RunView.of(first.config, start_time=first.time)
+    async def _judge(self, view: RunView, event: RunEvent) -> bool:
+        """Whether ``event`` of the followed run ``view`` may be applied: not one before the
+        run's admission (another object's), and, for an ``admitted`` or ``approval`` event
+        other than the run's first admission, the operator's (a re-seal of the same config, a
+        sealed decision for this run and turn). A refused event ends the run."""
+        if event.seq < view.admitted_seq:
+            return False
+        if event.kind not in ("admitted", "approval") or event.seq == view.admitted_seq:
+            return True
+        if event.seq <= view.seq:
+            return True  # seen before; ``_apply`` drops it
+        if event.kind == "approval":
+            fault = self.seals.fault(event, key=view.key)
+        else:
+            first = await self.bus.first_event(view.namespace, view.name)
+            fault = self.seals.readmission_fault(event, key=view.key, first=first)
+        if fault is None:
+            return True
+        await self._refuse(view.key, untrusted(event, fault), base=view.summary)
+        return False
+
+    async def _refuse(
+        self, key: RunKey, error: Untrusted, *, base: kernel.RunSummary | None
+    ) -> None:
+        """Refuse run ``key``: count and tell it (``seals.report``), and end it
+        ``checkpoint_failed`` with a ``stop`` event built on ``base`` (the last summary the
+        operator trusted; ``None``: nothing of the run was trusted), whatever the last event
+        on the subject says."""
+        message = self.seals.report(key, error)
+        if key.uid not in self._views:
+            self._refused[key.uid] = None
+            while len(self._refused) > 100_000:
+                self._refused.popitem(last=False)
+        state = kernel.initial_state(goal="") if base is None else kernel.state_from_summary(base)
+        state = kernel.stop(state, kernel.Phase.CHECKPOINT_FAILED, message)
+        stop = RunEvent("stop", key.uid, state.summary(), time=self.clock())
+        for _ in range(STOP_ATTEMPTS):
+            last = await self.bus.last_event(key.namespace, key.name)
+            try:
+                await self.bus.append_event(
+                    key.namespace, key.name, stop, expected_seq=last.seq if last else 0
+                )
+            except CommitConflict:
+                continue
+            await self.bus.broadcast_cancel(key.uid)
+            return
+        log.error("could not end refused run %s/%s: it keeps moving", key.namespace, key.name)
 
     async def _apply(self, view: RunView, event: RunEvent) -> None:
         if event.seq <= view.seq:
@@ -370,19 +509,24 @@ class Dispatcher:
         success, else why the decision was not applied (not waiting, digest mismatch, moved on).
         """
         events = await self.bus.read_events(namespace, name)
-        loaded = history.fold(events, run_uid=uid)
+        try:
+            loaded = history.fold(events, run_uid=uid, seals=self.seals.verifier)
+        except Untrusted as err:
+            return f"the run's events are not the operator's: {err}"
         if loaded is None:
             return "the run has no events"
         try:
             state = kernel.resolve_approval(loaded.state, digest=digest, approved=approved)
         except ValueError as err:
             return str(err)
-        event = RunEvent(
-            "approval",
-            uid,
-            state.summary(),
-            approval=protocol.Approval(digest, approved),
-            time=self.clock(),
+        event = self.seals.seal(
+            RunEvent(
+                "approval",
+                uid,
+                state.summary(),
+                approval=protocol.Approval(digest, approved),
+                time=self.clock(),
+            )
         )
         try:
             await self.bus.append_event(namespace, name, event, expected_seq=loaded.seq)
@@ -406,7 +550,12 @@ class Dispatcher:
                 )
                 first = await self.bus.first_event(namespace, name)
                 last = await self.bus.last_event(namespace, name)
-                ours = first is not None and first.run_uid == uid and first.config is not None
+                ours = (
+                    first is not None
+                    and first.run_uid == uid
+                    and first.config is not None
+                    and self.seals.fault(first, key=RunKey(namespace, name, uid)) is None
+                )
                 if ours and last is not None and last.run_uid == uid:
                     assert first is not None and first.config is not None
                     await self._settle_ended(first.config.tenant, uid, last)
