@@ -238,6 +238,7 @@ def _build_parts(
     seals = RunSeals(
         Signer(signing_file(settings.signing_path())),
         Verifier(trust_file(settings.trust_path())),
+        streams=bus,
         api=api,
         events=events,
     )

@@ -27,6 +27,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from agentrun.protocol import RunEvent, Seal
 from agentrun.trust.keys import SigningKeys, TrustedKeys
 
+SIGNATURE_BYTES = 64
+"""The size of an Ed25519 signature (RFC 8032)."""
+
 
 class SealFault(enum.StrEnum):
     """Why a message was refused (the metric's ``reason``)."""
@@ -90,6 +93,8 @@ class Verifier:
         """Why ``seal`` does not seal ``content``, or ``None`` when it does."""
         if seal is None:
             return SealFault.UNSIGNED
+        if not seal.key_id or len(seal.signature) != SIGNATURE_BYTES:
+            return SealFault.BAD_SIGNATURE  # malformed: it verifies nothing
         public = self.keys().keys.get(seal.key_id)
         if public is None:
             return SealFault.UNKNOWN_KEY

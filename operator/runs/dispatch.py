@@ -35,7 +35,7 @@ from nats.aio.msg import Msg
 from agentrun import history, kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
-from agentrun.trust import SealFault, Untrusted
+from agentrun.trust import Untrusted
 
 from ..platform.events import EventRecorder
 from . import news, status, views
@@ -110,9 +110,6 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Runs already counted as ended (a redelivered terminal event is not counted twice)."""
-        self._refused: collections.OrderedDict[str, None] = collections.OrderedDict()
-        """Runs refused while not followed (their later events are ignored, not refused
-        again)."""
 
     # --- admission and recovery -----------------------------------------------------------------
 
@@ -174,55 +171,16 @@ class Dispatcher:
     async def _trusted_view(
         self, key: RunKey, first: RunEvent, *, generation: int = 1
     ) -> RunView | None:
-        """A view of run ``key`` from its ``first`` event if the operator sealed it for this
-        subject; a run admitted before seals is looked at whole (``_legacy_view``); anything
-        else is refused (``None``)."""
-        assert first.config is not None
-        fault = self.seals.fault(first, key=key)
-        if fault is None:
-            return RunView.of(
-                first.config, start_time=first.time, generation=generation, admitted_seq=first.seq
-            )
-        if fault is not SealFault.UNSIGNED:
-            await self._refuse(key, untrusted(first, fault), base=None)
+        """A view of run ``key`` if the operator sealed its config (``seals.trusted``)."""
+        trusted = await self.seals.trusted(key, first)
+        if trusted is None:
             return None
-        return await self._legacy_view(key, first, generation=generation)
-
-    async def _legacy_view(
-        self, key: RunKey, first: RunEvent, *, generation: int
-    ) -> RunView | None:
-        """Run ``key`` admitted unsealed (``first``): followed if re-sealed since, or if it
-        ended before it could be; re-sealed now (and followed once the re-seal is read) if the
-        API server vouches for it; refused otherwise. ``None`` unless followed now."""
-        events = await self.bus.read_events(key.namespace, key.name)
-        try:
-            loaded = history.fold(events, run_uid=key.uid, seals=self.seals.verifier)
-        except history.CorruptHistory:
-            return None  # another run's events, or a deleted one's
-        except Untrusted as err:
-            await self._refuse(key, err, base=None)
-            return None
-        if loaded is None:
-            return None
-        view = RunView.of(
-            loaded.config, start_time=first.time, generation=generation, admitted_seq=first.seq
+        return RunView.of(
+            trusted.config,
+            start_time=trusted.start_time,
+            generation=generation,
+            admitted_seq=trusted.admitted_seq,
         )
-        if loaded.sealed:
-            return view
-        if not await self.seals.vouched(key, first):
-            await self._refuse(key, untrusted(first, SealFault.UNSIGNED), base=None)
-            return None
-        if events[-1].phase.is_terminal:
-            return view  # it ended before it was re-sealed: its end is still projected
-        event = self.seals.seal(
-            RunEvent(
-                "admitted", key.uid, events[-1].summary, config=loaded.config, time=self.clock()
-            )
-        )
-        with contextlib.suppress(CommitConflict):  # it moved on: its next event returns here
-            await self.bus.append_event(key.namespace, key.name, event, expected_seq=loaded.seq)
-            log.info("re-sealed %s/%s, admitted before seals existed", key.namespace, key.name)
-        return None
 
     def is_tracked(self, uid: str) -> bool:
         """Whether the run has a live view here (admitted, not ended, not forgotten)."""
@@ -267,7 +225,7 @@ class Dispatcher:
         namespace, name = subject_key(subject)
         view = self._views.get(event.run_uid)
         if view is None:
-            if event.run_uid in self._refused:
+            if self.seals.is_refused(event.run_uid):
                 return  # refused already: its stop, or more of what was refused
             first = await self.bus.first_event(namespace, name)
             if first is None or first.run_uid != event.run_uid or first.config is None:
@@ -280,52 +238,10 @@ class Dispatcher:
             await self._apply(view, event)
 
     async def _judge(self, view: RunView, event: RunEvent) -> bool:
-        """Whether ``event`` of the followed run ``view`` may be applied: not one before the
-        run's admission (another object's), and, for an ``admitted`` or ``approval`` event
-        other than the run's first admission, the operator's (a re-seal of the same config, a
-        sealed decision for this run and turn). A refused event ends the run."""
-        if event.seq < view.admitted_seq:
-            return False
-        if event.kind not in ("admitted", "approval") or event.seq == view.admitted_seq:
-            return True
-        if event.seq <= view.seq:
-            return True  # seen before; ``_apply`` drops it
-        if event.kind == "approval":
-            fault = self.seals.fault(event, key=view.key)
-        else:
-            first = await self.bus.first_event(view.namespace, view.name)
-            fault = self.seals.readmission_fault(event, key=view.key, first=first)
-        if fault is None:
-            return True
-        await self._refuse(view.key, untrusted(event, fault), base=view.summary)
-        return False
-
-    async def _refuse(
-        self, key: RunKey, error: Untrusted, *, base: kernel.RunSummary | None
-    ) -> None:
-        """Refuse run ``key``: count and tell it (``seals.report``), and end it
-        ``checkpoint_failed`` with a ``stop`` event built on ``base`` (the last summary the
-        operator trusted; ``None``: nothing of the run was trusted), whatever the last event
-        on the subject says."""
-        message = self.seals.report(key, error)
-        if key.uid not in self._views:
-            self._refused[key.uid] = None
-            while len(self._refused) > 100_000:
-                self._refused.popitem(last=False)
-        state = kernel.initial_state(goal="") if base is None else kernel.state_from_summary(base)
-        state = kernel.stop(state, kernel.Phase.CHECKPOINT_FAILED, message)
-        stop = RunEvent("stop", key.uid, state.summary(), time=self.clock())
-        for _ in range(STOP_ATTEMPTS):
-            last = await self.bus.last_event(key.namespace, key.name)
-            try:
-                await self.bus.append_event(
-                    key.namespace, key.name, stop, expected_seq=last.seq if last else 0
-                )
-            except CommitConflict:
-                continue
-            await self.bus.broadcast_cancel(key.uid)
-            return
-        log.error("could not end refused run %s/%s: it keeps moving", key.namespace, key.name)
+        """Whether ``event`` of the followed run ``view`` may be applied (``seals.judge``)."""
+        return await self.seals.judge(
+            view.key, event, admitted_seq=view.admitted_seq, seen=view.seq, base=view.summary
+        )
 
     async def _apply(self, view: RunView, event: RunEvent) -> None:
         if event.seq <= view.seq:

@@ -81,7 +81,7 @@ async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
     """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
     bus, clock, api = Bus(), Clock(), FakeKube()
     events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
-    seals = RunSeals(SIGNER, VERIFIER, api=api, events=events)
+    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)  # type: ignore[arg-type]
     dispatcher = Dispatcher(
         bus,  # type: ignore[arg-type]
         StatusWriter(api),
