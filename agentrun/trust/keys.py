@@ -9,11 +9,12 @@ Two files, each one JSON object:
   key whose time has come, so a rotation publishes a new public key first and signs with it only
   once every process can have read it;
 - the trust file (``trust.json``, every process's): the public keys a seal may name, by key id.
-  A seal naming a key that is not there is refused. Keys stay trusted until retired, so a run
-  admitted under one keeps its key id for its whole life (``retire`` is the explicit end).
+  A seal naming a key that is not there is refused. A run admitted under a key keeps that key
+  id for its whole life, so keys stay trusted until explicitly retired.
 
-A key's id is derived from its public key (``k`` and 12 hex digits of its SHA-256), so equal keys
-have equal ids everywhere.
+Keys stay trusted until retired, and a key is retired only once no run still going can carry
+its seal (``retirable``). A key's id is derived from its public key (``k`` and 12 hex digits of
+its SHA-256), so equal keys have equal ids everywhere.
 
 Raises, when parsing: ``KeyFileError`` (a ``ValueError``) naming the file and what is wrong.
 """
@@ -24,7 +25,7 @@ import base64
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.hazmat.primitives.serialization import (
@@ -128,10 +129,7 @@ class SigningKeys:
         keys: list[SigningKey] = []
         for row in rows:
             try:
-                active_from = row["activeFrom"]
-                if not isinstance(active_from, int | float):
-                    raise TypeError(f"activeFrom is {type(active_from).__name__}, not a number")
-                key = SigningKey(_raw(row["seed"], 32), float(active_from))
+                key = SigningKey(_raw(row["seed"], 32), _number(row["activeFrom"]))
                 key.public  # noqa: B018 (checks the seed is a key)
             except (KeyError, TypeError, ValueError) as err:
                 raise KeyFileError(f"{SIGNING_FILE}: a key is malformed: {err!r}") from None
@@ -142,16 +140,43 @@ class SigningKeys:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TrustedKeys:
-    """The trust file: public keys (32 raw bytes) by key id."""
+class TrustedKey:
+    """One public key of the trust file."""
 
-    keys: Mapping[str, bytes]
+    public: bytes
+    """The Ed25519 public key, 32 raw bytes."""
+    active_from: float
+    """Epoch seconds from which its private key signs (so until when a key signed: the next
+    key's time; ``retirable`` reads it)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrustedKeys:
+    """The trust file: public keys by key id."""
+
+    keys: Mapping[str, TrustedKey]
+
+    def public(self, kid: str) -> bytes | None:
+        """The public key ``kid`` (32 raw bytes), or ``None`` when it is not trusted."""
+        found = self.keys.get(kid)
+        return None if found is None else found.public
+
+    def signed_until(self, kid: str) -> float | None:
+        """When key ``kid`` stopped signing (the next key's ``active_from``); ``None`` while it
+        is the newest."""
+        since = self.keys[kid].active_from
+        later = [k.active_from for k in self.keys.values() if k.active_from > since]
+        return min(later) if later else None
 
     def text(self) -> str:
         """The trust file's text."""
         keys = [
-            {"id": kid, "publicKey": base64.b64encode(public).decode()}
-            for kid, public in sorted(self.keys.items())
+            {
+                "id": kid,
+                "publicKey": base64.b64encode(key.public).decode(),
+                "activeFrom": key.active_from,
+            }
+            for kid, key in sorted(self.keys.items())
         ]
         return json.dumps({"keys": keys}, indent=1) + "\n"
 
@@ -159,16 +184,22 @@ class TrustedKeys:
     def parse(cls, text: str) -> TrustedKeys:
         """The trust file ``text``. Raises ``KeyFileError`` (also for a key listed under
         another key's id)."""
-        keys: dict[str, bytes] = {}
+        keys: dict[str, TrustedKey] = {}
         for row in _rows(text, TRUST_FILE):
             try:
                 public = _raw(row["publicKey"], 32)
+                active_from = _number(row.get("activeFrom", 0.0))
             except (KeyError, TypeError, ValueError) as err:
                 raise KeyFileError(f"{TRUST_FILE}: a key is malformed: {err!r}") from None
             if row.get("id") != key_id(public):
                 raise KeyFileError(f"{TRUST_FILE}: key {row.get('id')!r} is not its key's id")
-            keys[key_id(public)] = public
+            keys[key_id(public)] = TrustedKey(public, active_from)
         return cls(keys)
+
+    @classmethod
+    def of(cls, signing: SigningKeys) -> TrustedKeys:
+        """The trust file of every key of ``signing``."""
+        return cls({k.id: TrustedKey(k.public, k.active_from) for k in signing.keys})
 
 
 def _rows(text: str, name: str) -> list[dict[str, object]]:
@@ -182,6 +213,12 @@ def _rows(text: str, name: str) -> list[dict[str, object]]:
     return rows
 
 
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"activeFrom is {type(value).__name__}, not a number")
+    return float(value)
+
+
 def _raw(value: object, size: int) -> bytes:
     if not isinstance(value, str):
         raise TypeError(f"expected base64 text, got {type(value).__name__}")
@@ -193,8 +230,8 @@ def _raw(value: object, size: int) -> bytes:
 
 def generate(*, now: float) -> tuple[SigningKeys, TrustedKeys]:
     """A first key, signing at once, and the trust file that trusts it."""
-    key = SigningKey.generate(active_from=now)
-    return SigningKeys((key,)), TrustedKeys({key.id: key.public})
+    signing = SigningKeys((SigningKey.generate(active_from=now),))
+    return signing, TrustedKeys.of(signing)
 
 
 def rotate(
@@ -215,26 +252,34 @@ def rotate(
         kept = signing.keys
     return (
         SigningKeys((*kept, fresh)),
-        TrustedKeys({**trusted.keys, fresh.id: fresh.public}),
+        TrustedKeys({**trusted.keys, fresh.id: TrustedKey(fresh.public, fresh.active_from)}),
         fresh,
     )
 
 
-def retire(
-    signing: SigningKeys, trusted: TrustedKeys, kid: str, *, now: float
-) -> tuple[SigningKeys, TrustedKeys]:
-    """Both files without key ``kid``: seals naming it are refused from then on. Raises
-    ``ValueError`` when ``kid`` is not trusted, signs at ``now``, or is the only key that
-    will ever sign."""
+def retirable(trusted: TrustedKeys, kid: str, *, admitted: Iterable[float], now: float) -> str:
+    """Why key ``kid`` may not be retired now, or ``""`` when it may: it must be trusted,
+    superseded by a key that signs at ``now``, and no run still going may have been admitted
+    under it (``admitted``: the admission times, epoch seconds, of the runs not ended: a run
+    admitted before the key's successor signed may carry its seal for its whole life)."""
     if kid not in trusted.keys:
-        raise ValueError(f"key {kid} is not trusted: nothing to retire")
-    try:
-        active = signing.active(now).id
-    except NoSigningKey:
-        active = ""
-    if kid == active:
-        raise ValueError(f"key {kid} signs now: rotate first, and retire it once the next signs")
+        return f"key {kid} is not trusted: nothing to retire"
+    until = trusted.signed_until(kid)
+    if until is None or until > now:
+        return f"key {kid} signs now (or until its successor's time): rotate first"
+    holding = sum(1 for at in admitted if at < until)
+    if holding:
+        return (
+            f"{holding} run(s) still going were admitted before {until:.0f}, when key {kid} "
+            "stopped signing: their seals name it"
+        )
+    return ""
+
+
+def retire(signing: SigningKeys, trusted: TrustedKeys, kid: str) -> tuple[SigningKeys, TrustedKeys]:
+    """Both files without key ``kid`` (check ``retirable`` first): seals naming it are
+    refused from then on. Raises ``ValueError`` when it would leave no key to sign with."""
     left = tuple(k for k in signing.keys if k.id != kid)
     if not left:
         raise ValueError(f"key {kid} is the only signing key")
-    return SigningKeys(left), TrustedKeys({i: p for i, p in trusted.keys.items() if i != kid})
+    return SigningKeys(left), TrustedKeys({i: k for i, k in trusted.keys.items() if i != kid})

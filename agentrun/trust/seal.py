@@ -95,7 +95,7 @@ class Verifier:
             return SealFault.UNSIGNED
         if not seal.key_id or len(seal.signature) != SIGNATURE_BYTES:
             return SealFault.BAD_SIGNATURE  # malformed: it verifies nothing
-        public = self.keys().keys.get(seal.key_id)
+        public = self.keys().public(seal.key_id)
         if public is None:
             return SealFault.UNKNOWN_KEY
         try:

@@ -16,7 +16,7 @@ from agentrun.trust import KeyFileError, NoSigningKey, SigningKeys, TrustedKeys,
 def test_a_first_key_signs_at_once_and_is_trusted_under_its_own_id() -> None:
     signing, trusted = keys.generate(now=100.0)
     key = signing.active(100.0)
-    assert trusted.keys == {key.id: key.public}
+    assert trusted.keys == {key.id: keys.TrustedKey(key.public, 100.0)}
     assert key.id == keys.key_id(key.public) and key.id.startswith("k") and len(key.id) == 13
     assert SigningKeys.parse(signing.text()) == signing
     assert TrustedKeys.parse(trusted.text()) == trusted
@@ -35,19 +35,22 @@ def test_a_rotation_trusts_the_new_key_at_once_and_signs_with_it_only_later() ->
     assert set(trusted.keys) == {old.id, new.id, newer.id}  # but its runs still verify
 
 
-def test_retiring_a_key_untrusts_it_but_never_the_one_that_signs() -> None:
+def test_a_key_is_retired_only_once_it_stopped_signing_and_no_run_can_carry_its_seal() -> None:
     signing, trusted = keys.generate(now=0.0)
     old = signing.active(0.0)
-    with pytest.raises(ValueError, match="signs now"):
-        keys.retire(signing, trusted, old.id, now=0.0)
+    assert "signs now" in keys.retirable(trusted, old.id, admitted=[], now=0.0)
     signing, trusted, new = keys.rotate(signing, trusted, now=10.0, activate_after=5.0)
-    with pytest.raises(ValueError, match="signs now"):
-        keys.retire(signing, trusted, old.id, now=12.0)  # new is not active yet
-    signing, trusted = keys.retire(signing, trusted, old.id, now=20.0)
+    assert "signs now" in keys.retirable(trusted, old.id, admitted=[], now=12.0)  # not yet
+    assert trusted.signed_until(old.id) == 15.0 and trusted.signed_until(new.id) is None
+    going = keys.retirable(trusted, old.id, admitted=[14.0, 30.0], now=40.0)
+    assert going.startswith("1 run(s) still going")  # admitted at 14: sealed with the old key
+    assert keys.retirable(trusted, old.id, admitted=[15.0, 30.0], now=40.0) == ""
+    signing, trusted = keys.retire(signing, trusted, old.id)
     assert set(trusted.keys) == {new.id}
     assert [k.id for k in signing.keys] == [new.id]
-    with pytest.raises(ValueError, match="not trusted"):
-        keys.retire(signing, trusted, old.id, now=20.0)
+    assert "not trusted" in keys.retirable(trusted, old.id, admitted=[], now=40.0)
+    with pytest.raises(ValueError, match="only signing key"):
+        keys.retire(signing, trusted, new.id)
 
 
 def test_no_key_signs_before_its_time_or_from_an_empty_file() -> None:
