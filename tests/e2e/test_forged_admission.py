@@ -93,8 +93,15 @@ def tenants(stack_: E2EStack) -> Iterator[Tenants]:
         delete_namespace(stack_.kubectl, ns_b)
 
 
+SLEEP, SLEEPS = 30, 6
+"""Seconds one of B's tool calls takes (the sleep tool's most), and how many it makes: the
+attack must land while B is in flight (on a loaded machine the attack's connections and
+refused publishes take tens of seconds)."""
+
+
 def load_scenario(stack_: E2EStack, goal: str) -> None:
-    """B's run: one model call, then a tool call that keeps it in flight for 20 s."""
+    """B's run: `SLEEPS` turns each calling a tool that takes `SLEEP` s, then an answer: in
+    flight for minutes unless refused."""
     text = yaml.safe_dump(
         {
             "scenarios": [
@@ -102,7 +109,8 @@ def load_scenario(stack_: E2EStack, goal: str) -> None:
                     "name": goal,
                     "match": {"goal": goal},
                     "turns": [
-                        {"tool_calls": [{"name": "sleep", "arguments": {"seconds": 20}}]},
+                        *[{"tool_calls": [{"name": "sleep", "arguments": {"seconds": SLEEP}}]}]
+                        * SLEEPS,
                         {"content": "done"},
                     ],
                 }
@@ -225,16 +233,20 @@ def test_a_forged_admission_makes_no_model_request_and_reads_no_secret(
     assert control_plane.audit_log is not None, "needs the dev control plane's audit log"
     goal = f"E2E-TRUST-B {uuid.uuid4().hex[:8]}"
     load_scenario(stack_, goal)
-    manifest = run_manifest("b", goal, tools=["sleep"])
-    manifest["spec"]["model"] = tenants.model
-    stack_.apply(tenants.ns_b, manifest)
-    stack_.wait_for(tenants.ns_b, "b", lambda s: s.get("phase") == "Running" and s.get("steps"))
-    used_before = read_book(nats_server, tenants.tenant)
-    assert used_before is not None and used_before.used_tokens > 0
-    (admitted, *_) = read_events(nats_server, tenants.ns_b, "b")
     attacker_server = stack.start_mockllm(
         [Path(__file__).with_name("scenarios.yaml")], launch=stack_.launch, name="attacker"
     )
+    manifest = run_manifest("b", goal, tools=["sleep"])
+    manifest["spec"]["model"] = tenants.model
+    stack_.apply(tenants.ns_b, manifest)
+    # B's first turn is charged (its status shows steps only at its next write: the ledger)
+    end = time.monotonic() + 60
+    while (used_before := read_book(nats_server, tenants.tenant)) is None or (
+        used_before.used_tokens == 0
+    ):
+        assert time.monotonic() < end, "B's first turn was not charged"
+        time.sleep(0.25)
+    (admitted, *_) = read_events(nats_server, tenants.ns_b, "b")
     before = {
         (c.name, reason): refused(c, reason)
         for c in [stack_.operator, *stack_.workers]
@@ -296,7 +308,7 @@ def test_a_forged_admission_makes_no_model_request_and_reads_no_secret(
         assert by[("operator NATS user", "TurnRequest")].startswith("stored")
 
         # B's run ends checkpoint_failed, told by a MessageRefused Event
-        status = stack_.wait_terminal(tenants.ns_b, "b", timeout=60)
+        status = stack_.wait_terminal(tenants.ns_b, "b", timeout=SLEEP + 60)
         assert status["terminalReason"] == "checkpoint_failed", status
         assert "refused" in status["message"] and "seal" in status["message"]
         # the forged run ends so on its own subject
