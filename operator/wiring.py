@@ -225,6 +225,30 @@ async def start_parts(
     return dataclasses.replace(parts, handling=handling_of(parts), tasks=_start_loops(parts))
 
 
+def _dispatcher(
+    settings: OperatorSettings,
+    writer: StatusWriter,
+    *,
+    bus: Bus,
+    api: KubeApi,
+    ends: RunSettlement,
+    events: EventRecorder,
+) -> Dispatcher:
+    """The dispatcher, with the operator's seals: its run-signing keys
+    (``AGENTRUN_RUN_SIGNING_FILE``) and the keys it trusts (``AGENTRUN_RUN_TRUST_FILE``).
+    Raises ``ValueError`` when either is unset, ``OSError`` and ``trust.KeyFileError`` when
+    either cannot be read."""
+    seals = RunSeals(
+        Signer(signing_file(settings.signing_path())),
+        Verifier(trust_file(settings.trust_path())),
+        streams=bus,
+        api=api,
+        events=events,
+    )
+    deps = DispatchDeps(ends=ends, queues=ends.board, events=events, seals=seals)
+    return Dispatcher(bus, writer, deps)
+
+
 def _build_parts(
     settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi
 ) -> Parts:
@@ -235,16 +259,7 @@ def _build_parts(
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
-    seals = RunSeals(
-        Signer(signing_file(settings.signing_path())),
-        Verifier(trust_file(settings.trust_path())),
-        streams=bus,
-        api=api,
-        events=events,
-    )
-    dispatcher = Dispatcher(
-        bus, writer, DispatchDeps(ends=settlement, queues=board, events=events, seals=seals)
-    )
+    dispatcher = _dispatcher(settings, writer, bus=bus, api=api, ends=settlement, events=events)
     shown = QueueStatus(writer, dispatcher, events, time.time)
     pump = PumpDeps(
         store=store,
