@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun import kube, metrics
-from agentrun.ledger import Book
+from agentrun.ledger import Book, UsageFloor
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
@@ -52,6 +52,23 @@ class TenantStatusWriter:
         self._transitions = {}
         self._overruns: set[tuple[str, str, float]] = set()
         """(tenant, resource, window start) of the overruns told (once per window)."""
+
+    def record_rollback(self, tenant: str, book: Book, floor: UsageFloor) -> None:
+        """Tell a ledger entry rolled back below what the operator saw (``LedgerRolledBack``,
+        Warning), once per tenant and window."""
+        self.events.record(
+            Involved("AgentTenant", tenant),
+            type=EventType.WARNING,
+            reason="LedgerRolledBack",
+            message=(
+                f"the ledger book showed {book.used_tokens} tokens, {book.used_cost} USD used in "
+                f"the window from {rfc3339(book.window)}; the operator had seen "
+                f"{floor.tokens} tokens, {floor.cost_usd} USD in the window from "
+                f"{rfc3339(floor.window)}: written by a writer of the bucket, not by the "
+                "ledger's rules; restored"
+            ),
+            key=(tenant, "LedgerRolledBack", floor.window),
+        )
 
     async def write_invalid(self, name: str, generation: int, why: str, *, now: float) -> None:
         """``Accepted=False`` with ``why`` for an AgentTenant that cannot be enforced."""
