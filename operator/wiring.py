@@ -14,8 +14,10 @@ uses (``Handling``). Order of construction, and what each part is told:
   dispatcher calls it for every run end (``RunEndListener``).
 - ``EventRecorder`` posts Kubernetes Events (rate-limited); the dispatcher, the pump, the
   sweep, the controllers and the handlers record into it.
-- ``Dispatcher`` consumes run events and publishes turns; it alone holds the live runs' views.
-  Admission reaches it through ``runs.LiveRuns``.
+- ``Dispatcher`` consumes run events and publishes turns (through its ``TurnGate``: fair
+  across tenants, each within its AgentTenant's ``maxConcurrentTurns``, read from
+  ``Tenants``); it alone holds the live runs' views. Admission reaches it through
+  ``runs.LiveRuns``.
 - ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost, from
   the dispatcher's snapshots (``pending_turns``), through the dispatcher.
 - ``QueueStatus`` writes the status of runs that wait in a queue or end unadmitted, counting
@@ -66,7 +68,7 @@ from .platform import events as recorder
 from .platform.events import EventRecorder
 from .platform.kubeapi import KubeApi
 from .runs import lifecycle
-from .runs.dispatch import Dispatcher
+from .runs.dispatch import DispatchDeps, Dispatcher
 from .runs.orphans import OrphanWatch
 from .runs.writer import StatusWriter
 from .schedules.controller import ScheduleController
@@ -167,7 +169,8 @@ class Parts:
     handling: Handling | None = None
     """Each handler module's share (``handling_of``), set before any handler runs."""
     tasks: tuple[asyncio.Task[None], ...] = ()
-    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
+    """Background loops: event consumer, turn gate, queue gauges, gone runs, queue pumps,
+    ledger sweep,
     TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
     AgentEval reconciles, CronAgentRun schedules."""
 
@@ -230,7 +233,8 @@ def _build_parts(
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
-    dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
+    fair = DispatchDeps(settlement, board, events, caps=tenants, backlog=settings.turn_backlog)
+    dispatcher = Dispatcher(bus, writer, fair)
     shown = QueueStatus(writer, dispatcher, events, time.time)
     pump = PumpDeps(
         store=store,
@@ -243,15 +247,8 @@ def _build_parts(
         api=api,
         events=events,
     )
-    sweep = SweepDeps(
-        store=store,
-        tenants=tenants,
-        board=board,
-        runs=dispatcher,
-        events=bus,
-        api=api,
-        tenant_status=TenantStatusWriter(api, events=events),
-    )
+    tenant_status = TenantStatusWriter(api, events=events)
+    sweep = SweepDeps(store, tenants, board, dispatcher, bus, api, tenant_status)
     return Parts(
         bus=bus,
         api=api,
@@ -324,6 +321,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
     """Start every background loop of ``parts`` (the order of ``Parts.tasks``)."""
     return (
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
+        asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
         asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
         asyncio.create_task(parts.dispatcher.forget_gone_runs(), name="gone-runs"),
         asyncio.create_task(parts.pump.run(), name="queue-pumps"),

@@ -7,6 +7,10 @@ worker's compare-and-set commit makes a late duplicate harmless). Ends decided o
 the wall-clock deadline, cancellation — are appended as ``stop`` events with the same
 compare-and-set, so they cannot interleave with a worker's commit.
 
+A running run's next turn is handed to the ``fairness.TurnGate``, which publishes it at once
+while the work queue is short and nothing waits, else in fair order across tenants (the
+tenant with the fewest turns in flight first, within its AgentTenant's ``maxConcurrentTurns``).
+
 The dispatcher is the one owner of the live-run views: nothing else holds or changes a
 ``RunView``. A running run whose TurnRequest left the work queue without a newer event is found
 by ``orphans.OrphanWatch`` from snapshots (``pending_turns``) and dispatched again through
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -31,7 +36,9 @@ from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 
 from ..platform.events import EventRecorder
+from ..platform.failures import Failures
 from . import news, status, views
+from .fairness import BACKLOG, ReadyTurn, TurnCaps, TurnGate
 from .keys import RunKey
 from .ports import PendingTurn
 from .views import RunView
@@ -57,6 +64,22 @@ class QueuedCounts(Protocol):
         """Runs waiting per tenant as of the last pump."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DispatchDeps:
+    """The dispatcher's collaborators besides the bus and the status writer."""
+
+    ends: RunEndListener
+    """Settles each ended run's ledger entry."""
+    queues: QueuedCounts
+    """How many runs wait per tenant (the phase gauge)."""
+    events: EventRecorder
+    """Records approval requests and ends as Kubernetes Events."""
+    caps: TurnCaps
+    """Each tenant's ``maxConcurrentTurns`` (``fairness``)."""
+    backlog: int = BACKLOG
+    """``fairness.Backlog.limit`` (``AGENTRUN_TURN_BACKLOG``)."""
+
+
 def subject_key(subject: str) -> tuple[str, str]:
     """``agentrun.event.<ns>.<run>`` → (namespace, name), undoing the ``.``→``_`` mapping."""
     _, _, namespace, name = subject.split(".", 3)
@@ -70,22 +93,22 @@ class Dispatcher:
         self,
         bus: Bus,
         writer: StatusWriter,
+        deps: DispatchDeps,
         *,
-        ends: RunEndListener,
-        queues: QueuedCounts,
-        events: EventRecorder,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``ends`` settles each ended run's ledger entry; ``queues`` says how many runs wait
-        per tenant; ``events`` records approval requests and ends as Kubernetes Events;
-        ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are stopped by
-        ``forget_gone_runs``."""
+        """``deps``: see ``DispatchDeps``; ``clock`` is epoch seconds. Runs whose object
+        ``writer`` finds gone are stopped by ``forget_gone_runs``."""
         self.bus = bus
-        self.events = events
+        self.events = deps.events
         self.writer = writer
-        self.ends = ends
-        self.queues = queues
+        self.ends = deps.ends
+        self.queues = deps.queues
         self.clock = clock
+        self.gate = TurnGate(self, bus, caps=deps.caps, limit=deps.backlog)
+        """Publishes the running runs' next turns, fairly across tenants."""
+        self.failures = Failures(log, what="processing the event")
+        """Events whose processing failed, by (run uid, sequence); each logged once."""
         self._views: dict[str, RunView] = {}
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
         self._stopping = asyncio.Event()
@@ -146,8 +169,9 @@ class Dispatcher:
     # --- the event consumer ---------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop the consumer loop."""
+        """Stop the consumer loop and the turn gate."""
         self._stopping.set()
+        self.gate.stop()
 
     async def run(self) -> None:
         """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer, one
@@ -161,13 +185,37 @@ class Dispatcher:
             log.error("dropping an undecodable event on %s: %s", msg.subject, err)
             await msg.term()
             return
+        key, subject = (event.run_uid, event.seq), f"event {event.seq} on {msg.subject}"
         try:
             await self.on_event(msg.subject, event)
-        except Exception:
-            log.exception("event %s on %s failed; will be redelivered", event.seq, msg.subject)
-            await msg.nak(delay=1.0)
+        except Exception as err:
+            await self._event_failed(msg, event, err)
             return
+        self.failures.succeeded(key, subject=subject)
         await msg.ack()
+
+    async def _event_failed(self, msg: Msg, event: RunEvent, err: Exception) -> None:
+        """Processing ``event`` raised: a transient failure is redelivered (logged once);
+        a permanent one is retried once, then ends the run ``checkpoint_failed`` naming it
+        (its own ``stop`` event follows) and the event is dropped, so nothing retries it for
+        ever."""
+        key, subject = (event.run_uid, event.seq), f"event {event.seq} on {msg.subject}"
+        failure = self.failures.failed(key, err, subject=subject)
+        if not failure.final:
+            await msg.nak(delay=5.0 if failure.transient else 1.0)
+            return
+        self.failures.forget(key)
+        message = f"processing its event {event.seq} failed twice: {type(err).__name__}: {err}"
+        namespace, name = subject_key(msg.subject)
+        try:
+            await self.end(
+                namespace, name, event.run_uid, kernel.Phase.CHECKPOINT_FAILED, message[:1000]
+            )
+        except Exception as ending:  # NATS away: the event comes again, and so do we
+            self.failures.failed(key, ending, subject=subject)
+            await msg.nak(delay=5.0)
+            return
+        await msg.term()
 
     async def on_event(self, subject: str, event: RunEvent) -> None:
         """Project one committed event and act on it (next turn, or nothing once terminal)."""
@@ -193,6 +241,10 @@ class Dispatcher:
             return
         view.seq = event.seq
         view.summary = event.summary
+        if event.kind == "turn":  # a worker committed: its turn is done, its slot free
+            self.gate.committed(view.uid)
+        else:
+            self.gate.moved_on(view.uid)
         phase = event.phase
         on_end: Callable[[], None] | None = None
         if phase is kernel.Phase.RUNNING:
@@ -204,10 +256,8 @@ class Dispatcher:
                 event.seq,
                 traceparent=view.traceparent,
             )
-            view.queued_seq = await self.bus.publish_turn(request, tenant=view.tenant)
-            view.checked_at, view.redispatches = self.clock(), 0
-            if event.time:
-                metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - event.time))
+            view.queued_seq, view.redispatches = 0, 0  # in the work queue once published
+            await self.gate.offer(ReadyTurn(request, view.tenant, since=event.time))
         elif phase.is_terminal:
             on_end = self._ending(view, event)
             view.terminal = True
@@ -292,8 +342,7 @@ class Dispatcher:
 
     async def redispatch(self, turn: PendingTurn) -> None:
         """Publish ``turn`` again (its TurnRequest was lost), under a fresh ``Nats-Msg-Id``
-        (the attempt); nothing when the run moved on meanwhile. Raises what publishing
-        raises."""
+        (the attempt), through the turn gate; nothing when the run moved on meanwhile."""
         view = self._current(turn)
         if view is None:
             return
@@ -301,10 +350,23 @@ class Dispatcher:
         request = TurnRequest(
             view.uid, view.namespace, view.name, turn.turn, view.seq, view.traceparent
         )
-        view.queued_seq = await self.bus.publish_turn(
-            request, tenant=view.tenant, attempt=view.redispatches
-        )
-        view.checked_at = self.clock()
+        self.gate.moved_on(view.uid)  # the lost request counts no longer
+        view.queued_seq = 0
+        await self.gate.offer(ReadyTurn(request, view.tenant, since=0.0, attempt=view.redispatches))
+
+    async def publish_ready(self, turn: ReadyTurn) -> bool:
+        """Publish ``turn`` (``fairness.Publisher``) if its run still waits on it: its view
+        records the TurnRequest's stream sequence for the orphan watch. False when the run
+        moved on or ended meanwhile; raises what publishing raises."""
+        view = self._views.get(turn.uid)
+        if view is None or view.terminal or view.seq != turn.request.expected_seq:
+            return False
+        seq = await self.bus.publish_turn(turn.request, tenant=view.tenant, attempt=turn.attempt)
+        if view.seq == turn.request.expected_seq:  # not moved on while publishing
+            view.queued_seq, view.checked_at = seq, self.clock()
+        if turn.since:
+            metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - turn.since))
+        return True
 
     def observe_phases(self) -> None:
         """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
@@ -399,6 +461,7 @@ class Dispatcher:
         view = self._views.pop(uid, None)
         if view is not None and view.timer is not None:
             view.timer.cancel()
+        self.gate.moved_on(uid)
         try:
             async with asyncio.timeout(10):
                 await self.end(

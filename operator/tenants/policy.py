@@ -86,6 +86,9 @@ class TenantPolicy:
     """``spec.httpGet.allow``: what the ``http_get`` tool may fetch for this tenant's runs."""
     ttl_after_finished: int | None = None
     """``spec.ttlSecondsAfterFinished``: the default of its runs that set none."""
+    max_concurrent_turns: int | None = None
+    """``spec.maxConcurrentTurns``: most turns of its runs in the workers' hands or the work
+    queue at once (``None``: no cap beyond the fair share)."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
@@ -122,6 +125,7 @@ class TenantPolicy:
                 UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.http_get.allow
             ),
             ttl_after_finished=spec.ttl_seconds_after_finished,
+            max_concurrent_turns=spec.max_concurrent_turns,
         )
 
     def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:

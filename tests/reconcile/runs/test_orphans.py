@@ -14,7 +14,7 @@ from agentrun import kernel
 from agentrun.bus import CommitConflict
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.platform.events import EventRecorder, Throttle
-from agentrun.operator.runs.dispatch import Dispatcher
+from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
 from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
 from agentrun.operator.runs.writer import StatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
@@ -50,6 +50,9 @@ class Bus:
     async def turn_queued(self, seq: int) -> bool:
         return seq in self.queued
 
+    async def turn_backlog(self) -> tuple[int, int]:
+        return 0, 1  # nothing undelivered, a worker asking
+
     async def append_event(
         self, namespace: str, name: str, event: RunEvent, *, expected_seq: int | None
     ) -> int:
@@ -74,6 +77,11 @@ class Ends:
         pass
 
 
+class NoCaps:
+    def max_concurrent_turns(self, tenant: str) -> int | None:
+        return None
+
+
 @pytest.fixture
 async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
     """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
@@ -82,9 +90,7 @@ async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
     dispatcher = Dispatcher(
         bus,  # type: ignore[arg-type]
         StatusWriter(api),
-        ends=Ends(),
-        queues=QueueBoard(),
-        events=events,
+        DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, caps=NoCaps()),
         clock=clock,
     )
     config = RunConfig(
