@@ -66,6 +66,7 @@ from .agents.models import ModelCache
 from .evals.controller import EvalController
 from .platform import events as recorder
 from .platform.events import EventRecorder
+from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
@@ -79,6 +80,9 @@ from .toolservers.refresher import ToolServerRefresher
 from .toolservers.store import ToolServerCache
 
 log = logging.getLogger(__name__)
+
+handlers_agents_logger = "agentrun.operator.handlers.agents"
+"""Where the Agent handlers' failures are logged (the handlers' own logger)."""
 
 SHUTDOWN_STEP_SECONDS = 5.0
 """Longest wait for each shutdown step (flushing status, closing connections)."""
@@ -131,6 +135,8 @@ class AgentHandling:
     events: EventRecorder
     evals: EvalController
     """Told when an Agent changes (its suites start a new round)."""
+    failures: Failures
+    """Agents and AgentModels whose status write failed (each logged once)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -292,6 +298,7 @@ def handling_of(parts: Parts) -> Handling:
             api=parts.api,
             events=parts.events,
             evals=parts.evals,
+            failures=Failures(logging.getLogger(handlers_agents_logger), what="status write"),
         ),
         toolservers=parts.toolservers,
         evals=parts.evals,

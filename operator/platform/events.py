@@ -2,11 +2,11 @@
 exporters, recorded rate-limited and never once per turn.
 
 What belongs here: the involved-object reference, the throttle (one event per object and
-occasion per ``repeat_after`` seconds, a token bucket per namespace and one over all) and the background poster
-(core/v1 Events; a repeat of an occasion already posted raises that Event's ``count`` like
-client-go's recorder, instead of adding another). What does not: deciding when an occasion
-happens (the dispatcher, the pump, the sweep, the controllers and the handlers call
-``record``) nor the wording of a kind's occasions (its own modules).
+occasion per ``repeat_after`` seconds, a token bucket per namespace and one over all) and the
+background poster (core/v1 Events; a repeat of an occasion already posted raises that
+Event's ``count`` like client-go's recorder, instead of adding another). What does not:
+deciding when an occasion happens (the dispatcher, the pump, the sweep, the controllers and
+the handlers call ``record``) nor the wording of a kind's occasions (its own modules).
 
 kopf's own ``kopf.event`` works only inside a handler's context (its queue is a per-object
 context variable); the dispatcher and the pump run outside handlers, hence this recorder.

@@ -107,7 +107,7 @@ class Dispatcher:
         self.clock = clock
         self.gate = TurnGate(self, bus, caps=deps.caps, limit=deps.backlog)
         """Publishes the running runs' next turns, fairly across tenants."""
-        self.failures = Failures(log, what="processing the event")
+        self.failures = Failures(log, what="processing")
         """Events whose processing failed, by (run uid, sequence); each logged once."""
         self._views: dict[str, RunView] = {}
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
@@ -225,7 +225,12 @@ class Dispatcher:
             if view is None:
                 return  # events of a deleted run
             self._track(view)
-        await self._apply(view, event)
+        seq, summary = view.seq, view.summary
+        try:
+            await self._apply(view, event)
+        except BaseException:
+            view.seq, view.summary = seq, summary  # redelivered, it is applied again
+            raise
 
     async def _view_from_stream(self, subject: str, event: RunEvent) -> RunView | None:
         if event.kind == "admitted" and event.config is not None:

@@ -16,6 +16,7 @@ from agentrun.ledger import Book
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
+from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from .policy import TenantPolicy
 from .status import (
@@ -51,6 +52,9 @@ class TenantStatusWriter:
         self._transitions = {}
         self._overruns: set[tuple[str, str, float]] = set()
         """(tenant, resource, window start) of the overruns told (once per window)."""
+        self.failures = Failures(log, what="status write")
+        """AgentTenants whose status write failed (each logged once; the next sweep writes
+        it again)."""
 
     async def write_invalid(self, name: str, generation: int, why: str, *, now: float) -> None:
         """``Accepted=False`` with ``why`` for an AgentTenant that cannot be enforced."""
@@ -152,6 +156,7 @@ class TenantStatusWriter:
             await self.api.patch_status(Ref(TENANTS, name), body)
         except ApiError as err:
             if err.status != 404:
-                log.warning("status of AgentTenant %s: HTTP %s", name, err.status)
+                self.failures.failed(name, err, subject=f"AgentTenant {name}")
             return
+        self.failures.succeeded(name, subject=f"AgentTenant {name}")
         self._written[name] = body

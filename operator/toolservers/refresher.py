@@ -28,6 +28,7 @@ from typing import Any
 from agentrun import kernel
 from agentrun.tools import remote
 
+from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from ..platform.loops import sleep_until_set
 from ..platform.spec import ObjectMeta, SpecError
@@ -116,6 +117,8 @@ class ToolServerRefresher:
         self._known: dict[tuple[str, str], _Known] = {}
         self._kick = asyncio.Event()
         self._stopped = False
+        self.failures = Failures(log, what="status write")
+        """Servers whose status could not be written (each logged once)."""
         self._slots = slots or NamespaceSlots(CONCURRENCY, per_namespace=PER_NAMESPACE)
 
     def observe(self, body: Mapping[str, Any]) -> None:
@@ -187,15 +190,33 @@ class ToolServerRefresher:
                 status = await self._discover(
                     spec, namespace, generation=generation, previous=previous
                 )
+        ref = Ref(TOOL_SERVERS, name, namespace)
         try:
-            await self._api.patch_status(
-                Ref(TOOL_SERVERS, name, namespace), keep_transition(status, previous)
-            )
-        except ApiError as err:
-            if err.status != 404:
-                log.warning("AgentToolServer %s/%s: status not written: %s", namespace, name, err)
-        except Exception as err:  # the API server is away: the next refresh writes it
-            log.warning("AgentToolServer %s/%s: status not written: %r", namespace, name, err)
+            await self._api.patch_status(ref, keep_transition(status, previous))
+        except Exception as err:
+            await self._not_written(ref, err, previous=previous, generation=generation)
+            return
+        self.failures.succeeded((namespace, name), subject=f"AgentToolServer {namespace}/{name}")
+
+    async def _not_written(
+        self, ref: Ref, err: Exception, *, previous: Mapping[str, Any], generation: int
+    ) -> None:
+        """The status write failed: gone (404) is fine; a transient failure waits for the next
+        refresh; a status refused as it is (too large, invalid: e.g. input schemas the API
+        server cannot store) is replaced by a failed one saying so, keeping the last good
+        list. Logged once per server."""
+        if isinstance(err, ApiError) and err.status == 404:
+            return
+        subject = f"AgentToolServer {ref.namespace}/{ref.name}"
+        failure = self.failures.failed((ref.namespace, ref.name), err, subject=subject)
+        if failure.transient:
+            return
+        message = f"what discovery found could not be written to the status ({err})"
+        body = failed_status(previous, message[:1000], generation=generation, now=self._wall())
+        try:
+            await self._api.patch_status(ref, keep_transition(body, previous))
+        except Exception as again:  # refused too: the log says it, once
+            self.failures.failed((ref.namespace, ref.name, "failed"), again, subject=subject)
 
     async def _discover(
         self,

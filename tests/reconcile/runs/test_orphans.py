@@ -82,18 +82,9 @@ class NoCaps:
         return None
 
 
-@pytest.fixture
-async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
-    """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
-    bus, clock, api = Bus(), Clock(), FakeKube()
-    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
-    dispatcher = Dispatcher(
-        bus,  # type: ignore[arg-type]
-        StatusWriter(api),
-        DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, caps=NoCaps()),
-        clock=clock,
-    )
-    config = RunConfig(
+def admitted_config(clock: Clock) -> RunConfig:
+    """The config of run ``ns/r`` (uid ``u``, tenant ``t``), deadline an hour away."""
+    return RunConfig(
         uid="u",
         namespace="ns",
         name="r",
@@ -105,6 +96,20 @@ async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
         deadline=clock.now + 3_600,
         tenant="t",
     )
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
+    """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
+    bus, clock, api = Bus(), Clock(), FakeKube()
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    dispatcher = Dispatcher(
+        bus,  # type: ignore[arg-type]
+        StatusWriter(api),
+        DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, caps=NoCaps()),
+        clock=clock,
+    )
+    config = admitted_config(clock)
     state = kernel.initial_state(goal="g")
     await bus.append_event(
         "ns", "r", RunEvent("admitted", "u", state.summary(), config=config), expected_seq=0

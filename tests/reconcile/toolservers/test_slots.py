@@ -1,12 +1,18 @@
-"""Discovery slots: one namespace's hanging servers hold its own share, never every slot."""
+"""Discovery: one namespace's hanging servers hold its own share of the slots, never every
+slot; a status the API server refuses is replaced by a failed one, logged once."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
+from kube_support import FakeKube
 
+from agentrun.operator.toolservers import refresher
 from agentrun.operator.toolservers.refresher import NamespaceSlots
+from agentrun.operator.toolservers.spec import TOOL_SERVERS
+from agentrun.tools import remote
 
 
 async def hold(
@@ -61,3 +67,34 @@ async def test_a_cancelled_waiter_gives_its_place_back() -> None:
 def test_a_share_above_the_total_is_refused() -> None:
     with pytest.raises(ValueError, match="per_namespace"):
         NamespaceSlots(4, per_namespace=5)
+
+
+SERVER = {
+    "metadata": {"name": "big", "namespace": "ns", "generation": 1},
+    "spec": {"url": "http://127.0.0.1:1/mcp", "tools": [{"name": "add"}]},
+}
+
+
+async def discovered_huge(endpoint: object) -> list[remote.Discovered]:
+    schema = {"type": "object", "description": "x" * 100_000}
+    return [remote.Discovered("add", "adds", schema)]
+
+
+async def test_a_status_the_api_server_refuses_is_replaced_by_a_failed_one_logged_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(refresher.remote, "discover", discovered_huge)
+    api = FakeKube()
+    api.put(TOOL_SERVERS, SERVER)
+    watcher = refresher.ToolServerRefresher(api)
+    with caplog.at_level(logging.INFO, logger="agentrun.operator.toolservers.refresher"):
+        for _ in range(3):  # each refresh: the discovered list refused, the failure written
+            api.fail("patch_status", 413, "Request Entity Too Large")
+            await watcher.refresh(SERVER)
+    stored = api.find(TOOL_SERVERS, "big", "ns")
+    assert stored is not None
+    (ready,) = stored["status"]["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "DiscoveryFailed")
+    assert "could not be written to the status (HTTP 413" in ready["message"]
+    assert stored["status"]["tools"] == []
+    assert len([r for r in caplog.records if "HTTP 413" in r.getMessage()]) == 1
