@@ -134,7 +134,13 @@ def flood(bench: BenchStack, count: int) -> None:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    env = {"AGENTRUN_WORKER_CONCURRENCY": str(args.slots)}
+    env = {
+        "AGENTRUN_WORKER_CONCURRENCY": str(args.slots),
+        # the chart's Lease timings, not the dev stack's short ones: on a machine shared by
+        # other builds, a 6 s renewal deadline ended the operator before the flood began
+        "AGENTRUN_LEASE_DURATION": "15",
+        "AGENTRUN_LEASE_RENEW_DEADLINE": "10",
+    }
     with bench_stack(HERE / "scenarios.yaml") as bench:
         base = stack.mockllm_url(bench.mock)
         mock_add_scenarios(base, scenarios(args.latency_ms))
