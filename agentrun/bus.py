@@ -227,8 +227,14 @@ class Bus:
 
     async def pending_turns(self) -> int:
         """TurnRequests not yet delivered to any worker (the work queue's backlog)."""
+        return (await self.turn_backlog())[0]
+
+    async def turn_backlog(self) -> tuple[int, int]:
+        """(TurnRequests not yet delivered to any worker, the workers' pull requests waiting
+        for one): the work queue's backlog and its idle demand, read from the workers'
+        consumer (one request)."""
         info = await self.js._jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
-        return int(info.num_pending or 0)
+        return int(info.num_pending or 0), int(info.num_waiting or 0)
 
     async def turn_subscription(self) -> JetStreamContext.PullSubscription:
         """The pull consumer shared by every worker (durable ``agentrun-workers``). A

@@ -103,6 +103,12 @@ class OperatorSettings(ProcessSettings):
     default_tenant: str | None = None
     """``AGENTRUN_DEFAULT_TENANT``: the AgentTenant charged for runs in namespaces no tenant
     binds; unset rejects such runs ``invalid_spec``."""
+    turn_backlog: int = Field(default=2, ge=0, le=10_000)
+    """``AGENTRUN_TURN_BACKLOG``: most TurnRequests the operator leaves undelivered in the
+    work queue beyond the workers' waiting pull requests; the others wait in the operator and
+    are published in fair order across tenants (a turn that becomes ready waits behind at
+    most this many others). Higher: fewer reads of the queue's backlog under load; lower:
+    fairer."""
     orphan_after: float = Field(default=10.0, gt=0)
     """``AGENTRUN_ORPHAN_AFTER``: seconds after which a running run whose TurnRequest is neither
     queued nor in a worker's hands, and that committed nothing since, is dispatched again."""

@@ -17,8 +17,10 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``RunSeals`` seals what the operator admits and approves (the run-signing key of
   ``AGENTRUN_RUN_SIGNING_FILE``) and judges what it reads (the trusted keys of
   ``AGENTRUN_RUN_TRUST_FILE``); the dispatcher is given it.
-- ``Dispatcher`` consumes run events and publishes turns; it alone holds the live runs' views.
-  Admission reaches it through ``runs.LiveRuns``.
+- ``Dispatcher`` consumes run events and publishes turns (through its ``TurnGate``: fair
+  across tenants, each within its AgentTenant's ``maxConcurrentTurns``, read from
+  ``Tenants``); it alone holds the live runs' views. Admission reaches it through
+  ``runs.LiveRuns``.
 - ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost, from
   the dispatcher's snapshots (``pending_turns``), through the dispatcher.
 - ``QueueStatus`` writes the status of runs that wait in a queue or end unadmitted, counting
@@ -68,9 +70,11 @@ from .agents.models import ModelCache
 from .evals.controller import EvalController
 from .platform import events as recorder
 from .platform.events import EventRecorder
+from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
+from .runs.fairness import TurnCaps
 from .runs.orphans import OrphanWatch
 from .runs.seals import RunSeals
 from .runs.writer import StatusWriter
@@ -82,6 +86,9 @@ from .toolservers.refresher import ToolServerRefresher
 from .toolservers.store import ToolServerCache
 
 log = logging.getLogger(__name__)
+
+handlers_agents_logger = "agentrun.operator.handlers.agents"
+"""Where the Agent handlers' failures are logged (the handlers' own logger)."""
 
 SHUTDOWN_STEP_SECONDS = 5.0
 """Longest wait for each shutdown step (flushing status, closing connections)."""
@@ -134,6 +141,8 @@ class AgentHandling:
     events: EventRecorder
     evals: EvalController
     """Told when an Agent changes (its suites start a new round)."""
+    failures: Failures
+    """Agents and AgentModels whose status write failed (each logged once)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -172,7 +181,8 @@ class Parts:
     handling: Handling | None = None
     """Each handler module's share (``handling_of``), set before any handler runs."""
     tasks: tuple[asyncio.Task[None], ...] = ()
-    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
+    """Background loops: event consumer, turn gate, queue gauges, gone runs, queue pumps,
+    ledger sweep,
     TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
     AgentEval reconciles, CronAgentRun schedules."""
 
@@ -233,8 +243,10 @@ def _dispatcher(
     api: KubeApi,
     ends: RunSettlement,
     events: EventRecorder,
+    caps: TurnCaps,
 ) -> Dispatcher:
-    """The dispatcher, with the operator's seals: its run-signing keys
+    """The dispatcher, fair across tenants within each one's ``caps``, with the operator's
+    seals: its run-signing keys
     (``AGENTRUN_RUN_SIGNING_FILE``) and the keys it trusts (``AGENTRUN_RUN_TRUST_FILE``).
     Raises ``ValueError`` when either is unset, ``OSError`` and ``trust.KeyFileError`` when
     either cannot be read."""
@@ -245,7 +257,14 @@ def _dispatcher(
         api=api,
         events=events,
     )
-    deps = DispatchDeps(ends=ends, queues=ends.board, events=events, seals=seals)
+    deps = DispatchDeps(
+        ends=ends,
+        queues=ends.board,
+        events=events,
+        seals=seals,
+        caps=caps,
+        backlog=settings.turn_backlog,
+    )
     return Dispatcher(bus, writer, deps)
 
 
@@ -259,7 +278,9 @@ def _build_parts(
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
-    dispatcher = _dispatcher(settings, writer, bus=bus, api=api, ends=settlement, events=events)
+    dispatcher = _dispatcher(
+        settings, writer, bus=bus, api=api, ends=settlement, events=events, caps=tenants
+    )
     shown = QueueStatus(writer, dispatcher, events, time.time)
     pump = PumpDeps(
         store=store,
@@ -272,15 +293,8 @@ def _build_parts(
         api=api,
         events=events,
     )
-    sweep = SweepDeps(
-        store=store,
-        tenants=tenants,
-        board=board,
-        runs=dispatcher,
-        events=bus,
-        api=api,
-        tenant_status=TenantStatusWriter(api, events=events),
-    )
+    tenant_status = TenantStatusWriter(api, events=events)
+    sweep = SweepDeps(store, tenants, board, dispatcher, bus, api, tenant_status)
     return Parts(
         bus=bus,
         api=api,
@@ -324,6 +338,7 @@ def handling_of(parts: Parts) -> Handling:
             api=parts.api,
             events=parts.events,
             evals=parts.evals,
+            failures=Failures(logging.getLogger(handlers_agents_logger), what="status write"),
         ),
         toolservers=parts.toolservers,
         evals=parts.evals,
@@ -353,6 +368,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
     """Start every background loop of ``parts`` (the order of ``Parts.tasks``)."""
     return (
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
+        asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
         asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
         asyncio.create_task(parts.dispatcher.forget_gone_runs(), name="gone-runs"),
         asyncio.create_task(parts.pump.run(), name="queue-pumps"),

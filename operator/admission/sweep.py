@@ -28,6 +28,7 @@ from agentrun.ledger import Book, LedgerStore, Repair, UsageFloor
 from agentrun.protocol import RunEvent
 from agentrun.trust import SealFault
 
+from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
 from ..platform.loops import sleep_until_set
 from ..runs import LiveRuns, RunKey
@@ -79,6 +80,8 @@ class LedgerSweep:
         self._stopping = asyncio.Event()
         self._floors: dict[str, UsageFloor] = {}
         """The most each tenant's window was seen to use (``UsageFloor``)."""
+        self.failures = Failures(log, what="ledger sweep")
+        """Tenants whose sweep failed (each logged once, until it recovers)."""
 
     def stop(self) -> None:
         """Stop after the current sweep."""
@@ -89,8 +92,10 @@ class LedgerSweep:
         while not self._stopping.is_set():
             try:
                 await self.sweep()
-            except Exception:
-                log.exception("ledger sweep failed; next one in %ss", self.interval)
+            except Exception as err:
+                self.failures.failed("", err, subject="every tenant")
+            else:
+                self.failures.succeeded("", subject="every tenant")
             await sleep_until_set(self._stopping, self.interval)
 
     async def sweep(self) -> None:
@@ -99,10 +104,13 @@ class LedgerSweep:
             await self.tenant_status.write_invalid(name, generation, why, now=self.clock())
         names = set(self.deps.tenants.policies) | set(await self.store.tenants())
         for tenant in sorted(names):
+            subject = f"tenant {tenant}"
             try:
                 await self._sweep_tenant(tenant)
-            except Exception:
-                log.exception("sweep of tenant %s failed", tenant)
+            except Exception as err:  # the next sweep tries again; logged once
+                self.failures.failed(tenant, err, subject=subject)
+            else:
+                self.failures.succeeded(tenant, subject=subject)
 
     async def _sweep_tenant(self, tenant: str) -> None:
         policy = self.deps.tenants.policies.get(tenant)

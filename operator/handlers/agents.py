@@ -67,7 +67,13 @@ async def agent_changed(
             message=f"runs of this Agent would end invalid_spec: {found.message}",
             key=(name, namespace, found.reason, generation),
         )
-    await write_ready_status(parts.api, body, new)
+    subject = f"Agent {namespace}/{name}"
+    try:
+        await write_ready_status(parts.api, body, new)
+    except ApiError as err:  # the next watch event writes it again; logged once
+        parts.failures.failed(("Agent", namespace, name), err, subject=subject)
+        return
+    parts.failures.succeeded(("Agent", namespace, name), subject=subject)
 
 
 @kopf.on.event(*AGENT)
@@ -116,5 +122,11 @@ async def model_changed(
         now=time.time(),
         condition="Priced",
     )
-    if new is not None:
+    if new is None:
+        return
+    try:
         await write_status(parts.api, body, new, plural=kube.MODELS)
+    except ApiError as err:  # the next watch event writes it again; logged once
+        parts.failures.failed(("AgentModel", name), err, subject=f"AgentModel {name}")
+        return
+    parts.failures.succeeded(("AgentModel", name), subject=f"AgentModel {name}")

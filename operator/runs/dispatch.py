@@ -7,6 +7,10 @@ worker's compare-and-set commit makes a late duplicate harmless). Ends decided o
 the wall-clock deadline, cancellation — are appended as ``stop`` events with the same
 compare-and-set, so they cannot interleave with a worker's commit.
 
+A running run's next turn is handed to the ``fairness.TurnGate``, which publishes it at once
+while the work queue is short and nothing waits, else in fair order across tenants (the
+tenant with the fewest turns in flight first, within its AgentTenant's ``maxConcurrentTurns``).
+
 The dispatcher is the one owner of the live-run views: nothing else holds or changes a
 ``RunView``. A running run whose TurnRequest left the work queue without a newer event is found
 by ``orphans.OrphanWatch`` from snapshots (``pending_turns``) and dispatched again through
@@ -38,7 +42,9 @@ from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 from agentrun.trust import Untrusted
 
 from ..platform.events import EventRecorder
+from ..platform.failures import Failures
 from . import news, status, views
+from .fairness import BACKLOG, ReadyTurn, TurnCaps, TurnGate
 from .keys import RunKey
 from .ports import PendingTurn
 from .seals import RunSeals, untrusted
@@ -72,11 +78,15 @@ class DispatchDeps:
     ends: RunEndListener
     """Settles each ended run's ledger entry."""
     queues: QueuedCounts
-    """How many runs wait per tenant."""
+    """How many runs wait per tenant (the phase gauge)."""
     events: EventRecorder
     """Records approval requests and ends as Kubernetes Events."""
     seals: RunSeals
     """Seals what the dispatcher appends; judges what it reads."""
+    caps: TurnCaps
+    """Each tenant's ``maxConcurrentTurns`` (``fairness``)."""
+    backlog: int = BACKLOG
+    """``fairness.Backlog.limit`` (``AGENTRUN_TURN_BACKLOG``)."""
 
 
 def subject_key(subject: str) -> tuple[str, str]:
@@ -105,6 +115,10 @@ class Dispatcher:
         self.queues = deps.queues
         self.seals = deps.seals
         self.clock = clock
+        self.gate = TurnGate(self, bus, caps=deps.caps, limit=deps.backlog)
+        """Publishes the running runs' next turns, fairly across tenants."""
+        self.failures = Failures(log, what="processing")
+        """Events whose processing failed, by (run uid, sequence); each logged once."""
         self._views: dict[str, RunView] = {}
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
         self._stopping = asyncio.Event()
@@ -196,8 +210,9 @@ class Dispatcher:
     # --- the event consumer ---------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop the consumer loop."""
+        """Stop the consumer loop and the turn gate."""
         self._stopping.set()
+        self.gate.stop()
 
     async def run(self) -> None:
         """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer, one
@@ -211,13 +226,37 @@ class Dispatcher:
             log.error("dropping an undecodable event on %s: %s", msg.subject, err)
             await msg.term()
             return
+        key, subject = (event.run_uid, event.seq), f"event {event.seq} on {msg.subject}"
         try:
             await self.on_event(msg.subject, event)
-        except Exception:
-            log.exception("event %s on %s failed; will be redelivered", event.seq, msg.subject)
-            await msg.nak(delay=1.0)
+        except Exception as err:
+            await self._event_failed(msg, event, err)
             return
+        self.failures.succeeded(key, subject=subject)
         await msg.ack()
+
+    async def _event_failed(self, msg: Msg, event: RunEvent, err: Exception) -> None:
+        """Processing ``event`` raised: a transient failure is redelivered (logged once);
+        a permanent one is retried once, then ends the run ``checkpoint_failed`` naming it
+        (its own ``stop`` event follows) and the event is dropped, so nothing retries it for
+        ever."""
+        key, subject = (event.run_uid, event.seq), f"event {event.seq} on {msg.subject}"
+        failure = self.failures.failed(key, err, subject=subject)
+        if not failure.final:
+            await msg.nak(delay=5.0 if failure.transient else 1.0)
+            return
+        self.failures.forget(key)
+        message = f"processing its event {event.seq} failed twice: {type(err).__name__}: {err}"
+        namespace, name = subject_key(msg.subject)
+        try:
+            await self.end(
+                namespace, name, event.run_uid, kernel.Phase.CHECKPOINT_FAILED, message[:1000]
+            )
+        except Exception as ending:  # NATS away: the event comes again, and so do we
+            self.failures.failed(key, ending, subject=subject)
+            await msg.nak(delay=5.0)
+            return
+        await msg.term()
 
     async def on_event(self, subject: str, event: RunEvent) -> None:
         """Project one committed event and act on it (next turn, or nothing once terminal);
@@ -234,8 +273,14 @@ class Dispatcher:
             if view is None:
                 return
             self._track(view)
-        if await self._judge(view, event):
+        if not await self._judge(view, event):
+            return
+        seq, summary = view.seq, view.summary
+        try:
             await self._apply(view, event)
+        except BaseException:
+            view.seq, view.summary = seq, summary  # redelivered, it is applied again
+            raise
 
     async def _judge(self, view: RunView, event: RunEvent) -> bool:
         """Whether ``event`` of the followed run ``view`` may be applied (``seals.judge``)."""
@@ -248,6 +293,10 @@ class Dispatcher:
             return
         view.seq = event.seq
         view.summary = event.summary
+        if event.kind == "turn":  # a worker committed: its turn is done, its slot free
+            self.gate.committed(view.uid)
+        else:
+            self.gate.moved_on(view.uid)
         phase = event.phase
         on_end: Callable[[], None] | None = None
         if phase is kernel.Phase.RUNNING:
@@ -259,10 +308,8 @@ class Dispatcher:
                 event.seq,
                 traceparent=view.traceparent,
             )
-            view.queued_seq = await self.bus.publish_turn(request, tenant=view.tenant)
-            view.checked_at, view.redispatches = self.clock(), 0
-            if event.time:
-                metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - event.time))
+            view.queued_seq, view.redispatches = 0, 0  # in the work queue once published
+            await self.gate.offer(ReadyTurn(request, view.tenant, since=event.time))
         elif phase.is_terminal:
             on_end = self._ending(view, event)
             view.terminal = True
@@ -347,8 +394,7 @@ class Dispatcher:
 
     async def redispatch(self, turn: PendingTurn) -> None:
         """Publish ``turn`` again (its TurnRequest was lost), under a fresh ``Nats-Msg-Id``
-        (the attempt); nothing when the run moved on meanwhile. Raises what publishing
-        raises."""
+        (the attempt), through the turn gate; nothing when the run moved on meanwhile."""
         view = self._current(turn)
         if view is None:
             return
@@ -356,10 +402,23 @@ class Dispatcher:
         request = TurnRequest(
             view.uid, view.namespace, view.name, turn.turn, view.seq, view.traceparent
         )
-        view.queued_seq = await self.bus.publish_turn(
-            request, tenant=view.tenant, attempt=view.redispatches
-        )
-        view.checked_at = self.clock()
+        self.gate.moved_on(view.uid)  # the lost request counts no longer
+        view.queued_seq = 0
+        await self.gate.offer(ReadyTurn(request, view.tenant, since=0.0, attempt=view.redispatches))
+
+    async def publish_ready(self, turn: ReadyTurn) -> bool:
+        """Publish ``turn`` (``fairness.Publisher``) if its run still waits on it: its view
+        records the TurnRequest's stream sequence for the orphan watch. False when the run
+        moved on or ended meanwhile; raises what publishing raises."""
+        view = self._views.get(turn.uid)
+        if view is None or view.terminal or view.seq != turn.request.expected_seq:
+            return False
+        seq = await self.bus.publish_turn(turn.request, tenant=view.tenant, attempt=turn.attempt)
+        if view.seq == turn.request.expected_seq:  # not moved on while publishing
+            view.queued_seq, view.checked_at = seq, self.clock()
+        if turn.since:
+            metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - turn.since))
+        return True
 
     def observe_phases(self) -> None:
         """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
@@ -459,6 +518,7 @@ class Dispatcher:
         view = self._views.pop(uid, None)
         if view is not None and view.timer is not None:
             view.timer.cancel()
+        self.gate.moved_on(uid)
         try:
             async with asyncio.timeout(10):
                 await self.end(

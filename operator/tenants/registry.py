@@ -74,6 +74,13 @@ class Tenants:
         self.invalid.pop(name, None)
         self._invalid_namespaces.pop(name, None)
 
+    def max_concurrent_turns(self, tenant: str) -> int | None:
+        """``spec.maxConcurrentTurns`` of AgentTenant ``tenant`` (``runs.TurnCaps``);
+        ``None`` when it sets none or is not known (a deleted tenant's runs finish
+        uncapped)."""
+        policy = self.policies.get(tenant)
+        return None if policy is None else policy.max_concurrent_turns
+
     def why_missing(self, tenant: str) -> QueueWait:
         """Why runs queued in ``tenant`` wait when it has no policy (invalid or deleted)."""
         invalid = self.invalid.get(tenant)

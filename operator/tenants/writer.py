@@ -17,6 +17,7 @@ from agentrun.ledger import Book, UsageFloor
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
+from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from .policy import TenantPolicy
 from .status import (
@@ -52,6 +53,9 @@ class TenantStatusWriter:
         self._transitions = {}
         self._overruns: set[tuple[str, str, float]] = set()
         """(tenant, resource, window start) of the overruns told (once per window)."""
+        self.failures = Failures(log, what="status write")
+        """AgentTenants whose status write failed (each logged once; the next sweep writes
+        it again)."""
 
     def record_rollback(self, tenant: str, book: Book, floor: UsageFloor) -> None:
         """Tell a ledger entry rolled back below what the operator saw (``LedgerRolledBack``,
@@ -172,6 +176,7 @@ class TenantStatusWriter:
             await self.api.patch_status(Ref(TENANTS, name), body)
         except ApiError as err:
             if err.status != 404:
-                log.warning("status of AgentTenant %s: HTTP %s", name, err.status)
+                self.failures.failed(name, err, subject=f"AgentTenant {name}")
             return
+        self.failures.succeeded(name, subject=f"AgentTenant {name}")
         self._written[name] = body

@@ -342,6 +342,7 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "budget",
         "whenExhausted",
         "maxConcurrentRuns",
+        "maxConcurrentTurns",
         "runBudget",
         "allowedModels",
         "allowedTools",

@@ -52,6 +52,9 @@ class Bus:
     async def turn_queued(self, seq: int) -> bool:
         return seq in self.queued
 
+    async def turn_backlog(self) -> tuple[int, int]:
+        return 0, 1  # nothing undelivered, a worker asking
+
     async def append_event(
         self, namespace: str, name: str, event: RunEvent, *, expected_seq: int | None
     ) -> int:
@@ -76,19 +79,14 @@ class Ends:
         pass
 
 
-@pytest.fixture
-async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
-    """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
-    bus, clock, api = Bus(), Clock(), FakeKube()
-    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
-    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)  # type: ignore[arg-type]
-    dispatcher = Dispatcher(
-        bus,  # type: ignore[arg-type]
-        StatusWriter(api),
-        DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, seals=seals),
-        clock=clock,
-    )
-    config = RunConfig(
+class NoCaps:
+    def max_concurrent_turns(self, tenant: str) -> int | None:
+        return None
+
+
+def admitted_config(clock: Clock) -> RunConfig:
+    """The config of run ``ns/r`` (uid ``u``, tenant ``t``), deadline an hour away."""
+    return RunConfig(
         uid="u",
         namespace="ns",
         name="r",
@@ -100,6 +98,22 @@ async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
         deadline=clock.now + 3_600,
         tenant="t",
     )
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
+    """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
+    bus, clock, api = Bus(), Clock(), FakeKube()
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)  # type: ignore[arg-type]
+    deps = DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, seals=seals, caps=NoCaps())
+    dispatcher = Dispatcher(
+        bus,  # type: ignore[arg-type]
+        StatusWriter(api),
+        deps,
+        clock=clock,
+    )
+    config = admitted_config(clock)
     state = kernel.initial_state(goal="g")
     await bus.append_event(
         "ns", "r", sealed(RunEvent("admitted", "u", state.summary(), config=config)), expected_seq=0

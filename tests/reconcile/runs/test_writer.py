@@ -301,3 +301,69 @@ async def test_a_refused_patch_retries_on_the_version_the_watch_showed_meanwhile
     await writer.flush()
     assert [body["lastEventSequence"] for _, body in api.writes] == [3]
     assert api.reads == 0
+
+
+class Refusing(FakeApi):
+    """Refuses the full status with ``error`` (any exception), the minimal one too when
+    ``minimal_too``; counts the attempts."""
+
+    def __init__(self, error: Exception, *, minimal_too: bool = False) -> None:
+        super().__init__()
+        self.error = error
+        self.minimal_too = minimal_too
+        self.attempts = 0
+
+    async def patch_status(
+        self, ref: Ref, status: Mapping[str, Any], *, uid: str = "", version: str = ""
+    ) -> dict[str, Any]:
+        self.attempts += 1
+        if "usage" in status or self.minimal_too:
+            raise self.error
+        return await super().patch_status(ref, status, uid=uid, version=version)
+
+
+FULL = {**ended(4, "model_error"), "phase": "Failed", "usage": {"inputTokens": 1}}
+
+
+async def test_a_status_too_large_or_unserialisable_gets_the_minimal_one_not_a_retry_loop(
+    caplog: Any,
+) -> None:
+    for error in (ApiError(413, "Request Entity Too Large"), TypeError("not JSON")):
+        api = Refusing(error)
+        writer = StatusWriter(api, interval=0.0)
+        writer.submit(RUN, FULL, seq=4, terminal=True)
+        for _ in range(4):
+            await writer.flush()
+        (written,) = [w[1] for w in api.writes]
+        assert (written["terminalReason"], written["lastEventSequence"]) == ("model_error", 4)
+        assert "full status refused" in written["message"]
+        assert api.attempts == 2  # the full body once, the minimal one once
+
+
+async def test_a_minimal_status_refused_too_is_dropped_and_logged_once(caplog: Any) -> None:
+    api = Refusing(ApiError(422, "Invalid"), minimal_too=True)
+    writer = StatusWriter(api, interval=0.0)
+    writer.submit(RUN, FULL, seq=4, terminal=True)
+    with caplog.at_level("INFO", logger="agentrun.operator.runs.writer"):
+        for _ in range(5):
+            await writer.flush()
+    assert api.attempts == 2 and api.writes == []
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("status patch of AgentRun ns/run failed" in m for m in logged) == 1, logged
+    assert sum("minimal status of ns/run was refused" in m for m in logged) == 1, logged
+
+
+async def test_a_transient_failure_is_retried_and_logged_once_until_it_recovers(
+    caplog: Any,
+) -> None:
+    api = FakeApi(fail_with=503)
+    writer = StatusWriter(api, interval=0.0)
+    writer.submit(RUN, ended(7), seq=7, terminal=True)
+    with caplog.at_level("INFO", logger="agentrun.operator.runs.writer"):
+        for _ in range(5):
+            await writer.flush()
+        api.fail_with = None
+        await writer.flush()
+    assert api.refused == 5 and [w[1]["terminalReason"] for w in api.writes] == ["completed"]
+    logged = [r.getMessage() for r in caplog.records if "ns/run" in r.getMessage()]
+    assert len(logged) == 2 and "HTTP 503" in logged[0] and "recovered" in logged[1], logged
