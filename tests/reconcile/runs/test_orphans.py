@@ -100,19 +100,19 @@ def admitted_config(clock: Clock) -> RunConfig:
     )
 
 
+def new_dispatcher(bus: Bus, clock: Clock, api: FakeKube) -> Dispatcher:
+    """A dispatcher on ``bus`` with the test keys' seals, no turn caps and unthrottled Events."""
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)  # type: ignore[arg-type]
+    deps = DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, seals=seals, caps=NoCaps())
+    return Dispatcher(bus, StatusWriter(api), deps, clock=clock)  # type: ignore[arg-type]
+
+
 @pytest.fixture
 async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
     """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
     bus, clock, api = Bus(), Clock(), FakeKube()
-    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
-    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)  # type: ignore[arg-type]
-    deps = DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, seals=seals, caps=NoCaps())
-    dispatcher = Dispatcher(
-        bus,  # type: ignore[arg-type]
-        StatusWriter(api),
-        deps,
-        clock=clock,
-    )
+    dispatcher = new_dispatcher(bus, clock, api)
     config = admitted_config(clock)
     state = kernel.initial_state(goal="g")
     await bus.append_event(

@@ -11,16 +11,14 @@ from typing import Any
 import nats.errors
 import pytest
 from kube_support import FakeKube
+from seals_support import sealed
 
 from agentrun import kernel
-from agentrun.operator.admission.queue import QueueBoard
-from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.runs import dispatch
-from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
-from agentrun.operator.runs.writer import StatusWriter
+from agentrun.operator.runs.dispatch import Dispatcher
 from agentrun.protocol import RunEvent
 
-from .test_orphans import SUBJECT, Bus, Clock, Ends, NoCaps, admitted_config
+from .test_orphans import SUBJECT, Bus, Clock, admitted_config, new_dispatcher
 
 
 class Msg:
@@ -46,17 +44,11 @@ async def running_run(monkeypatch: pytest.MonkeyPatch, error: Exception) -> tupl
     """A dispatcher following an admitted run whose next event's status projection raises
     ``error``."""
     bus, clock, api = Bus(), Clock(), FakeKube()
-    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
-    dispatcher = Dispatcher(
-        bus,  # type: ignore[arg-type]
-        StatusWriter(api),
-        DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, caps=NoCaps()),
-        clock=clock,
-    )
+    dispatcher = new_dispatcher(bus, clock, api)
     state = kernel.initial_state(goal="g")
     config = admitted_config(clock)
     await bus.append_event(
-        "ns", "r", RunEvent("admitted", "u", state.summary(), config=config), expected_seq=0
+        "ns", "r", sealed(RunEvent("admitted", "u", state.summary(), config=config)), expected_seq=0
     )
     await dispatcher.on_event(SUBJECT, bus.events[0])
     project = dispatch.status.project
@@ -67,7 +59,7 @@ async def running_run(monkeypatch: pytest.MonkeyPatch, error: Exception) -> tupl
         return project(summary, **kwargs)
 
     monkeypatch.setattr(dispatch.status, "project", failing)
-    turn = dataclasses.replace(bus.events[0], kind="approval", config=None)
+    turn = dataclasses.replace(bus.events[0], kind="turn", config=None, seal=None)
     await bus.append_event("ns", "r", turn, expected_seq=1)
     return bus, dispatcher
 
@@ -100,6 +92,6 @@ async def test_an_event_failing_for_a_passing_reason_is_redelivered_and_the_run_
         for _ in range(4):
             await dispatcher._consume(msg)  # type: ignore[arg-type]
         assert msg.answers == ["nak 5.0"] * 4
-        assert [e.kind for e in bus.events] == ["admitted", "approval"]  # not ended
+        assert [e.kind for e in bus.events] == ["admitted", "turn"]  # not ended
     finally:
         await dispatcher.cancel_timers()

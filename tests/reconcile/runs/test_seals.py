@@ -25,6 +25,8 @@ from agentrun.operator.runs.seals import RunSeals
 from agentrun.operator.runs.writer import StatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, SecretRef, TurnRequest
 
+from .test_orphans import NoCaps
+
 NAMESPACE = "team-b"
 LIMITS = kernel.Limits(context_window=32000, max_output_tokens=100)
 """The limits a config has once read back (its model's window and output cap)."""
@@ -120,7 +122,7 @@ async def stack() -> AsyncIterator[Stack]:
     dispatcher = Dispatcher(
         bus,  # type: ignore[arg-type]
         StatusWriter(api),
-        DispatchDeps(ends=ends, queues=QueueBoard(), events=events, seals=seals),
+        DispatchDeps(ends=ends, queues=QueueBoard(), events=events, seals=seals, caps=NoCaps()),
     )
     try:
         yield Stack(bus, api, events, dispatcher, ends)
