@@ -74,7 +74,6 @@ from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
-from .runs.fairness import TurnCaps
 from .runs.orphans import OrphanWatch
 from .runs.seals import RunSeals
 from .runs.writer import StatusWriter
@@ -235,37 +234,19 @@ async def start_parts(
     return dataclasses.replace(parts, handling=handling_of(parts), tasks=_start_loops(parts))
 
 
-def _dispatcher(
-    settings: OperatorSettings,
-    writer: StatusWriter,
-    *,
-    bus: Bus,
-    api: KubeApi,
-    ends: RunSettlement,
-    events: EventRecorder,
-    caps: TurnCaps,
-) -> Dispatcher:
-    """The dispatcher, fair across tenants within each one's ``caps``, with the operator's
-    seals: its run-signing keys
-    (``AGENTRUN_RUN_SIGNING_FILE``) and the keys it trusts (``AGENTRUN_RUN_TRUST_FILE``).
-    Raises ``ValueError`` when either is unset, ``OSError`` and ``trust.KeyFileError`` when
-    either cannot be read."""
-    seals = RunSeals(
+def _seals(
+    settings: OperatorSettings, *, bus: Bus, api: KubeApi, events: EventRecorder
+) -> RunSeals:
+    """The operator's seals: its run-signing keys (``AGENTRUN_RUN_SIGNING_FILE``) and the keys
+    it trusts (``AGENTRUN_RUN_TRUST_FILE``). Raises ``ValueError`` when either is unset,
+    ``OSError`` and ``trust.KeyFileError`` when either cannot be read."""
+    return RunSeals(
         Signer(signing_file(settings.signing_path())),
         Verifier(trust_file(settings.trust_path())),
         streams=bus,
         api=api,
         events=events,
     )
-    deps = DispatchDeps(
-        ends=ends,
-        queues=ends.board,
-        events=events,
-        seals=seals,
-        caps=caps,
-        backlog=settings.turn_backlog,
-    )
-    return Dispatcher(bus, writer, deps)
 
 
 def _build_parts(
@@ -278,9 +259,9 @@ def _build_parts(
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
-    dispatcher = _dispatcher(
-        settings, writer, bus=bus, api=api, ends=settlement, events=events, caps=tenants
-    )
+    seals = _seals(settings, bus=bus, api=api, events=events)
+    fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog)
+    dispatcher = Dispatcher(bus, writer, fair)
     shown = QueueStatus(writer, dispatcher, events, time.time)
     pump = PumpDeps(
         store=store,

@@ -124,23 +124,34 @@ def exhaustion(book: Book, blocked: QueueWait | None, now: float) -> QueueWait |
     return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueView:
+    """A tenant's queue as the status shows it."""
+
+    queued: int = 0
+    """Runs waiting in its queue."""
+    blocked: QueueWait | None = None
+    """Why the queue head waits (as of the last pump); ``None``: nothing waits."""
+
+
+EMPTY_QUEUE = QueueView()
+
+
 def tenant_status(
     policy: TenantPolicy,
     book: Book,
     *,
-    queued: int,
-    blocked: QueueWait | None,
     now: float,
     previous: Transitions,
+    queue: QueueView = EMPTY_QUEUE,
     ambiguous: Mapping[str, tuple[str, ...]] | None = None,
 ) -> TenantStatus:
     """The status of an enforced AgentTenant.
 
-    ``queued``: runs waiting in its queue; ``blocked``: why the queue head waits (as of the
-    last pump), ``None`` if nothing waits; ``now``: epoch seconds; ``ambiguous``: the
+    ``now``: epoch seconds; ``queue``: its queue as of the last pump; ``ambiguous``: the
     namespaces it shares with other tenants (namespace → the others), whose runs are rejected.
     """
-    exhausted = exhaustion(book, blocked, now)
+    exhausted = exhaustion(book, queue.blocked, now)
     if exhausted is None:
         state, reason, message = False, TenantReason.WITHIN_BUDGET, "budget left in this window"
     else:
@@ -152,7 +163,7 @@ def tenant_status(
         "windowStart": rfc3339(book.window),
         "resetTime": rfc3339(book.reset_time),
         "activeRuns": len(book.active),
-        "queuedRuns": queued,
+        "queuedRuns": queue.queued,
         "budget": budget_status(book, now),
         "conditions": [
             conditions.condition(TenantCondition.ACCEPTED, True, TenantReason.VALID, "enforced"),

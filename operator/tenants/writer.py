@@ -21,6 +21,7 @@ from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from .policy import TenantPolicy
 from .status import (
+    QueueView,
     TenantCondition,
     Transition,
     invalid_tenant_status,
@@ -102,10 +103,9 @@ class TenantStatusWriter:
         projected = tenant_status(
             policy,
             book,
-            queued=queued,
-            blocked=blocked,
             now=now,
             previous=self._transitions.get(policy.name, {}),
+            queue=QueueView(queued, blocked),
             ambiguous=ambiguous,
         )
         self._transitions[policy.name] = projected.transitions
