@@ -236,11 +236,12 @@ def cmd_nats(args: argparse.Namespace) -> int:
 
 
 def cmd_signing(args: argparse.Namespace) -> int:
-    """``agentrun signing VERB``: print what was made or changed."""
+    """``agentrun signing VERB``: print what was made or changed. A key Secret that cannot be
+    read as keys is a ``RuntimeError`` naming it (one line, exit 1)."""
     import time
 
     from agentrun.natsauth.bootstrap import SecretStore
-    from agentrun.trust import secrets
+    from agentrun.trust import KeyFileError, secrets
 
     async def run() -> int:
         api = await kube.api_client()
@@ -260,6 +261,8 @@ def cmd_signing(args: argparse.Namespace) -> int:
                 changed = await secrets.bootstrap(store, names, now=time.time())
                 print(f"created or updated: {', '.join(changed) or 'nothing'}")
             return 0
+        except KeyFileError as err:
+            raise RuntimeError(f"a run-signing key Secret is malformed: {err}") from err
         finally:
             await api.close()
 
