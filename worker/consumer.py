@@ -33,7 +33,7 @@ from agentrun.protocol import RunEvent, TurnRequest
 
 from . import history
 from .secrets import SecretUnavailable
-from .turn import PhaseClock, TurnDeps, execute_turn
+from .turn import PhaseClock, TurnDeps, execute_turn, off_loop
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,13 @@ async def commit_turn(
     Raises ``CommitConflict`` (the run moved on) and ``EventTooLarge`` (even the shrunk
     record does not fit: the caller ends the run ``checkpoint_failed``).
     """
-    after = kernel.advance(run.state, record, run.config.limits)
+    after = await off_loop(run.config, kernel.advance, run.state, record, run.config.limits)
     try:
         return record, after, await _append_turn(bus, request, after, record, owner)
     except EventTooLarge as err:
         log.warning("turn %s: %s; committing it shrunk", request.msg_id, err)
         record = kernel.shrink_record(record, size=err.size, cap=err.cap)
-        after = kernel.advance(run.state, record, run.config.limits)
+        after = await off_loop(run.config, kernel.advance, run.state, record, run.config.limits)
         return record, after, await _append_turn(bus, request, after, record, owner)
 
 
