@@ -370,7 +370,8 @@ class Dispatcher:
         success, else why the decision was not applied (not waiting, digest mismatch, moved on).
         """
         events = await self.bus.read_events(namespace, name)
-        loaded = history.fold(events, run_uid=uid)
+        # a replay checks final answers against the run's output schema: off the loop
+        loaded = await asyncio.to_thread(history.fold, events, run_uid=uid)
         if loaded is None:
             return "the run has no events"
         try:
