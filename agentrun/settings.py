@@ -112,6 +112,11 @@ class OperatorSettings(ProcessSettings):
     crd_check_interval: float = Field(default=5.0, gt=0)
     """``AGENTRUN_CRD_CHECK_INTERVAL``: seconds between two checks of the installed CRDs while
     they do not serve what this operator writes."""
+    tool_discovery_timeout_max: float = Field(default=30.0, gt=0, le=600)
+    """``AGENTRUN_TOOL_DISCOVERY_TIMEOUT_MAX``: the most seconds one AgentToolServer's
+    discovery may take, whatever its ``spec.timeouts.discovery`` asks (a longer one is clamped
+    to it, and a failed discovery's message says so): discovery slots are shared by every
+    namespace, so a user's hanging server must not hold one for long."""
 
     @pydantic.model_validator(mode="after")
     def _lease_timings(self) -> OperatorSettings:

@@ -266,7 +266,7 @@ def _build_parts(
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
         reaper=lifecycle.Reaper(api),
         events=events,
-        toolservers=ToolServerRefresher(api),
+        toolservers=ToolServerRefresher(api, max_timeout=settings.tool_discovery_timeout_max),
         evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
     )

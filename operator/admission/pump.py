@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import nats.errors
 
 from agentrun import kernel, metrics, protocol, telemetry
+from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import RunConfig
 
@@ -41,6 +44,30 @@ from .queuestatus import QueueStatus, Waiting
 from .settlement import RunSettlement
 
 log = logging.getLogger(__name__)
+
+
+def config_too_large(config: RunConfig) -> str:
+    """Why a run whose ``admitted`` event the bus refused for its size cannot run, naming the
+    largest part of its spec (bytes as the event carries them)."""
+    sizes = {
+        "spec.goal": len(config.goal.encode()),
+        "spec.instructions": len(config.instructions.encode()),
+        "spec.output.schema": len(_json(config.output_schema)),
+    }
+    for tool in config.remote_tools:
+        sizes[f"spec.tools: {tool.server}/{tool.tool} (its inputSchema)"] = len(
+            _json(tool.parameters)
+        )
+    largest = max(sizes, key=lambda k: sizes[k])
+    return (
+        f"spec: {len(protocol.encode_run_config(config))} bytes as the run's admitted event, "
+        "more than the event stream's message limit allows to checkpoint; the largest part is "
+        f"{largest} ({sizes[largest]} bytes): shorten it"
+    )
+
+
+def _json(value: Any) -> bytes:
+    return b"" if value is None else json.dumps(value, separators=(",", ":")).encode()
 
 
 async def fetch_pending_run(api: KubeApi, key: RunKey) -> RunObject | None:
@@ -304,12 +331,10 @@ class QueuePump:
                 await self.deps.runs.start_run(
                     config, start_time=now, generation=head.obj.metadata.generation
                 )
-            except nats.errors.MaxPayloadError:
-                message = (
-                    f"spec: about {len(protocol.encode_run_config(config))} bytes, more than "
-                    "the event stream's message limit allows to checkpoint; shorten spec.goal, "
-                    "spec.instructions or spec.output.schema"
-                )
+            except (nats.errors.MaxPayloadError, EventTooLarge):
+                # a permanent refusal: retrying would fail the same way every pass, holding
+                # the tenant's slot and budget and the queue behind the run
+                message = config_too_large(config)
                 await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
                 await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
                 return

@@ -54,12 +54,16 @@ class ToolServerRefresher:
         *,
         tick: float = 2.0,
         concurrency: int = 16,
+        max_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         """``tick``: seconds between two looks for due servers; ``concurrency``: discoveries
-        running at once (the others wait their turn; none blocks anything else)."""
+        running at once (the others wait their turn; none blocks anything else);
+        ``max_timeout``: the most seconds one discovery may take (the platform's cap on
+        ``spec.timeouts.discovery``)."""
         self._api = api
+        self._max_timeout = max_timeout
         self._tick = tick
         self._clock = clock
         self._wall = wall
@@ -155,15 +159,25 @@ class ToolServerRefresher:
         generation: int,
         previous: Mapping[str, Any],
     ) -> dict[str, Any]:
+        asked = spec.timeouts.discovery.seconds
+        timeout = min(asked, self._max_timeout)
         try:
             headers = await self._headers(spec, namespace)
-            endpoint = remote.Endpoint(
-                spec.url, spec.transport, headers, timeout=spec.timeouts.discovery.seconds
-            )
+            endpoint = remote.Endpoint(spec.url, spec.transport, headers, timeout=timeout)
             found = await remote.discover(endpoint)
         except remote.RemoteError as err:
-            return failed_status(previous, err.message, generation=generation, now=self._wall())
-        return discovered_status(spec, found, generation=generation, now=self._wall())
+            message = err.message
+            if timeout < asked:
+                message += (
+                    f" (spec.timeouts.discovery {spec.timeouts.discovery} is clamped to the "
+                    f"platform's {timeout:g}s)"
+                )
+            return failed_status(previous, message, generation=generation, now=self._wall())
+        # the server's input schemas are checked (bounded CPU, in a thread: the event loop
+        # serves every other tenant meanwhile)
+        return await asyncio.to_thread(
+            discovered_status, spec, found, generation=generation, now=self._wall()
+        )
 
     async def _headers(self, spec: AgentToolServerSpec, namespace: str) -> dict[str, str]:
         if spec.headers_from is None:
