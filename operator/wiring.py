@@ -7,7 +7,8 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``Kube`` (``platform.kubeapi``) is the one way to the API server; every part that reads or
   writes an object is given it.
 - ``StatusWriter`` patches AgentRun ``.status``; the runs it finds gone are pulled by the
-  dispatcher (``Dispatcher.forget_gone_runs``).
+  dispatcher (``Dispatcher.forget_gone_runs``), and those whose status it cannot write for
+  its size are ended by it (``Dispatcher.end_refused_runs``).
 - ``QueueBoard`` is the admission queues as the pump last saw them (lengths, why heads wait)
   and the kicks that ask for a pump; only the pump writes it.
 - ``RunSettlement`` closes an ended run's ledger entry and kicks its tenant's queue; the
@@ -326,6 +327,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
         asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
         asyncio.create_task(parts.dispatcher.forget_gone_runs(), name="gone-runs"),
+        asyncio.create_task(parts.dispatcher.end_refused_runs(), name="refused-runs"),
         asyncio.create_task(parts.pump.run(), name="queue-pumps"),
         asyncio.create_task(parts.sweep.run(), name="ledger-sweep"),
         asyncio.create_task(parts.reaper.run(), name="ttl-reaper"),

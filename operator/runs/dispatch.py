@@ -434,6 +434,19 @@ class Dispatcher:
             except Exception:  # one failed clean-up must not stop the next ones
                 log.exception("could not stop gone run %s/%s", run.namespace, run.name)
 
+    async def end_refused_runs(self) -> None:
+        """Forever: end each running run whose status the API server refused for its size
+        (``checkpoint_failed``, the message naming the refusal): retrying the write would fail
+        the same way for ever, the run unseen while it holds its tenant's slot and budget."""
+        while True:
+            run, message = await self.writer.next_refused()
+            try:
+                await self.end(
+                    run.namespace, run.name, run.uid, kernel.Phase.CHECKPOINT_FAILED, message
+                )
+            except Exception:  # one failed end must not stop the next ones
+                log.exception("could not end run %s/%s", run.namespace, run.name)
+
     async def cancel_timers(self) -> None:
         """Cancel every deadline timer."""
         for view in self._views.values():
