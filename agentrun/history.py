@@ -26,6 +26,9 @@ class LoadedRun:
     committer: str = ""
     """The delivery (ledger hold owner) that committed the run's last turn, as its turn event
     names it ("" if none did)."""
+    stored: int = 0
+    """Bytes of the run's events up to ``seq`` (``RunEvent.stored``; for events written
+    before it was counted, the sum of the sizes read)."""
 
 
 def _apply(loaded: LoadedRun, event: RunEvent) -> kernel.RunState:
@@ -54,7 +57,7 @@ def fold(
                 raise CorruptHistory(f"admission event {event.seq} has no config")
             config = event.config
             state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-            loaded = LoadedRun(config, state, event.seq)
+            loaded = LoadedRun(config, state, event.seq, stored=event.stored)
             continue
         if loaded is None:
             raise CorruptHistory(f"event {event.seq} comes before the run's admission")
@@ -63,5 +66,6 @@ def fold(
         except ValueError as err:
             raise CorruptHistory(f"event {event.seq}: {err}") from err
         committer = event.owner if event.kind == "turn" else loaded.committer
-        loaded = LoadedRun(loaded.config, state, event.seq, committer)
+        stored = max(event.stored_before, loaded.stored) + event.size
+        loaded = LoadedRun(loaded.config, state, event.seq, committer, stored)
     return loaded

@@ -60,6 +60,7 @@ from .admission.pump import PumpDeps, QueuePump
 from .admission.queue import QueueBoard
 from .admission.queuestatus import QueueStatus
 from .admission.settlement import RunSettlement
+from .admission.storage import EventStorage
 from .admission.sweep import LedgerSweep, SweepDeps
 from .agents.models import ModelCache
 from .evals.controller import EvalController
@@ -102,6 +103,8 @@ class RunHandling:
     events: EventRecorder
     writer: StatusWriter
     """Told each AgentRun's version as watched."""
+    storage: EventStorage
+    """Told each AgentRun's status as watched (the bytes its events take), and its deletion."""
     reaper: lifecycle.Reaper
     schedules: ScheduleController
     """Told when a run a CronAgentRun created ends or goes."""
@@ -155,6 +158,7 @@ class Parts:
     tenants: Tenants
     configs: RunConfigs
     board: QueueBoard
+    storage: EventStorage
     dispatcher: Dispatcher
     orphans: OrphanWatch
     shown: QueueStatus
@@ -208,7 +212,10 @@ async def start_parts(
     """
     bus = await Bus.connect(
         BusSettings(
-            url=settings.nats_url, auth=settings.nats_auth, ack_wait=settings.turn_ack_wait
+            url=settings.nats_url,
+            auth=settings.nats_auth,
+            ack_wait=settings.turn_ack_wait,
+            events_max_bytes=settings.event_stream_max_bytes,
         ),
         name=f"agentrun-operator-{os.getpid()}",
     )
@@ -233,6 +240,7 @@ def _build_parts(
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
     shown = QueueStatus(writer, dispatcher, events, time.time)
+    storage = EventStorage(limit=settings.tenant_event_max_bytes)
     pump = PumpDeps(
         store=store,
         tenants=tenants,
@@ -243,6 +251,7 @@ def _build_parts(
         board=board,
         api=api,
         events=events,
+        storage=storage,
     )
     sweep = SweepDeps(
         store=store,
@@ -260,6 +269,7 @@ def _build_parts(
         tenants=tenants,
         configs=configs,
         board=board,
+        storage=storage,
         dispatcher=dispatcher,
         orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         shown=shown,
@@ -285,6 +295,7 @@ def handling_of(parts: Parts) -> Handling:
             api=parts.api,
             events=parts.events,
             writer=parts.writer,
+            storage=parts.storage,
             reaper=parts.reaper,
             schedules=parts.schedules,
             evals=parts.evals,

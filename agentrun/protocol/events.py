@@ -334,6 +334,17 @@ class RunEvent:
     model call the record contains; "" when no ledger hold was taken (and in events written
     before deliveries were named). The ledger tells the committed call of a turn run twice
     apart from the losing one by it."""
+    stored_before: int = 0
+    """Bytes of the run's events before this one, as its writer knew them (0 for the first,
+    and in events written before this was counted): with ``size``, the run's stored bytes
+    (``stored``), which the per-run and per-tenant storage limits are checked against."""
+    size: int = dataclasses.field(default=0, compare=False)
+    """Bytes of this event's payload as read (0 for an event not read from the stream)."""
+
+    @property
+    def stored(self) -> int:
+        """Bytes of the run's events up to and including this one."""
+        return self.stored_before + self.size
 
     @property
     def phase(self) -> kernel.Phase:
@@ -360,6 +371,8 @@ class RunEvent:
             data["approval"] = ApprovalShape.of(self.approval).model_dump(by_alias=True)
         if self.owner:
             data["owner"] = self.owner
+        if self.stored_before:
+            data["storedBefore"] = self.stored_before
         return dumps(data)
 
     @classmethod
@@ -383,4 +396,6 @@ class RunEvent:
             seq=seq,
             time=float(data.get("time", 0.0)),
             owner=str(data.get("owner", "")),  # absent: no hold, or written before owners
+            stored_before=int(data.get("storedBefore", 0)),
+            size=len(payload),
         )

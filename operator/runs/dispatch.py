@@ -222,6 +222,7 @@ class Dispatcher:
             event_time=event.time or self.clock(),
             generation=view.generation,
             tenant=view.tenant,
+            event_bytes=event.stored,
         )
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
         if event.summary.pending_approval is not None and not phase.is_terminal:
@@ -349,7 +350,9 @@ class Dispatcher:
             if last is None or last.run_uid != uid or last.phase.is_terminal:
                 return False
             state = kernel.stop(last.state(), phase, message)
-            event = RunEvent("stop", uid, state.summary(), time=self.clock())
+            event = RunEvent(
+                "stop", uid, state.summary(), time=self.clock(), stored_before=last.stored
+            )
             try:
                 await self.bus.append_event(namespace, name, event, expected_seq=last.seq)
             except CommitConflict:
@@ -384,6 +387,7 @@ class Dispatcher:
             state.summary(),
             approval=protocol.Approval(digest, approved),
             time=self.clock(),
+            stored_before=loaded.stored,
         )
         try:
             await self.bus.append_event(namespace, name, event, expected_seq=loaded.seq)

@@ -58,10 +58,14 @@ def not_admitted(reason: str, message: str, *, at: float, generation: int) -> di
     )
 
 
-def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str, Any]:
-    """``.status.usage`` from a run's counters."""
+def usage_status(
+    summary: kernel.RunSummary, *, wall_seconds: float, event_bytes: int = 0
+) -> dict[str, Any]:
+    """``.status.usage`` from a run's counters and the bytes its events take
+    (``RunEvent.stored``)."""
     usage = summary.usage
     return {
+        "eventBytes": event_bytes,
         "steps": summary.steps,
         "toolCalls": summary.tool_calls,
         "toolFailures": summary.tool_failures,
@@ -85,11 +89,13 @@ def project(
     event_time: float,
     generation: int,
     tenant: str | None = None,
+    event_bytes: int = 0,
 ) -> dict[str, Any]:
     """The full ``.status`` after an event with this ``summary``.
 
     ``seq`` is the event's stream sequence; ``start_time`` (the run's admission) and
-    ``event_time`` are epoch seconds; ``generation`` becomes ``observedGeneration``.
+    ``event_time`` are epoch seconds; ``generation`` becomes ``observedGeneration``;
+    ``event_bytes`` is what the run's events take so far (``status.usage.eventBytes``).
     """
     terminal = kernel.conclude(summary.phase, steps=summary.steps)
     waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
@@ -99,7 +105,9 @@ def project(
         ).value,
         "queuePosition": None,  # admitted: out of the queue (merge patch removes it)
         "message": message_text(summary.message),
-        "usage": usage_status(summary, wall_seconds=max(0.0, event_time - start_time)),
+        "usage": usage_status(
+            summary, wall_seconds=max(0.0, event_time - start_time), event_bytes=event_bytes
+        ),
         "startTime": rfc3339(start_time),
         "observedGeneration": generation,
         "lastEventSequence": seq,

@@ -30,6 +30,9 @@ class WaitReason(enum.StrEnum):
     TOOL_SERVER_PENDING = "ToolServerPending"
     """An AgentToolServer it names has not been discovered yet (applied together with it): it
     waits without holding up the runs queued behind it."""
+    EVENT_STORAGE_FULL = "EventStorageFull"
+    """The events of its tenant's runs take the tenant's share of the event stream; it is
+    admitted once runs are deleted."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
