@@ -158,7 +158,6 @@ class Parts:
     tenants: Tenants
     configs: RunConfigs
     board: QueueBoard
-    storage: EventStorage
     dispatcher: Dispatcher
     orphans: OrphanWatch
     shown: QueueStatus
@@ -221,16 +220,14 @@ async def start_parts(
     )
     # the operator creates the buckets; workers only bind them
     await buckets.open_bucket(bus.js, buckets.effects_config(), create=True)
-    parts = _build_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
+    parts = _make_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()
     return dataclasses.replace(parts, handling=handling_of(parts), tasks=_start_loops(parts))
 
 
-def _build_parts(
-    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi
-) -> Parts:
+def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi) -> Parts:
     """Every part, each given its collaborators; nothing started yet."""
     writer = StatusWriter(api, interval=settings.status_interval)
     tenants = Tenants(api, default=settings.default_tenant)
@@ -240,7 +237,6 @@ def _build_parts(
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
     shown = QueueStatus(writer, dispatcher, events, time.time)
-    storage = EventStorage(limit=settings.tenant_event_max_bytes)
     pump = PumpDeps(
         store=store,
         tenants=tenants,
@@ -251,7 +247,7 @@ def _build_parts(
         board=board,
         api=api,
         events=events,
-        storage=storage,
+        storage=EventStorage(limit=settings.tenant_event_max_bytes),
     )
     sweep = SweepDeps(
         store=store,
@@ -269,7 +265,6 @@ def _build_parts(
         tenants=tenants,
         configs=configs,
         board=board,
-        storage=storage,
         dispatcher=dispatcher,
         orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         shown=shown,
@@ -295,7 +290,7 @@ def handling_of(parts: Parts) -> Handling:
             api=parts.api,
             events=parts.events,
             writer=parts.writer,
-            storage=parts.storage,
+            storage=parts.pump.deps.storage,
             reaper=parts.reaper,
             schedules=parts.schedules,
             evals=parts.evals,

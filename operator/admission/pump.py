@@ -101,8 +101,8 @@ class PumpDeps:
     """Reads queued AgentRuns the handler did not hand over (after a restart)."""
     events: EventRecorder
     """Records admissions, queue waits and unadmitted ends as Kubernetes Events."""
-    storage: EventStorage | None = None
-    """The event-stream bytes each tenant's runs take (``None``: not limited; tests)."""
+    storage: EventStorage
+    """The event-stream bytes each tenant's runs take, checked before a run is admitted."""
     clock: Callable[[], float] = time.time
     """Epoch seconds."""
 
@@ -278,7 +278,7 @@ class QueuePump:
         except SpecError as err:  # e.g. its AgentModel was deleted while it waited
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
             return None
-        full = None if self.deps.storage is None else self.deps.storage.wait(policy.name)
+        full = self.deps.storage.wait(policy.name)
         if full is not None:
             return full
         need = self.deps.configs.first_call_need(config)

@@ -99,15 +99,14 @@ def project(
     """
     terminal = kernel.conclude(summary.phase, steps=summary.steps)
     waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
+    wall = max(0.0, event_time - start_time)
     status: dict[str, Any] = {
         "phase": (
             kernel.ResourcePhase.AWAITING_APPROVAL if waiting else kernel.ResourcePhase.RUNNING
         ).value,
         "queuePosition": None,  # admitted: out of the queue (merge patch removes it)
         "message": message_text(summary.message),
-        "usage": usage_status(
-            summary, wall_seconds=max(0.0, event_time - start_time), event_bytes=event_bytes
-        ),
+        "usage": usage_status(summary, wall_seconds=wall, event_bytes=event_bytes),
         "startTime": rfc3339(start_time),
         "observedGeneration": generation,
         "lastEventSequence": seq,

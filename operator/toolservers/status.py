@@ -104,35 +104,23 @@ def discovered_status(
     missing = [t.name for t in spec.tools if t.name not in by_name]
     if missing:
         offers = ", ".join(sorted(by_name)[:50]) or "no tools"
-        ready = condition(
-            "Ready",
-            status=False,
-            reason=Reason.TOOLS_MISSING,
-            message=(
-                f"the server does not offer {', '.join(missing)}; it offers {offers}"
-                + "".join(f"; unusable: {why}" for why in refused)
-            ),
-            at=now,
-            generation=generation,
+        reason = Reason.TOOLS_MISSING
+        message = f"the server does not offer {', '.join(missing)}; it offers {offers}" + "".join(
+            f"; unusable: {why}" for why in refused
         )
     elif refused:
-        ready = condition(
-            "Ready",
-            status=False,
-            reason=Reason.TOOLS_UNUSABLE,
-            message=(f"{len(tools)} tool(s) usable; the platform cannot use " + "; ".join(refused)),
-            at=now,
-            generation=generation,
-        )
+        reason = Reason.TOOLS_UNUSABLE
+        message = f"{len(tools)} tool(s) usable; the platform cannot use " + "; ".join(refused)
     else:
-        ready = condition(
-            "Ready",
-            status=True,
-            reason=Reason.DISCOVERED,
-            message=f"{len(tools)} tool(s) discovered",
-            at=now,
-            generation=generation,
-        )
+        reason, message = Reason.DISCOVERED, f"{len(tools)} tool(s) discovered"
+    ready = condition(
+        "Ready",
+        status=reason is Reason.DISCOVERED,
+        reason=reason,
+        message=message,
+        at=now,
+        generation=generation,
+    )
     return {
         "observedGeneration": generation,
         "lastRefreshTime": rfc3339(now),
