@@ -222,8 +222,8 @@ class Dispatcher:
             event_time=event.time or self.clock(),
             generation=view.generation,
             tenant=view.tenant,
-            event_bytes=event.stored,
         )
+        body["usage"]["eventBytes"] = event.stored  # what the tenant's storage bound counts
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
         if event.summary.pending_approval is not None and not phase.is_terminal:
             news.record_approval_requested(self.events, view.key, event.summary.pending_approval)

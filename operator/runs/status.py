@@ -58,14 +58,11 @@ def not_admitted(reason: str, message: str, *, at: float, generation: int) -> di
     )
 
 
-def usage_status(
-    summary: kernel.RunSummary, *, wall_seconds: float, event_bytes: int = 0
-) -> dict[str, Any]:
-    """``.status.usage`` from a run's counters and the bytes its events take
-    (``RunEvent.stored``)."""
+def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str, Any]:
+    """``.status.usage`` from a run's counters (``eventBytes``, the bytes its events take, is
+    the dispatcher's: ``RunEvent.stored``)."""
     usage = summary.usage
     return {
-        "eventBytes": event_bytes,
         "steps": summary.steps,
         "toolCalls": summary.tool_calls,
         "toolFailures": summary.tool_failures,
@@ -89,24 +86,21 @@ def project(
     event_time: float,
     generation: int,
     tenant: str | None = None,
-    event_bytes: int = 0,
 ) -> dict[str, Any]:
     """The full ``.status`` after an event with this ``summary``.
 
     ``seq`` is the event's stream sequence; ``start_time`` (the run's admission) and
-    ``event_time`` are epoch seconds; ``generation`` becomes ``observedGeneration``;
-    ``event_bytes`` is what the run's events take so far (``status.usage.eventBytes``).
+    ``event_time`` are epoch seconds; ``generation`` becomes ``observedGeneration``.
     """
     terminal = kernel.conclude(summary.phase, steps=summary.steps)
     waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
-    wall = max(0.0, event_time - start_time)
     status: dict[str, Any] = {
         "phase": (
             kernel.ResourcePhase.AWAITING_APPROVAL if waiting else kernel.ResourcePhase.RUNNING
         ).value,
         "queuePosition": None,  # admitted: out of the queue (merge patch removes it)
         "message": message_text(summary.message),
-        "usage": usage_status(summary, wall_seconds=wall, event_bytes=event_bytes),
+        "usage": usage_status(summary, wall_seconds=max(0.0, event_time - start_time)),
         "startTime": rfc3339(start_time),
         "observedGeneration": generation,
         "lastEventSequence": seq,
