@@ -57,6 +57,11 @@ Handle = Callable[[Msg], Coroutine[Any, Any, None]]
 """Handles one fetched message (acks, naks or terms it itself)."""
 
 
+EVENTS_PER_RUN = 100_000
+"""Events one run's subject may hold (``max_msgs_per_subject``): far above any run's (steps
+are at most 1 000, each turn one event or two), a bound on a writer gone wrong."""
+
+
 class CommitConflict(Exception):
     """The run's subject moved on: another writer committed first; this commit is void."""
 
@@ -77,6 +82,10 @@ class BusSettings:
     run ``checkpoint_failed`` on a permanent one."""
     duplicate_window: float = 120.0
     """JetStream de-duplication window for ``Nats-Msg-Id`` (seconds)."""
+    events_max_bytes: int = -1
+    """``max_bytes`` of ``AGENTRUN_EVENTS`` (-1: the server's limits only); with
+    ``discard: new`` a full stream refuses new events (``nats.js.errors.APIError``, "maximum
+    bytes exceeded") and never drops committed ones."""
 
 
 class Bus:
@@ -135,6 +144,16 @@ class Bus:
                 storage=api.StorageType.FILE,
                 duplicate_window=self.settings.duplicate_window,
                 allow_direct=True,
+                # bounded where they enter: one event at most the connection's max payload,
+                # one run at most EVENTS_PER_RUN events, the stream at most events_max_bytes;
+                # full, it refuses new events ("maximum bytes exceeded": a worker retries the
+                # turn as NATS trouble until deleted runs' purges make room) and never drops
+                # committed ones
+                max_msg_size=self.nc.max_payload,
+                max_msgs_per_subject=EVENTS_PER_RUN,
+                max_bytes=self.settings.events_max_bytes,
+                discard=api.DiscardPolicy.NEW,
+                discard_new_per_subject=True,
             ),
         ]
         for config in configs:

@@ -37,6 +37,9 @@ class LoadedRun:
     sealed: bool = True
     """Whether the operator's seal of ``config`` verified (on its admission or a re-seal);
     False: an admission written before seals existed, not yet re-sealed."""
+    stored: int = 0
+    """Bytes of the run's events up to ``seq`` (``RunEvent.stored``; for events written
+    before it was counted, the sum of the sizes read)."""
 
 
 def _apply(loaded: LoadedRun, event: RunEvent) -> kernel.RunState:
@@ -60,12 +63,13 @@ def _admit(loaded: LoadedRun | None, event: RunEvent, seals: Verifier) -> Loaded
             raise Untrusted(fault, refusal(event, fault))
         config = event.config
         state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-        return LoadedRun(config, state, event.seq, sealed=fault is None)
+        return LoadedRun(config, state, event.seq, sealed=fault is None, stored=event.stored)
     if fault is not None:
         raise Untrusted(fault, refusal(event, fault))
     if event.config != loaded.config:
         raise Untrusted(SealFault.CHANGED_CONFIG, refusal(event, SealFault.CHANGED_CONFIG))
-    return dataclasses.replace(loaded, seq=event.seq, sealed=True)
+    stored = max(event.stored_before, loaded.stored) + event.size
+    return dataclasses.replace(loaded, seq=event.seq, sealed=True, stored=stored)
 
 
 def fold(
@@ -98,5 +102,8 @@ def fold(
         except ValueError as err:
             raise CorruptHistory(f"event {event.seq}: {err}") from err
         committer = event.owner if event.kind == "turn" else loaded.committer
-        loaded = dataclasses.replace(loaded, state=state, seq=event.seq, committer=committer)
+        stored = max(event.stored_before, loaded.stored) + event.size
+        loaded = dataclasses.replace(
+            loaded, state=state, seq=event.seq, committer=committer, stored=stored
+        )
     return loaded

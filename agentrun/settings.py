@@ -24,6 +24,12 @@ may take together at NATS's default ``max_payload`` of 1 MiB. A write call's res
 in its effect-ledger entry and in the turn's event, each one message on the bus."""
 
 
+RUN_EVENT_MAX_BYTES = 8 * 1_048_576
+"""Default bytes one run's events may take (``AGENTRUN_RUN_EVENT_MAX_BYTES``)."""
+TENANT_EVENT_MAX_BYTES = 256 * 1_048_576
+"""Default bytes the events of one tenant's runs may take (``AGENTRUN_TENANT_EVENT_MAX_BYTES``)."""
+
+
 class ProcessSettings(BaseSettings):
     """Settings shared by ``agentrun-operator`` and ``agentrun-worker``.
 
@@ -137,6 +143,26 @@ class OperatorSettings(ProcessSettings):
     crd_check_interval: float = Field(default=5.0, gt=0)
     """``AGENTRUN_CRD_CHECK_INTERVAL``: seconds between two checks of the installed CRDs while
     they do not serve what this operator writes."""
+    tenant_event_max_bytes: int = Field(default=TENANT_EVENT_MAX_BYTES, ge=1_048_576)
+    """``AGENTRUN_TENANT_EVENT_MAX_BYTES``: the most bytes the events of one tenant's runs may
+    take in the event stream (runs not deleted yet, finished ones included, as their
+    ``status.usage.eventBytes`` says); at it, the tenant's next runs wait ``Queued``
+    (``EventStorageFull``) until runs are deleted (``ttlSecondsAfterFinished`` or a person).
+    Enforced at admission: runs already going finish, each within the workers'
+    ``AGENTRUN_RUN_EVENT_MAX_BYTES``."""
+    event_stream_max_bytes: int = Field(default=-1, ge=-1)
+    """``AGENTRUN_EVENT_STREAM_MAX_BYTES``: ``max_bytes`` of the ``AGENTRUN_EVENTS`` stream
+    (-1, the default: no limit but the server's own), with ``discard: new`` so a full stream
+    refuses new events instead of dropping committed ones. A backstop for the whole store:
+    set it below the JetStream store (so the work queue and the ledger keep room) and above
+    the tenants' ``AGENTRUN_TENANT_EVENT_MAX_BYTES`` together; when it is reached anyway,
+    workers retry the refused turns as NATS trouble (each retry a model call) until deleted
+    runs make room."""
+    tool_discovery_timeout_max: float = Field(default=30.0, gt=0, le=600)
+    """``AGENTRUN_TOOL_DISCOVERY_TIMEOUT_MAX``: the most seconds one AgentToolServer's
+    discovery may take, whatever its ``spec.timeouts.discovery`` asks (a longer one is clamped
+    to it, and a failed discovery's message says so): discovery slots are shared by every
+    namespace, so a user's hanging server must not hold one for long."""
 
     def signing_path(self) -> Path:
         """``run_signing_file``; raises ``ValueError`` saying what to set when it is unset."""
@@ -184,6 +210,10 @@ class WorkerSettings(ProcessSettings):
     exponential backoff from 0.5 s, within the run's deadline."""
     hold_ttl: float = Field(default=60.0, gt=0)
     """``AGENTRUN_HOLD_TTL``: seconds a ledger hold outlives its last refresh."""
+    run_event_max_bytes: int = Field(default=RUN_EVENT_MAX_BYTES, ge=1_048_576)
+    """``AGENTRUN_RUN_EVENT_MAX_BYTES``: the most bytes one run's events may take in the event
+    stream; a run at it ends ``checkpoint_failed`` before its next model call (so it holds at
+    most this plus one turn's event). At least 1 MiB (one event)."""
 
     @pydantic.field_validator("tool_result_max_bytes")
     @classmethod

@@ -7,7 +7,8 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``Kube`` (``platform.kubeapi``) is the one way to the API server; every part that reads or
   writes an object is given it.
 - ``StatusWriter`` patches AgentRun ``.status``; the runs it finds gone are pulled by the
-  dispatcher (``Dispatcher.forget_gone_runs``).
+  dispatcher (``Dispatcher.forget_gone_runs``), and those whose status it cannot write for
+  its size are ended by it (``Dispatcher.end_refused_runs``).
 - ``QueueBoard`` is the admission queues as the pump last saw them (lengths, why heads wait)
   and the kicks that ask for a pump; only the pump writes it.
 - ``RunSettlement`` closes an ended run's ledger entry and kicks its tenant's queue; the
@@ -65,6 +66,7 @@ from .admission.pump import PumpDeps, QueuePump
 from .admission.queue import QueueBoard
 from .admission.queuestatus import QueueStatus
 from .admission.settlement import RunSettlement
+from .admission.storage import EventStorage
 from .admission.sweep import LedgerSweep, SweepDeps
 from .agents.models import ModelCache
 from .evals.controller import EvalController
@@ -112,6 +114,8 @@ class RunHandling:
     events: EventRecorder
     writer: StatusWriter
     """Told each AgentRun's version as watched."""
+    storage: EventStorage
+    """Told each AgentRun's status as watched (the bytes its events take), and its deletion."""
     reaper: lifecycle.Reaper
     schedules: ScheduleController
     """Told when a run a CronAgentRun created ends or goes."""
@@ -221,13 +225,16 @@ async def start_parts(
     """
     bus = await Bus.connect(
         BusSettings(
-            url=settings.nats_url, auth=settings.nats_auth, ack_wait=settings.turn_ack_wait
+            url=settings.nats_url,
+            auth=settings.nats_auth,
+            ack_wait=settings.turn_ack_wait,
+            events_max_bytes=settings.event_stream_max_bytes,
         ),
         name=f"agentrun-operator-{os.getpid()}",
     )
     # the operator creates the buckets; workers only bind them
     await buckets.open_bucket(bus.js, buckets.effects_config(), create=True)
-    parts = _build_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
+    parts = _make_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()
@@ -249,9 +256,7 @@ def _seals(
     )
 
 
-def _build_parts(
-    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi
-) -> Parts:
+def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi) -> Parts:
     """Every part, each given its collaborators; nothing started yet."""
     writer = StatusWriter(api, interval=settings.status_interval)
     tenants = Tenants(api, default=settings.default_tenant)
@@ -273,6 +278,7 @@ def _build_parts(
         board=board,
         api=api,
         events=events,
+        storage=EventStorage(limit=settings.tenant_event_max_bytes),
     )
     tenant_status = TenantStatusWriter(api, events=events)
     sweep = SweepDeps(store, tenants, board, dispatcher, bus, api, tenant_status)
@@ -290,7 +296,11 @@ def _build_parts(
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
         reaper=lifecycle.Reaper(api),
         events=events,
-        toolservers=ToolServerRefresher(api, reach=tenants.tool_server_rules),
+        toolservers=ToolServerRefresher(
+            api,
+            reach=tenants.tool_server_rules,
+            max_timeout=settings.tool_discovery_timeout_max,
+        ),
         evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
     )
@@ -308,6 +318,7 @@ def handling_of(parts: Parts) -> Handling:
             api=parts.api,
             events=parts.events,
             writer=parts.writer,
+            storage=parts.pump.deps.storage,
             reaper=parts.reaper,
             schedules=parts.schedules,
             evals=parts.evals,
@@ -352,6 +363,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
         asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
         asyncio.create_task(parts.dispatcher.forget_gone_runs(), name="gone-runs"),
+        asyncio.create_task(parts.dispatcher.end_refused_runs(), name="refused-runs"),
         asyncio.create_task(parts.pump.run(), name="queue-pumps"),
         asyncio.create_task(parts.sweep.run(), name="ledger-sweep"),
         asyncio.create_task(parts.reaper.run(), name="ttl-reaper"),

@@ -50,6 +50,7 @@ async def serve(config: WorkerSettings) -> None:
             # one beat refreshes both the JetStream delivery and the ledger hold
             heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
             hold_ttl=config.hold_ttl,
+            run_event_max_bytes=config.run_event_max_bytes,
         ),
         seals=seals,
         ledger=await LedgerStore.open(ledger_nc.jetstream(), create=False),

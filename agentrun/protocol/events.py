@@ -345,6 +345,17 @@ class RunEvent:
     """An ``admitted`` event's sealed content as received (the bytes of its config's JSON
     object as decoded, before parsing): what its seal is checked against. Empty on an event
     made here, whose content is computed from its config."""
+    stored_before: int = 0
+    """Bytes of the run's events before this one, as its writer knew them (0 for the first,
+    and in events written before this was counted): with ``size``, the run's stored bytes
+    (``stored``), which the per-run and per-tenant storage limits are checked against."""
+    size: int = dataclasses.field(default=0, compare=False)
+    """Bytes of this event's payload as read (0 for an event not read from the stream)."""
+
+    @property
+    def stored(self) -> int:
+        """Bytes of the run's events up to and including this one."""
+        return self.stored_before + self.size
 
     @property
     def phase(self) -> kernel.Phase:
@@ -388,6 +399,8 @@ class RunEvent:
             data["owner"] = self.owner
         if self.seal is not None:
             data["seal"] = self.seal.as_dict()
+        if self.stored_before:
+            data["storedBefore"] = self.stored_before
         return dumps(data)
 
     @classmethod
@@ -412,6 +425,8 @@ class RunEvent:
             owner=str(data.get("owner", "")),  # absent: no hold, or written before owners
             seal=_seal_of(data.get("seal")),
             received=admitted_content(raw_config) if kind == "admitted" and raw_config else b"",
+            stored_before=int(data.get("storedBefore", 0)),
+            size=len(payload),
         )
 
 

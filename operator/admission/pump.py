@@ -46,6 +46,7 @@ from .lookup import RunConfigs, ToolServerPending
 from .queue import QueueBoard
 from .queuestatus import QueueStatus, Waiting
 from .settlement import RunSettlement
+from .storage import EventStorage
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class PumpDeps:
     """Reads queued AgentRuns the handler did not hand over (after a restart)."""
     events: EventRecorder
     """Records admissions, queue waits and unadmitted ends as Kubernetes Events."""
+    storage: EventStorage
+    """The event-stream bytes each tenant's runs take, checked before a run is admitted."""
     clock: Callable[[], float] = time.time
     """Epoch seconds."""
 
@@ -299,6 +302,9 @@ class QueuePump:
         except SpecError as err:  # e.g. its AgentModel was deleted while it waited
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
             return None
+        full = self.deps.storage.wait(policy.name)
+        if full is not None:
+            return full
         need = self.deps.configs.first_call_need(config)
         never = never_fits(need, tenant=policy.name, limits=policy.limits)
         if never is not None:  # waiting would block everyone behind it for ever

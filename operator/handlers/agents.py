@@ -9,6 +9,7 @@ here: resolving a run's ``spec.agentRef`` (``runs``, at admission).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -52,7 +53,9 @@ async def agent_changed(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    found = resolve.readiness(body, model_found=model is not None, known_tools=parts.known_tools)
+    found = await asyncio.to_thread(  # the output schema's check: bounded CPU, off the loop
+        resolve.readiness, body, model_found=model is not None, known_tools=parts.known_tools
+    )
     generation = int(body.get("metadata", {}).get("generation") or 1)
     new = resolve.ready_status(
         found, generation=generation, previous=body.get("status") or {}, now=time.time()

@@ -288,7 +288,8 @@ async def run_seen(
     **_: Any,
 ) -> None:
     """Every AgentRun as listed at start-up and on each change: tell the status writer the
-    object's version (its next patch then needs no read); schedule a finished run's deletion
+    object's version (its next patch then needs no read) and the storage count the bytes its
+    events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
     after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished run (an
     unfinished one is cleaned up by ``delete_run`` before its finalizer goes)."""
     assert namespace is not None  # AgentRun is namespaced
@@ -296,10 +297,12 @@ async def run_seen(
     key = RunKey(namespace, name, uid)
     if type == "DELETED":
         parts.reaper.forget(key)
+        parts.storage.forget(uid)
         if status.get("terminalReason"):
             await parts.runs.purge_deleted(namespace, name, uid)
         return
     parts.writer.observe(key, body)
+    parts.storage.observe(uid, status)
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)

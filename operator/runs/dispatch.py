@@ -325,6 +325,7 @@ class Dispatcher:
             generation=view.generation,
             tenant=view.tenant,
         )
+        body["usage"]["eventBytes"] = event.stored  # what the tenant's storage bound counts
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
         if event.summary.pending_approval is not None and not phase.is_terminal:
             news.record_approval_requested(self.events, view.key, event.summary.pending_approval)
@@ -463,7 +464,9 @@ class Dispatcher:
             if last is None or last.run_uid != uid or last.phase.is_terminal:
                 return False
             state = kernel.stop(last.state(), phase, message)
-            event = RunEvent("stop", uid, state.summary(), time=self.clock())
+            event = RunEvent(
+                "stop", uid, state.summary(), time=self.clock(), stored_before=last.stored
+            )
             try:
                 await self.bus.append_event(namespace, name, event, expected_seq=last.seq)
             except CommitConflict:
@@ -485,7 +488,10 @@ class Dispatcher:
         """
         events = await self.bus.read_events(namespace, name)
         try:
-            loaded = history.fold(events, run_uid=uid, seals=self.seals.verifier)
+            # a replay checks final answers against the run's output schema: off the loop
+            loaded = await asyncio.to_thread(
+                history.fold, events, run_uid=uid, seals=self.seals.verifier
+            )
         except Untrusted as err:
             return f"the run's events are not the operator's: {err}"
         if loaded is None:
@@ -501,6 +507,7 @@ class Dispatcher:
                 state.summary(),
                 approval=protocol.Approval(digest, approved),
                 time=self.clock(),
+                stored_before=loaded.stored,
             )
         )
         try:
@@ -557,6 +564,19 @@ class Dispatcher:
                 await self.forget(run.namespace, run.name, run.uid)
             except Exception:  # one failed clean-up must not stop the next ones
                 log.exception("could not stop gone run %s/%s", run.namespace, run.name)
+
+    async def end_refused_runs(self) -> None:
+        """Forever: end each running run whose status the API server refused for its size
+        (``checkpoint_failed``, the message naming the refusal): retrying the write would fail
+        the same way for ever, the run unseen while it holds its tenant's slot and budget."""
+        while True:
+            run, message = await self.writer.next_refused()
+            try:
+                await self.end(
+                    run.namespace, run.name, run.uid, kernel.Phase.CHECKPOINT_FAILED, message
+                )
+            except Exception:  # one failed end must not stop the next ones
+                log.exception("could not end run %s/%s", run.namespace, run.name)
 
     async def cancel_timers(self) -> None:
         """Cancel every deadline timer."""

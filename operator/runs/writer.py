@@ -21,10 +21,13 @@ uid is a run gone), so a write meant for a deleted run can neither land on a new
 same name (its version differs: 409) nor re-create one (404); the API server does not check the
 ``metadata.uid`` the patch also carries. A run found gone (404, or another uid) is dropped and
 handed out by ``next_gone``, so the dispatcher stops whatever of that run is still going. A
-body refused as it is (HTTP 400, 413 or 422 — a value outside the schema, an object grown past
-what the API server stores — or any failure that is not transient, ``platform.failures``) is
-replaced once by a minimal status; a minimal one refused so is dropped. A transient failure is
-retried every ``interval``. Each run's failure is logged once, not at every retry.
+body refused for its size (413, or a 422 naming a length or a count) of a run that has not
+ended hands the run out by ``next_refused``: the dispatcher ends it (``checkpoint_failed``, its
+message naming the refusal), whose terminal status is written, or its minimal form. Any other
+body refused as it is (HTTP 400 or 422 — a value outside the schema — or any failure that is not
+transient, ``platform.failures``) is replaced once by a minimal status; a minimal one refused so
+is dropped. A transient failure is retried every ``interval``. Each run's failure is logged
+once, not at every retry.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -54,6 +58,16 @@ MINIMAL_KEYS = (
 )
 CONFLICT_ATTEMPTS = 5
 """Re-reads of a run whose object changed between our read and our patch, per write."""
+SIZE_WORDS = ("Too long", "Too many", "too large", "must have at most", "may not be more than")
+"""How the API server's 422 says a value is over a bound (``field.TooLong``, ``TooMany``,
+``maxLength``/``maxItems``/``maxProperties`` messages) or the object over etcd's limit."""
+
+
+def refused_for_size(err: ApiError) -> bool:
+    """Whether ``err`` refused a write for its size: HTTP 413 (``RequestEntityTooLarge``:
+    over the API server's request or etcd's value limit), or a 422 naming a bound."""
+    text = f"{err.reason} {err.body or ''}"
+    return err.status == 413 or (err.status == 422 and any(w in text for w in SIZE_WORDS))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,6 +129,7 @@ class StatusWriter:
         self._last_write: dict[RunKey, float] = {}
         self._wake = asyncio.Event()
         self._gone: asyncio.Queue[RunKey] = asyncio.Queue()
+        self._refused: asyncio.Queue[tuple[RunKey, str]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self.failures = Failures(log, what="status patch")
         """Runs whose status write failed (each logged once)."""
@@ -175,6 +190,11 @@ class StatusWriter:
     async def next_gone(self) -> RunKey:
         """Wait for the next run whose object turned out to be gone (404/other uid)."""
         return await self._gone.get()
+
+    async def next_refused(self) -> tuple[RunKey, str]:
+        """Wait for the next run whose status the API server refused for its size while it
+        had not ended, with why (to end it)."""
+        return await self._refused.get()
 
     def forget(self, run: RunKey) -> None:
         """Drop everything about a deleted run."""
@@ -259,6 +279,21 @@ class StatusWriter:
         if isinstance(err, ApiError) and err.status == 404:
             self._went(run)
             return
+        if (
+            isinstance(err, ApiError)
+            and refused_for_size(err)
+            and not pending.body.get("terminalReason")
+        ):
+            log.error(
+                "the API server refused the status of %s/%s for its size (HTTP %s): %s; "
+                "ending the run",
+                run.namespace,
+                run.name,
+                err.status,
+                err.reason,
+            )
+            self._refused.put_nowait((run, _size_message(pending.body, err)))
+            return
         failure = self.failures.failed(run, err, subject=f"AgentRun {run.namespace}/{run.name}")
         if failure.transient:
             self._retry(run, pending)
@@ -299,3 +334,14 @@ class StatusWriter:
                 continue
             self._wake.clear()
             await sleep_until_set(self._wake, wait)
+
+
+def _size_message(body: Mapping[str, Any], err: ApiError) -> str:
+    """Why a run ends whose status was refused for its size: the size and the largest field."""
+    sizes = {key: len(json.dumps(value, default=str).encode()) for key, value in body.items()}
+    largest = max(sizes, key=lambda k: sizes[k]) if sizes else "status"
+    return (
+        f"the run's status ({sum(sizes.values())} bytes; the largest field status.{largest}, "
+        f"{sizes.get(largest, 0)} bytes) was refused by the API server for its size "
+        f"(HTTP {err.status}: {err.reason[:300]}); it cannot be shown, so the run ends"
+    )

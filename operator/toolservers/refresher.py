@@ -120,15 +120,18 @@ class ToolServerRefresher:
         reach: ReachRules,
         tick: float = 2.0,
         slots: NamespaceSlots | None = None,
+        max_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         """``reach``: the rules a server's URL must meet (its namespace's tenant's);
         ``tick``: seconds between two looks for due servers; ``slots``: the discoveries
         running at once (default: 16, at most 4 of one namespace; the others wait their turn,
-        none blocks anything else)."""
+        none blocks anything else); ``max_timeout``: the most seconds one discovery may take
+        (the platform's cap on ``spec.timeouts.discovery``)."""
         self._api = api
         self._reach = reach
+        self._max_timeout = max_timeout
         self._tick = tick
         self._clock = clock
         self._wall = wall
@@ -244,6 +247,8 @@ class ToolServerRefresher:
         generation: int,
         previous: Mapping[str, Any],
     ) -> dict[str, Any]:
+        asked = spec.timeouts.discovery.seconds
+        timeout = min(asked, self._max_timeout)
         try:
             tenant, rules = await self._reach(namespace)
             rule = url_rule(spec.url, rules, tenant=tenant)
@@ -258,13 +263,23 @@ class ToolServerRefresher:
                 spec.url,
                 spec.transport,
                 headers,
-                timeout=spec.timeouts.discovery.seconds,
+                timeout=timeout,
                 private_network=rule.private_network,
             )
             found = await remote.discover(endpoint)
         except remote.RemoteError as err:
-            return failed_status(previous, err.message, generation=generation, now=self._wall())
-        return discovered_status(spec, found, generation=generation, now=self._wall())
+            message = err.message
+            if timeout < asked:
+                message += (
+                    f" (spec.timeouts.discovery {spec.timeouts.discovery} is clamped to the "
+                    f"platform's {timeout:g}s)"
+                )
+            return failed_status(previous, message, generation=generation, now=self._wall())
+        # the server's input schemas are checked (bounded CPU, in a thread: the event loop
+        # serves every other tenant meanwhile)
+        return await asyncio.to_thread(
+            discovered_status, spec, found, generation=generation, now=self._wall()
+        )
 
     async def _headers(self, spec: AgentToolServerSpec, namespace: str) -> dict[str, str]:
         if spec.headers_from is None:

@@ -233,6 +233,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "costUSD",
         "wallSeconds",
         "estimated",
+        "eventBytes",
     }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from agentrun.operator.platform.kubeapi import ApiError, Ref
 from agentrun.operator.runs import RunKey
-from agentrun.operator.runs.writer import StatusWriter
+from agentrun.operator.runs.writer import StatusWriter, refused_for_size
 
 RUN = RunKey("ns", "run", "uid-1")
 
@@ -367,3 +367,43 @@ async def test_a_transient_failure_is_retried_and_logged_once_until_it_recovers(
     assert api.refused == 5 and [w[1]["terminalReason"] for w in api.writes] == ["completed"]
     logged = [r.getMessage() for r in caplog.records if "ns/run" in r.getMessage()]
     assert len(logged) == 2 and "HTTP 503" in logged[0] and "recovered" in logged[1], logged
+
+
+async def test_a_running_status_refused_for_its_size_hands_the_run_out_once_to_end() -> None:
+    api = FakeApi(fail_with=413)
+    writer = StatusWriter(api, interval=0.0)
+    writer.start()
+    body = {**running(5), "answer": "x" * 2000, "message": "m"}
+    writer.submit(RUN, body, seq=5, terminal=False)
+    async with asyncio.timeout(2):
+        run, message = await writer.next_refused()
+    assert run == RUN
+    assert message.startswith("the run's status (")
+    assert (
+        "the largest field status.answer, 2002 bytes) was refused by the API server for its "
+        "size (HTTP 413: test)"
+    ) in message
+    await asyncio.sleep(0.1)
+    await writer.flush_and_stop()
+    assert api.refused == 1  # not retried: the dispatcher ends the run
+
+
+async def test_a_terminal_status_refused_for_its_size_is_written_minimal() -> None:
+    api = FakeApi(fail_with=413)
+    writer = StatusWriter(api, interval=0.0)
+    body = {**ended(7, "completed"), "answer": "x" * 2000}
+    writer.submit(RUN, body, seq=7, terminal=True)
+    await writer.flush()
+    api.fail_with = None
+    await writer.flush()
+    (written,) = [w[1] for w in api.writes]
+    assert written["terminalReason"] == "completed" and "answer" not in written
+    assert written["message"].startswith("full status refused by the API server (HTTP 413")
+
+
+def test_which_refusals_are_for_size() -> None:
+    assert refused_for_size(ApiError(413, "Request Entity Too Large"))
+    too_long = '{"message": "status.message: Too long: may not be more than 32768 bytes"}'
+    assert refused_for_size(ApiError(422, "Unprocessable Entity", too_long))
+    assert not refused_for_size(ApiError(422, "Unprocessable Entity", '{"message": "Invalid"}'))
+    assert not refused_for_size(ApiError(500, "Too long a wait"))
