@@ -122,7 +122,7 @@ async def _append_turn(
         request.namespace, request.name, event, expected_seq=request.expected_seq
     )
     stored = run.stored + len(event.encode())
-    return history.LoadedRun(run.config, after, seq, owner, stored)
+    return dataclasses.replace(run, state=after, seq=seq, committer=owner, stored=stored)
 
 
 def _storage_full(run: history.LoadedRun, settings: ConsumerSettings) -> str:

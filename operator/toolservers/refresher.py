@@ -122,7 +122,6 @@ class ToolServerRefresher:
         slots: NamespaceSlots | None = None,
         max_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
     ) -> None:
         """``reach``: the rules a server's URL must meet (its namespace's tenant's);
         ``tick``: seconds between two looks for due servers; ``slots``: the discoveries
@@ -134,7 +133,6 @@ class ToolServerRefresher:
         self._max_timeout = max_timeout
         self._tick = tick
         self._clock = clock
-        self._wall = wall
         self._known: dict[tuple[str, str], _Known] = {}
         self._kick = asyncio.Event()
         self._stopped = False
@@ -200,7 +198,7 @@ class ToolServerRefresher:
         namespace, name = str(meta.get("namespace")), str(meta.get("name"))
         generation = int(meta.get("generation") or 1)
         previous = body.get("status") or {}
-        now = self._wall()
+        now = time.time()
         try:
             spec = AgentToolServerSpec.of(body.get("spec"))
         except SpecError as err:
@@ -233,7 +231,7 @@ class ToolServerRefresher:
         if failure.transient:
             return
         message = f"what discovery found could not be written to the status ({err})"
-        body = failed_status(previous, message[:1000], generation=generation, now=self._wall())
+        body = failed_status(previous, message[:1000], generation=generation, now=time.time())
         try:
             await self._api.patch_status(ref, keep_transition(body, previous))
         except Exception as again:  # refused too: the log says it, once
@@ -253,10 +251,10 @@ class ToolServerRefresher:
             tenant, rules = await self._reach(namespace)
             rule = url_rule(spec.url, rules, tenant=tenant)
         except (LookupError, SpecError) as err:
-            return refused_status(str(err), generation=generation, now=self._wall())
+            return refused_status(str(err), generation=generation, now=time.time())
         except ApiError as err:
             why = f"the tenant of namespace {namespace} cannot be read: HTTP {err.status}"
-            return failed_status(previous, why, generation=generation, now=self._wall())
+            return failed_status(previous, why, generation=generation, now=time.time())
         try:
             headers = await self._headers(spec, namespace)
             endpoint = remote.Endpoint(
@@ -274,11 +272,11 @@ class ToolServerRefresher:
                     f" (spec.timeouts.discovery {spec.timeouts.discovery} is clamped to the "
                     f"platform's {timeout:g}s)"
                 )
-            return failed_status(previous, message, generation=generation, now=self._wall())
+            return failed_status(previous, message, generation=generation, now=time.time())
         # the server's input schemas are checked (bounded CPU, in a thread: the event loop
         # serves every other tenant meanwhile)
         return await asyncio.to_thread(
-            discovered_status, spec, found, generation=generation, now=self._wall()
+            discovered_status, spec, found, generation=generation, now=time.time()
         )
 
     async def _headers(self, spec: AgentToolServerSpec, namespace: str) -> dict[str, str]:

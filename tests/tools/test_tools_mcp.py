@@ -350,7 +350,10 @@ def test_a_hostile_output_schema_never_runs_in_the_callers_loop(
 def test_a_hostile_server_lists_the_schemas_its_author_chose(
     server: mcp_support.McpProcess,
 ) -> None:
-    found = {d.name: d for d in asyncio.run(remote.discover(remote.Endpoint(server.url)))}
+    found = {
+        d.name: d
+        for d in asyncio.run(remote.discover(remote.Endpoint(server.url, private_network=True)))
+    }
     code = found["guarded"].input_schema["properties"]["code"]
     assert code["pattern"] == mcp_support.HOSTILE_PATTERN
     assert "(?!x)" in found["lookahead"].input_schema["properties"]["code"]["pattern"]

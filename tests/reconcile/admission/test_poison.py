@@ -24,6 +24,7 @@ from agentrun.operator.admission.pump import PumpDeps, QueuePump
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.admission.queuestatus import QueueStatus
 from agentrun.operator.admission.settlement import RunSettlement
+from agentrun.operator.admission.storage import EventStorage
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.kubeapi import ApiError
 from agentrun.operator.platform.spec import ObjectMeta
@@ -139,6 +140,7 @@ async def make_pump(
             board=board,
             api=api,
             events=events,
+            storage=EventStorage(limit=256 * 1024 * 1024),
         )
     )
     return pump, runs, store, tenant
