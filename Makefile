@@ -106,6 +106,7 @@ bench-all: bench
 	cd bench && ../$(BIN)/python bench_instrumentation.py
 	cd bench && ../$(BIN)/python bench_ledger.py
 	cd bench && ../$(BIN)/python bench_cpu.py
+	cd bench && ../$(BIN)/python bench_fairness.py
 
 ## bench-ab REF=<git rev> [BENCH=bench_cpu.py] [N=3] [ARGS='--runs 20'] [OWN=1]: this tree
 ## against REF (built once per commit in the cache with its own virtualenv), the bench run in

@@ -54,6 +54,11 @@ Subscribe = pulling.Subscribe
 Handle = pulling.Handle
 
 
+EVENTS_PER_RUN = 100_000
+"""Events one run's subject may hold (``max_msgs_per_subject``): far above any run's (steps
+are at most 1 000, each turn one event or two), a bound on a writer gone wrong."""
+
+
 class CommitConflict(Exception):
     """The run's subject moved on: another writer committed first; this commit is void."""
 
@@ -74,6 +79,10 @@ class BusSettings:
     run ``checkpoint_failed`` on a permanent one."""
     duplicate_window: float = 120.0
     """JetStream de-duplication window for ``Nats-Msg-Id`` (seconds)."""
+    events_max_bytes: int = -1
+    """``max_bytes`` of ``AGENTRUN_EVENTS`` (-1: the server's limits only); with
+    ``discard: new`` a full stream refuses new events (``nats.js.errors.APIError``, "maximum
+    bytes exceeded") and never drops committed ones."""
 
 
 class Bus:
@@ -132,6 +141,16 @@ class Bus:
                 storage=api.StorageType.FILE,
                 duplicate_window=self.settings.duplicate_window,
                 allow_direct=True,
+                # bounded where they enter: one event at most the connection's max payload,
+                # one run at most EVENTS_PER_RUN events, the stream at most events_max_bytes;
+                # full, it refuses new events ("maximum bytes exceeded": a worker retries the
+                # turn as NATS trouble until deleted runs' purges make room) and never drops
+                # committed ones
+                max_msg_size=self.nc.max_payload,
+                max_msgs_per_subject=EVENTS_PER_RUN,
+                max_bytes=self.settings.events_max_bytes,
+                discard=api.DiscardPolicy.NEW,
+                discard_new_per_subject=True,
             ),
         ]
         for config in configs:
@@ -200,8 +219,14 @@ class Bus:
 
     async def pending_turns(self) -> int:
         """TurnRequests not yet delivered to any worker (the work queue's backlog)."""
+        return (await self.turn_backlog())[0]
+
+    async def turn_backlog(self) -> tuple[int, int]:
+        """(TurnRequests not yet delivered to any worker, the workers' pull requests waiting
+        for one): the work queue's backlog and its idle demand, read from the workers'
+        consumer (one request)."""
         info = await self.js._jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
-        return int(info.num_pending or 0)
+        return int(info.num_pending or 0), int(info.num_waiting or 0)
 
     async def stats(self) -> metrics.BusStats:
         """Stored bytes and messages of agentrun's streams (the work queue, the run events, the

@@ -35,6 +35,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from agentrun import kernel
 from agentrun.ledger import Book
 from agentrun.protocol import RunConfig
+from agentrun.trust import SealFault
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -221,6 +222,17 @@ APPROVAL_OLDEST = Gauge(
     "(Unix seconds; no series while none waits); exported by the leading operator.",
     ["tenant"],
 )
+MESSAGES_REFUSED = Counter(
+    "agentrun_messages_refused",
+    "Messages refused as not the operator's, by reason: a run config or approval without a "
+    "valid seal for its run (unsigned, unknown_key, bad_signature, wrong_run, changed_config), "
+    "a tenant ledger book rolled back below what the operator saw (ledger_rollback).",
+    ["reason"],
+)
+"""Every reason exists at 0 from import (a refusal is rare: its first one must show in
+``increase()``)."""
+for _fault in SealFault:
+    MESSAGES_REFUSED.labels(reason=_fault.value)
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
 EVAL_CASES = Counter(
@@ -384,6 +396,11 @@ def count_model_call(tenant: str, *, model: str, error_type: ModelErrorType | No
     MODEL_CALLS.labels(tenant=tenant, model=model).inc()
     if error_type is not None:
         MODEL_CALL_ERRORS.labels(tenant=tenant, model=model, error_type=error_type.value).inc()
+
+
+def record_refusal(fault: SealFault) -> None:
+    """One message refused for ``fault`` (``agentrun_messages_refused_total``)."""
+    MESSAGES_REFUSED.labels(reason=fault.value).inc()
 
 
 def export_operator() -> None:

@@ -24,6 +24,12 @@ may take together at NATS's default ``max_payload`` of 1 MiB. A write call's res
 in its effect-ledger entry and in the turn's event, each one message on the bus."""
 
 
+RUN_EVENT_MAX_BYTES = 8 * 1_048_576
+"""Default bytes one run's events may take (``AGENTRUN_RUN_EVENT_MAX_BYTES``)."""
+TENANT_EVENT_MAX_BYTES = 256 * 1_048_576
+"""Default bytes the events of one tenant's runs may take (``AGENTRUN_TENANT_EVENT_MAX_BYTES``)."""
+
+
 class ProcessSettings(BaseSettings):
     """Settings shared by ``agentrun-operator`` and ``agentrun-worker``.
 
@@ -50,6 +56,11 @@ class ProcessSettings(BaseSettings):
     nats_ca_file: Path | None = None
     """``AGENTRUN_NATS_CA_FILE``: PEM CA bundle the NATS server's certificate must chain to,
     its name checked against the URL's host; unset: plain-text NATS."""
+    run_trust_file: Path | None = None
+    """``AGENTRUN_RUN_TRUST_FILE``: the public run-signing keys this process trusts
+    (``trust.json``, ``agentrun.trust.keys``; the chart mounts it from ``<fullname>-trust``),
+    read again when it changes. Required: a worker acts on no run config, and the operator
+    follows no run, whose seal it cannot check."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """``AGENTRUN_METRICS_PORT``: Prometheus ``/metrics`` port; 0 serves none."""
     metrics_addr: str = "0.0.0.0"
@@ -62,6 +73,15 @@ class ProcessSettings(BaseSettings):
     """``AGENTRUN_HEALTH_PORT``: HTTP port of ``/healthz`` (alive: answered by the process's
     event loop itself, so a stuck loop fails it) and ``/readyz`` (operator: the installed CRDs
     serve what it writes; worker: it takes turns, not while it drains); 0 serves none."""
+
+    def trust_path(self) -> Path:
+        """``run_trust_file``; raises ``ValueError`` saying what to set when it is unset."""
+        if self.run_trust_file is None:
+            raise ValueError(
+                "AGENTRUN_RUN_TRUST_FILE is not set: name the trust.json holding the run-signing "
+                "public keys (`agentrun signing bootstrap` makes it; the chart mounts it)"
+            )
+        return self.run_trust_file
 
     @property
     def nats_auth(self) -> NatsAuth:
@@ -82,12 +102,23 @@ class ProcessSettings(BaseSettings):
 class OperatorSettings(ProcessSettings):
     """Settings of ``agentrun-operator`` (plus the shared ones)."""
 
+    run_signing_file: Path | None = None
+    """``AGENTRUN_RUN_SIGNING_FILE``: the operator's run-signing keys (``signing.json``,
+    ``agentrun.trust.keys``; the chart mounts it from ``<fullname>-signing``), with which it
+    seals every run config it admits and every approval; read again when it changes.
+    Required."""
     status_interval: float = Field(default=5.0, ge=0)
     """``AGENTRUN_STATUS_INTERVAL``: least seconds between two ``.status`` writes of one run
     (the first write, terminal writes and approval requests go at once)."""
     default_tenant: str | None = None
     """``AGENTRUN_DEFAULT_TENANT``: the AgentTenant charged for runs in namespaces no tenant
     binds; unset rejects such runs ``invalid_spec``."""
+    turn_backlog: int = Field(default=2, ge=0, le=10_000)
+    """``AGENTRUN_TURN_BACKLOG``: most TurnRequests the operator leaves undelivered in the
+    work queue beyond the workers' waiting pull requests; the others wait in the operator and
+    are published in fair order across tenants (a turn that becomes ready waits behind at
+    most this many others). Higher: fewer reads of the queue's backlog under load; lower:
+    fairer."""
     orphan_after: float = Field(default=10.0, gt=0)
     """``AGENTRUN_ORPHAN_AFTER``: seconds after which a running run whose TurnRequest is neither
     queued nor in a worker's hands, and that committed nothing since, is dispatched again."""
@@ -118,6 +149,35 @@ class OperatorSettings(ProcessSettings):
     crd_check_interval: float = Field(default=5.0, gt=0)
     """``AGENTRUN_CRD_CHECK_INTERVAL``: seconds between two checks of the installed CRDs while
     they do not serve what this operator writes."""
+    tenant_event_max_bytes: int = Field(default=TENANT_EVENT_MAX_BYTES, ge=1_048_576)
+    """``AGENTRUN_TENANT_EVENT_MAX_BYTES``: the most bytes the events of one tenant's runs may
+    take in the event stream (runs not deleted yet, finished ones included, as their
+    ``status.usage.eventBytes`` says); at it, the tenant's next runs wait ``Queued``
+    (``EventStorageFull``) until runs are deleted (``ttlSecondsAfterFinished`` or a person).
+    Enforced at admission: runs already going finish, each within the workers'
+    ``AGENTRUN_RUN_EVENT_MAX_BYTES``."""
+    event_stream_max_bytes: int = Field(default=-1, ge=-1)
+    """``AGENTRUN_EVENT_STREAM_MAX_BYTES``: ``max_bytes`` of the ``AGENTRUN_EVENTS`` stream
+    (-1, the default: no limit but the server's own), with ``discard: new`` so a full stream
+    refuses new events instead of dropping committed ones. A backstop for the whole store:
+    set it below the JetStream store (so the work queue and the ledger keep room) and above
+    the tenants' ``AGENTRUN_TENANT_EVENT_MAX_BYTES`` together; when it is reached anyway,
+    workers retry the refused turns as NATS trouble (each retry a model call) until deleted
+    runs make room."""
+    tool_discovery_timeout_max: float = Field(default=30.0, gt=0, le=600)
+    """``AGENTRUN_TOOL_DISCOVERY_TIMEOUT_MAX``: the most seconds one AgentToolServer's
+    discovery may take, whatever its ``spec.timeouts.discovery`` asks (a longer one is clamped
+    to it, and a failed discovery's message says so): discovery slots are shared by every
+    namespace, so a user's hanging server must not hold one for long."""
+
+    def signing_path(self) -> Path:
+        """``run_signing_file``; raises ``ValueError`` saying what to set when it is unset."""
+        if self.run_signing_file is None:
+            raise ValueError(
+                "AGENTRUN_RUN_SIGNING_FILE is not set: name the signing.json holding the "
+                "operator's run-signing keys (`agentrun signing bootstrap` makes it)"
+            )
+        return self.run_signing_file
 
     @pydantic.model_validator(mode="after")
     def _lease_timings(self) -> OperatorSettings:
@@ -156,6 +216,10 @@ class WorkerSettings(ProcessSettings):
     exponential backoff from 0.5 s, within the run's deadline."""
     hold_ttl: float = Field(default=60.0, gt=0)
     """``AGENTRUN_HOLD_TTL``: seconds a ledger hold outlives its last refresh."""
+    run_event_max_bytes: int = Field(default=RUN_EVENT_MAX_BYTES, ge=1_048_576)
+    """``AGENTRUN_RUN_EVENT_MAX_BYTES``: the most bytes one run's events may take in the event
+    stream; a run at it ends ``checkpoint_failed`` before its next model call (so it holds at
+    most this plus one turn's event). At least 1 MiB (one event)."""
     termination_grace: float = Field(default=30.0, gt=0)
     """``AGENTRUN_TERMINATION_GRACE``: seconds from SIGTERM until the process is killed (the
     pod's ``terminationGracePeriodSeconds``, which the chart passes; Kubernetes' default is

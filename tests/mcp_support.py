@@ -12,6 +12,10 @@ every behaviour the tests need, each in its own tool:
 - ``huge`` (n bytes of text), ``picture`` (an image and a text part), ``structured`` (structured
   content only): large and non-text results.
 - ``grow``: adds the tool ``extra`` to the server's list (a changing tool list).
+- ``guarded`` (lists an ``inputSchema`` whose ``code`` has the catastrophic pattern
+  ``^(a+)+$``), ``lookahead`` (lists a pattern with a lookahead, which RE2 refuses) and
+  ``shaped`` (lists an ``outputSchema`` with ``^(a+)+$`` and returns structured content that
+  backtracks on it for hours): a hostile server's schemas, as its author chooses them.
 - ``count`` (a write): counts its calls per key in a file given by ``--count-file``, and echoes
   the idempotency key it received in ``_meta`` (an ignored ``note`` makes a second argument);
   ``count_slow`` counts at once and answers after the given seconds (a window to kill a worker
@@ -144,7 +148,52 @@ def build(count_file: str | None) -> MCPServer:
         return {"city": city, "celsius": 21}
 
     server.add_tool(structured, structured_output=True)
+    hostile(server)
     return server
+
+
+HOSTILE_PATTERN = "^(a+)+$"
+"""Backtracks for seconds at 30 characters, hours at 40 (Python's re)."""
+HOSTILE_TEXT = "a" * 40 + "!"
+
+
+def guarded(code: str) -> str:
+    """Echo a code (its listed schema asks for ^(a+)+$)."""
+    return f"code {len(code)}"
+
+
+def lookahead(code: str) -> str:
+    """Echo a code (its listed schema has a lookahead)."""
+    return f"code {code}"
+
+
+def shaped() -> dict[str, Any]:
+    """Structured content its listed output schema backtracks on."""
+    return {"v": HOSTILE_TEXT}
+
+
+def hostile(server: MCPServer) -> None:
+    """Add ``guarded``, ``lookahead`` and ``shaped`` with the schemas a hostile author lists.
+    The SDK derives a tool's listed schemas from its signature; these are replaced after
+    (``Tool.parameters`` and the output schema of its ``fn_metadata``: the SDK's own fields),
+    as a server written by hand would list them. The server's own argument checks keep the
+    signature's (no pattern)."""
+    for tool in (guarded, lookahead):
+        server.add_tool(tool)
+    server.add_tool(shaped, structured_output=True)
+    tools = server._tool_manager  # the SDK keeps its tools here
+    pattern = {"guarded": HOSTILE_PATTERN, "lookahead": "^(?!x)[a-z]+$"}
+    for name, regex in pattern.items():
+        tools.get_tool(name).parameters = {
+            "type": "object",
+            "properties": {"code": {"type": "string", "pattern": regex}},
+            "required": ["code"],
+        }
+    shaped_tool = tools.get_tool("shaped")
+    shaped_tool.fn_metadata.output_schema = {
+        "type": "object",
+        "properties": {"v": {"type": "string", "pattern": HOSTILE_PATTERN}},
+    }
 
 
 class Recorder:

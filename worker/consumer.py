@@ -3,7 +3,11 @@
 Delivery rules: ack only after the turn event is committed; ``in_progress``
 heartbeats while a turn runs so JetStream does not redeliver it; a request whose base event is
 not the run's last event is stale (the turn was already committed, or the run moved on) and is
-acked without running; a commit that loses the compare-and-set is dropped, never retried.
+acked without running; a commit that loses the compare-and-set is dropped, never retried. A
+request for a run whose config the operator did not seal (``history.load`` raises
+``trust.Untrusted``) is refused: acked without a model call, a Secret read or a tool call,
+counted in ``agentrun_messages_refused_total``; the operator, which reads the same events, ends
+the run (or re-seals one admitted before seals existed, and dispatches it again).
 
 Stopping (SIGTERM) drains: nothing more is fetched, the turns in flight run on (heartbeats and
 hold refreshes too) for the drain time, and only those still running then are cancelled and
@@ -35,10 +39,12 @@ from agentrun.ledger import (
     TurnRef,
 )
 from agentrun.protocol import RunEvent, TurnRequest
+from agentrun.settings import RUN_EVENT_MAX_BYTES
+from agentrun.trust import Untrusted, Verifier
 
 from . import history
 from .secrets import SecretUnavailable
-from .turn import PhaseClock, TurnDeps, execute_turn
+from .turn import PhaseClock, TurnDeps, execute_turn, off_loop
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,9 @@ class ConsumerSettings:
     fetching (``AGENTRUN_TERMINATION_GRACE`` less ``AGENTRUN_DRAIN_MARGIN``); turns still
     running then are cancelled and left for another worker (a write call in flight completes
     and records its outcome first). 0 cancels them at once."""
+    run_event_max_bytes: int = RUN_EVENT_MAX_BYTES
+    """Bytes one run's events may take; a run at it ends ``checkpoint_failed`` before its
+    next model call."""
 
 
 NEWER_SCHEMA_DELAY = 30.0
@@ -90,35 +99,58 @@ async def commit_turn(
     record: kernel.TurnRecord,
     *,
     owner: str = "",
-) -> tuple[kernel.TurnRecord, kernel.RunState, int]:
+) -> tuple[kernel.TurnRecord, history.LoadedRun]:
     """Fold ``record`` into ``run`` and append it as the turn's event on top of
     ``request.expected_seq``, naming ``owner`` (the delivery's ledger hold owner, whose model
-    call the record holds; "" without a ledger); returns the record committed, the state after
-    it and the event's stream sequence. An event over the bus's message cap is committed once
-    more with the record the kernel shrinks it to (``kernel.shrink_record``: a corrective turn
-    that keeps the call's usage), so model output or tool results never make a turn
-    uncommittable.
+    call the record holds; "" without a ledger); returns the record committed and the run
+    after it (its state, the event's stream sequence, the run's stored bytes). An event over
+    the bus's message cap is committed once more with the record the kernel shrinks it to
+    (``kernel.shrink_record``: a corrective turn that keeps the call's usage), so model
+    output or tool results never make a turn uncommittable.
 
     Raises ``CommitConflict`` (the run moved on) and ``EventTooLarge`` (even the shrunk
     record does not fit: the caller ends the run ``checkpoint_failed``).
     """
-    after = kernel.advance(run.state, record, run.config.limits)
+    after = await off_loop(run.config, kernel.advance, run.state, record, run.config.limits)
     try:
-        return record, after, await _append_turn(bus, request, after, record, owner)
+        return record, await _append_turn(bus, request, run, after, record, owner)
     except EventTooLarge as err:
         log.warning("turn %s: %s; committing it shrunk", request.msg_id, err)
         record = kernel.shrink_record(record, size=err.size, cap=err.cap)
-        after = kernel.advance(run.state, record, run.config.limits)
-        return record, after, await _append_turn(bus, request, after, record, owner)
+        after = await off_loop(run.config, kernel.advance, run.state, record, run.config.limits)
+        return record, await _append_turn(bus, request, run, after, record, owner)
 
 
 async def _append_turn(
-    bus: Bus, request: TurnRequest, after: kernel.RunState, record: kernel.TurnRecord, owner: str
-) -> int:
-    summary = after.summary()
-    event = RunEvent("turn", request.run_uid, summary, record=record, time=time.time(), owner=owner)
-    return await bus.append_event(
+    bus: Bus,
+    request: TurnRequest,
+    run: history.LoadedRun,
+    after: kernel.RunState,
+    record: kernel.TurnRecord,
+    owner: str,
+) -> history.LoadedRun:
+    event = RunEvent(
+        "turn",
+        request.run_uid,
+        after.summary(),
+        record=record,
+        time=time.time(),
+        owner=owner,
+        stored_before=run.stored,
+    )
+    seq = await bus.append_event(
         request.namespace, request.name, event, expected_seq=request.expected_seq
+    )
+    stored = run.stored + len(event.encode())
+    return dataclasses.replace(run, state=after, seq=seq, committer=owner, stored=stored)
+
+
+def _storage_full(run: history.LoadedRun, settings: ConsumerSettings) -> str:
+    """Why a run whose events reached the per-run bound ends (before another model call)."""
+    return (
+        f"the run's events take {run.stored} bytes of the event stream, at its limit of "
+        f"{settings.run_event_max_bytes} (AGENTRUN_RUN_EVENT_MAX_BYTES); no more turns can be "
+        "checkpointed"
     )
 
 
@@ -139,10 +171,13 @@ class TurnConsumer:
         deps: TurnDeps,
         settings: ConsumerSettings,
         *,
+        seals: Verifier,
         ledger: LedgerStore | None = None,
     ) -> None:
-        """``ledger``: the tenant budget ledger (``None``: no tenant budgets, for tests)."""
+        """``seals``: checks that a run's config is the operator's; ``ledger``: the tenant
+        budget ledger (``None``: no tenant budgets, for tests)."""
         self.bus = bus
+        self.seals = seals
         self.deps = deps
         self.settings = settings
         self.ledger = ledger
@@ -272,7 +307,9 @@ class TurnConsumer:
         if last is None or last.seq != request.expected_seq or last.phase.is_terminal:
             return
         state = kernel.stop(last.state(), kernel.Phase.CHECKPOINT_FAILED, message)
-        event = RunEvent("stop", request.run_uid, state.summary(), time=time.time())
+        event = RunEvent(
+            "stop", request.run_uid, state.summary(), time=time.time(), stored_before=last.stored
+        )
         with contextlib.suppress(CommitConflict):
             await self.bus.append_event(
                 request.namespace, request.name, event, expected_seq=request.expected_seq
@@ -283,11 +320,16 @@ class TurnConsumer:
         if (msg.metadata.num_delivered or 1) > 1:  # the turn may have committed elsewhere:
             self.cache.drop(request.run_uid)  # read the run's events, not what this worker saw
         try:
-            run = await history.load(self.bus, self.cache, request)
+            run = await history.load(self.bus, self.cache, request, seals=self.seals)
         except history.CorruptHistory as err:
             log.warning(
                 "skipping turn %s of %s/%s: %s", request.turn, request.namespace, request.name, err
             )
+            await msg.ack()
+            return
+        except Untrusted as err:
+            metrics.record_refusal(err.fault)
+            log.warning("refused turn %s: %s", request.msg_id, err)
             await msg.ack()
             return
         if (
@@ -297,6 +339,10 @@ class TurnConsumer:
             or run.state.phase is not kernel.Phase.RUNNING
         ):
             log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
+            await msg.ack()
+            return
+        if run.stored >= self.settings.run_event_max_bytes:
+            await self._commit_failure(request, _storage_full(run, self.settings))
             await msg.ack()
             return
         metrics.know_run(run.config, catalog=self.deps.catalog)
@@ -332,12 +378,13 @@ class TurnConsumer:
                 otel_context.detach(token)
         owner = "" if hold is None else hold.owner  # names the call this commit contains
         try:
-            record, after, seq = await commit_turn(self.bus, request, run, record, owner=owner)
+            record, committed = await commit_turn(self.bus, request, run, record, owner=owner)
         except CommitConflict as err:  # the block's exit charges this delivery's call
             log.info("turn %s not committed: %s", request.msg_id, err)
             self.cache.drop(request.run_uid)
             return None
-        self.cache.put(history.LoadedRun(run.config, after, seq, owner))
+        after = committed.state
+        self.cache.put(committed)
         self.turns_committed += 1
         if hold is not None:
             try:

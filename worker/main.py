@@ -15,6 +15,7 @@ from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog, sessions
+from agentrun.trust import Verifier, trust_file
 
 from .consumer import ConsumerSettings, TurnConsumer
 from .effects import EffectLedger
@@ -28,7 +29,10 @@ log = logging.getLogger("agentrun.worker")
 
 async def serve(config: WorkerSettings) -> None:
     """Run one worker until SIGTERM/SIGINT, then drain: the turns it holds get
-    ``config.drain_seconds`` to commit before the rest are handed back."""
+    ``config.drain_seconds`` to commit before the rest are handed back. Raises ``ValueError``
+    (no trust file set), ``OSError`` and ``trust.KeyFileError`` (it cannot be read) before
+    connecting anywhere."""
+    seals = Verifier(trust_file(config.trust_path()))
     url = config.nats_url
     bus = await Bus.connect(  # binds what the operator provisions; creates nothing
         BusSettings(url=url, auth=config.nats_auth, ack_wait=config.turn_ack_wait),
@@ -44,13 +48,8 @@ async def serve(config: WorkerSettings) -> None:
     consumer = TurnConsumer(
         bus,
         deps,
-        ConsumerSettings(
-            concurrency=config.worker_concurrency,
-            # one beat refreshes both the JetStream delivery and the ledger hold
-            heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
-            hold_ttl=config.hold_ttl,
-            drain=config.drain_seconds,
-        ),
+        _consumer_settings(config),
+        seals=seals,
         ledger=await LedgerStore.open(ledger_nc.jetstream(), create=False),
     )
     process.stop_on_signals(consumer.stop)
@@ -76,6 +75,18 @@ async def serve(config: WorkerSettings) -> None:
             with contextlib.suppress(Exception):
                 await api.close()
         log.info("worker %d stopped", os.getpid())
+
+
+def _consumer_settings(config: WorkerSettings) -> ConsumerSettings:
+    """The turn consumer's concurrency, beats, drain time and per-run event bound."""
+    return ConsumerSettings(
+        concurrency=config.worker_concurrency,
+        # one beat refreshes both the JetStream delivery and the ledger hold
+        heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
+        hold_ttl=config.hold_ttl,
+        drain=config.drain_seconds,
+        run_event_max_bytes=config.run_event_max_bytes,
+    )
 
 
 async def _kube_api() -> ApiClient | None:

@@ -9,6 +9,7 @@ deciding anything (``kernel``). Payloads are UTF-8 JSON.
 - ``shapes``: pydantic models of the payloads off the hot path, parsed and converted once;
 - ``events``: ``RunEvent`` and the per-turn codec of records and summaries;
 - ``versions``: the wire schema's version every message carries, and the readers' check.
+- ``sealed``: the operator's ``Seal`` on an event and the exact bytes it covers.
 """
 
 from agentrun.protocol.events import (
@@ -35,6 +36,7 @@ from agentrun.protocol.messages import (
     TurnRequest,
     UrlRule,
 )
+from agentrun.protocol.sealed import Seal, admitted_content, approval_content, canonical
 from agentrun.protocol.shapes import (
     RunConfigShape,
     TurnRequestShape,
@@ -80,12 +82,16 @@ __all__ = [
     "RunConfig",
     "RunConfigShape",
     "RunEvent",
+    "Seal",
     "SecretRef",
     "TurnRequest",
     "TurnRequestShape",
     "UnsupportedSchema",
     "UrlRule",
+    "admitted_content",
+    "approval_content",
     "cancel_subject",
+    "canonical",
     "decision_as_dict",
     "decision_from_dict",
     "decode_turn_request",

@@ -49,6 +49,7 @@ __all__ = [
     "mcp_error_code",
     "open_session",
     "root_cause",
+    "trust_no_output_schema",
 ]
 
 SDK_MODULES = ("mcp", "mcp.client.sse", "mcp.client.streamable_http")
@@ -190,6 +191,23 @@ STATUSES = HttpStatuses()
 """The process's record, fed by every session ``open_session`` opens."""
 
 
+async def _unchecked(name: str, result: object) -> None:
+    """Accept any tool result: the structured content is data for the model, never trusted."""
+
+
+def trust_no_output_schema(session: object) -> None:
+    """Stop ``session`` (an ``mcp`` ``ClientSession``) from checking tool results against the
+    ``outputSchema`` the server lists. The SDK checks with ``jsonschema`` and Python's
+    backtracking ``re``, inside the caller's event loop, a schema and a content that the
+    server alone chooses: one hostile server would freeze every tenant's runs on the worker
+    (``^(a+)+$`` and 40 characters take hours). The runtime never relies on the result's
+    shape (``remote.render_result`` shows it to the model as data), so the check is dropped,
+    not moved; dropping it also saves the ``tools/list`` the SDK sends before a session's
+    first call to learn the schema. ``validate_tool_result`` is the SDK's public method that
+    both ``Client.call_tool`` and ``ClientSession.call_tool`` go through."""
+    setattr(session, "validate_tool_result", _unchecked)  # noqa: B010 (shadows the method)
+
+
 @contextlib.asynccontextmanager
 async def open_session(
     endpoint: Endpoint,
@@ -253,4 +271,6 @@ async def open_session(
         client = Client(
             transport, read_timeout_seconds=endpoint.timeout, cache=None, message_handler=on_message
         )
-        yield await stack.enter_async_context(client)
+        entered = await stack.enter_async_context(client)
+        trust_no_output_schema(entered.session)
+        yield entered

@@ -5,10 +5,15 @@ tenant's queue (``queue.<tenant>`` in the ledger bucket). A pump per tenant admi
 head while the tenant has a free ``maxConcurrentRuns`` slot and budget left for the run's first
 model call (``Book.admit``, one compare-and-set), appending the run's ``admitted`` event; it
 stops at the first run that does not fit, so admission is FIFO. Runs left waiting show
-``Queued`` with the reason and their position. Every step is idempotent (the ledger slot by
-run uid, the admitted event by compare-and-set on an empty subject, the queue by uid), so an
-operator that dies mid-admission neither admits a run twice nor forgets one: the queue and the
-ledger are in JetStream.
+``Queued`` with the reason and their position. A run that cannot be admitted at all never
+holds up the runs behind it: one whose config is over the event stream's message cap ends
+``invalid_spec`` naming its largest field at once; one whose admission fails otherwise than
+transiently (``platform.failures``) ends ``checkpoint_failed`` on its second failure, its slot
+and hold released, logged once. A transient failure (NATS, the API server) is retried at the
+next pass, the queue shown ``Queued`` (``AdmissionRetrying``) meanwhile. Every step is
+idempotent (the ledger slot by run uid, the admitted event by compare-and-set on an empty
+subject, the queue by uid), so an operator that dies mid-admission neither admits a run twice
+nor forgets one: the queue and the ledger are in JetStream.
 
 What does not belong here: the periodic ledger repairs and AgentTenant status (``sweep``),
 settling a run that ended (``settlement``), the status and Events of runs that wait or end
@@ -25,22 +30,28 @@ from collections.abc import Callable
 
 import nats.errors
 
-from agentrun import kernel, metrics, protocol, telemetry
+from agentrun import kernel, metrics, telemetry
+from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import RunConfig
 
 from ..platform.events import EventRecorder, EventType
+from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
 from ..platform.spec import SpecError
 from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, involved
 from ..tenants import QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
-from .config import never_fits
+from .config import never_fits, too_large_to_checkpoint
 from .lookup import RunConfigs, ToolServerPending
 from .queue import QueueBoard
 from .queuestatus import QueueStatus, Waiting
 from .settlement import RunSettlement
+from .storage import EventStorage
 
 log = logging.getLogger(__name__)
+
+GIVE_UP_MESSAGE = "twice, not for a passing reason"
+"""How a run's end says its admission failed permanently (``platform.failures``)."""
 
 
 async def fetch_pending_run(api: KubeApi, key: RunKey) -> RunObject | None:
@@ -73,6 +84,8 @@ class PumpDeps:
     """Reads queued AgentRuns the handler did not hand over (after a restart)."""
     events: EventRecorder
     """Records admissions, queue waits and unadmitted ends as Kubernetes Events."""
+    storage: EventStorage
+    """The event-stream bytes each tenant's runs take, checked before a run is admitted."""
     clock: Callable[[], float] = time.time
     """Epoch seconds."""
 
@@ -104,6 +117,8 @@ class QueuePump:
         self._wakes: dict[str, asyncio.Event] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
+        self.failures = Failures(log, what="admission")
+        """Failed admissions of queue heads by uid (each logged once)."""
 
     # --- queueing -------------------------------------------------------------------------------
 
@@ -217,7 +232,7 @@ class QueuePump:
                 if policy is None:
                     wait = self.deps.tenants.why_missing(tenant)
                     break
-                wait = await self._admit_queue_head(policy, queue[index])
+                wait = await self._admit_or_give_up(policy, queue[index])
                 if wait is not None and wait.reason is WaitReason.TOOL_SERVER_PENDING:
                     # waits for its AgentToolServer's discovery, not for the tenant: shown
                     # Queued, and the runs behind it go on
@@ -232,6 +247,45 @@ class QueuePump:
                 self.shown.show_queued(tenant, waiting, wait, seen=self._waiting)
 
     # --- admitting one run ----------------------------------------------------------------------
+
+    async def _admit_or_give_up(self, policy: TenantPolicy, queued: QueuedRun) -> QueueWait | None:
+        """``_admit_queue_head``, with its failures handled: a transient one makes the queue
+        wait for the next pass (``AdmissionRetrying``); a permanent one that repeated ends the
+        run (``_give_up``), so the runs behind it go on."""
+        subject = f"AgentRun {queued.namespace}/{queued.name}"
+        try:
+            wait = await self._admit_queue_head(policy, queued)
+        except Exception as err:
+            failure = self.failures.failed(queued.uid, err, subject=subject)
+            if not failure.final:
+                why = f"admitting it failed ({type(err).__name__}); retrying: {err}"[:500]
+                return QueueWait(WaitReason.ADMISSION_RETRYING, why)
+            self.failures.forget(queued.uid)
+            await self._give_up(policy, queued, err)
+            return None
+        self.failures.succeeded(queued.uid, subject=subject)
+        return wait
+
+    async def _give_up(self, policy: TenantPolicy, queued: QueuedRun, err: Exception) -> None:
+        """End a queued run whose admission failed permanently, ``checkpoint_failed`` naming
+        the error: through its event stream if it was started (a ``stop`` event), else
+        unadmitted with its ledger slot and hold released; then out of the queue. Raises what
+        NATS raises (the next pass tries again)."""
+        key = RunKey(queued.namespace, queued.name, queued.uid)
+        message = f"admission failed {GIVE_UP_MESSAGE}: {type(err).__name__}: {err}"[:1000]
+        if not await self.deps.runs.end(
+            key.namespace, key.name, key.uid, kernel.Phase.CHECKPOINT_FAILED, message
+        ):
+            await self.deps.settlement.release_unstarted(policy.name, uid=key.uid)
+            seen = self._waiting.get(key.uid)
+            self.shown.end_unadmitted(
+                key,
+                kernel.Phase.CHECKPOINT_FAILED,
+                message,
+                tenant=policy.name,
+                generation=seen.generation if seen else 1,
+            )
+        await self._leave(policy.name, key)
 
     async def _admit_queue_head(self, policy: TenantPolicy, queued: QueuedRun) -> QueueWait | None:
         """Admit ``queued`` or say why it waits; a run that cannot run at all leaves the queue."""
@@ -248,6 +302,9 @@ class QueuePump:
         except SpecError as err:  # e.g. its AgentModel was deleted while it waited
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
             return None
+        full = self.deps.storage.wait(policy.name)
+        if full is not None:
+            return full
         need = self.deps.configs.first_call_need(config)
         never = never_fits(need, tenant=policy.name, limits=policy.limits)
         if never is not None:  # waiting would block everyone behind it for ever
@@ -304,12 +361,9 @@ class QueuePump:
                 await self.deps.runs.start_run(
                     config, start_time=now, generation=head.obj.metadata.generation
                 )
-            except nats.errors.MaxPayloadError:
-                message = (
-                    f"spec: about {len(protocol.encode_run_config(config))} bytes, more than "
-                    "the event stream's message limit allows to checkpoint; shorten spec.goal, "
-                    "spec.instructions or spec.output.schema"
-                )
+            except (EventTooLarge, nats.errors.MaxPayloadError) as err:
+                cap = err.cap if isinstance(err, EventTooLarge) else None
+                message = too_large_to_checkpoint(config, cap=cap)
                 await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
                 await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
                 return

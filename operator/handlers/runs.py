@@ -23,6 +23,7 @@ from ..admission.lookup import ToolServerPending
 from ..agents.resolve import InvalidRef
 from ..agents.store import resolve_run
 from ..evals.status import EVAL_LABEL
+from ..platform import failures
 from ..platform.events import EventRecorder, EventType, Involved
 from ..platform.kubeapi import ApiError, KubeApi
 from ..platform.spec import ObjectMeta, SpecError
@@ -76,7 +77,15 @@ async def _validate_and_enqueue(
         _reject(parts, key, str(err), generation=generation, tenant=policy.name)
         return
     except ApiError as err:
-        raise kopf.TemporaryError(f"cannot resolve spec.agentRef: HTTP {err.status}") from err
+        if failures.transient(err):
+            raise kopf.TemporaryError(f"cannot resolve spec.agentRef: {err}") from err
+        # the resolution's record is refused as it is (too large, invalid): it never will be
+        message = (
+            "spec.agentRef: the resolved spec cannot be recorded in status.resolvedSpec: the "
+            f"API server refused it ({err}); shorten the Agent's instructions or parameters"
+        )
+        _reject(parts, key, message, generation=generation, tenant=policy.name)
+        return
     try:  # reject what can never run now, not after it waited in the queue
         await parts.configs.build_config(key, run_spec, policy, start_time=time.time())
     except ToolServerPending as err:  # applied together with its AgentToolServer: a normal
@@ -108,22 +117,37 @@ async def admit_run(  # kopf passes each of these by keyword: its handler signat
     namespace: str | None,
     name: str,
     uid: str,
+    retry: int,
     memo: OperatorMemo,
     **_: Any,
 ) -> None:
     """Admit a new AgentRun: validate it against its AgentModel and its AgentTenant, queue it
     in the tenant's admission queue (the pump starts it when the tenant has room), or,
-    after an operator restart, pick up where the run's events left off."""
+    after an operator restart, pick up where the run's events left off.
+
+    A failure that passes (the API server or NATS away) is retried by kopf; one that does not
+    (``platform.failures``) is retried once, then ends the run ``checkpoint_failed`` naming
+    it, so kopf does not retry it for ever."""
     assert namespace is not None  # AgentRun is namespaced
     if status.get("terminalReason"):
         return
     parts = memo.running().runs
     generation = int(meta.get("generation") or 1)
-    if await parts.runs.recover(namespace, name, uid, generation=generation):
-        return
-    await _validate_and_enqueue(
-        parts, RunKey(namespace, name, uid), spec=spec, meta=meta, status=status
-    )
+    key = RunKey(namespace, name, uid)
+    try:
+        if await parts.runs.recover(namespace, name, uid, generation=generation):
+            return
+        await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=status)
+    except kopf.TemporaryError:
+        raise
+    except Exception as err:
+        if failures.transient(err) or retry + 1 < failures.GIVE_UP_AFTER:
+            raise kopf.TemporaryError(f"{type(err).__name__}: {err}", delay=2) from err
+        message = f"admission failed twice, not for a passing reason: {type(err).__name__}: {err}"
+        log.error("AgentRun %s/%s: %s", namespace, name, message, exc_info=err)
+        parts.shown.end_unadmitted(
+            key, kernel.Phase.CHECKPOINT_FAILED, message[:1000], tenant=None, generation=generation
+        )
 
 
 @kopf.on.update(*RUN, annotations={CANCEL_ANNOTATION: "true"})
@@ -303,7 +327,8 @@ async def run_seen(
     **_: Any,
 ) -> None:
     """Every AgentRun as listed at start-up and on each change: tell the status writer the
-    object's version (its next patch then needs no read); schedule a finished run's deletion
+    object's version (its next patch then needs no read) and the storage count the bytes its
+    events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
     after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished run (an
     unfinished one is cleaned up by ``delete_run`` before its finalizer goes)."""
     assert namespace is not None  # AgentRun is namespaced
@@ -311,10 +336,12 @@ async def run_seen(
     key = RunKey(namespace, name, uid)
     if type == "DELETED":
         parts.reaper.forget(key)
+        parts.storage.forget(uid)
         if status.get("terminalReason"):
             await parts.runs.purge_deleted(namespace, name, uid)
         return
     parts.writer.observe(key, body)
+    parts.storage.observe(uid, status)
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)

@@ -21,6 +21,7 @@ import dataclasses
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Protocol, cast
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -34,10 +35,11 @@ CONFLICT = 409
 
 
 class ApiError(Exception):
-    """The API server refused or failed a request."""
+    """The API server refused or failed a request, or did not answer it (status 0: the
+    connection could not be opened or was lost)."""
 
     def __init__(self, status: int, reason: str = "", body: str | None = None) -> None:
-        super().__init__(f"HTTP {status}: {reason}")
+        super().__init__(f"HTTP {status}: {reason}" if status else f"no answer: {reason}")
         self.status = status
         """The HTTP status (0: no answer)."""
         self.reason = reason
@@ -129,12 +131,15 @@ class KubeApi(Protocol):
 
 @contextlib.contextmanager
 def _translated() -> Iterator[None]:
-    """Raise the client's ``ApiException`` as ``ApiError``."""
+    """Raise the client's ``ApiException`` as ``ApiError``, and a connection that could not be
+    opened or was lost (aiohttp's ``ClientError``) as ``ApiError`` with status 0."""
     try:
         yield
     except ApiException as err:
         body = err.body if isinstance(err.body, str) or err.body is None else str(err.body)
         raise ApiError(int(err.status or 0), str(err.reason or ""), body) from err
+    except aiohttp.ClientError as err:
+        raise ApiError(0, f"{type(err).__name__}: {err}") from err
 
 
 def _status_patch(status: Mapping[str, Any], *, uid: str, version: str) -> dict[str, Any]:

@@ -89,6 +89,9 @@ class TenantPolicy:
     no tool server is discovered or called)."""
     ttl_after_finished: int | None = None
     """``spec.ttlSecondsAfterFinished``: the default of its runs that set none."""
+    max_concurrent_turns: int | None = None
+    """``spec.maxConcurrentTurns``: most turns of its runs in the workers' hands or the work
+    queue at once (``None``: no cap beyond the fair share)."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
@@ -128,6 +131,7 @@ class TenantPolicy:
                 UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.tool_servers.allow
             ),
             ttl_after_finished=spec.ttl_seconds_after_finished,
+            max_concurrent_turns=spec.max_concurrent_turns,
         )
 
     def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:

@@ -11,12 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun import metrics
+from agentrun.ledger import UsageFloor
 from agentrun.protocol import DEFAULT_TENANT, UrlRule
 
 from ..platform.kubeapi import KubeApi
 from ..platform.spec import ObjectMeta
 from . import policy as rules
 from .policy import TenantPolicy
+from .status import usage_seen
 from .waits import QueueWait, WaitReason
 
 
@@ -40,6 +42,9 @@ class Tenants:
         """AgentTenants that cannot be enforced: (generation, why), shown in their status."""
         self._ambiguous: dict[str, tuple[str, ...]] = {}
         """Namespaces found bound by several tenants when a run came: namespace → tenants."""
+        self.seen: dict[str, UsageFloor] = {}
+        """What each AgentTenant's status last said its window used (``status.usage_seen``):
+        the floor of its ledger entry until the operator has read the entry itself."""
         self._invalid_namespaces: dict[str, frozenset[str]] = {}
 
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
@@ -48,6 +53,9 @@ class Tenants:
         meta = ObjectMeta.of(obj)  # kopf's watch hands over well-formed metadata
         name = meta.name
         metrics.know_tenant(name)  # its run-end counters exist from now on, at 0
+        seen = usage_seen(obj.get("status"))
+        if seen is not None:
+            self.seen[name] = seen
         try:
             policy = TenantPolicy.of(obj)
         except rules.InvalidTenant as err:
@@ -65,6 +73,13 @@ class Tenants:
         self.policies.pop(name, None)
         self.invalid.pop(name, None)
         self._invalid_namespaces.pop(name, None)
+
+    def max_concurrent_turns(self, tenant: str) -> int | None:
+        """``spec.maxConcurrentTurns`` of AgentTenant ``tenant`` (``runs.TurnCaps``);
+        ``None`` when it sets none or is not known (a deleted tenant's runs finish
+        uncapped)."""
+        policy = self.policies.get(tenant)
+        return None if policy is None else policy.max_concurrent_turns
 
     def why_missing(self, tenant: str) -> QueueWait:
         """Why runs queued in ``tenant`` wait when it has no policy (invalid or deleted)."""

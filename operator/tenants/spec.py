@@ -84,6 +84,7 @@ class AgentTenantSpec(SpecModel):
     budget: TenantBudgetSpec = Field(default_factory=TenantBudgetSpec)
     when_exhausted: WhenExhausted = Field(default=WhenExhausted.QUEUE, alias="whenExhausted")
     max_concurrent_runs: int | None = Field(default=None, alias="maxConcurrentRuns")
+    max_concurrent_turns: int | None = Field(default=None, alias="maxConcurrentTurns", ge=1)
     run_budget: RunBudgetPolicySpec = Field(default_factory=RunBudgetPolicySpec, alias="runBudget")
     allowed_models: tuple[str, ...] | None = Field(default=None, alias="allowedModels")
     allowed_tools: tuple[str, ...] | None = Field(default=None, alias="allowedTools")

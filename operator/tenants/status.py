@@ -9,12 +9,14 @@ server. Condition reasons are a closed vocabulary (``TenantReason``); a conditio
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import enum
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from agentrun.ledger import Book
+from agentrun.ledger import Book, UsageFloor
 
 from ..platform.conditions import condition, rfc3339
 from .policy import TenantPolicy
@@ -122,23 +124,34 @@ def exhaustion(book: Book, blocked: QueueWait | None, now: float) -> QueueWait |
     return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueView:
+    """A tenant's queue as the status shows it."""
+
+    queued: int = 0
+    """Runs waiting in its queue."""
+    blocked: QueueWait | None = None
+    """Why the queue head waits (as of the last pump); ``None``: nothing waits."""
+
+
+EMPTY_QUEUE = QueueView()
+
+
 def tenant_status(
     policy: TenantPolicy,
     book: Book,
     *,
-    queued: int,
-    blocked: QueueWait | None,
     now: float,
     previous: Transitions,
+    queue: QueueView = EMPTY_QUEUE,
     ambiguous: Mapping[str, tuple[str, ...]] | None = None,
 ) -> TenantStatus:
     """The status of an enforced AgentTenant.
 
-    ``queued``: runs waiting in its queue; ``blocked``: why the queue head waits (as of the
-    last pump), ``None`` if nothing waits; ``now``: epoch seconds; ``ambiguous``: the
+    ``now``: epoch seconds; ``queue``: its queue as of the last pump; ``ambiguous``: the
     namespaces it shares with other tenants (namespace → the others), whose runs are rejected.
     """
-    exhausted = exhaustion(book, blocked, now)
+    exhausted = exhaustion(book, queue.blocked, now)
     if exhausted is None:
         state, reason, message = False, TenantReason.WITHIN_BUDGET, "budget left in this window"
     else:
@@ -150,7 +163,7 @@ def tenant_status(
         "windowStart": rfc3339(book.window),
         "resetTime": rfc3339(book.reset_time),
         "activeRuns": len(book.active),
-        "queuedRuns": queued,
+        "queuedRuns": queue.queued,
         "budget": budget_status(book, now),
         "conditions": [
             conditions.condition(TenantCondition.ACCEPTED, True, TenantReason.VALID, "enforced"),
@@ -206,3 +219,23 @@ def budget_status(book: Book, now: float) -> dict[str, Any]:
         wall["limit"] = limits.wall_seconds
         wall["remaining"] = round(max(0.0, limits.wall_seconds - wall_used), 1)
     return {"tokens": tokens, "costUSD": cost, "wallClockSeconds": wall}
+
+
+def usage_seen(status: Mapping[str, Any] | None) -> UsageFloor | None:
+    """What an AgentTenant's ``.status`` (written by the operator alone: no NATS credential
+    can change it) says the tenant had used in its window, as the floor of what its ledger
+    entry may show (``UsageFloor``); ``None`` when the status says nothing usable (none
+    written yet, or malformed: then the floor starts from what the operator reads)."""
+    if not status or not isinstance(status.get("windowStart"), str):
+        return None
+    budget = status.get("budget") or {}
+    try:
+        window = datetime.datetime.fromisoformat(status["windowStart"].replace("Z", "+00:00"))
+        return UsageFloor(
+            window.timestamp(),
+            int((budget.get("tokens") or {}).get("used", 0)),
+            Decimal(str((budget.get("costUSD") or {}).get("used", "0"))),
+            0.0,  # its wall clock counts active runs live: not a floor of the ended ones'
+        )
+    except (AttributeError, TypeError, ValueError, decimal.InvalidOperation):
+        return None

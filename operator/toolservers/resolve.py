@@ -69,6 +69,42 @@ def check_reach(
         raise SpecError(f"spec.tools: {reference}: AgentToolServer {parts[0]!r}: {err}") from None
 
 
+def _spec_of(server: Mapping[str, Any], server_name: str, *, where: str) -> AgentToolServerSpec:
+    """``server``'s spec; raises ``SpecError`` naming it as invalid."""
+    try:
+        return AgentToolServerSpec.of(server.get("spec"))
+    except SpecError as err:
+        raise SpecError(f"{where}: AgentToolServer {server_name!r} is invalid: {err}") from None
+
+
+def _function_name(server_name: str, tool: str, *, where: str) -> str:
+    """The model-facing name of ``tool`` on ``server_name``; raises ``SpecError`` when it is
+    longer than providers accept (``MAX_FUNCTION_NAME``)."""
+    function = remote.function_name(server_name, tool)
+    if len(function) > MAX_FUNCTION_NAME:
+        raise SpecError(
+            f"{where}: the model-facing name {function} is longer than {MAX_FUNCTION_NAME} "
+            "characters; use a shorter AgentToolServer name"
+        )
+    return function
+
+
+def _discovered(
+    server: Mapping[str, Any], server_name: str, tool: str, *, where: str
+) -> Mapping[str, Any]:
+    """The status entry discovery wrote for ``tool`` on ``server``; raises ``SpecError`` with
+    the server's ``Ready`` message (or "not discovered yet") when there is none."""
+    status = server.get("status") or {}
+    found = {t.get("name"): t for t in status.get("tools") or []}
+    entry = found.get(tool)
+    if entry is None:
+        conditions = status.get("conditions") or []
+        ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+        why = ready.get("message") or "its tools have not been discovered yet"
+        raise SpecError(f"{where}: not discovered on AgentToolServer {server_name!r}: {why}")
+    return entry  # type: ignore[no-any-return]
+
+
 def resolve_tool(
     reference: str,
     server: Mapping[str, Any] | None,
@@ -91,10 +127,7 @@ def resolve_tool(
     where = f"spec.tools: {reference}"
     if server is None:
         raise SpecError(f"{where}: AgentToolServer {server_name!r} not found in {namespace}")
-    try:
-        spec = AgentToolServerSpec.of(server.get("spec"))
-    except SpecError as err:
-        raise SpecError(f"{where}: AgentToolServer {server_name!r} is invalid: {err}") from None
+    spec = _spec_of(server, server_name, where=where)
     try:
         rule = url_rule(spec.url, rules, tenant=tenant)
     except SpecError as err:
@@ -105,20 +138,8 @@ def resolve_tool(
             f"{where}: AgentToolServer {server_name!r} does not offer {tool!r} "
             f"(spec.tools: {offered})"
         )
-    status = server.get("status") or {}
-    found = {t.get("name"): t for t in status.get("tools") or []}
-    entry = found.get(tool)
-    if entry is None:
-        conditions = status.get("conditions") or []
-        ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
-        why = ready.get("message") or "its tools have not been discovered yet"
-        raise SpecError(f"{where}: not discovered on AgentToolServer {server_name!r}: {why}")
-    function = remote.function_name(server_name, tool)
-    if len(function) > MAX_FUNCTION_NAME:
-        raise SpecError(
-            f"{where}: the model-facing name {function} is longer than {MAX_FUNCTION_NAME} "
-            "characters; use a shorter AgentToolServer name"
-        )
+    entry = _discovered(server, server_name, tool, where=where)
+    function = _function_name(server_name, tool, where=where)
     headers = spec.headers_from
     return RemoteTool(
         name=function,

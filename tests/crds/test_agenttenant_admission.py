@@ -221,6 +221,11 @@ REJECTED_SPECS = [
         id="zero-concurrent-runs",
     ),
     pytest.param(
+        {"maxConcurrentTurns": 0},
+        ["spec.maxConcurrentTurns", "greater than or equal to 1"],
+        id="zero-concurrent-turns",
+    ),
+    pytest.param(
         {"runBudget": {"max": {"maxSteps": 0}}},
         ["spec.runBudget.max.maxSteps", "greater than or equal to 1"],
         id="run-budget-max-steps-zero",
@@ -591,6 +596,8 @@ def test_explain_agenttenant_spec_explains_window_and_admission(kubectl: Kubectl
         "tenant_budget_exhausted",
         "maxConcurrentRuns",
         "Queued",
+        "maxConcurrentTurns",
+        "fewest turns in flight",
         "allowedModels",
         "allowedTools",
     ]:

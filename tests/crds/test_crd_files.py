@@ -233,6 +233,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "costUSD",
         "wallSeconds",
         "estimated",
+        "eventBytes",
     }
 
 
@@ -342,6 +343,7 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "budget",
         "whenExhausted",
         "maxConcurrentRuns",
+        "maxConcurrentTurns",
         "runBudget",
         "allowedModels",
         "allowedTools",

@@ -35,6 +35,8 @@ DRAIN = {"AGENTRUN_TERMINATION_GRACE": str(GRACE), "AGENTRUN_DRAIN_MARGIN": "10"
 """A worker whose turns get 20 s to finish once stopped."""
 SHORT_DRAIN = {"AGENTRUN_DRAIN_MARGIN": str(GRACE - 1)}
 """A worker whose turns get 1 s to finish once stopped."""
+LOCAL_TOOLS = {"allow": [{"host": "127.0.0.1", "privateNetwork": True}]}
+"""The tenant's ``spec.toolServers``: the test's tool server listens on loopback."""
 
 
 @pytest.fixture
@@ -119,7 +121,9 @@ def test_a_stopped_worker_lets_a_write_in_flight_complete_and_commits_it(
     """SIGTERM while a write call is on the tool server (it answers after 3 s): the call
     completes, its turn commits, and the run completes with the write done once — not
     ``effect_unknown``."""
-    tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000})
+    tenants(
+        f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000}, toolServers=LOCAL_TOOLS
+    )
     start_lone(stack_, lone)
     server = start_run(
         stack_, test_namespace, tmp_path, "write", "E2E-DRAIN-WRITE", ["ledger/count_slow"]
@@ -171,7 +175,9 @@ def test_a_write_in_flight_at_the_end_of_the_drain_completes_and_is_replayed(
     when the drain time is up, but the write is not cut — it completes and is recorded in the
     effect ledger before the turn is handed back, so the worker that takes the turn replays
     the recorded result and the run completes with the write done once."""
-    tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000})
+    tenants(
+        f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000}, toolServers=LOCAL_TOOLS
+    )
     start_lone(stack_, lone, **SHORT_DRAIN)
     server = start_run(
         stack_,

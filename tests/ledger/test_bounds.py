@@ -158,7 +158,7 @@ async def test_a_run_the_full_queue_refuses_ends_checkpoint_failed_naming_the_ca
         Policy.name, lambda queue: queue.extend(queued(i) for i in range(MAX_QUEUED_RUNS))
     )
     ends = Ends()
-    deps: Any = dict.fromkeys(("tenants", "configs", "settlement"))
+    deps: Any = dict.fromkeys(("tenants", "configs", "settlement", "storage"))
     api = FakeKube()
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     shown = QueueStatus(ends, ends, events, time.time)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import socket
 import time
 from collections.abc import Iterator
@@ -307,3 +308,52 @@ def test_an_escape_heavy_result_is_cut_to_the_cap_as_stored(
     body = result.content[: result.content.rindex("\n[agentrun: result truncated")]
     assert kernel.bounds.stored_bytes(body) <= 16_384
     assert kernel.bounds.stored_bytes(result.content) <= 16_384 + 64
+
+
+async def _call_while_ticking(tool: RemoteTool, pool: bool) -> tuple[str, float]:
+    """Call ``tool`` while another task ticks every 10 ms, as another run's turn would; the
+    result and the longest the ticker waited."""
+    ticks: list[float] = []
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(ticker())
+    sessions = remote.SessionPool() if pool else None
+    try:
+        out = await remote.mcp_tool(tool, pool=sessions).run({}, CTX)
+    finally:
+        stop.set()
+        await task
+        if sessions is not None:
+            await sessions.aclose()
+    return out, max(b - a for a, b in itertools.pairwise(ticks))
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["own-session", "pooled"])
+def test_a_hostile_output_schema_never_runs_in_the_callers_loop(
+    server: mcp_support.McpProcess, pool: bool
+) -> None:
+    """The SDK would check ``shaped``'s structured content against its listed outputSchema
+    (``^(a+)+$``, 41 characters: hours on Python's re) inside the event loop every run of the
+    worker shares; the runtime drops that check."""
+    started = time.monotonic()
+    out, gap = asyncio.run(_call_while_ticking(admitted(server.url, "shaped", timeout=8), pool))
+    assert mcp_support.HOSTILE_TEXT in out
+    assert time.monotonic() - started < 6
+    assert gap < 1.0, f"the event loop stalled {gap:.2f}s"
+
+
+def test_a_hostile_server_lists_the_schemas_its_author_chose(
+    server: mcp_support.McpProcess,
+) -> None:
+    found = {
+        d.name: d
+        for d in asyncio.run(remote.discover(remote.Endpoint(server.url, private_network=True)))
+    }
+    code = found["guarded"].input_schema["properties"]["code"]
+    assert code["pattern"] == mcp_support.HOSTILE_PATTERN
+    assert "(?!x)" in found["lookahead"].input_schema["properties"]["code"]["pattern"]

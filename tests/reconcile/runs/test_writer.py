@@ -9,7 +9,7 @@ from typing import Any
 
 from agentrun.operator.platform.kubeapi import ApiError, Ref
 from agentrun.operator.runs import RunKey
-from agentrun.operator.runs.writer import StatusWriter
+from agentrun.operator.runs.writer import StatusWriter, refused_for_size
 
 RUN = RunKey("ns", "run", "uid-1")
 
@@ -301,3 +301,109 @@ async def test_a_refused_patch_retries_on_the_version_the_watch_showed_meanwhile
     await writer.flush()
     assert [body["lastEventSequence"] for _, body in api.writes] == [3]
     assert api.reads == 0
+
+
+class Refusing(FakeApi):
+    """Refuses the full status with ``error`` (any exception), the minimal one too when
+    ``minimal_too``; counts the attempts."""
+
+    def __init__(self, error: Exception, *, minimal_too: bool = False) -> None:
+        super().__init__()
+        self.error = error
+        self.minimal_too = minimal_too
+        self.attempts = 0
+
+    async def patch_status(
+        self, ref: Ref, status: Mapping[str, Any], *, uid: str = "", version: str = ""
+    ) -> dict[str, Any]:
+        self.attempts += 1
+        if "usage" in status or self.minimal_too:
+            raise self.error
+        return await super().patch_status(ref, status, uid=uid, version=version)
+
+
+FULL = {**ended(4, "model_error"), "phase": "Failed", "usage": {"inputTokens": 1}}
+
+
+async def test_a_status_too_large_or_unserialisable_gets_the_minimal_one_not_a_retry_loop(
+    caplog: Any,
+) -> None:
+    for error in (ApiError(413, "Request Entity Too Large"), TypeError("not JSON")):
+        api = Refusing(error)
+        writer = StatusWriter(api, interval=0.0)
+        writer.submit(RUN, FULL, seq=4, terminal=True)
+        for _ in range(4):
+            await writer.flush()
+        (written,) = [w[1] for w in api.writes]
+        assert (written["terminalReason"], written["lastEventSequence"]) == ("model_error", 4)
+        assert "full status refused" in written["message"]
+        assert api.attempts == 2  # the full body once, the minimal one once
+
+
+async def test_a_minimal_status_refused_too_is_dropped_and_logged_once(caplog: Any) -> None:
+    api = Refusing(ApiError(422, "Invalid"), minimal_too=True)
+    writer = StatusWriter(api, interval=0.0)
+    writer.submit(RUN, FULL, seq=4, terminal=True)
+    with caplog.at_level("INFO", logger="agentrun.operator.runs.writer"):
+        for _ in range(5):
+            await writer.flush()
+    assert api.attempts == 2 and api.writes == []
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("status patch of AgentRun ns/run failed" in m for m in logged) == 1, logged
+    assert sum("minimal status of ns/run was refused" in m for m in logged) == 1, logged
+
+
+async def test_a_transient_failure_is_retried_and_logged_once_until_it_recovers(
+    caplog: Any,
+) -> None:
+    api = FakeApi(fail_with=503)
+    writer = StatusWriter(api, interval=0.0)
+    writer.submit(RUN, ended(7), seq=7, terminal=True)
+    with caplog.at_level("INFO", logger="agentrun.operator.runs.writer"):
+        for _ in range(5):
+            await writer.flush()
+        api.fail_with = None
+        await writer.flush()
+    assert api.refused == 5 and [w[1]["terminalReason"] for w in api.writes] == ["completed"]
+    logged = [r.getMessage() for r in caplog.records if "ns/run" in r.getMessage()]
+    assert len(logged) == 2 and "HTTP 503" in logged[0] and "recovered" in logged[1], logged
+
+
+async def test_a_running_status_refused_for_its_size_hands_the_run_out_once_to_end() -> None:
+    api = FakeApi(fail_with=413)
+    writer = StatusWriter(api, interval=0.0)
+    writer.start()
+    body = {**running(5), "answer": "x" * 2000, "message": "m"}
+    writer.submit(RUN, body, seq=5, terminal=False)
+    async with asyncio.timeout(2):
+        run, message = await writer.next_refused()
+    assert run == RUN
+    assert message.startswith("the run's status (")
+    assert (
+        "the largest field status.answer, 2002 bytes) was refused by the API server for its "
+        "size (HTTP 413: test)"
+    ) in message
+    await asyncio.sleep(0.1)
+    await writer.flush_and_stop()
+    assert api.refused == 1  # not retried: the dispatcher ends the run
+
+
+async def test_a_terminal_status_refused_for_its_size_is_written_minimal() -> None:
+    api = FakeApi(fail_with=413)
+    writer = StatusWriter(api, interval=0.0)
+    body = {**ended(7, "completed"), "answer": "x" * 2000}
+    writer.submit(RUN, body, seq=7, terminal=True)
+    await writer.flush()
+    api.fail_with = None
+    await writer.flush()
+    (written,) = [w[1] for w in api.writes]
+    assert written["terminalReason"] == "completed" and "answer" not in written
+    assert written["message"].startswith("full status refused by the API server (HTTP 413")
+
+
+def test_which_refusals_are_for_size() -> None:
+    assert refused_for_size(ApiError(413, "Request Entity Too Large"))
+    too_long = '{"message": "status.message: Too long: may not be more than 32768 bytes"}'
+    assert refused_for_size(ApiError(422, "Unprocessable Entity", too_long))
+    assert not refused_for_size(ApiError(422, "Unprocessable Entity", '{"message": "Invalid"}'))
+    assert not refused_for_size(ApiError(500, "Too long a wait"))

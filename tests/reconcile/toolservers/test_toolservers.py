@@ -249,3 +249,43 @@ def test_a_function_name_longer_than_openai_allows_is_refused() -> None:
     status = discovered_status(spec, found, generation=1, now=NOW)
     with pytest.raises(SpecError, match="longer than 64"):
         resolve("tools/" + "t" * 60, server_object(status, raw))
+
+
+HOSTILE_SPEC = AgentToolServerSpec.of(
+    {"url": "http://tools.svc/mcp", "tools": [{"name": "add"}, {"name": "ahead"}, {"name": "big"}]}
+)
+
+
+def test_a_tool_whose_schema_the_platform_cannot_check_is_left_out_saying_why() -> None:
+    found = [
+        remote.Discovered("add", "Add numbers.", {"properties": {"a": {"pattern": "^(a+)+$"}}}),
+        remote.Discovered("ahead", "Lookahead.", {"properties": {"a": {"pattern": "^(?!x)"}}}),
+        remote.Discovered("big", "Large.", {"description": "x" * 70_000}),
+    ]
+    status = discovered_status(HOSTILE_SPEC, found, generation=1, now=NOW)
+    assert [t["name"] for t in status["tools"]] == ["add"]  # RE2 runs ^(a+)+$ in linear time
+    (ready,) = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "ToolsUnusable")
+    assert ready["message"].startswith(
+        "1 tool(s) usable; the platform cannot use ahead: inputSchema at /properties/a/pattern: "
+        "'^(?!x)' is not a regular expression the linear-time engine accepts"
+    )
+    assert "big: inputSchema 70018 bytes as JSON, over the 65536-byte limit" in ready["message"]
+    unusable = server_object(status, {**SPEC_AS_WRITTEN, "tools": [{"name": "ahead"}]})
+    with pytest.raises(SpecError, match="not discovered on AgentToolServer 'tools': 1 tool"):
+        resolve("tools/ahead", unusable)
+
+
+def test_descriptions_and_the_schemas_of_one_status_are_bounded() -> None:
+    names = [f"t{i}" for i in range(12)]
+    spec = AgentToolServerSpec.of({"url": "http://x/mcp", "tools": [{"name": n} for n in names]})
+    schema = {"description": "s" * 60_000}
+    found = [remote.Discovered(n, "d" * 10_000, schema) for n in names]
+    status = discovered_status(spec, found, generation=1, now=NOW)
+    assert len(status["tools"]) == 8  # 8 x 60 KB fit the 512 KiB of schemas one status holds
+    assert all(len(t["description"]) == 4096 for t in status["tools"])
+    (ready,) = status["conditions"]
+    assert (
+        "t8: inputSchema no room left in the status for its 60018-byte schema" in (ready["message"])
+    )
+    assert len(ready["message"]) <= 1024
