@@ -959,3 +959,19 @@ def test_every_model_call_of_a_turn_run_twice_is_charged_exactly_once(
     assert book.holds == {}
     assert (book.used_tokens, book.abandoned_tokens) == (275, CALLS[loser][0])
     assert (book.used_cost, book.abandoned_cost) == (Decimal("0.003"), CALLS[loser][1])
+
+
+def test_a_run_stopped_after_its_committer_died_unsettled_charges_that_call_once() -> None:
+    """Turn 0 committed by ``a`` (its call answered, its usage on its hold), ``a`` died before
+    settling, then the run ended by a ``stop`` event, which names no committer: the close's
+    ``resolve_turn`` with an empty committer drops nothing and charges nothing, so ``a``'s call
+    is charged once, through the run's usage, by the close."""
+    book = Book.new("t", TenantLimits(tokens=100_000), now=0.0)
+    assert book.admit("r", "ns", "r", now=0.0) is None
+    assert book.reserve("r:0", Hold("r", 0, 1_000, Decimal(0), 60.0, "a"), now=1.0) is None
+    assert book.record_spend("r:0", owner="a", tokens=110, cost_usd=Decimal("0.001"))
+    assert book.resolve_turn("r", 0, committer="") == 0
+    assert (book.used_tokens, list(book.holds)) == (0, ["r:0"])
+    assert book.close("r", turn=0, tokens=110, cost_usd=Decimal("0.001"), end=3.0, now=3.0)
+    assert (book.used_tokens, book.used_cost) == (110, Decimal("0.001"))
+    assert (book.abandoned_tokens, book.holds) == (0, {})
