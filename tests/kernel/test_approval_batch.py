@@ -4,6 +4,7 @@ shows (message, summary, ``.status.pendingApproval``) says which call of how man
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 from agentrun import kernel, protocol
 from agentrun.kernel import Phase
@@ -65,3 +66,18 @@ def test_the_batch_survives_the_event_round_trip() -> None:
     assert first is not None
     summary = kernel.resolve_approval(state, digest=first.digest, approved=False).summary()
     assert protocol.summary_from_dict(protocol.summary_as_dict(summary)) == summary
+
+
+CANONICAL = '{"arguments":{"b":[1,"é"],"expression":"6*7"},"tool":"calculate"}'
+"""A call as its digest is taken: JSON with sorted keys, no spaces, UTF-8 as written."""
+
+
+def test_the_approval_digest_is_the_sha256_of_the_call_s_canonical_json() -> None:
+    """Pinned: ``agentrun approve`` and any other client recompute it, and a digest that
+    changed between releases would refuse every approval given before an upgrade."""
+    expected = "sha256:ce9d0ee2bb9cf987e80d8ad3cda3855fed09c904159be482ff5545f68fec1f90"
+    assert kernel.digest_of("calculate", {"expression": "6*7", "b": [1, "é"]}) == expected
+    assert kernel.digest_of("calculate", {"b": [1, "é"], "expression": "6*7"}) == expected
+    assert hashlib.sha256(CANONICAL.encode()).hexdigest() == expected.removeprefix("sha256:")
+    assert kernel.digest_of("calculate", {"expression": "6*8", "b": [1, "é"]}) != expected
+    assert kernel.digest_of("calc", {"expression": "6*7", "b": [1, "é"]}) != expected
