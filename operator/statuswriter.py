@@ -16,10 +16,14 @@ blindly. The callback given with a terminal body runs only when this
 write is the one that ended the object, which is how an end is counted once even across a
 failover.
 
-Every patch also carries the run's ``metadata.uid``: a write meant for a deleted run can
-neither land on a new object of the same name nor re-create one. A run found gone (404, or
-another uid) is dropped and handed out by ``next_gone``, so the dispatcher stops whatever of
-that run is still going. A body the API server refuses (422, e.g. a value outside the schema)
+A write meant for a deleted run can neither land on a new object of the same name nor
+re-create one: the writer only knows versions of objects with the run's uid (reads and watch
+events are checked against it), a new object always has a newer resourceVersion, and a merge
+patch never creates. The patch also names the run's ``metadata.uid``, but the API server does
+not check it on the status subresource (its status strategy keeps the stored metadata): the
+resourceVersion is the precondition that holds. A run found gone (404, or another uid) is
+dropped and handed out by ``next_gone``, so the dispatcher stops whatever of that run is still
+going. A body the API server refuses (422, e.g. a value outside the schema)
 is replaced once by a minimal status, never retried in a loop.
 """
 
@@ -93,8 +97,9 @@ class StatusStore(Protocol):
         ``ApiException`` otherwise."""
 
     async def patch(self, run: RunKey, body: Mapping[str, Any], *, version: str) -> Written:
-        """Merge-patch ``body`` into the status if the object is still at ``version`` and has
-        ``run.uid``; raises ``ApiException`` (409 when either precondition fails)."""
+        """Merge-patch ``body`` into the status if the object is still at ``version`` (of an
+        object read or watched with ``run.uid``); raises ``ApiException`` (409 when the object
+        moved on)."""
 
 
 class KubeStatusStore:

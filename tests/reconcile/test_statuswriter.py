@@ -1,4 +1,5 @@
-"""Status writes are coalesced: fast turns cause few API writes; the terminal one always lands."""
+"""Status writes are coalesced: fast turns cause few API writes; the first status, an approval
+request and the terminal one are written at once; the terminal one always lands."""
 
 from __future__ import annotations
 
@@ -7,24 +8,35 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun.operator.runs import RunKey
-from agentrun.operator.statuswriter import StatusWriter, Written
+from agentrun.operator.statuswriter import KubeStatusStore, StatusWriter, Written
 
 RUN = RunKey("ns", "run", "uid-1")
 
 
 class FakeApi:
-    """An AgentRun object in memory: merge-patches its status under the uid and
-    resourceVersion preconditions, as the API server does."""
+    """An AgentRun object in memory behind ``KubeStatusStore``: it answers the two calls the
+    store makes (``CustomObjectsApi``'s get and status patch) with what the store really
+    sends, and applies a status merge patch as the API server does — under the
+    ``metadata.resourceVersion`` the patch body names (409 when the object moved on), and
+    without looking at the body's ``metadata.uid``, which the status subresource ignores
+    (``tests/reconcile/test_statusstore.py`` shows both on the real API server)."""
 
     def __init__(self, *, fail_with: int | None = None, uid: str = RUN.uid) -> None:
         self.on_conflict: Callable[[], None] | None = None
         """Runs when a patch is refused (409): e.g. a watch event arriving meanwhile."""
         self.writes: list[tuple[RunKey, dict[str, Any]]] = []
+        """Applied patches: the object's key and the status the body carried."""
+        self.written_at: list[float] = []
+        """When each applied patch landed (monotonic seconds)."""
+        self.bodies: list[dict[str, Any]] = []
+        """Every patch body received, applied or not."""
         self.fail_with = fail_with
         self.uid: str | None = uid
+        """The object's uid; ``None``: there is no object."""
         self.version = 1
         self.status: dict[str, Any] = {}
         self.reads = 0
@@ -36,30 +48,60 @@ class FakeApi:
         self.status.update(status)
         self.version += 1
 
-    async def read(self, run: RunKey) -> Written | None:
-        self.reads += 1
-        if self.uid != run.uid:
-            return None
-        return Written.of(
-            {"metadata": {"resourceVersion": str(self.version)}, "status": self.status}
-        )
+    def _object(self) -> dict[str, Any]:
+        return {
+            "metadata": {"uid": self.uid, "resourceVersion": str(self.version)},
+            "status": dict(self.status),
+        }
 
-    async def patch(self, run: RunKey, body: Mapping[str, Any], *, version: str) -> Written:
-        refused = self.fail_with is not None and not (self.fail_with == 422 and "usage" not in body)
+    async def get_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, Any]:
+        self.reads += 1
+        assert (group, version, plural) == ("agentrun.dev", "v1alpha1", "agentruns")
+        if self.uid is None:
+            raise ApiException(status=404, reason="NotFound")
+        return self._object()
+
+    async def patch_namespaced_custom_object_status(
+        self,
+        group: str,
+        version: str,
+        namespace: str,
+        plural: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        _content_type: str,
+    ) -> dict[str, Any]:
+        assert (group, version, plural) == ("agentrun.dev", "v1alpha1", "agentruns")
+        assert _content_type == "application/merge-patch+json"
+        assert set(body) == {"metadata", "status"}, body
+        self.bodies.append(body)
+        status = body["status"]
+        refused = self.fail_with is not None and not (
+            self.fail_with == 422 and "usage" not in status
+        )
         if refused:  # a 422 fake refuses only full bodies; the minimal status is accepted
             self.refused += 1
             raise ApiException(status=self.fail_with, reason="test")
         if self.uid is None:
             raise ApiException(status=404, reason="NotFound")
-        if self.uid != run.uid or version != str(self.version):
+        if body["metadata"].get("resourceVersion") != str(self.version):
             if self.on_conflict is not None:
                 self.on_conflict()
             raise ApiException(status=409, reason="Conflict")
-        self.writes.append((run, dict(body)))
-        self.other_writer(dict(body))
-        return Written.of(
-            {"metadata": {"resourceVersion": str(self.version)}, "status": self.status}
-        )
+        self.writes.append((RunKey(namespace, name, self.uid), dict(status)))
+        self.written_at.append(time.monotonic())
+        self.other_writer(dict(status))
+        return self._object()
+
+
+def store(api: FakeApi) -> KubeStatusStore:
+    """The real status store, its API calls answered by ``api``."""
+    kube_store = KubeStatusStore(ApiClient())
+    kube_store.objects = api  # type: ignore[assignment]
+    return kube_store
 
 
 def running(seq: int) -> dict[str, Any]:
@@ -70,29 +112,63 @@ def ended(seq: int, reason: str = "completed") -> dict[str, Any]:
     return {"phase": "Succeeded", "terminalReason": reason, "lastEventSequence": seq}
 
 
-async def test_fifty_fast_turns_cause_a_handful_of_writes_and_the_last_is_terminal() -> None:
+async def until(check: Callable[[], bool], *, timeout: float = 10.0) -> None:
+    """Poll ``check`` every 5 ms; TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+async def test_fifty_fast_turns_cause_two_writes_the_first_and_the_terminal() -> None:
+    """An interval far longer than the turns take: the bound is two writes whatever the
+    machine's speed (the first status at once, the terminal one at once, the rest coalesced
+    into it); only a machine 100 times slower than needed could see a third."""
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.2)
-    started = time.monotonic()
+    writer = StatusWriter(store(api), interval=30.0)
     writer.start()
     for seq in range(1, 51):
         writer.submit(RUN, running(seq), seq=seq, terminal=False)
         await asyncio.sleep(0.005)
     writer.submit(RUN, ended(51), seq=51, terminal=True)
-    await asyncio.sleep(0.05)
+    await until(lambda: len(api.writes) == 2, timeout=5.0)
     await writer.flush_and_stop()
-    # at most one write per interval plus the terminal one: about 0.3 s of turns make 3, but
-    # a busy machine stretches the 5 ms sleeps, so the bound follows the time they took (50
-    # uncoalesced writes stay far above it)
-    took = time.monotonic() - started
-    assert 1 <= len(api.writes) <= max(4, 2 + int(took / 0.2)), took
-    assert api.writes[-1][1] == ended(51)
+    first, last = (body for _, body in api.writes)
+    assert first["phase"] == "Running" and first["lastEventSequence"] < 51
+    assert last == ended(51)
     assert api.reads == 1  # read once; later patches go on the version each patch returned
+
+
+async def test_the_first_status_and_the_terminal_one_are_not_held_for_the_interval() -> None:
+    api = FakeApi()
+    writer = StatusWriter(store(api), interval=30.0)
+    writer.start()
+    writer.submit(RUN, running(1), seq=1, terminal=False)
+    await until(lambda: len(api.writes) == 1, timeout=5.0)  # at once, not after 30 s
+    writer.submit(RUN, running(2), seq=2, terminal=False)  # held: one write per interval
+    writer.submit(RUN, {**running(3), "phase": "AwaitingApproval"}, seq=3, terminal=True)
+    await until(lambda: len(api.writes) == 2, timeout=5.0)  # a person to ask: at once
+    writer.submit(RUN, running(4), seq=4, terminal=False)
+    writer.submit(RUN, ended(5), seq=5, terminal=True)
+    await until(lambda: len(api.writes) == 3, timeout=5.0)
+    await writer.flush_and_stop()
+    assert [body["lastEventSequence"] for _, body in api.writes] == [1, 3, 5]
+
+
+async def test_a_run_s_ordinary_writes_are_at_least_the_interval_apart() -> None:
+    api = FakeApi()
+    writer = StatusWriter(store(api), interval=0.3)
+    writer.start()
+    writer.submit(RUN, running(1), seq=1, terminal=False)
+    await until(lambda: len(api.writes) == 1)
+    writer.submit(RUN, running(2), seq=2, terminal=False)
+    await until(lambda: len(api.writes) == 2)
+    await writer.flush_and_stop()
+    assert api.written_at[1] - api.written_at[0] >= 0.3  # a lower bound no load can break
 
 
 async def test_an_older_projection_never_overwrites_a_newer_one() -> None:
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     writer.submit(RUN, running(5), seq=5, terminal=True)
     await writer.flush()
     writer.submit(RUN, running(3), seq=3, terminal=False)
@@ -103,7 +179,7 @@ async def test_an_older_projection_never_overwrites_a_newer_one() -> None:
 async def test_a_projection_older_than_another_writers_status_is_dropped() -> None:
     """Two operators (one that lost its Lease): what the object shows decides, not memory."""
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     writer.submit(RUN, running(2), seq=2, terminal=False)
     await writer.flush()
     api.other_writer(running(7))  # the other process wrote a newer projection meanwhile
@@ -119,7 +195,7 @@ async def test_a_terminal_status_is_final() -> None:
     process's end."""
     api = FakeApi()
     api.other_writer(ended(6))
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     counted: list[str] = []
     writer.submit(RUN, running(9), seq=9, terminal=False)  # even a higher sequence
     writer.submit(
@@ -133,7 +209,7 @@ async def test_a_terminal_status_is_final() -> None:
 
 async def test_the_write_that_ends_the_run_calls_its_end_once() -> None:
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     counted: list[int] = []
     writer.submit(RUN, ended(3), seq=3, terminal=True, on_end=lambda: counted.append(3))
     await writer.flush()
@@ -145,7 +221,7 @@ async def test_the_write_that_ends_the_run_calls_its_end_once() -> None:
 
 async def test_a_patch_that_raced_another_writer_is_re_read_and_re_decided() -> None:
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     writer.submit(RUN, running(1), seq=1, terminal=False)
     await writer.flush()
     api.other_writer({"metadata-only": True})  # e.g. kopf's annotations: the version moves
@@ -159,12 +235,14 @@ async def test_runs_that_share_a_name_are_written_separately() -> None:
     old, new = RunKey("ns", "same", "uid-old"), RunKey("ns", "same", "uid-new")
     apis = {old: FakeApi(uid=old.uid), new: FakeApi(uid=new.uid)}
 
+    stores = {run: store(api) for run, api in apis.items()}
+
     class ByRun:
         async def read(self, run: RunKey) -> Written | None:
-            return await apis[run].read(run)
+            return await stores[run].read(run)
 
         async def patch(self, run: RunKey, body: Mapping[str, Any], *, version: str) -> Written:
-            return await apis[run].patch(run, body, version=version)
+            return await stores[run].patch(run, body, version=version)
 
     writer = StatusWriter(ByRun(), interval=0.0)
     writer.submit(old, running(9), seq=9, terminal=False)
@@ -178,7 +256,7 @@ async def test_a_write_to_a_deleted_or_replaced_object_is_dropped_and_reported()
     for uid in (None, "uid-of-a-new-object-with-that-name"):
         api = FakeApi()
         api.uid = uid
-        writer = StatusWriter(api, interval=0.0)
+        writer = StatusWriter(store(api), interval=0.0)
         writer.submit(RUN, running(1), seq=1, terminal=True)
         await writer.flush()
         await writer.flush()
@@ -189,7 +267,7 @@ async def test_a_write_to_a_deleted_or_replaced_object_is_dropped_and_reported()
 
 async def test_a_write_whose_object_went_between_read_and_patch_is_reported_gone() -> None:
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     writer.submit(RUN, running(1), seq=1, terminal=False)
     await writer.flush()
     api.uid = None  # deleted after our last read: the patch answers 404
@@ -201,7 +279,7 @@ async def test_a_write_whose_object_went_between_read_and_patch_is_reported_gone
 
 async def test_a_refused_status_is_replaced_once_by_a_minimal_one() -> None:
     api = FakeApi(fail_with=422)
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     body = {
         "phase": "Failed",
         "terminalReason": "model_error",
@@ -217,16 +295,9 @@ async def test_a_refused_status_is_replaced_once_by_a_minimal_one() -> None:
     assert "refused by the API server" in written["message"]
 
 
-async def until(check: Callable[[], bool], *, timeout: float = 10.0) -> None:
-    """Poll ``check`` every 5 ms; TimeoutError after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.005)
-
-
 async def test_a_failed_write_is_retried_after_the_interval() -> None:
     api = FakeApi(fail_with=500)
-    writer = StatusWriter(api, interval=0.05)
+    writer = StatusWriter(store(api), interval=0.05)
     writer.start()
     writer.submit(RUN, ended(9), seq=9, terminal=True)
     await until(lambda: api.refused >= 1)  # the first attempt failed
@@ -246,7 +317,7 @@ def watched(api: FakeApi) -> dict[str, Any]:
 
 async def test_a_watched_version_spares_the_read_before_a_patch() -> None:
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     writer.observe(RUN, watched(api))
     writer.submit(RUN, running(3), seq=3, terminal=False)
     await writer.flush()
@@ -260,7 +331,7 @@ async def test_a_watched_version_spares_the_read_before_a_patch() -> None:
 
 async def test_an_older_watched_version_is_not_taken_and_costs_one_read() -> None:
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     early = watched(api)
     writer.submit(RUN, running(3), seq=3, terminal=False)
     await writer.flush()
@@ -274,7 +345,7 @@ async def test_an_older_watched_version_is_not_taken_and_costs_one_read() -> Non
 
 async def test_a_watched_end_drops_an_older_projection_unwritten() -> None:
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     writer.observe(RUN, watched(api))
     api.other_writer(ended(6))
     writer.observe(RUN, watched(api))
@@ -286,7 +357,7 @@ async def test_a_watched_end_drops_an_older_projection_unwritten() -> None:
 async def test_a_finished_run_the_writer_never_wrote_is_not_remembered() -> None:
     api = FakeApi()
     api.other_writer(ended(6))
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     writer.observe(RUN, watched(api))  # e.g. listed at start-up: nothing is kept for it
     writer.submit(RUN, running(5), seq=5, terminal=False)
     assert writer.stale == 0
@@ -296,7 +367,7 @@ async def test_a_finished_run_the_writer_never_wrote_is_not_remembered() -> None
 
 async def test_a_refused_patch_retries_on_the_version_the_watch_showed_meanwhile() -> None:
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.0)
+    writer = StatusWriter(store(api), interval=0.0)
     writer.observe(RUN, watched(api))
     api.other_writer({})  # kopf patches; its watch event arrives while our patch is refused
     api.on_conflict = lambda: writer.observe(RUN, watched(api))
