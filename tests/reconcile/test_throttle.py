@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrun.operator.recorder import Throttle
+from agentrun.operator.recorder import Throttle, standard_throttle
 
 
 def test_the_same_occasion_is_posted_once_per_interval() -> None:
@@ -35,3 +35,15 @@ def test_memory_is_bounded() -> None:
         assert throttle.allow(key, 0.0)
     assert throttle.allow("a", 1.0)  # forgotten, the oldest of four
     assert not throttle.allow("d", 1.0)
+
+
+def test_the_operator_s_throttle_is_once_a_minute_5_a_second_50_at_once() -> None:
+    """The defaults the docs state (docs/architecture.md, "Kubernetes Events"), checked by what
+    the throttle does, not by reading its fields."""
+    throttle = standard_throttle()
+    assert throttle.allow(("run", "Queued"), 0.0)
+    assert not throttle.allow(("run", "Queued"), 59.9)
+    assert throttle.allow(("run", "Queued"), 60.0)  # once a minute per occasion
+    burst = [throttle.allow(("run", n), 60.0) for n in range(60)]
+    assert burst == [True] * 49 + [False] * 11  # 50 at once (one went to the repeat above)
+    assert [throttle.allow(("later", n), 61.0) for n in range(6)] == [True] * 5 + [False]
