@@ -975,3 +975,26 @@ def test_a_run_stopped_after_its_committer_died_unsettled_charges_that_call_once
     assert book.close("r", turn=0, tokens=110, cost_usd=Decimal("0.001"), end=3.0, now=3.0)
     assert (book.used_tokens, book.used_cost) == (110, Decimal("0.001"))
     assert (book.abandoned_tokens, book.holds) == (0, {})
+
+
+def test_used_never_goes_down_even_when_a_settlement_reports_less_than_was_charged() -> None:
+    """``used`` only grows within a window (the reservation's refusal rule relies on it): a
+    newer turn's totals below what the run was charged (which no committed history produces)
+    charge nothing and lower nothing, so the next settlement charges only what is new."""
+    b = book(tokens=100_000)
+    assert b.admit("r1", "ns", "r1", now=NOW) is None
+    assert b.settle("r1", turn=1, tokens=100, cost_usd=Decimal("0.010"), now=NOW) == (
+        100,
+        Decimal("0.010"),
+    )
+    assert b.settle("r1", turn=2, tokens=80, cost_usd=Decimal("0.008"), now=NOW) == (
+        0,
+        Decimal(0),
+    )
+    assert (b.used_tokens, b.used_cost) == (100, Decimal("0.010"))
+    assert (b.active["r1"].tokens, b.active["r1"].cost_usd) == (100, Decimal("0.010"))
+    assert b.settle("r1", turn=3, tokens=120, cost_usd=Decimal("0.012"), now=NOW) == (
+        20,
+        Decimal("0.002"),
+    )
+    assert (b.used_tokens, b.used_cost) == (120, Decimal("0.012"))
