@@ -998,3 +998,60 @@ def test_used_never_goes_down_even_when_a_settlement_reports_less_than_was_charg
         Decimal("0.002"),
     )
     assert (b.used_tokens, b.used_cost) == (120, Decimal("0.012"))
+
+
+def answered(run: str, turn: int, owner: str, tokens: int, cost: str) -> Hold:
+    """A hold whose call answered, using ``tokens`` / ``cost``."""
+    made = hold(run, turn, 1_000, "0.01", owner=owner)
+    made.spent_tokens, made.spent_cost = tokens, Decimal(cost)
+    return made
+
+
+def spent_before(b: Book) -> None:
+    """What the window had charged already: 500 tokens, 0.005 USD, 50 / 0.0005 abandoned."""
+    b.used_tokens, b.used_cost = 500, Decimal("0.005")
+    b.abandoned_tokens, b.abandoned_cost = 50, Decimal("0.0005")
+
+
+def test_abandoned_calls_add_to_what_the_window_had_charged() -> None:
+    """Whoever charges an abandoned call — the sweep dropping its hold, or its own delivery
+    leaving — adds it to ``used`` and ``abandoned``, never replaces them."""
+    b = book(tokens=100_000)
+    spent_before(b)
+    b.holds["r1:0"] = answered("r1", 0, "w1", 100, "0.001")
+    assert b.drop_hold("r1:0", committed_turn=-1)
+    assert (b.used_tokens, b.used_cost) == (600, Decimal("0.006"))
+    assert (b.abandoned_tokens, b.abandoned_cost) == (150, Decimal("0.0015"))
+    b.holds["r2:0"] = hold("r2", 0, 1_000, "0.01", owner="w2")
+    assert b.abandon("r2:0", owner="w2", tokens=10, cost_usd=Decimal("0.0001"), now=NOW)
+    assert (b.used_tokens, b.used_cost) == (610, Decimal("0.0061"))
+    assert (b.abandoned_tokens, b.abandoned_cost) == (160, Decimal("0.0016"))
+
+
+def test_a_delivery_leaving_charges_its_call_set_aside_by_a_takeover_once() -> None:
+    """Its hold was moved aside (``r1:0/dead``) when another delivery took the turn: leaving,
+    it charges its call and drops that hold, even with its usage recorded on it."""
+    b = book(tokens=100_000)
+    b.holds["r1:0"] = hold("r1", 0, 1_000, "0.01", owner="next")
+    b.holds["r1:0/dead"] = answered("r1", 0, "dead", 100, "0.001")
+    assert b.abandon("r1:0", owner="dead", tokens=100, cost_usd=Decimal("0.001"), now=NOW)
+    assert list(b.holds) == ["r1:0"]
+    assert (b.used_tokens, b.abandoned_tokens) == (100, 100)
+    assert not b.abandon("r1:0", owner="dead", tokens=100, cost_usd=Decimal("0.001"), now=NOW)
+    assert (b.used_tokens, b.abandoned_tokens) == (100, 100)
+
+
+def test_resolving_or_catching_up_a_turn_touches_only_that_run_s_holds() -> None:
+    b = book(tokens=100_000)
+    for run in ("r1", "r2"):
+        assert b.admit(run, "ns", run, now=NOW) is None
+    b.holds["r1:0/a"] = answered("r1", 0, "a", 100, "0.001")
+    b.holds["r1:0/b"] = answered("r1", 0, "b", 120, "0.0012")
+    b.holds["r1:0"] = answered("r1", 0, "c", 90, "0.0009")
+    b.holds["r2:0"] = answered("r2", 0, "a", 70, "0.0007")
+    assert b.resolve_turn("r1", 0, committer="c") == 2  # a's and b's calls lost the commit
+    assert list(b.holds) == ["r2:0"]
+    assert (b.used_tokens, b.abandoned_tokens) == (220, 220)
+    b.holds["r1:1"] = hold("r1", 1, 1_000, "0.01", owner="c")
+    b.catch_up("r1", turn=1, tokens=400, cost_usd=Decimal("0.004"), now=NOW)
+    assert list(b.holds) == ["r2:0"]  # r2's turn 0 is not r1's to drop
