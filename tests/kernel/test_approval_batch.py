@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+import pytest
+
 from agentrun import kernel, protocol
 from agentrun.kernel import Phase
 
@@ -81,3 +83,19 @@ def test_the_approval_digest_is_the_sha256_of_the_call_s_canonical_json() -> Non
     assert hashlib.sha256(CANONICAL.encode()).hexdigest() == expected.removeprefix("sha256:")
     assert kernel.digest_of("calculate", {"expression": "6*8", "b": [1, "é"]}) != expected
     assert kernel.digest_of("calc", {"expression": "6*7", "b": [1, "é"]}) != expected
+
+
+def test_the_last_decision_says_who_decided_and_a_run_not_waiting_refuses_one() -> None:
+    for approved, said in ((True, "approved by reviewer"), (False, "denied by reviewer")):
+        state = waiting_on_two_deploys()
+        for _ in range(2):
+            pending = state.summary().pending_approval
+            assert pending is not None
+            state = kernel.resolve_approval(state, digest=pending.digest, approved=approved)
+        assert (state.phase, state.message) == (Phase.RUNNING, said)
+    first = waiting_on_two_deploys().summary().pending_approval
+    assert first is not None
+    denied = kernel.resolve_approval(waiting_on_two_deploys(), digest=first.digest, approved=False)
+    assert denied.message == "denied; call 2 of 2 held for approval: deploy (d2)"
+    with pytest.raises(ValueError, match=r"^the run is running, not waiting for an approval$"):
+        kernel.resolve_approval(kernel.initial_state(goal="g"), digest=first.digest, approved=True)

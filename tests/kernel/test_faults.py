@@ -26,3 +26,16 @@ def test_only_reads_and_idempotent_calls_are_retried_and_only_after_infrastructu
     fault: ToolFault, effect: str, retried: bool
 ) -> None:
     assert kernel.may_retry(fault, effect=effect) is retried
+
+
+def test_backoff_doubles_from_its_base_up_to_its_cap_and_needs_a_first_retry() -> None:
+    assert [kernel.backoff(n, base=0.5, cap=3) for n in (1, 2, 3, 4, 5)] == [
+        0.5,
+        1.0,
+        2.0,
+        3.0,
+        3.0,
+    ]
+    assert kernel.backoff(1) == 0.5 and kernel.backoff(4) == 4.0 and kernel.backoff(5) == 5.0
+    with pytest.raises(ValueError, match=r"^attempt 0 < 1$"):
+        kernel.backoff(0)
