@@ -194,8 +194,10 @@ def test_a_stale_call_that_waited_leaves_the_queue_of_waiters() -> None:
     assert b.admit("r1", "ns", "r1", now=NOW) is None
     b.waiting["r1:0"] = Waiter(NOW - 1, 100, Decimal(0), NOW + WAITER_TTL)
     b.settle("r1", turn=0, tokens=10, cost_usd=Decimal(0), now=NOW)
-    for refused in (ask(b, "r1", fixed(1_000)), b.reserve("r1:0", hold("r1"), now=NOW)):
-        assert getattr(refused, "reason", None) == TURN_COMMITTED
+    assert getattr(ask(b, "r1", fixed(1_000)), "reason", None) == TURN_COMMITTED
+    assert b.waiting == {}
+    b.waiting["r1:0"] = Waiter(NOW - 1, 100, Decimal(0), NOW + WAITER_TTL)
+    assert getattr(b.reserve("r1:0", hold("r1"), now=NOW), "reason", None) == TURN_COMMITTED
     assert b.waiting == {}
 
 
@@ -203,10 +205,13 @@ def test_a_delivery_asking_again_is_not_its_own_rival_and_keeps_its_hold_while_i
     b = book(tokens=6_000)
     first = ask(b, "r1", fixed(5_000))
     assert isinstance(first, Granted) and first.tokens == 5_000
-    b.record_spend("r1:0", owner="w1", tokens=0, cost_usd=Decimal(0))
+    assert b.record_spend("r1:0", owner="w1", tokens=10, cost_usd=Decimal(0))
     again = ask(b, "r1", fixed(5_000))  # its own 5 000 held are not in its way
     assert isinstance(again, Granted)
-    assert list(b.holds) == ["r1:0"]  # and its own hold was not set aside as another's
+    assert list(b.holds) == ["r1:0"]  # and its own answered hold was not set aside
+    assert b.record_spend("r1:0", owner="w1", tokens=10, cost_usd=Decimal(0))
+    assert b.reserve("r1:0", hold("r1", owner="w1", tokens=5_000), now=NOW) is None
+    assert list(b.holds) == ["r1:0"]
     b.holds["r2:0"] = hold("r2", owner="w2", tokens=1_000)
     bigger = ask(b, "r1", fixed(5_500))  # fits used, not next to r2's hold: waits
     assert isinstance(bigger, BudgetWait)
@@ -332,3 +337,24 @@ def test_admission_keeps_room_for_the_oldest_waiter_s_tokens() -> None:
     held = b.admit("r1", "ns", "r1", now=NOW, need_tokens=5_001)
     assert held is not None and (held.reason, held.resource) == (BUDGET_HELD, "tokens")
     assert b.admit("r1", "ns", "r1", now=NOW, need_tokens=5_000) is None
+
+
+def test_a_call_refused_for_wall_clock_time_leaves_the_queue_and_keeps_what_it_held() -> None:
+    b = book(tokens=10_000, wall_seconds=100.0)
+    assert b.admit("r1", "ns", "r1", now=NOW - 50) is None
+    b.holds["r1:0"] = hold("r1", owner="w1", tokens=2_000)
+    b.waiting["r1:0"] = Waiter(NOW - 1, 4_000, Decimal(0), NOW + WAITER_TTL)
+    refused = b.reserve_call("r1:0", fixed(4_000), hold("r1", owner="w1"), now=NOW + 50)
+    assert getattr(refused, "resource", None) == "wallClockSeconds"
+    assert b.waiting == {}
+    assert b.holds["r1:0"].tokens == 2_000 and b.holds["r1:0"].owner == "w1"
+
+
+def test_a_refusal_names_the_resource_its_floor_overruns() -> None:
+    """Tokens exactly at their limit fit: the refusal names the cost that does not."""
+    b = book(tokens=1_000, cost_usd=Decimal("0.001"))
+    b.used_tokens = 900
+    need = CallNeed(50, 50, PRICED, min_output_tokens=50)  # 100 tokens, 0.0005 USD
+    b.used_cost = Decimal("0.0006")
+    refused = ask(b, "r1", need)
+    assert getattr(refused, "resource", None) == "costUSD"
