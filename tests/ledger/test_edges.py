@@ -343,7 +343,7 @@ def test_a_call_refused_for_wall_clock_time_leaves_the_queue_and_keeps_what_it_h
     b = book(tokens=10_000, wall_seconds=100.0)
     assert b.admit("r1", "ns", "r1", now=NOW - 50) is None
     b.holds["r1:0"] = hold("r1", owner="w1", tokens=2_000)
-    b.waiting["r1:0"] = Waiter(NOW - 1, 4_000, Decimal(0), NOW + WAITER_TTL)
+    b.waiting["r1:0"] = Waiter(NOW + 49, 4_000, Decimal(0), NOW + 50 + WAITER_TTL)
     refused = b.reserve_call("r1:0", fixed(4_000), hold("r1", owner="w1"), now=NOW + 50)
     assert getattr(refused, "resource", None) == "wallClockSeconds"
     assert b.waiting == {}
