@@ -79,8 +79,8 @@ system-packages:
 ## mutate: mutation testing of the pure core (kernel and the ledger's pure modules; mutmut,
 ## configured in pyproject.toml [tool.mutmut]): prints the score per package and every
 ## surviving mutant not explained in tests/mutants-equivalent.txt (then exits 1). Slow
-## (about 1h45 on two busy cores from scratch; a re-run tests only what changed), so not part
-## of `make test`; the suite checks the configuration (tests/devenv/test_mutation_config.py).
+## (about two hours from scratch on two busy cores; a re-run tests only what changed), so not
+## part of `make test`; the suite checks the configuration (tests/devenv/test_mutation_config.py).
 MUTATE_JOBS ?= 2
 mutate: $(STAMP)
 	$(BIN)/python -m agentrun_dev.mutation --jobs $(MUTATE_JOBS) .
