@@ -13,6 +13,10 @@ Connections: every connection reconnects for ever, also after the server closed 
 protocol error (``-ERR``), which nats-py would otherwise treat as final (``natsclient``, whose
 ``connect_nats`` and ``reconnections`` are re-exported here); pull consumers are bound again
 after each reconnect.
+
+Provisioning: the streams and the workers' durable consumer are created and configured by the
+operator's bus alone (``provision=True``); a worker's bus only binds them, and on a closed bus
+has no permission to do more (``agentrun.natsauth.permissions``).
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from nats.js import JetStreamContext, api
 
 from agentrun import protocol
 from agentrun.natsclient import EventTooLarge as EventTooLarge
+from agentrun.natsclient import NatsAuth, event_cap
 from agentrun.natsclient import connect_nats as connect_nats
-from agentrun.natsclient import event_cap
 from agentrun.natsclient import reconnections as reconnections
 from agentrun.protocol import RunEvent, TurnRequest
 
@@ -62,6 +66,8 @@ class BusSettings:
     """Stream and consumer tuning."""
 
     url: str
+    auth: NatsAuth | None = None
+    """The client's credentials and the server's CA (``natsclient.NatsAuth``); None: none."""
     ack_wait: float = 30.0
     """Seconds before an unacked TurnRequest is redelivered (workers heartbeat inside it)."""
     max_deliver: int = -1
@@ -76,20 +82,28 @@ class BusSettings:
 class Bus:
     """A connected JetStream context with agentrun's streams. Create with ``Bus.connect``."""
 
-    def __init__(self, nc: NATS, js: JetStreamContext, settings: BusSettings) -> None:
+    def __init__(
+        self, nc: NATS, js: JetStreamContext, settings: BusSettings, *, provision: bool = True
+    ) -> None:
         self.nc = nc
         self.js = js
         self.settings = settings
+        self.provision = provision
+        """Whether this bus creates and configures the streams and the workers' consumer
+        (the operator's) or only binds them (a worker's)."""
 
     @classmethod
-    async def connect(cls, settings: BusSettings, *, name: str) -> Bus:
-        """Connect (retrying while the server starts) and make sure the streams exist.
+    async def connect(cls, settings: BusSettings, *, name: str, provision: bool = True) -> Bus:
+        """Connect (retrying while the server starts); with ``provision``, make sure the
+        streams and the workers' consumer exist as configured here.
 
-        Raises ``nats.errors.NoServersError`` when no server answers.
+        Raises ``nats.errors.NoServersError`` when no server answers, and what
+        ``natsclient.connect_nats`` raises for refused or unreadable credentials.
         """
-        nc = await connect_nats(settings.url, name=name)
-        bus = cls(nc, nc.jetstream(timeout=10), settings)
-        await bus.ensure_streams()
+        nc = await connect_nats(settings.url, name=name, auth=settings.auth)
+        bus = cls(nc, nc.jetstream(timeout=10), settings, provision=provision)
+        if provision:
+            await bus.ensure_streams()
         return bus
 
     @property
@@ -103,7 +117,8 @@ class Bus:
             await self.nc.drain()
 
     async def ensure_streams(self) -> None:
-        """Create (or update) ``AGENTRUN_TURNS`` and ``AGENTRUN_EVENTS``; idempotent."""
+        """Create (or update) ``AGENTRUN_TURNS`` and ``AGENTRUN_EVENTS``, and the workers'
+        durable consumer (``workers_consumer``); idempotent."""
         configs = [
             api.StreamConfig(
                 name=protocol.STREAM_TURNS,
@@ -127,6 +142,21 @@ class Bus:
                 await self.js.add_stream(config)
             except nats.js.errors.BadRequestError:
                 await self.js.update_stream(config)
+        await self.js._jsm.add_consumer(protocol.STREAM_TURNS, self.workers_consumer())
+
+    def workers_consumer(self) -> api.ConsumerConfig:
+        """The pull consumer shared by every worker (durable ``agentrun-workers``): explicit
+        acks within ``ack_wait``, no delivery limit unless ``max_deliver`` says otherwise
+        (re-applied at every start, so a consumer made by an older release loses its limit)."""
+        return api.ConsumerConfig(
+            name=protocol.WORKERS_CONSUMER,
+            durable_name=protocol.WORKERS_CONSUMER,
+            filter_subject=protocol.TURN_SUBJECTS,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait,
+            max_deliver=self.settings.max_deliver,
+            max_ack_pending=-1,
+        )
 
     async def consume(
         self,
@@ -144,7 +174,8 @@ class Bus:
         Messages are fetched one per pull request: nats-py's ``fetch(batch > 1)`` waits for the
         whole batch or its timeout once the stream is idle, which would delay a message by up
         to the timeout. A fetch that fails other than as an empty poll (server restarted,
-        stream lost) re-creates the streams and the subscription a second later; after the
+        stream lost) re-creates the subscription a second later (and, on a provisioning bus,
+        the streams); after the
         connection reconnected, the subscription is bound again before the next fetch.
         """
         puller = _Puller(self, subscribe)
@@ -200,18 +231,14 @@ class Bus:
         return int(info.num_pending or 0)
 
     async def turn_subscription(self) -> JetStreamContext.PullSubscription:
-        """The pull consumer shared by every worker (durable ``agentrun-workers``), created or
-        updated to these settings (a consumer made by an older release keeps no delivery
-        limit)."""
-        config = api.ConsumerConfig(
-            name=protocol.WORKERS_CONSUMER,
-            durable_name=protocol.WORKERS_CONSUMER,
-            filter_subject=protocol.TURN_SUBJECTS,
-            ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=self.settings.ack_wait,
-            max_deliver=self.settings.max_deliver,
-            max_ack_pending=-1,
-        )
+        """The pull consumer shared by every worker (durable ``agentrun-workers``). A
+        provisioning bus creates or updates it first (``workers_consumer``); a worker's binds
+        the consumer the operator made (a fetch fails until it exists, and is retried)."""
+        if not self.provision:
+            return await self.js.pull_subscribe_bind(
+                durable=protocol.WORKERS_CONSUMER, stream=protocol.STREAM_TURNS
+            )
+        config = self.workers_consumer()
         await self.js._jsm.add_consumer(protocol.STREAM_TURNS, config)
         return await self.js.pull_subscribe(
             protocol.TURN_SUBJECTS,
@@ -388,8 +415,9 @@ class _Puller:
             log.warning("consumer: %r; re-creating streams and consumer in 1s", err)
             self.sub = None
             await asyncio.sleep(1.0)
-            with contextlib.suppress(Exception):
-                await self.bus.ensure_streams()
+            if self.bus.provision:
+                with contextlib.suppress(Exception):
+                    await self.bus.ensure_streams()
             return []
 
     async def unbind(self) -> None:

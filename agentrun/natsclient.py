@@ -6,16 +6,28 @@ final and closes the connection; a runtime process must not stay disconnected, s
 reconnections (``reconnections``), which lets pull consumers bind again. A message over the
 server's ``max_payload`` is such an error, so a payload's size is checked before it is sent
 (``event_cap``, ``EventTooLarge``).
+
+Who the client is and which server it trusts come from files (``NatsAuth``): a ``.creds`` file
+(a user JWT and its NKey seed, see ``agentrun.natsauth``), read again on every connect, so a
+rotated file (a Kubernetes Secret volume updates in place) is what the next reconnect presents;
+and a CA bundle that the server's certificate must chain to, its name checked against the
+URL's host (TLS hostname verification). A user agentrun minted also tells the client its inbox
+subtree, the only one its permissions let it subscribe to.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import ssl
+from pathlib import Path
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.protocol import parser
+
+from agentrun.natsauth import creds
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +53,43 @@ def event_cap(nc: NATS) -> int:
     return int(nc.max_payload) - HEADER_ROOM
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class NatsAuth:
+    """How a client proves who it is and checks whom it talks to; both optional (an open,
+    plain-text server needs neither)."""
+
+    creds_file: Path | None = None
+    """The user's ``.creds`` file (``AGENTRUN_NATS_CREDS_FILE``), read on every connect."""
+    ca_file: Path | None = None
+    """PEM bundle of the CA that signed the server's certificate (``AGENTRUN_NATS_CA_FILE``):
+    set, the connection is TLS and the certificate must name the URL's host."""
+
+
+def connect_options(auth: NatsAuth | None) -> dict[str, Any]:
+    """The nats-py ``connect`` keyword arguments for ``auth``: ``user_credentials`` (a path,
+    so nats-py reads the file at each connect), ``inbox_prefix`` (the user's inbox subtree,
+    when agentrun minted it) and ``tls`` (a context verifying the server against
+    ``ca_file``, hostname checked).
+
+    Raises ``OSError`` when a file cannot be read, ``natsauth.InvalidCreds`` when the creds
+    file is not one, ``ssl.SSLError`` when the CA file holds no certificate.
+    """
+    if auth is None:
+        return {}
+    options: dict[str, Any] = {}
+    if auth.creds_file is not None:
+        user = creds.read(auth.creds_file)  # fail at start-up, naming the file
+        options["user_credentials"] = str(auth.creds_file)
+        prefix = user.inbox_prefix()
+        if prefix is not None:
+            options["inbox_prefix"] = prefix
+    if auth.ca_file is not None:
+        context = ssl.create_default_context(cafile=str(auth.ca_file))
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        options["tls"] = context
+    return options
+
+
 class ReconnectingClient(NATS):
     """A nats-py client that reconnects after *any* server error, not only a stale connection.
 
@@ -48,7 +97,9 @@ class ReconnectingClient(NATS):
     connection or a permissions violation), e.g. after the server hit a protocol error on it;
     the server then closes the socket, and a runtime process must not stay disconnected.
     Here such an error goes down the reconnect path instead (``max_reconnect_attempts=-1``:
-    for ever). ``reconnects`` counts completed reconnections, so pull consumers can rebind.
+    for ever). That includes the server closing a user whose credentials were revoked or
+    expired: the reconnect reads the creds file again, so a rotated file takes over.
+    ``reconnects`` counts completed reconnections, so pull consumers can rebind.
     """
 
     reconnects = 0
@@ -64,11 +115,14 @@ class ReconnectingClient(NATS):
         await self._process_op_err(err)
 
 
-async def connect_nats(url: str, *, name: str) -> NATS:
-    """A NATS connection as every agentrun process makes it: reconnecting for ever, half a
-    second apart, also after a server ``-ERR`` (``ReconnectingClient``).
+async def connect_nats(url: str, *, name: str, auth: NatsAuth | None = None) -> NATS:
+    """A NATS connection as every agentrun process makes it: authenticated and verified as
+    ``auth`` says (``connect_options``), reconnecting for ever, half a second apart, also after
+    a server ``-ERR`` (``ReconnectingClient``).
 
-    Raises ``nats.errors.NoServersError`` when no server answers at first.
+    Raises ``nats.errors.NoServersError`` when no server answers at first,
+    ``nats.errors.Error`` when the server refuses the credentials, and what
+    ``connect_options`` raises.
     """
     nc = ReconnectingClient()
 
@@ -91,6 +145,7 @@ async def connect_nats(url: str, *, name: str) -> NATS:
         "reconnected_cb": reconnected,
         "disconnected_cb": disconnected,
         "error_cb": errored,
+        **connect_options(auth),
     }
     await nc.connect(url, **options)
     return nc

@@ -9,11 +9,14 @@ stops the process with an error naming the variable. An empty variable counts as
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pydantic
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agentrun.kernel import bounds
+from agentrun.natsclient import NatsAuth
 
 TOOL_RESULT_MAX_BYTES_LIMIT = bounds.results_budget(bounds.MESSAGE_CAP)
 """The most ``AGENTRUN_TOOL_RESULT_MAX_BYTES`` may be (524288): what one turn's tool results
@@ -29,11 +32,24 @@ class ProcessSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="AGENTRUN_", env_ignore_empty=True, frozen=True, extra="ignore"
+        env_prefix="AGENTRUN_",
+        env_ignore_empty=True,
+        frozen=True,
+        extra="ignore",
+        hide_input_in_errors=True,  # a URL with a password must not reach the log
     )
 
     nats_url: str = "nats://127.0.0.1:4222"
-    """``AGENTRUN_NATS_URL``: the NATS server with JetStream, e.g. ``nats://127.0.0.1:4222``."""
+    """``AGENTRUN_NATS_URL``: the NATS server with JetStream, e.g. ``nats://127.0.0.1:4222``
+    (``tls://…`` works too; with ``nats_ca_file`` set the connection is TLS either way). Never
+    put a password in it: credentials come from ``nats_creds_file``."""
+    nats_creds_file: Path | None = None
+    """``AGENTRUN_NATS_CREDS_FILE``: this process's NATS ``.creds`` file (a user JWT and its
+    NKey seed; the chart mounts it from a Secret), read again at every reconnect; unset: no
+    credentials (a server that requires them refuses the connection)."""
+    nats_ca_file: Path | None = None
+    """``AGENTRUN_NATS_CA_FILE``: PEM CA bundle the NATS server's certificate must chain to,
+    its name checked against the URL's host; unset: plain-text NATS."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """``AGENTRUN_METRICS_PORT``: Prometheus ``/metrics`` port; 0 serves none."""
     metrics_addr: str = "0.0.0.0"
@@ -42,6 +58,21 @@ class ProcessSettings(BaseSettings):
     """``AGENTRUN_LOG_LEVEL``: Python logging level name."""
     turn_ack_wait: float = Field(default=30.0, gt=0)
     """``AGENTRUN_TURN_ACK_WAIT``: seconds before an unacknowledged TurnRequest is redelivered."""
+
+    @property
+    def nats_auth(self) -> NatsAuth:
+        """The NATS credentials and CA files, as ``natsclient.connect_nats`` takes them."""
+        return NatsAuth(creds_file=self.nats_creds_file, ca_file=self.nats_ca_file)
+
+    @pydantic.field_validator("nats_url")
+    @classmethod
+    def _no_password_in_url(cls, value: str) -> str:
+        if "@" in value.split("//", 1)[-1].split("/", 1)[0]:
+            raise ValueError(
+                "AGENTRUN_NATS_URL holds credentials (user@host): put them in a creds file "
+                "named by AGENTRUN_NATS_CREDS_FILE instead, so they are never logged"
+            )
+        return value
 
 
 class OperatorSettings(ProcessSettings):

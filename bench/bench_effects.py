@@ -37,10 +37,10 @@ import nats
 from harness import agent_run, bench_stack, percentile, write_result
 
 from agentrun import kernel
-from agentrun.effects import EffectLedger
 from agentrun.protocol import RemoteTool
 from agentrun.tools import ToolContext, remote
 from agentrun.worker import toolrunner
+from agentrun.worker.effects import EffectLedger
 from agentrun_dev import components, natsserver
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -68,9 +68,9 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-async def measure_calls(url: str, nats_url: str, calls: int) -> dict[str, Any]:
+async def measure_calls(url: str, nats_server: natsserver.NatsServer, calls: int) -> dict[str, Any]:
     """Milliseconds per call by effect, and of the ledger's two writes alone."""
-    client = await nats.connect(nats_url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         ledger = await EffectLedger.open(client.jetstream())
         tools = {f"{e}__add": _tool(url, e) for e in EFFECTS}
@@ -202,7 +202,7 @@ def main() -> None:
         launch = components.Launch(log_dir=Path(tmp) / "logs", die_with_parent=True)
         nats_server = natsserver.start_nats_server(Path(tmp) / "nats", launch=launch)
         try:
-            figures["call"] = asyncio.run(measure_calls(server.url, nats_server.url, args.calls))
+            figures["call"] = asyncio.run(measure_calls(server.url, nats_server, args.calls))
         finally:
             nats_server.stop()
         call = figures["call"]

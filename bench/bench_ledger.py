@@ -485,8 +485,9 @@ async def profile(clients: Sequence[Client], seconds: float) -> dict[str, Any]:
 # --- main --------------------------------------------------------------------------------------
 
 
-async def bench(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    clients = [await nats.connect(url, name=f"bench-ledger-{i}") for i in range(3)]
+async def bench(server: natsserver.NatsServer, args: argparse.Namespace) -> dict[str, Any]:
+    options = server.client_options()  # admission is the operator's, holds the workers'
+    clients = [await nats.connect(**options, name=f"bench-ledger-{i}") for i in range(3)]
     try:
         stores = [await LedgerStore.open(c.jetstream()) for c in clients]
         await one_round(  # warm up: bucket, connections, code paths
@@ -541,7 +542,7 @@ def main() -> None:
     launch = components.Launch(log_dir=workdir / "logs", die_with_parent=True)
     server = natsserver.start_nats_server(workdir / "nats", launch=launch)
     try:
-        result = asyncio.run(bench(server.url, args))
+        result = asyncio.run(bench(server, args))
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)

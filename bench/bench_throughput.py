@@ -50,7 +50,7 @@ def measure(runs_count: int, turns_per_run: int, extra_env: dict[str, str]) -> d
         sampler.join()
         turns = sum(s["usage"]["steps"] for s in statuses)
         # the precise span: first admission to last terminal event, as JetStream stored them
-        events = read_events(bench.nats_url, "default", [f"tp-{i}" for i in range(args.runs)])
+        events = read_events(bench.nats, "default", [f"tp-{i}" for i in range(args.runs)])
         first = min(stamp for evs in events.values() for _, stamp in evs[:1])
         last = max(stamp for evs in events.values() for _, stamp in evs[-1:])
         return {

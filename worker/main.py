@@ -11,12 +11,12 @@ from kubernetes_asyncio.client import ApiClient
 
 from agentrun import kube, process
 from agentrun.bus import Bus, BusSettings, connect_nats
-from agentrun.effects import EffectLedger
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog, sessions
 
 from .consumer import ConsumerSettings, TurnConsumer
+from .effects import EffectLedger
 from .model import ModelClient
 from .secrets import KubeSecrets
 from .toolrunner import ToolRunSettings
@@ -28,14 +28,17 @@ log = logging.getLogger("agentrun.worker")
 async def serve(config: WorkerSettings) -> None:
     """Run one worker until SIGTERM/SIGINT."""
     url = config.nats_url
-    bus = await Bus.connect(
-        BusSettings(url=url, ack_wait=config.turn_ack_wait),
+    bus = await Bus.connect(  # binds what the operator provisions; creates nothing
+        BusSettings(url=url, auth=config.nats_auth, ack_wait=config.turn_ack_wait),
         name=f"agentrun-worker-{os.getpid()}",
+        provision=False,
     )
     api = await _kube_api()
     deps = await _turn_deps(config, bus=bus, api=api)
     # its own connection: 30 KB ledger writes must not queue ahead of fetches and acks
-    ledger_nc = await connect_nats(url, name=f"agentrun-worker-{os.getpid()}-ledger")
+    ledger_nc = await connect_nats(
+        url, name=f"agentrun-worker-{os.getpid()}-ledger", auth=config.nats_auth
+    )
     consumer = TurnConsumer(
         bus,
         deps,
@@ -45,7 +48,7 @@ async def serve(config: WorkerSettings) -> None:
             heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
             hold_ttl=config.hold_ttl,
         ),
-        ledger=await LedgerStore.open(ledger_nc.jetstream()),
+        ledger=await LedgerStore.open(ledger_nc.jetstream(), create=False),
     )
     process.stop_on_signals(consumer.stop)
     log.info("worker %d serving turns from %s", os.getpid(), url)
@@ -90,7 +93,7 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
         ),
         kube=api,
         headers=secrets,
-        effects=await EffectLedger.open(bus.js, entry_cap=bus.event_cap),
+        effects=await EffectLedger.open(bus.js, entry_cap=bus.event_cap, create=False),
         mcp_sessions=sessions.SessionPool(),
         message_cap=bus.event_cap,
     )

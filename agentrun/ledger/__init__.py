@@ -1,10 +1,15 @@
 """The tenant budget ledger: reservations before model calls, settlement after.
 
-``book`` is the pure arithmetic of one tenant's ledger entry (its parts: ``entries``);
-``reserve`` decides one model call's reservation (held, waiting or refused); ``store`` is
-the port the operator and the workers use — named operations on the entries
-(admit a run, a turn's ``hold``, close a run, the admission queue), written by
-compare-and-set (``cas``).
+The pure part, layered one way (each imports only those before it): ``entries`` (the entry's
+parts: limits, holds, active runs, refusals, the window, a call's worst case) → ``state``
+(one tenant's entry, ``BookState``: its fields and the bookkeeping that changes them) →
+``deliveries`` (a turn run by two deliveries at once) → ``reserve`` (a run's admission and one
+model call's reservation: held, waiting or refused) → ``book`` (``Book``: the entry with every
+operation named) → ``codec`` (its JSON). The I/O part: ``cas`` (compare-and-set writes over
+JetStream KV), ``hold`` (``TurnHold``, one delivery's hold on its turn's budget, over the
+``TurnLedger`` port) and ``store`` (``LedgerStore``, the port the operator and the workers use:
+named operations on the entries — admit a run, a turn's hold, close a run, the sweep's
+repairs, the admission queue — each one compare-and-set write).
 """
 
 from agentrun.ledger import codec
@@ -20,7 +25,7 @@ from agentrun.ledger.entries import (
     window_start,
     worst_case,
 )
-from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
+from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnLedger, TurnRef
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 from agentrun.ledger.store import LedgerStore, QueuedRun, QueueFull, Repair
 
@@ -42,6 +47,7 @@ __all__ = [
     "Repair",
     "TenantLimits",
     "TurnHold",
+    "TurnLedger",
     "TurnRef",
     "codec",
     "window_start",

@@ -1,168 +1,35 @@
-"""One tenant's ledger entry and the operations on it; pure (no I/O, ``now`` passed in).
+"""``Book``: one tenant's ledger entry with every operation on it named as a method; pure.
 
-The entry holds, for the current fixed window:
+The entry's state and its bookkeeping are ``state.BookState`` (the window, settlement and a
+run's close, a hold's own lifecycle); the rules that decide are modules of their own, which
+import ``state`` and change the entry only through its methods: ``reserve`` (a run's admission,
+a model call held, waiting or refused) and ``deliveries`` (a turn run by two deliveries at
+once). ``Book`` puts them behind one name, so a caller — the store's compare-and-set changes,
+the tests — reads ``book.reserve_call(...)`` whichever module holds the rule. Nothing below
+imports this module: the layers run ``entries`` → ``state`` → ``deliveries`` → ``reserve`` →
+``book`` → ``codec`` → ``cas`` → ``hold`` → ``store``.
 
-- ``used``: what the tenant's runs spent: tokens (input + output), cost in USD, and wall-clock
-  seconds of ended runs; the elapsed time of active runs is added live (``wall_used``), so the
-  wall-clock budget is charged as runs progress, not only when they end.
-- ``holds``: reservations of in-flight model calls, keyed ``<run-uid>:<turn>``, each the worst
-  case of its call (estimated prompt tokens + the output allowance, priced). A call starts only
-  if ``used + reserved + its worst case`` stays within every limit, so concurrent turns on many
-  workers cannot together overspend: the check and the record are one compare-and-set.
-- ``active``: admitted runs that have not ended (``maxConcurrentRuns``), each with the run's
-  cumulative usage charged so far and the turn it was charged up to.
-- ``waiting``: calls that fit what is committed (``used``) but not next to other runs' holds;
-  they wait for those holds to settle instead of ending the run, oldest first
-  (``reserve_call``; the reservation rules are in ``reserve``). A run ends
-  ``tenant_budget_exhausted`` only when ``used`` plus its own smallest worst case exceeds a
-  limit.
-- a hold's ``spent``: what its model call used once it answered, written before the turn goes
-  on, so the call is charged even if its worker dies before the turn commits (the sweep, the
-  turn's settlement or the run's close charges it as abandoned; for a turn run by two
-  deliveries at once, see ``deliveries``).
-
-Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
-``cumulative - charged`` only when the turn is newer than the one charged last. That makes it
-idempotent (a redelivered or repeated settlement adds nothing) and order-free (a turn whose
-worker died before settling is covered by the next turn's settlement or by the run's close),
-and the tenant's ``used`` equals the sum of its runs' own usage exactly.
+What belongs here: naming the operations. What does not: any rule or change of state (those
+live in ``state``, ``reserve`` and ``deliveries``), I/O (``store``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from decimal import Decimal
 
 from agentrun.ledger import deliveries, reserve
-from agentrun.ledger.entries import (
-    ADMISSION_HOLD_TTL,
-    BUDGET_EXHAUSTED,
-    CHARGED_MEMORY,
-    CONCURRENCY_LIMIT,
-    MAX_ACTIVE_RUNS,
-    Active,
-    BudgetRefusal,
-    Hold,
-    TenantLimits,
-    Waiter,
-    aside_key,
-    short_of,
-    window_start,
-)
+from agentrun.ledger.entries import BudgetRefusal, Hold
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
+from agentrun.ledger.state import BookState
 
 
-@dataclasses.dataclass(slots=True)
-class Book:
-    """One tenant's ledger entry. Operations mutate it; the store applies each to a freshly
-    decoded copy and writes it back with compare-and-set, so they must stay deterministic."""
+class Book(BookState):
+    """One tenant's ledger entry (its fields and bookkeeping: ``BookState``) and the operations
+    whose rules live in ``reserve`` and ``deliveries``. Operations mutate it; the store applies
+    each to a freshly decoded copy and writes it back with compare-and-set, so they must stay
+    deterministic."""
 
-    tenant: str
-    limits: TenantLimits
-    window: float
-    """Start of the current window, epoch seconds."""
-    used_tokens: int = 0
-    used_cost: Decimal = Decimal(0)
-    used_wall: float = 0.0
-    """Wall-clock seconds of runs ended in this window (active runs are added live)."""
-    abandoned_tokens: int = 0
-    """The part of ``used_tokens`` spent by model calls whose turn never committed (cancelled,
-    deleted, out of time, or lost to a redelivery): spent at the provider, in no run's usage."""
-    abandoned_cost: Decimal = Decimal(0)
-    """The part of ``used_cost`` spent that way."""
-    holds: dict[str, Hold] = dataclasses.field(default_factory=dict)
-    active: dict[str, Active] = dataclasses.field(default_factory=dict)
-    waiting: dict[str, Waiter] = dataclasses.field(default_factory=dict)
-    """Calls waiting for holds to settle, by hold key."""
-    charged: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Calls charged as abandoned by whoever dropped their hold: ``<run-uid>:<turn>/<owner>``
-    → until when it is remembered (epoch seconds; see ``deliveries``)."""
-
-    @classmethod
-    def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Book:
-        """An empty entry whose window holds ``now``."""
-        return cls(tenant, limits, window_start(now, limits.window_seconds))
-
-    # --- reading --------------------------------------------------------------------------------
-
-    @property
-    def reset_time(self) -> float:
-        """When the current window ends (epoch seconds)."""
-        return self.window + self.limits.window_seconds
-
-    @property
-    def reserved_tokens(self) -> int:
-        """Tokens held by in-flight calls."""
-        return sum(h.tokens for h in self.holds.values())
-
-    @property
-    def reserved_cost(self) -> Decimal:
-        """USD held by in-flight calls."""
-        return sum((h.cost_usd for h in self.holds.values()), Decimal(0))
-
-    def wall_used(self, now: float) -> float:
-        """Wall-clock seconds charged in this window, active runs counted up to ``now``."""
-        return self.used_wall + sum(max(0.0, now - a.since) for a in self.active.values())
-
-    def exhausted(
-        self, now: float, *, need_tokens: int = 0, need_cost: Decimal = Decimal(0)
-    ) -> BudgetRefusal | None:
-        """The first resource that cannot cover ``need`` (with no need: has nothing left,
-        used + reserved ≥ limit), else ``None``."""
-        limits = self.limits
-        short = short_of(
-            "tokens",
-            used=self.used_tokens,
-            reserved=self.reserved_tokens,
-            need=need_tokens,
-            limit=limits.tokens,
-        ) or short_of(
-            "costUSD",
-            used=self.used_cost,
-            reserved=self.reserved_cost,
-            need=need_cost,
-            limit=limits.cost_usd,
-        )
-        if short is not None:
-            return short
-        if limits.wall_seconds is not None and self.wall_used(now) >= limits.wall_seconds:
-            return BudgetRefusal(
-                BUDGET_EXHAUSTED,
-                "wallClockSeconds",
-                f"wallClockSeconds: {self.wall_used(now):.0f} of {limits.wall_seconds:.0f} "
-                "used this window",
-            )
-        return None
-
-    def expired(self, now: float) -> list[tuple[str, Hold]]:
-        """Holds whose worker stopped refreshing them (presumed dead)."""
-        return [(key, h) for key, h in self.holds.items() if h.expires <= now]
-
-    # --- changing ---------------------------------------------------------------------------------
-
-    def roll(self, now: float) -> bool:
-        """Start a new window if ``now`` is past the current one: ``used`` goes to zero and
-        active runs' wall-clock charge restarts at the window start. Holds and what each run
-        has been charged stay. Returns True when it rolled."""
-        for key in [k for k, until in self.charged.items() if until <= now]:
-            del self.charged[key]
-        start = window_start(now, self.limits.window_seconds)
-        if start <= self.window:
-            return False
-        self.window = start
-        self.used_tokens = 0
-        self.used_cost = Decimal(0)
-        self.used_wall = 0.0
-        self.abandoned_tokens = 0
-        self.abandoned_cost = Decimal(0)
-        for run in self.active.values():
-            run.since = max(run.since, start)
-        return True
-
-    def set_limits(self, limits: TenantLimits, *, now: float) -> None:
-        """Apply an edited AgentTenant; a changed window length takes effect at once."""
-        self.limits = limits
-        self.roll(now)
+    __slots__ = ()
 
     def admit(
         self,
@@ -174,59 +41,12 @@ class Book:
         need_tokens: int = 0,
         need_cost: Decimal = Decimal(0),
     ) -> BudgetRefusal | None:
-        """Take a concurrency slot for a run, if one is free and the budget left covers
-        ``need`` (the worst case of the run's first call; 0: anything left). The need is held
-        (key ``<run-uid>:admission``) until the run's first reservation replaces it, so a run
-        admitted for budget can make its first call however many are admitted at once.
-
-        Idempotent: a run already active is admitted again without change (an operator that
-        restarts mid-admission does not take two slots).
-        """
-        self.roll(now)
-        if run_uid in self.active:
-            return None
-        slot = self._slot_refusal()
-        if slot is not None:
-            return slot
-        if need_tokens or need_cost:
-            refusal = reserve.admission_refusal(
-                self, now=now, need_tokens=need_tokens, need_cost=need_cost
-            )
-        else:
-            refusal = self.exhausted(now)
-        if refusal is not None:
-            return refusal
-        self.active[run_uid] = Active(namespace, name, now)
-        if need_tokens or need_cost:  # held for the first call until its worker reserves it
-            self.holds[f"{run_uid}:admission"] = Hold(
-                run_uid,
-                -1,
-                need_tokens,
-                need_cost,
-                now + ADMISSION_HOLD_TTL,
-                "admission",
-                namespace,
-                name,
-            )
-        return None
-
-    def _slot_refusal(self) -> BudgetRefusal | None:
-        """``ConcurrencyLimit`` when no concurrency slot is free (``maxConcurrentRuns``, or the
-        most runs one entry holds), else ``None``."""
-        cap = self.limits.max_concurrent_runs
-        if cap is not None and len(self.active) >= cap:
-            return BudgetRefusal(
-                CONCURRENCY_LIMIT,
-                None,
-                f"{len(self.active)} of maxConcurrentRuns {cap} runs are active",
-            )
-        if len(self.active) >= MAX_ACTIVE_RUNS:
-            return BudgetRefusal(
-                CONCURRENCY_LIMIT,
-                None,
-                f"{len(self.active)} runs are active, the most one tenant's ledger entry holds",
-            )
-        return None
+        """Take a concurrency slot for a run if one is free and the budget left covers
+        ``need`` (the worst case of its first call, held until that call reserves; 0: anything
+        left); the refusal otherwise. Idempotent (``reserve.admit``)."""
+        return reserve.admit(
+            self, run_uid, (namespace, name), now=now, need=(need_tokens, need_cost)
+        )
 
     def reserve(self, key: str, hold: Hold, *, now: float) -> BudgetRefusal | None:
         """Hold ``hold`` under ``key`` (``<run-uid>:<turn>``) if it fits within every limit,
@@ -240,155 +60,7 @@ class Book:
         or record it as waiting, or refuse it (``reserve.reserve_call``)."""
         return reserve.reserve_call(self, key, need, hold, now=now)
 
-    def stop_waiting(self, key: str) -> bool:
-        """The call ``key`` no longer waits (its turn was given up); True if it did."""
-        return reserve.stop_waiting(self, key)
-
     def resolve_turn(self, run_uid: str, turn: int, *, committer: str) -> int:
         """Turn ``turn`` of the run was committed by ``committer``: drop its holds, charging
         other deliveries' answered calls as abandoned (``deliveries.resolve_turn``)."""
         return deliveries.resolve_turn(self, run_uid, turn, committer=committer)
-
-    def record_spend(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal) -> bool:
-        """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
-        the hold, so it is charged even if the turn never commits. False if the hold is gone
-        or not ``owner``'s."""
-        hold = self.holds.get(key)
-        if hold is None or hold.owner != owner:
-            return False
-        hold.spent_tokens, hold.spent_cost = tokens, cost_usd
-        return True
-
-    def drop_hold(self, key: str, *, committed_turn: int) -> bool:
-        """Drop hold ``key`` (its worker is gone), charging its answered call as abandoned if
-        its turn is newer than ``committed_turn`` (the run's last committed turn: a committed
-        turn's usage is in the run's own, charged by ``settle``). True if dropped."""
-        hold = self.holds.pop(key, None)
-        if hold is None:
-            return False
-        if hold.answered and hold.turn > committed_turn:
-            self.charge_abandoned(hold)
-        return True
-
-    def charge_abandoned(self, hold: Hold) -> None:
-        """Charge ``hold``'s answered call (its ``spent``) to ``used``, as abandoned: the
-        provider billed it, but its turn will never commit (remembered in ``charged``)."""
-        memo = aside_key(f"{hold.run_uid}:{hold.turn}", hold.owner)
-        self.charged[memo] = hold.expires + CHARGED_MEMORY
-        self.used_tokens += hold.spent_tokens
-        self.used_cost += hold.spent_cost
-        self.abandoned_tokens += hold.spent_tokens
-        self.abandoned_cost += hold.spent_cost
-
-    def refresh(self, key: str, *, owner: str, expires: float) -> bool:
-        """Push the expiry of ``owner``'s hold out (also one set aside for it by another
-        delivery of its turn: its worker is alive); False if it has none."""
-        hold = self.holds.get(key)
-        if hold is None or hold.owner != owner:
-            hold = self.holds.get(aside_key(key, owner))
-        if hold is None:
-            return False
-        hold.expires = max(hold.expires, expires)
-        return True
-
-    def release(self, key: str, *, owner: str | None = None) -> bool:
-        """Drop a hold without charging (its call's turn will never commit).
-
-        With ``owner``, only that owner's hold is dropped (a replaced hold belongs to the worker
-        that took the turn over). Returns True when a hold was dropped.
-        """
-        hold = self.holds.get(key)
-        if hold is None or (owner is not None and hold.owner != owner):
-            return False
-        del self.holds[key]
-        return True
-
-    def abandon(
-        self,
-        key: str,
-        *,
-        owner: str,
-        tokens: int,
-        cost_usd: Decimal,
-        now: float,
-        unrecorded: bool = False,
-    ) -> bool:
-        """A model call answered but its turn will never commit (cancelled, or another
-        delivery committed it): charge what it really used (the provider bills it) and drop
-        ``owner``'s hold (under ``key``, or set aside for it).
-
-        With no such hold, it is charged only if ``unrecorded`` (its usage write did not land,
-        as far as its delivery knows) and not in ``charged``: a hold that carried it was
-        charged by whoever dropped it. Returns True if it charged."""
-        self.roll(now)
-        hold = self.holds.get(key)
-        if hold is not None and hold.owner == owner:
-            del self.holds[key]
-        elif self.holds.pop(aside_key(key, owner), None) is None and (
-            not unrecorded or aside_key(key, owner) in self.charged
-        ):
-            return False
-        self.used_tokens += tokens
-        self.used_cost += cost_usd
-        self.abandoned_tokens += tokens
-        self.abandoned_cost += cost_usd
-        return True
-
-    def settle(
-        self,
-        run_uid: str,
-        *,
-        turn: int,
-        tokens: int,
-        cost_usd: Decimal,
-        now: float,
-        key: str | None = None,
-    ) -> tuple[int, Decimal]:
-        """Charge a run's cumulative usage after its committed turn ``turn``; drop hold ``key``.
-
-        ``tokens``/``cost_usd`` are the run's totals after that turn (``.status.usage``).
-        Charges ``totals - already charged`` only if ``turn`` is newer than the last charged
-        one, so settling twice, late or out of order charges once. Returns what it charged.
-        """
-        self.roll(now)
-        if key is not None:
-            self.holds.pop(key, None)
-        run = self.active.get(run_uid)
-        if run is None or turn <= run.turn:
-            return 0, Decimal(0)
-        delta_tokens = max(0, tokens - run.tokens)
-        delta_cost = max(Decimal(0), cost_usd - run.cost_usd)
-        self.used_tokens += delta_tokens
-        self.used_cost += delta_cost
-        run.turn, run.tokens, run.cost_usd = (
-            turn,
-            max(tokens, run.tokens),
-            max(cost_usd, run.cost_usd),
-        )
-        return delta_tokens, delta_cost
-
-    def catch_up(
-        self, run_uid: str, *, turn: int, tokens: int, cost_usd: Decimal, now: float
-    ) -> None:
-        """Before the run's next call reserves: settle its totals through committed turn
-        ``turn`` and drop its holds of turns up to ``turn`` (they committed; their worker may
-        not have settled yet — its late settlement then charges nothing more)."""
-        self.settle(run_uid, turn=turn, tokens=tokens, cost_usd=cost_usd, now=now)
-        for key in [k for k, h in self.holds.items() if h.run_uid == run_uid and h.turn <= turn]:
-            del self.holds[key]
-
-    def close(
-        self, run_uid: str, *, turn: int, tokens: int, cost_usd: Decimal, end: float, now: float
-    ) -> bool:
-        """The run ended at ``end``: settle its final totals, charge its wall-clock time in this
-        window, free its slot and drop any hold it left. False if it was not active."""
-        self.settle(run_uid, turn=turn, tokens=tokens, cost_usd=cost_usd, now=now)
-        for key in [k for k, h in self.holds.items() if h.run_uid == run_uid]:
-            self.drop_hold(key, committed_turn=turn)
-        for key in [k for k in self.waiting if k.startswith(f"{run_uid}:")]:
-            del self.waiting[key]
-        run = self.active.pop(run_uid, None)
-        if run is None:
-            return False
-        self.used_wall += max(0.0, min(end, now) - run.since)
-        return True

@@ -1,4 +1,4 @@
-"""A turn run by more than one delivery: whose model call is charged how; pure like ``book``.
+"""A turn run by more than one delivery: whose model call is charged how; pure like ``state``.
 
 One turn may be run by two deliveries at once (a redelivery while the first worker still runs
 it, as after a NATS outage), so every model call made must be charged exactly once: the call
@@ -14,21 +14,18 @@ reached a hold (``abandon``; ``charged`` remembers the calls others charged, so 
 that timed out but landed is not charged twice).
 
 What belongs here: the operations that tell a turn's deliveries apart (``set_aside`` on a
-takeover, ``resolve_turn`` once the committer is known). What does not: the rest of a hold's
-lifecycle (``book``, ``reserve``).
+takeover, ``resolve_turn`` once the committer is known), as functions of a ``BookState`` that
+change it only through its methods. What does not: the rest of a hold's lifecycle (``state``,
+``reserve``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from agentrun.ledger.entries import aside_key
-
-if TYPE_CHECKING:
-    from agentrun.ledger.book import Book
+from agentrun.ledger.state import BookState
 
 
-def set_aside(book: Book, key: str, *, owner: str) -> bool:
+def set_aside(book: BookState, key: str, *, owner: str) -> bool:
     """Another delivery (``owner``) reserves turn ``key``: if the hold under ``key`` is a
     different owner's and its call answered, move it to ``<key>/<its owner>``, holding
     exactly what the call used, uncharged — whether that call is the one its turn commits is
@@ -36,24 +33,25 @@ def set_aside(book: Book, key: str, *, owner: str) -> bool:
     previous = book.holds.get(key)
     if previous is None or previous.owner == owner or not previous.answered:
         return False
-    del book.holds[key]
-    previous.tokens, previous.cost_usd = previous.spent_tokens, previous.spent_cost
-    book.holds[aside_key(key, previous.owner)] = previous
+    book.take_hold(key)
+    aside = previous.holding(previous.spent_tokens, previous.spent_cost)
+    book.put_hold(aside_key(key, previous.owner), aside)
     return True
 
 
-def resolve_turn(book: Book, run_uid: str, turn: int, *, committer: str) -> int:
+def resolve_turn(book: BookState, run_uid: str, turn: int, *, committer: str) -> int:
     """Turn ``turn`` of the run committed, by the delivery ``committer`` (the hold owner its
     turn event names): drop every hold of that turn. ``committer``'s call is in the run's
-    usage (charged by ``Book.settle``); every other answered call lost the commit and is
+    usage (charged by ``BookState.settle``); every other answered call lost the commit and is
     charged as abandoned; an unanswered one's delivery charges its call itself if it answers
-    (``Book.abandon`` with ``unrecorded``). An empty ``committer`` (an event that names none)
-    resolves nothing. Returns how many calls it charged as abandoned."""
+    (``BookState.abandon`` with ``unrecorded``). An empty ``committer`` (an event that names
+    none) resolves nothing. Returns how many calls it charged as abandoned."""
     if not committer:
         return 0
     charged = 0
-    for key in [k for k, h in book.holds.items() if h.run_uid == run_uid and h.turn == turn]:
-        hold = book.holds.pop(key)
+    of_turn = [(k, h) for k, h in book.holds.items() if h.run_uid == run_uid and h.turn == turn]
+    for key, hold in of_turn:
+        book.take_hold(key)
         if hold.owner != committer and hold.answered:
             book.charge_abandoned(hold)
             charged += 1

@@ -116,6 +116,22 @@ class Hold:
         """Whether the hold's model call answered (its usage is recorded)."""
         return bool(self.spent_tokens or self.spent_cost)
 
+    def holding(self, tokens: int, cost_usd: Decimal) -> Hold:
+        """A copy of this hold that reserves ``tokens`` / ``cost_usd`` instead (built
+        directly: ``dataclasses.replace`` cost a sixth of a reservation)."""
+        return Hold(
+            self.run_uid,
+            self.turn,
+            tokens,
+            cost_usd,
+            self.expires,
+            self.owner,
+            self.namespace,
+            self.name,
+            self.spent_tokens,
+            self.spent_cost,
+        )
+
 
 @dataclasses.dataclass(slots=True)
 class Waiter:

@@ -18,6 +18,11 @@ and the next turn's reservation and settlement do the same for the turn before i
 never charged twice. A delivery whose commit lost charges its call as it leaves
 (``Book.abandon``).
 
+``TurnHold`` keeps what one delivery knows (its owner id, whether it holds, waits, or has a
+spend not yet recorded) and changes the book only through ``TurnLedger``, the port of named
+operations it needs (``LedgerStore`` implements it: each operation is one compare-and-set write
+of the tenant's entry).
+
     async with store.turn_hold(ref, ttl=...) as h:
         answer = await h.reserve_call(need, before=state)   # Granted | BudgetWait | refusal
         ...                      # the model call: await h.spend(usage) once it answered
@@ -34,26 +39,13 @@ import time
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from agentrun import kernel
-from agentrun.ledger.book import Book
 from agentrun.ledger.entries import BudgetRefusal, Hold
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class Change(Protocol):
-    """How a hold changes its tenant's book: apply a pure change, written by compare-and-set
-    (the store's private ``_change``)."""
-
-    async def __call__(self, tenant: str, fn: Callable[[Book], T]) -> T:
-        """``fn``'s result, once the changed book is written (compare-and-set)."""
-        ...
-
 
 DEFAULT_HOLD_TTL = 60.0
 """Seconds a hold lives without a refresh (``AGENTRUN_HOLD_TTL``)."""
@@ -80,6 +72,72 @@ class TurnRef:
         return f"{self.run_uid}:{self.turn}"
 
 
+class TurnLedger(Protocol):
+    """The ledger operations one delivery of a turn makes, each one write of the tenant's
+    book (``ref.tenant``) by compare-and-set; ``LedgerStore`` implements it. ``owner`` is the
+    delivery's id, ``now`` epoch seconds. Each raises ``LedgerUnavailable`` or a NATS error
+    when the book cannot be written (a write whose answer was lost may still have landed)."""
+
+    async def reserve_turn(
+        self,
+        ref: TurnRef,
+        hold: Hold,
+        *,
+        before: kernel.RunState | None,
+        prior_owner: str,
+        now: float,
+    ) -> BudgetRefusal | None:
+        """Settle the run through the turn before ``ref`` (``before``: the run's state before
+        this turn, if given; that turn's holds resolved by ``prior_owner``), then hold ``hold``
+        under ``ref.key`` if it fits (``Book.reserve``); the refusal otherwise."""
+        ...
+
+    async def reserve_call(
+        self,
+        ref: TurnRef,
+        need: CallNeed,
+        hold: Hold,
+        *,
+        before: kernel.RunState | None,
+        prior_owner: str,
+        now: float,
+    ) -> Granted | BudgetWait | BudgetRefusal:
+        """As ``reserve_turn``, for the call ``need`` (``hold`` gives its run, turn, owner and
+        expiry): held, waiting or refused (``Book.reserve_call``)."""
+        ...
+
+    async def record_spend(self, ref: TurnRef, *, owner: str, usage: kernel.Usage) -> bool:
+        """Write what ``owner``'s model call used on its hold; False if it holds none."""
+        ...
+
+    async def refresh_hold(self, ref: TurnRef, *, owner: str, expires: float) -> bool:
+        """Push the expiry of ``owner``'s hold out to ``expires``; False if it holds none."""
+        ...
+
+    async def settle_turn(
+        self, ref: TurnRef, *, owner: str, prior_owner: str, after: kernel.Usage, now: float
+    ) -> tuple[int, Decimal]:
+        """``owner`` committed turn ``ref``: resolve its holds (and the turn before's, by
+        ``prior_owner``) and charge the run's cumulative usage ``after`` it; what it charged
+        (tokens, USD)."""
+        ...
+
+    async def release_hold(self, ref: TurnRef, *, owner: str) -> bool:
+        """Drop ``owner``'s hold uncharged; False if it holds none."""
+        ...
+
+    async def abandon_hold(
+        self, ref: TurnRef, *, owner: str, usage: kernel.Usage, unrecorded: bool, now: float
+    ) -> bool:
+        """Drop ``owner``'s hold, charging ``usage`` as abandoned (``Book.abandon``); True if
+        it charged."""
+        ...
+
+    async def stop_waiting(self, ref: TurnRef) -> bool:
+        """The call of turn ``ref`` leaves the waiting calls; False if it did not wait."""
+        ...
+
+
 class TurnHold:
     """The ledger operations of one delivery of one turn (a fresh owner id per delivery).
 
@@ -89,7 +147,7 @@ class TurnHold:
 
     def __init__(
         self,
-        change: Change,
+        ledger: TurnLedger,
         ref: TurnRef,
         *,
         ttl: float = DEFAULT_HOLD_TTL,
@@ -99,7 +157,7 @@ class TurnHold:
         """``prior_owner``: the delivery that committed the run's previous turn, as its turn
         event names it ("" if none or unknown); that turn's holds are resolved when this
         delivery reserves or settles."""
-        self._change = change
+        self._ledger = ledger
         self.prior_owner = prior_owner
         self.ref = ref
         self.key = ref.key
@@ -140,13 +198,10 @@ class TurnHold:
         now, ref = self.clock(), self.ref
         expires = now + self.ttl
         hold = Hold(ref.run_uid, ref.turn, tokens, cost_usd, expires, self.owner, *ref.place)
-
-        def apply(book: Book) -> BudgetRefusal | None:
-            self._settle_before(book, before, now=now)
-            return book.reserve(self.key, hold, now=now)
-
         self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
-        refusal = await self._change(ref.tenant, apply)
+        refusal = await self._ledger.reserve_turn(
+            ref, hold, before=before, prior_owner=self.prior_owner, now=now
+        )
         self.held = refusal is None
         return refusal
 
@@ -163,30 +218,13 @@ class TurnHold:
         template = Hold(
             ref.run_uid, ref.turn, 0, Decimal(0), now + self.ttl, self.owner, *ref.place
         )
-
-        def apply(book: Book) -> Granted | BudgetWait | BudgetRefusal:
-            self._settle_before(book, before, now=now)
-            return book.reserve_call(self.key, need, dataclasses.replace(template), now=now)
-
         self.held = True  # if cancelled mid-write, the exit still drops it (owner-checked)
-        answer = await self._change(ref.tenant, apply)
+        answer = await self._ledger.reserve_call(
+            ref, need, template, before=before, prior_owner=self.prior_owner, now=now
+        )
         self.held = isinstance(answer, Granted)
         self.waiting = isinstance(answer, BudgetWait)
         return answer
-
-    def _settle_before(self, book: Book, before: kernel.RunState | None, *, now: float) -> None:
-        """Settle the run's totals through the turn before this one (``before``: the run's
-        state before this turn) and drop that turn's holds (charging those of deliveries other
-        than ``prior_owner`` whose calls answered), in the write that reserves."""
-        if before is not None:
-            book.resolve_turn(self.ref.run_uid, before.turn - 1, committer=self.prior_owner)
-            book.catch_up(
-                self.ref.run_uid,
-                turn=before.turn - 1,
-                tokens=before.usage.total_tokens,
-                cost_usd=before.usage.cost_usd,
-                now=now,
-            )
 
     async def spend(self, usage: kernel.Usage) -> None:
         """The model call answered with ``usage``: charged if the turn is abandoned now, and
@@ -197,30 +235,27 @@ class TurnHold:
         self.recorded = False
         if not self.held:
             return
-
-        def apply(book: Book) -> bool:
-            return book.record_spend(
-                self.key, owner=self.owner, tokens=usage.total_tokens, cost_usd=usage.cost_usd
-            )
-
         try:
-            self.recorded = await self._change(self.ref.tenant, apply)
+            self.recorded = await self._ledger.record_spend(self.ref, owner=self.owner, usage=usage)
         except Exception as err:
             log.warning("usage of hold %s not recorded (%r); kept in memory only", self.key, err)
             return
         if not self.recorded:
             log.info("hold %s was taken by another delivery of its turn", self.key)
 
+    def note(self, usage: kernel.Usage) -> None:
+        """The model call was abandoned mid-response (the run cancelled, the stream broken)
+        having used ``usage`` so far: kept in memory, so leaving the block uncommitted charges
+        it (``abandon``). Never awaits: it runs while a cancellation unwinds."""
+        self.spent = usage
+        self.recorded = False
+
     async def refresh(self) -> None:
         """Keep the hold alive while the turn runs (called with each heartbeat)."""
         if not self.held:
             return
         expires = self.clock() + self.ttl
-
-        def apply(book: Book) -> bool:
-            return book.refresh(self.key, owner=self.owner, expires=expires)
-
-        await self._change(self.ref.tenant, apply)
+        await self._ledger.refresh_hold(self.ref, owner=self.owner, expires=expires)
 
     async def settle(self, after: kernel.RunState) -> None:
         """This delivery committed the turn: charge the run's cumulative usage after it
@@ -228,21 +263,13 @@ class TurnHold:
         ``prior_owner``). Its own call's usage is in the run's from now on, never charged as
         abandoned; another delivery's answered call is (``Book.resolve_turn``)."""
         self.spent = None
-        now, ref, usage = self.clock(), self.ref, after.usage
-
-        def apply(book: Book) -> tuple[int, Decimal]:
-            book.resolve_turn(ref.run_uid, ref.turn, committer=self.owner)
-            # the turn before, too: this one may have made no call, so reserved nothing
-            book.resolve_turn(ref.run_uid, ref.turn - 1, committer=self.prior_owner)
-            return book.settle(
-                ref.run_uid,
-                turn=ref.turn,
-                tokens=usage.total_tokens,
-                cost_usd=usage.cost_usd,
-                now=now,
-            )
-
-        await self._change(ref.tenant, apply)
+        await self._ledger.settle_turn(
+            self.ref,
+            owner=self.owner,
+            prior_owner=self.prior_owner,
+            after=after.usage,
+            now=self.clock(),
+        )
         self.held = False
 
     async def release(self) -> None:
@@ -261,28 +288,19 @@ class TurnHold:
         if not self.held:
             return
         self.held = False
-        now = self.clock()
+        if usage is None:
+            await self._ledger.release_hold(self.ref, owner=self.owner)
+            return
         unrecorded = not (self.recorded and usage is self.spent)
-
-        def apply(book: Book) -> bool:
-            if usage is None:
-                return book.release(self.key, owner=self.owner)
-            return book.abandon(
-                self.key,
-                owner=self.owner,
-                tokens=usage.total_tokens,
-                cost_usd=usage.cost_usd,
-                now=now,
-                unrecorded=unrecorded,
-            )
-
-        await self._change(self.ref.tenant, apply)
+        await self._ledger.abandon_hold(
+            self.ref, owner=self.owner, usage=usage, unrecorded=unrecorded, now=self.clock()
+        )
 
     async def _stop_waiting(self) -> None:
         """Leave the book's waiting calls, best effort: a stale waiter expires anyway."""
         self.waiting = False
         try:
-            await self._change(self.ref.tenant, lambda book: book.stop_waiting(self.key))
+            await self._ledger.stop_waiting(self.ref)
         except Exception as err:
             log.info("waiter %s not removed (%r); it expires", self.key, err)
 

@@ -1,36 +1,43 @@
-"""Reserving budget for one model call: hold it, let it wait, or refuse it; pure like ``book``.
+"""Reserving budget: a run's admission and each model call's hold; pure like ``state``.
 
-A call holds its worst case (estimated prompt tokens + the output allowance, priced) only if
+A run is admitted when a concurrency slot is free and the budget left covers its first call's
+worst case, which is held for it until that call reserves itself (``admit``). A call holds its
+worst case (estimated prompt tokens + the output allowance, priced) only if
 ``used + reserved + worst case`` stays within every limit. A call that fits what is committed
 (``used``) but not next to other runs' holds waits for them to settle instead of ending its
 run (``BudgetWait``); waiters are served oldest first, and a newer call never takes the room an
 older one waits for. When it fits, the output allowance shrinks down to ``min_output_tokens``
-to what is left, so the last calls of a window shrink instead of failing (``Granted``). The
-``Book`` methods ``reserve``, ``reserve_call``, ``stop_waiting`` and ``admit`` call these.
+to what is left, so the last calls of a window shrink instead of failing (``Granted``).
+
+What belongs here: these rules, as functions of a ``BookState`` that change it only through its
+methods. What does not: the entry and its bookkeeping (``state``), a turn run by two deliveries
+(``deliveries``, whose ``set_aside`` a reservation applies first); ``book.Book`` names these as
+its methods ``admit``, ``reserve`` and ``reserve_call``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from agentrun.kernel.limits import MILLION, Pricing
 from agentrun.ledger import deliveries
 from agentrun.ledger.entries import (
+    ADMISSION_HOLD_TTL,
     BUDGET_EXHAUSTED,
     BUDGET_HELD,
+    CONCURRENCY_LIMIT,
+    MAX_ACTIVE_RUNS,
     TURN_COMMITTED,
     WAITER_TTL,
+    Active,
     Amount,
     BudgetRefusal,
     Hold,
     Waiter,
     worst_case,
 )
-
-if TYPE_CHECKING:
-    from agentrun.ledger.book import Book
+from agentrun.ledger.state import BookState
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,8 +82,65 @@ class BudgetWait:
     message: str
 
 
+def admit(
+    book: BookState,
+    run_uid: str,
+    place: tuple[str, str],
+    *,
+    now: float,
+    need: tuple[int, Decimal],
+) -> BudgetRefusal | None:
+    """Take a concurrency slot for the run at ``place`` (namespace, name), if one is free and
+    the budget left covers ``need`` (tokens, USD: the worst case of the run's first call; 0:
+    anything left). The need is held (key ``<run-uid>:admission``) until the run's first
+    reservation replaces it, so a run admitted for budget can make its first call however many
+    are admitted at once.
+
+    Idempotent: a run already active is admitted again without change (an operator that
+    restarts mid-admission does not take two slots).
+    """
+    book.roll(now)
+    if run_uid in book.active:
+        return None
+    slot = _slot_refusal(book)
+    if slot is not None:
+        return slot
+    need_tokens, need_cost = need
+    if need_tokens or need_cost:
+        refusal = admission_refusal(book, now=now, need_tokens=need_tokens, need_cost=need_cost)
+    else:
+        refusal = book.exhausted(now)
+    if refusal is not None:
+        return refusal
+    book.start_run(run_uid, Active(*place, now))
+    if need_tokens or need_cost:  # held for the first call until its worker reserves it
+        expires = now + ADMISSION_HOLD_TTL
+        hold = Hold(run_uid, -1, need_tokens, need_cost, expires, "admission", *place)
+        book.put_hold(f"{run_uid}:admission", hold)
+    return None
+
+
+def _slot_refusal(book: BookState) -> BudgetRefusal | None:
+    """``ConcurrencyLimit`` when no concurrency slot is free (``maxConcurrentRuns``, or the
+    most runs one entry holds), else ``None``."""
+    cap = book.limits.max_concurrent_runs
+    if cap is not None and len(book.active) >= cap:
+        return BudgetRefusal(
+            CONCURRENCY_LIMIT,
+            None,
+            f"{len(book.active)} of maxConcurrentRuns {cap} runs are active",
+        )
+    if len(book.active) >= MAX_ACTIVE_RUNS:
+        return BudgetRefusal(
+            CONCURRENCY_LIMIT,
+            None,
+            f"{len(book.active)} runs are active, the most one tenant's ledger entry holds",
+        )
+    return None
+
+
 def admission_refusal(
-    book: Book, *, now: float, need_tokens: int, need_cost: Decimal
+    book: BookState, *, now: float, need_tokens: int, need_cost: Decimal
 ) -> BudgetRefusal | None:
     """``BudgetExhausted`` when ``need`` does not fit what is committed (``used``), so it
     never will this window; ``BudgetHeld`` when it does, but not next to the holds in
@@ -90,7 +154,7 @@ def admission_refusal(
         return refusal
     if _wall_exhausted(book, now):
         return BudgetRefusal(BUDGET_EXHAUSTED, "wallClockSeconds", _wall_message(book, now))
-    _drop_expired_waiters(book, now)
+    book.drop_expired_waiters(now)
     held_tokens, held_cost = book.reserved_tokens, book.reserved_cost
     ahead = _oldest_waiter_before(book, "")
     if ahead is not None:
@@ -118,7 +182,7 @@ def admission_refusal(
     return None
 
 
-def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | None:
+def reserve(book: BookState, key: str, hold: Hold, *, now: float) -> BudgetRefusal | None:
     """Hold ``hold`` under ``key`` (``<run-uid>:<turn>``) if it fits within every limit.
 
     Fits means ``used + reserved + hold ≤ limit`` for tokens and cost (the last call that
@@ -131,7 +195,7 @@ def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | 
     if (stale := _stale(book, key, hold)) is not None:
         return stale
     deliveries.set_aside(book, key, owner=hold.owner)
-    previous = book.holds.pop(key, None)
+    previous = book.take_hold(key)
     limits = book.limits
     tokens = (book.used_tokens, book.reserved_tokens, hold.tokens)
     cost = (book.used_cost, book.reserved_cost, hold.cost_usd)
@@ -148,15 +212,15 @@ def reserve(book: Book, key: str, hold: Hold, *, now: float) -> BudgetRefusal | 
             f"tenant {book.tenant!r} wallClockSeconds: {book.wall_used(now):.0f} of "
             f"{limits.wall_seconds:.0f} used",
         )
-    book.holds[key] = hold
+    book.put_hold(key, hold)
     return None
 
 
 def reserve_call(
-    book: Book, key: str, need: CallNeed, hold: Hold, *, now: float
+    book: BookState, key: str, need: CallNeed, hold: Hold, *, now: float
 ) -> Granted | BudgetWait | BudgetRefusal:
     """Hold the call ``need`` under ``key`` (``hold`` gives its run, turn, owner and expiry;
-    its amounts are set here), or say that it waits or why it can never run.
+    its amounts are set here, on a copy), or say that it waits or why it can never run.
 
     - Refused ``TurnCommitted`` when its turn is settled already (a stale delivery).
     - Refused when even its smallest worst case (``need.floor``) does not fit what is
@@ -169,18 +233,18 @@ def reserve_call(
       fits (so the last calls of a window shrink to what is left instead of failing).
     """
     book.roll(now)
-    _drop_expired_waiters(book, now)
+    book.drop_expired_waiters(now)
     if (stale := _stale(book, key, hold)) is not None:
         return stale
     deliveries.set_aside(book, key, owner=hold.owner)
     previous = book.holds.get(key)
     if previous is not None and previous.owner != hold.owner:
-        book.holds.pop(key)  # unanswered: its delivery charges its call itself if it answers
-    own = book.holds.pop(key, None)  # this owner asking again: its old hold is not a rival
+        book.take_hold(key)  # unanswered: its delivery charges its call itself if it answers
+    own = book.take_hold(key)  # this owner asking again: its old hold is not a rival
     floor = need.floor
     alone = _largest_output(book, need, reserved=(0, Decimal(0)))
     if alone is None or alone < floor:
-        book.waiting.pop(key, None)
+        book.stop_waiting(key)
         return _refuse(book, key, own, *_shortfall(book, need, floor))
     rivals = (book.reserved_tokens, book.reserved_cost)
     ahead = _oldest_waiter_before(book, key)
@@ -189,27 +253,26 @@ def reserve_call(
     fits = _largest_output(book, need, reserved=rivals)
     if fits is None or fits < floor or _wall_exhausted(book, now):
         if _wall_exhausted(book, now):
-            book.waiting.pop(key, None)
+            book.stop_waiting(key)
             return _refuse(book, key, own, "wallClockSeconds", _wall_message(book, now))
         if own is not None:  # asked again while holding: keep what it holds
-            book.holds[key] = own
+            book.put_hold(key, own)
         return _wait(book, key, need.worst(floor), now=now)
     output = min(fits, need.output_tokens)
     tokens, cost = need.worst(output)
-    hold.tokens, hold.cost_usd = tokens, cost
-    book.waiting.pop(key, None)
-    book.holds[key] = hold
+    book.stop_waiting(key)
+    book.put_hold(key, hold.holding(tokens, cost))
     return Granted(output, tokens, cost)
 
 
-def _stale(book: Book, key: str, hold: Hold) -> BudgetRefusal | None:
+def _stale(book: BookState, key: str, hold: Hold) -> BudgetRefusal | None:
     """``TurnCommitted`` if ``hold``'s turn is one the book has settled for its run (only a
     committed turn is settled): this delivery built on the run as it was before that commit,
     so its turn can never commit and its call would be wasted. Else ``None``."""
     run = book.active.get(hold.run_uid)
     if run is None or hold.turn > run.turn:
         return None
-    book.waiting.pop(key, None)
+    book.stop_waiting(key)
     return BudgetRefusal(
         TURN_COMMITTED,
         None,
@@ -217,15 +280,16 @@ def _stale(book: Book, key: str, hold: Hold) -> BudgetRefusal | None:
     )
 
 
-def _wait(book: Book, key: str, least: tuple[int, Decimal], *, now: float) -> BudgetWait:
+def _wait(book: BookState, key: str, least: tuple[int, Decimal], *, now: float) -> BudgetWait:
     """Record (or keep alive) the call ``key`` as a waiter needing at least ``least``
     (tokens, USD), and say why it waits."""
     tokens, cost = least
     waiter = book.waiting.get(key)
     if waiter is None:
-        book.waiting[key] = Waiter(now, tokens, cost, now + WAITER_TTL)
+        book.put_waiter(key, Waiter(now, tokens, cost, now + WAITER_TTL))
     elif waiter.expires - now < WAITER_TTL / 2:
-        waiter.expires = now + WAITER_TTL
+        renewed = Waiter(waiter.since, waiter.tokens, waiter.cost_usd, now + WAITER_TTL)
+        book.put_waiter(key, renewed)
     return BudgetWait(
         f"tenant {book.tenant!r}: {book.used_tokens} tokens / {book.used_cost} USD "
         f"used, {book.reserved_tokens} / {book.reserved_cost} held by calls in flight; "
@@ -233,7 +297,9 @@ def _wait(book: Book, key: str, least: tuple[int, Decimal], *, now: float) -> Bu
     )
 
 
-def _largest_output(book: Book, need: CallNeed, *, reserved: tuple[int, Decimal]) -> int | None:
+def _largest_output(
+    book: BookState, need: CallNeed, *, reserved: tuple[int, Decimal]
+) -> int | None:
     """The largest output allowance ≤ ``need.output_tokens`` that fits next to ``used``
     and ``reserved`` (tokens, USD); ``None`` if not even the prompt fits."""
     best = need.output_tokens
@@ -250,7 +316,7 @@ def _largest_output(book: Book, need: CallNeed, *, reserved: tuple[int, Decimal]
     return None if best < 0 else best
 
 
-def _shortfall(book: Book, need: CallNeed, floor: int) -> tuple[str, str]:
+def _shortfall(book: BookState, need: CallNeed, floor: int) -> tuple[str, str]:
     """The resource a call's smallest worst case overruns on committed use, and why."""
     tokens, cost = need.worst(floor)
     limits = book.limits
@@ -265,7 +331,7 @@ def _shortfall(book: Book, need: CallNeed, floor: int) -> tuple[str, str]:
     )
 
 
-def _oldest_waiter_before(book: Book, key: str) -> Waiter | None:
+def _oldest_waiter_before(book: BookState, key: str) -> Waiter | None:
     """The oldest waiter other than ``key`` that waits longer than ``key`` (if it waits)."""
     mine = book.waiting.get(key)
     others = [(w.since, k) for k, w in book.waiting.items() if k != key]
@@ -277,26 +343,16 @@ def _oldest_waiter_before(book: Book, key: str) -> Waiter | None:
     return book.waiting[oldest]
 
 
-def _drop_expired_waiters(book: Book, now: float) -> None:
-    for key in [k for k, w in book.waiting.items() if w.expires <= now]:
-        del book.waiting[key]
-
-
-def _wall_exhausted(book: Book, now: float) -> bool:
+def _wall_exhausted(book: BookState, now: float) -> bool:
     limit = book.limits.wall_seconds
     return limit is not None and book.wall_used(now) >= limit
 
 
-def _wall_message(book: Book, now: float) -> str:
+def _wall_message(book: BookState, now: float) -> str:
     return (
         f"tenant {book.tenant!r} wallClockSeconds: {book.wall_used(now):.0f} of "
         f"{book.limits.wall_seconds:.0f} used"
     )
-
-
-def stop_waiting(book: Book, key: str) -> bool:
-    """The call ``key`` no longer waits (its turn was given up); True if it did."""
-    return book.waiting.pop(key, None) is not None
 
 
 def _beyond_used(
@@ -329,8 +385,8 @@ def _over_limit(
 
 
 def _refuse(
-    book: Book, key: str, previous: Hold | None, resource: str, message: str
+    book: BookState, key: str, previous: Hold | None, resource: str, message: str
 ) -> BudgetRefusal:
     if previous is not None:
-        book.holds[key] = previous
+        book.put_hold(key, previous)
     return BudgetRefusal(BUDGET_EXHAUSTED, resource, message)

@@ -3,10 +3,12 @@
 Two keys per tenant in bucket ``AGENTRUN_LEDGER``: ``book.<tenant>`` (a ``Book``: usage,
 holds, active runs) and ``queue.<tenant>`` (the FIFO admission queue, written by the operator
 only). This is the tenant-budget port: admitting a run (``admit_run``), a turn's hold
-(``turn_hold``: reserve, refresh, settle, release, abandon), ending a run (``close_run``), the
-operator sweep's fixes (``repair_entry``) and the admission queue (``enqueue``, ``dequeue``).
-Callers outside this package change entries only through these. Writes are compare-and-set on
-the entry's revision, group-committed per key (``cas``).
+(``turn_hold``, a ``TurnHold`` over this store's ``TurnLedger`` operations: ``reserve_turn``,
+``reserve_call``, ``record_spend``, ``refresh_hold``, ``settle_turn``, ``release_hold``,
+``abandon_hold``, ``stop_waiting``), ending a run (``close_run``), the operator sweep's fixes
+(``repair_entry``) and the admission queue (``enqueue``, ``dequeue``). Callers outside this
+package change entries only through these. Each is one write, compare-and-set on the entry's
+revision, group-committed per key (``cas``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from typing import Any, TypeVar
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from agentrun import kernel
+from agentrun import buckets, kernel, protocol
 from agentrun.ledger import codec
 from agentrun.ledger.book import Book
 from agentrun.ledger.cas import CasStore, LedgerUnavailable
 from agentrun.ledger.codec import QueuedRunShape
-from agentrun.ledger.entries import BudgetRefusal, TenantLimits
+from agentrun.ledger.entries import BudgetRefusal, Hold, TenantLimits
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
+from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
 __all__ = [
     "BUCKET",
@@ -37,7 +40,7 @@ __all__ = [
     "Repair",
 ]
 
-BUCKET = "AGENTRUN_LEDGER"
+BUCKET = protocol.LEDGER_BUCKET
 T = TypeVar("T")
 
 MAX_QUEUED_RUNS = 1_000
@@ -89,23 +92,21 @@ def queue_key(tenant: str) -> str:
 
 
 class LedgerStore(CasStore):
-    """The tenant ledger: books and admission queues. Create with ``LedgerStore.open``."""
+    """The tenant ledger: books and admission queues. Create with ``LedgerStore.open``.
+
+    Implements ``hold.TurnLedger`` (the operations of a turn's hold)."""
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, *, bucket: str = BUCKET, **kwargs: Any
+        cls, js: JetStreamContext, *, bucket: str = BUCKET, create: bool = True, **kwargs: Any
     ) -> LedgerStore:
-        """Bind (creating it if missing) the ledger bucket (``AGENTRUN_LEDGER``; another name
-        keeps a second ledger apart on the same server, e.g. for tests)."""
-        try:
-            kv = await js.key_value(bucket)
-        except nats.js.errors.BucketNotFoundError:
-            kv = await js.create_key_value(
-                api.KeyValueConfig(bucket=bucket, history=1, storage=api.StorageType.FILE)
-            )
-        return cls(kv, **kwargs)
+        """Bind the ledger bucket (``AGENTRUN_LEDGER``; another name keeps a second ledger
+        apart on the same server, e.g. for tests), creating it when missing if ``create``
+        (the operator), else waiting for it (a worker: ``buckets.open_bucket``)."""
+        config = api.KeyValueConfig(bucket=bucket, history=1, storage=api.StorageType.FILE)
+        return cls(await buckets.open_bucket(js, config, create=create), **kwargs)
 
-    # --- books -----------------------------------------------------------------------------------
+    # --- books ------------------------------------------------------------------------------------
 
     async def read(self, tenant: str) -> Book | None:
         """The tenant's entry as stored now, or ``None``."""
@@ -131,7 +132,7 @@ class LedgerStore(CasStore):
         result: T = await self._submit(book_key(tenant), fn, decode, codec.encode_book)
         return result
 
-    # --- the budget lifecycle of a run ------------------------------------------------------
+    # --- the budget lifecycle of a run ------------------------------------------------------------
 
     async def admit_run(
         self,
@@ -168,9 +169,113 @@ class LedgerStore(CasStore):
     ) -> TurnHold:
         """The hold of one delivery of turn ``ref`` (an ``async with`` block; see ``hold``);
         ``prior_owner``: the delivery that committed the run's previous turn, if known."""
-        return TurnHold(
-            self._change, ref, ttl=ttl, clock=clock or self.clock, prior_owner=prior_owner
+        return TurnHold(self, ref, ttl=ttl, clock=clock or self.clock, prior_owner=prior_owner)
+
+    # --- a turn's hold (``hold.TurnLedger``) ------------------------------------------------------
+
+    async def reserve_turn(
+        self,
+        ref: TurnRef,
+        hold: Hold,
+        *,
+        before: kernel.RunState | None,
+        prior_owner: str,
+        now: float,
+    ) -> BudgetRefusal | None:
+        """Settle the run through the turn before ``ref`` (``before``: the run's state before
+        this turn; that turn's holds resolved by ``prior_owner``), then hold ``hold`` under
+        ``ref.key`` if it fits within every limit (``Book.reserve``), in one write; the refusal
+        otherwise. Raises ``LedgerUnavailable`` or a NATS error if the book cannot be written."""
+
+        def apply(book: Book) -> BudgetRefusal | None:
+            _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
+            return book.reserve(ref.key, hold, now=now)
+
+        return await self._change(ref.tenant, apply)
+
+    async def reserve_call(
+        self,
+        ref: TurnRef,
+        need: CallNeed,
+        hold: Hold,
+        *,
+        before: kernel.RunState | None,
+        prior_owner: str,
+        now: float,
+    ) -> Granted | BudgetWait | BudgetRefusal:
+        """As ``reserve_turn``, for the model call ``need`` (``hold`` gives its run, turn, owner
+        and expiry; its amounts are set by the book): held with the largest output allowance
+        that fits, waiting for other runs' holds, or refused (``Book.reserve_call``)."""
+
+        def apply(book: Book) -> Granted | BudgetWait | BudgetRefusal:
+            _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
+            return book.reserve_call(ref.key, need, hold, now=now)
+
+        return await self._change(ref.tenant, apply)
+
+    async def record_spend(self, ref: TurnRef, *, owner: str, usage: kernel.Usage) -> bool:
+        """Write what ``owner``'s model call used on its hold of turn ``ref`` (so it is charged
+        even if the turn never commits); False if that hold is gone or another owner's."""
+        tokens, cost = usage.total_tokens, usage.cost_usd
+
+        def apply(book: Book) -> bool:
+            return book.record_spend(ref.key, owner=owner, tokens=tokens, cost_usd=cost)
+
+        return await self._change(ref.tenant, apply)
+
+    async def refresh_hold(self, ref: TurnRef, *, owner: str, expires: float) -> bool:
+        """Push the expiry of ``owner``'s hold of turn ``ref`` out to ``expires`` (epoch
+        seconds); False if it holds none."""
+        return await self._change(
+            ref.tenant, lambda book: book.refresh(ref.key, owner=owner, expires=expires)
         )
+
+    async def settle_turn(
+        self, ref: TurnRef, *, owner: str, prior_owner: str, after: kernel.Usage, now: float
+    ) -> tuple[int, Decimal]:
+        """``owner`` committed turn ``ref``: drop every hold of the turn (another delivery's
+        answered call charged as abandoned, ``Book.resolve_turn``), and of the turn before by
+        ``prior_owner`` (this turn may have made no call, so reserved nothing), then charge the
+        run's cumulative usage ``after`` the turn (``Book.settle``). Returns what it charged
+        (tokens, USD)."""
+
+        def apply(book: Book) -> tuple[int, Decimal]:
+            book.resolve_turn(ref.run_uid, ref.turn, committer=owner)
+            book.resolve_turn(ref.run_uid, ref.turn - 1, committer=prior_owner)
+            return book.settle(
+                ref.run_uid,
+                turn=ref.turn,
+                tokens=after.total_tokens,
+                cost_usd=after.cost_usd,
+                now=now,
+            )
+
+        return await self._change(ref.tenant, apply)
+
+    async def release_hold(self, ref: TurnRef, *, owner: str) -> bool:
+        """Drop ``owner``'s hold of turn ``ref`` uncharged (no model call answered); False if
+        it holds none."""
+        return await self._change(ref.tenant, lambda book: book.release(ref.key, owner=owner))
+
+    async def abandon_hold(
+        self, ref: TurnRef, *, owner: str, usage: kernel.Usage, unrecorded: bool, now: float
+    ) -> bool:
+        """Drop ``owner``'s hold of turn ``ref``, charging ``usage`` as abandoned: its call
+        answered but the turn will never commit (``Book.abandon``; ``unrecorded``: the usage
+        never reached its hold). True if it charged."""
+        tokens, cost = usage.total_tokens, usage.cost_usd
+
+        def apply(book: Book) -> bool:
+            return book.abandon(
+                ref.key, owner=owner, tokens=tokens, cost_usd=cost, now=now, unrecorded=unrecorded
+            )
+
+        return await self._change(ref.tenant, apply)
+
+    async def stop_waiting(self, ref: TurnRef) -> bool:
+        """The call of turn ``ref`` no longer waits for other runs' holds (given up); False if
+        it did not wait."""
+        return await self._change(ref.tenant, lambda book: book.stop_waiting(ref.key))
 
     async def close_run(
         self,
@@ -221,7 +326,7 @@ class LedgerStore(CasStore):
 
         await self._change(tenant, apply, limits=limits)
 
-    # --- admission queues ------------------------------------------------------------------------
+    # --- admission queues -------------------------------------------------------------------------
 
     async def queue(self, tenant: str) -> list[QueuedRun]:
         """The tenant's admission queue, head first."""
@@ -280,6 +385,26 @@ class LedgerStore(CasStore):
         except nats.js.errors.NoKeysError:
             return []
         return [key.removeprefix("book.") for key in keys if key.startswith("book.")]
+
+
+def _settle_before(
+    book: Book, ref: TurnRef, before: kernel.RunState | None, *, prior_owner: str, now: float
+) -> None:
+    """In the write that reserves turn ``ref``: settle the run's totals through the turn
+    before it (``before``: the run's state before this turn; ``None``: nothing to settle) and
+    drop that turn's holds, charging those of deliveries other than ``prior_owner`` whose
+    calls answered — so a call is never refused for a previous turn whose worker has not
+    settled yet."""
+    if before is None:
+        return
+    book.resolve_turn(ref.run_uid, before.turn - 1, committer=prior_owner)
+    book.catch_up(
+        ref.run_uid,
+        turn=before.turn - 1,
+        tokens=before.usage.total_tokens,
+        cost_usd=before.usage.cost_usd,
+        now=now,
+    )
 
 
 def _committed(last: kernel.RunSummary | None) -> dict[str, Any]:

@@ -43,7 +43,9 @@ from agentrun.protocol.shapes import (
 )
 from agentrun.protocol.subjects import (
     CANCEL_SUBJECTS,
+    EFFECTS_BUCKET,
     EVENT_SUBJECTS,
+    LEDGER_BUCKET,
     OPERATOR_CONSUMER,
     STREAM_EVENTS,
     STREAM_TURNS,
@@ -52,13 +54,17 @@ from agentrun.protocol.subjects import (
     cancel_subject,
     dumps,
     event_subject,
+    kv_stream,
+    kv_subject,
     turn_subject,
 )
 
 __all__ = [
     "CANCEL_SUBJECTS",
     "DEFAULT_TENANT",
+    "EFFECTS_BUCKET",
     "EVENT_SUBJECTS",
+    "LEDGER_BUCKET",
     "OPERATOR_CONSUMER",
     "STREAM_EVENTS",
     "STREAM_TURNS",
@@ -84,6 +90,8 @@ __all__ = [
     "encode_turn_request",
     "event_subject",
     "held_call_as_dict",
+    "kv_stream",
+    "kv_subject",
     "pending_approval_as_dict",
     "record_as_dict",
     "record_from_dict",

@@ -1,4 +1,6 @@
-"""NATS names: streams, subjects and durable consumers, and the payload JSON encoding."""
+"""NATS names: streams, subjects, durable consumers and KV buckets, and the payload JSON
+encoding. The NATS permissions of each identity (``agentrun.natsauth.permissions``) are built
+from these names."""
 
 from __future__ import annotations
 
@@ -15,6 +17,20 @@ EVENT_SUBJECTS = "agentrun.event.>"
 CANCEL_SUBJECTS = "agentrun.cancel.>"
 WORKERS_CONSUMER = "agentrun-workers"
 OPERATOR_CONSUMER = "agentrun-operator"
+LEDGER_BUCKET = "AGENTRUN_LEDGER"
+"""JetStream KV bucket of the tenant budget ledger (``book.<tenant>``, ``queue.<tenant>``)."""
+EFFECTS_BUCKET = "AGENTRUN_EFFECTS"
+"""JetStream KV bucket of the effect ledger (``<run-uid>.<call-id>``)."""
+
+
+def kv_stream(bucket: str) -> str:
+    """The stream behind a KV bucket, ``KV_<bucket>``."""
+    return f"KV_{bucket}"
+
+
+def kv_subject(bucket: str, key: str) -> str:
+    """The subject a KV key is written to, ``$KV.<bucket>.<key>`` (``key`` may be a wildcard)."""
+    return f"$KV.{bucket}.{key}"
 
 
 def _token(value: str) -> str:

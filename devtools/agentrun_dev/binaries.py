@@ -1,5 +1,5 @@
 """Where the control-plane binaries (kube-apiserver, etcd, kubectl) and the node's binaries
-(kube-controller-manager, kube-scheduler, kubelet, kube-proxy, coredns) come from.
+(kube-controller-manager, kube-scheduler, kubelet, kube-proxy, coredns, kube-router) come from.
 
 In order of preference:
 
@@ -13,7 +13,8 @@ Kubernetes is pinned at `K8S_VERSION` and etcd at `ETCD_VERSION`; the build chec
 etcd pin matches what that kubernetes release declares. The node's kubernetes binaries come
 from the same cache directory and the same pinned module (`ensure_node_binaries` builds every
 missing kubernetes command in one ``go build``); CoreDNS is pinned at `COREDNS_VERSION`, the
-release kubernetes' ``build/dependencies.yaml`` names, and cached beside them.
+release kubernetes' ``build/dependencies.yaml`` names, and cached beside them; the
+NetworkPolicy enforcer kube-router is pinned at `KUBE_ROUTER_VERSION` and cached the same way.
 
 What belongs here: locating, caching and locking; not the build recipe, not running anything.
 """
@@ -26,7 +27,7 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import platformdirs
@@ -36,6 +37,8 @@ from agentrun_dev import console, gobuild
 K8S_VERSION = "v1.34.4"
 ETCD_VERSION = "v3.6.5"
 COREDNS_VERSION = "v1.12.1"
+KUBE_ROUTER_VERSION = "v2.1.0"
+"""kube-router, run on the node with only its NetworkPolicy controller (see `node`)."""
 NAMES = ("etcd", "kube-apiserver", "kubectl")
 NODE_NAMES = ("kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 
@@ -62,6 +65,8 @@ class NodeBinaries:
     kubelet: Path
     kube_proxy: Path
     coredns: Path
+    kube_router: Path
+    """The NetworkPolicy enforcer."""
 
 
 def cache_root() -> Path:
@@ -113,6 +118,7 @@ def ensure_node_binaries(
     Every missing kubernetes command (control plane and node) is built by one ``go build``
     under the control-plane build lock; coredns under its own lock. ``KUBEBUILDER_ASSETS`` is
     not consulted: the node's binaries must match the cached kube-apiserver's version.
+    kube-router likewise under its own lock.
 
     Raises:
         gobuild.BuildError: no suitable Go, or a build failed.
@@ -123,11 +129,24 @@ def ensure_node_binaries(
             missing = missing_in(bin_dir, (*NAMES, *NODE_NAMES))
             if missing:
                 _build(bin_dir, names=missing, log=log)
-    coredns_dir = coredns_bin_dir(root)
-    if missing_in(coredns_dir, ("coredns",)):
-        with build_lock(coredns_dir.parent, what="coredns", log=log):
-            if missing_in(coredns_dir, ("coredns",)):
-                _build_coredns(coredns_dir, log=log)
+    coredns = coredns_bin_dir(root) / "coredns"
+    _ensure_one(
+        coredns,
+        version=COREDNS_VERSION,
+        build=lambda: gobuild.build_coredns(
+            coredns.parent, module_version=COREDNS_VERSION, log=log
+        ),
+        log=log,
+    )
+    kube_router = kube_router_bin_dir(root) / "kube-router"
+    _ensure_one(
+        kube_router,
+        version=KUBE_ROUTER_VERSION,
+        build=lambda: gobuild.build_kube_router(
+            kube_router, module_version=KUBE_ROUTER_VERSION, log=log
+        ),
+        log=log,
+    )
     control_plane = Binaries(
         etcd=bin_dir / "etcd",
         kube_apiserver=bin_dir / "kube-apiserver",
@@ -138,23 +157,40 @@ def ensure_node_binaries(
         kube_scheduler=bin_dir / "kube-scheduler",
         kubelet=bin_dir / "kubelet",
         kube_proxy=bin_dir / "kube-proxy",
-        coredns=coredns_dir / "coredns",
+        coredns=coredns,
+        kube_router=kube_router,
     )
     return control_plane, node
 
 
+def _ensure_one(binary: Path, *, version: str, build: Callable[[], None], log: console.Log) -> None:
+    """`build` `binary` (at `version`) unless it is there, under the lock of its version's
+    cache directory (``<name>/<name>-<version>/``), checking again once the lock is held."""
+    if is_executable(binary):
+        return
+    with build_lock(binary.parent.parent, what=binary.name, log=log):
+        if is_executable(binary):
+            return
+        log(f"building {binary.name} {version} from the Go module proxy into {binary.parent}")
+        started = time.monotonic()
+        build()
+        minutes, seconds = divmod(int(time.monotonic() - started), 60)
+        log(f"built {binary.name} in {minutes}m{seconds:02d}s")
+
+
+def _pinned_bin_dir(name: str, version: str, root: Path | None) -> Path:
+    base = cache_root() if root is None else root
+    return base / name / f"{name}-{version}" / "bin"
+
+
 def coredns_bin_dir(root: Path | None = None) -> Path:
     """The cache directory of the pinned coredns, under `root` (default `cache_root()`)."""
-    base = cache_root() if root is None else root
-    return base / "coredns" / f"coredns-{COREDNS_VERSION}" / "bin"
+    return _pinned_bin_dir("coredns", COREDNS_VERSION, root)
 
 
-def _build_coredns(bin_dir: Path, *, log: console.Log) -> None:
-    log(f"building coredns {COREDNS_VERSION} from the Go module proxy into {bin_dir}")
-    started = time.monotonic()
-    gobuild.build_coredns(bin_dir, module_version=COREDNS_VERSION, log=log)
-    minutes, seconds = divmod(int(time.monotonic() - started), 60)
-    log(f"built coredns in {minutes}m{seconds:02d}s")
+def kube_router_bin_dir(root: Path | None = None) -> Path:
+    """The cache directory of the pinned kube-router, under `root` (default `cache_root()`)."""
+    return _pinned_bin_dir("kube-router", KUBE_ROUTER_VERSION, root)
 
 
 def find_kubectl(*, root: Path | None = None, log: console.Log = console.log_to_stderr) -> Path:

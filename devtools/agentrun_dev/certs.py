@@ -5,7 +5,8 @@ client certificates can be issued), the apiserver's serving certificate for 127.
 localhost / the ``kubernetes`` Service, an admin client certificate in group
 ``system:masters`` (cluster admin under RBAC), and the RSA key pair that signs
 service-account tokens. `issue_client_cert` signs further client certificates (the node's
-kubelet, controller-manager, scheduler, kube-proxy).
+kubelet, controller-manager, scheduler, kube-proxy). `generate_server_tls` writes a CA of its
+own and one serving certificate for other servers of the stack (nats-server).
 
 What belongs here: PEM files only; nothing about processes or kubeconfigs.
 """
@@ -130,6 +131,57 @@ def generate_pki(directory: Path, *, extra_ips: Sequence[str] = ()) -> Pki:
         )
     )
     return pki
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerTls:
+    """Paths of the PEM files written by `generate_server_tls`."""
+
+    ca_cert: Path
+    """The CA clients verify the server against (its key is not kept)."""
+    cert: Path
+    key: Path
+
+
+def generate_server_tls(
+    directory: Path, *, common_name: str, dns_names: Sequence[str] = ("localhost",)
+) -> ServerTls:
+    """Write a fresh CA (``ca.crt``) and a serving certificate signed by it (``tls.crt``,
+    ``tls.key`` mode 0600) for `common_name`, valid for 127.0.0.1, ::1 and `dns_names`.
+
+    Raises OSError if the directory cannot be written.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tls = ServerTls(directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name}-ca")])
+    ca_cert = (
+        _builder(subject=ca_name, issuer=ca_name, public_key=ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+        *(x509.DNSName(name) for name in dns_names),
+    ]
+    cert = (
+        _builder(
+            subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]),
+            issuer=ca_name,
+            public_key=key.public_key(),
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_cert(tls.ca_cert, ca_cert)
+    _write_cert(tls.cert, cert)
+    _write_key(tls.key, key)
+    return tls
 
 
 def issue_client_cert(

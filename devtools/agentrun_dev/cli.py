@@ -4,7 +4,7 @@ The runtime's ``agentrun`` finds `register_dev` through the ``agentrun.cli`` ent
 (declared in ``devtools/pyproject.toml``), so the runtime wheel carries none of this. Each
 subcommand is a ``cmd_dev_<name>(args) -> int`` handler returning the exit code; errors the
 dev modules raise (``OSError``, ``RuntimeError``, ``subprocess.SubprocessError``, each saying
-what to do next) are printed as one line by ``agentrun.cli.main``.
+what to do next) are printed as one line by the ``agentrun`` command (``agentrun.cli.main``).
 
 What belongs here: argument parsing and printing. The work is done by the library modules
 (`stack`, `demo`, `binaries`, `state`), so tests and other tools can call it without the CLI.
@@ -224,6 +224,7 @@ def cmd_dev_binaries(args: argparse.Namespace) -> int:
             ("kubelet", on_node.kubelet),
             ("kube-proxy", on_node.kube_proxy),
             ("coredns", on_node.coredns),
+            ("kube-router", on_node.kube_router),
         ]
     else:
         found = binaries.ensure_binaries(log=_progress)

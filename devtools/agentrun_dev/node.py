@@ -11,6 +11,12 @@
   rejects loopback), authenticating with a client certificate ``system:node:<name>``;
 - kube-proxy in iptables mode, and CoreDNS as a host process on the gateway address behind
   the ``kube-dns`` Service at `CLUSTER_DNS_IP`;
+- kube-router with only its NetworkPolicy controller (``--run-firewall``; no routing, no
+  service proxy), so NetworkPolicies are enforced with iptables rules and ipsets, beside
+  kube-proxy. (kind's own enforcer, ``sigs.k8s.io/kube-network-policies``, needs the kernel's
+  nftables ``queue`` expression, ``CONFIG_NFT_QUEUE``, which not every kernel has; kube-router
+  needs only iptables, ipset and the xt_set match.) It authenticates as ``system:kube-router``
+  with the read-only ClusterRole `KUBE_ROUTER_ROLE`;
 - the ``kubernetes`` Service's EndpointSlice pointing at the API server through the gateway,
   so in-cluster clients reach it.
 
@@ -18,7 +24,8 @@ Every process is a `components.Component` stopped by pid. `stop_node` first stop
 controllers, force-deletes the node's pods and waits for the kubelet to tear them down (CNI
 DEL removes veths and portmap rules), then stops the rest, runs ``kube-proxy --cleanup``,
 kills any container left by the pids its shim recorded, and removes every mount, device,
-iptables rule and sysctl change the node made (see `nodehost`), returning what it could not.
+iptables rule, ipset, nftables table and sysctl change the node made (see `nodehost`),
+returning what it could not.
 
 Images are never pulled: `import_image` loads an archive into the node's containerd, and pods
 use ``imagePullPolicy: Never`` or ``IfNotPresent``.
@@ -64,8 +71,12 @@ COMPONENT_NAMES = (
     "coredns",
     "kubelet",
     "kube-proxy",
+    "kube-router",
 )
 """The node's components, in start order."""
+KUBE_ROUTER_ROLE = "agentrun-node:kube-router"
+"""The ClusterRole (and ClusterRoleBinding) of the NetworkPolicy enforcer: it watches pods,
+namespaces, nodes, services, endpoints, EndpointSlices and NetworkPolicies, writes nothing."""
 _SNAPSHOT = "host-before.json"
 _MANAGED_BY = "agentrun.dev-node"
 
@@ -165,6 +176,9 @@ def start_node(
         started.append(_start_kubelet(context))
         started.append(_start_kube_proxy(context))
         _wait_ready(admin, timeout=ready_timeout, log=launch.log)
+        # after the Node object exists: kube-router reads its address at start
+        _grant_kube_router(admin)
+        started.append(_start_kube_router(context))
         launch.log(f"node {NODE_NAME} Ready in {time.monotonic() - began:.1f} s")
     except BaseException:
         launch.log("node start failed: stopping what was started")
@@ -199,7 +213,7 @@ def stop_node(
     kubelet = by_name.get("kubelet")
     if admin is not None and kubelet is not None and kubelet.is_alive():
         _drain(admin, directory, log=log)
-    for name in ("kubelet", "kube-proxy", "coredns"):
+    for name in ("kubelet", "kube-proxy", "kube-router", "coredns"):
         _stop(by_name.get(name), log=log)
     proxy = by_name.get("kube-proxy")
     if proxy is not None:
@@ -463,6 +477,62 @@ def _start_kube_proxy(context: _Context) -> components.Component:
         context.launch.spec("kube-proxy", argv),
         probe=probes.Probe(url=f"http://127.0.0.1:{healthz}/livez"),
         ports={"healthz": healthz, "metrics": metrics},
+        ready_timeout=60.0,
+        log=context.launch.log,
+    )
+
+
+def _grant_kube_router(admin: kubectl.Kubectl) -> None:
+    """`KUBE_ROUTER_ROLE`: what kube-router's informers read, bound to ``system:kube-router``."""
+    read = ["get", "list", "watch"]
+    objects = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": KUBE_ROUTER_ROLE},
+            "rules": [
+                {"apiGroups": [""], "verbs": read,
+                 "resources": ["pods", "namespaces", "nodes", "services", "endpoints"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
+                {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+                 "verbs": read},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": KUBE_ROUTER_ROLE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": KUBE_ROUTER_ROLE},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                          "name": "system:kube-router"}],
+        },
+    ]  # fmt: skip
+    manifest = yaml.safe_dump_all(objects, sort_keys=False)
+    admin("apply", "--server-side", "--force-conflicts", "-f", "-", input=manifest)
+
+
+def _start_kube_router(context: _Context) -> components.Component:
+    """kube-router enforcing NetworkPolicies only; ready once its /healthz answers OK."""
+    config = _kubeconfig(context, name="kube-router", user="system:kube-router", group=None)
+    health = probes.free_port()
+    argv = (
+        str(context.executables.kube_router),
+        f"--kubeconfig={config}",
+        f"--hostname-override={NODE_NAME}",
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        "--run-loadbalancer=false",
+        "--enable-ipv6=false",
+        f"--service-cluster-ip-range={controlplane.SERVICE_CLUSTER_IP_RANGE}",
+        f"--health-port={health}",
+        "--metrics-port=0",
+    )
+    return components.start_component(
+        context.launch.spec("kube-router", argv),
+        probe=probes.Probe(url=f"http://127.0.0.1:{health}/healthz", expect="OK"),
+        ports={"healthz": health},
         ready_timeout=60.0,
         log=context.launch.log,
     )

@@ -3,8 +3,10 @@
 A node adds host-wide state that outlives its processes: mounts (container root filesystems,
 ``/dev/shm`` and volume tmpfs, network-namespace files under ``/run/netns``), network devices
 (the pod bridge `BRIDGE` and one veth per pod), the kubelet's ``kubepods`` cgroups, iptables
-rules (kube-proxy's ``KUBE-*`` and the CNI plugins' ``CNI-*`` chains) and sysctls (`SYSCTLS`:
-IPv4 forwarding, which the bridge plugin turns on, and the kernel tunables the kubelet sets).
+rules (kube-proxy's and the NetworkPolicy enforcer's ``KUBE-*`` and the CNI plugins' ``CNI-*``
+chains), the nftables tables those rules live in (iptables-nft) or that a component creates,
+the enforcer's ipsets, and sysctls (`SYSCTLS`: IPv4 forwarding, which the bridge plugin turns
+on, and the kernel tunables the kubelet sets).
 `HostSnapshot` records the node-related part of that state; `take_snapshot` before the node
 starts, `cleanup_host` after its processes stopped removes what is new, and `leftovers` says
 what is still there.
@@ -13,7 +15,8 @@ Only one node can run per machine (the bridge name, the pod subnet, the kube-pro
 the ``kubepods`` cgroups are global): `claim_host` records the running node in `CLAIM_FILE`
 and refuses, or waits for, a second one.
 
-What belongs here: host state (``ip``, ``iptables``, ``umount``, sysctls); no Kubernetes.
+What belongs here: host state (``ip``, ``iptables``, ``nft``, ``ipset``, ``umount``,
+sysctls); no Kubernetes.
 """
 
 from __future__ import annotations
@@ -71,6 +74,9 @@ RUNTIME_ROOT = CLAIM_DIR
 """Parent of the nodes' runtime directories (see `runtime_dir`)."""
 CLAIM_FILE = CLAIM_DIR / "node.json"
 _IPTABLES_PREFIXES = ("KUBE-", "CNI-")
+IPTABLES_NFT_TABLES = frozenset({"filter", "nat", "mangle", "raw", "security"})
+"""Names of the nftables tables that iptables-nft keeps its tables in (in families ip, ip6,
+arp, bridge): other programs' rules may live there too."""
 
 
 class HostError(RuntimeError):
@@ -96,6 +102,10 @@ class HostSnapshot:
     paths: tuple[str, ...] = ()
     """Which of `HOST_PATHS` exist, the kubelet's device-plugin socket, and the container log
     links into the node's directory."""
+    nftables: tuple[str, ...] = ()
+    """Every nftables table as ``"<family> <name>"`` (``"ip filter"``); empty without ``nft``."""
+    ipsets: tuple[str, ...] = ()
+    """Every ipset's name; empty without ``ipset``."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form, read back by `from_dict`."""
@@ -111,6 +121,8 @@ class HostSnapshot:
             sysctls=tuple((str(k), str(v)) for k, v in data["sysctls"]),
             cgroups=tuple(data.get("cgroups", ())),
             paths=tuple(data.get("paths", ())),
+            nftables=tuple(data.get("nftables", ())),
+            ipsets=tuple(data.get("ipsets", ())),
         )
 
 
@@ -129,7 +141,7 @@ def runtime_dir(node_dir: Path) -> Path:
 def take_snapshot(node_dir: Path) -> HostSnapshot:
     """The node-related host state now; `node_dir` is the node's state directory.
 
-    Raises HostError if ``ip`` or ``iptables-save`` fails.
+    Raises HostError if ``ip``, ``iptables-save``, ``nft`` or ``ipset`` fails.
     """
     return HostSnapshot(
         mounts=tuple(sorted(_node_mounts(node_dir))),
@@ -138,6 +150,8 @@ def take_snapshot(node_dir: Path) -> HostSnapshot:
         sysctls=tuple((name, _read_sysctl(name)) for name in SYSCTLS),
         cgroups=tuple(sorted(_node_cgroups())),
         paths=tuple(sorted(_node_paths(node_dir))),
+        nftables=tuple(sorted(_nft_tables())),
+        ipsets=tuple(sorted(_ipsets())),
     )
 
 
@@ -153,6 +167,8 @@ def leftovers(before: HostSnapshot, after: HostSnapshot) -> list[str]:
     found += [f"sysctl {k}={v} (was {old.get(k)})" for k, v in after.sysctls if old.get(k) != v]
     found += [f"cgroup {c}" for c in after.cgroups if c not in before.cgroups]
     found += [f"path {p}" for p in after.paths if p not in before.paths]
+    found += [f"nftables table {t}" for t in after.nftables if t not in before.nftables]
+    found += [f"ipset {name}" for name in after.ipsets if name not in before.ipsets]
     return found
 
 
@@ -174,9 +190,12 @@ def cleanup_host(
     Call after the node's processes (and its containers) stopped. In order: unmounts every
     new mount point (deepest first, lazily if busy), removes the netns files it pinned,
     deletes new veths and `BRIDGE`, deletes new ``CNI-*`` / ``KUBE-*`` iptables rules and
-    chains (kube-proxy's own ``--cleanup`` should run first), removes its container log links
-    and the `HOST_PATHS` it created (when empty), the new (empty) ``kubepods`` cgroups, and
-    restores the sysctls.
+    chains (kube-proxy's own ``--cleanup`` should run first), destroys new ipsets (once no
+    rule refers to them), deletes the new nftables tables (a component's own tables whole;
+    the iptables-nft tables the removed rules lived in only once no rule is left in them, so
+    one that someone else filled meanwhile is kept and reported), removes its container log
+    links and the `HOST_PATHS` it created (when empty), the new (empty) ``kubepods`` cgroups,
+    and restores the sysctls.
     Every step runs even if one fails; failures are logged and show up in the result.
     """
     now = take_snapshot(node_dir)
@@ -191,6 +210,9 @@ def cleanup_host(
         if Path("/sys/class/net", link).exists():  # a veth's peer goes with it
             _try(["ip", "link", "delete", link], log=log)
     _remove_iptables(set(now.iptables) - set(before.iptables), log=log)
+    for name in sorted(set(now.ipsets) - set(before.ipsets)):
+        _try(["ipset", "destroy", name], log=log)
+    _remove_nft_tables(sorted(set(now.nftables) - set(before.nftables)), log=log)
     # Deepest first; a directory someone else filled is kept, a busy cgroup too.
     _remove_paths(sorted(set(now.paths) - set(before.paths), key=len, reverse=True))
     _remove_paths(sorted(set(now.cgroups) - set(before.cgroups), key=len, reverse=True))
@@ -367,6 +389,39 @@ def _remove_iptables(lines: set[str], *, log: console.Log) -> None:
         _try([commands[family], "-t", table, "-F", chain[1:].split()[0]], log=log)
     for family, table, chain in chains:
         _try([commands[family], "-t", table, "-X", chain[1:].split()[0]], log=log)
+
+
+def _nft_tables() -> list[str]:
+    """``"<family> <name>"`` of every nftables table (``nft list tables``)."""
+    if shutil.which("nft") is None:
+        return []
+    lines = _run(["nft", "list", "tables"]).splitlines()
+    return [line.removeprefix("table ").strip() for line in lines if line.startswith("table ")]
+
+
+def _ipsets() -> list[str]:
+    """The names of every ipset (``ipset list -name``)."""
+    if shutil.which("ipset") is None:
+        return []
+    return [line.strip() for line in _run(["ipset", "list", "-name"]).splitlines() if line.strip()]
+
+
+def _remove_nft_tables(tables: Sequence[str], *, log: console.Log) -> None:
+    """Delete each of `tables` (``"<family> <name>"``): a component's own table whole, an
+    iptables-nft table (`IPTABLES_NFT_TABLES`, shared with every iptables user) only once it
+    holds no rule."""
+    for table in tables:
+        family, name = table.split(" ", 1)
+        if name in IPTABLES_NFT_TABLES:
+            try:
+                listed = json.loads(_run(["nft", "-j", "list", "table", family, name]))
+            except (HostError, OSError, subprocess.SubprocessError, ValueError) as exc:
+                log(f"cleanup: cannot list nftables table {table}: {exc}")
+                continue
+            if any("rule" in entry for entry in listed.get("nftables", [])):
+                log(f"cleanup: nftables table {table} still holds rules: kept")
+                continue
+        _try(["nft", "delete", "table", family, name], log=log)
 
 
 def _read_sysctl(name: str) -> str:

@@ -15,7 +15,9 @@ Two layers, one code path for tests and demos:
   so NATS, the mock model, the operator and the workers are pods, not local processes.
 
 What belongs here: which components make the stack and how they are wired
-(``KUBECONFIG``, ``AGENTRUN_NATS_URL``, ``AGENTRUN_METRICS_PORT``, see docs/contracts.md).
+(``KUBECONFIG``, ``AGENTRUN_NATS_URL``, ``AGENTRUN_NATS_CA_FILE``, ``AGENTRUN_NATS_CREDS_FILE``,
+``AGENTRUN_METRICS_PORT``, see docs/contracts.md): on the closed NATS server the operator
+presents ``operator.creds`` and the workers ``worker.creds``, as in the chart.
 How one process is started, probed or stopped belongs to `procs`, `probes`, `components`.
 """
 
@@ -67,6 +69,9 @@ __all__ = [
 ]
 
 DEFAULT_SCENARIOS = Path("examples") / "scenarios.yaml"
+CREDS_DIR_ENV = "AGENTRUN_DEV_NATS_CREDS_DIR"
+"""Where `service_env` says the ``<role>.creds`` files are; `start_operator` and
+`start_worker` turn it into the process's ``AGENTRUN_NATS_CREDS_FILE``."""
 OPERATOR_SCRIPT = "agentrun-operator"
 WORKER_SCRIPT = "agentrun-worker"
 
@@ -124,8 +129,10 @@ def script_path(name: str) -> Path:
     return Path(found)
 
 
-def service_env(*, kubeconfig: str, nats_url: str) -> dict[str, str]:
-    """Environment shared by the operator and workers (contracts.md), minus the metrics port.
+def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, str]:
+    """Environment shared by the operator and workers (contracts.md), minus the metrics port
+    and the NATS credentials, which `start_operator` and `start_worker` pick per role from
+    ``AGENTRUN_DEV_NATS_CREDS_DIR`` (a closed `nats` server's files).
 
     Includes ``PYTHONUNBUFFERED=1`` so their logs are written as they happen,
     ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates), and a short leader
@@ -133,15 +140,19 @@ def service_env(*, kubeconfig: str, nats_url: str) -> dict[str, str]:
     place takes over within seconds, while a slow API server on a busy machine does not make
     it give up.
     """
-    return {
+    env = {
         "KUBECONFIG": kubeconfig,
-        "AGENTRUN_NATS_URL": nats_url,
+        "AGENTRUN_NATS_URL": nats.url,
         "PYTHONUNBUFFERED": "1",
         "AGENTRUN_DEFAULT_TENANT": "default",
         "AGENTRUN_LEASE_DURATION": "8",
         "AGENTRUN_LEASE_RENEW_DEADLINE": "6",
         "AGENTRUN_LEASE_RETRY": "1",
     }
+    if nats.auth_dir is not None:
+        env["AGENTRUN_NATS_CA_FILE"] = str(nats.auth_dir / "ca.crt")
+        env[CREDS_DIR_ENV] = str(nats.auth_dir)
+    return env
 
 
 def start_mockllm(
@@ -150,14 +161,19 @@ def start_mockllm(
     launch: components.Launch,
     port: int | None = None,
     env: Mapping[str, str] | None = None,
+    name: str = "mockllm",
+    strict_call_ids: bool = True,
 ) -> components.Component:
     """Start ``python -m agentrun.testing.mockllm`` and wait until ``/healthz`` answers ok.
 
     Args:
         scenarios: scenario YAML files (joined with ',' for ``--scenarios``).
-        launch: log directory (the log is ``mockllm.log``), lifetime, progress output.
+        launch: log directory (the log is ``<name>.log``), lifetime, progress output.
         port: loopback port; None picks a free one. Its base URL is `mockllm_url`.
         env: extra environment.
+        name: the component's name; a second server in one launch needs its own.
+        strict_call_ids: False passes ``--no-strict-call-ids`` (any unique string id is
+            accepted; for clients that echo the model's ids as given).
 
     Raises:
         probes.NotReadyError: it exited or did not answer within 30 s (with its log tail).
@@ -165,7 +181,8 @@ def start_mockllm(
     port = probes.free_port() if port is None else port
     argv = [sys.executable, "-m", "agentrun.testing.mockllm", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--scenarios", ",".join(str(p) for p in scenarios)]
-    spec = launch.spec("mockllm", argv, env={"PYTHONUNBUFFERED": "1", **(env or {})})
+    argv += [] if strict_call_ids else ["--no-strict-call-ids"]
+    spec = launch.spec(name, argv, env={"PYTHONUNBUFFERED": "1", **(env or {})})
     probe = probes.Probe(url=f"http://127.0.0.1:{port}/healthz", expect="ok")
     return launch.start(spec, probe=probe, ports={"http": port})
 
@@ -195,6 +212,7 @@ def start_operator(
         FileNotFoundError: the console script is not installed.
         probes.NotReadyError: it exited, or ``/metrics`` did not answer within 30 s.
     """
+    env = _with_creds(env, "operator")
     return _start_service(OPERATOR_SCRIPT, name, env=env, launch=launch, metrics_port=metrics_port)
 
 
@@ -210,8 +228,21 @@ def start_worker(
     Its log is ``worker-<index>.log``; otherwise as `start_operator`.
     """
     return _start_service(
-        WORKER_SCRIPT, f"worker-{index}", env=env, launch=launch, metrics_port=metrics_port
+        WORKER_SCRIPT,
+        f"worker-{index}",
+        env=_with_creds(env, "worker"),
+        launch=launch,
+        metrics_port=metrics_port,
     )
+
+
+def _with_creds(env: Mapping[str, str], role: str) -> dict[str, str]:
+    """`env` with ``AGENTRUN_NATS_CREDS_FILE`` set to `role`'s creds when it names a creds
+    directory (``AGENTRUN_DEV_NATS_CREDS_DIR``) and sets no creds file itself."""
+    directory = env.get(CREDS_DIR_ENV)
+    if directory is None or "AGENTRUN_NATS_CREDS_FILE" in env:
+        return dict(env)
+    return {**env, "AGENTRUN_NATS_CREDS_FILE": str(Path(directory) / f"{role}.creds")}
 
 
 def default_crd_dir(option: Path | None = None) -> Path:
@@ -346,10 +377,13 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
             return _recorded(dataclasses.replace(current, complete=True))
         kubectl.apply_crds(kubectl.Kubectl.for_cluster(cluster), crd_dir, log=log)
         nats = natsserver.start_nats_server(directory / "nats", launch=launch)
-        current = _recorded(dataclasses.replace(current, nats_url=nats.url), nats.component)
+        current = _recorded(
+            dataclasses.replace(current, nats_url=nats.url, nats_auth_dir=nats.auth_dir),
+            nats.component,
+        )
         mock = start_mockllm(scenarios, launch=launch)
         current = _recorded(dataclasses.replace(current, model_url=mockllm_url(mock)), mock)
-        env = service_env(kubeconfig=cluster.env["KUBECONFIG"], nats_url=nats.url)
+        env = service_env(kubeconfig=cluster.env["KUBECONFIG"], nats=nats)
         current = _start_services(current, env=env, workers=options.workers, launch=launch)
         return _recorded(dataclasses.replace(current, complete=True))
     except BaseException:

@@ -42,6 +42,8 @@ class StackState:
     existing_cluster: bool = False
     """True when the cluster is the user's (``AGENTRUN_USE_EXISTING_CLUSTER=1``)."""
     nats_url: str | None = None
+    nats_auth_dir: Path | None = None
+    """The closed nats-server's CA and ``.creds`` files (``natsserver``); None when open."""
     model_url: str | None = None
     """OpenAI-compatible base URL of the mock model, ``http://127.0.0.1:<port>/v1``."""
     components: tuple[Component, ...] = ()
@@ -61,12 +63,17 @@ class StackState:
     def env(self) -> dict[str, str]:
         """Variables a shell (or a test) needs to use the stack; only those known so far.
 
-        ``KUBECONFIG``, ``AGENTRUN_NATS_URL`` and ``AGENTRUN_MODEL_URL`` (the mock model's
-        base URL, to put in an AgentModel's ``baseURL``).
+        ``KUBECONFIG``, ``AGENTRUN_NATS_URL``, ``AGENTRUN_MODEL_URL`` (the mock model's
+        base URL, to put in an AgentModel's ``baseURL``) and, for a closed NATS server,
+        ``AGENTRUN_NATS_CA_FILE`` and ``AGENTRUN_NATS_CREDS_FILE`` (the dev stack's admin
+        user, for ``kubectl agentrun logs`` and your own clients).
         """
+        auth = self.nats_auth_dir
         env = {
             "KUBECONFIG": self.kubeconfig,
             "AGENTRUN_NATS_URL": self.nats_url,
+            "AGENTRUN_NATS_CA_FILE": None if auth is None else str(auth / "ca.crt"),
+            "AGENTRUN_NATS_CREDS_FILE": None if auth is None else str(auth / "admin.creds"),
             "AGENTRUN_MODEL_URL": self.model_url,
         }
         return {k: v for k, v in env.items() if v is not None}
@@ -84,6 +91,7 @@ class StackState:
             "kubectl": None if self.kubectl is None else str(self.kubectl),
             "existing_cluster": self.existing_cluster,
             "nats_url": self.nats_url,
+            "nats_auth_dir": None if self.nats_auth_dir is None else str(self.nats_auth_dir),
             "model_url": self.model_url,
             "components": [c.as_dict() for c in self.components],
             "node_dir": None if self.node_dir is None else str(self.node_dir),
@@ -104,6 +112,9 @@ class StackState:
             kubectl=None if kubectl is None else Path(kubectl),
             existing_cluster=bool(data.get("existing_cluster", False)),
             nats_url=data.get("nats_url"),
+            nats_auth_dir=None
+            if data.get("nats_auth_dir") is None
+            else Path(data["nats_auth_dir"]),
             model_url=data.get("model_url"),
             components=tuple(Component.from_dict(c) for c in data["components"]),
             node_dir=None if node_dir is None else Path(node_dir),

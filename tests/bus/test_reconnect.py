@@ -1,13 +1,19 @@
 """Every NATS connection of the runtime comes back after any disconnect and its pull
 consumers resume: a connection reset, and a connection the server itself closes after a
-protocol error (which nats-py, left to itself, treats as final)."""
+protocol error (which nats-py, left to itself, treats as final).
+
+The reset goes through the closed server the suite shares (TLS and credentials, as shipped).
+The protocol error needs a plain-text server: the proxy writes garbage into the client's byte
+stream, which TLS would turn into a failed TLS record instead of the server's ``-ERR``; the
+reconnect path after ``-ERR`` does not depend on the transport."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import nats
 import pytest
@@ -17,14 +23,15 @@ from nats.js import api
 from agentrun import bus as bus_module
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore, QueuedRun
-from agentrun_dev import natsserver
+from agentrun_dev import components, natsserver
 
 
 class Proxy:
     """A TCP proxy in front of nats-server that can break the connections it carries."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, *, scheme: str = "nats") -> None:
         self.upstream_port = upstream_port
+        self.scheme = scheme
         self.pairs: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self.server: asyncio.Server | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -32,7 +39,7 @@ class Proxy:
     @property
     def url(self) -> str:
         assert self.server is not None
-        return f"nats://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -80,13 +87,16 @@ class Proxy:
             task.cancel()
 
 
-@pytest.fixture
-async def proxy(nats_server: natsserver.NatsServer) -> AsyncIterator[Proxy]:
-    port = int(nats_server.url.rsplit(":", 1)[1])
-    front = Proxy(port)
-    await front.start()
-    yield front
-    await front.stop()
+@pytest.fixture(scope="module")
+def open_nats_server(
+    tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
+) -> Iterator[natsserver.NatsServer]:
+    """A plain-text server without auth, for the protocol-error fault only."""
+    server = natsserver.start_nats_server(
+        tmp_path_factory.mktemp("open-nats"), launch=devenv_launch, closed=False
+    )
+    yield server
+    server.stop()
 
 
 Fault = Callable[[Proxy], Awaitable[None]]
@@ -96,20 +106,44 @@ FAULTS: dict[str, Fault] = {
 }
 
 
+@pytest.fixture(params=FAULTS.keys())
+async def broken(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Fault, Proxy, Any]]:
+    """A fault, a proxy in front of the server it is tried on, and that server."""
+    name = request.param
+    fixture = "open_nats_server" if name == "server-closes-after-protocol-error" else "nats_server"
+    server: natsserver.NatsServer = request.getfixturevalue(fixture)
+    scheme, port = server.url.split("://")[0], int(server.url.rsplit(":", 1)[1])
+    front = Proxy(port, scheme=scheme)
+    await front.start()
+    yield FAULTS[name], front, server
+    await front.stop()
+
+
+@pytest.fixture
+async def proxy(open_nats_server: natsserver.NatsServer) -> AsyncIterator[Proxy]:
+    port = int(open_nats_server.url.rsplit(":", 1)[1])
+    front = Proxy(port)
+    await front.start()
+    yield front
+    await front.stop()
+
+
 async def wait_until(predicate: Callable[[], bool], *, timeout: float = 15.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.05)
 
 
-@pytest.mark.parametrize("fault", FAULTS.values(), ids=FAULTS.keys())
 async def test_a_pull_consumer_resumes_after_the_connection_breaks(
-    fault: Fault, proxy: Proxy, nats_server: natsserver.NatsServer
+    broken: tuple[Fault, Proxy, natsserver.NatsServer],
 ) -> None:
+    fault, proxy, nats_server = broken
     suffix = uuid.uuid4().hex[:8]
     stream, subject = f"RECONNECT_{suffix}", f"reconnect.{suffix}"
-    bus = await Bus.connect(BusSettings(url=proxy.url), name="reconnect-test")
-    publisher = await nats.connect(nats_server.url)
+    bus = await Bus.connect(
+        BusSettings(url=proxy.url, auth=nats_server.auth()), name="reconnect-test"
+    )
+    publisher = await nats.connect(**nats_server.client_options())
     js = publisher.jetstream()
     await js.add_stream(api.StreamConfig(name=stream, subjects=[subject]))
     seen: list[bytes] = []
@@ -141,11 +175,13 @@ async def test_a_pull_consumer_resumes_after_the_connection_breaks(
         await publisher.close()
 
 
-@pytest.mark.parametrize("fault", FAULTS.values(), ids=FAULTS.keys())
 async def test_the_ledger_connection_writes_again_after_the_connection_breaks(
-    fault: Fault, proxy: Proxy
+    broken: tuple[Fault, Proxy, natsserver.NatsServer],
 ) -> None:
-    nc = await bus_module.connect_nats(proxy.url, name="reconnect-ledger-test")
+    fault, proxy, nats_server = broken
+    nc = await bus_module.connect_nats(
+        proxy.url, name="reconnect-ledger-test", auth=nats_server.auth()
+    )
     store = await LedgerStore.open(nc.jetstream(), bucket="AGENTRUN_LEDGER_RECONNECT_TEST")
     tenant = f"t-{uuid.uuid4().hex[:8]}"
 

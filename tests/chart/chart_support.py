@@ -50,6 +50,22 @@ FEATURES: dict[str, dict[str, str]] = {
         "metrics.podMonitor.enabled": "true",
         "metrics.prometheusRule.enabled": "true",
     },
+    "no-network-policy": {"networkPolicy.enabled": "false", "nats.install.enabled": "true"},
+    "worker-egress": {
+        "nats.install.enabled": "true",
+        "mockModel.enabled": "true",
+        "networkPolicy.workerEgress.enabled": "true",
+        "networkPolicy.workerEgress.apiServer.cidrs": "{10.0.0.10/32}",
+        "networkPolicy.workerEgress.extraRules[0].ports[0].port": "443",
+        "networkPolicy.nats.monitoring": "true",
+        "networkPolicy.nats.extraClients[0].podSelector.matchLabels.role": "reader",
+    },
+    "worker-egress-existing-nats": {
+        "nats.url": "tls://nats.messaging.svc:4443",
+        "networkPolicy.workerEgress.enabled": "true",
+        "networkPolicy.workerEgress.apiServer.cidrs": "{10.0.0.10/32}",
+        "networkPolicy.workerEgress.nats[0].ipBlock.cidr": "10.1.2.3/32",
+    },
     "everything": {
         "nats.install.enabled": "true",
         "worker.autoscaling.keda.enabled": "true",

@@ -16,6 +16,7 @@ import yaml
 from chart_support import CHART_DIR, FEATURES, REPO_ROOT, documents, keda_module_dir
 
 from agentrun import protocol
+from agentrun.natsauth import Authority, bootstrap
 from agentrun.settings import WorkerSettings
 from agentrun.tools import PrometheusQuery, ToolContext, ToolError
 from agentrun_dev import helm, image, natsserver
@@ -93,6 +94,17 @@ def test_template_renders_with_no_cluster_and_no_kube_version_given(
         pytest.param(
             "metrics.grafanaDashboard.lable=x", "'lable' not allowed", id="dashboard-typo"
         ),
+        pytest.param("networkPolicy.enabeld=false", "'enabeld' not allowed", id="netpol-typo"),
+        pytest.param(
+            "networkPolicy.workerEgress.apiServer.cidrs={10.0.0.10}",
+            "/networkPolicy/workerEgress/apiServer/cidrs/0",
+            id="cidr-without-prefix",
+        ),
+        pytest.param(
+            "networkPolicy.nats.extraClients[0].podSelektor.app=x",
+            "'podSelektor' not allowed",
+            id="peer-typo",
+        ),
     ],
 )
 def test_values_schema_fails_naming_the_field(
@@ -165,15 +177,12 @@ def test_installed_nats_is_what_the_operator_and_workers_connect_to(
     server = find(docs, "StatefulSet", "agentrun-nats")
     args = server["spec"]["template"]["spec"]["containers"][0]["args"]
 
-    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {
-        "client": 4222,
-        "monitor": 8222,
-    }
-    assert args == ["--config=/etc/nats/nats.conf"]
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"client": 4222}
+    assert args == ["--config=/etc/nats/config/nats.conf"]
     assert server["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     for name in ("agentrun-operator", "agentrun-worker"):
         assert env_of(find(docs, "Deployment", name))["AGENTRUN_NATS_URL"] == (
-            "nats://agentrun-nats.ops.svc:4222"
+            "tls://agentrun-nats.ops.svc:4222"
         )
 
 
@@ -186,12 +195,9 @@ def test_the_installed_nats_configuration_is_accepted_by_the_real_server(
     docs = render(offline_helm, "nats", namespace="ops")
     config = find(docs, "ConfigMap", "agentrun-nats-config")["data"]["nats.conf"]
     assert "max_file_store: 1G" in config and 'store_dir: "/data"' in config
-    (tmp_path / "nats.conf").write_text(config)
+    mounted = closed_nats_files(docs, tmp_path)
     container = find(docs, "StatefulSet", "agentrun-nats")["spec"]["template"]["spec"]
-    args = [
-        a.replace("/etc/nats/nats.conf", str(tmp_path / "nats.conf"))
-        for a in container["containers"][0]["args"]
-    ]
+    args = [a.replace("/etc/nats/", f"{mounted}/") for a in container["containers"][0]["args"]]
     checked = subprocess.run(
         [str(natsserver.find_nats_server()), *args, "-t"],
         env={"POD_NAME": "agentrun-nats-0"},
@@ -201,6 +207,26 @@ def test_the_installed_nats_configuration_is_accepted_by_the_real_server(
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "is valid" in checked.stdout + checked.stderr
+
+
+def closed_nats_files(docs: list[Any], directory: Path, authority: Authority | None = None) -> Path:
+    """The NATS pod's files under ``directory`` as its volumes mount them under /etc/nats:
+    the rendered configuration, the chart's TLS Secret, and the auth.conf the bootstrap hook
+    would write for ``authority`` (default: a fresh one). Returns ``directory``."""
+    import base64
+
+    config = find(docs, "ConfigMap", "agentrun-nats-config")["data"]["nats.conf"]
+    (directory / "config").mkdir()
+    (directory / "config" / "nats.conf").write_text(
+        config.replace('"/data"', f'"{directory}/data"').replace("/etc/nats/", f"{directory}/")
+    )
+    (directory / "auth").mkdir()
+    for key, text in bootstrap.server_secret(authority or Authority.generate()).items():
+        (directory / "auth" / key).write_text(text)
+    (directory / "tls").mkdir()
+    for key, data in find(docs, "Secret", "agentrun-nats-tls")["data"].items():
+        (directory / "tls" / key).write_bytes(base64.b64decode(data))
+    return directory
 
 
 def worker_settings(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> WorkerSettings:
@@ -252,8 +278,11 @@ def keda_scaler_parameters() -> set[str]:
 def test_keda_trigger_reads_the_workers_shared_consumer_with_parameters_keda_knows(
     offline_helm: helm.Helm,
 ) -> None:
-    scaled = find(render(offline_helm, "keda", namespace="ops"), "ScaledObject", "agentrun-worker")
+    docs = render(offline_helm, "keda", namespace="ops")
+    scaled = find(docs, "ScaledObject", "agentrun-worker")
     [trigger] = scaled["spec"]["triggers"]
+    monitor = find(docs, "Service", "agentrun-nats-monitor")  # not the clients' Service
+    assert [p["port"] for p in monitor["spec"]["ports"]] == [8222]
     metadata = trigger["metadata"]
 
     assert trigger["type"] == "nats-jetstream"
@@ -261,7 +290,7 @@ def test_keda_trigger_reads_the_workers_shared_consumer_with_parameters_keda_kno
         protocol.STREAM_TURNS,
         protocol.WORKERS_CONSUMER,
     )
-    assert metadata["natsServerMonitoringEndpoint"] == "agentrun-nats.ops.svc:8222"
+    assert metadata["natsServerMonitoringEndpoint"] == "agentrun-nats-monitor.ops.svc:8222"
     assert set(metadata) <= keda_scaler_parameters()
     assert all(isinstance(value, str) for value in metadata.values())
     assert scaled["spec"]["scaleTargetRef"]["name"] == "agentrun-worker"

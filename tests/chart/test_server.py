@@ -184,9 +184,9 @@ OPERATOR_NEEDS = [
 WORKER_NEEDS = [
     ("get", "agentmodels.agentrun.dev"),
     ("get", "secrets"),
-    ("list", "pods"),
-    ("get", "agentruns.agentrun.dev"),
 ]
+KUBERNETES_GET_READS = [("list", "pods"), ("get", "configmaps"), ("get", "agentruns.agentrun.dev")]
+"""Reads of the kubernetes_get tool: granted only where rbac.kubernetesGetNamespaces lists."""
 NOBODY_GETS = [
     ("update", "agentruns.agentrun.dev/status"),
     ("patch", "agenttenants.agentrun.dev"),
@@ -231,6 +231,11 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         "worker creates runs": can_i(
             kubectl, worker, "create", "agentruns.agentrun.dev", test_namespace
         ),
+        "worker's kubernetes_get reads by default": [
+            can_i(kubectl, worker, *read, ns)
+            for read in KUBERNETES_GET_READS
+            for ns in (test_namespace, "default")
+        ],
         "operator's Lease": [
             can_i(kubectl, operator, verb, f"leases.coordination.k8s.io:{lease}", test_namespace)
             for verb in ("get", "update")
@@ -257,6 +262,7 @@ def test_rbac_grants_each_account_what_its_code_calls_and_nothing_broader(
         "worker reads secrets elsewhere": False,
         "worker deletes runs": False,
         "worker creates runs": False,
+        "worker's kubernetes_get reads by default": [False] * 6,
         "operator's Lease": [True, True],
         "another Lease": [False, False, False, False],
         "Leases elsewhere": False,
@@ -291,3 +297,24 @@ def test_kubernetes_get_grant_bound_to_listed_namespaces_reads_no_other(
         "default": [False, False, False],
         "kube-system": [False, False, False],
     }
+
+
+def test_kubernetes_get_grant_cluster_wide_only_when_asked(
+    offline_helm: helm.Helm, kubectl: Kubectl, crds: list[str], test_namespace: str
+) -> None:
+    """``rbac.kubernetesGetClusterWide``: the old cluster-wide binding, as an explicit choice
+    (and ``rbac.kubernetesGetNamespaces`` is then not needed)."""
+    prefix, docs = apply_rbac(
+        offline_helm, kubectl, test_namespace, {"rbac.kubernetesGetClusterWide": "true"}
+    )
+    worker = f"system:serviceaccount:{test_namespace}:{prefix}-worker"
+    try:
+        reads = {
+            ns: [can_i(kubectl, worker, *read, ns) for read in KUBERNETES_GET_READS]
+            for ns in (test_namespace, "default", "kube-system")
+        }
+        secrets = can_i(kubectl, worker, "get", "secrets", "kube-system")
+    finally:
+        delete_cluster_scoped(kubectl, docs)
+    assert reads == dict.fromkeys((test_namespace, "default", "kube-system"), [True] * 3)
+    assert secrets is False

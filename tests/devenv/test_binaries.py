@@ -166,8 +166,10 @@ def test_node_binaries_come_from_the_cache_without_a_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bin_dir, coredns_dir = binaries.cache_bin_dir(tmp_path), binaries.coredns_bin_dir(tmp_path)
+    router_dir = binaries.kube_router_bin_dir(tmp_path)
     for directory, names in ((bin_dir, binaries.NAMES + binaries.NODE_NAMES),
-                             (coredns_dir, ("coredns",))):  # fmt: skip
+                             (coredns_dir, ("coredns",)),
+                             (router_dir, ("kube-router",))):  # fmt: skip
         directory.mkdir(parents=True)
         for name in names:
             (directory / name).write_text("#!/bin/sh\n")
@@ -183,6 +185,11 @@ def test_node_binaries_come_from_the_cache_without_a_build(
         kubelet=bin_dir / "kubelet",
         kube_proxy=bin_dir / "kube-proxy",
         coredns=tmp_path / "coredns" / f"coredns-{binaries.COREDNS_VERSION}" / "bin" / "coredns",
+        kube_router=tmp_path
+        / "kube-router"
+        / f"kube-router-{binaries.KUBE_ROUTER_VERSION}"
+        / "bin"
+        / "kube-router",
     )
 
 
@@ -192,3 +199,13 @@ def test_a_missing_node_binary_is_built_and_without_go_the_error_says_so(
     monkeypatch.setenv("PATH", str(tmp_path / "no-go-here"))
     with pytest.raises(gobuild.BuildError, match="go not found on PATH"):
         binaries.ensure_node_binaries(root=tmp_path, log=lambda _: None)
+
+
+def test_the_node_s_network_policy_enforcer_is_the_pinned_kube_router() -> None:
+    """kube-router built from the Go module proxy (or cached), stamped with its version."""
+    _, node = binaries.ensure_node_binaries(log=print)
+    version = subprocess.run(
+        [str(node.kube_router), "--version"], capture_output=True, text=True, check=True
+    )
+    assert f"version {binaries.KUBE_ROUTER_VERSION}," in version.stdout + version.stderr
+    assert node.kube_router == binaries.kube_router_bin_dir() / "kube-router"

@@ -14,7 +14,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from agentrun import cli
+from agentrun.cli import main as agentrun_cli
+from agentrun.natsclient import NatsAuth, connect_options
 from agentrun_dev import cli as dev_cli
 from agentrun_dev import controlplane, procs, stack, state
 
@@ -53,29 +54,29 @@ def dev_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_without_a_subcommand_the_usage_is_printed() -> None:
-    assert cli.main(["dev"]) == 2
+    assert agentrun_cli.main(["dev"]) == 2
 
 
 def test_the_runtime_cli_finds_agentrun_dev_through_its_entry_point() -> None:
-    assert cli.plugin_registrars()["dev"] is dev_cli.register_dev
+    assert agentrun_cli.plugin_registrars()["dev"] is dev_cli.register_dev
 
 
 def test_without_agentrun_dev_the_dev_command_says_to_install_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli, "plugin_registrars", dict)
+    monkeypatch.setattr(agentrun_cli, "plugin_registrars", dict)
 
-    assert cli.main(["dev", "up", "--workers", "1"]) == 1
+    assert agentrun_cli.main(["dev", "up", "--workers", "1"]) == 1
     assert "install agentrun-dev" in capsys.readouterr().err
     with pytest.raises(SystemExit) as help_exit:  # the runtime's own commands stay
-        cli.main(["cancel", "--help"])
+        agentrun_cli.main(["cancel", "--help"])
     assert help_exit.value.code == 0
 
 
 def test_status_and_env_say_when_nothing_is_up(tmp_path: Path) -> None:
-    assert cli.main(["dev", "status", "--dir", str(tmp_path)]) == 1
-    assert cli.main(["dev", "env", "--dir", str(tmp_path)]) == 1
-    assert cli.main(["dev", "down", "--dir", str(tmp_path)]) == 0
+    assert agentrun_cli.main(["dev", "status", "--dir", str(tmp_path)]) == 1
+    assert agentrun_cli.main(["dev", "env", "--dir", str(tmp_path)]) == 1
+    assert agentrun_cli.main(["dev", "down", "--dir", str(tmp_path)]) == 0
 
 
 def test_a_missing_scenario_file_fails_before_anything_starts(dev_dir: Path) -> None:
@@ -147,7 +148,14 @@ def test_up_status_env_revive_and_down_round_trip(dev_dir: Path) -> None:
 
 def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> None:
     """kubectl sees the CRDs, the mock model lists its models, nats has JetStream."""
-    assert set(env) == {"KUBECONFIG", "AGENTRUN_NATS_URL", "AGENTRUN_MODEL_URL", "PATH"}
+    assert set(env) == {
+        "KUBECONFIG",
+        "AGENTRUN_NATS_URL",
+        "AGENTRUN_NATS_CREDS_FILE",
+        "AGENTRUN_NATS_CA_FILE",
+        "AGENTRUN_MODEL_URL",
+        "PATH",
+    }
     assert env["PATH"].endswith(":$PATH")  # the pinned kubectl first
     assert kubectl is not None
     dirs = env["PATH"].removesuffix(':"$PATH"').removesuffix(":$PATH").strip("'").split(os.pathsep)
@@ -167,7 +175,11 @@ def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> Non
         assert json.load(response)["object"] == "list"
 
     async def jetstream_answers() -> None:
-        client = await nats.connect(env["AGENTRUN_NATS_URL"])
+        auth = NatsAuth(
+            creds_file=Path(env["AGENTRUN_NATS_CREDS_FILE"]),
+            ca_file=Path(env["AGENTRUN_NATS_CA_FILE"]),
+        )
+        client = await nats.connect(env["AGENTRUN_NATS_URL"], **connect_options(auth))
         try:
             await client.jetstream().account_info()
         finally:

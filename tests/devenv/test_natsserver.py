@@ -8,7 +8,7 @@ from agentrun_dev import natsserver
 
 
 async def test_jetstream_answers_account_info(nats_server: natsserver.NatsServer) -> None:
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         jetstream = client.jetstream()
         info = await jetstream.account_info()
@@ -25,4 +25,4 @@ async def test_jetstream_answers_account_info(nats_server: natsserver.NatsServer
 def test_the_store_lives_in_the_given_directory(nats_server: natsserver.NatsServer) -> None:
     assert nats_server.store_dir.is_dir()
     assert nats_server.component.is_alive()
-    assert nats_server.url.startswith("nats://127.0.0.1:")
+    assert nats_server.url.startswith("tls://127.0.0.1:")

@@ -15,6 +15,11 @@ import pytest
 from agentrun_dev import nodehost, procs
 
 CHAIN = "KUBE-AGENTRUN-CLEANUP-TEST"
+IPSET = "KUBE-SRC-AGENTRUNTEST"
+OWN_TABLE = "agentrun_cleanup_test"
+"""An nftables table of the kind a component creates for itself."""
+SHARED_TABLES = ("security", "raw")
+"""Names iptables-nft uses (tested in family inet, which iptables-nft never uses)."""
 pytestmark = pytest.mark.timeout(1200)  # waits for another run's node to stop
 
 
@@ -32,15 +37,16 @@ def claimed(tmp_path: Path) -> Iterator[Path]:
     nodehost.release_host(tmp_path)
 
 
-def test_leftovers_name_new_mounts_links_rules_and_changed_sysctls() -> None:
+def test_leftovers_name_new_mounts_links_rules_sets_tables_and_changed_sysctls() -> None:
     before = nodehost.HostSnapshot(
         mounts=("/a",), links=("veth1",), iptables=("ipv4 nat :KUBE-X -",),
-        sysctls=(("net/ipv4/ip_forward", "0"),),
+        sysctls=(("net/ipv4/ip_forward", "0"),), nftables=("ip nat",), ipsets=("theirs",),
     )  # fmt: skip
     after = nodehost.HostSnapshot(
         mounts=("/a", "/a/b"), links=("veth1", "veth2"),
         iptables=("ipv4 nat :KUBE-X -", "ipv4 nat -A KUBE-X -j ACCEPT"),
         sysctls=(("net/ipv4/ip_forward", "1"),),
+        nftables=("ip filter", "ip nat"), ipsets=("KUBE-SRC-ABC", "theirs"),
     )  # fmt: skip
     assert nodehost.leftovers(before, before) == []
     assert nodehost.leftovers(before, after) == [
@@ -48,7 +54,10 @@ def test_leftovers_name_new_mounts_links_rules_and_changed_sysctls() -> None:
         "link veth2",
         "iptables ipv4 nat -A KUBE-X -j ACCEPT",
         "sysctl net/ipv4/ip_forward=1 (was 0)",
+        "nftables table ip filter",
+        "ipset KUBE-SRC-ABC",
     ]
+    assert nodehost.HostSnapshot.from_dict(after.as_dict()) == after
 
 
 def test_cleanup_removes_a_new_tmpfs_veth_and_iptables_chain_and_keeps_the_old(
@@ -73,3 +82,38 @@ def test_cleanup_removes_a_new_tmpfs_veth_and_iptables_chain_and_keeps_the_old(
         assert str(kept) in nodehost.take_snapshot(claimed).mounts
     finally:
         run("umount", str(kept))
+
+
+def test_cleanup_destroys_new_ipsets_and_nftables_tables_but_keeps_a_shared_table_in_use(
+    claimed: Path,
+) -> None:
+    """An ipset and a component's own nftables table (with a rule) go; an iptables-nft
+    table the node created goes once empty, and is kept (and reported) while someone else's
+    rule is in it."""
+    emptied, in_use = (f"inet {name}" for name in SHARED_TABLES)
+    before = nodehost.take_snapshot(claimed)
+    assert not {f"inet {OWN_TABLE}", emptied, in_use} & set(before.nftables)
+    assert IPSET not in before.ipsets
+    try:
+        run("ipset", "create", IPSET, "hash:ip")
+        run("ipset", "add", IPSET, "10.244.0.9")
+        run("nft", "add", "table", "inet", OWN_TABLE)
+        run("nft", "add", "chain", "inet", OWN_TABLE, "pods")
+        run("nft", "add", "rule", "inet", OWN_TABLE, "pods", "ip", "daddr", "10.244.0.9", "drop")
+        for table in (emptied, in_use):
+            run("nft", "add", "table", *table.split())
+            run("nft", "add", "chain", *table.split(), "INPUT")
+        run("nft", "add", "rule", *in_use.split(), "INPUT", "counter")  # someone else's
+        assert set(nodehost.leftovers(before, nodehost.take_snapshot(claimed))) == {
+            f"ipset {IPSET}",
+            f"nftables table inet {OWN_TABLE}",
+            f"nftables table {emptied}",
+            f"nftables table {in_use}",
+        }
+
+        left = nodehost.cleanup_host(claimed, before=before, log=print)
+
+        assert left == [f"nftables table {in_use}"]
+    finally:
+        subprocess.run(["nft", "delete", "table", *in_use.split()], check=False)
+    assert nodehost.take_snapshot(claimed) == before

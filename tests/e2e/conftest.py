@@ -152,7 +152,7 @@ def e2e(
     not race a live operator reconciling the same objects."""
     launch = components.Launch(log_dir=tmp_path_factory.mktemp("e2e-logs"), die_with_parent=True)
     mock = stack.start_mockllm([SCENARIOS], launch=launch)
-    env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats_url=nats_server.url)
+    env = stack.service_env(kubeconfig=str(control_plane.kubeconfig), nats=nats_server)
     env.update(
         AGENTRUN_TURN_ACK_WAIT=str(ACK_WAIT),
         AGENTRUN_STATUS_INTERVAL="0.5",
@@ -187,6 +187,19 @@ def e2e(
     yield handle
     for component in [*handle.workers, handle.operator, handle.mock]:
         components.stop_component(component)
+    violations = permission_violations(nats_server)
+    assert not violations, (
+        "the operator or a worker did something its NATS permissions do not allow "
+        f"(agentrun.natsauth.permissions): {violations[:5]}"
+    )
+
+
+def permission_violations(server: Any) -> list[str]:
+    """The permission violations the shared server logged (its own lines: other servers of
+    the session log to the same file, some refusing on purpose)."""
+    prefix = f"[{server.component.record.pid}] "
+    log = server.component.spec.log_path.read_text(errors="replace")
+    return [line for line in log.splitlines() if line.startswith(prefix) and "Violation" in line]
 
 
 @pytest.fixture

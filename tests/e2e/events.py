@@ -11,13 +11,14 @@ from agentrun import protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import Book, LedgerStore
 from agentrun.protocol import RunEvent
+from agentrun_dev.natsserver import NatsServer
 
 
-def read_events(nats_url: str, namespace: str, name: str) -> list[RunEvent]:
+def read_events(server: NatsServer, namespace: str, name: str) -> list[RunEvent]:
     """Every event on the run's subject, oldest first."""
 
     async def read() -> list[RunEvent]:
-        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-reader")
+        bus = await Bus.connect(BusSettings(url=server.url, auth=server.auth()), name="e2e-reader")
         try:
             return await bus.read_events(namespace, name)
         finally:
@@ -31,11 +32,13 @@ def turn_numbers(events: list[RunEvent]) -> list[int]:
     return [e.record.turn for e in events if e.kind == "turn" and e.record is not None]
 
 
-def read_book(nats_url: str, tenant: str) -> Book | None:
+def read_book(server: NatsServer, tenant: str) -> Book | None:
     """The tenant's ledger entry as stored in JetStream KV now."""
 
     async def read() -> Book | None:
-        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-ledger-reader")
+        bus = await Bus.connect(
+            BusSettings(url=server.url, auth=server.auth()), name="e2e-ledger-reader"
+        )
         try:
             return await (await LedgerStore.open(bus.js)).read(tenant)
         finally:
@@ -45,14 +48,14 @@ def read_book(nats_url: str, tenant: str) -> Book | None:
 
 
 def wait_answered_hold(
-    nats_url: str, tenant: str, namespace: str, name: str, *, timeout: float = 30
+    server: NatsServer, tenant: str, namespace: str, name: str, *, timeout: float = 30
 ) -> None:
     """Poll the tenant's ledger entry until a hold of run ``namespace/name`` records that its
     model call answered: from then on the turn is in its tool phase, and the call is billed
     whatever happens to the turn. Raises AssertionError after ``timeout`` seconds."""
     end = time.monotonic() + timeout
     while True:
-        book = read_book(nats_url, tenant)
+        book = read_book(server, tenant)
         holds = [] if book is None else list(book.holds.values())
         if any(h.namespace == namespace and h.name == name and h.answered for h in holds):
             return
@@ -60,12 +63,14 @@ def wait_answered_hold(
         time.sleep(0.05)
 
 
-def delete_queued_turns(nats_url: str, tenant: str) -> int:
+def delete_queued_turns(server: NatsServer, tenant: str) -> int:
     """Delete every TurnRequest of ``tenant`` still in the work queue (JetStream delete msg,
     as an operator of the server could); returns how many were deleted."""
 
     async def delete() -> int:
-        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-turn-deleter")
+        bus = await Bus.connect(
+            BusSettings(url=server.url, auth=server.auth()), name="e2e-turn-deleter"
+        )
         deleted = 0
         try:
             while True:
@@ -84,12 +89,14 @@ def delete_queued_turns(nats_url: str, tenant: str) -> int:
     return asyncio.run(delete())
 
 
-def put_book_bytes(nats_url: str, tenant: str, value: bytes) -> bytes:
+def put_book_bytes(server: NatsServer, tenant: str, value: bytes) -> bytes:
     """Overwrite the tenant's ledger entry with ``value`` (e.g. bytes no ledger can decode);
     returns what it held before."""
 
     async def put() -> bytes:
-        bus = await Bus.connect(BusSettings(url=nats_url), name="e2e-ledger-writer")
+        bus = await Bus.connect(
+            BusSettings(url=server.url, auth=server.auth()), name="e2e-ledger-writer"
+        )
         try:
             store = await LedgerStore.open(bus.js)
             before = await store.kv.get(f"book.{tenant}")

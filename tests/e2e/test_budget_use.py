@@ -84,7 +84,7 @@ def test_forty_collatz_runs_spend_the_tenant_budget_on_work_with_no_overspend(
         )
     finally:
         components.stop_component(third)
-    book = read_book(nats_server.url, tenant)
+    book = read_book(nats_server, tenant)
     assert book is not None
     reasons = {s["terminalReason"] for s in runs.values()}
     assert reasons <= {"max_steps", "tenant_budget_exhausted"}, reasons

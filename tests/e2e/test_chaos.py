@@ -69,7 +69,7 @@ def test_a_kube_apiserver_restart_mid_run_loses_nothing_and_the_status_converges
     restarts.kill_and_restart(apiserver(control_plane, restarts), down=3.0)
     status = stack_.wait_terminal(test_namespace, "through", timeout=90)
     assert (status["terminalReason"], status["answer"]) == ("completed", "Finished the long job.")
-    events = read_events(nats_server.url, test_namespace, "through")
+    events = read_events(nats_server, test_namespace, "through")
     assert turn_numbers(events) == [0, 1, 2, 3, 4]  # nothing lost, nothing committed twice
     assert status["usage"]["steps"] == 5
     assert status["observedGeneration"] == 1

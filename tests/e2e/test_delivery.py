@@ -50,7 +50,7 @@ def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_
         while not any(test_namespace in str(r) for r in stack_.mock_requests()):
             assert time.monotonic() < deadline, "the lone worker never called the model"
             time.sleep(0.1)
-        assert delete_queued_turns(nats_server.url, status["tenant"]) == 1  # type: ignore[attr-defined]
+        assert delete_queued_turns(nats_server, status["tenant"]) == 1  # type: ignore[attr-defined]
         components.kill_component(lone)
     finally:
         if lone.is_alive():
@@ -64,7 +64,7 @@ def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_
         "completed",
         "Done after the slow tool.",
     )
-    turns = turn_numbers(read_events(nats_server.url, test_namespace, "lost"))  # type: ignore[attr-defined]
+    turns = turn_numbers(read_events(nats_server, test_namespace, "lost"))  # type: ignore[attr-defined]
     assert turns == [0, 1]
 
 
@@ -85,7 +85,7 @@ def test_a_worker_killed_right_after_the_model_answered_has_that_call_charged_on
     try:
         stack_.apply(test_namespace, run_manifest("billed", f"E2E-SLOW-TOOL {test_namespace}"))
         # the answer is in (its usage is on the hold) and the 4 s tool runs
-        wait_answered_hold(nats_server.url, tenant, test_namespace, "billed")  # type: ignore[attr-defined]
+        wait_answered_hold(nats_server, tenant, test_namespace, "billed")  # type: ignore[attr-defined]
         components.kill_component(lone)
     finally:
         if lone.is_alive():
@@ -96,7 +96,7 @@ def test_a_worker_killed_right_after_the_model_answered_has_that_call_charged_on
     assert status["usage"]["inputTokens"] + status["usage"]["outputTokens"] == 100
     deadline = time.monotonic() + 10
     while True:  # the run's close is settled by the operator just after its end
-        book = read_book(nats_server.url, tenant)  # type: ignore[attr-defined]
+        book = read_book(nats_server, tenant)  # type: ignore[attr-defined]
         if book is not None and not book.active:
             break
         assert time.monotonic() < deadline, "the run's ledger slot was never freed"
@@ -136,12 +136,12 @@ def test_a_ledger_entry_unreadable_for_longer_than_any_delivery_limit_makes_the_
     while not any(test_namespace in str(r) for r in stack_.mock_requests()):
         assert time.monotonic() < deadline, "no worker called the model"
         time.sleep(0.1)
-    saved = put_book_bytes(nats_server.url, tenant, b"{not a ledger entry")  # type: ignore[attr-defined]
+    saved = put_book_bytes(nats_server, tenant, b"{not a ledger entry")  # type: ignore[attr-defined]
     time.sleep(40)
     status = stack_.get(test_namespace, "outage")
     assert status is not None and not status["status"].get("terminalReason")
-    put_book_bytes(nats_server.url, tenant, saved)  # type: ignore[attr-defined]
+    put_book_bytes(nats_server, tenant, saved)  # type: ignore[attr-defined]
     status = stack_.wait_terminal(test_namespace, "outage", timeout=60)
     assert (status["terminalReason"], status["answer"]) == ("completed", "resumed after the outage")
-    turns = turn_numbers(read_events(nats_server.url, test_namespace, "outage"))  # type: ignore[attr-defined]
+    turns = turn_numbers(read_events(nats_server, test_namespace, "outage"))  # type: ignore[attr-defined]
     assert turns == [0, 1]

@@ -25,8 +25,9 @@ import nats
 import nats.js.errors
 import pytest
 
-from agentrun import effects
+from agentrun.worker import effects
 from agentrun_dev import components, natsserver, stack
+from agentrun_dev.natsserver import NatsServer
 
 from .conftest import ACK_WAIT, E2EStack, run_manifest
 
@@ -83,11 +84,11 @@ def model_asked(stack_: E2EStack, scenario: str, turn: int) -> int:
     return sum(1 for r in stack_.mock_requests() if (r["scenario"], r["turn"]) == (scenario, turn))
 
 
-def recorded_done(nats_url: str, run_uid: str) -> bool:
+def recorded_done(nats_url: NatsServer, run_uid: str) -> bool:
     """Whether a call of the run is ``done`` in the effect ledger (answered and recorded)."""
 
     async def look() -> bool:
-        client = await nats.connect(nats_url)
+        client = await nats.connect(**nats_url.client_options())
         try:
             kv = await client.jetstream().key_value(effects.BUCKET)
             with contextlib.suppress(nats.js.errors.NoKeysError):
@@ -133,7 +134,7 @@ POINTS = {
 
 
 def wait_for_point(
-    point: str, stack_: E2EStack, *, nats_url: str, uid: str, server: mcp_support.McpProcess
+    point: str, stack_: E2EStack, *, nats_url: NatsServer, uid: str, server: mcp_support.McpProcess
 ) -> None:
     """Return at ``point`` of the run ``uid``."""
     scenario = POINTS[point].scenario
@@ -163,7 +164,7 @@ def test_a_write_runs_at_most_once_and_exactly_once_when_the_run_completes(
         uid = stack_.kubectl(
             "get", "agentrun", point, "-n", test_namespace, "-o", "jsonpath={.metadata.uid}"
         ).stdout
-        wait_for_point(point, stack_, nats_url=nats_server.url, uid=uid, server=server)
+        wait_for_point(point, stack_, nats_url=nats_server, uid=uid, server=server)
         assert sum(server.counts().values()) == killed.counted_at_kill
         components.kill_component(lone_worker)
         stack_.restart_dead()

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from agentrun_dev import components, probes, stack
+from agentrun_dev.natsserver import NatsServer
 
 from .conftest import EXAMPLES, E2EStack, http_get, run_manifest
 from .events import read_events, turn_numbers
@@ -108,7 +109,7 @@ def finished(status: dict[str, Any]) -> bool:
 
 
 def assert_completed_once(
-    stack_: E2EStack, namespace: str, name: str, *, turns: int, nats_url: str
+    stack_: E2EStack, namespace: str, name: str, *, turns: int, nats_url: NatsServer
 ) -> dict[str, Any]:
     status = stack_.wait_for(namespace, name, finished, timeout=90)
     assert (status["phase"], status["terminalReason"]) == ("Succeeded", "completed"), status
@@ -129,7 +130,7 @@ def test_d01_twenty_rectangles_with_two_operators_only_the_leader_acts(
     before_a, before_b = pair.ended("a"), pair.ended("b")
     names = rectangles(pair.stack, test_namespace, 20)
     for name in names:
-        assert_completed_once(pair.stack, test_namespace, name, turns=2, nats_url=nats_server.url)
+        assert_completed_once(pair.stack, test_namespace, name, turns=2, nats_url=nats_server)
     # the leader counts an end once its status patch is written, so the count may trail the
     # status read above: poll for it
     deadline = time.monotonic() + 15
@@ -170,10 +171,10 @@ def test_the_standby_takes_over_a_leader_killed_mid_flight(
     took = wait_role(pair.ports["b"], "leader", timeout=TAKEOVER_BOUND)
     assert took < TAKEOVER_BOUND
     for name in names:
-        assert_completed_once(pair.stack, test_namespace, name, turns=2, nats_url=nats_server.url)
+        assert_completed_once(pair.stack, test_namespace, name, turns=2, nats_url=nats_server)
     for name in long_runs:
         status = assert_completed_once(
-            pair.stack, test_namespace, name, turns=5, nats_url=nats_server.url
+            pair.stack, test_namespace, name, turns=5, nats_url=nats_server
         )
         assert status["answer"] == "Finished the long job."
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrun_dev import stack
+
 from . import test_tenants
 from .conftest import E2EStack, run_manifest
 from .test_agents import agent_manifest, agent_run
@@ -28,11 +30,15 @@ BIN = Path(sys.executable).parent
 
 
 def plugin_env(stack_: E2EStack) -> dict[str, str]:
-    """kubectl's environment with the plugin on PATH and the run events' NATS server."""
+    """kubectl's environment with the plugin on PATH and the run events' NATS server, its CA
+    and the dev stack's admin credentials (what ``agentrun dev env`` exports)."""
+    creds = Path(stack_.env[stack.CREDS_DIR_ENV]) / "admin.creds"
     return {
         **stack_.kubectl.env,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "AGENTRUN_NATS_URL": stack_.env["AGENTRUN_NATS_URL"],
+        "AGENTRUN_NATS_CA_FILE": stack_.env["AGENTRUN_NATS_CA_FILE"],
+        "AGENTRUN_NATS_CREDS_FILE": str(creds),
     }
 
 

@@ -40,12 +40,11 @@ CONCURRENT_LIMIT = 8
 class Ledger:
     """Reads tenant books straight from JetStream KV (what the workers and operator share)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, server: Any) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.nc: Any = self._run(nats.connect(url))
+        self.nc: Any = self._run(nats.connect(**server.client_options()))
         self.store: LedgerStore = self._run(LedgerStore.open(self.nc.jetstream()))
 
     def _run(self, coro: Any) -> Any:
@@ -63,7 +62,7 @@ class Ledger:
 
 @pytest.fixture
 def ledger(nats_server: Any) -> Iterator[Ledger]:
-    handle = Ledger(nats_server.url)
+    handle = Ledger(nats_server)
     yield handle
     handle.close()
 

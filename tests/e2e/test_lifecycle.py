@@ -89,7 +89,7 @@ def test_d02_finished_runs_hold_no_finalizer_and_delete_with_no_operator_running
             what=f"{name}'s finalizer removed",
         )
     assert while_running in ([], [FINALIZER])  # added once admitted, gone once ended
-    assert read_events(nats_server.url, test_namespace, "alone") != []
+    assert read_events(nats_server, test_namespace, "alone") != []
 
     components.stop_component(stack_.operator)
     stack_.kubectl("delete", "agentrun", "alone", "-n", test_namespace, "--timeout=15s")
@@ -99,7 +99,7 @@ def test_d02_finished_runs_hold_no_finalizer_and_delete_with_no_operator_running
     stack_.restart_dead()  # the new leader purges the events of the runs deleted meanwhile
     for name in ("alone", "with-namespace"):
         wait_until(
-            lambda n=name: read_events(nats_server.url, test_namespace, n) == [],
+            lambda n=name: read_events(nats_server, test_namespace, n) == [],
             timeout=30,
             what=f"events of {name} purged",
         )
@@ -145,16 +145,16 @@ def test_d02_running_and_queued_runs_deleted_with_their_namespace_free_slot_hold
         assert FINALIZER in obj["metadata"]["finalizers"]
         uid = obj["metadata"]["uid"]
         assert obj["status"]["tenant"] == tenant
-        book = read_book(nats_server.url, tenant)
+        book = read_book(nats_server, tenant)
         assert book is not None and uid in book.active
 
         stack_.kubectl("delete", "namespace", test_namespace, "--wait=false")
         wait_until(
             lambda: namespace_gone(stack_, test_namespace), timeout=60, what="namespace gone"
         )
-        book = read_book(nats_server.url, tenant)
+        book = read_book(nats_server, tenant)
         assert book is not None and list(book.active) == [] and dict(book.holds) == {}
-        assert read_events(nats_server.url, test_namespace, "midway") == []
+        assert read_events(nats_server, test_namespace, "midway") == []
 
         def queue_empty() -> bool:
             found = stack_.kubectl("get", "agenttenant", tenant, "-o", "json")
@@ -176,7 +176,7 @@ def test_ttl_seconds_after_finished_deletes_the_run_and_its_events(
     stack_.apply(test_namespace, run_manifest("kept", "E2E-PARALLEL-ORDER: kept"))
     status = stack_.wait_terminal(test_namespace, "short-lived")
     assert status["terminalReason"] == "completed"
-    assert read_events(nats_server.url, test_namespace, "short-lived") != []
+    assert read_events(nats_server, test_namespace, "short-lived") != []
     finished = datetime.fromisoformat(status["completionTime"]).timestamp()
     # completionTime has 1 s steps: until 5 s after it, the run is certainly inside its TTL.
     while time.time() < finished + 4.5:
@@ -188,7 +188,7 @@ def test_ttl_seconds_after_finished_deletes_the_run_and_its_events(
         what="the run deleted after its TTL",
     )
     wait_until(
-        lambda: read_events(nats_server.url, test_namespace, "short-lived") == [],
+        lambda: read_events(nats_server, test_namespace, "short-lived") == [],
         timeout=10,
         what="its events purged",
     )

@@ -37,15 +37,15 @@ def test_deleting_a_run_mid_turn_stops_it_and_the_finalizer_goes(
     obj = stack_.get(test_namespace, "doomed")
     assert obj is not None
     uid, tenant = obj["metadata"]["uid"], obj["status"]["tenant"]
-    book = read_book(nats_server.url, tenant)  # type: ignore[attr-defined]
+    book = read_book(nats_server, tenant)  # type: ignore[attr-defined]
     assert book is not None and uid in book.active
     started = time.monotonic()
     stack_.kubectl("delete", "agentrun", "doomed", "-n", test_namespace, "--timeout=20s")
     assert time.monotonic() - started < 20
     time.sleep(2 * 0.5 + 1.0)  # a late status patch would land now
     assert stack_.get(test_namespace, "doomed") is None, "a late status patch re-created the object"
-    assert read_events(nats_server.url, test_namespace, "doomed") == []  # type: ignore[attr-defined]
-    book = read_book(nats_server.url, tenant)  # type: ignore[attr-defined]
+    assert read_events(nats_server, test_namespace, "doomed") == []  # type: ignore[attr-defined]
+    book = read_book(nats_server, tenant)  # type: ignore[attr-defined]
     assert book is not None and uid not in book.active
     assert not [key for key, hold in book.holds.items() if hold.run_uid == uid]
 
@@ -61,7 +61,7 @@ def test_an_operator_killed_mid_run_resumes_and_finishes_with_the_same_result(
     status = stack_.wait_terminal(test_namespace, "survivor", timeout=60)
     assert (status["terminalReason"], status["answer"]) == ("completed", "Finished the long job.")
     assert status["usage"]["steps"] == 5
-    turns = turn_numbers(read_events(nats_server.url, test_namespace, "survivor"))  # type: ignore[attr-defined]
+    turns = turn_numbers(read_events(nats_server, test_namespace, "survivor"))  # type: ignore[attr-defined]
     assert turns == [0, 1, 2, 3, 4]
 
 
@@ -77,7 +77,7 @@ def test_a_worker_killed_mid_turn_hands_the_turn_to_another_committed_once(
             test_namespace, "handover", lambda s: s.get("phase") == "Running", timeout=30
         )
         # the model answered (its usage is on the hold): the worker is in the 4 s tool call
-        wait_answered_hold(nats_server.url, status["tenant"], test_namespace, "handover")  # type: ignore[attr-defined]
+        wait_answered_hold(nats_server, status["tenant"], test_namespace, "handover")  # type: ignore[attr-defined]
         components.kill_component(lone)
     finally:
         if lone.is_alive():
@@ -88,7 +88,7 @@ def test_a_worker_killed_mid_turn_hands_the_turn_to_another_committed_once(
         "completed",
         "Done after the slow tool.",
     )
-    turns = turn_numbers(read_events(nats_server.url, test_namespace, "handover"))  # type: ignore[attr-defined]
+    turns = turn_numbers(read_events(nats_server, test_namespace, "handover"))  # type: ignore[attr-defined]
     assert turns == [0, 1]
 
 

@@ -23,6 +23,7 @@ import yaml
 
 from agentrun_dev import components
 from agentrun_dev.kubectl import Kubectl, create_namespace, delete_namespace
+from agentrun_dev.natsserver import NatsServer
 
 from .conftest import E2EStack, run_manifest
 from .events import read_events, turn_numbers
@@ -192,7 +193,7 @@ def wait_early_in_window(stack_: E2EStack, tenant: str, *, window: float, margin
         time.sleep(max(0.0, left) + 0.5)
 
 
-def admission_times(nats_url: str, namespace: str, names: list[str]) -> dict[str, float]:
+def admission_times(nats_url: NatsServer, namespace: str, names: list[str]) -> dict[str, float]:
     """When each run's ``admitted`` event was written (checking there is exactly one)."""
     found: dict[str, float] = {}
     for name in names:
@@ -202,7 +203,7 @@ def admission_times(nats_url: str, namespace: str, names: list[str]) -> dict[str
     return found
 
 
-def max_overlap(nats_url: str, namespace: str, names: list[str]) -> int:
+def max_overlap(nats_url: NatsServer, namespace: str, names: list[str]) -> int:
     """Most runs that were admitted and not ended at one instant, from their events."""
     edges: list[tuple[float, int]] = []
     for name in names:
@@ -365,8 +366,8 @@ def test_runs_over_max_concurrent_runs_wait_queued_and_are_admitted_in_fifo_orde
     assert max(running) == 2, f"Running runs seen at once: {running}"
     assert max(sampler.tenant_values(tenant, "activeRuns")) == 2
     assert max(sampler.tenant_values(tenant, "queuedRuns")) == 3
-    assert max_overlap(nats_server.url, test_namespace, names) == 2
-    admitted_at = admission_times(nats_server.url, test_namespace, names)
+    assert max_overlap(nats_server, test_namespace, names) == 2
+    admitted_at = admission_times(nats_server, test_namespace, names)
     assert sorted(names, key=admitted_at.__getitem__) == names, admitted_at
     starts = [epoch(final[n]["startTime"]) for n in names]
     assert starts == sorted(starts)
@@ -760,11 +761,11 @@ def test_an_operator_killed_while_runs_are_queued_admits_each_once_in_fifo_order
     for name, status in final.items():
         assert (status["terminalReason"], status["usage"]["steps"]) == ("completed", 2), name
         assert status["tenant"] == tenant
-        assert turn_numbers(read_events(nats_server.url, ns, name)) == [0, 1], name
+        assert turn_numbers(read_events(nats_server, ns, name)) == [0, 1], name
         assert [r.get("turn") for r in model_calls(stack_, goals[name])] == [0, 1], name
-    admitted_at = admission_times(nats_server.url, ns, names)
+    admitted_at = admission_times(nats_server, ns, names)
     assert sorted(names, key=admitted_at.__getitem__) == names, admitted_at
-    assert max_overlap(nats_server.url, ns, names) == 1
+    assert max_overlap(nats_server, ns, names) == 1
     wait_tenant(stack_, tenant, lambda s: s.get("activeRuns") == 0 and s.get("queuedRuns") == 0)
 
 
@@ -786,3 +787,52 @@ def test_an_invalid_tenant_says_why_and_its_runs_are_rejected_not_charged_elsewh
     ended = stack_.wait_terminal(test_namespace, "stray")
     assert ended["terminalReason"] == "invalid_spec"
     assert tenant in ended["message"] and "invalid" in ended["message"]
+
+
+def test_hidden_prompt_tokens_overrun_at_most_the_calls_in_flight_and_are_told(
+    stack_: E2EStack, test_namespace: str, tenants: TenantFactory
+) -> None:
+    """B13: the provider reports about 5,000 prompt tokens (0.0125 USD) per call for a
+    prompt of a few hundred characters. The first calls overrun what was held for them; the
+    workers learn what the provider adds, so later reservations hold it and the tenant's
+    overrun stays within the calls that were in flight (at most maxConcurrentRuns, and one
+    more per worker that had not seen the provider yet), told by a BudgetOverrun Event."""
+    tenant = tenants(
+        f"t-{test_namespace}",
+        [test_namespace],
+        window="1h",
+        whenExhausted="Fail",
+        maxConcurrentRuns=3,
+        budget={"costUSD": "0.10"},
+    )
+    wait_early_in_window(stack_, tenant, window=3600, margin=120)
+    names = [f"h-{i}" for i in range(8)]
+    for name in names:
+        stack_.apply(
+            test_namespace, run_manifest(name, f"E2E-HIDDEN-PROMPT {name} {test_namespace}")
+        )
+    final = {n: stack_.wait_terminal(test_namespace, n, timeout=90) for n in names}
+    reasons = {s["terminalReason"] for s in final.values()}
+    assert reasons <= {"completed", "tenant_budget_exhausted"}, final
+    assert "tenant_budget_exhausted" in reasons  # 8 runs of 0.038 USD cannot fit 0.10
+    status = wait_tenant(
+        stack_, tenant, lambda s: s.get("activeRuns") == 0 and s.get("queuedRuns") == 0
+    )
+    used = Decimal(status["budget"]["costUSD"]["used"])
+    per_call = Decimal("0.0125")  # the provider's prompt alone
+    assert used <= Decimal("0.10") + (3 + 2) * per_call, used
+    if used > Decimal("0.10"):
+        deadline = time.monotonic() + 30
+        told: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not told:
+            events = json.loads(
+                stack_.kubectl("get", "events", "-n", "default", "-o", "json").stdout
+            )["items"]
+            told = [
+                e
+                for e in events
+                if e["involvedObject"].get("name") == tenant and e["reason"] == "BudgetOverrun"
+            ]
+            time.sleep(0.5)
+        assert told and told[0]["type"] == "Warning", "no BudgetOverrun Event on the tenant"
+        assert "costUSD" in told[0]["message"]

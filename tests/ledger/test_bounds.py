@@ -15,6 +15,7 @@ from typing import Any
 
 import nats
 import pytest
+from kube_support import FakeKube
 from nats.aio.client import Client as NATS
 
 from agentrun import kernel
@@ -31,12 +32,12 @@ from agentrun.ledger import (
 )
 from agentrun.ledger.entries import CONCURRENCY_LIMIT, MAX_ACTIVE_RUNS, Waiter
 from agentrun.ledger.store import MAX_QUEUED_RUNS, book_key, queue_key
-from agentrun.operator import recorder
-from agentrun.operator.pump import PumpDeps, QueuePump
-from agentrun.operator.queuestatus import QueueStatus
-from agentrun.operator.recorder import EventRecorder
+from agentrun.operator.admission.pump import PumpDeps, QueuePump
+from agentrun.operator.admission.queue import QueueBoard
+from agentrun.operator.admission.queuestatus import QueueStatus
+from agentrun.operator.platform import events as recorder
+from agentrun.operator.platform.events import EventRecorder
 from agentrun.operator.runs import RunKey
-from agentrun.operator.settlement import QueueBoard
 from agentrun_dev import natsserver
 
 NOW = 1.8e9
@@ -49,7 +50,7 @@ FAR_BELOW = 512 * 1024
 
 @pytest.fixture
 async def client(nats_server: natsserver.NatsServer) -> AsyncIterator[NATS]:
-    nc = await nats.connect(nats_server.url)
+    nc = await nats.connect(**nats_server.client_options())
     yield nc
     await nc.close()
 
@@ -157,11 +158,14 @@ async def test_a_run_the_full_queue_refuses_ends_checkpoint_failed_naming_the_ca
         Policy.name, lambda queue: queue.extend(queued(i) for i in range(MAX_QUEUED_RUNS))
     )
     ends = Ends()
-    deps: Any = dict.fromkeys(("tenants", "configs", "settlement", "api"))
-    events = EventRecorder(None, throttle=recorder.standard_throttle())
+    deps: Any = dict.fromkeys(("tenants", "configs", "settlement"))
+    api = FakeKube()
+    events = EventRecorder(api, throttle=recorder.standard_throttle())
     shown = QueueStatus(ends, ends, events, time.time)
     pump = QueuePump(
-        PumpDeps(store=store, runs=ends, shown=shown, board=QueueBoard(), events=events, **deps)  # type: ignore[arg-type]
+        PumpDeps(
+            store=store, runs=ends, shown=shown, board=QueueBoard(), events=events, api=api, **deps
+        )  # type: ignore[arg-type]
     )
     key = RunKey("ns", "late", str(uuid.uuid4()))
     await pump.enqueue_run(key, Policy(), generation=1, created=NOW + 99)  # type: ignore[arg-type]

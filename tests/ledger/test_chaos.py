@@ -137,7 +137,10 @@ async def run_turns(store: LedgerStore, tenant: str, uid: str) -> None:
 async def test_a_nats_server_restart_during_ledger_compare_and_sets_loses_and_doubles_nothing(
     server: Server,
 ) -> None:
-    clients: list[NATS] = [await connect_nats(server.url, name=f"chaos-{i}") for i in range(2)]
+    clients: list[NATS] = [
+        await connect_nats(server.url, name=f"chaos-{i}", auth=server.server.auth())
+        for i in range(2)
+    ]
     stores = [await LedgerStore.open(c.jetstream(timeout=2)) for c in clients]
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     limits = TenantLimits(tokens=10_000_000, cost_usd=Decimal("100"))

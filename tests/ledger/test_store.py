@@ -50,7 +50,7 @@ async def open_store(nats_server: natsserver.NatsServer) -> AsyncIterator[Opener
     clients: list[NATS] = []
 
     async def opener(**kwargs: object) -> LedgerStore:
-        client = await nats.connect(nats_server.url)
+        client = await nats.connect(**nats_server.client_options())
         clients.append(client)
         return await LedgerStore.open(client.jetstream(), bucket=TEST_BUCKET, **kwargs)  # type: ignore[arg-type]
 
@@ -64,7 +64,7 @@ async def test_open_binds_the_ledger_bucket(open_store: Opener, nats_server: Any
     assert store.kv._name == TEST_BUCKET  # type: ignore[attr-defined]
     again = await open_store()  # binding an existing bucket works too
     assert again.kv._name == TEST_BUCKET  # type: ignore[attr-defined]
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         default = await LedgerStore.open(client.jetstream())
         assert default.kv._name == BUCKET == "AGENTRUN_LEDGER"  # type: ignore[attr-defined]

@@ -57,6 +57,20 @@ def test_a_call_that_fits_is_held_with_its_whole_allowance() -> None:
     assert b.waiting == {}
 
 
+def test_a_held_call_is_a_copy_of_its_template_with_the_amounts_set() -> None:
+    b = book(cost_usd=Decimal("1"))
+    asked = template("r1", turn=3, owner="w7")
+    assert ask(b, "r1", need(), turn=3, owner="w7") == Granted(4_096, 5_096, Decimal("0.04346"))
+    b.reserve_call("r1:3", need(), asked, now=NOW)  # asked again with this very template
+    held = b.holds["r1:3"]
+    assert held is not asked and (asked.tokens, asked.cost_usd) == (0, Decimal(0))
+    assert held == Hold("r1", 3, 5_096, Decimal("0.04346"), NOW + 60, "w7", "ns", "r1")
+    spent = Hold("r1", 3, 9, Decimal(9), NOW + 5, "w7", "ns", "r1", 120, Decimal("0.001"))
+    assert spent.holding(7, Decimal(1)) == Hold(
+        "r1", 3, 7, Decimal(1), NOW + 5, "w7", "ns", "r1", 120, Decimal("0.001")
+    )
+
+
 def test_the_last_call_of_a_window_shrinks_its_allowance_to_what_is_left() -> None:
     b = book(cost_usd=Decimal("0.25"))
     b.used_cost = Decimal("0.24")  # 0.01 left: the prompt costs 0.0025, 750 output tokens fit

@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
-from agentrun import cli, kubectl
+from agentrun.cli import control, kubectl
+from agentrun.cli import main as agentrun_cli
 
 
 class NothingWaits:
-    """A ``cli.RunClient`` stand-in whose run waits for no approval."""
+    """A ``control.RunClient`` stand-in whose run waits for no approval."""
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
@@ -32,7 +33,7 @@ def test_the_plugin_names_itself_kubectl_agentrun_in_errors(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     assert kubectl.main(["approve", "idle", "-n", "default"]) == 1
     assert capsys.readouterr().err.startswith("kubectl agentrun: error: no kubeconfig")
-    assert cli.main(["approve", "idle", "-n", "default"]) == 1
+    assert agentrun_cli.main(["approve", "idle", "-n", "default"]) == 1
     assert capsys.readouterr().err.startswith("agentrun: error: no kubeconfig")
 
 
@@ -40,12 +41,12 @@ def test_the_plugin_names_itself_kubectl_agentrun_in_errors(
     ("main", "prog"),
     [
         pytest.param(kubectl.main, "kubectl agentrun", id="plugin"),
-        pytest.param(cli.main, "agentrun", id="cli"),
+        pytest.param(agentrun_cli.main, "agentrun", id="cli"),
     ],
 )
 def test_approve_without_a_held_call_names_the_command_it_was_run_as(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], main: Any, prog: str
 ) -> None:
-    monkeypatch.setattr(cli, "RunClient", NothingWaits)
+    monkeypatch.setattr(control, "RunClient", NothingWaits)
     assert main(["approve", "idle", "-n", "default"]) == 1
     assert capsys.readouterr().err == f"{prog}: error: idle is not waiting for an approval\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrun import kubectl
+from agentrun.cli import kubectl
 
 FAILED_SUITE: dict[str, Any] = {
     "metadata": {"name": "mixed"},

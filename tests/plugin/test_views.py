@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agentrun import kernel, kubectl, protocol, trajectory
+from agentrun import kernel, protocol
+from agentrun.cli import kubectl, trajectory
 from agentrun.kernel import decision as dec
 from agentrun.protocol import Approval, RunEvent
 

@@ -54,3 +54,19 @@ def test_the_tool_result_cap_is_bounded_by_what_one_turn_may_hold(
     assert "AGENTRUN_TOOL_RESULT_MAX_BYTES=524289 is over its limit of 524288 bytes" in str(
         raised.value
     )
+
+
+def test_nats_credentials_come_from_files_never_from_the_url(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGENTRUN_NATS_CREDS_FILE", "/var/run/agentrun/nats/nats.creds")
+    monkeypatch.setenv("AGENTRUN_NATS_CA_FILE", "/var/run/agentrun/nats-ca/ca.crt")
+    auth = WorkerSettings().nats_auth
+    assert (str(auth.creds_file), str(auth.ca_file)) == (
+        "/var/run/agentrun/nats/nats.creds",
+        "/var/run/agentrun/nats-ca/ca.crt",
+    )
+    monkeypatch.setenv("AGENTRUN_NATS_URL", "tls://agentrun:s3cret@nats.ops.svc:4222")
+    with pytest.raises(pydantic.ValidationError, match="AGENTRUN_NATS_CREDS_FILE") as refused:
+        WorkerSettings()
+    assert "s3cret" not in str(refused.value)  # the refusal does not log the password

@@ -15,10 +15,10 @@ import nats
 import pytest
 
 from agentrun import kernel
-from agentrun.effects import EffectLedger
 from agentrun.kernel import Phase
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import Catalog, Sleep
+from agentrun.worker.effects import EffectLedger
 from agentrun.worker.model import ModelClient, RetryPolicy
 from agentrun.worker.turn import TurnDeps, execute_turn
 from agentrun_dev import natsserver
@@ -41,7 +41,7 @@ scenarios:
 
 @pytest.fixture
 async def ledger(nats_server: natsserver.NatsServer) -> AsyncIterator[EffectLedger]:
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         yield await EffectLedger.open(client.jetstream(), bucket=f"E{uuid.uuid4().hex[:10]}")
     finally:

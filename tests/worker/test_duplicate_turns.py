@@ -14,14 +14,17 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from kube_support import FakeKube
 
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import Book, LedgerStore, QueuedRun, TenantLimits, TurnHold, TurnRef
-from agentrun.operator.recorder import EventRecorder, Throttle
-from agentrun.operator.settlement import QueueBoard, RunSettlement
-from agentrun.operator.sweep import LedgerSweep, SweepDeps
-from agentrun.operator.tenants import Tenants
+from agentrun.operator.admission.queue import QueueBoard
+from agentrun.operator.admission.settlement import RunSettlement
+from agentrun.operator.admission.sweep import LedgerSweep, SweepDeps
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.tenants.registry import Tenants
+from agentrun.operator.tenants.writer import TenantStatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import Calculate, Catalog
@@ -91,22 +94,28 @@ class _Redelivered:
 class Stack:
     """Workers on their own connections to one nats-server, a tenant and the scripted model."""
 
-    def __init__(self, url: str, mock: mockllm.MockLLM) -> None:
-        self.url, self.mock = url, mock
+    def __init__(self, server: natsserver.NatsServer, mock: mockllm.MockLLM) -> None:
+        self.server, self.mock = server, mock
         self.tenant = f"t-{uuid.uuid4().hex[:10]}"
         self.buses: list[Bus] = []
         self.model = ModelClient(RetryPolicy(max_retries=0))
 
-    async def connect(self) -> Bus:
-        """A connection of its own (the first one is the test's, never a worker's)."""
-        bus = await Bus.connect(BusSettings(self.url), name=f"c{len(self.buses)}")
+    async def connect(self, identity: str = "admin") -> Bus:
+        """A connection of its own (the first one is the test's, never a worker's; it
+        provisions the streams, as the operator would)."""
+        bus = await Bus.connect(
+            BusSettings(self.server.url, auth=self.server.auth(identity)),
+            name=f"c{len(self.buses)}",
+            provision=identity != "worker",
+        )
         self.buses.append(bus)
         return bus
 
     async def worker(self) -> TurnConsumer:
-        """A worker with its own connection (closing it is the worker dying, to the ledger)."""
-        bus = await self.connect()
-        ledger = await LedgerStore.open(bus.js)
+        """A worker with its own connection and the workers' credentials (closing it is the
+        worker dying, to the ledger)."""
+        bus = await self.connect("worker")
+        ledger = await LedgerStore.open(bus.js, create=False)
         deps = TurnDeps(
             model=self.model,
             catalog=Catalog([Calculate()]),
@@ -163,8 +172,9 @@ async def stack(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
     """Its own nats-server: its runs' events and ledger entries never reach an operator
     another suite runs in the same session."""
     async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as mock:
-        s = Stack(own_nats_server.url, mock)
+        s = Stack(own_nats_server, mock)
         await s.connect()
+        await s.store()  # the operator's part: the ledger bucket the workers bind
         try:
             yield s
         finally:
@@ -268,15 +278,16 @@ async def sweep_repairs(stack: Stack, request: TurnRequest, last: RunEvent) -> N
     """The operator's sweep, an hour later, finds the dead worker's hold expired and repairs
     the entry from the run's last event (the committer it names)."""
     later = time.time() + 3_600.0  # inside the tenant's window (``NO_ROLLOVER``)
-    recorder = EventRecorder(None, throttle=Throttle(repeat_after=60.0, rate=1.0, burst=10))
+    api = FakeKube()
+    recorder = EventRecorder(api, throttle=Throttle(repeat_after=60.0, rate=1.0, burst=10))
     deps = SweepDeps(
         store=await stack.store(),
-        tenants=Tenants(None),
+        tenants=Tenants(api),
         board=QueueBoard(),
-        runs=_TrackedRuns(),
+        runs=_TrackedRuns(),  # type: ignore[arg-type]
         events=stack.buses[0],
-        api=None,
-        recorder=recorder,
+        api=api,
+        tenant_status=TenantStatusWriter(api, events=recorder),
         clock=lambda: later,
     )
     await LedgerSweep(deps)._repair_entry(await stack.book(), None, later)

@@ -12,9 +12,14 @@ from typing import Any
 
 import nats
 import pytest
+from nats.js import api
 
-from agentrun import kernel, natsclient
-from agentrun.effects import (
+from agentrun import buckets, kernel, natsclient
+from agentrun.kernel import Phase, ToolFault
+from agentrun.settings import TOOL_RESULT_MAX_BYTES_LIMIT
+from agentrun.tools import ToolContext, ToolError, ToolSpec
+from agentrun.worker import toolrunner
+from agentrun.worker.effects import (
     EffectEntry,
     EffectLedger,
     EffectState,
@@ -22,10 +27,6 @@ from agentrun.effects import (
     effect_key,
     fit_entry,
 )
-from agentrun.kernel import Phase, ToolFault
-from agentrun.settings import TOOL_RESULT_MAX_BYTES_LIMIT
-from agentrun.tools import ToolContext, ToolError, ToolSpec
-from agentrun.worker import toolrunner
 from agentrun_dev import natsserver
 
 SETTINGS = toolrunner.ToolRunSettings(retries=2, retry_backoff=0.01)
@@ -59,9 +60,31 @@ class Counting:
 
 @pytest.fixture
 async def ledger(nats_server: natsserver.NatsServer) -> AsyncIterator[EffectLedger]:
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         yield await EffectLedger.open(client.jetstream(), bucket=f"E{uuid.uuid4().hex[:10]}")
+    finally:
+        await client.close()
+
+
+async def test_the_bucket_the_operator_provisions_is_the_one_a_worker_binds(
+    nats_server: natsserver.NatsServer,
+) -> None:
+    """The operator creates the effect ledger's bucket from ``buckets.effects_config`` (it does
+    not import the worker); a worker's ledger binds it without creating one: no history, a
+    week's TTL, file storage."""
+    client = await nats.connect(**nats_server.client_options())
+    bucket = f"E{uuid.uuid4().hex[:10]}"
+    try:
+        js = client.jetstream()
+        kv = await buckets.open_bucket(js, buckets.effects_config(bucket), create=True)
+        status = await kv.status()
+        assert (status.history, status.ttl) == (1, 604_800.0)
+        assert status.stream_info.config.storage == api.StorageType.FILE
+        ledger = await EffectLedger.open(js, bucket=bucket, create=False)
+        call = kernel.CheckedCall("c1", "bump", {"key": "k"})
+        assert await ledger.prepare("run-1", call) is None
+        assert await kv.keys() == [effect_key("run-1", "c1")]
     finally:
         await client.close()
 
@@ -187,7 +210,7 @@ async def test_a_result_over_what_an_entry_holds_is_recorded_cut_and_replayed_cu
     recorded cut, with the marker results are cut with, and the call answers what was recorded
     both times."""
     bucket = f"E{uuid.uuid4().hex[:10]}"
-    client = await nats.connect(nats_server.url)
+    client = await nats.connect(**nats_server.client_options())
     try:
         cap = natsclient.event_cap(client)
         ledger = await EffectLedger.open(client.jetstream(), bucket=bucket, entry_cap=cap)

@@ -65,7 +65,8 @@ class _Metadata:
 
 @pytest.fixture
 async def bus(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Bus]:
-    connected = await Bus.connect(BusSettings(own_nats_server.url), name="failed-turns")
+    settings = BusSettings(own_nats_server.url, auth=own_nats_server.auth())
+    connected = await Bus.connect(settings, name="failed-turns")
     try:
         yield connected
     finally:

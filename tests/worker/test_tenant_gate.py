@@ -1,7 +1,8 @@
 """The tenant gate inside a turn: a model call the tenant's budget cannot cover is never made.
 
 The run's own caps come first (their reasons win); the ledger is a stand-in here (the real one
-is tested in test_budget.py and the e2e suites), the model is the scripted server over HTTP.
+is tested in tests/ledger/test_hold.py and the e2e suites), the model is the scripted server
+over HTTP.
 """
 
 from __future__ import annotations

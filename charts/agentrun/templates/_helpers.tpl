@@ -59,7 +59,7 @@ Service when nats.install.enabled, else nats.url (an existing NATS with JetStrea
 */}}
 {{- define "agentrun.natsURL" -}}
 {{- if .Values.nats.install.enabled -}}
-{{- printf "nats://%s.%s.svc:4222" (include "agentrun.natsName" .) .Release.Namespace -}}
+{{- printf "%s://%s.%s.svc:4222" (ternary "tls" "nats" .Values.nats.tls.enabled) (include "agentrun.natsName" .) .Release.Namespace -}}
 {{- else -}}
 {{- required "nats.url is required unless nats.install.enabled" .Values.nats.url -}}
 {{- end -}}
@@ -71,7 +71,7 @@ the in-cluster server's Service, else nats.monitoringEndpoint.
 */}}
 {{- define "agentrun.natsMonitoringEndpoint" -}}
 {{- if .Values.nats.install.enabled -}}
-{{- printf "%s.%s.svc:8222" (include "agentrun.natsName" .) .Release.Namespace -}}
+{{- printf "%s-monitor.%s.svc:8222" (include "agentrun.natsName" .) .Release.Namespace -}}
 {{- else -}}
 {{- required "nats.monitoringEndpoint (host:port of the NATS monitoring port) is required for worker.autoscaling.keda unless nats.install.enabled" .Values.nats.monitoringEndpoint -}}
 {{- end -}}
@@ -83,4 +83,148 @@ the in-cluster server's Service, else nats.monitoringEndpoint.
 {{- fail "worker.autoscaling: enable keda or hpa, not both (both would scale the same Deployment)" -}}
 {{- end -}}
 {{- if or .Values.worker.autoscaling.keda.enabled .Values.worker.autoscaling.hpa.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The closed bus (nats.auth, nats.tls). Secrets: <natsName>-keys (the seeds, mounted nowhere),
+<natsName>-server (the server's auth.conf and account.pub), <natsName>-operator and
+<natsName>-worker (each role's nats.creds), made by the bootstrap hook; <natsName>-tls (tls.crt,
+tls.key, ca.crt), made by the chart or cert-manager. Each may be brought instead.
+*/}}
+{{- define "agentrun.natsCredsSecret" -}}
+{{- $given := index .root.Values.nats.auth (printf "%sSecret" .role) -}}
+{{- default (printf "%s-%s" (include "agentrun.natsName" .root) .role) $given -}}
+{{- end -}}
+
+{{- define "agentrun.natsTLSSecret" -}}
+{{- default (printf "%s-tls" (include "agentrun.natsName" .)) .Values.nats.tls.existingSecret -}}
+{{- end -}}
+
+{{/* Whether the bootstrap hook runs: auth on and a role's Secret not given. */}}
+{{- define "agentrun.natsBootstrap" -}}
+{{- if and .Values.nats.auth.enabled (or (not .Values.nats.auth.operatorSecret) (not .Values.nats.auth.workerSecret) .Values.nats.install.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The DNS names the NATS server's certificate carries. */}}
+{{- define "agentrun.natsDNSNames" -}}
+{{- $name := include "agentrun.natsName" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- list $name (printf "%s.%s" $name $ns) (printf "%s.%s.svc" $name $ns) (printf "%s.%s.svc.cluster.local" $name $ns) (printf "*.%s-headless.%s.svc" $name $ns) (printf "*.%s-headless.%s.svc.cluster.local" $name $ns) | toJson -}}
+{{- end -}}
+
+{{/*
+The NATS credentials and CA of a role's pods: env entries, volume mounts and volumes. Call with
+(dict "root" $ "role" "operator"|"worker").
+*/}}
+{{- define "agentrun.natsEnv" -}}
+{{- if .root.Values.nats.auth.enabled }}
+- name: AGENTRUN_NATS_CREDS_FILE
+  value: /var/run/agentrun/nats/nats.creds
+{{- end }}
+{{- if .root.Values.nats.tls.enabled }}
+- name: AGENTRUN_NATS_CA_FILE
+  value: /var/run/agentrun/nats-ca/ca.crt
+{{- end }}
+{{- end -}}
+
+{{- define "agentrun.natsMounts" -}}
+{{- if .root.Values.nats.auth.enabled }}
+- name: nats-creds
+  mountPath: /var/run/agentrun/nats
+  readOnly: true
+{{- end }}
+{{- if .root.Values.nats.tls.enabled }}
+- name: nats-ca
+  mountPath: /var/run/agentrun/nats-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "agentrun.natsVolumes" -}}
+{{- if .root.Values.nats.auth.enabled }}
+- name: nats-creds
+  secret:
+    secretName: {{ include "agentrun.natsCredsSecret" . }}
+{{- end }}
+{{- if .root.Values.nats.tls.enabled }}
+- name: nats-ca
+  secret:
+    secretName: {{ include "agentrun.natsTLSSecret" .root }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+{{- end -}}
+
+{{/*
+The account KEDA reads the workers' consumer under: the value given, else (nats.auth on, "$G")
+the AGENTRUN account of the <natsName>-server Secret when it exists.
+*/}}
+{{- define "agentrun.kedaAccount" -}}
+{{- $account := .Values.worker.autoscaling.keda.account -}}
+{{- if and .Values.nats.auth.enabled (eq $account "$G") -}}
+{{- $server := lookup "v1" "Secret" .Release.Namespace (printf "%s-server" (include "agentrun.natsName" .)) -}}
+{{- if and $server $server.data (index $server.data "account.pub") -}}
+{{- $account = index $server.data "account.pub" | b64dec -}}
+{{- end -}}
+{{- end -}}
+{{- $account -}}
+{{- end -}}
+
+{{/*
+The workers' egress rules (NetworkPolicyEgressRule list) when networkPolicy.workerEgress
+is enabled: DNS, NATS (the installed server, else networkPolicy.workerEgress.nats on the port
+of nats.url), the scripted model, the API server's endpoints, then extraRules.
+*/}}
+{{- define "agentrun.workerEgressRules" -}}
+{{- $egress := .Values.networkPolicy.workerEgress -}}
+{{- if not $egress.apiServer.cidrs -}}
+{{- fail "networkPolicy.workerEgress.apiServer.cidrs: list the API server's endpoint addresses (kubectl get endpointslices -n default -l kubernetes.io/service-name=kubernetes), or the workers cannot read AgentModels and Secrets" -}}
+{{- end -}}
+{{- if $egress.dns }}
+- ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- end }}
+{{- if .Values.nats.install.enabled }}
+- to:
+    - podSelector:
+        matchLabels:
+          {{- include "agentrun.selectorLabels" (dict "root" . "component" "nats") | nindent 10 }}
+  ports:
+    - port: 4222
+      protocol: TCP
+{{- else }}
+{{- if not $egress.nats -}}
+{{- fail "networkPolicy.workerEgress.nats: name the peers of the NATS at nats.url (e.g. [{ipBlock: {cidr: 10.0.0.5/32}}] or a namespaceSelector), or the workers cannot reach it" -}}
+{{- end }}
+{{- $hostPort := (urlParse .Values.nats.url).host }}
+- to:
+    {{- toYaml $egress.nats | nindent 4 }}
+  ports:
+    - port: {{ regexFind "[0-9]+$" (regexFind ":[0-9]+$" $hostPort) | default "4222" | int }}
+      protocol: TCP
+{{- end }}
+{{- if .Values.mockModel.enabled }}
+- to:
+    - podSelector:
+        matchLabels:
+          {{- include "agentrun.selectorLabels" (dict "root" . "component" "mock-model") | nindent 10 }}
+  ports:
+    - port: {{ int .Values.mockModel.port }}
+      protocol: TCP
+{{- end }}
+- to:
+    {{- range $egress.apiServer.cidrs }}
+    - ipBlock:
+        cidr: {{ . | quote }}
+    {{- end }}
+  ports:
+    - port: {{ int $egress.apiServer.port }}
+      protocol: TCP
+{{- with $egress.extraRules }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}

@@ -1,0 +1,186 @@
+"""Reading and controlling AgentRuns through the API server, for both user programs.
+
+``RunClient`` is the Kubernetes access of ``agentrun`` (``main``) and ``kubectl agentrun``
+(``kubectl``): read a run's status, list, create and annotate runs, read an AgentEval and the
+Events about an object, over one API session per command, with the user's own kubeconfig and
+so their own RBAC. ``cmd_cancel`` and ``cmd_review`` are the ``cancel`` and ``approve``/``deny``
+commands both programs offer: each sets a control annotation the operator reads and removes.
+
+What belongs here: those calls and commands. What does not: argument parsing (each program
+builds its own parser), the views of ``kubectl agentrun`` (``kubectl``, ``trajectory``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from agentrun import kube
+
+MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
+"""kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
+
+
+class RunAccessError(RuntimeError):
+    """The API server refused a read or patch of an AgentRun; `str()` reads like kubectl's
+    ``Error from server (NotFound): agentruns.agentrun.dev "x" not found``."""
+
+    @classmethod
+    def from_api(cls, err: ApiException) -> RunAccessError:
+        """From the API server's ``Status`` body (reason, message), else the HTTP status."""
+        try:
+            body = json.loads(err.body or "{}")
+        except (TypeError, ValueError):
+            body = {}
+        reason = body.get("reason") or err.reason or err.status
+        message = body.get("message") or str(err.body or "").strip() or f"HTTP {err.status}"
+        return cls(f"Error from server ({reason}): {message}")
+
+
+class RunClient:
+    """Reads and annotates AgentRuns of one namespace over one API session.
+
+    ``async with RunClient(namespace) as runs:`` loads ``KUBECONFIG`` (or the in-cluster
+    credentials) once; raises ConfigException when there are none.
+    """
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self._api: client.ApiClient | None = None
+
+    async def __aenter__(self) -> RunClient:
+        self._api = await kube.api_client()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._api is not None:
+            await self._api.close()
+
+    def _objects(self) -> client.CustomObjectsApi:
+        if self._api is None:
+            raise RuntimeError("RunClient used outside `async with`")
+        return client.CustomObjectsApi(self._api)
+
+    async def get(self, name: str) -> dict[str, Any]:
+        """The AgentRun object; raises RunAccessError (not found, forbidden, …)."""
+        return await self._get(kube.RUNS, name)
+
+    async def get_eval(self, name: str) -> dict[str, Any]:
+        """The AgentEval object; raises RunAccessError (not found, forbidden, …)."""
+        return await self._get(kube.EVALS, name)
+
+    async def _get(self, plural: str, name: str) -> dict[str, Any]:
+        try:
+            obj: dict[str, Any] = await self._objects().get_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, plural, name
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        return obj
+
+    async def status(self, name: str) -> dict[str, Any]:
+        """The run's ``.status`` ({} before the operator wrote one).
+
+        Raises RunAccessError (not found, forbidden, …).
+        """
+        status: dict[str, Any] = (await self.get(name)).get("status") or {}
+        return status
+
+    async def list_runs(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
+        """The AgentRuns of the namespace (or of every namespace); raises RunAccessError."""
+        objects = self._objects()
+        try:
+            if all_namespaces:
+                listed = await objects.list_cluster_custom_object(
+                    kube.GROUP, kube.VERSION, kube.RUNS
+                )
+            else:
+                listed = await objects.list_namespaced_custom_object(
+                    kube.GROUP, kube.VERSION, self.namespace, kube.RUNS
+                )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        items: list[dict[str, Any]] = listed.get("items", [])
+        return items
+
+    async def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create an AgentRun in the namespace; the created object. Raises RunAccessError
+        (e.g. the API server's validation refused it)."""
+        try:
+            created: dict[str, Any] = await self._objects().create_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, body
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        return created
+
+    async def events_of(self, uid: str) -> list[dict[str, Any]]:
+        """The Kubernetes Events about the object ``uid`` in the namespace, oldest first;
+        raises RunAccessError."""
+        if self._api is None:
+            raise RuntimeError("RunClient used outside `async with`")
+        try:
+            listed = await client.CoreV1Api(self._api).list_namespaced_event(
+                self.namespace, field_selector=f"involvedObject.uid={uid}"
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        events = [self._api.sanitize_for_serialization(e) for e in listed.items]
+        return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
+
+    async def annotate(self, name: str, *, key: str, value: str) -> None:
+        """Set annotation `key` to `value` on the run (merge patch); raises RunAccessError."""
+        body = {"metadata": {"annotations": {key: value}}}
+        try:
+            await self._objects().patch_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name, body, **MERGE_PATCH
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """``agentrun cancel RUN``: set ``agentrun.dev/cancel=true`` unless the run already ended."""
+
+    async def cancel() -> int:
+        async with RunClient(args.namespace) as runs:
+            status = await runs.status(args.run)
+            if status.get("terminalReason"):
+                phase, reason = status.get("phase"), status["terminalReason"]
+                print(f"{args.run} already ended: {phase} / {reason}")
+                return 0
+            await runs.annotate(args.run, key="agentrun.dev/cancel", value="true")
+        print(f"agentrun.agentrun.dev/{args.run} annotated")
+        return 0
+
+    return asyncio.run(cancel())
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    """``agentrun approve|deny RUN``: annotate the run with the pending call's digest.
+
+    ``args.prog`` (the parser's default: ``agentrun`` or ``kubectl agentrun``) leads an error."""
+
+    async def review() -> int:
+        async with RunClient(args.namespace) as runs:
+            pending = (await runs.status(args.run)).get("pendingApproval")
+            if not pending:
+                print(
+                    f"{args.prog}: error: {args.run} is not waiting for an approval",
+                    file=sys.stderr,
+                )
+                return 1
+            arguments = json.dumps(pending.get("arguments"), sort_keys=True)
+            tool, call_id = pending.get("tool"), pending.get("toolCallID")
+            print(f"{args.verb}: {tool}({arguments}) call {call_id}")
+            key = f"agentrun.dev/{args.verb}"
+            await runs.annotate(args.run, key=key, value=pending["digest"])
+        return 0
+
+    return asyncio.run(review())

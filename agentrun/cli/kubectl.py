@@ -1,0 +1,575 @@
+"""``kubectl agentrun``: the kubectl plugin (console script ``kubectl-agentrun``).
+
+kubectl runs any ``kubectl-<name>`` executable on ``PATH`` as ``kubectl <name>``, so installing
+the package makes ``kubectl agentrun get|logs|describe|eval|approve|deny|cancel|rerun`` work.
+The Kubernetes calls and the approve/deny/cancel commands are those the ``agentrun`` command
+uses too (``control``); this module adds the views: a table of runs, a run described, its
+trajectory read from the run's event stream (``logs``; ``-f`` follows it live), an AgentEval's
+verdict and case table (``eval``) and a rerun.
+
+``logs`` reads NATS JetStream, where the run's events are (the source of truth): the server is
+``--nats-url``, else ``AGENTRUN_NATS_URL``, else ``nats://127.0.0.1:4222`` (from outside the
+cluster: ``kubectl port-forward svc/<release>-nats 4222``), with the credentials of
+``--nats-creds`` (else ``AGENTRUN_NATS_CREDS_FILE``) and the CA of ``--nats-ca`` (else
+``AGENTRUN_NATS_CA_FILE``) on a closed bus. Every other command needs only the
+kubeconfig, like kubectl; the namespace defaults to the current context's.
+
+Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+from kubernetes_asyncio.config import kube_config
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from agentrun import bus, kernel, natsclient
+from agentrun.cli import control, trajectory
+from agentrun.protocol import RunEvent
+
+PROG = "kubectl agentrun"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+STATUS_POLL_SECONDS = 2.0
+"""How often ``logs -f`` re-reads the run's status while no event comes (a run that ends
+without events — cancelled while queued, rejected — or is deleted ends the follow)."""
+RERUN_LABEL = "agentrun.dev/rerun-of"
+"""Set by ``rerun`` on the new run: the name of the run it repeats."""
+
+
+def current_namespace() -> str:
+    """The namespace of the kubeconfig's current context, else ``default``."""
+    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    try:
+        _, active = kube_config.list_kube_config_contexts(path.split(os.pathsep)[0])
+    except (ConfigException, OSError, TypeError, KeyError):
+        return "default"
+    namespace = ((active or {}).get("context") or {}).get("namespace")
+    return str(namespace or "default")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The plugin's parser: one subcommand per verb, each with ``-n`` and (most) ``-o``."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Inspect and steer agentrun AgentRuns: a table, a description, the "
+        "trajectory (live with -f), approvals, cancellation and reruns.",
+    )
+    parser.set_defaults(handler=None, prog=PROG)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    def add(name: str, help_text: str, *, output: bool = True) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument(
+            "-n", "--namespace", default=None, help="namespace (default: the current context's)"
+        )
+        if output:
+            sub.add_argument(
+                "-o",
+                "--output",
+                choices=["table", "json"],
+                default="table",
+                help="json: the objects as the API server returns them",
+            )
+        return sub
+
+    get = add("get", "list AgentRuns: tenant, phase, reason, queue position, usage, cost, age")
+    get.add_argument("run", metavar="RUN", nargs="?", help="one AgentRun (default: all)")
+    get.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    get.set_defaults(handler=cmd_get)
+
+    logs = add(
+        "logs",
+        "print a run's trajectory from its event stream: model turns, tool calls "
+        "and results (truncated), corrections, usage, the end",
+    )
+    logs.add_argument("run", metavar="RUN")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing each turn as it commits, until the run ends",
+    )
+    logs.add_argument(
+        "--nats-url",
+        default=None,
+        help="NATS server holding the run events "
+        f"(default: $AGENTRUN_NATS_URL, else {DEFAULT_NATS_URL})",
+    )
+    logs.add_argument(
+        "--nats-creds",
+        default=None,
+        help="NATS .creds file to read with (default: $AGENTRUN_NATS_CREDS_FILE)",
+    )
+    logs.add_argument(
+        "--nats-ca",
+        default=None,
+        help="CA file the NATS server's certificate must chain to, for TLS "
+        "(default: $AGENTRUN_NATS_CA_FILE)",
+    )
+    logs.set_defaults(handler=cmd_logs)
+
+    describe = add(
+        "describe",
+        "describe a run: spec, Agent, tenant, usage, approval, "
+        "conditions, answer and its Kubernetes Events",
+    )
+    describe.add_argument("run", metavar="RUN")
+    describe.set_defaults(handler=cmd_describe)
+
+    for verb in ("approve", "deny"):
+        review = add(verb, f"{verb} the tool call a run is waiting on", output=False)
+        review.add_argument("run", metavar="RUN")
+        review.set_defaults(handler=control.cmd_review, verb=verb)
+
+    cancel = add("cancel", "cancel a run (running, awaiting approval or queued)", output=False)
+    cancel.add_argument("run", metavar="RUN")
+    cancel.set_defaults(handler=control.cmd_cancel)
+
+    suite = add(
+        "eval",
+        "show an AgentEval's verdict and its cases: phase, run, terminal reason, steps, "
+        "tokens, cost, and every expectation a failed case missed",
+    )
+    suite.add_argument("eval", metavar="EVAL")
+    suite.set_defaults(handler=cmd_eval)
+
+    rerun = add(
+        "rerun",
+        "create a new run with the same spec (a run of an Agent resolves the Agent as it is now)",
+    )
+    rerun.add_argument("run", metavar="RUN")
+    rerun.add_argument("--name", default=None, help="the new run's name (default: RUN-<random>)")
+    rerun.set_defaults(handler=cmd_rerun)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``kubectl-agentrun``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    if args.namespace is None:
+        args.namespace = current_namespace()
+    try:
+        code: int = args.handler(args)
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, RuntimeError, ConfigException, nats.errors.Error) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+# --- get ----------------------------------------------------------------------------------------
+
+
+def age(timestamp: str | None, *, now: float) -> str:
+    """kubectl's age: ``45s``, ``3m``, ``2h``, ``4d``; ``<unknown>`` without a timestamp."""
+    if not timestamp:
+        return "<unknown>"
+    then = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    seconds = max(0, int(now - then))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "m" else 1):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def run_row(obj: dict[str, Any], *, now: float) -> dict[str, str]:
+    """One table row: the columns ``get`` shows, as text."""
+    status = obj.get("status") or {}
+    usage = status.get("usage") or {}
+    meta = obj.get("metadata") or {}
+    return {
+        "NAMESPACE": str(meta.get("namespace", "")),
+        "NAME": str(meta.get("name", "")),
+        "TENANT": str(status.get("tenant") or "-"),
+        "PHASE": str(status.get("phase") or "Pending"),
+        "REASON": str(status.get("terminalReason") or "-"),
+        "QUEUE": str(status.get("queuePosition") or "-"),
+        "STEPS": str(usage.get("steps", "-")),
+        "TOKENS": str(usage.get("totalTokens", "-")),
+        "COST": f"${float(usage['costUSD']):.4f}" if usage.get("costUSD") else "-",
+        "AGE": age(meta.get("creationTimestamp"), now=now),
+    }
+
+
+def table(rows: list[dict[str, str]], columns: Sequence[str]) -> str:
+    """Left-aligned columns separated by three spaces, as kubectl prints them."""
+    widths = {c: max([len(c), *(len(r[c]) for r in rows)]) for c in columns}
+    lines = ["   ".join(c.ljust(widths[c]) for c in columns).rstrip()]
+    lines += ["   ".join(r[c].ljust(widths[c]) for c in columns).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    """``get [RUN] [-A]``: the table (or ``-o json``)."""
+
+    async def get() -> list[dict[str, Any]]:
+        async with control.RunClient(args.namespace) as runs:
+            if args.run:
+                return [await runs.get(args.run)]
+            return await runs.list_runs(all_namespaces=args.all_namespaces)
+
+    items = asyncio.run(get())
+    if args.output == "json":
+        body: Any = items[0] if args.run else {"apiVersion": "v1", "kind": "List", "items": items}
+        print(json.dumps(body, indent=2))
+        return 0
+    if not items:
+        where = "any namespace" if args.all_namespaces else f"{args.namespace} namespace"
+        print(f"No AgentRuns found in {where}.", file=sys.stderr)
+        return 0
+    now = datetime.datetime.now(datetime.UTC).timestamp()
+    columns = ["NAME", "TENANT", "PHASE", "REASON", "QUEUE", "STEPS", "TOKENS", "COST", "AGE"]
+    if args.all_namespaces:
+        columns.insert(0, "NAMESPACE")
+    print(table([run_row(obj, now=now) for obj in items], columns))
+    return 0
+
+
+# --- logs ---------------------------------------------------------------------------------------
+
+
+def _print_event(event: RunEvent, *, output: str) -> None:
+    if output == "json":
+        record = json.loads(event.encode())
+        print(json.dumps({"seq": event.seq, **record}), flush=True)
+        return
+    for line in trajectory.event_lines(event):
+        print(line, flush=True)
+
+
+def _status_end(name: str, status: dict[str, Any]) -> str:
+    return (
+        f"end   {status.get('phase')} {status.get('terminalReason')} "
+        f"({status.get('outcome', 'partial')}) before admission: {status.get('message', '')}"
+    ).rstrip()
+
+
+async def _logs(args: argparse.Namespace) -> int:
+    async with control.RunClient(args.namespace) as runs:
+        obj = await runs.get(args.run)  # a missing run: one line, before NATS is needed
+        uid = obj["metadata"]["uid"]
+        url = args.nats_url or os.environ.get("AGENTRUN_NATS_URL") or DEFAULT_NATS_URL
+        try:
+            nc = await asyncio.wait_for(
+                bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args)), 10
+            )
+        except (TimeoutError, nats.errors.Error, OSError, ValueError) as err:  # refused too
+            raise RuntimeError(
+                f"cannot reach NATS at {url} ({err!r}); set --nats-url or AGENTRUN_NATS_URL "
+                "(and --nats-creds, --nats-ca on a closed bus) "
+                "(e.g. kubectl port-forward the chart's NATS service)"
+            ) from err
+        events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=url))
+        try:
+            if args.follow:
+                return await _follow(args, runs, events, uid=uid)
+            return await _print_all(args, obj, events, uid=uid)
+        finally:
+            await events.close()
+
+
+def _nats_auth(args: argparse.Namespace) -> natsclient.NatsAuth:
+    """The credentials and CA files of the flags, else of the environment."""
+    creds = args.nats_creds or os.environ.get("AGENTRUN_NATS_CREDS_FILE")
+    ca = args.nats_ca or os.environ.get("AGENTRUN_NATS_CA_FILE")
+    return natsclient.NatsAuth(
+        creds_file=Path(creds) if creds else None, ca_file=Path(ca) if ca else None
+    )
+
+
+async def _print_all(
+    args: argparse.Namespace, obj: dict[str, Any], events: bus.Bus, *, uid: str
+) -> int:
+    found = [e for e in await events.read_events(args.namespace, args.run) if e.run_uid == uid]
+    for event in found:
+        _print_event(event, output=args.output)
+    status = obj.get("status") or {}
+    if not found and args.output != "json":
+        if status.get("terminalReason"):
+            print(_status_end(args.run, status))
+        else:
+            print(
+                f"{args.run} has no events yet: {status.get('phase', 'Pending')} "
+                f"{status.get('message', '')}".rstrip()
+            )
+    return 0
+
+
+async def _follow(
+    args: argparse.Namespace, runs: control.RunClient, events: bus.Bus, *, uid: str
+) -> int:
+    """Print every event, then each new one, until the run's end; a run that ends without
+    events (or is deleted) is noticed from its status."""
+    queue: asyncio.Queue[RunEvent] = asyncio.Queue()
+
+    async def pump() -> None:
+        async for event in events.follow_events(args.namespace, args.run):
+            await queue.put(event)
+
+    reader = asyncio.create_task(pump(), name="follow-events")
+    seen = False
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), STATUS_POLL_SECONDS)
+            except TimeoutError:
+                if reader.done():
+                    reader.result()  # raises what stopped it
+                    return 1
+                status = (await runs.get(args.run)).get("status") or {}
+                if status.get("terminalReason") and not seen:
+                    if args.output != "json":
+                        print(_status_end(args.run, status), flush=True)
+                    return 0
+                continue
+            if event.run_uid != uid:
+                continue
+            seen = True
+            _print_event(event, output=args.output)
+            if kernel.conclude(event.summary.phase, steps=event.summary.steps) is not None:
+                return 0
+    finally:
+        reader.cancel()
+        with contextlib.suppress(BaseException):
+            await reader
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """``logs RUN [-f]``: the trajectory; ``-f`` follows until the run ends."""
+    return asyncio.run(_logs(args))
+
+
+# --- describe -----------------------------------------------------------------------------------
+
+
+def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """``kubectl describe``-like text of an AgentRun and its Kubernetes Events."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    lines = [
+        f"Name:          {meta.get('name')}",
+        f"Namespace:     {meta.get('namespace')}",
+        f"Created:       {meta.get('creationTimestamp')}",
+        f"Tenant:        {status.get('tenant', '-')}",
+        f"Phase:         {status.get('phase', 'Pending')}",
+    ]
+    if status.get("terminalReason"):
+        lines.append(f"Reason:        {status['terminalReason']} (outcome {status.get('outcome')})")
+    if status.get("queuePosition"):
+        lines.append(f"Queue:         position {status['queuePosition']}")
+    if status.get("message"):
+        lines.append(f"Message:       {trajectory.truncate(status['message'], 300)}")
+    return [
+        *lines,
+        *_definition_lines(obj.get("spec") or {}, status),
+        *_progress_lines(str(meta.get("name")), status),
+        *_events_lines(events),
+    ]
+
+
+def _definition_lines(spec: dict[str, Any], status: dict[str, Any]) -> list[str]:
+    """The Agent (if any), model, tools, goal, approval list and budget the run executes."""
+    run_spec = status.get("resolvedSpec") or spec
+    lines = []
+    if spec.get("agentRef"):
+        ref, agent = spec["agentRef"], status.get("agent") or {}
+        lines.append(
+            f"Agent:         {ref.get('name')} (generation {agent.get('generation', '?')}, "
+            f"{agent.get('digest', 'not resolved yet')})"
+        )
+        for key, value in sorted((ref.get("parameters") or {}).items()):
+            lines.append(f"  {key}: {trajectory.truncate(str(value), 100)}")
+    lines += [
+        f"Model:         {run_spec.get('model', '-')}",
+        f"Tools:         {', '.join(run_spec.get('tools') or []) or '-'}",
+        f"Goal:          {trajectory.truncate(str(run_spec.get('goal', '')), 300)}",
+    ]
+    if run_spec.get("approval", {}).get("tools"):
+        lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
+    budget = {k: v for k, v in (run_spec.get("budget") or {}).items() if not isinstance(v, dict)}
+    if budget:
+        lines.append("Budget:        " + ", ".join(f"{k} {v}" for k, v in sorted(budget.items())))
+    return lines
+
+
+def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
+    """Usage, the pending approval, the answer and the conditions."""
+    usage = status.get("usage") or {}
+    lines = []
+    if usage:
+        lines.append(
+            f"Usage:         {usage.get('steps', 0)} steps, {usage.get('toolCalls', 0)} tool "
+            f"calls ({usage.get('toolFailures', 0)} failed), {usage.get('corrections', 0)} "
+            f"corrections, {usage.get('totalTokens', 0)} tokens, {usage.get('costUSD', '0')} USD, "
+            f"{usage.get('wallSeconds', 0)}s"
+        )
+    pending = status.get("pendingApproval")
+    if pending:
+        lines.extend(_pending_lines(name, pending))
+    if status.get("answer"):
+        lines.append(f"Answer:        {trajectory.truncate(status['answer'], 500)}")
+    lines.append("Conditions:")
+    for condition in status.get("conditions") or []:
+        lines.append(
+            f"  {condition.get('type')}={condition.get('status')} {condition.get('reason')}: "
+            f"{trajectory.truncate(str(condition.get('message', '')), 200)}"
+        )
+    return lines
+
+
+def _pending_lines(name: str, pending: dict[str, Any]) -> list[str]:
+    """The call to decide now and, for a batch, every held call with its decision: each is
+    approved or denied in turn, one ``approve``/``deny`` per call."""
+    held = pending.get("heldCalls") or [{**pending, "decision": "pending"}]
+    lines = [
+        f"Pending:       call {pending.get('call', 1)} of {pending.get('of', len(held))} held "
+        f"for approval, decided in turn: kubectl agentrun approve|deny {name}"
+    ]
+    for number, call in enumerate(held, start=1):
+        marker = "→" if call.get("toolCallID") == pending.get("toolCallID") else " "
+        lines.append(
+            f"  {marker} {number}. {call.get('tool')}("
+            f"{trajectory.arguments_text(call.get('arguments'))}) call {call.get('toolCallID')}: "
+            f"{call.get('decision', 'pending')}"
+        )
+    return lines
+
+
+def _events_lines(events: list[dict[str, Any]]) -> list[str]:
+    lines = ["Events:" if events else "Events:        <none>"]
+    for event in events:
+        lines.append(
+            f"  {event.get('type', ''):<8} {event.get('reason', ''):<18} "
+            f"x{event.get('count') or 1:<3} {event.get('message', '')}"
+        )
+    return lines
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    """``describe RUN``: the run and its Events (``-o json``: ``{"object", "events"}``)."""
+
+    async def describe() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with control.RunClient(args.namespace) as runs:
+            obj = await runs.get(args.run)
+            return obj, await runs.events_of(obj["metadata"]["uid"])
+
+    obj, events = asyncio.run(describe())
+    if args.output == "json":
+        print(json.dumps({"object": obj, "events": events}, indent=2))
+    else:
+        print("\n".join(describe_lines(obj, events)))
+    return 0
+
+
+# --- eval ---------------------------------------------------------------------------------------
+
+
+def eval_lines(obj: dict[str, Any]) -> list[str]:
+    """An AgentEval as a person reads it: the verdict, the case table, then each failed case
+    with the expectations it missed."""
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    summary = status.get("summary") or {}
+    agent = status.get("agent") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    lines = [
+        f"{meta.get('name', '')}: {status.get('phase') or 'Pending'}, "
+        f"{summary.get('passed', 0)} passed, {summary.get('failed', 0)} failed of "
+        f"{summary.get('total', 0)}",
+    ]
+    if agent:
+        lines.append(
+            f"Agent {agent.get('name', '')} generation {agent.get('generation', 0)}, "
+            f"round {status.get('round', '')}"
+        )
+    passed = conditions.get("Passed")
+    if passed is not None and passed.get("reason") == "InvalidSpec":
+        lines.append(f"invalid: {passed.get('message', '')}")
+    cases = status.get("cases") or []
+    if cases:
+        rows = [
+            {
+                "CASE": str(row.get("name", "")),
+                "PHASE": str(row.get("phase", "")),
+                "RUN": str(row.get("run", "")),
+                "REASON": str(row.get("reason") or "-"),
+                "STEPS": str(row.get("steps", "-")) if "passed" in row else "-",
+                "TOKENS": str(row.get("tokens", "-")) if "passed" in row else "-",
+                "COST": f"${float(row['costUSD']):.4f}" if row.get("costUSD") else "-",
+            }
+            for row in cases
+        ]
+        columns = ["CASE", "PHASE", "RUN", "REASON", "STEPS", "TOKENS", "COST"]
+        lines += ["", *table(rows, columns).splitlines()]
+    failed = [row for row in cases if row.get("phase") == "Failed"]
+    if failed:
+        lines += ["", "Failed:"]
+        lines += [f"  {row.get('name', '')}: {row.get('message', '')}" for row in failed]
+    return lines
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``eval EVAL``: the verdict and the case table (``-o json``: the object); exit status 1
+    when the suite failed."""
+
+    async def get() -> dict[str, Any]:
+        async with control.RunClient(args.namespace) as runs:
+            return await runs.get_eval(args.eval)
+
+    obj = asyncio.run(get())
+    if args.output == "json":
+        print(json.dumps(obj, indent=2))
+    else:
+        print("\n".join(eval_lines(obj)))
+    return 1 if (obj.get("status") or {}).get("phase") == "Failed" else 0
+
+
+# --- rerun --------------------------------------------------------------------------------------
+
+
+def rerun_manifest(obj: dict[str, Any], *, name: str | None) -> dict[str, Any]:
+    """A new AgentRun with ``obj``'s spec and labels, named ``name`` or ``<name>-<random>``,
+    labelled ``agentrun.dev/rerun-of``."""
+    meta = obj.get("metadata") or {}
+    labels = {**(meta.get("labels") or {}), RERUN_LABEL: meta.get("name", "")}
+    new_meta: dict[str, Any] = {"labels": labels}
+    if name:
+        new_meta["name"] = name
+    else:
+        new_meta["generateName"] = f"{str(meta.get('name', 'run'))[:56]}-"
+    return {
+        "apiVersion": obj.get("apiVersion", "agentrun.dev/v1alpha1"),
+        "kind": "AgentRun",
+        "metadata": new_meta,
+        "spec": obj.get("spec") or {},
+    }
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    """``rerun RUN [--name NEW]``: create the new run and print its name."""
+
+    async def rerun() -> dict[str, Any]:
+        async with control.RunClient(args.namespace) as runs:
+            return await runs.create(rerun_manifest(await runs.get(args.run), name=args.name))
+
+    created = asyncio.run(rerun())
+    if args.output == "json":
+        print(json.dumps(created, indent=2))
+    else:
+        print(f"agentrun.agentrun.dev/{created['metadata']['name']} created")
+    return 0

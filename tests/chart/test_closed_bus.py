@@ -1,0 +1,147 @@
+"""The chart closes its NATS: TLS with a CA it makes (kept across upgrades) or cert-manager's,
+the bootstrap hook that makes the credentials, each role's Secret and the CA mounted as files
+in its pods, no monitoring port on the clients' Service; and the NATS it renders, run by the
+real nats-server with the bootstrap's auth configuration, verifies its name to a client that
+holds the chart's CA and the operator's credentials, and refuses an anonymous one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import pytest
+from chart_support import CHART_DIR, documents
+from test_render import closed_nats_files, env_of, find, render
+
+from agentrun import natsclient
+from agentrun.natsauth import Authority, Role
+from agentrun_dev import components, helm, natsserver, probes
+
+
+def mounts_of(workload: dict[str, Any]) -> dict[str, str]:
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    return {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+
+
+def secrets_of(workload: dict[str, Any]) -> dict[str, str]:
+    volumes = workload["spec"]["template"]["spec"]["volumes"]
+    return {v["name"]: v["secret"]["secretName"] for v in volumes if "secret" in v}
+
+
+def test_each_role_gets_its_own_credentials_and_the_ca_as_files(offline_helm: helm.Helm) -> None:
+    docs = render(offline_helm, "nats", namespace="ops")
+    for role in ("operator", "worker"):
+        workload = find(docs, "Deployment", f"agentrun-{role}")
+        env = env_of(workload)
+        assert env["AGENTRUN_NATS_CREDS_FILE"] == "/var/run/agentrun/nats/nats.creds"
+        assert env["AGENTRUN_NATS_CA_FILE"] == "/var/run/agentrun/nats-ca/ca.crt"
+        assert mounts_of(workload)["nats-creds"] == "/var/run/agentrun/nats"
+        assert secrets_of(workload) == {
+            "nats-creds": f"agentrun-nats-{role}",
+            "nats-ca": "agentrun-nats-tls",
+        }
+        assert not any("password" in v.lower() or "@" in v for v in env.values())
+
+
+def test_the_bootstrap_hook_runs_before_install_and_upgrade_with_secret_rights_only(
+    offline_helm: helm.Helm,
+) -> None:
+    docs = render(offline_helm, "nats", namespace="ops")
+    job = find(docs, "Job", "agentrun-nats-bootstrap")
+    role = find(docs, "Role", "agentrun-nats-bootstrap")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == ["agentrun", "nats", "bootstrap", "--namespace=ops", "--prefix=agentrun-nats"]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]}
+    ]
+    server = find(docs, "StatefulSet", "agentrun-nats")["spec"]["template"]["spec"]
+    [adopt] = server["initContainers"]
+    assert adopt["command"][:3] == ["agentrun", "nats", "adopt-store"]
+
+
+def test_credentials_brought_by_the_user_need_no_hook(offline_helm: helm.Helm) -> None:
+    values = {
+        "nats.auth.operatorSecret": "my-operator",
+        "nats.auth.workerSecret": "my-worker",
+        "nats.tls.existingSecret": "my-ca",
+    }
+    docs = documents(offline_helm.template(CHART_DIR, namespace="ops", values=values))
+    assert not [d for d in docs if d["kind"] == "Job"]
+    assert secrets_of(find(docs, "Deployment", "agentrun-worker")) == {
+        "nats-creds": "my-worker",
+        "nats-ca": "my-ca",
+    }
+
+
+def test_the_open_bus_escape_hatch_mounts_nothing(offline_helm: helm.Helm) -> None:
+    values = {"nats.auth.enabled": "false", "nats.tls.enabled": "false"}
+    docs = documents(offline_helm.template(CHART_DIR, namespace="ops", values=values))
+    env = env_of(find(docs, "Deployment", "agentrun-worker"))
+    assert "AGENTRUN_NATS_CREDS_FILE" not in env and "AGENTRUN_NATS_CA_FILE" not in env
+    assert not [d for d in docs if d["kind"] == "Job"]
+
+
+def test_cert_manager_issues_the_certificate_for_the_service_names(
+    offline_helm: helm.Helm,
+) -> None:
+    values = {
+        "nats.install.enabled": "true",
+        "nats.tls.certManager.enabled": "true",
+        "nats.tls.certManager.issuerRef.name": "ca-issuer",
+    }
+    docs = documents(offline_helm.template(CHART_DIR, namespace="ops", values=values))
+    certificate = find(docs, "Certificate", "agentrun-nats")
+    assert certificate["spec"]["secretName"] == "agentrun-nats-tls"
+    assert "agentrun-nats.ops.svc" in certificate["spec"]["dnsNames"]
+    assert not [
+        d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "agentrun-nats-tls"
+    ]
+
+
+async def test_the_rendered_nats_runs_closed_and_verifies_its_service_name(
+    offline_helm: helm.Helm, tmp_path: Path, devenv_launch: components.Launch
+) -> None:
+    docs = render(offline_helm, "nats", namespace="ops")
+    authority = Authority.generate()
+    directory = closed_nats_files(docs, tmp_path, authority)
+    port, monitor = probes.free_port(), probes.free_port()
+    config = directory / "config" / "nats.conf"
+    text = (
+        config.read_text()
+        .replace("port: 4222", f"port: {port}")
+        .replace("http_port: 8222", f"http: 127.0.0.1:{monitor}")
+    )
+    config.write_text(text)
+    spec = devenv_launch.spec(
+        "nats-from-chart",
+        [str(natsserver.find_nats_server()), "-c", str(config)],
+        env={"POD_NAME": "agentrun-nats-0"},
+    )
+    probe = probes.Probe(
+        url=f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", expect="ok"
+    )
+    running = devenv_launch.start(spec, probe=probe, ports={"client": port})
+    try:
+        creds = tmp_path / "operator.creds"
+        creds.write_text(authority.mint(Role.OPERATOR, name="operator").text())
+        auth = natsclient.NatsAuth(creds_file=creds, ca_file=directory / "tls" / "ca.crt")
+        options = natsclient.connect_options(auth)
+        url = f"tls://127.0.0.1:{port}"
+        nc = await nats.connect(
+            url, allow_reconnect=False, tls_hostname="agentrun-nats.ops.svc", **options
+        )
+        await nc.close()
+        with pytest.raises(Exception, match=r"(?i)hostname|match"):  # a name it does not carry
+            await nats.connect(
+                url, allow_reconnect=False, tls_hostname="elsewhere.ops.svc", **options
+            )
+        anonymous = natsclient.connect_options(natsclient.NatsAuth(ca_file=auth.ca_file))
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(
+                url, allow_reconnect=False, tls_hostname="agentrun-nats.ops.svc", **anonymous
+            )
+    finally:
+        components.stop_component(running)

@@ -1,0 +1,148 @@
+"""What each identity's work needs still works on the closed bus: the workers pull, extend,
+acknowledge and commit turns, read any run's history, write ledger books and effect entries,
+and hear cancellations; a reader follows its own namespace's runs; the operator provisions,
+publishes, consumes every run's events, inspects the work queue, lists the ledger and purges.
+Each through the runtime's own code (``Bus``, ``LedgerStore``, ``EffectLedger``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import nats.js.errors
+import pytest
+from nats.js import api
+
+from agentrun import kernel, protocol
+from agentrun.bus import Bus, BusSettings
+from agentrun.ledger import LedgerStore
+from agentrun.protocol import RunEvent
+from agentrun.worker.effects import EffectLedger
+from agentrun_dev import natsserver
+
+from .conftest import NAMESPACE_B, TENANT_B, RunB, connect, event_subject_b
+
+
+@pytest.fixture
+async def worker_bus(closed_server: natsserver.NatsServer, run_b: RunB) -> AsyncIterator[Bus]:
+    bus = await Bus.connect(
+        BusSettings(url=closed_server.url, auth=closed_server.auth("worker")),
+        name="test-worker",
+        provision=False,
+    )
+    yield bus
+    await bus.close()
+
+
+async def test_a_worker_pulls_extends_commits_and_acknowledges_a_turn(
+    worker_bus: Bus, operator_bus: Bus, run_b: RunB
+) -> None:
+    sub = await worker_bus.turn_subscription()
+    [msg] = await sub.fetch(batch=1, timeout=5)
+    request = protocol.decode_turn_request(msg.data)
+    assert request.run_uid == run_b.uid
+    await msg.in_progress()
+    history = await worker_bus.read_events(NAMESPACE_B, run_b.name)
+    last = await worker_bus.last_event(NAMESPACE_B, run_b.name)
+    assert last is not None and [e.seq for e in history] == [last.seq]
+    state = kernel.initial_state(goal="tenant B's private goal")
+    turn = RunEvent("stop", run_b.uid, state.summary(), time=time.time())
+    seq = await worker_bus.append_event(NAMESPACE_B, run_b.name, turn, expected_seq=last.seq)
+    await msg.ack_sync()
+    assert seq > last.seq
+    assert not await operator_bus.turn_queued(run_b.turn_seq)  # acknowledged: gone
+
+
+async def test_a_worker_writes_ledger_books_and_effect_entries(
+    closed_server: natsserver.NatsServer, worker_bus: Bus, run_b: RunB
+) -> None:
+    store = await LedgerStore.open(worker_bus.js, create=False)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    revision = await store.kv.put(f"book.{tenant}", b"{}")
+    await store.kv.update(f"book.{tenant}", b'{"v": 2}', last=revision)
+    effects = await EffectLedger.open(worker_bus.js, create=False)
+    call = kernel.CheckedCall(id="call_1", name="write", arguments={"x": 1})
+    assert await effects.claim(run_b.uid, call) is None  # first claim: send it
+    result = kernel.ToolResult("call_1", "write", "ok", False)
+    await effects.done(run_b.uid, call, result)
+    assert await effects.claim(run_b.uid, call) == result  # replayed, not sent again
+
+
+async def test_a_worker_hears_cancellations(worker_bus: Bus, operator_bus: Bus) -> None:
+    heard: list[str] = []
+
+    async def on_cancel(uid: str) -> None:
+        heard.append(uid)
+
+    await worker_bus.on_cancel(on_cancel)
+    await worker_bus.nc.flush()
+    await operator_bus.broadcast_cancel("some-run")
+    async with asyncio.timeout(20):
+        while heard != ["some-run"]:
+            await asyncio.sleep(0.02)
+
+
+async def test_a_reader_follows_the_runs_of_its_namespace(
+    closed_server: natsserver.NatsServer, run_b: RunB
+) -> None:
+    client = await connect(closed_server, closed_server.mint_reader(NAMESPACE_B))
+    try:
+        js = client.js()
+        last = await js._jsm.get_last_msg(
+            protocol.STREAM_EVENTS, event_subject_b(run_b), direct=True
+        )
+        assert last.data is not None
+        sub = await js.subscribe(
+            event_subject_b(run_b),
+            stream=protocol.STREAM_EVENTS,
+            ordered_consumer=True,
+            deliver_policy=api.DeliverPolicy.ALL,
+            config=api.ConsumerConfig(name=f"logs-{uuid.uuid4().hex[:8]}"),
+        )
+        first = await sub.next_msg(timeout=5)
+        assert RunEvent.decode(first.data, seq=1).kind == "admitted"
+        assert client.errors == []
+    finally:
+        await client.nc.close()
+
+
+async def test_the_operator_inspects_lists_consumes_and_purges(
+    operator_bus: Bus, run_b: RunB
+) -> None:
+    store = await LedgerStore.open(operator_bus.js)
+    assert TENANT_B in await store.tenants()
+    assert await operator_bus.pending_turns() >= 0
+    assert event_subject_b(run_b) in await operator_bus.event_subjects()
+    sub = await operator_bus.event_subscription()
+    assert await sub.fetch(batch=1, timeout=5)
+    doomed = f"doomed-{uuid.uuid4().hex[:6]}"
+    state = kernel.initial_state(goal="g")
+    event = RunEvent("stop", "uid", state.summary(), time=time.time())
+    await operator_bus.append_event(NAMESPACE_B, doomed, event, expected_seq=0)
+    await operator_bus.purge_run(NAMESPACE_B, doomed)
+    assert await operator_bus.read_events(NAMESPACE_B, doomed) == []
+
+
+async def test_a_worker_started_before_the_operator_waits_for_the_buckets(
+    closed_server: natsserver.NatsServer,
+) -> None:
+    """A worker does not create a bucket: it binds the one the operator makes, once it exists.
+    (A bucket of the test's own, so the admin's credentials play both parts here.)"""
+    bucket = f"LATE_{uuid.uuid4().hex[:8].upper()}"
+    settings = BusSettings(url=closed_server.url, auth=closed_server.auth("admin"))
+    worker = await Bus.connect(settings, name="early-worker", provision=False)
+    operator = await Bus.connect(settings, name="late-operator", provision=False)
+    try:
+        waiting = asyncio.create_task(LedgerStore.open(worker.js, bucket=bucket, create=False))
+        await asyncio.sleep(1.5)
+        assert not waiting.done()  # no bucket, none made
+        with pytest.raises(nats.js.errors.BucketNotFoundError):
+            await worker.js.key_value(bucket)
+        await LedgerStore.open(operator.js, bucket=bucket)  # the operator's part
+        store = await asyncio.wait_for(waiting, 10)
+        assert store.kv._name == bucket
+    finally:
+        await worker.close()
+        await operator.close()
