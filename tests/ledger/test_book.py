@@ -29,7 +29,7 @@ from agentrun.ledger import (
     codec,
     window_start,
 )
-from agentrun.ledger.entries import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT
+from agentrun.ledger.entries import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT, LedgerCorrupt
 
 DAY = 86_400.0
 T0 = 19_675 * DAY
@@ -584,6 +584,38 @@ def test_encode_keeps_decimals_as_strings_never_floats() -> None:
     tiny = raw["holds"]["r1:5"][3]  # [run, turn, tokens, cost, ...]; exact, maybe as 1.2E-7
     assert isinstance(tiny, str) and Decimal(tiny) == Decimal("0.000000123456789")
     assert raw["active"]["r1"][5] == "4.750000000001"  # [ns, name, since, turn, tokens, cost]
+
+
+def test_an_unanswered_hold_is_stored_as_six_fields_and_an_answered_one_as_eight() -> None:
+    """The entry is rewritten on every change: a hold whose call has not answered carries no
+    spent fields (``[run, turn, tokens, cost, expires, owner]``)."""
+    b = full_book()
+    b.holds["r2:0"].spent_tokens, b.holds["r2:0"].spent_cost = 40, Decimal("0.01")
+    raw = json.loads(codec.encode_book(b))
+    assert len(raw["holds"]["r1:5"]) == 6
+    assert raw["holds"]["r2:0"][6:] == [40, "0.01"]
+    assert codec.decode_book(codec.encode_book(b)) == b
+
+
+def test_a_hold_whose_run_is_not_active_decodes_without_run_names() -> None:
+    """The entry stores a run's namespace and name once, with its active entry."""
+    b = full_book()
+    del b.active["r2"]
+    back = codec.decode_book(codec.encode_book(b)).holds["r2:0"]
+    assert (back.namespace, back.name) == ("", "")
+    assert back.run_uid == "r2" and back.tokens == 1
+
+
+def test_the_used_wall_clock_time_is_stored_to_the_millisecond() -> None:
+    b = full_book()
+    b.used_wall = 12.3456789
+    assert json.loads(codec.encode_book(b))["used"]["wallClockSeconds"] == 12.346
+    assert codec.decode_book(codec.encode_book(b)).used_wall == 12.346
+
+
+def test_a_malformed_entry_is_refused_as_corrupt_naming_the_field() -> None:
+    with pytest.raises(LedgerCorrupt, match=r"(?s)^malformed ledger entry: .*\bwindow\b"):
+        codec.decode_book(b'{"v": 2, "tenant": "t", "window": "abc"}')
 
 
 def test_an_unlimited_empty_book_round_trips() -> None:

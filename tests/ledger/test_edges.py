@@ -275,7 +275,8 @@ def test_a_waiter_expires_at_its_time_and_is_refreshed_below_half_its_ttl() -> N
     assert b.waiting["r1:0"].expires == NOW + WAITER_TTL / 2  # half left: not yet refreshed
     b.waiting["r1:0"].expires = NOW + WAITER_TTL * 0.4
     assert isinstance(ask(b, "r1", fixed(5_000)), BudgetWait)
-    assert b.waiting["r1:0"].expires == NOW + WAITER_TTL
+    # refreshed, it keeps its place in the queue and what it needs
+    assert b.waiting["r1:0"] == Waiter(NOW - 1, 5_000, Decimal(0), NOW + WAITER_TTL)
 
 
 def test_output_priced_below_a_dollar_or_free_is_capped_only_by_what_it_costs() -> None:
