@@ -4,7 +4,10 @@ One module for every ``agentrun_`` metric so names, help texts, units and labels
 once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result,
 error_type, and an AgentEval's namespace and name (one series set per AgentEval object) —
 never run or case names or ids. Tool names outside the worker's catalog are recorded as
-``unknown`` (a model can invent any name). Processes do not fork, so the default registry is safe.
+``unknown`` (a model can invent any name); an MCP tool's name (``SERVER__TOOL``, chosen by
+whoever writes an AgentToolServer in a tenant's namespace) is its own label value for the
+first ``MAX_REMOTE_TOOL_LABELS`` distinct names of a tenant in a process, and ``other`` after
+that. Processes do not fork, so the default registry is safe.
 
 Every process imports this module, so an unlabelled gauge registered at import would be
 exported at 0 by processes that never set it. The operator-only gauges are registered by the
@@ -31,6 +34,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from agentrun import kernel
 from agentrun.ledger import Book
 from agentrun.protocol import RunConfig
+from agentrun.trust import SealFault
 
 TURN_PHASE_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -161,6 +165,17 @@ OPERATOR_LEADER = Gauge(
     registry=None,
 )
 """Registered by operator processes only (`export_operator`): its absence means no operator."""
+MESSAGES_REFUSED = Counter(
+    "agentrun_messages_refused",
+    "Messages refused as not the operator's, by reason: a run config or approval without a "
+    "valid seal for its run (unsigned, unknown_key, bad_signature, wrong_run, changed_config), "
+    "a tenant ledger book rolled back below what the operator saw (ledger_rollback).",
+    ["reason"],
+)
+"""Every reason exists at 0 from import (a refusal is rare: its first one must show in
+``increase()``)."""
+for _fault in SealFault:
+    MESSAGES_REFUSED.labels(reason=_fault.value)
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
 EVAL_CASES = Counter(
@@ -234,6 +249,12 @@ TOOL_RESULTS = ("ok", "error", "fault", "denied", "not_run")
 """Every ``result`` of ``agentrun_tool_calls_total`` (``tool_result``)."""
 TOKEN_TYPES = ("input", "cached_input", "output", "reasoning")
 """Every ``type`` of ``agentrun_tokens_total``."""
+MAX_REMOTE_TOOL_LABELS = 32
+"""Distinct MCP tool names one tenant's ``agentrun_tool_calls_total`` series carry in a
+process; later names count as ``OTHER_TOOL``."""
+OTHER_TOOL = "other"
+_remote_labels: dict[str, set[str]] = {}
+"""The MCP tool names given a label of their own, per tenant."""
 _known: set[tuple[str, ...]] = set()
 """What this process has created series for already (each set of series is made once)."""
 
@@ -320,6 +341,11 @@ def count_model_call(tenant: str, *, model: str, error_type: ModelErrorType | No
         MODEL_CALL_ERRORS.labels(tenant=tenant, model=model, error_type=error_type.value).inc()
 
 
+def record_refusal(fault: SealFault) -> None:
+    """One message refused for ``fault`` (``agentrun_messages_refused_total``)."""
+    MESSAGES_REFUSED.labels(reason=fault.value).inc()
+
+
 def export_operator() -> None:
     """Export ``agentrun_operator_leader`` (at 0) from this process: an operator calls it at
     start-up, before it waits for the Lease. Idempotent."""
@@ -354,7 +380,7 @@ def record_turn(
     """
     tenant, model = config.tenant, config.model.name
     TURNS.labels(tenant=tenant).inc()
-    _count_tools(record, tenant=tenant, catalog=catalog)
+    _count_tools(record, config=config, catalog=catalog)
     window = config.limits.no_progress_window
     for kind in correction_kinds(record, before=before, after=after, window=window):
         CORRECTIONS.labels(tenant=tenant, kind=kind).inc()
@@ -390,9 +416,28 @@ def tool_result(result: kernel.ToolResult, *, denied: bool, not_run: bool) -> st
     return "error" if result.is_error else "ok"
 
 
-def _count_tools(record: kernel.TurnRecord, *, tenant: str, catalog: Collection[str]) -> None:
+def tool_label(name: str, *, tenant: str, catalog: Collection[str], remote: Collection[str]) -> str:
+    """The ``tool`` label of a call of ``name``: a catalog tool's name; an MCP tool of the run
+    (``remote``) by its name while the tenant has fewer than ``MAX_REMOTE_TOOL_LABELS`` such
+    names, else ``other``; anything else (a name the model invented) ``unknown``."""
+    if name in catalog:
+        return name
+    if name not in remote:
+        return "unknown"
+    named = _remote_labels.setdefault(tenant, set())
+    if name in named:
+        return name
+    if len(named) >= MAX_REMOTE_TOOL_LABELS:
+        return OTHER_TOOL
+    named.add(name)
+    return name
+
+
+def _count_tools(record: kernel.TurnRecord, *, config: RunConfig, catalog: Collection[str]) -> None:
     if not isinstance(record, kernel.Answered | kernel.Resumed):
         return
+    tenant = config.tenant
+    remote = {t.name for t in config.remote_tools}
     resumed = isinstance(record, kernel.Resumed)
     for result in record.results:
         outcome = tool_result(
@@ -400,7 +445,7 @@ def _count_tools(record: kernel.TurnRecord, *, tenant: str, catalog: Collection[
             denied=resumed and result.content == kernel.DENIED,
             not_run=record.stopped is not None,
         )
-        tool = result.name if result.name in catalog else "unknown"
+        tool = tool_label(result.name, tenant=tenant, catalog=catalog, remote=remote)
         TOOL_CALLS.labels(tenant=tenant, tool=tool, result=outcome).inc()
 
 

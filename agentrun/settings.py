@@ -50,6 +50,11 @@ class ProcessSettings(BaseSettings):
     nats_ca_file: Path | None = None
     """``AGENTRUN_NATS_CA_FILE``: PEM CA bundle the NATS server's certificate must chain to,
     its name checked against the URL's host; unset: plain-text NATS."""
+    run_trust_file: Path | None = None
+    """``AGENTRUN_RUN_TRUST_FILE``: the public run-signing keys this process trusts
+    (``trust.json``, ``agentrun.trust.keys``; the chart mounts it from ``<fullname>-trust``),
+    read again when it changes. Required: a worker acts on no run config, and the operator
+    follows no run, whose seal it cannot check."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """``AGENTRUN_METRICS_PORT``: Prometheus ``/metrics`` port; 0 serves none."""
     metrics_addr: str = "0.0.0.0"
@@ -58,6 +63,15 @@ class ProcessSettings(BaseSettings):
     """``AGENTRUN_LOG_LEVEL``: Python logging level name."""
     turn_ack_wait: float = Field(default=30.0, gt=0)
     """``AGENTRUN_TURN_ACK_WAIT``: seconds before an unacknowledged TurnRequest is redelivered."""
+
+    def trust_path(self) -> Path:
+        """``run_trust_file``; raises ``ValueError`` saying what to set when it is unset."""
+        if self.run_trust_file is None:
+            raise ValueError(
+                "AGENTRUN_RUN_TRUST_FILE is not set: name the trust.json holding the run-signing "
+                "public keys (`agentrun signing bootstrap` makes it; the chart mounts it)"
+            )
+        return self.run_trust_file
 
     @property
     def nats_auth(self) -> NatsAuth:
@@ -78,6 +92,11 @@ class ProcessSettings(BaseSettings):
 class OperatorSettings(ProcessSettings):
     """Settings of ``agentrun-operator`` (plus the shared ones)."""
 
+    run_signing_file: Path | None = None
+    """``AGENTRUN_RUN_SIGNING_FILE``: the operator's run-signing keys (``signing.json``,
+    ``agentrun.trust.keys``; the chart mounts it from ``<fullname>-signing``), with which it
+    seals every run config it admits and every approval; read again when it changes.
+    Required."""
     status_interval: float = Field(default=5.0, ge=0)
     """``AGENTRUN_STATUS_INTERVAL``: least seconds between two ``.status`` writes of one run
     (the first write, terminal writes and approval requests go at once)."""
@@ -113,6 +132,15 @@ class OperatorSettings(ProcessSettings):
     """``AGENTRUN_CRD_CHECK_INTERVAL``: seconds between two checks of the installed CRDs while
     they do not serve what this operator writes."""
 
+    def signing_path(self) -> Path:
+        """``run_signing_file``; raises ``ValueError`` saying what to set when it is unset."""
+        if self.run_signing_file is None:
+            raise ValueError(
+                "AGENTRUN_RUN_SIGNING_FILE is not set: name the signing.json holding the "
+                "operator's run-signing keys (`agentrun signing bootstrap` makes it)"
+            )
+        return self.run_signing_file
+
     @pydantic.model_validator(mode="after")
     def _lease_timings(self) -> OperatorSettings:
         if not self.lease_retry < self.lease_renew_deadline < self.lease_duration:
@@ -138,6 +166,12 @@ class WorkerSettings(ProcessSettings):
     prometheus_url: str | None = None
     """``AGENTRUN_PROMETHEUS_URL``: the Prometheus the ``prometheus_query`` tool queries, e.g.
     ``http://prometheus.monitoring.svc:9090``; unset: its calls fail saying so."""
+    prometheus_scope_label: str = Field(
+        default="namespace", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", max_length=128
+    )
+    """``AGENTRUN_PROMETHEUS_SCOPE_LABEL``: the label every ``prometheus_query`` selector must
+    match the run's namespace on (the label naming a series' namespace where the platform's
+    Prometheus keeps it, e.g. ``namespace``, or ``exported_namespace`` behind a relabelling)."""
     tool_retries: int = Field(default=2, ge=0, le=10)
     """``AGENTRUN_TOOL_RETRIES``: extra attempts of a read or idempotent tool call that failed
     for infrastructure reasons (timeout, connection, server or transport error), with

@@ -20,7 +20,7 @@ import time
 
 import kopf
 
-from agentrun import metrics, process
+from agentrun import metrics, process, trust
 from agentrun.settings import OperatorSettings
 
 from . import crdcheck, handlers, wiring
@@ -40,6 +40,9 @@ def main() -> None:
     process leads; before that, a stop signal ends the process at once.
     """
     config = process.start(OperatorSettings, service="agentrun-operator")
+    # the run-signing keys are read before anything else: no operator runs without them
+    trust.signing_file(config.signing_path())
+    trust.trust_file(config.trust_path())
     metrics.export_operator()  # agentrun_operator_leader 0 until it leads
     assert handlers.REGISTERED  # the import registers the handlers with kopf
     asyncio.run(run(config))

@@ -14,6 +14,9 @@ uses (``Handling``). Order of construction, and what each part is told:
   dispatcher calls it for every run end (``RunEndListener``).
 - ``EventRecorder`` posts Kubernetes Events (rate-limited); the dispatcher, the pump, the
   sweep, the controllers and the handlers record into it.
+- ``RunSeals`` seals what the operator admits and approves (the run-signing key of
+  ``AGENTRUN_RUN_SIGNING_FILE``) and judges what it reads (the trusted keys of
+  ``AGENTRUN_RUN_TRUST_FILE``); the dispatcher is given it.
 - ``Dispatcher`` consumes run events and publishes turns; it alone holds the live runs' views.
   Admission reaches it through ``runs.LiveRuns``.
 - ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost, from
@@ -53,6 +56,7 @@ from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
+from agentrun.trust import Signer, Verifier, signing_file, trust_file
 
 from .admission.lookup import RunConfigs
 from .admission.pump import PumpDeps, QueuePump
@@ -66,8 +70,9 @@ from .platform import events as recorder
 from .platform.events import EventRecorder
 from .platform.kubeapi import KubeApi
 from .runs import lifecycle
-from .runs.dispatch import Dispatcher
+from .runs.dispatch import DispatchDeps, Dispatcher
 from .runs.orphans import OrphanWatch
+from .runs.seals import RunSeals
 from .runs.writer import StatusWriter
 from .schedules.controller import ScheduleController
 from .schedules.store import KubeCronStore
@@ -220,6 +225,30 @@ async def start_parts(
     return dataclasses.replace(parts, handling=handling_of(parts), tasks=_start_loops(parts))
 
 
+def _dispatcher(
+    settings: OperatorSettings,
+    writer: StatusWriter,
+    *,
+    bus: Bus,
+    api: KubeApi,
+    ends: RunSettlement,
+    events: EventRecorder,
+) -> Dispatcher:
+    """The dispatcher, with the operator's seals: its run-signing keys
+    (``AGENTRUN_RUN_SIGNING_FILE``) and the keys it trusts (``AGENTRUN_RUN_TRUST_FILE``).
+    Raises ``ValueError`` when either is unset, ``OSError`` and ``trust.KeyFileError`` when
+    either cannot be read."""
+    seals = RunSeals(
+        Signer(signing_file(settings.signing_path())),
+        Verifier(trust_file(settings.trust_path())),
+        streams=bus,
+        api=api,
+        events=events,
+    )
+    deps = DispatchDeps(ends=ends, queues=ends.board, events=events, seals=seals)
+    return Dispatcher(bus, writer, deps)
+
+
 def _build_parts(
     settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi
 ) -> Parts:
@@ -230,7 +259,7 @@ def _build_parts(
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
-    dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
+    dispatcher = _dispatcher(settings, writer, bus=bus, api=api, ends=settlement, events=events)
     shown = QueueStatus(writer, dispatcher, events, time.time)
     pump = PumpDeps(
         store=store,
@@ -266,7 +295,7 @@ def _build_parts(
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
         reaper=lifecycle.Reaper(api),
         events=events,
-        toolservers=ToolServerRefresher(api),
+        toolservers=ToolServerRefresher(api, reach=tenants.tool_server_rules),
         evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
     )

@@ -190,6 +190,7 @@ class Recorder:
                 "method": method,
                 "session": headers.get("mcp-session-id"),
                 "authorization": headers.get("authorization"),
+                "headers": sorted(headers),
             }
             with open(self.requests_file, "a") as out:
                 out.write(json.dumps(line) + "\n")
@@ -292,7 +293,8 @@ class McpProcess:
         return data
 
     def requests(self) -> list[dict[str, Any]]:
-        """Every POST so far (across restarts): ``method``, ``session``, ``authorization``."""
+        """Every POST so far (across restarts): ``method``, ``session``, ``authorization``,
+        ``headers`` (the names of every header it came with, lower case)."""
         if self.requests_file is None or not self.requests_file.exists():
             return []
         return [json.loads(line) for line in self.requests_file.read_text().splitlines()]
@@ -312,8 +314,8 @@ def running(
     server = McpProcess(free_port(), transport, tmp / "counts.json", tmp / "mcp.log", era=era)
     server.deny = deny
     server.requests_file = tmp / "requests.jsonl"
-    server.start()
     try:
+        server.start()  # a start that times out leaves its process: stopped below too
         yield server
     finally:
         server.stop()

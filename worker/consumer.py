@@ -3,7 +3,11 @@
 Delivery rules: ack only after the turn event is committed; ``in_progress``
 heartbeats while a turn runs so JetStream does not redeliver it; a request whose base event is
 not the run's last event is stale (the turn was already committed, or the run moved on) and is
-acked without running; a commit that loses the compare-and-set is dropped, never retried.
+acked without running; a commit that loses the compare-and-set is dropped, never retried. A
+request for a run whose config the operator did not seal (``history.load`` raises
+``trust.Untrusted``) is refused: acked without a model call, a Secret read or a tool call,
+counted in ``agentrun_messages_refused_total``; the operator, which reads the same events, ends
+the run (or re-seals one admitted before seals existed, and dispatches it again).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from agentrun.ledger import (
     TurnRef,
 )
 from agentrun.protocol import RunEvent, TurnRequest
+from agentrun.trust import Untrusted, Verifier
 
 from . import history
 from .secrets import SecretUnavailable
@@ -119,10 +124,13 @@ class TurnConsumer:
         deps: TurnDeps,
         settings: ConsumerSettings,
         *,
+        seals: Verifier,
         ledger: LedgerStore | None = None,
     ) -> None:
-        """``ledger``: the tenant budget ledger (``None``: no tenant budgets, for tests)."""
+        """``seals``: checks that a run's config is the operator's; ``ledger``: the tenant
+        budget ledger (``None``: no tenant budgets, for tests)."""
         self.bus = bus
+        self.seals = seals
         self.deps = deps
         self.settings = settings
         self.ledger = ledger
@@ -237,11 +245,16 @@ class TurnConsumer:
         if (msg.metadata.num_delivered or 1) > 1:  # the turn may have committed elsewhere:
             self.cache.drop(request.run_uid)  # read the run's events, not what this worker saw
         try:
-            run = await history.load(self.bus, self.cache, request)
+            run = await history.load(self.bus, self.cache, request, seals=self.seals)
         except history.CorruptHistory as err:
             log.warning(
                 "skipping turn %s of %s/%s: %s", request.turn, request.namespace, request.name, err
             )
+            await msg.ack()
+            return
+        except Untrusted as err:
+            metrics.record_refusal(err.fault)
+            log.warning("refused turn %s: %s", request.msg_id, err)
             await msg.ack()
             return
         if (
@@ -304,9 +317,10 @@ class TurnConsumer:
     def _observe(self, committed: Committed, run: history.LoadedRun, *, started: float) -> None:
         """The turn's metrics: counters, and its duration per phase."""
         record, after, clock = committed
-        # MCP tools are labelled by their function name: admins declare them, so it is bounded
-        known = {*self.deps.catalog, *(t.name for t in run.config.remote_tools)}
-        metrics.record_turn(record, before=run.state, after=after, config=run.config, catalog=known)
+        # MCP tools (the config's) are labelled by name up to a bound per tenant (metrics)
+        metrics.record_turn(
+            record, before=run.state, after=after, config=run.config, catalog=self.deps.catalog
+        )
         spent = clock.seconds
         metrics.TURN_DURATION.labels(phase="model").observe(spent["model"])
         metrics.TURN_DURATION.labels(phase="tools").observe(spent["tools"])

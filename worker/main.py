@@ -14,6 +14,7 @@ from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog, sessions
+from agentrun.trust import Verifier, trust_file
 
 from .consumer import ConsumerSettings, TurnConsumer
 from .effects import EffectLedger
@@ -26,7 +27,9 @@ log = logging.getLogger("agentrun.worker")
 
 
 async def serve(config: WorkerSettings) -> None:
-    """Run one worker until SIGTERM/SIGINT."""
+    """Run one worker until SIGTERM/SIGINT. Raises ``ValueError`` (no trust file set),
+    ``OSError`` and ``trust.KeyFileError`` (it cannot be read) before connecting anywhere."""
+    seals = Verifier(trust_file(config.trust_path()))
     url = config.nats_url
     bus = await Bus.connect(  # binds what the operator provisions; creates nothing
         BusSettings(url=url, auth=config.nats_auth, ack_wait=config.turn_ack_wait),
@@ -48,6 +51,7 @@ async def serve(config: WorkerSettings) -> None:
             heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
             hold_ttl=config.hold_ttl,
         ),
+        seals=seals,
         ledger=await LedgerStore.open(ledger_nc.jetstream(), create=False),
     )
     process.stop_on_signals(consumer.stop)
@@ -83,7 +87,11 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
     secrets = KubeSecrets(api)
     return TurnDeps(
         model=ModelClient(),
-        catalog=default_catalog(kube=api, prometheus_url=config.prometheus_url),
+        catalog=default_catalog(
+            kube=api,
+            prometheus_url=config.prometheus_url,
+            prometheus_scope_label=config.prometheus_scope_label,
+        ),
         secrets=secrets,
         tool_settings=ToolRunSettings(
             concurrency=config.tool_concurrency,

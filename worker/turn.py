@@ -41,8 +41,10 @@ class SecretSource(Protocol):
 class HeaderSecrets(Protocol):
     """Reads an MCP tool server's headers from a Secret (``ToolError`` when it cannot)."""
 
-    async def headers(self, namespace: str, name: str) -> Mapping[str, str]:
-        """Header name → value, one per key of the Secret."""
+    async def headers(
+        self, namespace: str, name: str, *, keys: tuple[str, ...]
+    ) -> Mapping[str, str]:
+        """Header name → value, one per key of ``keys`` (no other key of the Secret)."""
         ...
 
 
@@ -109,9 +111,9 @@ class TurnDeps:
             tools[http_get.SPEC.name] = http_get.HttpGet(config.url_rules)
         pool = self.mcp_sessions
         for remote_tool in config.remote_tools:
-            secret, source = remote_tool.headers_secret, None
-            if secret is not None:
-                source = functools.partial(_headers, self.headers, config.namespace, secret)
+            secret, keys, source = remote_tool.headers_secret, remote_tool.headers_keys, None
+            if secret is not None and keys:
+                source = functools.partial(_headers, self.headers, config.namespace, secret, keys)
             tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source, pool=pool)
         return tools
 
@@ -125,11 +127,13 @@ class TurnDeps:
         return compiled
 
 
-async def _headers(source: HeaderSecrets | None, namespace: str, name: str) -> Mapping[str, str]:
+async def _headers(
+    source: HeaderSecrets | None, namespace: str, name: str, keys: tuple[str, ...]
+) -> Mapping[str, str]:
     if source is None:
         why = f"cannot read Secret {namespace}/{name}: this worker reads no Secrets"
         raise ToolError(why, fault=kernel.ToolFault.TRANSPORT)
-    return await source.headers(namespace, name)
+    return await source.headers(namespace, name, keys=keys)
 
 
 class PhaseClock:

@@ -11,7 +11,8 @@ dev`` says to install it. `main` maps the errors our modules raise (which say wh
 to a one-line message and exit status 1.
 
 What belongs here: the ``agentrun`` program: its parser, its plugins, its exit statuses and the
-commands only it has (``nats bootstrap|rotate|adopt-store``: the closed bus's Secrets).
+commands only it has (``nats bootstrap|rotate|adopt-store``: the closed bus's Secrets;
+``signing bootstrap|rotate|retire``: the run-signing keys).
 What does not: the Kubernetes calls and the run commands it shares with ``kubectl agentrun``
 (``control``: ``cancel``, ``approve``, ``deny`` over one API session per command).
 """
@@ -29,7 +30,7 @@ from typing import TypeAlias
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import kube
+from agentrun import display, kube
 from agentrun.cli import control
 
 Handler = Callable[[argparse.Namespace], int]
@@ -66,12 +67,13 @@ def register_review(subparsers: Subparsers) -> None:
         review = subparsers.add_parser(
             verb,
             help=f"{verb} the tool call a run is waiting on (phase AwaitingApproval)",
-            description=f"Reads .status.pendingApproval of RUN, shows the call, and sets the "
-            f"agentrun.dev/{verb} annotation to its digest: the operator will {text} exactly "
+            description=f"Reads .status.pendingApproval of RUN, shows the call in full, and sets "
+            f"the agentrun.dev/{verb} annotation to its digest: the operator will {text} exactly "
             "that call (same tool, same arguments) and nothing else. Uses KUBECONFIG.",
         )
         review.add_argument("run", metavar="RUN", help="AgentRun name")
         review.add_argument("-n", "--namespace", default="default", help="namespace")
+        control.add_digest_option(review, verb=verb)
         review.set_defaults(handler=control.cmd_review, verb=verb)
 
 
@@ -117,7 +119,39 @@ def register_nats(subparsers: Subparsers) -> None:
     adopt.set_defaults(handler=cmd_nats)
 
 
-COMMANDS: list[Registrar] = [register_cancel, register_review, register_nats]
+def register_signing(subparsers: Subparsers) -> None:
+    """``agentrun signing bootstrap|rotate|retire``: the run-signing keys with which the
+    operator seals what it admits, in Kubernetes Secrets (``agentrun.trust.secrets``)."""
+    signing = subparsers.add_parser(
+        "signing",
+        help="the operator's run-signing keys (the chart's hook bootstraps them)",
+        description="The Ed25519 keys with which the operator seals every run config it admits "
+        "and every approval, kept in the Secrets PREFIX-signing (private, the operator's) and "
+        "PREFIX-trust (public, every process's).",
+    )
+    verbs = signing.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, text in (
+        ("bootstrap", "make the keys that are missing (idempotent; never replaces a key)"),
+        ("rotate", "add a new key: trusted at once, signing after --activate-after seconds"),
+        ("retire", "untrust KEY_ID once no run still going can carry its seal"),
+    ):
+        parser = verbs.add_parser(verb, help=text, description=text)
+        parser.add_argument("-n", "--namespace", required=True, help="namespace of the Secrets")
+        parser.add_argument("--prefix", required=True, help="Secret name prefix, e.g. agentrun")
+        if verb == "rotate":
+            parser.add_argument(
+                "--activate-after",
+                type=float,
+                default=120.0,
+                help="seconds before the new key signs (default 120: every pod's mounted "
+                "Secret has the new public key by then)",
+            )
+        if verb == "retire":
+            parser.add_argument("key_id", metavar="KEY_ID", help="the key to untrust")
+        parser.set_defaults(handler=cmd_signing)
+
+
+COMMANDS: list[Registrar] = [register_cancel, register_review, register_nats, register_signing]
 """The runtime's own registrars of top-level subcommands, in help order."""
 
 
@@ -158,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (OSError, RuntimeError, subprocess.SubprocessError, ConfigException) as exc:
-        print(f"agentrun: error: {exc}", file=sys.stderr)
+        print(display.printable(f"agentrun: error: {exc}"), file=sys.stderr)
         return 1
 
 
@@ -194,6 +228,37 @@ def cmd_nats(args: argparse.Namespace) -> int:
             outcome = await bootstrap.bootstrap(store, names)
             print(f"created: {', '.join(outcome.created) or 'nothing'}")
             print(f"updated: {', '.join(outcome.updated) or 'nothing'}")
+            return 0
+        finally:
+            await api.close()
+
+    return asyncio.run(run())
+
+
+def cmd_signing(args: argparse.Namespace) -> int:
+    """``agentrun signing VERB``: print what was made or changed."""
+    import time
+
+    from agentrun.natsauth.bootstrap import SecretStore
+    from agentrun.trust import secrets
+
+    async def run() -> int:
+        api = await kube.api_client()
+        try:
+            store = SecretStore(client.CoreV1Api(api), args.namespace)
+            names = secrets.SecretNames(args.prefix)
+            if args.verb == "rotate":
+                key = await secrets.rotate(
+                    store, names, now=time.time(), activate_after=args.activate_after
+                )
+                print(f"new key {key.id}: trusted now, signs from {key.active_from:.0f}")
+            elif args.verb == "retire":
+                admitted = await secrets.admitted_times(api)
+                await secrets.retire(store, names, args.key_id, admitted=admitted, now=time.time())
+                print(f"key {args.key_id} retired: seals naming it are refused")
+            else:
+                changed = await secrets.bootstrap(store, names, now=time.time())
+                print(f"created or updated: {', '.join(changed) or 'nothing'}")
             return 0
         finally:
             await api.close()

@@ -9,7 +9,8 @@ operation named) → ``codec`` (its JSON). The I/O part: ``cas`` (compare-and-se
 JetStream KV), ``hold`` (``TurnHold``, one delivery's hold on its turn's budget, over the
 ``TurnLedger`` port) and ``store`` (``LedgerStore``, the port the operator and the workers use:
 named operations on the entries — admit a run, a turn's hold, close a run, the sweep's
-repairs, the admission queue — each one compare-and-set write).
+repairs, the admission queue — each one compare-and-set write). A tenant with no book has no
+budget: only the operator's admission makes one.
 """
 
 from agentrun.ledger import codec
@@ -22,18 +23,20 @@ from agentrun.ledger.entries import (
     Hold,
     LedgerCorrupt,
     TenantLimits,
+    UsageFloor,
     window_start,
     worst_case,
 )
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnLedger, TurnRef
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
-from agentrun.ledger.store import LedgerStore, QueuedRun, QueueFull, Repair
+from agentrun.ledger.store import BookMissing, LedgerStore, QueuedRun, QueueFull, Repair
 
 __all__ = [
     "DEFAULT_HOLD_TTL",
     "RESOURCES",
     "Active",
     "Book",
+    "BookMissing",
     "BudgetRefusal",
     "BudgetWait",
     "CallNeed",
@@ -49,6 +52,7 @@ __all__ = [
     "TurnHold",
     "TurnLedger",
     "TurnRef",
+    "UsageFloor",
     "codec",
     "window_start",
     "worst_case",

@@ -89,6 +89,35 @@ class TenantLimits:
     """Runs admitted and not ended at once."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageFloor:
+    """The least a tenant's window has used, as the operator saw it (in the entries it read,
+    and in the AgentTenant status it wrote, which no NATS credential can change). Within one
+    window ``used`` only grows, so an entry below its floor was rolled back by a writer of the
+    bucket, not by the ledger's rules."""
+
+    window: float
+    """The window's start, epoch seconds."""
+    tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+    wall_seconds: float = 0.0
+    """Wall-clock seconds of the window's ended runs."""
+
+    def raised(self, window: float, tokens: int, cost_usd: Decimal, wall: float) -> UsageFloor:
+        """The floor after seeing an entry of ``window`` with that use: the higher of the two
+        within one window; a later window starts its own."""
+        if window > self.window:
+            return UsageFloor(window, tokens, cost_usd, wall)
+        if window < self.window:
+            return self
+        return UsageFloor(
+            window,
+            max(tokens, self.tokens),
+            max(cost_usd, self.cost_usd),
+            max(wall, self.wall_seconds),
+        )
+
+
 @dataclasses.dataclass(slots=True)
 class Hold:
     """A reservation for one model call of one run's turn."""

@@ -49,6 +49,7 @@ from agentrun.ledger.entries import (
     BudgetRefusal,
     Hold,
     TenantLimits,
+    UsageFloor,
     Waiter,
     aside_key,
     short_of,
@@ -162,6 +163,36 @@ class BookState:
         for run in self.active.values():
             run.since = max(run.since, start)
         return True
+
+    def undercuts(self, floor: UsageFloor, *, now: float) -> bool:
+        """Whether this entry shows less than ``floor`` (the operator saw more in the same
+        window, or a later one began), or claims a window that has not started at ``now``:
+        a rollback by a writer of the bucket, which no rule of the ledger makes."""
+        if self.window > window_start(now, self.limits.window_seconds):
+            return True
+        if self.window < floor.window:
+            return True
+        return self.window == floor.window and (
+            self.used_tokens < floor.tokens
+            or self.used_cost < floor.cost_usd
+            or self.used_wall < floor.wall_seconds
+        )
+
+    def restore(self, floor: UsageFloor, *, now: float) -> None:
+        """Undo a rollback (``undercuts``): a window moved back, or one that has not started,
+        returns to the floor's window (the current one if the floor is older), its use the
+        floor's; within the floor's window, ``used`` is raised to the floor's."""
+        current = window_start(now, self.limits.window_seconds)
+        if self.window > current or self.window < floor.window:
+            self.window = floor.window if floor.window <= current else current
+            same = self.window == floor.window
+            self.used_tokens = floor.tokens if same else 0
+            self.used_cost = floor.cost_usd if same else Decimal(0)
+            self.used_wall = floor.wall_seconds if same else 0.0
+        elif self.window == floor.window:
+            self.used_tokens = max(self.used_tokens, floor.tokens)
+            self.used_cost = max(self.used_cost, floor.cost_usd)
+            self.used_wall = max(self.used_wall, floor.wall_seconds)
 
     def set_limits(self, limits: TenantLimits, *, now: float) -> None:
         """Apply an edited AgentTenant; a changed window length takes effect at once."""

@@ -26,13 +26,20 @@ from agentrun.ledger import codec
 from agentrun.ledger.book import Book
 from agentrun.ledger.cas import CasStore, LedgerUnavailable
 from agentrun.ledger.codec import QueuedRunShape
-from agentrun.ledger.entries import BudgetRefusal, Hold, TenantLimits
+from agentrun.ledger.entries import (
+    BUDGET_EXHAUSTED,
+    BudgetRefusal,
+    Hold,
+    TenantLimits,
+    UsageFloor,
+)
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
 __all__ = [
     "BUCKET",
     "MAX_QUEUED_RUNS",
+    "BookMissing",
     "LedgerStore",
     "LedgerUnavailable",
     "QueueFull",
@@ -47,6 +54,12 @@ MAX_QUEUED_RUNS = 1_000
 """Runs one tenant's admission queue holds: the queue is one KV value, and at about 400 bytes
 a run at most (every name at its longest) 1 000 runs stay under 410 KB, far below the
 server's max payload (1 MiB by default). ``enqueue`` refuses the next one (``QueueFull``)."""
+
+
+class BookMissing(LookupError):
+    """The tenant has no ledger book: it has no budget. Only the operator's admission makes a
+    book (with the AgentTenant's limits); any other change of a missing book is refused, never
+    started as an empty, unlimited one."""
 
 
 class QueueFull(Exception):
@@ -119,18 +132,29 @@ class LedgerStore(CasStore):
         """Apply ``fn`` to the tenant's entry and write it back by compare-and-set (what every
         named operation does; callers outside the ledger use those, never this).
 
-        A missing entry starts empty with ``limits`` (unlimited if not given: the operator
-        writes the real limits when it admits the tenant's first run). ``fn`` may run more than
+        A missing entry starts empty with ``limits`` when they are given (the operator's
+        admission, with the AgentTenant's limits); without them it is refused: a missing book
+        means no budget, never an unlimited one (``BookMissing``). ``fn`` may run more than
         once (on lost races) and must be deterministic given the entry.
         """
 
         def decode(data: bytes | None) -> Book:
             if data is None:
-                return Book.new(tenant, limits or TenantLimits(), now=self.clock())
+                if limits is None:
+                    raise BookMissing(f"AgentTenant {tenant!r} has no ledger book: no budget")
+                return Book.new(tenant, limits, now=self.clock())
             return codec.decode_book(data)
 
         result: T = await self._submit(book_key(tenant), fn, decode, codec.encode_book)
         return result
+
+    async def _change_existing(self, tenant: str, fn: Callable[[Book], T], *, missing: T) -> T:
+        """``_change`` of a book that should exist; ``missing`` when it does not (nothing to
+        change: a hold, a run or a spend in a book that is gone is nobody's)."""
+        try:
+            return await self._change(tenant, fn)
+        except BookMissing:
+            return missing
 
     # --- the budget lifecycle of a run ------------------------------------------------------------
 
@@ -191,7 +215,10 @@ class LedgerStore(CasStore):
             _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
             return book.reserve(ref.key, hold, now=now)
 
-        return await self._change(ref.tenant, apply)
+        try:
+            return await self._change(ref.tenant, apply)
+        except BookMissing as err:
+            return _no_budget(err)
 
     async def reserve_call(
         self,
@@ -211,7 +238,10 @@ class LedgerStore(CasStore):
             _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
             return book.reserve_call(ref.key, need, hold, now=now)
 
-        return await self._change(ref.tenant, apply)
+        try:
+            return await self._change(ref.tenant, apply)
+        except BookMissing as err:
+            return _no_budget(err)
 
     async def record_spend(self, ref: TurnRef, *, owner: str, usage: kernel.Usage) -> bool:
         """Write what ``owner``'s model call used on its hold of turn ``ref`` (so it is charged
@@ -221,13 +251,15 @@ class LedgerStore(CasStore):
         def apply(book: Book) -> bool:
             return book.record_spend(ref.key, owner=owner, tokens=tokens, cost_usd=cost)
 
-        return await self._change(ref.tenant, apply)
+        return await self._change_existing(ref.tenant, apply, missing=False)
 
     async def refresh_hold(self, ref: TurnRef, *, owner: str, expires: float) -> bool:
         """Push the expiry of ``owner``'s hold of turn ``ref`` out to ``expires`` (epoch
         seconds); False if it holds none."""
-        return await self._change(
-            ref.tenant, lambda book: book.refresh(ref.key, owner=owner, expires=expires)
+        return await self._change_existing(
+            ref.tenant,
+            lambda book: book.refresh(ref.key, owner=owner, expires=expires),
+            missing=False,
         )
 
     async def settle_turn(
@@ -250,12 +282,14 @@ class LedgerStore(CasStore):
                 now=now,
             )
 
-        return await self._change(ref.tenant, apply)
+        return await self._change_existing(ref.tenant, apply, missing=(0, Decimal(0)))
 
     async def release_hold(self, ref: TurnRef, *, owner: str) -> bool:
         """Drop ``owner``'s hold of turn ``ref`` uncharged (no model call answered); False if
         it holds none."""
-        return await self._change(ref.tenant, lambda book: book.release(ref.key, owner=owner))
+        return await self._change_existing(
+            ref.tenant, lambda book: book.release(ref.key, owner=owner), missing=False
+        )
 
     async def abandon_hold(
         self, ref: TurnRef, *, owner: str, usage: kernel.Usage, unrecorded: bool, now: float
@@ -270,12 +304,14 @@ class LedgerStore(CasStore):
                 ref.key, owner=owner, tokens=tokens, cost_usd=cost, now=now, unrecorded=unrecorded
             )
 
-        return await self._change(ref.tenant, apply)
+        return await self._change_existing(ref.tenant, apply, missing=False)
 
     async def stop_waiting(self, ref: TurnRef) -> bool:
         """The call of turn ``ref`` no longer waits for other runs' holds (given up); False if
         it did not wait."""
-        return await self._change(ref.tenant, lambda book: book.stop_waiting(ref.key))
+        return await self._change_existing(
+            ref.tenant, lambda book: book.stop_waiting(ref.key), missing=False
+        )
 
     async def close_run(
         self,
@@ -299,7 +335,7 @@ class LedgerStore(CasStore):
             book.resolve_turn(run_uid, totals["turn"], committer=committer)
             return book.close(run_uid, **totals, end=end, now=at)
 
-        return await self._change(tenant, apply)
+        return await self._change_existing(tenant, apply, missing=False)
 
     async def repair_entry(
         self,
@@ -308,18 +344,22 @@ class LedgerStore(CasStore):
         *,
         limits: TenantLimits | None,
         now: float | None = None,
+        floor: UsageFloor | None = None,
     ) -> None:
-        """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), a new
-        window if one is due, then each repair — an expired hold is charged what its run
-        committed and dropped (and what its call used, recorded on it, if its turn never
-        committed); a run whose last event is terminal is closed at that event's
-        time; a stale run that left no events is closed with nothing charged."""
+        """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), its use
+        back to ``floor`` if it was rolled back below it (``Book.undercuts``), a new window if
+        one is due, then each repair — an expired hold is charged what its run committed and
+        dropped (and what its call used, recorded on it, if its turn never committed); a run
+        whose last event is terminal is closed at that event's time; a stale run that left no
+        events is closed with nothing charged."""
         if now is None:
             now = self.clock()
 
         def apply(book: Book) -> None:
             if limits is not None and book.limits != limits:
                 book.set_limits(limits, now=now)
+            if floor is not None and book.undercuts(floor, now=now):
+                book.restore(floor, now=now)
             book.roll(now)
             for repair in repairs:
                 _repair(book, repair, now)
@@ -385,6 +425,11 @@ class LedgerStore(CasStore):
         except nats.js.errors.NoKeysError:
             return []
         return [key.removeprefix("book.") for key in keys if key.startswith("book.")]
+
+
+def _no_budget(err: BookMissing) -> BudgetRefusal:
+    """A call of a tenant with no ledger book is refused: no book, no budget."""
+    return BudgetRefusal(BUDGET_EXHAUSTED, None, f"{err}: the call is not made (fail closed)")
 
 
 def _settle_before(

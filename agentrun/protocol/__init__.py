@@ -7,7 +7,8 @@ deciding anything (``kernel``). Payloads are UTF-8 JSON.
 - ``subjects``: stream, subject and consumer names;
 - ``messages``: the values (``RunConfig``, ``TurnRequest``, ``Approval``);
 - ``shapes``: pydantic models of the payloads off the hot path, parsed and converted once;
-- ``events``: ``RunEvent`` and the per-turn codec of records and summaries.
+- ``events``: ``RunEvent`` and the per-turn codec of records and summaries;
+- ``sealed``: the operator's ``Seal`` on an event and the exact bytes it covers.
 """
 
 from agentrun.protocol.events import (
@@ -34,6 +35,7 @@ from agentrun.protocol.messages import (
     TurnRequest,
     UrlRule,
 )
+from agentrun.protocol.sealed import Seal, admitted_content, approval_content, canonical
 from agentrun.protocol.shapes import (
     RunConfigShape,
     TurnRequestShape,
@@ -77,11 +79,15 @@ __all__ = [
     "RunConfig",
     "RunConfigShape",
     "RunEvent",
+    "Seal",
     "SecretRef",
     "TurnRequest",
     "TurnRequestShape",
     "UrlRule",
+    "admitted_content",
+    "approval_content",
     "cancel_subject",
+    "canonical",
     "decision_as_dict",
     "decision_from_dict",
     "decode_turn_request",

@@ -179,6 +179,10 @@ class RemoteToolShape(_Shape):
     transport: str
     timeout: float
     headers_secret: str | None = None
+    headers_keys: list[str] = []
+    """Absent in configs written before ``headersFrom.keys``: no header is sent then."""
+    private_network: bool = False
+    """Absent in configs written before tool-server rules: only global addresses then."""
 
     def value(self) -> RemoteTool:
         """The tool as a value."""

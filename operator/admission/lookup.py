@@ -74,9 +74,15 @@ class RunConfigs:
             if parts is None:
                 continue
             server = await self.servers.get(run.namespace, parts[0])
+            rules, tenant = policy.tool_server_rules, policy.name
+            toolservers.check_reach(name, server, rules=rules, tenant=tenant)
             if toolservers.is_pending(server):
                 raise ToolServerPending(f"spec.tools: {name}: AgentToolServer not discovered yet")
-            remote_tools.append(toolservers.resolve_tool(name, server, namespace=run.namespace))
+            remote_tools.append(
+                toolservers.resolve_tool(
+                    name, server, namespace=run.namespace, rules=rules, tenant=tenant
+                )
+            )
         return build_run_config(
             run,
             applied,

@@ -1,10 +1,13 @@
 """The periodic ledger sweep and the AgentTenant status it writes.
 
-Every few seconds, per tenant: start a new window when the old one is over, release holds whose
-worker died (charging what the run's events show it committed), free the slots of runs that
-ended while no operator watched, end the runs of a tenant whose wall-clock budget ran out, pump
-its queue, and write its AgentTenant ``.status`` and the tenant budget metrics. Invalid
-AgentTenants get ``Accepted=False`` with the reason.
+Every few seconds, per tenant: undo a rollback of its entry (``used`` below what the operator
+saw in the window — in the entries it read, and in the AgentTenant status it wrote, which no NATS
+credential can change — or a window that has not started: counted as a refused message,
+``ledger_rollback``, and told as a ``LedgerRolledBack`` Event), start a new window when the old
+one is over, release holds whose worker died (charging what the run's events show it
+committed), free the slots of runs that ended while no operator watched, end the runs of a
+tenant whose wall-clock budget ran out, pump its queue, and write its AgentTenant ``.status``
+and the tenant budget metrics. Invalid AgentTenants get ``Accepted=False`` with the reason.
 
 What does not belong here: admitting runs (``pump``), the AgentTenant status and its Events
 (``tenants``: the sweep tells its ``TenantStatusWriter`` when).
@@ -20,9 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from agentrun import kernel
-from agentrun.ledger import Book, LedgerStore, Repair
+from agentrun import kernel, metrics
+from agentrun.ledger import Book, LedgerStore, Repair, UsageFloor
 from agentrun.protocol import RunEvent
+from agentrun.trust import SealFault
 
 from ..platform.kubeapi import KubeApi
 from ..platform.loops import sleep_until_set
@@ -73,6 +77,8 @@ class LedgerSweep:
         self.interval = interval
         self.tenant_status = deps.tenant_status
         self._stopping = asyncio.Event()
+        self._floors: dict[str, UsageFloor] = {}
+        """The most each tenant's window was seen to use (``UsageFloor``)."""
 
     def stop(self) -> None:
         """Stop after the current sweep."""
@@ -105,7 +111,11 @@ class LedgerSweep:
         if book is None and policy is None:
             return
         if book is not None:
+            book = await self._undo_rollback(book, policy, now)
             book = await self._repair_entry(book, policy, now)
+            self._floors[tenant] = self._floor(tenant, book).raised(
+                book.window, book.used_tokens, book.used_cost, book.used_wall
+            )
             if (
                 book.limits.wall_seconds is not None
                 and book.active
@@ -120,7 +130,34 @@ class LedgerSweep:
                 queued=self.deps.board.queued(tenant),
                 blocked=self.deps.board.blocked(tenant),
                 now=now,
+                ambiguous=self.deps.tenants.ambiguous_of(tenant),
             )
+
+    def _floor(self, tenant: str, book: Book) -> UsageFloor:
+        """The floor of ``tenant``'s entry: what this process saw, else what the AgentTenant's
+        status said, else nothing below ``book``'s own window."""
+        seen = self.deps.tenants.seen.get(tenant)
+        floor = self._floors.get(tenant) or seen or UsageFloor(book.window)
+        if seen is not None:
+            floor = floor.raised(seen.window, seen.tokens, seen.cost_usd, seen.wall_seconds)
+        return floor
+
+    async def _undo_rollback(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
+        """``book`` with a rollback below its floor undone (counted and told); as read if
+        there was none. The check uses the tenant's own limits, not the entry's."""
+        floor = self._floor(book.tenant, book)
+        if policy is not None:
+            book.limits = policy.limits  # a copy as read: its window length, not a forged one
+        if not book.undercuts(floor, now=now):
+            return book
+        metrics.record_refusal(SealFault.LEDGER_ROLLBACK)
+        self.tenant_status.record_rollback(book.tenant, book, floor)
+        log.warning("tenant %s: ledger entry rolled back below %s; restoring", book.tenant, floor)
+        await self.store.repair_entry(
+            book.tenant, [], limits=policy.limits if policy else None, now=now, floor=floor
+        )
+        restored = await self.store.read(book.tenant)
+        return restored if restored is not None else book
 
     async def _repair_entry(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
         """The entry after its repairs, limits and window are brought up to date."""

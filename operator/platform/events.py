@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from agentrun import kube
+from agentrun import display, kube
 
 from .conditions import rfc3339
 from .kubeapi import ApiError, KubeApi, Ref
@@ -163,10 +163,11 @@ class EventRecorder:
         key: Hashable | None = None,
     ) -> None:
         """Queue an event unless the throttle holds it back. ``key`` (default: the object and
-        ``reason``) says which occasions are the same one."""
-        occasion = Occasion(
-            involved, type, reason, message[:MAX_MESSAGE], key or (involved, reason)
-        )
+        ``reason``) says which occasions are the same one. The message may quote model or
+        tool text: its terminal controls are written as visible escapes
+        (``display.printable``), since ``kubectl describe`` prints it as it is."""
+        shown = display.printable(message)[:MAX_MESSAGE]
+        occasion = Occasion(involved, type, reason, shown, key or (involved, reason))
         now = self.clock()
         if not self.throttle.allow(occasion.key, now):
             self.dropped += 1

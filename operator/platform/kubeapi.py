@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Protocol, cast
 
 from kubernetes_asyncio import client
@@ -96,9 +96,11 @@ class KubeApi(Protocol):
     async def namespace_labels(self, name: str) -> dict[str, str]:
         """The labels of Namespace ``name``."""
 
-    async def secret_values(self, namespace: str, name: str) -> dict[str, str]:
-        """Every key of Secret ``namespace/name`` with its decoded value; ``ValueError`` when
-        a value is not UTF-8 text."""
+    async def secret_values(
+        self, namespace: str, name: str, *, keys: Collection[str]
+    ) -> dict[str, str]:
+        """The ``keys`` of Secret ``namespace/name`` with their decoded values (no other key
+        is read out); ``ValueError`` naming a key that is missing or not UTF-8 text."""
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """Create the core/v1 Event ``event`` (as JSON) in ``namespace``."""
@@ -292,10 +294,12 @@ class Kube:
             found = await self._core.read_namespace(name)
         return dict(found.metadata.labels or {})
 
-    async def secret_values(self, namespace: str, name: str) -> dict[str, str]:
+    async def secret_values(
+        self, namespace: str, name: str, *, keys: Collection[str]
+    ) -> dict[str, str]:
         """See ``KubeApi.secret_values``."""
         with _translated():
-            return await kube.secret_values(self._core, namespace=namespace, name=name)
+            return await kube.secret_values(self._core, namespace=namespace, name=name, keys=keys)
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """See ``KubeApi.create_event`` (the answer is not decoded into the client's models)."""

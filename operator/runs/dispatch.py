@@ -12,6 +12,11 @@ The dispatcher is the one owner of the live-run views: nothing else holds or cha
 by ``orphans.OrphanWatch`` from snapshots (``pending_turns``) and dispatched again through
 ``redispatch`` (or ended through ``end``). Other kinds reach the live runs through the
 ``LiveRuns`` port (``ports``).
+
+The dispatcher follows a run only through a config the operator sealed for that run's subject,
+and applies an ``admitted`` or ``approval`` event only when it is the operator's (``seals``): a
+run whose stream holds anything else is refused and ends ``checkpoint_failed``; a run admitted
+before seals existed is re-sealed once the API server vouches for it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -29,11 +35,13 @@ from nats.aio.msg import Msg
 from agentrun import history, kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
+from agentrun.trust import Untrusted
 
 from ..platform.events import EventRecorder
 from . import news, status, views
 from .keys import RunKey
 from .ports import PendingTurn
+from .seals import RunSeals, untrusted
 from .views import RunView
 from .writer import StatusWriter
 
@@ -57,6 +65,20 @@ class QueuedCounts(Protocol):
         """Runs waiting per tenant as of the last pump."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DispatchDeps:
+    """The dispatcher's collaborators besides the bus and the status writer."""
+
+    ends: RunEndListener
+    """Settles each ended run's ledger entry."""
+    queues: QueuedCounts
+    """How many runs wait per tenant."""
+    events: EventRecorder
+    """Records approval requests and ends as Kubernetes Events."""
+    seals: RunSeals
+    """Seals what the dispatcher appends; judges what it reads."""
+
+
 def subject_key(subject: str) -> tuple[str, str]:
     """``agentrun.event.<ns>.<run>`` → (namespace, name), undoing the ``.``→``_`` mapping."""
     _, _, namespace, name = subject.split(".", 3)
@@ -70,21 +92,18 @@ class Dispatcher:
         self,
         bus: Bus,
         writer: StatusWriter,
+        deps: DispatchDeps,
         *,
-        ends: RunEndListener,
-        queues: QueuedCounts,
-        events: EventRecorder,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``ends`` settles each ended run's ledger entry; ``queues`` says how many runs wait
-        per tenant; ``events`` records approval requests and ends as Kubernetes Events;
-        ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are stopped by
-        ``forget_gone_runs``."""
+        """``deps``: see ``DispatchDeps``; ``clock`` is epoch seconds. Runs whose object
+        ``writer`` finds gone are stopped by ``forget_gone_runs``."""
         self.bus = bus
-        self.events = events
+        self.events = deps.events
         self.writer = writer
-        self.ends = ends
-        self.queues = queues
+        self.ends = deps.ends
+        self.queues = deps.queues
+        self.seals = deps.seals
         self.clock = clock
         self._views: dict[str, RunView] = {}
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
@@ -95,42 +114,73 @@ class Dispatcher:
     # --- admission and recovery -----------------------------------------------------------------
 
     async def start_run(self, config: RunConfig, *, start_time: float, generation: int) -> None:
-        """Append the run's ``admitted`` event (once: compare-and-set on an empty subject).
+        """Append the run's sealed ``admitted`` event (once: compare-and-set on an empty
+        subject).
 
-        If the subject holds events of an older object with the same name, they are purged
+        If the subject holds events of an older object with the same name, or an admission
+        of this run the operator did not seal (refused: counted and told), they are purged
         first. Turn 0 is dispatched by the event consumer when it sees the admission.
         """
+        key = RunKey(config.namespace, config.name, config.uid)
         state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-        event = RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
+        event = self.seals.seal(
+            RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
+        )
+        seq = 0
         for _ in range(2):
             try:
-                await self.bus.append_event(config.namespace, config.name, event, expected_seq=0)
+                seq = await self.bus.append_event(
+                    config.namespace, config.name, event, expected_seq=0
+                )
                 break
             except CommitConflict:
                 first = await self.bus.first_event(config.namespace, config.name)
                 if first is not None and first.run_uid == config.uid:
-                    return  # admitted before a restart; recovery takes it from here
-                log.warning("purging stale events of an older %s/%s", config.namespace, config.name)
+                    fault = self.seals.fault(first, key=key)
+                    if fault is None:
+                        return  # admitted before a restart; recovery takes it from here
+                    self.seals.report(key, untrusted(first, fault))
+                log.warning(
+                    "purging events of %s/%s that are not this run's", key.namespace, key.name
+                )
                 await self.bus.purge_run(config.namespace, config.name)
-        self._track(RunView.of(config, start_time=start_time, generation=generation))
+        view = RunView.of(config, start_time=start_time, generation=generation, admitted_seq=seq)
+        self._track(view)
 
     async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
         """Resume a run after an operator restart; False when the run has no events of ``uid``.
 
         Re-dispatches the pending turn of a running run, re-arms its deadline, and re-projects
-        the status of a finished one.
+        the status of a finished one; a run whose stream the operator did not seal is refused
+        (or re-sealed, when admitted before seals and vouched for: ``seals``).
         """
+        key = RunKey(namespace, name, uid)
         first = await self.bus.first_event(namespace, name)
         if first is None or first.run_uid != uid or first.config is None:
             return False
+        view = self._views.get(uid) or await self._trusted_view(key, first, generation=generation)
+        if view is None:
+            return True  # refused (ended), or re-sealed (followed once its re-seal is read)
+        self._track(view)
         last = await self.bus.last_event(namespace, name)
         assert last is not None
-        view = self._views.get(uid) or RunView.of(
-            first.config, start_time=first.time, generation=generation
-        )
-        self._track(view)
-        await self._apply(view, last)
+        if await self._judge(view, last):
+            await self._apply(view, last)
         return True
+
+    async def _trusted_view(
+        self, key: RunKey, first: RunEvent, *, generation: int = 1
+    ) -> RunView | None:
+        """A view of run ``key`` if the operator sealed its config (``seals.trusted``)."""
+        trusted = await self.seals.trusted(key, first)
+        if trusted is None:
+            return None
+        return RunView.of(
+            trusted.config,
+            start_time=trusted.start_time,
+            generation=generation,
+            admitted_seq=trusted.admitted_seq,
+        )
 
     def is_tracked(self, uid: str) -> bool:
         """Whether the run has a live view here (admitted, not ended, not forgotten)."""
@@ -170,23 +220,28 @@ class Dispatcher:
         await msg.ack()
 
     async def on_event(self, subject: str, event: RunEvent) -> None:
-        """Project one committed event and act on it (next turn, or nothing once terminal)."""
+        """Project one committed event and act on it (next turn, or nothing once terminal);
+        an event the operator should have sealed and did not ends the run (``_judge``)."""
+        namespace, name = subject_key(subject)
         view = self._views.get(event.run_uid)
         if view is None:
-            view = await self._view_from_stream(subject, event)
-            if view is None:
+            if self.seals.is_refused(event.run_uid):
+                return  # refused already: its stop, or more of what was refused
+            first = await self.bus.first_event(namespace, name)
+            if first is None or first.run_uid != event.run_uid or first.config is None:
                 return  # events of a deleted run
+            view = await self._trusted_view(RunKey(namespace, name, event.run_uid), first)
+            if view is None:
+                return
             self._track(view)
-        await self._apply(view, event)
+        if await self._judge(view, event):
+            await self._apply(view, event)
 
-    async def _view_from_stream(self, subject: str, event: RunEvent) -> RunView | None:
-        if event.kind == "admitted" and event.config is not None:
-            return RunView.of(event.config, start_time=event.time)
-        namespace, name = subject_key(subject)
-        first = await self.bus.first_event(namespace, name)
-        if first is None or first.run_uid != event.run_uid or first.config is None:
-            return None
-        return RunView.of(first.config, start_time=first.time)
+    async def _judge(self, view: RunView, event: RunEvent) -> bool:
+        """Whether ``event`` of the followed run ``view`` may be applied (``seals.judge``)."""
+        return await self.seals.judge(
+            view.key, event, admitted_seq=view.admitted_seq, seen=view.seq, base=view.summary
+        )
 
     async def _apply(self, view: RunView, event: RunEvent) -> None:
         if event.seq <= view.seq:
@@ -370,19 +425,24 @@ class Dispatcher:
         success, else why the decision was not applied (not waiting, digest mismatch, moved on).
         """
         events = await self.bus.read_events(namespace, name)
-        loaded = history.fold(events, run_uid=uid)
+        try:
+            loaded = history.fold(events, run_uid=uid, seals=self.seals.verifier)
+        except Untrusted as err:
+            return f"the run's events are not the operator's: {err}"
         if loaded is None:
             return "the run has no events"
         try:
             state = kernel.resolve_approval(loaded.state, digest=digest, approved=approved)
         except ValueError as err:
             return str(err)
-        event = RunEvent(
-            "approval",
-            uid,
-            state.summary(),
-            approval=protocol.Approval(digest, approved),
-            time=self.clock(),
+        event = self.seals.seal(
+            RunEvent(
+                "approval",
+                uid,
+                state.summary(),
+                approval=protocol.Approval(digest, approved),
+                time=self.clock(),
+            )
         )
         try:
             await self.bus.append_event(namespace, name, event, expected_seq=loaded.seq)
@@ -406,7 +466,12 @@ class Dispatcher:
                 )
                 first = await self.bus.first_event(namespace, name)
                 last = await self.bus.last_event(namespace, name)
-                ours = first is not None and first.run_uid == uid and first.config is not None
+                ours = (
+                    first is not None
+                    and first.run_uid == uid
+                    and first.config is not None
+                    and self.seals.fault(first, key=RunKey(namespace, name, uid)) is None
+                )
                 if ours and last is not None and last.run_uid == uid:
                     assert first is not None and first.config is not None
                     await self._settle_ended(first.config.tenant, uid, last)

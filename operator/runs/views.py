@@ -47,6 +47,10 @@ class RunView:
     """When that TurnRequest was published or last seen still queued (epoch seconds)."""
     redispatches: int = 0
     """Times the pending turn was published again after its TurnRequest was lost."""
+    admitted_seq: int = 0
+    """Stream sequence of the run's (sealed or vouched-for) first admission: events before it
+    belong to something else on the subject, and an ``admitted`` event after it is a re-seal
+    to check."""
 
     @property
     def key(self) -> RunKey:
@@ -54,8 +58,10 @@ class RunView:
         return RunKey(self.namespace, self.name, self.uid)
 
     @classmethod
-    def of(cls, config: RunConfig, *, start_time: float, generation: int = 1) -> RunView:
-        """A fresh view of an admitted run."""
+    def of(
+        cls, config: RunConfig, *, start_time: float, generation: int = 1, admitted_seq: int = 0
+    ) -> RunView:
+        """A fresh view of an admitted run (admitted at stream sequence ``admitted_seq``)."""
         return cls(
             config.namespace,
             config.name,
@@ -67,6 +73,7 @@ class RunView:
             traceparent=config.traceparent,
             model=config.model.model,
             agent_model=config.model.name,
+            admitted_seq=admitted_seq,
         )
 
 

@@ -69,6 +69,12 @@ class HttpGetSpec(SpecModel):
     allow: tuple[UrlRuleSpec, ...] = ()
 
 
+class ToolServersSpec(SpecModel):
+    """``AgentTenant.spec.toolServers``: the URLs AgentToolServers of its namespaces may have."""
+
+    allow: tuple[UrlRuleSpec, ...] = ()
+
+
 class AgentTenantSpec(SpecModel):
     """``AgentTenant.spec``. Parse with ``AgentTenantSpec.of``."""
 
@@ -82,6 +88,7 @@ class AgentTenantSpec(SpecModel):
     allowed_models: tuple[str, ...] | None = Field(default=None, alias="allowedModels")
     allowed_tools: tuple[str, ...] | None = Field(default=None, alias="allowedTools")
     http_get: HttpGetSpec = Field(default_factory=HttpGetSpec, alias="httpGet")
+    tool_servers: ToolServersSpec = Field(default_factory=ToolServersSpec, alias="toolServers")
     ttl_seconds_after_finished: int | None = Field(
         default=None, alias="ttlSecondsAfterFinished", ge=0
     )

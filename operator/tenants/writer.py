@@ -9,10 +9,11 @@ window budget used up and a new window as Kubernetes Events. What does not: the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from agentrun import kube, metrics
-from agentrun.ledger import Book
+from agentrun.ledger import Book, UsageFloor
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
@@ -52,6 +53,23 @@ class TenantStatusWriter:
         self._overruns: set[tuple[str, str, float]] = set()
         """(tenant, resource, window start) of the overruns told (once per window)."""
 
+    def record_rollback(self, tenant: str, book: Book, floor: UsageFloor) -> None:
+        """Tell a ledger entry rolled back below what the operator saw (``LedgerRolledBack``,
+        Warning), once per tenant and window."""
+        self.events.record(
+            Involved("AgentTenant", tenant),
+            type=EventType.WARNING,
+            reason="LedgerRolledBack",
+            message=(
+                f"the ledger book showed {book.used_tokens} tokens, {book.used_cost} USD used in "
+                f"the window from {rfc3339(book.window)}; the operator had seen "
+                f"{floor.tokens} tokens, {floor.cost_usd} USD in the window from "
+                f"{rfc3339(floor.window)}: written by a writer of the bucket, not by the "
+                "ledger's rules; restored"
+            ),
+            key=(tenant, "LedgerRolledBack", floor.window),
+        )
+
     async def write_invalid(self, name: str, generation: int, why: str, *, now: float) -> None:
         """``Accepted=False`` with ``why`` for an AgentTenant that cannot be enforced."""
         projected = invalid_tenant_status(
@@ -68,6 +86,7 @@ class TenantStatusWriter:
         queued: int,
         blocked: QueueWait | None,
         now: float,
+        ambiguous: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         """The status of an enforced AgentTenant and its budget metrics; ``book`` ``None``:
         the tenant has no ledger entry yet (an empty one is shown); ``queued``: runs waiting in
@@ -83,6 +102,7 @@ class TenantStatusWriter:
             blocked=blocked,
             now=now,
             previous=self._transitions.get(policy.name, {}),
+            ambiguous=ambiguous,
         )
         self._transitions[policy.name] = projected.transitions
         metrics.record_tenant_budget(policy.name, book, now=now)

@@ -4,7 +4,10 @@
 ``agentrun.tools.remote``), each bounded by the server's own discovery timeout (a hard bound:
 connect, handshake and every page), so a server that hangs delays nothing but its own status.
 A failed refresh keeps the last good list (runs keep being admitted with it) and says so in the
-condition. The operator's kopf handlers only tell the refresher about objects
+condition. A server whose URL its namespace's tenant does not allow (``spec.toolServers``) is
+never contacted: ``Ready=False``, reason ``NotAllowed``, no tools; an allowed one is reached
+only at addresses its rule allows (``agentrun.tools.reach``), its ``headersFrom`` Secret read
+for the listed keys only. The operator's kopf handlers only tell the refresher about objects
 (``observe``/``forget``); no finalizer is involved, so deleting an AgentToolServer never waits
 for the operator.
 
@@ -18,19 +21,31 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from agentrun import kernel
+from agentrun.protocol import UrlRule
 from agentrun.tools import remote
 
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from ..platform.loops import sleep_until_set
 from ..platform.spec import ObjectMeta, SpecError
+from .resolve import url_rule
 from .spec import TOOL_SERVERS, AgentToolServerSpec
-from .status import Reason, discovered_status, failed_status, keep_transition
+from .status import Reason, discovered_status, failed_status, keep_transition, refused_status
 
 log = logging.getLogger(__name__)
+
+
+class ReachRules(Protocol):
+    """The tenant of a namespace and its ``spec.toolServers.allow`` rules (the tenants'
+    port, given by the wiring)."""
+
+    async def __call__(self, namespace: str) -> tuple[str, Sequence[UrlRule]]:
+        """(tenant name, rules); raises ``LookupError`` saying why the namespace has no
+        tenant, ``ApiError`` when its labels cannot be read."""
+        ...
 
 
 @dataclasses.dataclass
@@ -52,14 +67,17 @@ class ToolServerRefresher:
         self,
         api: KubeApi,
         *,
+        reach: ReachRules,
         tick: float = 2.0,
         concurrency: int = 16,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        """``tick``: seconds between two looks for due servers; ``concurrency``: discoveries
+        """``reach``: the rules a server's URL must meet (its namespace's tenant's);
+        ``tick``: seconds between two looks for due servers; ``concurrency``: discoveries
         running at once (the others wait their turn; none blocks anything else)."""
         self._api = api
+        self._reach = reach
         self._tick = tick
         self._clock = clock
         self._wall = wall
@@ -156,9 +174,21 @@ class ToolServerRefresher:
         previous: Mapping[str, Any],
     ) -> dict[str, Any]:
         try:
+            tenant, rules = await self._reach(namespace)
+            rule = url_rule(spec.url, rules, tenant=tenant)
+        except (LookupError, SpecError) as err:
+            return refused_status(str(err), generation=generation, now=self._wall())
+        except ApiError as err:
+            why = f"the tenant of namespace {namespace} cannot be read: HTTP {err.status}"
+            return failed_status(previous, why, generation=generation, now=self._wall())
+        try:
             headers = await self._headers(spec, namespace)
             endpoint = remote.Endpoint(
-                spec.url, spec.transport, headers, timeout=spec.timeouts.discovery.seconds
+                spec.url,
+                spec.transport,
+                headers,
+                timeout=spec.timeouts.discovery.seconds,
+                private_network=rule.private_network,
             )
             found = await remote.discover(endpoint)
         except remote.RemoteError as err:
@@ -170,7 +200,7 @@ class ToolServerRefresher:
             return {}
         secret = spec.headers_from.secret_ref.name
         try:
-            return await self._api.secret_values(namespace, secret)
+            return await self._api.secret_values(namespace, secret, keys=spec.headers_from.keys)
         except (ApiError, ValueError) as err:
             reason = f"HTTP {err.status}" if isinstance(err, ApiError) else str(err)
             raise remote.RemoteError(

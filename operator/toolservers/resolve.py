@@ -9,11 +9,13 @@ looked at yet. What does not: reading the AgentToolServer (``store``), the tenan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrun.protocol import RemoteTool
-from agentrun.tools import remote
+from yarl import URL
+
+from agentrun.protocol import RemoteTool, UrlRule
+from agentrun.tools import reach, remote
 
 from ..platform.spec import SpecError
 from .spec import AgentToolServerSpec, Effect, split_reference
@@ -22,9 +24,63 @@ MAX_FUNCTION_NAME = 64
 """Longest function name the OpenAI tools API accepts."""
 
 
-def resolve_tool(reference: str, server: Mapping[str, Any] | None, *, namespace: str) -> RemoteTool:
+def rules_text(rules: Sequence[UrlRule]) -> str:
+    """The rules as a person reads them in a message: ``host/prefix (private network)``."""
+    shown = [
+        f"{r.host}{r.path_prefix}{' (private network)' if r.private_network else ''}" for r in rules
+    ]
+    return ", ".join(shown) or "none"
+
+
+def url_rule(url: str, rules: Sequence[UrlRule], *, tenant: str) -> UrlRule:
+    """The tenant's rule that allows an AgentToolServer's ``url`` (``reach.allowed_by``).
+
+    Raises ``SpecError`` naming the URL, the tenant and its rules when none does."""
+    try:
+        parsed = URL(url)
+    except ValueError as err:
+        raise SpecError(f"spec.url: {url!r} is not a URL: {err}") from None
+    rule = reach.allowed_by(parsed, rules)
+    if rule is None:
+        raise SpecError(
+            f"spec.url: {parsed.with_query(None)} is not allowed by AgentTenant {tenant!r} "
+            f"(spec.toolServers.allow: {rules_text(rules)})"
+        )
+    return rule
+
+
+def check_reach(
+    reference: str, server: Mapping[str, Any] | None, *, rules: Sequence[UrlRule], tenant: str
+) -> None:
+    """Raises ``SpecError`` naming ``spec.tools`` when the AgentToolServer ``reference`` names
+    has a URL its tenant's ``toolServers`` rules do not allow (checked before waiting for its
+    discovery, which such a server never gets). A missing or invalid server is left to
+    ``resolve_tool``."""
+    parts = split_reference(reference)
+    if server is None or parts is None:
+        return
+    try:
+        spec = AgentToolServerSpec.of(server.get("spec"))
+    except SpecError:
+        return
+    try:
+        url_rule(spec.url, rules, tenant=tenant)
+    except SpecError as err:
+        raise SpecError(f"spec.tools: {reference}: AgentToolServer {parts[0]!r}: {err}") from None
+
+
+def resolve_tool(
+    reference: str,
+    server: Mapping[str, Any] | None,
+    *,
+    namespace: str,
+    rules: Sequence[UrlRule],
+    tenant: str,
+) -> RemoteTool:
     """The ``RemoteTool`` a run gets for ``reference`` (``SERVER/TOOL``), from the
-    AgentToolServer object (``None``: it does not exist) in the run's namespace.
+    AgentToolServer object (``None``: it does not exist) in the run's namespace, under its
+    tenant's ``toolServers`` rules (``rules``: its URL must be allowed; the rule's
+    ``privateNetwork`` goes with the tool, for the worker's address check).
 
     Only allowlisted tools that discovery found are resolved (the last good list if a refresh
     failed). Raises ``SpecError`` naming ``spec.tools`` and the reason otherwise.
@@ -39,6 +95,10 @@ def resolve_tool(reference: str, server: Mapping[str, Any] | None, *, namespace:
         spec = AgentToolServerSpec.of(server.get("spec"))
     except SpecError as err:
         raise SpecError(f"{where}: AgentToolServer {server_name!r} is invalid: {err}") from None
+    try:
+        rule = url_rule(spec.url, rules, tenant=tenant)
+    except SpecError as err:
+        raise SpecError(f"{where}: AgentToolServer {server_name!r}: {err}") from None
     if spec.effect_of(tool) is None:
         offered = ", ".join(t.name for t in spec.tools) or "none"
         raise SpecError(
@@ -71,6 +131,8 @@ def resolve_tool(reference: str, server: Mapping[str, Any] | None, *, namespace:
         transport=spec.transport.value,
         timeout=spec.timeouts.call.seconds,
         headers_secret=headers.secret_ref.name if headers else None,
+        headers_keys=headers.keys if headers else (),
+        private_network=rule.private_network,
     )
 
 

@@ -31,6 +31,9 @@ class Reason(enum.StrEnum):
     """Discovery never succeeded: the server offers no tools to runs."""
     INVALID_SPEC = "InvalidSpec"
     """The spec does not parse."""
+    NOT_ALLOWED = "NotAllowed"
+    """Its tenant's ``spec.toolServers`` rules do not allow its URL (or its namespace has no
+    tenant): the server is never contacted and offers no tools."""
 
 
 def discovered_status(
@@ -103,6 +106,15 @@ def failed_status(
         "toolCount": len(kept),
         "conditions": [ready],
     }
+
+
+def refused_status(why: str, *, generation: int, now: float) -> dict[str, Any]:
+    """``.status`` of a server its tenant does not allow (``Reason.NOT_ALLOWED``): no tools,
+    nothing contacted."""
+    ready = condition(
+        "Ready", status=False, reason=Reason.NOT_ALLOWED, message=why, at=now, generation=generation
+    )
+    return {"observedGeneration": generation, "tools": [], "toolCount": 0, "conditions": [ready]}
 
 
 def keep_transition(status: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,9 @@
 """Least privilege, shown: what every ServiceAccount the chart creates may do, as the real API
 server answers ``kubectl auth can-i --list``, in the install namespace and in a tenant
 namespace, for the default values and for a tenant namespace listed in the values. Hook
-accounts count: the NATS bootstrap hook's exists during every install and upgrade (and stays
-after a failed one). The answer
-must equal the committed table `MATRIX` (``rbac_matrix.txt`` beside this file); a difference
-fails and prints the diff.
+accounts count: the NATS and run-signing bootstrap hooks' exist during every install and
+upgrade (and stay after a failed one). The answer must equal the committed table `MATRIX`
+(``rbac_matrix.txt`` beside this file); a difference fails and prints the diff.
 
 The table is kubectl's listing normalised: one row per resource (or non-resource URL) and
 resource names, the verbs of every rule for it merged and sorted, the chart's object-name

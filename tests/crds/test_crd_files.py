@@ -346,6 +346,7 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "allowedModels",
         "allowedTools",
         "httpGet",
+        "toolServers",
         "ttlSecondsAfterFinished",
     }
     assert "required" not in spec  # one of namespaces / namespaceSelector, checked in CEL

@@ -54,9 +54,9 @@ def test_the_run_waits_then_an_approved_call_runs(stack_: E2EStack, test_namespa
     # operator's status intervals, ample for a turn of this scenario to commit and show
     time.sleep(1.5)
     assert stack_.get(test_namespace, "approved")["status"]["phase"] == "AwaitingApproval"
-    result = cli(stack_, "approve", "approved", "-n", test_namespace)
+    result = cli(stack_, "approve", "approved", "--digest", pending["digest"], "-n", test_namespace)
     assert result.returncode == 0, result.stderr
-    assert 'calculate({"expression": "6*7"})' in result.stdout
+    assert '    "expression": "6*7"' in result.stdout.splitlines()  # shown in full
     done = stack_.wait_terminal(test_namespace, "approved")
     assert (done["terminalReason"], done["answer"]) == ("completed", "Reviewed and done.")
     assert "pendingApproval" not in done
@@ -101,7 +101,8 @@ def test_an_approval_naming_other_arguments_is_not_applied(
     status = stack_.get(test_namespace, "forged")["status"]
     assert status["phase"] == "AwaitingApproval"
     assert status["usage"]["toolCalls"] == 1
-    assert cli(stack_, "approve", "forged", "-n", test_namespace).returncode == 0
+    real = status["pendingApproval"]["digest"]
+    assert cli(stack_, "approve", "forged", "--digest", real, "-n", test_namespace).returncode == 0
     assert stack_.wait_terminal(test_namespace, "forged")["terminalReason"] == "completed"
 
 

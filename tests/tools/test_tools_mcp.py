@@ -49,6 +49,7 @@ def admitted(
         url=url,
         transport="StreamableHTTP",
         timeout=timeout,
+        private_network=True,  # the test servers listen on loopback
     )
 
 
@@ -65,7 +66,10 @@ def failure(tool: RemoteTool, **arguments: Any) -> ToolError:
 def test_discovery_lists_every_tool_with_its_real_input_schema(
     server: mcp_support.McpProcess,
 ) -> None:
-    found = {d.name: d for d in asyncio.run(remote.discover(remote.Endpoint(server.url)))}
+    found = {
+        d.name: d
+        for d in asyncio.run(remote.discover(remote.Endpoint(server.url, private_network=True)))
+    }
     assert {"add", "echo", "divide", "slow", "huge", "picture", "count"} <= set(found)
     add = found["add"].input_schema
     assert add["required"] == ["a", "b"]
@@ -161,7 +165,7 @@ def test_a_connection_reset_mid_call_then_a_restart_gets_a_new_session(
 def test_a_changing_tool_list_is_seen_by_the_next_discovery(
     fresh_server: mcp_support.McpProcess,
 ) -> None:
-    endpoint = remote.Endpoint(fresh_server.url)
+    endpoint = remote.Endpoint(fresh_server.url, private_network=True)
     before = {d.name for d in asyncio.run(remote.discover(endpoint))}
     assert call(admitted(fresh_server.url, "grow")) == "grown"
     after = {d.name for d in asyncio.run(remote.discover(endpoint))}
@@ -175,7 +179,7 @@ def test_discovery_of_a_server_that_never_answers_ends_at_its_hard_timeout() -> 
         url = f"http://127.0.0.1:{hole.getsockname()[1]}/mcp"
         started = time.monotonic()
         with pytest.raises(remote.RemoteError) as caught:
-            asyncio.run(remote.discover(remote.Endpoint(url, timeout=1.0)))
+            asyncio.run(remote.discover(remote.Endpoint(url, timeout=1.0, private_network=True)))
     assert caught.value.fault is ToolFault.TIMEOUT
     assert time.monotonic() - started < 2.5
 
@@ -183,7 +187,7 @@ def test_discovery_of_a_server_that_never_answers_ends_at_its_hard_timeout() -> 
 def test_discovery_of_a_server_that_is_down_says_so() -> None:
     url = f"http://127.0.0.1:{mcp_support.free_port()}/mcp"
     with pytest.raises(remote.RemoteError) as caught:
-        asyncio.run(remote.discover(remote.Endpoint(url, timeout=5.0)))
+        asyncio.run(remote.discover(remote.Endpoint(url, timeout=5.0, private_network=True)))
     assert caught.value.fault is ToolFault.CONNECTION
     assert url in caught.value.message
 
@@ -195,7 +199,7 @@ def test_a_wrong_endpoint_path_is_a_transport_fault(server: mcp_support.McpProce
 
 def test_an_sse_server_works_the_same(tmp_path: Path) -> None:
     with mcp_support.running(tmp_path, transport="sse") as sse:
-        endpoint = remote.Endpoint(sse.url, remote.Transport.SSE)
+        endpoint = remote.Endpoint(sse.url, remote.Transport.SSE, private_network=True)
         assert "add" in {d.name for d in asyncio.run(remote.discover(endpoint))}
         tool = admitted(sse.url, "add")
         sse_tool = dataclasses.replace(tool, transport="SSE")

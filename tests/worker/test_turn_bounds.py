@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
+from seals_support import VERIFIER, sealed
 
 from agentrun import kernel
 from agentrun.bus import Bus, BusSettings, EventTooLarge
@@ -107,11 +108,15 @@ async def next_event(bus: Bus, run: RunConfig, *, after: int, timeout: float = 3
 async def run_to_end(bus: Bus, deps: TurnDeps, run: RunConfig) -> list[RunEvent]:
     """Admit ``run``, then dispatch each next turn (as the operator does) to a real
     ``TurnConsumer`` until the run ends; returns the run's events."""
-    consumer = TurnConsumer(bus, deps, ConsumerSettings(concurrency=2, heartbeat=1.0))
+    consumer = TurnConsumer(
+        bus, deps, ConsumerSettings(concurrency=2, heartbeat=1.0), seals=VERIFIER
+    )
     serving = asyncio.create_task(consumer.run())
     try:
         state = kernel.initial_state(goal=run.goal)
-        admitted = RunEvent("admitted", run.uid, state.summary(), config=run, time=time.time())
+        admitted = sealed(
+            RunEvent("admitted", run.uid, state.summary(), config=run, time=time.time())
+        )
         last = dataclasses.replace(
             admitted, seq=await bus.append_event(run.namespace, run.name, admitted, expected_seq=0)
         )

@@ -246,3 +246,64 @@ of nats.url), the scripted model, the API server's endpoints, then extraRules.
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The run-signing keys (runSigning): <fullname>-signing (signing.json, the operator's private
+keys) and <fullname>-trust (trust.json, the public keys every process trusts), made by the
+run-signing hook unless both are brought. One brought without the other is refused: the hook
+would make keys the brought one does not hold.
+*/}}
+{{- define "agentrun.signingSecret" -}}
+{{- default (printf "%s-signing" (include "agentrun.fullname" .)) .Values.runSigning.signingSecret -}}
+{{- end -}}
+
+{{- define "agentrun.trustSecret" -}}
+{{- default (printf "%s-trust" (include "agentrun.fullname" .)) .Values.runSigning.trustSecret -}}
+{{- end -}}
+
+{{- define "agentrun.runSigningBootstrap" -}}
+{{- $given := .Values.runSigning -}}
+{{- if and (or $given.signingSecret $given.trustSecret) (not (and $given.signingSecret $given.trustSecret)) -}}
+{{- fail "runSigning: bring signingSecret and trustSecret together, made by the same `agentrun signing bootstrap` (the trust file must hold every signing key)" -}}
+{{- end -}}
+{{- if not $given.signingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* The run-signing env and mounts: the trust file for every process, the signing file for
+the operator (role "operator"). */}}
+{{- define "agentrun.runKeysEnv" -}}
+- name: AGENTRUN_RUN_TRUST_FILE
+  value: /var/run/agentrun/run-trust/trust.json
+{{- if eq .role "operator" }}
+- name: AGENTRUN_RUN_SIGNING_FILE
+  value: /var/run/agentrun/run-signing/signing.json
+{{- end }}
+{{- end -}}
+
+{{- define "agentrun.runKeysMounts" -}}
+- name: run-trust
+  mountPath: /var/run/agentrun/run-trust
+  readOnly: true
+{{- if eq .role "operator" }}
+- name: run-signing
+  mountPath: /var/run/agentrun/run-signing
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "agentrun.runKeysVolumes" -}}
+- name: run-trust
+  secret:
+    secretName: {{ include "agentrun.trustSecret" .root }}
+    items:
+      - key: trust.json
+        path: trust.json
+{{- if eq .role "operator" }}
+- name: run-signing
+  secret:
+    secretName: {{ include "agentrun.signingSecret" .root }}
+    items:
+      - key: signing.json
+        path: signing.json
+{{- end }}
+{{- end -}}

@@ -9,13 +9,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 from kube_support import FakeKube
+from seals_support import SIGNER, VERIFIER, sealed
 
 from agentrun import kernel
 from agentrun.bus import CommitConflict
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.platform.events import EventRecorder, Throttle
-from agentrun.operator.runs.dispatch import Dispatcher
+from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
 from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
+from agentrun.operator.runs.seals import RunSeals
 from agentrun.operator.runs.writer import StatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
 
@@ -79,12 +81,11 @@ async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
     """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
     bus, clock, api = Bus(), Clock(), FakeKube()
     events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)  # type: ignore[arg-type]
     dispatcher = Dispatcher(
         bus,  # type: ignore[arg-type]
         StatusWriter(api),
-        ends=Ends(),
-        queues=QueueBoard(),
-        events=events,
+        DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, seals=seals),
         clock=clock,
     )
     config = RunConfig(
@@ -101,7 +102,7 @@ async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
     )
     state = kernel.initial_state(goal="g")
     await bus.append_event(
-        "ns", "r", RunEvent("admitted", "u", state.summary(), config=config), expected_seq=0
+        "ns", "r", sealed(RunEvent("admitted", "u", state.summary(), config=config)), expected_seq=0
     )
     await dispatcher.on_event(SUBJECT, bus.events[0])
     watch = OrphanWatch(bus, dispatcher, after=AFTER, clock=clock)  # type: ignore[arg-type]

@@ -45,6 +45,7 @@ def test_a_tenant_with_budget_left_is_accepted_and_within_budget() -> None:
     assert conditions(body) == {
         "Accepted": ("True", "Valid"),
         "BudgetExhausted": ("False", "WithinBudget"),
+        "NamespacesAmbiguous": ("False", "Unambiguous"),
     }
     assert (body["observedGeneration"], body["activeRuns"], body["queuedRuns"]) == (2, 0, 0)
     assert (body["windowStart"], body["resetTime"]) == (
@@ -183,3 +184,15 @@ async def test_a_window_used_past_its_limit_tells_the_tenant_once(
     assert len(overruns) == 1 and f"budget {resource} overrun" in overruns[0]
     await writer.write_enforced(p, book(p), queued=0, blocked=None, now=NOW)
     assert not [r for r, _ in queued_reasons(events) if r == "BudgetOverrun"]
+
+
+def test_namespaces_shared_with_other_tenants_are_named_in_a_condition() -> None:
+    p = policy()
+    shared = {"team-x": ("other",), "team-y": ("other", "third")}
+    body = tenant_status(
+        p, book(p), queued=0, blocked=None, now=NOW, previous={}, ambiguous=shared
+    ).body
+    found = next(c for c in body["conditions"] if c["type"] == "NamespacesAmbiguous")
+    assert (found["status"], found["reason"]) == ("True", "Ambiguous")
+    assert "team-x (also other); team-y (also other, third)" in found["message"]
+    assert "a name wins over a selector" in found["message"]
