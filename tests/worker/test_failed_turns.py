@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from seals_support import VERIFIER, sealed
 
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
@@ -96,7 +97,7 @@ async def admit(bus: Bus) -> TurnRequest:
         deadline=time.time() + 60,
     )
     state = kernel.initial_state(goal=config.goal)
-    event = RunEvent("admitted", uid, state.summary(), config=config, time=time.time())
+    event = sealed(RunEvent("admitted", uid, state.summary(), config=config, time=time.time()))
     seq = await bus.append_event("ns", config.name, event, expected_seq=0)
     return TurnRequest(uid, "ns", config.name, 0, seq)
 
@@ -107,7 +108,7 @@ def worker(bus: Bus, secrets: Failing) -> TurnConsumer:
         catalog=Catalog([Calculate()]),
         secrets=secrets,
     )
-    return TurnConsumer(bus, deps, ConsumerSettings(heartbeat=30.0))
+    return TurnConsumer(bus, deps, ConsumerSettings(heartbeat=30.0), seals=VERIFIER)
 
 
 async def deliver(consumer: TurnConsumer, request: TurnRequest, *, num_delivered: int) -> list[str]:
