@@ -15,14 +15,16 @@ from typing import Any
 import pytest
 from kube_support import FakeKube
 from nats.js import JetStreamContext
+from seals_support import SIGNER, VERIFIER
 
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.runs import RunKey
-from agentrun.operator.runs.dispatch import Dispatcher
+from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
 from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
 from agentrun.operator.runs.ports import PendingTurn
+from agentrun.operator.runs.seals import RunSeals
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent
 from agentrun_dev import natsserver
 
@@ -94,12 +96,11 @@ async def bus(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Bus]:
 
 def dispatcher(bus: Bus) -> tuple[Dispatcher, Submitted, Settled, Recorded]:
     writer, settled, events = Submitted(), Settled(), Recorded()
+    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=FakeKube(), events=events.recorder)
     made = Dispatcher(
         bus,
         writer,  # type: ignore[arg-type]
-        ends=settled,
-        queues=NoQueues(),
-        events=events.recorder,
+        DispatchDeps(ends=settled, queues=NoQueues(), events=events.recorder, seals=seals),
     )
     return made, writer, settled, events
 
