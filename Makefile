@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test lint typecheck pytest bench bench-quick bench-all bench-ab bench-cluster down status clean image release system-packages node-packages
+.PHONY: demo demo-cluster test lint typecheck pytest mutate bench bench-quick bench-all bench-ab bench-cluster down status clean image release system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	@echo 'installing agentrun and its dev tooling into $(VENV) (a few minutes the first time)…'
@@ -85,6 +85,15 @@ system-packages:
 	  apt-get -o DPkg::Lock::Timeout=600 update -q && \
 	  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $$missing; \
 	fi
+
+## mutate: mutation testing of the pure core (kernel and the ledger's pure modules; mutmut,
+## configured in pyproject.toml [tool.mutmut]): prints the score per package and every
+## surviving mutant not explained in tests/mutants-equivalent.txt (then exits 1). Slow
+## (about two hours from scratch on two busy cores; a re-run tests only what changed), so not
+## part of `make test`; the suite checks the configuration (tests/devenv/test_mutation_config.py).
+MUTATE_JOBS ?= 2
+mutate: $(STAMP)
+	$(BIN)/python -m agentrun_dev.mutation --jobs $(MUTATE_JOBS) .
 
 ## bench: agentrun beside the NATS floor (nats-py on loopback) and the in-process peer (the
 ## OpenAI Agents SDK's Runner, in a virtualenv of its own) on one machine in one invocation:

@@ -8,8 +8,8 @@ turn (``plan``: what the worker does next, and every record a turn can end in), 
 function that decides a run's phase after each turn (``advance``). What does not: anything
 that waits, sends or reads (asyncio, NATS, HTTP, Kubernetes), or any JSON shape
 (``agentrun.protocol``). The worker and the operator call these functions; nothing else
-decides a phase. A test
-(tests/kernel/test_purity.py) keeps this package free of I/O imports.
+decides a phase. An import contract (``pyproject.toml``, run by ``make lint``) keeps this
+package free of I/O imports.
 """
 
 from agentrun.kernel.approval import (

@@ -28,12 +28,20 @@ DEFAULT_EXAMPLES = (
 )
 
 
-def mock_model(base_url: str) -> dict[str, Any]:
-    """The cluster-scoped AgentModel ``mock``: the scripted server, with real-looking prices."""
+def mock_model(
+    base_url: str,
+    *,
+    name: str = MODEL_NAME,
+    max_output_tokens: int = 4096,
+    context_window: int = 128000,
+) -> dict[str, Any]:
+    """The cluster-scoped AgentModel ``name`` (default ``mock``): the scripted server at
+    ``base_url``, with real-looking prices (USD per million tokens: 2.50 input, 1.25 cached
+    input, 10 output), allowing ``max_output_tokens`` a call within ``context_window``."""
     return {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentModel",
-        "metadata": {"name": MODEL_NAME},
+        "metadata": {"name": name},
         "spec": {
             "baseURL": base_url,
             "model": "scripted",
@@ -42,8 +50,8 @@ def mock_model(base_url: str) -> dict[str, Any]:
                 "cachedInputPerMillionUSD": "1.25",
                 "outputPerMillionUSD": "10.00",
             },
-            "contextWindow": 128000,
-            "maxOutputTokens": 4096,
+            "contextWindow": context_window,
+            "maxOutputTokens": max_output_tokens,
         },
     }
 

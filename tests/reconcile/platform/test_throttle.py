@@ -71,3 +71,18 @@ def test_namespaces_remembered_are_bounded_and_a_forgotten_one_starts_full() -> 
 def test_the_operator_gives_a_namespace_a_share_below_the_whole() -> None:
     throttle = standard_throttle()
     assert throttle.namespace_burst < throttle.burst and throttle.namespace_rate < throttle.rate
+
+
+def test_the_operator_s_throttle_is_once_a_minute_2_a_second_a_namespace_10_in_all() -> None:
+    """The defaults the docs state (docs/architecture.md, "Kubernetes Events"), checked by what
+    the throttle does, not by reading its fields: an occasion once a minute; a namespace 2 a
+    second, 25 at once; all namespaces 10 a second, 100 at once."""
+    throttle = standard_throttle()
+    assert throttle.allow(("run", "Queued"), 0.0, namespace="a")
+    assert not throttle.allow(("run", "Queued"), 59.9, namespace="a")
+    assert throttle.allow(("run", "Queued"), 60.0, namespace="a")  # once a minute per occasion
+    burst = [throttle.allow(("a", n), 60.0, namespace="a") for n in range(30)]
+    assert burst == [True] * 24 + [False] * 6  # 25 at once (one went to the repeat above)
+    assert [throttle.allow(("a2", n), 60.5, namespace="a") for n in range(2)] == [True, False]
+    everyone = [throttle.allow((ns, n), 200.0, namespace=ns) for ns in "abcde" for n in range(25)]
+    assert everyone == [True] * 100 + [False] * 25  # 100 at once over all namespaces

@@ -1,4 +1,5 @@
-"""Status writes are coalesced: fast turns cause few API writes; the terminal one always lands."""
+"""Status writes are coalesced: fast turns cause few API writes; the first status, an approval
+request and the terminal one are written at once; the terminal one always lands."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ class FakeApi:
         self.on_conflict: Callable[[], None] | None = None
         """Runs when a patch is refused (409): e.g. a watch event arriving meanwhile."""
         self.writes: list[tuple[RunKey, dict[str, Any]]] = []
+        """Applied patches: the run they were meant for and the status they carried."""
+        self.written_at: list[float] = []
+        """When each applied patch landed (monotonic seconds)."""
         self.fail_with = fail_with
         self.uid: str | None = uid
         """The object's uid; ``None``: there is no object."""
@@ -62,6 +66,7 @@ class FakeApi:
                 self.on_conflict()
             raise ApiError(409, "Conflict")
         self.writes.append((RunKey(ref.namespace, ref.name, uid), dict(status)))
+        self.written_at.append(time.monotonic())
         self.other_writer(dict(status))
         return self._object()
 
@@ -74,24 +79,58 @@ def ended(seq: int, reason: str = "completed") -> dict[str, Any]:
     return {"phase": "Succeeded", "terminalReason": reason, "lastEventSequence": seq}
 
 
-async def test_fifty_fast_turns_cause_a_handful_of_writes_and_the_last_is_terminal() -> None:
+async def until(check: Callable[[], bool], *, timeout: float = 10.0) -> None:
+    """Poll ``check`` every 5 ms; TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.005)
+
+
+async def test_fifty_fast_turns_cause_two_writes_the_first_and_the_terminal() -> None:
+    """An interval far longer than the turns take: the bound is two writes whatever the
+    machine's speed (the first status at once, the terminal one at once, the rest coalesced
+    into it); only a machine 100 times slower than needed could see a third."""
     api = FakeApi()
-    writer = StatusWriter(api, interval=0.2)
-    started = time.monotonic()
+    writer = StatusWriter(api, interval=30.0)
     writer.start()
     for seq in range(1, 51):
         writer.submit(RUN, running(seq), seq=seq, terminal=False)
         await asyncio.sleep(0.005)
     writer.submit(RUN, ended(51), seq=51, terminal=True)
-    await asyncio.sleep(0.05)
+    await until(lambda: len(api.writes) == 2, timeout=5.0)
     await writer.flush_and_stop()
-    # at most one write per interval plus the terminal one: about 0.3 s of turns make 3, but
-    # a busy machine stretches the 5 ms sleeps, so the bound follows the time they took (50
-    # uncoalesced writes stay far above it)
-    took = time.monotonic() - started
-    assert 1 <= len(api.writes) <= max(4, 2 + int(took / 0.2)), took
-    assert api.writes[-1][1] == ended(51)
+    first, last = (body for _, body in api.writes)
+    assert first["phase"] == "Running" and first["lastEventSequence"] < 51
+    assert last == ended(51)
     assert api.reads == 1  # read once; later patches go on the version each patch returned
+
+
+async def test_the_first_status_and_the_terminal_one_are_not_held_for_the_interval() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=30.0)
+    writer.start()
+    writer.submit(RUN, running(1), seq=1, terminal=False)
+    await until(lambda: len(api.writes) == 1, timeout=5.0)  # at once, not after 30 s
+    writer.submit(RUN, running(2), seq=2, terminal=False)  # held: one write per interval
+    writer.submit(RUN, {**running(3), "phase": "AwaitingApproval"}, seq=3, terminal=True)
+    await until(lambda: len(api.writes) == 2, timeout=5.0)  # a person to ask: at once
+    writer.submit(RUN, running(4), seq=4, terminal=False)
+    writer.submit(RUN, ended(5), seq=5, terminal=True)
+    await until(lambda: len(api.writes) == 3, timeout=5.0)
+    await writer.flush_and_stop()
+    assert [body["lastEventSequence"] for _, body in api.writes] == [1, 3, 5]
+
+
+async def test_a_run_s_ordinary_writes_are_at_least_the_interval_apart() -> None:
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.3)
+    writer.start()
+    writer.submit(RUN, running(1), seq=1, terminal=False)
+    await until(lambda: len(api.writes) == 1)
+    writer.submit(RUN, running(2), seq=2, terminal=False)
+    await until(lambda: len(api.writes) == 2)
+    await writer.flush_and_stop()
+    assert api.written_at[1] - api.written_at[0] >= 0.3  # a lower bound no load can break
 
 
 async def test_an_older_projection_never_overwrites_a_newer_one() -> None:
@@ -212,13 +251,6 @@ async def test_a_refused_status_is_replaced_once_by_a_minimal_one() -> None:
     assert (written["phase"], written["terminalReason"]) == ("Failed", "model_error")
     assert written["lastEventSequence"] == 4
     assert "refused by the API server" in written["message"]
-
-
-async def until(check: Callable[[], bool], *, timeout: float = 10.0) -> None:
-    """Poll ``check`` every 5 ms; TimeoutError after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.005)
 
 
 async def test_a_failed_write_is_retried_after_the_interval() -> None:
