@@ -72,8 +72,9 @@ SOURCE_URL = "https://github.com/agentrun/agentrun"
 NONROOT_UID = 65532
 PYTHON = "/usr/bin/python3.11"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
-AGENTRUN_PACKAGES = ("python3.11-minimal", "libpython3.11-stdlib")
-"""Debian packages of the agentrun image: the interpreter and its standard library."""
+AGENTRUN_PACKAGES = ("python3.11-minimal", "libpython3.11-stdlib", "libstdc++6")
+"""Debian packages of the agentrun image: the interpreter, its standard library, and the C++
+runtime that native wheels link against (google-re2's extension needs ``libstdc++.so.6``)."""
 _DROPPED = (
     "usr/share/doc",
     "usr/share/man",

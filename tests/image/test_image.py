@@ -148,6 +148,33 @@ def test_the_agentrun_cli_answers_help_inside_the_image(
     assert "usage: agentrun" in result.stdout
 
 
+IMPORT_ALL = """
+import importlib, pkgutil, agentrun
+names = [m.name for m in pkgutil.walk_packages(agentrun.__path__, "agentrun.")]
+for name in names:
+    if not name.endswith(".__main__"):
+        importlib.import_module(name)
+print(len(names))
+"""
+"""Imports every module of the installed runtime (not the ``__main__`` entry points)."""
+
+
+def test_every_runtime_module_imports_inside_the_image(
+    images: image.ProjectImages, unpacked: dict[str, Path], tmp_path: Path
+) -> None:
+    """A native wheel whose shared libraries the image lacks fails here, not in a pod: the
+    console scripts' ``--help`` imports only part of the package."""
+    result = run_in_container(
+        images.agentrun.archive,
+        unpacked["agentrun"],
+        ["python3.11", "-c", IMPORT_ALL],
+        tmp_path=tmp_path,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > 150
+
+
 def test_the_kubectl_plugin_answers_help_inside_the_image(
     images: image.ProjectImages, unpacked: dict[str, Path], tmp_path: Path
 ) -> None:
