@@ -68,6 +68,13 @@ class NoQueues:
         return {}
 
 
+class NoCaps:
+    """No tenant caps its turns in flight (``maxConcurrentTurns`` unset everywhere)."""
+
+    def max_concurrent_turns(self, tenant: str) -> int | None:
+        return None
+
+
 class Recorded:
     """The Kubernetes Events the dispatcher records, posted through the API server port."""
 
@@ -100,7 +107,9 @@ def dispatcher(bus: Bus) -> tuple[Dispatcher, Submitted, Settled, Recorded]:
     made = Dispatcher(
         bus,
         writer,  # type: ignore[arg-type]
-        DispatchDeps(ends=settled, queues=NoQueues(), events=events.recorder, seals=seals),
+        DispatchDeps(
+            ends=settled, queues=NoQueues(), events=events.recorder, seals=seals, caps=NoCaps()
+        ),
     )
     return made, writer, settled, events
 
