@@ -39,7 +39,7 @@ from agentrun_dev import components, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 from agentrun_dev.natsserver import NatsServer
 
-from .conftest import E2EStack, http_get, run_manifest
+from .conftest import LEDGER_SWEEP, E2EStack, http_get, run_manifest
 from .events import read_book, read_events
 
 pytestmark = pytest.mark.e2e
@@ -150,6 +150,11 @@ def secret_reads(audit_log: Path, *, namespace: str, since: float) -> list[dict[
     return found
 
 
+def b_requests(stack_: E2EStack, goal: str) -> list[dict[str, Any]]:
+    """The model requests of B's run so far (its goal is unique to the test)."""
+    return [r for r in stack_.mock_requests() if goal in json.dumps(r["body"])]
+
+
 def write_creds(directory: Path, name: str, text: str) -> natsclient.NatsAuth:
     path = directory / f"{name}.creds"
     path.touch(mode=0o600)
@@ -252,7 +257,15 @@ def test_a_forged_admission_makes_no_model_request_and_reads_no_secret(
         for c in [stack_.operator, *stack_.workers]
         for reason in ("unsigned", "bad_signature", "ledger_rollback")
     }
-    started = time.time() - 1
+    # B's first turn commits after its first SLEEP s tool call, when B starts its second model
+    # call (reading B's key): the attack starts once that read is done, SLEEP s before the next
+    end = time.monotonic() + 60
+    while len(b_requests(stack_, goal)) < 2:
+        assert time.monotonic() < end, "B did not make its second model call"
+        time.sleep(0.25)
+    time.sleep(1.0)
+    started = time.time()
+    b_calls = len(b_requests(stack_, goal))
     forged_name = f"forged-{uuid.uuid4().hex[:6]}"
     fresh, on_b = forged_payloads(admitted, stack.mockllm_url(attacker_server), forged_name)
     authority = nats_server.authority()
@@ -261,14 +274,12 @@ def test_a_forged_admission_makes_no_model_request_and_reads_no_secret(
     stack_.attackers |= {reader.public, worker.public}
 
     async def attack() -> list[Attempt]:
+        """The forged new run from a reader and a worker."""
         subject = protocol.event_subject(tenants.ns_b, forged_name)
         request = TurnRequest(fresh.run_uid, tenants.ns_b, forged_name, 0, 1)
         turn = protocol.encode_turn_request(request)
-        turn_subject = protocol.turn_subject(tenants.tenant)
         reader_auth = write_creds(tmp_path, "reader", reader.text())
         worker_auth = write_creds(tmp_path, "worker", worker.text())
-        operator_auth = nats_server.auth("operator")
-        assert operator_auth is not None
         log: list[Attempt] = []
         async with Attacker(nats_server, reader_auth, "reader") as a:
             await a.publish("admitted event", subject, fresh.encode())
@@ -279,25 +290,50 @@ def test_a_forged_admission_makes_no_model_request_and_reads_no_secret(
             request = dataclasses.replace(request, expected_seq=int(stored.split()[-1]))
             turn = protocol.encode_turn_request(request)
             await a.publish("TurnRequest", turn_subject, turn, **{"Nats-Msg-Id": "x:1"})
-            await a.publish(
-                "admitted event (B's run, B's seal)",
-                protocol.event_subject(tenants.ns_b, "b"),
-                on_b.encode(),
-            )
+            log += a.log
+        return log
+
+    async def erase() -> None:
+        """B's book rolled back to 0 used, with a worker's credentials."""
+        async with Attacker(nats_server, write_creds(tmp_path, "worker", worker.text()), "w") as a:
             assert a.nc is not None
             kv = await a.nc.jetstream().key_value(protocol.LEDGER_BUCKET)
             entry = codec.decode_book((await kv.get(book_key(tenants.tenant))).value or b"")
             entry.used_tokens, entry.used_cost = 0, entry.used_cost * 0
             await kv.put(book_key(tenants.tenant), codec.encode_book(entry))
-            a.log.append(Attempt("worker", "B's book used = 0", "stored"))
-            log += a.log
+
+    async def forge_b() -> list[Attempt]:
+        """B's own run given a forged admission carrying B's seal (first: B is ended before
+        its next model call, whose key read would be B's own)."""
+        async with Attacker(
+            nats_server, write_creds(tmp_path, "worker", worker.text()), "worker"
+        ) as a:
+            await a.publish(
+                "admitted event (B's run, B's seal)",
+                protocol.event_subject(tenants.ns_b, "b"),
+                on_b.encode(),
+            )
+            return a.log
+
+    async def operator_turn() -> list[Attempt]:
+        """The forged run's turn asked for with the operator's NATS user (without the
+        run-signing key)."""
+        operator_auth = nats_server.auth("operator")
+        assert operator_auth is not None
+        request = TurnRequest(fresh.run_uid, tenants.ns_b, forged_name, 0, 1)
+        turn = protocol.encode_turn_request(request)
         async with Attacker(nats_server, operator_auth, "operator NATS user") as a:
             await a.publish("TurnRequest", turn_subject, turn, **{"Nats-Msg-Id": "x:2"})
-            log += a.log
-        return log
+            return a.log
 
+    def delta(c: components.Component, reason: str) -> float:
+        return refused(c, reason) - before[(c.name, reason)]
+
+    turn_subject = protocol.turn_subject(tenants.tenant)
     try:
-        attempts = asyncio.run(attack())
+        attempts = asyncio.run(forge_b())
+        attempts += asyncio.run(attack())
+        attempts += asyncio.run(operator_turn())
         for attempt in attempts:
             print(f"{attempt.who}: {attempt.what}: {attempt.outcome}")
         by = {(a.who, a.what): a.outcome for a in attempts}
@@ -322,26 +358,30 @@ def test_a_forged_admission_makes_no_model_request_and_reads_no_secret(
         )["items"]
         refusals = {e["involvedObject"]["name"] for e in events if e["reason"] == "MessageRefused"}
         assert refusals == {"b", forged_name}
-        # B's used is back in the ledger (the sweep's floor)
+        # B ended and settled: its book rolled back now is restored by the sweep's floor (a
+        # charge landing between a rollback and the sweep's next read would hide it; see
+        # docs/trust.md), and the rollback counted
+        used_before = read_book(nats_server, tenants.tenant) or used_before
+        time.sleep(4 * LEDGER_SWEEP)  # the sweep has read B's settled book: its floor
+        asyncio.run(erase())
         end = time.monotonic() + 30
         while (book := read_book(nats_server, tenants.tenant)) is None or (
             book.used_tokens < used_before.used_tokens
         ):
             assert time.monotonic() < end, "B's used was not restored"
             time.sleep(0.25)
-
-        def delta(c: components.Component, reason: str) -> float:
-            return refused(c, reason) - before[(c.name, reason)]
-
+        assert delta(stack_.operator, "ledger_rollback") >= 1
         assert delta(stack_.operator, "unsigned") >= 1  # the new run
         assert delta(stack_.operator, "bad_signature") >= 1  # B's copied seal
-        assert delta(stack_.operator, "ledger_rollback") >= 1
         assert sum(delta(w, "unsigned") for w in stack_.workers) >= 1  # the TurnRequest
         # no model request reached the attacker, no Secret was read
         seen = json.loads(
             http_get(stack.mockllm_url(attacker_server).removesuffix("/v1") + "/_mock/requests")
         )
         assert (seen["requests"] if isinstance(seen, dict) else seen) == []
-        assert secret_reads(control_plane.audit_log, namespace=tenants.ns_b, since=started) == []
+        # B's own model calls meanwhile (one every SLEEP s) read B's key; nothing else does
+        legit = len(b_requests(stack_, goal)) - b_calls
+        reads = secret_reads(control_plane.audit_log, namespace=tenants.ns_b, since=started)
+        assert len(reads) <= legit, (reads, legit)
     finally:
         components.stop_component(attacker_server)

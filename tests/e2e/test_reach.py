@@ -80,7 +80,7 @@ def test_a_private_address_is_refused_until_the_rule_allows_private_networks(
     wait_server(stack_, test_namespace, "tools", "Discovered")
     stack_.apply(test_namespace, run_manifest("near", "E2E-MCP-ADD", tools=["tools/add"]))
     run = stack_.wait_terminal(test_namespace, "near")
-    assert (run["terminalReason"], run["answer"]) == ("completed", "2 + 40 = 42"), run
+    assert (run["terminalReason"], run.get("answer")) == ("completed", "2 + 40 = 42"), run
     assert "tools/call" in {r["method"] for r in mcp.requests()}  # the worker's call went
 
 
@@ -102,7 +102,7 @@ def test_headers_from_sends_the_listed_keys_of_the_secret_and_no_other(
     wait_server(stack_, test_namespace, "tools", "Discovered")
     stack_.apply(test_namespace, run_manifest("authed", "E2E-MCP-ADD", tools=["tools/add"]))
     run = stack_.wait_terminal(test_namespace, "authed")
-    assert (run["terminalReason"], run["answer"]) == ("completed", "2 + 40 = 42"), run
+    assert (run["terminalReason"], run.get("answer")) == ("completed", "2 + 40 = 42"), run
     seen = mcp.requests()
     methods = {r["method"] for r in seen}
     assert {"tools/list", "tools/call"} <= methods  # the operator's discovery, a worker's call

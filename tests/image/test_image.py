@@ -1,5 +1,5 @@
 """The images `make image` builds: the agentrun image runs its console scripts as uid 65532 on
-a read-only root filesystem, carries the OCI labels, stays under 200 MB, and is not rebuilt
+a read-only root filesystem, carries the OCI labels, stays under 210 MB, and is not rebuilt
 when nothing changed; the NATS image runs nats-server likewise.
 
 Containers run with runc from the archive's own layers (unpacked into a temporary bundle,
@@ -23,7 +23,9 @@ import pytest
 from agentrun_dev import image, natsserver
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SIZE_LIMIT = 200_000_000
+SIZE_LIMIT = 210_000_000
+"""Bytes of the agentrun image's archive: 200 MB until google-re2 (the linear-time engine
+for users' patterns) and the C++ runtime it links (libstdc++6) came in, at about 202 MB."""
 pytestmark = pytest.mark.timeout(1800)
 
 

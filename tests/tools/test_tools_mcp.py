@@ -328,6 +328,7 @@ async def _call_while_ticking(tool: RemoteTool, pool: bool) -> tuple[str, float]
     finally:
         stop.set()
         await task
+        ticks.append(time.monotonic())  # the wait since the ticker's last turn counts too
         if sessions is not None:
             await sessions.aclose()
     return out, max(b - a for a, b in itertools.pairwise(ticks))

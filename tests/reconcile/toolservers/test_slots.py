@@ -12,6 +12,7 @@ from kube_support import FakeKube
 from agentrun.operator.toolservers import refresher
 from agentrun.operator.toolservers.refresher import NamespaceSlots
 from agentrun.operator.toolservers.spec import TOOL_SERVERS
+from agentrun.operator.toolservers.store import ToolServerCache
 from agentrun.protocol import UrlRule
 from agentrun.tools import remote
 
@@ -104,3 +105,20 @@ async def test_a_status_the_api_server_refuses_is_replaced_by_a_failed_one_logge
     assert "could not be written to the status (HTTP 413" in ready["message"]
     assert stored["status"]["tools"] == []
     assert len([r for r in caplog.records if "HTTP 413" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize(
+    ("ready", "reads"), [("True", 1), ("False", 3)], ids=["ready", "refused-or-failed"]
+)
+async def test_admission_reuses_a_ready_server_read_and_rereads_one_not_ready(
+    ready: str, reads: int
+) -> None:
+    """A ready server is read once per burst; one not ready (refused, failed) is read again each
+    time, so a run is never refused on a copy older than the rule that now allows it."""
+    api = FakeKube()
+    status = {"conditions": [{"type": "Ready", "status": ready, "reason": "x", "message": "m"}]}
+    api.put(TOOL_SERVERS, {**SERVER, "status": status})
+    cache = ToolServerCache(api, clock=lambda: 0.0)
+    for _ in range(3):
+        assert await cache.get("ns", "big") is not None
+    assert [verb for verb, _ in api.calls].count("get") == reads
