@@ -97,7 +97,7 @@ SHUTDOWN_STEP_SECONDS = 5.0
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunHandling:
-    """What the AgentRun handlers (``handlers.runs``) use."""
+    """What the AgentRun handlers (``handlers.runs``, ``handlers.admission``) use."""
 
     runs: Dispatcher
     """Recovers, ends, decides and forgets live runs."""

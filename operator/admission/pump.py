@@ -39,7 +39,7 @@ from ..platform.events import EventRecorder, EventType
 from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
 from ..platform.spec import SpecError
-from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, involved
+from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, admitted_patch, involved
 from ..tenants import QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
 from .config import never_fits, too_large_to_checkpoint
 from .lookup import RunConfigs, ToolServerPending
@@ -367,6 +367,7 @@ class QueuePump:
                 await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
                 await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
                 return
+        await self._record_admitted(head.key)
         self._waiting.pop(head.key.uid, None)
         self._objects.pop(head.key.uid, None)
         await self.store.dequeue(policy.name, head.key.uid)
@@ -380,6 +381,22 @@ class QueuePump:
                 f"waited {max(0.0, now - head.created):.1f}s since creation"
             ),
         )
+
+    async def _record_admitted(self, key: RunKey) -> None:
+        """Record on the object that run ``key`` was admitted (``agentrun.dev/admitted-uid``:
+        its uid, which a restored copy does not have; ``runs.recovery``). Best effort: the
+        run's status shows its admission too, and recovery records it again
+        (``handlers.admission``)."""
+        try:
+            await self.deps.api.patch(key.ref, admitted_patch(key.uid))
+        except Exception as err:  # the API server away, or the object replaced (422)
+            log.warning("could not record the admission of %s/%s: %r", key.namespace, key.name, err)
+
+    async def release_slot(self, tenant: str, uid: str) -> None:
+        """Free the ledger slot of run ``uid`` in ``tenant`` (what it was charged stays
+        charged), before it runs again from turn 0; nothing when it holds none. Raises what
+        the ledger store raises."""
+        await self.deps.settlement.release_unstarted(tenant, uid=uid)
 
     async def _leave(self, tenant: str, key: RunKey) -> None:
         """Take a run that will not run out of the queue."""

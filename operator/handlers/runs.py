@@ -1,32 +1,24 @@
-"""kopf handlers of AgentRuns: admission on create/resume, cancellation, review, deletion, TTL,
-and the end of a run a CronAgentRun or an AgentEval created (told to that controller).
+"""kopf handlers of AgentRuns: cancellation, review, deletion, TTL, and the end of a run a
+CronAgentRun or an AgentEval created (told to that controller).
 
-Handlers stay thin: they resolve what admission needs (the tenant, the Agent a run refers to,
-its AgentModel) and hand over to the parts built by ``wiring`` (carried in kopf's memo:
-``RunHandling``). What does not belong here: kopf's configuration and start-up (``startup``),
-the handlers of the objects a run refers to (their kinds' modules beside this one).
+Handlers stay thin: they hand over to the parts built by ``wiring`` (carried in kopf's memo:
+``RunHandling``). What does not belong here: admission on create/resume and reruns
+(``admission``), kopf's configuration and start-up (``startup``), the handlers of the objects
+a run refers to (their kinds' modules beside this one).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
-import time
 from typing import Any
 
 import kopf
 
 from agentrun import kernel, kube
 
-from ..admission.lookup import ToolServerPending
-from ..agents.resolve import InvalidRef
-from ..agents.store import resolve_run
 from ..evals.status import EVAL_LABEL
-from ..platform import failures
 from ..platform.events import EventRecorder, EventType, Involved
-from ..platform.kubeapi import ApiError, KubeApi
-from ..platform.spec import ObjectMeta, SpecError
 from ..runs.keys import (
     APPROVE_ANNOTATION,
     CANCEL_ANNOTATION,
@@ -34,120 +26,13 @@ from ..runs.keys import (
     REVIEWER_ANNOTATION,
     RunKey,
 )
-from ..runs.spec import RunObject
 from ..schedules.spec import CRON_LABEL
-from ..tenants.registry import NoTenant
-from ..wiring import OperatorMemo, RunHandling
+from ..wiring import OperatorMemo
+from .admission import end_if_restored, remove_annotations
 
 log = logging.getLogger(__name__)
 
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
-
-
-def _created(meta: kopf.Meta) -> float:
-    text = meta.get("creationTimestamp")
-    if isinstance(text, str):
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    return time.time()
-
-
-def _reject(
-    parts: RunHandling, run: RunKey, message: str, *, generation: int, tenant: str | None = None
-) -> None:
-    parts.shown.end_unadmitted(
-        run, kernel.Phase.INVALID_SPEC, message, tenant=tenant, generation=generation
-    )
-
-
-async def _validate_and_enqueue(
-    parts: RunHandling, key: RunKey, *, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status
-) -> None:
-    """Resolve the run's tenant and Agent, reject what can never run, queue the rest."""
-    generation = int(meta.get("generation") or 1)
-    try:
-        policy = await parts.tenants.resolve(key.namespace)
-    except NoTenant as err:
-        _reject(parts, key, str(err), generation=generation)
-        return
-    except ApiError as err:
-        raise kopf.TemporaryError(f"cannot read namespace {key.namespace!r}: {err.status}") from err
-    try:  # before the tenant's policy: it applies to the spec the run executes
-        run_spec = await resolve_run(parts.api, key, spec, status)
-    except InvalidRef as err:
-        _reject(parts, key, str(err), generation=generation, tenant=policy.name)
-        return
-    except ApiError as err:
-        if failures.transient(err):
-            raise kopf.TemporaryError(f"cannot resolve spec.agentRef: {err}") from err
-        # the resolution's record is refused as it is (too large, invalid): it never will be
-        message = (
-            "spec.agentRef: the resolved spec cannot be recorded in status.resolvedSpec: the "
-            f"API server refused it ({err}); shorten the Agent's instructions or parameters"
-        )
-        _reject(parts, key, message, generation=generation, tenant=policy.name)
-        return
-    try:  # reject what can never run now, not after it waited in the queue
-        await parts.configs.build_config(key, run_spec, policy, start_time=time.time())
-    except ToolServerPending as err:  # applied together with its AgentToolServer: a normal
-        # wait, shown as Queued (ToolServerPending) by the queue, not an error to retry
-        log.info("run %s/%s waits for discovery: %s", key.namespace, key.name, err)
-    except SpecError as err:
-        _reject(parts, key, str(err), generation=generation, tenant=policy.name)
-        return
-    except ApiError as err:
-        raise kopf.TemporaryError(
-            f"cannot read the AgentModel: HTTP {err.status}", delay=5
-        ) from err
-    obj = RunObject(
-        metadata=ObjectMeta(generation=generation, annotations=dict(meta.annotations)),
-        spec=dict(run_spec),
-    )
-    await parts.pump.enqueue_run(
-        key, policy, generation=generation, created=_created(meta), obj=obj
-    )
-
-
-@kopf.on.create(*RUN)
-@kopf.on.resume(*RUN)
-async def admit_run(  # kopf passes each of these by keyword: its handler signature
-    *,
-    spec: kopf.Spec,
-    meta: kopf.Meta,
-    status: kopf.Status,
-    namespace: str | None,
-    name: str,
-    uid: str,
-    retry: int,
-    memo: OperatorMemo,
-    **_: Any,
-) -> None:
-    """Admit a new AgentRun: validate it against its AgentModel and its AgentTenant, queue it
-    in the tenant's admission queue (the pump starts it when the tenant has room), or,
-    after an operator restart, pick up where the run's events left off.
-
-    A failure that passes (the API server or NATS away) is retried by kopf; one that does not
-    (``platform.failures``) is retried once, then ends the run ``checkpoint_failed`` naming
-    it, so kopf does not retry it for ever."""
-    assert namespace is not None  # AgentRun is namespaced
-    if status.get("terminalReason"):
-        return
-    parts = memo.running().runs
-    generation = int(meta.get("generation") or 1)
-    key = RunKey(namespace, name, uid)
-    try:
-        if await parts.runs.recover(namespace, name, uid, generation=generation):
-            return
-        await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=status)
-    except kopf.TemporaryError:
-        raise
-    except Exception as err:
-        if failures.transient(err) or retry + 1 < failures.GIVE_UP_AFTER:
-            raise kopf.TemporaryError(f"{type(err).__name__}: {err}", delay=2) from err
-        message = f"admission failed twice, not for a passing reason: {type(err).__name__}: {err}"
-        log.error("AgentRun %s/%s: %s", namespace, name, message, exc_info=err)
-        parts.shown.end_unadmitted(
-            key, kernel.Phase.CHECKPOINT_FAILED, message[:1000], tenant=None, generation=generation
-        )
 
 
 @kopf.on.update(*RUN, annotations={CANCEL_ANNOTATION: "true"})
@@ -214,7 +99,7 @@ async def review_run(
             reviewer=reviewer,
             refused=refused,
         )
-    await _remove_annotations(
+    await remove_annotations(
         parts.api,
         RunKey(namespace, name, uid),
         (APPROVE_ANNOTATION, DENY_ANNOTATION, REVIEWER_ANNOTATION),
@@ -254,12 +139,6 @@ def _record_decision(
         ),
         key=(uid, "Decided", digest),
     )
-
-
-async def _remove_annotations(api: KubeApi, run: RunKey, keys: tuple[str, ...]) -> None:
-    """Remove the annotations ``keys`` from the run in one patch (gone already: nothing to
-    remove)."""
-    await api.patch(run.ref, {"metadata": {"annotations": dict.fromkeys(keys)}})
 
 
 def created_by_a_controller(labels: kopf.Labels, **_: Any) -> bool:
@@ -319,6 +198,7 @@ async def run_seen(
     type: str | None,
     body: kopf.Body,
     spec: kopf.Spec,
+    meta: kopf.Meta,
     status: kopf.Status,
     namespace: str | None,
     name: str,
@@ -326,7 +206,9 @@ async def run_seen(
     memo: OperatorMemo,
     **_: Any,
 ) -> None:
-    """Every AgentRun as listed at start-up and on each change: tell the status writer the
+    """Every AgentRun as listed at start-up and on each change: end a copy restored from a
+    backup that kopf does not take for new (its own annotations came with it); tell the status
+    writer the
     object's version (its next patch then needs no read) and the storage count the bytes its
     events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
     after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished run (an
@@ -342,6 +224,7 @@ async def run_seen(
         return
     parts.writer.observe(key, body)
     parts.storage.observe(uid, status)
+    end_if_restored(parts, key, meta=meta, status=status)
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)

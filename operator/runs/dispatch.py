@@ -547,6 +547,19 @@ class Dispatcher:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
         self.writer.forget(RunKey(namespace, name, uid))
 
+    async def prepare_rerun(self, namespace: str, name: str, uid: str) -> None:
+        """Before run ``uid`` is admitted again from turn 0 (``agentrun.dev/rerun``): stop
+        following it, purge its subject (the previous run's events, or an older object's), and
+        forget its end and its status (its next end is counted and written again). Raises what
+        NATS raises."""
+        view = self._views.pop(uid, None)
+        if view is not None and view.timer is not None:
+            view.timer.cancel()
+        self.gate.moved_on(uid)
+        await self.bus.purge_run(namespace, name)
+        self._ended.pop(uid, None)
+        self.writer.forget(RunKey(namespace, name, uid))
+
     async def purge_deleted(self, namespace: str, name: str, uid: str) -> None:
         """A finished AgentRun was deleted (it held no finalizer): purge its events if they are
         still this run's (a new run of the same name keeps its own)."""

@@ -12,7 +12,7 @@ import pytest
 from kube_support import FakeKube
 
 from agentrun import kernel
-from agentrun.operator.handlers import runs as handlers
+from agentrun.operator.handlers import admission as handlers
 from agentrun.operator.runs import RunKey
 
 RUN = RunKey("ns", "r", "uid-r")
