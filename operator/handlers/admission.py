@@ -258,25 +258,32 @@ async def rerun_run(
     *,
     spec: kopf.Spec,
     meta: kopf.Meta,
-    status: kopf.Status,
     namespace: str | None,
     name: str,
     uid: str,
     memo: OperatorMemo,
     **_: Any,
 ) -> None:
-    """``agentrun.dev/rerun: "true"`` set on a run: one that ended (for any reason) runs
-    again from turn 0 as a new run; on one still going it is ignored and removed, with a
-    Warning Event. (A run that never ended but is not going — its checkpoint lost, or restored
-    from a backup — is decided when the operator sees it on create or resume: ``admit_run``.)"""
+    """``agentrun.dev/rerun: "true"`` set on a run, as the object is now (kopf's copy may be
+    older: ``admit_run`` may have acted on it already): one that ended (for any reason) runs
+    again from turn 0 as a new run; one still going (or queued) has it ignored and removed,
+    with a Warning Event; one the operator will not resume (its checkpoint lost, or restored
+    from a backup, not yet ended) is left to ``admit_run``, which decides it on create or
+    resume."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running().runs
     key = RunKey(namespace, name, uid)
-    if status.get("terminalReason"):
-        await _rerun(parts, key, spec=spec, meta=meta, status=status)
+    obj = await parts.api.get(key.ref)
+    meta_now = (obj or {}).get("metadata") or {}
+    if meta_now.get("uid") != uid or not recovery.rerun_asked(meta_now.get("annotations") or {}):
+        return  # gone, replaced, or already read
+    now: dict[str, Any] = (obj or {}).get("status") or {}
+    if now.get("terminalReason"):
+        await _rerun(parts, key, spec=spec, meta=meta, status=now)  # type: ignore[arg-type]
         return
-    _rerun_ignored(parts.events, key)
-    await remove_annotations(parts.api, key, (RERUN_ANNOTATION,))
+    if parts.runs.is_tracked(uid) or not recovery.not_resumed(meta_now["annotations"], now):
+        _rerun_ignored(parts.events, key)
+        await remove_annotations(parts.api, key, (RERUN_ANNOTATION,))
 
 
 async def remove_annotations(api: KubeApi, run: RunKey, keys: tuple[str, ...]) -> None:

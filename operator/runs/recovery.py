@@ -58,6 +58,13 @@ def admitted_before(status: Mapping[str, Any]) -> bool:
     )
 
 
+def not_resumed(annotations: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Whether a run that is not followed and has not ended is one the operator does not
+    resume on its own (``LOST`` or ``RESTORED`` once seen on create or resume): admitted
+    before, by its ``status`` or a recorded uid in its ``annotations``."""
+    return bool(annotations.get(ADMITTED_UID_ANNOTATION)) or admitted_before(status)
+
+
 def rerun_asked(annotations: Mapping[str, Any]) -> bool:
     """Whether ``agentrun.dev/rerun`` is ``"true"`` (any other value asks nothing)."""
     return annotations.get(RERUN_ANNOTATION) == "true"

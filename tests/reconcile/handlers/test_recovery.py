@@ -46,7 +46,7 @@ class Runs:
         self.calls.append("prepare_rerun")
 
     def is_tracked(self, uid: str) -> bool:
-        return False
+        return self.has_events  # followed here once recovered
 
 
 class Shown:
@@ -263,6 +263,33 @@ async def test_the_rerun_annotation_set_on_a_running_run_is_removed_with_a_warni
     assert stored(api)["metadata"]["annotations"] == {ADMITTED_UID_ANNOTATION: RUN.uid}
     assert [r for _, r, _ in parts.events.recorded] == ["RerunIgnored"]
     assert parts.runs.calls == [] and queued == []
+
+
+async def test_the_rerun_annotation_set_on_a_queued_run_is_removed_with_a_warning(
+    queued: list[RunKey],
+) -> None:
+    status = {"phase": "Queued", "queuePosition": 1, "tenant": "t"}
+    parts, api = stack({RERUN_ANNOTATION: "true"}, status)
+    await update(parts, {RERUN_ANNOTATION: "true"}, status)
+    assert stored(api)["metadata"]["annotations"] == {}
+    assert [r for _, r, _ in parts.events.recorded] == ["RerunIgnored"]
+    assert queued == []
+
+
+async def test_the_rerun_annotation_on_a_run_not_resumed_is_left_to_the_resume(
+    queued: list[RunKey],
+) -> None:
+    annotations = {ADMITTED_UID_ANNOTATION: RUN.uid, RERUN_ANNOTATION: "true"}
+    parts, api = stack(annotations, RUNNING)  # not followed: its checkpoint is gone
+    await update(parts, annotations, RUNNING)
+    assert stored(api)["metadata"]["annotations"] == annotations
+    assert parts.events.recorded == [] and parts.runs.calls == [] and queued == []
+
+
+async def test_a_rerun_already_read_is_not_read_again(queued: list[RunKey]) -> None:
+    parts, _ = stack({}, {"phase": "Pending"})  # admit_run read it (kopf's copy is older)
+    await update(parts, {RERUN_ANNOTATION: "true"}, ENDED)
+    assert parts.events.recorded == [] and parts.runs.calls == [] and queued == []
 
 
 async def test_a_rerun_of_an_object_replaced_meanwhile_touches_nothing(

@@ -140,3 +140,20 @@ def test_the_admission_record_carries_the_uid_as_a_precondition() -> None:
     assert recovery.admitted_patch(UID) == {
         "metadata": {"uid": UID, "annotations": {ADMITTED_UID_ANNOTATION: UID}}
     }
+
+
+NOT_RESUMED = {
+    "a recorded uid": (MINE, {}, True),
+    "a status showing it admitted": ({}, RUNNING, True),
+    "a queued run": ({}, QUEUED, False),
+    "a new run": ({}, {}, False),
+}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "status", "expected"), list(NOT_RESUMED.values()), ids=list(NOT_RESUMED)
+)
+def test_which_runs_not_followed_the_operator_does_not_resume(
+    annotations: dict[str, str], status: dict[str, Any], expected: bool
+) -> None:
+    assert recovery.not_resumed(annotations, status) is expected
