@@ -1,0 +1,38 @@
+"""``Dispatcher.prepare_rerun`` on a real nats-server: before a run is admitted again from
+turn 0 (``agentrun.dev/rerun``), its subject is emptied, it is no longer followed, its status
+is forgotten, and its next end is counted again; it is then admitted as a new run."""
+
+from __future__ import annotations
+
+
+from agentrun import kernel, protocol
+from agentrun.bus import Bus
+from agentrun.operator.runs import RunKey
+
+from .test_dispatch import admitted, config, dispatcher
+
+
+async def test_a_rerun_starts_from_an_empty_subject_and_its_end_counts_again(bus: Bus) -> None:
+    cfg = config()
+    run, writer, _, _ = dispatcher(bus)
+    forgotten: list[RunKey] = []
+    writer.forget = forgotten.append  # type: ignore[method-assign]
+    await admitted(bus, run, cfg)
+    assert await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "stop")
+    stop = (await bus.read_events(cfg.namespace, cfg.name))[-1]
+    await run.on_event(protocol.event_subject(cfg.namespace, cfg.name), stop)
+    for end in writer.ends:
+        end()
+    assert not run.count_end(cfg.uid, stop.state(), tenant="acme")  # counted once already
+
+    await run.prepare_rerun(cfg.namespace, cfg.name, cfg.uid)
+    assert await bus.read_events(cfg.namespace, cfg.name) == []
+    assert not run.is_tracked(cfg.uid)
+    assert forgotten == [RunKey(cfg.namespace, cfg.name, cfg.uid)]
+    assert not await run.recover(cfg.namespace, cfg.name, cfg.uid, generation=1)
+
+    again = await admitted(bus, run, cfg)
+    assert (again.kind, again.summary.turn, again.summary.steps) == ("admitted", 0, 0)
+    assert run.is_tracked(cfg.uid)
+    assert await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "again")
+    assert run.count_end(cfg.uid, stop.state(), tenant="acme")  # the rerun's end counts
