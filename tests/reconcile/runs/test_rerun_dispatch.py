@@ -4,12 +4,26 @@ is forgotten, and its next end is counted again; it is then admitted as a new ru
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import pytest
 
 from agentrun import kernel, protocol
-from agentrun.bus import Bus
+from agentrun.bus import Bus, BusSettings
 from agentrun.operator.runs import RunKey
+from agentrun_dev import natsserver
 
 from .test_dispatch import admitted, config, dispatcher
+
+
+@pytest.fixture
+async def bus(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Bus]:
+    settings = BusSettings(own_nats_server.url, auth=own_nats_server.auth())
+    connected = await Bus.connect(settings, name="rerun")
+    try:
+        yield connected
+    finally:
+        await connected.close()
 
 
 async def test_a_rerun_starts_from_an_empty_subject_and_its_end_counts_again(bus: Bus) -> None:
