@@ -217,9 +217,10 @@ async def _rerun(
 ) -> None:
     """Start run ``key`` again from turn 0 as a new run (``agentrun.dev/rerun``): purge its
     subject, free its ledger slot, clear its status (``recovery.rerun_status``), remove the
-    annotations that asked for it and that recorded its admission, then validate and queue it
-    (its budget is charged again). Each step may be repeated: a failure raises and kopf
-    retries; an object gone or replaced meanwhile is left alone."""
+    recorded admission (before the pump can record the new one), validate and queue it (its
+    budget is charged again), and only then remove ``agentrun.dev/rerun``: until then a
+    failure raises, and kopf's retry or the next resume starts over (each step may be
+    repeated). An object gone or replaced meanwhile is left alone."""
     obj = await parts.api.get(key.ref)
     if obj is None or (obj.get("metadata") or {}).get("uid") != key.uid:
         return
@@ -229,7 +230,7 @@ async def _rerun(
     generation = int(meta.get("generation") or 1)
     reset = recovery.rerun_status(at=time.time(), generation=generation)
     await parts.api.patch_status(key.ref, reset, uid=key.uid)
-    await remove_annotations(parts.api, key, (RERUN_ANNOTATION, ADMITTED_UID_ANNOTATION))
+    await remove_annotations(parts.api, key, (ADMITTED_UID_ANNOTATION,))
     parts.events.record(
         Involved("AgentRun", key.name, key.namespace, key.uid),
         type=EventType.NORMAL,
@@ -237,6 +238,7 @@ async def _rerun(
         message=f"{RERUN_ANNOTATION}: running again from turn 0 as a new run",
     )
     await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=status)
+    await remove_annotations(parts.api, key, (RERUN_ANNOTATION,))
 
 
 def _rerun_ignored(events: EventRecorder, key: RunKey) -> None:
@@ -266,7 +268,8 @@ async def rerun_run(
 ) -> None:
     """``agentrun.dev/rerun: "true"`` set on a run, as the object is now (kopf's copy may be
     older: ``admit_run`` may have acted on it already): one that ended (for any reason) runs
-    again from turn 0 as a new run; one still going (or queued) has it ignored and removed,
+    again from turn 0 as a new run (as does one whose rerun began and failed: kopf retries
+    it); one still going (or queued) has it ignored and removed,
     with a Warning Event; one the operator will not resume (its checkpoint lost, or restored
     from a backup, not yet ended) is left to ``admit_run``, which decides it on create or
     resume."""
@@ -278,7 +281,7 @@ async def rerun_run(
     if meta_now.get("uid") != uid or not recovery.rerun_asked(meta_now.get("annotations") or {}):
         return  # gone, replaced, or already read
     now: dict[str, Any] = (obj or {}).get("status") or {}
-    if now.get("terminalReason"):
+    if now.get("terminalReason") or recovery.rerun_started(now):  # or kopf's retry of one
         await _rerun(parts, key, spec=spec, meta=meta, status=now)  # type: ignore[arg-type]
         return
     if parts.runs.is_tracked(uid) or not recovery.not_resumed(meta_now["annotations"], now):

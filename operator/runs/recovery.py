@@ -28,6 +28,9 @@ from agentrun import kernel
 from ..platform.conditions import condition
 from .keys import ADMITTED_UID_ANNOTATION, RERUN_ANNOTATION, RunKey
 
+RERUN_REASON = "Rerun"
+"""The ``Admitted=False`` condition's reason while a rerun is being queued."""
+
 
 class Admission(enum.StrEnum):
     """What becomes of an AgentRun on create or resume."""
@@ -63,6 +66,16 @@ def not_resumed(annotations: Mapping[str, Any], status: Mapping[str, Any]) -> bo
     resume on its own (``LOST`` or ``RESTORED`` once seen on create or resume): admitted
     before, by its ``status`` or a recorded uid in its ``annotations``."""
     return bool(annotations.get(ADMITTED_UID_ANNOTATION)) or admitted_before(status)
+
+
+def rerun_started(status: Mapping[str, Any]) -> bool:
+    """Whether ``status`` is the one ``rerun_status`` writes: a rerun began (and, while
+    ``agentrun.dev/rerun`` is still set, has not been queued yet)."""
+    return status.get("phase") == kernel.ResourcePhase.PENDING.value and any(
+        c.get("type") == "Admitted" and c.get("reason") == RERUN_REASON
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping)
+    )
 
 
 def rerun_asked(annotations: Mapping[str, Any]) -> bool:
@@ -151,7 +164,7 @@ def rerun_status(*, at: float, generation: int) -> dict[str, Any]:
             condition(
                 "Admitted",
                 status=False,
-                reason="Rerun",
+                reason=RERUN_REASON,
                 message=message,
                 at=at,
                 generation=generation,

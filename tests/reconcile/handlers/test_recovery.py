@@ -292,6 +292,32 @@ async def test_a_rerun_already_read_is_not_read_again(queued: list[RunKey]) -> N
     assert parts.events.recorded == [] and parts.runs.calls == [] and queued == []
 
 
+async def test_a_rerun_that_fails_to_queue_keeps_the_ask_and_kopfs_retry_finishes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    annotations = {ADMITTED_UID_ANNOTATION: RUN.uid, RERUN_ANNOTATION: "true"}
+    parts, api = stack(annotations, ENDED)
+
+    async def away(parts: Any, key: RunKey, **_: Any) -> None:
+        raise ConnectionResetError("NATS away")
+
+    monkeypatch.setattr(admission, "_validate_and_enqueue", away)
+    with pytest.raises(ConnectionResetError):
+        await update(parts, annotations, ENDED)
+    assert stored(api)["metadata"]["annotations"] == {RERUN_ANNOTATION: "true"}
+    assert stored(api)["status"]["phase"] == "Pending"
+
+    seen: list[RunKey] = []
+
+    async def enqueue(parts: Any, key: RunKey, **_: Any) -> None:
+        seen.append(key)
+
+    monkeypatch.setattr(admission, "_validate_and_enqueue", enqueue)
+    await update(parts, annotations, ENDED)  # kopf's retry, with its old copy of the object
+    assert seen == [RUN] and stored(api)["metadata"]["annotations"] == {}
+    assert "RerunIgnored" not in [r for _, r, _ in parts.events.recorded]
+
+
 async def test_a_rerun_of_an_object_replaced_meanwhile_touches_nothing(
     queued: list[RunKey],
 ) -> None:

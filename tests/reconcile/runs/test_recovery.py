@@ -157,3 +157,10 @@ def test_which_runs_not_followed_the_operator_does_not_resume(
     annotations: dict[str, str], status: dict[str, Any], expected: bool
 ) -> None:
     assert recovery.not_resumed(annotations, status) is expected
+
+
+def test_a_rerun_being_queued_is_recognised_by_its_status() -> None:
+    assert recovery.rerun_started(recovery.rerun_status(at=0.0, generation=1))
+    assert not recovery.rerun_started(QUEUED)
+    assert not recovery.rerun_started({"phase": "Pending"})
+    assert not recovery.rerun_started(RUNNING)
