@@ -189,12 +189,21 @@ def _end_lost(
     )
 
 
-def end_if_restored(
+async def check_restored(
     parts: RunHandling, key: RunKey, *, meta: kopf.Meta, status: kopf.Status
 ) -> None:
-    """A restored copy (``Admission.RESTORED``) kopf did not hand to ``admit_run``, because
-    the backup held kopf's own annotations too, ends as ``admit_run`` would end it."""
+    """Every AgentRun as watched: a restored copy (``Admission.RESTORED``) kopf did not hand
+    to ``admit_run``, because the backup held kopf's own annotations too, ends as
+    ``admit_run`` would end it; a run that ended without its uid recorded (ended unadmitted,
+    or before the annotation existed) gets it, so a copy restored without its status is
+    recognised too. The record is best effort (logged)."""
     annotations = dict(meta.get("annotations") or {})
+    if status.get("terminalReason") and not annotations.get(ADMITTED_UID_ANNOTATION):
+        try:
+            await parts.api.patch(key.ref, recovery.admitted_patch(key.uid))
+        except Exception as err:  # the API server away, or the object replaced (422)
+            log.warning("could not record the uid of %s/%s: %r", key.namespace, key.name, err)
+        return
     action = recovery.decide(uid=key.uid, annotations=annotations, status=status, has_events=False)
     if action is Admission.RESTORED and not parts.runs.is_tracked(key.uid):
         generation = int(meta.get("generation") or 1)

@@ -28,7 +28,7 @@ from ..runs.keys import (
 )
 from ..schedules.spec import CRON_LABEL
 from ..wiring import OperatorMemo
-from .admission import end_if_restored, remove_annotations
+from .admission import check_restored, remove_annotations
 
 log = logging.getLogger(__name__)
 
@@ -207,8 +207,8 @@ async def run_seen(
     **_: Any,
 ) -> None:
     """Every AgentRun as listed at start-up and on each change: end a copy restored from a
-    backup that kopf does not take for new (its own annotations came with it); tell the status
-    writer the
+    backup that kopf does not take for new (its own annotations came with it), record the uid
+    of a run that ended (``admission.check_restored``); tell the status writer the
     object's version (its next patch then needs no read) and the storage count the bytes its
     events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
     after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished run (an
@@ -224,7 +224,7 @@ async def run_seen(
         return
     parts.writer.observe(key, body)
     parts.storage.observe(uid, status)
-    end_if_restored(parts, key, meta=meta, status=status)
+    await check_restored(parts, key, meta=meta, status=status)
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)

@@ -364,3 +364,19 @@ async def test_a_run_seen_that_is_not_a_restored_copy_is_left_alone() -> None:
         parts, _ = stack(marks, status)
         await seen(parts, marks, status)
         assert parts.shown.ended == []
+
+
+async def test_a_run_that_ended_gets_its_uid_recorded_once() -> None:
+    parts, api = stack({}, ENDED)  # ended unadmitted, or before the annotation existed
+    await seen(parts, {}, ENDED)
+    assert stored(api)["metadata"]["annotations"] == {ADMITTED_UID_ANNOTATION: RUN.uid}
+    await seen(parts, {ADMITTED_UID_ANNOTATION: RUN.uid}, ENDED)
+    assert len([verb for verb, _ in api.calls if verb == "patch"]) == 1
+    assert parts.shown.ended == []
+
+
+async def test_a_failed_record_of_an_ended_run_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    parts, api = stack({}, ENDED)
+    api.fail("patch", 503, "Unavailable")
+    await seen(parts, {}, ENDED)
+    assert "could not record the uid of ns/r" in caplog.text
