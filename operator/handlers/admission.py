@@ -199,10 +199,7 @@ async def check_restored(
     recognised too. The record is best effort (logged)."""
     annotations = dict(meta.get("annotations") or {})
     if status.get("terminalReason") and not annotations.get(ADMITTED_UID_ANNOTATION):
-        try:
-            await parts.api.patch(key.ref, recovery.admitted_patch(key.uid))
-        except Exception as err:  # the API server away, or the object replaced (422)
-            log.warning("could not record the uid of %s/%s: %r", key.namespace, key.name, err)
+        await _record_uid(parts.api, key)
         return
     action = recovery.decide(uid=key.uid, annotations=annotations, status=status, has_events=False)
     if action is Admission.RESTORED and not parts.runs.is_tracked(key.uid):
@@ -210,12 +207,22 @@ async def check_restored(
         _end_lost(parts, key, action, annotations=annotations, status=status, generation=generation)
 
 
+async def _record_uid(api: KubeApi, key: RunKey) -> None:
+    """Record run ``key``'s uid in ``agentrun.dev/admitted-uid`` (``recovery.admitted_patch``);
+    best effort: a failure is logged (the API server away, or the object replaced: 422)."""
+    try:
+        await api.patch(key.ref, recovery.admitted_patch(key.uid))
+    except Exception as err:
+        log.warning("could not record the uid of %s/%s: %r", key.namespace, key.name, err)
+
+
 async def _recovered(parts: RunHandling, key: RunKey, annotations: dict[str, Any]) -> None:
-    """Run ``key`` was picked up from its events: its admission is recorded if the object
-    does not show it (admitted before the annotation existed, or its patch was lost); a rerun
+    """Run ``key`` was picked up from its events: its admission is recorded (best effort) if
+    the object does not show it (admitted before the annotation existed, or its patch was
+    lost); a rerun
     asked of it is ignored (it is still going) and removed, with a Warning Event."""
     if annotations.get(ADMITTED_UID_ANNOTATION) != key.uid:
-        await parts.api.patch(key.ref, recovery.admitted_patch(key.uid))
+        await _record_uid(parts.api, key)
     if recovery.rerun_asked(annotations):
         _rerun_ignored(parts.events, key)
         await remove_annotations(parts.api, key, (RERUN_ANNOTATION,))

@@ -380,3 +380,10 @@ async def test_a_failed_record_of_an_ended_run_is_logged(caplog: pytest.LogCaptu
     api.fail("patch", 503, "Unavailable")
     await seen(parts, {}, ENDED)
     assert "could not record the uid of ns/r" in caplog.text
+
+
+async def test_a_recovered_run_whose_record_fails_goes_on(queued: list[RunKey]) -> None:
+    parts, api = stack({}, RUNNING, has_events=True)
+    api.fail("patch", 403, "Forbidden")
+    await create(parts, {}, RUNNING)  # no exception: kopf does not retry, nothing ends
+    assert parts.shown.ended == [] and queued == []
