@@ -161,12 +161,14 @@ async def _admit(
     elif action is Admission.RERUN:
         await _rerun(parts, key, spec=spec, meta=meta, status=status)
     elif action in (Admission.LOST, Admission.RESTORED):
-        _end_lost(parts, key, action, annotations=annotations, status=status, generation=generation)
+        await _end_lost(
+            parts, key, action, annotations=annotations, status=status, generation=generation
+        )
     elif action is Admission.ADMIT:
         await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=status)
 
 
-def _end_lost(
+async def _end_lost(
     parts: RunHandling,
     key: RunKey,
     action: Admission,
@@ -176,7 +178,17 @@ def _end_lost(
     generation: int,
 ) -> None:
     """End run ``key`` (``LOST`` or ``RESTORED``) ``checkpoint_failed`` saying why and how to
-    rerun it; its end's Warning Event carries the message (``QueueStatus.end_unadmitted``)."""
+    rerun it; its end's Warning Event carries the message (``QueueStatus.end_unadmitted``). A
+    restored copy whose original's events are still there and ended it shows that end instead
+    (``Dispatcher.project_restored``)."""
+    original = str(annotations.get(ADMITTED_UID_ANNOTATION) or "")
+    if action is Admission.RESTORED and await parts.runs.project_restored(
+        key.namespace, key.name, key.uid, original=original, generation=generation
+    ):
+        log.info(
+            "AgentRun %s/%s: restored copy of %s shows its end", key.namespace, key.name, original
+        )
+        return
     message = recovery.end_message(action, key, annotations=annotations)
     log.warning("AgentRun %s/%s: %s", key.namespace, key.name, message)
     parts.shown.end_unadmitted(
@@ -204,7 +216,9 @@ async def check_restored(
     action = recovery.decide(uid=key.uid, annotations=annotations, status=status, has_events=False)
     if action is Admission.RESTORED and not parts.runs.is_tracked(key.uid):
         generation = int(meta.get("generation") or 1)
-        _end_lost(parts, key, action, annotations=annotations, status=status, generation=generation)
+        await _end_lost(
+            parts, key, action, annotations=annotations, status=status, generation=generation
+        )
 
 
 async def _record_uid(api: KubeApi, key: RunKey) -> None:

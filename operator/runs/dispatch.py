@@ -182,6 +182,34 @@ class Dispatcher:
             await self._apply(view, last)
         return True
 
+    async def project_restored(
+        self, namespace: str, name: str, uid: str, *, original: str, generation: int
+    ) -> bool:
+        """A copy ``uid`` of run ``original`` restored from a backup (``recovery.RESTORED``):
+        if the subject still holds the original's events, admitted under the operator's seal,
+        and they end it, project that end into the copy's status (no end counted, no Event:
+        the run ended long ago) and return True; else False (the copy is then ended
+        ``checkpoint_failed``). Raises what NATS raises."""
+        first = await self.bus.first_event(namespace, name)
+        if first is None or first.config is None:
+            return False
+        if self.seals.fault(first, key=RunKey(namespace, name, original)) is not None:
+            return False
+        last = await self.bus.last_event(namespace, name)
+        if last is None or last.run_uid != original or not last.phase.is_terminal:
+            return False
+        body = status.project(
+            last.summary,
+            seq=last.seq,
+            start_time=first.time,
+            event_time=last.time or first.time,
+            generation=generation,
+            tenant=first.config.tenant,
+        )
+        body["usage"]["eventBytes"] = last.stored
+        self.writer.submit(RunKey(namespace, name, uid), body, seq=last.seq, terminal=True)
+        return True
+
     async def _trusted_view(
         self, key: RunKey, first: RunEvent, *, generation: int = 1
     ) -> RunView | None:

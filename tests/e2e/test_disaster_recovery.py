@@ -3,7 +3,8 @@ checkpoint (its event stream) was lost while no operator ran is not restarted fr
 its own — it ends ``checkpoint_failed``, a Warning Event says why, the model is not called
 again — and runs again from turn 0 only with ``agentrun.dev/rerun: "true"``; an AgentRun
 restored from a backup (its ``agentrun.dev/admitted-uid`` another object's, as Velero leaves
-it) is not executed."""
+it) is not executed: it ends ``checkpoint_failed``, or shows its original's end when the
+original's events are still in NATS."""
 
 from __future__ import annotations
 
@@ -121,3 +122,33 @@ def test_an_agentrun_restored_from_a_backup_is_not_executed(
     assert read_events(nats_server, test_namespace, "restored") == []
 
     rerun_completes(stack_, test_namespace, "restored", goal)
+
+
+def test_a_finished_run_restored_while_its_events_are_kept_shows_its_end(
+    stack_: E2EStack, test_namespace: str, nats_server: Any
+) -> None:
+    """etcd restored without status (Velero's default), NATS kept: the copy shows the end its
+    original's events hold, and nothing runs again."""
+    goal = "E2E-LONG job (restored, its events kept)"
+    stack_.apply(test_namespace, run_manifest("kept", goal))
+    done = stack_.wait_terminal(test_namespace, "kept", timeout=60)
+    assert done["terminalReason"] == "completed"
+    uid = stack_.get(test_namespace, "kept")["metadata"]["uid"]  # type: ignore[index]
+    assert annotations(stack_, test_namespace, "kept")[ADMITTED_UID] == uid
+    asked = len(model_requests(stack_, goal))
+    components.kill_component(stack_.operator)
+    stack_.kubectl("delete", "agentrun", "kept", "-n", test_namespace, "--timeout=20s")
+    copy = run_manifest("kept", goal)
+    copy["metadata"]["annotations"] = {ADMITTED_UID: uid}
+    stack_.apply(test_namespace, copy)
+    stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
+
+    status = stack_.wait_terminal(test_namespace, "kept", timeout=60)
+    assert (status["terminalReason"], status["answer"], status["usage"]["steps"]) == (
+        "completed",
+        "Finished the long job.",
+        5,
+    )
+    time.sleep(2 * ORPHAN_AFTER)
+    assert len(model_requests(stack_, goal)) == asked
+    assert turn_numbers(read_events(nats_server, test_namespace, "kept")) == [0, 1, 2, 3, 4]

@@ -34,9 +34,16 @@ ENDED = {
 class Runs:
     """Live runs whose recovery finds events (``has_events``) or not."""
 
-    def __init__(self, *, has_events: bool = False) -> None:
+    def __init__(self, *, has_events: bool = False, original_ended: bool = False) -> None:
         self.has_events = has_events
+        self.original_ended = original_ended
         self.calls: list[str] = []
+
+    async def project_restored(
+        self, namespace: str, name: str, uid: str, *, original: str, generation: int
+    ) -> bool:
+        self.calls.append(f"project_restored {original}")
+        return self.original_ended
 
     async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
         self.calls.append("recover")
@@ -387,3 +394,21 @@ async def test_a_recovered_run_whose_record_fails_goes_on(queued: list[RunKey]) 
     api.fail("patch", 403, "Forbidden")
     await create(parts, {}, RUNNING)  # no exception: kopf does not retry, nothing ends
     assert parts.shown.ended == [] and queued == []
+
+
+async def test_a_restored_copy_whose_original_ended_shows_that_end(queued: list[RunKey]) -> None:
+    annotations = {ADMITTED_UID_ANNOTATION: "uid-original"}
+    parts, _ = stack(annotations, {})
+    parts.runs.original_ended = True
+    await create(parts, annotations, {})
+    assert parts.runs.calls == ["recover", "project_restored uid-original"]
+    assert parts.shown.ended == [] and queued == []
+
+
+async def test_a_lost_run_is_not_taken_for_a_restored_copy(queued: list[RunKey]) -> None:
+    annotations = {ADMITTED_UID_ANNOTATION: RUN.uid}
+    parts, _ = stack(annotations, RUNNING)
+    parts.runs.original_ended = True  # never asked: its own events are gone
+    await create(parts, annotations, RUNNING)
+    assert [c for c in parts.runs.calls if c.startswith("project")] == []
+    assert len(parts.shown.ended) == 1

@@ -1,6 +1,8 @@
-"""``Dispatcher.prepare_rerun`` on a real nats-server: before a run is admitted again from
-turn 0 (``agentrun.dev/rerun``), its subject is emptied, it is no longer followed, its status
-is forgotten, and its next end is counted again; it is then admitted as a new run."""
+"""``Dispatcher.prepare_rerun`` and ``project_restored`` on a real nats-server: before a run is
+admitted again from turn 0 (``agentrun.dev/rerun``), its subject is emptied, it is no longer
+followed, its status is forgotten, and its next end is counted again; a copy restored from a
+backup shows its original's end when the original's sealed events are still there and ended
+it, and nothing otherwise."""
 
 from __future__ import annotations
 
@@ -50,3 +52,27 @@ async def test_a_rerun_starts_from_an_empty_subject_and_its_end_counts_again(bus
     assert run.is_tracked(cfg.uid)
     assert await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "again")
     assert run.count_end(cfg.uid, stop.state(), tenant="acme")  # the rerun's end counts
+
+
+async def test_a_restored_copy_shows_the_end_its_originals_events_hold(bus: Bus) -> None:
+    cfg = config()
+    run, writer, _, _ = dispatcher(bus)
+    await admitted(bus, run, cfg)
+    assert not await run.project_restored(
+        cfg.namespace, cfg.name, "uid-copy", original=cfg.uid, generation=1
+    )  # not ended yet
+    assert not await run.project_restored(
+        cfg.namespace, cfg.name, "uid-copy", original="uid-other", generation=1
+    )  # another run's events
+    assert await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "stop")
+    stop = (await bus.read_events(cfg.namespace, cfg.name))[-1]
+    writer.bodies.clear()
+    assert await run.project_restored(
+        cfg.namespace, cfg.name, "uid-copy", original=cfg.uid, generation=1
+    )
+    assert writer.bodies == [(stop.seq, "Cancelled", True)]
+    assert not run.is_tracked("uid-copy")
+    await run.prepare_rerun(cfg.namespace, cfg.name, cfg.uid)
+    assert not await run.project_restored(
+        cfg.namespace, cfg.name, "uid-copy", original=cfg.uid, generation=1
+    )  # nothing left
