@@ -233,8 +233,8 @@ async def _record_uid(api: KubeApi, key: RunKey) -> None:
 async def _recovered(parts: RunHandling, key: RunKey, annotations: dict[str, Any]) -> None:
     """Run ``key`` was picked up from its events: its admission is recorded (best effort) if
     the object does not show it (admitted before the annotation existed, or its patch was
-    lost); a rerun
-    asked of it is ignored (it is still going) and removed, with a Warning Event."""
+    lost); a rerun asked of it is ignored (it is still going) and removed, with a Warning
+    Event."""
     if annotations.get(ADMITTED_UID_ANNOTATION) != key.uid:
         await _record_uid(parts.api, key)
     if recovery.rerun_asked(annotations):
@@ -299,10 +299,9 @@ async def rerun_run(
     """``agentrun.dev/rerun: "true"`` set on a run, as the object is now (kopf's copy may be
     older: ``admit_run`` may have acted on it already): one that ended (for any reason) runs
     again from turn 0 as a new run (as does one whose rerun began and failed: kopf retries
-    it); one still going (or queued) has it ignored and removed,
-    with a Warning Event; one the operator will not resume (its checkpoint lost, or restored
-    from a backup, not yet ended) is left to ``admit_run``, which decides it on create or
-    resume."""
+    it); one still going (or queued) has it ignored and removed, with a Warning Event; one the
+    operator will not resume (its checkpoint lost, or restored from a backup, not yet ended)
+    is left to ``admit_run``, which decides it on create or resume."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running().runs
     key = RunKey(namespace, name, uid)
