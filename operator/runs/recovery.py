@@ -9,9 +9,10 @@ of its events lost its checkpoint (NATS data lost, the stream purged). Admitting
 turn 0 would spend its budget a second time and could repeat its write tools, so it is not: it
 ends ``checkpoint_failed`` saying so (``Admission.LOST``). An object whose recorded uid is not
 its own is a copy of another object — a restore from a backup (e.g. Velero, which keeps
-annotations and gives the object a new uid) — and ends the same way (``Admission.RESTORED``).
-Either starts fresh only when a person asks: ``agentrun.dev/rerun: "true"`` (``RERUN``), also
-honoured on a run that ended for any reason.
+annotations and gives the object a new uid) — and ends the same way (``Admission.RESTORED``),
+unless the original's events are still there and ended it: the copy then shows that end
+(``Dispatcher.project_restored``). Either starts fresh only when a person asks:
+``agentrun.dev/rerun: "true"`` (``RERUN``), also honoured on a run that ended for any reason.
 
 What does not belong here: acting on the decision (``handlers.admission``), reading the events
 (``dispatch.Dispatcher.recover``).
@@ -46,7 +47,8 @@ class Admission(enum.StrEnum):
     LOST = "lost"
     """Admitted before, its events are gone: ends ``checkpoint_failed``."""
     RESTORED = "restored"
-    """A copy of another object (its recorded uid is not its own): ends ``checkpoint_failed``."""
+    """A copy of another object (its recorded uid is not its own): shows its original's end,
+    or ends ``checkpoint_failed``."""
 
 
 def admitted_before(status: Mapping[str, Any]) -> bool:
