@@ -152,3 +152,29 @@ def test_a_finished_run_restored_while_its_events_are_kept_shows_its_end(
     time.sleep(2 * ORPHAN_AFTER)
     assert len(model_requests(stack_, goal)) == asked
     assert turn_numbers(read_events(nats_server, test_namespace, "kept")) == [0, 1, 2, 3, 4]
+
+
+def test_a_restored_copy_kopf_takes_for_known_is_not_executed_either(
+    stack_: E2EStack, test_namespace: str, nats_server: Any
+) -> None:
+    """Velero restores kopf's own annotations too: kopf then sees no new object (no create
+    handler), and the copy is recognised as it is watched."""
+    goal = "E2E-LONG job (restored with kopf's annotations)"
+    stack_.apply(test_namespace, run_manifest("known", goal))
+    assert stack_.wait_terminal(test_namespace, "known", timeout=60)["terminalReason"] == (
+        "completed"
+    )
+    marks = annotations(stack_, test_namespace, "known")
+    assert any(k.startswith("kopf.") for k in marks), marks
+    stack_.kubectl("delete", "agentrun", "known", "-n", test_namespace, "--timeout=20s")
+    asked = len(model_requests(stack_, goal))
+    copy = run_manifest("known", goal)
+    copy["metadata"]["annotations"] = {
+        k: v for k, v in marks.items() if k.startswith("kopf.") or k == ADMITTED_UID
+    }
+    stack_.apply(test_namespace, copy)
+    status = stack_.wait_terminal(test_namespace, "known", timeout=30)
+    assert status["terminalReason"] == "checkpoint_failed"
+    assert status["message"].startswith("not executed: this object was restored from a backup")
+    time.sleep(2 * ORPHAN_AFTER)
+    assert len(model_requests(stack_, goal)) == asked
