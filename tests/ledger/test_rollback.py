@@ -226,3 +226,13 @@ async def test_the_sweep_makes_a_lost_book_again_with_the_runs_use_of_the_window
     assert refused() == before
     (written,) = [o for (kind, _, _), o in api.objects.items() if kind == "agenttenants"]
     assert written["status"]["budget"]["tokens"]["used"] == 525
+
+
+def test_the_status_floor_carries_the_windows_end_from_its_reset_time() -> None:
+    tenants = Tenants(FakeKube())
+    status = {"windowStart": rfc3339(WINDOW), "resetTime": rfc3339(WINDOW + 3_600.0)}
+    tenants.put(tenant_object("x", status=status))
+    assert tenants.seen["x"] == UsageFloor(WINDOW, end=WINDOW + 3_600.0)
+    tenants.put(tenant_object("y", status={"windowStart": rfc3339(WINDOW), "resetTime": 5}))
+    tenants.put(tenant_object("z", status=status | {"resetTime": rfc3339(WINDOW)}))
+    assert tenants.seen["y"] == tenants.seen["z"] == UsageFloor(WINDOW)  # end unknown
