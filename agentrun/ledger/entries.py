@@ -200,6 +200,18 @@ class Active:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Seed:
+    """What a ledger book made anew starts with (the bucket or the book was lost): what its
+    window used at least, and the runs admitted and not ended, each charged what its status
+    showed (``Active.tokens``/``cost_usd``, turn -1: its next settlement charges only what is
+    new) and charged wall-clock time live from ``Active.since``."""
+
+    used: UsageFloor
+    active: dict[str, Active] = dataclasses.field(default_factory=dict)
+    """Run uid → its slot."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class BudgetRefusal:
     """Why a run may not be admitted or a call may not start."""
 

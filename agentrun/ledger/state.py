@@ -48,6 +48,7 @@ from agentrun.ledger.entries import (
     Active,
     BudgetRefusal,
     Hold,
+    Seed,
     TenantLimits,
     UsageFloor,
     Waiter,
@@ -225,13 +226,19 @@ class BookState:
             self.used_wall = max(self.used_wall, floor.wall_seconds)
         self.roll(now)
 
-    def seed(self, floor: UsageFloor) -> None:
-        """Raise ``used`` to ``floor``'s if it is of this window (a book made anew after the
-        ledger lost it: what the tenant's runs show they used in the window); else nothing."""
-        if floor.window == self.window:
-            self.used_tokens = max(self.used_tokens, floor.tokens)
-            self.used_cost = max(self.used_cost, floor.cost_usd)
-            self.used_wall = max(self.used_wall, floor.wall_seconds)
+    def seed(self, seed: Seed) -> None:
+        """Start a book made anew (after the ledger lost it) from ``seed``, if it is of this
+        window: ``used`` raised to its floor's, and its runs' slots taken (a slot already
+        here stays). Else nothing."""
+        floor = seed.used
+        if floor.window != self.window:
+            return
+        self.used_tokens = max(self.used_tokens, floor.tokens)
+        self.used_cost = max(self.used_cost, floor.cost_usd)
+        self.used_wall = max(self.used_wall, floor.wall_seconds)
+        for uid, run in seed.active.items():
+            if uid not in self.active:
+                self.active[uid] = dataclasses.replace(run, since=max(run.since, self.window))
 
     def set_limits(self, limits: TenantLimits, *, now: float) -> None:
         """Apply an edited AgentTenant at ``now``. ``used`` never changes: a lower limit

@@ -30,6 +30,7 @@ from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     BudgetRefusal,
     Hold,
+    Seed,
     TenantLimits,
     UsageFloor,
     window_start,
@@ -95,9 +96,10 @@ class Repair:
     ("" if it names none: then that turn's other calls are not told apart)."""
 
 
-Rebuild = Callable[[str, float, float], Awaitable[UsageFloor]]
-"""What a tenant's window (its start and end, epoch seconds) used at least, from outside the
-ledger (the operator: its AgentRuns' recorded usage), for a book made anew."""
+Rebuild = Callable[[str, float, float], Awaitable[Seed]]
+"""What a tenant's window (its start and end, epoch seconds) used at least and which of its
+runs are active, from outside the ledger (the operator: its AgentRuns' recorded usage), for a
+book made anew (``Seed``)."""
 
 
 def book_key(tenant: str) -> str:
@@ -166,7 +168,7 @@ class LedgerStore(CasStore):
         fn: Callable[[Book], T],
         *,
         limits: TenantLimits | None,
-        seed: UsageFloor | None,
+        seed: Seed | None,
     ) -> T:
         """``_change`` with the seed of a book made anew (``Book.seed``) already known."""
 

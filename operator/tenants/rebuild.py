@@ -6,14 +6,17 @@ counting every AgentRun whose ``.status.tenant`` is the tenant and
 
 - that ended in the window (``.status.completionTime`` at or after its start, before its
   end): its ``.status.usage`` (``totalTokens``, ``costUSD``, ``wallSeconds``);
-- that has not ended but was admitted (``.status.startTime`` set): what its status shows so
-  far (the status lags the run's events by at most one status write).
+- that has not ended but was admitted (``.status.startTime`` set): the tokens and cost its
+  status shows so far (the status lags the run's events by at most one status write). Such a
+  run takes its concurrency slot again, charged what it showed, so its next settlement
+  charges only what is new; its wall clock is charged live from the later of its start and
+  the window's (exact, not from its status).
 
-Its bounds: a run that started before the window began is counted in full, the part it spent
-in earlier windows included (an overcount, never an undercount, for the runs still listed);
-runs deleted since, and model calls charged as abandoned (spent in no run's usage), are not
-counted. ``RebuiltUsage`` then takes the larger of that sum and what the AgentTenant's status
-last showed for the same window (``Tenants.seen``), resource by resource.
+Its bounds: a run that started before the window began is counted in full, the tokens and
+cost it spent in earlier windows included (an overcount, never an undercount, for the runs
+still listed); runs deleted since, and model calls charged as abandoned (spent in no run's
+usage), are not counted. ``RebuiltUsage`` then takes the larger of that sum and what the
+AgentTenant's status last showed for the same window (``Tenants.seen``), resource by resource.
 
 What belongs here: the sum and where its inputs are read. What does not: when a book is made
 (``LedgerStore``: only a book that does not exist is seeded, never one that is updated).
@@ -27,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from agentrun.ledger import UsageFloor
+from agentrun.ledger import Active, Seed, UsageFloor
 
 from ..platform.kubeapi import KubeApi
 from .registry import Tenants
@@ -37,31 +40,44 @@ RUNS = "agentruns"
 
 def window_usage(
     runs: Iterable[Mapping[str, Any]], tenant: str, *, window: float, end: float
-) -> UsageFloor:
+) -> Seed:
     """What ``runs`` (AgentRun objects) show ``tenant`` used in the window from ``window`` to
-    ``end`` (epoch seconds), by the rule of the module docstring: a ``UsageFloor`` of that
-    window (tokens, USD, wall-clock seconds). Runs of other tenants, runs never admitted,
-    runs that ended outside the window and malformed statuses add nothing."""
+    ``end`` (epoch seconds), by the rule of the module docstring: a ``Seed`` whose floor is of
+    that window (tokens, USD, wall-clock seconds of the ended runs) and whose active runs are
+    those admitted and not ended (by uid). Runs of other tenants, runs never admitted, runs
+    that ended outside the window and malformed statuses add nothing."""
     tokens, cost, wall = 0, Decimal(0), 0.0
+    active: dict[str, Active] = {}
     for run in runs:
         status = run.get("status")
         if not isinstance(status, Mapping) or status.get("tenant") != tenant:
             continue
-        if not _in_window(status, window=window, end=end):
-            continue
+        counted = _counted(status, window=window, end=end)
         used = _usage(status.get("usage"))
-        if used is not None:
-            tokens, cost, wall = tokens + used[0], cost + used[1], wall + used[2]
-    return UsageFloor(window, tokens, cost, wall, end)
+        if counted is None or used is None:
+            continue
+        tokens, cost = tokens + used[0], cost + used[1]
+        if counted == ENDED:
+            wall += used[2]
+            continue
+        meta = run.get("metadata") or {}
+        uid, namespace, name = (str(meta.get(k, "")) for k in ("uid", "namespace", "name"))
+        if uid:
+            active[uid] = Active(namespace, name, max(window, counted), -1, used[0], used[1])
+    return Seed(UsageFloor(window, tokens, cost, wall, end), active)
 
 
-def _in_window(status: Mapping[str, Any], *, window: float, end: float) -> bool:
-    """Whether a run's recorded usage counts in the window: ended in it, or admitted and
-    not ended."""
-    completed = _time(status.get("completionTime"))
-    if completed is not None:
-        return window <= completed < end
-    return _time(status.get("startTime")) is not None
+ENDED = -1.0
+"""``_counted`` of a run that ended in the window."""
+
+
+def _counted(status: Mapping[str, Any], *, window: float, end: float) -> float | None:
+    """Whether a run's recorded usage counts in the window: ``ENDED`` if it ended in it, its
+    start time (epoch seconds) if it was admitted and has not ended, else ``None``."""
+    if status.get("completionTime") is not None:
+        completed = _time(status.get("completionTime"))
+        return ENDED if completed is not None and window <= completed < end else None
+    return _time(status.get("startTime"))
 
 
 def _usage(usage: object) -> tuple[int, Decimal, float] | None:
@@ -99,13 +115,15 @@ class RebuiltUsage:
         self.api = api
         self.tenants = tenants
 
-    async def __call__(self, tenant: str, window: float, end: float) -> UsageFloor:
-        """What ``tenant``'s window (``window`` to ``end``, epoch seconds) used at least: the
-        larger, per resource, of its runs' sum (``window_usage``) and its status's last
-        showing of the same window. Raises ``ApiError`` if the AgentRuns cannot be listed."""
+    async def __call__(self, tenant: str, window: float, end: float) -> Seed:
+        """What ``tenant``'s window (``window`` to ``end``, epoch seconds) used at least and
+        its active runs (``window_usage``), its floor raised, per resource, to its status's
+        last showing of the same window. Raises ``ApiError`` if the AgentRuns cannot be
+        listed."""
         runs = await self.api.list_objects(RUNS)
         rebuilt = window_usage(runs, tenant, window=window, end=end)
         seen = self.tenants.seen.get(tenant)
         if seen is None:
             return rebuilt
-        return rebuilt.raised(seen.window, seen.tokens, seen.cost_usd, seen.wall_seconds)
+        used = rebuilt.used.raised(seen.window, seen.tokens, seen.cost_usd, seen.wall_seconds)
+        return Seed(used, rebuilt.active)

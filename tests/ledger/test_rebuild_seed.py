@@ -12,7 +12,16 @@ from decimal import Decimal
 import nats
 import pytest
 
-from agentrun.ledger import Book, LedgerStore, QueuedRun, TenantLimits, UsageFloor, window_start
+from agentrun.ledger import (
+    Active,
+    Book,
+    LedgerStore,
+    QueuedRun,
+    Seed,
+    TenantLimits,
+    UsageFloor,
+    window_start,
+)
 from agentrun_dev import natsserver
 
 HOUR = 3_600.0
@@ -26,9 +35,10 @@ class Rebuild:
         self.use = (tokens, Decimal(cost), wall)
         self.asked: list[tuple[str, float, float]] = []
 
-    async def __call__(self, tenant: str, window: float, end: float) -> UsageFloor:
+    async def __call__(self, tenant: str, window: float, end: float) -> Seed:
         self.asked.append((tenant, window, end))
-        return UsageFloor(window, *self.use, end=end)
+        running = Active("ns", "running", window, -1, 200, Decimal("0.02"))
+        return Seed(UsageFloor(window, *self.use, end=end), {"uid-running": running})
 
 
 @pytest.fixture
@@ -57,7 +67,7 @@ async def test_an_admission_that_makes_the_book_seeds_the_windows_use(client: na
     assert (book.used_tokens, book.used_cost, book.used_wall) == (700, Decimal("0.07"), 12.5)
     start = window_start(time.time(), HOUR)
     assert rebuild.asked == [("acme", start, start + HOUR)]
-    assert list(book.active) == ["r1"]
+    assert sorted(book.active) == ["r1", "uid-running"]
 
 
 async def test_a_book_that_exists_is_never_reseeded(client: nats.NATS) -> None:
@@ -77,7 +87,7 @@ async def test_the_sweeps_repair_makes_a_missing_book_seeded_too(client: nats.NA
     store = await store_with(client, rebuild)
     await store.repair_entry("acme", [], limits=LIMITS)
     book = await store.read("acme")
-    assert book is not None and (book.used_tokens, book.active) == (42, {})
+    assert book is not None and (book.used_tokens, list(book.active)) == (42, ["uid-running"])
 
 
 async def test_a_store_without_the_hook_makes_an_empty_book(client: nats.NATS) -> None:
@@ -89,8 +99,38 @@ async def test_a_store_without_the_hook_makes_an_empty_book(client: nats.NATS) -
 
 def test_a_seed_of_another_window_adds_nothing() -> None:
     book = Book.new("acme", LIMITS, now=10 * HOUR + 5)
-    book.seed(UsageFloor(9 * HOUR, 500, Decimal(1), 1.0, end=10 * HOUR))
-    assert (book.used_tokens, book.used_cost, book.used_wall) == (0, Decimal(0), 0.0)
+    running = {"u": Active("ns", "r", 9 * HOUR, -1, 5, Decimal(0))}
+    book.seed(Seed(UsageFloor(9 * HOUR, 500, Decimal(1), 1.0, end=10 * HOUR), running))
+    assert (book.used_tokens, book.used_cost, book.used_wall, book.active) == (
+        0,
+        Decimal(0),
+        0.0,
+        {},
+    )
     book.used_tokens = 800
-    book.seed(UsageFloor(10 * HOUR, 500, Decimal(1), 1.0, end=11 * HOUR))
+    book.seed(Seed(UsageFloor(10 * HOUR, 500, Decimal(1), 1.0, end=11 * HOUR)))
     assert (book.used_tokens, book.used_cost, book.used_wall) == (800, Decimal(1), 1.0)
+
+
+def test_a_seeded_running_run_is_charged_only_what_is_new_and_its_wall_clock_live() -> None:
+    window = 10 * HOUR
+    book = Book.new("acme", LIMITS, now=window + 600)
+    mine = Active("ns", "mine", window - 300, -1, 200, Decimal("0.02"))  # began before it
+    book.seed(Seed(UsageFloor(window, 200, Decimal("0.02"), 0.0, end=window + HOUR), {"u": mine}))
+    book.admit("other", "ns", "other", now=window + 600)
+    assert book.active["u"].since == window  # its wall clock is charged from the window's start
+    assert mine.since == window - 300  # the seed is not changed: a retried write seeds again
+    assert book.wall_used(window + 600) == 600.0
+    assert book.settle("u", turn=3, tokens=260, cost_usd=Decimal("0.026"), now=window + 700) == (
+        60,
+        Decimal("0.006"),
+    )
+    assert book.used_tokens == 260
+    assert book.close(
+        "u", turn=3, tokens=260, cost_usd=Decimal("0.026"), end=window + 900, now=window + 900
+    )
+    assert book.used_wall == 900.0
+    kept = Book.new("acme", LIMITS, now=window + 5)
+    kept.admit("u", "ns", "mine", now=window + 5)
+    kept.seed(Seed(UsageFloor(window, end=window + HOUR), {"u": mine}))
+    assert kept.active["u"].tokens == 0  # a slot already taken stays as it is
