@@ -75,6 +75,11 @@ def used_tokens(status: dict[str, Any]) -> int:
     return int(status["budget"]["tokens"]["used"])
 
 
+def exhausted(status: dict[str, Any]) -> str:
+    """The status of the AgentTenant's ``BudgetExhausted`` condition ("" if none yet)."""
+    return str(conditions(status).get("BudgetExhausted", {}).get("status", ""))
+
+
 def test_editing_a_live_tenant_keeps_its_usage_and_its_reset_time(
     stack_: E2EStack, test_namespace: str, tenant: str
 ) -> None:
@@ -96,9 +101,9 @@ def test_editing_a_live_tenant_keeps_its_usage_and_its_reset_time(
     assert before["resetTime"] in shown, shown
 
     # a limit below what the window used: exhausted, usage kept; a new run waits
-    lowered = patch_tenant(stack_, tenant, {"budget": {"tokens": charged - 100}})
-    assert used_tokens(lowered) == charged
-    assert conditions(lowered)["BudgetExhausted"]["status"] == "True"
+    patch_tenant(stack_, tenant, {"budget": {"tokens": charged - 100}})
+    lowered = wait_tenant(stack_, tenant, lambda s: exhausted(s) == "True")
+    assert (used_tokens(lowered), lowered["resetTime"]) == (charged, before["resetTime"])
     stack_.apply(test_namespace, run_manifest("waiter", f"E2E-TENANT-SPEND {test_namespace}"))
     stack_.wait_for(test_namespace, "waiter", lambda s: s.get("phase") == "Queued", timeout=20)
 
@@ -110,7 +115,8 @@ def test_editing_a_live_tenant_keeps_its_usage_and_its_reset_time(
     # raised: room at once, in the same window
     raised = patch_tenant(stack_, tenant, {"budget": {"tokens": 100_000}, "whenExhausted": "Queue"})
     assert (used_tokens(raised), raised["resetTime"]) == (charged, before["resetTime"])
-    assert conditions(raised)["BudgetExhausted"]["status"] == "False"
+    freed = wait_tenant(stack_, tenant, lambda s: exhausted(s) == "False")
+    assert used_tokens(freed) == charged
     more = spend(stack_, test_namespace, "after-raise", steps=1)
     after = wait_tenant(
         stack_, tenant, lambda s: s.get("activeRuns") == 0 and used_tokens(s) == charged + more
