@@ -123,7 +123,7 @@ class RebuiltUsage:
         runs = await self.api.list_objects(RUNS)
         rebuilt = window_usage(runs, tenant, window=window, end=end)
         seen = self.tenants.seen.get(tenant)
-        if seen is None:
+        if seen is None or abs(seen.window - window) >= 1.0:  # another window's (whole seconds)
             return rebuilt
-        used = rebuilt.used.raised(seen.window, seen.tokens, seen.cost_usd, seen.wall_seconds)
+        used = rebuilt.used.raised(window, seen.tokens, seen.cost_usd, seen.wall_seconds)
         return Seed(used, rebuilt.active)

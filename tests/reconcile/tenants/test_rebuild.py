@@ -116,3 +116,6 @@ async def test_the_larger_of_the_runs_and_the_status_of_the_same_window_is_taken
     assert list(seed.active) == ["uid-r2"]
     tenants.seen["acme"] = UsageFloor(START - HOUR, 5_000, Decimal(9), 0.0, START)
     assert (await rebuilt("acme", START, END)).used.tokens == 101  # an older window's: ignored
+    tenants.seen["acme"] = UsageFloor(END, 5_000, Decimal(9), 0.0, END + HOUR)
+    later = await rebuilt("acme", START, END)  # a later window's (a pending length edit): ignored
+    assert later.used == UsageFloor(START, 101, Decimal("0.5"), 9.0, END)
