@@ -6,11 +6,11 @@ AgentRuns by the store's ``rebuild`` hook, ``tenants.rebuild``), undo a rollback
 (``used`` below what the operator saw in the window — in the entries it read, and in the
 AgentTenant status it wrote, which no NATS credential can change — or a window that has not
 started: counted as a refused message, ``ledger_rollback``, and told as a ``LedgerRolledBack``
-Event), start a new window when the old one is over, release holds whose worker died (charging what
-the run's events show it committed), free the slots of runs that ended while no operator watched,
-end the runs of a tenant whose wall-clock budget ran out, pump its queue, and write its AgentTenant
-``.status`` and the tenant budget metrics. Invalid AgentTenants get ``Accepted=False`` with the
-reason.
+Event), start a new window when the old one is over, release holds whose worker died (charging
+what the run's events show it committed), free the slots of runs that ended while no operator
+watched, end the runs of a tenant whose wall-clock budget ran out, pump its queue, and write its
+AgentTenant ``.status`` and the tenant budget metrics. Invalid AgentTenants get
+``Accepted=False`` with the reason.
 
 What does not belong here: admitting runs (``pump``), the AgentTenant status and its Events
 (``tenants``: the sweep tells its ``TenantStatusWriter`` when).
