@@ -60,14 +60,15 @@ def patch_tenant(stack_: E2EStack, name: str, spec: dict[str, Any]) -> dict[str,
 
 
 def spend(stack_: E2EStack, namespace: str, name: str, *, steps: int) -> int:
-    """Run ``steps`` turns of 500 tokens each in ``namespace``; the run's total tokens."""
+    """Run ``steps`` turns of 500 tokens each in ``namespace`` (then its summary call); the
+    run's total tokens."""
     stack_.apply(
         namespace,
         run_manifest(name, f"E2E-TENANT-SPEND {namespace}", budget={"maxSteps": steps}),
     )
     status = stack_.wait_terminal(namespace, name, timeout=60)
     total = int(status["usage"]["totalTokens"])
-    assert total == steps * SPEND_TOKENS, status
+    assert total >= steps * SPEND_TOKENS, status  # and the summary call at maxSteps
     return total
 
 
@@ -83,7 +84,7 @@ def exhausted(status: dict[str, Any]) -> str:
 def test_editing_a_live_tenant_keeps_its_usage_and_its_reset_time(
     stack_: E2EStack, test_namespace: str, tenant: str
 ) -> None:
-    charged = spend(stack_, test_namespace, "spender", steps=4)  # 2000 tokens
+    charged = spend(stack_, test_namespace, "spender", steps=4)  # 2000 tokens and a summary
     before = wait_tenant(
         stack_, tenant, lambda s: s.get("activeRuns") == 0 and used_tokens(s) == charged
     )

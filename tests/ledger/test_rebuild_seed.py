@@ -22,6 +22,7 @@ from agentrun.ledger import (
     UsageFloor,
     window_start,
 )
+from agentrun.ledger.store import book_key
 from agentrun_dev import natsserver
 
 HOUR = 3_600.0
@@ -134,3 +135,26 @@ def test_a_seeded_running_run_is_charged_only_what_is_new_and_its_wall_clock_liv
     kept.admit("u", "ns", "mine", now=window + 5)
     kept.seed(Seed(UsageFloor(window, end=window + HOUR), {"u": mine}))
     assert kept.active["u"].tokens == 0  # a slot already taken stays as it is
+
+
+@pytest.mark.parametrize("how", ["delete", "purge"])
+async def test_a_deleted_or_purged_book_is_made_again_and_seeded(
+    client: nats.NATS, how: str
+) -> None:
+    """A key deleted or purged leaves a marker: the book is created over it (not refused as a
+    lost compare-and-set forty times), by the store that knew it and by a fresh one."""
+    rebuild = Rebuild(300, "0", 0.0)
+    store = await store_with(client, rebuild)
+    await store.admit_run("acme", run("r1"), limits=LIMITS, need=(0, Decimal(0)))
+    await getattr(store.kv, how)(book_key("acme"))
+    assert await store.read("acme") is None
+    rebuild.use = (900, Decimal(0), 0.0)
+    await store.repair_entry("acme", [], limits=LIMITS)
+    book = await store.read("acme")
+    assert book is not None and book.used_tokens == 900
+    assert len(rebuild.asked) == 2
+    await getattr(store.kv, how)(book_key("acme"))
+    fresh = await LedgerStore.open(client.jetstream(), bucket=store.kv._name, rebuild=rebuild)  # type: ignore[attr-defined]
+    await fresh.admit_run("acme", run("r2"), limits=LIMITS, need=(0, Decimal(0)))
+    again = await fresh.read("acme")
+    assert again is not None and again.used_tokens == 900 and "r2" in again.active
