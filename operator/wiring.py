@@ -81,6 +81,7 @@ from .runs.seals import RunSeals
 from .runs.writer import StatusWriter
 from .schedules.controller import ScheduleController
 from .schedules.store import KubeCronStore
+from .tenants.rebuild import RebuiltUsage
 from .tenants.registry import Tenants
 from .tenants.writer import TenantStatusWriter
 from .toolservers.refresher import ToolServerRefresher
@@ -260,6 +261,7 @@ def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api
     """Every part, each given its collaborators; nothing started yet."""
     writer = StatusWriter(api, interval=settings.status_interval)
     tenants = Tenants(api, default=settings.default_tenant)
+    store.rebuild = RebuiltUsage(api, tenants)  # a book made anew: its window's use rebuilt
     configs = _run_configs(api)
     board = QueueBoard()
     settlement = RunSettlement(store, board)

@@ -148,10 +148,15 @@ class CasStore:
 
     async def _write(self, key: str, new: bytes, *, revision: int) -> int:
         """Write ``new`` over ``revision`` of ``key`` and cache it; returns the new revision.
-        Raises ``KeyWrongLastSequenceError`` on a lost race (counted in ``conflicts``), or
-        whatever NATS raised; either way the cached copy is dropped."""
+        Revision 0 creates the key, also over a delete or purge marker (a key that was deleted
+        is written again, e.g. a tenant's book the ledger lost). Raises
+        ``KeyWrongLastSequenceError`` on a lost race (counted in ``conflicts``), or whatever
+        NATS raised; either way the cached copy is dropped."""
         try:
-            written = await self.kv.update(key, new, last=revision)
+            if revision == 0:
+                written = await self.kv.create(key, new)
+            else:
+                written = await self.kv.update(key, new, last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             self.conflicts += 1
             self._cache.pop(key, None)

@@ -74,6 +74,10 @@ class BookShape(_Shape):
     charged: dict[str, float] = {}
     """Calls charged as abandoned by another party: ``<run-uid>:<turn>/<owner>`` → until
     (epoch seconds). Absent in entries written before it existed."""
+    end: float | None = None
+    """When the current window ends (epoch seconds): it differs from ``window`` plus
+    ``limits.windowSeconds`` after the length was edited. Absent in entries written before it
+    existed: then it is that sum (readers that predate it ignore it)."""
 
 
 def encode_book(book: Book) -> bytes:
@@ -107,6 +111,7 @@ def encode_book(book: Book) -> bytes:
         },
         waiting={k: (w.since, w.tokens, w.cost_usd, w.expires) for k, w in book.waiting.items()},
         charged=dict(book.charged),
+        end=book.end,
     )
     return shape.model_dump_json().encode()
 
@@ -149,6 +154,7 @@ def decode_book(data: bytes) -> Book:
         active=active,
         waiting={k: Waiter(*row) for k, row in shape.waiting.items()},
         charged=dict(shape.charged),
+        end=shape.end if shape.end is not None else 0.0,  # 0: window + length
     )
 
 

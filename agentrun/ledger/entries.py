@@ -102,12 +102,18 @@ class UsageFloor:
     cost_usd: Decimal = Decimal(0)
     wall_seconds: float = 0.0
     """Wall-clock seconds of the window's ended runs."""
+    end: float = 0.0
+    """When the window ends, epoch seconds (0: unknown; then ``window`` plus the entry's
+    window length). No rule of the ledger moves it, and the next window begins only then."""
 
-    def raised(self, window: float, tokens: int, cost_usd: Decimal, wall: float) -> UsageFloor:
-        """The floor after seeing an entry of ``window`` with that use: the higher of the two
-        within one window; a later window starts its own."""
+    def raised(
+        self, window: float, tokens: int, cost_usd: Decimal, wall: float, *, end: float = 0.0
+    ) -> UsageFloor:
+        """The floor after seeing an entry of ``window`` (ending at ``end``; 0: unknown) with
+        that use: the higher of the two within one window (its end the first known); a later
+        window starts its own."""
         if window > self.window:
-            return UsageFloor(window, tokens, cost_usd, wall)
+            return UsageFloor(window, tokens, cost_usd, wall, end)
         if window < self.window:
             return self
         return UsageFloor(
@@ -115,6 +121,7 @@ class UsageFloor:
             max(tokens, self.tokens),
             max(cost_usd, self.cost_usd),
             max(wall, self.wall_seconds),
+            self.end or end,
         )
 
 
@@ -190,6 +197,18 @@ class Active:
     """The run's cumulative tokens charged so far (across windows)."""
     cost_usd: Decimal = Decimal(0)
     """The run's cumulative cost charged so far (across windows)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Seed:
+    """What a ledger book made anew starts with (the bucket or the book was lost): what its
+    window used at least, and the runs admitted and not ended, each charged what its status
+    showed (``Active.tokens``/``cost_usd``, turn -1: its next settlement charges only what is
+    new) and charged wall-clock time live from ``Active.since``."""
+
+    used: UsageFloor
+    active: dict[str, Active] = dataclasses.field(default_factory=dict)
+    """Run uid → its slot."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from agentrun.ledger.entries import (
     Active,
     BudgetRefusal,
     Hold,
+    Seed,
     TenantLimits,
     UsageFloor,
     Waiter,
@@ -55,6 +56,10 @@ from agentrun.ledger.entries import (
     short_of,
     window_start,
 )
+
+SLACK = 1.0
+"""Seconds within which ``undercuts`` takes two times of a window for the same (a floor read
+from the AgentTenant status has whole seconds)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -82,6 +87,15 @@ class BookState:
     charged: dict[str, float] = dataclasses.field(default_factory=dict)
     """Calls charged as abandoned by whoever dropped their hold: ``<run-uid>:<turn>/<owner>``
     → until when it is remembered (epoch seconds; see ``deliveries``)."""
+    end: float = 0.0
+    """End of the current window, epoch seconds (0 when built: ``window`` plus the window
+    length). It differs from that only after the length was edited (``set_limits``): the
+    current window keeps its end, and the first window after it runs from it to the next
+    boundary aligned to the new length (``roll``)."""
+
+    def __post_init__(self) -> None:
+        if self.end <= self.window:
+            self.end = self.window + self.limits.window_seconds
 
     @classmethod
     def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Self:
@@ -92,8 +106,8 @@ class BookState:
 
     @property
     def reset_time(self) -> float:
-        """When the current window ends (epoch seconds)."""
-        return self.window + self.limits.window_seconds
+        """When the current window ends (epoch seconds): ``end``."""
+        return self.end
 
     @property
     def reserved_tokens(self) -> int:
@@ -146,58 +160,94 @@ class BookState:
     # --- the window -------------------------------------------------------------------------------
 
     def roll(self, now: float) -> bool:
-        """Start a new window if ``now`` is past the current one: ``used`` goes to zero and
-        active runs' wall-clock charge restarts at the window start. Holds and what each run
-        has been charged stay. Returns True when it rolled."""
+        """Start a new window if ``now`` is at or past the current one's ``end``: ``used``
+        goes to zero and active runs' wall-clock charge restarts at the window start. Holds
+        and what each run has been charged stay. Returns True when it rolled.
+
+        The new window is the one of the current length holding ``now``, aligned to the
+        epoch, except that it never starts before the old ``end``: after the length was
+        edited, the first window runs from the old end to the next aligned boundary (shorter
+        than the length), and every later one is aligned."""
         for key in [k for k, until in self.charged.items() if until <= now]:
             del self.charged[key]
-        start = window_start(now, self.limits.window_seconds)
-        if start <= self.window:
+        if now < self.end:
             return False
-        self.window = start
+        length = self.limits.window_seconds
+        start = window_start(now, length)
+        self.window = max(self.end, start)
+        self.end = start + length
+        while self.end <= now:  # float rounding at a boundary: the window must hold ``now``
+            self.end += length
         self.used_tokens = 0
         self.used_cost = Decimal(0)
         self.used_wall = 0.0
         self.abandoned_tokens = 0
         self.abandoned_cost = Decimal(0)
         for run in self.active.values():
-            run.since = max(run.since, start)
+            run.since = max(run.since, self.window)
         return True
 
     def undercuts(self, floor: UsageFloor, *, now: float) -> bool:
         """Whether this entry shows less than ``floor`` (the operator saw more in the same
-        window, or a later one began), or claims a window that has not started at ``now``:
-        a rollback by a writer of the bucket, which no rule of the ledger makes."""
-        if self.window > window_start(now, self.limits.window_seconds):
+        window, or saw that window end later than this entry's window began), claims a
+        window that has not started at ``now``, or moved the end of the floor's window:
+        a rollback by a writer of the bucket, which no rule of the ledger makes (no rule
+        moves a window's end; a window begins only when the one before it ended).
+
+        Times are compared to the second (``SLACK``): a floor read from the AgentTenant
+        status has whole seconds, and windows may be as short as 1 s."""
+        if self.window > now or self.end <= self.window:
             return True
-        if self.window < floor.window:
-            return True
-        return self.window == floor.window and (
-            self.used_tokens < floor.tokens
+        if abs(self.window - floor.window) >= SLACK:
+            return self.window < floor.window or floor.end - self.window >= SLACK
+        return (
+            (floor.end > 0 and abs(self.end - floor.end) >= SLACK)
+            or self.used_tokens < floor.tokens
             or self.used_cost < floor.cost_usd
             or self.used_wall < floor.wall_seconds
         )
 
     def restore(self, floor: UsageFloor, *, now: float) -> None:
-        """Undo a rollback (``undercuts``): a window moved back, or one that has not started,
-        returns to the floor's window (the current one if the floor is older), its use the
-        floor's; within the floor's window, ``used`` is raised to the floor's."""
-        current = window_start(now, self.limits.window_seconds)
-        if self.window > current or self.window < floor.window:
-            self.window = floor.window if floor.window <= current else current
-            same = self.window == floor.window
-            self.used_tokens = floor.tokens if same else 0
-            self.used_cost = floor.cost_usd if same else Decimal(0)
-            self.used_wall = floor.wall_seconds if same else 0.0
-        elif self.window == floor.window:
+        """Undo a rollback (``undercuts``): an entry in another window than the floor's goes
+        back to the floor's window (its end and use the floor's; the end is ``window`` plus the
+        length if the floor has none), within the floor's window ``used`` is raised to the
+        floor's and a moved end put back; then the window rolls as the ledger would at ``now``
+        (a floor's window that has ended gives way to the next, its use 0)."""
+        end = floor.end or floor.window + self.limits.window_seconds
+        if abs(self.window - floor.window) >= SLACK:
+            self.window, self.end = floor.window, end
+            self.used_tokens, self.used_cost = floor.tokens, floor.cost_usd
+            self.used_wall = floor.wall_seconds
+        else:
+            if abs(self.end - end) >= SLACK:
+                self.end = end
             self.used_tokens = max(self.used_tokens, floor.tokens)
             self.used_cost = max(self.used_cost, floor.cost_usd)
             self.used_wall = max(self.used_wall, floor.wall_seconds)
+        self.roll(now)
+
+    def seed(self, seed: Seed) -> None:
+        """Start a book made anew (after the ledger lost it) from ``seed``, if it is of this
+        window: ``used`` raised to its floor's, and its runs' slots taken (a slot already
+        here stays). Else nothing."""
+        floor = seed.used
+        if floor.window != self.window:
+            return
+        self.used_tokens = max(self.used_tokens, floor.tokens)
+        self.used_cost = max(self.used_cost, floor.cost_usd)
+        self.used_wall = max(self.used_wall, floor.wall_seconds)
+        for uid, run in seed.active.items():
+            if uid not in self.active:
+                self.active[uid] = dataclasses.replace(run, since=max(run.since, self.window))
 
     def set_limits(self, limits: TenantLimits, *, now: float) -> None:
-        """Apply an edited AgentTenant; a changed window length takes effect at once."""
-        self.limits = limits
+        """Apply an edited AgentTenant at ``now``. ``used`` never changes: a lower limit
+        than ``used`` leaves the tenant exhausted, a higher one frees room at once. A new
+        window length applies from the end of the current window (rolled first under the
+        old length if it ended before ``now``): its end does not move, and ``roll`` starts
+        the windows of the new length from it, aligned to the epoch."""
         self.roll(now)
+        self.limits = limits
 
     # --- a run's slot and its settlement ----------------------------------------------------------
 

@@ -14,7 +14,7 @@ revision, group-committed per key (``cas``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -30,8 +30,10 @@ from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     BudgetRefusal,
     Hold,
+    Seed,
     TenantLimits,
     UsageFloor,
+    window_start,
 )
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
@@ -94,6 +96,12 @@ class Repair:
     ("" if it names none: then that turn's other calls are not told apart)."""
 
 
+Rebuild = Callable[[str, float, float], Awaitable[Seed]]
+"""What a tenant's window (its start and end, epoch seconds) used at least and which of its
+runs are active, from outside the ledger (the operator: its AgentRuns' recorded usage), for a
+book made anew (``Seed``)."""
+
+
 def book_key(tenant: str) -> str:
     """``book.<tenant>`` (tenant names are DNS subdomains: valid KV key characters)."""
     return f"book.{tenant}"
@@ -108,6 +116,13 @@ class LedgerStore(CasStore):
     """The tenant ledger: books and admission queues. Create with ``LedgerStore.open``.
 
     Implements ``hold.TurnLedger`` (the operations of a turn's hold)."""
+
+    def __init__(self, kv: Any, *, rebuild: Rebuild | None = None, **kwargs: Any) -> None:
+        """``kv``: the bucket; ``rebuild`` (the operator's): what a tenant's window used at
+        least, seeding a book the operator makes because it does not exist (the bucket or the
+        book was lost), never one that exists; ``kwargs``: ``CasStore``'s."""
+        super().__init__(kv, **kwargs)
+        self.rebuild = rebuild
 
     @classmethod
     async def open(
@@ -133,16 +148,38 @@ class LedgerStore(CasStore):
         named operation does; callers outside the ledger use those, never this).
 
         A missing entry starts empty with ``limits`` when they are given (the operator's
-        admission, with the AgentTenant's limits); without them it is refused: a missing book
-        means no budget, never an unlimited one (``BookMissing``). ``fn`` may run more than
-        once (on lost races) and must be deterministic given the entry.
+        admission and sweep, with the AgentTenant's limits), its ``used`` seeded by
+        ``rebuild`` if the store has one; without them it is refused: a missing book means no
+        budget, never an unlimited one (``BookMissing``). ``fn`` may run more than once (on
+        lost races) and must be deterministic given the entry.
         """
+        if limits is None or self.rebuild is None:
+            return await self._change_book(tenant, fn, limits=limits, seed=None)
+        try:
+            return await self._change_book(tenant, fn, limits=None, seed=None)
+        except BookMissing:  # made anew: what the window used is rebuilt first
+            start = window_start(self.clock(), limits.window_seconds)
+            seed = await self.rebuild(tenant, start, start + limits.window_seconds)
+            return await self._change_book(tenant, fn, limits=limits, seed=seed)
+
+    async def _change_book(
+        self,
+        tenant: str,
+        fn: Callable[[Book], T],
+        *,
+        limits: TenantLimits | None,
+        seed: Seed | None,
+    ) -> T:
+        """``_change`` with the seed of a book made anew (``Book.seed``) already known."""
 
         def decode(data: bytes | None) -> Book:
             if data is None:
                 if limits is None:
                     raise BookMissing(f"AgentTenant {tenant!r} has no ledger book: no budget")
-                return Book.new(tenant, limits, now=self.clock())
+                book = Book.new(tenant, limits, now=self.clock())
+                if seed is not None:
+                    book.seed(seed)
+                return book
             return codec.decode_book(data)
 
         result: T = await self._submit(book_key(tenant), fn, decode, codec.encode_book)

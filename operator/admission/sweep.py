@@ -1,13 +1,16 @@
 """The periodic ledger sweep and the AgentTenant status it writes.
 
-Every few seconds, per tenant: undo a rollback of its entry (``used`` below what the operator
-saw in the window — in the entries it read, and in the AgentTenant status it wrote, which no NATS
-credential can change — or a window that has not started: counted as a refused message,
-``ledger_rollback``, and told as a ``LedgerRolledBack`` Event), start a new window when the old
-one is over, release holds whose worker died (charging what the run's events show it
-committed), free the slots of runs that ended while no operator watched, end the runs of a
-tenant whose wall-clock budget ran out, pump its queue, and write its AgentTenant ``.status``
-and the tenant budget metrics. Invalid AgentTenants get ``Accepted=False`` with the reason.
+Every few seconds, per tenant: make the ledger book of a known AgentTenant that has none (the
+bucket or the book was lost, or no run came yet; its window's use rebuilt from the tenant's
+AgentRuns by the store's ``rebuild`` hook, ``tenants.rebuild``), undo a rollback of its entry
+(``used`` below what the operator saw in the window — in the entries it read, and in the
+AgentTenant status it wrote, which no NATS credential can change — or a window that has not
+started: counted as a refused message, ``ledger_rollback``, and told as a ``LedgerRolledBack``
+Event), start a new window when the old one is over, release holds whose worker died (charging
+what the run's events show it committed), free the slots of runs that ended while no operator
+watched, end the runs of a tenant whose wall-clock budget ran out, pump its queue, and write its
+AgentTenant ``.status`` and the tenant budget metrics. Invalid AgentTenants get
+``Accepted=False`` with the reason.
 
 What does not belong here: admitting runs (``pump``), the AgentTenant status and its Events
 (``tenants``: the sweep tells its ``TenantStatusWriter`` when).
@@ -118,11 +121,14 @@ class LedgerSweep:
         now = self.clock()
         if book is None and policy is None:
             return
+        if book is None and policy is not None:  # lost, or no run yet: made, its use rebuilt
+            await self.store.repair_entry(tenant, [], limits=policy.limits, now=now)
+            book = await self.store.read(tenant)
         if book is not None:
             book = await self._undo_rollback(book, policy, now)
             book = await self._repair_entry(book, policy, now)
             self._floors[tenant] = self._floor(tenant, book).raised(
-                book.window, book.used_tokens, book.used_cost, book.used_wall
+                book.window, book.used_tokens, book.used_cost, book.used_wall, end=book.end
             )
             if (
                 book.limits.wall_seconds is not None
@@ -145,9 +151,11 @@ class LedgerSweep:
         """The floor of ``tenant``'s entry: what this process saw, else what the AgentTenant's
         status said, else nothing below ``book``'s own window."""
         seen = self.deps.tenants.seen.get(tenant)
-        floor = self._floors.get(tenant) or seen or UsageFloor(book.window)
+        floor = self._floors.get(tenant) or seen or UsageFloor(book.window, end=book.end)
         if seen is not None:
-            floor = floor.raised(seen.window, seen.tokens, seen.cost_usd, seen.wall_seconds)
+            floor = floor.raised(
+                seen.window, seen.tokens, seen.cost_usd, seen.wall_seconds, end=seen.end
+            )
         return floor
 
     async def _undo_rollback(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
@@ -173,7 +181,7 @@ class LedgerSweep:
         if not (
             repairs
             or (policy is not None and policy.limits != book.limits)
-            or (book.window + book.limits.window_seconds <= now)
+            or (book.reset_time <= now)
         ):
             return book
         await self.store.repair_entry(

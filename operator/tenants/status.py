@@ -230,12 +230,19 @@ def usage_seen(status: Mapping[str, Any] | None) -> UsageFloor | None:
         return None
     budget = status.get("budget") or {}
     try:
-        window = datetime.datetime.fromisoformat(status["windowStart"].replace("Z", "+00:00"))
+        window = _epoch(status["windowStart"])
+        reset = status.get("resetTime")
         return UsageFloor(
-            window.timestamp(),
+            window,
             int((budget.get("tokens") or {}).get("used", 0)),
             Decimal(str((budget.get("costUSD") or {}).get("used", "0"))),
             0.0,  # its wall clock counts active runs live: not a floor of the ended ones'
+            end=_epoch(reset) if isinstance(reset, str) and _epoch(reset) > window else 0.0,
         )
     except (AttributeError, TypeError, ValueError, decimal.InvalidOperation):
         return None
+
+
+def _epoch(text: str) -> float:
+    """An RFC 3339 time as epoch seconds; raises ``ValueError`` if it is not one."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

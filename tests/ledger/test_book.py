@@ -509,18 +509,6 @@ def test_operations_roll_the_window_first() -> None:
     assert b.window == T0 + 2 * DAY
 
 
-def test_set_limits_applies_a_new_window_length_at_once() -> None:
-    b = book(tokens=100, window_seconds=DAY)
-    b.used_tokens = 50
-    b.set_limits(limits(tokens=200, window_seconds=3_600.0), now=NOW + 1)
-    assert b.limits.tokens == 200
-    assert b.window == T0 + 3_600.0
-    assert b.used_tokens == 0
-    b.used_tokens = 10
-    b.set_limits(limits(tokens=300, window_seconds=3_600.0), now=NOW + 2)
-    assert (b.window, b.used_tokens) == (T0 + 3_600.0, 10)
-
-
 # --------------------------------------------------------------------------- encode / decode
 
 

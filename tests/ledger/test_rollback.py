@@ -22,6 +22,7 @@ from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.admission.sweep import LedgerSweep, SweepDeps
 from agentrun.operator.platform.conditions import rfc3339
 from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.tenants.rebuild import RebuiltUsage
 from agentrun.operator.tenants.registry import Tenants
 from agentrun.operator.tenants.writer import TenantStatusWriter
 from agentrun.protocol import RunEvent
@@ -194,3 +195,44 @@ def test_a_malformed_status_gives_no_floor() -> None:
         )
     )
     assert tenants.seen == {}
+
+
+async def test_the_sweep_makes_a_lost_book_again_with_the_runs_use_of_the_window(
+    store: LedgerStore,
+) -> None:
+    """The bucket lost the book (NATS data wiped): the sweep makes it anew at once, its
+    ``used`` rebuilt from the tenant's AgentRuns (``RebuiltUsage``), not from zero, and the
+    AgentTenant status shows it; the next sweep sees no rollback in it."""
+    tenant, api = f"t-{uuid.uuid4().hex[:8]}", FakeKube()
+    tenants = Tenants(api)
+    tenants.put(api.put("agenttenants", tenant_object(tenant)))
+    now = time.time()
+    for name, tokens in (("a", 300), ("b", 225)):
+        status = {
+            "tenant": tenant,
+            "startTime": rfc3339(now - 5),
+            "completionTime": rfc3339(now),
+            "usage": {"totalTokens": tokens, "costUSD": "0.01", "wallSeconds": 2.0},
+        }
+        api.put("agentruns", {"metadata": {"name": name, "namespace": "ns"}, "status": status})
+    store.rebuild = RebuiltUsage(api, tenants)
+    sweep, _ = sweeper(store, tenants, api)
+    before = refused()
+    await sweep.sweep()
+    book = await store.read(tenant)
+    assert book is not None
+    assert (book.used_tokens, book.used_cost, book.used_wall) == (525, Decimal("0.02"), 4.0)
+    await sweep.sweep()
+    assert refused() == before
+    (written,) = [o for (kind, _, _), o in api.objects.items() if kind == "agenttenants"]
+    assert written["status"]["budget"]["tokens"]["used"] == 525
+
+
+def test_the_status_floor_carries_the_windows_end_from_its_reset_time() -> None:
+    tenants = Tenants(FakeKube())
+    status = {"windowStart": rfc3339(WINDOW), "resetTime": rfc3339(WINDOW + 3_600.0)}
+    tenants.put(tenant_object("x", status=status))
+    assert tenants.seen["x"] == UsageFloor(WINDOW, end=WINDOW + 3_600.0)
+    tenants.put(tenant_object("y", status={"windowStart": rfc3339(WINDOW), "resetTime": 5}))
+    tenants.put(tenant_object("z", status=status | {"resetTime": rfc3339(WINDOW)}))
+    assert tenants.seen["y"] == tenants.seen["z"] == UsageFloor(WINDOW)  # end unknown
