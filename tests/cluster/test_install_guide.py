@@ -231,8 +231,9 @@ def test_the_first_run_succeeds_and_its_trajectory_prints(
         env["TEAM"],
     )
     assert status["answer"] == "The rectangle's area is 12 and its perimeter is 14."
-    logs = guide_run.output["install"].split("kubectl-agentrun logs first-run", 1)[1]
-    assert "calculate" in logs and "area is 12" in logs
+    logs = guide_run.output["install"].split("admitted in tenant", 1)[1]  # its first line
+    assert '→ calculate({"expression":"3*4"})' in logs and "← calculate [call_0_0]: 12" in logs
+    assert "end   Succeeded completed (ok): 2 steps" in logs
     # the tenant's status is projected from its ledger book by the operator's sweep
     deadline = time.monotonic() + 30
     while True:
