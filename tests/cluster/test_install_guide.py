@@ -4,7 +4,7 @@ phase, as a platform engineer would paste them, with only the substitutions the 
 all through the guide's own variables (step 0):
 
 - ``RELEASE_DIR``: a release directory assembled from the local build (the chart packaged by
-  ``helm package`` as ``make release`` does, the two image archives ``make image`` built,
+  ``helm package`` as ``make release`` does, the two image archives ``make image`` built (linked),
   ``SHA256SUMS`` signed with a key made here; no SBOMs, which the guide does not use) instead
   of a download; ``ALLOWED_SIGNERS``/``SIGNER``: that key;
 - ``CONTAINERD_ADDRESS``: the node's containerd socket, which ``ctr`` reads;
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -46,8 +47,9 @@ SIGNER = "release@agentrun.dev"
 MODEL_PORT = 8000
 HOOK_SECRETS = {
     "agentrun-nats-keys", "agentrun-nats-server", "agentrun-nats-operator",
-    "agentrun-nats-worker", "agentrun-nats-tls", "agentrun-signing", "agentrun-trust",
+    "agentrun-nats-worker", "agentrun-signing", "agentrun-trust",
 }  # fmt: skip
+"""Kept by ``helm uninstall``: made by the hooks, not part of the release."""
 pytestmark = [pytest.mark.e2e, pytest.mark.node, pytest.mark.timeout(1800)]
 
 
@@ -61,7 +63,11 @@ def assemble_release(directory: Path, images: image.ProjectImages, home: Path) -
     nats_tag = images.nats.name.rpartition(":")[2]
     for built, name in ((images.agentrun, f"agentrun-image-{version}.docker.tar"),
                         (images.nats, f"agentrun-nats-image-{nats_tag}.docker.tar")):  # fmt: skip
-        (directory / name).symlink_to(built.archive)
+        # a link of its own: another build of the same tag may delete the cached archive
+        try:
+            os.link(built.archive, directory / name)
+        except OSError:  # another file system
+            shutil.copyfile(built.archive, directory / name)
         files.append(directory / name)
     key = home / "release_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", SIGNER, "-f", str(key)],
@@ -283,6 +289,7 @@ def test_uninstall_keeps_the_crds_the_runs_and_the_hooks_secrets_then_all_goes(
     assert kept == ["agentrun.agentrun.dev/first-run"]
     secrets = {s["metadata"]["name"] for s in objects(node_kubectl, "secrets", "-n", env["NS"])}
     assert HOOK_SECRETS | {"model-api-key"} <= secrets
+    assert "agentrun-nats-tls" not in secrets  # the chart's own, gone with the release
     left = node_kubectl("get", "deploy,statefulset,service,pdb", "-n", env["NS"], "-o", "name")
     assert left.stdout == ""
     guide_run.run("remove everything", guide_run.uninstall[1:])
