@@ -748,8 +748,8 @@ def build_natscli(
     The module's content must hash to `module_sum` (``"h1:…"``, go.sum's form). It carries no
     ``replace`` directives, so ``go install github.com/nats-io/natscli/nats@<version>`` builds
     exactly its go.sum, static (``CGO_ENABLED=0``, it runs in the ``FROM scratch`` NATS image),
-    with the version stamped as its release build does (``main.version``), into a temporary
-    GOBIN beside `out`, then renamed.
+    stripped, into a temporary GOBIN beside `out`, then renamed; ``nats --version`` reports the
+    module version from the binary's build information, as a release binary does.
 
     Raises:
         BuildError: no Go on PATH, a Go older than the module's ``go`` directive, a hash other
@@ -768,7 +768,7 @@ def build_natscli(
             f"{NATSCLI_MODULE}/nats@{module_version}",
             out,
             cwd=work,
-            ldflags=f"-s -w -X main.version={module_version.removeprefix('v')}",
-            check=lambda built: _check_version(built, says=module_version.removeprefix("v")),
+            ldflags="-s -w",
+            check=lambda built: _check_version(built, says=module_version),
             env={"CGO_ENABLED": "0"},
         )
