@@ -104,6 +104,7 @@ async def _lead(settings: OperatorSettings, elector: leadership.LeaderElector) -
         log.critical("lost the leader Lease; exiting so that only the new leader acts")
         logging.shutdown()
         os._exit(LOST_LEADERSHIP_EXIT)
-    holding.cancel()
+    holding.cancel()  # and wait for it: a renewal in flight must not race the release
+    await asyncio.gather(holding, return_exceptions=True)
     await elector.release()
     operator.result()  # kopf's own failure, if any, ends the process with it
