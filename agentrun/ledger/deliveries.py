@@ -30,7 +30,7 @@ def set_aside(book: BookState, key: str, *, owner: str) -> bool:
     different owner's and its call answered, move it to ``<key>/<its owner>``, holding
     exactly what the call used, uncharged — whether that call is the one its turn commits is
     known only once the turn's committer is (``resolve_turn``). True if it moved one."""
-    previous = book.holds.get(key)
+    previous = book.hold(key)
     if previous is None or previous.owner == owner or not previous.answered:
         return False
     book.take_hold(key)
@@ -49,7 +49,7 @@ def resolve_turn(book: BookState, run_uid: str, turn: int, *, committer: str) ->
     if not committer:
         return 0
     charged = 0
-    of_turn = [(k, h) for k, h in book.holds.items() if h.run_uid == run_uid and h.turn == turn]
+    of_turn = [(k, h) for k, h in book.holds_of(run_uid) if h.turn == turn]
     for key, hold in of_turn:
         book.take_hold(key)
         if hold.owner != committer and hold.answered:

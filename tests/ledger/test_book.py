@@ -504,7 +504,7 @@ def test_operations_roll_the_window_first() -> None:
     assert b.window == T0 + DAY
     assert b.admit("r1", "ns", "a", now=T0 + DAY + 1) is not None  # reserved = limit now
     b.used_tokens = 0
-    b.holds.clear()
+    b.take_hold("r1:0")
     assert b.admit("r1", "ns", "a", now=T0 + 2 * DAY + 1) is None
     assert b.window == T0 + 2 * DAY
 
@@ -581,9 +581,11 @@ def test_encode_keeps_decimals_as_strings_never_floats() -> None:
     raw = json.loads(codec.encode_book(full_book()))
     assert raw["used"]["costUSD"] == "4.750000000001"
     assert raw["limits"]["costUSD"] == "5.00"
-    tiny = raw["holds"]["r1:5"][3]  # [run, turn, tokens, cost, ...]; exact, maybe as 1.2E-7
+    run = raw["runs"]["r1"]
+    tiny = run["holds"]["r1:5"][2]  # [turn, tokens, cost, ...]; exact, maybe as 1.2E-7
     assert isinstance(tiny, str) and Decimal(tiny) == Decimal("0.000000123456789")
-    assert raw["active"]["r1"][5] == "4.750000000001"  # [ns, name, since, turn, tokens, cost]
+    assert run["active"][5] == "4.750000000001"  # [ns, name, since, turn, tokens, cost]
+    assert Decimal(raw["reserved"]["costUSD"]) == full_book().reserved_cost
 
 
 def test_an_unlimited_empty_book_round_trips() -> None:
