@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test lint typecheck pytest bench bench-cluster down status clean image system-packages node-packages
+.PHONY: demo demo-cluster test lint typecheck pytest bench bench-quick bench-all bench-ab bench-cluster down status clean image system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	@echo 'installing agentrun and its dev tooling into $(VENV) (a few minutes the first time)…'
@@ -76,7 +76,19 @@ system-packages:
 	  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $$missing; \
 	fi
 
+## bench: agentrun beside the NATS floor (nats-py on loopback) and the in-process peer (the
+## OpenAI Agents SDK's Runner, in a virtualenv of its own) on one machine in one invocation:
+## overhead per turn, throughput, CPU per turn of every process, and the ratios
+## (bench/bench_compare.py; bench/README.md says how long it takes and how to read it).
 bench: $(STAMP)
+	cd bench && ../$(BIN)/python bench_compare.py
+
+## bench-quick: the same, small (20 runs x 10 turns): a change's cost at a glance.
+bench-quick: $(STAMP)
+	cd bench && ../$(BIN)/python bench_compare.py --quick
+
+## bench-all: `make bench`, then every other benchmark of bench/ that needs no node.
+bench-all: bench
 	cd bench && ../$(BIN)/python bench_overhead.py
 	cd bench && ../$(BIN)/python bench_throughput.py
 	cd bench && ../$(BIN)/python bench_operator_memory.py
@@ -84,6 +96,16 @@ bench: $(STAMP)
 	cd bench && ../$(BIN)/python bench_instrumentation.py
 	cd bench && ../$(BIN)/python bench_ledger.py
 	cd bench && ../$(BIN)/python bench_cpu.py
+
+## bench-ab REF=<git rev> [BENCH=bench_cpu.py] [N=3] [ARGS='--runs 20'] [OWN=1]: this tree
+## against REF (built once per commit in the cache with its own virtualenv), the bench run in
+## both alternately N times each; medians of every figure and this/REF. OWN=1 runs REF's own
+## bench scripts (needed for refs before the closed bus).
+BENCH ?= bench_cpu.py
+N ?= 3
+bench-ab: $(STAMP)
+	@test -n "$(REF)" || { echo 'usage: make bench-ab REF=<git rev> [BENCH=bench_cpu.py] [N=3] [ARGS=...] [OWN=1]' >&2; exit 2; }
+	cd bench && ../$(BIN)/python bench_ab.py --ref '$(REF)' --bench '$(BENCH)' --repeat $(N) $(if $(OWN),--own-bench) -- $(ARGS)
 
 ## bench-cluster: the chart on a real node (root): image size, time to a Ready node,
 ## helm install → first run Succeeded, pod memory with 1,000 AgentRuns.

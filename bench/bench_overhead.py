@@ -12,9 +12,42 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness import agent_run, bench_stack, median, percentile, read_events, write_result
+from harness import (
+    BenchStack,
+    agent_run,
+    bench_stack,
+    median,
+    percentile,
+    read_events,
+    write_result,
+)
 
 HERE = Path(__file__).parent
+
+
+def overhead_gaps(
+    bench: BenchStack, *, runs: int, turns: int, prefix: str = "overhead"
+) -> list[float]:
+    """Run ``runs`` runs of ``turns`` turns one at a time; for every turn n with a turn n+1,
+    milliseconds from turn n's event as JetStream stored it to the scripted model's arrival
+    time of request n+1 (both this machine's wall clock)."""
+    gaps_ms: list[float] = []
+    for i in range(runs):
+        name, goal = f"{prefix}-{i}", f"BENCH {prefix} {i}"
+        bench.apply([agent_run(name, goal, max_steps=turns)])
+        bench.wait_all_terminal(1, timeout=300, names=[name])
+        events = read_events(bench.nats, "default", [name])[name]
+        requests = [
+            r
+            for r in mock_requests(bench)
+            if any(m.get("content") == goal for m in r["body"]["messages"][:2])
+        ]
+        arrivals = {r["turn"]: r["time"] for r in requests}
+        for event, stored in events:
+            record = event.record if event.kind == "turn" else None
+            if record is not None and record.turn + 1 in arrivals:
+                gaps_ms.append((arrivals[record.turn + 1] - stored) * 1000)
+    return gaps_ms
 
 
 def main() -> None:
@@ -24,25 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     with bench_stack(HERE / "scenarios.yaml") as bench:
         bench.start_services(workers=1, extra_env={"AGENTRUN_STATUS_INTERVAL": "1"})
-        gaps_ms: list[float] = []
-        for i in range(args.runs):
-            name = f"overhead-{i}"
-            bench.apply([agent_run(name, f"BENCH overhead {i}", max_steps=args.turns)])
-            bench.wait_all_terminal(i + 1, timeout=300)
-            events = read_events(bench.nats, "default", [name])[name]
-            requests = [
-                r
-                for r in mock_requests(bench)
-                if f"BENCH overhead {i}" in str(r["body"]["messages"][0])
-            ]
-            arrivals = {r["turn"]: r["time"] for r in requests}
-            for event, stored in events:
-                if (
-                    event.kind == "turn"
-                    and event.record is not None
-                    and event.record.turn + 1 in arrivals
-                ):
-                    gaps_ms.append((arrivals[event.record.turn + 1] - stored) * 1000)
+        gaps_ms = overhead_gaps(bench, runs=args.runs, turns=args.turns)
         write_result(
             "overhead",
             {

@@ -15,7 +15,10 @@ Endpoints:
   request no scenario matches and a conversation past its script with ``after: error`` are
   answered 400 with an OpenAI-shaped error saying why, and so is a request that breaks the
   strictest providers' rules (role order, tool results right after their call, 9-alphanumeric
-  call ids, function names: `agentrun.testing.strict`), as Mistral's API does. A turn's
+  call ids, function names: `agentrun.testing.strict`), as Mistral's API does
+  (``--no-strict-call-ids`` or ``strict_call_ids=False``: any unique string id passes, for
+  clients that echo the model's ids as given, such as the OpenAI Agents SDK; every other
+  rule still holds). A turn's
   ``fault`` answers its status (with ``Retry-After`` when scripted); ``times: N`` counts per
   conversation (system text + first user message) and turn k, so the retry of a ``times: 1``
   fault gets the reply.
@@ -94,10 +97,16 @@ class MockState:
     """Scenarios, the request record and the fault counters of one server."""
 
     def __init__(
-        self, scenarios: Sequence[sc.Scenario] = (), *, max_recorded: int = DEFAULT_MAX_RECORDED
+        self,
+        scenarios: Sequence[sc.Scenario] = (),
+        *,
+        max_recorded: int = DEFAULT_MAX_RECORDED,
+        strict_call_ids: bool = True,
     ) -> None:
         sc.check_unique(scenarios, source="scenarios")
         self.scenarios: tuple[sc.Scenario, ...] = tuple(scenarios)
+        self.strict_call_ids = strict_call_ids
+        """Whether a call id must have the strictest providers' form (``strict.CALL_ID``)."""
         self.requests: collections.deque[RecordedRequest] = collections.deque(maxlen=max_recorded)
         self.models: dict[str, None] = {MOCK_MODEL: None}
         self._fault_counts: dict[tuple[str, str, str | None, int], int] = {}
@@ -207,7 +216,7 @@ async def _answer(state: MockState, entry: RecordedRequest, body: Any) -> web.Re
         conversation = sc.read_conversation(body.get("messages"))
     except sc.RequestError as exc:
         return _error(400, str(exc), code="invalid_request", param="messages")
-    broken = strict.violations(body["messages"])
+    broken = strict.violations(body["messages"], call_ids=state.strict_call_ids)
     if broken:
         return _error(
             400, "; ".join(broken), code="invalid_request_message_order", param="messages"
@@ -324,8 +333,11 @@ class MockLLM:
         port: int = 0,
         max_recorded: int = DEFAULT_MAX_RECORDED,
         access_log: bool = False,
+        strict_call_ids: bool = True,
     ) -> None:
-        self.state = MockState(scenarios, max_recorded=max_recorded)
+        self.state = MockState(
+            scenarios, max_recorded=max_recorded, strict_call_ids=strict_call_ids
+        )
         self._host, self._port, self._access_log = host, port, access_log
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
@@ -379,6 +391,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="how many requests GET /_mock/requests keeps",
     )
     parser.add_argument("--access-log", action="store_true", help="log every request")
+    parser.add_argument(
+        "--no-strict-call-ids",
+        dest="strict_call_ids",
+        action="store_false",
+        help="accept any unique string as a tool call id (other rules still hold)",
+    )
     return parser.parse_args(argv)
 
 
@@ -391,6 +409,7 @@ async def serve(args: argparse.Namespace) -> None:
         port=args.port,
         max_recorded=args.max_recorded,
         access_log=args.access_log,
+        strict_call_ids=args.strict_call_ids,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -30,7 +30,7 @@ NEXT_ROLES = {
 followed by its results (which ones, and in which order, is checked apart)."""
 
 
-def _calls_problems(index: int, calls: Any, seen: set[str]) -> list[str]:
+def _calls_problems(index: int, calls: Any, seen: set[str], *, call_ids: bool) -> list[str]:
     if not isinstance(calls, list) or not calls:
         return [f"messages[{index}].tool_calls must be a non-empty array"]
     problems = []
@@ -38,7 +38,9 @@ def _calls_problems(index: int, calls: Any, seen: set[str]) -> list[str]:
         where = f"messages[{index}].tool_calls[{k}]"
         call = call if isinstance(call, Mapping) else {}
         call_id = call.get("id")
-        if not isinstance(call_id, str) or not CALL_ID.match(call_id):
+        if not isinstance(call_id, str) or not call_id:
+            problems.append(f"{where}: tool call id {call_id!r} must be a non-empty string")
+        elif call_ids and not CALL_ID.match(call_id):
             problems.append(f"{where}: tool call id {call_id!r} must be 9 of a-z, A-Z, 0-9")
         elif call_id in seen:
             problems.append(f"{where}: tool call id {call_id!r} is used twice")
@@ -51,13 +53,16 @@ def _calls_problems(index: int, calls: Any, seen: set[str]) -> list[str]:
     return problems
 
 
-def violations(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+def violations(messages: Sequence[Mapping[str, Any]], *, call_ids: bool = True) -> list[str]:
     """Every rule ``messages`` breaks, as readable sentences (empty: the request is fine).
 
     Rules: the order of roles in ``NEXT_ROLES``; the conversation ends with ``user`` or
     ``tool``; an assistant message with ``tool_calls`` is followed by exactly one ``tool``
     message per call, in call order, with the call's id; ids are 9 alphanumerics, unique in
-    the request; function names match ``FUNCTION_NAME``.
+    the request; function names match ``FUNCTION_NAME``. ``call_ids=False`` drops only the
+    rule on an id's form (``CALL_ID``, Mistral's): ids must still be strings, unique and
+    answered in order. Clients that echo the model's ids as given (the OpenAI Agents SDK)
+    break that one rule against a model whose ids have another form.
     """
     problems: list[str] = []
     seen: set[str] = set()
@@ -79,7 +84,7 @@ def violations(messages: Sequence[Mapping[str, Any]]) -> list[str]:
             else:
                 expected.pop(0)
         if role == "assistant" and "tool_calls" in message:
-            problems.extend(_calls_problems(index, message["tool_calls"], seen))
+            problems.extend(_calls_problems(index, message["tool_calls"], seen, call_ids=call_ids))
             calls = message["tool_calls"] if isinstance(message["tool_calls"], list) else []
             expected = [str(c.get("id")) for c in calls if isinstance(c, Mapping)]
         previous = role if isinstance(role, str) else None

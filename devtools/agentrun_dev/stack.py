@@ -161,14 +161,19 @@ def start_mockllm(
     launch: components.Launch,
     port: int | None = None,
     env: Mapping[str, str] | None = None,
+    name: str = "mockllm",
+    strict_call_ids: bool = True,
 ) -> components.Component:
     """Start ``python -m agentrun.testing.mockllm`` and wait until ``/healthz`` answers ok.
 
     Args:
         scenarios: scenario YAML files (joined with ',' for ``--scenarios``).
-        launch: log directory (the log is ``mockllm.log``), lifetime, progress output.
+        launch: log directory (the log is ``<name>.log``), lifetime, progress output.
         port: loopback port; None picks a free one. Its base URL is `mockllm_url`.
         env: extra environment.
+        name: the component's name; a second server in one launch needs its own.
+        strict_call_ids: False passes ``--no-strict-call-ids`` (any unique string id is
+            accepted; for clients that echo the model's ids as given).
 
     Raises:
         probes.NotReadyError: it exited or did not answer within 30 s (with its log tail).
@@ -176,7 +181,8 @@ def start_mockllm(
     port = probes.free_port() if port is None else port
     argv = [sys.executable, "-m", "agentrun.testing.mockllm", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--scenarios", ",".join(str(p) for p in scenarios)]
-    spec = launch.spec("mockllm", argv, env={"PYTHONUNBUFFERED": "1", **(env or {})})
+    argv += [] if strict_call_ids else ["--no-strict-call-ids"]
+    spec = launch.spec(name, argv, env={"PYTHONUNBUFFERED": "1", **(env or {})})
     probe = probes.Probe(url=f"http://127.0.0.1:{port}/healthz", expect="ok")
     return launch.start(spec, probe=probe, ports={"http": port})
 

@@ -97,3 +97,15 @@ async def client(mock: mockllm.MockLLM) -> AsyncIterator[openai.AsyncOpenAI]:
     """The real openai client, no retries (the tests see every fault)."""
     async with openai.AsyncOpenAI(base_url=mock.base_url, api_key="test", max_retries=0) as c:
         yield c
+
+
+@pytest.fixture
+async def lenient_client() -> AsyncIterator[openai.AsyncOpenAI]:
+    """The real openai client against a server with the call-id form check off (as the
+    benchmarks' in-process peer uses it), no retries."""
+    parsed = scenario.parse_scenarios(SCENARIOS, source="conftest")
+    async with (
+        mockllm.MockLLM(parsed, strict_call_ids=False) as server,
+        openai.AsyncOpenAI(base_url=server.base_url, api_key="t", max_retries=0) as c,
+    ):
+        yield c

@@ -131,3 +131,8 @@ async def test_a_bad_scenario_file_exits_2(tmp_path: Path) -> None:
     _, stderr = await asyncio.wait_for(process.communicate(), 20)
     assert process.returncode == 2
     assert b"'turns' is a required property" in stderr
+
+
+def test_the_call_id_form_check_is_on_unless_switched_off_on_the_command_line() -> None:
+    assert mockllm.parse_args([]).strict_call_ids is True
+    assert mockllm.parse_args(["--no-strict-call-ids"]).strict_call_ids is False

@@ -243,3 +243,35 @@ async def test_a_call_id_mistral_would_reject_is_a_400(client: openai.AsyncOpenA
     messages[2]["tool_calls"][0]["id"] = messages[3]["tool_call_id"] = "call_0_0"
     with pytest.raises(openai.BadRequestError, match="must be 9 of a-z, A-Z, 0-9"):
         await client.chat.completions.create(model=MODEL, messages=messages)
+
+
+async def test_with_the_call_id_check_off_an_echoed_id_of_any_form_passes(
+    lenient_client: openai.AsyncOpenAI,
+) -> None:
+    messages = conversation("rectangle", turns=1)
+    messages[2]["tool_calls"][0]["id"] = messages[3]["tool_call_id"] = "call_0_0"
+    completion = await lenient_client.chat.completions.create(model=MODEL, messages=messages)
+    assert completion.choices[0].message.content == "Area 12, perimeter 14."
+
+
+@pytest.mark.parametrize(
+    ("breakage", "problem"),
+    [
+        pytest.param("twice", "is used twice", id="duplicate-id"),
+        pytest.param("unanswered", "result for 'other', expected call_0_0", id="wrong-answer"),
+        pytest.param("empty", "must be a non-empty string", id="empty-id"),
+    ],
+)
+async def test_with_the_call_id_check_off_every_other_rule_still_holds(
+    lenient_client: openai.AsyncOpenAI, breakage: str, problem: str
+) -> None:
+    messages = conversation("rectangle", turns=2)
+    messages[2]["tool_calls"][0]["id"] = messages[3]["tool_call_id"] = "call_0_0"
+    if breakage == "twice":
+        messages[4]["tool_calls"][0]["id"] = messages[5]["tool_call_id"] = "call_0_0"
+    elif breakage == "unanswered":
+        messages[3]["tool_call_id"] = "other"
+    else:
+        messages[4]["tool_calls"][0]["id"] = messages[5]["tool_call_id"] = ""
+    with pytest.raises(openai.BadRequestError, match=problem):
+        await lenient_client.chat.completions.create(model=MODEL, messages=messages)
