@@ -1,11 +1,14 @@
 """The admission queue pump: per-tenant FIFO queues of validated runs, admitted from the head.
 
-A new AgentRun, validated against its AgentModel and its tenant's policy, is appended to its
-tenant's queue (``queue.<tenant>`` in the ledger bucket). A pump per tenant admits from the
-head while the tenant has a free ``maxConcurrentRuns`` slot and budget left for the run's first
-model call (``Book.admit``, one compare-and-set), appending the run's ``admitted`` event; it
-stops at the first run that does not fit, so admission is FIFO. Runs left waiting show
-``Queued`` with the reason and their position. Every step is idempotent (the ledger slot by
+A new AgentRun, validated against its AgentModel and its tenant's policy, joins its tenant's
+queue (one value per run, ``queue.<tenant>.<uid>`` in the ledger bucket, ordered in this
+process's memory: ``ledger.TenantQueue``), unless the queue holds ``AGENTRUN_MAX_QUEUED_RUNS``
+runs already (then it ends ``tenant_budget_exhausted``, saying so). A pump per tenant admits
+from the head while the tenant has a free ``maxConcurrentRuns`` slot and budget left for the
+run's first model call (``Book.admit``, one compare-and-set), appending the run's ``admitted``
+event; it stops at the first run that does not fit, so admission is FIFO. Runs left waiting
+show ``Queued`` with the reason and their position (``queuestatus``: at once for a run just
+queued, later refreshes within a rate). Every step is idempotent (the ledger slot by
 run uid, the admitted event by compare-and-set on an empty subject, the queue by uid), so an
 operator that dies mid-admission neither admits a run twice nor forgets one: the queue and the
 ledger are in JetStream.
@@ -33,7 +36,7 @@ from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import RunConfig
 
 from . import admission, tenancy
-from .queuestatus import EndCounter, QueueStatus, Waiting
+from .queuestatus import EndCounter, QueueStatus, RefreshBudget, Waiting
 from .recorder import EventRecorder, EventType, Involved
 from .runs import CANCEL_ANNOTATION, QueueWait, RunKey, WaitReason
 from .settlement import QueueBoard, RunSettlement
@@ -90,6 +93,11 @@ class PumpDeps:
     """Records admissions, queue waits and unadmitted ends as Kubernetes Events."""
     clock: Callable[[], float] = time.time
     """Epoch seconds."""
+    max_queued: int = 0
+    """Runs one tenant's queue may hold (``AGENTRUN_MAX_QUEUED_RUNS``; 0: no limit)."""
+    position_writes: float = 20.0
+    """Status writes a second that refresh queued runs' positions
+    (``AGENTRUN_QUEUE_STATUS_WRITES``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,6 +122,9 @@ class QueuePump:
         self.shown = deps.shown
         self._waiting: dict[str, Waiting] = {}
         """Runs this operator has seen queued (uid → what their status shows)."""
+        self._fresh: dict[str, dict[str, QueuedRun]] = {}
+        """Per tenant, the runs queued since its last pump (their first status is due)."""
+        self._refresh = RefreshBudget(deps.position_writes)
         self._objects: dict[str, RunObject] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._wakes: dict[str, asyncio.Event] = {}
@@ -140,22 +151,22 @@ class QueuePump:
         if obj is not None:
             self._objects[run.uid] = obj
         self._waiting.setdefault(run.uid, Waiting(generation))
+        queued = QueuedRun(run.uid, run.namespace, run.name, created)
         try:
-            await self.store.enqueue(
-                policy.name, QueuedRun(run.uid, run.namespace, run.name, created)
-            )
-        except QueueFull as err:  # this run only: the queue's value must stay bounded
+            await self.store.enqueue(policy.name, queued, limit=self.deps.max_queued or None)
+        except QueueFull as err:  # the platform's limit: this run only, with what it says
             self._waiting.pop(run.uid, None)
             self._objects.pop(run.uid, None)
-            message = f"{err}; the run could not be queued"
+            message = f"{err}; the run was not queued: create it again once the queue is shorter"
             self.shown.end_unadmitted(
                 run,
-                kernel.Phase.CHECKPOINT_FAILED,
+                kernel.Phase.TENANT_BUDGET_EXHAUSTED,
                 message,
                 tenant=policy.name,
                 generation=generation,
             )
             return
+        self._fresh.setdefault(policy.name, {})[run.uid] = queued
         self.board.kick(policy.name)
 
     async def cancel_queued(self, key: RunKey, tenant: str | None = None) -> bool:
@@ -222,25 +233,34 @@ class QueuePump:
                 )
 
     async def pump_queue(self, tenant: str) -> None:
-        """Admit from the head of the tenant's queue while runs fit; show the rest as Queued."""
+        """Admit from the head of the tenant's queue while runs fit; show the rest as Queued.
+        Costs O(runs admitted) plus O(log n) per newly queued run, whatever the queue's
+        length n (and one look over it a second, within the status-write rate)."""
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             policy = self.deps.tenants.policies.get(tenant)
-            queue = await self.store.queue(tenant)
+            queue = await self.store.queued(tenant)
             wait: QueueWait | None = None
-            index = 0
-            while index < len(queue):
+            while (head := queue.head()) is not None:
                 if policy is None:
                     wait = self.deps.tenants.why_missing(tenant)
                     break
-                wait = await self._admit_queue_head(policy, queue[index])
+                wait = await self._admit_queue_head(policy, head)
                 if wait is not None:
                     break
-                index += 1
-            waiting = queue[index:]
-            self.board.queued[tenant] = len(waiting)
+                if queue.head() == head:  # still there (a bug, not a queue): never spin on it
+                    raise RuntimeError(f"run {head.uid} neither admitted nor out of the queue")
+            fresh = self._fresh.pop(tenant, {})
+            self.board.queued[tenant] = len(queue)
             self.board.blocked[tenant] = wait
             if wait is not None:
-                self.shown.show_queued(tenant, waiting, wait, seen=self._waiting)
+                self.shown.show_queued(
+                    tenant,
+                    queue,
+                    wait,
+                    seen=self._waiting,
+                    fresh=list(fresh.values()),
+                    refresh=self._refresh,
+                )
 
     # --- admitting one run ----------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 Every few seconds, per tenant: start a new window when the old one is over, release holds whose
 worker died (charging what the run's events show it committed), free the slots of runs that
 ended while no operator watched, end the runs of a tenant whose wall-clock budget ran out, pump
-its queue, and write its AgentTenant ``.status`` and the tenant budget metrics. Invalid
+its queue, and write its AgentTenant ``.status`` and the tenant budget metrics. Each sweep reads
+a tenant's totals (one value); every ``FULL_READ_EVERY`` seconds, and when its wall-clock
+budget ran out, it reads every run's entry too. Invalid
 AgentTenants get ``Accepted=False`` with the reason.
 
 What does not belong here: admitting runs (``pump``), the status body's shape
@@ -41,6 +43,12 @@ log = logging.getLogger(__name__)
 STALE_GRACE = 30.0
 """Seconds an active ledger entry without a live run view is left alone before the sweep
 checks the run's events (admission in progress, an operator just restarted)."""
+FULL_READ_EVERY = 10.0
+"""Seconds between two reads of a tenant's whole ledger (every run's entry: for expired holds
+and runs that ended unseen; or every sweep, if sweeps are further apart); the sweeps between
+read its totals with the runs inline in them only (one value, whatever the tenant's size), so
+a hold of a run stored apart is found expired at most this much later than one inline. Far
+below a hold's TTL (60 s) and ``STALE_GRACE``."""
 
 
 class LiveRuns(Protocol):
@@ -181,6 +189,8 @@ class LedgerSweep:
         self.interval = interval
         self.tenant_status = TenantStatusWriter(deps.api, events=deps.recorder)
         self._stopping = asyncio.Event()
+        self._read_whole: dict[str, float] = {}
+        """When each tenant's whole ledger was last read (epoch seconds)."""
 
     def stop(self) -> None:
         """Stop after the current sweep."""
@@ -210,24 +220,31 @@ class LedgerSweep:
 
     async def _sweep_tenant(self, tenant: str) -> None:
         policy = self.deps.tenants.policies.get(tenant)
-        book = await self.store.read(tenant)
         now = self.clock()
+        book = await self.store.read_totals(tenant)
         if book is None and policy is None:
             return
         if book is not None:
-            book = await self._repair_entry(book, policy, now)
-            if (
+            wall_out = (
                 book.limits.wall_seconds is not None
-                and book.active
-                and (book.wall_used(now) >= book.limits.wall_seconds)
-            ):
-                await self._end_all(book)
+                and book.active_runs > 0
+                and book.wall_used(now) >= book.limits.wall_seconds
+            )
+            every = max(FULL_READ_EVERY, self.interval)
+            if wall_out or now - self._read_whole.get(tenant, 0.0) >= every:
+                self._read_whole[tenant] = now
+                book = await self.store.read(tenant) or book  # every run's entry
+            whole = book
+            book = await self._repair_entry(book, policy, now)
+            if wall_out:
+                await self._end_all(whole)
         if policy is not None:
             self.deps.board.kick(tenant)
             await self.tenant_status.write_enforced(policy, book, board=self.deps.board, now=now)
 
     async def _repair_entry(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
-        """The entry after its repairs, limits and window are brought up to date."""
+        """The ledger after its repairs, limits and window are brought up to date (``book``
+        holds the runs whose entries the sweep looks at: all of them, or the inline ones)."""
         repairs = await self._find_repairs(book, now)
         if not (
             repairs
@@ -238,7 +255,7 @@ class LedgerSweep:
         await self.store.repair_entry(
             book.tenant, repairs, limits=policy.limits if policy else None, now=now
         )
-        repaired = await self.store.read(book.tenant)
+        repaired = await self.store.read_totals(book.tenant)
         assert repaired is not None
         return repaired
 

@@ -143,7 +143,7 @@ def tenant_status(
         "observedGeneration": policy.generation,
         "windowStart": status.rfc3339(book.window),
         "resetTime": status.rfc3339(book.reset_time),
-        "activeRuns": len(book.active),
+        "activeRuns": book.active_runs,
         "queuedRuns": queued,
         "budget": budget_status(book, now),
         "conditions": [

@@ -168,6 +168,8 @@ def _build_parts(
         board=board,
         api=api,
         events=events,
+        max_queued=settings.max_queued_runs,
+        position_writes=settings.queue_status_writes,
     )
     sweep = SweepDeps(
         store=store,

@@ -74,11 +74,12 @@ class Write:
     revision: int
 
 
-Attempt = Callable[[list[Any], bool], Awaitable[list[tuple[bool, Any]] | None]]
-"""One attempt at a group's batch of changes: given their payloads and whether to read
-fresh (not from the cache), apply them and write; the result of each (ok, value or error), or
-``None`` when nothing had to be written as judged on cached copies (then it is tried again on
-fresh ones). Raises ``Conflict`` on a lost race."""
+Attempt = Callable[[list[Any], int], Awaitable[list[tuple[bool, Any]] | None]]
+"""One attempt at a group's batch of changes: given their payloads and the attempt's number
+(0: the first, which may read every value from the cache; later ones read fresh what may have
+changed), apply them and write; the result of each (ok, value or error), or ``None`` when
+nothing had to be written as judged on cached copies (then it is tried again on fresh ones).
+Raises ``Conflict`` on a lost race."""
 
 
 class CasStore:
@@ -272,7 +273,7 @@ class CasStore:
             if not batch:
                 return
             try:
-                results = await attempt([payload for payload, _ in batch], number > 0)
+                results = await attempt([payload for payload, _ in batch], number)
             except Conflict:
                 await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2**number)))
                 continue

@@ -214,18 +214,25 @@ class LedgerStore(CasStore):
         """
         change = _Change(fn, None if runs is None else frozenset(runs), limits)
 
-        async def attempt(changes: list[_Change], fresh: bool) -> list[tuple[bool, Any]] | None:
-            return await self._attempt(tenant, changes, fresh=fresh)
+        async def attempt(changes: list[_Change], number: int) -> list[tuple[bool, Any]] | None:
+            return await self._attempt(tenant, changes, number=number)
 
         result: T = await self._submit(f"tenant/{tenant}", change, attempt)
         return result
 
     async def _attempt(
-        self, tenant: str, changes: list[_Change], *, fresh: bool
+        self, tenant: str, changes: list[_Change], *, number: int
     ) -> list[tuple[bool, Any]] | None:
-        """One attempt at a tenant's group of changes: read the totals and the run entries
-        they touch (cached copies unless ``fresh``), apply them in order, write what changed."""
-        totals = await self._get(book_key(tenant), fresh=fresh)
+        """Attempt ``number`` at a tenant's group of changes: read the totals and the run
+        entries they touch, apply the changes in order, write what changed.
+
+        The first attempt reads from this store's cache what it has; the second reads the
+        totals fresh (the value every process writes: what a lost race was nearly always
+        about) and the run entries from the cache (each is written by one run's operations);
+        every later one reads everything fresh. An answer that writes nothing counts only on
+        values all read fresh."""
+        fresh = number > 1
+        totals = await self._get(book_key(tenant), fresh=number > 0)
         view = self._view(tenant, totals, changes)
         book = view.book
         reads = await self._read_runs(tenant, view, changes, fresh=fresh)
