@@ -43,9 +43,12 @@ status: $(STAMP)
 ## test: lint, type-check, then the whole suite (unit, integration, e2e on real services).
 test: lint typecheck pytest
 
+# ruff; then the import contracts of pyproject.toml (lint-imports on an installed copy: a broken
+# one names the two modules) and a warning for each module over 400 lines (agentrun_dev.layout).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m agentrun_dev.layout
 
 # Type-check the installed packages: `mypy operator/` would see the stdlib `operator`.
 typecheck: $(STAMP)
@@ -56,6 +59,7 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) system-packages node-packages
 	$(BIN)/agentrun dev binaries --node
+	$(BIN)/python -m agentrun_dev.llamaserver
 	$(BIN)/pytest
 
 ## image: the agentrun and NATS container images (buildah, from Debian packages and this

@@ -19,5 +19,5 @@ is the separate ``agentrun_dev`` distribution (``devtools/``), found through the
 (the effect ledger is the worker's ``effects``).
 
 The worker never imports the operator, nor the operator the worker, and nothing here imports
-either (a test checks it).
+either (import contracts in ``pyproject.toml``, run by ``make lint``).
 """

@@ -80,6 +80,13 @@ USAGE_ESTIMATED = Counter(
     "Model calls whose response carried no usable usage, so tokens were estimated.",
     ["tenant", "model"],
 )
+BUDGET_OVERRUN = Counter(
+    "agentrun_budget_overrun_tokens",
+    "Tokens model calls used beyond what was held for them (the prompt's bound plus the output "
+    "allowance sent as max_tokens): a provider that ignored max_tokens or counted hidden "
+    "prompt text. Each such call is also the end of its run when it took the run past a cap.",
+    ["tenant", "model"],
+)
 RUNS_BY_PHASE = Gauge(
     "agentrun_runs_in_phase",
     "Runs not yet ended, by phase (Pending, Queued, Running, AwaitingApproval).",
@@ -277,6 +284,7 @@ def know_run(config: RunConfig, *, catalog: Collection[str]) -> None:
     for error_type in ModelErrorType:
         MODEL_CALL_ERRORS.labels(tenant=tenant, model=model, error_type=error_type.value)
     USAGE_ESTIMATED.labels(tenant=tenant, model=model)
+    BUDGET_OVERRUN.labels(tenant=tenant, model=model)
     _known.add(("turns", tenant, model))
 
 
@@ -361,6 +369,12 @@ def record_turn(
         COST.labels(tenant=tenant, model=model).inc(float(usage.cost_usd))
     if usage.estimated:
         USAGE_ESTIMATED.labels(tenant=tenant, model=model).inc()
+
+
+def record_overrun(config: RunConfig, *, tokens: int) -> None:
+    """``tokens`` a model call of ``config``'s run used beyond what was held for it."""
+    if tokens > 0:
+        BUDGET_OVERRUN.labels(tenant=config.tenant, model=config.model.name).inc(tokens)
 
 
 def tool_result(result: kernel.ToolResult, *, denied: bool, not_run: bool) -> str:

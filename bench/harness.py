@@ -129,6 +129,7 @@ def agent_model(base_url: str) -> dict[str, Any]:
             "model": "scripted",
             "contextWindow": 128000,
             "maxOutputTokens": 1000,
+            "pricing": {"free": True},  # the demo's tenant has a cost budget
         },
     }
 

@@ -1,25 +1,20 @@
 """The agentrun operator (kopf): admission, dispatch of turns, status projection, deadlines.
 
-Layers, pure first:
+One folder per kind, a kind-free ``platform`` below them and thin ``handlers`` above them:
 
-- ``runs`` (run identity, control annotations, queue-wait vocabulary), ``specs`` and
-  ``tenantspecs`` (the CRD specs as pydantic models: the one parser of what kopf hands over),
-  ``admission`` (spec + AgentModel → ``RunConfig``), ``tenancy`` (AgentTenant policy),
-  ``status`` (events → AgentRun status body), ``tenantstatus`` (ledger entry → AgentTenant
-  status body), ``evalspec`` and ``evalstatus`` (an AgentEval's spec, rounds, run manifests and
-  status body), ``cronplan`` (CronAgentRun schedules: what is due, started, skipped,
-  cancelled, pruned) and ``cronspec`` (its spec and the run a schedule time creates) are pure.
-- ``tenants`` (AgentTenant registry, AgentModel cache, ``RunConfig`` building), ``statuswriter``
-  (coalesced status patches), ``settlement`` (closing an ended run's ledger entry; the shared
-  view of the queues), ``pump`` (per-tenant admission queues), ``queuestatus`` (the status of
-  runs that wait or end unadmitted), ``sweep`` (periodic ledger repairs, AgentTenant status),
-  ``dispatch`` (consumes committed run events, publishes the next TurnRequest or ends the run),
-  ``schedules`` (the CronAgentRun controller) and ``evals`` (the AgentEval controller: creates
-  case runs, grades them) do the I/O.
-- ``wiring`` builds those parts once and passes each its collaborators; ``handlers`` configures
-  kopf and names the handler modules (``runhandlers`` for AgentRuns, ``watches`` for the
-  objects runs refer to, ``cronhandlers`` for CronAgentRuns, ``evalhandlers`` for AgentEvals);
-  ``main`` is the process.
+- ``platform``: what every kind uses and none owns (the API server port, spec base types,
+  conditions, Events, leadership, health). Imports no kind.
+- ``runs`` (AgentRun), ``admission`` (a created run until it is admitted, its ledger slot until
+  it is settled), ``tenants`` (AgentTenant), ``agents`` (Agent, AgentModel), ``toolservers``
+  (AgentToolServer), ``evals`` (AgentEval), ``schedules`` (CronAgentRun): each with the same
+  inner shape where it applies — ``spec`` (pydantic, pure), ``plan``/``policy``/``resolve``
+  (pure decisions), ``status`` (pure projection), ``store``/``controller`` (I/O through
+  ports). A kind imports ``platform`` and other kinds only through their package (its
+  re-exports: the kind's port), never their modules.
+- ``wiring`` builds every part once and hands each handler module its share; ``handlers``
+  holds kopf's entry points, one module per kind (plus ``startup``); ``crdcheck`` checks the
+  installed CRDs; ``main`` is the process.
 
-The operator never imports the worker.
+The import contracts in ``pyproject.toml`` (``lint-imports``, run by ``make lint``) keep
+these directions. The operator never imports the worker.
 """

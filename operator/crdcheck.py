@@ -10,7 +10,7 @@ says so once in its log and once as a Kubernetes Event on the CRD, and checks ag
 seconds; once they match it goes on without a restart.
 
 What belongs here: the requirements, the pure comparison (``find_mismatches``) and the waiting
-loop. What does not: the HTTP readiness endpoint (``health``).
+loop. What does not: the HTTP readiness endpoint (``platform.health``).
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
-
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from typing import Any
 
 from agentrun import kube
 
-from . import cronspec, status
+from .platform.conditions import rfc3339
+from .platform.kubeapi import ApiError, KubeApi
+from .schedules.spec import CRONS
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +128,7 @@ REQUIRED = (
         "AgentTenant", kube.TENANTS, TENANT_STATUS_FIELDS, ("ttlSecondsAfterFinished",)
     ),
     KindRequirement("AgentEval", kube.EVALS, EVAL_STATUS_FIELDS),
-    KindRequirement("CronAgentRun", cronspec.CRONS, CRON_STATUS_FIELDS, CRON_SPEC_FIELDS),
+    KindRequirement("CronAgentRun", CRONS, CRON_STATUS_FIELDS, CRON_SPEC_FIELDS),
 )
 """The kinds this operator serves, as ``v1alpha1``."""
 
@@ -189,27 +188,16 @@ def find_mismatches(
     return [problem for need in required for problem in check_kind(need, crds.get(need.crd_name))]
 
 
-async def read_crds(api: client.ApiClient) -> dict[str, dict[str, Any] | None]:
-    """The required CRD objects as JSON, by name (None: not installed); raises
-    ``ApiException`` on any other failure."""
-    extensions = client.ApiextensionsV1Api(api)
-    found: dict[str, dict[str, Any] | None] = {}
-    for need in REQUIRED:
-        try:
-            obj = await extensions.read_custom_resource_definition(need.crd_name)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-            found[need.crd_name] = None
-            continue
-        found[need.crd_name] = api.sanitize_for_serialization(obj)
-    return found
+async def read_crds(api: KubeApi) -> dict[str, dict[str, Any] | None]:
+    """The required CRD objects as JSON, by name (None: not installed); raises ``ApiError``
+    on any other failure."""
+    return {need.crd_name: await api.read_crd(need.crd_name) for need in REQUIRED}
 
 
-async def post_event(api: client.ApiClient, *, crd_name: str, message: str, at: float) -> None:
+async def post_event(api: KubeApi, *, crd_name: str, message: str, at: float) -> None:
     """One Warning Event ``CRDMismatch`` on the CRD (in ``default``, where Events of
-    cluster-scoped objects live); raises ``ApiException``."""
-    stamp = status.rfc3339(at)
+    cluster-scoped objects live); raises ``ApiError``."""
+    stamp = rfc3339(at)
     body = {
         "metadata": {"generateName": "agentrun-operator-crds."},
         "involvedObject": {
@@ -225,14 +213,11 @@ async def post_event(api: client.ApiClient, *, crd_name: str, message: str, at: 
         "lastTimestamp": stamp,
         "count": 1,
     }
-    await client.CoreV1Api(api).create_namespaced_event(
-        "default",
-        cast(client.CoreV1Event, body),  # a dict is serialised as it is
-    )
+    await api.create_event("default", body)
 
 
 async def wait_until_served(
-    api: client.ApiClient,
+    api: KubeApi,
     *,
     interval: float,
     on_ready: Callable[[bool], None],
@@ -245,7 +230,7 @@ async def wait_until_served(
     while True:
         try:
             problems = find_mismatches(await read_crds(api))
-        except ApiException as err:
+        except ApiError as err:
             problems = [f"cannot read the CRDs: HTTP {err.status} {err.reason}"]
         if not problems:
             if reported:
@@ -262,6 +247,6 @@ async def wait_until_served(
                 await post_event(
                     api, crd_name=first or REQUIRED[0].crd_name, message=message, at=clock()
                 )
-            except ApiException as err:
+            except ApiError as err:
                 log.warning("could not post the CRD mismatch Event: HTTP %s", err.status)
         await asyncio.sleep(interval)

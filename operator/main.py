@@ -20,10 +20,12 @@ import time
 
 import kopf
 
-from agentrun import kube, metrics, process
+from agentrun import metrics, process
 from agentrun.settings import OperatorSettings
 
-from . import crdcheck, handlers, health, leadership, wiring
+from . import crdcheck, handlers, wiring
+from .platform import health, leadership
+from .platform.kubeapi import Kube
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ async def run(settings: OperatorSettings) -> None:
     current = asyncio.current_task()
     assert current is not None
     process.stop_on_signals(functools.partial(_cancel, current))  # kopf's replaces it
-    api = await kube.api_client()
+    api = await Kube.connect()
     try:
         await crdcheck.wait_until_served(
             api, interval=settings.crd_check_interval, on_ready=probes.set_ready, clock=time.time

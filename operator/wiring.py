@@ -1,22 +1,28 @@
 """The operator's one wiring place: which part gets which collaborator, built once at start-up.
 
 Read this module to see how control flows: every collaborator is passed to a constructor here
-(no part assigns another's attributes). Order of construction, and what each part is told:
+(no part assigns another's attributes), and each handler module is handed only the parts it
+uses (``Handling``). Order of construction, and what each part is told:
 
+- ``Kube`` (``platform.kubeapi``) is the one way to the API server; every part that reads or
+  writes an object is given it.
 - ``StatusWriter`` patches AgentRun ``.status``; the runs it finds gone are pulled by the
   dispatcher (``Dispatcher.forget_gone_runs``).
-- ``QueueBoard`` is the shared view of the admission queues (lengths, why heads wait, kicks).
+- ``QueueBoard`` is the admission queues as the pump last saw them (lengths, why heads wait)
+  and the kicks that ask for a pump; only the pump writes it.
 - ``RunSettlement`` closes an ended run's ledger entry and kicks its tenant's queue; the
   dispatcher calls it for every run end (``RunEndListener``).
 - ``EventRecorder`` posts Kubernetes Events (rate-limited); the dispatcher, the pump, the
-  sweep and the handlers record into it.
-- ``Dispatcher`` consumes run events and publishes turns.
-- ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost; it
-  reads the dispatcher's live views and ends runs through it (``LiveRuns``).
+  sweep, the controllers and the handlers record into it.
+- ``Dispatcher`` consumes run events and publishes turns; it alone holds the live runs' views.
+  Admission reaches it through ``runs.LiveRuns``.
+- ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost, from
+  the dispatcher's snapshots (``pending_turns``), through the dispatcher.
 - ``QueueStatus`` writes the status of runs that wait in a queue or end unadmitted, counting
   such ends through the dispatcher; the pump and the handlers use it.
-- ``QueuePump`` admits queued runs through the dispatcher (``RunStarter``).
-- ``LedgerSweep`` repairs ledger entries and writes AgentTenant status.
+- ``QueuePump`` admits queued runs through the dispatcher.
+- ``LedgerSweep`` repairs ledger entries and has ``TenantStatusWriter`` write AgentTenant
+  status.
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
   status; admission (``RunConfigs``) reads that status through a ``ToolServerCache``.
 - ``EvalController`` runs AgentEvals: creates their cases' runs, grades the ended ones from
@@ -28,8 +34,8 @@ Read this module to see how control flows: every collaborator is passed to a con
 Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
 ``start_parts``, after taking the leader Lease).
 
-What does not belong here: kopf's configuration and handlers (``handlers``, ``runhandlers``,
-``watches``), the process bootstrap (``main``).
+What does not belong here: kopf's configuration and handlers (``handlers``), the process
+bootstrap (``main``).
 """
 
 from __future__ import annotations
@@ -38,11 +44,8 @@ import asyncio
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
-
-from kubernetes_asyncio import client
 
 from agentrun import buckets
 from agentrun.bus import Bus, BusSettings
@@ -50,21 +53,27 @@ from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 
-from . import lifecycle, recorder
-from .cronstore import KubeCronStore
-from .dispatch import Dispatcher
-from .evals import EvalController
-from .orphans import OrphanWatch
-from .pump import PumpDeps, QueuePump
-from .queuestatus import QueueStatus
-from .recorder import EventRecorder
-from .schedules import ScheduleController
-from .settlement import QueueBoard, RunSettlement
-from .statuswriter import KubeStatusStore, StatusWriter
-from .sweep import LedgerSweep, SweepDeps
-from .tenants import ModelCache, RunConfigs, Tenants
-from .toolrefresh import ToolServerRefresher
-from .toolservers import ToolServerCache
+from .admission.lookup import RunConfigs
+from .admission.pump import PumpDeps, QueuePump
+from .admission.queue import QueueBoard
+from .admission.queuestatus import QueueStatus
+from .admission.settlement import RunSettlement
+from .admission.sweep import LedgerSweep, SweepDeps
+from .agents.models import ModelCache
+from .evals.controller import EvalController
+from .platform import events as recorder
+from .platform.events import EventRecorder
+from .platform.kubeapi import KubeApi
+from .runs import lifecycle
+from .runs.dispatch import Dispatcher
+from .runs.orphans import OrphanWatch
+from .runs.writer import StatusWriter
+from .schedules.controller import ScheduleController
+from .schedules.store import KubeCronStore
+from .tenants.registry import Tenants
+from .tenants.writer import TenantStatusWriter
+from .toolservers.refresher import ToolServerRefresher
+from .toolservers.store import ToolServerCache
 
 log = logging.getLogger(__name__)
 
@@ -73,25 +82,89 @@ SHUTDOWN_STEP_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class RunHandling:
+    """What the AgentRun handlers (``handlers.runs``) use."""
+
+    runs: Dispatcher
+    """Recovers, ends, decides and forgets live runs."""
+    pump: QueuePump
+    """Queues a validated run; takes a cancelled or deleted one out of its queue."""
+    shown: QueueStatus
+    """Ends a run that can never be admitted."""
+    tenants: Tenants
+    """The run's tenant (and its default TTL for finished runs)."""
+    configs: RunConfigs
+    """Validates a run against its AgentModel, tools and tenant before it is queued."""
+    api: KubeApi
+    """Resolves ``spec.agentRef``; removes a decided review annotation."""
+    events: EventRecorder
+    writer: StatusWriter
+    """Told each AgentRun's version as watched."""
+    reaper: lifecycle.Reaper
+    schedules: ScheduleController
+    """Told when a run a CronAgentRun created ends or goes."""
+    evals: EvalController
+    """Told when a run an AgentEval created ends or goes."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantHandling:
+    """What the AgentTenant handler (``handlers.tenants``) uses."""
+
+    tenants: Tenants
+    board: QueueBoard
+    """A changed tenant's queue is pumped."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentHandling:
+    """What the Agent handlers (``handlers.agents``) use."""
+
+    models: ModelCache
+    known_tools: Mapping[str, bool]
+    """The worker's built-in tools (name → pollable)."""
+    api: KubeApi
+    """Writes the Agent's ``Ready`` condition."""
+    events: EventRecorder
+    evals: EvalController
+    """Told when an Agent changes (its suites start a new round)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handling:
+    """kopf's handler modules' share of the parts, one field per module."""
+
+    runs: RunHandling
+    tenants: TenantHandling
+    agents: AgentHandling
+    toolservers: ToolServerRefresher
+    evals: EvalController
+    schedules: ScheduleController
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Parts:
-    """The operator's running parts, as wired by ``start_parts``."""
+    """The operator's running parts, as wired by ``start_parts`` (for starting and stopping
+    them; the handlers get ``handling``)."""
 
     bus: Bus
-    api: client.ApiClient
+    api: KubeApi
     writer: StatusWriter
-    dispatcher: Dispatcher
-    orphans: OrphanWatch
     tenants: Tenants
     configs: RunConfigs
     board: QueueBoard
-    pump: QueuePump
+    dispatcher: Dispatcher
+    orphans: OrphanWatch
     shown: QueueStatus
+    pump: QueuePump
     sweep: LedgerSweep
     reaper: lifecycle.Reaper
     events: EventRecorder
     toolservers: ToolServerRefresher
     evals: EvalController
     schedules: ScheduleController
+    handling: Handling | None = None
+    """Each handler module's share (``handling_of``), set before any handler runs."""
     tasks: tuple[asyncio.Task[None], ...] = ()
     """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
     TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
@@ -107,11 +180,11 @@ class OperatorMemo:
     settings: OperatorSettings
     parts: Parts | None = None
 
-    def running(self) -> Parts:
-        """The parts; raises ``RuntimeError`` before start-up finished."""
-        if self.parts is None:
+    def running(self) -> Handling:
+        """The handlers' parts; raises ``RuntimeError`` before start-up finished."""
+        if self.parts is None or self.parts.handling is None:
             raise RuntimeError("the operator's start-up handler has not run")
-        return self.parts
+        return self.parts.handling
 
 
 def tool_catalog() -> tuple[Mapping[str, bool], Catalog]:
@@ -124,7 +197,7 @@ async def start_parts(
     settings: OperatorSettings,
     *,
     tenant_objects: Iterable[Mapping[str, Any]],
-    api: client.ApiClient,
+    api: KubeApi,
 ) -> Parts:
     """Connect to NATS, build every part with its collaborators, start the background loops.
 
@@ -143,21 +216,21 @@ async def start_parts(
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()
-    return dataclasses.replace(parts, tasks=_start_loops(parts))
+    return dataclasses.replace(parts, handling=handling_of(parts), tasks=_start_loops(parts))
 
 
 def _build_parts(
-    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: client.ApiClient
+    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi
 ) -> Parts:
     """Every part, each given its collaborators; nothing started yet."""
-    writer = StatusWriter(KubeStatusStore(api), interval=settings.status_interval)
+    writer = StatusWriter(api, interval=settings.status_interval)
     tenants = Tenants(api, default=settings.default_tenant)
     configs = _run_configs(api)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
-    shown = QueueStatus(writer, dispatcher, events, time.time)
+    shown = QueueStatus.of(writer, dispatcher, events, rate=settings.queue_status_writes)
     pump = PumpDeps(
         store=store,
         tenants=tenants,
@@ -168,8 +241,6 @@ def _build_parts(
         board=board,
         api=api,
         events=events,
-        max_queued=settings.max_queued_runs,
-        position_writes=settings.queue_status_writes,
     )
     sweep = SweepDeps(
         store=store,
@@ -178,21 +249,21 @@ def _build_parts(
         runs=dispatcher,
         events=bus,
         api=api,
-        recorder=events,
+        tenant_status=TenantStatusWriter(api, events=events),
     )
     return Parts(
         bus=bus,
         api=api,
         writer=writer,
-        dispatcher=dispatcher,
-        orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         tenants=tenants,
         configs=configs,
         board=board,
-        pump=QueuePump(pump),
+        dispatcher=dispatcher,
+        orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         shown=shown,
+        pump=QueuePump(pump, max_queued=settings.max_queued_runs),
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
-        reaper=lifecycle.Reaper(lifecycle.KubeRunDeleter(api)),
+        reaper=lifecycle.Reaper(api),
         events=events,
         toolservers=ToolServerRefresher(api),
         evals=EvalController(api, runs=bus, events=events),
@@ -200,7 +271,37 @@ def _build_parts(
     )
 
 
-def _run_configs(api: client.ApiClient) -> RunConfigs:
+def handling_of(parts: Parts) -> Handling:
+    """Each handler module's share of ``parts``."""
+    return Handling(
+        runs=RunHandling(
+            runs=parts.dispatcher,
+            pump=parts.pump,
+            shown=parts.shown,
+            tenants=parts.tenants,
+            configs=parts.configs,
+            api=parts.api,
+            events=parts.events,
+            writer=parts.writer,
+            reaper=parts.reaper,
+            schedules=parts.schedules,
+            evals=parts.evals,
+        ),
+        tenants=TenantHandling(tenants=parts.tenants, board=parts.board),
+        agents=AgentHandling(
+            models=parts.configs.models,
+            known_tools=parts.configs.known_tools,
+            api=parts.api,
+            events=parts.events,
+            evals=parts.evals,
+        ),
+        toolservers=parts.toolservers,
+        evals=parts.evals,
+        schedules=parts.schedules,
+    )
+
+
+def _run_configs(api: KubeApi) -> RunConfigs:
     """Admission's ``RunConfigs``: AgentModels, the built-in tools and AgentToolServers."""
     known_tools, catalog = tool_catalog()
     return RunConfigs(
@@ -211,7 +312,7 @@ def _run_configs(api: client.ApiClient) -> RunConfigs:
     )
 
 
-async def _purge_orphans(bus: Bus, api: client.ApiClient) -> None:
+async def _purge_orphans(bus: Bus, api: KubeApi) -> None:
     try:
         await lifecycle.purge_orphans(bus, list_runs=lambda: lifecycle.list_run_names(api))
     except Exception as err:  # the next leader tries again; nothing depends on it

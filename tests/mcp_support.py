@@ -20,10 +20,13 @@ every behaviour the tests need, each in its own tool:
 Every POST is recorded, one JSON line each (``--requests-file``): its JSON-RPC method, the
 ``Mcp-Session-Id`` it carried and its ``Authorization`` header, so a test can count handshakes
 (``initialize``, ``server/discover``) and see which session and headers a call came with.
-``--era legacy`` makes the server answer like the servers of the handshake era (protocol
-2025-xx and before): the 2026 ``server/discover`` probe is refused as a request without a
-session, so clients fall back to ``initialize`` and get an ``Mcp-Session-Id`` — which a
-restarted server no longer knows (HTTP 404), the field failure pooled clients must survive.
+``--deny TOOL=STATUS,…`` answers those tools' calls with that HTTP status and a plain-text
+body, as a gateway in front of a server does (a 403 from an auth proxy, a 503 from an
+overloaded backend). ``--era legacy`` makes the server answer like the servers of the
+handshake era (protocol 2025-xx and before): the 2026 ``server/discover`` probe is refused as
+a request without a session, so clients fall back to ``initialize`` and get an
+``Mcp-Session-Id`` — which a restarted server no longer knows (HTTP 404), the field failure
+pooled clients must survive.
 """
 
 from __future__ import annotations
@@ -148,10 +151,20 @@ class Recorder:
     """ASGI middleware: records every POST (``requests_file``) and, for ``legacy``, refuses
     requests of the 2026 protocol as a handshake-era server does."""
 
-    def __init__(self, app: Any, *, requests_file: str | None, legacy: bool) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        requests_file: str | None,
+        legacy: bool,
+        deny: dict[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.requests_file = requests_file
         self.legacy = legacy
+        self.deny = deny or {}
+        """Tool name → HTTP status its ``tools/call`` is answered with, as by a gateway in
+        front of the server (an auth proxy's 403, an overloaded backend's 503)."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -167,9 +180,11 @@ class Recorder:
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         try:
-            method = json.loads(body).get("method")
+            parsed = json.loads(body)
+            method = parsed.get("method")
+            tool = (parsed.get("params") or {}).get("name")
         except (ValueError, AttributeError):
-            method = None
+            method = tool = None
         if self.requests_file:
             line = {
                 "method": method,
@@ -178,6 +193,12 @@ class Recorder:
             }
             with open(self.requests_file, "a") as out:
                 out.write(json.dumps(line) + "\n")
+        if method == "tools/call" and tool in self.deny:
+            start = {"type": "http.response.start", "status": self.deny[tool]}
+            start["headers"] = [(b"content-type", b"text/plain")]
+            await send(start)
+            await send({"type": "http.response.body", "body": b"denied by the gateway"})
+            return
         version = headers.get("mcp-protocol-version")
         if self.legacy and version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
             error = {"code": -32600, "message": "Bad Request: Missing session ID"}
@@ -214,6 +235,8 @@ class McpProcess:
     era: str = "modern"
     """``modern`` (the SDK's own: 2026 protocol, no sessions) or ``legacy`` (see above)."""
     requests_file: Path | None = None
+    deny: str = ""
+    """``TOOL=STATUS,…``: calls of those tools are answered with that HTTP status."""
 
     @property
     def url(self) -> str:
@@ -231,6 +254,8 @@ class McpProcess:
         cmd += ["--count-file", str(self.count_file), "--era", self.era]
         if self.requests_file is not None:
             cmd += ["--requests-file", str(self.requests_file)]
+        if self.deny:
+            cmd += ["--deny", self.deny]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -281,10 +306,11 @@ class McpProcess:
 
 @contextlib.contextmanager
 def running(
-    tmp: Path, *, transport: str = "streamable-http", era: str = "modern"
+    tmp: Path, *, transport: str = "streamable-http", era: str = "modern", deny: str = ""
 ) -> Iterator[McpProcess]:
     """A started test server, stopped on exit."""
     server = McpProcess(free_port(), transport, tmp / "counts.json", tmp / "mcp.log", era=era)
+    server.deny = deny
     server.requests_file = tmp / "requests.jsonl"
     server.start()
     try:
@@ -303,10 +329,14 @@ def main() -> None:
     parser.add_argument("--count-file")
     parser.add_argument("--requests-file")
     parser.add_argument("--era", choices=["modern", "legacy"], default="modern")
+    parser.add_argument("--deny", default="", help="TOOL=STATUS,...: answer their calls so")
     args = parser.parse_args()
+    deny = {k: int(v) for k, v in (p.split("=") for p in args.deny.split(",") if p)}
     server = build(args.count_file)
     app = server.sse_app() if args.transport == "sse" else server.streamable_http_app()
-    recorded = Recorder(app, requests_file=args.requests_file, legacy=args.era == "legacy")
+    recorded = Recorder(
+        app, requests_file=args.requests_file, legacy=args.era == "legacy", deny=deny
+    )
     uvicorn.run(recorded, host="127.0.0.1", port=args.port, log_level="info")
 
 

@@ -38,6 +38,8 @@ from agentrun import kernel
 from agentrun.kernel import ModelFault
 from agentrun.metrics import ModelErrorType
 
+from .stream import StreamWatch, read_stream, refuses_streaming
+
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
 
@@ -260,6 +262,21 @@ class ChatRequest:
     tools: Sequence[Mapping[str, Any]]
     """The OpenAI ``tools`` list (empty: none sent)."""
     max_output_tokens: int
+    tool_choice: str | None = None
+    """Sent when set (``"none"``: the tools go with the request but must not be called)."""
+
+    def body(self) -> dict[str, Any]:
+        """The request body in wire shape (not streamed)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": list(self.messages),
+            "max_tokens": self.max_output_tokens,
+        }
+        if self.tools:
+            body["tools"] = list(self.tools)
+            if self.tool_choice is not None:
+                body["tool_choice"] = self.tool_choice
+        return body
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -278,6 +295,8 @@ class ModelClient:
     def __init__(self, policy: RetryPolicy | None = None) -> None:
         self.policy = policy or RetryPolicy()
         self._clients: dict[tuple[str, str], openai.AsyncOpenAI] = {}
+        self._unstreamed: set[tuple[str, str]] = set()
+        """(base URL, model) of endpoints that refused a streamed request."""
 
     def _client(self, base_url: str, api_key: str) -> openai.AsyncOpenAI:
         key = (base_url, api_key)
@@ -302,35 +321,37 @@ class ModelClient:
             await client.close()
         self._clients.clear()
 
-    async def complete(self, request: ChatRequest, *, deadline: float) -> dict[str, Any]:
-        """One chat completion as its raw JSON object.
+    async def complete(
+        self, request: ChatRequest, *, deadline: float, watch: StreamWatch | None = None
+    ) -> dict[str, Any]:
+        """One chat completion as its raw JSON object (``chat.completion`` shape).
+
+        The response is streamed (``stream: true`` with ``stream_options.include_usage``)
+        and cut once the output delivered passes ``request.max_output_tokens``
+        (``Delivery.delivered_tokens``): the connection is closed, the reply so far is returned
+        with ``finish_reason: length`` and no usage (the kernel then charges its upper bound).
+        A provider that answers a streamed request with one JSON body is read as such; one
+        that refuses streaming (HTTP 400 naming ``stream``) is asked again without, and from
+        then on (per base URL and model). ``watch``, when given, sees the delivery every
+        ``PROGRESS_SECONDS`` while it streams and once more if it is abandoned (cancelled,
+        the deadline, a broken stream).
 
         ``deadline`` is epoch seconds. Raises ``ModelError`` for a permanent error (a 4xx the
         client does not retry, a body that is not a JSON object), when retries run out, or when
         the deadline passes first; its ``fault`` is ``judge_error``'s when that rules on the
         answer. ``asyncio.TimeoutError`` never escapes.
         """
-        client = self._client(request.base_url, request.api_key)
-        body: dict[str, Any] = {
-            "model": request.model,
-            "messages": list(request.messages),
-            "max_tokens": request.max_output_tokens,
-        }
-        if request.tools:
-            body["tools"] = list(request.tools)
         left = deadline - time.time()
         if left <= 0:
             raise ModelError(
                 "the run's deadline passed before the model call",
                 error_type=ModelErrorType.DEADLINE,
             )
+        client = self._client(request.base_url, request.api_key)
         token = _DEADLINE.set(deadline)
         try:
             async with asyncio.timeout(left):
-                # ``post`` rather than ``chat.completions.create``: the body is already in
-                # wire shape, and the SDK's typed transform of ``messages`` costs ~0.2 ms
-                # per message per call (17 ms at 80 messages) — it dominated a turn.
-                answer = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
+                answer = await self._send(client, request, watch=watch)
         except openai.APIStatusError as err:
             # ``from None``: the client's error holds the provider's text, which may echo the
             # key; only the redacted message travels on (to status, Events, logs and spans)
@@ -344,4 +365,30 @@ class ModelClient:
                 "the model endpoint answered with JSON that is not an object",
                 error_type=ModelErrorType.INVALID_RESPONSE,
             )
+        return answer
+
+    async def _send(
+        self, client: openai.AsyncOpenAI, request: ChatRequest, *, watch: StreamWatch | None
+    ) -> object:
+        """The request, streamed unless its endpoint refused streaming (then, and from then
+        on, sent whole); the parsed answer."""
+        body = request.body()
+        key = (request.base_url, request.model)
+        if key not in self._unstreamed:
+            try:
+                return await read_stream(
+                    client,
+                    CHAT_COMPLETIONS,
+                    body,
+                    max_output_tokens=request.max_output_tokens,
+                    watch=watch,
+                )
+            except openai.BadRequestError as err:
+                if not refuses_streaming(err.body):
+                    raise
+                self._unstreamed.add(key)
+        # ``post`` rather than ``chat.completions.create``: the body is already in wire
+        # shape, and the SDK's typed transform of ``messages`` costs ~0.2 ms per message per
+        # call (17 ms at 80 messages) — it dominated a turn.
+        answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
         return answer

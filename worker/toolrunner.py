@@ -41,7 +41,8 @@ class ToolRunSettings:
     concurrency: int = 4
     """Calls of one batch running at once."""
     call_timeout: float = 60.0
-    """Seconds one call may take before it is reported as timed out."""
+    """Seconds one call may take, its retries included, before it is reported as timed out
+    (a tool's own ``ToolSpec.timeout`` takes precedence)."""
     max_result_bytes: int = MAX_RESULT_BYTES
     """Results longer than this (UTF-8), error messages included, are cut with a visible
     marker (a turn's results together are bounded too: ``kernel.bound_results``)."""
@@ -74,21 +75,38 @@ async def _traced(
         return result
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Deadline:
+    """When one call must have ended, its retries included: its timeout after it started, or
+    the run's deadline if that comes first."""
+
+    at: float
+    """Epoch seconds."""
+    timeout: float
+    """The call's timeout in seconds."""
+    by_run: bool
+    """The run's deadline comes first."""
+
+    @classmethod
+    def of(cls, tool: Tool, settings: ToolRunSettings, *, run_deadline: float) -> _Deadline:
+        timeout = tool.spec.timeout or settings.call_timeout
+        ends = time.time() + timeout
+        return cls(min(ends, run_deadline), timeout, run_deadline < ends)
+
+
 async def _attempt(
     call: kernel.CheckedCall,
     tool: Tool,
     ctx: ToolContext,
     settings: ToolRunSettings,
-    deadline: float,
+    deadline: _Deadline,
 ) -> kernel.ToolResult:
-    """One attempt of ``call``, bounded by the call timeout and the run's deadline; an
+    """One attempt of ``call``, bounded by what is left of the call's one deadline; an
     infrastructure failure of a ``write`` call that may have been sent is ``effect_unknown``
     (``_outcome_unknown``)."""
-    left = deadline - time.time()
-    by_deadline = left < settings.call_timeout
     unsent = False
     try:
-        async with asyncio.timeout(max(0.0, min(settings.call_timeout, left))):
+        async with asyncio.timeout(max(0.0, deadline.at - time.time())):
             output = await tool.run(call.arguments, ctx)
     except ToolError as err:
         unsent = err.unsent
@@ -97,8 +115,8 @@ async def _attempt(
     except TimeoutError:
         why = (
             "the run's deadline passed while the tool ran"
-            if by_deadline
-            else f"the tool timed out after {settings.call_timeout:g}s"
+            if deadline.by_run
+            else f"the call timed out after {deadline.timeout:g}s"
         )
         result = kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.TIMEOUT)
     except Exception as err:  # a tool bug must not break the loop: it becomes a result
@@ -169,11 +187,14 @@ async def _with_retries(
 ) -> kernel.ToolResult:
     """``call`` with bounded retries: an infrastructure failure of a tool that may be retried
     (``kernel.may_retry``) is sent again after ``kernel.backoff`` seconds, at most
-    ``settings.retries`` times, and only while the wait still ends before the deadline. The
+    ``settings.retries`` times, and only while the wait still ends before the call's one
+    deadline (its timeout — ``ToolSpec.timeout``, else ``settings.call_timeout`` — counted
+    from its first attempt, never restarted for a retry; the run's deadline if sooner). The
     last attempt's result stands (an error result says how many attempts were made)."""
-    settings, deadline = batch.settings, batch.deadline
+    settings = batch.settings
     attempts = 0
     async with batch.gate:
+        deadline = _Deadline.of(tool, settings, run_deadline=batch.deadline)
         while True:
             attempts += 1
             result = await _attempt(call, tool, ctx, settings, deadline)
@@ -183,7 +204,7 @@ async def _with_retries(
             if attempts > settings.retries:
                 break
             delay = kernel.backoff(attempts, base=settings.retry_backoff)
-            if time.time() + delay >= deadline:
+            if time.time() + delay >= deadline.at:
                 break
             log.info("tool %s failed (%s); retry %d in %.1fs", call.name, fault, attempts, delay)
             await asyncio.sleep(delay)

@@ -7,7 +7,6 @@ record; this module only does the I/O in between, and decides no phase. It commi
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -20,14 +19,15 @@ from typing import Any, Protocol, assert_never
 from opentelemetry import trace
 
 from agentrun import kernel, metrics, telemetry
-from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed, Granted
+from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed
 from agentrun.protocol import RemoteTool, RunConfig, SecretRef
 from agentrun.tools import http_get, remote
 from agentrun.tools.catalog import Catalog, Tool, ToolContext, ToolError
 
-from . import toolrunner
+from . import budget, toolrunner
 from .effects import EffectLedger
 from .model import ChatRequest, ModelClient, ModelError
+from .stream import CUT_KEY
 
 
 class SecretSource(Protocol):
@@ -78,6 +78,10 @@ class TurnDeps:
     """The process's reused MCP sessions (``None``: each MCP call opens its own)."""
     message_cap: int = kernel.MESSAGE_CAP
     """Bytes a turn's event may take (``Bus.event_cap``); its tool results get a share."""
+    calibration: budget.PromptCalibration = dataclasses.field(
+        default_factory=lambda: budget.PromptCalibration()
+    )
+    """Hidden prompt tokens seen per model, added to later prompts' bounds."""
 
     def tools_param(self, names: tuple[str, ...]) -> list[dict[str, Any]]:
         """The OpenAI ``tools`` request parameter for ``names`` (cached)."""
@@ -144,36 +148,13 @@ class PhaseClock:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
 
-MIN_OUTPUT_TOKENS = 128
-"""The smallest output allowance a call is shrunk to when the tenant's budget left cannot hold
-its full allowance (a longer answer is cut at it, and the kernel asks for a correction)."""
-BUDGET_POLL_SECONDS = 0.5
-"""Seconds between two asks of a call waiting for other runs' holds to settle."""
-
-
-class BudgetHold(Protocol):
-    """The tenant budget a turn draws on (``agentrun.ledger.TurnHold``, or a stand-in)."""
-
-    async def reserve_call(
-        self, need: CallNeed, *, before: kernel.RunState | None = None
-    ) -> Granted | BudgetWait | BudgetRefusal:
-        """Hold the call's worst case (shrunk to fit, if need be), or say that it waits for
-        other runs' holds, or why it cannot run."""
-        ...
-
-    async def spend(self, usage: kernel.Usage) -> None:
-        """The model call answered with ``usage`` (recorded; charged if the turn is
-        abandoned, even by a worker that dies)."""
-        ...
-
-
 async def execute_turn(
     deps: TurnDeps,
     config: RunConfig,
     state: kernel.RunState,
     *,
     clock: PhaseClock | None = None,
-    hold: BudgetHold | None = None,
+    hold: budget.BudgetHold | None = None,
 ) -> kernel.TurnRecord:
     """Run turn ``state.turn`` of the run ``config`` as the kernel plans it; never raises for
     model or tool faults.
@@ -193,8 +174,11 @@ async def execute_turn(
         state,
         config.limits,
         pricing=config.model.pricing,
-        tools=[] if missing else _tools_param(deps, config),
-        missing_tools=missing,
+        offer=kernel.Offer(
+            [] if missing else _tools_param(deps, config),
+            missing,
+            deps.calibration.hidden(config),
+        ),
         clock=_now(deps, config),
     )
     match plan:
@@ -223,32 +207,34 @@ class _Turn:
 
 
 async def _answer(
-    turn: _Turn, call: kernel.CallModel, *, hold: BudgetHold | None
+    turn: _Turn, call: kernel.CallModel, *, hold: budget.BudgetHold | None
 ) -> kernel.TurnRecord:
     """Reserve, call the model, and carry out what the kernel makes of its answer."""
     deps, config, state, tools, clock = turn.deps, turn.config, turn.state, turn.tools, turn.clock
-    offered = [] if call.summary else _tools_param(deps, config)
+    offered = _tools_param(deps, config) if call.sends_tools else []
     if hold is not None:
         need = CallNeed(
-            prompt_tokens=max(
-                call.prompt_estimate, kernel.prompt_token_bound(call.prompt, offered)
-            ),
+            prompt_tokens=call.prompt_estimate,
             output_tokens=call.max_output_tokens,
             pricing=config.model.pricing,
-            min_output_tokens=MIN_OUTPUT_TOKENS,
+            min_output_tokens=budget.MIN_OUTPUT_TOKENS,
         )
-        answer = await _hold_budget(deps, config, hold, need, state)
+        answer = await budget.hold_budget(
+            hold, need, state=state, deadline=config.deadline, clock=deps.clock
+        )
         if isinstance(answer, BudgetRefusal):
             return kernel.refused_by_tenant(call, answer.message)
         if isinstance(answer, BudgetWait):
             return kernel.model_failed(call, answer.message, clock=_now(deps, config))
         if answer.output_tokens < call.max_output_tokens:
             call = dataclasses.replace(call, max_output_tokens=answer.output_tokens)
+    watch = None if hold is None else budget.SpendWatch(hold, call, config.model.pricing)
     try:
         with clock.phase("model"):
-            response, usage = await _call_model(deps, config, call, offered)
+            response, usage = await _call_model(deps, config, call, offered, watch=watch)
     except ModelError as err:
         return kernel.model_failed(call, str(err), clock=_now(deps, config), fault=err.fault)
+    budget.saw_usage(deps.calibration, config, call, usage)
     if hold is not None:
         await hold.spend(usage)
     step = kernel.plan_answer(
@@ -263,23 +249,6 @@ async def _answer(
         return step
     with clock.phase("tools"):
         return await _run(deps, config, tools, step)
-
-
-async def _hold_budget(
-    deps: TurnDeps,
-    config: RunConfig,
-    hold: BudgetHold,
-    need: CallNeed,
-    state: kernel.RunState,
-) -> Granted | BudgetWait | BudgetRefusal:
-    """Reserve ``need``, asking again every ``BUDGET_POLL_SECONDS`` while it waits for other
-    runs' holds; a ``BudgetWait`` comes back only once the run's deadline passed waiting."""
-    while True:
-        answer = await hold.reserve_call(need, before=state)
-        left = config.deadline - deps.clock()
-        if not isinstance(answer, BudgetWait) or left <= 0:
-            return answer
-        await asyncio.sleep(min(BUDGET_POLL_SECONDS, left))
 
 
 def _now(deps: TurnDeps, config: RunConfig) -> kernel.Timing:
@@ -305,7 +274,12 @@ def _tools_param(deps: TurnDeps, config: RunConfig) -> list[dict[str, Any]]:
 
 
 async def _call_model(
-    deps: TurnDeps, config: RunConfig, call: kernel.CallModel, tools: list[dict[str, Any]]
+    deps: TurnDeps,
+    config: RunConfig,
+    call: kernel.CallModel,
+    tools: list[dict[str, Any]],
+    *,
+    watch: budget.SpendWatch | None,
 ) -> tuple[dict[str, Any], kernel.Usage]:
     """One chat call inside a ``chat {model}`` span, with the GenAI client metrics: the raw
     response and what the call used.
@@ -319,13 +293,11 @@ async def _call_model(
     ) as span:
         try:
             request = await _chat_request(deps, config, call, tools)
-            response = await deps.model.complete(request, deadline=config.deadline)
+            response = await deps.model.complete(request, deadline=config.deadline, watch=watch)
         except ModelError as err:
             _record_failure(span, err, config=config, start=started)
             raise
-        usage = kernel.read_usage(
-            response, pricing=config.model.pricing, prompt_estimate=call.prompt_estimate
-        )
+        usage = _usage_of(response, config=config, call=call)
         span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
         # OTel GenAI: the reasoning part, which gen_ai.usage.output_tokens includes
@@ -334,6 +306,24 @@ async def _call_model(
             span.set_attribute("gen_ai.response.id", response["id"])
         metrics.record_model_call(config, seconds=time.perf_counter() - started, usage=usage)
         return response, usage
+
+
+def _usage_of(
+    response: dict[str, Any], *, config: RunConfig, call: kernel.CallModel
+) -> kernel.Usage:
+    """What the call used: the provider's usage (``kernel.read_usage``); for a response the
+    worker cut, the prompt's bound and the output it had delivered, flagged estimated."""
+    cut = response.get(CUT_KEY)
+    if not isinstance(cut, int):
+        return kernel.read_usage(
+            response,
+            pricing=config.model.pricing,
+            prompt_estimate=call.prompt_estimate,
+            max_output_tokens=call.max_output_tokens,
+        )
+    prompt, pricing = call.prompt_estimate, config.model.pricing
+    cost = pricing.cost(input_tokens=prompt, cached_input_tokens=0, output_tokens=cut)
+    return kernel.Usage(prompt, cut, 0, cost, estimated=True)
 
 
 def _chat_attributes(config: RunConfig, call: kernel.CallModel) -> dict[str, Any]:
@@ -360,6 +350,7 @@ async def _chat_request(
         messages=call.prompt,
         tools=tools,
         max_output_tokens=call.max_output_tokens,
+        tool_choice=call.tool_choice if tools else None,
     )
 
 

@@ -38,7 +38,7 @@ from agentrun.kernel.decision import (
 )
 from agentrun.kernel.faults import ToolFault, backoff, may_retry, next_unavailable
 from agentrun.kernel.gates import admit_model_call, admit_tool_batch
-from agentrun.kernel.limits import Limits, OnExhausted, Pricing
+from agentrun.kernel.limits import MIN_SHRUNK_OUTPUT_TOKENS, Limits, OnExhausted, Pricing
 from agentrun.kernel.loop import (
     advance,
     resolve_approval,
@@ -49,6 +49,7 @@ from agentrun.kernel.plan import (
     CallModel,
     EndRun,
     ModelFault,
+    Offer,
     ResumeHeld,
     RunTools,
     Timing,
@@ -88,6 +89,7 @@ from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check
 __all__ = [
     "DENIED",
     "MESSAGE_CAP",
+    "MIN_SHRUNK_OUTPUT_TOKENS",
     "Answered",
     "CallModel",
     "CheckedCall",
@@ -104,6 +106,7 @@ __all__ = [
     "MalformedCause",
     "ModelFailed",
     "ModelFault",
+    "Offer",
     "OnExhausted",
     "Outcome",
     "PendingBatch",

@@ -49,18 +49,26 @@ SHRUNK_TEXT_BYTES = 4096
 
 
 def clip_result(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes (never inside a character), with a marker
-    saying how many bytes were dropped so the model knows it saw only part; ``text`` itself when
-    it fits. The marker (``[agentrun: result truncated, N more bytes]``, on its own line) comes
-    on top of ``limit``. Never raises."""
-    if len(text) <= limit // 4:  # cannot exceed the limit even at 4 bytes a character
+    """``text`` cut to at most ``limit`` bytes as stored (``stored_bytes``: UTF-8 of the text as
+    a JSON string, escapes included — a quote, backslash or newline takes 2, another control
+    character 6), never inside a character, with a marker saying how many bytes (UTF-8) were
+    dropped so the model knows it saw only part; ``text`` itself when it fits. The marker
+    (``[agentrun: result truncated, N more bytes]``, on its own line) comes on top of
+    ``limit``. Never raises."""
+    if len(text) <= limit // 6:  # cannot exceed the limit even at 6 stored bytes a character
         return text
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= limit:
+    head = text[: max(0, limit)]  # every character stores at least one byte
+    if len(head) == len(text) and stored_bytes(text) <= limit:
         return text
-    kept = data[: max(0, limit)].decode("utf-8", "ignore")
-    dropped = len(data) - len(kept.encode("utf-8", "surrogatepass"))
-    return kept + f"\n[agentrun: result truncated, {dropped} more bytes]"
+    low, high = 0, len(head)  # the longest prefix whose stored size fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        if stored_bytes(head[:middle]) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    dropped = len(text[low:].encode("utf-8", "surrogatepass"))
+    return text[:low] + f"\n[agentrun: result truncated, {dropped} more bytes]"
 
 
 def stored_bytes(text: str) -> int:

@@ -9,6 +9,10 @@ from decimal import Decimal
 from typing import Any
 
 MILLION = Decimal(1_000_000)
+MIN_SHRUNK_OUTPUT_TOKENS = 128
+"""The smallest output allowance a call is shrunk to when its tenant's budget left cannot hold
+its full allowance: what a call needs at least to be made (the worker's reservation and the
+operator's admission agree on it)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

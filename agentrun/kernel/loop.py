@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import assert_never
 
-from agentrun.kernel import approval, faults, output, records, transcript
+from agentrun.kernel import approval, faults, gates, output, records, transcript
 from agentrun.kernel.decision import Final, Malformed, Refusal
 from agentrun.kernel.faults import ToolFault
 from agentrun.kernel.limits import Limits, OnExhausted
@@ -45,9 +45,11 @@ class _Turn:
 
 
 def _decide(
-    state: RunState, record: records.Answered, limits: Limits, seen: _Turn
+    state: RunState, record: records.Answered, limits: Limits, seen: _Turn, *, before: RunState
 ) -> tuple[Phase, str]:
-    """The phase after an answered turn: exactly one decision per turn, caps checked last."""
+    """The phase after an answered turn (``state``: after it, ``before``: before it): exactly
+    one decision per turn; a call that went past a cap (``gates.overrun``) ends the run before
+    any answer completes it; the other caps are checked last."""
     if record.stopped is not None:
         return record.stopped.phase, record.stopped.message
     unknown = [r for r in transcript.ran_results(record) if r.fault is ToolFault.EFFECT_UNKNOWN]
@@ -56,6 +58,9 @@ def _decide(
     decision = record.decision
     if isinstance(decision, Refusal):
         return Phase.REFUSED, decision.text
+    over = gates.overrun(before, limits, record.usage)
+    if over is not None:  # the answer is kept, but the run is capped: partial, not completed
+        return over.phase, over.message
     if isinstance(decision, Final) and seen.output_error is None:
         return Phase.COMPLETED, "the model gave a final answer"
     if seen.output_error is not None and state.output_failures >= limits.output_attempts:
@@ -109,12 +114,18 @@ def _deferred_message(record: records.Answered) -> str:
 
 
 def _settle_phase(after: RunState, ending: records.Ending, limits: Limits) -> RunState:
-    """Set the decided phase; a cap with ``onExhausted: summarize`` asks for a summary first."""
-    if ending.phase in CAPS and limits.on_exhausted is OnExhausted.SUMMARIZE:
+    """Set the decided phase; a cap with ``onExhausted: summarize`` asks for a summary first,
+    unless the run is already past its token or cost cap (a summary would only spend more)."""
+    past_cap = (limits.max_tokens is not None and after.usage.total_tokens > limits.max_tokens) or (
+        limits.max_cost_usd is not None and after.usage.cost_usd > limits.max_cost_usd
+    )
+    asked = after.pending_cap is not None  # the summary was due but cannot be made: end
+    summarize = limits.on_exhausted is OnExhausted.SUMMARIZE and not past_cap and not asked
+    if ending.phase in CAPS and summarize:
         return dataclasses.replace(
             after, pending_cap=ending.phase, message=f"{ending.message}; asking for a summary"
         )
-    return dataclasses.replace(after, phase=ending.phase, message=ending.message)
+    return dataclasses.replace(after, phase=ending.phase, message=ending.message, pending_cap=None)
 
 
 def advance(state: RunState, record: records.TurnRecord, limits: Limits) -> RunState:
@@ -188,7 +199,7 @@ def _advance_answered(state: RunState, record: records.Answered, limits: Limits)
         output_failures=state.output_failures + (1 if output_error else 0),
         pending=approval.pending_of(record) if pending else None,
     )
-    phase, message = _decide(after, record, limits, _Turn(malformed, output_error))
+    phase, message = _decide(after, record, limits, _Turn(malformed, output_error), before=state)
     if record.deferred and (phase is Phase.RUNNING or phase in _AFTER_TOOLS):
         # the deferred calls run first: what they show is decided in their resume turn
         phase, message = Phase.RUNNING, _deferred_message(record)

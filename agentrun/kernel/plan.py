@@ -28,12 +28,12 @@ from agentrun.kernel import approval, bounds, records, wire
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import Decision, ToolCalls
 from agentrun.kernel.faults import ToolFault
-from agentrun.kernel.gates import admit_model_call, admit_tool_batch
+from agentrun.kernel.gates import admit_model_call, admit_tool_batch, overrun
 from agentrun.kernel.limits import Limits, Pricing
 from agentrun.kernel.state import Message, RunState
 from agentrun.kernel.terminal import Phase
 from agentrun.kernel.transcript import summary_request
-from agentrun.kernel.usage import Usage
+from agentrun.kernel.usage import Usage, prompt_token_bound
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 
 
@@ -61,11 +61,24 @@ class CallModel:
     """The history plus the summary request for a summary call, in wire form
     (``wire.conform``), then fitted to the context window."""
     prompt_estimate: int
-    """Estimated prompt tokens, tools included (what the gates and the ledger reserve use)."""
+    """An upper bound of the prompt tokens, tools included (``usage.prompt_token_bound``,
+    never below the four-characters estimate, plus the hidden prompt tokens the provider was
+    seen to add): what the run's gates and the tenant's reservation hold for the prompt."""
     max_output_tokens: int
-    """The output allowance every budget leaves."""
+    """The output allowance every budget leaves: sent as ``max_tokens``, and where the worker
+    cuts a streamed response whose provider ignores it."""
     summary: bool = False
-    """The tool-free summary call at a cap: send no tools; its answer ends the run."""
+    """The tool-free summary call at a cap: its answer ends the run."""
+    tool_choice: str | None = None
+    """``"none"`` when the tools are sent but must not be called: the summary call of a run
+    whose history holds tool calls (providers that require ``tools`` whenever the history
+    holds tool calls answer 400 without them; the prompt cache stays warm)."""
+
+    @property
+    def sends_tools(self) -> bool:
+        """Whether the run's ``tools`` go with the request: every call but a summary of a
+        history without tool calls."""
+        return not self.summary or self.tool_choice is not None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,23 +149,31 @@ def not_run(calls: Sequence[CheckedCall | InvalidCall], why: str) -> tuple[recor
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Offer:
+    """What the worker can send with a model call."""
+
+    tools: Sequence[Mapping[str, Any]]
+    """The OpenAI ``tools`` list of the run (it counts toward the prompt's size)."""
+    missing_tools: Collection[str] = ()
+    """The run's tools this worker's catalog lacks (the run then ends ``tool_unavailable``)."""
+    hidden_prompt_tokens: int = 0
+    """Prompt tokens the provider was seen to count beyond the bound of what is sent (template
+    and tool-definition text it adds), added to the prompt's size."""
+
+
 def plan_turn(
-    state: RunState,
-    limits: Limits,
-    *,
-    pricing: Pricing,
-    tools: Sequence[Mapping[str, Any]],
-    missing_tools: Collection[str],
-    clock: Timing,
+    state: RunState, limits: Limits, *, pricing: Pricing, offer: Offer, clock: Timing
 ) -> TurnPlan:
     """The first step of turn ``state.turn`` of a running run.
 
-    ``tools`` is the OpenAI ``tools`` list of the run (it counts toward the prompt estimate);
-    ``missing_tools`` the run's tools this worker's catalog lacks (the run then ends
-    ``tool_unavailable``). Otherwise a decided approval is settled before anything else, and
-    the model call is gated by ``admit_model_call``. Every prompt goes through
-    ``wire.conform`` (role order, wire ids and names) before it is fitted and estimated.
+    A run whose tools this worker lacks (``offer.missing_tools``) ends ``tool_unavailable``.
+    Otherwise a decided approval is settled before anything else, and the model call is gated
+    by ``admit_model_call`` with ``prompt_bound`` (plus ``offer.hidden_prompt_tokens``) as the
+    prompt's size. Every prompt goes through ``wire.conform`` (role order, wire ids and names)
+    before it is fitted and estimated.
     """
+    missing_tools = offer.missing_tools
     if missing_tools:
         message = f"this worker's catalog lacks tool(s) {', '.join(missing_tools)}"
         return EndRun(records.Stopped(state.turn, records.Ending(Phase.TOOL_UNAVAILABLE, message)))
@@ -164,23 +185,59 @@ def plan_turn(
         )
         stopped = records.Ending(gate.phase, gate.message) if gate.phase is not None else None
         return ResumeHeld(state, approved, stopped)
+    return _plan_call(
+        state,
+        limits,
+        pricing=pricing,
+        tools=offer.tools,
+        clock=clock,
+        hidden=offer.hidden_prompt_tokens,
+    )
+
+
+def _plan_call(
+    state: RunState,
+    limits: Limits,
+    *,
+    pricing: Pricing,
+    tools: Sequence[Mapping[str, Any]],
+    clock: Timing,
+    hidden: int,
+) -> EndRun | CallModel:
+    """The model call of the turn (or the gate that stops the run before it): the history in
+    wire form (with the summary request at a cap), fitted, its bound plus ``hidden``."""
     history = state.messages
     if state.pending_cap is not None:
         history += (summary_request(state.pending_cap),)
     fitted = fit_context(wire.conform(history), limits=limits, tools=tools)
+    estimate = prompt_bound(fitted.messages, tools, estimate=fitted.tokens) + max(0, hidden)
     gate = admit_model_call(
         state,
         limits,
         pricing=pricing,
-        prompt_estimate=fitted.tokens,
+        prompt_estimate=estimate,
         now=clock.now,
         deadline=clock.deadline,
     )
     if gate.phase is not None:
         return EndRun(records.Stopped(state.turn, records.Ending(gate.phase, gate.message)))
+    choice = "none" if gate.summary and tools and _holds_tool_calls(fitted.messages) else None
     return CallModel(
-        state.turn, fitted.messages, fitted.tokens, gate.max_output_tokens, gate.summary
+        state.turn, fitted.messages, estimate, gate.max_output_tokens, gate.summary, choice
     )
+
+
+def prompt_bound(
+    messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], *, estimate: int
+) -> int:
+    """The prompt size the gates and the reservation hold: ``usage.prompt_token_bound`` of the
+    request (an upper bound for any byte-level BPE tokenizer), never below ``estimate`` (the
+    four-characters estimate ``fit_context`` made)."""
+    return max(estimate, prompt_token_bound(messages, tools))
+
+
+def _holds_tool_calls(messages: Sequence[Message]) -> bool:
+    return any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
 
 
 def refused_by_tenant(call: CallModel, message: str) -> records.TurnRecord:
@@ -243,7 +300,8 @@ def plan_answer(
     record (decision, usage, every call id) is committed with the valid calls ``deferred``,
     and the next turn runs them (``ResumeHeld``) under those committed ids — the effect
     ledger's keys — so the model is never asked again for a decision that may have had
-    effects. A batch of ``read`` calls runs in this turn, with no extra commit.
+    effects. A batch of ``read`` calls runs in this turn, with no extra commit. A reply whose
+    usage took the run past its token or cost cap (``gates.overrun``) runs none of its calls.
     """
     decision, usage = answer
     if call.summary:
@@ -254,10 +312,12 @@ def plan_answer(
     held = approval.held_calls(calls, limits.approval_tools)
     valid = sum(isinstance(c, CheckedCall) and c.id not in held for c in calls)
     gate = admit_tool_batch(state, limits, calls=valid, now=clock.now, deadline=clock.deadline)
-    if gate.phase is not None:
+    ending = overrun(state, limits, usage)
+    if ending is None and gate.phase is not None:
         ending = records.Ending(gate.phase, gate.message)
+    if ending is not None:
         stopped = records.Answered(call.turn, decision, usage, calls, stopped=ending)
-        return RunTools(stopped, ()).finish(not_run(calls, gate.message))  # bounded, as any
+        return RunTools(stopped, ()).finish(not_run(calls, ending.message))  # bounded, as any
     effects = {name: schema.effect for name, schema in tools.items()}
     deferred = approval.deferred_calls(calls, held=held, effects=effects)
     runnable = tuple(c for c in calls if c.id not in held and c.id not in deferred)

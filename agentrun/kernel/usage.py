@@ -133,17 +133,35 @@ def _message(response: Mapping[str, Any]) -> Mapping[str, Any]:
     return message if isinstance(message, Mapping) else {}
 
 
-def _completion_chars(message: Mapping[str, Any]) -> int:
-    chars = 0
+def completion_texts(message: Mapping[str, Any]) -> list[str]:
+    """The texts a model wrote in an assistant ``message``: its content, refusal, and each
+    tool call's name and arguments."""
+    texts: list[str] = []
     for key in ("content", "refusal"):
         value = message.get(key)
-        chars += len(value) if isinstance(value, str) else 0
+        if isinstance(value, str):
+            texts.append(value)
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, Mapping) else None
         if isinstance(function, Mapping):
-            chars += len(str(function.get("name", ""))) + len(str(function.get("arguments", "")))
-    return chars
+            texts += [str(function.get("name", "")), str(function.get("arguments", ""))]
+    return texts
+
+
+def output_estimate(texts: Sequence[str]) -> int:
+    """The output tokens charged for ``texts`` (what a model wrote: content, refusal,
+    tool-call names and arguments) when the provider reports no usage: three ASCII characters
+    a token (English runs about four), one token per other character (several providers'
+    tokenizers count CJK so), plus ``MESSAGE_OVERHEAD_TOKENS`` for the reply's framing. An
+    estimate, flagged as such; what a reservation holds is an upper bound
+    (``prompt_token_bound`` and the output allowance)."""
+    ascii_chars = other = 0
+    for text in texts:
+        count = len(text.encode("ascii", "ignore"))
+        ascii_chars += count
+        other += len(text) - count
+    return -(-ascii_chars // 3) + other + MESSAGE_OVERHEAD_TOKENS
 
 
 def _details(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -175,16 +193,24 @@ def billed_output(
     return output, min(known, output)
 
 
-def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate: int) -> Usage:
+def read_usage(
+    response: Mapping[str, Any],
+    *,
+    pricing: Pricing,
+    prompt_estimate: int,
+    max_output_tokens: int | None = None,
+) -> Usage:
     """Usage of one chat-completions response, priced.
 
     Reads ``usage.prompt_tokens``, ``usage.completion_tokens``, ``usage.total_tokens``,
     ``usage.prompt_tokens_details.cached_tokens`` and
     ``usage.completion_tokens_details.reasoning_tokens`` (OpenAI API reference, chat
     completion object); output and reasoning tokens as ``billed_output`` reads them, all
-    priced as output. When ``usage`` is missing or null the counts are estimated — the
-    prompt from ``prompt_estimate``, the completion from the returned text at 3 characters a
-    token (conservative) — and the result is flagged ``estimated``.
+    priced as output. When ``usage`` is missing or null the counts are estimated — the prompt
+    from ``prompt_estimate`` (the call's upper bound), the completion by ``output_estimate``
+    of the returned text, at most ``max_output_tokens`` (the ``max_tokens`` the call sent: a
+    server that honours it cannot have produced more; one that does not is cut by the worker)
+    — and the result is flagged ``estimated``.
     """
     raw = response.get("usage")
     raw = raw if isinstance(raw, Mapping) else {}
@@ -205,7 +231,9 @@ def read_usage(response: Mapping[str, Any], *, pricing: Pricing, prompt_estimate
         estimated = False
     else:  # missing or nonsense (negative, non-integer, absurd): estimate, conservatively
         input_tokens = prompt_estimate
-        output_tokens = -(-_completion_chars(_message(response)) // 3) + MESSAGE_OVERHEAD_TOKENS
+        output_tokens = output_estimate(completion_texts(_message(response)))
+        if max_output_tokens is not None:
+            output_tokens = min(output_tokens, max_output_tokens)
         cached = 0
         estimated = True
     cost = pricing.cost(

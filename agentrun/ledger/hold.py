@@ -243,6 +243,13 @@ class TurnHold:
         if not self.recorded:
             log.info("hold %s was taken by another delivery of its turn", self.key)
 
+    def note(self, usage: kernel.Usage) -> None:
+        """The model call was abandoned mid-response (the run cancelled, the stream broken)
+        having used ``usage`` so far: kept in memory, so leaving the block uncommitted charges
+        it (``abandon``). Never awaits: it runs while a cancellation unwinds."""
+        self.spent = usage
+        self.recorded = False
+
     async def refresh(self) -> None:
         """Keep the hold alive while the turn runs (called with each heartbeat)."""
         if not self.held:

@@ -10,10 +10,13 @@ and point ``openai.AsyncOpenAI(base_url=m.base_url, api_key="test")`` at it.
 
 Endpoints:
 
-- ``POST /v1/chat/completions``: non-streaming chat completions answered from the scenarios
-  (format, matching and reply shape: `agentrun.testing.scenario`). ``stream: true``, a
-  request no scenario matches and a conversation past its script with ``after: error`` are
-  answered 400 with an OpenAI-shaped error saying why, and so is a request that breaks the
+- ``POST /v1/chat/completions``: chat completions answered from the scenarios (format,
+  matching and reply shape: `agentrun.testing.scenario`); ``stream: true`` is answered with
+  server-sent ``chat.completion.chunk`` events (usage last with
+  ``stream_options.include_usage``), or as the turn's ``stream`` mode says (one JSON body, or
+  400). A request no scenario matches and a conversation past its script with ``after:
+  error`` are answered 400 with an OpenAI-shaped error saying why, and so is a request that
+  breaks the
   strictest providers' rules (role order, tool results right after their call, 9-alphanumeric
   call ids, function names: `agentrun.testing.strict`), as Mistral's API does
   (``--no-strict-call-ids`` or ``strict_call_ids=False``: any unique string id passes, for
@@ -26,7 +29,8 @@ Endpoints:
 - ``GET /healthz``: ``{"status": "ok"}``.
 - ``GET /_mock/requests[?scenario=NAME]``: ``{"requests": [{index, time (time.time() at
   arrival), model, scenario, turn, status, body}]}`` in arrival order (the newest
-  ``max_recorded`` only; status is null while a request is still being answered).
+  ``max_recorded`` only; status is null while a request is still being answered), and
+  ``streams_cut``: streamed replies whose client closed the connection before their end.
 - ``POST /_mock/reset``: forget recorded requests and fault counts (scenarios stay).
 - ``POST /_mock/scenarios[?mode=replace|append]``: load scenarios from the YAML body,
   replacing (default) or appending to the current set; ``GET /_mock/scenarios`` lists names.
@@ -43,6 +47,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import json
 import signal
 import sys
 import time
@@ -111,6 +116,8 @@ class MockState:
         self.models: dict[str, None] = {MOCK_MODEL: None}
         self._fault_counts: dict[tuple[str, str, str | None, int], int] = {}
         self._indexes = itertools.count()
+        self.streams_cut = 0
+        """Streamed replies whose client went away before the end (it cut the response)."""
 
     def record(
         self, body: Any, *, model: str | None, arrived: float, api_key: str | None = None
@@ -179,7 +186,7 @@ def _fault_response(fault: sc.Fault, name: str, k: int) -> web.Response:
     return web.json_response(body, status=fault.status, headers=headers)
 
 
-async def chat_completions(request: web.Request) -> web.Response:
+async def chat_completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/chat/completions: see the module docstring."""
     arrived = time.time()
     state = request.app[STATE]
@@ -195,22 +202,17 @@ async def chat_completions(request: web.Request) -> web.Response:
         arrived=arrived,
         api_key=bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else None,
     )
-    response = await _answer(state, entry, body)
+    response = await _answer(state, entry, body, request)
     entry.status = response.status
     return response
 
 
-async def _answer(state: MockState, entry: RecordedRequest, body: Any) -> web.Response:
+async def _answer(
+    state: MockState, entry: RecordedRequest, body: Any, request: web.Request
+) -> web.StreamResponse:
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
         return _error(
             400, "the request needs a string 'model'", code="invalid_request", param="model"
-        )
-    if body.get("stream"):
-        return _error(
-            400,
-            "stream: true is not supported by the mock model server; send non-streaming requests",
-            code="stream_unsupported",
-            param="stream",
         )
     try:
         conversation = sc.read_conversation(body.get("messages"))
@@ -245,6 +247,12 @@ async def _answer(state: MockState, entry: RecordedRequest, body: Any) -> web.Re
         await asyncio.sleep(turn.latency_ms / 1000)
     if turn.fault is not None and state.should_fail(turn.fault, found.name, conversation):
         return _fault_response(turn.fault, found.name, conversation.turn)
+    streamed = bool(body.get("stream"))
+    if streamed and turn.provider.streaming is sc.Streaming.REFUSE:
+        return _error(
+            400, "stream: true is not supported by this server", code="unsupported", param="stream"
+        )
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     completion = sc.render_completion(
         turn,
         k=conversation.turn,
@@ -253,8 +261,37 @@ async def _answer(state: MockState, entry: RecordedRequest, body: Any) -> web.Re
         created=int(entry.time),
         messages=body["messages"],
         request=entry.index,
+        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
     )
-    return web.json_response(completion)
+    if not streamed or turn.provider.streaming is sc.Streaming.JSON:
+        return web.json_response(completion)
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    chunks = sc.render_chunks(completion, provider=turn.provider, include_usage=include_usage)
+    return await _stream(request, chunks, pause=turn.provider.chunk_ms / 1000)
+
+
+async def _stream(
+    request: web.Request, chunks: Sequence[Any], *, pause: float
+) -> web.StreamResponse:
+    """Send ``chunks`` as server-sent events, then ``data: [DONE]``; a client that goes away
+    ends the stream (counted in ``MockState.streams_cut``)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    state = request.app[STATE]
+    try:
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
+            if pause:
+                await asyncio.sleep(pause)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionError:  # the client closed the connection: it cut the response
+        state.streams_cut += 1
+    except asyncio.CancelledError:
+        state.streams_cut += 1
+        raise
+    return response
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -277,7 +314,7 @@ async def get_requests(request: web.Request) -> web.Response:
     entries = [
         e.as_dict() for e in request.app[STATE].requests if wanted is None or e.scenario == wanted
     ]
-    return web.json_response({"requests": entries})
+    return web.json_response({"requests": entries, "streams_cut": request.app[STATE].streams_cut})
 
 
 async def post_reset(request: web.Request) -> web.Response:

@@ -69,10 +69,13 @@ from agentrun.kernel import wire
 __all__ = [
     "After",
     "Conversation",
+    "Count",
     "Fault",
+    "Provider",
     "RequestError",
     "Scenario",
     "ScenarioError",
+    "Streaming",
     "ToolCallSpec",
     "Turn",
     "UsageSpec",
@@ -83,6 +86,7 @@ __all__ = [
     "message_text",
     "parse_scenarios",
     "read_conversation",
+    "render_chunks",
     "render_completion",
     "select_turn",
 ]
@@ -172,6 +176,70 @@ class Turn:
     """None = the response says `"usage": null` (the runtime must then estimate usage)."""
     latency_ms: float = 0.0
     fault: Fault | None = None
+    provider: Provider = field(default_factory=lambda: Provider())
+    """How the provider behaves: limits, token counting, streaming."""
+
+
+class Count(enum.StrEnum):
+    """How the mock counts tokens where usage is not scripted (and where it honours
+    ``max_tokens``)."""
+
+    QUARTER = "quarter"
+    """Four characters a token (OpenAI's rule of thumb for English; the default)."""
+    CHAR = "char"
+    """One token a character: several providers' tokenizers for CJK text."""
+    BYTE = "byte"
+    """One token a UTF-8 byte: the most any byte-level BPE can count."""
+
+    def tokens(self, text: str) -> int:
+        """Tokens of ``text`` in this count."""
+        if self is Count.CHAR:
+            return len(text)
+        if self is Count.BYTE:
+            return len(text.encode("utf-8", "surrogatepass"))
+        return -(-len(text) // CHARS_PER_TOKEN)
+
+    def total(self, texts: Iterable[str]) -> int:
+        """Tokens of ``texts`` together, at least 1 (four characters a token over their
+        joined length, as the mock always estimated)."""
+        if self is Count.QUARTER:
+            return estimate_tokens(sum(len(t) for t in texts))
+        return max(1, sum(self.tokens(t) for t in texts))
+
+    def pieces(self, text: str) -> list[str]:
+        """``text`` split into its tokens (a byte's token is its whole character)."""
+        width = CHARS_PER_TOKEN if self is Count.QUARTER else 1
+        return [text[i : i + width] for i in range(0, len(text), width)]
+
+
+class Streaming(enum.StrEnum):
+    """How the mock answers a request with ``stream: true``."""
+
+    SSE = "sse"
+    """Server-sent chunks (``chat.completion.chunk``), usage last when asked (the default)."""
+    JSON = "json"
+    """One ``chat.completion`` JSON body: a server that does not stream."""
+    REFUSE = "refuse"
+    """HTTP 400 naming ``stream``: a server that refuses streamed requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """A turn's provider behaviour (the fault modes budgets are tested against)."""
+
+    honor_max_tokens: bool = False
+    """``max_tokens: honor`` cuts the reply at the request's ``max_tokens`` (counted with
+    ``count``; ``finish_reason: length``); ``ignore`` (the default) sends it whole, as
+    providers that ignore the limit do."""
+    count: Count = Count.QUARTER
+    streaming: Streaming = Streaming.SSE
+    stream_usage: bool = True
+    """Whether a streamed reply ends with the usage chunk when
+    ``stream_options.include_usage`` asks for it."""
+    chunk_tokens: int = 1
+    """Tokens per streamed content chunk (one, as OpenAI's and llama.cpp's servers send)."""
+    chunk_ms: float = 0.0
+    """Milliseconds between two streamed chunks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +332,12 @@ $defs:
           cached_tokens: {$ref: "#/$defs/count"}
           reasoning_tokens: {$ref: "#/$defs/count"}
           total_tokens: {$ref: "#/$defs/count"}
+      max_tokens: {enum: [honor, ignore]}
+      count: {enum: [quarter, char, byte]}
+      stream: {enum: [sse, json, refuse]}
+      stream_usage: {type: boolean}
+      chunk_tokens: {type: integer, minimum: 1}
+      chunk_ms: {type: number, minimum: 0}
       fault:
         type: object
         required: [status]
@@ -338,6 +412,14 @@ def _to_turn(raw: Mapping[str, Any]) -> Turn:
         usage=None if usage is None else UsageSpec(**usage),
         latency_ms=float(raw.get("latency_ms", 0)),
         fault=None if fault is None else Fault(**fault),
+        provider=Provider(
+            honor_max_tokens=raw.get("max_tokens", "ignore") == "honor",
+            count=Count(raw.get("count", Count.QUARTER.value)),
+            streaming=Streaming(raw.get("stream", Streaming.SSE.value)),
+            stream_usage=bool(raw.get("stream_usage", True)),
+            chunk_tokens=int(raw.get("chunk_tokens", 1)),
+            chunk_ms=float(raw.get("chunk_ms", 0)),
+        ),
     )
 
 
@@ -420,18 +502,6 @@ def estimate_tokens(chars: int) -> int:
     return max(1, -(-chars // CHARS_PER_TOKEN))
 
 
-def prompt_chars(messages: Sequence[Any]) -> int:
-    """Characters of the request's message texts and tool call arguments (for estimates)."""
-    total = 0
-    for message in messages:
-        total += len(message_text(message.get("content")))
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                total += len(str(function.get("arguments", ""))) + len(str(function.get("name")))
-    return total
-
-
 def _fill(text: str | None, k: str, request: int = 0) -> str | None:
     if text is None:
         return None
@@ -447,6 +517,7 @@ def render_completion(
     created: int,
     messages: Sequence[Any],
     request: int = 0,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The chat.completion object for `turn` at conversation turn k.
 
@@ -457,15 +528,17 @@ def render_completion(
     total_tokens, prompt_tokens_details{cached_tokens}} or null. `messages` (the request's)
     is only read when a prompt token count must be estimated. `request` is the request's
     index in the server's log (the ``{request}`` template and argument variants).
+    `max_tokens` is the request's; a turn with ``max_tokens: honor`` cuts its reply there.
     """
     ks = str(k)
+    count = turn.provider.count
     content = _fill(turn.content, ks, request)
     message: dict[str, Any] = {
         "role": "assistant",
         "content": content,
         "refusal": _fill(turn.refusal, ks, request),
     }
-    out_chars = len(content or "") + len(turn.refusal or "")
+    out_texts = [content or "", turn.refusal or ""]
     if turn.tool_calls is not None:
         calls = []
         for index, spec in enumerate(turn.tool_calls):
@@ -479,9 +552,19 @@ def render_completion(
                     "function": {"name": name, "arguments": arguments},
                 }
             )
-            out_chars += len(arguments) + len(name)
+            out_texts += [arguments, name]
         message["tool_calls"] = calls
     finish = turn.finish_reason or ("tool_calls" if turn.tool_calls is not None else "stop")
+    out_tokens = count.total(out_texts)
+    limit = max_tokens if turn.provider.honor_max_tokens else None
+    if limit is not None and out_tokens > limit:  # cut at max_tokens, as providers do
+        message["content"] = "".join(count.pieces(content or "")[:limit])
+        message.pop("tool_calls", None)
+        finish, out_tokens = "length", limit
+    usage = _render_usage(turn.usage, out_tokens=out_tokens, messages=messages, count=count)
+    if usage is not None and limit is not None:
+        usage["completion_tokens"] = min(usage["completion_tokens"], limit)
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -489,21 +572,21 @@ def render_completion(
         "model": model,
         "system_fingerprint": None,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-        "usage": _render_usage(turn.usage, out_chars=out_chars, messages=messages),
+        "usage": usage,
     }
 
 
 def _render_usage(
-    usage: UsageSpec | None, *, out_chars: int, messages: Sequence[Any]
+    usage: UsageSpec | None, *, out_tokens: int, messages: Sequence[Any], count: Count
 ) -> dict[str, Any] | None:
     if usage is None:
         return None
     prompt = usage.prompt_tokens
     if prompt is None:
-        prompt = estimate_tokens(prompt_chars(messages))
+        prompt = count.total(prompt_texts(messages))
     completion = usage.completion_tokens
     if completion is None:
-        completion = estimate_tokens(out_chars)
+        completion = out_tokens
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -511,6 +594,54 @@ def _render_usage(
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
     }
+
+
+def prompt_texts(messages: Sequence[Any]) -> list[str]:
+    """The request's message texts and tool call names and arguments (for estimates)."""
+    texts: list[str] = []
+    for message in messages:
+        texts.append(message_text(message.get("content")))
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                texts += [str(function.get("arguments", "")), str(function.get("name"))]
+    return texts
+
+
+def render_chunks(
+    completion: Mapping[str, Any], *, provider: Provider, include_usage: bool
+) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects a streaming server sends for ``completion``
+    (OpenAI API reference, "The chat completion chunk object"): a first chunk with the role,
+    the content in pieces of ``provider.chunk_tokens`` tokens, each tool call's id and name
+    then its arguments in pieces, a last chunk with the finish reason and, when
+    ``include_usage`` and ``provider.stream_usage``, a chunk with empty ``choices`` and the
+    usage."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    step = provider.chunk_tokens
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    for key in ("content", "refusal"):
+        pieces = provider.count.pieces(message.get(key) or "")
+        chunks += [chunk({key: "".join(pieces[i : i + step])}) for i in range(0, len(pieces), step)]
+    for index, call in enumerate(message.get("tool_calls") or ()):
+        function = call["function"]
+        head = {"index": index, "id": call["id"], "type": "function"}
+        chunks.append(chunk({"tool_calls": [{**head, "function": {"name": function["name"]}}]}))
+        pieces = provider.count.pieces(function["arguments"])
+        for i in range(0, len(pieces), step):
+            part = {"arguments": "".join(pieces[i : i + step])}
+            chunks.append(chunk({"tool_calls": [{"index": index, "function": part}]}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if include_usage and provider.stream_usage and completion.get("usage") is not None:
+        chunks.append({**base, "choices": [], "usage": completion["usage"]})
+    return chunks
 
 
 _ERROR_TYPES = {429: "rate_limit_exceeded", 401: "authentication_error", 404: "not_found_error"}

@@ -84,6 +84,9 @@ class ToolSpec:
     """True if calling again with the same arguments may legitimately give a new answer
     (observing changing state), which exempts it from the no-progress detector (which ends a
     run that repeats the same call with the same result)."""
+    timeout: float | None = None
+    """Seconds one call may take in all, its retries included (an MCP server's declared call
+    timeout); ``None``: the worker's call timeout."""
 
     def as_openai_tool(self) -> dict[str, Any]:
         """The function tool definition of the Chat Completions API (a fresh copy).

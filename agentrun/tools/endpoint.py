@@ -9,11 +9,13 @@ What does not belong here: reusing sessions (``sessions``), mapping results and 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import enum
 import hashlib
 import importlib
+import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -26,8 +28,11 @@ if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
     from mcp.client.session import IncomingMessage
 
 __all__ = [
+    "CALL_REF_KEY",
+    "STATUSES",
     "Endpoint",
     "FaultHook",
+    "HttpStatuses",
     "ResponseHook",
     "Transport",
     "load_sdk",
@@ -117,6 +122,44 @@ session's connection is lost; the call's fault is ``connection``)."""
 ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
 FaultHook = Callable[[Exception], None]
 
+CALL_REF_KEY = "agentrun.dev/callRef"
+"""The request ``_meta`` key carrying a ``tools/call``'s own reference, so the HTTP status of
+its answer can be found after the SDK turned an error answer into a JSON-RPC error that no
+longer says which status it was (``HttpStatuses``)."""
+
+
+class HttpStatuses:
+    """The HTTP error statuses (>= 400) of ``tools/call`` requests, by their reference
+    (``CALL_REF_KEY`` in the request's ``_meta``): the MCP SDK reports a 403 and a 503 alike
+    ("Server returned an error response"), and the status is what tells an error the model
+    must correct from a fault of the server. Bounded: the oldest are forgotten."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._by_ref: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._size = size
+
+    async def observe(self, response: httpx2.Response) -> None:
+        """Response hook: note the status of an error answer to a referenced call."""
+        if response.status_code < 400:
+            return
+        try:
+            params = json.loads(response.request.content).get("params") or {}
+            ref = params["_meta"][CALL_REF_KEY]
+        except (ValueError, KeyError, TypeError, AttributeError, httpx2.RequestNotRead):
+            return
+        if isinstance(ref, str):
+            self._by_ref[ref] = response.status_code
+            while len(self._by_ref) > self._size:
+                self._by_ref.popitem(last=False)
+
+    def pop(self, ref: str) -> int | None:
+        """The status the call ``ref`` was answered with, if it was an error (forgotten)."""
+        return self._by_ref.pop(ref, None)
+
+
+STATUSES = HttpStatuses()
+"""The process's record, fed by every session ``open_session`` opens."""
+
 
 @contextlib.asynccontextmanager
 async def open_session(
@@ -143,7 +186,9 @@ async def open_session(
             on_fault(message)
 
     headers = dict(endpoint.headers)
-    hooks: dict[str, list[ResponseHook]] = {"response": [on_response] if on_response else []}
+    hooks: dict[str, list[ResponseHook]] = {
+        "response": [STATUSES.observe, *([on_response] if on_response else [])]
+    }
     timeout = httpx2.Timeout(endpoint.timeout)
     async with contextlib.AsyncExitStack() as stack:
         if endpoint.transport is Transport.SSE:

@@ -14,8 +14,10 @@ handshake included).
 Results map to the text the model reads (``render_result``): text content joined by newlines,
 images and audio named but not inlined, embedded resources by their text or their URI,
 structured content kept (appended as compact JSON unless the text already is that JSON). An
-``isError`` result is an error the model caused (``ToolFault.REJECTED``); a failure to reach or
-talk to the server is an infrastructure fault (``fault_of``).
+``isError`` result is an error the model caused (``ToolFault.REJECTED``), and so is an HTTP
+4xx answer other than 408 and 429 (the request was refused: the model reads the status and may
+correct the call); a 5xx, 408 or 429 answer and a failure to reach or talk to the server are
+infrastructure faults (``fault_of``).
 
 What does not belong here: reading Secrets (the caller resolves headers), the allowlist and the
 tenant's policy (the operator), retries and the result byte cap (the worker's tool runner).
@@ -27,7 +29,9 @@ import asyncio
 import base64
 import binascii
 import dataclasses
+import http
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,7 +42,9 @@ from agentrun.protocol import RemoteTool
 
 from . import catalog
 from .endpoint import (
+    CALL_REF_KEY,
     CONNECTION_LOST,
+    STATUSES,
     Endpoint,
     Transport,
     mcp_error_code,
@@ -66,6 +72,7 @@ __all__ = [
     "never_sent",
     "render_result",
     "spec_of",
+    "status_fault",
 ]
 
 IDEMPOTENCY_META_KEY = "agentrun.dev/idempotencyKey"
@@ -106,14 +113,31 @@ def function_name(server: str, tool: str) -> str:
 _CONNECTION_ERRORS = (*CONNECTION_LOST, OSError)
 
 
-def fault_of(exc: BaseException) -> ToolFault:
-    """The fault of a failed exchange: ``timeout``; ``connection`` (refused, reset, dropped);
-    ``server`` (HTTP 5xx, a JSON-RPC error other than bad parameters); ``arguments`` (the server
-    refused the arguments: JSON-RPC invalid params); ``transport`` (anything else, e.g. an
-    unreadable response, a terminated session, an HTTP 4xx from the endpoint)."""
+def status_fault(status: int) -> ToolFault:
+    """The fault of an HTTP error answer, by its status alone: a 4xx other than 408 and 429
+    is the request's own fault (``rejected``: the model reads it and may correct the call —
+    the documented rule for MCP and HTTP tools); 408 is a ``timeout``, 429 and 5xx a fault of
+    the ``server`` (retried for read and idempotent tools)."""
+    if status == 408:
+        return ToolFault.TIMEOUT
+    if 400 <= status < 500 and status != 429:
+        return ToolFault.REJECTED
+    return ToolFault.SERVER
+
+
+def fault_of(exc: BaseException, *, status: int | None = None) -> ToolFault:
+    """The fault of a failed exchange: by the HTTP ``status`` of the call's answer when it was
+    an error (``status_fault``); else ``timeout``; ``connection`` (refused, reset, dropped);
+    ``server`` (a JSON-RPC error other than bad parameters); ``arguments`` (the server refused
+    the arguments: JSON-RPC invalid params); ``transport`` (anything else, e.g. an unreadable
+    response, a terminated session)."""
     if isinstance(exc, SessionLost):
         return ToolFault.TRANSPORT if exc.loss is Loss.REFUSED else ToolFault.CONNECTION
     cause = root_cause(exc)
+    if status is None and isinstance(cause, httpx2.HTTPStatusError):
+        status = cause.response.status_code
+    if status is not None:
+        return status_fault(status)
     if isinstance(cause, TimeoutError | httpx2.TimeoutException):
         return ToolFault.TIMEOUT
     code = mcp_error_code(cause)
@@ -121,8 +145,6 @@ def fault_of(exc: BaseException) -> ToolFault:
         if code == _INVALID_PARAMS:
             return ToolFault.ARGUMENTS
         return ToolFault.TRANSPORT if code == _METHOD_NOT_FOUND else ToolFault.SERVER
-    if isinstance(cause, httpx2.HTTPStatusError):
-        return ToolFault.SERVER if cause.response.status_code >= 500 else ToolFault.TRANSPORT
     if isinstance(cause, _CONNECTION_ERRORS):
         return ToolFault.CONNECTION
     return ToolFault.TRANSPORT
@@ -138,14 +160,23 @@ def never_sent(exc: BaseException) -> bool:
     return isinstance(root_cause(exc), httpx2.ConnectError)
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, *, status: int | None = None) -> str:
     if isinstance(exc, SessionLost):
         return f"MCP session lost: {exc}"
     cause = root_cause(exc)
+    if status is None and isinstance(cause, httpx2.HTTPStatusError):
+        status = cause.response.status_code
+    if status is not None:
+        try:
+            phrase = f" {http.HTTPStatus(status).phrase}"
+        except ValueError:
+            phrase = ""
+        kind = (
+            "the request was refused" if status_fault(status) is ToolFault.REJECTED else "a fault"
+        )
+        return f"the MCP server answered HTTP {status}{phrase} ({kind})"
     if isinstance(cause, TimeoutError):
         return "no answer in time"
-    if isinstance(cause, httpx2.HTTPStatusError):
-        return f"HTTP {cause.response.status_code}"
     text = str(cause) or type(cause).__name__
     return f"{type(cause).__name__}: {text[:300]}"
 
@@ -245,16 +276,20 @@ class McpTool:
         returns the rendered result, within ``endpoint.timeout`` seconds in all.
 
         Write and idempotent calls carry ``<run-uid>:<call-id>`` in the request's ``_meta``
-        (``IDEMPOTENCY_META_KEY``). Raises ``catalog.ToolError``: ``rejected`` for an
-        ``isError`` result (its text), else the exchange's fault (``fault_of``).
+        (``IDEMPOTENCY_META_KEY``); every call carries its own reference (``CALL_REF_KEY``),
+        by which the HTTP status of an error answer is found. Raises ``catalog.ToolError``:
+        ``rejected`` for an ``isError`` result (its text), else the exchange's fault
+        (``fault_of``, by the status when there was one), the message naming the status.
         """
         endpoint = self.endpoint
         if self.headers is not None:
             extra = await self.headers()
             endpoint = dataclasses.replace(endpoint, headers={**endpoint.headers, **extra})
-        meta: RequestParamsMeta | None = None
+        ref = uuid.uuid4().hex  # finds the HTTP status of an error answer (``STATUSES``)
+        keys = {CALL_REF_KEY: ref}
         if self.spec.effect != "read":  # an open map: extra keys are allowed
-            meta = cast("RequestParamsMeta", {IDEMPOTENCY_META_KEY: f"{ctx.run_uid}:{ctx.call_id}"})
+            keys[IDEMPOTENCY_META_KEY] = f"{ctx.run_uid}:{ctx.call_id}"
+        meta = cast("RequestParamsMeta", keys)
         try:
             if self.pool is not None:
                 result = await self.pool.call_tool(
@@ -269,8 +304,11 @@ class McpTool:
                 async with asyncio.timeout(endpoint.timeout), open_session(endpoint) as client:
                     result = await client.call_tool(self.tool, dict(arguments), meta=meta)
         except Exception as err:
+            status = STATUSES.pop(ref)
             raise catalog.ToolError(
-                f"{self.spec.name}: {_describe(err)}", fault=fault_of(err), unsent=never_sent(err)
+                f"{self.spec.name}: {_describe(err, status=status)}",
+                fault=fault_of(err, status=status),
+                unsent=never_sent(err),
             ) from None
         text = render_result(result)
         if result.is_error:
@@ -290,6 +328,7 @@ def spec_of(tool: RemoteTool) -> catalog.ToolSpec:
         parameters=tool.parameters,
         effect=effect,
         pollable=False,
+        timeout=tool.timeout,
     )
 
 

@@ -28,6 +28,8 @@ cryptography / installer / packaging / platformdirs / psutil / pyyaml; of the ru
   agentrun and NATS images the chart runs), cached by a hash of their inputs.
 - `demo`: what ``agentrun dev demo`` adds on top: the ``mock`` AgentModel and the examples.
 - `cli`: the ``agentrun dev up|down|status|env|demo|binaries`` subcommands.
+- `layout`: the repository's layout checks ``make lint`` runs (import contracts on an
+  installed copy, module sizes).
 
 Import the modules (``from agentrun_dev import stack``); there is no re-export here, so
 importing one piece does not start loading the rest.

@@ -423,20 +423,37 @@ def _unpack_packages(
         shutil.rmtree(rootfs / dropped, ignore_errors=True)
 
 
+_SOURCE_ONLY = ("nkeys",)
+"""Pure-Python requirements published only as an sdist (nkeys, the NATS NKeys library): pip
+builds each into a ``py3-none-any`` wheel here; everything else must come as a wheel."""
+
+
 def _fetch_requirements(requirements: Sequence[str], out: Path, *, log: console.Log) -> list[Path]:
     log(f"  pip: fetching {len(requirements)} pinned wheels")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write("\n".join(requirements) + "\n")
     try:
         _run(
-            [*_PIP_WHEEL, "--only-binary=:all:", "-w", str(out), "-r", handle.name],
+            [
+                *_PIP_WHEEL,
+                "--only-binary=:all:",
+                *(f"--no-binary={name}" for name in _SOURCE_ONLY),
+                "-w",
+                str(out),
+                "-r",
+                handle.name,
+            ],
             what="pip wheel of the requirements",
             log=log,
             timeout=900,
         )
     finally:
         os.unlink(handle.name)
-    return sorted(out.glob("*.whl"))
+    wheels = sorted(out.glob("*.whl"))
+    built = [w.name for w in wheels if w.name.split("-")[0].lower() in _SOURCE_ONLY]
+    if any(not name.endswith("-py3-none-any.whl") for name in built):
+        raise ImageError(f"a source-only requirement built a platform wheel: {built}")
+    return wheels
 
 
 def _install_wheels(wheels: Sequence[Path], rootfs: Path, *, log: console.Log) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.operator import cronspec
+from agentrun.operator.schedules import spec as cronspec
 from agentrun_dev.kubectl import Kubectl, apply_crds
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(600)]

@@ -529,6 +529,10 @@ def test_explain_agenttenant_budget_gives_units_and_what_happens_when_used_up(
         "wallClockSeconds",
         "charged while each run is active",
         "unlimited",
+        # the rule admission and each call's reservation share (finding 7)
+        "smallest worst case (prompt bound and 128 output tokens)",
+        "the allowance shrinks to what is left",
+        "BudgetOverrun",
     ]:
         assert fragment in text
 

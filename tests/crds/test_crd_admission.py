@@ -25,7 +25,7 @@ from crd_support import (
 )
 
 from agentrun import kernel, protocol
-from agentrun.operator import status as operator_status
+from agentrun.operator.runs import status as operator_status
 
 pytestmark = pytest.mark.usefixtures("crds")
 
@@ -657,6 +657,7 @@ def test_get_agentmodels_shows_model_and_base_url_and_fills_defaults(
         "inputPerMillionUSD": "0",
         "cachedInputPerMillionUSD": "0",
         "outputPerMillionUSD": "0",
+        "free": False,  # unpriced, not declared free: refused where a cost budget applies
     }
     assert (spec["contextWindow"], spec["maxOutputTokens"]) == (128000, 4096)
     header, row = kubectl("get", "am", agentmodel_name).stdout.splitlines()

@@ -26,7 +26,7 @@ from crd_support import (
 )
 
 from agentrun.kernel import terminal
-from agentrun.operator.cronplan import ConcurrencyPolicy
+from agentrun.operator.schedules.plan import ConcurrencyPolicy
 
 Schema = dict[str, Any]
 
@@ -283,6 +283,7 @@ def test_agentmodel_spec_fields_are_the_contract() -> None:
         "inputPerMillionUSD",
         "cachedInputPerMillionUSD",
         "outputPerMillionUSD",
+        "free",
     }
 
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from crd_support import Kubectl
 
-from agentrun.operator.specs import AgentRunSpec
-from agentrun.operator.tenancy import TenantPolicy
+from agentrun.operator.runs.spec import AgentRunSpec
+from agentrun.operator.tenants.policy import TenantPolicy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 MANIFESTS = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "scenarios.yaml")

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kube
-from agentrun.operator.recorder import EventRecorder, EventType, Involved, Occasion, Throttle
+from agentrun.operator.platform.events import EventRecorder, EventType, Involved, Occasion, Throttle
+from agentrun.operator.platform.kubeapi import ApiError, Kube
 
 from . import test_tenants
 from .conftest import E2EStack, run_manifest
@@ -210,7 +209,7 @@ def test_the_recorder_raises_a_repeat_s_count_and_posts_anew_once_the_event_is_g
     involved = Involved("AgentRun", "posted", test_namespace, "uid-posted")
 
     async def post_all() -> None:
-        api = await kube.api_client()
+        api = await Kube.connect()
         recorder = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=100, burst=100))
         try:
             for message in ("one", "two"):
@@ -230,7 +229,7 @@ def test_the_recorder_raises_a_repeat_s_count_and_posts_anew_once_the_event_is_g
                 ("Warning", 1, "three")
             ]
             nowhere = Involved("AgentRun", "posted", "no-such-namespace", "uid-posted")
-            with pytest.raises(ApiException) as refused:
+            with pytest.raises(ApiError) as refused:
                 await recorder.post(
                     Occasion(nowhere, EventType.NORMAL, "Probe", "four", "k2"), at=time.time()
                 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -182,3 +183,42 @@ def test_a_changing_list_a_lost_server_and_a_tool_that_stays_down(
     assert run["terminalReason"] == "tool_unavailable", run
     assert "flaky__add failed for infrastructure reasons" in run["message"]
     assert run["usage"]["steps"] == 3  # three turns in a row, each after its retries
+
+
+def test_a_run_waiting_for_its_tool_servers_discovery_is_queued_and_holds_up_nobody(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """Finding 6: the wait for an AgentToolServer's first discovery was an ERROR log line every
+    2 s. Now the run shows Queued (Admitted=False, reason ToolServerPending) with a Queued
+    Event, and a run applied after it in the same tenant starts meanwhile."""
+    with socket.socket() as hole:  # accepts connections, never answers: discovery hangs
+        hole.bind(("127.0.0.1", 0))
+        hole.listen()
+        url = f"http://127.0.0.1:{hole.getsockname()[1]}/mcp"
+        server = tool_server("slowdisc", url, {"name": "add"}, timeouts={"discovery": "20s"})
+        stack_.apply(test_namespace, server)
+        stack_.apply(
+            test_namespace, run_manifest("waits", "E2E-MCP-ADD waits", tools=["slowdisc/add"])
+        )
+        stack_.apply(test_namespace, run_manifest("goes", f"E2E-429 goes {test_namespace}"))
+        waiting = stack_.wait_for(
+            test_namespace,
+            "waits",
+            lambda s: any(
+                c.get("reason") == "ToolServerPending" for c in s.get("conditions") or []
+            ),
+            timeout=15,
+        )
+        assert waiting["phase"] == "Queued" and "not discovered yet" in waiting["message"]
+        assert stack_.wait_terminal(test_namespace, "goes")["terminalReason"] == "completed"
+        events = json.loads(
+            stack_.kubectl("get", "events", "-n", test_namespace, "-o", "json").stdout
+        )["items"]
+        queued = [
+            e for e in events if e["involvedObject"]["name"] == "waits" and e["reason"] == "Queued"
+        ]
+        assert queued and "ToolServerPending" in queued[0]["message"]
+        assert queued[0]["type"] == "Normal"
+    # once discovery fails (nothing answered), the run cannot run: it ends naming the field
+    ended = stack_.wait_terminal(test_namespace, "waits", timeout=60)
+    assert ended["terminalReason"] == "invalid_spec" and "slowdisc" in ended["message"]

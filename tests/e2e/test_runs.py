@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -85,20 +86,27 @@ def test_each_per_run_budget_ends_the_run_with_its_own_reason(
     )
     for key, value in usage.items():
         assert status["usage"][key] == value
+    summary = [
+        r for r in stack_.mock_requests() if r["scenario"] == "budget-summary" and goal in str(r)
+    ]
     if reason == "tool_budget_exhausted":
         assert "answer" not in status  # not a summarizing cap
-    else:  # onExhausted defaults to summarize: one tool-free call, its prose in .status.answer
-        assert status["answer"].startswith("SUMMARY after")
-        summary = [
-            r
-            for r in stack_.mock_requests()
-            if r["scenario"] == "budget-summary" and goal in str(r)
-        ]
-        assert len(summary) == 1 and "tools" not in summary[0]["body"]
+    elif reason == "max_steps":  # onExhausted defaults to summarize: one last call, its prose
+        assert status["answer"].startswith("SUMMARY after")  # in .status.answer
+        # the history holds tool calls: the run's tools go with it, none may be called
+        assert len(summary) == 1 and summary[0]["body"]["tool_choice"] == "none"
+        assert summary[0]["body"]["tools"]
+    else:  # a token or cost cap leaves nothing for a summary: it would spend past the cap
+        assert "answer" not in status and not summary
+        # the scripted model ignores max_tokens and reports more prompt tokens than were
+        # sent: either the gate stops the next call, or a call overruns and ends the run
+        # typed, by at most that one call (500 tokens, 0.0075 USD)
+        message = status["message"]
+        assert "no budget left for a summary" in message or "overrun by" in message, message
     if reason == "token_budget_exhausted":
-        assert status["usage"]["totalTokens"] >= 1200
+        assert status["usage"]["totalTokens"] <= 1200 + 500
     if reason == "cost_budget_exhausted":
-        assert float(status["usage"]["costUSD"]) >= 0.02
+        assert float(status["usage"]["costUSD"]) <= 0.02 + 0.0075
 
 
 def test_on_exhausted_stop_ends_at_the_cap_without_a_summary(
@@ -307,6 +315,7 @@ def test_credentials_come_from_the_models_secret_and_tools_read_the_runs_namespa
             "baseURL": stack_.mock_url,
             "model": "scripted",
             "credentials": {"secretRef": {"name": "model-key", "namespace": test_namespace}},
+            "pricing": {"free": True},  # the default tenant has a cost budget
         },
     }
     stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
@@ -415,3 +424,46 @@ def test_cancelling_a_run_cancels_its_model_call_in_flight(
     # not the 30 s the model takes to answer (it was called before ``started``); the room
     # above the usual second or two is for a loaded machine
     assert time.monotonic() - started < 20
+
+
+def test_a_model_without_prices_is_refused_where_a_cost_budget_applies(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """Finding 3: an AgentModel without pricing ran with cost 0 against a cost budget. Now
+    its runs end invalid_spec naming the field, its Priced condition says why, and
+    ``pricing.free: true`` says free on purpose."""
+    name = f"unpriced-{test_namespace}"
+    model = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentModel",
+        "metadata": {"name": name},
+        "spec": {"baseURL": stack_.mock_url, "model": "scripted"},
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    goal = f"E2E-429 unpriced in {test_namespace}"
+    stack_.apply(test_namespace, run_manifest("unmetered", goal, model=name))
+    status = stack_.wait_terminal(test_namespace, "unmetered")
+    assert (status["terminalReason"], status["outcome"]) == ("invalid_spec", "none")
+    assert "has no prices" in status["message"] and "costUSD" in status["message"]
+    assert not [r for r in stack_.mock_requests() if goal in str(r)]  # never called
+    assert priced_condition(stack_, name, "False") == "Unpriced"
+    model["spec"]["pricing"] = {"free": True}
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    assert priced_condition(stack_, name, "True") == "Free"  # the operator saw it
+    stack_.apply(test_namespace, run_manifest("free", f"{goal} free", model=name))
+    assert stack_.wait_terminal(test_namespace, "free")["terminalReason"] == "completed"
+    stack_.kubectl("delete", "agentmodel", name, "--wait=false")
+
+
+def priced_condition(stack_: E2EStack, name: str, status: str) -> str:
+    """The reason of AgentModel ``name``'s ``Priced`` condition once it has ``status``."""
+    deadline = time.monotonic() + 30
+    priced: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        got = json.loads(stack_.kubectl("get", "agentmodel", name, "-o", "json").stdout)
+        conditions = (got.get("status") or {}).get("conditions") or []
+        priced = next((c for c in conditions if c["type"] == "Priced"), {})
+        if priced.get("status") == status:
+            return str(priced["reason"])
+        time.sleep(0.5)
+    raise AssertionError(f"AgentModel {name} never had Priced={status}: {priced}")

@@ -101,6 +101,7 @@ def test_a_model_api_key_appears_in_no_log_event_status_span_or_metric(
             "baseURL": stack_.mock_url,
             "model": "scripted",
             "credentials": {"secretRef": {"name": "provider-key", "namespace": test_namespace}},
+            "pricing": {"free": True},  # the default tenant has a cost budget
         },
     }
     stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))

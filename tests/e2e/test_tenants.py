@@ -787,3 +787,52 @@ def test_an_invalid_tenant_says_why_and_its_runs_are_rejected_not_charged_elsewh
     ended = stack_.wait_terminal(test_namespace, "stray")
     assert ended["terminalReason"] == "invalid_spec"
     assert tenant in ended["message"] and "invalid" in ended["message"]
+
+
+def test_hidden_prompt_tokens_overrun_at_most_the_calls_in_flight_and_are_told(
+    stack_: E2EStack, test_namespace: str, tenants: TenantFactory
+) -> None:
+    """B13: the provider reports about 5,000 prompt tokens (0.0125 USD) per call for a
+    prompt of a few hundred characters. The first calls overrun what was held for them; the
+    workers learn what the provider adds, so later reservations hold it and the tenant's
+    overrun stays within the calls that were in flight (at most maxConcurrentRuns, and one
+    more per worker that had not seen the provider yet), told by a BudgetOverrun Event."""
+    tenant = tenants(
+        f"t-{test_namespace}",
+        [test_namespace],
+        window="1h",
+        whenExhausted="Fail",
+        maxConcurrentRuns=3,
+        budget={"costUSD": "0.10"},
+    )
+    wait_early_in_window(stack_, tenant, window=3600, margin=120)
+    names = [f"h-{i}" for i in range(8)]
+    for name in names:
+        stack_.apply(
+            test_namespace, run_manifest(name, f"E2E-HIDDEN-PROMPT {name} {test_namespace}")
+        )
+    final = {n: stack_.wait_terminal(test_namespace, n, timeout=90) for n in names}
+    reasons = {s["terminalReason"] for s in final.values()}
+    assert reasons <= {"completed", "tenant_budget_exhausted"}, final
+    assert "tenant_budget_exhausted" in reasons  # 8 runs of 0.038 USD cannot fit 0.10
+    status = wait_tenant(
+        stack_, tenant, lambda s: s.get("activeRuns") == 0 and s.get("queuedRuns") == 0
+    )
+    used = Decimal(status["budget"]["costUSD"]["used"])
+    per_call = Decimal("0.0125")  # the provider's prompt alone
+    assert used <= Decimal("0.10") + (3 + 2) * per_call, used
+    if used > Decimal("0.10"):
+        deadline = time.monotonic() + 30
+        told: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not told:
+            events = json.loads(
+                stack_.kubectl("get", "events", "-n", "default", "-o", "json").stdout
+            )["items"]
+            told = [
+                e
+                for e in events
+                if e["involvedObject"].get("name") == tenant and e["reason"] == "BudgetOverrun"
+            ]
+            time.sleep(0.5)
+        assert told and told[0]["type"] == "Warning", "no BudgetOverrun Event on the tenant"
+        assert "costUSD" in told[0]["message"]

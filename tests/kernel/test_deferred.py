@@ -34,7 +34,7 @@ def start() -> kernel.RunState:
 
 def plan(state: kernel.RunState, limits: kernel.Limits, *, timing: kernel.Timing = NOW) -> object:
     return kernel.plan_turn(
-        state, limits, pricing=kernel.Pricing(), tools=[], missing_tools=(), clock=timing
+        state, limits, pricing=kernel.Pricing(), offer=kernel.Offer([]), clock=timing
     )
 
 

@@ -284,11 +284,10 @@ def test_reported_usage_is_read_with_cached_tokens() -> None:
     ("limits", "cap"),
     [
         pytest.param(kernel.Limits(max_steps=1), Phase.MAX_STEPS, id="maxSteps"),
-        pytest.param(kernel.Limits(max_tokens=100), Phase.TOKEN_BUDGET_EXHAUSTED, id="maxTokens"),
+        # a token or cost cap ends the run with room for the summary only when the cap is
+        # set well above what it used (the summary must fit in what is left)
         pytest.param(
-            kernel.Limits(max_cost_usd=Decimal("0.000001")),
-            Phase.COST_BUDGET_EXHAUSTED,
-            id="maxCostUSD",
+            kernel.Limits(max_steps=1, max_tokens=5000), Phase.MAX_STEPS, id="maxSteps+tokens"
         ),
     ],
 )
@@ -313,6 +312,35 @@ def test_at_a_cap_one_tool_free_summary_call_writes_the_answer_and_keeps_the_rea
     assert terminal is not None and terminal.outcome is kernel.Outcome.PARTIAL
     assert done.messages[-2]["content"].startswith("[agentrun] The run has reached its budget")
     assert done.steps == 2
+
+
+@pytest.mark.parametrize(
+    ("limits", "cap"),
+    [
+        pytest.param(kernel.Limits(max_tokens=110), Phase.TOKEN_BUDGET_EXHAUSTED, id="maxTokens"),
+        pytest.param(
+            kernel.Limits(max_cost_usd=Decimal("0.01")),
+            Phase.COST_BUDGET_EXHAUSTED,
+            id="maxCostUSD",
+        ),
+    ],
+)
+def test_a_summary_that_would_spend_past_the_cap_is_not_made(
+    limits: kernel.Limits, cap: Phase
+) -> None:
+    first = kernel.Answered(
+        0,
+        decision=kernel.ToolCalls((), None),
+        calls=(checked(),),
+        results=(kernel.ToolResult("c1", "calculate", "2"),),
+        usage=kernel.Usage(100, 10, 0, Decimal("0.01")),
+    )
+    state = kernel.advance(start(), first, limits)
+    assert state.pending_cap is cap
+    gate = admit(state, limits, pricing=kernel.Pricing(Decimal(1), Decimal(0), Decimal(1)))
+    assert gate.phase is cap and "no budget left for a summary" in gate.message
+    done = kernel.advance(state, kernel.Stopped(1, kernel.Ending(cap, gate.message)), limits)
+    assert done.phase is cap and done.pending_cap is None and done.answer is None
 
 
 def test_a_summary_call_that_fails_still_ends_with_the_caps_reason() -> None:

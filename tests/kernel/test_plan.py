@@ -33,7 +33,7 @@ def plan(
     missing: tuple[str, ...] = (),
 ) -> kernel.TurnPlan:
     return kernel.plan_turn(
-        state, limits, pricing=kernel.Pricing(), tools=[], missing_tools=missing, clock=timing
+        state, limits, pricing=kernel.Pricing(), offer=kernel.Offer([], missing), clock=timing
     )
 
 

@@ -24,8 +24,11 @@ import pytest
 import yaml
 
 from agentrun import history, kernel
-from agentrun.operator import admission, agents
+from agentrun.operator.admission import config as admission
+from agentrun.operator.agents import resolve as agents
+from agentrun.operator.agents.spec import model_config
 from agentrun.operator.runs import RunKey
+from agentrun.operator.runs.spec import AgentRunSpec
 from agentrun.protocol import RunConfig, RunEvent
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import default_catalog
@@ -95,8 +98,8 @@ async def run_example(run: Mapping[str, Any]) -> Trajectory:
         async with mockllm.MockLLM(SCENARIOS) as mock:
             config = admission.build_run_config(
                 RunKey("default", run["metadata"]["name"], uid),
-                admission.parse_run_spec(run["spec"]),
-                model=admission.model_config(demo.MODEL_NAME, demo.mock_model(mock.base_url)),
+                AgentRunSpec.of(run["spec"]),
+                model=model_config(demo.MODEL_NAME, demo.mock_model(mock.base_url)),
                 known_tools={name: tool.spec.pollable for name, tool in catalog.items()},
                 start_time=time.time(),
             )

@@ -8,6 +8,7 @@ chat messages. The four-characters estimate is not such a bound (a CJK counterex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -142,3 +143,26 @@ def test_the_four_characters_estimate_is_not_a_bound(text: str) -> None:
     messages = [{"role": "user", "content": text}]
     assert kernel.estimate_tokens(messages) < cookbook_count(messages)
     assert cookbook_count(messages) <= kernel.prompt_token_bound(messages)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.lists(ADVERSARIAL, min_size=1, max_size=6), ADVERSARIAL)
+def test_what_the_gates_and_the_reservation_hold_covers_the_providers_count(
+    texts: list[str], goal: str
+) -> None:
+    """The one prompt size a turn's plan carries — what the run's own token and cost gates
+    and the tenant's reservation both hold — is never below what a byte-level tokenizer
+    counts for the request that turn sends (its history in wire form, the catalog's tools)."""
+    tools = CATALOG.specs(tuple(CATALOG))
+    state = kernel.initial_state(goal=goal, instructions=texts[0])
+    state = dataclasses.replace(state, messages=(*state.messages, *conversation(texts[1:])))
+    plan = kernel.plan_turn(
+        state,
+        kernel.Limits(context_window=10_000_000),
+        pricing=kernel.Pricing(),
+        offer=kernel.Offer(tools),
+        clock=kernel.Timing(now=0.0, deadline=1.0),
+    )
+    assert isinstance(plan, kernel.CallModel)
+    sent = tokens(json.dumps(tools, ensure_ascii=False, separators=(",", ":")))
+    assert cookbook_count(plan.prompt) + sent <= plan.prompt_estimate

@@ -146,7 +146,7 @@ def ping_turn(calls: int) -> tuple[kernel.RunState, kernel.Limits, kernel.RunToo
     limits = kernel.Limits(max_tool_calls=200)
     state = kernel.initial_state(goal="ping everything")
     step = kernel.plan_turn(
-        state, limits, pricing=kernel.Pricing(), tools=[], missing_tools=(), clock=NOW
+        state, limits, pricing=kernel.Pricing(), offer=kernel.Offer([]), clock=NOW
     )
     assert isinstance(step, kernel.CallModel)
     reply = response(None, tool_calls=[call("ping", "{}", id=f"p{i}") for i in range(calls)])
@@ -204,7 +204,7 @@ def test_a_resume_turns_results_are_bounded_too() -> None:
     deferred = dataclasses.replace(step.record, deferred=tuple(c.id for c in step.runnable))
     decided = kernel.advance(state, deferred, limits)
     resume = kernel.plan_turn(
-        decided, limits, pricing=kernel.Pricing(), tools=[], missing_tools=(), clock=NOW
+        decided, limits, pricing=kernel.Pricing(), offer=kernel.Offer([]), clock=NOW
     )
     assert isinstance(resume, kernel.ResumeHeld) and len(resume.runnable) == 60
     ran = tuple(kernel.ToolResult(c.id, c.name, "w" * 16 * KIB) for c in resume.runnable)

@@ -27,7 +27,7 @@ NOW = kernel.Timing(now=1_000.0, deadline=2_000.0)
 
 def prompt_of(state: kernel.RunState, limits: kernel.Limits) -> tuple[Any, ...]:
     step = kernel.plan_turn(
-        state, limits, pricing=kernel.Pricing(), tools=[], missing_tools=(), clock=NOW
+        state, limits, pricing=kernel.Pricing(), offer=kernel.Offer([]), clock=NOW
     )
     assert isinstance(step, kernel.CallModel)
     return step.prompt

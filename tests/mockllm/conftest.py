@@ -78,6 +78,46 @@ scenarios:
       - tool_calls:
           - {name: calculate, arguments: "{\\"expression\\": \\"1+1\\"\\\\n}"}
           - {name: "list_pods<|channel|>json", arguments: ""}
+  - name: stream-cjk
+    match: {goal: "stream cjk"}
+    turns:
+      - {content: "長い答えはここにあります", count: char, chunk_tokens: 2}
+  - name: stream-slow
+    match: {goal: "keeps streaming"}
+    turns:
+      - content: "a long answer that keeps coming, piece by piece, for a while; {turn} {turn}
+          and it goes on with more words than anyone would read in one sitting, on and on
+          and on again, until the reader gives up and closes the connection to stop it"
+        chunk_ms: 40
+        chunk_tokens: 1
+  - name: stream-no-usage
+    match: {goal: "stream without usage"}
+    turns:
+      - {content: "no usage chunk at the end", stream_usage: false}
+  - name: stream-json
+    match: {goal: "stream json"}
+    turns:
+      - {content: "one body", stream: json}
+  - name: stream-refused
+    match: {goal: "streaming turned down"}
+    turns:
+      - {content: "not streamed", stream: refuse}
+  - name: honors-max-tokens
+    match: {goal: "honor limit"}
+    turns:
+      - {content: "abcdefghijklmnopqrstuvwxyz", max_tokens: honor}
+  - name: ignores-max-tokens
+    match: {goal: "ignore limit"}
+    turns:
+      - content: "abcdefghijklmnopqrstuvwxyz"
+        usage: {prompt_tokens: 10, completion_tokens: 20000}
+  - name: streamed-calls
+    match: {goal: "stream calls"}
+    turns:
+      - content: "calling"
+        tool_calls:
+          - {name: calculate, arguments: {expression: "12345*678"}}
+          - {name: calculate, arguments: {expression: "1+1"}}
   - name: by-system
     match: {system: "^You are terse", goal: "system"}
     turns:

@@ -71,14 +71,6 @@ async def test_past_the_script_with_after_error_is_a_400_naming_the_scenario(
     assert "'short'" in caught.value.message
 
 
-async def test_streaming_is_rejected_loudly(client: openai.AsyncOpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        await client.chat.completions.create(
-            model=MODEL, messages=conversation("rectangle"), stream=True
-        )
-    assert "stream" in caught.value.message
-
-
 async def test_requests_are_recorded_with_arrival_time_scenario_and_turn(
     client: openai.AsyncOpenAI, mock: mockllm.MockLLM
 ) -> None:

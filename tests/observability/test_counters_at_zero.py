@@ -32,9 +32,9 @@ FRESH_OPERATOR = textwrap.dedent(
     import sys
     from prometheus_client import generate_latest
     from agentrun import kernel, metrics
-    from agentrun.operator.tenants import Tenants
+    from agentrun.operator.tenants.registry import Tenants
 
-    tenants = Tenants(None)  # as the operator's wiring makes it at start-up
+    tenants = Tenants(None)  # as the wiring makes it (no selector here: the API is not read)
     tenants.put({{
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentTenant",
@@ -203,6 +203,7 @@ def test_a_worker_creates_its_per_turn_counters_at_zero_on_a_tenant_s_first_turn
         assert value("agentrun_tokens_total", model="zero-model", type=kind) == 0
     assert value("agentrun_cost_usd_total", model="zero-model") == 0
     assert value("agentrun_usage_estimated_total", model="zero-model") == 0
+    assert value("agentrun_budget_overrun_tokens_total", model="zero-model") == 0
     assert value("agentrun_model_calls_total", model="zero-model") == 0
     for error_type in metrics.ModelErrorType:
         assert (

@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from agentrun import kernel
-from agentrun.operator import crdcheck, health, status
+from agentrun.operator import crdcheck
+from agentrun.operator.platform import health
+from agentrun.operator.runs import status
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIRS = (ROOT / "crds", ROOT / "charts" / "agentrun" / "crds")

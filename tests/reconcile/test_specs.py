@@ -6,19 +6,16 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from kube_support import FakeKube
 
 from agentrun import kernel
-from agentrun.operator import specs
-from agentrun.operator.specs import (
-    IMPLICIT_BUDGET,
-    AgentModelSpec,
-    AgentRunSpec,
-    Duration,
-    SpecError,
-)
-from agentrun.operator.tenancy import InvalidTenant, TenantPolicy
-from agentrun.operator.tenants import NoTenant, Tenants
-from agentrun.operator.tenantspecs import AgentTenantSpec
+from agentrun.operator.agents.spec import AgentModelSpec
+from agentrun.operator.platform import spec as specs
+from agentrun.operator.platform.spec import Duration, SpecError
+from agentrun.operator.runs.spec import IMPLICIT_BUDGET, AgentRunSpec
+from agentrun.operator.tenants.policy import InvalidTenant, TenantPolicy
+from agentrun.operator.tenants.registry import NoTenant, Tenants
+from agentrun.operator.tenants.spec import AgentTenantSpec
 
 BAD_TENANT_FIELDS = [
     pytest.param(
@@ -105,7 +102,7 @@ def test_only_the_first_error_is_reported_with_its_path() -> None:
 
 
 async def test_an_invalid_tenant_keeps_its_namespaces_so_their_runs_are_rejected() -> None:
-    tenants = Tenants(None, default="fallback")
+    tenants = Tenants(FakeKube(), default="fallback")
     tenants.put({"metadata": {"name": "fallback"}, "spec": {"namespaces": ["other"]}})
     bad = {
         "metadata": {"name": "acme", "generation": 5},

@@ -212,3 +212,94 @@ def test_headers_are_read_at_call_time_and_their_failure_is_infrastructure(
     with pytest.raises(ToolError) as caught:
         asyncio.run(tool.run({"a": 1, "b": 1}, CTX))
     assert caught.value.fault is ToolFault.TRANSPORT
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[mcp_support.McpProcess]:
+    """A server behind a gateway that answers ``add`` with 403 and ``echo`` with 503."""
+    with mcp_support.running(tmp_path_factory.mktemp("gated"), deny="add=403,echo=503") as s:
+        yield s
+
+
+def run_one(
+    tool: RemoteTool, *, retries: int = 2, **arguments: Any
+) -> tuple[kernel.ToolResult, float]:
+    """One call through the worker's tool runner (its retries): the result and the seconds."""
+    mcp = remote.mcp_tool(tool)
+    settings = toolrunner.ToolRunSettings(retries=retries, retry_backoff=0.2, call_timeout=60)
+    started = time.monotonic()
+    (result,) = asyncio.run(
+        toolrunner.run_batch(
+            [kernel.CheckedCall("c1", mcp.spec.name, arguments)],
+            tools={mcp.spec.name: mcp},
+            context=CTX,
+            settings=settings,
+            deadline=time.time() + 120,
+        )
+    )
+    return result, time.monotonic() - started
+
+
+def test_a_403_goes_back_to_the_model_once_naming_the_status(
+    gated: mcp_support.McpProcess,
+) -> None:
+    err = failure(admitted(gated.url, "add"), a=1, b=2)
+    assert err.fault is ToolFault.REJECTED and not err.fault.infrastructure
+    assert "HTTP 403 Forbidden" in str(err)
+    before = [r["method"] for r in gated.requests()].count("tools/call")
+    result, _ = run_one(admitted(gated.url, "add"), a=1, b=2)
+    calls = [r["method"] for r in gated.requests()].count("tools/call") - before
+    assert result.fault is ToolFault.REJECTED and calls == 1  # not retried
+    assert "HTTP 403" in result.content and "attempts" not in result.content
+
+
+def test_a_503_is_a_server_fault_retried_and_named(gated: mcp_support.McpProcess) -> None:
+    err = failure(admitted(gated.url, "echo"), text="hi")
+    assert err.fault is ToolFault.SERVER and "HTTP 503 Service Unavailable" in str(err)
+    before = [r["method"] for r in gated.requests()].count("tools/call")
+    result, _ = run_one(admitted(gated.url, "echo"), text="hi")
+    calls = [r["method"] for r in gated.requests()].count("tools/call") - before
+    assert result.fault is ToolFault.SERVER and calls == 3
+    assert "HTTP 503" in result.content and "(after 3 attempts)" in result.content
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 409, 413, 422])
+def test_every_4xx_but_408_and_429_is_the_models_to_correct(status: int) -> None:
+    assert remote.status_fault(status) is ToolFault.REJECTED
+
+
+@pytest.mark.parametrize(
+    ("status", "fault"),
+    [(408, ToolFault.TIMEOUT), (429, ToolFault.SERVER), (500, ToolFault.SERVER)],
+)
+def test_408_429_and_5xx_are_faults(status: int, fault: ToolFault) -> None:
+    assert remote.status_fault(status) is fault and fault.infrastructure
+
+
+def test_one_deadline_bounds_a_call_and_all_its_retries(server: mcp_support.McpProcess) -> None:
+    """A read call on a server that never answers in time ends at its declared timeout, not
+    three times it (the timeout is not restarted for each retry)."""
+    result, seconds = run_one(admitted(server.url, "slow", timeout=3.0), seconds=30)
+    assert result.fault is ToolFault.TIMEOUT
+    assert "timed out after 3s" in result.content
+    assert seconds < 5.5  # one 3 s deadline (and a session's closing), not 3 x 3 s
+
+
+def test_an_escape_heavy_result_is_cut_to_the_cap_as_stored(
+    server: mcp_support.McpProcess,
+) -> None:
+    tool = remote.mcp_tool(admitted(server.url, "echo"))
+    text = '"\\\n\x01' * 12_000  # 2 + 2 + 2 + 6 stored bytes a group of 4 characters
+    settings = toolrunner.ToolRunSettings(max_result_bytes=16_384)
+    (result,) = asyncio.run(
+        toolrunner.run_batch(
+            [kernel.CheckedCall("c1", tool.spec.name, {"text": text})],
+            tools={tool.spec.name: tool},
+            context=CTX,
+            settings=settings,
+            deadline=time.time() + 60,
+        )
+    )
+    body = result.content[: result.content.rindex("\n[agentrun: result truncated")]
+    assert kernel.bounds.stored_bytes(body) <= 16_384
+    assert kernel.bounds.stored_bytes(result.content) <= 16_384 + 64

@@ -14,14 +14,17 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from kube_support import FakeKube
 
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import Book, LedgerStore, QueuedRun, TenantLimits, TurnHold, TurnRef
-from agentrun.operator.recorder import EventRecorder, Throttle
-from agentrun.operator.settlement import QueueBoard, RunSettlement
-from agentrun.operator.sweep import LedgerSweep, SweepDeps
-from agentrun.operator.tenants import Tenants
+from agentrun.operator.admission.queue import QueueBoard
+from agentrun.operator.admission.settlement import RunSettlement
+from agentrun.operator.admission.sweep import LedgerSweep, SweepDeps
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.tenants.registry import Tenants
+from agentrun.operator.tenants.writer import TenantStatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
 from agentrun.testing import mockllm, scenario
 from agentrun.tools import Calculate, Catalog
@@ -275,15 +278,16 @@ async def sweep_repairs(stack: Stack, request: TurnRequest, last: RunEvent) -> N
     """The operator's sweep, an hour later, finds the dead worker's hold expired and repairs
     the entry from the run's last event (the committer it names)."""
     later = time.time() + 3_600.0  # inside the tenant's window (``NO_ROLLOVER``)
-    recorder = EventRecorder(None, throttle=Throttle(repeat_after=60.0, rate=1.0, burst=10))
+    api = FakeKube()
+    recorder = EventRecorder(api, throttle=Throttle(repeat_after=60.0, rate=1.0, burst=10))
     deps = SweepDeps(
         store=await stack.store(),
-        tenants=Tenants(None),
+        tenants=Tenants(api),
         board=QueueBoard(),
-        runs=_TrackedRuns(),
+        runs=_TrackedRuns(),  # type: ignore[arg-type]
         events=stack.buses[0],
-        api=None,
-        recorder=recorder,
+        api=api,
+        tenant_status=TenantStatusWriter(api, events=recorder),
         clock=lambda: later,
     )
     await LedgerSweep(deps)._repair_entry(await stack.book(), None, later)

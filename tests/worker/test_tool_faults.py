@@ -73,7 +73,8 @@ ERROR_CLASSES = [
         False,
         id="4xx-rejected",
     ),
-    pytest.param("hang", ToolFault.TIMEOUT, 3, True, id="timeout"),
+    # one deadline per call, retries included: a call that used it up is not sent again
+    pytest.param("hang", ToolFault.TIMEOUT, 1, True, id="timeout"),
     pytest.param(
         ToolError("connection refused", fault=ToolFault.CONNECTION),
         ToolFault.CONNECTION,

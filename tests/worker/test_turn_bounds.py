@@ -54,9 +54,11 @@ class Fetch:
 
 
 def script(*, text: str, calls: int = CALLS) -> str:
-    """Turn 0: ``calls`` fetches with ``text`` beside them (just ``text`` without calls); turn
-    1: the answer. A correction asking for fewer calls in one reply is answered at once (it
-    adds no assistant message, so the scripted model would otherwise repeat turn 0)."""
+    """Turn 0: ``calls`` fetches with ``text`` beside them (just ``text`` without calls), sent
+    whole by a server that does not stream (a streamed reply that long would be cut at the
+    call's output allowance); turn 1: the answer. A correction asking for fewer calls in one
+    reply is answered at once (it adds no assistant message, so the scripted model would
+    otherwise repeat turn 0)."""
     fetches = "\n".join(
         f"          - {{id: f{i}, name: fetch, arguments: {{page: {i}}}}}" for i in range(calls)
     )
@@ -74,6 +76,7 @@ scenarios:
       - content: "{text}"
 {fetches}
         usage: {{prompt_tokens: 500, completion_tokens: 400}}
+        stream: json
       - content: "read {{turn}} turns of pages"
         usage: {{prompt_tokens: 600, completion_tokens: 10}}
 """

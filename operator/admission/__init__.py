@@ -1,0 +1,12 @@
+"""Admission: a created AgentRun until it is admitted (or ends unadmitted), and its ledger slot
+until it is settled.
+
+Inside: ``config`` (spec + AgentModel + tenant policy → ``RunConfig``; a first call's worst
+case; pure), ``lookup`` (``RunConfigs``: the config built with its AgentModel and
+AgentToolServers looked up), ``queue`` (``QueueBoard``: the queues as last pumped, and kicks),
+``pump`` (per-tenant FIFO queues, admitting from the head), ``queuestatus`` (the status and
+Events of runs that wait or end unadmitted), ``settlement`` (closing an ended run's ledger
+entry), ``sweep`` (the periodic ledger repairs and AgentTenant status writes).
+
+No other kind imports admission; the handlers and the wiring import its modules directly.
+"""

@@ -1,0 +1,355 @@
+"""The admission queue pump: per-tenant FIFO queues of validated runs, admitted from the head.
+
+A new AgentRun, validated against its AgentModel and its tenant's policy, joins its tenant's
+queue (one value per run, ``queue.<tenant>.<uid>`` in the ledger bucket, ordered in this
+process's memory: ``ledger.TenantQueue``), unless the queue holds ``AGENTRUN_MAX_QUEUED_RUNS``
+runs already (then it ends ``tenant_budget_exhausted``, saying so). A pump per tenant admits
+from the head while the tenant has a free ``maxConcurrentRuns`` slot and budget left for the
+run's first model call (``Book.admit``, one compare-and-set), appending the run's ``admitted``
+event; it stops at the first run that does not fit, so admission is FIFO (a run waiting for its
+AgentToolServer's discovery is passed over). Runs left waiting show ``Queued`` with the reason
+and their position (``queuestatus``: at once for a run just queued, later refreshes within a
+rate). Every step is idempotent (the ledger slot by
+run uid, the admitted event by compare-and-set on an empty subject, the queue by uid), so an
+operator that dies mid-admission neither admits a run twice nor forgets one: the queue and the
+ledger are in JetStream.
+
+What does not belong here: the periodic ledger repairs and AgentTenant status (``sweep``),
+settling a run that ended (``settlement``), the status and Events of runs that wait or end
+unadmitted (``queuestatus``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+import nats.errors
+
+from agentrun import kernel, metrics, protocol, telemetry
+from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
+from agentrun.protocol import RunConfig
+
+from ..platform.events import EventRecorder, EventType
+from ..platform.kubeapi import KubeApi
+from ..platform.spec import SpecError
+from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, involved
+from ..tenants import QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
+from .config import never_fits
+from .lookup import RunConfigs, ToolServerPending
+from .queue import QueueBoard
+from .queuestatus import QueueStatus, Waiting
+from .settlement import RunSettlement
+
+log = logging.getLogger(__name__)
+
+
+async def fetch_pending_run(api: KubeApi, key: RunKey) -> RunObject | None:
+    """The AgentRun object ``key`` if it still exists with that uid and has not ended, else
+    ``None``; raises ``ApiError`` on other API errors, ``SpecError`` on an object that is not
+    an AgentRun."""
+    obj = await api.get(key.ref)
+    if obj is None:
+        return None
+    run = RunObject.of(obj)
+    if run.metadata.uid != key.uid or run.status.terminal_reason:
+        return None
+    return run
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PumpDeps:
+    """The pump's collaborators."""
+
+    store: LedgerStore
+    tenants: Tenants
+    configs: RunConfigs
+    runs: LiveRuns
+    """Starts admitted runs (``start_run``)."""
+    shown: QueueStatus
+    """Writes the status of the runs that wait or end unadmitted."""
+    settlement: RunSettlement
+    board: QueueBoard
+    api: KubeApi
+    """Reads queued AgentRuns the handler did not hand over (after a restart)."""
+    events: EventRecorder
+    """Records admissions, queue waits and unadmitted ends as Kubernetes Events."""
+    clock: Callable[[], float] = time.time
+    """Epoch seconds."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Head:
+    """The run at the head of a queue, with what its object says."""
+
+    key: RunKey
+    obj: RunObject
+    created: float
+    """The AgentRun's creation (epoch seconds)."""
+
+
+class QueuePump:
+    """Owns the tenant queues and a pump task per tenant. One per operator process."""
+
+    def __init__(self, deps: PumpDeps, *, max_queued: int = 0) -> None:
+        """Wired once at start-up (see ``wiring``); ``max_queued``: runs one tenant's queue may
+        hold (``AGENTRUN_MAX_QUEUED_RUNS``; 0: no limit)."""
+        self.deps = deps
+        self.max_queued = max_queued
+        self.store = deps.store
+        self.board = deps.board
+        self.clock = deps.clock
+        self.shown = deps.shown
+        self._waiting: dict[str, Waiting] = {}
+        """Runs this operator has seen queued (uid → what their status shows)."""
+        self._fresh: dict[str, dict[str, QueuedRun]] = {}
+        """Per tenant, the runs queued since its last pump (their first status is due)."""
+        self._objects: dict[str, RunObject] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._wakes: dict[str, asyncio.Event] = {}
+        self._pumps: dict[str, asyncio.Task[None]] = {}
+        self._stopping = asyncio.Event()
+
+    # --- queueing -------------------------------------------------------------------------------
+
+    async def enqueue_run(
+        self,
+        run: RunKey,
+        policy: TenantPolicy,
+        *,
+        generation: int,
+        created: float,
+        obj: RunObject | None = None,
+    ) -> None:
+        """Queue a validated run in its tenant's queue by creation time (idempotent), pump.
+
+        ``created`` is the AgentRun's creationTimestamp (epoch seconds); ``obj`` the object
+        as the handler saw it (spec and metadata), so the pump need not read it again (its
+        spec is immutable; a cancel or delete reaches the queue through their handlers).
+        """
+        if obj is not None:
+            self._objects[run.uid] = obj
+        self._waiting.setdefault(run.uid, Waiting(generation))
+        queued = QueuedRun(run.uid, run.namespace, run.name, created)
+        try:
+            await self.store.enqueue(policy.name, queued, limit=self.max_queued or None)
+        except QueueFull as err:  # the platform's limit: this run only, with what it says
+            self._waiting.pop(run.uid, None)
+            self._objects.pop(run.uid, None)
+            message = f"{err}; the run was not queued: create it again once the queue is shorter"
+            self.shown.end_unadmitted(
+                run,
+                kernel.Phase.TENANT_BUDGET_EXHAUSTED,
+                message,
+                tenant=policy.name,
+                generation=generation,
+            )
+            return
+        self._fresh.setdefault(policy.name, {})[run.uid] = queued
+        self.board.kick(policy.name)
+
+    async def cancel_queued(self, key: RunKey, tenant: str | None = None) -> bool:
+        """End a run that is still queued ``cancelled``; False if it is not queued."""
+        for name in [tenant] if tenant else self._tenants_with_queues():
+            if await self.store.dequeue(name, key.uid):
+                self._objects.pop(key.uid, None)
+                seen = self._waiting.pop(key.uid, None)
+                self.shown.end_unadmitted(
+                    key,
+                    kernel.Phase.CANCELLED,
+                    f"cancelled by the {CANCEL_ANNOTATION} annotation while queued",
+                    tenant=name,
+                    generation=seen.generation if seen else 1,
+                )
+                self.board.kick(name)
+                return True
+        return False
+
+    async def forget_queued(self, uid: str) -> None:
+        """A deleted run leaves whatever queue holds it."""
+        self._waiting.pop(uid, None)
+        self._objects.pop(uid, None)
+        for name in self._tenants_with_queues():
+            if await self.store.dequeue(name, uid):
+                self.board.kick(name)
+                return
+
+    def _tenants_with_queues(self) -> list[str]:
+        return sorted(set(self.deps.tenants.policies) | self.board.tenants())
+
+    # --- the pump tasks -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start (or wake) a tenant's pump for every kick, until stopped."""
+        while not self._stopping.is_set():
+            for tenant in await self.board.take_kicks():
+                self._wake_pump(tenant)
+
+    def stop(self) -> None:
+        """Stop the pumps."""
+        self._stopping.set()
+        for task in self._pumps.values():
+            task.cancel()
+
+    def _wake_pump(self, tenant: str) -> None:
+        wake = self._wakes.setdefault(tenant, asyncio.Event())
+        wake.set()
+        task = self._pumps.get(tenant)
+        if task is None or task.done():
+            self._pumps[tenant] = asyncio.create_task(
+                self._pump_loop(tenant, wake), name=f"pump-{tenant}"
+            )
+
+    async def _pump_loop(self, tenant: str, wake: asyncio.Event) -> None:
+        while not self._stopping.is_set():
+            await wake.wait()
+            wake.clear()
+            try:
+                await self.pump_queue(tenant)
+            except Exception:
+                log.exception(
+                    "admission pump of tenant %s failed; retrying at the next sweep", tenant
+                )
+
+    async def pump_queue(self, tenant: str) -> None:
+        """Admit from the head of the tenant's queue while runs fit; show the rest as Queued.
+        Costs O(runs admitted) plus O(log n) per newly queued run, whatever the queue's
+        length n (and one look over it a second, within the status-write rate)."""
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            policy = self.deps.tenants.policies.get(tenant)
+            queue = await self.store.queued(tenant)
+            wait: QueueWait | None = None
+            passed: set[str] = set()
+            """Runs waiting for their AgentToolServer's discovery: the runs behind them go on."""
+            while (head := next((r for r in queue if r.uid not in passed), None)) is not None:
+                if policy is None:
+                    wait = self.deps.tenants.why_missing(tenant)
+                    break
+                wait = await self._admit_queue_head(policy, head)
+                if wait is not None and wait.reason is WaitReason.TOOL_SERVER_PENDING:
+                    # waits for its AgentToolServer's discovery, not for the tenant: shown
+                    # Queued, and the runs behind it go on
+                    position = queue.position(head.uid) or 1
+                    self.shown.show_run(tenant, head, position, wait, seen=self._waiting)
+                    passed.add(head.uid)
+                    wait = None
+                elif wait is not None:
+                    break
+                elif head.uid in queue:  # neither admitted nor out of the queue: never spin
+                    raise RuntimeError(f"run {head.uid} was neither admitted nor dequeued")
+            fresh = self._fresh.pop(tenant, {})
+            self.board.record_pass(tenant, waiting=len(queue), blocked=wait)
+            if wait is not None:
+                self.shown.show_queued(
+                    tenant,
+                    queue,
+                    wait,
+                    seen=self._waiting,
+                    fresh=list(fresh.values()),
+                    apart=passed,
+                )
+
+    # --- admitting one run ----------------------------------------------------------------------
+
+    async def _admit_queue_head(self, policy: TenantPolicy, queued: QueuedRun) -> QueueWait | None:
+        """Admit ``queued`` or say why it waits; a run that cannot run at all leaves the queue."""
+        head = await self._read_head(policy, queued)
+        if head is None:
+            return None
+        now = self.clock()
+        try:
+            config = await self.deps.configs.build_config(
+                head.key, head.obj.run_spec(), policy, start_time=now
+            )
+        except ToolServerPending as err:
+            return QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
+        except SpecError as err:  # e.g. its AgentModel was deleted while it waited
+            await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
+            return None
+        need = self.deps.configs.first_call_need(config)
+        never = never_fits(need, tenant=policy.name, limits=policy.limits)
+        if never is not None:  # waiting would block everyone behind it for ever
+            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
+            return None
+        refusal = await self.store.admit_run(
+            policy.name, queued, limits=policy.limits, need=need, now=now
+        )
+        if refusal is None:
+            await self._start_admitted(head, policy, config, now=now)
+            return None
+        wait = QueueWait.of(refusal)
+        if wait.reason is WaitReason.BUDGET_EXHAUSTED and (
+            policy.when_exhausted is WhenExhausted.FAIL
+        ):
+            message = (
+                f"AgentTenant {policy.name!r} has too little budget left for this run's "
+                f"first model call ({wait.message}); its spec.whenExhausted is Fail"
+            )
+            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message)
+            return None
+        return wait
+
+    async def _read_head(self, policy: TenantPolicy, queued: QueuedRun) -> _Head | None:
+        """The queue head's object, or ``None`` once it left the queue (deleted, cancelled)."""
+        key = RunKey(queued.namespace, queued.name, queued.uid)
+        obj = self._objects.get(key.uid) or await fetch_pending_run(self.deps.api, key)
+        if obj is None:  # deleted, or a new object of that name: nothing to admit
+            await self._leave(policy.name, key)
+            return None
+        head = _Head(key, obj, queued.at)
+        if obj.metadata.annotations.get(CANCEL_ANNOTATION) == "true":
+            message = f"cancelled by the {CANCEL_ANNOTATION} annotation"
+            await self._drop(head, policy, kernel.Phase.CANCELLED, message)
+            return None
+        return head
+
+    async def _drop(
+        self, head: _Head, policy: TenantPolicy, phase: kernel.Phase, message: str
+    ) -> None:
+        """End a queued run that will not run, and take it out of the queue."""
+        self.shown.end_unadmitted(
+            head.key, phase, message, tenant=policy.name, generation=head.obj.metadata.generation
+        )
+        await self._leave(policy.name, head.key)
+
+    async def _start_admitted(
+        self, head: _Head, policy: TenantPolicy, config: RunConfig, *, now: float
+    ) -> None:
+        """Start a run that got its ledger slot: its ``admitted`` event, then out of the queue."""
+        config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
+        with self.board.admitting(head.key.uid):
+            try:
+                await self.deps.runs.start_run(
+                    config, start_time=now, generation=head.obj.metadata.generation
+                )
+            except nats.errors.MaxPayloadError:
+                message = (
+                    f"spec: about {len(protocol.encode_run_config(config))} bytes, more than "
+                    "the event stream's message limit allows to checkpoint; shorten spec.goal, "
+                    "spec.instructions or spec.output.schema"
+                )
+                await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
+                await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
+                return
+        self._waiting.pop(head.key.uid, None)
+        self._objects.pop(head.key.uid, None)
+        await self.store.dequeue(policy.name, head.key.uid)
+        metrics.ADMISSION_WAIT.labels(tenant=policy.name).observe(max(0.0, now - head.created))
+        self.deps.events.record(
+            involved(head.key),
+            type=EventType.NORMAL,
+            reason="Admitted",
+            message=(
+                f"admitted in AgentTenant {policy.name!r} (model {config.model.name!r}); "
+                f"waited {max(0.0, now - head.created):.1f}s since creation"
+            ),
+        )
+
+    async def _leave(self, tenant: str, key: RunKey) -> None:
+        """Take a run that will not run out of the queue."""
+        self._waiting.pop(key.uid, None)
+        self._objects.pop(key.uid, None)
+        await self.store.dequeue(tenant, key.uid)

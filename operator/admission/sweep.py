@@ -1,0 +1,202 @@
+"""The periodic ledger sweep and the AgentTenant status it writes.
+
+Every few seconds, per tenant: start a new window when the old one is over, release holds whose
+worker died (charging what the run's events show it committed), free the slots of runs that
+ended while no operator watched, end the runs of a tenant whose wall-clock budget ran out, pump
+its queue, and write its AgentTenant ``.status`` and the tenant budget metrics. Each sweep reads
+a tenant's totals (one value); every ``FULL_READ_EVERY`` seconds, and when its wall-clock
+budget ran out, it reads every run's entry too. Invalid
+AgentTenants get ``Accepted=False`` with the reason.
+
+What does not belong here: admitting runs (``pump``), the AgentTenant status and its Events
+(``tenants``: the sweep tells its ``TenantStatusWriter`` when).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from agentrun import kernel
+from agentrun.ledger import Book, LedgerStore, Repair
+from agentrun.protocol import RunEvent
+
+from ..platform.kubeapi import KubeApi
+from ..platform.loops import sleep_until_set
+from ..runs import LiveRuns, RunKey
+from ..tenants import TenantPolicy, Tenants, TenantStatusWriter
+from .pump import fetch_pending_run
+from .queue import QueueBoard
+
+log = logging.getLogger(__name__)
+
+STALE_GRACE = 30.0
+"""Seconds an active ledger entry without a live run view is left alone before the sweep
+checks the run's events (admission in progress, an operator just restarted)."""
+FULL_READ_EVERY = 10.0
+"""Seconds between two reads of a tenant's whole ledger (every run's entry: for expired holds
+and runs that ended unseen; or every sweep, if sweeps are further apart); the sweeps between
+read its totals with the runs inline in them only (one value, whatever the tenant's size), so
+a hold of a run stored apart is found expired at most this much later than one inline. Far
+below a hold's TTL (60 s) and ``STALE_GRACE``."""
+
+
+class EventLog(Protocol):
+    """Reads runs' event streams (``Bus``)."""
+
+    async def last_event(self, namespace: str, name: str) -> RunEvent | None:
+        """The run subject's last event, if any."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SweepDeps:
+    """The sweep's collaborators."""
+
+    store: LedgerStore
+    tenants: Tenants
+    board: QueueBoard
+    runs: LiveRuns
+    events: EventLog
+    api: KubeApi
+    """Checks whether an AgentRun still exists."""
+    tenant_status: TenantStatusWriter
+    """Writes AgentTenant status (and records its budget moments as Kubernetes Events)."""
+    clock: Callable[[], float] = time.time
+    """Epoch seconds."""
+
+
+class LedgerSweep:
+    """Runs the sweep every ``interval`` seconds. One per operator process."""
+
+    def __init__(self, deps: SweepDeps, *, interval: float = 2.0) -> None:
+        """``interval``: seconds between two sweeps."""
+        self.deps = deps
+        self.store = deps.store
+        self.clock = deps.clock
+        self.interval = interval
+        self.tenant_status = deps.tenant_status
+        self._stopping = asyncio.Event()
+        self._read_whole: dict[str, float] = {}
+        """When each tenant's whole ledger was last read (epoch seconds)."""
+
+    def stop(self) -> None:
+        """Stop after the current sweep."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Sweep every ``interval`` seconds until stopped."""
+        while not self._stopping.is_set():
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("ledger sweep failed; next one in %ss", self.interval)
+            await sleep_until_set(self._stopping, self.interval)
+
+    async def sweep(self) -> None:
+        """One pass over every tenant (see the module docstring)."""
+        for name, (generation, why) in list(self.deps.tenants.invalid.items()):
+            await self.tenant_status.write_invalid(name, generation, why, now=self.clock())
+        names = set(self.deps.tenants.policies) | set(await self.store.tenants())
+        for tenant in sorted(names):
+            try:
+                await self._sweep_tenant(tenant)
+            except Exception:
+                log.exception("sweep of tenant %s failed", tenant)
+
+    async def _sweep_tenant(self, tenant: str) -> None:
+        policy = self.deps.tenants.policies.get(tenant)
+        now = self.clock()
+        book = await self.store.read_totals(tenant)
+        if book is None and policy is None:
+            return
+        if book is not None:
+            wall_out = (
+                book.limits.wall_seconds is not None
+                and book.active_runs > 0
+                and book.wall_used(now) >= book.limits.wall_seconds
+            )
+            every = max(FULL_READ_EVERY, self.interval)
+            if wall_out or now - self._read_whole.get(tenant, 0.0) >= every:
+                self._read_whole[tenant] = now
+                book = await self.store.read(tenant) or book  # every run's entry
+            whole = book
+            book = await self._repair_entry(book, policy, now)
+            if wall_out:
+                await self._end_all(whole)
+        if policy is not None:
+            self.deps.board.kick(tenant)
+            await self.tenant_status.write_enforced(
+                policy,
+                book,
+                queued=self.deps.board.queued(tenant),
+                blocked=self.deps.board.blocked(tenant),
+                now=now,
+            )
+
+    async def _repair_entry(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
+        """The ledger after its repairs, limits and window are brought up to date (``book``
+        holds the runs whose entries the sweep looks at: all of them, or the inline ones)."""
+        repairs = await self._find_repairs(book, now)
+        if not (
+            repairs
+            or (policy is not None and policy.limits != book.limits)
+            or (book.window + book.limits.window_seconds <= now)
+        ):
+            return book
+        await self.store.repair_entry(
+            book.tenant, repairs, limits=policy.limits if policy else None, now=now
+        )
+        repaired = await self.store.read_totals(book.tenant)
+        assert repaired is not None
+        return repaired
+
+    async def _find_repairs(self, book: Book, now: float) -> list[Repair]:
+        """What the sweep must fix, read from the runs' events before the compare-and-set."""
+        found: list[Repair] = []
+        events = self.deps.events
+        for key, hold in book.expired(now):
+            if not hold.name:  # its run is no longer active: nothing of it left to charge
+                found.append(Repair(key, hold.run_uid, None))
+                continue
+            last = await events.last_event(hold.namespace, hold.name)
+            mine = last if last and last.run_uid == hold.run_uid else None
+            if mine is None:
+                found.append(Repair(key, hold.run_uid, None))
+            else:
+                found.append(Repair(key, hold.run_uid, mine.summary, mine.time, mine.owner))
+        for uid, run in book.active.items():
+            if self.deps.runs.is_tracked(uid) or self.deps.board.is_admitting(uid):
+                continue
+            if now - run.since < STALE_GRACE:
+                continue
+            last = await events.last_event(run.namespace, run.name)
+            if last is None or last.run_uid != uid:
+                found.append(Repair("", uid, None))
+            elif last.phase.is_terminal:
+                found.append(Repair("", uid, last.summary, last.time, last.owner))
+            elif (
+                await fetch_pending_run(self.deps.api, RunKey(run.namespace, run.name, uid)) is None
+            ):
+                # its object was removed while no operator watched (e.g. a finalizer forced
+                # off): end it, or its slot and budget would stay taken forever
+                with contextlib.suppress(Exception):
+                    await self.deps.runs.end(
+                        run.namespace, run.name, uid, kernel.Phase.CANCELLED, "the AgentRun is gone"
+                    )
+        return found
+
+    async def _end_all(self, book: Book) -> None:
+        message = (
+            f"AgentTenant {book.tenant!r} used its wall-clock budget of "
+            f"{book.limits.wall_seconds:.0f}s for this window"
+        )
+        for uid, run in list(book.active.items()):
+            with contextlib.suppress(Exception):
+                await self.deps.runs.end(
+                    run.namespace, run.name, uid, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message
+                )

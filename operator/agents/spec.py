@@ -1,0 +1,120 @@
+"""``Agent.spec`` and ``AgentModel.spec`` as pydantic models, and an AgentModel as the
+``ModelConfig`` a run is admitted with.
+
+What belongs here: the shapes of both specs and their defaults (the model's window and output
+allowance come from ``kernel.Limits``), and ``model_config``, the one place an AgentModel
+becomes a ``ModelConfig`` (prices come only from here, never from a run). What does not:
+resolving a run's ``spec.agentRef`` (``resolve``), reading the objects (``store``,
+``models``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from pydantic import Field
+
+from agentrun import kernel
+from agentrun.protocol import ModelConfig, SecretRef
+
+from ..platform.spec import USD, SpecModel, parse
+
+KERNEL_DEFAULTS = kernel.Limits()
+"""Where the model's window and output allowance default from."""
+
+
+class ParameterSpec(SpecModel):
+    """One of ``Agent.spec.parameters``."""
+
+    name: str
+    description: str = ""
+    default: str | None = None
+    required: bool = False
+
+
+class AgentSpec(SpecModel):
+    """``Agent.spec``: the fields a run of the Agent takes (as written: ``agents`` copies them
+    into the run's resolved spec: ``resolve``) and the parameters it declares. Parse with
+    ``AgentSpec.of``."""
+
+    model: str = ""
+    instructions: str | None = None
+    tools: tuple[str, ...] = ()
+    parameters: tuple[ParameterSpec, ...] = ()
+
+    @classmethod
+    def of(cls, name: str, spec: Mapping[str, Any] | None) -> AgentSpec:
+        """Parse Agent ``name``'s spec; raises ``SpecError`` naming the Agent and field."""
+        return parse(cls, spec, where=f"Agent {name!r} spec")
+
+
+class PricingSpec(SpecModel):
+    """``AgentModel.spec.pricing``: USD per one million tokens."""
+
+    input_per_million: USD = Field(default=Decimal(0), alias="inputPerMillionUSD")
+    cached_input_per_million: USD = Field(default=Decimal(0), alias="cachedInputPerMillionUSD")
+    output_per_million: USD = Field(default=Decimal(0), alias="outputPerMillionUSD")
+    free: bool = False
+    """``pricing.free: true``: the model's calls cost nothing, said on purpose."""
+
+    @property
+    def unpriced(self) -> bool:
+        """No price is set and the model is not declared free: its calls would be charged
+        0 USD, so no cost budget could hold them."""
+        prices = (self.input_per_million, self.cached_input_per_million, self.output_per_million)
+        return not self.free and not any(prices)
+
+
+class SecretRefSpec(SpecModel):
+    """``AgentModel.spec.credentials.secretRef``."""
+
+    name: str
+    namespace: str
+    key: str = "apiKey"
+
+
+class CredentialsSpec(SpecModel):
+    """``AgentModel.spec.credentials``."""
+
+    secret_ref: SecretRefSpec | None = Field(default=None, alias="secretRef")
+
+
+class AgentModelSpec(SpecModel):
+    """``AgentModel.spec``. Parse with ``AgentModelSpec.of``."""
+
+    base_url: str = Field(default="", alias="baseURL")
+    model: str = ""
+    pricing: PricingSpec = Field(default_factory=PricingSpec)
+    context_window: int = Field(default=KERNEL_DEFAULTS.context_window, alias="contextWindow")
+    max_output_tokens: int = Field(
+        default=KERNEL_DEFAULTS.max_output_tokens, alias="maxOutputTokens"
+    )
+    credentials: CredentialsSpec = Field(default_factory=CredentialsSpec)
+
+    @classmethod
+    def of(cls, name: str, spec: Mapping[str, Any] | None) -> AgentModelSpec:
+        """Parse AgentModel ``name``'s spec; raises ``SpecError`` naming the model and field."""
+        return parse(cls, spec, where=f"AgentModel {name!r} spec")
+
+
+def model_config(name: str, model: Mapping[str, Any]) -> ModelConfig:
+    """The AgentModel object (as a dict) as a ``ModelConfig``; raises ``SpecError`` naming
+    the model and the field. The one place an AgentModel becomes a ``ModelConfig``."""
+    spec = AgentModelSpec.of(name, model.get("spec"))
+    pricing = spec.pricing
+    secret = spec.credentials.secret_ref
+    return ModelConfig(
+        name=name,
+        base_url=spec.base_url,
+        model=spec.model,
+        pricing=kernel.Pricing(
+            pricing.input_per_million,
+            pricing.cached_input_per_million,
+            pricing.output_per_million,
+        ),
+        context_window=spec.context_window,
+        max_output_tokens=spec.max_output_tokens,
+        secret=SecretRef(secret.name, secret.namespace, secret.key) if secret else None,
+    )

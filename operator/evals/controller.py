@@ -1,0 +1,278 @@
+"""The AgentEval controller: creates each case's run, grades it when it ends, writes the table.
+
+What belongs here: the reconcile of one AgentEval (read it and its Agents, decide the round,
+delete the runs of earlier rounds, grade the runs that ended, create runs up to the suite's
+parallelism, write ``.status``, post Events and count metrics) and the one loop that runs
+reconciles one at a time. What does not: the rules (``spec``: the spec; ``status``: rounds,
+run names and manifests, the status body; ``grading``: grading; ``news``: the counts and
+Events, told once the status recording them is written), the kopf entry points
+(``handlers.evals``).
+
+Reconciles are requested with ``kick`` (a suite changed, one of its runs ended or went away,
+an Agent it runs changed) and run one at a time from a queue, so two runs ending together
+never race on the same status; a failed reconcile is retried after ``retry`` seconds. Every
+decision is made from what the API server holds (the suite, its runs by label, the graded rows
+of its status): an operator restart mid-round picks up where it was, and run names are
+deterministic, so a run is never created twice. A round is graded on the leader only: the
+controller is one of the parts ``wiring`` starts after the leader Lease is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from agentrun import kube, metrics
+from agentrun.protocol import RunEvent
+
+from .. import agents, runs
+from ..platform.events import EventRecorder, EventType
+from ..platform.kubeapi import ApiError, KubeApi, Ref
+from ..platform.spec import SpecError
+from . import grading
+from .news import EvalNews, involved
+from .spec import EvalCase, EvalSpec
+from .status import (
+    CASE_LABEL,
+    EVAL_LABEL,
+    ROUND_LABEL,
+    AgentSeen,
+    CasePhase,
+    CaseRow,
+    EvalRef,
+    Round,
+    eval_status,
+    graded_row,
+    invalid_status,
+    previous_rows,
+    round_id,
+    run_manifest,
+    run_name,
+    run_result,
+    unchanged,
+)
+
+log = logging.getLogger(__name__)
+
+EVALS = kube.EVALS
+"""The plural of ``AgentEval``."""
+EvalKey = tuple[str, str]
+"""(namespace, name) of an AgentEval."""
+
+
+class RunEvents(Protocol):
+    """Reads a run's committed events (``Bus``)."""
+
+    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
+        """Every event of the run with a sequence above ``after_seq``, oldest first."""
+
+
+class EvalController:
+    """Reconciles AgentEvals one at a time (``kick`` requests, ``run`` serves)."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        runs: RunEvents,
+        events: EventRecorder,
+        retry: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``api``: where the suite, its Agents and its runs are read and written; ``runs``:
+        where a run's trajectory is read; ``events``: Kubernetes Events;
+        ``retry``: seconds before a failed reconcile is tried again; ``clock``: epoch
+        seconds."""
+        self.api = api
+        self.runs = runs
+        self.events = events
+        self.news = EvalNews(events)
+        """Tells the counts and Events of what a written status records, each once."""
+        self.retry = retry
+        self.clock = clock
+        self._queue: asyncio.Queue[EvalKey] = asyncio.Queue()
+        self._queued: set[EvalKey] = set()
+        self._uses: dict[EvalKey, frozenset[str]] = {}
+        """The Agents each known suite runs, so an Agent's change kicks them."""
+        self._stopped = False
+
+    def kick(self, namespace: str, name: str) -> None:
+        """Ask for a reconcile of AgentEval ``namespace/name`` (once, however often asked
+        before it runs)."""
+        key = (namespace, name)
+        if key in self._queued or self._stopped:
+            return
+        self._queued.add(key)
+        self._queue.put_nowait(key)
+
+    def agent_changed(self, namespace: str, agent: str) -> None:
+        """Agent ``namespace/agent`` changed or was deleted: reconcile every suite running it
+        (a new round starts when its generation moved)."""
+        for (ns, name), used in list(self._uses.items()):
+            if ns == namespace and agent in used:
+                self.kick(ns, name)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """AgentEval ``namespace/name`` was deleted (its runs go with it: they are owned)."""
+        self._uses.pop((namespace, name), None)
+        self.news.forget(namespace, name)
+        metrics.forget_eval(namespace, name)
+
+    def stop(self) -> None:
+        """Stop taking requests; ``run`` ends when its task is cancelled."""
+        self._stopped = True
+
+    async def run(self) -> None:
+        """Serve reconcile requests, one at a time, forever."""
+        loop = asyncio.get_running_loop()
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            try:
+                await self.reconcile(*key)
+            except Exception as err:  # the API server or NATS away: try again later
+                log.warning("reconciling AgentEval %s/%s failed: %r; retrying", *key, err)
+                loop.call_later(self.retry, self.kick, *key)
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        """Bring AgentEval ``namespace/name``'s runs and status up to date (see the module).
+
+        Raises ``ApiError`` (other than a vanished object) and what reading a run's
+        events raises.
+        """
+        obj = await self._get(namespace, name)
+        if obj is None:
+            self.forget(namespace, name)
+            return
+        meta = obj.get("metadata") or {}
+        suite = EvalRef(namespace, name, str(meta.get("uid", "")), int(meta.get("generation") or 1))
+        previous: Mapping[str, Any] = obj.get("status") or {}
+        metrics.know_eval(namespace, name)
+        try:
+            spec = EvalSpec.of(obj.get("spec"))
+        except SpecError as err:
+            self._uses.pop((namespace, name), None)
+            await self._invalid(suite, str(err), previous)
+            return
+        self._uses[(namespace, name)] = spec.agents
+        seen = {agent: await self._agent(namespace, agent) for agent in sorted(spec.agents)}
+        round_ = Round(
+            round_id(suite.generation, seen.values()), suite.generation, seen[spec.agent]
+        )
+        current = await self._runs_of_round(suite, round_.id)
+        rows = await self._rows(suite, spec, round_, current=current, previous=previous)
+        body = eval_status(rows, round_=round_, previous=previous, now=self.clock())
+        self.news.note(suite, rows, round_=round_.id, previous=previous)
+        if not unchanged(body, previous):
+            await self._write(suite, body)  # raises when it fails: nothing is told twice
+        self.news.tell(suite, rows, round_=round_)
+
+    async def _rows(
+        self,
+        suite: EvalRef,
+        spec: EvalSpec,
+        round_: Round,
+        *,
+        current: Mapping[str, Mapping[str, Any]],
+        previous: Mapping[str, Any],
+    ) -> list[CaseRow]:
+        """Each case's row: kept if graded already, graded now if its run ended, else its
+        run's; runs are created for waiting cases while fewer than ``parallelism`` are
+        unfinished."""
+        kept = previous_rows(previous, round_=round_.id)
+        rows: list[CaseRow] = []
+        waiting: list[tuple[int, EvalCase]] = []
+        for case in spec.cases:
+            name = run_name(suite, case.name, round_=round_.id)
+            row = kept.get(case.name)
+            run = current.get(case.name)
+            if row is not None and row.run == name:
+                rows.append(row)
+            elif run is None:
+                waiting.append((len(rows), case))
+                rows.append(CaseRow(case.name, name, CasePhase.PENDING))
+            elif (run.get("status") or {}).get("terminalReason"):
+                rows.append(await self._grade(case, run, namespace=suite.namespace))
+            else:
+                rows.append(CaseRow(case.name, name, CasePhase.RUNNING))
+        room = spec.parallelism - sum(1 for r in rows if r.phase is CasePhase.RUNNING)
+        for index, case in waiting[: max(room, 0)]:
+            manifest = run_manifest(
+                suite, case, round_=round_.id, ttl=spec.ttl_seconds_after_finished
+            )
+            await self._create(manifest)
+            rows[index] = CaseRow(case.name, rows[index].run, CasePhase.RUNNING)
+        return rows
+
+    async def _grade(self, case: EvalCase, run: Mapping[str, Any], *, namespace: str) -> CaseRow:
+        """The graded row of ``case``, whose ``run`` ended (counted when a status write records
+        it: ``EvalNews``)."""
+        name = str(run["metadata"]["name"])
+        events = await self.runs.read_events(namespace, name)
+        result = run_result(run.get("status") or {}, tools=grading.tools_called(events))
+        return graded_row(case.name, name, result, grading.grade(case.expect, result))
+
+    async def _invalid(self, suite: EvalRef, message: str, previous: Mapping[str, Any]) -> None:
+        """A spec the operator cannot run: no runs (earlier rounds' deleted), Failed."""
+        await self._runs_of_round(suite, "")
+        body = invalid_status(
+            message, generation=suite.generation, previous=previous, now=self.clock()
+        )
+        if unchanged(body, previous):
+            return
+        self.events.record(
+            involved(suite),
+            type=EventType.WARNING,
+            reason="InvalidSpec",
+            message=message,
+            key=(suite.uid, "InvalidSpec", suite.generation),
+        )
+        await self._write(suite, body)
+
+    # --- the API server -----------------------------------------------------------------------
+
+    async def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.api.get(Ref(EVALS, name, namespace))
+
+    async def _agent(self, namespace: str, name: str) -> AgentSeen:
+        found = await agents.get_agent(self.api, namespace, name)
+        if found is None:
+            return AgentSeen(name)
+        generation = int((found.get("metadata") or {}).get("generation") or 1)
+        return AgentSeen(name, generation, agents.digest_of(found.get("spec") or {}))
+
+    async def _runs_of_round(self, suite: EvalRef, round_: str) -> dict[str, dict[str, Any]]:
+        """The suite's runs of ``round_`` by case; its runs of any other round are deleted
+        (a run still going is stopped by its deletion)."""
+        listed = await self.api.list_objects(
+            runs.RUNS, namespace=suite.namespace, label_selector=f"{EVAL_LABEL}={suite.name}"
+        )
+        current: dict[str, dict[str, Any]] = {}
+        for run in listed:
+            meta = run.get("metadata") or {}
+            owners = meta.get("ownerReferences") or []
+            if not any(o.get("uid") == suite.uid for o in owners):
+                continue  # a run of an earlier AgentEval of the same name
+            labels = meta.get("labels") or {}
+            if labels.get(ROUND_LABEL) == round_ and round_:
+                current[str(labels.get(CASE_LABEL, ""))] = run
+            elif not meta.get("deletionTimestamp"):
+                run_key = runs.RunKey(suite.namespace, str(meta["name"]), str(meta.get("uid", "")))
+                await self.api.delete(run_key.ref, uid=run_key.uid)
+        return current
+
+    async def _create(self, manifest: dict[str, Any]) -> None:
+        """Create a case's run; one created before (a restart, a lost reply) is the same run."""
+        await self.api.create(runs.RUNS, manifest)
+
+    async def _write(self, suite: EvalRef, body: Mapping[str, Any]) -> None:
+        try:
+            await self.api.patch_status(
+                Ref(EVALS, suite.name, suite.namespace), body, uid=suite.uid
+            )
+        except ApiError as err:
+            if err.status not in (404, 409):  # gone, or replaced by a new object of the name
+                raise

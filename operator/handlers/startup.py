@@ -1,0 +1,101 @@
+"""kopf's configuration, start-up and clean-up.
+
+kopf keeps its own bookkeeping in annotations (prefix ``kopf.agentrun.dev``), never in
+``.status``, which is ours alone (a projection of the run's events). The start-up handler
+builds every part (``wiring``) and keeps them in kopf's memo (an ``OperatorMemo``). What does
+not belong here: any handler of a resource (one module per kind, beside this one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, cast
+
+import kopf
+
+from agentrun import kube
+
+from .. import wiring
+from ..platform.kubeapi import ApiError, Kube, KubeApi
+from ..wiring import OperatorMemo
+
+log = logging.getLogger(__name__)
+
+KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+FINALIZER = "agentrun.dev/finalizer"
+"""On an AgentRun while it has not ended (``handlers.runs.unfinished``)."""
+
+
+class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled-configuration without ``spec``.
+
+    An AgentRun's spec is immutable (CEL ``self == oldSelf``), so the only changes the handlers
+    react to are annotations (cancel, approve, deny). Leaving the spec out keeps the annotation
+    small — kopf would otherwise copy the whole spec into an annotation, which the API server
+    refuses past 256 KiB (a long non-ASCII goal, a large output schema), leaving the object
+    undeletable — and saves a deep copy of the spec on every watch event.
+    """
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        """The essence kopf compares: labels and annotations only.
+
+        kopf's own build deep-copies the whole object (managed fields, spec, status) before it
+        drops all but the labels and annotations; it runs on every watch event — each status
+        write of every run causes one — so it is given only what it keeps (unless a handler
+        asked for extra fields).
+        """
+        if not extra_fields:
+            meta = body.get("metadata", {})
+            kept: dict[str, Any] = {
+                "apiVersion": body.get("apiVersion"),
+                "kind": body.get("kind"),
+                "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
+            }
+            body = kopf.Body(cast(kopf.RawBody, kept))
+        essence: dict[str, Any] = dict(super().build(body=body, extra_fields=extra_fields))
+        essence.pop("spec", None)
+        annotations: dict[str, Any] = essence.get("metadata", {}).get("annotations", {})
+        annotations.pop(KUBECTL_LAST_APPLIED, None)  # a copy of the whole object
+        return cast(kopf.BodyEssence, essence)
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
+    """Configure kopf, connect to the API server, list AgentTenants, start the parts."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix="kopf.agentrun.dev"
+    )
+    settings.persistence.diffbase_storage = MetadataDiffBaseStorage(
+        prefix="kopf.agentrun.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    api = await Kube.connect()
+    memo.parts = await wiring.start_parts(
+        memo.settings, tenant_objects=await _list_tenants(api), api=api
+    )
+
+
+async def _list_tenants(api: KubeApi, *, patience: float = 120.0) -> list[dict[str, Any]]:
+    """Every AgentTenant; retries while the API server is starting (429 "storage is
+    (re)initializing" right after the CRD is installed, 5xx), then gives up loudly."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return await api.list_objects(kube.TENANTS)
+        except ApiError as err:
+            retriable = err.status == 429 or err.status >= 500
+            if not retriable or time.monotonic() > deadline:
+                raise
+            log.info("listing AgentTenants: HTTP %s; retrying", err.status)
+            await asyncio.sleep(1.0)
+
+
+@kopf.on.cleanup()
+async def stop(memo: OperatorMemo, **_: Any) -> None:
+    """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
+    if memo.parts is not None:
+        await wiring.stop_parts(memo.parts)

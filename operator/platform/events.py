@@ -1,0 +1,267 @@
+"""Kubernetes Events: the moments a person looks for in ``kubectl describe`` and event
+exporters, recorded rate-limited and never once per turn.
+
+What belongs here: the involved-object reference, the throttle (one event per object and
+occasion per ``repeat_after`` seconds, a token bucket over all) and the background poster
+(core/v1 Events; a repeat of an occasion already posted raises that Event's ``count`` like
+client-go's recorder, instead of adding another). What does not: deciding when an occasion
+happens (the dispatcher, the pump, the sweep, the controllers and the handlers call
+``record``) nor the wording of a kind's occasions (its own modules).
+
+kopf's own ``kopf.event`` works only inside a handler's context (its queue is a per-object
+context variable); the dispatcher and the pump run outside handlers, hence this recorder.
+Posting never blocks the caller and never raises into it: a full queue or an API error drops
+the event with a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import enum
+import logging
+import socket
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from agentrun import kube
+
+from .conditions import rfc3339
+from .kubeapi import ApiError, KubeApi, Ref
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "agentrun-operator"
+"""``source.component`` / ``reportingComponent`` of every event (kubectl's "From" column)."""
+MAX_MESSAGE = 1024
+CLUSTER_EVENTS_NAMESPACE = "default"
+"""Where events about cluster-scoped objects (AgentTenant, AgentModel) go, as client-go does."""
+PLURALS = {"AgentRun": kube.RUNS, "AgentTenant": kube.TENANTS, "AgentModel": kube.MODELS}
+"""Custom kinds whose uid the poster can look up when a reference lacks it."""
+
+
+class EventType(enum.StrEnum):
+    """An event's ``type``."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Involved:
+    """The object an event is about (``involvedObject``); ``namespace`` empty for
+    cluster-scoped kinds; ``uid`` empty: looked up before posting (``kubectl describe`` finds
+    events by uid)."""
+
+    kind: str
+    name: str
+    namespace: str = ""
+    uid: str = ""
+
+    def reference(self, uid: str) -> dict[str, str]:
+        """The ``involvedObject`` as JSON, with ``uid`` (empty: none)."""
+        ref = {"apiVersion": f"{kube.GROUP}/{kube.VERSION}", "kind": self.kind, "name": self.name}
+        if self.namespace:
+            ref["namespace"] = self.namespace
+        if uid:
+            ref["uid"] = uid
+        return ref
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Occasion:
+    """One event to post."""
+
+    involved: Involved
+    type: EventType
+    reason: str
+    """CamelCase, e.g. ``Admitted``."""
+    message: str
+    key: Hashable
+    """What counts as the same occasion (throttled together, aggregated into one Event)."""
+
+
+class Throttle:
+    """Decides which occasions are posted. Pure: ``now`` is passed in (monotonic seconds)."""
+
+    def __init__(self, *, repeat_after: float, rate: float, burst: int, memory: int = 10_000):
+        """Post an occasion's key at most once per ``repeat_after`` seconds, and at most
+        ``rate`` events per second over all keys (``burst`` at once); remember ``memory``
+        keys."""
+        self.repeat_after = repeat_after
+        self.rate = rate
+        self.burst = burst
+        self.memory = memory
+        self._tokens = float(burst)
+        self._refilled: float | None = None
+        self._last: collections.OrderedDict[Hashable, float] = collections.OrderedDict()
+
+    def allow(self, key: Hashable, now: float) -> bool:
+        """Whether an occasion with ``key`` may be posted at ``now``; takes a token if so."""
+        last = self._last.get(key)
+        if last is not None and now - last < self.repeat_after:
+            return False
+        if self._refilled is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.rate)
+        self._refilled = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        self._last[key] = now
+        self._last.move_to_end(key)
+        while len(self._last) > self.memory:
+            self._last.popitem(last=False)
+        return True
+
+
+def standard_throttle() -> Throttle:
+    """The operator's throttle: an occasion (object and reason, or a finer key) at most once a
+    minute; 5 events per second over all, 50 at once."""
+    return Throttle(repeat_after=60.0, rate=5.0, burst=50)
+
+
+@dataclasses.dataclass(slots=True)
+class _Posted:
+    name: str
+    namespace: str
+    count: int
+
+
+class EventRecorder:
+    """Queues occasions (``record``, never blocking) and posts them (``run``)."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        throttle: Throttle,
+        queue_size: int = 1000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``api``: where events are posted; ``clock``: epoch seconds (timestamps and the
+        throttle)."""
+        self.api = api
+        self.throttle = throttle
+        self.clock = clock
+        self.posted = 0
+        self.dropped = 0
+        self.instance = socket.gethostname()
+        self._queue: asyncio.Queue[tuple[Occasion, float]] = asyncio.Queue(queue_size)
+        self._events: collections.OrderedDict[Hashable, _Posted] = collections.OrderedDict()
+        self._uids: dict[tuple[str, str], str] = {}
+
+    def record(
+        self,
+        involved: Involved,
+        *,
+        type: EventType,
+        reason: str,
+        message: str,
+        key: Hashable | None = None,
+    ) -> None:
+        """Queue an event unless the throttle holds it back. ``key`` (default: the object and
+        ``reason``) says which occasions are the same one."""
+        occasion = Occasion(
+            involved, type, reason, message[:MAX_MESSAGE], key or (involved, reason)
+        )
+        now = self.clock()
+        if not self.throttle.allow(occasion.key, now):
+            self.dropped += 1
+            return
+        try:
+            self._queue.put_nowait((occasion, now))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            log.warning("event queue full; dropped %s %s", reason, involved.name)
+
+    async def run(self) -> None:
+        """Post queued events, one at a time, forever."""
+        while True:
+            occasion, at = await self._queue.get()
+            try:
+                await self.post(occasion, at=at)
+            except Exception as err:  # an event is never worth a crash
+                log.warning(
+                    "could not post event %s on %s: %r",
+                    occasion.reason,
+                    occasion.involved.name,
+                    err,
+                )
+
+    async def drain(self) -> None:
+        """Post what is queued now (tests, shutdown)."""
+        while not self._queue.empty():
+            occasion, at = self._queue.get_nowait()
+            with contextlib.suppress(Exception):
+                await self.post(occasion, at=at)
+
+    async def post(self, occasion: Occasion, *, at: float) -> None:
+        """Create the Event, or raise the count of the one posted for the same key; raises
+        ``ApiError``."""
+        log.info(
+            "event %s %s on %s %s: %s",
+            occasion.type,
+            occasion.reason,
+            occasion.involved.kind,
+            occasion.involved.name,
+            occasion.message,
+        )
+        involved = occasion.involved
+        namespace = involved.namespace or CLUSTER_EVENTS_NAMESPACE
+        seen = self._events.get(occasion.key)
+        if seen is not None:
+            seen.count += 1
+            body = {"count": seen.count, "lastTimestamp": rfc3339(at), "message": occasion.message}
+            try:
+                await self.api.patch_event(seen.namespace, seen.name, body)
+                self.posted += 1
+                return
+            except ApiError as err:
+                if err.status != 404:  # expired (events live an hour by default): create anew
+                    raise
+        uid = involved.uid or await self._uid_of(involved)
+        name = f"{involved.name}.{time.time_ns():x}"[-253:].lstrip(".-")
+        event = self._event(occasion, name=name, namespace=namespace, uid=uid, at=at)
+        await self.api.create_event(namespace, event)
+        self.posted += 1
+        self._events[occasion.key] = _Posted(name, namespace, 1)
+        while len(self._events) > self.throttle.memory:
+            self._events.popitem(last=False)
+
+    def _event(
+        self, occasion: Occasion, *, name: str, namespace: str, uid: str, at: float
+    ) -> dict[str, Any]:
+        """A new core/v1 Event for ``occasion`` as JSON (count 1, first and last seen ``at``)."""
+        stamp = rfc3339(int(at))
+        return {
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": occasion.involved.reference(uid),
+            "type": occasion.type.value,
+            "reason": occasion.reason,
+            "message": occasion.message,
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "source": {"component": COMPONENT, "host": self.instance},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+        }
+
+    async def _uid_of(self, involved: Involved) -> str:
+        """The object's uid, read once per object; "" when it cannot be read."""
+        plural = PLURALS.get(involved.kind)
+        cached = self._uids.get((involved.kind, involved.name))
+        if cached is not None or plural is None or involved.namespace:
+            return cached or ""
+        try:
+            obj = await self.api.get(Ref(plural, involved.name))
+        except ApiError:
+            return ""
+        if obj is None:
+            return ""
+        uid = str(obj.get("metadata", {}).get("uid", ""))
+        self._uids[(involved.kind, involved.name)] = uid
+        return uid

@@ -1,0 +1,122 @@
+"""What every spec shares: the base model, the value types, object metadata, the one spec error.
+
+What belongs here: ``SpecModel`` (frozen, camelCase on the wire, unknown fields ignored),
+``Duration`` and USD amounts, ``ObjectMeta`` (the part of ``metadata`` the operator reads),
+``parse`` (a mapping as a model) and the conversion of a validation error into one message
+naming the field (``spec.budget.maxCostUSD: 'lots' is not a decimal number``), and
+``SpecError``, the one exception for a spec that cannot be used as written. What does not: any
+kind's spec (each kind's ``spec`` module).
+
+The API server already checks most of a spec against its CRD schema; parsing again keeps the
+operator safe from objects written before a schema change, or without one (tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, TypeVar
+
+import pydantic
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used as written (it does not parse, or it asks for what is not
+    there or not allowed); the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class Duration:
+    """A Go-style duration (``90s``, ``1h30m``, ``250ms``): compared by its seconds, printed
+    as written."""
+
+    seconds: float
+    text: str = dataclasses.field(compare=False)
+
+    def __str__(self) -> str:
+        return self.text
+
+    @classmethod
+    def parse(cls, value: Any) -> Duration:
+        """Raises ``ValueError`` for anything but a duration (a number alone has no unit)."""
+        if isinstance(value, Duration):
+            return value
+        text = str(value).strip()
+        pos, total = 0, 0.0
+        for match in _DURATION.finditer(text):
+            if match.start() != pos:
+                break
+            total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos = match.end()
+        if pos != len(text) or not text:
+            raise ValueError(f"{value!r} is not a duration like 90s, 10m or 1h30m")
+        return cls(total, text)
+
+
+def _usd(value: Any) -> Decimal:
+    """A non-negative decimal amount (USD); raises ``ValueError``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a decimal number")
+    try:
+        number = Decimal(str(value))
+    except InvalidOperation as err:
+        raise ValueError(f"{value!r} is not a decimal number") from err
+    if not number.is_finite() or number < 0:
+        raise ValueError(f"{value!r} must be a non-negative decimal")
+    return number
+
+
+DurationField = Annotated[Duration, PlainValidator(Duration.parse)]
+USD = Annotated[Decimal, PlainValidator(_usd)]
+
+
+class SpecModel(BaseModel):
+    """The base of every spec model: frozen, camelCase on the wire, unknown fields ignored (the
+    CRD schema prunes them)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+
+M = TypeVar("M", bound=SpecModel)
+
+
+def parse(model: type[M], data: Mapping[str, Any] | None, *, where: str) -> M:
+    """``data`` as ``model``; raises ``SpecError`` naming the first bad field under ``where``
+    (e.g. ``spec``)."""
+    try:
+        return model.model_validate(dict(data or {}))
+    except pydantic.ValidationError as err:
+        raise SpecError(describe(err, where=where)) from None
+
+
+def describe(err: pydantic.ValidationError, *, where: str) -> str:
+    """The first error as ``<where>.<field path>: <what is wrong>``."""
+    first = err.errors()[0]
+    path = ".".join([where, *(str(part) for part in first["loc"])])
+    if first["type"] == "value_error":
+        return f"{path}: {first['ctx']['error']}"
+    return f"{path}: {first['input']!r} is invalid ({first['msg'][0].lower()}{first['msg'][1:]})"
+
+
+Generation = Annotated[int, BeforeValidator(lambda value: value or 1)]
+"""``metadata.generation``; an object that has none (a stand-in, an old fixture) is at 1."""
+
+
+class ObjectMeta(SpecModel):
+    """The part of ``metadata`` the operator reads."""
+
+    name: str = ""
+    uid: str = ""
+    generation: Generation = 1
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> ObjectMeta:
+        """The metadata of a Kubernetes object (as a dict); raises ``SpecError``."""
+        return parse(cls, obj.get("metadata"), where="metadata")

@@ -1,0 +1,38 @@
+"""AgentRun: a run's identity, spec, status projection, live views, dispatch and end of life.
+
+Inside: ``keys`` (``RunKey``, the control annotations), ``spec`` (``AgentRun.spec``, pure),
+``status`` (events → ``.status`` body, pure), ``views`` (the live view of a run, private to
+``dispatch``), ``news`` (a run's Kubernetes Events), ``writer`` (coalesced, monotonic status
+patches), ``dispatch`` (the event consumer: next TurnRequest or the end; the one owner of the
+live views), ``orphans`` (lost TurnRequests), ``lifecycle`` (TTL deletion, purging the events of
+deleted runs), ``ports`` (``LiveRuns``, what other kinds may ask of the live runs).
+
+This module is the kind's port: other kinds import what is re-exported here and nothing from
+the modules inside (the import contracts check it); the handlers and the wiring may import the
+modules directly.
+"""
+
+from .keys import APPROVE_ANNOTATION, CANCEL_ANNOTATION, DENY_ANNOTATION, RUNS, RunKey
+from .news import involved, record_end
+from .ports import LiveRuns
+from .spec import IMPLICIT_BUDGET, AgentRefSpec, AgentRunSpec, RunBudgetSpec, RunObject
+from .status import queued as queued_status
+from .status import rejected as rejected_status
+
+__all__ = [
+    "APPROVE_ANNOTATION",
+    "CANCEL_ANNOTATION",
+    "DENY_ANNOTATION",
+    "IMPLICIT_BUDGET",
+    "RUNS",
+    "AgentRefSpec",
+    "AgentRunSpec",
+    "LiveRuns",
+    "RunBudgetSpec",
+    "RunKey",
+    "RunObject",
+    "involved",
+    "queued_status",
+    "record_end",
+    "rejected_status",
+]

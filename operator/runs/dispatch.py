@@ -1,0 +1,444 @@
+"""Dispatch: consume committed run events; publish the next TurnRequest or end the run.
+
+The operator's view of a run (``RunView``) is rebuilt from the run's events, never trusted
+across restarts: on resume it reads the last event and re-dispatches (the ``Nats-Msg-Id``
+``<run-uid>:<turn>`` makes a repeated dispatch a no-op inside the duplicate window, and the
+worker's compare-and-set commit makes a late duplicate harmless). Ends decided outside a turn —
+the wall-clock deadline, cancellation — are appended as ``stop`` events with the same
+compare-and-set, so they cannot interleave with a worker's commit.
+
+The dispatcher is the one owner of the live-run views: nothing else holds or changes a
+``RunView``. A running run whose TurnRequest left the work queue without a newer event is found
+by ``orphans.OrphanWatch`` from snapshots (``pending_turns``) and dispatched again through
+``redispatch`` (or ended through ``end``). Other kinds reach the live runs through the
+``LiveRuns`` port (``ports``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from nats.aio.msg import Msg
+
+from agentrun import history, kernel, metrics, protocol, telemetry
+from agentrun.bus import Bus, CommitConflict
+from agentrun.protocol import RunConfig, RunEvent, TurnRequest
+
+from ..platform.events import EventRecorder
+from . import news, status, views
+from .keys import RunKey
+from .ports import PendingTurn
+from .views import RunView
+from .writer import StatusWriter
+
+log = logging.getLogger(__name__)
+
+STOP_ATTEMPTS = 8
+
+
+class RunEndListener(Protocol):
+    """Told when a run ended or was deleted (``RunSettlement``)."""
+
+    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
+        """Settle the run's tenant-ledger entry from its last event; may raise (the ledger
+        sweep closes runs it finds ended)."""
+
+
+class QueuedCounts(Protocol):
+    """Queued runs per tenant (``QueueBoard``), for ``agentrun_runs_in_phase``."""
+
+    def queued_counts(self) -> Mapping[str, int]:
+        """Runs waiting per tenant as of the last pump."""
+
+
+def subject_key(subject: str) -> tuple[str, str]:
+    """``agentrun.event.<ns>.<run>`` → (namespace, name), undoing the ``.``→``_`` mapping."""
+    _, _, namespace, name = subject.split(".", 3)
+    return namespace, name.replace("_", ".")
+
+
+class Dispatcher:
+    """Owns the event consumer, the deadline timers and the run views."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        writer: StatusWriter,
+        *,
+        ends: RunEndListener,
+        queues: QueuedCounts,
+        events: EventRecorder,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``ends`` settles each ended run's ledger entry; ``queues`` says how many runs wait
+        per tenant; ``events`` records approval requests and ends as Kubernetes Events;
+        ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are stopped by
+        ``forget_gone_runs``."""
+        self.bus = bus
+        self.events = events
+        self.writer = writer
+        self.ends = ends
+        self.queues = queues
+        self.clock = clock
+        self._views: dict[str, RunView] = {}
+        """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
+        self._stopping = asyncio.Event()
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Runs already counted as ended (a redelivered terminal event is not counted twice)."""
+
+    # --- admission and recovery -----------------------------------------------------------------
+
+    async def start_run(self, config: RunConfig, *, start_time: float, generation: int) -> None:
+        """Append the run's ``admitted`` event (once: compare-and-set on an empty subject).
+
+        If the subject holds events of an older object with the same name, they are purged
+        first. Turn 0 is dispatched by the event consumer when it sees the admission.
+        """
+        state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
+        event = RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
+        for _ in range(2):
+            try:
+                await self.bus.append_event(config.namespace, config.name, event, expected_seq=0)
+                break
+            except CommitConflict:
+                first = await self.bus.first_event(config.namespace, config.name)
+                if first is not None and first.run_uid == config.uid:
+                    return  # admitted before a restart; recovery takes it from here
+                log.warning("purging stale events of an older %s/%s", config.namespace, config.name)
+                await self.bus.purge_run(config.namespace, config.name)
+        self._track(RunView.of(config, start_time=start_time, generation=generation))
+
+    async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
+        """Resume a run after an operator restart; False when the run has no events of ``uid``.
+
+        Re-dispatches the pending turn of a running run, re-arms its deadline, and re-projects
+        the status of a finished one.
+        """
+        first = await self.bus.first_event(namespace, name)
+        if first is None or first.run_uid != uid or first.config is None:
+            return False
+        last = await self.bus.last_event(namespace, name)
+        assert last is not None
+        view = self._views.get(uid) or RunView.of(
+            first.config, start_time=first.time, generation=generation
+        )
+        self._track(view)
+        await self._apply(view, last)
+        return True
+
+    def is_tracked(self, uid: str) -> bool:
+        """Whether the run has a live view here (admitted, not ended, not forgotten)."""
+        return uid in self._views
+
+    def _track(self, view: RunView) -> None:
+        if view.uid in self._views:
+            return
+        self._views[view.uid] = view
+        if not view.terminal:
+            view.timer = asyncio.create_task(self._deadline(view), name=f"deadline-{view.uid}")
+
+    # --- the event consumer ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop the consumer loop."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer, one
+        event at a time in stream order, until ``stop``."""
+        await self.bus.consume(self.bus.event_subscription, self._consume, stopping=self._stopping)
+
+    async def _consume(self, msg: Msg) -> None:
+        try:
+            event = RunEvent.decode(msg.data, seq=msg.metadata.sequence.stream)
+        except (ValueError, KeyError, TypeError) as err:
+            log.error("dropping an undecodable event on %s: %s", msg.subject, err)
+            await msg.term()
+            return
+        try:
+            await self.on_event(msg.subject, event)
+        except Exception:
+            log.exception("event %s on %s failed; will be redelivered", event.seq, msg.subject)
+            await msg.nak(delay=1.0)
+            return
+        await msg.ack()
+
+    async def on_event(self, subject: str, event: RunEvent) -> None:
+        """Project one committed event and act on it (next turn, or nothing once terminal)."""
+        view = self._views.get(event.run_uid)
+        if view is None:
+            view = await self._view_from_stream(subject, event)
+            if view is None:
+                return  # events of a deleted run
+            self._track(view)
+        await self._apply(view, event)
+
+    async def _view_from_stream(self, subject: str, event: RunEvent) -> RunView | None:
+        if event.kind == "admitted" and event.config is not None:
+            return RunView.of(event.config, start_time=event.time)
+        namespace, name = subject_key(subject)
+        first = await self.bus.first_event(namespace, name)
+        if first is None or first.run_uid != event.run_uid or first.config is None:
+            return None
+        return RunView.of(first.config, start_time=first.time)
+
+    async def _apply(self, view: RunView, event: RunEvent) -> None:
+        if event.seq <= view.seq:
+            return
+        view.seq = event.seq
+        view.summary = event.summary
+        phase = event.phase
+        on_end: Callable[[], None] | None = None
+        if phase is kernel.Phase.RUNNING:
+            request = TurnRequest(
+                view.uid,
+                view.namespace,
+                view.name,
+                event.summary.turn,
+                event.seq,
+                traceparent=view.traceparent,
+            )
+            view.queued_seq = await self.bus.publish_turn(request, tenant=view.tenant)
+            view.checked_at, view.redispatches = self.clock(), 0
+            if event.time:
+                metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - event.time))
+        elif phase.is_terminal:
+            on_end = self._ending(view, event)
+            view.terminal = True
+            if view.timer is not None and view.timer is not asyncio.current_task():
+                view.timer.cancel()
+            self._views.pop(view.uid, None)  # a redelivered event rebuilds it from the stream
+            await self._settle_ended(view.tenant, view.uid, event)
+        body = status.project(
+            event.summary,
+            seq=event.seq,
+            start_time=view.start_time,
+            event_time=event.time or self.clock(),
+            generation=view.generation,
+            tenant=view.tenant,
+        )
+        urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
+        if event.summary.pending_approval is not None and not phase.is_terminal:
+            news.record_approval_requested(self.events, view.key, event.summary.pending_approval)
+        self.writer.submit(view.key, body, seq=event.seq, terminal=urgent, on_end=on_end)
+
+    def _ending(self, view: RunView, event: RunEvent) -> Callable[[], None]:
+        """What to do once this end is the one written (counted once, even across failover)."""
+        state = event.state()
+
+        def ended() -> None:
+            if self.count_end(view.uid, state, tenant=view.tenant):
+                self._emit_run_span(view, event)
+                news.record_end(self.events, view.key, event.summary, model=view.agent_model)
+
+        return ended
+
+    async def _settle_ended(self, tenant: str, uid: str, event: RunEvent) -> None:
+        try:
+            await self.ends.settle_ended_run(event, tenant=tenant, uid=uid)
+        except Exception as err:  # the ledger sweep closes runs it finds ended
+            log.warning("ledger close of run %s failed: %r; the sweep will retry", uid, err)
+
+    def count_end(self, uid: str, state: kernel.RunState, *, tenant: str) -> bool:
+        """``agentrun_runs_total`` once per run, however often its end is seen; False if seen."""
+        if uid in self._ended:
+            return False
+        self._ended[uid] = None
+        while len(self._ended) > 100_000:
+            self._ended.popitem(last=False)
+        metrics.record_end(state, tenant=tenant)
+        return True
+
+    def _emit_run_span(self, view: RunView, event: RunEvent) -> None:
+        telemetry.emit_run_span(views.run_span(view, event.summary, end=event.time or self.clock()))
+
+    def pending_turns(self) -> list[PendingTurn]:
+        """Snapshots of the running runs' dispatched turns, for the orphan watch."""
+        return [
+            PendingTurn(
+                key=view.key,
+                tenant=view.tenant,
+                turn=view.summary.turn,
+                seq=view.seq,
+                queued_seq=view.queued_seq,
+                checked_at=view.checked_at,
+                redispatches=view.redispatches,
+            )
+            for view in self._views.values()
+            if not view.terminal
+            and view.summary is not None
+            and view.summary.phase is kernel.Phase.RUNNING
+            and view.queued_seq
+        ]
+
+    def _current(self, turn: PendingTurn) -> RunView | None:
+        """The live view ``turn`` was taken from, while it still waits on that turn."""
+        view = self._views.get(turn.key.uid)
+        if view is None or view.terminal or view.seq != turn.seq:
+            return None
+        return view
+
+    def still_queued(self, turn: PendingTurn, *, at: float) -> None:
+        """``turn``'s TurnRequest was seen in the work queue at ``at`` (epoch seconds)."""
+        view = self._current(turn)
+        if view is not None:
+            view.checked_at = at
+
+    async def redispatch(self, turn: PendingTurn) -> None:
+        """Publish ``turn`` again (its TurnRequest was lost), under a fresh ``Nats-Msg-Id``
+        (the attempt); nothing when the run moved on meanwhile. Raises what publishing
+        raises."""
+        view = self._current(turn)
+        if view is None:
+            return
+        view.redispatches += 1
+        request = TurnRequest(
+            view.uid, view.namespace, view.name, turn.turn, view.seq, view.traceparent
+        )
+        view.queued_seq = await self.bus.publish_turn(
+            request, tenant=view.tenant, attempt=view.redispatches
+        )
+        view.checked_at = self.clock()
+
+    def observe_phases(self) -> None:
+        """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
+        counts = views.phase_counts(self._views.values(), self.queues.queued_counts())
+        metrics.RUNS_BY_PHASE.clear()
+        for (tenant, phase_name), count in counts.items():
+            metrics.RUNS_BY_PHASE.labels(tenant=tenant, phase=phase_name).set(count)
+
+    async def watch_queue(self, *, interval: float = 5.0) -> None:
+        """Keep ``agentrun_turns_pending`` (the work queue's backlog) and the phase gauge fresh."""
+        while not self._stopping.is_set():
+            self.observe_phases()
+            with contextlib.suppress(Exception):
+                metrics.TURNS_PENDING.set(await self.bus.pending_turns())
+            await asyncio.sleep(interval)
+
+    # --- ends decided outside a turn ------------------------------------------------------------
+
+    async def _deadline(self, view: RunView) -> None:
+        await asyncio.sleep(max(0.0, view.deadline - self.clock()))
+        try:
+            await self.end(
+                view.namespace,
+                view.name,
+                view.uid,
+                kernel.Phase.DEADLINE_EXCEEDED,
+                "spec.budget.timeout passed",
+            )
+        except Exception:
+            log.exception("could not end %s/%s at its deadline", view.namespace, view.name)
+
+    async def end(
+        self, namespace: str, name: str, uid: str, phase: kernel.Phase, message: str
+    ) -> bool:
+        """Append a ``stop`` event ending the run with ``phase`` and tell workers to drop it.
+
+        Returns False when the run has already ended (or has no events). Compare-and-set on
+        the last event, retried a bounded number of times if a worker commits meanwhile.
+        """
+        for _ in range(STOP_ATTEMPTS):
+            last = await self.bus.last_event(namespace, name)
+            if last is None or last.run_uid != uid or last.phase.is_terminal:
+                return False
+            state = kernel.stop(last.state(), phase, message)
+            event = RunEvent("stop", uid, state.summary(), time=self.clock())
+            try:
+                await self.bus.append_event(namespace, name, event, expected_seq=last.seq)
+            except CommitConflict:
+                continue
+            await self.bus.broadcast_cancel(uid)
+            return True
+        raise RuntimeError(
+            f"could not append a stop event to {namespace}/{name}: the run keeps moving"
+        )
+
+    async def decide(
+        self, namespace: str, name: str, uid: str, *, digest: str, approved: bool
+    ) -> str | None:
+        """Apply a reviewer's decision on the run's pending held call.
+
+        Replays the run's events to the kernel state, lets the kernel check the digest, and
+        appends an ``approval`` event (compare-and-set on the last event). Returns ``None`` on
+        success, else why the decision was not applied (not waiting, digest mismatch, moved on).
+        """
+        events = await self.bus.read_events(namespace, name)
+        loaded = history.fold(events, run_uid=uid)
+        if loaded is None:
+            return "the run has no events"
+        try:
+            state = kernel.resolve_approval(loaded.state, digest=digest, approved=approved)
+        except ValueError as err:
+            return str(err)
+        event = RunEvent(
+            "approval",
+            uid,
+            state.summary(),
+            approval=protocol.Approval(digest, approved),
+            time=self.clock(),
+        )
+        try:
+            await self.bus.append_event(namespace, name, event, expected_seq=loaded.seq)
+        except CommitConflict as err:
+            return str(err)
+        return None
+
+    async def forget(self, namespace: str, name: str, uid: str) -> None:
+        """The AgentRun is being deleted: stop it, settle its ledger entry, purge its events,
+        drop its view.
+
+        Best effort with a bound: a dead NATS or a missing stream never holds the finalizer.
+        """
+        view = self._views.pop(uid, None)
+        if view is not None and view.timer is not None:
+            view.timer.cancel()
+        try:
+            async with asyncio.timeout(10):
+                await self.end(
+                    namespace, name, uid, kernel.Phase.CANCELLED, "the AgentRun was deleted"
+                )
+                first = await self.bus.first_event(namespace, name)
+                last = await self.bus.last_event(namespace, name)
+                ours = first is not None and first.run_uid == uid and first.config is not None
+                if ours and last is not None and last.run_uid == uid:
+                    assert first is not None and first.config is not None
+                    await self._settle_ended(first.config.tenant, uid, last)
+                await self.bus.purge_run(namespace, name)
+        except Exception as err:
+            log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
+        self.writer.forget(RunKey(namespace, name, uid))
+
+    async def purge_deleted(self, namespace: str, name: str, uid: str) -> None:
+        """A finished AgentRun was deleted (it held no finalizer): purge its events if they are
+        still this run's (a new run of the same name keeps its own)."""
+        self.writer.forget(RunKey(namespace, name, uid))
+        first = await self.bus.first_event(namespace, name)
+        if first is not None and first.run_uid == uid:
+            await self.bus.purge_run(namespace, name)
+
+    async def forget_gone_runs(self) -> None:
+        """Forever: stop each run whose object the status writer found gone (deleted while we
+        could not clean up)."""
+        while True:
+            run = await self.writer.next_gone()
+            try:
+                await self.forget(run.namespace, run.name, run.uid)
+            except Exception:  # one failed clean-up must not stop the next ones
+                log.exception("could not stop gone run %s/%s", run.namespace, run.name)
+
+    async def cancel_timers(self) -> None:
+        """Cancel every deadline timer."""
+        for view in self._views.values():
+            if view.timer is not None:
+                view.timer.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.gather(
+                *(v.timer for v in self._views.values() if v.timer), return_exceptions=True
+            )

@@ -1,0 +1,169 @@
+"""The end of a finished run's life: deletion after ``spec.ttlSecondsAfterFinished``, and the
+purge of event streams whose AgentRun is gone.
+
+A finished run holds no finalizer (its ledger entry is settled when it ends), so it can be
+deleted — alone or with its namespace — with no operator running. Its event stream is then
+purged by whichever comes first: the operator seeing the deletion (``purge_deleted``), or the
+orphan sweep at the start of every leader (``purge_orphans``: a subject whose AgentRun no
+longer exists).
+
+``spec.ttlSecondsAfterFinished`` follows the Job field of that name (its AgentTenant's field of
+that name is the default): unset keeps the run until someone deletes it; ``N`` deletes it ``N``
+seconds after ``status.completionTime`` (0: at once). The ``Reaper`` holds the due times of the
+finished runs it was told about (kopf shows it every run at start-up, then every change) and
+deletes each one when due, with its uid as a precondition (a newer object of the same name is
+never deleted).
+
+What does not belong here: ending running runs on deletion (``dispatch.Dispatcher.forget``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from ..platform.kubeapi import KubeApi
+from ..platform.loops import sleep_until_set
+from .dispatch import subject_key
+from .keys import RUNS, RunKey
+
+log = logging.getLogger(__name__)
+
+TTL_FIELD = "ttlSecondsAfterFinished"
+
+
+def finished_at(status: Mapping[str, Any]) -> float | None:
+    """Epoch seconds of ``status.completionTime``; None for a run that has not finished."""
+    text = status.get("completionTime")
+    if not status.get("terminalReason") or not isinstance(text, str):
+        return None
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def due_time(
+    spec: Mapping[str, Any], status: Mapping[str, Any], *, default_ttl: int | None = None
+) -> float | None:
+    """When a finished run is to be deleted (epoch seconds); None: keep it. ``default_ttl``
+    (its AgentTenant's ``spec.ttlSecondsAfterFinished``) applies when the run sets none."""
+    ttl = spec.get(TTL_FIELD, default_ttl)
+    end = finished_at(status)
+    if ttl is None or end is None:
+        return None
+    return end + max(0, int(ttl))
+
+
+class Reaper:
+    """Deletes finished runs when their ``ttlSecondsAfterFinished`` has passed."""
+
+    def __init__(
+        self, api: KubeApi, *, clock: Callable[[], float] = time.time, retry: float = 5.0
+    ) -> None:
+        """``api``: where runs are deleted (with their uid as a precondition); ``clock``: epoch
+        seconds; ``retry``: seconds before a failed deletion is retried."""
+        self.api = api
+        self.clock = clock
+        self.retry = retry
+        self.due: dict[RunKey, float] = {}
+        self._heap: list[tuple[float, str, RunKey]] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+
+    def observe(
+        self,
+        run: RunKey,
+        *,
+        spec: Mapping[str, Any],
+        status: Mapping[str, Any],
+        default_ttl: int | None = None,
+    ) -> None:
+        """Note (or update) a run's due time from its object (``default_ttl``: its tenant's);
+        a run without one is dropped."""
+        due = due_time(spec, status, default_ttl=default_ttl)
+        if due is None:
+            self.due.pop(run, None)
+            return
+        if self.due.get(run) == due:
+            return
+        self.due[run] = due
+        heapq.heappush(self._heap, (due, run.uid, run))
+        self._wake.set()
+
+    def forget(self, run: RunKey) -> None:
+        """The run was deleted."""
+        self.due.pop(run, None)
+
+    def stop(self) -> None:
+        """End ``run``."""
+        self._stopping = True
+        self._wake.set()
+
+    async def reap_due(self) -> float:
+        """Delete every run that is due; returns seconds until the next one (at most 3600)."""
+        while self._heap:
+            due, _, run = self._heap[0]
+            if self.due.get(run) != due:  # forgotten or rescheduled
+                heapq.heappop(self._heap)
+                continue
+            wait = due - self.clock()
+            if wait > 0:
+                return min(wait, 3600.0)
+            heapq.heappop(self._heap)
+            try:
+                await self.api.delete(run.ref, uid=run.uid)
+            except Exception as err:  # API server away: try again later
+                log.warning("could not delete %s/%s: %r", run.namespace, run.name, err)
+                self.due[run] = self.clock() + self.retry
+                heapq.heappush(self._heap, (self.due[run], run.uid, run))
+                continue
+            log.info("%s/%s deleted: %s passed", run.namespace, run.name, TTL_FIELD)
+            self.due.pop(run, None)
+        return 3600.0
+
+    async def run(self) -> None:
+        """Reap until ``stop``."""
+        while not self._stopping:
+            wait = await self.reap_due()
+            self._wake.clear()
+            await sleep_until_set(self._wake, wait)
+
+
+class EventPurger(Protocol):
+    """What the orphan sweep needs of the bus."""
+
+    async def event_subjects(self) -> list[str]:
+        """Every run subject that holds events."""
+
+    async def purge_run(self, namespace: str, name: str) -> None:
+        """Delete every event of a run."""
+
+
+async def list_run_names(api: KubeApi) -> set[tuple[str, str]]:
+    """(namespace, name) of every AgentRun; raises ``ApiError``."""
+    listed = await api.list_objects(RUNS)
+    return {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in listed}
+
+
+async def purge_orphans(
+    bus: EventPurger, *, list_runs: Callable[[], Awaitable[set[tuple[str, str]]]]
+) -> list[tuple[str, str]]:
+    """Purge the events of every run subject whose AgentRun does not exist (deleted while no
+    operator ran); returns those (namespace, name). Subjects are listed before the runs, so a
+    run created meanwhile is never purged. Raises what its collaborators raise."""
+    subjects = await bus.event_subjects()
+    if not subjects:
+        return []
+    existing = await list_runs()
+    purged: list[tuple[str, str]] = []
+    for subject in subjects:
+        key = subject_key(subject)
+        if key not in existing:
+            await bus.purge_run(*key)
+            purged.append(key)
+    if purged:
+        log.info("purged the events of %d deleted run(s)", len(purged))
+    return purged

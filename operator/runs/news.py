@@ -1,0 +1,71 @@
+"""The Kubernetes Events of a run: their wording, in one place.
+
+What belongs here: the AgentRun as an Event's object and the run-level occasions (a run ended;
+a held call waits for a person). What does not: when they happen (the dispatcher, the queue
+status), the throttle and the poster (``platform.events``).
+"""
+
+from __future__ import annotations
+
+from agentrun import kernel
+
+from ..platform.events import EventRecorder, EventType, Involved
+from .keys import RunKey
+
+
+def involved(key: RunKey) -> Involved:
+    """The AgentRun ``key`` as the object of an Event."""
+    return Involved("AgentRun", key.name, key.namespace, key.uid)
+
+
+def usage_line(summary: kernel.RunSummary) -> str:
+    """``3 steps, 2 tool calls, 390 tokens, 0.000975 USD``."""
+    usage = summary.usage
+    return (
+        f"{summary.steps} steps, {summary.tool_calls} tool calls, {usage.total_tokens} tokens, "
+        f"{usage.cost_usd:.6f} USD"
+    )
+
+
+def record_end(
+    recorder: EventRecorder, key: RunKey, summary: kernel.RunSummary, *, model: str | None
+) -> None:
+    """The run ended: ``reason`` is its terminal reason in CamelCase (``Completed``,
+    ``MaxSteps``...), Normal for completed and cancelled, Warning otherwise; a ``model_error``
+    end also warns on its AgentModel (``ModelCallsFailing``, once per model per interval)."""
+    terminal = kernel.conclude(summary.phase, steps=summary.steps)
+    if terminal is None:
+        return
+    value = terminal.reason.value
+    reason = "".join(part.capitalize() for part in value.split("_"))
+    fine = value in (kernel.TerminalReason.COMPLETED.value, kernel.TerminalReason.CANCELLED.value)
+    message = f"ended {value} (outcome {terminal.outcome.value}) after {usage_line(summary)}"
+    if summary.message:
+        message += f": {summary.message}"
+    recorder.record(
+        involved(key),
+        type=EventType.NORMAL if fine else EventType.WARNING,
+        reason=reason,
+        message=message,
+    )
+    if value == kernel.TerminalReason.MODEL_ERROR.value and model:
+        recorder.record(
+            Involved("AgentModel", model),
+            type=EventType.WARNING,
+            reason="ModelCallsFailing",
+            message=f"run {key.namespace}/{key.name} ended model_error: {summary.message}",
+        )
+
+
+def record_approval_requested(recorder: EventRecorder, key: RunKey, held: kernel.HeldCall) -> None:
+    """The run waits for a person to decide ``held`` (once per held call)."""
+    recorder.record(
+        involved(key),
+        type=EventType.NORMAL,
+        reason="ApprovalRequested",
+        message=(
+            f"tool call {held.id} ({held.name}) waits for a person: kubectl agentrun approve "
+            f"{key.name} (or deny); digest {held.digest}"
+        ),
+        key=(key.uid, "ApprovalRequested", held.digest),
+    )

@@ -1,0 +1,182 @@
+"""Status projection: a run's latest event (or admission failure) → the ``.status`` body.
+
+Pure. ``.status`` is a projection of the run's event stream; these functions are the only
+place that shapes it (conditions: ``platform.conditions``). What does not belong here: writing
+it (``writer``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun import kernel, protocol
+
+from ..platform.conditions import camel, condition, rfc3339
+
+
+def not_admitted(reason: str, message: str, *, at: float, generation: int) -> dict[str, Any]:
+    """The ``Admitted=False`` condition of a run that waits or ended before admission."""
+    return condition(
+        "Admitted", status=False, reason=reason, message=message, at=at, generation=generation
+    )
+
+
+def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str, Any]:
+    """``.status.usage`` from a run's counters."""
+    usage = summary.usage
+    return {
+        "steps": summary.steps,
+        "toolCalls": summary.tool_calls,
+        "toolFailures": summary.tool_failures,
+        "corrections": summary.corrections,
+        "inputTokens": usage.input_tokens,
+        "outputTokens": usage.output_tokens,
+        "cachedInputTokens": usage.cached_input_tokens,
+        "reasoningTokens": usage.reasoning_tokens,
+        "totalTokens": usage.total_tokens,
+        "costUSD": f"{usage.cost_usd:.6f}",
+        "wallSeconds": round(wall_seconds, 3),
+        "estimated": usage.estimated,
+    }
+
+
+def project(
+    summary: kernel.RunSummary,
+    *,
+    seq: int,
+    start_time: float,
+    event_time: float,
+    generation: int,
+    tenant: str | None = None,
+) -> dict[str, Any]:
+    """The full ``.status`` after an event with this ``summary``.
+
+    ``seq`` is the event's stream sequence; ``start_time`` (the run's admission) and
+    ``event_time`` are epoch seconds; ``generation`` becomes ``observedGeneration``.
+    """
+    terminal = kernel.conclude(summary.phase, steps=summary.steps)
+    waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
+    status: dict[str, Any] = {
+        "phase": (
+            kernel.ResourcePhase.AWAITING_APPROVAL if waiting else kernel.ResourcePhase.RUNNING
+        ).value,
+        "queuePosition": None,  # admitted: out of the queue (merge patch removes it)
+        "message": summary.message,
+        "usage": usage_status(summary, wall_seconds=max(0.0, event_time - start_time)),
+        "startTime": rfc3339(start_time),
+        "observedGeneration": generation,
+        "lastEventSequence": seq,
+        # None removes it (merge patch)
+        "pendingApproval": protocol.pending_approval_as_dict(summary),
+    }
+    if tenant is not None:
+        status["tenant"] = tenant
+    if terminal is not None:
+        status.update(_ended(terminal, summary, event_time=event_time))
+    admitted = condition(
+        "Admitted",
+        status=True,
+        reason="Admitted",
+        message="admitted and dispatched",
+        at=start_time,
+        generation=generation,
+    )
+    status["conditions"] = [
+        admitted,
+        _finished(
+            summary, terminal, at=event_time if terminal else start_time, generation=generation
+        ),
+    ]
+    return status
+
+
+def _finished(
+    summary: kernel.RunSummary, terminal: kernel.Terminal | None, *, at: float, generation: int
+) -> dict[str, Any]:
+    """The ``Finished`` condition: True with the terminal reason once the run ended, else False
+    with ``Running`` or ``AwaitingApproval``."""
+    if terminal is None:
+        waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
+        reason = "AwaitingApproval" if waiting else "Running"
+    else:
+        reason = camel(terminal.reason.value)
+    return condition(
+        "Finished",
+        status=terminal is not None,
+        reason=reason,
+        message=summary.message,
+        at=at,
+        generation=generation,
+    )
+
+
+def _ended(
+    terminal: kernel.Terminal, summary: kernel.RunSummary, *, event_time: float
+) -> dict[str, Any]:
+    """The fields a terminal status adds: phase, reason, outcome, completion time, answer."""
+    fields: dict[str, Any] = {
+        "phase": terminal.resource_phase.value,
+        "terminalReason": terminal.reason.value,
+        "outcome": terminal.outcome.value,
+        "completionTime": rfc3339(event_time),
+    }
+    if summary.answer is not None:
+        fields["answer"] = summary.answer
+    return fields
+
+
+def rejected(
+    message: str,
+    *,
+    at: float,
+    generation: int,
+    phase: kernel.Phase = kernel.Phase.INVALID_SPEC,
+    tenant: str | None = None,
+) -> dict[str, Any]:
+    """``.status`` of a run that ended without being admitted: ``invalid_spec`` by default;
+    ``tenant_budget_exhausted`` (tenant policy ``whenExhausted: Fail``) or ``cancelled`` (while
+    queued) otherwise."""
+    terminal = kernel.conclude(phase, steps=0)  # never admitted: nothing was done
+    assert terminal is not None
+    reason = camel(terminal.reason.value)
+    body: dict[str, Any] = {
+        "phase": terminal.resource_phase.value,
+        "terminalReason": terminal.reason.value,
+        "outcome": terminal.outcome.value,
+        "message": message,
+        "observedGeneration": generation,
+        "completionTime": rfc3339(at),
+        "queuePosition": None,
+        "conditions": [
+            not_admitted(reason, message, at=at, generation=generation),
+            condition(
+                "Finished",
+                status=True,
+                reason=reason,
+                message=message,
+                at=at,
+                generation=generation,
+            ),
+        ],
+    }
+    if tenant is not None:
+        body["tenant"] = tenant
+    return body
+
+
+def queued(
+    *, tenant: str, reason: str, message: str, position: int, at: float, generation: int
+) -> dict[str, Any]:
+    """``.status`` of a run waiting in its tenant's admission queue.
+
+    ``reason`` is the ``Admitted=False`` condition's reason (``ConcurrencyLimit``,
+    ``BudgetExhausted``, ``Waiting`` behind earlier runs); ``position`` is 1-based.
+    """
+    return {
+        "phase": kernel.ResourcePhase.QUEUED.value,
+        "tenant": tenant,
+        "queuePosition": position,
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": [not_admitted(reason, message, at=at, generation=generation)],
+    }

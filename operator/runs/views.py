@@ -1,0 +1,121 @@
+"""The operator's view of a live run, and the vitals read off it: the run span and the phase
+gauge's counts.
+
+What belongs here: ``RunView`` (everything in it derivable from the run's events) and pure
+functions of views. What does not: consuming events or writing status (``dispatch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+from agentrun import kernel, telemetry
+from agentrun.protocol import RunConfig
+
+from .keys import RunKey
+
+
+@dataclasses.dataclass(slots=True)
+class RunView:
+    """What the operator keeps about a live run (all of it derivable from the run's events)."""
+
+    namespace: str
+    name: str
+    uid: str
+    tenant: str
+    deadline: float
+    start_time: float
+    generation: int = 1
+    seq: int = 0
+    """Sequence of the last event processed."""
+    summary: kernel.RunSummary | None = None
+    """The run's counters and phase after the last event processed."""
+    terminal: bool = False
+    traceparent: str | None = None
+    """The run span's W3C context (from the admitted event)."""
+    model: str = ""
+    """The provider's model name (``gen_ai.request.model``)."""
+    agent_model: str = ""
+    """The AgentModel's name (events about the model are recorded on it)."""
+    timer: asyncio.Task[None] | None = None
+    queued_seq: int = 0
+    """Stream sequence of the run's last TurnRequest in the work queue (0: none published)."""
+    checked_at: float = 0.0
+    """When that TurnRequest was published or last seen still queued (epoch seconds)."""
+    redispatches: int = 0
+    """Times the pending turn was published again after its TurnRequest was lost."""
+
+    @property
+    def key(self) -> RunKey:
+        """The object this view projects to."""
+        return RunKey(self.namespace, self.name, self.uid)
+
+    @classmethod
+    def of(cls, config: RunConfig, *, start_time: float, generation: int = 1) -> RunView:
+        """A fresh view of an admitted run."""
+        return cls(
+            config.namespace,
+            config.name,
+            config.uid,
+            config.tenant,
+            config.deadline,
+            start_time,
+            generation,
+            traceparent=config.traceparent,
+            model=config.model.model,
+            agent_model=config.model.name,
+        )
+
+
+def run_span(view: RunView, summary: kernel.RunSummary, *, end: float) -> telemetry.RunSpan:
+    """The ``invoke_agent`` span of a run that ended with ``summary`` at ``end`` (epoch s)."""
+    terminal = kernel.conclude(summary.phase, steps=summary.steps)
+    assert terminal is not None, "only an ended run has a run span"
+    usage = summary.usage
+    return telemetry.RunSpan(
+        traceparent=view.traceparent,
+        name=view.name,
+        run_uid=view.uid,
+        model=view.model,
+        start=view.start_time,
+        end=end,
+        vitals={
+            "gen_ai.usage.input_tokens": usage.input_tokens,
+            "gen_ai.usage.output_tokens": usage.output_tokens,
+            "gen_ai.usage.reasoning.output_tokens": usage.reasoning_tokens,
+            "agentrun.terminal_reason": terminal.reason.value,
+            "agentrun.outcome": terminal.outcome.value,
+            "agentrun.steps": summary.steps,
+            "agentrun.tool_calls": summary.tool_calls,
+            "agentrun.tool_failures": summary.tool_failures,
+            "agentrun.corrections": summary.corrections,
+            "agentrun.cost_usd": float(usage.cost_usd),
+            "agentrun.tenant": view.tenant,
+            "k8s.namespace.name": view.namespace,
+        },
+        error_type=None if terminal.outcome is kernel.Outcome.OK else terminal.reason.value,
+    )
+
+
+def phase_counts(
+    live: Iterable[RunView], queued: Mapping[str, int]
+) -> collections.Counter[tuple[str, str]]:
+    """Runs per ``(tenant, resource phase)``: live views that have not ended (Running or
+    AwaitingApproval) plus the runs waiting in each tenant's queue (Queued)."""
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    for view in live:
+        phase = view.summary.phase if view.summary is not None else kernel.Phase.RUNNING
+        if not phase.is_terminal:
+            resource = (
+                kernel.ResourcePhase.AWAITING_APPROVAL
+                if phase is kernel.Phase.AWAITING_APPROVAL
+                else kernel.ResourcePhase.RUNNING
+            )
+            counts[(view.tenant, resource.value)] += 1
+    for tenant, waiting in queued.items():
+        if waiting:
+            counts[(tenant, kernel.ResourcePhase.QUEUED.value)] += waiting
+    return counts

@@ -1,0 +1,298 @@
+"""Coalesced, monotonic ``.status`` writes: at most one patch per run per interval; terminal
+ones at once; never a projection older than what the object already shows.
+
+A run with 50 fast turns must not cause 50 API writes: each submission replaces the run's
+pending body (the newest projection wins, ordered by event sequence), and a run is patched at
+most once per ``interval`` seconds — except its first and its terminal status, which are written
+at once. At most ``concurrency`` patches are in flight, so a burst reuses a few connections.
+
+Status never goes backwards, whoever else writes it (an operator that lost its Lease, a
+redelivered event): before patching, the writer compares its body with the object's status as
+last read, written or seen in a watch event (``observe``: so a run's patches need no read) —
+a terminal status (``terminalReason`` set) is final, and a body whose event sequence is below
+``status.lastEventSequence`` is dropped — and every patch carries that ``resourceVersion`` as
+a precondition, so a write that raced another is re-read and re-decided (409), never applied
+blindly. The callback given with a terminal body runs only when this
+write is the one that ended the object, which is how an end is counted once even across a
+failover.
+
+The version a patch carries is that of the object with the run's uid (a read object of another
+uid is a run gone), so a write meant for a deleted run can neither land on a new object of the
+same name (its version differs: 409) nor re-create one (404); the API server does not check the
+``metadata.uid`` the patch also carries. A run found gone (404, or another uid) is dropped and
+handed out by ``next_gone``, so the dispatcher stops whatever of that run is still going. A
+body the API server refuses (422, e.g. a value outside the schema) is replaced once by a
+minimal status, never retried in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..platform.kubeapi import ApiError, KubeApi
+from ..platform.loops import sleep_until_set
+from .keys import RunKey
+
+log = logging.getLogger(__name__)
+
+MINIMAL_KEYS = (
+    "phase",
+    "terminalReason",
+    "outcome",
+    "completionTime",
+    "observedGeneration",
+    "lastEventSequence",
+)
+CONFLICT_ATTEMPTS = 5
+"""Re-reads of a run whose object changed between our read and our patch, per write."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Written:
+    """What an AgentRun's ``.status`` holds, as last read, written or seen in a watch event."""
+
+    version: str
+    """``metadata.resourceVersion``: the precondition of the next patch."""
+    seq: int
+    """``status.lastEventSequence`` (0 when absent: queued or ended before admission)."""
+    terminal: bool
+    """Whether ``status.terminalReason`` is set (the status is final)."""
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> Written:
+        """From an AgentRun object as JSON."""
+        found: Mapping[str, Any] = obj.get("status") or {}
+        return cls(
+            version=str(obj.get("metadata", {}).get("resourceVersion", "")),
+            seq=int(found.get("lastEventSequence") or 0),
+            terminal=bool(found.get("terminalReason")),
+        )
+
+
+def _newer(version: str, *, than: str) -> bool:
+    """Whether ``resourceVersion`` ``version`` is later than ``than``: the API server's are
+    etcd revisions (integers); anything else is never taken as newer."""
+    return version.isdigit() and than.isdigit() and int(version) > int(than)
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    body: Mapping[str, Any]
+    seq: int
+    urgent: bool
+    on_end: Callable[[], None] | None = None
+
+
+class StatusWriter:
+    """Background writer; ``submit`` never blocks on the API server."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        interval: float = 5.0,
+        concurrency: int = 8,
+    ) -> None:
+        """``api``: where the status is read and patched; ``interval``: least seconds between
+        two patches of one run; ``concurrency``: patches in flight at most."""
+        self.api = api
+        self.interval = interval
+        self.writes = 0
+        self.stale = 0
+        """Bodies dropped because the object already showed a newer or final status."""
+        self._slots = asyncio.Semaphore(concurrency)
+        self._pending: dict[RunKey, _Pending] = {}
+        self._known: dict[RunKey, Written] = {}
+        self._last_write: dict[RunKey, float] = {}
+        self._wake = asyncio.Event()
+        self._gone: asyncio.Queue[RunKey] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the flushing task."""
+        self._task = asyncio.create_task(self._run(), name="status-writer")
+
+    async def flush_and_stop(self) -> None:
+        """Flush what is pending (best effort), then stop."""
+        await self.flush()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def submit(
+        self,
+        run: RunKey,
+        body: Mapping[str, Any],
+        *,
+        seq: int,
+        terminal: bool,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue ``body`` as the run's status unless a newer one (higher ``seq``) is known.
+
+        ``terminal``: write at once. ``on_end``: for a terminal body, called once if and when
+        this write is the one that made the object's status terminal (not when the object
+        ended already, by this process or another)."""
+        current = self._pending.get(run)
+        if current is not None and current.seq > seq:
+            return
+        known = self._known.get(run)
+        if known is not None and (known.terminal or known.seq > seq):
+            self.stale += 1
+            return
+        urgent = terminal or (current is not None and current.seq == seq and current.urgent)
+        if on_end is None and current is not None and current.seq == seq:
+            on_end = current.on_end
+        self._pending[run] = _Pending(body, seq, urgent, on_end)
+        self._wake.set()
+
+    def observe(self, run: RunKey, obj: Mapping[str, Any]) -> None:
+        """The AgentRun ``obj`` as a watch event showed it: what the writer knows of the run's
+        status moves on to it if it is newer (a greater ``resourceVersion``), so the next
+        patch's precondition matches without reading the object again. A run this writer does
+        not know is learned only while it has not ended. An observation never makes a write:
+        a stale one costs at most the re-read of a refused (409) patch."""
+        seen = Written.of(obj)
+        known = self._known.get(run)
+        if known is None:
+            if not seen.terminal:
+                self._known[run] = seen
+        elif _newer(seen.version, than=known.version):
+            self._known[run] = seen
+
+    async def next_gone(self) -> RunKey:
+        """Wait for the next run whose object turned out to be gone (404/other uid)."""
+        return await self._gone.get()
+
+    def forget(self, run: RunKey) -> None:
+        """Drop everything about a deleted run."""
+        self._pending.pop(run, None)
+        self._known.pop(run, None)
+        self._last_write.pop(run, None)
+
+    async def flush(self) -> None:
+        """Write every pending body now."""
+        for run in list(self._pending):
+            await self._write(run)
+
+    async def _write(self, run: RunKey) -> None:
+        pending = self._pending.pop(run, None)
+        if pending is None:
+            return
+        self._last_write[run] = time.monotonic()
+        try:
+            async with self._slots:  # few connections, reused: no TLS handshake per write
+                await self._write_checked(run, pending)
+        except ApiError as err:
+            await self._failed(run, pending, err)
+        except Exception:
+            log.exception("status patch of %s/%s failed; will retry", run.namespace, run.name)
+            self._retry(run, pending)
+
+    async def _write_checked(self, run: RunKey, pending: _Pending) -> None:
+        """Compare with the object's status, patch at its resourceVersion; re-read on 409."""
+        for _ in range(CONFLICT_ATTEMPTS):
+            known = self._known.get(run) or await self._read(run)
+            if known is None:
+                self._went(run)
+                return
+            if known.terminal or known.seq > pending.seq:
+                self.stale += 1
+                self._known[run] = known
+                log.info(
+                    "%s/%s: status at sequence %s%s; older projection (sequence %s) dropped",
+                    run.namespace,
+                    run.name,
+                    known.seq,
+                    " (final)" if known.terminal else "",
+                    pending.seq,
+                )
+                return
+            try:
+                patched = await self.api.patch_status(
+                    run.ref, pending.body, uid=run.uid, version=known.version
+                )
+            except ApiError as err:
+                if err.status != 409:
+                    raise
+                if self._known.get(run) is known:  # changed, or replaced, and not seen yet
+                    self._known.pop(run, None)  # so read it again
+                continue  # else the watch showed a newer version meanwhile: patch on that
+            written = Written.of(patched)
+            self.writes += 1
+            self._known[run] = written
+            if written.terminal:
+                self._last_write.pop(run, None)
+                if pending.on_end is not None:
+                    pending.on_end()
+            return
+        raise RuntimeError(f"the status of {run.namespace}/{run.name} keeps changing")
+
+    async def _read(self, run: RunKey) -> Written | None:
+        """The run's status as stored; ``None`` when the object is gone (404, or another
+        uid). Raises ``ApiError`` otherwise."""
+        obj = await self.api.get(run.ref)
+        if obj is None or obj.get("metadata", {}).get("uid") != run.uid:
+            return None
+        return Written.of(obj)
+
+    def _went(self, run: RunKey) -> None:
+        log.info("%s/%s (uid %s) is gone; status dropped", run.namespace, run.name, run.uid)
+        self.forget(run)
+        self._gone.put_nowait(run)
+
+    async def _failed(self, run: RunKey, pending: _Pending, err: ApiError) -> None:
+        if err.status == 404:
+            self._went(run)
+            return
+        if err.status == 422 and set(pending.body) - set(MINIMAL_KEYS) - {"message"}:
+            log.error(
+                "the API server refused the status of %s/%s: %s; writing a minimal status",
+                run.namespace,
+                run.name,
+                err.body,
+            )
+            minimal = {k: pending.body[k] for k in MINIMAL_KEYS if k in pending.body}
+            minimal["message"] = f"full status refused by the API server (HTTP 422): {err.reason}"
+            self._retry(run, _Pending(minimal, pending.seq, pending.urgent, pending.on_end))
+            return
+        if 400 <= (err.status or 0) < 500 and err.status != 429:
+            log.error(
+                "status of %s/%s refused (HTTP %s); dropped", run.namespace, run.name, err.status
+            )
+            return
+        log.warning(
+            "status patch of %s/%s failed (HTTP %s); retrying", run.namespace, run.name, err.status
+        )
+        self._retry(run, pending)
+
+    def _retry(self, run: RunKey, pending: _Pending) -> None:
+        """Re-queue a failed write after ``interval`` (even a terminal one: no hot loop)."""
+        if run not in self._pending:
+            pending.urgent = False
+            self._pending[run] = pending
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            due: list[RunKey] = []
+            wait = 3600.0
+            for run, pending in self._pending.items():
+                ready_at = self._last_write.get(run, 0.0) + self.interval
+                if pending.urgent or ready_at <= now:
+                    due.append(run)
+                else:
+                    wait = min(wait, ready_at - now)
+            if due:
+                await asyncio.gather(*(self._write(run) for run in due))
+                continue
+            self._wake.clear()
+            await sleep_until_set(self._wake, wait)

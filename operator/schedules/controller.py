@@ -1,0 +1,311 @@
+"""The CronAgentRun controller: creates AgentRuns on a schedule, in the leader only.
+
+What belongs here: the loop that wakes at each CronAgentRun's next schedule time (or when it,
+or one of its runs, changes), reads its runs, acts on ``plan.plan`` (create the run,
+cancel the running ones for ``Replace``, skip for ``Forbid``), deletes finished runs beyond the
+history limits, writes the CronAgentRun's status and records Events. What does not: the rules
+(``plan``), the spec and the run manifest (``spec``), the status body (``status``), the API
+calls (``store``), the kopf handlers that feed it (``handlers.schedules``).
+
+Exactly-once per schedule time without any state of its own: a run's name is derived from its
+schedule time, so a second attempt (the same leader after an error, a new leader after a
+failover or restart) meets AlreadyExists, which counts as done. The last schedule time is the
+later of ``.status.lastScheduleTime`` and the newest run the CronAgentRun owns, so a run created
+just before a crash, whose status write was lost, is not created again either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..platform.conditions import rfc3339
+from ..platform.events import EventRecorder, EventType, Involved
+from ..platform.loops import sleep_until_set
+from . import plan, spec, status
+from .status import OwnedRun, epoch
+from .store import CronStore
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 5.0
+"""Wait before reconciling a CronAgentRun again after a failed API call."""
+
+CronKey = tuple[str, str]
+"""(namespace, name) of a CronAgentRun."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Entry:
+    body: Mapping[str, Any]
+    generation: int
+    wake: float | None = None
+
+
+class ScheduleController:
+    """Keeps every CronAgentRun's runs on schedule. ``observe``/``forget``/``run_changed`` are
+    called by the kopf handlers; ``run`` is the loop (leader only)."""
+
+    def __init__(
+        self,
+        store: CronStore,
+        *,
+        events: EventRecorder,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``clock``: epoch seconds (schedules are wall-clock times)."""
+        self.store = store
+        self.events = events
+        self.clock = clock
+        self._crons: dict[CronKey, _Entry] = {}
+        self._dirty: set[CronKey] = set()
+        self._last: dict[str, float] = {}
+        """By CronAgentRun uid: the last schedule time this process created a run for, in case
+        the object it reconciles next predates its own status write (the watch lags)."""
+        self._kick = asyncio.Event()
+        self._stopped = False
+
+    def observe(self, body: Mapping[str, Any]) -> None:
+        """A CronAgentRun as listed or changed; a new one, or a new spec, is reconciled now."""
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        generation = int(meta.get("generation") or 1)
+        known = self._crons.get(key)
+        if (
+            known is None
+            or (known.body.get("metadata") or {}).get("uid") != meta.get("uid")
+            or known.generation != generation
+        ):
+            self._crons[key] = _Entry(body, generation)
+            self._mark(key)
+        else:
+            known.body = body
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The CronAgentRun was deleted (its runs go through ownerReference GC)."""
+        entry = self._crons.pop((namespace, name), None)
+        self._dirty.discard((namespace, name))
+        if entry is not None:
+            self._last.pop(str((entry.body.get("metadata") or {}).get("uid", "")), None)
+
+    def run_changed(self, namespace: str, cron: str) -> None:
+        """One of ``cron``'s runs ended or was deleted: look again (a ``Forbid``-skipped time
+        may start now; history limits may delete one)."""
+        if (namespace, cron) in self._crons:
+            self._mark((namespace, cron))
+
+    def _mark(self, key: CronKey) -> None:
+        self._dirty.add(key)
+        self._kick.set()
+
+    def stop(self) -> None:
+        """End ``run`` at its next wake-up."""
+        self._stopped = True
+        self._kick.set()
+
+    async def run(self) -> None:
+        """Reconcile each CronAgentRun when it changes or its wake time comes, forever."""
+        while not self._stopped:
+            self._kick.clear()
+            now = self.clock()
+            due = set(self._dirty) | {
+                key
+                for key, entry in self._crons.items()
+                if entry.wake is not None and entry.wake <= now
+            }
+            self._dirty.clear()
+            for key in sorted(due):
+                await self._reconcile_safely(key)
+            wakes = [e.wake for e in self._crons.values() if e.wake is not None]
+            timeout = max(min(wakes) - self.clock(), 0.0) if wakes else None
+            await sleep_until_set(self._kick, timeout)
+
+    async def _reconcile_safely(self, key: CronKey) -> None:
+        entry = self._crons.get(key)
+        if entry is None:
+            return
+        try:
+            entry.wake = await self.reconcile(entry.body)
+        except Exception as err:  # API server away: try again shortly
+            log.warning("CronAgentRun %s/%s: %r; retrying", *key, err)
+            entry.wake = self.clock() + RETRY_SECONDS
+
+    async def reconcile(self, cron: Mapping[str, Any]) -> float | None:
+        """One pass over ``cron`` (a CronAgentRun object as a dict); returns when to look
+        again (``None``: only when it or its runs change). Raises ``ApiException``."""
+        meta = cron.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        involved = Involved(spec.KIND, name, namespace, str(meta.get("uid", "")))
+        generation = int(meta.get("generation") or 1)
+        now = self.clock()
+        old_status: Mapping[str, Any] = cron.get("status") or {}
+        try:
+            checked = spec.check(cron.get("spec"))
+        except spec.Invalid as err:
+            self._record(
+                involved,
+                reason=err.reason,
+                message=f"no runs are created: {err}",
+                per=generation,
+                warning=True,
+            )
+            ready = status.ready(False, err.reason, str(err), now=now, generation=generation)
+            await self._write_status(cron, {"observedGeneration": generation, **ready})
+            return None
+        owned = await self._owned_runs(namespace, name, uid=involved.uid)
+        recorded = epoch(old_status.get("lastScheduleTime"))
+        since = recorded if recorded is not None else epoch(meta.get("creationTimestamp"))
+        last = max(
+            [
+                since if since is not None else now,
+                self._last.get(involved.uid, 0.0),
+                *(run.scheduled for run in owned),
+            ]
+        )
+        active = [
+            plan.ActiveRun(run.name, run.uid, run.scheduled) for run in owned if not run.ended
+        ]
+        step = plan.plan(checked.schedule, policy=checked.policy, last=last, now=now, active=active)
+        created = await self._act(cron, checked, step, involved=involved)
+        if created is not None:
+            self._last[involved.uid] = max(created.scheduled, self._last.get(involved.uid, 0.0))
+            owned = [*owned, created]
+        owned = await self._prune(namespace, owned, checked, involved=involved)
+        wake = None if isinstance(step, plan.Suspended) else step.wake
+        body = status.status_body(
+            cron, owned, checked, wake=wake, now=now, scheduled=self._last.get(involved.uid, 0.0)
+        )
+        await self._write_status(cron, body)
+        return wake
+
+    async def _owned_runs(self, namespace: str, name: str, *, uid: str) -> list[OwnedRun]:
+        """The runs labelled for ``name`` whose controller is the CronAgentRun ``uid`` (runs of
+        an earlier object of the same name are not adopted)."""
+        found: list[OwnedRun] = []
+        for obj in await self.store.list_runs(namespace, name):
+            owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+            if not any(o.get("uid") == uid and o.get("controller") for o in owners):
+                continue
+            run = OwnedRun.of(obj)
+            if run is not None:
+                found.append(run)
+        return found
+
+    async def _act(
+        self,
+        cron: Mapping[str, Any],
+        checked: spec.Checked,
+        step: plan.Plan,
+        *,
+        involved: Involved,
+    ) -> OwnedRun | None:
+        """Do what ``step`` says; the run created, if any."""
+        if isinstance(step, plan.Suspended):
+            return None
+        if step.missed is not None:
+            self._record_missed(involved, step.missed)
+        if isinstance(step, plan.Wait):
+            return None
+        when = rfc3339(step.scheduled)
+        if isinstance(step, plan.Skip):
+            running = ", ".join(run.name for run in step.running)
+            self._record(
+                involved,
+                reason="RunAlreadyActive",
+                message=f"skipped the run for {when}: concurrencyPolicy Forbid and {running} "
+                "still runs",
+                per=step.scheduled,
+            )
+            return None
+        for run in step.cancel:
+            await self.store.cancel_run(involved.namespace, run.name)
+            self._record(
+                involved,
+                reason="ReplacedRun",
+                message=f"cancelled {run.name} (concurrencyPolicy Replace) for the run of {when}",
+                per=run.uid,
+            )
+        manifest = spec.run_manifest(cron, checked, scheduled=step.scheduled)
+        name = manifest["metadata"]["name"]
+        if not await self.store.create_run(manifest):
+            return None  # created before (then listed with the others): done already
+        self._record(
+            involved,
+            reason="SuccessfulCreate",
+            message=f"created run {name} for {when}",
+            per=step.scheduled,
+        )
+        return OwnedRun(name, "", step.scheduled, False, False, None)
+
+    def _record_missed(self, involved: Involved, missed: plan.Missed) -> None:
+        when = rfc3339(missed.latest)
+        if missed.past_deadline:
+            self._record(
+                involved,
+                reason="MissSchedule",
+                message=f"missed the run for {when}: more than startingDeadlineSeconds ago",
+                per=missed.latest,
+                warning=True,
+            )
+        if missed.too_many:
+            self._record(
+                involved,
+                reason="TooManyMissedTimes",
+                message=f"more than {plan.TOO_MANY_MISSED} schedule times passed without a "
+                "run (operator down, or suspended); only the most recent can start. Set "
+                "startingDeadlineSeconds to bound this",
+                per=missed.latest,
+                warning=True,
+            )
+
+    async def _prune(
+        self,
+        namespace: str,
+        owned: Sequence[OwnedRun],
+        checked: spec.Checked,
+        *,
+        involved: Involved,
+    ) -> list[OwnedRun]:
+        """Delete finished runs beyond the history limits; the runs left."""
+        doomed = plan.prune(
+            [plan.FinishedRun(r.name, r.scheduled, r.succeeded) for r in owned if r.ended],
+            successful_limit=checked.spec.successful_runs_history_limit,
+            failed_limit=checked.spec.failed_runs_history_limit,
+        )
+        for name in doomed:
+            await self.store.delete_run(namespace, name)
+            self._record(
+                involved,
+                reason="SuccessfulDelete",
+                message=f"deleted finished run {name} (history limit)",
+                per=name,
+            )
+        return [run for run in owned if run.name not in doomed]
+
+    def _record(
+        self,
+        involved: Involved,
+        *,
+        reason: str,
+        message: str,
+        per: object,
+        warning: bool = False,
+    ) -> None:
+        """A Kubernetes Event about the CronAgentRun ``involved`` (Normal, or Warning), once
+        per ``reason`` and occasion ``per`` (a schedule time, a generation, a run)."""
+        self.events.record(
+            involved,
+            type=EventType.WARNING if warning else EventType.NORMAL,
+            reason=reason,
+            message=message,
+            key=(involved.uid, reason, per),
+        )
+
+    async def _write_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+        if status.unchanged(cron.get("status") or {}, body):
+            return
+        await self.store.patch_status(cron, body)

@@ -1,0 +1,72 @@
+"""The CronAgentRun controller's API calls: its port (``CronStore``) and the adapter over the
+API server port (``KubeCronStore``).
+
+What belongs here: listing, creating, cancelling and deleting a CronAgentRun's runs and patching
+its status, each translating the API server's answers (AlreadyExists: done; NotFound: gone).
+What does not: any decision (``plan``, ``controller``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from .. import runs
+from ..platform.kubeapi import ApiError, KubeApi, Ref
+from .spec import CRON_LABEL, CRONS
+
+
+class CronStore(Protocol):
+    """The API calls of the controller; each raises ``ApiError`` on a failed request."""
+
+    async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
+        """The AgentRuns labelled as created by ``cron``."""
+
+    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
+        """Create the run; ``False`` when it exists already."""
+
+    async def cancel_run(self, namespace: str, name: str) -> None:
+        """Set the run's cancel annotation (a run gone already is no error)."""
+
+    async def delete_run(self, namespace: str, name: str) -> None:
+        """Delete the run (a run gone already is no error)."""
+
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+        """Merge ``body`` into the CronAgentRun's status (a CronAgentRun gone or replaced by
+        a new object of its name is no error)."""
+
+
+class KubeCronStore:
+    """``CronStore`` through the API server port."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+
+    async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
+        """The AgentRuns labelled as created by ``cron``."""
+        return await self.api.list_objects(
+            runs.RUNS, namespace=namespace, label_selector=f"{CRON_LABEL}={cron}"
+        )
+
+    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
+        """Create the run; ``False`` when it exists already (HTTP 409)."""
+        return await self.api.create(runs.RUNS, manifest)
+
+    async def cancel_run(self, namespace: str, name: str) -> None:
+        """Set ``agentrun.dev/cancel: "true"``, as ``kubectl agentrun cancel`` does."""
+        body = {"metadata": {"annotations": {runs.CANCEL_ANNOTATION: "true"}}}
+        await self.api.patch(Ref(runs.RUNS, name, namespace), body)
+
+    async def delete_run(self, namespace: str, name: str) -> None:
+        """Delete the run in the background (its own finalizer, if any, still runs)."""
+        await self.api.delete(Ref(runs.RUNS, name, namespace))
+
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+        """Merge ``body`` into ``.status``, only while the object has ``cron``'s uid."""
+        meta = cron.get("metadata") or {}
+        ref = Ref(CRONS, str(meta.get("name")), str(meta.get("namespace")))
+        try:
+            await self.api.patch_status(ref, body, uid=str(meta.get("uid") or ""))
+        except ApiError as err:
+            if err.status not in (404, 409):
+                raise

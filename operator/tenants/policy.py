@@ -1,0 +1,231 @@
+"""AgentTenant policy: which namespaces a tenant binds, and what it allows a run to ask for.
+
+Pure: the caller passes the AgentTenant object and the namespace's labels. Prices and limits
+come only from cluster-scoped objects (the AgentTenant here, the AgentModel in ``agents``):
+nothing in an AgentRun can raise its tenant's limits, choose its tenant or lower its price.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from agentrun.ledger import TenantLimits
+from agentrun.protocol import UrlRule
+
+from .. import runs
+from ..platform.spec import ObjectMeta, SpecError
+from .spec import AgentTenantSpec, OverMax, WhenExhausted
+
+__all__ = [
+    "Ambiguous",
+    "InvalidTenant",
+    "OverMax",
+    "TenantPolicy",
+    "WhenExhausted",
+    "bound_namespaces",
+    "resolve",
+    "selector_matches",
+]
+
+MIN_WINDOW_SECONDS = 1.0
+
+
+class InvalidTenant(Exception):
+    """The AgentTenant cannot be enforced as written; the message names the field."""
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A Kubernetes ``LabelSelector`` (matchLabels AND matchExpressions) against ``labels``.
+
+    An empty selector matches everything (as in the Kubernetes API). Operators: In, NotIn,
+    Exists, DoesNotExist; an unknown operator matches nothing.
+    """
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or ():
+        key = expression.get("key")
+        values = set(expression.get("values") or ())
+        operator = expression.get("operator")
+        present = key in labels
+        if operator == "In":
+            ok = present and labels[key] in values
+        elif operator == "NotIn":
+            ok = not present or labels[key] not in values
+        elif operator == "Exists":
+            ok = present
+        elif operator == "DoesNotExist":
+            ok = not present
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    """One AgentTenant, parsed. Build with ``TenantPolicy.of``."""
+
+    name: str
+    generation: int
+    namespaces: frozenset[str]
+    selector: Mapping[str, Any] | None
+    limits: TenantLimits
+    when_exhausted: WhenExhausted
+    run_max: runs.RunBudgetSpec
+    """``spec.runBudget.max``: caps on a run's budget (unset fields: no cap)."""
+    run_default: runs.RunBudgetSpec
+    """``spec.runBudget.default``: what a run that leaves a field unset gets."""
+    over_max: OverMax
+    allowed_models: frozenset[str] | None
+    allowed_tools: frozenset[str] | None
+    url_rules: tuple[UrlRule, ...] = ()
+    """``spec.httpGet.allow``: what the ``http_get`` tool may fetch for this tenant's runs."""
+    ttl_after_finished: int | None = None
+    """``spec.ttlSecondsAfterFinished``: the default of its runs that set none."""
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
+        """Parse an AgentTenant object; raises ``InvalidTenant`` naming the field."""
+        try:
+            meta = ObjectMeta.of(obj)
+            spec = AgentTenantSpec.of(obj.get("spec"))
+        except SpecError as err:
+            raise InvalidTenant(str(err)) from None
+        if spec.window.seconds < MIN_WINDOW_SECONDS:
+            raise InvalidTenant(f"spec.window: {spec.window.text!r} is shorter than 1s")
+        budget = spec.budget
+        run_budget = spec.run_budget
+        _check_defaults_under_caps(run_budget.default, run_budget.max)
+        return cls(
+            name=meta.name,
+            generation=meta.generation,
+            namespaces=frozenset(spec.namespaces),
+            selector=spec.namespace_selector,
+            limits=TenantLimits(
+                tokens=budget.tokens,
+                cost_usd=budget.cost_usd,
+                wall_seconds=budget.wall_clock_seconds,
+                window_seconds=spec.window.seconds,
+                max_concurrent_runs=spec.max_concurrent_runs,
+            ),
+            when_exhausted=spec.when_exhausted,
+            run_max=run_budget.max,
+            run_default=run_budget.default,
+            over_max=run_budget.over_max,
+            allowed_models=_names(spec.allowed_models),
+            allowed_tools=_names(spec.allowed_tools),
+            url_rules=tuple(
+                UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.http_get.allow
+            ),
+            ttl_after_finished=spec.ttl_seconds_after_finished,
+        )
+
+    def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """Whether runs in ``namespace`` (with these labels) belong to this tenant."""
+        if namespace in self.namespaces:
+            return True
+        return self.selector is not None and selector_matches(self.selector, labels)
+
+    def apply(self, spec: runs.AgentRunSpec) -> runs.AgentRunSpec:
+        """The run's spec as this tenant admits it: allowed model and tools checked, budget
+        defaults filled in and ``runBudget.max`` enforced (clamped or rejected per ``overMax``).
+
+        Returns a new spec whose caps are all set (except token and cost caps nobody sets).
+        Raises ``SpecError`` naming the field and the tenant.
+        """
+        if self.allowed_models is not None and spec.model not in self.allowed_models:
+            raise SpecError(
+                f"spec.model: AgentModel {spec.model!r} is not allowed by AgentTenant "
+                f"{self.name!r} (allowedModels: {', '.join(sorted(self.allowed_models)) or 'none'})"
+            )
+        if self.allowed_tools is not None:
+            denied = sorted(t for t in set(spec.tools) if not _tool_allowed(t, self.allowed_tools))
+            if denied:
+                raise SpecError(
+                    f"spec.tools: {', '.join(denied)} not allowed by AgentTenant {self.name!r} "
+                    f"(allowedTools: {', '.join(sorted(self.allowed_tools)) or 'none'})"
+                )
+        asked = spec.budget
+        wanted = asked.filled_from(self.run_default).filled_from(runs.IMPLICIT_BUDGET)
+        admitted: dict[str, Any] = {}
+        for field, info in runs.RunBudgetSpec.model_fields.items():
+            name = info.alias or field
+            value, cap = getattr(wanted, field), getattr(self.run_max, field)
+            if cap is None or (value is not None and value <= cap):
+                continue
+            asked_for = value is not None and getattr(asked, field) is not None
+            if asked_for and self.over_max is OverMax.REJECT:
+                raise SpecError(
+                    f"spec.budget.{name}: {value} is above the cap {cap} of "
+                    f"AgentTenant {self.name!r} (spec.runBudget.max.{name})"
+                )
+            admitted[field] = cap
+        budget = wanted.model_copy(update=admitted)
+        return spec.model_copy(update={"budget": asked.model_copy(update=dict(budget))})
+
+
+def bound_namespaces(obj: Mapping[str, Any]) -> frozenset[str]:
+    """The namespaces an AgentTenant lists, read leniently (also from an invalid one, whose
+    runs must be rejected rather than fall through to another tenant)."""
+    spec = obj.get("spec")
+    listed = spec.get("namespaces") if isinstance(spec, Mapping) else None
+    if not isinstance(listed, list | tuple):
+        return frozenset()
+    return frozenset(str(name) for name in listed)
+
+
+def _names(names: Iterable[str] | None) -> frozenset[str] | None:
+    return None if names is None else frozenset(names)
+
+
+def _check_defaults_under_caps(default: runs.RunBudgetSpec, cap: runs.RunBudgetSpec) -> None:
+    """Raises ``InvalidTenant`` for a ``runBudget.default`` field above its ``runBudget.max``."""
+    for field, info in runs.RunBudgetSpec.model_fields.items():
+        name = info.alias or field
+        value, most = getattr(default, field), getattr(cap, field)
+        if value is not None and most is not None and value > most:
+            raise InvalidTenant(
+                f"spec.runBudget.default.{name}: {value} is above spec.runBudget.max.{name} {most}"
+            )
+
+
+class Ambiguous(Exception):
+    """More than one AgentTenant binds the namespace."""
+
+
+def resolve(
+    policies: Iterable[TenantPolicy],
+    namespace: str,
+    labels: Mapping[str, str],
+    *,
+    default: str | None = None,
+) -> TenantPolicy | None:
+    """The tenant a run in ``namespace`` belongs to: the one AgentTenant binding it, else the
+    operator's ``default`` tenant (by name), else ``None``.
+
+    Raises ``Ambiguous`` when several AgentTenants bind the namespace (a budget must never be
+    chosen by accident).
+    """
+    pool = list(policies)
+    bound = [p for p in pool if p.binds(namespace, labels)]
+    if len(bound) > 1:
+        names = ", ".join(sorted(p.name for p in bound))
+        raise Ambiguous(f"namespace {namespace!r} is bound by several AgentTenants: {names}")
+    if bound:
+        return bound[0]
+    if default:
+        return next((p for p in pool if p.name == default), None)
+    return None
+
+
+def _tool_allowed(name: str, allowed: frozenset[str]) -> bool:
+    """Whether ``allowedTools`` grants ``name``: listed as is, or an MCP tool
+    (``SERVER/TOOL``) whose server is granted whole (``SERVER/*``)."""
+    if name in allowed:
+        return True
+    server, slash, _ = name.partition("/")
+    return bool(slash) and f"{server}/*" in allowed

@@ -1,0 +1,116 @@
+"""The AgentTenants the operator knows, and the binding of namespaces to them.
+
+What belongs here: keeping that registry current (a kopf watch puts and removes AgentTenants)
+and answering "which tenant" for a namespace, or why none. What does not: the policy itself
+(``policy``), queues, the ledger and status writes (``admission``, ``writer``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agentrun import metrics
+from agentrun.protocol import DEFAULT_TENANT
+
+from ..platform.kubeapi import KubeApi
+from ..platform.spec import ObjectMeta
+from . import policy as rules
+from .policy import TenantPolicy
+from .waits import QueueWait, WaitReason
+
+
+class NoTenant(Exception):
+    """The run's namespace is bound to no AgentTenant (and no default tenant applies)."""
+
+
+class Tenants:
+    """The AgentTenants the operator knows (kept current by a kopf watch) and the binding of
+    namespaces to them."""
+
+    def __init__(self, api: KubeApi, *, default: str | None = None) -> None:
+        """``api`` reads namespace labels for selectors; ``default`` is the tenant charged for
+        namespaces no AgentTenant binds."""
+        self.api = api
+        self.default = default or None
+        for known in {DEFAULT_TENANT, self.default or DEFAULT_TENANT}:
+            metrics.know_tenant(known)  # runs no tenant binds are counted under the default
+        self.policies: dict[str, TenantPolicy] = {}
+        self.invalid: dict[str, tuple[int, str]] = {}
+        """AgentTenants that cannot be enforced: (generation, why), shown in their status."""
+        self._invalid_namespaces: dict[str, frozenset[str]] = {}
+
+    def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
+        """Add or replace an AgentTenant; an invalid one binds nothing (its runs are rejected
+        with the reason rather than run unbudgeted)."""
+        meta = ObjectMeta.of(obj)  # kopf's watch hands over well-formed metadata
+        name = meta.name
+        metrics.know_tenant(name)  # its run-end counters exist from now on, at 0
+        try:
+            policy = TenantPolicy.of(obj)
+        except rules.InvalidTenant as err:
+            self.policies.pop(name, None)
+            self.invalid[name] = (meta.generation, str(err))
+            self._invalid_namespaces[name] = rules.bound_namespaces(obj)
+            return None
+        self.invalid.pop(name, None)
+        self._invalid_namespaces.pop(name, None)
+        self.policies[name] = policy
+        return policy
+
+    def remove(self, name: str) -> None:
+        """Forget a deleted AgentTenant (its ledger entry stays until its runs end)."""
+        self.policies.pop(name, None)
+        self.invalid.pop(name, None)
+        self._invalid_namespaces.pop(name, None)
+
+    def why_missing(self, tenant: str) -> QueueWait:
+        """Why runs queued in ``tenant`` wait when it has no policy (invalid or deleted)."""
+        invalid = self.invalid.get(tenant)
+        if invalid is not None:
+            return QueueWait(
+                WaitReason.TENANT_INVALID, f"AgentTenant {tenant!r} is invalid: {invalid[1]}"
+            )
+        return QueueWait(WaitReason.TENANT_MISSING, f"AgentTenant {tenant!r} not found")
+
+    async def _labels(self, namespace: str) -> Mapping[str, str]:
+        if not any(p.selector is not None for p in self.policies.values()):
+            return {}
+        return await self.api.namespace_labels(namespace)
+
+    async def resolve(self, namespace: str) -> TenantPolicy:
+        """The tenant of runs in ``namespace``; raises ``NoTenant`` with a message for the run's
+        status when none (or several) applies, ``ApiError`` if the namespace is unreadable."""
+        for name, namespaces in self._invalid_namespaces.items():
+            if namespace in namespaces:  # never fall through to another tenant's budget
+                raise NoTenant(
+                    f"AgentTenant {name!r} binds namespace {namespace!r} but is invalid: "
+                    f"{self.invalid[name][1]}"
+                )
+        try:
+            found = rules.resolve(
+                self.policies.values(),
+                namespace,
+                await self._labels(namespace),
+                default=self.default,
+            )
+        except rules.Ambiguous as err:
+            raise NoTenant(str(err)) from err
+        if found is not None:
+            return found
+        raise NoTenant(self._unbound(namespace))
+
+    def _unbound(self, namespace: str) -> str:
+        if self.default and self.default in self.invalid:
+            return (
+                f"default AgentTenant {self.default!r} is invalid: {self.invalid[self.default][1]}"
+            )
+        if self.default:
+            return (
+                f"namespace {namespace!r} is bound to no AgentTenant and the default tenant "
+                f"{self.default!r} does not exist"
+            )
+        return (
+            f"namespace {namespace!r} is bound to no AgentTenant; a platform admin must list it "
+            "in an AgentTenant's spec.namespaces or match it with spec.namespaceSelector"
+        )

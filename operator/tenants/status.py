@@ -1,0 +1,183 @@
+"""AgentTenant ``.status`` projection: a tenant's ledger entry and queue → the status body.
+
+Pure: the caller passes the policy, the ledger entry (``Book``), what the queue pump last saw
+and the conditions' previous transitions; nothing here reads a clock or talks to the API
+server. Condition reasons are a closed vocabulary (``TenantReason``); a condition's
+``lastTransitionTime`` moves only when its status flips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from agentrun.ledger import Book
+
+from ..platform.conditions import condition, rfc3339
+from .policy import TenantPolicy
+from .waits import QueueWait, WaitReason
+
+
+class TenantCondition(enum.StrEnum):
+    """Condition types of an AgentTenant."""
+
+    ACCEPTED = "Accepted"
+    """The spec is valid and enforced."""
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    """A window budget is used up, or too little is left for the next queued run's call."""
+
+
+class TenantReason(enum.StrEnum):
+    """Condition reasons of an AgentTenant."""
+
+    VALID = "Valid"
+    INVALID_SPEC = "InvalidSpec"
+    WITHIN_BUDGET = "WithinBudget"
+    TOKENS_EXHAUSTED = "TokensExhausted"
+    COST_EXHAUSTED = "CostUSDExhausted"
+    WALL_CLOCK_EXHAUSTED = "WallClockSecondsExhausted"
+
+
+EXHAUSTED_REASON: Mapping[str, TenantReason] = {
+    "tokens": TenantReason.TOKENS_EXHAUSTED,
+    "costUSD": TenantReason.COST_EXHAUSTED,
+    "wallClockSeconds": TenantReason.WALL_CLOCK_EXHAUSTED,
+}
+"""The ``BudgetExhausted`` reason per ledger resource (``agentrun.ledger.RESOURCES``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Transition:
+    """A condition's status and since when (epoch seconds) it has had it."""
+
+    status: bool
+    since: float
+
+
+Transitions = Mapping[TenantCondition, Transition]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TenantStatus:
+    """A projected ``.status`` body and the transitions to pass to the next projection."""
+
+    body: dict[str, Any]
+    transitions: dict[TenantCondition, Transition]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Conditions:
+    """Builds conditions of one projection, remembering their transitions."""
+
+    generation: int
+    now: float
+    previous: Transitions
+    transitions: dict[TenantCondition, Transition] = dataclasses.field(default_factory=dict)
+
+    def condition(
+        self, type_: TenantCondition, state: bool, reason: TenantReason, message: str
+    ) -> dict[str, Any]:
+        before = self.previous.get(type_)
+        since = before.since if before is not None and before.status == state else self.now
+        self.transitions[type_] = Transition(state, since)
+        return condition(
+            type_.value,
+            status=state,
+            reason=reason.value,
+            message=message,
+            at=since,
+            generation=self.generation,
+        )
+
+
+def invalid_tenant_status(
+    generation: int, why: str, *, now: float, previous: Transitions
+) -> TenantStatus:
+    """The status of an AgentTenant that cannot be enforced: ``Accepted=False`` with ``why``."""
+    conditions = _Conditions(generation, now, previous)
+    body = {
+        "observedGeneration": generation,
+        "conditions": [
+            conditions.condition(TenantCondition.ACCEPTED, False, TenantReason.INVALID_SPEC, why)
+        ],
+    }
+    return TenantStatus(body, conditions.transitions)
+
+
+def exhaustion(book: Book, blocked: QueueWait | None, now: float) -> QueueWait | None:
+    """Why the tenant counts as exhausted: a used-up resource, else a queue head that waits
+    because too little is left for its first call; ``None`` when neither."""
+    exhausted = book.exhausted(now)
+    if exhausted is not None:
+        return QueueWait.of(exhausted)
+    if blocked is not None and blocked.reason is WaitReason.BUDGET_EXHAUSTED:
+        return blocked
+    return None
+
+
+def tenant_status(
+    policy: TenantPolicy,
+    book: Book,
+    *,
+    queued: int,
+    blocked: QueueWait | None,
+    now: float,
+    previous: Transitions,
+) -> TenantStatus:
+    """The status of an enforced AgentTenant.
+
+    ``queued``: runs waiting in its queue; ``blocked``: why the queue head waits (as of the
+    last pump), ``None`` if nothing waits; ``now``: epoch seconds.
+    """
+    exhausted = exhaustion(book, blocked, now)
+    if exhausted is None:
+        state, reason, message = False, TenantReason.WITHIN_BUDGET, "budget left in this window"
+    else:
+        assert exhausted.resource is not None
+        state, reason, message = True, EXHAUSTED_REASON[exhausted.resource], exhausted.message
+    conditions = _Conditions(policy.generation, now, previous)
+    body = {
+        "observedGeneration": policy.generation,
+        "windowStart": rfc3339(book.window),
+        "resetTime": rfc3339(book.reset_time),
+        "activeRuns": book.active_runs,
+        "queuedRuns": queued,
+        "budget": budget_status(book, now),
+        "conditions": [
+            conditions.condition(TenantCondition.ACCEPTED, True, TenantReason.VALID, "enforced"),
+            conditions.condition(TenantCondition.BUDGET_EXHAUSTED, state, reason, message),
+        ],
+    }
+    return TenantStatus(body, conditions.transitions)
+
+
+def budget_status(book: Book, now: float) -> dict[str, Any]:
+    """``AgentTenant.status.budget``: used / reserved / abandoned / limit / remaining per
+    resource (tokens as integers, USD as decimal strings, wall clock in seconds)."""
+    limits = book.limits
+    tokens: dict[str, Any] = {
+        "used": book.used_tokens,
+        "reserved": book.reserved_tokens,
+        "abandoned": book.abandoned_tokens,
+    }
+    if limits.tokens is not None:
+        tokens["limit"] = limits.tokens
+        tokens["remaining"] = max(0, limits.tokens - book.used_tokens - book.reserved_tokens)
+    cost: dict[str, Any] = {
+        "used": format(book.used_cost, "f"),
+        "reserved": format(book.reserved_cost, "f"),
+        "abandoned": format(book.abandoned_cost, "f"),
+    }
+    if limits.cost_usd is not None:
+        cost["limit"] = format(limits.cost_usd, "f")
+        left = limits.cost_usd - book.used_cost - book.reserved_cost
+        cost["remaining"] = format(max(Decimal(0), left), "f")
+    wall_used = book.wall_used(now)
+    wall: dict[str, Any] = {"used": round(wall_used, 1), "reserved": 0}
+    if limits.wall_seconds is not None:
+        wall["limit"] = limits.wall_seconds
+        wall["remaining"] = round(max(0.0, limits.wall_seconds - wall_used), 1)
+    return {"tokens": tokens, "costUSD": cost, "wallClockSeconds": wall}

@@ -1,0 +1,43 @@
+"""AgentToolServers as admission reads them: a short-lived cache over the API server.
+
+What belongs here: ``ToolServerCache`` (each server read at most once per
+``SERVER_CACHE_SECONDS``; one not looked at yet is read again soon). What does not: resolving a
+run's tools (``resolve``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..platform.kubeapi import KubeApi, Ref
+from .resolve import is_pending
+from .spec import TOOL_SERVERS
+
+SERVER_CACHE_SECONDS = 5.0
+"""How long admission reuses an AgentToolServer read (a burst of runs reads it once)."""
+
+
+class ToolServerCache:
+    """AgentToolServers by (namespace, name), each read at most once per
+    ``SERVER_CACHE_SECONDS``."""
+
+    def __init__(self, api: KubeApi, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """``api``: where AgentToolServers are read; ``clock``: monotonic seconds."""
+        self._api = api
+        self._clock = clock
+        self._cache: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The AgentToolServer object or ``None``; raises ``ApiError`` on other errors."""
+        now = self._clock()
+        hit = self._cache.get((namespace, name))
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        found = await self._api.get(Ref(TOOL_SERVERS, name, namespace))
+        if found is not None and is_pending(found):
+            self._cache.pop((namespace, name), None)  # read again soon
+        else:
+            self._cache[(namespace, name)] = (now + SERVER_CACHE_SECONDS, found)
+        return found

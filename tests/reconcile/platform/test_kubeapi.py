@@ -1,0 +1,126 @@
+"""The operator's one way to the API server, against the real kube-apiserver: missing objects
+read as ``None``, a second create of a name is refused, deletes and status patches honour their
+preconditions (a delete its uid; a status patch its resourceVersion, not its uid: the API
+server resets a status patch's metadata before checking it), and refusals arrive as ``ApiError``
+with their status.
+The fake the unit tests use (``kube_support.FakeKube``) answers the same way, checked here on
+the same script."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from kube_support import FakeKube
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+
+from agentrun.operator.platform.kubeapi import ApiError, Kube, KubeApi, Ref
+
+pytestmark = pytest.mark.usefixtures("crds")
+
+Script = Callable[[KubeApi, str], Awaitable[None]]
+
+
+def agent(name: str, namespace: str, **labels: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"model": "m", "instructions": "i"},
+    }
+
+
+async def the_port_contract(api: KubeApi, ns: str) -> None:
+    """What every caller of the port relies on, in one script."""
+    ref = Ref("agents", "a", ns)
+    assert await api.get(ref) is None
+    assert await api.create("agents", agent("a", ns, team="x")) is True
+    assert await api.create("agents", agent("a", ns)) is False  # exists: refused, no error
+    await api.create("agents", agent("b", ns, team="y"))
+    found = await api.get(ref)
+    assert found is not None and found["metadata"]["name"] == "a"
+    uid, version = found["metadata"]["uid"], found["metadata"]["resourceVersion"]
+    listed = await api.list_objects("agents", namespace=ns, label_selector="team=x")
+    assert [o["metadata"]["name"] for o in listed] == ["a"]
+
+    patched = await api.patch_status(ref, {"observedGeneration": 1}, uid=uid, version=version)
+    assert patched["status"] == {"observedGeneration": 1}
+    with pytest.raises(ApiError) as stale:  # the version moved on with that patch
+        await api.patch_status(ref, {"observedGeneration": 2}, uid=uid, version=version)
+    assert stale.value.status == 409
+    unchecked = await api.patch_status(ref, {"observedGeneration": 2}, uid="not-its-uid")
+    assert unchecked["status"] == {"observedGeneration": 2}  # the uid is not a precondition
+    assert unchecked["metadata"]["uid"] == uid
+    with pytest.raises(ApiError) as gone:
+        await api.patch_status(Ref("agents", "nobody", ns), {"observedGeneration": 2})
+    assert gone.value.status == 404
+
+    assert await api.patch(ref, {"metadata": {"annotations": {"k": "v"}}}) is True
+    again = await api.get(ref)
+    assert again is not None and again["metadata"]["annotations"] == {"k": "v"}
+    assert again["status"] == {"observedGeneration": 2}  # a metadata patch leaves status alone
+    assert await api.patch(Ref("agents", "nobody", ns), {"metadata": {}}) is False
+
+    await api.delete(ref, uid="not-its-uid")  # another object of the name: left alone
+    assert await api.get(ref) is not None
+    await api.delete(ref, uid=uid)
+    await api.delete(ref, uid=uid)  # gone already: done
+    await api.delete(Ref("agents", "b", ns))
+    assert await api.list_objects("agents", namespace=ns) == []
+
+
+@pytest.fixture
+async def kube(control_plane: Any) -> AsyncIterator[Kube]:
+    configuration = k8s.Configuration()
+    await k8s_config.load_kube_config(
+        config_file=str(control_plane.kubeconfig), client_configuration=configuration
+    )
+    api = Kube(k8s.ApiClient(configuration))
+    for attempt in range(60):  # right after the CRDs are established: 429 for a moment
+        try:
+            await api.list_objects("agents")
+            break
+        except ApiError as err:
+            if err.status != 429 or attempt == 59:
+                raise
+            await asyncio.sleep(0.5)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+async def test_the_adapter_keeps_the_port_contract_on_the_real_api_server(
+    kube: Kube, test_namespace: str
+) -> None:
+    await the_port_contract(kube, test_namespace)
+
+
+async def test_the_fake_keeps_the_same_contract() -> None:
+    await the_port_contract(FakeKube(), "ns")
+
+
+async def test_events_and_crds_go_through_the_port(
+    kube: Kube, kubectl: Any, test_namespace: str
+) -> None:
+    event = {
+        "metadata": {"name": "probe.1", "namespace": test_namespace},
+        "involvedObject": {"kind": "Agent", "name": "a", "namespace": test_namespace},
+        "type": "Normal",
+        "reason": "Probe",
+        "message": "one",
+        "count": 1,
+        "source": {"component": "agentrun-operator"},
+    }
+    await kube.create_event(test_namespace, event)
+    await kube.patch_event(test_namespace, "probe.1", {"count": 2, "message": "two"})
+    got = kubectl("get", "event", "probe.1", "-n", test_namespace, "-o", "json")
+    shown = json.loads(got.stdout)
+    assert (shown["count"], shown["message"]) == (2, "two")
+    crd = await kube.read_crd("agentruns.agentrun.dev")
+    assert crd is not None and crd["spec"]["names"]["kind"] == "AgentRun"
+    assert await kube.read_crd("nothings.agentrun.dev") is None

@@ -1,0 +1,160 @@
+"""Lost turns: the orphan watch finds a running run whose TurnRequest left the work queue with no
+newer event, has the dispatcher publish it again (the dispatcher alone changes its views), and
+ends the run ``checkpoint_failed`` after ``MAX_REDISPATCHES`` such losses."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+import pytest
+from kube_support import FakeKube
+
+from agentrun import kernel
+from agentrun.bus import CommitConflict
+from agentrun.operator.admission.queue import QueueBoard
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.runs.dispatch import Dispatcher
+from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
+from agentrun.operator.runs.writer import StatusWriter
+from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
+
+AFTER = 10.0
+SUBJECT = "agentrun.event.ns.r"
+
+
+class Clock:
+    now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Bus:
+    """The run's event subject and the work queue, in memory."""
+
+    def __init__(self) -> None:
+        self.events: list[RunEvent] = []
+        self.published: list[tuple[TurnRequest, int]] = []
+        """(request, attempt) of every TurnRequest published."""
+        self.queued: set[int] = set()
+        """Stream sequences of TurnRequests still in the work queue."""
+        self.cancelled: list[str] = []
+
+    async def publish_turn(self, request: TurnRequest, *, tenant: str, attempt: int = 0) -> int:
+        self.published.append((request, attempt))
+        seq = 100 + len(self.published)
+        self.queued.add(seq)
+        return seq
+
+    async def turn_queued(self, seq: int) -> bool:
+        return seq in self.queued
+
+    async def append_event(
+        self, namespace: str, name: str, event: RunEvent, *, expected_seq: int | None
+    ) -> int:
+        last = self.events[-1].seq if self.events else 0
+        if expected_seq is not None and expected_seq != last:
+            raise CommitConflict(f"expected {expected_seq}, last is {last}")
+        self.events.append(dataclasses.replace(event, seq=last + 1))
+        return last + 1
+
+    async def last_event(self, namespace: str, name: str) -> RunEvent | None:
+        return self.events[-1] if self.events else None
+
+    async def first_event(self, namespace: str, name: str) -> RunEvent | None:
+        return self.events[0] if self.events else None
+
+    async def broadcast_cancel(self, run_uid: str) -> None:
+        self.cancelled.append(run_uid)
+
+
+class Ends:
+    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
+        pass
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
+    """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
+    bus, clock, api = Bus(), Clock(), FakeKube()
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    dispatcher = Dispatcher(
+        bus,  # type: ignore[arg-type]
+        StatusWriter(api),
+        ends=Ends(),
+        queues=QueueBoard(),
+        events=events,
+        clock=clock,
+    )
+    config = RunConfig(
+        uid="u",
+        namespace="ns",
+        name="r",
+        goal="g",
+        instructions="",
+        tools=(),
+        limits=kernel.Limits(),
+        model=ModelConfig("mock", "http://x", "scripted", kernel.Pricing(), 32000, 100),
+        deadline=clock.now + 3_600,
+        tenant="t",
+    )
+    state = kernel.initial_state(goal="g")
+    await bus.append_event(
+        "ns", "r", RunEvent("admitted", "u", state.summary(), config=config), expected_seq=0
+    )
+    await dispatcher.on_event(SUBJECT, bus.events[0])
+    watch = OrphanWatch(bus, dispatcher, after=AFTER, clock=clock)  # type: ignore[arg-type]
+    try:
+        yield bus, dispatcher, watch, clock
+    finally:
+        await dispatcher.cancel_timers()
+
+
+async def test_a_lost_turn_request_is_published_again_until_the_run_ends_checkpoint_failed(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    bus, dispatcher, watch, clock = stack
+    assert [attempt for _, attempt in bus.published] == [0]
+    for attempt in range(1, MAX_REDISPATCHES + 1):
+        bus.queued.clear()  # acked by a worker that gave the turn up
+        (turn,) = dispatcher.pending_turns()
+        assert not await watch.check(turn)  # looked at too early
+        clock.now += AFTER
+        assert await watch.check(turn)
+        assert [a for _, a in bus.published] == list(range(attempt + 1))
+        assert dispatcher.pending_turns()[0].redispatches == attempt
+    bus.queued.clear()
+    clock.now += AFTER
+    assert await watch.check(dispatcher.pending_turns()[0])
+    stop = bus.events[-1]
+    assert stop.kind == "stop" and stop.phase is kernel.Phase.CHECKPOINT_FAILED
+    assert f"left the work queue {MAX_REDISPATCHES + 1} times" in stop.summary.message
+    assert len(bus.published) == MAX_REDISPATCHES + 1 and bus.cancelled == ["u"]
+
+
+async def test_a_turn_request_still_queued_is_left_alone_and_looked_at_later(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    bus, dispatcher, watch, clock = stack
+    clock.now += AFTER
+    assert not await watch.check(dispatcher.pending_turns()[0])
+    (turn,) = dispatcher.pending_turns()
+    assert turn.checked_at == clock.now and turn.redispatches == 0
+    assert len(bus.published) == 1
+
+
+async def test_a_run_that_moved_on_meanwhile_is_not_published_again(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    bus, dispatcher, watch, clock = stack
+    (turn,) = dispatcher.pending_turns()
+    bus.queued.clear()
+    clock.now += AFTER
+    # a newer event was committed but not consumed yet: the stream is ahead of the view
+    await bus.append_event("ns", "r", bus.events[0], expected_seq=1)
+    assert not await watch.check(turn)
+    await dispatcher.on_event(SUBJECT, bus.events[-1])  # consumed: TurnRequest 1 published
+    await dispatcher.redispatch(turn)  # a snapshot of the old turn changes nothing
+    assert [r.expected_seq for r, _ in bus.published] == [1, 2]
+    assert dispatcher.pending_turns()[0].redispatches == 0

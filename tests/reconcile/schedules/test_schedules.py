@@ -1,0 +1,180 @@
+"""The CronAgentRun controller's passes against an in-memory store and a fake clock: what it
+creates, cancels and deletes, what it writes to the status, and that a pass repeated on a stale
+object (its status write lost in a crash) creates nothing twice."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from kube_support import FakeKube
+
+from agentrun.operator.platform import conditions as status
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.schedules import controller as schedules
+
+T0 = 1_796_032_800.0
+"""2026-11-30T10:00:00Z, a schedule time of every schedule below."""
+
+
+class MemoryStore:
+    """``CronStore`` in memory: runs by name, status patches merged into ``status``."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.status: dict[str, Any] = {}
+        self.cancelled: list[str] = []
+        self.deleted: list[str] = []
+        self.creates = 0
+
+    async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(r) for r in self.runs.values()]
+
+    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
+        self.creates += 1
+        name = manifest["metadata"]["name"]
+        if name in self.runs:
+            return False
+        run = copy.deepcopy(dict(manifest))
+        run["metadata"]["uid"] = f"uid-{name}"
+        self.runs[name] = run
+        return True
+
+    async def cancel_run(self, namespace: str, name: str) -> None:
+        self.cancelled.append(name)
+
+    async def delete_run(self, namespace: str, name: str) -> None:
+        self.deleted.append(name)
+        self.runs.pop(name, None)
+
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+        for key, value in body.items():
+            if value is None:
+                self.status.pop(key, None)
+            else:
+                self.status[key] = value
+
+    def end(self, name: str, phase: str, *, at: float) -> None:
+        reason = "completed" if phase == "Succeeded" else "max_steps"
+        completed = status.rfc3339(at)
+        self.runs[name]["status"] = {
+            "phase": phase,
+            "terminalReason": reason,
+            "completionTime": completed,
+        }
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cron(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "schedule": "*/10 * * * * *",
+        "runTemplate": {"spec": {"agentRef": {"name": "calc"}, "goal": "report"}},
+    }
+    body.update(spec)
+    return {
+        "metadata": {
+            "name": "report",
+            "namespace": "team-a",
+            "uid": "cron-uid",
+            "generation": 1,
+            "creationTimestamp": "2026-11-30T09:59:55Z",
+        },
+        "spec": body,
+    }
+
+
+def controller(store: MemoryStore, clock: Clock) -> schedules.ScheduleController:
+    events = EventRecorder(FakeKube(), throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    return schedules.ScheduleController(store, events=events, clock=clock)
+
+
+def with_status(obj: dict[str, Any], store: MemoryStore) -> dict[str, Any]:
+    return {**obj, "status": copy.deepcopy(store.status)}
+
+
+async def test_a_due_time_creates_its_run_once_even_when_the_status_write_was_lost() -> None:
+    store, clock = MemoryStore(), Clock(T0 + 0.4)
+    wake = await controller(store, clock).reconcile(cron())
+    assert list(store.runs) == ["report-1796032800"] and wake == T0 + 10
+    assert store.status["lastScheduleTime"] == "2026-11-30T10:00:00Z"
+    assert store.status["active"] == [
+        {
+            "apiVersion": "agentrun.dev/v1alpha1",
+            "kind": "AgentRun",
+            "name": "report-1796032800",
+            "namespace": "team-a",
+        }
+    ]
+    # a new leader with the object as it was before the status write: the run it finds counts
+    clock.now = T0 + 3
+    await controller(store, clock).reconcile(cron())  # no status: the listed run is the last
+    assert store.creates == 1 and list(store.runs) == ["report-1796032800"]
+    assert store.status["activeRuns"] == 1
+
+
+async def test_replace_cancels_the_running_run_and_history_limits_delete_the_oldest() -> None:
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    spec = {"concurrencyPolicy": "Replace", "successfulRunsHistoryLimit": 1}
+    ctl = controller(store, clock)
+    await ctl.reconcile(cron(**spec))
+    clock.now = T0 + 10.2
+    await ctl.reconcile(with_status(cron(**spec), store))
+    assert store.cancelled == ["report-1796032800"]
+    assert sorted(store.runs) == ["report-1796032800", "report-1796032810"]
+    store.end("report-1796032800", "Cancelled", at=T0 + 10.5)
+    store.end("report-1796032810", "Succeeded", at=T0 + 12)
+    clock.now = T0 + 20.2
+    await ctl.reconcile(with_status(cron(**spec), store))
+    store.end("report-1796032820", "Succeeded", at=T0 + 22)
+    clock.now = T0 + 23
+    await ctl.reconcile(with_status(cron(**spec), store))
+    # one success kept (the newest), one failure kept (failedRunsHistoryLimit 1)
+    assert sorted(store.runs) == ["report-1796032800", "report-1796032820"]
+    assert store.deleted == ["report-1796032810"]
+    assert store.status["lastSuccessfulTime"] == "2026-11-30T10:00:22Z"
+    assert "active" not in store.status and store.status["activeRuns"] == 0
+
+
+async def test_forbid_starts_the_skipped_time_once_the_run_ends_before_the_next() -> None:
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    await ctl.reconcile(cron(concurrencyPolicy="Forbid"))
+    clock.now = T0 + 10.3
+    await ctl.reconcile(with_status(cron(concurrencyPolicy="Forbid"), store))
+    assert list(store.runs) == ["report-1796032800"]
+    store.end("report-1796032800", "Succeeded", at=T0 + 14)
+    clock.now = T0 + 14.1
+    await ctl.reconcile(with_status(cron(concurrencyPolicy="Forbid"), store))
+    assert sorted(store.runs) == ["report-1796032800", "report-1796032810"]
+
+
+async def test_an_invalid_template_is_not_ready_and_creates_nothing() -> None:
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    broken = cron(runTemplate={"spec": {"agentRef": {"name": "calc"}}})
+    assert await controller(store, clock).reconcile(broken) is None
+    (ready,) = store.status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidRunTemplate")
+    assert ready["message"].startswith("spec.runTemplate.spec.goal: ")
+    assert store.runs == {}
+
+
+async def test_a_pruned_run_is_not_created_again_from_an_object_older_than_the_status() -> None:
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    spec = {"successfulRunsHistoryLimit": 0}
+    await ctl.reconcile(cron(**spec))
+    store.end("report-1796032800", "Succeeded", at=T0 + 1)
+    clock.now = T0 + 2
+    await ctl.reconcile(cron(**spec))  # the watch has not brought the status written yet
+    assert store.deleted == ["report-1796032800"] and store.runs == {}
+    clock.now = T0 + 3
+    await ctl.reconcile(cron(**spec))
+    assert store.creates == 1 and store.status["lastScheduleTime"] == "2026-11-30T10:00:00Z"

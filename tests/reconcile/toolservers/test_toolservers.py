@@ -1,0 +1,210 @@
+"""AgentToolServers: the status discovery writes, and how a run's SERVER/TOOL names resolve at
+admission (allowlist, last good list, tenant grants, the names the model sees)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrun.operator.admission import config as admission
+from agentrun.operator.agents.spec import model_config
+from agentrun.operator.platform.spec import SpecError
+from agentrun.operator.runs import RunKey
+from agentrun.operator.runs.spec import AgentRunSpec
+from agentrun.operator.tenants import policy as tenancy
+from agentrun.operator.toolservers.resolve import is_pending, resolve_tool
+from agentrun.operator.toolservers.spec import AgentToolServerSpec
+from agentrun.operator.toolservers.status import discovered_status, failed_status
+from agentrun.protocol import RunConfigShape
+from agentrun.tools import remote
+
+NOW = 1_700_000_000.0
+SPEC_AS_WRITTEN: dict[str, Any] = {
+    "url": "http://tools.svc:8000/mcp",
+    "headersFrom": {"secretRef": {"name": "tools-auth"}},
+    "timeouts": {"call": "5s"},
+    "tools": [{"name": "add"}, {"name": "create_ticket", "effect": "write"}],
+}
+SPEC = AgentToolServerSpec.of(SPEC_AS_WRITTEN)
+ADD_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+FOUND = [
+    remote.Discovered("add", "Add numbers.", ADD_SCHEMA),
+    remote.Discovered("create_ticket", "Open a ticket.", {"type": "object"}),
+    remote.Discovered("drop_database", "Never offered.", {"type": "object"}),
+]
+
+
+def server_object(
+    status: dict[str, Any] | None, spec: dict[str, Any] = SPEC_AS_WRITTEN
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "metadata": {"name": "tools", "namespace": "ns", "generation": 2},
+        "spec": spec,
+    }
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def test_discovery_offers_only_allowlisted_tools_with_their_schemas() -> None:
+    status = discovered_status(SPEC, FOUND, generation=2, now=NOW)
+    assert [t["name"] for t in status["tools"]] == ["add", "create_ticket"]
+    assert status["tools"][0]["inputSchema"] == ADD_SCHEMA
+    assert status["tools"][1]["effect"] == "write"
+    assert status["toolCount"] == 2 and status["observedGeneration"] == 2
+    (ready,) = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("True", "Discovered")
+    assert status["lastRefreshTime"] == "2023-11-14T22:13:20Z"
+
+
+def test_an_allowlisted_tool_the_server_lacks_makes_it_not_ready() -> None:
+    status = discovered_status(SPEC, FOUND[:1], generation=2, now=NOW)
+    (ready,) = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "ToolsMissing")
+    assert "does not offer create_ticket" in ready["message"]
+
+
+def test_a_failed_refresh_keeps_the_last_good_list_and_says_so() -> None:
+    good = discovered_status(SPEC, FOUND, generation=2, now=NOW)
+    failed = failed_status(good, "connection refused", generation=2, now=NOW + 300)
+    assert failed["tools"] == good["tools"]
+    assert failed["lastRefreshTime"] == good["lastRefreshTime"]
+    (ready,) = failed["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "RefreshFailed")
+    assert "keeping the 2 tool(s) discovered at 2023-11-14T22:13:20Z" in ready["message"]
+
+
+def test_a_server_never_discovered_offers_nothing() -> None:
+    failed = failed_status({}, "timed out", generation=1, now=NOW)
+    assert failed["tools"] == [] and failed["conditions"][0]["reason"] == "DiscoveryFailed"
+
+
+def test_a_discovered_tool_resolves_to_what_the_worker_calls() -> None:
+    status = discovered_status(SPEC, FOUND, generation=2, now=NOW)
+    tool = resolve_tool("tools/create_ticket", server_object(status), namespace="ns")
+    assert (tool.name, tool.server, tool.tool, tool.effect) == (
+        "tools__create_ticket",
+        "tools",
+        "create_ticket",
+        "write",
+    )
+    assert (tool.url, tool.timeout, tool.headers_secret) == (
+        "http://tools.svc:8000/mcp",
+        5,
+        "tools-auth",
+    )
+
+
+def test_the_last_good_list_still_resolves_after_a_failed_refresh() -> None:
+    good = discovered_status(SPEC, FOUND, generation=2, now=NOW)
+    failed = failed_status(good, "down", generation=2, now=NOW + 1)
+    assert resolve_tool("tools/add", server_object(failed), namespace="ns").parameters == ADD_SCHEMA
+
+
+@pytest.mark.parametrize(
+    ("reference", "status", "message"),
+    [
+        pytest.param("gone/add", None, "AgentToolServer 'gone' not found in ns", id="no-server"),
+        pytest.param(
+            "tools/drop_database",
+            "discovered",
+            "does not offer 'drop_database' (spec.tools: add, create_ticket)",
+            id="not-allowlisted",
+        ),
+        pytest.param(
+            "tools/add", "failed", "not discovered on AgentToolServer 'tools': down", id="never"
+        ),
+    ],
+)
+def test_a_tool_that_is_not_offered_is_an_invalid_spec(
+    reference: str, status: str | None, message: str
+) -> None:
+    server = None
+    if status == "discovered":
+        server = server_object(discovered_status(SPEC, FOUND, generation=2, now=NOW))
+    elif status == "failed":
+        server = server_object(failed_status({}, "down", generation=2, now=NOW))
+    with pytest.raises(SpecError) as caught:
+        resolve_tool(reference, server, namespace="ns")
+    assert message in str(caught.value)
+
+
+def test_a_server_not_looked_at_yet_is_pending() -> None:
+    assert is_pending(server_object(None))
+    ready = discovered_status(SPEC, FOUND, generation=2, now=NOW)
+    assert not is_pending(server_object(ready))
+    assert not is_pending(None)
+
+
+def test_admission_gives_the_model_function_names_everywhere() -> None:
+    status = discovered_status(SPEC, FOUND, generation=2, now=NOW)
+    tools = [
+        resolve_tool(name, server_object(status), namespace="ns")
+        for name in ("tools/add", "tools/create_ticket")
+    ]
+    spec = AgentRunSpec.of(
+        {
+            "model": "m",
+            "goal": "g",
+            "tools": ["calculate", "tools/add", "tools/create_ticket"],
+            "approval": {"tools": ["tools/create_ticket"]},
+            "budget": {"noProgress": {"pollable": ["tools/add"]}},
+        }
+    )
+    model = model_config("m", {"spec": {"baseURL": "http://m/v1", "model": "x"}})
+    config = admission.build_run_config(
+        RunKey("ns", "run", "uid"),
+        spec,
+        model=model,
+        known_tools={"calculate": False},
+        start_time=0.0,
+        resolved=admission.Resolved(remote_tools=tools),
+    )
+    assert config.tools == ("calculate", "tools__add", "tools__create_ticket")
+    assert config.limits.approval_tools == {"tools__create_ticket"}
+    assert config.limits.pollable == {"tools__add"}
+    # the admitted event carries them whole
+    assert RunConfigShape.of(config).value().remote_tools == config.remote_tools
+
+
+def test_a_tool_of_no_server_is_unknown() -> None:
+    spec = AgentRunSpec.of({"model": "m", "goal": "g", "tools": ["tools/add"]})
+    model = model_config("m", {"spec": {"baseURL": "http://m/v1", "model": "x"}})
+    with pytest.raises(SpecError, match="unknown tool"):
+        admission.build_run_config(
+            RunKey("ns", "r", "u"), spec, model=model, known_tools={}, start_time=0.0
+        )
+
+
+@pytest.mark.parametrize(
+    ("allowed", "tool", "granted"),
+    [
+        pytest.param(["tools/add"], "tools/add", True, id="exact"),
+        pytest.param(["tools/*"], "tools/create_ticket", True, id="whole-server"),
+        pytest.param(["tools/add"], "tools/create_ticket", False, id="other-tool"),
+        pytest.param(["other/*"], "tools/add", False, id="other-server"),
+        pytest.param(["calculate"], "tools/add", False, id="built-ins-only"),
+    ],
+)
+def test_the_tenant_grants_mcp_tools_by_name_or_whole_server(
+    allowed: list[str], tool: str, granted: bool
+) -> None:
+    policy = tenancy.TenantPolicy.of(
+        {"metadata": {"name": "team"}, "spec": {"namespaces": ["ns"], "allowedTools": allowed}}
+    )
+    spec = AgentRunSpec.of({"model": "m", "goal": "g", "tools": [tool]})
+    if granted:
+        assert policy.apply(spec).tools == (tool,)
+    else:
+        with pytest.raises(SpecError, match="not allowed by AgentTenant 'team'"):
+            policy.apply(spec)
+
+
+def test_a_function_name_longer_than_openai_allows_is_refused() -> None:
+    raw = {**SPEC_AS_WRITTEN, "tools": [{"name": "t" * 60}]}
+    spec = AgentToolServerSpec.of(raw)
+    found = [remote.Discovered("t" * 60, "", {"type": "object"})]
+    status = discovered_status(spec, found, generation=1, now=NOW)
+    with pytest.raises(SpecError, match="longer than 64"):
+        resolve_tool("tools/" + "t" * 60, server_object(status, raw), namespace="ns")

@@ -1,0 +1,131 @@
+"""The worker's side of a turn's budgets: holding the tenant's budget for a model call, what a
+streamed response is charged while it arrives, and what providers were seen to count.
+
+What belongs here: the ``BudgetHold`` port (``agentrun.ledger.TurnHold`` implements it),
+waiting for a hold, the ``SpendWatch`` a streamed response reports to, the per-model
+``PromptCalibration`` and the overrun metric. What does not: the decisions (the kernel's gates
+and ``overrun``), the ledger's arithmetic (``agentrun.ledger``), the HTTP call (``model``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+from agentrun import kernel, metrics
+from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed, Granted
+from agentrun.protocol import RunConfig
+
+from .stream import Delivery
+
+MIN_OUTPUT_TOKENS = kernel.MIN_SHRUNK_OUTPUT_TOKENS
+"""The smallest output allowance a call is shrunk to when the tenant's budget left cannot hold
+its full allowance (a longer answer is cut at it, and the kernel asks for a correction)."""
+BUDGET_POLL_SECONDS = 0.5
+"""Seconds between two asks of a call waiting for other runs' holds to settle."""
+
+
+class BudgetHold(Protocol):
+    """The tenant budget a turn draws on (``agentrun.ledger.TurnHold``, or a stand-in)."""
+
+    async def reserve_call(
+        self, need: CallNeed, *, before: kernel.RunState | None = None
+    ) -> Granted | BudgetWait | BudgetRefusal:
+        """Hold the call's worst case (shrunk to fit, if need be), or say that it waits for
+        other runs' holds, or why it cannot run."""
+        ...
+
+    async def spend(self, usage: kernel.Usage) -> None:
+        """The model call answered with ``usage`` (recorded; charged if the turn is
+        abandoned, even by a worker that dies)."""
+        ...
+
+    def note(self, usage: kernel.Usage) -> None:
+        """The model call was abandoned mid-response having used ``usage`` (kept in memory:
+        charged when the turn is given up uncommitted)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpendWatch:
+    """Records what a streamed response delivered on the turn's hold: every few seconds while
+    it streams (so a worker that dies mid-response is charged it when its hold expires), and
+    when it is abandoned (a cancelled run is charged it): the prompt's bound and the output
+    delivered so far (``Delivery.charged_tokens``)."""
+
+    hold: BudgetHold
+    call: kernel.CallModel
+    pricing: kernel.Pricing
+
+    def usage(self, delivery: Delivery) -> kernel.Usage:
+        """The bound of what ``delivery`` cost so far."""
+        prompt, output = self.call.prompt_estimate, delivery.charged_tokens
+        cost = self.pricing.cost(input_tokens=prompt, cached_input_tokens=0, output_tokens=output)
+        return kernel.Usage(prompt, output, 0, cost, estimated=True)
+
+    async def progress(self, delivery: Delivery) -> None:
+        await self.hold.spend(self.usage(delivery))
+
+    def abandoned(self, delivery: Delivery) -> None:
+        self.hold.note(self.usage(delivery))
+
+
+class PromptCalibration:
+    """Prompt tokens each model's provider was seen to count beyond the bound of what was
+    sent (its chat template, tool definitions rendered in its own words, a system prompt of
+    its own): the largest excess seen per tenant and (base URL, model), added to later calls'
+    bounds in this worker process, so an overrun of that kind is not repeated for the tenant
+    it hit. Per tenant: what one tenant's runs taught never shrinks another's budgets."""
+
+    LIMIT = 1_000_000
+    """Excesses above this are not believed."""
+
+    def __init__(self) -> None:
+        self._hidden: dict[tuple[str, str, str], int] = {}
+
+    @staticmethod
+    def _key(config: RunConfig) -> tuple[str, str, str]:
+        return (config.tenant, config.model.base_url, config.model.model)
+
+    def hidden(self, config: RunConfig) -> int:
+        """The hidden prompt tokens to add for ``config``'s model and tenant."""
+        return self._hidden.get(self._key(config), 0)
+
+    def saw(self, config: RunConfig, *, reported: int, bound: int) -> None:
+        """A call whose prompt bound was ``bound`` was reported as ``reported`` tokens."""
+        key = self._key(config)
+        excess = min(reported - bound, self.LIMIT)
+        if excess > self._hidden.get(key, 0):
+            self._hidden[key] = excess
+
+
+async def hold_budget(
+    hold: BudgetHold,
+    need: CallNeed,
+    *,
+    state: kernel.RunState,
+    deadline: float,
+    clock: Callable[[], float],
+) -> Granted | BudgetWait | BudgetRefusal:
+    """Reserve ``need``, asking again every ``BUDGET_POLL_SECONDS`` while it waits for other
+    runs' holds; a ``BudgetWait`` comes back only once the run's deadline passed waiting."""
+    while True:
+        answer = await hold.reserve_call(need, before=state)
+        left = deadline - clock()
+        if not isinstance(answer, BudgetWait) or left <= 0:
+            return answer
+        await asyncio.sleep(min(BUDGET_POLL_SECONDS, left))
+
+
+def saw_usage(
+    calibration: PromptCalibration, config: RunConfig, call: kernel.CallModel, usage: kernel.Usage
+) -> None:
+    """Learn from what the provider reported: tokens past what was held for the call are an
+    overrun (the metric), prompt tokens past the prompt's bound calibrate later calls."""
+    held = call.prompt_estimate + call.max_output_tokens
+    metrics.record_overrun(config, tokens=usage.total_tokens - held)
+    if not usage.estimated:
+        bound = call.prompt_estimate - calibration.hidden(config)
+        calibration.saw(config, reported=usage.input_tokens, bound=bound)

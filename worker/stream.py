@@ -1,0 +1,250 @@
+"""A streamed chat completion as it arrives: the chunks folded into one response, and the
+output delivered so far counted, so the model adapter can cut it at the call's allowance.
+
+What belongs here: reading one streamed response through the ``openai`` client
+(``read_stream``) and its bookkeeping (``Delivery``, pure): folding
+``chat.completion.chunk`` objects (OpenAI API reference, "The chat completion chunk object")
+into the ``chat.completion`` shape the kernel classifies, and the count of delivered output
+the cut compares with the allowance (``delivered_tokens``). What does not: the HTTP request
+and its errors (``model``), budgets (the kernel's allowance, the ledger's hold).
+
+Two counts. A provider that honours ``max_tokens`` stops at the allowance by its own
+tokenizer; the cut must not come before that, so it compares a count that does not run ahead
+of a real tokenizer's: the content-bearing chunks (streaming servers send at least one token
+per chunk; OpenAI's and llama.cpp's send one) or six ASCII characters a token plus two other
+characters a token (English runs 4–5 characters a cl100k token, CJK one or two tokens a
+character), whichever is larger. A response cut there — its provider ignored ``max_tokens`` —
+is charged at the usual density (``charged_tokens``: four ASCII characters or one other
+character a token, at least the chunks), which may pass what was held for it: that call's
+overrun ends the run with its cap's reason and is counted in
+``agentrun_budget_overrun_tokens_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import openai
+
+STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
+"""What an error saying the endpoint does not stream names (not "upstream")."""
+CUT_KEY = "x_agentrun_cut"
+"""Set on a response the worker cut: the output tokens it is charged (``charged_tokens``).
+Not an OpenAI field: nothing but the worker reads it (the kernel classifies the rest)."""
+CUT_FINISH_REASON = "length"
+"""The finish reason of a response the worker cut: what a provider says when it stops at
+``max_tokens`` (the kernel asks for a shorter reply, or the run ends at its cap)."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Call:
+    id: str = ""
+    name: list[str] = dataclasses.field(default_factory=list)
+    arguments: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(slots=True)
+class Delivery:
+    """What one streamed response delivered so far (mutable; one per call)."""
+
+    content: list[str] = dataclasses.field(default_factory=list)
+    refusal: list[str] = dataclasses.field(default_factory=list)
+    calls: dict[int, _Call] = dataclasses.field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Mapping[str, Any] | None = None
+    """The provider's ``usage`` (the final chunk's, with ``stream_options.include_usage``)."""
+    id: str | None = None
+    chunks: int = 0
+    """Chunks that carried output (text or a tool call's part)."""
+    ascii_chars: int = 0
+    other_chars: int = 0
+    cut: bool = False
+    """The worker stopped reading before the provider finished (the allowance was reached)."""
+
+    def add(self, chunk: Any) -> None:
+        """Fold one ``chat.completion.chunk`` (parsed JSON; anything else is ignored)."""
+        if not isinstance(chunk, Mapping):
+            return
+        if isinstance(chunk.get("id"), str):
+            self.id = chunk["id"]
+        usage = chunk.get("usage")
+        if isinstance(usage, Mapping):
+            self.usage = usage
+        choices = chunk.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, Mapping):
+            return
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish_reason = choice["finish_reason"]
+        delta = choice.get("delta")
+        if isinstance(delta, Mapping) and self._add_delta(delta):
+            self.chunks += 1
+
+    def _add_delta(self, delta: Mapping[str, Any]) -> bool:
+        """Fold a delta; True if it carried output."""
+        carried = False
+        for key, parts in (("content", self.content), ("refusal", self.refusal)):
+            text = delta.get(key)
+            if isinstance(text, str) and text:
+                parts.append(text)
+                self._count(text)
+                carried = True
+        calls = delta.get("tool_calls")
+        for part in calls if isinstance(calls, list) else ():
+            if isinstance(part, Mapping):
+                carried = self._add_call(part) or carried
+        return carried
+
+    def _add_call(self, part: Mapping[str, Any]) -> bool:
+        index = part.get("index")
+        call = self.calls.setdefault(index if isinstance(index, int) else len(self.calls), _Call())
+        if isinstance(part.get("id"), str):
+            call.id = part["id"]
+        function = part.get("function")
+        if not isinstance(function, Mapping):
+            return False
+        carried = False
+        for key, parts in (("name", call.name), ("arguments", call.arguments)):
+            text = function.get(key)
+            if isinstance(text, str) and text:
+                parts.append(text)
+                self._count(text)
+                carried = True
+        return carried
+
+    def _count(self, text: str) -> None:
+        if text.isascii():  # most chunks: no encoding needed
+            self.ascii_chars += len(text)
+            return
+        ascii_chars = len(text.encode("ascii", "ignore"))
+        self.ascii_chars += ascii_chars
+        self.other_chars += len(text) - ascii_chars
+
+    @property
+    def delivered_tokens(self) -> int:
+        """Output tokens delivered, counted so as not to run ahead of a real tokenizer's
+        count (what the cut compares with the allowance): the content-bearing chunks, or six
+        ASCII characters a token plus two other characters a token, whichever is larger."""
+        return max(self.chunks, -(-self.ascii_chars // 6) + -(-self.other_chars // 2))
+
+    @property
+    def charged_tokens(self) -> int:
+        """Output tokens a response cut mid-way (or abandoned) is charged: the content-bearing
+        chunks, or four ASCII characters a token plus one per other character, whichever is
+        larger — the usual density, never below ``delivered_tokens``."""
+        return max(self.chunks, -(-self.ascii_chars // 4) + self.other_chars)
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message delivered so far."""
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self.content) if self.content else None,
+            "refusal": "".join(self.refusal) if self.refusal else None,
+        }
+        if self.calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "".join(call.name), "arguments": "".join(call.arguments)},
+                }
+                for _, call in sorted(self.calls.items())
+            ]
+        return message
+
+    def completion(self) -> dict[str, Any]:
+        """The response as one ``chat.completion`` object: the usage the provider reported
+        (none when it sent none). A cut response has finish reason ``length``, no usage, and
+        ``CUT_KEY`` holding ``charged_tokens`` (what it is charged as output)."""
+        finish = CUT_FINISH_REASON if self.cut else (self.finish_reason or "stop")
+        completion: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": self.message(), "finish_reason": finish}],
+            "usage": None if self.cut else self.usage,
+        }
+        if self.cut:
+            completion[CUT_KEY] = self.charged_tokens
+        return completion
+
+
+PROGRESS_SECONDS = 2.0
+"""Seconds between two ``StreamWatch.progress`` calls while a response streams."""
+
+
+class StreamWatch(Protocol):
+    """Sees what a streamed response delivered: the worker records it on its ledger hold, so
+    a call abandoned mid-way (cancelled, its worker dead) is charged what it delivered."""
+
+    async def progress(self, delivery: Delivery) -> None:
+        """Called every ``PROGRESS_SECONDS`` while the response streams."""
+        ...
+
+    def abandoned(self, delivery: Delivery) -> None:
+        """Called once when the response is abandoned before its end (no awaiting: it may be
+        a cancellation)."""
+        ...
+
+
+async def read_stream(
+    client: openai.AsyncOpenAI,
+    path: str,
+    body: Mapping[str, Any],
+    *,
+    max_output_tokens: int,
+    watch: StreamWatch | None,
+) -> object:
+    """POST ``body`` to ``path`` streamed (``stream: true``, ``stream_options.include_usage``)
+    and fold the chunks into one completion, cut once ``Delivery.delivered_tokens`` passes
+    ``max_output_tokens`` (the connection is closed: the provider stops generating). A JSON
+    body instead of an event stream (a provider that does not stream) is returned as parsed.
+
+    Raises what the ``openai`` client raises (``APIStatusError``, ``APIConnectionError``) and
+    ``json.JSONDecodeError`` for a body that is not JSON; the caller maps them."""
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    stream = await client.post(
+        path,
+        body=stream_body,
+        cast_to=object,
+        stream=True,
+        stream_cls=openai.AsyncStream[object],
+    )
+    if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
+        answer: object = json.loads(await stream.response.aread())
+        return answer
+    delivery = Delivery()
+    finished = False
+    try:
+        shown = time.monotonic()
+        async for chunk in stream:
+            delivery.add(chunk)
+            if delivery.delivered_tokens > max_output_tokens:
+                delivery.cut = True
+                break
+            if watch is not None and time.monotonic() - shown >= PROGRESS_SECONDS:
+                await watch.progress(delivery)
+                shown = time.monotonic()
+        finished = True
+    finally:
+        if not finished and watch is not None:
+            watch.abandoned(delivery)
+        if delivery.cut or not finished:
+            await asyncio.shield(stream.close())  # the provider stops generating
+    return delivery.completion()
+
+
+def refuses_streaming(body: object) -> bool:
+    """Whether the body of an HTTP 400 says the endpoint does not stream: its error's
+    ``param`` is ``stream`` or ``stream_options``, or its code or message names streaming."""
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    if not isinstance(error, Mapping):
+        return False
+    param = str(error.get("param") or "")
+    text = f"{error.get('code') or ''} {error.get('message') or ''}"
+    return param.startswith("stream") or STREAM_WORD.search(text) is not None
