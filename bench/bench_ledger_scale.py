@@ -11,13 +11,14 @@ Scenarios (``--scenarios``, comma-separated):
 - ``many``: 20 tenants × 500 runs, ``maxConcurrentRuns`` 500 each (every run active at once).
 
 Each run does with the ledger what the operator and a worker do around a one-turn run: the
-operator queues it (all runs at once), its tenant's pump admits from the head one at a time in
-FIFO order (``admit_run`` holding the first call's worst case, then ``dequeue``, as the
-operator's pump), a worker reserves its call (``reserve_call``), waits the scripted model's
-latency (``--model-ms``), records what the call used (``spend``) and settles; the operator
-closes the run (``close_run``) and pumps the queue again. ``--workers`` worker stores (each on
-its own NATS connection, as worker processes are) and one operator store, in this process,
-against a nats-server of its own (closed as shipped).
+operator queues it (all runs at once), its tenant's pump admits from the head in FIFO order as
+the tree's operator does (this tree: the longest prefix of 32 heads that fits in one write,
+``admit_runs``; a tree without it: ``admit_run`` one at a time), holding each first call's
+worst case, then dequeues them; a worker reserves its call (``reserve_call``), waits the
+scripted model's latency (``--model-ms``), records what the call used (``spend``) and settles;
+the operator closes the run (``close_run``) and pumps the queue again. ``--workers`` worker
+stores (each on its own NATS connection, as worker processes are) and one operator store, in
+this process, against a nats-server of its own (closed as shipped).
 
 First the floor: what one ledger write costs at the least on the same server (one writer,
 sequential): a compare-and-set of one value and, in this layout, an atomic batch of two (a
@@ -83,8 +84,9 @@ ADMISSION_NEED = worst_case(prompt_tokens=1_000, output_tokens=128, pricing=PRIC
 """What admission holds for a run's first call (its smallest worst case)."""
 LIMITS = dict(tokens=10**12, cost_usd=Decimal(10**6), window_seconds=1e9)
 """Limits checked on every reservation that never refuse; a window that cannot roll."""
-HEADS = 64
-"""Queue heads a pump round looks at (the one-value queue is read whole for them)."""
+HEADS = 32
+"""Queue heads a pump round looks at (the one-value queue is read whole for them): the
+operator's ``ADMIT_BATCH``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,11 +174,36 @@ async def first_runs(store: LedgerStore, tenant: str) -> list[QueuedRun]:
     return list((await store.queue(tenant))[:HEADS])
 
 
+async def admit_heads(
+    operator: LedgerStore, tenant: str, heads: list[QueuedRun], limits: TenantLimits, tally: Tally
+) -> list[QueuedRun]:
+    """Admit the heads, FIFO, as the tree's operator does: all in one write where the ledger
+    offers it (``admit_runs``), else one ``admit_run`` each; the runs admitted."""
+    admit_runs = getattr(operator, "admit_runs", None)
+    if admit_runs is not None:
+        answers = await retried(
+            lambda: admit_runs(tenant, [(h, ADMISSION_NEED) for h in heads], limits=limits),
+            tally,
+        )
+        return [h for h, answer in zip(heads, answers, strict=False) if answer is None]
+    admitted = []
+    for head in heads:
+        refusal = await retried(
+            lambda h=head: operator.admit_run(tenant, h, limits=limits, need=ADMISSION_NEED),
+            tally,
+        )
+        if refusal is not None:
+            break
+        admitted.append(head)
+    return admitted
+
+
 async def pump(
     tenant: str, scenario: Scenario, stores: list[LedgerStore], operator: LedgerStore,
     tally: Tally, *, model_s: float,
 ) -> None:  # fmt: skip
-    """Admit the tenant's queue from the head, one run at a time, until it is empty."""
+    """Admit the tenant's queue from the head until it is empty: a pump round admits what
+    fits of the first ``HEADS`` runs, then dequeues them and starts their turns."""
     limits = TenantLimits(**LIMITS, max_concurrent_runs=scenario.active)  # type: ignore[arg-type]
     woken = asyncio.Event()
     turns: list[asyncio.Task[None]] = []
@@ -184,22 +211,20 @@ async def pump(
         heads = await retried(lambda: first_runs(operator, tenant), tally)
         if not heads:
             break
-        for head in heads:
-            refusal = await retried(
-                lambda h=head: operator.admit_run(tenant, h, limits=limits, need=ADMISSION_NEED),
-                tally,
-            )
-            if refusal is not None:
-                break
-            await retried(lambda h=head: operator.dequeue(tenant, h.uid), tally)
-            tally.admitted_at.append(time.perf_counter())
+        admitted = await admit_heads(operator, tenant, heads, limits, tally)
+        now = time.perf_counter()
+        await asyncio.gather(
+            *(retried(lambda h=h: operator.dequeue(tenant, h.uid), tally) for h in admitted)
+        )
+        for head in admitted:
+            tally.admitted_at.append(now)
             worker = stores[len(turns) % len(stores)]
             turns.append(
                 asyncio.create_task(
                     run_turn(head, tenant, worker, operator, tally, model_s=model_s, woken=woken)
                 )
             )
-        else:
+        if len(admitted) == len(heads):
             continue  # every head admitted: look at the next ones
         await woken.wait()  # a slot frees when a run closes
         woken.clear()

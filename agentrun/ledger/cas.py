@@ -7,8 +7,9 @@ ADR-50: every message of a batch carries ``Nats-Expected-Last-Subject-Sequence``
 the batch commits, and the batch is stored whole or not at all), so a change of a run's entry
 and its tenant's totals is one write; a change of one value is a plain compare-and-set. Within
 one process, changes of one *group* of values (a tenant's) are group-committed: one write at a
-time per group, each carrying every change queued meanwhile, on top of the cached last written
-revisions. So concurrent writers in a process share writes instead of racing each other; races
+time per group, each carrying the changes queued meanwhile (up to ``BATCH_CHANGES``), on top of
+the cached last written revisions. So concurrent writers in a process share writes instead of
+racing each other; races
 remain only between processes, which the compare-and-set resolves (the batch is re-applied).
 
 A value is deleted by a purge marker that expires (``Nats-TTL``): a key whose run ended leaves
@@ -43,6 +44,10 @@ BATCH_BUSY = frozenset({10176, 10210})
 """Atomic batch errors a retry clears: the batch arrived incomplete (a message lost on a
 reconnect), the server holds too many batches in flight (``JSAtomicPublishIncompleteBatchErr``,
 ``JSAtomicPublishTooManyInflight``)."""
+BATCH_CHANGES = 64
+"""Changes one write carries at most (the others wait for the next): a write's time grows with
+the values it reads and writes, so a burst is cut into writes of bounded size, each answered
+as it lands (and an atomic batch stays far below the server's 1,000 messages)."""
 DELETED_MARKER_TTL = 60.0
 """Seconds a deleted value's purge marker stays in the bucket (then nothing of it is left)."""
 
@@ -262,14 +267,26 @@ class CasStore:
 
     async def _flush(self, group: str, attempt: Attempt) -> None:
         try:
-            while batch := self._pending.pop(group, None):
+            while batch := self._take(group, []):
                 await self._write_batch(group, batch, attempt)
         finally:
             del self._flushers[group]
 
+    def _take(self, group: str, batch: list[_Op]) -> list[_Op]:
+        """``batch`` (the changes of an attempt lost) topped up from the group's queue, at most
+        ``BATCH_CHANGES``, those whose callers gave up left out; the rest stay queued."""
+        pending = self._pending.get(group, [])
+        batch = [op for op in batch if not op[1].done()]
+        room = max(0, BATCH_CHANGES - len(batch))
+        batch += pending[:room]
+        del pending[:room]
+        if not pending:
+            self._pending.pop(group, None)
+        return [op for op in batch if not op[1].done()]
+
     async def _write_batch(self, group: str, batch: list[_Op], attempt: Attempt) -> None:
         for number in range(self.attempts):
-            batch = [op for op in batch + self._pending.pop(group, []) if not op[1].done()]
+            batch = self._take(group, batch)
             if not batch:
                 return
             try:

@@ -14,13 +14,13 @@ the totals only — one value when the run is inline, one atomic batch of both o
 — so neither the size of a write nor its chance to race grows with the tenant. A small tenant's
 runs are all inline: each of its changes is one compare-and-set of one small value.
 
-This is the tenant-budget port: admitting a run (``admit_run``), a turn's hold (``turn_hold``,
-a ``TurnHold`` over this store's ``TurnLedger`` operations: ``reserve_turn``, ``reserve_call``,
-``record_spend``, ``refresh_hold``, ``settle_turn``, ``release_hold``, ``abandon_hold``,
-``stop_waiting``), ending a run (``close_run``), the operator sweep's fixes (``repair_entry``)
-and the admission queue (``enqueue``, ``dequeue``, ``queued``). Callers outside this package
-change the ledger only through these. Each is one write, compare-and-set on the revisions read,
-group-committed per tenant (``cas``).
+This is the tenant-budget port: admitting runs (``admit_run``, ``admit_runs``), a turn's hold
+(``turn_hold``, a ``TurnHold`` over this store's ``TurnLedger`` operations: ``reserve_turn``,
+``reserve_call``, ``record_spend``, ``refresh_hold``, ``settle_turn``, ``release_hold``,
+``abandon_hold``, ``stop_waiting``), ending a run (``close_run``), the operator sweep's fixes
+(``repair_entry``) and the admission queue (``enqueue``, ``dequeue``, ``queued``). Callers
+outside this package change the ledger only through these. Each is one write, compare-and-set
+on the revisions read, group-committed per tenant (``cas``).
 
 The one-value book and queue of earlier releases (``book.<tenant>`` in format 2,
 ``queue.<tenant>``) are migrated when first read: the book into totals and run entries in one
@@ -321,17 +321,39 @@ class LedgerStore(CasStore):
         the budget left covers ``need`` (tokens, USD: its first call's worst case, held until
         that call reserves) at ``now`` (epoch seconds; the store's clock if not given).
         ``None`` when admitted; idempotent. See ``Book.admit``."""
-        if now is None:
-            now = self.clock()
+        (answer,) = await self.admit_runs(tenant, [(run, need)], limits=limits, now=now)
+        return answer
 
-        def apply(book: Book) -> BudgetRefusal | None:
+    async def admit_runs(
+        self,
+        tenant: str,
+        runs: Sequence[tuple[QueuedRun, tuple[int, Decimal]]],
+        *,
+        limits: TenantLimits,
+        now: float | None = None,
+    ) -> list[BudgetRefusal | None]:
+        """Admit ``runs`` (each with its first call's worst case), head of the queue first, in
+        one write: each as ``admit_run`` does, stopping at the first that does not fit — FIFO,
+        as if they were admitted one by one. Returns an answer for each run tried: ``None``
+        for each admitted, then the refusal of the first that was not (the runs after it were
+        not tried)."""
+        at = self.clock() if now is None else now
+
+        def apply(book: Book) -> list[BudgetRefusal | None]:
             if book.limits != limits:
-                book.set_limits(limits, now=now)
-            return book.admit(
-                run.uid, run.namespace, run.name, now=now, need_tokens=need[0], need_cost=need[1]
-            )
+                book.set_limits(limits, now=at)
+            answers: list[BudgetRefusal | None] = []
+            for run, (tokens, cost) in runs:
+                refusal = book.admit(
+                    run.uid, run.namespace, run.name, now=at, need_tokens=tokens, need_cost=cost
+                )
+                answers.append(refusal)
+                if refusal is not None:
+                    break
+            return answers
 
-        return await self._change(tenant, apply, runs=(run.uid,), limits=limits)
+        uids = [run.uid for run, _ in runs]
+        return await self._change(tenant, apply, runs=uids, limits=limits)
 
     def turn_hold(
         self,

@@ -5,8 +5,9 @@ queue (one value per run, ``queue.<tenant>.<uid>`` in the ledger bucket, ordered
 process's memory: ``ledger.TenantQueue``), unless the queue holds ``AGENTRUN_MAX_QUEUED_RUNS``
 runs already (then it ends ``tenant_budget_exhausted``, saying so). A pump per tenant admits
 from the head while the tenant has a free ``maxConcurrentRuns`` slot and budget left for the
-run's first model call (``Book.admit``, one compare-and-set), appending the run's ``admitted``
-event; it stops at the first run that does not fit, so admission is FIFO (a run waiting for its
+run's first model call (``Book.admit``: up to ``ADMIT_BATCH`` heads in one ledger write, the
+longest prefix that fits), appending each admitted run's ``admitted`` event; it stops at the
+first run that does not fit, so admission is FIFO (a run waiting for its
 AgentToolServer's discovery is passed over). Runs left waiting show ``Queued`` with the reason
 and their position (``queuestatus``: at once for a run just queued, later refreshes within a
 rate). Every step is idempotent (the ledger slot by
@@ -23,14 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from decimal import Decimal
 
 import nats.errors
 
 from agentrun import kernel, metrics, protocol, telemetry
-from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
+from agentrun.ledger import LedgerStore, QueuedRun, QueueFull, TenantQueue
 from agentrun.protocol import RunConfig
 
 from ..platform.events import EventRecorder, EventType
@@ -45,6 +48,11 @@ from .queuestatus import QueueStatus, Waiting
 from .settlement import RunSettlement
 
 log = logging.getLogger(__name__)
+
+
+def _not_in(queue: TenantQueue, passed: set[str]) -> Iterator[QueuedRun]:
+    """The queue's runs, head first, but those in ``passed``."""
+    return (run for run in queue if run.uid not in passed)
 
 
 async def fetch_pending_run(api: KubeApi, key: RunKey) -> RunObject | None:
@@ -81,6 +89,11 @@ class PumpDeps:
     """Epoch seconds."""
 
 
+ADMIT_BATCH = 32
+"""Queue heads a pump pass prepares at once: the ledger admits the longest prefix of them that
+fits in one write (``LedgerStore.admit_runs``), and those start together."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Head:
     """The run at the head of a queue, with what its object says."""
@@ -89,6 +102,16 @@ class _Head:
     obj: RunObject
     created: float
     """The AgentRun's creation (epoch seconds)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Ready:
+    """A queue head ready to be admitted: its frozen config and its first call's worst case."""
+
+    queued: QueuedRun
+    head: _Head
+    config: RunConfig
+    need: tuple[int, Decimal]
 
 
 class QueuePump:
@@ -224,22 +247,16 @@ class QueuePump:
             wait: QueueWait | None = None
             passed: set[str] = set()
             """Runs waiting for their AgentToolServer's discovery: the runs behind them go on."""
-            while (head := next((r for r in queue if r.uid not in passed), None)) is not None:
+            while heads := list(itertools.islice(_not_in(queue, passed), ADMIT_BATCH)):
                 if policy is None:
                     wait = self.deps.tenants.why_missing(tenant)
                     break
-                wait = await self._admit_queue_head(policy, head)
-                if wait is not None and wait.reason is WaitReason.TOOL_SERVER_PENDING:
-                    # waits for its AgentToolServer's discovery, not for the tenant: shown
-                    # Queued, and the runs behind it go on
-                    position = queue.position(head.uid) or 1
-                    self.shown.show_run(tenant, head, position, wait, seen=self._waiting)
-                    passed.add(head.uid)
-                    wait = None
-                elif wait is not None:
+                ready = await self._prepare(policy, heads, queue, passed=passed)
+                wait = await self._admit(policy, ready) if ready else None
+                if wait is not None:
                     break
-                elif head.uid in queue:  # neither admitted nor out of the queue: never spin
-                    raise RuntimeError(f"run {head.uid} was neither admitted nor dequeued")
+                if heads[0].uid in queue and heads[0].uid not in passed:  # never spin on it
+                    raise RuntimeError(f"run {heads[0].uid} was neither admitted nor dequeued")
             fresh = self._fresh.pop(tenant, {})
             self.board.record_pass(tenant, waiting=len(queue), blocked=wait)
             if wait is not None:
@@ -254,31 +271,57 @@ class QueuePump:
 
     # --- admitting one run ----------------------------------------------------------------------
 
-    async def _admit_queue_head(self, policy: TenantPolicy, queued: QueuedRun) -> QueueWait | None:
-        """Admit ``queued`` or say why it waits; a run that cannot run at all leaves the queue."""
-        head = await self._read_head(policy, queued)
-        if head is None:
-            return None
+    async def _prepare(
+        self,
+        policy: TenantPolicy,
+        heads: list[QueuedRun],
+        queue: TenantQueue,
+        *,
+        passed: set[str],
+    ) -> list[_Ready]:
+        """The first runs of the queue made ready for admission, in order; a run that cannot
+        run at all leaves the queue, one waiting for its AgentToolServer's discovery (not for
+        the tenant) is shown Queued and passed over (``passed``): the runs behind it go on."""
+        ready = []
+        for queued in heads:
+            head = await self._read_head(policy, queued)
+            if head is None:
+                continue
+            try:
+                config = await self.deps.configs.build_config(
+                    head.key, head.obj.run_spec(), policy, start_time=self.clock()
+                )
+            except ToolServerPending as err:
+                wait = QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
+                position = queue.position(queued.uid) or 1
+                self.shown.show_run(policy.name, queued, position, wait, seen=self._waiting)
+                passed.add(queued.uid)
+                continue
+            except SpecError as err:  # e.g. its AgentModel was deleted while it waited
+                await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
+                continue
+            need = self.deps.configs.first_call_need(config)
+            never = never_fits(need, tenant=policy.name, limits=policy.limits)
+            if never is not None:  # waiting would block everyone behind it for ever
+                await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
+                continue
+            ready.append(_Ready(queued, head, config, need))
+        return ready
+
+    async def _admit(self, policy: TenantPolicy, ready: list[_Ready]) -> QueueWait | None:
+        """Admit the longest prefix of ``ready`` that fits (one ledger write) and start those
+        runs together; say why the first of the others waits (``None`` if none does, or it
+        left the queue: ``whenExhausted: Fail``)."""
         now = self.clock()
-        try:
-            config = await self.deps.configs.build_config(
-                head.key, head.obj.run_spec(), policy, start_time=now
-            )
-        except ToolServerPending as err:
-            return QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
-        except SpecError as err:  # e.g. its AgentModel was deleted while it waited
-            await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
-            return None
-        need = self.deps.configs.first_call_need(config)
-        never = never_fits(need, tenant=policy.name, limits=policy.limits)
-        if never is not None:  # waiting would block everyone behind it for ever
-            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
-            return None
-        refusal = await self.store.admit_run(
-            policy.name, queued, limits=policy.limits, need=need, now=now
+        answers = await self.store.admit_runs(
+            policy.name, [(r.queued, r.need) for r in ready], limits=policy.limits, now=now
         )
+        admitted = [r for r, answer in zip(ready, answers, strict=False) if answer is None]
+        await asyncio.gather(
+            *(self._start_admitted(r.head, policy, r.config, now=now) for r in admitted)
+        )
+        refusal = answers[-1]
         if refusal is None:
-            await self._start_admitted(head, policy, config, now=now)
             return None
         wait = QueueWait.of(refusal)
         if wait.reason is WaitReason.BUDGET_EXHAUSTED and (
@@ -288,7 +331,8 @@ class QueuePump:
                 f"AgentTenant {policy.name!r} has too little budget left for this run's "
                 f"first model call ({wait.message}); its spec.whenExhausted is Fail"
             )
-            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message)
+            refused = ready[len(admitted)].head
+            await self._drop(refused, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message)
             return None
         return wait
 

@@ -401,3 +401,25 @@ async def test_the_sweeps_repairs_charge_expired_holds_and_close_ended_or_vanish
     assert set(book.active) == {"alive"} and book.active["alive"].tokens == 300
     assert book.used_tokens == 300 + 700
     assert book.used_wall == pytest.approx(80 + 100)  # ended at now - 20; vanished at now
+
+
+async def test_queue_heads_are_admitted_fifo_in_one_write_up_to_the_first_that_does_not_fit(
+    open_store: Opener,
+) -> None:
+    store = await open_store(inline_runs=2)
+    tenant, now = tenant_name(), store.clock()
+    limits = TenantLimits(tokens=10_000, max_concurrent_runs=3)
+    heads = [(QueuedRun(f"u{i}", "ns", f"r{i}", now + i), (1_000, Decimal(0))) for i in range(5)]
+    writes = store.writes
+    answers = await store.admit_runs(tenant, heads, limits=limits, now=now)
+    assert answers[:3] == [None, None, None] and len(answers) == 4  # the 5th was not tried
+    assert answers[3] is not None and answers[3].reason == "ConcurrencyLimit"
+    assert store.writes - writes == 1  # three slots, two inline and one apart: one batch
+    book = await store.read(tenant)
+    assert book is not None and sorted(book.active) == ["u0", "u1", "u2"]
+    assert book.reserved_tokens == 3_000 and book.totals_mismatch() == []
+    # a head whose first call does not fit stops the runs behind it, however small theirs
+    big = [(QueuedRun("big", "ns", "big", now), (9_000, Decimal(0))), heads[4]]
+    await store.close_run(tenant, "u0", None, end=now, now=now)
+    answers = await store.admit_runs(tenant, big, limits=limits, now=now)
+    assert len(answers) == 1 and answers[0] is not None and answers[0].resource == "tokens"
