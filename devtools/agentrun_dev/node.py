@@ -156,7 +156,7 @@ def start_node(
     )
     if stale is not None:
         launch.log(f"the node in {stale} died without cleaning up: cleaning after it")
-        _clean_stale(stale, log=launch.log)
+        clean_stale(stale, log=launch.log)
     before = nodehost.take_snapshot(directory)
     (directory / _SNAPSHOT).write_text(json.dumps(before.as_dict()))
     started: list[components.Component] = []
@@ -241,8 +241,10 @@ def _clean_host(directory: Path, *, log: console.Log) -> list[str]:
     return nodehost.cleanup_host(directory, before=before, log=log)
 
 
-def _clean_stale(stale: Path, *, log: console.Log) -> None:
-    """Clean after a node whose owner died without stopping it (its processes died with it)."""
+def clean_stale(stale: Path, *, log: console.Log) -> None:
+    """Clean after a node whose owner died without stopping it (its processes died with it):
+    `stale` is its state directory, as `nodehost.claim_host` returns it to whoever takes the
+    machine over. Leaves logged, never raised."""
     containerd.stop_containers(stale)
     proxy = binaries.cache_bin_dir() / "kube-proxy"
     if binaries.is_executable(proxy):

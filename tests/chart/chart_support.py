@@ -28,6 +28,12 @@ Manifest = dict[str, Any]
 FEATURES: dict[str, dict[str, str]] = {
     "defaults": {},
     "nats": {"nats.install.enabled": "true"},
+    "nats-credentials-brought": {
+        "nats.install.enabled": "true",
+        "nats.auth.operatorSecret": "bus-operator",
+        "nats.auth.workerSecret": "bus-worker",
+        "nats.auth.serverSecret": "bus-server",
+    },
     "nats-without-persistence": {
         "nats.install.enabled": "true",
         "nats.install.persistence.enabled": "false",
@@ -82,7 +88,7 @@ def documents(rendered: str) -> list[Manifest]:
 
 
 def pod_from_workload(workload: Manifest) -> Manifest:
-    """A bare Pod built from a Deployment's or StatefulSet's pod template, in its namespace.
+    """A bare Pod built from a Deployment's, StatefulSet's or Job's pod template, in its namespace.
 
     Pod Security Admission only warns about workloads; it enforces on pods, so this is what
     the API server is asked to admit. PersistentVolumeClaim templates become emptyDirs (a

@@ -12,7 +12,7 @@ from typing import Any
 import nats
 import nats.errors
 import pytest
-from chart_support import CHART_DIR, documents
+from chart_support import CHART_DIR, FEATURES, documents
 from test_render import closed_nats_files, env_of, find, render
 
 from agentrun import natsclient
@@ -74,6 +74,40 @@ def test_credentials_brought_by_the_user_need_no_hook(offline_helm: helm.Helm) -
         "nats-creds": "my-worker",
         "nats-ca": "my-ca",
     }
+
+
+def test_an_installed_nats_with_every_secret_brought_needs_no_hook(
+    offline_helm: helm.Helm,
+) -> None:
+    docs = render(offline_helm, "nats-credentials-brought", namespace="ops")
+    assert not [d for d in docs if "nats-bootstrap" in d["metadata"]["name"]]
+    assert secrets_of(find(docs, "StatefulSet", "agentrun-nats"))["auth"] == "bus-server"
+    assert secrets_of(find(docs, "Deployment", "agentrun-operator"))["nats-creds"] == "bus-operator"
+
+
+def test_an_installed_nats_without_its_server_secret_still_runs_the_hook(
+    offline_helm: helm.Helm,
+) -> None:
+    values = dict(FEATURES["nats-credentials-brought"])
+    del values["nats.auth.serverSecret"]
+    docs = documents(offline_helm.template(CHART_DIR, namespace="ops", values=values))
+    find(docs, "Job", "agentrun-nats-bootstrap")
+    assert secrets_of(find(docs, "StatefulSet", "agentrun-nats"))["auth"] == "agentrun-nats-server"
+
+
+@pytest.mark.parametrize(
+    "brought",
+    [
+        pytest.param({}, id="no-role-credentials"),
+        pytest.param({"nats.auth.operatorSecret": "bus-operator"}, id="no-worker-credentials"),
+    ],
+)
+def test_a_server_secret_without_both_roles_credentials_fails_naming_the_field(
+    offline_helm: helm.Helm, brought: dict[str, str]
+) -> None:
+    values = {"nats.install.enabled": "true", "nats.auth.serverSecret": "bus-server", **brought}
+    with pytest.raises(helm.HelmError, match=r"nats\.auth\.serverSecret: bring"):
+        offline_helm.template(CHART_DIR, namespace="ops", values=values)
 
 
 def test_the_open_bus_escape_hatch_mounts_nothing(offline_helm: helm.Helm) -> None:

@@ -1,17 +1,26 @@
 """``helm install``, ``upgrade`` and ``uninstall`` against the suite's real API server (no node:
 pods are not scheduled here, the objects are what is checked). A typo in values fails the
 install naming the field; an upgrade changes what it should; uninstalling keeps the CRDs and
-the AgentRuns."""
+the AgentRuns.
+
+The closed bus's credentials are brought the way a platform team that keeps the bus's keys out
+of the cluster's hooks would: ``agentrun nats bootstrap`` run here against the API server
+makes them, and the values name its Secrets. The chart then has no hook Job, which here would
+wait for a node that never runs it (the hook itself runs on the node, tests/cluster)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chart_support import CHART_DIR
+from test_closed_bus import secrets_of
 
 from agentrun_dev import helm
 from agentrun_dev.kubectl import Kubectl
@@ -38,6 +47,29 @@ def install(cluster_helm: helm.Helm, release: str, namespace: str, *sets: str) -
     cluster_helm("install", release, str(CHART_DIR), "-n", namespace, *args)
 
 
+def bring_nats_credentials(kubectl: Kubectl, namespace: str, prefix: str) -> list[str]:
+    """Run ``agentrun nats bootstrap --namespace namespace --prefix prefix`` here against the
+    API server; the ``--set`` pairs naming the Secrets it made (operator, workers, server)."""
+    agentrun = Path(sys.executable).with_name("agentrun")
+    made = subprocess.run(
+        [str(agentrun), "nats", "bootstrap", f"--namespace={namespace}", f"--prefix={prefix}"],
+        env=kubectl.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    return [f"nats.auth.{key}Secret={prefix}-{key}" for key in ("operator", "worker", "server")]
+
+
+def get(kubectl: Kubectl, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(
+        kubectl("get", kind, name, "-n", namespace, "-o", "json").stdout
+    )
+    return found
+
+
 def test_a_typo_in_values_fails_the_install_naming_the_field(
     cluster_helm: helm.Helm, kubectl: Kubectl, release: str, test_namespace: str
 ) -> None:
@@ -51,13 +83,20 @@ def test_a_typo_in_values_fails_the_install_naming_the_field(
 def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     cluster_helm: helm.Helm, kubectl: Kubectl, release: str, test_namespace: str
 ) -> None:
-    install(cluster_helm, release, test_namespace, "nats.install.enabled=true")
+    bus = f"{release}-bus"
+    brought = bring_nats_credentials(kubectl, test_namespace, bus)
+    install(cluster_helm, release, test_namespace, "nats.install.enabled=true", *brought)
     deployments = kubectl("get", "deploy", "-n", test_namespace, "-o", "name").stdout.split()
     assert sorted(deployments) == [
         f"deployment.apps/{release}-operator",
         f"deployment.apps/{release}-worker",
     ]
-    assert kubectl("get", "statefulset", f"{release}-nats", "-n", test_namespace).returncode == 0
+    nats = get(kubectl, "statefulset", f"{release}-nats", test_namespace)
+    assert secrets_of(nats)["auth"] == f"{bus}-server"
+    for role in ("operator", "worker"):
+        workload = get(kubectl, "deploy", f"{release}-{role}", test_namespace)
+        assert secrets_of(workload)["nats-creds"] == f"{bus}-{role}"
+    assert kubectl("get", "jobs", "-n", test_namespace, "-o", "name").stdout == ""
 
     cluster_helm(
         "upgrade",
@@ -69,10 +108,9 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
         "--set",
         "worker.replicas=3",
     )
-    worker = json.loads(
-        kubectl("get", "deploy", f"{release}-worker", "-n", test_namespace, "-o", "json").stdout
-    )
+    worker = get(kubectl, "deploy", f"{release}-worker", test_namespace)
     assert worker["spec"]["replicas"] == 3
+    assert secrets_of(worker)["nats-creds"] == f"{bus}-worker"
 
     run = {
         "apiVersion": "agentrun.dev/v1alpha1",
@@ -92,3 +130,5 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     assert [name for name in roles if release in name] == []
     assert kubectl("get", "crd", "agentruns.agentrun.dev").returncode == 0
     assert kubectl("get", "agentrun", "kept", "-n", test_namespace).returncode == 0
+    secrets = kubectl("get", "secrets", "-n", test_namespace, "-o", "name").stdout.split()
+    assert {f"secret/{bus}-{s}" for s in ("keys", "operator", "worker", "server")} <= set(secrets)

@@ -1,4 +1,5 @@
-"""The chart's NetworkPolicies as rendered: every pod of the chart is isolated for ingress and
+"""The chart's NetworkPolicies as rendered: every pod of the chart's Deployments and StatefulSet
+is isolated for ingress and
 admits only the connections its policy lists (NATS's client port from the operator and the
 workers, the scripted model from the workers, metrics from the monitoring namespace); the
 workers' egress is closed only when asked, and then to exactly DNS, NATS, the model, the API

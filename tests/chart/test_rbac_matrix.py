@@ -1,6 +1,8 @@
 """Least privilege, shown: what every ServiceAccount the chart creates may do, as the real API
 server answers ``kubectl auth can-i --list``, in the install namespace and in a tenant
-namespace, for the default values and for a tenant namespace listed in the values. The answer
+namespace, for the default values and for a tenant namespace listed in the values. Hook
+accounts count: the NATS bootstrap hook's exists during every install and upgrade (and stays
+after a failed one). The answer
 must equal the committed table `MATRIX` (``rbac_matrix.txt`` beside this file); a difference
 fails and prints the diff.
 

@@ -81,7 +81,7 @@ def test_every_pod_is_admitted_under_pod_security_restricted(
     docs = documents(
         offline_helm.template(CHART_DIR, namespace=restricted_namespace, values=FEATURES[feature])
     )
-    pods = [pod_from_workload(d) for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    pods = [pod_from_workload(d) for d in docs if d["kind"] in ("Deployment", "StatefulSet", "Job")]
     assert len(pods) >= 2
 
     output = dry_run(kubectl, pods)

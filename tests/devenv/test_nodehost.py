@@ -27,6 +27,13 @@ def run(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=30)
 
 
+def undo(*commands: tuple[str, ...]) -> None:
+    """Run each command, ignoring failures: removes what a test made that the clean-up under
+    test did not (it failed first), so a failing test leaves the shared host as it was."""
+    for argv in commands:
+        subprocess.run(argv, check=False, capture_output=True, timeout=30)
+
+
 @pytest.fixture
 def claimed(tmp_path: Path) -> Iterator[Path]:
     """This machine's node claim, so no real node adds host state during the test."""
@@ -81,6 +88,13 @@ def test_cleanup_removes_a_new_tmpfs_veth_and_iptables_chain_and_keeps_the_old(
         assert nodehost.take_snapshot(claimed) == before
         assert str(kept) in nodehost.take_snapshot(claimed).mounts
     finally:
+        undo(
+            ("umount", str(claimed / "containerd-like" / "rootfs")),
+            ("ip", "link", "delete", "vethagtest0"),
+            ("iptables", "-t", "nat", "-D", "POSTROUTING", "-m", "comment", "--comment",
+             "agentrun cleanup test", "-j", CHAIN),
+            ("iptables", "-t", "nat", "-X", CHAIN),
+        )  # fmt: skip
         run("umount", str(kept))
 
 
@@ -115,5 +129,10 @@ def test_cleanup_destroys_new_ipsets_and_nftables_tables_but_keeps_a_shared_tabl
 
         assert left == [f"nftables table {in_use}"]
     finally:
-        subprocess.run(["nft", "delete", "table", *in_use.split()], check=False)
+        undo(
+            ("nft", "delete", "table", *in_use.split()),
+            ("nft", "delete", "table", *emptied.split()),
+            ("nft", "delete", "table", "inet", OWN_TABLE),
+            ("ipset", "destroy", IPSET),
+        )
     assert nodehost.take_snapshot(claimed) == before

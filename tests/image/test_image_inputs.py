@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 
@@ -102,6 +103,28 @@ def test_the_agentrun_image_leaves_out_the_nats_server_binary_wheel(tmp_path: Pa
 
     assert spec.requirements == ("kopf==1.38.0", "nats-py==2.11.0")
     assert spec.name == "agentrun.dev/agentrun:0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("wheel", "refused"),
+    [
+        pytest.param("nkeys-0.2.1-py3-none-any.whl", False, id="source-built-pure"),
+        pytest.param("nkeys-0.2.1-cp311-cp311-linux_x86_64.whl", True, id="source-built-compiled"),
+        pytest.param("nkeys-0.2.1-cp311-abi3-any.whl", True, id="source-built-abi3"),
+        pytest.param(
+            "pynacl-1.5.0-cp36-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+            False,
+            id="published-wheel",
+        ),
+    ],
+)
+def test_a_wheel_built_here_from_source_must_be_pure_python(wheel: str, refused: bool) -> None:
+    wheels = [Path("/w/kopf-1.38.0-py3-none-any.whl"), Path("/w") / wheel]
+    if refused:
+        with pytest.raises(image.ImageError, match=re.escape(f"{wheel}: built here from source")):
+            image.check_source_built(wheels)
+    else:
+        image.check_source_built(wheels)
 
 
 def _fields(spec: image.ImageSpec) -> dict[str, object]:

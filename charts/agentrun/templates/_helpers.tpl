@@ -87,7 +87,7 @@ the in-cluster server's Service, else nats.monitoringEndpoint.
 
 {{/*
 The closed bus (nats.auth, nats.tls). Secrets: <natsName>-keys (the seeds, mounted nowhere),
-<natsName>-server (the server's auth.conf and account.pub), <natsName>-operator and
+<natsName>-server (the installed server's auth.conf and account.pub), <natsName>-operator and
 <natsName>-worker (each role's nats.creds), made by the bootstrap hook; <natsName>-tls (tls.crt,
 tls.key, ca.crt), made by the chart or cert-manager. Each may be brought instead.
 */}}
@@ -100,9 +100,27 @@ tls.key, ca.crt), made by the chart or cert-manager. Each may be brought instead
 {{- default (printf "%s-tls" (include "agentrun.natsName" .)) .Values.nats.tls.existingSecret -}}
 {{- end -}}
 
-{{/* Whether the bootstrap hook runs: auth on and a role's Secret not given. */}}
+{{/*
+Name of the installed NATS server's auth Secret (auth.conf, account.pub): nats.auth.serverSecret,
+else <natsName>-server, made by the bootstrap hook.
+*/}}
+{{- define "agentrun.natsServerSecret" -}}
+{{- default (printf "%s-server" (include "agentrun.natsName" .)) .Values.nats.auth.serverSecret -}}
+{{- end -}}
+
+{{/*
+Whether the bootstrap hook runs: auth on and a Secret the release mounts not given (a role's
+credentials, or the installed server's auth configuration). A server Secret brought without
+both roles' credentials is refused: the hook would mint users its keys' server cannot trust.
+*/}}
 {{- define "agentrun.natsBootstrap" -}}
-{{- if and .Values.nats.auth.enabled (or (not .Values.nats.auth.operatorSecret) (not .Values.nats.auth.workerSecret) .Values.nats.install.enabled) -}}true{{- end -}}
+{{- $auth := .Values.nats.auth -}}
+{{- $rolesGiven := and $auth.operatorSecret $auth.workerSecret -}}
+{{- if and $auth.enabled .Values.nats.install.enabled $auth.serverSecret (not $rolesGiven) -}}
+{{- fail "nats.auth.serverSecret: bring nats.auth.operatorSecret and nats.auth.workerSecret with it, made by the same `agentrun nats bootstrap` (the server trusts only the users of the keys that made its auth.conf)" -}}
+{{- end -}}
+{{- $serverMissing := and .Values.nats.install.enabled (not $auth.serverSecret) -}}
+{{- if and $auth.enabled (or (not $rolesGiven) $serverMissing) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The DNS names the NATS server's certificate carries. */}}
@@ -158,12 +176,12 @@ The NATS credentials and CA of a role's pods: env entries, volume mounts and vol
 
 {{/*
 The account KEDA reads the workers' consumer under: the value given, else (nats.auth on, "$G")
-the AGENTRUN account of the <natsName>-server Secret when it exists.
+the AGENTRUN account of the server's auth Secret (agentrun.natsServerSecret) when it exists.
 */}}
 {{- define "agentrun.kedaAccount" -}}
 {{- $account := .Values.worker.autoscaling.keda.account -}}
 {{- if and .Values.nats.auth.enabled (eq $account "$G") -}}
-{{- $server := lookup "v1" "Secret" .Release.Namespace (printf "%s-server" (include "agentrun.natsName" .)) -}}
+{{- $server := lookup "v1" "Secret" .Release.Namespace (include "agentrun.natsServerSecret" .) -}}
 {{- if and $server $server.data (index $server.data "account.pub") -}}
 {{- $account = index $server.data "account.pub" | b64dec -}}
 {{- end -}}
