@@ -7,7 +7,8 @@ and the tenant's ``used`` equal to the sum of its runs' usage exactly.
 The size is a setting: ``AGENTRUN_SCALE_RUNS`` runs (default 1,600) in a tenant with
 ``maxConcurrentRuns`` ``AGENTRUN_SCALE_ACTIVE`` (default 550): what CI runs, a few minutes on
 the local e2e stack. ``AGENTRUN_SCALE_RUNS=12000 AGENTRUN_SCALE_ACTIVE=2000`` is the full claim
-(2,000 active and 10,000 queued from the start; bench/README.md has its figures).
+(2,000 active and 10,000 queued from the start), not run in CI (heavy on a 2-core machine);
+``bench/bench_ledger_scale.py`` measures the ledger alone at that size.
 """
 
 from __future__ import annotations
