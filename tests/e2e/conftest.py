@@ -138,6 +138,30 @@ def run_manifest(name: str, goal: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def mock_model(
+    base_url: str, *, name: str = "mock", max_output_tokens: int = 1000, context_window: int = 32000
+) -> dict[str, Any]:
+    """An AgentModel manifest for the scripted model at ``base_url``, priced (USD per million
+    tokens: 2.50 input, 1.25 cached input, 10 output) and allowing ``max_output_tokens`` a
+    call."""
+    return {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentModel",
+        "metadata": {"name": name},
+        "spec": {
+            "baseURL": base_url,
+            "model": "scripted",
+            "pricing": {
+                "inputPerMillionUSD": "2.50",
+                "cachedInputPerMillionUSD": "1.25",
+                "outputPerMillionUSD": "10",
+            },
+            "contextWindow": context_window,
+            "maxOutputTokens": max_output_tokens,
+        },
+    }
+
+
 @pytest.fixture(scope="package")
 def e2e(
     control_plane: Any,
@@ -165,22 +189,7 @@ def e2e(
     workers = [stack.start_worker(i, env=env, launch=launch) for i in (1, 2)]
     for worker in workers:
         wait_consuming(worker)
-    model = {
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentModel",
-        "metadata": {"name": "mock"},
-        "spec": {
-            "baseURL": stack.mockllm_url(mock),
-            "model": "scripted",
-            "pricing": {
-                "inputPerMillionUSD": "2.50",
-                "cachedInputPerMillionUSD": "1.25",
-                "outputPerMillionUSD": "10",
-            },
-            "contextWindow": 32000,
-            "maxOutputTokens": 1000,
-        },
-    }
+    model = mock_model(stack.mockllm_url(mock))
     kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
     kubectl("apply", "-f", "-", input=yaml.safe_dump(demo.default_tenant()))
     handle = E2EStack(kubectl, launch, env, mock, operator, workers)

@@ -127,7 +127,21 @@ def test_live_objects_get_the_expected_health(
     sample = samples.check
 
     # a run waiting for a person holds the tenant's one slot; the next one queues
-    holder = run_manifest("held", "E2E-APPROVAL held", approval={"tools": ["calculate"]})
+    append_scenario(
+        stack_,
+        {
+            "name": "argo-held",
+            "match": {"goal": "E2E-ARGOHOLD"},
+            "turns": [
+                {
+                    "content": "Computing; the multiplication needs a reviewer.",
+                    "tool_calls": [{"name": "calculate", "arguments": {"expression": "6*7"}}],
+                    "usage": {"prompt_tokens": 850, "completion_tokens": 50},
+                }
+            ],
+        },
+    )
+    holder = run_manifest("held", "E2E-ARGOHOLD held", approval={"tools": ["calculate"]})
     stack_.apply(ns, holder)
     stack_.wait_for(ns, "held", lambda s: s.get("phase") == "AwaitingApproval")
     found = sample(
@@ -144,8 +158,9 @@ def test_live_objects_get_the_expected_health(
     stack_.wait_terminal(ns, "held")
     found = sample("AgentRun", "cancelled", get(stack_, "agentrun", "held", ns), "Degraded")
     assert found["message"].startswith("cancelled: cancelled by the agentrun.dev/cancel")
-    # the holder spent some of the tenant's 1000 tokens: the queued run's first call (up to
-    # 1000) no longer fits, so the tenant is Suspended until the window resets or it gets more
+    # the holder spent 900 of the tenant's 1000 tokens: even the queued run's smallest first
+    # call (its prompt and 128 output tokens) no longer fits, so the tenant is Suspended until
+    # the window resets or it gets more
     exhausted = wait_tenant(
         stack_, tenant, lambda s: conditions(s).get("BudgetExhausted", {}).get("status") == "True"
     )

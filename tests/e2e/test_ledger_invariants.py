@@ -366,18 +366,21 @@ def test_a_turn_cancelled_after_its_model_call_is_still_charged(
 def test_a_run_whose_first_call_can_never_fit_fails_and_does_not_block_the_queue(
     stack_: E2EStack, tenant_ns: tuple[str, str]
 ) -> None:
-    """The e2e model allows 1000 output tokens a call: under a 600-token tenant a run without
-    its own maxTokens can never make a call. It fails at once, naming the remedy, and the
-    small run queued behind it runs."""
+    """A goal of 700 bytes is a prompt of up to 700 tokens: under a 600-token tenant even its
+    smallest call (that prompt and 128 output tokens) can never fit. It fails at once, naming
+    the remedy, and the small run queued behind it runs."""
     name, namespace = tenant_ns
     _apply_tenant(stack_, name, namespace, budget={"tokens": 600}, maxConcurrentRuns=1)
-    stack_.apply(namespace, run_manifest("big", "E2E-PARALLEL-ORDER: big"))
+    big_goal = "E2E-PARALLEL-ORDER: big " + "x" * 700
+    stack_.apply(namespace, run_manifest("big", big_goal))
     stack_.apply(
         namespace,
         run_manifest("small", "E2E-PARALLEL-ORDER: small", budget={"maxTokens": 400}),
     )
     big = stack_.wait_terminal(namespace, "big")
     assert (big["phase"], big["terminalReason"]) == ("Failed", "tenant_budget_exhausted")
-    assert "allows per window (600)" in big["message"] and "maxTokens" in big["message"]
+    assert "allows per window (600)" in big["message"]
+    assert "shorten its goal and instructions" in big["message"]
+    assert (big.get("usage") or {}).get("steps", 0) == 0  # no model call was made
     small = stack_.wait_terminal(namespace, "small", timeout=60)
     assert small["terminalReason"] in {"completed", "token_budget_exhausted"}, small

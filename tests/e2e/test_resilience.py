@@ -8,16 +8,35 @@ import urllib.request
 from typing import Any
 
 import pytest
+import yaml
 
 from agentrun_dev import components, stack
 
-from .conftest import ACK_WAIT, E2EStack, http_get, run_manifest
+from .conftest import ACK_WAIT, E2EStack, http_get, mock_model, run_manifest
 from .events import read_book, read_events, turn_numbers, wait_answered_hold
 
-HUGE_EXPRESSION = "1+" * 400_000 + "1"
-"""~800 KB: with the rest of a turn event, over nats-server's default 1 MiB max_payload."""
+HUGE_EXPRESSION = "1+" * 40_000 + "1"
+"""~80 KB: tool-call arguments over the 65536-byte cap a checkpointed turn keeps."""
 
 pytestmark = pytest.mark.e2e
+
+WIDE_MODEL = "mock-wide"
+"""The scripted model allowed 50,000 output tokens a call: output past the checkpoint's caps
+(131072 bytes of answer, 65536 of arguments) is within what it may write, so it reaches those
+caps instead of being cut mid-stream at the allowance (a 1000-token call's overrun)."""
+
+
+@pytest.fixture(scope="module")
+def wide_model(e2e: E2EStack) -> str:
+    """The name of an AgentModel allowing 50,000 output tokens a call (``WIDE_MODEL``)."""
+    manifest = mock_model(
+        stack.mockllm_url(e2e.mock),
+        name=WIDE_MODEL,
+        max_output_tokens=50_000,
+        context_window=100_000,
+    )
+    e2e.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    return WIDE_MODEL
 
 
 def wait_steps(stack_: E2EStack, namespace: str, name: str, steps: int) -> None:
@@ -153,11 +172,11 @@ def append_scenarios(stack_: E2EStack, *scenarios: dict[str, Any]) -> None:
 
 
 def test_a_model_answer_too_large_to_checkpoint_is_corrected_not_fatal(
-    stack_: E2EStack, test_namespace: str
+    stack_: E2EStack, test_namespace: str, wide_model: str
 ) -> None:
-    """An answer over nats-server's default max_payload of 1 MiB is the model's fault: it is
+    """An answer over the 131072-byte cap a checkpointed turn keeps is the model's fault: it is
     cut before it is stored, the model is told to be shorter, and the run goes on."""
-    giant = "x" * (1024 * 1024 + 1)
+    giant = "x" * (128 * 1024 + 1)
     shorter = {"content": "Short now.", "usage": {"prompt_tokens": 120, "completion_tokens": 5}}
     append_scenarios(
         stack_,  # a malformed reply stores no assistant message: the fix is matched on the note
@@ -172,7 +191,7 @@ def test_a_model_answer_too_large_to_checkpoint_is_corrected_not_fatal(
             "turns": [{"content": giant, "usage": {"prompt_tokens": 100, "completion_tokens": 10}}],
         },
     )
-    stack_.apply(test_namespace, run_manifest("giant", "E2E-GIANT answer"))
+    stack_.apply(test_namespace, run_manifest("giant", "E2E-GIANT answer", model=wide_model))
     status = stack_.wait_terminal(test_namespace, "giant", timeout=60)
     assert (status["terminalReason"], status.get("answer")) == ("completed", "Short now.")
     usage = status["usage"]
@@ -183,9 +202,9 @@ def test_a_model_answer_too_large_to_checkpoint_is_corrected_not_fatal(
 
 
 def test_huge_tool_arguments_are_a_correction_and_the_call_is_charged(
-    stack_: E2EStack, test_namespace: str
+    stack_: E2EStack, test_namespace: str, wide_model: str
 ) -> None:
-    """A tool call with ~800 KB of arguments becomes an error result the model reads (a
+    """A tool call with ~80 KB of arguments becomes an error result the model reads (a
     placeholder is stored, not the arguments); the turn commits and its usage counts."""
     turns = [
         {
@@ -199,7 +218,7 @@ def test_huge_tool_arguments_are_a_correction_and_the_call_is_charged(
     append_scenarios(
         stack_, {"name": "huge-args", "match": {"goal": "E2E-HUGE-ARGS"}, "turns": turns}
     )
-    stack_.apply(test_namespace, run_manifest("huge", "E2E-HUGE-ARGS: add"))
+    stack_.apply(test_namespace, run_manifest("huge", "E2E-HUGE-ARGS: add", model=wide_model))
     status = stack_.wait_terminal(test_namespace, "huge", timeout=60)
     assert (status["terminalReason"], status["answer"]) == ("completed", "Corrected: 2.")
     usage = status["usage"]
@@ -210,8 +229,9 @@ def test_huge_tool_arguments_are_a_correction_and_the_call_is_charged(
     [asked] = [m for m in messages if m["role"] == "assistant"]
     assert asked["tool_calls"][0]["function"]["arguments"] == "{}"
     [result] = [m["content"] for m in messages if m["role"] == "tool"]
-    assert result.startswith("ERROR: the arguments were 800018 bytes, over the 65536-byte cap")
-    assert len(json.dumps(second["body"])) < 10_000  # history holds no copy of the 800 KB
+    size = len(json.dumps({"expression": HUGE_EXPRESSION}, separators=(",", ":")))  # as sent
+    assert result.startswith(f"ERROR: the arguments were {size} bytes, over the 65536-byte cap")
+    assert len(json.dumps(second["body"])) < 10_000  # history holds no copy of the 80 KB
 
 
 def test_a_run_with_a_long_non_ascii_goal_can_still_be_deleted(
