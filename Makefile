@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-cluster test lint typecheck pytest bench bench-quick bench-all bench-ab bench-cluster down status clean image system-packages node-packages
+.PHONY: demo demo-cluster test lint typecheck pytest mutate bench bench-quick bench-all bench-ab bench-cluster down status clean image release system-packages node-packages
 
 $(STAMP): pyproject.toml devtools/pyproject.toml
 	@echo 'installing agentrun and its dev tooling into $(VENV) (a few minutes the first time)…'
@@ -57,16 +57,27 @@ typecheck: $(STAMP)
 	rm -rf build devtools/build
 	cd $(VENV) && MYPYPATH=typecheck ../$(BIN)/mypy --strict -p agentrun -p agentrun_dev
 
+# The real model's server (llama.cpp, about 5 minutes cold on 2 cores) builds beside the first
+# tests, which need only the Go binaries; the realmodel tests wait for it under its file lock.
+# --durations: the slowest tests, printed for whoever trims the suite's time next.
 pytest: $(STAMP) system-packages node-packages
 	$(BIN)/agentrun dev binaries --node
-	$(BIN)/python -m agentrun_dev.llamaserver
-	$(BIN)/pytest
+	$(BIN)/python -m agentrun_dev.llamaserver > $(VENV)/llama-server.log 2>&1 & llama=$$!; \
+	  $(BIN)/pytest --durations=30; rc=$$?; \
+	  if ! wait $$llama; then echo "building the llama server failed:"; tail -n 30 $(VENV)/llama-server.log; rc=1; fi; \
+	  exit $$rc
 
 ## image: the agentrun and NATS container images (buildah, from Debian packages and this
 ## repository's wheel), as docker-archive tarballs for `ctr -n k8s.io images import`. Cached:
 ## unchanged inputs are not rebuilt. Needs root.
 image: $(STAMP) system-packages
 	$(BIN)/python -m agentrun_dev.image .
+
+## release: dist/agentrun-<version>/ — the chart package, both image archives, a CycloneDX
+## SBOM of each (syft, built once from the Go module proxy), SHA256SUMS, and with
+## SIGNING_KEY=<ssh private key> its signature (ssh-keygen -Y sign). Needs root (images).
+release: $(STAMP) system-packages
+	$(BIN)/python -m agentrun_dev.dist . --out dist $(if $(SIGNING_KEY),--signing-key $(SIGNING_KEY))
 
 # Debian packages the image build needs (as root), installed only when missing.
 IMAGE_PACKAGES := buildah runc
@@ -79,6 +90,15 @@ system-packages:
 	  apt-get -o DPkg::Lock::Timeout=600 update -q && \
 	  apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends $$missing; \
 	fi
+
+## mutate: mutation testing of the pure core (kernel and the ledger's pure modules; mutmut,
+## configured in pyproject.toml [tool.mutmut]): prints the score per package and every
+## surviving mutant not explained in tests/mutants-equivalent.txt (then exits 1). Slow
+## (about two hours from scratch on two busy cores; a re-run tests only what changed), so not
+## part of `make test`; the suite checks the configuration (tests/devenv/test_mutation_config.py).
+MUTATE_JOBS ?= 2
+mutate: $(STAMP)
+	$(BIN)/python -m agentrun_dev.mutation --jobs $(MUTATE_JOBS) .
 
 ## bench: agentrun beside the NATS floor (nats-py on loopback) and the in-process peer (the
 ## OpenAI Agents SDK's Runner, in a virtualenv of its own) on one machine in one invocation:
@@ -100,6 +120,7 @@ bench-all: bench
 	cd bench && ../$(BIN)/python bench_instrumentation.py
 	cd bench && ../$(BIN)/python bench_ledger.py
 	cd bench && ../$(BIN)/python bench_cpu.py
+	cd bench && ../$(BIN)/python bench_fairness.py
 
 ## bench-ab REF=<git rev> [BENCH=bench_cpu.py] [N=3] [ARGS='--runs 20'] [OWN=1]: this tree
 ## against REF (built once per commit in the cache with its own virtualenv), the bench run in

@@ -26,8 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import nats
 import nats.errors
@@ -36,7 +35,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from agentrun import protocol
+from agentrun import metrics, protocol, pulling
 from agentrun.natsclient import EventTooLarge as EventTooLarge
 from agentrun.natsclient import NatsAuth, event_cap
 from agentrun.natsclient import connect_nats as connect_nats
@@ -51,10 +50,13 @@ EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
 
 
-Subscribe = Callable[[], Awaitable[JetStreamContext.PullSubscription]]
-"""Binds a pull consumer (``Bus.turn_subscription``, ``Bus.event_subscription``)."""
-Handle = Callable[[Msg], Coroutine[Any, Any, None]]
-"""Handles one fetched message (acks, naks or terms it itself)."""
+Subscribe = pulling.Subscribe
+Handle = pulling.Handle
+
+
+EVENTS_PER_RUN = 100_000
+"""Events one run's subject may hold (``max_msgs_per_subject``): far above any run's (steps
+are at most 1 000, each turn one event or two), a bound on a writer gone wrong."""
 
 
 class CommitConflict(Exception):
@@ -77,6 +79,10 @@ class BusSettings:
     run ``checkpoint_failed`` on a permanent one."""
     duplicate_window: float = 120.0
     """JetStream de-duplication window for ``Nats-Msg-Id`` (seconds)."""
+    events_max_bytes: int = -1
+    """``max_bytes`` of ``AGENTRUN_EVENTS`` (-1: the server's limits only); with
+    ``discard: new`` a full stream refuses new events (``nats.js.errors.APIError``, "maximum
+    bytes exceeded") and never drops committed ones."""
 
 
 class Bus:
@@ -135,6 +141,16 @@ class Bus:
                 storage=api.StorageType.FILE,
                 duplicate_window=self.settings.duplicate_window,
                 allow_direct=True,
+                # bounded where they enter: one event at most the connection's max payload,
+                # one run at most EVENTS_PER_RUN events, the stream at most events_max_bytes;
+                # full, it refuses new events ("maximum bytes exceeded": a worker retries the
+                # turn as NATS trouble until deleted runs' purges make room) and never drops
+                # committed ones
+                max_msg_size=self.nc.max_payload,
+                max_msgs_per_subject=EVENTS_PER_RUN,
+                max_bytes=self.settings.events_max_bytes,
+                discard=api.DiscardPolicy.NEW,
+                discard_new_per_subject=True,
             ),
         ]
         for config in configs:
@@ -165,38 +181,14 @@ class Bus:
         *,
         stopping: asyncio.Event,
         concurrency: int = 0,
+        drain: float = 0.0,
     ) -> None:
-        """Pull messages from the consumer ``subscribe`` binds and pass each to ``handle``,
-        until ``stopping`` is set.
-
-        ``concurrency`` 0 handles each message before fetching the next (in stream order);
-        ``n > 0`` runs up to ``n`` handlers as tasks at once, cancelled when the loop stops.
-        Messages are fetched one per pull request: nats-py's ``fetch(batch > 1)`` waits for the
-        whole batch or its timeout once the stream is idle, which would delay a message by up
-        to the timeout. A fetch that fails other than as an empty poll (server restarted,
-        stream lost) re-creates the subscription a second later (and, on a provisioning bus,
-        the streams); after the
-        connection reconnected, the subscription is bound again before the next fetch.
-        """
-        puller = _Puller(self, subscribe)
-        tasks: set[asyncio.Task[None]] = set()
-        try:
-            while not stopping.is_set():
-                if concurrency and len(tasks) >= concurrency:
-                    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                for msg in await puller.fetch():
-                    if not concurrency:
-                        await handle(msg)
-                        continue
-                    task = asyncio.create_task(handle(msg))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-        finally:
-            for task in list(tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await puller.unbind()
+        """Pull messages from the consumer ``subscribe`` binds and pass each to ``handle``
+        until ``stopping`` is set, then let handlers still running finish for ``drain``
+        seconds before cancelling them (``pulling.consume``, which documents the rules)."""
+        await pulling.consume(
+            self, subscribe, handle, stopping=stopping, concurrency=concurrency, drain=drain
+        )
 
     # --- TurnRequests -------------------------------------------------------------------------
 
@@ -227,8 +219,40 @@ class Bus:
 
     async def pending_turns(self) -> int:
         """TurnRequests not yet delivered to any worker (the work queue's backlog)."""
+        return (await self.turn_backlog())[0]
+
+    async def turn_backlog(self) -> tuple[int, int]:
+        """(TurnRequests not yet delivered to any worker, the workers' pull requests waiting
+        for one): the work queue's backlog and its idle demand, read from the workers'
+        consumer (one request)."""
         info = await self.js._jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
-        return int(info.num_pending or 0)
+        return int(info.num_pending or 0), int(info.num_waiting or 0)
+
+    async def stats(self) -> metrics.BusStats:
+        """Stored bytes and messages of agentrun's streams (the work queue, the run events, the
+        ledger and effect buckets) and the lag of the two durable consumers; a stream or
+        consumer that does not exist (yet) is left out. Needs the operator's permissions
+        (stream and consumer info). Raises ``nats.errors.Error`` when NATS cannot be asked."""
+        streams: dict[str, tuple[int, int]] = {}
+        for stream in (
+            protocol.STREAM_TURNS,
+            protocol.STREAM_EVENTS,
+            protocol.kv_stream(protocol.LEDGER_BUCKET),
+            protocol.kv_stream(protocol.EFFECTS_BUCKET),
+        ):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                state = (await self.js._jsm.stream_info(stream)).state
+                streams[stream] = (int(state.bytes or 0), int(state.messages or 0))
+        consumers: dict[str, tuple[int, int]] = {}
+        for stream, consumer in (
+            (protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER),
+            (protocol.STREAM_EVENTS, protocol.OPERATOR_CONSUMER),
+        ):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                info = await self.js._jsm.consumer_info(stream, consumer)
+                consumers[consumer] = (int(info.num_pending or 0), int(info.num_ack_pending or 0))
+        workers = consumers.get(protocol.WORKERS_CONSUMER, (0, 0))
+        return metrics.BusStats(workers[0], streams, consumers)
 
     async def turn_subscription(self) -> JetStreamContext.PullSubscription:
         """The pull consumer shared by every worker (durable ``agentrun-workers``). A
@@ -386,43 +410,3 @@ class Bus:
             await callback(msg.subject.rsplit(".", 1)[-1])
 
         await self.nc.subscribe(protocol.CANCEL_SUBJECTS, cb=handler)
-
-
-class _Puller:
-    """One pull subscription of ``Bus.consume``, bound again after each reconnect and
-    re-created (with the streams) after a failed fetch."""
-
-    def __init__(self, bus: Bus, subscribe: Subscribe) -> None:
-        self.bus = bus
-        self.subscribe = subscribe
-        self.sub: JetStreamContext.PullSubscription | None = None
-        self.bound_at = reconnections(bus.nc)
-        """The connection's reconnect count when ``sub`` was bound."""
-
-    async def fetch(self) -> list[Msg]:
-        """The next message, or none after an empty poll (one second) or a failure (the
-        streams and the subscription are re-created a second later)."""
-        try:
-            if self.sub is not None and self.bound_at != reconnections(self.bus.nc):
-                await self.unbind()
-            if self.sub is None:
-                self.bound_at = reconnections(self.bus.nc)
-                self.sub = await self.subscribe()
-            return await self.sub.fetch(batch=1, timeout=1.0)
-        except (nats.errors.TimeoutError, TimeoutError):
-            return []
-        except Exception as err:
-            log.warning("consumer: %r; re-creating streams and consumer in 1s", err)
-            self.sub = None
-            await asyncio.sleep(1.0)
-            if self.bus.provision:
-                with contextlib.suppress(Exception):
-                    await self.bus.ensure_streams()
-            return []
-
-    async def unbind(self) -> None:
-        """Unsubscribe (best effort)."""
-        sub, self.sub = self.sub, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()

@@ -2,6 +2,13 @@
 
 The run's event subject is the source of truth: replaying it through the kernel gives the
 exact state the next turn builds on. Pure: the caller reads the events.
+
+The replay trusts no event the operator must have written without its seal
+(``agentrun.trust``): a reviewer's ``approval`` must be sealed for its run and turn, and an
+``admitted`` event after the first must be the operator's seal of the very same config (it
+re-seals a run admitted before seals existed; anything else is refused). The first admission
+may be unsealed only in a run admitted before seals existed: the replay says so
+(``LoadedRun.sealed``) and the caller acts on such a run only once it is sealed.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import dataclasses
 
 from agentrun import kernel
 from agentrun.protocol import RunConfig, RunEvent
+from agentrun.trust import SealFault, Untrusted, Verifier, refusal
 
 
 class CorruptHistory(Exception):
@@ -26,6 +34,12 @@ class LoadedRun:
     committer: str = ""
     """The delivery (ledger hold owner) that committed the run's last turn, as its turn event
     names it ("" if none did)."""
+    sealed: bool = True
+    """Whether the operator's seal of ``config`` verified (on its admission or a re-seal);
+    False: an admission written before seals existed, not yet re-sealed."""
+    stored: int = 0
+    """Bytes of the run's events up to ``seq`` (``RunEvent.stored``; for events written
+    before it was counted, the sum of the sizes read)."""
 
 
 def _apply(loaded: LoadedRun, event: RunEvent) -> kernel.RunState:
@@ -33,35 +47,66 @@ def _apply(loaded: LoadedRun, event: RunEvent) -> kernel.RunState:
         return kernel.advance(loaded.state, event.record, loaded.config.limits)
     if event.kind == "approval" and event.approval is not None:
         return kernel.resolve_approval(
-            loaded.state, digest=event.approval.digest, approved=event.approval.approved
+            loaded.state,
+            digest=event.approval.digest,
+            approved=event.approval.approved,
+            reviewer=event.approval.reviewer,
         )
     return kernel.stop(loaded.state, event.phase, event.summary.message)
 
 
-def fold(
-    events: list[RunEvent], *, run_uid: str, base: LoadedRun | None = None
-) -> LoadedRun | None:
-    """Replay ``events`` (oldest first) on top of ``base``; ``None`` if the run was never admitted.
+def _admit(loaded: LoadedRun | None, event: RunEvent, seals: Verifier) -> LoadedRun:
+    """The run after an ``admitted`` event: its first admission (sealed, or unsealed from
+    before seals), or the operator's re-seal of the same config. Raises ``Untrusted``."""
+    if event.config is None:
+        raise CorruptHistory(f"admission event {event.seq} has no config")
+    fault = seals.event_fault(event)
+    if loaded is None:
+        if fault is not None and fault is not SealFault.UNSIGNED:
+            raise Untrusted(fault, refusal(event, fault))
+        config = event.config
+        state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
+        return LoadedRun(config, state, event.seq, sealed=fault is None, stored=event.stored)
+    if fault is not None:
+        raise Untrusted(fault, refusal(event, fault))
+    if event.config != loaded.config:
+        raise Untrusted(SealFault.CHANGED_CONFIG, refusal(event, SealFault.CHANGED_CONFIG))
+    stored = max(event.stored_before, loaded.stored) + event.size
+    return dataclasses.replace(loaded, seq=event.seq, sealed=True, stored=stored)
 
-    Raises ``CorruptHistory`` when an event belongs to another run or does not apply.
+
+def fold(
+    events: list[RunEvent],
+    *,
+    run_uid: str,
+    seals: Verifier,
+    base: LoadedRun | None = None,
+) -> LoadedRun | None:
+    """Replay ``events`` (oldest first) on top of ``base``; ``None`` if the run was never
+    admitted. ``seals`` checks every ``admitted`` and ``approval`` event.
+
+    Raises ``CorruptHistory`` when an event belongs to another run or does not apply, and
+    ``trust.Untrusted`` when an event the operator must have sealed is not its (an unsealed
+    first admission is not refused here: ``LoadedRun.sealed`` is False).
     """
     loaded = base
     for event in events:
         if event.run_uid != run_uid:
             raise CorruptHistory(f"event {event.seq} belongs to run {event.run_uid}, not {run_uid}")
         if event.kind == "admitted":
-            if event.config is None:
-                raise CorruptHistory(f"admission event {event.seq} has no config")
-            config = event.config
-            state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-            loaded = LoadedRun(config, state, event.seq)
+            loaded = _admit(loaded, event, seals)
             continue
         if loaded is None:
             raise CorruptHistory(f"event {event.seq} comes before the run's admission")
+        if event.kind == "approval":
+            seals.check(event)
         try:
             state = _apply(loaded, event)
         except ValueError as err:
             raise CorruptHistory(f"event {event.seq}: {err}") from err
         committer = event.owner if event.kind == "turn" else loaded.committer
-        loaded = LoadedRun(loaded.config, state, event.seq, committer)
+        stored = max(event.stored_before, loaded.stored) + event.size
+        loaded = dataclasses.replace(
+            loaded, state=state, seq=event.seq, committer=committer, stored=stored
+        )
     return loaded

@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Collection
 from typing import Any
 
 from kubernetes_asyncio import client, config
@@ -37,15 +37,23 @@ async def api_client() -> client.ApiClient:
     return client.ApiClient()
 
 
-async def secret_values(core: client.CoreV1Api, *, namespace: str, name: str) -> dict[str, str]:
-    """Every key of Secret ``namespace/name`` with its decoded (UTF-8, stripped) value.
+async def secret_values(
+    core: client.CoreV1Api, *, namespace: str, name: str, keys: Collection[str]
+) -> dict[str, str]:
+    """The ``keys`` of Secret ``namespace/name`` with their decoded (UTF-8, stripped) values;
+    the Secret's other keys are neither decoded nor returned.
 
-    Raises ``ApiException`` when the Secret cannot be read, ``ValueError`` when a value is not
-    UTF-8 text.
+    Raises ``ApiException`` when the Secret cannot be read, ``ValueError`` (naming the key)
+    when a key is missing or its value is not UTF-8 text.
     """
     secret = await core.read_namespaced_secret(name, namespace)
+    data_of = secret.data or {}
+    missing = sorted(set(keys) - set(data_of))
+    if missing:
+        raise ValueError(f"Secret {namespace}/{name} has no key {', '.join(map(repr, missing))}")
     values: dict[str, str] = {}
-    for key, data in (secret.data or {}).items():
+    for key in sorted(set(keys)):
+        data = data_of[key]
         try:
             values[key] = base64.b64decode(data).decode().strip()
         except UnicodeDecodeError:

@@ -4,7 +4,10 @@ One module for every ``agentrun_`` metric so names, help texts, units and labels
 once. Labels are bounded: tenant, model, tool, reason, outcome, phase, kind, type, result,
 error_type, and an AgentEval's namespace and name (one series set per AgentEval object) —
 never run or case names or ids. Tool names outside the worker's catalog are recorded as
-``unknown`` (a model can invent any name). Processes do not fork, so the default registry is safe.
+``unknown`` (a model can invent any name); an MCP tool's name (``SERVER__TOOL``, chosen by
+whoever writes an AgentToolServer in a tenant's namespace) is its own label value for the
+first ``MAX_REMOTE_TOOL_LABELS`` distinct names of a tenant in a process, and ``other`` after
+that. Processes do not fork, so the default registry is safe.
 
 Every process imports this module, so an unlabelled gauge registered at import would be
 exported at 0 by processes that never set it. The operator-only gauges are registered by the
@@ -23,14 +26,29 @@ first turn (``know_run``). Creating a series adds 0: nothing is counted twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from agentrun import kernel
 from agentrun.ledger import Book
 from agentrun.protocol import RunConfig
+from agentrun.trust import SealFault
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BusStats:
+    """One look at agentrun's JetStream state (``Bus.stats``)."""
+
+    turns_pending: int
+    """TurnRequests not yet delivered to a worker."""
+    streams: Mapping[str, tuple[int, int]]
+    """Stream name → (bytes, messages) stored."""
+    consumers: Mapping[str, tuple[int, int]]
+    """Durable consumer name → (pending, acknowledgements pending)."""
+
 
 TURN_PHASE_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -161,6 +179,60 @@ OPERATOR_LEADER = Gauge(
     registry=None,
 )
 """Registered by operator processes only (`export_operator`): its absence means no operator."""
+CRD_MISMATCH = Gauge(
+    "agentrun_crd_mismatch",
+    "1 while the installed CRDs do not serve every field this operator writes (it is not ready "
+    "and touches nothing until they are applied), 0 once they do.",
+    registry=None,
+)
+"""Registered by operator processes only (`export_operator`)."""
+JETSTREAM_STORE_LIMIT = Gauge(
+    "agentrun_jetstream_store_limit_bytes",
+    "The JetStream file store's size the streams share (AGENTRUN_JETSTREAM_STORE_BYTES: the "
+    "NATS server's max_file_store), in bytes.",
+    registry=None,
+)
+"""Registered only when the store's size is configured (`export_store_limit`)."""
+JETSTREAM_STREAM_BYTES = Gauge(
+    "agentrun_jetstream_stream_bytes",
+    "Bytes stored by each of agentrun's JetStream streams (the work queue, the run events, the "
+    "ledger and effect buckets); exported by the leading operator.",
+    ["stream"],
+)
+JETSTREAM_STREAM_MESSAGES = Gauge(
+    "agentrun_jetstream_stream_messages",
+    "Messages stored by each of agentrun's JetStream streams; exported by the leading operator.",
+    ["stream"],
+)
+JETSTREAM_CONSUMER_PENDING = Gauge(
+    "agentrun_jetstream_consumer_pending",
+    "Messages a durable consumer has not been delivered yet (its lag): agentrun-workers on the "
+    "work queue, agentrun-operator on the run events; exported by the leading operator.",
+    ["consumer"],
+)
+JETSTREAM_CONSUMER_ACK_PENDING = Gauge(
+    "agentrun_jetstream_consumer_ack_pending",
+    "Messages a durable consumer was delivered and has not acknowledged yet (in flight); "
+    "exported by the leading operator.",
+    ["consumer"],
+)
+APPROVAL_OLDEST = Gauge(
+    "agentrun_approval_oldest_request_timestamp_seconds",
+    "When the oldest tool call still waiting for a person's decision was held, by tenant "
+    "(Unix seconds; no series while none waits); exported by the leading operator.",
+    ["tenant"],
+)
+MESSAGES_REFUSED = Counter(
+    "agentrun_messages_refused",
+    "Messages refused as not the operator's, by reason: a run config or approval without a "
+    "valid seal for its run (unsigned, unknown_key, bad_signature, wrong_run, changed_config), "
+    "a tenant ledger book rolled back below what the operator saw (ledger_rollback).",
+    ["reason"],
+)
+"""Every reason exists at 0 from import (a refusal is rare: its first one must show in
+``increase()``)."""
+for _fault in SealFault:
+    MESSAGES_REFUSED.labels(reason=_fault.value)
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
 EVAL_CASES = Counter(
@@ -234,6 +306,12 @@ TOOL_RESULTS = ("ok", "error", "fault", "denied", "not_run")
 """Every ``result`` of ``agentrun_tool_calls_total`` (``tool_result``)."""
 TOKEN_TYPES = ("input", "cached_input", "output", "reasoning")
 """Every ``type`` of ``agentrun_tokens_total``."""
+MAX_REMOTE_TOOL_LABELS = 32
+"""Distinct MCP tool names one tenant's ``agentrun_tool_calls_total`` series carry in a
+process; later names count as ``OTHER_TOOL``."""
+OTHER_TOOL = "other"
+_remote_labels: dict[str, set[str]] = {}
+"""The MCP tool names given a label of their own, per tenant."""
 _known: set[tuple[str, ...]] = set()
 """What this process has created series for already (each set of series is made once)."""
 
@@ -320,13 +398,55 @@ def count_model_call(tenant: str, *, model: str, error_type: ModelErrorType | No
         MODEL_CALL_ERRORS.labels(tenant=tenant, model=model, error_type=error_type.value).inc()
 
 
+def record_refusal(fault: SealFault) -> None:
+    """One message refused for ``fault`` (``agentrun_messages_refused_total``)."""
+    MESSAGES_REFUSED.labels(reason=fault.value).inc()
+
+
 def export_operator() -> None:
     """Export ``agentrun_operator_leader`` (at 0) from this process: an operator calls it at
     start-up, before it waits for the Lease. Idempotent."""
     if ("operator",) not in _known:
         OPERATOR_LEADER.set(0)
         REGISTRY.register(OPERATOR_LEADER)
+        CRD_MISMATCH.set(0)
+        REGISTRY.register(CRD_MISMATCH)
         _known.add(("operator",))
+
+
+def export_store_limit(limit_bytes: int) -> None:
+    """Export ``agentrun_jetstream_store_limit_bytes`` (when ``limit_bytes`` > 0: the store's
+    size is known). Idempotent."""
+    if limit_bytes <= 0:
+        return
+    JETSTREAM_STORE_LIMIT.set(limit_bytes)
+    if ("store",) not in _known:
+        REGISTRY.register(JETSTREAM_STORE_LIMIT)
+        _known.add(("store",))
+
+
+def record_bus(stats: BusStats) -> None:
+    """Set the work queue's backlog and the JetStream gauges from one look at the bus."""
+    TURNS_PENDING.set(stats.turns_pending)
+    for stream, (size, messages) in stats.streams.items():
+        JETSTREAM_STREAM_BYTES.labels(stream=stream).set(size)
+        JETSTREAM_STREAM_MESSAGES.labels(stream=stream).set(messages)
+    for consumer, (pending, ack_pending) in stats.consumers.items():
+        JETSTREAM_CONSUMER_PENDING.labels(consumer=consumer).set(pending)
+        JETSTREAM_CONSUMER_ACK_PENDING.labels(consumer=consumer).set(ack_pending)
+
+
+def record_live_runs(
+    phases: Mapping[tuple[str, str], int], oldest_approval: Mapping[str, float]
+) -> None:
+    """Set ``agentrun_runs_in_phase`` (runs per tenant and phase) and the oldest held call's
+    time per tenant; series of tenants and phases that emptied are dropped."""
+    RUNS_BY_PHASE.clear()
+    for (tenant, phase_name), count in phases.items():
+        RUNS_BY_PHASE.labels(tenant=tenant, phase=phase_name).set(count)
+    APPROVAL_OLDEST.clear()
+    for tenant, held_at in oldest_approval.items():
+        APPROVAL_OLDEST.labels(tenant=tenant).set(held_at)
 
 
 def lead() -> None:
@@ -354,7 +474,7 @@ def record_turn(
     """
     tenant, model = config.tenant, config.model.name
     TURNS.labels(tenant=tenant).inc()
-    _count_tools(record, tenant=tenant, catalog=catalog)
+    _count_tools(record, config=config, catalog=catalog)
     window = config.limits.no_progress_window
     for kind in correction_kinds(record, before=before, after=after, window=window):
         CORRECTIONS.labels(tenant=tenant, kind=kind).inc()
@@ -390,9 +510,28 @@ def tool_result(result: kernel.ToolResult, *, denied: bool, not_run: bool) -> st
     return "error" if result.is_error else "ok"
 
 
-def _count_tools(record: kernel.TurnRecord, *, tenant: str, catalog: Collection[str]) -> None:
+def tool_label(name: str, *, tenant: str, catalog: Collection[str], remote: Collection[str]) -> str:
+    """The ``tool`` label of a call of ``name``: a catalog tool's name; an MCP tool of the run
+    (``remote``) by its name while the tenant has fewer than ``MAX_REMOTE_TOOL_LABELS`` such
+    names, else ``other``; anything else (a name the model invented) ``unknown``."""
+    if name in catalog:
+        return name
+    if name not in remote:
+        return "unknown"
+    named = _remote_labels.setdefault(tenant, set())
+    if name in named:
+        return name
+    if len(named) >= MAX_REMOTE_TOOL_LABELS:
+        return OTHER_TOOL
+    named.add(name)
+    return name
+
+
+def _count_tools(record: kernel.TurnRecord, *, config: RunConfig, catalog: Collection[str]) -> None:
     if not isinstance(record, kernel.Answered | kernel.Resumed):
         return
+    tenant = config.tenant
+    remote = {t.name for t in config.remote_tools}
     resumed = isinstance(record, kernel.Resumed)
     for result in record.results:
         outcome = tool_result(
@@ -400,7 +539,7 @@ def _count_tools(record: kernel.TurnRecord, *, tenant: str, catalog: Collection[
             denied=resumed and result.content == kernel.DENIED,
             not_run=record.stopped is not None,
         )
-        tool = result.name if result.name in catalog else "unknown"
+        tool = tool_label(result.name, tenant=tenant, catalog=catalog, remote=remote)
         TOOL_CALLS.labels(tenant=tenant, tool=tool, result=outcome).inc()
 
 

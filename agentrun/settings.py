@@ -24,6 +24,12 @@ may take together at NATS's default ``max_payload`` of 1 MiB. A write call's res
 in its effect-ledger entry and in the turn's event, each one message on the bus."""
 
 
+RUN_EVENT_MAX_BYTES = 8 * 1_048_576
+"""Default bytes one run's events may take (``AGENTRUN_RUN_EVENT_MAX_BYTES``)."""
+TENANT_EVENT_MAX_BYTES = 256 * 1_048_576
+"""Default bytes the events of one tenant's runs may take (``AGENTRUN_TENANT_EVENT_MAX_BYTES``)."""
+
+
 class ProcessSettings(BaseSettings):
     """Settings shared by ``agentrun-operator`` and ``agentrun-worker``.
 
@@ -50,6 +56,11 @@ class ProcessSettings(BaseSettings):
     nats_ca_file: Path | None = None
     """``AGENTRUN_NATS_CA_FILE``: PEM CA bundle the NATS server's certificate must chain to,
     its name checked against the URL's host; unset: plain-text NATS."""
+    run_trust_file: Path | None = None
+    """``AGENTRUN_RUN_TRUST_FILE``: the public run-signing keys this process trusts
+    (``trust.json``, ``agentrun.trust.keys``; the chart mounts it from ``<fullname>-trust``),
+    read again when it changes. Required: a worker acts on no run config, and the operator
+    follows no run, whose seal it cannot check."""
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """``AGENTRUN_METRICS_PORT``: Prometheus ``/metrics`` port; 0 serves none."""
     metrics_addr: str = "0.0.0.0"
@@ -58,6 +69,19 @@ class ProcessSettings(BaseSettings):
     """``AGENTRUN_LOG_LEVEL``: Python logging level name."""
     turn_ack_wait: float = Field(default=30.0, gt=0)
     """``AGENTRUN_TURN_ACK_WAIT``: seconds before an unacknowledged TurnRequest is redelivered."""
+    health_port: int = Field(default=0, ge=0, le=65535)
+    """``AGENTRUN_HEALTH_PORT``: HTTP port of ``/healthz`` (alive: answered by the process's
+    event loop itself, so a stuck loop fails it) and ``/readyz`` (operator: the installed CRDs
+    serve what it writes; worker: it takes turns, not while it drains); 0 serves none."""
+
+    def trust_path(self) -> Path:
+        """``run_trust_file``; raises ``ValueError`` saying what to set when it is unset."""
+        if self.run_trust_file is None:
+            raise ValueError(
+                "AGENTRUN_RUN_TRUST_FILE is not set: name the trust.json holding the run-signing "
+                "public keys (`agentrun signing bootstrap` makes it; the chart mounts it)"
+            )
+        return self.run_trust_file
 
     @property
     def nats_auth(self) -> NatsAuth:
@@ -78,12 +102,23 @@ class ProcessSettings(BaseSettings):
 class OperatorSettings(ProcessSettings):
     """Settings of ``agentrun-operator`` (plus the shared ones)."""
 
+    run_signing_file: Path | None = None
+    """``AGENTRUN_RUN_SIGNING_FILE``: the operator's run-signing keys (``signing.json``,
+    ``agentrun.trust.keys``; the chart mounts it from ``<fullname>-signing``), with which it
+    seals every run config it admits and every approval; read again when it changes.
+    Required."""
     status_interval: float = Field(default=5.0, ge=0)
     """``AGENTRUN_STATUS_INTERVAL``: least seconds between two ``.status`` writes of one run
     (the first write, terminal writes and approval requests go at once)."""
     default_tenant: str | None = None
     """``AGENTRUN_DEFAULT_TENANT``: the AgentTenant charged for runs in namespaces no tenant
     binds; unset rejects such runs ``invalid_spec``."""
+    turn_backlog: int = Field(default=2, ge=0, le=10_000)
+    """``AGENTRUN_TURN_BACKLOG``: most TurnRequests the operator leaves undelivered in the
+    work queue beyond the workers' waiting pull requests; the others wait in the operator and
+    are published in fair order across tenants (a turn that becomes ready waits behind at
+    most this many others). Higher: fewer reads of the queue's backlog under load; lower:
+    fairer."""
     orphan_after: float = Field(default=10.0, gt=0)
     """``AGENTRUN_ORPHAN_AFTER``: seconds after which a running run whose TurnRequest is neither
     queued nor in a worker's hands, and that committed nothing since, is dispatched again."""
@@ -98,9 +133,6 @@ class OperatorSettings(ProcessSettings):
     """``AGENTRUN_QUEUE_STATUS_WRITES``: status writes per second, for all tenants together,
     that refresh a queued run's position after it moved (the stalest first); a run's first
     ``Queued`` status is written at once, whatever the rate."""
-    health_port: int = Field(default=0, ge=0, le=65535)
-    """``AGENTRUN_HEALTH_PORT``: HTTP port of ``/healthz`` (alive) and ``/readyz`` (the installed
-    CRDs serve what this operator writes); 0 serves none."""
     identity: str | None = None
     """``AGENTRUN_IDENTITY``: this process's name in the leader Lease (the chart passes the pod
     name); unset uses ``<hostname>-<pid>``."""
@@ -117,9 +149,43 @@ class OperatorSettings(ProcessSettings):
     renewal before it exits; must be below ``lease_duration``."""
     lease_retry: float = Field(default=2.0, gt=0)
     """``AGENTRUN_LEASE_RETRY``: seconds between two renewals or acquisition attempts."""
+    jetstream_store_bytes: int = Field(default=0, ge=0)
+    """``AGENTRUN_JETSTREAM_STORE_BYTES``: size of the JetStream file store the streams share
+    (the NATS server's ``max_file_store``), exported as ``agentrun_jetstream_store_limit_bytes``
+    for the store-filling alert; 0 (unknown) exports nothing. The chart sets it from
+    ``nats.install.maxFileStore``, or ``nats.storeBytes`` for a server you bring."""
     crd_check_interval: float = Field(default=5.0, gt=0)
     """``AGENTRUN_CRD_CHECK_INTERVAL``: seconds between two checks of the installed CRDs while
     they do not serve what this operator writes."""
+    tenant_event_max_bytes: int = Field(default=TENANT_EVENT_MAX_BYTES, ge=1_048_576)
+    """``AGENTRUN_TENANT_EVENT_MAX_BYTES``: the most bytes the events of one tenant's runs may
+    take in the event stream (runs not deleted yet, finished ones included, as their
+    ``status.usage.eventBytes`` says); at it, the tenant's next runs wait ``Queued``
+    (``EventStorageFull``) until runs are deleted (``ttlSecondsAfterFinished`` or a person).
+    Enforced at admission: runs already going finish, each within the workers'
+    ``AGENTRUN_RUN_EVENT_MAX_BYTES``."""
+    event_stream_max_bytes: int = Field(default=-1, ge=-1)
+    """``AGENTRUN_EVENT_STREAM_MAX_BYTES``: ``max_bytes`` of the ``AGENTRUN_EVENTS`` stream
+    (-1, the default: no limit but the server's own), with ``discard: new`` so a full stream
+    refuses new events instead of dropping committed ones. A backstop for the whole store:
+    set it below the JetStream store (so the work queue and the ledger keep room) and above
+    the tenants' ``AGENTRUN_TENANT_EVENT_MAX_BYTES`` together; when it is reached anyway,
+    workers retry the refused turns as NATS trouble (each retry a model call) until deleted
+    runs make room."""
+    tool_discovery_timeout_max: float = Field(default=30.0, gt=0, le=600)
+    """``AGENTRUN_TOOL_DISCOVERY_TIMEOUT_MAX``: the most seconds one AgentToolServer's
+    discovery may take, whatever its ``spec.timeouts.discovery`` asks (a longer one is clamped
+    to it, and a failed discovery's message says so): discovery slots are shared by every
+    namespace, so a user's hanging server must not hold one for long."""
+
+    def signing_path(self) -> Path:
+        """``run_signing_file``; raises ``ValueError`` saying what to set when it is unset."""
+        if self.run_signing_file is None:
+            raise ValueError(
+                "AGENTRUN_RUN_SIGNING_FILE is not set: name the signing.json holding the "
+                "operator's run-signing keys (`agentrun signing bootstrap` makes it)"
+            )
+        return self.run_signing_file
 
     @pydantic.model_validator(mode="after")
     def _lease_timings(self) -> OperatorSettings:
@@ -146,12 +212,48 @@ class WorkerSettings(ProcessSettings):
     prometheus_url: str | None = None
     """``AGENTRUN_PROMETHEUS_URL``: the Prometheus the ``prometheus_query`` tool queries, e.g.
     ``http://prometheus.monitoring.svc:9090``; unset: its calls fail saying so."""
+    prometheus_scope_label: str = Field(
+        default="namespace", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", max_length=128
+    )
+    """``AGENTRUN_PROMETHEUS_SCOPE_LABEL``: the label every ``prometheus_query`` selector must
+    match the run's namespace on (the label naming a series' namespace where the platform's
+    Prometheus keeps it, e.g. ``namespace``, or ``exported_namespace`` behind a relabelling)."""
     tool_retries: int = Field(default=2, ge=0, le=10)
     """``AGENTRUN_TOOL_RETRIES``: extra attempts of a read or idempotent tool call that failed
     for infrastructure reasons (timeout, connection, server or transport error), with
     exponential backoff from 0.5 s, within the run's deadline."""
     hold_ttl: float = Field(default=60.0, gt=0)
     """``AGENTRUN_HOLD_TTL``: seconds a ledger hold outlives its last refresh."""
+    run_event_max_bytes: int = Field(default=RUN_EVENT_MAX_BYTES, ge=1_048_576)
+    """``AGENTRUN_RUN_EVENT_MAX_BYTES``: the most bytes one run's events may take in the event
+    stream; a run at it ends ``checkpoint_failed`` before its next model call (so it holds at
+    most this plus one turn's event). At least 1 MiB (one event)."""
+    termination_grace: float = Field(default=30.0, gt=0)
+    """``AGENTRUN_TERMINATION_GRACE``: seconds from SIGTERM until the process is killed (the
+    pod's ``terminationGracePeriodSeconds``, which the chart passes; Kubernetes' default is
+    30). A stopping worker fetches no new turn and lets the turns it holds finish for this
+    less ``drain_margin``."""
+    drain_margin: float = Field(default=10.0, ge=0)
+    """``AGENTRUN_DRAIN_MARGIN``: seconds of ``termination_grace`` kept for what follows the
+    drain: turns still running are cancelled (left for another worker), a write call in
+    flight completes and records its outcome (bounded by ``tool_timeout``), connections
+    close. Must be below ``termination_grace``."""
+
+    @property
+    def drain_seconds(self) -> float:
+        """Seconds a stopping worker lets its in-flight turns run: ``termination_grace`` less
+        ``drain_margin``."""
+        return self.termination_grace - self.drain_margin
+
+    @pydantic.model_validator(mode="after")
+    def _drain_fits_the_grace(self) -> WorkerSettings:
+        if self.drain_margin >= self.termination_grace:
+            raise ValueError(
+                f"AGENTRUN_DRAIN_MARGIN={self.drain_margin:g} must be below "
+                f"AGENTRUN_TERMINATION_GRACE={self.termination_grace:g} (the drain gets the "
+                "grace period less the margin)"
+            )
+        return self
 
     @pydantic.field_validator("tool_result_max_bytes")
     @classmethod

@@ -56,7 +56,18 @@ ROUNDS = 3
 
 def _tool(url: str, effect: str) -> remote.McpTool:
     return remote.mcp_tool(
-        RemoteTool(f"{effect}__add", effect, "add", "", {}, effect, url, "StreamableHTTP", 30.0)
+        RemoteTool(
+            f"{effect}__add",
+            effect,
+            "add",
+            "",
+            {},
+            effect,
+            url,
+            "StreamableHTTP",
+            30.0,
+            private_network=True,
+        )
     )
 
 

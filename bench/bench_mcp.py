@@ -42,7 +42,9 @@ ERAS = ("legacy", "modern")
 
 async def measure(url: str, calls: int, *, pooled: bool) -> list[float]:
     """Milliseconds of overhead per call."""
-    admitted = RemoteTool("b__slow", "b", "slow", "", {}, "read", url, "StreamableHTTP", 30.0)
+    admitted = RemoteTool(
+        "b__slow", "b", "slow", "", {}, "read", url, "StreamableHTTP", 30.0, private_network=True
+    )
     pool = sessions.SessionPool() if pooled else None
     tool = remote.mcp_tool(admitted, pool=pool)
     ctx = ToolContext(namespace="bench", run_name="bench", run_uid="bench", call_id="c")

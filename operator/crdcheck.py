@@ -49,6 +49,7 @@ RUN_STATUS_FIELDS = (
     "usage.costUSD",
     "usage.wallSeconds",
     "usage.estimated",
+    "usage.eventBytes",
     "pendingApproval",
     "conditions",
     "observedGeneration",

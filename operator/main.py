@@ -20,7 +20,7 @@ import time
 
 import kopf
 
-from agentrun import metrics, process
+from agentrun import metrics, process, trust
 from agentrun.settings import OperatorSettings
 
 from . import crdcheck, handlers, wiring
@@ -40,7 +40,11 @@ def main() -> None:
     process leads; before that, a stop signal ends the process at once.
     """
     config = process.start(OperatorSettings, service="agentrun-operator")
+    # the run-signing keys are read before anything else: no operator runs without them
+    trust.signing_file(config.signing_path())
+    trust.trust_file(config.trust_path())
     metrics.export_operator()  # agentrun_operator_leader 0 until it leads
+    metrics.export_store_limit(config.jetstream_store_bytes)
     assert handlers.REGISTERED  # the import registers the handlers with kopf
     asyncio.run(run(config))
 
@@ -100,6 +104,7 @@ async def _lead(settings: OperatorSettings, elector: leadership.LeaderElector) -
         log.critical("lost the leader Lease; exiting so that only the new leader acts")
         logging.shutdown()
         os._exit(LOST_LEADERSHIP_EXIT)
-    holding.cancel()
+    holding.cancel()  # and wait for it: a renewal in flight must not race the release
+    await asyncio.gather(holding, return_exceptions=True)
     await elector.release()
     operator.result()  # kopf's own failure, if any, ends the process with it

@@ -7,15 +7,21 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``Kube`` (``platform.kubeapi``) is the one way to the API server; every part that reads or
   writes an object is given it.
 - ``StatusWriter`` patches AgentRun ``.status``; the runs it finds gone are pulled by the
-  dispatcher (``Dispatcher.forget_gone_runs``).
+  dispatcher (``Dispatcher.forget_gone_runs``), and those whose status it cannot write for
+  its size are ended by it (``Dispatcher.end_refused_runs``).
 - ``QueueBoard`` is the admission queues as the pump last saw them (lengths, why heads wait)
   and the kicks that ask for a pump; only the pump writes it.
 - ``RunSettlement`` closes an ended run's ledger entry and kicks its tenant's queue; the
   dispatcher calls it for every run end (``RunEndListener``).
 - ``EventRecorder`` posts Kubernetes Events (rate-limited); the dispatcher, the pump, the
   sweep, the controllers and the handlers record into it.
-- ``Dispatcher`` consumes run events and publishes turns; it alone holds the live runs' views.
-  Admission reaches it through ``runs.LiveRuns``.
+- ``RunSeals`` seals what the operator admits and approves (the run-signing key of
+  ``AGENTRUN_RUN_SIGNING_FILE``) and judges what it reads (the trusted keys of
+  ``AGENTRUN_RUN_TRUST_FILE``); the dispatcher is given it.
+- ``Dispatcher`` consumes run events and publishes turns (through its ``TurnGate``: fair
+  across tenants, each within its AgentTenant's ``maxConcurrentTurns``, read from
+  ``Tenants``); it alone holds the live runs' views. Admission reaches it through
+  ``runs.LiveRuns``.
 - ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost, from
   the dispatcher's snapshots (``pending_turns``), through the dispatcher.
 - ``QueueStatus`` writes the status of runs that wait in a queue or end unadmitted, counting
@@ -52,24 +58,29 @@ from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
+from agentrun.trust import Signer, Verifier, signing_file, trust_file
 
 from .admission.lookup import RunConfigs
 from .admission.pump import PumpDeps, QueuePump
 from .admission.queue import QueueBoard
 from .admission.queuestatus import QueueStatus
 from .admission.settlement import RunSettlement
+from .admission.storage import EventStorage
 from .admission.sweep import LedgerSweep, SweepDeps
 from .agents.models import ModelCache
 from .evals.controller import EvalController
 from .platform import events as recorder
 from .platform.events import EventRecorder
+from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
 from .runs import lifecycle
-from .runs.dispatch import Dispatcher
+from .runs.dispatch import DispatchDeps, Dispatcher
 from .runs.orphans import OrphanWatch
+from .runs.seals import RunSeals
 from .runs.writer import StatusWriter
 from .schedules.controller import ScheduleController
 from .schedules.store import KubeCronStore
+from .tenants.rebuild import RebuiltUsage
 from .tenants.registry import Tenants
 from .tenants.writer import TenantStatusWriter
 from .toolservers.refresher import ToolServerRefresher
@@ -77,13 +88,16 @@ from .toolservers.store import ToolServerCache
 
 log = logging.getLogger(__name__)
 
+handlers_agents_logger = "agentrun.operator.handlers.agents"
+"""Where the Agent handlers' failures are logged (the handlers' own logger)."""
+
 SHUTDOWN_STEP_SECONDS = 5.0
 """Longest wait for each shutdown step (flushing status, closing connections)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RunHandling:
-    """What the AgentRun handlers (``handlers.runs``) use."""
+    """What the AgentRun handlers (``handlers.runs``, ``handlers.admission``) use."""
 
     runs: Dispatcher
     """Recovers, ends, decides and forgets live runs."""
@@ -100,6 +114,8 @@ class RunHandling:
     events: EventRecorder
     writer: StatusWriter
     """Told each AgentRun's version as watched."""
+    storage: EventStorage
+    """Told each AgentRun's status as watched (the bytes its events take), and its deletion."""
     reaper: lifecycle.Reaper
     schedules: ScheduleController
     """Told when a run a CronAgentRun created ends or goes."""
@@ -128,6 +144,8 @@ class AgentHandling:
     events: EventRecorder
     evals: EvalController
     """Told when an Agent changes (its suites start a new round)."""
+    failures: Failures
+    """Agents and AgentModels whose status write failed (each logged once)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,7 +184,8 @@ class Parts:
     handling: Handling | None = None
     """Each handler module's share (``handling_of``), set before any handler runs."""
     tasks: tuple[asyncio.Task[None], ...] = ()
-    """Background loops: event consumer, queue gauges, gone runs, queue pumps, ledger sweep,
+    """Background loops: event consumer, turn gate, queue gauges, gone runs, queue pumps,
+    ledger sweep,
     TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
     AgentEval reconciles, CronAgentRun schedules."""
 
@@ -206,30 +225,49 @@ async def start_parts(
     """
     bus = await Bus.connect(
         BusSettings(
-            url=settings.nats_url, auth=settings.nats_auth, ack_wait=settings.turn_ack_wait
+            url=settings.nats_url,
+            auth=settings.nats_auth,
+            ack_wait=settings.turn_ack_wait,
+            events_max_bytes=settings.event_stream_max_bytes,
         ),
         name=f"agentrun-operator-{os.getpid()}",
     )
     # the operator creates the buckets; workers only bind them
     await buckets.open_bucket(bus.js, buckets.effects_config(), create=True)
-    parts = _build_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
+    parts = _make_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()
     return dataclasses.replace(parts, handling=handling_of(parts), tasks=_start_loops(parts))
 
 
-def _build_parts(
-    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi
-) -> Parts:
+def _seals(
+    settings: OperatorSettings, *, bus: Bus, api: KubeApi, events: EventRecorder
+) -> RunSeals:
+    """The operator's seals: its run-signing keys (``AGENTRUN_RUN_SIGNING_FILE``) and the keys
+    it trusts (``AGENTRUN_RUN_TRUST_FILE``). Raises ``ValueError`` when either is unset,
+    ``OSError`` and ``trust.KeyFileError`` when either cannot be read."""
+    return RunSeals(
+        Signer(signing_file(settings.signing_path())),
+        Verifier(trust_file(settings.trust_path())),
+        streams=bus,
+        api=api,
+        events=events,
+    )
+
+
+def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi) -> Parts:
     """Every part, each given its collaborators; nothing started yet."""
     writer = StatusWriter(api, interval=settings.status_interval)
     tenants = Tenants(api, default=settings.default_tenant)
+    store.rebuild = RebuiltUsage(api, tenants)  # a book made anew: its window's use rebuilt
     configs = _run_configs(api)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
-    dispatcher = Dispatcher(bus, writer, ends=settlement, queues=board, events=events)
+    seals = _seals(settings, bus=bus, api=api, events=events)
+    fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog)
+    dispatcher = Dispatcher(bus, writer, fair)
     shown = QueueStatus.of(writer, dispatcher, events, rate=settings.queue_status_writes)
     pump = PumpDeps(
         store=store,
@@ -241,16 +279,10 @@ def _build_parts(
         board=board,
         api=api,
         events=events,
+        storage=EventStorage(limit=settings.tenant_event_max_bytes),
     )
-    sweep = SweepDeps(
-        store=store,
-        tenants=tenants,
-        board=board,
-        runs=dispatcher,
-        events=bus,
-        api=api,
-        tenant_status=TenantStatusWriter(api, events=events),
-    )
+    tenant_status = TenantStatusWriter(api, events=events)
+    sweep = SweepDeps(store, tenants, board, dispatcher, bus, api, tenant_status)
     return Parts(
         bus=bus,
         api=api,
@@ -265,7 +297,11 @@ def _build_parts(
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
         reaper=lifecycle.Reaper(api),
         events=events,
-        toolservers=ToolServerRefresher(api),
+        toolservers=ToolServerRefresher(
+            api,
+            reach=tenants.tool_server_rules,
+            max_timeout=settings.tool_discovery_timeout_max,
+        ),
         evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
     )
@@ -283,6 +319,7 @@ def handling_of(parts: Parts) -> Handling:
             api=parts.api,
             events=parts.events,
             writer=parts.writer,
+            storage=parts.pump.deps.storage,
             reaper=parts.reaper,
             schedules=parts.schedules,
             evals=parts.evals,
@@ -294,6 +331,7 @@ def handling_of(parts: Parts) -> Handling:
             api=parts.api,
             events=parts.events,
             evals=parts.evals,
+            failures=Failures(logging.getLogger(handlers_agents_logger), what="status write"),
         ),
         toolservers=parts.toolservers,
         evals=parts.evals,
@@ -323,8 +361,10 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
     """Start every background loop of ``parts`` (the order of ``Parts.tasks``)."""
     return (
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
+        asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
         asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
         asyncio.create_task(parts.dispatcher.forget_gone_runs(), name="gone-runs"),
+        asyncio.create_task(parts.dispatcher.end_refused_runs(), name="refused-runs"),
         asyncio.create_task(parts.pump.run(), name="queue-pumps"),
         asyncio.create_task(parts.sweep.run(), name="ledger-sweep"),
         asyncio.create_task(parts.reaper.run(), name="ttl-reaper"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from agentrun.operator.platform.kubeapi import ApiError, Ref
@@ -143,12 +143,17 @@ class FakeKube:
         self._called("namespace_labels", name)
         return dict(self.labels.get(name, {}))
 
-    async def secret_values(self, namespace: str, name: str) -> dict[str, str]:
-        self._called("secret_values", (namespace, name))
+    async def secret_values(
+        self, namespace: str, name: str, *, keys: Collection[str]
+    ) -> dict[str, str]:
+        self._called("secret_values", (namespace, name, tuple(keys)))
         found = self.secrets.get((namespace, name))
         if found is None:
             raise ApiError(404, "NotFound")
-        return dict(found)
+        missing = sorted(set(keys) - set(found))
+        if missing:
+            raise ValueError(f"Secret {namespace}/{name} has no key {missing[0]!r}")
+        return {key: found[key] for key in keys}
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         self._called("create_event", (namespace, event))

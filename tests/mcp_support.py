@@ -12,6 +12,10 @@ every behaviour the tests need, each in its own tool:
 - ``huge`` (n bytes of text), ``picture`` (an image and a text part), ``structured`` (structured
   content only): large and non-text results.
 - ``grow``: adds the tool ``extra`` to the server's list (a changing tool list).
+- ``guarded`` (lists an ``inputSchema`` whose ``code`` has the catastrophic pattern
+  ``^(a+)+$``), ``lookahead`` (lists a pattern with a lookahead, which RE2 refuses) and
+  ``shaped`` (lists an ``outputSchema`` with ``^(a+)+$`` and returns structured content that
+  backtracks on it for hours): a hostile server's schemas, as its author chooses them.
 - ``count`` (a write): counts its calls per key in a file given by ``--count-file``, and echoes
   the idempotency key it received in ``_meta`` (an ignored ``note`` makes a second argument);
   ``count_slow`` counts at once and answers after the given seconds (a window to kill a worker
@@ -144,7 +148,52 @@ def build(count_file: str | None) -> MCPServer:
         return {"city": city, "celsius": 21}
 
     server.add_tool(structured, structured_output=True)
+    hostile(server)
     return server
+
+
+HOSTILE_PATTERN = "^(a+)+$"
+"""Backtracks for seconds at 30 characters, hours at 40 (Python's re)."""
+HOSTILE_TEXT = "a" * 40 + "!"
+
+
+def guarded(code: str) -> str:
+    """Echo a code (its listed schema asks for ^(a+)+$)."""
+    return f"code {len(code)}"
+
+
+def lookahead(code: str) -> str:
+    """Echo a code (its listed schema has a lookahead)."""
+    return f"code {code}"
+
+
+def shaped() -> dict[str, Any]:
+    """Structured content its listed output schema backtracks on."""
+    return {"v": HOSTILE_TEXT}
+
+
+def hostile(server: MCPServer) -> None:
+    """Add ``guarded``, ``lookahead`` and ``shaped`` with the schemas a hostile author lists.
+    The SDK derives a tool's listed schemas from its signature; these are replaced after
+    (``Tool.parameters`` and the output schema of its ``fn_metadata``: the SDK's own fields),
+    as a server written by hand would list them. The server's own argument checks keep the
+    signature's (no pattern)."""
+    for tool in (guarded, lookahead):
+        server.add_tool(tool)
+    server.add_tool(shaped, structured_output=True)
+    tools = server._tool_manager  # the SDK keeps its tools here
+    pattern = {"guarded": HOSTILE_PATTERN, "lookahead": "^(?!x)[a-z]+$"}
+    for name, regex in pattern.items():
+        tools.get_tool(name).parameters = {
+            "type": "object",
+            "properties": {"code": {"type": "string", "pattern": regex}},
+            "required": ["code"],
+        }
+    shaped_tool = tools.get_tool("shaped")
+    shaped_tool.fn_metadata.output_schema = {
+        "type": "object",
+        "properties": {"v": {"type": "string", "pattern": HOSTILE_PATTERN}},
+    }
 
 
 class Recorder:
@@ -190,6 +239,7 @@ class Recorder:
                 "method": method,
                 "session": headers.get("mcp-session-id"),
                 "authorization": headers.get("authorization"),
+                "headers": sorted(headers),
             }
             with open(self.requests_file, "a") as out:
                 out.write(json.dumps(line) + "\n")
@@ -235,6 +285,8 @@ class McpProcess:
     era: str = "modern"
     """``modern`` (the SDK's own: 2026 protocol, no sessions) or ``legacy`` (see above)."""
     requests_file: Path | None = None
+    host: str = "127.0.0.1"
+    """The address it listens on (the node's pod gateway for pods to reach it)."""
     deny: str = ""
     """``TOOL=STATUS,…``: calls of those tools are answered with that HTTP status."""
 
@@ -242,7 +294,7 @@ class McpProcess:
     def url(self) -> str:
         """The endpoint: ``/mcp`` (streamable HTTP) or ``/sse``."""
         path = "/sse" if self.transport == "sse" else "/mcp"
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"http://{self.host}:{self.port}{path}"
 
     def start(self, *, timeout: float = 20.0) -> None:
         """Start the server and wait until it accepts connections (after the previous process,
@@ -251,7 +303,7 @@ class McpProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.wait(timeout)
         cmd = [sys.executable, str(HERE), "--port", str(self.port), "--transport", self.transport]
-        cmd += ["--count-file", str(self.count_file), "--era", self.era]
+        cmd += ["--count-file", str(self.count_file), "--era", self.era, "--host", self.host]
         if self.requests_file is not None:
             cmd += ["--requests-file", str(self.requests_file)]
         if self.deny:
@@ -262,7 +314,7 @@ class McpProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"MCP server exited: {self.log.read_text()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+            with contextlib.suppress(OSError), socket.create_connection((self.host, self.port)):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"MCP server did not listen on {self.port}")
@@ -292,7 +344,8 @@ class McpProcess:
         return data
 
     def requests(self) -> list[dict[str, Any]]:
-        """Every POST so far (across restarts): ``method``, ``session``, ``authorization``."""
+        """Every POST so far (across restarts): ``method``, ``session``, ``authorization``,
+        ``headers`` (the names of every header it came with, lower case)."""
         if self.requests_file is None or not self.requests_file.exists():
             return []
         return [json.loads(line) for line in self.requests_file.read_text().splitlines()]
@@ -312,8 +365,8 @@ def running(
     server = McpProcess(free_port(), transport, tmp / "counts.json", tmp / "mcp.log", era=era)
     server.deny = deny
     server.requests_file = tmp / "requests.jsonl"
-    server.start()
     try:
+        server.start()  # a start that times out leaves its process: stopped below too
         yield server
     finally:
         server.stop()
@@ -329,15 +382,21 @@ def main() -> None:
     parser.add_argument("--count-file")
     parser.add_argument("--requests-file")
     parser.add_argument("--era", choices=["modern", "legacy"], default="modern")
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--deny", default="", help="TOOL=STATUS,...: answer their calls so")
     args = parser.parse_args()
     deny = {k: int(v) for k, v in (p.split("=") for p in args.deny.split(",") if p)}
     server = build(args.count_file)
-    app = server.sse_app() if args.transport == "sse" else server.streamable_http_app()
+    # the SDK guards a loopback server against DNS rebinding (Host must be loopback); one on
+    # the node's pod gateway is reached by that address
+    if args.transport == "sse":
+        app = server.sse_app(host=args.host)
+    else:
+        app = server.streamable_http_app(host=args.host)
     recorded = Recorder(
         app, requests_file=args.requests_file, legacy=args.era == "legacy", deny=deny
     )
-    uvicorn.run(recorded, host="127.0.0.1", port=args.port, log_level="info")
+    uvicorn.run(recorded, host=args.host, port=args.port, log_level="info")
 
 
 if __name__ == "__main__":

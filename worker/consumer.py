@@ -3,7 +3,16 @@
 Delivery rules: ack only after the turn event is committed; ``in_progress``
 heartbeats while a turn runs so JetStream does not redeliver it; a request whose base event is
 not the run's last event is stale (the turn was already committed, or the run moved on) and is
-acked without running; a commit that loses the compare-and-set is dropped, never retried.
+acked without running; a commit that loses the compare-and-set is dropped, never retried. A
+request for a run whose config the operator did not seal (``history.load`` raises
+``trust.Untrusted``) is refused: acked without a model call, a Secret read or a tool call,
+counted in ``agentrun_messages_refused_total``; the operator, which reads the same events, ends
+the run (or re-seals one admitted before seals existed, and dispatches it again).
+
+Stopping (SIGTERM) drains: nothing more is fetched, the turns in flight run on (heartbeats and
+hold refreshes too) for the drain time, and only those still running then are cancelled and
+naked for another worker — a model call so cut is charged as abandoned and asked again
+elsewhere; a write call in flight is not cut (``toolrunner``).
 """
 
 from __future__ import annotations
@@ -30,10 +39,12 @@ from agentrun.ledger import (
     TurnRef,
 )
 from agentrun.protocol import RunEvent, TurnRequest
+from agentrun.settings import RUN_EVENT_MAX_BYTES
+from agentrun.trust import Untrusted, Verifier
 
 from . import history
 from .secrets import SecretUnavailable
-from .turn import PhaseClock, TurnDeps, execute_turn
+from .turn import PhaseClock, TurnDeps, execute_turn, off_loop
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,19 @@ class ConsumerSettings:
     hold_ttl: float = DEFAULT_HOLD_TTL
     """Seconds a ledger hold outlives its last refresh (a dead worker's hold is released
     after at most this plus the operator's sweep interval)."""
+    drain: float = 0.0
+    """Seconds a stopping worker lets the turns it holds run to their commit after it stopped
+    fetching (``AGENTRUN_TERMINATION_GRACE`` less ``AGENTRUN_DRAIN_MARGIN``); turns still
+    running then are cancelled and left for another worker (a write call in flight completes
+    and records its outcome first). 0 cancels them at once."""
+    run_event_max_bytes: int = RUN_EVENT_MAX_BYTES
+    """Bytes one run's events may take; a run at it ends ``checkpoint_failed`` before its
+    next model call."""
+
+
+NEWER_SCHEMA_DELAY = 30.0
+"""Seconds before a message written in a newer wire schema is offered again (to a newer
+worker, during a rolling upgrade)."""
 
 
 def is_transient(err: BaseException) -> bool:
@@ -59,7 +83,12 @@ def is_transient(err: BaseException) -> bool:
     if isinstance(err, nats.errors.MaxPayloadError | EventTooLarge):
         return False  # deterministic: the same turn would not fit again
     return isinstance(
-        err, nats.errors.Error | LedgerUnavailable | LedgerCorrupt | SecretUnavailable
+        err,
+        nats.errors.Error
+        | LedgerUnavailable
+        | LedgerCorrupt
+        | SecretUnavailable
+        | protocol.UnsupportedSchema,  # the run's events: a newer worker wrote them
     )
 
 
@@ -70,35 +99,58 @@ async def commit_turn(
     record: kernel.TurnRecord,
     *,
     owner: str = "",
-) -> tuple[kernel.TurnRecord, kernel.RunState, int]:
+) -> tuple[kernel.TurnRecord, history.LoadedRun]:
     """Fold ``record`` into ``run`` and append it as the turn's event on top of
     ``request.expected_seq``, naming ``owner`` (the delivery's ledger hold owner, whose model
-    call the record holds; "" without a ledger); returns the record committed, the state after
-    it and the event's stream sequence. An event over the bus's message cap is committed once
-    more with the record the kernel shrinks it to (``kernel.shrink_record``: a corrective turn
-    that keeps the call's usage), so model output or tool results never make a turn
-    uncommittable.
+    call the record holds; "" without a ledger); returns the record committed and the run
+    after it (its state, the event's stream sequence, the run's stored bytes). An event over
+    the bus's message cap is committed once more with the record the kernel shrinks it to
+    (``kernel.shrink_record``: a corrective turn that keeps the call's usage), so model
+    output or tool results never make a turn uncommittable.
 
     Raises ``CommitConflict`` (the run moved on) and ``EventTooLarge`` (even the shrunk
     record does not fit: the caller ends the run ``checkpoint_failed``).
     """
-    after = kernel.advance(run.state, record, run.config.limits)
+    after = await off_loop(run.config, kernel.advance, run.state, record, run.config.limits)
     try:
-        return record, after, await _append_turn(bus, request, after, record, owner)
+        return record, await _append_turn(bus, request, run, after, record, owner)
     except EventTooLarge as err:
         log.warning("turn %s: %s; committing it shrunk", request.msg_id, err)
         record = kernel.shrink_record(record, size=err.size, cap=err.cap)
-        after = kernel.advance(run.state, record, run.config.limits)
-        return record, after, await _append_turn(bus, request, after, record, owner)
+        after = await off_loop(run.config, kernel.advance, run.state, record, run.config.limits)
+        return record, await _append_turn(bus, request, run, after, record, owner)
 
 
 async def _append_turn(
-    bus: Bus, request: TurnRequest, after: kernel.RunState, record: kernel.TurnRecord, owner: str
-) -> int:
-    summary = after.summary()
-    event = RunEvent("turn", request.run_uid, summary, record=record, time=time.time(), owner=owner)
-    return await bus.append_event(
+    bus: Bus,
+    request: TurnRequest,
+    run: history.LoadedRun,
+    after: kernel.RunState,
+    record: kernel.TurnRecord,
+    owner: str,
+) -> history.LoadedRun:
+    event = RunEvent(
+        "turn",
+        request.run_uid,
+        after.summary(),
+        record=record,
+        time=time.time(),
+        owner=owner,
+        stored_before=run.stored,
+    )
+    seq = await bus.append_event(
         request.namespace, request.name, event, expected_seq=request.expected_seq
+    )
+    stored = run.stored + len(event.encode())
+    return dataclasses.replace(run, state=after, seq=seq, committer=owner, stored=stored)
+
+
+def _storage_full(run: history.LoadedRun, settings: ConsumerSettings) -> str:
+    """Why a run whose events reached the per-run bound ends (before another model call)."""
+    return (
+        f"the run's events take {run.stored} bytes of the event stream, at its limit of "
+        f"{settings.run_event_max_bytes} (AGENTRUN_RUN_EVENT_MAX_BYTES); no more turns can be "
+        "checkpointed"
     )
 
 
@@ -119,10 +171,13 @@ class TurnConsumer:
         deps: TurnDeps,
         settings: ConsumerSettings,
         *,
+        seals: Verifier,
         ledger: LedgerStore | None = None,
     ) -> None:
-        """``ledger``: the tenant budget ledger (``None``: no tenant budgets, for tests)."""
+        """``seals``: checks that a run's config is the operator's; ``ledger``: the tenant
+        budget ledger (``None``: no tenant budgets, for tests)."""
         self.bus = bus
+        self.seals = seals
         self.deps = deps
         self.settings = settings
         self.ledger = ledger
@@ -134,8 +189,26 @@ class TurnConsumer:
         self.turns_committed = 0
 
     def stop(self) -> None:
-        """Ask the loop to stop fetching; in-flight turns are cancelled and left for redelivery."""
+        """Stop fetching; the turns in flight get ``settings.drain`` seconds to commit, then
+        those still running are cancelled and naked for another worker. Heartbeats, ledger
+        hold refreshes and cancellation broadcasts go on meanwhile."""
+        if not self._stopping.is_set():
+            log.info(
+                "stopping: no new turns; %d in flight get %.0fs to finish",
+                len(self._inflight),
+                self.settings.drain,
+            )
         self._stopping.set()
+
+    @property
+    def draining(self) -> bool:
+        """Whether ``stop`` was called (the worker takes no new turns)."""
+        return self._stopping.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        """Turns this worker is running now."""
+        return len(self._inflight)
 
     async def _on_cancel(self, run_uid: str) -> None:
         task = self._inflight.get(run_uid)
@@ -145,7 +218,8 @@ class TurnConsumer:
         self.cache.drop(run_uid)
 
     async def run(self) -> None:
-        """Fetch and dispatch until ``stop``; returns after in-flight turns are settled."""
+        """Fetch and dispatch until ``stop``; returns once every turn in flight committed or,
+        past the drain time, was cancelled and handed back (naked)."""
         await self.bus.on_cancel(self._on_cancel)
         metrics.CONCURRENCY.set(self.settings.concurrency)
         await self.bus.consume(
@@ -153,6 +227,7 @@ class TurnConsumer:
             self._handle,
             stopping=self._stopping,
             concurrency=self.settings.concurrency,
+            drain=self.settings.drain,
         )
 
     async def _heartbeat(self, msg: Msg, run_uid: str) -> None:
@@ -168,6 +243,10 @@ class TurnConsumer:
     async def _handle(self, msg: Msg) -> None:
         try:
             request = protocol.decode_turn_request(msg.data)
+        except protocol.UnsupportedSchema as err:  # a newer operator wrote it: not ours to run
+            log.warning("leaving a TurnRequest for a newer worker: %s", err)
+            await msg.nak(delay=NEWER_SCHEMA_DELAY)
+            return
         except ValueError as err:  # pydantic.ValidationError included
             log.error("dropping a malformed TurnRequest: %s", err)
             await msg.term()
@@ -186,6 +265,7 @@ class TurnConsumer:
             if request.run_uid in self._cancelled:
                 await msg.ack()  # the run is being stopped; its turn is void
                 return
+            log.info("turn %s cancelled while stopping; another worker takes it", request.msg_id)
             with contextlib.suppress(Exception):
                 await msg.nak()  # shutting down: another worker takes the turn
             raise
@@ -211,8 +291,9 @@ class TurnConsumer:
         if transient or (delivered < 2 and not too_large):
             log.warning("turn %s failed (%r); it will be redelivered", request.msg_id, err)
             slow = isinstance(err, LedgerUnavailable | LedgerCorrupt | SecretUnavailable)
+            delay = NEWER_SCHEMA_DELAY if isinstance(err, protocol.UnsupportedSchema) else 1.0
             with contextlib.suppress(Exception):
-                await msg.nak(delay=5.0 if slow else 1.0)
+                await msg.nak(delay=5.0 if slow else delay)
             return
         log.error("turn %s failed for good: %r", request.msg_id, err, exc_info=err)
         message = f"turn {request.turn} could not be committed: {type(err).__name__}: {err}"[:1000]
@@ -226,7 +307,9 @@ class TurnConsumer:
         if last is None or last.seq != request.expected_seq or last.phase.is_terminal:
             return
         state = kernel.stop(last.state(), kernel.Phase.CHECKPOINT_FAILED, message)
-        event = RunEvent("stop", request.run_uid, state.summary(), time=time.time())
+        event = RunEvent(
+            "stop", request.run_uid, state.summary(), time=time.time(), stored_before=last.stored
+        )
         with contextlib.suppress(CommitConflict):
             await self.bus.append_event(
                 request.namespace, request.name, event, expected_seq=request.expected_seq
@@ -237,11 +320,16 @@ class TurnConsumer:
         if (msg.metadata.num_delivered or 1) > 1:  # the turn may have committed elsewhere:
             self.cache.drop(request.run_uid)  # read the run's events, not what this worker saw
         try:
-            run = await history.load(self.bus, self.cache, request)
+            run = await history.load(self.bus, self.cache, request, seals=self.seals)
         except history.CorruptHistory as err:
             log.warning(
                 "skipping turn %s of %s/%s: %s", request.turn, request.namespace, request.name, err
             )
+            await msg.ack()
+            return
+        except Untrusted as err:
+            metrics.record_refusal(err.fault)
+            log.warning("refused turn %s: %s", request.msg_id, err)
             await msg.ack()
             return
         if (
@@ -251,6 +339,10 @@ class TurnConsumer:
             or run.state.phase is not kernel.Phase.RUNNING
         ):
             log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
+            await msg.ack()
+            return
+        if run.stored >= self.settings.run_event_max_bytes:
+            await self._commit_failure(request, _storage_full(run, self.settings))
             await msg.ack()
             return
         metrics.know_run(run.config, catalog=self.deps.catalog)
@@ -286,12 +378,13 @@ class TurnConsumer:
                 otel_context.detach(token)
         owner = "" if hold is None else hold.owner  # names the call this commit contains
         try:
-            record, after, seq = await commit_turn(self.bus, request, run, record, owner=owner)
+            record, committed = await commit_turn(self.bus, request, run, record, owner=owner)
         except CommitConflict as err:  # the block's exit charges this delivery's call
             log.info("turn %s not committed: %s", request.msg_id, err)
             self.cache.drop(request.run_uid)
             return None
-        self.cache.put(history.LoadedRun(run.config, after, seq, owner))
+        after = committed.state
+        self.cache.put(committed)
         self.turns_committed += 1
         if hold is not None:
             try:
@@ -304,9 +397,10 @@ class TurnConsumer:
     def _observe(self, committed: Committed, run: history.LoadedRun, *, started: float) -> None:
         """The turn's metrics: counters, and its duration per phase."""
         record, after, clock = committed
-        # MCP tools are labelled by their function name: admins declare them, so it is bounded
-        known = {*self.deps.catalog, *(t.name for t in run.config.remote_tools)}
-        metrics.record_turn(record, before=run.state, after=after, config=run.config, catalog=known)
+        # MCP tools (the config's) are labelled by name up to a bound per tenant (metrics)
+        metrics.record_turn(
+            record, before=run.state, after=after, config=run.config, catalog=self.deps.catalog
+        )
         spent = clock.seconds
         metrics.TURN_DURATION.labels(phase="model").observe(spent["model"])
         metrics.TURN_DURATION.labels(phase="tools").observe(spent["tools"])

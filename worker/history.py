@@ -1,16 +1,21 @@
 """The worker's view of a run's history: the shared fold (``agentrun.history``) plus a cache.
 
 The cache keeps the state after the last commit this worker saw, so a run whose turns land on
-the same worker costs no reads.
+the same worker costs no reads. Only a run whose config the operator sealed, for the run the
+TurnRequest names, is loaded at all (``trust.Untrusted`` otherwise), and only such runs are
+cached: a cached run was checked once, and every event read after it is checked as it is
+folded in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 
 from agentrun.bus import Bus
 from agentrun.history import CorruptHistory, LoadedRun, fold
 from agentrun.protocol import TurnRequest
+from agentrun.trust import SealFault, Untrusted, Verifier
 
 __all__ = ["CorruptHistory", "LoadedRun", "RunCache", "fold", "load"]
 
@@ -41,11 +46,17 @@ class RunCache:
         self._runs.pop(run_uid, None)
 
 
-async def load(bus: Bus, cache: RunCache, request: TurnRequest) -> LoadedRun | None:
+async def load(
+    bus: Bus, cache: RunCache, request: TurnRequest, *, seals: Verifier
+) -> LoadedRun | None:
     """The run as of ``request.expected_seq`` or later; ``None`` if it has no admission.
 
     Reads only the events after the cached ones. The caller compares ``seq`` with
     ``request.expected_seq`` to spot a stale request.
+
+    Raises ``CorruptHistory``, and ``trust.Untrusted`` when the run's config is not sealed by
+    the operator (not yet re-sealed, forged, or sealed for another run than ``request``'s) or
+    an event the operator must have sealed is not its.
     """
     cached = cache.get(request.run_uid)
     if cached is not None and cached.seq == request.expected_seq:
@@ -54,7 +65,26 @@ async def load(bus: Bus, cache: RunCache, request: TurnRequest) -> LoadedRun | N
     events = await bus.read_events(
         request.namespace, request.name, after_seq=base.seq if base else 0
     )
-    loaded = fold(events, run_uid=request.run_uid, base=base)
-    if loaded is not None:
-        cache.put(loaded)
+    if events:  # a replay checks final answers against the run's output schema: off the loop
+        loaded = await asyncio.to_thread(
+            fold, events, run_uid=request.run_uid, base=base, seals=seals
+        )
+    else:
+        loaded = base
+    if loaded is None:
+        return None
+    config = loaded.config
+    if (config.namespace, config.name) != (request.namespace, request.name):
+        raise Untrusted(
+            SealFault.WRONG_RUN,
+            f"run {request.run_uid} on {request.namespace}/{request.name} carries the config of "
+            f"{config.namespace}/{config.name}",
+        )
+    if not loaded.sealed:
+        raise Untrusted(
+            SealFault.UNSIGNED,
+            f"run {request.run_uid}'s config carries no seal of the operator (admitted before "
+            "seals: the operator re-seals it, or refuses it)",
+        )
+    cache.put(loaded)
     return loaded

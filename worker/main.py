@@ -1,4 +1,5 @@
-"""Process wiring of ``agentrun-worker``: the shared start-up, the turn consumer, serve."""
+"""Process wiring of ``agentrun-worker``: the shared start-up, the turn consumer, the probes,
+serve until SIGTERM/SIGINT, then drain."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import os
 
 from kubernetes_asyncio.client import ApiClient
 
-from agentrun import kube, process
+from agentrun import healthserver, kube, process
 from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.ledger import LedgerStore
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog, sessions
+from agentrun.trust import Verifier, trust_file
 
 from .consumer import ConsumerSettings, TurnConsumer
 from .effects import EffectLedger
@@ -26,7 +28,11 @@ log = logging.getLogger("agentrun.worker")
 
 
 async def serve(config: WorkerSettings) -> None:
-    """Run one worker until SIGTERM/SIGINT."""
+    """Run one worker until SIGTERM/SIGINT, then drain: the turns it holds get
+    ``config.drain_seconds`` to commit before the rest are handed back. Raises ``ValueError``
+    (no trust file set), ``OSError`` and ``trust.KeyFileError`` (it cannot be read) before
+    connecting anywhere."""
+    seals = Verifier(trust_file(config.trust_path()))
     url = config.nats_url
     bus = await Bus.connect(  # binds what the operator provisions; creates nothing
         BusSettings(url=url, auth=config.nats_auth, ack_wait=config.turn_ack_wait),
@@ -42,19 +48,23 @@ async def serve(config: WorkerSettings) -> None:
     consumer = TurnConsumer(
         bus,
         deps,
-        ConsumerSettings(
-            concurrency=config.worker_concurrency,
-            # one beat refreshes both the JetStream delivery and the ledger hold
-            heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
-            hold_ttl=config.hold_ttl,
-        ),
+        _consumer_settings(config),
+        seals=seals,
         ledger=await LedgerStore.open(ledger_nc.jetstream(), create=False),
     )
     process.stop_on_signals(consumer.stop)
+    probes = None
+    if config.health_port:  # answered by this loop: a stuck loop fails the liveness probe
+        answer = healthserver.probe_answer(
+            alive="ok", ready=lambda: "draining" if consumer.draining else None
+        )
+        probes = await healthserver.serve(answer, host=config.metrics_addr, port=config.health_port)
     log.info("worker %d serving turns from %s", os.getpid(), url)
     try:
         await consumer.run()
     finally:
+        if probes is not None:
+            probes.close()
         if deps.mcp_sessions is not None:  # each session closed by the task that opened it
             await deps.mcp_sessions.aclose()
         await deps.model.close()
@@ -64,6 +74,19 @@ async def serve(config: WorkerSettings) -> None:
         if api is not None:
             with contextlib.suppress(Exception):
                 await api.close()
+        log.info("worker %d stopped", os.getpid())
+
+
+def _consumer_settings(config: WorkerSettings) -> ConsumerSettings:
+    """The turn consumer's concurrency, beats, drain time and per-run event bound."""
+    return ConsumerSettings(
+        concurrency=config.worker_concurrency,
+        # one beat refreshes both the JetStream delivery and the ledger hold
+        heartbeat=max(0.5, min(config.turn_ack_wait, config.hold_ttl) / 3),
+        hold_ttl=config.hold_ttl,
+        drain=config.drain_seconds,
+        run_event_max_bytes=config.run_event_max_bytes,
+    )
 
 
 async def _kube_api() -> ApiClient | None:
@@ -83,7 +106,11 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
     secrets = KubeSecrets(api)
     return TurnDeps(
         model=ModelClient(),
-        catalog=default_catalog(kube=api, prometheus_url=config.prometheus_url),
+        catalog=default_catalog(
+            kube=api,
+            prometheus_url=config.prometheus_url,
+            prometheus_scope_label=config.prometheus_scope_label,
+        ),
         secrets=secrets,
         tool_settings=ToolRunSettings(
             concurrency=config.tool_concurrency,

@@ -33,7 +33,7 @@ class KubeSecrets:
         self.core = client.CoreV1Api(api) if api is not None else None
         self.ttl = ttl
         self._cache: dict[SecretRef, tuple[float, str]] = {}
-        self._headers: dict[tuple[str, str], tuple[float, dict[str, str]]] = {}
+        self._headers: dict[tuple[str, str, tuple[str, ...]], tuple[float, dict[str, str]]] = {}
 
     async def api_key(self, ref: SecretRef) -> str:
         """The key's value; raises ``ModelError`` naming the Secret when it cannot be read,
@@ -68,13 +68,15 @@ class KubeSecrets:
         self._cache[ref] = (now, value)
         return value
 
-    async def headers(self, namespace: str, name: str) -> dict[str, str]:
-        """Every key of Secret ``namespace/name`` as an HTTP header (cached like keys).
+    async def headers(self, namespace: str, name: str, *, keys: tuple[str, ...]) -> dict[str, str]:
+        """The ``keys`` of Secret ``namespace/name``, each as the HTTP header of its name
+        (``AgentToolServer.spec.headersFrom.keys``; no other key of the Secret is read out),
+        cached like API keys.
 
-        Raises ``ToolError`` (an infrastructure fault) naming the Secret, never its values,
-        when it cannot be read.
+        Raises ``ToolError`` (an infrastructure fault) naming the Secret and a missing key,
+        never a value, when they cannot be read.
         """
-        hit = self._headers.get((namespace, name))
+        hit = self._headers.get((namespace, name, keys))
         now = time.monotonic()
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
@@ -83,10 +85,10 @@ class KubeSecrets:
         if self.core is None:
             raise ToolError(f"{where}: the worker has no Kubernetes access", fault=fault)
         try:
-            values = await kube.secret_values(self.core, namespace=namespace, name=name)
+            values = await kube.secret_values(self.core, namespace=namespace, name=name, keys=keys)
         except ApiException as err:
             raise ToolError(f"{where}: HTTP {err.status} {err.reason}", fault=fault) from None
         except ValueError as err:
             raise ToolError(f"{where}: {err}", fault=fault) from None
-        self._headers[(namespace, name)] = (now, values)
+        self._headers[(namespace, name, keys)] = (now, values)
         return values

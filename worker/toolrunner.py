@@ -18,7 +18,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
+from typing import Any
 
 from opentelemetry import trace
 
@@ -177,9 +178,39 @@ async def _run_one(
     if recorded is not None:
         log.info("tool %s (%s) answered from the effect ledger", call.name, call.id)
         return recorded
+    return await _complete(_send_and_record(call, tool, ctx, batch, ledger))
+
+
+async def _send_and_record(
+    call: kernel.CheckedCall, tool: Tool, ctx: ToolContext, batch: _Batch, ledger: EffectLedger
+) -> kernel.ToolResult:
+    """Send a claimed call and record its outcome in the effect ledger; returns the result as
+    recorded (cut should it not fit an entry), so a replay answers the same."""
     result = await _with_retries(call, tool, ctx, batch)
-    # the result as recorded (cut should it not fit an entry), so a replay answers the same
     return await ledger.done(ctx.run_uid, call, result)
+
+
+async def _complete(work: Coroutine[Any, Any, kernel.ToolResult]) -> kernel.ToolResult:
+    """Await ``work`` (a claimed write or idempotent call being sent and recorded) to its end
+    even when the turn is cancelled meanwhile — a stopping worker past its drain time, a
+    cancelled run, a sibling call that failed the batch —, then pass the cancellation on.
+    Cut off, the call would stay ``prepared`` in the effect ledger with its outcome unknown
+    (the run would end ``effect_unknown`` when the turn runs again); completed, a turn run
+    again replays its recorded result. Bounded by the call's own timeout and its retries."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():  # the call itself was cancelled: nothing left to wait for
+                raise
+            cancelled = True
+            log.info("turn stopping: a write call in flight completes and records its outcome")
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
 
 
 async def _with_retries(

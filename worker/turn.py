@@ -7,6 +7,7 @@ record; this module only does the I/O in between, and decides no phase. It commi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -14,7 +15,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol, assert_never
+from typing import Any, ParamSpec, Protocol, TypeVar, assert_never
 
 from opentelemetry import trace
 
@@ -41,8 +42,10 @@ class SecretSource(Protocol):
 class HeaderSecrets(Protocol):
     """Reads an MCP tool server's headers from a Secret (``ToolError`` when it cannot)."""
 
-    async def headers(self, namespace: str, name: str) -> Mapping[str, str]:
-        """Header name → value, one per key of the Secret."""
+    async def headers(
+        self, namespace: str, name: str, *, keys: tuple[str, ...]
+    ) -> Mapping[str, str]:
+        """Header name → value, one per key of ``keys`` (no other key of the Secret)."""
         ...
 
 
@@ -109,9 +112,9 @@ class TurnDeps:
             tools[http_get.SPEC.name] = http_get.HttpGet(config.url_rules)
         pool = self.mcp_sessions
         for remote_tool in config.remote_tools:
-            secret, source = remote_tool.headers_secret, None
-            if secret is not None:
-                source = functools.partial(_headers, self.headers, config.namespace, secret)
+            secret, keys, source = remote_tool.headers_secret, remote_tool.headers_keys, None
+            if secret is not None and keys:
+                source = functools.partial(_headers, self.headers, config.namespace, secret, keys)
             tools[remote_tool.name] = remote.mcp_tool(remote_tool, headers=source, pool=pool)
         return tools
 
@@ -125,11 +128,37 @@ class TurnDeps:
         return compiled
 
 
-async def _headers(source: HeaderSecrets | None, namespace: str, name: str) -> Mapping[str, str]:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def checks_untrusted_schemas(config: RunConfig) -> bool:
+    """Whether the run's turns apply JSON Schemas a user or a tool server wrote: its
+    ``spec.output.schema`` (``kernel.advance`` checks each final answer) or an MCP tool's
+    ``inputSchema`` (``kernel.plan_answer`` checks each call's arguments)."""
+    return config.output_schema is not None or bool(config.remote_tools)
+
+
+async def off_loop(config: RunConfig, work: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``work(*args, **kwargs)``: kernel work that checks the run's schemas, in a thread when
+    they are a user's or a tool server's (``checks_untrusted_schemas``). Each check is
+    bounded (``kernel.schemas.WORK_LIMIT``: at most about half a second of CPU) and always
+    ends by itself, so a thread suffices where a process would also cost the run's state
+    pickled per turn; meanwhile the event loop keeps serving the other runs' turns and
+    heartbeats (RE2 releases the GIL while it matches; jsonschema's Python hands it over every
+    few milliseconds). The platform's own tools' schemas are checked in place."""
+    if checks_untrusted_schemas(config):
+        return await asyncio.to_thread(work, *args, **kwargs)
+    return work(*args, **kwargs)
+
+
+async def _headers(
+    source: HeaderSecrets | None, namespace: str, name: str, keys: tuple[str, ...]
+) -> Mapping[str, str]:
     if source is None:
         why = f"cannot read Secret {namespace}/{name}: this worker reads no Secrets"
         raise ToolError(why, fault=kernel.ToolFault.TRANSPORT)
-    return await source.headers(namespace, name)
+    return await source.headers(namespace, name, keys=keys)
 
 
 class PhaseClock:
@@ -237,7 +266,9 @@ async def _answer(
     budget.saw_usage(deps.calibration, config, call, usage)
     if hold is not None:
         await hold.spend(usage)
-    step = kernel.plan_answer(
+    step = await off_loop(
+        config,
+        kernel.plan_answer,
         state,
         config.limits,
         call,

@@ -2,9 +2,13 @@
 
 ``RunClient`` is the Kubernetes access of ``agentrun`` (``main``) and ``kubectl agentrun``
 (``kubectl``): read a run's status, list, create and annotate runs, read an AgentEval and the
-Events about an object, over one API session per command, with the user's own kubeconfig and
+Events about an object, ask who the caller is (a ``SelfSubjectReview``, for the reviewer an
+approval names), over one API session per command, with the user's own kubeconfig and
 so their own RBAC. ``cmd_cancel`` and ``cmd_review`` are the ``cancel`` and ``approve``/``deny``
 commands both programs offer: each sets a control annotation the operator reads and removes.
+A decision binds what the person saw: it names the held call's digest (``--digest``, or a
+confirmation on a terminal after the call was shown in full), and the operator applies it
+only while that call is the pending one.
 
 What belongs here: those calls and commands. What does not: argument parsing (each program
 builds its own parser), the views of ``kubectl agentrun`` (``kubectl``, ``trajectory``).
@@ -21,7 +25,11 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kube
+from agentrun import display, kube
+from agentrun.cli import trajectory
+
+REVIEWER = "agentrun.dev/reviewer"
+"""Set with ``approve``/``deny`` to the caller's own user name (checked by the API server)."""
 
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 """kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
@@ -134,9 +142,27 @@ class RunClient:
         events = [self._api.sanitize_for_serialization(e) for e in listed.items]
         return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
 
+    async def whoami(self) -> str:
+        """The user name the API server authenticates this client as (a
+        ``SelfSubjectReview``, what ``kubectl auth whoami`` asks); raises RunAccessError."""
+        if self._api is None:
+            raise RuntimeError("RunClient used outside `async with`")
+        try:
+            review = await client.AuthenticationV1Api(self._api).create_self_subject_review(
+                client.V1SelfSubjectReview()
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+        return str(review.status.user_info.username)
+
     async def annotate(self, name: str, *, key: str, value: str) -> None:
         """Set annotation `key` to `value` on the run (merge patch); raises RunAccessError."""
-        body = {"metadata": {"annotations": {key: value}}}
+        await self.annotate_all(name, {key: value})
+
+    async def annotate_all(self, name: str, annotations: dict[str, str]) -> None:
+        """Set every annotation of ``annotations`` on the run in one merge patch; raises
+        RunAccessError (the API server refused: not found, forbidden, an admission policy)."""
+        body = {"metadata": {"annotations": annotations}}
         try:
             await self._objects().patch_namespaced_custom_object(
                 kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name, body, **MERGE_PATCH
@@ -162,25 +188,102 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return asyncio.run(cancel())
 
 
+def pending_lines(run: str, pending: dict[str, Any]) -> list[str]:
+    """The held call a decision would apply to, as the person deciding must see it: which call
+    of the batch, its tool and id, its digest and its arguments in full (``display``)."""
+    where = f"call {pending.get('call', 1)} of {pending.get('of', 1)} held in {run}"
+    shown = trajectory.held_lines(
+        str(pending.get("tool")), pending.get("arguments"), digest=str(pending.get("digest"))
+    )
+    head = f"{where}: {pending.get('tool')} call {pending.get('toolCallID')}"
+    return [display.printable(line, newlines=False) for line in (head, *shown)]
+
+
+def _confirmed(verb: str) -> bool:
+    """Ask on the terminal; only ``y`` or ``yes`` confirms (end of input refuses)."""
+    try:
+        answer = input(f"{verb} this call? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _refusal(args: argparse.Namespace, pending: dict[str, Any]) -> str | None:
+    """Why the decision must not be sent for ``pending`` (``None``: send it). An approval
+    names the digest it approves (``--digest``) or is confirmed on a terminal after the call
+    was shown; a digest that is not the pending call's is refused (the call changed since it
+    was looked at). A denial without ``--digest`` applies to the pending call."""
+    digest = pending.get("digest")
+    if args.digest is not None:
+        if args.digest != digest:
+            return (
+                f"{args.run} waits on another call than {args.digest}: the pending call's digest "
+                f"is {digest} (it changed since you looked); review it and {args.verb} again"
+            )
+        return None
+    if args.verb != "approve":
+        return None
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return (
+            f"approve names the call it approves: {args.prog} approve {args.run} --digest "
+            f"{digest} (no terminal to confirm on)"
+        )
+    return None if _confirmed(args.verb) else "not approved"
+
+
 def cmd_review(args: argparse.Namespace) -> int:
-    """``agentrun approve|deny RUN``: annotate the run with the pending call's digest.
+    """``agentrun approve|deny RUN [--digest D]``: annotate the run with the digest of the
+    call it decides and ``agentrun.dev/reviewer`` with the caller's own user name (the API
+    server's admission policy checks both the name and the ``approve`` permission on
+    ``agentruns/approval``); the operator applies the decision only while that call is the
+    pending one.
 
-    ``args.prog`` (the parser's default: ``agentrun`` or ``kubectl agentrun``) leads an error."""
+    Prints the pending call in full first. Refused (exit 1): no pending call; ``--digest``
+    that is not the pending call's; ``approve`` without ``--digest`` off a terminal, or not
+    confirmed on one. ``args.prog`` (the parser's default: ``agentrun`` or ``kubectl
+    agentrun``) leads an error."""
 
-    async def review() -> int:
+    async def pending_of() -> dict[str, Any] | None:
         async with RunClient(args.namespace) as runs:
-            pending = (await runs.status(args.run)).get("pendingApproval")
-            if not pending:
-                print(
-                    f"{args.prog}: error: {args.run} is not waiting for an approval",
-                    file=sys.stderr,
-                )
-                return 1
-            arguments = json.dumps(pending.get("arguments"), sort_keys=True)
-            tool, call_id = pending.get("tool"), pending.get("toolCallID")
-            print(f"{args.verb}: {tool}({arguments}) call {call_id}")
-            key = f"agentrun.dev/{args.verb}"
-            await runs.annotate(args.run, key=key, value=pending["digest"])
-        return 0
+            found: dict[str, Any] | None = (await runs.status(args.run)).get("pendingApproval")
+            return found
 
-    return asyncio.run(review())
+    async def decide(digest: str) -> str:
+        async with RunClient(args.namespace) as runs:
+            reviewer = await runs.whoami()
+            await runs.annotate_all(
+                args.run, {f"agentrun.dev/{args.verb}": digest, REVIEWER: reviewer}
+            )
+        return reviewer
+
+    pending = asyncio.run(pending_of())
+    if not pending:
+        print(f"{args.prog}: error: {args.run} is not waiting for an approval", file=sys.stderr)
+        return 1
+    print("\n".join(pending_lines(args.run, pending)), flush=True)
+    refused = _refusal(args, pending)
+    if refused is not None:
+        print(f"{args.prog}: error: {refused}", file=sys.stderr)
+        return 1
+    reviewer = asyncio.run(decide(str(pending["digest"])))
+    print(
+        f"{args.verb}: {pending['digest']} as {reviewer} (applied only while that call is the "
+        "pending one)"
+    )
+    return 0
+
+
+def add_digest_option(parser: argparse.ArgumentParser, *, verb: str) -> None:
+    """``--digest D`` of ``approve``/``deny`` (both programs)."""
+    need = (
+        "required off a terminal; on one, the call is shown and you are asked"
+        if verb == "approve"
+        else "without it, the pending call is denied"
+    )
+    parser.add_argument(
+        "--digest",
+        default=None,
+        metavar="DIGEST",
+        help=f"{verb} only the held call with this digest (sha256:…, shown by describe and "
+        f"logs); refused when the pending call's digest differs ({need})",
+    )

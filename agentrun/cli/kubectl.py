@@ -34,7 +34,7 @@ import nats.errors
 from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import bus, kernel, natsclient
+from agentrun import bus, display, kernel, natsclient
 from agentrun.cli import control, trajectory
 from agentrun.protocol import RunEvent
 
@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in ("approve", "deny"):
         review = add(verb, f"{verb} the tool call a run is waiting on", output=False)
         review.add_argument("run", metavar="RUN")
+        control.add_digest_option(review, verb=verb)
         review.set_defaults(handler=control.cmd_review, verb=verb)
 
     cancel = add("cancel", "cancel a run (running, awaiting approval or queued)", output=False)
@@ -169,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (OSError, RuntimeError, ConfigException, nats.errors.Error) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(display.printable(f"{PROG}: error: {exc}"), file=sys.stderr)
         return 1
 
 
@@ -237,7 +238,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     columns = ["NAME", "TENANT", "PHASE", "REASON", "QUEUE", "STEPS", "TOKENS", "COST", "AGE"]
     if args.all_namespaces:
         columns.insert(0, "NAMESPACE")
-    print(table([run_row(obj, now=now) for obj in items], columns))
+    print(display.printable(table([run_row(obj, now=now) for obj in items], columns)))
     return 0
 
 
@@ -254,10 +255,11 @@ def _print_event(event: RunEvent, *, output: str) -> None:
 
 
 def _status_end(name: str, status: dict[str, Any]) -> str:
-    return (
+    line = (
         f"end   {status.get('phase')} {status.get('terminalReason')} "
         f"({status.get('outcome', 'partial')}) before admission: {status.get('message', '')}"
     ).rstrip()
+    return display.printable(line, newlines=False)
 
 
 async def _logs(args: argparse.Namespace) -> int:
@@ -304,10 +306,8 @@ async def _print_all(
         if status.get("terminalReason"):
             print(_status_end(args.run, status))
         else:
-            print(
-                f"{args.run} has no events yet: {status.get('phase', 'Pending')} "
-                f"{status.get('message', '')}".rstrip()
-            )
+            waiting = f"{status.get('phase', 'Pending')} {status.get('message', '')}".rstrip()
+            print(display.printable(f"{args.run} has no events yet: {waiting}", newlines=False))
     return 0
 
 
@@ -359,7 +359,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
-    """``kubectl describe``-like text of an AgentRun and its Kubernetes Events."""
+    """``kubectl describe``-like text of an AgentRun and its Kubernetes Events; every line
+    ``display.printable`` (model and tool text cannot steer the terminal)."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     lines = [
         f"Name:          {meta.get('name')}",
@@ -374,12 +375,13 @@ def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[st
         lines.append(f"Queue:         position {status['queuePosition']}")
     if status.get("message"):
         lines.append(f"Message:       {trajectory.truncate(status['message'], 300)}")
-    return [
+    lines = [
         *lines,
         *_definition_lines(obj.get("spec") or {}, status),
         *_progress_lines(str(meta.get("name")), status),
         *_events_lines(events),
     ]
+    return [display.printable(line, newlines=False) for line in lines]
 
 
 def _definition_lines(spec: dict[str, Any], status: dict[str, Any]) -> list[str]:
@@ -434,19 +436,27 @@ def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
 
 def _pending_lines(name: str, pending: dict[str, Any]) -> list[str]:
     """The call to decide now and, for a batch, every held call with its decision: each is
-    approved or denied in turn, one ``approve``/``deny`` per call."""
+    approved or denied in turn, one ``approve``/``deny`` per call. The call to decide is
+    shown with its arguments in full and the digest that approves exactly it."""
     held = pending.get("heldCalls") or [{**pending, "decision": "pending"}]
     lines = [
         f"Pending:       call {pending.get('call', 1)} of {pending.get('of', len(held))} held "
-        f"for approval, decided in turn: kubectl agentrun approve|deny {name}"
+        f"for approval, decided in turn: kubectl agentrun approve|deny {name} "
+        f"--digest {pending.get('digest')}"
     ]
     for number, call in enumerate(held, start=1):
-        marker = "→" if call.get("toolCallID") == pending.get("toolCallID") else " "
+        now = call.get("toolCallID") == pending.get("toolCallID")
         lines.append(
-            f"  {marker} {number}. {call.get('tool')}("
-            f"{trajectory.arguments_text(call.get('arguments'))}) call {call.get('toolCallID')}: "
-            f"{call.get('decision', 'pending')}"
+            f"  {'→' if now else ' '} {number}. {call.get('tool')} call {call.get('toolCallID')}:"
+            f" {call.get('decision', 'pending')}"
         )
+        if now:
+            shown = trajectory.held_lines(
+                str(call.get("tool")), call.get("arguments"), digest=str(pending.get("digest"))
+            )
+            lines += [f"       {line}" for line in shown]
+        else:
+            lines[-1] += f" ({trajectory.arguments_text(call.get('arguments'))})"
     return lines
 
 
@@ -455,7 +465,7 @@ def _events_lines(events: list[dict[str, Any]]) -> list[str]:
     for event in events:
         lines.append(
             f"  {event.get('type', ''):<8} {event.get('reason', ''):<18} "
-            f"x{event.get('count') or 1:<3} {event.get('message', '')}"
+            f"x{event.get('count') or 1:<3} {display.printable(str(event.get('message', '')))}"
         )
     return lines
 
@@ -535,7 +545,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(obj, indent=2))
     else:
-        print("\n".join(eval_lines(obj)))
+        print(display.printable("\n".join(eval_lines(obj))))
     return 1 if (obj.get("status") or {}).get("phase") == "Failed" else 0
 
 

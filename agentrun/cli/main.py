@@ -11,7 +11,8 @@ dev`` says to install it. `main` maps the errors our modules raise (which say wh
 to a one-line message and exit status 1.
 
 What belongs here: the ``agentrun`` program: its parser, its plugins, its exit statuses and the
-commands only it has (``nats bootstrap|rotate|adopt-store``: the closed bus's Secrets).
+commands only it has (``nats bootstrap|rotate|adopt-store``: the closed bus's Secrets;
+``signing bootstrap|rotate|retire``: the run-signing keys).
 What does not: the Kubernetes calls and the run commands it shares with ``kubectl agentrun``
 (``control``: ``cancel``, ``approve``, ``deny`` over one API session per command).
 """
@@ -29,7 +30,7 @@ from typing import TypeAlias
 from kubernetes_asyncio import client
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import kube
+from agentrun import display, kube
 from agentrun.cli import control
 
 Handler = Callable[[argparse.Namespace], int]
@@ -66,12 +67,13 @@ def register_review(subparsers: Subparsers) -> None:
         review = subparsers.add_parser(
             verb,
             help=f"{verb} the tool call a run is waiting on (phase AwaitingApproval)",
-            description=f"Reads .status.pendingApproval of RUN, shows the call, and sets the "
-            f"agentrun.dev/{verb} annotation to its digest: the operator will {text} exactly "
+            description=f"Reads .status.pendingApproval of RUN, shows the call in full, and sets "
+            f"the agentrun.dev/{verb} annotation to its digest: the operator will {text} exactly "
             "that call (same tool, same arguments) and nothing else. Uses KUBECONFIG.",
         )
         review.add_argument("run", metavar="RUN", help="AgentRun name")
         review.add_argument("-n", "--namespace", default="default", help="namespace")
+        control.add_digest_option(review, verb=verb)
         review.set_defaults(handler=control.cmd_review, verb=verb)
 
 
@@ -85,8 +87,9 @@ def register_dev_missing(subparsers: Subparsers) -> None:
 
 
 def register_nats(subparsers: Subparsers) -> None:
-    """``agentrun nats bootstrap|rotate|adopt-store``: the closed bus's keys and credentials in
-    Kubernetes Secrets (``agentrun.natsauth.bootstrap``), and the open bus's store adopted."""
+    """``agentrun nats bootstrap|rotate|adopt-store|status``: the closed bus's keys and
+    credentials in Kubernetes Secrets (``agentrun.natsauth.bootstrap``), the open bus's store
+    adopted, and a read-only look at the streams and consumers for runbooks."""
     nats_cmd = subparsers.add_parser(
         "nats",
         help="NATS identities and credentials of an installation (the chart's hooks use it)",
@@ -115,9 +118,50 @@ def register_nats(subparsers: Subparsers) -> None:
     adopt.add_argument("--store", required=True, help="JetStream's directory (…/jetstream)")
     adopt.add_argument("--account-file", required=True, help="file holding the account key")
     adopt.set_defaults(handler=cmd_nats)
+    status = verbs.add_parser(
+        "status",
+        help="agentrun's streams and consumers: stored bytes and messages, lag (read-only)",
+        description="Connect as this process's environment says (AGENTRUN_NATS_URL, "
+        "AGENTRUN_NATS_CREDS_FILE, AGENTRUN_NATS_CA_FILE: in the operator's pod, its own "
+        "identity) and print what each stream stores, each durable consumer's lag and the "
+        "share of the store used (AGENTRUN_JETSTREAM_STORE_BYTES).",
+    )
+    status.set_defaults(handler=cmd_nats)
 
 
-COMMANDS: list[Registrar] = [register_cancel, register_review, register_nats]
+def register_signing(subparsers: Subparsers) -> None:
+    """``agentrun signing bootstrap|rotate|retire``: the run-signing keys with which the
+    operator seals what it admits, in Kubernetes Secrets (``agentrun.trust.secrets``)."""
+    signing = subparsers.add_parser(
+        "signing",
+        help="the operator's run-signing keys (the chart's hook bootstraps them)",
+        description="The Ed25519 keys with which the operator seals every run config it admits "
+        "and every approval, kept in the Secrets PREFIX-signing (private, the operator's) and "
+        "PREFIX-trust (public, every process's).",
+    )
+    verbs = signing.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, text in (
+        ("bootstrap", "make the keys that are missing (idempotent; never replaces a key)"),
+        ("rotate", "add a new key: trusted at once, signing after --activate-after seconds"),
+        ("retire", "untrust KEY_ID once no run still going can carry its seal"),
+    ):
+        parser = verbs.add_parser(verb, help=text, description=text)
+        parser.add_argument("-n", "--namespace", required=True, help="namespace of the Secrets")
+        parser.add_argument("--prefix", required=True, help="Secret name prefix, e.g. agentrun")
+        if verb == "rotate":
+            parser.add_argument(
+                "--activate-after",
+                type=float,
+                default=120.0,
+                help="seconds before the new key signs (default 120: every pod's mounted "
+                "Secret has the new public key by then)",
+            )
+        if verb == "retire":
+            parser.add_argument("key_id", metavar="KEY_ID", help="the key to untrust")
+        parser.set_defaults(handler=cmd_signing)
+
+
+COMMANDS: list[Registrar] = [register_cancel, register_review, register_nats, register_signing]
 """The runtime's own registrars of top-level subcommands, in help order."""
 
 
@@ -158,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (OSError, RuntimeError, subprocess.SubprocessError, ConfigException) as exc:
-        print(f"agentrun: error: {exc}", file=sys.stderr)
+        print(display.printable(f"agentrun: error: {exc}"), file=sys.stderr)
         return 1
 
 
@@ -176,6 +220,8 @@ def cmd_nats(args: argparse.Namespace) -> int:
     from agentrun.natsauth import bootstrap
     from agentrun.natsauth.permissions import Role
 
+    if args.verb == "status":
+        return asyncio.run(_bus_status())
     if args.verb == "adopt-store":
         account = Path(args.account_file).read_text().strip()
         moved = bootstrap.adopt_store(Path(args.store), account)
@@ -195,6 +241,68 @@ def cmd_nats(args: argparse.Namespace) -> int:
             print(f"created: {', '.join(outcome.created) or 'nothing'}")
             print(f"updated: {', '.join(outcome.updated) or 'nothing'}")
             return 0
+        finally:
+            await api.close()
+
+    return asyncio.run(run())
+
+
+async def _bus_status() -> int:
+    """``agentrun nats status``: one look at the bus (``Bus.stats``), printed as tables."""
+    from agentrun.bus import Bus, BusSettings
+    from agentrun.settings import OperatorSettings
+
+    settings = OperatorSettings()
+    bus = await Bus.connect(
+        BusSettings(url=settings.nats_url, auth=settings.nats_auth),
+        name="agentrun-nats-status",
+        provision=False,
+    )
+    try:
+        stats = await bus.stats()
+    finally:
+        await bus.close()
+    print(f"{'STREAM':<28}{'MESSAGES':>12}{'BYTES':>16}")
+    for stream, (size, messages) in stats.streams.items():
+        print(f"{stream:<28}{messages:>12}{size:>16}")
+    print(f"\n{'CONSUMER':<28}{'PENDING':>12}{'ACK PENDING':>16}")
+    for consumer, (pending, ack_pending) in stats.consumers.items():
+        print(f"{consumer:<28}{pending:>12}{ack_pending:>16}")
+    used = sum(size for size, _ in stats.streams.values())
+    limit = settings.jetstream_store_bytes
+    share = f"{used / limit:.1%} of {limit}" if limit else "store size unknown"
+    print(f"\nstore: {used} bytes used ({share})")
+    return 0
+
+
+def cmd_signing(args: argparse.Namespace) -> int:
+    """``agentrun signing VERB``: print what was made or changed. A key Secret that cannot be
+    read as keys is a ``RuntimeError`` naming it (one line, exit 1)."""
+    import time
+
+    from agentrun.natsauth.bootstrap import SecretStore
+    from agentrun.trust import KeyFileError, secrets
+
+    async def run() -> int:
+        api = await kube.api_client()
+        try:
+            store = SecretStore(client.CoreV1Api(api), args.namespace)
+            names = secrets.SecretNames(args.prefix)
+            if args.verb == "rotate":
+                key = await secrets.rotate(
+                    store, names, now=time.time(), activate_after=args.activate_after
+                )
+                print(f"new key {key.id}: trusted now, signs from {key.active_from:.0f}")
+            elif args.verb == "retire":
+                admitted = await secrets.admitted_times(api)
+                await secrets.retire(store, names, args.key_id, admitted=admitted, now=time.time())
+                print(f"key {args.key_id} retired: seals naming it are refused")
+            else:
+                changed = await secrets.bootstrap(store, names, now=time.time())
+                print(f"created or updated: {', '.join(changed) or 'nothing'}")
+            return 0
+        except KeyFileError as err:
+            raise RuntimeError(f"a run-signing key Secret is malformed: {err}") from err
         finally:
             await api.close()
 

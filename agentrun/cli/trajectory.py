@@ -2,8 +2,11 @@
 
 What belongs here: turning ``RunEvent`` values (admission, model turns with their tool calls
 and results, corrections, approvals, stops, the end) into short, readable lines, with long
-arguments, results and texts truncated. Pure: no I/O; ``kubectl agentrun logs`` prints what
-this returns. What does not: reading the events (``bus``), the command line (``kubectl``).
+arguments, results and texts truncated — except the arguments of a call held for a person's
+approval, shown in full (indented JSON) with the digest that approves exactly them. Every line
+is safe to print: model and tool text has its terminal controls written as visible escapes
+(``agentrun.display``). Pure: no I/O; ``kubectl agentrun logs`` prints what this returns.
+What does not: reading the events (``bus``), the command line (``kubectl``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, assert_never
 
-from agentrun import kernel
+from agentrun import display, kernel
 from agentrun.kernel import decision as dec
 from agentrun.protocol import RunEvent
 
@@ -57,7 +60,8 @@ def usage_text(usage: kernel.Usage) -> str:
 
 def event_lines(event: RunEvent) -> list[str]:
     """The lines of one event: a headed first line, indented details, and an ``end`` line
-    when the event ends the run."""
+    when the event ends the run; each line ``display.printable`` (one line, no control
+    character)."""
     at = clock(event.time) if event.time else "--:--:--"
     lines = [
         f"{at} {line}" if i == 0 else f"         {line}" for i, line in enumerate(_body(event))
@@ -65,7 +69,17 @@ def event_lines(event: RunEvent) -> list[str]:
     terminal = kernel.conclude(event.summary.phase, steps=event.summary.steps)
     if terminal is not None:
         lines.append(f"{at} {end_line(event.summary)}")
-    return lines
+    return [display.printable(line, newlines=False) for line in lines]
+
+
+def held_lines(name: str, arguments: Mapping[str, Any] | Any, *, digest: str) -> list[str]:
+    """A call held for approval as a person decides it: its digest (what ``approve --digest``
+    names) and its arguments in full, indented JSON with terminal controls neutralised."""
+    return [
+        f"digest {digest}",
+        f"{name} arguments (in full):",
+        *(f"  {line}" for line in display.arguments_block(arguments).splitlines()),
+    ]
 
 
 def end_line(summary: kernel.RunSummary) -> str:
@@ -149,10 +163,13 @@ def _answered(record: kernel.Answered) -> list[str]:
     results = {r.tool_call_id: r for r in record.results}
     for call in record.calls:
         if isinstance(call, kernel.CheckedCall):
-            lines.append(f"→ {call.name}({arguments_text(call.arguments)}) [{call.id}]")
             if call.id in record.held:
                 lines.append(f"⏸ {call.name} [{call.id}] held for approval")
-            elif call.id in record.deferred:
+                digest = kernel.digest_of(call.name, call.arguments)
+                lines += held_lines(call.name, call.arguments, digest=digest)
+                continue
+            lines.append(f"→ {call.name}({arguments_text(call.arguments)}) [{call.id}]")
+            if call.id in record.deferred:
                 lines.append(f"⏸ {call.name} [{call.id}] committed; runs next turn")
         else:
             lines.append(f"✗ {call.name} [{call.id}] rejected: {truncate(call.error, TEXT_LIMIT)}")

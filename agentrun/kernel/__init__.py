@@ -1,13 +1,15 @@
 """The loop kernel: purely computational, no I/O.
 
 What belongs here: the immutable run state and its summary, the typed decision a model response
-is classified into, tool-call validation, budget gates, the bounds of what one turn may hold
-(``bounds``: its event must fit the bus's message cap), the planning of each turn (``plan``:
-what the worker does next, and every record a turn can end in), and the one function that
-decides a run's phase after each turn (``advance``). What does not: anything that waits, sends
-or reads (asyncio, NATS, HTTP, Kubernetes), or any JSON shape (``agentrun.protocol``). The
-worker and the operator call these functions; nothing else decides a phase. A test
-(tests/kernel/test_purity.py) keeps this package free of I/O imports.
+is classified into, tool-call validation, the bounded checks of users' and tool servers'
+schemas and patterns (``schemas``: RE2 and a work budget), budget gates, the bounds of what one
+turn may hold (``bounds``: its event must fit the bus's message cap), the planning of each
+turn (``plan``: what the worker does next, and every record a turn can end in), and the one
+function that decides a run's phase after each turn (``advance``). What does not: anything
+that waits, sends or reads (asyncio, NATS, HTTP, Kubernetes), or any JSON shape
+(``agentrun.protocol``). The worker and the operator call these functions; nothing else
+decides a phase. An import contract (``pyproject.toml``, run by ``make lint``) keeps this
+package free of I/O imports.
 """
 
 from agentrun.kernel.approval import (

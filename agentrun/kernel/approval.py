@@ -60,6 +60,9 @@ class HeldCall:
     approved: bool | None = None
     """``None`` until decided (always ``True`` for ``HoldReason.EFFECT``)."""
     reason: HoldReason = HoldReason.APPROVAL
+    reviewer: str = ""
+    """Who decided it: the Kubernetes user name the API server checked when the decision was
+    made (``""`` until decided, and for calls nobody had to decide)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,9 +132,12 @@ def deferred_calls(
     return ()
 
 
-def decide(pending: PendingBatch, *, digest: str, approved: bool) -> PendingBatch:
-    """Record a decision on the next undecided call. Raises ``ValueError`` if ``digest`` is not
-    that call's digest (stale or forged approvals are refused, never applied to another call)."""
+def decide(
+    pending: PendingBatch, *, digest: str, approved: bool, reviewer: str = ""
+) -> PendingBatch:
+    """Record ``reviewer``'s decision on the next undecided call. Raises ``ValueError`` if
+    ``digest`` is not that call's digest (stale or forged approvals are refused, never applied
+    to another call)."""
     target = pending.next_undecided
     if target is None:
         raise ValueError("no held call is waiting for a decision")
@@ -140,6 +146,7 @@ def decide(pending: PendingBatch, *, digest: str, approved: bool) -> PendingBatc
             f"digest {digest!r} does not match the pending call {target.id} ({target.digest})"
         )
     held = tuple(
-        dataclasses.replace(h, approved=approved) if h is target else h for h in pending.held
+        dataclasses.replace(h, approved=approved, reviewer=reviewer) if h is target else h
+        for h in pending.held
     )
     return dataclasses.replace(pending, held=held)

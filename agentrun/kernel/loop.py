@@ -299,22 +299,23 @@ def _settle_resumed(
     return _settle_phase(after, ending, limits)
 
 
-def resolve_approval(state: RunState, *, digest: str, approved: bool) -> RunState:
-    """Apply a person's decision on the next held call (bound to its ``digest``).
+def resolve_approval(
+    state: RunState, *, digest: str, approved: bool, reviewer: str = ""
+) -> RunState:
+    """Apply ``reviewer``'s decision on the next held call (bound to its ``digest``); the
+    reviewer is recorded on the call and named in the run's message.
 
     Raises ``ValueError`` when the run is not waiting or the digest is not the pending call's.
     Once every held call is decided the run is ``running`` again and its next turn resumes.
     """
     if state.phase is not Phase.AWAITING_APPROVAL or state.pending is None:
         raise ValueError(f"the run is {state.phase.value}, not waiting for an approval")
-    pending = approval.decide(state.pending, digest=digest, approved=approved)
+    pending = approval.decide(state.pending, digest=digest, approved=approved, reviewer=reviewer)
     waiting = pending.waiting_message()
-    verdict = "approved" if approved else "denied"
+    verdict = f"{'approved' if approved else 'denied'} by {reviewer or 'reviewer'}"
     if waiting is not None:
         return dataclasses.replace(state, pending=pending, message=f"{verdict}; {waiting}")
-    return dataclasses.replace(
-        state, pending=pending, phase=Phase.RUNNING, message=f"{verdict} by reviewer"
-    )
+    return dataclasses.replace(state, pending=pending, phase=Phase.RUNNING, message=verdict)
 
 
 def stop(state: RunState, phase: Phase, message: str) -> RunState:

@@ -1,4 +1,5 @@
-"""Validate a final answer against the run's output schema (``spec.output.schema``)."""
+"""Validate a final answer against the run's output schema (``spec.output.schema``), on the
+linear-time engine within a bounded amount of work (``schemas``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
+from agentrun.kernel import schemas
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n(?P<body>.*?)\n?```\s*$", re.DOTALL)
 
@@ -22,13 +23,21 @@ def parse_answer(content: str) -> Any:
 
 
 def output_error(content: str, schema: Mapping[str, Any]) -> str | None:
-    """Why ``content`` does not meet ``schema`` (JSON Schema 2020-12), or ``None`` if it does."""
+    """Why ``content`` does not meet ``schema`` (JSON Schema, 2020-12 unless its ``$schema``
+    says otherwise), or ``None`` if it does. A check that takes more than
+    ``schemas.WORK_LIMIT`` steps counts as failed (its message says so); deterministic, so a
+    replay of the run decides the same."""
     try:
         value = parse_answer(content)
     except ValueError as err:
         return f"the answer is not a JSON document ({err})"
-    cls = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
-    errors = sorted(cls(schema).iter_errors(value), key=lambda e: list(e.path))
+    except RecursionError:
+        return "the answer is not a JSON document (nested too deeply)"
+    try:
+        found = schemas.errors(schemas.validator_for(schema), value)
+    except schemas.WorkExceeded as err:
+        return f"the answer could not be checked against the schema: {err}"
+    errors = sorted(found, key=lambda e: list(e.path))
     if not errors:
         return None
     where = "/".join(str(p) for p in errors[0].path) or "(root)"

@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-import jsonschema
+import jsonschema.protocols
 
+from agentrun.kernel import schemas
 from agentrun.kernel.decision import MAX_ARGUMENTS_BYTES, ToolCall, clean_text
 
 MAX_ERRORS_SHOWN = 3
@@ -27,7 +28,8 @@ class ToolSchema:
 
     name: str
     parameters: Mapping[str, Any]
-    """JSON Schema (draft 2020-12) of the arguments object."""
+    """JSON Schema (2020-12 unless its ``$schema`` says otherwise) of the arguments object,
+    applied on the linear-time engine within a work budget (``schemas``)."""
     pollable: bool = False
     """Calls that legitimately repeat (status polls) are exempt from the no-progress breaker."""
     effect: str = "read"
@@ -36,8 +38,7 @@ class ToolSchema:
     validator: jsonschema.protocols.Validator = dataclasses.field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        cls = jsonschema.validators.validator_for(self.parameters, jsonschema.Draft202012Validator)
-        object.__setattr__(self, "validator", cls(self.parameters))
+        object.__setattr__(self, "validator", schemas.validator_for(self.parameters))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,9 +123,11 @@ def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
 
 
 def _schema_errors(schema: ToolSchema, arguments: Mapping[str, Any]) -> str | None:
-    if schema.validator.is_valid(arguments):  # the common case, without collecting errors
-        return None
-    errors = sorted(schema.validator.iter_errors(arguments), key=lambda e: list(e.path))
+    try:
+        found = schemas.errors(schema.validator, arguments)
+    except schemas.WorkExceeded as err:
+        return f"the arguments could not be checked against the schema: {err}"
+    errors = sorted(found, key=lambda e: list(e.path))
     if not errors:
         return None
     lines = []

@@ -11,7 +11,8 @@ queue in order, positions in O(log n)) → ``codec`` (the stored JSON). The I/O 
 (``TurnHold``, one delivery's hold on its turn's budget, over the ``TurnLedger`` port) and
 ``store`` (``LedgerStore``, the port the operator and the workers use: named operations — admit
 a run, a turn's hold, close a run, the sweep's repairs, the admission queue — each one write of
-a tenant's totals and the run entry it touches).
+a tenant's totals and the run entry it touches). A tenant with no book has no
+budget: only the operator's admission makes one.
 """
 
 from agentrun.ledger import codec
@@ -23,14 +24,16 @@ from agentrun.ledger.entries import (
     BudgetRefusal,
     Hold,
     LedgerCorrupt,
+    Seed,
     TenantLimits,
+    UsageFloor,
     window_start,
     worst_case,
 )
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnLedger, TurnRef
 from agentrun.ledger.queue import QueuedRun, TenantQueue
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
-from agentrun.ledger.store import INLINE_RUNS, LedgerStore, QueueFull, Repair
+from agentrun.ledger.store import INLINE_RUNS, BookMissing, LedgerStore, QueueFull, Repair
 
 __all__ = [
     "DEFAULT_HOLD_TTL",
@@ -38,6 +41,7 @@ __all__ = [
     "RESOURCES",
     "Active",
     "Book",
+    "BookMissing",
     "BudgetRefusal",
     "BudgetWait",
     "CallNeed",
@@ -49,11 +53,13 @@ __all__ = [
     "QueueFull",
     "QueuedRun",
     "Repair",
+    "Seed",
     "TenantLimits",
     "TenantQueue",
     "TurnHold",
     "TurnLedger",
     "TurnRef",
+    "UsageFloor",
     "codec",
     "window_start",
     "worst_case",

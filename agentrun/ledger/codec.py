@@ -111,6 +111,10 @@ class TotalsShape(_Shape):
     active: ActiveShape
     firstWaiters: dict[str, WaiterRow] = {}
     runs: dict[str, RunShape] = {}
+    end: float | None = None
+    """When the current window ends (epoch seconds): it differs from ``window`` plus
+    ``limits.windowSeconds`` after the length was edited. Absent in values written before it
+    existed: then it is that sum (readers that predate it ignore it)."""
 
 
 class RunValueShape(_Shape):
@@ -193,6 +197,7 @@ def encode_totals(book: Book, *, inline: Collection[str]) -> bytes:
         active=ActiveShape.model_construct(runs=book.active_runs, sinceOffsets=book.since_offsets),
         firstWaiters={k: _waiter_row(w) for k, w in book.first_waiters.items()},
         runs=runs,
+        end=book.end,
     )
     return shape.model_dump_json().encode()
 
@@ -306,6 +311,7 @@ def decode_totals(data: bytes) -> Totals:
         since_offsets=shape.active.sinceOffsets,
         first_waiters={k: Waiter(*row) for k, row in shape.firstWaiters.items()},
         runs={uid: _entry(uid, run) for uid, run in shape.runs.items()},
+        end=shape.end if shape.end is not None else 0.0,  # 0: window + length
     )
     return Totals(book, frozenset(shape.runs))
 
@@ -349,6 +355,8 @@ class LegacyBookShape(_Shape):
     active: dict[str, ActiveRow]
     waiting: dict[str, WaiterRow] = {}
     charged: dict[str, float] = {}
+    end: float | None = None
+    """When the window ends (written by the releases that edit windows; absent before)."""
 
 
 def decode_legacy(data: bytes) -> Book:
@@ -368,6 +376,7 @@ def decode_legacy(data: bytes) -> Book:
         used_wall=used.wallClockSeconds,
         abandoned_tokens=used.abandonedTokens,
         abandoned_cost=used.abandonedCostUSD,
+        end=shape.end if shape.end is not None else 0.0,  # 0: window + length
     )
     for uid, row in shape.active.items():
         book.start_run(uid, Active(*row))

@@ -94,6 +94,42 @@ class TenantLimits:
     """Runs admitted and not ended at once."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageFloor:
+    """The least a tenant's window has used, as the operator saw it (in the entries it read,
+    and in the AgentTenant status it wrote, which no NATS credential can change). Within one
+    window ``used`` only grows, so an entry below its floor was rolled back by a writer of the
+    bucket, not by the ledger's rules."""
+
+    window: float
+    """The window's start, epoch seconds."""
+    tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+    wall_seconds: float = 0.0
+    """Wall-clock seconds of the window's ended runs."""
+    end: float = 0.0
+    """When the window ends, epoch seconds (0: unknown; then ``window`` plus the entry's
+    window length). No rule of the ledger moves it, and the next window begins only then."""
+
+    def raised(
+        self, window: float, tokens: int, cost_usd: Decimal, wall: float, *, end: float = 0.0
+    ) -> UsageFloor:
+        """The floor after seeing an entry of ``window`` (ending at ``end``; 0: unknown) with
+        that use: the higher of the two within one window (its end the first known); a later
+        window starts its own."""
+        if window > self.window:
+            return UsageFloor(window, tokens, cost_usd, wall, end)
+        if window < self.window:
+            return self
+        return UsageFloor(
+            window,
+            max(tokens, self.tokens),
+            max(cost_usd, self.cost_usd),
+            max(wall, self.wall_seconds),
+            self.end or end,
+        )
+
+
 @dataclasses.dataclass(slots=True)
 class Hold:
     """A reservation for one model call of one run's turn."""
@@ -189,6 +225,18 @@ class RunEntry:
     def empty(self) -> bool:
         """Whether nothing of the run is left in the ledger (its entry can go)."""
         return self.active is None and not (self.holds or self.waiting or self.charged)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Seed:
+    """What a ledger book made anew starts with (the bucket or the book was lost): what its
+    window used at least, and the runs admitted and not ended, each charged what its status
+    showed (``Active.tokens``/``cost_usd``, turn -1: its next settlement charges only what is
+    new) and charged wall-clock time live from ``Active.since``."""
+
+    used: UsageFloor
+    active: dict[str, Active] = dataclasses.field(default_factory=dict)
+    """Run uid → its slot."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -62,13 +62,19 @@ from agentrun.ledger.entries import (
     BudgetRefusal,
     Hold,
     RunEntry,
+    Seed,
     TenantLimits,
+    UsageFloor,
     Waiter,
     aside_key,
     run_of,
     short_of,
     window_start,
 )
+
+SLACK = 1.0
+"""Seconds within which ``undercuts`` takes two times of a window for the same (a floor read
+from the AgentTenant status has whole seconds)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,6 +110,15 @@ class BookState:
     run's entry."""
     runs: dict[str, RunEntry] = dataclasses.field(default_factory=dict)
     """The entries of the runs loaded, by run uid (all of them, or those an operation touches)."""
+    end: float = 0.0
+    """End of the current window, epoch seconds (0 when built: ``window`` plus the window
+    length). It differs from that only after the length was edited (``set_limits``): the
+    current window keeps its end, and the first window after it runs from it to the next
+    boundary aligned to the new length (``roll``)."""
+
+    def __post_init__(self) -> None:
+        if self.end <= self.window:
+            self.end = self.window + self.limits.window_seconds
 
     @classmethod
     def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Self:
@@ -114,8 +129,8 @@ class BookState:
 
     @property
     def reset_time(self) -> float:
-        """When the current window ends (epoch seconds)."""
-        return self.window + self.limits.window_seconds
+        """When the current window ends (epoch seconds): ``end``."""
+        return self.end
 
     @property
     def holds(self) -> dict[str, Hold]:
@@ -230,25 +245,34 @@ class BookState:
     # --- the window -------------------------------------------------------------------------------
 
     def roll(self, now: float) -> bool:
-        """Start a new window if ``now`` is past the current one: ``used`` goes to zero and
-        active runs' wall-clock charge restarts at the window start. Holds and what each run
-        has been charged stay. Forgets the loaded runs' expired memos of abandoned calls.
-        Returns True when it rolled."""
+        """Start a new window if ``now`` is at or past the current one's ``end``: ``used``
+        goes to zero and active runs' wall-clock charge restarts at the window start. Holds
+        and what each run has been charged stay. Forgets the loaded runs' expired memos of
+        abandoned calls. Returns True when it rolled.
+
+        The new window is the one of the current length holding ``now``, aligned to the
+        epoch, except that it never starts before the old ``end``: after the length was
+        edited, the first window runs from the old end to the next aligned boundary (shorter
+        than the length), and every later one is aligned."""
         for entry in self.runs.values():
             if entry.charged:
                 for key in [k for k, until in entry.charged.items() if until <= now]:
                     del entry.charged[key]
-        start = window_start(now, self.limits.window_seconds)
-        if start <= self.window:
+        if now < self.end:
             return False
-        self.window = start
+        length = self.limits.window_seconds
+        start = window_start(now, length)
+        self.window = max(self.end, start)
+        self.end = start + length
+        while self.end <= now:  # float rounding at a boundary: the window must hold ``now``
+            self.end += length
         self.used_tokens = 0
         self.used_cost = Decimal(0)
         self.used_wall = 0.0
         self.abandoned_tokens = 0
         self.abandoned_cost = Decimal(0)
-        # runs not loaded started before ``now``, so before the new window: their offset is 0
-        self.since_offsets = sum(self.since_of(run) - start for run in self._active_loaded())
+        # runs not loaded started before the old end, so by the new window: their offset is 0
+        self.since_offsets = sum(self.since_of(run) - self.window for run in self._active_loaded())
         for run in self._active_loaded():
             run.since = self.since_of(run)
         return True
@@ -256,10 +280,67 @@ class BookState:
     def _active_loaded(self) -> list[Active]:
         return [e.active for e in self.runs.values() if e.active is not None]
 
-    def set_limits(self, limits: TenantLimits, *, now: float) -> None:
-        """Apply an edited AgentTenant; a changed window length takes effect at once."""
-        self.limits = limits
+    def undercuts(self, floor: UsageFloor, *, now: float) -> bool:
+        """Whether this entry shows less than ``floor`` (the operator saw more in the same
+        window, or saw that window end later than this entry's window began), claims a
+        window that has not started at ``now``, or moved the end of the floor's window:
+        a rollback by a writer of the bucket, which no rule of the ledger makes (no rule
+        moves a window's end; a window begins only when the one before it ended).
+
+        Times are compared to the second (``SLACK``): a floor read from the AgentTenant
+        status has whole seconds, and windows may be as short as 1 s."""
+        if self.window > now or self.end <= self.window:
+            return True
+        if abs(self.window - floor.window) >= SLACK:
+            return self.window < floor.window or floor.end - self.window >= SLACK
+        return (
+            (floor.end > 0 and abs(self.end - floor.end) >= SLACK)
+            or self.used_tokens < floor.tokens
+            or self.used_cost < floor.cost_usd
+            or self.used_wall < floor.wall_seconds
+        )
+
+    def restore(self, floor: UsageFloor, *, now: float) -> None:
+        """Undo a rollback (``undercuts``): an entry in another window than the floor's goes
+        back to the floor's window (its end and use the floor's; the end is ``window`` plus the
+        length if the floor has none), within the floor's window ``used`` is raised to the
+        floor's and a moved end put back; then the window rolls as the ledger would at ``now``
+        (a floor's window that has ended gives way to the next, its use 0)."""
+        end = floor.end or floor.window + self.limits.window_seconds
+        if abs(self.window - floor.window) >= SLACK:
+            self.window, self.end = floor.window, end
+            self.used_tokens, self.used_cost = floor.tokens, floor.cost_usd
+            self.used_wall = floor.wall_seconds
+        else:
+            if abs(self.end - end) >= SLACK:
+                self.end = end
+            self.used_tokens = max(self.used_tokens, floor.tokens)
+            self.used_cost = max(self.used_cost, floor.cost_usd)
+            self.used_wall = max(self.used_wall, floor.wall_seconds)
         self.roll(now)
+
+    def seed(self, seed: Seed) -> None:
+        """Start a book made anew (after the ledger lost it) from ``seed``, if it is of this
+        window: ``used`` raised to its floor's, and its runs' slots taken (a slot already
+        here stays). Else nothing."""
+        floor = seed.used
+        if floor.window != self.window:
+            return
+        self.used_tokens = max(self.used_tokens, floor.tokens)
+        self.used_cost = max(self.used_cost, floor.cost_usd)
+        self.used_wall = max(self.used_wall, floor.wall_seconds)
+        for uid, run in seed.active.items():
+            if self.active_of(uid) is None:
+                self.start_run(uid, dataclasses.replace(run, since=max(run.since, self.window)))
+
+    def set_limits(self, limits: TenantLimits, *, now: float) -> None:
+        """Apply an edited AgentTenant at ``now``. ``used`` never changes: a lower limit
+        than ``used`` leaves the tenant exhausted, a higher one frees room at once. A new
+        window length applies from the end of the current window (rolled first under the
+        old length if it ended before ``now``): its end does not move, and ``roll`` starts
+        the windows of the new length from it, aligned to the epoch."""
+        self.roll(now)
+        self.limits = limits
 
     # --- a run's entry ----------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -44,7 +44,15 @@ from agentrun import buckets, kernel, protocol
 from agentrun.ledger import codec
 from agentrun.ledger.book import Book
 from agentrun.ledger.cas import CasStore, Conflict, LedgerUnavailable, Stored, Write, apply_all
-from agentrun.ledger.entries import BudgetRefusal, Hold, TenantLimits
+from agentrun.ledger.entries import (
+    BUDGET_EXHAUSTED,
+    BudgetRefusal,
+    Hold,
+    Seed,
+    TenantLimits,
+    UsageFloor,
+    window_start,
+)
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
 from agentrun.ledger.queue import QueuedRun, TenantQueue
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
@@ -52,6 +60,7 @@ from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 __all__ = [
     "BUCKET",
     "INLINE_RUNS",
+    "BookMissing",
     "LedgerStore",
     "LedgerUnavailable",
     "QueueFull",
@@ -69,6 +78,12 @@ INLINE_RUNS = 32
 a value of their own). An inline entry costs one write per change instead of an atomic batch of
 two; at about 700 bytes an entry at most (its slot, a hold with a recorded spend, a waiting
 call, every name at its longest), the totals stay under 25 KB."""
+
+
+class BookMissing(LookupError):
+    """The tenant has no ledger book: it has no budget. Only the operator's admission makes a
+    book (with the AgentTenant's limits); any other change of a missing book is refused, never
+    started as an empty, unlimited one."""
 
 
 class QueueFull(Exception):
@@ -101,6 +116,12 @@ class Repair:
     ("" if it names none: then that turn's other calls are not told apart)."""
 
 
+Rebuild = Callable[[str, float, float], Awaitable[Seed]]
+"""What a tenant's window (its start and end, epoch seconds) used at least and which of its
+runs are active, from outside the ledger (the operator: its AgentRuns' recorded usage), for a
+book made anew (``Seed``)."""
+
+
 def book_key(tenant: str) -> str:
     """``book.<tenant>``: the tenant's totals (tenant names are DNS subdomains: valid KV key
     characters)."""
@@ -131,7 +152,9 @@ class _Change:
     runs: frozenset[str] | None
     """The runs whose entries it reads or changes (``None``: every run of the tenant)."""
     limits: TenantLimits | None
-    """The limits a missing ledger starts with."""
+    """The limits a missing ledger starts with (``None``: a missing ledger is refused)."""
+    seed: Seed | None = None
+    """What a ledger made anew starts with (``Book.seed``)."""
 
 
 class LedgerStore(CasStore):
@@ -140,10 +163,21 @@ class LedgerStore(CasStore):
 
     Implements ``hold.TurnLedger`` (the operations of a turn's hold)."""
 
-    def __init__(self, kv: Any, *, inline_runs: int = INLINE_RUNS, **kwargs: Any) -> None:
-        """``inline_runs``: runs a tenant's totals hold inline (``INLINE_RUNS``; 0: none)."""
+    def __init__(
+        self,
+        kv: Any,
+        *,
+        inline_runs: int = INLINE_RUNS,
+        rebuild: Rebuild | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``kv``: the bucket; ``inline_runs``: runs a tenant's totals hold inline
+        (``INLINE_RUNS``; 0: none); ``rebuild`` (the operator's): what a tenant's window used
+        at least, seeding a ledger the operator makes because it does not exist (the bucket or
+        the totals were lost), never one that exists; ``kwargs``: ``CasStore``'s."""
         super().__init__(kv, **kwargs)
         self.inline_runs = inline_runs
+        self.rebuild = rebuild
         self._decoded: dict[str, tuple[int, codec.Totals]] = {}
         """The totals last written per tenant, decoded, at their revision (saves a decode)."""
         self._queues: dict[str, TenantQueue] = {}
@@ -208,17 +242,33 @@ class LedgerStore(CasStore):
         (what every named operation does; callers outside the ledger use those, never this).
 
         ``runs``: the runs whose entries ``fn`` reads or changes (``None``: every run, read
-        whole). A missing ledger starts empty with ``limits`` (unlimited if not given: the
-        operator writes the real limits when it admits the tenant's first run). ``fn`` may
-        run more than once (on lost races) and must be deterministic given the ledger.
+        whole). A missing ledger starts empty with ``limits`` when they are given (the
+        operator's admission and sweep, with the AgentTenant's limits), its ``used`` and active
+        runs seeded by ``rebuild`` if the store has one; without them it is refused: a missing
+        ledger means no budget, never an unlimited one (``BookMissing``). ``fn`` may run more
+        than once (on lost races) and must be deterministic given the ledger.
         """
-        change = _Change(fn, None if runs is None else frozenset(runs), limits)
+        wanted = None if runs is None else frozenset(runs)
+        result: T
+        if limits is None or self.rebuild is None:
+            result = await self._change_with(tenant, _Change(fn, wanted, limits))
+            return result
+        try:
+            result = await self._change_with(tenant, _Change(fn, wanted, None))
+        except BookMissing:  # made anew: what the window used is rebuilt first
+            start = window_start(self.clock(), limits.window_seconds)
+            seed = await self.rebuild(tenant, start, start + limits.window_seconds)
+            # the seeded runs get entries: every run of the tenant is read to place them
+            result = await self._change_with(tenant, _Change(fn, None, limits, seed))
+        return result
+
+    async def _change_with(self, tenant: str, change: _Change) -> Any:
+        """``_change`` of one ``_Change`` (its seed, if any, already known)."""
 
         async def attempt(changes: list[_Change], number: int) -> list[tuple[bool, Any]] | None:
             return await self._attempt(tenant, changes, number=number)
 
-        result: T = await self._submit(f"tenant/{tenant}", change, attempt)
-        return result
+        return await self._submit(f"tenant/{tenant}", change, attempt)
 
     async def _attempt(
         self, tenant: str, changes: list[_Change], *, number: int
@@ -258,13 +308,20 @@ class LedgerStore(CasStore):
 
     def _view(self, tenant: str, totals: Stored, changes: list[_Change]) -> codec.Totals:
         """The totals decoded (the copy kept from the last write when still current; it is
-        handed out once, since it gets mutated), or a new empty ledger."""
+        handed out once, since it gets mutated), or a new ledger made with the limits (and
+        seed) of the first change that brings them. Raises ``BookMissing`` when there are no
+        totals and no change brings limits."""
         kept = self._decoded.pop(tenant, None)
         if kept is not None and totals.data is not None and kept[0] == totals.revision:
             return kept[1]
         if totals.data is None:
-            limits = next((c.limits for c in changes if c.limits is not None), TenantLimits())
-            return codec.Totals(Book.new(tenant, limits, now=self.clock()), frozenset())
+            made = next((c for c in changes if c.limits is not None), None)
+            if made is None or made.limits is None:
+                raise BookMissing(f"AgentTenant {tenant!r} has no ledger book: no budget")
+            book = Book.new(tenant, made.limits, now=self.clock())
+            if made.seed is not None:
+                book.seed(made.seed)
+            return codec.Totals(book, frozenset())
         return codec.decode_totals(totals.data)
 
     async def _read_runs(
@@ -305,6 +362,17 @@ class LedgerStore(CasStore):
         if laid.totals != totals.data or moved:
             writes.append(Write(book_key(tenant), laid.totals, totals.revision))
         return writes, laid.inline
+
+    async def _change_existing(
+        self, tenant: str, fn: Callable[[Book], T], *, run_uid: str, missing: T
+    ) -> T:
+        """``_change`` of run ``run_uid`` in a ledger that should exist; ``missing`` when it
+        does not (nothing to change: a hold, a run or a spend in a ledger that is gone is
+        nobody's)."""
+        try:
+            return await self._change(tenant, fn, runs=(run_uid,))
+        except BookMissing:
+            return missing
 
     # --- the budget lifecycle of a run ------------------------------------------------------------
 
@@ -387,7 +455,10 @@ class LedgerStore(CasStore):
             _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
             return book.reserve(ref.key, hold, now=now)
 
-        return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
+        try:
+            return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
+        except BookMissing as err:
+            return _no_budget(err)
 
     async def reserve_call(
         self,
@@ -407,7 +478,10 @@ class LedgerStore(CasStore):
             _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
             return book.reserve_call(ref.key, need, hold, now=now)
 
-        return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
+        try:
+            return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
+        except BookMissing as err:
+            return _no_budget(err)
 
     async def record_spend(self, ref: TurnRef, *, owner: str, usage: kernel.Usage) -> bool:
         """Write what ``owner``'s model call used on its hold of turn ``ref`` (so it is charged
@@ -417,15 +491,16 @@ class LedgerStore(CasStore):
         def apply(book: Book) -> bool:
             return book.record_spend(ref.key, owner=owner, tokens=tokens, cost_usd=cost)
 
-        return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
+        return await self._change_existing(ref.tenant, apply, run_uid=ref.run_uid, missing=False)
 
     async def refresh_hold(self, ref: TurnRef, *, owner: str, expires: float) -> bool:
         """Push the expiry of ``owner``'s hold of turn ``ref`` out to ``expires`` (epoch
         seconds); False if it holds none."""
-        return await self._change(
+        return await self._change_existing(
             ref.tenant,
             lambda book: book.refresh(ref.key, owner=owner, expires=expires),
-            runs=(ref.run_uid,),
+            run_uid=ref.run_uid,
+            missing=False,
         )
 
     async def settle_turn(
@@ -448,13 +523,18 @@ class LedgerStore(CasStore):
                 now=now,
             )
 
-        return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
+        return await self._change_existing(
+            ref.tenant, apply, run_uid=ref.run_uid, missing=(0, Decimal(0))
+        )
 
     async def release_hold(self, ref: TurnRef, *, owner: str) -> bool:
         """Drop ``owner``'s hold of turn ``ref`` uncharged (no model call answered); False if
         it holds none."""
-        return await self._change(
-            ref.tenant, lambda book: book.release(ref.key, owner=owner), runs=(ref.run_uid,)
+        return await self._change_existing(
+            ref.tenant,
+            lambda book: book.release(ref.key, owner=owner),
+            run_uid=ref.run_uid,
+            missing=False,
         )
 
     async def abandon_hold(
@@ -470,13 +550,13 @@ class LedgerStore(CasStore):
                 ref.key, owner=owner, tokens=tokens, cost_usd=cost, now=now, unrecorded=unrecorded
             )
 
-        return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
+        return await self._change_existing(ref.tenant, apply, run_uid=ref.run_uid, missing=False)
 
     async def stop_waiting(self, ref: TurnRef) -> bool:
         """The call of turn ``ref`` no longer waits for other runs' holds (given up); False if
         it did not wait."""
-        return await self._change(
-            ref.tenant, lambda book: book.stop_waiting(ref.key), runs=(ref.run_uid,)
+        return await self._change_existing(
+            ref.tenant, lambda book: book.stop_waiting(ref.key), run_uid=ref.run_uid, missing=False
         )
 
     async def close_run(
@@ -501,7 +581,7 @@ class LedgerStore(CasStore):
             book.resolve_turn(run_uid, totals["turn"], committer=committer)
             return book.close(run_uid, **totals, end=end, now=at)
 
-        return await self._change(tenant, apply, runs=(run_uid,))
+        return await self._change_existing(tenant, apply, run_uid=run_uid, missing=False)
 
     async def repair_entry(
         self,
@@ -510,18 +590,22 @@ class LedgerStore(CasStore):
         *,
         limits: TenantLimits | None,
         now: float | None = None,
+        floor: UsageFloor | None = None,
     ) -> None:
-        """Bring the tenant's ledger up to date at ``now``: its ``limits`` (if given), a new
-        window if one is due, then each repair — an expired hold is charged what its run
-        committed and dropped (and what its call used, recorded on it, if its turn never
-        committed); a run whose last event is terminal is closed at that event's
-        time; a stale run that left no events is closed with nothing charged."""
+        """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), its use
+        back to ``floor`` if it was rolled back below it (``Book.undercuts``), a new window if
+        one is due, then each repair — an expired hold is charged what its run committed and
+        dropped (and what its call used, recorded on it, if its turn never committed); a run
+        whose last event is terminal is closed at that event's time; a stale run that left no
+        events is closed with nothing charged."""
         if now is None:
             now = self.clock()
 
         def apply(book: Book) -> None:
             if limits is not None and book.limits != limits:
                 book.set_limits(limits, now=now)
+            if floor is not None and book.undercuts(floor, now=now):
+                book.restore(floor, now=now)
             book.roll(now)
             for repair in repairs:
                 _repair(book, repair, now)
@@ -630,6 +714,11 @@ class LedgerStore(CasStore):
         or the tenant's queue not read yet); O(log n)."""
         queue = self._queues.get(tenant)
         return None if queue is None else queue.position(uid)
+
+
+def _no_budget(err: BookMissing) -> BudgetRefusal:
+    """A call of a tenant with no ledger book is refused: no book, no budget."""
+    return BudgetRefusal(BUDGET_EXHAUSTED, None, f"{err}: the call is not made (fail closed)")
 
 
 def _settle_before(

@@ -7,7 +7,9 @@ deciding anything (``kernel``). Payloads are UTF-8 JSON.
 - ``subjects``: stream, subject and consumer names;
 - ``messages``: the values (``RunConfig``, ``TurnRequest``, ``Approval``);
 - ``shapes``: pydantic models of the payloads off the hot path, parsed and converted once;
-- ``events``: ``RunEvent`` and the per-turn codec of records and summaries.
+- ``events``: ``RunEvent`` and the per-turn codec of records and summaries;
+- ``versions``: the wire schema's version every message carries, and the readers' check.
+- ``sealed``: the operator's ``Seal`` on an event and the exact bytes it covers.
 """
 
 from agentrun.protocol.events import (
@@ -34,6 +36,7 @@ from agentrun.protocol.messages import (
     TurnRequest,
     UrlRule,
 )
+from agentrun.protocol.sealed import Seal, admitted_content, approval_content, canonical
 from agentrun.protocol.shapes import (
     RunConfigShape,
     TurnRequestShape,
@@ -61,6 +64,7 @@ from agentrun.protocol.subjects import (
     kv_subject,
     turn_subject,
 )
+from agentrun.protocol.versions import SCHEMA_VERSION, UnsupportedSchema
 
 __all__ = [
     "CANCEL_SUBJECTS",
@@ -72,6 +76,7 @@ __all__ = [
     "LEDGER_RUNS",
     "LEDGER_TOTALS",
     "OPERATOR_CONSUMER",
+    "SCHEMA_VERSION",
     "STREAM_EVENTS",
     "STREAM_TURNS",
     "TURN_SUBJECTS",
@@ -83,11 +88,16 @@ __all__ = [
     "RunConfig",
     "RunConfigShape",
     "RunEvent",
+    "Seal",
     "SecretRef",
     "TurnRequest",
     "TurnRequestShape",
+    "UnsupportedSchema",
     "UrlRule",
+    "admitted_content",
+    "approval_content",
     "cancel_subject",
+    "canonical",
     "decision_as_dict",
     "decision_from_dict",
     "decode_turn_request",

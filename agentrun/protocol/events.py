@@ -2,7 +2,9 @@
 
 An event is ``admitted`` (with the run's config), ``turn`` (with the committed turn's record),
 ``stop`` (an end decided outside a turn) or ``approval`` (a reviewer's decision); each carries
-the run's ``RunSummary`` after it. The record, summary, usage and decision shapes are written
+the run's ``RunSummary`` after it. An ``admitted`` or ``approval`` event written by the operator
+carries its ``seal`` (``protocol.sealed``: what it covers; ``agentrun.trust``: checking it).
+The record, summary, usage and decision shapes are written
 by hand here rather than as pydantic models: a worker encodes one such event per turn and the
 operator decodes each one, and for a typical turn event (4 tool calls, 1.6 KB) pydantic models
 measured about twice the encode time of this codec (22 µs against 40–56 µs) and a little more
@@ -20,7 +22,9 @@ from typing import Any, Literal, assert_never
 
 from agentrun import kernel
 from agentrun.kernel import decision as dec
+from agentrun.protocol import versions
 from agentrun.protocol.messages import Approval, RunConfig
+from agentrun.protocol.sealed import Seal, admitted_content, approval_content
 from agentrun.protocol.shapes import ApprovalShape, RunConfigShape
 from agentrun.protocol.subjects import dumps
 
@@ -100,6 +104,7 @@ def held_call_as_dict(held: kernel.HeldCall | None) -> dict[str, Any] | None:
         "tool": held.name,
         "arguments": dict(held.arguments),
         "digest": held.digest,
+        **({"reviewer": held.reviewer} if held.reviewer else {}),
     }
 
 
@@ -135,6 +140,7 @@ def _held_calls_from_dict(waiting: Mapping[str, Any]) -> tuple[kernel.HeldCall, 
             held["arguments"],
             held["digest"],
             approved[held.get("decision", "pending")],
+            reviewer=str(held.get("reviewer", "")),
         )
         for held in waiting.get("heldCalls") or []
     )
@@ -334,6 +340,25 @@ class RunEvent:
     model call the record contains; "" when no ledger hold was taken (and in events written
     before deliveries were named). The ledger tells the committed call of a turn run twice
     apart from the losing one by it."""
+    seal: Seal | None = None
+    """Only on ``admitted`` and ``approval``: the operator's signature over the event's sealed
+    content (``sealed_content``); ``None``: unsealed (written before seals existed, or not by
+    the operator). A seal that does not parse is kept as one that verifies nothing."""
+    received: bytes = dataclasses.field(default=b"", compare=False, repr=False)
+    """An ``admitted`` event's sealed content as received (the bytes of its config's JSON
+    object as decoded, before parsing): what its seal is checked against. Empty on an event
+    made here, whose content is computed from its config."""
+    stored_before: int = 0
+    """Bytes of the run's events before this one, as its writer knew them (0 for the first,
+    and in events written before this was counted): with ``size``, the run's stored bytes
+    (``stored``), which the per-run and per-tenant storage limits are checked against."""
+    size: int = dataclasses.field(default=0, compare=False)
+    """Bytes of this event's payload as read (0 for an event not read from the stream)."""
+
+    @property
+    def stored(self) -> int:
+        """Bytes of the run's events up to and including this one."""
+        return self.stored_before + self.size
 
     @property
     def phase(self) -> kernel.Phase:
@@ -344,38 +369,61 @@ class RunEvent:
         """Counters-only state after this event (see ``kernel.state_from_summary``)."""
         return kernel.state_from_summary(self.summary)
 
+    def sealed_content(self) -> bytes | None:
+        """The bytes this event's seal covers (``protocol.sealed``): an ``admitted`` event's
+        config as received (or as it encodes, on an event made here), an ``approval`` event's
+        decision with its run and turn; ``None`` for kinds that carry no seal."""
+        if self.kind == "admitted" and self.config is not None:
+            return self.received or admitted_content(_config_json(self.config))
+        if self.kind == "approval" and self.approval is not None:
+            return approval_content(
+                self.run_uid,
+                turn=self.summary.turn,
+                digest=self.approval.digest,
+                approved=self.approval.approved,
+                reviewer=self.approval.reviewer,
+            )
+        return None
+
     def encode(self) -> bytes:
         """Payload bytes."""
         data: dict[str, Any] = {
+            versions.FIELD: versions.SCHEMA_VERSION,
             "kind": self.kind,
             "runUID": self.run_uid,
             "summary": summary_as_dict(self.summary),
             "time": self.time,
         }
         if self.config is not None:
-            data["config"] = RunConfigShape.of(self.config).model_dump(mode="json", by_alias=True)
+            data["config"] = _config_json(self.config)
         if self.record is not None:
             data["record"] = record_as_dict(self.record)
         if self.approval is not None:
             data["approval"] = ApprovalShape.of(self.approval).model_dump(by_alias=True)
         if self.owner:
             data["owner"] = self.owner
+        if self.seal is not None:
+            data["seal"] = self.seal.as_dict()
+        if self.stored_before:
+            data["storedBefore"] = self.stored_before
         return dumps(data)
 
     @classmethod
     def decode(cls, payload: bytes, *, seq: int = 0) -> RunEvent:
-        """Parse a payload; raises ``ValueError`` (incl. JSON errors) or ``KeyError`` if bad."""
+        """Parse a payload; raises ``versions.UnsupportedSchema`` (a ``ValueError``) when it is
+        written in a newer schema than this release reads, ``ValueError`` (incl. JSON errors)
+        or ``KeyError`` if bad."""
         data = json.loads(payload)
+        versions.check(data, what="run event")
         kind = data["kind"]
         if kind not in ("admitted", "turn", "stop", "approval"):
             raise ValueError(f"unknown event kind {kind!r}")
+        raw_config = data.get("config")
         return cls(
             kind=kind,
             run_uid=str(data["runUID"]),
             summary=summary_from_dict(data["summary"]),
-            config=RunConfigShape.model_validate(data["config"]).value()
-            if data.get("config")
-            else None,
+            config=RunConfigShape.model_validate(raw_config).value() if raw_config else None,
             record=record_from_dict(data["record"]) if data.get("record") else None,
             approval=ApprovalShape.model_validate(data["approval"]).value()
             if data.get("approval")
@@ -383,4 +431,24 @@ class RunEvent:
             seq=seq,
             time=float(data.get("time", 0.0)),
             owner=str(data.get("owner", "")),  # absent: no hold, or written before owners
+            seal=_seal_of(data.get("seal")),
+            received=admitted_content(raw_config) if kind == "admitted" and raw_config else b"",
+            stored_before=int(data.get("storedBefore", 0)),
+            size=len(payload),
         )
+
+
+def _config_json(config: RunConfig) -> dict[str, Any]:
+    """A run config as an ``admitted`` event carries it (a JSON object)."""
+    return RunConfigShape.of(config).model_dump(mode="json", by_alias=True)
+
+
+def _seal_of(data: Any) -> Seal | None:
+    """An event's seal; a malformed one becomes a seal that verifies nothing (the event is
+    refused as forged when checked, not dropped as undecodable)."""
+    if data is None:
+        return None
+    try:
+        return Seal.from_dict(data)
+    except ValueError:
+        return Seal("", b"")

@@ -71,7 +71,12 @@ class RemoteTool:
     timeout: float
     """Seconds one call may take (``spec.timeouts.call``)."""
     headers_secret: str | None = None
-    """A Secret in the run's namespace whose keys and values are sent as HTTP headers."""
+    """A Secret in the run's namespace whose ``headers_keys`` are sent as HTTP headers."""
+    headers_keys: tuple[str, ...] = ()
+    """The keys of ``headers_secret`` sent, each as the header of its name (no other key)."""
+    private_network: bool = False
+    """Whether the server's host may resolve to non-global addresses (the tenant's rule that
+    allowed its URL at admission, ``AgentTenant.spec.toolServers.allow[].privateNetwork``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,3 +127,6 @@ class Approval:
 
     digest: str
     approved: bool
+    reviewer: str = ""
+    """The Kubernetes user who decided (``agentrun.dev/reviewer``, which the chart's admission
+    policy checks equals the requesting user); "" in events written before reviewers."""

@@ -13,6 +13,7 @@ Raises, when parsing: ``pydantic.ValidationError`` (a ``ValueError``) on a malfo
 
 from __future__ import annotations
 
+import json
 import typing
 from collections.abc import Callable
 from decimal import Decimal
@@ -22,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from agentrun import kernel
+from agentrun.protocol import versions
 from agentrun.protocol.messages import (
     Approval,
     ModelConfig,
@@ -179,6 +181,10 @@ class RemoteToolShape(_Shape):
     transport: str
     timeout: float
     headers_secret: str | None = None
+    headers_keys: list[str] = []
+    """Absent in configs written before ``headersFrom.keys``: no header is sent then."""
+    private_network: bool = False
+    """Absent in configs written before tool-server rules: only global addresses then."""
 
     def value(self) -> RemoteTool:
         """The tool as a value."""
@@ -236,6 +242,7 @@ class ApprovalShape(_Shape):
 
     digest: str
     approved: bool
+    reviewer: str = ""
 
     def value(self) -> Approval:
         """The approval as a value."""
@@ -243,13 +250,21 @@ class ApprovalShape(_Shape):
 
 
 def encode_turn_request(request: TurnRequest) -> bytes:
-    """A TurnRequest's payload bytes (compact UTF-8 JSON)."""
-    return TurnRequestShape.of(request).model_dump_json(by_alias=True).encode()
+    """A TurnRequest's payload bytes (compact UTF-8 JSON), with ``schemaVersion``."""
+    data = TurnRequestShape.of(request).model_dump(by_alias=True)
+    versioned = {versions.FIELD: versions.SCHEMA_VERSION, **data}
+    return json.dumps(versioned, separators=(",", ":")).encode()
 
 
 def decode_turn_request(payload: bytes, *, traceparent: str | None = None) -> TurnRequest:
-    """Parse a TurnRequest payload; raises ``pydantic.ValidationError`` if it is malformed."""
-    return TurnRequestShape.model_validate_json(payload).value(traceparent=traceparent)
+    """Parse a TurnRequest payload. Raises ``versions.UnsupportedSchema`` when it is written in
+    a newer schema than this release reads, ``ValueError`` (``pydantic.ValidationError``, JSON
+    errors) when it is malformed."""
+    data = json.loads(payload)
+    if not isinstance(data, dict):
+        raise ValueError("a TurnRequest is a JSON object")
+    versions.check(data, what="TurnRequest")
+    return TurnRequestShape.model_validate(data).value(traceparent=traceparent)
 
 
 def encode_run_config(config: RunConfig) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import prometheus_query
 from .calculate import Calculate
 from .catalog import Catalog, Tool, ToolContext, ToolError, ToolSpec
 from .http_get import HttpGet
@@ -36,15 +37,20 @@ __all__ = [
 ]
 
 
-def default_catalog(*, kube: Any | None = None, prometheus_url: str | None = None) -> Catalog:
+def default_catalog(
+    *,
+    kube: Any | None = None,
+    prometheus_url: str | None = None,
+    prometheus_scope_label: str = prometheus_query.DEFAULT_SCOPE_LABEL,
+) -> Catalog:
     """The built-in tools: calculate, sleep, kubernetes_get, http_get, prometheus_query.
 
     `kube` (a kubernetes_asyncio ApiClient) is the client kubernetes_get falls back to when
     a call's `ToolContext.kube` is None; with neither, its calls fail with a ToolError. The
     tool is listed either way, so every worker offers the same catalog. `http_get` here allows
     no URL: the worker gives each run one with its tenant's rules. `prometheus_query` queries
-    `prometheus_url` (None: its calls fail saying none is configured).
+    `prometheus_url` (None: its calls fail saying none is configured), only for series whose
+    `prometheus_scope_label` is the run's namespace.
     """
-    return Catalog(
-        [Calculate(), Sleep(), KubernetesGet(kube), HttpGet(), PrometheusQuery(prometheus_url)]
-    )
+    prometheus = PrometheusQuery(prometheus_url, scope_label=prometheus_scope_label)
+    return Catalog([Calculate(), Sleep(), KubernetesGet(kube), HttpGet(), prometheus])

@@ -2,6 +2,12 @@
 opened on it with the official ``mcp`` SDK (streamable HTTP, or SSE for servers that still
 need it).
 
+Every connection of a session is checked against the tenant's address rule
+(``reach.CheckedBackend``: resolved once, non-global addresses refused unless the rule allows
+private networks, connected to the checked addresses only). Redirects are never followed: the
+SDK sends every request with ``follow_redirects=False``, so a 3xx answer is an error of the
+exchange (an HTTP status the model reads), never a request to another host.
+
 What does not belong here: reusing sessions (``sessions``), mapping results and faults
 (``remote``).
 """
@@ -21,7 +27,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import TYPE_CHECKING
 
 import anyio
+import httpcore2
 import httpx2
+
+from . import reach
 
 if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
     from mcp import Client
@@ -30,6 +39,7 @@ if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
 __all__ = [
     "CALL_REF_KEY",
     "STATUSES",
+    "CheckedTransport",
     "Endpoint",
     "FaultHook",
     "HttpStatuses",
@@ -39,6 +49,7 @@ __all__ = [
     "mcp_error_code",
     "open_session",
     "root_cause",
+    "trust_no_output_schema",
 ]
 
 SDK_MODULES = ("mcp", "mcp.client.sse", "mcp.client.streamable_http")
@@ -81,13 +92,32 @@ class Endpoint:
     """Sent with every request (e.g. ``Authorization``); never logged or echoed."""
     timeout: float = 30.0
     """Seconds one exchange (connect, handshake and the request) may take in all."""
+    private_network: bool = False
+    """Whether the host may resolve to private, loopback or link-local addresses (its tenant's
+    rule for the URL, ``AgentTenant.spec.toolServers.allow[].privateNetwork``); every
+    connection is checked so (``reach.CheckedBackend``)."""
 
-    def identity(self) -> tuple[str, str, float, str]:
-        """The pool key: URL, transport, timeout and a SHA-256 digest of the headers (names
-        and values), so the values themselves are never kept or logged."""
+    def identity(self) -> tuple[str, str, float, str, bool]:
+        """The pool key: URL, transport, timeout, a SHA-256 digest of the headers (names
+        and values), so the values themselves are never kept or logged, and the address rule."""
         canonical = "\n".join(f"{k.lower()}:{v}" for k, v in sorted(self.headers.items()))
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-        return (self.url, self.transport.value, self.timeout, digest)
+        return (self.url, self.transport.value, self.timeout, digest, self.private_network)
+
+
+class CheckedTransport(httpx2.AsyncHTTPTransport):
+    """An ``httpx2`` transport whose connections go through ``reach.CheckedBackend``: each
+    host resolved once, refused unless every address is allowed, connected to those addresses
+    only. No proxy from the environment (the addresses checked are the server's own)."""
+
+    def __init__(self, *, private_network: bool) -> None:
+        super().__init__(trust_env=False)
+        # httpx2's transport takes no network backend; its pool does (the one seam, checked
+        # by tests/tools/test_reach.py)
+        self._pool = httpcore2.AsyncConnectionPool(
+            ssl_context=httpx2.create_ssl_context(trust_env=False),
+            network_backend=reach.CheckedBackend(private_network=private_network),
+        )
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
@@ -161,6 +191,23 @@ STATUSES = HttpStatuses()
 """The process's record, fed by every session ``open_session`` opens."""
 
 
+async def _unchecked(name: str, result: object) -> None:
+    """Accept any tool result: the structured content is data for the model, never trusted."""
+
+
+def trust_no_output_schema(session: object) -> None:
+    """Stop ``session`` (an ``mcp`` ``ClientSession``) from checking tool results against the
+    ``outputSchema`` the server lists. The SDK checks with ``jsonschema`` and Python's
+    backtracking ``re``, inside the caller's event loop, a schema and a content that the
+    server alone chooses: one hostile server would freeze every tenant's runs on the worker
+    (``^(a+)+$`` and 40 characters take hours). The runtime never relies on the result's
+    shape (``remote.render_result`` shows it to the model as data), so the check is dropped,
+    not moved; dropping it also saves the ``tools/list`` the SDK sends before a session's
+    first call to learn the schema. ``validate_tool_result`` is the SDK's public method that
+    both ``Client.call_tool`` and ``ClientSession.call_tool`` go through."""
+    setattr(session, "validate_tool_result", _unchecked)  # noqa: B010 (shadows the method)
+
+
 @contextlib.asynccontextmanager
 async def open_session(
     endpoint: Endpoint,
@@ -199,7 +246,11 @@ async def open_session(
                 auth: httpx2.Auth | None = None,
             ) -> httpx2.AsyncClient:
                 return httpx2.AsyncClient(
-                    headers=headers, timeout=timeout, auth=auth, event_hooks=hooks
+                    headers=headers,
+                    timeout=timeout,
+                    auth=auth,
+                    event_hooks=hooks,
+                    transport=CheckedTransport(private_network=endpoint.private_network),
                 )
 
             transport = sse_client(
@@ -209,10 +260,17 @@ async def open_session(
                 httpx_client_factory=factory,
             )
         else:
-            http = httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=hooks)
+            http = httpx2.AsyncClient(
+                headers=headers,
+                timeout=timeout,
+                event_hooks=hooks,
+                transport=CheckedTransport(private_network=endpoint.private_network),
+            )
             await stack.enter_async_context(http)
             transport = streamable_http_client(endpoint.url, http_client=http)
         client = Client(
             transport, read_timeout_seconds=endpoint.timeout, cache=None, message_handler=on_message
         )
-        yield await stack.enter_async_context(client)
+        entered = await stack.enter_async_context(client)
+        trust_no_output_schema(entered.session)
+        yield entered

@@ -21,7 +21,6 @@ infrastructure faults.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,7 +32,8 @@ from yarl import URL
 from agentrun.kernel import ToolFault
 from agentrun.protocol import UrlRule
 
-from . import catalog
+from . import catalog, reach
+from .reach import allowed_by, check_address
 
 __all__ = ["MAX_BYTES", "MAX_REDIRECTS", "SPEC", "HttpGet", "allowed_by", "check_address"]
 
@@ -70,38 +70,6 @@ SPEC = catalog.ToolSpec(
 )
 
 
-def allowed_by(url: URL, rules: Sequence[UrlRule]) -> UrlRule | None:
-    """The first rule that allows ``url`` (scheme http/https, no credentials, host and port
-    equal, path under the prefix after normalisation), or ``None``."""
-    if url.scheme not in ("http", "https") or url.user or url.password or not url.host:
-        return None
-    path = url.path or "/"
-    if any(part in (".", "..") for part in path.split("/")):
-        return None  # yarl keeps dot segments in some cases: never trust them
-    host = url.host.lower().rstrip(".")
-    for rule in rules:
-        rule_host, _, rule_port = rule.host.lower().partition(":")
-        if rule_host != host:
-            continue
-        if rule_port and int(rule_port) != url.port:
-            continue
-        if path.startswith(rule.path_prefix):
-            return rule
-    return None
-
-
-def check_address(address: str, *, private_network: bool) -> str | None:
-    """Why connecting to ``address`` is refused (a non-global address without
-    ``private_network``), or ``None``."""
-    ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_global or private_network:
-        return None
-    kind = "loopback" if ip.is_loopback else "link-local" if ip.is_link_local else "private"
-    return f"{address} is a {kind} address, which the tenant's rule does not allow"
-
-
 class _Pinned(AbstractResolver):
     """Answers with addresses resolved and checked beforehand (no second DNS lookup)."""
 
@@ -118,32 +86,29 @@ class _Pinned(AbstractResolver):
 
 
 async def _resolve(url: URL, rule: UrlRule) -> list[ResolveResult]:
-    """The checked addresses of ``url``'s host; raises ToolError."""
+    """The checked addresses of ``url``'s host (``reach.resolve_checked``); raises ToolError."""
     host = url.host or ""
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(
-            host, url.port, type=socket.SOCK_STREAM
+        checked = await reach.resolve_checked(
+            host, url.port or 0, private_network=rule.private_network
         )
+    except reach.Refused as err:
+        raise catalog.ToolError(f"{_shown(url)} refused: {err}") from None
     except OSError as err:
         raise catalog.ToolError(
             f"cannot resolve {host}: {err}", fault=ToolFault.CONNECTION
         ) from None
-    answers: list[ResolveResult] = []
-    for family, _, proto, _, sockaddr in infos:
-        why = check_address(str(sockaddr[0]), private_network=rule.private_network)
-        if why is not None:
-            raise catalog.ToolError(f"{_shown(url)} refused: {why}")
-        answers.append(
-            ResolveResult(
-                hostname=host,
-                host=str(sockaddr[0]),
-                port=int(sockaddr[1]),
-                family=family,
-                proto=proto,
-                flags=socket.AI_NUMERICHOST,
-            )
+    return [
+        ResolveResult(
+            hostname=host,
+            host=address,
+            port=url.port or 0,
+            family=family,
+            proto=proto,
+            flags=socket.AI_NUMERICHOST,
         )
-    return answers
+        for family, proto, address in checked
+    ]
 
 
 def _render(response: aiohttp.ClientResponse, body: bytes, *, cut: bool) -> str:

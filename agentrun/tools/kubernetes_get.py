@@ -297,7 +297,10 @@ def _error_for(exc: k8s.ApiException, *, kind: str, name: str | None, ns: str) -
     if exc.status == 404:
         return catalog.ToolError(f"{kind} are not served by this cluster")
     if exc.status == 403:
-        return catalog.ToolError(f"not allowed to read {kind} in namespace {ns}")
+        return catalog.ToolError(
+            f"not allowed to read {kind} in namespace {ns} (the platform grants this tool a "
+            "namespace in the chart's rbac.kubernetesGetNamespaces)"
+        )
     fault = kernel.ToolFault.SERVER if exc.status >= 500 else kernel.ToolFault.REJECTED
     return catalog.ToolError(f"kubernetes API error {exc.status}: {clip(message)}", fault=fault)
 

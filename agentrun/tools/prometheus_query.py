@@ -8,6 +8,19 @@ largest first for instant vectors, each range series as its point count, min, ma
 last value, so a result stays small whatever the query matches. Failures: a query Prometheus
 refuses (bad PromQL, a range too fine) is the model's (``domain``); an unreachable server, a
 5xx or a timeout is infrastructure.
+
+Every query reads the run's own series only (``check_scope``): it is parsed with
+``promql-parser`` (the Rust ``promql-parser`` crate's Python binding) before it is sent, and
+every vector selector in it — inside functions, aggregations, binary operations with vector
+matching, subqueries, matrix selectors — must carry the equality matcher
+``<scope label>="<the run's namespace>"`` (the label is ``AGENTRUN_PROMETHEUS_SCOPE_LABEL``,
+default ``namespace``). Matchers of one selector are ANDed, so whatever else it says
+(``{__name__=~".+"}``, ``namespace=~".*"``, ``namespace!="x"``) it can only match that
+namespace's series. Refused as the model's error (``domain``, naming the selectors): a
+selector without the matcher, a selector with ``or`` between matcher groups, the ``info``
+function (it joins ``target_info`` series no selector names), and a query the parser cannot
+read. The query is sent as written, never rewritten: the library's printer does not escape
+strings, so a rewritten query could mean something else to Prometheus.
 """
 
 from __future__ import annotations
@@ -19,12 +32,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import promql_parser
 
 from agentrun.kernel import ToolFault
 
 from . import catalog
 
-__all__ = ["MAX_POINTS", "MAX_SERIES", "SPEC", "PrometheusQuery", "summarize"]
+__all__ = ["MAX_POINTS", "MAX_SERIES", "SPEC", "PrometheusQuery", "check_scope", "summarize"]
 
 MAX_SERIES = 20
 """Series shown at most; the rest are counted."""
@@ -33,11 +47,18 @@ MAX_POINTS = 11_000
 TIMEOUT_SECONDS = 20.0
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_PATTERN = "^[0-9]+(s|m|h|d)$"
+DEFAULT_SCOPE_LABEL = "namespace"
+"""The label every selector must match the run's namespace on
+(``AGENTRUN_PROMETHEUS_SCOPE_LABEL``)."""
+UNSCOPED_FUNCTIONS = frozenset({"info"})
+"""Functions that read series no selector of the query names (``info`` joins ``target_info``)."""
 
 SPEC = catalog.ToolSpec(
     name="prometheus_query",
     description=(
         "Run a PromQL query against the platform's Prometheus and get a short summary. "
+        "Only this run's namespace can be read: every selector must carry the matcher the "
+        'tool\'s error names (e.g. {namespace="team-a"}). '
         "Without 'range': the current value of each series (largest first). With 'range' "
         "(e.g. 30m, 6h): each series over that window ending now, as point count, min, max, "
         f"average and last value; 'step' sets the resolution (default range/60). At most "
@@ -111,6 +132,39 @@ def _matrix_line(s: Any) -> str:
     )
 
 
+def check_scope(query: str, *, label: str, value: str) -> None:
+    """Raises ``ToolError`` (``domain``) unless every vector selector of ``query`` carries
+    ``label="value"`` and nothing in it reads series no selector names (see the module
+    docstring); the message names the selectors to fix."""
+    try:
+        expr = promql_parser.parse(query)
+    except ValueError as err:
+        raise catalog.ToolError(f"the query cannot be checked: {err}") from None
+    required = f'{label}="{value}"'
+    problems: list[str] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.Call) and node.func.name in UNSCOPED_FUNCTIONS:
+            problems.append(f"{node.func.name}() reads series no selector names")
+        if not isinstance(node, promql_parser.VectorSelector):
+            return
+        matchers = node.matchers
+        if matchers.or_matchers:
+            problems.append(f"{node.name or ''}{{… or …}} ('or' between matchers)")
+        elif not any(
+            m.name == label and m.op == promql_parser.MatchOp.Equal and m.value == value
+            for m in matchers.matchers
+        ):
+            problems.append(f"{node.name or ''}{matchers}")
+
+    promql_parser.walk(expr, visit)
+    if problems:
+        raise catalog.ToolError(
+            f"this run may read only series with {required}: give every selector that "
+            f"matcher (e.g. up{{{required}}}); not scoped: {'; '.join(problems)[:1000]}"
+        )
+
+
 def summarize(data: Mapping[str, Any]) -> str:
     """The model's text for a Prometheus ``data`` object (``resultType`` and ``result``)."""
     kind, result = data.get("resultType"), data.get("result")
@@ -136,10 +190,12 @@ class PrometheusQuery:
 
     spec = SPEC
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, *, scope_label: str = DEFAULT_SCOPE_LABEL) -> None:
         """``url``: the server's base URL (``http://prometheus:9090``); ``None``: calls fail
-        saying none is configured."""
+        saying none is configured. ``scope_label``: the label every selector must match the
+        run's namespace on (``check_scope``)."""
         self.url = url.rstrip("/") if url else None
+        self.scope_label = scope_label
 
     async def run(self, arguments: Mapping[str, Any], ctx: catalog.ToolContext) -> str:
         """Query and summarise per the module docstring; raises ToolError."""
@@ -149,7 +205,9 @@ class PrometheusQuery:
                 "the chart's value tools.prometheusQuery.url)",
                 fault=ToolFault.TRANSPORT,
             )
-        params: dict[str, str] = {"query": str(arguments["query"])}
+        query = str(arguments["query"])
+        check_scope(query, label=self.scope_label, value=ctx.namespace)
+        params: dict[str, str] = {"query": query}
         now = time.time()
         path = "/api/v1/query"
         if arguments.get("range"):

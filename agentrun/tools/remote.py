@@ -337,5 +337,10 @@ def mcp_tool(
 ) -> McpTool:
     """The callable tool of an admitted MCP tool; ``headers`` (when given) are read at each
     call and sent with every request; ``pool`` (when given) holds the sessions it calls on."""
-    endpoint = Endpoint(tool.url, Transport(tool.transport), timeout=tool.timeout)
+    endpoint = Endpoint(
+        tool.url,
+        Transport(tool.transport),
+        timeout=tool.timeout,
+        private_network=tool.private_network,
+    )
     return McpTool(spec_of(tool), tool.tool, endpoint, headers, pool)

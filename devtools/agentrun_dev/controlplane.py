@@ -5,7 +5,9 @@ existing cluster named by ``KUBECONFIG``.
 PKI (see `certs`), RBAC authorization and service-account signing, and writes an admin
 kubeconfig. There is no controller-manager or scheduler: objects are stored and served, pods
 never run, and a deleted namespace stays Terminating. That is enough for CRDs, an operator
-and kubectl.
+and kubectl. Reads of Secrets are written to an audit log (``ControlPlane.audit_log``, JSON
+lines of the API server's ``audit.k8s.io/v1`` Events at level Metadata; nothing else is
+audited), so a test can show which identity read which Secret, and that none was read.
 
 With ``node=True`` the same control plane is made ready for a real node (see `node`): the
 apiserver also listens on non-loopback addresses (pods reach it through the ``kubernetes``
@@ -87,6 +89,8 @@ class ControlPlane:
     """Its certificates; a node issues its components' client certificates from this CA."""
     node_ready: bool = False
     """Started with ``node=True`` (see the module docstring)."""
+    audit_log: Path | None = None
+    """JSON lines, one ``audit.k8s.io/v1`` Event per request on a Secret (level Metadata)."""
 
     @property
     def env(self) -> dict[str, str]:
@@ -215,7 +219,27 @@ def start_control_plane(
         components=(etcd, apiserver),
         pki=pki,
         node_ready=node,
+        audit_log=_audit_paths(workdir)[1],
     )
+
+
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    resources:
+      - group: ""
+        resources: [secrets]
+  - level: None
+"""
+"""Requests on Secrets at level Metadata (who, which verb, which Secret: never its data)."""
+
+
+def _audit_paths(workdir: Path) -> tuple[Path, Path]:
+    """The audit policy file and the audit log of the control plane in ``workdir``."""
+    return workdir / "audit-policy.yaml", workdir / "audit.log"
 
 
 def write_kubeconfig(
@@ -297,9 +321,14 @@ def _start_apiserver(
     node: bool,
 ) -> components.Component:
     port = probes.free_port()
+    policy, audit_log = _audit_paths(workdir)
+    policy.write_text(AUDIT_POLICY)
     argv: tuple[str, ...] = (
         str(binary),
         f"--etcd-servers={etcd_url}",
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={audit_log}",
+        "--audit-log-format=json",
         f"--bind-address={'0.0.0.0' if node else '127.0.0.1'}",
         "--advertise-address=127.0.0.1",
         f"--secure-port={port}",

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from agentrun import display
 from agentrun_dev import console, kubectl, state
 
 MODEL_NAME = "mock"
@@ -27,12 +28,20 @@ DEFAULT_EXAMPLES = (
 )
 
 
-def mock_model(base_url: str) -> dict[str, Any]:
-    """The cluster-scoped AgentModel ``mock``: the scripted server, with real-looking prices."""
+def mock_model(
+    base_url: str,
+    *,
+    name: str = MODEL_NAME,
+    max_output_tokens: int = 4096,
+    context_window: int = 128000,
+) -> dict[str, Any]:
+    """The cluster-scoped AgentModel ``name`` (default ``mock``): the scripted server at
+    ``base_url``, with real-looking prices (USD per million tokens: 2.50 input, 1.25 cached
+    input, 10 output), allowing ``max_output_tokens`` a call within ``context_window``."""
     return {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentModel",
-        "metadata": {"name": MODEL_NAME},
+        "metadata": {"name": name},
         "spec": {
             "baseURL": base_url,
             "model": "scripted",
@@ -41,15 +50,16 @@ def mock_model(base_url: str) -> dict[str, Any]:
                 "cachedInputPerMillionUSD": "1.25",
                 "outputPerMillionUSD": "10.00",
             },
-            "contextWindow": 128000,
-            "maxOutputTokens": 4096,
+            "contextWindow": context_window,
+            "maxOutputTokens": max_output_tokens,
         },
     }
 
 
 def default_tenant() -> dict[str, Any]:
     """The cluster-scoped AgentTenant ``default``: binds namespace ``default`` and, as the
-    operator's default tenant, every namespace no other tenant binds; a generous daily budget."""
+    operator's default tenant, every namespace no other tenant binds; a generous daily budget;
+    MCP tool servers on this machine's loopback (where the dev stack's run)."""
     return {
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentTenant",
@@ -58,6 +68,13 @@ def default_tenant() -> dict[str, Any]:
             "namespaces": ["default"],
             "window": "24h",
             "budget": {"tokens": 100_000_000, "costUSD": "1000.00"},
+            # the local stack's MCP servers listen on loopback
+            "toolServers": {
+                "allow": [
+                    {"host": "127.0.0.1", "privateNetwork": True},
+                    {"host": "localhost", "privateNetwork": True},
+                ]
+            },
         },
     }
 
@@ -152,18 +169,20 @@ def wait_tenant_settled(
 
 
 def usage_summary(items: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per run: phase, reason, outcome, steps, tool calls, tokens, cost, time, answer."""
+    """One line per run: phase, reason, outcome, steps, tool calls, tokens, cost, time, answer
+    (the answer and the message are model text: terminal controls shown as escapes)."""
     lines = []
     for item in items:
         status = item.get("status") or {}
         usage = status.get("usage") or {}
-        answer = status.get("answer")
+        answer = display.printable(str(status.get("answer") or ""), newlines=False)
+        message = display.printable(str(status.get("message") or ""), newlines=False)
         lines.append(
             f"{item['metadata']['name']}: {status.get('phase')} / {status.get('terminalReason')} "
             f"({status.get('outcome')}) — {usage.get('steps', 0)} steps, "
             f"{usage.get('toolCalls', 0)} tool calls, {usage.get('totalTokens', 0)} tokens "
             f"({usage.get('cachedInputTokens', 0)} cached), ${usage.get('costUSD', '0')}, "
             f"{usage.get('wallSeconds', 0)}s"
-            + (f' — answer: "{answer}"' if answer else f" — {status.get('message', '')}")
+            + (f' — answer: "{answer}"' if answer else f" — {message}")
         )
     return lines

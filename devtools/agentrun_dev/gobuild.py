@@ -707,3 +707,23 @@ def build_kube_router(
             check=lambda built: _check_version(built, says=f"version {module_version},"),
             env={"CGO_ENABLED": "0"},
         )
+
+
+def go_install(
+    package: str, out: Path, *, ldflags: str = "-s -w", log: console.Log = console.log_to_stderr
+) -> None:
+    """``go install package@version`` (a module without ``replace`` directives, e.g. syft's
+    ``cmd/syft``) into the file `out`, through a temporary GOBIN beside it.
+
+    Raises BuildError: no Go on PATH, or the build failed.
+    """
+    go = _Go(binary=find_go(hint="put Go 1.24 or newer on PATH"), env=_go_env(), log=log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
+        _install_binary(go, package, out, cwd=Path(tmp), ldflags=ldflags, check=_runs)
+
+
+def _runs(built: Path) -> None:
+    """Raise BuildError unless `built` is an executable file."""
+    if not (built.is_file() and os.access(built, os.X_OK)):
+        raise BuildError(f"go install made no executable {built}")

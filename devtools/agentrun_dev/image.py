@@ -72,8 +72,9 @@ SOURCE_URL = "https://github.com/agentrun/agentrun"
 NONROOT_UID = 65532
 PYTHON = "/usr/bin/python3.11"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
-AGENTRUN_PACKAGES = ("python3.11-minimal", "libpython3.11-stdlib")
-"""Debian packages of the agentrun image: the interpreter and its standard library."""
+AGENTRUN_PACKAGES = ("python3.11-minimal", "libpython3.11-stdlib", "libstdc++6")
+"""Debian packages of the agentrun image: the interpreter, its standard library, and the C++
+runtime that native wheels link against (google-re2's extension needs ``libstdc++.so.6``)."""
 _DROPPED = (
     "usr/share/doc",
     "usr/share/man",
@@ -427,6 +428,29 @@ def _unpack_packages(
     log(f"  unpacked {len(files)} Debian packages")
     for dropped in _DROPPED:
         shutil.rmtree(rootfs / dropped, ignore_errors=True)
+    _record_packages(files, rootfs, log=log)
+
+
+def _record_packages(debs: Sequence[Path], rootfs: Path, *, log: console.Log) -> None:
+    """Keep what was unpacked on record as distroless images do: one control paragraph per
+    package in ``/var/lib/dpkg/status.d/<package>`` (no maintainer scripts, no file lists), so
+    SBOM and vulnerability scanners (syft, grype, trivy) find every Debian package and its
+    version; and the release they come from (the host's apt lists: its ``/etc/os-release``),
+    which names them as ``pkg:deb/<distro>/…``."""
+    records = rootfs / "var" / "lib" / "dpkg" / "status.d"
+    records.mkdir(parents=True, exist_ok=True)
+    release = Path("/etc/os-release")
+    if release.is_file() and not (rootfs / "etc" / "os-release").exists():
+        (rootfs / "etc").mkdir(exist_ok=True)
+        shutil.copyfile(release.resolve(), rootfs / "etc" / "os-release")
+    for deb in debs:
+        control = _run(["dpkg-deb", "-f", str(deb)], what=f"dpkg-deb -f {deb.name}", log=log)
+        name = next(
+            line.split(":", 1)[1].strip()
+            for line in control.splitlines()
+            if line.startswith("Package:")
+        )
+        (records / name).write_text(control.rstrip("\n") + "\nStatus: install ok installed\n")
 
 
 def _fetch_requirements(requirements: Sequence[str], out: Path, *, log: console.Log) -> list[Path]:

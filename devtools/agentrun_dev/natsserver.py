@@ -50,6 +50,8 @@ class NatsServer:
     component: components.Component
     auth_dir: Path | None = None
     """Where the CA, the authority and the ``.creds`` files are; None for an open server."""
+    store_bytes: int = 0
+    """The JetStream file store's size (``max_file_store``); 0: the server's default."""
 
     @property
     def closed(self) -> bool:
@@ -192,7 +194,12 @@ def start_nats_server(
         store_dir=store,
         component=component,
         auth_dir=auth_dir,
+        store_bytes=0 if auth_dir is None else STORE_BYTES,
     )
+
+
+STORE_BYTES = 1 << 30
+"""The closed server's JetStream file store size (``max_file_store``), in bytes."""
 
 
 def _config(auth_dir: Path, *, port: int, monitor: int, store: Path) -> str:
@@ -201,7 +208,7 @@ def _config(auth_dir: Path, *, port: int, monitor: int, store: Path) -> str:
         "host: 127.0.0.1\n"
         f"port: {port}\n"
         f"http: 127.0.0.1:{monitor}\n"
-        f'jetstream {{ store_dir: "{store}" }}\n'
+        f'jetstream {{ store_dir: "{store}", max_file_store: {STORE_BYTES} }}\n'
         "tls {\n"
         f'  cert_file: "{auth_dir / "tls.crt"}"\n'
         f'  key_file: "{auth_dir / "tls.key"}"\n'

@@ -16,8 +16,10 @@ Two layers, one code path for tests and demos:
 
 What belongs here: which components make the stack and how they are wired
 (``KUBECONFIG``, ``AGENTRUN_NATS_URL``, ``AGENTRUN_NATS_CA_FILE``, ``AGENTRUN_NATS_CREDS_FILE``,
-``AGENTRUN_METRICS_PORT``, see docs/contracts.md): on the closed NATS server the operator
-presents ``operator.creds`` and the workers ``worker.creds``, as in the chart.
+``AGENTRUN_RUN_TRUST_FILE``, ``AGENTRUN_RUN_SIGNING_FILE``, ``AGENTRUN_METRICS_PORT``, see
+docs/contracts.md): on the closed NATS server the operator presents ``operator.creds`` and the
+workers ``worker.creds``, as in the chart; the operator alone gets the run-signing keys
+(`write_run_keys`), every process the trusted public keys.
 How one process is started, probed or stopped belongs to `procs`, `probes`, `components`.
 """
 
@@ -30,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import agentrun
+from agentrun.trust import keys as run_keys
 from agentrun_dev import (
     binaries,
     components,
@@ -72,6 +75,11 @@ DEFAULT_SCENARIOS = Path("examples") / "scenarios.yaml"
 CREDS_DIR_ENV = "AGENTRUN_DEV_NATS_CREDS_DIR"
 """Where `service_env` says the ``<role>.creds`` files are; `start_operator` and
 `start_worker` turn it into the process's ``AGENTRUN_NATS_CREDS_FILE``."""
+SIGNING_FILE_ENV = "AGENTRUN_DEV_RUN_SIGNING_FILE"
+"""Where `service_env` says the operator's run-signing file is; `start_operator` turns it into
+its ``AGENTRUN_RUN_SIGNING_FILE`` (the workers never get it)."""
+RUN_KEYS_DIR = "run-keys"
+"""The folder, next to the nats-server's store, of the stack's run-signing keys."""
 OPERATOR_SCRIPT = "agentrun-operator"
 WORKER_SCRIPT = "agentrun-worker"
 
@@ -129,6 +137,10 @@ def script_path(name: str) -> Path:
     return Path(found)
 
 
+STOP_GRACE = 10.0
+"""Seconds a stopped service gets after SIGTERM before SIGKILL (``stop_component``'s wait)."""
+
+
 def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, str]:
     """Environment shared by the operator and workers (contracts.md), minus the metrics port
     and the NATS credentials, which `start_operator` and `start_worker` pick per role from
@@ -138,7 +150,8 @@ def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, st
     ``AGENTRUN_DEFAULT_TENANT=default`` (the AgentTenant the demo creates), and a short leader
     Lease (8 s; a leader gives up after 6 s without renewal), so that an operator restarted in
     place takes over within seconds, while a slow API server on a busy machine does not make
-    it give up.
+    it give up; and a worker's grace period of ``STOP_GRACE`` seconds, the time its stop waits
+    before SIGKILL, less a 3 s margin for its drain.
     """
     env = {
         "KUBECONFIG": kubeconfig,
@@ -148,11 +161,33 @@ def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, st
         "AGENTRUN_LEASE_DURATION": "8",
         "AGENTRUN_LEASE_RENEW_DEADLINE": "6",
         "AGENTRUN_LEASE_RETRY": "1",
+        # a stopped worker drains within the 10 s its stop waits before SIGKILL
+        "AGENTRUN_TERMINATION_GRACE": str(STOP_GRACE),
+        "AGENTRUN_DRAIN_MARGIN": "3",
     }
+    if nats.store_bytes:
+        env["AGENTRUN_JETSTREAM_STORE_BYTES"] = str(nats.store_bytes)
     if nats.auth_dir is not None:
         env["AGENTRUN_NATS_CA_FILE"] = str(nats.auth_dir / "ca.crt")
         env[CREDS_DIR_ENV] = str(nats.auth_dir)
+    signing, trusted = write_run_keys(nats.store_dir.parent / RUN_KEYS_DIR)
+    env["AGENTRUN_RUN_TRUST_FILE"] = str(trusted)
+    env[SIGNING_FILE_ENV] = str(signing)
     return env
+
+
+def write_run_keys(directory: Path) -> tuple[Path, Path]:
+    """The stack's run-signing keys in `directory` (``signing.json``, ``trust.json``), made by
+    the runtime's own code (`agentrun.trust.keys`) unless they are there already (a revived
+    stack keeps its keys, so its runs' seals still verify). Returns both paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    signing, trusted = directory / run_keys.SIGNING_FILE, directory / run_keys.TRUST_FILE
+    if not (signing.exists() and trusted.exists()):
+        made = run_keys.generate(now=0.0)
+        signing.touch(mode=0o600)
+        signing.write_text(made[0].text())
+        trusted.write_text(made[1].text())
+    return signing, trusted
 
 
 def start_mockllm(
@@ -213,6 +248,8 @@ def start_operator(
         probes.NotReadyError: it exited, or ``/metrics`` did not answer within 30 s.
     """
     env = _with_creds(env, "operator")
+    if SIGNING_FILE_ENV in env and "AGENTRUN_RUN_SIGNING_FILE" not in env:
+        env["AGENTRUN_RUN_SIGNING_FILE"] = env[SIGNING_FILE_ENV]
     return _start_service(OPERATOR_SCRIPT, name, env=env, launch=launch, metrics_port=metrics_port)
 
 
@@ -230,7 +267,7 @@ def start_worker(
     return _start_service(
         WORKER_SCRIPT,
         f"worker-{index}",
-        env=_with_creds(env, "worker"),
+        env={k: v for k, v in _with_creds(env, "worker").items() if k != SIGNING_FILE_ENV},
         launch=launch,
         metrics_port=metrics_port,
     )

@@ -9,6 +9,7 @@ come only from the cluster-scoped AgentModel, never from the run).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -203,3 +204,29 @@ def never_fits(need: tuple[int, Decimal], *, tenant: str, limits: TenantLimits) 
             f"{tenant!r} allows per window ({limits.cost_usd}){hint}"
         )
     return None
+
+
+def too_large_to_checkpoint(config: RunConfig, *, cap: int | None) -> str:
+    """Why ``config`` cannot be admitted: its ``admitted`` event is over the event stream's
+    message cap (``cap`` bytes, ``None`` when the server did not say), naming the run's largest
+    part (``spec.goal``, ``spec.instructions``, ``spec.output.schema`` or the input schemas of
+    its MCP tools) with its size in UTF-8 bytes of JSON."""
+    parts = {
+        "spec.goal": len(json.dumps(config.goal, ensure_ascii=False).encode()),
+        "spec.instructions": len(json.dumps(config.instructions, ensure_ascii=False).encode()),
+        "spec.output.schema": len(
+            json.dumps(config.output_schema, ensure_ascii=False, separators=(",", ":")).encode()
+        )
+        if config.output_schema is not None
+        else 0,
+        "the input schemas of its MCP tools (spec.tools)": sum(
+            len(json.dumps(t.parameters, ensure_ascii=False, separators=(",", ":")).encode())
+            for t in config.remote_tools
+        ),
+    }
+    field, size = max(parts.items(), key=lambda part: part[1])
+    limit = f"the {cap} bytes" if cap is not None else "what"
+    return (
+        f"{field}: {size} bytes; the run's admitted event, which checkpoints its spec, is over "
+        f"{limit} one event on the bus may hold: shorten it"
+    )

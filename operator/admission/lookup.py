@@ -8,10 +8,14 @@ case. What does not: the rules themselves (``config``).
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+from agentrun.kernel import schemas
 from agentrun.protocol import RunConfig
 from agentrun.tools import remote
 
@@ -59,6 +63,10 @@ class RunConfigs:
         ``ToolServerPending`` when a named AgentToolServer is not discovered yet), or
         ``ApiError`` when the AgentModel or an AgentToolServer cannot be read."""
         applied = policy.apply(runs.AgentRunSpec.of(spec))
+        if applied.output.json_schema is not None:
+            problem = await asyncio.to_thread(output_schema_problem, applied.output.json_schema)
+            if problem is not None:
+                raise SpecError(f"spec.output.schema: {problem}")
         found = await self.models.get(applied.model)
         if found is not None:
             check_metered(
@@ -74,9 +82,15 @@ class RunConfigs:
             if parts is None:
                 continue
             server = await self.servers.get(run.namespace, parts[0])
+            rules, tenant = policy.tool_server_rules, policy.name
+            toolservers.check_reach(name, server, rules=rules, tenant=tenant)
             if toolservers.is_pending(server):
                 raise ToolServerPending(f"spec.tools: {name}: AgentToolServer not discovered yet")
-            remote_tools.append(toolservers.resolve_tool(name, server, namespace=run.namespace))
+            remote_tools.append(
+                toolservers.resolve_tool(
+                    name, server, namespace=run.namespace, rules=rules, tenant=tenant
+                )
+            )
         return build_run_config(
             run,
             applied,
@@ -96,3 +110,18 @@ class RunConfigs:
             *(remote.spec_of(t).as_openai_tool() for t in config.remote_tools),
         ]
         return first_call_need(config, tools=tools)
+
+
+def output_schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why a run's ``spec.output.schema`` cannot be used (``schemas.schema_problem``: too
+    large, too deep, a pattern RE2 refuses, invalid), decided once per distinct schema of
+    a sensible size: a queued run's config is built again at every pass of its queue."""
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(text) > schemas.MAX_SCHEMA_BYTES:
+        return schemas.schema_problem(schema)  # names the size; not worth remembering
+    return _verdict(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _verdict(text: str) -> str | None:
+    return schemas.schema_problem(json.loads(text))

@@ -10,8 +10,13 @@ longest prefix that fits), appending each admitted run's ``admitted`` event; it 
 first run that does not fit, so admission is FIFO (a run waiting for its
 AgentToolServer's discovery is passed over). Runs left waiting show ``Queued`` with the reason
 and their position (``queuestatus``: at once for a run just queued, later refreshes within a
-rate). Every step is idempotent (the ledger slot by
-run uid, the admitted event by compare-and-set on an empty subject, the queue by uid), so an
+rate). A run that cannot be admitted at all never holds up the runs behind it: one whose config
+is over the event stream's message cap ends ``invalid_spec`` naming its largest field at once;
+one whose admission fails otherwise than transiently (``platform.failures``) ends
+``checkpoint_failed`` on its second failure, its slot and hold released, logged once. A
+transient failure (NATS, the API server) is retried at the next pass, the queue shown
+``Queued`` (``AdmissionRetrying``) meanwhile. Every step is idempotent (the ledger slot by run
+uid, the admitted event by compare-and-set on an empty subject, the queue by uid), so an
 operator that dies mid-admission neither admits a run twice nor forgets one: the queue and the
 ledger are in JetStream.
 
@@ -32,22 +37,28 @@ from decimal import Decimal
 
 import nats.errors
 
-from agentrun import kernel, metrics, protocol, telemetry
+from agentrun import kernel, metrics, telemetry
+from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull, TenantQueue
 from agentrun.protocol import RunConfig
 
 from ..platform.events import EventRecorder, EventType
+from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
 from ..platform.spec import SpecError
-from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, involved
+from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, admitted_patch, involved
 from ..tenants import QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
-from .config import never_fits
+from .config import never_fits, too_large_to_checkpoint
 from .lookup import RunConfigs, ToolServerPending
 from .queue import QueueBoard
 from .queuestatus import QueueStatus, Waiting
 from .settlement import RunSettlement
+from .storage import EventStorage
 
 log = logging.getLogger(__name__)
+
+GIVE_UP_MESSAGE = "twice, not for a passing reason"
+"""How a run's end says its admission failed permanently (``platform.failures``)."""
 
 
 def _not_in(queue: TenantQueue, passed: set[str]) -> Iterator[QueuedRun]:
@@ -85,6 +96,8 @@ class PumpDeps:
     """Reads queued AgentRuns the handler did not hand over (after a restart)."""
     events: EventRecorder
     """Records admissions, queue waits and unadmitted ends as Kubernetes Events."""
+    storage: EventStorage
+    """The event-stream bytes each tenant's runs take, checked before a run is admitted."""
     clock: Callable[[], float] = time.time
     """Epoch seconds."""
 
@@ -135,6 +148,8 @@ class QueuePump:
         self._wakes: dict[str, asyncio.Event] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}
         self._stopping = asyncio.Event()
+        self.failures = Failures(log, what="admission")
+        """Failed admissions of queue heads by uid (each logged once)."""
 
     # --- queueing -------------------------------------------------------------------------------
 
@@ -251,8 +266,8 @@ class QueuePump:
                 if policy is None:
                     wait = self.deps.tenants.why_missing(tenant)
                     break
-                ready = await self._prepare(policy, heads, queue, passed=passed)
-                wait = await self._admit(policy, ready) if ready else None
+                ready, wait = await self._prepare(policy, heads, queue, passed=passed)
+                wait = (await self._admit(policy, ready) if ready else None) or wait
                 if wait is not None:
                     break
                 if heads[0].uid in queue and heads[0].uid not in passed:  # never spin on it
@@ -278,51 +293,90 @@ class QueuePump:
         queue: TenantQueue,
         *,
         passed: set[str],
-    ) -> list[_Ready]:
-        """The first runs of the queue made ready for admission, in order; a run that cannot
-        run at all leaves the queue, one waiting for its AgentToolServer's discovery (not for
-        the tenant) is shown Queued and passed over (``passed``): the runs behind it go on."""
-        ready = []
+    ) -> tuple[list[_Ready], QueueWait | None]:
+        """The first runs of the queue made ready for admission, in order, and why the queue
+        waits before the others if it does: the tenant's event storage is full, or a head's
+        preparation failed for a passing reason (``AdmissionRetrying``). A run that cannot run
+        at all leaves the queue (one that failed twice otherwise than transiently too), one
+        waiting for its AgentToolServer's discovery (not for the tenant) is shown Queued and
+        passed over (``passed``): the runs behind it go on."""
+        full = self.deps.storage.wait(policy.name)
+        if full is not None:
+            return [], full
+        ready: list[_Ready] = []
         for queued in heads:
-            head = await self._read_head(policy, queued)
-            if head is None:
-                continue
             try:
-                config = await self.deps.configs.build_config(
-                    head.key, head.obj.run_spec(), policy, start_time=self.clock()
-                )
-            except ToolServerPending as err:
-                wait = QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
-                position = queue.position(queued.uid) or 1
-                self.shown.show_run(policy.name, queued, position, wait, seen=self._waiting)
-                passed.add(queued.uid)
+                prepared = await self._prepare_one(policy, queued, queue, passed=passed)
+            except Exception as err:
+                wait = await self._failed(policy, queued, err)
+                if wait is not None:
+                    return ready, wait
                 continue
-            except SpecError as err:  # e.g. its AgentModel was deleted while it waited
-                await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
-                continue
-            need = self.deps.configs.first_call_need(config)
-            never = never_fits(need, tenant=policy.name, limits=policy.limits)
-            if never is not None:  # waiting would block everyone behind it for ever
-                await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
-                continue
-            ready.append(_Ready(queued, head, config, need))
-        return ready
+            if prepared is not None:
+                ready.append(prepared)
+        return ready, None
+
+    async def _prepare_one(
+        self, policy: TenantPolicy, queued: QueuedRun, queue: TenantQueue, *, passed: set[str]
+    ) -> _Ready | None:
+        """One queue head made ready (its frozen config and first call's worst case), or
+        ``None`` if it left the queue or waits for its AgentToolServer (added to ``passed``)."""
+        head = await self._read_head(policy, queued)
+        if head is None:
+            return None
+        try:
+            config = await self.deps.configs.build_config(
+                head.key, head.obj.run_spec(), policy, start_time=self.clock()
+            )
+        except ToolServerPending as err:
+            wait = QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
+            position = queue.position(queued.uid) or 1
+            self.shown.show_run(policy.name, queued, position, wait, seen=self._waiting)
+            passed.add(queued.uid)
+            return None
+        except SpecError as err:  # e.g. its AgentModel was deleted while it waited
+            await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
+            return None
+        need = self.deps.configs.first_call_need(config)
+        never = never_fits(need, tenant=policy.name, limits=policy.limits)
+        if never is not None:  # waiting would block everyone behind it for ever
+            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
+            return None
+        return _Ready(queued, head, config, need)
+
+    async def _failed(
+        self, policy: TenantPolicy, queued: QueuedRun, err: Exception
+    ) -> QueueWait | None:
+        """``queued``'s admission failed with ``err``: a passing failure makes the queue wait
+        for the next pass (``AdmissionRetrying``, returned); a permanent one that repeated ends
+        the run (``_give_up``), so the runs behind it go on (``None``)."""
+        subject = f"AgentRun {queued.namespace}/{queued.name}"
+        failure = self.failures.failed(queued.uid, err, subject=subject)
+        if not failure.final:
+            why = f"admitting it failed ({type(err).__name__}); retrying: {err}"[:500]
+            return QueueWait(WaitReason.ADMISSION_RETRYING, why)
+        self.failures.forget(queued.uid)
+        await self._give_up(policy, queued, err)
+        return None
 
     async def _admit(self, policy: TenantPolicy, ready: list[_Ready]) -> QueueWait | None:
         """Admit the longest prefix of ``ready`` that fits (one ledger write) and start those
         runs together; say why the first of the others waits (``None`` if none does, or it
-        left the queue: ``whenExhausted: Fail``)."""
+        left the queue: ``whenExhausted: Fail``, a permanent failure), or that a failure is
+        retried at the next pass."""
         now = self.clock()
-        answers = await self.store.admit_runs(
-            policy.name, [(r.queued, r.need) for r in ready], limits=policy.limits, now=now
-        )
+        try:
+            answers = await self.store.admit_runs(
+                policy.name, [(r.queued, r.need) for r in ready], limits=policy.limits, now=now
+            )
+        except Exception as err:  # the ledger's write: the first of them is retried or ended
+            return await self._failed(policy, ready[0].queued, err)
         admitted = [r for r, answer in zip(ready, answers, strict=False) if answer is None]
-        await asyncio.gather(
-            *(self._start_admitted(r.head, policy, r.config, now=now) for r in admitted)
-        )
+        started = await asyncio.gather(*(self._start(r, policy, now=now) for r in admitted))
+        retry = next((wait for ok, wait in started if wait is not None), None)
         refusal = answers[-1]
-        if refusal is None:
-            return None
+        if refusal is None or not all(ok for ok, _ in started):
+            return retry  # a run that did not start freed its slot: the rest are tried again
         wait = QueueWait.of(refusal)
         if wait.reason is WaitReason.BUDGET_EXHAUSTED and (
             policy.when_exhausted is WhenExhausted.FAIL
@@ -333,8 +387,43 @@ class QueuePump:
             )
             refused = ready[len(admitted)].head
             await self._drop(refused, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message)
-            return None
+            return retry
         return wait
+
+    async def _start(
+        self, ready: _Ready, policy: TenantPolicy, *, now: float
+    ) -> tuple[bool, QueueWait | None]:
+        """``_start_admitted``, its failure handled as ``_failed`` does (the run keeps its
+        place and its slot for the next pass, or ends): whether it started, and why the queue
+        waits if it does."""
+        queued = ready.queued
+        try:
+            started = await self._start_admitted(ready.head, policy, ready.config, now=now)
+        except Exception as err:
+            return False, await self._failed(policy, queued, err)
+        self.failures.succeeded(queued.uid, subject=f"AgentRun {queued.namespace}/{queued.name}")
+        return started, None
+
+    async def _give_up(self, policy: TenantPolicy, queued: QueuedRun, err: Exception) -> None:
+        """End a queued run whose admission failed permanently, ``checkpoint_failed`` naming
+        the error: through its event stream if it was started (a ``stop`` event), else
+        unadmitted with its ledger slot and hold released; then out of the queue. Raises what
+        NATS raises (the next pass tries again)."""
+        key = RunKey(queued.namespace, queued.name, queued.uid)
+        message = f"admission failed {GIVE_UP_MESSAGE}: {type(err).__name__}: {err}"[:1000]
+        if not await self.deps.runs.end(
+            key.namespace, key.name, key.uid, kernel.Phase.CHECKPOINT_FAILED, message
+        ):
+            await self.deps.settlement.release_unstarted(policy.name, uid=key.uid)
+            seen = self._waiting.get(key.uid)
+            self.shown.end_unadmitted(
+                key,
+                kernel.Phase.CHECKPOINT_FAILED,
+                message,
+                tenant=policy.name,
+                generation=seen.generation if seen else 1,
+            )
+        await self._leave(policy.name, key)
 
     async def _read_head(self, policy: TenantPolicy, queued: QueuedRun) -> _Head | None:
         """The queue head's object, or ``None`` once it left the queue (deleted, cancelled)."""
@@ -361,23 +450,22 @@ class QueuePump:
 
     async def _start_admitted(
         self, head: _Head, policy: TenantPolicy, config: RunConfig, *, now: float
-    ) -> None:
-        """Start a run that got its ledger slot: its ``admitted`` event, then out of the queue."""
+    ) -> bool:
+        """Start a run that got its ledger slot: its ``admitted`` event, then out of the queue.
+        False if it could not be (too large to checkpoint: it ends, its slot freed)."""
         config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
         with self.board.admitting(head.key.uid):
             try:
                 await self.deps.runs.start_run(
                     config, start_time=now, generation=head.obj.metadata.generation
                 )
-            except nats.errors.MaxPayloadError:
-                message = (
-                    f"spec: about {len(protocol.encode_run_config(config))} bytes, more than "
-                    "the event stream's message limit allows to checkpoint; shorten spec.goal, "
-                    "spec.instructions or spec.output.schema"
-                )
+            except (EventTooLarge, nats.errors.MaxPayloadError) as err:
+                cap = err.cap if isinstance(err, EventTooLarge) else None
+                message = too_large_to_checkpoint(config, cap=cap)
                 await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
                 await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
-                return
+                return False
+        await self._record_admitted(head.key)
         self._waiting.pop(head.key.uid, None)
         self._objects.pop(head.key.uid, None)
         await self.store.dequeue(policy.name, head.key.uid)
@@ -391,6 +479,23 @@ class QueuePump:
                 f"waited {max(0.0, now - head.created):.1f}s since creation"
             ),
         )
+        return True
+
+    async def _record_admitted(self, key: RunKey) -> None:
+        """Record on the object that run ``key`` was admitted (``agentrun.dev/admitted-uid``:
+        its uid, which a restored copy does not have; ``runs.recovery``). Best effort: the
+        run's status shows its admission too, and recovery records it again
+        (``handlers.admission``)."""
+        try:
+            await self.deps.api.patch(key.ref, admitted_patch(key.uid))
+        except Exception as err:  # the API server away, or the object replaced (422)
+            log.warning("could not record the admission of %s/%s: %r", key.namespace, key.name, err)
+
+    async def release_slot(self, tenant: str, uid: str) -> None:
+        """Free the ledger slot of run ``uid`` in ``tenant`` (what it was charged stays
+        charged), before it runs again from turn 0; nothing when it holds none. Raises what
+        the ledger store raises."""
+        await self.deps.settlement.release_unstarted(tenant, uid=uid)
 
     async def _leave(self, tenant: str, key: RunKey) -> None:
         """Take a run that will not run out of the queue."""

@@ -90,9 +90,12 @@ class QueueStatus:
         *,
         tenant: str | None,
         generation: int,
+        seq: int = 0,
     ) -> None:
-        """End a run that was never admitted: write its terminal status; the write that ends
-        the object counts the end and records its Event."""
+        """End a run that was never admitted (or is not admitted again: ``seq`` is the event
+        sequence its status shows, so the end is not taken for an older projection): write
+        its terminal status; the write that ends the object counts the end and records its
+        Event."""
         log.info("%s/%s ends unadmitted (%s): %s", key.namespace, key.name, phase.value, message)
         body = runs.rejected_status(
             message, at=self.clock(), generation=generation, phase=phase, tenant=tenant
@@ -103,7 +106,7 @@ class QueueStatus:
             if self.counter.count_end(key.uid, state, tenant=tenant or DEFAULT_TENANT):
                 runs.record_end(self.events, key, state.summary(), model=None)
 
-        self.writer.submit(key, body, seq=0, terminal=True, on_end=ended)
+        self.writer.submit(key, body, seq=seq, terminal=True, on_end=ended)
 
     def show_queued(
         self,

@@ -1,12 +1,17 @@
 """The periodic ledger sweep and the AgentTenant status it writes.
 
-Every few seconds, per tenant: start a new window when the old one is over, release holds whose
-worker died (charging what the run's events show it committed), free the slots of runs that
-ended while no operator watched, end the runs of a tenant whose wall-clock budget ran out, pump
-its queue, and write its AgentTenant ``.status`` and the tenant budget metrics. Each sweep reads
-a tenant's totals (one value); every ``FULL_READ_EVERY`` seconds, and when its wall-clock
-budget ran out, it reads every run's entry too. Invalid
-AgentTenants get ``Accepted=False`` with the reason.
+Every few seconds, per tenant: make the ledger of a known AgentTenant that has none (the
+bucket or its totals were lost, or no run came yet; its window's use rebuilt from the tenant's
+AgentRuns by the store's ``rebuild`` hook, ``tenants.rebuild``), undo a rollback of its totals
+(``used`` below what the operator saw in the window — in the values it read, and in the
+AgentTenant status it wrote, which no NATS credential can change — or a window that has not
+started: counted as a refused message, ``ledger_rollback``, and told as a ``LedgerRolledBack``
+Event), start a new window when the old one is over, release holds whose worker died (charging
+what the run's events show it committed), free the slots of runs that ended while no operator
+watched, end the runs of a tenant whose wall-clock budget ran out, pump its queue, and write its
+AgentTenant ``.status`` and the tenant budget metrics. Each sweep reads a tenant's totals (one
+value); every ``FULL_READ_EVERY`` seconds, and when its wall-clock budget ran out, it reads every
+run's entry too. Invalid AgentTenants get ``Accepted=False`` with the reason.
 
 What does not belong here: admitting runs (``pump``), the AgentTenant status and its Events
 (``tenants``: the sweep tells its ``TenantStatusWriter`` when).
@@ -22,10 +27,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from agentrun import kernel
-from agentrun.ledger import Book, LedgerStore, Repair
+from agentrun import kernel, metrics
+from agentrun.ledger import Book, LedgerStore, Repair, UsageFloor
 from agentrun.protocol import RunEvent
+from agentrun.trust import SealFault
 
+from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
 from ..platform.loops import sleep_until_set
 from ..runs import LiveRuns, RunKey
@@ -83,6 +90,10 @@ class LedgerSweep:
         self._stopping = asyncio.Event()
         self._read_whole: dict[str, float] = {}
         """When each tenant's whole ledger was last read (epoch seconds)."""
+        self._floors: dict[str, UsageFloor] = {}
+        """The most each tenant's window was seen to use (``UsageFloor``)."""
+        self.failures = Failures(log, what="ledger sweep")
+        """Tenants whose sweep failed (each logged once, until it recovers)."""
 
     def stop(self) -> None:
         """Stop after the current sweep."""
@@ -93,8 +104,10 @@ class LedgerSweep:
         while not self._stopping.is_set():
             try:
                 await self.sweep()
-            except Exception:
-                log.exception("ledger sweep failed; next one in %ss", self.interval)
+            except Exception as err:
+                self.failures.failed("", err, subject="every tenant")
+            else:
+                self.failures.succeeded("", subject="every tenant")
             await sleep_until_set(self._stopping, self.interval)
 
     async def sweep(self) -> None:
@@ -103,10 +116,13 @@ class LedgerSweep:
             await self.tenant_status.write_invalid(name, generation, why, now=self.clock())
         names = set(self.deps.tenants.policies) | set(await self.store.tenants())
         for tenant in sorted(names):
+            subject = f"tenant {tenant}"
             try:
                 await self._sweep_tenant(tenant)
-            except Exception:
-                log.exception("sweep of tenant %s failed", tenant)
+            except Exception as err:  # the next sweep tries again; logged once
+                self.failures.failed(tenant, err, subject=subject)
+            else:
+                self.failures.succeeded(tenant, subject=subject)
 
     async def _sweep_tenant(self, tenant: str) -> None:
         policy = self.deps.tenants.policies.get(tenant)
@@ -114,7 +130,11 @@ class LedgerSweep:
         book = await self.store.read_totals(tenant)
         if book is None and policy is None:
             return
+        if book is None and policy is not None:  # lost, or no run yet: made, its use rebuilt
+            await self.store.repair_entry(tenant, [], limits=policy.limits, now=now)
+            book = await self.store.read(tenant)
         if book is not None:
+            book = await self._undo_rollback(book, policy, now)
             wall_out = (
                 book.limits.wall_seconds is not None
                 and book.active_runs > 0
@@ -126,6 +146,9 @@ class LedgerSweep:
                 book = await self.store.read(tenant) or book  # every run's entry
             whole = book
             book = await self._repair_entry(book, policy, now)
+            self._floors[tenant] = self._floor(tenant, book).raised(
+                book.window, book.used_tokens, book.used_cost, book.used_wall, end=book.end
+            )
             if wall_out:
                 await self._end_all(whole)
         if policy is not None:
@@ -136,7 +159,36 @@ class LedgerSweep:
                 queued=self.deps.board.queued(tenant),
                 blocked=self.deps.board.blocked(tenant),
                 now=now,
+                ambiguous=self.deps.tenants.ambiguous_of(tenant),
             )
+
+    def _floor(self, tenant: str, book: Book) -> UsageFloor:
+        """The floor of ``tenant``'s entry: what this process saw, else what the AgentTenant's
+        status said, else nothing below ``book``'s own window."""
+        seen = self.deps.tenants.seen.get(tenant)
+        floor = self._floors.get(tenant) or seen or UsageFloor(book.window, end=book.end)
+        if seen is not None:
+            floor = floor.raised(
+                seen.window, seen.tokens, seen.cost_usd, seen.wall_seconds, end=seen.end
+            )
+        return floor
+
+    async def _undo_rollback(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
+        """``book`` with a rollback below its floor undone (counted and told); as read if
+        there was none. The check uses the tenant's own limits, not the entry's."""
+        floor = self._floor(book.tenant, book)
+        if policy is not None:
+            book.limits = policy.limits  # a copy as read: its window length, not a forged one
+        if not book.undercuts(floor, now=now):
+            return book
+        metrics.record_refusal(SealFault.LEDGER_ROLLBACK)
+        self.tenant_status.record_rollback(book.tenant, book, floor)
+        log.warning("tenant %s: ledger entry rolled back below %s; restoring", book.tenant, floor)
+        await self.store.repair_entry(
+            book.tenant, [], limits=policy.limits if policy else None, now=now, floor=floor
+        )
+        restored = await self.store.read(book.tenant)
+        return restored if restored is not None else book
 
     async def _repair_entry(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
         """The ledger after its repairs, limits and window are brought up to date (``book``
@@ -145,7 +197,7 @@ class LedgerSweep:
         if not (
             repairs
             or (policy is not None and policy.limits != book.limits)
-            or (book.window + book.limits.window_seconds <= now)
+            or (book.reset_time <= now)
         ):
             return book
         await self.store.repair_entry(

@@ -24,6 +24,8 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from agentrun.kernel import schemas
+
 from .. import runs
 from ..platform.conditions import condition as make_condition
 from ..platform.spec import ObjectMeta, SpecError, parse
@@ -37,6 +39,11 @@ FROM_AGENT = ("model", "instructions", "tools", "output", "approval")
 """Spec fields a run of an Agent takes from the Agent as written."""
 RUN_CAPS = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
 """Budget fields a run of an Agent may set over the Agent's."""
+MAX_RENDERED_CHARS = 65_536
+"""Longest goal or instructions after substitution: the AgentRun CRD's bound on the same field
+written in full (``maxLength``), so a resolved spec is never larger than a run could be
+written. Placeholders multiply text (64 Ki characters of instructions referencing one 64 Ki
+parameter thousands of times), so the render stops here instead of building the whole."""
 
 
 class InvalidRef(Exception):
@@ -56,12 +63,24 @@ class Template:
         """The parameter names the text references."""
         return frozenset(self.pieces[1::2])
 
-    def render(self, values: Mapping[str, str]) -> str:
-        """The text with each placeholder replaced by ``values[NAME]``; raises ``KeyError``
-        for a name ``values`` lacks (check ``names`` first)."""
-        return "".join(
-            values[piece] if index % 2 else piece for index, piece in enumerate(self.pieces)
-        )
+    def render(self, values: Mapping[str, str], *, limit: int = MAX_RENDERED_CHARS) -> str:
+        """The text with each placeholder replaced by ``values[NAME]``, at most ``limit``
+        characters: the render stops at the first piece past it (memory stays bounded by
+        ``limit``) and raises ``TooLong``. Raises ``KeyError`` for a name ``values`` lacks
+        (check ``names`` first)."""
+        size = 0
+        out: list[str] = []
+        for index, piece in enumerate(self.pieces):
+            text = values[piece] if index % 2 else piece
+            size += len(text)
+            if size > limit:
+                raise TooLong(limit)
+            out.append(text)
+        return "".join(out)
+
+
+class TooLong(Exception):
+    """A rendered template went past its limit (``args[0]``, characters)."""
 
 
 def parse_template(text: str, *, field: str) -> Template:
@@ -131,11 +150,18 @@ def digest_of(spec: Mapping[str, Any]) -> str:
 
 def substitute(text: str, values: Mapping[str, str], *, field: str) -> str:
     """``text`` with each ``{{ params.NAME }}`` replaced by ``values[NAME]``; raises
-    ``InvalidRef`` naming ``field`` for a malformed placeholder (``parse_template``) or a name
-    ``values`` lacks (an undeclared parameter)."""
+    ``InvalidRef`` naming ``field`` for a malformed placeholder (``parse_template``), a name
+    ``values`` lacks (an undeclared parameter), or a result over ``MAX_RENDERED_CHARS``."""
     template = parse_template(text, field=field)
     check_names(template, values, field=field)
-    return template.render(values)
+    try:
+        return template.render(values)
+    except TooLong as err:
+        raise InvalidRef(
+            f"{field}: with its parameters substituted it is longer than {err.args[0]} "
+            "characters (the limit of the field written in full); shorten it or the "
+            "parameter values it references"
+        ) from None
 
 
 def parameter_values(agent: str, spec: AgentSpec, given: Mapping[str, str]) -> dict[str, str]:
@@ -173,6 +199,7 @@ def resolve(run_spec: Mapping[str, Any], agent: Mapping[str, Any]) -> Resolution
     except SpecError as err:
         raise InvalidRef(str(err)) from None
     written: Mapping[str, Any] = agent.get("spec") or {}
+    _check_output_size(ref.name, written)
     values = parameter_values(ref.name, parsed, ref.parameters)
     spec: dict[str, Any] = {key: written[key] for key in FROM_AGENT if key in written}
     spec["goal"] = substitute(str(run_spec.get("goal", "")), values, field="spec.goal")
@@ -185,6 +212,21 @@ def resolve(run_spec: Mapping[str, Any], agent: Mapping[str, Any]) -> Resolution
     if budget:
         spec["budget"] = budget
     return Resolution(spec, ref.name, meta.generation, digest_of(spec))
+
+
+def _check_output_size(agent: str, written: Mapping[str, Any]) -> None:
+    """Raise ``InvalidRef`` when the Agent's output schema is over ``MAX_SCHEMA_BYTES``: the
+    resolved spec is written to the run's status, where it must fit (the schema's full check
+    is admission's, ``admission.lookup``)."""
+    output = written.get("output")
+    if not isinstance(output, Mapping) or "schema" not in output:
+        return
+    size = len(json.dumps(output["schema"], separators=(",", ":"), ensure_ascii=False).encode())
+    if size > schemas.MAX_SCHEMA_BYTES:
+        raise InvalidRef(
+            f"Agent {agent!r} spec.output.schema: {size} bytes as JSON, over the "
+            f"{schemas.MAX_SCHEMA_BYTES}-byte limit"
+        )
 
 
 def recorded(status: Mapping[str, Any]) -> Resolution | None:
@@ -216,12 +258,20 @@ def readiness(
 ) -> Readiness:
     """Check an Agent object (as a dict) against what exists: its AgentModel (``model_found``)
     and the worker's tool catalog (``known_tools``); ``InvalidSpec`` also covers instructions
-    with a malformed placeholder or one naming an undeclared parameter. Pure."""
+    with a malformed placeholder or one naming an undeclared parameter, and an output schema
+    its runs could not use (``schemas.schema_problem``: too large, a pattern RE2 refuses,
+    invalid). Pure; checking the schema takes bounded but real CPU: call it off the event
+    loop."""
     name = str((agent.get("metadata") or {}).get("name", ""))
     try:
         spec = AgentSpec.of(name, agent.get("spec"))
     except SpecError as err:
         return Readiness(False, "InvalidSpec", str(err))
+    output = (agent.get("spec") or {}).get("output") or {}
+    if "schema" in output:
+        problem = schemas.schema_problem(output["schema"])
+        if problem is not None:
+            return Readiness(False, "InvalidSpec", f"spec.output.schema: {problem}")
     if spec.instructions is not None:
         try:
             template = parse_template(spec.instructions, field="spec.instructions")

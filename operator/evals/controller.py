@@ -30,6 +30,7 @@ from agentrun.protocol import RunEvent
 
 from .. import agents, runs
 from ..platform.events import EventRecorder, EventType
+from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from ..platform.spec import SpecError
 from . import grading
@@ -38,6 +39,7 @@ from .spec import EvalCase, EvalSpec
 from .status import (
     CASE_LABEL,
     EVAL_LABEL,
+    RECONCILE_FAILED,
     ROUND_LABEL,
     AgentSeen,
     CasePhase,
@@ -45,6 +47,7 @@ from .status import (
     EvalRef,
     Round,
     eval_status,
+    given_up,
     graded_row,
     invalid_status,
     previous_rows,
@@ -97,7 +100,11 @@ class EvalController:
         self._queued: set[EvalKey] = set()
         self._uses: dict[EvalKey, frozenset[str]] = {}
         """The Agents each known suite runs, so an Agent's change kicks them."""
+        self._specs: dict[EvalKey, tuple[str, int, EvalSpec | SpecError]] = {}
+        """Each known suite's spec as checked, by uid and generation (checked once each)."""
         self._stopped = False
+        self.failures = Failures(log, what="reconcile")
+        """Failed reconciles by suite (each logged once)."""
 
     def kick(self, namespace: str, name: str) -> None:
         """Ask for a reconcile of AgentEval ``namespace/name`` (once, however often asked
@@ -118,6 +125,7 @@ class EvalController:
     def forget(self, namespace: str, name: str) -> None:
         """AgentEval ``namespace/name`` was deleted (its runs go with it: they are owned)."""
         self._uses.pop((namespace, name), None)
+        self._specs.pop((namespace, name), None)
         self.news.forget(namespace, name)
         metrics.forget_eval(namespace, name)
 
@@ -127,15 +135,42 @@ class EvalController:
 
     async def run(self) -> None:
         """Serve reconcile requests, one at a time, forever."""
-        loop = asyncio.get_running_loop()
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
-            try:
-                await self.reconcile(*key)
-            except Exception as err:  # the API server or NATS away: try again later
-                log.warning("reconciling AgentEval %s/%s failed: %r; retrying", *key, err)
-                loop.call_later(self.retry, self.kick, *key)
+            await self._reconcile_safely(key)
+
+    async def _reconcile_safely(self, key: EvalKey) -> None:
+        """Reconcile ``key``; a transient failure is retried after ``retry`` seconds, a
+        permanent one once more, then the suite is given up (``_give_up``). Each failure is
+        logged once."""
+        subject = f"AgentEval {key[0]}/{key[1]}"
+        try:
+            await self.reconcile(*key)
+        except Exception as err:
+            failure = self.failures.failed(key, err, subject=subject)
+            if failure.final:
+                try:
+                    await self._give_up(key, err)
+                    return
+                except Exception as giving_up:  # the API server away: try again later
+                    self.failures.failed(key, giving_up, subject=subject)
+            asyncio.get_running_loop().call_later(self.retry, self.kick, *key)
+            return
+        self.failures.succeeded(key, subject=subject)
+
+    async def _give_up(self, key: EvalKey, err: Exception) -> None:
+        """Fail the suite for this generation (``RECONCILE_FAILED``, naming ``err``): its runs
+        are deleted, a Warning Event posted; it is reconciled again when its spec changes.
+        Raises ``ApiError``."""
+        obj = await self._get(*key)
+        if obj is None:
+            return
+        meta = obj.get("metadata") or {}
+        suite = EvalRef(*key, str(meta.get("uid", "")), int(meta.get("generation") or 1))
+        message = f"reconciling failed twice, not for a passing reason: {type(err).__name__}: {err}"
+        await self._invalid(suite, message[:1000], obj.get("status") or {}, reason=RECONCILE_FAILED)
+        self.failures.forget(key)
 
     async def reconcile(self, namespace: str, name: str) -> None:
         """Bring AgentEval ``namespace/name``'s runs and status up to date (see the module).
@@ -150,12 +185,13 @@ class EvalController:
         meta = obj.get("metadata") or {}
         suite = EvalRef(namespace, name, str(meta.get("uid", "")), int(meta.get("generation") or 1))
         previous: Mapping[str, Any] = obj.get("status") or {}
+        if given_up(previous, generation=suite.generation):
+            return  # until its spec changes
         metrics.know_eval(namespace, name)
-        try:
-            spec = EvalSpec.of(obj.get("spec"))
-        except SpecError as err:
+        spec = await self._spec(suite, obj.get("spec"))
+        if isinstance(spec, SpecError):
             self._uses.pop((namespace, name), None)
-            await self._invalid(suite, str(err), previous)
+            await self._invalid(suite, str(spec), previous)
             return
         self._uses[(namespace, name)] = spec.agents
         seen = {agent: await self._agent(namespace, agent) for agent in sorted(spec.agents)}
@@ -169,6 +205,25 @@ class EvalController:
         if not unchanged(body, previous):
             await self._write(suite, body)  # raises when it fails: nothing is told twice
         self.news.tell(suite, rows, round_=round_)
+
+    async def _spec(self, suite: EvalRef, body: Any) -> EvalSpec | SpecError:
+        """The suite's spec checked (``EvalSpec.of``) once per generation, in a thread: its
+        answer schemas are checked against their meta-schemas, work bounded by the schemas'
+        budget but not free, and the event loop serves every other tenant meanwhile."""
+        key = (suite.namespace, suite.name)
+        known = self._specs.get(key)
+        if known is not None and known[:2] == (suite.uid, suite.generation):
+            return known[2]
+
+        def check() -> EvalSpec | SpecError:
+            try:
+                return EvalSpec.of(body)
+            except SpecError as err:
+                return err
+
+        checked = await asyncio.to_thread(check)
+        self._specs[key] = (suite.uid, suite.generation, checked)
+        return checked
 
     async def _rows(
         self,
@@ -213,22 +268,34 @@ class EvalController:
         name = str(run["metadata"]["name"])
         events = await self.runs.read_events(namespace, name)
         result = run_result(run.get("status") or {}, tools=grading.tools_called(events))
-        return graded_row(case.name, name, result, grading.grade(case.expect, result))
+        # in a thread: the answer is the model's and the checks the suite author's (bounded
+        # work on the linear engine, up to about half a second of CPU): the event loop keeps
+        # serving probes, the Lease and every other tenant's runs meanwhile
+        failures = await asyncio.to_thread(grading.grade, case.expect, result)
+        return graded_row(case.name, name, result, failures)
 
-    async def _invalid(self, suite: EvalRef, message: str, previous: Mapping[str, Any]) -> None:
-        """A spec the operator cannot run: no runs (earlier rounds' deleted), Failed."""
+    async def _invalid(
+        self,
+        suite: EvalRef,
+        message: str,
+        previous: Mapping[str, Any],
+        *,
+        reason: str = "InvalidSpec",
+    ) -> None:
+        """A suite the operator cannot run (``reason``: ``InvalidSpec``, or
+        ``RECONCILE_FAILED``): no runs (earlier rounds' deleted), Failed."""
         await self._runs_of_round(suite, "")
         body = invalid_status(
-            message, generation=suite.generation, previous=previous, now=self.clock()
+            message, generation=suite.generation, previous=previous, now=self.clock(), reason=reason
         )
         if unchanged(body, previous):
             return
         self.events.record(
             involved(suite),
             type=EventType.WARNING,
-            reason="InvalidSpec",
+            reason=reason,
             message=message,
-            key=(suite.uid, "InvalidSpec", suite.generation),
+            key=(suite.uid, reason, suite.generation),
         )
         await self._write(suite, body)
 

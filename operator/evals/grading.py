@@ -5,8 +5,10 @@ finished run did as far as grading looks (``RunResult``: its terminal reason, ou
 answer and the tools it called), the tools a run called read from its committed events
 (``tools_called``) and the one grading rule (``grade``), which returns every expectation the
 run missed with a readable message ("cost 0.0123 USD > maxCostUSD 0.01"). Pure: no I/O; the
-answer's JSON Schema is checked with ``jsonschema``. What does not: parsing the CRD
-(``spec``), creating runs or writing status (``controller``).
+answer's pattern and JSON Schema are checked on the linear-time engine within a work budget
+(``agentrun.kernel.schemas``: the answer is the model's, the pattern the suite author's). What
+does not: parsing the CRD (``spec``), creating runs or writing status (``controller``, which
+grades off its event loop).
 
 A tool counts as called when the model made a valid call to it in a committed turn (whether it
 then ran, was held for approval or was stopped by a budget); a call rejected before running
@@ -17,16 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any, assert_never
 
-import jsonschema
 import jsonschema.exceptions
-import jsonschema.validators
 
 from agentrun import kernel
+from agentrun.kernel import schemas
 from agentrun.protocol import RunEvent
 
 ANSWER_SHOWN = 80
@@ -43,8 +43,8 @@ class JsonSchemaAnswer:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PatternAnswer:
-    """The answer must contain a match of ``pattern`` (``re.search``: anchor it with ``^…$``
-    to match the whole answer)."""
+    """The answer must contain a match of ``pattern`` (RE2 syntax, searched as ``re.search``
+    does: anchor it with ``^…$`` to match the whole answer)."""
 
     pattern: str
 
@@ -177,6 +177,8 @@ def _answer(check: AnswerCheck, answer: str | None) -> list[Failure]:
                 document = json.loads(answer)
             except ValueError as err:
                 return [Failure(where, f"answer {_quote(answer)} is not JSON: {err}")]
+            except RecursionError:
+                return [Failure(where, f"answer {_quote(answer)} is not JSON: nested too deeply")]
             error = schema_error(schema, document)
             if error is not None:
                 return [Failure(where, f"answer does not match answer.jsonSchema: {error}")]
@@ -185,7 +187,11 @@ def _answer(check: AnswerCheck, answer: str | None) -> list[Failure]:
             where = "answer.pattern"
             if answer is None:
                 return [Failure(where, f"no answer to match /{pattern}/")]
-            if re.search(pattern, answer) is None:
+            try:
+                matched = schemas.search(pattern, answer)
+            except schemas.PatternRefused as err:
+                return [Failure(where, f"/{pattern}/ cannot be used: {err}")]
+            if not matched:
                 return [Failure(where, f"answer {_quote(answer)} does not match /{pattern}/")]
             return []
         case _:
@@ -194,21 +200,22 @@ def _answer(check: AnswerCheck, answer: str | None) -> list[Failure]:
 
 def schema_error(schema: Mapping[str, Any], document: Any) -> str | None:
     """The most relevant reason ``document`` fails ``schema`` (``at $.path: message``), or
-    ``None`` when it is valid. ``schema`` must be a valid schema (``check_schema``)."""
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    ``None`` when it is valid; a check past the work budget is a reason too. ``schema`` must
+    have passed ``check_schema``."""
+    try:
+        found = schemas.errors(schemas.validator_for(schema), document)
+    except schemas.WorkExceeded as err:
+        return f"the answer could not be checked: {err}"
+    error = jsonschema.exceptions.best_match(iter(found))
     if error is None:
         return None
     return f"at {error.json_path}: {error.message}"
 
 
 def check_schema(schema: Mapping[str, Any]) -> str | None:
-    """Why ``schema`` is not a valid JSON Schema (for its draft), or ``None`` when it is."""
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(dict(schema))
-    except jsonschema.exceptions.SchemaError as err:
-        return err.message
-    return None
+    """Why ``schema`` cannot grade answers (``schemas.schema_problem``: invalid for its draft,
+    a pattern RE2 refuses, too large or too deep), or ``None`` when it can."""
+    return schemas.schema_problem(schema)
 
 
 def _decimal(amount: Decimal) -> str:

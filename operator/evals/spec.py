@@ -1,16 +1,16 @@
 """``AgentEval.spec`` as pydantic models, converted once into frozen values the controller uses.
 
 What belongs here: the shape of an AgentEval's spec, its defaults (``parallelism``), the checks
-the API server cannot make (a ``pattern`` that does not compile, a ``jsonSchema`` that is not a
-valid JSON Schema, duplicate case names when no schema enforced them) and their messages, each
-naming the field (``spec.cases[2].expect.answer.pattern: ...``). What does not: grading
+the API server cannot make (a ``pattern`` the linear-time engine refuses, a ``jsonSchema`` that
+is not a valid JSON Schema, holds such a pattern or is too large, duplicate case names when no
+schema enforced them) and their messages, each naming the field
+(``spec.cases[2].expect.answer.pattern: ...``). What does not: grading
 (``grading``), rounds, runs and status (``status``, ``controller``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +18,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrun import kernel
+from agentrun.kernel import schemas
 
 from ..platform.spec import USD, SpecError
 from . import grading
@@ -162,12 +163,9 @@ def _answer_check(answer: AnswerSpec | None, *, where: str) -> grading.AnswerChe
     if (answer.json_schema is None) == (answer.pattern is None):
         raise SpecError(f"{where}: set exactly one of jsonSchema and pattern")
     if answer.pattern is not None:
-        try:
-            re.compile(answer.pattern)
-        except re.error as err:
-            raise SpecError(
-                f"{where}.pattern: {answer.pattern!r} is not a regular expression: {err}"
-            ) from None
+        problem = schemas.pattern_problem(answer.pattern)
+        if problem is not None:
+            raise SpecError(f"{where}.pattern: {problem}")
         return grading.PatternAnswer(answer.pattern)
     assert answer.json_schema is not None
     problem = grading.check_schema(answer.json_schema)

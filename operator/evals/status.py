@@ -320,11 +320,22 @@ def eval_status(
     return body
 
 
+RECONCILE_FAILED = "ReconcileFailed"
+"""The reason of a suite given up because reconciling it failed twice for a reason that does
+not pass (a case's run the API server refuses, a status too large to store, a bug)."""
+
+
 def invalid_status(
-    message: str, *, generation: int, previous: Mapping[str, Any], now: float
+    message: str,
+    *,
+    generation: int,
+    previous: Mapping[str, Any],
+    now: float,
+    reason: str = "InvalidSpec",
 ) -> dict[str, Any]:
-    """The ``.status`` of a suite whose spec the operator cannot run (``message`` names the
-    field): Failed, no cases run. ``None`` values remove the field (a merge patch)."""
+    """The ``.status`` of a suite the operator cannot run (``message`` names the field or the
+    failure; ``reason``: ``InvalidSpec`` or ``RECONCILE_FAILED``): Failed, no cases run.
+    ``None`` values remove the field (a merge patch)."""
     return {
         "phase": EvalPhase.FAILED.value,
         "observedGeneration": generation,
@@ -336,14 +347,25 @@ def invalid_status(
         "cases": [],
         "conditions": _conditions(
             {
-                "Complete": ("True", "InvalidSpec", message),
-                "Passed": ("False", "InvalidSpec", message),
+                "Complete": ("True", reason, message),
+                "Passed": ("False", reason, message),
             },
             generation=generation,
             previous=previous,
             now=now,
         ),
     }
+
+
+def given_up(previous: Mapping[str, Any], *, generation: int) -> bool:
+    """Whether ``previous`` (a suite's status) says this generation was given up
+    (``RECONCILE_FAILED``): it is not reconciled again until its spec changes."""
+    if previous.get("observedGeneration") != generation:
+        return False
+    return any(
+        c.get("type") == "Complete" and c.get("reason") == RECONCILE_FAILED
+        for c in previous.get("conditions") or []
+    )
 
 
 def _conditions(

@@ -1,5 +1,6 @@
 """kopf's entry points: one module per kind watched, plus kopf's configuration, start-up and
-clean-up (``startup``).
+clean-up (``startup``); an AgentRun's admission and reruns (``admission``) apart from its other
+handlers (``runs``).
 
 Handlers stay thin: each reads what kopf hands it and tells the part built by ``wiring`` (its
 share of kopf's memo) what changed. Importing a module registers its handlers with kopf;
@@ -9,10 +10,11 @@ here. What does not belong here: any decision or API call (the kinds' folders).
 
 from types import ModuleType
 
-from . import agents, evals, runs, schedules, startup, tenants, toolservers
+from . import admission, agents, evals, runs, schedules, startup, tenants, toolservers
 
 REGISTERED: tuple[ModuleType, ...] = (
     startup,
+    admission,
     runs,
     tenants,
     agents,

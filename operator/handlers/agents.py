@@ -9,6 +9,7 @@ here: resolving a run's ``spec.agentRef`` (``runs``, at admission).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -52,7 +53,9 @@ async def agent_changed(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    found = resolve.readiness(body, model_found=model is not None, known_tools=parts.known_tools)
+    found = await asyncio.to_thread(  # the output schema's check: bounded CPU, off the loop
+        resolve.readiness, body, model_found=model is not None, known_tools=parts.known_tools
+    )
     generation = int(body.get("metadata", {}).get("generation") or 1)
     new = resolve.ready_status(
         found, generation=generation, previous=body.get("status") or {}, now=time.time()
@@ -67,7 +70,13 @@ async def agent_changed(
             message=f"runs of this Agent would end invalid_spec: {found.message}",
             key=(name, namespace, found.reason, generation),
         )
-    await write_ready_status(parts.api, body, new)
+    subject = f"Agent {namespace}/{name}"
+    try:
+        await write_ready_status(parts.api, body, new)
+    except ApiError as err:  # the next watch event writes it again; logged once
+        parts.failures.failed(("Agent", namespace, name), err, subject=subject)
+        return
+    parts.failures.succeeded(("Agent", namespace, name), subject=subject)
 
 
 @kopf.on.event(*AGENT)
@@ -116,5 +125,11 @@ async def model_changed(
         now=time.time(),
         condition="Priced",
     )
-    if new is not None:
+    if new is None:
+        return
+    try:
         await write_status(parts.api, body, new, plural=kube.MODELS)
+    except ApiError as err:  # the next watch event writes it again; logged once
+        parts.failures.failed(("AgentModel", name), err, subject=f"AgentModel {name}")
+        return
+    parts.failures.succeeded(("AgentModel", name), subject=f"AgentModel {name}")

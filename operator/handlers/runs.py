@@ -1,123 +1,38 @@
-"""kopf handlers of AgentRuns: admission on create/resume, cancellation, review, deletion, TTL,
-and the end of a run a CronAgentRun or an AgentEval created (told to that controller).
+"""kopf handlers of AgentRuns: cancellation, review, deletion, TTL, and the end of a run a
+CronAgentRun or an AgentEval created (told to that controller).
 
-Handlers stay thin: they resolve what admission needs (the tenant, the Agent a run refers to,
-its AgentModel) and hand over to the parts built by ``wiring`` (carried in kopf's memo:
-``RunHandling``). What does not belong here: kopf's configuration and start-up (``startup``),
-the handlers of the objects a run refers to (their kinds' modules beside this one).
+Handlers stay thin: they hand over to the parts built by ``wiring`` (carried in kopf's memo:
+``RunHandling``). What does not belong here: admission on create/resume and reruns
+(``admission``), kopf's configuration and start-up (``startup``), the handlers of the objects
+a run refers to (their kinds' modules beside this one).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
-import time
 from typing import Any
 
 import kopf
 
 from agentrun import kernel, kube
 
-from ..admission.lookup import ToolServerPending
-from ..agents.resolve import InvalidRef
-from ..agents.store import resolve_run
 from ..evals.status import EVAL_LABEL
-from ..platform.events import EventType, Involved
-from ..platform.kubeapi import ApiError, KubeApi
-from ..platform.spec import ObjectMeta, SpecError
-from ..runs.keys import APPROVE_ANNOTATION, CANCEL_ANNOTATION, DENY_ANNOTATION, RunKey
-from ..runs.spec import RunObject
+from ..platform.events import EventRecorder, EventType, Involved
+from ..runs.keys import (
+    APPROVE_ANNOTATION,
+    CANCEL_ANNOTATION,
+    DENY_ANNOTATION,
+    REVIEWER_ANNOTATION,
+    RunKey,
+)
 from ..schedules.spec import CRON_LABEL
-from ..tenants.registry import NoTenant
-from ..wiring import OperatorMemo, RunHandling
+from ..wiring import OperatorMemo
+from .admission import check_restored, remove_annotations
 
 log = logging.getLogger(__name__)
 
 RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
-
-
-def _created(meta: kopf.Meta) -> float:
-    text = meta.get("creationTimestamp")
-    if isinstance(text, str):
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    return time.time()
-
-
-def _reject(
-    parts: RunHandling, run: RunKey, message: str, *, generation: int, tenant: str | None = None
-) -> None:
-    parts.shown.end_unadmitted(
-        run, kernel.Phase.INVALID_SPEC, message, tenant=tenant, generation=generation
-    )
-
-
-async def _validate_and_enqueue(
-    parts: RunHandling, key: RunKey, *, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status
-) -> None:
-    """Resolve the run's tenant and Agent, reject what can never run, queue the rest."""
-    generation = int(meta.get("generation") or 1)
-    try:
-        policy = await parts.tenants.resolve(key.namespace)
-    except NoTenant as err:
-        _reject(parts, key, str(err), generation=generation)
-        return
-    except ApiError as err:
-        raise kopf.TemporaryError(f"cannot read namespace {key.namespace!r}: {err.status}") from err
-    try:  # before the tenant's policy: it applies to the spec the run executes
-        run_spec = await resolve_run(parts.api, key, spec, status)
-    except InvalidRef as err:
-        _reject(parts, key, str(err), generation=generation, tenant=policy.name)
-        return
-    except ApiError as err:
-        raise kopf.TemporaryError(f"cannot resolve spec.agentRef: HTTP {err.status}") from err
-    try:  # reject what can never run now, not after it waited in the queue
-        await parts.configs.build_config(key, run_spec, policy, start_time=time.time())
-    except ToolServerPending as err:  # applied together with its AgentToolServer: a normal
-        # wait, shown as Queued (ToolServerPending) by the queue, not an error to retry
-        log.info("run %s/%s waits for discovery: %s", key.namespace, key.name, err)
-    except SpecError as err:
-        _reject(parts, key, str(err), generation=generation, tenant=policy.name)
-        return
-    except ApiError as err:
-        raise kopf.TemporaryError(
-            f"cannot read the AgentModel: HTTP {err.status}", delay=5
-        ) from err
-    obj = RunObject(
-        metadata=ObjectMeta(generation=generation, annotations=dict(meta.annotations)),
-        spec=dict(run_spec),
-    )
-    await parts.pump.enqueue_run(
-        key, policy, generation=generation, created=_created(meta), obj=obj
-    )
-
-
-@kopf.on.create(*RUN)
-@kopf.on.resume(*RUN)
-async def admit_run(  # kopf passes each of these by keyword: its handler signature
-    *,
-    spec: kopf.Spec,
-    meta: kopf.Meta,
-    status: kopf.Status,
-    namespace: str | None,
-    name: str,
-    uid: str,
-    memo: OperatorMemo,
-    **_: Any,
-) -> None:
-    """Admit a new AgentRun: validate it against its AgentModel and its AgentTenant, queue it
-    in the tenant's admission queue (the pump starts it when the tenant has room), or,
-    after an operator restart, pick up where the run's events left off."""
-    assert namespace is not None  # AgentRun is namespaced
-    if status.get("terminalReason"):
-        return
-    parts = memo.running().runs
-    generation = int(meta.get("generation") or 1)
-    if await parts.runs.recover(namespace, name, uid, generation=generation):
-        return
-    await _validate_and_enqueue(
-        parts, RunKey(namespace, name, uid), spec=spec, meta=meta, status=status
-    )
 
 
 @kopf.on.update(*RUN, annotations={CANCEL_ANNOTATION: "true"})
@@ -159,44 +74,71 @@ async def review_run(
     logger: kopf.Logger,
     **_: Any,
 ) -> None:
-    """``agentrun.dev/approve`` or ``agentrun.dev/deny`` set to the pending call's digest.
-
-    The decision is applied only if the digest is the one waiting (the kernel checks), then the
-    annotation is removed so the same digest can be decided again later in the run.
-    """
+    """``agentrun.dev/approve|deny`` set to the pending call's digest with
+    ``agentrun.dev/reviewer`` (checked by the chart's admission policy): applied only if the
+    digest is the one waiting (the kernel checks), the reviewer recorded in the approval event,
+    the held call's status and the Event; then the annotations are removed together, so the
+    same digest can be decided again later in the run."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running().runs
+    reviewer = str(annotations.get(REVIEWER_ANNOTATION) or "")
     for key, approved in ((APPROVE_ANNOTATION, True), (DENY_ANNOTATION, False)):
         digest = annotations.get(key)
         if not digest:
             continue
         refused = await parts.runs.decide(
-            namespace, name, uid, digest=str(digest), approved=approved
+            namespace, name, uid, digest=str(digest), approved=approved, reviewer=reviewer
         )
-        involved = Involved("AgentRun", name, namespace, uid)
         if refused is not None:
             logger.warning("%s=%s not applied: %s", key, digest, refused)
-            parts.events.record(
-                involved,
-                type=EventType.WARNING,
-                reason="ApprovalNotApplied",
-                message=f"{key}={digest} not applied: {refused}",
-                key=(uid, "ApprovalNotApplied", digest),
-            )
-        else:
-            parts.events.record(
-                involved,
-                type=EventType.NORMAL,
-                reason="Approved" if approved else "Denied",
-                message=f"held tool call {digest} {'approved' if approved else 'denied'} by {key}",
-                key=(uid, "Decided", digest),
-            )
-        await _remove_annotation(parts.api, RunKey(namespace, name, uid), key)
+        _record_decision(
+            parts.events,
+            Involved("AgentRun", name, namespace, uid),
+            key=key,
+            digest=str(digest),
+            reviewer=reviewer,
+            refused=refused,
+        )
+    await remove_annotations(
+        parts.api,
+        RunKey(namespace, name, uid),
+        (APPROVE_ANNOTATION, DENY_ANNOTATION, REVIEWER_ANNOTATION),
+    )
 
 
-async def _remove_annotation(api: KubeApi, run: RunKey, key: str) -> None:
-    """Remove annotation ``key`` from the run (gone already: nothing to remove)."""
-    await api.patch(run.ref, {"metadata": {"annotations": {key: None}}})
+def _record_decision(
+    events: EventRecorder,
+    involved: Involved,
+    *,
+    key: str,
+    digest: str,
+    reviewer: str,
+    refused: str | None,
+) -> None:
+    """The Event of one ``key`` (``agentrun.dev/approve`` or ``/deny``) on the held call
+    `digest`: Warning ``ApprovalNotApplied`` naming why it was `refused`, else Normal
+    ``Approved``/``Denied`` naming the reviewer (one Event per run, outcome and digest)."""
+    uid = involved.uid
+    if refused is not None:
+        events.record(
+            involved,
+            type=EventType.WARNING,
+            reason="ApprovalNotApplied",
+            message=f"{key}={digest} not applied: {refused}",
+            key=(uid, "ApprovalNotApplied", digest),
+        )
+        return
+    approved = key == APPROVE_ANNOTATION
+    events.record(
+        involved,
+        type=EventType.NORMAL,
+        reason="Approved" if approved else "Denied",
+        message=(
+            f"held tool call {digest} {'approved' if approved else 'denied'} by "
+            f"{reviewer or 'an unnamed reviewer'} ({key})"
+        ),
+        key=(uid, "Decided", digest),
+    )
 
 
 def created_by_a_controller(labels: kopf.Labels, **_: Any) -> bool:
@@ -256,6 +198,7 @@ async def run_seen(
     type: str | None,
     body: kopf.Body,
     spec: kopf.Spec,
+    meta: kopf.Meta,
     status: kopf.Status,
     namespace: str | None,
     name: str,
@@ -263,8 +206,11 @@ async def run_seen(
     memo: OperatorMemo,
     **_: Any,
 ) -> None:
-    """Every AgentRun as listed at start-up and on each change: tell the status writer the
-    object's version (its next patch then needs no read); schedule a finished run's deletion
+    """Every AgentRun as listed at start-up and on each change: end a copy restored from a
+    backup that kopf does not take for new (its own annotations came with it), record the uid
+    of a run that ended (``admission.check_restored``); tell the status writer the
+    object's version (its next patch then needs no read) and the storage count the bytes its
+    events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
     after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished run (an
     unfinished one is cleaned up by ``delete_run`` before its finalizer goes)."""
     assert namespace is not None  # AgentRun is namespaced
@@ -272,10 +218,13 @@ async def run_seen(
     key = RunKey(namespace, name, uid)
     if type == "DELETED":
         parts.reaper.forget(key)
+        parts.storage.forget(uid)
         if status.get("terminalReason"):
             await parts.runs.purge_deleted(namespace, name, uid)
         return
     parts.writer.observe(key, body)
+    parts.storage.observe(uid, status)
+    await check_restored(parts, key, meta=meta, status=status)
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)

@@ -2,11 +2,11 @@
 exporters, recorded rate-limited and never once per turn.
 
 What belongs here: the involved-object reference, the throttle (one event per object and
-occasion per ``repeat_after`` seconds, a token bucket over all) and the background poster
-(core/v1 Events; a repeat of an occasion already posted raises that Event's ``count`` like
-client-go's recorder, instead of adding another). What does not: deciding when an occasion
-happens (the dispatcher, the pump, the sweep, the controllers and the handlers call
-``record``) nor the wording of a kind's occasions (its own modules).
+occasion per ``repeat_after`` seconds, a token bucket per namespace and one over all) and the
+background poster (core/v1 Events; a repeat of an occasion already posted raises that
+Event's ``count`` like client-go's recorder, instead of adding another). What does not:
+deciding when an occasion happens (the dispatcher, the pump, the sweep, the controllers and
+the handlers call ``record``) nor the wording of a kind's occasions (its own modules).
 
 kopf's own ``kopf.event`` works only inside a handler's context (its queue is a per-object
 context variable); the dispatcher and the pump run outside handlers, hence this recorder.
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from agentrun import kube
+from agentrun import display, kube
 
 from .conditions import rfc3339
 from .kubeapi import ApiError, KubeApi, Ref
@@ -84,32 +84,69 @@ class Occasion:
     """What counts as the same occasion (throttled together, aggregated into one Event)."""
 
 
-class Throttle:
-    """Decides which occasions are posted. Pure: ``now`` is passed in (monotonic seconds)."""
+@dataclasses.dataclass(slots=True)
+class _Bucket:
+    """A token bucket: ``tokens`` as of ``at`` (monotonic seconds; ``None``: full, untouched)."""
 
-    def __init__(self, *, repeat_after: float, rate: float, burst: int, memory: int = 10_000):
-        """Post an occasion's key at most once per ``repeat_after`` seconds, and at most
-        ``rate`` events per second over all keys (``burst`` at once); remember ``memory``
-        keys."""
+    tokens: float
+    at: float | None = None
+
+    def refill(self, now: float, *, rate: float, burst: int) -> None:
+        """Add what ``rate`` gave since it was last refilled, at most ``burst``."""
+        if self.at is not None:
+            self.tokens = min(float(burst), self.tokens + (now - self.at) * rate)
+        self.at = now
+
+
+class Throttle:
+    """Decides which occasions are posted. Pure: ``now`` is passed in (monotonic seconds).
+
+    Three limits, all of which an occasion must pass: its key at most once per
+    ``repeat_after`` seconds; its namespace (the involved object's; "" for cluster-scoped
+    objects) at most ``namespace_rate`` events a second, ``namespace_burst`` at once; and
+    ``rate`` a second, ``burst`` at once, over all. The namespace's share is below the whole, so
+    one namespace that floods (many runs failing at once, say) uses up its own bucket, not
+    every tenant's: another namespace's events are still posted.
+    """
+
+    def __init__(
+        self,
+        *,
+        repeat_after: float,
+        rate: float,
+        burst: int,
+        namespace_rate: float | None = None,
+        namespace_burst: int | None = None,
+        memory: int = 10_000,
+    ):
+        """See the class; ``namespace_rate``/``namespace_burst`` ``None``: the overall ones
+        (no namespace limit beyond the whole); remember ``memory`` keys and namespaces."""
         self.repeat_after = repeat_after
         self.rate = rate
         self.burst = burst
+        self.namespace_rate = rate if namespace_rate is None else namespace_rate
+        self.namespace_burst = burst if namespace_burst is None else namespace_burst
         self.memory = memory
-        self._tokens = float(burst)
-        self._refilled: float | None = None
+        self._all = _Bucket(float(burst))
+        self._namespaces: collections.OrderedDict[str, _Bucket] = collections.OrderedDict()
         self._last: collections.OrderedDict[Hashable, float] = collections.OrderedDict()
 
-    def allow(self, key: Hashable, now: float) -> bool:
-        """Whether an occasion with ``key`` may be posted at ``now``; takes a token if so."""
+    def allow(self, key: Hashable, now: float, *, namespace: str = "") -> bool:
+        """Whether an occasion with ``key`` about an object in ``namespace`` may be posted at
+        ``now``; takes a token from its namespace's bucket and the overall one if so."""
         last = self._last.get(key)
         if last is not None and now - last < self.repeat_after:
             return False
-        if self._refilled is not None:
-            self._tokens = min(self.burst, self._tokens + (now - self._refilled) * self.rate)
-        self._refilled = now
-        if self._tokens < 1:
+        mine = self._namespaces.pop(namespace, None) or _Bucket(float(self.namespace_burst))
+        self._namespaces[namespace] = mine  # most recently used last
+        while len(self._namespaces) > self.memory:
+            self._namespaces.popitem(last=False)  # forgotten: full again, as if quiet
+        mine.refill(now, rate=self.namespace_rate, burst=self.namespace_burst)
+        self._all.refill(now, rate=self.rate, burst=self.burst)
+        if mine.tokens < 1 or self._all.tokens < 1:
             return False
-        self._tokens -= 1
+        mine.tokens -= 1
+        self._all.tokens -= 1
         self._last[key] = now
         self._last.move_to_end(key)
         while len(self._last) > self.memory:
@@ -119,8 +156,9 @@ class Throttle:
 
 def standard_throttle() -> Throttle:
     """The operator's throttle: an occasion (object and reason, or a finer key) at most once a
-    minute; 5 events per second over all, 50 at once."""
-    return Throttle(repeat_after=60.0, rate=5.0, burst=50)
+    minute; a namespace at most 2 events a second (25 at once), all namespaces together 10 a
+    second (100 at once)."""
+    return Throttle(repeat_after=60.0, rate=10.0, burst=100, namespace_rate=2.0, namespace_burst=25)
 
 
 @dataclasses.dataclass(slots=True)
@@ -163,12 +201,13 @@ class EventRecorder:
         key: Hashable | None = None,
     ) -> None:
         """Queue an event unless the throttle holds it back. ``key`` (default: the object and
-        ``reason``) says which occasions are the same one."""
-        occasion = Occasion(
-            involved, type, reason, message[:MAX_MESSAGE], key or (involved, reason)
-        )
+        ``reason``) says which occasions are the same one. The message may quote model or
+        tool text: its terminal controls are written as visible escapes
+        (``display.printable``), since ``kubectl describe`` prints it as it is."""
+        shown = display.printable(message)[:MAX_MESSAGE]
+        occasion = Occasion(involved, type, reason, shown, key or (involved, reason))
         now = self.clock()
-        if not self.throttle.allow(occasion.key, now):
+        if not self.throttle.allow(occasion.key, now, namespace=involved.namespace):
             self.dropped += 1
             return
         try:

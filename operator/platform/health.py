@@ -4,17 +4,16 @@
 ``crdcheck``), 503 with the reason before; a standby that waits for the leader Lease is ready
 (it takes over without a restart). The body names the role (``leader`` or ``standby``).
 
-What belongs here: the tiny HTTP/1.1 server and the state it reports. Nothing else.
+What belongs here: the state the probes report. The HTTP server is ``agentrun.healthserver``,
+served by the operator's own event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import logging
 
-log = logging.getLogger(__name__)
+from agentrun import healthserver, metrics
 
 
 @dataclasses.dataclass
@@ -26,7 +25,8 @@ class Health:
     role: str = "standby"
 
     def set_ready(self, ready: bool) -> None:
-        """Record the outcome of the CRD check."""
+        """Record the outcome of the CRD check (and show it as ``agentrun_crd_mismatch``)."""
+        metrics.CRD_MISMATCH.set(0 if ready else 1)
         self.ready = ready
         self.reason = "" if ready else "the installed CRDs do not serve what this operator writes"
 
@@ -42,30 +42,6 @@ class Health:
 
 
 async def serve(health: Health, *, host: str, port: int) -> asyncio.Server:
-    """Serve ``health`` on ``host:port``; raises ``OSError`` if the port cannot be bound."""
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(5):
-                request = await reader.readline()
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass
-            parts = request.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
-            code, body = health.answer(path)
-            payload = body.encode()
-            head = (
-                f"HTTP/1.1 {code} {'OK' if code == 200 else 'Error'}\r\n"
-                "Content-Type: text/plain; charset=utf-8\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + payload)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, UnicodeDecodeError) as err:
-            log.debug("probe request failed: %r", err)
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    return await asyncio.start_server(handle, host, port)
+    """Serve ``health`` on ``host:port`` from the operator's event loop
+    (``agentrun.healthserver``); raises ``OSError`` if the port cannot be bound."""
+    return await healthserver.serve(health.answer, host=host, port=port)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Protocol, cast
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -34,10 +35,11 @@ CONFLICT = 409
 
 
 class ApiError(Exception):
-    """The API server refused or failed a request."""
+    """The API server refused or failed a request, or did not answer it (status 0: the
+    connection could not be opened or was lost)."""
 
     def __init__(self, status: int, reason: str = "", body: str | None = None) -> None:
-        super().__init__(f"HTTP {status}: {reason}")
+        super().__init__(f"HTTP {status}: {reason}" if status else f"no answer: {reason}")
         self.status = status
         """The HTTP status (0: no answer)."""
         self.reason = reason
@@ -96,9 +98,11 @@ class KubeApi(Protocol):
     async def namespace_labels(self, name: str) -> dict[str, str]:
         """The labels of Namespace ``name``."""
 
-    async def secret_values(self, namespace: str, name: str) -> dict[str, str]:
-        """Every key of Secret ``namespace/name`` with its decoded value; ``ValueError`` when
-        a value is not UTF-8 text."""
+    async def secret_values(
+        self, namespace: str, name: str, *, keys: Collection[str]
+    ) -> dict[str, str]:
+        """The ``keys`` of Secret ``namespace/name`` with their decoded values (no other key
+        is read out); ``ValueError`` naming a key that is missing or not UTF-8 text."""
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """Create the core/v1 Event ``event`` (as JSON) in ``namespace``."""
@@ -127,12 +131,15 @@ class KubeApi(Protocol):
 
 @contextlib.contextmanager
 def _translated() -> Iterator[None]:
-    """Raise the client's ``ApiException`` as ``ApiError``."""
+    """Raise the client's ``ApiException`` as ``ApiError``, and a connection that could not be
+    opened or was lost (aiohttp's ``ClientError``) as ``ApiError`` with status 0."""
     try:
         yield
     except ApiException as err:
         body = err.body if isinstance(err.body, str) or err.body is None else str(err.body)
         raise ApiError(int(err.status or 0), str(err.reason or ""), body) from err
+    except aiohttp.ClientError as err:
+        raise ApiError(0, f"{type(err).__name__}: {err}") from err
 
 
 def _status_patch(status: Mapping[str, Any], *, uid: str, version: str) -> dict[str, Any]:
@@ -292,10 +299,12 @@ class Kube:
             found = await self._core.read_namespace(name)
         return dict(found.metadata.labels or {})
 
-    async def secret_values(self, namespace: str, name: str) -> dict[str, str]:
+    async def secret_values(
+        self, namespace: str, name: str, *, keys: Collection[str]
+    ) -> dict[str, str]:
         """See ``KubeApi.secret_values``."""
         with _translated():
-            return await kube.secret_values(self._core, namespace=namespace, name=name)
+            return await kube.secret_values(self._core, namespace=namespace, name=name, keys=keys)
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
         """See ``KubeApi.create_event`` (the answer is not decoded into the client's models)."""

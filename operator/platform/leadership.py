@@ -178,15 +178,35 @@ class LeaderElector:
                 log.error("no renewal of the Lease for %.1f s", self.timing.renew_deadline)
                 return
 
-    async def release(self) -> None:
-        """Give the Lease up at a graceful stop so a standby takes over at once (best effort)."""
+    async def release(self, *, attempts: int = 3) -> None:
+        """Give the Lease up at a graceful stop so a standby takes over at once (best effort).
+
+        A renewal that was cut off in flight may have been applied without this process seeing
+        its new ``resourceVersion``: on a conflict the Lease is read again and released at the
+        version read, as long as it still names this process (up to ``attempts`` writes).
+        Failures are logged; the standby then takes over after the Lease duration instead.
+        """
         if not self.leading or self._observed is None:
             return
-        released = dataclasses.replace(self._observed, holder="", duration=1.0)
-        try:
-            await self.store.update(released)
-        except Exception as err:  # the standby takes over after the Lease duration instead
-            log.warning("could not release the Lease: %r", err)
+        current: LeaseRecord | None = self._observed
+        for _ in range(attempts):
+            if current is None or current.holder != self.identity:
+                return  # gone, or someone else's already: nothing of ours to give up
+            try:
+                self._observed = await self.store.update(
+                    dataclasses.replace(current, holder="", duration=1.0)
+                )
+                return
+            except LeaseConflict:
+                try:
+                    current = await self.store.read()
+                except Exception as err:
+                    log.warning("could not read the Lease to release it: %r", err)
+                    return
+            except Exception as err:
+                log.warning("could not release the Lease: %r", err)
+                return
+        log.warning("could not release the Lease: it kept changing")
 
 
 class KubeLeases:

@@ -5,25 +5,37 @@ Inside: ``keys`` (``RunKey``, the control annotations), ``spec`` (``AgentRun.spe
 ``dispatch``), ``news`` (a run's Kubernetes Events), ``writer`` (coalesced, monotonic status
 patches), ``dispatch`` (the event consumer: next TurnRequest or the end; the one owner of the
 live views), ``orphans`` (lost TurnRequests), ``lifecycle`` (TTL deletion, purging the events of
-deleted runs), ``ports`` (``LiveRuns``, what other kinds may ask of the live runs).
+deleted runs), ``recovery`` (create/resume: admit, recover, rerun, or end a run whose checkpoint
+is gone, pure), ``ports`` (``LiveRuns``, what other kinds may ask of the live runs).
 
 This module is the kind's port: other kinds import what is re-exported here and nothing from
 the modules inside (the import contracts check it); the handlers and the wiring may import the
 modules directly.
 """
 
-from .keys import APPROVE_ANNOTATION, CANCEL_ANNOTATION, DENY_ANNOTATION, RUNS, RunKey
+from .keys import (
+    ADMITTED_UID_ANNOTATION,
+    APPROVE_ANNOTATION,
+    CANCEL_ANNOTATION,
+    DENY_ANNOTATION,
+    RERUN_ANNOTATION,
+    RUNS,
+    RunKey,
+)
 from .news import involved, record_end
 from .ports import LiveRuns
+from .recovery import admitted_patch
 from .spec import IMPLICIT_BUDGET, AgentRefSpec, AgentRunSpec, RunBudgetSpec, RunObject
 from .status import queued as queued_status
 from .status import rejected as rejected_status
 
 __all__ = [
+    "ADMITTED_UID_ANNOTATION",
     "APPROVE_ANNOTATION",
     "CANCEL_ANNOTATION",
     "DENY_ANNOTATION",
     "IMPLICIT_BUDGET",
+    "RERUN_ANNOTATION",
     "RUNS",
     "AgentRefSpec",
     "AgentRunSpec",
@@ -31,6 +43,7 @@ __all__ = [
     "RunBudgetSpec",
     "RunKey",
     "RunObject",
+    "admitted_patch",
     "involved",
     "queued_status",
     "record_end",

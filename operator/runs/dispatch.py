@@ -7,11 +7,20 @@ worker's compare-and-set commit makes a late duplicate harmless). Ends decided o
 the wall-clock deadline, cancellation — are appended as ``stop`` events with the same
 compare-and-set, so they cannot interleave with a worker's commit.
 
+A running run's next turn is handed to the ``fairness.TurnGate``, which publishes it at once
+while the work queue is short and nothing waits, else in fair order across tenants (the
+tenant with the fewest turns in flight first, within its AgentTenant's ``maxConcurrentTurns``).
+
 The dispatcher is the one owner of the live-run views: nothing else holds or changes a
 ``RunView``. A running run whose TurnRequest left the work queue without a newer event is found
 by ``orphans.OrphanWatch`` from snapshots (``pending_turns``) and dispatched again through
 ``redispatch`` (or ended through ``end``). Other kinds reach the live runs through the
 ``LiveRuns`` port (``ports``).
+
+The dispatcher follows a run only through a config the operator sealed for that run's subject,
+and applies an ``admitted`` or ``approval`` event only when it is the operator's (``seals``): a
+run whose stream holds anything else is refused and ends ``checkpoint_failed``; a run admitted
+before seals existed is re-sealed once the API server vouches for it.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -29,11 +39,15 @@ from nats.aio.msg import Msg
 from agentrun import history, kernel, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
+from agentrun.trust import Untrusted
 
 from ..platform.events import EventRecorder
+from ..platform.failures import Failures
 from . import news, status, views
+from .fairness import BACKLOG, ReadyTurn, TurnCaps, TurnGate
 from .keys import RunKey
 from .ports import PendingTurn
+from .seals import RunSeals, untrusted
 from .views import RunView
 from .writer import StatusWriter
 
@@ -57,6 +71,24 @@ class QueuedCounts(Protocol):
         """Runs waiting per tenant as of the last pump."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class DispatchDeps:
+    """The dispatcher's collaborators besides the bus and the status writer."""
+
+    ends: RunEndListener
+    """Settles each ended run's ledger entry."""
+    queues: QueuedCounts
+    """How many runs wait per tenant (the phase gauge)."""
+    events: EventRecorder
+    """Records approval requests and ends as Kubernetes Events."""
+    seals: RunSeals
+    """Seals what the dispatcher appends; judges what it reads."""
+    caps: TurnCaps
+    """Each tenant's ``maxConcurrentTurns`` (``fairness``)."""
+    backlog: int = BACKLOG
+    """``fairness.Backlog.limit`` (``AGENTRUN_TURN_BACKLOG``)."""
+
+
 def subject_key(subject: str) -> tuple[str, str]:
     """``agentrun.event.<ns>.<run>`` → (namespace, name), undoing the ``.``→``_`` mapping."""
     _, _, namespace, name = subject.split(".", 3)
@@ -70,22 +102,23 @@ class Dispatcher:
         self,
         bus: Bus,
         writer: StatusWriter,
+        deps: DispatchDeps,
         *,
-        ends: RunEndListener,
-        queues: QueuedCounts,
-        events: EventRecorder,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``ends`` settles each ended run's ledger entry; ``queues`` says how many runs wait
-        per tenant; ``events`` records approval requests and ends as Kubernetes Events;
-        ``clock`` is epoch seconds. Runs whose object ``writer`` finds gone are stopped by
-        ``forget_gone_runs``."""
+        """``deps``: see ``DispatchDeps``; ``clock`` is epoch seconds. Runs whose object
+        ``writer`` finds gone are stopped by ``forget_gone_runs``."""
         self.bus = bus
-        self.events = events
+        self.events = deps.events
         self.writer = writer
-        self.ends = ends
-        self.queues = queues
+        self.ends = deps.ends
+        self.queues = deps.queues
+        self.seals = deps.seals
         self.clock = clock
+        self.gate = TurnGate(self, bus, caps=deps.caps, limit=deps.backlog)
+        """Publishes the running runs' next turns, fairly across tenants."""
+        self.failures = Failures(log, what="processing")
+        """Events whose processing failed, by (run uid, sequence); each logged once."""
         self._views: dict[str, RunView] = {}
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
         self._stopping = asyncio.Event()
@@ -95,42 +128,101 @@ class Dispatcher:
     # --- admission and recovery -----------------------------------------------------------------
 
     async def start_run(self, config: RunConfig, *, start_time: float, generation: int) -> None:
-        """Append the run's ``admitted`` event (once: compare-and-set on an empty subject).
+        """Append the run's sealed ``admitted`` event (once: compare-and-set on an empty
+        subject).
 
-        If the subject holds events of an older object with the same name, they are purged
+        If the subject holds events of an older object with the same name, or an admission
+        of this run the operator did not seal (refused: counted and told), they are purged
         first. Turn 0 is dispatched by the event consumer when it sees the admission.
         """
+        key = RunKey(config.namespace, config.name, config.uid)
         state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-        event = RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
+        event = self.seals.seal(
+            RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
+        )
+        seq = 0
         for _ in range(2):
             try:
-                await self.bus.append_event(config.namespace, config.name, event, expected_seq=0)
+                seq = await self.bus.append_event(
+                    config.namespace, config.name, event, expected_seq=0
+                )
                 break
             except CommitConflict:
                 first = await self.bus.first_event(config.namespace, config.name)
                 if first is not None and first.run_uid == config.uid:
-                    return  # admitted before a restart; recovery takes it from here
-                log.warning("purging stale events of an older %s/%s", config.namespace, config.name)
+                    fault = self.seals.fault(first, key=key)
+                    if fault is None:
+                        return  # admitted before a restart; recovery takes it from here
+                    self.seals.report(key, untrusted(first, fault))
+                log.warning(
+                    "purging events of %s/%s that are not this run's", key.namespace, key.name
+                )
                 await self.bus.purge_run(config.namespace, config.name)
-        self._track(RunView.of(config, start_time=start_time, generation=generation))
+        view = RunView.of(config, start_time=start_time, generation=generation, admitted_seq=seq)
+        self._track(view)
 
     async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
         """Resume a run after an operator restart; False when the run has no events of ``uid``.
 
         Re-dispatches the pending turn of a running run, re-arms its deadline, and re-projects
-        the status of a finished one.
+        the status of a finished one; a run whose stream the operator did not seal is refused
+        (or re-sealed, when admitted before seals and vouched for: ``seals``).
         """
+        key = RunKey(namespace, name, uid)
         first = await self.bus.first_event(namespace, name)
         if first is None or first.run_uid != uid or first.config is None:
             return False
+        view = self._views.get(uid) or await self._trusted_view(key, first, generation=generation)
+        if view is None:
+            return True  # refused (ended), or re-sealed (followed once its re-seal is read)
+        self._track(view)
         last = await self.bus.last_event(namespace, name)
         assert last is not None
-        view = self._views.get(uid) or RunView.of(
-            first.config, start_time=first.time, generation=generation
-        )
-        self._track(view)
-        await self._apply(view, last)
+        if await self._judge(view, last):
+            await self._apply(view, last)
         return True
+
+    async def project_restored(
+        self, namespace: str, name: str, uid: str, *, original: str, generation: int
+    ) -> bool:
+        """A copy ``uid`` of run ``original`` restored from a backup (``recovery.RESTORED``):
+        if the subject still holds the original's events, admitted under the operator's seal,
+        and they end it, project that end into the copy's status (no end counted, no Event:
+        the run ended long ago) and return True; else False (the copy is then ended
+        ``checkpoint_failed``). Raises what NATS raises."""
+        first = await self.bus.first_event(namespace, name)
+        if first is None or first.config is None:
+            return False
+        if self.seals.fault(first, key=RunKey(namespace, name, original)) is not None:
+            return False
+        last = await self.bus.last_event(namespace, name)
+        if last is None or last.run_uid != original or not last.phase.is_terminal:
+            return False
+        body = status.project(
+            last.summary,
+            seq=last.seq,
+            start_time=first.time,
+            event_time=last.time or first.time,
+            generation=generation,
+            tenant=first.config.tenant,
+        )
+        body["usage"]["eventBytes"] = last.stored
+        self.writer.submit(RunKey(namespace, name, uid), body, seq=last.seq, terminal=True)
+        return True
+
+    async def _trusted_view(
+        self, key: RunKey, first: RunEvent, *, generation: int = 1
+    ) -> RunView | None:
+        """A view of run ``key`` if the operator sealed its config (``seals.trusted``)."""
+        trusted = await self.seals.trusted(key, first)
+        if trusted is None:
+            return None
+        return RunView.of(
+            trusted.config,
+            start_time=trusted.start_time,
+            generation=generation,
+            admitted_seq=trusted.admitted_seq,
+        )
 
     def is_tracked(self, uid: str) -> bool:
         """Whether the run has a live view here (admitted, not ended, not forgotten)."""
@@ -146,8 +238,9 @@ class Dispatcher:
     # --- the event consumer ---------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop the consumer loop."""
+        """Stop the consumer loop and the turn gate."""
         self._stopping.set()
+        self.gate.stop()
 
     async def run(self) -> None:
         """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer, one
@@ -157,42 +250,83 @@ class Dispatcher:
     async def _consume(self, msg: Msg) -> None:
         try:
             event = RunEvent.decode(msg.data, seq=msg.metadata.sequence.stream)
+        except protocol.UnsupportedSchema as err:  # a newer worker wrote it, mid-upgrade
+            log.error("leaving an event on %s for a newer operator: %s", msg.subject, err)
+            return await msg.nak(delay=30.0)
         except (ValueError, KeyError, TypeError) as err:
             log.error("dropping an undecodable event on %s: %s", msg.subject, err)
             await msg.term()
             return
+        key, subject = (event.run_uid, event.seq), f"event {event.seq} on {msg.subject}"
         try:
             await self.on_event(msg.subject, event)
-        except Exception:
-            log.exception("event %s on %s failed; will be redelivered", event.seq, msg.subject)
-            await msg.nak(delay=1.0)
+        except Exception as err:
+            await self._event_failed(msg, event, err)
             return
+        self.failures.succeeded(key, subject=subject)
         await msg.ack()
 
+    async def _event_failed(self, msg: Msg, event: RunEvent, err: Exception) -> None:
+        """Processing ``event`` raised: a transient failure is redelivered (logged once);
+        a permanent one is retried once, then ends the run ``checkpoint_failed`` naming it
+        (its own ``stop`` event follows) and the event is dropped, so nothing retries it for
+        ever."""
+        key, subject = (event.run_uid, event.seq), f"event {event.seq} on {msg.subject}"
+        failure = self.failures.failed(key, err, subject=subject)
+        if not failure.final:
+            await msg.nak(delay=5.0 if failure.transient else 1.0)
+            return
+        self.failures.forget(key)
+        message = f"processing its event {event.seq} failed twice: {type(err).__name__}: {err}"
+        namespace, name = subject_key(msg.subject)
+        try:
+            await self.end(
+                namespace, name, event.run_uid, kernel.Phase.CHECKPOINT_FAILED, message[:1000]
+            )
+        except Exception as ending:  # NATS away: the event comes again, and so do we
+            self.failures.failed(key, ending, subject=subject)
+            await msg.nak(delay=5.0)
+            return
+        await msg.term()
+
     async def on_event(self, subject: str, event: RunEvent) -> None:
-        """Project one committed event and act on it (next turn, or nothing once terminal)."""
+        """Project one committed event and act on it (next turn, or nothing once terminal);
+        an event the operator should have sealed and did not ends the run (``_judge``)."""
+        namespace, name = subject_key(subject)
         view = self._views.get(event.run_uid)
         if view is None:
-            view = await self._view_from_stream(subject, event)
-            if view is None:
+            if self.seals.is_refused(event.run_uid):
+                return  # refused already: its stop, or more of what was refused
+            first = await self.bus.first_event(namespace, name)
+            if first is None or first.run_uid != event.run_uid or first.config is None:
                 return  # events of a deleted run
+            view = await self._trusted_view(RunKey(namespace, name, event.run_uid), first)
+            if view is None:
+                return
             self._track(view)
-        await self._apply(view, event)
+        if not await self._judge(view, event):
+            return
+        seq, summary = view.seq, view.summary
+        try:
+            await self._apply(view, event)
+        except BaseException:
+            view.seq, view.summary = seq, summary  # redelivered, it is applied again
+            raise
 
-    async def _view_from_stream(self, subject: str, event: RunEvent) -> RunView | None:
-        if event.kind == "admitted" and event.config is not None:
-            return RunView.of(event.config, start_time=event.time)
-        namespace, name = subject_key(subject)
-        first = await self.bus.first_event(namespace, name)
-        if first is None or first.run_uid != event.run_uid or first.config is None:
-            return None
-        return RunView.of(first.config, start_time=first.time)
+    async def _judge(self, view: RunView, event: RunEvent) -> bool:
+        """Whether ``event`` of the followed run ``view`` may be applied (``seals.judge``)."""
+        return await self.seals.judge(
+            view.key, event, admitted_seq=view.admitted_seq, seen=view.seq, base=view.summary
+        )
 
     async def _apply(self, view: RunView, event: RunEvent) -> None:
         if event.seq <= view.seq:
             return
-        view.seq = event.seq
-        view.summary = event.summary
+        view.advance(event.seq, event.summary, at=event.time or self.clock())
+        if event.kind == "turn":  # a worker committed: its turn is done, its slot free
+            self.gate.committed(view.uid)
+        else:
+            self.gate.moved_on(view.uid)
         phase = event.phase
         on_end: Callable[[], None] | None = None
         if phase is kernel.Phase.RUNNING:
@@ -204,10 +338,8 @@ class Dispatcher:
                 event.seq,
                 traceparent=view.traceparent,
             )
-            view.queued_seq = await self.bus.publish_turn(request, tenant=view.tenant)
-            view.checked_at, view.redispatches = self.clock(), 0
-            if event.time:
-                metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - event.time))
+            view.queued_seq, view.redispatches = 0, 0  # in the work queue once published
+            await self.gate.offer(ReadyTurn(request, view.tenant, since=event.time))
         elif phase.is_terminal:
             on_end = self._ending(view, event)
             view.terminal = True
@@ -223,6 +355,7 @@ class Dispatcher:
             generation=view.generation,
             tenant=view.tenant,
         )
+        body["usage"]["eventBytes"] = event.stored  # what the tenant's storage bound counts
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
         if event.summary.pending_approval is not None and not phase.is_terminal:
             news.record_approval_requested(self.events, view.key, event.summary.pending_approval)
@@ -292,8 +425,7 @@ class Dispatcher:
 
     async def redispatch(self, turn: PendingTurn) -> None:
         """Publish ``turn`` again (its TurnRequest was lost), under a fresh ``Nats-Msg-Id``
-        (the attempt); nothing when the run moved on meanwhile. Raises what publishing
-        raises."""
+        (the attempt), through the turn gate; nothing when the run moved on meanwhile."""
         view = self._current(turn)
         if view is None:
             return
@@ -301,24 +433,35 @@ class Dispatcher:
         request = TurnRequest(
             view.uid, view.namespace, view.name, turn.turn, view.seq, view.traceparent
         )
-        view.queued_seq = await self.bus.publish_turn(
-            request, tenant=view.tenant, attempt=view.redispatches
-        )
-        view.checked_at = self.clock()
+        self.gate.moved_on(view.uid)  # the lost request counts no longer
+        view.queued_seq = 0
+        await self.gate.offer(ReadyTurn(request, view.tenant, since=0.0, attempt=view.redispatches))
+
+    async def publish_ready(self, turn: ReadyTurn) -> bool:
+        """Publish ``turn`` (``fairness.Publisher``) if its run still waits on it: its view
+        records the TurnRequest's stream sequence for the orphan watch. False when the run
+        moved on or ended meanwhile; raises what publishing raises."""
+        view = self._views.get(turn.uid)
+        if view is None or view.terminal or view.seq != turn.request.expected_seq:
+            return False
+        seq = await self.bus.publish_turn(turn.request, tenant=view.tenant, attempt=turn.attempt)
+        if view.seq == turn.request.expected_seq:  # not moved on while publishing
+            view.queued_seq, view.checked_at = seq, self.clock()
+        if turn.since:
+            metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - turn.since))
+        return True
 
     def observe_phases(self) -> None:
         """Set ``agentrun_runs_in_phase`` from the live views (called before each scrape)."""
         counts = views.phase_counts(self._views.values(), self.queues.queued_counts())
-        metrics.RUNS_BY_PHASE.clear()
-        for (tenant, phase_name), count in counts.items():
-            metrics.RUNS_BY_PHASE.labels(tenant=tenant, phase=phase_name).set(count)
+        metrics.record_live_runs(counts, views.oldest_approvals(self._views.values()))
 
     async def watch_queue(self, *, interval: float = 5.0) -> None:
-        """Keep ``agentrun_turns_pending`` (the work queue's backlog) and the phase gauge fresh."""
+        """Keep the bus gauges (``metrics.record_bus``) and the phase gauge fresh."""
         while not self._stopping.is_set():
             self.observe_phases()
             with contextlib.suppress(Exception):
-                metrics.TURNS_PENDING.set(await self.bus.pending_turns())
+                metrics.record_bus(await self.bus.stats())
             await asyncio.sleep(interval)
 
     # --- ends decided outside a turn ------------------------------------------------------------
@@ -349,7 +492,9 @@ class Dispatcher:
             if last is None or last.run_uid != uid or last.phase.is_terminal:
                 return False
             state = kernel.stop(last.state(), phase, message)
-            event = RunEvent("stop", uid, state.summary(), time=self.clock())
+            event = RunEvent(
+                "stop", uid, state.summary(), time=self.clock(), stored_before=last.stored
+            )
             try:
                 await self.bus.append_event(namespace, name, event, expected_seq=last.seq)
             except CommitConflict:
@@ -361,28 +506,37 @@ class Dispatcher:
         )
 
     async def decide(
-        self, namespace: str, name: str, uid: str, *, digest: str, approved: bool
+        self, namespace: str, name: str, uid: str, *, digest: str, approved: bool, reviewer: str
     ) -> str | None:
-        """Apply a reviewer's decision on the run's pending held call.
-
-        Replays the run's events to the kernel state, lets the kernel check the digest, and
-        appends an ``approval`` event (compare-and-set on the last event). Returns ``None`` on
-        success, else why the decision was not applied (not waiting, digest mismatch, moved on).
-        """
+        """Apply ``reviewer``'s decision on the run's pending held call: replay its events to
+        the kernel state, let the kernel check the digest, append an ``approval`` event naming
+        the reviewer (compare-and-set on the last event). Returns ``None`` on success, else why
+        the decision was not applied (not waiting, digest mismatch, moved on)."""
         events = await self.bus.read_events(namespace, name)
-        loaded = history.fold(events, run_uid=uid)
+        try:
+            # a replay checks final answers against the run's output schema: off the loop
+            loaded = await asyncio.to_thread(
+                history.fold, events, run_uid=uid, seals=self.seals.verifier
+            )
+        except Untrusted as err:
+            return f"the run's events are not the operator's: {err}"
         if loaded is None:
             return "the run has no events"
         try:
-            state = kernel.resolve_approval(loaded.state, digest=digest, approved=approved)
+            state = kernel.resolve_approval(
+                loaded.state, digest=digest, approved=approved, reviewer=reviewer
+            )
         except ValueError as err:
             return str(err)
-        event = RunEvent(
-            "approval",
-            uid,
-            state.summary(),
-            approval=protocol.Approval(digest, approved),
-            time=self.clock(),
+        event = self.seals.seal(
+            RunEvent(
+                "approval",
+                uid,
+                state.summary(),
+                approval=protocol.Approval(digest, approved, reviewer),
+                time=self.clock(),
+                stored_before=loaded.stored,
+            )
         )
         try:
             await self.bus.append_event(namespace, name, event, expected_seq=loaded.seq)
@@ -399,6 +553,7 @@ class Dispatcher:
         view = self._views.pop(uid, None)
         if view is not None and view.timer is not None:
             view.timer.cancel()
+        self.gate.moved_on(uid)
         try:
             async with asyncio.timeout(10):
                 await self.end(
@@ -406,13 +561,31 @@ class Dispatcher:
                 )
                 first = await self.bus.first_event(namespace, name)
                 last = await self.bus.last_event(namespace, name)
-                ours = first is not None and first.run_uid == uid and first.config is not None
+                ours = (
+                    first is not None
+                    and first.run_uid == uid
+                    and first.config is not None
+                    and self.seals.fault(first, key=RunKey(namespace, name, uid)) is None
+                )
                 if ours and last is not None and last.run_uid == uid:
                     assert first is not None and first.config is not None
                     await self._settle_ended(first.config.tenant, uid, last)
                 await self.bus.purge_run(namespace, name)
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
+        self.writer.forget(RunKey(namespace, name, uid))
+
+    async def prepare_rerun(self, namespace: str, name: str, uid: str) -> None:
+        """Before run ``uid`` is admitted again from turn 0 (``agentrun.dev/rerun``): stop
+        following it, purge its subject (the previous run's events, or an older object's), and
+        forget its end and its status (its next end is counted and written again). Raises what
+        NATS raises."""
+        view = self._views.pop(uid, None)
+        if view is not None and view.timer is not None:
+            view.timer.cancel()
+        self.gate.moved_on(uid)
+        await self.bus.purge_run(namespace, name)
+        self._ended.pop(uid, None)
         self.writer.forget(RunKey(namespace, name, uid))
 
     async def purge_deleted(self, namespace: str, name: str, uid: str) -> None:
@@ -432,6 +605,19 @@ class Dispatcher:
                 await self.forget(run.namespace, run.name, run.uid)
             except Exception:  # one failed clean-up must not stop the next ones
                 log.exception("could not stop gone run %s/%s", run.namespace, run.name)
+
+    async def end_refused_runs(self) -> None:
+        """Forever: end each running run whose status the API server refused for its size
+        (``checkpoint_failed``, the message naming the refusal): retrying the write would fail
+        the same way for ever, the run unseen while it holds its tenant's slot and budget."""
+        while True:
+            run, message = await self.writer.next_refused()
+            try:
+                await self.end(
+                    run.namespace, run.name, run.uid, kernel.Phase.CHECKPOINT_FAILED, message
+                )
+            except Exception:  # one failed end must not stop the next ones
+                log.exception("could not end run %s/%s", run.namespace, run.name)
 
     async def cancel_timers(self) -> None:
         """Cancel every deadline timer."""

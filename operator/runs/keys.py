@@ -20,6 +20,20 @@ APPROVE_ANNOTATION = "agentrun.dev/approve"
 """Set to the digest in ``.status.pendingApproval`` to approve that held call."""
 DENY_ANNOTATION = "agentrun.dev/deny"
 """Set to the digest in ``.status.pendingApproval`` to deny that held call."""
+RERUN_ANNOTATION = "agentrun.dev/rerun"
+"""Set to ``"true"`` to run the AgentRun again from turn 0 as a new run (new events, its budget
+charged again): honoured on a run that ended, whatever its reason, and on one the operator would
+not resume because its checkpoint is gone or it was restored from a backup (``recovery``);
+removed once read (ignored, with a Warning Event, on a run still going)."""
+ADMITTED_UID_ANNOTATION = "agentrun.dev/admitted-uid"
+"""Written by the operator when it admits the run, or sees it ended: the object's uid. It
+survives a backup and restore of the object (annotations do; the uid does not), so a restored
+copy, whose uid is new, is recognised and not executed again by accident (``recovery``)."""
+REVIEWER_ANNOTATION = "agentrun.dev/reviewer"
+"""Set with ``approve``/``deny`` to the deciding user's Kubernetes name: the chart's admission
+policy (``agentrun-approval``) refuses a value other than the requesting user's and a caller
+without the ``approve`` verb on ``agentruns/approval``; the operator records it as the
+reviewer."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
 from ..platform.loops import sleep_until_set
 from .dispatch import subject_key
@@ -68,6 +69,8 @@ class Reaper:
         self.api = api
         self.clock = clock
         self.retry = retry
+        self.failures = Failures(log, what="deletion after the TTL")
+        """Runs whose deletion failed (each logged once)."""
         self.due: dict[RunKey, float] = {}
         self._heap: list[tuple[float, str, RunKey]] = []
         self._wake = asyncio.Event()
@@ -113,14 +116,17 @@ class Reaper:
             if wait > 0:
                 return min(wait, 3600.0)
             heapq.heappop(self._heap)
+            subject = f"AgentRun {run.namespace}/{run.name}"
             try:
                 await self.api.delete(run.ref, uid=run.uid)
-            except Exception as err:  # API server away: try again later
-                log.warning("could not delete %s/%s: %r", run.namespace, run.name, err)
-                self.due[run] = self.clock() + self.retry
-                heapq.heappush(self._heap, (self.due[run], run.uid, run))
-                continue
-            log.info("%s/%s deleted: %s passed", run.namespace, run.name, TTL_FIELD)
+            except Exception as err:  # API server away: try again later; refused: give up
+                if not self.failures.failed(run, err, subject=subject).final:
+                    self.due[run] = self.clock() + self.retry
+                    heapq.heappush(self._heap, (self.due[run], run.uid, run))
+                    continue
+            else:
+                log.info("%s/%s deleted: %s passed", run.namespace, run.name, TTL_FIELD)
+            self.failures.forget(run)
             self.due.pop(run, None)
         return 3600.0
 

@@ -12,6 +12,15 @@ from agentrun import kernel
 from ..platform.events import EventRecorder, EventType, Involved
 from .keys import RunKey
 
+MODEL_CALLS_FAILING = (
+    "a run on this model ended model_error (the Event's count says how many); the cause is in "
+    "that run's own Events and status, and agentrun_model_call_errors_total{model,error_type} "
+    "counts the errors by type"
+)
+"""The message of ``ModelCallsFailing``. An AgentModel is cluster-scoped, so its Events are in
+``default``, readable by people of every tenant: the message names no run, namespace or
+tenant and quotes no provider text (which may echo a prompt)."""
+
 
 def involved(key: RunKey) -> Involved:
     """The AgentRun ``key`` as the object of an Event."""
@@ -32,7 +41,8 @@ def record_end(
 ) -> None:
     """The run ended: ``reason`` is its terminal reason in CamelCase (``Completed``,
     ``MaxSteps``...), Normal for completed and cancelled, Warning otherwise; a ``model_error``
-    end also warns on its AgentModel (``ModelCallsFailing``, once per model per interval)."""
+    end also warns on its AgentModel (``ModelCallsFailing``, once per model per interval,
+    saying nothing of the run: ``MODEL_CALLS_FAILING``)."""
     terminal = kernel.conclude(summary.phase, steps=summary.steps)
     if terminal is None:
         return
@@ -53,7 +63,7 @@ def record_end(
             Involved("AgentModel", model),
             type=EventType.WARNING,
             reason="ModelCallsFailing",
-            message=f"run {key.namespace}/{key.name} ended model_error: {summary.message}",
+            message=MODEL_CALLS_FAILING,
         )
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from agentrun import kernel
 from agentrun.bus import Bus
 
+from ..platform.failures import Failures
 from .dispatch import Dispatcher
 from .ports import PendingTurn
 
@@ -41,6 +42,8 @@ class OrphanWatch:
         self.after = after
         self.clock = clock
         self._stopping = asyncio.Event()
+        self.failures = Failures(log, what="orphan check")
+        """Runs whose check failed (each logged once)."""
 
     def stop(self) -> None:
         """Let ``run`` return after its current pass."""
@@ -56,11 +59,13 @@ class OrphanWatch:
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
             for turn in self.runs.pending_turns():
+                subject = f"AgentRun {turn.key.namespace}/{turn.key.name}"
                 try:
                     await self.check(turn)
                 except Exception as err:  # NATS trouble: the next pass looks again
-                    key = turn.key
-                    log.warning("orphan check of %s/%s failed: %r", key.namespace, key.name, err)
+                    self.failures.failed(turn.key.uid, err, subject=subject)
+                else:
+                    self.failures.succeeded(turn.key.uid, subject=subject)
 
     async def check(self, turn: PendingTurn) -> bool:
         """Re-dispatch ``turn`` if its TurnRequest is gone and no newer event came, or end the

@@ -24,7 +24,8 @@ class LiveRuns(Protocol):
 
     async def start_run(self, config: RunConfig, *, start_time: float, generation: int) -> None:
         """Append the admitted run's ``admitted`` event and follow it; raises
-        ``nats.errors.MaxPayloadError`` when its config is too large to checkpoint."""
+        ``agentrun.bus.EventTooLarge`` (or nats-py's ``MaxPayloadError``) when its config is
+        too large to checkpoint, and what NATS raises."""
 
     def count_end(self, uid: str, state: kernel.RunState, *, tenant: str) -> bool:
         """Count the run's end once (``agentrun_runs_total``); True the first time."""

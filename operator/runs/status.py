@@ -1,17 +1,54 @@
 """Status projection: a run's latest event (or admission failure) → the ``.status`` body.
 
 Pure. ``.status`` is a projection of the run's event stream; these functions are the only
-place that shapes it (conditions: ``platform.conditions``). What does not belong here: writing
-it (``writer``).
+place that shapes it (conditions: ``platform.conditions``), and they keep it within the
+AgentRun CRD's bounds: ``message`` at ``MAX_MESSAGE_CHARS``, ``pendingApproval`` at
+``MAX_PENDING_BYTES`` (the answer is bounded by the kernel, 128 KiB). What does not belong
+here: writing it (``writer``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from agentrun import kernel, protocol
 
 from ..platform.conditions import camel, condition, rfc3339
+
+MAX_MESSAGE_CHARS = 32_768
+"""``status.message``'s bound in the CRD (``maxLength``); a longer message is cut."""
+MAX_PENDING_BYTES = 262_144
+"""Bytes (compact JSON) ``status.pendingApproval`` may take: up to 128 held calls of 64 KiB of
+arguments each would not fit an object the API server stores; past it the arguments of the
+calls not being decided now are replaced by a note of their size (the run's events keep
+them whole: ``kubectl agentrun logs``), then the current call's too."""
+ARGUMENTS_ELIDED = "(arguments of {size} bytes elided from the status; see the run's events)"
+
+
+def message_text(message: str) -> str:
+    """``message`` within ``MAX_MESSAGE_CHARS`` (cut with ``…``)."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[: MAX_MESSAGE_CHARS - 1] + "…"
+
+
+def bounded_pending(pending: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``pending`` (``protocol.pending_approval_as_dict``) within ``MAX_PENDING_BYTES``."""
+    if pending is None or _size(pending) <= MAX_PENDING_BYTES:
+        return pending
+    held = [dict(call) for call in pending.get("heldCalls") or []]
+    pending = {**pending, "heldCalls": held}
+    current = pending.get("toolCallID")
+    for call in [c for c in held if c.get("toolCallID") != current] + [pending]:
+        call["arguments"] = ARGUMENTS_ELIDED.format(size=len(str(call.get("arguments", ""))))
+        if _size(pending) <= MAX_PENDING_BYTES:
+            break
+    return pending
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def not_admitted(reason: str, message: str, *, at: float, generation: int) -> dict[str, Any]:
@@ -22,7 +59,8 @@ def not_admitted(reason: str, message: str, *, at: float, generation: int) -> di
 
 
 def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str, Any]:
-    """``.status.usage`` from a run's counters."""
+    """``.status.usage`` from a run's counters (``eventBytes``, the bytes its events take, is
+    the dispatcher's: ``RunEvent.stored``)."""
     usage = summary.usage
     return {
         "steps": summary.steps,
@@ -61,13 +99,13 @@ def project(
             kernel.ResourcePhase.AWAITING_APPROVAL if waiting else kernel.ResourcePhase.RUNNING
         ).value,
         "queuePosition": None,  # admitted: out of the queue (merge patch removes it)
-        "message": summary.message,
+        "message": message_text(summary.message),
         "usage": usage_status(summary, wall_seconds=max(0.0, event_time - start_time)),
         "startTime": rfc3339(start_time),
         "observedGeneration": generation,
         "lastEventSequence": seq,
         # None removes it (merge patch)
-        "pendingApproval": protocol.pending_approval_as_dict(summary),
+        "pendingApproval": bounded_pending(protocol.pending_approval_as_dict(summary)),
     }
     if tenant is not None:
         status["tenant"] = tenant
@@ -143,7 +181,7 @@ def rejected(
         "phase": terminal.resource_phase.value,
         "terminalReason": terminal.reason.value,
         "outcome": terminal.outcome.value,
-        "message": message,
+        "message": message_text(message),
         "observedGeneration": generation,
         "completionTime": rfc3339(at),
         "queuePosition": None,
@@ -176,7 +214,7 @@ def queued(
         "phase": kernel.ResourcePhase.QUEUED.value,
         "tenant": tenant,
         "queuePosition": position,
-        "message": message,
+        "message": message_text(message),
         "observedGeneration": generation,
         "conditions": [not_admitted(reason, message, at=at, generation=generation)],
     }

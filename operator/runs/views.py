@@ -45,17 +45,36 @@ class RunView:
     """Stream sequence of the run's last TurnRequest in the work queue (0: none published)."""
     checked_at: float = 0.0
     """When that TurnRequest was published or last seen still queued (epoch seconds)."""
+    awaiting_since: float = 0.0
+    """When the run last started waiting for a person's decision (epoch seconds; 0 while it
+    does not wait)."""
     redispatches: int = 0
     """Times the pending turn was published again after its TurnRequest was lost."""
+    admitted_seq: int = 0
+    """Stream sequence of the run's (sealed or vouched-for) first admission: events before it
+    belong to something else on the subject, and an ``admitted`` event after it is a re-seal
+    to check."""
 
     @property
     def key(self) -> RunKey:
         """The object this view projects to."""
         return RunKey(self.namespace, self.name, self.uid)
 
+    def advance(self, seq: int, summary: kernel.RunSummary, *, at: float) -> None:
+        """Take the event at stream sequence ``seq``, made at ``at`` (epoch seconds), whose
+        summary is ``summary``: note when the run started waiting for a person."""
+        waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
+        if not waiting:
+            self.awaiting_since = 0.0
+        elif not self.awaiting_since:
+            self.awaiting_since = at
+        self.seq, self.summary = seq, summary
+
     @classmethod
-    def of(cls, config: RunConfig, *, start_time: float, generation: int = 1) -> RunView:
-        """A fresh view of an admitted run."""
+    def of(
+        cls, config: RunConfig, *, start_time: float, generation: int = 1, admitted_seq: int = 0
+    ) -> RunView:
+        """A fresh view of an admitted run (admitted at stream sequence ``admitted_seq``)."""
         return cls(
             config.namespace,
             config.name,
@@ -67,6 +86,7 @@ class RunView:
             traceparent=config.traceparent,
             model=config.model.model,
             agent_model=config.model.name,
+            admitted_seq=admitted_seq,
         )
 
 
@@ -119,3 +139,15 @@ def phase_counts(
         if waiting:
             counts[(tenant, kernel.ResourcePhase.QUEUED.value)] += waiting
     return counts
+
+
+def oldest_approvals(live: Iterable[RunView]) -> dict[str, float]:
+    """Per tenant, when its longest-waiting run started waiting for a person's decision
+    (epoch seconds); tenants with no run waiting are left out."""
+    oldest: dict[str, float] = {}
+    for view in live:
+        if view.awaiting_since and not view.terminal:
+            oldest[view.tenant] = min(
+                oldest.get(view.tenant, view.awaiting_since), view.awaiting_since
+            )
+    return oldest

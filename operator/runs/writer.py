@@ -21,8 +21,13 @@ uid is a run gone), so a write meant for a deleted run can neither land on a new
 same name (its version differs: 409) nor re-create one (404); the API server does not check the
 ``metadata.uid`` the patch also carries. A run found gone (404, or another uid) is dropped and
 handed out by ``next_gone``, so the dispatcher stops whatever of that run is still going. A
-body the API server refuses (422, e.g. a value outside the schema) is replaced once by a
-minimal status, never retried in a loop.
+body refused for its size (413, or a 422 naming a length or a count) of a run that has not
+ended hands the run out by ``next_refused``: the dispatcher ends it (``checkpoint_failed``, its
+message naming the refusal), whose terminal status is written, or its minimal form. Any other
+body refused as it is (HTTP 400 or 422 — a value outside the schema — or any failure that is not
+transient, ``platform.failures``) is replaced once by a minimal status; a minimal one refused so
+is dropped. A transient failure is retried every ``interval``. Each run's failure is logged
+once, not at every retry.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi
 from ..platform.loops import sleep_until_set
 from .keys import RunKey
@@ -51,6 +58,16 @@ MINIMAL_KEYS = (
 )
 CONFLICT_ATTEMPTS = 5
 """Re-reads of a run whose object changed between our read and our patch, per write."""
+SIZE_WORDS = ("Too long", "Too many", "too large", "must have at most", "may not be more than")
+"""How the API server's 422 says a value is over a bound (``field.TooLong``, ``TooMany``,
+``maxLength``/``maxItems``/``maxProperties`` messages) or the object over etcd's limit."""
+
+
+def refused_for_size(err: ApiError) -> bool:
+    """Whether ``err`` refused a write for its size: HTTP 413 (``RequestEntityTooLarge``:
+    over the API server's request or etcd's value limit), or a 422 naming a bound."""
+    text = f"{err.reason} {err.body or ''}"
+    return err.status == 413 or (err.status == 422 and any(w in text for w in SIZE_WORDS))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,7 +129,10 @@ class StatusWriter:
         self._last_write: dict[RunKey, float] = {}
         self._wake = asyncio.Event()
         self._gone: asyncio.Queue[RunKey] = asyncio.Queue()
+        self._refused: asyncio.Queue[tuple[RunKey, str]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self.failures = Failures(log, what="status patch")
+        """Runs whose status write failed (each logged once)."""
 
     def start(self) -> None:
         """Start the flushing task."""
@@ -171,11 +191,17 @@ class StatusWriter:
         """Wait for the next run whose object turned out to be gone (404/other uid)."""
         return await self._gone.get()
 
+    async def next_refused(self) -> tuple[RunKey, str]:
+        """Wait for the next run whose status the API server refused for its size while it
+        had not ended, with why (to end it)."""
+        return await self._refused.get()
+
     def forget(self, run: RunKey) -> None:
         """Drop everything about a deleted run."""
         self._pending.pop(run, None)
         self._known.pop(run, None)
         self._last_write.pop(run, None)
+        self.failures.forget(run)
 
     async def flush(self) -> None:
         """Write every pending body now."""
@@ -190,11 +216,10 @@ class StatusWriter:
         try:
             async with self._slots:  # few connections, reused: no TLS handshake per write
                 await self._write_checked(run, pending)
-        except ApiError as err:
-            await self._failed(run, pending, err)
-        except Exception:
-            log.exception("status patch of %s/%s failed; will retry", run.namespace, run.name)
-            self._retry(run, pending)
+        except Exception as err:
+            self._failed(run, pending, err)
+        else:
+            self.failures.succeeded(run, subject=f"AgentRun {run.namespace}/{run.name}")
 
     async def _write_checked(self, run: RunKey, pending: _Pending) -> None:
         """Compare with the object's status, patch at its resourceVersion; re-read on 409."""
@@ -233,7 +258,7 @@ class StatusWriter:
                 if pending.on_end is not None:
                     pending.on_end()
             return
-        raise RuntimeError(f"the status of {run.namespace}/{run.name} keeps changing")
+        raise ApiError(409, f"the status of {run.namespace}/{run.name} keeps changing")
 
     async def _read(self, run: RunKey) -> Written | None:
         """The run's status as stored; ``None`` when the object is gone (404, or another
@@ -248,30 +273,43 @@ class StatusWriter:
         self.forget(run)
         self._gone.put_nowait(run)
 
-    async def _failed(self, run: RunKey, pending: _Pending, err: ApiError) -> None:
-        if err.status == 404:
+    def _failed(self, run: RunKey, pending: _Pending, err: Exception) -> None:
+        """A write failed: gone (404) is dropped; a transient failure retried; a body refused
+        as it is replaced by a minimal one; a minimal one refused so dropped."""
+        if isinstance(err, ApiError) and err.status == 404:
             self._went(run)
             return
-        if err.status == 422 and set(pending.body) - set(MINIMAL_KEYS) - {"message"}:
+        if (
+            isinstance(err, ApiError)
+            and refused_for_size(err)
+            and not pending.body.get("terminalReason")
+        ):
             log.error(
-                "the API server refused the status of %s/%s: %s; writing a minimal status",
+                "the API server refused the status of %s/%s for its size (HTTP %s): %s; "
+                "ending the run",
                 run.namespace,
                 run.name,
-                err.body,
+                err.status,
+                err.reason,
             )
+            self._refused.put_nowait((run, _size_message(pending.body, err)))
+            return
+        failure = self.failures.failed(run, err, subject=f"AgentRun {run.namespace}/{run.name}")
+        if failure.transient:
+            self._retry(run, pending)
+            return
+        if set(pending.body) - set(MINIMAL_KEYS) - {"message"}:
             minimal = {k: pending.body[k] for k in MINIMAL_KEYS if k in pending.body}
-            minimal["message"] = f"full status refused by the API server (HTTP 422): {err.reason}"
+            why = f"by the API server ({err})" if isinstance(err, ApiError) else f"({err!r})"
+            minimal["message"] = f"full status refused {why}"[:1000]
             self._retry(run, _Pending(minimal, pending.seq, pending.urgent, pending.on_end))
             return
-        if 400 <= (err.status or 0) < 500 and err.status != 429:
-            log.error(
-                "status of %s/%s refused (HTTP %s); dropped", run.namespace, run.name, err.status
-            )
-            return
-        log.warning(
-            "status patch of %s/%s failed (HTTP %s); retrying", run.namespace, run.name, err.status
+        log.error(
+            "even the minimal status of %s/%s was refused (%s); dropped",
+            run.namespace,
+            run.name,
+            err,
         )
-        self._retry(run, pending)
 
     def _retry(self, run: RunKey, pending: _Pending) -> None:
         """Re-queue a failed write after ``interval`` (even a terminal one: no hot loop)."""
@@ -296,3 +334,14 @@ class StatusWriter:
                 continue
             self._wake.clear()
             await sleep_until_set(self._wake, wait)
+
+
+def _size_message(body: Mapping[str, Any], err: ApiError) -> str:
+    """Why a run ends whose status was refused for its size: the size and the largest field."""
+    sizes = {key: len(json.dumps(value, default=str).encode()) for key, value in body.items()}
+    largest = max(sizes, key=lambda k: sizes[k]) if sizes else "status"
+    return (
+        f"the run's status ({sum(sizes.values())} bytes; the largest field status.{largest}, "
+        f"{sizes.get(largest, 0)} bytes) was refused by the API server for its size "
+        f"(HTTP {err.status}: {err.reason[:300]}); it cannot be shown, so the run ends"
+    )

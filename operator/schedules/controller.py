@@ -25,6 +25,7 @@ from typing import Any
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
+from ..platform.failures import Failures
 from ..platform.loops import sleep_until_set
 from . import plan, spec, status
 from .status import OwnedRun, epoch
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 5.0
 """Wait before reconciling a CronAgentRun again after a failed API call."""
+RECONCILE_FAILED = "ReconcileFailed"
+"""``Ready=False`` reason (and Warning Event) of a CronAgentRun whose reconcile failed twice
+for a reason that does not pass (``platform.failures``): it creates nothing until its spec
+changes."""
 
 CronKey = tuple[str, str]
 """(namespace, name) of a CronAgentRun."""
@@ -68,6 +73,8 @@ class ScheduleController:
         the object it reconciles next predates its own status write (the watch lags)."""
         self._kick = asyncio.Event()
         self._stopped = False
+        self.failures = Failures(log, what="reconcile")
+        """Failed reconciles by CronAgentRun (each logged once)."""
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """A CronAgentRun as listed or changed; a new one, or a new spec, is reconciled now."""
@@ -125,14 +132,44 @@ class ScheduleController:
             await sleep_until_set(self._kick, timeout)
 
     async def _reconcile_safely(self, key: CronKey) -> None:
+        """Reconcile ``key``; a transient failure is retried in ``RETRY_SECONDS``, a permanent
+        one once more, then the CronAgentRun is given up (``RECONCILE_FAILED``) until its
+        spec changes. Each failure is logged once."""
         entry = self._crons.get(key)
         if entry is None:
             return
+        subject = f"CronAgentRun {key[0]}/{key[1]}"
         try:
             entry.wake = await self.reconcile(entry.body)
-        except Exception as err:  # API server away: try again shortly
-            log.warning("CronAgentRun %s/%s: %r; retrying", *key, err)
-            entry.wake = self.clock() + RETRY_SECONDS
+        except Exception as err:
+            failure = self.failures.failed(key, err, subject=subject)
+            entry.wake = None if failure.final else self.clock() + RETRY_SECONDS
+            if failure.final:
+                await self._give_up(entry, err)
+            return
+        self.failures.succeeded(key, subject=subject)
+
+    async def _give_up(self, entry: _Entry, err: Exception) -> None:
+        """``Ready=False`` (``RECONCILE_FAILED``, naming ``err``) and a Warning Event; the
+        CronAgentRun is looked at again when its spec changes or one of its runs ends."""
+        cron = entry.body
+        meta = cron.get("metadata") or {}
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        message = f"no runs are created: reconciling failed twice: {type(err).__name__}: {err}"
+        self._record(
+            Involved(spec.KIND, name, namespace, str(meta.get("uid", ""))),
+            reason=RECONCILE_FAILED,
+            message=message[:1000],
+            per=entry.generation,
+            warning=True,
+        )
+        ready = status.ready(
+            False, RECONCILE_FAILED, message[:1000], now=self.clock(), generation=entry.generation
+        )
+        try:
+            await self._write_status(cron, {"observedGeneration": entry.generation, **ready})
+        except Exception as writing:  # refused too: the Event and the log say it
+            self.failures.failed((namespace, name, "give-up"), writing, subject=f"{name}'s status")
 
     async def reconcile(self, cron: Mapping[str, Any]) -> float | None:
         """One pass over ``cron`` (a CronAgentRun object as a dict); returns when to look

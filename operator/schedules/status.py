@@ -19,6 +19,9 @@ from agentrun import kube
 from ..platform import conditions
 from .spec import SCHEDULED_ANNOTATION, Checked
 
+MAX_ACTIVE = 1000
+"""References ``status.active`` lists at most (the CRD's ``maxItems``): the newest runs."""
+
 
 def epoch(text: Any) -> float | None:
     """An RFC 3339 timestamp as epoch seconds; ``None`` for anything else."""
@@ -143,7 +146,8 @@ def status_body(
         "lastScheduleTime": conditions.rfc3339(last) if last else None,
         "lastSuccessfulTime": conditions.rfc3339(last_success) if last_success else None,
         "nextScheduleTime": conditions.rfc3339(wake) if wake is not None else None,
-        "active": active or None,
+        # the newest MAX_ACTIVE (the CRD's bound); activeRuns counts them all
+        "active": active[-MAX_ACTIVE:] or None,
         "activeRuns": len(active),
         **schedule_ready(checked, old, wake=wake, now=now, generation=generation),
     }

@@ -84,8 +84,14 @@ class TenantPolicy:
     allowed_tools: frozenset[str] | None
     url_rules: tuple[UrlRule, ...] = ()
     """``spec.httpGet.allow``: what the ``http_get`` tool may fetch for this tenant's runs."""
+    tool_server_rules: tuple[UrlRule, ...] = ()
+    """``spec.toolServers.allow``: the URLs its namespaces' AgentToolServers may have (none:
+    no tool server is discovered or called)."""
     ttl_after_finished: int | None = None
     """``spec.ttlSecondsAfterFinished``: the default of its runs that set none."""
+    max_concurrent_turns: int | None = None
+    """``spec.maxConcurrentTurns``: most turns of its runs in the workers' hands or the work
+    queue at once (``None``: no cap beyond the fair share)."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> TenantPolicy:
@@ -121,7 +127,11 @@ class TenantPolicy:
             url_rules=tuple(
                 UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.http_get.allow
             ),
+            tool_server_rules=tuple(
+                UrlRule(r.host, r.path_prefix, r.private_network) for r in spec.tool_servers.allow
+            ),
             ttl_after_finished=spec.ttl_seconds_after_finished,
+            max_concurrent_turns=spec.max_concurrent_turns,
         )
 
     def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:
@@ -194,7 +204,11 @@ def _check_defaults_under_caps(default: runs.RunBudgetSpec, cap: runs.RunBudgetS
 
 
 class Ambiguous(Exception):
-    """More than one AgentTenant binds the namespace."""
+    """More than one AgentTenant binds the namespace (``tenants``: their names, sorted)."""
+
+    def __init__(self, message: str, *, tenants: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.tenants = tenants
 
 
 def resolve(
@@ -204,17 +218,25 @@ def resolve(
     *,
     default: str | None = None,
 ) -> TenantPolicy | None:
-    """The tenant a run in ``namespace`` belongs to: the one AgentTenant binding it, else the
-    operator's ``default`` tenant (by name), else ``None``.
+    """The tenant a run in ``namespace`` belongs to: the one AgentTenant listing it by name in
+    ``spec.namespaces``, else the one whose ``namespaceSelector`` matches it, else the
+    operator's ``default`` tenant (by name), else ``None``. A name is more specific than a
+    label match, so a broad selector added later cannot take or block a namespace another
+    tenant lists.
 
-    Raises ``Ambiguous`` when several AgentTenants bind the namespace (a budget must never be
-    chosen by accident).
+    Raises ``Ambiguous`` when several AgentTenants list the namespace, or none lists it and
+    several select it (a budget must never be chosen by accident).
     """
     pool = list(policies)
-    bound = [p for p in pool if p.binds(namespace, labels)]
+    bound = [p for p in pool if namespace in p.namespaces]
+    if not bound:
+        bound = [p for p in pool if p.binds(namespace, labels)]
     if len(bound) > 1:
-        names = ", ".join(sorted(p.name for p in bound))
-        raise Ambiguous(f"namespace {namespace!r} is bound by several AgentTenants: {names}")
+        names = tuple(sorted(p.name for p in bound))
+        raise Ambiguous(
+            f"namespace {namespace!r} is bound by several AgentTenants: {', '.join(names)}",
+            tenants=names,
+        )
     if bound:
         return bound[0]
     if default:

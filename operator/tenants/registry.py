@@ -11,16 +11,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentrun import metrics
-from agentrun.protocol import DEFAULT_TENANT
+from agentrun.ledger import UsageFloor
+from agentrun.protocol import DEFAULT_TENANT, UrlRule
 
 from ..platform.kubeapi import KubeApi
 from ..platform.spec import ObjectMeta
 from . import policy as rules
 from .policy import TenantPolicy
+from .status import usage_seen
 from .waits import QueueWait, WaitReason
 
 
-class NoTenant(Exception):
+class NoTenant(LookupError):
     """The run's namespace is bound to no AgentTenant (and no default tenant applies)."""
 
 
@@ -38,6 +40,11 @@ class Tenants:
         self.policies: dict[str, TenantPolicy] = {}
         self.invalid: dict[str, tuple[int, str]] = {}
         """AgentTenants that cannot be enforced: (generation, why), shown in their status."""
+        self._ambiguous: dict[str, tuple[str, ...]] = {}
+        """Namespaces found bound by several tenants when a run came: namespace → tenants."""
+        self.seen: dict[str, UsageFloor] = {}
+        """What each AgentTenant's status last said its window used (``status.usage_seen``):
+        the floor of its ledger entry until the operator has read the entry itself."""
         self._invalid_namespaces: dict[str, frozenset[str]] = {}
 
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
@@ -46,6 +53,9 @@ class Tenants:
         meta = ObjectMeta.of(obj)  # kopf's watch hands over well-formed metadata
         name = meta.name
         metrics.know_tenant(name)  # its run-end counters exist from now on, at 0
+        seen = usage_seen(obj.get("status"))
+        if seen is not None:
+            self.seen[name] = seen
         try:
             policy = TenantPolicy.of(obj)
         except rules.InvalidTenant as err:
@@ -63,6 +73,13 @@ class Tenants:
         self.policies.pop(name, None)
         self.invalid.pop(name, None)
         self._invalid_namespaces.pop(name, None)
+
+    def max_concurrent_turns(self, tenant: str) -> int | None:
+        """``spec.maxConcurrentTurns`` of AgentTenant ``tenant`` (``runs.TurnCaps``);
+        ``None`` when it sets none or is not known (a deleted tenant's runs finish
+        uncapped)."""
+        policy = self.policies.get(tenant)
+        return None if policy is None else policy.max_concurrent_turns
 
     def why_missing(self, tenant: str) -> QueueWait:
         """Why runs queued in ``tenant`` wait when it has no policy (invalid or deleted)."""
@@ -95,10 +112,29 @@ class Tenants:
                 default=self.default,
             )
         except rules.Ambiguous as err:
+            self._ambiguous[namespace] = err.tenants
             raise NoTenant(str(err)) from err
+        self._ambiguous.pop(namespace, None)
         if found is not None:
             return found
         raise NoTenant(self._unbound(namespace))
+
+    def ambiguous_of(self, tenant: str) -> dict[str, tuple[str, ...]]:
+        """The namespaces ``tenant`` shares with other tenants (as last seen when a run or a
+        tool server there was resolved; their runs are rejected): namespace → the other
+        tenants. Shown in its ``NamespacesAmbiguous`` condition."""
+        return {
+            namespace: tuple(t for t in tenants if t != tenant)
+            for namespace, tenants in sorted(self._ambiguous.items())
+            if tenant in tenants
+        }
+
+    async def tool_server_rules(self, namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
+        """The tenant of ``namespace`` and the URLs its AgentToolServers may have
+        (``spec.toolServers.allow``); raises ``NoTenant`` (a ``LookupError``) or ``ApiError``
+        as ``resolve`` does."""
+        policy = await self.resolve(namespace)
+        return policy.name, policy.tool_server_rules
 
     def _unbound(self, namespace: str) -> str:
         if self.default and self.default in self.invalid:

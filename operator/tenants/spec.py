@@ -69,6 +69,12 @@ class HttpGetSpec(SpecModel):
     allow: tuple[UrlRuleSpec, ...] = ()
 
 
+class ToolServersSpec(SpecModel):
+    """``AgentTenant.spec.toolServers``: the URLs AgentToolServers of its namespaces may have."""
+
+    allow: tuple[UrlRuleSpec, ...] = ()
+
+
 class AgentTenantSpec(SpecModel):
     """``AgentTenant.spec``. Parse with ``AgentTenantSpec.of``."""
 
@@ -78,10 +84,12 @@ class AgentTenantSpec(SpecModel):
     budget: TenantBudgetSpec = Field(default_factory=TenantBudgetSpec)
     when_exhausted: WhenExhausted = Field(default=WhenExhausted.QUEUE, alias="whenExhausted")
     max_concurrent_runs: int | None = Field(default=None, alias="maxConcurrentRuns")
+    max_concurrent_turns: int | None = Field(default=None, alias="maxConcurrentTurns", ge=1)
     run_budget: RunBudgetPolicySpec = Field(default_factory=RunBudgetPolicySpec, alias="runBudget")
     allowed_models: tuple[str, ...] | None = Field(default=None, alias="allowedModels")
     allowed_tools: tuple[str, ...] | None = Field(default=None, alias="allowedTools")
     http_get: HttpGetSpec = Field(default_factory=HttpGetSpec, alias="httpGet")
+    tool_servers: ToolServersSpec = Field(default_factory=ToolServersSpec, alias="toolServers")
     ttl_seconds_after_finished: int | None = Field(
         default=None, alias="ttlSecondsAfterFinished", ge=0
     )

@@ -9,12 +9,14 @@ server. Condition reasons are a closed vocabulary (``TenantReason``); a conditio
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import decimal
 import enum
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from agentrun.ledger import Book
+from agentrun.ledger import Book, UsageFloor
 
 from ..platform.conditions import condition, rfc3339
 from .policy import TenantPolicy
@@ -28,6 +30,8 @@ class TenantCondition(enum.StrEnum):
     """The spec is valid and enforced."""
     BUDGET_EXHAUSTED = "BudgetExhausted"
     """A window budget is used up, or too little is left for the next queued run's call."""
+    NAMESPACES_AMBIGUOUS = "NamespacesAmbiguous"
+    """Some namespace it binds is bound by another tenant too: runs there are rejected."""
 
 
 class TenantReason(enum.StrEnum):
@@ -39,6 +43,8 @@ class TenantReason(enum.StrEnum):
     TOKENS_EXHAUSTED = "TokensExhausted"
     COST_EXHAUSTED = "CostUSDExhausted"
     WALL_CLOCK_EXHAUSTED = "WallClockSecondsExhausted"
+    AMBIGUOUS = "Ambiguous"
+    UNAMBIGUOUS = "Unambiguous"
 
 
 EXHAUSTED_REASON: Mapping[str, TenantReason] = {
@@ -118,21 +124,34 @@ def exhaustion(book: Book, blocked: QueueWait | None, now: float) -> QueueWait |
     return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueView:
+    """A tenant's queue as the status shows it."""
+
+    queued: int = 0
+    """Runs waiting in its queue."""
+    blocked: QueueWait | None = None
+    """Why the queue head waits (as of the last pump); ``None``: nothing waits."""
+
+
+EMPTY_QUEUE = QueueView()
+
+
 def tenant_status(
     policy: TenantPolicy,
     book: Book,
     *,
-    queued: int,
-    blocked: QueueWait | None,
     now: float,
     previous: Transitions,
+    queue: QueueView = EMPTY_QUEUE,
+    ambiguous: Mapping[str, tuple[str, ...]] | None = None,
 ) -> TenantStatus:
     """The status of an enforced AgentTenant.
 
-    ``queued``: runs waiting in its queue; ``blocked``: why the queue head waits (as of the
-    last pump), ``None`` if nothing waits; ``now``: epoch seconds.
+    ``now``: epoch seconds; ``queue``: its queue as of the last pump; ``ambiguous``: the
+    namespaces it shares with other tenants (namespace → the others), whose runs are rejected.
     """
-    exhausted = exhaustion(book, blocked, now)
+    exhausted = exhaustion(book, queue.blocked, now)
     if exhausted is None:
         state, reason, message = False, TenantReason.WITHIN_BUDGET, "budget left in this window"
     else:
@@ -144,14 +163,33 @@ def tenant_status(
         "windowStart": rfc3339(book.window),
         "resetTime": rfc3339(book.reset_time),
         "activeRuns": book.active_runs,
-        "queuedRuns": queued,
+        "queuedRuns": queue.queued,
         "budget": budget_status(book, now),
         "conditions": [
             conditions.condition(TenantCondition.ACCEPTED, True, TenantReason.VALID, "enforced"),
             conditions.condition(TenantCondition.BUDGET_EXHAUSTED, state, reason, message),
+            _ambiguity(conditions, ambiguous or {}),
         ],
     }
     return TenantStatus(body, conditions.transitions)
+
+
+def _ambiguity(conditions: _Conditions, ambiguous: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    """``NamespacesAmbiguous``: True naming each shared namespace (at most 10) and the other
+    tenants binding it; runs in those namespaces only are rejected until one tenant lets go."""
+    kind = TenantCondition.NAMESPACES_AMBIGUOUS
+    if not ambiguous:
+        return conditions.condition(
+            kind, False, TenantReason.UNAMBIGUOUS, "no namespace is bound by another tenant too"
+        )
+    shown = [f"{ns} (also {', '.join(others)})" for ns, others in list(ambiguous.items())[:10]]
+    more = f" and {len(ambiguous) - 10} more" if len(ambiguous) > 10 else ""
+    message = (
+        f"runs are rejected in namespaces other AgentTenants bind too: {'; '.join(shown)}{more}; "
+        "list each namespace in one tenant's spec.namespaces (a name wins over a selector) or "
+        "narrow the selectors"
+    )
+    return conditions.condition(kind, True, TenantReason.AMBIGUOUS, message)
 
 
 def budget_status(book: Book, now: float) -> dict[str, Any]:
@@ -181,3 +219,30 @@ def budget_status(book: Book, now: float) -> dict[str, Any]:
         wall["limit"] = limits.wall_seconds
         wall["remaining"] = round(max(0.0, limits.wall_seconds - wall_used), 1)
     return {"tokens": tokens, "costUSD": cost, "wallClockSeconds": wall}
+
+
+def usage_seen(status: Mapping[str, Any] | None) -> UsageFloor | None:
+    """What an AgentTenant's ``.status`` (written by the operator alone: no NATS credential
+    can change it) says the tenant had used in its window, as the floor of what its ledger
+    entry may show (``UsageFloor``); ``None`` when the status says nothing usable (none
+    written yet, or malformed: then the floor starts from what the operator reads)."""
+    if not status or not isinstance(status.get("windowStart"), str):
+        return None
+    budget = status.get("budget") or {}
+    try:
+        window = _epoch(status["windowStart"])
+        reset = status.get("resetTime")
+        return UsageFloor(
+            window,
+            int((budget.get("tokens") or {}).get("used", 0)),
+            Decimal(str((budget.get("costUSD") or {}).get("used", "0"))),
+            0.0,  # its wall clock counts active runs live: not a floor of the ended ones'
+            end=_epoch(reset) if isinstance(reset, str) and _epoch(reset) > window else 0.0,
+        )
+    except (AttributeError, TypeError, ValueError, decimal.InvalidOperation):
+        return None
+
+
+def _epoch(text: str) -> float:
+    """An RFC 3339 time as epoch seconds; raises ``ValueError`` if it is not one."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

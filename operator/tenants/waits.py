@@ -30,6 +30,13 @@ class WaitReason(enum.StrEnum):
     TOOL_SERVER_PENDING = "ToolServerPending"
     """An AgentToolServer it names has not been discovered yet (applied together with it): it
     waits without holding up the runs queued behind it."""
+    ADMISSION_RETRYING = "AdmissionRetrying"
+    """Admitting the run at the head of the queue failed for a reason that passes (NATS or
+    the API server away); it is tried again at the next pass. A failure that does not pass
+    ends that run instead, and the queue goes on."""
+    EVENT_STORAGE_FULL = "EventStorageFull"
+    """The events of its tenant's runs take the tenant's share of the event stream; it is
+    admitted once runs are deleted."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

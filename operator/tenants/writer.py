@@ -9,16 +9,19 @@ window budget used up and a new window as Kubernetes Events. What does not: the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from agentrun import kube, metrics
-from agentrun.ledger import Book
+from agentrun.ledger import Book, UsageFloor
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
+from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from .policy import TenantPolicy
 from .status import (
+    QueueView,
     TenantCondition,
     Transition,
     invalid_tenant_status,
@@ -51,6 +54,26 @@ class TenantStatusWriter:
         self._transitions = {}
         self._overruns: set[tuple[str, str, float]] = set()
         """(tenant, resource, window start) of the overruns told (once per window)."""
+        self.failures = Failures(log, what="status write")
+        """AgentTenants whose status write failed (each logged once; the next sweep writes
+        it again)."""
+
+    def record_rollback(self, tenant: str, book: Book, floor: UsageFloor) -> None:
+        """Tell a ledger entry rolled back below what the operator saw (``LedgerRolledBack``,
+        Warning), once per tenant and window."""
+        self.events.record(
+            Involved("AgentTenant", tenant),
+            type=EventType.WARNING,
+            reason="LedgerRolledBack",
+            message=(
+                f"the ledger book showed {book.used_tokens} tokens, {book.used_cost} USD used in "
+                f"the window from {rfc3339(book.window)}; the operator had seen "
+                f"{floor.tokens} tokens, {floor.cost_usd} USD in the window from "
+                f"{rfc3339(floor.window)}: written by a writer of the bucket, not by the "
+                "ledger's rules; restored"
+            ),
+            key=(tenant, "LedgerRolledBack", floor.window),
+        )
 
     async def write_invalid(self, name: str, generation: int, why: str, *, now: float) -> None:
         """``Accepted=False`` with ``why`` for an AgentTenant that cannot be enforced."""
@@ -68,6 +91,7 @@ class TenantStatusWriter:
         queued: int,
         blocked: QueueWait | None,
         now: float,
+        ambiguous: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         """The status of an enforced AgentTenant and its budget metrics; ``book`` ``None``:
         the tenant has no ledger entry yet (an empty one is shown); ``queued``: runs waiting in
@@ -79,10 +103,10 @@ class TenantStatusWriter:
         projected = tenant_status(
             policy,
             book,
-            queued=queued,
-            blocked=blocked,
             now=now,
             previous=self._transitions.get(policy.name, {}),
+            queue=QueueView(queued, blocked),
+            ambiguous=ambiguous,
         )
         self._transitions[policy.name] = projected.transitions
         metrics.record_tenant_budget(policy.name, book, now=now)
@@ -152,6 +176,7 @@ class TenantStatusWriter:
             await self.api.patch_status(Ref(TENANTS, name), body)
         except ApiError as err:
             if err.status != 404:
-                log.warning("status of AgentTenant %s: HTTP %s", name, err.status)
+                self.failures.failed(name, err, subject=f"AgentTenant {name}")
             return
+        self.failures.succeeded(name, subject=f"AgentTenant {name}")
         self._written[name] = body

@@ -10,8 +10,16 @@ the modules inside (the import contracts check it); the handlers and the wiring 
 modules directly.
 """
 
-from .resolve import is_pending, resolve_tool
+from .refresher import ReachRules
+from .resolve import check_reach, is_pending, resolve_tool
 from .spec import split_reference
 from .store import ToolServerCache
 
-__all__ = ["ToolServerCache", "is_pending", "resolve_tool", "split_reference"]
+__all__ = [
+    "ReachRules",
+    "ToolServerCache",
+    "check_reach",
+    "is_pending",
+    "resolve_tool",
+    "split_reference",
+]

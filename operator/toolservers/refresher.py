@@ -3,8 +3,14 @@
 ``ToolServerRefresher`` runs one discovery task per server (talking to the MCP server through
 ``agentrun.tools.remote``), each bounded by the server's own discovery timeout (a hard bound:
 connect, handshake and every page), so a server that hangs delays nothing but its own status.
+Discoveries share ``concurrency`` slots, at most ``per_namespace`` of them held by the servers of
+one namespace (``NamespaceSlots``): servers that hang in one namespace hold that namespace's
+share, never every slot, so another namespace's servers are still discovered at once.
 A failed refresh keeps the last good list (runs keep being admitted with it) and says so in the
-condition. The operator's kopf handlers only tell the refresher about objects
+condition. A server whose URL its namespace's tenant does not allow (``spec.toolServers``) is
+never contacted: ``Ready=False``, reason ``NotAllowed``, no tools; an allowed one is reached
+only at addresses its rule allows (``agentrun.tools.reach``), its ``headersFrom`` Secret read
+for the listed keys only. The operator's kopf handlers only tell the refresher about objects
 (``observe``/``forget``); no finalizer is involved, so deleting an AgentToolServer never waits
 for the operator.
 
@@ -15,22 +21,81 @@ resolving a run's ``SERVER/TOOL`` names at admission (``resolve``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from agentrun import kernel
+from agentrun.protocol import UrlRule
 from agentrun.tools import remote
 
+from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from ..platform.loops import sleep_until_set
 from ..platform.spec import ObjectMeta, SpecError
+from .resolve import url_rule
 from .spec import TOOL_SERVERS, AgentToolServerSpec
-from .status import Reason, discovered_status, failed_status, keep_transition
+from .status import Reason, discovered_status, failed_status, keep_transition, refused_status
 
 log = logging.getLogger(__name__)
+
+CONCURRENCY = 16
+"""Discoveries running at once, over all namespaces."""
+PER_NAMESPACE = 4
+"""Discoveries of one namespace's servers running at once."""
+
+
+class NamespaceSlots:
+    """At most ``total`` discoveries at once, at most ``per_namespace`` of one namespace.
+
+    A discovery first takes a slot of its namespace, then one of all: the servers of one
+    namespace wait for their own slots, not in front of other namespaces' servers, and the
+    shared slots go first come first served among namespaces that are within their share.
+    """
+
+    def __init__(self, total: int, *, per_namespace: int) -> None:
+        """Raises ``ValueError`` unless ``0 < per_namespace <= total``."""
+        if not 0 < per_namespace <= total:
+            raise ValueError(f"need 0 < per_namespace ({per_namespace}) <= total ({total})")
+        self.per_namespace = per_namespace
+        self._all = asyncio.Semaphore(total)
+        self._namespaces: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        """namespace → (its semaphore, discoveries holding or waiting for it)."""
+
+    @contextlib.asynccontextmanager
+    async def slot(self, namespace: str) -> AsyncIterator[None]:
+        """Hold a discovery slot of ``namespace`` (waiting for one) for the block."""
+        semaphore, users = self._namespaces.get(namespace) or (
+            asyncio.Semaphore(self.per_namespace),
+            0,
+        )
+        self._namespaces[namespace] = (semaphore, users + 1)
+        try:
+            async with semaphore, self._all:
+                yield
+        finally:
+            semaphore, users = self._namespaces[namespace]
+            if users <= 1:
+                del self._namespaces[namespace]  # nobody holds or waits: forget it
+            else:
+                self._namespaces[namespace] = (semaphore, users - 1)
+
+    def users(self, namespace: str) -> int:
+        """Discoveries of ``namespace`` holding or waiting for a slot."""
+        return self._namespaces.get(namespace, (None, 0))[1]
+
+
+class ReachRules(Protocol):
+    """The tenant of a namespace and its ``spec.toolServers.allow`` rules (the tenants'
+    port, given by the wiring)."""
+
+    async def __call__(self, namespace: str) -> tuple[str, Sequence[UrlRule]]:
+        """(tenant name, rules); raises ``LookupError`` saying why the namespace has no
+        tenant, ``ApiError`` when its labels cannot be read."""
+        ...
 
 
 @dataclasses.dataclass
@@ -52,21 +117,28 @@ class ToolServerRefresher:
         self,
         api: KubeApi,
         *,
+        reach: ReachRules,
         tick: float = 2.0,
-        concurrency: int = 16,
+        slots: NamespaceSlots | None = None,
+        max_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
     ) -> None:
-        """``tick``: seconds between two looks for due servers; ``concurrency``: discoveries
-        running at once (the others wait their turn; none blocks anything else)."""
+        """``reach``: the rules a server's URL must meet (its namespace's tenant's);
+        ``tick``: seconds between two looks for due servers; ``slots``: the discoveries
+        running at once (default: 16, at most 4 of one namespace; the others wait their turn,
+        none blocks anything else); ``max_timeout``: the most seconds one discovery may take
+        (the platform's cap on ``spec.timeouts.discovery``)."""
         self._api = api
+        self._reach = reach
+        self._max_timeout = max_timeout
         self._tick = tick
         self._clock = clock
-        self._wall = wall
         self._known: dict[tuple[str, str], _Known] = {}
         self._kick = asyncio.Event()
         self._stopped = False
-        self._gate = asyncio.Semaphore(concurrency)
+        self.failures = Failures(log, what="status write")
+        """Servers whose status could not be written (each logged once)."""
+        self._slots = slots or NamespaceSlots(CONCURRENCY, per_namespace=PER_NAMESPACE)
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """An AgentToolServer was listed, added or changed (a kopf watch event)."""
@@ -126,26 +198,44 @@ class ToolServerRefresher:
         namespace, name = str(meta.get("namespace")), str(meta.get("name"))
         generation = int(meta.get("generation") or 1)
         previous = body.get("status") or {}
-        now = self._wall()
+        now = time.time()
         try:
             spec = AgentToolServerSpec.of(body.get("spec"))
         except SpecError as err:
             status = failed_status({}, str(err), generation=generation, now=now)
             status["conditions"][0]["reason"] = Reason.INVALID_SPEC
         else:
-            async with self._gate:
+            async with self._slots.slot(namespace):
                 status = await self._discover(
                     spec, namespace, generation=generation, previous=previous
                 )
+        ref = Ref(TOOL_SERVERS, name, namespace)
         try:
-            await self._api.patch_status(
-                Ref(TOOL_SERVERS, name, namespace), keep_transition(status, previous)
-            )
-        except ApiError as err:
-            if err.status != 404:
-                log.warning("AgentToolServer %s/%s: status not written: %s", namespace, name, err)
-        except Exception as err:  # the API server is away: the next refresh writes it
-            log.warning("AgentToolServer %s/%s: status not written: %r", namespace, name, err)
+            await self._api.patch_status(ref, keep_transition(status, previous))
+        except Exception as err:
+            await self._not_written(ref, err, previous=previous, generation=generation)
+            return
+        self.failures.succeeded((namespace, name), subject=f"AgentToolServer {namespace}/{name}")
+
+    async def _not_written(
+        self, ref: Ref, err: Exception, *, previous: Mapping[str, Any], generation: int
+    ) -> None:
+        """The status write failed: gone (404) is fine; a transient failure waits for the next
+        refresh; a status refused as it is (too large, invalid: e.g. input schemas the API
+        server cannot store) is replaced by a failed one saying so, keeping the last good
+        list. Logged once per server."""
+        if isinstance(err, ApiError) and err.status == 404:
+            return
+        subject = f"AgentToolServer {ref.namespace}/{ref.name}"
+        failure = self.failures.failed((ref.namespace, ref.name), err, subject=subject)
+        if failure.transient:
+            return
+        message = f"what discovery found could not be written to the status ({err})"
+        body = failed_status(previous, message[:1000], generation=generation, now=time.time())
+        try:
+            await self._api.patch_status(ref, keep_transition(body, previous))
+        except Exception as again:  # refused too: the log says it, once
+            self.failures.failed((ref.namespace, ref.name, "failed"), again, subject=subject)
 
     async def _discover(
         self,
@@ -155,22 +245,46 @@ class ToolServerRefresher:
         generation: int,
         previous: Mapping[str, Any],
     ) -> dict[str, Any]:
+        asked = spec.timeouts.discovery.seconds
+        timeout = min(asked, self._max_timeout)
+        try:
+            tenant, rules = await self._reach(namespace)
+            rule = url_rule(spec.url, rules, tenant=tenant)
+        except (LookupError, SpecError) as err:
+            return refused_status(str(err), generation=generation, now=time.time())
+        except ApiError as err:
+            why = f"the tenant of namespace {namespace} cannot be read: HTTP {err.status}"
+            return failed_status(previous, why, generation=generation, now=time.time())
         try:
             headers = await self._headers(spec, namespace)
             endpoint = remote.Endpoint(
-                spec.url, spec.transport, headers, timeout=spec.timeouts.discovery.seconds
+                spec.url,
+                spec.transport,
+                headers,
+                timeout=timeout,
+                private_network=rule.private_network,
             )
             found = await remote.discover(endpoint)
         except remote.RemoteError as err:
-            return failed_status(previous, err.message, generation=generation, now=self._wall())
-        return discovered_status(spec, found, generation=generation, now=self._wall())
+            message = err.message
+            if timeout < asked:
+                message += (
+                    f" (spec.timeouts.discovery {spec.timeouts.discovery} is clamped to the "
+                    f"platform's {timeout:g}s)"
+                )
+            return failed_status(previous, message, generation=generation, now=time.time())
+        # the server's input schemas are checked (bounded CPU, in a thread: the event loop
+        # serves every other tenant meanwhile)
+        return await asyncio.to_thread(
+            discovered_status, spec, found, generation=generation, now=time.time()
+        )
 
     async def _headers(self, spec: AgentToolServerSpec, namespace: str) -> dict[str, str]:
         if spec.headers_from is None:
             return {}
         secret = spec.headers_from.secret_ref.name
         try:
-            return await self._api.secret_values(namespace, secret)
+            return await self._api.secret_values(namespace, secret, keys=spec.headers_from.keys)
         except (ApiError, ValueError) as err:
             reason = f"HTTP {err.status}" if isinstance(err, ApiError) else str(err)
             raise remote.RemoteError(

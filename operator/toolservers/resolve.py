@@ -9,11 +9,13 @@ looked at yet. What does not: reading the AgentToolServer (``store``), the tenan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentrun.protocol import RemoteTool
-from agentrun.tools import remote
+from yarl import URL
+
+from agentrun.protocol import RemoteTool, UrlRule
+from agentrun.tools import reach, remote
 
 from ..platform.spec import SpecError
 from .spec import AgentToolServerSpec, Effect, split_reference
@@ -22,9 +24,99 @@ MAX_FUNCTION_NAME = 64
 """Longest function name the OpenAI tools API accepts."""
 
 
-def resolve_tool(reference: str, server: Mapping[str, Any] | None, *, namespace: str) -> RemoteTool:
+def rules_text(rules: Sequence[UrlRule]) -> str:
+    """The rules as a person reads them in a message: ``host/prefix (private network)``."""
+    shown = [
+        f"{r.host}{r.path_prefix}{' (private network)' if r.private_network else ''}" for r in rules
+    ]
+    return ", ".join(shown) or "none"
+
+
+def url_rule(url: str, rules: Sequence[UrlRule], *, tenant: str) -> UrlRule:
+    """The tenant's rule that allows an AgentToolServer's ``url`` (``reach.allowed_by``).
+
+    Raises ``SpecError`` naming the URL, the tenant and its rules when none does."""
+    try:
+        parsed = URL(url)
+    except ValueError as err:
+        raise SpecError(f"spec.url: {url!r} is not a URL: {err}") from None
+    rule = reach.allowed_by(parsed, rules)
+    if rule is None:
+        raise SpecError(
+            f"spec.url: {parsed.with_query(None)} is not allowed by AgentTenant {tenant!r} "
+            f"(spec.toolServers.allow: {rules_text(rules)})"
+        )
+    return rule
+
+
+def check_reach(
+    reference: str, server: Mapping[str, Any] | None, *, rules: Sequence[UrlRule], tenant: str
+) -> None:
+    """Raises ``SpecError`` naming ``spec.tools`` when the AgentToolServer ``reference`` names
+    has a URL its tenant's ``toolServers`` rules do not allow (checked before waiting for its
+    discovery, which such a server never gets). A missing or invalid server is left to
+    ``resolve_tool``."""
+    parts = split_reference(reference)
+    if server is None or parts is None:
+        return
+    try:
+        spec = AgentToolServerSpec.of(server.get("spec"))
+    except SpecError:
+        return
+    try:
+        url_rule(spec.url, rules, tenant=tenant)
+    except SpecError as err:
+        raise SpecError(f"spec.tools: {reference}: AgentToolServer {parts[0]!r}: {err}") from None
+
+
+def _spec_of(server: Mapping[str, Any], server_name: str, *, where: str) -> AgentToolServerSpec:
+    """``server``'s spec; raises ``SpecError`` naming it as invalid."""
+    try:
+        return AgentToolServerSpec.of(server.get("spec"))
+    except SpecError as err:
+        raise SpecError(f"{where}: AgentToolServer {server_name!r} is invalid: {err}") from None
+
+
+def _function_name(server_name: str, tool: str, *, where: str) -> str:
+    """The model-facing name of ``tool`` on ``server_name``; raises ``SpecError`` when it is
+    longer than providers accept (``MAX_FUNCTION_NAME``)."""
+    function = remote.function_name(server_name, tool)
+    if len(function) > MAX_FUNCTION_NAME:
+        raise SpecError(
+            f"{where}: the model-facing name {function} is longer than {MAX_FUNCTION_NAME} "
+            "characters; use a shorter AgentToolServer name"
+        )
+    return function
+
+
+def _discovered(
+    server: Mapping[str, Any], server_name: str, tool: str, *, where: str
+) -> Mapping[str, Any]:
+    """The status entry discovery wrote for ``tool`` on ``server``; raises ``SpecError`` with
+    the server's ``Ready`` message (or "not discovered yet") when there is none."""
+    status = server.get("status") or {}
+    found = {t.get("name"): t for t in status.get("tools") or []}
+    entry = found.get(tool)
+    if entry is None:
+        conditions = status.get("conditions") or []
+        ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+        why = ready.get("message") or "its tools have not been discovered yet"
+        raise SpecError(f"{where}: not discovered on AgentToolServer {server_name!r}: {why}")
+    return entry  # type: ignore[no-any-return]
+
+
+def resolve_tool(
+    reference: str,
+    server: Mapping[str, Any] | None,
+    *,
+    namespace: str,
+    rules: Sequence[UrlRule],
+    tenant: str,
+) -> RemoteTool:
     """The ``RemoteTool`` a run gets for ``reference`` (``SERVER/TOOL``), from the
-    AgentToolServer object (``None``: it does not exist) in the run's namespace.
+    AgentToolServer object (``None``: it does not exist) in the run's namespace, under its
+    tenant's ``toolServers`` rules (``rules``: its URL must be allowed; the rule's
+    ``privateNetwork`` goes with the tool, for the worker's address check).
 
     Only allowlisted tools that discovery found are resolved (the last good list if a refresh
     failed). Raises ``SpecError`` naming ``spec.tools`` and the reason otherwise.
@@ -35,30 +127,19 @@ def resolve_tool(reference: str, server: Mapping[str, Any] | None, *, namespace:
     where = f"spec.tools: {reference}"
     if server is None:
         raise SpecError(f"{where}: AgentToolServer {server_name!r} not found in {namespace}")
+    spec = _spec_of(server, server_name, where=where)
     try:
-        spec = AgentToolServerSpec.of(server.get("spec"))
+        rule = url_rule(spec.url, rules, tenant=tenant)
     except SpecError as err:
-        raise SpecError(f"{where}: AgentToolServer {server_name!r} is invalid: {err}") from None
+        raise SpecError(f"{where}: AgentToolServer {server_name!r}: {err}") from None
     if spec.effect_of(tool) is None:
         offered = ", ".join(t.name for t in spec.tools) or "none"
         raise SpecError(
             f"{where}: AgentToolServer {server_name!r} does not offer {tool!r} "
             f"(spec.tools: {offered})"
         )
-    status = server.get("status") or {}
-    found = {t.get("name"): t for t in status.get("tools") or []}
-    entry = found.get(tool)
-    if entry is None:
-        conditions = status.get("conditions") or []
-        ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
-        why = ready.get("message") or "its tools have not been discovered yet"
-        raise SpecError(f"{where}: not discovered on AgentToolServer {server_name!r}: {why}")
-    function = remote.function_name(server_name, tool)
-    if len(function) > MAX_FUNCTION_NAME:
-        raise SpecError(
-            f"{where}: the model-facing name {function} is longer than {MAX_FUNCTION_NAME} "
-            "characters; use a shorter AgentToolServer name"
-        )
+    entry = _discovered(server, server_name, tool, where=where)
+    function = _function_name(server_name, tool, where=where)
     headers = spec.headers_from
     return RemoteTool(
         name=function,
@@ -71,6 +152,8 @@ def resolve_tool(reference: str, server: Mapping[str, Any] | None, *, namespace:
         transport=spec.transport.value,
         timeout=spec.timeouts.call.seconds,
         headers_secret=headers.secret_ref.name if headers else None,
+        headers_keys=headers.keys if headers else (),
+        private_network=rule.private_network,
     )
 
 

@@ -46,9 +46,10 @@ class SecretName(SpecModel):
 
 
 class HeadersFrom(SpecModel):
-    """``spec.headersFrom``."""
+    """``spec.headersFrom``: the Secret and the keys of it sent as headers (no other key)."""
 
     secret_ref: SecretName = Field(alias="secretRef")
+    keys: tuple[str, ...] = Field(min_length=1)
 
 
 class Timeouts(SpecModel):

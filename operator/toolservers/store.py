@@ -8,7 +8,7 @@ run's tools (``resolve``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..platform.kubeapi import KubeApi, Ref
@@ -19,9 +19,15 @@ SERVER_CACHE_SECONDS = 5.0
 """How long admission reuses an AgentToolServer read (a burst of runs reads it once)."""
 
 
+def _ready(server: Mapping[str, Any]) -> bool:
+    """Whether the server's ``Ready`` condition is ``True`` (its tools discovered)."""
+    conditions = (server.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 class ToolServerCache:
-    """AgentToolServers by (namespace, name), each read at most once per
-    ``SERVER_CACHE_SECONDS``."""
+    """AgentToolServers by (namespace, name), each ready one read at most once per
+    ``SERVER_CACHE_SECONDS`` (one not ready is read every time: it may be ready any moment)."""
 
     def __init__(self, api: KubeApi, *, clock: Callable[[], float] = time.monotonic) -> None:
         """``api``: where AgentToolServers are read; ``clock``: monotonic seconds."""
@@ -36,8 +42,10 @@ class ToolServerCache:
         if hit is not None and hit[0] > now:
             return hit[1]
         found = await self._api.get(Ref(TOOL_SERVERS, name, namespace))
-        if found is not None and is_pending(found):
-            self._cache.pop((namespace, name), None)  # read again soon
+        if found is not None and (is_pending(found) or not _ready(found)):
+            # read again next time: a server not ready yet (not looked at, refused, failed)
+            # may be discovered any moment, and a run must not be refused on a stale copy
+            self._cache.pop((namespace, name), None)
         else:
             self._cache[(namespace, name)] = (now + SERVER_CACHE_SECONDS, found)
         return found

@@ -56,6 +56,18 @@ FEATURES: dict[str, dict[str, str]] = {
         "metrics.podMonitor.enabled": "true",
         "metrics.prometheusRule.enabled": "true",
     },
+    "pod-extras": {
+        "image.digest": "sha256:" + "0123456789abcdef" * 4,
+        "operator.priorityClassName": "agentrun-control",
+        "worker.priorityClassName": "agentrun-work",
+        "operator.podLabels.team": "platform",
+        "worker.podLabels.team": "platform",
+        "worker.extraVolumes[0].name": "model-ca",
+        "worker.extraVolumes[0].configMap.name": "model-ca",
+        "worker.extraVolumeMounts[0].name": "model-ca",
+        "worker.extraVolumeMounts[0].mountPath": "/etc/model-ca",
+        "worker.extraVolumeMounts[0].readOnly": "true",
+    },
     "no-network-policy": {"networkPolicy.enabled": "false", "nats.install.enabled": "true"},
     "worker-egress": {
         "nats.install.enabled": "true",

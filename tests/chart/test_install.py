@@ -3,10 +3,11 @@ pods are not scheduled here, the objects are what is checked). A typo in values 
 install naming the field; an upgrade changes what it should; uninstalling keeps the CRDs and
 the AgentRuns.
 
-The closed bus's credentials are brought the way a platform team that keeps the bus's keys out
-of the cluster's hooks would: ``agentrun nats bootstrap`` run here against the API server
-makes them, and the values name its Secrets. The chart then has no hook Job, which here would
-wait for a node that never runs it (the hook itself runs on the node, tests/cluster)."""
+The closed bus's credentials and the run-signing keys are brought the way a platform team
+that keeps keys out of the cluster's hooks would: ``agentrun nats bootstrap`` and ``agentrun
+signing bootstrap``, run here against the API server, make them, and the values name their
+Secrets. The chart then has no hook Job, which here would wait for a node that never runs it
+(the hooks themselves run on the node, tests/cluster)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,23 @@ def bring_nats_credentials(kubectl: Kubectl, namespace: str, prefix: str) -> lis
     return [f"nats.auth.{key}Secret={prefix}-{key}" for key in ("operator", "worker", "server")]
 
 
+def bring_run_signing_keys(kubectl: Kubectl, namespace: str, prefix: str) -> list[str]:
+    """Run ``agentrun signing bootstrap --namespace namespace --prefix prefix`` here against
+    the API server; the ``--set`` pairs naming the Secrets it made (signing, trust)."""
+    agentrun = Path(sys.executable).with_name("agentrun")
+    made = subprocess.run(
+        [str(agentrun), "signing", "bootstrap", f"--namespace={namespace}", f"--prefix={prefix}"],
+        env=kubectl.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == f"created or updated: {prefix}-signing, {prefix}-trust\n"
+    return [f"runSigning.{key}Secret={prefix}-{key}" for key in ("signing", "trust")]
+
+
 def get(kubectl: Kubectl, kind: str, name: str, namespace: str) -> dict[str, Any]:
     found: dict[str, Any] = json.loads(
         kubectl("get", kind, name, "-n", namespace, "-o", "json").stdout
@@ -85,6 +103,7 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
 ) -> None:
     bus = f"{release}-bus"
     brought = bring_nats_credentials(kubectl, test_namespace, bus)
+    brought += bring_run_signing_keys(kubectl, test_namespace, bus)
     install(cluster_helm, release, test_namespace, "nats.install.enabled=true", *brought)
     deployments = kubectl("get", "deploy", "-n", test_namespace, "-o", "name").stdout.split()
     assert sorted(deployments) == [
@@ -96,6 +115,7 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     for role in ("operator", "worker"):
         workload = get(kubectl, "deploy", f"{release}-{role}", test_namespace)
         assert secrets_of(workload)["nats-creds"] == f"{bus}-{role}"
+        assert secrets_of(workload)["run-trust"] == f"{bus}-trust"
     assert kubectl("get", "jobs", "-n", test_namespace, "-o", "name").stdout == ""
 
     cluster_helm(
@@ -132,3 +152,27 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     assert kubectl("get", "agentrun", "kept", "-n", test_namespace).returncode == 0
     secrets = kubectl("get", "secrets", "-n", test_namespace, "-o", "name").stdout.split()
     assert {f"secret/{bus}-{s}" for s in ("keys", "operator", "worker", "server")} <= set(secrets)
+
+
+def test_the_notes_lead_a_first_install_to_a_run_that_can_be_admitted(
+    cluster_helm: helm.Helm, release: str, test_namespace: str
+) -> None:
+    """NOTES name the kinds as kubectl knows them, the AgentTenant a run needs, the Secret's
+    namespace the workers may read, the roles, and the CRDs applied before an upgrade."""
+    shown = cluster_helm(
+        "install", release, str(CHART_DIR), "-n", test_namespace, "--dry-run=client",
+        "--set", f"fullnameOverride={release}",
+    ).stdout  # fmt: skip
+    notes = shown[shown.index("NOTES:") :]
+    assert "kubectl get agentruns -A" in notes and "get agents -A" not in notes
+    assert "an AgentTenant binding the namespaces runs go in" in notes
+    assert f"Model API-key Secrets must live in: {test_namespace}." in notes
+    assert f"ClusterRoles {release}-view, {release}-edit, {release}-approve" in notes
+    assert f"--clusterrole={release}-edit" in notes
+    assert "BEFORE `helm upgrade`" in notes
+    assert "runs still going keep their finalizer" in notes
+    with_tenant = cluster_helm(
+        "install", release, str(CHART_DIR), "-n", test_namespace, "--dry-run=client",
+        "--set", f"fullnameOverride={release}", "--set", "operator.defaultTenant=shared",
+    ).stdout  # fmt: skip
+    assert 'charged to the AgentTenant "shared", which must exist' in with_tenant

@@ -1,10 +1,9 @@
 """Least privilege, shown: what every ServiceAccount the chart creates may do, as the real API
 server answers ``kubectl auth can-i --list``, in the install namespace and in a tenant
 namespace, for the default values and for a tenant namespace listed in the values. Hook
-accounts count: the NATS bootstrap hook's exists during every install and upgrade (and stays
-after a failed one). The answer
-must equal the committed table `MATRIX` (``rbac_matrix.txt`` beside this file); a difference
-fails and prints the diff.
+accounts count: the NATS and run-signing bootstrap hooks' exist during every install and
+upgrade (and stay after a failed one). The answer must equal the committed table `MATRIX`
+(``rbac_matrix.txt`` beside this file); a difference fails and prints the diff.
 
 The table is kubectl's listing normalised: one row per resource (or non-resource URL) and
 resource names, the verbs of every rule for it merged and sorted, the chart's object-name
@@ -46,6 +45,9 @@ VALUE_SETS: dict[str, dict[str, str]] = {
 }
 """Named ``--set`` values the matrix is taken for."""
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+USER_ROLES = ("view", "edit", "approve", "admin")
+"""The people's ClusterRoles, each bound in a team namespace to a user of its own (for the
+default values): what a team member with that role may do there."""
 _ROW = re.compile(r"^\s*(\S*)\s+\[(.*?)\]\s+\[(.*?)\]\s+\[(.*?)\]\s*$")
 _HEADER = f"""\
 # `kubectl auth can-i --list --as system:serviceaccount:<namespace>:<account>` for every
@@ -107,6 +109,20 @@ def applied_accounts(
     return prefix, accounts, docs
 
 
+def user_role_sections(kubectl: Kubectl, namespace: str, *, prefix: str) -> list[str]:
+    """A section per user role (``<prefix>-view`` …), bound with a RoleBinding in
+    `namespace` to a user of its own."""
+    sections = []
+    for role in USER_ROLES:
+        user = f"agentrun-{role}-user"
+        kubectl("create", "rolebinding", user, f"--clusterrole={prefix}-{role}", f"--user={user}",
+                "-n", namespace)  # fmt: skip
+        rows = can_i_list(kubectl, user, namespace)
+        title = f"values: defaults · user role: agentrun-{role}"
+        sections.append(render_table(rows, title=title))
+    return sections
+
+
 def test_every_service_account_may_do_exactly_what_the_committed_matrix_lists(
     offline_helm: helm.Helm,
     kubectl: Kubectl,
@@ -135,6 +151,8 @@ def test_every_service_account_may_do_exactly_what_the_committed_matrix_lists(
                         f" · namespace: {where}"
                     )
                     sections.append(render_table(rows, title=title))
+            if not values:
+                sections += user_role_sections(kubectl, tenant_namespace, prefix=prefix)
         finally:
             for doc in docs:
                 if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):

@@ -18,7 +18,7 @@ from chart_support import CHART_DIR, FEATURES, REPO_ROOT, documents, keda_module
 from agentrun import protocol
 from agentrun.natsauth import Authority, bootstrap
 from agentrun.settings import WorkerSettings
-from agentrun.tools import PrometheusQuery, ToolContext, ToolError
+from agentrun.tools import PrometheusQuery, ToolContext, ToolError, kubernetes_get
 from agentrun_dev import helm, image, natsserver
 
 CTX = ToolContext(namespace="ns", run_name="run", run_uid="uid", call_id="c")
@@ -246,6 +246,31 @@ def test_the_prometheus_query_tool_gets_the_url_the_values_name(
     assert "AGENTRUN_PROMETHEUS_URL" not in env_of(find(docs, "Deployment", "agentrun-operator"))
     settings = worker_settings(monkeypatch, worker)
     assert settings.prometheus_url == "http://prometheus.monitoring.svc:9090"
+    assert settings.prometheus_scope_label == "namespace"  # each run reads its namespace only
+
+
+def test_the_kubernetes_get_grant_covers_exactly_what_the_tool_reads(
+    offline_helm: helm.Helm,
+) -> None:
+    """The tool and the chart agree: every kind the tool offers is granted (get, list) where
+    the platform lists a namespace, and nothing else is."""
+    listed = dict(FEATURES["defaults"], **{"rbac.kubernetesGetNamespaces[0]": "team-a"})
+    docs = documents(offline_helm.template(CHART_DIR, namespace="agentrun", values=listed))
+    role = find(docs, "ClusterRole", "agentrun-worker-kubernetes-get")
+    granted = {
+        (group, resource): tuple(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    groups = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch"}
+    read = {
+        ((route.custom[0] if route.custom else groups[route.api]), kind): ("get", "list")
+        for kind, route in kubernetes_get.ROUTES.items()
+    }
+    assert granted == read
+    binding = find(docs, "RoleBinding", "agentrun-worker-kubernetes-get")
+    assert binding["metadata"]["namespace"] == "team-a"
 
 
 def test_by_default_no_prometheus_is_configured_and_the_tool_says_so(

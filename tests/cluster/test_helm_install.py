@@ -114,6 +114,7 @@ def installed(
     values["mockModel"]["scenarios"] = scenarios
     values["turnAckWaitSeconds"] = 5
     values["worker"]["terminationGracePeriodSeconds"] = 5
+    values["worker"]["drainMarginSeconds"] = 2
     installed = release.install_chart(
         node_kubectl,
         chart=CHART,

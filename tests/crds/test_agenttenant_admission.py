@@ -81,7 +81,14 @@ def test_minimal_agenttenant_gets_the_defaults(
 
 
 ACCEPTED_SPECS = [
-    pytest.param({"namespaceSelector": {}}, id="empty-selector-matches-every-namespace"),
+    pytest.param(
+        {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}},
+        id="selector-by-expression-only",
+    ),
+    pytest.param(
+        {"toolServers": {"allow": [{"host": "search.tools.svc", "privateNetwork": True}]}},
+        id="tool-server-rules",
+    ),
     pytest.param(
         {"budget": {"tokens": 0, "costUSD": "0", "wallClockSeconds": 0}}, id="zero-budgets"
     ),
@@ -146,6 +153,21 @@ REJECTED_SPECS = [
     pytest.param(None, [NOT_BOUND], id="no-namespaces-and-no-selector"),
     pytest.param({"namespaces": []}, [NOT_BOUND], id="empty-namespaces-and-no-selector"),
     pytest.param(
+        {"namespaceSelector": {}},
+        ["spec.namespaceSelector", "an empty selector matches every namespace"],
+        id="empty-selector-would-match-every-namespace",
+    ),
+    pytest.param(
+        {"namespaceSelector": {"matchLabels": {}, "matchExpressions": []}},
+        ["spec.namespaceSelector", "an empty selector matches every namespace"],
+        id="selector-of-empty-parts",
+    ),
+    pytest.param(
+        {"toolServers": {"allow": [{"host": "http://x"}]}},
+        ["spec.toolServers.allow[0].host", "should match"],
+        id="tool-server-rule-with-a-scheme",
+    ),
+    pytest.param(
         {"namespaces": ["Team_A"]}, ["spec.namespaces[0]", "should match"], id="bad-namespace"
     ),
     pytest.param(
@@ -197,6 +219,11 @@ REJECTED_SPECS = [
         {"maxConcurrentRuns": 0},
         ["spec.maxConcurrentRuns", "greater than or equal to 1"],
         id="zero-concurrent-runs",
+    ),
+    pytest.param(
+        {"maxConcurrentTurns": 0},
+        ["spec.maxConcurrentTurns", "greater than or equal to 1"],
+        id="zero-concurrent-turns",
     ),
     pytest.param(
         {"runBudget": {"max": {"maxSteps": 0}}},
@@ -569,6 +596,8 @@ def test_explain_agenttenant_spec_explains_window_and_admission(kubectl: Kubectl
         "tenant_budget_exhausted",
         "maxConcurrentRuns",
         "Queued",
+        "maxConcurrentTurns",
+        "fewest turns in flight",
         "allowedModels",
         "allowedTools",
     ]:

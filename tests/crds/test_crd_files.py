@@ -233,6 +233,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "costUSD",
         "wallSeconds",
         "estimated",
+        "eventBytes",
     }
 
 
@@ -342,10 +343,12 @@ def test_agenttenant_spec_fields_are_the_contract() -> None:
         "budget",
         "whenExhausted",
         "maxConcurrentRuns",
+        "maxConcurrentTurns",
         "runBudget",
         "allowedModels",
         "allowedTools",
         "httpGet",
+        "toolServers",
         "ttlSecondsAfterFinished",
     }
     assert "required" not in spec  # one of namespaces / namespaceSelector, checked in CEL

@@ -22,10 +22,11 @@ THIRD_PARTY = {"cryptography", "installer", "packaging", "platformdirs", "psutil
 DEV_ONLY_LIBRARIES = {"installer", "platformdirs", "psutil"}
 """Libraries only the dev tooling uses. (``cryptography`` is a runtime dependency since the MCP
 client needs it; the dev tooling's certificates use it too.)"""
-RUNTIME_USED = {"agentrun.natsauth", "agentrun.natsclient"}
+RUNTIME_USED = {"agentrun.display", "agentrun.natsauth", "agentrun.natsclient", "agentrun.trust"}
 """Runtime modules the dev tooling uses: the NATS trust chain, credentials and client options,
-so the suite's nats-server is closed exactly as the chart closes it (the import contract
-allows these and no other)."""
+so the suite's nats-server is closed exactly as the chart closes it, the run-signing keys, and
+the rule that makes model text safe to print (the demo prints answers); the import contract
+allows these and no other."""
 
 
 def imported_modules(path: Path) -> set[str]:

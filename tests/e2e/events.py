@@ -106,3 +106,17 @@ def put_book_bytes(server: NatsServer, tenant: str, value: bytes) -> bytes:
             await bus.close()
 
     return asyncio.run(put())
+
+
+def purge_events(server: NatsServer, namespace: str, name: str) -> None:
+    """Delete every event on the run's subject, as NATS data loss (or a purge by someone
+    holding the server's keys) leaves it."""
+
+    async def purge() -> None:
+        bus = await Bus.connect(BusSettings(url=server.url, auth=server.auth()), name="e2e-purger")
+        try:
+            await bus.purge_run(namespace, name)
+        finally:
+            await bus.close()
+
+    asyncio.run(purge())

@@ -14,6 +14,7 @@ from agentrun import kernel
 from agentrun.kernel import wire
 
 from .conftest import E2EStack, run_manifest
+from .events import read_events
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +41,9 @@ def second_request_tools(stack_: E2EStack, name: str) -> list[dict[str, Any]]:
     return [m for m in requests[1]["body"]["messages"] if m["role"] == "tool"]
 
 
-def test_the_run_waits_then_an_approved_call_runs(stack_: E2EStack, test_namespace: str) -> None:
+def test_the_run_waits_then_an_approved_call_runs(
+    stack_: E2EStack, test_namespace: str, nats_server: object
+) -> None:
     status = start(stack_, test_namespace, "approved")
     pending = status["pendingApproval"]
     assert (pending["toolCallID"], pending["tool"], pending["arguments"]) == (
@@ -54,12 +57,28 @@ def test_the_run_waits_then_an_approved_call_runs(stack_: E2EStack, test_namespa
     # operator's status intervals, ample for a turn of this scenario to commit and show
     time.sleep(1.5)
     assert stack_.get(test_namespace, "approved")["status"]["phase"] == "AwaitingApproval"
-    result = cli(stack_, "approve", "approved", "-n", test_namespace)
+    result = cli(stack_, "approve", "approved", "--digest", pending["digest"], "-n", test_namespace)
     assert result.returncode == 0, result.stderr
-    assert 'calculate({"expression": "6*7"})' in result.stdout
+    assert '    "expression": "6*7"' in result.stdout.splitlines()  # shown in full
     done = stack_.wait_terminal(test_namespace, "approved")
     assert (done["terminalReason"], done["answer"]) == ("completed", "Reviewed and done.")
     assert "pendingApproval" not in done
+    # who approved: the CLI names the caller as the API server knows them, and the decision
+    # is recorded under that name in the trajectory and the Event
+    me = stack_.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").stdout
+    said = f"approve: {pending['digest']} as {me} (applied only while that call is the pending one)"
+    assert me and result.stdout.splitlines()[-1] == said
+    decisions = [
+        e.approval
+        for e in read_events(nats_server, test_namespace, "approved")  # type: ignore[arg-type]
+        if e.kind == "approval"
+    ]
+    assert [(a.approved, a.reviewer) for a in decisions if a is not None] == [(True, me)]
+    events = stack_.kubectl(
+        "get", "events", "-n", test_namespace, "--field-selector", "reason=Approved",
+        "-o", "jsonpath={.items[*].message}",
+    ).stdout  # fmt: skip
+    assert f"approved by {me}" in events
     tools = second_request_tools(stack_, "approved")
     assert [(m["tool_call_id"], m["content"]) for m in tools] == [
         (wire.wire_call_id("a1"), "42"),  # ids go out in wire form
@@ -101,7 +120,8 @@ def test_an_approval_naming_other_arguments_is_not_applied(
     status = stack_.get(test_namespace, "forged")["status"]
     assert status["phase"] == "AwaitingApproval"
     assert status["usage"]["toolCalls"] == 1
-    assert cli(stack_, "approve", "forged", "-n", test_namespace).returncode == 0
+    real = status["pendingApproval"]["digest"]
+    assert cli(stack_, "approve", "forged", "--digest", real, "-n", test_namespace).returncode == 0
     assert stack_.wait_terminal(test_namespace, "forged")["terminalReason"] == "completed"
 
 

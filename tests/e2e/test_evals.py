@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from agentrun_dev import components, stack
+from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from . import argocd_health, test_kubectl_plugin
-from .conftest import EXAMPLES, E2EStack, http_get
+from .conftest import EXAMPLES, E2EStack, http_get, run_manifest
 from .test_agents import AGENT_TURNS, agent_manifest
 from .test_budget_use import collatz_scenario
 from .test_resilience import metric_value
@@ -346,8 +347,9 @@ def test_a_spec_the_operator_cannot_run_fails_naming_the_field(
     passed = conditions(status)["Passed"]
     assert (status["phase"], passed["reason"]) == ("Failed", "InvalidSpec")
     assert passed["message"] == (
-        "spec.cases[1].expect.answer.pattern: '(unclosed' is not a regular expression: "
-        "missing ), unterminated subpattern at position 0"
+        "spec.cases[1].expect.answer.pattern: '(unclosed' is not a regular expression the "
+        "linear-time engine accepts (RE2 syntax: no backreferences or lookaround): "
+        "missing ): (unclosed"
     )
     assert eval_runs(stack_, test_namespace, "broken") == []
 
@@ -393,3 +395,62 @@ def test_live_suites_get_the_expected_argo_health(stack_: E2EStack, test_namespa
     found = sample("invalid-spec", live("broken"), "Degraded")
     assert found["message"].startswith("spec.cases[0].expect.answer.jsonSchema: not a valid")
     samples.write()
+
+
+HOSTILE_PATTERN = "^(a+)+$"
+HOSTILE_ANSWER = "a" * 100 + "!"
+"""On Python's backtracking ``re`` the pattern takes about 22 s against 30 characters and hours
+against 40: the leader's event loop would stop there."""
+
+
+def test_a_catastrophic_pattern_grading_a_hostile_answer_holds_up_no_other_run(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """An AgentEval's ``answer.pattern`` ``^(a+)+$`` grades an answer of 101 characters
+    while another namespace's run is created: the suite fails that case at once, and the
+    other run is admitted and finishes as fast as on an idle operator."""
+    append_scenario(
+        stack_,
+        {
+            "name": "eval-hostile",
+            "match": {"goal": "E2E-EVAL-HOSTILE"},
+            "turns": [
+                {"content": HOSTILE_ANSWER, "usage": {"prompt_tokens": 9, "completion_tokens": 9}}
+            ],
+        },
+    )
+    append_scenario(
+        stack_,
+        {
+            "name": "eval-neighbour",
+            "match": {"goal": "E2E-EVAL-NEIGHBOUR"},
+            "turns": [{"content": "Hello.", "usage": {"prompt_tokens": 5, "completion_tokens": 2}}],
+        },
+    )
+    ns = test_namespace
+    other = create_namespace(stack_.kubectl)
+    try:
+        stack_.apply(ns, agent_manifest("calc"))
+        hostile = case("hostile", "E2E-EVAL-HOSTILE for {{ params.team }}")
+        hostile["expect"]["answer"] = {"pattern": HOSTILE_PATTERN}
+        stack_.apply(ns, suite("redos", [hostile]))
+        wait_eval(
+            stack_,
+            ns,
+            "redos",
+            lambda s: any(r.get("phase") == "Running" for r in s.get("cases") or []),
+        )
+        started = time.monotonic()
+        stack_.apply(other, run_manifest("neighbour", "E2E-EVAL-NEIGHBOUR say hello"))
+        neighbour = stack_.wait_terminal(other, "neighbour", timeout=30)
+        took = time.monotonic() - started
+        assert (neighbour["terminalReason"], neighbour["answer"]) == ("completed", "Hello.")
+        status = wait_eval(stack_, ns, "redos", finished, timeout=60)
+        assert time.monotonic() - started < 30, f"graded after {time.monotonic() - started:.1f}s"
+        row = rows(status)["hostile"]
+        assert (status["phase"], row["passed"], row["reason"]) == ("Failed", False, "completed")
+        assert row["message"].startswith("answer 'aaaa")
+        assert f"does not match /{HOSTILE_PATTERN}/" in row["message"]
+        assert took < 15, f"the other namespace's run took {took:.1f}s"
+    finally:
+        delete_namespace(stack_.kubectl, other)

@@ -134,7 +134,7 @@ def test_approval_requested_and_decided_are_recorded(stack_: E2EStack, test_name
     )
     requested = found[reasons(found).index("ApprovalRequested")]
     assert "a1 (calculate)" in requested["message"] and digest in requested["message"]
-    assert cli(stack_, "approve", "held", "-n", test_namespace).returncode == 0
+    assert cli(stack_, "approve", "held", "--digest", digest, "-n", test_namespace).returncode == 0
     stack_.wait_terminal(test_namespace, "held")
     found = wait_events(
         stack_, test_namespace, "AgentRun", "held", lambda f: "Completed" in reasons(f)
@@ -184,19 +184,31 @@ def test_a_used_up_tenant_window_records_exhaustion_queueing_and_the_reset(
     assert "(BudgetExhausted)" in second[0]["message"]
 
 
-def test_a_failing_model_is_warned_about_on_its_agentmodel(
+def test_a_failing_model_is_warned_about_on_its_agentmodel_without_naming_the_run(
     stack_: E2EStack, test_namespace: str
 ) -> None:
-    stack_.apply(test_namespace, run_manifest("broken", "E2E-500"))
-    assert stack_.wait_terminal(test_namespace, "broken", timeout=90)["terminalReason"] == (
-        "model_error"
-    )
+    """The AgentModel is cluster-scoped: its Events sit in ``default``, where people of every
+    tenant read them. The warning names no run, namespace or tenant and quotes nothing the
+    provider said (which may echo a prompt); the run's own Event in its namespace has the
+    cause, with the provider's terminal escape neutralised."""
+    stack_.apply(test_namespace, run_manifest("broken-echo", "E2E-ECHOING-500"))
+    ended = stack_.wait_terminal(test_namespace, "broken-echo", timeout=90)
+    assert ended["terminalReason"] == "model_error"
+    assert "TENANT-SECRET-PLAN" in ended["message"]
     found = wait_events(
         stack_, "default", "AgentModel", "mock", lambda f: "ModelCallsFailing" in reasons(f)
     )
     failing = found[reasons(found).index("ModelCallsFailing")]
     assert failing["type"] == "Warning"  # once per model per minute: any run's failure
     assert "ended model_error" in failing["message"]
+    for private in ("broken", test_namespace, "TENANT-SECRET-PLAN", "upstream", "\x1b"):
+        assert private not in failing["message"], failing["message"]
+    own = wait_events(
+        stack_, test_namespace, "AgentRun", "broken-echo", lambda f: "ModelError" in reasons(f)
+    )
+    message = own[reasons(own).index("ModelError")]["message"]
+    assert "TENANT-SECRET-PLAN" in message
+    assert "\x1b" not in message and "\\x1b[31m" in message
 
 
 def test_the_recorder_raises_a_repeat_s_count_and_posts_anew_once_the_event_is_gone(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agentrun import kernel
 from agentrun_dev import stack
 
 from . import test_tenants
@@ -238,10 +239,13 @@ def test_describe_approve_cancel_and_rerun(stack_: E2EStack, test_namespace: str
     assert "Phase:         AwaitingApproval" in text
     assert "Agent:         calc (generation 1, sha256:" in text and "  team: qa" in text
     assert "Pending:       call 1 of 1 held for approval, decided in turn" in text
-    assert '  → 1. calculate({"expression":"6*7"}) call c1: pending' in text
+    assert "  → 1. calculate call c1: pending" in text
+    digest = kernel.digest_of("calculate", {"expression": "6*7"})
+    assert f"       digest {digest}" in text
+    assert '           "expression": "6*7"' in text  # in full, indented
     assert "Approval:      calculate" in text
     assert "ApprovalRequested" in text  # its Kubernetes Events (waited for above)
-    approved = plugin(stack_, "approve", "held", "-n", test_namespace)
+    approved = plugin(stack_, "approve", "held", "--digest", digest, "-n", test_namespace)
     assert approved.returncode == 0, approved.stderr
     assert stack_.wait_terminal(test_namespace, "held")["terminalReason"] == "completed"
 

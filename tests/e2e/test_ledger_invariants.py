@@ -20,7 +20,7 @@ import nats
 import pytest
 import yaml
 
-from agentrun.ledger import Book, Hold, LedgerStore
+from agentrun.ledger import Book, Hold, LedgerStore, TenantLimits
 from agentrun_dev import components, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
@@ -271,8 +271,11 @@ def test_an_orphaned_hold_is_released_within_the_bound(
     _apply_tenant(stack_, name, namespace, budget={"tokens": 10_000})
     expires = time.time() + 1.0
     hold = Hold("dead-run", 3, 1_100, Decimal("0.01"), expires, "dead-worker", namespace, "gone")
+    limits = TenantLimits(tokens=10_000)  # the AgentTenant's, opening its book as admission does
     refusal = ledger._run(
-        ledger.store._change(name, lambda book: book.reserve("dead-run:3", hold, now=time.time()))
+        ledger.store._change(
+            name, lambda book: book.reserve("dead-run:3", hold, now=time.time()), limits=limits
+        )
     )
     assert refusal is None
     book = ledger.book(name)

@@ -59,7 +59,9 @@ def wait_server(
 
 def grow_tool_list(url: str) -> None:
     """Call the test server's ``grow`` tool (it then lists ``extra`` too)."""
-    tool = RemoteTool("grow", "flaky", "grow", "", {}, "read", url, "StreamableHTTP", 10.0)
+    tool = RemoteTool(
+        "grow", "flaky", "grow", "", {}, "read", url, "StreamableHTTP", 10.0, private_network=True
+    )
     ctx = ToolContext(namespace="ns", run_name="test", run_uid="test", call_id="grow")
     assert asyncio.run(remote.mcp_tool(tool).run({}, ctx)) == "grown"
 
@@ -114,7 +116,11 @@ def test_a_tool_the_tenant_does_not_grant_is_refused_before_the_run_starts(
         "apiVersion": "agentrun.dev/v1alpha1",
         "kind": "AgentTenant",
         "metadata": {"name": tenant},
-        "spec": {"namespaces": [namespace], "allowedTools": ["tools/add", "calculate"]},
+        "spec": {
+            "namespaces": [namespace],
+            "allowedTools": ["tools/add", "calculate"],
+            "toolServers": {"allow": [{"host": "127.0.0.1", "privateNetwork": True}]},
+        },
     }
     stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     try:

@@ -685,6 +685,13 @@ def test_tenant_policy_rejects_disallowed_models_tools_and_budgets_and_fills_in_
         assert strict in ambiguous["message"] and clamp in ambiguous["message"]
         assert ambiguous.get("tenant") not in (strict, clamp, "default")
         assert model_calls(stack_, f"E2E-MAX-STEPS {shared_ns}") == []
+
+        def names_shared(status: dict[str, Any]) -> bool:
+            found = conditions(status).get("NamespacesAmbiguous") or {}
+            return found.get("status") == "True" and shared_ns in found.get("message", "")
+
+        for tenant in (strict, clamp):  # each tenant says which of its namespaces is shared
+            wait_tenant(stack_, tenant, names_shared)
     finally:
         stack_.kubectl("delete", "agentmodel", other_model, "--ignore-not-found", "--wait=false")
 

@@ -1,5 +1,5 @@
 """The images `make image` builds: the agentrun image runs its console scripts as uid 65532 on
-a read-only root filesystem, carries the OCI labels, stays under 200 MB, and is not rebuilt
+a read-only root filesystem, carries the OCI labels, stays under 210 MB, and is not rebuilt
 when nothing changed; the NATS image runs nats-server likewise.
 
 Containers run with runc from the archive's own layers (unpacked into a temporary bundle,
@@ -23,7 +23,9 @@ import pytest
 from agentrun_dev import image, natsserver
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SIZE_LIMIT = 200_000_000
+SIZE_LIMIT = 210_000_000
+"""Bytes of the agentrun image's archive: 200 MB until google-re2 (the linear-time engine
+for users' patterns) and the C++ runtime it links (libstdc++6) came in, at about 202 MB."""
 pytestmark = pytest.mark.timeout(1800)
 
 
@@ -146,6 +148,33 @@ def test_the_agentrun_cli_answers_help_inside_the_image(
 
     assert result.returncode == 0, result.stderr
     assert "usage: agentrun" in result.stdout
+
+
+IMPORT_ALL = """
+import importlib, pkgutil, agentrun
+names = [m.name for m in pkgutil.walk_packages(agentrun.__path__, "agentrun.")]
+for name in names:
+    if not name.endswith(".__main__"):
+        importlib.import_module(name)
+print(len(names))
+"""
+"""Imports every module of the installed runtime (not the ``__main__`` entry points)."""
+
+
+def test_every_runtime_module_imports_inside_the_image(
+    images: image.ProjectImages, unpacked: dict[str, Path], tmp_path: Path
+) -> None:
+    """A native wheel whose shared libraries the image lacks fails here, not in a pod: the
+    console scripts' ``--help`` imports only part of the package."""
+    result = run_in_container(
+        images.agentrun.archive,
+        unpacked["agentrun"],
+        ["python3.11", "-c", IMPORT_ALL],
+        tmp_path=tmp_path,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > 150
 
 
 def test_the_kubectl_plugin_answers_help_inside_the_image(

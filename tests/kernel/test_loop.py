@@ -113,6 +113,18 @@ def test_the_cost_cap_limits_output_and_then_stops() -> None:
     assert admit(spent, limits, estimate=170, pricing=pricing).phase is Phase.COST_BUDGET_EXHAUSTED
 
 
+def test_with_free_output_the_prompt_s_own_cost_can_still_exceed_the_cost_cap() -> None:
+    """Output priced at 0 leaves no output price to divide by: the prompt's input cost alone
+    decides, and a prompt that costs more than what is left is not sent."""
+    pricing = kernel.Pricing(Decimal("10"), Decimal("1"), Decimal("0"))  # USD per 1M
+    limits = kernel.Limits(max_cost_usd=Decimal("0.001"), max_output_tokens=4096)
+    fits = admit(start(), limits, estimate=100, pricing=pricing)  # 0.001 USD: exactly the cap
+    assert fits.phase is None and fits.max_output_tokens == 4096
+    over = admit(start(), limits, estimate=101, pricing=pricing)  # 0.00101 USD
+    assert over.phase is Phase.COST_BUDGET_EXHAUSTED
+    assert over.message == "maxCostUSD: 0 of 0.001 spent; the next call could exceed it"
+
+
 def test_cached_input_tokens_are_priced_at_the_cached_rate() -> None:
     pricing = kernel.Pricing(Decimal("2"), Decimal("0.5"), Decimal("8"))
     cost = pricing.cost(input_tokens=1_000_000, cached_input_tokens=400_000, output_tokens=100_000)

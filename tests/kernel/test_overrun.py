@@ -7,12 +7,14 @@ the provider was seen to add); and the summary call at a cap keeps the run's too
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 
 import pytest
 
 from agentrun import kernel
 from agentrun.kernel import Phase
+from agentrun.kernel.gates import overrun
 
 from .helpers import TOOLS, call, checked, response, tool_turn
 
@@ -164,3 +166,28 @@ def test_every_ordinary_call_sends_its_tools_without_a_tool_choice() -> None:
     step = plan(start(), kernel.Limits(), tools=TOOL_LIST)
     assert isinstance(step, kernel.CallModel)
     assert step.sends_tools and step.tool_choice is None
+
+
+@pytest.mark.parametrize(
+    ("estimated", "shown"), [(False, "20600 in all"), (True, "20600 in all, estimated")]
+)
+def test_an_overrun_names_the_cap_the_excess_the_call_and_the_run_s_total(
+    estimated: bool, shown: str
+) -> None:
+    """The message counts the run's earlier spend in, and says when the provider's counts
+    were estimates (it sent no usage)."""
+    before = dataclasses.replace(start(), usage=kernel.Usage(500, 0))
+    ended = overrun(
+        before, kernel.Limits(max_tokens=2000), kernel.Usage(100, 20_000, estimated=estimated)
+    )
+    assert ended == kernel.Ending(
+        Phase.TOKEN_BUDGET_EXHAUSTED,
+        "maxTokens 2000 overrun by 18600 tokens: one call used 100 input and 20000 output "
+        f"tokens ({shown})",
+    )
+    costly = kernel.Usage(100, 20_000, 0, Decimal("0.0401"), estimated=estimated)
+    assert overrun(before, kernel.Limits(max_cost_usd=Decimal("0.01")), costly) == kernel.Ending(
+        Phase.COST_BUDGET_EXHAUSTED,
+        "maxCostUSD 0.01 overrun by 0.0301 USD: one call used 100 input and 20000 output "
+        "tokens (0.0401 USD in all)",
+    )

@@ -103,6 +103,7 @@ def test_a_tenant_refusal_of_the_summary_ends_with_the_runs_own_cap() -> None:
     state = kernel.advance(start(), tool_turn(start(), checked()), limits)
     record = kernel.refused_by_tenant(call_of(state, limits), "no budget")
     assert isinstance(record, kernel.Summarized) and record.decision is None
+    assert record.error == "no budget"  # the committed record says why no summary came
     assert kernel.advance(state, record, limits).phase is Phase.MAX_STEPS
 
 
@@ -212,3 +213,17 @@ def test_calls_to_approval_tools_are_held_not_run() -> None:
     step = answer(start(), limits, tool_calls("a"))
     assert isinstance(step, kernel.RunTools)
     assert step.runnable == () and step.record.held == ("a",)
+
+
+def test_a_run_past_its_deadline_while_awaiting_approval_ends_holding_no_request() -> None:
+    limits = kernel.Limits(approval_tools=frozenset({"deploy"}))
+    held = dataclasses.replace(
+        tool_turn(start(), checked("c1"), kernel.CheckedCall("d1", "deploy", {})),
+        held=("d1",),
+    )
+    waiting = kernel.advance(start(), dataclasses.replace(held, results=held.results[:1]), limits)
+    assert waiting.pending is not None
+    step = plan(waiting, limits, timing=LATE)
+    assert isinstance(step, kernel.EndRun)
+    after = kernel.advance(waiting, step.record, limits)
+    assert (after.phase, after.pending) == (Phase.DEADLINE_EXCEEDED, None)

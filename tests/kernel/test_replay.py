@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from seals_support import VERIFIER, sealed
 
 from agentrun import history, kernel
 from agentrun.operator.admission import config as admission
@@ -105,7 +106,7 @@ async def run_example(run: Mapping[str, Any]) -> Trajectory:
             )
             deps = TurnDeps(model=model, catalog=catalog, secrets=NoSecrets())
             state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
-            events = [RunEvent("admitted", uid, state.summary(), config=config)]
+            events = [sealed(RunEvent("admitted", uid, state.summary(), config=config))]
             records: list[kernel.TurnRecord] = []
             while not state.phase.is_terminal:
                 record = await execute_turn(deps, config, state)
@@ -189,7 +190,7 @@ async def test_a_committed_trajectory_folds_back_to_the_same_run(name: str) -> N
     assert replayed.messages == live.messages
     assert replayed == live
 
-    loaded = history.fold(events, run_uid=admitted.run_uid)
+    loaded = history.fold(events, run_uid=admitted.run_uid, seals=VERIFIER)
     assert loaded is not None and loaded.state == live and loaded.seq == len(events)
 
 

@@ -287,7 +287,11 @@ SHRUNK: list[Any] = [
     ),
     pytest.param(
         kernel.Answered(4, kernel.Refusal("no" * 300 * KIB), kernel.Usage(5, 5)),
-        lambda r: isinstance(r.decision, kernel.Refusal) and len(r.decision.text) < 5 * KIB,
+        lambda r: (
+            isinstance(r.decision, kernel.Refusal)
+            and len(r.decision.text) < 5 * KIB
+            and r.usage == kernel.Usage(5, 5)
+        ),
         id="a refusal keeps its first bytes",
     ),
     pytest.param(
@@ -305,3 +309,51 @@ def test_shrinking_keeps_what_the_run_needs(record: kernel.TurnRecord, check: An
     assert check(shrunk)
     data = json.dumps(events.record_as_dict(shrunk), ensure_ascii=False)
     assert len(data.encode()) < 16 * KIB
+
+
+def test_a_reply_s_size_is_its_text_raw_arguments_ids_names_and_checked_calls() -> None:
+    """Each part as stored (JSON escapes counted: a ``"`` takes 2 bytes); a call held for a
+    person carries its arguments three times (the run's summary shows them to the reviewer)."""
+    raw = '{"expression":"1"}'  # 18 characters, 4 quotes: 22 bytes stored
+    decision = kernel.ToolCalls(
+        (
+            kernel.ToolCall("call_1", "calculate", raw),
+            kernel.ToolCall("call_2", "nope", {"k": 1}),  # not a string: stored as str(), 8
+            kernel.ToolCall("call_3", "calculate", raw),
+        ),
+        "hi",
+    )
+    calls = (
+        kernel.CheckedCall("call_1", "calculate", {"expression": "1"}),
+        kernel.InvalidCall("call_2", "nope", "unknown"),
+        kernel.CheckedCall("call_3", "calculate", {"expression": "1"}),
+    )
+    record = kernel.Answered(0, decision, calls=calls, held=("call_1",))
+    text, arguments = 2, 22 + 8 + 22
+    ids_and_names = (64 + 2 * (6 + 9)) + (64 + 2 * (6 + 4)) + (64 + 2 * (6 + 9))
+    checked, error = 22 * 3 + 22, 7
+    assert bounds.reply_size(record) == text + arguments + ids_and_names + checked + error == 421
+
+
+def test_a_stopped_turn_keeps_its_turn_phase_and_the_first_bytes_of_its_message() -> None:
+    record = kernel.Stopped(4, kernel.Ending(Phase.DEADLINE_EXCEEDED, "m" * 900 * KIB))
+    shrunk = kernel.shrink_record(record, size=2_000_000, cap=EVENT_CAP)
+    assert isinstance(shrunk, kernel.Stopped)
+    assert (shrunk.turn, shrunk.ending.phase) == (4, Phase.DEADLINE_EXCEEDED)
+    assert shrunk.ending.message.startswith("m" * 4000)
+    assert len(shrunk.ending.message.encode()) < 5 * KIB
+
+
+def test_a_resume_turn_s_large_result_becomes_a_placeholder_naming_its_bytes_and_the_budget() -> (
+    None
+):
+    """Results up to 256 bytes are kept as they are; the budget named is the cap's
+    (``results_budget(512 KiB)``: 256 KiB)."""
+    record = kernel.Resumed(4, (result(0, "w" * 3000), result(1, "e" * 256)))
+    shrunk = kernel.shrink_record(record, size=2_000_000, cap=512 * KIB)
+    assert isinstance(shrunk, kernel.Resumed)
+    assert [r.content for r in shrunk.results] == [
+        "[agentrun: result dropped, 3000 bytes: this turn's tool results passed their cap of "
+        "262144 bytes. Make fewer tool calls in one turn, or ask for less output]",
+        "e" * 256,
+    ]

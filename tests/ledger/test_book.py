@@ -29,7 +29,7 @@ from agentrun.ledger import (
     codec,
     window_start,
 )
-from agentrun.ledger.entries import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT
+from agentrun.ledger.entries import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT, LedgerCorrupt
 
 DAY = 86_400.0
 T0 = 19_675 * DAY
@@ -509,18 +509,6 @@ def test_operations_roll_the_window_first() -> None:
     assert b.window == T0 + 2 * DAY
 
 
-def test_set_limits_applies_a_new_window_length_at_once() -> None:
-    b = book(tokens=100, window_seconds=DAY)
-    b.used_tokens = 50
-    b.set_limits(limits(tokens=200, window_seconds=3_600.0), now=NOW + 1)
-    assert b.limits.tokens == 200
-    assert b.window == T0 + 3_600.0
-    assert b.used_tokens == 0
-    b.used_tokens = 10
-    b.set_limits(limits(tokens=300, window_seconds=3_600.0), now=NOW + 2)
-    assert (b.window, b.used_tokens) == (T0 + 3_600.0, 10)
-
-
 # --------------------------------------------------------------------------- encode / decode
 
 
@@ -586,6 +574,58 @@ def test_encode_keeps_decimals_as_strings_never_floats() -> None:
     assert isinstance(tiny, str) and Decimal(tiny) == Decimal("0.000000123456789")
     assert run["active"][5] == "4.750000000001"  # [ns, name, since, turn, tokens, cost]
     assert Decimal(raw["reserved"]["costUSD"]) == full_book().reserved_cost
+
+
+def test_an_unanswered_hold_is_stored_as_five_fields_and_an_answered_one_as_seven() -> None:
+    """A run's entry is rewritten on every change of it: a hold whose call has not answered
+    carries no spent fields (``[turn, tokens, cost, expires, owner]``)."""
+    b = full_book()
+    b.holds["r2:0"].spent_tokens, b.holds["r2:0"].spent_cost = 40, Decimal("0.01")
+    raw = json.loads(codec.encode_book(b))
+    assert len(raw["runs"]["r1"]["holds"]["r1:5"]) == 5  # [turn, tokens, cost, expires, owner]
+    assert raw["runs"]["r2"]["holds"]["r2:0"][5:] == [40, "0.01"]
+    assert codec.decode_book(codec.encode_book(b)) == b
+
+
+def test_a_legacy_hold_whose_run_is_not_active_decodes_without_run_names() -> None:
+    """The one-value book of earlier releases stores a run's namespace and name once, with its
+    active entry: a hold of a run no longer active is read without them."""
+    legacy = {
+        "v": 2,
+        "tenant": "t",
+        "limits": {
+            "tokens": None,
+            "costUSD": None,
+            "wallClockSeconds": None,
+            "windowSeconds": 86400.0,
+            "maxConcurrentRuns": None,
+        },
+        "window": NOW - 60,
+        "used": {
+            "tokens": 0,
+            "costUSD": "0",
+            "wallClockSeconds": 0.0,
+            "abandonedTokens": 0,
+            "abandonedCostUSD": "0",
+        },
+        "holds": {"r2:0": ["r2", 0, 1, "0", NOW + 60, "w2"]},
+        "active": {},
+    }
+    back = codec.decode_legacy(json.dumps(legacy).encode()).holds["r2:0"]
+    assert (back.namespace, back.name) == ("", "")
+    assert back.run_uid == "r2" and back.tokens == 1
+
+
+def test_the_used_wall_clock_time_is_stored_to_the_millisecond() -> None:
+    b = full_book()
+    b.used_wall = 12.3456789
+    assert json.loads(codec.encode_book(b))["used"]["wallClockSeconds"] == 12.346
+    assert codec.decode_book(codec.encode_book(b)).used_wall == 12.346
+
+
+def test_a_malformed_entry_is_refused_as_corrupt_naming_the_field() -> None:
+    with pytest.raises(LedgerCorrupt, match=r"(?s)^malformed ledger totals: .*\bwindow\b"):
+        codec.decode_book(b'{"v": 3, "tenant": "t", "window": "abc"}')
 
 
 def test_an_unlimited_empty_book_round_trips() -> None:
@@ -961,3 +1001,99 @@ def test_every_model_call_of_a_turn_run_twice_is_charged_exactly_once(
     assert book.holds == {}
     assert (book.used_tokens, book.abandoned_tokens) == (275, CALLS[loser][0])
     assert (book.used_cost, book.abandoned_cost) == (Decimal("0.003"), CALLS[loser][1])
+
+
+def test_a_run_stopped_after_its_committer_died_unsettled_charges_that_call_once() -> None:
+    """Turn 0 committed by ``a`` (its call answered, its usage on its hold), ``a`` died before
+    settling, then the run ended by a ``stop`` event, which names no committer: the close's
+    ``resolve_turn`` with an empty committer drops nothing and charges nothing, so ``a``'s call
+    is charged once, through the run's usage, by the close."""
+    book = Book.new("t", TenantLimits(tokens=100_000), now=0.0)
+    assert book.admit("r", "ns", "r", now=0.0) is None
+    assert book.reserve("r:0", Hold("r", 0, 1_000, Decimal(0), 60.0, "a"), now=1.0) is None
+    assert book.record_spend("r:0", owner="a", tokens=110, cost_usd=Decimal("0.001"))
+    assert book.resolve_turn("r", 0, committer="") == 0
+    assert (book.used_tokens, list(book.holds)) == (0, ["r:0"])
+    assert book.close("r", turn=0, tokens=110, cost_usd=Decimal("0.001"), end=3.0, now=3.0)
+    assert (book.used_tokens, book.used_cost) == (110, Decimal("0.001"))
+    assert (book.abandoned_tokens, book.holds) == (0, {})
+
+
+def test_used_never_goes_down_even_when_a_settlement_reports_less_than_was_charged() -> None:
+    """``used`` only grows within a window (the reservation's refusal rule relies on it): a
+    newer turn's totals below what the run was charged (which no committed history produces)
+    charge nothing and lower nothing, so the next settlement charges only what is new."""
+    b = book(tokens=100_000)
+    assert b.admit("r1", "ns", "r1", now=NOW) is None
+    assert b.settle("r1", turn=1, tokens=100, cost_usd=Decimal("0.010"), now=NOW) == (
+        100,
+        Decimal("0.010"),
+    )
+    assert b.settle("r1", turn=2, tokens=80, cost_usd=Decimal("0.008"), now=NOW) == (
+        0,
+        Decimal(0),
+    )
+    assert (b.used_tokens, b.used_cost) == (100, Decimal("0.010"))
+    assert (b.active["r1"].tokens, b.active["r1"].cost_usd) == (100, Decimal("0.010"))
+    assert b.settle("r1", turn=3, tokens=120, cost_usd=Decimal("0.012"), now=NOW) == (
+        20,
+        Decimal("0.002"),
+    )
+    assert (b.used_tokens, b.used_cost) == (120, Decimal("0.012"))
+
+
+def answered(run: str, turn: int, owner: str, tokens: int, cost: str) -> Hold:
+    """A hold whose call answered, using ``tokens`` / ``cost``."""
+    made = hold(run, turn, 1_000, "0.01", owner=owner)
+    made.spent_tokens, made.spent_cost = tokens, Decimal(cost)
+    return made
+
+
+def spent_before(b: Book) -> None:
+    """What the window had charged already: 500 tokens, 0.005 USD, 50 / 0.0005 abandoned."""
+    b.used_tokens, b.used_cost = 500, Decimal("0.005")
+    b.abandoned_tokens, b.abandoned_cost = 50, Decimal("0.0005")
+
+
+def test_abandoned_calls_add_to_what_the_window_had_charged() -> None:
+    """Whoever charges an abandoned call — the sweep dropping its hold, or its own delivery
+    leaving — adds it to ``used`` and ``abandoned``, never replaces them."""
+    b = book(tokens=100_000)
+    spent_before(b)
+    b.put_hold("r1:0", answered("r1", 0, "w1", 100, "0.001"))
+    assert b.drop_hold("r1:0", committed_turn=-1)
+    assert (b.used_tokens, b.used_cost) == (600, Decimal("0.006"))
+    assert (b.abandoned_tokens, b.abandoned_cost) == (150, Decimal("0.0015"))
+    b.put_hold("r2:0", hold("r2", 0, 1_000, "0.01", owner="w2"))
+    assert b.abandon("r2:0", owner="w2", tokens=10, cost_usd=Decimal("0.0001"), now=NOW)
+    assert (b.used_tokens, b.used_cost) == (610, Decimal("0.0061"))
+    assert (b.abandoned_tokens, b.abandoned_cost) == (160, Decimal("0.0016"))
+
+
+def test_a_delivery_leaving_charges_its_call_set_aside_by_a_takeover_once() -> None:
+    """Its hold was moved aside (``r1:0/dead``) when another delivery took the turn: leaving,
+    it charges its call and drops that hold, even with its usage recorded on it."""
+    b = book(tokens=100_000)
+    b.put_hold("r1:0", hold("r1", 0, 1_000, "0.01", owner="next"))
+    b.put_hold("r1:0/dead", answered("r1", 0, "dead", 100, "0.001"))
+    assert b.abandon("r1:0", owner="dead", tokens=100, cost_usd=Decimal("0.001"), now=NOW)
+    assert list(b.holds) == ["r1:0"]
+    assert (b.used_tokens, b.abandoned_tokens) == (100, 100)
+    assert not b.abandon("r1:0", owner="dead", tokens=100, cost_usd=Decimal("0.001"), now=NOW)
+    assert (b.used_tokens, b.abandoned_tokens) == (100, 100)
+
+
+def test_resolving_or_catching_up_a_turn_touches_only_that_run_s_holds() -> None:
+    b = book(tokens=100_000)
+    for run in ("r1", "r2"):
+        assert b.admit(run, "ns", run, now=NOW) is None
+    b.put_hold("r1:0/a", answered("r1", 0, "a", 100, "0.001"))
+    b.put_hold("r1:0/b", answered("r1", 0, "b", 120, "0.0012"))
+    b.put_hold("r1:0", answered("r1", 0, "c", 90, "0.0009"))
+    b.put_hold("r2:0", answered("r2", 0, "a", 70, "0.0007"))
+    assert b.resolve_turn("r1", 0, committer="c") == 2  # a's and b's calls lost the commit
+    assert list(b.holds) == ["r2:0"]
+    assert (b.used_tokens, b.abandoned_tokens) == (220, 220)
+    b.put_hold("r1:1", hold("r1", 1, 1_000, "0.01", owner="c"))
+    b.catch_up("r1", turn=1, tokens=400, cost_usd=Decimal("0.004"), now=NOW)
+    assert list(b.holds) == ["r2:0"]  # r2's turn 0 is not r1's to drop

@@ -74,14 +74,32 @@ flight through the outage (the client may have held its requests until the serve
 
 
 async def retried(op: Callable[[], Awaitable[T]], *, timeout: float = 60.0) -> T:
-    """``op()`` until it succeeds (each failure is what a redelivery or a retry would do)."""
+    """``op()`` until it succeeds (each failure is what a redelivery or a retry would do).
+
+    A failed assertion inside ``op`` is the test failing, not the chaos: it is raised at once,
+    never retried into a pass."""
     async with asyncio.timeout(timeout):
         while True:
             try:
                 return await op()
+            except AssertionError:
+                raise
             except Exception as err:
                 FAILURES.append(err)
                 await asyncio.sleep(random.uniform(0.05, 0.2))
+
+
+async def test_retried_raises_a_failed_assertion_at_once() -> None:
+    """The helper itself: chaos is retried, a failed check of the test is not."""
+    calls: list[int] = []
+
+    async def check() -> None:
+        calls.append(1)
+        raise AssertionError("not Granted")
+
+    with pytest.raises(AssertionError, match="not Granted"):
+        await retried(check, timeout=5.0)
+    assert calls == [1]
 
 
 def after_turn(turn: int) -> kernel.RunState:

@@ -21,6 +21,9 @@ from nats.aio.client import Client as NATS
 
 from agentrun import kernel
 from agentrun.ledger import (
+    BookMissing,
+    BudgetRefusal,
+    CallNeed,
     Hold,
     LedgerStore,
     LedgerUnavailable,
@@ -93,12 +96,33 @@ async def test_change_creates_the_entry_with_the_given_limits(open_store: Opener
     assert (await store.read(tenant)).limits == given  # type: ignore[union-attr]
 
 
-async def test_change_without_limits_starts_an_unlimited_entry(open_store: Opener) -> None:
+async def test_a_missing_book_is_no_budget_never_an_unlimited_one(open_store: Opener) -> None:
+    """Only an admission (with the AgentTenant's limits) makes a book: a call of a tenant with
+    none is refused, and nothing a turn does creates one."""
     store = await open_store()
     tenant = tenant_name()
-    await store._change(tenant, lambda b: b.used_tokens)
-    stored = await store.read(tenant)
-    assert stored is not None and stored.limits == TenantLimits()
+    with pytest.raises(BookMissing, match="no ledger book"):
+        await store._change(tenant, lambda b: b.used_tokens)
+    ref = TurnRef(tenant, "run", "ns", "r", 0)
+    hold = Hold("run", 0, 0, Decimal(0), store.clock() + 60, "o")
+    refused = await store.reserve_call(
+        ref,
+        CallNeed(prompt_tokens=10, output_tokens=10, pricing=kernel.Pricing()),
+        hold,
+        before=None,
+        prior_owner="",
+        now=store.clock(),
+    )
+    assert isinstance(refused, BudgetRefusal) and "no budget" in refused.message
+    assert await store.reserve_turn(ref, hold, before=None, prior_owner="", now=1.0) is not None
+    assert not await store.record_spend(ref, owner="o", usage=kernel.Usage(5, 5))
+    assert not await store.refresh_hold(ref, owner="o", expires=2.0)
+    assert not await store.release_hold(ref, owner="o")
+    assert not await store.close_run(tenant, "run", None, end=1.0)
+    assert await store.settle_turn(
+        ref, owner="o", prior_owner="", after=kernel.Usage(5, 5), now=1.0
+    ) == (0, Decimal(0))
+    assert await store.read(tenant) is None  # still no book: nobody made one up
 
 
 async def test_a_change_that_changes_nothing_writes_nothing(open_store: Opener) -> None:
@@ -119,7 +143,9 @@ async def test_a_stale_cached_revision_is_detected_and_the_change_reapplied(
 ) -> None:
     one, two = await open_store(), await open_store()
     tenant = tenant_name()
-    await one._change(tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()))
+    await one._change(
+        tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()), limits=TenantLimits()
+    )
     await two._change(tenant, lambda b: b.admit("b", "ns", "b", now=two.clock()))
     # one's cached copy lacks "b": its first write must lose, re-read and keep "b"
     await one._change(tenant, lambda b: b.admit("c", "ns", "c", now=one.clock()))
@@ -131,7 +157,9 @@ async def test_a_stale_cached_revision_is_detected_and_the_change_reapplied(
 async def test_exhausting_the_attempts_raises_ledger_unavailable(open_store: Opener) -> None:
     one, two = await open_store(attempts=1), await open_store()
     tenant = tenant_name()
-    await one._change(tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()))
+    await one._change(
+        tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()), limits=TenantLimits()
+    )
     await two._change(tenant, lambda b: b.admit("b", "ns", "b", now=two.clock()))
     with pytest.raises(LedgerUnavailable, match="1 compare-and-set attempts"):
         await one._change(tenant, lambda b: b.admit("c", "ns", "c", now=one.clock()))
@@ -145,7 +173,9 @@ async def test_a_monkeypatched_stale_revision_with_one_attempt_raises(
 ) -> None:
     store = await open_store(attempts=1)
     tenant = tenant_name()
-    await store._change(tenant, lambda b: b.admit("a", "ns", "a", now=store.clock()))
+    await store._change(
+        tenant, lambda b: b.admit("a", "ns", "a", now=store.clock()), limits=TenantLimits()
+    )
     key = book_key(tenant)
     revision, data = store._cache[key]
     monkeypatch.setitem(store._cache, key, (revision - 1 if revision > 1 else 10**9, data))
@@ -300,7 +330,7 @@ async def test_a_queue_over_the_platforms_limit_refuses_only_the_next_run(
 async def test_tenants_lists_tenants_with_a_book(open_store: Opener) -> None:
     store = await open_store()
     with_book, only_queued = tenant_name(), tenant_name()
-    await store._change(with_book, lambda b: None)
+    await store._change(with_book, lambda b: None, limits=TenantLimits())
     await store.enqueue(only_queued, QueuedRun("u", "ns", "n", 0.0))
     assert book_key(with_book) in await store.kv.keys()  # the entry is in the bucket
     tenants = await store.tenants()

@@ -69,6 +69,13 @@ GAUGES = {
     "agentrun_turns_pending",
     "agentrun_worker_turns_in_flight",
     "agentrun_worker_concurrency",
+    "agentrun_crd_mismatch",
+    "agentrun_jetstream_store_limit_bytes",
+    "agentrun_jetstream_stream_bytes",
+    "agentrun_jetstream_stream_messages",
+    "agentrun_jetstream_consumer_pending",
+    "agentrun_jetstream_consumer_ack_pending",
+    "agentrun_approval_oldest_request_timestamp_seconds",
 }
 HISTOGRAMS = {
     "agentrun_turn_duration_seconds",
@@ -142,6 +149,10 @@ REQUIRED_ALERTS = {
     "AgentrunModelCallsFailing",
     "AgentrunQueueLagGrowing",
     "AgentrunTurnsWaitLong",
+    "AgentrunJetStreamStoreFilling",
+    "AgentrunRunEventsBacklog",
+    "AgentrunApprovalsWaitLong",
+    "AgentrunCRDMismatch",
 }
 RUNBOOKS = REPO / "docs" / "runbooks"
 RUNBOOK_URL = "https://agentrun.dev/docs/runbooks/{alert}.md"
@@ -828,6 +839,61 @@ tests:
         alertname: AgentrunTargetsDown
         exp_alerts:
           - exp_labels: {{severity: warning, namespace: ns, job: agentrun-worker}}
+  - name: the bus alerts - a filling store, an event backlog, an old approval, old CRDs
+    interval: 1m
+    input_series:
+      # "full": 900 of 1000 bytes used; "roomy": 100 of 1000; "unknown": no store size
+      - series: agentrun_jetstream_stream_bytes{{namespace="full",stream="AGENTRUN_EVENTS"}}
+        values: 850x30
+      - series: agentrun_jetstream_stream_bytes{{namespace="full",stream="AGENTRUN_TURNS"}}
+        values: 50x30
+      - series: agentrun_jetstream_store_limit_bytes{{namespace="full",pod="op-1"}}
+        values: 1000x30
+      - series: agentrun_jetstream_stream_bytes{{namespace="roomy",stream="AGENTRUN_EVENTS"}}
+        values: 100x30
+      - series: agentrun_jetstream_store_limit_bytes{{namespace="roomy",pod="op-1"}}
+        values: 1000x30
+      - series: agentrun_jetstream_stream_bytes{{namespace="unknown",stream="AGENTRUN_EVENTS"}}
+        values: 999999x30
+      # "behind": 500 events wait all along; "bursty": a burst drained within minutes
+      - series: agentrun_jetstream_consumer_pending{{namespace="behind",
+          consumer="agentrun-operator"}}
+        values: 500x30
+      - series: agentrun_jetstream_consumer_pending{{namespace="bursty",
+          consumer="agentrun-operator"}}
+        values: 0x10 500 0x19
+      - series: agentrun_jetstream_consumer_pending{{namespace="behind",
+          consumer="agentrun-workers"}}
+        values: 900x30
+      # tenant "old" held a call at t=0 (waits the whole time), "new" 20 minutes in
+      - series: agentrun_approval_oldest_request_timestamp_seconds{{namespace="ns",tenant="old"}}
+        values: 0x90
+      - series: agentrun_approval_oldest_request_timestamp_seconds{{namespace="ns",tenant="new"}}
+        values: _x20 1200x70
+      # one operator pod of "stale" waits for newer CRDs; "fine" matches
+      - series: agentrun_crd_mismatch{{namespace="stale",pod="op-2"}}
+        values: 1x30
+      - series: agentrun_crd_mismatch{{namespace="stale",pod="op-1"}}
+        values: 0x30
+      - series: agentrun_crd_mismatch{{namespace="fine",pod="op-1"}}
+        values: 0x30
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: AgentrunJetStreamStoreFilling
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: full}}
+      - eval_time: 25m
+        alertname: AgentrunRunEventsBacklog
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: behind}}
+      - eval_time: 70m
+        alertname: AgentrunApprovalsWaitLong
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: ns, tenant: old}}
+      - eval_time: 25m
+        alertname: AgentrunCRDMismatch
+        exp_alerts:
+          - exp_labels: {{severity: critical, namespace: stale}}
 """
 """promtool unit tests: each alert fires on the series it is for, and not on look-alikes."""
 

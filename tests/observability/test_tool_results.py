@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from agentrun import kernel, metrics
 from agentrun.kernel import ToolFault
-from agentrun.protocol import ModelConfig, RunConfig
+from agentrun.protocol import ModelConfig, RemoteTool, RunConfig
 
 LABEL_OF_FAULT = {
     ToolFault.ARGUMENTS: "error",
@@ -89,3 +89,56 @@ def test_a_committed_turn_counts_each_call_under_its_label() -> None:
         return REGISTRY.get_sample_value("agentrun_tool_calls_total", labels)
 
     assert [value(r) for r in metrics.TOOL_RESULTS] == [1, 1, 1, 0, 0]
+
+
+def test_mcp_tool_names_are_labels_up_to_a_bound_per_tenant_then_other() -> None:
+    """Whoever writes an AgentToolServer names its tools: a tenant cannot make the series
+    grow without bound by declaring ever new names."""
+    remote = [
+        RemoteTool(f"srv__t{i}", "srv", f"t{i}", "", {}, "read", "http://h/mcp", "SSE", 1.0)
+        for i in range(metrics.MAX_REMOTE_TOOL_LABELS + 5)
+    ]
+    config = RunConfig(
+        uid="u",
+        namespace="ns",
+        name="r",
+        goal="g",
+        instructions="",
+        tools=tuple(t.name for t in remote),
+        limits=kernel.Limits(),
+        model=ModelConfig("bound-model", "http://unused.invalid/v1", "m", kernel.Pricing(), 1, 1),
+        deadline=0.0,
+        tenant="bounded-tenant",
+        remote_tools=tuple(remote),
+    )
+    calls = tuple(kernel.CheckedCall(f"c{i}", t.name, {}) for i, t in enumerate(remote))
+    invented = kernel.InvalidCall("x", "made_up_by_the_model", "unknown tool")
+    results = tuple(kernel.ToolResult(c.id, c.name, "ok") for c in calls)
+    results += (kernel.ToolResult("x", invented.name, "ERROR", True, ToolFault.ARGUMENTS),)
+    state = kernel.initial_state(goal="g")
+    record = kernel.Answered(
+        0, kernel.ToolCalls((), None), calls=(*calls, invented), results=results
+    )
+    after = kernel.advance(state, record, config.limits)
+    metrics.record_turn(record, before=state, after=after, config=config, catalog=("calculate",))
+
+    tools = {
+        s.labels["tool"]
+        for family in REGISTRY.collect()
+        if family.name == "agentrun_tool_calls"
+        for s in family.samples
+        if s.labels.get("tenant") == "bounded-tenant" and s.name.endswith("_total")
+    }
+    assert len(tools - {"other", "unknown"}) == metrics.MAX_REMOTE_TOOL_LABELS
+    assert {"other", "unknown"} <= tools
+
+    def value(tool: str) -> float | None:
+        labels = {"tenant": "bounded-tenant", "tool": tool, "result": "ok"}
+        return REGISTRY.get_sample_value("agentrun_tool_calls_total", labels)
+
+    assert value("other") == 5  # the calls past the bound are still counted
+    assert value("srv__t0") == 1  # a name already labelled keeps its label
+    assert (
+        metrics.tool_label("srv__t0", tenant="bounded-tenant", catalog=(), remote={"srv__t0"})
+        == "srv__t0"
+    )

@@ -50,3 +50,31 @@ def test_approve_without_a_held_call_names_the_command_it_was_run_as(
     monkeypatch.setattr(control, "RunClient", NothingWaits)
     assert main(["approve", "idle", "-n", "default"]) == 1
     assert capsys.readouterr().err == f"{prog}: error: idle is not waiting for an approval\n"
+
+
+class Closable:
+    """An API client stand-in: only closed."""
+
+    async def close(self) -> None:
+        return None
+
+
+def test_a_malformed_signing_key_secret_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentrun.cli import main as cli_main
+    from agentrun.trust import KeyFileError, secrets
+
+    async def client() -> Closable:
+        return Closable()
+
+    async def malformed(*args: object, **kwargs: object) -> list[str]:
+        raise KeyFileError("Secret agentrun-signing: key 'keys.json' is not JSON")
+
+    monkeypatch.setattr(cli_main.kube, "api_client", client)
+    monkeypatch.setattr(secrets, "bootstrap", malformed)
+    assert agentrun_cli.main(["signing", "bootstrap", "-n", "ns", "--prefix", "agentrun"]) == 1
+    assert capsys.readouterr().err == (
+        "agentrun: error: a run-signing key Secret is malformed: "
+        "Secret agentrun-signing: key 'keys.json' is not JSON\n"
+    )

@@ -49,9 +49,16 @@ def test_a_turn_shows_text_calls_results_rejections_and_usage() -> None:
         "← calculate [c1]: 42",
         "✗ nope [c2] rejected: unknown tool 'nope'",
     ]
-    assert body[4].startswith('→ deploy({"x":"yyy') and body[4].endswith("… (208 chars)) [c3]")
-    assert body[5] == "⏸ deploy [c3] held for approval"
-    assert body[6] == "usage 100 in (40 cached) + 20 out tokens, 0.000450 USD"
+    # a held call is shown in full for review, with the digest that approves exactly it
+    assert body[4:10] == [
+        "⏸ deploy [c3] held for approval",
+        f"digest {kernel.digest_of('deploy', {'x': 'y' * 200})}",
+        "deploy arguments (in full):",
+        "{",
+        f'"x": "{"y" * 200}"',
+        "}",
+    ]
+    assert body[10] == "usage 100 in (40 cached) + 20 out tokens, 0.000450 USD"
 
 
 def test_a_committed_decision_shows_its_calls_pending_then_their_results() -> None:
@@ -174,9 +181,14 @@ def test_describe_lists_every_held_call_of_a_batch_with_its_decision() -> None:
     lines = kubectl.describe_lines(obj, [])
     start = lines.index(
         "Pending:       call 2 of 2 held for approval, decided in turn: "
-        "kubectl agentrun approve|deny ship"
+        "kubectl agentrun approve|deny ship --digest sha256:b"
     )
-    assert lines[start + 1 : start + 3] == [
-        '    1. deploy({"version":"1"}) call d1: approved',
-        '  → 2. deploy({"version":"2"}) call d2: pending',
+    assert lines[start + 1 : start + 8] == [
+        '    1. deploy call d1: approved ({"version":"1"})',
+        "  → 2. deploy call d2: pending",
+        "       digest sha256:b",
+        "       deploy arguments (in full):",
+        "         {",
+        '           "version": "2"',
+        "         }",
     ]

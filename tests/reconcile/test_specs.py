@@ -115,3 +115,20 @@ async def test_an_invalid_tenant_keeps_its_namespaces_so_their_runs_are_rejected
     ):
         await tenants.resolve("team-a")
     assert (await tenants.resolve("elsewhere")).name == "fallback"
+
+
+async def test_an_ambiguous_namespace_is_remembered_for_its_tenants_conditions_until_resolved() -> (
+    None
+):
+    tenants = Tenants(FakeKube())
+    for name in ("a", "b"):
+        tenants.put({"metadata": {"name": name}, "spec": {"namespaces": ["shared", f"own-{name}"]}})
+    with pytest.raises(NoTenant, match="several AgentTenants: a, b"):
+        await tenants.resolve("shared")
+    assert (await tenants.resolve("own-a")).name == "a"  # the others' runs are untouched
+    assert tenants.ambiguous_of("a") == {"shared": ("b",)}
+    assert tenants.ambiguous_of("b") == {"shared": ("a",)}
+    tenants.put({"metadata": {"name": "b"}, "spec": {"namespaces": ["own-b"]}})
+    assert (await tenants.resolve("shared")).name == "a"
+    assert tenants.ambiguous_of("a") == {} and tenants.ambiguous_of("b") == {}
+    assert await tenants.tool_server_rules("own-a") == ("a", ())

@@ -70,3 +70,25 @@ def test_nats_credentials_come_from_files_never_from_the_url(
     with pytest.raises(pydantic.ValidationError, match="AGENTRUN_NATS_CREDS_FILE") as refused:
         WorkerSettings()
     assert "s3cret" not in str(refused.value)  # the refusal does not log the password
+
+
+def test_a_worker_drains_for_its_grace_period_less_the_margin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGENTRUN_TERMINATION_GRACE", "90")
+    monkeypatch.setenv("AGENTRUN_DRAIN_MARGIN", "15")
+    assert WorkerSettings().drain_seconds == 75.0
+    monkeypatch.delenv("AGENTRUN_TERMINATION_GRACE")
+    monkeypatch.delenv("AGENTRUN_DRAIN_MARGIN")
+    assert WorkerSettings().drain_seconds == 20.0  # Kubernetes' default 30 s less 10
+
+
+def test_a_drain_margin_not_below_the_grace_period_is_refused_naming_both(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AGENTRUN_TERMINATION_GRACE", "10")
+    monkeypatch.setenv("AGENTRUN_DRAIN_MARGIN", "10")
+    with pytest.raises(pydantic.ValidationError) as refused:
+        WorkerSettings()
+    assert "AGENTRUN_DRAIN_MARGIN=10" in str(refused.value)
+    assert "AGENTRUN_TERMINATION_GRACE=10" in str(refused.value)

@@ -40,6 +40,7 @@ def admitted(url: str, tool: str, *, effect: str = "read", timeout: float = 10.0
         url=url,
         transport="StreamableHTTP",
         timeout=timeout,
+        private_network=True,  # the test servers listen on loopback
     )
 
 

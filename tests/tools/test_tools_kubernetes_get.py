@@ -245,3 +245,17 @@ async def test_reads_agentruns_as_custom_objects(
     assert (await get(kind="agentruns", name="r1"))["name"] == "r1"
     with pytest.raises(tools.ToolError, match="agentruns 'r2' not found"):
         await get(kind="agentruns", name="r2")
+
+
+def test_a_namespace_the_platform_did_not_grant_is_refused_saying_where_it_is_granted() -> None:
+    """The chart binds the tool's read grant only in rbac.kubernetesGetNamespaces: a run in
+    another namespace reads the API server's 403 as the place to ask."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from agentrun.tools import kubernetes_get
+
+    error = kubernetes_get._error_for(
+        ApiException(status=403, reason="Forbidden"), kind="pods", name=None, ns="team-a"
+    )
+    assert "not allowed to read pods in namespace team-a" in error.message
+    assert "rbac.kubernetesGetNamespaces" in error.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import socket
 import time
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ def admitted(
         url=url,
         transport="StreamableHTTP",
         timeout=timeout,
+        private_network=True,  # the test servers listen on loopback
     )
 
 
@@ -65,7 +67,10 @@ def failure(tool: RemoteTool, **arguments: Any) -> ToolError:
 def test_discovery_lists_every_tool_with_its_real_input_schema(
     server: mcp_support.McpProcess,
 ) -> None:
-    found = {d.name: d for d in asyncio.run(remote.discover(remote.Endpoint(server.url)))}
+    found = {
+        d.name: d
+        for d in asyncio.run(remote.discover(remote.Endpoint(server.url, private_network=True)))
+    }
     assert {"add", "echo", "divide", "slow", "huge", "picture", "count"} <= set(found)
     add = found["add"].input_schema
     assert add["required"] == ["a", "b"]
@@ -161,7 +166,7 @@ def test_a_connection_reset_mid_call_then_a_restart_gets_a_new_session(
 def test_a_changing_tool_list_is_seen_by_the_next_discovery(
     fresh_server: mcp_support.McpProcess,
 ) -> None:
-    endpoint = remote.Endpoint(fresh_server.url)
+    endpoint = remote.Endpoint(fresh_server.url, private_network=True)
     before = {d.name for d in asyncio.run(remote.discover(endpoint))}
     assert call(admitted(fresh_server.url, "grow")) == "grown"
     after = {d.name for d in asyncio.run(remote.discover(endpoint))}
@@ -175,7 +180,7 @@ def test_discovery_of_a_server_that_never_answers_ends_at_its_hard_timeout() -> 
         url = f"http://127.0.0.1:{hole.getsockname()[1]}/mcp"
         started = time.monotonic()
         with pytest.raises(remote.RemoteError) as caught:
-            asyncio.run(remote.discover(remote.Endpoint(url, timeout=1.0)))
+            asyncio.run(remote.discover(remote.Endpoint(url, timeout=1.0, private_network=True)))
     assert caught.value.fault is ToolFault.TIMEOUT
     assert time.monotonic() - started < 2.5
 
@@ -183,7 +188,7 @@ def test_discovery_of_a_server_that_never_answers_ends_at_its_hard_timeout() -> 
 def test_discovery_of_a_server_that_is_down_says_so() -> None:
     url = f"http://127.0.0.1:{mcp_support.free_port()}/mcp"
     with pytest.raises(remote.RemoteError) as caught:
-        asyncio.run(remote.discover(remote.Endpoint(url, timeout=5.0)))
+        asyncio.run(remote.discover(remote.Endpoint(url, timeout=5.0, private_network=True)))
     assert caught.value.fault is ToolFault.CONNECTION
     assert url in caught.value.message
 
@@ -195,7 +200,7 @@ def test_a_wrong_endpoint_path_is_a_transport_fault(server: mcp_support.McpProce
 
 def test_an_sse_server_works_the_same(tmp_path: Path) -> None:
     with mcp_support.running(tmp_path, transport="sse") as sse:
-        endpoint = remote.Endpoint(sse.url, remote.Transport.SSE)
+        endpoint = remote.Endpoint(sse.url, remote.Transport.SSE, private_network=True)
         assert "add" in {d.name for d in asyncio.run(remote.discover(endpoint))}
         tool = admitted(sse.url, "add")
         sse_tool = dataclasses.replace(tool, transport="SSE")
@@ -303,3 +308,53 @@ def test_an_escape_heavy_result_is_cut_to_the_cap_as_stored(
     body = result.content[: result.content.rindex("\n[agentrun: result truncated")]
     assert kernel.bounds.stored_bytes(body) <= 16_384
     assert kernel.bounds.stored_bytes(result.content) <= 16_384 + 64
+
+
+async def _call_while_ticking(tool: RemoteTool, pool: bool) -> tuple[str, float]:
+    """Call ``tool`` while another task ticks every 10 ms, as another run's turn would; the
+    result and the longest the ticker waited."""
+    ticks: list[float] = []
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(ticker())
+    sessions = remote.SessionPool() if pool else None
+    try:
+        out = await remote.mcp_tool(tool, pool=sessions).run({}, CTX)
+    finally:
+        stop.set()
+        await task
+        ticks.append(time.monotonic())  # the wait since the ticker's last turn counts too
+        if sessions is not None:
+            await sessions.aclose()
+    return out, max(b - a for a, b in itertools.pairwise(ticks))
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["own-session", "pooled"])
+def test_a_hostile_output_schema_never_runs_in_the_callers_loop(
+    server: mcp_support.McpProcess, pool: bool
+) -> None:
+    """The SDK would check ``shaped``'s structured content against its listed outputSchema
+    (``^(a+)+$``, 41 characters: hours on Python's re) inside the event loop every run of the
+    worker shares; the runtime drops that check."""
+    started = time.monotonic()
+    out, gap = asyncio.run(_call_while_ticking(admitted(server.url, "shaped", timeout=8), pool))
+    assert mcp_support.HOSTILE_TEXT in out
+    assert time.monotonic() - started < 6
+    assert gap < 1.0, f"the event loop stalled {gap:.2f}s"
+
+
+def test_a_hostile_server_lists_the_schemas_its_author_chose(
+    server: mcp_support.McpProcess,
+) -> None:
+    found = {
+        d.name: d
+        for d in asyncio.run(remote.discover(remote.Endpoint(server.url, private_network=True)))
+    }
+    code = found["guarded"].input_schema["properties"]["code"]
+    assert code["pattern"] == mcp_support.HOSTILE_PATTERN
+    assert "(?!x)" in found["lookahead"].input_schema["properties"]["code"]["pattern"]

@@ -25,17 +25,21 @@ def test_instant_and_range_queries_are_summarised_and_capped(
     prometheus_factory: PrometheusStarter,
 ) -> None:
     registry = prometheus_client.CollectorRegistry()
-    queue = prometheus_client.Gauge("demo_queue_depth", "depth", ["shard"], registry=registry)
+    queue = prometheus_client.Gauge(
+        "demo_queue_depth", "depth", ["shard", "namespace"], registry=registry
+    )
     for shard in range(30):
-        queue.labels(shard=f"s{shard:02d}").set(shard)
+        queue.labels(shard=f"s{shard:02d}", namespace="ns").set(shard)
     with serve_metrics(registry) as address:
         server = prometheus_factory({"demo": [address]}, scrape_interval="1s")
         server.wait_for_targets_up(timeout=30)
         time.sleep(3)  # a few scrapes for the range query
         tool = PrometheusQuery(server.url)
-        instant = ask(tool, query="demo_queue_depth")
-        total = ask(tool, query="sum(demo_queue_depth)")
-        ranged = ask(tool, query='demo_queue_depth{shard="s07"}', range="1m", step="1s")
+        instant = ask(tool, query='demo_queue_depth{namespace="ns"}')
+        total = ask(tool, query='sum(demo_queue_depth{namespace="ns"})')
+        ranged = ask(
+            tool, query='demo_queue_depth{shard="s07", namespace="ns"}', range="1m", step="1s"
+        )
         scalar = ask(tool, query="scalar(vector(2) * 21)")
     lines = instant.splitlines()
     assert lines[0] == f"vector: 30 series, showing {pq.MAX_SERIES}"
@@ -53,15 +57,20 @@ def test_invalid_promql_is_the_models_error_with_prometheus_message(
     prometheus_factory: PrometheusStarter,
 ) -> None:
     server = prometheus_factory({})
-    with pytest.raises(ToolError) as caught:
-        ask(PrometheusQuery(server.url), query="sum(rate(x[5m])")
+    with pytest.raises(ToolError) as caught:  # an experimental function, off by default
+        query = 'double_exponential_smoothing(x{namespace="ns"}[5m], 0.5, 0.5)'
+        ask(PrometheusQuery(server.url), query=query)
     assert caught.value.fault is ToolFault.DOMAIN
     assert "bad_data" in caught.value.message and "parse error" in caught.value.message
+    with pytest.raises(ToolError) as unread:  # what the scope check cannot read is not sent
+        ask(PrometheusQuery(server.url), query="sum(rate(x[5m])")
+    assert unread.value.fault is ToolFault.DOMAIN
+    assert "cannot be checked: unclosed left parenthesis" in unread.value.message
 
 
 def test_a_prometheus_that_is_down_or_not_configured_is_infrastructure() -> None:
     with pytest.raises(ToolError) as down:
-        ask(PrometheusQuery("http://127.0.0.1:1"), query="up")
+        ask(PrometheusQuery("http://127.0.0.1:1"), query='up{namespace="ns"}')
     assert down.value.fault is ToolFault.CONNECTION
     with pytest.raises(ToolError) as unset:
         ask(PrometheusQuery(None), query="up")

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from kube_support import FakeKube
+from seals_support import VERIFIER, sealed
 
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
@@ -122,7 +123,7 @@ class Stack:
             secrets=NoSecrets(),
             tool_settings=ToolRunSettings(),
         )
-        return TurnConsumer(bus, deps, SETTINGS, ledger=ledger)
+        return TurnConsumer(bus, deps, SETTINGS, seals=VERIFIER, ledger=ledger)
 
     async def store(self) -> LedgerStore:
         return await LedgerStore.open(self.buses[0].js)
@@ -143,7 +144,7 @@ class Stack:
             tenant=self.tenant,
         )
         state = kernel.initial_state(goal=config.goal)
-        event = RunEvent("admitted", uid, state.summary(), config=config, time=time.time())
+        event = sealed(RunEvent("admitted", uid, state.summary(), config=config, time=time.time()))
         seq = await self.buses[0].append_event("ns", config.name, event, expected_seq=0)
         refusal = await (await self.store()).admit_run(
             self.tenant,
@@ -311,7 +312,9 @@ async def test_a_committer_that_died_before_settling_is_charged_once(
     charged it as abandoned, and the run's usage charged it again)."""
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
-    await history.load(second.bus, second.cache, request)  # it saw the run before the commit
+    await history.load(
+        second.bus, second.cache, request, seals=VERIFIER
+    )  # it saw the run before the commit
     dies_before_settling(first)
     assert (await handle(first, request)).outcome == ["ack"]
     events = await stack.events(request)
@@ -339,7 +342,7 @@ async def test_a_stale_delivery_of_a_settled_turn_makes_no_model_call(stack: Sta
     record cannot commit, and nothing is charged for it."""
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
-    await history.load(second.bus, second.cache, request)
+    await history.load(second.bus, second.cache, request, seals=VERIFIER)
     assert (await handle(first, request)).outcome == ["ack"]
     assert (await handle(second, request)).outcome == ["ack"]
     assert stack.model_calls() == 1
@@ -356,7 +359,7 @@ async def test_a_redelivery_reads_the_runs_events_rather_than_what_its_worker_sa
     acks it without a model call."""
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
-    await history.load(second.bus, second.cache, request)
+    await history.load(second.bus, second.cache, request, seals=VERIFIER)
     dies_before_settling(first)
     assert (await handle(first, request)).outcome == ["ack"]
     assert (await handle(second, request, again=True)).outcome == ["ack"]
@@ -399,7 +402,7 @@ async def test_a_losing_call_left_behind_by_a_dead_worker_is_charged_from_the_co
     the losing call was dropped uncharged)."""
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
-    await history.load(second.bus, second.cache, request)
+    await history.load(second.bus, second.cache, request, seals=VERIFIER)
     dies_before_settling(first)
     dies_after_its_call(second)
     assert (await handle(first, request)).outcome == ["ack"]
@@ -433,13 +436,15 @@ def test_the_turn_event_names_its_committer_through_its_json_and_the_fold() -> N
     state = kernel.initial_state(goal="g")
     record = kernel.Stopped(0, kernel.Ending(kernel.Phase.CANCELLED, "stopped"))
     after = kernel.advance(state, record, config.limits)
-    admitted = RunEvent("admitted", "u", state.summary(), config=config)
+    admitted = sealed(RunEvent("admitted", "u", state.summary(), config=config))
     named = RunEvent("turn", "u", after.summary(), record=record, owner="d1")
     unnamed = RunEvent("turn", "u", after.summary(), record=record)
     assert b'"owner"' not in unnamed.encode()
     events = [RunEvent.decode(e.encode(), seq=i) for i, e in enumerate((admitted, named), 1)]
     assert events[1].owner == "d1"
-    loaded = history.fold(events, run_uid="u")
+    loaded = history.fold(events, run_uid="u", seals=VERIFIER)
     assert loaded is not None and (loaded.committer, loaded.seq) == ("d1", 2)
-    loaded = history.fold([events[0], RunEvent.decode(unnamed.encode(), seq=2)], run_uid="u")
+    loaded = history.fold(
+        [events[0], RunEvent.decode(unnamed.encode(), seq=2)], run_uid="u", seals=VERIFIER
+    )
     assert loaded is not None and loaded.committer == ""

@@ -141,7 +141,9 @@ def test_a_write_tool_is_never_sent_twice() -> None:
 WRITE_FAILURES = [
     # (error raised by a write tool, the fault recorded): a failure that may have come after
     # the write was sent leaves its outcome unknown; one known to be unsent, or an answer the
-    # model caused, stays what it is
+    # model caused, stays what it is. Every one is sent exactly once: a write is never retried,
+    # not even when it is known to be unsent (the retry could be the one that lands twice if
+    # "unsent" was wrong; the next turn's model decides).
     pytest.param("hang", ToolFault.EFFECT_UNKNOWN, id="timeout"),
     pytest.param(
         ToolError("reset", fault=ToolFault.CONNECTION), ToolFault.EFFECT_UNKNOWN, id="reset"
@@ -167,8 +169,11 @@ WRITE_FAILURES = [
 def test_a_write_that_may_have_been_sent_has_an_unknown_outcome(
     error: BaseException | str, fault: ToolFault
 ) -> None:
-    result = run_one(Failing(error, effect="write"))
+    tool = Failing(error, effect="write")
+    result = run_one(tool)
     assert result.fault is fault
+    assert tool.attempts == 1  # FAST allows 2 retries: none is used for a write
+    assert "attempts" not in result.content
     if fault is ToolFault.EFFECT_UNKNOWN:
         assert "flaky (c1)" in result.content and "not sent again" in result.content
         record = kernel.Answered(

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
+from seals_support import VERIFIER, sealed
 
 from agentrun import kernel
 from agentrun.bus import Bus, BusSettings, EventTooLarge
@@ -104,14 +105,19 @@ async def next_event(bus: Bus, run: RunConfig, *, after: int, timeout: float = 3
     raise AssertionError(f"no event after {after} in {timeout}s")
 
 
-async def run_to_end(bus: Bus, deps: TurnDeps, run: RunConfig) -> list[RunEvent]:
+async def run_to_end(
+    bus: Bus, deps: TurnDeps, run: RunConfig, settings: ConsumerSettings | None = None
+) -> list[RunEvent]:
     """Admit ``run``, then dispatch each next turn (as the operator does) to a real
     ``TurnConsumer`` until the run ends; returns the run's events."""
-    consumer = TurnConsumer(bus, deps, ConsumerSettings(concurrency=2, heartbeat=1.0))
+    settings = settings or ConsumerSettings(concurrency=2, heartbeat=1.0)
+    consumer = TurnConsumer(bus, deps, settings, seals=VERIFIER)
     serving = asyncio.create_task(consumer.run())
     try:
         state = kernel.initial_state(goal=run.goal)
-        admitted = RunEvent("admitted", run.uid, state.summary(), config=run, time=time.time())
+        admitted = sealed(
+            RunEvent("admitted", run.uid, state.summary(), config=run, time=time.time())
+        )
         last = dataclasses.replace(
             admitted, seq=await bus.append_event(run.namespace, run.name, admitted, expected_seq=0)
         )
@@ -125,7 +131,9 @@ async def run_to_end(bus: Bus, deps: TurnDeps, run: RunConfig) -> list[RunEvent]
     return await bus.read_events(run.namespace, run.name)
 
 
-async def drive(bus: Bus, *, name: str, script: str) -> tuple[list[RunEvent], Fetch]:
+async def drive(
+    bus: Bus, *, name: str, script: str, settings: ConsumerSettings | None = None
+) -> tuple[list[RunEvent], Fetch]:
     fetch = Fetch()
     model = ModelClient(RetryPolicy(max_retries=0))
     deps = TurnDeps(
@@ -136,7 +144,7 @@ async def drive(bus: Bus, *, name: str, script: str) -> tuple[list[RunEvent], Fe
             limits = kernel.Limits(max_tool_calls=200)
             run = config(mock.base_url, goal="read every page", tools=("fetch",), limits=limits)
             run = dataclasses.replace(run, uid=f"uid-{name}", name=name)
-            return await run_to_end(bus, deps, run), fetch
+            return await run_to_end(bus, deps, run, settings), fetch
     finally:
         await model.close()
 
@@ -180,6 +188,38 @@ async def test_a_turn_whose_event_would_still_pass_the_cap_is_committed_as_a_cor
     assert (end.phase, end.answer) == (Phase.COMPLETED, "read what fit")
     assert (end.steps, end.corrections) == (2, 1)
     assert (end.usage.input_tokens, end.usage.output_tokens) == (1200, 405)
+
+
+def test_each_event_carries_the_bytes_the_runs_events_took_before_it() -> None:
+    summary = kernel.RunSummary(Phase.RUNNING)
+    event = RunEvent("stop", "uid", summary, time=1.0, stored_before=12_345)
+    read = RunEvent.decode(event.encode(), seq=7)
+    assert (read.stored_before, read.size) == (12_345, len(event.encode()))
+    assert read.stored == 12_345 + len(event.encode())
+    first = RunEvent.decode(RunEvent("stop", "uid", summary, time=1.0).encode(), seq=1)
+    assert "storedBefore" not in first.encode().decode()  # 0 is not written
+    assert first.stored_before == 0
+
+
+async def test_a_run_at_its_event_bytes_bound_ends_checkpoint_failed_before_its_next_call(
+    bus: Bus,
+) -> None:
+    # turn 0 stores about 1 MiB of tool results (the message cap), past a 256 KiB bound: the
+    # next turn is not run, the run ends checkpoint_failed naming the setting
+    settings = ConsumerSettings(concurrency=2, heartbeat=1.0, run_event_max_bytes=256 * 1024)
+    events, fetch = await drive(
+        bus, name="over-run-bound", script=script(text="Reading all pages."), settings=settings
+    )
+    assert fetch.calls == CALLS  # turn 0 ran (the run was under its bound before it)
+    assert [e.kind for e in events] == ["admitted", "turn", "stop"]
+    for index, event in enumerate(events):  # each event counts the ones before it
+        assert event.stored_before == sum(e.size for e in events[:index])
+        assert event.size == len(event.encode())
+    end = events[-1].summary
+    assert end.phase is Phase.CHECKPOINT_FAILED
+    assert end.steps == 1  # no model call after the bound was reached
+    assert f"at its limit of {256 * 1024} (AGENTRUN_RUN_EVENT_MAX_BYTES)" in (end.message or "")
+    assert f"take {events[-1].stored_before} bytes" in (end.message or "")
 
 
 class Loud:

@@ -46,6 +46,7 @@ def test_a_turn_request_round_trips() -> None:
     request = TurnRequest("uid-1", "ns", "run", 3, 42)
     assert protocol.decode_turn_request(protocol.encode_turn_request(request)) == request
     assert json.loads(protocol.encode_turn_request(request)) == {
+        "schemaVersion": protocol.SCHEMA_VERSION,
         "runUID": "uid-1",
         "namespace": "ns",
         "name": "run",

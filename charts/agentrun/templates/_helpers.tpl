@@ -23,8 +23,13 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The agentrun image: repository@digest when image.digest is set, else repository:tag. */}}
 {{- define "agentrun.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "agentrun.operatorServiceAccountName" -}}
@@ -45,7 +50,12 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The NATS image of the in-cluster server (nats.install). */}}
 {{- define "agentrun.natsImage" -}}
-{{- printf "%s:%s" .Values.nats.install.image.repository .Values.nats.install.image.tag -}}
+{{- $image := .Values.nats.install.image -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository $image.tag -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Name of the in-cluster NATS Service and StatefulSet. */}}
@@ -190,6 +200,45 @@ the AGENTRUN account of the server's auth Secret (agentrun.natsServerSecret) whe
 {{- end -}}
 
 {{/*
+What a component's pod template adds from its values (operator, worker): labels beside the
+chart's, annotations, priorityClassName, topology spread (each constraint's labelSelector
+defaults to the component's own pods). Call with (dict "root" $ "component" "worker").
+*/}}
+{{- define "agentrun.podLabels" -}}
+{{- with (index .root.Values .component).podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "agentrun.podScheduling" -}}
+{{- $values := index .root.Values .component -}}
+{{- with $values.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with $values.topologySpreadConstraints }}
+{{- $own := dict "labelSelector" (dict "matchLabels" (include "agentrun.selectorLabels" (dict "root" $.root "component" $.component) | fromYaml)) }}
+{{- $constraints := list }}
+{{- range . }}
+{{- $constraints = append $constraints (ternary . (merge (deepCopy .) $own) (hasKey . "labelSelector")) }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
 The workers' egress rules (NetworkPolicyEgressRule list) when networkPolicy.workerEgress
 is enabled: DNS, NATS (the installed server, else networkPolicy.workerEgress.nats on the port
 of nats.url), the scripted model, the API server's endpoints, then extraRules.
@@ -244,5 +293,89 @@ of nats.url), the scripted model, the API server's endpoints, then extraRules.
       protocol: TCP
 {{- with $egress.extraRules }}
 {{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The JetStream file store's size in bytes, for the store-filling alert
+(AGENTRUN_JETSTREAM_STORE_BYTES): nats.install.maxFileStore in NATS's units (1K = 1000,
+1KB = 1024, up to T/TB) when the chart runs NATS, else nats.storeBytes; 0 when unknown.
+*/}}
+{{- define "agentrun.natsStoreBytes" -}}
+{{- if .Values.nats.install.enabled -}}
+{{- $text := upper (toString .Values.nats.install.maxFileStore) -}}
+{{- $digits := regexFind "^[0-9]+" $text -}}
+{{- $unit := trimPrefix $digits $text -}}
+{{- $powers := dict "" 0 "K" 1 "M" 2 "G" 3 "T" 4 -}}
+{{- if or (not $digits) (not (hasKey $powers (trimSuffix "B" $unit))) -}}
+{{- fail (printf "nats.install.maxFileStore %q: a number with an optional unit K, KB, M, MB, G, GB, T or TB" .Values.nats.install.maxFileStore) -}}
+{{- end -}}
+{{- $bytes := int64 $digits -}}
+{{- $base := ternary 1024 1000 (hasSuffix "B" $unit) -}}
+{{- range until (int (get $powers (trimSuffix "B" $unit))) }}{{ $bytes = mul $bytes $base }}{{ end -}}
+{{- $bytes -}}
+{{- else -}}
+{{- int64 .Values.nats.storeBytes -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The run-signing keys (runSigning): <fullname>-signing (signing.json, the operator's private
+keys) and <fullname>-trust (trust.json, the public keys every process trusts), made by the
+run-signing hook unless both are brought. One brought without the other is refused: the hook
+would make keys the brought one does not hold.
+*/}}
+{{- define "agentrun.signingSecret" -}}
+{{- default (printf "%s-signing" (include "agentrun.fullname" .)) .Values.runSigning.signingSecret -}}
+{{- end -}}
+
+{{- define "agentrun.trustSecret" -}}
+{{- default (printf "%s-trust" (include "agentrun.fullname" .)) .Values.runSigning.trustSecret -}}
+{{- end -}}
+
+{{- define "agentrun.runSigningBootstrap" -}}
+{{- $given := .Values.runSigning -}}
+{{- if and (or $given.signingSecret $given.trustSecret) (not (and $given.signingSecret $given.trustSecret)) -}}
+{{- fail "runSigning: bring signingSecret and trustSecret together, made by the same `agentrun signing bootstrap` (the trust file must hold every signing key)" -}}
+{{- end -}}
+{{- if not $given.signingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* The run-signing env and mounts: the trust file for every process, the signing file for
+the operator (role "operator"). */}}
+{{- define "agentrun.runKeysEnv" -}}
+- name: AGENTRUN_RUN_TRUST_FILE
+  value: /var/run/agentrun/run-trust/trust.json
+{{- if eq .role "operator" }}
+- name: AGENTRUN_RUN_SIGNING_FILE
+  value: /var/run/agentrun/run-signing/signing.json
+{{- end }}
+{{- end -}}
+
+{{- define "agentrun.runKeysMounts" -}}
+- name: run-trust
+  mountPath: /var/run/agentrun/run-trust
+  readOnly: true
+{{- if eq .role "operator" }}
+- name: run-signing
+  mountPath: /var/run/agentrun/run-signing
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "agentrun.runKeysVolumes" -}}
+- name: run-trust
+  secret:
+    secretName: {{ include "agentrun.trustSecret" .root }}
+    items:
+      - key: trust.json
+        path: trust.json
+{{- if eq .role "operator" }}
+- name: run-signing
+  secret:
+    secretName: {{ include "agentrun.signingSecret" .root }}
+    items:
+      - key: signing.json
+        path: signing.json
 {{- end }}
 {{- end -}}

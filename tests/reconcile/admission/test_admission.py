@@ -9,6 +9,8 @@ import pytest
 
 from agentrun import kernel
 from agentrun.operator.admission import config as admission
+from agentrun.operator.admission import lookup
+from agentrun.operator.admission.config import too_large_to_checkpoint
 from agentrun.operator.agents.spec import model_config
 from agentrun.operator.platform.spec import SpecError
 from agentrun.operator.runs import RunKey, status
@@ -259,3 +261,39 @@ def test_an_unpriced_model_is_refused_where_a_cost_budget_applies(
     message = str(caught.value)
     assert message.startswith("spec.model: AgentModel 'm' has no prices") and refused in message
     assert "pricing.free: true" in message
+
+
+OUTPUT_PROBLEMS: list[Any] = [
+    pytest.param(
+        {"description": "x" * 1_200_000},
+        "1200018 bytes as JSON, over the 65536-byte limit",
+        id="1.2MB",
+    ),
+    pytest.param(
+        {"properties": {"sku": {"pattern": "(?<=x)y"}}},
+        "at /properties/sku/pattern: '(?<=x)y' is not a regular expression the linear-time "
+        "engine accepts (RE2 syntax: no backreferences or lookaround): invalid perl operator: (?<=",
+        id="lookbehind",
+    ),
+    pytest.param(
+        {"type": "objekt"},
+        "at $.type: 'objekt' is not valid under any of the given schemas",
+        id="invalid",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "problem"), OUTPUT_PROBLEMS)
+def test_an_output_schema_admission_cannot_use_is_named(
+    schema: dict[str, Any], problem: str
+) -> None:
+    assert lookup.output_schema_problem(schema) == problem
+    assert lookup.output_schema_problem({"type": "object"}) is None
+
+
+def test_a_config_the_event_stream_cannot_hold_names_its_largest_part() -> None:
+    config = admit({"output": {"schema": {"description": "x" * 2_000_000}}})
+    assert too_large_to_checkpoint(config, cap=1_048_576) == (
+        "spec.output.schema: 2000018 bytes; the run's admitted event, which checkpoints its "
+        "spec, is over the 1048576 bytes one event on the bus may hold: shorten it"
+    )

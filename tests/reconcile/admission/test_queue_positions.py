@@ -151,7 +151,7 @@ async def test_a_run_over_the_platforms_queue_limit_ends_saying_so_for_that_run_
 ) -> None:
     store = await LedgerStore.open(client.jetstream(), bucket="AGENTRUN_LEDGER_QUEUE_TEST")
     writes = Writes()
-    deps: Any = dict.fromkeys(("tenants", "configs", "settlement"))
+    deps: Any = dict.fromkeys(("tenants", "configs", "settlement", "storage"))
     api = FakeKube()
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     shown = QueueStatus(writes, writes, events, time.time)  # type: ignore[arg-type]

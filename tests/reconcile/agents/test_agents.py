@@ -231,3 +231,46 @@ def test_the_ready_status_is_written_only_on_change_and_keeps_its_transition_tim
         flipped["conditions"][0]["lastTransitionTime"]
         != first["conditions"][0]["lastTransitionTime"]
     )
+
+
+def test_a_render_past_the_bound_stops_there_naming_the_field() -> None:
+    """131 KB of Agent and run: instructions naming one 64 Ki parameter thousands of times
+    would render to gigabytes; the render stops at the field's own bound."""
+    instructions = "{{ params.team }}" * 3_000
+    run = {"goal": "g", "agentRef": {"name": "helper", "parameters": {"team": "x" * 65_536}}}
+    with pytest.raises(agents.InvalidRef) as raised:
+        agents.resolve(run, agent(instructions=instructions))
+    assert str(raised.value) == (
+        "Agent 'helper' spec.instructions: with its parameters substituted it is longer than "
+        "65536 characters (the limit of the field written in full); shorten it or the "
+        "parameter values it references"
+    )
+    goal = {"goal": "{{ params.team }}{{ params.team }}", "agentRef": run["agentRef"]}
+    with pytest.raises(agents.InvalidRef, match=r"^spec\.goal: with its parameters"):
+        agents.resolve(goal, agent())
+
+
+def test_a_render_at_the_bound_is_whole() -> None:
+    template = agents.parse_template("{{ params.x }}-", field="f")
+    assert template.render({"x": "y" * 65_535}) == "y" * 65_535 + "-"
+    with pytest.raises(agents.TooLong):
+        template.render({"x": "y" * 65_536})
+
+
+def test_an_agent_output_schema_over_the_bound_is_refused_naming_it() -> None:
+    huge = {"schema": {"description": "d" * 1_200_000}}
+    run = {"goal": "g", "agentRef": {"name": "helper", "parameters": {"team": "a"}}}
+    with pytest.raises(agents.InvalidRef, match=r"^Agent 'helper' spec\.output\.schema: 12000"):
+        agents.resolve(run, agent(output=huge))
+    found = agents.readiness(agent(output=huge), model_found=True, known_tools={"calculate"})
+    assert (found.reason, found.message[:40]) == (
+        "InvalidSpec",
+        "spec.output.schema: 1200018 bytes as JSO",
+    )
+
+
+def test_an_agent_whose_output_schema_has_a_lookahead_is_not_ready() -> None:
+    output = {"schema": {"properties": {"id": {"pattern": "^(?=x)"}}}}
+    found = agents.readiness(agent(output=output), model_found=True, known_tools={"calculate"})
+    assert found.reason == "InvalidSpec"
+    assert found.message.startswith("spec.output.schema: at /properties/id/pattern: '^(?=x)'")

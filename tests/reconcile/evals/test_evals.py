@@ -102,14 +102,41 @@ def broken(path: list[Any], value: Any) -> dict[str, Any]:
 INVALID: list[Any] = [
     pytest.param(
         broken(["cases", 2, "expect", "answer"], {"pattern": "(unclosed"}),
-        "spec.cases[2].expect.answer.pattern: '(unclosed' is not a regular expression: "
-        "missing ), unterminated subpattern at position 0",
+        "spec.cases[2].expect.answer.pattern: '(unclosed' is not a regular expression the "
+        "linear-time engine accepts (RE2 syntax: no backreferences or lookaround): "
+        "missing ): (unclosed",
         id="bad-pattern",
     ),
     pytest.param(
+        broken(["cases", 2, "expect", "answer"], {"pattern": "^(\\w+) \\1$"}),
+        "spec.cases[2].expect.answer.pattern: '^(\\\\w+) \\\\1$' is not a regular expression "
+        "the linear-time engine accepts (RE2 syntax: no backreferences or lookaround): "
+        "invalid escape sequence: \\1",
+        id="backreference",
+    ),
+    pytest.param(
+        broken(
+            ["cases", 1, "expect", "answer"],
+            {"jsonSchema": {"properties": {"sku": {"pattern": "^(?!x)"}}}},
+        ),
+        "spec.cases[1].expect.answer.jsonSchema: not a valid JSON Schema: at "
+        "/properties/sku/pattern: '^(?!x)' is not a regular expression the linear-time engine "
+        "accepts (RE2 syntax: no backreferences or lookaround): invalid perl operator: (?!",
+        id="lookahead-in-json-schema",
+    ),
+    pytest.param(
+        broken(
+            ["cases", 1, "expect", "answer"],
+            {"jsonSchema": {"description": "x" * 70_000}},
+        ),
+        "spec.cases[1].expect.answer.jsonSchema: not a valid JSON Schema: 70018 bytes as "
+        "JSON, over the 65536-byte limit",
+        id="json-schema-too-large",
+    ),
+    pytest.param(
         broken(["cases", 1, "expect", "answer"], {"jsonSchema": {"type": "objekt"}}),
-        "spec.cases[1].expect.answer.jsonSchema: not a valid JSON Schema: 'objekt' is not "
-        "valid under any of the given schemas",
+        "spec.cases[1].expect.answer.jsonSchema: not a valid JSON Schema: at $.type: 'objekt' "
+        "is not valid under any of the given schemas",
         id="bad-json-schema",
     ),
     pytest.param(

@@ -4,6 +4,8 @@ and missed, with the message a person reads in ``status.cases``."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -189,3 +191,41 @@ def test_tools_called_are_the_valid_calls_of_committed_turns() -> None:
     ]
     assert grading.tools_called(events) == frozenset({"calculate", "sleep"})
     assert grading.tools_called([]) == frozenset()
+
+
+HOSTILE = "^(a+)+$"
+HOSTILE_ANSWER = "a" * 50_000 + "!"
+
+
+def test_a_catastrophic_pattern_grades_a_hostile_answer_at_once() -> None:
+    answer = dataclasses.replace(OK, answer=HOSTILE_ANSWER)
+    started = time.process_time()
+    (failure,) = grading.grade(expect(answer=grading.PatternAnswer(HOSTILE)), answer)
+    schema = {"type": "object", "properties": {"v": {"pattern": HOSTILE}}}
+    as_json = dataclasses.replace(OK, answer=json.dumps({"v": HOSTILE_ANSWER}))
+    (schema_failure,) = grading.grade(expect(answer=grading.JsonSchemaAnswer(schema)), as_json)
+    assert time.process_time() - started < 1.0
+    assert failure.message.startswith("answer 'aaaa") and "does not match /^(a+)+$/" in (
+        failure.message
+    )
+    assert schema_failure.message.startswith("answer does not match answer.jsonSchema: at $.v")
+
+
+def test_an_answer_past_the_work_budget_fails_its_schema_saying_so() -> None:
+    branch = {"type": "array", "items": {"$ref": "#/$defs/n"}}
+    schema = {"$defs": {"n": {"anyOf": [branch, branch, {"type": "integer"}]}}, "$ref": "#/$defs/n"}
+    document: Any = 1
+    for _ in range(25):
+        document = [document, "x"]
+    run = dataclasses.replace(OK, answer=json.dumps(document))
+    (failure,) = grading.grade(expect(answer=grading.JsonSchemaAnswer(schema)), run)
+    assert failure.message == (
+        "answer does not match answer.jsonSchema: the answer could not be checked: the check "
+        "took more than 200000 steps"
+    )
+
+
+def test_a_deeply_nested_answer_is_not_json_not_a_crash() -> None:
+    run = dataclasses.replace(OK, answer="[" * 100_000 + "]" * 100_000)
+    (failure,) = grading.grade(expect(answer=grading.JsonSchemaAnswer({"type": "array"})), run)
+    assert failure.message.endswith("is not JSON: nested too deeply")

@@ -8,15 +8,12 @@ the same script."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from kube_support import FakeKube
-from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import config as k8s_config
 
 from agentrun.operator.platform.kubeapi import ApiError, Kube, KubeApi, Ref
 
@@ -71,27 +68,6 @@ async def the_port_contract(api: KubeApi, ns: str) -> None:
     await api.delete(ref, uid=uid)  # gone already: done
     await api.delete(Ref("agents", "b", ns))
     assert await api.list_objects("agents", namespace=ns) == []
-
-
-@pytest.fixture
-async def kube(control_plane: Any) -> AsyncIterator[Kube]:
-    configuration = k8s.Configuration()
-    await k8s_config.load_kube_config(
-        config_file=str(control_plane.kubeconfig), client_configuration=configuration
-    )
-    api = Kube(k8s.ApiClient(configuration))
-    for attempt in range(60):  # right after the CRDs are established: 429 for a moment
-        try:
-            await api.list_objects("agents")
-            break
-        except ApiError as err:
-            if err.status != 429 or attempt == 59:
-                raise
-            await asyncio.sleep(0.5)
-    try:
-        yield api
-    finally:
-        await api.close()
 
 
 async def test_the_adapter_keeps_the_port_contract_on_the_real_api_server(

@@ -131,6 +131,27 @@ async def test_a_released_lease_is_taken_at_once() -> None:
     assert await b.try_acquire_or_renew()
 
 
+async def test_a_renewal_applied_unseen_does_not_stop_the_release() -> None:
+    """A renewal cut off in flight was written, but the leader never saw its version: the
+    release reads the Lease again and still hands it over at once."""
+    store, _, a, b = pair()
+    assert await a.try_acquire_or_renew()
+    assert store.record is not None
+    await store.update(store.record)  # a's renewal, applied while a was cancelled
+    await a.release()
+    assert store.record is not None and store.record.holder == ""
+    assert await b.try_acquire_or_renew()
+
+
+async def test_a_lease_taken_by_another_is_not_released() -> None:
+    store, _, a, _ = pair()
+    assert await a.try_acquire_or_renew()
+    assert store.record is not None
+    await store.update(dataclasses.replace(store.record, holder="c"))
+    await a.release()
+    assert store.record is not None and store.record.holder == "c"
+
+
 async def test_the_leader_gives_up_before_any_standby_may_take_over(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

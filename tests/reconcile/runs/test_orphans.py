@@ -9,13 +9,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 from kube_support import FakeKube
+from seals_support import SIGNER, VERIFIER, sealed
 
 from agentrun import kernel
 from agentrun.bus import CommitConflict
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.platform.events import EventRecorder, Throttle
-from agentrun.operator.runs.dispatch import Dispatcher
+from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
 from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
+from agentrun.operator.runs.seals import RunSeals
 from agentrun.operator.runs.writer import StatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
 
@@ -50,6 +52,9 @@ class Bus:
     async def turn_queued(self, seq: int) -> bool:
         return seq in self.queued
 
+    async def turn_backlog(self) -> tuple[int, int]:
+        return 0, 1  # nothing undelivered, a worker asking
+
     async def append_event(
         self, namespace: str, name: str, event: RunEvent, *, expected_seq: int | None
     ) -> int:
@@ -74,20 +79,14 @@ class Ends:
         pass
 
 
-@pytest.fixture
-async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
-    """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
-    bus, clock, api = Bus(), Clock(), FakeKube()
-    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
-    dispatcher = Dispatcher(
-        bus,  # type: ignore[arg-type]
-        StatusWriter(api),
-        ends=Ends(),
-        queues=QueueBoard(),
-        events=events,
-        clock=clock,
-    )
-    config = RunConfig(
+class NoCaps:
+    def max_concurrent_turns(self, tenant: str) -> int | None:
+        return None
+
+
+def admitted_config(clock: Clock) -> RunConfig:
+    """The config of run ``ns/r`` (uid ``u``, tenant ``t``), deadline an hour away."""
+    return RunConfig(
         uid="u",
         namespace="ns",
         name="r",
@@ -99,9 +98,25 @@ async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
         deadline=clock.now + 3_600,
         tenant="t",
     )
+
+
+def new_dispatcher(bus: Bus, clock: Clock, api: FakeKube) -> Dispatcher:
+    """A dispatcher on ``bus`` with the test keys' seals, no turn caps and unthrottled Events."""
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)  # type: ignore[arg-type]
+    deps = DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, seals=seals, caps=NoCaps())
+    return Dispatcher(bus, StatusWriter(api), deps, clock=clock)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[tuple[Bus, Dispatcher, OrphanWatch, Clock]]:
+    """A running run admitted (its TurnRequest 0 published) in a dispatcher, and the watch."""
+    bus, clock, api = Bus(), Clock(), FakeKube()
+    dispatcher = new_dispatcher(bus, clock, api)
+    config = admitted_config(clock)
     state = kernel.initial_state(goal="g")
     await bus.append_event(
-        "ns", "r", RunEvent("admitted", "u", state.summary(), config=config), expected_seq=0
+        "ns", "r", sealed(RunEvent("admitted", "u", state.summary(), config=config)), expected_seq=0
     )
     await dispatcher.on_event(SUBJECT, bus.events[0])
     watch = OrphanWatch(bus, dispatcher, after=AFTER, clock=clock)  # type: ignore[arg-type]

@@ -178,3 +178,49 @@ async def test_a_pruned_run_is_not_created_again_from_an_object_older_than_the_s
     clock.now = T0 + 3
     await ctl.reconcile(cron(**spec))
     assert store.creates == 1 and store.status["lastScheduleTime"] == "2026-11-30T10:00:00Z"
+
+
+class RefusingStore(MemoryStore):
+    """Creating a run fails with ``error`` (the API server refusing the manifest, or away)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
+    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
+        self.creates += 1
+        raise self.error
+
+
+async def test_a_run_the_api_server_refuses_for_good_makes_it_not_ready_not_a_retry_loop(
+    caplog: Any,
+) -> None:
+    from agentrun.operator.platform.kubeapi import ApiError
+
+    store, clock = RefusingStore(ApiError(422, "Invalid: metadata.name too long")), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    ctl.observe(cron())
+    with caplog.at_level("INFO", logger="agentrun.operator.schedules.controller"):
+        await ctl._reconcile_safely(("team-a", "report"))  # once more: it may pass
+        assert ctl._crons[("team-a", "report")].wake == clock.now + schedules.RETRY_SECONDS
+        await ctl._reconcile_safely(("team-a", "report"))
+    assert ctl._crons[("team-a", "report")].wake is None  # until its spec or a run changes
+    (ready,) = store.status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", schedules.RECONCILE_FAILED)
+    assert "HTTP 422" in ready["message"] and store.creates == 2
+    assert [e["reason"] for e in ctl.events.api.events] == []  # queued, posted by its loop
+    await ctl.events.drain()
+    assert [e["reason"] for e in ctl.events.api.events] == [schedules.RECONCILE_FAILED]  # type: ignore[attr-defined]
+    assert len([r for r in caplog.records if "HTTP 422" in r.getMessage()]) == 1
+
+
+async def test_a_failure_that_passes_is_retried_without_giving_up() -> None:
+    from agentrun.operator.platform.kubeapi import ApiError
+
+    store, clock = RefusingStore(ApiError(503, "Unavailable")), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    ctl.observe(cron())
+    for _ in range(4):
+        await ctl._reconcile_safely(("team-a", "report"))
+    assert ctl._crons[("team-a", "report")].wake == clock.now + schedules.RETRY_SECONDS
+    assert "conditions" not in store.status and store.creates == 4

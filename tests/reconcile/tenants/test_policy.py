@@ -367,6 +367,9 @@ def test_a_run_value_that_is_not_a_number_is_invalid_naming_the_field() -> None:
 # --------------------------------------------------------------------------- resolve()
 
 
+NAME_LABEL = "kubernetes.io/metadata.name"
+
+
 def test_resolve_picks_the_one_binding_tenant() -> None:
     a = policy("a", namespaces=["ns-a"])
     b = policy("b", namespaceSelector={"matchLabels": {"team": "b"}})
@@ -388,11 +391,28 @@ def test_resolve_without_binding_or_default_is_none() -> None:
     assert resolve([], "ns-z", {}, default="") is None
 
 
-def test_resolve_refuses_to_guess_between_two_binding_tenants() -> None:
-    pool = [
-        policy("b", namespaces=["shared"]),
-        policy("a", namespaceSelector={"matchLabels": {"team": "x"}}),
+def test_resolve_refuses_to_guess_between_two_tenants_binding_alike() -> None:
+    listed = [policy("b", namespaces=["shared"]), policy("a", namespaces=["shared", "own"])]
+    with pytest.raises(Ambiguous, match=r"'shared'.*a, b") as caught:
+        resolve(listed, "shared", {}, default="a")
+    assert caught.value.tenants == ("a", "b")
+    assert resolve(listed, "own", {}).name == "a"  # type: ignore[union-attr]
+    selected = [
+        policy("b", namespaceSelector={"matchLabels": {"team": "x"}}),
+        policy(
+            "a", namespaceSelector={"matchExpressions": [{"key": "team", "operator": "Exists"}]}
+        ),
     ]
     with pytest.raises(Ambiguous, match=r"'shared'.*a, b"):
-        resolve(pool, "shared", {"team": "x"}, default="a")
-    assert resolve(pool, "shared", {}).name == "b"  # type: ignore[union-attr]
+        resolve(selected, "shared", {"team": "x"})
+    assert resolve(selected, "other", {"team": "y"}).name == "a"  # type: ignore[union-attr]
+
+
+def test_a_namespace_listed_by_name_is_not_taken_or_blocked_by_a_broad_selector() -> None:
+    """A tenant selecting every namespace (``Exists`` on the name label the API server sets)
+    leaves alone the namespaces other tenants list: a name is more specific than a label."""
+    everything = {"matchExpressions": [{"key": NAME_LABEL, "operator": "Exists"}]}
+    pool = [policy("b", namespaces=["shared"]), policy("broad", namespaceSelector=everything)]
+    assert resolve(pool, "shared", {NAME_LABEL: "shared"}).name == "b"  # type: ignore[union-attr]
+    chosen = resolve(pool, "loose", {NAME_LABEL: "loose"}, default="b")
+    assert chosen is not None and chosen.name == "broad"

@@ -10,6 +10,7 @@ import pytest
 from agentrun.ledger import Book
 from agentrun.operator.tenants.policy import TenantPolicy
 from agentrun.operator.tenants.status import (
+    QueueView,
     TenantCondition,
     Transition,
     budget_status,
@@ -40,11 +41,12 @@ def conditions(body: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 def test_a_tenant_with_budget_left_is_accepted_and_within_budget() -> None:
     p = policy(tokens=1_000, costUSD="2.50")
-    projected = tenant_status(p, book(p, tokens=400), queued=0, blocked=None, now=NOW, previous={})
+    projected = tenant_status(p, book(p, tokens=400), now=NOW, previous={})
     body = projected.body
     assert conditions(body) == {
         "Accepted": ("True", "Valid"),
         "BudgetExhausted": ("False", "WithinBudget"),
+        "NamespacesAmbiguous": ("False", "Unambiguous"),
     }
     assert (body["observedGeneration"], body["activeRuns"], body["queuedRuns"]) == (2, 0, 0)
     assert (body["windowStart"], body["resetTime"]) == (
@@ -73,7 +75,7 @@ def test_a_used_up_resource_names_itself_in_the_reason(
     budget: dict[str, Any], used: dict[str, Any], reason: str
 ) -> None:
     p = policy(**budget)
-    body = tenant_status(p, book(p, **used), queued=0, blocked=None, now=NOW, previous={}).body
+    body = tenant_status(p, book(p, **used), now=NOW, previous={}).body
     assert conditions(body)["BudgetExhausted"] == ("True", reason)
 
 
@@ -81,7 +83,7 @@ def test_wall_clock_counts_active_runs_up_to_now() -> None:
     p = policy(wallClockSeconds=60)
     entry = book(p)
     assert entry.admit("r1", "ns", "one", now=NOW - 60) is None  # at the window's start
-    body = tenant_status(p, entry, queued=0, blocked=None, now=NOW, previous={}).body
+    body = tenant_status(p, entry, now=NOW, previous={}).body
     assert conditions(body)["BudgetExhausted"] == ("True", "WallClockSecondsExhausted")
     assert body["budget"]["wallClockSeconds"] == {
         "used": 60.0,
@@ -95,7 +97,9 @@ def test_wall_clock_counts_active_runs_up_to_now() -> None:
 def test_a_queue_head_too_big_for_what_is_left_counts_as_exhausted() -> None:
     p = policy(tokens=1_000)
     wait = QueueWait(WaitReason.BUDGET_EXHAUSTED, "a first call needs up to 700", "tokens")
-    body = tenant_status(p, book(p, tokens=400), queued=3, blocked=wait, now=NOW, previous={}).body
+    body = tenant_status(
+        p, book(p, tokens=400), now=NOW, previous={}, queue=QueueView(3, wait)
+    ).body
     exhausted = next(c for c in body["conditions"] if c["type"] == "BudgetExhausted")
     assert (exhausted["status"], exhausted["reason"]) == ("True", "TokensExhausted")
     assert exhausted["message"] == "a first call needs up to 700"
@@ -105,7 +109,7 @@ def test_a_queue_head_too_big_for_what_is_left_counts_as_exhausted() -> None:
 def test_a_queue_waiting_for_a_slot_is_not_exhaustion() -> None:
     p = policy(tokens=1_000)
     wait = QueueWait(WaitReason.CONCURRENCY_LIMIT, "2 of 2 runs are active")
-    body = tenant_status(p, book(p), queued=1, blocked=wait, now=NOW, previous={}).body
+    body = tenant_status(p, book(p), now=NOW, previous={}, queue=QueueView(1, wait)).body
     assert conditions(body)["BudgetExhausted"] == ("False", "WithinBudget")
 
 
@@ -119,14 +123,10 @@ def test_unlimited_resources_show_usage_without_limit_or_remaining() -> None:
 
 def test_a_condition_keeps_its_transition_time_until_its_status_flips() -> None:
     p = policy(tokens=100)
-    first = tenant_status(p, book(p), queued=0, blocked=None, now=NOW, previous={})
-    later = tenant_status(
-        p, book(p), queued=0, blocked=None, now=NOW + 30, previous=first.transitions
-    )
+    first = tenant_status(p, book(p), now=NOW, previous={})
+    later = tenant_status(p, book(p), now=NOW + 30, previous=first.transitions)
     assert later.body == first.body
-    flipped = tenant_status(
-        p, book(p, tokens=100), queued=0, blocked=None, now=NOW + 60, previous=later.transitions
-    )
+    flipped = tenant_status(p, book(p, tokens=100), now=NOW + 60, previous=later.transitions)
     assert flipped.transitions[TenantCondition.BUDGET_EXHAUSTED] == Transition(True, NOW + 60)
     assert flipped.transitions[TenantCondition.ACCEPTED] == Transition(True, NOW)
 
@@ -183,3 +183,13 @@ async def test_a_window_used_past_its_limit_tells_the_tenant_once(
     assert len(overruns) == 1 and f"budget {resource} overrun" in overruns[0]
     await writer.write_enforced(p, book(p), queued=0, blocked=None, now=NOW)
     assert not [r for r, _ in queued_reasons(events) if r == "BudgetOverrun"]
+
+
+def test_namespaces_shared_with_other_tenants_are_named_in_a_condition() -> None:
+    p = policy()
+    shared = {"team-x": ("other",), "team-y": ("other", "third")}
+    body = tenant_status(p, book(p), now=NOW, previous={}, ambiguous=shared).body
+    found = next(c for c in body["conditions"] if c["type"] == "NamespacesAmbiguous")
+    assert (found["status"], found["reason"]) == ("True", "Ambiguous")
+    assert "team-x (also other); team-y (also other, third)" in found["message"]
+    assert "a name wins over a selector" in found["message"]

@@ -13,20 +13,28 @@ from agentrun.operator.platform.spec import SpecError
 from agentrun.operator.runs import RunKey
 from agentrun.operator.runs.spec import AgentRunSpec
 from agentrun.operator.tenants import policy as tenancy
-from agentrun.operator.toolservers.resolve import is_pending, resolve_tool
+from agentrun.operator.toolservers.resolve import check_reach, is_pending, resolve_tool
 from agentrun.operator.toolservers.spec import AgentToolServerSpec
 from agentrun.operator.toolservers.status import discovered_status, failed_status
-from agentrun.protocol import RunConfigShape
+from agentrun.protocol import RemoteTool, RunConfigShape, UrlRule
 from agentrun.tools import remote
 
 NOW = 1_700_000_000.0
 SPEC_AS_WRITTEN: dict[str, Any] = {
     "url": "http://tools.svc:8000/mcp",
-    "headersFrom": {"secretRef": {"name": "tools-auth"}},
+    "headersFrom": {"secretRef": {"name": "tools-auth"}, "keys": ["Authorization"]},
     "timeouts": {"call": "5s"},
     "tools": [{"name": "add"}, {"name": "create_ticket", "effect": "write"}],
 }
 SPEC = AgentToolServerSpec.of(SPEC_AS_WRITTEN)
+RULES = (UrlRule("other.example"), UrlRule("tools.svc:8000", "/", private_network=True))
+"""The tenant's ``spec.toolServers.allow``: the server's host and port, in-cluster."""
+
+
+def resolve(reference: str, server: dict[str, Any] | None) -> RemoteTool:
+    return resolve_tool(reference, server, namespace="ns", rules=RULES, tenant="team")
+
+
 ADD_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 FOUND = [
     remote.Discovered("add", "Add numbers.", ADD_SCHEMA),
@@ -82,24 +90,60 @@ def test_a_server_never_discovered_offers_nothing() -> None:
 
 def test_a_discovered_tool_resolves_to_what_the_worker_calls() -> None:
     status = discovered_status(SPEC, FOUND, generation=2, now=NOW)
-    tool = resolve_tool("tools/create_ticket", server_object(status), namespace="ns")
+    tool = resolve("tools/create_ticket", server_object(status))
     assert (tool.name, tool.server, tool.tool, tool.effect) == (
         "tools__create_ticket",
         "tools",
         "create_ticket",
         "write",
     )
-    assert (tool.url, tool.timeout, tool.headers_secret) == (
+    assert (tool.url, tool.timeout, tool.headers_secret, tool.headers_keys) == (
         "http://tools.svc:8000/mcp",
         5,
         "tools-auth",
+        ("Authorization",),
     )
+    assert tool.private_network  # the rule that allowed the URL goes with the tool
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        pytest.param((), id="no-rule"),
+        pytest.param((UrlRule("tools.svc:9000"),), id="other-port"),
+        pytest.param((UrlRule("tools.svc", "/admin/"),), id="other-path"),
+        pytest.param((UrlRule("svc"),), id="a-suffix-is-not-the-host"),
+    ],
+)
+def test_a_server_whose_url_the_tenant_does_not_allow_is_refused_naming_the_rules(
+    rules: tuple[UrlRule, ...],
+) -> None:
+    server = server_object(discovered_status(SPEC, FOUND, generation=2, now=NOW))
+    for check in (
+        lambda: resolve_tool("tools/add", server, namespace="ns", rules=rules, tenant="team"),
+        lambda: check_reach("tools/add", server, rules=rules, tenant="team"),
+    ):
+        with pytest.raises(SpecError) as caught:
+            check()
+        message = str(caught.value)
+        assert message.startswith("spec.tools: tools/add: AgentToolServer 'tools': spec.url: ")
+        assert "is not allowed by AgentTenant 'team' (spec.toolServers.allow: " in message
+    check_reach("tools/add", server, rules=RULES, tenant="team")  # allowed: no error
+
+
+def test_a_headers_secret_sends_only_the_keys_it_lists() -> None:
+    with pytest.raises(SpecError, match=r"spec\.headersFrom\.keys"):
+        AgentToolServerSpec.of({**SPEC_AS_WRITTEN, "headersFrom": {"secretRef": {"name": "s"}}})
+    with pytest.raises(SpecError, match=r"spec\.headersFrom\.keys"):
+        AgentToolServerSpec.of(
+            {**SPEC_AS_WRITTEN, "headersFrom": {"secretRef": {"name": "s"}, "keys": []}}
+        )
 
 
 def test_the_last_good_list_still_resolves_after_a_failed_refresh() -> None:
     good = discovered_status(SPEC, FOUND, generation=2, now=NOW)
     failed = failed_status(good, "down", generation=2, now=NOW + 1)
-    assert resolve_tool("tools/add", server_object(failed), namespace="ns").parameters == ADD_SCHEMA
+    assert resolve("tools/add", server_object(failed)).parameters == ADD_SCHEMA
 
 
 @pytest.mark.parametrize(
@@ -126,7 +170,7 @@ def test_a_tool_that_is_not_offered_is_an_invalid_spec(
     elif status == "failed":
         server = server_object(failed_status({}, "down", generation=2, now=NOW))
     with pytest.raises(SpecError) as caught:
-        resolve_tool(reference, server, namespace="ns")
+        resolve(reference, server)
     assert message in str(caught.value)
 
 
@@ -139,10 +183,7 @@ def test_a_server_not_looked_at_yet_is_pending() -> None:
 
 def test_admission_gives_the_model_function_names_everywhere() -> None:
     status = discovered_status(SPEC, FOUND, generation=2, now=NOW)
-    tools = [
-        resolve_tool(name, server_object(status), namespace="ns")
-        for name in ("tools/add", "tools/create_ticket")
-    ]
+    tools = [resolve(name, server_object(status)) for name in ("tools/add", "tools/create_ticket")]
     spec = AgentRunSpec.of(
         {
             "model": "m",
@@ -207,4 +248,44 @@ def test_a_function_name_longer_than_openai_allows_is_refused() -> None:
     found = [remote.Discovered("t" * 60, "", {"type": "object"})]
     status = discovered_status(spec, found, generation=1, now=NOW)
     with pytest.raises(SpecError, match="longer than 64"):
-        resolve_tool("tools/" + "t" * 60, server_object(status, raw), namespace="ns")
+        resolve("tools/" + "t" * 60, server_object(status, raw))
+
+
+HOSTILE_SPEC = AgentToolServerSpec.of(
+    {"url": "http://tools.svc/mcp", "tools": [{"name": "add"}, {"name": "ahead"}, {"name": "big"}]}
+)
+
+
+def test_a_tool_whose_schema_the_platform_cannot_check_is_left_out_saying_why() -> None:
+    found = [
+        remote.Discovered("add", "Add numbers.", {"properties": {"a": {"pattern": "^(a+)+$"}}}),
+        remote.Discovered("ahead", "Lookahead.", {"properties": {"a": {"pattern": "^(?!x)"}}}),
+        remote.Discovered("big", "Large.", {"description": "x" * 70_000}),
+    ]
+    status = discovered_status(HOSTILE_SPEC, found, generation=1, now=NOW)
+    assert [t["name"] for t in status["tools"]] == ["add"]  # RE2 runs ^(a+)+$ in linear time
+    (ready,) = status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "ToolsUnusable")
+    assert ready["message"].startswith(
+        "1 tool(s) usable; the platform cannot use ahead: inputSchema at /properties/a/pattern: "
+        "'^(?!x)' is not a regular expression the linear-time engine accepts"
+    )
+    assert "big: inputSchema 70018 bytes as JSON, over the 65536-byte limit" in ready["message"]
+    unusable = server_object(status, {**SPEC_AS_WRITTEN, "tools": [{"name": "ahead"}]})
+    with pytest.raises(SpecError, match="not discovered on AgentToolServer 'tools': 1 tool"):
+        resolve("tools/ahead", unusable)
+
+
+def test_descriptions_and_the_schemas_of_one_status_are_bounded() -> None:
+    names = [f"t{i}" for i in range(12)]
+    spec = AgentToolServerSpec.of({"url": "http://x/mcp", "tools": [{"name": n} for n in names]})
+    schema = {"description": "s" * 60_000}
+    found = [remote.Discovered(n, "d" * 10_000, schema) for n in names]
+    status = discovered_status(spec, found, generation=1, now=NOW)
+    assert len(status["tools"]) == 8  # 8 x 60 KB fit the 512 KiB of schemas one status holds
+    assert all(len(t["description"]) == 4096 for t in status["tools"])
+    (ready,) = status["conditions"]
+    assert (
+        "t8: inputSchema no room left in the status for its 60018-byte schema" in (ready["message"])
+    )
+    assert len(ready["message"]) <= 1024

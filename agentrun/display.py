@@ -1,0 +1,64 @@
+"""Model and tool text made safe to show a person on a terminal.
+
+Text a model or a tool server wrote (answers, arguments, results, provider errors) is
+untrusted: printed raw, an escape sequence can recolour, hide or rewrite what a reviewer sees
+(CSI ``ESC [ … m``, OSC ``ESC ] … BEL`` titles and hyperlinks, a carriage return that prints
+over a line, C1 controls such as the 8-bit CSI ``U+009B``, bidirectional overrides that show
+text in another order than it is stored). ``printable`` neutralises every such character by
+writing it as a visible escape (``\\x1b``, ``\\x0d``, ``\\u202e``): no sequence survives,
+because its introducer no longer is one, and the person sees that something was there.
+Newlines and tabs are kept (as ``\\n``/``\\t`` escapes with ``newlines=False``).
+
+Characters neutralised (``NEUTRALISED``): Unicode category Cc — C0 (U+0000–U+001F), DEL
+(U+007F) and C1 (U+0080–U+009F), the ECMA-48 control functions — and the bidirectional
+formatting characters of Unicode Standard Annex #9 (U+061C, U+200E, U+200F,
+U+202A–U+202E, U+2066–U+2069).
+
+What belongs here: that rule, and showing a tool call's arguments in full for review
+(``arguments_block``). What does not: choosing what to show (the programs: ``agentrun.cli``,
+the operator's Events, ``agentrun dev demo``). Pure, standard library only, so every program
+(the dev tooling included) can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["NEUTRALISED", "arguments_block", "printable"]
+
+_BIDI = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+NEUTRALISED: frozenset[int] = frozenset(
+    [c for c in range(0xA0) if unicodedata.category(chr(c)) == "Cc"] + list(_BIDI)
+)
+"""Code points ``printable`` writes as visible escapes (see the module docstring)."""
+
+_KEEP_LINES = {c: _escape(c) for c in NEUTRALISED if c not in (0x09, 0x0A)}
+_ONE_LINE = {**_KEEP_LINES, 0x09: "\\t", 0x0A: "\\n"}
+
+
+def printable(text: str, *, newlines: bool = True) -> str:
+    """``text`` with every character of ``NEUTRALISED`` written as a visible escape
+    (``ESC`` → ``\\x1b``, CR → ``\\x0d``, U+202E → ``\\u202e``); newlines and tabs kept, or
+    written as ``\\n``/``\\t`` when ``newlines`` is false (for one-line fields)."""
+    return text.translate(_KEEP_LINES if newlines else _ONE_LINE)
+
+
+def arguments_block(arguments: Mapping[str, Any] | Any) -> str:
+    """A tool call's arguments in full, for a person deciding it: JSON indented by two
+    spaces with sorted keys, non-ASCII kept readable, then ``printable`` (JSON escapes C0
+    controls itself, not DEL, C1 or bidirectional marks). A value that is not JSON is shown
+    by its ``repr``."""
+    try:
+        text = json.dumps(arguments, indent=2, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(arguments)
+    return printable(text)

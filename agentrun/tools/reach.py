@@ -1,0 +1,150 @@
+"""Where a tool may connect: a tenant's URL rules and the addresses a host may resolve to.
+
+One rule set for every outbound connection a run's tenant governs — the ``http_get`` tool
+(``AgentTenant.spec.httpGet.allow``) and MCP tool servers, at discovery by the operator and at
+each call by a worker (``AgentTenant.spec.toolServers.allow``): a URL is allowed when a rule's
+host (and port, when the rule names one) equals the URL's and its path starts with the rule's
+prefix (``allowed_by``). Before connecting, the host is resolved once and every address is
+checked (``resolve_checked``): private, loopback, link-local and other non-global addresses
+are refused unless the matching rule sets ``privateNetwork``; the connection then goes to
+exactly those addresses, so a second DNS answer (DNS rebinding) cannot swap in another.
+``CheckedBackend`` does this for the ``httpcore2`` connections the MCP SDK makes.
+
+What does not belong here: following redirects (``http_get`` re-checks each one; the MCP SDK
+follows none), reading the rules from an AgentTenant (the operator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Iterable, Sequence
+
+import httpcore2
+from httpcore2 import AsyncNetworkBackend, AsyncNetworkStream
+from yarl import URL
+
+from agentrun.protocol import UrlRule
+
+__all__ = ["CheckedBackend", "Refused", "allowed_by", "check_address", "resolve_checked"]
+
+
+class Refused(Exception):
+    """The host resolves to an address its rule does not allow; the message says which."""
+
+
+def allowed_by(url: URL, rules: Sequence[UrlRule]) -> UrlRule | None:
+    """The first rule that allows ``url`` (scheme http/https, no credentials, host and port
+    equal, path under the prefix after normalisation), or ``None``."""
+    if url.scheme not in ("http", "https") or url.user or url.password or not url.host:
+        return None
+    path = url.path or "/"
+    if any(part in (".", "..") for part in path.split("/")):
+        return None  # yarl keeps dot segments in some cases: never trust them
+    host = url.host.lower().rstrip(".")
+    for rule in rules:
+        rule_host, rule_port = _host_port(rule.host.lower())
+        if rule_host != host:
+            continue
+        if rule_port and int(rule_port) != url.port:
+            continue
+        if path.startswith(rule.path_prefix):
+            return rule
+    return None
+
+
+def _host_port(text: str) -> tuple[str, str]:
+    """A rule's ``host[:port]`` (an IPv6 address in brackets: ``[::1]:8443``) split in two."""
+    if text.startswith("["):
+        address, _, rest = text[1:].partition("]")
+        return address, rest.removeprefix(":")
+    host, _, port = text.partition(":")
+    return host, port
+
+
+def check_address(address: str, *, private_network: bool) -> str | None:
+    """Why connecting to ``address`` is refused (a non-global address without
+    ``private_network``), or ``None``. An IPv4-mapped IPv6 address is judged as the IPv4
+    address it maps."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_global or private_network:
+        return None
+    kind = "loopback" if ip.is_loopback else "link-local" if ip.is_link_local else "private"
+    return f"{address} is a {kind} address, which the tenant's rule does not allow"
+
+
+async def resolve_checked(
+    host: str, port: int, *, private_network: bool
+) -> list[tuple[socket.AddressFamily, int, str]]:
+    """Every address of ``host`` as ``(family, proto, address)``, each checked
+    (``check_address``); an IP literal is checked as it is.
+
+    Raises ``Refused`` naming the first address refused, ``OSError`` when the name does not
+    resolve.
+    """
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    answers: list[tuple[socket.AddressFamily, int, str]] = []
+    for family, _, proto, _, sockaddr in infos:
+        address = str(sockaddr[0])
+        why = check_address(address, private_network=private_network)
+        if why is not None:
+            raise Refused(f"{host}: {why}")
+        answers.append((family, proto, address))
+    return answers
+
+
+class CheckedBackend(AsyncNetworkBackend):
+    """An ``httpcore2`` network backend that resolves each host itself, refuses it unless
+    every address passes ``check_address``, and connects to those addresses only (TLS still
+    verifies the certificate against the host's name, which ``httpcore2`` passes as the
+    server name). Refusals surface as ``httpcore2.ConnectError`` (``httpx2.ConnectError``
+    through a client): the request was never sent."""
+
+    def __init__(self, *, private_network: bool) -> None:
+        self.private_network = private_network
+        self._inner = httpcore2.AnyIOBackend()
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore2.SOCKET_OPTION] | None = None,
+    ) -> AsyncNetworkStream:
+        """Resolve, check, then connect to the first address that answers."""
+        try:
+            answers = await resolve_checked(host, port, private_network=self.private_network)
+        except Refused as err:
+            raise httpcore2.ConnectError(f"refused by the tenant's rules: {err}") from None
+        except OSError as err:
+            raise httpcore2.ConnectError(f"cannot resolve {host}: {err}") from None
+        last: Exception | None = None
+        for _, _, address in answers:
+            try:
+                return await self._inner.connect_tcp(
+                    address,
+                    port,
+                    timeout=timeout,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except httpcore2.ConnectError as err:
+                last = err
+        raise last or httpcore2.ConnectError(f"{host} has no address")
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore2.SOCKET_OPTION] | None = None,
+    ) -> AsyncNetworkStream:
+        """Never: a tool server is reached over TCP only."""
+        raise httpcore2.ConnectError("unix sockets are not a tool server's address")
+
+    async def sleep(self, seconds: float) -> None:
+        """As the default backend."""
+        await self._inner.sleep(seconds)

@@ -1,0 +1,291 @@
+"""Hostile neighbours, driven as users would (kubectl, the scripted model, real MCP servers): a
+poison object stops only itself, and one tenant flooding cannot starve another tenant's worker
+slots, tool discovery or Kubernetes Events."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import mcp_support
+import pytest
+import yaml
+
+from agentrun_dev import components, stack
+
+from .conftest import E2EStack, run_manifest, wait_consuming
+from .events import read_book
+from .test_mcp_tools import tool_server, wait_server
+from .test_tenants import TenantFactory, append_scenario, more_namespaces, tenants  # noqa: F401
+
+pytestmark = pytest.mark.e2e
+
+TURN_SECONDS = 3.0
+"""How long one turn of a flooding tenant's runs holds a worker slot (the model's latency)."""
+SLOTS = 4
+"""Worker slots of the lone worker the slot tests run on (``AGENTRUN_WORKER_CONCURRENCY``)."""
+
+
+def slow_scenario(tag: str) -> dict[str, Any]:
+    """Two turns of ``TURN_SECONDS`` each (a tool call, then the answer), for goals with
+    ``tag``."""
+    latency = int(TURN_SECONDS * 1000)
+    return {
+        "name": f"fair-slow-{tag}",
+        "match": {"goal": f"E2E-FAIR-SLOW {tag}"},
+        "turns": [
+            {
+                "tool_calls": [{"name": "calculate", "arguments": {"expression": "1+1"}}],
+                "latency_ms": latency,
+                "usage": {"prompt_tokens": 20, "completion_tokens": 5},
+            },
+            {"content": "slow done", "latency_ms": latency},
+        ],
+    }
+
+
+def quick_scenario(tag: str) -> dict[str, Any]:
+    """One quick answer, for goals with ``tag``."""
+    return {
+        "name": f"fair-quick-{tag}",
+        "match": {"goal": f"E2E-FAIR-QUICK {tag}"},
+        "turns": [
+            {"content": "quick done", "usage": {"prompt_tokens": 10, "completion_tokens": 2}}
+        ],
+    }
+
+
+def apply_all(stack_: E2EStack, namespace: str, manifests: list[dict[str, Any]]) -> None:
+    """``kubectl apply`` the manifests in one call."""
+    body = {"apiVersion": "v1", "kind": "List", "items": manifests}
+    stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), timeout=300)
+
+
+def arrivals(stack_: E2EStack, tag: str) -> list[float]:
+    """When the scripted model received each request of a run whose goal holds ``tag``."""
+    return sorted(r["time"] for r in stack_.mock_requests() if tag in json.dumps(r["body"]))
+
+
+def wait_until(check: Callable[[], bool], what: str, *, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, f"{what} did not happen within {timeout}s"
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def lone_worker(stack_: E2EStack, *, slots: int) -> Iterator[components.Component]:
+    """The stack's workers replaced by one worker with ``slots`` turns at once; the stack's
+    own workers come back afterwards."""
+    for worker in stack_.workers:
+        components.stop_component(worker)
+    env = {**stack_.env, "AGENTRUN_WORKER_CONCURRENCY": str(slots)}
+    lone = stack.start_worker(9, env=env, launch=stack_.launch)
+    try:
+        wait_consuming(lone)
+        yield lone
+    finally:
+        components.stop_component(lone)
+        stack_.restart_dead()
+
+
+def delete_runs(stack_: E2EStack, namespace: str) -> None:
+    stack_.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false")
+
+
+# --- a poison object stops only itself -----------------------------------------------------------
+
+
+def test_a_run_too_large_to_checkpoint_ends_invalid_spec_and_the_next_run_of_its_tenant_runs(
+    stack_: E2EStack,
+    test_namespace: str,
+    tenants: TenantFactory,  # noqa: F811
+    nats_server: object,
+) -> None:
+    """A 1.2 MB ``spec.output.schema`` is stored by the API server, but the run's admitted
+    event cannot be: the run ends ``invalid_spec`` naming the field (once, in the log too),
+    its slot and budget hold are released, and the tenant's next run — queued behind it with
+    ``maxConcurrentRuns: 1`` — is admitted and completes."""
+    tenant = tenants(
+        f"t-{test_namespace}", [test_namespace], maxConcurrentRuns=1, budget={"tokens": 100_000}
+    )
+    append_scenario(stack_, quick_scenario(test_namespace))
+    big = run_manifest("big", "a large answer", tools=[])
+    big["spec"]["output"] = {"schema": {"type": "object", "description": "x" * 1_200_000}}
+    # create, not apply: apply would copy the object into an annotation, over its 256 KiB limit
+    stack_.kubectl("create", "-n", test_namespace, "-f", "-", input=yaml.safe_dump(big))
+    stack_.apply(test_namespace, run_manifest("next", f"E2E-FAIR-QUICK {test_namespace}"))
+    status = stack_.wait_terminal(test_namespace, "big", timeout=30)
+    assert (status["terminalReason"], status["outcome"]) == ("invalid_spec", "none")
+    assert status["message"].startswith("spec.output.schema: "), status["message"]
+    after = stack_.wait_terminal(test_namespace, "next", timeout=30)
+    assert (after["terminalReason"], after["answer"]) == ("completed", "quick done")
+    book = read_book(nats_server, tenant)  # type: ignore[arg-type]
+    assert book is not None and not book.active and not book.holds
+    time.sleep(3)  # six ledger sweeps: a failure retried each pass would be logged again
+    log = stack_.operator.spec.log_path.read_text(errors="replace").splitlines()
+    told = [line for line in log if f"{test_namespace}/big" in line and "bytes" in line]
+    assert len(told) == 1, told
+    assert not [line for line in log if f"pump of tenant {tenant} failed" in line]
+
+
+# --- fair shares ---------------------------------------------------------------------------------
+
+
+def test_a_tenant_flooding_the_worker_slots_makes_another_tenants_turn_wait_one_turn_at_most(
+    stack_: E2EStack,
+    tenants: TenantFactory,  # noqa: F811
+    more_namespaces: Callable[[], str],  # noqa: F811
+) -> None:
+    """One worker with 4 slots; tenant A has 24 runs whose turns take 3 s each, so 20 of its
+    turns wait at any time. Tenant B's run arrives: its first model call comes within about
+    one turn's time (the next slots to free), not after A's 20 waiting turns (15 s)."""
+    flood, other = more_namespaces(), more_namespaces()
+    tenants(f"a-{flood}", [flood])
+    tenants(f"b-{other}", [other])
+    append_scenario(stack_, slow_scenario(flood))
+    append_scenario(stack_, quick_scenario(other))
+    with lone_worker(stack_, slots=SLOTS):
+        try:
+            apply_all(
+                stack_,
+                flood,
+                [run_manifest(f"a-{i}", f"E2E-FAIR-SLOW {flood}") for i in range(24)],
+            )
+            wait_until(
+                lambda: len(arrivals(stack_, flood)) >= SLOTS, "A filling the slots", timeout=60
+            )
+            submitted = time.time()
+            stack_.apply(other, run_manifest("b", f"E2E-FAIR-QUICK {other}"))
+            stack_.wait_terminal(other, "b", timeout=60)
+            (first, *_) = arrivals(stack_, other)
+            waited = first - submitted
+            assert waited < 2 * TURN_SECONDS, f"B's first model call came {waited:.1f}s after it"
+        finally:
+            delete_runs(stack_, flood)
+
+
+def test_max_concurrent_turns_caps_a_tenants_turns_in_flight_and_leaves_slots_to_others(
+    stack_: E2EStack,
+    tenants: TenantFactory,  # noqa: F811
+    more_namespaces: Callable[[], str],  # noqa: F811
+) -> None:
+    """Tenant A with ``maxConcurrentTurns: 2`` and 8 slow runs on a 4-slot worker never has
+    more than 2 model calls in flight; tenant B's run finds a free slot at once."""
+    capped, other = more_namespaces(), more_namespaces()
+    tenants(f"a-{capped}", [capped], maxConcurrentTurns=2)
+    tenants(f"b-{other}", [other])
+    append_scenario(stack_, slow_scenario(capped))
+    append_scenario(stack_, quick_scenario(other))
+    with lone_worker(stack_, slots=SLOTS):
+        try:
+            apply_all(
+                stack_,
+                capped,
+                [run_manifest(f"a-{i}", f"E2E-FAIR-SLOW {capped}") for i in range(8)],
+            )
+            wait_until(lambda: len(arrivals(stack_, capped)) >= 2, "A's first calls", timeout=60)
+            submitted = time.time()
+            stack_.apply(other, run_manifest("b", f"E2E-FAIR-QUICK {other}"))
+            stack_.wait_terminal(other, "b", timeout=60)
+            (first, *_) = arrivals(stack_, other)
+            assert first - submitted < TURN_SECONDS, f"B waited {first - submitted:.1f}s"
+            wait_until(lambda: len(arrivals(stack_, capped)) >= 6, "A going on", timeout=60)
+            seen = arrivals(stack_, capped)
+            # a call starts only when one of A's turns committed (>= 3 s after its call began):
+            # within any window shorter than a turn, at most 2 of A's calls can start
+            most = max(sum(1 for t in seen if s <= t < s + TURN_SECONDS - 0.2) for s in seen)
+            assert most <= 2, seen
+        finally:
+            delete_runs(stack_, capped)
+
+
+class HangingServer:
+    """A TCP listener that accepts connections and never answers: an MCP server that hangs."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.sock.accept()
+                self.accepted.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_hanging_tool_servers_in_one_namespace_do_not_starve_discovery_in_another(
+    stack_: E2EStack,
+    more_namespaces: Callable[[], str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """16 AgentToolServers in one namespace point at a server that accepts and never answers
+    (discovery timeout 30 s): another namespace's real MCP server is still discovered at once,
+    while the hanging ones hold only their namespace's share of the discovery slots."""
+    hostile, other = more_namespaces(), more_namespaces()
+    hanging = HangingServer()
+    try:
+        for i in range(16):
+            manifest = tool_server(
+                f"hang-{i}", hanging.url, {"name": "add"}, timeouts={"discovery": "30s"}
+            )
+            stack_.apply(hostile, manifest)
+        wait_until(
+            lambda: len(hanging.accepted) >= 4, "discovery of the hanging servers", timeout=30
+        )
+        with mcp_support.running(tmp_path) as server:
+            started = time.monotonic()
+            stack_.apply(other, tool_server("good", server.url, {"name": "add"}))
+            status = wait_server(stack_, other, "good", "Discovered", timeout=10)
+            assert [t["name"] for t in status["tools"]] == ["add"]
+            assert time.monotonic() - started < 10
+        assert len(hanging.accepted) <= 4  # the hostile namespace held its share, no more
+    finally:
+        stack_.kubectl("delete", "agenttoolservers", "--all", "-n", hostile, "--wait=false")
+        hanging.close()
+
+
+def test_a_namespace_flooding_events_leaves_the_event_budget_of_other_namespaces(
+    stack_: E2EStack,
+    more_namespaces: Callable[[], str],  # noqa: F811
+) -> None:
+    """150 runs in one namespace fail at once (an unknown AgentModel), each with an
+    ``InvalidSpec`` Event; the runs another namespace creates right after still get theirs,
+    and the flooding namespace got no more than its share."""
+    flood, other = more_namespaces(), more_namespaces()
+    bad = {"model": "no-such-model", "tools": []}
+    started = time.monotonic()
+    apply_all(stack_, flood, [run_manifest(f"f-{i}", "flood", **bad) for i in range(150)])
+    names = [f"b-{i}" for i in range(3)]
+    apply_all(stack_, other, [run_manifest(name, "mine", **bad) for name in names])
+    for name in names:
+        stack_.wait_terminal(other, name, timeout=60)
+
+    def reasons(namespace: str) -> list[str]:
+        listed = json.loads(stack_.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)[
+            "items"
+        ]
+        return [e["involvedObject"]["name"] for e in listed if e["reason"] == "InvalidSpec"]
+
+    wait_until(lambda: sorted(reasons(other)) == names, "B's InvalidSpec Events", timeout=30)
+    elapsed = time.monotonic() - started
+    flooded = len(reasons(flood))
+    assert flooded <= 25 + 2 * elapsed + 5, f"{flooded} events in {elapsed:.0f}s"

@@ -1,0 +1,141 @@
+"""Version skew during a rolling upgrade: this operator drives workers of the previous revision.
+
+The supported skew (docs/operations.md "Upgrades and version skew") is operator N with workers
+N-1: the operator is upgraded first, then the workers. Here the previous revision's code
+(``PREVIOUS``, built from this repository's history into a directory of its own and put first
+on the worker's ``PYTHONPATH``) is the only worker; the operator is this tree's. Runs with
+tool calls over three turns and with a held call approved by a person complete as they do on
+one revision,
+and the old worker's turn events are the old schema's (no ``schemaVersion``), read by this
+operator as version 1.
+
+When a release is cut, ``PREVIOUS`` becomes the previous release's tag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrun import protocol
+from agentrun.bus import Bus, BusSettings
+from agentrun_dev import components, stack
+
+from .conftest import E2EStack, run_manifest, wait_consuming
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+PREVIOUS = "60a0290322c8b31f137f3e615240eef830ee611f"
+"""The revision before the wire messages carried a schema version (main when it was added)."""
+
+
+@pytest.fixture(scope="module")
+def previous_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The previous revision's ``agentrun`` package, installed (without dependencies: this
+    environment's serve) into a directory of its own."""
+    work = tmp_path_factory.mktemp("previous")
+    source, site = work / "src", work / "site"
+    source.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", PREVIOUS], check=True, capture_output=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+         str(source)],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    return site
+
+
+@pytest.fixture
+def old_worker(stack_: E2EStack, previous_site: Path) -> Iterator[components.Component]:
+    """The only worker, running the previous revision's code."""
+    for worker in stack_.workers:
+        components.stop_component(worker)
+    old = stack.start_worker(
+        11, env={**stack_.env, "PYTHONPATH": str(previous_site)}, launch=stack_.launch
+    )
+    try:
+        wait_consuming(old)
+        yield old
+    finally:
+        components.stop_component(old)
+        stack_.restart_dead()
+
+
+def raw_events(server: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The run's events as stored: decoded JSON, not read through this release's codec."""
+
+    async def read() -> list[dict[str, Any]]:
+        bus = await Bus.connect(BusSettings(url=server.url, auth=server.auth()), name="e2e-raw")
+        found, seq = [], 1
+        try:
+            while True:
+                try:
+                    raw = await bus.js._jsm.get_msg(
+                        protocol.STREAM_EVENTS, seq=seq, next=True, direct=True,
+                        subject=protocol.event_subject(namespace, name),
+                    )  # fmt: skip
+                except Exception:
+                    return found
+                assert raw.data is not None and raw.seq is not None
+                found.append(json.loads(raw.data))
+                seq = int(raw.seq) + 1
+        finally:
+            await bus.close()
+
+    return asyncio.run(read())
+
+
+def test_this_operator_drives_a_worker_of_the_previous_revision(
+    stack_: E2EStack,
+    test_namespace: str,
+    previous_site: Path,
+    old_worker: components.Component,
+    nats_server: Any,
+) -> None:
+    # the old code really runs: its protocol package predates the schema version
+    script = "import agentrun.protocol as p; print(hasattr(p, 'SCHEMA_VERSION'))"
+    probe = subprocess.run(
+        [sys.executable, "-c", script],
+        env={"PYTHONPATH": str(previous_site)}, cwd="/",
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert probe.stdout.strip() == "False"
+    stack_.apply(test_namespace, run_manifest("skew-tools", "E2E-SHARED skew"))
+    stack_.apply(test_namespace, run_manifest("skew-approval", "E2E-APPROVAL skew-approval",
+                                              approval={"tools": ["calculate"]}))  # fmt: skip
+    stack_.wait_for(test_namespace, "skew-approval", lambda s: s.get("phase") == "AwaitingApproval")
+    digest = stack_.get(test_namespace, "skew-approval")["status"]["pendingApproval"]["digest"]
+    approve = subprocess.run(
+        [str(Path(sys.executable).with_name("agentrun")), "approve", "skew-approval", "--digest",
+         digest, "-n", test_namespace],
+        env={**stack_.kubectl.env}, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert approve.returncode == 0, approve.stderr
+    ends = {
+        name: stack_.wait_terminal(test_namespace, name, timeout=60)
+        for name in ("skew-tools", "skew-approval")
+    }
+    assert (ends["skew-tools"]["terminalReason"], ends["skew-tools"]["answer"]) == (
+        "completed",
+        "shared done",
+    )
+    assert (ends["skew-approval"]["terminalReason"], ends["skew-approval"]["answer"]) == (
+        "completed",
+        "Reviewed and done.",
+    )
+    for name in ends:
+        events = raw_events(nats_server, test_namespace, name)
+        written_by = {e["kind"]: "schemaVersion" in e for e in events}
+        assert written_by["admitted"] is True  # this operator writes the version
+        assert written_by["turn"] is False  # the old worker does not: read as version 1

@@ -1,0 +1,294 @@
+"""Users' and tool servers' schemas and patterns run in bounded time (agentrun.kernel.schemas):
+RE2 for every pattern, a deterministic work budget for every validation, no remote $ref."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentrun import kernel
+from agentrun.kernel import output, schemas
+
+HOSTILE = "^(a+)+$"
+"""Catastrophic on a backtracking engine: Python's re takes seconds at 30 characters."""
+ANSWER = "a" * 100_000 + "!"
+
+
+def _messages(schema: Any, instance: Any) -> list[str]:
+    return [e.message for e in schemas.errors(schemas.validator_for(schema), instance)]
+
+
+def _quick(seconds: float = 1.0) -> Any:
+    """A context that fails when its block takes more CPU than ``seconds``."""
+
+    class Quick:
+        def __enter__(self) -> None:
+            self.start = time.process_time()
+
+        def __exit__(self, *exc: object) -> None:
+            used = time.process_time() - self.start
+            assert used < seconds, f"took {used:.2f} s of CPU"
+
+    return Quick()
+
+
+# --- patterns on RE2 ------------------------------------------------------------------------
+
+HOSTILE_SCHEMAS = {
+    "pattern": ({"properties": {"x": {"pattern": HOSTILE}}}, {"x": ANSWER}),
+    "patternProperties": ({"patternProperties": {HOSTILE: {"type": "integer"}}}, {ANSWER: "1"}),
+    "additionalProperties": (
+        {"patternProperties": {HOSTILE: {}}, "additionalProperties": False},
+        {ANSWER: 1},
+    ),
+    "unevaluatedProperties": (
+        {"allOf": [{"patternProperties": {HOSTILE: {}}}], "unevaluatedProperties": False},
+        {ANSWER: 1},
+    ),
+    "propertyNames": ({"propertyNames": {"pattern": HOSTILE}}, {ANSWER: 1}),
+    "draft-07": (
+        {"$schema": "http://json-schema.org/draft-07/schema#", "pattern": HOSTILE},
+        ANSWER,
+    ),
+    "draft 2019-09 unevaluated": (
+        {
+            "$schema": "https://json-schema.org/draft/2019-09/schema",
+            "patternProperties": {HOSTILE: {}},
+            "unevaluatedProperties": False,
+        },
+        {ANSWER: 1},
+    ),
+}
+
+
+VALID_THOUGH_HOSTILE = {"patternProperties"}
+"""The key does not match, so nothing is checked: valid, however long re would take."""
+
+
+@pytest.mark.parametrize("schema, instance", HOSTILE_SCHEMAS.values(), ids=HOSTILE_SCHEMAS)
+def test_a_catastrophic_pattern_is_decided_in_linear_time(
+    schema: Any, instance: Any, request: pytest.FixtureRequest
+) -> None:
+    with _quick():
+        found = _messages(schema, instance)
+    valid = request.node.callspec.id in VALID_THOUGH_HOSTILE
+    assert (found == []) is valid
+
+
+def test_patterns_match_as_json_schema_says() -> None:
+    schema = {"properties": {"code": {"pattern": "^[A-Z]{3}-\\d+$"}}}
+    assert _messages(schema, {"code": "ABC-12"}) == []
+    assert _messages(schema, {"code": "abc-12"}) == ["'abc-12' does not match '^[A-Z]{3}-\\\\d+$'"]
+    assert _messages({"pattern": "b"}, "abc") == []  # a search, not a full match
+
+
+REFUSED = {
+    "backreference": ("(a)\\1", "invalid escape sequence"),
+    "lookahead": ("(?=a)b", "invalid perl operator"),
+    "negative lookbehind": ("(?<!a)b", "invalid perl operator"),
+    "not a regex": ("[a-", "missing ]"),
+    "too large": ("((a{100}){100}){100}", "repetition"),
+    "too long": ("a" * (schemas.MAX_PATTERN_CHARS + 1), "longer than"),
+}
+
+
+@pytest.mark.parametrize("pattern, why", REFUSED.values(), ids=REFUSED)
+def test_patterns_the_linear_engine_refuses_are_named(pattern: str, why: str) -> None:
+    problem = schemas.pattern_problem(pattern)
+    assert problem is not None and why in problem
+    nested = {"properties": {"a/b": {"items": {"pattern": pattern}}}}
+    problem = schemas.schema_problem(nested)
+    assert problem is not None and problem.startswith("at /properties/a~1b/items/pattern: ")
+    keyed = {"$defs": {"x": {"patternProperties": {pattern: {}}}}}
+    problem = schemas.schema_problem(keyed)
+    assert problem is not None and problem.startswith("at /$defs/x/patternProperties/")
+
+
+def test_a_refused_pattern_that_reaches_validation_is_an_error_not_a_crash() -> None:
+    assert _messages({"pattern": "(?=a)"}, "a")[0].startswith("'(?=a)' is not a regular")
+
+
+def test_data_that_looks_like_a_pattern_is_not_checked() -> None:
+    schema = {"enum": [{"pattern": "(?=x)"}], "const": {"pattern": "(a)\\1"}, "default": {}}
+    assert schemas.schema_problem(schema) is None
+    assert schemas.schema_problem({"examples": [{"patternProperties": {"(?=x)": 1}}]}) is None
+
+
+# --- admission checks -----------------------------------------------------------------------
+
+
+def test_schema_problems_name_size_depth_and_the_meta_schema() -> None:
+    big = {"description": "x" * schemas.MAX_SCHEMA_BYTES}
+    assert "over the 65536-byte limit" in str(schemas.schema_problem(big))
+    deep: dict[str, Any] = {}
+    for _ in range(schemas.MAX_SCHEMA_DEPTH + 5):
+        deep = {"items": deep}
+    assert "levels deep" in str(schemas.schema_problem(deep))
+    assert schemas.schema_problem({"type": "nope"}) == (
+        "at $.type: 'nope' is not valid under any of the given schemas"
+    )
+    assert schemas.schema_problem(["not", "a schema"]) == ("must be a JSON Schema object, not list")
+    assert schemas.schema_problem({"type": "object", "properties": {"a": {}}}) is None
+    assert schemas.schema_problem(True) is None
+
+
+def test_a_draft_07_tool_schema_is_checked_against_its_own_draft() -> None:
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"a": {"type": "string", "pattern": "^x"}},
+        "definitions": {"b": {"type": "integer"}},
+    }
+    assert schemas.schema_problem(draft7) is None
+    assert schemas.schema_problem({**draft7, "required": "a"}) is not None
+
+
+# --- the work budget ------------------------------------------------------------------------
+
+
+def _exponential() -> tuple[dict[str, Any], Any]:
+    """``anyOf`` whose branches re-validate the same nested array: 2^depth on jsonschema."""
+    branch = {"type": "array", "items": {"$ref": "#/$defs/n"}}
+    schema = {"$defs": {"n": {"anyOf": [branch, branch, {"type": "integer"}]}}, "$ref": "#/$defs/n"}
+    document: Any = 1
+    for _ in range(25):
+        document = [document, "x"]
+    return schema, document
+
+
+def test_a_validation_past_its_work_budget_gives_up_in_bounded_cpu() -> None:
+    schema, document = _exponential()
+    validator = schemas.validator_for(schema)
+    with _quick(5.0), pytest.raises(schemas.WorkExceeded, match="more than 200000 steps"):
+        schemas.errors(validator, document)
+
+
+def test_the_budget_is_deterministic_a_replay_decides_the_same() -> None:
+    schema, document = _exponential()
+    validator = schemas.validator_for(schema)
+    for limit in (1_000, 37_777):
+        verdicts = set()
+        for _ in range(3):
+            try:
+                schemas.errors(validator, document, limit=limit)
+                verdicts.add("valid")
+            except schemas.WorkExceeded as err:
+                verdicts.add(str(err))
+        assert verdicts == {f"the check took more than {limit} steps"}
+
+
+def test_an_ordinary_large_answer_fits_the_budget() -> None:
+    schema = {"type": "array", "items": {"type": "object", "properties": {"n": {"minimum": 0}}}}
+    document = [{"n": i} for i in range(10_000)]  # about 90 KB: under the 128 KiB answer cap
+    assert schemas.errors(schemas.validator_for(schema), document) == ()
+
+
+def test_many_errors_stop_at_a_hundred_with_short_messages() -> None:
+    found = schemas.errors(schemas.validator_for({"items": {"type": "string"}}), list(range(5000)))
+    assert len(found) == schemas.MAX_ERRORS
+    long = schemas.errors(schemas.validator_for({"maxLength": 1}), "x" * 10_000)
+    assert len(long[0].message) == schemas.MESSAGE_CHARS
+
+
+def test_deep_nesting_is_given_up_not_a_crash() -> None:
+    document: Any = 1
+    for _ in range(5_000):
+        document = [document]
+    schema = {"$defs": {"n": {"items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"}
+    with pytest.raises(schemas.WorkExceeded):
+        schemas.errors(schemas.validator_for(schema), document, limit=10**9)
+
+
+@pytest.mark.parametrize(
+    "items, unique",
+    [
+        ([1, 1.0], False),
+        ([True, 1], True),
+        ([{"a": 1, "b": [1]}, {"b": [1.0], "a": 1}], False),
+        ([[1, 2], [2, 1]], True),
+        ([{"n": i} for i in range(30_000)], True),
+    ],
+    ids=["int-float", "bool-int", "key-order", "list-order", "30k-objects"],
+)
+def test_unique_items_by_json_equality_in_linear_time(items: list[Any], unique: bool) -> None:
+    with _quick():
+        found = _messages({"uniqueItems": True}, items)
+    assert (found == []) is unique
+
+
+# --- no remote $ref ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[str, list[str]]]:
+    """An HTTP server recording the paths asked of it."""
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = b'{"type": "string"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/schema.json", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_remote_reference_is_never_fetched(listener: tuple[str, list[str]]) -> None:
+    url, asked = listener
+    found = _messages({"properties": {"a": {"$ref": url}}}, {"a": 1})
+    assert found and "does not resolve within the schema" in found[0]
+    assert output.output_error('{"a": 1}', {"properties": {"a": {"$ref": url}}}) is not None
+    assert asked == []
+
+
+def test_local_references_resolve() -> None:
+    schema = {"$defs": {"s": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/s"}}}
+    assert _messages(schema, {"a": "x"}) == []
+    assert _messages(schema, {"a": 1}) == ["1 is not of type 'string'"]
+
+
+# --- through the kernel -----------------------------------------------------------------
+
+
+def test_an_answer_against_a_hostile_output_schema_is_decided_at_once() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": HOSTILE}}}
+    with _quick():
+        error = output.output_error(f'{{"x": "{ANSWER}"}}', schema)
+    assert error is not None and error.startswith("x: 'aaaa")
+
+
+def test_an_answer_past_the_work_budget_is_a_failed_check() -> None:
+    schema, document = _exponential()
+    error = output.output_error(json.dumps(document), schema)
+    assert error == (
+        "the answer could not be checked against the schema: the check took more than 200000 steps"
+    )
+
+
+def test_tool_arguments_against_a_hostile_input_schema_are_decided_at_once() -> None:
+    schema = {"type": "object", "properties": {"q": {"pattern": HOSTILE}}}
+    tool = kernel.ToolSchema("srv__t", schema)
+    call = kernel.ToolCall("c1", "srv__t", f'{{"q": "{ANSWER}"}}')
+    with _quick():
+        (checked,) = kernel.check_calls([call], turn=0, tools={"srv__t": tool})
+    assert isinstance(checked, kernel.InvalidCall)
+    assert "does not match" in checked.error

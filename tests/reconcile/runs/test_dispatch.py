@@ -1,0 +1,253 @@
+"""The operator's ``Dispatcher`` and its ``OrphanWatch`` on a real nats-server (JetStream), with
+the status writer and the ledger replaced by recorders and Kubernetes Events posted to the
+in-memory API server port: what each committed event makes it do —
+publish the next TurnRequest (once, however often it is dispatched: ``Nats-Msg-Id``), write
+the status at once or coalesced, settle and count an end once — and a lost turn dispatched
+again three times before the run ends ``checkpoint_failed``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import pytest
+from kube_support import FakeKube
+from nats.js import JetStreamContext
+from seals_support import SIGNER, VERIFIER
+
+from agentrun import kernel, protocol
+from agentrun.bus import Bus, BusSettings
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.runs import RunKey
+from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
+from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
+from agentrun.operator.runs.ports import PendingTurn
+from agentrun.operator.runs.seals import RunSeals
+from agentrun.protocol import ModelConfig, RunConfig, RunEvent
+from agentrun_dev import natsserver
+
+
+class Submitted:
+    """A status writer that keeps what it is given: ``(seq, phase, urgent)`` per submit."""
+
+    def __init__(self) -> None:
+        self.bodies: list[tuple[int, str, bool]] = []
+        self.ends: list[Callable[[], None]] = []
+
+    def submit(
+        self,
+        run: RunKey,
+        body: Mapping[str, Any],
+        *,
+        seq: int,
+        terminal: bool,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
+        self.bodies.append((seq, str(body["phase"]), terminal))
+        if on_end is not None:
+            self.ends.append(on_end)
+
+    def forget(self, run: RunKey) -> None:
+        pass
+
+
+class Settled:
+    """The ledger's end of a run: which runs were settled, from which event."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, str, str]] = []
+
+    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
+        self.runs.append((tenant, uid, event.kind))
+
+
+class NoQueues:
+    def queued_counts(self) -> Mapping[str, int]:
+        return {}
+
+
+class NoCaps:
+    """No tenant caps its turns in flight (``maxConcurrentTurns`` unset everywhere)."""
+
+    def max_concurrent_turns(self, tenant: str) -> int | None:
+        return None
+
+
+class Recorded:
+    """The Kubernetes Events the dispatcher records, posted through the API server port."""
+
+    def __init__(self) -> None:
+        self.api = FakeKube()
+        self.recorder = EventRecorder(
+            self.api, throttle=Throttle(repeat_after=0.0, rate=1000.0, burst=1000)
+        )
+
+    async def reasons(self) -> list[str]:
+        """The reason of every occasion recorded so far, once per time it happened (an Event
+        posted again for the same occasion counts up, as on the API server)."""
+        await self.recorder.drain()
+        return [str(e["reason"]) for e in self.api.events for _ in range(int(e["count"]))]
+
+
+@pytest.fixture
+async def bus(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Bus]:
+    settings = BusSettings(own_nats_server.url, auth=own_nats_server.auth())
+    connected = await Bus.connect(settings, name="dispatch")
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+def dispatcher(bus: Bus) -> tuple[Dispatcher, Submitted, Settled, Recorded]:
+    writer, settled, events = Submitted(), Settled(), Recorded()
+    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=FakeKube(), events=events.recorder)
+    made = Dispatcher(
+        bus,
+        writer,  # type: ignore[arg-type]
+        DispatchDeps(
+            ends=settled, queues=NoQueues(), events=events.recorder, seals=seals, caps=NoCaps()
+        ),
+    )
+    return made, writer, settled, events
+
+
+def config(**limits: Any) -> RunConfig:
+    uid = uuid.uuid4().hex
+    return RunConfig(
+        uid=uid,
+        namespace="ns",
+        name=f"run-{uid[:8]}",
+        goal="ship it",
+        instructions="",
+        tools=("deploy",),
+        limits=kernel.Limits(**limits),
+        model=ModelConfig(
+            "mock", "http://127.0.0.1:9/v1", "scripted", kernel.Pricing(), 32000, 100
+        ),
+        deadline=time.time() + 600,
+        tenant="acme",
+    )
+
+
+async def admitted(bus: Bus, run: Dispatcher, cfg: RunConfig) -> RunEvent:
+    """Admit ``cfg`` and hand its admitted event to ``run`` as the consumer would."""
+    await run.start_run(cfg, start_time=time.time(), generation=1)
+    (event,) = await bus.read_events(cfg.namespace, cfg.name)
+    await run.on_event(protocol.event_subject(cfg.namespace, cfg.name), event)
+    return event
+
+
+def pending(run: Dispatcher, cfg: RunConfig) -> PendingTurn:
+    """The dispatcher's snapshot of ``cfg``'s dispatched turn."""
+    (turn,) = [t for t in run.pending_turns() if t.key.uid == cfg.uid]
+    return turn
+
+
+async def queued(bus: Bus, seq: int) -> protocol.TurnRequest:
+    """The TurnRequest at stream sequence ``seq`` of the work queue, and its message id."""
+    found = await bus.nc.jsm().get_msg(protocol.STREAM_TURNS, seq=seq)
+    return protocol.decode_turn_request(found.data or b"")
+
+
+async def turns_in_queue(bus: Bus) -> int:
+    info = await bus.nc.jsm().stream_info(protocol.STREAM_TURNS)
+    return int(info.state.messages)
+
+
+async def test_an_admitted_run_is_dispatched_once_however_often_its_event_is_seen(
+    bus: Bus,
+) -> None:
+    """A redelivered event is ignored by the view; a restarted operator dispatches the turn
+    again, and the ``Nats-Msg-Id`` ``<run-uid>:<turn>`` makes JetStream drop the copy."""
+    cfg = config()
+    first, writer, _, _ = dispatcher(bus)
+    before = await turns_in_queue(bus)
+    event = await admitted(bus, first, cfg)
+    view = pending(first, cfg)
+    request = await queued(bus, view.queued_seq)
+    assert (request.run_uid, request.turn, request.expected_seq) == (cfg.uid, 0, event.seq)
+    found = await bus.nc.jsm().get_msg(protocol.STREAM_TURNS, seq=view.queued_seq)
+    assert (found.headers or {}).get("Nats-Msg-Id") == f"{cfg.uid}:0"
+    assert writer.bodies == [(event.seq, "Running", False)]  # coalesced: nobody to ask
+
+    await first.on_event(protocol.event_subject(cfg.namespace, cfg.name), event)  # redelivered
+    restarted, _, _, _ = dispatcher(bus)
+    assert await restarted.recover(cfg.namespace, cfg.name, cfg.uid, generation=1)
+    assert pending(restarted, cfg).queued_seq == view.queued_seq  # the duplicate's ack
+    assert await turns_in_queue(bus) == before + 1
+    await first.cancel_timers()
+    await restarted.cancel_timers()
+
+
+def awaiting_approval(start: kernel.RunState) -> kernel.RunState:
+    limits = kernel.Limits(approval_tools=frozenset({"deploy"}))
+    call = kernel.CheckedCall("d1", "deploy", {"version": "1"})
+    held = kernel.Answered(
+        0, kernel.ToolCalls((), None), calls=(call,), held=("d1",), usage=kernel.Usage(100, 10)
+    )
+    return kernel.advance(start, held, limits)
+
+
+async def test_a_run_waiting_for_a_person_is_written_at_once_and_an_end_is_settled_once(
+    bus: Bus,
+) -> None:
+    cfg = config()
+    run, writer, settled, events = dispatcher(bus)
+    event = await admitted(bus, run, cfg)
+    waiting = awaiting_approval(kernel.initial_state(goal=cfg.goal))
+    assert waiting.phase is kernel.Phase.AWAITING_APPROVAL
+    turn = RunEvent("turn", cfg.uid, waiting.summary(), time=time.time())
+    seq = await bus.append_event(cfg.namespace, cfg.name, turn, expected_seq=event.seq)
+    subject = protocol.event_subject(cfg.namespace, cfg.name)
+    await run.on_event(subject, (await bus.read_events(cfg.namespace, cfg.name))[-1])
+    assert writer.bodies[-1] == (seq, "AwaitingApproval", True)  # a person to ask: at once
+    assert await events.reasons() == ["ApprovalRequested"]
+
+    assert await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "cancelled")
+    stop = (await bus.read_events(cfg.namespace, cfg.name))[-1]
+    assert (stop.kind, stop.phase) == ("stop", kernel.Phase.CANCELLED)
+    await run.on_event(subject, stop)
+    assert writer.bodies[-1] == (stop.seq, "Cancelled", True)
+    assert settled.runs == [("acme", cfg.uid, "stop")]
+    assert not run.is_tracked(cfg.uid)
+    (ended,) = writer.ends
+    ended()
+    ended()  # the end counted and its Event recorded once, however often it is written
+    assert await events.reasons() == ["ApprovalRequested", "Cancelled"]
+    assert not await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "again")
+
+
+async def lose(subscription: JetStreamContext.PullSubscription) -> None:
+    """A worker takes the run's TurnRequest and gives it up (acks it without committing)."""
+    (msg,) = await subscription.fetch(1, timeout=10)
+    await msg.ack_sync()
+
+
+async def test_a_turn_lost_four_times_ends_the_run_checkpoint_failed(bus: Bus) -> None:
+    cfg = config()
+    run, _, _, _ = dispatcher(bus)
+    await bus.nc.jsm().purge_stream(protocol.STREAM_TURNS)  # earlier tests' turns
+    subscription = await bus.turn_subscription()
+    await admitted(bus, run, cfg)
+    watch = OrphanWatch(bus, run, after=0.0)
+    assert not await watch.check(pending(run, cfg))  # still queued: nothing to do
+    for attempt in range(1, MAX_REDISPATCHES + 1):
+        await lose(subscription)
+        assert await watch.check(pending(run, cfg))
+        found = await bus.nc.jsm().get_msg(protocol.STREAM_TURNS, seq=pending(run, cfg).queued_seq)
+        assert (found.headers or {}).get("Nats-Msg-Id") == f"{cfg.uid}:0:{attempt}"
+        last = await bus.last_event(cfg.namespace, cfg.name)
+        assert last is not None and last.kind == "admitted"
+    assert pending(run, cfg).redispatches == 3
+    await lose(subscription)
+    assert await watch.check(pending(run, cfg))
+    last = await bus.last_event(cfg.namespace, cfg.name)
+    assert last is not None and (last.kind, last.phase) == ("stop", kernel.Phase.CHECKPOINT_FAILED)
+    assert last.summary.message == (
+        "turn 0 left the work queue 4 times without being committed "
+        "(its TurnRequest was lost or its worker gave it up)"
+    )
+    await run.cancel_timers()

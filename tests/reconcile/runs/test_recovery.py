@@ -1,0 +1,166 @@
+"""What an AgentRun seen on create or resume becomes (``runs.recovery``): a run whose
+checkpoint is gone, or a copy restored from a backup, is never run again unless a person asks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrun.operator.runs import recovery
+from agentrun.operator.runs.keys import ADMITTED_UID_ANNOTATION, RERUN_ANNOTATION, RunKey
+from agentrun.operator.runs.recovery import Admission
+
+UID = "uid-now"
+RUNNING = {
+    "phase": "Running",
+    "startTime": "2026-12-01T20:00:00Z",
+    "lastEventSequence": 7,
+    "tenant": "t",
+}
+ENDED = {"phase": "Succeeded", "terminalReason": "completed", "startTime": "2026-12-01T20:00:00Z"}
+QUEUED = {"phase": "Queued", "queuePosition": 2, "tenant": "t"}
+RERUN = {RERUN_ANNOTATION: "true"}
+MINE = {ADMITTED_UID_ANNOTATION: UID}
+OTHERS = {ADMITTED_UID_ANNOTATION: "uid-before-the-restore"}
+
+DECISIONS = {
+    "a new run is admitted": ({}, {}, False, Admission.ADMIT),
+    "a queued run is admitted (its queue may be gone too)": ({}, QUEUED, False, Admission.ADMIT),
+    "a run with its events is recovered": (MINE, RUNNING, True, Admission.RECOVER),
+    "a run admitted before the annotation existed is recovered": (
+        {},
+        RUNNING,
+        True,
+        Admission.RECOVER,
+    ),
+    "a rerun asked of a run still going is not honoured": (
+        {**MINE, **RERUN},
+        RUNNING,
+        True,
+        Admission.RECOVER,
+    ),
+    "an ended run is left alone": (MINE, ENDED, False, Admission.SKIP),
+    "an ended run with its events is left alone": (MINE, ENDED, True, Admission.SKIP),
+    "an ended run reruns when asked": ({**MINE, **RERUN}, ENDED, True, Admission.RERUN),
+    "a run whose status shows it admitted, without events, is lost": (
+        {},
+        RUNNING,
+        False,
+        Admission.LOST,
+    ),
+    "a run whose recorded uid is its own, without events, is lost": (
+        MINE,
+        {},
+        False,
+        Admission.LOST,
+    ),
+    "a lost run reruns when asked": ({**MINE, **RERUN}, RUNNING, False, Admission.RERUN),
+    "a copy restored without status is restored": (OTHERS, {}, False, Admission.RESTORED),
+    "a copy restored with its running status is restored": (
+        OTHERS,
+        {**RUNNING},
+        False,
+        Admission.RESTORED,
+    ),
+    "a restored copy reruns when asked": ({**OTHERS, **RERUN}, {}, False, Admission.RERUN),
+    "a restored copy that ended is left alone": (OTHERS, ENDED, False, Admission.SKIP),
+    "only the value true asks for a rerun": (
+        {**MINE, RERUN_ANNOTATION: "yes"},
+        RUNNING,
+        False,
+        Admission.LOST,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "status", "has_events", "expected"),
+    list(DECISIONS.values()),
+    ids=list(DECISIONS),
+)
+def test_the_decision(
+    annotations: dict[str, str], status: dict[str, Any], has_events: bool, expected: Admission
+) -> None:
+    got = recovery.decide(uid=UID, annotations=annotations, status=status, has_events=has_events)
+    assert got is expected
+
+
+ADMITTED = {
+    "a start time": ({"startTime": "2026-12-01T20:00:00Z"}, True),
+    "an event sequence": ({"lastEventSequence": 3}, True),
+    "an Admitted=True condition": ({"conditions": [{"type": "Admitted", "status": "True"}]}, True),
+    "an Admitted=False condition": (
+        {"conditions": [{"type": "Admitted", "status": "False"}]},
+        False,
+    ),
+    "a queued status": (QUEUED, False),
+    "no status": ({}, False),
+}
+
+
+@pytest.mark.parametrize(("status", "expected"), list(ADMITTED.values()), ids=list(ADMITTED))
+def test_what_shows_a_run_admitted(status: dict[str, Any], expected: bool) -> None:
+    assert recovery.admitted_before(status) is expected
+
+
+def test_the_lost_message_says_the_checkpoint_is_gone_and_how_to_rerun() -> None:
+    message = recovery.end_message(Admission.LOST, RunKey("ns", "r", UID), annotations=MINE)
+    assert "checkpoint" in message and "holds none of its events" in message
+    assert "kubectl annotate agentrun r -n ns agentrun.dev/rerun=true" in message
+
+
+def test_the_restored_message_names_both_uids_and_how_to_rerun() -> None:
+    message = recovery.end_message(Admission.RESTORED, RunKey("ns", "r", UID), annotations=OTHERS)
+    assert "restored from a backup" in message
+    assert "uid-before-the-restore" in message and UID in message
+    assert "agentrun.dev/rerun=true" in message
+
+
+def test_only_a_lost_or_restored_run_has_an_end_message() -> None:
+    with pytest.raises(ValueError, match="no end for admit"):
+        recovery.end_message(Admission.ADMIT, RunKey("ns", "r", UID), annotations={})
+
+
+def test_a_rerun_clears_the_previous_runs_end_usage_and_times() -> None:
+    body = recovery.rerun_status(at=0.0, generation=2)
+    for cleared in ("terminalReason", "completionTime", "startTime", "lastEventSequence", "usage"):
+        assert cleared in body and body[cleared] is None  # a merge patch removes it
+    assert body["phase"] == "Pending" and body["observedGeneration"] == 2
+    (admitted,) = body["conditions"]
+    assert (admitted["type"], admitted["status"], admitted["reason"]) == (
+        "Admitted",
+        "False",
+        "Rerun",
+    )
+    assert not recovery.admitted_before(body)
+
+
+def test_the_admission_record_carries_the_uid_as_a_precondition() -> None:
+    assert recovery.admitted_patch(UID) == {
+        "metadata": {"uid": UID, "annotations": {ADMITTED_UID_ANNOTATION: UID}}
+    }
+
+
+NOT_RESUMED = {
+    "a recorded uid": (MINE, {}, True),
+    "a status showing it admitted": ({}, RUNNING, True),
+    "a queued run": ({}, QUEUED, False),
+    "a new run": ({}, {}, False),
+}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "status", "expected"), list(NOT_RESUMED.values()), ids=list(NOT_RESUMED)
+)
+def test_which_runs_not_followed_the_operator_does_not_resume(
+    annotations: dict[str, str], status: dict[str, Any], expected: bool
+) -> None:
+    assert recovery.not_resumed(annotations, status) is expected
+
+
+def test_a_rerun_being_queued_is_recognised_by_its_status() -> None:
+    assert recovery.rerun_started(recovery.rerun_status(at=0.0, generation=1))
+    assert not recovery.rerun_started(QUEUED)
+    assert not recovery.rerun_started({"phase": "Pending"})
+    assert not recovery.rerun_started(RUNNING)

@@ -1,0 +1,346 @@
+"""The operator follows a run only through the config it sealed for that run's subject: a
+forged admission (on a new subject, or appended to a running run), a forged decision and an
+unsealed run the API server does not vouch for are refused — the run ends
+``checkpoint_failed``, a ``MessageRefused`` Warning Event tells it, the metric counts it — and a
+run admitted before seals existed is re-sealed and goes on."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kube_support import FakeKube
+from prometheus_client import REGISTRY
+from seals_support import SIGNER, VERIFIER, sealed
+
+from agentrun import kernel, protocol
+from agentrun.bus import CommitConflict
+from agentrun.operator.admission.queue import QueueBoard
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.runs import RunKey
+from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
+from agentrun.operator.runs.seals import RunSeals
+from agentrun.operator.runs.writer import StatusWriter
+from agentrun.protocol import ModelConfig, RunConfig, RunEvent, SecretRef, TurnRequest
+
+from .test_orphans import NoCaps
+
+NAMESPACE = "team-b"
+LIMITS = kernel.Limits(context_window=32000, max_output_tokens=100)
+"""The limits a config has once read back (its model's window and output cap)."""
+
+
+class WireBus:
+    """Run subjects in memory, every event stored as its bytes and read back decoded (as a
+    reader on NATS gets it)."""
+
+    def __init__(self) -> None:
+        self.subjects: dict[str, list[tuple[int, bytes]]] = {}
+        self.seq = 0
+        self.published: list[TurnRequest] = []
+        self.cancelled: list[str] = []
+
+    def _events(self, namespace: str, name: str) -> list[tuple[int, bytes]]:
+        return self.subjects.setdefault(protocol.event_subject(namespace, name), [])
+
+    async def append_event(
+        self, namespace: str, name: str, event: RunEvent, *, expected_seq: int | None
+    ) -> int:
+        events = self._events(namespace, name)
+        last = events[-1][0] if events else 0
+        if expected_seq is not None and expected_seq != last:
+            raise CommitConflict(f"expected {expected_seq}, last is {last}")
+        self.seq += 1
+        events.append((self.seq, event.encode()))
+        return self.seq
+
+    def forge(self, namespace: str, name: str, payload: bytes) -> RunEvent:
+        """Append raw bytes, as an attacker with a worker's credentials can."""
+        self.seq += 1
+        self._events(namespace, name).append((self.seq, payload))
+        return RunEvent.decode(payload, seq=self.seq)
+
+    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
+        return [
+            RunEvent.decode(data, seq=seq)
+            for seq, data in self._events(namespace, name)
+            if seq > after_seq
+        ]
+
+    async def first_event(self, namespace: str, name: str) -> RunEvent | None:
+        events = await self.read_events(namespace, name)
+        return events[0] if events else None
+
+    async def last_event(self, namespace: str, name: str) -> RunEvent | None:
+        events = await self.read_events(namespace, name)
+        return events[-1] if events else None
+
+    async def purge_run(self, namespace: str, name: str) -> None:
+        self._events(namespace, name).clear()
+
+    async def publish_turn(self, request: TurnRequest, *, tenant: str, attempt: int = 0) -> int:
+        self.published.append(request)
+        return len(self.published)
+
+    async def broadcast_cancel(self, run_uid: str) -> None:
+        self.cancelled.append(run_uid)
+
+
+class Ends:
+    def __init__(self) -> None:
+        self.settled: list[str] = []
+
+    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
+        self.settled.append(uid)
+
+
+@dataclasses.dataclass
+class Stack:
+    bus: WireBus
+    api: FakeKube
+    events: EventRecorder
+    dispatcher: Dispatcher
+    ends: Ends
+
+    async def consume(self, name: str) -> None:
+        """Hand the dispatcher every event of run ``name`` it has not seen, in order."""
+        for event in await self.bus.read_events(NAMESPACE, name):
+            await self.dispatcher.on_event(protocol.event_subject(NAMESPACE, name), event)
+
+    async def warnings(self) -> list[dict[str, Any]]:
+        await self.events.drain()
+        return [e for e in self.api.events if e.get("reason") == "MessageRefused"]
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    bus, api, ends = WireBus(), FakeKube(), Ends()
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)
+    dispatcher = Dispatcher(
+        bus,  # type: ignore[arg-type]
+        StatusWriter(api),
+        DispatchDeps(ends=ends, queues=QueueBoard(), events=events, seals=seals, caps=NoCaps()),
+    )
+    try:
+        yield Stack(bus, api, events, dispatcher, ends)
+    finally:
+        await dispatcher.cancel_timers()
+
+
+def config(name: str, **changes: Any) -> RunConfig:
+    base = RunConfig(
+        uid=f"uid-{name}",
+        namespace=NAMESPACE,
+        name=name,
+        goal="tenant B's private goal",
+        instructions="",
+        tools=("kubernetes_get",),
+        limits=LIMITS,
+        model=ModelConfig(
+            "m",
+            "https://models.example/v1",
+            "m",
+            kernel.Pricing(),
+            32000,
+            100,
+            SecretRef("provider-key", NAMESPACE),
+        ),
+        deadline=4_000_000_000.0,
+        tenant="tenant-b",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def admission(cfg: RunConfig, *, seal: bool) -> RunEvent:
+    state = kernel.initial_state(goal=cfg.goal, instructions=cfg.instructions)
+    event = RunEvent("admitted", cfg.uid, state.summary(), config=cfg, time=1.0)
+    return sealed(event) if seal else event
+
+
+def attacker(cfg: RunConfig) -> RunConfig:
+    """B's config with the model pointed at an attacker's server, B's Secret as the key, and
+    an unknown tenant."""
+    model = dataclasses.replace(cfg.model, base_url="http://attacker.example/v1")
+    return dataclasses.replace(cfg, model=model, tenant="unknown")
+
+
+def refused(reason: str) -> float:
+    value = REGISTRY.get_sample_value("agentrun_messages_refused_total", {"reason": reason})
+    return value or 0.0
+
+
+async def test_a_forged_admission_on_a_new_subject_is_refused_and_ended(stack: Stack) -> None:
+    before = refused("unsigned")
+    forged = admission(attacker(config("forged")), seal=False)
+    stack.bus.forge(NAMESPACE, "forged", forged.encode())
+    await stack.consume("forged")
+    assert stack.bus.published == []  # no TurnRequest: no worker is asked
+    last = await stack.bus.last_event(NAMESPACE, "forged")
+    assert last is not None and last.kind == "stop"
+    assert last.phase is kernel.Phase.CHECKPOINT_FAILED
+    assert "carries no seal of the operator" in last.summary.message
+    assert refused("unsigned") == before + 1
+    (warning,) = await stack.warnings()
+    assert warning["type"] == "Warning" and warning["involvedObject"]["name"] == "forged"
+    await stack.consume("forged")  # its stop, and the forgery again: refused once
+    assert refused("unsigned") == before + 1 and stack.bus.published == []
+
+
+async def test_a_copied_seal_over_a_changed_config_is_refused(stack: Stack) -> None:
+    """B's sealed admission with its model URL changed, the seal kept."""
+    real = admission(config("b"), seal=True)
+    forged = dataclasses.replace(admission(attacker(config("b")), seal=False), seal=real.seal)
+    before = refused("bad_signature")
+    stack.bus.forge(NAMESPACE, "b", forged.encode())
+    await stack.consume("b")
+    assert stack.bus.published == [] and refused("bad_signature") == before + 1
+
+
+async def test_a_forged_second_admission_of_a_running_run_ends_it(stack: Stack) -> None:
+    cfg = config("b")
+    await stack.dispatcher.start_run(cfg, start_time=1.0, generation=1)
+    await stack.consume("b")
+    assert len(stack.bus.published) == 1  # turn 0
+    before = refused("unsigned")
+    stack.bus.forge(NAMESPACE, "b", admission(attacker(cfg), seal=False).encode())
+    await stack.consume("b")
+    assert len(stack.bus.published) == 1  # nothing dispatched on the forgery
+    assert refused("unsigned") == before + 1
+    last = await stack.bus.last_event(NAMESPACE, "b")
+    assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
+    await stack.consume("b")  # the refusal's stop: the run ends, its ledger entry settles
+    assert stack.ends.settled == [cfg.uid] and not stack.dispatcher.is_tracked(cfg.uid)
+    (warning,) = await stack.warnings()
+    assert warning["involvedObject"]["uid"] == cfg.uid
+
+
+async def test_a_sealed_admission_of_another_config_is_refused_as_changed(stack: Stack) -> None:
+    cfg = config("b")
+    await stack.dispatcher.start_run(cfg, start_time=1.0, generation=1)
+    other = sealed(admission(dataclasses.replace(cfg, goal="something else"), seal=False))
+    before = refused("changed_config")
+    stack.bus.forge(NAMESPACE, "b", other.encode())
+    await stack.consume("b")
+    assert refused("changed_config") == before + 1
+
+
+async def test_a_forged_decision_ends_the_run(stack: Stack) -> None:
+    cfg = config("b")
+    await stack.dispatcher.start_run(cfg, start_time=1.0, generation=1)
+    await stack.consume("b")
+    state = kernel.initial_state(goal=cfg.goal)
+    approval = RunEvent(
+        "approval", cfg.uid, state.summary(), approval=protocol.Approval("d" * 64, True)
+    )
+    before = refused("unsigned")
+    stack.bus.forge(NAMESPACE, "b", approval.encode())
+    await stack.consume("b")
+    assert refused("unsigned") == before + 1 and len(stack.bus.published) == 1
+
+
+async def test_an_admission_pre_empting_a_queued_run_is_purged_and_the_run_admitted(
+    stack: Stack,
+) -> None:
+    """A forgery written under a queued run's own uid before the operator admits it."""
+    cfg = config("queued")
+    stack.bus.forge(NAMESPACE, "queued", admission(attacker(cfg), seal=False).encode())
+    before = refused("unsigned")
+    await stack.dispatcher.start_run(cfg, start_time=1.0, generation=1)
+    (first,) = await stack.bus.read_events(NAMESPACE, "queued")
+    assert first.config == cfg and first.seal is not None
+    assert refused("unsigned") == before + 1
+
+
+def vouching(stack: Stack, cfg: RunConfig, *, phase: str, seen: int, tenant: str) -> None:
+    stack.api.put(
+        "agentruns",
+        {
+            "metadata": {"name": cfg.name, "namespace": NAMESPACE, "uid": cfg.uid},
+            "status": {"phase": phase, "lastEventSequence": seen, "tenant": tenant},
+        },
+    )
+
+
+async def test_a_run_admitted_before_seals_is_resealed_when_its_status_vouches(
+    stack: Stack,
+) -> None:
+    cfg = config("legacy")
+    seq = await stack.bus.append_event(
+        NAMESPACE, "legacy", admission(cfg, seal=False), expected_seq=0
+    )
+    vouching(stack, cfg, phase="Running", seen=seq, tenant=cfg.tenant)
+    assert await stack.dispatcher.recover(NAMESPACE, "legacy", cfg.uid, generation=1)
+    events = await stack.bus.read_events(NAMESPACE, "legacy")
+    assert [e.kind for e in events] == ["admitted", "admitted"]
+    assert events[1].seal is not None and events[1].config == cfg
+    await stack.consume("legacy")  # the re-seal: followed, turn dispatched on top of it
+    assert [r.expected_seq for r in stack.bus.published] == [events[1].seq]
+    assert await stack.warnings() == []
+
+
+@pytest.mark.parametrize(
+    ("phase", "seen", "tenant"),
+    [("Pending", 1, "tenant-b"), ("Running", 0, "tenant-b"), ("Running", 1, "other")],
+    ids=["not-admitted", "no-events-seen", "another-tenant"],
+)
+async def test_an_unsealed_run_its_status_does_not_vouch_for_is_refused(
+    stack: Stack, phase: str, seen: int, tenant: str
+) -> None:
+    cfg = config("legacy")
+    await stack.bus.append_event(NAMESPACE, "legacy", admission(cfg, seal=False), expected_seq=0)
+    vouching(stack, cfg, phase=phase, seen=seen, tenant=tenant)
+    before = refused("unsigned")
+    assert await stack.dispatcher.recover(NAMESPACE, "legacy", cfg.uid, generation=1)
+    assert refused("unsigned") == before + 1 and stack.bus.published == []
+    last = await stack.bus.last_event(NAMESPACE, "legacy")
+    assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
+
+
+async def test_a_decision_the_operator_applies_is_sealed_for_its_run_and_turn(
+    stack: Stack,
+) -> None:
+    cfg = config(
+        "held",
+        tools=("calculate",),
+        limits=dataclasses.replace(LIMITS, approval_tools=frozenset({"calculate"})),
+    )
+    await stack.dispatcher.start_run(cfg, start_time=1.0, generation=1)
+    state = kernel.initial_state(goal=cfg.goal)
+    call = kernel.CheckedCall("call00001", "calculate", {"expression": "1+1"})
+    record = kernel.Answered(
+        0,
+        kernel.decision.ToolCalls(
+            (kernel.decision.ToolCall("call00001", "calculate", "{}"),), None
+        ),
+        kernel.Usage(1, 1),
+        (call,),
+        (),
+        ("call00001",),
+        None,
+    )
+    after = kernel.advance(state, record, cfg.limits)
+    await stack.bus.append_event(
+        NAMESPACE, "held", RunEvent("turn", cfg.uid, after.summary(), record=record), expected_seq=1
+    )
+    held = after.summary().pending_approval
+    assert held is not None
+    assert (
+        await stack.dispatcher.decide(
+            NAMESPACE, "held", cfg.uid, digest=held.digest, approved=True, reviewer="alice"
+        )
+        is None
+    )
+    last = await stack.bus.last_event(NAMESPACE, "held")
+    assert last is not None and last.kind == "approval"
+    assert last.approval is not None and last.approval.reviewer == "alice"
+    assert VERIFIER.event_fault(last) is None
+
+
+async def test_the_run_key_of_a_refusal_names_the_subject_not_the_config() -> None:
+    """A config naming team-a read on team-b's subject is refused as another run's."""
+    seals = RunSeals(SIGNER, VERIFIER, streams=WireBus(), api=FakeKube(), events=None)  # type: ignore[arg-type]
+    event = RunEvent.decode(admission(config("b", namespace="team-a"), seal=True).encode(), seq=1)
+    assert seals.fault(event, key=RunKey(NAMESPACE, "b", "uid-b")) == "wrong_run"

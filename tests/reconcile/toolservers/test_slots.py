@@ -1,0 +1,124 @@
+"""Discovery: one namespace's hanging servers hold its own share of the slots, never every
+slot; a status the API server refuses is replaced by a failed one, logged once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from kube_support import FakeKube
+
+from agentrun.operator.toolservers import refresher
+from agentrun.operator.toolservers.refresher import NamespaceSlots
+from agentrun.operator.toolservers.spec import TOOL_SERVERS
+from agentrun.operator.toolservers.store import ToolServerCache
+from agentrun.protocol import UrlRule
+from agentrun.tools import remote
+
+
+async def hold(
+    slots: NamespaceSlots, namespace: str, release: asyncio.Event, held: list[str]
+) -> None:
+    async with slots.slot(namespace):
+        held.append(namespace)
+        await release.wait()
+
+
+async def test_sixteen_hanging_discoveries_of_one_namespace_leave_slots_for_another() -> None:
+    slots = NamespaceSlots(16, per_namespace=4)
+    release, held = asyncio.Event(), []
+    hanging = [asyncio.create_task(hold(slots, "a", release, held)) for _ in range(16)]
+    await asyncio.sleep(0.01)
+    assert held == ["a"] * 4 and slots.users("a") == 16  # 12 wait for a's own slots
+    async with asyncio.timeout(1):  # b is not behind a's twelve
+        async with slots.slot("b"):
+            assert slots.users("b") == 1
+    assert slots.users("b") == 0  # forgotten once nobody holds or waits
+    release.set()
+    await asyncio.gather(*hanging)
+    assert held == ["a"] * 16 and slots.users("a") == 0
+
+
+async def test_the_total_bounds_every_namespace_together() -> None:
+    slots = NamespaceSlots(4, per_namespace=2)
+    release, held = asyncio.Event(), []
+    tasks = [asyncio.create_task(hold(slots, ns, release, held)) for ns in "aabbcc"]
+    await asyncio.sleep(0.01)
+    assert len(held) == 4 and held.count("c") == 0  # c waits for a shared slot, first in line
+    release.set()
+    await asyncio.gather(*tasks)
+    assert sorted(held) == sorted("aabbcc")
+
+
+async def test_a_cancelled_waiter_gives_its_place_back() -> None:
+    slots = NamespaceSlots(1, per_namespace=1)
+    release, held = asyncio.Event(), []
+    first = asyncio.create_task(hold(slots, "a", release, held))
+    await asyncio.sleep(0.01)
+    waiting = asyncio.create_task(hold(slots, "a", release, held))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert slots.users("a") == 1
+    release.set()
+    await first
+    assert slots.users("a") == 0
+
+
+def test_a_share_above_the_total_is_refused() -> None:
+    with pytest.raises(ValueError, match="per_namespace"):
+        NamespaceSlots(4, per_namespace=5)
+
+
+SERVER = {
+    "metadata": {"name": "big", "namespace": "ns", "generation": 1},
+    "spec": {"url": "http://127.0.0.1:1/mcp", "tools": [{"name": "add"}]},
+}
+
+
+async def allow_the_server(namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
+    """The namespace's tenant and its ``spec.toolServers.allow``: the server's loopback URL."""
+    return "t", (UrlRule("127.0.0.1:1", "/", private_network=True),)
+
+
+async def discovered_huge(endpoint: object) -> list[remote.Discovered]:
+    schema = {"type": "object", "description": "x" * 100_000}
+    return [remote.Discovered("add", "adds", schema)]
+
+
+async def test_a_status_the_api_server_refuses_is_replaced_by_a_failed_one_logged_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(refresher.remote, "discover", discovered_huge)
+    api = FakeKube()
+    api.put(TOOL_SERVERS, SERVER)
+    watcher = refresher.ToolServerRefresher(api, reach=allow_the_server)
+    with caplog.at_level(logging.INFO, logger="agentrun.operator.toolservers.refresher"):
+        for _ in range(3):  # each refresh: the discovered list refused, the failure written
+            api.fail("patch_status", 413, "Request Entity Too Large")
+            await watcher.refresh(SERVER)
+    stored = api.find(TOOL_SERVERS, "big", "ns")
+    assert stored is not None
+    (ready,) = stored["status"]["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "DiscoveryFailed")
+    assert "could not be written to the status (HTTP 413" in ready["message"]
+    assert stored["status"]["tools"] == []
+    assert len([r for r in caplog.records if "HTTP 413" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize(
+    ("ready", "reads"), [("True", 1), ("False", 3)], ids=["ready", "refused-or-failed"]
+)
+async def test_admission_reuses_a_ready_server_read_and_rereads_one_not_ready(
+    ready: str, reads: int
+) -> None:
+    """A ready server is read once per burst; one not ready (refused, failed) is read again each
+    time, so a run is never refused on a copy older than the rule that now allows it."""
+    api = FakeKube()
+    status = {"conditions": [{"type": "Ready", "status": ready, "reason": "x", "message": "m"}]}
+    api.put(TOOL_SERVERS, {**SERVER, "status": status})
+    cache = ToolServerCache(api, clock=lambda: 0.0)
+    for _ in range(3):
+        assert await cache.get("ns", "big") is not None
+    assert [verb for verb, _ in api.calls].count("get") == reads
