@@ -97,6 +97,10 @@ class RunShape(_Shape):
     charged: dict[str, float] = {}
     """Calls charged as abandoned by another party: ``<run-uid>:<turn>/<owner>`` → until
     (epoch seconds)."""
+    spent: dict[str, tuple[int, Decimal]] = {}
+    """What each of its own calls in ``charged`` was charged: key → [tokens, USD]."""
+    ended: float = 0.0
+    """Until when the run is remembered as ended (epoch seconds; 0: it has not ended)."""
 
 
 class TotalsShape(_Shape):
@@ -166,6 +170,8 @@ def _run_shape(entry: RunEntry) -> RunShape:
         holds={k: _hold_row(h) for k, h in entry.holds.items()},
         waiting={k: _waiter_row(w) for k, w in entry.waiting.items()},
         charged=dict(entry.charged),
+        spent=dict(entry.spent),
+        ended=entry.ended,
     )
 
 
@@ -239,8 +245,10 @@ def split(
     loaded, as read (``None``: it had none); ``room``: how many runs the totals may hold inline.
     A run keeps where it is: inline, or a value of its own. A run that had no entry and has one
     now goes inline while there is room, else into a value of its own; an entry left empty
-    goes. Raises ``ValueError`` for a run loaded (and not empty) that is in neither: a change
-    touched a run it did not name, whose stored value was never read."""
+    goes; an inline entry left with nothing but the memory that its run ended moves into a
+    value of its own (its inline place is free again; the store reads that key first). Raises
+    ``ValueError`` for a run loaded (and not empty) that is in neither: a change touched a run
+    it did not name, whose stored value was never read."""
     placed = set(inline)
     runs: dict[str, bytes | None] = {}
     for uid in sorted(book.runs):
@@ -248,6 +256,9 @@ def split(
         if uid in inline:
             if entry.empty:
                 placed.discard(uid)
+            elif entry.only_ended:  # the memory that it ended goes apart: the place is free
+                placed.discard(uid)
+                runs[uid] = encode_run(book, uid)
             continue
         if uid not in stored:
             if entry.empty:
@@ -272,6 +283,8 @@ def _entry(uid: str, shape: RunShape) -> RunEntry:
         holds=holds,
         waiting={k: Waiter(*row) for k, row in shape.waiting.items()},
         charged=dict(shape.charged),
+        spent=dict(shape.spent),
+        ended=shape.ended,
     )
 
 

@@ -45,9 +45,12 @@ def resolve_turn(book: BookState, run_uid: str, turn: int, *, committer: str) ->
     usage (charged by ``BookState.settle``); every other answered call lost the commit and is
     charged as abandoned; an unanswered one's delivery charges its call itself if it answers
     (``BookState.abandon`` with ``unrecorded``). An empty ``committer`` (an event that names
-    none) resolves nothing. Returns how many calls it charged as abandoned."""
+    none) resolves nothing. ``committer``'s own call, if the sweep charged it as abandoned
+    when its hold expired (its worker was only slow), is taken back (``BookState.uncharge``):
+    it is charged once, as the run's. Returns how many calls it charged as abandoned."""
     if not committer:
         return 0
+    book.uncharge(aside_key(f"{run_uid}:{turn}", committer))
     charged = 0
     of_turn = [(k, h) for k, h in book.holds_of(run_uid) if h.turn == turn]
     for key, hold in of_turn:

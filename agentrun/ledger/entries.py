@@ -25,6 +25,10 @@ CHARGED_MEMORY = 3_600.0
 """Seconds past its hold's expiry that a call charged as abandoned by another party is
 remembered (``Book.charged``): longer than a losing delivery that outlived its hold can take
 to leave its turn."""
+ENDED_MEMORY = 3_600.0
+"""Seconds past its end that a run is remembered as ended (``RunEntry.ended``): longer than an
+operator that restarted takes to reach the queue heads it had admitted (they are the first it
+admits again), so an admission done again after the run ended takes no slot."""
 CONCURRENCY_LIMIT = "ConcurrencyLimit"
 BUDGET_EXHAUSTED = "BudgetExhausted"
 TURN_COMMITTED = "TurnCommitted"
@@ -220,11 +224,32 @@ class RunEntry:
     charged: dict[str, float] = dataclasses.field(default_factory=dict)
     """Its calls charged as abandoned by whoever dropped their hold:
     ``<run-uid>:<turn>/<owner>`` → until when it is remembered (epoch seconds)."""
+    spent: dict[str, tuple[int, Decimal]] = dataclasses.field(default_factory=dict)
+    """What each call in ``charged`` that was its own delivery's was charged (tokens, USD), by
+    the same key, while it is remembered: taken back if its turn commits after all (a hold
+    dropped as expired whose worker was only slow, ``BookState.uncharge``)."""
+    ended: float = 0.0
+    """Until when the run is remembered as ended (epoch seconds; 0: it has not ended): its
+    admission, done again by an operator that restarted, takes no slot (``ENDED_MEMORY``)."""
+
+    @property
+    def only_ended(self) -> bool:
+        """Whether all that is left of the run is the memory that it ended (kept apart from
+        the totals: it would hold an inline place for ``ENDED_MEMORY``)."""
+        return (
+            bool(self.ended)
+            and self.active is None
+            and not (self.holds or self.waiting or self.charged or self.spent)
+        )
 
     @property
     def empty(self) -> bool:
         """Whether nothing of the run is left in the ledger (its entry can go)."""
-        return self.active is None and not (self.holds or self.waiting or self.charged)
+        return (
+            self.active is None
+            and not self.ended
+            and not (self.holds or self.waiting or self.charged or self.spent)
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -96,10 +96,13 @@ def admit(
     are admitted at once.
 
     Idempotent: a run already active is admitted again without change (an operator that
-    restarts mid-admission does not take two slots).
+    restarts mid-admission does not take two slots), and a run that ended is admitted again
+    without a slot (an operator that restarted before it dequeued the run admits it again,
+    maybe after it ran and ended: a new slot would charge its whole usage a second time when
+    the sweep closed it).
     """
     book.roll(now)
-    if book.active_of(run_uid) is not None:
+    if book.active_of(run_uid) is not None or book.has_ended(run_uid):
         return None
     slot = _slot_refusal(book)
     if slot is not None:

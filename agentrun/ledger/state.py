@@ -57,6 +57,7 @@ from typing import Self
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     CHARGED_MEMORY,
+    ENDED_MEMORY,
     FIRST_WAITERS,
     Active,
     BudgetRefusal,
@@ -163,6 +164,32 @@ class BookState:
         entry = self.runs.get(run_uid)
         return [] if entry is None else list(entry.holds.items())
 
+    def forgettable(self, now: float) -> list[str]:
+        """The runs loaded that hold nothing but memories (that they ended, calls charged as
+        abandoned), every one expired by ``now``: a roll at ``now`` empties their entries,
+        which then go (the sweep does, so an ended run's entry does not stay for ever)."""
+        return [
+            uid
+            for uid, e in self.runs.items()
+            if e.active is None
+            and not (e.holds or e.waiting)
+            and (e.ended or e.charged)
+            and e.ended <= now
+            and all(until <= now for until in e.charged.values())
+        ]
+
+    def forget_end(self, run_uid: str) -> None:
+        """The run (its entry loaded) is no longer remembered as ended: its next admission is
+        a new one (a run freed to run again from turn 0)."""
+        entry = self.runs.get(run_uid)
+        if entry is not None:
+            entry.ended = 0.0
+
+    def has_ended(self, run_uid: str) -> bool:
+        """Whether the run (its entry loaded) is remembered as ended (``RunEntry.ended``)."""
+        entry = self.runs.get(run_uid)
+        return entry is not None and entry.ended > 0
+
     def active_of(self, run_uid: str) -> Active | None:
         """The run's slot and charges if it is active (its entry must be loaded)."""
         entry = self.runs.get(run_uid)
@@ -248,7 +275,7 @@ class BookState:
         """Start a new window if ``now`` is at or past the current one's ``end``: ``used``
         goes to zero and active runs' wall-clock charge restarts at the window start. Holds
         and what each run has been charged stay. Forgets the loaded runs' expired memos of
-        abandoned calls. Returns True when it rolled.
+        abandoned calls and of ended runs. Returns True when it rolled.
 
         The new window is the one of the current length holding ``now``, aligned to the
         epoch, except that it never starts before the old ``end``: after the length was
@@ -258,6 +285,9 @@ class BookState:
             if entry.charged:
                 for key in [k for k, until in entry.charged.items() if until <= now]:
                     del entry.charged[key]
+                    entry.spent.pop(key, None)
+            if entry.ended and entry.ended <= now:
+                entry.ended = 0.0
         if now < self.end:
             return False
         length = self.limits.window_seconds
@@ -429,7 +459,11 @@ class BookState:
         self, run_uid: str, *, turn: int, tokens: int, cost_usd: Decimal, end: float, now: float
     ) -> bool:
         """The run ended at ``end``: settle its final totals, charge its wall-clock time in this
-        window, free its slot and drop any hold it left. False if it was not active."""
+        window, free its slot and drop any hold it left. False if it was not active.
+
+        The run is remembered as ended (``RunEntry.ended``, for ``ENDED_MEMORY``), so an
+        admission of it done again takes no slot; ``forget_end`` undoes that for a run freed
+        to run again from turn 0 (a rerun)."""
         self.settle(run_uid, turn=turn, tokens=tokens, cost_usd=cost_usd, now=now)
         for key, _ in self.holds_of(run_uid):
             self.drop_hold(key, committed_turn=turn)
@@ -439,6 +473,7 @@ class BookState:
         run = entry.active
         if run is None:
             return False
+        entry.ended = now + ENDED_MEMORY
         since = self.since_of(run)
         self._end_run(entry)
         self.used_wall += max(0.0, min(end, now) - since)
@@ -517,11 +552,30 @@ class BookState:
         provider billed it, but its turn will never commit (remembered in its run's
         ``charged``). The hold itself is its caller's to drop."""
         memo = aside_key(f"{hold.run_uid}:{hold.turn}", hold.owner)
-        self._entry(hold.run_uid).charged[memo] = hold.expires + CHARGED_MEMORY
+        entry = self._entry(hold.run_uid)
+        entry.charged[memo] = hold.expires + CHARGED_MEMORY
+        if hold.spent_tokens or hold.spent_cost:
+            entry.spent[memo] = (hold.spent_tokens, hold.spent_cost)
         self.used_tokens += hold.spent_tokens
         self.used_cost += hold.spent_cost
         self.abandoned_tokens += hold.spent_tokens
         self.abandoned_cost += hold.spent_cost
+
+    def uncharge(self, memo: str) -> bool:
+        """The call ``<run-uid>:<turn>/<owner>`` was charged as abandoned (its hold dropped as
+        expired), but its turn committed by that owner after all: its usage is in the run's
+        own, charged by ``settle``, so what it was charged as abandoned is taken back out of
+        ``used`` and ``abandoned`` — once, and only while the run is active (its settlement
+        still to come or done). True if it took anything back."""
+        entry = self.runs.get(run_of(memo))
+        if entry is None or entry.active is None or memo not in entry.spent:
+            return False
+        tokens, cost = entry.spent.pop(memo)
+        self.used_tokens -= tokens
+        self.used_cost -= cost
+        self.abandoned_tokens -= tokens
+        self.abandoned_cost -= cost
+        return True
 
     def abandon(
         self,

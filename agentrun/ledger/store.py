@@ -290,10 +290,11 @@ class LedgerStore(CasStore):
             if stored.data is not None:
                 book.load(uid, codec.decode_run(stored.data, uid=uid))
         results = apply_all([c.fn for c in changes], book)
+        new = [u for u in view.inline if u in book.runs and book.runs[u].only_ended]
         if any(c.runs is None for c in changes):  # runs it created: where their keys stand
-            new = [u for u, e in book.runs.items() if u not in reads and u not in view.inline]
-            found = await asyncio.gather(*(self._get(run_key(tenant, u)) for u in new))
-            reads.update(zip(new, found, strict=True))
+            new += [u for u in book.runs if u not in reads and u not in view.inline]
+        found = await asyncio.gather(*(self._get(run_key(tenant, u)) for u in new))
+        reads.update(zip(new, found, strict=True))
         writes, inline = self._writes(tenant, view, totals, reads)
         if writes:
             await self._put(writes)
@@ -573,13 +574,27 @@ class LedgerStore(CasStore):
         event's summary; ``None``: nothing), charge its wall-clock time in this window, free
         its slot and drop any hold it left — a hold of its last turn is charged as abandoned
         if its call answered and its owner is not ``committer`` (the delivery the last event
-        names, if any). False if it was not active."""
+        names, if any). False if it was not active. Remembered as ended (``Book.close``): an
+        admission of it done again takes no slot."""
         at = self.clock() if now is None else now
         totals = _committed(committed)
 
         def apply(book: Book) -> bool:
             book.resolve_turn(run_uid, totals["turn"], committer=committer)
             return book.close(run_uid, **totals, end=end, now=at)
+
+        return await self._change_existing(tenant, apply, run_uid=run_uid, missing=False)
+
+    async def free_run(self, tenant: str, run_uid: str, *, now: float | None = None) -> bool:
+        """Free the slot of a run admitted and not started, or about to run again from turn 0
+        (a rerun), charging nothing more (what it was charged stays): closed, and not
+        remembered as ended, so its next admission is a new one. False if it was not active."""
+        at = self.clock() if now is None else now
+
+        def apply(book: Book) -> bool:
+            closed = book.close(run_uid, **_committed(None), end=at, now=at)
+            book.forget_end(run_uid)
+            return closed
 
         return await self._change_existing(tenant, apply, run_uid=run_uid, missing=False)
 
@@ -591,13 +606,16 @@ class LedgerStore(CasStore):
         limits: TenantLimits | None,
         now: float | None = None,
         floor: UsageFloor | None = None,
+        forget: Sequence[str] = (),
     ) -> None:
         """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), its use
         back to ``floor`` if it was rolled back below it (``Book.undercuts``), a new window if
         one is due, then each repair — an expired hold is charged what its run committed and
         dropped (and what its call used, recorded on it, if its turn never committed); a run
         whose last event is terminal is closed at that event's time; a stale run that left no
-        events is closed with nothing charged."""
+        events is closed with nothing charged. The runs in ``forget`` are loaded too, so the
+        window's roll at ``now`` drops their expired memories (``Book.forgettable``) and an
+        entry left empty goes."""
         if now is None:
             now = self.clock()
 
@@ -610,7 +628,7 @@ class LedgerStore(CasStore):
             for repair in repairs:
                 _repair(book, repair, now)
 
-        runs = {repair.run_uid for repair in repairs}
+        runs = {repair.run_uid for repair in repairs} | set(forget)
         await self._change(tenant, apply, runs=runs, limits=limits)
 
     # --- admission queues -------------------------------------------------------------------------

@@ -194,14 +194,20 @@ class LedgerSweep:
         """The ledger after its repairs, limits and window are brought up to date (``book``
         holds the runs whose entries the sweep looks at: all of them, or the inline ones)."""
         repairs = await self._find_repairs(book, now)
+        forget = book.forgettable(now)  # ended runs' entries whose memories expired
         if not (
             repairs
+            or forget
             or (policy is not None and policy.limits != book.limits)
             or (book.reset_time <= now)
         ):
             return book
         await self.store.repair_entry(
-            book.tenant, repairs, limits=policy.limits if policy else None, now=now
+            book.tenant,
+            repairs,
+            limits=policy.limits if policy else None,
+            now=now,
+            forget=forget,
         )
         repaired = await self.store.read_totals(book.tenant)
         assert repaired is not None

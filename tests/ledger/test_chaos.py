@@ -180,7 +180,8 @@ async def test_a_nats_server_restart_during_ledger_compare_and_sets_loses_and_do
         assert book.used_tokens == RUNS * TURNS * CALL.total_tokens
         assert book.used_cost == RUNS * TURNS * CALL.cost_usd
         assert (book.abandoned_tokens, book.holds, book.active) == (0, {}, {})
-        assert book.totals_mismatch() == [] and book.runs == {}
+        assert book.totals_mismatch() == [] and set(book.runs) == set(uids)
+        assert all(entry.only_ended for entry in book.runs.values())  # remembered as ended
         assert (book.reserved_tokens, book.active_runs) == (0, 0)
         if not inline:
             assert sum(store.batches for store in stores) > RUNS  # group-committed, batched

@@ -40,7 +40,7 @@ from agentrun.ledger import (
     TurnRef,
     codec,
 )
-from agentrun.ledger.entries import FIRST_WAITERS
+from agentrun.ledger.entries import ENDED_MEMORY, FIRST_WAITERS
 from agentrun.ledger.store import book_key, run_key
 from agentrun_dev import natsserver
 
@@ -131,8 +131,17 @@ def test_runs_stored_apart_end_where_the_whole_ledger_ends(
     final = stored.whole()
     _check(final, models)
     assert final.holds == {} and final.active_runs == 0 and final.reserved_tokens == 0
-    assert stored.runs == {} and stored.inline == frozenset()  # nothing of the runs is left
+    # nothing of the runs is left but the memory that they ended, apart from the totals
+    assert stored.inline == frozenset()
+    assert set(stored.runs) == {uid for uid, run in models.items() if run.admitted}
+    assert all(entry.only_ended for entry in final.runs.values())
     assert final.window == T0
+    # once that memory expired, a roll with them loaded leaves nothing
+    later = end + ENDED_MEMORY
+    forgotten = stored.load(final.forgettable(later))
+    forgotten.roll(later)
+    stored.save(forgotten, final.forgettable(later))
+    assert stored.runs == {} and stored.inline == frozenset()
 
 
 WAITING_RUNS = tuple(f"w{i}" for i in range(FIRST_WAITERS + 4))
@@ -325,6 +334,13 @@ async def test_runs_past_the_inline_ones_are_stored_apart_and_leave_nothing_when
             kernel.Phase.COMPLETED, turn=1, steps=1, usage=kernel.Usage(input_tokens=100)
         )
         assert await store.close_run(tenant, uid, summary, end=store.clock())
+    # the memory that each ended, apart (the inline places free again), until it expires
+    assert await run_keys(store, tenant) == [run_key(tenant, u) for u in uids]
+    book = await store.read(tenant)
+    assert book is not None and book.active_runs == 0
+    assert sorted(book.runs) == uids and all(e.only_ended for e in book.runs.values())
+    later = store.clock() + ENDED_MEMORY
+    await store.repair_entry(tenant, [], limits=None, now=later, forget=book.forgettable(later))
     assert await run_keys(store, tenant) == []  # a purge marker each, which expires
     book = await store.read(tenant)
     assert book is not None and book.runs == {} and book.active_runs == 0
@@ -385,7 +401,7 @@ async def test_where_a_new_runs_entry_goes_is_decided_on_the_current_totals(
     one, two = await open_store(inline_runs=1), await open_store(inline_runs=1)
     tenant = tenant_name()
     await admit(one, tenant, "a")  # inline: the totals are full now, as one last saw them
-    await two.close_run(tenant, "a", None, end=two.clock())  # the inline place is free again
+    await two.free_run(tenant, "a")  # the inline place is free again
     await admit(one, tenant, "b")  # one's copy says "full": its batch must lose, then go inline
     assert one.conflicts == 1
     assert await run_keys(one, tenant) == []
@@ -395,3 +411,29 @@ async def test_where_a_new_runs_entry_goes_is_decided_on_the_current_totals(
     book = await one.read(tenant)
     assert book is not None and book.active_runs == 2 and book.totals_mismatch() == []
     assert await run_keys(one, tenant) == [run_key(tenant, "c")]
+
+
+@pytest.mark.parametrize("inline", [0, 32], ids=["apart", "inline"])
+async def test_an_admission_done_again_by_a_restarted_operator_after_the_run_ended_takes_no_slot(
+    open_store: Opener, inline: int
+) -> None:
+    """An operator admitted a run, crashed before it dequeued it; the run ran and ended. The
+    next operator admits it again: no slot is taken (the sweep would have closed it charging
+    the run's usage a second time), and the run's entry goes once its memory expired."""
+    store, tenant, uid = await open_store(inline_runs=inline), tenant_name(), str(uuid.uuid4())
+    await admit(store, tenant, uid, tokens=1_000, max_concurrent_runs=1)
+    usage = kernel.Usage(input_tokens=40, output_tokens=52, cost_usd=Decimal("0.01"))
+    summary = kernel.RunSummary(phase=kernel.Phase.COMPLETED, turn=1, usage=usage)
+    assert await store.close_run(tenant, uid, summary, end=store.clock())
+    restarted = await open_store(inline_runs=inline)
+    await admit(restarted, tenant, uid, tokens=1_000, max_concurrent_runs=1)
+    book = await restarted.read(tenant)
+    assert book is not None and (book.active_runs, book.used_tokens) == (0, 92)
+    await admit(restarted, tenant, "next", tokens=1_000, max_concurrent_runs=1)  # a free slot
+    later = store.clock() + ENDED_MEMORY
+    book = await restarted.read(tenant)
+    assert book is not None and book.forgettable(later) == [uid]
+    await restarted.repair_entry(tenant, [], limits=None, now=later, forget=[uid])
+    book = await restarted.read(tenant)
+    assert book is not None and uid not in book.runs and book.used_tokens == 92
+    assert run_key(tenant, uid) not in await run_keys(restarted, tenant)
