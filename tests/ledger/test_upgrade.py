@@ -90,6 +90,19 @@ def test_the_fixture_is_what_the_earlier_release_wrote() -> None:
     assert book.totals_mismatch() == []
 
 
+def test_an_earlier_book_whose_window_length_was_edited_keeps_its_windows_end() -> None:
+    """The releases that edit windows write the current window's ``end`` into the one-value
+    book when it differs from ``window`` plus the length: the migrated totals keep it, and
+    write it on."""
+    raw = json.loads(VALUES[book_key(TENANT)])
+    end = raw["window"] + raw["limits"]["windowSeconds"] + 1_800.0
+    book = codec.decode_legacy(json.dumps({**raw, "end": end}).encode())
+    assert book.end == book.reset_time == end
+    again = codec.decode_totals(codec.encode_totals(book, inline=list(book.runs))).book
+    assert again.end == end and again.used_tokens == earlier().used_tokens
+    assert earlier().end == raw["window"] + raw["limits"]["windowSeconds"]  # none written
+
+
 def same_window(before: Book, after: Book) -> None:
     """Everything of the window carried over: usage, runs and what each was charged, holds,
     waiting calls and remembered charges."""
