@@ -269,6 +269,18 @@ class BookState:
             found.append(f"first_waiters not in their runs' entries: {sorted(stray)}")
         return found
 
+    def recount(self) -> None:
+        """Set the totals to the sums over the entries loaded (every run of the tenant must
+        be): for a ledger made anew over the run entries a lost totals value left behind."""
+        holds = [h for entry in self.runs.values() for h in entry.holds.values()]
+        active = self._active_loaded()
+        self.reserved_tokens = sum(h.tokens for h in holds)
+        self.reserved_cost = sum((h.cost_usd for h in holds), Decimal(0))
+        self.active_runs = len(active)
+        self.since_offsets = sum(self.since_of(run) - self.window for run in active)
+        waiting = sorted(self.waiting.items(), key=lambda kw: (kw[1].since, kw[0]))
+        self.first_waiters = dict(waiting[:FIRST_WAITERS])
+
     # --- the window -------------------------------------------------------------------------------
 
     def roll(self, now: float) -> bool:

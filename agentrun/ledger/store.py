@@ -285,10 +285,16 @@ class LedgerStore(CasStore):
         totals = await self._get(book_key(tenant), fresh=number > 0)
         view = self._view(tenant, totals, changes)
         book = view.book
-        reads = await self._read_runs(tenant, view, changes, fresh=fresh)
+        made = totals.data is None  # made anew: the entries a lost totals value left count
+        reads = await self._read_runs(tenant, view, changes, fresh=fresh, whole=made)
         for uid, stored in reads.items():
             if stored.data is not None:
                 book.load(uid, codec.decode_run(stored.data, uid=uid))
+        if made:
+            book.recount()
+            seed = next((c.seed for c in changes if c.limits is not None), None)
+            if seed is not None:
+                book.seed(seed)
         results = apply_all([c.fn for c in changes], book)
         new = [u for u in view.inline if u in book.runs and book.runs[u].only_ended]
         if any(c.runs is None for c in changes):  # runs it created: where their keys stand
@@ -309,9 +315,9 @@ class LedgerStore(CasStore):
 
     def _view(self, tenant: str, totals: Stored, changes: list[_Change]) -> codec.Totals:
         """The totals decoded (the copy kept from the last write when still current; it is
-        handed out once, since it gets mutated), or a new ledger made with the limits (and
-        seed) of the first change that brings them. Raises ``BookMissing`` when there are no
-        totals and no change brings limits."""
+        handed out once, since it gets mutated), or a new ledger made with the limits of the
+        first change that brings them (``_attempt`` seeds it). Raises ``BookMissing`` when
+        there are no totals and no change brings limits."""
         kept = self._decoded.pop(tenant, None)
         if kept is not None and totals.data is not None and kept[0] == totals.revision:
             return kept[1]
@@ -319,21 +325,25 @@ class LedgerStore(CasStore):
             made = next((c for c in changes if c.limits is not None), None)
             if made is None or made.limits is None:
                 raise BookMissing(f"AgentTenant {tenant!r} has no ledger book: no budget")
-            book = Book.new(tenant, made.limits, now=self.clock())
-            if made.seed is not None:
-                book.seed(made.seed)
-            return codec.Totals(book, frozenset())
+            return codec.Totals(Book.new(tenant, made.limits, now=self.clock()), frozenset())
         return codec.decode_totals(totals.data)
 
     async def _read_runs(
-        self, tenant: str, view: codec.Totals, changes: list[_Change], *, fresh: bool
+        self,
+        tenant: str,
+        view: codec.Totals,
+        changes: list[_Change],
+        *,
+        fresh: bool,
+        whole: bool = False,
     ) -> dict[str, Stored]:
         """The stored entries of the runs ``changes`` touch that are not inline (every run of
-        the tenant if one of them needs all; every run of a one-value book to migrate)."""
+        the tenant if one of them needs all, or ``whole``; every run of a one-value book to
+        migrate)."""
         if view.legacy:  # its runs are all loaded, none placed: read their keys to place them
             needed = set(view.book.runs)
             listed: dict[str, Stored] = {}
-        elif any(c.runs is None for c in changes):
+        elif whole or any(c.runs is None for c in changes):
             listed = await self._list_runs(tenant)
             needed = set(listed)
         else:

@@ -30,15 +30,19 @@ from nats.aio.client import Client as NATS
 
 from agentrun import kernel
 from agentrun.ledger import (
+    Active,
     Book,
     CallNeed,
     Granted,
     Hold,
     LedgerStore,
     QueuedRun,
+    Seed,
     TenantLimits,
     TurnRef,
+    UsageFloor,
     codec,
+    window_start,
 )
 from agentrun.ledger.entries import ENDED_MEMORY, FIRST_WAITERS
 from agentrun.ledger.store import book_key, run_key
@@ -437,3 +441,31 @@ async def test_an_admission_done_again_by_a_restarted_operator_after_the_run_end
     book = await restarted.read(tenant)
     assert book is not None and uid not in book.runs and book.used_tokens == 92
     assert run_key(tenant, uid) not in await run_keys(restarted, tenant)
+
+
+async def test_totals_made_anew_count_the_run_entries_a_lost_totals_value_left(
+    open_store: Opener,
+) -> None:
+    """The totals value alone was lost (deleted): the runs stored apart still hold their slots
+    and holds. The ledger the operator makes again counts them, and seeds only the runs that
+    have no entry."""
+    store, tenant = await open_store(inline_runs=0), tenant_name()
+    for uid in ("a", "b"):
+        await admit(store, tenant, uid, tokens=10_000)
+    hold = store.turn_hold(TurnRef(tenant, "a", "ns", "run-a", 0))
+    assert isinstance(await hold.reserve_call(CallNeed(1_000, 500, PRICING)), Granted)
+    await store.kv.delete(book_key(tenant))
+    seeded = Seed(
+        UsageFloor(window_start(store.clock(), 86_400.0), tokens=700),
+        active={"b": Active("ns", "run-b", store.clock()), "c": Active("ns", "run-c", 0.0)},
+    )
+
+    async def rebuild(name: str, start: float, end: float) -> Seed:
+        return seeded
+
+    other = await open_store(inline_runs=0, rebuild=rebuild)
+    await admit(other, tenant, "d", tokens=10_000)
+    book = await other.read(tenant)
+    assert book is not None and sorted(book.active) == ["a", "b", "c", "d"]
+    assert book.active_runs == 4 and book.reserved_tokens > 0 and book.used_tokens == 700
+    assert book.totals_mismatch() == []
