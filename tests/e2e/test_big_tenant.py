@@ -26,10 +26,11 @@ import nats
 import pytest
 import yaml
 
+from agentrun import kernel
 from agentrun.ledger import Book, LedgerStore
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
-from .conftest import E2EStack, run_manifest
+from .conftest import E2EStack, mock_model, run_manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -154,11 +155,29 @@ def wait_tenant(stack_: E2EStack, tenant: str, predicate: Any, *, timeout: float
 
 
 def ledger_sums(runs: dict[str, Any]) -> tuple[int, Decimal]:
-    """Σ of every run's own usage (tokens, USD), from its status."""
+    """Σ of every run's own usage (tokens, USD), from its status. A status shows its cost to
+    the micro-dollar (``costUSD``), the ledger holds it exact: each run's exact cost is priced
+    again from its status's tokens at the e2e AgentModel's prices (and must round to what its
+    status shows)."""
+    prices = mock_model("http://unused")["spec"]["pricing"]
+    pricing = kernel.Pricing(
+        Decimal(prices["inputPerMillionUSD"]),
+        Decimal(prices["cachedInputPerMillionUSD"]),
+        Decimal(prices["outputPerMillionUSD"]),
+    )
     usages = [(item.get("status") or {}).get("usage") or {} for item in runs["items"]]
     tokens = sum(u.get("inputTokens", 0) + u.get("outputTokens", 0) for u in usages)
-    cost = sum((Decimal(u.get("costUSD") or "0") for u in usages), Decimal(0))
-    return tokens, cost
+    costs = [
+        pricing.cost(
+            input_tokens=u.get("inputTokens", 0),
+            cached_input_tokens=u.get("cachedInputTokens", 0),
+            output_tokens=u.get("outputTokens", 0),
+        )
+        for u in usages
+    ]
+    shown = [Decimal(u.get("costUSD") or "0") for u in usages]
+    assert [f"{c:.6f}" for c in costs] == [f"{c:.6f}" for c in shown]
+    return tokens, sum(costs, Decimal(0))
 
 
 @pytest.mark.timeout(max(1_800, RUNS))
