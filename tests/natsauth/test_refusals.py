@@ -163,6 +163,22 @@ async def limit_workers_deliveries(c: Client, run: RunB) -> object:
     return await c.js()._jsm.add_consumer(TURNS, config)
 
 
+async def snapshot_event_stream(c: Client, run: RunB) -> object:
+    """``nats backup stream AGENTRUN_EVENTS``'s request: every run's events sent to the
+    requester's inbox (the operator's identity may; no other)."""
+    inbox = c.nc.new_inbox()
+    body = json.dumps({"deliver_subject": inbox, "chunk_size": 65536}).encode()
+    return await c.nc.request(f"$JS.API.STREAM.SNAPSHOT.{EVENTS}", body, timeout=1.0)
+
+
+async def restore_ledger_bucket(c: Client, run: RunB) -> object:
+    """``nats backup restore stream KV_AGENTRUN_LEDGER``'s request: a ledger of the
+    requester's making (the operator's identity may; no other)."""
+    stream = protocol.kv_stream(protocol.LEDGER_BUCKET)
+    body = json.dumps({"config": {"name": stream, "subjects": ["$KV.AGENTRUN_LEDGER.>"]}})
+    return await c.nc.request(f"$JS.API.STREAM.RESTORE.{stream}", body.encode(), timeout=1.0)
+
+
 async def read_server_monitoring(c: Client, run: RunB) -> object:
     return await c.nc.request("$SYS.REQ.SERVER.PING.VARZ", b"", timeout=1.0)
 
@@ -198,6 +214,8 @@ ATTEMPTS: dict[str, Attempt] = {
     "delete the ledger bucket": delete_ledger_bucket,
     "delete the operator's consumer": delete_operator_consumer,
     "limit the workers' deliveries": limit_workers_deliveries,
+    "snapshot the event stream": snapshot_event_stream,
+    "restore a ledger bucket": restore_ledger_bucket,
     "read server monitoring": read_server_monitoring,
     "read the account's connections": read_account_connections,
     "read JetStream monitoring": read_jetstream_monitoring,
