@@ -278,3 +278,67 @@ def report_lines(record: Mapping[str, Any]) -> list[str]:
         f"{_fmt(found['cpu_with_model_server_vs_peer'], '×')}"
     )
     return lines
+
+
+FAIRNESS_PHASES = (("from_created", "created"), ("from_admission", "after admission"))
+"""The two waits `bench_fairness.py` measures (the key prefix, the words in the table)."""
+
+
+def wait_figures(waits: Sequence[float]) -> dict[str, float | int]:
+    """``{"p50_s", "p99_s", "max_s", "runs"}`` of waits in seconds (NaN percentiles when
+    ``waits`` is empty, ``max_s`` too)."""
+    return {
+        "p50_s": round(percentile(waits, 0.5), 3),
+        "p99_s": round(percentile(waits, 0.99), 3),
+        "max_s": round(max(waits), 3) if waits else float("nan"),
+        "runs": len(waits),
+    }
+
+
+def fairness_comparison(
+    quiet: Mapping[str, Mapping[str, float]],
+    flood: Mapping[str, Mapping[str, float]],
+    *,
+    turn_seconds: float,
+) -> dict[str, Any]:
+    """Tenant B's waits with a flooding neighbour against the same with none.
+
+    ``quiet`` and ``flood`` map each of ``FAIRNESS_PHASES``' keys (``from_created``,
+    ``from_admission``) to a `wait_figures` dict (seconds). Returns, per phase key:
+    ``p50_ratio`` and ``p99_ratio`` (flood over quiet; None when quiet is 0),
+    ``p99_extra_s`` (flood minus quiet, seconds) and ``target_met`` (the extra p99 wait is at
+    most ``turn_seconds``: one turn's time, issue 21's bound)."""
+    out: dict[str, Any] = {}
+    for key, _ in FAIRNESS_PHASES:
+        calm, busy = quiet[key], flood[key]
+        extra = round(busy["p99_s"] - calm["p99_s"], 3)
+        out[key] = {
+            "p50_ratio": _ratio(busy["p50_s"], calm["p50_s"]),
+            "p99_ratio": _ratio(busy["p99_s"], calm["p99_s"]),
+            "p99_extra_s": extra,
+            "target_met": extra <= turn_seconds,
+        }
+    return out
+
+
+def fairness_lines(record: Mapping[str, Any]) -> list[str]:
+    """The human table of a ``bench_fairness`` record: B's waits (p50 / p99 / max, seconds)
+    with no flood and with the flood, their ratios and the extra p99 against one turn."""
+    turn = record["turn_seconds"]
+    lines = [
+        f"tenant B's {record['b_runs']} runs, wait to the first model request (s); tenant A "
+        f"flooding {record['flood_runs']} runs; one turn = {_fmt(turn)} s",
+        "wait from            no flood p50/p99/max    flood p50/p99/max       "
+        "ratio p50/p99    extra p99 (target <= one turn)",
+    ]
+    for key, words in FAIRNESS_PHASES:
+        calm, busy, cmp = record["quiet"][key], record["flood"][key], record["comparison"][key]
+        flag = "met" if cmp["target_met"] else "not met"
+        lines.append(
+            f"{words:<20} "
+            f"{_fmt(calm['p50_s'])} / {_fmt(calm['p99_s'])} / {_fmt(calm['max_s']):<12} "
+            f"{_fmt(busy['p50_s'])} / {_fmt(busy['p99_s'])} / {_fmt(busy['max_s']):<12} "
+            f"{_fmt(cmp['p50_ratio'], '×')} / {_fmt(cmp['p99_ratio'], '×'):<9} "
+            f"{_fmt(cmp['p99_extra_s'])} s ({flag})"
+        )
+    return lines

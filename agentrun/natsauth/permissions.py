@@ -6,10 +6,13 @@ are allow lists: what is not listed is refused, the server answering a permissio
 - ``operator``: creates and configures every stream, KV bucket and the workers' durable
   consumer (nobody else may), publishes TurnRequests, run events and cancellations, consumes
   every run's events through its durable consumer, reads the work queue's backlog, purges a
-  deleted run's events, and reads and writes the whole tenant ledger (books and queues).
+  deleted run's events, reads and writes the whole tenant ledger (books and queues), and
+  snapshots and restores the streams that hold state (`BACKED_UP`: backups for disaster
+  recovery, taken and restored by a person with this identity's ``nats.creds``).
 - ``worker``: pulls TurnRequests from the workers' durable consumer and acknowledges them,
-  reads run events and appends them (committing turns), writes the ledger's books (holds and
-  settlements: ``book.<tenant>``) but not its queues, writes the effect ledger, and hears
+  reads run events and appends them (committing turns), writes the ledger's totals and run
+  entries (holds and settlements: ``book.<tenant>``, ``run.<tenant>.<run-uid>``, one atomic
+  batch of both) but not its admission queues, writes the effect ledger, and hears
   cancellations. It cannot create, change or delete a stream, consumer or bucket, publish a
   TurnRequest or a cancellation, or purge anything.
 - ``reader`` (one per namespace, minted at run time): follows the events of runs in its
@@ -40,6 +43,15 @@ NAMESPACE_TAG = "namespace"
 """The tag (``namespace:<name>``) that binds a reader to its namespace."""
 ROLE_TAG = "role"
 """The tag (``role:<role>``) every minted user carries; it picks the client's inbox subtree."""
+
+
+BACKED_UP = (
+    protocol.STREAM_EVENTS,
+    protocol.kv_stream(protocol.LEDGER_BUCKET),
+    protocol.kv_stream(protocol.EFFECTS_BUCKET),
+)
+"""The streams that hold state, which the operator's identity may snapshot and restore
+(``nats backup stream`` / ``nats backup restore stream``); the work queue holds nothing durable."""
 
 
 class Role(enum.StrEnum):
@@ -94,6 +106,18 @@ def _durable(stream: str, consumer: str) -> list[str]:
     ]
 
 
+def _backup(stream: str) -> list[str]:
+    """Taking a snapshot of `stream` (``nats backup stream``: the request, then acks of the
+    chunks the server sends to the client's inbox) and restoring one (``nats backup restore
+    stream``: the request, then chunks sent to the subject the server names)."""
+    return [
+        f"{JS_API}.STREAM.SNAPSHOT.{stream}",
+        f"$JS.SNAPSHOT.ACK.{stream}.>",
+        f"{JS_API}.STREAM.RESTORE.{stream}",
+        f"$JS.SNAPSHOT.RESTORE.{stream}.>",
+    ]
+
+
 def _kv_read(bucket: str) -> list[str]:
     stream = protocol.kv_stream(bucket)
     return [f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.STREAM.MSG.GET.{stream}"]
@@ -134,6 +158,8 @@ def operator() -> Permissions:
         f"{JS_API}.CONSUMER.INFO.{ledger}.*",
         f"{JS_API}.CONSUMER.DELETE.{ledger}.*",
         f"$JS.FC.{ledger}.>",
+        # backups of the streams that hold state (docs/operations.md), with this identity
+        *(subject for stream in BACKED_UP for subject in _backup(stream)),
     ]
     return Permissions(tuple(publish), (f"{inbox_prefix(Role.OPERATOR)}.>",))
 
@@ -147,7 +173,8 @@ def worker() -> Permissions:
         f"{JS_API}.DIRECT.GET.{events}",
         f"{JS_API}.DIRECT.GET.{events}.>",
         *_kv_read(protocol.LEDGER_BUCKET),
-        protocol.kv_subject(protocol.LEDGER_BUCKET, "book.>"),
+        protocol.kv_subject(protocol.LEDGER_BUCKET, f"{protocol.LEDGER_TOTALS}.>"),
+        protocol.kv_subject(protocol.LEDGER_BUCKET, f"{protocol.LEDGER_RUNS}.>"),
         *_kv_read(protocol.EFFECTS_BUCKET),
         protocol.kv_subject(protocol.EFFECTS_BUCKET, ">"),
     ]

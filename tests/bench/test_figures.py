@@ -174,3 +174,50 @@ def test_a_side_that_did_other_work_than_the_workload_is_named(
         runs=10, turns=20, model_calls=model_calls, tool_calls=tool_calls
     )
     assert found is None if problem is None else problem in (found or "")
+
+
+def _waits(p50: float, p99: float) -> dict[str, float | int]:
+    return {"p50_s": p50, "p99_s": p99, "max_s": p99, "runs": 10}
+
+
+def test_wait_figures_give_the_median_the_p99_and_the_worst_wait() -> None:
+    found = figures.wait_figures([0.1, 0.2, 0.3, 1.0])
+    assert found == {"p50_s": 0.25, "p99_s": 0.979, "max_s": 1.0, "runs": 4}
+    assert math.isnan(figures.wait_figures([])["max_s"])
+
+
+def test_the_fairness_comparison_gives_ratios_the_extra_p99_and_the_one_turn_target() -> None:
+    quiet = {"from_created": _waits(0.1, 0.2), "from_admission": _waits(0.05, 0.0)}
+    flood = {"from_created": _waits(0.4, 1.4), "from_admission": _waits(0.1, 0.2)}
+    found = figures.fairness_comparison(quiet, flood, turn_seconds=0.2)
+    assert found["from_created"] == {
+        "p50_ratio": 4.0,
+        "p99_ratio": 7.0,
+        "p99_extra_s": 1.2,
+        "target_met": False,
+    }
+    # the extra p99 equal to one turn meets the target; a quiet p99 of 0 has no ratio
+    assert found["from_admission"] == {
+        "p50_ratio": 2.0,
+        "p99_ratio": None,
+        "p99_extra_s": 0.2,
+        "target_met": True,
+    }
+
+
+def test_the_fairness_table_shows_both_phases_ratios_and_verdicts() -> None:
+    quiet = {"from_created": _waits(0.1, 0.2), "from_admission": _waits(0.05, 0.1)}
+    flood = {"from_created": _waits(0.4, 1.4), "from_admission": _waits(0.1, 0.2)}
+    record = {
+        "turn_seconds": 0.2,
+        "b_runs": 10,
+        "flood_runs": 1000,
+        "quiet": quiet,
+        "flood": flood,
+        "comparison": figures.fairness_comparison(quiet, flood, turn_seconds=0.2),
+    }
+    head, _, created, admitted = figures.fairness_lines(record)
+    assert "10 runs" in head and "1000 runs" in head
+    assert created.startswith("created") and "4× / 7×" in created and "1.2 s (not met)" in created
+    assert admitted.startswith("after admission") and "2×" in admitted
+    assert admitted.endswith("0.1 s (met)")

@@ -6,6 +6,9 @@ holds the chart's CA and the operator's credentials, and refuses an anonymous on
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +18,10 @@ import pytest
 from chart_support import CHART_DIR, FEATURES, documents
 from test_render import closed_nats_files, env_of, find, render
 
-from agentrun import natsclient
+from agentrun import natsclient, protocol
 from agentrun.natsauth import Authority, Role
-from agentrun_dev import components, helm, natsserver, probes
+from agentrun.natsauth.permissions import inbox_prefix
+from agentrun_dev import binaries, components, helm, natsserver, probes
 
 
 def mounts_of(workload: dict[str, Any]) -> dict[str, str]:
@@ -181,3 +185,72 @@ async def test_the_rendered_nats_runs_closed_and_verifies_its_service_name(
             )
     finally:
         components.stop_component(running)
+
+
+def test_the_nats_cli_in_the_nats_pod_uses_the_operators_identity_through_its_context(
+    offline_helm: helm.Helm, own_nats_server: natsserver.NatsServer, tmp_path: Path
+) -> None:
+    """``kubectl exec sts/agentrun-nats -c nats -- nats …`` needs no flags: the pod's
+    environment selects the rendered context, which names the Service, the chart's CA and the
+    operator's credentials and inbox, mounted read-only. The pinned CLI, given that context
+    (its URL and files pointed at a real closed server), reads a stream's info; the operator's
+    identity may not list the account's streams."""
+    docs = render(offline_helm, "nats", namespace="ops")
+    server = find(docs, "StatefulSet", "agentrun-nats")["spec"]["template"]["spec"]
+    container = server["containers"][0]
+    env = env_of({"spec": {"template": {"spec": server}}})
+    assert (env["XDG_CONFIG_HOME"], env["NATS_CONTEXT"]) == ("/etc/nats/cli-config", "agentrun")
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["cli-context"]["mountPath"] == "/etc/nats/cli-config/nats/context"
+    assert mounts["cli-creds"]["mountPath"] == "/etc/nats/cli"
+    assert all(m.get("readOnly") for n, m in mounts.items() if n != "data")
+    assert secrets_of({"spec": {"template": {"spec": server}}})["cli-creds"] == (
+        "agentrun-nats-operator"
+    )
+    context = json.loads(find(docs, "ConfigMap", "agentrun-nats-config")["data"]["agentrun.json"])
+    assert context == {
+        "description": "agentrun's NATS with the operator's identity",
+        "url": "tls://agentrun-nats.ops.svc:4222",
+        "creds": "/etc/nats/cli/nats.creds",
+        "ca": "/etc/nats/tls/ca.crt",
+        "inbox_prefix": inbox_prefix(Role.OPERATOR),
+    }
+
+    auth = own_nats_server.auth("operator")
+    assert auth is not None and auth.creds_file is not None and auth.ca_file is not None
+    here = dict(context, url=own_nats_server.url, creds=str(auth.creds_file), ca=str(auth.ca_file))
+    directory = tmp_path / "cli-config" / "nats" / "context"
+    directory.mkdir(parents=True)
+    (directory / "agentrun.json").write_text(json.dumps(here))
+    directory.chmod(0o555)  # mounted read-only
+    cli_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")}
+    cli_env.update(
+        {k: env[k] for k in ("NATS_CONTEXT",)}, XDG_CONFIG_HOME=str(directory.parents[1])
+    )
+    nats_cli = str(binaries.ensure_natscli())
+
+    async def make_stream() -> None:
+        nc = await nats.connect(**own_nats_server.client_options("admin"))
+        await nc.jetstream().add_stream(name=protocol.STREAM_EVENTS, subjects=["dr.cli.test"])
+        await nc.close()
+
+    asyncio.run(make_stream())
+    info = subprocess.run(
+        [nats_cli, "stream", "info", protocol.STREAM_EVENTS, "--json"],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert info.returncode == 0, info.stdout + info.stderr
+    assert json.loads(info.stdout)["config"]["name"] == protocol.STREAM_EVENTS
+    listed = subprocess.run(
+        [nats_cli, "stream", "ls"],
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert listed.returncode != 0 and "permission" in (listed.stdout + listed.stderr).lower()

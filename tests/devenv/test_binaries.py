@@ -209,3 +209,39 @@ def test_the_node_s_network_policy_enforcer_is_the_pinned_kube_router() -> None:
     )
     assert f"version {binaries.KUBE_ROUTER_VERSION}," in version.stdout + version.stderr
     assert node.kube_router == binaries.kube_router_bin_dir() / "kube-router"
+
+
+def test_the_nats_cli_is_the_pinned_natscli_built_static() -> None:
+    """natscli built from the Go module proxy (or cached), its module hash checked, stamped
+    with its version, linked statically (it runs in the FROM-scratch NATS image)."""
+    nats = binaries.ensure_natscli(log=print)
+    assert nats == binaries.natscli_bin_dir() / "nats"
+    assert binaries.NATSCLI_VERSION == "v0.5.0"
+    version = subprocess.run([str(nats), "--version"], capture_output=True, text=True, check=True)
+    assert (version.stdout + version.stderr).strip() == binaries.NATSCLI_VERSION
+    assert nats.read_bytes()[:4] == b"\x7fELF"
+    file_type = subprocess.run(["file", str(nats)], capture_output=True, text=True, check=False)
+    if file_type.returncode == 0:
+        assert "statically linked" in file_type.stdout, file_type.stdout
+
+
+def test_a_natscli_module_with_another_hash_is_refused(tmp_path: Path) -> None:
+    """The module proxy serving other content than the pinned hash fails the build before
+    anything is compiled or cached."""
+    out = tmp_path / "bin" / "nats"
+    with pytest.raises(gobuild.BuildError, match="not the pinned"):
+        gobuild.build_natscli(
+            out,
+            module_version=binaries.NATSCLI_VERSION,
+            module_sum="h1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            log=lambda _: None,
+        )
+    assert not out.exists()
+
+
+def test_without_go_the_nats_cli_error_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "no-go-here"))
+    with pytest.raises(gobuild.BuildError, match="go not found on PATH"):
+        binaries.ensure_natscli(root=tmp_path, log=lambda _: None)

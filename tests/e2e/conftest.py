@@ -197,9 +197,9 @@ def e2e(
 def permission_violations(server: Any) -> list[str]:
     """The permission violations the shared server logged (its own lines: other servers of
     the session log to the same file, some refusing on purpose)."""
-    prefix = f"[{server.component.record.pid}] "
+    prefixes = tuple(f"[{pid}] " for pid in server.pids())
     log = server.component.spec.log_path.read_text(errors="replace")
-    return [line for line in log.splitlines() if line.startswith(prefix) and "Violation" in line]
+    return [line for line in log.splitlines() if line.startswith(prefixes) and "Violation" in line]
 
 
 @pytest.fixture

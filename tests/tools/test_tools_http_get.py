@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -57,7 +58,7 @@ def _routes() -> web.Application:
 
 @contextlib.asynccontextmanager
 async def serving() -> AsyncIterator[int]:
-    runner = web.AppRunner(_routes())
+    runner = web.AppRunner(_routes(), shutdown_timeout=0.5)  # cuts `_slow` at the end
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -156,8 +157,10 @@ def test_http_errors_carry_their_fault_and_the_start_of_the_body(
 
 def test_a_slow_server_is_cut_at_the_time_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http_get, "TIMEOUT_SECONDS", 0.5)
+    started = time.monotonic()
     err = refused("/api/slow")
     assert err.fault is ToolFault.TIMEOUT
+    assert time.monotonic() - started < 10  # the server would answer after 30 s
 
 
 def test_a_refused_connection_is_infrastructure() -> None:

@@ -1,0 +1,178 @@
+"""Losing the whole NATS store, as an on-call engineer meets it (docs/operations.md, "Disaster
+recovery"): nats-server stopped, its entire JetStream store directory deleted, started again.
+
+- Without a backup: the operator, restarted (the one documented step), makes every stream and
+  bucket again; a run that was running ends ``checkpoint_failed`` with the rerun hint and the
+  model is not asked for it again; finished runs keep their status; the tenant's usage is
+  rebuilt from the runs; a new run completes.
+- With a backup (``nats backup stream`` of AGENTRUN_EVENTS and the two KV buckets, taken with
+  the operator and the workers stopped while a run is in flight, then ``nats backup restore
+  stream`` after the wipe, before they start): the run resumes from its checkpoint and
+  completes, no committed turn asked of the model twice, the tenant's usage the runs' sum.
+
+The ``nats`` commands are those docs/operations.md gives, run with the pinned natscli (the
+binary the NATS image ships) and the operator's NATS identity, as the chart's runbooks do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agentrun.natsauth.permissions import Role, inbox_prefix
+from agentrun_dev import binaries, components, stack
+from agentrun_dev.natsserver import NatsServer
+
+from .conftest import ORPHAN_AFTER, E2EStack, run_manifest, wait_consuming
+from .events import read_book, read_events, turn_numbers
+from .test_tenants import list_runs, wait_tenant
+
+pytestmark = pytest.mark.e2e
+
+RERUN = "agentrun.dev/rerun"
+BACKED_UP = ("AGENTRUN_EVENTS", "KV_AGENTRUN_LEDGER", "KV_AGENTRUN_EFFECTS")
+"""The streams docs/operations.md says to back up (AGENTRUN_TURNS holds nothing durable)."""
+KEPT = ("phase", "terminalReason", "answer", "usage", "completionTime", "message")
+"""What a finished run's status must still show after the store is lost."""
+
+
+@pytest.fixture
+def team(stack_: E2EStack, test_namespace: str) -> Iterator[str]:
+    """An AgentTenant of ``test_namespace`` alone (24h windows), so its usage is these runs'."""
+    name = f"dr-{test_namespace}"
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": name},
+        "spec": {"namespaces": [test_namespace], "window": "24h", "budget": {"tokens": 100_000}},
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    wait_tenant(stack_, name, lambda s: s.get("observedGeneration") == 1)
+    day = 86_400
+    if day - time.time() % day < 120:  # the day's window must outlive the test
+        time.sleep(day - time.time() % day + 1)
+    yield name
+    stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
+
+
+def requests_for(stack_: E2EStack, goal: str) -> int:
+    """How many requests the scripted model got for the run with ``goal``."""
+    return sum(goal in json.dumps(r["body"]) for r in stack_.mock_requests())
+
+
+def used_tokens(status: dict[str, Any]) -> int:
+    return int(((status.get("budget") or {}).get("tokens") or {}).get("used") or 0)
+
+
+def nats(server: NatsServer, *args: str, identity: str = "operator") -> str:
+    """The pinned ``nats`` CLI against `server` with `identity`'s credentials (the operator's,
+    as docs/operations.md has it, with its inbox prefix; ``admin``: the dev server's
+    account-wide user, for what no agentrun identity may do, such as listing streams); its
+    output. Raises CalledProcessError (with the output) when it fails."""
+    assert server.auth_dir is not None
+    argv = [str(binaries.ensure_natscli()), "--server", server.url]
+    argv += ["--creds", str(server.auth_dir / f"{identity}.creds")]
+    argv += ["--tlsca", str(server.auth_dir / "ca.crt"), "--no-context"]
+    if identity == "operator":
+        argv += ["--inbox-prefix", inbox_prefix(Role.OPERATOR)]
+    argv += args
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+    return done.stdout
+
+
+def stop_agentrun(stack_: E2EStack) -> None:
+    """Scale the operator and the workers to 0: SIGTERM, the workers draining their turns."""
+    for component in [*stack_.workers, stack_.operator]:
+        components.stop_component(component, timeout=20)
+
+
+def test_a_wiped_store_ends_running_runs_keeps_finished_ones_and_rebuilds_usage(
+    stack_: E2EStack, test_namespace: str, team: str, nats_server: NatsServer
+) -> None:
+    ns = test_namespace
+    stack_.apply(ns, run_manifest("finished", f"E2E-LONG job (done before the wipe) {ns}"))
+    finished = stack_.wait_terminal(ns, "finished", timeout=60)
+    assert finished["terminalReason"] == "completed"
+    goal = f"E2E-LONG job (running at the wipe) {ns}"
+    stack_.apply(ns, run_manifest("running", goal))
+    stack_.wait_for(ns, "running", lambda s: (s.get("usage") or {}).get("steps", 0) >= 2)
+
+    nats_server.restart(wipe_store=True)
+    assert nats(nats_server, "stream", "ls", "--names", identity="admin").split() == []
+    # the one documented step: restart the operator (kubectl rollout restart deploy/…-operator)
+    components.stop_component(stack_.operator, timeout=20)
+    stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
+
+    status = stack_.wait_terminal(ns, "running", timeout=40)
+    assert status["terminalReason"] == "checkpoint_failed", status
+    assert status["message"].startswith("not resumed: this run was admitted before")
+    assert f"kubectl annotate agentrun running -n {ns} {RERUN}=true" in status["message"]
+    asked = requests_for(stack_, goal)
+    assert set(nats(nats_server, "stream", "ls", "--names", identity="admin").split()) >= {
+        "AGENTRUN_EVENTS",
+        "AGENTRUN_TURNS",
+        "KV_AGENTRUN_LEDGER",
+        "KV_AGENTRUN_EFFECTS",
+    }
+    kept = stack_.get(ns, "finished")["status"]  # type: ignore[index]
+    assert [kept[k] for k in KEPT] == [finished[k] for k in KEPT]
+
+    runs = list_runs(stack_, ns)
+    recorded = sum(int((s.get("usage") or {}).get("totalTokens") or 0) for s in runs.values())
+    rebuilt = wait_tenant(stack_, team, lambda s: used_tokens(s) >= recorded, timeout=20)
+    book = read_book(nats_server, team)
+    assert book is not None and book.used_tokens >= recorded > 0, rebuilt
+
+    stack_.apply(ns, run_manifest("after", f"E2E-LONG job (after the wipe) {ns}"))
+    assert stack_.wait_terminal(ns, "after", timeout=40)["terminalReason"] == "completed"
+    time.sleep(2 * ORPHAN_AFTER)  # a turn of the lost run dispatched again would be asked now
+    assert requests_for(stack_, goal) == asked
+    assert read_events(nats_server, ns, "running") == []
+
+
+def test_a_store_restored_from_stream_backups_resumes_runs_without_paying_twice(
+    stack_: E2EStack,
+    test_namespace: str,
+    team: str,
+    nats_server: NatsServer,
+    tmp_path: Path,
+) -> None:
+    ns = test_namespace
+    goal = f"E2E-LONG job (in flight at the backup) {ns}"
+    stack_.apply(ns, run_manifest("inflight", goal))
+    stack_.wait_for(ns, "inflight", lambda s: (s.get("usage") or {}).get("steps", 0) >= 2)
+
+    # docs/operations.md, "Backing up and restoring NATS", in its order
+    stop_agentrun(stack_)
+    for stream in BACKED_UP:
+        nats(nats_server, "backup", "stream", stream, str(tmp_path / stream), "--no-progress")
+    committed = turn_numbers(read_events(nats_server, ns, "inflight"))
+    assert 2 <= len(committed) < 5 and requests_for(stack_, goal) == len(committed)
+
+    nats_server.restart(wipe_store=True)
+    for stream in BACKED_UP:
+        nats(nats_server, "backup", "restore", "stream", str(tmp_path / stream), "--no-progress")
+    assert turn_numbers(read_events(nats_server, ns, "inflight")) == committed
+    stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
+    stack_.workers = [stack.start_worker(i, env=stack_.env, launch=stack_.launch) for i in (1, 2)]
+    for worker in stack_.workers:
+        wait_consuming(worker)
+
+    status = stack_.wait_terminal(ns, "inflight", timeout=40)
+    assert (status["terminalReason"], status["usage"]["steps"]) == ("completed", 5), status
+    assert turn_numbers(read_events(nats_server, ns, "inflight")) == [0, 1, 2, 3, 4]
+    assert requests_for(stack_, goal) == 5  # each turn asked once: none committed paid twice
+    total = int(status["usage"]["totalTokens"])
+    settled = wait_tenant(
+        stack_, team, lambda s: s.get("activeRuns") == 0 and used_tokens(s) == total, timeout=20
+    )
+    book = read_book(nats_server, team)
+    assert book is not None and book.used_tokens == total, settled
