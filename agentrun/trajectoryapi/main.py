@@ -35,7 +35,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from agentrun import kube
-from agentrun.trajectoryapi import server
+from agentrun.trajectoryapi import access, server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +81,7 @@ async def serve(args: argparse.Namespace) -> None:
             site = web.TCPSite(runner, args.bind_address, args.secure_port, ssl_context=context)
             await site.start()
             logging.getLogger("agentrun.trajectoryapi").info(
-                "serving %s on %s:%d", server.access.GROUP_VERSION, args.bind_address,
+                "serving %s on %s:%d", access.GROUP_VERSION, args.bind_address,
                 args.secure_port,
             )  # fmt: skip
             await _stopped()

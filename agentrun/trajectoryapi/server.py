@@ -116,7 +116,8 @@ class Server:
 
     async def _review(self, user: access.User, target: access.TrajectoryPath) -> dict[str, Any]:
         body = access.access_review(user, namespace=target.namespace, name=target.name)
-        result = await client.AuthorizationV1Api(self.api).create_subject_access_review(body)
+        reviews = client.AuthorizationV1Api(self.api)
+        result = await reviews.create_subject_access_review(body)  # type: ignore[arg-type]
         status: dict[str, Any] = self.api.sanitize_for_serialization(result).get("status") or {}
         return status
 

@@ -76,7 +76,7 @@ def test_every_pod_of_the_chart_is_isolated_for_ingress(
     assert unisolated == []
 
 
-def test_nats_admits_only_the_operator_the_workers_and_the_trajectory_api_and_the_model_only_the_workers(
+def test_nats_admits_only_its_clients_and_the_model_only_the_workers(
     offline_helm: helm.Helm,
 ) -> None:
     found = policies(render(offline_helm, FEATURES["everything"]))
