@@ -345,15 +345,20 @@ class Bus:
             events.append(RunEvent.decode(raw.data, seq=int(raw.seq)))
             seq = int(raw.seq) + 1
 
-    async def follow_events(self, namespace: str, name: str) -> AsyncIterator[RunEvent]:
+    async def follow_events(
+        self, namespace: str, name: str, *, consumer: str | None = None
+    ) -> AsyncIterator[RunEvent]:
         """Every event of the run, oldest first, then each new one as it is committed, until
         the caller stops iterating. An ordered push consumer: ephemeral, no acks, re-created
-        by nats-py after a gap, so nothing is skipped or repeated; only reads the stream."""
+        by nats-py after a gap, so nothing is skipped or repeated; only reads the stream.
+        ``consumer`` names it, as a namespace reader must (its permission names the filter in
+        the subject of a *named* consumer's creation, ``natsauth.permissions.reader``)."""
         sub = await self.js.subscribe(
             protocol.event_subject(namespace, name),
             stream=protocol.STREAM_EVENTS,
             ordered_consumer=True,
             deliver_policy=api.DeliverPolicy.ALL,
+            config=None if consumer is None else api.ConsumerConfig(name=consumer),
         )
         try:
             async for msg in sub.messages:

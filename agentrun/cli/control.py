@@ -70,10 +70,15 @@ class RunClient:
         if self._api is not None:
             await self._api.close()
 
-    def _objects(self) -> client.CustomObjectsApi:
+    @property
+    def api(self) -> client.ApiClient:
+        """The session's ``ApiClient``; raises RuntimeError outside ``async with``."""
         if self._api is None:
             raise RuntimeError("RunClient used outside `async with`")
-        return client.CustomObjectsApi(self._api)
+        return self._api
+
+    def _objects(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
 
     async def get(self, name: str) -> dict[str, Any]:
         """The AgentRun object; raises RunAccessError (not found, forbidden, …)."""

@@ -7,12 +7,14 @@ uses too (``control``); this module adds the views: a table of runs, a run descr
 trajectory read from the run's event stream (``logs``; ``-f`` follows it live), an AgentEval's
 verdict and case table (``eval``) and a rerun.
 
-``logs`` reads NATS JetStream, where the run's events are (the source of truth): the server is
-``--nats-url``, else ``AGENTRUN_NATS_URL``, else ``nats://127.0.0.1:4222`` (from outside the
-cluster: ``kubectl port-forward svc/<release>-nats 4222``), with the credentials of
-``--nats-creds`` (else ``AGENTRUN_NATS_CREDS_FILE``) and the CA of ``--nats-ca`` (else
-``AGENTRUN_NATS_CA_FILE``) on a closed bus. Every other command needs only the
-kubeconfig, like kubectl; the namespace defaults to the current context's.
+``logs`` reads the run's events (the source of truth) through the trajectory API with the
+kubeconfig alone (``trajectoryapi``: RBAC ``get`` on ``agentruntrajectories`` decides). Only
+where the cluster does not serve that API does it say so on stderr and read NATS JetStream
+itself: the server is ``--nats-url``, else ``AGENTRUN_NATS_URL``, else
+``nats://127.0.0.1:4222`` (from outside the cluster: ``kubectl port-forward svc/<release>-nats
+4222``), with the credentials of ``--nats-creds`` (else ``AGENTRUN_NATS_CREDS_FILE``) and the
+CA of ``--nats-ca`` (else ``AGENTRUN_NATS_CA_FILE``) on a closed bus. Every other command
+needs only the kubeconfig, like kubectl; the namespace defaults to the current context's.
 
 Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error, 130 Ctrl-C.
 """
@@ -26,16 +28,17 @@ import datetime
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import nats.errors
 from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from agentrun import bus, display, kernel, natsclient
-from agentrun.cli import control, trajectory
+from agentrun.cli import control, trajectory, trajectoryapi
 from agentrun.protocol import RunEvent
 
 PROG = "kubectl agentrun"
@@ -103,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument(
         "--nats-url",
         default=None,
-        help="NATS server holding the run events "
-        f"(default: $AGENTRUN_NATS_URL, else {DEFAULT_NATS_URL})",
+        help="NATS server holding the run events, read only where the cluster does not serve "
+        f"the trajectory API (default: $AGENTRUN_NATS_URL, else {DEFAULT_NATS_URL})",
     )
     logs.add_argument(
         "--nats-creds",
@@ -169,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return 130
-    except (OSError, RuntimeError, ConfigException, nats.errors.Error) as exc:
+    except (OSError, RuntimeError, ConfigException, nats.errors.Error, aiohttp.ClientError) as exc:
         print(display.printable(f"{PROG}: error: {exc}"), file=sys.stderr)
         return 1
 
@@ -264,26 +267,43 @@ def _status_end(name: str, status: dict[str, Any]) -> str:
 
 async def _logs(args: argparse.Namespace) -> int:
     async with control.RunClient(args.namespace) as runs:
-        obj = await runs.get(args.run)  # a missing run: one line, before NATS is needed
+        obj = await runs.get(args.run)  # a missing run: one line, before events are needed
         uid = obj["metadata"]["uid"]
-        url = args.nats_url or os.environ.get("AGENTRUN_NATS_URL") or DEFAULT_NATS_URL
-        try:
-            nc = await asyncio.wait_for(
-                bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args)), 10
-            )
-        except (TimeoutError, nats.errors.Error, OSError, ValueError) as err:  # refused too
-            raise RuntimeError(
-                f"cannot reach NATS at {url} ({err!r}); set --nats-url or AGENTRUN_NATS_URL "
-                "(and --nats-creds, --nats-ca on a closed bus) "
-                "(e.g. kubectl port-forward the chart's NATS service)"
-            ) from err
-        events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=url))
+        api = trajectoryapi.TrajectoryApi(runs.api, args.namespace, args.run)
         try:
             if args.follow:
-                return await _follow(args, runs, events, uid=uid)
-            return await _print_all(args, obj, events, uid=uid)
-        finally:
-            await events.close()
+                return await _follow(args, runs, await api.follow(), uid=uid)
+            return await _print_all(args, obj, await api.read(), uid=uid)
+        except trajectoryapi.NotInstalled as why:
+            url = args.nats_url or os.environ.get("AGENTRUN_NATS_URL") or DEFAULT_NATS_URL
+            print(f"{PROG}: {why}: reading NATS at {url}", file=sys.stderr)
+            return await _logs_from_nats(args, runs, obj, url=url)
+
+
+async def _logs_from_nats(
+    args: argparse.Namespace, runs: control.RunClient, obj: dict[str, Any], *, url: str
+) -> int:
+    """The fallback without the trajectory API: read the run's events from NATS directly."""
+    uid = obj["metadata"]["uid"]
+    try:
+        nc = await asyncio.wait_for(
+            bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args)), 10
+        )
+    except (TimeoutError, nats.errors.Error, OSError, ValueError) as err:  # refused too
+        raise RuntimeError(
+            f"cannot reach NATS at {url} ({err!r}); set --nats-url or AGENTRUN_NATS_URL "
+            "(and --nats-creds, --nats-ca on a closed bus) "
+            "(e.g. kubectl port-forward the chart's NATS service)"
+        ) from err
+    events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=url))
+    try:
+        if args.follow:
+            stream = events.follow_events(args.namespace, args.run)
+            return await _follow(args, runs, stream, uid=uid)
+        found = await events.read_events(args.namespace, args.run)
+        return await _print_all(args, obj, found, uid=uid)
+    finally:
+        await events.close()
 
 
 def _nats_auth(args: argparse.Namespace) -> natsclient.NatsAuth:
@@ -296,9 +316,9 @@ def _nats_auth(args: argparse.Namespace) -> natsclient.NatsAuth:
 
 
 async def _print_all(
-    args: argparse.Namespace, obj: dict[str, Any], events: bus.Bus, *, uid: str
+    args: argparse.Namespace, obj: dict[str, Any], events: list[RunEvent], *, uid: str
 ) -> int:
-    found = [e for e in await events.read_events(args.namespace, args.run) if e.run_uid == uid]
+    found = [e for e in events if e.run_uid == uid]
     for event in found:
         _print_event(event, output=args.output)
     status = obj.get("status") or {}
@@ -312,14 +332,18 @@ async def _print_all(
 
 
 async def _follow(
-    args: argparse.Namespace, runs: control.RunClient, events: bus.Bus, *, uid: str
+    args: argparse.Namespace,
+    runs: control.RunClient,
+    events: AsyncIterator[RunEvent],
+    *,
+    uid: str,
 ) -> int:
     """Print every event, then each new one, until the run's end; a run that ends without
     events (or is deleted) is noticed from its status."""
     queue: asyncio.Queue[RunEvent] = asyncio.Queue()
 
     async def pump() -> None:
-        async for event in events.follow_events(args.namespace, args.run):
+        async for event in events:
             await queue.put(event)
 
     reader = asyncio.create_task(pump(), name="follow-events")

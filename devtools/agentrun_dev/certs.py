@@ -46,6 +46,13 @@ class Pki:
     """RSA-2048 private key (PKCS#8) that signs service-account tokens."""
     service_account_pub: Path
     """Its public key, which verifies them."""
+    front_proxy_ca: Path
+    """The request-header CA (a CA of its own, key not kept): aggregated API servers believe
+    ``X-Remote-User`` only from a client it signed (``--requestheader-client-ca-file``)."""
+    front_proxy_cert: Path
+    """The kube-apiserver's client certificate as the front proxy, CN ``front-proxy-client``
+    (``--proxy-client-cert-file``)."""
+    front_proxy_key: Path
 
 
 def generate_pki(directory: Path, *, extra_ips: Sequence[str] = ()) -> Pki:
@@ -65,6 +72,9 @@ def generate_pki(directory: Path, *, extra_ips: Sequence[str] = ()) -> Pki:
         admin_key=directory / "admin.key",
         service_account_key=directory / "sa.key",
         service_account_pub=directory / "sa.pub",
+        front_proxy_ca=directory / "front-proxy-ca.crt",
+        front_proxy_cert=directory / "front-proxy-client.crt",
+        front_proxy_key=directory / "front-proxy-client.key",
     )
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentrun-dev-ca")])
@@ -130,7 +140,35 @@ def generate_pki(directory: Path, *, extra_ips: Sequence[str] = ()) -> Pki:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+    _write_front_proxy(pki)
     return pki
+
+
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""The front proxy's common name (``--requestheader-allowed-names``), as kubeadm names it."""
+
+
+def _write_front_proxy(pki: Pki) -> None:
+    """A front-proxy CA of its own and the kube-apiserver's client certificate signed by it."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentrun-dev-front-proxy-ca")])
+    ca_cert = (
+        _builder(subject=ca_name, issuer=ca_name, public_key=ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, FRONT_PROXY_CLIENT)])
+    cert = (
+        _builder(subject=subject, issuer=ca_name, public_key=key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_cert(pki.front_proxy_ca, ca_cert)
+    _write_cert(pki.front_proxy_cert, cert)
+    _write_key(pki.front_proxy_key, key)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,10 +182,15 @@ class ServerTls:
 
 
 def generate_server_tls(
-    directory: Path, *, common_name: str, dns_names: Sequence[str] = ("localhost",)
+    directory: Path,
+    *,
+    common_name: str,
+    dns_names: Sequence[str] = ("localhost",),
+    ips: Sequence[str] = (),
 ) -> ServerTls:
     """Write a fresh CA (``ca.crt``) and a serving certificate signed by it (``tls.crt``,
-    ``tls.key`` mode 0600) for `common_name`, valid for 127.0.0.1, ::1 and `dns_names`.
+    ``tls.key`` mode 0600) for `common_name`, valid for 127.0.0.1, ::1, `ips` and
+    `dns_names`.
 
     Raises OSError if the directory cannot be written.
     """
@@ -165,6 +208,7 @@ def generate_server_tls(
     sans: list[x509.GeneralName] = [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address("::1")),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips),
         *(x509.DNSName(name) for name in dns_names),
     ]
     cert = (

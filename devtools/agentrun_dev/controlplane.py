@@ -223,6 +223,24 @@ def start_control_plane(
     )
 
 
+def _aggregation_flags(pki: certs.Pki) -> tuple[str, ...]:
+    """The aggregation layer's front proxy (Kubernetes docs, "Configure the Aggregation
+    Layer"): the kube-apiserver proxies to an APIService's server with the front-proxy client
+    certificate and the user in ``X-Remote-*`` headers, and publishes the request-header CA and
+    names in ``kube-system/extension-apiserver-authentication``. It dials the Service's
+    endpoint IPs itself (no kube-proxy in a process-only stack)."""
+    return (
+        f"--requestheader-client-ca-file={pki.front_proxy_ca}",
+        f"--requestheader-allowed-names={certs.FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_cert}",
+        f"--proxy-client-key-file={pki.front_proxy_key}",
+        "--enable-aggregator-routing=true",
+    )
+
+
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -345,6 +363,7 @@ def _start_apiserver(
         # The "kubernetes" Service's endpoint would be 127.0.0.1, which Endpoints reject; a
         # node writes its own (its IP and this port).
         "--endpoint-reconciler-type=none",
+        *_aggregation_flags(pki),
     )
     if node:
         kubelet_cert, kubelet_key = certs.issue_client_cert(

@@ -108,8 +108,24 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     deployments = kubectl("get", "deploy", "-n", test_namespace, "-o", "name").stdout.split()
     assert sorted(deployments) == [
         f"deployment.apps/{release}-operator",
+        f"deployment.apps/{release}-trajectory",
         f"deployment.apps/{release}-worker",
     ]
+    # the trajectory API: registered with its CA, reading NATS with the readers' key alone
+    service = get(kubectl, "apiservice", "v1alpha1.trajectory.agentrun.dev", test_namespace)
+    assert service["spec"]["service"] == {
+        "name": f"{release}-trajectory",
+        "namespace": test_namespace,
+        "port": 443,
+    }
+    tls = get(kubectl, "secret", f"{release}-trajectory-tls", test_namespace)
+    assert service["spec"]["caBundle"] == tls["data"]["ca.crt"]
+    trajectory = get(kubectl, "deploy", f"{release}-trajectory", test_namespace)
+    signer = next(
+        v for v in trajectory["spec"]["template"]["spec"]["volumes"] if v["name"] == "nats-signer"
+    )
+    assert signer["secret"]["secretName"] == f"{bus}-operator"
+    assert [i["key"] for i in signer["secret"]["items"]] == ["reader-signer.nk", "account.pub"]
     nats = get(kubectl, "statefulset", f"{release}-nats", test_namespace)
     assert secrets_of(nats)["auth"] == f"{bus}-server"
     for role in ("operator", "worker"):
@@ -148,6 +164,8 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     assert [name for name in left if release in name] == []
     roles = kubectl("get", "clusterrole", "-o", "name").stdout.split()
     assert [name for name in roles if release in name] == []
+    apis = kubectl("get", "apiservice", "-o", "name").stdout.split()
+    assert "apiservice.apiregistration.k8s.io/v1alpha1.trajectory.agentrun.dev" not in apis
     assert kubectl("get", "crd", "agentruns.agentrun.dev").returncode == 0
     assert kubectl("get", "agentrun", "kept", "-n", test_namespace).returncode == 0
     secrets = kubectl("get", "secrets", "-n", test_namespace, "-o", "name").stdout.split()

@@ -76,13 +76,16 @@ def test_every_pod_of_the_chart_is_isolated_for_ingress(
     assert unisolated == []
 
 
-def test_nats_admits_only_the_operator_and_the_workers_and_the_model_only_the_workers(
+def test_nats_admits_only_its_clients_and_the_model_only_the_workers(
     offline_helm: helm.Helm,
 ) -> None:
     found = policies(render(offline_helm, FEATURES["everything"]))
 
     assert found["nats"]["ingress"] == [
-        {"from": [selects("operator"), selects("worker")], "ports": [port("client")]},
+        {
+            "from": [selects("operator"), selects("worker"), selects("trajectory")],
+            "ports": [port("client")],
+        },
         {"from": [selects("nats")]},  # cluster routes between NATS servers
         {"from": KEDA, "ports": [port("monitor")]},  # the KEDA scaler reads /jsz
     ]
@@ -92,6 +95,8 @@ def test_nats_admits_only_the_operator_and_the_workers_and_the_model_only_the_wo
     for component in ("operator", "worker"):
         assert found[component]["ingress"] == [{"from": MONITORING, "ports": [port("metrics")]}]
         assert found[component]["policyTypes"] == ["Ingress"]  # egress open by default
+    # the kube-apiserver is no pod: its port from any source unless networkPolicy.trajectoryApi
+    assert found["trajectory"]["ingress"] == [{"ports": [port("https")]}]
 
 
 def test_the_nats_monitoring_port_and_further_clients_are_admitted_only_when_asked(
@@ -102,7 +107,9 @@ def test_the_nats_monitoring_port_and_further_clients_are_admitted_only_when_ask
 
     assert [rule.get("ports") for rule in closed["ingress"]] == [[port("client")], None]
     reader = {"podSelector": {"matchLabels": {"role": "reader"}}}
-    assert opened["ingress"][0]["from"] == [selects("operator"), selects("worker"), reader]
+    assert opened["ingress"][0]["from"] == [
+        selects("operator"), selects("worker"), selects("trajectory"), reader
+    ]  # fmt: skip
     assert opened["ingress"][2] == {"from": MONITORING, "ports": [port("monitor")]}
 
 

@@ -1,0 +1,278 @@
+"""Who is asking, and may they read this trajectory: the aggregated API's pure decisions.
+
+The trajectory API is an *aggregated* API server (Kubernetes docs, "Configure the Aggregation
+Layer"): users never reach it directly. The kube-apiserver authenticates them, authorises the
+request, and proxies it with its own client certificate (``--proxy-client-cert-file``) and the
+user in request headers (``X-Remote-User``, ``X-Remote-Group``, ``X-Remote-Extra-<key>``). This
+server therefore believes those headers only from a client whose certificate chains to the
+*request-header* CA and, when the cluster names them, carries one of the allowed common names
+(both from ``kube-system/extension-apiserver-authentication``); then it asks a
+SubjectAccessReview whether that user may ``get`` the trajectory (defence in depth: the
+kube-apiserver authorised it too).
+
+What belongs here: the API's names, parsing the front proxy's configuration and request
+headers, the SubjectAccessReview body and its verdict, the paths served, and every response
+body (discovery documents, ``Status`` refusals, the trajectory object). Pure: no I/O.
+What does not: TLS, HTTP and the Kubernetes and NATS calls (``server``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+GROUP = "trajectory.agentrun.dev"
+VERSION = "v1alpha1"
+GROUP_VERSION = f"{GROUP}/{VERSION}"
+RESOURCE = "agentruntrajectories"
+KIND = "AgentRunTrajectory"
+VERBS = ("get",)
+"""What the API offers: ``get`` of one run's trajectory (``?follow=true`` streams it)."""
+
+CONFIGMAP_NAMESPACE = "kube-system"
+CONFIGMAP_NAME = "extension-apiserver-authentication"
+"""Where the kube-apiserver publishes its front-proxy (request-header) configuration."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrontProxy:
+    """The request-header configuration of the cluster: whom to believe, which headers."""
+
+    client_ca: str
+    """PEM bundle of the CA that signs the front proxy's client certificate."""
+    allowed_names: frozenset[str]
+    """Common names the front proxy's certificate may carry; empty: any the CA signed."""
+    username_headers: tuple[str, ...]
+    group_headers: tuple[str, ...]
+    extra_prefixes: tuple[str, ...]
+
+    @classmethod
+    def from_configmap(cls, data: Mapping[str, str]) -> FrontProxy:
+        """Parse ``extension-apiserver-authentication``'s ``data`` (its ``requestheader-*``
+        keys hold JSON lists). Raises ``ValueError`` when it names no request-header CA (the
+        kube-apiserver runs without ``--requestheader-client-ca-file``: no front proxy to
+        trust) or no user-name header."""
+        ca = data.get("requestheader-client-ca-file", "").strip()
+        if not ca:
+            raise ValueError(
+                f"{CONFIGMAP_NAMESPACE}/{CONFIGMAP_NAME} has no requestheader-client-ca-file: "
+                "the kube-apiserver needs --requestheader-client-ca-file for aggregated APIs"
+            )
+
+        def names(key: str) -> tuple[str, ...]:
+            value = json.loads(data.get(key) or "[]")
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{key} is not a JSON list of strings: {value!r}")
+            return tuple(value)
+
+        proxy = cls(
+            client_ca=ca,
+            allowed_names=frozenset(names("requestheader-allowed-names")),
+            username_headers=names("requestheader-username-headers"),
+            group_headers=names("requestheader-group-headers"),
+            extra_prefixes=names("requestheader-extra-headers-prefix"),
+        )
+        if not proxy.username_headers:
+            raise ValueError("requestheader-username-headers is empty: no user can be named")
+        return proxy
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class User:
+    """The user the kube-apiserver authenticated, as its front proxy named them."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request refused: its HTTP status, Kubernetes ``reason`` and message."""
+
+    code: int
+    reason: str
+    message: str
+
+    def status(self) -> dict[str, Any]:
+        """The ``meta/v1`` ``Status`` body kubectl prints."""
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+Headers = Callable[[str], Sequence[str]]
+"""Every value of a request header (case-insensitive name), in order; [] when absent."""
+HeaderNames = Callable[[], Sequence[str]]
+
+
+def authenticate(
+    proxy: FrontProxy,
+    *,
+    peer_common_names: Sequence[str] | None,
+    header: Headers,
+    header_names: HeaderNames,
+) -> User | Refusal:
+    """The user of a request, or a 401 ``Unauthorized`` refusal.
+
+    Args:
+        proxy: the cluster's front-proxy configuration.
+        peer_common_names: common names of the client certificate the TLS layer *verified*
+            against ``proxy.client_ca``; None when the client presented none.
+        header: the request's header values by name.
+        header_names: every header name of the request (for the ``extra`` prefixes).
+    """
+    if peer_common_names is None:
+        return Refusal(401, "Unauthorized", "a client certificate of the front proxy is required")
+    if proxy.allowed_names and not proxy.allowed_names.intersection(peer_common_names):
+        return Refusal(
+            401,
+            "Unauthorized",
+            f"client certificate {list(peer_common_names)} is not an allowed front proxy",
+        )
+    name = next((v for h in proxy.username_headers for v in header(h) if v), "")
+    if not name:
+        return Refusal(401, "Unauthorized", "the front proxy named no user")
+    groups = tuple(v for h in proxy.group_headers for v in header(h) if v)
+    extra: dict[str, tuple[str, ...]] = {}
+    names = {raw.lower(): raw for raw in header_names()}  # a repeated header: once
+    for lowered, raw in names.items():
+        for prefix in proxy.extra_prefixes:
+            if lowered.startswith(prefix.lower()) and len(raw) > len(prefix):
+                extra[lowered[len(prefix) :]] = tuple(header(raw))
+    return User(name=name, groups=groups, extra=extra)
+
+
+def access_review(user: User, *, namespace: str, name: str, verb: str = "get") -> dict[str, Any]:
+    """The ``authorization.k8s.io/v1`` SubjectAccessReview asking whether ``user`` may ``verb``
+    the trajectory ``namespace/name``."""
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user.name,
+            "groups": list(user.groups),
+            "extra": {k: list(v) for k, v in user.extra.items()},
+            "resourceAttributes": {
+                "group": GROUP,
+                "version": VERSION,
+                "resource": RESOURCE,
+                "namespace": namespace,
+                "name": name,
+                "verb": verb,
+            },
+        },
+    }
+
+
+def authorize(
+    user: User, review_status: Mapping[str, Any] | None, *, namespace: str, name: str
+) -> Refusal | None:
+    """None when the SubjectAccessReview's ``status`` allows; else a 403 ``Forbidden`` refusal
+    worded as the kube-apiserver words its own (naming the resource and the namespace), with
+    the authoriser's reason or evaluation error appended."""
+    status = review_status or {}
+    if status.get("allowed") is True and not status.get("denied"):
+        return None
+    why = status.get("reason") or status.get("evaluationError") or ""
+    message = (
+        f'{RESOURCE}.{GROUP} "{name}" is forbidden: User "{user.name}" cannot get resource '
+        f'"{RESOURCE}" in API group "{GROUP}" in the namespace "{namespace}"'
+    )
+    return Refusal(403, "Forbidden", f"{message}: {why}" if why else message)
+
+
+# --- paths and bodies ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Discovery:
+    """A discovery document: ``level`` is ``apis``, ``group``, ``version``, or
+    ``openapi/v2`` / ``openapi/v3`` (the kube-apiserver fetches both from every aggregated
+    API; this one publishes no schema)."""
+
+    level: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrajectoryPath:
+    """``/apis/<group>/<version>/namespaces/<namespace>/agentruntrajectories/<name>``."""
+
+    namespace: str
+    name: str
+
+
+def route(path: str) -> Discovery | TrajectoryPath | None:
+    """What ``path`` asks for, or None (404). Names are not validated beyond being one
+    non-empty segment: an invalid one is simply not found."""
+    parts = [p for p in path.split("/") if p]
+    if parts in (["openapi", "v2"], ["openapi", "v3"]):
+        return Discovery("/".join(parts))
+    if parts == ["apis"]:
+        return Discovery("apis")
+    if parts == ["apis", GROUP]:
+        return Discovery("group")
+    if parts == ["apis", GROUP, VERSION]:
+        return Discovery("version")
+    prefix = ["apis", GROUP, VERSION, "namespaces"]
+    if len(parts) == 7 and parts[:4] == prefix and parts[5] == RESOURCE:
+        return TrajectoryPath(namespace=parts[4], name=parts[6])
+    return None
+
+
+def discovery(level: str) -> dict[str, Any]:
+    """The discovery document of ``level`` (see `Discovery`)."""
+    if level == "openapi/v2":
+        info = {"title": "agentrun trajectory API", "version": VERSION}
+        return {"swagger": "2.0", "info": info, "paths": {}}
+    if level == "openapi/v3":
+        return {"paths": {}}
+    version = {"groupVersion": GROUP_VERSION, "version": VERSION}
+    group = {"name": GROUP, "versions": [version], "preferredVersion": version}
+    if level == "apis":
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group]}
+    if level == "group":
+        return {"kind": "APIGroup", "apiVersion": "v1", **group}
+    resource = {
+        "name": RESOURCE,
+        "singularName": "agentruntrajectory",
+        "namespaced": True,
+        "kind": KIND,
+        "verbs": list(VERBS),
+        "categories": ["agents"],
+    }
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": GROUP_VERSION,
+        "resources": [resource],
+    }
+
+
+def trajectory(namespace: str, name: str, events: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``AgentRunTrajectory`` object: every event of the run's stream (its subject, so a
+    run deleted and made again under the same name shows both; each event names its
+    ``runUID``), oldest first, each ``{"seq": <stream sequence>, …the event's fields}``."""
+    return {
+        "kind": KIND,
+        "apiVersion": GROUP_VERSION,
+        "metadata": {"name": name, "namespace": namespace},
+        "events": list(events),
+    }
+
+
+def unavailable(namespace: str, name: str) -> Refusal:
+    """503 when the run's events cannot be read now (NATS unreachable or too slow)."""
+    return Refusal(
+        503,
+        "ServiceUnavailable",
+        f'{RESOURCE}.{GROUP} "{name}" in "{namespace}": the event store did not answer',
+    )

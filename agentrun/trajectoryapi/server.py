@@ -1,0 +1,231 @@
+"""The trajectory API's HTTPS server: TLS that trusts only the front proxy, then one read.
+
+Every request arrives through the kube-apiserver (see ``access``). The TLS layer asks for a
+client certificate and verifies any it gets against the cluster's request-header CA; a
+request is then authenticated from that certificate and the front proxy's headers, authorised
+by a SubjectAccessReview, and answered from NATS with a reader minted for that request's
+namespace only (``agentrun.natsauth``: the readers' scoped signing key, the same the operator
+holds; the user expires after ``READER_TTL`` seconds), so this process can read no other
+namespace's events on behalf of a request. ``/healthz`` answers anyone (probes).
+
+What belongs here: the aiohttp application, the TLS context, the Kubernetes calls (the
+front-proxy ConfigMap, SubjectAccessReview) and the NATS reads. Decisions live in ``access``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import ssl
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from agentrun import bus, natsclient
+from agentrun.natsauth import authority, jwt
+from agentrun.natsauth.permissions import Role
+from agentrun.protocol import RunEvent
+from agentrun.trajectoryapi import access
+
+log = logging.getLogger("agentrun.trajectoryapi")
+
+READER_TTL = 3600
+"""Seconds a per-request NATS reader is valid: a ``follow`` lasts at most this long."""
+READ_TIMEOUT = 30.0
+"""Seconds a (non-follow) read of a run's events may take before it is answered 503."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reader:
+    """How to reach NATS as a reader: the URL, the server's CA, and the readers' signing key
+    with the account's public key (the operator Secret's ``reader-signer.nk``,
+    ``account.pub``)."""
+
+    url: str
+    signer: jwt.NKey
+    account: str
+    ca_file: Path | None = None
+
+    @classmethod
+    def from_files(
+        cls, url: str, *, signer_file: Path, account_file: Path, ca_file: Path | None
+    ) -> Reader:
+        """Read the seed and the account's public key; raises OSError or ValueError."""
+        signer = jwt.NKey.from_seed(signer_file.read_text().strip())
+        return cls(url, signer, account_file.read_text().strip(), ca_file)
+
+
+@dataclasses.dataclass(slots=True)
+class Server:
+    """The application's state: the front proxy it trusts, the Kubernetes client it asks
+    SubjectAccessReviews with, and the NATS reader it mints."""
+
+    proxy: access.FrontProxy
+    api: client.ApiClient
+    reader: Reader
+    scratch: Path
+    """A private directory (0700) for the per-request creds files nats-py reads."""
+
+    def app(self) -> web.Application:
+        """The aiohttp application: ``/healthz``, discovery and the trajectory."""
+        application = web.Application()
+        application.router.add_get("/healthz", _healthz)
+        application.router.add_get("/{tail:.*}", self.handle)
+        return application
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Route, authenticate, authorise, answer (see the module docstring)."""
+        target = access.route(request.path)
+        if target is None:
+            return _refuse(access.Refusal(404, "NotFound", f"{request.path} is not served"))
+        user = access.authenticate(
+            self.proxy,
+            peer_common_names=_peer_common_names(request),
+            header=lambda name: request.headers.getall(name, []),
+            header_names=lambda: list(request.headers.keys()),
+        )
+        if isinstance(user, access.Refusal):
+            return _refuse(user)
+        if isinstance(target, access.Discovery):
+            return web.json_response(access.discovery(target.level))
+        review = await self._review(user, target)
+        refusal = access.authorize(user, review, namespace=target.namespace, name=target.name)
+        if refusal is not None:
+            log.info("refused %s: %s", user.name, refusal.message)
+            return _refuse(refusal)
+        try:
+            if request.query.get("follow") == "true":
+                return await self._follow(request, target)
+            async with asyncio.timeout(READ_TIMEOUT), self._bus(target.namespace) as events:
+                found = await read_all(events, target.namespace, target.name)
+        except (TimeoutError, OSError, nats.errors.Error) as err:
+            log.warning("reading %s/%s failed: %r", target.namespace, target.name, err)
+            return _refuse(access.unavailable(target.namespace, target.name))
+        records = [_record(e) for e in found]
+        return web.json_response(access.trajectory(target.namespace, target.name, records))
+
+    async def _review(self, user: access.User, target: access.TrajectoryPath) -> dict[str, Any]:
+        body = access.access_review(user, namespace=target.namespace, name=target.name)
+        reviews = client.AuthorizationV1Api(self.api)
+        result = await reviews.create_subject_access_review(body)  # type: ignore[arg-type]
+        status: dict[str, Any] = self.api.sanitize_for_serialization(result).get("status") or {}
+        return status
+
+    async def _follow(
+        self, request: web.Request, target: access.TrajectoryPath
+    ) -> web.StreamResponse:
+        """One JSON event record a line, every event then each new one, until the client
+        goes away (it knows when the run ended), the event store fails (the stream ends; the
+        client opens it again) or ``READER_TTL`` ends the reader. Raises what connecting to
+        NATS raises, before anything is sent."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        async with self._bus(target.namespace) as events:
+            await response.prepare(request)
+            try:
+                follow = events.follow_events(
+                    target.namespace, target.name, consumer=consumer_name()
+                )
+                async for event in follow:
+                    await response.write(json.dumps(_record(event)).encode() + b"\n")
+            except (OSError, nats.errors.Error) as err:  # the client left, or NATS failed
+                log.info("follow of %s/%s ended: %r", target.namespace, target.name, err)
+        return response
+
+    @asynccontextmanager
+    async def _bus(self, namespace: str) -> AsyncIterator[bus.Bus]:
+        """A NATS connection as a reader of ``namespace`` alone, minted for this request."""
+        reader = authority.mint_user(
+            self.reader.signer,
+            account=self.reader.account,
+            role=Role.READER,
+            name=f"agentrun-trajectory:{namespace}",
+            namespace=namespace,
+            expires=int(time.time()) + READER_TTL,
+        )
+        with tempfile.NamedTemporaryFile("w", dir=self.scratch, suffix=".creds") as creds:
+            creds.write(reader.text())
+            creds.flush()
+            auth = natsclient.NatsAuth(creds_file=Path(creds.name), ca_file=self.reader.ca_file)
+            nc = await natsclient.connect_nats(
+                self.reader.url, name="agentrun-trajectory", auth=auth
+            )
+            events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=self.reader.url))
+            try:
+                yield events
+            finally:
+                await events.close()
+
+
+async def read_all(events: bus.Bus, namespace: str, name: str) -> list[RunEvent]:
+    """Every event of the run, oldest first, read as a reader may: the run's last event
+    (a direct get on its subject), then an ordered consumer on that subject up to it."""
+    last = await events.last_event(namespace, name)
+    found: list[RunEvent] = []
+    if last is None:
+        return found
+    async for event in events.follow_events(namespace, name, consumer=consumer_name()):
+        found.append(event)
+        if event.seq >= last.seq:
+            break
+    return found
+
+
+def consumer_name() -> str:
+    """A fresh name for a reader's ordered consumer, ``trajectory-<12 hex>``."""
+    return f"trajectory-{uuid.uuid4().hex[:12]}"
+
+
+def _record(event: RunEvent) -> dict[str, Any]:
+    """``{"seq": …, …}``: the event as ``kubectl agentrun logs -o json`` prints it."""
+    return {"seq": event.seq, **json.loads(event.encode())}
+
+
+def _refuse(refusal: access.Refusal) -> web.Response:
+    return web.json_response(refusal.status(), status=refusal.code)
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def _peer_common_names(request: web.Request) -> list[str] | None:
+    """The common names of the client certificate the TLS layer verified; None if none."""
+    transport = request.transport
+    peer = transport.get_extra_info("peercert") if transport is not None else None
+    if not peer:
+        return None
+    return [value for rdn in peer.get("subject", ()) for key, value in rdn if key == "commonName"]
+
+
+def tls_context(*, cert_file: Path, key_file: Path, client_ca: str) -> ssl.SSLContext:
+    """A server context with ``cert_file``/``key_file`` that asks every client for a
+    certificate and verifies any it gets against ``client_ca`` (PEM); a client without one
+    gets through TLS (for ``/healthz``) and is refused 401 by `access.authenticate`."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(cert_file), str(key_file))
+    context.load_verify_locations(cadata=client_ca)
+    context.verify_mode = ssl.CERT_OPTIONAL
+    return context
+
+
+async def front_proxy(api: client.ApiClient) -> access.FrontProxy:
+    """The cluster's front-proxy configuration (``kube-system/extension-apiserver-
+    authentication``). Raises ApiException (e.g. 403 without the
+    ``extension-apiserver-authentication-reader`` Role) or ValueError (see
+    `access.FrontProxy.from_configmap`)."""
+    configmap = await client.CoreV1Api(api).read_namespaced_config_map(
+        access.CONFIGMAP_NAME, access.CONFIGMAP_NAMESPACE
+    )
+    return access.FrontProxy.from_configmap(configmap.data or {})
