@@ -54,7 +54,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agentrun import buckets
+from agentrun import buckets, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
@@ -74,6 +74,7 @@ from .platform import events as recorder
 from .platform.events import EventRecorder
 from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
+from .platform.storewatch import StoreWatch, exit_store_lost
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
 from .runs.orphans import OrphanWatch
@@ -94,6 +95,14 @@ handlers_agents_logger = "agentrun.operator.handlers.agents"
 
 SHUTDOWN_STEP_SECONDS = 5.0
 """Longest wait for each shutdown step (flushing status, closing connections)."""
+STORE = (
+    protocol.STREAM_TURNS,
+    protocol.STREAM_EVENTS,
+    protocol.kv_stream(protocol.LEDGER_BUCKET),
+    protocol.kv_stream(protocol.EFFECTS_BUCKET),
+)
+"""The streams the operator makes at start (the two KV buckets are streams too): the store
+``StoreWatch`` watches for loss."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -184,11 +193,13 @@ class Parts:
     schedules: ScheduleController
     handling: Handling | None = None
     """Each handler module's share (``handling_of``), set before any handler runs."""
+    watch: StoreWatch | None = None
+    """Exits the process once the NATS store it started on is lost (``platform.storewatch``)."""
     tasks: tuple[asyncio.Task[None], ...] = ()
     """Background loops: event consumer, turn gate, queue gauges, gone runs, queue pumps,
     ledger sweep,
     TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
-    AgentEval reconciles, CronAgentRun schedules."""
+    AgentEval reconciles, CronAgentRun schedules, store watch."""
 
 
 @dataclasses.dataclass
@@ -239,7 +250,9 @@ async def start_parts(
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()
-    return dataclasses.replace(parts, handling=handling_of(parts), tasks=_start_loops(parts))
+    watch = StoreWatch(lambda: bus.streams_created(STORE), STORE, on_lost=exit_store_lost)
+    parts = dataclasses.replace(parts, handling=handling_of(parts), watch=watch)
+    return dataclasses.replace(parts, tasks=_start_loops(parts))
 
 
 def _seals(
@@ -360,6 +373,7 @@ async def _purge_orphans(bus: Bus, api: KubeApi) -> None:
 
 def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
     """Start every background loop of ``parts`` (the order of ``Parts.tasks``)."""
+    assert parts.watch is not None
     return (
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
         asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
@@ -375,6 +389,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
         asyncio.create_task(parts.evals.run(), name="agent-evals"),
         asyncio.create_task(parts.schedules.run(), name="schedules"),
+        asyncio.create_task(parts.watch.run(), name="store-watch"),
     )
 
 
@@ -388,6 +403,8 @@ async def stop_parts(parts: Parts) -> None:
     parts.toolservers.stop()
     parts.evals.stop()
     parts.schedules.stop()
+    if parts.watch is not None:
+        parts.watch.stop()
     for task in parts.tasks:
         task.cancel()
     await parts.dispatcher.cancel_timers()
