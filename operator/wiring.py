@@ -54,7 +54,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agentrun import buckets, protocol
+from agentrun import buckets
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
@@ -74,7 +74,7 @@ from .platform import events as recorder
 from .platform.events import EventRecorder
 from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
-from .platform.storewatch import StoreWatch, exit_store_lost
+from .platform.storewatch import STORE, StoreWatch, exit_store_lost
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
 from .runs.orphans import OrphanWatch
@@ -95,14 +95,6 @@ handlers_agents_logger = "agentrun.operator.handlers.agents"
 
 SHUTDOWN_STEP_SECONDS = 5.0
 """Longest wait for each shutdown step (flushing status, closing connections)."""
-STORE = (
-    protocol.STREAM_TURNS,
-    protocol.STREAM_EVENTS,
-    protocol.kv_stream(protocol.LEDGER_BUCKET),
-    protocol.kv_stream(protocol.EFFECTS_BUCKET),
-)
-"""The streams the operator makes at start (the two KV buckets are streams too): the store
-``StoreWatch`` watches for loss."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

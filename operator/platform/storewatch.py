@@ -31,10 +31,20 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import NoReturn
 
+from agentrun import protocol
+
 from .loops import sleep_until_set
 
 log = logging.getLogger(__name__)
 
+STORE = (
+    protocol.STREAM_TURNS,
+    protocol.STREAM_EVENTS,
+    protocol.kv_stream(protocol.LEDGER_BUCKET),
+    protocol.kv_stream(protocol.EFFECTS_BUCKET),
+)
+"""The streams the operator makes at start (the two KV buckets are streams too): the store
+it watches."""
 STORE_LOST_EXIT = 75
 """Exit status of an operator that saw its NATS store lost (EX_TEMPFAIL): its supervisor (the
 Deployment) starts it again, and start-up recovery runs."""
