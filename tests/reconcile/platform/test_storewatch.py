@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import subprocess
+import sys
 from collections.abc import Mapping
 
 import pytest
@@ -117,3 +119,17 @@ def test_the_exit_status_is_not_the_lost_lease_one() -> None:
     from agentrun.operator.main import LOST_LEADERSHIP_EXIT
 
     assert STORE_LOST_EXIT not in (0, 1, LOST_LEADERSHIP_EXIT)
+
+
+def test_the_exit_logs_one_error_naming_what_was_seen_and_ends_the_process_at_once() -> None:
+    code = (
+        "import logging, sys; logging.basicConfig(stream=sys.stderr, level=logging.INFO);"
+        "from agentrun.operator.platform.storewatch import exit_store_lost;"
+        "exit_store_lost('missing: KV_AGENTRUN_LEDGER'); print('returned')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == STORE_LOST_EXIT
+    assert "returned" not in done.stdout
+    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1
+    assert "store this operator started on is gone (missing: KV_AGENTRUN_LEDGER)" in errors[0]
