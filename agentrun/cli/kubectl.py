@@ -160,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``kubectl-agentrun``; returns the exit status."""
+    control.quiet_asyncio_noise()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.handler is None:
@@ -287,7 +288,8 @@ async def _logs_from_nats(
     uid = obj["metadata"]["uid"]
     try:
         nc = await asyncio.wait_for(
-            bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args)), 10
+            bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args), fail_fast=True),
+            10,
         )
     except (TimeoutError, nats.errors.Error, OSError, ValueError) as err:  # refused too
         raise RuntimeError(
@@ -440,7 +442,8 @@ def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
     if usage:
         lines.append(
             f"Usage:         {usage.get('steps', 0)} steps, {usage.get('toolCalls', 0)} tool "
-            f"calls ({usage.get('toolFailures', 0)} failed), {usage.get('corrections', 0)} "
+            f"calls ({usage.get('toolFailures', 0)} failed), "
+            f"{usage.get('toolCallsNotRun', 0)} not run, {usage.get('corrections', 0)} "
             f"corrections, {usage.get('totalTokens', 0)} tokens, {usage.get('costUSD', '0')} USD, "
             f"{usage.get('wallSeconds', 0)}s"
         )

@@ -224,6 +224,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "steps",
         "toolCalls",
         "toolFailures",
+        "toolCallsNotRun",  # valid calls a budget cut or a reviewer denied: neither ran nor failed
         "corrections",
         "inputTokens",
         "outputTokens",
