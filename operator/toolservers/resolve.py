@@ -17,7 +17,7 @@ from yarl import URL
 from agentrun.protocol import RemoteTool, UrlRule
 from agentrun.tools import reach, remote
 
-from ..platform.spec import SpecError
+from ..platform.spec import SpecError, not_found
 from .spec import AgentToolServerSpec, Effect, split_reference
 
 MAX_FUNCTION_NAME = 64
@@ -126,7 +126,9 @@ def resolve_tool(
     server_name, tool = parts
     where = f"spec.tools: {reference}"
     if server is None:
-        raise SpecError(f"{where}: AgentToolServer {server_name!r} not found in {namespace}")
+        raise SpecError(
+            f"{where}: {not_found('AgentToolServer', server_name, namespace=namespace)}"
+        )
     spec = _spec_of(server, server_name, where=where)
     try:
         rule = url_rule(spec.url, rules, tenant=tenant)
