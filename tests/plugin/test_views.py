@@ -224,3 +224,36 @@ def test_describe_counts_calls_not_run_apart_from_failed_ones() -> None:
     obj = {"metadata": {"name": "inventory"}, "spec": {}, "status": {"usage": usage}}
     (line,) = [x for x in kubectl.describe_lines(obj, []) if x.startswith("Usage:")]
     assert "3 tool calls (0 failed), 3 not run," in line
+
+
+def test_describe_shows_the_limits_a_run_without_a_budget_gets() -> None:
+    obj = {
+        "metadata": {"name": "inventory"},
+        "spec": {"budget": {"onExhausted": "summarize"}},
+        "status": {"tenant": "team-a"},
+    }
+    lines = kubectl.describe_lines(obj, [])
+    start = next(i for i, line in enumerate(lines) if line.startswith("Budget:"))
+    limits = kernel.Limits()
+    assert lines[start : start + 3] == [
+        f"Budget:        maxSteps {limits.max_steps} (default), maxToolCalls "
+        f"{limits.max_tool_calls} (default), timeout 10m (default), onExhausted summarize",
+        "               no maxTokens or maxCostUSD cap of the run's own",
+        "               defaults apply unless AgentTenant team-a sets runBudget.default; "
+        "its runBudget.max caps every run",
+    ]
+
+
+def test_describe_shows_a_budget_set_in_full_without_defaults() -> None:
+    budget = {
+        "maxSteps": 5,
+        "maxToolCalls": 9,
+        "maxTokens": 1000,
+        "maxCostUSD": "0.5",
+        "timeout": "2m",
+        "noProgress": {"window": 3},
+    }
+    lines = kubectl.budget_lines(budget, tenant=None)
+    assert lines == [
+        "Budget:        maxSteps 5, maxToolCalls 9, maxTokens 1000, maxCostUSD 0.5, timeout 2m"
+    ]
