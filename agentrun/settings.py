@@ -119,6 +119,11 @@ class OperatorSettings(ProcessSettings):
     are published in fair order across tenants (a turn that becomes ready waits behind at
     most this many others). Higher: fewer reads of the queue's backlog under load; lower:
     fairer."""
+    admission_per_namespace: int = Field(default=4, ge=1, le=1_000)
+    """``AGENTRUN_ADMISSION_PER_NAMESPACE``: most AgentRun admissions of one namespace the
+    operator works on at once; the others wait in creation order, so a namespace that applies
+    1,000 runs at once does not delay another namespace's admission. Higher: a burst of one
+    namespace is admitted faster; lower: fairer."""
     orphan_after: float = Field(default=10.0, gt=0)
     """``AGENTRUN_ORPHAN_AFTER``: seconds after which a running run whose TurnRequest is neither
     queued nor in a worker's hands, and that committed nothing since, is dispatched again."""

@@ -132,6 +132,7 @@ def flood(bench: BenchStack, count: int) -> None:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     env = {
         "AGENTRUN_WORKER_CONCURRENCY": str(args.slots),
+        "AGENTRUN_ADMISSION_PER_NAMESPACE": str(args.admission_per_namespace),
         # the chart's Lease timings, not the dev stack's short ones: on a machine shared by
         # other builds, a 6 s renewal deadline ended the operator before the flood began
         "AGENTRUN_LEASE_DURATION": "15",
@@ -172,6 +173,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "b_runs": args.runs,
             "workers": args.workers,
             "slots_per_worker": args.slots,
+            "admission_per_namespace": args.admission_per_namespace,
             "turn_seconds": args.latency_ms / 1000,
             "quiet": waits(bench, quiet, seen),
             "flood": waits(bench, loaded, seen),
@@ -199,6 +201,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--slots", type=int, default=16, help="AGENTRUN_WORKER_CONCURRENCY")
     parser.add_argument("--latency-ms", type=int, default=200, help="one turn's model time")
+    parser.add_argument(
+        "--admission-per-namespace",
+        type=int,
+        default=4,
+        help="AGENTRUN_ADMISSION_PER_NAMESPACE (1000: no bound, as before issue 21's fix)",
+    )
     parser.add_argument("--name", default="fairness", help="the result file's name")
     args = parser.parse_args()
     record = measure(args)

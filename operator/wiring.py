@@ -36,6 +36,8 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
   events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
 - ``ScheduleController`` creates the AgentRuns of CronAgentRuns on their schedules.
+- ``AdmissionGate`` lets a few admissions of each namespace run at once, so one namespace's
+  creation burst does not delay another's admission.
 
 Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
 ``start_parts``, after taking the leader Lease).
@@ -60,6 +62,7 @@ from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 from agentrun.trust import Signer, Verifier, signing_file, trust_file
 
+from .admission.fairgate import AdmissionGate
 from .admission.lookup import RunConfigs
 from .admission.pump import PumpDeps, QueuePump
 from .admission.queue import QueueBoard
@@ -122,6 +125,8 @@ class RunHandling:
     """Told when a run a CronAgentRun created ends or goes."""
     evals: EvalController
     """Told when a run an AgentEval created ends or goes."""
+    gate: AdmissionGate
+    """Bounds the admissions of one namespace worked on at once (fair across namespaces)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -182,6 +187,7 @@ class Parts:
     toolservers: ToolServerRefresher
     evals: EvalController
     schedules: ScheduleController
+    gate: AdmissionGate
     handling: Handling | None = None
     """Each handler module's share (``handling_of``), set before any handler runs."""
     tasks: tuple[asyncio.Task[None], ...] = ()
@@ -305,6 +311,7 @@ def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api
         ),
         evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
+        gate=AdmissionGate(settings.admission_per_namespace),
     )
 
 
@@ -324,6 +331,7 @@ def handling_of(parts: Parts) -> Handling:
             reaper=parts.reaper,
             schedules=parts.schedules,
             evals=parts.evals,
+            gate=parts.gate,
         ),
         tenants=TenantHandling(tenants=parts.tenants, board=parts.board),
         agents=AgentHandling(

@@ -7,6 +7,8 @@
 - ``agentrun-image-<version>.docker.tar`` and ``agentrun-nats-image-<nats>.docker.tar``: the
   two images as ``docker-archive`` tarballs (``make image``; load with ``docker load``,
   ``podman load`` or ``ctr -n k8s.io images import``, or push with ``skopeo copy``);
+- ``agentrun-<version>-py3-none-any.whl``: the Python package (``pip wheel --no-deps``), for
+  the ``kubectl agentrun`` plugin and the ``agentrun`` command on a user's machine;
 - ``*.cdx.json``: a CycloneDX SBOM of each image, made by syft (built from the Go module proxy
   at ``SYFT_VERSION``, cached per machine like helm) from the archive itself: the Debian
   packages, the Python distributions and the Go modules of nats-server;
@@ -201,6 +203,7 @@ def build_release(
     with tempfile.TemporaryDirectory(prefix="agentrun-release-helm-") as home:
         runner = helm.Helm(helm.ensure_helm(log=log), home=Path(home))
         files = [package_chart(runner, project, directory, version=version)]
+    files.append(image.build_wheel(project, directory, log=log))
     images = image.build_project_images(project, log=log)
     syft = syft_binary(log=log)
     nats_tag = images.nats.name.rpartition(":")[2]

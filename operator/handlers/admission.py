@@ -130,7 +130,8 @@ async def admit_run(  # kopf passes each of these by keyword: its handler signat
     parts = memo.running().runs
     key = RunKey(namespace, name, uid)
     try:
-        await _admit(parts, key, spec=spec, meta=meta, status=status)
+        async with parts.gate.turn(namespace):  # fair across namespaces: admission.fairgate
+            await _admit(parts, key, spec=spec, meta=meta, status=status)
     except kopf.TemporaryError:
         raise
     except Exception as err:

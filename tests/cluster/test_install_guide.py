@@ -7,6 +7,8 @@ all through the guide's own variables (step 0):
   ``helm package`` as ``make release`` does, the two image archives ``make image`` built (linked),
   ``SHA256SUMS`` signed with a key made here; no SBOMs, which the guide does not use) instead
   of a download; ``ALLOWED_SIGNERS``/``SIGNER``: that key;
+- ``PLUGIN_VENV``: the virtualenv the guide installs the release's wheel (the kubectl plugin)
+  into, under the test's temporary directory;
 - ``CONTAINERD_ADDRESS``: the node's containerd socket, which ``ctr`` reads;
 - ``MODEL_BASE_URL``/``MODEL_NAME``/``MODEL_API_KEY``: the scripted model (a Deployment in a
   namespace of its own, applied right after the images are loaded) instead of a paid one;
@@ -54,12 +56,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.node, pytest.mark.timeout(1800)]
 
 
 def assemble_release(directory: Path, images: image.ProjectImages, home: Path) -> Path:
-    """The release directory the guide starts from, as ``make release`` lays it out (no
-    SBOMs), signed with a key made here; returns the ``allowed_signers`` file."""
+    """The release directory the guide starts from, as ``make release`` lays it out (the
+    chart, the wheel, the images; no SBOMs), signed with a key made here; returns the
+    ``allowed_signers`` file."""
     version = dist.project_version(REPO)
     directory.mkdir(parents=True)
     runner = helm.Helm(helm.ensure_helm(log=print), home=home)
     files = [dist.package_chart(runner, REPO, directory, version=version)]
+    files.append(image.build_wheel(REPO, directory, log=print))
     nats_tag = images.nats.name.rpartition(":")[2]
     for built, name in ((images.agentrun, f"agentrun-image-{version}.docker.tar"),
                         (images.nats, f"agentrun-nats-image-{nats_tag}.docker.tar")):  # fmt: skip
@@ -157,6 +161,7 @@ def followed(
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "VERSION": dist.project_version(REPO),
         "RELEASE_DIR": str(home / "release"),
+        "PLUGIN_VENV": str(home / "plugin"),
         "ALLOWED_SIGNERS": str(assemble_release(home / "release", images, home / "keys")),
         "SIGNER": SIGNER,
         "CONTAINERD_ADDRESS": str(containerd.socket_path(cluster_node.directory)),

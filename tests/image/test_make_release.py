@@ -45,6 +45,7 @@ def test_make_release_builds_a_verifiable_release(tmp_path: Path) -> None:
     version = dist.project_version(REPO_ROOT)
     names = {path.name for path in built.files}
     expected = {f"agentrun-{version}.tgz", f"agentrun-image-{version}.docker.tar",
+                f"agentrun-{version}-py3-none-any.whl",
                 f"agentrun-image-{version}.cdx.json", "SHA256SUMS", "SHA256SUMS.sig"}  # fmt: skip
     assert expected <= names
     check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=built.directory,

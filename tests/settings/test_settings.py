@@ -92,3 +92,17 @@ def test_a_drain_margin_not_below_the_grace_period_is_refused_naming_both(
         WorkerSettings()
     assert "AGENTRUN_DRAIN_MARGIN=10" in str(refused.value)
     assert "AGENTRUN_TERMINATION_GRACE=10" in str(refused.value)
+
+
+def test_the_admission_bound_per_namespace_is_4_at_least_1_and_read_from_its_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentrun.operator.admission import fairgate
+
+    monkeypatch.delenv("AGENTRUN_ADMISSION_PER_NAMESPACE", raising=False)
+    assert OperatorSettings().admission_per_namespace == fairgate.LIMIT == 4
+    monkeypatch.setenv("AGENTRUN_ADMISSION_PER_NAMESPACE", "16")
+    assert OperatorSettings().admission_per_namespace == 16
+    monkeypatch.setenv("AGENTRUN_ADMISSION_PER_NAMESPACE", "0")
+    with pytest.raises(pydantic.ValidationError, match="admission_per_namespace"):
+        OperatorSettings()

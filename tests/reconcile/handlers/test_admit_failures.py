@@ -12,6 +12,7 @@ import pytest
 from kube_support import FakeKube
 
 from agentrun import kernel
+from agentrun.operator.admission.fairgate import AdmissionGate
 from agentrun.operator.handlers import admission as handlers
 from agentrun.operator.runs import RunKey
 
@@ -79,7 +80,7 @@ class Broken:
 
 async def create(error: Exception, *, retry: int) -> Shown:
     shown = Shown()
-    handling = types.SimpleNamespace(runs=Broken(error), shown=shown)
+    handling = types.SimpleNamespace(runs=Broken(error), shown=shown, gate=AdmissionGate())
     memo = types.SimpleNamespace(running=lambda: types.SimpleNamespace(runs=handling))
     await handlers.admit_run(
         spec={"model": "mock", "goal": "g"},  # type: ignore[arg-type]

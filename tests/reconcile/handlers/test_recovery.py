@@ -12,6 +12,7 @@ import pytest
 from kube_support import FakeKube
 
 from agentrun import kernel
+from agentrun.operator.admission.fairgate import AdmissionGate
 from agentrun.operator.handlers import admission, runs
 from agentrun.operator.runs.keys import ADMITTED_UID_ANNOTATION, RERUN_ANNOTATION, RunKey
 
@@ -105,7 +106,12 @@ def stack(
     }
     api.put("agentruns", {"metadata": meta, "spec": {}, "status": dict(status)})
     parts = types.SimpleNamespace(
-        api=api, runs=Runs(has_events=has_events), shown=Shown(), pump=Pump(), events=Events()
+        api=api,
+        runs=Runs(has_events=has_events),
+        shown=Shown(),
+        pump=Pump(),
+        events=Events(),
+        gate=AdmissionGate(),
     )
     return parts, api
 
