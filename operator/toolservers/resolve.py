@@ -116,11 +116,9 @@ def resolve_tool(
     """The ``RemoteTool`` a run gets for ``reference`` (``SERVER/TOOL``), from the
     AgentToolServer object (``None``: it does not exist) in the run's namespace, under its
     tenant's ``toolServers`` rules (``rules``: its URL must be allowed; the rule's
-    ``privateNetwork`` goes with the tool, for the worker's address check).
-
-    Only allowlisted tools that discovery found are resolved (the last good list if a refresh
-    failed). Raises ``SpecError`` naming ``spec.tools`` and the reason otherwise.
-    """
+    ``privateNetwork`` goes with the tool, for the worker's address check). Only allowlisted
+    tools that discovery found are resolved (the last good list if a refresh failed).
+    Raises ``SpecError`` naming ``spec.tools`` and the reason otherwise."""
     parts = split_reference(reference)
     assert parts is not None
     server_name, tool = parts
