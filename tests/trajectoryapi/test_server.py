@@ -86,11 +86,13 @@ async def serving(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AsyncItera
 
 async def test_a_follow_whose_client_left_gives_its_connection_up(serving: Any) -> None:
     harness, url = serving
-    async with aiohttp.ClientSession() as session:
-        async with session.get(url, params={"follow": "true"}) as answer:
-            assert answer.status == 200
-            assert await answer.content.readline() == b"\n"  # a keep-alive line, not an event
-            assert harness.open == 1
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, params={"follow": "true"}) as answer,
+    ):
+        assert answer.status == 200
+        assert await answer.content.readline() == b"\n"  # a keep-alive line, not an event
+        assert harness.open == 1
     for _ in range(50):  # the client is gone: the handler ends and closes its connection
         if harness.open == 0:
             break
