@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import nats
 import nats.errors
@@ -159,6 +160,18 @@ class Bus:
             except nats.js.errors.BadRequestError:
                 await self.js.update_stream(config)
         await self.js._jsm.add_consumer(protocol.STREAM_TURNS, self.workers_consumer())
+
+    async def streams_created(self, names: Sequence[str]) -> dict[str, datetime.datetime | None]:
+        """Each of the streams ``names`` that exists: its name → its ``created`` time (None when
+        the server does not report it); a missing stream is left out. Raises what nats-py
+        raises when the server cannot be asked (timeout, no connection, refused)."""
+        created: dict[str, datetime.datetime | None] = {}
+        for name in names:
+            try:
+                created[name] = (await self.js.stream_info(name)).created
+            except nats.js.errors.NotFoundError:
+                continue
+        return created
 
     def workers_consumer(self) -> api.ConsumerConfig:
         """The pull consumer shared by every worker (durable ``agentrun-workers``): explicit

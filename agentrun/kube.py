@@ -24,11 +24,19 @@ AGENTS = "agents"
 EVALS = "agentevals"
 
 
-async def api_client() -> client.ApiClient:
-    """A configured ``ApiClient``; raises ``ConfigException`` when no configuration is found."""
-    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+async def api_client(
+    *, config_file: str | None = None, context: str | None = None
+) -> client.ApiClient:
+    """A configured ``ApiClient``: the kubeconfig ``config_file`` (else ``KUBECONFIG``, else
+    ``~/.kube/config``) with its ``context`` (else its current one), else the in-cluster
+    credentials. Raises ``ConfigException`` when no configuration is found, when a
+    ``config_file`` or ``context`` is asked for and there is no such file, or no such context.
+    """
+    path = config_file or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     if os.path.exists(path):
-        await config.load_kube_config(config_file=path)
+        await config.load_kube_config(config_file=path, context=context)
+    elif config_file is not None or context is not None:
+        raise ConfigException(f"no kubeconfig at {path}")
     else:
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]

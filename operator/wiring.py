@@ -77,6 +77,7 @@ from .platform.events import EventRecorder
 from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
 from .platform.loops import cancel_and_wait
+from .platform.storewatch import STORE, StoreWatch, exit_store_lost
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
 from .runs.orphans import OrphanWatch
@@ -190,11 +191,13 @@ class Parts:
     gate: AdmissionGate
     handling: Handling | None = None
     """Each handler module's share (``handling_of``), set before any handler runs."""
+    watch: StoreWatch | None = None
+    """Exits the process once the NATS store it started on is lost (``platform.storewatch``)."""
     tasks: tuple[asyncio.Task[None], ...] = ()
     """Background loops: event consumer, turn gate, queue gauges, gone runs, queue pumps,
     ledger sweep,
     TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
-    AgentEval reconciles, CronAgentRun schedules."""
+    AgentEval reconciles, CronAgentRun schedules, store watch."""
 
 
 @dataclasses.dataclass
@@ -245,7 +248,9 @@ async def start_parts(
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()
-    return dataclasses.replace(parts, handling=handling_of(parts), tasks=_start_loops(parts))
+    watch = StoreWatch(lambda: bus.streams_created(STORE), STORE, on_lost=exit_store_lost)
+    parts = dataclasses.replace(parts, handling=handling_of(parts), watch=watch)
+    return dataclasses.replace(parts, tasks=_start_loops(parts))
 
 
 def _seals(
@@ -368,6 +373,7 @@ async def _purge_orphans(bus: Bus, api: KubeApi) -> None:
 
 def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
     """Start every background loop of ``parts`` (the order of ``Parts.tasks``)."""
+    assert parts.watch is not None
     return (
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
         asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
@@ -383,6 +389,7 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
         asyncio.create_task(parts.evals.run(), name="agent-evals"),
         asyncio.create_task(parts.schedules.run(), name="schedules"),
+        asyncio.create_task(parts.watch.run(), name="store-watch"),
     )
 
 
@@ -396,6 +403,8 @@ async def stop_parts(parts: Parts) -> None:
     parts.toolservers.stop()
     parts.evals.stop()
     parts.schedules.stop()
+    if parts.watch is not None:
+        parts.watch.stop()
     await cancel_and_wait([*parts.tasks, *parts.pump.running()], timeout=SHUTDOWN_STEP_SECONDS)
     await parts.dispatcher.cancel_timers()
     for closing in (parts.writer.flush_and_stop(), parts.bus.close(), parts.api.close()):

@@ -27,7 +27,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from agentrun import display, kube
-from agentrun.cli import trajectory
+from agentrun.cli import kubeflags, trajectory
 
 REVIEWER = "agentrun.dev/reviewer"
 """Set with ``approve``/``deny`` to the caller's own user name (checked by the API server)."""
@@ -74,16 +74,20 @@ class RunAccessError(RuntimeError):
 class RunClient:
     """Reads and annotates AgentRuns of one namespace over one API session.
 
-    ``async with RunClient(namespace) as runs:`` loads ``KUBECONFIG`` (or the in-cluster
-    credentials) once; raises ConfigException when there are none.
+    ``async with RunClient(namespace, options) as runs:`` loads the kubeconfig of
+    ``options`` (``kubeflags.KubeOptions``: file, context, whom to impersonate; default
+    ``KUBECONFIG`` or the in-cluster credentials, as oneself) once; raises ConfigException
+    when there are none (or no such file or context), ValueError for groups to impersonate
+    without a user.
     """
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, options: kubeflags.KubeOptions | None = None) -> None:
         self.namespace = namespace
+        self.options = options or kubeflags.KubeOptions()
         self._api: client.ApiClient | None = None
 
     async def __aenter__(self) -> RunClient:
-        self._api = await kube.api_client()
+        self._api = await self.options.api_client()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -200,7 +204,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     """``agentrun cancel RUN``: set ``agentrun.dev/cancel=true`` unless the run already ended."""
 
     async def cancel() -> int:
-        async with RunClient(args.namespace) as runs:
+        async with RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
             status = await runs.status(args.run)
             if status.get("terminalReason"):
                 phase, reason = status.get("phase"), status["terminalReason"]
@@ -269,12 +273,12 @@ def cmd_review(args: argparse.Namespace) -> int:
     agentrun``) leads an error."""
 
     async def pending_of() -> dict[str, Any] | None:
-        async with RunClient(args.namespace) as runs:
+        async with RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
             found: dict[str, Any] | None = (await runs.status(args.run)).get("pendingApproval")
             return found
 
     async def decide(digest: str) -> str:
-        async with RunClient(args.namespace) as runs:
+        async with RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
             reviewer = await runs.whoami()
             await runs.annotate_all(
                 args.run, {f"agentrun.dev/{args.verb}": digest, REVIEWER: reviewer}

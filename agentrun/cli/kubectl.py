@@ -16,6 +16,10 @@ itself: the server is ``--nats-url``, else ``AGENTRUN_NATS_URL``, else
 CA of ``--nats-ca`` (else ``AGENTRUN_NATS_CA_FILE``) on a closed bus. Every other command
 needs only the kubeconfig, like kubectl; the namespace defaults to the current context's.
 
+kubectl's global flags work on every command, before or after it (``kubeflags``):
+``-n/--namespace``, ``--kubeconfig``, ``--context``, ``--as`` and ``--as-group``
+(impersonation: the API server decides with the impersonated user's RBAC).
+
 Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error, 130 Ctrl-C.
 """
 
@@ -34,11 +38,10 @@ from typing import Any
 
 import aiohttp
 import nats.errors
-from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from agentrun import bus, display, kernel, natsclient, protocol
-from agentrun.cli import control, trajectory, trajectoryapi
+from agentrun.cli import control, kubeflags, trajectory, trajectoryapi
 from agentrun.protocol import RunEvent
 
 PROG = "kubectl agentrun"
@@ -50,32 +53,31 @@ RERUN_LABEL = "agentrun.dev/rerun-of"
 """Set by ``rerun`` on the new run: the name of the run it repeats."""
 
 
-def current_namespace() -> str:
-    """The namespace of the kubeconfig's current context, else ``default``."""
-    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-    try:
-        _, active = kube_config.list_kube_config_contexts(path.split(os.pathsep)[0])
-    except (ConfigException, OSError, TypeError, KeyError):
-        return "default"
-    namespace = ((active or {}).get("context") or {}).get("namespace")
-    return str(namespace or "default")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The plugin's parser: one subcommand per verb, each with ``-n`` and (most) ``-o``."""
+    """The plugin's parser: one subcommand per verb, each with (most) ``-o``; kubectl's global
+    flags (``-n``, ``--kubeconfig``, ``--context``, ``--as``, ``--as-group``) on the plugin and
+    on every subcommand."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Inspect and steer agentrun AgentRuns: a table, a description, the "
         "trajectory (live with -f), approvals, cancellation and reruns.",
     )
     parser.set_defaults(handler=None, prog=PROG)
+    kubeflags.add_options(parser, top=True)
+    parser.add_argument(
+        "-n", "--namespace", default=None, help="namespace (default: the current context's)"
+    )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     def add(name: str, help_text: str, *, output: bool = True) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument(
-            "-n", "--namespace", default=None, help="namespace (default: the current context's)"
+            "-n",
+            "--namespace",
+            default=argparse.SUPPRESS,
+            help="namespace (default: the current context's)",
         )
+        kubeflags.add_options(sub, top=False)
         if output:
             sub.add_argument(
                 "-o",
@@ -166,8 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.handler is None:
         parser.print_help(sys.stderr)
         return 2
+    options = kubeflags.KubeOptions.from_args(args)
+    try:
+        options.headers()
+    except ValueError as err:
+        parser.error(str(err))  # exits 2, like any usage error
     if args.namespace is None:
-        args.namespace = current_namespace()
+        args.namespace = kubeflags.current_namespace(options)
     try:
         code: int = args.handler(args)
         return code
@@ -224,7 +231,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     """``get [RUN] [-A]``: the table (or ``-o json``)."""
 
     async def get() -> list[dict[str, Any]]:
-        async with control.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
             if args.run:
                 return [await runs.get(args.run)]
             return await runs.list_runs(all_namespaces=args.all_namespaces)
@@ -267,7 +274,7 @@ def _status_end(name: str, status: dict[str, Any]) -> str:
 
 
 async def _logs(args: argparse.Namespace) -> int:
-    async with control.RunClient(args.namespace) as runs:
+    async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
         obj = await runs.get(args.run)  # a missing run: one line, before events are needed
         uid = obj["metadata"]["uid"]
         api = trajectoryapi.TrajectoryApi(runs.api, args.namespace, args.run)
@@ -527,7 +534,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     """``describe RUN``: the run and its Events (``-o json``: ``{"object", "events"}``)."""
 
     async def describe() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with control.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
             obj = await runs.get(args.run)
             return obj, await runs.events_of(obj["metadata"]["uid"])
 
@@ -591,7 +598,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     when the suite failed."""
 
     async def get() -> dict[str, Any]:
-        async with control.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
             return await runs.get_eval(args.eval)
 
     obj = asyncio.run(get())
@@ -627,7 +634,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     """``rerun RUN [--name NEW]``: create the new run and print its name."""
 
     async def rerun() -> dict[str, Any]:
-        async with control.RunClient(args.namespace) as runs:
+        async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
             return await runs.create(rerun_manifest(await runs.get(args.run), name=args.name))
 
     created = asyncio.run(rerun())

@@ -220,7 +220,7 @@ def test_the_production_install_is_ready_with_its_replicas_pdbs_and_priority(
         if all(c["ready"] for c in pod["status"].get("containerStatuses", [{"ready": False}])):
             component = pod["metadata"]["labels"].get("app.kubernetes.io/component", "?")
             ready[component] = ready.get(component, 0) + 1
-    assert ready == {"operator": 2, "worker": 3, "nats": 1}
+    assert ready == {"operator": 2, "worker": 3, "nats": 1, "trajectory": 1}
     priorities = {p["metadata"]["labels"]["app.kubernetes.io/component"]:
                   p["spec"].get("priorityClassName") for p in pods}  # fmt: skip
     assert priorities["operator"] == priorities["worker"] == "agentrun"

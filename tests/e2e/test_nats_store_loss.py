@@ -1,10 +1,15 @@
 """Losing the whole NATS store, as an on-call engineer meets it (docs/operations.md, "Disaster
 recovery"): nats-server stopped, its entire JetStream store directory deleted, started again.
 
-- Without a backup: the operator, restarted (the one documented step), makes every stream and
-  bucket again; a run that was running ends ``checkpoint_failed`` with the rerun hint and the
-  model is not asked for it again; finished runs keep their status; the tenant's usage is
-  rebuilt from the runs; a new run completes.
+- Without a backup, and without any manual step: the operator notices that the store it
+  started on is gone (``platform.storewatch``), logs it once and exits; started again (the e2e
+  stack does not supervise: ``restart_dead`` starts what exited, as the operator's Deployment
+  does), it makes every stream and bucket again; a run that was running ends
+  ``checkpoint_failed`` with the rerun hint and the model is not asked for it again; finished
+  runs keep their status; the tenant's usage is rebuilt from the runs; a new run completes on
+  the workers that were never restarted.
+- nats-server stopped and started with its store intact (a transient outage): the operator
+  does not exit and a run in flight completes.
 - With a backup (``nats backup stream`` of AGENTRUN_EVENTS and the two KV buckets, taken with
   the operator and the workers stopped while a run is in flight, then ``nats backup restore
   stream`` after the wipe, before they start): the run resumes from its checkpoint and
@@ -26,6 +31,7 @@ import pytest
 import yaml
 
 from agentrun.natsauth.permissions import Role, inbox_prefix
+from agentrun.operator.platform import storewatch
 from agentrun_dev import binaries, components, stack
 from agentrun_dev.natsserver import NatsServer
 
@@ -38,6 +44,12 @@ pytestmark = pytest.mark.e2e
 RERUN = "agentrun.dev/rerun"
 BACKED_UP = ("AGENTRUN_EVENTS", "KV_AGENTRUN_LEDGER", "KV_AGENTRUN_EFFECTS")
 """The streams docs/operations.md says to back up (AGENTRUN_TURNS holds nothing durable)."""
+GONE = "the NATS store this operator started on is gone"
+"""The operator's one ERROR when it notices the store lost (``storewatch.exit_store_lost``)."""
+NOTICED_WITHIN = 30.0
+"""Seconds the operator may take to notice the store lost and exit: its bound is about two
+probes (``storewatch.WATCH_SECONDS`` apart, each at most ``storewatch.PROBE_SECONDS``), with a
+wide margin for a busy machine."""
 KEPT = ("phase", "terminalReason", "answer", "usage", "completionTime", "message")
 """What a finished run's status must still show after the store is lost."""
 
@@ -88,6 +100,21 @@ def nats(server: NatsServer, *args: str, identity: str = "operator") -> str:
     return done.stdout
 
 
+def log_from(component: components.Component, offset: int) -> str:
+    """`component`'s log from byte `offset` on (its size before what the test does)."""
+    with component.spec.log_path.open("rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
+
+
+def wait_exited(component: components.Component, *, timeout: float) -> None:
+    """Wait until `component`'s process has ended; AssertionError after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while component.is_alive():
+        assert time.monotonic() < end, f"{component.name} still runs after {timeout}s"
+        time.sleep(0.2)
+
+
 def stop_agentrun(stack_: E2EStack) -> None:
     """Scale the operator and the workers to 0: SIGTERM, the workers draining their turns."""
     for component in [*stack_.workers, stack_.operator]:
@@ -105,13 +132,22 @@ def test_a_wiped_store_ends_running_runs_keeps_finished_ones_and_rebuilds_usage(
     stack_.apply(ns, run_manifest("running", goal))
     stack_.wait_for(ns, "running", lambda s: (s.get("usage") or {}).get("steps", 0) >= 2)
 
+    operator = stack_.operator
+    logged = operator.spec.log_path.stat().st_size
+    workers = [worker.record.pid for worker in stack_.workers]
     nats_server.restart(wipe_store=True)
-    assert nats(nats_server, "stream", "ls", "--names", identity="admin").split() == []
-    # the one documented step: restart the operator (kubectl rollout restart deploy/…-operator)
-    components.stop_component(stack_.operator, timeout=20)
-    stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
+    wiped = time.monotonic()
+    # no manual step: the operator exits by itself, once
+    wait_exited(operator, timeout=NOTICED_WITHIN)
+    noticed = time.monotonic() - wiped
+    said = log_from(operator, logged)
+    assert said.count(GONE) == 1, said[-3000:]
+    assert "KV_AGENTRUN_LEDGER" in said.split(GONE)[1].splitlines()[0]
+    # the e2e stack does not supervise: starting what exited is what the Deployment does
+    stack_.restart_dead()
+    assert [worker.record.pid for worker in stack_.workers] == workers  # never restarted
 
-    status = stack_.wait_terminal(ns, "running", timeout=40)
+    status = stack_.wait_terminal(ns, "running", timeout=60)
     assert status["terminalReason"] == "checkpoint_failed", status
     assert status["message"].startswith("not resumed: this run was admitted before")
     assert f"kubectl annotate agentrun running -n {ns} {RERUN}=true" in status["message"]
@@ -136,6 +172,25 @@ def test_a_wiped_store_ends_running_runs_keeps_finished_ones_and_rebuilds_usage(
     time.sleep(2 * ORPHAN_AFTER)  # a turn of the lost run dispatched again would be asked now
     assert requests_for(stack_, goal) == asked
     assert read_events(nats_server, ns, "running") == []
+    assert noticed < NOTICED_WITHIN
+
+
+def test_a_nats_restart_with_its_store_intact_is_not_taken_for_a_lost_store(
+    stack_: E2EStack, test_namespace: str, nats_server: NatsServer
+) -> None:
+    ns = test_namespace
+    stack_.apply(ns, run_manifest("through", f"E2E-LONG job (through a NATS restart) {ns}"))
+    stack_.wait_for(ns, "through", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1)
+    operator = stack_.operator
+    logged = operator.spec.log_path.stat().st_size
+
+    nats_server.restart()
+    # several times what noticing a lost store takes (two probes, WATCH_SECONDS apart)
+    time.sleep(5 * storewatch.WATCH_SECONDS)
+    assert operator.is_alive(), log_from(operator, logged)[-3000:]
+    status = stack_.wait_terminal(ns, "through", timeout=60)
+    assert (status["terminalReason"], status["usage"]["steps"]) == ("completed", 5), status
+    assert operator.is_alive() and GONE not in log_from(operator, logged)
 
 
 def test_a_store_restored_from_stream_backups_resumes_runs_without_paying_twice(

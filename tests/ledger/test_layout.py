@@ -469,3 +469,17 @@ async def test_totals_made_anew_count_the_run_entries_a_lost_totals_value_left(
     assert book is not None and sorted(book.active) == ["a", "b", "c", "d"]
     assert book.active_runs == 4 and book.reserved_tokens > 0 and book.used_tokens == 700
     assert book.totals_mismatch() == []
+
+
+async def test_a_ledger_seen_missing_then_made_again_is_found_by_the_process_that_saw_it_gone(
+    open_store: Opener,
+) -> None:
+    """A worker read the tenant's ledger while it was gone (NATS's store lost, the operator not
+    yet back) and keeps that answer in its cache; once the operator has made the ledger again,
+    the worker's next reservation reads it anew instead of refusing the call for no budget."""
+    worker, operator, tenant = await open_store(), await open_store(), tenant_name()
+    assert await worker.read(tenant) is None  # the worker has now seen the ledger missing
+    await admit(operator, tenant, "a", tokens=10_000)
+    assert await one_turn(worker, tenant, "a")
+    book = await operator.read(tenant)
+    assert book is not None and book.used_tokens == 100

@@ -15,7 +15,7 @@ from agentrun.cli import main as agentrun_cli
 class NothingWaits:
     """A ``control.RunClient`` stand-in whose run waits for no approval."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, options: object = None) -> None:
         self.namespace = namespace
 
     async def __aenter__(self) -> NothingWaits:
