@@ -115,16 +115,24 @@ class ReconnectingClient(NATS):
         await self._process_op_err(err)
 
 
-async def connect_nats(url: str, *, name: str, auth: NatsAuth | None = None) -> NATS:
+async def connect_nats(
+    url: str, *, name: str, auth: NatsAuth | None = None, fail_fast: bool = False
+) -> NATS:
     """A NATS connection as every agentrun process makes it: authenticated and verified as
     ``auth`` says (``connect_options``), reconnecting for ever, half a second apart, also after
     a server ``-ERR`` (``ReconnectingClient``).
 
-    Raises ``nats.errors.NoServersError`` when no server answers at first,
-    ``nats.errors.Error`` when the server refuses the credentials, and what
-    ``connect_options`` raises.
+    ``fail_fast`` (the CLI programs): the first connect gives up after one round (nats-py tries
+    a server twice, half a second apart, each within 2 s) without logging each failed try, so
+    a server that does not answer costs a few seconds and one error; once connected, the
+    connection reconnects for ever as any other.
+
+    Raises ``nats.errors.NoServersError`` when no server answers at first (``fail_fast``: the
+    refusal, timeout or ``NoServersError`` of the last try), ``nats.errors.Error`` when the
+    server refuses the credentials, and what ``connect_options`` raises.
     """
     nc = ReconnectingClient()
+    connected = not fail_fast
 
     async def reconnected() -> None:
         nc.reconnects += 1
@@ -135,12 +143,13 @@ async def connect_nats(url: str, *, name: str, auth: NatsAuth | None = None) -> 
             log.warning("NATS connection %s lost; reconnecting", name)
 
     async def errored(err: Exception) -> None:
-        log.warning("NATS connection %s: %r", name, err)
+        if connected:  # a fail-fast first connect reports its failure once, by raising
+            log.warning("NATS connection %s: %r", name, err)
 
     options: dict[str, Any] = {  # nats-py types the wait as int; it takes seconds as float
         "name": name,
-        "connect_timeout": 5,
-        "max_reconnect_attempts": -1,
+        "connect_timeout": 2 if fail_fast else 5,
+        "max_reconnect_attempts": 1 if fail_fast else -1,
         "reconnect_time_wait": 0.5,
         "reconnected_cb": reconnected,
         "disconnected_cb": disconnected,
@@ -148,6 +157,8 @@ async def connect_nats(url: str, *, name: str, auth: NatsAuth | None = None) -> 
         **connect_options(auth),
     }
     await nc.connect(url, **options)
+    nc.options["max_reconnect_attempts"] = -1  # nats-py reads it at each reconnect
+    connected = True
     return nc
 
 

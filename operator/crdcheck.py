@@ -40,6 +40,7 @@ RUN_STATUS_FIELDS = (
     "usage.steps",
     "usage.toolCalls",
     "usage.toolFailures",
+    "usage.toolCallsNotRun",
     "usage.corrections",
     "usage.inputTokens",
     "usage.outputTokens",

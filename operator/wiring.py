@@ -76,6 +76,7 @@ from .platform import events as recorder
 from .platform.events import EventRecorder
 from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
+from .platform.loops import cancel_and_wait
 from .platform.storewatch import STORE, StoreWatch, exit_store_lost
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
@@ -404,8 +405,7 @@ async def stop_parts(parts: Parts) -> None:
     parts.schedules.stop()
     if parts.watch is not None:
         parts.watch.stop()
-    for task in parts.tasks:
-        task.cancel()
+    await cancel_and_wait([*parts.tasks, *parts.pump.running()], timeout=SHUTDOWN_STEP_SECONDS)
     await parts.dispatcher.cancel_timers()
     for closing in (parts.writer.flush_and_stop(), parts.bus.close(), parts.api.close()):
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from typing import Any
 
@@ -33,6 +34,25 @@ REVIEWER = "agentrun.dev/reviewer"
 
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 """kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
+
+
+SSL_EOF_WARNING = "returning true from eof_received() has no effect when using ssl"
+"""asyncio's warning each time a TLS server closes a nats-py connection: harmless, and noise."""
+
+
+class _DropSslEofWarning(logging.Filter):
+    """Drops the ``asyncio`` logger's ``SSL_EOF_WARNING`` (exactly that message)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != SSL_EOF_WARNING
+
+
+def quiet_asyncio_noise() -> None:
+    """Silence ``SSL_EOF_WARNING`` on the ``asyncio`` logger, for the CLI programs only (the
+    services keep every asyncio warning); installing it again is a no-op."""
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _DropSslEofWarning) for f in logger.filters):
+        logger.addFilter(_DropSslEofWarning())
 
 
 class RunAccessError(RuntimeError):

@@ -40,7 +40,7 @@ import aiohttp
 import nats.errors
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import bus, display, kernel, natsclient
+from agentrun import bus, display, kernel, natsclient, protocol
 from agentrun.cli import control, kubeflags, trajectory, trajectoryapi
 from agentrun.protocol import RunEvent
 
@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``kubectl-agentrun``; returns the exit status."""
+    control.quiet_asyncio_noise()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.handler is None:
@@ -294,7 +295,8 @@ async def _logs_from_nats(
     uid = obj["metadata"]["uid"]
     try:
         nc = await asyncio.wait_for(
-            bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args)), 10
+            bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args), fail_fast=True),
+            10,
         )
     except (TimeoutError, nats.errors.Error, OSError, ValueError) as err:  # refused too
         raise RuntimeError(
@@ -434,9 +436,35 @@ def _definition_lines(spec: dict[str, Any], status: dict[str, Any]) -> list[str]
     ]
     if run_spec.get("approval", {}).get("tools"):
         lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
-    budget = {k: v for k, v in (run_spec.get("budget") or {}).items() if not isinstance(v, dict)}
-    if budget:
-        lines.append("Budget:        " + ", ".join(f"{k} {v}" for k, v in sorted(budget.items())))
+    return lines + budget_lines(run_spec.get("budget") or {}, tenant=status.get("tenant"))
+
+
+def budget_lines(budget: dict[str, Any], *, tenant: str | None) -> list[str]:
+    """The caps a run works under: each set in ``budget`` (``spec.budget``) as written, the
+    unset ones with an implicit default as that default, then the other settings; and, when
+    a default shows, that the tenant's ``runBudget`` may set or cap it (the status does not
+    carry the tenant's caps)."""
+    implicit = kernel.Limits()
+    defaults = {
+        "maxSteps": implicit.max_steps,
+        "maxToolCalls": implicit.max_tool_calls,
+        "timeout": protocol.DEFAULT_RUN_TIMEOUT,
+    }
+    caps = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
+    shown = [f"{k} {budget[k]}" for k in caps if k in budget]
+    shown += [f"{k} {v} (default)" for k, v in defaults.items() if k not in budget]
+    unset = [k for k in ("maxTokens", "maxCostUSD") if k not in budget]
+    rest = sorted((k, v) for k, v in budget.items() if k not in caps and not isinstance(v, dict))
+    shown += [f"{k} {v}" for k, v in rest]
+    lines = ["Budget:        " + ", ".join(shown)]
+    if unset:
+        lines.append(f"               no {' or '.join(unset)} cap of the run's own")
+    if any(k not in budget for k in defaults):
+        who = f"AgentTenant {tenant}" if tenant else "the run's AgentTenant"
+        lines.append(
+            f"               defaults apply unless {who} sets runBudget.default; "
+            "its runBudget.max caps every run"
+        )
     return lines
 
 
@@ -447,7 +475,8 @@ def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
     if usage:
         lines.append(
             f"Usage:         {usage.get('steps', 0)} steps, {usage.get('toolCalls', 0)} tool "
-            f"calls ({usage.get('toolFailures', 0)} failed), {usage.get('corrections', 0)} "
+            f"calls ({usage.get('toolFailures', 0)} failed), "
+            f"{usage.get('toolCallsNotRun', 0)} not run, {usage.get('corrections', 0)} "
             f"corrections, {usage.get('totalTokens', 0)} tokens, {usage.get('costUSD', '0')} USD, "
             f"{usage.get('wallSeconds', 0)}s"
         )

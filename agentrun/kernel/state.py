@@ -34,6 +34,8 @@ class RunSummary:
     held_for_approval: tuple[HeldCall, ...] = ()
     """Every call of that batch a reviewer decides, in call order, with the decisions made so
     far (``approved``: ``None`` still undecided); empty unless awaiting approval."""
+    tool_calls_not_run: int = 0
+    """Valid calls that never ran: their batch did not fit a budget, or a reviewer denied them."""
 
     @property
     def last_turn(self) -> int:
@@ -54,7 +56,10 @@ class RunState:
     tool_calls: int = 0
     """Tool calls that ran (valid calls only)."""
     tool_failures: int = 0
-    """Tool calls whose result was an error (invalid calls included)."""
+    """Tool calls that ran and failed, plus calls rejected before running (invalid calls);
+    calls that were not run are counted in ``tool_calls_not_run`` only."""
+    tool_calls_not_run: int = 0
+    """Valid calls that never ran: their batch did not fit a budget, or a reviewer denied them."""
     corrections: int = 0
     """Corrective turns sent back to the model."""
     malformed_streak: int = 0
@@ -101,6 +106,7 @@ class RunState:
             self.message,
             waiting,
             batch,
+            self.tool_calls_not_run,
         )
 
 

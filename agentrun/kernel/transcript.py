@@ -15,7 +15,7 @@ from agentrun.kernel.decision import Decision, Final, Malformed, MalformedCause,
 from agentrun.kernel.limits import Limits
 from agentrun.kernel.state import Message
 from agentrun.kernel.terminal import Phase
-from agentrun.kernel.validate import CheckedCall, stored_arguments
+from agentrun.kernel.validate import CheckedCall, InvalidCall, stored_arguments
 
 SIGNATURE_CLIP = 512
 """Characters of a result that count toward its no-progress signature."""
@@ -117,6 +117,22 @@ def ran_results(record: records.Answered) -> list[records.ToolResult]:
     valid = {c.id for c in record.calls if isinstance(c, CheckedCall)}
     valid -= {*record.held, *record.deferred}
     return [r for r in record.results if r.tool_call_id in valid]
+
+
+def failed_count(record: records.Answered, ran: list[records.ToolResult]) -> int:
+    """Failures a turn adds to ``tool_failures``: the calls in ``ran`` (``ran_results``) whose
+    result is an error, plus the invalid calls (rejected before running). Calls that were not
+    run (a stopped batch) are not failures: ``not_run_count`` counts them."""
+    invalid = {c.id for c in record.calls if isinstance(c, InvalidCall)}
+    rejected = sum(r.is_error for r in record.results if r.tool_call_id in invalid)
+    return rejected + sum(r.is_error for r in ran)
+
+
+def not_run_count(record: records.Answered) -> int:
+    """Valid calls of a turn whose batch did not fit a budget (``record.stopped``): 0 or more."""
+    if record.stopped is None:
+        return 0
+    return sum(isinstance(c, CheckedCall) for c in record.calls)
 
 
 def correction_notes(

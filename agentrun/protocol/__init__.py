@@ -27,6 +27,7 @@ from agentrun.protocol.events import (
     usage_from_dict,
 )
 from agentrun.protocol.messages import (
+    DEFAULT_RUN_TIMEOUT,
     DEFAULT_TENANT,
     Approval,
     ModelConfig,
@@ -68,6 +69,7 @@ from agentrun.protocol.versions import SCHEMA_VERSION, UnsupportedSchema
 
 __all__ = [
     "CANCEL_SUBJECTS",
+    "DEFAULT_RUN_TIMEOUT",
     "DEFAULT_TENANT",
     "EFFECTS_BUCKET",
     "EVENT_SUBJECTS",

@@ -12,6 +12,9 @@ from agentrun import kernel
 DEFAULT_TENANT = "default"
 """The tenant of a run no AgentTenant claims (when the operator is configured to allow it)."""
 
+DEFAULT_RUN_TIMEOUT = "10m"
+"""``spec.budget.timeout`` of a run that neither it nor its tenant sets (a duration)."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SecretRef:

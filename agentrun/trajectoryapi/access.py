@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -210,9 +211,16 @@ class TrajectoryPath:
     name: str
 
 
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A namespace's name: an RFC 1123 label (Kubernetes' rule for namespaces)."""
+OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+"""An AgentRun's name: an RFC 1123 subdomain (Kubernetes' rule for object names)."""
+
+
 def route(path: str) -> Discovery | TrajectoryPath | None:
-    """What ``path`` asks for, or None (404). Names are not validated beyond being one
-    non-empty segment: an invalid one is simply not found."""
+    """What ``path`` asks for, or None (404). A trajectory's namespace and name must be valid
+    Kubernetes names (``NAMESPACE_NAME``, ``OBJECT_NAME``): no other text, NATS's wildcards
+    ``*`` and ``>`` included, ever reaches a subject."""
     parts = [p for p in path.split("/") if p]
     if parts in (["openapi", "v2"], ["openapi", "v3"]):
         return Discovery("/".join(parts))
@@ -224,7 +232,9 @@ def route(path: str) -> Discovery | TrajectoryPath | None:
         return Discovery("version")
     prefix = ["apis", GROUP, VERSION, "namespaces"]
     if len(parts) == 7 and parts[:4] == prefix and parts[5] == RESOURCE:
-        return TrajectoryPath(namespace=parts[4], name=parts[6])
+        namespace, name = parts[4], parts[6]
+        if NAMESPACE_NAME.fullmatch(namespace) and OBJECT_NAME.fullmatch(name):
+            return TrajectoryPath(namespace=namespace, name=name)
     return None
 
 
@@ -267,6 +277,16 @@ def trajectory(namespace: str, name: str, events: Sequence[Mapping[str, Any]]) -
         "metadata": {"name": name, "namespace": namespace},
         "events": list(events),
     }
+
+
+def too_many(namespace: str, name: str) -> Refusal:
+    """429 when this server already reads as many trajectories as it may at once."""
+    return Refusal(
+        429,
+        "TooManyRequests",
+        f"too many trajectory reads at once; try {RESOURCE} {name!r} in namespace "
+        f"{namespace!r} again in a few seconds",
+    )
 
 
 def unavailable(namespace: str, name: str) -> Refusal:

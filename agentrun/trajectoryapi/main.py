@@ -76,7 +76,8 @@ async def serve(args: argparse.Namespace) -> None:
         )  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="agentrun-trajectory-") as scratch:
             app = server.Server(proxy=proxy, api=api, reader=reader, scratch=Path(scratch)).app()
-            runner = web.AppRunner(app, access_log=None)
+            # a follow whose client left is cancelled (aiohttp's default is to let it run)
+            runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
             await runner.setup()
             site = web.TCPSite(runner, args.bind_address, args.secure_port, ssl_context=context)
             await site.start()

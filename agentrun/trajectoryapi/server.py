@@ -43,6 +43,18 @@ READER_TTL = 3600
 """Seconds a per-request NATS reader is valid: a ``follow`` lasts at most this long."""
 READ_TIMEOUT = 30.0
 """Seconds a (non-follow) read of a run's events may take before it is answered 503."""
+FOLLOW_LIMIT = READER_TTL - 60
+"""Seconds a follow lasts at most: it ends before its reader expires (the client opens it
+again), so no connection outlives its credentials."""
+KEEPALIVE = 15.0
+"""Seconds between blank lines on a quiet follow: a client that left is noticed by the write
+(and the API server's proxy keeps the stream open); clients skip blank lines."""
+MAX_READS = 4
+"""Whole-trajectory reads served at once (each holds up to a run's event limit in memory);
+more wait up to ``SLOT_WAIT`` seconds for a slot, then get 429."""
+MAX_FOLLOWS = 64
+"""Follows served at once (each holds a NATS connection); more get 429 as above."""
+SLOT_WAIT = 10.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +87,12 @@ class Server:
     reader: Reader
     scratch: Path
     """A private directory (0700) for the per-request creds files nats-py reads."""
+    reads: asyncio.Semaphore = dataclasses.field(
+        default_factory=lambda: asyncio.Semaphore(MAX_READS)
+    )
+    follows: asyncio.Semaphore = dataclasses.field(
+        default_factory=lambda: asyncio.Semaphore(MAX_FOLLOWS)
+    )
 
     def app(self) -> web.Application:
         """The aiohttp application: ``/healthz``, discovery and the trajectory."""
@@ -103,16 +121,43 @@ class Server:
         if refusal is not None:
             log.info("refused %s: %s", user.name, refusal.message)
             return _refuse(refusal)
+        follow = request.query.get("follow") == "true"
+        slots = self.follows if follow else self.reads
         try:
-            if request.query.get("follow") == "true":
+            async with asyncio.timeout(SLOT_WAIT):
+                await slots.acquire()
+        except TimeoutError:
+            return _refuse(access.too_many(target.namespace, target.name))
+        try:
+            if follow:
                 return await self._follow(request, target)
+            return await self._read(request, target)
+        finally:
+            slots.release()
+
+    async def _read(
+        self, request: web.Request, target: access.TrajectoryPath
+    ) -> web.StreamResponse:
+        """The whole trajectory, written one event record at a time (503 when NATS cannot be
+        read within ``READ_TIMEOUT``)."""
+        try:
             async with asyncio.timeout(READ_TIMEOUT), self._bus(target.namespace) as events:
                 found = await read_all(events, target.namespace, target.name)
         except (TimeoutError, OSError, nats.errors.Error) as err:
             log.warning("reading %s/%s failed: %r", target.namespace, target.name, err)
             return _refuse(access.unavailable(target.namespace, target.name))
-        records = [_record(e) for e in found]
-        return web.json_response(access.trajectory(target.namespace, target.name, records))
+        head, _, tail = json.dumps(access.trajectory(target.namespace, target.name, [])).rpartition(
+            "[]"
+        )
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(f"{head}[".encode())
+        for index, event in enumerate(found):
+            await response.write((b"," if index else b"") + json.dumps(_record(event)).encode())
+        await response.write(f"]{tail}".encode())
+        await response.write_eof()
+        return response
 
     async def _review(self, user: access.User, target: access.TrajectoryPath) -> dict[str, Any]:
         body = access.access_review(user, namespace=target.namespace, name=target.name)
@@ -132,14 +177,25 @@ class Server:
         response.enable_chunked_encoding()
         async with self._bus(target.namespace) as events:
             await response.prepare(request)
-            try:
+            queue: asyncio.Queue[RunEvent] = asyncio.Queue(maxsize=64)
+
+            async def pump() -> None:
                 follow = events.follow_events(
                     target.namespace, target.name, consumer=consumer_name()
                 )
                 async for event in follow:
-                    await response.write(json.dumps(_record(event)).encode() + b"\n")
-            except (OSError, nats.errors.Error) as err:  # the client left, or NATS failed
+                    await queue.put(event)
+
+            reading = asyncio.create_task(pump(), name="trajectory-follow")
+            try:
+                async with asyncio.timeout(FOLLOW_LIMIT):
+                    await _write_followed(response, queue, reading)
+            except (TimeoutError, OSError, nats.errors.Error) as err:  # the client left,
+                # NATS failed, or the follow reached its limit: the client opens it again
                 log.info("follow of %s/%s ended: %r", target.namespace, target.name, err)
+            finally:
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
         return response
 
     @asynccontextmanager
@@ -165,6 +221,25 @@ class Server:
                 yield events
             finally:
                 await events.close()
+
+
+async def _write_followed(
+    response: web.StreamResponse, queue: asyncio.Queue[RunEvent], reading: asyncio.Task[None]
+) -> None:
+    """Write each event ``reading`` queues as one line, and a blank line after
+    ``KEEPALIVE`` quiet seconds; returns when ``reading`` ends (raising what ended it).
+    A write to a client that left raises (``ConnectionResetError``)."""
+    while True:
+        try:
+            async with asyncio.timeout(KEEPALIVE):
+                event = await queue.get()
+        except TimeoutError:
+            if reading.done():
+                reading.result()
+                return
+            await response.write(b"\n")
+            continue
+        await response.write(json.dumps(_record(event)).encode() + b"\n")
 
 
 async def read_all(events: bus.Bus, namespace: str, name: str) -> list[RunEvent]:

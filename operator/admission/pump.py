@@ -227,10 +227,14 @@ class QueuePump:
                 self._wake_pump(tenant)
 
     def stop(self) -> None:
-        """Stop the pumps."""
+        """Stop the pumps (cancelled; ``running`` lists them for the caller to wait on)."""
         self._stopping.set()
         for task in self._pumps.values():
             task.cancel()
+
+    def running(self) -> list[asyncio.Task[None]]:
+        """The per-tenant pump tasks not ended yet."""
+        return [t for t in self._pumps.values() if not t.done()]
 
     def _wake_pump(self, tenant: str) -> None:
         wake = self._wakes.setdefault(tenant, asyncio.Event())

@@ -28,7 +28,7 @@ from agentrun.kernel import schemas
 
 from .. import runs
 from ..platform.conditions import condition as make_condition
-from ..platform.spec import ObjectMeta, SpecError, parse
+from ..platform.spec import ObjectMeta, SpecError, not_found, parse
 from .spec import AgentSpec
 
 OPEN, CLOSE = "{{", "}}"
@@ -279,7 +279,9 @@ def readiness(
         except InvalidRef as err:
             return Readiness(False, "InvalidSpec", str(err))
     if not model_found:
-        return Readiness(False, "ModelNotFound", f"spec.model: AgentModel {spec.model!r} not found")
+        return Readiness(
+            False, "ModelNotFound", f"spec.model: {not_found('AgentModel', spec.model)}"
+        )
     unknown = sorted(set(spec.tools) - set(known_tools))
     if unknown:
         return Readiness(

@@ -13,6 +13,7 @@ from agentrun import kube
 
 from .. import runs
 from ..platform.kubeapi import ApiError, KubeApi, Ref
+from ..platform.spec import not_found
 from .resolve import InvalidRef, recorded, resolve
 
 AGENTS = kube.AGENTS
@@ -42,9 +43,7 @@ async def resolve_run(
     name = str((spec.get("agentRef") or {}).get("name", ""))
     agent = await get_agent(api, run.namespace, name)
     if agent is None:
-        raise InvalidRef(
-            f"spec.agentRef.name: Agent {name!r} not found in namespace {run.namespace!r}"
-        )
+        raise InvalidRef(f"spec.agentRef.name: {not_found('Agent', name, namespace=run.namespace)}")
     resolution = resolve(spec, agent)
     await api.patch_status(run.ref, resolution.status(), uid=run.uid)
     return resolution.spec

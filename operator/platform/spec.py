@@ -31,6 +31,19 @@ class SpecError(ValueError):
     there or not allowed); the message names the field."""
 
 
+def not_found(kind: str, name: str, *, namespace: str | None = None) -> str:
+    """The message for a referenced object that does not exist, with the command that lists
+    the objects of ``kind`` there: ``AgentModel 'gpt-5' not found (cluster-scoped):
+    `kubectl get agentmodels` lists those there``. ``namespace``: ``None`` for a
+    cluster-scoped kind."""
+    plural = f"{kind.lower()}s"
+    if namespace is None:
+        where, flag = "(cluster-scoped)", ""
+    else:
+        where, flag = f"in namespace {namespace}", f" -n {namespace}"
+    return f"{kind} {name!r} not found {where}: `kubectl get {plural}{flag}` lists those there"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, order=True)
 class Duration:
     """A Go-style duration (``90s``, ``1h30m``, ``250ms``): compared by its seconds, printed

@@ -15,13 +15,13 @@ from typing import Any
 
 from pydantic import Field
 
-from agentrun import kernel
+from agentrun import kernel, protocol
 
 from ..platform.spec import USD, Duration, DurationField, ObjectMeta, SpecModel, parse
 
 KERNEL_DEFAULTS = kernel.Limits()
 """Where per-run step/tool-call caps and the model's window default from."""
-DEFAULT_TIMEOUT = "10m"
+DEFAULT_TIMEOUT = protocol.DEFAULT_RUN_TIMEOUT
 """A run's wall-clock budget when neither it nor its tenant sets one."""
 
 

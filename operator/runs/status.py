@@ -66,6 +66,7 @@ def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str
         "steps": summary.steps,
         "toolCalls": summary.tool_calls,
         "toolFailures": summary.tool_failures,
+        "toolCallsNotRun": summary.tool_calls_not_run,
         "corrections": summary.corrections,
         "inputTokens": usage.input_tokens,
         "outputTokens": usage.output_tokens,

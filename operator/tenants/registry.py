@@ -15,7 +15,7 @@ from agentrun.ledger import UsageFloor
 from agentrun.protocol import DEFAULT_TENANT, UrlRule
 
 from ..platform.kubeapi import KubeApi
-from ..platform.spec import ObjectMeta
+from ..platform.spec import ObjectMeta, not_found
 from . import policy as rules
 from .policy import TenantPolicy
 from .status import usage_seen
@@ -88,7 +88,7 @@ class Tenants:
             return QueueWait(
                 WaitReason.TENANT_INVALID, f"AgentTenant {tenant!r} is invalid: {invalid[1]}"
             )
-        return QueueWait(WaitReason.TENANT_MISSING, f"AgentTenant {tenant!r} not found")
+        return QueueWait(WaitReason.TENANT_MISSING, not_found("AgentTenant", tenant))
 
     async def _labels(self, namespace: str) -> Mapping[str, str]:
         if not any(p.selector is not None for p in self.policies.values()):

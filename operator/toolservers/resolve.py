@@ -17,7 +17,7 @@ from yarl import URL
 from agentrun.protocol import RemoteTool, UrlRule
 from agentrun.tools import reach, remote
 
-from ..platform.spec import SpecError
+from ..platform.spec import SpecError, not_found
 from .spec import AgentToolServerSpec, Effect, split_reference
 
 MAX_FUNCTION_NAME = 64
@@ -116,17 +116,17 @@ def resolve_tool(
     """The ``RemoteTool`` a run gets for ``reference`` (``SERVER/TOOL``), from the
     AgentToolServer object (``None``: it does not exist) in the run's namespace, under its
     tenant's ``toolServers`` rules (``rules``: its URL must be allowed; the rule's
-    ``privateNetwork`` goes with the tool, for the worker's address check).
-
-    Only allowlisted tools that discovery found are resolved (the last good list if a refresh
-    failed). Raises ``SpecError`` naming ``spec.tools`` and the reason otherwise.
-    """
+    ``privateNetwork`` goes with the tool, for the worker's address check). Only allowlisted
+    tools that discovery found are resolved (the last good list if a refresh failed).
+    Raises ``SpecError`` naming ``spec.tools`` and the reason otherwise."""
     parts = split_reference(reference)
     assert parts is not None
     server_name, tool = parts
     where = f"spec.tools: {reference}"
     if server is None:
-        raise SpecError(f"{where}: AgentToolServer {server_name!r} not found in {namespace}")
+        raise SpecError(
+            f"{where}: {not_found('AgentToolServer', server_name, namespace=namespace)}"
+        )
     spec = _spec_of(server, server_name, where=where)
     try:
         rule = url_rule(spec.url, rules, tenant=tenant)

@@ -175,8 +175,16 @@ REJECTED_SPECS = [
         ["spec.namespaces[1]", "Duplicate value"],
         id="duplicate-namespace",
     ),
-    pytest.param({"window": "1 day"}, ["spec.window", "should match"], id="window-not-a-duration"),
-    pytest.param({"window": "1d"}, ["spec.window", "should match"], id="window-in-days"),
+    pytest.param(
+        {"window": "1 day"},
+        ["spec.window", "a duration such as 90s, 2m or 1h30m"],
+        id="window-not-a-duration",
+    ),
+    pytest.param(
+        {"window": "1d"},
+        ["spec.window", "a duration such as 90s, 2m or 1h30m"],
+        id="window-in-days",
+    ),
     pytest.param(
         {"window": "0s"},
         ["spec.window must be at least 1s and at most 8760h"],
@@ -257,7 +265,7 @@ REJECTED_SPECS = [
     ),
     pytest.param(
         {"runBudget": {"max": {"timeout": "ten minutes"}}},
-        ["spec.runBudget.max.timeout", "should match"],
+        ["spec.runBudget.max.timeout", "a duration such as 90s, 2m or 1h30m"],
         id="run-budget-max-timeout-not-a-duration",
     ),
     pytest.param(

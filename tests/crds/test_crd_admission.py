@@ -92,7 +92,7 @@ REJECTED_AGENTRUNS = [
     ),
     pytest.param(
         with_budget(timeout="5 minutes"),
-        ["spec.budget.timeout", "should match"],
+        ["spec.budget.timeout", "must be a duration such as 90s, 2m or 1h30m"],
         id="timeout-not-a-duration",
     ),
     pytest.param(
@@ -721,3 +721,28 @@ def test_explain_status_usage_describes_every_counter(kubectl: Kubectl) -> None:
 def test_explain_agentmodel_pricing_gives_the_unit(kubectl: Kubectl) -> None:
     text = " ".join(explain(kubectl, "agentmodel.spec.pricing").split())
     assert "per 1,000,000 tokens" in text
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"timeouts": {"discovery": "ten seconds"}}, "spec.timeouts.discovery"),
+        ({"timeouts": {"call": "30"}}, "spec.timeouts.call"),
+        ({"refreshInterval": "1d"}, "spec.refreshInterval"),
+    ],
+    ids=["discovery", "call", "refresh-in-days"],
+)
+def test_a_tool_servers_bad_duration_is_refused_with_examples(
+    apply: Apply, spec: dict[str, Any], field: str
+) -> None:
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentToolServer",
+        "metadata": {"name": "tools", "namespace": "default"},
+        "spec": {"url": "http://tools.example:8080/mcp", "tools": [{"name": "add"}], **spec},
+    }
+    result = apply(manifest)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    assert field in result.stderr
+    assert "must be a duration such as 90s, 2m or 1h30m" in result.stderr
+    assert "should match" not in result.stderr

@@ -224,6 +224,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "steps",
         "toolCalls",
         "toolFailures",
+        "toolCallsNotRun",  # valid calls a budget cut or a reviewer denied: neither ran nor failed
         "corrections",
         "inputTokens",
         "outputTokens",
@@ -402,7 +403,8 @@ def test_agenttenant_run_budget_fields_copy_the_agentrun_constraints(
 def test_agenttenant_budget_patterns_match_the_agentrun_ones() -> None:
     spec = at(root_schema(AGENTTENANT_CRD), "spec")
     run_budget = at(root_schema(AGENTRUN_CRD), "spec.budget")
-    assert at(spec, "window")["pattern"] == at(run_budget, "timeout")["pattern"]
+    window = at(spec, "window")["x-kubernetes-validations"][0]
+    assert window == at(run_budget, "timeout")["x-kubernetes-validations"][0]
     assert at(spec, "budget.costUSD")["pattern"] == at(run_budget, "maxCostUSD")["pattern"]
 
 
@@ -523,3 +525,25 @@ def test_terminal_reason_invalid_spec_names_the_agent_ref_cases() -> None:
     invalid_spec = text[text.index("invalid_spec:") :]
     for case in ["unknown Agent", "does not declare", "required parameter missing"]:
         assert case in invalid_spec
+
+
+DURATION_RULE = "self.matches('^([0-9]+([.][0-9]+)?(ms|s|m|h))+$')"
+DURATION_FIELDS = {"agentruns": 1, "agents": 1, "agenttenants": 3, "agenttoolservers": 3}
+"""Duration fields per CRD (the CronAgentRun's is its run template's spec.budget.timeout)."""
+
+
+@CRD_FILES
+def test_every_duration_field_refuses_with_examples_not_a_regex(path: Path) -> None:
+    """``kubectl apply`` of a bad duration says what one looks like, not the pattern."""
+    assert "(ms|s|m|h))+$'\n" not in path.read_text()
+    found = 0
+    for where, field in walk_fields(root_schema(path)):
+        rules = field.get("x-kubernetes-validations", [])
+        if field.get("type") != "string" or not any("(ms|s|m|h)" in r["rule"] for r in rules):
+            continue
+        found += 1
+        assert "pattern" not in field, where
+        assert rules[0]["rule"] == DURATION_RULE, where
+        assert "a duration such as 90s, 2m or 1h30m" in rules[0]["message"], where
+    kind = path.name.split("_")[1].removesuffix(".yaml")
+    assert found == DURATION_FIELDS.get(kind, 1 if kind == "cronagentruns" else 0)

@@ -197,6 +197,7 @@ def test_a_denied_write_is_answered_denied_and_the_deferred_calls_still_run() ->
     assert [c.id for c in step.runnable] == ["t1"]
     tool_messages = [m["content"] for m in after.messages if m["role"] == "tool"]
     assert tool_messages == ["ERROR: " + kernel.DENIED, "done t1"]
+    assert (after.tool_calls, after.tool_failures, after.tool_calls_not_run) == (1, 0, 1)
 
 
 def test_a_write_repeated_with_the_same_result_is_nudged_then_ends_no_progress() -> None:

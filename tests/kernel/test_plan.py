@@ -208,6 +208,29 @@ def test_a_batch_over_the_tool_budget_runs_nothing_and_ends_the_run() -> None:
     assert state.phase is Phase.TOOL_BUDGET_EXHAUSTED and state.tool_calls == 0
 
 
+def test_calls_a_budget_cut_are_counted_not_run_not_failed() -> None:
+    """The demo's inventory run: 3 calls return values, the next batch of 3 does not fit."""
+    limits = kernel.Limits(max_tool_calls=4)
+    state = kernel.advance(start(), tool_turn(start(), *(checked(i) for i in "xyz")), limits)
+    record = answer(state, limits, tool_calls("a", "b", "c"))
+    assert isinstance(record, kernel.Answered) and record.stopped is not None
+    summary = kernel.advance(state, record, limits).summary()
+    counts = (summary.tool_calls, summary.tool_failures, summary.tool_calls_not_run)
+    assert counts == (3, 0, 3)
+    assert kernel.state_from_summary(summary).summary() == summary
+
+
+def test_an_invalid_call_in_a_cut_batch_is_still_a_failure() -> None:
+    limits = kernel.Limits(max_tool_calls=1)
+    batch = kernel.ToolCalls(
+        tuple(kernel.ToolCall(i, "nope" if i == "b" else "calculate", "{}") for i in "abc"), None
+    )
+    record = answer(start(), limits, batch)
+    assert isinstance(record, kernel.Answered) and record.stopped is not None
+    state = kernel.advance(start(), record, limits)
+    assert (state.tool_calls, state.tool_failures, state.tool_calls_not_run) == (0, 1, 2)
+
+
 def test_calls_to_approval_tools_are_held_not_run() -> None:
     limits = kernel.Limits(approval_tools=frozenset({"calculate"}))
     step = answer(start(), limits, tool_calls("a"))

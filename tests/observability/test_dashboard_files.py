@@ -87,8 +87,11 @@ HISTOGRAMS = {
 }
 PROMETHEUS_MADE = {"up"}
 """Series Prometheus writes itself (``up`` per scrape target)."""
+INSTALL_COUNTERS = {"agentrun_messages_refused_total"}
+"""Counters of the install as a whole (no ``tenant`` label)."""
 KNOWN_METRICS = (
     COUNTERS
+    | INSTALL_COUNTERS
     | GAUGES
     | PROMETHEUS_MADE
     | {name + suffix for name in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
@@ -153,6 +156,7 @@ REQUIRED_ALERTS = {
     "AgentrunRunEventsBacklog",
     "AgentrunApprovalsWaitLong",
     "AgentrunCRDMismatch",
+    "AgentrunMessagesRefused",
 }
 RUNBOOKS = REPO / "docs" / "runbooks"
 RUNBOOK_URL = "https://agentrun.dev/docs/runbooks/{alert}.md"
@@ -641,6 +645,21 @@ tests:
         alertname: AgentrunTenantBudgetNearlyExhausted
         exp_alerts:
           - exp_labels: {{severity: warning, namespace: ns, tenant: a, resource: tokens}}
+  - name: a refused message alerts at once, per reason; none refused does not
+    interval: 1m
+    input_series:
+      - series: agentrun_messages_refused_total{{namespace="ns",reason="bad_signature",job="op"}}
+        values: 0x5 1x10
+      - series: agentrun_messages_refused_total{{namespace="ns",reason="unsigned",job="op"}}
+        values: 0x15
+    alert_rule_test:
+      - eval_time: 8m
+        alertname: AgentrunMessagesRefused
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: ns, reason: bad_signature}}
+      - eval_time: 3m
+        alertname: AgentrunMessagesRefused
+        exp_alerts: []
   - name: run-end alerts are ratios among ended runs, with a minimum volume
     interval: 1m
     input_series:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Any
 
 import pytest
@@ -78,3 +80,22 @@ def test_a_malformed_signing_key_secret_is_one_line_not_a_traceback(
         "agentrun: error: a run-signing key Secret is malformed: "
         "Secret agentrun-signing: key 'keys.json' is not JSON\n"
     )
+
+
+@pytest.mark.parametrize("program", [kubectl.main, agentrun_cli.main], ids=["kubectl", "agentrun"])
+def test_the_cli_programs_drop_asyncios_ssl_eof_warning_only(
+    program: Any, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logger = logging.getLogger("asyncio")
+    saved = list(logger.filters)
+    try:
+        with contextlib.suppress(SystemExit):
+            program([])
+        logger.warning(control.SSL_EOF_WARNING)
+        logger.warning("Task was destroyed but it is pending!")
+        capsys.readouterr()
+    finally:
+        logger.filters[:] = saved
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == [
+        "Task was destroyed but it is pending!"
+    ]

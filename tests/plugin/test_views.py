@@ -192,3 +192,68 @@ def test_describe_lists_every_held_call_of_a_batch_with_its_decision() -> None:
         '           "version": "2"',
         "         }",
     ]
+
+
+def test_describe_counts_calls_not_run_apart_from_failed_ones() -> None:
+    """The demo's inventory run: 3 calls returned values, a budget cut the next 3."""
+    limits = kernel.Limits(max_tool_calls=4)
+    calls = tuple(kernel.CheckedCall(i, "calculate", {}) for i in "abc")
+    ran = kernel.Answered(
+        0,
+        kernel.ToolCalls(tuple(kernel.ToolCall(c.id, c.name, "{}") for c in calls), None),
+        calls=calls,
+        results=tuple(kernel.ToolResult(c.id, c.name, "40") for c in calls),
+    )
+    state = kernel.advance(kernel.initial_state(goal="g"), ran, limits)
+    cut = tuple(kernel.CheckedCall(i, "calculate", {}) for i in "def")
+    stopped = kernel.Answered(
+        1,
+        kernel.ToolCalls(tuple(kernel.ToolCall(c.id, c.name, "{}") for c in cut), None),
+        calls=cut,
+        results=kernel.not_run(cut, "over the tool budget"),
+        stopped=kernel.Ending(kernel.Phase.TOOL_BUDGET_EXHAUSTED, "over the tool budget"),
+    )
+    summary_ = protocol.summary_from_dict(
+        protocol.summary_as_dict(kernel.advance(state, stopped, limits).summary())
+    )
+    usage = {
+        "toolCalls": summary_.tool_calls,
+        "toolFailures": summary_.tool_failures,
+        "toolCallsNotRun": summary_.tool_calls_not_run,
+    }
+    obj = {"metadata": {"name": "inventory"}, "spec": {}, "status": {"usage": usage}}
+    (line,) = [x for x in kubectl.describe_lines(obj, []) if x.startswith("Usage:")]
+    assert "3 tool calls (0 failed), 3 not run," in line
+
+
+def test_describe_shows_the_limits_a_run_without_a_budget_gets() -> None:
+    obj = {
+        "metadata": {"name": "inventory"},
+        "spec": {"budget": {"onExhausted": "summarize"}},
+        "status": {"tenant": "team-a"},
+    }
+    lines = kubectl.describe_lines(obj, [])
+    start = next(i for i, line in enumerate(lines) if line.startswith("Budget:"))
+    limits = kernel.Limits()
+    assert lines[start : start + 3] == [
+        f"Budget:        maxSteps {limits.max_steps} (default), maxToolCalls "
+        f"{limits.max_tool_calls} (default), timeout 10m (default), onExhausted summarize",
+        "               no maxTokens or maxCostUSD cap of the run's own",
+        "               defaults apply unless AgentTenant team-a sets runBudget.default; "
+        "its runBudget.max caps every run",
+    ]
+
+
+def test_describe_shows_a_budget_set_in_full_without_defaults() -> None:
+    budget = {
+        "maxSteps": 5,
+        "maxToolCalls": 9,
+        "maxTokens": 1000,
+        "maxCostUSD": "0.5",
+        "timeout": "2m",
+        "noProgress": {"window": 3},
+    }
+    lines = kubectl.budget_lines(budget, tenant=None)
+    assert lines == [
+        "Budget:        maxSteps 5, maxToolCalls 9, maxTokens 1000, maxCostUSD 0.5, timeout 2m"
+    ]

@@ -11,7 +11,7 @@ from kube_support import FakeKube
 from agentrun import kernel
 from agentrun.operator.agents.spec import AgentModelSpec
 from agentrun.operator.platform import spec as specs
-from agentrun.operator.platform.spec import Duration, SpecError
+from agentrun.operator.platform.spec import Duration, SpecError, not_found
 from agentrun.operator.runs.spec import IMPLICIT_BUDGET, AgentRunSpec
 from agentrun.operator.tenants.policy import InvalidTenant, TenantPolicy
 from agentrun.operator.tenants.registry import NoTenant, Tenants
@@ -132,3 +132,26 @@ async def test_an_ambiguous_namespace_is_remembered_for_its_tenants_conditions_u
     assert (await tenants.resolve("shared")).name == "a"
     assert tenants.ambiguous_of("a") == {} and tenants.ambiguous_of("b") == {}
     assert await tenants.tool_server_rules("own-a") == ("a", ())
+
+
+@pytest.mark.parametrize(
+    ("kind", "namespace", "message"),
+    [
+        (
+            "AgentModel",
+            None,
+            "AgentModel 'gpt-5' not found (cluster-scoped): "
+            "`kubectl get agentmodels` lists those there",
+        ),
+        (
+            "Agent",
+            "team-a",
+            "Agent 'gpt-5' not found in namespace team-a: "
+            "`kubectl get agents -n team-a` lists those there",
+        ),
+    ],
+)
+def test_a_missing_reference_says_how_to_list_what_exists(
+    kind: str, namespace: str | None, message: str
+) -> None:
+    assert not_found(kind, "gpt-5", namespace=namespace) == message

@@ -86,7 +86,12 @@ def test_a_run_cannot_bring_its_own_prices() -> None:
 @pytest.mark.parametrize(
     ("spec", "model", "message"),
     [
-        ({}, None, "spec.model: AgentModel 'm' not found"),
+        (
+            {},
+            None,
+            "spec.model: AgentModel 'm' not found (cluster-scoped): "
+            "`kubectl get agentmodels` lists those there",
+        ),
         ({"tools": ["calculate", "rm_rf"]}, MODEL, "spec.tools: unknown tool(s) rm_rf"),
         (
             {"tools": ["calculate"], "approval": {"tools": ["sleep"]}},
@@ -297,3 +302,11 @@ def test_a_config_the_event_stream_cannot_hold_names_its_largest_part() -> None:
         "spec.output.schema: 2000018 bytes; the run's admitted event, which checkpoints its "
         "spec, is over the 1048576 bytes one event on the bus may hold: shorten it"
     )
+
+
+def test_usage_status_counts_calls_not_run_apart_from_failures() -> None:
+    summary = kernel.RunSummary(
+        kernel.Phase.TOOL_BUDGET_EXHAUSTED, tool_calls=3, tool_failures=0, tool_calls_not_run=3
+    )
+    usage = status.usage_status(summary, wall_seconds=1.0)
+    assert (usage["toolCalls"], usage["toolFailures"], usage["toolCallsNotRun"]) == (3, 0, 3)

@@ -149,7 +149,13 @@ def test_the_last_good_list_still_resolves_after_a_failed_refresh() -> None:
 @pytest.mark.parametrize(
     ("reference", "status", "message"),
     [
-        pytest.param("gone/add", None, "AgentToolServer 'gone' not found in ns", id="no-server"),
+        pytest.param(
+            "gone/add",
+            None,
+            "AgentToolServer 'gone' not found in namespace ns: "
+            "`kubectl get agenttoolservers -n ns` lists those there",
+            id="no-server",
+        ),
         pytest.param(
             "tools/drop_database",
             "discovered",

@@ -1,0 +1,123 @@
+"""The trajectory API's server, in process on a real aiohttp server (as ``main`` runs it, with
+``handler_cancellation``): a follow whose client left gives its NATS connection up, a quiet
+follow sends keep-alive lines, a whole read streams the trajectory object, and reads beyond
+the server's share wait, then get 429. Authentication and the access review are the pure
+``access`` rules, tested apart; here they let the request through, and NATS is a stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agentrun.protocol import RunEvent
+from agentrun.trajectoryapi import access, server
+
+PATH = "/apis/trajectory.agentrun.dev/v1alpha1/namespaces/team-a/agentruntrajectories/r1"
+
+
+class FakeBus:
+    """What the server reads: ``follow_events`` yields ``events`` then waits for ever."""
+
+    def __init__(self, events: list[RunEvent]) -> None:
+        self.events = events
+
+    async def last_event(self, namespace: str, name: str) -> RunEvent | None:
+        return self.events[-1] if self.events else None
+
+    async def follow_events(
+        self, namespace: str, name: str, *, consumer: str | None = None
+    ) -> AsyncIterator[RunEvent]:
+        for event in self.events:
+            yield event
+        await asyncio.Event().wait()
+
+
+class Harness:
+    def __init__(self, events: list[RunEvent]) -> None:
+        self.events = events
+        self.open = 0
+        self.opened = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    @contextlib.asynccontextmanager
+    async def bus(self, namespace: str) -> AsyncIterator[Any]:
+        await self.gate.wait()
+        self.open += 1
+        self.opened += 1
+        try:
+            yield FakeBus(self.events)
+        finally:
+            self.open -= 1
+
+
+@pytest.fixture
+async def serving(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AsyncIterator[Any]:
+    harness = Harness([])
+    monkeypatch.setattr(server, "KEEPALIVE", 0.1)
+    monkeypatch.setattr(server, "SLOT_WAIT", 0.3)
+    monkeypatch.setattr(access, "authenticate", lambda *a, **k: access.User("alice", (), {}))
+
+    async def allowed(self: server.Server, *_: object) -> dict[str, Any]:
+        return {"allowed": True}
+
+    monkeypatch.setattr(server.Server, "_review", allowed)
+    monkeypatch.setattr(server.Server, "_bus", lambda self, namespace: harness.bus(namespace))
+    app_server = server.Server(proxy=None, api=None, reader=None, scratch=tmp_path)  # type: ignore[arg-type]
+    app_server.reads = asyncio.Semaphore(1)
+    runner = web.AppRunner(app_server.app(), handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield harness, f"http://127.0.0.1:{port}{PATH}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_follow_whose_client_left_gives_its_connection_up(serving: Any) -> None:
+    harness, url = serving
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, params={"follow": "true"}) as answer,
+    ):
+        assert answer.status == 200
+        assert await answer.content.readline() == b"\n"  # a keep-alive line, not an event
+        assert harness.open == 1
+    for _ in range(50):  # the client is gone: the handler ends and closes its connection
+        if harness.open == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert harness.open == 0
+
+
+async def test_a_whole_read_is_the_trajectory_object(serving: Any) -> None:
+    harness, url = serving
+    async with aiohttp.ClientSession() as session, session.get(url) as answer:
+        assert answer.status == 200
+        body = json.loads(await answer.read())
+    assert body == access.trajectory("team-a", "r1", [])
+    assert harness.open == 0
+
+
+async def test_reads_beyond_the_servers_share_wait_then_get_429(serving: Any) -> None:
+    harness, url = serving
+    harness.gate.clear()  # the first read holds the one slot, waiting for NATS
+    async with aiohttp.ClientSession() as session:
+        first = asyncio.create_task(session.get(url))
+        await asyncio.sleep(0.1)
+        async with session.get(url) as second:
+            assert second.status == 429
+            assert (await second.json())["reason"] == "TooManyRequests"
+        harness.gate.set()
+        async with await first as answer:
+            assert answer.status == 200
