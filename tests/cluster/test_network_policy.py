@@ -258,7 +258,7 @@ def test_the_chart_isolates_its_pods_and_a_run_completes(node_kubectl: Kubectl, 
     names = node_kubectl("get", "networkpolicies", "-n", ns, "-o", "name").stdout.split()
     assert sorted(names) == [
         f"networkpolicy.networking.k8s.io/{RELEASE}-{component}"
-        for component in ("mock-model", "nats", "operator", "worker")
+        for component in ("mock-model", "nats", "operator", "trajectory", "worker")
     ]
     assert run_to_end(node_kubectl, ns, "rectangle") == "completed"
 
