@@ -77,7 +77,8 @@ def test_demo_with_the_chart_runs_the_examples_on_pods_then_down_leaves_the_host
     )
     defaults = yaml.safe_load((REPO / release.CHART_DIR / "values.yaml").read_text())
     operators = defaults["operator"]["replicas"]
-    assert running == {"mock": 1, "nats": 1, "operator": operators, "worker": 2}, pods_table
+    expected = {"mock": 1, "nats": 1, "operator": operators, "worker": 2, "trajectory": 1}
+    assert running == expected, pods_table
     rows = {line.split()[0]: line.split()[1:3] for line in runs_table.splitlines()[2:5]}
     assert rows == {
         "rectangle": ["Succeeded", "completed"],

@@ -272,7 +272,10 @@ def test_an_agent_whose_model_is_missing_is_not_ready(
     stack_.apply(test_namespace, agent_manifest("orphan", model="no-such-model"))
     ready = ready_condition(stack_, test_namespace, "orphan")
     assert (ready["status"], ready["reason"]) == ("False", "ModelNotFound")
-    assert ready["message"] == "spec.model: AgentModel 'no-such-model' not found"
+    assert ready["message"] == (
+        "spec.model: AgentModel 'no-such-model' not found (cluster-scoped): "
+        "`kubectl get agentmodels` lists those there"
+    )
 
 
 def test_an_agent_with_an_unclosed_placeholder_is_not_ready_and_its_runs_are_invalid_spec(

@@ -233,7 +233,10 @@ def test_live_objects_get_the_expected_health(
     stack_.apply(ns, run_manifest("nomodel", "x", model="no-such-model"))
     stack_.wait_terminal(ns, "nomodel")
     found = sample("AgentRun", "invalid-spec", get(stack_, "agentrun", "nomodel", ns), "Degraded")
-    assert found["message"] == "invalid_spec: spec.model: AgentModel 'no-such-model' not found"
+    assert found["message"] == (
+        "invalid_spec: spec.model: AgentModel 'no-such-model' not found (cluster-scoped): "
+        "`kubectl get agentmodels` lists those there"
+    )
 
     invalid = f"argo-invalid-{ns}"
     with test_tenants.tenant_crd_before_default_checks(stack_):  # now rejected on apply
