@@ -48,6 +48,7 @@ from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     BudgetRefusal,
     Hold,
+    LedgerCorrupt,
     Seed,
     TenantLimits,
     UsageFloor,
@@ -286,13 +287,15 @@ class LedgerStore(CasStore):
         if totals.data is None and number == 0:  # a missing ledger is believed only as read
             # now: a copy cached while NATS was away or before the operator made it again
             totals = await self._get(book_key(tenant), fresh=True)
-        view = self._view(tenant, totals, changes)
+        try:
+            view, reads = await self._load(tenant, totals, changes, fresh=fresh)
+        except LedgerCorrupt as err:  # unreadable as cached: believed only as read now (a
+            # value damaged and then repaired stays damaged in a cache for ever otherwise)
+            if fresh:
+                raise
+            raise Conflict(f"{tenant}: a cached ledger value is unreadable; read again") from err
         book = view.book
         made = totals.data is None  # made anew: the entries a lost totals value left count
-        reads = await self._read_runs(tenant, view, changes, fresh=fresh, whole=made)
-        for uid, stored in reads.items():
-            if stored.data is not None:
-                book.load(uid, codec.decode_run(stored.data, uid=uid))
         if made:
             book.recount()
             seed = next((c.seed for c in changes if c.limits is not None), None)
@@ -315,6 +318,21 @@ class LedgerStore(CasStore):
             revision = self._cache.get(book_key(tenant), (0, None))[0]
             self._decoded[tenant] = (revision, codec.Totals(book, inline))
         return results
+
+    async def _load(
+        self, tenant: str, totals: Stored, changes: list[_Change], *, fresh: bool
+    ) -> tuple[codec.Totals, dict[str, Stored]]:
+        """The totals decoded (``_view``) with the run entries ``changes`` touch read (every
+        one when the totals are made anew) and loaded into its book; the entries as read.
+        Raises ``BookMissing`` as ``_view`` does, ``LedgerCorrupt`` for a value that cannot be
+        decoded."""
+        view = self._view(tenant, totals, changes)
+        made = totals.data is None
+        reads = await self._read_runs(tenant, view, changes, fresh=fresh, whole=made)
+        for uid, stored in reads.items():
+            if stored.data is not None:
+                view.book.load(uid, codec.decode_run(stored.data, uid=uid))
+        return view, reads
 
     def _view(self, tenant: str, totals: Stored, changes: list[_Change]) -> codec.Totals:
         """The totals decoded (the copy kept from the last write when still current; it is

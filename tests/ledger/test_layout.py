@@ -44,7 +44,7 @@ from agentrun.ledger import (
     codec,
     window_start,
 )
-from agentrun.ledger.entries import ENDED_MEMORY, FIRST_WAITERS
+from agentrun.ledger.entries import ENDED_MEMORY, FIRST_WAITERS, LedgerCorrupt
 from agentrun.ledger.store import book_key, run_key
 from agentrun_dev import natsserver
 
@@ -480,6 +480,24 @@ async def test_a_ledger_seen_missing_then_made_again_is_found_by_the_process_tha
     worker, operator, tenant = await open_store(), await open_store(), tenant_name()
     assert await worker.read(tenant) is None  # the worker has now seen the ledger missing
     await admit(operator, tenant, "a", tokens=10_000)
+    assert await one_turn(worker, tenant, "a")
+    book = await operator.read(tenant)
+    assert book is not None and book.used_tokens == 100
+
+
+async def test_a_ledger_damaged_then_repaired_is_read_again_by_a_process_that_cached_it(
+    open_store: Opener,
+) -> None:
+    """A worker read the tenant's totals while they were unreadable (written by something
+    else); once they are repaired, its next reservation reads them anew instead of failing on
+    its cached copy for ever."""
+    worker, operator, tenant = await open_store(), await open_store(), tenant_name()
+    await admit(operator, tenant, "a", tokens=10_000)
+    good = await operator.kv.get(book_key(tenant))
+    await operator.kv.put(book_key(tenant), b"{not a ledger entry")
+    with pytest.raises(LedgerCorrupt):
+        await one_turn(worker, tenant, "a")
+    await operator.kv.put(book_key(tenant), good.value or b"")
     assert await one_turn(worker, tenant, "a")
     book = await operator.read(tenant)
     assert book is not None and book.used_tokens == 100

@@ -108,7 +108,7 @@ async def test_a_denied_call_never_runs_and_the_model_reads_the_denial() -> None
         "tool_call_id": wire.wire_call_id("d1"),
         "content": "ERROR: " + kernel.DENIED,
     }
-    assert state.tool_calls == 1 and state.tool_failures == 1
+    assert (state.tool_calls, state.tool_failures, state.tool_calls_not_run) == (1, 0, 1)
 
 
 def held_state() -> kernel.RunState:
