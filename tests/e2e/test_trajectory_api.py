@@ -155,7 +155,7 @@ def trajectory_api(
         pytest.skip("needs the suite's own control plane (its CA signs the users)")
     address = host_address()
     if address is None:
-        pytest.skip("this machine has no non-loopback IPv4 address for the Service endpoint")
+        pytest.fail("this machine has no non-loopback IPv4 address for the Service endpoint")
     workdir = tmp_path_factory.mktemp("trajectory-api")
     tls = certs.generate_server_tls(
         workdir / "tls", common_name=SERVICE,
