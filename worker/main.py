@@ -3,7 +3,6 @@ serve until SIGTERM/SIGINT, then drain."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -129,4 +128,4 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
 def main() -> None:
     """Console script ``agentrun-worker``."""
     config = process.start(WorkerSettings, service="agentrun-worker")
-    asyncio.run(serve(config))
+    process.run(serve(config))
