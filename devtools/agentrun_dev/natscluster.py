@@ -221,9 +221,10 @@ async def step_down(client: Any, stream: str, *, timeout: float = 10.0) -> tuple
     if not answer.get("success"):
         raise RuntimeError(f"step-down of {stream} refused: {answer.get('error')}")
     deadline = time.monotonic() + timeout
+    poll = client.jetstream(timeout=1)  # a request lost in the election costs 1 s, not all
     while time.monotonic() < deadline:
         try:
-            new = (await js.stream_info(stream)).cluster.leader
+            new = (await poll.stream_info(stream)).cluster.leader
         except Exception:  # no leader yet: the request times out or is refused
             new = None
         if new and new != old:
