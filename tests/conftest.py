@@ -126,7 +126,9 @@ def nats_cluster(
 ) -> Iterator[natscluster.NatsCluster]:
     """Three closed nats-servers forming one JetStream cluster (``.servers``, ``.url``,
     ``.auth(identity)``), of one test module's own; stopped after it."""
-    cluster = natscluster.start_nats_cluster(tmp_path_factory.mktemp("natscluster"), launch=devenv_launch)
+    cluster = natscluster.start_nats_cluster(
+        tmp_path_factory.mktemp("natscluster"), launch=devenv_launch
+    )
     try:
         yield cluster
     finally:

@@ -125,7 +125,9 @@ def _start_member(
     mine = ports[index]
     routes = [p["route"] for i, p in enumerate(ports) if i != index]
     config = auth_dir / f"{name}.conf"
-    config.write_text(_config(auth_dir, name=name, ports=mine, store=store, routes=routes, password=password))
+    config.write_text(
+        _config(auth_dir, name=name, ports=mine, store=store, routes=routes, password=password)
+    )
     monitor_url = f"http://127.0.0.1:{mine['monitor']}"
     component = launch.start(
         launch.spec(f"nats-server-{name}", [str(find_nats_server()), "-c", str(config)]),

@@ -1,10 +1,11 @@
 """Case B04 on a three-server JetStream cluster: many runs of two tenants reserve, spend and
 settle by compare-and-set on the ledger bucket at R3 from three connections (one per server)
 while the bucket's stream leader is stepped down three times, and again at R1 without
-step-downs (the bucket's count lowered again). A lost compare-and-set on a replicated bucket is answered with error 10164, which
-the ledger must retry as a conflict: no operation fails with an API error or with
-``LedgerUnavailable``, the compare-and-sets were contested (conflicts retried), and each
-tenant's book equals the sum of its runs' usage exactly, no hold left."""
+step-downs (the bucket's count lowered again). A lost compare-and-set on a replicated bucket
+is answered with error 10164, which the ledger must retry as a conflict: no operation fails
+with an API error or with ``LedgerUnavailable``, the compare-and-sets were contested
+(conflicts retried), and each tenant's book equals the sum of its runs' usage exactly, no
+hold left."""
 
 from __future__ import annotations
 
