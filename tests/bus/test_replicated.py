@@ -176,16 +176,18 @@ async def test_a_leader_step_down_during_appends_loses_no_acknowledged_event(
     nats_cluster: natscluster.NatsCluster,
 ) -> None:
     bus = await provision(nats_cluster.url, nats_cluster.auth("operator"), 3)
+    bus.js = bus.nc.jetstream(timeout=2)  # a request lost in an election costs 2 s, not 10
     admin = await nats.connect(**nats_cluster.client_options("admin"))
     acked: dict[str, list[tuple[int, int]]] = {f"chain-{i}": [] for i in range(6)}
     stop = asyncio.Event()
     try:
         writers = asyncio.gather(*(write_chain(bus, n, stop, found) for n, found in acked.items()))
         leaders = []
-        for _ in range(3):
+        for _ in range(3):  # each after the writers appended again (past a lost request's 2 s)
             before = sum(map(len, acked.values()))
-            await asyncio.sleep(0.3)
-            assert sum(map(len, acked.values())) > before, "the writers made no progress"
+            async with asyncio.timeout(15):
+                while sum(map(len, acked.values())) < before + 30:
+                    await asyncio.sleep(0.05)
             leaders.append(await natscluster.step_down(admin, protocol.STREAM_EVENTS))
         await asyncio.sleep(0.3)
         stop.set()
