@@ -4,9 +4,10 @@ What belongs here: starting ``size`` (3 by default) nats-servers from the ``nats
 wheel that route to each other on free loopback ports and form one JetStream cluster, with the
 same client side as a single closed server (TLS, the same trust chain and ``.creds`` files, so
 a test connects with ``cluster.auth("operator")`` as it would to one server), waiting until the
-cluster has elected its meta leader, and stopping each server by its pid. Routes are
-authenticated with a user and password made here (the server's ``cluster.authorization``);
-they are plain text on loopback: route TLS is the chart's concern (issue 23).
+cluster has elected its meta leader, and stopping each server by its pid. Routes are encrypted
+and both ends verified by TLS (the servers' certificate, from the same CA as the client side,
+is valid as a client certificate too) and authenticated with a user and password made here
+(the server's ``cluster.authorization``).
 
 Files: ``<workdir>/auth`` as ``natsserver`` makes it (one authority for all servers),
 ``<workdir>/n<i>/jetstream`` each server's store, ``<workdir>/auth/n<i>.conf`` its
@@ -173,6 +174,12 @@ def _config(
         f"  listen: 127.0.0.1:{ports['route']}\n"
         f'  authorization {{ user: route, password: "{password}", timeout: 5 }}\n'
         f"  routes: [{route_urls}]\n"
+        "  tls {\n"
+        f'    cert_file: "{auth_dir / "tls.crt"}"\n'
+        f'    key_file: "{auth_dir / "tls.key"}"\n'
+        f'    ca_file: "{auth_dir / "ca.crt"}"\n'
+        "    timeout: 5\n"
+        "  }\n"
         "}\n"
         "include ./auth.conf\n"
     )

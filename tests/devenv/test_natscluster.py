@@ -4,6 +4,8 @@ and stop by pid; a replicated stream's leader can be stepped down."""
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import urllib.request
 from pathlib import Path
 
@@ -48,6 +50,34 @@ async def test_clients_need_the_same_credentials_as_on_one_server(
     await worker.close()
     with pytest.raises(Exception):  # noqa: B017 - no credentials: refused (or no TLS at all)
         await nats.connect(nats_cluster.url, allow_reconnect=False, connect_timeout=2)
+
+
+def test_routes_speak_only_tls_with_a_peer_certificate_and_ask_for_credentials(
+    nats_cluster: natscluster.NatsCluster,
+) -> None:
+    """On a route port a plain-text client hears nothing, a TLS client without a certificate
+    is refused, and one with the servers' certificate is asked for credentials."""
+    auth_dir = nats_cluster.auth_dir
+    port = nats_cluster.servers[0].component.ports["route"]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        assert conn.recv(2000) == b""  # plain text: closed without a word
+    anonymous = ssl.create_default_context(cafile=str(auth_dir / "ca.crt"))
+    with (
+        pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED"),
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        anonymous.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+    ):
+        conn.recv(2000)
+    peer = ssl.create_default_context(cafile=str(auth_dir / "ca.crt"))
+    peer.load_cert_chain(str(auth_dir / "tls.crt"), str(auth_dir / "tls.key"))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        peer.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+    ):
+        line = conn.makefile("rb").readline()
+    assert line.startswith(b"INFO "), line
+    info = json.loads(line[5:])
+    assert (info["tls_required"], info["tls_verify"], info["auth_required"]) == (True, True, True)
 
 
 def test_a_cluster_stops_by_pid(tmp_path: Path, devenv_launch: components.Launch) -> None:
