@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import nats
 import nats.errors
+import nats.js.api
 import nats.js.errors
 import pytest
 
@@ -145,3 +146,29 @@ async def test_ledger_compare_and_sets_on_a_replicated_bucket_retry_conflicts_an
         for client in [*clients, admin]:
             with contextlib.suppress(Exception):
                 await client.close()
+
+
+async def test_racing_kv_updates_on_a_replicated_bucket_lose_as_conflicts_not_api_errors(
+    nats_cluster: natscluster.NatsCluster,
+) -> None:
+    """What the ledger's retry rests on (nats-py >= 2.15.0): at R3 the losers' error 10164 is
+    ``KeyWrongLastSequenceError``, like 10071 on one server."""
+    client = await nats.connect(**nats_cluster.client_options("admin"))
+    try:
+        kv = await client.jetstream(timeout=5).create_key_value(
+            nats.js.api.KeyValueConfig(bucket="B04_RACE", history=1, replicas=3)
+        )
+        losers: list[BaseException] = []
+        for round_ in range(5):
+            revision = await kv.put(f"race-{round_}", b"0")
+            results = await asyncio.gather(
+                *(kv.update(f"race-{round_}", b"1", last=revision) for _ in range(20)),
+                return_exceptions=True,
+            )
+            assert sum(isinstance(r, int) for r in results) == 1, results
+            losers += [r for r in results if isinstance(r, BaseException)]
+        assert losers and all(
+            isinstance(r, nats.js.errors.KeyWrongLastSequenceError) for r in losers
+        ), {type(r).__name__ for r in losers}
+    finally:
+        await client.close()
