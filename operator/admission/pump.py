@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import nats.errors
 
-from agentrun import kernel, metrics, telemetry
+from agentrun import kernel, loops, metrics, telemetry
 from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import RunConfig
@@ -215,15 +215,14 @@ class QueuePump:
             )
 
     async def _pump_loop(self, tenant: str, wake: asyncio.Event) -> None:
-        while not self._stopping.is_set():
-            await wake.wait()
-            wake.clear()
-            try:
-                await self.pump_queue(tenant)
-            except Exception:
-                log.exception(
-                    "admission pump of tenant %s failed; retrying at the next sweep", tenant
-                )
+        await loops.every(
+            None,
+            lambda: self.pump_queue(tenant),
+            what=f"admission pump of tenant {tenant}",
+            stopping=self._stopping,
+            wake=wake,
+            wait_first=True,
+        )
 
     async def pump_queue(self, tenant: str) -> None:
         """Admit from the head of the tenant's queue while runs fit; show the rest as Queued."""

@@ -36,7 +36,7 @@ from typing import Protocol
 import cachetools
 from nats.aio.msg import Msg
 
-from agentrun import history, kernel, metrics, protocol, telemetry
+from agentrun import history, kernel, loops, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 from agentrun.trust import Untrusted
@@ -457,12 +457,13 @@ class Dispatcher:
         metrics.record_live_runs(counts, views.oldest_approvals(self._views.values()))
 
     async def watch_queue(self, *, interval: float = 5.0) -> None:
-        """Keep the bus gauges (``metrics.record_bus``) and the phase gauge fresh."""
-        while not self._stopping.is_set():
-            self.observe_phases()
-            with contextlib.suppress(Exception):
-                metrics.record_bus(await self.bus.stats())
-            await asyncio.sleep(interval)
+        """Keep the bus gauges (``metrics.record_bus``) and the phase gauge fresh, every
+        ``interval`` seconds until ``stop``."""
+        await loops.every(interval, self._gauge, what="bus gauges", stopping=self._stopping)
+
+    async def _gauge(self) -> None:
+        self.observe_phases()
+        metrics.record_bus(await self.bus.stats())
 
     # --- ends decided outside a turn ------------------------------------------------------------
 
