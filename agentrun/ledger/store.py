@@ -126,12 +126,22 @@ class LedgerStore(CasStore):
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, *, bucket: str = BUCKET, create: bool = True, **kwargs: Any
+        cls,
+        js: JetStreamContext,
+        *,
+        bucket: str = BUCKET,
+        create: bool = True,
+        replicas: int = 1,
+        **kwargs: Any,
     ) -> LedgerStore:
         """Bind the ledger bucket (``AGENTRUN_LEDGER``; another name keeps a second ledger
         apart on the same server, e.g. for tests), creating it when missing if ``create``
-        (the operator), else waiting for it (a worker: ``buckets.open_bucket``)."""
-        config = api.KeyValueConfig(bucket=bucket, history=1, storage=api.StorageType.FILE)
+        (the operator), kept by ``replicas`` servers (an existing bucket's count is set to
+        it), else waiting for it (a worker: ``buckets.open_bucket``). Raises
+        ``buckets.ReplicasRefused`` when the servers cannot hold ``replicas``."""
+        config = api.KeyValueConfig(
+            bucket=bucket, history=1, storage=api.StorageType.FILE, replicas=replicas
+        )
         return cls(await buckets.open_bucket(js, config, create=create), **kwargs)
 
     # --- books ------------------------------------------------------------------------------------
