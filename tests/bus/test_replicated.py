@@ -141,12 +141,7 @@ async def test_racing_appends_on_a_replicated_stream_commit_once_the_others_conf
     assert 10164 in codes, "the replicated stream never answered 10164: the path is untested"
 
 
-ELECTING = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.js.errors.NoStreamResponseError,
-)
-"""What a request answers while the stream elects a leader (no API error: nothing refused)."""
+ELECTING = natscluster.ELECTION_ERRORS
 
 
 async def write_chain(

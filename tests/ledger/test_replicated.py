@@ -33,13 +33,7 @@ RUNS, TURNS = 40, 8
 """Per test: runs (half per tenant) and turns per run."""
 CALL = kernel.Usage(input_tokens=80, output_tokens=20, cost_usd=Decimal("0.00040"))
 PRICING = kernel.Pricing(Decimal("2.50"), Decimal("1.25"), Decimal("10"))
-ELECTING = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.js.errors.NoStreamResponseError,
-)
-"""What a request answers while a stream elects a leader: NATS trouble that the runtime
-retries (a turn redelivered, a settlement settled again), never an API error."""
+ELECTING = natscluster.ELECTION_ERRORS
 
 
 @dataclasses.dataclass
