@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import nats.errors
 
-from agentrun import kernel, metrics, telemetry
+from agentrun import kernel, loops, metrics, telemetry
 from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
 from agentrun.protocol import RunConfig
@@ -147,6 +147,7 @@ class QueuePump:
         except QueueFull as err:  # this run only: the queue's value must stay bounded
             self._waiting.pop(run.uid, None)
             self._objects.pop(run.uid, None)
+            self.deps.configs.forget(run.uid)
             message = f"{err}; the run could not be queued"
             self.shown.end_unadmitted(
                 run,
@@ -163,6 +164,7 @@ class QueuePump:
         for name in [tenant] if tenant else self._tenants_with_queues():
             if await self.store.dequeue(name, key.uid):
                 self._objects.pop(key.uid, None)
+                self.deps.configs.forget(key.uid)
                 seen = self._waiting.pop(key.uid, None)
                 self.shown.end_unadmitted(
                     key,
@@ -179,6 +181,7 @@ class QueuePump:
         """A deleted run leaves whatever queue holds it."""
         self._waiting.pop(uid, None)
         self._objects.pop(uid, None)
+        self.deps.configs.forget(uid)
         for name in self._tenants_with_queues():
             if await self.store.dequeue(name, uid):
                 self.board.kick(name)
@@ -215,15 +218,14 @@ class QueuePump:
             )
 
     async def _pump_loop(self, tenant: str, wake: asyncio.Event) -> None:
-        while not self._stopping.is_set():
-            await wake.wait()
-            wake.clear()
-            try:
-                await self.pump_queue(tenant)
-            except Exception:
-                log.exception(
-                    "admission pump of tenant %s failed; retrying at the next sweep", tenant
-                )
+        await loops.every(
+            None,
+            lambda: self.pump_queue(tenant),
+            what=f"admission pump of tenant {tenant}",
+            stopping=self._stopping,
+            wake=wake,
+            wait_first=True,
+        )
 
     async def pump_queue(self, tenant: str) -> None:
         """Admit from the head of the tenant's queue while runs fit; show the rest as Queued."""
@@ -374,6 +376,7 @@ class QueuePump:
         await self._record_admitted(head.key)
         self._waiting.pop(head.key.uid, None)
         self._objects.pop(head.key.uid, None)
+        self.deps.configs.forget(head.key.uid)
         await self.store.dequeue(policy.name, head.key.uid)
         metrics.ADMISSION_WAIT.labels(tenant=policy.name).observe(max(0.0, now - head.created))
         self.deps.events.record(
@@ -406,4 +409,5 @@ class QueuePump:
         """Take a run that will not run out of the queue."""
         self._waiting.pop(key.uid, None)
         self._objects.pop(key.uid, None)
+        self.deps.configs.forget(key.uid)
         await self.store.dequeue(tenant, key.uid)
