@@ -32,6 +32,7 @@ from agentrun.ledger import (
 )
 from agentrun.ledger.entries import CONCURRENCY_LIMIT, MAX_ACTIVE_RUNS, Waiter
 from agentrun.ledger.store import MAX_QUEUED_RUNS, book_key, queue_key
+from agentrun.operator.admission.lookup import RunConfigs
 from agentrun.operator.admission.pump import PumpDeps, QueuePump
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.admission.queuestatus import QueueStatus
@@ -158,7 +159,9 @@ async def test_a_run_the_full_queue_refuses_ends_checkpoint_failed_naming_the_ca
         Policy.name, lambda queue: queue.extend(queued(i) for i in range(MAX_QUEUED_RUNS))
     )
     ends = Ends()
-    deps: Any = dict.fromkeys(("tenants", "configs", "settlement", "storage"))
+    deps: Any = dict.fromkeys(("tenants", "settlement", "storage"))
+    # the run's config builder, only to forget the run it never built for (no reads here)
+    deps["configs"] = RunConfigs(None, known_tools={}, tool_specs=lambda names: [], servers=None)  # type: ignore[arg-type]
     api = FakeKube()
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     shown = QueueStatus(ends, ends, events, time.time)
