@@ -124,6 +124,13 @@ def register_dev(subparsers: Subparsers) -> None:
         help="also the node's binaries (kube-controller-manager, kube-scheduler, kubelet, "
         "kube-proxy, coredns), in one build",
     )
+    build.add_argument(
+        "--all",
+        action="store_true",
+        help="everything the test suite builds from the Go module proxy, in the order its tiers "
+        "need them (.ci/pytest-tiers): helm, the nats CLI, the control plane, the node's "
+        "binaries (as --node), prometheus and promtool, syft",
+    )
     build.set_defaults(handler=cmd_dev_binaries)
 
 
@@ -228,12 +235,12 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_binaries(args: argparse.Namespace) -> int:
-    """``agentrun dev binaries [--node]``: build or locate the binaries (the ``nats`` CLI of
-    the NATS image included); print their paths."""
-    rows: list[tuple[str, Path]] = []
-    if args.node:
+    """``agentrun dev binaries [--node | --all]``: build or locate the binaries (the ``nats``
+    CLI of the NATS image included); print their paths."""
+    tools = _early_tools() if args.all else []
+    if args.node or args.all:
         found, on_node = binaries.ensure_node_binaries(log=_progress)
-        rows += [
+        rows = [
             ("kube-controller-manager", on_node.kube_controller_manager),
             ("kube-scheduler", on_node.kube_scheduler),
             ("kubelet", on_node.kubelet),
@@ -242,17 +249,43 @@ def cmd_dev_binaries(args: argparse.Namespace) -> int:
             ("kube-router", on_node.kube_router),
         ]
     else:
-        found = binaries.ensure_binaries(log=_progress)
+        found, rows = binaries.ensure_binaries(log=_progress), []
     rows = [
         ("etcd", found.etcd),
         ("kube-apiserver", found.kube_apiserver),
         ("kubectl", found.kubectl),
         ("nats", binaries.ensure_natscli(log=_progress)),
+        *tools,
         *rows,
+        *(_late_tools() if args.all else []),
     ]
     for name, path in rows:
         print(f"{name:<24} {path}")
     return 0
+
+
+def _early_tools() -> list[tuple[str, Path]]:
+    """``--all``, before the node's binaries: helm and the ``nats`` CLI (early tests use
+    them), then the control plane (what the tests of the second tier wait for, see
+    .ci/pytest-tiers); each built once per machine under its lock, or found."""
+    from agentrun_dev import helm
+
+    found = [("helm", helm.ensure_helm(log=_progress))]
+    binaries.ensure_natscli(log=_progress)  # listed with the control plane
+    binaries.ensure_binaries(log=_progress)
+    return found
+
+
+def _late_tools() -> list[tuple[str, Path]]:
+    """``--all``, after the node's binaries: prometheus, promtool and syft."""
+    from agentrun_dev import dist, prometheus  # dist imports the image builder
+
+    found = prometheus.ensure_prometheus(log=_progress)
+    return [
+        ("prometheus", found.prometheus),
+        ("promtool", found.promtool),
+        ("syft", dist.syft_binary(log=_progress)),
+    ]
 
 
 def _print_status(current: state.StackState) -> list[stack.ComponentStatus]:
