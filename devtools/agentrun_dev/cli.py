@@ -128,8 +128,8 @@ def register_dev(subparsers: Subparsers) -> None:
         "--all",
         action="store_true",
         help="everything the test suite builds from the Go module proxy, in the order its tiers "
-        "need them (.ci/pytest-tiers): helm, the nats CLI, the control plane, the node's "
-        "binaries (as --node), prometheus and promtool, syft",
+        "need them (.ci/pytest-tiers): helm, prometheus and promtool, the nats CLI, syft, "
+        "the control plane, then the node's binaries as --node",
     )
     build.set_defaults(handler=cmd_dev_binaries)
 
@@ -237,7 +237,7 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
 def cmd_dev_binaries(args: argparse.Namespace) -> int:
     """``agentrun dev binaries [--node | --all]``: build or locate the binaries (the ``nats``
     CLI of the NATS image included); print their paths."""
-    tools = _early_tools() if args.all else []
+    tools = _suite_tools() if args.all else []
     if args.node or args.all:
         found, on_node = binaries.ensure_node_binaries(log=_progress)
         rows = [
@@ -257,34 +257,29 @@ def cmd_dev_binaries(args: argparse.Namespace) -> int:
         ("nats", binaries.ensure_natscli(log=_progress)),
         *tools,
         *rows,
-        *(_late_tools() if args.all else []),
     ]
     for name, path in rows:
         print(f"{name:<24} {path}")
     return 0
 
 
-def _early_tools() -> list[tuple[str, Path]]:
-    """``--all``, before the node's binaries: helm and the ``nats`` CLI (early tests use
-    them), then the control plane (what the tests of the second tier wait for, see
-    .ci/pytest-tiers); each built once per machine under its lock, or found."""
-    from agentrun_dev import helm
+def _suite_tools() -> list[tuple[str, Path]]:
+    """``--all`` first: helm and prometheus (the first tier's session waits for them at its
+    start), the ``nats`` CLI and syft (its image and release tests), then the control plane
+    (what the second tier waits for; see .ci/pytest-tiers). Each built once per machine under
+    its own lock, or found."""
+    from agentrun_dev import dist, helm, prometheus  # dist imports the image builder
 
-    found = [("helm", helm.ensure_helm(log=_progress))]
-    binaries.ensure_natscli(log=_progress)  # listed with the control plane
-    binaries.ensure_binaries(log=_progress)
-    return found
-
-
-def _late_tools() -> list[tuple[str, Path]]:
-    """``--all``, after the node's binaries: prometheus, promtool and syft."""
-    from agentrun_dev import dist, prometheus  # dist imports the image builder
-
+    helm_binary = helm.ensure_helm(log=_progress)
     found = prometheus.ensure_prometheus(log=_progress)
+    binaries.ensure_natscli(log=_progress)  # listed with the control plane
+    syft = dist.syft_binary(log=_progress)
+    binaries.ensure_binaries(log=_progress)
     return [
+        ("helm", helm_binary),
         ("prometheus", found.prometheus),
         ("promtool", found.promtool),
-        ("syft", dist.syft_binary(log=_progress)),
+        ("syft", syft),
     ]
 
 
