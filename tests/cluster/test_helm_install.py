@@ -1,12 +1,12 @@
 """The chart installed for real on the node, driven with kubectl and helm as a user would:
 ``helm install`` runs the operator, the workers, the scripted model and the chart's own NATS
 as pods under Pod Security ``restricted``; the example AgentRuns reach their terminal
-reasons; the workers scale to three and all of them execute turns; every worker pod
-force-deleted mid-run, the operator pod deleted mid-run, and a ``helm upgrade`` that rolls
-both Deployments while runs are in flight each leave every run completed with each turn
-committed once; a ``helm upgrade`` from one NATS server to three without a restore is refused;
-``helm uninstall`` removes what it installed but keeps the CRDs and the
-AgentRuns. The tests run in file order on one release."""
+reasons; ``helm test`` runs one AgentRun end to end; the workers scale to three and all of
+them execute turns; every worker pod force-deleted mid-run, the operator pod deleted mid-run,
+and a ``helm upgrade`` that rolls both Deployments while runs are in flight each leave every
+run completed with each turn committed once; a ``helm upgrade`` from one NATS server to three
+without a restore is refused; ``helm uninstall`` removes what it installed but keeps the CRDs
+and the AgentRuns. The tests run in file order on one release."""
 
 from __future__ import annotations
 
@@ -94,6 +94,13 @@ def test_the_example_runs_reach_their_terminal_reasons(node_kubectl: Kubectl, ns
         node_kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / f"{name}.yaml"))
     reasons = {name: wait_for(node_kubectl, ns, name, ended)["terminalReason"] for name in EXAMPLES}
     assert reasons == EXAMPLES
+
+
+def test_helm_test_runs_one_agentrun_end_to_end(installed: release.Release, ns: str) -> None:
+    tested = installed.helm("test", installed.name, "-n", ns, "--logs", "--timeout", "5m",
+                            timeout=330)  # fmt: skip
+    assert "Phase:          Succeeded" in tested.stdout, tested.stdout
+    assert "Succeeded / completed, 1 steps" in tested.stdout, tested.stdout
 
 
 def test_three_workers_all_execute_turns(node_kubectl: Kubectl, ns: str) -> None:
