@@ -61,14 +61,32 @@ def wait_for(
     kubectl: Kubectl, namespace: str, name: str, done: Callable[[dict[str, Any]], bool],
     *, timeout: float = 240.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """The run's status once ``done(status)``; fails the test after ``timeout`` seconds."""
+    """The run's status once ``done(status)``; after ``timeout`` seconds, prints the pods and
+    their logs (``print_pods``) and fails the test."""
     deadline = time.monotonic() + timeout
     while True:
         status = run_status(kubectl, namespace, name)
         if done(status):
             return status
-        assert time.monotonic() < deadline, f"{name}: {status}"
+        if time.monotonic() >= deadline:
+            print_pods(kubectl, namespace)
+            raise AssertionError(f"{name}: {status}")
         time.sleep(1.0)
+
+
+def print_pods(kubectl: Kubectl, namespace: str, *, tail: int = 60) -> None:
+    """Print the namespace's pods and the last ``tail`` log lines of each container (previous
+    run too, after a restart), for a failed test's report."""
+    print(kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout)
+    listed = kubectl("get", "pods", "-n", namespace, "-o", "json", check=False).stdout or "{}"
+    for pod in json.loads(listed).get("items", []):
+        name = pod["metadata"]["name"]
+        for container in pod["spec"]["containers"]:
+            for previous in ("--previous=false", "--previous=true"):
+                logs = kubectl("logs", "-n", namespace, name, "-c", container["name"],
+                               previous, f"--tail={tail}", check=False)  # fmt: skip
+                if logs.stdout.strip():
+                    print(f"--- {name}/{container['name']} {previous}\n{logs.stdout}")
 
 
 def ended(status: dict[str, Any]) -> bool:

@@ -25,6 +25,7 @@ from cluster.runs_support import (
     assert_completed_once_per_turn,
     demo_release,
     ended,
+    print_pods,
     start_slow_runs,
     wait_for,
 )
@@ -109,6 +110,8 @@ def test_the_example_runs_reach_their_terminal_reasons(node_kubectl: Kubectl, ns
     for name in expected:
         node_kubectl("apply", "-n", ns, "-f", str(REPO / "examples" / f"{name}.yaml"))
     reasons = {name: wait_for(node_kubectl, ns, name, ended)["terminalReason"] for name in expected}
+    if reasons != expected:
+        print_pods(node_kubectl, ns)
     assert reasons == expected
 
 
