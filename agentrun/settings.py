@@ -130,6 +130,14 @@ class OperatorSettings(ProcessSettings):
     ledger_sweep: float = Field(default=2.0, gt=0)
     """``AGENTRUN_LEDGER_SWEEP``: seconds between ledger sweeps (window resets, expired holds,
     stale slots, queue pumps, AgentTenant status)."""
+    max_queued_runs: int = Field(default=0, ge=0)
+    """``AGENTRUN_MAX_QUEUED_RUNS``: runs one tenant's admission queue may hold (0: no limit).
+    A run created while its tenant's queue holds this many ends ``tenant_budget_exhausted``
+    saying so, for that run only; runs already queued keep their places."""
+    queue_status_writes: float = Field(default=20.0, gt=0)
+    """``AGENTRUN_QUEUE_STATUS_WRITES``: status writes per second, for all tenants together,
+    that refresh a queued run's position after it moved (the stalest first); a run's first
+    ``Queued`` status is written at once, whatever the rate."""
     identity: str | None = None
     """``AGENTRUN_IDENTITY``: this process's name in the leader Lease (the chart passes the pod
     name); unset uses ``<hostname>-<pid>``."""

@@ -52,7 +52,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -281,7 +280,7 @@ def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api
     seals = _seals(settings, bus=bus, api=api, events=events)
     fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog)
     dispatcher = Dispatcher(bus, writer, fair)
-    shown = QueueStatus(writer, dispatcher, events, time.time)
+    shown = QueueStatus.of(writer, dispatcher, events, rate=settings.queue_status_writes)
     pump = PumpDeps(
         store=store,
         tenants=tenants,
@@ -306,7 +305,7 @@ def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api
         dispatcher=dispatcher,
         orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         shown=shown,
-        pump=QueuePump(pump),
+        pump=QueuePump(pump, max_queued=settings.max_queued_runs),
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
         reaper=lifecycle.Reaper(api),
         events=events,

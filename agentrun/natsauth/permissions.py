@@ -10,8 +10,9 @@ are allow lists: what is not listed is refused, the server answering a permissio
   snapshots and restores the streams that hold state (`BACKED_UP`: backups for disaster
   recovery, taken and restored by a person with this identity's ``nats.creds``).
 - ``worker``: pulls TurnRequests from the workers' durable consumer and acknowledges them,
-  reads run events and appends them (committing turns), writes the ledger's books (holds and
-  settlements: ``book.<tenant>``) but not its queues, writes the effect ledger, and hears
+  reads run events and appends them (committing turns), writes the ledger's totals and run
+  entries (holds and settlements: ``book.<tenant>``, ``run.<tenant>.<run-uid>``, one atomic
+  batch of both) but not its admission queues, writes the effect ledger, and hears
   cancellations. It cannot create, change or delete a stream, consumer or bucket, publish a
   TurnRequest or a cancellation, or purge anything.
 - ``reader`` (one per namespace, minted at run time): follows the events of runs in its
@@ -172,7 +173,8 @@ def worker() -> Permissions:
         f"{JS_API}.DIRECT.GET.{events}",
         f"{JS_API}.DIRECT.GET.{events}.>",
         *_kv_read(protocol.LEDGER_BUCKET),
-        protocol.kv_subject(protocol.LEDGER_BUCKET, "book.>"),
+        protocol.kv_subject(protocol.LEDGER_BUCKET, f"{protocol.LEDGER_TOTALS}.>"),
+        protocol.kv_subject(protocol.LEDGER_BUCKET, f"{protocol.LEDGER_RUNS}.>"),
         *_kv_read(protocol.EFFECTS_BUCKET),
         protocol.kv_subject(protocol.EFFECTS_BUCKET, ">"),
     ]
