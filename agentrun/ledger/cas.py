@@ -48,6 +48,8 @@ BATCH_CHANGES = 64
 """Changes one write carries at most (the others wait for the next): a write's time grows with
 the values it reads and writes, so a burst is cut into writes of bounded size, each answered
 as it lands (and an atomic batch stays far below the server's 1,000 messages)."""
+LIST_READS = 256
+"""Reads a listing has in flight at most (each key's last message is one request)."""
 DELETED_MARKER_TTL = 60.0
 """Seconds a deleted value's purge marker stays in the bucket (then nothing of it is left)."""
 
@@ -143,22 +145,41 @@ class CasStore:
 
     async def _list(self, pattern: str, *, values: bool = True) -> dict[str, Stored]:
         """Every live key matching ``pattern`` (a subject wildcard below the bucket, e.g.
-        ``run.<tenant>.*``) with its revision and value (``values`` false: the keys and
-        revisions only, values empty), as of now: one ordered consumer delivering each key's
-        last message."""
+        ``run.<tenant>.*``) with its revision and value (``values`` false: not cached), as of
+        now. Creates no consumer (the account limits those, and a listing in a polling loop
+        would create them faster than the server removes them): the stream's info names every
+        subject that holds a message (``subjects_filter``), and each one's last message is read
+        (``LIST_READS`` at a time); a purge marker, or a key gone meanwhile, is left out."""
+        keys = await self._subjects(pattern)
         found: dict[str, Stored] = {}
-        watcher = await self.kv.watch(pattern, ignore_deletes=True, meta_only=not values)
-        try:
-            async for entry in watcher:
-                if entry is None:  # the initial values are all delivered
-                    break
-                found[entry.key] = Stored(entry.revision or 0, entry.value or b"")
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
-        if values:
-            for key, stored in found.items():
-                self._cache[key] = (stored.revision, stored.data)
+        for start in range(0, len(keys), LIST_READS):
+            chunk = keys[start : start + LIST_READS]
+            read = await asyncio.gather(*map(self._get, chunk))
+            for key, stored in zip(chunk, read, strict=True):
+                if stored.data is not None:
+                    found[key] = stored
+                if not values:
+                    self._cache.pop(key, None)
         return found
+
+    async def _subjects(self, pattern: str) -> list[str]:
+        """The keys matching ``pattern`` that hold a message (purge markers included), from the
+        stream's info, page by page (the server pages its subject details)."""
+        prefix: str = self.kv._pre
+        stream: str = self.kv._stream
+        jsm = self._js._jsm
+        keys: list[str] = []
+        while True:
+            request = {"subjects_filter": f"{prefix}{pattern}", "offset": len(keys)}
+            answer = await jsm._api_request(
+                f"{jsm._prefix}.STREAM.INFO.{stream}",
+                json.dumps(request).encode(),
+                timeout=self._js._timeout,
+            )
+            subjects = (answer.get("state") or {}).get("subjects") or {}
+            keys += sorted(subject.removeprefix(prefix) for subject in subjects)
+            if not subjects or len(keys) >= int(answer.get("total") or 0):
+                return keys
 
     # --- writing ----------------------------------------------------------------------------------
 

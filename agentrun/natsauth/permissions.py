@@ -150,14 +150,10 @@ def operator() -> Permissions:
         protocol.TURN_SUBJECTS,
         protocol.EVENT_SUBJECTS,
         protocol.CANCEL_SUBJECTS,
-        # the tenant ledger, every key; listing its keys takes an ordered consumer
+        # the tenant ledger, every key; its keys are listed from the stream's info (no
+        # consumer: ``LedgerStore`` creates none, so a listing cannot exhaust the account's)
         protocol.kv_subject(protocol.LEDGER_BUCKET, ">"),
         f"{JS_API}.STREAM.MSG.GET.{ledger}",
-        f"{JS_API}.CONSUMER.CREATE.{ledger}",
-        f"{JS_API}.CONSUMER.CREATE.{ledger}.>",
-        f"{JS_API}.CONSUMER.INFO.{ledger}.*",
-        f"{JS_API}.CONSUMER.DELETE.{ledger}.*",
-        f"$JS.FC.{ledger}.>",
         # backups of the streams that hold state (docs/operations.md), with this identity
         *(subject for stream in BACKED_UP for subject in _backup(stream)),
     ]

@@ -501,3 +501,27 @@ async def test_a_ledger_damaged_then_repaired_is_read_again_by_a_process_that_ca
     assert await one_turn(worker, tenant, "a")
     book = await operator.read(tenant)
     assert book is not None and book.used_tokens == 100
+
+
+async def test_listing_a_tenants_runs_and_queue_creates_no_consumer(open_store: Opener) -> None:
+    """Every listing (the whole ledger, the queue, the tenants) reads the stream's subjects and
+    each key's last value: no consumer, so a loop listing over and over never meets the
+    account's consumer limit; a dequeued run (a purge marker) and an ended run are left out."""
+    store = await open_store(inline_runs=1)
+    tenant = tenant_name()
+    for uid in ("a", "b", "c"):
+        await admit(store, tenant, uid, tokens=10_000)
+    for index in range(5):
+        run = QueuedRun(f"q{index}", "ns", f"run-q{index}", store.clock() + index)
+        await store.enqueue(tenant, run)
+    assert await store.dequeue(tenant, "q2")
+    other = await open_store(inline_runs=1)  # nothing cached: every read from the server
+    before = (await other.kv._js.stream_info(other.kv._stream)).state.consumer_count
+    for _ in range(30):
+        other.forget_queues()
+        assert [run.uid for run in await other.queue(tenant)] == ["q0", "q1", "q3", "q4"]
+        book = await other.read(tenant)
+        assert book is not None and set(book.active) == {"a", "b", "c"}
+        assert tenant in await other.tenants()
+    info = await other.kv._js.stream_info(other.kv._stream)
+    assert info.state.consumer_count <= before  # (other tests' key listings may expire)

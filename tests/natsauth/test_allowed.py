@@ -126,6 +126,7 @@ async def test_the_operator_inspects_lists_consumes_and_purges(
 ) -> None:
     store = await LedgerStore.open(operator_bus.js)
     assert TENANT_B in await store.tenants()
+    assert await store.queue(TENANT_B) == []  # listed from the stream info: no consumer
     assert await operator_bus.pending_turns() >= 0
     assert event_subject_b(run_b) in await operator_bus.event_subjects()
     sub = await operator_bus.event_subscription()
