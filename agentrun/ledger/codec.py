@@ -71,6 +71,10 @@ class UsedShape(_Shape):
     wallClockSeconds: float
     abandonedTokens: int
     abandonedCostUSD: Decimal
+    creditedTokens: int = 0
+    """Taken back out of ``tokens`` in this window (``Book.credited_tokens``; 0 in values
+    written before it was kept)."""
+    creditedCostUSD: Decimal = Decimal(0)
 
 
 class ReservedShape(_Shape):
@@ -185,6 +189,8 @@ def encode_totals(book: Book, *, inline: Collection[str]) -> bytes:
         wallClockSeconds=round(book.used_wall, 3),
         abandonedTokens=book.abandoned_tokens,
         abandonedCostUSD=book.abandoned_cost,
+        creditedTokens=book.credited_tokens,
+        creditedCostUSD=book.credited_cost,
     )
     runs = {
         uid: _run_shape(entry)
@@ -318,6 +324,8 @@ def decode_totals(data: bytes) -> Totals:
         used_wall=used.wallClockSeconds,
         abandoned_tokens=used.abandonedTokens,
         abandoned_cost=used.abandonedCostUSD,
+        credited_tokens=used.creditedTokens,
+        credited_cost=used.creditedCostUSD,
         reserved_tokens=shape.reserved.tokens,
         reserved_cost=shape.reserved.costUSD,
         active_runs=shape.active.runs,

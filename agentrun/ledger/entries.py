@@ -102,8 +102,9 @@ class TenantLimits:
 class UsageFloor:
     """The least a tenant's window has used, as the operator saw it (in the entries it read,
     and in the AgentTenant status it wrote, which no NATS credential can change). Within one
-    window ``used`` only grows, so an entry below its floor was rolled back by a writer of the
-    bucket, not by the ledger's rules."""
+    window ``used`` plus what was taken back out of it (``Book.usage_floor``) only grows, so an
+    entry below its floor was rolled back by a writer of the bucket, not by the ledger's
+    rules."""
 
     window: float
     """The window's start, epoch seconds."""

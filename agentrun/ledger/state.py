@@ -97,6 +97,12 @@ class BookState:
     deleted, out of time, or lost to a redelivery): spent at the provider, in no run's usage."""
     abandoned_cost: Decimal = Decimal(0)
     """The part of ``used_cost`` spent that way."""
+    credited_tokens: int = 0
+    """Tokens taken back out of ``used_tokens`` in this window by ``uncharge`` (a call charged
+    as abandoned whose turn committed after all): ``used + credited`` only grows within a
+    window, which is what ``undercuts`` compares with a floor."""
+    credited_cost: Decimal = Decimal(0)
+    """USD taken back out of ``used_cost`` that way."""
     reserved_tokens: int = 0
     """Tokens held by in-flight calls: the sum over every run's holds."""
     reserved_cost: Decimal = Decimal(0)
@@ -313,6 +319,8 @@ class BookState:
         self.used_wall = 0.0
         self.abandoned_tokens = 0
         self.abandoned_cost = Decimal(0)
+        self.credited_tokens = 0
+        self.credited_cost = Decimal(0)
         # runs not loaded started before the old end, so by the new window: their offset is 0
         self.since_offsets = sum(self.since_of(run) - self.window for run in self._active_loaded())
         for run in self._active_loaded():
@@ -335,11 +343,22 @@ class BookState:
             return True
         if abs(self.window - floor.window) >= SLACK:
             return self.window < floor.window or floor.end - self.window >= SLACK
+        tokens, cost, wall = self.usage_floor()
         return (
             (floor.end > 0 and abs(self.end - floor.end) >= SLACK)
-            or self.used_tokens < floor.tokens
-            or self.used_cost < floor.cost_usd
-            or self.used_wall < floor.wall_seconds
+            or tokens < floor.tokens
+            or cost < floor.cost_usd
+            or wall < floor.wall_seconds
+        )
+
+    def usage_floor(self) -> tuple[int, Decimal, float]:
+        """What the window has used as a floor compares it (tokens, USD, wall seconds): ``used``
+        with what ``uncharge`` took back out of it (``credited``), so a figure that never goes
+        down within a window; ``used`` itself goes down when a charge is taken back."""
+        return (
+            self.used_tokens + self.credited_tokens,
+            self.used_cost + self.credited_cost,
+            self.used_wall,
         )
 
     def restore(self, floor: UsageFloor, *, now: float) -> None:
@@ -353,11 +372,12 @@ class BookState:
             self.window, self.end = floor.window, end
             self.used_tokens, self.used_cost = floor.tokens, floor.cost_usd
             self.used_wall = floor.wall_seconds
+            self.credited_tokens, self.credited_cost = 0, Decimal(0)
         else:
             if abs(self.end - end) >= SLACK:
                 self.end = end
-            self.used_tokens = max(self.used_tokens, floor.tokens)
-            self.used_cost = max(self.used_cost, floor.cost_usd)
+            self.used_tokens = max(self.used_tokens, floor.tokens - self.credited_tokens)
+            self.used_cost = max(self.used_cost, floor.cost_usd - self.credited_cost)
             self.used_wall = max(self.used_wall, floor.wall_seconds)
         self.roll(now)
 
@@ -585,6 +605,8 @@ class BookState:
         tokens, cost = entry.spent.pop(memo)
         self.used_tokens -= tokens
         self.used_cost -= cost
+        self.credited_tokens += tokens
+        self.credited_cost += cost
         self.abandoned_tokens -= tokens
         self.abandoned_cost -= cost
         return True

@@ -147,7 +147,7 @@ class LedgerSweep:
             whole = book
             book = await self._repair_entry(book, policy, now)
             self._floors[tenant] = self._floor(tenant, book).raised(
-                book.window, book.used_tokens, book.used_cost, book.used_wall, end=book.end
+                book.window, *book.usage_floor(), end=book.end
             )
             if wall_out:
                 await self._end_all(whole)
