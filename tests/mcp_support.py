@@ -113,7 +113,11 @@ def counters(count_file: str | None) -> tuple[Any, Any]:
         counts = json.loads(path.read_text()) if count_file and path.exists() else {}
         counts[key] = counts.get(key, 0) + 1
         if count_file:
-            path.write_text(json.dumps(counts))
+            # Written whole and renamed into place: the test process reads this file while the
+            # server writes it, and must never see it empty or half written.
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(json.dumps(counts))
+            os.replace(partial, path)
         return int(counts[key])
 
     def count(key: str, ctx: Context, note: str = "") -> str:
@@ -348,7 +352,9 @@ class McpProcess:
         ``headers`` (the names of every header it came with, lower case)."""
         if self.requests_file is None or not self.requests_file.exists():
             return []
-        return [json.loads(line) for line in self.requests_file.read_text().splitlines()]
+        # Only whole lines: the server may be appending the last one while this reads.
+        text = self.requests_file.read_text()
+        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
     def handshakes(self) -> int:
         """Sessions opened so far: ``initialize`` requests, or else ``server/discover`` probes

@@ -76,14 +76,8 @@ def generate_pki(directory: Path, *, extra_ips: Sequence[str] = ()) -> Pki:
         front_proxy_cert=directory / "front-proxy-client.crt",
         front_proxy_key=directory / "front-proxy-client.key",
     )
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentrun-dev-ca")])
-    ca_cert = (
-        _builder(subject=ca_name, issuer=ca_name, public_key=ca_key.public_key())
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca_cert = _self_signed_ca("agentrun-dev-ca")
+    ca_name = ca_cert.subject
     _write_cert(pki.ca_cert, ca_cert)
     _write_key(pki.ca_key, ca_key)
 
@@ -103,16 +97,12 @@ def generate_pki(directory: Path, *, extra_ips: Sequence[str] = ()) -> Pki:
             )
         ),
     ]
-    serving_cert = (
-        _builder(
-            subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
-            issuer=ca_name,
-            public_key=serving_key.public_key(),
-        )
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .sign(ca_key, hashes.SHA256())
+    serving_cert = _leaf(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+        serving_key,
+        ca_key,
+        ca_name,
+        server_names=sans,
     )
     _write_cert(pki.serving_cert, serving_cert)
     _write_key(pki.serving_key, serving_key)
@@ -124,12 +114,7 @@ def generate_pki(directory: Path, *, extra_ips: Sequence[str] = ()) -> Pki:
             x509.NameAttribute(NameOID.COMMON_NAME, "agentrun-admin"),
         ]
     )
-    admin_cert = (
-        _builder(subject=admin_subject, issuer=ca_name, public_key=admin_key.public_key())
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    admin_cert = _leaf(admin_subject, admin_key, ca_key, ca_name)
     _write_cert(pki.admin_cert, admin_cert)
     _write_key(pki.admin_key, admin_key)
 
@@ -150,22 +135,10 @@ FRONT_PROXY_CLIENT = "front-proxy-client"
 
 def _write_front_proxy(pki: Pki) -> None:
     """A front-proxy CA of its own and the kube-apiserver's client certificate signed by it."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentrun-dev-front-proxy-ca")])
-    ca_cert = (
-        _builder(subject=ca_name, issuer=ca_name, public_key=ca_key.public_key())
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca_cert = _self_signed_ca("agentrun-dev-front-proxy-ca")
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, FRONT_PROXY_CLIENT)])
-    cert = (
-        _builder(subject=subject, issuer=ca_name, public_key=key.public_key())
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    cert = _leaf(subject, key, ca_key, ca_cert.subject)
     _write_cert(pki.front_proxy_ca, ca_cert)
     _write_cert(pki.front_proxy_cert, cert)
     _write_key(pki.front_proxy_key, key)
@@ -196,14 +169,7 @@ def generate_server_tls(
     """
     directory.mkdir(parents=True, exist_ok=True)
     tls = ServerTls(directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{common_name}-ca")])
-    ca_cert = (
-        _builder(subject=ca_name, issuer=ca_name, public_key=ca_key.public_key())
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(ca=True), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca_cert = _self_signed_ca(f"{common_name}-ca")
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
@@ -211,17 +177,8 @@ def generate_server_tls(
         *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips),
         *(x509.DNSName(name) for name in dns_names),
     ]
-    cert = (
-        _builder(
-            subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]),
-            issuer=ca_name,
-            public_key=key.public_key(),
-        )
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = _leaf(subject, key, ca_key, ca_cert.subject, server_names=sans)
     _write_cert(tls.ca_cert, ca_cert)
     _write_cert(tls.cert, cert)
     _write_key(tls.key, key)
@@ -246,16 +203,46 @@ def issue_client_cert(
     if organization is not None:
         attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        _builder(subject=x509.Name(attributes), issuer=ca_cert.subject, public_key=key.public_key())
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(_key_usage(ca=False), critical=True)
-        .sign(loaded, hashes.SHA256())
-    )
+    cert = _leaf(x509.Name(attributes), key, loaded, ca_cert.subject)
     cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
     _write_cert(cert_path, cert)
     _write_key(key_path, key)
     return cert_path, key_path
+
+
+def _self_signed_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A fresh P-256 key and a self-signed CA certificate for `common_name` (path length 0)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
+        _builder(subject=name, issuer=name, public_key=key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _leaf(
+    subject: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_name: x509.Name,
+    *,
+    server_names: Sequence[x509.GeneralName] = (),
+) -> x509.Certificate:
+    """A certificate for `key` signed by the CA: a serving certificate for `server_names`
+    (its SANs) when given, else a client certificate."""
+    builder = _builder(subject=subject, issuer=ca_name, public_key=key.public_key())
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH
+    if server_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(server_names), critical=False)
+        usage = ExtendedKeyUsageOID.SERVER_AUTH
+    return (
+        builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
 
 
 def _builder(

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import nats
 import pytest
-import yaml
 
 from agentrun.ledger import LedgerStore
 from agentrun.ledger.store import book_key
@@ -23,7 +21,7 @@ from agentrun_dev.natsserver import NatsServer
 
 from .conftest import E2EStack, run_manifest
 from .events import read_book
-from .test_tenants import SPEND_TOKENS, conditions, epoch, list_runs, wait_tenant
+from .test_tenants import SPEND_TOKENS, conditions, day_tenant, epoch, list_runs, wait_tenant
 
 pytestmark = pytest.mark.e2e
 
@@ -34,19 +32,8 @@ DAY = 86_400.0
 def tenant(stack_: E2EStack, test_namespace: str) -> Iterator[str]:
     """An AgentTenant binding ``test_namespace``: 24h windows, 100 000 tokens, runs queue when
     exhausted; read by the operator before the test starts, deleted after it."""
-    name = f"t-{test_namespace}"
-    manifest = {
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentTenant",
-        "metadata": {"name": name},
-        "spec": {"namespaces": [test_namespace], "window": "24h", "budget": {"tokens": 100_000}},
-    }
-    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
-    wait_tenant(stack_, name, lambda s: s.get("observedGeneration") == 1)
-    if DAY - time.time() % DAY < 300:  # the day's window must outlive the test
-        time.sleep(DAY - time.time() % DAY + 1)
-    yield name
-    stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
+    with day_tenant(stack_, f"t-{test_namespace}", test_namespace, outlive=300) as name:
+        yield name
 
 
 def patch_tenant(stack_: E2EStack, name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agentrun.natsauth.permissions import Role, inbox_prefix
 from agentrun.operator.platform import storewatch
@@ -37,7 +36,7 @@ from agentrun_dev.natsserver import NatsServer
 
 from .conftest import ORPHAN_AFTER, E2EStack, run_manifest, wait_consuming
 from .events import read_book, read_events, turn_numbers
-from .test_tenants import list_runs, wait_tenant
+from .test_tenants import day_tenant, list_runs, wait_tenant
 
 pytestmark = pytest.mark.e2e
 
@@ -57,20 +56,8 @@ KEPT = ("phase", "terminalReason", "answer", "usage", "completionTime", "message
 @pytest.fixture
 def team(stack_: E2EStack, test_namespace: str) -> Iterator[str]:
     """An AgentTenant of ``test_namespace`` alone (24h windows), so its usage is these runs'."""
-    name = f"dr-{test_namespace}"
-    manifest = {
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentTenant",
-        "metadata": {"name": name},
-        "spec": {"namespaces": [test_namespace], "window": "24h", "budget": {"tokens": 100_000}},
-    }
-    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
-    wait_tenant(stack_, name, lambda s: s.get("observedGeneration") == 1)
-    day = 86_400
-    if day - time.time() % day < 120:  # the day's window must outlive the test
-        time.sleep(day - time.time() % day + 1)
-    yield name
-    stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
+    with day_tenant(stack_, f"dr-{test_namespace}", test_namespace, outlive=120) as name:
+        yield name
 
 
 def requests_for(stack_: E2EStack, goal: str) -> int:

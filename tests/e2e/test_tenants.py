@@ -128,6 +128,29 @@ def wait_tenant(
     )
 
 
+@contextlib.contextmanager
+def day_tenant(stack_: E2EStack, name: str, namespace: str, *, outlive: float) -> Iterator[str]:
+    """An AgentTenant ``name`` binding ``namespace`` alone: 24h windows, 100 000 tokens, read by
+    the operator before the block starts and deleted after it. Starts the block in a day
+    window that still has at least ``outlive`` seconds (waits for the next one otherwise), so
+    the usage read in the block is the block's runs' alone."""
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": name},
+        "spec": {"namespaces": [namespace], "window": "24h", "budget": {"tokens": 100_000}},
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    wait_tenant(stack_, name, lambda s: s.get("observedGeneration") == 1)
+    day = 86_400.0
+    if day - time.time() % day < outlive:
+        time.sleep(day - time.time() % day + 1)
+    try:
+        yield name
+    finally:
+        stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
+
+
 def list_runs(stack_: E2EStack, namespace: str) -> dict[str, dict[str, Any]]:
     """Every AgentRun of the namespace: name → status."""
     out = json.loads(stack_.kubectl("get", "agentruns", "-n", namespace, "-o", "json").stdout)
