@@ -6,11 +6,18 @@ it instead of making its own. What belongs here: that rule, once, for every buck
 configuration of a bucket the operator provisions for a ledger it does not use itself (the
 effect ledger's, ``effects_config``). What a bucket holds belongs to its ledger
 (``agentrun.ledger``, the worker's ``effects``).
+
+Replicas: the operator gives every stream and bucket it provisions the replica count it is
+configured with (``AGENTRUN_NATS_REPLICAS``): a missing one is created with it, an existing one
+with another count is updated to it (JetStream moves the data to the new peers; both raising
+and lowering are allowed on a cluster), and a count the servers cannot hold is refused with
+``ReplicasRefused`` saying what to set (``provision_stream``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import nats.js.errors
@@ -21,17 +28,33 @@ from agentrun import protocol
 
 log = logging.getLogger(__name__)
 
+REPLICAS_REFUSED_CODES = frozenset({10074, 10005})
+"""JetStream API error codes of a replica count the servers cannot hold: 10074 (``replicas > 1
+not supported in non-clustered mode``: a single server) and 10005 (``no suitable peers for
+placement``: fewer servers in the cluster than replicas)."""
+
 EFFECTS_TTL_SECONDS = 7 * 24 * 3600
 """Effect ledger entries expire after a week (longer than any run's timeout, at most 24 h)."""
 
 
-def effects_config(bucket: str = protocol.EFFECTS_BUCKET) -> api.KeyValueConfig:
+class ReplicasRefused(Exception):
+    """The NATS servers cannot hold a stream or bucket at the configured replica count (more
+    replicas than servers in the JetStream cluster, or any above 1 on a single server)."""
+
+
+def effects_config(
+    bucket: str = protocol.EFFECTS_BUCKET, *, replicas: int = 1
+) -> api.KeyValueConfig:
     """The effect ledger's bucket (``AGENTRUN_EFFECTS``; another name keeps a second ledger
     apart, e.g. for tests): one entry per write or idempotent tool call, no history, entries
-    expiring after ``EFFECTS_TTL_SECONDS``, on file storage. The operator creates it with this
-    configuration; the workers' effect ledger binds it."""
+    expiring after ``EFFECTS_TTL_SECONDS``, on file storage, kept by ``replicas`` servers. The
+    operator creates it with this configuration; the workers' effect ledger binds it."""
     return api.KeyValueConfig(
-        bucket=bucket, history=1, ttl=EFFECTS_TTL_SECONDS, storage=api.StorageType.FILE
+        bucket=bucket,
+        history=1,
+        ttl=EFFECTS_TTL_SECONDS,
+        storage=api.StorageType.FILE,
+        replicas=replicas,
     )
 
 
@@ -62,24 +85,75 @@ async def require_atomic(
         await asyncio.sleep(retry)
 
 
+async def provision_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
+    """Create the stream ``config.name``, or update it to ``config`` when it exists with
+    another configuration (its replica count included).
+
+    Raises ``ReplicasRefused`` when the servers cannot hold ``config.num_replicas``, and what
+    nats-py raises for any other refusal or when the server cannot be asked.
+    """
+    assert config.name is not None
+    try:
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.BadRequestError:  # it exists, configured otherwise
+            await js.update_stream(config)
+    except nats.js.errors.APIError as err:
+        _raise_refused(config.name, config.num_replicas, err)
+        raise
+
+
+async def _provision_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> KeyValue:
+    """The bucket ``config.bucket`` created, or bound and its stream's replica count set to
+    ``config.replicas`` if it has another one (``provision_stream``'s errors)."""
+    assert config.bucket is not None
+    stream = protocol.kv_stream(config.bucket)
+    try:
+        info = await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        try:
+            return await js.create_key_value(config)
+        except nats.js.errors.APIError as err:
+            _raise_refused(stream, config.replicas, err)
+            raise
+    if info.config.num_replicas != config.replicas:
+        await provision_stream(js, dataclasses.replace(info.config, num_replicas=config.replicas))
+        log.info("KV bucket %s: replicas set to %d", config.bucket, config.replicas)
+    return await js.key_value(config.bucket)
+
+
+def _raise_refused(stream: str, replicas: int | None, err: nats.js.errors.APIError) -> None:
+    """Raise ``ReplicasRefused`` if ``err`` is the servers refusing ``replicas``."""
+    if err.err_code in REPLICAS_REFUSED_CODES:
+        raise ReplicasRefused(
+            f"stream {stream}: the NATS servers refused {replicas} replicas "
+            f"({err.description}); set AGENTRUN_NATS_REPLICAS (the chart's "
+            "nats.jetstream.replicas) to at most the servers in the JetStream cluster, "
+            "1 for a single server"
+        ) from err
+
+
 async def open_bucket(
     js: JetStreamContext, config: api.KeyValueConfig, *, create: bool, retry: float = 1.0
 ) -> KeyValue:
-    """The bucket ``config.bucket``: bound if it exists; created with ``config`` when missing
-    and ``create``; otherwise waited for (checked every ``retry`` seconds, for as long as it
-    takes: a worker that starts before the operator), logging once that it waits.
+    """The bucket ``config.bucket``. With ``create`` (the operator): created with ``config``
+    when missing, else bound with its replica count made ``config.replicas``. Without: bound,
+    or waited for while missing (checked every ``retry`` seconds, for as long as it takes: a
+    worker that starts before the operator), logging once that it waits.
 
-    Raises what nats-py raises for anything but a missing bucket (e.g. a timeout when the
-    connection has no permission to read the bucket).
+    Raises ``ReplicasRefused`` (``create`` only) when the servers cannot hold
+    ``config.replicas``, and what nats-py raises for anything but a missing bucket (e.g. a
+    timeout when the connection has no permission to read the bucket).
     """
     assert config.bucket is not None
+    if create:
+        return await _provision_bucket(js, config)
     waited = False
     while True:
         try:
             return await js.key_value(config.bucket)
         except nats.js.errors.BucketNotFoundError:
-            if create:
-                return await js.create_key_value(config)
+            pass
         if not waited:
             log.info(
                 "KV bucket %s does not exist yet: waiting for the operator to create it",

@@ -36,7 +36,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from agentrun import metrics, protocol, pulling
+from agentrun import buckets, metrics, protocol, pulling
 from agentrun.natsclient import EventTooLarge as EventTooLarge
 from agentrun.natsclient import NatsAuth, event_cap
 from agentrun.natsclient import connect_nats as connect_nats
@@ -45,8 +45,13 @@ from agentrun.protocol import RunEvent, TurnRequest
 
 log = logging.getLogger(__name__)
 
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream API error code of ``wrong last sequence`` (``JSStreamWrongLastSequenceErrF``)."""
+WRONG_LAST_SEQUENCE_CODES = frozenset({10071, 10164})
+"""JetStream API error codes of a lost compare-and-set ("wrong last sequence"): 10071
+(``JSStreamWrongLastSequenceErrF``, a single server and an R1 stream) and 10164
+(``JSStreamWrongLastSequenceConstantErr``, what a replicated stream's leader answers; nats-server
+#7281). Both mean the same: another writer appended first. nats-py maps both to
+``KeyWrongLastSequenceError`` in ``kv.create``/``kv.update`` from 2.15.0 on (nats.py #883), the
+floor in ``pyproject.toml``; this set is for the appends agentrun makes itself."""
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
 
@@ -84,6 +89,10 @@ class BusSettings:
     """``max_bytes`` of ``AGENTRUN_EVENTS`` (-1: the server's limits only); with
     ``discard: new`` a full stream refuses new events (``nats.js.errors.APIError``, "maximum
     bytes exceeded") and never drops committed ones."""
+    replicas: int = 1
+    """Servers that keep each stream (``num_replicas``, 1–5): 1 on a single server, 3 on a
+    three-server cluster (``AGENTRUN_NATS_REPLICAS``); applied by a provisioning bus, which
+    updates a stream that has another count (``buckets.provision_stream``)."""
 
 
 class Bus:
@@ -125,7 +134,8 @@ class Bus:
 
     async def ensure_streams(self) -> None:
         """Create (or update) ``AGENTRUN_TURNS`` and ``AGENTRUN_EVENTS``, and the workers'
-        durable consumer (``workers_consumer``); idempotent."""
+        durable consumer (``workers_consumer``); idempotent. Raises
+        ``buckets.ReplicasRefused`` when the servers cannot hold ``settings.replicas``."""
         configs = [
             api.StreamConfig(
                 name=protocol.STREAM_TURNS,
@@ -134,6 +144,7 @@ class Bus:
                 storage=api.StorageType.FILE,
                 duplicate_window=self.settings.duplicate_window,
                 max_age=24 * 3600,
+                num_replicas=self.settings.replicas,
             ),
             api.StreamConfig(
                 name=protocol.STREAM_EVENTS,
@@ -142,6 +153,7 @@ class Bus:
                 storage=api.StorageType.FILE,
                 duplicate_window=self.settings.duplicate_window,
                 allow_direct=True,
+                num_replicas=self.settings.replicas,
                 # bounded where they enter: one event at most the connection's max payload,
                 # one run at most EVENTS_PER_RUN events, the stream at most events_max_bytes;
                 # full, it refuses new events ("maximum bytes exceeded": a worker retries the
@@ -155,10 +167,7 @@ class Bus:
             ),
         ]
         for config in configs:
-            try:
-                await self.js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await self.js.update_stream(config)
+            await buckets.provision_stream(self.js, config)
         await self.js._jsm.add_consumer(protocol.STREAM_TURNS, self.workers_consumer())
 
     async def streams_created(self, names: Sequence[str]) -> dict[str, datetime.datetime | None]:
@@ -309,7 +318,7 @@ class Bus:
                 protocol.event_subject(namespace, name), payload, headers=headers or None
             )
         except nats.js.errors.APIError as err:
-            if err.err_code == WRONG_LAST_SEQUENCE:
+            if err.err_code in WRONG_LAST_SEQUENCE_CODES:
                 raise CommitConflict(
                     f"{namespace}/{name}: expected last event {expected_seq}, the run moved on"
                 ) from err

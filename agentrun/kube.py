@@ -11,6 +11,7 @@ import os
 from collections.abc import Awaitable, Collection
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
@@ -25,12 +26,18 @@ EVALS = "agentevals"
 
 
 async def api_client(
-    *, config_file: str | None = None, context: str | None = None
+    *, config_file: str | None = None, context: str | None = None, trust_env: bool = True
 ) -> client.ApiClient:
     """A configured ``ApiClient``: the kubeconfig ``config_file`` (else ``KUBECONFIG``, else
     ``~/.kube/config``) with its ``context`` (else its current one), else the in-cluster
     credentials. Raises ``ConfigException`` when no configuration is found, when a
     ``config_file`` or ``context`` is asked for and there is no such file, or no such context.
+
+    ``trust_env=False`` (the operator, the worker): the client does not read ``HTTPS_PROXY``,
+    ``NO_PROXY`` or ``~/.netrc``, as kopf's own client does not (its default). With it on
+    (``kubernetes_asyncio``'s fixed choice, kept for the CLI, as ``kubectl`` honours a proxy)
+    aiohttp looks both up on a thread for every request: two thread hand-offs per API call.
+    A kubeconfig's ``proxy-url`` is sent either way.
     """
     path = config_file or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     if os.path.exists(path):
@@ -42,7 +49,23 @@ async def api_client(
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except ConfigException as err:
             raise ConfigException(f"no kubeconfig at {path} and not in a cluster: {err}") from err
-    return client.ApiClient()
+    api = client.ApiClient()
+    if not trust_env:
+        _ignore_environment(api)
+    return api
+
+
+def _ignore_environment(api: client.ApiClient) -> None:
+    """Give ``api`` an aiohttp session with ``trust_env=False`` on the same connector (pool
+    and TLS context): ``kubernetes_asyncio`` fixes ``trust_env=True`` and offers no option."""
+    rest = api.rest_client
+    session: aiohttp.ClientSession = rest.pool_manager
+    rest.pool_manager = aiohttp.ClientSession(
+        connector=session.connector,
+        trust_env=False,
+        read_bufsize=2**21,  # as kubernetes_asyncio sets it: large objects' watch events
+    )
+    session.detach()  # the connector now belongs to the new session, which closes it
 
 
 async def secret_values(

@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
+import uvloop
 from prometheus_client import start_http_server
 
 from agentrun import telemetry
 from agentrun.settings import ProcessSettings
 
 S = TypeVar("S", bound=ProcessSettings)
+T = TypeVar("T")
 
 QUIET_LOGGERS = ("httpx", "httpx2", "openai", "kopf.objects")
 """Libraries that log every request (the clients) or every handler call of every object
@@ -45,6 +47,14 @@ def start(settings_type: type[S], *, service: str) -> S:
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr=settings.metrics_addr)
     return settings
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to its end on a new uvloop event loop (libuv's, a drop-in asyncio loop:
+    less CPU per socket read, write and callback than the standard one; kopf picks it too when
+    it is installed) and return its result; what ``main`` raises propagates."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 def stop_on_signals(stop: Callable[[], None]) -> None:

@@ -177,6 +177,13 @@ class OperatorSettings(ProcessSettings):
     the tenants' ``AGENTRUN_TENANT_EVENT_MAX_BYTES`` together; when it is reached anyway,
     workers retry the refused turns as NATS trouble (each retry a model call) until deleted
     runs make room."""
+    nats_replicas: int = Field(default=1, ge=1, le=5)
+    """``AGENTRUN_NATS_REPLICAS``: servers that keep each stream and KV bucket the operator
+    provisions (``AGENTRUN_TURNS``, ``AGENTRUN_EVENTS``, the ledger and effect buckets): 1 on a
+    single nats-server, 3 on a three-server JetStream cluster (JetStream allows 1 to 5). At
+    start the operator creates what is missing with it and updates what has another count;
+    more than the servers can hold stops it with a message saying so. The chart sets it from
+    ``nats.jetstream.replicas``."""
     tool_discovery_timeout_max: float = Field(default=30.0, gt=0, le=600)
     """``AGENTRUN_TOOL_DISCOVERY_TIMEOUT_MAX``: the most seconds one AgentToolServer's
     discovery may take, whatever its ``spec.timeouts.discovery`` asks (a longer one is clamped

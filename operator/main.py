@@ -49,7 +49,7 @@ def main() -> None:
     metrics.export_operator()  # agentrun_operator_leader 0 until it leads
     metrics.export_store_limit(config.jetstream_store_bytes)
     assert handlers.REGISTERED  # the import registers the handlers with kopf
-    asyncio.run(run(config))
+    process.run(run(config))
 
 
 def identity(settings: OperatorSettings) -> str:

@@ -239,12 +239,15 @@ async def start_parts(
             auth=settings.nats_auth,
             ack_wait=settings.turn_ack_wait,
             events_max_bytes=settings.event_stream_max_bytes,
+            replicas=settings.nats_replicas,
         ),
         name=f"agentrun-operator-{os.getpid()}",
     )
     # the operator creates the buckets; workers only bind them
-    await buckets.open_bucket(bus.js, buckets.effects_config(), create=True)
-    parts = _make_parts(settings, bus=bus, store=await LedgerStore.open(bus.js), api=api)
+    replicas = settings.nats_replicas
+    await buckets.open_bucket(bus.js, buckets.effects_config(replicas=replicas), create=True)
+    store = await LedgerStore.open(bus.js, replicas=replicas)
+    parts = _make_parts(settings, bus=bus, store=store, api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()

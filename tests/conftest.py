@@ -4,6 +4,8 @@
   of ``KUBECONFIG`` when ``AGENTRUN_USE_EXISTING_CLUSTER=1``); `kubectl` drives it; `crds`
   installs ``crds/*.yaml``; `test_namespace` gives each test a fresh namespace.
 - `nats_server`: nats-server with JetStream from `agentrun_dev.natsserver`.
+- `nats_cluster`: three nats-servers routed as one JetStream cluster (`agentrun_dev.natscluster`),
+  one per test module.
 - `devenv_binaries`: the control-plane executables (see `agentrun_dev.binaries`).
 - `devenv_launch`: where fixtures' processes log (a pytest temp dir, kept for the last three
   sessions) and the rule that they die with the pytest process.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrun_dev import binaries, components, controlplane, natsserver
+from agentrun_dev import binaries, components, controlplane, natscluster, natsserver
 from agentrun_dev.kubectl import Kubectl, apply_crds, create_namespace, delete_namespace
 
 pytest_plugins = ["prometheus_support"]
@@ -116,6 +118,21 @@ def own_nats_server(
     """A nats-server of one test module's own, stopped after it: no other test's operator or
     workers (the e2e stack shares ``nats_server``) can take the turns it publishes."""
     yield from _nats_server(tmp_path_factory, devenv_launch)
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(
+    tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
+) -> Iterator[natscluster.NatsCluster]:
+    """Three closed nats-servers forming one JetStream cluster (``.servers``, ``.url``,
+    ``.auth(identity)``), of one test module's own; stopped after it."""
+    cluster = natscluster.start_nats_cluster(
+        tmp_path_factory.mktemp("natscluster"), launch=devenv_launch
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ serve until SIGTERM/SIGINT, then drain."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -92,7 +91,7 @@ def _consumer_settings(config: WorkerSettings) -> ConsumerSettings:
 async def _kube_api() -> ApiClient | None:
     """The Kubernetes client, or ``None`` (logged) when there is no cluster access."""
     try:
-        return await kube.api_client()
+        return await kube.api_client(trust_env=False)
     except Exception as err:  # a worker without cluster access can still run cluster-free tools
         log.warning(
             "no Kubernetes access (%s): kubernetes_get and Secret credentials are unavailable", err
@@ -129,4 +128,4 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
 def main() -> None:
     """Console script ``agentrun-worker``."""
     config = process.start(WorkerSettings, service="agentrun-worker")
-    asyncio.run(serve(config))
+    process.run(serve(config))

@@ -186,13 +186,23 @@ class LedgerStore(CasStore):
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, *, bucket: str = BUCKET, create: bool = True, **kwargs: Any
+        cls,
+        js: JetStreamContext,
+        *,
+        bucket: str = BUCKET,
+        create: bool = True,
+        replicas: int = 1,
+        **kwargs: Any,
     ) -> LedgerStore:
         """Bind the ledger bucket (``AGENTRUN_LEDGER``; another name keeps a second ledger
         apart on the same server, e.g. for tests), creating it when missing and allowing
-        atomic batches on it if ``create`` (the operator), else waiting for both (a worker:
-        ``buckets.open_bucket``, ``buckets.require_atomic``). Needs nats-server ≥ 2.12."""
-        config = api.KeyValueConfig(bucket=bucket, history=1, storage=api.StorageType.FILE)
+        atomic batches on it if ``create`` (the operator), kept by ``replicas`` servers (an
+        existing bucket's count is set to it), else waiting for both (a worker:
+        ``buckets.open_bucket``, ``buckets.require_atomic``). Needs nats-server ≥ 2.12. Raises
+        ``buckets.ReplicasRefused`` when the servers cannot hold ``replicas``."""
+        config = api.KeyValueConfig(
+            bucket=bucket, history=1, storage=api.StorageType.FILE, replicas=replicas
+        )
         kv = await buckets.open_bucket(js, config, create=create)
         await buckets.require_atomic(js, bucket, create=create)
         return cls(kv, **kwargs)

@@ -160,10 +160,12 @@ def generate_server_tls(
     common_name: str,
     dns_names: Sequence[str] = ("localhost",),
     ips: Sequence[str] = (),
+    peer: bool = False,
 ) -> ServerTls:
     """Write a fresh CA (``ca.crt``) and a serving certificate signed by it (``tls.crt``,
     ``tls.key`` mode 0600) for `common_name`, valid for 127.0.0.1, ::1, `ips` and
-    `dns_names`.
+    `dns_names`; with `peer`, valid as a client certificate too (a server that dials its
+    peers with it, e.g. a NATS cluster's routes).
 
     Raises OSError if the directory cannot be written.
     """
@@ -178,7 +180,7 @@ def generate_server_tls(
         *(x509.DNSName(name) for name in dns_names),
     ]
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    cert = _leaf(subject, key, ca_key, ca_cert.subject, server_names=sans)
+    cert = _leaf(subject, key, ca_key, ca_cert.subject, server_names=sans, peer=peer)
     _write_cert(tls.ca_cert, ca_cert)
     _write_cert(tls.cert, cert)
     _write_key(tls.key, key)
@@ -230,16 +232,18 @@ def _leaf(
     ca_name: x509.Name,
     *,
     server_names: Sequence[x509.GeneralName] = (),
+    peer: bool = False,
 ) -> x509.Certificate:
     """A certificate for `key` signed by the CA: a serving certificate for `server_names`
-    (its SANs) when given, else a client certificate."""
+    (its SANs) when given (with `peer`, a client certificate as well), else a client
+    certificate."""
     builder = _builder(subject=subject, issuer=ca_name, public_key=key.public_key())
-    usage = ExtendedKeyUsageOID.CLIENT_AUTH
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
     if server_names:
         builder = builder.add_extension(x509.SubjectAlternativeName(server_names), critical=False)
-        usage = ExtendedKeyUsageOID.SERVER_AUTH
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, *usages[:peer]]
     return (
-        builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(_key_usage(ca=False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )

@@ -61,6 +61,15 @@ def register_dev(subparsers: Subparsers) -> None:
     up.add_argument("--crds", type=Path, default=None, metavar="DIR", help="CRD directory")
     up.add_argument("--node", action="store_true", help=_NODE_HELP)
     up.add_argument("--chart", action="store_true", help=_CHART_HELP)
+    up.add_argument(
+        "--nats-servers",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        metavar="N",
+        help="NATS servers: 1 (default), or 3 for a JetStream cluster on loopback whose streams "
+        "and buckets are kept at R3 (not with --chart, whose NATS is the chart's)",
+    )
     up.set_defaults(handler=cmd_dev_up)
 
     down = commands.add_parser(
@@ -123,12 +132,16 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
     if args.workers < 0:
         print("agentrun: error: --workers must be ≥ 0", file=sys.stderr)
         return 2
+    if args.chart and args.nats_servers != 1:
+        print("agentrun: error: --nats-servers is for the local stack", file=sys.stderr)
+        return 2
     options = stack.UpOptions(
         workers=args.workers,
         scenarios=tuple(args.scenarios),
         crd_dir=args.crds,
         node=args.node,
         chart=args.chart,
+        nats_servers=args.nats_servers,
     )
     current = stack.up(state.resolve_dir(args.dir), options=options, log=_progress)
     demo.apply_mock_model(current)

@@ -156,7 +156,7 @@ def write_auth(directory: Path) -> Authority:
     """Make a closed server's files in `directory` (see the module docstring): a CA and
     serving certificate, a fresh authority, its ``auth.conf`` and a ``.creds`` per identity.
     Returns the authority. Raises OSError if the directory cannot be written."""
-    certs.generate_server_tls(directory, common_name="nats-server")
+    certs.generate_server_tls(directory, common_name="nats-server", peer=True)  # routes too
     authority = Authority.generate()
     keys = directory / "authority"
     keys.mkdir(parents=True, exist_ok=True)

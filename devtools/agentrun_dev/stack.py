@@ -39,6 +39,7 @@ from agentrun_dev import (
     console,
     controlplane,
     kubectl,
+    natscluster,
     natsserver,
     node,
     probes,
@@ -103,6 +104,9 @@ class UpOptions:
 
     node_wait: float = 0.0
     """Seconds to wait for another node on this machine to stop (0: refuse at once)."""
+    nats_servers: int = 1
+    """NATS servers: 1, or more for a JetStream cluster on loopback (``natscluster``) whose
+    streams and buckets the operator keeps at that many replicas (``AGENTRUN_NATS_REPLICAS``)."""
 
     @property
     def with_node(self) -> bool:
@@ -141,7 +145,9 @@ STOP_GRACE = 10.0
 """Seconds a stopped service gets after SIGTERM before SIGKILL (``stop_component``'s wait)."""
 
 
-def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, str]:
+def service_env(
+    *, kubeconfig: str, nats: natsserver.NatsServer, replicas: int = 1
+) -> dict[str, str]:
     """Environment shared by the operator and workers (contracts.md), minus the metrics port
     and the NATS credentials, which `start_operator` and `start_worker` pick per role from
     ``AGENTRUN_DEV_NATS_CREDS_DIR`` (a closed `nats` server's files).
@@ -151,7 +157,8 @@ def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, st
     Lease (8 s; a leader gives up after 6 s without renewal), so that an operator restarted in
     place takes over within seconds, while a slow API server on a busy machine does not make
     it give up; and a worker's grace period of ``STOP_GRACE`` seconds, the time its stop waits
-    before SIGKILL, less a 3 s margin for its drain.
+    before SIGKILL, less a 3 s margin for its drain. ``replicas`` > 1 (a NATS cluster) is
+    passed as ``AGENTRUN_NATS_REPLICAS``.
     """
     env = {
         "KUBECONFIG": kubeconfig,
@@ -165,6 +172,8 @@ def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, st
         "AGENTRUN_TERMINATION_GRACE": str(STOP_GRACE),
         "AGENTRUN_DRAIN_MARGIN": "3",
     }
+    if replicas > 1:
+        env["AGENTRUN_NATS_REPLICAS"] = str(replicas)
     if nats.store_bytes:
         env["AGENTRUN_JETSTREAM_STORE_BYTES"] = str(nats.store_bytes)
     if nats.auth_dir is not None:
@@ -174,6 +183,20 @@ def service_env(*, kubeconfig: str, nats: natsserver.NatsServer) -> dict[str, st
     env["AGENTRUN_RUN_TRUST_FILE"] = str(trusted)
     env[SIGNING_FILE_ENV] = str(signing)
     return env
+
+
+def start_nats(
+    directory: Path, *, servers: int, launch: components.Launch
+) -> tuple[natsserver.NatsServer, tuple[components.Component, ...]]:
+    """The stack's NATS in ``<directory>/nats``: one closed nats-server, or with `servers` > 1
+    a JetStream cluster of that many (``natscluster``), whose first server the stack's clients
+    are given (they learn the others from it). Returns (that server, every component started).
+    Raises what ``start_nats_server`` / ``start_nats_cluster`` raise."""
+    if servers == 1:
+        nats = natsserver.start_nats_server(directory / "nats", launch=launch)
+        return nats, (nats.component,)
+    cluster = natscluster.start_nats_cluster(directory / "nats", size=servers, launch=launch)
+    return cluster.servers[0], tuple(server.component for server in cluster.servers)
 
 
 def write_run_keys(directory: Path) -> tuple[Path, Path]:
@@ -413,14 +436,15 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
             )
             return _recorded(dataclasses.replace(current, complete=True))
         kubectl.apply_crds(kubectl.Kubectl.for_cluster(cluster), crd_dir, log=log)
-        nats = natsserver.start_nats_server(directory / "nats", launch=launch)
+        nats, started = start_nats(directory, servers=options.nats_servers, launch=launch)
         current = _recorded(
             dataclasses.replace(current, nats_url=nats.url, nats_auth_dir=nats.auth_dir),
-            nats.component,
+            *started,
         )
         mock = start_mockllm(scenarios, launch=launch)
         current = _recorded(dataclasses.replace(current, model_url=mockllm_url(mock)), mock)
-        env = service_env(kubeconfig=cluster.env["KUBECONFIG"], nats=nats)
+        kubeconfig = cluster.env["KUBECONFIG"]
+        env = service_env(kubeconfig=kubeconfig, nats=nats, replicas=options.nats_servers)
         current = _start_services(current, env=env, workers=options.workers, launch=launch)
         return _recorded(dataclasses.replace(current, complete=True))
     except BaseException:

@@ -162,7 +162,7 @@ class Kube:
     @classmethod
     async def connect(cls) -> Kube:
         """From the kubeconfig, else the in-cluster service account (``kube.api_client``)."""
-        return cls(await kube.api_client())
+        return cls(await kube.api_client(trust_env=False))
 
     async def close(self) -> None:
         """See ``KubeApi.close``: close the connection pool."""

@@ -185,3 +185,23 @@ def test_the_operator_knows_the_jetstream_store_s_size_in_nats_units(
     """1K is 1000 and 1KB 1024 in the NATS server's configuration."""
     operator = pod_spec(render(offline_helm, values), "operator")
     assert env(operator)["AGENTRUN_JETSTREAM_STORE_BYTES"] == store_bytes
+
+
+@pytest.mark.parametrize(
+    ("values", "replicas"),
+    [
+        pytest.param({}, "1", id="default"),
+        pytest.param({"nats.jetstream.replicas": "3"}, "3", id="R3"),
+    ],
+)
+def test_the_operator_provisions_streams_at_the_configured_replica_count(
+    offline_helm: helm.Helm, values: dict[str, str], replicas: str
+) -> None:
+    operator = pod_spec(render(offline_helm, values), "operator")
+    assert env(operator)["AGENTRUN_NATS_REPLICAS"] == replicas
+
+
+def test_more_replicas_than_jetstream_allows_fail_the_render(offline_helm: helm.Helm) -> None:
+    with pytest.raises(helm.HelmError) as refused:
+        render(offline_helm, {"nats.jetstream.replicas": "7"})
+    assert "replicas" in str(refused.value)

@@ -74,3 +74,14 @@ def test_an_issued_client_cert_carries_user_and_group_and_is_signed_by_the_ca(
     assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
     assert key_path.stat().st_mode & 0o777 == 0o600
     assert pki.ca_key.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_peer_serving_cert_also_authenticates_as_a_client_and_a_plain_one_does_not(
+    tmp_path: Path,
+) -> None:
+    def usages(peer: bool) -> list[x509.ObjectIdentifier]:
+        tls = certs.generate_server_tls(tmp_path / str(peer), common_name="n", peer=peer)
+        return list(load(tls.cert).extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+
+    assert usages(False) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert usages(True) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import nats
+import nats.js.errors
 import pytest
 
 from agentrun.cli import main as agentrun_cli
@@ -205,3 +206,52 @@ def test_the_eval_hint_names_the_running_executable_when_path_does_not_find_it(
     monkeypatch.chdir(tmp_path / "elsewhere")
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     assert dev_cli._executable(str(script)) == str(script.resolve())
+
+
+def test_a_nats_cluster_is_for_the_local_stack_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert agentrun_cli.main(["dev", "up", "--chart", "--nats-servers", "3"]) == 2
+    assert "--nats-servers is for the local stack" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # a cluster of two cannot elect a leader alone
+        agentrun_cli.main(["dev", "up", "--nats-servers", "2"])
+    assert refused.value.code == 2
+
+
+@pytest.mark.e2e
+def test_up_with_three_nats_servers_keeps_every_stream_at_r3(dev_dir: Path) -> None:
+    d = ("--dir", str(dev_dir))
+    up = agentrun("dev", "up", "--workers", "1", "--nats-servers", "3", *d)
+    assert up.returncode == 0, up.stderr
+    running = state.load_state(dev_dir)
+    assert running is not None and running.nats_auth_dir is not None
+    names = [c.name for c in running.components]
+    assert [n for n in names if n.startswith("nats-server")] == [
+        "nats-server-n1",
+        "nats-server-n2",
+        "nats-server-n3",
+    ]
+    auth = NatsAuth(
+        creds_file=running.nats_auth_dir / "admin.creds",
+        ca_file=running.nats_auth_dir / "ca.crt",
+    )
+    assert running.nats_url is not None
+    found = asyncio.run(stream_replicas(running.nats_url, auth))
+    assert found == dict.fromkeys(found, 3) and len(found) == 4, found
+    down = agentrun("dev", "down", *d)
+    assert down.returncode == 0, down.stderr
+    assert not any(procs.is_alive(c.record) for c in running.components)
+
+
+async def stream_replicas(url: str, auth: NatsAuth) -> dict[str, int]:
+    """The replica count of agentrun's streams and buckets, once the operator made them all."""
+    client = await nats.connect(url, **connect_options(auth))
+    streams = ("AGENTRUN_TURNS", "AGENTRUN_EVENTS", "KV_AGENTRUN_LEDGER", "KV_AGENTRUN_EFFECTS")
+    try:
+        js = client.jetstream(timeout=5)
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    return {s: (await js.stream_info(s)).config.num_replicas or 1 for s in streams}
+                except nats.js.errors.NotFoundError:
+                    await asyncio.sleep(0.5)
+    finally:
+        await client.close()

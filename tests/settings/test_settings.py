@@ -106,3 +106,16 @@ def test_the_admission_bound_per_namespace_is_4_at_least_1_and_read_from_its_var
     monkeypatch.setenv("AGENTRUN_ADMISSION_PER_NAMESPACE", "0")
     with pytest.raises(pydantic.ValidationError, match="admission_per_namespace"):
         OperatorSettings()
+
+
+def test_the_operator_provisions_one_replica_unless_told_and_at_most_five(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AGENTRUN_NATS_REPLICAS", raising=False)
+    assert OperatorSettings().nats_replicas == 1
+    monkeypatch.setenv("AGENTRUN_NATS_REPLICAS", "3")
+    assert OperatorSettings().nats_replicas == 3
+    for refused in ("0", "6"):
+        monkeypatch.setenv("AGENTRUN_NATS_REPLICAS", refused)
+        with pytest.raises(pydantic.ValidationError, match="nats_replicas"):
+            OperatorSettings()

