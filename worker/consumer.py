@@ -28,7 +28,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 
-from agentrun import kernel, metrics, protocol, telemetry
+from agentrun import kernel, loops, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict, EventTooLarge
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
@@ -231,14 +231,19 @@ class TurnConsumer:
         )
 
     async def _heartbeat(self, msg: Msg, run_uid: str) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat)
+        """Every ``heartbeat`` seconds until cancelled: tell NATS the message is in progress and
+        refresh the run's hold (each independent of the other's failure)."""
+
+        async def beat() -> None:
             with contextlib.suppress(Exception):
                 await msg.in_progress()
             hold = self._holds.get(run_uid)
             if hold is not None:
-                with contextlib.suppress(Exception):
-                    await hold.refresh()
+                await hold.refresh()
+
+        await loops.every(
+            self.settings.heartbeat, beat, what=f"heartbeat of run {run_uid}", wait_first=True
+        )
 
     async def _handle(self, msg: Msg) -> None:
         try:

@@ -10,7 +10,8 @@ folded in.
 from __future__ import annotations
 
 import asyncio
-import collections
+
+import cachetools
 
 from agentrun.bus import Bus
 from agentrun.history import CorruptHistory, LoadedRun, fold
@@ -25,21 +26,15 @@ class RunCache:
 
     def __init__(self, capacity: int = 1024) -> None:
         self.capacity = capacity
-        self._runs: collections.OrderedDict[str, LoadedRun] = collections.OrderedDict()
+        self._runs: cachetools.LRUCache[str, LoadedRun] = cachetools.LRUCache(capacity)
 
     def get(self, run_uid: str) -> LoadedRun | None:
         """The cached run, marked as recently used."""
-        run = self._runs.get(run_uid)
-        if run is not None:
-            self._runs.move_to_end(run_uid)
-        return run
+        return self._runs.get(run_uid)
 
     def put(self, run: LoadedRun) -> None:
         """Remember ``run`` (evicting the least recently used past capacity)."""
         self._runs[run.config.uid] = run
-        self._runs.move_to_end(run.config.uid)
-        while len(self._runs) > self.capacity:
-            self._runs.popitem(last=False)
 
     def drop(self, run_uid: str) -> None:
         """Forget a run."""

@@ -15,7 +15,6 @@ What does not belong here: reusing sessions (``sessions``), mapping results and 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import enum
@@ -27,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import TYPE_CHECKING
 
 import anyio
+import cachetools
 import httpcore2
 import httpx2
 
@@ -165,8 +165,7 @@ class HttpStatuses:
     must correct from a fault of the server. Bounded: the oldest are forgotten."""
 
     def __init__(self, size: int = 4096) -> None:
-        self._by_ref: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._size = size
+        self._by_ref: cachetools.FIFOCache[str, int] = cachetools.FIFOCache(size)
 
     async def observe(self, response: httpx2.Response) -> None:
         """Response hook: note the status of an error answer to a referenced call."""
@@ -179,8 +178,6 @@ class HttpStatuses:
             return
         if isinstance(ref, str):
             self._by_ref[ref] = response.status_code
-            while len(self._by_ref) > self._size:
-                self._by_ref.popitem(last=False)
 
     def pop(self, ref: str) -> int | None:
         """The status the call ``ref`` was answered with, if it was an error (forgotten)."""

@@ -63,6 +63,14 @@ class Resolved:
     """What ``http_get`` may fetch (the tenant's rules)."""
 
 
+def run_timeout(spec: runs.AgentRunSpec) -> float:
+    """Seconds from a run's admission to its deadline: ``spec.budget.timeout``, or the implicit
+    one."""
+    timeout = spec.budget.timeout or runs.IMPLICIT_BUDGET.timeout
+    assert timeout is not None
+    return timeout.seconds
+
+
 def build_run_config(
     run: runs.RunKey,
     spec: runs.AgentRunSpec,
@@ -87,8 +95,6 @@ def build_run_config(
         raise SpecError(f"spec.model: {not_found('AgentModel', spec.model)}")
     rename = {f"{t.server}/{t.tool}": t.name for t in resolved.remote_tools}
     _check_tools(spec, known_tools=known_tools, remote=set(rename))
-    timeout = spec.budget.timeout or runs.IMPLICIT_BUDGET.timeout
-    assert timeout is not None
     limits = run_limits(spec, model=model, known_tools=known_tools, rename=rename)
     return RunConfig(
         uid=run.uid,
@@ -99,7 +105,7 @@ def build_run_config(
         tools=tuple(rename.get(t, t) for t in spec.tools),
         limits=limits,
         model=model,
-        deadline=start_time + timeout.seconds,
+        deadline=start_time + run_timeout(spec),
         tenant=resolved.tenant,
         output_schema=limits.output_schema,
         remote_tools=tuple(resolved.remote_tools),

@@ -9,11 +9,15 @@ case. What does not: the rules themselves (``config``).
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
+
+import cachetools
 
 from agentrun.kernel import schemas
 from agentrun.protocol import RunConfig
@@ -21,7 +25,28 @@ from agentrun.tools import remote
 
 from .. import agents, runs, tenants, toolservers
 from ..platform.spec import SpecError
-from .config import Resolved, build_run_config, check_metered, first_call_need
+from .config import Resolved, build_run_config, check_metered, first_call_need, run_timeout
+
+BUILT_MEMORY = 10_000
+"""Runs whose last config built is kept (the least recently built forgotten first)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Built:
+    """A run's config as built, and what it was built from."""
+
+    spec: Mapping[str, Any]
+    """The run's spec (a copy)."""
+    policy: tenants.TenantPolicy
+    model_name: str
+    model: dict[str, Any] | None
+    """Its AgentModel as read (``None``: not found)."""
+    server_names: tuple[str, ...]
+    servers: tuple[dict[str, Any] | None, ...]
+    """Each AgentToolServer it names, as read, in the order of ``server_names``."""
+    timeout: float
+    """``config.run_timeout`` of the applied spec: the deadline's distance from the start."""
+    config: RunConfig
 
 
 class ToolServerPending(SpecError):
@@ -49,6 +74,8 @@ class RunConfigs:
         self.known_tools = known_tools
         self.tool_specs = tool_specs
         self.servers = servers
+        self._built: cachetools.LRUCache[str, _Built] = cachetools.LRUCache(BUILT_MEMORY)
+        """Each run's last config built, by uid (``build_config``)."""
 
     async def build_config(
         self,
@@ -61,7 +88,37 @@ class RunConfigs:
         """The run's ``RunConfig``; raises ``SpecError`` naming the field (an AgentModel
         without prices where a cost budget applies, ``config.check_metered``;
         ``ToolServerPending`` when a named AgentToolServer is not discovered yet), or
-        ``ApiError`` when the AgentModel or an AgentToolServer cannot be read."""
+        ``ApiError`` when the AgentModel or an AgentToolServer cannot be read.
+
+        Built once per run while what it is built from stays the same: the config of the
+        run's last build is reused, its deadline counted from ``start_time``, when the spec
+        and the policy are equal to that build's and its AgentModel and AgentToolServers read
+        now are too (the create handler's build to validate, then the pump's at admission
+        and at each pass of a queue, cost one build). Every rule is a function of those
+        inputs, so a reused config is the one a build would make."""
+        built = self._built.get(run.uid)
+        if built is not None and built.spec == spec and built.policy == policy:
+            model = await self.models.get(built.model_name)
+            servers = [await self.servers.get(run.namespace, s) for s in built.server_names]
+            if model == built.model and servers == list(built.servers):
+                return dataclasses.replace(built.config, deadline=start_time + built.timeout)
+        built = await self._build(run, spec, policy, start_time=start_time)
+        self._built[run.uid] = built
+        return built.config
+
+    def forget(self, uid: str) -> None:
+        """Drop what is kept of run ``uid``'s last build (it was admitted or left its queue)."""
+        self._built.pop(uid, None)
+
+    async def _build(
+        self,
+        run: runs.RunKey,
+        spec: Mapping[str, Any],
+        policy: tenants.TenantPolicy,
+        *,
+        start_time: float,
+    ) -> _Built:
+        """The run's config built anew, with what it was built from (see ``build_config``)."""
         applied = policy.apply(runs.AgentRunSpec.of(spec))
         if applied.output.json_schema is not None:
             problem = await asyncio.to_thread(output_schema_problem, applied.output.json_schema)
@@ -76,12 +133,14 @@ class RunConfigs:
                 tenant=policy.name,
                 tenant_cost=policy.limits.cost_usd is not None,
             )
-        remote_tools = []
+        remote_tools, names, servers = [], [], []
         for name in applied.tools:
             parts = toolservers.split_reference(name)
             if parts is None:
                 continue
             server = await self.servers.get(run.namespace, parts[0])
+            names.append(parts[0])
+            servers.append(server)
             rules, tenant = policy.tool_server_rules, policy.name
             toolservers.check_reach(name, server, rules=rules, tenant=tenant)
             if toolservers.is_pending(server):
@@ -91,7 +150,7 @@ class RunConfigs:
                     name, server, namespace=run.namespace, rules=rules, tenant=tenant
                 )
             )
-        return build_run_config(
+        config = build_run_config(
             run,
             applied,
             model=None if found is None else agents.model_config(applied.model, found),
@@ -99,6 +158,8 @@ class RunConfigs:
             start_time=start_time,
             resolved=Resolved(policy.name, remote_tools, policy.url_rules),
         )
+        inputs = (applied.model, found, tuple(names), tuple(servers))
+        return _Built(copy.deepcopy(dict(spec)), policy, *inputs, run_timeout(applied), config)
 
     def first_call_need(self, config: RunConfig) -> tuple[int, Decimal]:
         """(tokens, USD) the run's first model call may use at worst (see

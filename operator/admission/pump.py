@@ -37,7 +37,7 @@ from decimal import Decimal
 
 import nats.errors
 
-from agentrun import kernel, metrics, telemetry
+from agentrun import kernel, loops, metrics, telemetry
 from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull, TenantQueue
 from agentrun.protocol import RunConfig
@@ -177,6 +177,7 @@ class QueuePump:
         except QueueFull as err:  # the platform's limit: this run only, with what it says
             self._waiting.pop(run.uid, None)
             self._objects.pop(run.uid, None)
+            self.deps.configs.forget(run.uid)
             message = f"{err}; the run was not queued: create it again once the queue is shorter"
             self.shown.end_unadmitted(
                 run,
@@ -194,6 +195,7 @@ class QueuePump:
         for name in [tenant] if tenant else self._tenants_with_queues():
             if await self.store.dequeue(name, key.uid):
                 self._objects.pop(key.uid, None)
+                self.deps.configs.forget(key.uid)
                 seen = self._waiting.pop(key.uid, None)
                 self.shown.end_unadmitted(
                     key,
@@ -210,6 +212,7 @@ class QueuePump:
         """A deleted run leaves whatever queue holds it."""
         self._waiting.pop(uid, None)
         self._objects.pop(uid, None)
+        self.deps.configs.forget(uid)
         for name in self._tenants_with_queues():
             if await self.store.dequeue(name, uid):
                 self.board.kick(name)
@@ -246,15 +249,14 @@ class QueuePump:
             )
 
     async def _pump_loop(self, tenant: str, wake: asyncio.Event) -> None:
-        while not self._stopping.is_set():
-            await wake.wait()
-            wake.clear()
-            try:
-                await self.pump_queue(tenant)
-            except Exception:
-                log.exception(
-                    "admission pump of tenant %s failed; retrying at the next sweep", tenant
-                )
+        await loops.every(
+            None,
+            lambda: self.pump_queue(tenant),
+            what=f"admission pump of tenant {tenant}",
+            stopping=self._stopping,
+            wake=wake,
+            wait_first=True,
+        )
 
     async def pump_queue(self, tenant: str) -> None:
         """Admit from the head of the tenant's queue while runs fit; show the rest as Queued.
@@ -472,6 +474,7 @@ class QueuePump:
         await self._record_admitted(head.key)
         self._waiting.pop(head.key.uid, None)
         self._objects.pop(head.key.uid, None)
+        self.deps.configs.forget(head.key.uid)
         await self.store.dequeue(policy.name, head.key.uid)
         metrics.ADMISSION_WAIT.labels(tenant=policy.name).observe(max(0.0, now - head.created))
         self.deps.events.record(
@@ -505,4 +508,5 @@ class QueuePump:
         """Take a run that will not run out of the queue."""
         self._waiting.pop(key.uid, None)
         self._objects.pop(key.uid, None)
+        self.deps.configs.forget(key.uid)
         await self.store.dequeue(tenant, key.uid)

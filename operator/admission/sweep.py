@@ -27,14 +27,13 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from agentrun import kernel, metrics
+from agentrun import kernel, loops, metrics
 from agentrun.ledger import Book, LedgerStore, Repair, UsageFloor
 from agentrun.protocol import RunEvent
 from agentrun.trust import SealFault
 
 from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
-from ..platform.loops import sleep_until_set
 from ..runs import LiveRuns, RunKey
 from ..tenants import TenantPolicy, Tenants, TenantStatusWriter
 from .pump import fetch_pending_run
@@ -101,14 +100,16 @@ class LedgerSweep:
 
     async def run(self) -> None:
         """Sweep every ``interval`` seconds until stopped."""
-        while not self._stopping.is_set():
-            try:
-                await self.sweep()
-            except Exception as err:
-                self.failures.failed("", err, subject="every tenant")
-            else:
-                self.failures.succeeded("", subject="every tenant")
-            await sleep_until_set(self._stopping, self.interval)
+        await loops.every(self.interval, self._pass, what="ledger sweep", stopping=self._stopping)
+
+    async def _pass(self) -> None:
+        """One sweep; a failure counted and logged once (``failures``), until it recovers."""
+        try:
+            await self.sweep()
+        except Exception as err:
+            self.failures.failed("", err, subject="every tenant")
+        else:
+            self.failures.succeeded("", subject="every tenant")
 
     async def sweep(self) -> None:
         """One pass over every tenant (see the module docstring)."""

@@ -9,9 +9,12 @@ admitted a few seconds later). What does not: the AgentModel's spec and its ``Mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
+
+import cachetools
 
 from agentrun import kube
 
@@ -22,6 +25,8 @@ MODELS = kube.MODELS
 MODEL_CACHE_SECONDS = 5.0
 """How long an AgentModel read is reused: a burst of admissions reads it once; an edited price
 applies to runs admitted a few seconds later."""
+MODEL_CACHE_SIZE = 4096
+"""The most AgentModels cached at once (the least recently used forgotten first)."""
 
 
 class ModelCache:
@@ -36,15 +41,16 @@ class ModelCache:
     def __init__(self, api: KubeApi, *, clock: Callable[[], float] = time.monotonic) -> None:
         """``api``: where AgentModels are read; ``clock`` is monotonic seconds."""
         self._api = api
-        self._clock = clock
-        self._models: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._models: cachetools.TTLCache[str, dict[str, Any]] = cachetools.TTLCache(
+            MODEL_CACHE_SIZE, MODEL_CACHE_SECONDS, timer=clock
+        )
+        """The models found, each until ``MODEL_CACHE_SECONDS`` after it was read or seen."""
         self._reading: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
 
     async def get(self, name: str) -> dict[str, Any] | None:
         """The AgentModel object or ``None`` if it does not exist; raises ``ApiError``."""
-        cached = self._models.get(name)
-        if cached is not None and cached[0] > self._clock():
-            return cached[1]
+        with contextlib.suppress(KeyError):  # not cached, or expired (one clock read)
+            return self._models[name]
         reading = self._reading.get(name)
         if reading is None:
             reading = asyncio.ensure_future(self._read(name))
@@ -57,15 +63,12 @@ class ModelCache:
         prices, ``pricing.free``) applies to the next admission, not after the cache's
         lifetime."""
         if model is None:
-            self._models.pop(name, None)
+            with contextlib.suppress(KeyError):  # not cached (or expired: dropped all the same)
+                del self._models[name]
         else:
-            self._models[name] = (self._clock() + MODEL_CACHE_SECONDS, model)
+            self._models[name] = model
 
     async def _read(self, name: str) -> dict[str, Any] | None:
-        now = self._clock()
         model = await self._api.get(Ref(MODELS, name))
-        if model is None:
-            self._models.pop(name, None)
-        else:
-            self._models[name] = (now + MODEL_CACHE_SECONDS, model)
+        self.put(name, model)
         return model

@@ -17,7 +17,6 @@ the event with a log line.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import enum
@@ -26,6 +25,8 @@ import socket
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
+
+import cachetools
 
 from agentrun import display, kube
 
@@ -128,8 +129,10 @@ class Throttle:
         self.namespace_burst = burst if namespace_burst is None else namespace_burst
         self.memory = memory
         self._all = _Bucket(float(burst))
-        self._namespaces: collections.OrderedDict[str, _Bucket] = collections.OrderedDict()
-        self._last: collections.OrderedDict[Hashable, float] = collections.OrderedDict()
+        self._namespaces: cachetools.LRUCache[str, _Bucket] = cachetools.LRUCache(memory)
+        """Each namespace's bucket; one forgotten is full again, as if it had been quiet."""
+        self._last: cachetools.LRUCache[Hashable, float] = cachetools.LRUCache(memory)
+        """When each key was last allowed."""
 
     def allow(self, key: Hashable, now: float, *, namespace: str = "") -> bool:
         """Whether an occasion with ``key`` about an object in ``namespace`` may be posted at
@@ -137,10 +140,8 @@ class Throttle:
         last = self._last.get(key)
         if last is not None and now - last < self.repeat_after:
             return False
-        mine = self._namespaces.pop(namespace, None) or _Bucket(float(self.namespace_burst))
-        self._namespaces[namespace] = mine  # most recently used last
-        while len(self._namespaces) > self.memory:
-            self._namespaces.popitem(last=False)  # forgotten: full again, as if quiet
+        mine = self._namespaces.get(namespace) or _Bucket(float(self.namespace_burst))
+        self._namespaces[namespace] = mine
         mine.refill(now, rate=self.namespace_rate, burst=self.namespace_burst)
         self._all.refill(now, rate=self.rate, burst=self.burst)
         if mine.tokens < 1 or self._all.tokens < 1:
@@ -148,9 +149,6 @@ class Throttle:
         mine.tokens -= 1
         self._all.tokens -= 1
         self._last[key] = now
-        self._last.move_to_end(key)
-        while len(self._last) > self.memory:
-            self._last.popitem(last=False)
         return True
 
 
@@ -188,7 +186,8 @@ class EventRecorder:
         self.dropped = 0
         self.instance = socket.gethostname()
         self._queue: asyncio.Queue[tuple[Occasion, float]] = asyncio.Queue(queue_size)
-        self._events: collections.OrderedDict[Hashable, _Posted] = collections.OrderedDict()
+        self._events: cachetools.LRUCache[Hashable, _Posted] = cachetools.LRUCache(throttle.memory)
+        """The Event posted for each occasion key, to count its repeats on."""
         self._uids: dict[tuple[str, str], str] = {}
 
     def record(
@@ -267,8 +266,6 @@ class EventRecorder:
         await self.api.create_event(namespace, event)
         self.posted += 1
         self._events[occasion.key] = _Posted(name, namespace, 1)
-        while len(self._events) > self.throttle.memory:
-            self._events.popitem(last=False)
 
     def _event(
         self, occasion: Occasion, *, name: str, namespace: str, uid: str, at: float

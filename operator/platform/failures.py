@@ -21,11 +21,11 @@ what a kind does with an object whose failure is final (its own module).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 from collections.abc import Hashable
 
+import cachetools
 import nats.errors
 
 from agentrun.ledger import LedgerCorrupt, LedgerUnavailable
@@ -92,7 +92,7 @@ class Failures:
         (e.g. ``"admission"``)."""
         self.log = logger
         self.what = what
-        self._seen: collections.OrderedDict[Hashable, tuple[int, str]] = collections.OrderedDict()
+        self._seen: cachetools.LRUCache[Hashable, tuple[int, str]] = cachetools.LRUCache(MEMORY)
 
     def failed(self, key: Hashable, err: BaseException, *, subject: str) -> Failure:
         """Count a failed attempt of ``key``'s work (``subject`` names the object in the log,
@@ -112,9 +112,7 @@ class Failures:
                 self.log.error("%s of %s failed: %s", self.what, subject, text, exc_info=err)
         else:
             self.log.debug("%s of %s failed again (%d): %s", self.what, subject, attempts + 1, text)
-        self._seen[key] = (failure.attempts, text)
-        while len(self._seen) > MEMORY:
-            self._seen.popitem(last=False)
+        self._seen[key] = (failure.attempts, text)  # the least recently failed forgotten
         return failure
 
     def succeeded(self, key: Hashable, *, subject: str) -> None:

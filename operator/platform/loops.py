@@ -1,31 +1,17 @@
-"""The shape the operator's background loops share: do a pass, then sleep until woken or a
-deadline.
+"""How the operator's background loops are stopped at shutdown.
 
-What belongs here: ``sleep_until_set``, the wait every loop ends its pass with (an event set by
-a kick, an observation or a stop, or the time of its next due work, whichever comes first), and
-``cancel_and_wait``, how they are stopped. What does not: the loops themselves (each part that
-runs one).
+What belongs here: ``cancel_and_wait``. What does not: the shape of a loop (``agentrun.loops``:
+``every``, ``sleep_until_set``, which the worker's loops share) and the loops themselves (each
+part that runs one).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
-
-
-async def sleep_until_set(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait until ``event`` is set or ``timeout`` seconds passed (``None``: no deadline);
-    whether it was set. The event is left as it is (the caller clears it where its pass
-    begins)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
-            return True
-    return False
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[None]], *, timeout: float) -> None:

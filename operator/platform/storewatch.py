@@ -31,9 +31,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import NoReturn
 
-from agentrun import protocol
-
-from .loops import sleep_until_set
+from agentrun import loops, protocol
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +114,8 @@ class StoreWatch:
         self.interval = interval
         self.baseline: dict[str, Created] | None = None
         self._stopping = asyncio.Event()
+        self._suspect: Loss | None = None
+        """The loss the last probe saw (``None``: none), judged again by the next."""
 
     def stop(self) -> None:
         """End ``run`` at its next wait."""
@@ -123,14 +123,16 @@ class StoreWatch:
 
     async def run(self) -> None:
         """Watch until stopped, or until the store is found lost (``on_lost`` called once)."""
-        suspect: Loss | None = None
-        while not self._stopping.is_set():
-            loss = await self._pass()
-            if loss is not None and (suspect is not None or loss.remade):
-                self.on_lost(str(loss))
-                return
-            suspect = loss
-            await sleep_until_set(self._stopping, self.interval)
+        await loops.every(self.interval, self._look, what="store watch", stopping=self._stopping)
+
+    async def _look(self) -> None:
+        """One probe: a loss seen twice in a row (a stream made anew: once) stops the watch and
+        calls ``on_lost``."""
+        loss = await self._pass()
+        if loss is not None and (self._suspect is not None or loss.remade):
+            self._stopping.set()
+            self.on_lost(str(loss))
+        self._suspect = loss
 
     async def _pass(self) -> Loss | None:
         try:

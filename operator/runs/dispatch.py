@@ -26,7 +26,6 @@ before seals existed is re-sealed once the API server vouches for it.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -34,9 +33,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import cachetools
 from nats.aio.msg import Msg
 
-from agentrun import history, kernel, metrics, protocol, telemetry
+from agentrun import history, kernel, loops, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 from agentrun.trust import Untrusted
@@ -54,6 +54,8 @@ from .writer import StatusWriter
 log = logging.getLogger(__name__)
 
 STOP_ATTEMPTS = 8
+ENDED_MEMORY = 100_000
+"""Runs remembered as counted ended (the oldest forgotten first)."""
 
 
 class RunEndListener(Protocol):
@@ -122,7 +124,7 @@ class Dispatcher:
         self._views: dict[str, RunView] = {}
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
         self._stopping = asyncio.Event()
-        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._ended: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
         """Runs already counted as ended (a redelivered terminal event is not counted twice)."""
 
     # --- admission and recovery -----------------------------------------------------------------
@@ -383,8 +385,6 @@ class Dispatcher:
         if uid in self._ended:
             return False
         self._ended[uid] = None
-        while len(self._ended) > 100_000:
-            self._ended.popitem(last=False)
         metrics.record_end(state, tenant=tenant)
         return True
 
@@ -457,12 +457,13 @@ class Dispatcher:
         metrics.record_live_runs(counts, views.oldest_approvals(self._views.values()))
 
     async def watch_queue(self, *, interval: float = 5.0) -> None:
-        """Keep the bus gauges (``metrics.record_bus``) and the phase gauge fresh."""
-        while not self._stopping.is_set():
-            self.observe_phases()
-            with contextlib.suppress(Exception):
-                metrics.record_bus(await self.bus.stats())
-            await asyncio.sleep(interval)
+        """Keep the bus gauges (``metrics.record_bus``) and the phase gauge fresh, every
+        ``interval`` seconds until ``stop``."""
+        await loops.every(interval, self._gauge, what="bus gauges", stopping=self._stopping)
+
+    async def _gauge(self) -> None:
+        self.observe_phases()
+        metrics.record_bus(await self.bus.stats())
 
     # --- ends decided outside a turn ------------------------------------------------------------
 

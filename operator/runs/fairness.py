@@ -41,10 +41,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from agentrun.loops import sleep_until_set
 from agentrun.protocol import TurnRequest
 
 from ..platform.failures import Failures
-from ..platform.loops import sleep_until_set
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from agentrun.loops import sleep_until_set
+
 from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
-from ..platform.loops import sleep_until_set
 from .dispatch import subject_key
 from .keys import RUNS, RunKey
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from agentrun import kernel
+from agentrun import kernel, loops
 from agentrun.bus import Bus
 
 from ..platform.failures import Failures
@@ -56,16 +56,20 @@ class OrphanWatch:
         trouble is logged and the next pass looks again.
         """
         interval = max(0.2, self.after / 4)
-        while not self._stopping.is_set():
-            await asyncio.sleep(interval)
-            for turn in self.runs.pending_turns():
-                subject = f"AgentRun {turn.key.namespace}/{turn.key.name}"
-                try:
-                    await self.check(turn)
-                except Exception as err:  # NATS trouble: the next pass looks again
-                    self.failures.failed(turn.key.uid, err, subject=subject)
-                else:
-                    self.failures.succeeded(turn.key.uid, subject=subject)
+        await loops.every(
+            interval, self._pass, what="orphan check", stopping=self._stopping, wait_first=True
+        )
+
+    async def _pass(self) -> None:
+        """Check every pending turn; a run whose check failed is logged once (``failures``)."""
+        for turn in self.runs.pending_turns():
+            subject = f"AgentRun {turn.key.namespace}/{turn.key.name}"
+            try:
+                await self.check(turn)
+            except Exception as err:  # NATS trouble: the next pass looks again
+                self.failures.failed(turn.key.uid, err, subject=subject)
+            else:
+                self.failures.succeeded(turn.key.uid, subject=subject)
 
     async def check(self, turn: PendingTurn) -> bool:
         """Re-dispatch ``turn`` if its TurnRequest is gone and no newer event came, or end the

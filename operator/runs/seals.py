@@ -24,13 +24,14 @@ the signature arithmetic (``agentrun.trust``).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+import cachetools
 
 from agentrun import history, kernel, metrics
 from agentrun.bus import CommitConflict
@@ -50,6 +51,8 @@ VOUCHING_PHASES = frozenset({"Running", "AwaitingApproval"})
 """Phases of an AgentRun's status that show an admitted run still going."""
 STOP_ATTEMPTS = 8
 """Compare-and-set attempts at ending a refused run before giving up (logged)."""
+REFUSED_MEMORY = 100_000
+"""Refused runs remembered (the oldest forgotten first)."""
 
 
 class SealedLog(Protocol):
@@ -107,7 +110,7 @@ class RunSeals:
         self.api = api
         self.events = events
         self.clock = clock
-        self._refused: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._refused: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(REFUSED_MEMORY)
         """Runs refused while not followed (their later events are ignored, not refused
         again)."""
 
@@ -236,8 +239,6 @@ class RunSeals:
         message = self.report(key, error)
         if not followed:
             self._refused[key.uid] = None
-            while len(self._refused) > 100_000:
-                self._refused.popitem(last=False)
         state = kernel.initial_state(goal="") if base is None else kernel.state_from_summary(base)
         state = kernel.stop(state, kernel.Phase.CHECKPOINT_FAILED, message)
         stop = RunEvent("stop", key.uid, state.summary(), time=self.clock())

@@ -41,9 +41,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agentrun.loops import sleep_until_set
+
 from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi
-from ..platform.loops import sleep_until_set
 from .keys import RunKey
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from agentrun.loops import sleep_until_set
+
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
 from ..platform.failures import Failures
-from ..platform.loops import sleep_until_set
 from . import plan, spec, status
 from .status import OwnedRun, epoch
 from .store import CronStore

@@ -28,13 +28,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from agentrun import kernel
+from agentrun import kernel, loops
 from agentrun.protocol import UrlRule
 from agentrun.tools import remote
 
 from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
-from ..platform.loops import sleep_until_set
 from ..platform.spec import ObjectMeta, SpecError
 from .resolve import url_rule
 from .spec import TOOL_SERVERS, AgentToolServerSpec
@@ -135,7 +134,7 @@ class ToolServerRefresher:
         self._clock = clock
         self._known: dict[tuple[str, str], _Known] = {}
         self._kick = asyncio.Event()
-        self._stopped = False
+        self._stopping = asyncio.Event()
         self.failures = Failures(log, what="status write")
         """Servers whose status could not be written (each logged once)."""
         self._slots = slots or NamespaceSlots(CONCURRENCY, per_namespace=PER_NAMESPACE)
@@ -159,7 +158,7 @@ class ToolServerRefresher:
 
     def stop(self) -> None:
         """End ``run`` after its current tick; cancel discoveries in flight."""
-        self._stopped = True
+        self._stopping.set()
         self._kick.set()
         for known in self._known.values():
             if known.running is not None:
@@ -180,17 +179,24 @@ class ToolServerRefresher:
     async def run(self) -> None:
         """Start a discovery task for each due server, every ``tick`` seconds (or at once when
         an object is observed), until ``stop``."""
-        while not self._stopped:
-            now = self._clock()
-            for key, known in list(self._known.items()):
-                if self._due(known, now):
-                    known.refreshed_at = now
-                    known.refreshed_generation = ObjectMeta.of(known.body).generation
-                    known.running = asyncio.create_task(
-                        self.refresh(known.body), name=f"discover {key[0]}/{key[1]}"
-                    )
-            self._kick.clear()
-            await sleep_until_set(self._kick, self._tick)
+        await loops.every(
+            self._tick,
+            self._start_due,
+            what="tool server refresh",
+            stopping=self._stopping,
+            wake=self._kick,
+        )
+
+    async def _start_due(self) -> None:
+        """Start a discovery task for each server due now."""
+        now = self._clock()
+        for key, known in list(self._known.items()):
+            if self._due(known, now):
+                known.refreshed_at = now
+                known.refreshed_generation = ObjectMeta.of(known.body).generation
+                known.running = asyncio.create_task(
+                    self.refresh(known.body), name=f"discover {key[0]}/{key[1]}"
+                )
 
     async def refresh(self, body: Mapping[str, Any]) -> None:
         """Discover one server and write its status; never raises (failures are logged)."""

@@ -7,9 +7,12 @@ run's tools (``resolve``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import cachetools
 
 from ..platform.kubeapi import KubeApi, Ref
 from .resolve import is_pending
@@ -17,6 +20,8 @@ from .spec import TOOL_SERVERS
 
 SERVER_CACHE_SECONDS = 5.0
 """How long admission reuses an AgentToolServer read (a burst of runs reads it once)."""
+SERVER_CACHE_SIZE = 4096
+"""The most AgentToolServers cached at once (the least recently used forgotten first)."""
 
 
 def _ready(server: Mapping[str, Any]) -> bool:
@@ -32,20 +37,21 @@ class ToolServerCache:
     def __init__(self, api: KubeApi, *, clock: Callable[[], float] = time.monotonic) -> None:
         """``api``: where AgentToolServers are read; ``clock``: monotonic seconds."""
         self._api = api
-        self._clock = clock
-        self._cache: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
+        self._cache: cachetools.TTLCache[tuple[str, str], dict[str, Any] | None] = (
+            cachetools.TTLCache(SERVER_CACHE_SIZE, SERVER_CACHE_SECONDS, timer=clock)
+        )
+        """Ready servers and servers not found, each for ``SERVER_CACHE_SECONDS``."""
 
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The AgentToolServer object or ``None``; raises ``ApiError`` on other errors."""
-        now = self._clock()
-        hit = self._cache.get((namespace, name))
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        with contextlib.suppress(KeyError):  # not cached, or expired (one clock read)
+            return self._cache[(namespace, name)]
         found = await self._api.get(Ref(TOOL_SERVERS, name, namespace))
         if found is not None and (is_pending(found) or not _ready(found)):
             # read again next time: a server not ready yet (not looked at, refused, failed)
             # may be discovered any moment, and a run must not be refused on a stale copy
-            self._cache.pop((namespace, name), None)
+            with contextlib.suppress(KeyError):  # not cached (or expired: dropped all the same)
+                del self._cache[(namespace, name)]
         else:
-            self._cache[(namespace, name)] = (now + SERVER_CACHE_SECONDS, found)
+            self._cache[(namespace, name)] = found
         return found

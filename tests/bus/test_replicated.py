@@ -14,6 +14,7 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
+from cluster_nats_support import ELECTION_ERRORS
 
 from agentrun import buckets, kernel, protocol
 from agentrun.bus import WRONG_LAST_SEQUENCE_CODES, Bus, BusSettings, CommitConflict
@@ -141,7 +142,7 @@ async def test_racing_appends_on_a_replicated_stream_commit_once_the_others_conf
     assert 10164 in codes, "the replicated stream never answered 10164: the path is untested"
 
 
-ELECTING = natscluster.ELECTION_ERRORS
+ELECTING = ELECTION_ERRORS
 
 
 async def write_chain(

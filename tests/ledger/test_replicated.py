@@ -22,6 +22,7 @@ import nats.errors
 import nats.js.api
 import nats.js.errors
 import pytest
+from cluster_nats_support import ELECTION_ERRORS
 
 from agentrun import kernel, protocol
 from agentrun.bus import connect_nats
@@ -33,7 +34,7 @@ RUNS, TURNS = 40, 8
 """Per test: runs (half per tenant) and turns per run."""
 CALL = kernel.Usage(input_tokens=80, output_tokens=20, cost_usd=Decimal("0.00040"))
 PRICING = kernel.Pricing(Decimal("2.50"), Decimal("1.25"), Decimal("10"))
-ELECTING = natscluster.ELECTION_ERRORS
+ELECTING = ELECTION_ERRORS
 
 
 @dataclasses.dataclass

@@ -64,7 +64,9 @@ class Read:
 
 @pytest.fixture
 async def bus(nats_cluster: natscluster.NatsCluster) -> AsyncIterator[Bus]:
-    settings = BusSettings(url=nats_cluster.url, auth=nats_cluster.auth(), replicas=3)
+    # A reply lost in an election (an ack or a nak) leaves the turn to be redelivered after
+    # the ack wait: 5 s here rather than the default 30, inside the test's 30 s per turn.
+    settings = BusSettings(url=nats_cluster.url, auth=nats_cluster.auth(), replicas=3, ack_wait=5.0)
     connected = await Bus.connect(settings, name="test-replicated-turns")
     try:
         yield connected

@@ -81,6 +81,9 @@ class Configs:
     def __init__(self, fail: Callable[[str], Exception | None]) -> None:
         self.fail = fail
 
+    def forget(self, uid: str) -> None:
+        """Nothing is kept between builds here."""
+
     async def build_config(
         self, key: RunKey, spec: Any, policy: TenantPolicy, *, start_time: float
     ) -> RunConfig:

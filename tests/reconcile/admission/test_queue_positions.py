@@ -146,12 +146,20 @@ class Policy:
         self.name = f"overflowing-{uuid.uuid4().hex[:6]}"
 
 
+class NoConfigs:
+    """The pump's run configs, none built (a run refused at the queue is never built)."""
+
+    def forget(self, uid: str) -> None:
+        """Nothing is kept."""
+
+
 async def test_a_run_over_the_platforms_queue_limit_ends_saying_so_for_that_run_only(
     client: NATS,
 ) -> None:
     store = await LedgerStore.open(client.jetstream(), bucket="AGENTRUN_LEDGER_QUEUE_TEST")
     writes = Writes()
-    deps: Any = dict.fromkeys(("tenants", "configs", "settlement", "storage"))
+    deps: Any = dict.fromkeys(("tenants", "settlement", "storage"))
+    deps["configs"] = NoConfigs()  # the refused run's build is dropped: nothing kept here
     api = FakeKube()
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     shown = QueueStatus(writes, writes, events, time.time)  # type: ignore[arg-type]

@@ -98,6 +98,9 @@ class Configs:
     """Builds the run's config without its AgentModel (the pump's storage check comes after
     the build and before the first call's need is held)."""
 
+    def forget(self, uid: str) -> None:
+        """Nothing is kept between builds here."""
+
     async def build_config(
         self, key: RunKey, spec: dict[str, Any], policy: TenantPolicy, *, start_time: float
     ) -> RunConfig:
