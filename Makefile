@@ -79,8 +79,9 @@ image: $(STAMP) system-packages
 release: $(STAMP) system-packages
 	$(BIN)/python -m agentrun_dev.dist . --out dist $(if $(SIGNING_KEY),--signing-key $(SIGNING_KEY))
 
-# Debian packages the image build needs (as root), installed only when missing.
-IMAGE_PACKAGES := buildah runc
+# Debian packages the image build needs (as root), installed only when missing (binutils:
+# `strip`, for the native extensions' debug sections).
+IMAGE_PACKAGES := buildah runc binutils
 system-packages:
 	@missing=""; for p in $(IMAGE_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \

@@ -29,6 +29,9 @@ from .test_turn_bounds import run_to_end
 
 TURNS = 6
 """Model turns of the run: five with a tool call, then the answer."""
+TURN_TIMEOUT = 90.0
+"""Seconds a turn may take to be committed: a few on a quiet machine (the test takes about 6 s);
+an election on three servers competing with other work for two cores took over 30."""
 SCRIPT = f"""
 scenarios:
   - name: pages
@@ -65,7 +68,7 @@ class Read:
 @pytest.fixture
 async def bus(nats_cluster: natscluster.NatsCluster) -> AsyncIterator[Bus]:
     # A reply lost in an election (an ack or a nak) leaves the turn to be redelivered after
-    # the ack wait: 5 s here rather than the default 30, inside the test's 30 s per turn.
+    # the ack wait: 5 s here rather than the default 30, well inside a turn's TURN_TIMEOUT.
     settings = BusSettings(url=nats_cluster.url, auth=nats_cluster.auth(), replicas=3, ack_wait=5.0)
     connected = await Bus.connect(settings, name="test-replicated-turns")
     try:
@@ -79,7 +82,7 @@ async def step_down_during(bus: Bus, admin: nats.NATS, run_name: str) -> list[st
     groups = [protocol.STREAM_EVENTS, protocol.STREAM_TURNS]
     done: list[str] = []
     for turn, group in zip((1, 2, 3), [*groups, "consumer"], strict=True):
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(TURN_TIMEOUT):
             while True:
                 last = await bus.last_event("ns", run_name)
                 if last is not None and last.summary.turn >= turn:
@@ -108,9 +111,9 @@ async def test_a_run_at_r3_completes_through_leader_step_downs_each_turn_once(
         async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as mock:
             run = config(mock.base_url, goal="read the pages", tools=("read",))
             run = dataclasses.replace(run, uid="uid-r3", name="r3")
-            running = asyncio.create_task(run_to_end(bus, deps, run))
+            running = asyncio.create_task(run_to_end(bus, deps, run, turn_timeout=TURN_TIMEOUT))
             stepped = await step_down_during(bus, admin, run.name)
-            events = await asyncio.wait_for(running, timeout=60)
+            events = await asyncio.wait_for(running, timeout=TURN_TIMEOUT * TURNS)
             per_turn = collections.Counter(r.turn for r in mock.state.requests)
     finally:
         await admin.close()

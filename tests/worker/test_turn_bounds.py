@@ -106,10 +106,16 @@ async def next_event(bus: Bus, run: RunConfig, *, after: int, timeout: float = 3
 
 
 async def run_to_end(
-    bus: Bus, deps: TurnDeps, run: RunConfig, settings: ConsumerSettings | None = None
+    bus: Bus,
+    deps: TurnDeps,
+    run: RunConfig,
+    settings: ConsumerSettings | None = None,
+    *,
+    turn_timeout: float = 30,
 ) -> list[RunEvent]:
     """Admit ``run``, then dispatch each next turn (as the operator does) to a real
-    ``TurnConsumer`` until the run ends; returns the run's events."""
+    ``TurnConsumer`` until the run ends, each turn committed within ``turn_timeout`` seconds
+    (AssertionError otherwise); returns the run's events."""
     settings = settings or ConsumerSettings(concurrency=2, heartbeat=1.0)
     consumer = TurnConsumer(bus, deps, settings, seals=VERIFIER)
     serving = asyncio.create_task(consumer.run())
@@ -124,7 +130,7 @@ async def run_to_end(
         while not last.phase.is_terminal:
             request = TurnRequest(run.uid, run.namespace, run.name, last.summary.turn, last.seq)
             await bus.publish_turn(request, tenant=run.tenant)
-            last = await next_event(bus, run, after=last.seq)
+            last = await next_event(bus, run, after=last.seq, timeout=turn_timeout)
     finally:
         consumer.stop()
         await serving
