@@ -113,13 +113,19 @@ class Bus:
         """Connect (retrying while the server starts); with ``provision``, make sure the
         streams and the workers' consumer exist as configured here.
 
-        Raises ``nats.errors.NoServersError`` when no server answers, and what
-        ``natsclient.connect_nats`` raises for refused or unreadable credentials.
+        Raises ``nats.errors.NoServersError`` when no server answers, what
+        ``natsclient.connect_nats`` raises for refused or unreadable credentials, and what
+        ``ensure_streams`` raises (the connection is closed first: a failed connect leaves no
+        client reconnecting behind it).
         """
         nc = await connect_nats(settings.url, name=name, auth=settings.auth)
         bus = cls(nc, nc.jetstream(timeout=10), settings, provision=provision)
         if provision:
-            await bus.ensure_streams()
+            try:
+                await bus.ensure_streams()
+            except BaseException:
+                await nc.close()
+                raise
         return bus
 
     @property

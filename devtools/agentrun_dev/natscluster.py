@@ -27,7 +27,13 @@ from typing import Any
 
 from agentrun.natsclient import NatsAuth, connect_options
 from agentrun_dev import components, probes
-from agentrun_dev.natsserver import STORE_BYTES, NatsServer, find_nats_server, write_auth
+from agentrun_dev.natsserver import (
+    STORE_BYTES,
+    NatsServer,
+    find_nats_server,
+    launch_server,
+    write_auth,
+)
 
 CLUSTER_NAME = "agentrun"
 """The JetStream cluster's name (``cluster.name``)."""
@@ -129,21 +135,11 @@ def _start_member(
     config.write_text(
         _config(auth_dir, name=name, ports=mine, store=store, routes=routes, password=password)
     )
-    monitor_url = f"http://127.0.0.1:{mine['monitor']}"
-    component = launch.start(
-        launch.spec(f"nats-server-{name}", [str(find_nats_server()), "-c", str(config)]),
-        probe=probes.Probe(url=f"{monitor_url}/healthz?js-enabled-only=true", expect="ok"),
-        ports=mine,
+    argv = [str(find_nats_server()), "-c", str(config)]
+    return launch_server(
+        launch, f"nats-server-{name}", argv, ports=mine, store=store, auth_dir=auth_dir,
         ready_timeout=30.0,
-    )
-    return NatsServer(
-        url=f"tls://127.0.0.1:{mine['client']}",
-        monitor_url=monitor_url,
-        store_dir=store,
-        component=component,
-        auth_dir=auth_dir,
-        store_bytes=STORE_BYTES,
-    )
+    )  # fmt: skip
 
 
 def _config(

@@ -204,17 +204,37 @@ def start_nats_server(
         config = auth_dir / "nats.conf"
         config.write_text(_config(auth_dir, port=port, monitor=monitor, store=store))
         argv = [str(find_nats_server()), "-c", str(config)]
-    monitor_url = f"http://127.0.0.1:{monitor}"
-    probe = probes.Probe(url=f"{monitor_url}/healthz?js-enabled-only=true", expect="ok")
+    ports = {"client": port, "monitor": monitor}
+    return launch_server(
+        launch, "nats-server", argv, ports=ports, store=store, auth_dir=auth_dir,
+        ready_timeout=ready_timeout,
+    )  # fmt: skip
+
+
+def launch_server(
+    launch: components.Launch,
+    name: str,
+    argv: list[str],
+    *,
+    ports: dict[str, int],
+    store: Path,
+    auth_dir: Path | None,
+    ready_timeout: float,
+) -> NatsServer:
+    """Start the nats-server `argv` as component `name` and wait until its JetStream is
+    healthy (``/healthz?js-enabled-only=true`` on ``ports["monitor"]``); closed (TLS URL, the
+    store's size) when `auth_dir` holds its authority. Raises probes.NotReadyError as
+    ``Launch.start`` does."""
+    monitor_url = f"http://127.0.0.1:{ports['monitor']}"
     component = launch.start(
-        launch.spec("nats-server", argv),
-        probe=probe,
-        ports={"client": port, "monitor": monitor},
+        launch.spec(name, argv),
+        probe=probes.Probe(url=f"{monitor_url}/healthz?js-enabled-only=true", expect="ok"),
+        ports=ports,
         ready_timeout=ready_timeout,
     )
     scheme = "nats" if auth_dir is None else "tls"
     return NatsServer(
-        url=f"{scheme}://127.0.0.1:{port}",
+        url=f"{scheme}://127.0.0.1:{ports['client']}",
         monitor_url=monitor_url,
         store_dir=store,
         component=component,

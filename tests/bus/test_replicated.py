@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+import urllib.request
 
 import nats
 import nats.errors
@@ -104,6 +106,10 @@ async def test_a_single_server_refuses_three_replicas_for_streams_and_buckets(
     auth = own_nats_server.auth("operator")
     with pytest.raises(buckets.ReplicasRefused, match="at most the servers"):
         await provision(own_nats_server.url, auth, 3)
+    # the refused connect closed its connection: no client is left reconnecting behind it
+    with urllib.request.urlopen(f"{own_nats_server.monitor_url}/connz", timeout=5) as answer:
+        names = [c.get("name") for c in json.load(answer).get("connections", [])]
+    assert "test-replicated" not in names, names
     nc = await nats.connect(**own_nats_server.client_options("operator"))
     try:
         with pytest.raises(buckets.ReplicasRefused, match="KV_AGENTRUN_EFFECTS"):

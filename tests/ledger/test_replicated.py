@@ -1,7 +1,9 @@
 """Case B04 on a three-server JetStream cluster: many runs of two tenants reserve, spend and
 settle by compare-and-set on the ledger bucket at R3 from three connections (one per server)
 while the bucket's stream leader is stepped down three times, and again at R1 without
-step-downs (the bucket's count lowered again). A lost compare-and-set on a replicated bucket
+step-downs (the bucket's count lowered again). The runs go on turning until the step-downs are
+behind them, however fast the machine, and the expected books are summed from the turns each
+run settled. A lost compare-and-set on a replicated bucket
 is answered with error 10164, which the ledger must retry as a conflict: no operation fails
 with an API error or with ``LedgerUnavailable``, the compare-and-sets were contested
 (conflicts retried), and each tenant's book equals the sum of its runs' usage exactly, no
@@ -31,7 +33,9 @@ from agentrun_dev import natscluster
 
 T = TypeVar("T")
 RUNS, TURNS = 40, 8
-"""Per test: runs (half per tenant) and turns per run."""
+"""Per test: runs (half per tenant), and the fewest turns each run settles."""
+BETWEEN = 40
+"""Turns settled (all runs together) before each step-down and after the last one."""
 CALL = kernel.Usage(input_tokens=80, output_tokens=20, cost_usd=Decimal("0.00040"))
 PRICING = kernel.Pricing(Decimal("2.50"), Decimal("1.25"), Decimal("10"))
 ELECTING = ELECTION_ERRORS
@@ -74,23 +78,32 @@ async def deliver(store: LedgerStore, ref: TurnRef, load: Load) -> None:
     await retried(load, lambda: hold.settle(after_turn(ref.turn + 1)))
 
 
-async def run_turns(store: LedgerStore, ref: TurnRef, load: Load) -> None:
-    """One run's turns, each redelivered (a new owner) while its delivery meets an election."""
-    for turn in range(TURNS):
+async def run_turns(store: LedgerStore, ref: TurnRef, load: Load, stop: asyncio.Event) -> int:
+    """One run's turns, at least ``TURNS`` and more until ``stop``, each redelivered (a new
+    owner) while its delivery meets an election. Returns the turns settled."""
+    turn = 0
+    while turn < TURNS or not stop.is_set():
         turn_ref = dataclasses.replace(ref, turn=turn)
         await retried(load, lambda r=turn_ref: deliver(store, r, load))  # type: ignore[misc]
         load.done += 1
+        turn += 1
+    return turn
+
+
+async def settled(load: Load, more: int) -> None:
+    """Until the runs settled ``more`` turns from now (30 s at most)."""
+    target = load.done + more
+    async with asyncio.timeout(30):
+        while load.done < target:
+            await asyncio.sleep(0.01)
 
 
 async def step_downs(admin: nats.NATS, stream: str, load: Load) -> list[tuple[str, str]]:
-    """Three step-downs of ``stream``'s leader, each after the load moved on and while it
-    still goes."""
+    """Three step-downs of ``stream``'s leader, each after the load moved on (the load goes on
+    until the caller stops it)."""
     leaders = []
-    for share in (1, 2, 3):
-        async with asyncio.timeout(30):
-            while load.done < RUNS * TURNS * share // 6:
-                await asyncio.sleep(0.01)
-        assert load.done < RUNS * TURNS, "the step-down came after the load"
+    for _ in range(3):
+        await settled(load, BETWEEN)
         leaders.append(await natscluster.step_down(admin, stream))
     return leaders
 
@@ -120,22 +133,31 @@ async def test_ledger_compare_and_sets_on_a_replicated_bucket_retry_conflicts_an
             run = QueuedRun(ref.run_uid, "ns", ref.run_uid, 0.0)
             need = (0, Decimal(0))
             assert await stores[0].admit_run(ref.tenant, run, limits=limits, need=need) is None
-        load = Load()
-        work = asyncio.gather(*(run_turns(stores[i % 3], r, load) for i, r in enumerate(refs)))
-        if replicas > 1:
-            leaders = await step_downs(admin, protocol.kv_stream(bucket), load)
-            assert all(old != new for old, new in leaders)
-        await work
-        summary = after_turn(TURNS).summary()
+        load, stop = Load(), asyncio.Event()
+        work = asyncio.gather(
+            *(run_turns(stores[i % 3], r, load, stop) for i, r in enumerate(refs))
+        )
+        try:
+            if replicas > 1:
+                leaders = await step_downs(admin, protocol.kv_stream(bucket), load)
+                assert all(old != new for old, new in leaders)
+                await settled(load, BETWEEN)  # the load went on past the last step-down
+        finally:
+            stop.set()
+        turns = await work
         for i, ref in enumerate(refs):
             close = stores[i % 3].close_run
-            await retried(load, lambda r=ref, c=close: c(r.tenant, r.run_uid, summary, end=0.0))  # type: ignore[misc]
+            summary = after_turn(turns[i]).summary()
+            await retried(
+                load, lambda r=ref, c=close, s=summary: c(r.tenant, r.run_uid, s, end=0.0)
+            )  # type: ignore[misc]
         assert sum(store.conflicts for store in stores) > 0, "no compare-and-set was contested"
-        for tenant in tenants:
+        for t, tenant in enumerate(tenants):
+            settled_turns = sum(turns[t::2])
             book = await stores[0].read(tenant)
             assert book is not None
-            assert book.used_tokens == RUNS // 2 * TURNS * CALL.total_tokens
-            assert book.used_cost == RUNS // 2 * TURNS * CALL.cost_usd
+            assert book.used_tokens == settled_turns * CALL.total_tokens
+            assert book.used_cost == settled_turns * CALL.cost_usd
             assert (book.abandoned_tokens, book.holds, book.active) == (0, {}, {})
     finally:
         for client in [*clients, admin]:
