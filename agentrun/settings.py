@@ -10,6 +10,7 @@ stops the process with an error naming the variable. An empty variable counts as
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pydantic
 from pydantic import Field
@@ -184,6 +185,15 @@ class OperatorSettings(ProcessSettings):
     start the operator creates what is missing with it and updates what has another count;
     more than the servers can hold stops it with a message saying so. The chart sets it from
     ``nats.jetstream.replicas``."""
+    ledger_layout: Literal["single", "split"] = "single"
+    """``AGENTRUN_LEDGER_LAYOUT``: how the ledger of a tenant that has none yet is stored
+    (``agentrun.ledger.entries.LAYOUTS``). ``single`` (the default): one value per tenant, what
+    workers of the previous release read, with its caps (500 active, 1,000 queued runs);
+    ``split``: totals plus one value per run and per queued run, no cap from storage, read by
+    this release's workers only — set it once every worker runs this release. With ``split``,
+    a tenant found ``single`` is split at its next ledger change (usage kept); with
+    ``single``, a tenant found split stays split. The chart sets it from
+    ``nats.jetstream.ledgerLayout``."""
     tool_discovery_timeout_max: float = Field(default=30.0, gt=0, le=600)
     """``AGENTRUN_TOOL_DISCOVERY_TIMEOUT_MAX``: the most seconds one AgentToolServer's
     discovery may take, whatever its ``spec.timeouts.discovery`` asks (a longer one is clamped

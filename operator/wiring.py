@@ -246,7 +246,7 @@ async def start_parts(
     # the operator creates the buckets; workers only bind them
     replicas = settings.nats_replicas
     await buckets.open_bucket(bus.js, buckets.effects_config(replicas=replicas), create=True)
-    store = await LedgerStore.open(bus.js, replicas=replicas)
+    store = await LedgerStore.open(bus.js, replicas=replicas, layout=settings.ledger_layout)
     parts = _make_parts(settings, bus=bus, store=store, api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)

@@ -1,12 +1,18 @@
-"""The ledger's JSON, as stored in KV: a tenant's totals, its runs' entries, an admission queue
-entry, and the one-value book of earlier releases (read to migrate it).
+"""The ledger's JSON, as stored in KV, in its two layouts (``entries.LAYOUTS``): a tenant's
+totals and its runs' entries (``split``), the whole ledger as one value (``single``), and an
+admission queue entry.
 
-A tenant's totals (``book.<tenant>``) carry what every decision needs and nothing that grows
-with its runs — ``used``, the sums of all holds, the number of active runs and their wall-clock
-offsets, the first waiting calls — plus the entries of up to ``EMBEDDED_RUNS`` runs kept inline
-(``runs``), so a small tenant's every change is one write of one small value. Every other run's
-entry is a value of its own (``run.<tenant>.<uid>``). Where an entry lives is the store's
-choice (``store``); the shapes are the same.
+A ``split`` tenant's totals (``book.<tenant>``, format 3) carry what every decision needs and
+nothing that grows with its runs — ``used``, the sums of all holds, the number of active runs
+and their wall-clock offsets, the first waiting calls — plus the entries of up to
+``EMBEDDED_RUNS`` runs kept inline (``runs``), so a small tenant's every change is one write of
+one small value. Every other run's entry is a value of its own (``run.<tenant>.<uid>``). Where
+an entry lives is the store's choice (``store``); the shapes are the same.
+
+A ``single`` tenant's ledger is one value (``book.<tenant>``, format 2): the layout every
+earlier release reads and writes, so a worker of the previous release works on it during a
+rollout. What this release added to it (the runs remembered as ended, what a call charged as
+abandoned was charged, the credited usage) are optional fields an earlier reader ignores.
 
 Rows are arrays, not objects (a hold ``[turn, tokens, cost, expires, owner]``, an active run
 ``[ns, name, since, turn, tokens, cost]``), and decimals are strings (exact; tiny amounts in
@@ -37,8 +43,9 @@ from agentrun.ledger.entries import (
 )
 
 FORMAT = 3
-"""Version of the totals' and the run entries' shape (``"v"``); 2 is the one-value book of
-earlier releases (``decode_legacy``)."""
+"""Version of the totals' and the run entries' shape (``"v"``) of a ``split`` tenant."""
+ONE_VALUE_FORMAT = 2
+"""Version of a ``single`` tenant's one-value ledger (``encode_one_value``)."""
 
 HoldRow = tuple[int, int, Decimal, float, str] | tuple[int, int, Decimal, float, str, int, Decimal]
 """A hold of the run: turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
@@ -136,13 +143,13 @@ class RunValueShape(_Shape):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Totals:
-    """A decoded totals value: the ledger with its inline runs loaded, which runs those are,
-    and whether it was the one-value book of an earlier release (every run loaded, none of
-    them placed yet: the store migrates it)."""
+    """A decoded ``book.<tenant>`` value: the ledger with its inline runs loaded, which runs
+    those are, and whether it is a one-value ledger (``single``: every run loaded, none of them
+    placed; the store keeps it one value, or splits it)."""
 
     book: Book
     inline: frozenset[str]
-    legacy: bool = False
+    one_value: bool = False
 
 
 # --- encoding ------------------------------------------------------------------------------------
@@ -155,6 +162,18 @@ def _limits_shape(limits: TenantLimits) -> LimitsShape:
         wallClockSeconds=limits.wall_seconds,
         windowSeconds=limits.window_seconds,
         maxConcurrentRuns=limits.max_concurrent_runs,
+    )
+
+
+def _used_shape(book: Book) -> UsedShape:
+    return UsedShape.model_construct(
+        tokens=book.used_tokens,
+        costUSD=book.used_cost,
+        wallClockSeconds=round(book.used_wall, 3),
+        abandonedTokens=book.abandoned_tokens,
+        abandonedCostUSD=book.abandoned_cost,
+        creditedTokens=book.credited_tokens,
+        creditedCostUSD=book.credited_cost,
     )
 
 
@@ -183,15 +202,7 @@ def encode_totals(book: Book, *, inline: Collection[str]) -> bytes:
     """The tenant's totals as KV value bytes (compact JSON), with the entries of the runs in
     ``inline`` (those loaded and not empty). Built without validation: the values are the
     ledger's own, typed already."""
-    used = UsedShape.model_construct(
-        tokens=book.used_tokens,
-        costUSD=book.used_cost,
-        wallClockSeconds=round(book.used_wall, 3),
-        abandonedTokens=book.abandoned_tokens,
-        abandonedCostUSD=book.abandoned_cost,
-        creditedTokens=book.credited_tokens,
-        creditedCostUSD=book.credited_cost,
-    )
+    used = _used_shape(book)
     runs = {
         uid: _run_shape(entry)
         for uid, entry in book.runs.items()
@@ -304,12 +315,17 @@ def _limits(shape: LimitsShape) -> TenantLimits:
     )
 
 
+def is_one_value(data: bytes) -> bool:
+    """Whether a ``book.<tenant>`` value is a one-value ledger (format 2), without decoding it."""
+    return data.startswith(b'{"v":2,')
+
+
 def decode_totals(data: bytes) -> Totals:
-    """A tenant's totals with their inline runs loaded; the one-value book of an earlier
-    release (format 2) is read whole (``Totals.legacy``). Raises ``LedgerCorrupt`` on a
+    """A tenant's totals with their inline runs loaded; a one-value ledger
+    value (format 2) is read whole (``Totals.one_value``). Raises ``LedgerCorrupt`` on a
     malformed value or another format."""
-    if data.startswith(b'{"v":2,'):
-        return Totals(decode_legacy(data), frozenset(), legacy=True)
+    if is_one_value(data):
+        return Totals(decode_one_value(data), frozenset(), one_value=True)
     try:
         shape = TotalsShape.model_validate_json(data)
     except ValidationError as err:
@@ -355,36 +371,67 @@ def decode_run(data: bytes, *, uid: str) -> RunEntry:
     return _entry(uid, shape.entry)
 
 
-# --- the one-value book of earlier releases -------------------------------------------------------
+# --- the one-value ledger (``single``) -----------------------------------------------------------
 
-LegacyHoldRow = (
+OneValueHoldRow = (
     tuple[str, int, int, Decimal, float, str]
     | tuple[str, int, int, Decimal, float, str, int, Decimal]
 )
+"""A hold: run uid, turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
+answered, the tokens and USD the call used."""
 
 
-class LegacyBookShape(_Shape):
-    """A tenant's whole ledger as one value (format 2, releases before the totals and run
-    entries): read only, to migrate it."""
+class OneValueShape(_Shape):
+    """A tenant's whole ledger as one value (format 2; key ``book.<tenant>``): the ``single``
+    layout, as every earlier release reads and writes it."""
 
     v: Literal[2]
     tenant: str
     limits: LimitsShape
     window: float
     used: UsedShape
-    holds: dict[str, LegacyHoldRow]
+    holds: dict[str, OneValueHoldRow]
     active: dict[str, ActiveRow]
     waiting: dict[str, WaiterRow] = {}
     charged: dict[str, float] = {}
     end: float | None = None
     """When the window ends (written by the releases that edit windows; absent before)."""
+    spent: dict[str, tuple[int, Decimal]] = {}
+    """What each call in ``charged`` that was its own delivery's was charged (tokens, USD), by
+    the same key (``RunEntry.spent``; absent in values of earlier releases, which ignore it)."""
+    ended: dict[str, float] = {}
+    """Runs remembered as ended: run uid → until (epoch seconds; ``RunEntry.ended``; absent in
+    values of earlier releases, which ignore it)."""
 
 
-def decode_legacy(data: bytes) -> Book:
-    """A format-2 book as a fully loaded ledger, its totals computed from its runs. Raises
-    ``LedgerCorrupt`` on a malformed value."""
+def encode_one_value(book: Book) -> bytes:
+    """The whole ledger (every run loaded) as one value, format 2: what a ``single`` tenant
+    stores and an earlier release reads (its optional fields ignored)."""
+    shape = OneValueShape.model_construct(
+        v=ONE_VALUE_FORMAT,
+        tenant=book.tenant,
+        limits=_limits_shape(book.limits),
+        window=book.window,
+        used=_used_shape(book),
+        holds={k: (h.run_uid, *_hold_row(h)) for k, h in book.holds.items()},
+        active={
+            k: (a.namespace, a.name, a.since, a.turn, a.tokens, a.cost_usd)
+            for k, a in book.active.items()
+        },
+        waiting={k: _waiter_row(w) for k, w in book.waiting.items()},
+        charged=book.charged,
+        end=book.end,
+        spent={k: v for entry in book.runs.values() for k, v in entry.spent.items()},
+        ended={uid: e.ended for uid, e in book.runs.items() if e.ended},
+    )
+    return shape.model_dump_json(exclude_defaults=True).encode()
+
+
+def decode_one_value(data: bytes) -> Book:
+    """A format-2 ledger, fully loaded, its totals computed from its runs (``one_value``: its
+    active runs capped). Raises ``LedgerCorrupt`` on a malformed value."""
     try:
-        shape = LegacyBookShape.model_validate_json(data)
+        shape = OneValueShape.model_validate_json(data)
     except ValidationError as err:
         raise LedgerCorrupt(f"malformed ledger entry: {err}") from err
     used = shape.used
@@ -397,6 +444,9 @@ def decode_legacy(data: bytes) -> Book:
         used_wall=used.wallClockSeconds,
         abandoned_tokens=used.abandonedTokens,
         abandoned_cost=used.abandonedCostUSD,
+        credited_tokens=used.creditedTokens,
+        credited_cost=used.creditedCostUSD,
+        one_value=True,
         end=shape.end if shape.end is not None else 0.0,  # 0: window + length
     )
     for uid, row in shape.active.items():
@@ -409,6 +459,10 @@ def decode_legacy(data: bytes) -> Book:
         book.put_waiter(key, Waiter(*waiter_row))
     for memo, until in shape.charged.items():
         book.load_memo(memo, until)
+    for memo, (tokens, cost) in shape.spent.items():
+        book.load_spent(memo, tokens, cost)
+    for uid, until in shape.ended.items():
+        book.load_end(uid, until)
     return book
 
 

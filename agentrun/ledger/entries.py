@@ -42,6 +42,18 @@ FIRST_WAITERS = 8
 oldest of them is the one a newer call must leave room for. A waiting call younger than all of
 them is recorded only in its run's entry until one of them leaves and it asks again (it asks
 about twice a second), so the totals stay the same size however many calls wait."""
+MAX_ACTIVE_RUNS = 500
+"""Runs a tenant whose ledger is one value (``LAYOUTS``: ``single``) may have active at once,
+whatever its ``maxConcurrentRuns``: that value is rewritten on every change and must stay far
+below the server's max payload (1 MiB by default). An active run costs at most about 680 bytes
+of it (its slot, one hold with a recorded spend, one waiter, every name at its longest), so it
+stays under 350 KB; runs over the cap wait in the queue (``ConcurrencyLimit``). A ``split``
+tenant has no such cap."""
+LAYOUTS = ("single", "split")
+"""How a tenant's ledger is stored. ``single``: the whole ledger in one value (``book.<tenant>``
+in format 2, what every earlier release reads and writes), capped at ``MAX_ACTIVE_RUNS`` active
+runs; ``split``: the tenant's totals plus one value per run (format 3, read by this release and
+later ones only), with no cap from storage."""
 WAITER_TTL = 10.0
 """Seconds a waiting call's place is kept after it last asked (it asks about once a second;
 a waiter whose worker died stops holding the others back after this)."""

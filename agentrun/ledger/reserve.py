@@ -27,6 +27,7 @@ from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     BUDGET_HELD,
     CONCURRENCY_LIMIT,
+    MAX_ACTIVE_RUNS,
     TURN_COMMITTED,
     WAITER_TTL,
     Active,
@@ -123,14 +124,21 @@ def admit(
 
 
 def _slot_refusal(book: BookState) -> BudgetRefusal | None:
-    """``ConcurrencyLimit`` when no concurrency slot is free (``maxConcurrentRuns``: the only
-    cap on a tenant's active runs), else ``None``."""
+    """``ConcurrencyLimit`` when no concurrency slot is free (``maxConcurrentRuns``; and for a
+    ledger stored as one value, ``MAX_ACTIVE_RUNS``: the most runs that value holds), else
+    ``None``."""
     cap = book.limits.max_concurrent_runs
     if cap is not None and book.active_runs >= cap:
         return BudgetRefusal(
             CONCURRENCY_LIMIT,
             None,
             f"{book.active_runs} of maxConcurrentRuns {cap} runs are active",
+        )
+    if book.one_value and book.active_runs >= MAX_ACTIVE_RUNS:
+        return BudgetRefusal(
+            CONCURRENCY_LIMIT,
+            None,
+            f"{book.active_runs} runs are active, the most one tenant's ledger entry holds",
         )
     return None
 

@@ -117,6 +117,9 @@ class BookState:
     run's entry."""
     runs: dict[str, RunEntry] = dataclasses.field(default_factory=dict)
     """The entries of the runs loaded, by run uid (all of them, or those an operation touches)."""
+    one_value: bool = False
+    """Whether the ledger is stored as one value (the ``single`` layout, ``entries.LAYOUTS``):
+    then every run is loaded, and at most ``MAX_ACTIVE_RUNS`` runs may be active."""
     end: float = 0.0
     """End of the current window, epoch seconds (0 when built: ``window`` plus the window
     length). It differs from that only after the length was edited (``set_limits``): the
@@ -128,9 +131,10 @@ class BookState:
             self.end = self.window + self.limits.window_seconds
 
     @classmethod
-    def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Self:
-        """An empty ledger whose window holds ``now``."""
-        return cls(tenant, limits, window_start(now, limits.window_seconds))
+    def new(cls, tenant: str, limits: TenantLimits, *, now: float, one_value: bool = False) -> Self:
+        """An empty ledger whose window holds ``now`` (stored as one value if ``one_value``)."""
+        window = window_start(now, limits.window_seconds)
+        return cls(tenant, limits, window, one_value=one_value)
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -578,6 +582,21 @@ class BookState:
         """Remember that the call ``<run-uid>:<turn>/<owner>`` was charged as abandoned, until
         ``until`` (epoch seconds): a memo read from an earlier release's ledger."""
         self._entry(run_of(memo)).charged[memo] = until
+
+    def load_spent(self, memo: str, tokens: int, cost_usd: Decimal) -> None:
+        """What the call ``memo`` (charged as abandoned, ``load_memo``) was charged: read from
+        a one-value ledger, where it is kept beside the memo."""
+        self._entry(run_of(memo)).spent[memo] = (tokens, cost_usd)
+
+    def load_end(self, run_uid: str, until: float) -> None:
+        """Remember the run as ended until ``until`` (epoch seconds): read from a one-value
+        ledger (``RunEntry.ended``)."""
+        self._entry(run_uid).ended = until
+
+    def split_out(self) -> None:
+        """The ledger is to be stored split (totals and run entries) from now on: no longer
+        capped at ``MAX_ACTIVE_RUNS`` active runs (``one_value``)."""
+        self.one_value = False
 
     def charge_abandoned(self, hold: Hold) -> None:
         """Charge ``hold``'s answered call (its ``spent``) to ``used``, as abandoned: the

@@ -1,6 +1,12 @@
 """Tenant ledgers in JetStream KV, changed only through named operations.
 
-Bucket ``AGENTRUN_LEDGER``, per tenant:
+Bucket ``AGENTRUN_LEDGER``. A tenant's ledger has one of two layouts (``entries.LAYOUTS``),
+told apart by its ``book.<tenant>`` value's format: ``single``, the whole ledger in that one
+value (what earlier releases read and write; at most ``MAX_ACTIVE_RUNS`` active and
+``MAX_QUEUED_RUNS`` queued runs), or ``split``. A tenant keeps the layout it is found in; a new
+one gets the store's ``layout``; a store whose ``layout`` is ``split`` (the operator's, once
+every worker reads split ledgers) splits a one-value ledger at its next change. Split, per
+tenant:
 
 - ``book.<tenant>``: its totals (``used``, the sums of its holds, its active runs counted, its
   first waiting calls) and the entries of up to ``INLINE_RUNS`` of its runs inline;
@@ -22,10 +28,11 @@ This is the tenant-budget port: admitting runs (``admit_run``, ``admit_runs``), 
 outside this package change the ledger only through these. Each is one write, compare-and-set
 on the revisions read, group-committed per tenant (``cas``).
 
-The one-value book and queue of earlier releases (``book.<tenant>`` in format 2,
-``queue.<tenant>``) are migrated when first read: the book into totals and run entries in one
-atomic batch (by whichever process reads it first), the queue into one value per run (by the
-operator), so an upgrade keeps every tenant's usage, holds, active runs and queue order.
+A one-value ledger is split into totals and run entries in one atomic batch, so the split
+keeps the tenant's usage, holds, active runs and memories. Admission queues are one value per
+run in both layouts (only operators read them, and this release's operator reads both): the
+one-value queue of earlier releases (``queue.<tenant>``) is moved into them when the operator
+first reads it, keeping its order.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from agentrun.ledger.book import Book
 from agentrun.ledger.cas import CasStore, Conflict, LedgerUnavailable, Stored, Write, apply_all
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
+    LAYOUTS,
     BudgetRefusal,
     Hold,
     LedgerCorrupt,
@@ -61,6 +69,7 @@ from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 __all__ = [
     "BUCKET",
     "INLINE_RUNS",
+    "MAX_QUEUED_RUNS",
     "BookMissing",
     "LedgerStore",
     "LedgerUnavailable",
@@ -87,17 +96,28 @@ class BookMissing(LookupError):
     started as an empty, unlimited one."""
 
 
-class QueueFull(Exception):
-    """The tenant's admission queue holds as many runs as the platform allows: this run cannot
-    join it."""
+MAX_QUEUED_RUNS = 1_000
+"""Runs the admission queue of a tenant whose ledger is one value (``single``) holds, as in
+earlier releases, whose queue was one value too: ``enqueue`` refuses the next one
+(``QueueFull``, ``one_value``). A ``split`` tenant's queue has no such cap."""
 
-    def __init__(self, tenant: str, *, limit: int) -> None:
-        super().__init__(
-            f"AgentTenant {tenant!r}'s admission queue holds {limit} runs, the most the "
-            "platform allows (AGENTRUN_MAX_QUEUED_RUNS)"
-        )
+
+class QueueFull(Exception):
+    """The tenant's admission queue holds as many runs as the platform allows, or (``one_value``)
+    as a one-value ledger's tenant may queue (``MAX_QUEUED_RUNS``): this run cannot join it."""
+
+    def __init__(self, tenant: str, *, limit: int, one_value: bool = False) -> None:
+        if one_value:
+            message = f"AgentTenant {tenant!r}'s admission queue is full ({limit} runs wait)"
+        else:
+            message = (
+                f"AgentTenant {tenant!r}'s admission queue holds {limit} runs, the most the "
+                "platform allows (AGENTRUN_MAX_QUEUED_RUNS)"
+            )
+        super().__init__(message)
         self.tenant = tenant
         self.limit = limit
+        self.one_value = one_value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,13 +190,20 @@ class LedgerStore(CasStore):
         *,
         inline_runs: int = INLINE_RUNS,
         rebuild: Rebuild | None = None,
+        layout: str = "single",
         **kwargs: Any,
     ) -> None:
         """``kv``: the bucket; ``inline_runs``: runs a tenant's totals hold inline
         (``INLINE_RUNS``; 0: none); ``rebuild`` (the operator's): what a tenant's window used
         at least, seeding a ledger the operator makes because it does not exist (the bucket or
-        the totals were lost), never one that exists; ``kwargs``: ``CasStore``'s."""
+        the totals were lost), never one that exists; ``layout`` (``entries.LAYOUTS``): the
+        layout of a ledger this store makes, and with ``split`` a one-value ledger is split
+        at its next change (a worker's store keeps ``single``: it makes no ledger); ``kwargs``:
+        ``CasStore``'s. Raises ``ValueError`` for an unknown layout."""
         super().__init__(kv, **kwargs)
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown ledger layout {layout!r}; one of {LAYOUTS}")
+        self.layout = layout
         self.inline_runs = inline_runs
         self.rebuild = rebuild
         self._decoded: dict[str, tuple[int, codec.Totals]] = {}
@@ -216,7 +243,7 @@ class LedgerStore(CasStore):
         if totals.data is None:
             return None
         view = codec.decode_totals(totals.data)
-        if not view.legacy:
+        if not view.one_value:
             for uid, stored in (await self._list_runs(tenant)).items():
                 if uid not in view.inline and stored.data is not None:
                     view.book.load(uid, codec.decode_run(stored.data, uid=uid))
@@ -313,7 +340,7 @@ class LedgerStore(CasStore):
                 book.seed(seed)
         results = apply_all([c.fn for c in changes], book)
         new = [u for u in view.inline if u in book.runs and book.runs[u].only_ended]
-        if any(c.runs is None for c in changes):  # runs it created: where their keys stand
+        if not book.one_value and any(c.runs is None for c in changes):  # runs it created
             new += [u for u in book.runs if u not in reads and u not in view.inline]
         found = await asyncio.gather(*(self._get(run_key(tenant, u)) for u in new))
         reads.update(zip(new, found, strict=True))
@@ -323,10 +350,10 @@ class LedgerStore(CasStore):
         elif not fresh:
             return None
         if all(ok for ok, _ in results):  # a change that raised may have left it half-done
-            for uid in [u for u in book.runs if u not in inline]:
+            for uid in [u for u in book.runs if u not in inline and not book.one_value]:
                 book.unload(uid)
             revision = self._cache.get(book_key(tenant), (0, None))[0]
-            self._decoded[tenant] = (revision, codec.Totals(book, inline))
+            self._decoded[tenant] = (revision, codec.Totals(book, inline, book.one_value))
         return results
 
     async def _load(
@@ -356,8 +383,13 @@ class LedgerStore(CasStore):
             made = next((c for c in changes if c.limits is not None), None)
             if made is None or made.limits is None:
                 raise BookMissing(f"AgentTenant {tenant!r} has no ledger book: no budget")
-            return codec.Totals(Book.new(tenant, made.limits, now=self.clock()), frozenset())
-        return codec.decode_totals(totals.data)
+            single = self.layout == "single"
+            book = Book.new(tenant, made.limits, now=self.clock(), one_value=single)
+            return codec.Totals(book, frozenset(), one_value=single)
+        view = codec.decode_totals(totals.data)
+        if view.one_value and self.layout == "split":
+            view.book.split_out()  # written split from now on (``_read_runs`` places its runs)
+        return view
 
     async def _read_runs(
         self,
@@ -369,14 +401,20 @@ class LedgerStore(CasStore):
         whole: bool = False,
     ) -> dict[str, Stored]:
         """The stored entries of the runs ``changes`` touch that are not inline (every run of
-        the tenant if one of them needs all, or ``whole``; every run of a one-value book to
-        migrate)."""
-        if view.legacy:  # its runs are all loaded, none placed: read their keys to place them
-            needed = set(view.book.runs)
+        the tenant if one of them needs all, or ``whole``; every run of a one-value ledger to
+        split; none of a one-value ledger that stays one, unless ``whole``: a new one-value
+        ledger over the entries a lost split ledger's totals left behind is split instead)."""
+        book = view.book
+        if book.one_value and not whole:  # every run is loaded and nothing is stored apart
+            return {}
+        if view.one_value and not book.one_value:  # its runs are all loaded, none placed yet:
+            needed = set(book.runs)  # read their keys to place them
             listed: dict[str, Stored] = {}
         elif whole or any(c.runs is None for c in changes):
             listed = await self._list_runs(tenant)
             needed = set(listed)
+            if listed and book.one_value:  # a split tenant's entries outlived its totals
+                book.split_out()
         else:
             listed, needed = {}, set()
         for change in changes:
@@ -396,6 +434,10 @@ class LedgerStore(CasStore):
         """What to write after the changes (``codec.split``: where each run's entry goes), and
         which runs are inline then. Creating or deleting a run's value rewrites the totals
         too: their revision is what orders every such choice between processes."""
+        if view.book.one_value:  # the whole ledger in one value
+            data = codec.encode_one_value(view.book)
+            same = data == totals.data
+            return ([] if same else [Write(book_key(tenant), data, totals.revision)]), frozenset()
         stored = {uid: s.data for uid, s in reads.items()}
         laid = codec.split(view.book, inline=view.inline, stored=stored, room=self.inline_runs)
         changed = [(uid, v) for uid, v in laid.runs.items() if v != reads[uid].data]
@@ -758,7 +800,17 @@ class LedgerStore(CasStore):
             return position
         if limit is not None and len(queue) >= limit:
             raise QueueFull(tenant, limit=limit)
+        if len(queue) >= MAX_QUEUED_RUNS and await self.one_value(tenant):
+            raise QueueFull(tenant, limit=len(queue), one_value=True)
         return queue.add(run, arrival=await self._put_queued(tenant, run))
+
+    async def one_value(self, tenant: str) -> bool:
+        """Whether the tenant's ledger is, and stays, one value (``single``): its book is, and
+        this store does not split it; a tenant without one gets the store's ``layout``."""
+        totals = await self._get(book_key(tenant))
+        if totals.data is None:
+            return self.layout == "single"
+        return self.layout == "single" and codec.is_one_value(totals.data)
 
     async def dequeue(self, tenant: str, uid: str) -> bool:
         """Remove the run ``uid`` from the queue; False if it was not there."""

@@ -174,14 +174,14 @@ class QueuePump:
         queued = QueuedRun(run.uid, run.namespace, run.name, created)
         try:
             await self.store.enqueue(policy.name, queued, limit=self.max_queued or None)
-        except QueueFull as err:  # the platform's limit: this run only, with what it says
+        except QueueFull as err:  # a limit: this run only, with what it says
             self._waiting.pop(run.uid, None)
             self._objects.pop(run.uid, None)
             self.deps.configs.forget(run.uid)
-            message = f"{err}; the run was not queued: create it again once the queue is shorter"
+            phase, message = _queue_full(err)
             self.shown.end_unadmitted(
                 run,
-                kernel.Phase.TENANT_BUDGET_EXHAUSTED,
+                phase,
                 message,
                 tenant=policy.name,
                 generation=generation,
@@ -510,3 +510,13 @@ class QueuePump:
         self._objects.pop(key.uid, None)
         self.deps.configs.forget(key.uid)
         await self.store.dequeue(tenant, key.uid)
+
+
+def _queue_full(err: QueueFull) -> tuple[kernel.Phase, str]:
+    """How a run its tenant's full queue refused ends: ``checkpoint_failed`` for a one-value
+    ledger's cap (as in earlier releases: the queue's value must stay bounded), else
+    ``tenant_budget_exhausted`` (the platform's ``AGENTRUN_MAX_QUEUED_RUNS``)."""
+    if err.one_value:
+        return kernel.Phase.CHECKPOINT_FAILED, f"{err}; the run could not be queued"
+    message = f"{err}; the run was not queued: create it again once the queue is shorter"
+    return kernel.Phase.TENANT_BUDGET_EXHAUSTED, message

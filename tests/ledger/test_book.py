@@ -611,7 +611,7 @@ def test_a_legacy_hold_whose_run_is_not_active_decodes_without_run_names() -> No
         "holds": {"r2:0": ["r2", 0, 1, "0", NOW + 60, "w2"]},
         "active": {},
     }
-    back = codec.decode_legacy(json.dumps(legacy).encode()).holds["r2:0"]
+    back = codec.decode_one_value(json.dumps(legacy).encode()).holds["r2:0"]
     assert (back.namespace, back.name) == ("", "")
     assert back.run_uid == "r2" and back.tokens == 1
 

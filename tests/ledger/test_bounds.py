@@ -1,9 +1,11 @@
-"""No value the ledger writes grows with a tenant's runs: the totals hold at most
+"""No value the ledger writes for a ``split`` tenant grows with its runs: the totals hold at most
 ``INLINE_RUNS`` run entries and a fixed number of waiting calls, each run's entry holds that
 run's own holds and calls, and each queued run is a value of its own — all far below
 nats-server's max payload (1 MiB by default) with every name at its longest, however many runs
 a tenant has active or queued. The only limits a tenant meets are its ``maxConcurrentRuns`` and
-its budget. Checked at the claimed scale against the real server."""
+its budget. Checked at the claimed scale against the real server. A ``single`` tenant (its
+ledger one value, as earlier releases store it) keeps the earlier releases' caps instead: 500
+active runs and 1,000 queued, each refused with the earlier reason."""
 
 from __future__ import annotations
 
@@ -27,8 +29,8 @@ from agentrun.ledger import (
     TenantLimits,
     codec,
 )
-from agentrun.ledger.entries import CONCURRENCY_LIMIT, FIRST_WAITERS, Waiter
-from agentrun.ledger.store import book_key, queue_key, run_key
+from agentrun.ledger.entries import CONCURRENCY_LIMIT, FIRST_WAITERS, MAX_ACTIVE_RUNS, Waiter
+from agentrun.ledger.store import MAX_QUEUED_RUNS, QueueFull, book_key, queue_key, run_key
 from agentrun_dev import natsserver
 
 NOW = 1.8e9
@@ -46,8 +48,10 @@ async def client(nats_server: natsserver.NatsServer) -> AsyncIterator[NATS]:
     await nc.close()
 
 
-async def open_store(client: NATS) -> LedgerStore:
-    return await LedgerStore.open(client.jetstream(), bucket="AGENTRUN_LEDGER_BOUNDS_TEST")
+async def open_store(client: NATS, layout: str = "split") -> LedgerStore:
+    return await LedgerStore.open(
+        client.jetstream(), bucket="AGENTRUN_LEDGER_BOUNDS_TEST", layout=layout
+    )
 
 
 def longest_run(book: Book) -> str:
@@ -155,3 +159,33 @@ async def test_2_000_active_runs_and_10_000_queued_runs_on_the_real_server(clien
     store.forget_queues()  # another operator reads the whole queue back, in order
     queue = await store.queued(tenant)
     assert len(queue) == 10_000 and queue.position("q4321") == 4_322
+
+
+def test_a_one_value_ledger_holds_at_most_500_active_runs_whatever_max_concurrent_runs() -> None:
+    book = Book.new("small", TenantLimits(max_concurrent_runs=3_000), now=NOW, one_value=True)
+    for i in range(MAX_ACTIVE_RUNS):
+        assert book.admit(f"r{i}", "ns", f"r{i}", now=NOW) is None
+    refusal = book.admit("one-more", "ns", "one-more", now=NOW)
+    assert isinstance(refusal, BudgetRefusal) and refusal.reason == CONCURRENCY_LIMIT
+    assert refusal.message == "500 runs are active, the most one tenant's ledger entry holds"
+    assert len(codec.encode_one_value(book)) < 256 * 1024
+    book.split_out()  # split from now on: no cap but maxConcurrentRuns
+    assert book.admit("one-more", "ns", "one-more", now=NOW) is None
+
+
+@pytest.mark.parametrize("layout", ["single", "split"])
+async def test_a_one_value_tenants_queue_holds_1_000_runs_and_a_split_ones_more(
+    client: NATS, layout: str
+) -> None:
+    store = await open_store(client, layout)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    runs = [QueuedRun(f"q-{i:05d}", "ns", f"q-{i:05d}", NOW + i) for i in range(MAX_QUEUED_RUNS)]
+    for chunk in range(0, MAX_QUEUED_RUNS, 100):
+        await asyncio.gather(*(store.enqueue(tenant, r) for r in runs[chunk : chunk + 100]))
+    one_more = QueuedRun("one-more", "ns", "one-more", NOW + 10_000)
+    if layout == "split":
+        assert await store.enqueue(tenant, one_more) == MAX_QUEUED_RUNS + 1
+        return
+    with pytest.raises(QueueFull, match=r"admission queue is full \(1000 runs wait\)") as full:
+        await store.enqueue(tenant, one_more)
+    assert full.value.one_value and len(await store.queue(tenant)) == MAX_QUEUED_RUNS

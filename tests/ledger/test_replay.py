@@ -6,8 +6,9 @@ work that follows it was recorded) does the operation again: the pump admits the
 it admitted before a restart, whose runs may have run and ended meanwhile (they were never
 dequeued); the operator settles and closes again from redelivered run events; a worker's
 spend and settlement are written again. This property drives random lifecycles of a few runs
-through the pure ledger, stored and read back through the store's layout (totals with some
-runs inline, the others apart) at every step, replays any earlier operation at any later
+through the pure ledger, stored and read back through either of the store's layouts (``split``:
+totals with some runs inline, the others apart; ``single``: the whole ledger as one value) at
+every step, replays any earlier operation at any later
 point, restarts (every run read back from storage, the ledger's in-memory copies gone), and
 checks after every step that the tenant's ``used`` is the sum of what its runs used, exactly,
 plus the calls abandoned (a run that ended before its call's turn committed), and that only
@@ -21,6 +22,7 @@ import dataclasses
 from collections.abc import Callable
 from decimal import Decimal
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -58,8 +60,11 @@ class Run:
 Op = Callable[[Book, float], object]
 
 
-def store_and_read(book: Book) -> Book:
-    """``book`` written as the store lays it out and read back whole (another process)."""
+def store_and_read(book: Book, layout: str = "split") -> Book:
+    """``book`` written as the store lays it out in ``layout`` and read back whole (another
+    process)."""
+    if layout == "single":
+        return codec.decode_one_value(codec.encode_one_value(book))
     laid = codec.split(book, inline=(), stored=dict.fromkeys(book.runs), room=INLINE)
     back = codec.decode_totals(laid.totals).book
     for uid, value in laid.runs.items():
@@ -251,15 +256,16 @@ def play(
 @example(
     script=[("go", "r0", 1), ("go", "r0", 2), ("go", "r0", 1), ("go", "r0", 3), ("go", "r0", 2)]
 )
+@pytest.mark.parametrize("layout", ["split", "single"])
 def test_every_operation_applied_at_least_once_across_a_restart_charges_exactly(
-    script: list[tuple[str, object, object]],
+    layout: str, script: list[tuple[str, object, object]]
 ) -> None:
-    b = Book.new("acme", TenantLimits(tokens=1_000_000), now=NOW)
+    b = Book.new("acme", TenantLimits(tokens=1_000_000), now=NOW, one_value=layout == "single")
     runs = {uid: Run() for uid in RUNS}
     applied: list[Op] = []
     floors: list[UsageFloor] = []
     for index, op in enumerate(script):
-        b = store_and_read(b)  # every change is read from storage and written back
+        b = store_and_read(b, layout)  # every change is read from storage and written back
         play(b, runs, applied, op, NOW + index)
         sweep(b, floors, NOW + index)  # the operator's sweep runs between any two steps
         check(b, runs)
@@ -276,7 +282,8 @@ def test_every_operation_applied_at_least_once_across_a_restart_charges_exactly(
     assert b.active_runs == 0 and b.holds == {}
 
 
-def test_an_admission_done_again_after_the_run_ended_takes_no_slot() -> None:
+@pytest.mark.parametrize("layout", ["split", "single"])
+def test_an_admission_done_again_after_the_run_ended_takes_no_slot(layout: str) -> None:
     """The kind the property found: the pump admits again a run it admitted before a restart,
     after the run ran and ended; a new slot would be closed by the sweep charging the run's
     whole usage a second time."""
@@ -284,7 +291,7 @@ def test_an_admission_done_again_after_the_run_ended_takes_no_slot() -> None:
     run = Run()
     for kind in ("admit", "call", "end"):
         step(b, run, "r0", kind, 92, NOW)
-    b = store_and_read(b)
+    b = store_and_read(b, layout)
     assert b.admit("r0", "ns", "r0", now=NOW + 1) is None  # idempotent: no slot taken
     assert b.active_runs == 0 and b.admit("r1", "ns", "r1", now=NOW + 1) is None
     assert b.close("r0", turn=0, tokens=92, cost_usd=Decimal("0.0092"), end=NOW, now=NOW) is False
@@ -315,7 +322,10 @@ def test_a_hold_dropped_as_expired_whose_turn_commits_after_all_is_charged_once(
     assert (b.used_tokens, b.abandoned_tokens) == (40, 0)
 
 
-def test_a_sweep_between_an_expired_holds_charge_and_its_turns_commit_restores_nothing() -> None:
+@pytest.mark.parametrize("layout", ["split", "single"])
+def test_a_sweep_between_an_expired_holds_charge_and_its_turns_commit_restores_nothing(
+    layout: str,
+) -> None:
     """The kind the property found (CI: a worker SIGKILLed, used 8,640 against Σ runs 8,520):
     the sweep drops a hold as expired, charging its answered call as abandoned, and sees
     ``used`` with it; the turn then commits after all and the charge is taken back. ``used``
@@ -332,7 +342,7 @@ def test_a_sweep_between_an_expired_holds_charge_and_its_turns_commit_restores_n
     assert (b.used_tokens, b.abandoned_tokens) == (121, 0)
     sweep(b, floors, NOW + 3)
     assert (b.used_tokens, b.abandoned_tokens) == (121, 0)
-    b = store_and_read(b)  # what was taken back is stored: another process's sweep agrees
+    b = store_and_read(b, layout)  # what was taken back is stored: another process's sweep agrees
     assert not b.undercuts(floors[-1], now=NOW + 4)
     b.used_tokens -= 1  # and a real rollback is still seen
     assert b.undercuts(floors[-1], now=NOW + 4)

@@ -74,7 +74,7 @@ async def open_store(nats_server: natsserver.NatsServer) -> AsyncIterator[Opener
 
 def earlier() -> Book:
     """The book as the earlier release stored it, read whole."""
-    return codec.decode_legacy(VALUES[book_key(TENANT)])
+    return codec.decode_one_value(VALUES[book_key(TENANT)])
 
 
 def test_the_fixture_is_what_the_earlier_release_wrote() -> None:
@@ -96,7 +96,7 @@ def test_an_earlier_book_whose_window_length_was_edited_keeps_its_windows_end() 
     write it on."""
     raw = json.loads(VALUES[book_key(TENANT)])
     end = raw["window"] + raw["limits"]["windowSeconds"] + 1_800.0
-    book = codec.decode_legacy(json.dumps({**raw, "end": end}).encode())
+    book = codec.decode_one_value(json.dumps({**raw, "end": end}).encode())
     assert book.end == book.reset_time == end
     again = codec.decode_totals(codec.encode_totals(book, inline=list(book.runs))).book
     assert again.end == end and again.used_tokens == earlier().used_tokens
@@ -167,11 +167,15 @@ async def reserve_next_turn(store: LedgerStore, owner: str) -> object:
     )
 
 
+@pytest.mark.parametrize("layout", ["single", "split"])
 @pytest.mark.parametrize("who", ["operator", "worker", "both"])
-async def test_the_first_change_moves_the_book_into_totals_and_run_entries(
-    open_store: Opener, who: str
+async def test_the_first_change_keeps_the_book_one_value_or_splits_it_into_run_entries(
+    open_store: Opener, who: str, layout: str
 ) -> None:
-    operator_store = await open_store()
+    """An operator set to ``layout`` and a worker (whose store keeps what it finds) change the
+    earlier release's book: it is split when the operator set to ``split`` writes, and stays
+    one value otherwise; either way every total and run is as the whole book in memory says."""
+    operator_store = await open_store(layout=layout)
     worker_store = await open_store(create=False)
     before = earlier()
     movers = {"operator": [operator_store], "worker": [worker_store]}.get(
@@ -182,12 +186,15 @@ async def test_the_first_change_moves_the_book_into_totals_and_run_entries(
     )
     assert all(isinstance(answer, Granted) for answer in answers)
     stored = codec.decode_totals((await operator_store.kv.get(book_key(TENANT))).value or b"")
-    assert not stored.legacy and len(stored.inline) == INLINE_RUNS
     apart = await keys(operator_store, f"run.{TENANT}.")
-    assert len(apart) == len(before.runs) - INLINE_RUNS  # every other run on its own
-    assert set(apart) | {run_key(TENANT, u) for u in stored.inline} == {
-        run_key(TENANT, uid) for uid in before.runs
-    }
+    if layout == "split" and who != "worker":
+        assert not stored.one_value and len(stored.inline) == INLINE_RUNS
+        assert len(apart) == len(before.runs) - INLINE_RUNS  # every other run on its own
+        assert set(apart) | {run_key(TENANT, u) for u in stored.inline} == {
+            run_key(TENANT, uid) for uid in before.runs
+        }
+    else:  # as the earlier release reads it
+        assert stored.one_value and apart == [] and set(stored.book.runs) == set(before.runs)
     after = await operator_store.read(TENANT)
     assert after is not None
     # turn 0 is charged (its hold dropped, the committer's), turn 1 held; nothing else changed
