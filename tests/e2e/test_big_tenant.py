@@ -1,8 +1,9 @@
-"""A tenant as big as its users: many AgentRuns created at once in one tenant (an evaluation
-sweep applied through GitOps) all end by their own execution — ``completed``, none refused for
-how the ledger stores the tenant — with more runs active at once than the one-value ledger held
-(500) and more queued than its queue held (1,000), every queued run showing its own position,
-and the tenant's ``used`` equal to the sum of its runs' usage exactly.
+"""A tenant as big as its users: many AgentRuns created at once in one tenant whose ledger is
+``split`` (an evaluation sweep applied through GitOps) all end by their own execution —
+``completed``, none refused for how the ledger stores the tenant — with more runs active at
+once than a one-value (``single``) ledger holds (500) and more queued than its queue holds
+(1,000), every queued run showing its own position, and the tenant's ``used`` equal to the sum
+of its runs' usage exactly.
 
 The size is a setting: ``AGENTRUN_SCALE_RUNS`` runs (default 1,600) in a tenant with
 ``maxConcurrentRuns`` ``AGENTRUN_SCALE_ACTIVE`` (default 550): what CI runs, a few minutes on
@@ -182,12 +183,14 @@ def ledger_sums(runs: dict[str, Any]) -> tuple[int, Decimal]:
 
 @pytest.mark.timeout(max(1_800, RUNS))
 def test_runs_created_at_once_in_one_tenant_all_end_by_their_own_execution(
-    stack_: E2EStack, nats_server: Any
+    split_layout: E2EStack, nats_server: Any
 ) -> None:
-    """The runs are all created while the tenant's one slot is held by a run waiting for an
-    approval (so they are all queued at once, whatever the speed of ``kubectl create``); then
+    """A tenant made with the operator set to ``split``: the runs are all created while the
+    tenant's one slot is held by a run waiting for an approval (so they are all queued at
+    once, whatever the speed of ``kubectl create``); then
     the tenant's ``maxConcurrentRuns`` is raised and the gate cancelled: ``ACTIVE`` runs are
     admitted at once, the rest as runs end."""
+    stack_ = split_layout
     namespace = create_namespace(stack_.kubectl, prefix="big-tenant-")
     tenant = namespace
     set_max_concurrent_runs(stack_, tenant, namespace, 1)

@@ -2,10 +2,12 @@
 with the queue: its first ``Queued`` status is written at once (its position found in O(log n)),
 later position refreshes within a rate for every tenant together, the stalest first; a tenant's
 queue is bounded only by the platform's setting, and a run over it ends with a typed reason that
-says so (never ``checkpoint_failed``)."""
+says so (never ``checkpoint_failed``) — unless its ledger is one value (``single``), whose queue
+keeps the earlier releases' cap and reason."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +20,7 @@ from nats.aio.client import Client as NATS
 
 from agentrun import kernel
 from agentrun.ledger import LedgerStore, QueuedRun, TenantQueue
+from agentrun.ledger.store import MAX_QUEUED_RUNS
 from agentrun.operator.admission.pump import PumpDeps, QueuePump
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.admission.queuestatus import QueueStatus, RefreshBudget, Waiting, stalest
@@ -153,17 +156,14 @@ class NoConfigs:
         """Nothing is kept."""
 
 
-async def test_a_run_over_the_platforms_queue_limit_ends_saying_so_for_that_run_only(
-    client: NATS,
-) -> None:
-    store = await LedgerStore.open(client.jetstream(), bucket="AGENTRUN_LEDGER_QUEUE_TEST")
-    writes = Writes()
+def queue_pump(store: LedgerStore, writes: Writes, *, max_queued: int) -> QueuePump:
+    """A pump over ``store`` whose status writes go to ``writes``."""
     deps: Any = dict.fromkeys(("tenants", "settlement", "storage"))
     deps["configs"] = NoConfigs()  # the refused run's build is dropped: nothing kept here
     api = FakeKube()
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     shown = QueueStatus(writes, writes, events, time.time)  # type: ignore[arg-type]
-    pump = QueuePump(
+    return QueuePump(
         PumpDeps(
             store=store,
             runs=writes,
@@ -173,8 +173,16 @@ async def test_a_run_over_the_platforms_queue_limit_ends_saying_so_for_that_run_
             api=api,
             **deps,
         ),  # type: ignore[arg-type]
-        max_queued=3,
+        max_queued=max_queued,
     )
+
+
+async def test_a_run_over_the_platforms_queue_limit_ends_saying_so_for_that_run_only(
+    client: NATS,
+) -> None:
+    store = await LedgerStore.open(client.jetstream(), bucket="AGENTRUN_LEDGER_QUEUE_TEST")
+    writes = Writes()
+    pump = queue_pump(store, writes, max_queued=3)
     policy = Policy()
     for i in range(3):
         key = RunKey("ns", f"r{i}", str(uuid.uuid4()))
@@ -189,3 +197,29 @@ async def test_a_run_over_the_platforms_queue_limit_ends_saying_so_for_that_run_
         "holds 3 runs, the most the platform allows (AGENTRUN_MAX_QUEUED_RUNS)" in (body["message"])
     )
     assert len(await store.queue(policy.name)) == 3  # the queued runs keep their places
+
+
+async def test_a_one_value_tenants_queue_keeps_the_earlier_cap_and_reason(client: NATS) -> None:
+    """A tenant whose ledger is one value (``single``, the default) queues at most
+    ``MAX_QUEUED_RUNS`` runs, as earlier releases did: the next one ends ``checkpoint_failed``
+    with their message, for that run only."""
+    store = await LedgerStore.open(client.jetstream(), bucket="AGENTRUN_LEDGER_QUEUE_TEST")
+    writes = Writes()
+    pump = queue_pump(store, writes, max_queued=0)
+    policy = Policy()
+    for start in range(0, MAX_QUEUED_RUNS, 100):
+        await asyncio.gather(
+            *(
+                store.enqueue(policy.name, QueuedRun(f"q{i}", "ns", f"q{i}", NOW + i))
+                for i in range(start, start + 100)
+            )
+        )
+    late = RunKey("ns", "late", str(uuid.uuid4()))
+    await pump.enqueue_run(late, policy, generation=1, created=NOW + 9_999)  # type: ignore[arg-type]
+    assert [s.phase for s in writes.counted] == [kernel.Phase.CHECKPOINT_FAILED]
+    body = writes.bodies[late.uid]
+    assert body["message"] == (
+        f"AgentTenant {policy.name!r}'s admission queue is full (1000 runs wait); "
+        "the run could not be queued"
+    )
+    assert len(await store.queue(policy.name)) == MAX_QUEUED_RUNS
