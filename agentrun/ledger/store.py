@@ -804,6 +804,11 @@ class LedgerStore(CasStore):
             raise QueueFull(tenant, limit=len(queue), one_value=True)
         return queue.add(run, arrival=await self._put_queued(tenant, run))
 
+    def splits(self, book: Book) -> bool:
+        """Whether this store splits ``book`` (as read) at its next change: it is one value and
+        the store's ``layout`` is ``split``."""
+        return book.one_value and self.layout == "split"
+
     async def one_value(self, tenant: str) -> bool:
         """Whether the tenant's ledger is, and stays, one value (``single``): its book is, and
         this store does not split it; a tenant without one gets the store's ``layout``."""

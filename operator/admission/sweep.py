@@ -201,6 +201,7 @@ class LedgerSweep:
             or forget
             or (policy is not None and policy.limits != book.limits)
             or (book.reset_time <= now)
+            or self.store.splits(book)  # a one-value ledger, the operator set to split
         ):
             return book
         await self.store.repair_entry(
