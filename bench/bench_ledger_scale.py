@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import inspect
 import itertools
 import shutil
 import sys
@@ -266,6 +267,12 @@ async def check(operator: LedgerStore, tenants: list[str], per_tenant: dict[str,
     return problems
 
 
+def layout_option(layout: str) -> dict[str, str]:
+    """The operator store's ``layout`` (``AGENTRUN_LEDGER_LAYOUT``) where the tree has one: a
+    revision before it (an A/B's A) has only the one-value ledger, and takes no such option."""
+    return {"layout": layout} if "layout" in inspect.signature(LedgerStore).parameters else {}
+
+
 async def run_scenario(
     server: natsserver.NatsServer, scenario: Scenario, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -274,7 +281,9 @@ async def run_scenario(
         for i in range(args.workers + 2)
     ]
     try:
-        operator = await LedgerStore.open(clients[0].jetstream(), bucket=BUCKET)
+        operator = await LedgerStore.open(
+            clients[0].jetstream(), bucket=BUCKET, **layout_option(args.layout)
+        )
         workers = [
             await LedgerStore.open(c.jetstream(), bucket=BUCKET, create=False)
             for c in clients[1 : args.workers + 1]
@@ -415,6 +424,12 @@ async def bench(server: natsserver.NatsServer, args: argparse.Namespace) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", default="big,cap,many")
+    parser.add_argument(
+        "--layout",
+        choices=["split", "single"],
+        default="split",
+        help="the layout of the tenants' ledgers (AGENTRUN_LEDGER_LAYOUT; trees that have one)",
+    )
     parser.add_argument("--active", type=int, default=2_000, help="big: maxConcurrentRuns")
     parser.add_argument("--queued", type=int, default=10_000, help="big: runs queued at first")
     parser.add_argument("--model-ms", type=float, default=20.0, help="the model's latency")
