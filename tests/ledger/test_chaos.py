@@ -2,9 +2,10 @@
 record and settle by compare-and-set. Every operation is retried the way the runtime retries
 it (a turn whose reservation failed is redelivered with a new owner; a failed settlement is
 settled again), and the tenant's ledger comes out exact: every turn charged once, no hold left,
-nothing abandoned, the totals equal to the sums over the run entries — with every run inline
-in the totals (one value per write) and with every run stored apart (an atomic batch of the
-run's entry and the totals per write, some of them cut by the kill)."""
+nothing abandoned, the totals equal to the sums over the run entries — in the ``split`` layout
+with every run inline in the totals (one value per write) and with every run stored apart (an
+atomic batch of the run's entry and the totals per write, some of them cut by the kill), and in
+the ``single`` layout (the whole ledger one value, as earlier releases store it)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ to the sums over the entries after every step, whether every run is inline, some
 Against the real server: a small tenant's changes are one write of one value; runs beyond the
 inline ones get values of their own, written with the totals in one atomic batch, and leave
 nothing behind when they end; the totals are the same size at 40 active runs and at 400; two
-processes racing on runs stored apart never overspend and charge exactly; where a new run's
+processes racing on runs stored apart (or on a one-value ledger, the ``single`` layout) never
+overspend and charge exactly; where a new run's
 entry goes is decided on the totals' revision, so a stale process never stores it twice.
 """
 
