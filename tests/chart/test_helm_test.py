@@ -30,6 +30,11 @@ def test_the_hook_checks_one_run_on_the_model_with_no_more_rights_than_that(
     docs = {d["kind"]: d for d in hook(offline_helm, values)}
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
     assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in docs.values())
+    deleted = {
+        k: d["metadata"]["annotations"]["helm.sh/hook-delete-policy"] for k, d in docs.items()
+    }
+    assert deleted.pop("Pod") == "before-hook-creation"  # its log stays for `helm test --logs`
+    assert set(deleted.values()) == {"before-hook-creation,hook-succeeded"}
     (rule,) = docs["Role"]["rules"]
     assert rule == {"apiGroups": ["agentrun.dev"], "resources": ["agentruns"],
                     "verbs": ["create", "get", "delete"]}  # fmt: skip
