@@ -143,8 +143,7 @@ def operator() -> Permissions:
         f"{JS_API}.CONSUMER.DURABLE.CREATE.{events}.{protocol.OPERATOR_CONSUMER}",
         f"{JS_API}.CONSUMER.INFO.{events}.{protocol.OPERATOR_CONSUMER}",
         *_durable(events, protocol.OPERATOR_CONSUMER),
-        f"{JS_API}.DIRECT.GET.{events}",
-        f"{JS_API}.DIRECT.GET.{events}.>",
+        f"{JS_API}.STREAM.MSG.GET.{events}",  # a run's events, from the stream's leader
         f"{JS_API}.STREAM.PURGE.{events}",  # a deleted run's events
         protocol.TURN_SUBJECTS,
         protocol.EVENT_SUBJECTS,
@@ -169,8 +168,7 @@ def worker() -> Permissions:
     publish = [
         *_durable(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER),
         protocol.EVENT_SUBJECTS,  # committing turns, with the expected last sequence
-        f"{JS_API}.DIRECT.GET.{events}",
-        f"{JS_API}.DIRECT.GET.{events}.>",
+        f"{JS_API}.STREAM.MSG.GET.{events}",  # a run's events, from the stream's leader
         *_kv_read(protocol.LEDGER_BUCKET),
         protocol.kv_subject(protocol.LEDGER_BUCKET, "book.>"),
         *_kv_read(protocol.EFFECTS_BUCKET),
