@@ -77,8 +77,7 @@ BEHIND_DELAY = 0.5
 """Seconds before a TurnRequest whose history read came back behind it is read again."""
 BEHIND_DELIVERIES = 10
 """Deliveries of a TurnRequest whose history reads end before its base event, after which it
-is taken as stale (its run deleted) and acked: a read behind lasts no longer than an
-election."""
+is taken as stale (its run deleted) and acked: no read lags a leader's ack for that long."""
 NEWER_SCHEMA_DELAY = 30.0
 """Seconds before a message written in a newer wire schema is offered again (to a newer
 worker, during a rolling upgrade)."""
@@ -345,7 +344,8 @@ class TurnConsumer:
             log.warning("refused turn %s: %s", request.msg_id, err)
             await msg.ack()
             return
-        if await self._not_runnable(msg, request, run):
+        run = await self._runnable(msg, request, run)
+        if run is None:
             return
         if run.stored >= self.settings.run_event_max_bytes:
             await self._commit_failure(request, _storage_full(run, self.settings))
@@ -370,10 +370,10 @@ class TurnConsumer:
             self._observe(committed, run, started=started)
         await msg.ack()
 
-    async def _not_runnable(
+    async def _runnable(
         self, msg: Msg, request: TurnRequest, run: history.LoadedRun | None
-    ) -> bool:
-        """Whether the turn is not to be run now, its message then naked or acked here.
+    ) -> history.LoadedRun | None:
+        """``run`` if its turn is to be run now; else ``None``, its message naked or acked here.
 
         A history read ending before the request's base event (``run`` None or its ``seq``
         below ``expected_seq``) is *behind*, not stale: the request was built on an event the
@@ -394,7 +394,7 @@ class TurnConsumer:
             )
             self.cache.drop(request.run_uid)
             await msg.nak(delay=BEHIND_DELAY)
-            return True
+            return None
         if (
             run is None
             or run.seq != request.expected_seq
@@ -403,8 +403,8 @@ class TurnConsumer:
         ):
             log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
             await msg.ack()
-            return True
-        return False
+            return None
+        return run
 
     async def _run_turn(
         self, msg: Msg, request: TurnRequest, run: history.LoadedRun, hold: TurnHold | None
