@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import nats
-import nats.errors
 import pytest
 
 from agentrun_dev import binaries, components, controlplane, natscluster, natsserver
@@ -125,25 +122,6 @@ def own_nats_server(
     yield from _nats_server(tmp_path_factory, devenv_launch)
 
 
-async def _jetstream_usable(cluster: natscluster.NatsCluster, *, timeout: float = 60.0) -> None:
-    """Wait until JetStream answers on the cluster (the admin identity asks for its account): a
-    cluster with a meta leader may still answer 503 "JetStream not enabled for account" for a
-    moment while the account is assigned. Raises AssertionError after ``timeout`` seconds."""
-    deadline, last = time.monotonic() + timeout, "not asked yet"
-    while time.monotonic() < deadline:
-        try:
-            nc = await nats.connect(**cluster.client_options("admin"))
-            try:
-                await nc.jetstream(timeout=2).account_info()
-                return
-            finally:
-                await nc.close()
-        except (nats.errors.Error, OSError, TimeoutError) as err:
-            last = repr(err)
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"JetStream not usable on the cluster within {timeout}s: {last}")
-
-
 @pytest.fixture(scope="module")
 def nats_cluster(
     tmp_path_factory: pytest.TempPathFactory, devenv_launch: components.Launch
@@ -156,7 +134,7 @@ def nats_cluster(
     try:
         # in a thread of its own: this session's event loop stays the current one here
         with concurrent.futures.ThreadPoolExecutor(1) as thread:
-            thread.submit(asyncio.run, _jetstream_usable(cluster)).result()
+            thread.submit(asyncio.run, natscluster.jetstream_usable(cluster)).result()
         yield cluster
     finally:
         cluster.stop()

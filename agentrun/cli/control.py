@@ -157,6 +157,16 @@ class RunClient:
             raise RunAccessError.from_api(err) from err
         return created
 
+    async def delete(self, name: str) -> None:
+        """Delete the AgentRun (the operator's finalizer ends it first); raises RunAccessError
+        (not found, forbidden, …)."""
+        try:
+            await self._objects().delete_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name
+            )
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
+
     async def events_of(self, uid: str) -> list[dict[str, Any]]:
         """The Kubernetes Events about the object ``uid`` in the namespace, oldest first;
         raises RunAccessError."""

@@ -32,6 +32,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 
 from agentrun import display, kube
 from agentrun.cli import control
+from agentrun.cli.check import register_check
 
 Handler = Callable[[argparse.Namespace], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
@@ -161,7 +162,13 @@ def register_signing(subparsers: Subparsers) -> None:
         parser.set_defaults(handler=cmd_signing)
 
 
-COMMANDS: list[Registrar] = [register_cancel, register_review, register_nats, register_signing]
+COMMANDS: list[Registrar] = [
+    register_cancel,
+    register_review,
+    register_check,
+    register_nats,
+    register_signing,
+]
 """The runtime's own registrars of top-level subcommands, in help order."""
 
 

@@ -25,6 +25,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import nats
+import nats.errors
+
 from agentrun.natsclient import NatsAuth, connect_options
 from agentrun_dev import components, probes
 from agentrun_dev.natsserver import (
@@ -84,10 +87,17 @@ def start_nats_cluster(
     size: int = 3,
     launch: components.Launch | None = None,
     ready_timeout: float = 60.0,
+    auth_dir: Path | None = None,
+    first_store: Path | None = None,
 ) -> NatsCluster:
     """Start `size` closed nats-servers on free loopback ports that route to each other as
     one JetStream cluster; waits until every server reports healthy (``/healthz``) and the
     cluster has a meta leader.
+
+    `auth_dir`: an existing closed server's files (``natsserver.write_auth``; default: new ones
+    in ``<workdir>/auth``), so the cluster trusts the same identities. `first_store`: server
+    ``n1``'s store directory (default ``<workdir>/n1/jetstream``), e.g. the one a single server
+    used, as a StatefulSet's first pod keeps its volume.
 
     Raises:
         ValueError: `size` below 2.
@@ -98,8 +108,9 @@ def start_nats_cluster(
     if size < 2:
         raise ValueError(f"a cluster needs at least 2 servers, not {size}")
     launch = components.Launch(log_dir=workdir / "logs") if launch is None else launch
-    auth_dir = workdir / "auth"
-    write_auth(auth_dir)
+    if auth_dir is None:
+        auth_dir = workdir / "auth"
+        write_auth(auth_dir)
     ports = [
         {"client": probes.free_port(), "monitor": probes.free_port(), "route": probes.free_port()}
         for _ in range(size)
@@ -108,7 +119,9 @@ def start_nats_cluster(
     started: list[NatsServer] = []
     try:
         for index in range(size):
-            started.append(_start_member(launch, auth_dir, workdir, index, ports, password))
+            own = workdir / f"n{index + 1}" / "jetstream"
+            store = first_store if index == 0 and first_store else own
+            started.append(_start_member(launch, auth_dir, store, index, ports, password))
         _wait_formed(started, deadline=time.monotonic() + ready_timeout)
     except BaseException:
         for server in started:
@@ -120,14 +133,14 @@ def start_nats_cluster(
 def _start_member(
     launch: components.Launch,
     auth_dir: Path,
-    workdir: Path,
+    store: Path,
     index: int,
     ports: list[dict[str, int]],
     password: str,
 ) -> NatsServer:
-    """Start server ``n<index+1>`` (not waiting for the cluster: its JetStream enabled)."""
+    """Start server ``n<index+1>`` with its JetStream store in `store` (not waiting for the
+    cluster: its JetStream enabled)."""
     name = f"n{index + 1}"
-    store = workdir / name / "jetstream"
     store.mkdir(parents=True, exist_ok=True)
     mine = ports[index]
     routes = [p["route"] for i, p in enumerate(ports) if i != index]
@@ -208,6 +221,25 @@ def _meta_leader(monitor_url: str) -> str:
     with urllib.request.urlopen(f"{monitor_url}/jsz", timeout=2) as response:
         data = json.load(response)
     return str((data.get("meta_cluster") or {}).get("leader") or "")
+
+
+async def jetstream_usable(cluster: NatsCluster, *, timeout: float = 60.0) -> None:
+    """Wait until JetStream answers on the cluster (the admin identity asks for its account): a
+    cluster with a meta leader may still answer 503 "JetStream not enabled for account" for a
+    moment while the account is assigned. Raises AssertionError after ``timeout`` seconds."""
+    deadline, last = time.monotonic() + timeout, "not asked yet"
+    while time.monotonic() < deadline:
+        try:
+            nc = await nats.connect(**cluster.client_options("admin"))
+            try:
+                await nc.jetstream(timeout=2).account_info()
+                return
+            finally:
+                await nc.close()
+        except (nats.errors.Error, OSError, TimeoutError) as err:
+            last = repr(err)
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"JetStream not usable on the cluster within {timeout}s: {last}")
 
 
 async def step_down(client: Any, stream: str, *, timeout: float = 10.0) -> tuple[str, str]:

@@ -34,6 +34,12 @@ FEATURES: dict[str, dict[str, str]] = {
         "nats.auth.workerSecret": "bus-worker",
         "nats.auth.serverSecret": "bus-server",
     },
+    "nats-cluster": {"nats.install.enabled": "true", "nats.install.replicas": "3"},
+    "nats-cluster-without-tls": {
+        "nats.install.enabled": "true",
+        "nats.install.replicas": "3",
+        "nats.tls.enabled": "false",
+    },
     "nats-without-persistence": {
         "nats.install.enabled": "true",
         "nats.install.persistence.enabled": "false",

@@ -1,80 +1,39 @@
 """The chart installed for real on the node, driven with kubectl and helm as a user would:
 ``helm install`` runs the operator, the workers, the scripted model and the chart's own NATS
 as pods under Pod Security ``restricted``; the example AgentRuns reach their terminal
-reasons; the workers scale to three and all of them execute turns; every worker pod
-force-deleted mid-run, the operator pod deleted mid-run, and a ``helm upgrade`` that rolls
-both Deployments while runs are in flight each leave every run completed with each turn
-committed once; ``helm uninstall`` removes what it installed but keeps the CRDs and the
-AgentRuns. The tests run in file order on one release."""
+reasons; ``helm test`` runs one AgentRun end to end; the workers scale to three and all of
+them execute turns; every worker pod force-deleted mid-run, the operator pod deleted mid-run,
+and a ``helm upgrade`` that rolls both Deployments while runs are in flight each leave every
+run completed with each turn committed once; a ``helm upgrade`` from one NATS server to three
+without a restore is refused; ``helm uninstall`` removes what it installed but keeps the CRDs
+and the AgentRuns. The tests run in file order on one release."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from agentrun_dev import demo, node, release
+from agentrun_dev import node, release
 from agentrun_dev.kubectl import Kubectl
+from cluster.runs_support import (
+    agent_run,
+    assert_completed_once_per_turn,
+    demo_release,
+    ended,
+    start_slow_runs,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "agentrun"
 RELEASE = release.RELEASE_NAME
 EXAMPLES = {"rectangle": "completed", "collatz": "max_steps", "inventory": "tool_budget_exhausted"}
-SLOW_STEPS = 6
-SLOW_SCENARIO = {
-    "name": "slow",
-    "match": {"goal": "slow-steps"},
-    "turns": [
-        *(
-            {
-                "content": "step {turn}",
-                "tool_calls": [{"name": "calculate", "arguments": {"expression": "{turn}+1"}}],
-                "usage": {"prompt_tokens": 100, "completion_tokens": 10},
-                "latency_ms": 1500,
-            }
-            for _ in range(SLOW_STEPS)
-        ),
-        {"content": "done", "usage": {"prompt_tokens": 100, "completion_tokens": 5}},
-    ],
-}
 pytestmark = [pytest.mark.e2e, pytest.mark.node, pytest.mark.timeout(1800)]
-
-
-def agent_run(name: str, goal: str, **budget: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": name},
-        "spec": {"model": "mock", "goal": goal, "tools": ["calculate"],
-                 "budget": {"maxSteps": 20, "timeout": "5m", **budget}},
-    }  # fmt: skip
-
-
-def run_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
-    found = json.loads(kubectl("get", "agentrun", name, "-n", namespace, "-o", "json").stdout)
-    status: dict[str, Any] = found.get("status") or {}
-    return status
-
-
-def wait_for(
-    kubectl: Kubectl, namespace: str, name: str, done: Callable[[dict[str, Any]], bool],
-    *, timeout: float = 240.0,
-) -> dict[str, Any]:  # fmt: skip
-    deadline = time.monotonic() + timeout
-    while True:
-        status = run_status(kubectl, namespace, name)
-        if done(status):
-            return status
-        assert time.monotonic() < deadline, f"{name}: {status}"
-        time.sleep(1.0)
-
-
-def ended(status: dict[str, Any]) -> bool:
-    return bool(status.get("terminalReason"))
 
 
 def worker_pods(kubectl: Kubectl, namespace: str) -> list[str]:
@@ -107,26 +66,10 @@ def installed(
 ) -> Iterator[release.Release]:
     """The chart installed (the scripted model and the chart's own NATS included) in a
     namespace under Pod Security ``restricted``, its images imported into the node."""
-    release.import_project_images(cluster_node.directory, project=REPO, log=print)
-    scenarios = yaml.safe_load((REPO / "examples" / "scenarios.yaml").read_text())
-    scenarios["scenarios"].append(SLOW_SCENARIO)
-    values = release.demo_values(default_tenant=demo.TENANT_NAME)
-    values["mockModel"]["scenarios"] = scenarios
-    values["turnAckWaitSeconds"] = 5
-    values["worker"]["terminationGracePeriodSeconds"] = 5
-    values["worker"]["drainMarginSeconds"] = 2
-    installed = release.install_chart(
-        node_kubectl,
-        chart=CHART,
-        values=values,
-        home=tmp_path_factory.mktemp("release"),
-        namespace=f"agentrun-helm-{uuid.uuid4().hex[:6]}",
-        log=print,
-    )
-    node_kubectl("apply", "-f", "-", input=yaml.safe_dump(demo.default_tenant()))
-    yield installed
-    installed.helm("uninstall", installed.name, "-n", installed.namespace,
-                   "--ignore-not-found", check=False, timeout=300)  # fmt: skip
+    worker = {"terminationGracePeriodSeconds": 5, "drainMarginSeconds": 2}
+    home = tmp_path_factory.mktemp("release")
+    with demo_release(cluster_node, node_kubectl, home, "agentrun-helm", {"worker": worker}) as r:
+        yield r
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +97,13 @@ def test_the_example_runs_reach_their_terminal_reasons(node_kubectl: Kubectl, ns
     assert reasons == EXAMPLES
 
 
+def test_helm_test_runs_one_agentrun_end_to_end(installed: release.Release, ns: str) -> None:
+    tested = installed.helm("test", installed.name, "-n", ns, "--logs", "--timeout", "5m",
+                            timeout=330)  # fmt: skip
+    assert re.search(r"Phase:\s+Succeeded", tested.stdout), tested.stdout
+    assert "Succeeded / completed, 1 steps" in tested.stdout, tested.stdout
+
+
 def test_three_workers_all_execute_turns(node_kubectl: Kubectl, ns: str) -> None:
     node_kubectl("scale", "deployment", f"{RELEASE}-worker", "-n", ns, "--replicas=3")
     node_kubectl("rollout", "status", f"deployment/{RELEASE}-worker", "-n", ns,
@@ -177,23 +127,6 @@ def test_three_workers_all_execute_turns(node_kubectl: Kubectl, ns: str) -> None
         time.sleep(1.0)
     assert all(count > 0 for count in executed.values()), executed
     assert sum(executed.values()) >= 12 * 4
-
-
-def start_slow_runs(kubectl: Kubectl, ns: str, names: list[str]) -> None:
-    """Apply `names` as slow runs and wait until each has committed its first turn."""
-    for name in names:
-        kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(agent_run(name, "slow-steps")))
-    for name in names:
-        wait_for(kubectl, ns, name, lambda s: (s.get("usage") or {}).get("steps", 0) >= 1)
-
-
-def assert_completed_once_per_turn(kubectl: Kubectl, ns: str, names: list[str]) -> None:
-    """Each run ends ``completed`` with exactly one committed step per scripted turn."""
-    ends = {name: wait_for(kubectl, ns, name, ended, timeout=300) for name in names}
-    summary = {
-        n: (s["terminalReason"], s["usage"]["steps"], s.get("answer")) for n, s in ends.items()
-    }
-    assert summary == dict.fromkeys(names, ("completed", SLOW_STEPS + 1, "done"))
 
 
 def test_force_deleted_workers_mid_run_lose_no_turn(node_kubectl: Kubectl, ns: str) -> None:
@@ -247,6 +180,29 @@ def test_helm_upgrade_while_runs_are_in_flight_loses_none(
     rolled = {f"{RELEASE}-worker", f"{RELEASE}-operator"}
     assert all(after[name] != before[name] for name in rolled), (before, after)
     assert_completed_once_per_turn(node_kubectl, ns, names)
+
+
+def test_a_change_from_one_nats_server_to_three_is_refused_without_a_restore(
+    installed: release.Release, node_kubectl: Kubectl, ns: str
+) -> None:
+    """NATS carries no stream from one server into a cluster: the chart refuses the change on a
+    running release unless the upgrade says the streams are restored from a backup."""
+
+    def revision() -> str:
+        status = json.loads(installed.helm("status", installed.name, "-n", ns, "-o", "json").stdout)
+        return str(status["version"])
+
+    before = revision()
+    refused = installed.helm(
+        "upgrade", installed.name, str(installed.chart), "-n", ns, "--reuse-values",
+        "--set", "nats.install.replicas=3", check=False, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "nats.install.restoreFromBackup" in refused.stderr, refused.stderr
+    assert "From one NATS server to three" in refused.stderr
+    assert revision() == before
+    sts = json.loads(node_kubectl("get", "sts", f"{RELEASE}-nats", "-n", ns, "-o", "json").stdout)
+    assert sts["spec"]["replicas"] == 1
 
 
 def test_helm_uninstall_keeps_the_crds_and_the_agentruns(

@@ -379,3 +379,38 @@ the operator (role "operator"). */}}
         path: signing.json
 {{- end }}
 {{- end -}}
+
+{{/*
+Servers that keep each stream and KV bucket (AGENTRUN_NATS_REPLICAS): nats.jetstream.replicas,
+or when it is 0, the installed servers (nats.install.replicas, at most 3) or 1 with nats.url.
+More than the installed servers fails the render.
+*/}}
+{{- define "agentrun.natsReplicas" -}}
+{{- $install := .Values.nats.install -}}
+{{- $servers := ternary (int $install.replicas) 0 $install.enabled -}}
+{{- $replicas := int .Values.nats.jetstream.replicas -}}
+{{- if eq $replicas 0 -}}
+{{- $replicas = ternary (min $servers 3) 1 $install.enabled -}}
+{{- else if and $install.enabled (gt $replicas $servers) -}}
+{{- fail (printf "nats.jetstream.replicas %d: more than the %d NATS servers of nats.install.replicas (JetStream refuses a stream kept by more servers than it has)" $replicas $servers) -}}
+{{- end -}}
+{{- $replicas -}}
+{{- end -}}
+
+{{/*
+The installed NATS servers' route URLs, one per pod (nats-route://route:<password>@<pod>.<headless
+Service>.<namespace>.svc:6222), as a JSON list. Call with (dict "root" $ "password" $password).
+*/}}
+{{- define "agentrun.natsRoutes" -}}
+{{- $name := include "agentrun.natsName" .root -}}
+{{- $routes := list -}}
+{{- range $i := until (int .root.Values.nats.install.replicas) -}}
+{{- $routes = append $routes (printf "nats-route://route:%s@%s-%d.%s-headless.%s.svc:6222" $.password $name $i $name $.root.Release.Namespace) -}}
+{{- end -}}
+{{- $routes | toJson -}}
+{{- end -}}
+
+{{/* True when the chart runs NATS as a cluster (nats.install with more than one server). */}}
+{{- define "agentrun.natsClustered" -}}
+{{- if and .Values.nats.install.enabled (gt (int .Values.nats.install.replicas) 1) -}}true{{- end -}}
+{{- end -}}
