@@ -8,7 +8,7 @@ The run completes with each turn committed once and one model request per turn.
 The worker reads its run's history from the stream's leader: a direct get, answered by the
 worker's own server when it is a follower, could miss the event the turn was dispatched on and
 the turn was dropped as stale (the stall this test once showed, issue 23); the forced version
-of that is ``test_duplicate_turns``'s behind-read test."""
+of that is ``test_behind_reads.py``."""
 
 from __future__ import annotations
 
