@@ -58,6 +58,33 @@ def effects_config(
     )
 
 
+async def require_atomic(
+    js: JetStreamContext, bucket: str, *, create: bool, retry: float = 1.0
+) -> None:
+    """Make sure the bucket's stream takes atomic batches and per-message TTLs (a change of a
+    run's ledger entry and its tenant's totals is one batch; a deleted entry leaves a purge
+    marker that expires): set them if ``create`` (the operator; a bucket made by an earlier
+    release lacks them), otherwise wait until they are set (checked every ``retry`` seconds,
+    logging once). Needs nats-server ≥ 2.12 (ADR-50); an older server refuses the update
+    (``nats.js.errors.APIError``, raised)."""
+    stream = protocol.kv_stream(bucket)
+    waited = False
+    while True:
+        config = (await js.stream_info(stream)).config
+        if config.allow_atomic and config.allow_msg_ttl:
+            return
+        if create:
+            config.allow_atomic = True
+            config.allow_msg_ttl = True
+            await js.update_stream(config)
+            log.info("stream %s now takes atomic batches and message TTLs", stream)
+            return
+        if not waited:
+            log.info("stream %s does not take atomic batches yet: waiting for the operator", stream)
+            waited = True
+        await asyncio.sleep(retry)
+
+
 async def provision_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
     """Create the stream ``config.name``, or update it to ``config`` when it exists with
     another configuration (its replica count included).

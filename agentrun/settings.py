@@ -10,6 +10,7 @@ stops the process with an error naming the variable. An empty variable counts as
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pydantic
 from pydantic import Field
@@ -130,6 +131,14 @@ class OperatorSettings(ProcessSettings):
     ledger_sweep: float = Field(default=2.0, gt=0)
     """``AGENTRUN_LEDGER_SWEEP``: seconds between ledger sweeps (window resets, expired holds,
     stale slots, queue pumps, AgentTenant status)."""
+    max_queued_runs: int = Field(default=0, ge=0)
+    """``AGENTRUN_MAX_QUEUED_RUNS``: runs one tenant's admission queue may hold (0: no limit).
+    A run created while its tenant's queue holds this many ends ``tenant_budget_exhausted``
+    saying so, for that run only; runs already queued keep their places."""
+    queue_status_writes: float = Field(default=20.0, gt=0)
+    """``AGENTRUN_QUEUE_STATUS_WRITES``: status writes per second, for all tenants together,
+    that refresh a queued run's position after it moved (the stalest first); a run's first
+    ``Queued`` status is written at once, whatever the rate."""
     identity: str | None = None
     """``AGENTRUN_IDENTITY``: this process's name in the leader Lease (the chart passes the pod
     name); unset uses ``<hostname>-<pid>``."""
@@ -176,6 +185,15 @@ class OperatorSettings(ProcessSettings):
     start the operator creates what is missing with it and updates what has another count;
     more than the servers can hold stops it with a message saying so. The chart sets it from
     ``nats.jetstream.replicas``."""
+    ledger_layout: Literal["single", "split"] = "single"
+    """``AGENTRUN_LEDGER_LAYOUT``: how the ledger of a tenant that has none yet is stored
+    (``agentrun.ledger.entries.LAYOUTS``). ``single`` (the default): one value per tenant, what
+    workers of the previous release read, with its caps (500 active, 1,000 queued runs);
+    ``split``: totals plus one value per run and per queued run, no cap from storage, read by
+    this release's workers only — set it once every worker runs this release. With ``split``,
+    a tenant found ``single`` is split at its next ledger change (usage kept); with
+    ``single``, a tenant found split stays split. The chart sets it from
+    ``nats.jetstream.ledgerLayout``."""
     tool_discovery_timeout_max: float = Field(default=30.0, gt=0, le=600)
     """``AGENTRUN_TOOL_DISCOVERY_TIMEOUT_MAX``: the most seconds one AgentToolServer's
     discovery may take, whatever its ``spec.timeouts.discovery`` asks (a longer one is clamped

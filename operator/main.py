@@ -4,8 +4,10 @@ Order at start-up: serve ``/healthz`` and ``/readyz`` (``AGENTRUN_HEALTH_PORT``)
 the installed CRDs serve what this operator writes (not ready until then, touching nothing);
 wait for the leader Lease (a standby stops here); then run kopf, whose start-up handler starts
 every other part (event consumer, queue pumps, ledger sweep). So a standby runs no handler, no
-consumer and no loop. A leader that cannot renew its Lease exits at once (status 70) without
-flushing anything: the next leader rebuilds its view from the run event streams. A graceful
+consumer and no loop. The leader renews its Lease from a thread of its own (its own event loop
+and API client), so no work on the operator's loop delays a renewal; a leader that cannot
+renew its Lease exits at once (status 70), from that thread, without flushing anything: the
+next leader rebuilds its view from the run event streams. A graceful
 stop (SIGTERM) ends kopf, then releases the Lease so a standby takes over at once.
 """
 
@@ -17,6 +19,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 
 import kopf
 
@@ -94,17 +97,28 @@ def _cancel(task: asyncio.Task[None]) -> None:
 
 
 async def _lead(settings: OperatorSettings, elector: leadership.LeaderElector) -> None:
+    """Run kopf while a thread of its own renews the Lease (``leadership.RenewalThread``: the
+    admission of a burst of runs on this event loop cannot starve the renewals)."""
+
+    async def connect() -> tuple[leadership.LeaseStore, Callable[[], Awaitable[None]]]:
+        api = await Kube.connect()
+        leases = leadership.KubeLeases(
+            api, namespace=settings.lease_namespace, name=settings.lease_name
+        )
+        return leases, api.close
+
+    renewals = leadership.RenewalThread(elector, connect=connect, on_lost=_exit_lost)
+    await asyncio.to_thread(renewals.start)
     memo = wiring.OperatorMemo(settings)
-    operator = asyncio.create_task(
-        kopf.operator(clusterwide=True, standalone=True, memo=memo), name="kopf"
-    )
-    holding = asyncio.create_task(elector.hold(), name="lease")
-    done, _ = await asyncio.wait({operator, holding}, return_when=asyncio.FIRST_COMPLETED)
-    if holding in done:
-        log.critical("lost the leader Lease; exiting so that only the new leader acts")
-        logging.shutdown()
-        os._exit(LOST_LEADERSHIP_EXIT)
-    holding.cancel()  # and wait for it: a renewal in flight must not race the release
-    await asyncio.gather(holding, return_exceptions=True)
-    await elector.release()
-    operator.result()  # kopf's own failure, if any, ends the process with it
+    try:
+        await kopf.operator(clusterwide=True, standalone=True, memo=memo)
+    finally:  # kopf stopped (a graceful stop, or its own failure): renewals end, Lease given up
+        await asyncio.to_thread(renewals.stop)
+
+
+def _exit_lost() -> None:
+    """Leadership lost (called from the renewal thread): exit at once, flushing nothing, so
+    that only the new leader acts."""
+    log.critical("lost the leader Lease; exiting so that only the new leader acts")
+    logging.shutdown()
+    os._exit(LOST_LEADERSHIP_EXIT)

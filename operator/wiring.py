@@ -52,7 +52,6 @@ import asyncio
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -247,7 +246,7 @@ async def start_parts(
     # the operator creates the buckets; workers only bind them
     replicas = settings.nats_replicas
     await buckets.open_bucket(bus.js, buckets.effects_config(replicas=replicas), create=True)
-    store = await LedgerStore.open(bus.js, replicas=replicas)
+    store = await LedgerStore.open(bus.js, replicas=replicas, layout=settings.ledger_layout)
     parts = _make_parts(settings, bus=bus, store=store, api=api)
     for obj in tenant_objects:
         parts.tenants.put(obj)
@@ -284,7 +283,7 @@ def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api
     seals = _seals(settings, bus=bus, api=api, events=events)
     fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog)
     dispatcher = Dispatcher(bus, writer, fair)
-    shown = QueueStatus(writer, dispatcher, events, time.time)
+    shown = QueueStatus.of(writer, dispatcher, events, rate=settings.queue_status_writes)
     pump = PumpDeps(
         store=store,
         tenants=tenants,
@@ -309,7 +308,7 @@ def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api
         dispatcher=dispatcher,
         orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         shown=shown,
-        pump=QueuePump(pump),
+        pump=QueuePump(pump, max_queued=settings.max_queued_runs),
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
         reaper=lifecycle.Reaper(api),
         events=events,

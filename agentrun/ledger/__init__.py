@@ -1,15 +1,17 @@
 """The tenant budget ledger: reservations before model calls, settlement after.
 
-The pure part, layered one way (each imports only those before it): ``entries`` (the entry's
-parts: limits, holds, active runs, refusals, the window, a call's worst case) → ``state``
-(one tenant's entry, ``BookState``: its fields and the bookkeeping that changes them) →
-``deliveries`` (a turn run by two deliveries at once) → ``reserve`` (a run's admission and one
-model call's reservation: held, waiting or refused) → ``book`` (``Book``: the entry with every
-operation named) → ``codec`` (its JSON). The I/O part: ``cas`` (compare-and-set writes over
-JetStream KV), ``hold`` (``TurnHold``, one delivery's hold on its turn's budget, over the
-``TurnLedger`` port) and ``store`` (``LedgerStore``, the port the operator and the workers use:
-named operations on the entries — admit a run, a turn's hold, close a run, the sweep's
-repairs, the admission queue — each one compare-and-set write). A tenant with no book has no
+The pure part, layered one way (each imports only those before it): ``entries`` (the ledger's
+parts: limits, holds, active runs, a run's entry, refusals, the window, a call's worst case) →
+``state`` (one tenant's ledger, ``BookState``: its totals, the entries of its runs loaded, and
+the bookkeeping that changes them) → ``deliveries`` (a turn run by two deliveries at once) →
+``reserve`` (a run's admission and one model call's reservation: held, waiting or refused) →
+``book`` (``Book``: the ledger with every operation named) → ``queue`` (a tenant's admission
+queue in order, positions in O(log n)) → ``codec`` (the stored JSON). The I/O part: ``cas``
+(compare-and-set writes over JetStream KV, several values in one atomic batch), ``hold``
+(``TurnHold``, one delivery's hold on its turn's budget, over the ``TurnLedger`` port) and
+``store`` (``LedgerStore``, the port the operator and the workers use: named operations — admit
+a run, a turn's hold, close a run, the sweep's repairs, the admission queue — each one write of
+a tenant's totals and the run entry it touches). A tenant with no book has no
 budget: only the operator's admission makes one.
 """
 
@@ -29,11 +31,13 @@ from agentrun.ledger.entries import (
     worst_case,
 )
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnLedger, TurnRef
+from agentrun.ledger.queue import QueuedRun, TenantQueue
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
-from agentrun.ledger.store import BookMissing, LedgerStore, QueuedRun, QueueFull, Repair
+from agentrun.ledger.store import INLINE_RUNS, BookMissing, LedgerStore, QueueFull, Repair
 
 __all__ = [
     "DEFAULT_HOLD_TTL",
+    "INLINE_RUNS",
     "RESOURCES",
     "Active",
     "Book",
@@ -51,6 +55,7 @@ __all__ = [
     "Repair",
     "Seed",
     "TenantLimits",
+    "TenantQueue",
     "TurnHold",
     "TurnLedger",
     "TurnRef",

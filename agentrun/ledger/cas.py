@@ -1,36 +1,96 @@
-"""Compare-and-set over JetStream KV entries, with per-key group commit.
+"""Compare-and-set over JetStream KV values, one or several at once, with group commit.
 
-Every change is read → apply a pure function → write with the read revision; a lost race
+Every change is read → apply a pure function → write with the read revisions; a lost race
 re-reads and re-applies, a bounded number of times with jittered backoff, then raises
-``LedgerUnavailable``. Within one process, changes to one key are group-committed: one write at
-a time per key, each carrying every change queued meanwhile, on top of the cached last written
-revision. So concurrent writers in a process share writes instead of racing each other; races
+``LedgerUnavailable``. A change of several values is one *atomic batch* (nats-server ≥ 2.12,
+ADR-50: every message of a batch carries ``Nats-Expected-Last-Subject-Sequence``, checked when
+the batch commits, and the batch is stored whole or not at all), so a change of a run's entry
+and its tenant's totals is one write; a change of one value is a plain compare-and-set. Within
+one process, changes of one *group* of values (a tenant's) are group-committed: one write at a
+time per group, each carrying the changes queued meanwhile (up to ``BATCH_CHANGES``), on top of
+the cached last written revisions. So concurrent writers in a process share writes instead of
+racing each other; races
 remain only between processes, which the compare-and-set resolves (the batch is re-applied).
 
-What belongs here: the storage mechanics, generic in the entry type. What does not: what the
-entries mean (``book``, ``store``).
+A value is deleted by a purge marker that expires (``Nats-TTL``): a key whose run ended leaves
+nothing behind in the bucket once its marker is gone.
+
+What belongs here: the storage mechanics, generic in what the values mean. What does not:
+what the values are (``codec``) and which a change touches (``store``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import random
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import nats.errors
 import nats.js.errors
-from nats.js.kv import KeyValue
+from nats.js import JetStreamContext, api
+from nats.js.kv import KV_OP, KV_PURGE, MSG_ROLLUP_SUBJECT, KeyValue
 
-_Op = tuple[Callable[[Any], Any], "asyncio.Future[Any]"]
+_Op = tuple[Any, "asyncio.Future[Any]"]
+
+WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+"""JetStream errors of a lost compare-and-set (``JSStreamWrongLastSequenceErrF`` and its
+constant form)."""
+BATCH_BUSY = frozenset({10176, 10210})
+"""Atomic batch errors a retry clears: the batch arrived incomplete (a message lost on a
+reconnect), the server holds too many batches in flight (``JSAtomicPublishIncompleteBatchErr``,
+``JSAtomicPublishTooManyInflight``)."""
+BATCH_CHANGES = 64
+"""Changes one write carries at most (the others wait for the next): a write's time grows with
+the values it reads and writes, so a burst is cut into writes of bounded size, each answered
+as it lands (and an atomic batch stays far below the server's 1,000 messages)."""
+LIST_READS = 256
+"""Reads a listing has in flight at most (each key's last message is one request)."""
+DELETED_MARKER_TTL = 60.0
+"""Seconds a deleted value's purge marker stays in the bucket (then nothing of it is left)."""
 
 
 class LedgerUnavailable(Exception):
-    """The entry kept changing under us for every attempt (or is unreadable)."""
+    """The values kept changing under us for every attempt (or are unreadable)."""
+
+
+class Conflict(Exception):
+    """A write lost its compare-and-set (or the server asked for the batch again): re-read the
+    values and re-apply the changes."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stored:
+    """A key as read: its revision (of its last message, a purge marker's too; 0: never
+    written or its marker expired) and its value (``None``: missing or deleted)."""
+
+    revision: int
+    data: bytes | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Write:
+    """Set ``key`` to ``value`` (``None``: delete it) if it is still at ``revision``."""
+
+    key: str
+    value: bytes | None
+    revision: int
+
+
+Attempt = Callable[[list[Any], int], Awaitable[list[tuple[bool, Any]] | None]]
+"""One attempt at a group's batch of changes: given their payloads and the attempt's number
+(0: the first, which may read every value from the cache; later ones read fresh what may have
+changed), apply them and write; the result of each (ok, value or error), or ``None`` when
+nothing had to be written as judged on cached copies (then it is tried again on fresh ones).
+Raises ``Conflict`` on a lost race."""
 
 
 class CasStore:
-    """Compare-and-set access to the entries of one KV bucket, group-committed per key."""
+    """Compare-and-set access to the values of one KV bucket, group-committed per group."""
 
     def __init__(
         self,
@@ -42,139 +102,240 @@ class CasStore:
         self.kv = kv
         self.attempts = attempts
         self.clock = clock
-        self._cache: dict[str, tuple[int, bytes]] = {}
-        self._decoded: dict[str, tuple[int, Any]] = {}
-        """The cached entry, decoded, at the cached revision (saves a decode per write)."""
+        self._cache: dict[str, tuple[int, bytes | None]] = {}
         self._pending: dict[str, list[_Op]] = {}
         self._flushers: dict[str, asyncio.Task[None]] = {}
         self.conflicts = 0
         """Compare-and-set attempts lost to another writer (for benchmarks and tests)."""
         self.writes = 0
-        """Entries written (each may carry several group-committed changes)."""
+        """Writes made (each may carry several group-committed changes, and several values)."""
+        self.batches = 0
+        """Of ``writes``, atomic batches of more than one value."""
+        self.bytes_written = 0
+        """Bytes of the values written (and deleted: 0)."""
 
-    async def _get(self, key: str) -> tuple[int, bytes] | None:
+    @property
+    def _js(self) -> JetStreamContext:
+        js: JetStreamContext = self.kv._js
+        return js
+
+    def _subject(self, key: str) -> str:
+        prefix: str = self.kv._pre
+        return f"{prefix}{key}"
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    async def _get(self, key: str, *, fresh: bool = True) -> Stored:
+        """The key's revision and value: from the server, or (``fresh`` false) the copy this
+        store last read or wrote, if any."""
+        if not fresh and key in self._cache:
+            return Stored(*self._cache[key])
         try:
-            entry = await self.kv.get(key)
-        except nats.js.errors.KeyNotFoundError:  # includes deleted keys
-            return None
-        assert entry.revision is not None
-        return entry.revision, entry.value or b""
+            entry = await self.kv._get(key)
+        except nats.js.errors.KeyDeletedError as err:  # a purge marker: its revision counts
+            self._cache[key] = (err.entry.revision or 0, None)
+            return Stored(err.entry.revision or 0, None)
+        except nats.js.errors.KeyNotFoundError:
+            self._cache[key] = (0, None)
+            return Stored(0, None)
+        revision: int = entry.revision or 0
+        data: bytes = entry.value or b""
+        self._cache[key] = (revision, data)
+        return Stored(revision, data)
 
-    async def _submit(
-        self,
-        key: str,
-        fn: Callable[[Any], Any],
-        decode: Callable[[bytes | None], Any],
-        encode: Callable[[Any], bytes],
-    ) -> Any:
-        """Apply ``fn`` to the decoded entry ``key`` and write it back by compare-and-set.
+    async def _list(self, pattern: str, *, values: bool = True) -> dict[str, Stored]:
+        """Every live key matching ``pattern`` (a subject wildcard below the bucket, e.g.
+        ``run.<tenant>.*``) with its revision and value (``values`` false: not cached), as of
+        now. Creates no consumer (the account limits those, and a listing in a polling loop
+        would create them faster than the server removes them): the stream's info names every
+        subject that holds a message (``subjects_filter``), and each one's last message is read
+        (``LIST_READS`` at a time); a purge marker, or a key gone meanwhile, is left out."""
+        keys = await self._subjects(pattern)
+        found: dict[str, Stored] = {}
+        for start in range(0, len(keys), LIST_READS):
+            chunk = keys[start : start + LIST_READS]
+            read = await asyncio.gather(*map(self._get, chunk))
+            for key, stored in zip(chunk, read, strict=True):
+                if stored.data is not None:
+                    found[key] = stored
+                if not values:
+                    self._cache.pop(key, None)
+        return found
 
-        Changes to one key are group-committed: while a write is in flight, later changes
-        queue, and the next write applies all of them in order to one decoded entry (each
-        caller gets its own result). On a lost race the whole batch is re-applied to the
-        entry as it now is. ``fn`` may therefore run several times and must be deterministic
-        given the entry; it runs only while its caller still waits.
+    async def _subjects(self, pattern: str) -> list[str]:
+        """The keys matching ``pattern`` that hold a message (purge markers included), from the
+        stream's info, page by page (the server pages its subject details)."""
+        prefix: str = self.kv._pre
+        stream: str = self.kv._stream
+        jsm = self._js._jsm
+        keys: list[str] = []
+        while True:
+            request = {"subjects_filter": f"{prefix}{pattern}", "offset": len(keys)}
+            answer = await jsm._api_request(
+                f"{jsm._prefix}.STREAM.INFO.{stream}",
+                json.dumps(request).encode(),
+                timeout=self._js._timeout,
+            )
+            subjects = (answer.get("state") or {}).get("subjects") or {}
+            keys += sorted(subject.removeprefix(prefix) for subject in subjects)
+            if not subjects or len(keys) >= int(answer.get("total") or 0):
+                return keys
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    async def _put(self, writes: Sequence[Write]) -> None:
+        """Write every one of ``writes`` or none: a plain compare-and-set for one value, an
+        atomic batch for several. Caches what it wrote. Raises ``Conflict`` on a lost race
+        (counted in ``conflicts``) or a batch the server asks for again, else what NATS
+        raised; either way the cached copies of ``writes`` are dropped."""
+        try:
+            if len(writes) == 1:
+                revisions = [await self._put_one(writes[0])]
+            else:
+                revisions = await self._put_batch(writes)
+        except nats.js.errors.APIError as err:
+            for write in writes:
+                self._cache.pop(write.key, None)
+            if err.err_code in WRONG_LAST_SEQUENCE or err.err_code in BATCH_BUSY:
+                self.conflicts += 1
+                raise Conflict(str(err)) from err
+            raise
+        except Exception:
+            for write in writes:
+                self._cache.pop(write.key, None)
+            raise
+        for write, revision in zip(writes, revisions, strict=True):
+            self._cache[write.key] = (revision, write.value)
+            self.bytes_written += len(write.value or b"")
+        self.writes += 1
+        self.batches += len(writes) > 1
+
+    async def _purge(self, key: str) -> None:
+        """Delete ``key`` whatever its revision (its purge marker expires)."""
+        headers = self._headers(Write(key, None, 0))
+        del headers[api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value]
+        ack = await self._js.publish(self._subject(key), b"", headers=headers)
+        self._cache[key] = (ack.seq, None)
+        self.writes += 1
+
+    @staticmethod
+    def _headers(write: Write) -> dict[str, str]:
+        headers = {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(write.revision)}
+        if write.value is None:
+            headers.update(
+                {
+                    KV_OP: KV_PURGE,
+                    api.Header.ROLLUP.value: MSG_ROLLUP_SUBJECT,
+                    api.Header.MSG_TTL.value: str(int(DELETED_MARKER_TTL)),
+                }
+            )
+        return headers
+
+    async def _put_one(self, write: Write) -> int:
+        ack = await self._js.publish(
+            self._subject(write.key), write.value or b"", headers=self._headers(write)
+        )
+        return ack.seq
+
+    async def _put_batch(self, writes: Sequence[Write]) -> list[int]:
+        """One atomic batch (ADR-50): every message but the last published as is, the last
+        with the commit header, as a request whose answer is the batch's ack. The messages
+        take consecutive stream sequences, the last one's in the ack."""
+        nc = self._js._nc
+        batch = uuid.uuid4().hex
+        count = len(writes)
+        reply = None
+        for index, write in enumerate(writes, start=1):
+            headers = self._headers(write)
+            headers[api.Header.BATCH_ID.value] = batch
+            headers[api.Header.BATCH_SEQUENCE.value] = str(index)
+            subject, payload = self._subject(write.key), write.value or b""
+            if index < count:
+                await nc.publish(subject, payload, headers=headers)
+            else:
+                headers[api.Header.BATCH_COMMIT.value] = "1"
+                reply = await nc.request(
+                    subject, payload, headers=headers, timeout=self._js._timeout
+                )
+        assert reply is not None
+        answer = json.loads(reply.data)
+        if "error" in answer:
+            raise nats.js.errors.APIError.from_error(answer["error"])
+        if answer.get("count") != count:
+            raise nats.js.errors.APIError(description=f"batch ack for {answer.get('count')}")
+        last = int(answer["seq"])
+        return [last - count + index for index in range(1, count + 1)]
+
+    # --- group commit -----------------------------------------------------------------------------
+
+    async def _submit(self, group: str, payload: Any, attempt: Attempt) -> Any:
+        """Apply the change ``payload`` with the other changes of ``group`` queued meanwhile,
+        by ``attempt``, and return its result (or raise its error).
+
+        Changes of one group are group-committed: while a write is in flight, later changes
+        queue, and the next attempt applies all of them in order (each caller gets its own
+        result). On a lost race the whole batch is re-applied to the values as they now are.
+        A change may therefore be applied several times and must be deterministic given the
+        values; it is applied only while its caller still waits.
         """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(key, []).append((fn, future))
-        if key not in self._flushers:
-            self._flushers[key] = asyncio.create_task(
-                self._flush(key, decode, encode), name=f"ledger-{key}"
+        self._pending.setdefault(group, []).append((payload, future))
+        if group not in self._flushers:
+            self._flushers[group] = asyncio.create_task(
+                self._flush(group, attempt), name=f"ledger-{group}"
             )
         return await future
 
-    async def _flush(
-        self, key: str, decode: Callable[[bytes | None], Any], encode: Callable[[Any], bytes]
-    ) -> None:
+    async def _flush(self, group: str, attempt: Attempt) -> None:
         try:
-            while batch := self._pending.pop(key, None):
-                await self._write_batch(key, batch, decode, encode)
+            while batch := self._take(group, []):
+                await self._write_batch(group, batch, attempt)
         finally:
-            del self._flushers[key]
+            del self._flushers[group]
 
-    async def _write_batch(
-        self,
-        key: str,
-        batch: list[_Op],
-        decode: Callable[[bytes | None], Any],
-        encode: Callable[[Any], bytes],
-    ) -> None:
-        for attempt in range(self.attempts):
-            batch = [op for op in batch + self._pending.pop(key, []) if not op[1].done()]
+    def _take(self, group: str, batch: list[_Op]) -> list[_Op]:
+        """``batch`` (the changes of an attempt lost) topped up from the group's queue, at most
+        ``BATCH_CHANGES``, those whose callers gave up left out; the rest stay queued."""
+        pending = self._pending.get(group, [])
+        batch = [op for op in batch if not op[1].done()]
+        room = max(0, BATCH_CHANGES - len(batch))
+        batch += pending[:room]
+        del pending[:room]
+        if not pending:
+            self._pending.pop(group, None)
+        return [op for op in batch if not op[1].done()]
+
+    async def _write_batch(self, group: str, batch: list[_Op], attempt: Attempt) -> None:
+        for number in range(self.attempts):
+            batch = self._take(group, batch)
             if not batch:
                 return
-            fresh = attempt > 0 or key not in self._cache
             try:
-                current, entry = await self._read(key, decode, fresh=fresh)
-            except Exception as err:  # unreadable entry or NATS trouble: every caller hears it
+                results = await attempt([payload for payload, _ in batch], number)
+            except Conflict:
+                await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2**number)))
+                continue
+            except Exception as err:  # unreadable values or NATS trouble: every caller hears it
                 _fail(batch, err)
                 return
-            revision, data = current if current is not None else (0, None)
-            results = _apply_all(batch, entry)
-            new = encode(entry)
-            if new != data:
-                try:
-                    revision = await self._write(key, new, revision=revision)
-                except nats.js.errors.KeyWrongLastSequenceError:
-                    await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2**attempt)))
-                    continue
-                except Exception as err:
-                    _fail(batch, err)
-                    return
-            elif not fresh:
-                # nothing to write, judged on our cached copy: another process may have
-                # changed the entry since (a raised limit, a released hold), so the answer
-                # (a refusal, "nothing to repair") counts only once confirmed on a fresh read
+            if results is None:
+                # nothing to write, judged on cached copies: another process may have changed
+                # the values since (a raised limit, a released hold), so the answer (a
+                # refusal, "nothing to repair") counts only once confirmed on a fresh read
                 continue
-            elif current is not None:
-                self._cache[key] = current
-            if all(ok for ok, _ in results):  # a change that raised may have left it half-done
-                self._decoded[key] = (revision, entry)
             _resolve(batch, results)
             return
-        _fail(batch, LedgerUnavailable(f"{key}: {self.attempts} compare-and-set attempts lost"))
-
-    async def _read(
-        self, key: str, decode: Callable[[bytes | None], Any], *, fresh: bool
-    ) -> tuple[tuple[int, bytes] | None, Any]:
-        """The entry ``key`` as (revision, bytes) — ``None`` if missing — and decoded: from the
-        server if ``fresh``, else the cached copy last written. The decoded entry kept from the
-        last write is reused at the same revision; it is handed out once (it gets mutated)."""
-        current = await self._get(key) if fresh else self._cache.get(key)
-        revision, data = current if current is not None else (0, None)
-        kept = self._decoded.pop(key, None)
-        entry = kept[1] if kept is not None and kept[0] == revision else decode(data)
-        return current, entry
-
-    async def _write(self, key: str, new: bytes, *, revision: int) -> int:
-        """Write ``new`` over ``revision`` of ``key`` and cache it; returns the new revision.
-        Revision 0 creates the key, also over a delete or purge marker (a key that was deleted
-        is written again, e.g. a tenant's book the ledger lost). Raises
-        ``KeyWrongLastSequenceError`` on a lost race (counted in ``conflicts``), or whatever
-        NATS raised; either way the cached copy is dropped."""
-        try:
-            if revision == 0:
-                written = await self.kv.create(key, new)
-            else:
-                written = await self.kv.update(key, new, last=revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            self.conflicts += 1
-            self._cache.pop(key, None)
-            raise
-        except Exception:
-            self._cache.pop(key, None)
-            raise
-        self._cache[key] = (written, new)
-        self.writes += 1
-        return written
+        _fail(batch, LedgerUnavailable(f"{group}: {self.attempts} compare-and-set attempts lost"))
 
 
-def _apply_all(batch: list[_Op], entry: Any) -> list[tuple[bool, Any]]:
+def apply_all(fns: Sequence[Callable[[Any], Any]], entry: Any) -> list[tuple[bool, Any]]:
+    """Apply each change to ``entry`` in order; each one's (ok, result or error): a bug in one
+    change must not sink the others."""
     results: list[tuple[bool, Any]] = []
-    for fn, _ in batch:
+    for fn in fns:
         try:
             results.append((True, fn(entry)))
-        except Exception as err:  # a bug in one change must not sink the others
+        except Exception as err:
             results.append((False, err))
     return results
 

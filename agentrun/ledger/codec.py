@@ -1,34 +1,54 @@
-"""The ledger's JSON: a tenant's book entry and its admission queue, as stored in KV.
+"""The ledger's JSON, as stored in KV, in its two layouts (``entries.LAYOUTS``): a tenant's
+totals and its runs' entries (``split``), the whole ledger as one value (``single``), and an
+admission queue entry.
 
-The book entry is rewritten on every change of a tenant's budget (each reservation and
-settlement of every turn), so its size and its encode/decode time are the ledger's cost: holds
-and active runs are arrays, not objects (``[run, turn, tokens, cost, expires, owner]``,
+A ``split`` tenant's totals (``book.<tenant>``, format 3) carry what every decision needs and
+nothing that grows with its runs — ``used``, the sums of all holds, the number of active runs
+and their wall-clock offsets, the first waiting calls — plus the entries of up to
+``EMBEDDED_RUNS`` runs kept inline (``runs``), so a small tenant's every change is one write of
+one small value. Every other run's entry is a value of its own (``run.<tenant>.<uid>``). Where
+an entry lives is the store's choice (``store``); the shapes are the same.
+
+A ``single`` tenant's ledger is one value (``book.<tenant>``, format 2): the layout every
+earlier release reads and writes, so a worker of the previous release works on it during a
+rollout. What this release added to it (the runs remembered as ended, what a call charged as
+abandoned was charged, the credited usage) are optional fields an earlier reader ignores.
+
+Rows are arrays, not objects (a hold ``[turn, tokens, cost, expires, owner]``, an active run
 ``[ns, name, since, turn, tokens, cost]``), and decimals are strings (exact; tiny amounts in
-exponent notation, ``1.5E-7``). Both entries are pydantic shapes: for a 64-run entry (11 KB)
-pydantic encodes in about half the time of the hand-written ``json.dumps`` it replaced (87 µs
-against 170–190 µs) and decodes about a third faster (110 against 156–162 µs).
+exponent notation, ``1.5E-7``): values are rewritten on every change of a budget, so their size
+and encode/decode time are the ledger's cost. Times are written as they are (the shortest exact
+float): a reader sees exactly the writer's values.
 
-Raises, when decoding a book: ``LedgerCorrupt`` (a ``ValueError``) on a malformed entry.
+Raises, when decoding: ``LedgerCorrupt`` (a ``ValueError``) on a malformed value.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection, Mapping
 from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from agentrun.ledger.book import Book
-from agentrun.ledger.entries import Active, Hold, LedgerCorrupt, TenantLimits, Waiter
-
-FORMAT = 2
-"""Version of the book entry's shape (``"v"``)."""
-
-HoldRow = (
-    tuple[str, int, int, Decimal, float, str]
-    | tuple[str, int, int, Decimal, float, str, int, Decimal]
+from agentrun.ledger.entries import (
+    Active,
+    Hold,
+    LedgerCorrupt,
+    RunEntry,
+    TenantLimits,
+    Waiter,
 )
-"""A hold: run uid, turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
+
+FORMAT = 3
+"""Version of the totals' and the run entries' shape (``"v"``) of a ``split`` tenant."""
+ONE_VALUE_FORMAT = 2
+"""Version of a ``single`` tenant's one-value ledger (``encode_one_value``)."""
+
+HoldRow = tuple[int, int, Decimal, float, str] | tuple[int, int, Decimal, float, str, int, Decimal]
+"""A hold of the run: turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
 answered, the tokens and USD the call used."""
 WaiterRow = tuple[float, int, Decimal, float]
 """A waiting call: waiting since (epoch seconds), tokens, USD it needs at least, expiry."""
@@ -58,108 +78,400 @@ class UsedShape(_Shape):
     wallClockSeconds: float
     abandonedTokens: int
     abandonedCostUSD: Decimal
+    creditedTokens: int = 0
+    """Taken back out of ``tokens`` in this window (``Book.credited_tokens``; 0 in values
+    written before it was kept)."""
+    creditedCostUSD: Decimal = Decimal(0)
 
 
-class BookShape(_Shape):
-    """One tenant's book entry (key ``book.<tenant>``)."""
+class ReservedShape(_Shape):
+    """The sums of every hold of the tenant."""
 
-    v: Literal[2]
+    tokens: int
+    costUSD: Decimal
+
+
+class ActiveShape(_Shape):
+    """The tenant's active runs, counted: how many, and the sum of their wall-clock offsets
+    into the window (seconds)."""
+
+    runs: int
+    sinceOffsets: float
+
+
+class RunShape(_Shape):
+    """One run's entry: inline in its tenant's totals, or the value ``run.<tenant>.<uid>``."""
+
+    active: ActiveRow | None = None
+    holds: dict[str, HoldRow] = {}
+    waiting: dict[str, WaiterRow] = {}
+    charged: dict[str, float] = {}
+    """Calls charged as abandoned by another party: ``<run-uid>:<turn>/<owner>`` → until
+    (epoch seconds)."""
+    spent: dict[str, tuple[int, Decimal]] = {}
+    """What each of its own calls in ``charged`` was charged: key → [tokens, USD]."""
+    ended: float = 0.0
+    """Until when the run is remembered as ended (epoch seconds; 0: it has not ended)."""
+
+
+class TotalsShape(_Shape):
+    """One tenant's totals (key ``book.<tenant>``), with the entries of its inline runs."""
+
+    v: Literal[3]
     tenant: str
     limits: LimitsShape
     window: float
     used: UsedShape
-    holds: dict[str, HoldRow]
-    active: dict[str, ActiveRow]
-    waiting: dict[str, WaiterRow] = {}
-    charged: dict[str, float] = {}
-    """Calls charged as abandoned by another party: ``<run-uid>:<turn>/<owner>`` → until
-    (epoch seconds). Absent in entries written before it existed."""
+    reserved: ReservedShape
+    active: ActiveShape
+    firstWaiters: dict[str, WaiterRow] = {}
+    runs: dict[str, RunShape] = {}
     end: float | None = None
     """When the current window ends (epoch seconds): it differs from ``window`` plus
-    ``limits.windowSeconds`` after the length was edited. Absent in entries written before it
+    ``limits.windowSeconds`` after the length was edited. Absent in values written before it
     existed: then it is that sum (readers that predate it ignore it)."""
 
 
-def encode_book(book: Book) -> bytes:
-    """The book as KV entry bytes (compact JSON). Built without validation: the values are
-    the book's own, typed already. Times are written as they are (the shortest exact float),
-    not rounded: rounding two times per run cost a third of the encode, and a reader then sees
-    exactly the writer's values."""
-    limits = book.limits
-    shape = BookShape.model_construct(
+class RunValueShape(_Shape):
+    """A run's entry stored on its own (key ``run.<tenant>.<uid>``)."""
+
+    v: Literal[3]
+    tenant: str
+    uid: str
+    entry: RunShape
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Totals:
+    """A decoded ``book.<tenant>`` value: the ledger with its inline runs loaded, which runs
+    those are, and whether it is a one-value ledger (``single``: every run loaded, none of them
+    placed; the store keeps it one value, or splits it)."""
+
+    book: Book
+    inline: frozenset[str]
+    one_value: bool = False
+
+
+# --- encoding ------------------------------------------------------------------------------------
+
+
+def _limits_shape(limits: TenantLimits) -> LimitsShape:
+    return LimitsShape.model_construct(
+        tokens=limits.tokens,
+        costUSD=limits.cost_usd,
+        wallClockSeconds=limits.wall_seconds,
+        windowSeconds=limits.window_seconds,
+        maxConcurrentRuns=limits.max_concurrent_runs,
+    )
+
+
+def _used_shape(book: Book) -> UsedShape:
+    return UsedShape.model_construct(
+        tokens=book.used_tokens,
+        costUSD=book.used_cost,
+        wallClockSeconds=round(book.used_wall, 3),
+        abandonedTokens=book.abandoned_tokens,
+        abandonedCostUSD=book.abandoned_cost,
+        creditedTokens=book.credited_tokens,
+        creditedCostUSD=book.credited_cost,
+    )
+
+
+def _hold_row(h: Hold) -> HoldRow:
+    row = (h.turn, h.tokens, h.cost_usd, h.expires, h.owner)
+    return (*row, h.spent_tokens, h.spent_cost) if h.answered else row
+
+
+def _waiter_row(w: Waiter) -> WaiterRow:
+    return (w.since, w.tokens, w.cost_usd, w.expires)
+
+
+def _run_shape(entry: RunEntry) -> RunShape:
+    a = entry.active
+    return RunShape.model_construct(
+        active=None if a is None else (a.namespace, a.name, a.since, a.turn, a.tokens, a.cost_usd),
+        holds={k: _hold_row(h) for k, h in entry.holds.items()},
+        waiting={k: _waiter_row(w) for k, w in entry.waiting.items()},
+        charged=dict(entry.charged),
+        spent=dict(entry.spent),
+        ended=entry.ended,
+    )
+
+
+def encode_totals(book: Book, *, inline: Collection[str]) -> bytes:
+    """The tenant's totals as KV value bytes (compact JSON), with the entries of the runs in
+    ``inline`` (those loaded and not empty). Built without validation: the values are the
+    ledger's own, typed already."""
+    used = _used_shape(book)
+    runs = {
+        uid: _run_shape(entry)
+        for uid, entry in book.runs.items()
+        if uid in inline and not entry.empty
+    }
+    shape = TotalsShape.model_construct(
         v=FORMAT,
         tenant=book.tenant,
-        limits=LimitsShape.model_construct(
-            tokens=limits.tokens,
-            costUSD=limits.cost_usd,
-            wallClockSeconds=limits.wall_seconds,
-            windowSeconds=limits.window_seconds,
-            maxConcurrentRuns=limits.max_concurrent_runs,
-        ),
+        limits=_limits_shape(book.limits),
         window=book.window,
-        used=UsedShape.model_construct(
-            tokens=book.used_tokens,
-            costUSD=book.used_cost,
-            wallClockSeconds=round(book.used_wall, 3),
-            abandonedTokens=book.abandoned_tokens,
-            abandonedCostUSD=book.abandoned_cost,
+        used=used,
+        reserved=ReservedShape.model_construct(
+            tokens=book.reserved_tokens, costUSD=book.reserved_cost
         ),
-        holds={k: _hold_row(h) for k, h in book.holds.items()},
-        active={
-            k: (a.namespace, a.name, a.since, a.turn, a.tokens, a.cost_usd)
-            for k, a in book.active.items()
-        },
-        waiting={k: (w.since, w.tokens, w.cost_usd, w.expires) for k, w in book.waiting.items()},
-        charged=dict(book.charged),
+        active=ActiveShape.model_construct(runs=book.active_runs, sinceOffsets=book.since_offsets),
+        firstWaiters={k: _waiter_row(w) for k, w in book.first_waiters.items()},
+        runs=runs,
         end=book.end,
     )
     return shape.model_dump_json().encode()
 
 
-def _hold_row(h: Hold) -> HoldRow:
-    row = (h.run_uid, h.turn, h.tokens, h.cost_usd, h.expires, h.owner)
-    return (*row, h.spent_tokens, h.spent_cost) if h.answered else row
+def encode_run(book: Book, uid: str) -> bytes | None:
+    """The entry of run ``uid`` (loaded) as a value of its own; ``None`` when it is empty
+    (nothing of the run is left: its value can go)."""
+    entry = book.runs.get(uid)
+    if entry is None or entry.empty:
+        return None
+    shape = RunValueShape.model_construct(
+        v=FORMAT, tenant=book.tenant, uid=uid, entry=_run_shape(entry)
+    )
+    return shape.model_dump_json().encode()
 
 
-def decode_book(data: bytes) -> Book:
-    """Inverse of ``encode_book``; raises ``LedgerCorrupt`` on a malformed entry (or one of
-    another format version)."""
+def encode_book(book: Book) -> bytes:
+    """The whole ledger in one value: the totals with every loaded run inline (what a small
+    tenant's totals are; also a fully loaded ledger's snapshot for tests and tools)."""
+    return encode_totals(book, inline=book.runs.keys())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Split:
+    """A ledger laid out for storage: its totals (with the inline runs' entries), which runs
+    are inline, and the value of each other run it loaded (``None``: the run has none)."""
+
+    totals: bytes
+    inline: frozenset[str]
+    runs: dict[str, bytes | None]
+
+
+def split(
+    book: Book, *, inline: Collection[str], stored: Mapping[str, bytes | None], room: int
+) -> Split:
+    """Lay ``book`` out for storage after a change.
+
+    ``inline``: the runs inline in the totals as read; ``stored``: the value of every other run
+    loaded, as read (``None``: it had none); ``room``: how many runs the totals may hold inline.
+    A run keeps where it is: inline, or a value of its own. A run that had no entry and has one
+    now goes inline while there is room, else into a value of its own; an entry left empty
+    goes; an inline entry left with nothing but the memory that its run ended moves into a
+    value of its own (its inline place is free again; the store reads that key first). Raises
+    ``ValueError`` for a run loaded (and not empty) that is in neither: a change touched a run
+    it did not name, whose stored value was never read."""
+    placed = set(inline)
+    runs: dict[str, bytes | None] = {}
+    for uid in sorted(book.runs):
+        entry = book.runs[uid]
+        if uid in inline:
+            if entry.empty:
+                placed.discard(uid)
+            elif entry.only_ended:  # the memory that it ended goes apart: the place is free
+                placed.discard(uid)
+                runs[uid] = encode_run(book, uid)
+            continue
+        if uid not in stored:
+            if entry.empty:
+                continue
+            raise ValueError(f"a ledger change touched run {uid} without naming it")
+        if stored[uid] is None and not entry.empty and len(placed) < room:
+            placed.add(uid)
+            continue
+        runs[uid] = encode_run(book, uid)
+    return Split(encode_totals(book, inline=placed), frozenset(placed), runs)
+
+
+# --- decoding ------------------------------------------------------------------------------------
+
+
+def _entry(uid: str, shape: RunShape) -> RunEntry:
+    active = None if shape.active is None else Active(*shape.active)
+    place = (active.namespace, active.name) if active else ("", "")
+    holds = {k: Hold(uid, *row[:5], *place, *row[5:]) for k, row in shape.holds.items()}
+    return RunEntry(
+        active=active,
+        holds=holds,
+        waiting={k: Waiter(*row) for k, row in shape.waiting.items()},
+        charged=dict(shape.charged),
+        spent=dict(shape.spent),
+        ended=shape.ended,
+    )
+
+
+def _limits(shape: LimitsShape) -> TenantLimits:
+    return TenantLimits(
+        shape.tokens,
+        shape.costUSD,
+        shape.wallClockSeconds,
+        shape.windowSeconds,
+        shape.maxConcurrentRuns,
+    )
+
+
+def is_one_value(data: bytes) -> bool:
+    """Whether a ``book.<tenant>`` value is a one-value ledger (format 2), without decoding it."""
+    return data.startswith(b'{"v":2,')
+
+
+def decode_totals(data: bytes) -> Totals:
+    """A tenant's totals with their inline runs loaded; a one-value ledger
+    value (format 2) is read whole (``Totals.one_value``). Raises ``LedgerCorrupt`` on a
+    malformed value or another format."""
+    if is_one_value(data):
+        return Totals(decode_one_value(data), frozenset(), one_value=True)
     try:
-        shape = BookShape.model_validate_json(data)
+        shape = TotalsShape.model_validate_json(data)
     except ValidationError as err:
-        raise LedgerCorrupt(f"malformed ledger entry: {err}") from err
-    limits, used = shape.limits, shape.used
-    active = {k: Active(*row) for k, row in shape.active.items()}
-    holds: dict[str, Hold] = {}
-    for k, row in shape.holds.items():
-        run = active.get(row[0])  # a hold's run names come from its active entry
-        place = (run.namespace, run.name) if run else ("", "")
-        holds[k] = Hold(*row[:6], *place, *row[6:])
-    return Book(
+        raise LedgerCorrupt(f"malformed ledger totals: {err}") from err
+    used = shape.used
+    book = Book(
         tenant=shape.tenant,
-        limits=TenantLimits(
-            limits.tokens,
-            limits.costUSD,
-            limits.wallClockSeconds,
-            limits.windowSeconds,
-            limits.maxConcurrentRuns,
-        ),
+        limits=_limits(shape.limits),
         window=shape.window,
         used_tokens=used.tokens,
         used_cost=used.costUSD,
         used_wall=used.wallClockSeconds,
         abandoned_tokens=used.abandonedTokens,
         abandoned_cost=used.abandonedCostUSD,
-        holds=holds,
-        active=active,
-        waiting={k: Waiter(*row) for k, row in shape.waiting.items()},
-        charged=dict(shape.charged),
+        credited_tokens=used.creditedTokens,
+        credited_cost=used.creditedCostUSD,
+        reserved_tokens=shape.reserved.tokens,
+        reserved_cost=shape.reserved.costUSD,
+        active_runs=shape.active.runs,
+        since_offsets=shape.active.sinceOffsets,
+        first_waiters={k: Waiter(*row) for k, row in shape.firstWaiters.items()},
+        runs={uid: _entry(uid, run) for uid, run in shape.runs.items()},
         end=shape.end if shape.end is not None else 0.0,  # 0: window + length
     )
+    return Totals(book, frozenset(shape.runs))
+
+
+def decode_book(data: bytes) -> Book:
+    """The ledger in a totals value with the runs it holds inline loaded (every run, for a
+    value written by ``encode_book``). Raises ``LedgerCorrupt``."""
+    return decode_totals(data).book
+
+
+def decode_run(data: bytes, *, uid: str) -> RunEntry:
+    """A run's entry stored on its own; raises ``LedgerCorrupt`` on a malformed value or one
+    of another run."""
+    try:
+        shape = RunValueShape.model_validate_json(data)
+    except ValidationError as err:
+        raise LedgerCorrupt(f"malformed ledger entry of run {uid}: {err}") from err
+    if shape.uid != uid:
+        raise LedgerCorrupt(f"the ledger entry stored for run {uid} is run {shape.uid}'s")
+    return _entry(uid, shape.entry)
+
+
+# --- the one-value ledger (``single``) -----------------------------------------------------------
+
+OneValueHoldRow = (
+    tuple[str, int, int, Decimal, float, str]
+    | tuple[str, int, int, Decimal, float, str, int, Decimal]
+)
+"""A hold: run uid, turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
+answered, the tokens and USD the call used."""
+
+
+class OneValueShape(_Shape):
+    """A tenant's whole ledger as one value (format 2; key ``book.<tenant>``): the ``single``
+    layout, as every earlier release reads and writes it."""
+
+    v: Literal[2]
+    tenant: str
+    limits: LimitsShape
+    window: float
+    used: UsedShape
+    holds: dict[str, OneValueHoldRow]
+    active: dict[str, ActiveRow]
+    waiting: dict[str, WaiterRow] = {}
+    charged: dict[str, float] = {}
+    end: float | None = None
+    """When the window ends (written by the releases that edit windows; absent before)."""
+    spent: dict[str, tuple[int, Decimal]] = {}
+    """What each call in ``charged`` that was its own delivery's was charged (tokens, USD), by
+    the same key (``RunEntry.spent``; absent in values of earlier releases, which ignore it)."""
+    ended: dict[str, float] = {}
+    """Runs remembered as ended: run uid → until (epoch seconds; ``RunEntry.ended``; absent in
+    values of earlier releases, which ignore it)."""
+
+
+def encode_one_value(book: Book) -> bytes:
+    """The whole ledger (every run loaded) as one value, format 2: what a ``single`` tenant
+    stores and an earlier release reads (its optional fields ignored)."""
+    shape = OneValueShape.model_construct(
+        v=ONE_VALUE_FORMAT,
+        tenant=book.tenant,
+        limits=_limits_shape(book.limits),
+        window=book.window,
+        used=_used_shape(book),
+        holds={k: (h.run_uid, *_hold_row(h)) for k, h in book.holds.items()},
+        active={
+            k: (a.namespace, a.name, a.since, a.turn, a.tokens, a.cost_usd)
+            for k, a in book.active.items()
+        },
+        waiting={k: _waiter_row(w) for k, w in book.waiting.items()},
+        charged=book.charged,
+        end=book.end,
+        spent={k: v for entry in book.runs.values() for k, v in entry.spent.items()},
+        ended={uid: e.ended for uid, e in book.runs.items() if e.ended},
+    )
+    return shape.model_dump_json(exclude_defaults=True).encode()
+
+
+def decode_one_value(data: bytes) -> Book:
+    """A format-2 ledger, fully loaded, its totals computed from its runs (``one_value``: its
+    active runs capped). Raises ``LedgerCorrupt`` on a malformed value."""
+    try:
+        shape = OneValueShape.model_validate_json(data)
+    except ValidationError as err:
+        raise LedgerCorrupt(f"malformed ledger entry: {err}") from err
+    used = shape.used
+    book = Book(
+        tenant=shape.tenant,
+        limits=_limits(shape.limits),
+        window=shape.window,
+        used_tokens=used.tokens,
+        used_cost=used.costUSD,
+        used_wall=used.wallClockSeconds,
+        abandoned_tokens=used.abandonedTokens,
+        abandoned_cost=used.abandonedCostUSD,
+        credited_tokens=used.creditedTokens,
+        credited_cost=used.creditedCostUSD,
+        one_value=True,
+        end=shape.end if shape.end is not None else 0.0,  # 0: window + length
+    )
+    for uid, row in shape.active.items():
+        book.start_run(uid, Active(*row))
+    for key, hold_row in shape.holds.items():
+        run = book.active_of(hold_row[0])
+        place = (run.namespace, run.name) if run else ("", "")
+        book.put_hold(key, Hold(*hold_row[:6], *place, *hold_row[6:]))
+    for key, waiter_row in sorted(shape.waiting.items(), key=lambda kv: (kv[1][0], kv[0])):
+        book.put_waiter(key, Waiter(*waiter_row))
+    for memo, until in shape.charged.items():
+        book.load_memo(memo, until)
+    for memo, (tokens, cost) in shape.spent.items():
+        book.load_spent(memo, tokens, cost)
+    for uid, until in shape.ended.items():
+        book.load_end(uid, until)
+    return book
+
+
+# --- admission queues -----------------------------------------------------------------------------
 
 
 class QueuedRunShape(_Shape):
-    """One run in a tenant's admission queue, as stored."""
+    """One run in a tenant's admission queue, as stored (key ``queue.<tenant>.<uid>``; in the
+    one-value queue of earlier releases, with its uid)."""
 
     uid: str
     ns: str
@@ -168,5 +480,6 @@ class QueuedRunShape(_Shape):
     """The AgentRun's creation time, epoch seconds (milliseconds kept)."""
 
 
-QUEUE = TypeAdapter(list[QueuedRunShape])
-"""The admission queue's shape (key ``queue.<tenant>``): its runs, head first."""
+QUEUED = TypeAdapter(QueuedRunShape)
+LEGACY_QUEUE = TypeAdapter(list[QueuedRunShape])
+"""The one-value admission queue of earlier releases (key ``queue.<tenant>``), head first."""

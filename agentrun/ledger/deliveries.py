@@ -30,7 +30,7 @@ def set_aside(book: BookState, key: str, *, owner: str) -> bool:
     different owner's and its call answered, move it to ``<key>/<its owner>``, holding
     exactly what the call used, uncharged — whether that call is the one its turn commits is
     known only once the turn's committer is (``resolve_turn``). True if it moved one."""
-    previous = book.holds.get(key)
+    previous = book.hold(key)
     if previous is None or previous.owner == owner or not previous.answered:
         return False
     book.take_hold(key)
@@ -45,11 +45,14 @@ def resolve_turn(book: BookState, run_uid: str, turn: int, *, committer: str) ->
     usage (charged by ``BookState.settle``); every other answered call lost the commit and is
     charged as abandoned; an unanswered one's delivery charges its call itself if it answers
     (``BookState.abandon`` with ``unrecorded``). An empty ``committer`` (an event that names
-    none) resolves nothing. Returns how many calls it charged as abandoned."""
+    none) resolves nothing. ``committer``'s own call, if the sweep charged it as abandoned
+    when its hold expired (its worker was only slow), is taken back (``BookState.uncharge``):
+    it is charged once, as the run's. Returns how many calls it charged as abandoned."""
     if not committer:
         return 0
+    book.uncharge(aside_key(f"{run_uid}:{turn}", committer))
     charged = 0
-    of_turn = [(k, h) for k, h in book.holds.items() if h.run_uid == run_uid and h.turn == turn]
+    of_turn = [(k, h) for k, h in book.holds_of(run_uid) if h.turn == turn]
     for key, hold in of_turn:
         book.take_hold(key)
         if hold.owner != committer and hold.answered:

@@ -1,8 +1,9 @@
-"""The values a tenant's ledger entry is made of, and the rules that size them: the limits,
-a hold, an active run, a refusal, the fixed window and a call's worst case. Pure.
+"""The values a tenant's ledger is made of, and the rules that size them: the limits, a hold,
+an active run, a waiting call, one run's part of the ledger (``RunEntry``), a refusal, the fixed
+window and a call's worst case. Pure.
 
-What belongs here: the entry's parts and the arithmetic that needs no whole entry. What does
-not: the operations on an entry (``book``), its JSON (``codec``), storage (``store``).
+What belongs here: the ledger's parts and the arithmetic that needs no whole ledger. What does
+not: the operations on a tenant's ledger (``book``), its JSON (``codec``), storage (``store``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ CHARGED_MEMORY = 3_600.0
 """Seconds past its hold's expiry that a call charged as abandoned by another party is
 remembered (``Book.charged``): longer than a losing delivery that outlived its hold can take
 to leave its turn."""
+ENDED_MEMORY = 3_600.0
+"""Seconds past its end that a run is remembered as ended (``RunEntry.ended``): longer than an
+operator that restarted takes to reach the queue heads it had admitted (they are the first it
+admits again), so an admission done again after the run ended takes no slot."""
 CONCURRENCY_LIMIT = "ConcurrencyLimit"
 BUDGET_EXHAUSTED = "BudgetExhausted"
 TURN_COMMITTED = "TurnCommitted"
@@ -32,12 +37,23 @@ through another delivery) and can never commit, so it makes no call."""
 BUDGET_HELD = "BudgetHeld"
 """A run's first call fits what is committed, but not next to the holds of calls in flight
 (or an older waiting call): it is admitted once they settle."""
+FIRST_WAITERS = 8
+"""Waiting calls a tenant's totals remember, the oldest first (``BookState.first_waiters``): the
+oldest of them is the one a newer call must leave room for. A waiting call younger than all of
+them is recorded only in its run's entry until one of them leaves and it asks again (it asks
+about twice a second), so the totals stay the same size however many calls wait."""
 MAX_ACTIVE_RUNS = 500
-"""Runs one tenant may have active at once, whatever its ``maxConcurrentRuns``: the entry is
-one KV value, rewritten on every change, and must stay far below the server's max payload
-(1 MiB by default). An active run costs at most about 680 bytes of it (its slot, one hold with
-a recorded spend, one waiter, every name at its longest), so the entry stays under 350 KB;
-runs over the cap wait in the queue (``ConcurrencyLimit``)."""
+"""Runs a tenant whose ledger is one value (``LAYOUTS``: ``single``) may have active at once,
+whatever its ``maxConcurrentRuns``: that value is rewritten on every change and must stay far
+below the server's max payload (1 MiB by default). An active run costs at most about 680 bytes
+of it (its slot, one hold with a recorded spend, one waiter, every name at its longest), so it
+stays under 350 KB; runs over the cap wait in the queue (``ConcurrencyLimit``). A ``split``
+tenant has no such cap."""
+LAYOUTS = ("single", "split")
+"""How a tenant's ledger is stored. ``single``: the whole ledger in one value (``book.<tenant>``
+in format 2, what every earlier release reads and writes), capped at ``MAX_ACTIVE_RUNS`` active
+runs; ``split``: the tenant's totals plus one value per run (format 3, read by this release and
+later ones only), with no cap from storage."""
 WAITER_TTL = 10.0
 """Seconds a waiting call's place is kept after it last asked (it asks about once a second;
 a waiter whose worker died stops holding the others back after this)."""
@@ -55,6 +71,11 @@ def window_start(now: float, window_seconds: float) -> float:
     if window_seconds <= 0:
         raise ValueError(f"window must be positive, got {window_seconds}")
     return math.floor(now / window_seconds) * window_seconds
+
+
+def run_of(key: str) -> str:
+    """The run uid a hold, waiter or memo key starts with (``<run-uid>:…``)."""
+    return key.partition(":")[0]
 
 
 def aside_key(key: str, owner: str) -> str:
@@ -93,8 +114,9 @@ class TenantLimits:
 class UsageFloor:
     """The least a tenant's window has used, as the operator saw it (in the entries it read,
     and in the AgentTenant status it wrote, which no NATS credential can change). Within one
-    window ``used`` only grows, so an entry below its floor was rolled back by a writer of the
-    bucket, not by the ledger's rules."""
+    window ``used`` plus what was taken back out of it (``Book.usage_floor``) only grows, so an
+    entry below its floor was rolled back by a writer of the bucket, not by the ledger's
+    rules."""
 
     window: float
     """The window's start, epoch seconds."""
@@ -197,6 +219,50 @@ class Active:
     """The run's cumulative tokens charged so far (across windows)."""
     cost_usd: Decimal = Decimal(0)
     """The run's cumulative cost charged so far (across windows)."""
+
+
+@dataclasses.dataclass(slots=True)
+class RunEntry:
+    """One run's part of its tenant's ledger: its concurrency slot while it is admitted, the
+    holds of its model calls, its waiting calls and the calls others charged as abandoned.
+    Everything in it is keyed by the run's uid (``<run-uid>:<turn>``, ``<run-uid>:admission``,
+    ``<run-uid>:<turn>/<owner>``), so a change of one run touches its entry and the tenant's
+    totals only. Empty once the run ended and nothing of it is left to remember."""
+
+    active: Active | None = None
+    """Its slot and what has been charged for it (``None``: not admitted, or ended)."""
+    holds: dict[str, Hold] = dataclasses.field(default_factory=dict)
+    waiting: dict[str, Waiter] = dataclasses.field(default_factory=dict)
+    """Its calls waiting for other runs' holds to settle, by hold key."""
+    charged: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Its calls charged as abandoned by whoever dropped their hold:
+    ``<run-uid>:<turn>/<owner>`` → until when it is remembered (epoch seconds)."""
+    spent: dict[str, tuple[int, Decimal]] = dataclasses.field(default_factory=dict)
+    """What each call in ``charged`` that was its own delivery's was charged (tokens, USD), by
+    the same key, while it is remembered: taken back if its turn commits after all (a hold
+    dropped as expired whose worker was only slow, ``BookState.uncharge``)."""
+    ended: float = 0.0
+    """Until when the run is remembered as ended (epoch seconds; 0: it has not ended): its
+    admission, done again by an operator that restarted, takes no slot (``ENDED_MEMORY``)."""
+
+    @property
+    def only_ended(self) -> bool:
+        """Whether all that is left of the run is the memory that it ended (kept apart from
+        the totals: it would hold an inline place for ``ENDED_MEMORY``)."""
+        return (
+            bool(self.ended)
+            and self.active is None
+            and not (self.holds or self.waiting or self.charged or self.spent)
+        )
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing of the run is left in the ledger (its entry can go)."""
+        return (
+            self.active is None
+            and not self.ended
+            and not (self.holds or self.waiting or self.charged or self.spent)
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

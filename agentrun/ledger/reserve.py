@@ -97,10 +97,13 @@ def admit(
     are admitted at once.
 
     Idempotent: a run already active is admitted again without change (an operator that
-    restarts mid-admission does not take two slots).
+    restarts mid-admission does not take two slots), and a run that ended is admitted again
+    without a slot (an operator that restarted before it dequeued the run admits it again,
+    maybe after it ran and ended: a new slot would charge its whole usage a second time when
+    the sweep closed it).
     """
     book.roll(now)
-    if run_uid in book.active:
+    if book.active_of(run_uid) is not None or book.has_ended(run_uid):
         return None
     slot = _slot_refusal(book)
     if slot is not None:
@@ -121,20 +124,21 @@ def admit(
 
 
 def _slot_refusal(book: BookState) -> BudgetRefusal | None:
-    """``ConcurrencyLimit`` when no concurrency slot is free (``maxConcurrentRuns``, or the
-    most runs one entry holds), else ``None``."""
+    """``ConcurrencyLimit`` when no concurrency slot is free (``maxConcurrentRuns``; and for a
+    ledger stored as one value, ``MAX_ACTIVE_RUNS``: the most runs that value holds), else
+    ``None``."""
     cap = book.limits.max_concurrent_runs
-    if cap is not None and len(book.active) >= cap:
+    if cap is not None and book.active_runs >= cap:
         return BudgetRefusal(
             CONCURRENCY_LIMIT,
             None,
-            f"{len(book.active)} of maxConcurrentRuns {cap} runs are active",
+            f"{book.active_runs} of maxConcurrentRuns {cap} runs are active",
         )
-    if len(book.active) >= MAX_ACTIVE_RUNS:
+    if book.one_value and book.active_runs >= MAX_ACTIVE_RUNS:
         return BudgetRefusal(
             CONCURRENCY_LIMIT,
             None,
-            f"{len(book.active)} runs are active, the most one tenant's ledger entry holds",
+            f"{book.active_runs} runs are active, the most one tenant's ledger entry holds",
         )
     return None
 
@@ -237,7 +241,7 @@ def reserve_call(
     if (stale := _stale(book, key, hold)) is not None:
         return stale
     deliveries.set_aside(book, key, owner=hold.owner)
-    previous = book.holds.get(key)
+    previous = book.hold(key)
     if previous is not None and previous.owner != hold.owner:
         book.take_hold(key)  # unanswered: its delivery charges its call itself if it answers
     own = book.take_hold(key)  # this owner asking again: its old hold is not a rival
@@ -269,7 +273,7 @@ def _stale(book: BookState, key: str, hold: Hold) -> BudgetRefusal | None:
     """``TurnCommitted`` if ``hold``'s turn is one the book has settled for its run (only a
     committed turn is settled): this delivery built on the run as it was before that commit,
     so its turn can never commit and its call would be wasted. Else ``None``."""
-    run = book.active.get(hold.run_uid)
+    run = book.active_of(hold.run_uid)
     if run is None or hold.turn > run.turn:
         return None
     book.stop_waiting(key)
@@ -284,7 +288,7 @@ def _wait(book: BookState, key: str, least: tuple[int, Decimal], *, now: float) 
     """Record (or keep alive) the call ``key`` as a waiter needing at least ``least``
     (tokens, USD), and say why it waits."""
     tokens, cost = least
-    waiter = book.waiting.get(key)
+    waiter = book.waiter(key)
     if waiter is None:
         book.put_waiter(key, Waiter(now, tokens, cost, now + WAITER_TTL))
     elif waiter.expires - now < WAITER_TTL / 2:
@@ -332,15 +336,17 @@ def _shortfall(book: BookState, need: CallNeed, floor: int) -> tuple[str, str]:
 
 
 def _oldest_waiter_before(book: BookState, key: str) -> Waiter | None:
-    """The oldest waiter other than ``key`` that waits longer than ``key`` (if it waits)."""
-    mine = book.waiting.get(key)
-    others = [(w.since, k) for k, w in book.waiting.items() if k != key]
+    """The oldest waiter other than ``key`` that waits longer than ``key`` (if it waits),
+    from the totals' first waiters (``BookState.put_waiter``)."""
+    mine = book.waiter(key)
+    first = book.first_waiters
+    others = [(w.since, k) for k, w in first.items() if k != key]
     if not others:
         return None
     since, oldest = min(others)
     if mine is not None and (mine.since, key) < (since, oldest):
         return None
-    return book.waiting[oldest]
+    return first[oldest]
 
 
 def _wall_exhausted(book: BookState, now: float) -> bool:

@@ -1,18 +1,18 @@
-"""One tenant's ledger entry: its state and the bookkeeping that keeps it consistent; pure
-(no I/O, ``now`` passed in).
+"""One tenant's ledger: its totals, the entries of its runs, and the bookkeeping that keeps them
+consistent; pure (no I/O, ``now`` passed in).
 
-The entry holds, for the current fixed window:
+The ledger holds, for the current fixed window:
 
 - ``used``: what the tenant's runs spent: tokens (input + output), cost in USD, and wall-clock
   seconds of ended runs; the elapsed time of active runs is added live (``wall_used``), so the
   wall-clock budget is charged as runs progress, not only when they end.
-- ``holds``: reservations of in-flight model calls, keyed ``<run-uid>:<turn>``, each the worst
+- holds: reservations of in-flight model calls, keyed ``<run-uid>:<turn>``, each the worst
   case of its call (estimated prompt tokens + the output allowance, priced). A call starts only
   if ``used + reserved + its worst case`` stays within every limit, so concurrent turns on many
   workers cannot together overspend: the check and the record are one compare-and-set.
-- ``active``: admitted runs that have not ended (``maxConcurrentRuns``), each with the run's
+- active runs: admitted runs that have not ended (``maxConcurrentRuns``), each with the run's
   cumulative usage charged so far and the turn it was charged up to.
-- ``waiting``: calls that fit what is committed (``used``) but not next to other runs' holds;
+- waiting calls: calls that fit what is committed (``used``) but not next to other runs' holds;
   they wait for those holds to settle instead of ending the run, oldest first. A run ends
   ``tenant_budget_exhausted`` only when ``used`` plus its own smallest worst case exceeds a
   limit.
@@ -27,13 +27,25 @@ idempotent (a redelivered or repeated settlement adds nothing) and order-free (a
 worker died before settling is covered by the next turn's settlement or by the run's close),
 and the tenant's ``used`` equals the sum of its runs' own usage exactly.
 
-What belongs here: the entry's fields, what they add up to, and every change of them — the
+**Totals and run entries.** Everything about one run — its slot, its holds, its waiting calls,
+the calls others charged for it — is its ``RunEntry``; the tenant's *totals* are what every
+decision needs and nothing per run: ``used``, the sums of all holds (``reserved_tokens``,
+``reserved_cost``), the number of active runs and the sum of their wall-clock start offsets,
+and the few oldest waiting calls (``first_waiters``). So an operation on one run needs the
+totals and that run's entry only, and a ``BookState`` may hold the entries of some runs only
+(``runs``: those loaded; the store loads the ones an operation touches): the totals are kept
+exact by the primitive puts and takes below, which every change goes through. Fully loaded,
+the totals equal the sums over the entries (``totals_mismatch`` says where they do not). An
+operation costs O(1) in the tenant's runs plus O(runs loaded) for the window's and the waiting
+calls' housekeeping, so the store keeps few loaded.
+
+What belongs here: the ledger's fields, what they add up to, and every change of them — the
 window's roll, settlement and a run's close, a hold's own lifecycle (record its spend, refresh,
 release, abandon, drop) and the primitive puts and takes the rules elsewhere are built from.
-Only this module assigns the entry's fields; everyone may read them. What does not: the rules
+Only this module assigns the ledger's fields; everyone may read them. What does not: the rules
 for reserving (``reserve``: a run's admission, a call held, waiting or refused) and for a turn
-run by two deliveries (``deliveries``), which import this module and change the entry through
-its methods; the entry with every operation named (``book.Book``), its JSON (``codec``).
+run by two deliveries (``deliveries``), which import this module and change the ledger through
+its methods; the ledger with every operation named (``book.Book``), its JSON (``codec``).
 """
 
 from __future__ import annotations
@@ -45,14 +57,18 @@ from typing import Self
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     CHARGED_MEMORY,
+    ENDED_MEMORY,
+    FIRST_WAITERS,
     Active,
     BudgetRefusal,
     Hold,
+    RunEntry,
     Seed,
     TenantLimits,
     UsageFloor,
     Waiter,
     aside_key,
+    run_of,
     short_of,
     window_start,
 )
@@ -64,8 +80,9 @@ from the AgentTenant status has whole seconds)."""
 
 @dataclasses.dataclass(slots=True)
 class BookState:
-    """One tenant's ledger entry. Operations mutate it; the store applies each to a freshly
-    decoded copy and writes it back with compare-and-set, so they must stay deterministic."""
+    """One tenant's ledger: its totals and the entries of the runs loaded (``runs``).
+    Operations mutate it; the store applies each to a freshly decoded copy and writes it back
+    with compare-and-set, so they must stay deterministic."""
 
     tenant: str
     limits: TenantLimits
@@ -80,13 +97,29 @@ class BookState:
     deleted, out of time, or lost to a redelivery): spent at the provider, in no run's usage."""
     abandoned_cost: Decimal = Decimal(0)
     """The part of ``used_cost`` spent that way."""
-    holds: dict[str, Hold] = dataclasses.field(default_factory=dict)
-    active: dict[str, Active] = dataclasses.field(default_factory=dict)
-    waiting: dict[str, Waiter] = dataclasses.field(default_factory=dict)
-    """Calls waiting for holds to settle, by hold key."""
-    charged: dict[str, float] = dataclasses.field(default_factory=dict)
-    """Calls charged as abandoned by whoever dropped their hold: ``<run-uid>:<turn>/<owner>``
-    → until when it is remembered (epoch seconds; see ``deliveries``)."""
+    credited_tokens: int = 0
+    """Tokens taken back out of ``used_tokens`` in this window by ``uncharge`` (a call charged
+    as abandoned whose turn committed after all): ``used + credited`` only grows within a
+    window, which is what ``undercuts`` compares with a floor."""
+    credited_cost: Decimal = Decimal(0)
+    """USD taken back out of ``used_cost`` that way."""
+    reserved_tokens: int = 0
+    """Tokens held by in-flight calls: the sum over every run's holds."""
+    reserved_cost: Decimal = Decimal(0)
+    """USD held by in-flight calls: the sum over every run's holds."""
+    active_runs: int = 0
+    """Runs admitted and not ended (every run's ``active``)."""
+    since_offsets: float = 0.0
+    """The sum, over active runs, of how far into the window each one's wall-clock charge
+    starts (``since_of(run) - window``, seconds): what ``wall_used`` subtracts."""
+    first_waiters: dict[str, Waiter] = dataclasses.field(default_factory=dict)
+    """The oldest waiting calls (at most ``FIRST_WAITERS``), by hold key; each is also in its
+    run's entry."""
+    runs: dict[str, RunEntry] = dataclasses.field(default_factory=dict)
+    """The entries of the runs loaded, by run uid (all of them, or those an operation touches)."""
+    one_value: bool = False
+    """Whether the ledger is stored as one value (the ``single`` layout, ``entries.LAYOUTS``):
+    then every run is loaded, and at most ``MAX_ACTIVE_RUNS`` runs may be active."""
     end: float = 0.0
     """End of the current window, epoch seconds (0 when built: ``window`` plus the window
     length). It differs from that only after the length was edited (``set_limits``): the
@@ -98,9 +131,10 @@ class BookState:
             self.end = self.window + self.limits.window_seconds
 
     @classmethod
-    def new(cls, tenant: str, limits: TenantLimits, *, now: float) -> Self:
-        """An empty entry whose window holds ``now``."""
-        return cls(tenant, limits, window_start(now, limits.window_seconds))
+    def new(cls, tenant: str, limits: TenantLimits, *, now: float, one_value: bool = False) -> Self:
+        """An empty ledger whose window holds ``now`` (stored as one value if ``one_value``)."""
+        window = window_start(now, limits.window_seconds)
+        return cls(tenant, limits, window, one_value=one_value)
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -110,18 +144,87 @@ class BookState:
         return self.end
 
     @property
-    def reserved_tokens(self) -> int:
-        """Tokens held by in-flight calls."""
-        return sum(h.tokens for h in self.holds.values())
+    def holds(self) -> dict[str, Hold]:
+        """Every hold of the runs loaded, by key (a new dict: change holds through methods)."""
+        return {key: hold for entry in self.runs.values() for key, hold in entry.holds.items()}
 
     @property
-    def reserved_cost(self) -> Decimal:
-        """USD held by in-flight calls."""
-        return sum((h.cost_usd for h in self.holds.values()), Decimal(0))
+    def active(self) -> dict[str, Active]:
+        """The active runs loaded, by uid (a new dict)."""
+        return {uid: e.active for uid, e in self.runs.items() if e.active is not None}
+
+    @property
+    def waiting(self) -> dict[str, Waiter]:
+        """The waiting calls of the runs loaded, by hold key (a new dict)."""
+        return {key: w for entry in self.runs.values() for key, w in entry.waiting.items()}
+
+    @property
+    def charged(self) -> dict[str, float]:
+        """The calls charged as abandoned of the runs loaded: ``<run-uid>:<turn>/<owner>`` →
+        until when it is remembered (a new dict)."""
+        return {key: t for entry in self.runs.values() for key, t in entry.charged.items()}
+
+    def hold(self, key: str) -> Hold | None:
+        """The hold under ``key`` (its run must be loaded), or ``None``."""
+        entry = self.runs.get(run_of(key))
+        return None if entry is None else entry.holds.get(key)
+
+    def holds_of(self, run_uid: str) -> list[tuple[str, Hold]]:
+        """The holds of one run (loaded), by key."""
+        entry = self.runs.get(run_uid)
+        return [] if entry is None else list(entry.holds.items())
+
+    def forgettable(self, now: float) -> list[str]:
+        """The runs loaded that hold nothing but memories (that they ended, calls charged as
+        abandoned), every one expired by ``now``: a roll at ``now`` empties their entries,
+        which then go (the sweep does, so an ended run's entry does not stay for ever)."""
+        return [
+            uid
+            for uid, e in self.runs.items()
+            if e.active is None
+            and not (e.holds or e.waiting)
+            and (e.ended or e.charged)
+            and e.ended <= now
+            and all(until <= now for until in e.charged.values())
+        ]
+
+    def forget_end(self, run_uid: str) -> None:
+        """The run (its entry loaded) is no longer remembered as ended: its next admission is
+        a new one (a run freed to run again from turn 0)."""
+        entry = self.runs.get(run_uid)
+        if entry is not None:
+            entry.ended = 0.0
+
+    def has_ended(self, run_uid: str) -> bool:
+        """Whether the run (its entry loaded) is remembered as ended (``RunEntry.ended``)."""
+        entry = self.runs.get(run_uid)
+        return entry is not None and entry.ended > 0
+
+    def active_of(self, run_uid: str) -> Active | None:
+        """The run's slot and charges if it is active (its entry must be loaded)."""
+        entry = self.runs.get(run_uid)
+        return None if entry is None else entry.active
+
+    def waiter(self, key: str) -> Waiter | None:
+        """The waiting call ``key`` (its run loaded), or ``None``."""
+        entry = self.runs.get(run_of(key))
+        return None if entry is None else entry.waiting.get(key)
+
+    def remembers_charged(self, memo: str) -> bool:
+        """Whether the call ``<run-uid>:<turn>/<owner>`` was charged as abandoned by whoever
+        dropped its hold (and is still remembered)."""
+        entry = self.runs.get(run_of(memo))
+        return entry is not None and memo in entry.charged
+
+    def since_of(self, run: Active) -> float:
+        """When the run's wall-clock charge in this window starts: its own ``since``, or the
+        window's start if it was admitted in an earlier window."""
+        return max(run.since, self.window)
 
     def wall_used(self, now: float) -> float:
         """Wall-clock seconds charged in this window, active runs counted up to ``now``."""
-        return self.used_wall + sum(max(0.0, now - a.since) for a in self.active.values())
+        live = self.active_runs * (now - self.window) - self.since_offsets
+        return self.used_wall + max(0.0, live)
 
     def exhausted(
         self, now: float, *, need_tokens: int = 0, need_cost: Decimal = Decimal(0)
@@ -154,22 +257,59 @@ class BookState:
         return None
 
     def expired(self, now: float) -> list[tuple[str, Hold]]:
-        """Holds whose worker stopped refreshing them (presumed dead)."""
+        """Holds of the runs loaded whose worker stopped refreshing them (presumed dead)."""
         return [(key, h) for key, h in self.holds.items() if h.expires <= now]
+
+    def totals_mismatch(self) -> list[str]:
+        """Where the totals differ from the sums over the run entries (meaningful only when
+        every run is loaded): one line per total, empty when they agree."""
+        holds = [h for entry in self.runs.values() for h in entry.holds.values()]
+        active = [e.active for e in self.runs.values() if e.active is not None]
+        sums: dict[str, tuple[object, object]] = {
+            "reserved_tokens": (self.reserved_tokens, sum(h.tokens for h in holds)),
+            "reserved_cost": (self.reserved_cost, sum((h.cost_usd for h in holds), Decimal(0))),
+            "active_runs": (self.active_runs, len(active)),
+        }
+        found = [f"{name}: totals {a}, entries {b}" for name, (a, b) in sums.items() if a != b]
+        offsets = sum(self.since_of(run) - self.window for run in active)
+        if abs(offsets - self.since_offsets) > 1e-6 * max(1, len(active)):
+            found.append(f"since_offsets: totals {self.since_offsets}, entries {offsets}")
+        stray = [k for k in self.first_waiters if self.waiter(k) != self.first_waiters[k]]
+        if stray:
+            found.append(f"first_waiters not in their runs' entries: {sorted(stray)}")
+        return found
+
+    def recount(self) -> None:
+        """Set the totals to the sums over the entries loaded (every run of the tenant must
+        be): for a ledger made anew over the run entries a lost totals value left behind."""
+        holds = [h for entry in self.runs.values() for h in entry.holds.values()]
+        active = self._active_loaded()
+        self.reserved_tokens = sum(h.tokens for h in holds)
+        self.reserved_cost = sum((h.cost_usd for h in holds), Decimal(0))
+        self.active_runs = len(active)
+        self.since_offsets = sum(self.since_of(run) - self.window for run in active)
+        waiting = sorted(self.waiting.items(), key=lambda kw: (kw[1].since, kw[0]))
+        self.first_waiters = dict(waiting[:FIRST_WAITERS])
 
     # --- the window -------------------------------------------------------------------------------
 
     def roll(self, now: float) -> bool:
         """Start a new window if ``now`` is at or past the current one's ``end``: ``used``
         goes to zero and active runs' wall-clock charge restarts at the window start. Holds
-        and what each run has been charged stay. Returns True when it rolled.
+        and what each run has been charged stay. Forgets the loaded runs' expired memos of
+        abandoned calls and of ended runs. Returns True when it rolled.
 
         The new window is the one of the current length holding ``now``, aligned to the
         epoch, except that it never starts before the old ``end``: after the length was
         edited, the first window runs from the old end to the next aligned boundary (shorter
         than the length), and every later one is aligned."""
-        for key in [k for k, until in self.charged.items() if until <= now]:
-            del self.charged[key]
+        for entry in self.runs.values():
+            if entry.charged:
+                for key in [k for k, until in entry.charged.items() if until <= now]:
+                    del entry.charged[key]
+                    entry.spent.pop(key, None)
+            if entry.ended and entry.ended <= now:
+                entry.ended = 0.0
         if now < self.end:
             return False
         length = self.limits.window_seconds
@@ -183,9 +323,16 @@ class BookState:
         self.used_wall = 0.0
         self.abandoned_tokens = 0
         self.abandoned_cost = Decimal(0)
-        for run in self.active.values():
-            run.since = max(run.since, self.window)
+        self.credited_tokens = 0
+        self.credited_cost = Decimal(0)
+        # runs not loaded started before the old end, so by the new window: their offset is 0
+        self.since_offsets = sum(self.since_of(run) - self.window for run in self._active_loaded())
+        for run in self._active_loaded():
+            run.since = self.since_of(run)
         return True
+
+    def _active_loaded(self) -> list[Active]:
+        return [e.active for e in self.runs.values() if e.active is not None]
 
     def undercuts(self, floor: UsageFloor, *, now: float) -> bool:
         """Whether this entry shows less than ``floor`` (the operator saw more in the same
@@ -200,11 +347,22 @@ class BookState:
             return True
         if abs(self.window - floor.window) >= SLACK:
             return self.window < floor.window or floor.end - self.window >= SLACK
+        tokens, cost, wall = self.usage_floor()
         return (
             (floor.end > 0 and abs(self.end - floor.end) >= SLACK)
-            or self.used_tokens < floor.tokens
-            or self.used_cost < floor.cost_usd
-            or self.used_wall < floor.wall_seconds
+            or tokens < floor.tokens
+            or cost < floor.cost_usd
+            or wall < floor.wall_seconds
+        )
+
+    def usage_floor(self) -> tuple[int, Decimal, float]:
+        """What the window has used as a floor compares it (tokens, USD, wall seconds): ``used``
+        with what ``uncharge`` took back out of it (``credited``), so a figure that never goes
+        down within a window; ``used`` itself goes down when a charge is taken back."""
+        return (
+            self.used_tokens + self.credited_tokens,
+            self.used_cost + self.credited_cost,
+            self.used_wall,
         )
 
     def restore(self, floor: UsageFloor, *, now: float) -> None:
@@ -218,11 +376,12 @@ class BookState:
             self.window, self.end = floor.window, end
             self.used_tokens, self.used_cost = floor.tokens, floor.cost_usd
             self.used_wall = floor.wall_seconds
+            self.credited_tokens, self.credited_cost = 0, Decimal(0)
         else:
             if abs(self.end - end) >= SLACK:
                 self.end = end
-            self.used_tokens = max(self.used_tokens, floor.tokens)
-            self.used_cost = max(self.used_cost, floor.cost_usd)
+            self.used_tokens = max(self.used_tokens, floor.tokens - self.credited_tokens)
+            self.used_cost = max(self.used_cost, floor.cost_usd - self.credited_cost)
             self.used_wall = max(self.used_wall, floor.wall_seconds)
         self.roll(now)
 
@@ -237,8 +396,8 @@ class BookState:
         self.used_cost = max(self.used_cost, floor.cost_usd)
         self.used_wall = max(self.used_wall, floor.wall_seconds)
         for uid, run in seed.active.items():
-            if uid not in self.active:
-                self.active[uid] = dataclasses.replace(run, since=max(run.since, self.window))
+            if self.active_of(uid) is None:
+                self.start_run(uid, dataclasses.replace(run, since=max(run.since, self.window)))
 
     def set_limits(self, limits: TenantLimits, *, now: float) -> None:
         """Apply an edited AgentTenant at ``now``. ``used`` never changes: a lower limit
@@ -249,11 +408,45 @@ class BookState:
         self.roll(now)
         self.limits = limits
 
+    # --- a run's entry ----------------------------------------------------------------------------
+
+    def load(self, run_uid: str, entry: RunEntry) -> None:
+        """Add a run's stored entry to the loaded ones (the store does, before an operation;
+        the totals already count it)."""
+        self.runs[run_uid] = entry
+
+    def unload(self, run_uid: str) -> None:
+        """Drop a run's entry from the loaded ones (it stays in the totals' sums: the store
+        keeps the rest of the ledger for its next change)."""
+        self.runs.pop(run_uid, None)
+
+    def _entry(self, run_uid: str) -> RunEntry:
+        """The run's loaded entry, a new empty one if it has none (the store loads every run
+        an operation touches, so a missing one is a run with nothing in the ledger)."""
+        entry = self.runs.get(run_uid)
+        if entry is None:
+            entry = self.runs[run_uid] = RunEntry()
+        return entry
+
     # --- a run's slot and its settlement ----------------------------------------------------------
 
     def start_run(self, run_uid: str, run: Active) -> None:
         """The run takes a concurrency slot (whoever admits it checked that one is free)."""
-        self.active[run_uid] = run
+        entry = self._entry(run_uid)
+        if entry.active is not None:
+            self._end_run(entry)
+        entry.active = run
+        self.active_runs += 1
+        self.since_offsets += self.since_of(run) - self.window
+
+    def _end_run(self, entry: RunEntry) -> Active | None:
+        run, entry.active = entry.active, None
+        if run is not None:
+            self.active_runs -= 1
+            self.since_offsets -= self.since_of(run) - self.window
+            if self.active_runs == 0:
+                self.since_offsets = 0.0  # no float residue once nothing runs
+        return run
 
     def settle(
         self,
@@ -273,8 +466,8 @@ class BookState:
         """
         self.roll(now)
         if key is not None:
-            self.holds.pop(key, None)
-        run = self.active.get(run_uid)
+            self.take_hold(key)
+        run = self.active_of(run_uid)
         if run is None or turn <= run.turn:
             return 0, Decimal(0)
         delta_tokens = max(0, tokens - run.tokens)
@@ -295,23 +488,31 @@ class BookState:
         ``turn`` and drop its holds of turns up to ``turn`` (they committed; their worker may
         not have settled yet — its late settlement then charges nothing more)."""
         self.settle(run_uid, turn=turn, tokens=tokens, cost_usd=cost_usd, now=now)
-        for key in [k for k, h in self.holds.items() if h.run_uid == run_uid and h.turn <= turn]:
-            del self.holds[key]
+        for key in [k for k, h in self.holds_of(run_uid) if h.turn <= turn]:
+            self.take_hold(key)
 
     def close(
         self, run_uid: str, *, turn: int, tokens: int, cost_usd: Decimal, end: float, now: float
     ) -> bool:
         """The run ended at ``end``: settle its final totals, charge its wall-clock time in this
-        window, free its slot and drop any hold it left. False if it was not active."""
+        window, free its slot and drop any hold it left. False if it was not active.
+
+        The run is remembered as ended (``RunEntry.ended``, for ``ENDED_MEMORY``), so an
+        admission of it done again takes no slot; ``forget_end`` undoes that for a run freed
+        to run again from turn 0 (a rerun)."""
         self.settle(run_uid, turn=turn, tokens=tokens, cost_usd=cost_usd, now=now)
-        for key in [k for k, h in self.holds.items() if h.run_uid == run_uid]:
+        for key, _ in self.holds_of(run_uid):
             self.drop_hold(key, committed_turn=turn)
-        for key in [k for k in self.waiting if k.startswith(f"{run_uid}:")]:
-            del self.waiting[key]
-        run = self.active.pop(run_uid, None)
+        entry = self._entry(run_uid)
+        for key in list(entry.waiting):
+            self.stop_waiting(key)
+        run = entry.active
         if run is None:
             return False
-        self.used_wall += max(0.0, min(end, now) - run.since)
+        entry.ended = now + ENDED_MEMORY
+        since = self.since_of(run)
+        self._end_run(entry)
+        self.used_wall += max(0.0, min(end, now) - since)
         return True
 
     # --- holds ------------------------------------------------------------------------------------
@@ -319,17 +520,25 @@ class BookState:
     def put_hold(self, key: str, hold: Hold) -> None:
         """Hold ``hold`` under ``key``, replacing what was there (whoever puts it checked that
         it fits)."""
-        self.holds[key] = hold
+        self.take_hold(key)
+        self._entry(run_of(key)).holds[key] = hold
+        self.reserved_tokens += hold.tokens
+        self.reserved_cost += hold.cost_usd
 
     def take_hold(self, key: str) -> Hold | None:
         """Remove the hold under ``key`` uncharged and return it (``None``: there was none)."""
-        return self.holds.pop(key, None)
+        entry = self.runs.get(run_of(key))
+        hold = None if entry is None else entry.holds.pop(key, None)
+        if hold is not None:
+            self.reserved_tokens -= hold.tokens
+            self.reserved_cost -= hold.cost_usd
+        return hold
 
     def record_spend(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal) -> bool:
         """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
         the hold, so it is charged even if the turn never commits. False if the hold is gone
         or not ``owner``'s."""
-        hold = self.holds.get(key)
+        hold = self.hold(key)
         if hold is None or hold.owner != owner:
             return False
         hold.spent_tokens, hold.spent_cost = tokens, cost_usd
@@ -338,9 +547,9 @@ class BookState:
     def refresh(self, key: str, *, owner: str, expires: float) -> bool:
         """Push the expiry of ``owner``'s hold out (also one set aside for it by another
         delivery of its turn: its worker is alive); False if it has none."""
-        hold = self.holds.get(key)
+        hold = self.hold(key)
         if hold is None or hold.owner != owner:
-            hold = self.holds.get(aside_key(key, owner))
+            hold = self.hold(aside_key(key, owner))
         if hold is None:
             return False
         hold.expires = max(hold.expires, expires)
@@ -352,33 +561,74 @@ class BookState:
         With ``owner``, only that owner's hold is dropped (a replaced hold belongs to the worker
         that took the turn over). Returns True when a hold was dropped.
         """
-        hold = self.holds.get(key)
+        hold = self.hold(key)
         if hold is None or (owner is not None and hold.owner != owner):
             return False
-        del self.holds[key]
+        self.take_hold(key)
         return True
 
     def drop_hold(self, key: str, *, committed_turn: int) -> bool:
         """Drop hold ``key`` (its worker is gone), charging its answered call as abandoned if
         its turn is newer than ``committed_turn`` (the run's last committed turn: a committed
         turn's usage is in the run's own, charged by ``settle``). True if dropped."""
-        hold = self.holds.pop(key, None)
+        hold = self.take_hold(key)
         if hold is None:
             return False
         if hold.answered and hold.turn > committed_turn:
             self.charge_abandoned(hold)
         return True
 
+    def load_memo(self, memo: str, until: float) -> None:
+        """Remember that the call ``<run-uid>:<turn>/<owner>`` was charged as abandoned, until
+        ``until`` (epoch seconds): a memo read from an earlier release's ledger."""
+        self._entry(run_of(memo)).charged[memo] = until
+
+    def load_spent(self, memo: str, tokens: int, cost_usd: Decimal) -> None:
+        """What the call ``memo`` (charged as abandoned, ``load_memo``) was charged: read from
+        a one-value ledger, where it is kept beside the memo."""
+        self._entry(run_of(memo)).spent[memo] = (tokens, cost_usd)
+
+    def load_end(self, run_uid: str, until: float) -> None:
+        """Remember the run as ended until ``until`` (epoch seconds): read from a one-value
+        ledger (``RunEntry.ended``)."""
+        self._entry(run_uid).ended = until
+
+    def split_out(self) -> None:
+        """The ledger is to be stored split (totals and run entries) from now on: no longer
+        capped at ``MAX_ACTIVE_RUNS`` active runs (``one_value``)."""
+        self.one_value = False
+
     def charge_abandoned(self, hold: Hold) -> None:
         """Charge ``hold``'s answered call (its ``spent``) to ``used``, as abandoned: the
-        provider billed it, but its turn will never commit (remembered in ``charged``). The
-        hold itself is its caller's to drop."""
+        provider billed it, but its turn will never commit (remembered in its run's
+        ``charged``). The hold itself is its caller's to drop."""
         memo = aside_key(f"{hold.run_uid}:{hold.turn}", hold.owner)
-        self.charged[memo] = hold.expires + CHARGED_MEMORY
+        entry = self._entry(hold.run_uid)
+        entry.charged[memo] = hold.expires + CHARGED_MEMORY
+        if hold.spent_tokens or hold.spent_cost:
+            entry.spent[memo] = (hold.spent_tokens, hold.spent_cost)
         self.used_tokens += hold.spent_tokens
         self.used_cost += hold.spent_cost
         self.abandoned_tokens += hold.spent_tokens
         self.abandoned_cost += hold.spent_cost
+
+    def uncharge(self, memo: str) -> bool:
+        """The call ``<run-uid>:<turn>/<owner>`` was charged as abandoned (its hold dropped as
+        expired), but its turn committed by that owner after all: its usage is in the run's
+        own, charged by ``settle``, so what it was charged as abandoned is taken back out of
+        ``used`` and ``abandoned`` — once, and only while the run is active (its settlement
+        still to come or done). True if it took anything back."""
+        entry = self.runs.get(run_of(memo))
+        if entry is None or entry.active is None or memo not in entry.spent:
+            return False
+        tokens, cost = entry.spent.pop(memo)
+        self.used_tokens -= tokens
+        self.used_cost -= cost
+        self.credited_tokens += tokens
+        self.credited_cost += cost
+        self.abandoned_tokens -= tokens
+        self.abandoned_cost -= cost
+        return True
 
     def abandon(
         self,
@@ -395,14 +645,14 @@ class BookState:
         ``owner``'s hold (under ``key``, or set aside for it).
 
         With no such hold, it is charged only if ``unrecorded`` (its usage write did not land,
-        as far as its delivery knows) and not in ``charged``: a hold that carried it was
-        charged by whoever dropped it. Returns True if it charged."""
+        as far as its delivery knows) and not remembered as charged: a hold that carried it
+        was charged by whoever dropped it. Returns True if it charged."""
         self.roll(now)
-        hold = self.holds.get(key)
+        hold = self.hold(key)
         if hold is not None and hold.owner == owner:
-            del self.holds[key]
-        elif self.holds.pop(aside_key(key, owner), None) is None and (
-            not unrecorded or aside_key(key, owner) in self.charged
+            self.take_hold(key)
+        elif self.take_hold(aside_key(key, owner)) is None and (
+            not unrecorded or self.remembers_charged(aside_key(key, owner))
         ):
             return False
         self.used_tokens += tokens
@@ -414,15 +664,31 @@ class BookState:
     # --- waiting calls ----------------------------------------------------------------------------
 
     def put_waiter(self, key: str, waiter: Waiter) -> None:
-        """The call ``key`` waits (or waits on, with ``waiter``'s expiry) for holds to settle."""
-        self.waiting[key] = waiter
+        """The call ``key`` waits (or waits on, with ``waiter``'s expiry) for holds to settle:
+        recorded in its run's entry, and among the totals' first waiters if it is one of the
+        ``FIRST_WAITERS`` oldest (a younger one in them makes room)."""
+        self._entry(run_of(key)).waiting[key] = waiter
+        first = self.first_waiters
+        if key not in first and len(first) >= FIRST_WAITERS:
+            youngest = max(first, key=lambda k: (first[k].since, k))
+            if (first[youngest].since, youngest) < (waiter.since, key):
+                return
+            del first[youngest]
+        first[key] = waiter
 
     def stop_waiting(self, key: str) -> bool:
         """The call ``key`` no longer waits (its turn was given up, held or refused); True if
         it did."""
-        return self.waiting.pop(key, None) is not None
+        entry = self.runs.get(run_of(key))
+        mine = entry is not None and entry.waiting.pop(key, None) is not None
+        return self.first_waiters.pop(key, None) is not None or mine
 
     def drop_expired_waiters(self, now: float) -> None:
-        """Forget the waiters whose call stopped asking (past their expiry at ``now``)."""
-        for key in [k for k, w in self.waiting.items() if w.expires <= now]:
-            del self.waiting[key]
+        """Forget the waiters whose call stopped asking (past their expiry at ``now``): among
+        the first waiters and in the entries loaded."""
+        for key in [k for k, w in self.first_waiters.items() if w.expires <= now]:
+            del self.first_waiters[key]
+        for entry in self.runs.values():
+            if entry.waiting:
+                for key in [k for k, w in entry.waiting.items() if w.expires <= now]:
+                    del entry.waiting[key]

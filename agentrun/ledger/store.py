@@ -1,20 +1,46 @@
-"""Tenant ledger entries in JetStream KV, changed only through named operations.
+"""Tenant ledgers in JetStream KV, changed only through named operations.
 
-Two keys per tenant in bucket ``AGENTRUN_LEDGER``: ``book.<tenant>`` (a ``Book``: usage,
-holds, active runs) and ``queue.<tenant>`` (the FIFO admission queue, written by the operator
-only). This is the tenant-budget port: admitting a run (``admit_run``), a turn's hold
+Bucket ``AGENTRUN_LEDGER``. A tenant's ledger has one of two layouts (``entries.LAYOUTS``),
+told apart by its ``book.<tenant>`` value's format: ``single``, the whole ledger in that one
+value (what earlier releases read and write; at most ``MAX_ACTIVE_RUNS`` active and
+``MAX_QUEUED_RUNS`` queued runs), or ``split``. A tenant keeps the layout it is found in; a new
+one gets the store's ``layout``; a store whose ``layout`` is ``split`` (the operator's, once
+every worker reads split ledgers) splits a one-value ledger at its next change. Split, per
+tenant:
+
+- ``book.<tenant>``: its totals (``used``, the sums of its holds, its active runs counted, its
+  first waiting calls) and the entries of up to ``INLINE_RUNS`` of its runs inline;
+- ``run.<tenant>.<run-uid>``: the entry of each other run that has one (its slot and charges,
+  its holds, its waiting calls, the calls charged for it), deleted when nothing of it is left;
+- ``queue.<tenant>.<run-uid>``: each run waiting in its admission queue (written by the
+  operator only; the order is computed, see ``queue``).
+
+No value grows with the number of a tenant's runs, and a change of one run writes its entry and
+the totals only — one value when the run is inline, one atomic batch of both otherwise (``cas``)
+— so neither the size of a write nor its chance to race grows with the tenant. A small tenant's
+runs are all inline: each of its changes is one compare-and-set of one small value.
+
+This is the tenant-budget port: admitting runs (``admit_run``, ``admit_runs``), a turn's hold
 (``turn_hold``, a ``TurnHold`` over this store's ``TurnLedger`` operations: ``reserve_turn``,
 ``reserve_call``, ``record_spend``, ``refresh_hold``, ``settle_turn``, ``release_hold``,
 ``abandon_hold``, ``stop_waiting``), ending a run (``close_run``), the operator sweep's fixes
-(``repair_entry``) and the admission queue (``enqueue``, ``dequeue``). Callers outside this
-package change entries only through these. Each is one write, compare-and-set on the entry's
-revision, group-committed per key (``cas``).
+(``repair_entry``) and the admission queue (``enqueue``, ``dequeue``, ``queued``). Callers
+outside this package change the ledger only through these. Each is one write, compare-and-set
+on the revisions read, group-committed per tenant (``cas``).
+
+A one-value ledger is split into totals and run entries in one atomic batch, so the split
+keeps the tenant's usage, holds, active runs and memories. Admission queues are one value per
+run in both layouts (only operators read them, and this release's operator reads both): the
+one-value queue of earlier releases (``queue.<tenant>``) is moved into them when the operator
+first reads it, keeping its order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -24,22 +50,25 @@ from nats.js import JetStreamContext, api
 from agentrun import buckets, kernel, protocol
 from agentrun.ledger import codec
 from agentrun.ledger.book import Book
-from agentrun.ledger.cas import CasStore, LedgerUnavailable
-from agentrun.ledger.codec import QueuedRunShape
+from agentrun.ledger.cas import CasStore, Conflict, LedgerUnavailable, Stored, Write, apply_all
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
+    LAYOUTS,
     BudgetRefusal,
     Hold,
+    LedgerCorrupt,
     Seed,
     TenantLimits,
     UsageFloor,
     window_start,
 )
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
+from agentrun.ledger.queue import QueuedRun, TenantQueue
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
 __all__ = [
     "BUCKET",
+    "INLINE_RUNS",
     "MAX_QUEUED_RUNS",
     "BookMissing",
     "LedgerStore",
@@ -49,13 +78,16 @@ __all__ = [
     "Repair",
 ]
 
+log = logging.getLogger(__name__)
+
 BUCKET = protocol.LEDGER_BUCKET
 T = TypeVar("T")
 
-MAX_QUEUED_RUNS = 1_000
-"""Runs one tenant's admission queue holds: the queue is one KV value, and at about 400 bytes
-a run at most (every name at its longest) 1 000 runs stay under 410 KB, far below the
-server's max payload (1 MiB by default). ``enqueue`` refuses the next one (``QueueFull``)."""
+INLINE_RUNS = 32
+"""Runs whose entries a tenant's totals hold inline (the first to need an entry; the others get
+a value of their own). An inline entry costs one write per change instead of an atomic batch of
+two; at about 700 bytes an entry at most (its slot, a hold with a recorded spend, a waiting
+call, every name at its longest), the totals stay under 25 KB."""
 
 
 class BookMissing(LookupError):
@@ -64,25 +96,34 @@ class BookMissing(LookupError):
     started as an empty, unlimited one."""
 
 
+MAX_QUEUED_RUNS = 1_000
+"""Runs the admission queue of a tenant whose ledger is one value (``single``) holds, as in
+earlier releases, whose queue was one value too: ``enqueue`` refuses the next one
+(``QueueFull``, ``one_value``). A ``split`` tenant's queue has no such cap."""
+
+
 class QueueFull(Exception):
-    """The tenant's admission queue holds ``MAX_QUEUED_RUNS`` runs: this run cannot join it."""
+    """The tenant's admission queue holds as many runs as the platform allows, or (``one_value``)
+    as a one-value ledger's tenant may queue (``MAX_QUEUED_RUNS``): this run cannot join it."""
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class QueuedRun:
-    """A run waiting in its tenant's admission queue."""
-
-    uid: str
-    namespace: str
-    name: str
-    at: float
-    """The AgentRun's creation time, epoch seconds: the queue's order (ties: arrival order)."""
+    def __init__(self, tenant: str, *, limit: int, one_value: bool = False) -> None:
+        if one_value:
+            message = f"AgentTenant {tenant!r}'s admission queue is full ({limit} runs wait)"
+        else:
+            message = (
+                f"AgentTenant {tenant!r}'s admission queue holds {limit} runs, the most the "
+                "platform allows (AGENTRUN_MAX_QUEUED_RUNS)"
+            )
+        super().__init__(message)
+        self.tenant = tenant
+        self.limit = limit
+        self.one_value = one_value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Repair:
     """What the operator's sweep found about one run, read from its events, to fix its tenant's
-    entry with: an expired hold to charge and drop, or an active run that has ended or gone."""
+    ledger with: an expired hold to charge and drop, or an active run that has ended or gone."""
 
     hold_key: str
     """The expired hold's key (``<run-uid>:<turn>``), or ``""`` for a stale active run."""
@@ -103,26 +144,72 @@ book made anew (``Seed``)."""
 
 
 def book_key(tenant: str) -> str:
-    """``book.<tenant>`` (tenant names are DNS subdomains: valid KV key characters)."""
-    return f"book.{tenant}"
+    """``book.<tenant>``: the tenant's totals (tenant names are DNS subdomains: valid KV key
+    characters)."""
+    return f"{protocol.LEDGER_TOTALS}.{tenant}"
 
 
-def queue_key(tenant: str) -> str:
-    """``queue.<tenant>``."""
-    return f"queue.{tenant}"
+def run_key(tenant: str, run_uid: str) -> str:
+    """``run.<tenant>.<run-uid>``: a run's entry of its own (uids hold no dot, so the last
+    token is the uid whatever dots the tenant's name has)."""
+    return f"{protocol.LEDGER_RUNS}.{tenant}.{run_uid}"
+
+
+def queue_key(tenant: str, run_uid: str) -> str:
+    """``queue.<tenant>.<run-uid>``: a run waiting in the tenant's admission queue."""
+    return f"{protocol.LEDGER_QUEUES}.{tenant}.{run_uid}"
+
+
+def legacy_queue_key(tenant: str) -> str:
+    """``queue.<tenant>``: the one-value admission queue of earlier releases."""
+    return f"{protocol.LEDGER_QUEUES}.{tenant}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Change:
+    """One named operation's change of a tenant's ledger, and what it needs loaded."""
+
+    fn: Callable[[Book], Any]
+    runs: frozenset[str] | None
+    """The runs whose entries it reads or changes (``None``: every run of the tenant)."""
+    limits: TenantLimits | None
+    """The limits a missing ledger starts with (``None``: a missing ledger is refused)."""
+    seed: Seed | None = None
+    """What a ledger made anew starts with (``Book.seed``)."""
 
 
 class LedgerStore(CasStore):
-    """The tenant ledger: books and admission queues. Create with ``LedgerStore.open``.
+    """The tenant ledger: totals, run entries and admission queues. Create with
+    ``LedgerStore.open``.
 
     Implements ``hold.TurnLedger`` (the operations of a turn's hold)."""
 
-    def __init__(self, kv: Any, *, rebuild: Rebuild | None = None, **kwargs: Any) -> None:
-        """``kv``: the bucket; ``rebuild`` (the operator's): what a tenant's window used at
-        least, seeding a book the operator makes because it does not exist (the bucket or the
-        book was lost), never one that exists; ``kwargs``: ``CasStore``'s."""
+    def __init__(
+        self,
+        kv: Any,
+        *,
+        inline_runs: int = INLINE_RUNS,
+        rebuild: Rebuild | None = None,
+        layout: str = "single",
+        **kwargs: Any,
+    ) -> None:
+        """``kv``: the bucket; ``inline_runs``: runs a tenant's totals hold inline
+        (``INLINE_RUNS``; 0: none); ``rebuild`` (the operator's): what a tenant's window used
+        at least, seeding a ledger the operator makes because it does not exist (the bucket or
+        the totals were lost), never one that exists; ``layout`` (``entries.LAYOUTS``): the
+        layout of a ledger this store makes, and with ``split`` a one-value ledger is split
+        at its next change (a worker's store keeps ``single``: it makes no ledger); ``kwargs``:
+        ``CasStore``'s. Raises ``ValueError`` for an unknown layout."""
         super().__init__(kv, **kwargs)
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown ledger layout {layout!r}; one of {LAYOUTS}")
+        self.layout = layout
+        self.inline_runs = inline_runs
         self.rebuild = rebuild
+        self._decoded: dict[str, tuple[int, codec.Totals]] = {}
+        """The totals last written per tenant, decoded, at their revision (saves a decode)."""
+        self._queues: dict[str, TenantQueue] = {}
+        self._queue_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
     async def open(
@@ -135,71 +222,239 @@ class LedgerStore(CasStore):
         **kwargs: Any,
     ) -> LedgerStore:
         """Bind the ledger bucket (``AGENTRUN_LEDGER``; another name keeps a second ledger
-        apart on the same server, e.g. for tests), creating it when missing if ``create``
-        (the operator), kept by ``replicas`` servers (an existing bucket's count is set to
-        it), else waiting for it (a worker: ``buckets.open_bucket``). Raises
+        apart on the same server, e.g. for tests), creating it when missing and allowing
+        atomic batches on it if ``create`` (the operator), kept by ``replicas`` servers (an
+        existing bucket's count is set to it), else waiting for both (a worker:
+        ``buckets.open_bucket``, ``buckets.require_atomic``). Needs nats-server ≥ 2.12. Raises
         ``buckets.ReplicasRefused`` when the servers cannot hold ``replicas``."""
         config = api.KeyValueConfig(
             bucket=bucket, history=1, storage=api.StorageType.FILE, replicas=replicas
         )
-        return cls(await buckets.open_bucket(js, config, create=create), **kwargs)
+        kv = await buckets.open_bucket(js, config, create=create)
+        await buckets.require_atomic(js, bucket, create=create)
+        return cls(kv, **kwargs)
 
-    # --- books ------------------------------------------------------------------------------------
+    # --- reading ----------------------------------------------------------------------------------
 
     async def read(self, tenant: str) -> Book | None:
-        """The tenant's entry as stored now, or ``None``."""
-        found = await self._get(book_key(tenant))
-        return None if found is None else codec.decode_book(found[1])
+        """The tenant's whole ledger as stored now (its totals and every run's entry), or
+        ``None``. Reads every run entry of the tenant: for the sweep and for tests."""
+        totals = await self._get(book_key(tenant))
+        if totals.data is None:
+            return None
+        view = codec.decode_totals(totals.data)
+        if not view.one_value:
+            for uid, stored in (await self._list_runs(tenant)).items():
+                if uid not in view.inline and stored.data is not None:
+                    view.book.load(uid, codec.decode_run(stored.data, uid=uid))
+        return view.book
+
+    async def read_totals(self, tenant: str) -> Book | None:
+        """The tenant's totals as stored now, with only its inline runs loaded (``active_runs``
+        and the sums are whole), or ``None``: one read whatever the tenant's size."""
+        totals = await self._get(book_key(tenant))
+        return None if totals.data is None else codec.decode_totals(totals.data).book
+
+    async def tenants(self) -> list[str]:
+        """Tenants with a ledger."""
+        prefix = f"{protocol.LEDGER_TOTALS}."
+        keys = await self._list(f"{prefix}>", values=False)
+        return sorted(key.removeprefix(prefix) for key in keys)
+
+    async def _list_runs(self, tenant: str) -> dict[str, Stored]:
+        """Every run entry stored on its own of the tenant, by run uid."""
+        listed = await self._list(run_key(tenant, "*"))
+        return {key.rsplit(".", 1)[1]: stored for key, stored in listed.items()}
+
+    # --- changing a tenant's ledger ---------------------------------------------------------------
 
     async def _change(
-        self, tenant: str, fn: Callable[[Book], T], *, limits: TenantLimits | None = None
-    ) -> T:
-        """Apply ``fn`` to the tenant's entry and write it back by compare-and-set (what every
-        named operation does; callers outside the ledger use those, never this).
-
-        A missing entry starts empty with ``limits`` when they are given (the operator's
-        admission and sweep, with the AgentTenant's limits), its ``used`` seeded by
-        ``rebuild`` if the store has one; without them it is refused: a missing book means no
-        budget, never an unlimited one (``BookMissing``). ``fn`` may run more than once (on
-        lost races) and must be deterministic given the entry.
-        """
-        if limits is None or self.rebuild is None:
-            return await self._change_book(tenant, fn, limits=limits, seed=None)
-        try:
-            return await self._change_book(tenant, fn, limits=None, seed=None)
-        except BookMissing:  # made anew: what the window used is rebuilt first
-            start = window_start(self.clock(), limits.window_seconds)
-            seed = await self.rebuild(tenant, start, start + limits.window_seconds)
-            return await self._change_book(tenant, fn, limits=limits, seed=seed)
-
-    async def _change_book(
         self,
         tenant: str,
         fn: Callable[[Book], T],
         *,
-        limits: TenantLimits | None,
-        seed: Seed | None,
+        runs: Iterable[str] | None = None,
+        limits: TenantLimits | None = None,
     ) -> T:
-        """``_change`` with the seed of a book made anew (``Book.seed``) already known."""
+        """Apply ``fn`` to the tenant's ledger and write what it changed by compare-and-set
+        (what every named operation does; callers outside the ledger use those, never this).
 
-        def decode(data: bytes | None) -> Book:
-            if data is None:
-                if limits is None:
-                    raise BookMissing(f"AgentTenant {tenant!r} has no ledger book: no budget")
-                book = Book.new(tenant, limits, now=self.clock())
-                if seed is not None:
-                    book.seed(seed)
-                return book
-            return codec.decode_book(data)
-
-        result: T = await self._submit(book_key(tenant), fn, decode, codec.encode_book)
+        ``runs``: the runs whose entries ``fn`` reads or changes (``None``: every run, read
+        whole). A missing ledger starts empty with ``limits`` when they are given (the
+        operator's admission and sweep, with the AgentTenant's limits), its ``used`` and active
+        runs seeded by ``rebuild`` if the store has one; without them it is refused: a missing
+        ledger means no budget, never an unlimited one (``BookMissing``). ``fn`` may run more
+        than once (on lost races) and must be deterministic given the ledger.
+        """
+        wanted = None if runs is None else frozenset(runs)
+        result: T
+        if limits is None or self.rebuild is None:
+            result = await self._change_with(tenant, _Change(fn, wanted, limits))
+            return result
+        try:
+            result = await self._change_with(tenant, _Change(fn, wanted, None))
+        except BookMissing:  # made anew: what the window used is rebuilt first
+            start = window_start(self.clock(), limits.window_seconds)
+            seed = await self.rebuild(tenant, start, start + limits.window_seconds)
+            # the seeded runs get entries: every run of the tenant is read to place them
+            result = await self._change_with(tenant, _Change(fn, None, limits, seed))
         return result
 
-    async def _change_existing(self, tenant: str, fn: Callable[[Book], T], *, missing: T) -> T:
-        """``_change`` of a book that should exist; ``missing`` when it does not (nothing to
-        change: a hold, a run or a spend in a book that is gone is nobody's)."""
+    async def _change_with(self, tenant: str, change: _Change) -> Any:
+        """``_change`` of one ``_Change`` (its seed, if any, already known)."""
+
+        async def attempt(changes: list[_Change], number: int) -> list[tuple[bool, Any]] | None:
+            return await self._attempt(tenant, changes, number=number)
+
+        return await self._submit(f"tenant/{tenant}", change, attempt)
+
+    async def _attempt(
+        self, tenant: str, changes: list[_Change], *, number: int
+    ) -> list[tuple[bool, Any]] | None:
+        """Attempt ``number`` at a tenant's group of changes: read the totals and the run
+        entries they touch, apply the changes in order, write what changed.
+
+        The first attempt reads from this store's cache what it has; the second reads the
+        totals fresh (the value every process writes: what a lost race was nearly always
+        about) and the run entries from the cache (each is written by one run's operations);
+        every later one reads everything fresh. An answer that writes nothing counts only on
+        values all read fresh."""
+        fresh = number > 1
+        totals = await self._get(book_key(tenant), fresh=number > 0)
+        if totals.data is None and number == 0:  # a missing ledger is believed only as read
+            # now: a copy cached while NATS was away or before the operator made it again
+            totals = await self._get(book_key(tenant), fresh=True)
         try:
-            return await self._change(tenant, fn)
+            view, reads = await self._load(tenant, totals, changes, fresh=fresh)
+        except LedgerCorrupt as err:  # unreadable as cached: believed only as read now (a
+            # value damaged and then repaired stays damaged in a cache for ever otherwise)
+            if fresh:
+                raise
+            raise Conflict(f"{tenant}: a cached ledger value is unreadable; read again") from err
+        book = view.book
+        made = totals.data is None  # made anew: the entries a lost totals value left count
+        if made:
+            book.recount()
+            seed = next((c.seed for c in changes if c.limits is not None), None)
+            if seed is not None:
+                book.seed(seed)
+        results = apply_all([c.fn for c in changes], book)
+        new = [u for u in view.inline if u in book.runs and book.runs[u].only_ended]
+        if not book.one_value and any(c.runs is None for c in changes):  # runs it created
+            new += [u for u in book.runs if u not in reads and u not in view.inline]
+        found = await asyncio.gather(*(self._get(run_key(tenant, u)) for u in new))
+        reads.update(zip(new, found, strict=True))
+        writes, inline = self._writes(tenant, view, totals, reads)
+        if writes:
+            await self._put(writes)
+        elif not fresh:
+            return None
+        if all(ok for ok, _ in results):  # a change that raised may have left it half-done
+            for uid in [u for u in book.runs if u not in inline and not book.one_value]:
+                book.unload(uid)
+            revision = self._cache.get(book_key(tenant), (0, None))[0]
+            self._decoded[tenant] = (revision, codec.Totals(book, inline, book.one_value))
+        return results
+
+    async def _load(
+        self, tenant: str, totals: Stored, changes: list[_Change], *, fresh: bool
+    ) -> tuple[codec.Totals, dict[str, Stored]]:
+        """The totals decoded (``_view``) with the run entries ``changes`` touch read (every
+        one when the totals are made anew) and loaded into its book; the entries as read.
+        Raises ``BookMissing`` as ``_view`` does, ``LedgerCorrupt`` for a value that cannot be
+        decoded."""
+        view = self._view(tenant, totals, changes)
+        made = totals.data is None
+        reads = await self._read_runs(tenant, view, changes, fresh=fresh, whole=made)
+        for uid, stored in reads.items():
+            if stored.data is not None:
+                view.book.load(uid, codec.decode_run(stored.data, uid=uid))
+        return view, reads
+
+    def _view(self, tenant: str, totals: Stored, changes: list[_Change]) -> codec.Totals:
+        """The totals decoded (the copy kept from the last write when still current; it is
+        handed out once, since it gets mutated), or a new ledger made with the limits of the
+        first change that brings them (``_attempt`` seeds it). Raises ``BookMissing`` when
+        there are no totals and no change brings limits."""
+        kept = self._decoded.pop(tenant, None)
+        if kept is not None and totals.data is not None and kept[0] == totals.revision:
+            return kept[1]
+        if totals.data is None:
+            made = next((c for c in changes if c.limits is not None), None)
+            if made is None or made.limits is None:
+                raise BookMissing(f"AgentTenant {tenant!r} has no ledger book: no budget")
+            single = self.layout == "single"
+            book = Book.new(tenant, made.limits, now=self.clock(), one_value=single)
+            return codec.Totals(book, frozenset(), one_value=single)
+        view = codec.decode_totals(totals.data)
+        if view.one_value and self.layout == "split":
+            view.book.split_out()  # written split from now on (``_read_runs`` places its runs)
+        return view
+
+    async def _read_runs(
+        self,
+        tenant: str,
+        view: codec.Totals,
+        changes: list[_Change],
+        *,
+        fresh: bool,
+        whole: bool = False,
+    ) -> dict[str, Stored]:
+        """The stored entries of the runs ``changes`` touch that are not inline (every run of
+        the tenant if one of them needs all, or ``whole``; every run of a one-value ledger to
+        split; none of a one-value ledger that stays one, unless ``whole``: a new one-value
+        ledger over the entries a lost split ledger's totals left behind is split instead)."""
+        book = view.book
+        if book.one_value and not whole:  # every run is loaded and nothing is stored apart
+            return {}
+        if view.one_value and not book.one_value:  # its runs are all loaded, none placed yet:
+            needed = set(book.runs)  # read their keys to place them
+            listed: dict[str, Stored] = {}
+        elif whole or any(c.runs is None for c in changes):
+            listed = await self._list_runs(tenant)
+            needed = set(listed)
+            if listed and book.one_value:  # a split tenant's entries outlived its totals
+                book.split_out()
+        else:
+            listed, needed = {}, set()
+        for change in changes:
+            needed |= change.runs or set()
+        needed -= view.inline
+        missing = sorted(needed - listed.keys())
+        found = await asyncio.gather(
+            *(self._get(run_key(tenant, uid), fresh=fresh) for uid in missing)
+        )
+        reads = {uid: stored for uid, stored in listed.items() if uid in needed}
+        reads.update(zip(missing, found, strict=True))
+        return reads
+
+    def _writes(
+        self, tenant: str, view: codec.Totals, totals: Stored, reads: dict[str, Stored]
+    ) -> tuple[list[Write], frozenset[str]]:
+        """What to write after the changes (``codec.split``: where each run's entry goes), and
+        which runs are inline then. Creating or deleting a run's value rewrites the totals
+        too: their revision is what orders every such choice between processes."""
+        if view.book.one_value:  # the whole ledger in one value
+            data = codec.encode_one_value(view.book)
+            same = data == totals.data
+            return ([] if same else [Write(book_key(tenant), data, totals.revision)]), frozenset()
+        stored = {uid: s.data for uid, s in reads.items()}
+        laid = codec.split(view.book, inline=view.inline, stored=stored, room=self.inline_runs)
+        changed = [(uid, v) for uid, v in laid.runs.items() if v != reads[uid].data]
+        writes = [Write(run_key(tenant, uid), v, reads[uid].revision) for uid, v in changed]
+        moved = any(v is None or reads[uid].data is None for uid, v in changed)
+        if laid.totals != totals.data or moved:
+            writes.append(Write(book_key(tenant), laid.totals, totals.revision))
+        return writes, laid.inline
+
+    async def _change_existing(
+        self, tenant: str, fn: Callable[[Book], T], *, run_uid: str, missing: T
+    ) -> T:
+        """``_change`` of run ``run_uid`` in a ledger that should exist; ``missing`` when it
+        does not (nothing to change: a hold, a run or a spend in a ledger that is gone is
+        nobody's)."""
+        try:
+            return await self._change(tenant, fn, runs=(run_uid,))
         except BookMissing:
             return missing
 
@@ -218,17 +473,39 @@ class LedgerStore(CasStore):
         the budget left covers ``need`` (tokens, USD: its first call's worst case, held until
         that call reserves) at ``now`` (epoch seconds; the store's clock if not given).
         ``None`` when admitted; idempotent. See ``Book.admit``."""
-        if now is None:
-            now = self.clock()
+        (answer,) = await self.admit_runs(tenant, [(run, need)], limits=limits, now=now)
+        return answer
 
-        def apply(book: Book) -> BudgetRefusal | None:
+    async def admit_runs(
+        self,
+        tenant: str,
+        runs: Sequence[tuple[QueuedRun, tuple[int, Decimal]]],
+        *,
+        limits: TenantLimits,
+        now: float | None = None,
+    ) -> list[BudgetRefusal | None]:
+        """Admit ``runs`` (each with its first call's worst case), head of the queue first, in
+        one write: each as ``admit_run`` does, stopping at the first that does not fit — FIFO,
+        as if they were admitted one by one. Returns an answer for each run tried: ``None``
+        for each admitted, then the refusal of the first that was not (the runs after it were
+        not tried)."""
+        at = self.clock() if now is None else now
+
+        def apply(book: Book) -> list[BudgetRefusal | None]:
             if book.limits != limits:
-                book.set_limits(limits, now=now)
-            return book.admit(
-                run.uid, run.namespace, run.name, now=now, need_tokens=need[0], need_cost=need[1]
-            )
+                book.set_limits(limits, now=at)
+            answers: list[BudgetRefusal | None] = []
+            for run, (tokens, cost) in runs:
+                refusal = book.admit(
+                    run.uid, run.namespace, run.name, now=at, need_tokens=tokens, need_cost=cost
+                )
+                answers.append(refusal)
+                if refusal is not None:
+                    break
+            return answers
 
-        return await self._change(tenant, apply, limits=limits)
+        uids = [run.uid for run, _ in runs]
+        return await self._change(tenant, apply, runs=uids, limits=limits)
 
     def turn_hold(
         self,
@@ -256,14 +533,14 @@ class LedgerStore(CasStore):
         """Settle the run through the turn before ``ref`` (``before``: the run's state before
         this turn; that turn's holds resolved by ``prior_owner``), then hold ``hold`` under
         ``ref.key`` if it fits within every limit (``Book.reserve``), in one write; the refusal
-        otherwise. Raises ``LedgerUnavailable`` or a NATS error if the book cannot be written."""
+        otherwise. Raises ``LedgerUnavailable`` or a NATS error if it cannot be written."""
 
         def apply(book: Book) -> BudgetRefusal | None:
             _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
             return book.reserve(ref.key, hold, now=now)
 
         try:
-            return await self._change(ref.tenant, apply)
+            return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
         except BookMissing as err:
             return _no_budget(err)
 
@@ -286,7 +563,7 @@ class LedgerStore(CasStore):
             return book.reserve_call(ref.key, need, hold, now=now)
 
         try:
-            return await self._change(ref.tenant, apply)
+            return await self._change(ref.tenant, apply, runs=(ref.run_uid,))
         except BookMissing as err:
             return _no_budget(err)
 
@@ -298,7 +575,7 @@ class LedgerStore(CasStore):
         def apply(book: Book) -> bool:
             return book.record_spend(ref.key, owner=owner, tokens=tokens, cost_usd=cost)
 
-        return await self._change_existing(ref.tenant, apply, missing=False)
+        return await self._change_existing(ref.tenant, apply, run_uid=ref.run_uid, missing=False)
 
     async def refresh_hold(self, ref: TurnRef, *, owner: str, expires: float) -> bool:
         """Push the expiry of ``owner``'s hold of turn ``ref`` out to ``expires`` (epoch
@@ -306,6 +583,7 @@ class LedgerStore(CasStore):
         return await self._change_existing(
             ref.tenant,
             lambda book: book.refresh(ref.key, owner=owner, expires=expires),
+            run_uid=ref.run_uid,
             missing=False,
         )
 
@@ -329,13 +607,18 @@ class LedgerStore(CasStore):
                 now=now,
             )
 
-        return await self._change_existing(ref.tenant, apply, missing=(0, Decimal(0)))
+        return await self._change_existing(
+            ref.tenant, apply, run_uid=ref.run_uid, missing=(0, Decimal(0))
+        )
 
     async def release_hold(self, ref: TurnRef, *, owner: str) -> bool:
         """Drop ``owner``'s hold of turn ``ref`` uncharged (no model call answered); False if
         it holds none."""
         return await self._change_existing(
-            ref.tenant, lambda book: book.release(ref.key, owner=owner), missing=False
+            ref.tenant,
+            lambda book: book.release(ref.key, owner=owner),
+            run_uid=ref.run_uid,
+            missing=False,
         )
 
     async def abandon_hold(
@@ -351,13 +634,13 @@ class LedgerStore(CasStore):
                 ref.key, owner=owner, tokens=tokens, cost_usd=cost, now=now, unrecorded=unrecorded
             )
 
-        return await self._change_existing(ref.tenant, apply, missing=False)
+        return await self._change_existing(ref.tenant, apply, run_uid=ref.run_uid, missing=False)
 
     async def stop_waiting(self, ref: TurnRef) -> bool:
         """The call of turn ``ref`` no longer waits for other runs' holds (given up); False if
         it did not wait."""
         return await self._change_existing(
-            ref.tenant, lambda book: book.stop_waiting(ref.key), missing=False
+            ref.tenant, lambda book: book.stop_waiting(ref.key), run_uid=ref.run_uid, missing=False
         )
 
     async def close_run(
@@ -374,7 +657,8 @@ class LedgerStore(CasStore):
         event's summary; ``None``: nothing), charge its wall-clock time in this window, free
         its slot and drop any hold it left — a hold of its last turn is charged as abandoned
         if its call answered and its owner is not ``committer`` (the delivery the last event
-        names, if any). False if it was not active."""
+        names, if any). False if it was not active. Remembered as ended (``Book.close``): an
+        admission of it done again takes no slot."""
         at = self.clock() if now is None else now
         totals = _committed(committed)
 
@@ -382,7 +666,20 @@ class LedgerStore(CasStore):
             book.resolve_turn(run_uid, totals["turn"], committer=committer)
             return book.close(run_uid, **totals, end=end, now=at)
 
-        return await self._change_existing(tenant, apply, missing=False)
+        return await self._change_existing(tenant, apply, run_uid=run_uid, missing=False)
+
+    async def free_run(self, tenant: str, run_uid: str, *, now: float | None = None) -> bool:
+        """Free the slot of a run admitted and not started, or about to run again from turn 0
+        (a rerun), charging nothing more (what it was charged stays): closed, and not
+        remembered as ended, so its next admission is a new one. False if it was not active."""
+        at = self.clock() if now is None else now
+
+        def apply(book: Book) -> bool:
+            closed = book.close(run_uid, **_committed(None), end=at, now=at)
+            book.forget_end(run_uid)
+            return closed
+
+        return await self._change_existing(tenant, apply, run_uid=run_uid, missing=False)
 
     async def repair_entry(
         self,
@@ -392,13 +689,16 @@ class LedgerStore(CasStore):
         limits: TenantLimits | None,
         now: float | None = None,
         floor: UsageFloor | None = None,
+        forget: Sequence[str] = (),
     ) -> None:
         """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), its use
         back to ``floor`` if it was rolled back below it (``Book.undercuts``), a new window if
         one is due, then each repair — an expired hold is charged what its run committed and
         dropped (and what its call used, recorded on it, if its turn never committed); a run
         whose last event is terminal is closed at that event's time; a stale run that left no
-        events is closed with nothing charged."""
+        events is closed with nothing charged. The runs in ``forget`` are loaded too, so the
+        window's roll at ``now`` drops their expired memories (``Book.forgettable``) and an
+        entry left empty goes."""
         if now is None:
             now = self.clock()
 
@@ -411,67 +711,125 @@ class LedgerStore(CasStore):
             for repair in repairs:
                 _repair(book, repair, now)
 
-        await self._change(tenant, apply, limits=limits)
+        runs = {repair.run_uid for repair in repairs} | set(forget)
+        await self._change(tenant, apply, runs=runs, limits=limits)
 
     # --- admission queues -------------------------------------------------------------------------
 
+    async def queued(self, tenant: str) -> TenantQueue:
+        """The tenant's admission queue, as this process knows it: read from the bucket the
+        first time (migrating an earlier release's one-value queue), then kept up to date by
+        this store's ``enqueue`` and ``dequeue`` (the operator is the queue's only writer).
+        Iterate it head first; don't change it."""
+        found = self._queues.get(tenant)
+        if found is not None:
+            return found
+        async with self._queue_locks.setdefault(tenant, asyncio.Lock()):
+            found = self._queues.get(tenant)
+            if found is None:
+                found = self._queues[tenant] = await self._load_queue(tenant)
+        return found
+
     async def queue(self, tenant: str) -> list[QueuedRun]:
-        """The tenant's admission queue, head first."""
-        found = await self._get(queue_key(tenant))
-        return [] if found is None else _decode_queue(found[1])
+        """The tenant's admission queue, head first (a copy: O(n))."""
+        return (await self.queued(tenant)).runs()
 
-    async def change_queue(self, tenant: str, fn: Callable[[list[QueuedRun]], T]) -> T:
-        """Apply ``fn`` to the tenant's queue (a list it may edit in place) by compare-and-set."""
+    def forget_queues(self) -> None:
+        """Read every queue from the bucket again when next needed (another operator may
+        have changed them: after this one regains the lead)."""
+        self._queues.clear()
 
-        def decode(data: bytes | None) -> list[QueuedRun]:
-            return [] if data is None else _decode_queue(data)
+    async def _load_queue(self, tenant: str) -> TenantQueue:
+        queue = TenantQueue()
+        for key, stored in (await self._list(queue_key(tenant, "*"))).items():
+            try:
+                shape = codec.QUEUED.validate_json(stored.data or b"")
+            except ValueError as err:  # pydantic.ValidationError included
+                # another tenant's one-value queue (``queue.a.b`` matches ``queue.a.*``) or a
+                # damaged value: it is not a run of this queue
+                log.warning("ledger value %s is not a queued run: %r", key, err)
+                continue
+            run = QueuedRun(shape.uid, shape.ns, shape.name, shape.at)
+            queue.add(run, arrival=stored.revision)
+        await self._migrate_queue(tenant, queue)
+        return queue
 
-        result: T = await self._submit(queue_key(tenant), fn, decode, _encode_queue)
-        return result
+    async def _migrate_queue(self, tenant: str, queue: TenantQueue) -> None:
+        """Move an earlier release's one-value queue (``queue.<tenant>``) into one value per
+        run, keeping its order, then delete it; nothing to do when there is none."""
+        while True:
+            legacy = await self._get(legacy_queue_key(tenant))
+            if legacy.data is None:
+                return
+            try:
+                runs = codec.LEGACY_QUEUE.validate_json(legacy.data)
+            except ValueError as err:
+                raise ValueError(f"malformed admission queue: {err!r}") from err
+            for shape in runs:
+                run = QueuedRun(shape.uid, shape.ns, shape.name, shape.at)
+                if run.uid not in queue:
+                    queue.add(run, arrival=await self._put_queued(tenant, run))
+            try:
+                await self._put([Write(legacy_queue_key(tenant), None, legacy.revision)])
+            except Conflict:
+                continue  # an earlier release's operator changed it meanwhile: again
+            log.info("admission queue of %s migrated: %d runs", tenant, len(runs))
+            return
 
-    async def enqueue(self, tenant: str, run: QueuedRun) -> int:
+    async def _put_queued(self, tenant: str, run: QueuedRun) -> int:
+        """Store ``run`` in the tenant's queue (if it is not stored yet); its value's revision."""
+        value = codec.QUEUED.dump_json(
+            codec.QueuedRunShape(uid=run.uid, ns=run.namespace, name=run.name, at=round(run.at, 3))
+        )
+        key = queue_key(tenant, run.uid)
+        try:
+            return await self.kv.create(key, value)
+        except nats.js.errors.KeyWrongLastSequenceError:  # stored already: keep its place
+            return (await self._get(key)).revision
+
+    async def enqueue(self, tenant: str, run: QueuedRun, *, limit: int | None = None) -> int:
         """Queue ``run`` unless already queued: after every run created no later than it (FIFO
         by creation time, so runs created together queue in creation order even when their
         admissions reach here out of order). Returns its 1-based position.
 
-        Raises ``QueueFull`` (for this run only) when the queue holds ``MAX_QUEUED_RUNS``.
-        """
+        Raises ``QueueFull`` (for this run only) when the queue holds ``limit`` runs (``None``:
+        no limit)."""
+        queue = await self.queued(tenant)
+        position = queue.position(run.uid)
+        if position is not None:
+            return position
+        if limit is not None and len(queue) >= limit:
+            raise QueueFull(tenant, limit=limit)
+        if len(queue) >= MAX_QUEUED_RUNS and await self.one_value(tenant):
+            raise QueueFull(tenant, limit=len(queue), one_value=True)
+        return queue.add(run, arrival=await self._put_queued(tenant, run))
 
-        def add(runs: list[QueuedRun]) -> int:
-            for index, queued in enumerate(runs):
-                if queued.uid == run.uid:
-                    return index + 1
-            if len(runs) >= MAX_QUEUED_RUNS:
-                raise QueueFull(
-                    f"AgentTenant {tenant!r}'s admission queue is full ({len(runs)} runs wait)"
-                )
-            index = len(runs)
-            while index > 0 and runs[index - 1].at > run.at:
-                index -= 1
-            runs.insert(index, run)
-            return index + 1
+    def splits(self, book: Book) -> bool:
+        """Whether this store splits ``book`` (as read) at its next change: it is one value and
+        the store's ``layout`` is ``split``."""
+        return book.one_value and self.layout == "split"
 
-        return await self.change_queue(tenant, add)
+    async def one_value(self, tenant: str) -> bool:
+        """Whether the tenant's ledger is, and stays, one value (``single``): its book is, and
+        this store does not split it; a tenant without one gets the store's ``layout``."""
+        totals = await self._get(book_key(tenant))
+        if totals.data is None:
+            return self.layout == "single"
+        return self.layout == "single" and codec.is_one_value(totals.data)
 
     async def dequeue(self, tenant: str, uid: str) -> bool:
         """Remove the run ``uid`` from the queue; False if it was not there."""
-
-        def remove(runs: list[QueuedRun]) -> bool:
-            for index, queued in enumerate(runs):
-                if queued.uid == uid:
-                    del runs[index]
-                    return True
+        queue = await self.queued(tenant)
+        if uid not in queue:
             return False
+        await self._purge(queue_key(tenant, uid))
+        return queue.remove(uid) is not None
 
-        return await self.change_queue(tenant, remove)
-
-    async def tenants(self) -> list[str]:
-        """Tenants with a book entry."""
-        try:
-            keys = await self.kv.keys()  # nats-py filters by substring, not subject wildcard
-        except nats.js.errors.NoKeysError:
-            return []
-        return [key.removeprefix("book.") for key in keys if key.startswith("book.")]
+    def position(self, tenant: str, uid: str) -> int | None:
+        """The queued run's 1-based position as this process knows it (``None``: not queued,
+        or the tenant's queue not read yet); O(log n)."""
+        queue = self._queues.get(tenant)
+        return None if queue is None else queue.position(uid)
 
 
 def _no_budget(err: BookMissing) -> BudgetRefusal:
@@ -514,7 +872,7 @@ def _repair(book: Book, repair: Repair, now: float) -> None:
         committed = _committed(last)
         if last is not None:
             book.settle(uid, **committed, now=now)
-        hold = book.holds.get(repair.hold_key)
+        hold = book.hold(repair.hold_key)
         if hold is not None and hold.expires <= now:  # charged if its call answered, uncommitted
             if hold.turn == committed["turn"] and repair.committer:  # or lost the commit
                 book.resolve_turn(uid, hold.turn, committer=repair.committer)
@@ -525,17 +883,3 @@ def _repair(book: Book, repair: Repair, now: float) -> None:
         book.close(uid, **_committed(last), end=repair.last_time or now, now=now)
     elif not repair.hold_key and last is None:  # the run is gone and left no events
         book.close(uid, **_committed(None), end=now, now=now)
-
-
-def _encode_queue(runs: list[QueuedRun]) -> bytes:
-    shapes = [
-        QueuedRunShape(uid=r.uid, ns=r.namespace, name=r.name, at=round(r.at, 3)) for r in runs
-    ]
-    return codec.QUEUE.dump_json(shapes)
-
-
-def _decode_queue(data: bytes) -> list[QueuedRun]:
-    try:
-        return [QueuedRun(r.uid, r.ns, r.name, r.at) for r in codec.QUEUE.validate_json(data)]
-    except ValueError as err:  # pydantic.ValidationError included
-        raise ValueError(f"malformed admission queue: {err!r}") from err

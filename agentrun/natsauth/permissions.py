@@ -10,8 +10,9 @@ are allow lists: what is not listed is refused, the server answering a permissio
   snapshots and restores the streams that hold state (`BACKED_UP`: backups for disaster
   recovery, taken and restored by a person with this identity's ``nats.creds``).
 - ``worker``: pulls TurnRequests from the workers' durable consumer and acknowledges them,
-  reads run events and appends them (committing turns), writes the ledger's books (holds and
-  settlements: ``book.<tenant>``) but not its queues, writes the effect ledger, and hears
+  reads run events and appends them (committing turns), writes the ledger's totals and run
+  entries (holds and settlements: ``book.<tenant>``, ``run.<tenant>.<run-uid>``, one atomic
+  batch of both) but not its admission queues, writes the effect ledger, and hears
   cancellations. It cannot create, change or delete a stream, consumer or bucket, publish a
   TurnRequest or a cancellation, or purge anything.
 - ``reader`` (one per namespace, minted at run time): follows the events of runs in its
@@ -156,14 +157,10 @@ def operator() -> Permissions:
         protocol.TURN_SUBJECTS,
         protocol.EVENT_SUBJECTS,
         protocol.CANCEL_SUBJECTS,
-        # the tenant ledger, every key; listing its keys takes an ordered consumer
+        # the tenant ledger, every key; its keys are listed from the stream's info (no
+        # consumer: ``LedgerStore`` creates none, so a listing cannot exhaust the account's)
         protocol.kv_subject(protocol.LEDGER_BUCKET, ">"),
         f"{JS_API}.STREAM.MSG.GET.{ledger}",
-        f"{JS_API}.CONSUMER.CREATE.{ledger}",
-        f"{JS_API}.CONSUMER.CREATE.{ledger}.>",
-        f"{JS_API}.CONSUMER.INFO.{ledger}.*",
-        f"{JS_API}.CONSUMER.DELETE.{ledger}.*",
-        f"$JS.FC.{ledger}.>",
         # backups of the streams that hold state (docs/operations.md), with this identity
         *(subject for stream in BACKED_UP for subject in _backup(stream)),
     ]
@@ -179,7 +176,8 @@ def worker() -> Permissions:
         f"{JS_API}.STREAM.MSG.GET.{events}",  # a run's events, from the stream's leader
         *_direct_get(events),
         *_kv_read(protocol.LEDGER_BUCKET),
-        protocol.kv_subject(protocol.LEDGER_BUCKET, "book.>"),
+        protocol.kv_subject(protocol.LEDGER_BUCKET, f"{protocol.LEDGER_TOTALS}.>"),
+        protocol.kv_subject(protocol.LEDGER_BUCKET, f"{protocol.LEDGER_RUNS}.>"),
         *_kv_read(protocol.EFFECTS_BUCKET),
         protocol.kv_subject(protocol.EFFECTS_BUCKET, ">"),
     ]

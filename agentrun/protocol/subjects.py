@@ -18,7 +18,15 @@ CANCEL_SUBJECTS = "agentrun.cancel.>"
 WORKERS_CONSUMER = "agentrun-workers"
 OPERATOR_CONSUMER = "agentrun-operator"
 LEDGER_BUCKET = "AGENTRUN_LEDGER"
-"""JetStream KV bucket of the tenant budget ledger (``book.<tenant>``, ``queue.<tenant>``)."""
+"""JetStream KV bucket of the tenant budget ledger: per tenant its totals
+(``book.<tenant>``), the entries of its runs stored apart (``run.<tenant>.<run-uid>``) and
+its admission queue (``queue.<tenant>.<run-uid>``)."""
+LEDGER_TOTALS = "book"
+"""Key prefix of a tenant's ledger totals (written by the operator and the workers)."""
+LEDGER_RUNS = "run"
+"""Key prefix of the run entries stored apart (written by the operator and the workers)."""
+LEDGER_QUEUES = "queue"
+"""Key prefix of the admission queues (written by the operator only)."""
 EFFECTS_BUCKET = "AGENTRUN_EFFECTS"
 """JetStream KV bucket of the effect ledger (``<run-uid>.<call-id>``)."""
 

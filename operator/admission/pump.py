@@ -1,19 +1,24 @@
 """The admission queue pump: per-tenant FIFO queues of validated runs, admitted from the head.
 
-A new AgentRun, validated against its AgentModel and its tenant's policy, is appended to its
-tenant's queue (``queue.<tenant>`` in the ledger bucket). A pump per tenant admits from the
-head while the tenant has a free ``maxConcurrentRuns`` slot and budget left for the run's first
-model call (``Book.admit``, one compare-and-set), appending the run's ``admitted`` event; it
-stops at the first run that does not fit, so admission is FIFO. Runs left waiting show
-``Queued`` with the reason and their position. A run that cannot be admitted at all never
-holds up the runs behind it: one whose config is over the event stream's message cap ends
-``invalid_spec`` naming its largest field at once; one whose admission fails otherwise than
-transiently (``platform.failures``) ends ``checkpoint_failed`` on its second failure, its slot
-and hold released, logged once. A transient failure (NATS, the API server) is retried at the
-next pass, the queue shown ``Queued`` (``AdmissionRetrying``) meanwhile. Every step is
-idempotent (the ledger slot by run uid, the admitted event by compare-and-set on an empty
-subject, the queue by uid), so an operator that dies mid-admission neither admits a run twice
-nor forgets one: the queue and the ledger are in JetStream.
+A new AgentRun, validated against its AgentModel and its tenant's policy, joins its tenant's
+queue (one value per run, ``queue.<tenant>.<uid>`` in the ledger bucket, ordered in this
+process's memory: ``ledger.TenantQueue``), unless the queue holds ``AGENTRUN_MAX_QUEUED_RUNS``
+runs already (then it ends ``tenant_budget_exhausted``, saying so). A pump per tenant admits
+from the head while the tenant has a free ``maxConcurrentRuns`` slot and budget left for the
+run's first model call (``Book.admit``: up to ``ADMIT_BATCH`` heads in one ledger write, the
+longest prefix that fits), appending each admitted run's ``admitted`` event; it stops at the
+first run that does not fit, so admission is FIFO (a run waiting for its
+AgentToolServer's discovery is passed over). Runs left waiting show ``Queued`` with the reason
+and their position (``queuestatus``: at once for a run just queued, later refreshes within a
+rate). A run that cannot be admitted at all never holds up the runs behind it: one whose config
+is over the event stream's message cap ends ``invalid_spec`` naming its largest field at once;
+one whose admission fails otherwise than transiently (``platform.failures``) ends
+``checkpoint_failed`` on its second failure, its slot and hold released, logged once. A
+transient failure (NATS, the API server) is retried at the next pass, the queue shown
+``Queued`` (``AdmissionRetrying``) meanwhile. Every step is idempotent (the ledger slot by run
+uid, the admitted event by compare-and-set on an empty subject, the queue by uid), so an
+operator that dies mid-admission neither admits a run twice nor forgets one: the queue and the
+ledger are in JetStream.
 
 What does not belong here: the periodic ledger repairs and AgentTenant status (``sweep``),
 settling a run that ended (``settlement``), the status and Events of runs that wait or end
@@ -24,15 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from decimal import Decimal
 
 import nats.errors
 
 from agentrun import kernel, loops, metrics, telemetry
 from agentrun.bus import EventTooLarge
-from agentrun.ledger import LedgerStore, QueuedRun, QueueFull
+from agentrun.ledger import LedgerStore, QueuedRun, QueueFull, TenantQueue
 from agentrun.protocol import RunConfig
 
 from ..platform.events import EventRecorder, EventType
@@ -52,6 +59,11 @@ log = logging.getLogger(__name__)
 
 GIVE_UP_MESSAGE = "twice, not for a passing reason"
 """How a run's end says its admission failed permanently (``platform.failures``)."""
+
+
+def _not_in(queue: TenantQueue, passed: set[str]) -> Iterator[QueuedRun]:
+    """The queue's runs, head first, but those in ``passed``."""
+    return (run for run in queue if run.uid not in passed)
 
 
 async def fetch_pending_run(api: KubeApi, key: RunKey) -> RunObject | None:
@@ -90,6 +102,11 @@ class PumpDeps:
     """Epoch seconds."""
 
 
+ADMIT_BATCH = 32
+"""Queue heads a pump pass prepares at once: the ledger admits the longest prefix of them that
+fits in one write (``LedgerStore.admit_runs``), and those start together."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Head:
     """The run at the head of a queue, with what its object says."""
@@ -100,18 +117,32 @@ class _Head:
     """The AgentRun's creation (epoch seconds)."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Ready:
+    """A queue head ready to be admitted: its frozen config and its first call's worst case."""
+
+    queued: QueuedRun
+    head: _Head
+    config: RunConfig
+    need: tuple[int, Decimal]
+
+
 class QueuePump:
     """Owns the tenant queues and a pump task per tenant. One per operator process."""
 
-    def __init__(self, deps: PumpDeps) -> None:
-        """Wired once at start-up (see ``wiring``)."""
+    def __init__(self, deps: PumpDeps, *, max_queued: int = 0) -> None:
+        """Wired once at start-up (see ``wiring``); ``max_queued``: runs one tenant's queue may
+        hold (``AGENTRUN_MAX_QUEUED_RUNS``; 0: no limit)."""
         self.deps = deps
+        self.max_queued = max_queued
         self.store = deps.store
         self.board = deps.board
         self.clock = deps.clock
         self.shown = deps.shown
         self._waiting: dict[str, Waiting] = {}
         """Runs this operator has seen queued (uid → what their status shows)."""
+        self._fresh: dict[str, dict[str, QueuedRun]] = {}
+        """Per tenant, the runs queued since its last pump (their first status is due)."""
         self._objects: dict[str, RunObject] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._wakes: dict[str, asyncio.Event] = {}
@@ -140,23 +171,23 @@ class QueuePump:
         if obj is not None:
             self._objects[run.uid] = obj
         self._waiting.setdefault(run.uid, Waiting(generation))
+        queued = QueuedRun(run.uid, run.namespace, run.name, created)
         try:
-            await self.store.enqueue(
-                policy.name, QueuedRun(run.uid, run.namespace, run.name, created)
-            )
-        except QueueFull as err:  # this run only: the queue's value must stay bounded
+            await self.store.enqueue(policy.name, queued, limit=self.max_queued or None)
+        except QueueFull as err:  # a limit: this run only, with what it says
             self._waiting.pop(run.uid, None)
             self._objects.pop(run.uid, None)
             self.deps.configs.forget(run.uid)
-            message = f"{err}; the run could not be queued"
+            phase, message = _queue_full(err)
             self.shown.end_unadmitted(
                 run,
-                kernel.Phase.CHECKPOINT_FAILED,
+                phase,
                 message,
                 tenant=policy.name,
                 generation=generation,
             )
             return
+        self._fresh.setdefault(policy.name, {})[run.uid] = queued
         self.board.kick(policy.name)
 
     async def cancel_queued(self, key: RunKey, tenant: str | None = None) -> bool:
@@ -228,49 +259,156 @@ class QueuePump:
         )
 
     async def pump_queue(self, tenant: str) -> None:
-        """Admit from the head of the tenant's queue while runs fit; show the rest as Queued."""
+        """Admit from the head of the tenant's queue while runs fit; show the rest as Queued.
+        Costs O(runs admitted) plus O(log n) per newly queued run, whatever the queue's
+        length n (and one look over it a second, within the status-write rate)."""
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             policy = self.deps.tenants.policies.get(tenant)
-            queue = await self.store.queue(tenant)
+            queue = await self.store.queued(tenant)
             wait: QueueWait | None = None
-            index = 0
-            while index < len(queue):
+            passed: set[str] = set()
+            """Runs waiting for their AgentToolServer's discovery: the runs behind them go on."""
+            while heads := list(itertools.islice(_not_in(queue, passed), ADMIT_BATCH)):
                 if policy is None:
                     wait = self.deps.tenants.why_missing(tenant)
                     break
-                wait = await self._admit_or_give_up(policy, queue[index])
-                if wait is not None and wait.reason is WaitReason.TOOL_SERVER_PENDING:
-                    # waits for its AgentToolServer's discovery, not for the tenant: shown
-                    # Queued, and the runs behind it go on
-                    self.shown.show_queued(tenant, [queue[index]], wait, seen=self._waiting)
-                    wait = None
-                elif wait is not None:
+                ready, wait = await self._prepare(policy, heads, queue, passed=passed)
+                wait = (await self._admit(policy, ready) if ready else None) or wait
+                if wait is not None:
                     break
-                index += 1
-            waiting = queue[index:]
-            self.board.record_pass(tenant, waiting=len(waiting), blocked=wait)
+                if heads[0].uid in queue and heads[0].uid not in passed:  # never spin on it
+                    raise RuntimeError(f"run {heads[0].uid} was neither admitted nor dequeued")
+            fresh = self._fresh.pop(tenant, {})
+            self.board.record_pass(tenant, waiting=len(queue), blocked=wait)
             if wait is not None:
-                self.shown.show_queued(tenant, waiting, wait, seen=self._waiting)
+                self.shown.show_queued(
+                    tenant,
+                    queue,
+                    wait,
+                    seen=self._waiting,
+                    fresh=list(fresh.values()),
+                    apart=passed,
+                )
 
     # --- admitting one run ----------------------------------------------------------------------
 
-    async def _admit_or_give_up(self, policy: TenantPolicy, queued: QueuedRun) -> QueueWait | None:
-        """``_admit_queue_head``, with its failures handled: a transient one makes the queue
-        wait for the next pass (``AdmissionRetrying``); a permanent one that repeated ends the
-        run (``_give_up``), so the runs behind it go on."""
-        subject = f"AgentRun {queued.namespace}/{queued.name}"
-        try:
-            wait = await self._admit_queue_head(policy, queued)
-        except Exception as err:
-            failure = self.failures.failed(queued.uid, err, subject=subject)
-            if not failure.final:
-                why = f"admitting it failed ({type(err).__name__}); retrying: {err}"[:500]
-                return QueueWait(WaitReason.ADMISSION_RETRYING, why)
-            self.failures.forget(queued.uid)
-            await self._give_up(policy, queued, err)
+    async def _prepare(
+        self,
+        policy: TenantPolicy,
+        heads: list[QueuedRun],
+        queue: TenantQueue,
+        *,
+        passed: set[str],
+    ) -> tuple[list[_Ready], QueueWait | None]:
+        """The first runs of the queue made ready for admission, in order, and why the queue
+        waits before the others if it does: the tenant's event storage is full, or a head's
+        preparation failed for a passing reason (``AdmissionRetrying``). A run that cannot run
+        at all leaves the queue (one that failed twice otherwise than transiently too), one
+        waiting for its AgentToolServer's discovery (not for the tenant) is shown Queued and
+        passed over (``passed``): the runs behind it go on."""
+        full = self.deps.storage.wait(policy.name)
+        if full is not None:
+            return [], full
+        ready: list[_Ready] = []
+        for queued in heads:
+            try:
+                prepared = await self._prepare_one(policy, queued, queue, passed=passed)
+            except Exception as err:
+                wait = await self._failed(policy, queued, err)
+                if wait is not None:
+                    return ready, wait
+                continue
+            if prepared is not None:
+                ready.append(prepared)
+        return ready, None
+
+    async def _prepare_one(
+        self, policy: TenantPolicy, queued: QueuedRun, queue: TenantQueue, *, passed: set[str]
+    ) -> _Ready | None:
+        """One queue head made ready (its frozen config and first call's worst case), or
+        ``None`` if it left the queue or waits for its AgentToolServer (added to ``passed``)."""
+        head = await self._read_head(policy, queued)
+        if head is None:
             return None
-        self.failures.succeeded(queued.uid, subject=subject)
+        try:
+            config = await self.deps.configs.build_config(
+                head.key, head.obj.run_spec(), policy, start_time=self.clock()
+            )
+        except ToolServerPending as err:
+            wait = QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
+            position = queue.position(queued.uid) or 1
+            self.shown.show_run(policy.name, queued, position, wait, seen=self._waiting)
+            passed.add(queued.uid)
+            return None
+        except SpecError as err:  # e.g. its AgentModel was deleted while it waited
+            await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
+            return None
+        need = self.deps.configs.first_call_need(config)
+        never = never_fits(need, tenant=policy.name, limits=policy.limits)
+        if never is not None:  # waiting would block everyone behind it for ever
+            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
+            return None
+        return _Ready(queued, head, config, need)
+
+    async def _failed(
+        self, policy: TenantPolicy, queued: QueuedRun, err: Exception
+    ) -> QueueWait | None:
+        """``queued``'s admission failed with ``err``: a passing failure makes the queue wait
+        for the next pass (``AdmissionRetrying``, returned); a permanent one that repeated ends
+        the run (``_give_up``), so the runs behind it go on (``None``)."""
+        subject = f"AgentRun {queued.namespace}/{queued.name}"
+        failure = self.failures.failed(queued.uid, err, subject=subject)
+        if not failure.final:
+            why = f"admitting it failed ({type(err).__name__}); retrying: {err}"[:500]
+            return QueueWait(WaitReason.ADMISSION_RETRYING, why)
+        self.failures.forget(queued.uid)
+        await self._give_up(policy, queued, err)
+        return None
+
+    async def _admit(self, policy: TenantPolicy, ready: list[_Ready]) -> QueueWait | None:
+        """Admit the longest prefix of ``ready`` that fits (one ledger write) and start those
+        runs together; say why the first of the others waits (``None`` if none does, or it
+        left the queue: ``whenExhausted: Fail``, a permanent failure), or that a failure is
+        retried at the next pass."""
+        now = self.clock()
+        try:
+            answers = await self.store.admit_runs(
+                policy.name, [(r.queued, r.need) for r in ready], limits=policy.limits, now=now
+            )
+        except Exception as err:  # the ledger's write: the first of them is retried or ended
+            return await self._failed(policy, ready[0].queued, err)
+        admitted = [r for r, answer in zip(ready, answers, strict=False) if answer is None]
+        started = await asyncio.gather(*(self._start(r, policy, now=now) for r in admitted))
+        retry = next((wait for ok, wait in started if wait is not None), None)
+        refusal = answers[-1]
+        if refusal is None or not all(ok for ok, _ in started):
+            return retry  # a run that did not start freed its slot: the rest are tried again
+        wait = QueueWait.of(refusal)
+        if wait.reason is WaitReason.BUDGET_EXHAUSTED and (
+            policy.when_exhausted is WhenExhausted.FAIL
+        ):
+            message = (
+                f"AgentTenant {policy.name!r} has too little budget left for this run's "
+                f"first model call ({wait.message}); its spec.whenExhausted is Fail"
+            )
+            refused = ready[len(admitted)].head
+            await self._drop(refused, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message)
+            return retry
         return wait
+
+    async def _start(
+        self, ready: _Ready, policy: TenantPolicy, *, now: float
+    ) -> tuple[bool, QueueWait | None]:
+        """``_start_admitted``, its failure handled as ``_failed`` does (the run keeps its
+        place and its slot for the next pass, or ends): whether it started, and why the queue
+        waits if it does."""
+        queued = ready.queued
+        try:
+            started = await self._start_admitted(ready.head, policy, ready.config, now=now)
+        except Exception as err:
+            return False, await self._failed(policy, queued, err)
+        self.failures.succeeded(queued.uid, subject=f"AgentRun {queued.namespace}/{queued.name}")
+        return started, None
 
     async def _give_up(self, policy: TenantPolicy, queued: QueuedRun, err: Exception) -> None:
         """End a queued run whose admission failed permanently, ``checkpoint_failed`` naming
@@ -292,47 +430,6 @@ class QueuePump:
                 generation=seen.generation if seen else 1,
             )
         await self._leave(policy.name, key)
-
-    async def _admit_queue_head(self, policy: TenantPolicy, queued: QueuedRun) -> QueueWait | None:
-        """Admit ``queued`` or say why it waits; a run that cannot run at all leaves the queue."""
-        head = await self._read_head(policy, queued)
-        if head is None:
-            return None
-        now = self.clock()
-        try:
-            config = await self.deps.configs.build_config(
-                head.key, head.obj.run_spec(), policy, start_time=now
-            )
-        except ToolServerPending as err:
-            return QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
-        except SpecError as err:  # e.g. its AgentModel was deleted while it waited
-            await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
-            return None
-        full = self.deps.storage.wait(policy.name)
-        if full is not None:
-            return full
-        need = self.deps.configs.first_call_need(config)
-        never = never_fits(need, tenant=policy.name, limits=policy.limits)
-        if never is not None:  # waiting would block everyone behind it for ever
-            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
-            return None
-        refusal = await self.store.admit_run(
-            policy.name, queued, limits=policy.limits, need=need, now=now
-        )
-        if refusal is None:
-            await self._start_admitted(head, policy, config, now=now)
-            return None
-        wait = QueueWait.of(refusal)
-        if wait.reason is WaitReason.BUDGET_EXHAUSTED and (
-            policy.when_exhausted is WhenExhausted.FAIL
-        ):
-            message = (
-                f"AgentTenant {policy.name!r} has too little budget left for this run's "
-                f"first model call ({wait.message}); its spec.whenExhausted is Fail"
-            )
-            await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, message)
-            return None
-        return wait
 
     async def _read_head(self, policy: TenantPolicy, queued: QueuedRun) -> _Head | None:
         """The queue head's object, or ``None`` once it left the queue (deleted, cancelled)."""
@@ -359,8 +456,9 @@ class QueuePump:
 
     async def _start_admitted(
         self, head: _Head, policy: TenantPolicy, config: RunConfig, *, now: float
-    ) -> None:
-        """Start a run that got its ledger slot: its ``admitted`` event, then out of the queue."""
+    ) -> bool:
+        """Start a run that got its ledger slot: its ``admitted`` event, then out of the queue.
+        False if it could not be (too large to checkpoint: it ends, its slot freed)."""
         config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
         with self.board.admitting(head.key.uid):
             try:
@@ -372,7 +470,7 @@ class QueuePump:
                 message = too_large_to_checkpoint(config, cap=cap)
                 await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
                 await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
-                return
+                return False
         await self._record_admitted(head.key)
         self._waiting.pop(head.key.uid, None)
         self._objects.pop(head.key.uid, None)
@@ -388,6 +486,7 @@ class QueuePump:
                 f"waited {max(0.0, now - head.created):.1f}s since creation"
             ),
         )
+        return True
 
     async def _record_admitted(self, key: RunKey) -> None:
         """Record on the object that run ``key`` was admitted (``agentrun.dev/admitted-uid``:
@@ -411,3 +510,13 @@ class QueuePump:
         self._objects.pop(key.uid, None)
         self.deps.configs.forget(key.uid)
         await self.store.dequeue(tenant, key.uid)
+
+
+def _queue_full(err: QueueFull) -> tuple[kernel.Phase, str]:
+    """How a run its tenant's full queue refused ends: ``checkpoint_failed`` for a one-value
+    ledger's cap (as in earlier releases: the queue's value must stay bounded), else
+    ``tenant_budget_exhausted`` (the platform's ``AGENTRUN_MAX_QUEUED_RUNS``)."""
+    if err.one_value:
+        return kernel.Phase.CHECKPOINT_FAILED, f"{err}; the run could not be queued"
+    message = f"{err}; the run was not queued: create it again once the queue is shorter"
+    return kernel.Phase.TENANT_BUDGET_EXHAUSTED, message

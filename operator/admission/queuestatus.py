@@ -2,21 +2,27 @@
 status of a run that ends without being admitted, and the Kubernetes Events of both.
 
 What belongs here: projecting a tenant queue's waiting runs into their status (position and
-reason, written only when either changed; one Event per reason) and ending a run that was never
-admitted (rejected spec, no tenant, no budget under ``whenExhausted: Fail``, cancelled while
-queued), counted once. What does not: deciding which run is admitted or waits (``pump``), the
-status bodies themselves and writing them (``runs``).
+reason, written only when either changed; one Event per reason) — a run's first ``Queued``
+status at once, later refreshes of positions within a rate for all queues together, the
+stalest first, so a queue of 10,000 runs costs the API server no more writes a second than a
+queue of ten — and ending a run that was never admitted (rejected spec, no tenant, no budget
+under ``whenExhausted: Fail``, a full queue, cancelled while queued), counted once. What does
+not: deciding which run is admitted or waits (``pump``), the status bodies themselves and
+writing them (``runs``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import logging
-from collections.abc import Callable, Mapping
+import math
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from agentrun import kernel
-from agentrun.ledger import QueuedRun
+from agentrun.ledger import QueuedRun, TenantQueue
 from agentrun.protocol import DEFAULT_TENANT
 
 from .. import runs, tenants
@@ -60,6 +66,21 @@ class QueueStatus:
     events: EventRecorder
     clock: Callable[[], float]
     """Epoch seconds."""
+    refresh: RefreshBudget = dataclasses.field(default_factory=lambda: RefreshBudget(20.0))
+    """The position refreshes allowed (``AGENTRUN_QUEUE_STATUS_WRITES``), for every tenant."""
+
+    @classmethod
+    def of(
+        cls,
+        writer: StatusSubmitter,
+        counter: runs.LiveRuns,
+        events: EventRecorder,
+        *,
+        rate: float,
+        clock: Callable[[], float] = time.time,
+    ) -> QueueStatus:
+        """Wired at start-up: ``rate`` position refreshes a second for every tenant together."""
+        return cls(writer, counter, events, clock, RefreshBudget(rate))
 
     def end_unadmitted(
         self,
@@ -90,42 +111,135 @@ class QueueStatus:
     def show_queued(
         self,
         tenant: str,
-        waiting: list[QueuedRun],
+        queue: TenantQueue,
         wait: tenants.QueueWait,
         *,
         seen: dict[str, Waiting],
+        fresh: Collection[QueuedRun],
+        apart: Collection[str] = (),
     ) -> None:
-        """Show ``waiting`` (the tenant's queue from its blocked head on) as ``Queued`` with
-        their positions and why the head waits; ``seen`` (uid → what the status shows) is
-        updated, so an unchanged position and reason is not written again."""
+        """Show the tenant's waiting runs as ``Queued`` with their position and why the head
+        waits: ``fresh`` (runs queued since the last call, with their current positions in
+        ``queue``) at once; then, at most once a second per tenant and within ``self.refresh``, the
+        runs whose status is furthest from the truth (``stalest``). ``queue`` is the tenant's
+        queue, its head blocked (positions in O(log n)); ``apart``: uids of runs that wait for
+        a reason of their own (shown with ``show_run``), left alone here; ``seen`` (uid → what
+        the status shows) is updated, so an unchanged position and reason is not written
+        again."""
         now = self.clock()
-        for position, run in enumerate(waiting, start=1):
-            known = seen.setdefault(run.uid, Waiting())
-            shown = (position, wait.reason)
-            if known.shown == shown:
-                continue
-            if known.shown is None or known.shown[1] != wait.reason:  # an event per reason
-                self.events.record(
-                    Involved("AgentRun", run.name, run.namespace, run.uid),
-                    type=EventType.NORMAL,
-                    reason="Queued",
-                    message=f"queued in AgentTenant {tenant!r} ({wait.reason}): {wait.message}",
-                    key=(run.uid, "Queued", wait.reason),
-                )
-            known.shown = shown
-            why = (
-                wait.message
-                if position == 1
-                else f"behind {position - 1} run(s); the first waits because {wait.message}"
+        for run in fresh:
+            position = queue.position(run.uid)
+            if position is not None and run.uid not in apart:
+                self.show_run(tenant, run, position, wait, seen=seen, now=now)
+        limit = self.refresh.available(tenant, now)
+        if limit:
+            waiting = (run for run in queue if run.uid not in apart)
+            counts = queue if apart else None  # the runs apart still take their places
+            picked = stalest(waiting, seen, wait.reason.value, limit=limit, positions=counts)
+            for run, position in picked:
+                self.show_run(tenant, run, position, wait, seen=seen, now=now)
+            self.refresh.spend(len(picked))
+
+    def show_run(
+        self,
+        tenant: str,
+        run: QueuedRun,
+        position: int,
+        wait: tenants.QueueWait,
+        *,
+        seen: dict[str, Waiting],
+        now: float | None = None,
+    ) -> None:
+        """Write one queued run's status, at ``position`` waiting for ``wait`` (and its
+        ``Queued`` Event, once per reason), unless it shows that already."""
+        known = seen.setdefault(run.uid, Waiting())
+        shown = (position, wait.reason.value)
+        if known.shown == shown:
+            return
+        if known.shown is None or known.shown[1] != wait.reason:  # an event per reason
+            self.events.record(
+                Involved("AgentRun", run.name, run.namespace, run.uid),
+                type=EventType.NORMAL,
+                reason="Queued",
+                message=f"queued in AgentTenant {tenant!r} ({wait.reason}): {wait.message}",
+                key=(run.uid, "Queued", wait.reason),
             )
-            body = runs.queued_status(
-                tenant=tenant,
-                reason=wait.reason.value,
-                message=f"queued in AgentTenant {tenant!r} at position {position}: {why}",
-                position=position,
-                at=now,
-                generation=known.generation,
-            )
-            self.writer.submit(
-                runs.RunKey(run.namespace, run.name, run.uid), body, seq=0, terminal=False
-            )
+        known.shown = shown
+        why = (
+            wait.message
+            if position == 1
+            else f"behind {position - 1} run(s); the first waits because {wait.message}"
+        )
+        body = runs.queued_status(
+            tenant=tenant,
+            reason=wait.reason.value,
+            message=f"queued in AgentTenant {tenant!r} at position {position}: {why}",
+            position=position,
+            at=self.clock() if now is None else now,
+            generation=known.generation,
+        )
+        self.writer.submit(
+            runs.RunKey(run.namespace, run.name, run.uid), body, seq=0, terminal=False
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class RefreshBudget:
+    """Status writes that may refresh queued runs' positions: ``rate`` a second for every
+    tenant together (a token bucket holding at most a second's worth), each tenant's queue
+    looked at most once per ``every`` seconds. So a queue of any length costs the API server
+    at most ``rate`` writes a second beyond each run's first ``Queued`` status."""
+
+    rate: float
+    every: float = 1.0
+    tokens: float = 0.0
+    at: float | None = None
+    looked: dict[str, float] = dataclasses.field(default_factory=dict)
+    """When each tenant's queue was last looked at (epoch seconds)."""
+
+    def available(self, tenant: str, now: float) -> int:
+        """Refreshes the tenant's queue may write now (0 when it was looked at less than
+        ``every`` seconds ago)."""
+        if now - self.looked.get(tenant, -math.inf) < self.every:
+            return 0
+        if self.at is not None:
+            self.tokens = min(self.rate, self.tokens + max(0.0, now - self.at) * self.rate)
+        else:
+            self.tokens = self.rate
+        self.at = now
+        self.looked[tenant] = now
+        return int(self.tokens)
+
+    def spend(self, writes: int) -> None:
+        """``writes`` refreshes were written."""
+        self.tokens = max(0.0, self.tokens - writes)
+
+
+def stalest(
+    queue: Iterable[QueuedRun],
+    seen: Mapping[str, Waiting],
+    reason: str,
+    *,
+    limit: int,
+    positions: TenantQueue | None = None,
+) -> list[tuple[QueuedRun, int]]:
+    """Up to ``limit`` runs of ``queue`` (head first) whose status is furthest from the truth,
+    with their positions (counted along ``queue``, or taken from ``positions``): first those
+    showing another reason (or nothing yet), nearest the head first; then those whose shown
+    position is furthest from their position, relative to it (a run shown at 900 now at 450
+    before one shown at 3 now at 2). O(n log limit)."""
+    if limit <= 0:
+        return []
+    candidates: list[tuple[int, float, int, QueuedRun]] = []
+    for counted, run in enumerate(queue, start=1):
+        known = seen.get(run.uid)
+        shown = None if known is None else known.shown
+        position = counted if positions is None else (positions.position(run.uid) or counted)
+        if shown == (position, reason):
+            continue
+        if shown is None or shown[1] != reason:
+            candidates.append((0, 0.0, position, run))
+        else:
+            candidates.append((1, -abs(shown[0] - position) / position, position, run))
+    picked = heapq.nsmallest(limit, candidates, key=lambda c: (c[0], c[1], c[2]))
+    return [(run, position) for _, _, position, run in picked]

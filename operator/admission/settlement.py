@@ -45,6 +45,6 @@ class RunSettlement:
         self.board.kick(tenant)
 
     async def release_unstarted(self, tenant: str, *, uid: str) -> None:
-        """Free the slot of a run that was admitted in the ledger but never started."""
-        now = self.clock()
-        await self.store.close_run(tenant, uid, None, end=now, now=now)
+        """Free the slot of a run that was admitted in the ledger but never started (or that
+        runs again from turn 0: a rerun); its next admission is a new one."""
+        await self.store.free_run(tenant, uid, now=self.clock())

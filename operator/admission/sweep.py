@@ -1,16 +1,17 @@
 """The periodic ledger sweep and the AgentTenant status it writes.
 
-Every few seconds, per tenant: make the ledger book of a known AgentTenant that has none (the
-bucket or the book was lost, or no run came yet; its window's use rebuilt from the tenant's
-AgentRuns by the store's ``rebuild`` hook, ``tenants.rebuild``), undo a rollback of its entry
-(``used`` below what the operator saw in the window — in the entries it read, and in the
+Every few seconds, per tenant: make the ledger of a known AgentTenant that has none (the
+bucket or its totals were lost, or no run came yet; its window's use rebuilt from the tenant's
+AgentRuns by the store's ``rebuild`` hook, ``tenants.rebuild``), undo a rollback of its totals
+(``used`` below what the operator saw in the window — in the values it read, and in the
 AgentTenant status it wrote, which no NATS credential can change — or a window that has not
 started: counted as a refused message, ``ledger_rollback``, and told as a ``LedgerRolledBack``
 Event), start a new window when the old one is over, release holds whose worker died (charging
 what the run's events show it committed), free the slots of runs that ended while no operator
 watched, end the runs of a tenant whose wall-clock budget ran out, pump its queue, and write its
-AgentTenant ``.status`` and the tenant budget metrics. Invalid AgentTenants get
-``Accepted=False`` with the reason.
+AgentTenant ``.status`` and the tenant budget metrics. Each sweep reads a tenant's totals (one
+value); every ``FULL_READ_EVERY`` seconds, and when its wall-clock budget ran out, it reads every
+run's entry too. Invalid AgentTenants get ``Accepted=False`` with the reason.
 
 What does not belong here: admitting runs (``pump``), the AgentTenant status and its Events
 (``tenants``: the sweep tells its ``TenantStatusWriter`` when).
@@ -43,6 +44,12 @@ log = logging.getLogger(__name__)
 STALE_GRACE = 30.0
 """Seconds an active ledger entry without a live run view is left alone before the sweep
 checks the run's events (admission in progress, an operator just restarted)."""
+FULL_READ_EVERY = 10.0
+"""Seconds between two reads of a tenant's whole ledger (every run's entry: for expired holds
+and runs that ended unseen; or every sweep, if sweeps are further apart); the sweeps between
+read its totals with the runs inline in them only (one value, whatever the tenant's size), so
+a hold of a run stored apart is found expired at most this much later than one inline. Far
+below a hold's TTL (60 s) and ``STALE_GRACE``."""
 
 
 class EventLog(Protocol):
@@ -80,6 +87,8 @@ class LedgerSweep:
         self.interval = interval
         self.tenant_status = deps.tenant_status
         self._stopping = asyncio.Event()
+        self._read_whole: dict[str, float] = {}
+        """When each tenant's whole ledger was last read (epoch seconds)."""
         self._floors: dict[str, UsageFloor] = {}
         """The most each tenant's window was seen to use (``UsageFloor``)."""
         self.failures = Failures(log, what="ledger sweep")
@@ -118,8 +127,8 @@ class LedgerSweep:
 
     async def _sweep_tenant(self, tenant: str) -> None:
         policy = self.deps.tenants.policies.get(tenant)
-        book = await self.store.read(tenant)
         now = self.clock()
+        book = await self.store.read_totals(tenant)
         if book is None and policy is None:
             return
         if book is None and policy is not None:  # lost, or no run yet: made, its use rebuilt
@@ -127,16 +136,22 @@ class LedgerSweep:
             book = await self.store.read(tenant)
         if book is not None:
             book = await self._undo_rollback(book, policy, now)
+            wall_out = (
+                book.limits.wall_seconds is not None
+                and book.active_runs > 0
+                and book.wall_used(now) >= book.limits.wall_seconds
+            )
+            every = max(FULL_READ_EVERY, self.interval)
+            if wall_out or now - self._read_whole.get(tenant, 0.0) >= every:
+                self._read_whole[tenant] = now
+                book = await self.store.read(tenant) or book  # every run's entry
+            whole = book
             book = await self._repair_entry(book, policy, now)
             self._floors[tenant] = self._floor(tenant, book).raised(
-                book.window, book.used_tokens, book.used_cost, book.used_wall, end=book.end
+                book.window, *book.usage_floor(), end=book.end
             )
-            if (
-                book.limits.wall_seconds is not None
-                and book.active
-                and (book.wall_used(now) >= book.limits.wall_seconds)
-            ):
-                await self._end_all(book)
+            if wall_out:
+                await self._end_all(whole)
         if policy is not None:
             self.deps.board.kick(tenant)
             await self.tenant_status.write_enforced(
@@ -177,18 +192,26 @@ class LedgerSweep:
         return restored if restored is not None else book
 
     async def _repair_entry(self, book: Book, policy: TenantPolicy | None, now: float) -> Book:
-        """The entry after its repairs, limits and window are brought up to date."""
+        """The ledger after its repairs, limits and window are brought up to date (``book``
+        holds the runs whose entries the sweep looks at: all of them, or the inline ones)."""
         repairs = await self._find_repairs(book, now)
+        forget = book.forgettable(now)  # ended runs' entries whose memories expired
         if not (
             repairs
+            or forget
             or (policy is not None and policy.limits != book.limits)
             or (book.reset_time <= now)
+            or self.store.splits(book)  # a one-value ledger, the operator set to split
         ):
             return book
         await self.store.repair_entry(
-            book.tenant, repairs, limits=policy.limits if policy else None, now=now
+            book.tenant,
+            repairs,
+            limits=policy.limits if policy else None,
+            now=now,
+            forget=forget,
         )
-        repaired = await self.store.read(book.tenant)
+        repaired = await self.store.read_totals(book.tenant)
         assert repaired is not None
         return repaired
 

@@ -22,8 +22,9 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from .kubeapi import ApiError, KubeApi
@@ -207,6 +208,69 @@ class LeaderElector:
                 log.warning("could not release the Lease: %r", err)
                 return
         log.warning("could not release the Lease: it kept changing")
+
+
+Connect = Callable[[], Awaitable[tuple[LeaseStore, Callable[[], Awaitable[None]]]]]
+"""Opens a ``LeaseStore`` on the running event loop: the store and how to close it."""
+
+
+class RenewalThread:
+    """``LeaderElector.hold`` on an event loop of its own, in a thread of its own, over a
+    ``LeaseStore`` (an API client) of its own: however busy the operator's event loop is (a
+    burst of thousands of AgentRuns to admit), the Lease is renewed on time. A renewal proves
+    the process alive, not its event loop responsive: the liveness probe, answered by that
+    loop, covers a loop that is stuck.
+
+    ``on_lost`` is called from the renewal thread once leadership is lost (another holder, or
+    no renewal for ``renew_deadline``): the caller exits there, without waiting for its own
+    event loop. ``stop`` (a graceful stop) ends the renewals and releases the Lease."""
+
+    def __init__(self, elector: LeaderElector, *, connect: Connect, on_lost: Callable[[], None]):
+        """``elector``: the one that acquired the Lease (from now on used by the thread only);
+        ``connect``: opens its ``LeaseStore`` on the thread's loop."""
+        self.elector = elector
+        self.connect = connect
+        self.on_lost = on_lost
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="lease-renewal", daemon=True)
+
+    def start(self) -> None:
+        """Start renewing; returns once the thread's store is open (blocking: call it from a
+        thread, e.g. ``asyncio.to_thread``)."""
+        self._thread.start()
+        self._ready.wait()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop renewing and release the Lease (best effort; blocking, as ``start``)."""
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+        self._thread.join(timeout)
+
+    def _main(self) -> None:
+        asyncio.run(self._renew())
+
+    async def _renew(self) -> None:
+        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        try:
+            store, close = await self.connect()
+        except Exception as err:  # no client: no renewal, leadership ends as if lost
+            log.error("could not open the Lease's client for its renewals: %r", err)
+            self._ready.set()
+            self.on_lost()
+            return
+        self.elector.store = store
+        self._ready.set()
+        try:
+            await self.elector.hold()
+        except asyncio.CancelledError:  # a graceful stop: give the Lease up at once
+            await self.elector.release()
+            return
+        finally:
+            await close()
+        self.on_lost()
 
 
 class KubeLeases:

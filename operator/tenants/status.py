@@ -162,7 +162,7 @@ def tenant_status(
         "observedGeneration": policy.generation,
         "windowStart": rfc3339(book.window),
         "resetTime": rfc3339(book.reset_time),
-        "activeRuns": len(book.active),
+        "activeRuns": book.active_runs,
         "queuedRuns": queue.queued,
         "budget": budget_status(book, now),
         "conditions": [

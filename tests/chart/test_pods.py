@@ -201,6 +201,25 @@ def test_the_operator_provisions_streams_at_the_configured_replica_count(
     assert env(operator)["AGENTRUN_NATS_REPLICAS"] == replicas
 
 
+@pytest.mark.parametrize(
+    ("values", "layout"),
+    [
+        pytest.param({}, "single", id="default"),
+        pytest.param({"nats.jetstream.ledgerLayout": "split"}, "split", id="split"),
+    ],
+)
+def test_the_operator_gets_the_ledger_layout(
+    offline_helm: helm.Helm, values: dict[str, str], layout: str
+) -> None:
+    operator = pod_spec(render(offline_helm, values), "operator")
+    assert env(operator)["AGENTRUN_LEDGER_LAYOUT"] == layout
+
+
+def test_an_unknown_ledger_layout_fails_the_render(offline_helm: helm.Helm) -> None:
+    with pytest.raises(helm.HelmError, match="ledgerLayout"):
+        render(offline_helm, {"nats.jetstream.ledgerLayout": "sharded"})
+
+
 def test_more_replicas_than_jetstream_allows_fail_the_render(offline_helm: helm.Helm) -> None:
     with pytest.raises(helm.HelmError) as refused:
         render(offline_helm, {"nats.jetstream.replicas": "7"})

@@ -216,6 +216,11 @@ def test_helm_uninstall_keeps_the_crds_and_the_agentruns(
     kinds = "deploy,statefulset,service,configmap,serviceaccount"
     left = node_kubectl("get", kinds, "-n", ns, "-l", owned, "-o", "name")
     assert left.stdout == ""
+    # Helm deletes no hook: the last `helm test` Pod stays (its log), for the user to delete
+    tested = f"{owned},app.kubernetes.io/component=check"
+    check = node_kubectl("get", "pods", "-n", ns, "-l", tested, "-o", "name").stdout.split()
+    assert check == [f"pod/{RELEASE}-check"]
+    node_kubectl("delete", "pod", f"{RELEASE}-check", "-n", ns)
     # the pods go with their ReplicaSets (garbage collection, after their grace period)
     deadline = time.monotonic() + 120
     while pods := node_kubectl("get", "pods", "-n", ns, "-l", owned, "-o", "name").stdout:

@@ -207,3 +207,24 @@ def stack_(e2e: E2EStack) -> Iterator[E2EStack]:
     """The e2e stack, made whole again after a test that kills parts of it."""
     yield e2e
     e2e.restart_dead()
+
+
+def restart_operator(stack_: E2EStack, **env: str | None) -> None:
+    """Stop the operator and start it again with ``env`` changed (``None``: unset)."""
+    components.stop_component(stack_.operator)
+    for key, value in env.items():
+        if value is None:
+            stack_.env.pop(key, None)
+        else:
+            stack_.env[key] = value
+    stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
+
+
+@pytest.fixture
+def split_layout(stack_: E2EStack) -> Iterator[E2EStack]:
+    """The stack with its operator set to store new tenants' ledgers split
+    (``AGENTRUN_LEDGER_LAYOUT=split``: every worker runs this release); the release's default
+    (``single``) again afterwards."""
+    restart_operator(stack_, AGENTRUN_LEDGER_LAYOUT="split")
+    yield stack_
+    restart_operator(stack_, AGENTRUN_LEDGER_LAYOUT=None)

@@ -504,7 +504,7 @@ def test_operations_roll_the_window_first() -> None:
     assert b.window == T0 + DAY
     assert b.admit("r1", "ns", "a", now=T0 + DAY + 1) is not None  # reserved = limit now
     b.used_tokens = 0
-    b.holds.clear()
+    b.take_hold("r1:0")
     assert b.admit("r1", "ns", "a", now=T0 + 2 * DAY + 1) is None
     assert b.window == T0 + 2 * DAY
 
@@ -569,27 +569,49 @@ def test_encode_keeps_decimals_as_strings_never_floats() -> None:
     raw = json.loads(codec.encode_book(full_book()))
     assert raw["used"]["costUSD"] == "4.750000000001"
     assert raw["limits"]["costUSD"] == "5.00"
-    tiny = raw["holds"]["r1:5"][3]  # [run, turn, tokens, cost, ...]; exact, maybe as 1.2E-7
+    run = raw["runs"]["r1"]
+    tiny = run["holds"]["r1:5"][2]  # [turn, tokens, cost, ...]; exact, maybe as 1.2E-7
     assert isinstance(tiny, str) and Decimal(tiny) == Decimal("0.000000123456789")
-    assert raw["active"]["r1"][5] == "4.750000000001"  # [ns, name, since, turn, tokens, cost]
+    assert run["active"][5] == "4.750000000001"  # [ns, name, since, turn, tokens, cost]
+    assert Decimal(raw["reserved"]["costUSD"]) == full_book().reserved_cost
 
 
-def test_an_unanswered_hold_is_stored_as_six_fields_and_an_answered_one_as_eight() -> None:
-    """The entry is rewritten on every change: a hold whose call has not answered carries no
-    spent fields (``[run, turn, tokens, cost, expires, owner]``)."""
+def test_an_unanswered_hold_is_stored_as_five_fields_and_an_answered_one_as_seven() -> None:
+    """A run's entry is rewritten on every change of it: a hold whose call has not answered
+    carries no spent fields (``[turn, tokens, cost, expires, owner]``)."""
     b = full_book()
     b.holds["r2:0"].spent_tokens, b.holds["r2:0"].spent_cost = 40, Decimal("0.01")
     raw = json.loads(codec.encode_book(b))
-    assert len(raw["holds"]["r1:5"]) == 6
-    assert raw["holds"]["r2:0"][6:] == [40, "0.01"]
+    assert len(raw["runs"]["r1"]["holds"]["r1:5"]) == 5  # [turn, tokens, cost, expires, owner]
+    assert raw["runs"]["r2"]["holds"]["r2:0"][5:] == [40, "0.01"]
     assert codec.decode_book(codec.encode_book(b)) == b
 
 
-def test_a_hold_whose_run_is_not_active_decodes_without_run_names() -> None:
-    """The entry stores a run's namespace and name once, with its active entry."""
-    b = full_book()
-    del b.active["r2"]
-    back = codec.decode_book(codec.encode_book(b)).holds["r2:0"]
+def test_a_legacy_hold_whose_run_is_not_active_decodes_without_run_names() -> None:
+    """The one-value book of earlier releases stores a run's namespace and name once, with its
+    active entry: a hold of a run no longer active is read without them."""
+    legacy = {
+        "v": 2,
+        "tenant": "t",
+        "limits": {
+            "tokens": None,
+            "costUSD": None,
+            "wallClockSeconds": None,
+            "windowSeconds": 86400.0,
+            "maxConcurrentRuns": None,
+        },
+        "window": NOW - 60,
+        "used": {
+            "tokens": 0,
+            "costUSD": "0",
+            "wallClockSeconds": 0.0,
+            "abandonedTokens": 0,
+            "abandonedCostUSD": "0",
+        },
+        "holds": {"r2:0": ["r2", 0, 1, "0", NOW + 60, "w2"]},
+        "active": {},
+    }
+    back = codec.decode_one_value(json.dumps(legacy).encode()).holds["r2:0"]
     assert (back.namespace, back.name) == ("", "")
     assert back.run_uid == "r2" and back.tokens == 1
 
@@ -602,8 +624,8 @@ def test_the_used_wall_clock_time_is_stored_to_the_millisecond() -> None:
 
 
 def test_a_malformed_entry_is_refused_as_corrupt_naming_the_field() -> None:
-    with pytest.raises(LedgerCorrupt, match=r"(?s)^malformed ledger entry: .*\bwindow\b"):
-        codec.decode_book(b'{"v": 2, "tenant": "t", "window": "abc"}')
+    with pytest.raises(LedgerCorrupt, match=r"(?s)^malformed ledger totals: .*\bwindow\b"):
+        codec.decode_book(b'{"v": 3, "tenant": "t", "window": "abc"}')
 
 
 def test_an_unlimited_empty_book_round_trips() -> None:
@@ -1038,11 +1060,11 @@ def test_abandoned_calls_add_to_what_the_window_had_charged() -> None:
     leaving — adds it to ``used`` and ``abandoned``, never replaces them."""
     b = book(tokens=100_000)
     spent_before(b)
-    b.holds["r1:0"] = answered("r1", 0, "w1", 100, "0.001")
+    b.put_hold("r1:0", answered("r1", 0, "w1", 100, "0.001"))
     assert b.drop_hold("r1:0", committed_turn=-1)
     assert (b.used_tokens, b.used_cost) == (600, Decimal("0.006"))
     assert (b.abandoned_tokens, b.abandoned_cost) == (150, Decimal("0.0015"))
-    b.holds["r2:0"] = hold("r2", 0, 1_000, "0.01", owner="w2")
+    b.put_hold("r2:0", hold("r2", 0, 1_000, "0.01", owner="w2"))
     assert b.abandon("r2:0", owner="w2", tokens=10, cost_usd=Decimal("0.0001"), now=NOW)
     assert (b.used_tokens, b.used_cost) == (610, Decimal("0.0061"))
     assert (b.abandoned_tokens, b.abandoned_cost) == (160, Decimal("0.0016"))
@@ -1052,8 +1074,8 @@ def test_a_delivery_leaving_charges_its_call_set_aside_by_a_takeover_once() -> N
     """Its hold was moved aside (``r1:0/dead``) when another delivery took the turn: leaving,
     it charges its call and drops that hold, even with its usage recorded on it."""
     b = book(tokens=100_000)
-    b.holds["r1:0"] = hold("r1", 0, 1_000, "0.01", owner="next")
-    b.holds["r1:0/dead"] = answered("r1", 0, "dead", 100, "0.001")
+    b.put_hold("r1:0", hold("r1", 0, 1_000, "0.01", owner="next"))
+    b.put_hold("r1:0/dead", answered("r1", 0, "dead", 100, "0.001"))
     assert b.abandon("r1:0", owner="dead", tokens=100, cost_usd=Decimal("0.001"), now=NOW)
     assert list(b.holds) == ["r1:0"]
     assert (b.used_tokens, b.abandoned_tokens) == (100, 100)
@@ -1065,13 +1087,13 @@ def test_resolving_or_catching_up_a_turn_touches_only_that_run_s_holds() -> None
     b = book(tokens=100_000)
     for run in ("r1", "r2"):
         assert b.admit(run, "ns", run, now=NOW) is None
-    b.holds["r1:0/a"] = answered("r1", 0, "a", 100, "0.001")
-    b.holds["r1:0/b"] = answered("r1", 0, "b", 120, "0.0012")
-    b.holds["r1:0"] = answered("r1", 0, "c", 90, "0.0009")
-    b.holds["r2:0"] = answered("r2", 0, "a", 70, "0.0007")
+    b.put_hold("r1:0/a", answered("r1", 0, "a", 100, "0.001"))
+    b.put_hold("r1:0/b", answered("r1", 0, "b", 120, "0.0012"))
+    b.put_hold("r1:0", answered("r1", 0, "c", 90, "0.0009"))
+    b.put_hold("r2:0", answered("r2", 0, "a", 70, "0.0007"))
     assert b.resolve_turn("r1", 0, committer="c") == 2  # a's and b's calls lost the commit
     assert list(b.holds) == ["r2:0"]
     assert (b.used_tokens, b.abandoned_tokens) == (220, 220)
-    b.holds["r1:1"] = hold("r1", 1, 1_000, "0.01", owner="c")
+    b.put_hold("r1:1", hold("r1", 1, 1_000, "0.01", owner="c"))
     b.catch_up("r1", turn=1, tokens=400, cost_usd=Decimal("0.004"), now=NOW)
     assert list(b.holds) == ["r2:0"]  # r2's turn 0 is not r1's to drop

@@ -1,52 +1,44 @@
-"""No value the ledger writes grows without bound with a tenant's activity: the book entry holds
-at most ``MAX_ACTIVE_RUNS`` active runs and the admission queue at most ``MAX_QUEUED_RUNS``
-runs, each far below nats-server's max payload (1 MiB by default) with every name at its
-longest; one more run waits (book) or ends ``checkpoint_failed`` naming the cause (queue), for
-that run only. Checked at the claimed scale against the real server."""
+"""No value the ledger writes for a ``split`` tenant grows with its runs: the totals hold at most
+``INLINE_RUNS`` run entries and a fixed number of waiting calls, each run's entry holds that
+run's own holds and calls, and each queued run is a value of its own — all far below
+nats-server's max payload (1 MiB by default) with every name at its longest, however many runs
+a tenant has active or queued. The only limits a tenant meets are its ``maxConcurrentRuns`` and
+its budget. Checked at the claimed scale against the real server. A ``single`` tenant (its
+ledger one value, as earlier releases store it) keeps the earlier releases' caps instead: 500
+active runs and 1,000 queued, each refused with the earlier reason."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from decimal import Decimal
-from typing import Any
 
 import nats
 import pytest
-from kube_support import FakeKube
 from nats.aio.client import Client as NATS
 
-from agentrun import kernel
 from agentrun.ledger import (
+    INLINE_RUNS,
     Active,
     Book,
     BudgetRefusal,
     Hold,
     LedgerStore,
     QueuedRun,
-    QueueFull,
     TenantLimits,
     codec,
 )
-from agentrun.ledger.entries import CONCURRENCY_LIMIT, MAX_ACTIVE_RUNS, Waiter
-from agentrun.ledger.store import MAX_QUEUED_RUNS, book_key, queue_key
-from agentrun.operator.admission.lookup import RunConfigs
-from agentrun.operator.admission.pump import PumpDeps, QueuePump
-from agentrun.operator.admission.queue import QueueBoard
-from agentrun.operator.admission.queuestatus import QueueStatus
-from agentrun.operator.platform import events as recorder
-from agentrun.operator.platform.events import EventRecorder
-from agentrun.operator.runs import RunKey
+from agentrun.ledger.entries import CONCURRENCY_LIMIT, FIRST_WAITERS, MAX_ACTIVE_RUNS, Waiter
+from agentrun.ledger.store import MAX_QUEUED_RUNS, QueueFull, book_key, queue_key, run_key
 from agentrun_dev import natsserver
 
 NOW = 1.8e9
 NAMESPACE = "n" * 63  # the longest namespace name
 NAME = "r" * 253  # the longest object name
-TENANT = "t" * 60
-FAR_BELOW = 512 * 1024
-"""Half of nats-server's default max payload: what "far below" means here."""
+TENANT = "t" * 253  # the longest AgentTenant name
+FAR_BELOW = 64 * 1024
+"""A sixteenth of nats-server's default max payload: what "far below" means here."""
 
 
 @pytest.fixture
@@ -56,123 +48,144 @@ async def client(nats_server: natsserver.NatsServer) -> AsyncIterator[NATS]:
     await nc.close()
 
 
-async def open_store(client: NATS) -> LedgerStore:
-    return await LedgerStore.open(client.jetstream(), bucket="AGENTRUN_LEDGER_BOUNDS_TEST")
-
-
-def full_book() -> Book:
-    """A tenant entry at the cap: every active run with a hold (its call answered) and a
-    waiting call, every number and name at its longest."""
-    book = Book.new(
-        TENANT,
-        TenantLimits(10**12, Decimal("123456.789"), 1e9, 86_400.0, None),
-        now=NOW,
+async def open_store(client: NATS, layout: str = "split") -> LedgerStore:
+    return await LedgerStore.open(
+        client.jetstream(), bucket="AGENTRUN_LEDGER_BOUNDS_TEST", layout=layout
     )
-    for _ in range(MAX_ACTIVE_RUNS):
-        uid = str(uuid.uuid4())
-        book.active[uid] = Active(NAMESPACE, NAME, NOW, 12_345, 123_456_789, Decimal("1234.5678"))
-        book.holds[f"{uid}:12345"] = Hold(
-            uid, 12_345, 1_234_567, Decimal("12.3456789"), NOW + 60, "0123456789abcdef",
-            NAMESPACE, NAME, 123_456, Decimal("1.23456789"),
+
+
+def longest_run(book: Book) -> str:
+    """Add a run at its largest: its slot, a held call with a recorded spend, a call of
+    another delivery set aside, a waiting call and a remembered charge, every number and name
+    at its longest. Returns its uid."""
+    uid = str(uuid.uuid4())
+    owner = "0123456789abcdef"
+    book.start_run(uid, Active(NAMESPACE, NAME, NOW, 12_345, 123_456_789, Decimal("1234.5678")))
+    for key in (f"{uid}:12345", f"{uid}:12345/{owner}"):
+        book.put_hold(
+            key,
+            Hold(uid, 12_345, 1_234_567, Decimal("12.3456789"), NOW + 60, owner, NAMESPACE, NAME,
+                 123_456, Decimal("1.23456789")),
         )  # fmt: skip
-        book.waiting[f"{uid}:12346"] = Waiter(NOW, 1_234_567, Decimal("12.3456789"), NOW + 10)
+    book.put_waiter(f"{uid}:12346", Waiter(NOW, 1_234_567, Decimal("12.3456789"), NOW + 10))
+    book.load_memo(f"{uid}:12344/{owner}", NOW + 3_600)
+    return uid
+
+
+def large_book(runs: int) -> Book:
+    book = Book.new(
+        TENANT, TenantLimits(10**12, Decimal("123456.789"), 1e9, 86_400.0, None), now=NOW
+    )
+    for _ in range(runs):
+        longest_run(book)
     return book
 
 
-def test_a_tenant_entry_at_the_active_run_cap_stays_far_below_the_max_payload() -> None:
-    size = len(codec.encode_book(full_book()))
-    assert size < FAR_BELOW, size
+def test_the_totals_with_every_inline_run_at_its_longest_stay_far_below_the_max_payload() -> None:
+    book = large_book(INLINE_RUNS + 10)
+    totals = codec.encode_totals(book, inline=list(book.runs)[:INLINE_RUNS])
+    assert len(totals) < FAR_BELOW, len(totals)
+    assert len(book.first_waiters) == FIRST_WAITERS
 
 
-def test_one_run_over_the_cap_waits_for_a_slot_whatever_max_concurrent_runs_says() -> None:
-    book = full_book()
-    refusal = book.admit("one-more", NAMESPACE, NAME, now=NOW)
+def test_the_totals_of_10_000_active_runs_are_as_large_as_of_none() -> None:
+    few, many = large_book(1), large_book(1)
+    many.active_runs, many.reserved_tokens = 10_000, 10_000 * many.reserved_tokens
+    sizes = [len(codec.encode_totals(b, inline=())) for b in (few, many)]
+    assert sizes[1] - sizes[0] < 16, sizes  # the counts' digits, nothing per run
+    assert sizes[1] < 2_048
+
+
+def test_a_runs_own_value_at_its_longest_is_small() -> None:
+    book = large_book(1)
+    (uid,) = book.runs
+    value = codec.encode_run(book, uid)
+    assert value is not None and len(value) < 2_048, len(value or b"")
+
+
+def test_a_queued_runs_value_at_its_longest_is_small() -> None:
+    shape = codec.QueuedRunShape(uid=str(uuid.uuid4()), ns=NAMESPACE, name=NAME, at=NOW + 0.123)
+    assert len(codec.QUEUED.dump_json(shape)) < 512
+
+
+def test_max_concurrent_runs_is_the_only_cap_on_active_runs() -> None:
+    book = Book.new("big", TenantLimits(max_concurrent_runs=3_000), now=NOW)
+    for i in range(3_000):
+        assert book.admit(f"r{i}", "ns", f"r{i}", now=NOW) is None
+        book.unload(f"r{i}")  # as the store does: only the run an operation touches is loaded
+    refusal = book.admit("one-more", "ns", "one-more", now=NOW)
     assert isinstance(refusal, BudgetRefusal) and refusal.reason == CONCURRENCY_LIMIT
-    assert "the most one tenant's ledger entry holds" in refusal.message
-    assert len(book.active) == MAX_ACTIVE_RUNS
+    assert refusal.message == "3000 of maxConcurrentRuns 3000 runs are active"
+    unlimited = Book.new("big", TenantLimits(), now=NOW)
+    for i in range(20_000):
+        assert unlimited.admit(f"r{i}", "ns", f"r{i}", now=NOW) is None
+        unlimited.unload(f"r{i}")
+    assert unlimited.active_runs == 20_000
 
 
-async def test_the_full_entry_is_written_and_read_back_by_the_real_server(client: NATS) -> None:
+async def test_2_000_active_runs_and_10_000_queued_runs_on_the_real_server(client: NATS) -> None:
     store = await open_store(client)
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    book = full_book()
-    await store.kv.put(book_key(tenant), codec.encode_book(book))
-    again = await store.read(tenant)
-    assert again is not None and len(again.active) == MAX_ACTIVE_RUNS
+    limits = TenantLimits(tokens=10**9, max_concurrent_runs=2_000)
+
+    async def admit(_: int) -> None:
+        run = QueuedRun(str(uuid.uuid4()), NAMESPACE, NAME, NOW)
+        assert await store.admit_run(tenant, run, limits=limits, need=(1_000, Decimal(0))) is None
+
+    for chunk in range(0, 2_000, 100):  # as many as the group commit carries per write
+        await asyncio.gather(*map(admit, range(chunk, chunk + 100)))
+    refusal = await store.admit_run(
+        tenant, QueuedRun("one-more", "ns", "r", NOW), limits=limits, need=(0, Decimal(0))
+    )
+    assert refusal is not None and refusal.reason == CONCURRENCY_LIMIT
+    totals = (await store.kv.get(book_key(tenant))).value or b""
+    assert len(totals) < FAR_BELOW, len(totals)
+    book = await store.read(tenant)
+    assert book is not None and book.active_runs == 2_000 == len(book.active)
+    assert book.reserved_tokens == 2_000 * 1_000 and book.totals_mismatch() == []
+    apart = await store.kv.keys(filters=[f"run.{tenant}."])
+    assert len(apart) == 2_000 - INLINE_RUNS  # the others are inline in the totals
+    assert all(key.startswith(run_key(tenant, "")) for key in apart)
+
+    async def enqueue(i: int) -> None:
+        await store.enqueue(tenant, QueuedRun(f"q{i}", NAMESPACE, NAME, NOW + i / 1e3))
+
+    for chunk in range(0, 10_000, 200):
+        await asyncio.gather(*map(enqueue, range(chunk, chunk + 200)))
+    assert [store.position(tenant, f"q{i}") for i in (0, 1, 5_000)] == [1, 2, 5_001]
+    assert store.position(tenant, "q9999") == 10_000
+    value = (await store.kv.get(queue_key(tenant, "q9999"))).value or b""
+    assert len(value) < 512
+    store.forget_queues()  # another operator reads the whole queue back, in order
+    queue = await store.queued(tenant)
+    assert len(queue) == 10_000 and queue.position("q4321") == 4_322
 
 
-def queued(index: int) -> QueuedRun:
-    return QueuedRun(str(uuid.uuid4()), NAMESPACE, NAME, NOW + index * 0.001)
+def test_a_one_value_ledger_holds_at_most_500_active_runs_whatever_max_concurrent_runs() -> None:
+    book = Book.new("small", TenantLimits(max_concurrent_runs=3_000), now=NOW, one_value=True)
+    for i in range(MAX_ACTIVE_RUNS):
+        assert book.admit(f"r{i}", "ns", f"r{i}", now=NOW) is None
+    refusal = book.admit("one-more", "ns", "one-more", now=NOW)
+    assert isinstance(refusal, BudgetRefusal) and refusal.reason == CONCURRENCY_LIMIT
+    assert refusal.message == "500 runs are active, the most one tenant's ledger entry holds"
+    assert len(codec.encode_one_value(book)) < 256 * 1024
+    book.split_out()  # split from now on: no cap but maxConcurrentRuns
+    assert book.admit("one-more", "ns", "one-more", now=NOW) is None
 
 
-async def test_a_full_queue_refuses_only_the_run_that_does_not_fit(client: NATS) -> None:
-    store = await open_store(client)
-    tenant = f"t-{uuid.uuid4().hex[:8]}"
-    runs = [queued(i) for i in range(MAX_QUEUED_RUNS)]
-    await store.change_queue(tenant, lambda queue: queue.extend(runs))
-    entry = await store.kv.get(queue_key(tenant))
-    assert entry.value is not None and len(entry.value) < FAR_BELOW, len(entry.value or b"")
-    # in one group-committed write: a run already queued, and one more that does not fit
-    again, extra = await asyncio.gather(
-        store.enqueue(tenant, runs[10]), store.enqueue(tenant, queued(10**6)),
-        return_exceptions=True,
-    )  # fmt: skip
-    assert again == 11
-    assert isinstance(extra, QueueFull) and "admission queue is full (1000 runs wait)" in str(extra)
-    assert len(await store.queue(tenant)) == MAX_QUEUED_RUNS
-
-
-class Ends:
-    """The pump's status writer and end counter, recording what they are told."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.counted: list[kernel.RunState] = []
-
-    def submit(
-        self,
-        key: RunKey,
-        body: dict[str, Any],
-        *,
-        seq: int,
-        terminal: bool,
-        on_end: Callable[[], None] | None = None,
-    ) -> None:
-        self.bodies.append(body)
-        if on_end is not None:
-            on_end()  # the write that ended the object
-
-    def count_end(self, uid: str, state: kernel.RunState, *, tenant: str) -> bool:
-        self.counted.append(state)
-        return True
-
-
-class Policy:
-    name = "overflowing"
-
-
-async def test_a_run_the_full_queue_refuses_ends_checkpoint_failed_naming_the_cause(
-    client: NATS,
+@pytest.mark.parametrize("layout", ["single", "split"])
+async def test_a_one_value_tenants_queue_holds_1_000_runs_and_a_split_ones_more(
+    client: NATS, layout: str
 ) -> None:
-    store = await open_store(client)
-    await store.change_queue(
-        Policy.name, lambda queue: queue.extend(queued(i) for i in range(MAX_QUEUED_RUNS))
-    )
-    ends = Ends()
-    deps: Any = dict.fromkeys(("tenants", "settlement", "storage"))
-    # the run's config builder, only to forget the run it never built for (no reads here)
-    deps["configs"] = RunConfigs(None, known_tools={}, tool_specs=lambda names: [], servers=None)  # type: ignore[arg-type]
-    api = FakeKube()
-    events = EventRecorder(api, throttle=recorder.standard_throttle())
-    shown = QueueStatus(ends, ends, events, time.time)
-    pump = QueuePump(
-        PumpDeps(
-            store=store, runs=ends, shown=shown, board=QueueBoard(), events=events, api=api, **deps
-        )  # type: ignore[arg-type]
-    )
-    key = RunKey("ns", "late", str(uuid.uuid4()))
-    await pump.enqueue_run(key, Policy(), generation=1, created=NOW + 99)  # type: ignore[arg-type]
-    assert [s.phase for s in ends.counted] == [kernel.Phase.CHECKPOINT_FAILED]
-    assert "admission queue is full" in ends.bodies[0]["message"]
-    assert len(await store.queue(Policy.name)) == MAX_QUEUED_RUNS
-    await store.change_queue(Policy.name, lambda queue: queue.clear())
+    store = await open_store(client, layout)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    runs = [QueuedRun(f"q-{i:05d}", "ns", f"q-{i:05d}", NOW + i) for i in range(MAX_QUEUED_RUNS)]
+    for chunk in range(0, MAX_QUEUED_RUNS, 100):
+        await asyncio.gather(*(store.enqueue(tenant, r) for r in runs[chunk : chunk + 100]))
+    one_more = QueuedRun("one-more", "ns", "one-more", NOW + 10_000)
+    if layout == "split":
+        assert await store.enqueue(tenant, one_more) == MAX_QUEUED_RUNS + 1
+        return
+    with pytest.raises(QueueFull, match=r"admission queue is full \(1000 runs wait\)") as full:
+        await store.enqueue(tenant, one_more)
+    assert full.value.one_value and len(await store.queue(tenant)) == MAX_QUEUED_RUNS

@@ -1,8 +1,11 @@
 """Chaos: nats-server is SIGKILLed and restarted while two processes' worth of turns reserve,
 record and settle by compare-and-set. Every operation is retried the way the runtime retries
 it (a turn whose reservation failed is redelivered with a new owner; a failed settlement is
-settled again), and the tenant's entry comes out exact: every turn charged once, no hold left,
-nothing abandoned."""
+settled again), and the tenant's ledger comes out exact: every turn charged once, no hold left,
+nothing abandoned, the totals equal to the sums over the run entries — in the ``split`` layout
+with every run inline in the totals (one value per write) and with every run stored apart (an
+atomic batch of the run's entry and the totals per write, some of them cut by the kill), and in
+the ``single`` layout (the whole ledger one value, as earlier releases store it)."""
 
 from __future__ import annotations
 
@@ -134,14 +137,22 @@ async def run_turns(store: LedgerStore, tenant: str, uid: str) -> None:
         DONE.append(ref)
 
 
+@pytest.mark.parametrize(
+    ("layout", "inline"),
+    [("split", 32), ("split", 0), ("single", 0)],
+    ids=["inline", "apart", "single"],
+)
 async def test_a_nats_server_restart_during_ledger_compare_and_sets_loses_and_doubles_nothing(
-    server: Server,
+    server: Server, layout: str, inline: int
 ) -> None:
     clients: list[NATS] = [
         await connect_nats(server.url, name=f"chaos-{i}", auth=server.server.auth())
         for i in range(2)
     ]
-    stores = [await LedgerStore.open(c.jetstream(timeout=2)) for c in clients]
+    stores = [
+        await LedgerStore.open(c.jetstream(timeout=2), inline_runs=inline, layout=layout)
+        for c in clients
+    ]
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     limits = TenantLimits(tokens=10_000_000, cost_usd=Decimal("100"))
     uids = [f"run-{i}" for i in range(RUNS)]
@@ -177,6 +188,13 @@ async def test_a_nats_server_restart_during_ledger_compare_and_sets_loses_and_do
         assert book.used_tokens == RUNS * TURNS * CALL.total_tokens
         assert book.used_cost == RUNS * TURNS * CALL.cost_usd
         assert (book.abandoned_tokens, book.holds, book.active) == (0, {}, {})
+        assert book.totals_mismatch() == [] and set(book.runs) == set(uids)
+        assert all(entry.only_ended for entry in book.runs.values())  # remembered as ended
+        assert (book.reserved_tokens, book.active_runs) == (0, 0)
+        if layout == "single":
+            assert sum(store.batches for store in stores) == 0  # one value: no batch
+        elif not inline:
+            assert sum(store.batches for store in stores) > RUNS  # group-committed, batched
     finally:
         for client in clients:
             with contextlib.suppress(Exception):

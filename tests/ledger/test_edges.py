@@ -12,7 +12,6 @@ import pytest
 
 from agentrun import kernel
 from agentrun.ledger import (
-    Active,
     Book,
     BudgetWait,
     CallNeed,
@@ -25,8 +24,6 @@ from agentrun.ledger.entries import (
     ADMISSION_HOLD_TTL,
     BUDGET_EXHAUSTED,
     BUDGET_HELD,
-    CONCURRENCY_LIMIT,
-    MAX_ACTIVE_RUNS,
     TURN_COMMITTED,
     WAITER_TTL,
     TenantLimits,
@@ -103,7 +100,8 @@ def test_the_wall_clock_refusal_says_how_much_was_used() -> None:
 def test_a_new_window_forgets_what_was_abandoned_and_the_calls_charged_until_now() -> None:
     b = book(tokens=1_000, window_seconds=3_600)
     b.abandoned_tokens, b.abandoned_cost = 5, Decimal("0.5")
-    b.charged = {"r1:0/a": NOW + 3_600.0, "r1:1/a": NOW + 3_601.0}
+    b.load_memo("r1:0/a", NOW + 3_600.0)
+    b.load_memo("r1:1/a", NOW + 3_601.0)
     assert b.roll(NOW + 3_600.0)
     assert (b.abandoned_tokens, b.abandoned_cost) == (0, Decimal(0))
     assert b.charged == {"r1:1/a": NOW + 3_601.0}  # remembered until, not through, its time
@@ -119,21 +117,10 @@ def test_admission_holds_the_first_call_as_its_own_hold_until_a_worker_reserves_
     }
 
 
-def test_no_entry_holds_more_active_runs_than_its_bound() -> None:
-    b = book()
-    b.active = {f"r{i}": Active("ns", f"r{i}", NOW) for i in range(MAX_ACTIVE_RUNS - 1)}
-    assert b.admit("last", "ns", "last", now=NOW) is None
-    refusal = b.admit("over", "ns", "over", now=NOW)
-    assert refusal is not None and (refusal.reason, refusal.resource) == (CONCURRENCY_LIMIT, None)
-    assert refusal.message == (
-        f"{MAX_ACTIVE_RUNS} runs are active, the most one tenant's ledger entry holds"
-    )
-
-
 def test_a_delivery_whose_hold_was_set_aside_can_still_refresh_it() -> None:
     b = book()
-    b.holds["r1:0"] = hold("r1", owner="next")
-    b.holds["r1:0/dead"] = hold("r1", owner="dead")
+    b.put_hold("r1:0", hold("r1", owner="next"))
+    b.put_hold("r1:0/dead", hold("r1", owner="dead"))
     assert b.refresh("r1:0", owner="dead", expires=NOW + 600)
     assert (b.holds["r1:0/dead"].expires, b.holds["r1:0"].expires) == (NOW + 600, NOW + 60)
     assert not b.refresh("r1:0", owner="gone", expires=NOW + 600)
@@ -152,11 +139,11 @@ def test_a_turn_is_charged_once_whatever_a_second_settlement_of_it_reports() -> 
 
 def test_set_aside_says_whether_it_moved_a_hold() -> None:
     b = book()
-    b.holds["r1:0"] = hold("r1", owner="a")
+    b.put_hold("r1:0", hold("r1", owner="a"))
     assert not b.reserve("r1:0", hold("r1", owner="b"), now=NOW)  # unanswered: replaced
     answered = hold("r1", owner="b")
     answered.spent_tokens = 10
-    b.holds["r1:0"] = answered
+    b.put_hold("r1:0", answered)
     assert deliveries.set_aside(b, "r1:0", owner="c")
     assert not deliveries.set_aside(b, "r1:0", owner="c")  # nothing of another's left
     assert list(b.holds) == ["r1:0/b"]
@@ -192,11 +179,11 @@ def test_out_of_wall_clock_time_with_a_run_active_a_call_is_refused_saying_so() 
 def test_a_stale_call_that_waited_leaves_the_queue_of_waiters() -> None:
     b = book(tokens=10_000)
     assert b.admit("r1", "ns", "r1", now=NOW) is None
-    b.waiting["r1:0"] = Waiter(NOW - 1, 100, Decimal(0), NOW + WAITER_TTL)
+    b.put_waiter("r1:0", Waiter(NOW - 1, 100, Decimal(0), NOW + WAITER_TTL))
     b.settle("r1", turn=0, tokens=10, cost_usd=Decimal(0), now=NOW)
     assert getattr(ask(b, "r1", fixed(1_000)), "reason", None) == TURN_COMMITTED
     assert b.waiting == {}
-    b.waiting["r1:0"] = Waiter(NOW - 1, 100, Decimal(0), NOW + WAITER_TTL)
+    b.put_waiter("r1:0", Waiter(NOW - 1, 100, Decimal(0), NOW + WAITER_TTL))
     assert getattr(b.reserve("r1:0", hold("r1"), now=NOW), "reason", None) == TURN_COMMITTED
     assert b.waiting == {}
 
@@ -212,7 +199,7 @@ def test_a_delivery_asking_again_is_not_its_own_rival_and_keeps_its_hold_while_i
     assert b.record_spend("r1:0", owner="w1", tokens=10, cost_usd=Decimal(0))
     assert b.reserve("r1:0", hold("r1", owner="w1", tokens=5_000), now=NOW) is None
     assert list(b.holds) == ["r1:0"]
-    b.holds["r2:0"] = hold("r2", owner="w2", tokens=1_000)
+    b.put_hold("r2:0", hold("r2", owner="w2", tokens=1_000))
     bigger = ask(b, "r1", fixed(5_500))  # fits used, not next to r2's hold: waits
     assert isinstance(bigger, BudgetWait)
     assert b.holds["r1:0"].tokens == 5_000 and b.holds["r1:0"].owner == "w1"
@@ -220,8 +207,8 @@ def test_a_delivery_asking_again_is_not_its_own_rival_and_keeps_its_hold_while_i
 
 def test_a_takeover_that_must_wait_drops_the_unanswered_hold_it_took_over() -> None:
     b = book(tokens=6_000)
-    b.holds["r1:0"] = hold("r1", owner="dead", tokens=3_000)
-    b.holds["r2:0"] = hold("r2", owner="w2", tokens=2_000)
+    b.put_hold("r1:0", hold("r1", owner="dead", tokens=3_000))
+    b.put_hold("r2:0", hold("r2", owner="w2", tokens=2_000))
     answer = ask(b, "r1", fixed(5_000), owner="next")
     assert isinstance(answer, BudgetWait)
     assert list(b.holds) == ["r2:0"] and list(b.waiting) == ["r1:0"]
@@ -241,7 +228,7 @@ def test_a_floor_that_exactly_reaches_the_limit_is_granted_not_refused() -> None
 
 def test_a_waiter_that_can_no_longer_fit_is_refused_and_leaves_the_queue() -> None:
     b = book(tokens=10_000)
-    b.holds["r2:0"] = hold("r2", owner="w2", tokens=6_000)
+    b.put_hold("r2:0", hold("r2", owner="w2", tokens=6_000))
     assert isinstance(ask(b, "r1", fixed(5_000)), BudgetWait)
     b.used_tokens = 6_000  # r2's call settled, bigger than held
     assert getattr(ask(b, "r1", fixed(5_000)), "reason", None) == BUDGET_EXHAUSTED
@@ -250,8 +237,8 @@ def test_a_waiter_that_can_no_longer_fit_is_refused_and_leaves_the_queue() -> No
 
 def test_an_older_waiter_s_need_is_kept_free_next_to_the_holds() -> None:
     b = book(tokens=10_000)
-    b.holds["r3:0"] = hold("r3", owner="w3", tokens=3_000)
-    b.waiting["r2:0"] = Waiter(NOW - 5, 2_000, Decimal(0), NOW + WAITER_TTL)
+    b.put_hold("r3:0", hold("r3", owner="w3", tokens=3_000))
+    b.put_waiter("r2:0", Waiter(NOW - 5, 2_000, Decimal(0), NOW + WAITER_TTL))
     answer = ask(b, "r1", fixed(5_500))  # 3 000 held + 2 000 waited for + 5 500 > 10 000
     assert isinstance(answer, BudgetWait)
     assert isinstance(ask(b, "r4", fixed(5_000)), Granted)  # exactly 10 000
@@ -259,17 +246,17 @@ def test_an_older_waiter_s_need_is_kept_free_next_to_the_holds() -> None:
 
 def test_the_oldest_waiter_is_not_held_back_by_itself() -> None:
     b = book(tokens=10_000)
-    b.holds["r3:0"] = hold("r3", owner="w3", tokens=6_000)
-    b.waiting["r1:0"] = Waiter(NOW - 5, 4_000, Decimal(0), NOW + WAITER_TTL)
-    b.waiting["r2:0"] = Waiter(NOW - 5, 4_000, Decimal(0), NOW + WAITER_TTL)
+    b.put_hold("r3:0", hold("r3", owner="w3", tokens=6_000))
+    b.put_waiter("r1:0", Waiter(NOW - 5, 4_000, Decimal(0), NOW + WAITER_TTL))
+    b.put_waiter("r2:0", Waiter(NOW - 5, 4_000, Decimal(0), NOW + WAITER_TTL))
     assert isinstance(ask(b, "r1", fixed(4_000)), Granted)  # first of two waiting as long
 
 
 def test_a_waiter_expires_at_its_time_and_is_refreshed_below_half_its_ttl() -> None:
     b = book(tokens=10_000)
-    b.holds["r3:0"] = hold("r3", owner="w3", tokens=8_000)
-    b.waiting["r2:0"] = Waiter(NOW - 5, 9_000, Decimal(0), NOW)  # expires now: gone
-    b.waiting["r1:0"] = Waiter(NOW - 1, 5_000, Decimal(0), NOW + WAITER_TTL / 2)
+    b.put_hold("r3:0", hold("r3", owner="w3", tokens=8_000))
+    b.put_waiter("r2:0", Waiter(NOW - 5, 9_000, Decimal(0), NOW))  # expires now: gone
+    b.put_waiter("r1:0", Waiter(NOW - 1, 5_000, Decimal(0), NOW + WAITER_TTL / 2))
     assert isinstance(ask(b, "r1", fixed(5_000)), BudgetWait)
     assert list(b.waiting) == ["r1:0"]
     assert b.waiting["r1:0"].expires == NOW + WAITER_TTL / 2  # half left: not yet refreshed
@@ -296,7 +283,7 @@ def test_output_priced_below_a_dollar_or_free_is_capped_only_by_what_it_costs() 
 
 def test_the_output_allowance_counts_every_token_held_by_others() -> None:
     b = book(tokens=10_000, cost_usd=Decimal("1"))
-    b.holds["r2:0"] = Hold("r2", 0, 3_000, Decimal("0.5"), NOW + 60, "w2")
+    b.put_hold("r2:0", Hold("r2", 0, 3_000, Decimal("0.5"), NOW + 60, "w2"))
     granted = ask(b, "r1", CallNeed(1_000, 10_000, FREE, min_output_tokens=16))
     assert isinstance(granted, Granted) and granted.output_tokens == 6_000
 
@@ -319,8 +306,8 @@ def test_admission_refused_for_cost_names_it_and_held_admission_says_what_is_hel
     b.used_cost = Decimal("0.9")
     over = b.admit("r1", "ns", "r1", now=NOW, need_cost=Decimal("0.2"))
     assert over is not None and (over.reason, over.resource) == (BUDGET_EXHAUSTED, "costUSD")
-    b.holds["r2:0"] = Hold("r2", 0, 0, Decimal("0.05"), NOW + 60, "w2")
-    b.waiting["r3:0"] = Waiter(NOW - 1, 0, Decimal("0.03"), NOW + WAITER_TTL)
+    b.put_hold("r2:0", Hold("r2", 0, 0, Decimal("0.05"), NOW + 60, "w2"))
+    b.put_waiter("r3:0", Waiter(NOW - 1, 0, Decimal("0.03"), NOW + WAITER_TTL))
     exact = b.admit("r4", "ns", "r4", now=NOW, need_cost=Decimal("0.02"))
     assert exact is None  # 0.9 + 0.05 + 0.03 + 0.02 = 1: fits
     held = b.admit("r5", "ns", "r5", now=NOW, need_cost=Decimal("0.01"))
@@ -333,8 +320,8 @@ def test_admission_refused_for_cost_names_it_and_held_admission_says_what_is_hel
 
 def test_admission_keeps_room_for_the_oldest_waiter_s_tokens() -> None:
     b = book(tokens=10_000)
-    b.holds["r2:0"] = hold("r2", owner="w2", tokens=3_000)
-    b.waiting["r3:0"] = Waiter(NOW - 1, 2_000, Decimal(0), NOW + WAITER_TTL)
+    b.put_hold("r2:0", hold("r2", owner="w2", tokens=3_000))
+    b.put_waiter("r3:0", Waiter(NOW - 1, 2_000, Decimal(0), NOW + WAITER_TTL))
     held = b.admit("r1", "ns", "r1", now=NOW, need_tokens=5_001)
     assert held is not None and (held.reason, held.resource) == (BUDGET_HELD, "tokens")
     assert b.admit("r1", "ns", "r1", now=NOW, need_tokens=5_000) is None
@@ -343,8 +330,8 @@ def test_admission_keeps_room_for_the_oldest_waiter_s_tokens() -> None:
 def test_a_call_refused_for_wall_clock_time_leaves_the_queue_and_keeps_what_it_held() -> None:
     b = book(tokens=10_000, wall_seconds=100.0)
     assert b.admit("r1", "ns", "r1", now=NOW - 50) is None
-    b.holds["r1:0"] = hold("r1", owner="w1", tokens=2_000)
-    b.waiting["r1:0"] = Waiter(NOW + 49, 4_000, Decimal(0), NOW + 50 + WAITER_TTL)
+    b.put_hold("r1:0", hold("r1", owner="w1", tokens=2_000))
+    b.put_waiter("r1:0", Waiter(NOW + 49, 4_000, Decimal(0), NOW + 50 + WAITER_TTL))
     refused = b.reserve_call("r1:0", fixed(4_000), hold("r1", owner="w1"), now=NOW + 50)
     assert getattr(refused, "resource", None) == "wallClockSeconds"
     assert b.waiting == {}

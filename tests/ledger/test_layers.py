@@ -17,7 +17,18 @@ import pytest
 import agentrun.ledger
 
 LEDGER = pathlib.Path(agentrun.ledger.__file__).parent
-ORDER = ["entries", "state", "deliveries", "reserve", "book", "codec", "cas", "hold", "store"]
+ORDER = [
+    "entries",
+    "state",
+    "deliveries",
+    "reserve",
+    "book",
+    "queue",
+    "codec",
+    "cas",
+    "hold",
+    "store",
+]
 """Every module of the ledger but ``__init__``, each importing only modules before it."""
 RULES = ["deliveries", "reserve"]
 """The modules whose functions take the entry (``book: BookState``) and change it."""

@@ -17,6 +17,7 @@ from kube_support import FakeKube
 from prometheus_client import REGISTRY
 
 from agentrun.ledger import Book, LedgerStore, QueuedRun, TenantLimits, UsageFloor, codec
+from agentrun.ledger.entries import ENDED_MEMORY
 from agentrun.ledger.store import book_key
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.admission.sweep import LedgerSweep, SweepDeps
@@ -236,3 +237,24 @@ def test_the_status_floor_carries_the_windows_end_from_its_reset_time() -> None:
     tenants.put(tenant_object("y", status={"windowStart": rfc3339(WINDOW), "resetTime": 5}))
     tenants.put(tenant_object("z", status=status | {"resetTime": rfc3339(WINDOW)}))
     assert tenants.seen["y"] == tenants.seen["z"] == UsageFloor(WINDOW)  # end unknown
+
+
+async def test_the_sweep_lets_an_ended_runs_memory_go_once_it_expired(store: LedgerStore) -> None:
+    """A run that ended is remembered as ended (so an admission done again after an operator
+    restart takes no slot); the sweep's full read lets that memory go once it expired, and
+    with it the run's ledger value."""
+    tenant, api = f"t-{uuid.uuid4().hex[:8]}", FakeKube()
+    tenants = Tenants(api)
+    tenants.put(tenant_object(tenant))
+    sweep, _ = sweeper(store, tenants, api)
+    await charged(store, tenant, tokens=525)
+    assert await store.close_run(tenant, "r1", None, end=time.time())
+    await sweep.sweep()
+    book = await store.read(tenant)
+    assert book is not None and book.has_ended("r1")  # not expired yet: kept
+    later = time.time() + ENDED_MEMORY + 1
+    sweep.clock = lambda: later
+    sweep._read_whole.clear()  # the next sweep reads every run's entry
+    await sweep.sweep()
+    book = await store.read(tenant)
+    assert book is not None and "r1" not in book.runs and book.active_runs == 0

@@ -28,6 +28,7 @@ from agentrun.ledger import (
     LedgerStore,
     LedgerUnavailable,
     QueuedRun,
+    QueueFull,
     Repair,
     TenantLimits,
     TurnRef,
@@ -251,8 +252,13 @@ async def test_queue_is_fifo_and_enqueue_is_idempotent(open_store: Opener) -> No
     assert await store.dequeue(tenant, "u2") is False
     assert await store.queue(tenant) == [first, third]
     assert await store.enqueue(tenant, second) == 2  # by creation time, not arrival
-    raw = json.loads((await store.kv.get(queue_key(tenant))).value)
-    assert [item["uid"] for item in raw] == ["u1", "u2", "u3"]
+    assert store.position(tenant, "u3") == 3
+    # one value per run, nothing else: no value grows with the queue
+    stored = json.loads((await store.kv.get(queue_key(tenant, "u2"))).value)
+    assert stored == {"uid": "u2", "ns": "ns", "name": "two", "at": 101.0}
+    assert sorted(await store.kv.keys(filters=[f"queue.{tenant}."])) == [
+        queue_key(tenant, uid) for uid in ("u1", "u2", "u3")
+    ]
 
 
 async def test_runs_arriving_out_of_creation_order_queue_in_creation_order(
@@ -269,6 +275,9 @@ async def test_runs_arriving_out_of_creation_order_queue_in_creation_order(
     assert await store.enqueue(tenant, early) == 1  # created first: goes ahead
     assert await store.enqueue(tenant, same) == 3  # a tie keeps arrival order
     assert [r.uid for r in await store.queue(tenant)] == ["early", "late", "same"]
+    # another process (an operator taking the lead over) reads the same order from the bucket
+    again = await open_store()
+    assert [r.uid for r in await again.queue(tenant)] == ["early", "late", "same"]
 
 
 async def test_dequeue_from_an_empty_queue_is_false(open_store: Opener) -> None:
@@ -276,20 +285,18 @@ async def test_dequeue_from_an_empty_queue_is_false(open_store: Opener) -> None:
     assert await store.dequeue(tenant_name(), "nobody") is False
 
 
-async def test_change_queue_applies_a_function_by_compare_and_set(open_store: Opener) -> None:
-    one, two = await open_store(), await open_store()
+async def test_a_dequeued_run_is_gone_for_the_next_operator_too(open_store: Opener) -> None:
+    one = await open_store()
     tenant = tenant_name()
     for i in range(4):
         await one.enqueue(tenant, QueuedRun(f"u{i}", "ns", f"r{i}", float(i)))
-
-    def pop_head(runs: list[QueuedRun]) -> QueuedRun | None:
-        return runs.pop(0) if runs else None
-
-    assert (await two.change_queue(tenant, pop_head)).uid == "u0"  # type: ignore[union-attr]
-    # one's cache is stale now; its change must still see two's pop
-    assert (await one.change_queue(tenant, pop_head)).uid == "u1"  # type: ignore[union-attr]
-    assert [r.uid for r in await two.queue(tenant)] == ["u2", "u3"]
-    assert await one.change_queue(tenant, len) == 2
+    assert await one.dequeue(tenant, "u0") and await one.dequeue(tenant, "u2")
+    two = await open_store()
+    assert [r.uid for r in await two.queue(tenant)] == ["u1", "u3"]
+    assert await two.dequeue(tenant, "u0") is False
+    one.forget_queues()  # after a lead lost and regained: read from the bucket again
+    await two.dequeue(tenant, "u1")
+    assert [r.uid for r in await one.queue(tenant)] == ["u3"]
 
 
 async def test_concurrent_enqueues_from_two_processes_lose_nothing(open_store: Opener) -> None:
@@ -300,7 +307,24 @@ async def test_concurrent_enqueues_from_two_processes_lose_nothing(open_store: O
         for i in range(20)
     ]
     await asyncio.gather(*jobs)
-    assert [r.uid for r in await one.queue(tenant)] == [f"u{i}" for i in range(20)]
+    reader = await open_store()
+    assert [r.uid for r in await reader.queue(tenant)] == [f"u{i}" for i in range(20)]
+
+
+async def test_a_queue_over_the_platforms_limit_refuses_only_the_next_run(
+    open_store: Opener,
+) -> None:
+    store = await open_store()
+    tenant = tenant_name()
+    for i in range(3):
+        assert await store.enqueue(tenant, QueuedRun(f"u{i}", "ns", f"r{i}", float(i)), limit=3)
+    with pytest.raises(QueueFull, match="holds 3 runs, the most the platform allows") as full:
+        await store.enqueue(tenant, QueuedRun("u3", "ns", "r3", 3.0), limit=3)
+    assert (full.value.tenant, full.value.limit) == (tenant, 3)
+    assert await store.enqueue(tenant, QueuedRun("u1", "ns", "r1", 1.0), limit=3) == 2  # queued
+    assert len(await store.queue(tenant)) == 3
+    await store.dequeue(tenant, "u0")
+    assert await store.enqueue(tenant, QueuedRun("u3", "ns", "r3", 3.0), limit=3) == 3
 
 
 async def test_tenants_lists_tenants_with_a_book(open_store: Opener) -> None:
@@ -407,3 +431,25 @@ async def test_the_sweeps_repairs_charge_expired_holds_and_close_ended_or_vanish
     assert set(book.active) == {"alive"} and book.active["alive"].tokens == 300
     assert book.used_tokens == 300 + 700
     assert book.used_wall == pytest.approx(80 + 100)  # ended at now - 20; vanished at now
+
+
+async def test_queue_heads_are_admitted_fifo_in_one_write_up_to_the_first_that_does_not_fit(
+    open_store: Opener,
+) -> None:
+    store = await open_store(inline_runs=2)
+    tenant, now = tenant_name(), store.clock()
+    limits = TenantLimits(tokens=10_000, max_concurrent_runs=3)
+    heads = [(QueuedRun(f"u{i}", "ns", f"r{i}", now + i), (1_000, Decimal(0))) for i in range(5)]
+    writes = store.writes
+    answers = await store.admit_runs(tenant, heads, limits=limits, now=now)
+    assert answers[:3] == [None, None, None] and len(answers) == 4  # the 5th was not tried
+    assert answers[3] is not None and answers[3].reason == "ConcurrencyLimit"
+    assert store.writes - writes == 1  # three slots, two inline and one apart: one batch
+    book = await store.read(tenant)
+    assert book is not None and sorted(book.active) == ["u0", "u1", "u2"]
+    assert book.reserved_tokens == 3_000 and book.totals_mismatch() == []
+    # a head whose first call does not fit stops the runs behind it, however small theirs
+    big = [(QueuedRun("big", "ns", "big", now), (9_000, Decimal(0))), heads[4]]
+    await store.close_run(tenant, "u0", None, end=now, now=now)
+    answers = await store.admit_runs(tenant, big, limits=limits, now=now)
+    assert len(answers) == 1 and answers[0] is not None and answers[0].resource == "tokens"

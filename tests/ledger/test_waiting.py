@@ -246,7 +246,7 @@ def test_admission_fails_on_committed_tokens_and_used_up_wall_clock(
 
 def test_admission_held_on_tokens_names_tokens() -> None:
     b = book(tokens=1_000)
-    b.holds["x:0"] = Hold("x", 0, 900, Decimal(0), NOW + 60, "w", "ns", "x")
+    b.put_hold("x:0", Hold("x", 0, 900, Decimal(0), NOW + 60, "w", "ns", "x"))
     refusal = b.admit("a", "ns", "a", now=NOW, need_tokens=200)
     assert isinstance(refusal, BudgetRefusal)
     assert (refusal.reason, refusal.resource) == (BUDGET_HELD, "tokens")

@@ -1,7 +1,7 @@
 """A closed nats-server of the package's own, provisioned by the operator's identity, with a
 run of tenant B in namespace ``team-b`` on it: its admitted event, its TurnRequest, its ledger
-book and queue, an effect-ledger entry. Clients record every error the server sends them, so a
-test can show the refusal it asserts."""
+totals, run entry and queued-run value, an effect-ledger entry. Clients record every error the
+server sends them, so a test can show the refusal it asserts."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ async def operator_bus(closed_server: natsserver.NatsServer) -> AsyncIterator[Bu
 
 @pytest.fixture(scope="package")
 async def run_b(operator_bus: Bus) -> RunB:
-    """An admitted run of tenant B with a queued TurnRequest and a ledger book."""
+    """An admitted run of tenant B with a queued TurnRequest and ledger values."""
     uid = uuid.uuid4().hex
     name = f"secret-{uid[:6]}"
     config = RunConfig(
@@ -123,7 +123,8 @@ async def run_b(operator_bus: Bus) -> RunB:
     )
     store = await LedgerStore.open(operator_bus.js)
     await store.kv.put(f"book.{TENANT_B}", b'{"used": 525}')
-    await store.kv.put(f"queue.{TENANT_B}", b"[]")
+    await store.kv.put(f"run.{TENANT_B}.{uid}", b'{"holds": {}}')
+    await store.kv.put(f"queue.{TENANT_B}.{uid}", b'{"ns": "team-b"}')
     return RunB(uid, name, turn_seq)
 
 

@@ -1,5 +1,6 @@
 """What each identity's work needs still works on the closed bus: the workers pull, extend,
-acknowledge and commit turns, read any run's history, write ledger books and effect entries,
+acknowledge and commit turns, read any run's history, write ledger totals, run entries and
+effect entries,
 and hear cancellations; a reader follows its own namespace's runs; the operator provisions,
 publishes, consumes every run's events, inspects the work queue, lists the ledger and purges.
 Each through the runtime's own code (``Bus``, ``LedgerStore``, ``EffectLedger``)."""
@@ -7,6 +8,7 @@ Each through the runtime's own code (``Bus``, ``LedgerStore``, ``EffectLedger``)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +19,7 @@ from nats.js import api
 
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
-from agentrun.ledger import LedgerStore
+from agentrun.ledger import CallNeed, Granted, LedgerStore, QueuedRun, TenantLimits, TurnRef
 from agentrun.protocol import RunEvent
 from agentrun.worker.effects import EffectLedger
 from agentrun_dev import natsserver
@@ -55,13 +57,24 @@ async def test_a_worker_pulls_extends_commits_and_acknowledges_a_turn(
     assert not await operator_bus.turn_queued(run_b.turn_seq)  # acknowledged: gone
 
 
-async def test_a_worker_writes_ledger_books_and_effect_entries(
-    closed_server: natsserver.NatsServer, worker_bus: Bus, run_b: RunB
+async def test_a_worker_writes_ledger_totals_run_entries_and_effect_entries(
+    closed_server: natsserver.NatsServer, worker_bus: Bus, operator_bus: Bus, run_b: RunB
 ) -> None:
-    store = await LedgerStore.open(worker_bus.js, create=False)
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    revision = await store.kv.put(f"book.{tenant}", b"{}")
-    await store.kv.update(f"book.{tenant}", b'{"v": 2}', last=revision)
+    operator_store = await LedgerStore.open(operator_bus.js, inline_runs=0)
+    run = QueuedRun(uuid.uuid4().hex, NAMESPACE_B, "apart", time.time())
+    assert await operator_store.admit_run(tenant, run, limits=TenantLimits(), need=(0, 0)) is None
+    # the run's entry is a value of its own: each change of it is an atomic batch with the
+    # totals, which the worker's identity may publish
+    store = await LedgerStore.open(worker_bus.js, create=False, inline_runs=0)
+    hold = store.turn_hold(TurnRef(tenant, run.uid, NAMESPACE_B, "apart", 0))
+    assert isinstance(await hold.reserve_call(CallNeed(100, 0, kernel.Pricing())), Granted)
+    await hold.spend(kernel.Usage(input_tokens=90))
+    state = kernel.initial_state(goal="x")
+    await hold.settle(dataclasses.replace(state, usage=kernel.Usage(input_tokens=90), turn=1))
+    assert store.batches >= 2 and store.conflicts == 0
+    book = await operator_store.read(tenant)
+    assert book is not None and book.used_tokens == 90 and book.holds == {}
     effects = await EffectLedger.open(worker_bus.js, create=False)
     call = kernel.CheckedCall(id="call_1", name="write", arguments={"x": 1})
     assert await effects.claim(run_b.uid, call) is None  # first claim: send it
@@ -113,6 +126,7 @@ async def test_the_operator_inspects_lists_consumes_and_purges(
 ) -> None:
     store = await LedgerStore.open(operator_bus.js)
     assert TENANT_B in await store.tenants()
+    assert await store.queue(TENANT_B) == []  # listed from the stream info: no consumer
     assert await operator_bus.pending_turns() >= 0
     assert event_subject_b(run_b) in await operator_bus.event_subjects()
     sub = await operator_bus.event_subscription()

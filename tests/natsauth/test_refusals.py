@@ -9,7 +9,8 @@ works (``test_allowed``).
 
 Left to the workers by design (they run every tenant's turns; a stolen worker credential is
 bounded by what follows, not by these): reading any run's events, appending an event to any
-run, writing a tenant's ledger book and the effect ledger. Their contents are checked by the
+run, writing a tenant's ledger totals and run entries and the effect ledger (not its admission
+queue: the operator's alone). Their contents are checked by the
 operator and the workers themselves (signed run configs), not by NATS.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 
 import nats
@@ -104,9 +106,24 @@ async def write_ledger_book(c: Client, run: RunB) -> object:
     return await c.js().publish(subject, b'{"used": 0}')
 
 
+async def write_ledger_run_entry(c: Client, run: RunB) -> object:
+    subject = protocol.kv_subject(protocol.LEDGER_BUCKET, f"run.{TENANT_B}.{run.uid}")
+    return await c.js().publish(subject, b'{"holds": {}}')
+
+
 async def write_ledger_queue(c: Client, run: RunB) -> object:
     subject = protocol.kv_subject(protocol.LEDGER_BUCKET, f"queue.{TENANT_B}")
     return await c.js().publish(subject, b"[]")
+
+
+async def queue_a_run_for_b(c: Client, run: RunB) -> object:
+    subject = protocol.kv_subject(protocol.LEDGER_BUCKET, f"queue.{TENANT_B}.{uuid.uuid4().hex}")
+    return await c.js().publish(subject, b'{"uid": "x", "ns": "team-b", "name": "x", "at": 0}')
+
+
+async def dequeue_bs_run(c: Client, run: RunB) -> object:
+    subject = protocol.kv_subject(protocol.LEDGER_BUCKET, f"queue.{TENANT_B}.{run.uid}")
+    return await c.js().publish(subject, b"", headers={"KV-Operation": "PURGE"})
 
 
 async def write_effect(c: Client, run: RunB) -> object:
@@ -186,7 +203,10 @@ ATTEMPTS: dict[str, Attempt] = {
     "publish a TurnRequest for B's run": publish_b_turn_request,
     "cancel B's run": publish_cancel,
     "set B's ledger book": write_ledger_book,
+    "set B's run's ledger entry": write_ledger_run_entry,
     "rewrite B's admission queue": write_ledger_queue,
+    "queue a run in B's admission queue": queue_a_run_for_b,
+    "take B's run out of its admission queue": dequeue_bs_run,
     "mark an effect done": write_effect,
     "set max_age 1s on the event stream": shorten_event_retention,
     "delete the event stream": delete_event_stream,
@@ -204,6 +224,7 @@ WORKERS_OWN = {
     "read B's last event",
     "publish an event for B's run",
     "set B's ledger book",
+    "set B's run's ledger entry",
     "mark an effect done",
 }
 """The workers' work (see the module docstring); tested as allowed in ``test_allowed``."""
@@ -249,7 +270,9 @@ async def snapshot(admin: Client, run: RunB) -> dict[str, object]:
     return {
         "streams": streams,
         "book": (await ledger.get(f"book.{TENANT_B}")).value,
-        "queue": (await ledger.get(f"queue.{TENANT_B}")).value,
+        "run entry": (await ledger.get(f"run.{TENANT_B}.{run.uid}")).value,
+        "queued run": (await ledger.get(f"queue.{TENANT_B}.{run.uid}")).value,
+        "queues": sorted(k for k in await ledger.keys() if k.startswith("queue.")),
         "effects": effect_keys,
         "workers max_deliver": workers.config.max_deliver,
         "durable event consumers": sorted(durable),  # ephemeral ones come and go

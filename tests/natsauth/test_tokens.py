@@ -98,8 +98,10 @@ def test_the_account_carries_one_scoped_key_per_role_and_the_revocations() -> No
     keys = {k["role"]: k for k in claims["nats"]["signing_keys"]}
     assert set(keys) == {"operator", "worker", "reader"}
     assert keys["worker"]["key"] == authority.signers[Role.WORKER].public
-    assert "$KV.AGENTRUN_LEDGER.book.>" in keys["worker"]["template"]["pub"]["allow"]
-    assert "$KV.AGENTRUN_LEDGER.queue.>" not in keys["worker"]["template"]["pub"]["allow"]
+    worker_pub = keys["worker"]["template"]["pub"]["allow"]
+    assert "$KV.AGENTRUN_LEDGER.book.>" in worker_pub
+    assert "$KV.AGENTRUN_LEDGER.run.>" in worker_pub
+    assert not [s for s in worker_pub if "queue" in s or s == "$KV.AGENTRUN_LEDGER.>"]
     assert claims["nats"]["revocations"] == {"UOLD": 1_700_000_100}
     assert claims["nats"]["default_permissions"] == jwt.DENY_ALL
     # the operator's JWT keeps its stamp: nats-server reloads no change of its operator

@@ -119,3 +119,15 @@ def test_the_operator_provisions_one_replica_unless_told_and_at_most_five(
         monkeypatch.setenv("AGENTRUN_NATS_REPLICAS", refused)
         with pytest.raises(pydantic.ValidationError, match="nats_replicas"):
             OperatorSettings()
+
+
+def test_the_operator_makes_one_value_ledgers_unless_told_split(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AGENTRUN_LEDGER_LAYOUT", raising=False)
+    assert OperatorSettings().ledger_layout == "single"  # what workers N-1 read
+    monkeypatch.setenv("AGENTRUN_LEDGER_LAYOUT", "split")
+    assert OperatorSettings().ledger_layout == "split"
+    monkeypatch.setenv("AGENTRUN_LEDGER_LAYOUT", "sharded")
+    with pytest.raises(pydantic.ValidationError, match="ledger_layout"):
+        OperatorSettings()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import threading
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -211,3 +214,99 @@ async def test_a_hung_renewal_does_not_outlive_the_renew_deadline() -> None:
     async with asyncio.timeout(5):
         await leader.hold()
     assert time.monotonic() - started < timing.duration
+
+
+class ThreadSafeLeases(MemoryLeases):
+    """``MemoryLeases`` read and written from two threads (the renewal thread, the test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.renewed: list[float] = []
+        """When each update landed (monotonic seconds)."""
+
+    async def update(self, record: LeaseRecord) -> LeaseRecord:
+        with self.lock:
+            written = await super().update(record)
+            self.renewed.append(time.monotonic())
+            return written
+
+    def longest_gap(self, since: float) -> float:
+        """The longest time from ``since`` to now without a renewal."""
+        times = [since, *(t for t in self.renewed if t > since), time.monotonic()]
+        return max(b - a for a, b in itertools.pairwise(times))
+
+
+FAST = LeaseTiming(duration=1.5, renew_deadline=0.6, retry=0.1)
+
+
+async def test_a_busy_event_loop_lets_the_lease_lapse_unless_it_is_renewed_from_a_thread() -> None:
+    """A burst of work holding the operator's event loop for longer than the Lease's duration
+    (here: 3 x 0.6 s without yielding): renewals from a task on that loop stop meanwhile, so a
+    standby could take the Lease over while this leader still acts; ``RenewalThread`` renews
+    on its own loop all along, and releases the Lease when stopped."""
+    store = ThreadSafeLeases()
+    on_loop = LeaderElector(store, identity="a", timing=FAST)
+    assert await on_loop.try_acquire_or_renew()
+    holding = asyncio.create_task(on_loop.hold())
+    await asyncio.sleep(2 * FAST.retry)
+    start = time.monotonic()
+    time.sleep(3 * FAST.renew_deadline)  # the event loop busy: no renewal can run
+    assert store.longest_gap(start) > FAST.duration  # the Lease lapsed: a standby may lead
+    holding.cancel()
+    await asyncio.gather(holding, return_exceptions=True)
+
+    store = ThreadSafeLeases()
+    elector = LeaderElector(store, identity="a", timing=FAST)
+    assert await elector.try_acquire_or_renew()
+    lost = threading.Event()
+    closed: list[bool] = []
+
+    async def connect() -> tuple[leadership.LeaseStore, Callable[[], Awaitable[None]]]:
+        async def close() -> None:
+            closed.append(True)
+
+        return store, close
+
+    renewals = leadership.RenewalThread(elector, connect=connect, on_lost=lost.set)
+    await asyncio.to_thread(renewals.start)
+    start = time.monotonic()
+    time.sleep(3 * FAST.renew_deadline)  # the same burst
+    assert not lost.is_set()
+    # renewed every 0.1 s; a busy machine may delay the thread, far less than the deadline
+    assert store.longest_gap(start) < FAST.renew_deadline
+    await asyncio.to_thread(renewals.stop)
+    assert store.record is not None and store.record.holder == "" and closed == [True]
+    assert not lost.is_set()
+
+
+async def test_a_renewal_thread_that_loses_the_lease_says_so_from_its_thread() -> None:
+    store = ThreadSafeLeases()
+    elector = LeaderElector(store, identity="a", timing=FAST)
+    assert await elector.try_acquire_or_renew()
+    lost = threading.Event()
+
+    async def connect() -> tuple[leadership.LeaseStore, Callable[[], Awaitable[None]]]:
+        async def close() -> None:
+            return None
+
+        return store, close
+
+    renewals = leadership.RenewalThread(elector, connect=connect, on_lost=lost.set)
+    await asyncio.to_thread(renewals.start)
+    store.failing = True  # the API server away: no renewal
+    assert await asyncio.to_thread(lost.wait, 10 * FAST.renew_deadline)
+    await asyncio.to_thread(renewals.stop)
+
+
+async def test_a_renewal_thread_without_a_client_ends_leadership() -> None:
+    elector = LeaderElector(ThreadSafeLeases(), identity="a", timing=FAST)
+    lost = threading.Event()
+
+    async def connect() -> tuple[leadership.LeaseStore, Callable[[], Awaitable[None]]]:
+        raise OSError("no kubeconfig")
+
+    renewals = leadership.RenewalThread(elector, connect=connect, on_lost=lost.set)
+    await asyncio.to_thread(renewals.start)
+    assert lost.is_set()
+    await asyncio.to_thread(renewals.stop)

@@ -82,11 +82,11 @@ def test_a_used_up_resource_names_itself_in_the_reason(
 def test_wall_clock_counts_active_runs_up_to_now() -> None:
     p = policy(wallClockSeconds=60)
     entry = book(p)
-    assert entry.admit("r1", "ns", "one", now=NOW - 61) is None
+    assert entry.admit("r1", "ns", "one", now=NOW - 60) is None  # at the window's start
     body = tenant_status(p, entry, now=NOW, previous={}).body
     assert conditions(body)["BudgetExhausted"] == ("True", "WallClockSecondsExhausted")
     assert body["budget"]["wallClockSeconds"] == {
-        "used": 61.0,
+        "used": 60.0,
         "reserved": 0,
         "limit": 60.0,
         "remaining": 0.0,

@@ -1,0 +1,279 @@
+"""A tenant as big as its users: many AgentRuns created at once in one tenant whose ledger is
+``split`` (an evaluation sweep applied through GitOps) all end by their own execution —
+``completed``, none refused for how the ledger stores the tenant — with more runs active at
+once than a one-value (``single``) ledger holds (500) and more queued than its queue holds
+(1,000), every queued run showing its own position, and the tenant's ``used`` equal to the sum
+of its runs' usage exactly.
+
+The size is a setting: ``AGENTRUN_SCALE_RUNS`` runs (default 1,600) in a tenant with
+``maxConcurrentRuns`` ``AGENTRUN_SCALE_ACTIVE`` (default 550): what CI runs, a few minutes on
+the local e2e stack. ``AGENTRUN_SCALE_RUNS=12000 AGENTRUN_SCALE_ACTIVE=2000`` is the full claim
+(2,000 active and 10,000 queued from the start), not run in CI (heavy on a 2-core machine);
+``bench/bench_ledger_scale.py`` measures the ledger alone at that size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import threading
+import time
+from decimal import Decimal
+from typing import Any
+
+import nats
+import pytest
+import yaml
+
+from agentrun import kernel
+from agentrun.ledger import Book, LedgerStore
+from agentrun_dev.kubectl import create_namespace, delete_namespace
+
+from .conftest import E2EStack, mock_model, run_manifest
+
+pytestmark = pytest.mark.e2e
+
+RUNS = int(os.environ.get("AGENTRUN_SCALE_RUNS", "1600"))
+ACTIVE = int(os.environ.get("AGENTRUN_SCALE_ACTIVE", "550"))
+CHUNK = 250
+"""AgentRuns per ``kubectl create`` (each created with a request of its own)."""
+
+
+def run_names(count: int) -> list[str]:
+    return [f"sweep-{i:05d}" for i in range(count)]
+
+
+def create_runs(stack_: E2EStack, namespace: str, names: list[str]) -> None:
+    """``kubectl create`` every run, in chunks, two chunks at a time."""
+
+    def create(chunk: list[str]) -> None:
+        items = [run_manifest(n, f"E2E-ONE-TURN {n}", tools=[]) for n in chunk]
+        body = {"apiVersion": "v1", "kind": "List", "items": items}
+        stack_.kubectl(
+            "create", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), timeout=900
+        )
+
+    chunks = [names[i : i + CHUNK] for i in range(0, len(names), CHUNK)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(create, chunks))
+
+
+def terminal_reasons(stack_: E2EStack, namespace: str) -> dict[str, str]:
+    """name → terminal reason ("" while not ended), light enough to poll at 10,000 runs."""
+    out = stack_.kubectl(
+        "get",
+        "agentruns",
+        "-n",
+        namespace,
+        "--no-headers",
+        "-o",
+        "custom-columns=NAME:.metadata.name,REASON:.status.terminalReason",
+        timeout=300,
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        name, _, reason = line.partition(" ")
+        reason = reason.strip()
+        found[name] = "" if reason == "<none>" else reason
+    return found
+
+
+def queue_positions(stack_: E2EStack, namespace: str) -> dict[str, int]:
+    """name → the queue position its status shows (runs showing one)."""
+    out = stack_.kubectl(
+        "get",
+        "agentruns",
+        "-n",
+        namespace,
+        "--no-headers",
+        "-o",
+        "custom-columns=NAME:.metadata.name,POSITION:.status.queuePosition",
+        timeout=300,
+    ).stdout
+    found = {}
+    for line in out.splitlines():
+        name, _, position = line.partition(" ")
+        if position.strip().isdigit():
+            found[name] = int(position.strip())
+    return found
+
+
+def tenant_status(stack_: E2EStack, name: str) -> dict[str, Any]:
+    obj = json.loads(stack_.kubectl("get", "agenttenant", name, "-o", "json").stdout)
+    status: dict[str, Any] = obj.get("status") or {}
+    return status
+
+
+def read_book(nats_server: Any, tenant: str) -> Book | None:
+    """The tenant's whole ledger, straight from JetStream KV."""
+
+    async def read() -> Book | None:
+        nc = await nats.connect(**nats_server.client_options())
+        try:
+            store = await LedgerStore.open(nc.jetstream(), create=False)
+            return await store.read(tenant)
+        finally:
+            await nc.close()
+
+    found: list[Book | None] = []
+    thread = threading.Thread(target=lambda: found.append(asyncio.run(read())))
+    thread.start()
+    thread.join(timeout=120)
+    return found[0]
+
+
+def set_max_concurrent_runs(stack_: E2EStack, tenant: str, namespace: str, most: int) -> None:
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": tenant},
+        "spec": {"namespaces": [namespace], "maxConcurrentRuns": most},
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def keep_up(stack_: E2EStack) -> None:
+    """Start the operator or a worker again if it exited, as their Deployments do: on a loaded
+    machine, an API server slowed by thousands of runs can make the operator miss its Lease
+    renewal, and it exits by design (a new leader takes over; nothing committed is lost)."""
+    dead = [c for c in (stack_.operator, *stack_.workers) if not c.is_alive()]
+    if dead:
+        print(f"\nrestarting {len(dead)} exited component(s), as their Deployments would")
+        stack_.restart_dead()
+
+
+def wait_tenant(stack_: E2EStack, tenant: str, predicate: Any, *, timeout: float) -> dict[str, Any]:
+    end = time.monotonic() + timeout
+    while True:
+        keep_up(stack_)
+        status = tenant_status(stack_, tenant)
+        if predicate(status):
+            return status
+        assert time.monotonic() < end, f"AgentTenant {tenant}: {status}"
+        time.sleep(2)
+
+
+def ledger_sums(runs: dict[str, Any]) -> tuple[int, Decimal]:
+    """Σ of every run's own usage (tokens, USD), from its status. A status shows its cost to
+    the micro-dollar (``costUSD``), the ledger holds it exact: each run's exact cost is priced
+    again from its status's tokens at the e2e AgentModel's prices (and must round to what its
+    status shows)."""
+    prices = mock_model("http://unused")["spec"]["pricing"]
+    pricing = kernel.Pricing(
+        Decimal(prices["inputPerMillionUSD"]),
+        Decimal(prices["cachedInputPerMillionUSD"]),
+        Decimal(prices["outputPerMillionUSD"]),
+    )
+    usages = [(item.get("status") or {}).get("usage") or {} for item in runs["items"]]
+    tokens = sum(u.get("inputTokens", 0) + u.get("outputTokens", 0) for u in usages)
+    costs = [
+        pricing.cost(
+            input_tokens=u.get("inputTokens", 0),
+            cached_input_tokens=u.get("cachedInputTokens", 0),
+            output_tokens=u.get("outputTokens", 0),
+        )
+        for u in usages
+    ]
+    shown = [Decimal(u.get("costUSD") or "0") for u in usages]
+    assert [f"{c:.6f}" for c in costs] == [f"{c:.6f}" for c in shown]
+    return tokens, sum(costs, Decimal(0))
+
+
+@pytest.mark.timeout(max(1_800, RUNS))
+def test_runs_created_at_once_in_one_tenant_all_end_by_their_own_execution(
+    split_layout: E2EStack, nats_server: Any
+) -> None:
+    """A tenant made with the operator set to ``split``: the runs are all created while the
+    tenant's one slot is held by a run waiting for an approval (so they are all queued at
+    once, whatever the speed of ``kubectl create``); then
+    the tenant's ``maxConcurrentRuns`` is raised and the gate cancelled: ``ACTIVE`` runs are
+    admitted at once, the rest as runs end."""
+    stack_ = split_layout
+    namespace = create_namespace(stack_.kubectl, prefix="big-tenant-")
+    tenant = namespace
+    set_max_concurrent_runs(stack_, tenant, namespace, 1)
+    wait_tenant(stack_, tenant, lambda s: "activeRuns" in s, timeout=60)
+    gate = run_manifest("gate", "E2E-APPROVAL gate", approval={"tools": ["calculate"]})
+    stack_.apply(namespace, gate)
+    stack_.wait_for(namespace, "gate", lambda s: s.get("phase") == "AwaitingApproval")
+    names = run_names(RUNS)
+    try:
+        started = time.monotonic()
+        create_runs(stack_, namespace, names)
+        created = time.monotonic() - started
+        queued = wait_tenant(
+            stack_, tenant, lambda s: s.get("queuedRuns") == RUNS, timeout=max(300, RUNS / 10)
+        )
+        # every run shows its own position: at once when queued; one that moved (a run created
+        # earlier arrived after it) within the refresh rate (AGENTRUN_QUEUE_STATUS_WRITES)
+        end = time.monotonic() + max(120, RUNS / 20 + 60)
+        while sorted((shown := queue_positions(stack_, namespace)).values()) != list(
+            range(1, RUNS + 1)
+        ):
+            assert time.monotonic() < end, (
+                f"{len(shown)} positions shown, up to {max(shown.values())}"
+            )
+            keep_up(stack_)
+            time.sleep(2)
+        last = (stack_.get(namespace, max(shown, key=lambda n: shown[n])) or {})["status"]
+        assert last["phase"] == "Queued" and last["conditions"][0]["reason"] == "ConcurrencyLimit"
+        assert f"at position {RUNS}: behind {RUNS - 1} run(s)" in last["message"]
+        opened = time.monotonic()
+        set_max_concurrent_runs(stack_, tenant, namespace, ACTIVE)
+        stack_.kubectl("annotate", "agentrun", "gate", "-n", namespace, "agentrun.dev/cancel=true")
+        most = {"activeRuns": 0, "queuedRuns": int(queued["queuedRuns"])}
+        while True:
+            status = tenant_status(stack_, tenant)
+            for key in most:
+                most[key] = max(most[key], int(status.get(key) or 0))
+            reasons = terminal_reasons(stack_, namespace)
+            ended = sum(bool(r) for n, r in reasons.items() if n != "gate")
+            if ended == RUNS:
+                break
+            assert time.monotonic() - opened < RUNS, f"{ended} of {RUNS} runs ended"
+            keep_up(stack_)
+            time.sleep(2)
+        took = time.monotonic() - opened
+        counts: dict[str, int] = {}
+        for name, reason in reasons.items():
+            if name != "gate":
+                counts[reason] = counts.get(reason, 0) + 1
+        assert counts == {"completed": RUNS}  # each by its own execution; none by the queue
+        assert reasons["gate"] == "cancelled"
+        assert most["activeRuns"] > min(500, ACTIVE - 50), most  # the one-value ledger: 500
+        assert most["queuedRuns"] == RUNS  # the one-value queue: 1,000
+        # used == Σ runs' own usage, exactly: in the ledger and in the AgentTenant's status
+        listed = stack_.kubectl("get", "agentruns", "-n", namespace, "-o", "json", timeout=600)
+        runs = json.loads(listed.stdout)
+        tokens, cost = ledger_sums(runs)
+        book = read_book(nats_server, tenant)
+        assert book is not None
+        assert (book.used_tokens, book.used_cost) == (tokens, cost)
+        assert (book.abandoned_tokens, book.active_runs, book.holds) == (0, 0, {})
+        assert book.totals_mismatch() == []
+        wait_tenant(
+            stack_,
+            tenant,
+            lambda s: (
+                ((s.get("budget") or {}).get("tokens") or {}).get("used") == tokens
+                and ((s.get("budget") or {}).get("costUSD") or {}).get("used") == format(cost, "f")
+            ),
+            timeout=30,
+        )
+        starts = sorted(
+            (item.get("status") or {}).get("startTime", "")
+            for item in runs["items"]
+            if item["metadata"]["name"] != "gate"
+        )
+        print(
+            f"\n{RUNS} runs created in {created:.0f} s, all queued behind the gate; "
+            f"maxConcurrentRuns {ACTIVE}: all ended {took:.0f} s after it was raised "
+            f"({RUNS / took:.1f} runs/s); most active {most['activeRuns']}, most queued "
+            f"{most['queuedRuns']}; admissions from {starts[0]} to {starts[-1]}; used {tokens} "
+            f"tokens, {cost} USD"
+        )
+    finally:
+        stack_.kubectl("delete", "agenttenant", tenant, "--ignore-not-found", "--wait=false")
+        delete_namespace(stack_.kubectl, namespace)
