@@ -57,15 +57,13 @@ typecheck: $(STAMP)
 	rm -rf build devtools/build
 	cd $(VENV) && MYPYPATH=typecheck ../$(BIN)/mypy --strict -p agentrun -p agentrun_dev
 
-# The real model's server (llama.cpp, about 5 minutes cold on 2 cores) builds beside the first
-# tests, which need only the Go binaries; the realmodel tests wait for it under its file lock.
-# --durations: the slowest tests, printed for whoever trims the suite's time next.
+# The suite in two tiers (.ci/pytest-tiers says how): the tests that need no Go-built binary run
+# while those binaries, then the real model's server (llama.cpp), build niced in the background
+# (cold: about 14 and 5 minutes on 2 cores; warm, cache hits), then the rest. Exit status 1 when
+# a tier or a build failed. --durations: the slowest tests of each tier, printed for whoever
+# trims the suite's time next.
 pytest: $(STAMP) system-packages node-packages
-	$(BIN)/agentrun dev binaries --node
-	$(BIN)/python -m agentrun_dev.llamaserver > $(VENV)/llama-server.log 2>&1 & llama=$$!; \
-	  $(BIN)/pytest --durations=30; rc=$$?; \
-	  if ! wait $$llama; then echo "building the llama server failed:"; tail -n 30 $(VENV)/llama-server.log; rc=1; fi; \
-	  exit $$rc
+	.ci/pytest-tiers $(BIN) --durations=30
 
 ## image: the agentrun and NATS container images (buildah, from Debian packages and this
 ## repository's wheel), as docker-archive tarballs for `ctr -n k8s.io images import`. Cached:

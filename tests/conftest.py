@@ -35,11 +35,23 @@ REPO = Path(__file__).resolve().parent.parent
 CRD_DIR = REPO / "crds"
 
 
+BINARY_FIXTURES = frozenset({"control_plane", "devenv_binaries", "cluster_node"})
+"""The fixtures that need the Go-built control-plane (or node) binaries."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker is selectable
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses one of `BINARY_FIXTURES` ``binaries``, so ``-m 'not binaries'``
+    selects what runs while the binaries build (the Makefile's first tier)."""
+    for item in items:
+        if BINARY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.binaries)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build or locate the control-plane (and node) binaries before the first test needing them."""
-    needed = {"control_plane", "devenv_binaries", "cluster_node"}
     used = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
-    if not needed & used:
+    if not BINARY_FIXTURES & used:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
 

@@ -124,6 +124,13 @@ def register_dev(subparsers: Subparsers) -> None:
         help="also the node's binaries (kube-controller-manager, kube-scheduler, kubelet, "
         "kube-proxy, coredns), in one build",
     )
+    build.add_argument(
+        "--all",
+        action="store_true",
+        help="everything the test suite builds from the Go module proxy, in the order its tiers "
+        "need them (.ci/pytest-tiers): helm, prometheus and promtool, the nats CLI, syft, "
+        "the control plane, then the node's binaries as --node",
+    )
     build.set_defaults(handler=cmd_dev_binaries)
 
 
@@ -228,12 +235,12 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_binaries(args: argparse.Namespace) -> int:
-    """``agentrun dev binaries [--node]``: build or locate the binaries (the ``nats`` CLI of
-    the NATS image included); print their paths."""
-    rows: list[tuple[str, Path]] = []
-    if args.node:
+    """``agentrun dev binaries [--node | --all]``: build or locate the binaries (the ``nats``
+    CLI of the NATS image included); print their paths."""
+    tools = _suite_tools() if args.all else []
+    if args.node or args.all:
         found, on_node = binaries.ensure_node_binaries(log=_progress)
-        rows += [
+        rows = [
             ("kube-controller-manager", on_node.kube_controller_manager),
             ("kube-scheduler", on_node.kube_scheduler),
             ("kubelet", on_node.kubelet),
@@ -242,17 +249,38 @@ def cmd_dev_binaries(args: argparse.Namespace) -> int:
             ("kube-router", on_node.kube_router),
         ]
     else:
-        found = binaries.ensure_binaries(log=_progress)
+        found, rows = binaries.ensure_binaries(log=_progress), []
     rows = [
         ("etcd", found.etcd),
         ("kube-apiserver", found.kube_apiserver),
         ("kubectl", found.kubectl),
         ("nats", binaries.ensure_natscli(log=_progress)),
+        *tools,
         *rows,
     ]
     for name, path in rows:
         print(f"{name:<24} {path}")
     return 0
+
+
+def _suite_tools() -> list[tuple[str, Path]]:
+    """``--all`` first: helm and prometheus (the first tier's session waits for them at its
+    start), the ``nats`` CLI and syft (its image and release tests), then the control plane
+    (what the second tier waits for; see .ci/pytest-tiers). Each built once per machine under
+    its own lock, or found."""
+    from agentrun_dev import dist, helm, prometheus  # dist imports the image builder
+
+    helm_binary = helm.ensure_helm(log=_progress)
+    found = prometheus.ensure_prometheus(log=_progress)
+    binaries.ensure_natscli(log=_progress)  # listed with the control plane
+    syft = dist.syft_binary(log=_progress)
+    binaries.ensure_binaries(log=_progress)
+    return [
+        ("helm", helm_binary),
+        ("prometheus", found.prometheus),
+        ("promtool", found.promtool),
+        ("syft", syft),
+    ]
 
 
 def _print_status(current: state.StackState) -> list[stack.ComponentStatus]:

@@ -23,8 +23,7 @@ import yaml
 
 from agentrun_dev import demo, node, release
 from agentrun_dev.kubectl import Kubectl
-
-from .test_helm_install import agent_run, ended, run_status, wait_for
+from cluster.runs_support import agent_run, ended, run_status, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "agentrun"

@@ -132,6 +132,7 @@ BUILD = textwrap.dedent(
 )
 
 
+@pytest.mark.binaries  # after the session's build: Go's cache warm, not compiling beside it
 @pytest.mark.timeout(7200)  # with Go's build cache warm (the session built once) ~30 s
 def test_two_concurrent_callers_share_one_build_into_an_empty_cache(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KUBEBUILDER_ASSETS"}
@@ -201,6 +202,7 @@ def test_a_missing_node_binary_is_built_and_without_go_the_error_says_so(
         binaries.ensure_node_binaries(root=tmp_path, log=lambda _: None)
 
 
+@pytest.mark.nodebinaries  # after the node's build, not waiting for it
 def test_the_node_s_network_policy_enforcer_is_the_pinned_kube_router() -> None:
     """kube-router built from the Go module proxy (or cached), stamped with its version."""
     _, node = binaries.ensure_node_binaries(log=print)

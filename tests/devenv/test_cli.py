@@ -255,3 +255,19 @@ async def stream_replicas(url: str, auth: NatsAuth) -> dict[str, int]:
                     await asyncio.sleep(0.5)
     finally:
         await client.close()
+
+
+@pytest.mark.nodebinaries  # after the background build, not waiting for it
+@pytest.mark.timeout(7200)  # cold: every Go build of the suite
+def test_binaries_all_builds_and_lists_every_go_binary_the_suite_uses() -> None:
+    done = agentrun("dev", "binaries", "--all", timeout=7200)
+
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    names = [name for name, _ in rows]
+    assert names == [
+        *("etcd", "kube-apiserver", "kubectl", "nats", "helm", "prometheus", "promtool"),
+        *("syft", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy"),
+        *("coredns", "kube-router"),
+    ]
+    assert all(os.access(path, os.X_OK) for _, path in rows)

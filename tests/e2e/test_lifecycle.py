@@ -23,7 +23,7 @@ from .events import read_book, read_events
 from .test_failover import readiness
 from .test_tenants import wait_tenant
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.nodebinaries]  # kube-controller-manager
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "agentrun" / "crds"
 FINALIZER = "agentrun.dev/finalizer"
