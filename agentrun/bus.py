@@ -14,6 +14,16 @@ protocol error (``-ERR``), which nats-py would otherwise treat as final (``natsc
 ``connect_nats`` and ``reconnections`` are re-exported here); pull consumers are bound again
 after each reconnect.
 
+Reads: every read of a run's events that a decision rests on (the worker's history, the
+operator's dispatch, recovery and sweeps) asks the stream's leader (``$JS.API.STREAM.MSG.GET``),
+which answers only with what it has applied, everything it acknowledged. A direct get
+(``allow_direct``) is answered by whichever server holding the stream gets it first (NATS
+queue-group semantics, the client's own server preferred), and on a replicated stream a
+follower may not have applied an append the leader already acknowledged: a worker that read
+its run's history so saw the run *behind* its TurnRequest (issue 23). Direct gets stay on for
+namespace readers (``last_event(any_replica=True)``: a display, and the only read whose
+permission can name the run's subject).
+
 Provisioning: the streams and the workers' durable consumer are created and configured by the
 operator's bus alone (``provision=True``); a worker's bus only binds them, and on a closed bus
 has no permission to do more (``agentrun.natsauth.permissions``).
@@ -331,11 +341,22 @@ class Bus:
             raise
         return int(ack.seq)
 
-    async def last_event(self, namespace: str, name: str) -> RunEvent | None:
-        """The run's newest event, or ``None`` when it has none."""
+    async def last_event(
+        self, namespace: str, name: str, *, any_replica: bool = False
+    ) -> RunEvent | None:
+        """The run's newest event, or ``None`` when it has none.
+
+        Read from the stream's leader (``$JS.API.STREAM.MSG.GET``), so an event whose append
+        was acknowledged is seen (read-your-writes; see "Reads" in the module docstring).
+        ``any_replica``: a direct get any server holding the stream may answer — on a
+        replicated stream it may miss events acknowledged a moment ago; only for a display (a
+        namespace reader, whose permission names the run's subject in the direct get's).
+        """
         try:
             raw = await self.js._jsm.get_last_msg(
-                protocol.STREAM_EVENTS, protocol.event_subject(namespace, name), direct=True
+                protocol.STREAM_EVENTS,
+                protocol.event_subject(namespace, name),
+                direct=any_replica,
             )
         except nats.js.errors.NotFoundError:
             return None
@@ -343,35 +364,33 @@ class Bus:
         return RunEvent.decode(raw.data, seq=int(raw.seq or 0))
 
     async def first_event(self, namespace: str, name: str) -> RunEvent | None:
-        """The run's oldest event (normally its admission), or ``None`` when it has none."""
-        try:
-            raw = await self.js._jsm.get_msg(
-                protocol.STREAM_EVENTS,
-                seq=1,
-                subject=protocol.event_subject(namespace, name),
-                next=True,
-                direct=True,
-            )
-        except nats.js.errors.NotFoundError:
-            return None
-        assert raw.data is not None
-        return RunEvent.decode(raw.data, seq=int(raw.seq or 0))
+        """The run's oldest event (normally its admission), or ``None`` when it has none (read
+        from the stream's leader)."""
+        raw = await self._next_event(protocol.event_subject(namespace, name), 1)
+        return None if raw is None else RunEvent.decode(raw[1], seq=raw[0])
 
     async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        """Every event of the run with a sequence above ``after_seq``, oldest first."""
+        """Every event of the run with a sequence above ``after_seq``, oldest first (read from
+        the stream's leader: every event acknowledged before the call is among them)."""
         subject = protocol.event_subject(namespace, name)
         events: list[RunEvent] = []
         seq = after_seq + 1
-        while True:
-            try:
-                raw = await self.js._jsm.get_msg(
-                    protocol.STREAM_EVENTS, seq=seq, subject=subject, next=True, direct=True
-                )
-            except nats.js.errors.NotFoundError:
-                return events
-            assert raw.data is not None and raw.seq is not None
-            events.append(RunEvent.decode(raw.data, seq=int(raw.seq)))
-            seq = int(raw.seq) + 1
+        while (raw := await self._next_event(subject, seq)) is not None:
+            events.append(RunEvent.decode(raw[1], seq=raw[0]))
+            seq = raw[0] + 1
+        return events
+
+    async def _next_event(self, subject: str, seq: int) -> tuple[int, bytes] | None:
+        """(sequence, payload) of the first event on ``subject`` at or after ``seq``, asked of
+        the stream's leader; ``None`` when there is none."""
+        try:
+            raw = await self.js._jsm.get_msg(
+                protocol.STREAM_EVENTS, seq=seq, subject=subject, next=True, direct=False
+            )
+        except nats.js.errors.NotFoundError:
+            return None
+        assert raw.seq is not None
+        return int(raw.seq), raw.data or b""
 
     async def follow_events(
         self, namespace: str, name: str, *, consumer: str | None = None

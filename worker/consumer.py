@@ -3,7 +3,9 @@
 Delivery rules: ack only after the turn event is committed; ``in_progress``
 heartbeats while a turn runs so JetStream does not redeliver it; a request whose base event is
 not the run's last event is stale (the turn was already committed, or the run moved on) and is
-acked without running; a commit that loses the compare-and-set is dropped, never retried. A
+acked without running, but a history read that ends *before* the base event is behind (the read
+missed an acknowledged append) and the request is read again shortly (``BEHIND_DELAY``); a
+commit that loses the compare-and-set is dropped, never retried. A
 request for a run whose config the operator did not seal (``history.load`` raises
 ``trust.Untrusted``) is refused: acked without a model call, a Secret read or a tool call,
 counted in ``agentrun_messages_refused_total``; the operator, which reads the same events, ends
@@ -71,6 +73,11 @@ class ConsumerSettings:
     next model call."""
 
 
+BEHIND_DELAY = 0.5
+"""Seconds before a TurnRequest whose history read came back behind it is read again."""
+BEHIND_DELIVERIES = 10
+"""Deliveries of a TurnRequest whose history reads end before its base event, after which it
+is taken as stale (its run deleted) and acked: no read lags a leader's ack for that long."""
 NEWER_SCHEMA_DELAY = 30.0
 """Seconds before a message written in a newer wire schema is offered again (to a newer
 worker, during a rolling upgrade)."""
@@ -337,14 +344,8 @@ class TurnConsumer:
             log.warning("refused turn %s: %s", request.msg_id, err)
             await msg.ack()
             return
-        if (
-            run is None
-            or run.seq != request.expected_seq
-            or run.state.turn != request.turn
-            or run.state.phase is not kernel.Phase.RUNNING
-        ):
-            log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
-            await msg.ack()
+        run = await self._runnable(msg, request, run)
+        if run is None:
             return
         if run.stored >= self.settings.run_event_max_bytes:
             await self._commit_failure(request, _storage_full(run, self.settings))
@@ -368,6 +369,42 @@ class TurnConsumer:
         if committed is not None:
             self._observe(committed, run, started=started)
         await msg.ack()
+
+    async def _runnable(
+        self, msg: Msg, request: TurnRequest, run: history.LoadedRun | None
+    ) -> history.LoadedRun | None:
+        """``run`` if its turn is to be run now; else ``None``, its message naked or acked here.
+
+        A history read ending before the request's base event (``run`` None or its ``seq``
+        below ``expected_seq``) is *behind*, not stale: the request was built on an event the
+        stream acknowledged, so the read missed it (a server that had not applied it yet, a
+        leader just elected). It is naked to be read again ``BEHIND_DELAY`` seconds later, up
+        to ``BEHIND_DELIVERIES`` deliveries (then taken as stale: a deleted run's purged
+        events). A request whose base is not the run's last event, or for a turn the run is
+        not at, is stale and acked without running."""
+        delivered = msg.metadata.num_delivered or 1
+        if (run is None or run.seq < request.expected_seq) and delivered < BEHIND_DELIVERIES:
+            seen = 0 if run is None else run.seq
+            log.warning(
+                "turn %s: the run's events read end at %d, before the request's base %d; "
+                "reading them again",
+                request.msg_id,
+                seen,
+                request.expected_seq,
+            )
+            self.cache.drop(request.run_uid)
+            await msg.nak(delay=BEHIND_DELAY)
+            return None
+        if (
+            run is None
+            or run.seq != request.expected_seq
+            or run.state.turn != request.turn
+            or run.state.phase is not kernel.Phase.RUNNING
+        ):
+            log.info("stale TurnRequest %s (run moved on); acking", request.msg_id)
+            await msg.ack()
+            return None
+        return run
 
     async def _run_turn(
         self, msg: Msg, request: TurnRequest, run: history.LoadedRun, hold: TurnHold | None

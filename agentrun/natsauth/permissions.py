@@ -123,6 +123,13 @@ def _kv_read(bucket: str) -> list[str]:
     return [f"{JS_API}.STREAM.INFO.{stream}", f"{JS_API}.STREAM.MSG.GET.{stream}"]
 
 
+def _direct_get(stream: str) -> list[str]:
+    """Direct gets of ``stream``, which this release's operator and workers no longer make (a
+    replica may answer them behind the leader: they read from the leader), kept for the
+    previous release's processes while a rolling upgrade replaces them."""
+    return [f"{JS_API}.DIRECT.GET.{stream}", f"{JS_API}.DIRECT.GET.{stream}.>"]
+
+
 def operator() -> Permissions:
     """The operator's permissions (see the module docstring)."""
     ledger = protocol.kv_stream(protocol.LEDGER_BUCKET)
@@ -144,8 +151,8 @@ def operator() -> Permissions:
         f"{JS_API}.CONSUMER.DURABLE.CREATE.{events}.{protocol.OPERATOR_CONSUMER}",
         f"{JS_API}.CONSUMER.INFO.{events}.{protocol.OPERATOR_CONSUMER}",
         *_durable(events, protocol.OPERATOR_CONSUMER),
-        f"{JS_API}.DIRECT.GET.{events}",
-        f"{JS_API}.DIRECT.GET.{events}.>",
+        f"{JS_API}.STREAM.MSG.GET.{events}",  # a run's events, from the stream's leader
+        *_direct_get(events),
         f"{JS_API}.STREAM.PURGE.{events}",  # a deleted run's events
         protocol.TURN_SUBJECTS,
         protocol.EVENT_SUBJECTS,
@@ -166,8 +173,8 @@ def worker() -> Permissions:
     publish = [
         *_durable(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER),
         protocol.EVENT_SUBJECTS,  # committing turns, with the expected last sequence
-        f"{JS_API}.DIRECT.GET.{events}",
-        f"{JS_API}.DIRECT.GET.{events}.>",
+        f"{JS_API}.STREAM.MSG.GET.{events}",  # a run's events, from the stream's leader
+        *_direct_get(events),
         *_kv_read(protocol.LEDGER_BUCKET),
         protocol.kv_subject(protocol.LEDGER_BUCKET, f"{protocol.LEDGER_TOTALS}.>"),
         protocol.kv_subject(protocol.LEDGER_BUCKET, f"{protocol.LEDGER_RUNS}.>"),

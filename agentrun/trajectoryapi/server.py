@@ -244,8 +244,9 @@ async def _write_followed(
 
 async def read_all(events: bus.Bus, namespace: str, name: str) -> list[RunEvent]:
     """Every event of the run, oldest first, read as a reader may: the run's last event
-    (a direct get on its subject), then an ordered consumer on that subject up to it."""
-    last = await events.last_event(namespace, name)
+    (a direct get on its subject, which any replica may answer: at worst an event committed a
+    moment ago is left for the next read), then an ordered consumer on that subject up to it."""
+    last = await events.last_event(namespace, name, any_replica=True)
     found: list[RunEvent] = []
     if last is None:
         return found

@@ -195,32 +195,40 @@ def _config(
 
 
 def _wait_formed(servers: list[NatsServer], *, deadline: float) -> None:
-    """Wait until every server's full ``/healthz`` is ok and one meta leader is known."""
+    """Wait until every server's full ``/healthz`` is ok, one meta leader is known, and that
+    leader sees every other server as a current peer (a peer it still counts offline makes an
+    R3 stream's creation fail with 10005 "no suitable peers for placement, peer offline")."""
     last = "not asked yet"
     while time.monotonic() < deadline:
         for server in servers:
             if not server.component.is_alive():
                 raise probes.NotReadyError(f"nats-server {server.url} exited while forming")
         try:
-            leaders = {_meta_leader(server.monitor_url) for server in servers}
+            views = [_meta_view(server.monitor_url) for server in servers]
         except OSError as err:
             last = repr(err)
         else:
-            if len(leaders) == 1 and "" not in leaders:
+            leaders = {leader for leader, _ in views}
+            current = max(peers for _, peers in views)  # the leader lists every peer
+            if len(leaders) == 1 and "" not in leaders and current == len(servers) - 1:
                 return
-            last = f"meta leaders seen: {sorted(leaders)}"
+            last = f"meta leaders seen: {sorted(leaders)}, current peers: {current}"
         time.sleep(0.2)
     raise probes.NotReadyError(f"the NATS cluster did not form: {last}")
 
 
-def _meta_leader(monitor_url: str) -> str:
-    """The meta leader's name as the server at `monitor_url` sees it ("" if none), once its
-    ``/healthz`` is ok (raises OSError, e.g. ``HTTPError``, while it is not)."""
+def _meta_view(monitor_url: str) -> tuple[str, int]:
+    """(the meta leader's name as the server at `monitor_url` sees it, "" if none; the other
+    servers it lists as current, online meta peers), once its ``/healthz`` is ok (raises
+    OSError, e.g. ``HTTPError``, while it is not)."""
     with urllib.request.urlopen(f"{monitor_url}/healthz", timeout=2) as response:
         response.read()
     with urllib.request.urlopen(f"{monitor_url}/jsz", timeout=2) as response:
         data = json.load(response)
-    return str((data.get("meta_cluster") or {}).get("leader") or "")
+    meta = data.get("meta_cluster") or {}
+    peers = meta.get("replicas") or []
+    current = sum(1 for p in peers if p.get("current") and not p.get("offline"))
+    return str(meta.get("leader") or ""), current
 
 
 async def jetstream_usable(cluster: NatsCluster, *, timeout: float = 60.0) -> None:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats
 import nats.errors
@@ -23,6 +26,8 @@ from agentrun.bus import WRONG_LAST_SEQUENCE_CODES, Bus, BusSettings, CommitConf
 from agentrun.ledger import LedgerStore
 from agentrun.protocol import RunEvent
 from agentrun_dev import natscluster, natsserver
+
+T = TypeVar("T")
 
 STREAMS = (
     protocol.STREAM_TURNS,
@@ -63,6 +68,17 @@ async def settled(bus: Bus, stream: str, *, timeout: float = 20.0) -> None:
             return
         assert time.monotonic() < deadline, f"{stream} not settled at R3: {cluster}"
         await asyncio.sleep(0.1)
+
+
+async def retried(call: Callable[[], Awaitable[T]], *, timeout: float = 30.0) -> T:
+    """``await call()``, again while a stream elects a leader (``ELECTION_ERRORS``), as the
+    runtime retries; TimeoutError after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await call()
+            except ELECTION_ERRORS:
+                await asyncio.sleep(0.2)
 
 
 def event(uid: str, turn: int) -> RunEvent:
@@ -203,4 +219,49 @@ async def test_a_leader_step_down_during_appends_loses_no_acknowledged_event(
     finally:
         stop.set()
         await admin.close()
+        await bus.close()
+
+
+async def test_every_server_reads_an_acknowledged_event_at_once_through_a_step_down(
+    nats_cluster: natscluster.NatsCluster,
+) -> None:
+    # A worker or operator on any server reads its run's events right after an append was
+    # acknowledged, as the worker does with the event its TurnRequest was built on: each read
+    # asks the stream's leader (a direct get is answered by the reader's own server, which may
+    # not have applied the append yet; issue 23). Only namespace readers use direct gets.
+    bus = await provision(nats_cluster.url, nats_cluster.auth("operator"), 3)
+    readers = [
+        await Bus.connect(
+            BusSettings(url=url, auth=nats_cluster.auth("worker")), name="reader", provision=False
+        )
+        for url in nats_cluster.urls
+    ]
+    admin = await nats.connect(**nats_cluster.client_options("admin"))
+    behind: list[tuple[str, int, int]] = []
+    try:
+        for n in range(60):
+            if n == 30:
+                await natscluster.step_down(admin, protocol.STREAM_EVENTS)
+            append = functools.partial(bus.append_event, "ns", "raw", event("u-raw", n))
+            seq = await retried(functools.partial(append, expected_seq=None))
+            for i, reader in enumerate(readers):
+                last = await retried(functools.partial(reader.last_event, "ns", "raw"))
+                read = await retried(
+                    functools.partial(reader.read_events, "ns", "raw", after_seq=seq - 1)
+                )
+                if last is None or last.seq != seq or [e.seq for e in read] != [seq]:
+                    behind.append((f"n{i + 1}", seq, 0 if last is None else last.seq))
+        assert behind == []
+        infos = {s: (await bus.js.stream_info(s)).config for s in STREAMS}
+        # the ledgers' KV reads (nats-py direct only when the bucket allows it) ask the leader
+        assert {s: bool(c.allow_direct) for s, c in infos.items()} == {
+            protocol.STREAM_TURNS: False,
+            protocol.STREAM_EVENTS: True,  # for namespace readers' direct gets
+            protocol.kv_stream(protocol.LEDGER_BUCKET): False,
+            protocol.kv_stream(protocol.EFFECTS_BUCKET): False,
+        }
+    finally:
+        await admin.close()
+        for reader in readers:
+            await reader.close()
         await bus.close()

@@ -29,7 +29,10 @@ class FakeBus:
     def __init__(self, events: list[RunEvent]) -> None:
         self.events = events
 
-    async def last_event(self, namespace: str, name: str) -> RunEvent | None:
+    async def last_event(
+        self, namespace: str, name: str, *, any_replica: bool = False
+    ) -> RunEvent | None:
+        assert any_replica  # a reader's permission allows the direct get only
         return self.events[-1] if self.events else None
 
     async def follow_events(
