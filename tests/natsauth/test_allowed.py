@@ -57,28 +57,34 @@ async def test_a_worker_pulls_extends_commits_and_acknowledges_a_turn(
     assert not await operator_bus.turn_queued(run_b.turn_seq)  # acknowledged: gone
 
 
+@pytest.mark.parametrize("layout", ["split", "single"])
 async def test_a_worker_writes_ledger_totals_run_entries_and_effect_entries(
-    closed_server: natsserver.NatsServer, worker_bus: Bus, operator_bus: Bus, run_b: RunB
+    closed_server: natsserver.NatsServer,
+    worker_bus: Bus,
+    operator_bus: Bus,
+    run_b: RunB,
+    layout: str,
 ) -> None:
+    """In either ledger layout (the tenant's, made by the operator's store)."""
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    operator_store = await LedgerStore.open(operator_bus.js, inline_runs=0)
+    operator_store = await LedgerStore.open(operator_bus.js, inline_runs=0, layout=layout)
     run = QueuedRun(uuid.uuid4().hex, NAMESPACE_B, "apart", time.time())
     assert await operator_store.admit_run(tenant, run, limits=TenantLimits(), need=(0, 0)) is None
-    # the run's entry is a value of its own: each change of it is an atomic batch with the
-    # totals, which the worker's identity may publish
+    # the worker's identity may write the tenant's ledger in its layout (split: atomic batches)
     store = await LedgerStore.open(worker_bus.js, create=False, inline_runs=0)
     hold = store.turn_hold(TurnRef(tenant, run.uid, NAMESPACE_B, "apart", 0))
     assert isinstance(await hold.reserve_call(CallNeed(100, 0, kernel.Pricing())), Granted)
     await hold.spend(kernel.Usage(input_tokens=90))
     state = kernel.initial_state(goal="x")
     await hold.settle(dataclasses.replace(state, usage=kernel.Usage(input_tokens=90), turn=1))
-    assert store.batches >= 2 and store.conflicts == 0
+    # split: each change of the run's own entry is an atomic batch with the totals
+    assert store.batches >= (2 if layout == "split" else 0) and store.conflicts == 0
     book = await operator_store.read(tenant)
     assert book is not None and book.used_tokens == 90 and book.holds == {}
     effects = await EffectLedger.open(worker_bus.js, create=False)
-    call = kernel.CheckedCall(id="call_1", name="write", arguments={"x": 1})
+    call = kernel.CheckedCall(id=f"call_{layout}", name="write", arguments={"x": 1})
     assert await effects.claim(run_b.uid, call) is None  # first claim: send it
-    result = kernel.ToolResult("call_1", "write", "ok", False)
+    result = kernel.ToolResult(call.id, "write", "ok", False)
     await effects.done(run_b.uid, call, result)
     assert await effects.claim(run_b.uid, call) == result  # replayed, not sent again
 
