@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_nats_support import jetstream_usable
 
 from agentrun_dev import binaries, components, controlplane, natscluster, natsserver
 from agentrun_dev.kubectl import Kubectl, apply_crds, create_namespace, delete_namespace
@@ -146,7 +147,7 @@ def nats_cluster(
     try:
         # in a thread of its own: this session's event loop stays the current one here
         with concurrent.futures.ThreadPoolExecutor(1) as thread:
-            thread.submit(asyncio.run, natscluster.jetstream_usable(cluster)).result()
+            thread.submit(asyncio.run, jetstream_usable(cluster)).result()
         yield cluster
     finally:
         cluster.stop()

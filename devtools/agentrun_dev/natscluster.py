@@ -25,9 +25,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import nats
-import nats.errors
-
 from agentrun.natsclient import NatsAuth, connect_options
 from agentrun_dev import components, probes
 from agentrun_dev.natsserver import (
@@ -229,25 +226,6 @@ def _meta_view(monitor_url: str) -> tuple[str, int]:
     peers = meta.get("replicas") or []
     current = sum(1 for p in peers if p.get("current") and not p.get("offline"))
     return str(meta.get("leader") or ""), current
-
-
-async def jetstream_usable(cluster: NatsCluster, *, timeout: float = 60.0) -> None:
-    """Wait until JetStream answers on the cluster (the admin identity asks for its account): a
-    cluster with a meta leader may still answer 503 "JetStream not enabled for account" for a
-    moment while the account is assigned. Raises AssertionError after ``timeout`` seconds."""
-    deadline, last = time.monotonic() + timeout, "not asked yet"
-    while time.monotonic() < deadline:
-        try:
-            nc = await nats.connect(**cluster.client_options("admin"))
-            try:
-                await nc.jetstream(timeout=2).account_info()
-                return
-            finally:
-                await nc.close()
-        except (nats.errors.Error, OSError, TimeoutError) as err:
-            last = repr(err)
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"JetStream not usable on the cluster within {timeout}s: {last}")
 
 
 async def step_down(client: Any, stream: str, *, timeout: float = 10.0) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import nats
 import nats.js.errors
 import pytest
+from cluster_nats_support import jetstream_usable
 
 from agentrun import protocol
 from agentrun.bus import connect_nats
@@ -81,7 +82,7 @@ async def test_a_single_server_s_backups_restored_into_three_servers_come_back_a
         first_store=single.store_dir,
     )  # fmt: skip
     try:
-        await natscluster.jetstream_usable(cluster)
+        await jetstream_usable(cluster)
         admin = await nats.connect(**cluster.client_options("admin"))
         try:
             for stream in STREAMS:  # the one server's streams are not the cluster's

@@ -54,7 +54,15 @@ def has_key_path(values: dict[str, Any], dotted: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("template", sorted(TEMPLATES.iterdir()), ids=lambda path: path.name)
+TEMPLATE_FILES = sorted(path for path in TEMPLATES.rglob("*") if path.is_file())
+"""Every template, those in subfolders (``tests/``: the helm test hook) too."""
+
+
+def template_id(path: Path) -> str:
+    return str(path.relative_to(TEMPLATES))
+
+
+@pytest.mark.parametrize("template", TEMPLATE_FILES, ids=template_id)
 def test_template_reads_only_values_that_values_yaml_declares(template: Path) -> None:
     # Helm renders a misspelt `.Values.x.y` as empty instead of failing; catch it here.
     values = load_values()
@@ -62,7 +70,9 @@ def test_template_reads_only_values_that_values_yaml_declares(template: Path) ->
     assert sorted(ref for ref in referenced if not has_key_path(values, ref)) == []
 
 
-@pytest.mark.parametrize("template", sorted(TEMPLATES.glob("*.yaml")), ids=lambda path: path.name)
+@pytest.mark.parametrize(
+    "template", [p for p in TEMPLATE_FILES if p.suffix == ".yaml"], ids=template_id
+)
 def test_template_actions_are_balanced(template: Path) -> None:
     text = template.read_text()
     assert text.count("{{") == text.count("}}")

@@ -13,7 +13,6 @@ while the write is in flight (sent, outcome not recorded: never sent again, ``ef
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import time
@@ -24,6 +23,7 @@ import mcp_support
 import nats
 import nats.js.errors
 import pytest
+from kv_support import live_keys
 
 from agentrun.worker import effects
 from agentrun_dev import components, natsserver, stack
@@ -91,12 +91,10 @@ def recorded_done(nats_url: NatsServer, run_uid: str) -> bool:
         client = await nats.connect(**nats_url.client_options())
         try:
             kv = await client.jetstream().key_value(effects.BUCKET)
-            with contextlib.suppress(nats.js.errors.NoKeysError):
-                for key in await kv.keys():
-                    if key.startswith(f"{run_uid}."):
-                        entry = await kv.get(key)
-                        if entry.value and json.loads(entry.value)["state"] == "done":
-                            return True
+            for key in await live_keys(kv, f"{run_uid}.*"):
+                entry = await kv.get(key)
+                if entry.value and json.loads(entry.value)["state"] == "done":
+                    return True
             return False
         finally:
             await client.close()

@@ -15,6 +15,7 @@ from typing import Any
 
 import nats
 import pytest
+from kv_support import live_keys
 
 from agentrun.ledger import codec
 from agentrun.ledger.store import BUCKET, book_key
@@ -34,12 +35,8 @@ def ledger_keys(nats_server: Any, tenant: str) -> dict[str, bytes]:
         try:
             kv = await nc.jetstream().key_value(BUCKET)
             found = {}
-            for key in (book_key(tenant), f"run.{tenant}.>"):
-                try:
-                    keys = await kv.keys(filters=[key])
-                except nats.js.errors.NoKeysError:
-                    continue
-                for name in keys:
+            for pattern in (book_key(tenant), f"run.{tenant}.>"):
+                for name in await live_keys(kv, pattern):
                     found[name] = (await kv.get(name)).value or b""
             return found
         finally:

@@ -27,6 +27,7 @@ import nats
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kv_support import live_keys
 from nats.aio.client import Client as NATS
 
 from agentrun import kernel
@@ -298,11 +299,7 @@ async def one_turn(store: LedgerStore, tenant: str, uid: str, *, tokens: int = 1
 
 
 async def run_keys(store: LedgerStore, tenant: str) -> list[str]:
-    try:
-        keys = await store.kv.keys(filters=[f"run.{tenant}."])
-    except nats.js.errors.NoKeysError:
-        return []
-    return sorted(keys)
+    return await live_keys(store.kv, f"run.{tenant}.*")
 
 
 async def test_a_small_tenants_every_change_is_one_write_of_one_value(open_store: Opener) -> None:

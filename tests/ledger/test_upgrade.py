@@ -26,6 +26,7 @@ from typing import Any
 import nats
 import nats.js.errors
 import pytest
+from kv_support import live_keys
 from nats.aio.client import Client as NATS
 
 from agentrun import kernel
@@ -130,10 +131,7 @@ def same_window(before: Book, after: Book) -> None:
 
 
 async def keys(store: LedgerStore, prefix: str) -> list[str]:
-    try:
-        return sorted(k for k in await store.kv.keys() if k.startswith(prefix))
-    except nats.js.errors.NoKeysError:
-        return []
+    return [k for k in await live_keys(store.kv) if k.startswith(prefix)]
 
 
 async def test_the_current_code_reads_the_earlier_book_whole(open_store: Opener) -> None:

@@ -62,7 +62,7 @@ def test_the_first_matching_scenario_wins() -> None:
 
 def test_example_scenarios_load() -> None:
     names = [s.name for s in mockllm.load_scenario_files([EXAMPLES])]
-    assert names == ["budget-summary", "rectangle", "collatz", "inventory"]
+    assert names == ["budget-summary", "install-check", "rectangle", "collatz", "inventory"]
 
 
 async def test_scenarios_can_be_replaced_and_appended_at_runtime(mock: mockllm.MockLLM) -> None:

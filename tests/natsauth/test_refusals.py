@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 import nats
 import nats.errors
 import pytest
+from kv_support import live_keys
 from nats.js import api
 
 from agentrun import protocol
@@ -260,11 +261,11 @@ async def snapshot(admin: Client, run: RunB) -> dict[str, object]:
     js = admin.js()
     streams = {s.config.name: (s.config.max_age, s.state.messages) for s in await js.streams_info()}
     ledger = await js.key_value(protocol.LEDGER_BUCKET)
-    effects = await js.key_value(protocol.EFFECTS_BUCKET)
-    try:
-        effect_keys = sorted(await effects.keys())
-    except nats.js.errors.NoKeysError:
-        effect_keys = []
+    # the effect ledger's keys from its stream's subjects (a KV key listing is a consumer that
+    # may come back before it has seen every key)
+    prefix = f"$KV.{protocol.EFFECTS_BUCKET}."
+    kept = await js.stream_info(protocol.kv_stream(protocol.EFFECTS_BUCKET), subjects_filter=">")
+    effect_keys = sorted(s.removeprefix(prefix) for s in (kept.state.subjects or {}))
     workers = await js.consumer_info(TURNS, protocol.WORKERS_CONSUMER)
     durable = [c.name for c in await js._jsm.consumers_info(EVENTS) if c.config.durable_name]
     return {
@@ -272,7 +273,7 @@ async def snapshot(admin: Client, run: RunB) -> dict[str, object]:
         "book": (await ledger.get(f"book.{TENANT_B}")).value,
         "run entry": (await ledger.get(f"run.{TENANT_B}.{run.uid}")).value,
         "queued run": (await ledger.get(f"queue.{TENANT_B}.{run.uid}")).value,
-        "queues": sorted(k for k in await ledger.keys() if k.startswith("queue.")),
+        "queues": await live_keys(ledger, "queue.>"),
         "effects": effect_keys,
         "workers max_deliver": workers.config.max_deliver,
         "durable event consumers": sorted(durable),  # ephemeral ones come and go

@@ -12,6 +12,7 @@ from typing import Any
 
 import nats
 import pytest
+from kv_support import live_keys
 from nats.js import api
 
 from agentrun import buckets, kernel, natsclient
@@ -84,7 +85,7 @@ async def test_the_bucket_the_operator_provisions_is_the_one_a_worker_binds(
         ledger = await EffectLedger.open(js, bucket=bucket, create=False)
         call = kernel.CheckedCall("c1", "bump", {"key": "k"})
         assert await ledger.prepare("run-1", call) is None
-        assert await kv.keys() == [effect_key("run-1", "c1")]
+        assert await live_keys(kv) == [effect_key("run-1", "c1")]
     finally:
         await client.close()
 
