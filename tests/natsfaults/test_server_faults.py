@@ -41,8 +41,10 @@ from agentrun_dev.kubectl import create_namespace, delete_namespace
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 RUNS_PER_TENANT = 50
-TURNS = 4
-"""Model calls per run: three tool calls, then the answer."""
+TURNS = 6
+"""Model calls per run: five tool calls, then the answer (each answered after ``LATENCY_MS``:
+the load lasts long enough for a rolling restart of three servers)."""
+LATENCY_MS = 1500
 PROMPT, COMPLETION = 100, 20
 """Tokens the scripted model reports for every call."""
 MARK = "NATS-FAULTS"
@@ -54,14 +56,14 @@ SCENARIO = {
             {
                 "tool_calls": [{"name": "calculate", "arguments": {"expression": f"{{turn}}+{i}"}}],
                 "usage": {"prompt_tokens": PROMPT, "completion_tokens": COMPLETION},
-                "latency_ms": 200,
+                "latency_ms": LATENCY_MS,
             }
             for i in range(TURNS - 1)
         ),
         {
             "content": "Done.",
             "usage": {"prompt_tokens": PROMPT, "completion_tokens": COMPLETION},
-            "latency_ms": 200,
+            "latency_ms": LATENCY_MS,
         },
     ],
 }
