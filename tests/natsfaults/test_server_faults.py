@@ -69,6 +69,7 @@ SCENARIO = {
 }
 GOAL = re.compile(MARK + r" ([a-z0-9-]+/r\d+)")
 LEDGER_KV = protocol.kv_stream(protocol.LEDGER_BUCKET)
+EFFECTS_KV = protocol.kv_stream(protocol.EFFECTS_BUCKET)
 SETTLE = 30.0
 """Seconds the ledger and the turn queue get to settle after the last run ended (its close
 and the last acks land right after its terminal status)."""
@@ -82,7 +83,8 @@ class Admin:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.nc: Any = self.run(nats.connect(**cluster.client_options(), max_reconnect_attempts=-1))
-        self.store: LedgerStore = self.run(LedgerStore.open(self.nc.jetstream()))
+        # bound, not provisioned: an open with ``create`` would set the bucket's replicas
+        self.store: LedgerStore = self.run(LedgerStore.open(self.nc.jetstream(), create=False))
 
     def run(self, coro: Any, timeout: float = 60) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
@@ -100,6 +102,12 @@ class Admin:
             natscluster.step_down(self.nc, stream, consumer=consumer, timeout=20)
         )
         return moved
+
+    def replicas(self) -> dict[str, int]:
+        """Every stream agentrun made (its KV buckets' included) → its replica count."""
+        js = self.nc.jetstream(timeout=5)
+        names = (protocol.STREAM_TURNS, protocol.STREAM_EVENTS, LEDGER_KV, EFFECTS_KV)
+        return {n: int(self.run(js.stream_info(n)).config.num_replicas or 1) for n in names}
 
     def turns_queued(self) -> int:
         info = self.run(self.nc.jetstream(timeout=5).stream_info(protocol.STREAM_TURNS))
@@ -286,8 +294,10 @@ def _settled(admin: Admin, tenant: str) -> Book:
         time.sleep(0.5)
 
 
-def _under_load(load: Load, fault: Callable[[], None]) -> None:
-    """Run `fault` once the load is on, and check it was over before the last run ended."""
+def _under_load(load: Load, fault: Callable[[], None], admin: Admin) -> None:
+    """Run `fault` once the load is on, and check it was over before the last run ended; every
+    stream is kept by the three servers (what the faults are survived by)."""
+    assert set(admin.replicas().values()) == {3}, admin.replicas()
     load.wait_started(10)
     before = load.ended()
     fault()
@@ -317,7 +327,7 @@ def test_the_events_leader_sigkilled_and_restarted_on_its_store(
         server.restart()  # the same ports and store directory
         natscluster.wait_caught_up(nats_cluster, victim, timeout=90)
 
-    _under_load(load, kill_and_restart)
+    _under_load(load, kill_and_restart, admin)
     check_outcome(faults_stack, admin, load, load.wait_all_ended())
 
 
@@ -334,7 +344,7 @@ def test_a_rolling_restart_of_all_three_servers(
             server.restart()  # SIGTERM, then started again on its store
             natscluster.wait_caught_up(nats_cluster, f"n{index + 1}", timeout=90)
 
-    _under_load(load, rolling_restart)
+    _under_load(load, rolling_restart, admin)
     check_outcome(faults_stack, admin, load, load.wait_all_ended())
 
 
@@ -356,6 +366,6 @@ def test_stream_and_consumer_leaders_moved(
                 moves.append(admin.step_down(stream, consumer))
                 time.sleep(0.5)
 
-    _under_load(load, step_downs)
+    _under_load(load, step_downs, admin)
     assert len(moves) == 8 and all(old != new for old, new in moves), moves
     check_outcome(faults_stack, admin, load, load.wait_all_ended())
