@@ -434,8 +434,11 @@ class Bus:
             return []
         return sorted((info.state.subjects or {}).keys())
 
-    async def event_subscription(self) -> JetStreamContext.PullSubscription:
-        """The operator's durable consumer on every run's events (``agentrun-operator``)."""
+    async def event_subscription(
+        self, durable: str = protocol.OPERATOR_CONSUMER
+    ) -> JetStreamContext.PullSubscription:
+        """An operator's durable consumer ``durable`` on every run's events
+        (``agentrun-operator``, or one per shard: ``protocol.operator_consumer``)."""
         config = api.ConsumerConfig(
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=self.settings.ack_wait,
@@ -444,7 +447,7 @@ class Bus:
         )
         return await self.js.pull_subscribe(
             protocol.EVENT_SUBJECTS,
-            durable=protocol.OPERATOR_CONSUMER,
+            durable=durable,
             stream=protocol.STREAM_EVENTS,
             config=config,
         )

@@ -65,6 +65,12 @@ async def _validate_and_enqueue(
         return
     except ApiError as err:
         raise kopf.TemporaryError(f"cannot read namespace {key.namespace!r}: {err.status}") from err
+    if not parts.ownership.owns_tenant(policy.name):  # relabelled since its shard was judged
+        raise kopf.TemporaryError(
+            f"namespace {key.namespace!r} now resolves to tenant {policy.name!r} of another "
+            "operator shard; its owner admits the run",
+            delay=5,
+        )
     try:  # before the tenant's policy: it applies to the spec the run executes
         run_spec = await resolve_run(parts.api, key, spec, status)
     except InvalidRef as err:
