@@ -36,21 +36,24 @@ class ShardLeases:
         shards: int,
         identity: str,
         timing: LeaseTiming,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``base``: ``AGENTRUN_LEASE_NAME``; ``shards``: N; raises nothing."""
+        """``base``: ``AGENTRUN_LEASE_NAME``; ``shards``: N; ``clock``: monotonic seconds, to
+        age what this process observed of each Lease."""
         self.api = api
         self.namespace = namespace
         self.base = base
         self.shards = shards
         self.identity = identity
         self.timing = timing
+        self.clock = clock
         self._electors = {s: self.elector(lease_name(base, s, shards)) for s in range(shards)}
         self._members = {k: self.elector(member_lease_name(base, k)) for k in range(shards)}
 
-    def elector(self, name: str, clock: Callable[[], float] = time.monotonic) -> LeaderElector:
+    def elector(self, name: str) -> LeaderElector:
         """A fresh elector of Lease ``name`` for this process."""
         store = KubeLeases(self.api, namespace=self.namespace, name=name)
-        return LeaderElector(store, identity=self.identity, timing=self.timing, clock=clock)
+        return LeaderElector(store, identity=self.identity, timing=self.timing, clock=self.clock)
 
     def handed_over(self, shard: int) -> LeaderElector:
         """Shard ``shard``'s elector, which just won its Lease, for its renewal thread; a fresh
