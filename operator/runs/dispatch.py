@@ -254,14 +254,17 @@ class Dispatcher:
     async def run(self) -> None:
         """Consume ``AGENTRUN_EVENTS`` until ``stop``: with the durable ``agentrun-operator``
         consumer (one shard), else with one durable consumer per owned shard
-        (``protocol.operator_consumer``), each acting on its shard's runs only and acking the
-        others' events; each one event at a time in stream order."""
+        (``protocol.operator_consumer``; made anew, after the events ``agentrun-operator``
+        acked), each acting on its shard's runs only and acking the others' events; each one
+        event at a time in stream order."""
         shards = self.ownership.shards
         await asyncio.gather(
             *(
                 self.bus.consume(
                     functools.partial(
-                        self.bus.event_subscription, protocol.operator_consumer(shard, shards)
+                        self.bus.event_subscription,
+                        protocol.operator_consumer(shard, shards),
+                        seated_after=protocol.OPERATOR_CONSUMER if shards > 1 else "",
                     ),
                     functools.partial(self._consume, shard=shard),
                     stopping=self._stopping,

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import nats
+import nats.js.api
+import nats.js.errors
 import pytest
 import yaml
 
@@ -105,13 +107,25 @@ def operators(stack_: E2EStack, nats_server: Any) -> Iterator[Operators]:
 
 
 async def _delete_shard_consumers(server: Any) -> None:
+    """Delete the shard consumers, and seat ``agentrun-operator`` after the furthest of their
+    ack floors: the stack's operator (one shard) does not handle this test's events again."""
     client = await nats.connect(**server.client_options())
+    jsm = client.jetstream()._jsm
+    events = protocol.STREAM_EVENTS
     try:
+        floor = 0
         for shard in range(SHARDS):
+            name = protocol.operator_consumer(shard, SHARDS)
             with contextlib.suppress(nats.js.errors.NotFoundError):
-                await client.jetstream()._jsm.delete_consumer(
-                    protocol.STREAM_EVENTS, protocol.operator_consumer(shard, SHARDS)
-                )
+                info = await jsm.consumer_info(events, name)
+                floor = max(floor, int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0)
+                await jsm.delete_consumer(events, name)
+        if floor:
+            config = (await jsm.consumer_info(events, protocol.OPERATOR_CONSUMER)).config
+            await jsm.delete_consumer(events, protocol.OPERATOR_CONSUMER)
+            config.deliver_policy = nats.js.api.DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = floor + 1
+            await jsm.add_consumer(events, config=config)
     finally:
         await client.close()
 
