@@ -30,7 +30,7 @@ from agentrun.settings import OperatorSettings
 from . import crdcheck, handlers, wiring
 from .platform import health, leadership
 from .platform.kubeapi import Kube
-from .platform.shardleases import ShardLeases
+from .platform.shardleases import LeaseSite, ShardLeases
 from .platform.shards import Ownership, lease_name
 
 log = logging.getLogger(__name__)
@@ -190,9 +190,7 @@ async def _run_sharded(settings: OperatorSettings, api: Kube, probes: health.Hea
     shards = settings.operator_shards
     leases = ShardLeases(
         api,
-        namespace=settings.lease_namespace,
-        base=settings.lease_name,
-        shards=shards,
+        LeaseSite(settings.lease_namespace, settings.lease_name, shards),
         identity=identity(settings),
         timing=_timing(settings),
     )

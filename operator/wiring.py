@@ -286,12 +286,7 @@ def _seals(
 
 
 def _make_parts(
-    settings: OperatorSettings,
-    *,
-    bus: Bus,
-    store: LedgerStore,
-    api: KubeApi,
-    ownership: Ownership,
+    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi, ownership: Ownership
 ) -> Parts:
     """Every part, each given its collaborators; nothing started yet."""
     writer = StatusWriter(api, interval=settings.status_interval)
@@ -302,9 +297,7 @@ def _make_parts(
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     seals = _seals(settings, bus=bus, api=api, events=events)
-    fair = DispatchDeps(
-        settlement, board, events, seals, tenants, settings.turn_backlog, ownership=ownership
-    )
+    fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog, ownership)
     dispatcher = Dispatcher(bus, writer, fair)
     shown = QueueStatus.of(writer, dispatcher, events, rate=settings.queue_status_writes)
     pump = PumpDeps(
@@ -335,14 +328,19 @@ def _make_parts(
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep, ownership=ownership),
         reaper=lifecycle.Reaper(api),
         events=events,
-        toolservers=ToolServerRefresher(
-            api,
-            reach=tenants.tool_server_rules,
-            max_timeout=settings.tool_discovery_timeout_max,
-        ),
+        toolservers=_tool_servers(settings, api, tenants),
         evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
         gate=AdmissionGate(settings.admission_per_namespace),
+    )
+
+
+def _tool_servers(
+    settings: OperatorSettings, api: KubeApi, tenants: Tenants
+) -> ToolServerRefresher:
+    """Discovery of the AgentToolServers' tools, within each tenant's allowed URLs."""
+    return ToolServerRefresher(
+        api, reach=tenants.tool_server_rules, max_timeout=settings.tool_discovery_timeout_max
     )
 
 

@@ -13,6 +13,7 @@ it holds (``main``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -24,29 +25,38 @@ from .shards import Plan, lease_name, member_lease_name, plan
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class LeaseSite:
+    """Where an install's shard Leases are: namespace, base name and shard count."""
+
+    namespace: str
+    """``AGENTRUN_LEASE_NAMESPACE``."""
+    base: str
+    """``AGENTRUN_LEASE_NAME``."""
+    shards: int
+    """``AGENTRUN_OPERATOR_SHARDS``."""
+
+
 class ShardLeases:
     """Electors for every shard Lease and membership slot of one process (``identity``)."""
 
     def __init__(
         self,
         api: KubeApi,
+        site: LeaseSite,
         *,
-        namespace: str,
-        base: str,
-        shards: int,
         identity: str,
         timing: LeaseTiming,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``base``: ``AGENTRUN_LEASE_NAME``; ``shards``: N; ``clock``: monotonic seconds, to
-        age what this process observed of each Lease."""
+        """``site``: where the Leases are and how many; ``clock``: monotonic seconds, to age
+        what this process observed of each Lease."""
         self.api = api
-        self.namespace = namespace
-        self.base = base
-        self.shards = shards
+        self.namespace, self.base, self.shards = site.namespace, site.base, site.shards
         self.identity = identity
         self.timing = timing
         self.clock = clock
+        base, shards = site.base, site.shards
         self._electors = {s: self.elector(lease_name(base, s, shards)) for s in range(shards)}
         self._members = {k: self.elector(member_lease_name(base, k)) for k in range(shards)}
 

@@ -64,3 +64,27 @@ def test_an_owned_run_is_read_and_written_as_kopf_does() -> None:
     assert "kopf.agentrun.dev/last-handled-configuration" in written
     stored = body(MINE, {k: str(v) for k, v in written.items()})
     assert diffbase.fetch(body=stored) is not None
+
+
+async def test_kopf_runs_no_handler_of_another_shards_run_and_never_calls_it_done() -> None:
+    """kopf's own progression over the storage: every handler of the run sleeps (none is
+    awakened to run), the state is not done (so the change is not recorded as handled and the
+    finalizer stays), and kopf waits long before it looks again."""
+    from kopf._core.actions import progression
+
+    from agentrun.operator import handlers as registered
+
+    assert registered.REGISTERED
+    handlers = list(kopf.get_default_registry()._changing.get_all_handlers())
+    assert {"admit_run", "delete_run", "cancel_run"} <= {str(h.id) for h in handlers}
+    progress, _ = storages()
+    theirs = body(THEIRS)
+    state = progression.State.from_storage(body=theirs, storage=progress, handlers=handlers)
+    state = state.with_purpose(kopf.Reason.CREATE).with_handlers(handlers)
+    assert not any(state[h.id].awakened for h in handlers)
+    assert not state.done
+    assert min(state.delays) > 1800
+    mine = body(MINE)
+    fresh = progression.State.from_storage(body=mine, storage=progress, handlers=handlers)
+    fresh = fresh.with_purpose(kopf.Reason.CREATE).with_handlers(handlers)
+    assert all(fresh[h.id].awakened for h in handlers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from kube_support import FakeKube
 
 from agentrun.operator.platform.leadership import LeaderElector, LeaseTiming
-from agentrun.operator.platform.shardleases import ShardLeases
+from agentrun.operator.platform.shardleases import LeaseSite, ShardLeases
 from agentrun.operator.platform.shards import Plan
 
 TIMING = LeaseTiming(duration=10.0, renew_deadline=6.0, retry=1.0)
@@ -23,15 +23,8 @@ class Clock:
 
 
 def process(api: FakeKube, identity: str, clock: Clock) -> ShardLeases:
-    return ShardLeases(
-        api,
-        namespace="agentrun",
-        base="agentrun-operator",
-        shards=6,
-        identity=identity,
-        timing=TIMING,
-        clock=clock,
-    )
+    site = LeaseSite("agentrun", "agentrun-operator", 6)
+    return ShardLeases(api, site, identity=identity, timing=TIMING, clock=clock)
 
 
 async def take_all(leases: ShardLeases, shards: tuple[int, ...]) -> dict[int, LeaderElector]:
