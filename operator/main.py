@@ -249,8 +249,13 @@ async def _await_change(held: _Held, stop_flag: asyncio.Event) -> None:
     retry = held.leases.timing.retry
     while True:
         await asyncio.sleep(retry)
-        survey = await held.leases.survey(held.owned)
-        if survey.give or await held.take(survey.take):
+        try:
+            survey = await held.leases.survey(held.owned)
+            changed = bool(survey.give) or bool(await held.take(survey.take))
+        except Exception:  # one failed look must not end the rebalancing: look again
+            log.exception("could not survey the shard Leases")
+            continue
+        if changed:
             stop_flag.set()
             return
 
