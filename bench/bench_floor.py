@@ -45,21 +45,30 @@ HOPS = ("publish", "work_queue", "kv_cas")
 
 
 async def measure_hops(
-    server: natsserver.NatsServer, *, samples: int, payload: int = 1024, warmup: int = 200
+    options: dict[str, Any],
+    *,
+    samples: int,
+    payload: int = 1024,
+    warmup: int = 200,
+    replicas: int = 1,
 ) -> dict[str, list[float]]:
-    """Time ``samples`` iterations of the three hops against ``server`` (as its ``admin``
-    when it is closed).
+    """Time ``samples`` iterations of the three hops against the server(s) that
+    ``nats.connect(**options)`` reaches (a server's or a cluster's ``client_options("admin")``),
+    with both streams and the bucket at ``replicas``.
 
     Returns ``{hop: [milliseconds, …]}`` for each of ``HOPS``, plus ``chain`` (each
     iteration's total), all of length ``samples``. Raises whatever nats-py raises when the
     server does not answer (``nats.errors.NoServersError``, timeouts).
     """
-    nc = await nats.connect(**server.client_options("admin"), name="bench-floor")
+    nc = await nats.connect(**options, name="bench-floor")
     try:
         js = nc.jetstream(timeout=10)
         await js.add_stream(
             api.StreamConfig(
-                name="FLOOR_EVENTS", subjects=["floor.event.>"], storage=api.StorageType.FILE
+                name="FLOOR_EVENTS",
+                subjects=["floor.event.>"],
+                storage=api.StorageType.FILE,
+                num_replicas=replicas,
             )
         )
         await js.add_stream(
@@ -68,6 +77,7 @@ async def measure_hops(
                 subjects=["floor.turn.>"],
                 retention=api.RetentionPolicy.WORK_QUEUE,
                 storage=api.StorageType.FILE,
+                num_replicas=replicas,
             )
         )
         consumer = api.ConsumerConfig(
@@ -75,7 +85,9 @@ async def measure_hops(
         )
         queue = await js.pull_subscribe("floor.turn.>", durable="floor-workers", config=consumer)
         kv = await js.create_key_value(
-            api.KeyValueConfig(bucket="FLOOR_LEDGER", history=1, storage=api.StorageType.FILE)
+            api.KeyValueConfig(
+                bucket="FLOOR_LEDGER", history=1, storage=api.StorageType.FILE, replicas=replicas
+            )
         )
         body = b"x" * payload
         await kv.put("book", body)
@@ -120,7 +132,8 @@ def measure(*, samples: int, payload: int = 1024, closed: bool = True) -> dict[s
     """Start a nats-server, time the hops, stop it; the figures (``figures.floor_figures``),
     the payload size and the bus kind."""
     with nats_server(closed=closed) as server:
-        hops = asyncio.run(measure_hops(server, samples=samples, payload=payload))
+        options = server.client_options("admin")
+        hops = asyncio.run(measure_hops(options, samples=samples, payload=payload))
     bus = "closed (TLS, JWT auth)" if closed else "open"
     return {**figures.floor_figures(hops), "payload_bytes": payload, "bus": bus}
 
