@@ -197,10 +197,10 @@ class Parts:
     watch: StoreWatch | None = None
     """Exits the process once the NATS store it started on is lost (``platform.storewatch``)."""
     tasks: tuple[asyncio.Task[None], ...] = ()
-    """Background loops: event consumer, turn gate, queue gauges, gone runs, queue pumps,
-    ledger sweep,
-    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
-    AgentEval reconciles, CronAgentRun schedules, store watch."""
+    """Background loops: with shard 0 (always with one shard), orphan purge, tool server
+    discovery, AgentEval reconciles and CronAgentRun schedules; then the event consumers, turn
+    gate, queue gauges, gone runs, refused runs, queue pumps, ledger sweep, TTL reaper,
+    orphaned turns, Kubernetes Events poster and store watch."""
 
 
 @dataclasses.dataclass
