@@ -9,6 +9,13 @@ and API client), so no work on the operator's loop delays a renewal; a leader th
 renew its Lease exits at once (status 70), from that thread, without flushing anything: the
 next leader rebuilds its view from the run event streams. A graceful
 stop (SIGTERM) ends kopf, then releases the Lease so a standby takes over at once.
+
+With ``AGENTRUN_OPERATOR_SHARDS`` > 1 the one Lease becomes one per shard (``_run_sharded``):
+the process takes a membership slot, then a fair share of the shard Leases (each renewed by a
+thread of its own, exiting with status 70 when one cannot be renewed), and runs kopf for the
+shards it holds (``platform.shards.Ownership`` in the memo); kopf is stopped and started again
+whenever that set changes (a shard taken over, or given up to a process that joined, after kopf
+stopped), its start-up recovering the runs of every shard held.
 """
 
 from __future__ import annotations
