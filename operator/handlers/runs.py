@@ -31,6 +31,7 @@ from ..schedules.spec import CRON_LABEL
 from ..tenants.registry import NoTenant
 from ..wiring import OperatorMemo, RunHandling
 from .admission import check_restored, remove_annotations
+from .startup import FINALIZER
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +173,25 @@ async def owned_run_changed(
         parts.evals.kick(namespace, str(labels[EVAL_LABEL]))
 
 
-def unfinished(status: kopf.Status, **_: Any) -> bool:
+def unfinished(
+    status: kopf.Status, body: kopf.Body | None = None, memo: OperatorMemo | None = None, **_: Any
+) -> bool:
     """kopf filter: the run has not ended. Only such runs hold the finalizer: kopf adds it to
     the runs the deletion handler matches and removes it from the others, so a run loses it
     once its terminal status is written (its ledger entry is settled before that), and finished
-    runs and their namespaces delete with no operator running."""
+    runs and their namespaces delete with no operator running.
+
+    With several shards, a run of another shard keeps the finalizer it has (the filter answers
+    whether it holds it now): only the owner adds or removes it. A non-owner that added it too
+    would make the owner's own addition a no-op patch, which brings the owner no watch event
+    to handle the run's creation on."""
+    if (
+        memo is not None
+        and body is not None
+        and not memo.ownership.everything
+        and not memo.run_shards.owns(body)
+    ):
+        return FINALIZER in ((body.get("metadata") or {}).get("finalizers") or [])
     return not status.get("terminalReason")
 
 

@@ -88,3 +88,27 @@ async def test_kopf_runs_no_handler_of_another_shards_run_and_never_calls_it_don
     fresh = progression.State.from_storage(body=mine, storage=progress, handlers=handlers)
     fresh = fresh.with_purpose(kopf.Reason.CREATE).with_handlers(handlers)
     assert all(fresh[h.id].awakened for h in handlers)
+
+
+def test_only_the_owner_adds_or_removes_the_finalizer() -> None:
+    """The deletion handler's filter: for another shard's run it answers whether the run holds
+    the finalizer now, so kopf neither adds nor removes it there; the owner's is unchanged."""
+    from agentrun.operator.handlers import runs
+    from agentrun.operator.wiring import OperatorMemo
+
+    memo = OperatorMemo(settings=None, ownership=Ownership(3, frozenset({1})))  # type: ignore[arg-type]
+
+    def run(tenant: str, *, finalizer: bool, ended: bool) -> kopf.Body:
+        status = {"tenant": tenant, **({"terminalReason": "completed"} if ended else {})}
+        meta = {"uid": f"u-{tenant}", "finalizers": [handlers.FINALIZER] if finalizer else []}
+        return kopf.Body({"kind": "AgentRun", "metadata": meta, "status": status})
+
+    for finalizer in (True, False):
+        for ended in (True, False):
+            theirs = run(THEIRS, finalizer=finalizer, ended=ended)
+            assert runs.unfinished(theirs["status"], body=theirs, memo=memo) is finalizer
+            mine = run(MINE, finalizer=finalizer, ended=ended)
+            assert runs.unfinished(mine["status"], body=mine, memo=memo) is (not ended)
+    one = OperatorMemo(settings=None)  # type: ignore[arg-type]
+    theirs = run(THEIRS, finalizer=False, ended=False)
+    assert runs.unfinished(theirs["status"], body=theirs, memo=one)  # one shard: all its own
