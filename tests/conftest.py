@@ -7,12 +7,17 @@
 - `nats_cluster`: three nats-servers routed as one JetStream cluster (`agentrun_dev.natscluster`),
   one per test module.
 - `devenv_binaries`: the control-plane executables (see `agentrun_dev.binaries`).
+- `helm_binary`, `natscli_binary`, `syft_binary`: the pinned helm, ``nats`` CLI and syft (with
+  ``prometheus_binaries`` of `prometheus_support`, the tools that `TOOL_FIXTURES` name).
 - `devenv_launch`: where fixtures' processes log (a pytest temp dir, kept for the last three
   sessions) and the rule that they die with the pytest process.
 
 Every process is stopped by pid at session end, and is SIGKILLed by the kernel if pytest
-itself dies. The control-plane binaries are built (once per machine) right after collection
-when a selected test needs them, with progress on the terminal and outside per-test timeouts.
+itself dies. The control-plane binaries and the tools are built (once per machine) right after
+collection when a selected test needs them, with progress on the terminal and outside per-test
+timeouts. A test using one of them is marked (``binaries``, ``toolbinaries``) so that
+``.ci/pytest-tiers`` runs it only once its builds are done: a test reaching a Go-built binary
+asks for it by fixture, never by calling its ``ensure_*`` itself.
 Higher-level fixtures (mock model, operator, workers) belong in the suites that need them,
 built on `agentrun_dev.stack`.
 """
@@ -21,13 +26,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster_nats_support import jetstream_usable
 
-from agentrun_dev import binaries, components, controlplane, natscluster, natsserver
+from agentrun_dev import (
+    binaries,
+    components,
+    controlplane,
+    dist,
+    helm,
+    natscluster,
+    natsserver,
+    prometheus,
+)
 from agentrun_dev.kubectl import Kubectl, apply_crds, create_namespace, delete_namespace
 
 pytest_plugins = ["prometheus_support"]
@@ -39,33 +55,84 @@ CRD_DIR = REPO / "crds"
 BINARY_FIXTURES = frozenset({"control_plane", "devenv_binaries", "cluster_node"})
 """The fixtures that need the Go-built control-plane (or node) binaries."""
 
+TOOL_FIXTURES = frozenset({"helm_binary", "natscli_binary", "syft_binary", "prometheus_binaries"})
+"""The fixtures that need the Go-built tools: helm, the nats CLI, syft, Prometheus and
+promtool (built after the control plane; the tests using them have a tier of their own)."""
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marker is selectable
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the markers are selectable
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses one of `BINARY_FIXTURES` ``binaries``, so ``-m 'not binaries'``
-    selects what runs while the binaries build (the Makefile's first tier)."""
+    """Mark every test that uses one of `BINARY_FIXTURES` ``binaries`` and every test that uses
+    one of `TOOL_FIXTURES` ``toolbinaries``, so ``-m 'not binaries and not toolbinaries'``
+    selects what runs while the binaries build (the first tier of ``.ci/pytest-tiers``)."""
     for item in items:
-        if BINARY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        used = set(getattr(item, "fixturenames", ()))
+        if BINARY_FIXTURES & used:
             item.add_marker(pytest.mark.binaries)
+        if TOOL_FIXTURES & used:
+            item.add_marker(pytest.mark.toolbinaries)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build or locate the control-plane (and node) binaries before the first test needing them."""
+    """Build or locate the control-plane (and node) binaries, helm, the nats CLI and syft
+    before the first test needing them (``prometheus_support`` does Prometheus')."""
     used = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
-    if not BINARY_FIXTURES & used:
-        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
 
     def show(line: str) -> None:
         if reporter is not None:
             reporter.write_line(f"agentrun devenv: {line}")
 
-    if "cluster_node" in used:  # the node's binaries too, in the same go build
-        binaries.ensure_node_binaries(log=show)
-    if controlplane.existing_cluster_requested():
-        binaries.find_kubectl(log=show)
-    else:
-        binaries.ensure_binaries(log=show)
+    if BINARY_FIXTURES & used:
+        if "cluster_node" in used:  # the node's binaries too, in the same go build
+            binaries.ensure_node_binaries(log=show)
+        if controlplane.existing_cluster_requested():
+            binaries.find_kubectl(log=show)
+        else:
+            binaries.ensure_binaries(log=show)
+    if "helm_binary" in used:
+        helm.ensure_helm(log=show)
+    if "natscli_binary" in used:
+        binaries.ensure_natscli(log=show)
+    if "syft_binary" in used:
+        dist.syft_binary(log=show)
+
+
+TOOL_LOOKUPS = (
+    (helm, "ensure_helm", "helm_binary"),
+    (prometheus, "ensure_prometheus", "prometheus_binaries"),
+    (binaries, "ensure_natscli", "natscli_binary"),
+    (dist, "syft_binary", "syft_binary"),
+)
+"""(module, function, fixture): how the tools are looked up in the machine's cache, and the
+fixture a test asks for instead."""
+AFTER_EVERY_BUILD = ("toolbinaries", "node", "nodebinaries", "realmodel")
+"""Markers of the tiers that run once the tools are built."""
+
+
+@pytest.fixture(autouse=True)
+def _tools_only_by_fixture(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a test of a tier that does not wait for the tools' build (marked none of
+    `AFTER_EVERY_BUILD`), looking a tool up in the shared cache fails the test, naming the
+    fixture to ask for: on a cold machine it would wait there for that build. Lookups in a
+    cache root of the test's own (``root=…``) go through."""
+    if any(request.node.get_closest_marker(marker) for marker in AFTER_EVERY_BUILD):
+        return
+    for module, name, fixture in TOOL_LOOKUPS:
+        monkeypatch.setattr(module, name, _refused(getattr(module, name), fixture))
+
+
+def _refused(lookup: Callable[..., Any], fixture: str) -> Callable[..., Any]:
+    @functools.wraps(lookup)
+    def refuse(*, root: Path | None = None, **options: Any) -> Any:
+        if root is None:
+            pytest.fail(
+                f"{lookup.__name__} reached without the {fixture} fixture: ask for it, so the"
+                " test is marked toolbinaries and runs after the tools' build (.ci/pytest-tiers)"
+            )
+        return lookup(root=root, **options)
+
+    return refuse
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +147,24 @@ def devenv_launch(tmp_path_factory: pytest.TempPathFactory) -> components.Launch
 def devenv_binaries() -> binaries.Binaries:
     """etcd, kube-apiserver and kubectl (already built or located after collection)."""
     return binaries.ensure_binaries(log=print)
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> Path:
+    """The pinned helm (already built or located after collection)."""
+    return helm.ensure_helm(log=print)
+
+
+@pytest.fixture(scope="session")
+def natscli_binary() -> Path:
+    """The pinned ``nats`` CLI (already built or located after collection)."""
+    return binaries.ensure_natscli(log=print)
+
+
+@pytest.fixture(scope="session")
+def syft_binary() -> Path:
+    """The pinned syft, the release's SBOM tool (already built or located after collection)."""
+    return dist.syft_binary(log=print)
 
 
 @pytest.fixture(scope="session")

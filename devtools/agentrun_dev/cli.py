@@ -118,18 +118,30 @@ def register_dev(subparsers: Subparsers) -> None:
         "binaries",
         help="build (once per machine) or locate kube-apiserver, etcd, kubectl and the nats CLI",
     )
-    build.add_argument(
+    which = build.add_mutually_exclusive_group()
+    which.add_argument(
+        "--control-plane",
+        action="store_true",
+        help="only etcd, kube-apiserver and kubectl (what the control plane's tests wait for)",
+    )
+    which.add_argument(
+        "--tools",
+        action="store_true",
+        help="only helm, prometheus and promtool, syft and the nats CLI (what the tests of the "
+        "chart, the metrics, the release and the NATS image wait for)",
+    )
+    which.add_argument(
         "--node",
         action="store_true",
         help="also the node's binaries (kube-controller-manager, kube-scheduler, kubelet, "
-        "kube-proxy, coredns), in one build",
+        "kube-proxy, coredns, kube-router), the kubernetes ones in one build",
     )
-    build.add_argument(
+    which.add_argument(
         "--all",
         action="store_true",
         help="everything the test suite builds from the Go module proxy, in the order its tiers "
-        "need them (.ci/pytest-tiers): helm, prometheus and promtool, the nats CLI, syft, "
-        "the control plane, then the node's binaries as --node",
+        "need them (.ci/pytest-tiers): the control plane, then helm, prometheus and promtool, "
+        "syft and the nats CLI (--tools), then the node's binaries",
     )
     build.set_defaults(handler=cmd_dev_binaries)
 
@@ -235,51 +247,64 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
 
 
 def cmd_dev_binaries(args: argparse.Namespace) -> int:
-    """``agentrun dev binaries [--node | --all]``: build or locate the binaries (the ``nats``
-    CLI of the NATS image included); print their paths."""
-    tools = _suite_tools() if args.all else []
-    if args.node or args.all:
-        found, on_node = binaries.ensure_node_binaries(log=_progress)
-        rows = [
-            ("kube-controller-manager", on_node.kube_controller_manager),
-            ("kube-scheduler", on_node.kube_scheduler),
-            ("kubelet", on_node.kubelet),
-            ("kube-proxy", on_node.kube_proxy),
-            ("coredns", on_node.coredns),
-            ("kube-router", on_node.kube_router),
-        ]
+    """``agentrun dev binaries [--control-plane | --tools | --node | --all]``: build or locate
+    the binaries, each once per machine under its own lock, in the order listed; print their
+    paths. Without an option: the control plane and the ``nats`` CLI (of the NATS image)."""
+    if args.control_plane:
+        rows = _control_plane()
+    elif args.tools:
+        rows = _suite_tools()
+    elif args.all:  # the order of .ci/pytest-tiers' tiers
+        rows = [*_control_plane(), *_suite_tools(), *_node()]
+    elif args.node:  # the node's kubernetes commands in the control plane's go build
+        node = _node()
+        rows = [*_control_plane(), ("nats", binaries.ensure_natscli(log=_progress)), *node]
     else:
-        found, rows = binaries.ensure_binaries(log=_progress), []
-    rows = [
-        ("etcd", found.etcd),
-        ("kube-apiserver", found.kube_apiserver),
-        ("kubectl", found.kubectl),
-        ("nats", binaries.ensure_natscli(log=_progress)),
-        *tools,
-        *rows,
-    ]
+        rows = [*_control_plane(), ("nats", binaries.ensure_natscli(log=_progress))]
     for name, path in rows:
         print(f"{name:<24} {path}")
     return 0
 
 
+def _control_plane() -> list[tuple[str, Path]]:
+    """etcd, kube-apiserver and kubectl: built (or found) first, the second tier waits for them."""
+    found = binaries.ensure_binaries(log=_progress)
+    return [
+        ("etcd", found.etcd),
+        ("kube-apiserver", found.kube_apiserver),
+        ("kubectl", found.kubectl),
+    ]
+
+
 def _suite_tools() -> list[tuple[str, Path]]:
-    """``--all`` first: helm and prometheus (the first tier's session waits for them at its
-    start), the ``nats`` CLI and syft (its image and release tests), then the control plane
-    (what the second tier waits for; see .ci/pytest-tiers). Each built once per machine under
-    its own lock, or found."""
+    """helm, prometheus and promtool, syft, then the ``nats`` CLI: what the tests marked
+    ``toolbinaries`` use (their tier waits for these only; see .ci/pytest-tiers)."""
     from agentrun_dev import dist, helm, prometheus  # dist imports the image builder
 
     helm_binary = helm.ensure_helm(log=_progress)
     found = prometheus.ensure_prometheus(log=_progress)
-    binaries.ensure_natscli(log=_progress)  # listed with the control plane
     syft = dist.syft_binary(log=_progress)
-    binaries.ensure_binaries(log=_progress)
+    nats = binaries.ensure_natscli(log=_progress)
     return [
         ("helm", helm_binary),
         ("prometheus", found.prometheus),
         ("promtool", found.promtool),
         ("syft", syft),
+        ("nats", nats),
+    ]
+
+
+def _node() -> list[tuple[str, Path]]:
+    """The node's kubernetes commands (with any missing control-plane one, in one go build),
+    coredns and kube-router."""
+    _, on_node = binaries.ensure_node_binaries(log=_progress)
+    return [
+        ("kube-controller-manager", on_node.kube_controller_manager),
+        ("kube-scheduler", on_node.kube_scheduler),
+        ("kubelet", on_node.kubelet),
+        ("kube-proxy", on_node.kube_proxy),
+        ("coredns", on_node.coredns),
+        ("kube-router", on_node.kube_router),
     ]
 
 

@@ -285,6 +285,7 @@ class QueuePump:
                     break
                 if heads[0].uid in queue and heads[0].uid not in passed:  # never spin on it
                     raise RuntimeError(f"run {heads[0].uid} was neither admitted nor dequeued")
+                self.board.record_progress(tenant, waiting=len(queue))
             fresh = self._fresh.pop(tenant, {})
             self.board.record_pass(tenant, waiting=len(queue), blocked=wait)
             if wait is not None:

@@ -39,6 +39,14 @@ class QueueBoard:
         self._queued[tenant] = waiting
         self._blocked[tenant] = blocked
 
+    def record_progress(self, tenant: str, *, waiting: int) -> None:
+        """A pass over ``tenant``'s queue, still under way, has ``waiting`` runs left in it:
+        a pass that admits thousands of runs (a raised ``maxConcurrentRuns`` over a long
+        queue) takes minutes, and the AgentTenant's ``queuedRuns`` follows the count as it
+        falls rather than showing the pass's start until it ends. Why the head waits stays as
+        the last whole pass recorded."""
+        self._queued[tenant] = waiting
+
     @contextlib.contextmanager
     def admitting(self, uid: str) -> Iterator[None]:
         """While run ``uid`` is being admitted (its ledger slot taken, its events not yet

@@ -21,7 +21,7 @@ from cluster_nats_support import jetstream_usable
 from agentrun import protocol
 from agentrun.bus import connect_nats
 from agentrun.natsauth.permissions import Role, inbox_prefix
-from agentrun_dev import binaries, components, natscluster, natsserver
+from agentrun_dev import components, natscluster, natsserver
 from bus.test_replicated import STREAMS, event, provision, replicas, settled
 
 BACKED_UP = (
@@ -32,10 +32,11 @@ BACKED_UP = (
 """The streams docs/operations.md says to back up (AGENTRUN_TURNS holds nothing durable)."""
 
 
-def nats_cli(url: str, auth_dir: Path, *args: str) -> str:
-    """The pinned ``nats`` CLI against ``url`` with the operator's credentials and inbox, as
-    docs/operations.md has it; its output. Fails the test with the CLI's output."""
-    argv = [str(binaries.ensure_natscli()), "--server", url, "--no-context"]
+def nats_cli(cli: Path, url: str, auth_dir: Path, *args: str) -> str:
+    """The pinned ``nats`` CLI `cli` (``natscli_binary``) against ``url`` with the operator's
+    credentials and inbox, as docs/operations.md has it; its output. Fails the test with the
+    CLI's output."""
+    argv = [str(cli), "--server", url, "--no-context"]
     argv += ["--creds", str(auth_dir / "operator.creds"), "--tlsca", str(auth_dir / "ca.crt")]
     argv += ["--inbox-prefix", inbox_prefix(Role.OPERATOR), *args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -55,7 +56,10 @@ def single(tmp_path: Path, devenv_launch: components.Launch) -> Iterator[natsser
 
 
 async def test_a_single_server_s_backups_restored_into_three_servers_come_back_at_r3(
-    single: natsserver.NatsServer, tmp_path: Path, devenv_launch: components.Launch
+    single: natsserver.NatsServer,
+    tmp_path: Path,
+    devenv_launch: components.Launch,
+    natscli_binary: Path,
 ) -> None:
     assert single.auth_dir is not None
     bus = await provision(single.url, single.auth("operator"), 1)
@@ -73,8 +77,8 @@ async def test_a_single_server_s_backups_restored_into_three_servers_come_back_a
         await bus.close()
     backup = tmp_path / "backup"
     for stream in BACKED_UP:
-        nats_cli(single.url, single.auth_dir, "backup", "stream", stream, str(backup / stream),
-                 "--no-progress")  # fmt: skip
+        nats_cli(natscli_binary, single.url, single.auth_dir, "backup", "stream", stream,
+                 str(backup / stream), "--no-progress")  # fmt: skip
     single.stop()
 
     cluster = natscluster.start_nats_cluster(
@@ -91,7 +95,7 @@ async def test_a_single_server_s_backups_restored_into_three_servers_come_back_a
         finally:
             await admin.close()
         for stream in BACKED_UP:
-            nats_cli(cluster.url, cluster.auth_dir, "backup", "restore", "stream",
+            nats_cli(natscli_binary, cluster.url, cluster.auth_dir, "backup", "restore", "stream",
                      str(backup / stream), "--no-progress")  # fmt: skip
         bus = await provision(cluster.url, cluster.auth("operator"), 3)
         try:

@@ -1,5 +1,5 @@
-"""Fixtures for the chart tests: helm (built once per machine, right after collection, like
-the control-plane binaries), an offline helm with no cluster configured, and a namespace
+"""Fixtures for the chart tests: an offline helm with no cluster configured (on the root
+conftest's `helm_binary`, built once per machine right after collection), and a namespace
 under Pod Security Admission ``restricted``."""
 
 from __future__ import annotations
@@ -11,25 +11,6 @@ import pytest
 
 from agentrun_dev import helm
 from agentrun_dev.kubectl import Kubectl, create_namespace, delete_namespace
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build or locate helm before the first test that needs it (a cold build takes minutes)."""
-    if not any("helm_binary" in getattr(item, "fixturenames", ()) for item in session.items):
-        return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-
-    def show(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(f"agentrun devenv: {line}")
-
-    helm.ensure_helm(log=show)
-
-
-@pytest.fixture(scope="session")
-def helm_binary() -> Path:
-    """The pinned helm (already built or located after collection)."""
-    return helm.ensure_helm(log=print)
 
 
 @pytest.fixture(scope="session")

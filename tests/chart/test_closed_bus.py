@@ -21,7 +21,7 @@ from test_render import closed_nats_files, env_of, find, render
 from agentrun import natsclient, protocol
 from agentrun.natsauth import Authority, Role
 from agentrun.natsauth.permissions import inbox_prefix
-from agentrun_dev import binaries, components, helm, natsserver, probes
+from agentrun_dev import components, helm, natsserver, probes
 
 
 def mounts_of(workload: dict[str, Any]) -> dict[str, str]:
@@ -188,7 +188,10 @@ async def test_the_rendered_nats_runs_closed_and_verifies_its_service_name(
 
 
 def test_the_nats_cli_in_the_nats_pod_uses_the_operators_identity_through_its_context(
-    offline_helm: helm.Helm, own_nats_server: natsserver.NatsServer, tmp_path: Path
+    offline_helm: helm.Helm,
+    own_nats_server: natsserver.NatsServer,
+    tmp_path: Path,
+    natscli_binary: Path,
 ) -> None:
     """``kubectl exec sts/agentrun-nats -c nats -- nats …`` needs no flags: the pod's
     environment selects the rendered context, which names the Service, the chart's CA and the
@@ -227,7 +230,7 @@ def test_the_nats_cli_in_the_nats_pod_uses_the_operators_identity_through_its_co
     cli_env.update(
         {k: env[k] for k in ("NATS_CONTEXT",)}, XDG_CONFIG_HOME=str(directory.parents[1])
     )
-    nats_cli = str(binaries.ensure_natscli())
+    nats_cli = str(natscli_binary)
 
     async def make_stream() -> None:
         nc = await nats.connect(**own_nats_server.client_options("admin"))

@@ -213,10 +213,10 @@ def test_the_node_s_network_policy_enforcer_is_the_pinned_kube_router() -> None:
     assert node.kube_router == binaries.kube_router_bin_dir() / "kube-router"
 
 
-def test_the_nats_cli_is_the_pinned_natscli_built_static() -> None:
+def test_the_nats_cli_is_the_pinned_natscli_built_static(natscli_binary: Path) -> None:
     """natscli built from the Go module proxy (or cached), its module hash checked, stamped
     with its version, linked statically (it runs in the FROM-scratch NATS image)."""
-    nats = binaries.ensure_natscli(log=print)
+    nats = natscli_binary
     assert nats == binaries.natscli_bin_dir() / "nats"
     assert binaries.NATSCLI_VERSION == "v0.5.0"
     version = subprocess.run([str(nats), "--version"], capture_output=True, text=True, check=True)

@@ -327,6 +327,7 @@ BUILD = textwrap.dedent(
 )
 
 
+@pytest.mark.usefixtures("prometheus_binaries")  # after the session's build: Go's cache warm
 @pytest.mark.timeout(7200)  # with Go's build cache warm (the session built once) ~30 s
 def test_two_concurrent_callers_share_one_build_into_an_empty_cache(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_BINARIES"}

@@ -31,7 +31,7 @@ import pytest
 
 from agentrun.natsauth.permissions import Role, inbox_prefix
 from agentrun.operator.platform import storewatch
-from agentrun_dev import binaries, components, stack
+from agentrun_dev import components, stack
 from agentrun_dev.natsserver import NatsServer
 
 from .conftest import ORPHAN_AFTER, E2EStack, run_manifest, wait_consuming
@@ -69,13 +69,13 @@ def used_tokens(status: dict[str, Any]) -> int:
     return int(((status.get("budget") or {}).get("tokens") or {}).get("used") or 0)
 
 
-def nats(server: NatsServer, *args: str, identity: str = "operator") -> str:
-    """The pinned ``nats`` CLI against `server` with `identity`'s credentials (the operator's,
-    as docs/operations.md has it, with its inbox prefix; ``admin``: the dev server's
-    account-wide user, for what no agentrun identity may do, such as listing streams); its
-    output. Raises CalledProcessError (with the output) when it fails."""
+def nats(cli: Path, server: NatsServer, *args: str, identity: str = "operator") -> str:
+    """The pinned ``nats`` CLI `cli` (``natscli_binary``) against `server` with `identity`'s
+    credentials (the operator's, as docs/operations.md has it, with its inbox prefix;
+    ``admin``: the dev server's account-wide user, for what no agentrun identity may do, such
+    as listing streams); its output. Raises CalledProcessError (with the output) when it fails."""
     assert server.auth_dir is not None
-    argv = [str(binaries.ensure_natscli()), "--server", server.url]
+    argv = [str(cli), "--server", server.url]
     argv += ["--creds", str(server.auth_dir / f"{identity}.creds")]
     argv += ["--tlsca", str(server.auth_dir / "ca.crt"), "--no-context"]
     if identity == "operator":
@@ -109,7 +109,11 @@ def stop_agentrun(stack_: E2EStack) -> None:
 
 
 def test_a_wiped_store_ends_running_runs_keeps_finished_ones_and_rebuilds_usage(
-    stack_: E2EStack, test_namespace: str, team: str, nats_server: NatsServer
+    stack_: E2EStack,
+    test_namespace: str,
+    team: str,
+    nats_server: NatsServer,
+    natscli_binary: Path,
 ) -> None:
     ns = test_namespace
     stack_.apply(ns, run_manifest("finished", f"E2E-LONG job (done before the wipe) {ns}"))
@@ -139,7 +143,9 @@ def test_a_wiped_store_ends_running_runs_keeps_finished_ones_and_rebuilds_usage(
     assert status["message"].startswith("not resumed: this run was admitted before")
     assert f"kubectl annotate agentrun running -n {ns} {RERUN}=true" in status["message"]
     asked = requests_for(stack_, goal)
-    assert set(nats(nats_server, "stream", "ls", "--names", identity="admin").split()) >= {
+    assert set(
+        nats(natscli_binary, nats_server, "stream", "ls", "--names", identity="admin").split()
+    ) >= {
         "AGENTRUN_EVENTS",
         "AGENTRUN_TURNS",
         "KV_AGENTRUN_LEDGER",
@@ -186,6 +192,7 @@ def test_a_store_restored_from_stream_backups_resumes_runs_without_paying_twice(
     team: str,
     nats_server: NatsServer,
     tmp_path: Path,
+    natscli_binary: Path,
 ) -> None:
     ns = test_namespace
     goal = f"E2E-LONG job (in flight at the backup) {ns}"
@@ -195,13 +202,29 @@ def test_a_store_restored_from_stream_backups_resumes_runs_without_paying_twice(
     # docs/operations.md, "Backing up and restoring NATS", in its order
     stop_agentrun(stack_)
     for stream in BACKED_UP:
-        nats(nats_server, "backup", "stream", stream, str(tmp_path / stream), "--no-progress")
+        nats(
+            natscli_binary,
+            nats_server,
+            "backup",
+            "stream",
+            stream,
+            str(tmp_path / stream),
+            "--no-progress",
+        )
     committed = turn_numbers(read_events(nats_server, ns, "inflight"))
     assert 2 <= len(committed) < 5 and requests_for(stack_, goal) == len(committed)
 
     nats_server.restart(wipe_store=True)
     for stream in BACKED_UP:
-        nats(nats_server, "backup", "restore", "stream", str(tmp_path / stream), "--no-progress")
+        nats(
+            natscli_binary,
+            nats_server,
+            "backup",
+            "restore",
+            "stream",
+            str(tmp_path / stream),
+            "--no-progress",
+        )
     assert turn_numbers(read_events(nats_server, ns, "inflight")) == committed
     stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
     stack_.workers = [stack.start_worker(i, env=stack_.env, launch=stack_.launch) for i in (1, 2)]

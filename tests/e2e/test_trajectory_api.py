@@ -198,9 +198,11 @@ def trajectory_api(
 
 
 @pytest.fixture(scope="module")
-def view_role(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def view_role(
+    kubectl: Kubectl, helm_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """The chart's ``agentrun-view`` ClusterRole, rendered by helm and applied."""
-    offline = helm.Helm(helm.ensure_helm(log=print), home=tmp_path_factory.mktemp("helm-home"))
+    offline = helm.Helm(helm_binary, home=tmp_path_factory.mktemp("helm-home"))
     docs = [
         d
         for d in yaml.safe_load_all(offline.template(REPO / "charts" / "agentrun"))

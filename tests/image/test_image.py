@@ -30,8 +30,10 @@ pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
-def images() -> image.ProjectImages:
-    """Both images, built now or taken from the cache."""
+def images(natscli_binary: Path) -> image.ProjectImages:
+    """Both images, built now or taken from the cache (the NATS image carries the pinned
+    `natscli_binary`)."""
+    del natscli_binary  # asked for by name: built after collection, the test marked for it
     return image.build_project_images(REPO_ROOT, log=print)
 
 

@@ -37,6 +37,7 @@ def components(sbom: Path) -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.usefixtures("helm_binary", "natscli_binary", "syft_binary")  # what it builds with
 def test_make_release_builds_a_verifiable_release(tmp_path: Path) -> None:
     key = tmp_path / "release-key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "release@agentrun",
