@@ -63,32 +63,7 @@ async def measure_hops(
     nc = await nats.connect(**options, name="bench-floor")
     try:
         js = nc.jetstream(timeout=10)
-        await js.add_stream(
-            api.StreamConfig(
-                name="FLOOR_EVENTS",
-                subjects=["floor.event.>"],
-                storage=api.StorageType.FILE,
-                num_replicas=replicas,
-            )
-        )
-        await js.add_stream(
-            api.StreamConfig(
-                name="FLOOR_TURNS",
-                subjects=["floor.turn.>"],
-                retention=api.RetentionPolicy.WORK_QUEUE,
-                storage=api.StorageType.FILE,
-                num_replicas=replicas,
-            )
-        )
-        consumer = api.ConsumerConfig(
-            durable_name="floor-workers", ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=-1
-        )
-        queue = await js.pull_subscribe("floor.turn.>", durable="floor-workers", config=consumer)
-        kv = await js.create_key_value(
-            api.KeyValueConfig(
-                bucket="FLOOR_LEDGER", history=1, storage=api.StorageType.FILE, replicas=replicas
-            )
-        )
+        (queue,), kv = await make_assets(js, "floor", replicas=replicas, fetchers=1)
         body = b"x" * payload
         await kv.put("book", body)
         out: dict[str, list[float]] = {hop: [] for hop in (*HOPS, "chain")}
@@ -112,6 +87,47 @@ async def measure_hops(
         return out
     finally:
         await nc.close()
+
+
+async def make_assets(
+    js: Any, prefix: str, *, replicas: int, fetchers: int
+) -> tuple[list[Any], Any]:
+    """The stream kinds agentrun uses, named after ``prefix``, at ``replicas``: a limits stream
+    ``<PREFIX>_EVENTS`` on ``<prefix>.event.>``, a work-queue stream ``<PREFIX>_TURNS`` on
+    ``<prefix>.turn.>`` with the durable pull consumer ``<prefix>-workers`` (``fetchers`` pull
+    subscriptions bound to it: nats-py's fetch is not safe to share between tasks), and a KV
+    bucket ``<PREFIX>_LEDGER`` with history 1; file storage throughout. Returns (the pull
+    subscriptions, the bucket). Raises what nats-py raises."""
+    upper, file = prefix.upper(), api.StorageType.FILE
+    await js.add_stream(
+        api.StreamConfig(
+            name=f"{upper}_EVENTS",
+            subjects=[f"{prefix}.event.>"],
+            storage=file,
+            num_replicas=replicas,
+        )
+    )
+    await js.add_stream(
+        api.StreamConfig(
+            name=f"{upper}_TURNS",
+            subjects=[f"{prefix}.turn.>"],
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            storage=file,
+            num_replicas=replicas,
+        )
+    )
+    durable = f"{prefix}-workers"
+    consumer = api.ConsumerConfig(
+        durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=-1
+    )
+    queues = [
+        await js.pull_subscribe(f"{prefix}.turn.>", durable=durable, config=consumer)
+        for _ in range(fetchers)
+    ]
+    kv = await js.create_key_value(
+        api.KeyValueConfig(bucket=f"{upper}_LEDGER", history=1, storage=file, replicas=replicas)
+    )
+    return queues, kv
 
 
 @contextlib.contextmanager

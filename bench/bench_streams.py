@@ -38,9 +38,8 @@ from typing import Any
 
 import figures
 import nats
-from bench_floor import measure_hops
+from bench_floor import make_assets, measure_hops
 from harness import load_average, write_result
-from nats.js import api
 from nats.js.errors import KeyWrongLastSequenceError
 
 from agentrun_dev import components, natscluster, natsserver
@@ -103,33 +102,7 @@ async def throughput(
     try:
         js = nc.jetstream(timeout=20)
         body = b"x" * payload
-        file = api.StorageType.FILE
-        await js.add_stream(
-            api.StreamConfig(
-                name="CAP_EVENTS", subjects=["cap.event.>"], storage=file, num_replicas=replicas
-            )
-        )
-        await js.add_stream(
-            api.StreamConfig(
-                name="CAP_TURNS",
-                subjects=["cap.turn.>"],
-                retention=api.RetentionPolicy.WORK_QUEUE,
-                storage=file,
-                num_replicas=replicas,
-            )
-        )
-        config = api.ConsumerConfig(
-            durable_name="cap-workers", ack_policy=api.AckPolicy.EXPLICIT, max_ack_pending=-1
-        )
-        # one pull subscription per fetcher (nats-py's fetch is not safe to share), all bound
-        # to the one durable consumer, as the workers' are
-        queues = [
-            await js.pull_subscribe("cap.turn.>", durable="cap-workers", config=config)
-            for _ in range(concurrency)
-        ]
-        kv = await js.create_key_value(
-            api.KeyValueConfig(bucket="CAP_LEDGER", history=1, storage=file, replicas=replicas)
-        )
+        queues, kv = await make_assets(js, "cap", replicas=replicas, fetchers=concurrency)
 
         async def publish(index: int) -> int:
             await js.publish(f"cap.event.run{index}", body)
