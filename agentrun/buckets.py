@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 
 import nats.js.errors
 from nats.js import JetStreamContext, api
@@ -28,6 +29,15 @@ from agentrun import protocol
 
 log = logging.getLogger(__name__)
 
+STREAM_EXISTS_CODE = 10058
+"""JetStream API error code of a stream created again with another configuration (``stream
+name already in use with a different configuration``)."""
+NO_PEERS_CODE = 10005
+"""JetStream API error code of a placement no servers can take (``no suitable peers for
+placement``; with "peer offline" in its description while a server is down)."""
+OFFLINE_WAIT = 30.0
+"""Seconds a stream's creation or update waits for an offline server of the cluster to come
+back (a rolling restart takes one server down at a time) before it is refused."""
 REPLICAS_REFUSED_CODES = frozenset({10074, 10005})
 """JetStream API error codes of a replica count the servers cannot hold: 10074 (``replicas > 1
 not supported in non-clustered mode``: a single server) and 10005 (``no suitable peers for
@@ -85,37 +95,64 @@ async def require_atomic(
         await asyncio.sleep(retry)
 
 
-async def provision_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
+async def provision_stream(
+    js: JetStreamContext, config: api.StreamConfig, *, offline_wait: float = OFFLINE_WAIT
+) -> None:
     """Create the stream ``config.name``, or update it to ``config`` when it exists with
-    another configuration (its replica count included).
+    another configuration (error 10058; its replica count included). While the placement is
+    refused because a server of the cluster is offline (10005, "peer offline": one restarting),
+    it is tried again every second for up to `offline_wait` seconds.
 
-    Raises ``ReplicasRefused`` when the servers cannot hold ``config.num_replicas``, and what
-    nats-py raises for any other refusal or when the server cannot be asked.
+    Raises ``ReplicasRefused`` when the servers cannot hold ``config.num_replicas`` (also a
+    server still offline after `offline_wait` s), and what nats-py raises for any other
+    refusal or when the server cannot be asked.
     """
     assert config.name is not None
-    try:
+    deadline = time.monotonic() + offline_wait
+    while True:
         try:
-            await js.add_stream(config)
-        except nats.js.errors.BadRequestError:  # it exists, configured otherwise
-            await js.update_stream(config)
-    except nats.js.errors.APIError as err:
-        _raise_refused(config.name, config.num_replicas, err)
-        raise
+            try:
+                await js.add_stream(config)
+            except nats.js.errors.BadRequestError as err:
+                if err.err_code != STREAM_EXISTS_CODE:
+                    raise
+                await js.update_stream(config)
+            return
+        except nats.js.errors.APIError as err:
+            if _peer_offline(err) and time.monotonic() < deadline:
+                log.warning("stream %s: %s; trying again", config.name, err.description)
+                await asyncio.sleep(1.0)
+                continue
+            _raise_refused(config.name, config.num_replicas, err)
+            raise
+
+
+def _peer_offline(err: nats.js.errors.APIError) -> bool:
+    """Whether `err` refuses a placement because a server is offline (10005, "peer
+    offline"), which passes once it is back, rather than for good."""
+    return err.err_code == NO_PEERS_CODE and "offline" in (err.description or "")
 
 
 async def _provision_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> KeyValue:
-    """The bucket ``config.bucket`` created, or bound and its stream's replica count set to
+    """The bucket ``config.bucket`` created (waiting for an offline server as
+    ``provision_stream`` does), or bound and its stream's replica count set to
     ``config.replicas`` if it has another one (``provision_stream``'s errors)."""
     assert config.bucket is not None
     stream = protocol.kv_stream(config.bucket)
     try:
         info = await js.stream_info(stream)
     except nats.js.errors.NotFoundError:
-        try:
-            return await js.create_key_value(config)
-        except nats.js.errors.APIError as err:
-            _raise_refused(stream, config.replicas, err)
-            raise
+        deadline = time.monotonic() + OFFLINE_WAIT
+        while True:
+            try:
+                return await js.create_key_value(config)
+            except nats.js.errors.APIError as err:
+                if _peer_offline(err) and time.monotonic() < deadline:
+                    log.warning("bucket %s: %s; trying again", config.bucket, err.description)
+                    await asyncio.sleep(1.0)
+                    continue
+                _raise_refused(stream, config.replicas, err)
+                raise
     if info.config.num_replicas != config.replicas:
         await provision_stream(js, dataclasses.replace(info.config, num_replicas=config.replicas))
         log.info("KV bucket %s: replicas set to %d", config.bucket, config.replicas)

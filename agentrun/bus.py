@@ -5,7 +5,9 @@ What belongs here: every call into nats-py, and the translation of its errors in
 
 Commit rule: an event is appended with ``Nats-Expected-Last-Subject-Sequence``,
 so two writers racing on one run cannot both commit on top of the same event; TurnRequests carry
-``Nats-Msg-Id: <run-uid>:<turn>`` so JetStream drops a re-dispatch inside the duplicate window.
+``Nats-Msg-Id: <run-uid>:<turn>`` so JetStream drops a re-dispatch inside the duplicate window;
+an event carries a ``Nats-Msg-Id`` unique to its append, so an append sent again because the
+stream did not answer (a leader being elected) is never stored twice (``append_event``).
 
 Delivery: a TurnRequest is redelivered for as long as it is not acked (no delivery limit: a
 worker acks, naks with a delay, or ends the run itself; nothing is discarded by the server).
@@ -37,6 +39,7 @@ import dataclasses
 import datetime
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import nats
@@ -62,6 +65,18 @@ WRONG_LAST_SEQUENCE_CODES = frozenset({10071, 10164})
 #7281). Both mean the same: another writer appended first. nats-py maps both to
 ``KeyWrongLastSequenceError`` in ``kv.create``/``kv.update`` from 2.15.0 on (nats.py #883), the
 floor in ``pyproject.toml``; this set is for the appends agentrun makes itself."""
+APPEND_RETRY_SECONDS = 30.0
+"""Seconds an event append goes on being sent again while the stream does not answer: longer
+than a replicated stream takes to elect a new leader after its leader's server died (Raft
+election timeouts are 4–9 s in nats-server), within the time a TurnRequest is kept in
+progress."""
+APPEND_RETRY_PAUSE = 0.5
+"""Seconds between two sends of an unanswered append."""
+UNANSWERED_CODES = frozenset({10008, 10158})
+"""JetStream API error codes of an append that cannot be answered now: 10008 (``JetStream
+system temporarily unavailable``, 503 while the stream's group has no leader) and 10158
+(``duplicate message id is in process``: an earlier send of this append is proposed but not yet
+stored, e.g. while the group has lost its quorum)."""
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 MSG_ID = "Nats-Msg-Id"
 
@@ -73,6 +88,11 @@ Handle = pulling.Handle
 EVENTS_PER_RUN = 100_000
 """Events one run's subject may hold (``max_msgs_per_subject``): far above any run's (steps
 are at most 1 000, each turn one event or two), a bound on a writer gone wrong."""
+
+
+def _unanswered(err: nats.js.errors.APIError) -> bool:
+    """Whether `err` is a stream without a leader now (503, ``UNANSWERED_CODES``)."""
+    return err.code == 503 or err.err_code in UNANSWERED_CODES
 
 
 class CommitConflict(Exception):
@@ -317,11 +337,19 @@ class Bus:
         """Append ``event`` to the run's subject; returns its stream sequence.
 
         ``expected_seq`` is the sequence of the run's last event the writer built on (0: the
-        subject must be empty); ``None`` appends unconditionally. Raises ``CommitConflict`` if
-        the subject has moved on, ``EventTooLarge`` (sending nothing) if the event's payload is
-        over ``event_cap``.
+        subject must be empty); ``None`` appends unconditionally. An append the stream does not
+        answer (its leader lost, a new one not yet elected: a timeout, no responders, 503) is
+        sent again, the same message with the same ``Nats-Msg-Id`` (unique to this call), for
+        up to ``APPEND_RETRY_SECONDS``: JetStream drops the copy if the first one landed, and a
+        copy refused as "wrong last sequence" is checked against the subject's last event, so
+        an append that landed is never reported lost, nor a lost one as landed.
+
+        Raises ``CommitConflict`` if the subject has moved on, ``EventTooLarge`` (sending
+        nothing) if the event's payload is over ``event_cap``, and nats-py's error when the
+        stream still does not answer after ``APPEND_RETRY_SECONDS``.
         """
-        headers: dict[str, str] = {}
+        msg_id = f"{event.run_uid}:e{expected_seq}:{uuid.uuid4().hex}"
+        headers = {MSG_ID: msg_id}
         if expected_seq is not None:
             headers[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_seq)
         if event.time == 0.0:
@@ -329,17 +357,39 @@ class Bus:
         payload = event.encode()
         if len(payload) > self.event_cap:
             raise EventTooLarge(len(payload), self.event_cap)
+        subject = protocol.event_subject(namespace, name)
+        deadline = time.monotonic() + APPEND_RETRY_SECONDS
+        while True:
+            try:
+                return int((await self.js.publish(subject, payload, headers=headers)).seq)
+            except nats.js.errors.APIError as err:
+                if err.err_code not in WRONG_LAST_SEQUENCE_CODES:
+                    if not _unanswered(err) or time.monotonic() > deadline:
+                        raise
+                elif (mine := await self._landed(subject, msg_id)) is not None:
+                    return mine  # an earlier try of this append landed; its answer was lost
+                else:
+                    raise CommitConflict(
+                        f"{namespace}/{name}: expected last event {expected_seq}, the run moved on"
+                    ) from err
+            except (
+                nats.errors.TimeoutError,
+                nats.errors.NoRespondersError,
+                nats.js.errors.NoStreamResponseError,
+            ):
+                if time.monotonic() > deadline:
+                    raise
+            log.warning("append to %s unanswered (a stream leader being elected?); again", subject)
+            await asyncio.sleep(APPEND_RETRY_PAUSE)
+
+    async def _landed(self, subject: str, msg_id: str) -> int | None:
+        """The sequence of `subject`'s last event if it is the append `msg_id` (read from the
+        stream's leader), else None."""
         try:
-            ack = await self.js.publish(
-                protocol.event_subject(namespace, name), payload, headers=headers or None
-            )
-        except nats.js.errors.APIError as err:
-            if err.err_code in WRONG_LAST_SEQUENCE_CODES:
-                raise CommitConflict(
-                    f"{namespace}/{name}: expected last event {expected_seq}, the run moved on"
-                ) from err
-            raise
-        return int(ack.seq)
+            raw = await self.js._jsm.get_last_msg(protocol.STREAM_EVENTS, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        return int(raw.seq or 0) if (raw.headers or {}).get(MSG_ID) == msg_id else None
 
     async def last_event(
         self, namespace: str, name: str, *, any_replica: bool = False

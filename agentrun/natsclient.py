@@ -118,7 +118,8 @@ class ReconnectingClient(NATS):
 async def connect_nats(
     url: str, *, name: str, auth: NatsAuth | None = None, fail_fast: bool = False
 ) -> NATS:
-    """A NATS connection as every agentrun process makes it: authenticated and verified as
+    """A NATS connection as every agentrun process makes it, to one of the servers of `url`
+    (``server_urls``: one URL or a comma-separated list): authenticated and verified as
     ``auth`` says (``connect_options``), reconnecting for ever, half a second apart, also after
     a server ``-ERR`` (``ReconnectingClient``).
 
@@ -156,10 +157,22 @@ async def connect_nats(
         "error_cb": errored,
         **connect_options(auth),
     }
-    await nc.connect(url, **options)
+    await nc.connect(servers=server_urls(url), **options)
     nc.options["max_reconnect_attempts"] = -1  # nats-py reads it at each reconnect
     connected = True
     return nc
+
+
+def server_urls(url: str) -> list[str]:
+    """The server URLs of ``AGENTRUN_NATS_URL``: one URL, or several separated by commas (the
+    servers of a JetStream cluster, e.g. ``tls://nats-0:4222,tls://nats-1:4222``), blanks
+    around each dropped. A client connects to one and reconnects to another when it goes; it
+    also learns the cluster's other servers from the one it reaches, but only a list lets a
+    process *start* while the first server is down. Raises ValueError for an empty list."""
+    urls = [part.strip() for part in url.split(",") if part.strip()]
+    if not urls:
+        raise ValueError(f"no NATS server URL in {url!r}")
+    return urls
 
 
 def reconnections(nc: NATS) -> int:

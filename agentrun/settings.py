@@ -48,8 +48,10 @@ class ProcessSettings(BaseSettings):
 
     nats_url: str = "nats://127.0.0.1:4222"
     """``AGENTRUN_NATS_URL``: the NATS server with JetStream, e.g. ``nats://127.0.0.1:4222``
-    (``tls://…`` works too; with ``nats_ca_file`` set the connection is TLS either way). Never
-    put a password in it: credentials come from ``nats_creds_file``."""
+    (``tls://…`` works too; with ``nats_ca_file`` set the connection is TLS either way), or
+    the servers of a JetStream cluster separated by commas, so the process reconnects to (and
+    starts on) any of them. Never put a password in it: credentials come from
+    ``nats_creds_file``."""
     nats_creds_file: Path | None = None
     """``AGENTRUN_NATS_CREDS_FILE``: this process's NATS ``.creds`` file (a user JWT and its
     NKey seed; the chart mounts it from a Secret), read again at every reconnect; unset: no
@@ -92,7 +94,7 @@ class ProcessSettings(BaseSettings):
     @pydantic.field_validator("nats_url")
     @classmethod
     def _no_password_in_url(cls, value: str) -> str:
-        if "@" in value.split("//", 1)[-1].split("/", 1)[0]:
+        if any("@" in url.split("//", 1)[-1].split("/", 1)[0] for url in value.split(",")):
             raise ValueError(
                 "AGENTRUN_NATS_URL holds credentials (user@host): put them in a creds file "
                 "named by AGENTRUN_NATS_CREDS_FILE instead, so they are never logged"

@@ -315,7 +315,7 @@ class TurnConsumer:
             await msg.ack()
 
     async def _commit_failure(self, request: TurnRequest, message: str) -> None:
-        last = await self.bus.last_event(request.namespace, request.name)
+        last = await self._last_event(request)
         if last is None or last.seq != request.expected_seq or last.phase.is_terminal:
             return
         state = kernel.stop(last.state(), kernel.Phase.CHECKPOINT_FAILED, message)
@@ -326,6 +326,18 @@ class TurnConsumer:
             await self.bus.append_event(
                 request.namespace, request.name, event, expected_seq=request.expected_seq
             )
+
+    async def _last_event(self, request: TurnRequest) -> RunEvent | None:
+        """The run's last event, read again ``BEHIND_DELAY`` seconds apart (up to
+        ``BEHIND_DELIVERIES`` reads) while it ends before the request's base event: a stream
+        leader just elected may answer before it applied what was acknowledged (NATS ADR-53),
+        and a failure written on a read so behind would be dropped as stale."""
+        for _ in range(BEHIND_DELIVERIES - 1):
+            last = await self.bus.last_event(request.namespace, request.name)
+            if last is not None and last.seq >= request.expected_seq:
+                return last
+            await asyncio.sleep(BEHIND_DELAY)
+        return await self.bus.last_event(request.namespace, request.name)
 
     async def _turn(self, msg: Msg, request: TurnRequest) -> None:
         started = time.perf_counter()

@@ -228,9 +228,88 @@ def _meta_view(monitor_url: str) -> tuple[str, int]:
     return str(meta.get("leader") or ""), current
 
 
-async def step_down(client: Any, stream: str, *, timeout: float = 10.0) -> tuple[str, str]:
-    """Ask the leader of `stream`'s Raft group to step down
-    (``$JS.API.STREAM.LEADER.STEPDOWN.<stream>``) and wait until another server leads it.
+CAUGHT_UP_QUERY = "/jsz?accounts=true&streams=true&consumers=true"
+"""The monitoring query whose answer lists every stream and consumer a server holds, each with
+its Raft group's leader and, on the leader, every other replica's state (``current``,
+``offline``, ``lag``)."""
+
+
+def lagging(cluster: NatsCluster, name: str) -> list[str]:
+    """What keeps server `name` from being caught up, as each leader sees it on its monitoring
+    endpoint (``CAUGHT_UP_QUERY``): every stream and consumer (of any account) some server
+    holds, named ``<stream>`` or ``<stream>/<consumer>``, that has no leader yet, or whose
+    leader does not list `name` as a current, online replica. Empty: `name` is caught up
+    (a leader itself counts as current). Servers that do not answer are left out (a stopped
+    one); raises ValueError when no server answers."""
+    views: dict[str, list[dict[str, Any]]] = {}
+    for index, server in enumerate(cluster.servers):
+        try:
+            with urllib.request.urlopen(server.monitor_url + CAUGHT_UP_QUERY, timeout=2) as got:
+                data = json.load(got)
+        except OSError:
+            continue
+        views[f"n{index + 1}"] = _groups(data)
+    if not views:
+        raise ValueError("no nats-server of the cluster answers on its monitoring port")
+    held = {group["id"] for groups in views.values() for group in groups}
+    behind: set[str] = set()
+    led: set[str] = set()
+    for server_name, groups in views.items():
+        for group in groups:
+            if group["leader"] != server_name:
+                continue
+            led.add(group["id"])
+            if server_name == name:
+                continue
+            mine = [r for r in group["replicas"] if r.get("name") == name]
+            if not mine or not mine[0].get("current") or mine[0].get("offline"):
+                behind.add(group["id"])
+    return sorted(behind | (held - led))
+
+
+def _groups(jsz: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Raft groups of one ``/jsz`` answer: ``{"id", "leader", "replicas"}`` for every
+    stream (``id`` its name) and consumer (``<stream>/<consumer>``)."""
+    found: list[dict[str, Any]] = []
+    for account in jsz.get("account_details") or []:
+        for stream in account.get("stream_detail") or []:
+            items = [(str(stream.get("name")), stream.get("cluster") or {})]
+            items += [
+                (f"{stream.get('name')}/{consumer.get('name')}", consumer.get("cluster") or {})
+                for consumer in stream.get("consumer_detail") or []
+            ]
+            found += [
+                {"id": ident, "leader": info.get("leader"), "replicas": info.get("replicas") or []}
+                for ident, info in items
+            ]
+    return found
+
+
+def wait_caught_up(cluster: NatsCluster, name: str, *, timeout: float = 60.0) -> None:
+    """Wait until server `name` (``n<i>``) is a current replica of every stream and consumer
+    (``lagging`` is empty), polling the monitoring endpoints every 0.2 s.
+
+    Raises probes.NotReadyError naming what still lags after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    behind: list[str] = ["not asked yet"]
+    while time.monotonic() < deadline:
+        try:
+            behind = lagging(cluster, name)
+        except ValueError as err:
+            behind = [str(err)]
+        if not behind:
+            return
+        time.sleep(0.2)
+    raise probes.NotReadyError(f"nats-server {name} not caught up after {timeout} s: {behind}")
+
+
+async def step_down(
+    client: Any, stream: str, *, consumer: str | None = None, timeout: float = 10.0
+) -> tuple[str, str]:
+    """Ask the leader of `stream`'s Raft group (or, with `consumer`, of that durable consumer's
+    group) to step down (``$JS.API.STREAM.LEADER.STEPDOWN.<stream>``,
+    ``$JS.API.CONSUMER.LEADER.STEPDOWN.<stream>.<consumer>``) and wait until another server
+    leads it.
 
     `client`: a connected ``nats.aio.client.Client`` of an identity allowed the JetStream
     API (the ``admin`` one). Returns (the old leader's name, the new one's). Raises
@@ -238,19 +317,31 @@ async def step_down(client: Any, stream: str, *, timeout: float = 10.0) -> tuple
     is elected within `timeout` seconds.
     """
     js = client.jetstream(timeout=timeout)
-    old = (await js.stream_info(stream)).cluster.leader
-    reply = await client.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=timeout)
+
+    async def leader(context: Any) -> str | None:
+        if consumer is None:
+            return (await context.stream_info(stream)).cluster.leader  # type: ignore[no-any-return]
+        return (await context.consumer_info(stream, consumer)).cluster.leader  # type: ignore[no-any-return]
+
+    what = stream if consumer is None else f"{stream}/{consumer}"
+    old = await leader(js)
+    api = (
+        f"CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}"
+        if consumer
+        else f"STREAM.LEADER.STEPDOWN.{stream}"
+    )
+    reply = await client.request(f"$JS.API.{api}", b"", timeout=timeout)
     answer = json.loads(reply.data or b"{}")
     if not answer.get("success"):
-        raise RuntimeError(f"step-down of {stream} refused: {answer.get('error')}")
+        raise RuntimeError(f"step-down of {what} refused: {answer.get('error')}")
     deadline = time.monotonic() + timeout
     poll = client.jetstream(timeout=1)  # a request lost in the election costs 1 s, not all
     while time.monotonic() < deadline:
         try:
-            new = (await poll.stream_info(stream)).cluster.leader
+            new = await leader(poll)
         except Exception:  # no leader yet: the request times out or is refused
             new = None
         if new and new != old:
             return str(old), str(new)
         await asyncio.sleep(0.05)
-    raise TimeoutError(f"{stream}: no new leader within {timeout} s of {old} stepping down")
+    raise TimeoutError(f"{what}: no new leader within {timeout} s of {old} stepping down")

@@ -146,7 +146,11 @@ STOP_GRACE = 10.0
 
 
 def service_env(
-    *, kubeconfig: str, nats: natsserver.NatsServer, replicas: int = 1
+    *,
+    kubeconfig: str,
+    nats: natsserver.NatsServer,
+    replicas: int = 1,
+    urls: Sequence[str] = (),
 ) -> dict[str, str]:
     """Environment shared by the operator and workers (contracts.md), minus the metrics port
     and the NATS credentials, which `start_operator` and `start_worker` pick per role from
@@ -158,11 +162,13 @@ def service_env(
     place takes over within seconds, while a slow API server on a busy machine does not make
     it give up; and a worker's grace period of ``STOP_GRACE`` seconds, the time its stop waits
     before SIGKILL, less a 3 s margin for its drain. ``replicas`` > 1 (a NATS cluster) is
-    passed as ``AGENTRUN_NATS_REPLICAS``.
+    passed as ``AGENTRUN_NATS_REPLICAS``. ``urls``: every server of a NATS cluster (`nats`
+    one of them), given comma-separated as ``AGENTRUN_NATS_URL`` so that a process starts
+    and reconnects while any one server is down; empty: ``nats.url`` alone.
     """
     env = {
         "KUBECONFIG": kubeconfig,
-        "AGENTRUN_NATS_URL": nats.url,
+        "AGENTRUN_NATS_URL": ",".join(urls) or nats.url,
         "PYTHONUNBUFFERED": "1",
         "AGENTRUN_DEFAULT_TENANT": "default",
         "AGENTRUN_LEASE_DURATION": "8",
@@ -187,16 +193,18 @@ def service_env(
 
 def start_nats(
     directory: Path, *, servers: int, launch: components.Launch
-) -> tuple[natsserver.NatsServer, tuple[components.Component, ...]]:
+) -> tuple[natsserver.NatsServer, tuple[str, ...], tuple[components.Component, ...]]:
     """The stack's NATS in ``<directory>/nats``: one closed nats-server, or with `servers` > 1
-    a JetStream cluster of that many (``natscluster``), whose first server the stack's clients
-    are given (they learn the others from it). Returns (that server, every component started).
-    Raises what ``start_nats_server`` / ``start_nats_cluster`` raise."""
+    a JetStream cluster of that many (``natscluster``). Returns (its first server, whose files
+    and URL the stack records; every server's client URL, which the stack's clients are
+    given; every component started). Raises what ``start_nats_server`` /
+    ``start_nats_cluster`` raise."""
     if servers == 1:
         nats = natsserver.start_nats_server(directory / "nats", launch=launch)
-        return nats, (nats.component,)
+        return nats, (nats.url,), (nats.component,)
     cluster = natscluster.start_nats_cluster(directory / "nats", size=servers, launch=launch)
-    return cluster.servers[0], tuple(server.component for server in cluster.servers)
+    started = tuple(server.component for server in cluster.servers)
+    return cluster.servers[0], tuple(cluster.urls), started
 
 
 def write_run_keys(directory: Path) -> tuple[Path, Path]:
@@ -436,7 +444,7 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
             )
             return _recorded(dataclasses.replace(current, complete=True))
         kubectl.apply_crds(kubectl.Kubectl.for_cluster(cluster), crd_dir, log=log)
-        nats, started = start_nats(directory, servers=options.nats_servers, launch=launch)
+        nats, urls, started = start_nats(directory, servers=options.nats_servers, launch=launch)
         current = _recorded(
             dataclasses.replace(current, nats_url=nats.url, nats_auth_dir=nats.auth_dir),
             *started,
@@ -444,7 +452,9 @@ def _start_all(directory: Path, *, options: UpOptions, log: console.Log) -> stat
         mock = start_mockllm(scenarios, launch=launch)
         current = _recorded(dataclasses.replace(current, model_url=mockllm_url(mock)), mock)
         kubeconfig = cluster.env["KUBECONFIG"]
-        env = service_env(kubeconfig=kubeconfig, nats=nats, replicas=options.nats_servers)
+        env = service_env(
+            kubeconfig=kubeconfig, nats=nats, replicas=options.nats_servers, urls=urls
+        )
         current = _start_services(current, env=env, workers=options.workers, launch=launch)
         return _recorded(dataclasses.replace(current, complete=True))
     except BaseException:

@@ -17,12 +17,19 @@ from typing import TypeVar
 
 import nats
 import nats.errors
+import nats.js.api
 import nats.js.errors
 import pytest
 from cluster_nats_support import ELECTION_ERRORS
 
 from agentrun import buckets, kernel, protocol
-from agentrun.bus import WRONG_LAST_SEQUENCE_CODES, Bus, BusSettings, CommitConflict
+from agentrun.bus import (
+    APPEND_RETRY_SECONDS,
+    WRONG_LAST_SEQUENCE_CODES,
+    Bus,
+    BusSettings,
+    CommitConflict,
+)
 from agentrun.ledger import LedgerStore
 from agentrun.protocol import RunEvent
 from agentrun_dev import natscluster, natsserver
@@ -264,4 +271,72 @@ async def test_every_server_reads_an_acknowledged_event_at_once_through_a_step_d
         await admin.close()
         for reader in readers:
             await reader.close()
+        await bus.close()
+
+
+class LostAnswers:
+    """A JetStream context whose first `lost` publishes reach the stream but whose answers
+    are lost (``nats.errors.TimeoutError`` raised after the real publish), as when the
+    leader that stored the event dies before its ack gets through."""
+
+    def __init__(self, js: object, lost: int) -> None:
+        self._js, self.lost, self.sent = js, lost, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._js, name)
+
+    async def publish(self, *args: object, **kwargs: object) -> object:
+        ack = await self._js.publish(*args, **kwargs)  # type: ignore[attr-defined]
+        self.sent += 1
+        if self.sent <= self.lost:
+            raise nats.errors.TimeoutError
+        return ack
+
+
+async def test_an_append_whose_answer_was_lost_is_sent_again_and_stored_once(
+    nats_cluster: natscluster.NatsCluster,
+) -> None:
+    bus = await provision(nats_cluster.url, nats_cluster.auth("operator"), 3)
+    try:
+        first = await bus.append_event("ns", "lost", event("u-lost", 0), expected_seq=0)
+        real = bus.js
+        bus.js = LostAnswers(real, lost=2)  # type: ignore[assignment]
+        seq = await bus.append_event("ns", "lost", event("u-lost", 1), expected_seq=first)
+        assert bus.js.sent == 3  # type: ignore[attr-defined]
+        bus.js = real
+        stored = await bus.read_events("ns", "lost")
+        assert [(e.seq, e.summary.turn) for e in stored] == [(first, 0), (seq, 1)]
+        # another writer's append on the same base is still refused: the copies did not
+        # turn the commit rule off
+        with pytest.raises(CommitConflict):
+            await bus.append_event("ns", "lost", event("u-lost", 1), expected_seq=first)
+    finally:
+        await bus.close()
+
+
+async def test_an_append_while_the_stream_has_no_quorum_lands_once_it_is_back(
+    nats_cluster: natscluster.NatsCluster,
+) -> None:
+    bus = await provision(nats_cluster.url, nats_cluster.auth("operator"), 3)
+    bus.js = bus.nc.jetstream(timeout=2)
+    down = nats_cluster.servers[1:]  # the bus's own server (n1) stays up
+    try:
+        first = await bus.append_event("ns", "quorum", event("u-q", 0), expected_seq=0)
+        for server in down:
+            await asyncio.to_thread(server.stop)
+        append = asyncio.create_task(
+            bus.append_event("ns", "quorum", event("u-q", 1), expected_seq=first)
+        )
+        await asyncio.sleep(5.0)  # unanswered meanwhile: one server of three has no quorum
+        assert not append.done(), str(append.exception())
+        await asyncio.to_thread(down[0].restart)
+        seq = await asyncio.wait_for(append, timeout=APPEND_RETRY_SECONDS - 5.0)
+        stored = await retried(functools.partial(bus.read_events, "ns", "quorum"))
+        assert [(e.seq, e.summary.turn) for e in stored] == [(first, 0), (seq, 1)]
+    finally:
+        for server in down:
+            if not server.component.is_alive():
+                await asyncio.to_thread(server.restart)
+        for index in (2, 3):
+            await asyncio.to_thread(natscluster.wait_caught_up, nats_cluster, f"n{index}")
         await bus.close()

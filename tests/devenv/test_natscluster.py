@@ -42,6 +42,31 @@ async def test_three_servers_form_one_cluster_that_keeps_a_stream_on_all_three(
         await client.close()
 
 
+async def test_a_stopped_server_lags_until_it_is_back_and_caught_up(
+    nats_cluster: natscluster.NatsCluster,
+) -> None:
+    """``lagging`` (what ``wait_caught_up`` waits on) names every group a stopped server is
+    behind on, and nothing once it is back and caught up; a consumer's group counts too."""
+    client = await nats.connect(**nats_cluster.client_options("admin"))
+    server = nats_cluster.servers[2]
+    try:
+        js = client.jetstream(timeout=10)
+        await js.add_stream(api.StreamConfig(name="DEVENV_LAG", subjects=["lag.>"], num_replicas=3))
+        await js.add_consumer("DEVENV_LAG", api.ConsumerConfig(durable_name="reader"))
+        natscluster.wait_caught_up(nats_cluster, "n3", timeout=30)
+        assert natscluster.lagging(nats_cluster, "n3") == []
+        components.stop_component(server.component)
+        behind = natscluster.lagging(nats_cluster, "n3")
+        assert {"DEVENV_LAG", "DEVENV_LAG/reader"} <= set(behind), behind
+        server.restart()
+        natscluster.wait_caught_up(nats_cluster, "n3", timeout=60)
+        assert natscluster.lagging(nats_cluster, "n3") == []
+    finally:
+        if not server.component.is_alive():
+            server.restart()
+        await client.close()
+
+
 async def test_clients_need_the_same_credentials_as_on_one_server(
     nats_cluster: natscluster.NatsCluster,
 ) -> None:

@@ -143,3 +143,36 @@ async def test_a_transient_failure_makes_the_turn_wait_on_every_delivery(bus: Bu
     last = await bus.last_event("ns", request.name)
     assert last is not None and (last.kind, last.phase) == ("admitted", kernel.Phase.RUNNING)
     assert secrets.reads == 4
+
+
+class BehindBus(Bus):
+    """A ``Bus`` whose first ``behind`` reads of a run's last event answer none, as a stream
+    leader just elected may before it applied what was acknowledged (NATS ADR-53)."""
+
+    behind = 0
+
+    async def last_event(
+        self, namespace: str, name: str, *, any_replica: bool = False
+    ) -> RunEvent | None:
+        if self.behind > 0:
+            self.behind -= 1
+            return None
+        return await super().last_event(namespace, name, any_replica=any_replica)
+
+
+async def test_a_failure_read_behind_the_request_is_read_again_and_still_ends_the_run(
+    own_nats_server: natsserver.NatsServer,
+) -> None:
+    settings = BusSettings(own_nats_server.url, auth=own_nats_server.auth())
+    bus = await BehindBus.connect(settings, name="failed-turns-behind")
+    try:
+        consumer = worker(bus, Failing(RuntimeError("a bug")))
+        request = await admit(bus)
+        assert await deliver(consumer, request, num_delivered=1) == ["nak 1.0"]
+        bus.behind = 3
+        assert await deliver(consumer, request, num_delivered=2) == ["ack"]
+        assert bus.behind == 0
+        last = await bus.last_event("ns", request.name)
+        assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
+    finally:
+        await bus.close()
