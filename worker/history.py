@@ -46,8 +46,11 @@ async def load(
 ) -> LoadedRun | None:
     """The run as of ``request.expected_seq`` or later; ``None`` if it has no admission.
 
-    Reads only the events after the cached ones. The caller compares ``seq`` with
-    ``request.expected_seq`` to spot a stale request.
+    Reads only the events after the cached ones, unless one of them is an admission: then
+    the run's events may have been purged and the run admitted again (a rerun keeps its uid
+    and starts over at turn 0), so all of them are read and folded afresh, never on top of
+    the cached state. The caller compares ``seq`` with ``request.expected_seq`` to spot a
+    stale request.
 
     Raises ``CorruptHistory``, and ``trust.Untrusted`` when the run's config is not sealed by
     the operator (not yet re-sealed, forged, or sealed for another run than ``request``'s) or
@@ -60,6 +63,11 @@ async def load(
     events = await bus.read_events(
         request.namespace, request.name, after_seq=base.seq if base else 0
     )
+    if base is not None and any(event.kind == "admitted" for event in events):
+        # an admission after the cached events: a re-seal, or the run's events were purged
+        # and the run admitted again (a rerun), whose history the cache does not hold
+        base = None
+        events = await bus.read_events(request.namespace, request.name)
     if events:  # a replay checks final answers against the run's output schema: off the loop
         loaded = await asyncio.to_thread(
             fold, events, run_uid=request.run_uid, base=base, seals=seals
