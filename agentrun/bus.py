@@ -5,7 +5,8 @@ What belongs here: every call into nats-py, and the translation of its errors in
 
 Commit rule: an event is appended with ``Nats-Expected-Last-Subject-Sequence``,
 so two writers racing on one run cannot both commit on top of the same event; TurnRequests carry
-``Nats-Msg-Id: <run-uid>:<turn>`` so JetStream drops a re-dispatch inside the duplicate window;
+``Nats-Msg-Id: <run-uid>:<turn>@<expected-seq>`` so JetStream drops a re-dispatch inside the
+duplicate window (and never a rerun's turn, which builds on a new admission);
 an event carries a ``Nats-Msg-Id`` unique to its append, so an append sent again because the
 stream did not answer (a leader being elected) is never stored twice (``append_event``).
 

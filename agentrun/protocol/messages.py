@@ -120,8 +120,13 @@ class TurnRequest:
 
     @property
     def msg_id(self) -> str:
-        """``Nats-Msg-Id`` for JetStream de-duplication: ``<run-uid>:<turn>``."""
-        return f"{self.run_uid}:{self.turn}"
+        """``Nats-Msg-Id`` for JetStream de-duplication: ``<run-uid>:<turn>@<expected-seq>``.
+
+        The base event's stream sequence is part of it: a rerun keeps the run's uid and asks
+        for turn 0 again on a new admission (its subject purged), and within the duplicate
+        window an id without it would be dropped as the first run's copy. Stream sequences
+        are never reused, so only a true re-dispatch (same turn, same base) is dropped."""
+        return f"{self.run_uid}:{self.turn}@{self.expected_seq}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

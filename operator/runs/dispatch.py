@@ -2,10 +2,10 @@
 
 The operator's view of a run (``RunView``) is rebuilt from the run's events, never trusted
 across restarts: on resume it reads the last event and re-dispatches (the ``Nats-Msg-Id``
-``<run-uid>:<turn>`` makes a repeated dispatch a no-op inside the duplicate window, and the
-worker's compare-and-set commit makes a late duplicate harmless). Ends decided outside a turn —
-the wall-clock deadline, cancellation — are appended as ``stop`` events with the same
-compare-and-set, so they cannot interleave with a worker's commit.
+``<run-uid>:<turn>@<expected-seq>`` makes a repeated dispatch a no-op inside the duplicate
+window, and the worker's compare-and-set commit makes a late duplicate harmless). Ends decided
+outside a turn — the wall-clock deadline, cancellation — are appended as ``stop`` events with
+the same compare-and-set, so they cannot interleave with a worker's commit.
 
 A running run's next turn is handed to the ``fairness.TurnGate``, which publishes it at once
 while the work queue is short and nothing waits, else in fair order across tenants (the

@@ -161,7 +161,8 @@ async def test_an_admitted_run_is_dispatched_once_however_often_its_event_is_see
     bus: Bus,
 ) -> None:
     """A redelivered event is ignored by the view; a restarted operator dispatches the turn
-    again, and the ``Nats-Msg-Id`` ``<run-uid>:<turn>`` makes JetStream drop the copy."""
+    again, and the ``Nats-Msg-Id`` ``<run-uid>:<turn>@<expected-seq>`` makes JetStream drop
+    the copy."""
     cfg = config()
     first, writer, _, _ = dispatcher(bus)
     before = await turns_in_queue(bus)
@@ -170,7 +171,7 @@ async def test_an_admitted_run_is_dispatched_once_however_often_its_event_is_see
     request = await queued(bus, view.queued_seq)
     assert (request.run_uid, request.turn, request.expected_seq) == (cfg.uid, 0, event.seq)
     found = await bus.nc.jsm().get_msg(protocol.STREAM_TURNS, seq=view.queued_seq)
-    assert (found.headers or {}).get("Nats-Msg-Id") == f"{cfg.uid}:0"
+    assert (found.headers or {}).get("Nats-Msg-Id") == f"{cfg.uid}:0@{event.seq}"
     assert writer.bodies == [(event.seq, "Running", False)]  # coalesced: nobody to ask
 
     await first.on_event(protocol.event_subject(cfg.namespace, cfg.name), event)  # redelivered
@@ -226,19 +227,37 @@ async def lose(subscription: JetStreamContext.PullSubscription) -> None:
     await msg.ack_sync()
 
 
+async def test_a_rerun_inside_the_duplicate_window_queues_its_turn_0_again(bus: Bus) -> None:
+    """A rerun keeps the run's uid and purges its subject: its turn 0, built on the new
+    admission, is queued, not dropped by the duplicate window as the first run's turn 0 (it
+    was, under ``<run-uid>:<turn>``: the rerun lost a dispatch before its turn ever ran)."""
+    cfg = config()
+    run, _, _, _ = dispatcher(bus)
+    first = await admitted(bus, run, cfg)
+    queued_first = pending(run, cfg).queued_seq
+    await run.prepare_rerun(cfg.namespace, cfg.name, cfg.uid)
+    again = await admitted(bus, run, cfg)
+    assert again.seq > first.seq
+    rerun = pending(run, cfg)
+    assert rerun.queued_seq > queued_first  # a new message, not the first one's duplicate ack
+    request = await queued(bus, rerun.queued_seq)
+    assert (request.run_uid, request.turn, request.expected_seq) == (cfg.uid, 0, again.seq)
+    assert await bus.turn_queued(queued_first) and await bus.turn_queued(rerun.queued_seq)
+
+
 async def test_a_turn_lost_four_times_ends_the_run_checkpoint_failed(bus: Bus) -> None:
     cfg = config()
     run, _, _, _ = dispatcher(bus)
     await bus.nc.jsm().purge_stream(protocol.STREAM_TURNS)  # earlier tests' turns
     subscription = await bus.turn_subscription()
-    await admitted(bus, run, cfg)
+    event = await admitted(bus, run, cfg)
     watch = OrphanWatch(bus, run, after=0.0)
     assert not await watch.check(pending(run, cfg))  # still queued: nothing to do
     for attempt in range(1, MAX_REDISPATCHES + 1):
         await lose(subscription)
         assert await watch.check(pending(run, cfg))
         found = await bus.nc.jsm().get_msg(protocol.STREAM_TURNS, seq=pending(run, cfg).queued_seq)
-        assert (found.headers or {}).get("Nats-Msg-Id") == f"{cfg.uid}:0:{attempt}"
+        assert (found.headers or {}).get("Nats-Msg-Id") == f"{cfg.uid}:0@{event.seq}:{attempt}"
         last = await bus.last_event(cfg.namespace, cfg.name)
         assert last is not None and last.kind == "admitted"
     assert pending(run, cfg).redispatches == 3
