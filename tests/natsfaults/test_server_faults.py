@@ -29,12 +29,14 @@ from decimal import Decimal
 from typing import Any
 
 import nats
+import nats.js.errors
 import pytest
 import yaml
 from e2e.conftest import E2EStack, mock_model, run_manifest, wait_consuming
 
 from agentrun import protocol
 from agentrun.ledger import Book, LedgerStore
+from agentrun.protocol import RunEvent
 from agentrun_dev import components, natscluster, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
@@ -115,6 +117,41 @@ class Admin:
     def turns_queued(self) -> int:
         info = self.run(self.nc.jetstream(timeout=5).stream_info(protocol.STREAM_TURNS))
         return int(info.state.messages)
+
+    def diagnose(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
+        """What NATS holds of a stuck run: its events (kind, turn, seq), the TurnRequests of
+        it still in the work queue (turn, base, deliveries) and the workers' consumer."""
+        return dict(self.run(self._diagnose(namespace, name, uid)))
+
+    async def _diagnose(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
+        jsm = self.nc.jsm()
+        subject = protocol.event_subject(namespace, name)
+        events, seq = [], 1
+        while True:
+            try:
+                raw = await jsm.get_msg(protocol.STREAM_EVENTS, seq=seq, next=True, subject=subject)
+            except nats.js.errors.NotFoundError:
+                break
+            event = RunEvent.decode(raw.data or b"", seq=int(raw.seq or 0))
+            events.append((event.kind, event.summary.turn, event.seq))
+            seq = int(raw.seq or 0) + 1
+        info = await jsm.stream_info(protocol.STREAM_TURNS)
+        queued = []
+        for at in range(int(info.state.first_seq or 0), int(info.state.last_seq or 0) + 1):
+            try:
+                raw = await jsm.get_msg(protocol.STREAM_TURNS, seq=at)
+            except nats.js.errors.NotFoundError:
+                continue
+            request = protocol.decode_turn_request(raw.data or b"")
+            if request.run_uid == uid:
+                queued.append((at, request.turn, request.expected_seq, raw.headers))
+        consumer = await jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
+        return {
+            "uid": uid,
+            "events": events,
+            "queued": queued,
+            "workers": (consumer.num_pending, consumer.num_ack_pending, consumer.num_redelivered),
+        }
 
     def close(self) -> None:
         self.run(self.nc.close())
@@ -223,7 +260,12 @@ class Load:
             out = self.stack.kubectl("get", "agentruns", "-n", namespace, "-o", "json").stdout
             items = json.loads(out)["items"]
             found[tenant] = [
-                {**(item.get("status") or {}), "name": item["metadata"]["name"]} for item in items
+                {
+                    **(item.get("status") or {}),
+                    "name": item["metadata"]["name"],
+                    "uid": item["metadata"]["uid"],
+                }
+                for item in items
             ]
         return found
 
@@ -243,7 +285,9 @@ class Load:
             assert time.monotonic() < end, f"only {asked} model calls in {timeout} s"
             time.sleep(0.2)
 
-    def wait_all_ended(self, *, stall: float = STALL) -> dict[str, list[dict[str, Any]]]:
+    def wait_all_ended(
+        self, admin: Admin, *, stall: float = STALL
+    ) -> dict[str, list[dict[str, Any]]]:
         """Every run's status once all ended. Bounded by progress, not by a total: a slow
         machine may take longer, but a run whose status shows no step and no end for `stall`
         seconds is stuck (AssertionError naming such runs and their last status)."""
@@ -259,11 +303,13 @@ class Load:
                     if seen.get(key) != mark:
                         seen[key], moved[key] = mark, now
                     if not status.get("terminalReason"):
-                        unfinished.append((key, status))
+                        unfinished.append((key, {**status, "namespace": self.tenants[tenant]}))
             if not unfinished:
                 return statuses
             stuck = [s for key, s in unfinished if now - moved[key] > stall]
-            assert not stuck, f"{len(stuck)} runs without progress for {stall} s: {stuck[:3]}"
+            if stuck:
+                found = [admin.diagnose(s["namespace"], s["name"], s["uid"]) for s in stuck[:3]]
+                raise AssertionError(f"{len(stuck)} runs without progress for {stall} s: {found}")
             time.sleep(1.0)
 
 
@@ -352,7 +398,7 @@ def test_the_events_leader_sigkilled_and_restarted_on_its_store(
         natscluster.wait_caught_up(nats_cluster, victim, timeout=90)
 
     _under_load(load, kill_and_restart, admin)
-    check_outcome(faults_stack, admin, load, load.wait_all_ended())
+    check_outcome(faults_stack, admin, load, load.wait_all_ended(admin))
 
 
 def test_a_rolling_restart_of_all_three_servers(
@@ -369,7 +415,7 @@ def test_a_rolling_restart_of_all_three_servers(
             natscluster.wait_caught_up(nats_cluster, f"n{index + 1}", timeout=90)
 
     _under_load(load, rolling_restart, admin)
-    check_outcome(faults_stack, admin, load, load.wait_all_ended())
+    check_outcome(faults_stack, admin, load, load.wait_all_ended(admin))
 
 
 def test_stream_and_consumer_leaders_moved(
@@ -392,4 +438,4 @@ def test_stream_and_consumer_leaders_moved(
 
     _under_load(load, step_downs, admin)
     assert len(moves) == 8 and all(old != new for old, new in moves), moves
-    check_outcome(faults_stack, admin, load, load.wait_all_ended())
+    check_outcome(faults_stack, admin, load, load.wait_all_ended(admin))
