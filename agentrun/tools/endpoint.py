@@ -23,7 +23,7 @@ import importlib
 import json
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import cachetools
@@ -34,7 +34,6 @@ from . import reach
 
 if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
     from mcp import Client
-    from mcp.client.session import IncomingMessage
 
 __all__ = [
     "CALL_REF_KEY",
@@ -44,7 +43,9 @@ __all__ = [
     "FaultHook",
     "HttpStatuses",
     "ResponseHook",
+    "StreamEnded",
     "Transport",
+    "WatchedReads",
     "load_sdk",
     "mcp_error_code",
     "open_session",
@@ -152,6 +153,70 @@ session's connection is lost; the call's fault is ``connection``)."""
 ResponseHook = Callable[[httpx2.Response], Awaitable[None]]
 FaultHook = Callable[[Exception], None]
 
+
+class StreamEnded(ConnectionError):
+    """The server ended the session's inbound stream (e.g. an SSE stream closed cleanly by a
+    server shutting down): no answer can come on this session any more."""
+
+
+class WatchedReads:
+    """A transport's read stream (the SDK's ``ReadStream`` of ``SessionMessage | Exception``)
+    that tells ``on_fault`` of every transport failure it carries and of its end
+    (``StreamEnded``), synchronously, as the SDK's dispatcher reads them.
+
+    Its sender closing (``anyio.EndOfStream``) is an end; this side's own close
+    (``anyio.ClosedResourceError``) is not. Items pass through unchanged, so the dispatcher
+    sees what it would without the watch.
+    """
+
+    def __init__(self, inner: Any, on_fault: FaultHook) -> None:
+        self._inner = inner
+        self._on_fault = on_fault
+
+    @property
+    def last_context(self) -> Any:
+        """The sender's context of the last item, where the inner stream keeps one."""
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        """The next item. Raises ``anyio.EndOfStream`` once the sender closed."""
+        try:
+            item = await self._inner.receive()
+        except anyio.EndOfStream:
+            self._on_fault(StreamEnded("the MCP server ended the session's stream"))
+            raise
+        if isinstance(item, Exception):
+            self._on_fault(item)
+        return item
+
+    async def aclose(self) -> None:
+        """Close the inner stream."""
+        await self._inner.aclose()
+
+    def __aiter__(self) -> WatchedReads:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> WatchedReads:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _watched(transport: Any, on_fault: FaultHook | None) -> AsyncIterator[Any]:
+    """``transport`` (an SDK transport: a context manager of ``(read, write)`` streams) with
+    its read stream watched by ``on_fault`` when one is given."""
+    async with transport as (read, write):
+        yield (read if on_fault is None else WatchedReads(read, on_fault)), write
+
+
 CALL_REF_KEY = "agentrun.dev/callRef"
 """The request ``_meta`` key carrying a ``tools/call``'s own reference, so the HTTP status of
 its answer can be found after the SDK turned an error answer into a JSON-RPC error that no
@@ -215,19 +280,16 @@ async def open_session(
     """An MCP client session (handshake done), entered and left in the caller's task.
 
     ``on_response``, when given, sees every HTTP response of the session (headers only);
-    ``on_fault`` every transport failure the SDK reports outside a request (e.g. the SSE
-    stream of a server that went away). Raises what the SDK and ``httpx2`` raise when the
-    server cannot be reached or refuses.
+    ``on_fault`` every transport failure the transport reports outside a request (e.g. the
+    SSE stream of a server that went away) and the end of its inbound stream
+    (``StreamEnded``), as the SDK reads them. Raises what the SDK and ``httpx2`` raise when
+    the server cannot be reached or refuses.
     """
 
     await load_sdk()
     from mcp import Client
     from mcp.client.sse import sse_client
     from mcp.client.streamable_http import streamable_http_client
-
-    async def on_message(message: IncomingMessage) -> None:
-        if on_fault is not None and isinstance(message, Exception):
-            on_fault(message)
 
     headers = dict(endpoint.headers)
     hooks: dict[str, list[ResponseHook]] = {
@@ -266,7 +328,7 @@ async def open_session(
             await stack.enter_async_context(http)
             transport = streamable_http_client(endpoint.url, http_client=http)
         client = Client(
-            transport, read_timeout_seconds=endpoint.timeout, cache=None, message_handler=on_message
+            _watched(transport, on_fault), read_timeout_seconds=endpoint.timeout, cache=None
         )
         entered = await stack.enter_async_context(client)
         trust_no_output_schema(entered.session)

@@ -20,7 +20,10 @@ namespaces never do.
   restarted or expired the session: the request was refused unread) or the connection could
   not be opened — any call may go again; the connection was reset or closed under the call —
   only a ``read`` call goes again. A session whose call timed out is dropped too (a
-  black-holed connection must not stay pooled), but the call is not resent.
+  black-holed connection must not stay pooled), but the call is not resent. A session whose
+  transport failed between calls, or whose server ended its inbound stream (an SSE stream
+  closed cleanly by a stopping server included), is dropped as the SDK reads it, so no later
+  call is sent on it.
 
 What does not belong here: the mapping of results and faults (``remote``), reading Secrets,
 retries with backoff across attempts (the worker's tool runner).
@@ -129,10 +132,12 @@ class _Session:
             self.drop()
 
     def _on_fault(self, fault: Exception) -> None:
-        """The transport failed outside a call: no new call may start on it."""
+        """The transport failed outside a call, or its inbound stream ended: no new call may
+        start on it. (Its own close ends the stream too; that is not logged.)"""
         if self.failure is None:
             self.failure = fault
-        log.info("MCP session to %s failed: %r", self.endpoint.url, fault)
+        if not self.closing:
+            log.info("MCP session to %s failed: %r", self.endpoint.url, fault)
         self.drop()
 
     def drop(self) -> None:

@@ -358,3 +358,34 @@ def test_an_sse_session_whose_stream_broke_is_not_used_again(tmp_path: Path) -> 
 
         assert with_pool(body) == ["before=1 key=run-uid:call_0_0", "after=1 key=run-uid:w2"]
         assert server.counts() == {"before": 1, "after": 1}
+
+
+def test_a_watched_read_stream_reports_its_faults_and_its_end_but_not_its_own_close() -> None:
+    """The watch over a transport's inbound stream: a fault item is reported and passed on, a
+    clean end by the sender (an SSE stream a stopping server closed without an error) is
+    reported as ``StreamEnded``, and this side's own close is not a fault."""
+    import anyio
+
+    from agentrun.tools import endpoint
+
+    async def main() -> tuple[list[object], list[Exception], list[Exception]]:
+        send, receive = anyio.create_memory_object_stream[object](4)
+        faults: list[Exception] = []
+        reads = endpoint.WatchedReads(receive, faults.append)
+        broken = ConnectionResetError("reset")
+        await send.send("message")
+        await send.send(broken)
+        await send.aclose()
+        seen = [item async for item in reads]
+        _, other = anyio.create_memory_object_stream[object](1)
+        own: list[Exception] = []
+        closed = endpoint.WatchedReads(other, own.append)
+        await closed.aclose()
+        with pytest.raises(anyio.ClosedResourceError):
+            await closed.receive()
+        return seen, faults, own
+
+    seen, faults, own = asyncio.run(main())
+    assert seen[0] == "message" and isinstance(seen[1], ConnectionResetError)
+    assert [type(f).__name__ for f in faults] == ["ConnectionResetError", "StreamEnded"]
+    assert own == []
