@@ -177,7 +177,7 @@ class Dispatcher:
         view = self._views.get(uid) or await self._trusted_view(key, first, generation=generation)
         if view is None:
             return True  # refused (ended), or re-sealed (followed once its re-seal is read)
-        self._track(view)
+        view = self._track(view)
         last = await self.bus.last_event(namespace, name)
         assert last is not None
         if await self._judge(view, last):
@@ -230,12 +230,17 @@ class Dispatcher:
         """Whether the run has a live view here (admitted, not ended, not forgotten)."""
         return uid in self._views
 
-    def _track(self, view: RunView) -> None:
-        if view.uid in self._views:
-            return
-        self._views[view.uid] = view
-        if not view.terminal:
+    def _track(self, view: RunView) -> RunView:
+        """Follow ``view``'s run, unless a view of it is followed already; returns the one
+        followed, which every caller goes on with. (A caller that awaited after finding no
+        view may find one tracked meanwhile: the event consumer builds a view of a run whose
+        ``admitted`` event it sees while ``start_run`` is between its append and its track.
+        Going on with a second view would hand the turn gate a turn its tracked view does
+        not wait on, and the gate drops it.)"""
+        followed = self._views.setdefault(view.uid, view)
+        if followed is view and not view.terminal:
             view.timer = asyncio.create_task(self._deadline(view), name=f"deadline-{view.uid}")
+        return followed
 
     # --- the event consumer ---------------------------------------------------------------------
 
@@ -305,7 +310,7 @@ class Dispatcher:
             view = await self._trusted_view(RunKey(namespace, name, event.run_uid), first)
             if view is None:
                 return
-            self._track(view)
+            view = self._track(view)
         if not await self._judge(view, event):
             return
         seq, summary = view.seq, view.summary
