@@ -346,6 +346,7 @@ class Dispatcher:
                 traceparent=view.traceparent,
             )
             view.queued_seq, view.redispatches = 0, 0  # in the work queue once published
+            view.checked_at = self.clock()  # handed to the gate (``stranded_turns``)
             await self.gate.offer(ReadyTurn(request, view.tenant, since=event.time))
         elif phase.is_terminal:
             on_end = self._ending(view, event)
@@ -414,6 +415,41 @@ class Dispatcher:
             and view.summary.phase is kernel.Phase.RUNNING
             and view.queued_seq
         ]
+
+    async def offer_stranded(self, *, after: float) -> int:
+        """Hand the turn gate again the turn of every running run that has neither a
+        TurnRequest published nor a turn waiting in the gate, ``after`` seconds (epoch
+        clock) after its turn was handed to the gate: a turn dropped between the two (no path
+        is known to do so; this is the second line of defence, as ``OrphanWatch`` is for a
+        TurnRequest lost from the queue). Same ``Nats-Msg-Id``: if the first copy was
+        published after all, JetStream drops this one. Returns how many were offered."""
+        now = self.clock()
+        stranded = [
+            view
+            for view in self._views.values()
+            if not view.terminal
+            and view.summary is not None
+            and view.summary.phase is kernel.Phase.RUNNING
+            and not view.queued_seq
+            and not self.gate.queue.holds(view.uid)
+            and now - view.checked_at >= after
+        ]
+        for view in stranded:
+            assert view.summary is not None
+            turn = view.summary.turn
+            log.warning(
+                "%s/%s: turn %s was neither published nor waiting to be; handing it to the "
+                "turn gate again",
+                view.namespace,
+                view.name,
+                turn,
+            )
+            view.checked_at = now
+            request = TurnRequest(
+                view.uid, view.namespace, view.name, turn, view.seq, traceparent=view.traceparent
+            )
+            await self.gate.offer(ReadyTurn(request, view.tenant, since=0.0))
+        return len(stranded)
 
     def _current(self, turn: PendingTurn) -> RunView | None:
         """The live view ``turn`` was taken from, while it still waits on that turn."""
