@@ -177,7 +177,7 @@ class Dispatcher:
         view = self._views.get(uid) or await self._trusted_view(key, first, generation=generation)
         if view is None:
             return True  # refused (ended), or re-sealed (followed once its re-seal is read)
-        self._track(view)
+        view = self._track(view)
         last = await self.bus.last_event(namespace, name)
         assert last is not None
         if await self._judge(view, last):
@@ -230,12 +230,17 @@ class Dispatcher:
         """Whether the run has a live view here (admitted, not ended, not forgotten)."""
         return uid in self._views
 
-    def _track(self, view: RunView) -> None:
-        if view.uid in self._views:
-            return
-        self._views[view.uid] = view
-        if not view.terminal:
+    def _track(self, view: RunView) -> RunView:
+        """Follow ``view``'s run, unless a view of it is followed already; returns the one
+        followed, which every caller goes on with. (A caller that awaited after finding no
+        view may find one tracked meanwhile: the event consumer builds a view of a run whose
+        ``admitted`` event it sees while ``start_run`` is between its append and its track.
+        Going on with a second view would hand the turn gate a turn its tracked view does
+        not wait on, and the gate drops it.)"""
+        followed = self._views.setdefault(view.uid, view)
+        if followed is view and not view.terminal:
             view.timer = asyncio.create_task(self._deadline(view), name=f"deadline-{view.uid}")
+        return followed
 
     # --- the event consumer ---------------------------------------------------------------------
 
@@ -305,7 +310,7 @@ class Dispatcher:
             view = await self._trusted_view(RunKey(namespace, name, event.run_uid), first)
             if view is None:
                 return
-            self._track(view)
+            view = self._track(view)
         if not await self._judge(view, event):
             return
         seq, summary = view.seq, view.summary
@@ -341,6 +346,7 @@ class Dispatcher:
                 traceparent=view.traceparent,
             )
             view.queued_seq, view.redispatches = 0, 0  # in the work queue once published
+            view.checked_at = self.clock()  # handed to the gate (``stranded_turns``)
             await self.gate.offer(ReadyTurn(request, view.tenant, since=event.time))
         elif phase.is_terminal:
             on_end = self._ending(view, event)
@@ -409,6 +415,41 @@ class Dispatcher:
             and view.summary.phase is kernel.Phase.RUNNING
             and view.queued_seq
         ]
+
+    async def offer_stranded(self, *, after: float) -> int:
+        """Hand the turn gate again the turn of every running run that has neither a
+        TurnRequest published nor a turn waiting in the gate, ``after`` seconds (epoch
+        clock) after its turn was handed to the gate: a turn dropped between the two (no path
+        is known to do so; this is the second line of defence, as ``OrphanWatch`` is for a
+        TurnRequest lost from the queue). Same ``Nats-Msg-Id``: if the first copy was
+        published after all, JetStream drops this one. Returns how many were offered."""
+        now = self.clock()
+        stranded = [
+            view
+            for view in self._views.values()
+            if not view.terminal
+            and view.summary is not None
+            and view.summary.phase is kernel.Phase.RUNNING
+            and not view.queued_seq
+            and not self.gate.queue.holds(view.uid)
+            and now - view.checked_at >= after
+        ]
+        for view in stranded:
+            assert view.summary is not None
+            turn = view.summary.turn
+            log.warning(
+                "%s/%s: turn %s was neither published nor waiting to be; handing it to the "
+                "turn gate again",
+                view.namespace,
+                view.name,
+                turn,
+            )
+            view.checked_at = now
+            request = TurnRequest(
+                view.uid, view.namespace, view.name, turn, view.seq, traceparent=view.traceparent
+            )
+            await self.gate.offer(ReadyTurn(request, view.tenant, since=0.0))
+        return len(stranded)
 
     def _current(self, turn: PendingTurn) -> RunView | None:
         """The live view ``turn`` was taken from, while it still waits on that turn."""

@@ -98,6 +98,10 @@ class TurnQueue:
         """Turns of ``tenant`` published and not yet done."""
         return len(self._flying.get(tenant, ()))
 
+    def holds(self, uid: str) -> bool:
+        """Whether the run's turn waits here or was taken to be published."""
+        return uid in self._where or any(uid in flying for flying in self._flying.values())
+
     def put(self, turn: ReadyTurn) -> None:
         """A run's turn is ready (replacing a turn of the same run still waiting)."""
         self.discard(turn.uid)

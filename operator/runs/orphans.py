@@ -61,7 +61,9 @@ class OrphanWatch:
         )
 
     async def _pass(self) -> None:
-        """Check every pending turn; a run whose check failed is logged once (``failures``)."""
+        """Check every pending turn; a run whose check failed is logged once (``failures``).
+        Then hand the gate again any running run's turn that is neither published nor waiting
+        (``Dispatcher.offer_stranded``)."""
         for turn in self.runs.pending_turns():
             subject = f"AgentRun {turn.key.namespace}/{turn.key.name}"
             try:
@@ -70,6 +72,12 @@ class OrphanWatch:
                 self.failures.failed(turn.key.uid, err, subject=subject)
             else:
                 self.failures.succeeded(turn.key.uid, subject=subject)
+        try:
+            await self.runs.offer_stranded(after=self.after)
+        except Exception as err:  # NATS trouble: the next pass looks again
+            self.failures.failed("stranded", err, subject="turns neither published nor waiting")
+        else:
+            self.failures.succeeded("stranded", subject="turns neither published nor waiting")
 
     async def check(self, turn: PendingTurn) -> bool:
         """Re-dispatch ``turn`` if its TurnRequest is gone and no newer event came, or end the

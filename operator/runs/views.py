@@ -44,7 +44,8 @@ class RunView:
     queued_seq: int = 0
     """Stream sequence of the run's last TurnRequest in the work queue (0: none published)."""
     checked_at: float = 0.0
-    """When that TurnRequest was published or last seen still queued (epoch seconds)."""
+    """When that TurnRequest was published or last seen still queued; with none published,
+    when the turn was handed to the turn gate (epoch seconds)."""
     awaiting_since: float = 0.0
     """When the run last started waiting for a person's decision (epoch seconds; 0 while it
     does not wait)."""

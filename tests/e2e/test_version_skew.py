@@ -15,6 +15,7 @@ When a release is cut, ``PREVIOUS`` becomes the previous release's tag.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -96,6 +97,40 @@ def raw_events(server: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     return asyncio.run(read())
 
 
+def turn_queue(server: Any) -> dict[str, Any]:
+    """The workers' consumer's counts: what waits, what is in flight, what was redelivered."""
+
+    async def read() -> dict[str, Any]:
+        bus = await Bus.connect(BusSettings(url=server.url, auth=server.auth()), name="e2e-raw")
+        try:
+            info = await bus.js._jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
+        finally:
+            await bus.close()
+        return {
+            "pending": info.num_pending,
+            "ack_pending": info.num_ack_pending,
+            "redelivered": info.num_redelivered,
+            "waiting_pulls": info.num_waiting,
+        }
+
+    return asyncio.run(read())
+
+
+@contextlib.contextmanager
+def explained(stack_: E2EStack, old: components.Component, server: Any) -> Iterator[None]:
+    """A run that did not get there fails with what explains it: the turn queue's counts and
+    the tails of the old worker's and the operator's logs."""
+    try:
+        yield
+    except AssertionError as err:
+        tails = {
+            c.spec.name: c.spec.log_path.read_text(errors="replace").splitlines()[-40:]
+            for c in (old, stack_.operator)
+        }
+        detail = "\n".join(f"--- {name}\n" + "\n".join(lines) for name, lines in tails.items())
+        raise AssertionError(f"{err}\nturn queue: {turn_queue(server)}\n{detail}") from err
+
+
 def test_this_operator_drives_a_worker_of_the_previous_revision(
     stack_: E2EStack,
     test_namespace: str,
@@ -111,6 +146,13 @@ def test_this_operator_drives_a_worker_of_the_previous_revision(
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert probe.stdout.strip() == "False"
+    with explained(stack_, old_worker, nats_server):
+        drive_both(stack_, test_namespace, nats_server)
+
+
+def drive_both(stack_: E2EStack, test_namespace: str, nats_server: Any) -> None:
+    """A run with tool calls and one with an approved call, both completed by the old worker,
+    their turn events written in the old schema."""
     stack_.apply(test_namespace, run_manifest("skew-tools", "E2E-SHARED skew"))
     stack_.apply(test_namespace, run_manifest("skew-approval", "E2E-APPROVAL skew-approval",
                                               approval={"tools": ["calculate"]}))  # fmt: skip

@@ -7,6 +7,7 @@ again three times before the run ends ``checkpoint_failed``."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -181,6 +182,49 @@ async def test_an_admitted_run_is_dispatched_once_however_often_its_event_is_see
     assert await turns_in_queue(bus) == before + 1
     await first.cancel_timers()
     await restarted.cancel_timers()
+
+
+async def test_an_admission_the_consumer_sees_before_start_run_tracks_it_is_dispatched(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event consumer may see a run's ``admitted`` event while ``start_run`` is still
+    between its append and tracking the run's view: the consumer, finding no view, reads the
+    run's first event to build one, and ``start_run`` tracks its own meanwhile. Whichever view
+    was tracked first is the one both go on with, so turn 0 is published (it was handed to
+    the turn gate on a second view, which the gate, reading the tracked one, took for a run
+    that had moved on: turn 0 was dropped and the run stayed Running until an operator
+    restart)."""
+    cfg = config()
+    run, _, _, _ = dispatcher(bus)
+    subject = protocol.event_subject(cfg.namespace, cfg.name)
+    reading, release = asyncio.Event(), asyncio.Event()
+    real_first, real_append = bus.first_event, bus.append_event
+    consumer: list[asyncio.Task[None]] = []
+
+    async def first_event_held(namespace: str, name: str) -> RunEvent | None:
+        reading.set()
+        await release.wait()  # start_run goes on meanwhile
+        return await real_first(namespace, name)
+
+    async def append_then_seen(
+        namespace: str, name: str, event: RunEvent, *, expected_seq: int | None
+    ) -> int:
+        seq = await real_append(namespace, name, event, expected_seq=expected_seq)
+        (stored,) = await bus.read_events(namespace, name)
+        consumer.append(asyncio.create_task(run.on_event(subject, stored)))
+        await reading.wait()  # the consumer found no view and reads the first event
+        return seq
+
+    monkeypatch.setattr(bus, "first_event", first_event_held)
+    monkeypatch.setattr(bus, "append_event", append_then_seen)
+    before = await turns_in_queue(bus)
+    await run.start_run(cfg, start_time=time.time(), generation=1)
+    release.set()
+    await consumer[0]
+    request = await queued(bus, pending(run, cfg).queued_seq)
+    assert (request.run_uid, request.turn) == (cfg.uid, 0)
+    assert await turns_in_queue(bus) == before + 1
+    await run.cancel_timers()
 
 
 def awaiting_approval(start: kernel.RunState) -> kernel.RunState:

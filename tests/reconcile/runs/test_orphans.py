@@ -16,6 +16,7 @@ from agentrun.bus import CommitConflict
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
+from agentrun.operator.runs.fairness import ReadyTurn
 from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
 from agentrun.operator.runs.seals import RunSeals
 from agentrun.operator.runs.writer import StatusWriter
@@ -173,3 +174,33 @@ async def test_a_run_that_moved_on_meanwhile_is_not_published_again(
     await dispatcher.redispatch(turn)  # a snapshot of the old turn changes nothing
     assert [r.expected_seq for r, _ in bus.published] == [1, 2]
     assert dispatcher.pending_turns()[0].redispatches == 0
+
+
+async def test_a_turn_dropped_before_it_was_published_is_handed_to_the_gate_again(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    """The second line of defence: a running run whose turn is neither published nor waiting
+    in the turn gate (dropped between the two) gets it offered again once ``after`` passed,
+    under the same ``Nats-Msg-Id``, and once published it is the orphan watch's."""
+    bus, dispatcher, watch, clock = stack
+    turn = bus.events[0]
+    await bus.append_event("ns", "r", turn, expected_seq=1)
+    refused: list[str] = []
+
+    async def dropped(ready: ReadyTurn) -> bool:
+        refused.append(ready.uid)
+        return False  # as the gate does for a run it takes to have moved on
+
+    publish = dispatcher.publish_ready
+    dispatcher.publish_ready = dropped  # type: ignore[method-assign]
+    await dispatcher.on_event(SUBJECT, bus.events[-1])
+    dispatcher.publish_ready = publish  # type: ignore[method-assign]
+    assert refused == ["u"] and not dispatcher.pending_turns()
+    assert await dispatcher.offer_stranded(after=AFTER) == 0  # not yet: looked at too early
+    clock.now += AFTER
+    await watch._pass()
+    (again,) = dispatcher.pending_turns()
+    assert [(r.expected_seq, a) for r, a in bus.published] == [(1, 0), (2, 0)]
+    assert again.seq == 2 and again.redispatches == 0
+    clock.now += AFTER
+    assert await dispatcher.offer_stranded(after=AFTER) == 0  # published now: the watch's
