@@ -82,6 +82,16 @@ class E2EStack:
             f"status: {json.dumps(status, indent=1)}"
         )
 
+    def wait_tenant_observed(self, name: str, *, timeout: float = 60) -> None:
+        """Wait until the operator has read AgentTenant ``name`` (it writes its status then).
+        Raises AssertionError after ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while "observedGeneration" not in json.loads(
+            self.kubectl("get", "agenttenant", name, "-o", "json").stdout
+        ).get("status", {}):
+            assert time.monotonic() < end, f"the operator never saw the AgentTenant {name}"
+            time.sleep(0.2)
+
     def wait_terminal(self, namespace: str, name: str, *, timeout: float = 60) -> dict[str, Any]:
         return self.wait_for(
             namespace, name, lambda s: bool(s.get("terminalReason")), timeout=timeout

@@ -97,7 +97,7 @@ def tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
         stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
         made[role] = (name, namespace)
     for name, _ in made.values():  # the operator has read the tenants before their first run
-        _wait_observed(stack_, name)
+        stack_.wait_tenant_observed(name, timeout=30)
     yield made
     for name, namespace in made.values():
         stack_.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false")
@@ -249,17 +249,7 @@ def _apply_tenant(stack_: E2EStack, name: str, namespace: str, **spec: Any) -> N
         "spec": {"namespaces": [namespace], **spec},
     }
     stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
-    _wait_observed(stack_, name)
-
-
-def _wait_observed(stack_: E2EStack, name: str) -> None:
-    """Wait until the operator has read AgentTenant ``name`` (it writes its status then)."""
-    end = time.monotonic() + 30
-    while "observedGeneration" not in json.loads(
-        stack_.kubectl("get", "agenttenant", name, "-o", "json").stdout
-    ).get("status", {}):
-        assert time.monotonic() < end, f"the operator never saw the AgentTenant {name}"
-        time.sleep(0.2)
+    stack_.wait_tenant_observed(name, timeout=30)
 
 
 def test_an_orphaned_hold_is_released_within_the_bound(

@@ -226,22 +226,12 @@ def tenants(faults_stack: E2EStack) -> Iterator[dict[str, str]]:
         faults_stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
         made[name] = namespace
     for name in made:
-        _wait_observed(faults_stack, name)
+        faults_stack.wait_tenant_observed(name, timeout=60)
     yield made
     for name, namespace in made.items():
         faults_stack.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false")
         faults_stack.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
         delete_namespace(faults_stack.kubectl, namespace)
-
-
-def _wait_observed(stack_: E2EStack, name: str) -> None:
-    """Wait until the operator has read AgentTenant ``name`` (it writes its status then)."""
-    end = time.monotonic() + 60
-    while "observedGeneration" not in json.loads(
-        stack_.kubectl("get", "agenttenant", name, "-o", "json").stdout
-    ).get("status", {}):
-        assert time.monotonic() < end, f"the operator never saw the AgentTenant {name}"
-        time.sleep(0.2)
 
 
 class Load:
