@@ -7,7 +7,8 @@ on the worker's ``PYTHONPATH``) is the only worker; the operator is this tree's.
 tool calls over three turns and with a held call approved by a person complete as they do on
 one revision,
 and the old worker's turn events are the old schema's (no ``schemaVersion``), read by this
-operator as version 1.
+operator as version 1. The runs' tenant is one of the test's own, its ledger on the release's
+default layout (one value), which is what the previous release reads.
 
 When a release is cut, ``PREVIOUS`` becomes the previous release's tag.
 """
@@ -27,9 +28,12 @@ import pytest
 
 from agentrun import protocol
 from agentrun.bus import Bus, BusSettings
+from agentrun.ledger import codec
+from agentrun.ledger.store import book_key
 from agentrun_dev import components, stack
 
 from .conftest import E2EStack, run_manifest, wait_consuming
+from .test_ledger_layouts import forget, ledger_keys, new_tenant
 
 pytestmark = pytest.mark.e2e
 
@@ -71,6 +75,19 @@ def old_worker(stack_: E2EStack, previous_site: Path) -> Iterator[components.Com
     finally:
         components.stop_component(old)
         stack_.restart_dead()
+
+
+@pytest.fixture
+def skew_namespace(stack_: E2EStack) -> Iterator[str]:
+    """A namespace with an AgentTenant of its own, its ledger made by this operator on the
+    release's default layout (one value), as every tenant's is during a rollout: the previous
+    release's workers read only that layout. (The package's shared default tenant may have
+    been split by an earlier test that ran the operator with ``split``.)"""
+    namespace = new_tenant(stack_, "skew-")
+    try:
+        yield namespace
+    finally:
+        forget(stack_, namespace)
 
 
 def raw_events(server: Any, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -133,7 +150,7 @@ def explained(stack_: E2EStack, old: components.Component, server: Any) -> Itera
 
 def test_this_operator_drives_a_worker_of_the_previous_revision(
     stack_: E2EStack,
-    test_namespace: str,
+    skew_namespace: str,
     previous_site: Path,
     old_worker: components.Component,
     nats_server: Any,
@@ -147,25 +164,27 @@ def test_this_operator_drives_a_worker_of_the_previous_revision(
     )  # fmt: skip
     assert probe.stdout.strip() == "False"
     with explained(stack_, old_worker, nats_server):
-        drive_both(stack_, test_namespace, nats_server)
+        drive_both(stack_, skew_namespace, nats_server)
+    book = ledger_keys(nats_server, skew_namespace)[book_key(skew_namespace)]
+    assert codec.is_one_value(book)  # the layout the previous release reads
 
 
-def drive_both(stack_: E2EStack, test_namespace: str, nats_server: Any) -> None:
+def drive_both(stack_: E2EStack, namespace: str, nats_server: Any) -> None:
     """A run with tool calls and one with an approved call, both completed by the old worker,
     their turn events written in the old schema."""
-    stack_.apply(test_namespace, run_manifest("skew-tools", "E2E-SHARED skew"))
-    stack_.apply(test_namespace, run_manifest("skew-approval", "E2E-APPROVAL skew-approval",
-                                              approval={"tools": ["calculate"]}))  # fmt: skip
-    stack_.wait_for(test_namespace, "skew-approval", lambda s: s.get("phase") == "AwaitingApproval")
-    digest = stack_.get(test_namespace, "skew-approval")["status"]["pendingApproval"]["digest"]
+    stack_.apply(namespace, run_manifest("skew-tools", "E2E-SHARED skew"))
+    stack_.apply(namespace, run_manifest("skew-approval", "E2E-APPROVAL skew-approval",
+                                         approval={"tools": ["calculate"]}))  # fmt: skip
+    stack_.wait_for(namespace, "skew-approval", lambda s: s.get("phase") == "AwaitingApproval")
+    digest = stack_.get(namespace, "skew-approval")["status"]["pendingApproval"]["digest"]
     approve = subprocess.run(
         [str(Path(sys.executable).with_name("agentrun")), "approve", "skew-approval", "--digest",
-         digest, "-n", test_namespace],
+         digest, "-n", namespace],
         env={**stack_.kubectl.env}, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert approve.returncode == 0, approve.stderr
     ends = {
-        name: stack_.wait_terminal(test_namespace, name, timeout=60)
+        name: stack_.wait_terminal(namespace, name, timeout=60)
         for name in ("skew-tools", "skew-approval")
     }
     assert (ends["skew-tools"]["terminalReason"], ends["skew-tools"]["answer"]) == (
@@ -177,7 +196,7 @@ def drive_both(stack_: E2EStack, test_namespace: str, nats_server: Any) -> None:
         "Reviewed and done.",
     )
     for name in ends:
-        events = raw_events(nats_server, test_namespace, name)
+        events = raw_events(nats_server, namespace, name)
         written_by = {e["kind"]: "schemaVersion" in e for e in events}
         assert written_by["admitted"] is True  # this operator writes the version
         assert written_by["turn"] is False  # the old worker does not: read as version 1
