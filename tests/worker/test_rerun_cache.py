@@ -8,32 +8,13 @@ ended ``checkpoint_failed`` with "turn 0 left the work queue 4 times")."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from decimal import Decimal
-
-import pytest
 
 from agentrun.ledger import QueuedRun, TenantLimits
 from agentrun.protocol import TurnRequest
-from agentrun.testing import mockllm, scenario
-from agentrun_dev import natsserver
 
-from .test_duplicate_turns import NO_ROLLOVER, SCRIPT, TURN_0, Stack, handle
-
-
-@pytest.fixture
-async def stack(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
-    """A worker's world of its own (``test_duplicate_turns.stack``)."""
-    async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as mock:
-        s = Stack(own_nats_server, mock)
-        await s.connect()
-        await s.store()
-        try:
-            yield s
-        finally:
-            await s.model.close()
-            for bus in s.buses:
-                await bus.close()
+from .test_duplicate_turns import NO_ROLLOVER, TURN_0, Stack, handle
+from .test_duplicate_turns import stack as stack  # the same worker's world of its own
 
 
 async def readmit(stack: Stack, uid: str, name: str) -> None:
