@@ -346,7 +346,7 @@ class Dispatcher:
                 traceparent=view.traceparent,
             )
             view.queued_seq, view.redispatches = 0, 0  # in the work queue once published
-            view.checked_at = self.clock()  # handed to the gate (``stranded_turns``)
+            view.checked_at = self.clock()  # handed to the gate (``offer_stranded``)
             await self.gate.offer(ReadyTurn(request, view.tenant, since=event.time))
         elif phase.is_terminal:
             on_end = self._ending(view, event)
