@@ -485,20 +485,44 @@ class Bus:
             return []
         return sorted((info.state.subjects or {}).keys())
 
-    async def event_subscription(self) -> JetStreamContext.PullSubscription:
-        """The operator's durable consumer on every run's events (``agentrun-operator``)."""
+    async def event_subscription(
+        self, durable: str = protocol.OPERATOR_CONSUMER, *, seated_after: str = ""
+    ) -> JetStreamContext.PullSubscription:
+        """An operator's durable consumer ``durable`` on every run's events
+        (``agentrun-operator``, or one per shard: ``protocol.operator_consumer``). Made anew,
+        it starts after the ack floor of consumer ``seated_after`` if that one exists (the
+        events the operator already handled with it, e.g. before it was sharded, are not
+        handled again), else at the stream's first event."""
         config = api.ConsumerConfig(
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=self.settings.ack_wait,
             deliver_policy=api.DeliverPolicy.ALL,
             max_ack_pending=-1,
         )
+        start = await self._seat(durable, seated_after) if seated_after else 0
+        if start:
+            config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = start
         return await self.js.pull_subscribe(
             protocol.EVENT_SUBJECTS,
-            durable=protocol.OPERATOR_CONSUMER,
+            durable=durable,
             stream=protocol.STREAM_EVENTS,
             config=config,
         )
+
+    async def _seat(self, durable: str, after: str) -> int:
+        """0 when consumer ``durable`` exists or ``after`` does not; else the stream sequence
+        after ``after``'s ack floor."""
+        try:
+            await self.js._jsm.consumer_info(protocol.STREAM_EVENTS, durable)
+            return 0
+        except nats.js.errors.NotFoundError:
+            pass
+        try:
+            info = await self.js._jsm.consumer_info(protocol.STREAM_EVENTS, after)
+        except nats.js.errors.NotFoundError:
+            return 0
+        return int(info.ack_floor.stream_seq or 0) + 1 if info.ack_floor else 0
 
     # --- cancellation -------------------------------------------------------------------------
 

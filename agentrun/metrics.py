@@ -179,6 +179,14 @@ OPERATOR_LEADER = Gauge(
     registry=None,
 )
 """Registered by operator processes only (`export_operator`): its absence means no operator."""
+OPERATOR_SHARD_OWNED = Gauge(
+    "agentrun_operator_shard_owned",
+    "1 for each operator shard this process owns (holds its Lease and runs its work), 0 for "
+    "a shard it gave up; summed over the processes, 1 per shard while every shard is owned.",
+    ["shard"],
+    registry=None,
+)
+"""Registered by operator processes only (`export_operator`)."""
 CRD_MISMATCH = Gauge(
     "agentrun_crd_mismatch",
     "1 while the installed CRDs do not serve every field this operator writes (it is not ready "
@@ -411,6 +419,7 @@ def export_operator() -> None:
         REGISTRY.register(OPERATOR_LEADER)
         CRD_MISMATCH.set(0)
         REGISTRY.register(CRD_MISMATCH)
+        REGISTRY.register(OPERATOR_SHARD_OWNED)
         _known.add(("operator",))
 
 
@@ -458,6 +467,16 @@ def lead() -> None:
     if ("leader",) not in _known:
         REGISTRY.register(TURNS_PENDING)
         _known.add(("leader",))
+
+
+def own_shards(owned: Collection[int], *, given_up: Collection[int] = ()) -> None:
+    """``agentrun_operator_shard_owned``: 1 for each shard in ``owned``, 0 for each in
+    ``given_up``."""
+    export_operator()
+    for shard in owned:
+        OPERATOR_SHARD_OWNED.labels(shard=str(shard)).set(1)
+    for shard in given_up:
+        OPERATOR_SHARD_OWNED.labels(shard=str(shard)).set(0)
 
 
 def record_turn(

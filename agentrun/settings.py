@@ -149,6 +149,11 @@ class OperatorSettings(ProcessSettings):
     the one active operator (the chart passes its release namespace)."""
     lease_name: str = "agentrun-operator"
     """``AGENTRUN_LEASE_NAME``: name of that Lease."""
+    operator_shards: int = Field(default=1, ge=1, le=64)
+    """``AGENTRUN_OPERATOR_SHARDS``: how many shards the tenants are divided into, each owned
+    by one operator process at a time through a Lease of its own (``<lease_name>-<i>``); every
+    process of one install must be given the same count. 1 (the default) is active/standby on
+    the one Lease ``<lease_name>``."""
     lease_duration: float = Field(default=15.0, gt=0)
     """``AGENTRUN_LEASE_DURATION``: seconds a standby waits after the Lease last changed before
     it takes over (the failover bound is this plus ``lease_retry``)."""

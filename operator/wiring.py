@@ -77,6 +77,7 @@ from .platform.events import EventRecorder
 from .platform.failures import Failures
 from .platform.kubeapi import KubeApi
 from .platform.loops import cancel_and_wait
+from .platform.shards import ALL_OF_ONE, Ownership, RunShards
 from .platform.storewatch import STORE, StoreWatch, exit_store_lost
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
@@ -128,6 +129,8 @@ class RunHandling:
     """Told when a run an AgentEval created ends or goes."""
     gate: AdmissionGate
     """Bounds the admissions of one namespace worked on at once (fair across namespaces)."""
+    ownership: Ownership = ALL_OF_ONE
+    """The shards whose tenants this process admits runs of."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,10 +197,10 @@ class Parts:
     watch: StoreWatch | None = None
     """Exits the process once the NATS store it started on is lost (``platform.storewatch``)."""
     tasks: tuple[asyncio.Task[None], ...] = ()
-    """Background loops: event consumer, turn gate, queue gauges, gone runs, queue pumps,
-    ledger sweep,
-    TTL reaper, orphan purge, orphaned turns, Kubernetes Events poster, tool server discovery,
-    AgentEval reconciles, CronAgentRun schedules, store watch."""
+    """Background loops: with shard 0 (always with one shard), orphan purge, tool server
+    discovery, AgentEval reconciles and CronAgentRun schedules; then the event consumers, turn
+    gate, queue gauges, gone runs, refused runs, queue pumps, ledger sweep, TTL reaper,
+    orphaned turns, Kubernetes Events poster and store watch."""
 
 
 @dataclasses.dataclass
@@ -208,6 +211,14 @@ class OperatorMemo:
 
     settings: OperatorSettings
     parts: Parts | None = None
+    ownership: Ownership = ALL_OF_ONE
+    """The shards this process owns while these parts run (``platform.shards``)."""
+    run_shards: RunShards = dataclasses.field(default_factory=lambda: RunShards(ALL_OF_ONE))
+    """Which AgentRuns are this process's (kopf's storages and the run handlers ask)."""
+
+    def __post_init__(self) -> None:
+        if self.run_shards.ownership != self.ownership:
+            self.run_shards = RunShards(self.ownership)
 
     def running(self) -> Handling:
         """The handlers' parts; raises ``RuntimeError`` before start-up finished."""
@@ -227,11 +238,14 @@ async def start_parts(
     *,
     tenant_objects: Iterable[Mapping[str, Any]],
     api: KubeApi,
+    ownership: Ownership = ALL_OF_ONE,
 ) -> Parts:
     """Connect to NATS, build every part with its collaborators, start the background loops.
 
     ``tenant_objects``: the AgentTenants listed before any run is admitted (no false "no
-    tenant"). Raises what ``Bus.connect`` / ``LedgerStore.open`` raise.
+    tenant"); ``ownership``: the shards whose tenants and runs the parts serve (the
+    cluster-scoped loops run only with shard 0). Raises what ``Bus.connect`` /
+    ``LedgerStore.open`` raise.
     """
     bus = await Bus.connect(
         BusSettings(
@@ -247,13 +261,13 @@ async def start_parts(
     replicas = settings.nats_replicas
     await buckets.open_bucket(bus.js, buckets.effects_config(replicas=replicas), create=True)
     store = await LedgerStore.open(bus.js, replicas=replicas, layout=settings.ledger_layout)
-    parts = _make_parts(settings, bus=bus, store=store, api=api)
+    parts = _make_parts(settings, bus=bus, store=store, api=api, ownership=ownership)
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()
     watch = StoreWatch(lambda: bus.streams_created(STORE), STORE, on_lost=exit_store_lost)
     parts = dataclasses.replace(parts, handling=handling_of(parts), watch=watch)
-    return dataclasses.replace(parts, tasks=_start_loops(parts))
+    return dataclasses.replace(parts, tasks=_start_loops(parts, cluster=ownership.cluster_work))
 
 
 def _seals(
@@ -271,7 +285,9 @@ def _seals(
     )
 
 
-def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi) -> Parts:
+def _make_parts(
+    settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi, ownership: Ownership
+) -> Parts:
     """Every part, each given its collaborators; nothing started yet."""
     writer = StatusWriter(api, interval=settings.status_interval)
     tenants = Tenants(api, default=settings.default_tenant)
@@ -281,7 +297,7 @@ def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api
     settlement = RunSettlement(store, board)
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     seals = _seals(settings, bus=bus, api=api, events=events)
-    fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog)
+    fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog, ownership)
     dispatcher = Dispatcher(bus, writer, fair)
     shown = QueueStatus.of(writer, dispatcher, events, rate=settings.queue_status_writes)
     pump = PumpDeps(
@@ -308,18 +324,23 @@ def _make_parts(settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api
         dispatcher=dispatcher,
         orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
         shown=shown,
-        pump=QueuePump(pump, max_queued=settings.max_queued_runs),
-        sweep=LedgerSweep(sweep, interval=settings.ledger_sweep),
+        pump=QueuePump(pump, max_queued=settings.max_queued_runs, ownership=ownership),
+        sweep=LedgerSweep(sweep, interval=settings.ledger_sweep, ownership=ownership),
         reaper=lifecycle.Reaper(api),
         events=events,
-        toolservers=ToolServerRefresher(
-            api,
-            reach=tenants.tool_server_rules,
-            max_timeout=settings.tool_discovery_timeout_max,
-        ),
+        toolservers=_tool_servers(settings, api, tenants),
         evals=EvalController(api, runs=bus, events=events),
         schedules=ScheduleController(KubeCronStore(api), events=events),
         gate=AdmissionGate(settings.admission_per_namespace),
+    )
+
+
+def _tool_servers(
+    settings: OperatorSettings, api: KubeApi, tenants: Tenants
+) -> ToolServerRefresher:
+    """Discovery of the AgentToolServers' tools, within each tenant's allowed URLs."""
+    return ToolServerRefresher(
+        api, reach=tenants.tool_server_rules, max_timeout=settings.tool_discovery_timeout_max
     )
 
 
@@ -340,6 +361,7 @@ def handling_of(parts: Parts) -> Handling:
             schedules=parts.schedules,
             evals=parts.evals,
             gate=parts.gate,
+            ownership=parts.dispatcher.ownership,
         ),
         tenants=TenantHandling(tenants=parts.tenants, board=parts.board),
         agents=AgentHandling(
@@ -374,10 +396,13 @@ async def _purge_orphans(bus: Bus, api: KubeApi) -> None:
         log.warning("purging the events of deleted runs failed: %r", err)
 
 
-def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
-    """Start every background loop of ``parts`` (the order of ``Parts.tasks``)."""
+def _start_loops(parts: Parts, *, cluster: bool = True) -> tuple[asyncio.Task[None], ...]:
+    """Start every background loop of ``parts`` (the order of ``Parts.tasks``); the
+    cluster-scoped ones (orphan purge, tool server discovery, AgentEvals, schedules) only if
+    ``cluster`` (this process holds shard 0)."""
     assert parts.watch is not None
     return (
+        *(_start_cluster_loops(parts) if cluster else ()),
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
         asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
         asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
@@ -386,13 +411,19 @@ def _start_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
         asyncio.create_task(parts.pump.run(), name="queue-pumps"),
         asyncio.create_task(parts.sweep.run(), name="ledger-sweep"),
         asyncio.create_task(parts.reaper.run(), name="ttl-reaper"),
-        asyncio.create_task(_purge_orphans(parts.bus, parts.api), name="orphan-purge"),
         asyncio.create_task(parts.orphans.run(), name="orphan-turns"),
         asyncio.create_task(parts.events.run(), name="k8s-events"),
+        asyncio.create_task(parts.watch.run(), name="store-watch"),
+    )
+
+
+def _start_cluster_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
+    """The loops of cluster-scoped and cross-tenant work (shard 0's holder runs them)."""
+    return (
+        asyncio.create_task(_purge_orphans(parts.bus, parts.api), name="orphan-purge"),
         asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
         asyncio.create_task(parts.evals.run(), name="agent-evals"),
         asyncio.create_task(parts.schedules.run(), name="schedules"),
-        asyncio.create_task(parts.watch.run(), name="store-watch"),
     )
 
 

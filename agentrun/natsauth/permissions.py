@@ -146,11 +146,13 @@ def operator() -> Permissions:
         f"{JS_API}.CONSUMER.CREATE.{turns}.{protocol.WORKERS_CONSUMER}.>",
         f"{JS_API}.CONSUMER.INFO.{turns}.{protocol.WORKERS_CONSUMER}",
         f"{JS_API}.STREAM.MSG.GET.{turns}",  # is a TurnRequest still queued
-        # its own durable consumer on every run's events
-        f"{JS_API}.CONSUMER.CREATE.{events}.{protocol.OPERATOR_CONSUMER}.>",
-        f"{JS_API}.CONSUMER.DURABLE.CREATE.{events}.{protocol.OPERATOR_CONSUMER}",
-        f"{JS_API}.CONSUMER.INFO.{events}.{protocol.OPERATOR_CONSUMER}",
-        *_durable(events, protocol.OPERATOR_CONSUMER),
+        # its own durable consumers on every run's events: ``agentrun-operator``, or one per
+        # shard (``agentrun-operator-<i>``; a subject permission cannot match a name's prefix,
+        # so any consumer name on this stream, whose every event the operator may read anyway)
+        f"{JS_API}.CONSUMER.CREATE.{events}.*.>",
+        f"{JS_API}.CONSUMER.DURABLE.CREATE.{events}.*",
+        f"{JS_API}.CONSUMER.INFO.{events}.*",
+        *_durable(events, "*"),
         f"{JS_API}.STREAM.MSG.GET.{events}",  # a run's events, from the stream's leader
         *_direct_get(events),
         f"{JS_API}.STREAM.PURGE.{events}",  # a deleted run's events

@@ -63,6 +63,7 @@ from agentrun.protocol.subjects import (
     event_subject,
     kv_stream,
     kv_subject,
+    operator_consumer,
     turn_subject,
 )
 from agentrun.protocol.versions import SCHEMA_VERSION, UnsupportedSchema
@@ -110,6 +111,7 @@ __all__ = [
     "held_call_as_dict",
     "kv_stream",
     "kv_subject",
+    "operator_consumer",
     "pending_approval_as_dict",
     "record_as_dict",
     "record_from_dict",

@@ -17,6 +17,7 @@ EVENT_SUBJECTS = "agentrun.event.>"
 CANCEL_SUBJECTS = "agentrun.cancel.>"
 WORKERS_CONSUMER = "agentrun-workers"
 OPERATOR_CONSUMER = "agentrun-operator"
+"""The operator's durable consumer on every run's events (one shard: the only one)."""
 LEDGER_BUCKET = "AGENTRUN_LEDGER"
 """JetStream KV bucket of the tenant budget ledger: per tenant its totals
 (``book.<tenant>``), the entries of its runs stored apart (``run.<tenant>.<run-uid>``) and
@@ -29,6 +30,14 @@ LEDGER_QUEUES = "queue"
 """Key prefix of the admission queues (written by the operator only)."""
 EFFECTS_BUCKET = "AGENTRUN_EFFECTS"
 """JetStream KV bucket of the effect ledger (``<run-uid>.<call-id>``)."""
+
+
+def operator_consumer(shard: int, shards: int) -> str:
+    """The durable consumer on every run's events of operator shard ``shard`` of ``shards``:
+    ``agentrun-operator`` with one shard, else ``agentrun-operator-<shard>``. Its owner acks
+    every event and acts on its shard's runs only, so a process taking the shard over resumes
+    from its ack floor."""
+    return OPERATOR_CONSUMER if shards == 1 else f"{OPERATOR_CONSUMER}-{shard}"
 
 
 def kv_stream(bucket: str) -> str:

@@ -45,6 +45,7 @@ from agentrun.protocol import RunConfig
 from ..platform.events import EventRecorder, EventType
 from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
+from ..platform.shards import ALL_OF_ONE, Ownership
 from ..platform.spec import SpecError
 from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, admitted_patch, involved
 from ..tenants import QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
@@ -130,10 +131,14 @@ class _Ready:
 class QueuePump:
     """Owns the tenant queues and a pump task per tenant. One per operator process."""
 
-    def __init__(self, deps: PumpDeps, *, max_queued: int = 0) -> None:
+    def __init__(
+        self, deps: PumpDeps, *, max_queued: int = 0, ownership: Ownership = ALL_OF_ONE
+    ) -> None:
         """Wired once at start-up (see ``wiring``); ``max_queued``: runs one tenant's queue may
-        hold (``AGENTRUN_MAX_QUEUED_RUNS``; 0: no limit)."""
+        hold (``AGENTRUN_MAX_QUEUED_RUNS``; 0: no limit); ``ownership``: only the queues of
+        the tenants of its shards are pumped."""
         self.deps = deps
+        self.ownership = ownership
         self.max_queued = max_queued
         self.store = deps.store
         self.board = deps.board
@@ -240,6 +245,8 @@ class QueuePump:
         return [t for t in self._pumps.values() if not t.done()]
 
     def _wake_pump(self, tenant: str) -> None:
+        if not self.ownership.owns_tenant(tenant):
+            return  # another shard's tenant: its owner pumps its queue
         wake = self._wakes.setdefault(tenant, asyncio.Event())
         wake.set()
         task = self._pumps.get(tenant)

@@ -34,6 +34,7 @@ from agentrun.trust import SealFault
 
 from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
+from ..platform.shards import ALL_OF_ONE, Ownership
 from ..runs import LiveRuns, RunKey
 from ..tenants import TenantPolicy, Tenants, TenantStatusWriter
 from .pump import fetch_pending_run
@@ -79,9 +80,13 @@ class SweepDeps:
 class LedgerSweep:
     """Runs the sweep every ``interval`` seconds. One per operator process."""
 
-    def __init__(self, deps: SweepDeps, *, interval: float = 2.0) -> None:
-        """``interval``: seconds between two sweeps."""
+    def __init__(
+        self, deps: SweepDeps, *, interval: float = 2.0, ownership: Ownership = ALL_OF_ONE
+    ) -> None:
+        """``interval``: seconds between two sweeps; ``ownership``: only the tenants of its
+        shards are swept (their ledger entries and AgentTenant status)."""
         self.deps = deps
+        self.ownership = ownership
         self.store = deps.store
         self.clock = deps.clock
         self.interval = interval
@@ -113,10 +118,12 @@ class LedgerSweep:
 
     async def sweep(self) -> None:
         """One pass over every tenant (see the module docstring)."""
+        owns = self.ownership.owns_tenant
         for name, (generation, why) in list(self.deps.tenants.invalid.items()):
-            await self.tenant_status.write_invalid(name, generation, why, now=self.clock())
+            if owns(name):
+                await self.tenant_status.write_invalid(name, generation, why, now=self.clock())
         names = set(self.deps.tenants.policies) | set(await self.store.tenants())
-        for tenant in sorted(names):
+        for tenant in sorted(filter(owns, names)):
             subject = f"tenant {tenant}"
             try:
                 await self._sweep_tenant(tenant)

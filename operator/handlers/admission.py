@@ -65,6 +65,7 @@ async def _validate_and_enqueue(
         return
     except ApiError as err:
         raise kopf.TemporaryError(f"cannot read namespace {key.namespace!r}: {err.status}") from err
+    _check_owned(parts, key, policy.name)
     try:  # before the tenant's policy: it applies to the spec the run executes
         run_spec = await resolve_run(parts.api, key, spec, status)
     except InvalidRef as err:
@@ -99,6 +100,17 @@ async def _validate_and_enqueue(
     await parts.pump.enqueue_run(
         key, policy, generation=generation, created=_created(meta), obj=obj
     )
+
+
+def _check_owned(parts: RunHandling, key: RunKey, tenant: str) -> None:
+    """Raise ``kopf.TemporaryError`` (retried) if ``tenant`` is another shard's: the run's
+    namespace was relabelled since its shard was judged; its owner admits it."""
+    if not parts.ownership.owns_tenant(tenant):
+        raise kopf.TemporaryError(
+            f"namespace {key.namespace!r} now resolves to tenant {tenant!r} of another "
+            "operator shard; its owner admits the run",
+            delay=5,
+        )
 
 
 @kopf.on.create(*RUN)

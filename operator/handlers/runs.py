@@ -19,6 +19,7 @@ from agentrun import kernel, kube
 
 from ..evals.status import EVAL_LABEL
 from ..platform.events import EventRecorder, EventType, Involved
+from ..platform.kubeapi import ApiError
 from ..runs.keys import (
     APPROVE_ANNOTATION,
     CANCEL_ANNOTATION,
@@ -27,8 +28,10 @@ from ..runs.keys import (
     RunKey,
 )
 from ..schedules.spec import CRON_LABEL
-from ..wiring import OperatorMemo
+from ..tenants.registry import NoTenant
+from ..wiring import OperatorMemo, RunHandling
 from .admission import check_restored, remove_annotations
+from .startup import FINALIZER
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +164,8 @@ async def owned_run_changed(
     assert namespace is not None  # AgentRun is namespaced
     if type != "DELETED" and not status.get("terminalReason"):
         return
+    if not memo.ownership.cluster_work:
+        return  # schedules and evaluations are shard 0's work
     parts = memo.running().runs
     if CRON_LABEL in labels:
         parts.schedules.run_changed(namespace, str(labels[CRON_LABEL]))
@@ -168,11 +173,25 @@ async def owned_run_changed(
         parts.evals.kick(namespace, str(labels[EVAL_LABEL]))
 
 
-def unfinished(status: kopf.Status, **_: Any) -> bool:
+def unfinished(
+    status: kopf.Status, body: kopf.Body | None = None, memo: OperatorMemo | None = None, **_: Any
+) -> bool:
     """kopf filter: the run has not ended. Only such runs hold the finalizer: kopf adds it to
     the runs the deletion handler matches and removes it from the others, so a run loses it
     once its terminal status is written (its ledger entry is settled before that), and finished
-    runs and their namespaces delete with no operator running."""
+    runs and their namespaces delete with no operator running.
+
+    With several shards, a run of another shard keeps the finalizer it has (the filter answers
+    whether it holds it now): only the owner adds or removes it. A non-owner that added it too
+    would make the owner's own addition a no-op patch, which brings the owner no watch event
+    to handle the run's creation on."""
+    if (
+        memo is not None
+        and body is not None
+        and not memo.ownership.everything
+        and not memo.run_shards.owns(body)
+    ):
+        return FINALIZER in ((body.get("metadata") or {}).get("finalizers") or [])
     return not status.get("terminalReason")
 
 
@@ -212,9 +231,13 @@ async def run_seen(
     object's version (its next patch then needs no read) and the storage count the bytes its
     events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
     after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished run (an
-    unfinished one is cleaned up by ``delete_run`` before its finalizer goes)."""
+    unfinished one is cleaned up by ``delete_run`` before its finalizer goes). With several
+    shards, first learn the tenant of a run not admitted yet (``_owned``), and act only on the
+    runs of this process's shards."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running().runs
+    if not await _owned(memo, parts, body, type=type, namespace=namespace, uid=uid):
+        return  # another shard's run: its owner follows it
     key = RunKey(namespace, name, uid)
     if type == "DELETED":
         parts.reaper.forget(key)
@@ -228,3 +251,30 @@ async def run_seen(
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)
+
+
+async def _owned(
+    memo: OperatorMemo,
+    parts: RunHandling,
+    body: kopf.Body,
+    *,
+    type: str | None,
+    namespace: str,
+    uid: str,
+) -> bool:
+    """Whether AgentRun ``body`` is this process's. A run not admitted yet (no
+    ``status.tenant``) is first resolved to its namespace's tenant and recorded in
+    ``memo.run_shards``, which kopf's storages read next for the same event (``sharding``): no
+    tenant means shard 0; an unreadable namespace leaves it unknown (shard 0's, whose
+    admission retries)."""
+    if memo.ownership.everything:
+        return True
+    shards = memo.run_shards
+    if type != "DELETED" and not (body.get("status") or {}).get("tenant"):
+        try:
+            shards.learn(uid, (await parts.tenants.resolve(namespace)).name)
+        except NoTenant:
+            shards.learn(uid, None)
+        except ApiError as err:
+            log.warning("cannot resolve the tenant of namespace %s: %r", namespace, err)
+    return shards.owns(body)

@@ -20,6 +20,7 @@ from agentrun import kube
 from .. import wiring
 from ..platform.kubeapi import ApiError, Kube, KubeApi
 from ..wiring import OperatorMemo
+from . import sharding
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +64,27 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
-    """Configure kopf, connect to the API server, list AgentTenants, start the parts."""
+    """Configure kopf, connect to the API server, list AgentTenants, start the parts of the
+    shards this process owns (``memo.ownership``; with several shards, kopf's storages leave
+    the other shards' runs alone: ``sharding``)."""
     settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix="kopf.agentrun.dev"
-    )
-    settings.persistence.diffbase_storage = MetadataDiffBaseStorage(
+    progress: kopf.ProgressStorage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
+    diffbase: kopf.DiffBaseStorage = MetadataDiffBaseStorage(
         prefix="kopf.agentrun.dev", key="last-handled-configuration"
     )
+    if memo.ownership.shards > 1:  # other processes own some runs: hands off theirs
+        progress = sharding.ShardProgressStorage(progress, memo.run_shards)
+        diffbase = sharding.ShardDiffBaseStorage(diffbase, memo.run_shards)
+    settings.persistence.progress_storage = progress
+    settings.persistence.diffbase_storage = diffbase
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     api = await Kube.connect()
     memo.parts = await wiring.start_parts(
-        memo.settings, tenant_objects=await _list_tenants(api), api=api
+        memo.settings,
+        tenant_objects=await _list_tenants(api),
+        api=api,
+        ownership=memo.ownership,
     )
 
 

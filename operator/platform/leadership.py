@@ -105,6 +105,11 @@ class LeaderElector:
         """Whether the last record this process wrote or read names it as holder."""
         return self._observed is not None and self._observed.holder == self.identity
 
+    @property
+    def holder(self) -> str:
+        """Who the Lease named when this process last read or wrote it (``""``: nobody)."""
+        return "" if self._observed is None else self._observed.holder
+
     async def try_acquire_or_renew(self) -> bool:
         """One attempt: True when this process holds the Lease afterwards.
 
@@ -129,6 +134,21 @@ class LeaderElector:
             acquired=micro_time() if taking_over else current.acquired,
         )
         return await self._write(self.store.update, record, now)
+
+    async def peek(self) -> str:
+        """Read the Lease and judge it as ``try_acquire_or_renew`` would, writing nothing: its
+        holder while it holds it (this process, or another whose Lease changed within its
+        duration on this process's clock), else ``""`` (free: missing, released, or expired).
+        Raises what the store raises."""
+        now = self.clock()
+        current = await self.store.read()
+        if current is None or not current.holder:
+            return ""
+        if self._observed is None or current.version != self._observed.version:
+            self._observed, self._observed_at = current, now
+        if current.holder != self.identity and now >= self._observed_at + current.duration:
+            return ""
+        return current.holder
 
     async def _write(self, write: Any, record: LeaseRecord, now: float) -> bool:
         try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from agentrun.trust import Untrusted
 
 from ..platform.events import EventRecorder
 from ..platform.failures import Failures
+from ..platform.shards import ALL_OF_ONE, CLUSTER_SHARD, Ownership
 from . import news, status, views
 from .fairness import BACKLOG, ReadyTurn, TurnCaps, TurnGate
 from .keys import RunKey
@@ -89,6 +91,8 @@ class DispatchDeps:
     """Each tenant's ``maxConcurrentTurns`` (``fairness``)."""
     backlog: int = BACKLOG
     """``fairness.Backlog.limit`` (``AGENTRUN_TURN_BACKLOG``)."""
+    ownership: Ownership = ALL_OF_ONE
+    """The shards whose runs this process follows (one consumer each)."""
 
 
 def subject_key(subject: str) -> tuple[str, str]:
@@ -125,6 +129,9 @@ class Dispatcher:
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
         self._stopping = asyncio.Event()
         self._ended: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
+        self.ownership = deps.ownership
+        self._shards: cachetools.LRUCache[str, int] = cachetools.LRUCache(ENDED_MEMORY)
+        """The shard of runs seen on a consumer (by uid), so that a run is read once."""
         """Runs already counted as ended (a redelivered terminal event is not counted twice)."""
 
     # --- admission and recovery -----------------------------------------------------------------
@@ -250,11 +257,28 @@ class Dispatcher:
         self.gate.stop()
 
     async def run(self) -> None:
-        """Consume ``AGENTRUN_EVENTS`` with the durable ``agentrun-operator`` consumer, one
-        event at a time in stream order, until ``stop``."""
-        await self.bus.consume(self.bus.event_subscription, self._consume, stopping=self._stopping)
+        """Consume ``AGENTRUN_EVENTS`` until ``stop``: with the durable ``agentrun-operator``
+        consumer (one shard), else with one durable consumer per owned shard
+        (``protocol.operator_consumer``; made anew, after the events ``agentrun-operator``
+        acked), each acting on its shard's runs only and acking the others' events; each one
+        event at a time in stream order."""
+        shards = self.ownership.shards
+        await asyncio.gather(
+            *(
+                self.bus.consume(
+                    functools.partial(
+                        self.bus.event_subscription,
+                        protocol.operator_consumer(shard, shards),
+                        seated_after=protocol.OPERATOR_CONSUMER if shards > 1 else "",
+                    ),
+                    functools.partial(self._consume, shard=shard),
+                    stopping=self._stopping,
+                )
+                for shard in sorted(self.ownership.owned)
+            )
+        )
 
-    async def _consume(self, msg: Msg) -> None:
+    async def _consume(self, msg: Msg, *, shard: int = CLUSTER_SHARD) -> None:
         try:
             event = RunEvent.decode(msg.data, seq=msg.metadata.sequence.stream)
         except protocol.UnsupportedSchema as err:  # a newer worker wrote it, mid-upgrade
@@ -264,6 +288,13 @@ class Dispatcher:
             log.error("dropping an undecodable event on %s: %s", msg.subject, err)
             await msg.term()
             return
+        try:
+            ours = await self._in_shard(msg.subject, event.run_uid, shard)
+        except Exception as err:  # NATS away: the event comes again
+            log.warning("could not read the tenant of the run of %s: %r", msg.subject, err)
+            return await msg.nak(delay=5.0)
+        if not ours:
+            return await msg.ack()  # another shard's run: its own consumer follows it
         key, subject = (event.run_uid, event.seq), f"event {event.seq} on {msg.subject}"
         try:
             await self.on_event(msg.subject, event)
@@ -272,6 +303,22 @@ class Dispatcher:
             return
         self.failures.succeeded(key, subject=subject)
         await msg.ack()
+
+    async def _in_shard(self, subject: str, uid: str, shard: int) -> bool:
+        """Whether run ``uid`` (events on ``subject``) belongs to shard ``shard``: the shard of
+        the tenant its sealed ``admitted`` event names (a run whose events hold no admission
+        of it is shard 0's, which ignores it). Raises what NATS raises."""
+        if self.ownership.shards == 1:
+            return True
+        view = self._views.get(uid)
+        if view is not None:
+            return self.ownership.shard(view.tenant) == shard
+        known = self._shards.get(uid)
+        if known is None:
+            first = await self.bus.first_event(*subject_key(subject))
+            tenant = first.config.tenant if first and first.run_uid == uid and first.config else ""
+            known = self._shards[uid] = self.ownership.shard(tenant)
+        return known == shard
 
     async def _event_failed(self, msg: Msg, event: RunEvent, err: Exception) -> None:
         """Processing ``event`` raised: a transient failure is redelivered (logged once);

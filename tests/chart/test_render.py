@@ -335,3 +335,35 @@ def test_the_mock_model_answers_from_the_examples_scenarios(offline_helm: helm.H
         (REPO_ROOT / "examples" / "scenarios.yaml").read_text()
     )
     assert model["spec"]["baseURL"] == "http://agentrun-mock-model.demo.svc:8000/v1"
+
+
+def test_operator_shards_set_the_env_and_let_the_operator_use_every_shard_lease(
+    offline_helm: helm.Helm,
+) -> None:
+    """``operator.shards`` > 1: AGENTRUN_OPERATOR_SHARDS, and the Role names each shard's
+    Lease and each membership slot besides the one of active/standby (which stays alone with
+    the default, 1)."""
+
+    def lease_names(docs: list[Any]) -> list[str]:
+        role = find(docs, "Role", "agentrun-operator-leader")
+        named = [rule for rule in role["rules"] if rule.get("resourceNames")]
+        assert len(named) == 1 and named[0]["verbs"] == ["get", "update"]
+        return list(named[0]["resourceNames"])
+
+    default = documents(offline_helm.template(CHART_DIR))
+    assert (
+        env_of(find(default, "Deployment", "agentrun-operator"))["AGENTRUN_OPERATOR_SHARDS"] == "1"
+    )
+    assert lease_names(default) == ["agentrun-operator"]
+    sharded = documents(
+        offline_helm.template(CHART_DIR, values={"operator.shards": "3", "operator.replicas": "3"})
+    )
+    assert (
+        env_of(find(sharded, "Deployment", "agentrun-operator"))["AGENTRUN_OPERATOR_SHARDS"] == "3"
+    )
+    assert sorted(lease_names(sharded)) == sorted(
+        ["agentrun-operator"]
+        + [f"agentrun-operator-{i}" for i in range(3)]
+        + [f"agentrun-operator-member-{i}" for i in range(3)]
+    )
+    assert find(sharded, "PodDisruptionBudget", "agentrun-operator")["spec"]["maxUnavailable"] == 1

@@ -8,11 +8,13 @@ Each through the runtime's own code (``Bus``, ``LedgerStore``, ``EffectLedger``)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
 
+import nats.errors
 import nats.js.errors
 import pytest
 from nats.js import api
@@ -143,6 +145,28 @@ async def test_the_operator_inspects_lists_consumes_and_purges(
     await operator_bus.append_event(NAMESPACE_B, doomed, event, expected_seq=0)
     await operator_bus.purge_run(NAMESPACE_B, doomed)
     assert await operator_bus.read_events(NAMESPACE_B, doomed) == []
+
+
+async def test_the_operator_makes_shard_consumers_seated_after_its_one_consumer(
+    operator_bus: Bus, run_b: RunB
+) -> None:
+    """With shards: the operator's identity may make and use ``agentrun-operator-<i>``; one
+    made anew starts after the ack floor of ``agentrun-operator`` (the events handled before
+    the install was sharded are not handled again), and one that exists is bound as it is."""
+    one = await operator_bus.event_subscription()
+    with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+        for msg in await one.fetch(batch=1, timeout=5):
+            await msg.ack()
+    floor = (await one.consumer_info()).ack_floor.stream_seq
+    index = uuid.uuid4().int % 64  # a consumer of this test's own (the operator deletes none)
+    shard = protocol.operator_consumer(index, 64)
+    assert shard == f"agentrun-operator-{index}"
+    sub = await operator_bus.event_subscription(shard, seated_after=protocol.OPERATOR_CONSUMER)
+    info = await sub.consumer_info()
+    assert info.config.opt_start_seq == floor + 1
+    assert info.config.deliver_policy == api.DeliverPolicy.BY_START_SEQUENCE
+    again = await operator_bus.event_subscription(shard, seated_after=protocol.OPERATOR_CONSUMER)
+    assert (await again.consumer_info()).config.opt_start_seq == floor + 1
 
 
 async def test_a_worker_started_before_the_operator_waits_for_the_buckets(

@@ -14,6 +14,7 @@ from kube_support import FakeKube
 from agentrun import kernel
 from agentrun.operator.admission.fairgate import AdmissionGate
 from agentrun.operator.handlers import admission as handlers
+from agentrun.operator.platform.shards import ALL_OF_ONE
 from agentrun.operator.runs import RunKey
 
 RUN = RunKey("ns", "r", "uid-r")
@@ -38,7 +39,8 @@ class Tenants:
 
 def parts(api: FakeKube) -> tuple[Any, Shown]:
     shown = Shown()
-    return types.SimpleNamespace(api=api, shown=shown, tenants=Tenants()), shown
+    handling = types.SimpleNamespace(api=api, shown=shown, tenants=Tenants(), ownership=ALL_OF_ONE)
+    return handling, shown
 
 
 async def admit(handling: Any) -> None:

@@ -14,6 +14,7 @@ from kube_support import FakeKube
 from agentrun import kernel
 from agentrun.operator.admission.fairgate import AdmissionGate
 from agentrun.operator.handlers import admission, runs
+from agentrun.operator.platform.shards import ALL_OF_ONE
 from agentrun.operator.runs.keys import ADMITTED_UID_ANNOTATION, RERUN_ANNOTATION, RunKey
 
 RUN = RunKey("ns", "r", "uid-r")
@@ -117,7 +118,9 @@ def stack(
 
 
 def memo(parts: Any) -> Any:
-    return types.SimpleNamespace(running=lambda: types.SimpleNamespace(runs=parts))
+    return types.SimpleNamespace(
+        running=lambda: types.SimpleNamespace(runs=parts), ownership=ALL_OF_ONE
+    )
 
 
 async def create(parts: Any, annotations: dict[str, str], status: dict[str, Any]) -> None:

@@ -310,3 +310,19 @@ async def test_a_renewal_thread_without_a_client_ends_leadership() -> None:
     await asyncio.to_thread(renewals.start)
     assert lost.is_set()
     await asyncio.to_thread(renewals.stop)
+
+
+async def test_peek_judges_the_lease_as_a_takeover_would_and_writes_nothing() -> None:
+    store, clock, a, b = pair()
+    assert await b.peek() == ""  # no Lease yet
+    assert await a.try_acquire_or_renew()
+    version = store.version
+    assert await b.peek() == "a" and await a.peek() == "a"
+    clock.now += TIMING.duration - 0.1
+    assert await b.peek() == "a"  # unchanged, but not for its duration yet
+    clock.now += 0.2
+    assert await b.peek() == ""  # stood still for its duration on b's clock: free
+    assert store.version == version  # peeking wrote nothing
+    assert await b.try_acquire_or_renew()  # and the takeover agrees
+    await b.release()
+    assert await a.peek() == ""  # released: free at once

@@ -1,0 +1,114 @@
+"""kopf's storages with several shards (``handlers.sharding``): a run of another shard reads as
+waiting far ahead and nothing is written to it; a run of an owned shard is kopf's as before."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import kopf
+
+from agentrun.operator.handlers import sharding
+from agentrun.operator.handlers import startup as handlers
+from agentrun.operator.platform.shards import Ownership, RunShards, shard_of
+
+MINE = next(f"t{i}" for i in range(100) if shard_of(f"t{i}", 3) == 1)
+THEIRS = next(f"t{i}" for i in range(100) if shard_of(f"t{i}", 3) == 2)
+
+
+def body(tenant: str, annotations: dict[str, str] | None = None) -> kopf.Body:
+    meta: dict[str, Any] = {"name": "r", "namespace": "ns", "uid": f"u-{tenant}"}
+    meta["annotations"] = annotations or {}
+    return kopf.Body({"kind": "AgentRun", "metadata": meta, "status": {"tenant": tenant}})
+
+
+def storages() -> tuple[sharding.ShardProgressStorage, sharding.ShardDiffBaseStorage]:
+    shards = RunShards(Ownership(3, frozenset({1})))
+    progress = sharding.ShardProgressStorage(
+        kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev"), shards
+    )
+    diffbase = sharding.ShardDiffBaseStorage(
+        handlers.MetadataDiffBaseStorage(
+            prefix="kopf.agentrun.dev", key="last-handled-configuration"
+        ),
+        shards,
+    )
+    return progress, diffbase
+
+
+def test_another_shards_run_reads_as_delayed_and_is_never_written() -> None:
+    progress, diffbase = storages()
+    theirs = body(THEIRS, {"kopf.agentrun.dev/admit_run": '{"success": true}'})
+    record = progress.fetch(key=kopf.HandlerId("admit_run"), body=theirs)
+    assert record is not None and not record.get("success")  # the owner's record is not read
+    delayed = datetime.datetime.fromisoformat(str(record["delayed"]))
+    assert delayed > datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=30)
+    patch = kopf.Patch()
+    progress.store(key=kopf.HandlerId("admit_run"), record=record, body=theirs, patch=patch)
+    progress.purge(key=kopf.HandlerId("admit_run"), body=theirs, patch=patch)
+    progress.touch(body=theirs, patch=patch, value="x")
+    diffbase.store(body=theirs, patch=patch, essence=diffbase.build(body=theirs))
+    assert not patch
+
+
+def test_an_owned_run_is_read_and_written_as_kopf_does() -> None:
+    progress, diffbase = storages()
+    mine = body(MINE)
+    assert progress.fetch(key=kopf.HandlerId("admit_run"), body=mine) is None
+    patch = kopf.Patch()
+    record = kopf.ProgressRecord(started="2026-01-01T00:00:00+00:00", success=True)
+    progress.store(key=kopf.HandlerId("admit_run"), record=record, body=mine, patch=patch)
+    diffbase.store(body=mine, patch=patch, essence=diffbase.build(body=mine))
+    written = patch["metadata"]["annotations"]
+    assert "kopf.agentrun.dev/admit_run" in written
+    assert "kopf.agentrun.dev/last-handled-configuration" in written
+    stored = body(MINE, {k: str(v) for k, v in written.items()})
+    assert diffbase.fetch(body=stored) is not None
+
+
+async def test_kopf_runs_no_handler_of_another_shards_run_and_never_calls_it_done() -> None:
+    """kopf's own progression over the storage: every handler of the run sleeps (none is
+    awakened to run), the state is not done (so the change is not recorded as handled and the
+    finalizer stays), and kopf waits long before it looks again."""
+    from kopf._core.actions import progression
+
+    from agentrun.operator import handlers as registered
+
+    assert registered.REGISTERED
+    handlers = list(kopf.get_default_registry()._changing.get_all_handlers())
+    assert {"admit_run", "delete_run", "cancel_run"} <= {str(h.id) for h in handlers}
+    progress, _ = storages()
+    theirs = body(THEIRS)
+    state = progression.State.from_storage(body=theirs, storage=progress, handlers=handlers)
+    state = state.with_purpose(kopf.Reason.CREATE).with_handlers(handlers)
+    assert not any(state[h.id].awakened for h in handlers)
+    assert not state.done
+    assert min(state.delays) > 1800
+    mine = body(MINE)
+    fresh = progression.State.from_storage(body=mine, storage=progress, handlers=handlers)
+    fresh = fresh.with_purpose(kopf.Reason.CREATE).with_handlers(handlers)
+    assert all(fresh[h.id].awakened for h in handlers)
+
+
+def test_only_the_owner_adds_or_removes_the_finalizer() -> None:
+    """The deletion handler's filter: for another shard's run it answers whether the run holds
+    the finalizer now, so kopf neither adds nor removes it there; the owner's is unchanged."""
+    from agentrun.operator.handlers import runs
+    from agentrun.operator.wiring import OperatorMemo
+
+    memo = OperatorMemo(settings=None, ownership=Ownership(3, frozenset({1})))  # type: ignore[arg-type]
+
+    def run(tenant: str, *, finalizer: bool, ended: bool) -> kopf.Body:
+        status = {"tenant": tenant, **({"terminalReason": "completed"} if ended else {})}
+        meta = {"uid": f"u-{tenant}", "finalizers": [handlers.FINALIZER] if finalizer else []}
+        return kopf.Body({"kind": "AgentRun", "metadata": meta, "status": status})
+
+    for finalizer in (True, False):
+        for ended in (True, False):
+            theirs = run(THEIRS, finalizer=finalizer, ended=ended)
+            assert runs.unfinished(theirs["status"], body=theirs, memo=memo) is finalizer
+            mine = run(MINE, finalizer=finalizer, ended=ended)
+            assert runs.unfinished(mine["status"], body=mine, memo=memo) is (not ended)
+    one = OperatorMemo(settings=None)  # type: ignore[arg-type]
+    theirs = run(THEIRS, finalizer=False, ended=False)
+    assert runs.unfinished(theirs["status"], body=theirs, memo=one)  # one shard: all its own

@@ -1,0 +1,92 @@
+"""The shard Leases as processes see and hold them (``platform.shardleases``) over a fake API
+server: a first process takes every shard, one that joins is counted live and gets the shards
+given up for it, a dead process's shards are free only once they stood still for the Lease
+duration, and a takeover is announced by an Event on the Lease."""
+
+from __future__ import annotations
+
+from kube_support import FakeKube
+
+from agentrun.operator.platform.leadership import LeaderElector, LeaseTiming
+from agentrun.operator.platform.shardleases import LeaseSite, ShardLeases
+from agentrun.operator.platform.shards import Plan
+
+TIMING = LeaseTiming(duration=10.0, renew_deadline=6.0, retry=1.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def process(api: FakeKube, identity: str, clock: Clock) -> ShardLeases:
+    site = LeaseSite("agentrun", "agentrun-operator", 6)
+    return ShardLeases(api, site, identity=identity, timing=TIMING, clock=clock)
+
+
+async def take_all(leases: ShardLeases, shards: tuple[int, ...]) -> dict[int, LeaderElector]:
+    held = {}
+    for shard in shards:
+        assert await leases.take(shard)
+        held[shard] = leases.handed_over(shard)
+    return held
+
+
+def holder(api: FakeKube, name: str) -> str:
+    lease = api.objects[("leases", "agentrun", name)]
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+async def test_the_first_takes_all_a_second_joins_and_gets_what_the_first_gives_up() -> None:
+    api, clock = FakeKube(), Clock()
+    a, b = process(api, "a", clock), process(api, "b", clock)
+    await a.join()
+    first = await a.survey(frozenset())
+    assert first == Plan(take=(0, 1, 2, 3, 4, 5))
+    held = await take_all(a, first.take)
+    assert holder(api, "agentrun-operator-3") == "a"
+    await b.join()
+    assert not (await b.survey(frozenset())).changes  # all held: b waits
+    assert await a.survey(frozenset(held)) == Plan(give=(5, 4, 3))  # b counted live
+    for shard in (5, 4, 3):
+        await held.pop(shard).release()
+    assert await b.survey(frozenset()) == Plan(take=(3, 4, 5))  # released: free at once
+    await take_all(b, (3, 4, 5))
+    assert not (await a.survey(frozenset(held))).changes
+    assert not (await b.survey(frozenset({3, 4, 5}))).changes
+
+
+async def test_a_dead_processs_shards_are_free_only_after_the_lease_duration() -> None:
+    api, clock = FakeKube(), Clock()
+    a, c = process(api, "a", clock), process(api, "c", clock)
+    await a.join()
+    await c.join()
+    await take_all(a, (0, 1, 2))
+    await take_all(c, (3, 4, 5))
+    assert not (await a.survey(frozenset({0, 1, 2}))).changes  # c is live: share 3
+    clock.now += TIMING.duration - 1  # c stopped renewing (SIGKILL), a's slot too (not here)
+    assert not (await a.survey(frozenset({0, 1, 2}))).changes
+    clock.now += 2
+    plan = await a.survey(frozenset({0, 1, 2}))
+    assert plan == Plan(take=(3, 4, 5))  # c's membership expired too: a alone, share 6
+    before = a.holder_seen(3)
+    assert before == "c"  # as last read: expired, but named
+    assert await a.take(3)
+    await a.announce(3, before=before)
+    event = api.events[-1]
+    assert event["reason"] == "ShardTakenOver"
+    assert event["involvedObject"]["kind"] == "Lease"
+    assert event["involvedObject"]["name"] == "agentrun-operator-3"
+    assert "now owned by a (was c)" in event["message"]
+
+
+async def test_membership_slots_are_taken_one_per_process() -> None:
+    api, clock = FakeKube(), Clock()
+    names = []
+    for identity in "abc":
+        _, name = await process(api, identity, clock).join()
+        names.append(name)
+    assert names == [f"agentrun-operator-member-{k}" for k in range(3)]
