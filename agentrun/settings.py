@@ -142,8 +142,10 @@ class OperatorSettings(ProcessSettings):
     that refresh a queued run's position after it moved (the stalest first); a run's first
     ``Queued`` status is written at once, whatever the rate."""
     identity: str | None = None
-    """``AGENTRUN_IDENTITY``: this process's name in the leader Lease (the chart passes the pod
-    name); unset uses ``<hostname>-<pid>``."""
+    """``AGENTRUN_IDENTITY``: this process's name in the leader Lease and the shard Leases (the
+    chart passes the pod name); unset uses ``<hostname>-<pid>``. It must be unique among the
+    live processes: a Lease naming it is taken as this process's, left by an earlier process
+    of the same name (a restarted container), and taken back at once."""
     lease_namespace: str = "default"
     """``AGENTRUN_LEASE_NAMESPACE``: namespace of the ``coordination.k8s.io`` Lease that elects
     the one active operator (the chart passes its release namespace)."""

@@ -153,6 +153,8 @@ class _Held:
         self.settings = settings
         self.leases = leases
         self.threads: dict[int, leadership.RenewalThread] = {}
+        self.stopping = asyncio.Event()
+        """Set by a stop signal: nothing more is taken, and kopf is not started again."""
 
     @property
     def owned(self) -> frozenset[int]:
@@ -227,12 +229,26 @@ async def _run_sharded(settings: OperatorSettings, api: Kube, probes: health.Hea
 
 async def _serve(settings: OperatorSettings, held: _Held) -> bool:
     """Run kopf for the shards ``held`` until the share changes (True: serve again) or kopf
-    stops otherwise (False: a graceful stop). Shards beyond the share are given up only after
-    kopf stopped (its handlers finished, every loop stopped)."""
+    stops otherwise (False: a stop signal, or kopf's own failure). Shards beyond the share
+    are given up only after kopf stopped (its handlers finished, every loop stopped).
+
+    Once kopf has started, a stop signal goes to ``held.stopping`` (``OperatorMemo.
+    on_stop_signal``) rather than to kopf's own handler: a signal that came while the share
+    changed would otherwise be taken for the change, and the process would serve again."""
     owned = held.owned
     stop_flag = asyncio.Event()
     change = asyncio.create_task(_await_change(held, stop_flag), name="shard-plan")
-    memo = wiring.OperatorMemo(settings, ownership=Ownership(settings.operator_shards, owned))
+
+    def stop_for_good() -> None:
+        log.info("stop signal: stopping kopf, then giving every shard up")
+        held.stopping.set()
+        stop_flag.set()
+
+    memo = wiring.OperatorMemo(
+        settings,
+        ownership=Ownership(settings.operator_shards, owned),
+        on_stop_signal=stop_for_good,
+    )
     log.info("serving operator shards %s", sorted(owned))
     try:
         await kopf.operator(clusterwide=True, standalone=True, memo=memo, stop_flag=stop_flag)
@@ -243,7 +259,7 @@ async def _serve(settings: OperatorSettings, held: _Held) -> bool:
     current = asyncio.current_task()
     assert current is not None
     process.stop_on_signals(functools.partial(_cancel, current))  # kopf's are gone
-    if not stop_flag.is_set():
+    if held.stopping.is_set() or not stop_flag.is_set():
         return False
     survey = await held.leases.survey(held.owned)
     await held.give(survey.give)
@@ -252,10 +268,13 @@ async def _serve(settings: OperatorSettings, held: _Held) -> bool:
 
 async def _await_change(held: _Held, stop_flag: asyncio.Event) -> None:
     """Every ``retry`` seconds: take free shards up to the fair share, or notice shards held
-    beyond it; then set ``stop_flag`` (kopf stops, and is started again for the new share)."""
+    beyond it; then set ``stop_flag`` (kopf stops, and is started again for the new share).
+    Takes nothing once the process is stopping (``held.stopping``)."""
     retry = held.leases.timing.retry
     while True:
         await asyncio.sleep(retry)
+        if held.stopping.is_set() or stop_flag.is_set():
+            return
         try:
             survey = await held.leases.survey(held.owned)
             changed = bool(survey.give) or bool(await held.take(survey.take))

@@ -52,7 +52,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agentrun import buckets
@@ -215,6 +215,10 @@ class OperatorMemo:
     """The shards this process owns while these parts run (``platform.shards``)."""
     run_shards: RunShards = dataclasses.field(default_factory=lambda: RunShards(ALL_OF_ONE))
     """Which AgentRuns are this process's (kopf's storages and the run handlers ask)."""
+    on_stop_signal: Callable[[], None] | None = None
+    """What SIGTERM and SIGINT do once kopf has started, instead of kopf's own stop, which a
+    sharded process cannot tell from a stop for a new share (``main``); installed by the
+    start-up handler (kopf installs its own before that). ``None``: kopf's own."""
 
     def __post_init__(self) -> None:
         if self.run_shards.ownership != self.ownership:

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import kopf
 
-from agentrun import kube
+from agentrun import kube, process
 
 from .. import wiring
 from ..platform.kubeapi import ApiError, Kube, KubeApi
@@ -66,7 +66,8 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
     """Configure kopf, connect to the API server, list AgentTenants, start the parts of the
     shards this process owns (``memo.ownership``; with several shards, kopf's storages leave
-    the other shards' runs alone: ``sharding``)."""
+    the other shards' runs alone: ``sharding``), then hand the stop signals to
+    ``memo.on_stop_signal`` if set."""
     settings.persistence.finalizer = FINALIZER
     progress: kopf.ProgressStorage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
     diffbase: kopf.DiffBaseStorage = MetadataDiffBaseStorage(
@@ -86,6 +87,8 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
         api=api,
         ownership=memo.ownership,
     )
+    if memo.on_stop_signal is not None:  # over kopf's own, installed before this handler ran
+        process.stop_on_signals(memo.on_stop_signal)
 
 
 async def _list_tenants(api: KubeApi, *, patience: float = 120.0) -> list[dict[str, Any]]:

@@ -90,10 +90,14 @@ class ShardLeases:
 
     async def survey(self, held: frozenset[int]) -> Plan:
         """What to take or give up now, given the shards ``held`` (renewed elsewhere). A Lease
-        that cannot be read counts as held by someone (nothing is taken on a guess)."""
+        that cannot be read counts as held by someone (nothing is taken on a guess); one that
+        names this process's identity but is not in ``held`` was left by an earlier process of
+        that name (identities are unique among live processes: a restarted container keeps
+        its pod's name), so it counts as free and is taken back at once."""
         holders: dict[int, str] = {}
         for shard, elector in self._electors.items():
-            holders[shard] = self.identity if shard in held else await _peek(elector, "?")
+            seen = self.identity if shard in held else await _peek(elector, "?")
+            holders[shard] = "" if seen == self.identity and shard not in held else seen
         live = 1  # this process (its own slot is renewed elsewhere)
         for elector in self._members.values():
             holder = await _peek(elector, "")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import datetime
 import json
 import re
 import time
@@ -28,7 +29,7 @@ import yaml
 
 from agentrun import protocol
 from agentrun.operator.platform.shards import shard_of
-from agentrun_dev import components, probes, stack
+from agentrun_dev import components, probes, procs, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from .conftest import E2EStack, http_get, run_manifest
@@ -74,7 +75,9 @@ class Operators:
         return found
 
     def wait_shared(self, keys: list[str], *, timeout: float) -> dict[int, str]:
-        """Wait until every shard is held, by the operators ``keys`` only, fairly."""
+        """Wait until every shard is held, by the operators ``keys`` only, fairly, and each of
+        them counts as its own exactly the shards its Leases name (a Lease naming a process
+        that does not renew it would leave its shard unserved)."""
         wanted = {f"shard-op-{k}" for k in keys}
         share = -(-SHARDS // len(keys))
         end = time.monotonic() + timeout
@@ -82,9 +85,22 @@ class Operators:
             holders = self.holders()
             counts = collections.Counter(holders.values())
             if len(holders) == SHARDS and set(counts) == wanted and max(counts.values()) <= share:
-                return holders
+                served = {k: self.owned_gauge(k) for k in keys}
+                if all(
+                    served[k] == {s for s, h in holders.items() if h == f"shard-op-{k}"}
+                    for k in keys
+                ):
+                    return holders
             assert time.monotonic() < end, f"shards not shared by {keys}: {holders}"
             time.sleep(0.5)
+
+    def stop(self, key: str) -> None:
+        """SIGTERM operator ``key``: it stops within the stop timeout (10 s), SIGKILL not
+        needed, and gives its shards up."""
+        outcome = components.stop_component(self.parts[key])
+        assert outcome is procs.StopOutcome.STOPPED, f"op-{key}: {outcome}"
+        left = {s for s, h in self.holders().items() if h == f"shard-op-{key}"}
+        assert not left, f"op-{key} stopped still named by the Leases of shards {left}"
 
     def owned_gauge(self, key: str) -> set[int]:
         text = http_get(f"http://127.0.0.1:{self.parts[key].ports['metrics']}/metrics")
@@ -153,36 +169,81 @@ def tenants(stack_: E2EStack) -> Iterator[dict[str, str]]:
         delete_namespace(stack_.kubectl, namespace)
 
 
-def _apply_runs(stack_: E2EStack, tenants: dict[str, str]) -> None:
+def _apply_runs(stack_: E2EStack, tenants: dict[str, str], runs: range | None = None) -> None:
+    """Create runs ``runs`` (default: all ``RUNS_PER_TENANT``) in every tenant's namespace."""
     for namespace in tenants.values():
-        runs = [
+        items = [
             run_manifest(f"r{i:02d}", f"E2E-LEDGER shard {namespace}/r{i:02d}", tools=["calculate"])
-            for i in range(RUNS_PER_TENANT)
+            for i in runs or range(RUNS_PER_TENANT)
         ]
-        body = {"apiVersion": "v1", "kind": "List", "items": runs}
+        body = {"apiVersion": "v1", "kind": "List", "items": items}
         stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
 
 
-def _statuses(stack_: E2EStack, tenants: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+def _runs(stack_: E2EStack, tenants: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """Tenant → its AgentRuns as the API server holds them."""
     found = {}
     for name, namespace in tenants.items():
         out = stack_.kubectl("get", "agentruns", "-n", namespace, "-o", "json").stdout
-        found[name] = [item.get("status") or {} for item in json.loads(out)["items"]]
+        found[name] = json.loads(out)["items"]
     return found
 
 
+def _statuses(stack_: E2EStack, tenants: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: [item.get("status") or {} for item in items]
+        for name, items in _runs(stack_, tenants).items()
+    }
+
+
+def _unended(runs: dict[str, list[dict[str, Any]]], holders: dict[int, str]) -> str:
+    """The runs not ended, with their tenant's shard and its holder, phase, reason for
+    waiting and last event: what a stall looks like."""
+    lines = []
+    for tenant, items in runs.items():
+        shard = shard_of(tenant, SHARDS)
+        for item in items:
+            status = item.get("status") or {}
+            if status.get("terminalReason"):
+                continue
+            meta = item["metadata"]
+            annotations = {
+                k: v for k, v in (meta.get("annotations") or {}).items() if "last-handled" not in k
+            }
+            lines.append(
+                f"{meta['namespace']}/{meta['name']} shard {shard} ({holders.get(shard)!r}): "
+                f"phase={status.get('phase')!r} steps={status.get('steps')!r} "
+                f"seq={status.get('lastEventSequence')!r} finalizers={meta.get('finalizers')} "
+                f"annotations={annotations} conditions={status.get('conditions')}"
+            )
+    return "\n".join(lines[:40]) + (f"\n… {len(lines) - 40} more" if len(lines) > 40 else "")
+
+
 def _wait_ended(
-    stack_: E2EStack, tenants: dict[str, str], *, during: Any = None, timeout: float = 240
+    stack_: E2EStack,
+    tenants: dict[str, str],
+    operators: Operators,
+    *,
+    during: Any = None,
+    timeout: float = 240,
 ) -> dict[str, list[dict[str, Any]]]:
+    """Wait until every run ended; fail naming the runs that did not (``_unended``)."""
     end = time.monotonic() + timeout
     while True:
-        statuses = _statuses(stack_, tenants)
-        ended = sum(1 for runs in statuses.values() for s in runs if s.get("terminalReason"))
+        runs = _runs(stack_, tenants)
+        statuses = {
+            name: [item.get("status") or {} for item in items] for name, items in runs.items()
+        }
+        ended = sum(1 for runs_ in statuses.values() for s in runs_ if s.get("terminalReason"))
         if during is not None:
-            during(ended)
+            during(statuses)
         if ended == RUNS_PER_TENANT * len(tenants):
             return statuses
-        assert time.monotonic() < end, f"only {ended} runs ended in {timeout}s"
+        if time.monotonic() >= end:
+            raise AssertionError(
+                f"only {ended} runs ended in {timeout}s; not ended:\n"
+                + _unended(runs, operators.holders())
+            )
         time.sleep(1.0)
 
 
@@ -217,31 +278,35 @@ def _check_ledgers(ledger: Ledger, statuses: dict[str, list[dict[str, Any]]]) ->
 def test_three_operators_share_six_shards_and_a_killed_ones_move_within_the_lease(
     operators: Operators, tenants: dict[str, str], stack_: E2EStack, nats_server: Any
 ) -> None:
-    """SIGKILL one of three operators mid-load: its shards are held by the two others within
-    ``TAKEOVER_BOUND`` (a ``ShardTakenOver`` Event each), every run completes once, ledgers
-    exact."""
+    """SIGKILL one of three operators while its tenants' runs go: its shards are held and
+    served by the two others within ``TAKEOVER_BOUND`` (a ``ShardTakenOver`` Event each),
+    every run completes once, ledgers exact; the survivors then stop on SIGTERM, giving their
+    shards up."""
     assert len({shard_of(t, SHARDS) for t in tenants}) >= 2
     for key in "abc":
         operators.start(key)
     before = operators.wait_shared(["a", "b", "c"], timeout=60)
-    for key in "abc":  # the gauge agrees with the Leases
-        mine = {s for s, h in before.items() if h == f"shard-op-{key}"}
-        assert operators.owned_gauge(key) == mine
     victim = before[shard_of(next(iter(tenants)), SHARDS)].removeprefix("shard-op-")
+    victims_tenants = [t for t in tenants if before[shard_of(t, SHARDS)] == f"shard-op-{victim}"]
     ledger = Ledger(nats_server)
     killed: list[float] = []
 
-    def kill_once(ended: int) -> None:
-        if not killed and ended >= RUNS_PER_TENANT * len(tenants) // 4:
+    def kill_once(statuses: dict[str, list[dict[str, Any]]]) -> None:
+        """At the first end of one of the victim's runs (it served them), while the others
+        of its tenants still go."""
+        mine = [s for t in victims_tenants for s in statuses[t]]
+        if not killed and any(s.get("terminalReason") for s in mine):
             components.kill_component(operators.parts[victim])
             killed.append(time.monotonic())
+            assert sum(1 for s in mine if not s.get("terminalReason")) >= RUNS_PER_TENANT // 2
 
     try:
         _apply_runs(stack_, tenants)
-        statuses = _wait_ended(stack_, tenants, during=kill_once)
+        statuses = _wait_ended(stack_, tenants, operators, during=kill_once)
         assert killed, "the runs ended before the kill"
         survivors = [k for k in "abc" if k != victim]
-        after = operators.wait_shared(survivors, timeout=1.0)  # long since moved
+        bound = killed[0] + TAKEOVER_BOUND - time.monotonic()
+        after = operators.wait_shared(survivors, timeout=max(bound, 0.5))
         _check_once_each(stack_, tenants)
         _check_ledgers(ledger, statuses)
     finally:
@@ -254,11 +319,18 @@ def test_three_operators_share_six_shards_and_a_killed_ones_move_within_the_leas
     messages = [e["message"] for e in json.loads(events)["items"]]
     for shard in moved:
         assert any(f"shard {shard} is now owned" in m and victim in m for m in messages)
+    for key in survivors:
+        operators.stop(key)
 
 
-def test_the_takeover_is_within_the_bound(operators: Operators, stack_: E2EStack) -> None:
+def test_the_takeover_is_within_the_bound_and_a_restarted_process_takes_its_share_back(
+    operators: Operators, stack_: E2EStack
+) -> None:
     """Timing alone, without load: SIGKILL one of two; the other holds every shard within
-    ``TAKEOVER_BOUND``."""
+    ``TAKEOVER_BOUND``. Then the killed one starts again under its name (a restarted
+    container keeps its pod's name) and gets its share back; killed and started again at
+    once, before its Leases expired, it serves its shards again at once rather than leaving
+    the Leases that name it unserved."""
     for key in "ab":
         operators.start(key)
     operators.wait_shared(["a", "b"], timeout=60)
@@ -266,30 +338,53 @@ def test_the_takeover_is_within_the_bound(operators: Operators, stack_: E2EStack
     started = time.monotonic()
     operators.wait_shared(["a"], timeout=TAKEOVER_BOUND)
     assert time.monotonic() - started < TAKEOVER_BOUND
+    operators.start("b")
+    operators.wait_shared(["a", "b"], timeout=TAKEOVER_BOUND)
+    components.kill_component(operators.parts["b"])
+    operators.start("b")
+    started = time.monotonic()
+    operators.wait_shared(["a", "b"], timeout=LEASE_DURATION)
+    assert time.monotonic() - started < LEASE_DURATION  # taken back, not expired and taken
+    for key in "ab":
+        operators.stop(key)
 
 
 def test_an_operator_added_while_runs_go_takes_its_share_and_no_run_is_dropped_or_doubled(
     operators: Operators, tenants: dict[str, str], stack_: E2EStack, nats_server: Any
 ) -> None:
-    """Two operators (three shards each); a third starts mid-load: the two give shards up
-    (two each) and the third takes them; every run completes once, ledgers exact."""
+    """Two operators (three shards each) with half the runs going; a third starts, the rest of
+    the runs are created, and the two give shards up (one each) to the third while runs go:
+    every run completes once, ledgers exact, and the third's shard Leases were acquired
+    before the last run ended (a shard moved under load)."""
     for key in "ab":
         operators.start(key)
     operators.wait_shared(["a", "b"], timeout=60)
     ledger = Ledger(nats_server)
-    added: list[bool] = []
-
-    def add_once(ended: int) -> None:
-        if not added and ended >= RUNS_PER_TENANT * len(tenants) // 4:
-            operators.start("c")
-            added.append(True)
-
+    half = RUNS_PER_TENANT // 2
     try:
-        _apply_runs(stack_, tenants)
-        statuses = _wait_ended(stack_, tenants, during=add_once)
-        assert added, "the runs ended before the third operator started"
-        operators.wait_shared(["a", "b", "c"], timeout=60)
+        _apply_runs(stack_, tenants, range(half))
+        operators.start("c")
+        _apply_runs(stack_, tenants, range(half, RUNS_PER_TENANT))
+        statuses = _wait_ended(stack_, tenants, operators)
+        last_end = max(
+            _epoch(status["completionTime"]) for runs in statuses.values() for status in runs
+        )
+        holders = operators.wait_shared(["a", "b", "c"], timeout=60)
+        taken = _acquired(stack_, [s for s, h in holders.items() if h == "shard-op-c"])
+        assert taken and max(taken) < last_end, (taken, last_end)
         _check_once_each(stack_, tenants)
         _check_ledgers(ledger, statuses)
     finally:
         ledger.close()
+
+
+def _epoch(stamp: str) -> float:
+    """Epoch seconds of an RFC 3339 time (``…Z`` or with microseconds)."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _acquired(stack_: E2EStack, shards: list[int]) -> list[float]:
+    """Epoch seconds each of ``shards``' Leases was last acquired (``spec.acquireTime``)."""
+    out = stack_.kubectl("get", "leases", "-n", "default", "-o", "json").stdout
+    by_name = {lease["metadata"]["name"]: lease["spec"] for lease in json.loads(out)["items"]}
+    return [_epoch(by_name[f"agentrun-operator-{s}"]["acquireTime"]) for s in shards]

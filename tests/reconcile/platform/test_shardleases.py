@@ -90,3 +90,21 @@ async def test_membership_slots_are_taken_one_per_process() -> None:
         _, name = await process(api, identity, clock).join()
         names.append(name)
     assert names == [f"agentrun-operator-member-{k}" for k in range(3)]
+
+
+async def test_a_process_restarted_under_its_name_takes_its_earlier_shards_back_at_once() -> None:
+    """A restarted container keeps its pod's name: the Leases its earlier process held name
+    this identity but are renewed by nobody. They count as free (not as held, which would
+    leave them unserved for ever) and are taken back without waiting for them to expire."""
+    api, clock = FakeKube(), Clock()
+    before, other = process(api, "a", clock), process(api, "b", clock)
+    await before.join()
+    await other.join()
+    await take_all(before, (0, 1, 2))
+    await take_all(other, (3, 4, 5))
+    after = process(api, "a", clock)  # same identity, nothing held yet
+    await after.join()
+    plan = await after.survey(frozenset())
+    assert plan == Plan(take=(0, 1, 2))
+    assert await after.take(0)  # named "a": taken at once, not after the Lease duration
+    assert not (await other.survey(frozenset({3, 4, 5}))).changes  # b keeps its share
