@@ -60,7 +60,8 @@ async def consume(
     returns when every one has ended. Cancelling ``consume`` itself cancels them at once.
     Messages are fetched one per pull request: nats-py's ``fetch(batch > 1)`` waits for the
     whole batch or its timeout once the stream is idle, which would delay a message by up
-    to the timeout. A fetch that fails other than as an empty poll (server restarted,
+    to the timeout. A handler that raises is logged and the loop goes on (``_handled``). A
+    fetch that fails other than as an empty poll (server restarted,
     stream lost) re-creates the subscription a second later (and, on a provisioning bus,
     the streams); after the
     connection reconnected, the subscription is bound again before the next fetch.
@@ -98,13 +99,25 @@ async def _pull(
                 continue
             for msg in await puller.fetch():
                 if not concurrency:
-                    await handle(msg)
+                    await _handled(handle, msg)
                     continue
-                task = asyncio.create_task(handle(msg))
+                task = asyncio.create_task(_handled(handle, msg))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
     finally:
         stop.cancel()
+
+
+async def _handled(handle: Handle, msg: Msg) -> None:
+    """``handle(msg)``; an exception it lets through (an ack or nak lost with the connection,
+    a bug) is logged and the loop goes on: the message, not acked, comes again after the
+    consumer's ack wait, and the other messages are not held up by it."""
+    try:
+        await handle(msg)
+    except Exception:
+        log.exception(
+            "handling the message on %s failed; it comes again after the ack wait", msg.subject
+        )
 
 
 class _Puller:

@@ -175,6 +175,43 @@ async def test_a_pull_consumer_resumes_after_the_connection_breaks(
         await publisher.close()
 
 
+async def test_a_handler_that_raises_does_not_end_the_consumer(
+    nats_server: natsserver.NatsServer,
+) -> None:
+    """An exception out of a handler (an ack lost with the connection, a bug) is logged and
+    the loop goes on: the next message is handled, and the one that raised, not acked, comes
+    again after the ack wait."""
+    suffix = uuid.uuid4().hex[:8]
+    stream, subject = f"RAISES_{suffix}", f"raises.{suffix}"
+    bus = await Bus.connect(BusSettings(url=nats_server.url, auth=nats_server.auth()), name="t")
+    js = bus.js
+    await js.add_stream(api.StreamConfig(name=stream, subjects=[subject]))
+    seen: list[bytes] = []
+
+    async def handle(msg: Msg) -> None:
+        seen.append(msg.data)
+        if seen == [b"first"]:
+            raise ConnectionError("the ack was lost")
+        await msg.ack()
+
+    async def subscribe() -> object:
+        config = api.ConsumerConfig(ack_wait=1.0)
+        return await js.pull_subscribe(subject, durable="raises", stream=stream, config=config)
+
+    stopping = asyncio.Event()
+    loop = asyncio.create_task(bus.consume(subscribe, handle, stopping=stopping))  # type: ignore[arg-type]
+    try:
+        await js.publish(subject, b"first")
+        await js.publish(subject, b"second")
+        await wait_until(lambda: seen == [b"first", b"second", b"first"])
+        assert not loop.done()
+    finally:
+        stopping.set()
+        await loop
+        await js.delete_stream(stream)
+        await bus.close()
+
+
 async def test_the_ledger_connection_writes_again_after_the_connection_breaks(
     broken: tuple[Fault, Proxy, natsserver.NatsServer],
 ) -> None:
