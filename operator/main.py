@@ -224,6 +224,8 @@ async def _run_sharded(settings: OperatorSettings, api: Kube, probes: health.Hea
                 return
     finally:
         await held.give(list(held.owned))
+        for shard in await leases.release_named():
+            log.info("released the Lease of shard %d, taken as the stop came", shard)
         await asyncio.to_thread(membership.stop)
 
 

@@ -112,6 +112,21 @@ class ShardLeases:
             log.warning("could not take the Lease of shard %d: %r", shard, err)
             return False
 
+    async def release_named(self) -> list[int]:
+        """Give up every shard Lease that names this process at a graceful stop, after the
+        held ones were released: a take cut off by the stop may have been written without
+        this process learning it, and its shard would otherwise wait a Lease duration for
+        another process. Best effort (failures logged); returns the shards released."""
+        released = []
+        for shard, elector in self._electors.items():
+            try:
+                if await elector.peek() == self.identity:
+                    await elector.release()
+                    released.append(shard)
+            except Exception as err:
+                log.warning("could not release the Lease of shard %d: %r", shard, err)
+        return released
+
     async def announce(self, shard: int, *, before: str) -> None:
         """Post a Normal ``ShardTakenOver`` (or ``ShardAcquired`` for a free one) Event on
         shard ``shard``'s Lease naming this process; best effort (logged)."""

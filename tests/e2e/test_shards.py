@@ -230,7 +230,6 @@ def _wait_ended(
     tenants: dict[str, str],
     operators: Operators,
     *,
-    during: Any = None,
     timeout: float = 240,
 ) -> dict[str, list[dict[str, Any]]]:
     """Wait until every run ended; fail naming the runs that did not (``_unended``)."""
@@ -241,8 +240,6 @@ def _wait_ended(
             name: [item.get("status") or {} for item in items] for name, items in runs.items()
         }
         ended = sum(1 for runs_ in statuses.values() for s in runs_ if s.get("terminalReason"))
-        if during is not None:
-            during(statuses)
         if ended == RUNS_PER_TENANT * len(tenants):
             return statuses
         if time.monotonic() >= end:
@@ -295,25 +292,19 @@ def test_three_operators_share_six_shards_and_a_killed_ones_move_within_the_leas
     victim = before[shard_of(next(iter(tenants)), SHARDS)].removeprefix("shard-op-")
     victims_tenants = [t for t in tenants if before[shard_of(t, SHARDS)] == f"shard-op-{victim}"]
     ledger = Ledger(nats_server)
-    killed: list[float] = []
-
-    def kill_once(statuses: dict[str, list[dict[str, Any]]]) -> None:
-        """As soon as the victim served one of its runs (a status written), while most of
-        its tenants' runs still go."""
-        mine = [s for t in victims_tenants for s in statuses[t]]
-        if not killed and any(s.get("phase") for s in mine):
-            components.kill_component(operators.parts[victim])
-            killed.append(time.monotonic())
-            assert sum(1 for s in mine if not s.get("terminalReason")) >= len(mine) // 2
-
-    try:  # the victim's tenants last: their runs go while the test watches
-        others = {t: n for t, n in tenants.items() if t not in victims_tenants}
-        _apply_runs(stack_, others)
-        _apply_runs(stack_, {t: tenants[t] for t in victims_tenants})
-        statuses = _wait_ended(stack_, tenants, operators, during=kill_once)
-        assert killed, "the runs ended before the kill"
+    try:  # the victim's tenants first; it is killed once it served one, then the others
+        mine = {t: tenants[t] for t in victims_tenants}
+        _apply_runs(stack_, mine)
+        while not any(s.get("phase") for runs in _statuses(stack_, mine).values() for s in runs):
+            time.sleep(0.2)
+        components.kill_component(operators.parts[victim])
+        killed = time.monotonic()
+        unended = [s for runs in _statuses(stack_, mine).values() for s in runs]
+        assert sum(1 for s in unended if not s.get("terminalReason")) >= len(unended) // 2
+        _apply_runs(stack_, {t: n for t, n in tenants.items() if t not in victims_tenants})
+        statuses = _wait_ended(stack_, tenants, operators)
         survivors = [k for k in "abc" if k != victim]
-        bound = killed[0] + TAKEOVER_BOUND - time.monotonic()
+        bound = killed + TAKEOVER_BOUND - time.monotonic()
         after = operators.wait_shared(survivors, timeout=max(bound, 0.5))
         _check_once_each(stack_, tenants)
         _check_ledgers(ledger, statuses)

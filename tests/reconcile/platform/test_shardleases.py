@@ -108,3 +108,17 @@ async def test_a_process_restarted_under_its_name_takes_its_earlier_shards_back_
     assert plan == Plan(take=(0, 1, 2))
     assert await after.take(0)  # named "a": taken at once, not after the Lease duration
     assert not (await other.survey(frozenset({3, 4, 5}))).changes  # b keeps its share
+
+
+async def test_at_a_stop_every_lease_naming_the_process_is_released() -> None:
+    """A take cut off by the stop (written, but never handed to a renewal thread) leaves a
+    Lease naming the process: the stop releases it too, so its shard is free at once."""
+    api, clock = FakeKube(), Clock()
+    a, b = process(api, "a", clock), process(api, "b", clock)
+    await a.join()
+    await take_all(b, (0, 1, 2))
+    assert await a.take(4)  # the stop came before its renewal thread started
+    assert await a.release_named() == [4]
+    assert holder(api, "agentrun-operator-4") == ""
+    assert holder(api, "agentrun-operator-1") == "b"  # others' Leases untouched
+    assert await b.take(4)  # free at once, not after the Lease duration
