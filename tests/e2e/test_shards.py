@@ -2,11 +2,13 @@
 operator processes, each shard owned through a Lease of its own.
 
 Three operator processes, six shards, six tenants, ~200 runs of three model calls each
-(``E2E-LEDGER``: known usage per call). One operator is SIGKILLed mid-load: its shards are
-taken over within the Lease duration plus a retry and kopf's restart, every run completes, the
-scripted model is asked once per (run, turn) — no turn dispatched by two processes — and each
-tenant's ledger holds exactly the sum of its runs' usage. And: an operator added while runs go
-takes its fair share (the others give shards up), no run dropped or doubled.
+(``E2E-SHARD``: known usage per call, 0.7 s each). One operator is SIGKILLed while its
+tenants' runs go: its shards are taken over within the Lease duration plus a retry and kopf's
+restart, every run completes, the scripted model is asked once per (run, turn) — no turn
+dispatched by two processes — and each tenant's ledger holds exactly the sum of its runs'
+usage. An operator added while runs go takes its fair share (the others give shards up), no
+run dropped or doubled. A process restarted under its name takes its Leases back at once, and
+a stop signal releases every Lease a process holds.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ TAKEOVER_BOUND = LEASE_DURATION + 1.0 + 10.0
 duration, a retry, and margin for a busy 2-core machine (the survivors' Lease reads)."""
 BASE = "agentrun-operator"
 """``AGENTRUN_LEASE_NAME`` of the e2e stack: the shard Leases are ``<BASE>-<shard>``."""
-MARKER = re.compile(r"E2E-LEDGER shard (\S+)")
+MARKER = re.compile(r"E2E-SHARD (\S+)")
 
 
 class Operators:
@@ -176,14 +178,16 @@ def tenants(stack_: E2EStack) -> Iterator[dict[str, str]]:
 
 
 def _apply_runs(stack_: E2EStack, tenants: dict[str, str], runs: range | None = None) -> None:
-    """Create runs ``runs`` (default: all ``RUNS_PER_TENANT``) in every tenant's namespace."""
+    """Create runs ``runs`` (default: all ``RUNS_PER_TENANT``) in every tenant's namespace,
+    in one ``kubectl apply``."""
+    items = []
     for namespace in tenants.values():
-        items = [
-            run_manifest(f"r{i:02d}", f"E2E-LEDGER shard {namespace}/r{i:02d}", tools=["calculate"])
-            for i in runs or range(RUNS_PER_TENANT)
-        ]
-        body = {"apiVersion": "v1", "kind": "List", "items": items}
-        stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+        for i in runs or range(RUNS_PER_TENANT):
+            item = run_manifest(f"r{i:02d}", f"E2E-SHARD {namespace}/r{i:02d}", tools=["calculate"])
+            item["metadata"]["namespace"] = namespace
+            items.append(item)
+    body = {"apiVersion": "v1", "kind": "List", "items": items}
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
 
 
 def _runs(stack_: E2EStack, tenants: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
