@@ -54,6 +54,18 @@ class Ledger:
         found: Book | None = self._run(self.store.read(tenant))
         return found
 
+    def settled(self, tenant: str, *, timeout: float) -> Book:
+        """Tenant ``tenant``'s book once no run is active in it and it holds nothing (the
+        last settlements land right after the last status); fails after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            book = self.book(tenant)
+            assert book is not None
+            if not book.active and not book.holds:
+                return book
+            assert time.monotonic() < deadline, f"{tenant}: left {book.active} {book.holds}"
+            time.sleep(0.5)
+
     def close(self) -> None:
         self._run(self.nc.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -164,14 +176,7 @@ def _check_settled(
     statuses: dict[str, list[dict[str, Any]]],
 ) -> None:
     for role, (name, _) in tenants.items():
-        deadline = time.monotonic() + 15  # the last closes land right after the last status
-        while True:
-            book = ledger.book(name)
-            assert book is not None
-            if not book.active and not book.holds:
-                break
-            assert time.monotonic() < deadline, f"{name}: left {book.active} {book.holds}"
-            time.sleep(0.5)
+        book = ledger.settled(name, timeout=15)
         runs = statuses[role]
         usage = [s.get("usage") or {} for s in runs]  # runs failed at admission used nothing
         tokens = sum(int(u.get("totalTokens", 0)) for u in usage)

@@ -274,14 +274,7 @@ def _check_ledgers(ledger: Ledger, statuses: dict[str, list[dict[str, Any]]]) ->
         assert {s["terminalReason"] for s in runs} == {"completed"}, name
         tokens = sum(int((s.get("usage") or {}).get("totalTokens", 0)) for s in runs)
         assert tokens == RUNS_PER_TENANT * 3 * 120
-        deadline = time.monotonic() + 20  # the last closes land right after the last status
-        while True:
-            book = ledger.book(name)
-            assert book is not None
-            if not book.active and not book.holds:
-                break
-            assert time.monotonic() < deadline, f"{name}: left {book.active} {book.holds}"
-            time.sleep(0.5)
+        book = ledger.settled(name, timeout=20)
         assert book.used_tokens == tokens, (name, book.used_tokens, tokens)
 
 

@@ -7,19 +7,11 @@ from __future__ import annotations
 
 from kube_support import FakeKube
 
-from agentrun.operator.platform.leadership import LeaderElector, LeaseTiming
+from agentrun.operator.platform.leadership import LeaderElector
 from agentrun.operator.platform.shardleases import LeaseSite, ShardLeases
 from agentrun.operator.platform.shards import Plan
 
-TIMING = LeaseTiming(duration=10.0, renew_deadline=6.0, retry=1.0)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from .test_leadership import TIMING, Clock
 
 
 def process(api: FakeKube, identity: str, clock: Clock) -> ShardLeases:
@@ -33,6 +25,18 @@ async def take_all(leases: ShardLeases, shards: tuple[int, ...]) -> dict[int, Le
         assert await leases.take(shard)
         held[shard] = leases.handed_over(shard)
     return held
+
+
+async def two_halves(
+    api: FakeKube, clock: Clock, first: str, second: str
+) -> tuple[ShardLeases, ShardLeases]:
+    """Two processes, both members, holding shards 0-2 and 3-5."""
+    one, two = process(api, first, clock), process(api, second, clock)
+    await one.join()
+    await two.join()
+    await take_all(one, (0, 1, 2))
+    await take_all(two, (3, 4, 5))
+    return one, two
 
 
 def holder(api: FakeKube, name: str) -> str:
@@ -61,11 +65,7 @@ async def test_the_first_takes_all_a_second_joins_and_gets_what_the_first_gives_
 
 async def test_a_dead_processs_shards_are_free_only_after_the_lease_duration() -> None:
     api, clock = FakeKube(), Clock()
-    a, c = process(api, "a", clock), process(api, "c", clock)
-    await a.join()
-    await c.join()
-    await take_all(a, (0, 1, 2))
-    await take_all(c, (3, 4, 5))
+    a, _ = await two_halves(api, clock, "a", "c")
     assert not (await a.survey(frozenset({0, 1, 2}))).changes  # c is live: share 3
     clock.now += TIMING.duration - 1  # c stopped renewing (SIGKILL), a's slot too (not here)
     assert not (await a.survey(frozenset({0, 1, 2}))).changes
@@ -97,11 +97,7 @@ async def test_a_process_restarted_under_its_name_takes_its_earlier_shards_back_
     this identity but are renewed by nobody. They count as free (not as held, which would
     leave them unserved for ever) and are taken back without waiting for them to expire."""
     api, clock = FakeKube(), Clock()
-    before, other = process(api, "a", clock), process(api, "b", clock)
-    await before.join()
-    await other.join()
-    await take_all(before, (0, 1, 2))
-    await take_all(other, (3, 4, 5))
+    _, other = await two_halves(api, clock, "a", "b")
     after = process(api, "a", clock)  # same identity, nothing held yet
     await after.join()
     plan = await after.survey(frozenset())
