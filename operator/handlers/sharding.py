@@ -8,8 +8,9 @@ miss its creation. So ownership is applied in kopf's storages instead: for a run
 this process does not own, every handler reads as "waiting for a retry far in the future"
 (nothing runs, nothing is done, so kopf neither records the change as handled nor removes
 the finalizer) and nothing is written. The owner's kopf reads and writes the annotations as
-before. The finalizer is still added and removed by the same rule in every process (the
-deletion handler's filter holds no ownership), so processes never fight over it.
+before. The finalizer follows ownership too: only the owner adds or removes it (for another
+shard's run, ``handlers.runs.unfinished`` answers whether the run holds it now, so kopf leaves
+it as it is).
 
 A run's shard is its admitted tenant's (``status.tenant``); before admission, the tenant its
 namespace resolves to, which ``RunShards.learn`` records from the watch-event handler that kopf
