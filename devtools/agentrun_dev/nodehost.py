@@ -182,6 +182,23 @@ def create_bridge() -> None:
     _run(["ip", "link", "set", BRIDGE, "up"])
 
 
+def remove_orphan_bridge(*, log: console.Log = console.log_to_stderr) -> list[str]:
+    """Delete `BRIDGE` and every veth attached to it; returns their names (empty: no bridge).
+
+    For a bridge no claim accounts for: a node killed where this machine's ``/run`` (and so
+    `CLAIM_FILE` and its snapshot) was not the caller's, but its network namespace was. Call
+    only while holding the claim with no live node before it. Failures are logged.
+    """
+    if not Path("/sys/class/net", BRIDGE).exists():
+        return []
+    output = _run(["ip", "-o", "link", "show", "master", BRIDGE])
+    ports = [line.split(":")[1].strip().split("@")[0] for line in output.splitlines() if line]
+    for name in ports:
+        _try(["ip", "link", "delete", name], log=log)  # a veth's peer goes with it
+    _try(["ip", "link", "delete", BRIDGE], log=log)
+    return [*ports, BRIDGE]
+
+
 def cleanup_host(
     node_dir: Path, *, before: HostSnapshot, log: console.Log = console.log_to_stderr
 ) -> list[str]:

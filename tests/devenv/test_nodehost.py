@@ -136,3 +136,22 @@ def test_cleanup_destroys_new_ipsets_and_nftables_tables_but_keeps_a_shared_tabl
             ("ipset", "destroy", IPSET),
         )
     assert nodehost.take_snapshot(claimed) == before
+
+
+def test_a_bridge_no_claim_names_is_removed_with_its_veths(claimed: Path) -> None:
+    """A node killed in another mount namespace leaves its bridge and veths in the shared
+    network namespace without a claim here; the next node removes them before creating its
+    own bridge (`ip link add` would fail: File exists)."""
+    assert not Path("/sys/class/net", nodehost.BRIDGE).exists()
+    try:
+        run("ip", "link", "add", "name", nodehost.BRIDGE, "type", "bridge")
+        run("ip", "link", "add", "vethagtest0", "type", "veth", "peer", "name", "vethagtest1")
+        run("ip", "link", "set", "vethagtest0", "master", nodehost.BRIDGE)
+        removed = nodehost.remove_orphan_bridge(log=print)
+        assert removed == ["vethagtest0", nodehost.BRIDGE]
+        assert not Path("/sys/class/net", nodehost.BRIDGE).exists()
+        assert not Path("/sys/class/net", "vethagtest1").exists()
+        assert nodehost.remove_orphan_bridge(log=print) == []
+        nodehost.create_bridge()  # what a node does next
+    finally:
+        undo(("ip", "link", "delete", "vethagtest0"), ("ip", "link", "delete", nodehost.BRIDGE))
