@@ -610,6 +610,14 @@ def record_tenant_budget(tenant: str, book: Book, *, now: float) -> None:
             TENANT_BUDGET_LIMIT.labels(tenant=tenant, resource=resource).set(limit)
 
 
+def forget_tenant_budgets() -> None:
+    """Drop every tenant's budget series (``agentrun_tenant_budget_*``): the operator's parts
+    stopped, and the next ones (of other shards, perhaps) set those of the tenants they own;
+    a tenant whose shard went to another process is not shown here with frozen values."""
+    for gauge in (TENANT_BUDGET_LIMIT, TENANT_BUDGET_USED, TENANT_BUDGET_RESERVED):
+        gauge.clear()
+
+
 def know_eval(namespace: str, name: str) -> None:
     """Create an AgentEval's case counters at 0 (once per process)."""
     if ("eval", namespace, name) in _known:

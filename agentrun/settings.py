@@ -121,7 +121,8 @@ class OperatorSettings(ProcessSettings):
     work queue beyond the workers' waiting pull requests; the others wait in the operator and
     are published in fair order across tenants (a turn that becomes ready waits behind at
     most this many others). Higher: fewer reads of the queue's backlog under load; lower:
-    fairer."""
+    fairer. With several operator shards each process applies it to its own shards' turns
+    (the fair order holds among them), so up to that many per process wait undelivered."""
     admission_per_namespace: int = Field(default=4, ge=1, le=1_000)
     """``AGENTRUN_ADMISSION_PER_NAMESPACE``: most AgentRun admissions of one namespace the
     operator works on at once; the others wait in creation order, so a namespace that applies
@@ -147,15 +148,19 @@ class OperatorSettings(ProcessSettings):
     live processes: a Lease naming it is taken as this process's, left by an earlier process
     of the same name (a restarted container), and taken back at once."""
     lease_namespace: str = "default"
-    """``AGENTRUN_LEASE_NAMESPACE``: namespace of the ``coordination.k8s.io`` Lease that elects
-    the one active operator (the chart passes its release namespace)."""
+    """``AGENTRUN_LEASE_NAMESPACE``: namespace of the ``coordination.k8s.io`` Leases of the
+    operators (the chart passes its release namespace)."""
     lease_name: str = "agentrun-operator"
-    """``AGENTRUN_LEASE_NAME``: name of that Lease."""
+    """``AGENTRUN_LEASE_NAME``: with one shard, the name of the Lease that elects the one
+    active operator; with several, the base of the shard Leases (``<name>-<i>``) and the
+    membership Leases (``<name>-member-<k>``)."""
     operator_shards: int = Field(default=1, ge=1, le=64)
     """``AGENTRUN_OPERATOR_SHARDS``: how many shards the tenants are divided into, each owned
     by one operator process at a time through a Lease of its own (``<lease_name>-<i>``); every
-    process of one install must be given the same count. 1 (the default) is active/standby on
-    the one Lease ``<lease_name>``."""
+    process of one install must be given the same count, and it is changed only with every
+    operator stopped (processes with different counts would serve the same tenants). 1 (the
+    default) is active/standby on the one Lease ``<lease_name>``. More processes than shards:
+    the others hold none and stand by."""
     lease_duration: float = Field(default=15.0, gt=0)
     """``AGENTRUN_LEASE_DURATION``: seconds a standby waits after the Lease last changed before
     it takes over (the failover bound is this plus ``lease_retry``)."""

@@ -174,8 +174,8 @@ class _Held:
                 connect=_connector(self.settings, name),
                 on_lost=_exit_lost,
             )
+            self.threads[shard] = thread  # before it starts: a stop meanwhile still stops it
             await asyncio.to_thread(thread.start)
-            self.threads[shard] = thread
             won.append(shard)
             log.info("took operator shard %d (Lease %s, was %r)", shard, name, before)
             await self.leases.announce(shard, before=before)

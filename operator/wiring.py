@@ -55,7 +55,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from agentrun import buckets
+from agentrun import buckets, metrics
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
 from agentrun.settings import OperatorSettings
@@ -249,7 +249,8 @@ async def start_parts(
     ``tenant_objects``: the AgentTenants listed before any run is admitted (no false "no
     tenant"); ``ownership``: the shards whose tenants and runs the parts serve (the
     cluster-scoped loops run only with shard 0). Raises what ``Bus.connect`` /
-    ``LedgerStore.open`` raise.
+    ``LedgerStore.open`` raise (the NATS connection closed again when the latter fails or is
+    cancelled).
     """
     bus = await Bus.connect(
         BusSettings(
@@ -261,10 +262,13 @@ async def start_parts(
         ),
         name=f"agentrun-operator-{os.getpid()}",
     )
-    # the operator creates the buckets; workers only bind them
-    replicas = settings.nats_replicas
-    await buckets.open_bucket(bus.js, buckets.effects_config(replicas=replicas), create=True)
-    store = await LedgerStore.open(bus.js, replicas=replicas, layout=settings.ledger_layout)
+    try:  # the operator creates the buckets; workers only bind them
+        replicas = settings.nats_replicas
+        await buckets.open_bucket(bus.js, buckets.effects_config(replicas=replicas), create=True)
+        store = await LedgerStore.open(bus.js, replicas=replicas, layout=settings.ledger_layout)
+    except BaseException:  # failed, or stopped part-way: no connection left behind
+        await bus.close()
+        raise
     parts = _make_parts(settings, bus=bus, store=store, api=api, ownership=ownership)
     for obj in tenant_objects:
         parts.tenants.put(obj)
@@ -445,6 +449,7 @@ async def stop_parts(parts: Parts) -> None:
         parts.watch.stop()
     await cancel_and_wait([*parts.tasks, *parts.pump.running()], timeout=SHUTDOWN_STEP_SECONDS)
     await parts.dispatcher.cancel_timers()
+    metrics.forget_tenant_budgets()  # the next parts (other shards, perhaps) set their own
     for closing in (parts.writer.flush_and_stop(), parts.bus.close(), parts.api.close()):
         try:
             async with asyncio.timeout(SHUTDOWN_STEP_SECONDS):

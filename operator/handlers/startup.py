@@ -64,10 +64,14 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
-    """Configure kopf, connect to the API server, list AgentTenants, start the parts of the
-    shards this process owns (``memo.ownership``; with several shards, kopf's storages leave
-    the other shards' runs alone: ``sharding``), then hand the stop signals to
-    ``memo.on_stop_signal`` if set."""
+    """Hand the stop signals to ``memo.on_stop_signal`` if set (over kopf's own, installed
+    before this handler runs), configure kopf, connect to the API server, list AgentTenants,
+    start the parts of the shards this process owns (``memo.ownership``; with several shards,
+    kopf's storages leave the other shards' runs alone: ``sharding``). Stopped part-way (kopf
+    stopping before its start-up finished runs no clean-up handler), it closes the API client
+    it opened; ``start_parts`` closes its own."""
+    if memo.on_stop_signal is not None:
+        process.stop_on_signals(memo.on_stop_signal)
     settings.persistence.finalizer = FINALIZER
     progress: kopf.ProgressStorage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
     diffbase: kopf.DiffBaseStorage = MetadataDiffBaseStorage(
@@ -81,14 +85,16 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     api = await Kube.connect()
-    memo.parts = await wiring.start_parts(
-        memo.settings,
-        tenant_objects=await _list_tenants(api),
-        api=api,
-        ownership=memo.ownership,
-    )
-    if memo.on_stop_signal is not None:  # over kopf's own, installed before this handler ran
-        process.stop_on_signals(memo.on_stop_signal)
+    try:
+        memo.parts = await wiring.start_parts(
+            memo.settings,
+            tenant_objects=await _list_tenants(api),
+            api=api,
+            ownership=memo.ownership,
+        )
+    except BaseException:
+        await api.close()
+        raise
 
 
 async def _list_tenants(api: KubeApi, *, patience: float = 120.0) -> list[dict[str, Any]]:

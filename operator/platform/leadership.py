@@ -254,16 +254,23 @@ class RenewalThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready = threading.Event()
+        self._started = False
         self._thread = threading.Thread(target=self._main, name="lease-renewal", daemon=True)
 
     def start(self) -> None:
         """Start renewing; returns once the thread's store is open (blocking: call it from a
         thread, e.g. ``asyncio.to_thread``)."""
+        self._started = True
         self._thread.start()
         self._ready.wait()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop renewing and release the Lease (best effort; blocking, as ``start``)."""
+        """Stop renewing and release the Lease (best effort; blocking, as ``start``). A thread
+        still starting (``start`` called from another thread) is waited for, up to
+        ``timeout`` seconds, so that it is stopped too; one never started is left alone."""
+        if not self._started:
+            return
+        self._ready.wait(timeout)
         loop, task = self._loop, self._task
         if loop is not None and task is not None and not loop.is_closed():
             loop.call_soon_threadsafe(task.cancel)

@@ -7,7 +7,9 @@ that does what the start-up handler and kopf do with the memo and the stop flag.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+import threading
+from typing import Any, ClassVar
 
 import pytest
 
@@ -110,3 +112,60 @@ async def test_kopf_stopping_by_itself_ends_the_serving(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(main.kopf, "operator", operator)
     assert await main._serve(settings(), held) is False  # type: ignore[arg-type]
+
+
+class Renewals:
+    """``leadership.RenewalThread`` whose start blocks until released; records stops."""
+
+    started = threading.Event()
+    release = threading.Event()
+    stopped: ClassVar[list[object]] = []
+
+    def __init__(self, elector: object, **_: Any) -> None:
+        self.elector = elector
+
+    def start(self) -> None:
+        Renewals.started.set()
+        Renewals.release.wait(5)
+
+    def stop(self) -> None:
+        Renewals.stopped.append(self.elector)
+
+
+class WonLeases:
+    """Shard Leases that every take wins."""
+
+    shards = 6
+
+    def __init__(self) -> None:
+        self.timing = LeaseTiming(duration=1.0, renew_deadline=0.6, retry=RETRY)
+
+    def holder_seen(self, shard: int) -> str:
+        return ""
+
+    async def take(self, shard: int) -> bool:
+        return True
+
+    def handed_over(self, shard: int) -> object:
+        return f"elector-{shard}"
+
+    async def announce(self, shard: int, *, before: str) -> None:
+        return None
+
+
+async def test_a_take_cut_off_while_its_renewals_start_is_still_stopped_at_the_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stop that cancels a take while its renewal thread starts: the shard counts as held,
+    so giving everything up stops that thread too (it would renew the Lease on its own)."""
+    monkeypatch.setattr(main.leadership, "RenewalThread", Renewals)
+    held = main._Held(settings(), WonLeases())  # type: ignore[arg-type]
+    taking = asyncio.create_task(held.take([4]))
+    await asyncio.to_thread(Renewals.started.wait, 5)
+    taking.cancel()
+    Renewals.release.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await taking
+    assert held.owned == frozenset({4})
+    await held.give(list(held.owned))
+    assert Renewals.stopped == ["elector-4"]
