@@ -287,11 +287,15 @@ class Bus:
         info = await self.js._jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
         return int(info.num_pending or 0), int(info.num_waiting or 0)
 
-    async def stats(self) -> metrics.BusStats:
+    async def stats(
+        self, event_consumers: Sequence[str] = (protocol.OPERATOR_CONSUMER,)
+    ) -> metrics.BusStats:
         """Stored bytes and messages of agentrun's streams (the work queue, the run events, the
-        ledger and effect buckets) and the lag of the two durable consumers; a stream or
-        consumer that does not exist (yet) is left out. Needs the operator's permissions
-        (stream and consumer info). Raises ``nats.errors.Error`` when NATS cannot be asked."""
+        ledger and effect buckets) and the lag of the workers' consumer and of
+        ``event_consumers`` on the run events (the operator's: with shards, those of the
+        shards this process holds); a stream or consumer that does not exist (yet) is left
+        out. Needs the operator's permissions (stream and consumer info). Raises
+        ``nats.errors.Error`` when NATS cannot be asked."""
         streams: dict[str, tuple[int, int]] = {}
         for stream in (
             protocol.STREAM_TURNS,
@@ -305,7 +309,7 @@ class Bus:
         consumers: dict[str, tuple[int, int]] = {}
         for stream, consumer in (
             (protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER),
-            (protocol.STREAM_EVENTS, protocol.OPERATOR_CONSUMER),
+            *((protocol.STREAM_EVENTS, name) for name in event_consumers),
         ):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 info = await self.js._jsm.consumer_info(stream, consumer)

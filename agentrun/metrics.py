@@ -434,8 +434,13 @@ def export_store_limit(limit_bytes: int) -> None:
         _known.add(("store",))
 
 
+_bus_consumers: set[str] = set()
+"""The consumers ``record_bus`` last exported."""
+
+
 def record_bus(stats: BusStats) -> None:
-    """Set the work queue's backlog and the JetStream gauges from one look at the bus."""
+    """Set the work queue's backlog and the JetStream gauges from one look at the bus; the
+    series of a consumer no longer looked at (a shard given up) are dropped."""
     TURNS_PENDING.set(stats.turns_pending)
     for stream, (size, messages) in stats.streams.items():
         JETSTREAM_STREAM_BYTES.labels(stream=stream).set(size)
@@ -443,6 +448,12 @@ def record_bus(stats: BusStats) -> None:
     for consumer, (pending, ack_pending) in stats.consumers.items():
         JETSTREAM_CONSUMER_PENDING.labels(consumer=consumer).set(pending)
         JETSTREAM_CONSUMER_ACK_PENDING.labels(consumer=consumer).set(ack_pending)
+    for gone in _bus_consumers - set(stats.consumers):
+        for gauge in (JETSTREAM_CONSUMER_PENDING, JETSTREAM_CONSUMER_ACK_PENDING):
+            with contextlib.suppress(KeyError):
+                gauge.remove(gone)
+    _bus_consumers.clear()
+    _bus_consumers.update(stats.consumers)
 
 
 def record_live_runs(

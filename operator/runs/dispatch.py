@@ -551,7 +551,9 @@ class Dispatcher:
 
     async def _gauge(self) -> None:
         self.observe_phases()
-        metrics.record_bus(await self.bus.stats())
+        shards = self.ownership.shards
+        consumers = [protocol.operator_consumer(s, shards) for s in sorted(self.ownership.owned)]
+        metrics.record_bus(await self.bus.stats(event_consumers=consumers))
 
     # --- ends decided outside a turn ------------------------------------------------------------
 

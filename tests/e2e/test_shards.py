@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import functools
 import json
 import re
 import time
@@ -100,6 +101,14 @@ class Operators:
                     return holders
             assert time.monotonic() < end, f"shards not shared by {keys}: {holders}"
             time.sleep(0.5)
+
+    def consumer_gauges(self, key: str) -> set[str]:
+        """The event consumers operator ``key`` exports the lag of (its shards' only)."""
+        text = http_get(f"http://127.0.0.1:{self.parts[key].ports['metrics']}/metrics")
+        found = re.findall(
+            r'^agentrun_jetstream_consumer_pending\{consumer="([^"]+)"\}', text, re.M
+        )
+        return {c for c in found if c.startswith(BASE)}
 
     def stop(self, key: str) -> None:
         """SIGTERM operator ``key``: it stops within the stop timeout (10 s), SIGKILL not
@@ -320,7 +329,13 @@ def test_three_operators_share_six_shards_and_a_killed_ones_move_within_the_leas
     messages = [e["message"] for e in json.loads(events)["items"]]
     for shard in moved:
         assert any(f"shard {shard} is now owned" in m and victim in m for m in messages)
-    for key in survivors:
+    for key in survivors:  # each exports the lag of its own shards' event consumers
+        mine = {
+            protocol.operator_consumer(s, SHARDS)
+            for s, h in after.items()
+            if h == f"shard-op-{key}"
+        }
+        assert _eventually(functools.partial(operators.consumer_gauges, key), mine), key
         operators.stop(key)
 
 
@@ -379,6 +394,17 @@ def test_an_operator_added_while_runs_go_takes_its_share_and_no_run_is_dropped_o
         _check_ledgers(ledger, statuses)
     finally:
         ledger.close()
+
+
+def _eventually(read: Any, wanted: object, *, timeout: float = 15.0) -> bool:
+    """Whether ``read()`` equals ``wanted`` within ``timeout`` seconds (the gauges refresh
+    every 5 s)."""
+    end = time.monotonic() + timeout
+    while read() != wanted:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def _epoch(stamp: str) -> float:

@@ -884,6 +884,13 @@ tests:
       - series: agentrun_jetstream_consumer_pending{{namespace="behind",
           consumer="agentrun-workers"}}
         values: 900x30
+      # "sharded": shard 2's consumer waits all along, shard 0's keeps up
+      - series: agentrun_jetstream_consumer_pending{{namespace="sharded",
+          consumer="agentrun-operator-2"}}
+        values: 500x30
+      - series: agentrun_jetstream_consumer_pending{{namespace="sharded",
+          consumer="agentrun-operator-0"}}
+        values: 0x30
       # tenant "old" held a call at t=0 (waits the whole time), "new" 20 minutes in
       - series: agentrun_approval_oldest_request_timestamp_seconds{{namespace="ns",tenant="old"}}
         values: 0x90
@@ -904,7 +911,8 @@ tests:
       - eval_time: 25m
         alertname: AgentrunRunEventsBacklog
         exp_alerts:
-          - exp_labels: {{severity: warning, namespace: behind}}
+          - exp_labels: {{severity: warning, namespace: behind, consumer: agentrun-operator}}
+          - exp_labels: {{severity: warning, namespace: sharded, consumer: agentrun-operator-2}}
       - eval_time: 70m
         alertname: AgentrunApprovalsWaitLong
         exp_alerts:
