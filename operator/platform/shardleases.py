@@ -73,11 +73,16 @@ class ShardLeases:
         return won
 
     async def join(self) -> tuple[LeaderElector, str]:
-        """Take a free membership slot (waits, retrying every ``retry`` seconds, while all N
-        are held); returns its elector, for a renewal thread of its own, and its Lease's
-        name."""
+        """Take a free membership slot, the one an earlier process of this name held first
+        (so one process never holds two); waits, retrying every ``retry`` seconds, while all N
+        are held. Returns its elector, for a renewal thread of its own, and its Lease's name."""
         while True:
+            named: set[int] = set()
             for slot, elector in self._members.items():
+                if await _peek(elector, "") == self.identity:
+                    named.add(slot)
+            for slot in sorted(self._members, key=lambda k: k not in named):
+                elector = self._members[slot]
                 try:
                     if await elector.try_acquire_or_renew():
                         log.info("member slot %d taken by %s", slot, self.identity)
@@ -98,11 +103,12 @@ class ShardLeases:
         for shard, elector in self._electors.items():
             seen = self.identity if shard in held else await _peek(elector, "?")
             holders[shard] = "" if seen == self.identity and shard not in held else seen
-        live = 1  # this process (its own slot is renewed elsewhere)
+        others: set[str] = set()  # by identity: two slots naming one process count once
         for elector in self._members.values():
             holder = await _peek(elector, "")
-            live += 1 if holder and holder != self.identity else 0
-        return plan(holders, me=self.identity, live=live)
+            if holder and holder != self.identity:
+                others.add(holder)
+        return plan(holders, me=self.identity, live=1 + len(others))
 
     async def take(self, shard: int) -> bool:
         """One attempt at shard ``shard``'s Lease; True when won (then ``handed_over``)."""

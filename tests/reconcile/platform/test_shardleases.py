@@ -118,3 +118,21 @@ async def test_at_a_stop_every_lease_naming_the_process_is_released() -> None:
     assert holder(api, "agentrun-operator-4") == ""
     assert holder(api, "agentrun-operator-1") == "b"  # others' Leases untouched
     assert await b.take(4)  # free at once, not after the Lease duration
+
+
+async def test_a_restarted_process_rejoins_in_its_own_slot_and_counts_once() -> None:
+    """The earlier process of this name held slot 1 and slot 0 is free (its holder stopped):
+    the restarted one takes slot 1 back, not slot 0, so it is never two members; and slots
+    naming one identity count as one live process."""
+    api, clock = FakeKube(), Clock()
+    a, b = process(api, "a", clock), process(api, "b", clock)
+    slot_a, _ = await a.join()
+    await b.join()  # slot 1
+    await slot_a.release()  # a stopped: slot 0 free
+    again = process(api, "b", clock)
+    _, name = await again.join()
+    assert name == "agentrun-operator-member-1"
+    third = process(api, "c", clock)
+    await third.join()  # slot 0
+    await third.elector("agentrun-operator-member-2").try_acquire_or_renew()  # c twice
+    assert await again.survey(frozenset()) == Plan(take=(0, 1, 2))  # live 2: share 3, not 2
