@@ -172,6 +172,33 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     assert {f"secret/{bus}-{s}" for s in ("keys", "operator", "worker", "server")} <= set(secrets)
 
 
+def test_a_change_of_operator_shards_is_refused_while_the_operator_runs(
+    cluster_helm: helm.Helm, kubectl: Kubectl, release: str, test_namespace: str
+) -> None:
+    """Pods of two shard counts would serve the same tenants at once, and a rolling update runs
+    old and new pods together: the upgrade is refused, naming the way; scaled to 0 first, the
+    new count is accepted."""
+    bus = f"{release}-bus"
+    brought = bring_nats_credentials(kubectl, test_namespace, bus)
+    brought += bring_run_signing_keys(kubectl, test_namespace, bus)
+    install(cluster_helm, release, test_namespace, "nats.install.enabled=true", *brought)
+    upgrade = ("upgrade", release, str(CHART_DIR), "-n", test_namespace, "--reuse-values")
+    with pytest.raises(helm.HelmError) as refused:
+        cluster_helm(*upgrade, "--set", "operator.shards=3")
+    assert "operator.replicas=0 first" in str(refused.value)
+    assert shards_of(get(kubectl, "deploy", f"{release}-operator", test_namespace)) == "1"
+    cluster_helm(*upgrade, "--set", "operator.replicas=0")
+    cluster_helm(*upgrade, "--set", "operator.shards=3", "--set", "operator.replicas=2")
+    operator = get(kubectl, "deploy", f"{release}-operator", test_namespace)
+    assert (shards_of(operator), operator["spec"]["replicas"]) == ("3", 2)
+
+
+def shards_of(deployment: dict[str, Any]) -> str:
+    """``AGENTRUN_OPERATOR_SHARDS`` of the operator Deployment's container."""
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    return str(next(e["value"] for e in env if e["name"] == "AGENTRUN_OPERATOR_SHARDS"))
+
+
 def test_the_notes_lead_a_first_install_to_a_run_that_can_be_admitted(
     cluster_helm: helm.Helm, release: str, test_namespace: str
 ) -> None:
