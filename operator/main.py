@@ -234,12 +234,16 @@ async def _serve(settings: OperatorSettings, held: _Held) -> bool:
     stops otherwise (False: a stop signal, or kopf's own failure). Shards beyond the share
     are given up only after kopf stopped (its handlers finished, every loop stopped).
 
-    Once kopf has started, a stop signal goes to ``held.stopping`` (``OperatorMemo.
-    on_stop_signal``) rather than to kopf's own handler: a signal that came while the share
-    changed would otherwise be taken for the change, and the process would serve again."""
+    Once the start-up handler finished, a stop signal goes to ``held.stopping``
+    (``OperatorMemo.on_stop_signal``) rather than to kopf's own handler: kopf's drops a signal
+    that comes while it stops for a new share, and the process would serve again. Until then
+    the share does not change, so kopf's own stop (a signal during start-up) ends it."""
     owned = held.owned
     stop_flag = asyncio.Event()
-    change = asyncio.create_task(_await_change(held, stop_flag), name="shard-plan")
+    handed_over = asyncio.Event()
+    change = asyncio.create_task(
+        _await_change(held, stop_flag, after=handed_over), name="shard-plan"
+    )
 
     def stop_for_good() -> None:
         log.info("stop signal: stopping kopf, then giving every shard up")
@@ -250,6 +254,7 @@ async def _serve(settings: OperatorSettings, held: _Held) -> bool:
         settings,
         ownership=Ownership(settings.operator_shards, owned),
         on_stop_signal=stop_for_good,
+        signals_handed_over=handed_over,
     )
     log.info("serving operator shards %s", sorted(owned))
     try:
@@ -268,11 +273,13 @@ async def _serve(settings: OperatorSettings, held: _Held) -> bool:
     return True
 
 
-async def _await_change(held: _Held, stop_flag: asyncio.Event) -> None:
-    """Every ``retry`` seconds: take free shards up to the fair share, or notice shards held
-    beyond it; then set ``stop_flag`` (kopf stops, and is started again for the new share).
-    Takes nothing once the process is stopping (``held.stopping``)."""
+async def _await_change(held: _Held, stop_flag: asyncio.Event, *, after: asyncio.Event) -> None:
+    """Once ``after`` is set (kopf's start-up finished), every ``retry`` seconds: take free
+    shards up to the fair share, or notice shards held beyond it; then set ``stop_flag``
+    (kopf stops, and is started again for the new share). Takes nothing once the process is
+    stopping (``held.stopping``)."""
     retry = held.leases.timing.retry
+    await after.wait()
     while True:
         await asyncio.sleep(retry)
         if held.stopping.is_set() or stop_flag.is_set():

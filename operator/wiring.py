@@ -216,9 +216,12 @@ class OperatorMemo:
     run_shards: RunShards = dataclasses.field(default_factory=lambda: RunShards(ALL_OF_ONE))
     """Which AgentRuns are this process's (kopf's storages and the run handlers ask)."""
     on_stop_signal: Callable[[], None] | None = None
-    """What SIGTERM and SIGINT do once kopf has started, instead of kopf's own stop, which a
-    sharded process cannot tell from a stop for a new share (``main``); installed by the
-    start-up handler (kopf installs its own before that). ``None``: kopf's own."""
+    """What SIGTERM and SIGINT do once the start-up handler finished, instead of kopf's own
+    stop, which a sharded process cannot tell from a stop for a new share, and which kopf
+    drops once it is stopping (``main``). ``None``: kopf's own."""
+    signals_handed_over: asyncio.Event | None = None
+    """Set by the start-up handler once the signals go to ``on_stop_signal``: a sharded
+    process changes its share only after that (``main``)."""
 
     def __post_init__(self) -> None:
         if self.run_shards.ownership != self.ownership:

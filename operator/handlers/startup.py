@@ -64,14 +64,12 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
-    """Hand the stop signals to ``memo.on_stop_signal`` if set (over kopf's own, installed
-    before this handler runs), configure kopf, connect to the API server, list AgentTenants,
-    start the parts of the shards this process owns (``memo.ownership``; with several shards,
-    kopf's storages leave the other shards' runs alone: ``sharding``). Stopped part-way (kopf
-    stopping before its start-up finished runs no clean-up handler), it closes the API client
-    it opened; ``start_parts`` closes its own."""
-    if memo.on_stop_signal is not None:
-        process.stop_on_signals(memo.on_stop_signal)
+    """Configure kopf, connect to the API server, list AgentTenants, start the parts of the
+    shards this process owns (``memo.ownership``; with several shards, kopf's storages leave
+    the other shards' runs alone: ``sharding``), then hand the stop signals over
+    (`hand_over_signals`). Stopped part-way (kopf stopping before its start-up finished runs
+    no clean-up handler), it closes the API client it opened; ``start_parts`` closes its
+    own."""
     settings.persistence.finalizer = FINALIZER
     progress: kopf.ProgressStorage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
     diffbase: kopf.DiffBaseStorage = MetadataDiffBaseStorage(
@@ -95,6 +93,19 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
     except BaseException:
         await api.close()
         raise
+    hand_over_signals(memo)
+
+
+def hand_over_signals(memo: OperatorMemo) -> None:
+    """Give SIGTERM and SIGINT to ``memo.on_stop_signal`` if set, then set
+    ``memo.signals_handed_over``. kopf installs its own handlers as it starts, after the first
+    step of the start-up handler: called at the end of that handler (which has waited on the
+    API server and NATS), this replaces them. kopf's handler ignores a signal that comes
+    while kopf is stopping, for example for a new share."""
+    if memo.on_stop_signal is not None:
+        process.stop_on_signals(memo.on_stop_signal)
+    if memo.signals_handed_over is not None:
+        memo.signals_handed_over.set()
 
 
 async def _list_tenants(api: KubeApi, *, patience: float = 120.0) -> list[dict[str, Any]]:

@@ -182,7 +182,8 @@ class LeaderElector:
         last_renewal = self.clock()
         while True:
             await asyncio.sleep(self.timing.retry)
-            left = self.timing.renew_deadline - (self.clock() - last_renewal)
+            attempt = self.clock()
+            left = self.timing.renew_deadline - (attempt - last_renewal)
             try:  # a hung request must not outlive the deadline
                 async with asyncio.timeout(max(left, 0.1)):
                     renewed = await self.try_acquire_or_renew()
@@ -191,6 +192,12 @@ class LeaderElector:
                 renewed = False
             if renewed:
                 last_renewal = self.clock()
+                if last_renewal - attempt > self.timing.retry:  # a warning before the loss
+                    log.warning(
+                        "renewing the Lease took %.1f s (renew deadline %.1f s)",
+                        last_renewal - attempt,
+                        self.timing.renew_deadline,
+                    )
                 continue
             if self._observed is not None and self._observed.holder not in ("", self.identity):
                 log.error("the Lease was taken over by %s", self._observed.holder)

@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from agentrun import protocol
+from agentrun.operator.main import LOST_LEADERSHIP_EXIT
 from agentrun.operator.platform.shards import lease_name, member_lease_name, shard_of
 from agentrun_dev import components, probes, procs, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
@@ -57,13 +58,23 @@ MARKER = re.compile(r"E2E-SHARD (\S+)")
 
 
 class Operators:
-    """Operator processes of one sharded install, each with its health port and identity."""
+    """Operator processes of one sharded install, each with its health port and identity.
+
+    Like the Deployment's pods they stand for, a process that exits by itself because it lost
+    a Lease (status ``LOST_LEADERSHIP_EXIT``: no renewal within the renew deadline, e.g. the
+    API server stalled on a busy machine) is started again under its name by `revive`, which
+    the waits call; `restarts` lists each such restart, and any other exit fails the test.
+    """
 
     def __init__(self, stack_: E2EStack) -> None:
         self.stack = stack_
         self.parts: dict[str, components.Component] = {}
+        self.down: set[str] = set()
+        """Keys the test stopped or killed itself: not restarted."""
+        self.restarts: list[str] = []
 
     def start(self, key: str) -> None:
+        self.down.discard(key)
         env = {
             **self.stack.env,
             "AGENTRUN_OPERATOR_SHARDS": str(SHARDS),
@@ -71,6 +82,23 @@ class Operators:
             "AGENTRUN_IDENTITY": f"shard-op-{key}",
         }
         self.parts[key] = stack.start_operator(env, launch=self.stack.launch, name=f"op-{key}")
+
+    def kill(self, key: str) -> None:
+        """SIGKILL operator ``key`` (not restarted by `revive`)."""
+        self.down.add(key)
+        components.kill_component(self.parts[key])
+
+    def revive(self) -> None:
+        """Start again, under its name, every process that exited by itself for a lost Lease,
+        as the kubelet restarts a pod's container; fail on any other exit."""
+        for key, part in self.parts.items():
+            if key in self.down or part.is_alive():
+                continue
+            code = procs.exit_code(part.record)
+            log_tail = procs.read_log_tail(part.record.log_path)
+            assert code == LOST_LEADERSHIP_EXIT, f"op-{key} exited ({code}):\n{log_tail}"
+            self.restarts.append(f"op-{key} lost a Lease at {time.strftime('%H:%M:%S')}")
+            self.start(key)
 
     def holders(self) -> dict[int, str]:
         """Shard → holderIdentity of its Lease, as ``kubectl get leases`` shows it."""
@@ -90,6 +118,7 @@ class Operators:
         share = -(-SHARDS // len(keys))
         end = time.monotonic() + timeout
         while True:
+            self.revive()
             holders = self.holders()
             counts = collections.Counter(holders.values())
             if len(holders) == SHARDS and set(counts) == wanted and max(counts.values()) <= share:
@@ -99,7 +128,9 @@ class Operators:
                     for k in keys
                 ):
                     return holders
-            assert time.monotonic() < end, f"shards not shared by {keys}: {holders}"
+            assert time.monotonic() < end, (
+                f"shards not shared by {keys}: {holders}; restarts: {self.restarts}"
+            )
             time.sleep(0.5)
 
     def consumer_gauges(self, key: str) -> set[str]:
@@ -113,6 +144,7 @@ class Operators:
     def stop(self, key: str) -> None:
         """SIGTERM operator ``key``: it stops within the stop timeout (10 s), SIGKILL not
         needed, and gives its shards up."""
+        self.down.add(key)
         outcome = components.stop_component(self.parts[key])
         assert outcome is procs.StopOutcome.STOPPED, f"op-{key}: {outcome}"
         left = {s for s, h in self.holders().items() if h == f"shard-op-{key}"}
@@ -251,6 +283,7 @@ def _wait_ended(
     """Wait until every run ended; fail naming the runs that did not (``_unended``)."""
     end = time.monotonic() + timeout
     while True:
+        operators.revive()
         runs = _runs(stack_, tenants)
         statuses = {
             name: [item.get("status") or {} for item in items] for name, items in runs.items()
@@ -260,7 +293,8 @@ def _wait_ended(
             return statuses
         if time.monotonic() >= end:
             raise AssertionError(
-                f"only {ended} runs ended in {timeout}s; not ended:\n"
+                f"only {ended} runs ended in {timeout}s (operator restarts:"
+                f" {operators.restarts or 'none'}); not ended:\n"
                 + _unended(runs, operators.holders())
             )
         time.sleep(1.0)
@@ -306,7 +340,7 @@ def test_three_operators_share_six_shards_and_a_killed_ones_move_within_the_leas
         _apply_runs(stack_, mine, range(FIRST))
         while not any(s.get("phase") for runs in _statuses(stack_, mine).values() for s in runs):
             time.sleep(0.2)
-        components.kill_component(operators.parts[victim])
+        operators.kill(victim)
         killed = time.time()  # wall clock: compared with the Leases' acquireTime
         going = [s for runs in _statuses(stack_, mine).values() for s in runs]
         assert sum(1 for s in going if not s.get("terminalReason")) >= len(going) // 2
@@ -330,12 +364,13 @@ def test_three_operators_share_six_shards_and_a_killed_ones_move_within_the_leas
     for shard in moved:
         assert any(f"shard {shard} is now owned" in m and victim in m for m in messages)
     for key in survivors:  # each exports the lag of its own shards' event consumers
-        mine = {
+        consumers = {
             protocol.operator_consumer(s, SHARDS)
             for s, h in after.items()
             if h == f"shard-op-{key}"
         }
-        assert _eventually(functools.partial(operators.consumer_gauges, key), mine), key
+        assert _eventually(functools.partial(operators.consumer_gauges, key), consumers), key
+    for key in survivors:  # the second stops while it takes the first's shards over
         operators.stop(key)
 
 
@@ -350,7 +385,7 @@ def test_the_takeover_is_within_the_bound_and_a_restarted_process_takes_its_shar
     for key in "ab":
         operators.start(key)
     operators.wait_shared(["a", "b"], timeout=60)
-    components.kill_component(operators.parts["b"])
+    operators.kill("b")
     started = time.monotonic()
     operators.wait_shared(["a"], timeout=TAKEOVER_BOUND)
     assert time.monotonic() - started < TAKEOVER_BOUND
@@ -358,7 +393,7 @@ def test_the_takeover_is_within_the_bound_and_a_restarted_process_takes_its_shar
     held = operators.wait_shared(["a", "b"], timeout=TAKEOVER_BOUND)
     mine = [s for s, h in held.items() if h == "shard-op-b"]
     acquired = _acquired(stack_, mine)
-    components.kill_component(operators.parts["b"])
+    operators.kill("b")
     operators.start("b")
     again = operators.wait_shared(["a", "b"], timeout=TAKEOVER_BOUND)
     assert [s for s, h in again.items() if h == "shard-op-b"] == mine

@@ -1,8 +1,9 @@
 """How a sharded operator process serves (``operator.main._serve``): kopf runs for the shards
-held until the share changes; a stop signal once kopf runs ends the process, even when it
-comes while a shard is being taken (kopf's own signal handling would take that stop for a
-change of share, and the process would serve again). kopf itself is replaced by a stand-in
-that does what the start-up handler and kopf do with the memo and the stop flag."""
+held until the share changes; a stop signal ends the process whenever it comes: while a
+shard is being taken, while kopf stops for a new share (kopf's own handler drops a signal
+then, and the process would serve again), or during kopf's start-up (kopf's own stop, with
+no share change meanwhile). kopf itself is replaced by a stand-in that does what kopf does
+with signals, the memo and the stop flag (`kopf_like`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any, ClassVar
 
 import pytest
 
+from agentrun import process
 from agentrun.operator import main
+from agentrun.operator.handlers import startup as startup_handlers
 from agentrun.operator.platform.leadership import LeaseTiming
 from agentrun.operator.platform.shards import Plan
 from agentrun.settings import OperatorSettings
@@ -64,38 +67,119 @@ def settings() -> OperatorSettings:
     return OperatorSettings(operator_shards=6)
 
 
-async def test_a_stop_signal_while_a_shard_is_offered_stops_for_good(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The signal comes once kopf runs; shards are offered on every survey afterwards: kopf
-    stops, nothing is taken, and ``_serve`` says not to serve again."""
-    held = Held({0, 1}, Plan(take=(4,)))
+class Signals:
+    """The event loop's SIGTERM handler, as ``process.stop_on_signals`` and kopf set it: the
+    last one installed gets the signal."""
+
+    def __init__(self) -> None:
+        self.handler: Any = None
+
+    def install(self, stop: Any) -> None:
+        self.handler = stop
+
+    def term(self) -> None:
+        self.handler()
+
+
+def kopf_like(signals: Signals, *, startup: float, shutdown: float, on_running: Any = None) -> Any:
+    """A stand-in for ``kopf.operator`` that treats signals as kopf does: the start-up
+    handler's first step runs, then kopf installs a handler of its own that sets a flag only
+    the running operator reads; the start-up handler ends (after ``startup`` seconds on the
+    network) by handing the signals over; kopf stops on its stop flag or its own signal, and
+    its shutdown takes ``shutdown`` seconds (its wait for hung tasks), during which its own
+    handler's flag is read by nobody. ``on_running(memo)`` is called once start-up ended."""
 
     async def operator(*, memo: Any, stop_flag: asyncio.Event, **_: Any) -> None:
-        assert memo.on_stop_signal is not None  # the start-up handler installs it
-        memo.on_stop_signal()  # SIGTERM
-        await asyncio.sleep(10 * RETRY)  # kopf's shutdown takes a while: surveys go on
-        await stop_flag.wait()
+        own_signal = asyncio.Event()
 
+        async def start_up() -> None:
+            await asyncio.sleep(startup)
+            startup_handlers.hand_over_signals(memo)
+            if on_running is not None:
+                on_running(memo)
+
+        starting = asyncio.create_task(start_up())
+        await asyncio.sleep(0)
+        signals.install(own_signal.set)
+        waits = [asyncio.create_task(stop_flag.wait()), asyncio.create_task(own_signal.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in (*waits, starting):
+            task.cancel()
+        await asyncio.sleep(shutdown)
+
+    return operator
+
+
+@pytest.fixture
+def signals(monkeypatch: pytest.MonkeyPatch) -> Signals:
+    found = Signals()
+    monkeypatch.setattr(process, "stop_on_signals", found.install)
+    return found
+
+
+async def test_a_stop_signal_while_kopf_stops_for_a_new_share_stops_for_good(
+    monkeypatch: pytest.MonkeyPatch, signals: Signals
+) -> None:
+    """A free shard is taken, kopf stops to serve the new share, and SIGTERM comes during
+    its shutdown: the process stops for good (kopf's own handler would drop it)."""
+    held = Held({0, 1}, Plan(take=(4,)))
+
+    async def operator(*, memo: Any, stop_flag: asyncio.Event, **kwargs: Any) -> None:
+        run = kopf_like(signals, startup=RETRY, shutdown=20 * RETRY)
+        stopping = asyncio.create_task(run(memo=memo, stop_flag=stop_flag, **kwargs))
+        await stop_flag.wait()  # the change of share
+        signals.term()
+        await stopping
+
+    monkeypatch.setattr(main.kopf, "operator", operator)
+    assert await main._serve(settings(), held) is False  # type: ignore[arg-type]
+    assert held.stopping.is_set()
+    assert held.taken == [4]
+
+
+async def test_a_stop_signal_while_a_shard_is_offered_stops_for_good(
+    monkeypatch: pytest.MonkeyPatch, signals: Signals
+) -> None:
+    """The signal comes once start-up ended; shards are offered on every survey afterwards:
+    kopf stops, nothing is taken, and ``_serve`` says not to serve again."""
+    held = Held({0, 1}, Plan(take=(4,)))
+    operator = kopf_like(
+        signals, startup=0, shutdown=10 * RETRY, on_running=lambda _: signals.term()
+    )
     monkeypatch.setattr(main.kopf, "operator", operator)
     assert await main._serve(settings(), held) is False  # type: ignore[arg-type]
     assert held.taken == []
     assert held.stopping.is_set()
 
 
+async def test_no_share_changes_before_start_up_ends_so_kopfs_own_stop_ends_the_serving(
+    monkeypatch: pytest.MonkeyPatch, signals: Signals
+) -> None:
+    """A signal during a slow start-up goes to kopf's own handler: kopf stops; no shard was
+    taken meanwhile (surveys wait for the start-up), so the stop is not taken for a change."""
+    held = Held({0, 1}, Plan(take=(4,)))
+
+    async def operator(*, memo: Any, stop_flag: asyncio.Event, **kwargs: Any) -> None:
+        run = kopf_like(signals, startup=30 * RETRY, shutdown=10 * RETRY)
+        running = asyncio.create_task(run(memo=memo, stop_flag=stop_flag, **kwargs))
+        await asyncio.sleep(10 * RETRY)  # kopf's handler is in place, start-up still going
+        signals.term()
+        await running
+
+    monkeypatch.setattr(main.kopf, "operator", operator)
+    assert await main._serve(settings(), held) is False  # type: ignore[arg-type]
+    assert held.taken == []
+    assert held.leases.surveys == 0
+
+
 async def test_a_shard_offered_while_kopf_runs_restarts_it_for_the_new_share(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, signals: Signals
 ) -> None:
     """Without a signal, a free shard is taken and kopf is stopped to serve the new share."""
     held = Held({0, 1}, Plan(take=(4,)))
     memos: list[Any] = []
-
-    async def operator(*, memo: Any, stop_flag: asyncio.Event, **_: Any) -> None:
-        memos.append(memo)
-        await asyncio.wait_for(stop_flag.wait(), timeout=5)
-
+    operator = kopf_like(signals, startup=0, shutdown=0, on_running=memos.append)
     monkeypatch.setattr(main.kopf, "operator", operator)
-    held.leases.offer = Plan(take=(4,))
     assert await main._serve(settings(), held) is True  # type: ignore[arg-type]
     assert held.taken == [4]
     assert memos[0].ownership.owned == frozenset({0, 1})  # the share kopf was started with
