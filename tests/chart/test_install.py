@@ -12,6 +12,7 @@ Secrets. The chart then has no hook Job, which here would wait for a node that n
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -191,6 +192,47 @@ def test_a_change_of_operator_shards_is_refused_while_the_operator_runs(
     cluster_helm(*upgrade, "--set", "operator.shards=3", "--set", "operator.replicas=2")
     operator = get(kubectl, "deploy", f"{release}-operator", test_namespace)
     assert (shards_of(operator), operator["spec"]["replicas"]) == ("3", 2)
+
+
+def test_the_operators_lease_requests_go_to_the_leader_election_priority_level(
+    cluster_helm: helm.Helm, kubectl: Kubectl, release: str, test_namespace: str
+) -> None:
+    """As the API server classifies requests (its response headers name the FlowSchema and
+    the priority level of each): the operator's Lease requests go to ``leader-election``, so
+    a burst of its status writes cannot delay a renewal; its other requests do not; with
+    ``operator.leaseFlowSchema=false`` no FlowSchema is installed."""
+    bus = f"{release}-bus"
+    brought = bring_nats_credentials(kubectl, test_namespace, bus)
+    brought += bring_run_signing_keys(kubectl, test_namespace, bus)
+    install(cluster_helm, release, test_namespace, "nats.install.enabled=true", *brought)
+    schema = json.loads(
+        kubectl("get", "flowschema", f"{release}-operator-leases", "-o", "json").stdout
+    )
+    level = json.loads(
+        kubectl("get", "prioritylevelconfiguration", "leader-election", "-o", "json").stdout
+    )
+    operator = f"system:serviceaccount:{test_namespace}:{release}-operator"
+
+    def classified(*path: str) -> tuple[str, str]:
+        """(FlowSchema uid, priority level uid) of a GET as the operator's ServiceAccount."""
+        done = kubectl("get", *path, "-n", test_namespace, f"--as={operator}", "-v=8",
+                       check=False)  # fmt: skip
+        found = [
+            re.search(rf"X-Kubernetes-Pf-{kind}-Uid:\s*(\S+)", done.stderr, re.IGNORECASE)
+            for kind in ("Flowschema", "Prioritylevel")
+        ]
+        assert all(found), done.stderr[-2000:]
+        return (found[0].group(1), found[1].group(1))  # type: ignore[union-attr]
+
+    lease = classified("lease", f"{release}-operator")
+    assert lease == (schema["metadata"]["uid"], level["metadata"]["uid"])
+    other = classified("agentruns")
+    assert other[0] != schema["metadata"]["uid"] and other[1] != level["metadata"]["uid"]
+
+    upgrade = ("upgrade", release, str(CHART_DIR), "-n", test_namespace, "--reuse-values")
+    cluster_helm(*upgrade, "--set", "operator.leaseFlowSchema=false")
+    gone = kubectl("get", "flowschema", f"{release}-operator-leases", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
 
 
 def shards_of(deployment: dict[str, Any]) -> str:
