@@ -106,7 +106,14 @@ async def run(settings: OperatorSettings) -> None:
 
 
 def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` (the stop while kopf is not running); a second signal is only logged,
+    so that it does not cut the clean-up short (the Leases given up)."""
+    process.stop_on_signals(_already_stopping)
     task.cancel()
+
+
+def _already_stopping() -> None:
+    log.info("stop signal: already stopping (giving the shards up)")
 
 
 async def _lead(settings: OperatorSettings, elector: leadership.LeaderElector) -> None:
@@ -257,17 +264,19 @@ async def _serve(settings: OperatorSettings, held: _Held) -> bool:
         signals_handed_over=handed_over,
     )
     log.info("serving operator shards %s", sorted(owned))
+    process.stop_on_signals(stop_for_good)  # until kopf installs its own, as it starts
     try:
         await kopf.operator(clusterwide=True, standalone=True, memo=memo, stop_flag=stop_flag)
     finally:
         change.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await change
+    if held.stopping.is_set() or not stop_flag.is_set():
+        process.stop_on_signals(_already_stopping)  # the clean-up is not cut short
+        return False
     current = asyncio.current_task()
     assert current is not None
     process.stop_on_signals(functools.partial(_cancel, current))  # kopf's are gone
-    if held.stopping.is_set() or not stop_flag.is_set():
-        return False
     survey = await held.leases.survey(held.owned)
     await held.give(survey.give)
     return True

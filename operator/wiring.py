@@ -269,10 +269,10 @@ async def start_parts(
         replicas = settings.nats_replicas
         await buckets.open_bucket(bus.js, buckets.effects_config(replicas=replicas), create=True)
         store = await LedgerStore.open(bus.js, replicas=replicas, layout=settings.ledger_layout)
+        parts = _make_parts(settings, bus=bus, store=store, api=api, ownership=ownership)
     except BaseException:  # failed, or stopped part-way: no connection left behind
         await bus.close()
         raise
-    parts = _make_parts(settings, bus=bus, store=store, api=api, ownership=ownership)
     for obj in tenant_objects:
         parts.tenants.put(obj)
     parts.writer.start()

@@ -13,8 +13,10 @@ Built once per machine and cached like the Go binaries, under
   dependencies: only the file is used).
 
 The build key (`build_key`) hashes the version and `CMAKE_ARGS`, so a change of either builds
-anew instead of reusing a wheel built otherwise; builds of other keys are removed. A file lock
-makes concurrent callers wait for one build. ``python -m agentrun_dev.llamaserver``
+anew instead of reusing a wheel built otherwise; a build of another key is removed once no
+checkout has used it for `UNUSED_FOR` seconds (each use touches its marker), so checkouts of
+two versions sharing the cache do not remove each other's. A file lock makes concurrent
+callers wait for one build. ``python -m agentrun_dev.llamaserver``
 builds it (the Makefile's ``pytest`` target does, so CI has it before the tests start).
 
 What belongs here: building, caching and starting the server; not what the tests check.
@@ -49,7 +51,12 @@ rather than this CPU: with ``GGML_NATIVE=OFF`` ggml enables SSE4.2, AVX, AVX2, B
 F16C and leaves AVX-512 and AMX off (ggml's ``CMakeLists.txt``). A native build uses every
 instruction the CPU advertises, and a virtual machine may advertise AMX whose tile state its
 kernel does not enable: the first matrix product then dies of a general-protection fault on
-``ldtilecfg`` (the server answers one request's prompt and vanishes)."""
+``ldtilecfg`` (the server answers one request's prompt and vanishes). A machine without
+AVX2 (QEMU's default CPU models) cannot run this build."""
+
+
+UNUSED_FOR = 7 * 24 * 3600.0
+"""Seconds without a use after which a build of another key is removed."""
 
 
 class LlamaBuildError(RuntimeError):
@@ -89,6 +96,7 @@ def ensure_llama_server(
     venv = base / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-{key}" / "venv"
     install = LlamaInstall(venv / "bin" / "python", base / "model" / MODEL_FILE)
     if _ready(install):
+        os.utime(_marker(venv))  # in use: kept by other checkouts' builds
         return install
     with binaries.build_lock(base, what="the llama-cpp-python server", log=log):
         if not _ready(install):
@@ -103,11 +111,21 @@ def ensure_llama_server(
     return install
 
 
-def _forget_other_builds(base: Path, key: str) -> None:
-    """Remove wheels and virtualenvs of other build keys (or of none: older layouts)."""
-    for path in [*base.glob("wheels*"), *base.glob("llama-cpp-python-*")]:
-        if path.is_dir() and not path.name.endswith(f"-{key}"):
-            shutil.rmtree(path, ignore_errors=True)
+def _forget_other_builds(base: Path, key: str, *, now: float | None = None) -> None:
+    """Remove the virtualenvs and wheels of other build keys unused for `UNUSED_FOR` seconds
+    (by their marker's time; a build without one, or of the older layout without a key, is
+    unfinished or unused and goes at once)."""
+    cutoff = (now or time.time()) - UNUSED_FOR
+    for venv_dir in base.glob("llama-cpp-python-*"):
+        other = venv_dir.name.rsplit("-", 1)[-1]
+        if other == key or not venv_dir.is_dir():
+            continue
+        marker = _marker(venv_dir / "venv")
+        if marker.is_file() and marker.stat().st_mtime > cutoff and len(other) == len(key):
+            continue
+        shutil.rmtree(venv_dir, ignore_errors=True)
+        shutil.rmtree(base / f"wheels-{other}", ignore_errors=True)
+    shutil.rmtree(base / "wheels", ignore_errors=True)  # the older layout's
 
 
 def _marker(venv: Path) -> Path:

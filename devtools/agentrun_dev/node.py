@@ -158,7 +158,11 @@ def start_node(
         launch.log(f"the node in {stale} died without cleaning up: cleaning after it")
         clean_stale(stale, log=launch.log)
     else:
-        clean_orphans(log=launch.log)
+        try:
+            clean_orphans(log=launch.log)
+        except BaseException:
+            nodehost.release_host(directory)
+            raise
     before = nodehost.take_snapshot(directory)
     (directory / _SNAPSHOT).write_text(json.dumps(before.as_dict()))
     started: list[components.Component] = []
@@ -260,7 +264,10 @@ def clean_orphans(*, log: console.Log) -> None:
     """Remove a pod bridge (and its veths, and kube-proxy's rules) that no claim accounts for:
     left by a node that died where this machine's ``/run`` was not ours (another mount
     namespace, e.g. a CI job beside a developer's shell). Call holding the claim, with no
-    stale node returned by `nodehost.claim_host`. Leaves logged, never raised."""
+    stale node returned by `nodehost.claim_host`.
+
+    Raises nodehost.HostError when the bridge may belong to a live node
+    (`nodehost.remove_orphan_bridge`): it is kept."""
     removed = nodehost.remove_orphan_bridge(log=log)
     if not removed:
         return

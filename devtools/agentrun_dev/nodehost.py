@@ -35,10 +35,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from agentrun_dev import console, procs
 
 BRIDGE = "agentrun0"
 """The pod bridge; its address `GATEWAY` is the node's IP."""
+BRIDGE_ALIAS = "agentrun-node:"
+"""Prefix of the bridge's alias; the epoch seconds of its creation follow."""
+ORPHAN_MIN_AGE = 600.0
+"""Seconds a bridge no claim names must have existed before `remove_orphan_bridge` takes it
+for a dead node's (a node starts in about a minute; its kubelet listens when it is up)."""
 POD_SUBNET = "10.244.0.0/24"
 GATEWAY = "10.244.0.1"
 NETNS_DIRS = (Path("/run/netns"), Path("/var/run/netns"))
@@ -172,31 +179,70 @@ def leftovers(before: HostSnapshot, after: HostSnapshot) -> list[str]:
     return found
 
 
-def create_bridge() -> None:
-    """Create `BRIDGE` with address `GATEWAY`/24, up. The CNI bridge plugin then uses it.
+def create_bridge(*, now: float | None = None) -> None:
+    """Create `BRIDGE` with address `GATEWAY`/24, up, its alias recording when
+    (``agentrun-node:<epoch seconds>``, read by `remove_orphan_bridge`). The CNI bridge plugin
+    then uses it.
 
     Raises HostError if it already exists or ``ip`` fails.
     """
     _run(["ip", "link", "add", "name", BRIDGE, "type", "bridge"])
+    _run(["ip", "link", "set", BRIDGE, "alias", f"{BRIDGE_ALIAS}{int(now or time.time())}"])
     _run(["ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE])
     _run(["ip", "link", "set", BRIDGE, "up"])
 
 
-def remove_orphan_bridge(*, log: console.Log = console.log_to_stderr) -> list[str]:
+def remove_orphan_bridge(
+    *, log: console.Log = console.log_to_stderr, min_age: float = ORPHAN_MIN_AGE
+) -> list[str]:
     """Delete `BRIDGE` and every veth attached to it; returns their names (empty: no bridge).
 
     For a bridge no claim accounts for: a node killed where this machine's ``/run`` (and so
     `CLAIM_FILE` and its snapshot) was not the caller's, but its network namespace was. Call
-    only while holding the claim with no live node before it. Failures are logged.
+    only while holding the claim with no live node before it. A bridge that may still be
+    someone's is kept: one with a TCP listener on `GATEWAY` (a live node's kubelet serves
+    there), or created less than ``min_age`` seconds ago by its alias (a node still starting:
+    its kubelet comes last). Failures to delete are logged.
+
+    Raises HostError (the bridge kept) for a bridge that may be someone's, or if ``ip`` fails
+    to list its veths.
     """
     if not Path("/sys/class/net", BRIDGE).exists():
         return []
+    if _listening_on(GATEWAY):
+        raise HostError(
+            f"another agentrun node serves on {GATEWAY} ({BRIDGE}) in this network namespace"
+            " but holds no claim here (another mount namespace?): stop it first"
+        )
+    age = time.time() - _created(BRIDGE)
+    if age < min_age:
+        raise HostError(
+            f"{BRIDGE} was created {age:.0f} s ago by a node this process cannot see (another"
+            " mount namespace?), perhaps still starting: stop it, or wait and retry"
+        )
     output = _run(["ip", "-o", "link", "show", "master", BRIDGE])
     ports = [line.split(":")[1].strip().split("@")[0] for line in output.splitlines() if line]
     for name in ports:
         _try(["ip", "link", "delete", name], log=log)  # a veth's peer goes with it
     _try(["ip", "link", "delete", BRIDGE], log=log)
     return [*ports, BRIDGE]
+
+
+def _listening_on(address: str) -> bool:
+    """Whether a TCP socket listens on ``address`` in this network namespace (any process)."""
+    return any(
+        c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.ip == address
+        for c in psutil.net_connections(kind="tcp4")
+    )
+
+
+def _created(link: str) -> float:
+    """Epoch seconds from ``link``'s alias as `create_bridge` writes it; 0 without one."""
+    try:
+        alias = Path("/sys/class/net", link, "ifalias").read_text().strip()
+        return float(alias.removeprefix(BRIDGE_ALIAS)) if alias.startswith(BRIDGE_ALIAS) else 0.0
+    except (OSError, ValueError):
+        return 0.0
 
 
 def cleanup_host(

@@ -5,7 +5,9 @@ Root only. Holds the machine's node claim, so it waits while a node (of any test
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -155,3 +157,25 @@ def test_a_bridge_no_claim_names_is_removed_with_its_veths(claimed: Path) -> Non
         nodehost.create_bridge()  # what a node does next
     finally:
         undo(("ip", "link", "delete", "vethagtest0"), ("ip", "link", "delete", nodehost.BRIDGE))
+
+
+def test_a_bridge_that_may_be_a_live_nodes_is_kept(claimed: Path) -> None:
+    """A bridge created minutes ago (a node starting where this process cannot see its
+    claim), or one with a listener on the node's address (a live node's kubelet), is kept
+    and the start refused, naming why."""
+    assert not Path("/sys/class/net", nodehost.BRIDGE).exists()
+    try:
+        nodehost.create_bridge()
+        with pytest.raises(nodehost.HostError, match=r"created [0-9]+ s ago"):
+            nodehost.remove_orphan_bridge(log=print)
+        run("ip", "link", "delete", nodehost.BRIDGE)
+        nodehost.create_bridge(now=time.time() - 2 * nodehost.ORPHAN_MIN_AGE)
+        with socket.socket() as kubelet:
+            kubelet.bind((nodehost.GATEWAY, 0))
+            kubelet.listen()
+            with pytest.raises(nodehost.HostError, match="serves on"):
+                nodehost.remove_orphan_bridge(log=print)
+        assert Path("/sys/class/net", nodehost.BRIDGE).exists()
+        assert nodehost.remove_orphan_bridge(log=print) == [nodehost.BRIDGE]  # now unused
+    finally:
+        undo(("ip", "link", "delete", nodehost.BRIDGE))

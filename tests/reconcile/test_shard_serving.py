@@ -12,6 +12,7 @@ import contextlib
 import threading
 from typing import Any, ClassVar
 
+import kopf
 import pytest
 
 from agentrun import process
@@ -81,33 +82,11 @@ class Signals:
         self.handler()
 
 
-def kopf_like(signals: Signals, *, startup: float, shutdown: float, on_running: Any = None) -> Any:
-    """A stand-in for ``kopf.operator`` that treats signals as kopf does: the start-up
-    handler's first step runs, then kopf installs a handler of its own that sets a flag only
-    the running operator reads; the start-up handler ends (after ``startup`` seconds on the
-    network) by handing the signals over; kopf stops on its stop flag or its own signal, and
-    its shutdown takes ``shutdown`` seconds (its wait for hung tasks), during which its own
-    handler's flag is read by nobody. ``on_running(memo)`` is called once start-up ended."""
+class Api:
+    """The start-up handler's API client: closed if the start-up is stopped part-way."""
 
-    async def operator(*, memo: Any, stop_flag: asyncio.Event, **_: Any) -> None:
-        own_signal = asyncio.Event()
-
-        async def start_up() -> None:
-            await asyncio.sleep(startup)
-            startup_handlers.hand_over_signals(memo)
-            if on_running is not None:
-                on_running(memo)
-
-        starting = asyncio.create_task(start_up())
-        await asyncio.sleep(0)
-        signals.install(own_signal.set)
-        waits = [asyncio.create_task(stop_flag.wait()), asyncio.create_task(own_signal.wait())]
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in (*waits, starting):
-            task.cancel()
-        await asyncio.sleep(shutdown)
-
-    return operator
+    async def close(self) -> None:
+        return None
 
 
 @pytest.fixture
@@ -117,15 +96,66 @@ def signals(monkeypatch: pytest.MonkeyPatch) -> Signals:
     return found
 
 
+@pytest.fixture
+def kopf_like(monkeypatch: pytest.MonkeyPatch, signals: Signals) -> Any:
+    """A factory of stand-ins for ``kopf.operator`` that treat signals as kopf does and run
+    the real start-up handler (``handlers.startup.start``; its API server and NATS calls
+    replaced by ones that wait ``startup`` seconds): the start-up activity's first step runs,
+    then kopf installs a handler of its own that sets a flag only the running operator reads;
+    kopf stops on its stop flag or its own signal, and its shutdown takes ``shutdown``
+    seconds (its wait for hung tasks), during which its own handler's flag is read by nobody.
+    ``on_running(memo)`` is called once the start-up handler returned."""
+
+    def make(*, startup: float, shutdown: float, on_running: Any = None) -> Any:
+        async def connect() -> Api:
+            return Api()
+
+        async def list_tenants(api: Any) -> list[dict[str, Any]]:
+            await asyncio.sleep(startup)
+            return []
+
+        async def start_parts(*args: Any, **kwargs: Any) -> object:
+            await asyncio.sleep(0)
+            return object()
+
+        monkeypatch.setattr(startup_handlers.Kube, "connect", connect)
+        monkeypatch.setattr(startup_handlers, "_list_tenants", list_tenants)
+        monkeypatch.setattr(startup_handlers.wiring, "start_parts", start_parts)
+
+        async def operator(*, memo: Any, stop_flag: asyncio.Event, **_: Any) -> None:
+            own_signal = asyncio.Event()
+
+            async def start_up() -> None:
+                await startup_handlers.start(settings=kopf.OperatorSettings(), memo=memo)
+                if on_running is not None:
+                    on_running(memo)
+
+            starting = asyncio.create_task(start_up())
+            await asyncio.sleep(0)
+            signals.install(own_signal.set)
+            waits = [
+                asyncio.create_task(stop_flag.wait()),
+                asyncio.create_task(own_signal.wait()),
+            ]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in (*waits, starting):
+                task.cancel()
+            await asyncio.sleep(shutdown)
+
+        return operator
+
+    return make
+
+
 async def test_a_stop_signal_while_kopf_stops_for_a_new_share_stops_for_good(
-    monkeypatch: pytest.MonkeyPatch, signals: Signals
+    monkeypatch: pytest.MonkeyPatch, signals: Signals, kopf_like: Any
 ) -> None:
     """A free shard is taken, kopf stops to serve the new share, and SIGTERM comes during
     its shutdown: the process stops for good (kopf's own handler would drop it)."""
     held = Held({0, 1}, Plan(take=(4,)))
 
     async def operator(*, memo: Any, stop_flag: asyncio.Event, **kwargs: Any) -> None:
-        run = kopf_like(signals, startup=RETRY, shutdown=20 * RETRY)
+        run = kopf_like(startup=RETRY, shutdown=20 * RETRY)
         stopping = asyncio.create_task(run(memo=memo, stop_flag=stop_flag, **kwargs))
         await stop_flag.wait()  # the change of share
         signals.term()
@@ -135,17 +165,16 @@ async def test_a_stop_signal_while_kopf_stops_for_a_new_share_stops_for_good(
     assert await main._serve(settings(), held) is False  # type: ignore[arg-type]
     assert held.stopping.is_set()
     assert held.taken == [4]
+    assert signals.handler is main._already_stopping  # a second signal cannot cut the clean-up
 
 
 async def test_a_stop_signal_while_a_shard_is_offered_stops_for_good(
-    monkeypatch: pytest.MonkeyPatch, signals: Signals
+    monkeypatch: pytest.MonkeyPatch, signals: Signals, kopf_like: Any
 ) -> None:
     """The signal comes once start-up ended; shards are offered on every survey afterwards:
     kopf stops, nothing is taken, and ``_serve`` says not to serve again."""
     held = Held({0, 1}, Plan(take=(4,)))
-    operator = kopf_like(
-        signals, startup=0, shutdown=10 * RETRY, on_running=lambda _: signals.term()
-    )
+    operator = kopf_like(startup=0, shutdown=10 * RETRY, on_running=lambda _: signals.term())
     monkeypatch.setattr(main.kopf, "operator", operator)
     assert await main._serve(settings(), held) is False  # type: ignore[arg-type]
     assert held.taken == []
@@ -153,14 +182,14 @@ async def test_a_stop_signal_while_a_shard_is_offered_stops_for_good(
 
 
 async def test_no_share_changes_before_start_up_ends_so_kopfs_own_stop_ends_the_serving(
-    monkeypatch: pytest.MonkeyPatch, signals: Signals
+    monkeypatch: pytest.MonkeyPatch, signals: Signals, kopf_like: Any
 ) -> None:
     """A signal during a slow start-up goes to kopf's own handler: kopf stops; no shard was
     taken meanwhile (surveys wait for the start-up), so the stop is not taken for a change."""
     held = Held({0, 1}, Plan(take=(4,)))
 
     async def operator(*, memo: Any, stop_flag: asyncio.Event, **kwargs: Any) -> None:
-        run = kopf_like(signals, startup=30 * RETRY, shutdown=10 * RETRY)
+        run = kopf_like(startup=30 * RETRY, shutdown=10 * RETRY)
         running = asyncio.create_task(run(memo=memo, stop_flag=stop_flag, **kwargs))
         await asyncio.sleep(10 * RETRY)  # kopf's handler is in place, start-up still going
         signals.term()
@@ -173,12 +202,12 @@ async def test_no_share_changes_before_start_up_ends_so_kopfs_own_stop_ends_the_
 
 
 async def test_a_shard_offered_while_kopf_runs_restarts_it_for_the_new_share(
-    monkeypatch: pytest.MonkeyPatch, signals: Signals
+    monkeypatch: pytest.MonkeyPatch, signals: Signals, kopf_like: Any
 ) -> None:
     """Without a signal, a free shard is taken and kopf is stopped to serve the new share."""
     held = Held({0, 1}, Plan(take=(4,)))
     memos: list[Any] = []
-    operator = kopf_like(signals, startup=0, shutdown=0, on_running=memos.append)
+    operator = kopf_like(startup=0, shutdown=0, on_running=memos.append)
     monkeypatch.setattr(main.kopf, "operator", operator)
     assert await main._serve(settings(), held) is True  # type: ignore[arg-type]
     assert held.taken == [4]
@@ -242,6 +271,9 @@ async def test_a_take_cut_off_while_its_renewals_start_is_still_stopped_at_the_g
 ) -> None:
     """A stop that cancels a take while its renewal thread starts: the shard counts as held,
     so giving everything up stops that thread too (it would renew the Lease on its own)."""
+    Renewals.started.clear()
+    Renewals.release.clear()
+    Renewals.stopped.clear()
     monkeypatch.setattr(main.leadership, "RenewalThread", Renewals)
     held = main._Held(settings(), WonLeases())  # type: ignore[arg-type]
     taking = asyncio.create_task(held.take([4]))
