@@ -367,3 +367,29 @@ def test_operator_shards_set_the_env_and_let_the_operator_use_every_shard_lease(
         + [f"agentrun-operator-member-{i}" for i in range(3)]
     )
     assert find(sharded, "PodDisruptionBudget", "agentrun-operator")["spec"]["maxUnavailable"] == 1
+
+
+def test_the_lease_flowschema_names_the_operators_account_and_never_the_default_one(
+    offline_helm: helm.Helm,
+) -> None:
+    """Made for the operator's own ServiceAccount (or the one named); not for the
+    namespace's ``default`` one, which every pod without an account of its own uses."""
+
+    def schemas(values: dict[str, str]) -> list[Any]:
+        docs = documents(offline_helm.template(CHART_DIR, values=values))
+        return [d for d in docs if d["kind"] == "FlowSchema"]
+
+    (made,) = schemas({})
+    assert made["spec"]["priorityLevelConfiguration"] == {"name": "leader-election"}
+    (rule,) = made["spec"]["rules"]
+    assert rule["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "serviceAccount": {"name": "agentrun-operator", "namespace": "agentrun"},
+        }
+    ]
+    assert rule["resourceRules"][0]["resources"] == ["leases"]
+    named = {"serviceAccount.operator.create": "false", "serviceAccount.operator.name": "ops"}
+    assert schemas(named)[0]["spec"]["rules"][0]["subjects"][0]["serviceAccount"]["name"] == "ops"
+    assert schemas({"serviceAccount.operator.create": "false"}) == []
+    assert schemas({"operator.leaseFlowSchema": "false"}) == []
