@@ -136,7 +136,9 @@ def start_node(
         launch: log directory, lifetime and progress output of the node's processes.
         ready_timeout: seconds to wait for the Node to be Ready and the ``default``
             ServiceAccount to exist.
-        claim_wait: seconds to wait for another node on this machine to stop.
+        claim_wait: seconds to wait for another node on this machine to stop (one whose
+            claim this process sees, or one of another mount namespace sharing this network
+            namespace, seen by its bridge).
 
     Raises:
         NodeError: the control plane was not started for a node, or the node was not Ready
@@ -159,7 +161,7 @@ def start_node(
         clean_stale(stale, log=launch.log)
     else:
         try:
-            clean_orphans(log=launch.log)
+            clean_orphans(log=launch.log, wait=max(0.0, claim_wait - (time.monotonic() - began)))
         except BaseException:
             nodehost.release_host(directory)
             raise
@@ -260,15 +262,32 @@ def clean_stale(stale: Path, *, log: console.Log) -> None:
         log("could not clean after the dead node:\n  " + "\n  ".join(left))
 
 
-def clean_orphans(*, log: console.Log) -> None:
+def clean_orphans(*, log: console.Log, wait: float = 0.0, poll: float = 2.0) -> None:
     """Remove a pod bridge (and its veths, and kube-proxy's rules) that no claim accounts for:
     left by a node that died where this machine's ``/run`` was not ours (another mount
     namespace, e.g. a CI job beside a developer's shell). Call holding the claim, with no
     stale node returned by `nodehost.claim_host`.
 
-    Raises nodehost.HostError when the bridge may belong to a live node
-    (`nodehost.remove_orphan_bridge`): it is kept."""
-    removed = nodehost.remove_orphan_bridge(log=log)
+    A bridge that may belong to a live node of another mount namespace
+    (`nodehost.remove_orphan_bridge` refuses it) is waited out for up to `wait` seconds,
+    checked every `poll` seconds: two nodes in one network namespace would take each other's
+    bridge, rules and cleanup.
+
+    Raises nodehost.HostError when the bridge may still belong to a live node after `wait`:
+    it is kept."""
+    deadline = time.monotonic() + wait
+    announced = False
+    while True:
+        try:
+            removed = nodehost.remove_orphan_bridge(log=log)
+            break
+        except nodehost.HostError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            if not announced:
+                log(f"{exc}; waiting up to {wait:.0f} s")
+                announced = True
+            time.sleep(poll)
     if not removed:
         return
     log(f"removed {', '.join(removed)}: left by a node that no claim here names")

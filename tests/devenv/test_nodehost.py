@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentrun_dev import nodehost, procs
+from agentrun_dev import node, nodehost, procs
 
 CHAIN = "KUBE-AGENTRUN-CLEANUP-TEST"
 IPSET = "KUBE-SRC-AGENTRUNTEST"
@@ -177,5 +178,26 @@ def test_a_bridge_that_may_be_a_live_nodes_is_kept(claimed: Path) -> None:
                 nodehost.remove_orphan_bridge(log=print)
         assert Path("/sys/class/net", nodehost.BRIDGE).exists()
         assert nodehost.remove_orphan_bridge(log=print) == [nodehost.BRIDGE]  # now unused
+    finally:
+        undo(("ip", "link", "delete", nodehost.BRIDGE))
+
+
+def test_a_node_waits_for_a_live_node_of_another_mount_namespace_to_go(claimed: Path) -> None:
+    """Two test runs whose ``/run`` differ (so neither sees the other's claim) share the
+    network namespace: the second node waits while the first's bridge may be live, starts
+    once it is gone, and gives up after its wait, keeping the bridge."""
+    assert not Path("/sys/class/net", nodehost.BRIDGE).exists()
+    try:
+        nodehost.create_bridge()  # the other run's node, starting
+        with pytest.raises(nodehost.HostError, match=r"created [0-9]+ s ago"):
+            node.clean_orphans(log=print, wait=1.0, poll=0.2)
+        assert Path("/sys/class/net", nodehost.BRIDGE).exists()
+        stopper = threading.Timer(2.0, run, ("ip", "link", "delete", nodehost.BRIDGE))
+        stopper.start()  # the other run's node stops
+        began = time.monotonic()
+        node.clean_orphans(log=print, wait=60.0, poll=0.2)
+        assert 2.0 <= time.monotonic() - began < 30.0
+        stopper.join()
+        assert not Path("/sys/class/net", nodehost.BRIDGE).exists()
     finally:
         undo(("ip", "link", "delete", nodehost.BRIDGE))
