@@ -5,6 +5,10 @@ duration, and a takeover is announced by an Event on the Lease."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any
+
 from kube_support import FakeKube
 
 from agentrun.operator.platform.leadership import LeaderElector
@@ -136,3 +140,37 @@ async def test_a_restarted_process_rejoins_in_its_own_slot_and_counts_once() -> 
     await third.join()  # slot 0
     await third.elector("agentrun-operator-member-2").try_acquire_or_renew()  # c twice
     assert await again.survey(frozenset()) == Plan(take=(0, 1, 2))  # live 2: share 3, not 2
+
+
+class SlowKube(FakeKube):
+    """Every Lease read takes ``delay`` seconds, as on an API server saturated by a bulk apply;
+    counts how many reads were in flight at once."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay)
+            return await super().read_lease(namespace, name)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_survey_reads_the_leases_at_once_not_one_after_another() -> None:
+    """A survivor's look at 6 shard and 6 membership Leases costs one slow read, not twelve:
+    on an API server answering each read in a second, twelve in a row would delay a takeover
+    by twelve seconds beyond the Lease duration."""
+    api, clock = SlowKube(delay=0.0), Clock()
+    a, _ = await two_halves(api, clock, "a", "c")
+    api.delay = 0.3
+    began = time.monotonic()
+    plan = await a.survey(frozenset({0, 1, 2}))
+    assert not plan.changes
+    assert api.most_in_flight == 3 + 6  # c's three shards and every membership slot
+    assert time.monotonic() - began < 4 * api.delay  # 9 reads in a row take 2.7 s
