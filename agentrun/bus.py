@@ -52,7 +52,7 @@ from nats.js import JetStreamContext, api
 
 from agentrun import buckets, metrics, protocol, pulling
 from agentrun.natsclient import EventTooLarge as EventTooLarge
-from agentrun.natsclient import NatsAuth, event_cap
+from agentrun.natsclient import NatsAuth, close_nats, event_cap
 from agentrun.natsclient import connect_nats as connect_nats
 from agentrun.natsclient import reconnections as reconnections
 from agentrun.protocol import RunEvent, TurnRequest
@@ -165,9 +165,9 @@ class Bus:
         return event_cap(self.nc)
 
     async def close(self) -> None:
-        """Drain and close the connection."""
-        if not self.nc.is_closed:
-            await self.nc.drain()
+        """Drain and close the connection, within ``natsclient.DRAIN_SECONDS``
+        (``natsclient.close_nats``)."""
+        await close_nats(self.nc)
 
     async def ensure_streams(self) -> None:
         """Create (or update) ``AGENTRUN_TURNS`` and ``AGENTRUN_EVENTS``, and the workers'

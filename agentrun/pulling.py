@@ -145,7 +145,7 @@ class _Puller:
             return []
         except Exception as err:
             log.warning("consumer: %r; re-creating streams and consumer in 1s", err)
-            self.sub = None
+            await self.unbind()  # dropped unsubscribed, each failure would leave one behind
             await asyncio.sleep(1.0)
             if self.bus.provision:
                 with contextlib.suppress(Exception):
@@ -153,7 +153,9 @@ class _Puller:
             return []
 
     async def unbind(self) -> None:
-        """Unsubscribe (best effort)."""
+        """Unsubscribe (best effort). A subscription left registered on the connection would
+        hold its inbox's interest on the server and, once a late message sat in its queue,
+        hold the connection's drain at close until the drain timeout."""
         sub, self.sub = self.sub, None
         if sub is not None:
             with contextlib.suppress(Exception):

@@ -30,7 +30,7 @@ import contextlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +96,10 @@ async def make_assets(
     ``<PREFIX>_EVENTS`` on ``<prefix>.event.>``, a work-queue stream ``<PREFIX>_TURNS`` on
     ``<prefix>.turn.>`` with the durable pull consumer ``<prefix>-workers`` (``fetchers`` pull
     subscriptions bound to it: nats-py's fetch is not safe to share between tasks), and a KV
-    bucket ``<PREFIX>_LEDGER`` with history 1; file storage throughout. Returns (the pull
-    subscriptions, the bucket). Raises what nats-py raises."""
+    bucket ``<PREFIX>_LEDGER`` with history 1; file storage throughout. Returned once each
+    replicated stream and the consumer have elected a leader (a group just made answers no
+    write until then: the first one met "no responders"). Returns (the pull subscriptions, the
+    bucket). Raises what nats-py raises, TimeoutError after ``LEADER_WAIT`` s without one."""
     upper, file = prefix.upper(), api.StorageType.FILE
     await js.add_stream(
         api.StreamConfig(
@@ -127,7 +129,28 @@ async def make_assets(
     kv = await js.create_key_value(
         api.KeyValueConfig(bucket=f"{upper}_LEDGER", history=1, storage=file, replicas=replicas)
     )
+    if replicas > 1:
+        async with asyncio.timeout(LEADER_WAIT):
+            for stream in (f"{upper}_EVENTS", f"{upper}_TURNS", f"KV_{upper}_LEDGER"):
+                while not await _led(js.stream_info(stream)):
+                    await asyncio.sleep(0.05)
+            while not await _led(js.consumer_info(f"{upper}_TURNS", durable)):
+                await asyncio.sleep(0.05)
     return queues, kv
+
+
+LEADER_WAIT = 30.0
+"""Seconds ``make_assets`` waits for a replicated stream or consumer to elect its leader."""
+
+
+async def _led(asking: Awaitable[Any]) -> bool:
+    """Whether the stream's or consumer's info ``asking`` names a leader (an info request
+    unanswered while a group has none counts as no)."""
+    try:
+        info = await asking
+    except nats.errors.Error:
+        return False
+    return bool(getattr(getattr(info, "cluster", None), "leader", None))
 
 
 @contextlib.contextmanager

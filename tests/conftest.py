@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from agentrun_dev import (
     helm,
     natscluster,
     natsserver,
+    probes,
     prometheus,
 )
 from agentrun_dev.kubectl import Kubectl, apply_crds, create_namespace, delete_namespace
@@ -60,17 +62,30 @@ TOOL_FIXTURES = frozenset({"helm_binary", "natscli_binary", "syft_binary", "prom
 promtool (built after the control plane; the tests using them have a tier of their own)."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker (``.ci/pytest-tiers`` runs every tier but the node's with
+    ``-n``), the fixtures' services take their ports from a slice of this worker's own
+    (`probes.port_slice`): two workers starting stacks at once never pick the same port."""
+    worker = getattr(config, "workerinput", {}).get("workerid", "")  # "gw0", "gw1", …
+    if worker.startswith("gw") and not os.environ.get(probes.PORT_RANGE_ENV):
+        os.environ[probes.PORT_RANGE_ENV] = probes.port_slice(int(worker.removeprefix("gw")))
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the markers are selectable
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses one of `BINARY_FIXTURES` ``binaries`` and every test that uses
     one of `TOOL_FIXTURES` ``toolbinaries``, so ``-m 'not binaries and not toolbinaries'``
-    selects what runs while the binaries build (the first tier of ``.ci/pytest-tiers``)."""
+    selects what runs while the binaries build (the first tier of ``.ci/pytest-tiers``).
+    Then the tests of modules marked ``long`` go first, each module's in its own order: the
+    tiers' pytest-xdist workers take a module at a time in this order
+    (``--no-loadscope-reorder``), so no module of minutes starts last and ends a tier alone."""
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         if BINARY_FIXTURES & used:
             item.add_marker(pytest.mark.binaries)
         if TOOL_FIXTURES & used:
             item.add_marker(pytest.mark.toolbinaries)
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -12,6 +12,7 @@ from kubernetes_asyncio.client import ApiClient
 from agentrun import healthserver, kube, process
 from agentrun.bus import Bus, BusSettings, connect_nats
 from agentrun.ledger import LedgerStore
+from agentrun.natsclient import close_nats
 from agentrun.settings import WorkerSettings
 from agentrun.tools import default_catalog, sessions
 from agentrun.trust import Verifier, trust_file
@@ -69,7 +70,7 @@ async def serve(config: WorkerSettings) -> None:
         await deps.model.close()
         await bus.close()
         with contextlib.suppress(Exception):
-            await ledger_nc.drain()
+            await close_nats(ledger_nc)
         if api is not None:
             with contextlib.suppress(Exception):
                 await api.close()

@@ -30,7 +30,9 @@ from agentrun.kernel.decision import (
     Refusal,
     ToolCalls,
     clip_text,
+    utf8_prefix,
 )
+from agentrun.kernel.usage import utf8_bytes
 from agentrun.kernel.validate import CheckedCall, stored_arguments
 
 MESSAGE_CAP = 1_048_576
@@ -124,8 +126,8 @@ def _cut(text: str, room: int, *, budget: int) -> str:
     data = text.encode("utf-8", "surrogatepass")
     limit = room - 200  # the marker's bytes
     while True:
-        kept = data[: max(0, limit)].decode("utf-8", "ignore")
-        cut = len(data) - len(kept.encode("utf-8", "surrogatepass"))
+        kept = utf8_prefix(data, limit)
+        cut = len(data) - utf8_bytes(kept)
         marked = (
             f"{kept}\n[agentrun: result cut, {cut} more bytes: this turn's tool results "
             f"reached their cap of {budget} bytes]"

@@ -12,6 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from agentrun.kernel.usage import utf8_bytes
+
 
 class MalformedCause(enum.StrEnum):
     """Why a response is not a usable decision (each becomes a corrective turn)."""
@@ -127,8 +129,19 @@ def clip_text(text: str, limit: int) -> str:
     data = text.encode("utf-8", "surrogatepass")
     if len(data) <= limit:
         return text
-    kept = data[:limit].decode("utf-8", "ignore")
-    return kept + f"\n[agentrun: cut, {len(data) - len(kept.encode())} more bytes]"
+    kept = utf8_prefix(data, limit)
+    return kept + f"\n[agentrun: cut, {len(data) - utf8_bytes(kept)} more bytes]"
+
+
+def utf8_prefix(data: bytes, limit: int) -> str:
+    """The longest whole characters at the start of ``data`` (UTF-8, an unpaired surrogate
+    encoded as three bytes: Python's ``surrogatepass``) that take at most ``limit`` bytes (none
+    for ``limit`` ≤ 0), decoded: a cut backs off to the start of the character it would split
+    and drops nothing else."""
+    end = max(0, min(limit, len(data)))
+    while 0 < end < len(data) and data[end] & 0xC0 == 0x80:  # a continuation byte
+        end -= 1
+    return data[:end].decode("utf-8", "surrogatepass")
 
 
 def _arguments_size(arguments: Any) -> int:

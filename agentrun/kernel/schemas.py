@@ -332,10 +332,12 @@ def _resolved(validator: Any, schema: Mapping[str, Any], keyword: str) -> Iterat
 def _evaluated_keys(validator: Any, instance: Mapping[str, Any], schema: Any) -> set[str]:
     """The properties of ``instance`` some keyword of ``schema`` evaluates (JSON Schema
     2020-12, "unevaluatedProperties"), as jsonschema's finder computes them, patterns on
-    RE2. ``$recursiveRef`` (2019-09) is followed like ``$ref``."""
+    RE2. ``$recursiveRef`` (2019-09) is followed like ``$ref``. A boolean schema evaluates
+    none (``true`` makes no annotation: ``{"allOf": [true], "unevaluatedProperties": false}``
+    leaves every property unevaluated)."""
     _spend(1)
     if not isinstance(schema, Mapping):
-        return set(instance) if schema is True else set()
+        return set()
     keys: set[str] = set()
     for keyword in ("$ref", "$dynamicRef", "$recursiveRef"):
         for inner in _resolved(validator, schema, keyword):

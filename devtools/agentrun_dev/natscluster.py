@@ -38,6 +38,14 @@ from agentrun_dev.natsserver import (
 CLUSTER_NAME = "agentrun"
 """The JetStream cluster's name (``cluster.name``)."""
 
+ROUTE_POOL_NOTE = """\
+Each server pair keeps one route connection (``pool_size: -1``), as the chart's servers do.
+With nats-server's default pool, an account's subscriptions travel on one of several route
+connections and JetStream's API answers (sent from the system account) on another, so an answer
+can overtake the interest it depends on: a ``nats backup restore stream`` whose reply named the
+subject to send chunks to failed "no responders" when the client's server had not yet learned
+that subject. One route keeps both in order; agentrun's one account gains nothing from a pool."""
+
 
 @dataclasses.dataclass(slots=True)
 class NatsCluster:
@@ -162,7 +170,8 @@ def _config(
     password: str,
 ) -> str:
     """One member's ``nats.conf``: the single closed server's, plus its name and the
-    ``cluster`` block (routes to the others, authenticated by ``password``)."""
+    ``cluster`` block (routes to the others, authenticated by ``password``, one route per
+    pair as the chart has it: `ROUTE_POOL_NOTE`)."""
     route_urls = ", ".join(f'"nats-route://route:{password}@127.0.0.1:{port}"' for port in routes)
     return (
         f"server_name: {name}\n"
@@ -180,6 +189,7 @@ def _config(
         f"  listen: 127.0.0.1:{ports['route']}\n"
         f'  authorization {{ user: route, password: "{password}", timeout: 5 }}\n'
         f"  routes: [{route_urls}]\n"
+        "  pool_size: -1\n"  # one ordered route per pair: ROUTE_POOL_NOTE
         "  tls {\n"
         f'    cert_file: "{auth_dir / "tls.crt"}"\n'
         f'    key_file: "{auth_dir / "tls.key"}"\n'

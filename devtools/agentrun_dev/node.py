@@ -44,7 +44,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import psutil
 import yaml
 
 from agentrun_dev import (
@@ -275,19 +274,9 @@ def clean_orphans(*, log: console.Log, wait: float = 0.0, poll: float = 2.0) -> 
 
     Raises nodehost.HostError when the bridge may still belong to a live node after `wait`:
     it is kept."""
-    deadline = time.monotonic() + wait
-    announced = False
-    while True:
-        try:
-            removed = nodehost.remove_orphan_bridge(log=log)
-            break
-        except nodehost.HostError as exc:
-            if time.monotonic() >= deadline:
-                raise
-            if not announced:
-                log(f"{exc}; waiting up to {wait:.0f} s")
-                announced = True
-            time.sleep(poll)
+    removed = nodehost.retry_while_held(
+        lambda: nodehost.remove_orphan_bridge(log=log), wait=wait, poll=poll, log=log
+    )
     if not removed:
         return
     log(f"removed {', '.join(removed)}: left by a node that no claim here names")
@@ -297,8 +286,7 @@ def clean_orphans(*, log: console.Log, wait: float = 0.0, poll: float = 2.0) -> 
 
 
 def _this_process(log_dir: Path) -> procs.ProcessRecord:
-    me = psutil.Process(os.getpid())
-    return procs.ProcessRecord("node-owner", me.pid, me.create_time(), log_dir / "node.log")
+    return procs.record_of("node-owner", os.getpid(), log_dir / "node.log")
 
 
 def _apiserver_port(cluster: controlplane.ControlPlane) -> int:

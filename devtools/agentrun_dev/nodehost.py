@@ -31,13 +31,15 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
 from agentrun_dev import console, procs
+
+T = TypeVar("T")
 
 BRIDGE = "agentrun0"
 """The pod bridge; its address `GATEWAY` is the node's IP."""
@@ -329,29 +331,44 @@ def claim_host(
 
     Raises HostError if another node still holds the machine after `wait`.
     """
+
+    def take() -> Path | None:
+        with _claim_lock():
+            current = _read_claim()
+            if current is not None and procs.is_alive(
+                procs.ProcessRecord.from_dict(current["owner"])
+            ):
+                raise HostError(
+                    f"another agentrun node ({current['directory']}) runs on this machine:"
+                    " stop it (`agentrun dev down` for its stack) or wait for its test run"
+                    " to finish"
+                )
+            _write_claim({"directory": str(node_dir), "owner": owner.as_dict()})
+            if current is None or current["directory"] == str(node_dir):
+                return None
+            return Path(current["directory"])
+
+    return retry_while_held(take, wait=wait, poll=2.0, log=log)
+
+
+def retry_while_held(attempt: Callable[[], T], *, wait: float, poll: float, log: console.Log) -> T:
+    """``attempt()``'s result, calling it again every `poll` seconds for up to `wait` seconds
+    while it raises HostError (something on the host is another node's); the first refusal
+    is logged once, with how long this waits.
+
+    Raises the last HostError once `wait` is over."""
     deadline = time.monotonic() + wait
     announced = False
     while True:
-        with _claim_lock():
-            current = _read_claim()
-            alive = current is not None and procs.is_alive(
-                procs.ProcessRecord.from_dict(current["owner"])
-            )
-            if not alive:
-                _write_claim({"directory": str(node_dir), "owner": owner.as_dict()})
-                if current is None or current["directory"] == str(node_dir):
-                    return None
-                return Path(current["directory"])
-        assert current is not None
-        if time.monotonic() >= deadline:
-            raise HostError(
-                f"another agentrun node ({current['directory']}) runs on this machine: stop it"
-                " (`agentrun dev down` for its stack) or wait for its test run to finish"
-            )
-        if not announced:
-            log(f"another agentrun node ({current['directory']}) runs here; waiting")
-            announced = True
-        time.sleep(2.0)
+        try:
+            return attempt()
+        except HostError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            if not announced:
+                log(f"{exc}; waiting up to {wait:.0f} s")
+                announced = True
+            time.sleep(poll)
 
 
 def update_claim(node_dir: Path, *, owner: procs.ProcessRecord) -> None:

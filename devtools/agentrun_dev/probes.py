@@ -10,6 +10,8 @@ What belongs here: network checks only; starting processes is `procs`' job.
 from __future__ import annotations
 
 import dataclasses
+import os
+import random
 import socket
 import ssl
 import time
@@ -24,6 +26,14 @@ from agentrun_dev import procs
 
 _HANDED_OUT: set[int] = set()
 """Ports already returned by `free_port` in this process, never returned twice."""
+
+PORT_RANGE_ENV = "AGENTRUN_DEV_PORTS"
+"""``FIRST-LAST``: the inclusive range `free_port` draws from when set (see `port_range`)."""
+PORT_SLICE_BASE = 10000
+PORT_SLICE_SIZE = 4000
+PORT_SLICES = 5
+"""`port_slice` cuts 10000-29999 (below Linux's default ephemeral ports, 32768-60999, which
+outgoing connections and ``bind(("", 0))`` use) into 5 slices of 4000 ports."""
 
 
 class NotReadyError(RuntimeError):
@@ -70,17 +80,52 @@ class Probe:
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on `host` that is free now and not handed out before by this process.
 
-    Another process may still take it before the service binds it; the caller's readiness
-    probe then fails with the service's own "address in use" log line.
+    Drawn at random from `port_range` when it is set (so that processes given disjoint ranges,
+    e.g. parallel test workers, never pick the same port), else from the kernel's ephemeral
+    ports. Another process may still take it before the service binds it; the caller's
+    readiness probe then fails with the service's own "address in use" log line.
+
+    Raises RuntimeError when no free port is found in 100 tries, ValueError when
+    `PORT_RANGE_ENV` is malformed.
     """
+    ports = port_range()
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind((host, 0))
+            try:
+                sock.bind((host, 0 if ports is None else random.choice(ports)))
+            except OSError:
+                continue  # taken now: draw again
             port = int(sock.getsockname()[1])
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
     raise RuntimeError(f"no free TCP port found on {host}")
+
+
+def port_range() -> range | None:
+    """The ports `free_port` draws from, read from `PORT_RANGE_ENV` (``FIRST-LAST``,
+    inclusive); None when it is unset or empty. Child processes inherit it.
+
+    Raises ValueError (naming the variable) when it is not two ports in order.
+    """
+    text = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not text:
+        return None
+    first, _, last = text.partition("-")
+    try:
+        low, high = int(first), int(last)
+    except ValueError:
+        low, high = 0, -1
+    if not 0 < low <= high < 65536:
+        raise ValueError(f"{PORT_RANGE_ENV}={text!r}: expected FIRST-LAST, e.g. 10000-13999")
+    return range(low, high + 1)
+
+
+def port_slice(index: int) -> str:
+    """The `PORT_RANGE_ENV` value for parallel process number ``index`` (0-based): one of
+    `PORT_SLICES` disjoint slices, e.g. ``10000-13999`` for 0 (indexes past the last wrap)."""
+    low = PORT_SLICE_BASE + (index % PORT_SLICES) * PORT_SLICE_SIZE
+    return f"{low}-{low + PORT_SLICE_SIZE - 1}"
 
 
 def check(probe: Probe, *, timeout: float = 2.0) -> str | None:

@@ -99,8 +99,15 @@ class ProcessRecord:
     pid: int
     """Also the id of its process group (it was started as a session leader)."""
     create_time: float
-    """Start time as reported by psutil, seconds since the epoch; tells a recycled pid apart."""
+    """Start time as reported by psutil, seconds since the epoch (for people; a record without
+    `start_ticks` also tells a recycled pid apart by it, within `CREATE_TIME_SLACK`)."""
     log_path: Path
+    start_ticks: int = 0
+    """The kernel's start time of the pid in clock ticks since boot (``/proc/<pid>/stat``
+    field 22; 0: not recorded, as by an older version): what tells a recycled pid apart. It
+    never moves, where psutil's `create_time` is derived from the wall clock's boot time and
+    moved by a clock adjustment: a stack's live processes once all looked recycled, so they
+    were started again beside themselves and never stopped."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form, read back by `from_dict`."""
@@ -109,6 +116,7 @@ class ProcessRecord:
             "pid": self.pid,
             "create_time": self.create_time,
             "log_path": str(self.log_path),
+            "start_ticks": self.start_ticks,
         }
 
     @classmethod
@@ -119,7 +127,33 @@ class ProcessRecord:
             pid=int(data["pid"]),
             create_time=float(data["create_time"]),
             log_path=Path(data["log_path"]),
+            start_ticks=int(data.get("start_ticks", 0)),
         )
+
+
+CREATE_TIME_SLACK = 0.05
+"""Seconds a record's `create_time` may differ from psutil's now and still be the same process
+(records without `start_ticks` only)."""
+
+
+def start_ticks(pid: int) -> int:
+    """The kernel's start time of process `pid` in clock ticks since boot (``/proc/<pid>/stat``
+    field 22). Raises ProcessLookupError when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError) as err:
+        raise ProcessLookupError(pid) from err
+    # the command (field 2) is in parentheses and may hold spaces or parentheses itself
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19])  # fields[0] is field 3 (state)
+
+
+def record_of(name: str, pid: int, log_path: Path) -> ProcessRecord:
+    """The record of the running process `pid` (its start time read now). Raises
+    psutil.NoSuchProcess or ProcessLookupError when there is none."""
+    return ProcessRecord(
+        name, pid, psutil.Process(pid).create_time(), log_path, start_ticks=start_ticks(pid)
+    )
 
 
 class _State(enum.Enum):
@@ -152,12 +186,7 @@ def start_process(spec: ProcessSpec) -> ProcessRecord:
             preexec_fn=_die_with_parent_hook(os.getpid()) if spec.die_with_parent else None,
         )
     _CHILDREN[popen.pid] = popen
-    return ProcessRecord(
-        name=spec.name,
-        pid=popen.pid,
-        create_time=psutil.Process(popen.pid).create_time(),
-        log_path=spec.log_path,
-    )
+    return record_of(spec.name, popen.pid, spec.log_path)
 
 
 def is_alive(record: ProcessRecord) -> bool:
@@ -238,11 +267,14 @@ def _state(record: ProcessRecord) -> _State:
         return _State.GONE
     try:
         proc = psutil.Process(record.pid)
-        if abs(proc.create_time() - record.create_time) > 0.05:
+        if record.start_ticks:
+            if start_ticks(record.pid) != record.start_ticks:
+                return _State.REUSED
+        elif abs(proc.create_time() - record.create_time) > CREATE_TIME_SLACK:
             return _State.REUSED
         if proc.status() == psutil.STATUS_ZOMBIE:
             return _State.GONE
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, ProcessLookupError):
         return _State.GONE
     return _State.ALIVE
 

@@ -243,9 +243,12 @@ class Dispatcher:
         view may find one tracked meanwhile: the event consumer builds a view of a run whose
         ``admitted`` event it sees while ``start_run`` is between its append and its track.
         Going on with a second view would hand the turn gate a turn its tracked view does
-        not wait on, and the gate drops it.)"""
+        not wait on, and the gate drops it.) The view's deadline timer starts once: a view
+        followed already (``recover`` of a run the event consumer saw first, as after every
+        share change) keeps the timer it has, so ``cancel_timers`` finds every timer; one whose
+        timer ended (its stop failed) is armed again."""
         followed = self._views.setdefault(view.uid, view)
-        if followed is view and not view.terminal:
+        if followed is view and not view.terminal and (view.timer is None or view.timer.done()):
             view.timer = asyncio.create_task(self._deadline(view), name=f"deadline-{view.uid}")
         return followed
 

@@ -4,7 +4,9 @@ A TurnRequest can leave the work queue without its turn being committed (acked b
 that then gave the turn up, or deleted). ``OrphanWatch`` finds such runs and publishes their
 turn again under a fresh ``Nats-Msg-Id`` (a duplicate is harmless: the commit is
 compare-and-set); after ``MAX_REDISPATCHES`` such losses of one turn it ends the run
-``checkpoint_failed`` naming the cause.
+``checkpoint_failed`` naming the cause. A run whose newer event is in the stream but not yet
+delivered to the operator is the event consumer's to catch up on; once it has waited
+``BEHIND_AFTERS`` periods it is logged (``report_behind``), so a stuck consumer is seen.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 from agentrun import kernel, loops
 from agentrun.bus import Bus
+from agentrun.protocol import RunEvent
 
 from ..platform.failures import Failures
 from .dispatch import Dispatcher
@@ -25,6 +28,10 @@ log = logging.getLogger(__name__)
 
 MAX_REDISPATCHES = 3
 """Times a lost turn is published again before the run ends ``checkpoint_failed``."""
+BEHIND_AFTERS = 3
+"""A committed event the event consumer has not delivered for this many ``after`` periods is
+logged (once per event): nothing here acts on it, and without the log a consumer that stopped
+delivering would hold every such run silently."""
 
 
 class OrphanWatch:
@@ -44,6 +51,11 @@ class OrphanWatch:
         self._stopping = asyncio.Event()
         self.failures = Failures(log, what="orphan check")
         """Runs whose check failed (each logged once)."""
+        self._behind: dict[str, int] = {}
+        """uid → the stream sequence of the undelivered event last logged for the run."""
+        self._late: list[tuple[PendingTurn, RunEvent, float]] = []
+        """Runs found behind since the last ``report_behind``: (turn, its newer event, seconds
+        since that event was committed)."""
 
     def stop(self) -> None:
         """Let ``run`` return after its current pass."""
@@ -64,7 +76,10 @@ class OrphanWatch:
         """Check every pending turn; a run whose check failed is logged once (``failures``).
         Then hand the gate again any running run's turn that is neither published nor waiting
         (``Dispatcher.offer_stranded``)."""
-        for turn in self.runs.pending_turns():
+        pending = self.runs.pending_turns()
+        for uid in self._behind.keys() - {turn.key.uid for turn in pending}:
+            del self._behind[uid]
+        for turn in pending:
             subject = f"AgentRun {turn.key.namespace}/{turn.key.name}"
             try:
                 await self.check(turn)
@@ -72,6 +87,7 @@ class OrphanWatch:
                 self.failures.failed(turn.key.uid, err, subject=subject)
             else:
                 self.failures.succeeded(turn.key.uid, subject=subject)
+        self.report_behind()
         try:
             await self.runs.offer_stranded(after=self.after)
         except Exception as err:  # NATS trouble: the next pass looks again
@@ -91,8 +107,11 @@ class OrphanWatch:
             return False
         key = turn.key
         last = await self.bus.last_event(key.namespace, key.name)
-        if last is None or last.run_uid != key.uid or last.seq != turn.seq:
-            return False  # deleted, or the event consumer has not caught up yet
+        if last is None or last.run_uid != key.uid:
+            return False  # deleted
+        if last.seq != turn.seq:  # the event consumer has not caught up yet
+            self._note_behind(turn, last, now)
+            return False
         if turn.redispatches >= MAX_REDISPATCHES:
             message = (
                 f"turn {turn.turn} left the work queue {turn.redispatches + 1} times "
@@ -112,3 +131,31 @@ class OrphanWatch:
         )
         await self.runs.redispatch(turn)
         return True
+
+    def _note_behind(self, turn: PendingTurn, last: RunEvent, now: float) -> None:
+        """Note, once per event, a committed event ``last`` that the event consumer has not
+        delivered ``BEHIND_AFTERS × after`` seconds after it was committed."""
+        waited = now - last.time if last.time else 0.0
+        if waited < BEHIND_AFTERS * self.after or self._behind.get(turn.key.uid) == last.seq:
+            return
+        self._behind[turn.key.uid] = last.seq
+        self._late.append((turn, last, waited))
+
+    def report_behind(self) -> None:
+        """Log the runs found behind since the last report in one warning (none: nothing)."""
+        late, self._late = self._late, []
+        if not late:
+            return
+        turn, last, waited = max(late, key=lambda found: found[2])
+        log.warning(
+            "%d run(s) have a committed event the event consumer has not delivered after %.0fs "
+            "or more (longest: %s/%s, event %d committed %.0fs ago, the operator last applied "
+            "event %d): the consumer is behind or stuck (agentrun_jetstream_consumer_pending)",
+            len(late),
+            BEHIND_AFTERS * self.after,
+            turn.key.namespace,
+            turn.key.name,
+            last.seq,
+            waited,
+            turn.seq,
+        )

@@ -3,8 +3,10 @@ ones at once; never a projection older than what the object already shows.
 
 A run with 50 fast turns must not cause 50 API writes: each submission replaces the run's
 pending body (the newest projection wins, ordered by event sequence), and a run is patched at
-most once per ``interval`` seconds — except its first and its terminal status, which are written
-at once. At most ``concurrency`` patches are in flight, so a burst reuses a few connections.
+most once per ``interval`` seconds — a patch starts no sooner than ``interval`` after the run's
+previous one ended, so two land at least that far apart however slow the API server answers —
+except its first and its terminal status, which are written at once. At most ``concurrency``
+patches are in flight, so a burst reuses a few connections.
 
 Status never goes backwards, whoever else writes it (an operator that lost its Lease, a
 redelivered event): before patching, the writer compares its body with the object's status as
@@ -213,7 +215,7 @@ class StatusWriter:
         pending = self._pending.pop(run, None)
         if pending is None:
             return
-        self._last_write[run] = time.monotonic()
+        self._last_write[run] = time.monotonic()  # holds the run's next write while this goes
         try:
             async with self._slots:  # few connections, reused: no TLS handshake per write
                 await self._write_checked(run, pending)
@@ -221,6 +223,9 @@ class StatusWriter:
             self._failed(run, pending, err)
         else:
             self.failures.succeeded(run, subject=f"AgentRun {run.namespace}/{run.name}")
+        finally:
+            if run in self._last_write:  # not ended nor forgotten meanwhile: count from the end
+                self._last_write[run] = time.monotonic()
 
     async def _write_checked(self, run: RunKey, pending: _Pending) -> None:
         """Compare with the object's status, patch at its resourceVersion; re-read on 409."""

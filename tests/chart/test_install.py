@@ -25,7 +25,7 @@ from chart_support import CHART_DIR
 from test_closed_bus import secrets_of
 
 from agentrun_dev import helm
-from agentrun_dev.kubectl import Kubectl
+from agentrun_dev.kubectl import Kubectl, create_namespace, delete_namespace
 
 pytestmark = pytest.mark.e2e
 
@@ -171,6 +171,36 @@ def test_install_upgrade_and_uninstall_keep_the_crds_and_the_runs(
     assert kubectl("get", "agentrun", "kept", "-n", test_namespace).returncode == 0
     secrets = kubectl("get", "secrets", "-n", test_namespace, "-o", "name").stdout.split()
     assert {f"secret/{bus}-{s}" for s in ("keys", "operator", "worker", "server")} <= set(secrets)
+
+
+def test_a_second_install_in_another_namespace_is_refused_and_the_first_kept(
+    cluster_helm: helm.Helm, kubectl: Kubectl, release: str, test_namespace: str
+) -> None:
+    """One install per cluster (docs/install.md): a second release of the same names (the
+    chart's defaults; here the same ``fullnameOverride``) in another namespace would run a
+    second operator on every run. Helm refuses it over the cluster-wide objects the first
+    release owns, before creating anything, and the first keeps them."""
+    bus = f"{release}-bus"
+    brought = bring_nats_credentials(kubectl, test_namespace, bus)
+    brought += bring_run_signing_keys(kubectl, test_namespace, bus)
+    install(cluster_helm, release, test_namespace, *brought)
+    other = create_namespace(kubectl)
+    second = f"{release}-second"
+    try:
+        theirs = bring_nats_credentials(kubectl, other, bus)
+        theirs += bring_run_signing_keys(kubectl, other, bus)
+        args = [a for s in (f"fullnameOverride={release}", *theirs) for a in ("--set", s)]
+        with pytest.raises(helm.HelmError) as refused:
+            cluster_helm("install", second, str(CHART_DIR), "-n", other, *args)
+        said = str(refused.value)
+        assert "exists and cannot be imported into the current release" in said, said
+        assert f'must equal "{other}": current value is "{test_namespace}"' in said, said
+        assert kubectl("get", "deploy", "-n", other, "-o", "name").stdout == ""
+        role = json.loads(kubectl("get", "clusterrole", f"{release}-view", "-o", "json").stdout)
+        assert role["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == test_namespace
+    finally:
+        cluster_helm("uninstall", second, "-n", other, "--ignore-not-found", check=False)
+        delete_namespace(kubectl, other)
 
 
 def test_a_change_of_operator_shards_is_refused_while_the_operator_runs(

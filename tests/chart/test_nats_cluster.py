@@ -92,6 +92,7 @@ def test_each_route_name_passes_the_servers_certificate_for_mutual_tls(
     config = one(docs, "ConfigMap", "agentrun-nats-config")["data"]["nats.conf"]
     cluster = config[config.index("cluster {") :]
     assert 'ca_file: "/etc/nats/tls/ca.crt"' in cluster and "verify: true" in cluster
+    assert "pool_size: -1" in cluster  # one route per pair: answers never overtake interest
     tls = one(docs, "Secret", "agentrun-nats-tls")["data"]
     cert = x509.load_pem_x509_certificate(base64.b64decode(tls["tls.crt"]))
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
@@ -106,6 +107,7 @@ def test_each_route_name_passes_the_servers_certificate_for_mutual_tls(
     plain = render(offline_helm, {**CLUSTER, "nats.tls.enabled": "false"})
     plain_config = one(plain, "ConfigMap", "agentrun-nats-config")["data"]["nats.conf"]
     assert "cluster {" in plain_config and "tls {" not in plain_config
+    assert "pool_size: -1" in plain_config
     assert routes(plain)[0]  # the password still guards the routes
 
 

@@ -48,7 +48,7 @@ def quiet_snapshot(dev_dir: Path) -> nodehost.HostSnapshot:
     starts the moment the demo's stops would count as the demo's leftovers."""
     claim_dir = dev_dir.parent / "host-claim"
     me = psutil.Process(os.getpid())
-    owner = procs.ProcessRecord("test", me.pid, me.create_time(), claim_dir / "claim.log")
+    owner = procs.record_of("test", me.pid, claim_dir / "claim.log")
     stale = nodehost.claim_host(claim_dir, owner=owner, wait=NODE_WAIT, log=print)
     try:
         if stale is not None:

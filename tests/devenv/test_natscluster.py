@@ -16,16 +16,20 @@ from nats.js import api
 from agentrun_dev import components, natscluster, procs
 
 
-def routes(monitor_url: str) -> int:
+def routes(monitor_url: str) -> list[str]:
+    """The names of the servers the server at `monitor_url` has a route connection to, one
+    entry per connection (``/routez``)."""
     with urllib.request.urlopen(f"{monitor_url}/routez", timeout=5) as response:
-        return int(json.load(response)["num_routes"])
+        return sorted(str(route["remote_name"]) for route in json.load(response)["routes"])
 
 
 async def test_three_servers_form_one_cluster_that_keeps_a_stream_on_all_three(
     nats_cluster: natscluster.NatsCluster,
 ) -> None:
     assert len(nats_cluster.servers) == 3
-    assert all(routes(server.monitor_url) >= 2 for server in nats_cluster.servers)
+    names = {"n1", "n2", "n3"}
+    for index, server in enumerate(nats_cluster.servers):  # one ordered route per pair
+        assert routes(server.monitor_url) == sorted(names - {f"n{index + 1}"})
     client = await nats.connect(**nats_cluster.client_options("admin"))
     try:
         js = client.jetstream(timeout=10)

@@ -41,7 +41,7 @@ def undo(*commands: tuple[str, ...]) -> None:
 def claimed(tmp_path: Path) -> Iterator[Path]:
     """This machine's node claim, so no real node adds host state during the test."""
     me = psutil.Process(os.getpid())
-    owner = procs.ProcessRecord("test", me.pid, me.create_time(), tmp_path / "owner.log")
+    owner = procs.record_of("test", me.pid, tmp_path / "owner.log")
     nodehost.claim_host(tmp_path, owner=owner, wait=900.0)
     yield tmp_path
     nodehost.release_host(tmp_path)
@@ -201,3 +201,26 @@ def test_a_node_waits_for_a_live_node_of_another_mount_namespace_to_go(claimed: 
         assert not Path("/sys/class/net", nodehost.BRIDGE).exists()
     finally:
         undo(("ip", "link", "delete", nodehost.BRIDGE))
+
+
+def test_a_claim_held_by_a_live_node_is_waited_for_then_refused_and_a_dead_ones_is_taken(
+    claimed: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The machine holds one node: a second claim waits (saying so once) and is refused after
+    its wait, naming the holder; a claim whose owner died is taken over, returning the dead
+    node's directory for its clean-up."""
+    other = tmp_path_factory.mktemp("other-node")
+    me = psutil.Process(os.getpid())
+    owner = procs.record_of("other", me.pid, other / "owner.log")
+    said: list[str] = []
+    began = time.monotonic()
+    with pytest.raises(nodehost.HostError, match=f"another agentrun node \\({claimed}\\)"):
+        nodehost.claim_host(other, owner=owner, wait=3.0, log=said.append)
+    assert 3.0 <= time.monotonic() - began < 10
+    assert len(said) == 1 and said[0].endswith("; waiting up to 3 s") and str(claimed) in said[0]
+
+    dead = procs.ProcessRecord("gone", me.pid, me.create_time() - 1000, other / "owner.log")
+    nodehost.update_claim(other, owner=dead)  # a node whose test run was killed
+    me_again = procs.record_of("test", me.pid, claimed / "owner.log")
+    assert nodehost.claim_host(claimed, owner=me_again, log=said.append) == other
+    assert nodehost.claim_holder() == claimed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import socket
 import sys
 import threading
 import time
@@ -41,6 +42,51 @@ def http_server() -> Iterator[str]:
 def test_free_ports_are_not_handed_out_twice() -> None:
     ports = [probes.free_port() for _ in range(50)]
     assert len(set(ports)) == 50
+
+
+def test_free_ports_come_from_the_range_given_and_skip_a_taken_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as taken:
+        first = _three_free_ports_from(40000)
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        monkeypatch.setenv(probes.PORT_RANGE_ENV, f"{first}-{first + 2}")
+
+        given = {probes.free_port(), probes.free_port()}
+
+        assert given == {first + 1, first + 2}
+        with pytest.raises(RuntimeError, match="no free TCP port"):
+            probes.free_port()  # the range is used up: one taken, two handed out
+
+
+def _three_free_ports_from(start: int) -> int:
+    for first in range(start, start + 3000, 3):
+        try:
+            with socket.socket() as a, socket.socket() as b, socket.socket() as c:
+                for sock, port in ((a, first), (b, first + 1), (c, first + 2)):
+                    sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+    raise AssertionError("no three free ports in a row")
+
+
+@pytest.mark.parametrize("text", ["20000", "20-10", "a-b", "0-10", "10-70000"])
+def test_a_malformed_port_range_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setenv(probes.PORT_RANGE_ENV, text)
+    with pytest.raises(ValueError, match=probes.PORT_RANGE_ENV):
+        probes.free_port()
+
+
+def test_parallel_processes_get_disjoint_port_slices_below_the_ephemeral_ports() -> None:
+    slices = [probes.port_slice(i) for i in range(probes.PORT_SLICES)]
+    ranges = [range(int(s.split("-")[0]), int(s.split("-")[1]) + 1) for s in slices]
+    assert slices[0] == "10000-13999" and slices[4] == "26000-29999"
+    assert sum(len(r) for r in ranges) == len(set().union(*ranges)) == 20000
+    assert probes.port_slice(probes.PORT_SLICES) == slices[0]
 
 
 def test_an_http_probe_passes_on_200_with_the_expected_text(http_server: str) -> None:

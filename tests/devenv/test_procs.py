@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -107,6 +108,45 @@ def test_a_recycled_pid_is_neither_alive_nor_signalled() -> None:
     assert not procs.is_alive(stale)
     assert procs.stop_process(stale) is procs.StopOutcome.PID_REUSED
     assert procs.kill_process(stale) is procs.StopOutcome.PID_REUSED
+
+
+def test_a_recycled_pid_is_told_apart_by_its_start_ticks() -> None:
+    me = psutil.Process()
+    record = procs.record_of("me", me.pid, Path("x"))
+    assert record.start_ticks > 0 and procs.is_alive(record)
+    stale = dataclasses.replace(record, start_ticks=record.start_ticks - 1)
+
+    assert not procs.is_alive(stale)
+    assert procs.stop_process(stale) is procs.StopOutcome.PID_REUSED
+
+
+def test_a_wall_clock_adjustment_does_not_make_a_live_process_look_recycled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psutil derives a process's create time from the boot time the kernel computes from the
+    wall clock, which an adjustment moves (on this kind of machine, in CI: every process of a
+    stack looked recycled, was started again beside itself and never stopped). The record's
+    start ticks since boot do not move."""
+    record = procs.start_process(spec(tmp_path, "sleep", "60"))
+    # a record written before start ticks were: judged by its create time, as all were
+    old = procs.ProcessRecord.from_dict(
+        {k: v for k, v in record.as_dict().items() if k != "start_ticks"}
+    )
+    try:
+        assert old.start_ticks == 0 and procs.is_alive(old)
+        created = psutil.Process.create_time
+        monkeypatch.setattr(psutil.Process, "create_time", lambda p: created(p) + 2.5)
+        assert not procs.is_alive(old)  # the failure: alive, taken for a recycled pid
+        assert procs.is_alive(record)
+        assert procs.stop_process(record) is procs.StopOutcome.STOPPED
+    finally:
+        monkeypatch.undo()
+        procs.kill_process(record)
+
+
+def test_start_ticks_of_no_process_raises() -> None:
+    with pytest.raises(ProcessLookupError):
+        procs.start_ticks(2**22 + 1)  # above the kernel's largest pid
 
 
 def test_another_process_can_stop_it_from_the_record(tmp_path: Path) -> None:

@@ -32,7 +32,8 @@ FAKE_PYTEST = """#!/bin/sh
 echo "pytest $*" >> "$CALLS"
 case "$*" in
   *"-m not e2e "*) exit "${FIRST_RC:-0}";;
-  *"-m not (not e2e "*) exit "${SECOND_RC:-0}";;
+  *") and alone"*) exit "${ALONE_RC:-0}";;
+  *"-m (not (not e2e "*) exit "${SECOND_RC:-0}";;
   *"-m toolbinaries "*) exit "${THIRD_RC:-0}";;
   *"-m node or"*) exit "${FOURTH_RC:-0}";;
   *) echo "unknown tier: $*" >&2; exit 99;;
@@ -82,14 +83,17 @@ def venv_bin(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def tiers(tmp_path: Path, **rcs: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """Run the script on the stand-in bin/ with `rcs` (FIRST_RC, SECOND_RC, THIRD_RC,
+def tiers(
+    tmp_path: Path, *args: str, **rcs: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run the script on the stand-in bin/ with pytest options `args` (default
+    ``--durations=30``, as `make pytest`) and `rcs` (FIRST_RC, SECOND_RC, ALONE_RC, THIRD_RC,
     FOURTH_RC; CONTROL_PLANE_WAIT_RC, TOOLS_WAIT_RC, ALL_WAIT_RC; BUILD_RC, LLAMA_RC);
     returns its result and the recorded calls, foreground ones in order."""
     calls = tmp_path / "calls"
     env = {**os.environ, "CALLS": str(calls), "NICE_BASE": str(os.nice(0)), **rcs}
     done = subprocess.run(
-        [str(SCRIPT), str(venv_bin(tmp_path)), "--durations=30"],
+        [str(SCRIPT), str(venv_bin(tmp_path)), *(args or ("--durations=30",))],
         env=env,
         capture_output=True,
         text=True,
@@ -107,11 +111,13 @@ def test_the_four_tiers_run_around_the_background_builds_and_all_passing_is_0(
     assert done.returncode == 0, done.stdout + done.stderr
     foreground = [c for c in calls if not c.startswith("background ")]
     assert foreground == [
-        f"pytest --durations=30 -m {tier('first')}",
+        f"pytest --durations=30 -n 2 --dist loadfile --no-loadscope-reorder -m {tier('first')}",
         "agentrun dev binaries --control-plane",  # the second tier waits for nothing else
-        f"pytest --durations=30 -m {tier('second')}",
+        "pytest --durations=30 -n 2 --dist loadfile --no-loadscope-reorder"
+        f" -m ({tier('second')}) and not alone",
+        f"pytest --durations=30 -m ({tier('second')}) and alone",
         "agentrun dev binaries --tools",
-        f"pytest --durations=30 -m {tier('third')}",
+        f"pytest --durations=30 -n 2 --dist loadfile --no-loadscope-reorder -m {tier('third')}",
         "agentrun dev binaries --all",
         f"pytest --durations=30 -m {tier('last')}",
     ]
@@ -124,11 +130,21 @@ def test_the_four_tiers_run_around_the_background_builds_and_all_passing_is_0(
     assert done.stdout.splitlines()[-1] == "every tier passed"
 
 
+def test_every_tier_but_the_node_s_runs_in_as_many_workers_as_asked(tmp_path: Path) -> None:
+    done, calls = tiers(tmp_path, TEST_WORKERS="3")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = [c for c in calls if c.startswith("pytest ")]
+    parallel = " -n 3 --dist loadfile --no-loadscope-reorder "
+    assert [parallel in c for c in runs] == [True, True, False, True, False]
+
+
 @pytest.mark.parametrize(
     ("failing", "named"),
     [
         ("FIRST_RC", "tier 1 (no Go-built binary)"),
         ("SECOND_RC", "tier 2 (control plane, e2e)"),
+        ("ALONE_RC", "tier 2's load tests (alone)"),
         ("THIRD_RC", "tier 3 (helm, Prometheus, syft, nats CLI)"),
         ("FOURTH_RC", "tier 4 (node, realmodel)"),
     ],
@@ -139,9 +155,24 @@ def test_a_failing_tier_fails_the_run_names_it_last_and_the_other_tiers_still_ru
     done, calls = tiers(tmp_path, **{failing: "1"})
 
     assert done.returncode == 1
-    assert sum(c.startswith("pytest ") for c in calls) == 4
+    assert sum(c.startswith("pytest ") for c in calls) == 5
     assert done.stdout.splitlines()[-1] == (
         f"FAILED: {named} (each tier prints its own summary above)"
+    )
+
+
+def test_a_tier_with_no_test_passes_only_under_a_path_filter(tmp_path: Path) -> None:
+    """pytest exits 5 when it selects nothing: under a path filter (``make pytest`` on one
+    directory) a tier may well have none of its tests, without one an empty tier is a marker
+    mistake."""
+    done, calls = tiers(tmp_path, "tests/bus", ALONE_RC="5", FOURTH_RC="5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert calls[0].startswith("pytest tests/bus -n 2 ")
+
+    done, _ = tiers(tmp_path / "unfiltered", ALONE_RC="5")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1] == (
+        "FAILED: tier 2's load tests (alone) (each tier prints its own summary above)"
     )
 
 
@@ -159,7 +190,7 @@ def test_a_failed_wait_for_a_tier_s_builds_fails_the_run_and_names_the_build(
     done, calls = tiers(tmp_path, **{failing: "1"})
 
     assert done.returncode == 1
-    assert sum(c.startswith("pytest ") for c in calls) == 4  # its tier still runs, and fails
+    assert sum(c.startswith("pytest ") for c in calls) == 5  # its tier still runs, and fails
     assert done.stdout.splitlines()[-1] == (
         f"FAILED: {named} (each tier prints its own summary above)"
     )
@@ -178,6 +209,26 @@ def test_every_test_is_in_exactly_one_tier_by_its_markers() -> None:
     tools = {m: m == "toolbinaries" for m in markers}
     assert eval(third, {}, tools)
     assert eval(last, {}, {**tools, "node": True})
+
+
+def test_modules_marked_long_are_collected_first_each_module_whole() -> None:
+    """The control plane's tiers hand a module at a time to each worker in collection order
+    (``--no-loadscope-reorder``): the modules of minutes come first, so none starts last."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/e2e/test_runs.py", "tests/e2e/test_delivery.py", "tests/natsfaults",
+         "tests/e2e/test_big_tenant.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    modules = [line.split("::")[0] for line in done.stdout.splitlines() if "::" in line]
+    order = list(dict.fromkeys(modules))
+    assert order == [
+        "tests/e2e/test_delivery.py",  # long ones first, in the order given
+        "tests/natsfaults/test_server_faults.py",
+        "tests/e2e/test_runs.py",  # then the others, in the order given
+        "tests/e2e/test_big_tenant.py",  # alone (its own run), not long
+    ], order
+    assert modules == sorted(modules, key=order.index)  # each module's tests together
 
 
 class RecordedBuilds:
@@ -303,7 +354,7 @@ def test_a_failed_background_build_fails_the_run_shows_its_log_and_skips_the_lla
     assert "a background build failed" in done.stdout
     assert "building something" in done.stdout
     assert not any("llamaserver" in c for c in calls)
-    assert sum(c.startswith("pytest ") for c in calls) == 4
+    assert sum(c.startswith("pytest ") for c in calls) == 5
     assert done.stdout.splitlines()[-1] == (
         "FAILED: a background build (each tier prints its own summary above)"
     )

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun_dev import components, demo, stack
+from agentrun.operator.main import LOST_LEADERSHIP_EXIT
+from agentrun_dev import components, demo, procs, stack
 
 SCENARIOS = Path(__file__).with_name("scenarios.yaml")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -43,6 +44,16 @@ class E2EStack:
     attackers: set[str] = dataclasses.field(default_factory=set)
     """Public keys of NATS users a test minted to attack the bus: their refusals are the
     test's point, not a permission the operator or a worker lacked."""
+    operator_restarts: list[str] = dataclasses.field(default_factory=list)
+    """When `revive_operator` started the operator again after it gave its Lease up."""
+
+    def revive_operator(self) -> None:
+        """Start the operator again if it exited by itself for a lost Lease (`lost_lease`),
+        as its Deployment's kubelet restarts the container; `wait_for` calls it at every
+        poll. An operator a test stopped or killed is left to the test."""
+        if not self.operator.is_alive() and lost_lease(self.operator):
+            self.operator_restarts.append(f"operator lost its Lease at {time.strftime('%T')}")
+            self.operator = stack.start_operator(self.env, launch=self.launch)
 
     @property
     def mock_url(self) -> str:
@@ -72,14 +83,15 @@ class E2EStack:
         end = time.monotonic() + timeout
         status: dict[str, Any] = {}
         while time.monotonic() < end:
+            self.revive_operator()
             obj = self.get(namespace, name)
             status = (obj or {}).get("status") or {}
             if predicate(status):
                 return status
             time.sleep(0.25)
         raise AssertionError(
-            f"{namespace}/{name} did not get there in {timeout}s; "
-            f"status: {json.dumps(status, indent=1)}"
+            f"{namespace}/{name} did not get there in {timeout}s (operator restarts:"
+            f" {self.operator_restarts or 'none'}); status: {json.dumps(status, indent=1)}"
         )
 
     def wait_tenant_observed(self, name: str, *, timeout: float = 60) -> None:
@@ -113,6 +125,15 @@ class E2EStack:
         ]
         for worker in self.workers:
             wait_consuming(worker)
+
+
+def lost_lease(operator: components.Component) -> bool:
+    """Whether the exited ``operator`` process gave its Lease up by itself: exit status
+    ``LOST_LEADERSHIP_EXIT`` after "no renewal of the Lease" (the API server unreachable or
+    slow for the renew deadline, e.g. restarted on a busy machine), not killed or crashed."""
+    code = procs.exit_code(operator.record)
+    tail = procs.read_log_tail(operator.record.log_path)
+    return code == LOST_LEADERSHIP_EXIT and "no renewal of the Lease" in tail
 
 
 def wait_consuming(worker: components.Component, *, timeout: float = 30) -> None:

@@ -20,7 +20,7 @@ from .events import (
 )
 from .test_tenants import TenantFactory, append_scenario, tenants  # noqa: F401
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 
 def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_completes(

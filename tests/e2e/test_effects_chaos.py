@@ -31,7 +31,7 @@ from agentrun_dev.natsserver import NatsServer
 
 from .conftest import ACK_WAIT, E2EStack, run_manifest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 
 @pytest.fixture

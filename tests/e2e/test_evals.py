@@ -414,8 +414,12 @@ def test_a_catastrophic_pattern_grading_a_hostile_answer_holds_up_no_other_run(
         {
             "name": "eval-hostile",
             "match": {"goal": "E2E-EVAL-HOSTILE"},
-            "turns": [
-                {"content": HOSTILE_ANSWER, "usage": {"prompt_tokens": 9, "completion_tokens": 9}}
+            "turns": [  # slow enough for a poll to see the case Running on a busy machine
+                {
+                    "content": HOSTILE_ANSWER,
+                    "usage": {"prompt_tokens": 9, "completion_tokens": 9},
+                    "latency_ms": 3000,
+                }
             ],
         },
     )

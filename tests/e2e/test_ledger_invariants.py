@@ -26,7 +26,7 @@ from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from .conftest import HOLD_TTL, LEDGER_SWEEP, E2EStack, run_manifest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 RUNS_PER_TENANT = 50
 TOKENS_LIMIT = 9_000

@@ -20,6 +20,7 @@ binary the NATS image ships) and the operator's NATS identity, as the chart's ru
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import time
@@ -65,6 +66,17 @@ def requests_for(stack_: E2EStack, goal: str) -> int:
     return sum(goal in json.dumps(r["body"]) for r in stack_.mock_requests())
 
 
+def wait_asked(stack_: E2EStack, goal: str, calls: int, *, timeout: float = 60.0) -> None:
+    """Wait until the scripted model got ``calls`` requests for the run with ``goal`` (the
+    turns before the last committed, the last one in flight): the model's log sees a turn at
+    once, the status only when the operator writes it, which on a loaded machine was after
+    the run had ended (an E2E-LONG run takes about 5 s)."""
+    end = time.monotonic() + timeout
+    while (asked := requests_for(stack_, goal)) < calls:
+        assert time.monotonic() < end, f"the model was asked {asked} times in {timeout} s"
+        time.sleep(0.1)
+
+
 def used_tokens(status: dict[str, Any]) -> int:
     return int(((status.get("budget") or {}).get("tokens") or {}).get("used") or 0)
 
@@ -103,9 +115,12 @@ def wait_exited(component: components.Component, *, timeout: float) -> None:
 
 
 def stop_agentrun(stack_: E2EStack) -> None:
-    """Scale the operator and the workers to 0: SIGTERM, the workers draining their turns."""
-    for component in [*stack_.workers, stack_.operator]:
-        components.stop_component(component, timeout=20)
+    """Scale the operator and the workers to 0, as scaling both Deployments does: SIGTERM to
+    all at once, the workers draining their turns. (One after the other, the workers still
+    running took the run's next turns while the first stopped.)"""
+    parts = [*stack_.workers, stack_.operator]
+    with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:
+        list(pool.map(lambda part: components.stop_component(part, timeout=20), parts))
 
 
 def test_a_wiped_store_ends_running_runs_keeps_finished_ones_and_rebuilds_usage(
@@ -121,7 +136,7 @@ def test_a_wiped_store_ends_running_runs_keeps_finished_ones_and_rebuilds_usage(
     assert finished["terminalReason"] == "completed"
     goal = f"E2E-LONG job (running at the wipe) {ns}"
     stack_.apply(ns, run_manifest("running", goal))
-    stack_.wait_for(ns, "running", lambda s: (s.get("usage") or {}).get("steps", 0) >= 2)
+    wait_asked(stack_, goal, 2)
 
     operator = stack_.operator
     logged = operator.spec.log_path.stat().st_size
@@ -172,8 +187,9 @@ def test_a_nats_restart_with_its_store_intact_is_not_taken_for_a_lost_store(
     stack_: E2EStack, test_namespace: str, nats_server: NatsServer
 ) -> None:
     ns = test_namespace
-    stack_.apply(ns, run_manifest("through", f"E2E-LONG job (through a NATS restart) {ns}"))
-    stack_.wait_for(ns, "through", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1)
+    goal = f"E2E-LONG job (through a NATS restart) {ns}"
+    stack_.apply(ns, run_manifest("through", goal))
+    wait_asked(stack_, goal, 2)
     operator = stack_.operator
     logged = operator.spec.log_path.stat().st_size
 
@@ -197,7 +213,7 @@ def test_a_store_restored_from_stream_backups_resumes_runs_without_paying_twice(
     ns = test_namespace
     goal = f"E2E-LONG job (in flight at the backup) {ns}"
     stack_.apply(ns, run_manifest("inflight", goal))
-    stack_.wait_for(ns, "inflight", lambda s: (s.get("usage") or {}).get("steps", 0) >= 2)
+    wait_asked(stack_, goal, 2)
 
     # docs/operations.md, "Backing up and restoring NATS", in its order
     stop_agentrun(stack_)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentrun import kernel
-from agentrun.kernel import Phase
+from agentrun.kernel import Phase, transcript
 
 from .helpers import checked, tool_turn
 
@@ -323,7 +323,11 @@ def test_at_a_cap_one_tool_free_summary_call_writes_the_answer_and_keeps_the_rea
     terminal = kernel.conclude(done.phase, steps=done.steps)
     assert terminal is not None and terminal.outcome is kernel.Outcome.PARTIAL
     assert done.messages[-2]["content"].startswith("[agentrun] The run has reached its budget")
-    assert done.steps == 2
+    assert done.messages[-1] == {"role": "assistant", "content": "Found 2."}
+    assert done.messages[:-2] == state.messages
+    assert (done.steps, done.turn, done.pending_cap) == (2, state.turn + 1, None)
+    assert done.usage == state.usage + kernel.Usage(120, 5)
+    assert done.message == state.message + "; summary written to answer"
 
 
 @pytest.mark.parametrize(
@@ -361,6 +365,15 @@ def test_a_summary_call_that_fails_still_ends_with_the_caps_reason() -> None:
     failed = kernel.Summarized(1, None, error="HTTP 500")
     done = kernel.advance(state, failed, limits)
     assert done.phase is Phase.MAX_STEPS and done.answer is None
+    assert (done.steps, done.turn) == (state.steps, state.turn + 1)  # no reply: no step
+    assert done.messages == (*state.messages, transcript.summary_request(Phase.MAX_STEPS))
+    assert done.message == state.message + "; no summary"
+
+
+def test_a_summary_with_no_cap_pending_is_refused_naming_its_turn() -> None:
+    summary = kernel.Summarized(0, kernel.Final("Found 2."), kernel.Usage(1, 1))
+    with pytest.raises(ValueError, match=r"^turn 0 is a summary, but no cap is pending$"):
+        kernel.advance(start(), summary, kernel.Limits())
 
 
 def test_the_deadline_beats_the_summary() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +23,26 @@ ANSWER = "a" * 100_000 + "!"
 
 def _messages(schema: Any, instance: Any) -> list[str]:
     return [e.message for e in schemas.errors(schemas.validator_for(schema), instance)]
+
+
+CPU_LIMIT = 30.0
+"""CPU seconds any test here may use: a validation that lost its bounds (an exponential
+schema, a hostile pattern on a backtracking engine) fails the test at this limit instead of
+running for hours (``make mutate`` counts such a change as caught within its timeout)."""
+
+
+@pytest.fixture(autouse=True)
+def _cpu_limit() -> Iterator[None]:
+    def stop(signum: int, frame: object) -> None:
+        raise AssertionError(f"the test used more than {CPU_LIMIT} s of CPU")
+
+    previous = signal.signal(signal.SIGPROF, stop)
+    signal.setitimer(signal.ITIMER_PROF, CPU_LIMIT)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 def _quick(seconds: float = 1.0) -> Any:

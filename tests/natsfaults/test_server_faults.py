@@ -40,7 +40,7 @@ from agentrun.protocol import RunEvent
 from agentrun_dev import components, natscluster, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.timeout(600)]
 
 RUNS_PER_TENANT = 50
 TURNS = 6
@@ -120,7 +120,9 @@ class Admin:
 
     def diagnose(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
         """What NATS holds of a stuck run: its events (kind, turn, seq), the TurnRequests of
-        it still in the work queue (turn, base, deliveries) and the workers' consumer."""
+        it still in the work queue (turn, base, deliveries), the workers' consumer (pending,
+        ack pending, redelivered) and the operator's on the events (the same, and its pull
+        requests waiting)."""
         return dict(self.run(self._diagnose(namespace, name, uid)))
 
     async def _diagnose(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
@@ -146,11 +148,18 @@ class Admin:
             if request.run_uid == uid:
                 queued.append((at, request.turn, request.expected_seq, raw.headers))
         consumer = await jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
+        operator = await jsm.consumer_info(protocol.STREAM_EVENTS, protocol.OPERATOR_CONSUMER)
         return {
             "uid": uid,
             "events": events,
             "queued": queued,
             "workers": (consumer.num_pending, consumer.num_ack_pending, consumer.num_redelivered),
+            "operator": (
+                operator.num_pending,
+                operator.num_ack_pending,
+                operator.num_redelivered,
+                operator.num_waiting,
+            ),
         }
 
     def close(self) -> None:
@@ -185,7 +194,16 @@ def faults_stack(
     # turn in flight redelivered to the other worker, which asked the model again (1 run in
     # 4): a worker cut off from the consumer for longer than the ack wait is, to JetStream,
     # a dead one. That bound is the product's, said in docs/operations.md.
-    env.update(AGENTRUN_STATUS_INTERVAL="0.5")
+    # The Lease at the product's defaults (15 s, renew deadline 10 s), not the e2e stack's
+    # short ones (8 s, 6 s, for quick failovers): nothing here tests a failover, and under this
+    # load a renewal took up to 4.4 s on two cores, near the short deadline (past it the
+    # operator exits, as designed; ``Load.statuses`` starts it again).
+    env.update(
+        AGENTRUN_STATUS_INTERVAL="0.5",
+        AGENTRUN_LEASE_DURATION="15",
+        AGENTRUN_LEASE_RENEW_DEADLINE="10",
+        AGENTRUN_LEASE_RETRY="2",
+    )
     operator = stack.start_operator(env, launch=launch)
     workers = [stack.start_worker(i, env=env, launch=launch) for i in (1, 2)]
     handle = E2EStack(kubectl, launch, env, mock, operator, workers)
@@ -208,7 +226,8 @@ def admin(nats_cluster: natscluster.NatsCluster) -> Iterator[Admin]:
 
 @pytest.fixture
 def tenants(faults_stack: E2EStack) -> Iterator[dict[str, str]]:
-    """Two AgentTenants of a fresh namespace each, room for all their runs: name → namespace."""
+    """Two AgentTenants of a fresh namespace each, admitting one run at a time until `Load`
+    opens them to all their runs: name → namespace."""
     made: dict[str, str] = {}
     for _ in range(2):
         namespace = create_namespace(faults_stack.kubectl)
@@ -220,7 +239,7 @@ def tenants(faults_stack: E2EStack) -> Iterator[dict[str, str]]:
             "spec": {
                 "namespaces": [namespace],
                 "budget": {"tokens": 10_000_000},
-                "maxConcurrentRuns": RUNS_PER_TENANT,
+                "maxConcurrentRuns": 1,
             },
         }
         faults_stack.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
@@ -235,7 +254,11 @@ def tenants(faults_stack: E2EStack) -> Iterator[dict[str, str]]:
 
 
 class Load:
-    """The 100 runs of one test: applied at once, polled with kubectl."""
+    """The 100 runs of one test, polled with kubectl. They are applied while each tenant
+    admits one run at a time, then the tenants are opened to all of them at once: on a busy
+    API server, creating 100 runs takes longer than a run (30 s for 100, against 9 s a run,
+    seen beside another test run), so runs applied straight away would mostly end before the
+    last were created, and before the fault."""
 
     def __init__(self, stack_: E2EStack, tenants: dict[str, str]) -> None:
         self.stack = stack_
@@ -247,9 +270,23 @@ class Load:
             ]
             body = {"apiVersion": "v1", "kind": "List", "items": runs}
             stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
+        self.asked_before = self.asked()
+        opened = json.dumps({"spec": {"maxConcurrentRuns": RUNS_PER_TENANT}})
+        for name in tenants:
+            stack_.kubectl("patch", "agenttenant", name, "--type=merge", "-p", opened)
+
+    def asked(self) -> int:
+        """Model calls of these runs so far, as the scripted model counts them."""
+        namespaces = tuple(self.tenants.values())
+        bodies = [json.dumps(r["body"]) for r in self.stack.mock_requests()]
+        return sum(1 for b in bodies if any(f"{MARK} {ns}/" in b for ns in namespaces))
 
     def statuses(self) -> dict[str, list[dict[str, Any]]]:
-        """Tenant name → its runs' ``.status`` (``metadata.name`` added as ``name``)."""
+        """Tenant name → its runs' ``.status`` (``metadata.name`` added as ``name``). Each
+        poll first starts the operator again if it gave its Lease up (``revive_operator``: on
+        a loaded machine the API server can answer slower than the renew deadline, and the
+        operator then exits as designed, for its Deployment to restart it)."""
+        self.stack.revive_operator()
         found: dict[str, list[dict[str, Any]]] = {}
         for tenant, namespace in self.tenants.items():
             out = self.stack.kubectl("get", "agentruns", "-n", namespace, "-o", "json").stdout
@@ -268,15 +305,11 @@ class Load:
         return sum(1 for s in self.statuses().values() for x in s if x.get("terminalReason"))
 
     def wait_started(self, calls: int, *, timeout: float = 60) -> None:
-        """Wait until the scripted model got `calls` requests of these runs (the load is on;
-        the model's count, not the runs' status, which the operator writes behind it)."""
+        """Wait until the scripted model got `calls` requests of these runs since the tenants
+        were opened (the load is on; the model's count, not the runs' status, which the
+        operator writes behind it)."""
         end = time.monotonic() + timeout
-        namespaces = tuple(self.tenants.values())
-        while True:
-            bodies = [json.dumps(r["body"]) for r in self.stack.mock_requests()]
-            asked = sum(1 for b in bodies if any(f"{MARK} {ns}/" in b for ns in namespaces))
-            if asked >= calls:
-                return
+        while (asked := self.asked() - self.asked_before) < calls:
             assert time.monotonic() < end, f"only {asked} model calls in {timeout} s"
             time.sleep(0.2)
 
@@ -304,8 +337,19 @@ class Load:
             stuck = [s for key, s in unfinished if now - moved[key] > stall]
             if stuck:
                 found = [admin.diagnose(s["namespace"], s["name"], s["uid"]) for s in stuck[:3]]
-                raise AssertionError(f"{len(stuck)} runs without progress for {stall} s: {found}")
+                raise AssertionError(
+                    f"{len(stuck)} runs without progress for {stall} s: {found}; "
+                    f"operator restarts: {self.stack.operator_restarts or 'none'}; "
+                    f"the operator's last warnings: {_warnings(self.stack.operator)}"
+                )
             time.sleep(1.0)
+
+
+def _warnings(component: components.Component, *, last: int = 15) -> list[str]:
+    """The last WARNING and ERROR lines of ``component``'s log (what a stall report needs)."""
+    lines = component.spec.log_path.read_text(errors="replace").splitlines()
+    keep = (" WARNING ", " ERROR ", " CRITICAL ", "--- agentrun: start")
+    return [line[:300] for line in lines if any(k in line for k in keep)][-last:]
 
 
 def _progress(status: dict[str, Any]) -> tuple[Any, ...]:

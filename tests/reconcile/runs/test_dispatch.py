@@ -227,6 +227,28 @@ async def test_an_admission_the_consumer_sees_before_start_run_tracks_it_is_disp
     await run.cancel_timers()
 
 
+def deadline_timers(cfg: RunConfig) -> int:
+    """Deadline timers of run ``cfg`` still running on this event loop."""
+    name = f"deadline-{cfg.uid}"
+    return sum(1 for t in asyncio.all_tasks() if t.get_name() == name and not t.done())
+
+
+async def test_a_run_followed_already_and_recovered_keeps_one_deadline_timer(bus: Bus) -> None:
+    """After a share change kopf resumes every run, and ``recover`` finds a run the event
+    consumer already follows: its deadline timer is not started twice, and stopping the parts
+    leaves no timer running. (The second timer was never cancelled: every share change and
+    every stop under load waited kopf's 5 s for it as a hung task.)"""
+    cfg = config()
+    run, _, _, _ = dispatcher(bus)
+    await admitted(bus, run, cfg)
+    assert deadline_timers(cfg) == 1
+    assert await run.recover(cfg.namespace, cfg.name, cfg.uid, generation=1)
+    assert await run.recover(cfg.namespace, cfg.name, cfg.uid, generation=1)
+    assert deadline_timers(cfg) == 1
+    await run.cancel_timers()
+    assert deadline_timers(cfg) == 0
+
+
 def awaiting_approval(start: kernel.RunState) -> kernel.RunState:
     limits = kernel.Limits(approval_tools=frozenset({"deploy"}))
     call = kernel.CheckedCall("d1", "deploy", {"version": "1"})

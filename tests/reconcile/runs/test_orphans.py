@@ -17,7 +17,7 @@ from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
 from agentrun.operator.runs.fairness import ReadyTurn
-from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
+from agentrun.operator.runs.orphans import BEHIND_AFTERS, MAX_REDISPATCHES, OrphanWatch
 from agentrun.operator.runs.seals import RunSeals
 from agentrun.operator.runs.writer import StatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
@@ -174,6 +174,36 @@ async def test_a_run_that_moved_on_meanwhile_is_not_published_again(
     await dispatcher.redispatch(turn)  # a snapshot of the old turn changes nothing
     assert [r.expected_seq for r, _ in bus.published] == [1, 2]
     assert dispatcher.pending_turns()[0].redispatches == 0
+
+
+async def test_an_event_the_consumer_never_delivers_is_logged_once(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing acts on a run whose newer event the event consumer has not delivered (it is
+    the consumer's to deliver), but once it has waited ``BEHIND_AFTERS × after`` it is
+    logged, once per event, the runs found in one pass in one line: a stuck consumer is not
+    silent, and a lagging one does not log a line per run."""
+    bus, dispatcher, watch, clock = stack
+    (turn,) = dispatcher.pending_turns()
+    bus.queued.clear()  # its worker acked the request and committed event 2
+    await bus.append_event(
+        "ns", "r", dataclasses.replace(bus.events[0], time=clock.now), expected_seq=1
+    )
+    clock.now += BEHIND_AFTERS * AFTER - 1
+    assert not await watch.check(turn)
+    watch.report_behind()
+    assert "has not delivered" not in caplog.text  # not yet
+    clock.now += 1
+    for _ in range(3):
+        assert not await watch.check(turn)
+        watch.report_behind()
+    said = [r.getMessage() for r in caplog.records if "has not delivered" in r.getMessage()]
+    assert said == [
+        "1 run(s) have a committed event the event consumer has not delivered after 30s or "
+        "more (longest: ns/r, event 2 committed 30s ago, the operator last applied event 1): "
+        "the consumer is behind or stuck (agentrun_jetstream_consumer_pending)"
+    ]
+    assert len(bus.published) == 1  # not published again: the run moved on
 
 
 async def test_a_turn_dropped_before_it_was_published_is_handed_to_the_gate_again(

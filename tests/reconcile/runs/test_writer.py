@@ -35,6 +35,8 @@ class FakeApi:
         self.reads = 0
         self.refused = 0
         """Patches refused with ``fail_with``."""
+        self.slow: list[float] = []
+        """Seconds the next patches take before they land, one value a patch, in order."""
 
     def other_writer(self, status: dict[str, Any]) -> None:
         """Another process patches the status (the version moves on)."""
@@ -53,6 +55,8 @@ class FakeApi:
     async def patch_status(
         self, ref: Ref, status: Mapping[str, Any], *, uid: str = "", version: str = ""
     ) -> dict[str, Any]:
+        if self.slow:
+            await asyncio.sleep(self.slow.pop(0))
         refused = self.fail_with is not None and not (
             self.fail_with == 422 and "usage" not in status
         )
@@ -131,6 +135,21 @@ async def test_a_run_s_ordinary_writes_are_at_least_the_interval_apart() -> None
     await until(lambda: len(api.writes) == 2)
     await writer.flush_and_stop()
     assert api.written_at[1] - api.written_at[0] >= 0.3  # a lower bound no load can break
+
+
+async def test_a_slow_patch_holds_the_run_s_next_write_for_the_interval_after_it_landed() -> None:
+    """The interval counts from the end of a write, not its start: a first patch that takes
+    most of the interval does not let the next one land right after it."""
+    api = FakeApi()
+    api.slow = [0.25]
+    writer = StatusWriter(api, interval=0.3)
+    writer.start()
+    writer.submit(RUN, running(1), seq=1, terminal=False)
+    await until(lambda: len(api.writes) == 1)
+    writer.submit(RUN, running(2), seq=2, terminal=False)
+    await until(lambda: len(api.writes) == 2)
+    await writer.flush_and_stop()
+    assert api.written_at[1] - api.written_at[0] >= 0.3
 
 
 async def test_an_older_projection_never_overwrites_a_newer_one() -> None:
