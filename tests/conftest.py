@@ -90,7 +90,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build or locate the control-plane (and node) binaries, helm, the nats CLI and syft
-    before the first test needing them (``prometheus_support`` does Prometheus')."""
+    before the first test needing them (``prometheus_support`` does Prometheus'). Nothing is
+    built for ``--collect-only``: a listing runs no test, and must not wait minutes for a
+    build another process holds (the suite's own tests list tiers while the builds run)."""
+    if session.config.option.collectonly:
+        return
     used = set().union(*(getattr(item, "fixturenames", ()) for item in session.items))
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
 

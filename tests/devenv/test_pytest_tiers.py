@@ -231,6 +231,22 @@ def test_modules_marked_long_are_collected_first_each_module_whole() -> None:
     assert modules == sorted(modules, key=order.index)  # each module's tests together
 
 
+def test_a_listing_builds_nothing_and_waits_for_no_build(tmp_path: Path) -> None:
+    """``--collect-only`` of tests that need the control plane, the node and the tools, with
+    an empty binary cache: it lists them at once and builds nothing (a listing that waited
+    for a build held by another process timed out in the first tier of a cold machine)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop("KUBEBUILDER_ASSETS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/e2e/test_runs.py", "tests/cluster/test_helm_install.py"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert "tests/cluster/test_helm_install.py::" in done.stdout
+    assert "agentrun devenv:" not in done.stdout + done.stderr
+    assert not (tmp_path / "cache").exists()
+
+
 class RecordedBuilds:
     """Stand-ins for the builders ``agentrun dev binaries`` calls: each records its name and
     returns paths under ``/built``, so the order of the builds is seen without building."""

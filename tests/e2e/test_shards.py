@@ -415,9 +415,9 @@ def test_an_operator_added_while_runs_go_takes_its_share_and_no_run_is_dropped_o
     operators: Operators, tenants: dict[str, str], stack_: E2EStack, nats_server: Any
 ) -> None:
     """Two operators (three shards each) with half the runs going; a third starts, the rest of
-    the runs are created, and the two give shards up (one each) to the third while runs go:
-    every run completes once, ledgers exact, and the third's shard Leases were acquired
-    before the last run ended (a shard moved under load)."""
+    the runs are created (paced until it holds its share), and the two give shards up (one
+    each) to the third while runs go: every run completes once, ledgers exact, and the
+    third's shard Leases were acquired before the last run ended (a shard moved under load)."""
     began = time.time()
     for key in "ab":
         operators.start(key)
@@ -427,7 +427,16 @@ def test_an_operator_added_while_runs_go_takes_its_share_and_no_run_is_dropped_o
     try:
         _apply_runs(stack_, tenants, range(half))
         operators.start("c")
-        _apply_runs(stack_, tenants, range(half, RUNS_PER_TENANT))
+        # the rest one run a tenant at a time, 2 s apart, until the third holds its share
+        # (then at once): runs still go after the move however long it takes on a loaded
+        # machine, up to the last one created
+        share = -(-SHARDS // 3)
+        for i in range(half, RUNS_PER_TENANT):
+            if list(operators.holders().values()).count("shard-op-c") >= share:
+                _apply_runs(stack_, tenants, range(i, RUNS_PER_TENANT))
+                break
+            _apply_runs(stack_, tenants, range(i, i + 1))
+            time.sleep(2)
         statuses = _wait_ended(stack_, tenants, operators)
         last_end = max(
             _epoch(status["completionTime"]) for runs in statuses.values() for status in runs

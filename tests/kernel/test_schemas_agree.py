@@ -132,3 +132,65 @@ def test_the_agreement_covers_each_linear_keyword_failing() -> None:
         ours = _findings(schemas.errors(schemas.validator_for(schema), instance))
         assert ours, (schema, instance)
         assert ours == _findings(jsonschema.Draft202012Validator(schema).iter_errors(instance))
+
+
+def _cut(message: str) -> str:
+    """A message as ``schemas.errors`` documents it: over ``MESSAGE_CHARS`` characters, its
+    first part, an ellipsis and its last third."""
+    limit = schemas.MESSAGE_CHARS
+    if len(message) <= limit:
+        return message
+    return message[: limit - limit // 3 - 1] + "…" + message[-(limit // 3) :]
+
+
+def _stock_cut(schema: dict[str, Any], instance: Any) -> list[Any]:
+    """The stock validator's errors, first ``MAX_ERRORS``, messages cut as ours are."""
+    found = list(jsonschema.Draft202012Validator(schema).iter_errors(instance))
+    for error in found[: schemas.MAX_ERRORS]:
+        error.message = _cut(error.message)
+    return found[: schemas.MAX_ERRORS]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(subschemas.filter(lambda s: isinstance(s, dict)), leaf, instances)
+@example({"oneOf": [{}, True]}, False, {"a": {"ab": [1, 2, 3]}, "b": "ab" * 200})
+def test_unevaluated_properties_over_any_applicators_find_what_jsonschemas_own_find(
+    schema: dict[str, Any], extra: Any, instance: Any
+) -> None:
+    """``unevaluatedProperties`` at the top of every generated schema, so each applicator
+    under it (``$ref``, ``allOf``/``anyOf``/``oneOf``, ``if``/``then``/``else``,
+    ``dependentSchemas``, nested ``additionalProperties``) is asked what it evaluated; long
+    messages compared as both are cut."""
+    schema = {**schema, "unevaluatedProperties": extra, "$defs": DEFS}
+    ours = schemas.errors(schemas.validator_for(schema), instance)
+    assert _findings(ours) == _findings(_stock_cut(schema, instance))
+
+
+def test_hand_picked_applicators_evaluate_what_jsonschemas_own_do() -> None:
+    """Cases the generator does not draw: ``$dynamicRef`` to a ``$dynamicAnchor``, ``if``
+    decided by ``required``, ``oneOf`` with two branches valid (none applies), and
+    ``additionalProperties``/``unevaluatedProperties`` nested in a property's schema."""
+    cases: list[tuple[dict[str, Any], Any]] = [
+        ({"$defs": {"d": {"$dynamicAnchor": "x", "properties": {"a": {}}}},
+          "$dynamicRef": "#x", "unevaluatedProperties": False}, {"a": 1, "b": 2}),
+        ({"if": {"required": ["a"]}, "then": {"properties": {"b": {}}},
+          "else": {"properties": {"c": {}}}, "unevaluatedProperties": False},
+         {"a": 1, "b": 2, "c": 3}),
+        ({"if": {"required": ["a"]}, "then": {"properties": {"b": {}}},
+          "else": {"properties": {"c": {}}}, "unevaluatedProperties": False}, {"b": 2, "c": 3}),
+        ({"oneOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}],
+          "unevaluatedProperties": False}, {"a": 1, "b": 2}),
+        ({"oneOf": [{"properties": {"a": {}}, "required": ["a"]}, {"required": ["b"]}],
+          "unevaluatedProperties": False}, {"a": 1, "c": 2}),
+        ({"properties": {"a": {"properties": {"x": {}}, "additionalProperties": False}},
+          "unevaluatedProperties": False}, {"a": {"x": 1, "y": 2}, "b": 3}),
+        ({"properties": {"a": {"allOf": [{"properties": {"x": {}}}],
+                               "unevaluatedProperties": {"type": "string"}}}},
+         {"a": {"x": 1, "y": 2, "z": "s"}}),
+        ({"anyOf": [{"additionalProperties": {"type": "integer"}}, {"properties": {"b": {}}}],
+          "unevaluatedProperties": False}, {"a": 1, "b": "s"}),
+    ]  # fmt: skip
+    for schema, instance in cases:
+        ours = _findings(schemas.errors(schemas.validator_for(schema), instance))
+        assert ours, (schema, instance)
+        assert ours == _findings(_stock_cut(schema, instance)), (schema, instance)
