@@ -25,6 +25,7 @@ import functools
 import json
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,7 +38,7 @@ import yaml
 from agentrun import protocol
 from agentrun.operator.platform.shards import lease_name, member_lease_name, shard_of
 from agentrun_dev import components, probes, procs, stack
-from agentrun_dev.kubectl import create_namespace, delete_namespace
+from agentrun_dev.kubectl import delete_namespace
 
 from .conftest import E2EStack, http_get, lost_lease, run_manifest
 from .test_failover import LEASE_DURATION
@@ -207,11 +208,17 @@ async def _delete_shard_consumers(server: Any) -> None:
 
 @pytest.fixture
 def tenants(stack_: E2EStack) -> Iterator[dict[str, str]]:
-    """Six AgentTenants, each binding a fresh namespace, spread over at least four shards:
-    tenant → namespace."""
+    """Six AgentTenants, each binding a fresh namespace, one tenant on each of the six shards
+    (so a killed operator's fair share is a proper subset of them): tenant → namespace.
+
+    Names are drawn until their shards differ: six random names fell on the two shards of one
+    operator in CI, leaving no other tenant's runs to create."""
     made: dict[str, str] = {}
-    for _ in range(TENANTS):
-        namespace = create_namespace(stack_.kubectl)
+    while len(made) < TENANTS:
+        namespace = f"agentrun-test-{uuid.uuid4().hex[:8]}"
+        if shard_of(f"shard-{namespace}", SHARDS) in {shard_of(t, SHARDS) for t in made}:
+            continue
+        stack_.kubectl("create", "namespace", namespace)
         made[f"shard-{namespace}"] = namespace
     for name, namespace in made.items():
         tenant = {
@@ -342,12 +349,13 @@ def test_three_operators_share_six_shards_and_a_killed_ones_move_within_the_leas
     served by the two others within ``TAKEOVER_BOUND`` (a ``ShardTakenOver`` Event each),
     every run completes once, ledgers exact; the survivors then stop on SIGTERM, giving their
     shards up."""
-    assert len({shard_of(t, SHARDS) for t in tenants}) >= 2
+    assert len({shard_of(t, SHARDS) for t in tenants}) == TENANTS
     for key in "abc":
         operators.start(key)
     before = operators.wait_shared(["a", "b", "c"], timeout=60)
     victim = before[shard_of(next(iter(tenants)), SHARDS)].removeprefix("shard-op-")
     victims_tenants = [t for t in tenants if before[shard_of(t, SHARDS)] == f"shard-op-{victim}"]
+    assert 0 < len(victims_tenants) < len(tenants), (before, victims_tenants)
     ledger = Ledger(nats_server)
     try:  # a few of the victim's runs first; it is killed once it served one, then the rest
         mine = {t: tenants[t] for t in victims_tenants}
