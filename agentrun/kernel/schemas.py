@@ -47,6 +47,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import attrs
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.protocols
@@ -436,12 +437,42 @@ _REFERENCES = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
 @functools.cache
 def _linear(base: type[Any]) -> Any:
     """``base`` (a jsonschema draft's validator class) with the linear keywords, every keyword
-    counted, unresolvable references as errors."""
+    counted, unresolvable references as errors, and every subschema it descends into checked
+    the same way.
+
+    jsonschema's ``evolve`` (which ``descend`` and every applicator call) picks the class of a
+    subschema that names its dialect (``$schema``) afresh from jsonschema's own registry: a
+    ``$ref`` to the root, a ``$recursiveRef``, or an embedded resource with its own ``$schema``
+    went on on the draft's plain class, uncounted and backtracking (``^(a+)+$`` behind
+    ``{"$ref": "#"}`` took seconds for 24 characters; a 2019-09 ``anyOf`` over
+    ``$recursiveRef`` ran minutes without ``WorkExceeded``). Here the dialect it picks is kept,
+    on its linear class."""
     keywords: dict[str, _Keyword] = {}
     for name, keyword in base.VALIDATORS.items():
         own = _LINEAR.get(name, keyword)
         keywords[name] = _ref_counted(own) if name in _REFERENCES else _counted(own)
-    return jsonschema.validators.extend(base, validators=keywords)  # type: ignore[no-untyped-call]
+    linear = jsonschema.validators.extend(base, validators=keywords)  # type: ignore[no-untyped-call]
+    plain_evolve = linear.evolve
+
+    def evolve(self: Any, **changes: Any) -> Any:
+        evolved = plain_evolve(self, **changes)
+        return evolved if type(evolved) in _LINEAR_CLASSES else _on_linear(evolved)
+
+    linear.evolve = evolve
+    _LINEAR_CLASSES.add(linear)
+    return linear
+
+
+_LINEAR_CLASSES: set[type[Any]] = set()
+"""The classes ``_linear`` made: a validator of one of them counts its work on RE2."""
+
+
+def _on_linear(plain: Any) -> Any:
+    """``plain`` (a validator of a jsonschema draft's own class) as the same validator on that
+    draft's linear class: the same schema, resolver, registry and format checker."""
+    kind: Any = type(plain)
+    fields = attrs.fields(kind)
+    return _linear(kind)(**{f.alias: getattr(plain, f.name) for f in fields if f.init})
 
 
 # --- admission checks -----------------------------------------------------------------------

@@ -144,8 +144,10 @@ def _cut(message: str) -> str:
 
 
 def _stock_cut(schema: dict[str, Any], instance: Any) -> list[Any]:
-    """The stock validator's errors, first ``MAX_ERRORS``, messages cut as ours are."""
-    found = list(jsonschema.Draft202012Validator(schema).iter_errors(instance))
+    """The stock validator's errors (of the draft ``$schema`` names, 2020-12 when none), first
+    ``MAX_ERRORS``, messages cut as ours are."""
+    stock = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+    found = list(stock(schema).iter_errors(instance))
     for error in found[: schemas.MAX_ERRORS]:
         error.message = _cut(error.message)
     return found[: schemas.MAX_ERRORS]
@@ -169,7 +171,8 @@ def test_unevaluated_properties_over_any_applicators_find_what_jsonschemas_own_f
 def test_hand_picked_applicators_evaluate_what_jsonschemas_own_do() -> None:
     """Cases the generator does not draw: ``$dynamicRef`` to a ``$dynamicAnchor``, ``if``
     decided by ``required``, ``oneOf`` with two branches valid (none applies), and
-    ``additionalProperties``/``unevaluatedProperties`` nested in a property's schema."""
+    ``additionalProperties``/``unevaluatedProperties`` nested in a property's schema, and
+    subschemas naming their own dialect (``$schema``) behind ``$ref`` and ``$recursiveRef``."""
     cases: list[tuple[dict[str, Any], Any]] = [
         ({"$defs": {"d": {"$dynamicAnchor": "x", "properties": {"a": {}}}},
           "$dynamicRef": "#x", "unevaluatedProperties": False}, {"a": 1, "b": 2}),
@@ -189,6 +192,18 @@ def test_hand_picked_applicators_evaluate_what_jsonschemas_own_do() -> None:
          {"a": {"x": 1, "y": 2, "z": "s"}}),
         ({"anyOf": [{"additionalProperties": {"type": "integer"}}, {"properties": {"b": {}}}],
           "unevaluatedProperties": False}, {"a": 1, "b": "s"}),
+        # subschemas naming their dialect keep it (on the linear engine): draft-07's
+        # `dependencies`, unknown to 2020-12, applies inside an embedded draft-07 resource
+        ({"$defs": {"d7": {"$id": "https://example.com/d7",
+                           "$schema": "http://json-schema.org/draft-07/schema#",
+                           "dependencies": {"a": ["b"]}, "patternProperties": {"^a": {}},
+                           "additionalProperties": False}},
+          "properties": {"x": {"$ref": "https://example.com/d7"}}}, {"x": {"a": 1, "c": 2}}),
+        ({"$schema": "https://json-schema.org/draft/2019-09/schema", "$recursiveAnchor": True,
+          "properties": {"x": {"$recursiveRef": "#"}, "p": {"pattern": "^a"}},
+          "unevaluatedProperties": False}, {"x": {"p": "b", "q": 1}}),
+        ({"$schema": "https://json-schema.org/draft/2020-12/schema",
+          "properties": {"x": {"$ref": "#"}}, "uniqueItems": True}, {"x": [1, 1.0]}),
     ]  # fmt: skip
     for schema, instance in cases:
         ours = _findings(schemas.errors(schemas.validator_for(schema), instance))
