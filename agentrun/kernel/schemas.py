@@ -225,34 +225,31 @@ _REGISTRY: referencing.Registry[Any] = referencing.Registry()
 _Keyword = Callable[[Any, Any, Any, Any], Iterator[jsonschema.exceptions.ValidationError]]
 
 
-def _counted(keyword: _Keyword) -> _Keyword:
-    """``keyword``, counting a step when applied and ``ERROR_STEPS`` per error it passes up."""
+def _counted(
+    keyword: _Keyword, validator: Any, value: Any, instance: Any, schema: Any
+) -> Iterator[jsonschema.exceptions.ValidationError]:
+    """``keyword`` applied, counting a step and ``ERROR_STEPS`` per error it passes up (bound
+    to each keyword with ``functools.partial``, so the counting runs at each application)."""
+    _spend(1)
+    for error in keyword(validator, value, instance, schema):
+        _spend(ERROR_STEPS)
+        yield error
 
-    def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        _spend(1)
+
+def _ref_counted(
+    keyword: _Keyword, validator: Any, value: Any, instance: Any, schema: Any
+) -> Iterator[jsonschema.exceptions.ValidationError]:
+    """A reference keyword applied, counted (``REF_STEPS``: resolving one costs several
+    keywords' work), with an unresolvable reference as a validation error."""
+    _spend(REF_STEPS)
+    try:
         for error in keyword(validator, value, instance, schema):
             _spend(ERROR_STEPS)
             yield error
-
-    return counted
-
-
-def _ref_counted(keyword: _Keyword) -> _Keyword:
-    """A reference keyword, counted (``REF_STEPS``: resolving one costs several keywords'
-    work), with an unresolvable reference as a validation error."""
-
-    def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        _spend(REF_STEPS)
-        try:
-            for error in keyword(validator, value, instance, schema):
-                _spend(ERROR_STEPS)
-                yield error
-        except referencing.exceptions.Unresolvable as err:
-            yield jsonschema.exceptions.ValidationError(
-                f"the schema's reference {value!r} does not resolve within the schema ({err})"
-            )
-
-    return counted
+    except referencing.exceptions.Unresolvable as err:
+        yield jsonschema.exceptions.ValidationError(
+            f"the schema's reference {value!r} does not resolve within the schema ({err})"
+        )
 
 
 def _pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
@@ -450,21 +447,22 @@ def _linear(base: type[Any]) -> Any:
     keywords: dict[str, _Keyword] = {}
     for name, keyword in base.VALIDATORS.items():
         own = _LINEAR.get(name, keyword)
-        keywords[name] = _ref_counted(own) if name in _REFERENCES else _counted(own)
+        keywords[name] = functools.partial(_ref_counted if name in _REFERENCES else _counted, own)
     linear = jsonschema.validators.extend(base, validators=keywords)  # type: ignore[no-untyped-call]
-    plain_evolve = linear.evolve
-
-    def evolve(self: Any, **changes: Any) -> Any:
-        evolved = plain_evolve(self, **changes)
-        return evolved if type(evolved) in _LINEAR_CLASSES else _on_linear(evolved)
-
-    linear.evolve = evolve
+    linear.evolve = functools.partialmethod(_evolve, linear.evolve)
     _LINEAR_CLASSES.add(linear)
     return linear
 
 
 _LINEAR_CLASSES: set[type[Any]] = set()
 """The classes ``_linear`` made: a validator of one of them counts its work on RE2."""
+
+
+def _evolve(self: Any, plain_evolve: Callable[..., Any], **changes: Any) -> Any:
+    """A linear validator's ``evolve``: jsonschema's (``plain_evolve``), then on the linear
+    class of the dialect it picked."""
+    evolved = plain_evolve(self, **changes)
+    return evolved if type(evolved) in _LINEAR_CLASSES else _on_linear(evolved)
 
 
 def _on_linear(plain: Any) -> Any:
@@ -495,7 +493,7 @@ def schema_problem(schema: Any, *, max_bytes: int = MAX_SCHEMA_BYTES) -> str | N
     for where, pattern in _patterns(schema, ""):
         problem = pattern_problem(pattern)
         if problem is not None:
-            return f"at {where or '/'}: {problem}"
+            return f"at {where}: {problem}"
     return _meta_problem(schema)
 
 

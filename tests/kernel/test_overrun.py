@@ -191,3 +191,27 @@ def test_an_overrun_names_the_cap_the_excess_the_call_and_the_run_s_total(
         "maxCostUSD 0.01 overrun by 0.0301 USD: one call used 100 input and 20000 output "
         "tokens (0.0401 USD in all)",
     )
+
+
+@pytest.mark.parametrize("keep", ["tool_calls", "tool results"])
+def test_the_summary_sends_tool_choice_none_when_either_kind_of_tool_message_is_left(
+    keep: str,
+) -> None:
+    """After context fitting a history may keep only one side of a tool exchange; either side
+    is a tool call to the providers that reject a request without ``tools``."""
+    limits = kernel.Limits(max_steps=1)
+    state = kernel.advance(start(), tool_turn(start(), checked()), limits)
+    if keep == "tool_calls":
+        messages = tuple(m for m in state.messages if m.get("role") != "tool")
+    else:
+        messages = tuple(
+            {k: v for k, v in m.items() if k != "tool_calls"} | {"content": "calling"}
+            if m.get("tool_calls")
+            else m
+            for m in state.messages
+        )
+    step = summary_call(dataclasses.replace(state, messages=messages), limits)
+    assert step.tool_choice == "none" and step.sends_tools
+    kinds = {"tool_calls": any(m.get("tool_calls") for m in step.prompt),
+             "tool results": any(m.get("role") == "tool" for m in step.prompt)}  # fmt: skip
+    assert kinds == {"tool_calls": keep == "tool_calls", "tool results": keep == "tool results"}

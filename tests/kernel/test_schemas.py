@@ -176,6 +176,84 @@ def test_data_that_looks_like_a_pattern_is_not_checked() -> None:
 # --- admission checks -----------------------------------------------------------------------
 
 
+def _deep(levels: int, *, beside: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A schema ``levels`` objects deep (``{}`` is one), ``beside`` merged into its top."""
+    deep: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        deep = {"items": deep}
+    return deep | (beside or {})
+
+
+def test_a_schema_at_the_limits_is_accepted_one_past_them_refused() -> None:
+    """Size and depth are limits, not bounds past them: exactly ``MAX_SCHEMA_BYTES`` and
+    ``MAX_SCHEMA_DEPTH`` pass; the depth reported is where the count stopped."""
+    padding = schemas.MAX_SCHEMA_BYTES - len('{"description":""}')
+    assert schemas.schema_problem({"description": "x" * padding}) is None
+    assert schemas.schema_problem({"description": "x" * (padding + 1)}) == (
+        f"{schemas.MAX_SCHEMA_BYTES + 1} bytes as JSON, over the 65536-byte limit"
+    )
+    assert schemas.schema_problem({"description": "é" * (padding // 2)}) is None  # bytes, UTF-8
+    assert schemas.schema_problem(_deep(32)) is None
+    assert schemas.schema_problem(_deep(33)) == "nested 33 levels deep, over the limit of 32"
+    assert schemas.schema_problem(_deep(40)) == "nested 33 levels deep, over the limit of 32"
+    # a scalar met on the way does not end the search for deeper values
+    assert schemas.schema_problem(_deep(33, beside={"title": "t"})) == (
+        "nested 33 levels deep, over the limit of 32"
+    )
+    assert schemas.schema_problem({"allOf": [True, _deep(33)]}) is not None
+
+
+PLACES = {
+    "array item": ({"allOf": [{}, {"pattern": "(?=a)"}]}, "/allOf/1/pattern"),
+    "after data": ({"const": {"x": 1}, "properties": {"x": {"pattern": "(?=a)"}}},
+                   "/properties/x/pattern"),
+    "patternProperties key": ({"patternProperties": {"a/(?=b)~": {}}},
+                              "/patternProperties/a~1(?=b)~0"),
+    "inside a patternProperties value": ({"patternProperties": {"^a": {"pattern": "(?=a)"}}},
+                                         "/patternProperties/^a/pattern"),
+}  # fmt: skip
+"""A refused pattern's place in the schema (a JSON Pointer: ``~`` as ``~0``, ``/`` as ``~1``)."""
+
+
+@pytest.mark.parametrize("schema, where", PLACES.values(), ids=PLACES)
+def test_a_refused_pattern_is_named_by_its_place_in_the_schema(schema: Any, where: str) -> None:
+    problem = schemas.schema_problem(schema)
+    assert problem is not None and problem.startswith(f"at {where}: "), problem
+
+
+def test_only_patterns_are_compiled_not_other_text_or_property_names() -> None:
+    assert schemas.schema_problem({"description": "(?=a) is lookahead"}) is None
+    assert schemas.schema_problem({"title": "(a)\\1"}) is None
+    assert schemas.schema_problem({"properties": {"(?=a)": {"type": "string"}}}) is None
+    assert schemas.schema_problem({"pattern": 3}) is not None  # the meta-schema's type rule
+
+
+def test_a_refused_pattern_is_shown_whole_up_to_80_characters() -> None:
+    exact = "(?=a)" + "b" * 75
+    assert schemas.pattern_problem(exact) == (
+        f"{exact!r} is not a regular expression the linear-time engine accepts (RE2 syntax: "
+        "no backreferences or lookaround): invalid perl operator: (?="
+    )
+    longer = exact + "c"
+    assert schemas.pattern_problem(longer) == (
+        f"{exact[:79] + '…'!r} is not a regular expression the linear-time engine accepts "
+        "(RE2 syntax: no backreferences or lookaround): invalid perl operator: (?="
+    )
+
+
+def test_re2_is_given_a_memory_bound_and_writes_nothing_to_stderr(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    options = schemas._options()
+    assert options.max_mem == schemas.PATTERN_MEMORY and options.log_errors is False
+    # \pL{200} compiles within RE2's default 8 MiB, not within PATTERN_MEMORY
+    assert "pattern too large" in str(schemas.pattern_problem("\\pL{200}"))
+    assert schemas.pattern_problem("[a-z]{1000}") is None
+    capfd.readouterr()
+    assert schemas.pattern_problem("(?=stderr)") is not None
+    assert capfd.readouterr().err == ""
+
+
 def test_schema_problems_name_size_depth_and_the_meta_schema() -> None:
     big = {"description": "x" * schemas.MAX_SCHEMA_BYTES}
     assert "over the 65536-byte limit" in str(schemas.schema_problem(big))
