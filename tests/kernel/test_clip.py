@@ -149,3 +149,53 @@ def test_results_are_kept_whole_in_order_then_cut_then_replaced_within_the_budge
         assert later.content == (
             was.content if size <= PLACEHOLDER_BYTES else placeholder(size, budget=budget)
         )
+
+
+def _result(i: int, content: str) -> ToolResult:
+    return ToolResult(f"c{i}", "t", content)
+
+
+def _overhead(i: int) -> int:
+    return RESULT_OVERHEAD + stored_bytes(f"c{i}") + stored_bytes("t")
+
+
+def test_results_that_fill_the_budget_exactly_are_kept_whole() -> None:
+    results = (_result(0, "a" * 3000), _result(1, "b" * 500))
+    exact = _overhead(0) + 3000 + _overhead(1) + 500
+    assert bound_results(results, budget=exact) == results
+    assert bound_results(results, budget=exact - 1) != results
+
+
+def test_a_result_that_fits_its_room_exactly_is_kept_whole() -> None:
+    """The room of a result is the budget less what came before and the least the later ones
+    need (their overhead and a placeholder's bytes each): a result of exactly that size stays
+    whole, and the later one that no longer fits becomes its placeholder."""
+    results = (_result(0, "a" * 3000), _result(1, "b" * 300))
+    budget = _overhead(0) + 3000 + _overhead(1) + PLACEHOLDER_BYTES
+    first, second = bound_results(results, budget=budget)
+    assert first == results[0]
+    assert second.content == placeholder(300, budget=budget)
+
+
+def test_a_later_result_as_long_as_a_placeholder_is_kept_whole() -> None:
+    results = (_result(0, "a" * 3000), _result(1, "b" * PLACEHOLDER_BYTES))
+    results += (_result(2, "c" * (PLACEHOLDER_BYTES + 1)),)
+    budget = 2000
+    bounded = bound_results(results, budget=budget)
+    assert bounded[1] == results[1]
+    assert bounded[2].content == placeholder(PLACEHOLDER_BYTES + 1, budget=budget)
+
+
+def test_a_crossing_result_with_exactly_the_least_room_is_cut_not_dropped() -> None:
+    """``MIN_KEPT_BYTES`` of room is enough to keep a cut; one byte less is a placeholder. A
+    text without escapes keeps its room less the 200 bytes the marker may take."""
+    results = (_result(0, "a" * 5000),)
+    budget = _overhead(0) + MIN_KEPT_BYTES
+    [cut] = bound_results(results, budget=budget)
+    kept = MIN_KEPT_BYTES - 200
+    assert cut.content == "a" * kept + (
+        f"\n[agentrun: result cut, {5000 - kept} more bytes: this turn's tool results reached "
+        f"their cap of {budget} bytes]"
+    )
+    [dropped] = bound_results(results, budget=budget - 1)
+    assert dropped.content == placeholder(5000, budget=budget - 1)

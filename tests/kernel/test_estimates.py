@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentrun.kernel.usage import (
+    MESSAGE_OVERHEAD_TOKENS,
     Usage,
     completion_texts,
     estimate_tokens,
@@ -97,3 +98,8 @@ def test_usage_adds_every_count_and_is_estimated_if_either_part_is() -> None:
     second = Usage(1, 2, 3, Decimal("0.01"), estimated=True, reasoning_tokens=4)
     assert first + second == Usage(11, 7, 5, Decimal("0.11"), estimated=True, reasoning_tokens=5)
     assert (first + first).estimated is False
+
+
+def test_other_characters_are_counted_over_every_text() -> None:
+    assert output_estimate(["é", "ü€"]) == 3 + MESSAGE_OVERHEAD_TOKENS
+    assert output_estimate(["abc", "é", "abcd", "€"]) == 3 + 2 + MESSAGE_OVERHEAD_TOKENS
