@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 
 from agentrun import kernel
@@ -355,6 +356,13 @@ STEPS = [
     ({"properties": {"a": {}}, "unevaluatedProperties": False}, {"a": 1}, 1 + 1 + 1),
     ({"properties": {"a": {}}, "unevaluatedProperties": False}, {"a": 1, "b": 2}, 1 + 1 + 1 + 3),
     (
+        {"unevaluatedProperties": {"type": "integer"}},
+        {"a": 1, "b": "x"},
+        # the keyword, the root looked into, both values checked as it looks, "b" checked
+        # again (its error not passed up), the keyword's error
+        1 + 1 + (1 + 1 + 3) + (1 + 3) + 3,
+    ),
+    (
         {"allOf": [{"properties": {"a": {}}}], "unevaluatedProperties": False},
         {"a": 1},
         (1 + 1) + 1 + 1 + 1 + 1,  # allOf, its properties; the keyword, the root, the branch
@@ -529,3 +537,108 @@ def test_tool_arguments_against_a_hostile_input_schema_are_decided_at_once() -> 
         (checked,) = kernel.check_calls([call], turn=0, tools={"srv__t": tool})
     assert isinstance(checked, kernel.InvalidCall)
     assert "does not match" in checked.error
+
+
+def test_an_answer_nested_past_the_parser_s_stack_is_not_a_json_document() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    assert output.output_error(deep, {"type": "array"}) == (
+        "the answer is not a JSON document (nested too deeply)"
+    )
+
+
+# --- unevaluatedProperties, exactly -----------------------------------------------------------
+
+D2019 = "https://json-schema.org/draft/2019-09/schema"
+
+UNEVALUATED = {
+    "one left": (
+        {"properties": {"a": {}}, "unevaluatedProperties": False},
+        {"a": 1, "b": 2},
+        "Unevaluated properties are not allowed ('b' was unexpected)",
+    ),
+    "two left": (
+        {"properties": {"a": {}}, "unevaluatedProperties": False},
+        {"a": 1, "c": 3, "b": 2},
+        "Unevaluated properties are not allowed ('b', 'c' were unexpected)",
+    ),
+    "against a schema": (
+        {"unevaluatedProperties": {"type": "integer"}},
+        {"a": 1, "b": "x"},
+        "Unevaluated properties are not valid under the given schema "
+        "('b' was unevaluated and invalid)",
+    ),
+    "two against a schema": (
+        {"unevaluatedProperties": {"type": "integer"}},
+        {"a": "y", "b": "x"},
+        "Unevaluated properties are not valid under the given schema "
+        "('a', 'b' were unevaluated and invalid)",
+    ),
+    "null only": (
+        {"unevaluatedProperties": {"type": "null"}},
+        {"a": "x", "b": None},
+        "Unevaluated properties are not valid under the given schema "
+        "('a' was unevaluated and invalid)",
+    ),
+    "valid under its schema": ({"unevaluatedProperties": {"type": "integer"}}, {"a": 1}, None),
+    "by patternProperties": (
+        {"patternProperties": {"^a": {}}, "unevaluatedProperties": False},
+        {"ab": 1, "b": 2},
+        "Unevaluated properties are not allowed ('b' was unexpected)",
+    ),
+    "by $ref and properties together": (
+        {"$ref": "#/$defs/x", "$defs": {"x": {"properties": {"x": {}}}},
+         "properties": {"y": {}}, "unevaluatedProperties": False},
+        {"x": 1, "y": 2, "z": 3},
+        "Unevaluated properties are not allowed ('z' was unexpected)",
+    ),
+    "by $ref and $dynamicRef together": (
+        {"$ref": "#/$defs/x", "$dynamicRef": "#d",
+         "$defs": {"x": {"properties": {"x": {}}},
+                   "d": {"$dynamicAnchor": "d", "properties": {"y": {}}}},
+         "unevaluatedProperties": False},
+        {"x": 1, "y": 2, "z": 3},
+        "Unevaluated properties are not allowed ('z' was unexpected)",
+    ),
+    "by $recursiveRef (2019-09)": (
+        {"$schema": D2019, "$recursiveAnchor": True,
+         "properties": {"a": {}, "n": {"$recursiveRef": "#", "unevaluatedProperties": False}}},
+        {"n": {"a": 1, "b": 2}},
+        "Unevaluated properties are not allowed ('b' was unexpected)",
+    ),
+    "by a $ref inside another resource": (
+        {"$defs": {"e": {"$id": "https://example.com/e", "$ref": "#/$defs/b",
+                         "$defs": {"b": {"properties": {"x": {}}}}}},
+         "$ref": "https://example.com/e", "unevaluatedProperties": False},
+        {"x": 1, "y": 2},
+        "Unevaluated properties are not allowed ('y' was unexpected)",
+    ),
+    "by a $ref the referenced schema makes": (
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"properties": {"x": {}}}},
+         "$ref": "#/$defs/a", "unevaluatedProperties": False},
+        {"x": 1, "y": 2},
+        "Unevaluated properties are not allowed ('y' was unexpected)",
+    ),
+    "by a valid additionalProperties in a branch": (
+        {"allOf": [{"additionalProperties": {"type": "integer"}}],
+         "unevaluatedProperties": False},
+        {"a": 1},
+        None,
+    ),
+    "by allOf beside if": (
+        {"allOf": [{"properties": {"x": {}}}], "if": {"required": ["a"]},
+         "then": {"properties": {"b": {}}}, "unevaluatedProperties": False},
+        {"a": 1, "b": 2, "x": 3},
+        "Unevaluated properties are not allowed ('a' was unexpected)",
+    ),
+}  # fmt: skip
+"""What ``unevaluatedProperties`` finds and says, keyword by keyword that evaluates: the keys
+left, in sorted order, with ``was`` for one and ``were`` for more (jsonschema's messages)."""
+
+
+@pytest.mark.parametrize("schema, instance, message", UNEVALUATED.values(), ids=UNEVALUATED)
+def test_unevaluated_properties_name_exactly_the_keys_nothing_evaluated(
+    schema: Any, instance: Any, message: str | None
+) -> None:
+    assert _messages(schema, instance) == ([] if message is None else [message])
+    stock = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
+    assert [e.message for e in stock(schema).iter_errors(instance)] == _messages(schema, instance)
