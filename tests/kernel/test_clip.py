@@ -199,3 +199,15 @@ def test_a_crossing_result_with_exactly_the_least_room_is_cut_not_dropped() -> N
     )
     [dropped] = bound_results(results, budget=budget - 1)
     assert dropped.content == placeholder(5000, budget=budget - 1)
+
+
+def test_a_crossing_result_of_escapes_and_lone_surrogates_is_cut_within_its_room() -> None:
+    """Text that stores larger than it reads (two bytes a newline, three a lone surrogate)
+    shrinks in proportion until it fits: never past the room, never a loop."""
+    budget = _overhead(0) + 2000
+    for text in ("\n" * 5000, "\ud800" * 3000, "a\n" * 2500):
+        [cut] = bound_results((_result(0, text),), budget=budget)
+        kept, _, marker = cut.content.rpartition("\n[agentrun: result cut, ")
+        assert text.startswith(kept) and len(kept) > 0
+        assert 2000 - 150 <= stored_bytes(cut.content) <= 2000
+        assert marker.endswith(f"reached their cap of {budget} bytes]")

@@ -165,7 +165,29 @@ def test_patterns_the_linear_engine_refuses_are_named(pattern: str, why: str) ->
 
 
 def test_a_refused_pattern_that_reaches_validation_is_an_error_not_a_crash() -> None:
-    assert _messages({"pattern": "(?=a)"}, "a")[0].startswith("'(?=a)' is not a regular")
+    """Admission refuses such a schema; one that reaches a validation anyway (a tool server's
+    schema changed under a cached offer) fails it with the admission's own words."""
+    refusal = (
+        "'(?=a)' is not a regular expression the linear-time engine accepts (RE2 syntax: no "
+        "backreferences or lookaround): invalid perl operator: (?="
+    )
+    assert _messages({"pattern": "(?=a)"}, "a") == [refusal]
+    assert _messages({"patternProperties": {"(?=a)": {}, "^b": {}}}, {"a": 1}) == [refusal]
+
+
+def test_errors_under_pattern_properties_name_their_places_as_jsonschema_does() -> None:
+    schema = {"patternProperties": {"^a": {"type": "integer"}, "b$": {"minimum": 3}}}
+    instance = {"ab": "x", "b": 1}
+    ours = schemas.errors(schemas.validator_for(schema), instance)
+    stock = jsonschema.Draft202012Validator(schema).iter_errors(instance)
+    assert (
+        sorted((list(e.absolute_path), list(e.absolute_schema_path)) for e in ours)
+        == sorted((list(e.absolute_path), list(e.absolute_schema_path)) for e in stock)
+        == [
+            (["ab"], ["patternProperties", "^a", "type"]),
+            (["b"], ["patternProperties", "b$", "minimum"]),
+        ]
+    )
 
 
 def test_data_that_looks_like_a_pattern_is_not_checked() -> None:
