@@ -95,13 +95,33 @@ def _findings(errors: Any) -> list[tuple[str, tuple[Any, ...], str]]:
 @given(subschemas.filter(lambda s: isinstance(s, dict)), instances)
 @example({"unevaluatedProperties": {"type": "integer"}}, {"ab": None, "a": None})
 @example({"allOf": [True], "unevaluatedProperties": False}, {"a": None})  # true: no annotation
+@example(
+    {
+        "oneOf": [
+            {"$ref": "#/$defs/open"},
+            {
+                "items": {"type": "integer"},
+                "patternProperties": {"^a": {}, "b$": {}},
+                "properties": {
+                    "a": {},
+                    "ab": {},
+                    "b": {"properties": {"a": {"type": "integer"}}, "$ref": "#/$defs/open"},
+                },
+                "uniqueItems": False,
+                "dependentSchemas": {},
+                "$ref": "#/$defs/open",
+            },
+        ]
+    },
+    None,
+)  # a message over MESSAGE_CHARS
 def test_the_linear_keywords_find_what_jsonschemas_own_find(
     schema: dict[str, Any], instance: Any
 ) -> None:
     schema = {**schema, "$defs": DEFS}
-    stock = jsonschema.Draft202012Validator(schema).iter_errors(instance)
     ours = schemas.errors(schemas.validator_for(schema), instance)  # within the work budget
-    assert _findings(ours) == _findings(stock)
+    # messages cut as ours are: a long oneOf message once failed CI compared whole
+    assert _findings(ours) == _findings(_stock_cut(schema, instance))
 
 
 def test_the_agreement_covers_each_linear_keyword_failing() -> None:
