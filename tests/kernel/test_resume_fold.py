@@ -152,4 +152,3 @@ def test_a_resume_record_with_nothing_decided_to_resume_is_refused() -> None:
     assert waiting.phase is Phase.AWAITING_APPROVAL
     with pytest.raises(ValueError, match=r"^turn 1 resumes, but no decided batch is pending$"):
         kernel.advance(waiting, kernel.Resumed(1, results), limits)
-
