@@ -132,9 +132,7 @@ def deferred_calls(
     return ()
 
 
-def decide(
-    pending: PendingBatch, *, digest: str, approved: bool, reviewer: str = ""
-) -> PendingBatch:
+def decide(pending: PendingBatch, *, digest: str, approved: bool, reviewer: str) -> PendingBatch:
     """Record ``reviewer``'s decision on the next undecided call. Raises ``ValueError`` if
     ``digest`` is not that call's digest (stale or forged approvals are refused, never applied
     to another call)."""

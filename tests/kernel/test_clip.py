@@ -15,9 +15,11 @@ from agentrun.kernel.bounds import (
     MIN_KEPT_BYTES,
     PLACEHOLDER_BYTES,
     RESULT_OVERHEAD,
+    bound_for_cap,
     bound_results,
     clip_result,
     placeholder,
+    results_budget,
     stored_bytes,
 )
 from agentrun.kernel.decision import clip_text
@@ -211,3 +213,14 @@ def test_a_crossing_result_of_escapes_and_lone_surrogates_is_cut_within_its_room
         assert text.startswith(kept) and len(kept) > 0
         assert 2000 - 150 <= stored_bytes(cut.content) <= 2000
         assert marker.endswith(f"reached their cap of {budget} bytes]")
+
+
+def test_a_resume_turn_s_results_have_the_whole_budget_no_reply_takes_a_byte_of_it() -> None:
+    """At a cap of 128 KiB half the cap and what the reserve leaves are both 64 KiB: a resume
+    turn (no model reply) may fill all of it."""
+    cap = 131_072
+    assert results_budget(cap) == 65_536
+    whole = (_result(0, "a" * (65_536 - _overhead(0))),)
+    assert bound_for_cap(whole, cap=cap, reply=None) == whole
+    over = (_result(0, "a" * (65_537 - _overhead(0))),)
+    assert bound_for_cap(over, cap=cap, reply=None) != over

@@ -12,6 +12,7 @@ from typing import Any
 from agentrun.kernel.usage import (
     MESSAGE_OVERHEAD_TOKENS,
     Usage,
+    billed_output,
     completion_texts,
     estimate_tokens,
     output_estimate,
@@ -103,3 +104,13 @@ def test_usage_adds_every_count_and_is_estimated_if_either_part_is() -> None:
 def test_other_characters_are_counted_over_every_text() -> None:
     assert output_estimate(["é", "ü€"]) == 3 + MESSAGE_OVERHEAD_TOKENS
     assert output_estimate(["abc", "é", "abcd", "€"]) == 3 + 2 + MESSAGE_OVERHEAD_TOKENS
+
+
+def test_billed_output_reads_each_provider_s_counts_at_their_boundaries() -> None:
+    # reasoning equal to the completion is inside it (OpenAI), not left out of it
+    assert billed_output(completion=50, reasoning=50, prompt=10, total=60) == (50, 50)
+    assert billed_output(completion=50, reasoning=51, prompt=10, total=None) == (101, 51)
+    # a total that says no more than prompt + completion adds nothing, even below it
+    assert billed_output(completion=50, reasoning=None, prompt=10, total=60) == (50, 0)
+    assert billed_output(completion=50, reasoning=None, prompt=10, total=45) == (50, 0)
+    assert billed_output(completion=50, reasoning=None, prompt=10, total=70) == (60, 10)

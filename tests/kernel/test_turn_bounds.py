@@ -240,6 +240,8 @@ def test_a_call_id_longer_than_256_characters_is_replaced_by_a_minted_one() -> N
     decision = kernel.classify(reply)
     assert isinstance(decision, kernel.ToolCalls)
     assert [c.id for c in decision.calls] == [None, "call_1"]
+    exact = kernel.classify(response(None, tool_calls=[call("ping", "{}", id="x" * 256)]))
+    assert isinstance(exact, kernel.ToolCalls) and exact.calls[0].id == "x" * 256  # kept
     checked = kernel.check_calls(decision.calls, turn=3, tools=TOOLS)
     assert [c.id for c in checked] == ["3:ping:0", "call_1"]
 
