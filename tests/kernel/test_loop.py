@@ -434,7 +434,10 @@ def test_a_tool_that_keeps_failing_for_infrastructure_reasons_ends_tool_unavaila
         )
         state = kernel.advance(state, record, limits)
     assert state.phase is Phase.TOOL_UNAVAILABLE
-    assert "tool calculate failed for infrastructure reasons" in state.message
+    assert state.message == (
+        "tool calculate failed for infrastructure reasons (timeout, connection, server or "
+        "transport error) in 3 turns in a row, after retries"
+    )
     assert state.unavailable == {"calculate": 3}
 
 
