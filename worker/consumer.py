@@ -191,6 +191,8 @@ class TurnConsumer:
         self._holds: dict[str, TurnHold] = {}
         self.cache = history.RunCache()
         self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._running: dict[str, str] = {}
+        """Run uid → the ``msg_id`` (run, turn, base event) of the TurnRequest running here."""
         self._cancelled: set[str] = set()
         self._stopping = asyncio.Event()
         self.turns_committed = 0
@@ -263,6 +265,15 @@ class TurnConsumer:
             log.error("dropping a malformed TurnRequest: %s", err)
             await msg.term()
             return
+        if self._running.get(request.run_uid) == request.msg_id:
+            # JetStream redelivered the turn this worker is running (its heartbeats came later
+            # than ack_wait on a loaded machine): the delivery in progress heartbeats and acks
+            # the message, and a second model call would only be charged as abandoned
+            log.info(
+                "TurnRequest %s is running here already; leaving it to that delivery",
+                request.msg_id,
+            )
+            return
         published = msg.metadata.timestamp  # the stream's time of the (first) publication
         if published is not None:
             metrics.TURN_QUEUE_WAIT.observe(max(0.0, time.time() - published.timestamp()))
@@ -271,6 +282,7 @@ class TurnConsumer:
         task = asyncio.current_task()
         assert task is not None
         self._inflight[request.run_uid] = task
+        self._running[request.run_uid] = request.msg_id
         try:
             await self._turn(msg, request)
         except asyncio.CancelledError:
@@ -288,6 +300,7 @@ class TurnConsumer:
             metrics.IN_FLIGHT.dec()
             beat.cancel()
             self._inflight.pop(request.run_uid, None)
+            self._running.pop(request.run_uid, None)
             self._cancelled.discard(request.run_uid)
 
     async def _failed(self, msg: Msg, request: TurnRequest, err: Exception) -> None:

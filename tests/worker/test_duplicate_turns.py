@@ -230,6 +230,34 @@ async def test_a_turn_run_by_two_workers_at_once_charges_both_model_calls_once_e
     assert (book.used_tokens, book.abandoned_tokens, book.holds) == (2 * TURN_0, TURN_0, {})
 
 
+async def test_a_redelivery_to_the_worker_running_that_turn_makes_no_second_model_call(
+    stack: Stack,
+) -> None:
+    """JetStream redelivers a turn when its heartbeats come later than ``ack_wait`` (a loaded
+    machine: 14 of 1,600 runs in a CI preview, each asked of the model twice by one worker).
+    The same worker gets it while its first delivery's model call is under way: it leaves
+    the message to that delivery (no ack, no nak, no model call), which commits and acks."""
+    worker = await stack.worker()
+    request = await stack.admit()
+
+    def calling() -> bool:
+        return stack.model_calls() >= 1
+
+    first = asyncio.create_task(handle(worker, request))
+    again = await handle(worker, request, once=calling, again=True)
+    assert again.outcome == [] and not first.done()
+    assert (await first).outcome == ["ack"]
+    assert stack.model_calls() == 1
+    events = await stack.events(request)
+    assert [e.kind for e in events] == ["admitted", "turn"]
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens) == (TURN_0, 0)
+    # the next turn of the run is no duplicate: it runs
+    following = TurnRequest(request.run_uid, "ns", request.name, 1, events[-1].seq)
+    assert (await handle(worker, following)).outcome == ["ack"]
+    assert stack.model_calls() == 2
+
+
 def dies_before_settling(worker: TurnConsumer) -> None:
     """Make ``worker`` die, as far as the ledger can tell, right after its next commit: its
     connection closes before the turn's settlement, so its answered hold stays in the book."""
