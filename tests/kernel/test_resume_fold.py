@@ -106,36 +106,22 @@ def test_an_invalid_call_beside_effects_ends_the_run_after_they_ran_at_the_malfo
     assert (after.phase, after.message) == (Phase.RUNNING, f"turn {state.turn} committed")
 
 
-def test_an_approval_alone_settles_its_calls_and_lets_the_run_go_on() -> None:
-    """A held ``read`` call (approval, no effects): it ran once approved; the run goes on with
-    no no-progress bookkeeping (only a batch with effects is compared with earlier results)."""
+@pytest.mark.parametrize("approved", [True, False], ids=["approved", "denied"])
+def test_an_approval_alone_settles_its_call_and_lets_the_run_go_on(approved: bool) -> None:
+    """A held ``read`` call (approval, no effects): it runs once approved, is counted not run
+    once denied; the run goes on with no no-progress bookkeeping (only a batch with effects
+    is compared with earlier results)."""
     limits = kernel.Limits(approval_tools=frozenset({"lookup"}))
-    state = approve_all(decided(limits, LOOKUP))
+    state = approve_all(decided(limits, LOOKUP), approved=approved)
     state = dataclasses.replace(state, stale_streak=1)
-    after = resumed(state, limits, {"r1": kernel.ToolResult("r1", "lookup", "found")})
+    found = {"r1": kernel.ToolResult("r1", "lookup", "found")} if approved else {}
+    after = resumed(state, limits, found)
     _unchanged_but(
         state,
         after,
         turn=state.turn + 1,
-        tool_calls=state.tool_calls + 1,
-        call_ids=state.call_ids | {"r1"},
-        pending=None,
-        phase=Phase.RUNNING,
-        message="approved calls settled",
-    )
-
-
-def test_a_denied_call_is_not_run_and_counts_as_such() -> None:
-    limits = kernel.Limits(approval_tools=frozenset({"lookup"}))
-    state = approve_all(decided(limits, LOOKUP), approved=False)
-    step = plan(state, limits)
-    assert isinstance(step, kernel.ResumeHeld) and step.runnable == ()
-    after = kernel.advance(state, step.finish(()), limits)
-    _unchanged_but(
-        state,
-        after,
-        turn=state.turn + 1,
-        tool_calls_not_run=state.tool_calls_not_run + 1,
+        tool_calls=state.tool_calls + (1 if approved else 0),
+        tool_calls_not_run=state.tool_calls_not_run + (0 if approved else 1),
         call_ids=state.call_ids | {"r1"},
         pending=None,
         phase=Phase.RUNNING,
