@@ -450,20 +450,20 @@ def _linear(base: type[Any]) -> Any:
         own = _LINEAR.get(name, keyword)
         keywords[name] = functools.partial(_ref_counted if name in _REFERENCES else _counted, own)
     linear = jsonschema.validators.extend(base, validators=keywords)  # type: ignore[no-untyped-call]
-    linear.evolve = functools.partialmethod(_evolve, linear.evolve)
-    _LINEAR_CLASSES.add(linear)
+    _PLAIN_EVOLVE[linear] = linear.evolve
+    linear.evolve = _evolve
     return linear
 
 
-_LINEAR_CLASSES: set[type[Any]] = set()
-"""The classes ``_linear`` made: a validator of one of them counts its work on RE2."""
+_PLAIN_EVOLVE: dict[type[Any], Callable[..., Any]] = {}
+"""The classes ``_linear`` made, each with jsonschema's own ``evolve`` of it."""
 
 
-def _evolve(self: Any, plain_evolve: Callable[..., Any], **changes: Any) -> Any:
-    """A linear validator's ``evolve``: jsonschema's (``plain_evolve``), then on the linear
-    class of the dialect it picked."""
-    evolved = plain_evolve(self, **changes)
-    return evolved if type(evolved) in _LINEAR_CLASSES else _on_linear(evolved)
+def _evolve(self: Any, **changes: Any) -> Any:
+    """A linear validator's ``evolve``: jsonschema's, then on the linear class of the dialect
+    it picked (the same class unless the new schema names another ``$schema``)."""
+    evolved = _PLAIN_EVOLVE[type(self)](self, **changes)
+    return evolved if type(evolved) in _PLAIN_EVOLVE else _on_linear(evolved)
 
 
 def _on_linear(plain: Any) -> Any:
