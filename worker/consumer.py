@@ -190,9 +190,9 @@ class TurnConsumer:
         self.ledger = ledger
         self._holds: dict[str, TurnHold] = {}
         self.cache = history.RunCache()
-        self._inflight: dict[str, asyncio.Task[None]] = {}
-        self._running: dict[str, str] = {}
-        """Run uid → the ``msg_id`` (run, turn, base event) of the TurnRequest running here."""
+        self._inflight: dict[str, tuple[str, asyncio.Task[None]]] = {}
+        """Run uid → the ``msg_id`` (run, turn, base event) of the TurnRequest running here,
+        and its handler's task."""
         self._cancelled: set[str] = set()
         self._stopping = asyncio.Event()
         self.turns_committed = 0
@@ -220,10 +220,10 @@ class TurnConsumer:
         return len(self._inflight)
 
     async def _on_cancel(self, run_uid: str) -> None:
-        task = self._inflight.get(run_uid)
-        if task is not None:
+        running = self._inflight.get(run_uid)
+        if running is not None:
             self._cancelled.add(run_uid)
-            task.cancel()
+            running[1].cancel()
         self.cache.drop(run_uid)
 
     async def run(self) -> None:
@@ -265,7 +265,8 @@ class TurnConsumer:
             log.error("dropping a malformed TurnRequest: %s", err)
             await msg.term()
             return
-        if self._running.get(request.run_uid) == request.msg_id:
+        running = self._inflight.get(request.run_uid)
+        if running is not None and running[0] == request.msg_id:
             # JetStream redelivered the turn this worker is running (its heartbeats came later
             # than ack_wait on a loaded machine): the delivery in progress heartbeats and acks
             # the message, and a second model call would only be charged as abandoned
@@ -281,8 +282,7 @@ class TurnConsumer:
         metrics.IN_FLIGHT.inc()
         task = asyncio.current_task()
         assert task is not None
-        self._inflight[request.run_uid] = task
-        self._running[request.run_uid] = request.msg_id
+        self._inflight[request.run_uid] = (request.msg_id, task)
         try:
             await self._turn(msg, request)
         except asyncio.CancelledError:
@@ -300,7 +300,6 @@ class TurnConsumer:
             metrics.IN_FLIGHT.dec()
             beat.cancel()
             self._inflight.pop(request.run_uid, None)
-            self._running.pop(request.run_uid, None)
             self._cancelled.discard(request.run_uid)
 
     async def _failed(self, msg: Msg, request: TurnRequest, err: Exception) -> None:
