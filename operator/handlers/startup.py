@@ -19,6 +19,7 @@ from agentrun import kube, process
 
 from .. import wiring
 from ..platform.kubeapi import ApiError, Kube, KubeApi
+from ..runs.keys import ADMITTED_UID_ANNOTATION
 from ..wiring import OperatorMemo
 from . import sharding
 
@@ -36,7 +37,10 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     react to are annotations (cancel, approve, deny). Leaving the spec out keeps the annotation
     small — kopf would otherwise copy the whole spec into an annotation, which the API server
     refuses past 256 KiB (a long non-ASCII goal, a large output schema), leaving the object
-    undeletable — and saves a deep copy of the spec on every watch event.
+    undeletable — and saves a deep copy of the spec on every watch event. The operator's own
+    record ``agentrun.dev/admitted-uid`` is left out too: no handler reacts to it, and as part
+    of the essence its write at admission read to kopf as a change, which kopf answered with
+    one more write of this annotation to every run (a PATCH and a watch event per run).
     """
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
@@ -57,8 +61,14 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
             body = kopf.Body(cast(kopf.RawBody, kept))
         essence: dict[str, Any] = dict(super().build(body=body, extra_fields=extra_fields))
         essence.pop("spec", None)
-        annotations: dict[str, Any] = essence.get("metadata", {}).get("annotations", {})
+        metadata: dict[str, Any] = essence.get("metadata", {})
+        annotations: dict[str, Any] = metadata.get("annotations", {})
         annotations.pop(KUBECTL_LAST_APPLIED, None)  # a copy of the whole object
+        annotations.pop(ADMITTED_UID_ANNOTATION, None)  # the operator's, not a person's
+        if not annotations:  # as kopf leaves an essence: no empty sections
+            metadata.pop("annotations", None)
+        if not metadata:
+            essence.pop("metadata", None)
         return cast(kopf.BodyEssence, essence)
 
 
