@@ -59,7 +59,8 @@ class ConsumerSettings:
     """Turns (of different runs) in flight at once."""
     heartbeat: float = 10.0
     """Seconds between ``in_progress`` signals while a turn runs (well under ack_wait); the
-    turn's ledger hold is refreshed with the same beat."""
+    turn's ledger hold is refreshed at the same interval, in a loop of its own (a slow ledger
+    never delays the signal)."""
     hold_ttl: float = DEFAULT_HOLD_TTL
     """Seconds a ledger hold outlives its last refresh (a dead worker's hold is released
     after at most this plus the operator's sweep interval)."""
@@ -240,19 +241,31 @@ class TurnConsumer:
         )
 
     async def _heartbeat(self, msg: Msg, run_uid: str) -> None:
-        """Every ``heartbeat`` seconds until cancelled: tell NATS the message is in progress and
-        refresh the run's hold (each independent of the other's failure)."""
+        """Every ``heartbeat`` seconds until cancelled: tell NATS the message is in progress,
+        and refresh the run's hold, each on a cadence of its own. A refresh is a ledger write
+        that can wait seconds on a contended tenant entry; were the signal to wait for it,
+        JetStream would redeliver the turn (past ``ack_wait``) to another worker, whose model
+        call would be charged as abandoned. Either's failure is left to its next pass."""
 
-        async def beat() -> None:
+        async def signal() -> None:
             with contextlib.suppress(Exception):
                 await msg.in_progress()
+
+        async def refresh() -> None:
             hold = self._holds.get(run_uid)
             if hold is not None:
                 await hold.refresh()
 
-        await loops.every(
-            self.settings.heartbeat, beat, what=f"heartbeat of run {run_uid}", wait_first=True
-        )
+        async with asyncio.TaskGroup() as group:
+            for beat, what in ((signal, "heartbeat"), (refresh, "hold refresh")):
+                group.create_task(
+                    loops.every(
+                        self.settings.heartbeat,
+                        beat,
+                        what=f"{what} of run {run_uid}",
+                        wait_first=True,
+                    )
+                )
 
     async def _handle(self, msg: Msg) -> None:
         try:
