@@ -236,7 +236,8 @@ def _advance_summary(state: RunState, record: records.Summarized) -> RunState:
 def _advance_resume(state: RunState, record: records.Resumed, limits: Limits) -> RunState:
     """Fold the turn that settled a pending batch: the batch enters history whole, in call
     order. After a batch with effects ran, the phase is decided as after any tool batch (no
-    progress, unavailable tools, caps); after an approval alone the run goes on."""
+    progress, unavailable tools, caps); after an approval alone the run goes on. The batch's
+    call ids are in ``call_ids`` already: its answer's fold put them there."""
     pending = state.pending
     if pending is None or pending.next_undecided is not None:
         raise ValueError(f"turn {record.turn} resumes, but no decided batch is pending")
@@ -264,7 +265,6 @@ def _advance_resume(state: RunState, record: records.Resumed, limits: Limits) ->
         tool_calls_not_run=state.tool_calls_not_run + len(record.results) - len(ran),
         corrections=state.corrections + (1 if nudged else 0),
         unavailable=_unavailable(state, ran),
-        call_ids=state.call_ids | {c.id for c in held.calls},
         signatures=state.signatures | {signature} if signature is not None else state.signatures,
         stale_streak=stale_streak,
         pending=None,

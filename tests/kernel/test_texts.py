@@ -52,6 +52,17 @@ def test_nan_or_infinity_in_arguments_is_named_as_not_json(constant: str) -> Non
     )
 
 
+@pytest.mark.parametrize("number", ["1e999", "-1e999"])
+def test_a_number_out_of_a_doubles_range_is_named_as_not_json(number: str) -> None:
+    call = kernel.ToolCall("c1", "calculate", f'{{"expression": {number}}}')
+    (result,) = kernel.check_calls([call], turn=0, tools=TOOLS)
+    assert isinstance(result, kernel.InvalidCall)
+    assert result.error.startswith(
+        f"arguments are not valid JSON: {number} is out of range for a JSON number. "
+        "The tool's schema: "
+    )
+
+
 def test_a_refusal_s_text_is_model_output() -> None:
     assert completion_texts({"content": None, "refusal": "I can't help"}) == ["I can't help"]
     assert completion_texts({"content": "a", "refusal": "b"}) == ["a", "b"]
