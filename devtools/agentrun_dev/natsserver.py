@@ -211,6 +211,41 @@ def start_nats_server(
     )  # fmt: skip
 
 
+def start_given_server(
+    workdir: Path,
+    *,
+    host: str,
+    auth_conf: str,
+    launch: components.Launch | None = None,
+    ready_timeout: float = 30.0,
+) -> NatsServer:
+    """A closed nats-server as a platform team runs its own for agentrun (docs/install.md,
+    "Bringing your own NATS"): JetStream, the client port on `host` (an address the pods
+    reach), TLS with a CA of its own for that address (``<workdir>/auth/ca.crt``, what the
+    chart's ``nats.tls.existingSecret`` carries), trusting the users of `auth_conf` — the
+    ``auth.conf`` of the ``<prefix>-server`` Secret ``agentrun nats bootstrap`` made — and
+    no one else; the monitoring port on loopback. It holds no credentials of its own
+    (``NatsServer.auth`` has none to give: they are the cluster's Secrets).
+
+    Raises NatsServerNotFoundError (no binary), probes.NotReadyError (not healthy within
+    `ready_timeout` seconds; stopped first), OSError (`workdir` not writable).
+    """
+    launch = components.Launch(log_dir=workdir / "logs") if launch is None else launch
+    port, monitor = probes.free_port(), probes.free_port()
+    store = workdir / "jetstream"
+    store.mkdir(parents=True, exist_ok=True)
+    auth_dir = workdir / "auth"
+    certs.generate_server_tls(auth_dir, common_name="nats-server", dns_names=(), ips=(host,))
+    (auth_dir / "auth.conf").write_text(auth_conf)
+    config = auth_dir / "nats.conf"
+    config.write_text(_config(auth_dir, port=port, monitor=monitor, store=store, host=host))
+    return launch_server(
+        launch, "nats-server", [str(find_nats_server()), "-c", str(config)],
+        ports={"client": port, "monitor": monitor}, store=store, auth_dir=auth_dir,
+        ready_timeout=ready_timeout, host=host,
+    )  # fmt: skip
+
+
 def launch_server(
     launch: components.Launch,
     name: str,
@@ -220,11 +255,12 @@ def launch_server(
     store: Path,
     auth_dir: Path | None,
     ready_timeout: float,
+    host: str = "127.0.0.1",
 ) -> NatsServer:
     """Start the nats-server `argv` as component `name` and wait until its JetStream is
     healthy (``/healthz?js-enabled-only=true`` on ``ports["monitor"]``); closed (TLS URL, the
-    store's size) when `auth_dir` holds its authority. Raises probes.NotReadyError as
-    ``Launch.start`` does."""
+    store's size) when `auth_dir` holds its authority; its client URL names `host`. Raises
+    probes.NotReadyError as ``Launch.start`` does."""
     monitor_url = f"http://127.0.0.1:{ports['monitor']}"
     component = launch.start(
         launch.spec(name, argv),
@@ -234,7 +270,7 @@ def launch_server(
     )
     scheme = "nats" if auth_dir is None else "tls"
     return NatsServer(
-        url=f"{scheme}://127.0.0.1:{ports['client']}",
+        url=f"{scheme}://{host}:{ports['client']}",
         monitor_url=monitor_url,
         store_dir=store,
         component=component,
@@ -247,10 +283,13 @@ STORE_BYTES = 1 << 30
 """The closed server's JetStream file store size (``max_file_store``), in bytes."""
 
 
-def _config(auth_dir: Path, *, port: int, monitor: int, store: Path) -> str:
-    """The closed server's ``nats.conf``: loopback ports, TLS, the trust chain included."""
+def _config(
+    auth_dir: Path, *, port: int, monitor: int, store: Path, host: str = "127.0.0.1"
+) -> str:
+    """The closed server's ``nats.conf``: the client port on `host` (loopback by default),
+    the monitoring port on loopback, TLS, the trust chain included."""
     return (
-        "host: 127.0.0.1\n"
+        f"host: {host}\n"
         f"port: {port}\n"
         f"http: 127.0.0.1:{monitor}\n"
         f'jetstream {{ store_dir: "{store}", max_file_store: {STORE_BYTES} }}\n'

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bootstrap_support import bring_nats_credentials, bring_run_signing_keys
 from chart_support import CHART_DIR
 from test_closed_bus import secrets_of
 
@@ -47,39 +46,6 @@ def release(cluster_helm: helm.Helm, test_namespace: str) -> Iterator[str]:
 def install(cluster_helm: helm.Helm, release: str, namespace: str, *sets: str) -> None:
     args = [arg for s in (f"fullnameOverride={release}", *sets) for arg in ("--set", s)]
     cluster_helm("install", release, str(CHART_DIR), "-n", namespace, *args)
-
-
-def bring_nats_credentials(kubectl: Kubectl, namespace: str, prefix: str) -> list[str]:
-    """Run ``agentrun nats bootstrap --namespace namespace --prefix prefix`` here against the
-    API server; the ``--set`` pairs naming the Secrets it made (operator, workers, server)."""
-    agentrun = Path(sys.executable).with_name("agentrun")
-    made = subprocess.run(
-        [str(agentrun), "nats", "bootstrap", f"--namespace={namespace}", f"--prefix={prefix}"],
-        env=kubectl.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr
-    return [f"nats.auth.{key}Secret={prefix}-{key}" for key in ("operator", "worker", "server")]
-
-
-def bring_run_signing_keys(kubectl: Kubectl, namespace: str, prefix: str) -> list[str]:
-    """Run ``agentrun signing bootstrap --namespace namespace --prefix prefix`` here against
-    the API server; the ``--set`` pairs naming the Secrets it made (signing, trust)."""
-    agentrun = Path(sys.executable).with_name("agentrun")
-    made = subprocess.run(
-        [str(agentrun), "signing", "bootstrap", f"--namespace={namespace}", f"--prefix={prefix}"],
-        env=kubectl.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr
-    assert made.stdout == f"created or updated: {prefix}-signing, {prefix}-trust\n"
-    return [f"runSigning.{key}Secret={prefix}-{key}" for key in ("signing", "trust")]
 
 
 def get(kubectl: Kubectl, kind: str, name: str, namespace: str) -> dict[str, Any]:

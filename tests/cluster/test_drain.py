@@ -7,13 +7,20 @@ grace period: every run completes (none ``effect_unknown``), the model is asked 
 nothing as abandoned.
 
 The tool server runs on the host, listening on the node's pod gateway, where the pods reach it.
+So does NATS: the release is installed as docs/install.md's "Bringing your own NATS" says, by a
+platform team whose NATS runs outside the chart (``nats.install.enabled=false``): the users made
+by ``agentrun nats bootstrap``, the server trusting them (their ``auth.conf``), its URL, its CA
+and its store size given as values; the release renders no NATS of its own and no NATS hook,
+and every turn of the drain tests goes through that server.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -23,8 +30,9 @@ from typing import Any
 import mcp_support
 import pytest
 import yaml
+from bootstrap_support import bring_nats_credentials
 
-from agentrun_dev import demo, node, nodehost, release
+from agentrun_dev import demo, natsserver, node, nodehost, release
 from agentrun_dev.kubectl import Kubectl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +62,8 @@ MODEL_TURNS = 3
 """Model calls per run, and its steps: the write's decision, the calculation, the answer (the
 write itself runs in a resume turn of its own, with no model call and no step)."""
 GRACE, MARGIN = 90, 20
+OWN_NATS = "platform-nats"
+"""The prefix of the platform's NATS credentials' Secrets (``agentrun nats bootstrap``)."""
 RUN_IN_GOAL = re.compile(r"drain-slow-write ([a-z0-9-]+)")
 pytestmark = [pytest.mark.e2e, pytest.mark.node, pytest.mark.timeout(1800)]
 
@@ -72,22 +82,62 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[mcp_suppor
 
 
 @pytest.fixture(scope="module")
+def release_namespace(node_kubectl: Kubectl) -> str:
+    namespace = f"agentrun-drain-{uuid.uuid4().hex[:6]}"
+    node_kubectl("create", "namespace", namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def own_nats(
+    release_namespace: str, node_kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[natsserver.NatsServer]:
+    """The platform's own NATS (docs/install.md, "Bringing your own NATS"): its agentrun users
+    made by ``agentrun nats bootstrap`` in the release's namespace, a closed server on the
+    host (on the node's pod gateway) trusting them through their ``auth.conf``, its CA in a
+    Secret beside them."""
+    bring_nats_credentials(node_kubectl, release_namespace, OWN_NATS)
+    auth_conf = node_kubectl("get", "secret", f"{OWN_NATS}-server", "-n", release_namespace,
+                             "-o", "jsonpath={.data.auth\\.conf}").stdout  # fmt: skip
+    server = natsserver.start_given_server(
+        tmp_path_factory.mktemp("platform-nats"), host=nodehost.GATEWAY,
+        auth_conf=base64.b64decode(auth_conf).decode(),
+    )  # fmt: skip
+    try:
+        assert server.auth_dir is not None
+        node_kubectl("create", "secret", "generic", f"{OWN_NATS}-ca", "-n", release_namespace,
+                     f"--from-file=ca.crt={server.auth_dir / 'ca.crt'}")  # fmt: skip
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
 def installed(
-    cluster_node: node.Node, node_kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[release.Release]:
-    """The chart (its NATS, the scripted model with the drain scenario, three workers that
-    drain for GRACE - MARGIN seconds) in a namespace under Pod Security ``restricted``."""
+    cluster_node: node.Node, node_kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory,
+    release_namespace: str, own_nats: natsserver.NatsServer,
+) -> Iterator[release.Release]:  # fmt: skip
+    """The chart on the platform's NATS (no NATS of its own), the scripted model with the
+    drain scenario, three workers that drain for GRACE - MARGIN seconds, in a namespace under
+    Pod Security ``restricted``."""
     release.import_project_images(cluster_node.directory, project=REPO, log=print)
     scenarios = yaml.safe_load((REPO / "examples" / "scenarios.yaml").read_text())
     scenarios["scenarios"].append(SCENARIO)
     values = release.demo_values(default_tenant=demo.TENANT_NAME, worker_replicas=3)
+    values["nats"] = {
+        "install": {"enabled": False},
+        "url": own_nats.url,
+        "storeBytes": own_nats.store_bytes,
+        "auth": {"operatorSecret": f"{OWN_NATS}-operator", "workerSecret": f"{OWN_NATS}-worker"},
+        "tls": {"existingSecret": f"{OWN_NATS}-ca"},
+    }
     values["mockModel"]["scenarios"] = scenarios
     values["turnAckWaitSeconds"] = 5  # a heartbeat every 5/3 s keeps a long turn with its worker
     values["worker"]["terminationGracePeriodSeconds"] = GRACE
     values["worker"]["drainMarginSeconds"] = MARGIN
     installed = release.install_chart(
         node_kubectl, chart=CHART, values=values, home=tmp_path_factory.mktemp("drain-release"),
-        namespace=f"agentrun-drain-{uuid.uuid4().hex[:6]}", log=print,
+        namespace=release_namespace, log=print,
     )  # fmt: skip
     yield installed
     installed.helm("uninstall", installed.name, "-n", installed.namespace,
@@ -248,3 +298,35 @@ def test_a_scale_in_while_runs_are_in_flight_pays_for_nothing_twice(
     assert tenant_abandoned(node_kubectl, team) == (0, "0")
     wait_drained(node_kubectl, installed.namespace)
     assert len(worker_pods(node_kubectl, installed.namespace)) == 1
+
+
+def monitored(server: natsserver.NatsServer, path: str) -> dict[str, Any]:
+    """``server``'s monitoring endpoint ``path`` (``connz``, ``jsz``, with their query)."""
+    with urllib.request.urlopen(f"{server.monitor_url}/{path}", timeout=10) as answer:
+        found: dict[str, Any] = json.load(answer)
+    return found
+
+
+def test_the_release_ran_on_the_nats_the_platform_brought(
+    installed: release.Release, node_kubectl: Kubectl, own_nats: natsserver.NatsServer
+) -> None:
+    """After the drain tests: the release made no NATS of its own (no StatefulSet, no NATS
+    bootstrap hook, no NATS Secret but the platform's), the operator and the workers are
+    connected to the platform's server from their pods, and the runs' events are stored
+    there."""
+    namespace = installed.namespace
+    assert node_kubectl("get", "statefulsets,jobs", "-n", namespace, "-o", "name").stdout == ""
+    secrets = node_kubectl("get", "secrets", "-n", namespace, "-o", "name").stdout.split()
+    assert {s for s in secrets if "nats" in s} == {
+        f"secret/{OWN_NATS}-{part}" for part in ("keys", "server", "operator", "worker", "ca")
+    }
+    connz = monitored(own_nats, "connz?limit=1024")
+    pods = {c["name"].rpartition("-")[0] for c in connz["connections"] if c["ip"] != "127.0.0.1"}
+    assert {"agentrun-operator", "agentrun-worker"} <= pods, connz["connections"]
+    jsz = monitored(own_nats, "jsz?accounts=true&streams=true")
+    streams = {
+        stream["name"]: stream["state"]["messages"]
+        for account in jsz["account_details"]
+        for stream in account.get("stream_detail") or []
+    }
+    assert streams.get("AGENTRUN_EVENTS", 0) > 0, streams
