@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 from typing import Any
 
@@ -198,8 +199,11 @@ def test_every_call_gets_one_result_in_call_order() -> None:
 
 
 def test_advance_refuses_turns_out_of_order() -> None:
-    with pytest.raises(ValueError, match="does not follow"):
+    with pytest.raises(ValueError, match=r"^turn 1 does not follow turn -1$"):
         kernel.advance(start(), kernel.Answered(1, decision=kernel.Final("x")), kernel.Limits())
+    third = dataclasses.replace(start(), turn=3)
+    with pytest.raises(ValueError, match=r"^turn 5 does not follow turn 2$"):
+        kernel.advance(third, kernel.Answered(5, decision=kernel.Final("x")), kernel.Limits())
     done = kernel.advance(start(), kernel.Answered(0, decision=kernel.Final("x")), kernel.Limits())
     with pytest.raises(ValueError, match="already ended"):
         kernel.advance(done, kernel.Answered(1, decision=kernel.Final("y")), kernel.Limits())

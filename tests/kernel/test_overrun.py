@@ -65,6 +65,10 @@ def test_reaching_a_cap_exactly_is_no_overrun() -> None:
     limits = kernel.Limits(max_tokens=2000)
     after = answer(start(), limits, response("the answer"), kernel.Usage(100, 1900))
     assert after.phase is Phase.COMPLETED and after.answer == "the answer"
+    exactly = kernel.Usage(100, 1900, 0, Decimal("0.01"))
+    assert overrun(start(), kernel.Limits(max_tokens=2000), exactly) is None
+    assert overrun(start(), kernel.Limits(max_cost_usd=Decimal("0.01")), exactly) is None
+    assert overrun(start(), kernel.Limits(max_cost_usd=Decimal("0.0099")), exactly) is not None
 
 
 def test_a_cost_overrun_ends_the_run_with_the_cost_reason() -> None:
