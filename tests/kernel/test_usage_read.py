@@ -1,0 +1,66 @@
+"""What ``read_usage`` believes of a provider's ``usage`` and what it estimates instead: a
+count is an integer from 0 to ``MAX_REPORTED_TOKENS`` (both included); anything else (negative,
+a bool, a float, a string, absurd) makes the call's usage estimated from the prompt's bound and
+the reply's text, capped at the ``max_tokens`` the call sent."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from agentrun import kernel
+from agentrun.kernel.usage import MAX_REPORTED_TOKENS
+
+PRICES = kernel.Pricing(Decimal(1), Decimal(0), Decimal(2))  # USD per million tokens
+REPLY = {"choices": [{"message": {"role": "assistant", "content": "word " * 400}}]}
+"""A reply whose text estimates at far more than 5 output tokens."""
+
+
+def read(usage: Any, *, max_output_tokens: int | None = None) -> kernel.Usage:
+    return kernel.read_usage(
+        {**REPLY, "usage": usage},
+        pricing=PRICES,
+        prompt_estimate=77,
+        max_output_tokens=max_output_tokens,
+    )
+
+
+@pytest.mark.parametrize("count", [0, 1, MAX_REPORTED_TOKENS], ids=["zero", "one", "largest"])
+def test_a_count_from_zero_to_the_largest_believed_is_read_as_reported(count: int) -> None:
+    usage = read({"prompt_tokens": count, "completion_tokens": count})
+    assert (usage.input_tokens, usage.output_tokens, usage.estimated) == (count, count, False)
+    assert (usage.cached_input_tokens, usage.reasoning_tokens) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "count",
+    [-1, MAX_REPORTED_TOKENS + 1, True, 3.0, "3", None],
+    ids=["negative", "absurd", "bool", "float", "string", "null"],
+)
+def test_a_count_that_is_not_believed_makes_the_usage_estimated(count: Any) -> None:
+    for usage in ({"prompt_tokens": count, "completion_tokens": 3},
+                  {"prompt_tokens": 3, "completion_tokens": count}):  # fmt: skip
+        read_back = read(usage)
+        assert read_back.estimated and read_back.input_tokens == 77
+        assert (read_back.cached_input_tokens, read_back.reasoning_tokens) == (0, 0)
+
+
+def test_an_estimate_is_capped_at_the_max_tokens_the_call_sent() -> None:
+    uncapped = read(None)
+    assert uncapped.estimated and uncapped.output_tokens > 5
+    capped = read(None, max_output_tokens=5)
+    assert (capped.input_tokens, capped.output_tokens, capped.estimated) == (77, 5, True)
+    assert capped.cost_usd == (Decimal(77) + Decimal(5) * 2) / 1_000_000
+
+
+def test_cached_tokens_reported_beyond_the_prompt_are_the_prompt() -> None:
+    usage = read(
+        {
+            "prompt_tokens": 10,
+            "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": 99},
+        }
+    )
+    assert (usage.input_tokens, usage.cached_input_tokens) == (10, 10)
