@@ -37,6 +37,11 @@ def test_the_prompt_estimate_counts_contents_calls_and_tools_by_its_rules() -> N
     assert estimate_tokens([{"role": "user", "content": ""}, assistant]) == 14 + 12
     tools = [{"type": "function", "function": {"name": "t"}}]  # 45 characters compact
     assert estimate_tokens([{"role": "user", "content": "x"}], tools) == (1 + 45) // 4 + 8
+    # where one more character crosses a token: the tools come on top of the messages, and a
+    # call's framing is 16 characters exactly
+    assert estimate_tokens([{"role": "user", "content": "xxx"}], tools) == 12 + 8
+    one_call = {"role": "assistant", "tool_calls": [{"function": {"name": "abc"}}]}
+    assert estimate_tokens([one_call]) == (3 + 16) // 4 + 8
     assert estimate_tokens([{"role": "user", "content": ["not", "text"]}]) == 8
 
 

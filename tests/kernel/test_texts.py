@@ -89,3 +89,28 @@ def test_the_results_budget_at_small_caps() -> None:
     assert kernel.results_budget(2 * reserved, reply_bytes=1) == reserved - 1
     assert kernel.results_budget(reserved) == 0
     assert kernel.results_budget(reserved // 2) == 0
+
+
+def test_a_calls_schema_is_shown_as_compact_json_with_sorted_keys() -> None:
+    """An invalid call's error ends with the tool's schema as the model reads it."""
+    schema = kernel.ToolSchema(
+        "shape",
+        {"type": "object", "required": ["b"], "properties": {"b": {"type": "string"}}},
+    )
+    call = kernel.ToolCall("c1", "shape", "{}")
+    (result,) = kernel.check_calls([call], turn=0, tools={"shape": schema})
+    assert isinstance(result, kernel.InvalidCall)
+    assert result.error.endswith(
+        'The tool\'s schema: {"properties":{"b":{"type":"string"}},"required":["b"],'
+        '"type":"object"}'
+    )
+
+
+def test_a_run_starts_with_its_instructions_as_the_system_message_and_its_goal() -> None:
+    state = kernel.initial_state(goal="add 2 and 3", instructions="be brief")
+    assert state.messages == (
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "add 2 and 3"},
+    )
+    assert state.message == "admitted" and state.turn == 0
+    assert kernel.initial_state(goal="g").messages == ({"role": "user", "content": "g"},)
