@@ -53,15 +53,21 @@ def test_a_running_run_calls_the_model_with_its_history_and_allowance() -> None:
 def test_a_tool_the_worker_lacks_ends_the_run_before_any_call() -> None:
     step = plan(start(), kernel.Limits(), missing=("deploy", "scale"))
     assert isinstance(step, kernel.EndRun)
-    assert step.record.ending.phase is Phase.TOOL_UNAVAILABLE
-    assert "deploy, scale" in step.record.ending.message
+    assert step.record == kernel.Stopped(
+        0,
+        kernel.Ending(Phase.TOOL_UNAVAILABLE, "this worker's catalog lacks tool(s) deploy, scale"),
+    )
 
 
 def test_a_run_past_its_deadline_stops_without_calling_the_model() -> None:
     step = plan(start(), kernel.Limits(), timing=LATE)
     assert isinstance(step, kernel.EndRun)
-    assert step.record == kernel.Stopped(0, step.record.ending)
-    assert step.record.ending.phase is Phase.DEADLINE_EXCEEDED
+    assert step.record == kernel.Stopped(
+        0,
+        kernel.Ending(
+            Phase.DEADLINE_EXCEEDED, "the run's timeout passed before the next model call"
+        ),
+    )
 
 
 def test_at_a_cap_the_model_is_asked_for_a_tool_free_summary() -> None:
@@ -88,6 +94,23 @@ def test_a_decided_approval_is_settled_before_anything_else() -> None:
     assert step.runnable == ()
     record = step.finish(())
     assert [(r.tool_call_id, r.content) for r in record.results] == [("d1", kernel.DENIED)]
+
+
+def test_an_approved_call_past_the_deadline_is_settled_without_running() -> None:
+    limits = kernel.Limits(approval_tools=frozenset({"deploy"}))
+    held = dataclasses.replace(
+        tool_turn(start(), checked("c1"), kernel.CheckedCall("d1", "deploy", {})),
+        held=("d1",),
+    )
+    waiting = kernel.advance(start(), dataclasses.replace(held, results=held.results[:1]), limits)
+    assert waiting.pending is not None and waiting.pending.next_undecided is not None
+    digest = waiting.pending.next_undecided.digest
+    decided = kernel.resolve_approval(waiting, digest=digest, approved=True)
+    step = plan(decided, limits, timing=LATE)
+    assert isinstance(step, kernel.ResumeHeld) and step.runnable == ()
+    assert step.stopped == kernel.Ending(
+        Phase.DEADLINE_EXCEEDED, "the run's timeout passed before the tool batch"
+    )
 
 
 def test_a_tenant_refusal_ends_the_run_tenant_budget_exhausted() -> None:
