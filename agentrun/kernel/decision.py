@@ -105,7 +105,8 @@ Decision = Final | ToolCalls | Refusal | Malformed
 
 
 def clean_text(value: str) -> str:
-    """``value`` as valid Unicode: lone surrogates (half an emoji) become U+FFFD.
+    """``value`` as valid Unicode: a lone surrogate (half an emoji) becomes U+FFFD, once for
+    each byte of its three-byte UTF-8 form (Python's ``replace`` decoding of it).
 
     A lone surrogate cannot be encoded as UTF-8, so it would make the turn uncommittable and
     the next request unsendable; it is replaced at the door instead.

@@ -1,0 +1,62 @@
+"""``classify`` of replies that cannot run, exactly: a reply cut at the token limit and one
+over ``MAX_CALLS_PER_REPLY`` calls become ``Malformed`` with the text the model reads next (the
+reply's own content kept), and a call's arguments are read as valid Unicode: a placeholder
+for arguments over the cap starts with their own first characters, and half a surrogate pair
+becomes U+FFFD (once per byte of its UTF-8 form)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrun import kernel
+from agentrun.kernel.decision import MAX_ARGUMENTS_BYTES, MAX_CALLS_PER_REPLY
+
+from .helpers import call, response
+
+
+def cut(reply: dict[str, Any]) -> dict[str, Any]:
+    reply["choices"][0]["finish_reason"] = "length"
+    return reply
+
+
+def test_a_reply_cut_in_its_tool_calls_names_how_many_and_keeps_its_content() -> None:
+    reply = cut(response("let me", tool_calls=[call("ping", "{}", id="a"), call("ping", "{")]))
+    assert kernel.classify(reply) == kernel.Malformed(
+        kernel.MalformedCause.TRUNCATED,
+        "the output hit the token limit in the middle of 2 tool call(s); nothing was run",
+        "let me",
+    )
+
+
+def test_a_reply_cut_in_its_answer_says_so() -> None:
+    assert kernel.classify(cut(response("the answer is"))) == kernel.Malformed(
+        kernel.MalformedCause.TRUNCATED,
+        "the output hit the token limit in the middle of the answer; nothing was run",
+        "the answer is",
+    )
+
+
+def test_a_reply_over_the_calls_cap_runs_none_and_names_the_cap() -> None:
+    calls = [call("ping", "{}", id=f"c{i}") for i in range(MAX_CALLS_PER_REPLY + 1)]
+    assert kernel.classify(response("all of them", tool_calls=calls)) == kernel.Malformed(
+        kernel.MalformedCause.TOO_MANY_CALLS,
+        f"the reply holds {MAX_CALLS_PER_REPLY + 1} tool calls, over the 128 one reply may "
+        "make; none of them was run",
+        "all of them",
+    )
+
+
+def test_arguments_over_the_cap_keep_their_first_characters_in_the_placeholder() -> None:
+    arguments = '{"text": "' + "x" * MAX_ARGUMENTS_BYTES + '"}'
+    decision = kernel.classify(response(None, tool_calls=[call("ping", arguments)]))
+    assert isinstance(decision, kernel.ToolCalls)
+    [dropped] = decision.calls
+    size = len(arguments)
+    assert dropped.dropped == size
+    assert dropped.arguments == arguments[:256] + f"…[{size} bytes dropped]"
+
+
+def test_half_a_surrogate_pair_in_arguments_becomes_replacement_characters() -> None:
+    decision = kernel.classify(response(None, tool_calls=[call("ping", '{"a": "x\ud83dy"}')]))
+    assert isinstance(decision, kernel.ToolCalls)
+    assert decision.calls[0].arguments == '{"a": "x\ufffd\ufffd\ufffdy"}'
