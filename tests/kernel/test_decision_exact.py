@@ -60,3 +60,33 @@ def test_half_a_surrogate_pair_in_arguments_becomes_replacement_characters() -> 
     decision = kernel.classify(response(None, tool_calls=[call("ping", '{"a": "x\ud83dy"}')]))
     assert isinstance(decision, kernel.ToolCalls)
     assert decision.calls[0].arguments == '{"a": "x\ufffd\ufffd\ufffdy"}'
+
+
+def test_a_response_without_a_message_says_what_it_lacks() -> None:
+    for raw in ({}, {"choices": []}, {"choices": [{"message": "text"}]}):
+        assert kernel.classify(raw) == kernel.Malformed(
+            kernel.MalformedCause.NO_CHOICE, "the response has no choices[0].message"
+        ), raw
+
+
+def test_a_refusal_keeps_its_text() -> None:
+    reply = response("ignored")
+    reply["choices"][0]["message"]["refusal"] = "I can't help with that"
+    assert kernel.classify(reply) == kernel.Refusal("I can't help with that")
+
+
+def test_finish_reason_tool_calls_without_calls_is_malformed_with_its_content_kept() -> None:
+    reply = response("I will call a tool")
+    reply["choices"][0]["finish_reason"] = "tool_calls"
+    assert kernel.classify(reply) == kernel.Malformed(
+        kernel.MalformedCause.EMPTY_TOOL_CALLS,
+        "finish_reason was tool_calls but the response holds no tool calls",
+        "I will call a tool",
+    )
+
+
+def test_calls_with_blank_content_carry_no_content() -> None:
+    for content, kept in (("  \n", None), ("", None), (None, None), ("thinking", "thinking")):
+        decision = kernel.classify(response(content, tool_calls=[call("ping", "{}")]))
+        assert isinstance(decision, kernel.ToolCalls)
+        assert decision.content == kept, content
