@@ -97,6 +97,8 @@ def test_the_prompt_bound_counts_each_messages_json_bytes_and_the_tools_by_their
     tool = {"type": "function", "function": {"name": "é"}}  # in a list: 44 ASCII characters, é
     assert prompt_token_bound([], [tool]) == 8 + (11 + 2) + 32
     assert prompt_token_bound([], [tool, tool]) == 8 + (22 + 4) + 64  # 87 ASCII characters
+    odd_tool = {"n": Decimal("1.5")}  # [{"n":"1.5"}]: 13 characters, 4 tokens
+    assert prompt_token_bound([], [odd_tool]) == 8 + 4 + 32
 
 
 def test_usage_adds_every_count_and_is_estimated_if_either_part_is() -> None:
