@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from agentrun import kernel
+from agentrun.kernel.validate import stored_arguments
 
 SHAPED = kernel.ToolSchema(
     "shaped",
@@ -72,3 +73,28 @@ def test_a_minted_id_taken_in_the_batch_or_the_history_is_made_unique() -> None:
         [kernel.ToolCall("", "ping", "{}")], turn=0, tools=TOOLS, used_ids={"0:ping:0"}
     )
     assert [c.id for c in again] == ["0:ping:0_"]
+
+
+def test_an_unknown_tool_names_the_available_ones_or_none() -> None:
+    (result,) = kernel.check_calls([kernel.ToolCall("c1", "nope", "{}")], turn=0, tools={})
+    assert result == kernel.InvalidCall(
+        "c1", "nope", "unknown tool 'nope'; available tools: (none)"
+    )
+
+
+def test_a_dropped_call_is_invalid_under_its_id_and_name_and_the_next_call_is_checked() -> None:
+    calls = [
+        kernel.ToolCall("c1", "ping", None, dropped=70_000),
+        kernel.ToolCall("c2", "ping", "{}"),
+    ]
+    dropped, after = kernel.check_calls(calls, turn=0, tools=TOOLS)
+    assert isinstance(dropped, kernel.InvalidCall)
+    assert (dropped.id, dropped.name) == ("c1", "ping")
+    assert dropped.error.startswith("the arguments were 70000 bytes")
+    assert after == kernel.CheckedCall("c2", "ping", {})
+
+
+def test_stored_arguments_are_compact_json_with_text_as_written() -> None:
+    checked = kernel.CheckedCall("c1", "ping", {"city": "Zürich", "n": 1})
+    assert stored_arguments(checked) == '{"city":"Zürich","n":1}'
+    assert stored_arguments(kernel.InvalidCall("c2", "ping", "bad")) == "{}"

@@ -85,6 +85,21 @@ def test_two_truncation_corrections_after_the_goal_are_one_user_message() -> Non
     assert strict.violations(prompt) == []
 
 
+def test_merged_messages_join_their_texts_and_a_message_without_text_adds_none() -> None:
+    def user(content: Any) -> dict[str, Any]:
+        return {"role": "user", "content": content}
+
+    assert wire.conform([user("a"), user("b")]) == (user("a\n\nb"),)
+    assert wire.conform([user("a"), user(None)]) == (user("a"),)
+    assert wire.conform([user(""), user("b")]) == (user("b"),)
+    assert wire.conform([user(None), user(None)]) == (user(""),)
+    answer = {"role": "assistant", "content": None}
+    assert wire.conform([user("q"), answer, {"role": "assistant", "content": "x"}]) == (
+        user("q"),
+        {"role": "assistant", "content": "x"},
+    )
+
+
 def test_ids_and_mangled_names_go_out_in_wire_form_and_keep_their_pairing() -> None:
     limits = kernel.Limits()
     state = kernel.initial_state(goal="list pods")
