@@ -441,6 +441,17 @@ def test_many_errors_stop_at_a_hundred_with_short_messages() -> None:
     assert len(long[0].message) == schemas.MESSAGE_CHARS
 
 
+def test_a_message_is_cut_only_past_300_characters_and_inside_any_of_too() -> None:
+    too_long = schemas.validator_for({"maxLength": 1})
+    exactly = "x" * 286  # 'x…x' is too long: 288 + 12 = 300 characters
+    assert [e.message for e in schemas.errors(too_long, exactly)] == [f"{exactly!r} is too long"]
+    (over,) = schemas.errors(too_long, exactly + "y")
+    assert over.message == f"'{'x' * 198}…{'x' * 86}y' is too long"
+    either = schemas.validator_for({"anyOf": [{"maxLength": 1}, {"type": "integer"}]})
+    (error,) = schemas.errors(either, "x" * 10_000)
+    assert [len(inner.message) for inner in error.context] == [300, 300]
+
+
 def test_deep_nesting_is_given_up_not_a_crash() -> None:
     document: Any = 1
     for _ in range(5_000):
