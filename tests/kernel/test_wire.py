@@ -122,8 +122,8 @@ def test_ids_and_mangled_names_go_out_in_wire_form_and_keep_their_pairing() -> N
 def test_ids_that_hash_alike_are_told_apart_in_order_of_appearance() -> None:
     real = wire.wire_call_id
 
-    def colliding(stored: str, *, salt: int = 0) -> str:
-        return "AAAAAAAAA" if salt == 0 else real(stored, salt=salt)
+    def colliding(stored: str, *, salt: int = 0) -> str:  # every id's first two tries alike
+        return {0: "AAAAAAAAA", 1: "BBBBBBBBB"}.get(salt) or real(stored, salt=salt)
 
     ids = ["a", "b", "c"]
     messages = [
@@ -142,7 +142,7 @@ def test_ids_that_hash_alike_are_told_apart_in_order_of_appearance() -> None:
         patch.setattr(wire, "wire_call_id", colliding)
         out = wire.conform(messages)
     sent = [c["id"] for c in out[1]["tool_calls"]]
-    assert sent[0] == "AAAAAAAAA" and len(set(sent)) == 3
+    assert sent == ["AAAAAAAAA", "BBBBBBBBB", real("c", salt=2)]  # salted 1, 2, … in turn
     assert [m["tool_call_id"] for m in out[2:]] == sent
     assert strict.violations(out) == []
 
