@@ -100,6 +100,32 @@ def test_merged_messages_join_their_texts_and_a_message_without_text_adds_none()
     )
 
 
+def test_a_late_system_message_goes_as_user_and_the_first_one_stays() -> None:
+    system = {"role": "system", "content": "be brief"}
+    goal = {"role": "user", "content": "go"}
+    answer = {"role": "assistant", "content": "ok"}
+    assert wire.conform([system, goal]) == (system, goal)
+    assert wire.conform([goal, system]) == ({"role": "user", "content": "go\n\nbe brief"},)
+    assert wire.conform([goal, answer, system]) == (
+        goal,
+        answer,
+        {"role": "user", "content": "be brief"},
+    )
+
+
+def test_an_assistant_message_is_merged_into_the_one_before_only_if_that_made_no_call() -> None:
+    goal = {"role": "user", "content": "go"}
+    calling = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f"}}],
+    }
+    after = {"role": "assistant", "content": "done"}
+    out = wire.conform([goal, calling, after])
+    assert [m["role"] for m in out] == ["user", "assistant", "assistant"]
+    assert out[1]["tool_calls"][0]["function"] == {"name": "f"} and out[2] == after
+
+
 def test_ids_and_mangled_names_go_out_in_wire_form_and_keep_their_pairing() -> None:
     limits = kernel.Limits()
     state = kernel.initial_state(goal="list pods")
