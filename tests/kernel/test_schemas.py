@@ -675,3 +675,23 @@ def test_unevaluated_properties_name_exactly_the_keys_nothing_evaluated(
     assert _messages(schema, instance) == ([] if message is None else [message])
     stock = jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator)
     assert [e.message for e in stock(schema).iter_errors(instance)] == _messages(schema, instance)
+
+
+def test_properties_no_pattern_covers_are_named_with_every_pattern() -> None:
+    schema = {"patternProperties": {"^b": {}, "^a": {}}, "additionalProperties": False}
+    found = schemas.errors(schemas.validator_for(schema), {"y": 2, "x": 1, "a1": 0})
+    assert [e.message for e in found] == ["'x', 'y' do not match any of the regexes: '^a', '^b'"]
+    (one,) = schemas.errors(schemas.validator_for(schema), {"x": 1})
+    assert one.message == "'x' does not match any of the regexes: '^a', '^b'"
+
+
+def test_a_refused_pattern_covers_no_property() -> None:
+    """A pattern RE2 refuses is reported itself, and matches nothing: the properties only it
+    could cover are additional."""
+    schema = {"patternProperties": {"(?=a)": {}}, "additionalProperties": False}
+    found = schemas.errors(schemas.validator_for(schema), {"x": 1, "ab": 2})
+    assert [e.message for e in found] == [
+        "'(?=a)' is not a regular expression the linear-time engine accepts (RE2 syntax: no "
+        "backreferences or lookaround): invalid perl operator: (?=",
+        "'ab', 'x' do not match any of the regexes: '(?=a)'",
+    ]
