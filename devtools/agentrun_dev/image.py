@@ -33,6 +33,10 @@ hashes every input: the Containerfile, its build args, the package names, each w
 contents (not its zip timestamps), the requirements and the files. Same inputs, no rebuild;
 a new build of the same tag deletes the archives of older inputs.
 
+`derived_image` adds a layer (host directories, environment variables) to a built image, for
+tests that run other code on the same interpreter and libraries (a previous revision's package
+as the workers of a rolling upgrade).
+
 `agentrun_image_spec`, `nats_image_spec` describe the two images the chart runs; `image_size`
 and `size_report` say how big an archive's root filesystem is and what dominates it.
 
@@ -170,9 +174,7 @@ def build_image(
             _require_tools(spec)
             with tempfile.TemporaryDirectory(prefix="agentrun-image-") as tmp:
                 _build(spec, Path(tmp), archive=archive, log=log)
-            for stale in archive.parent.glob(f"{archive.name.rsplit('-', 1)[0]}-*.tar"):
-                if stale != archive:  # the same tag built from older inputs
-                    stale.unlink(missing_ok=True)
+            _drop_stale(archive)
     seconds = time.monotonic() - started
     log(f"image {spec.name}: {archive} ({archive.stat().st_size / 1e6:.1f} MB, {seconds:.0f} s)")
     return BuiltImage(spec.name, archive, False, seconds)
@@ -378,6 +380,65 @@ def _member(tar: tarfile.TarFile, name: str) -> io.BufferedReader:
     return extracted  # type: ignore[return-value]
 
 
+def derived_image(
+    base: BuiltImage,
+    *,
+    name: str,
+    add: Sequence[tuple[str, Path]],
+    env: Sequence[tuple[str, str]] = (),
+    cache_root: Path | None = None,
+    log: console.Log = console.log_to_stderr,
+) -> BuiltImage:
+    """`base` with one layer more: each host directory of `add` copied to its image path
+    (``("/opt/previous", site)``), `env` set (``("PYTHONPATH", "/opt/previous")``), the rest of
+    `base`'s configuration (user, command, labels) kept. Cached like `build_image`, keyed by the
+    base archive, every added file and `env`; `name` is ``repository:tag``.
+
+    Used to run other code on the same interpreter and dependencies, e.g. a previous
+    revision's package first on ``PYTHONPATH`` as the workers of a rolling upgrade.
+
+    Raises:
+        ImageError: buildah is missing or a step failed.
+    """
+    started = time.monotonic()
+    digest = hashlib.sha256(f"{RECIPE}|{name}|{base.archive.name}|{env}".encode())
+    for image_path, directory in add:
+        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+            digest.update(f"{image_path}/{path.relative_to(directory)}".encode())
+            digest.update(path.read_bytes())
+    repository, _, tag = name.rpartition(":")
+    root = binaries.cache_root() if cache_root is None else cache_root
+    archive = root / "images" / repository / f"{tag}-{digest.hexdigest()[:16]}.tar"
+    if archive.is_file():
+        log(f"image {name}: inputs unchanged, using {archive}")
+        return BuiltImage(name, archive, True, time.monotonic() - started)
+    with binaries.build_lock(archive.parent, what=f"the image {name}", log=log):
+        if not archive.is_file():
+            _require_tools(ImageSpec(name=name, containerfile=Path()))
+            with tempfile.TemporaryDirectory(prefix="agentrun-image-") as tmp:
+                work = Path(tmp)
+                layer = work / "context" / "layer"
+                for image_path, directory in add:
+                    shutil.copytree(directory, layer / image_path.lstrip("/"), symlinks=True)
+                containerfile = work / "Containerfile"
+                lines = [f"FROM {base.name}", "COPY layer/ /"]
+                lines += [f"ENV {key}={json.dumps(value)}" for key, value in env]
+                containerfile.write_text("\n".join(lines) + "\n")
+                spec = ImageSpec(name=name, containerfile=containerfile)
+                _buildah_build(spec, work, archive=archive, log=log, base=base.archive)
+            _drop_stale(archive)
+    seconds = time.monotonic() - started
+    log(f"image {name}: {archive} ({archive.stat().st_size / 1e6:.1f} MB, {seconds:.0f} s)")
+    return BuiltImage(name, archive, False, seconds)
+
+
+def _drop_stale(archive: Path) -> None:
+    """Delete the archives of the same tag built from older inputs than `archive`'s."""
+    for stale in archive.parent.glob(f"{archive.name.rsplit('-', 1)[0]}-*.tar"):
+        if stale != archive:
+            stale.unlink(missing_ok=True)
+
+
 def _require_tools(spec: ImageSpec) -> None:
     needed = ["buildah"] + (["apt-get", "dpkg-deb"] if spec.packages else [])
     needed += ["strip"] if spec.wheels or spec.requirements else []
@@ -575,7 +636,11 @@ def _write_accounts(rootfs: Path) -> None:
     tmp.chmod(0o1777)
 
 
-def _buildah_build(spec: ImageSpec, work: Path, *, archive: Path, log: console.Log) -> None:
+def _buildah_build(
+    spec: ImageSpec, work: Path, *, archive: Path, log: console.Log, base: Path | None = None
+) -> None:
+    """buildah build of `spec` into the docker-archive `archive`, in a private storage under
+    `work`; `base`, a docker-archive, is loaded into that storage first (for ``FROM`` it)."""
     storage = [
         f"--root={work / 'storage'}",
         f"--runroot={work / 'run'}",
@@ -584,6 +649,13 @@ def _buildah_build(spec: ImageSpec, work: Path, *, archive: Path, log: console.L
     args = [arg for key, value in spec.build_args for arg in ("--build-arg", f"{key}={value}")]
     log(f"  buildah: building {spec.name} from {spec.containerfile.name}")
     try:
+        if base is not None:
+            _run(
+                ["buildah", *storage, "pull", "--quiet", f"docker-archive:{base}"],
+                what="buildah pull of the base image",
+                log=log,
+                timeout=_BUILDAH_TIMEOUT,
+            )
         _run(
             [
                 "buildah",

@@ -109,11 +109,43 @@ def test_images_pinned_by_digest_replace_the_tag(offline_helm: helm.Helm) -> Non
     assert images == {f"agentrun.dev/agentrun@{DIGEST}", f"agentrun.dev/nats@{nats_digest}"}
 
 
+def test_the_workers_can_stay_on_the_previous_image_while_the_operator_rolls(
+    offline_helm: helm.Helm,
+) -> None:
+    """An upgrade rolls the operator first: ``worker.image`` keeps the workers where they are
+    (a tag, or a digest that wins over it), and only the workers; empty, they run ``image``."""
+
+    def images(values: dict[str, str]) -> dict[str, str]:
+        docs = render(offline_helm, {"image.tag": "0.2.0", "mockModel.enabled": "true", **values})
+        return {
+            d["metadata"]["name"].removeprefix("agentrun-"): c["image"]
+            for d in docs
+            if d["kind"] == "Deployment"
+            for c in d["spec"]["template"]["spec"]["containers"]
+        }
+
+    new, old = "agentrun.dev/agentrun:0.2.0", "agentrun.dev/agentrun:0.1.0"
+    assert images({"worker.image.tag": "0.1.0"}) == {
+        "operator": new, "worker": old, "mock-model": new, "trajectory": new,
+    }  # fmt: skip
+    pinned = "sha256:" + "e" * 64
+    assert images({"worker.image.tag": "0.1.0", "worker.image.digest": pinned})["worker"] == (
+        f"agentrun.dev/agentrun@{pinned}"
+    )
+    assert set(images({}).values()) == {new}
+
+
 @pytest.mark.parametrize(
     ("assignment", "named"),
     [
         pytest.param("worker.extraArgs[0]=--x", "'extraArgs' not allowed", id="extra-args-gone"),
         pytest.param("image.digest=latest", "/image/digest", id="digest-not-sha256"),
+        pytest.param(
+            "worker.image.digest=0.1.0", "/worker/image/digest", id="worker-digest-not-sha256"
+        ),
+        pytest.param(
+            "worker.image.repository=x", "'repository' not allowed", id="worker-repository"
+        ),
         pytest.param(
             "worker.podDisruptionBudget.maxUnavailable=half",
             "/worker/podDisruptionBudget/maxUnavailable",

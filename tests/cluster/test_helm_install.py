@@ -4,7 +4,9 @@ as pods under Pod Security ``restricted``; the example AgentRuns reach their ter
 reasons; ``helm test`` runs one AgentRun end to end; the workers scale to three and all of
 them execute turns; every worker pod force-deleted mid-run, the operator pod deleted mid-run,
 and a ``helm upgrade`` that rolls both Deployments while runs are in flight each leave every
-run completed with each turn committed once; a ``helm upgrade`` from one NATS server to three
+run completed with each turn committed once; this operator drives workers of the previous
+revision (``worker.image.tag``) until a second ``helm upgrade`` rolls them under runs in flight,
+as the upgrade steps of docs/operations.md say; a ``helm upgrade`` from one NATS server to three
 without a restore is refused; ``helm uninstall`` removes what it installed but keeps the CRDs
 and the AgentRuns. The tests run in file order on one release."""
 
@@ -18,8 +20,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from previous_support import PREVIOUS, install_previous
 
-from agentrun_dev import node, release
+from agentrun_dev import containerd, image, node, release
 from agentrun_dev.kubectl import Kubectl
 from cluster.runs_support import (
     agent_run,
@@ -58,6 +61,15 @@ def turns_committed(kubectl: Kubectl, namespace: str, pod: str) -> float:
         for line in text.splitlines()
         if line.startswith("agentrun_turns_total{")
     )
+
+
+def deployment_revisions(kubectl: Kubectl, namespace: str) -> dict[str, str]:
+    """Each Deployment's rollout revision, by name."""
+    deployments = json.loads(kubectl("get", "deploy", "-n", namespace, "-o", "json").stdout)
+    return {
+        d["metadata"]["name"]: d["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
+        for d in deployments["items"]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -161,11 +173,7 @@ def test_helm_upgrade_while_runs_are_in_flight_loses_none(
     installed: release.Release, node_kubectl: Kubectl, ns: str
 ) -> None:
     def revisions() -> dict[str, str]:
-        deployments = json.loads(node_kubectl("get", "deploy", "-n", ns, "-o", "json").stdout)
-        return {
-            d["metadata"]["name"]: d["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
-            for d in deployments["items"]
-        }
+        return deployment_revisions(node_kubectl, ns)
 
     names = [f"slow-upgrade-{i}" for i in range(4)]
     start_slow_runs(node_kubectl, ns, names)
@@ -179,6 +187,65 @@ def test_helm_upgrade_while_runs_are_in_flight_loses_none(
     after = revisions()
     rolled = {f"{RELEASE}-worker", f"{RELEASE}-operator"}
     assert all(after[name] != before[name] for name in rolled), (before, after)
+    assert_completed_once_per_turn(node_kubectl, ns, names)
+
+
+def test_this_operator_drives_workers_of_the_previous_revision_until_they_roll(
+    installed: release.Release,
+    cluster_node: node.Node,
+    node_kubectl: Kubectl,
+    ns: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The supported skew as docs/operations.md's upgrade steps make it: the workers kept on
+    the previous revision's image (``worker.image.tag``) while this operator runs, runs started
+    on them, then the second ``helm upgrade`` rolls the workers to this image under those runs.
+    The old image is this one with the previous revision's package first on ``PYTHONPATH``
+    (``previous_support``): its code, these libraries."""
+    site = install_previous(tmp_path_factory.mktemp("previous"))
+    current = image.build_project_images(REPO, log=print).agentrun
+    tag = f"previous-{PREVIOUS[:12]}"
+    old = image.derived_image(
+        current, name=f"{image.AGENTRUN_REPOSITORY}:{tag}",
+        add=[("/opt/agentrun-previous", site)],
+        env=[("PYTHONPATH", "/opt/agentrun-previous")], log=print,
+    )  # fmt: skip
+    containerd.import_image(cluster_node.directory, old.archive, log=print)
+
+    def upgrade(worker_tag: str) -> None:
+        installed.helm(
+            "upgrade", installed.name, str(installed.chart), "-n", ns, "--reuse-values",
+            "--set", f"worker.image.tag={worker_tag}", "--wait", "--timeout", "5m", timeout=330,
+        )  # fmt: skip
+
+    def worker_images() -> set[str]:
+        selector = "app.kubernetes.io/component=worker"
+        pods = json.loads(
+            node_kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json").stdout
+        )["items"]
+        return {
+            c["image"]
+            for p in pods
+            if p["metadata"].get("deletionTimestamp") is None
+            for c in p["spec"]["containers"]
+        }
+
+    operator_before = deployment_revisions(node_kubectl, ns)[f"{RELEASE}-operator"]
+    upgrade(tag)
+    assert deployment_revisions(node_kubectl, ns)[f"{RELEASE}-operator"] == operator_before
+    assert worker_images() == {old.name}
+    newer = node_kubectl(
+        "exec", "-n", ns, worker_pods(node_kubectl, ns)[0], "--",
+        "python3.11", "-c", "import agentrun.protocol.versions", check=False,
+    )  # fmt: skip
+    assert newer.returncode != 0 and "No module named 'agentrun.protocol.versions'" in newer.stderr
+    names = [f"slow-skew-{i}" for i in range(3)]
+    start_slow_runs(node_kubectl, ns, names)  # their first turns run on the old workers
+    whole = agent_run("skew-collatz", "Follow the Collatz sequence", maxSteps=4)
+    node_kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(whole))
+    assert wait_for(node_kubectl, ns, "skew-collatz", ended)["terminalReason"] == "max_steps"
+    upgrade("")
+    assert worker_images() == {current.name}
     assert_completed_once_per_turn(node_kubectl, ns, names)
 
 

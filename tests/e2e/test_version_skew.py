@@ -2,15 +2,14 @@
 
 The supported skew (docs/operations.md "Upgrades and version skew") is operator N with workers
 N-1: the operator is upgraded first, then the workers. Here the previous revision's code
-(``PREVIOUS``, built from this repository's history into a directory of its own and put first
-on the worker's ``PYTHONPATH``) is the only worker; the operator is this tree's. Runs with
-tool calls over three turns and with a held call approved by a person complete as they do on
-one revision,
-and the old worker's turn events are the old schema's (no ``schemaVersion``), read by this
-operator as version 1. The runs' tenant is one of the test's own, its ledger on the release's
-default layout (one value), which is what the previous release reads.
-
-When a release is cut, ``PREVIOUS`` becomes the previous release's tag.
+(``previous_support.PREVIOUS``, built from this repository's history into a directory of its
+own and put first on the worker's ``PYTHONPATH``) is the only worker; the operator is this
+tree's. Runs with tool calls over three turns and with a held call approved by a person
+complete as they do on one revision, and the old worker's turn events are the old schema's
+(no ``schemaVersion``), read by this operator as version 1. The runs' tenant is one of the
+test's own, its ledger on the release's default layout (one value), which is what the
+previous release reads. ``tests/cluster/test_helm_install.py`` does the same on the node with
+two images and ``helm upgrade``.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from previous_support import install_previous
 
 from agentrun import protocol
 from agentrun.bus import Bus, BusSettings
@@ -37,28 +37,11 @@ from .test_ledger_layouts import forget, ledger_keys, new_tenant
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-PREVIOUS = "60a0290322c8b31f137f3e615240eef830ee611f"
-"""The revision before the wire messages carried a schema version (main when it was added)."""
-
 
 @pytest.fixture(scope="module")
 def previous_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The previous revision's ``agentrun`` package, installed (without dependencies: this
-    environment's serve) into a directory of its own."""
-    work = tmp_path_factory.mktemp("previous")
-    source, site = work / "src", work / "site"
-    source.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", PREVIOUS], check=True, capture_output=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
-         str(source)],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
-    return site
+    """The previous revision's ``agentrun`` package, installed into a directory of its own."""
+    return install_previous(tmp_path_factory.mktemp("previous"))
 
 
 @pytest.fixture

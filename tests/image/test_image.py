@@ -249,3 +249,44 @@ def test_unchanged_inputs_reuse_the_archive(images: image.ProjectImages) -> None
         images.agentrun.archive,
         images.nats.archive,
     )
+
+
+def test_a_derived_image_adds_a_layer_and_keeps_the_base_s_configuration(
+    images: image.ProjectImages, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """`image.derived_image`: the base with a directory and an environment variable more (how
+    the node's upgrade test gives the workers a previous revision's package), its user, labels
+    and command kept, built once for the same inputs and again for another file."""
+    added = tmp_path_factory.mktemp("added")
+    (added / "skewprobe.py").write_text("WHO = 'previous'\n")
+    name = f"{image.AGENTRUN_REPOSITORY}:derived-test"
+
+    def derive() -> image.BuiltImage:
+        return image.derived_image(
+            images.agentrun, name=name, add=[("/opt/probe", added)],
+            env=[("PYTHONPATH", "/opt/probe")], log=print,
+        )  # fmt: skip
+
+    derived = derive()
+    base_config = image.image_config(images.agentrun.archive)["config"]
+    config = image.image_config(derived.archive)["config"]
+    assert isinstance(base_config, dict) and isinstance(config, dict)
+    assert (config["User"], config["Cmd"], config["Labels"]) == (
+        base_config["User"], base_config["Cmd"], base_config["Labels"],
+    )  # fmt: skip
+    assert "PYTHONPATH=/opt/probe" in config["Env"]
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    rootfs.chmod(0o755)
+    image.extract_rootfs(derived.archive, rootfs)
+    script = "import skewprobe, agentrun.worker.main; print(skewprobe.WHO)"
+    result = run_in_container(
+        derived.archive, rootfs, ["python3.11", "-c", script], tmp_path=tmp_path
+    )
+    assert (result.returncode, result.stdout.strip()) == (0, "previous"), result.stderr
+    again = derive()
+    assert (again.cached, again.archive) == (True, derived.archive)
+    (added / "skewprobe.py").write_text("WHO = 'other'\n")
+    rebuilt = derive()
+    assert not rebuilt.cached and rebuilt.archive != derived.archive
+    assert not derived.archive.exists()

@@ -32,6 +32,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The workers' image: worker.image's digest or tag when set (an upgrade rolls the operator
+first), else the agentrun image. */}}
+{{- define "agentrun.workerImage" -}}
+{{- $worker := .Values.worker.image | default dict -}}
+{{- if $worker.digest -}}
+{{- printf "%s@%s" .Values.image.repository $worker.digest -}}
+{{- else if $worker.tag -}}
+{{- printf "%s:%s" .Values.image.repository $worker.tag -}}
+{{- else -}}
+{{- include "agentrun.image" . -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "agentrun.operatorServiceAccountName" -}}
 {{- if .Values.serviceAccount.operator.create -}}
 {{- default (printf "%s-operator" (include "agentrun.fullname" .)) .Values.serviceAccount.operator.name -}}
