@@ -390,9 +390,10 @@ def derived_image(
     log: console.Log = console.log_to_stderr,
 ) -> BuiltImage:
     """`base` with one layer more: each host directory of `add` copied to its image path
-    (``("/opt/previous", site)``), `env` set (``("PYTHONPATH", "/opt/previous")``), the rest of
-    `base`'s configuration (user, command, labels) kept. Cached like `build_image`, keyed by the
-    base archive, every added file and `env`; `name` is ``repository:tag``.
+    (``("/opt/previous", site)``, readable by every user), `env` set (``("PYTHONPATH",
+    "/opt/previous")``), the rest of `base`'s configuration (user, command, labels) kept.
+    Cached like `build_image`, keyed by the base archive, every added file and `env`; `name`
+    is ``repository:tag``.
 
     Used to run other code on the same interpreter and dependencies, e.g. a previous
     revision's package first on ``PYTHONPATH`` as the workers of a rolling upgrade.
@@ -401,7 +402,7 @@ def derived_image(
         ImageError: buildah is missing or a step failed.
     """
     started = time.monotonic()
-    digest = hashlib.sha256(f"{RECIPE}|{name}|{base.archive.name}|{env}".encode())
+    digest = hashlib.sha256(f"{RECIPE}|readable by all|{name}|{base.archive.name}|{env}".encode())
     for image_path, directory in add:
         for path in sorted(p for p in directory.rglob("*") if p.is_file()):
             digest.update(f"{image_path}/{path.relative_to(directory)}".encode())
@@ -420,6 +421,7 @@ def derived_image(
                 layer = work / "context" / "layer"
                 for image_path, directory in add:
                     shutil.copytree(directory, layer / image_path.lstrip("/"), symlinks=True)
+                _readable_by_all(layer)
                 containerfile = work / "Containerfile"
                 lines = [f"FROM {base.name}", "COPY layer/ /"]
                 lines += [f"ENV {key}={json.dumps(value)}" for key, value in env]
@@ -430,6 +432,17 @@ def derived_image(
     seconds = time.monotonic() - started
     log(f"image {name}: {archive} ({archive.stat().st_size / 1e6:.1f} MB, {seconds:.0f} s)")
     return BuiltImage(name, archive, False, seconds)
+
+
+def _readable_by_all(tree: Path) -> None:
+    """Make every directory of `tree` 0755 and every file 0644 (0755 if executable): the
+    image's user is not root, and a temporary directory copied as it is (0700) hides its
+    contents from it."""
+    for path in (tree, *tree.rglob("*")):
+        if path.is_symlink():
+            continue
+        executable = path.is_dir() or path.stat().st_mode & 0o100
+        path.chmod(0o755 if executable else 0o644)
 
 
 def _drop_stale(archive: Path) -> None:

@@ -20,15 +20,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from previous_support import PREVIOUS, install_previous
+from previous_support import PREVIOUS_POD, install_previous
 
-from agentrun_dev import containerd, image, node, release
+from agentrun_dev import containerd, helm, image, node, release
 from agentrun_dev.kubectl import Kubectl
 from cluster.runs_support import (
     agent_run,
     assert_completed_once_per_turn,
     demo_release,
     ended,
+    print_pods,
     start_slow_runs,
     wait_for,
 )
@@ -201,10 +202,10 @@ def test_this_operator_drives_workers_of_the_previous_revision_until_they_roll(
     the previous revision's image (``worker.image.tag``) while this operator runs, runs started
     on them, then the second ``helm upgrade`` rolls the workers to this image under those runs.
     The old image is this one with the previous revision's package first on ``PYTHONPATH``
-    (``previous_support``): its code, these libraries."""
-    site = install_previous(tmp_path_factory.mktemp("previous"))
+    (``previous_support.PREVIOUS_POD``): its code, these libraries."""
+    site = install_previous(tmp_path_factory.mktemp("previous"), PREVIOUS_POD)
     current = image.build_project_images(REPO, log=print).agentrun
-    tag = f"previous-{PREVIOUS[:12]}"
+    tag = f"previous-{PREVIOUS_POD[:12]}"
     old = image.derived_image(
         current, name=f"{image.AGENTRUN_REPOSITORY}:{tag}",
         add=[("/opt/agentrun-previous", site)],
@@ -213,10 +214,15 @@ def test_this_operator_drives_workers_of_the_previous_revision_until_they_roll(
     containerd.import_image(cluster_node.directory, old.archive, log=print)
 
     def upgrade(worker_tag: str) -> None:
-        installed.helm(
-            "upgrade", installed.name, str(installed.chart), "-n", ns, "--reuse-values",
-            "--set", f"worker.image.tag={worker_tag}", "--wait", "--timeout", "5m", timeout=330,
-        )  # fmt: skip
+        try:
+            installed.helm(
+                "upgrade", installed.name, str(installed.chart), "-n", ns, "--reuse-values",
+                "--set", f"worker.image.tag={worker_tag}", "--wait", "--timeout", "5m",
+                timeout=330,
+            )  # fmt: skip
+        except helm.HelmError:
+            print_pods(node_kubectl, ns)
+            raise
 
     def worker_images() -> set[str]:
         selector = "app.kubernetes.io/component=worker"
@@ -234,11 +240,17 @@ def test_this_operator_drives_workers_of_the_previous_revision_until_they_roll(
     upgrade(tag)
     assert deployment_revisions(node_kubectl, ns)[f"{RELEASE}-operator"] == operator_before
     assert worker_images() == {old.name}
-    newer = node_kubectl(
-        "exec", "-n", ns, worker_pods(node_kubectl, ns)[0], "--",
-        "python3.11", "-c", "import agentrun.protocol.versions", check=False,
-    )  # fmt: skip
-    assert newer.returncode != 0 and "No module named 'agentrun.protocol.versions'" in newer.stderr
+    consumer = "agentrun/worker/consumer.py"  # changed since PREVIOUS_POD
+    script = "import agentrun.worker.consumer as m, sys; sys.stdout.write(open(m.__file__).read())"
+    running = {
+        node_kubectl("exec", "-n", ns, pod, "--", "python3.11", "-c", script).stdout
+        for pod in worker_pods(node_kubectl, ns)
+    }
+    assert (
+        running
+        == {(site / consumer).read_text()}
+        != {(REPO / "worker" / "consumer.py").read_text()}
+    )
     names = [f"slow-skew-{i}" for i in range(3)]
     start_slow_runs(node_kubectl, ns, names)  # their first turns run on the old workers
     whole = agent_run("skew-collatz", "Follow the Collatz sequence", maxSteps=4)
