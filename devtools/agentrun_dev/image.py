@@ -62,7 +62,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from agentrun_dev import binaries, console
@@ -164,8 +164,40 @@ def build_image(
     Raises:
         ImageError: a tool is missing or a step failed.
     """
+    return _built_once(
+        spec,
+        archive_path(spec, cache_root=cache_root),
+        lambda work, archive: _build(spec, work, archive=archive, log=log),
+        log=log,
+    )
+
+
+def archive_path(spec: ImageSpec, *, cache_root: Path | None = None) -> Path:
+    """Where the archive of `spec` is cached: ``…/images/<repository>/<tag>-<key>.tar``."""
+    return _cached_archive(spec.name, input_key(spec), cache_root=cache_root)
+
+
+def _cached_archive(name: str, key: str, *, cache_root: Path | None) -> Path:
+    """``<cache root>/images/<repository>/<tag>-<key[:16]>.tar`` of the image `name`.
+    Raises ValueError if `name` is not ``repository:tag``."""
+    repository, _, tag = name.rpartition(":")
+    if not repository or "/" in tag:
+        raise ValueError(f"image name {name!r} is not repository:tag")
+    root = binaries.cache_root() if cache_root is None else cache_root
+    return root / "images" / repository / f"{tag}-{key[:16]}.tar"
+
+
+def _built_once(
+    spec: ImageSpec,
+    archive: Path,
+    build: Callable[[Path, Path], None],
+    *,
+    log: console.Log,
+) -> BuiltImage:
+    """`archive` if it is cached, else ``build(work, archive)`` in a temporary directory under
+    the archive directory's lock (one build at a time; a build another process finished
+    meanwhile is taken), the same tag's archives of older inputs deleted after."""
     started = time.monotonic()
-    archive = archive_path(spec, cache_root=cache_root)
     if archive.is_file():
         log(f"image {spec.name}: inputs unchanged, using {archive}")
         return BuiltImage(spec.name, archive, True, time.monotonic() - started)
@@ -173,20 +205,13 @@ def build_image(
         if not archive.is_file():
             _require_tools(spec)
             with tempfile.TemporaryDirectory(prefix="agentrun-image-") as tmp:
-                _build(spec, Path(tmp), archive=archive, log=log)
-            _drop_stale(archive)
+                build(Path(tmp), archive)
+            for stale in archive.parent.glob(f"{archive.name.rsplit('-', 1)[0]}-*.tar"):
+                if stale != archive:  # the same tag built from older inputs
+                    stale.unlink(missing_ok=True)
     seconds = time.monotonic() - started
     log(f"image {spec.name}: {archive} ({archive.stat().st_size / 1e6:.1f} MB, {seconds:.0f} s)")
     return BuiltImage(spec.name, archive, False, seconds)
-
-
-def archive_path(spec: ImageSpec, *, cache_root: Path | None = None) -> Path:
-    """Where the archive of `spec` is cached: ``…/images/<repository>/<tag>-<key>.tar``."""
-    repository, _, tag = spec.name.rpartition(":")
-    if not repository or "/" in tag:
-        raise ValueError(f"image name {spec.name!r} is not repository:tag")
-    root = binaries.cache_root() if cache_root is None else cache_root
-    return root / "images" / repository / f"{tag}-{input_key(spec)[:16]}.tar"
 
 
 RECIPE = "2: native extensions without debug sections"
@@ -401,37 +426,26 @@ def derived_image(
     Raises:
         ImageError: buildah is missing or a step failed.
     """
-    started = time.monotonic()
     digest = hashlib.sha256(f"{RECIPE}|readable by all|{name}|{base.archive.name}|{env}".encode())
     for image_path, directory in add:
         for path in sorted(p for p in directory.rglob("*") if p.is_file()):
             digest.update(f"{image_path}/{path.relative_to(directory)}".encode())
             digest.update(path.read_bytes())
-    repository, _, tag = name.rpartition(":")
-    root = binaries.cache_root() if cache_root is None else cache_root
-    archive = root / "images" / repository / f"{tag}-{digest.hexdigest()[:16]}.tar"
-    if archive.is_file():
-        log(f"image {name}: inputs unchanged, using {archive}")
-        return BuiltImage(name, archive, True, time.monotonic() - started)
-    with binaries.build_lock(archive.parent, what=f"the image {name}", log=log):
-        if not archive.is_file():
-            _require_tools(ImageSpec(name=name, containerfile=Path()))
-            with tempfile.TemporaryDirectory(prefix="agentrun-image-") as tmp:
-                work = Path(tmp)
-                layer = work / "context" / "layer"
-                for image_path, directory in add:
-                    shutil.copytree(directory, layer / image_path.lstrip("/"), symlinks=True)
-                _readable_by_all(layer)
-                containerfile = work / "Containerfile"
-                lines = [f"FROM {base.name}", "COPY layer/ /"]
-                lines += [f"ENV {key}={json.dumps(value)}" for key, value in env]
-                containerfile.write_text("\n".join(lines) + "\n")
-                spec = ImageSpec(name=name, containerfile=containerfile)
-                _buildah_build(spec, work, archive=archive, log=log, base=base.archive)
-            _drop_stale(archive)
-    seconds = time.monotonic() - started
-    log(f"image {name}: {archive} ({archive.stat().st_size / 1e6:.1f} MB, {seconds:.0f} s)")
-    return BuiltImage(name, archive, False, seconds)
+
+    def build(work: Path, archive: Path) -> None:
+        layer = work / "context" / "layer"
+        for image_path, directory in add:
+            shutil.copytree(directory, layer / image_path.lstrip("/"), symlinks=True)
+        _readable_by_all(layer)
+        lines = [f"FROM {base.name}", "COPY layer/ /"]
+        lines += [f"ENV {key}={json.dumps(value)}" for key, value in env]
+        spec.containerfile.write_text("\n".join(lines) + "\n")
+        _buildah_build(spec, work, archive=archive, log=log, base=base.archive)
+
+    with tempfile.TemporaryDirectory(prefix="agentrun-containerfile-") as tmp:
+        spec = ImageSpec(name=name, containerfile=Path(tmp) / "Containerfile")
+        archive = _cached_archive(name, digest.hexdigest(), cache_root=cache_root)
+        return _built_once(spec, archive, build, log=log)
 
 
 def _readable_by_all(tree: Path) -> None:
@@ -443,13 +457,6 @@ def _readable_by_all(tree: Path) -> None:
             continue
         executable = path.is_dir() or path.stat().st_mode & 0o100
         path.chmod(0o755 if executable else 0o644)
-
-
-def _drop_stale(archive: Path) -> None:
-    """Delete the archives of the same tag built from older inputs than `archive`'s."""
-    for stale in archive.parent.glob(f"{archive.name.rsplit('-', 1)[0]}-*.tar"):
-        if stale != archive:
-            stale.unlink(missing_ok=True)
 
 
 def _require_tools(spec: ImageSpec) -> None:
