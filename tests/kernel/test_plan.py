@@ -96,13 +96,20 @@ def test_a_decided_approval_is_settled_before_anything_else() -> None:
     assert [(r.tool_call_id, r.content) for r in record.results] == [("d1", kernel.DENIED)]
 
 
-def test_an_approved_call_past_the_deadline_is_settled_without_running() -> None:
+def awaiting_deploy_approval() -> tuple[kernel.Limits, kernel.RunState]:
+    """Limits holding ``deploy`` for approval, and a run whose first batch (``calculate`` c1,
+    then ``deploy`` d1) ran c1 and waits for a person's decision on d1."""
     limits = kernel.Limits(approval_tools=frozenset({"deploy"}))
     held = dataclasses.replace(
         tool_turn(start(), checked("c1"), kernel.CheckedCall("d1", "deploy", {})),
         held=("d1",),
     )
     waiting = kernel.advance(start(), dataclasses.replace(held, results=held.results[:1]), limits)
+    return limits, waiting
+
+
+def test_an_approved_call_past_the_deadline_is_settled_without_running() -> None:
+    limits, waiting = awaiting_deploy_approval()
     assert waiting.pending is not None and waiting.pending.next_undecided is not None
     digest = waiting.pending.next_undecided.digest
     decided = kernel.resolve_approval(waiting, digest=digest, approved=True)
@@ -262,12 +269,7 @@ def test_calls_to_approval_tools_are_held_not_run() -> None:
 
 
 def test_a_run_past_its_deadline_while_awaiting_approval_ends_holding_no_request() -> None:
-    limits = kernel.Limits(approval_tools=frozenset({"deploy"}))
-    held = dataclasses.replace(
-        tool_turn(start(), checked("c1"), kernel.CheckedCall("d1", "deploy", {})),
-        held=("d1",),
-    )
-    waiting = kernel.advance(start(), dataclasses.replace(held, results=held.results[:1]), limits)
+    limits, waiting = awaiting_deploy_approval()
     assert waiting.pending is not None
     step = plan(waiting, limits, timing=LATE)
     assert isinstance(step, kernel.EndRun)
