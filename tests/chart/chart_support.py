@@ -18,7 +18,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "agentrun"
 KEDA_MODULE = "github.com/kedacore/keda/v2"
 KEDA_VERSION = "v2.21.0"
-"""KEDA release whose ScaledObject CRD and nats-jetstream scaler the chart is checked against."""
+"""KEDA release whose ScaledObject and TriggerAuthentication CRDs and nats-jetstream scaler the
+chart is checked against."""
+KEDA_KINDS = ("scaledobjects", "triggerauthentications")
+"""The plurals of KEDA's kinds the chart renders (``worker.autoscaling.keda``)."""
 PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 """Prometheus Operator release whose CRDs the chart's monitoring objects are checked against."""
@@ -137,6 +140,12 @@ def keda_module_dir() -> Path:
     Raises gobuild.BuildError if Go is missing or the download fails.
     """
     return module_dir(KEDA_MODULE, KEDA_VERSION)
+
+
+def keda_crd_file(plural: str) -> Path:
+    """KEDA's CRD of kind `plural` (one of `KEDA_KINDS`), from its Go module's
+    ``config/crd/bases`` at `KEDA_VERSION`."""
+    return keda_module_dir() / "config" / "crd" / "bases" / f"keda.sh_{plural}.yaml"
 
 
 def monitoring_crd_files() -> list[Path]:

@@ -1,6 +1,6 @@
 """The chart renders and lints with the pinned helm, offline, the way GitOps tools run it; its
 values schema names the field a typo or a wrong type hits; its defaults name what is built
-here; its KEDA trigger names the workers' real consumer."""
+here; its KEDA trigger names the workers' real consumer, and the account where KEDA finds it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,18 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
-from chart_support import CHART_DIR, FEATURES, REPO_ROOT, documents, keda_module_dir
+from chart_support import (
+    CHART_DIR,
+    FEATURES,
+    KEDA_KINDS,
+    REPO_ROOT,
+    documents,
+    keda_crd_file,
+    keda_module_dir,
+)
 
 from agentrun import protocol
 from agentrun.natsauth import Authority, bootstrap
@@ -294,10 +303,55 @@ def test_autoscaled_workers_leave_the_replica_count_to_the_autoscaler(
     assert fixed["spec"]["replicas"] == values()["worker"]["replicas"]
 
 
+def keda_scaler_tags() -> dict[str, list[str]]:
+    """The parameters KEDA's nats-jetstream scaler parses (its struct tags): each name and the
+    sources it is read from, in order (``triggerMetadata``, ``authParams``)."""
+    source = (keda_module_dir() / "pkg" / "scalers" / "nats_jetstream_scaler.go").read_text()
+    return {
+        name: order.split(";")
+        for name, order in re.findall(r'keda:"name=([A-Za-z]+),[^"]*?order=([A-Za-z;]+)', source)
+    }
+
+
 def keda_scaler_parameters() -> set[str]:
     """The trigger metadata names KEDA's nats-jetstream scaler parses (its struct tags)."""
-    source = (keda_module_dir() / "pkg" / "scalers" / "nats_jetstream_scaler.go").read_text()
-    return set(re.findall(r'keda:"name=([A-Za-z]+)', source))
+    return {name for name, order in keda_scaler_tags().items() if "triggerMetadata" in order}
+
+
+def keda_auth_parameters() -> set[str]:
+    """The names KEDA's nats-jetstream scaler reads from a TriggerAuthentication's authParams."""
+    return {name for name, order in keda_scaler_tags().items() if "authParams" in order}
+
+
+def strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """A CRD's OpenAPI v3 schema as a JSON Schema that, as the API server's strict field
+    validation (kubectl's default) does, refuses a field it does not declare: every object
+    listing ``properties`` closed to others, unless it says otherwise."""
+    closed = dict(schema)
+    if "properties" in closed:
+        closed["properties"] = {name: strict(sub) for name, sub in closed["properties"].items()}
+        if "additionalProperties" not in closed and not closed.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
+            closed["additionalProperties"] = False
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(closed.get(key), dict):
+            closed[key] = strict(closed[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in closed:
+            closed[key] = [strict(sub) for sub in closed[key]]
+    return closed
+
+
+def keda_validator(plural: str) -> jsonschema.Draft7Validator:
+    """A validator of KEDA's CRD `plural` (its served, stored version), `strict`."""
+    crd = yaml.safe_load(keda_crd_file(plural).read_text())
+    [version] = [v for v in crd["spec"]["versions"] if v["served"] and v["storage"]]
+    return jsonschema.Draft7Validator(strict(version["schema"]["openAPIV3Schema"]))
+
+
+def keda_objects(docs: list[Any]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["apiVersion"].startswith("keda.sh/")]
 
 
 def test_keda_trigger_reads_the_workers_shared_consumer_with_parameters_keda_knows(
@@ -319,6 +373,133 @@ def test_keda_trigger_reads_the_workers_shared_consumer_with_parameters_keda_kno
     assert set(metadata) <= keda_scaler_parameters()
     assert all(isinstance(value, str) for value in metadata.values())
     assert scaled["spec"]["scaleTargetRef"]["name"] == "agentrun-worker"
+
+
+def test_the_closed_bus_trigger_has_keda_read_the_account_from_the_server_secret(
+    offline_helm: helm.Helm,
+) -> None:
+    """No account in the metadata (a render cannot know it before the hook writes it): the
+    TriggerAuthentication has KEDA read ``account.pub`` of the server's Secret into the
+    authParam the scaler reads the account from."""
+    docs = render(offline_helm, "keda", namespace="ops")
+    [trigger] = find(docs, "ScaledObject", "agentrun-worker")["spec"]["triggers"]
+    authentication = find(docs, "TriggerAuthentication", "agentrun-worker")
+
+    assert "account" not in trigger["metadata"]
+    assert trigger["authenticationRef"] == {"name": "agentrun-worker"}
+    assert authentication["metadata"]["namespace"] == "ops"
+    assert authentication["spec"] == {
+        "secretTargetRef": [
+            {"parameter": "account", "name": "agentrun-nats-server", "key": bootstrap.ACCOUNT_KEY}
+        ]
+    }
+    parameters = {ref["parameter"] for ref in authentication["spec"]["secretTargetRef"]}
+    assert parameters <= keda_auth_parameters()
+
+
+def test_the_keda_objects_validate_against_kedas_own_crds(offline_helm: helm.Helm) -> None:
+    validators = {
+        yaml.safe_load(keda_crd_file(plural).read_text())["spec"]["names"]["kind"]: (
+            keda_validator(plural)
+        )
+        for plural in KEDA_KINDS
+    }
+    rendered = keda_objects(render(offline_helm, "keda"))
+    assert sorted(d["kind"] for d in rendered) == sorted(validators)
+    for doc in rendered:
+        errors = [e.message for e in validators[doc["kind"]].iter_errors(doc)]
+        assert not errors, (doc["kind"], errors)
+    misspelt = find(rendered, "TriggerAuthentication", "agentrun-worker")
+    misspelt = {**misspelt, "spec": {"secretTargetRefs": misspelt["spec"]["secretTargetRef"]}}
+    assert not validators["TriggerAuthentication"].is_valid(misspelt)  # the check is strict
+
+
+KEDA_ACCOUNTS = [
+    pytest.param(
+        {"nats.install.enabled": "true", "worker.autoscaling.keda.account": "A" * 56},
+        ("metadata", "A" * 56),
+        id="account-given",
+    ),
+    pytest.param(
+        {"nats.install.enabled": "true", "nats.auth.enabled": "false"},
+        ("metadata", "$G"),
+        id="open-bus-global-account",
+    ),
+    pytest.param(
+        {
+            "nats.install.enabled": "true",
+            "nats.auth.operatorSecret": "bus-operator",
+            "nats.auth.workerSecret": "bus-worker",
+            "nats.auth.serverSecret": "bus-server",
+        },
+        ("secret", "bus-server"),
+        id="server-secret-brought",
+    ),
+    pytest.param(
+        {"nats.monitoringEndpoint": "nats.nats.svc:8222"},
+        ("secret", "agentrun-nats-server"),
+        id="existing-nats-hook-made-credentials",
+    ),
+    pytest.param(
+        {
+            "nats.monitoringEndpoint": "nats.nats.svc:8222",
+            "nats.auth.operatorSecret": "bus-operator",
+            "nats.auth.workerSecret": "bus-worker",
+            "nats.auth.serverSecret": "bus-server",
+        },
+        ("secret", "bus-server"),
+        id="existing-nats-credentials-and-server-secret-brought",
+    ),
+    pytest.param(
+        {
+            "nats.monitoringEndpoint": "nats.nats.svc:8222",
+            "nats.auth.operatorSecret": "bus-operator",
+            "nats.auth.workerSecret": "bus-worker",
+            "worker.autoscaling.keda.account": "A" * 56,
+        },
+        ("metadata", "A" * 56),
+        id="existing-nats-credentials-brought-account-given",
+    ),
+]
+"""(values besides ``worker.autoscaling.keda.enabled``, where the trigger's account comes from:
+the metadata and its value, or the Secret a TriggerAuthentication names)."""
+
+
+@pytest.mark.parametrize(("given", "source"), KEDA_ACCOUNTS)
+def test_the_trigger_takes_the_account_given_or_has_keda_read_it_from_a_secret_that_will_exist(
+    offline_helm: helm.Helm, given: dict[str, str], source: tuple[str, str]
+) -> None:
+    values = {"worker.autoscaling.keda.enabled": "true", **given}
+    docs = documents(offline_helm.template(CHART_DIR, values=values))
+    [trigger] = find(docs, "ScaledObject", "agentrun-worker")["spec"]["triggers"]
+    authentications = [d for d in docs if d["kind"] == "TriggerAuthentication"]
+    match source:
+        case ("metadata", account):
+            assert trigger["metadata"]["account"] == account
+            assert "authenticationRef" not in trigger and authentications == []
+        case ("secret", secret):
+            assert "account" not in trigger["metadata"]
+            [authentication] = authentications
+            assert trigger["authenticationRef"] == {"name": authentication["metadata"]["name"]}
+            [ref] = authentication["spec"]["secretTargetRef"]
+            assert (ref["name"], ref["key"]) == (secret, bootstrap.ACCOUNT_KEY)
+
+
+def test_keda_on_an_existing_nats_with_credentials_brought_needs_the_account(
+    offline_helm: helm.Helm,
+) -> None:
+    """No hook writes a server Secret and none is named: the render asks for the account."""
+    values = {
+        "worker.autoscaling.keda.enabled": "true",
+        "nats.monitoringEndpoint": "nats.nats.svc:8222",
+        "nats.auth.operatorSecret": "bus-operator",
+        "nats.auth.workerSecret": "bus-worker",
+    }
+    sets = [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+    result = offline_helm("template", "agentrun", str(CHART_DIR), *sets, check=False)
+    assert result.returncode != 0
+    assert "worker.autoscaling.keda.account" in result.stderr
+    assert "nats.auth.serverSecret" in result.stderr
 
 
 def test_the_mock_model_answers_from_the_examples_scenarios(offline_helm: helm.Helm) -> None:

@@ -1,6 +1,6 @@
 """What the chart renders, judged by the suite's real API server: server-side dry-run of every
-feature set (KEDA's own ScaledObject CRD installed), Pod Security ``restricted`` admission of
-every pod, and the RBAC grants checked with ``kubectl auth can-i``."""
+feature set (KEDA's own ScaledObject and TriggerAuthentication CRDs installed), Pod Security
+``restricted`` admission of every pod, and the RBAC grants checked with ``kubectl auth can-i``."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import yaml
 from chart_support import (
     CHART_DIR,
     FEATURES,
+    KEDA_KINDS,
     documents,
-    keda_module_dir,
+    keda_crd_file,
     monitoring_crd_files,
     pod_from_workload,
 )
@@ -27,12 +28,15 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="session")
-def keda_crd(kubectl: Kubectl) -> str:
-    """KEDA's ScaledObject CRD, from its Go module's config/crd/bases, applied and Established."""
-    path = keda_module_dir() / "config" / "crd" / "bases" / "keda.sh_scaledobjects.yaml"
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
-    return "scaledobjects.keda.sh"
+def keda_crds(kubectl: Kubectl) -> list[str]:
+    """KEDA's ScaledObject and TriggerAuthentication CRDs, from its Go module's
+    config/crd/bases, applied and Established; their names."""
+    names = [f"{plural}.keda.sh" for plural in KEDA_KINDS]
+    for plural in KEDA_KINDS:
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(keda_crd_file(plural)))
+    for name in names:
+        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return names
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +63,7 @@ def test_rendered_chart_passes_server_side_dry_run(
     offline_helm: helm.Helm,
     kubectl: Kubectl,
     crds: list[str],
-    keda_crd: str,
+    keda_crds: list[str],
     monitoring_crds: list[str],
     restricted_namespace: str,
     feature: str,

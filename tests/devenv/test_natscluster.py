@@ -124,3 +124,8 @@ def test_a_cluster_stops_by_pid(tmp_path: Path, devenv_launch: components.Launch
 def test_a_cluster_of_one_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least 2"):
         natscluster.start_nats_cluster(tmp_path, size=1)
+
+
+def test_a_cluster_given_hosts_of_another_count_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="2 hosts for 3 servers"):
+        natscluster.start_nats_cluster(tmp_path, hosts=("127.0.0.2", "127.0.0.3"))

@@ -198,18 +198,22 @@ The NATS credentials and CA of a role's pods: env entries, volume mounts and vol
 {{- end -}}
 
 {{/*
-The account KEDA reads the workers' consumer under: the value given, else (nats.auth on, "$G")
-the AGENTRUN account of the server's auth Secret (agentrun.natsServerSecret) when it exists.
+The Secret KEDA reads the workers' account from (its key account.pub), when the closed bus
+(nats.auth) leaves worker.autoscaling.keda.account at "$G": agentrun.natsServerSecret, which
+the bootstrap hook writes (whenever it runs, with or without nats.install) or which is brought
+as nats.auth.serverSecret. KEDA resolves it through a TriggerAuthentication each time it builds
+the scaler, so no render has to find it. Empty: the account given (or "$G", right for an open
+bus) goes in the trigger's metadata. Fails for an existing NATS with its credentials brought
+and neither the account nor the Secret holding it named.
 */}}
-{{- define "agentrun.kedaAccount" -}}
-{{- $account := .Values.worker.autoscaling.keda.account -}}
-{{- if and .Values.nats.auth.enabled (eq $account "$G") -}}
-{{- $server := lookup "v1" "Secret" .Release.Namespace (include "agentrun.natsServerSecret" .) -}}
-{{- if and $server $server.data (index $server.data "account.pub") -}}
-{{- $account = index $server.data "account.pub" | b64dec -}}
+{{- define "agentrun.kedaAccountSecret" -}}
+{{- $auth := .Values.nats.auth -}}
+{{- if and $auth.enabled (eq .Values.worker.autoscaling.keda.account "$G") -}}
+{{- if not (or .Values.nats.install.enabled $auth.serverSecret (include "agentrun.natsBootstrap" .)) -}}
+{{- fail "worker.autoscaling.keda.account: with an existing NATS server and its credentials brought, give the public key of the account agentrun's streams are in (account.pub of the Secrets `agentrun nats bootstrap` made), or name its -server Secret in nats.auth.serverSecret for KEDA to read account.pub from" -}}
 {{- end -}}
+{{- include "agentrun.natsServerSecret" . -}}
 {{- end -}}
-{{- $account -}}
 {{- end -}}
 
 {{/*
