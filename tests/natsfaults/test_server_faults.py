@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -125,7 +126,13 @@ class Admin:
         requests waiting)."""
         return dict(self.run(self._diagnose(namespace, name, uid)))
 
-    async def _diagnose(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
+    def events(self, namespace: str, name: str) -> list[tuple[RunEvent, float]]:
+        """Run ``namespace/name``'s events in order, each with the time JetStream stored it
+        (epoch seconds), read from the stream's leader."""
+        found: list[tuple[RunEvent, float]] = self.run(self._events(namespace, name))
+        return found
+
+    async def _events(self, namespace: str, name: str) -> list[tuple[RunEvent, float]]:
         jsm = self.nc.jsm()
         subject = protocol.event_subject(namespace, name)
         events, seq = [], 1
@@ -133,10 +140,14 @@ class Admin:
             try:
                 raw = await jsm.get_msg(protocol.STREAM_EVENTS, seq=seq, next=True, subject=subject)
             except nats.js.errors.NotFoundError:
-                break
-            event = RunEvent.decode(raw.data or b"", seq=int(raw.seq or 0))
-            events.append((event.kind, event.summary.turn, event.seq))
+                return events
+            stored = raw.time.timestamp() if raw.time is not None else 0.0
+            events.append((RunEvent.decode(raw.data or b"", seq=int(raw.seq or 0)), stored))
             seq = int(raw.seq or 0) + 1
+
+    async def _diagnose(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
+        jsm = self.nc.jsm()
+        events = [(e.kind, e.summary.turn, e.seq) for e, _ in await self._events(namespace, name)]
         info = await jsm.stream_info(protocol.STREAM_TURNS)
         queued = []
         for at in range(int(info.state.first_seq or 0), int(info.state.last_seq or 0) + 1):
@@ -168,6 +179,34 @@ class Admin:
         self.thread.join(timeout=5)
 
 
+def model_on_cluster(
+    logs: Path,
+    scenarios: list[dict[str, Any]],
+    control_plane: Any,
+    cluster: natscluster.NatsCluster,
+) -> tuple[components.Launch, components.Component, dict[str, str]]:
+    """Start the scripted model with ``scenarios`` (logs in ``logs``); return the launch, the
+    model and the environment of processes on ``cluster`` (every server's URL, R3 streams and
+    buckets) with the Lease at the product's defaults (15 s, renew deadline 10 s), not the e2e
+    stack's short ones (8 s, 6 s, for quick failovers): under this load a renewal took up to
+    4.4 s on two cores, near the short deadline (past it the operator exits, as designed, and
+    the tests start it again)."""
+    path = logs / "scenarios.yaml"
+    path.write_text(yaml.safe_dump({"scenarios": scenarios}))
+    launch = components.Launch(log_dir=logs, die_with_parent=True)
+    mock = stack.start_mockllm([path], launch=launch)
+    env = stack.service_env(
+        kubeconfig=str(control_plane.kubeconfig),
+        nats=cluster.servers[0],
+        replicas=len(cluster.servers),
+        urls=cluster.urls,
+    )
+    env.update(
+        AGENTRUN_LEASE_DURATION="15", AGENTRUN_LEASE_RENEW_DEADLINE="10", AGENTRUN_LEASE_RETRY="2"
+    )
+    return launch, mock, env
+
+
 @pytest.fixture(scope="module")
 def faults_stack(
     control_plane: Any,
@@ -178,32 +217,15 @@ def faults_stack(
 ) -> Iterator[E2EStack]:
     """The operator, two workers and the scripted model on this module's NATS cluster, every
     process given all three servers' URLs and R3 streams and buckets."""
-    logs = tmp_path_factory.mktemp("natsfaults-logs")
-    scenarios = logs / "scenarios.yaml"
-    scenarios.write_text(yaml.safe_dump({"scenarios": [SCENARIO]}))
-    launch = components.Launch(log_dir=logs, die_with_parent=True)
-    mock = stack.start_mockllm([scenarios], launch=launch)
-    env = stack.service_env(
-        kubeconfig=str(control_plane.kubeconfig),
-        nats=nats_cluster.servers[0],
-        replicas=len(nats_cluster.servers),
-        urls=nats_cluster.urls,
+    launch, mock, env = model_on_cluster(
+        tmp_path_factory.mktemp("natsfaults-logs"), [SCENARIO], control_plane, nats_cluster
     )
     # The turn ack wait is the default (30 s; heartbeats every 10 s). At 10 s, an election
     # after the SIGKILL that outlasted the heartbeats' slack on a loaded 2-core machine had a
     # turn in flight redelivered to the other worker, which asked the model again (1 run in
     # 4): a worker cut off from the consumer for longer than the ack wait is, to JetStream,
     # a dead one. That bound is the product's, said in docs/operations.md.
-    # The Lease at the product's defaults (15 s, renew deadline 10 s), not the e2e stack's
-    # short ones (8 s, 6 s, for quick failovers): nothing here tests a failover, and under this
-    # load a renewal took up to 4.4 s on two cores, near the short deadline (past it the
-    # operator exits, as designed; ``Load.statuses`` starts it again).
-    env.update(
-        AGENTRUN_STATUS_INTERVAL="0.5",
-        AGENTRUN_LEASE_DURATION="15",
-        AGENTRUN_LEASE_RENEW_DEADLINE="10",
-        AGENTRUN_LEASE_RETRY="2",
-    )
+    env.update(AGENTRUN_STATUS_INTERVAL="0.5")
     operator = stack.start_operator(env, launch=launch)
     workers = [stack.start_worker(i, env=env, launch=launch) for i in (1, 2)]
     handle = E2EStack(kubectl, launch, env, mock, operator, workers)
@@ -215,13 +237,6 @@ def faults_stack(
     finally:
         for component in [*handle.workers, handle.operator, handle.mock]:
             components.stop_component(component)
-
-
-@pytest.fixture(scope="module")
-def admin(nats_cluster: natscluster.NatsCluster) -> Iterator[Admin]:
-    handle = Admin(nats_cluster)
-    yield handle
-    handle.close()
 
 
 @pytest.fixture
@@ -377,7 +392,7 @@ def check_outcome(
     assert len(asked) == RUNS_PER_TENANT * 2, f"{len(asked)} runs asked the model"
     assert not wrong, f"turns asked of the model other than once: {list(wrong.items())[:5]}"
     for tenant, runs in statuses.items():
-        book = _settled(admin, tenant)
+        book = settled(admin, tenant)
         usage = [s["usage"] for s in runs]
         assert all(u["steps"] == TURNS for u in usage), [u["steps"] for u in usage]
         tokens = sum(int(u["totalTokens"]) for u in usage)
@@ -391,7 +406,7 @@ def check_outcome(
         time.sleep(0.5)
 
 
-def _settled(admin: Admin, tenant: str) -> Book:
+def settled(admin: Admin, tenant: str) -> Book:
     """`tenant`'s book once nothing is held or active (AssertionError after ``SETTLE`` s)."""
     end = time.monotonic() + SETTLE
     while True:
@@ -416,7 +431,7 @@ def _under_load(load: Load, fault: Callable[[], None], admin: Admin) -> None:
     assert after < total, "every run ended before the fault was over: it was not under load"
 
 
-def _server(cluster: natscluster.NatsCluster, name: str) -> Any:
+def server_named(cluster: natscluster.NatsCluster, name: str) -> Any:
     return next(s for s in cluster.servers if s.component.name == f"nats-server-{name}")
 
 
@@ -430,7 +445,7 @@ def test_the_events_leader_sigkilled_and_restarted_on_its_store(
 
     def kill_and_restart() -> None:
         victim = admin.leader(protocol.STREAM_EVENTS)
-        server = _server(nats_cluster, victim)
+        server = server_named(nats_cluster, victim)
         components.kill_component(server.component)
         time.sleep(3.0)  # the load goes on two servers a while
         server.restart()  # the same ports and store directory
