@@ -32,6 +32,7 @@ from ..runs.recovery import Admission
 from ..runs.spec import RunObject
 from ..tenants.registry import NoTenant
 from ..wiring import OperatorMemo, RunHandling
+from .retrying import retrying
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,9 @@ async def _validate_and_enqueue(
         _reject(parts, key, str(err), generation=generation)
         return
     except ApiError as err:
-        raise kopf.TemporaryError(f"cannot read namespace {key.namespace!r}: {err.status}") from err
+        raise kopf.TemporaryError(
+            f"cannot read namespace {key.namespace!r}: {err.status}", delay=2
+        ) from err
     _check_owned(parts, key, policy.name)
     try:  # before the tenant's policy: it applies to the spec the run executes
         run_spec = await resolve_run(parts.api, key, spec, status)
@@ -73,7 +76,7 @@ async def _validate_and_enqueue(
         return
     except ApiError as err:
         if failures.transient(err):
-            raise kopf.TemporaryError(f"cannot resolve spec.agentRef: {err}") from err
+            raise kopf.TemporaryError(f"cannot resolve spec.agentRef: {err}", delay=2) from err
         # the resolution's record is refused as it is (too large, invalid): it never will be
         message = (
             "spec.agentRef: the resolved spec cannot be recorded in status.resolvedSpec: the "
@@ -299,6 +302,7 @@ def _rerun_ignored(events: EventRecorder, key: RunKey) -> None:
 
 
 @kopf.on.update(*RUN, annotations={RERUN_ANNOTATION: "true"})
+@retrying
 async def rerun_run(
     *,
     spec: kopf.Spec,

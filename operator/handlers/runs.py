@@ -31,6 +31,7 @@ from ..schedules.spec import CRON_LABEL
 from ..tenants.registry import NoTenant
 from ..wiring import OperatorMemo, RunHandling
 from .admission import check_restored, remove_annotations
+from .retrying import retrying
 from .startup import FINALIZER
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ RUN = (kube.GROUP, kube.VERSION, kube.RUNS)
 
 
 @kopf.on.update(*RUN, annotations={CANCEL_ANNOTATION: "true"})
+@retrying
 async def cancel_run(
     *,
     status: kopf.Status,
@@ -67,6 +69,7 @@ async def cancel_run(
 
 @kopf.on.update(*RUN, annotations={APPROVE_ANNOTATION: kopf.PRESENT})
 @kopf.on.update(*RUN, annotations={DENY_ANNOTATION: kopf.PRESENT})
+@retrying
 async def review_run(
     *,
     annotations: kopf.Annotations,

@@ -22,20 +22,13 @@ from ..platform.kubeapi import ApiError, Kube, KubeApi
 from ..runs.keys import ADMITTED_UID_ANNOTATION
 from ..wiring import OperatorMemo
 from . import sharding
+from .retrying import retrying
 
 log = logging.getLogger(__name__)
 
 KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 FINALIZER = "agentrun.dev/finalizer"
 """On an AgentRun while it has not ended (``handlers.runs.unfinished``)."""
-RETRY_DELAY = 3.0
-"""Seconds before kopf tries a failed handler again: the start-up handler and every handler
-of a resource that raises an error other than ``kopf.TemporaryError`` (which names its own
-delay). kopf's default is 60 s, and what fails them is mostly passing: a NATS request timing
-out while a freshly formed or restarting cluster elects a stream's leader, the API server
-answering 429 while its storage initialises. Until the start-up succeeds the process serves
-nothing (every step of it is idempotent, and a failed try closes what it opened); a cancel,
-approval or rerun would otherwise wait a minute after NATS is back."""
 
 
 class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -80,7 +73,8 @@ class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return cast(kopf.BodyEssence, essence)
 
 
-@kopf.on.startup(backoff=RETRY_DELAY)
+@kopf.on.startup()
+@retrying
 async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
     """Configure kopf, connect to the API server, list AgentTenants, start the parts of the
     shards this process owns (``memo.ownership``; with several shards, kopf's storages leave
@@ -88,7 +82,7 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
     (`hand_over_signals`). Stopped part-way (kopf stopping before its start-up finished runs
     no clean-up handler), it closes the API client it opened; ``start_parts`` closes its
     own. A failed start (e.g. ``nats.errors.TimeoutError`` while the streams are provisioned)
-    is tried again by kopf after ``RETRY_DELAY`` seconds, as are the resource handlers."""
+    is tried again by kopf after ``retrying.retry_delay`` seconds (3, 6, 12, … up to 60)."""
     settings.persistence.finalizer = FINALIZER
     progress: kopf.ProgressStorage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
     diffbase: kopf.DiffBaseStorage = MetadataDiffBaseStorage(
@@ -100,7 +94,6 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
     settings.persistence.progress_storage = progress
     settings.persistence.diffbase_storage = diffbase
     settings.posting.level = logging.WARNING
-    settings.execution.default_backoff = RETRY_DELAY
     settings.watching.server_timeout = 300
     api = await Kube.connect()
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import kopf
 import pytest
 from kube_support import FakeKube
 
@@ -318,8 +319,9 @@ async def test_a_rerun_that_fails_to_queue_keeps_the_ask_and_kopfs_retry_finishe
         raise ConnectionResetError("NATS away")
 
     monkeypatch.setattr(admission, "_validate_and_enqueue", away)
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(kopf.TemporaryError) as raised:  # kopf tries it again in 3 s
         await update(parts, annotations, ENDED)
+    assert isinstance(raised.value.__cause__, ConnectionResetError)
     assert stored(api)["metadata"]["annotations"] == {RERUN_ANNOTATION: "true"}
     assert stored(api)["status"]["phase"] == "Pending"
 
