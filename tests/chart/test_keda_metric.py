@@ -493,3 +493,33 @@ def test_the_hpa_keda_drives_asks_for_the_lag_over_the_threshold_rounded_up(
     assert (threshold, bounds) == (10, (1, 10))
     got = desired_replicas(lag, lag_threshold=threshold, current=current, bounds=bounds)
     assert got == wanted
+
+
+def test_an_existing_nats_with_credentials_brought_finds_the_server_secret_by_its_name(
+    online_helm: helm.Helm, kubectl: Kubectl, namespace: str, pods: natscluster.NatsCluster
+) -> None:
+    """An existing NATS, the credentials brought and no Secret named: refused while no Secret
+    has the name the chart's hook would give it; once ``agentrun nats bootstrap --prefix
+    agentrun-nats`` put it there (as earlier charts' lookup expected), the trigger has KEDA
+    read its ``account.pub``."""
+    values = {
+        "worker.autoscaling.keda.enabled": "true",
+        "nats.monitoringEndpoint": "nats.nats.svc:8222",
+        "nats.auth.operatorSecret": "bus-operator",
+        "nats.auth.workerSecret": "bus-worker",
+    }
+
+    def render() -> list[Manifest]:
+        extra = ["--dry-run=server"]
+        return documents(
+            online_helm.template(CHART_DIR, namespace=namespace, values=values, extra=extra)
+        )
+
+    with pytest.raises(helm.HelmError) as refused:
+        render()
+    assert "nats.auth.serverSecret" in str(refused.value)
+    write_server_secret(kubectl, namespace, pods)
+    [auth] = [d for d in render() if d["kind"] == "TriggerAuthentication"]
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "account", "name": SERVER_SECRET, "key": "account.pub"}
+    ]

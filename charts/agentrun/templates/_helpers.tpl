@@ -203,14 +203,17 @@ The Secret KEDA reads the workers' account from (its key account.pub), when the 
 the bootstrap hook writes (whenever it runs, with or without nats.install) or which is brought
 as nats.auth.serverSecret. KEDA resolves it through a TriggerAuthentication each time it builds
 the scaler, so no render has to find it. Empty: the account given (or "$G", right for an open
-bus) goes in the trigger's metadata. Fails for an existing NATS with its credentials brought
-and neither the account nor the Secret holding it named.
+bus) goes in the trigger's metadata. For an existing NATS with its credentials brought, the
+Secret must be named (nats.auth.serverSecret) or found under agentrun.natsServerSecret's name
+(`agentrun nats bootstrap --prefix <fullname>-nats` makes it so, and earlier charts read it
+there); else the render fails, naming both ways.
 */}}
 {{- define "agentrun.kedaAccountSecret" -}}
 {{- $auth := .Values.nats.auth -}}
 {{- if and $auth.enabled (eq .Values.worker.autoscaling.keda.account "$G") -}}
-{{- if not (or .Values.nats.install.enabled $auth.serverSecret (include "agentrun.natsBootstrap" .)) -}}
-{{- fail "worker.autoscaling.keda.account: with an existing NATS server and its credentials brought, give the public key of the account agentrun's streams are in (account.pub of the Secrets `agentrun nats bootstrap` made), or name its -server Secret in nats.auth.serverSecret for KEDA to read account.pub from" -}}
+{{- $known := or .Values.nats.install.enabled $auth.serverSecret (include "agentrun.natsBootstrap" .) -}}
+{{- if not (or $known (lookup "v1" "Secret" .Release.Namespace (include "agentrun.natsServerSecret" .))) -}}
+{{- fail (printf "worker.autoscaling.keda.account: with an existing NATS server and its credentials brought, give the public key of the account agentrun's streams are in (account.pub of the Secrets `agentrun nats bootstrap` made), or name its -server Secret in nats.auth.serverSecret (or keep it as %s in this namespace) for KEDA to read account.pub from" (include "agentrun.natsServerSecret" .)) -}}
 {{- end -}}
 {{- include "agentrun.natsServerSecret" . -}}
 {{- end -}}
