@@ -1,11 +1,11 @@
-"""Load held, longer: the soak of ``tests/natsfaults/test_soak.py`` (three NATS servers at R3,
-two operators over four shards, three workers, five tenants, runs of 2, 4 and 6 model calls of
-2 s each) at bench size, its chaos loop killing a NATS server, an operator and a worker in
-turn, round after round (20 s apart) while runs are queued. The test's own checks hold (no
-turn lost or committed twice, no ledger difference, a call asked again only across a worker's
-kill); the figures are its report: runs completed, turns lost, turns committed twice, calls
-asked again, ledger differences, a turn's overhead p50/p99 during the faults and outside
-them, the longest wait across a fault.
+"""Load held, longer: the soak of ``tests/natsfaults/test_soak.py`` (three NATS servers at R3, two
+operators over four shards, three workers, five tenants, runs of 2, 4 and 6 model calls of 2 s
+each) at bench size, its chaos loop killing a NATS server, an operator and a worker in turn,
+round after round (at least 20 s apart) while runs are being created or queued. The test's own
+checks hold (no turn lost or committed twice, no ledger difference, a call asked again only
+across a worker's kill); the figures are its report: runs completed, turns lost, turns
+committed twice, calls asked again, ledger differences, a turn's overhead p50/p99 during the
+faults and outside them, the longest a run waited between two turns.
 
 It runs the test with pytest on the session's own control plane (the suite's fixtures), so
 it needs what ``make test`` needs built (``agentrun dev binaries --control-plane``).

@@ -8,7 +8,7 @@ import pytest
 
 from agentrun_dev import natscluster
 
-from .test_server_faults import Admin
+from .faults_support import Admin
 
 
 @pytest.fixture(scope="module")
