@@ -30,6 +30,10 @@ from agentrun import kube
 MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}
 """kubernetes_asyncio picks JSON Patch for list bodies only; force RFC 7386 merge patch."""
 NOT_FOUND = 404
+LIST_PAGE = 500
+"""Objects per page of a list (``limit``): a page's response is decoded while the interpreter's
+lock is held, and one response for every AgentRun of a large cluster (tens of thousands) would
+hold it, and the memory of its text, for seconds."""
 CONFLICT = 409
 """A precondition (uid, resourceVersion) failed, or the object to create exists."""
 
@@ -152,8 +156,10 @@ class Kube:
     """``KubeApi`` over a ``kubernetes_asyncio`` ``ApiClient`` (its connection pool reused by
     every call)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, list_page: int = LIST_PAGE) -> None:
         self.api = api
+        self.list_page = list_page
+        """Objects per page of ``list_objects``."""
         self._objects = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._leases = client.CoordinationV1Api(api)
@@ -189,25 +195,29 @@ class Kube:
     async def list_objects(
         self, plural: str, *, namespace: str = "", label_selector: str = ""
     ) -> list[dict[str, Any]]:
-        """See ``KubeApi.list_objects``."""
-        with _translated():
-            if namespace and label_selector:
-                listed: dict[str, Any] = await self._objects.list_namespaced_custom_object(
-                    kube.GROUP, kube.VERSION, namespace, plural, label_selector=label_selector
-                )
-            elif namespace:
-                listed = await self._objects.list_namespaced_custom_object(
-                    kube.GROUP, kube.VERSION, namespace, plural
-                )
-            elif label_selector:
-                listed = await self._objects.list_cluster_custom_object(
-                    kube.GROUP, kube.VERSION, plural, label_selector=label_selector
-                )
-            else:
-                listed = await self._objects.list_cluster_custom_object(
-                    kube.GROUP, kube.VERSION, plural
-                )
-        return list(listed.get("items", []))
+        """See ``KubeApi.list_objects``: read in pages of ``LIST_PAGE`` objects (``limit`` and
+        ``continue``), so that no one response holds every object of a large cluster. A
+        continue token that expired meanwhile raises ``ApiError`` 410 (the caller's retry
+        lists again)."""
+        params: dict[str, Any] = {"limit": self.list_page}
+        if label_selector:
+            params["label_selector"] = label_selector
+        items: list[dict[str, Any]] = []
+        while True:
+            with _translated():
+                if namespace:
+                    listed: dict[str, Any] = await self._objects.list_namespaced_custom_object(
+                        kube.GROUP, kube.VERSION, namespace, plural, **params
+                    )
+                else:
+                    listed = await self._objects.list_cluster_custom_object(
+                        kube.GROUP, kube.VERSION, plural, **params
+                    )
+            items.extend(listed.get("items", []))
+            token = str((listed.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return items
+            params["_continue"] = token
 
     async def create(self, plural: str, manifest: Mapping[str, Any]) -> bool:
         """See ``KubeApi.create``."""

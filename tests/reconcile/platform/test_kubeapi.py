@@ -76,6 +76,31 @@ async def test_the_adapter_keeps_the_port_contract_on_the_real_api_server(
     await the_port_contract(kube, test_namespace)
 
 
+async def test_a_list_reads_every_page(kube: Kube, test_namespace: str) -> None:
+    """A list longer than a page is read to its end through the continue token, with the
+    label selector kept on every page."""
+    paged = Kube(kube.api, list_page=2)
+    pages: list[int] = []
+    read = paged._objects.list_namespaced_custom_object
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        listed = await read(*args, **kwargs)
+        pages.append(len(listed["items"]))
+        return listed
+
+    paged._objects.list_namespaced_custom_object = counted  # type: ignore[method-assign]
+    for i in range(5):
+        assert await kube.create("agents", agent(f"p{i}", test_namespace, team="x"))
+    assert await kube.create("agents", agent("other", test_namespace, team="y"))
+    every = await paged.list_objects("agents", namespace=test_namespace)
+    assert sorted(o["metadata"]["name"] for o in every) == ["other", *(f"p{i}" for i in range(5))]
+    assert pages == [2, 2, 2]
+    selected = await paged.list_objects("agents", namespace=test_namespace, label_selector="team=x")
+    assert sorted(o["metadata"]["name"] for o in selected) == [f"p{i}" for i in range(5)]
+    cluster_wide = await paged.list_objects("agents", label_selector="team=x")
+    assert {o["metadata"]["name"] for o in cluster_wide} >= {f"p{i}" for i in range(5)}
+
+
 async def test_the_fake_keeps_the_same_contract() -> None:
     await the_port_contract(FakeKube(), "ns")
 

@@ -1,0 +1,39 @@
+"""What the start-up sets in kopf: the initial list of every watched kind is read in pages
+(``startup.LIST_CHUNK``), not in one response: with 50,000 AgentRuns one response held the
+interpreter's lock past the Lease's renew deadline and the operator exited before it started
+(``bench/bench_objects.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+import pytest
+
+from agentrun.operator import wiring
+from agentrun.operator.handlers import startup
+from agentrun.settings import OperatorSettings
+
+
+class NoTenants:
+    async def list_objects(self, kind: Any) -> list[dict[str, Any]]:
+        return []
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_kopf_lists_every_kind_in_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def connect() -> NoTenants:
+        return NoTenants()
+
+    async def start_parts(*_: Any, **__: Any) -> object:
+        return object()
+
+    monkeypatch.setattr(startup.Kube, "connect", staticmethod(connect))
+    monkeypatch.setattr(wiring, "start_parts", start_parts)
+    settings = kopf.OperatorSettings()
+    assert settings.watching.chunk_size is None  # kopf's default: everything at once
+    await startup.start(settings=settings, memo=wiring.OperatorMemo(settings=OperatorSettings()))
+    assert settings.watching.chunk_size == startup.LIST_CHUNK
+    assert 100 <= startup.LIST_CHUNK <= 1000
