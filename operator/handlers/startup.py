@@ -18,7 +18,7 @@ import kopf
 from agentrun import kube, process
 
 from .. import wiring
-from ..platform.kubeapi import ApiError, Kube, KubeApi
+from ..platform.kubeapi import LIST_PAGE, ApiError, Kube, KubeApi
 from ..runs.keys import ADMITTED_UID_ANNOTATION
 from ..wiring import OperatorMemo
 from . import sharding
@@ -29,13 +29,6 @@ log = logging.getLogger(__name__)
 KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 FINALIZER = "agentrun.dev/finalizer"
 """On an AgentRun while it has not ended (``handlers.runs.unfinished``)."""
-LIST_CHUNK = 500
-"""Objects per page of kopf's initial list of each watched kind (``limit``/``continue``).
-kopf's default reads every object in one response, decoded in one piece while the
-interpreter's lock is held: with 50,000 AgentRuns present the operator lost its Lease 16 s
-after starting (no renewal within the deadline) and exited (``bench/bench_objects.py``; at
-10,000 too, slowed by a memory tracer). In pages it starts on 50,000 and settles in about
-75 s."""
 
 
 class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -102,7 +95,7 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
     settings.persistence.diffbase_storage = diffbase
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
-    settings.watching.chunk_size = LIST_CHUNK
+    settings.watching.chunk_size = LIST_PAGE  # kopf's default: every object in one response
     api = await Kube.connect()
     try:
         memo.parts = await wiring.start_parts(

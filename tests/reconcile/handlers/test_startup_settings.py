@@ -1,5 +1,5 @@
 """What the start-up sets in kopf: the initial list of every watched kind is read in pages
-(``startup.LIST_CHUNK``), not in one response: with 50,000 AgentRuns one response held the
+(``kubeapi.LIST_PAGE``), not in one response: with 50,000 AgentRuns one response held the
 interpreter's lock past the Lease's renew deadline and the operator exited before it started
 (``bench/bench_objects.py``)."""
 
@@ -12,6 +12,7 @@ import pytest
 
 from agentrun.operator import wiring
 from agentrun.operator.handlers import startup
+from agentrun.operator.platform import kubeapi
 from agentrun.settings import OperatorSettings
 
 
@@ -35,5 +36,5 @@ async def test_kopf_lists_every_kind_in_pages(monkeypatch: pytest.MonkeyPatch) -
     settings = kopf.OperatorSettings()
     assert settings.watching.chunk_size is None  # kopf's default: everything at once
     await startup.start(settings=settings, memo=wiring.OperatorMemo(settings=OperatorSettings()))
-    assert settings.watching.chunk_size == startup.LIST_CHUNK
-    assert 100 <= startup.LIST_CHUNK <= 1000
+    assert settings.watching.chunk_size == kubeapi.LIST_PAGE
+    assert 100 <= kubeapi.LIST_PAGE <= 1000
