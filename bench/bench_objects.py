@@ -50,6 +50,7 @@ from harness import (
     load_average,
     read_events,
     rss_mb,
+    tree_revision,
     write_result,
 )
 from kubernetes_asyncio import client, watch
@@ -142,8 +143,9 @@ async def make_present(
 
 
 def settle(pid: int, *, quiet_percent: float = 5.0, quiet_for: float = 3.0) -> float:
-    """Seconds until process ``pid`` used under ``quiet_percent`` of a core for ``quiet_for``
-    seconds in a row (counted from now, the quiet stretch included)."""
+    """Seconds from now until process ``pid`` went quiet: the start of its first stretch of
+    ``quiet_for`` seconds in a row under ``quiet_percent`` of a core (sampled every 0.5 s; the
+    stretch itself not counted). Raises ``TimeoutError`` after 30 minutes without one."""
     proc = psutil.Process(pid)
     started = time.monotonic()
     quiet_since = None
@@ -156,7 +158,7 @@ def settle(pid: int, *, quiet_percent: float = 5.0, quiet_for: float = 3.0) -> f
         if busy < quiet_percent:
             quiet_since = quiet_since or time.monotonic()
             if time.monotonic() - quiet_since >= quiet_for:
-                return time.monotonic() - started
+                return quiet_since - started
         else:
             quiet_since = None
         if time.monotonic() - started > 1800:
@@ -180,7 +182,9 @@ def restart_operator(bench: BenchStack, generation: int) -> components.Component
 
 
 def probe(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
-    """``kubectl apply`` → first model request of ``count`` runs applied 0.5 s apart."""
+    """``kubectl apply`` → first model request of ``count`` runs applied 0.5 s apart:
+    ``figures.wait_figures`` (``p50_s``, ``p99_s``, ``max_s``: seconds; ``runs``). Raises
+    ``TimeoutError`` if they do not all end within 300 s."""
     applied: dict[str, float] = {}
     for i in range(count):
         name = f"probe-{size}-{i}"
@@ -246,7 +250,11 @@ async def watch_terminal(
 
 
 def bulk(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
-    """``count`` one-turn runs created at once: admission and status figures."""
+    """``count`` one-turn runs created at once: ``created_to_first_request`` and
+    ``end_event_to_terminal_status`` (``wait_figures``, seconds), ``admitted_per_second``
+    (runs/s, first POST → last first request), ``cores_busy`` (each process's CPU seconds
+    over the bulk's wall time), ``api_requests_per_run`` (by verb and resource). Raises
+    ``TimeoutError`` if the watch does not see them all end within 600 s."""
     names = [f"bulk-{size}-{i}" for i in range(count)]
     label = str(size)
     kubeconfig = str(bench.cluster.kubeconfig)
@@ -298,7 +306,12 @@ def measure_size(
     generation: int,
 ) -> dict[str, Any]:
     """Bring the finished runs present to ``size`` (the operator stopped meanwhile, so none is
-    admitted before its status says it ended), start the operator on them, measure."""
+    admitted before its status says it ended), start the operator on them, measure: the
+    row's keys are ``present``, ``made_seconds``, ``operator_settled_seconds`` (from its metrics
+    port answering until its CPU went quiet), ``startup_api_requests`` (counts by verb and
+    resource), ``operator_rss_mb``/``operator_rss_mb_after``/``worker_rss_mb`` (MiB),
+    ``apply_to_first_request`` (``probe``), ``bulk`` (``bulk``), ``load_average``. Raises
+    ``OperatorDied`` when the operator exited while starting."""
     names = [f"done-{i}" for i in range(present, size)]
     if bench.operator is not None:
         components.stop_component(bench.operator)
@@ -333,11 +346,16 @@ def measure_size(
     return figures
 
 
-def flatness(rows: Sequence[dict[str, Any]], pick: Callable[[dict[str, Any]], float]) -> float:
-    """The largest size's figure over the smallest's (NaN with no sizes measured)."""
+def flatness(
+    rows: Sequence[dict[str, Any]], pick: Callable[[dict[str, Any]], float | None]
+) -> float:
+    """The largest size's figure over the smallest's (NaN with no sizes measured, or a figure
+    missing)."""
     if not rows:
         return float("nan")
     first, last = pick(rows[0]), pick(rows[-1])
+    if first is None or last is None:
+        return float("nan")
     return round(last / first, 2) if first else float("nan")
 
 
@@ -382,33 +400,37 @@ def main() -> None:
                     break
                 present = size
                 _print_row(rows[-1])
-    finally:
+    finally:  # what was measured is written even when a later size failed
         scenarios.unlink(missing_ok=True)
-    write_result(
-        "objects",
-        {
-            "sizes": sizes,
-            "rows": rows,
-            "largest_over_smallest": {
-                "apply_to_first_request_p50": flatness(
-                    rows, lambda r: r["apply_to_first_request"]["p50_s"]
-                ),
-                "created_to_first_request_p50": flatness(
-                    rows, lambda r: r["bulk"]["created_to_first_request"]["p50_s"]
-                ),
-                "admitted_per_second": flatness(rows, lambda r: r["bulk"]["admitted_per_second"]),
-                "end_event_to_terminal_status_p50": flatness(
-                    rows, lambda r: r["bulk"]["end_event_to_terminal_status"]["p50_s"]
-                ),
-            },
-            "operator_died": died,
-            "targets": {
-                "operator_rss_mb_at_50000": "<= 250",
-                "worker_rss_mb": "<= 150",
-                "apply_to_first_request": "p50 <= 0.1 s, p99 <= 0.4 s",
-            },
+        write_result("objects", _summary(sizes, rows, died))
+
+
+def _summary(
+    sizes: Sequence[int], rows: Sequence[dict[str, Any]], died: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {
+        "tree": tree_revision(),
+        "sizes": list(sizes),
+        "rows": list(rows),
+        "largest_over_smallest": {
+            "apply_to_first_request_p50": flatness(
+                rows, lambda r: r["apply_to_first_request"]["p50_s"]
+            ),
+            "created_to_first_request_p50": flatness(
+                rows, lambda r: r["bulk"]["created_to_first_request"]["p50_s"]
+            ),
+            "admitted_per_second": flatness(rows, lambda r: r["bulk"]["admitted_per_second"]),
+            "end_event_to_terminal_status_p50": flatness(
+                rows, lambda r: r["bulk"]["end_event_to_terminal_status"]["p50_s"]
+            ),
         },
-    )
+        "operator_died": died,
+        "targets": {
+            "operator_rss_mb_at_50000": "<= 250",
+            "worker_rss_mb": "<= 150",
+            "apply_to_first_request": "p50 <= 0.1 s, p99 <= 0.4 s",
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -32,9 +32,12 @@ HERE = Path(__file__).parent
 STEPS = (
     ("event delivered to the operator", "committed", "event_received"),
     ("operator: event → TurnRequest published", "event_received", "publish_start"),
+    ("operator: publish → TurnRequest stored", "publish_start", "request_stored"),
     ("TurnRequest stored → delivered to a worker", "request_stored", "request_received"),
     ("worker: received → turn started (history)", "request_received", "run_turn_start"),
+    ("worker: turn started → kernel plan", "run_turn_start", "plan_start"),
     ("worker: kernel plan", "plan_start", "plan_end"),
+    ("worker: plan → reservation", "plan_end", "reserve_start"),
     ("worker: tenant-ledger reservation", "reserve_start", "reserve_end"),
     ("worker: reserved → model call (span, request)", "reserve_end", "model_call_start"),
     ("openai client: call → headers on the wire", "model_call_start", "headers_start"),
@@ -46,7 +49,9 @@ SIDE_STEPS = (("operator: TurnRequest publish → ack", "publish_start", "publis
 
 
 def marks_of(folder: Path) -> dict[int, dict[str, float]]:
-    """Per committed event (its stream sequence), the first time each mark was reached."""
+    """Per committed event (its stream sequence), the first time each mark was reached (epoch
+    seconds), from the probe's records in ``folder``. Raises ``KeyError`` on a step the
+    probe does not write."""
     marks: dict[int, dict[str, float]] = collections.defaultdict(dict)
     for path in folder.glob("*.txt"):
         for line in path.read_text().splitlines():

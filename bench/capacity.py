@@ -27,17 +27,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness import write_result
-
-RESULTS = Path(__file__).parent / "results"
+from harness import RESULTS, write_result
 
 
 def per_turn(compare: Mapping[str, Any]) -> dict[str, Any]:
-    """CPU ms per turn of each process, turns/s per worker and per operator core, messages per
-    turn and API requests per run, from a ``compare.json``."""
+    """CPU ms per turn of each process, turns/s per worker and per operator core (the workers'
+    CPU averaged over their processes), messages per turn and API requests per run, from a
+    ``compare.json``. Raises ``KeyError`` when it has no ``operator`` or ``worker-<n>``
+    process, or lacks a figure ``make bench`` writes."""
     agentrun = compare["agentrun"]
     cpu = dict(agentrun["cpu_ms_per_turn"]["per_process"])
     workers = {k: v for k, v in cpu.items() if k.startswith("worker-")}
+    if not workers:
+        raise KeyError("no worker-<n> process in cpu_ms_per_turn")
     worker_ms = sum(workers.values()) / len(workers)
     steps = float(agentrun["steps_per_run"])
     return {
@@ -69,7 +71,11 @@ def _hops(part: Mapping[str, Any]) -> float | None:
 
 
 def objects_part(objects: Mapping[str, Any]) -> dict[str, Any]:
-    """Admission and runs-present figures from an ``objects.json`` (rows by size)."""
+    """Admission and runs-present figures from an ``objects.json`` (rows by size): lists by
+    size (admissions/s, RSS in MiB, start-up in seconds, apply → first request p50 in
+    seconds), the slopes from the smallest to the largest size in MiB and seconds per 1,000
+    runs present (``None`` with one size), the API requests of one-turn runs at the largest
+    size; with no rows only ``operator_died``."""
     rows = sorted(objects.get("rows") or [], key=lambda r: r["present"])
     if not rows:
         return {"operator_died": objects.get("operator_died")}

@@ -1,8 +1,10 @@
 """Compare-and-set over JetStream KV values, one or several at once, with group commit.
 
 Every change is read → apply a pure function → write with the read revisions; a lost race
-re-reads and re-applies, a bounded number of times with jittered backoff, then raises
-``LedgerUnavailable``. A change of several values is one *atomic batch* (nats-server ≥ 2.12,
+re-reads and re-applies with jittered backoff, and raises ``LedgerUnavailable`` only once
+both a number of attempts and a time have passed (``CasStore``: a stream's leader election
+answers compare-and-sets with conflicts for as long as it takes, which a count alone spent in
+a third of a second). A change of several values is one *atomic batch* (nats-server ≥ 2.12,
 ADR-50: every message of a batch carries ``Nats-Expected-Last-Subject-Sequence``, checked when
 the batch commits, and the batch is stored whole or not at all), so a change of a run's entry
 and its tenant's totals is one write; a change of one value is a plain compare-and-set. Within
@@ -54,6 +56,12 @@ DELETED_MARKER_TTL = 60.0
 """Seconds a deleted value's purge marker stays in the bucket (then nothing of it is left)."""
 
 
+PATIENCE = 5.0
+"""Default seconds a batch keeps retrying lost compare-and-sets (with ``attempts`` spent too):
+longer than a JetStream stream's leader election takes (a step-down on a loaded three-server
+cluster lost 40 attempts within about 0.4 s, the count's whole backoff)."""
+
+
 class LedgerUnavailable(Exception):
     """The values kept changing under us for every attempt (or are unreadable)."""
 
@@ -97,10 +105,15 @@ class CasStore:
         kv: KeyValue,
         *,
         attempts: int = 40,
+        patience: float = PATIENCE,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.kv = kv
         self.attempts = attempts
+        """Lost compare-and-sets of one batch before it may fail."""
+        self.patience = patience
+        """Seconds of lost compare-and-sets of one batch before it may fail: it fails only
+        once both ``attempts`` and this are spent."""
         self.clock = clock
         self._cache: dict[str, tuple[int, bytes | None]] = {}
         self._pending: dict[str, list[_Op]] = {}
@@ -306,14 +319,17 @@ class CasStore:
         return [op for op in batch if not op[1].done()]
 
     async def _write_batch(self, group: str, batch: list[_Op], attempt: Attempt) -> None:
-        for number in range(self.attempts):
+        started = time.monotonic()
+        number = 0
+        while number < self.attempts or time.monotonic() - started < self.patience:
             batch = self._take(group, batch)
             if not batch:
                 return
             try:
                 results = await attempt([payload for payload, _ in batch], number)
             except Conflict:
-                await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2**number)))
+                number += 1
+                await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2 ** min(number, 7))))
                 continue
             except Exception as err:  # unreadable values or NATS trouble: every caller hears it
                 _fail(batch, err)
@@ -322,10 +338,12 @@ class CasStore:
                 # nothing to write, judged on cached copies: another process may have changed
                 # the values since (a raised limit, a released hold), so the answer (a
                 # refusal, "nothing to repair") counts only once confirmed on a fresh read
+                number += 1
                 continue
             _resolve(batch, results)
             return
-        _fail(batch, LedgerUnavailable(f"{group}: {self.attempts} compare-and-set attempts lost"))
+        lost = f"{number} compare-and-set attempts lost in {time.monotonic() - started:.1f}s"
+        _fail(batch, LedgerUnavailable(f"{group}: {lost}"))
 
 
 def apply_all(fns: Sequence[Callable[[Any], Any]], entry: Any) -> list[tuple[bool, Any]]:

@@ -38,6 +38,10 @@ lost its Lease 16 s after starting (no renewal within the deadline) and exited
 (``bench/bench_objects.py``); in pages it starts on 50,000 and settles in about 75 s."""
 CONFLICT = 409
 """A precondition (uid, resourceVersion) failed, or the object to create exists."""
+GONE = 410
+"""A list's continue token expired."""
+LIST_RESTARTS = 2
+"""Times ``list_objects`` starts a list over after its continue token expired."""
 
 
 class ApiError(Exception):
@@ -154,6 +158,14 @@ def _status_patch(status: Mapping[str, Any], *, uid: str, version: str) -> dict[
     return {"metadata": meta, "status": dict(status)} if meta else {"status": dict(status)}
 
 
+class _Expired(Exception):
+    """A list's continue token expired (410): the list starts over."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class Kube:
     """``KubeApi`` over a ``kubernetes_asyncio`` ``ApiClient`` (its connection pool reused by
     every call)."""
@@ -197,24 +209,41 @@ class Kube:
     async def list_objects(
         self, plural: str, *, namespace: str = "", label_selector: str = ""
     ) -> list[dict[str, Any]]:
-        """See ``KubeApi.list_objects``: read in pages of ``LIST_PAGE`` objects (``limit`` and
+        """See ``KubeApi.list_objects``: read in pages of ``list_page`` objects (``limit`` and
         ``continue``), so that no one response holds every object of a large cluster. A
-        continue token that expired meanwhile raises ``ApiError`` 410 (the caller's retry
-        lists again)."""
+        continue token that expired before the last page (410 Gone: the API server keeps a
+        list's snapshot for about five minutes) starts the list over, up to ``LIST_RESTARTS``
+        times, then raises that ``ApiError``."""
+        for restart in range(LIST_RESTARTS + 1):
+            try:
+                return await self._list_pages(plural, namespace, label_selector)
+            except _Expired as expired:
+                if restart == LIST_RESTARTS:
+                    raise expired.error from None
+        raise AssertionError("unreachable")
+
+    async def _list_pages(
+        self, plural: str, namespace: str, label_selector: str
+    ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": self.list_page}
         if label_selector:
             params["label_selector"] = label_selector
         items: list[dict[str, Any]] = []
         while True:
-            with _translated():
-                if namespace:
-                    listed: dict[str, Any] = await self._objects.list_namespaced_custom_object(
-                        kube.GROUP, kube.VERSION, namespace, plural, **params
-                    )
-                else:
-                    listed = await self._objects.list_cluster_custom_object(
-                        kube.GROUP, kube.VERSION, plural, **params
-                    )
+            try:
+                with _translated():
+                    if namespace:
+                        listed: dict[str, Any] = await self._objects.list_namespaced_custom_object(
+                            kube.GROUP, kube.VERSION, namespace, plural, **params
+                        )
+                    else:
+                        listed = await self._objects.list_cluster_custom_object(
+                            kube.GROUP, kube.VERSION, plural, **params
+                        )
+            except ApiError as err:
+                if err.status == GONE and "_continue" in params:
+                    raise _Expired(err) from err
+                raise
             items.extend(listed.get("items", []))
             token = str((listed.get("metadata") or {}).get("continue") or "")
             if not token:

@@ -156,7 +156,7 @@ async def test_a_stale_cached_revision_is_detected_and_the_change_reapplied(
 
 
 async def test_exhausting_the_attempts_raises_ledger_unavailable(open_store: Opener) -> None:
-    one, two = await open_store(attempts=1), await open_store()
+    one, two = await open_store(attempts=1, patience=0), await open_store()
     tenant = tenant_name()
     await one._change(
         tenant, lambda b: b.admit("a", "ns", "a", now=one.clock()), limits=TenantLimits()
@@ -172,7 +172,7 @@ async def test_exhausting_the_attempts_raises_ledger_unavailable(open_store: Ope
 async def test_a_monkeypatched_stale_revision_with_one_attempt_raises(
     open_store: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = await open_store(attempts=1)
+    store = await open_store(attempts=1, patience=0)
     tenant = tenant_name()
     await store._change(
         tenant, lambda b: b.admit("a", "ns", "a", now=store.clock()), limits=TenantLimits()

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 from kube_support import FakeKube
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 
+from agentrun.operator.platform import kubeapi
 from agentrun.operator.platform.kubeapi import ApiError, Kube, KubeApi, Ref
 
 pytestmark = pytest.mark.usefixtures("crds")
@@ -99,6 +102,48 @@ async def test_a_list_reads_every_page(kube: Kube, test_namespace: str) -> None:
     assert sorted(o["metadata"]["name"] for o in selected) == [f"p{i}" for i in range(5)]
     cluster_wide = await paged.list_objects("agents", label_selector="team=x")
     assert {o["metadata"]["name"] for o in cluster_wide} >= {f"p{i}" for i in range(5)}
+
+
+class ExpiringPages:
+    """``list_cluster_custom_object`` serving pages of two from ``names``, answering 410 Gone
+    to the first ``expire`` requests that carry a continue token."""
+
+    def __init__(self, names: list[str], expire: int) -> None:
+        self.names, self.expire, self.calls = names, expire, 0
+
+    async def list_cluster_custom_object(self, *_: Any, **params: Any) -> dict[str, Any]:
+        self.calls += 1
+        start = int(params.get("_continue") or 0)
+        if "_continue" in params and self.expire > 0:
+            self.expire -= 1
+            raise ApiException(status=410, reason="Gone")
+        page = self.names[start : start + int(params["limit"])]
+        end = start + len(page)
+        token = str(end) if end < len(self.names) else ""
+        return {"items": [{"metadata": {"name": n}} for n in page], "metadata": {"continue": token}}
+
+
+@pytest.mark.parametrize("expire", [1, 2])
+async def test_an_expired_continue_token_starts_the_list_over(expire: int) -> None:
+    paged = Kube(client.ApiClient(), list_page=2)
+    paged._objects = ExpiringPages(["a", "b", "c", "d", "e"], expire)  # type: ignore[assignment]
+    try:
+        listed = await paged.list_objects("agentruns")
+    finally:
+        await paged.close()
+    assert [o["metadata"]["name"] for o in listed] == ["a", "b", "c", "d", "e"]  # once each
+
+
+async def test_a_list_whose_token_keeps_expiring_raises_gone() -> None:
+    paged = Kube(client.ApiClient(), list_page=2)
+    paged._objects = ExpiringPages(["a", "b", "c"], 99)  # type: ignore[assignment]
+    try:
+        with pytest.raises(ApiError) as gone:
+            await paged.list_objects("agentruns")
+    finally:
+        await paged.close()
+    assert gone.value.status == 410
+    assert paged._objects.calls == 2 * (kubeapi.LIST_RESTARTS + 1)  # type: ignore[attr-defined]
 
 
 async def test_the_fake_keeps_the_same_contract() -> None:
