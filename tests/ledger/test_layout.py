@@ -25,6 +25,7 @@ from typing import Any
 
 import nats
 import pytest
+from clock_support import steady_clock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kv_support import live_keys
@@ -264,6 +265,7 @@ async def open_store(nats_server: natsserver.NatsServer) -> AsyncIterator[Opener
         client = await nats.connect(**nats_server.client_options())
         clients.append(client)
         kwargs.setdefault("layout", "split")  # the layout this module is about
+        kwargs.setdefault("clock", steady_clock)  # its jumps of an hour stay in one window
         return await LedgerStore.open(client.jetstream(), bucket=TEST_BUCKET, **kwargs)
 
     yield opener
