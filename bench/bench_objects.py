@@ -23,7 +23,11 @@ Targets (issue 24): operator RSS ≤ 250 MB and a worker ≤ 150 MB with 50,000 
 first request p50 ≤ 100 ms, p99 ≤ 400 ms; admission and status figures flat across sizes.
 
     cd bench && ../.venv/bin/python bench_objects.py [--sizes 1000,10000,50000] [--probe 20]
-        [--bulk 200]
+        [--bulk 200] [--memory FOLDER]
+
+``--memory FOLDER`` runs the operator under the memory probe (tracemalloc, several times
+slower) and records, at each size once it settled, what it holds by allocating line
+(``operator_memory``): where its RSS goes, not a figure to compare with a run without it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import argparse
 import asyncio
 import copy
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -173,12 +179,31 @@ class OperatorDied(Exception):
         self.size, self.seconds, self.log_tail = size, seconds, log_tail
 
 
-def restart_operator(bench: BenchStack, generation: int) -> components.Component:
-    """Start an operator (the ``generation``-th) on the stack's environment."""
-    bench.operator = stack.start_operator(
-        bench.env, launch=bench.launch, name=f"operator-{generation}"
-    )
+def restart_operator(
+    bench: BenchStack, generation: int, *, memory: str = ""
+) -> components.Component:
+    """Start an operator (the ``generation``-th) on the stack's environment; with ``memory``
+    (a folder), under the memory probe (``probes/sitecustomize.py``)."""
+    env = dict(bench.env)
+    if memory:
+        env |= {"PYTHONPATH": str(HERE / "probes"), "AGENTRUN_MEMORY_PROBE": memory}
+    bench.operator = stack.start_operator(env, launch=bench.launch, name=f"operator-{generation}")
     return bench.operator
+
+
+def memory_dump(operator: components.Component, folder: str) -> dict[str, Any]:
+    """Ask the operator under the memory probe what it holds (``SIGUSR2``) and read the answer
+    (``rss_mib``, ``traced_mib``, ``peak_mib``, ``top``). Raises ``TimeoutError`` if none is
+    written within 120 s."""
+    path = Path(folder) / f"operator-{operator.record.pid}.memory.json"
+    path.unlink(missing_ok=True)
+    os.kill(operator.record.pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the operator wrote no {path.name} within 120 s")
+        time.sleep(0.5)
+    return dict(json.loads(path.read_text()))
 
 
 def probe(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
@@ -319,7 +344,7 @@ def measure_size(
     made = asyncio.run(make_present(str(bench.cluster.kubeconfig), template, names))
     print(f"objects: {size}: {len(names)} finished runs made in {made['seconds']} s", flush=True)
     before = api_requests(bench)
-    operator = restart_operator(bench, generation)
+    operator = restart_operator(bench, generation, memory=args.memory)
     settled = settle(operator.record.pid)
     if not operator.is_alive():
         tail = operator.spec.log_path.read_text().splitlines()[-3:]
@@ -340,6 +365,11 @@ def measure_size(
     }
     rss = figures["operator_rss_mb"]
     print(f"objects: {size}: operator settled in {settled:.1f} s, rss {rss} MiB", flush=True)
+    if args.memory:
+        figures["operator_memory"] = held = memory_dump(operator, args.memory)
+        print(f"objects: {size}: traced {held['traced_mib']} MiB of rss {held['rss_mib']}")
+        for row in held["top"][:15]:
+            print(f"  {row['mib']:8.2f} MiB {row['blocks']:9d} blocks  {row['where']}")
     figures["apply_to_first_request"] = probe(bench, size, args.probe)
     figures["bulk"] = bulk(bench, size, args.bulk)
     figures["operator_rss_mb_after"] = round(rss_mb(operator), 1)
@@ -378,6 +408,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,50000")
     parser.add_argument("--probe", type=int, default=20)
     parser.add_argument("--bulk", type=int, default=200)
+    parser.add_argument(
+        "--memory",
+        default="",
+        metavar="FOLDER",
+        help="trace the operator's allocations (slower) and record what it holds once settled",
+    )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     scenarios = HERE / "objects-scenarios.yaml"

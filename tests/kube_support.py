@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from agentrun.operator.platform.kubeapi import ApiError, Ref
@@ -102,6 +102,17 @@ class FakeKube:
             and (not namespace or ns == namespace)
             and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
         ]
+
+    async def list_kept(
+        self,
+        plural: str,
+        keep: Callable[[dict[str, Any]], Any],
+        *,
+        namespace: str = "",
+        label_selector: str = "",
+    ) -> list[Any]:
+        listed = await self.list_objects(plural, namespace=namespace, label_selector=label_selector)
+        return [kept for obj in listed if (kept := keep(obj)) is not None]
 
     async def create(self, plural: str, manifest: Mapping[str, Any]) -> bool:
         self._called("create", (plural, manifest))

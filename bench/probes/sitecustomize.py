@@ -1,6 +1,9 @@
-"""The path probe of ``bench_path.py``: loaded by every Python process whose ``PYTHONPATH``
-names this folder, it times the steps of a turn's overhead path inside the operator and the
-worker when ``AGENTRUN_PATH_PROBE`` names a folder to write to (and does nothing otherwise).
+"""The probes of ``bench_path.py`` and ``bench_objects.py --memory``: loaded by every Python
+process whose ``PYTHONPATH`` names this folder. The path probe times the steps of a turn's
+overhead path inside the operator and the worker when ``AGENTRUN_PATH_PROBE`` names a folder
+to write to; the memory probe (``AGENTRUN_MEMORY_PROBE``: a folder) traces the operator's
+allocations and, on ``SIGUSR2``, writes what is held, by the line that allocated it
+(``_memory``). Neither does anything when its variable is unset.
 
 Each record is a step of the path, keyed by the committed event's stream sequence that the
 next turn's TurnRequest names (``expected_seq``), with epoch seconds (``time.time``: the same
@@ -120,6 +123,69 @@ def _worker() -> None:
     _wrap(model.ModelClient, "complete", _timed("model_call"))
     _wrap(http11.AsyncHTTP11Connection, "_send_request_headers", _timed("headers_sent"))
 
+
+_MEMORY = os.environ.get("AGENTRUN_MEMORY_PROBE", "")
+_MEMORY_FRAMES = 6
+"""Frames kept of each allocation's stack: enough to see whose call decoded or built it."""
+
+
+def _memory() -> None:
+    """Trace allocations from now on; on ``SIGUSR2`` write ``operator-<pid>.memory.json``: the
+    process's RSS (``rss_mib``), what tracemalloc traces (``traced_mib``, ``peak_mib``), and
+    the 40 largest holders grouped by the allocating line and, for each, the stack that made
+    the most of it (``top``: ``mib``, ``blocks``, ``where``, ``stack``)."""
+    import json
+    import signal
+    import tracemalloc
+
+    tracemalloc.start(_MEMORY_FRAMES)
+
+    def dump(*_: object) -> None:
+        import gc
+
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(False, tracemalloc.__file__)]
+        )
+        stacks: dict[Any, Any] = {}
+        for stat in snapshot.statistics("traceback"):
+            line = stat.traceback[0]
+            known = stacks.get((line.filename, line.lineno))
+            if known is None or stat.size > known.size:
+                stacks[(line.filename, line.lineno)] = stat
+        top = []
+        for stat in snapshot.statistics("lineno")[:40]:
+            frame = stat.traceback[0]
+            heaviest = stacks.get((frame.filename, frame.lineno))
+            top.append(
+                {
+                    "mib": round(stat.size / 2**20, 2),
+                    "blocks": stat.count,
+                    "where": f"{frame.filename}:{frame.lineno}",
+                    "stack": [f"{f.filename}:{f.lineno}" for f in heaviest.traceback]
+                    if heaviest
+                    else [],
+                }
+            )
+        traced, peak = tracemalloc.get_traced_memory()
+        with open("/proc/self/status") as status:
+            rss = next(int(x.split()[1]) for x in status if x.startswith("VmRSS"))
+        out = {
+            "rss_mib": round(rss / 1024, 1),
+            "traced_mib": round(traced / 2**20, 1),
+            "peak_mib": round(peak / 2**20, 1),
+            "top": top,
+        }
+        path = os.path.join(_MEMORY, f"{_ROLE}-{os.getpid()}.memory.json")
+        with open(path + ".part", "w") as file:
+            json.dump(out, file, indent=1)
+        os.replace(path + ".part", path)
+
+    signal.signal(signal.SIGUSR2, dump)
+
+
+if _MEMORY and _ROLE == "operator":
+    _memory()
 
 if _OUT and _ROLE:
     atexit.register(_dump)

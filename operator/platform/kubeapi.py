@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Collection, Iterator, Mapping
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any, Protocol, TypeVar, cast
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -42,6 +42,8 @@ GONE = 410
 """A list's continue token expired."""
 LIST_RESTARTS = 2
 """Times ``list_objects`` starts a list over after its continue token expired."""
+
+T = TypeVar("T")
 
 
 class ApiError(Exception):
@@ -79,6 +81,18 @@ class KubeApi(Protocol):
     ) -> list[dict[str, Any]]:
         """The objects of ``plural`` in ``namespace`` (empty: every namespace, or a
         cluster-scoped kind), matching ``label_selector`` (empty: all)."""
+
+    async def list_kept(
+        self,
+        plural: str,
+        keep: Callable[[dict[str, Any]], T | None],
+        *,
+        namespace: str = "",
+        label_selector: str = "",
+    ) -> list[T]:
+        """``keep`` of each object ``list_objects`` would list, in its order, where it is not
+        ``None``: what a caller needs of every object (their names, one tenant's runs) without
+        holding all of them decoded at once (each page's objects go once kept)."""
 
     async def create(self, plural: str, manifest: Mapping[str, Any]) -> bool:
         """Create ``manifest`` (in its ``metadata.namespace``); ``False`` when an object of
@@ -158,6 +172,11 @@ def _status_patch(status: Mapping[str, Any], *, uid: str, version: str) -> dict[
     return {"metadata": meta, "status": dict(status)} if meta else {"status": dict(status)}
 
 
+def _whole(obj: dict[str, Any]) -> dict[str, Any]:
+    """``list_kept``'s ``keep`` of ``list_objects``: the whole object."""
+    return obj
+
+
 class _Expired(Exception):
     """A list's continue token expired (410): the list starts over."""
 
@@ -214,21 +233,39 @@ class Kube:
         continue token that expired before the last page (410 Gone: the API server keeps a
         list's snapshot for about five minutes) starts the list over, up to ``LIST_RESTARTS``
         times, then raises that ``ApiError``."""
+        return await self.list_kept(
+            plural, _whole, namespace=namespace, label_selector=label_selector
+        )
+
+    async def list_kept(
+        self,
+        plural: str,
+        keep: Callable[[dict[str, Any]], T | None],
+        *,
+        namespace: str = "",
+        label_selector: str = "",
+    ) -> list[T]:
+        """See ``KubeApi.list_kept``: paged, and started over on an expired continue token,
+        as ``list_objects``."""
         for restart in range(LIST_RESTARTS + 1):
             try:
-                return await self._list_pages(plural, namespace, label_selector)
+                return await self._list_pages(plural, keep, namespace, label_selector)
             except _Expired as expired:
                 if restart == LIST_RESTARTS:
                     raise expired.error from None
         raise AssertionError("unreachable")
 
     async def _list_pages(
-        self, plural: str, namespace: str, label_selector: str
-    ) -> list[dict[str, Any]]:
+        self,
+        plural: str,
+        keep: Callable[[dict[str, Any]], T | None],
+        namespace: str,
+        label_selector: str,
+    ) -> list[T]:
         params: dict[str, Any] = {"limit": self.list_page}
         if label_selector:
             params["label_selector"] = label_selector
-        items: list[dict[str, Any]] = []
+        items: list[T] = []
         while True:
             try:
                 with _translated():
@@ -244,8 +281,11 @@ class Kube:
                 if err.status == GONE and "_continue" in params:
                     raise _Expired(err) from err
                 raise
-            items.extend(listed.get("items", []))
             token = str((listed.get("metadata") or {}).get("continue") or "")
+            for item in listed.pop("items", None) or []:
+                kept = keep(item)
+                if kept is not None:
+                    items.append(kept)
             if not token:
                 return items
             params["_continue"] = token

@@ -150,9 +150,15 @@ class EventPurger(Protocol):
 
 
 async def list_run_names(api: KubeApi) -> set[tuple[str, str]]:
-    """(namespace, name) of every AgentRun; raises ``ApiError``."""
-    listed = await api.list_objects(RUNS)
-    return {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in listed}
+    """(namespace, name) of every AgentRun; raises ``ApiError``. Only the names are kept, page
+    by page (``KubeApi.list_kept``): the decoded objects of a large cluster are never held at
+    once."""
+    return set(await api.list_kept(RUNS, _name_of))
+
+
+def _name_of(item: dict[str, Any]) -> tuple[str, str]:
+    meta = item["metadata"]
+    return (str(meta["namespace"]), str(meta["name"]))
 
 
 async def purge_orphans(

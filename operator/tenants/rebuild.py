@@ -67,6 +67,12 @@ def window_usage(
     return Seed(UsageFloor(window, tokens, cost, wall, end), active)
 
 
+def _tenant_of(run: Mapping[str, Any]) -> object:
+    """The tenant an AgentRun's status names (``None`` if none)."""
+    status = run.get("status")
+    return status.get("tenant") if isinstance(status, Mapping) else None
+
+
 ENDED = -1.0
 """``_counted`` of a run that ended in the window."""
 
@@ -120,7 +126,8 @@ class RebuiltUsage:
         its active runs (``window_usage``), its floor raised, per resource, to its status's
         last showing of the same window. Raises ``ApiError`` if the AgentRuns cannot be
         listed."""
-        runs = await self.api.list_objects(RUNS)
+        # this tenant's runs only: the others' are let go page by page (``KubeApi.list_kept``)
+        runs = await self.api.list_kept(RUNS, lambda r: r if _tenant_of(r) == tenant else None)
         rebuilt = window_usage(runs, tenant, window=window, end=end)
         seen = self.tenants.seen.get(tenant)
         if seen is None or abs(seen.window - window) >= 1.0:  # another window's (whole seconds)

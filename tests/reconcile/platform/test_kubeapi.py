@@ -8,7 +8,9 @@ the same script."""
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,6 +48,12 @@ async def the_port_contract(api: KubeApi, ns: str) -> None:
     uid, version = found["metadata"]["uid"], found["metadata"]["resourceVersion"]
     listed = await api.list_objects("agents", namespace=ns, label_selector="team=x")
     assert [o["metadata"]["name"] for o in listed] == ["a"]
+    team = await api.list_kept(  # what keep returns, none where it returns None
+        "agents",
+        lambda o: o["metadata"]["labels"]["team"] if o["metadata"]["name"] == "b" else None,
+        namespace=ns,
+    )
+    assert team == ["y"]
 
     patched = await api.patch_status(ref, {"observedGeneration": 1}, uid=uid, version=version)
     assert patched["status"] == {"observedGeneration": 1}
@@ -121,6 +129,45 @@ class ExpiringPages:
         end = start + len(page)
         token = str(end) if end < len(self.names) else ""
         return {"items": [{"metadata": {"name": n}} for n in page], "metadata": {"continue": token}}
+
+
+class Listed(dict[str, Any]):
+    """A listed object that a weak reference can follow (a ``dict`` cannot)."""
+
+
+class WatchedPages(ExpiringPages):
+    """``ExpiringPages`` that never expire, serving objects it follows by weak reference."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(names, expire=0)
+        self.served: list[weakref.ref[Listed]] = []
+
+    async def list_cluster_custom_object(self, *args: Any, **params: Any) -> dict[str, Any]:
+        listed = await super().list_cluster_custom_object(*args, **params)
+        items = [Listed(item) for item in listed["items"]]
+        self.served += [weakref.ref(item) for item in items]
+        return {**listed, "items": items}
+
+
+async def test_a_kept_list_holds_no_page_once_kept() -> None:
+    """``list_kept`` keeps what ``keep`` returns and lets each page's objects go: by the time
+    the last page is read, not one object of the earlier pages is alive."""
+    paged = Kube(client.ApiClient(), list_page=2)
+    pages = WatchedPages(["a", "b", "c", "d", "e"])
+    paged._objects = pages  # type: ignore[assignment]
+    alive_at_last_page: list[int] = []
+
+    def keep(obj: dict[str, Any]) -> str | None:
+        if obj["metadata"]["name"] == "e":  # the last page's one object
+            gc.collect()
+            alive_at_last_page.append(sum(ref() is not None for ref in pages.served[:-1]))
+        return None if obj["metadata"]["name"] == "c" else obj["metadata"]["name"].upper()
+
+    try:
+        assert await paged.list_kept("agentruns", keep) == ["A", "B", "D", "E"]
+    finally:
+        await paged.close()
+    assert alive_at_last_page == [0]
 
 
 @pytest.mark.parametrize("expire", [1, 2])
