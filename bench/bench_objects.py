@@ -23,11 +23,12 @@ Targets (issue 24): operator RSS ≤ 250 MB and a worker ≤ 150 MB with 50,000 
 first request p50 ≤ 100 ms, p99 ≤ 400 ms; admission and status figures flat across sizes.
 
     cd bench && ../.venv/bin/python bench_objects.py [--sizes 1000,10000,50000] [--probe 20]
-        [--bulk 200] [--memory FOLDER]
+        [--bulk 200] [--memory FOLDER [--trace FRAMES]]
 
-``--memory FOLDER`` runs the operator under the memory probe (tracemalloc, several times
-slower) and records, at each size once it settled, what it holds by allocating line
-(``operator_memory``): where its RSS goes, not a figure to compare with a run without it.
+``--memory FOLDER`` runs the operator under the memory probe and records, at each size once it
+settled, where its RSS is (``operator_memory``: by kind of mapping, pymalloc's arenas);
+``--trace FRAMES`` adds what Python objects it holds by allocating line (tracemalloc: several
+times slower, and its own memory counts in the RSS, so not a figure to compare).
 """
 
 from __future__ import annotations
@@ -180,13 +181,15 @@ class OperatorDied(Exception):
 
 
 def restart_operator(
-    bench: BenchStack, generation: int, *, memory: str = ""
+    bench: BenchStack, generation: int, *, memory: str = "", frames: int = 0
 ) -> components.Component:
     """Start an operator (the ``generation``-th) on the stack's environment; with ``memory``
-    (a folder), under the memory probe (``probes/sitecustomize.py``)."""
+    (a folder), under the memory probe (``probes/sitecustomize.py``), tracing allocations
+    with ``frames`` frames of their stacks (0: not tracing)."""
     env = dict(bench.env)
     if memory:
         env |= {"PYTHONPATH": str(HERE / "probes"), "AGENTRUN_MEMORY_PROBE": memory}
+        env["AGENTRUN_MEMORY_FRAMES"] = str(frames)
     bench.operator = stack.start_operator(env, launch=bench.launch, name=f"operator-{generation}")
     return bench.operator
 
@@ -344,7 +347,7 @@ def measure_size(
     made = asyncio.run(make_present(str(bench.cluster.kubeconfig), template, names))
     print(f"objects: {size}: {len(names)} finished runs made in {made['seconds']} s", flush=True)
     before = api_requests(bench)
-    operator = restart_operator(bench, generation, memory=args.memory)
+    operator = restart_operator(bench, generation, memory=args.memory, frames=args.trace)
     settled = settle(operator.record.pid)
     if not operator.is_alive():
         tail = operator.spec.log_path.read_text().splitlines()[-3:]
@@ -367,9 +370,14 @@ def measure_size(
     print(f"objects: {size}: operator settled in {settled:.1f} s, rss {rss} MiB", flush=True)
     if args.memory:
         figures["operator_memory"] = held = memory_dump(operator, args.memory)
-        print(f"objects: {size}: traced {held['traced_mib']} MiB of rss {held['rss_mib']}")
-        for row in held["top"][:15]:
-            print(f"  {row['mib']:8.2f} MiB {row['blocks']:9d} blocks  {row['where']}")
+        print(
+            f"objects: {size}: rss {held['rss_mib']} MiB by mapping {held['mappings']}; "
+            f"pymalloc {held['pymalloc']}"
+        )
+        if "traced_mib" in held:
+            print(f"objects: {size}: traced {held['traced_mib']} MiB, at most {held['peak_mib']}")
+            for row in held["top"][:15]:
+                print(f"  {row['mib']:8.2f} MiB {row['blocks']:9d} blocks  {row['where']}")
     figures["apply_to_first_request"] = probe(bench, size, args.probe)
     figures["bulk"] = bulk(bench, size, args.bulk)
     figures["operator_rss_mb_after"] = round(rss_mb(operator), 1)
@@ -412,7 +420,14 @@ def main() -> None:
         "--memory",
         default="",
         metavar="FOLDER",
-        help="trace the operator's allocations (slower) and record what it holds once settled",
+        help="record, once the operator settled, its memory by kind (mappings, pymalloc)",
+    )
+    parser.add_argument(
+        "--trace",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="with --memory: trace its allocations (slower, and costs memory) with FRAMES frames",
     )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))

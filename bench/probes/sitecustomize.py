@@ -125,25 +125,73 @@ def _worker() -> None:
 
 
 _MEMORY = os.environ.get("AGENTRUN_MEMORY_PROBE", "")
-_MEMORY_FRAMES = 6
-"""Frames kept of each allocation's stack: enough to see whose call decoded or built it."""
+_MEMORY_FRAMES = int(os.environ.get("AGENTRUN_MEMORY_FRAMES") or 0)
+"""Frames kept of each traced allocation's stack (0: no tracing, which costs memory itself)."""
+
+
+def _mappings() -> dict[str, float]:
+    """The process's resident memory (MiB) by kind of mapping: ``heap`` (the C allocator's
+    main heap), ``anonymous`` (other private mappings: pymalloc's arenas, the C allocator's
+    large blocks and thread arenas, thread stacks), ``files`` (code and data of files)."""
+    kinds = {"heap": 0.0, "anonymous": 0.0, "files": 0.0}
+    kind = "files"
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else ""
+                kind = "heap" if name == "[heap]" else "anonymous" if not name else "files"
+            elif head and head[0] == "Rss:":
+                kinds[kind] += int(head[1]) / 1024
+    return {k: round(v, 1) for k, v in kinds.items()}
+
+
+def _pymalloc() -> dict[str, float]:
+    """pymalloc's arenas of 1 MiB (``sys._debugmallocstats``, which writes to the C stderr):
+    those held now and at most, MiB in blocks in use, free in pools in use, in unused pools."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    figures = {}
+    for label, pattern in (
+        ("arenas_held", r"# arenas highwater mark\s*=\s*([\d,]+)"),
+        ("arenas_now", r"# arenas allocated current\s*=\s*([\d,]+)"),
+        ("in_blocks_mib", r"# bytes in allocated blocks\s*=\s*([\d,]+)"),
+        ("free_in_pools_mib", r"# bytes in available blocks\s*=\s*([\d,]+)"),
+        ("free_pools_mib", r"\d+ unused pools \* \d+ bytes\s*=\s*([\d,]+)"),
+    ):
+        found = re.search(pattern, text)
+        if found:
+            value = float(found.group(1).replace(",", ""))
+            figures[label] = round(value / 2**20, 1) if label.endswith("mib") else value
+    return figures
 
 
 def _memory() -> None:
-    """Trace allocations from now on; on ``SIGUSR2`` write ``operator-<pid>.memory.json``: the
-    process's RSS (``rss_mib``), what tracemalloc traces (``traced_mib``, ``peak_mib``), and
-    the 40 largest holders grouped by the allocating line and, for each, the stack that made
-    the most of it (``top``: ``mib``, ``blocks``, ``where``, ``stack``)."""
+    """On ``SIGUSR2`` write ``operator-<pid>.memory.json``: the process's RSS (``rss_mib``),
+    its resident memory by kind of mapping (``mappings``), pymalloc's arenas (``pymalloc``)
+    and, when ``AGENTRUN_MEMORY_FRAMES`` traces allocations (from this process's start), what
+    tracemalloc traces (``traced_mib``, ``peak_mib``) and the 40 largest holders grouped by
+    the allocating line, each with the stack that made the most of it (``top``: ``mib``,
+    ``blocks``, ``where``, ``stack``)."""
     import json
     import signal
     import tracemalloc
 
-    tracemalloc.start(_MEMORY_FRAMES)
+    if _MEMORY_FRAMES:
+        tracemalloc.start(_MEMORY_FRAMES)
 
-    def dump(*_: object) -> None:
-        import gc
-
-        gc.collect()
+    def traced() -> dict[str, Any]:
         snapshot = tracemalloc.take_snapshot().filter_traces(
             [tracemalloc.Filter(False, tracemalloc.__file__)]
         )
@@ -167,15 +215,22 @@ def _memory() -> None:
                     else [],
                 }
             )
-        traced, peak = tracemalloc.get_traced_memory()
+        now, peak = tracemalloc.get_traced_memory()
+        return {"traced_mib": round(now / 2**20, 1), "peak_mib": round(peak / 2**20, 1), "top": top}
+
+    def dump(*_: object) -> None:
+        import gc
+
+        gc.collect()
         with open("/proc/self/status") as status:
             rss = next(int(x.split()[1]) for x in status if x.startswith("VmRSS"))
-        out = {
+        out: dict[str, Any] = {
             "rss_mib": round(rss / 1024, 1),
-            "traced_mib": round(traced / 2**20, 1),
-            "peak_mib": round(peak / 2**20, 1),
-            "top": top,
+            "mappings": _mappings(),
+            "pymalloc": _pymalloc(),
         }
+        if tracemalloc.is_tracing():
+            out |= traced()
         path = os.path.join(_MEMORY, f"{_ROLE}-{os.getpid()}.memory.json")
         with open(path + ".part", "w") as file:
             json.dump(out, file, indent=1)

@@ -31,6 +31,17 @@ FINALIZER = "agentrun.dev/finalizer"
 """On an AgentRun while it has not ended (``handlers.runs.unfinished``)."""
 
 
+WORKER_IDLE = 0.5
+"""Seconds kopf keeps an object's worker after the last event it handled (kopf's default: 5).
+An idle worker holds that event — the whole object, decoded — so at start-up, when every
+AgentRun is listed and handled once, kopf's default kept the last 5 s of them alive at once,
+and the allocator kept the arenas they had taken: with 10,000 finished runs present the
+operator settled at 252 MiB RSS in 16.5 s, with 0.5 s at 161 MiB in 11.5 s (pymalloc held 163
+arenas of 1 MiB, 66 MiB of them in use; then 84). A later event of the object starts a new
+worker (a task and a queue); kopf still waits for its own patches to come back
+(``settings.persistence.consistency_timeout``) however short this is."""
+
+
 class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     """kopf's last-handled-configuration without ``spec``.
 
@@ -96,6 +107,7 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.chunk_size = LIST_PAGE  # kopf's default: every object in one response
+    settings.queueing.idle_timeout = WORKER_IDLE
     api = await Kube.connect()
     try:
         memo.parts = await wiring.start_parts(

@@ -1,7 +1,8 @@
 """What the start-up sets in kopf: the initial list of every watched kind is read in pages
 (``kubeapi.LIST_PAGE``), not in one response: with 50,000 AgentRuns one response held the
 interpreter's lock past the Lease's renew deadline and the operator exited before it started
-(``bench/bench_objects.py``)."""
+(``bench/bench_objects.py``); and an object's worker exits soon after its last event
+(``startup.WORKER_IDLE``), letting go of the object it handled."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ class NoTenants:
         pass
 
 
-async def test_kopf_lists_every_kind_in_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_kopf_lists_in_pages_and_lets_idle_workers_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     async def connect() -> NoTenants:
         return NoTenants()
 
@@ -35,6 +38,10 @@ async def test_kopf_lists_every_kind_in_pages(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(wiring, "start_parts", start_parts)
     settings = kopf.OperatorSettings()
     assert settings.watching.chunk_size is None  # kopf's default: everything at once
+    assert settings.queueing.idle_timeout == 5.0  # kopf's default: the last 5 s of objects held
     await startup.start(settings=settings, memo=wiring.OperatorMemo(settings=OperatorSettings()))
     assert settings.watching.chunk_size == kubeapi.LIST_PAGE
     assert 100 <= kubeapi.LIST_PAGE <= 1000
+    assert settings.queueing.idle_timeout == startup.WORKER_IDLE
+    # longer than kopf's batch window (it waits that long for an object's next event)
+    assert settings.batching.batch_window < startup.WORKER_IDLE <= 1.0
