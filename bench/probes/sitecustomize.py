@@ -219,6 +219,12 @@ def _memory() -> None:
         return {"traced_mib": round(now / 2**20, 1), "peak_mib": round(peak / 2**20, 1), "top": top}
 
     def dump(*_: object) -> None:
+        try:
+            write()
+        except Exception as err:  # a signal handler's error would land in the operator's code
+            print(f"memory probe: {err!r}", file=sys.stderr, flush=True)
+
+    def write() -> None:
         import gc
 
         gc.collect()

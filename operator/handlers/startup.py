@@ -36,8 +36,8 @@ WORKER_IDLE = 0.5
 An idle worker holds that event — the whole object, decoded — so at start-up, when every
 AgentRun is listed and handled once, kopf's default kept the last 5 s of them alive at once,
 and the allocator kept the arenas they had taken: with 10,000 finished runs present the
-operator settled at 252 MiB RSS in 16.5 s, with 0.5 s at 161 MiB in 11.5 s (pymalloc held 163
-arenas of 1 MiB, 66 MiB of them in use; then 84). A later event of the object starts a new
+operator settled at 252 MiB RSS in 16.5 s, with 0.5 s at 161–163 MiB in 11–11.5 s (pymalloc
+held 163 arenas of 1 MiB, 66 MiB of them in use; then 84). A later event of the object starts a new
 worker (a task and a queue); kopf still waits for its own patches to come back
 (``settings.persistence.consistency_timeout``) however short this is."""
 

@@ -92,7 +92,9 @@ class KubeApi(Protocol):
     ) -> list[T]:
         """``keep`` of each object ``list_objects`` would list, in its order, where it is not
         ``None``: what a caller needs of every object (their names, one tenant's runs) without
-        holding all of them decoded at once (each page's objects go once kept)."""
+        holding all of them decoded at once (each page's objects go once kept). A list started
+        over (an expired continue token) calls ``keep`` again on the objects it reads again:
+        ``keep`` has no effect but its answer."""
 
     async def create(self, plural: str, manifest: Mapping[str, Any]) -> bool:
         """Create ``manifest`` (in its ``metadata.namespace``); ``False`` when an object of

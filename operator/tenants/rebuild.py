@@ -67,10 +67,17 @@ def window_usage(
     return Seed(UsageFloor(window, tokens, cost, wall, end), active)
 
 
-def _tenant_of(run: Mapping[str, Any]) -> object:
-    """The tenant an AgentRun's status names (``None`` if none)."""
+def _usage_part(run: Mapping[str, Any], tenant: str) -> dict[str, Any] | None:
+    """Of AgentRun ``run``, what ``window_usage`` reads (its uid, namespace and name, its
+    status), if its status names ``tenant``; else ``None``."""
     status = run.get("status")
-    return status.get("tenant") if isinstance(status, Mapping) else None
+    if not isinstance(status, Mapping) or status.get("tenant") != tenant:
+        return None
+    meta = run.get("metadata") or {}
+    return {
+        "metadata": {k: meta[k] for k in ("uid", "namespace", "name") if k in meta},
+        "status": status,
+    }
 
 
 ENDED = -1.0
@@ -126,8 +133,8 @@ class RebuiltUsage:
         its active runs (``window_usage``), its floor raised, per resource, to its status's
         last showing of the same window. Raises ``ApiError`` if the AgentRuns cannot be
         listed."""
-        # this tenant's runs only: the others' are let go page by page (``KubeApi.list_kept``)
-        runs = await self.api.list_kept(RUNS, lambda r: r if _tenant_of(r) == tenant else None)
+        # of this tenant's runs what ``window_usage`` reads; the rest goes page by page
+        runs = await self.api.list_kept(RUNS, lambda run: _usage_part(run, tenant))
         rebuilt = window_usage(runs, tenant, window=window, end=end)
         seen = self.tenants.seen.get(tenant)
         if seen is None or abs(seen.window - window) >= 1.0:  # another window's (whole seconds)
