@@ -85,9 +85,10 @@ def step_figures(
     marks: dict[int, dict[str, float]], steps: tuple[tuple[str, str, str], ...]
 ) -> dict[str, dict[str, float]]:
     """p50/p90/p99 (ms) and samples of each step over the turns that reached both its marks."""
+    took = [durations(m, steps) for m in marks.values()]
     out: dict[str, dict[str, float]] = {}
-    for label, start, end in steps:
-        values = [1000 * (m[end] - m[start]) for m in marks.values() if start in m and end in m]
+    for label, _, _ in steps:
+        values = [turn[label] for turn in took if label in turn]
         out[label] = {
             "p50_ms": round(percentile(values, 0.5), 3),
             "p90_ms": round(percentile(values, 0.9), 3),
@@ -114,16 +115,13 @@ def slowest_turns(
     if not slow:
         return {}
     typical = {label: row["p50_ms"] for label, row in step_figures(marks, steps).items()}
+    took = [durations(m, steps) for m in slow]
     steps_ms: dict[str, float] = {}
-    for label, start, end in steps:
-        values = [1000 * (m[end] - m[start]) for m in slow if start in m and end in m]
+    for label, _, _ in steps:
+        values = [turn[label] for turn in took if label in turn]
         steps_ms[label] = round(percentile(values, 0.5), 3) if values else 0.0
     slowed = collections.Counter(
-        max(
-            (label for label, start, end in steps if start in m and end in m),
-            key=lambda label: _excess(m, steps, label, typical),
-        )
-        for m in slow
+        max(turn, key=lambda label: turn[label] - typical[label]) for turn in took if turn
     )
     path = [1000 * (m["arrival"] - m["committed"]) for m in slow]
     return {
@@ -134,15 +132,12 @@ def slowest_turns(
     }
 
 
-def _excess(
-    m: dict[str, float],
-    steps: tuple[tuple[str, str, str], ...],
-    label: str,
-    typical: dict[str, float],
-) -> float:
-    """How much longer (ms) step ``label`` took in turn ``m`` than its median ``typical``."""
-    start, end = next((a, b) for name, a, b in steps if name == label)
-    return 1000 * (m[end] - m[start]) - typical[label]
+def durations(m: dict[str, float], steps: tuple[tuple[str, str, str], ...]) -> dict[str, float]:
+    """How long (ms) each step of ``steps`` took in the turn with marks ``m``, for the steps
+    whose two marks it reached."""
+    return {
+        label: 1000 * (m[end] - m[start]) for label, start, end in steps if start in m and end in m
+    }
 
 
 def main() -> None:
