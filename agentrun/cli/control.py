@@ -158,7 +158,8 @@ class RunClient:
         return created
 
     async def delete(self, name: str) -> None:
-        """Delete the AgentRun (the operator's finalizer ends it first); raises RunAccessError
+        """Delete the AgentRun (the operator, seeing the deletion, stops a run still going and
+        frees its hold and slot); raises RunAccessError
         (not found, forbidden, …)."""
         try:
             await self._objects().delete_namespaced_custom_object(

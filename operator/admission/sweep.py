@@ -249,8 +249,8 @@ class LedgerSweep:
             elif (
                 await fetch_pending_run(self.deps.api, RunKey(run.namespace, run.name, uid)) is None
             ):
-                # its object was removed while no operator watched (e.g. a finalizer forced
-                # off): end it, or its slot and budget would stay taken forever
+                # its object was deleted while no operator watched (or its stop failed):
+                # end it, or its slot and budget would stay taken forever
                 with contextlib.suppress(Exception):
                     await self.deps.runs.end(
                         run.namespace, run.name, uid, kernel.Phase.CANCELLED, "the AgentRun is gone"

@@ -32,7 +32,6 @@ from ..tenants.registry import NoTenant
 from ..wiring import OperatorMemo, RunHandling
 from .admission import check_restored, remove_annotations
 from .retrying import retrying
-from .startup import FINALIZER
 
 log = logging.getLogger(__name__)
 
@@ -176,44 +175,6 @@ async def owned_run_changed(
         parts.evals.kick(namespace, str(labels[EVAL_LABEL]))
 
 
-def unfinished(
-    status: kopf.Status, body: kopf.Body | None = None, memo: OperatorMemo | None = None, **_: Any
-) -> bool:
-    """kopf filter: the run has not ended. Only such runs hold the finalizer: kopf adds it to
-    the runs the deletion handler matches and removes it from the others, so a run loses it
-    once its terminal status is written (its ledger entry is settled before that), and finished
-    runs and their namespaces delete with no operator running.
-
-    With several shards, a run of another shard keeps the finalizer it has (the filter answers
-    whether it holds it now): only the owner adds or removes it. A non-owner that added it too
-    would make the owner's own addition a no-op patch, which brings the owner no watch event
-    to handle the run's creation on."""
-    if (
-        memo is not None
-        and body is not None
-        and not memo.ownership.everything
-        and not memo.run_shards.owns(body)
-    ):
-        return FINALIZER in ((body.get("metadata") or {}).get("finalizers") or [])
-    return not status.get("terminalReason")
-
-
-@kopf.on.delete(*RUN, when=unfinished)
-async def delete_run(
-    *, namespace: str | None, name: str, uid: str, memo: OperatorMemo, **_: Any
-) -> None:
-    """Stop the run, settle its ledger entry and purge its events (or take it out of its
-    queue); bounded, so the finalizer always goes."""
-    assert namespace is not None  # AgentRun is namespaced
-    parts = memo.running().runs
-    try:
-        async with asyncio.timeout(10):
-            await parts.pump.forget_queued(uid)
-    except Exception as err:  # NATS down: the pump drops queued runs that no longer exist
-        log.warning("could not take %s/%s out of its queue: %r", namespace, name, err)
-    await parts.runs.forget(namespace, name, uid)
-
-
 @kopf.on.event(*RUN)
 async def run_seen(
     *,
@@ -233,10 +194,10 @@ async def run_seen(
     of a run that ended (``admission.check_restored``); tell the status writer the
     object's version (its next patch then needs no read) and the storage count the bytes its
     events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
-    after ``spec.ttlSecondsAfterFinished``; purge the events of a deleted finished run (an
-    unfinished one is cleaned up by ``delete_run`` before its finalizer goes). With several
-    shards, first learn the tenant of a run not admitted yet (``_owned``), and act only on the
-    runs of this process's shards."""
+    after ``spec.ttlSecondsAfterFinished``. A deleted run (``DELETED``: runs hold no
+    finalizer, the object is gone already) is cleaned up: a finished one's events purged, an
+    unfinished one stopped (``_stop_deleted``). With several shards, first learn the tenant of
+    a run not admitted yet (``_owned``), and act only on the runs of this process's shards."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running().runs
     if not await _owned(memo, parts, body, type=type, namespace=namespace, uid=uid):
@@ -247,6 +208,8 @@ async def run_seen(
         parts.storage.forget(uid)
         if status.get("terminalReason"):
             await parts.runs.purge_deleted(namespace, name, uid)
+        else:
+            await _stop_deleted(parts, key)
         return
     parts.writer.observe(key, body)
     parts.storage.observe(uid, status)
@@ -254,6 +217,21 @@ async def run_seen(
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)
+
+
+async def _stop_deleted(parts: RunHandling, key: RunKey) -> None:
+    """An AgentRun deleted before it ended: take it out of its queue, or stop it (its end
+    ``cancelled`` recorded in its events), settle its ledger entry (hold and slot freed) and
+    purge its events (``Dispatcher.forget``). Each step is bounded and best effort: what a dead
+    NATS leaves behind is found later — a queued run that no longer exists is dropped by the
+    pump, an active ledger entry with no object by the ledger sweep, a subject with no object
+    by the next leader's purge."""
+    try:
+        async with asyncio.timeout(10):
+            await parts.pump.forget_queued(key.uid)
+    except Exception as err:  # NATS down: the pump drops queued runs that no longer exist
+        log.warning("could not take %s/%s out of its queue: %r", key.namespace, key.name, err)
+    await parts.runs.forget(key.namespace, key.name, key.uid)
 
 
 async def _owned(

@@ -6,11 +6,10 @@ handled configuration). With several processes watching one AgentRun, a process 
 skipped a run (a ``when=`` filter) would still write "handled", and the run's owner could then
 miss its creation. So ownership is applied in kopf's storages instead: for a run of a shard
 this process does not own, every handler reads as "waiting for a retry far in the future"
-(nothing runs, nothing is done, so kopf neither records the change as handled nor removes
-the finalizer) and nothing is written. The owner's kopf reads and writes the annotations as
-before. The finalizer follows ownership too: only the owner adds or removes it (for another
-shard's run, ``handlers.runs.unfinished`` answers whether the run holds it now, so kopf leaves
-it as it is).
+(nothing runs, nothing is done, so kopf does not record the change as handled) and nothing
+is written. The owner's kopf reads and writes the annotations as before. No AgentRun handler
+needs a finalizer; a run an earlier version gave one loses it to whichever process handles
+an event of it first.
 
 A run's shard is its admitted tenant's (``status.tenant``); before admission, the tenant its
 namespace resolves to, which ``RunShards.learn`` records from the watch-event handler that kopf

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 
 KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 FINALIZER = "agentrun.dev/finalizer"
-"""On an AgentRun while it has not ended (``handlers.runs.unfinished``)."""
+"""kopf's finalizer name. No handler needs it any more (an AgentRun's deletion is handled from
+its ``DELETED`` watch event: ``handlers.runs.run_seen``), so kopf adds it to nothing and takes it
+off the runs an earlier version gave it, at the first event it handles of each."""
 
 
 WORKER_IDLE = 0.5

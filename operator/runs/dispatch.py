@@ -642,7 +642,8 @@ class Dispatcher:
         """The AgentRun is being deleted: stop it, settle its ledger entry, purge its events,
         drop its view.
 
-        Best effort with a bound: a dead NATS or a missing stream never holds the finalizer.
+        Best effort with a bound (10 s): a dead NATS or a missing stream holds nothing up; the
+        ledger sweep ends and settles a run whose object is gone and that nothing follows.
         """
         view = self._views.pop(uid, None)
         if view is not None and view.timer is not None:
@@ -683,7 +684,7 @@ class Dispatcher:
         self.writer.forget(RunKey(namespace, name, uid))
 
     async def purge_deleted(self, namespace: str, name: str, uid: str) -> None:
-        """A finished AgentRun was deleted (it held no finalizer): purge its events if they are
+        """A finished AgentRun was deleted: purge its events if they are
         still this run's (a new run of the same name keeps its own)."""
         self.writer.forget(RunKey(namespace, name, uid))
         first = await self.bus.first_event(namespace, name)

@@ -1,8 +1,9 @@
 """The end of a finished run's life: deletion after ``spec.ttlSecondsAfterFinished``, and the
 purge of event streams whose AgentRun is gone.
 
-A finished run holds no finalizer (its ledger entry is settled when it ends), so it can be
-deleted — alone or with its namespace — with no operator running. Its event stream is then
+No run holds a finalizer, so a run can be deleted — alone or with its namespace — with no
+operator running (a run that had not ended is stopped and its ledger entry settled when the
+operator sees the deletion, or by the ledger sweep of the next leader). Its event stream is then
 purged by whichever comes first: the operator seeing the deletion (``purge_deleted``), or the
 orphan sweep at the start of every leader (``purge_orphans``: a subject whose AgentRun no
 longer exists).

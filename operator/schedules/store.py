@@ -58,7 +58,7 @@ class KubeCronStore:
         await self.api.patch(Ref(runs.RUNS, name, namespace), body)
 
     async def delete_run(self, namespace: str, name: str) -> None:
-        """Delete the run in the background (its own finalizer, if any, still runs)."""
+        """Delete the run in the background (the operator stops it if it is still going)."""
         await self.api.delete(Ref(runs.RUNS, name, namespace))
 
     async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:

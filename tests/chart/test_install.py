@@ -253,7 +253,7 @@ def test_the_notes_lead_a_first_install_to_a_run_that_can_be_admitted(
     assert f"ClusterRoles {release}-view, {release}-edit, {release}-approve" in notes
     assert f"--clusterrole={release}-edit" in notes
     assert "BEFORE `helm upgrade`" in notes
-    assert "runs still going keep their finalizer" in notes
+    assert "no run holds a finalizer" in notes
     assert "Secrets the hooks made" in notes and "PVC data-" not in notes  # no NATS of its own
     persisted = cluster_helm(
         "install", release, str(CHART_DIR), "-n", test_namespace, "--dry-run=client",

@@ -39,7 +39,7 @@ def test_a_completed_check_run_passes_and_is_deleted(stack_: E2EStack, test_name
     done = check(stack_, "-n", test_namespace, "--timeout", "60")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Succeeded / completed, 1 steps" in done.stdout, done.stdout
-    deadline = time.monotonic() + 30  # deleted: gone once the operator's finalizer ran
+    deadline = time.monotonic() + 30  # deleted by `check` once it ended
     while check_runs(stack_, test_namespace):
         assert time.monotonic() < deadline, check_runs(stack_, test_namespace)
         time.sleep(0.5)

@@ -1,7 +1,9 @@
-"""Lifecycle hygiene: finished runs hold no finalizer and delete (alone or with their
-namespace) with no operator running; running runs deleted with their namespace end and free
-their tenant's hold and slot; ttlSecondsAfterFinished deletes finished runs with their events;
-an operator facing older CRDs stays not ready, says so once, and proceeds once they are fixed."""
+"""Lifecycle hygiene: no run holds a finalizer (one an earlier version added is taken off);
+runs delete (alone or with their namespace) with no operator running, and the next operator
+frees the hold and slot of one that was still going; running runs deleted with their
+namespace end and free their tenant's hold and slot; ttlSecondsAfterFinished deletes finished
+runs with their events; an operator facing older CRDs stays not ready, says so once, and
+proceeds once they are fixed."""
 
 from __future__ import annotations
 
@@ -69,40 +71,68 @@ def namespace_gone(stack_: E2EStack, namespace: str) -> bool:
     return found.returncode != 0 and "NotFound" in found.stderr
 
 
-def test_d02_finished_runs_hold_no_finalizer_and_delete_with_no_operator_running(
+def holds_of(nats_server: Any, tenant: str, uid: str) -> list[str]:
+    """What the tenant's ledger still holds of run ``uid``: its active entry, its holds."""
+    book = read_book(nats_server, tenant)
+    assert book is not None
+    held = [key for key, hold in book.holds.items() if hold.run_uid == uid]
+    return (["active"] if uid in book.active else []) + held
+
+
+def test_d02_runs_hold_no_finalizer_and_delete_with_no_operator_running(
     stack_: E2EStack,
     namespace_controller: components.Component,
     test_namespace: str,
     nats_server: Any,
 ) -> None:
-    """A Succeeded run loses the finalizer when it ends; with the operator stopped the run
-    deletes, and so does a namespace holding finished runs; the next leader purges the
-    events of runs deleted meanwhile."""
+    """No run holds a finalizer, running or finished, and kopf takes off the one an earlier
+    version added. With the operator stopped a finished run deletes, so does one still going,
+    and so does a namespace holding runs; the next leader purges the events of the runs deleted
+    meanwhile and frees the hold and slot of the one that was still going."""
     for name in ("alone", "with-namespace"):
         stack_.apply(test_namespace, run_manifest(name, f"E2E-PARALLEL-ORDER: {name}"))
-        while_running = finalizers(stack_, test_namespace, name)
         status = stack_.wait_terminal(test_namespace, name)
         assert status["terminalReason"] == "completed"
-        wait_until(
-            lambda n=name: not finalizers(stack_, test_namespace, n),
-            timeout=10,
-            what=f"{name}'s finalizer removed",
-        )
-    assert while_running in ([], [FINALIZER])  # added once admitted, gone once ended
+        assert finalizers(stack_, test_namespace, name) == []
     assert read_events(nats_server, test_namespace, "alone") != []
+    legacy = run_manifest("legacy", "E2E-PARALLEL-ORDER: legacy")
+    legacy["metadata"]["finalizers"] = [FINALIZER]  # as an earlier version left a run
+    stack_.apply(test_namespace, legacy)
+    wait_until(
+        lambda: not finalizers(stack_, test_namespace, "legacy"),
+        timeout=15,
+        what="the earlier version's finalizer taken off",
+    )
+    stack_.apply(test_namespace, run_manifest("midway", "E2E-LONG job"))  # 5 turns of ~1 s
+    running = stack_.wait_for(
+        test_namespace, "midway", lambda s: (s.get("usage") or {}).get("steps", 0) >= 1
+    )
+    assert finalizers(stack_, test_namespace, "midway") == []
+    midway = stack_.get(test_namespace, "midway")
+    assert midway is not None
+    uid, tenant = midway["metadata"]["uid"], running["tenant"]
 
     components.stop_component(stack_.operator)
-    stack_.kubectl("delete", "agentrun", "alone", "-n", test_namespace, "--timeout=15s")
+    time.sleep(1.5)  # the turn in flight ends; no operator dispatches the next
+    assert not stack_.get(test_namespace, "midway")["status"].get("terminalReason")  # type: ignore[index]
+    assert holds_of(nats_server, tenant, uid) != []
+    for name in ("alone", "midway"):
+        stack_.kubectl("delete", "agentrun", name, "-n", test_namespace, "--timeout=15s")
     stack_.kubectl("delete", "namespace", test_namespace, "--wait=false")
     wait_until(lambda: namespace_gone(stack_, test_namespace), timeout=60, what="namespace gone")
 
     stack_.restart_dead()  # the new leader purges the events of the runs deleted meanwhile
-    for name in ("alone", "with-namespace"):
+    for name in ("alone", "with-namespace", "midway"):
         wait_until(
             lambda n=name: read_events(nats_server, test_namespace, n) == [],
             timeout=30,
             what=f"events of {name} purged",
         )
+    wait_until(  # the ledger sweep: an active entry nothing follows, its object gone (30 s)
+        lambda: holds_of(nats_server, tenant, uid) == [],
+        timeout=75,
+        what="the hold and slot of the run deleted mid-way freed",
+    )
 
 
 def test_d02_running_and_queued_runs_deleted_with_their_namespace_free_slot_hold_and_queue(
@@ -142,7 +172,7 @@ def test_d02_running_and_queued_runs_deleted_with_their_namespace_free_slot_hold
         stack_.wait_for(test_namespace, "waiting", lambda s: s.get("phase") == "Queued")
         obj = stack_.get(test_namespace, "midway")
         assert obj is not None
-        assert FINALIZER in obj["metadata"]["finalizers"]
+        assert not obj["metadata"].get("finalizers")
         uid = obj["metadata"]["uid"]
         assert obj["status"]["tenant"] == tenant
         book = read_book(nats_server, tenant)
@@ -152,9 +182,18 @@ def test_d02_running_and_queued_runs_deleted_with_their_namespace_free_slot_hold
         wait_until(
             lambda: namespace_gone(stack_, test_namespace), timeout=60, what="namespace gone"
         )
-        book = read_book(nats_server, tenant)
-        assert book is not None and list(book.active) == [] and dict(book.holds) == {}
-        assert read_events(nats_server, test_namespace, "midway") == []
+
+        def nothing_held() -> bool:  # the operator saw the deletion (no finalizer waited)
+            book = read_book(nats_server, tenant)
+            assert book is not None
+            return list(book.active) == [] and dict(book.holds) == {}
+
+        wait_until(nothing_held, timeout=15, what="the tenant's hold and slot freed")
+        wait_until(
+            lambda: read_events(nats_server, test_namespace, "midway") == [],
+            timeout=15,
+            what="the events of the run deleted mid-turn purged",
+        )
 
         def queue_empty() -> bool:
             found = stack_.kubectl("get", "agenttenant", tenant, "-o", "json")

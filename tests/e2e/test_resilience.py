@@ -45,12 +45,12 @@ def wait_steps(stack_: E2EStack, namespace: str, name: str, steps: int) -> None:
     )
 
 
-def test_deleting_a_run_mid_turn_stops_it_and_the_finalizer_goes(
+def test_deleting_a_run_mid_turn_stops_it_and_frees_its_hold_and_slot(
     stack_: E2EStack, test_namespace: str, nats_server: object
 ) -> None:
-    """Deleted mid-turn: the run stops, its reservation and slot in the tenant ledger are
-    released, the finalizer goes within a bound, and a late status patch does not re-create
-    it."""
+    """Deleted mid-turn: the object goes at once (no finalizer), the run stops, its
+    reservation and slot in the tenant ledger are released and its events purged within a
+    bound, and a late status patch (the turn in flight commits) does not re-create it."""
     stack_.apply(test_namespace, run_manifest("doomed", "E2E-LONG job"))
     wait_steps(stack_, test_namespace, "doomed", 1)
     obj = stack_.get(test_namespace, "doomed")
@@ -60,13 +60,23 @@ def test_deleting_a_run_mid_turn_stops_it_and_the_finalizer_goes(
     assert book is not None and uid in book.active
     started = time.monotonic()
     stack_.kubectl("delete", "agentrun", "doomed", "-n", test_namespace, "--timeout=20s")
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 5  # nothing waits for the operator
     time.sleep(2 * 0.5 + 1.0)  # a late status patch would land now
     assert stack_.get(test_namespace, "doomed") is None, "a late status patch re-created the object"
-    assert read_events(nats_server, test_namespace, "doomed") == []  # type: ignore[attr-defined]
-    book = read_book(nats_server, tenant)  # type: ignore[attr-defined]
-    assert book is not None and uid not in book.active
-    assert not [key for key, hold in book.holds.items() if hold.run_uid == uid]
+
+    def freed() -> bool:
+        if read_events(nats_server, test_namespace, "doomed") != []:  # type: ignore[attr-defined]
+            return False
+        book = read_book(nats_server, tenant)  # type: ignore[attr-defined]
+        assert book is not None
+        return uid not in book.active and not [
+            key for key, hold in book.holds.items() if hold.run_uid == uid
+        ]
+
+    deadline = time.monotonic() + 15
+    while not freed():
+        assert time.monotonic() < deadline, "hold, slot or events of the deleted run kept"
+        time.sleep(0.25)
 
 
 def test_an_operator_killed_mid_run_resumes_and_finishes_with_the_same_result(

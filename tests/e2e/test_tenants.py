@@ -621,7 +621,7 @@ def test_a_queued_run_can_be_cancelled_or_deleted_and_the_runs_behind_it_move_up
     )
 
     stack_.kubectl("delete", "agentrun", "w2", "-n", ns, "--timeout=20s")
-    assert stack_.get(ns, "w2") is None  # the finalizer went
+    assert stack_.get(ns, "w2") is None  # no finalizer: gone at once
     wait_runs(stack_, ns, lambda r: queue_of(r) == ["w3"] and positions(r, ["w3"]) == [1])
     wait_tenant(stack_, tenant, lambda s: s.get("queuedRuns") == 1 and s.get("activeRuns") == 1)
 
