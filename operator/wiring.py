@@ -6,9 +6,10 @@ uses (``Handling``). Order of construction, and what each part is told:
 
 - ``Kube`` (``platform.kubeapi``) is the one way to the API server; every part that reads or
   writes an object is given it.
-- ``StatusWriter`` patches AgentRun ``.status``; the runs it finds gone are pulled by the
-  dispatcher (``Dispatcher.forget_gone_runs``), and those whose status it cannot write for
-  its size are ended by it (``Dispatcher.end_refused_runs``).
+- ``StatusWriter`` patches AgentRun ``.status``; the runs it finds gone are stopped as deleted
+  runs are (``stop_deleted``: out of their queue, ended, settled, purged), and those whose
+  status it cannot write for its size are ended by the dispatcher
+  (``Dispatcher.end_refused_runs``).
 - ``QueueBoard`` is the admission queues as the pump last saw them (lengths, why heads wait)
   and the kicks that ask for a pump; only the pump writes it.
 - ``RunSettlement`` closes an ended run's ledger entry and kicks its tenant's queue; the
@@ -81,6 +82,7 @@ from .platform.shards import ALL_OF_ONE, Ownership, RunShards
 from .platform.storewatch import STORE, StoreWatch, exit_store_lost
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
+from .runs.keys import RunKey
 from .runs.orphans import OrphanWatch
 from .runs.seals import RunSeals
 from .runs.writer import StatusWriter
@@ -400,6 +402,32 @@ def _run_configs(api: KubeApi) -> RunConfigs:
     )
 
 
+async def stop_deleted(parts: RunHandling, key: RunKey) -> None:
+    """AgentRun ``key`` was deleted before it ended (its object is gone): take it out of its
+    queue, or stop it (its end ``cancelled`` recorded in its events, counted and told), settle
+    its ledger entry (hold and slot freed) and purge its events (``Dispatcher.forget``). Each
+    step is bounded and best effort: what a dead NATS leaves behind is found later — a queued
+    run that no longer exists is dropped by the pump, an active ledger entry with no object by
+    the ledger sweep, a subject with no object by the next leader's purge."""
+    try:
+        async with asyncio.timeout(10):
+            await parts.pump.forget_queued(key.uid)
+    except Exception as err:  # NATS down: the pump drops queued runs that no longer exist
+        log.warning("could not take %s/%s out of its queue: %r", key.namespace, key.name, err)
+    await parts.runs.forget(key.namespace, key.name, key.uid)
+
+
+async def _stop_gone_runs(parts: RunHandling) -> None:
+    """Forever: stop each run whose object the status writer found gone (its deletion's watch
+    event missed, or a write of a queued run's position after it), as a deleted run is."""
+    while True:
+        run = await parts.writer.next_gone()
+        try:
+            await stop_deleted(parts, run)
+        except Exception:  # one failed clean-up must not stop the next ones
+            log.exception("could not stop gone run %s/%s", run.namespace, run.name)
+
+
 async def _purge_orphans(bus: Bus, api: KubeApi) -> None:
     try:
         await lifecycle.purge_orphans(bus, list_runs=lambda: lifecycle.list_run_names(api))
@@ -411,13 +439,13 @@ def _start_loops(parts: Parts, *, cluster: bool = True) -> tuple[asyncio.Task[No
     """Start every background loop of ``parts`` (the order of ``Parts.tasks``); the
     cluster-scoped ones (orphan purge, tool server discovery, AgentEvals, schedules) only if
     ``cluster`` (this process holds shard 0)."""
-    assert parts.watch is not None
+    assert parts.watch is not None and parts.handling is not None
     return (
         *(_start_cluster_loops(parts) if cluster else ()),
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
         asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
         asyncio.create_task(parts.dispatcher.watch_queue(), name="queue-gauges"),
-        asyncio.create_task(parts.dispatcher.forget_gone_runs(), name="gone-runs"),
+        asyncio.create_task(_stop_gone_runs(parts.handling.runs), name="gone-runs"),
         asyncio.create_task(parts.dispatcher.end_refused_runs(), name="refused-runs"),
         asyncio.create_task(parts.pump.run(), name="queue-pumps"),
         asyncio.create_task(parts.sweep.run(), name="ledger-sweep"),

@@ -37,7 +37,6 @@ from ..platform.kubeapi import KubeApi
 from ..platform.shards import ALL_OF_ONE, Ownership
 from ..runs import LiveRuns, RunKey
 from ..tenants import TenantPolicy, Tenants, TenantStatusWriter
-from .pump import fetch_pending_run
 from .queue import QueueBoard
 
 log = logging.getLogger(__name__)
@@ -246,16 +245,25 @@ class LedgerSweep:
                 found.append(Repair("", uid, None))
             elif last.phase.is_terminal:
                 found.append(Repair("", uid, last.summary, last.time, last.owner))
-            elif (
-                await fetch_pending_run(self.deps.api, RunKey(run.namespace, run.name, uid)) is None
-            ):
-                # its object was deleted while no operator watched (or its stop failed):
-                # end it, or its slot and budget would stay taken forever
-                with contextlib.suppress(Exception):
-                    await self.deps.runs.end(
-                        run.namespace, run.name, uid, kernel.Phase.CANCELLED, "the AgentRun is gone"
-                    )
+            else:
+                await self._end_unfollowed(RunKey(run.namespace, run.name, uid))
         return found
+
+    async def _end_unfollowed(self, key: RunKey) -> None:
+        """An active run no process follows whose events have not ended: if its object is gone
+        (deleted while no operator watched, or its stop failed), stop it as a deleted run
+        (``LiveRuns.forget``: ended, settled, its events purged); if its status shows an end,
+        end its events too. Else it is left to its resume. Either way its slot and budget
+        would otherwise stay taken for ever. Best effort: the next pass tries again."""
+        obj = await self.deps.api.get(key.ref)
+        with contextlib.suppress(Exception):
+            if obj is None or (obj.get("metadata") or {}).get("uid") != key.uid:
+                await self.deps.runs.forget(key.namespace, key.name, key.uid)
+            elif (obj.get("status") or {}).get("terminalReason"):
+                message = "the AgentRun's status shows its end"
+                await self.deps.runs.end(
+                    key.namespace, key.name, key.uid, kernel.Phase.CANCELLED, message
+                )
 
     async def _end_all(self, book: Book) -> None:
         message = (

@@ -9,7 +9,6 @@ a run refers to (their kinds' modules beside this one).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -29,9 +28,10 @@ from ..runs.keys import (
 )
 from ..schedules.spec import CRON_LABEL
 from ..tenants.registry import NoTenant
-from ..wiring import OperatorMemo, RunHandling
+from ..wiring import OperatorMemo, RunHandling, stop_deleted
 from .admission import check_restored, remove_annotations
 from .retrying import retrying
+from .startup import LEGACY_FINALIZER
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +196,10 @@ async def run_seen(
     events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
     after ``spec.ttlSecondsAfterFinished``. A deleted run (``DELETED``: runs hold no
     finalizer, the object is gone already) is cleaned up: a finished one's events purged, an
-    unfinished one stopped (``_stop_deleted``). With several shards, first learn the tenant of
-    a run not admitted yet (``_owned``), and act only on the runs of this process's shards."""
+    unfinished one stopped (``wiring.stop_deleted``); a run an earlier version gave its
+    finalizer is released once it ends or is deleted (``_release_legacy``). With several
+    shards, first learn the tenant of a run not admitted yet (``_owned``), and act only on the
+    runs of this process's shards."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running().runs
     if not await _owned(memo, parts, body, type=type, namespace=namespace, uid=uid):
@@ -209,8 +211,10 @@ async def run_seen(
         if status.get("terminalReason"):
             await parts.runs.purge_deleted(namespace, name, uid)
         else:
-            await _stop_deleted(parts, key)
+            await stop_deleted(parts, key)
         return
+    if LEGACY_FINALIZER in (meta.get("finalizers") or []):
+        await _release_legacy(parts, key, meta=meta, status=status)
     parts.writer.observe(key, body)
     parts.storage.observe(uid, status)
     await check_restored(parts, key, meta=meta, status=status)
@@ -219,19 +223,28 @@ async def run_seen(
     parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)
 
 
-async def _stop_deleted(parts: RunHandling, key: RunKey) -> None:
-    """An AgentRun deleted before it ended: take it out of its queue, or stop it (its end
-    ``cancelled`` recorded in its events), settle its ledger entry (hold and slot freed) and
-    purge its events (``Dispatcher.forget``). Each step is bounded and best effort: what a dead
-    NATS leaves behind is found later — a queued run that no longer exists is dropped by the
-    pump, an active ledger entry with no object by the ledger sweep, a subject with no object
-    by the next leader's purge."""
+async def _release_legacy(
+    parts: RunHandling, key: RunKey, *, meta: kopf.Meta, status: kopf.Status
+) -> None:
+    """Run ``key`` holds ``agentrun.dev/finalizer``, which operators before this one added to
+    runs that had not ended (and took off at their end, after a deletion's clean-up). Do what
+    they did at the same moments, so such a run ends or deletes as it would have: once it has
+    ended, or once its deletion started (first stopped as a deleted run: ``stop_deleted``), the
+    finalizer is taken off in one patch carrying the object's uid and ``resourceVersion``
+    (a conflict means a newer event of it is on its way, which comes here again). A run still
+    going keeps it: during a rolling upgrade with several shards, an older operator that owns
+    some runs adds it to those, and taking it off there would only make it add it again."""
+    deleting = bool(meta.get("deletionTimestamp"))
+    if not (deleting or status.get("terminalReason")):
+        return
+    if deleting and not status.get("terminalReason"):
+        await stop_deleted(parts, key)
+    kept = [f for f in meta.get("finalizers") or [] if f != LEGACY_FINALIZER]
+    body = {"uid": key.uid, "resourceVersion": meta.get("resourceVersion"), "finalizers": kept}
     try:
-        async with asyncio.timeout(10):
-            await parts.pump.forget_queued(key.uid)
-    except Exception as err:  # NATS down: the pump drops queued runs that no longer exist
-        log.warning("could not take %s/%s out of its queue: %r", key.namespace, key.name, err)
-    await parts.runs.forget(key.namespace, key.name, key.uid)
+        await parts.api.patch(key.ref, {"metadata": body})
+    except ApiError as err:  # 409: changed meanwhile, its next event comes here again
+        log.info("finalizer of %s/%s not removed yet: %s", key.namespace, key.name, err)
 
 
 async def _owned(

@@ -27,10 +27,13 @@ from .retrying import retrying
 log = logging.getLogger(__name__)
 
 KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-FINALIZER = "agentrun.dev/finalizer"
-"""kopf's finalizer name. No handler needs it any more (an AgentRun's deletion is handled from
-its ``DELETED`` watch event: ``handlers.runs.run_seen``), so kopf adds it to nothing and takes it
-off the runs an earlier version gave it, at the first event it handles of each."""
+LEGACY_FINALIZER = "agentrun.dev/finalizer"
+"""The finalizer operators before this one put on AgentRuns that had not ended. No handler needs
+a finalizer now (a deletion is handled from the run's ``DELETED`` watch event:
+``handlers.runs.run_seen``); a run that still holds this one has it taken off by ``run_seen``
+when it ends or is deleted, as those operators did. kopf is not given the name: it would take
+it off every run that holds it at once, and during a rolling upgrade with several shards an
+older operator would add it again, each patch answering the other."""
 
 
 WORKER_IDLE = 0.5
@@ -96,7 +99,6 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
     no clean-up handler), it closes the API client it opened; ``start_parts`` closes its
     own. A failed start (e.g. ``nats.errors.TimeoutError`` while the streams are provisioned)
     is tried again by kopf after ``retrying.retry_delay`` seconds (3, 6, 12, … up to 60)."""
-    settings.persistence.finalizer = FINALIZER
     progress: kopf.ProgressStorage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
     diffbase: kopf.DiffBaseStorage = MetadataDiffBaseStorage(
         prefix="kopf.agentrun.dev", key="last-handled-configuration"

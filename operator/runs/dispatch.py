@@ -113,7 +113,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``deps``: see ``DispatchDeps``; ``clock`` is epoch seconds. Runs whose object
-        ``writer`` finds gone are stopped by ``forget_gone_runs``."""
+        ``writer`` finds gone are stopped by ``wiring.stop_deleted``."""
         self.bus = bus
         self.events = deps.events
         self.writer = writer
@@ -422,13 +422,24 @@ class Dispatcher:
     def _ending(self, view: RunView, event: RunEvent) -> Callable[[], None]:
         """What to do once this end is the one written (counted once, even across failover)."""
         state = event.state()
+        return lambda: self._tell_end(view.key, event, state, tenant=view.tenant, view=view)
 
-        def ended() -> None:
-            if self.count_end(view.uid, state, tenant=view.tenant):
+    def _tell_end(
+        self,
+        key: RunKey,
+        event: RunEvent,
+        state: kernel.RunState,
+        *,
+        tenant: str,
+        view: RunView | None,
+    ) -> None:
+        """Run ``key`` ended with ``event``: counted once (``agentrun_runs_total``), its span
+        emitted (when followed here: ``view``) and its end told in an Event."""
+        if self.count_end(key.uid, state, tenant=tenant):
+            if view is not None:
                 self._emit_run_span(view, event)
-                news.record_end(self.events, view.key, event.summary, model=view.agent_model)
-
-        return ended
+            model = view.agent_model if view is not None else None
+            news.record_end(self.events, key, event.summary, model=model)
 
     async def _settle_ended(self, tenant: str, uid: str, event: RunEvent) -> None:
         try:
@@ -639,36 +650,44 @@ class Dispatcher:
         return None
 
     async def forget(self, namespace: str, name: str, uid: str) -> None:
-        """The AgentRun is being deleted: stop it, settle its ledger entry, purge its events,
-        drop its view.
+        """The AgentRun was deleted (its object is gone): stop it, settle its ledger entry,
+        purge its events, drop its view. The end it stops the run with is counted
+        (``agentrun_runs_total``), traced and told in an Event here: its object is gone, so no
+        status write can make it terminal. Only run ``uid``'s own events are touched: a new
+        AgentRun of the same name, created at once, keeps its subject.
 
         Best effort with a bound (10 s): a dead NATS or a missing stream holds nothing up; the
         ledger sweep ends and settles a run whose object is gone and that nothing follows.
         """
+        key = RunKey(namespace, name, uid)
         view = self._views.pop(uid, None)
         if view is not None and view.timer is not None:
             view.timer.cancel()
         self.gate.moved_on(uid)
         try:
             async with asyncio.timeout(10):
-                await self.end(
+                stopped = await self.end(
                     namespace, name, uid, kernel.Phase.CANCELLED, "the AgentRun was deleted"
                 )
                 first = await self.bus.first_event(namespace, name)
+                if first is None or first.run_uid != uid:
+                    return  # nothing of its own left (a newer run's subject, or purged)
                 last = await self.bus.last_event(namespace, name)
-                ours = (
-                    first is not None
-                    and first.run_uid == uid
-                    and first.config is not None
-                    and self.seals.fault(first, key=RunKey(namespace, name, uid)) is None
-                )
-                if ours and last is not None and last.run_uid == uid:
-                    assert first is not None and first.config is not None
-                    await self._settle_ended(first.config.tenant, uid, last)
+                if (
+                    first.config is not None
+                    and self.seals.fault(first, key=key) is None
+                    and last is not None
+                    and last.run_uid == uid
+                ):
+                    tenant = first.config.tenant
+                    await self._settle_ended(tenant, uid, last)
+                    if stopped:
+                        self._tell_end(key, last, last.state(), tenant=tenant, view=view)
                 await self.bus.purge_run(namespace, name)
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
-        self.writer.forget(RunKey(namespace, name, uid))
+        finally:
+            self.writer.forget(key)
 
     async def prepare_rerun(self, namespace: str, name: str, uid: str) -> None:
         """Before run ``uid`` is admitted again from turn 0 (``agentrun.dev/rerun``): stop
@@ -690,16 +709,6 @@ class Dispatcher:
         first = await self.bus.first_event(namespace, name)
         if first is not None and first.run_uid == uid:
             await self.bus.purge_run(namespace, name)
-
-    async def forget_gone_runs(self) -> None:
-        """Forever: stop each run whose object the status writer found gone (deleted while we
-        could not clean up)."""
-        while True:
-            run = await self.writer.next_gone()
-            try:
-                await self.forget(run.namespace, run.name, run.uid)
-            except Exception:  # one failed clean-up must not stop the next ones
-                log.exception("could not stop gone run %s/%s", run.namespace, run.name)
 
     async def end_refused_runs(self) -> None:
         """Forever: end each running run whose status the API server refused for its size

@@ -38,6 +38,10 @@ class LiveRuns(Protocol):
     ) -> bool:
         """End the run with ``phase`` (a ``stop`` event); False if it had already ended."""
 
+    async def forget(self, namespace: str, name: str, uid: str) -> None:
+        """The run's AgentRun was deleted: end it ``cancelled`` (counted and told), settle its
+        ledger entry, purge its events; best effort, bounded."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PendingTurn:

@@ -3,16 +3,22 @@ gone when its ``DELETED`` watch event arrives (``handlers.runs.run_seen``). A ru
 ended leaves its queue and is stopped (its ledger entry settled, its events purged:
 ``Dispatcher.forget``); a finished one has its events purged; either way the status writer,
 the TTL reaper and the storage count forget it. A dead NATS bounds each step, it never stops
-the next."""
+the next. A run the status writer finds gone is stopped the same way. A run that still holds
+the finalizer earlier operators added has it taken off once it ends or its deletion starts
+(first stopped), never while it is going."""
 
 from __future__ import annotations
 
+import asyncio
 import types
 from typing import Any
 
 import pytest
+from kube_support import FakeKube
 
+from agentrun.operator import wiring
 from agentrun.operator.handlers import runs
+from agentrun.operator.handlers.startup import LEGACY_FINALIZER
 from agentrun.operator.platform.shards import ALL_OF_ONE
 from agentrun.operator.runs.keys import RunKey
 
@@ -47,27 +53,36 @@ def parts_of(recorder: Recorder) -> Any:
     return types.SimpleNamespace(
         pump=recorder,
         runs=recorder,
-        reaper=types.SimpleNamespace(forget=noted("reaper.forget")),
-        storage=types.SimpleNamespace(forget=noted("storage.forget")),
-        writer=types.SimpleNamespace(observe=noted("writer.observe")),
+        api=FakeKube(),
+        reaper=types.SimpleNamespace(forget=noted("reaper.forget"), observe=lambda key, **_: None),
+        storage=types.SimpleNamespace(
+            forget=noted("storage.forget"), observe=lambda uid, status: None
+        ),
+        writer=types.SimpleNamespace(observe=lambda key, body: None),
+        tenants=types.SimpleNamespace(policies={}),
     )
 
 
-async def deleted(parts: Any, status: dict[str, Any]) -> None:
+async def seen(parts: Any, status: dict[str, Any], *, type: str, **meta: Any) -> None:
     memo = types.SimpleNamespace(
         running=lambda: types.SimpleNamespace(runs=parts), ownership=ALL_OF_ONE
     )
+    metadata = {"generation": 1, "annotations": {}, "resourceVersion": "7", **meta}
     await runs.run_seen(
-        type="DELETED",
-        body={"metadata": {"uid": RUN.uid}, "status": status},  # type: ignore[arg-type]
+        type=type,
+        body={"metadata": {"uid": RUN.uid, **metadata}, "status": status},  # type: ignore[arg-type]
         spec={},  # type: ignore[arg-type]
-        meta={"generation": 1, "annotations": {}},  # type: ignore[arg-type]
+        meta=metadata,  # type: ignore[arg-type]
         status=status,  # type: ignore[arg-type]
         namespace=RUN.namespace,
         name=RUN.name,
         uid=RUN.uid,
         memo=memo,
     )
+
+
+async def deleted(parts: Any, status: dict[str, Any]) -> None:
+    await seen(parts, status, type="DELETED")
 
 
 @pytest.mark.parametrize(
@@ -103,3 +118,53 @@ async def test_a_queue_nats_cannot_reach_does_not_keep_the_run_going(
     await deleted(parts_of(recorder), RUNNING)
     assert recorder.calls[-1] == f"runs.forget ns/r {RUN.uid}"
     assert "could not take ns/r out of its queue" in caplog.text
+
+
+async def test_a_run_the_status_writer_finds_gone_is_stopped_as_a_deleted_one() -> None:
+    """Its ``DELETED`` event was missed (a watch that listed again), or a queued run's position
+    was written after it: the writer's 404 hands it over, and it leaves its queue and stops."""
+    recorder = Recorder()
+    parts = parts_of(recorder)
+    gone: asyncio.Queue[Any] = asyncio.Queue()
+    gone.put_nowait(RUN)
+    parts.writer = types.SimpleNamespace(next_gone=gone.get)
+    loop = asyncio.create_task(wiring._stop_gone_runs(parts))
+    try:
+        async with asyncio.timeout(5):
+            while len(recorder.calls) < 2:
+                await asyncio.sleep(0.01)
+    finally:
+        loop.cancel()
+    assert recorder.calls == [f"pump.forget_queued {RUN.uid}", f"runs.forget ns/r {RUN.uid}"]
+
+
+def stored_finalizers(parts: Any) -> list[Any]:
+    """The ``metadata.finalizers`` of every patch sent (with the preconditions they carried)."""
+    patches = [body["metadata"] for verb, (_, body) in parts.api.calls if verb == "patch"]
+    return [(m["finalizers"], m["uid"], m["resourceVersion"]) for m in patches if "finalizers" in m]
+
+
+async def test_an_earlier_versions_finalizer_stays_while_the_run_goes() -> None:
+    recorder = Recorder()
+    parts = parts_of(recorder)
+    await seen(parts, RUNNING, type="MODIFIED", finalizers=[LEGACY_FINALIZER])
+    assert stored_finalizers(parts) == [] and recorder.calls == []
+
+
+async def test_an_earlier_versions_finalizer_goes_once_the_run_ended() -> None:
+    recorder = Recorder()
+    parts = parts_of(recorder)
+    await seen(parts, ENDED, type="MODIFIED", finalizers=["other.io/keep", LEGACY_FINALIZER])
+    assert stored_finalizers(parts) == [(["other.io/keep"], RUN.uid, "7")]
+    assert recorder.calls == []
+
+
+async def test_a_run_holding_it_deleted_while_going_is_stopped_then_released() -> None:
+    recorder = Recorder()
+    parts = parts_of(recorder)
+    stamp = "2026-12-05T06:00:00Z"
+    await seen(
+        parts, RUNNING, type="MODIFIED", finalizers=[LEGACY_FINALIZER], deletionTimestamp=stamp
+    )
+    assert recorder.calls == [f"pump.forget_queued {RUN.uid}", f"runs.forget ns/r {RUN.uid}"]
+    assert stored_finalizers(parts) == [([], RUN.uid, "7")]

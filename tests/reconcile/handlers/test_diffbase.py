@@ -22,7 +22,7 @@ def run_object(annotations: dict[str, str], labels: dict[str, str] | None = None
         "namespace": "default",
         "uid": "u-1",
         "resourceVersion": "42",
-        "finalizers": [handlers.FINALIZER],
+        "finalizers": [handlers.LEGACY_FINALIZER],
         "annotations": annotations,
         "managedFields": [{"manager": "agentrun", "subresource": "status", "fieldsV1": {}}],
     }

@@ -90,11 +90,10 @@ async def test_kopf_runs_no_handler_of_another_shards_run_and_never_calls_it_don
     assert all(fresh[h.id].awakened for h in handlers)
 
 
-def test_no_agentrun_handler_needs_a_finalizer_and_kopf_removes_an_earlier_ones() -> None:
+def test_no_agentrun_handler_needs_a_finalizer() -> None:
     """Deletion is handled from the watch (``run_seen`` on ``DELETED``): no handler kopf runs
-    for AgentRuns asks for a finalizer, so kopf adds none; the name stays kopf's, so a run an
-    earlier version gave ``agentrun.dev/finalizer`` loses it (kopf's processing removes its
-    own finalizer when no handler needs it)."""
+    for AgentRuns asks for a finalizer, so kopf adds none (and ``run_seen`` takes the one
+    earlier versions added off a run once it ends or is deleted: test_deletion)."""
     from agentrun.operator import handlers as registered
 
     assert registered.REGISTERED
@@ -103,4 +102,4 @@ def test_no_agentrun_handler_needs_a_finalizer_and_kopf_removes_an_earlier_ones(
     spawning = list(registry._spawning.get_all_handlers())
     assert "run_seen" in {str(h.id) for h in registry._watching.get_all_handlers()}
     assert changing and not [str(h.id) for h in changing + spawning if h.requires_finalizer]
-    assert handlers.FINALIZER == "agentrun.dev/finalizer"  # what earlier versions added
+    assert handlers.LEGACY_FINALIZER == "agentrun.dev/finalizer"  # what earlier versions added

@@ -44,3 +44,6 @@ async def test_kopf_lists_in_pages_and_lets_idle_workers_go(
     assert 100 <= kubeapi.LIST_PAGE <= 1000
     assert settings.queueing.idle_timeout == startup.WORKER_IDLE
     assert 0 < startup.WORKER_IDLE <= 1.0
+    # kopf is not given the finalizer earlier operators added: it would take it off runs still
+    # going, which an older shard owner adds again during a rolling upgrade (handlers.runs)
+    assert settings.persistence.finalizer != startup.LEGACY_FINALIZER

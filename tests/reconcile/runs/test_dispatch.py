@@ -8,6 +8,7 @@ again three times before the run ends ``checkpoint_failed``."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -336,3 +337,52 @@ async def test_a_turn_lost_four_times_ends_the_run_checkpoint_failed(bus: Bus) -
         "(its TurnRequest was lost or its worker gave it up)"
     )
     await run.cancel_timers()
+
+
+async def test_a_deleted_run_is_stopped_settled_counted_told_and_purged(bus: Bus) -> None:
+    """Its object gone (no finalizer), ``forget`` ends the run ``cancelled`` — counted and told
+    here, as no status write can make a gone object terminal —, settles its ledger entry from
+    that end and purges its events; a second clean-up of the same run (the status writer
+    finding it gone too) changes nothing."""
+    cfg = config()
+    run, _, settled, events = dispatcher(bus)
+    await admitted(bus, run, cfg)
+    await run.forget(cfg.namespace, cfg.name, cfg.uid)
+    assert await bus.read_events(cfg.namespace, cfg.name) == []
+    assert settled.runs == [("acme", cfg.uid, "stop")]
+    assert await events.reasons() == ["Cancelled"]
+    assert not run.is_tracked(cfg.uid)
+    assert not run.count_end(cfg.uid, kernel.initial_state(goal=cfg.goal), tenant="acme")
+    await run.forget(cfg.namespace, cfg.name, cfg.uid)
+    assert settled.runs == [("acme", cfg.uid, "stop")]
+    assert await events.reasons() == ["Cancelled"]
+
+
+async def test_a_deleted_runs_clean_up_leaves_a_new_run_of_the_same_name_alone(bus: Bus) -> None:
+    """``kubectl delete`` returns at once, so a new AgentRun of the same name can be admitted
+    before the old one's clean-up runs: that clean-up neither ends, settles nor purges the new
+    run's events."""
+    old = config()
+    run, _, settled, _ = dispatcher(bus)
+    await admitted(bus, run, old)
+    new = dataclasses.replace(old, uid=uuid.uuid4().hex)
+    await bus.purge_run(new.namespace, new.name)  # the new run's admission starts its subject
+    await admitted(bus, run, new)
+    await run.forget(old.namespace, old.name, old.uid)
+    (kept,) = await bus.read_events(new.namespace, new.name)
+    assert (kept.run_uid, kept.kind) == (new.uid, "admitted")
+    assert run.is_tracked(new.uid) and settled.runs == []
+
+
+async def test_a_deleted_run_no_process_followed_is_counted_and_told_too(bus: Bus) -> None:
+    """Deleted while no operator ran: the next one's ledger sweep stops it (``forget``) though
+    it follows nothing of it; the end is counted and told all the same, with no span."""
+    cfg = config()
+    first, _, _, _ = dispatcher(bus)
+    await admitted(bus, first, cfg)
+    later, _, settled, events = dispatcher(bus)  # the next operator process
+    assert not later.is_tracked(cfg.uid)
+    await later.forget(cfg.namespace, cfg.name, cfg.uid)
+    assert settled.runs == [("acme", cfg.uid, "stop")]
+    assert await events.reasons() == ["Cancelled"]
+    assert await bus.read_events(cfg.namespace, cfg.name) == []

@@ -298,7 +298,7 @@ async def test_a_watched_version_spares_the_read_before_a_patch() -> None:
     writer.observe(RUN, watched(api))
     writer.submit(RUN, running(3), seq=3, terminal=False)
     await writer.flush()
-    api.other_writer({})  # kopf's own patch (annotations, finalizer) moves the version on
+    api.other_writer({})  # kopf's own patch (its annotations) moves the version on
     writer.observe(RUN, watched(api))
     writer.submit(RUN, running(5), seq=5, terminal=False)
     await writer.flush()
