@@ -8,8 +8,8 @@ miss its creation. So ownership is applied in kopf's storages instead: for a run
 this process does not own, every handler reads as "waiting for a retry far in the future"
 (nothing runs, nothing is done, so kopf does not record the change as handled) and nothing
 is written. The owner's kopf reads and writes the annotations as before. No AgentRun handler
-needs a finalizer; a run an earlier version gave one loses it to whichever process handles
-an event of it first.
+needs a finalizer, so kopf adds none; a run an earlier version gave one has it taken off by
+its owner's ``runs.run_seen`` once it ends or is deleted.
 
 A run's shard is its admitted tenant's (``status.tenant``); before admission, the tenant its
 namespace resolves to, which ``RunShards.learn`` records from the watch-event handler that kopf
