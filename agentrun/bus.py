@@ -469,11 +469,16 @@ class Bus:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def purge_run(self, namespace: str, name: str) -> None:
-        """Delete every event of a run (on deletion of the AgentRun); missing stream is fine."""
+    async def purge_run(self, namespace: str, name: str, *, through: int = 0) -> None:
+        """Delete the events of a run (on deletion of the AgentRun); missing stream is fine.
+        ``through``: only those up to this stream sequence (a run's last event), so the events
+        of a new AgentRun of the same name, appended after it, stay (JetStream's purge request
+        with a subject filter and ``seq``: every message before ``seq``); 0: every event."""
         try:
             await self.js._jsm.purge_stream(
-                protocol.STREAM_EVENTS, subject=protocol.event_subject(namespace, name)
+                protocol.STREAM_EVENTS,
+                subject=protocol.event_subject(namespace, name),
+                seq=through + 1 if through > 0 else None,
             )
         except nats.js.errors.NotFoundError:
             log.info("events stream missing while purging %s/%s", namespace, name)

@@ -348,7 +348,11 @@ class Dispatcher:
 
     async def on_event(self, subject: str, event: RunEvent) -> None:
         """Project one committed event and act on it (next turn, or nothing once terminal);
-        an event the operator should have sealed and did not ends the run (``_judge``)."""
+        an event the operator should have sealed and did not ends the run (``_judge``). A run
+        not followed here yet (after a restart, a failover, a share change) is followed from
+        its stream only while its object is there with its uid (``StatusWriter.exists``: known
+        from the watch, else read once): one deleted while no operator ran, whose name a new
+        AgentRun may hold already, gets no further turn, and is stopped as a deleted run."""
         namespace, name = subject_key(subject)
         view = self._views.get(event.run_uid)
         if view is None:
@@ -357,9 +361,12 @@ class Dispatcher:
             first = await self.bus.first_event(namespace, name)
             if first is None or first.run_uid != event.run_uid or first.config is None:
                 return  # events of a deleted run
-            view = await self._trusted_view(RunKey(namespace, name, event.run_uid), first)
+            key = RunKey(namespace, name, event.run_uid)
+            view = await self._trusted_view(key, first)  # a forged one is refused and ended
             if view is None:
                 return
+            if not await self.writer.exists(key):
+                return  # deleted while no operator followed it: stopped as such (next_gone)
             view = self._track(view)
         if not await self._judge(view, event):
             return
@@ -683,7 +690,8 @@ class Dispatcher:
                     await self._settle_ended(tenant, uid, last)
                     if stopped:
                         self._tell_end(key, last, last.state(), tenant=tenant, view=view)
-                await self.bus.purge_run(namespace, name)
+                if last is not None and last.run_uid == uid:  # a new run's events stay
+                    await self.bus.purge_run(namespace, name, through=last.seq)
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
         finally:
@@ -707,8 +715,11 @@ class Dispatcher:
         still this run's (a new run of the same name keeps its own)."""
         self.writer.forget(RunKey(namespace, name, uid))
         first = await self.bus.first_event(namespace, name)
-        if first is not None and first.run_uid == uid:
-            await self.bus.purge_run(namespace, name)
+        if first is None or first.run_uid != uid:
+            return
+        last = await self.bus.last_event(namespace, name)
+        if last is not None and last.run_uid == uid:  # a new run's events, appended since, stay
+            await self.bus.purge_run(namespace, name, through=last.seq)
 
     async def end_refused_runs(self) -> None:
         """Forever: end each running run whose status the API server refused for its size

@@ -190,6 +190,26 @@ class StatusWriter:
         elif _newer(seen.version, than=known.version):
             self._known[run] = seen
 
+    async def exists(self, run: RunKey) -> bool:
+        """Whether run ``run``'s object is there with its uid: known from a watch event or a
+        write, else read once (kept, as ``observe`` keeps one, for the next patch's
+        precondition). A run found gone is dropped and handed out by ``next_gone``, as a write
+        that found it gone would hand it; an API error reads as there (the run's next write
+        finds out)."""
+        if run in self._known:
+            return True
+        try:
+            found = await self._read(run)
+        except Exception as err:  # the API server away: its next write finds out
+            log.info("could not read %s/%s: %r", run.namespace, run.name, err)
+            return True
+        if found is None:
+            self._went(run)
+            return False
+        if not found.terminal:
+            self._known[run] = found
+        return True
+
     async def next_gone(self) -> RunKey:
         """Wait for the next run whose object turned out to be gone (404/other uid)."""
         return await self._gone.get()

@@ -76,3 +76,26 @@ async def test_a_stream_of_an_earlier_release_takes_the_limits_and_a_full_one_ke
         await bus.append_event("ns", "again", event("u-again", 1024), expected_seq=0)
     finally:
         await bus.close()
+
+
+async def test_a_purge_through_a_runs_last_event_keeps_a_newer_runs_events(
+    server: natsserver.NatsServer,
+) -> None:
+    """A deleted run's clean-up purges its subject only through its own last event: a new
+    AgentRun of the same name whose events were appended meanwhile keeps them (a purge of the
+    whole subject used to take them)."""
+    bus = await connect(server)
+    try:
+        seq = 0
+        for _ in range(3):
+            seq = await bus.append_event("ns", "same", event("old", 16), expected_seq=seq)
+        old_last = seq
+        for _ in range(2):
+            seq = await bus.append_event("ns", "same", event("new", 16), expected_seq=seq)
+        await bus.purge_run("ns", "same", through=old_last)
+        left = await bus.read_events("ns", "same")
+        assert [e.run_uid for e in left] == ["new", "new"]
+        await bus.purge_run("ns", "same")
+        assert await bus.read_events("ns", "same") == []
+    finally:
+        await bus.close()

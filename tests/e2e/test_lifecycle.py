@@ -21,7 +21,7 @@ import yaml
 from agentrun_dev import binaries, components, probes, stack
 
 from .conftest import E2EStack, run_manifest
-from .events import read_book, read_events
+from .events import read_book, read_events, turn_numbers, wait_answered_hold
 from .test_failover import readiness
 from .test_tenants import wait_tenant
 
@@ -201,6 +201,70 @@ def test_d02_running_and_queued_runs_deleted_with_their_namespace_free_slot_hold
             return shown.get("queuedRuns") == 0 and shown.get("activeRuns") == 0
 
         wait_until(queue_empty, timeout=20, what="the tenant's queue and slots empty")
+    finally:
+        stack_.kubectl("delete", "agenttenant", tenant, "--wait=false")
+
+
+def own_tenant(stack_: E2EStack, namespace: str, prefix: str, **spec: Any) -> str:
+    """An AgentTenant of ``namespace`` alone (its ledger counts only this test's runs), read by
+    the operator before it returns."""
+    tenant = f"{prefix}-{namespace}"
+    body = {"namespaces": [namespace], "budget": {"tokens": 1_000_000, "costUSD": "10"}, **spec}
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": tenant},
+        "spec": body,
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
+    wait_tenant(stack_, tenant, lambda s: "observedGeneration" in s, timeout=30)
+    return tenant
+
+
+def test_a_run_deleted_while_no_operator_ran_and_applied_again_is_not_run_on(
+    stack_: E2EStack, test_namespace: str, nats_server: Any
+) -> None:
+    """Deleted while the operator is down, in its tool call, and applied again under the same
+    name before the operator returns: the new run runs (its own events only), and the deleted
+    one gets no further turn — its committed turn 0 is all it is charged (50 tokens), its slot
+    is freed. (Before: the returning operator followed the deleted run from its events, which
+    the start-up purge by name had kept, and asked the model for its turn 1.)"""
+    tenant = own_tenant(stack_, test_namespace, "again", maxConcurrentRuns=5)
+    try:
+        stack_.apply(test_namespace, run_manifest("again", "E2E-SLOW-TOOL job"))
+        wait_answered_hold(nats_server, tenant, test_namespace, "again")  # in its 4 s tool
+        old = stack_.get(test_namespace, "again")
+        assert old is not None
+        old_uid = old["metadata"]["uid"]
+        components.kill_component(stack_.operator)
+        stack_.kubectl("delete", "agentrun", "again", "-n", test_namespace, "--timeout=15s")
+        stack_.apply(test_namespace, run_manifest("again", "E2E-SLOW-TOOL job"))
+        wait_until(  # the worker commits the deleted run's turn 0 with no operator running
+            lambda: turn_numbers(read_events(nats_server, test_namespace, "again")) == [0],
+            timeout=15,
+            what="the deleted run's turn 0 committed",
+        )
+        stack_.restart_dead()
+        status = stack_.wait_terminal(test_namespace, "again", timeout=60)
+        assert (status["terminalReason"], status["answer"]) == (
+            "completed",
+            "Done after the slow tool.",
+        )
+        new = stack_.get(test_namespace, "again")
+        assert new is not None and new["metadata"]["uid"] != old_uid
+        events = read_events(nats_server, test_namespace, "again")
+        assert {e.run_uid for e in events} == {new["metadata"]["uid"]}
+        assert turn_numbers(events) == [0, 1]
+
+        def settled() -> bool:  # the old run stopped as deleted (its slot freed)
+            book = read_book(nats_server, tenant)
+            assert book is not None
+            return old_uid not in book.active and not book.holds
+
+        wait_until(settled, timeout=60, what="the deleted run's slot freed")
+        book = read_book(nats_server, tenant)
+        assert book is not None
+        assert book.used_tokens == 150, book  # the old run's turn 0, the new run's two turns
     finally:
         stack_.kubectl("delete", "agenttenant", tenant, "--wait=false")
 

@@ -37,6 +37,8 @@ class Submitted:
     def __init__(self) -> None:
         self.bodies: list[tuple[int, str, bool]] = []
         self.ends: list[Callable[[], None]] = []
+        self.gone: set[str] = set()
+        """uids whose object is gone (``exists`` answers False)."""
 
     def submit(
         self,
@@ -53,6 +55,9 @@ class Submitted:
 
     def forget(self, run: RunKey) -> None:
         pass
+
+    async def exists(self, run: RunKey) -> bool:
+        return run.uid not in self.gone
 
 
 class Settled:
@@ -386,3 +391,28 @@ async def test_a_deleted_run_no_process_followed_is_counted_and_told_too(bus: Bu
     assert settled.runs == [("acme", cfg.uid, "stop")]
     assert await events.reasons() == ["Cancelled"]
     assert await bus.read_events(cfg.namespace, cfg.name) == []
+
+
+async def test_a_run_deleted_while_no_operator_ran_gets_no_further_turn(bus: Bus) -> None:
+    """The next operator reads a committed turn of a run it does not follow yet whose object
+    was deleted meanwhile (a new AgentRun may hold its name, so the start-up purge by name
+    leaves its events): it dispatches nothing of it (before: it published the deleted run's next
+    turn, a model call charged to the tenant) and leaves it to the clean-up of deleted runs."""
+    cfg = config()
+    first, _, _, _ = dispatcher(bus)
+    event = await admitted(bus, first, cfg)
+    await first.cancel_timers()
+    state = kernel.initial_state(goal=cfg.goal)
+    turn = RunEvent("turn", cfg.uid, state.summary(), time=time.time())
+    await bus.append_event(cfg.namespace, cfg.name, turn, expected_seq=event.seq)
+    later, writer, _, _ = dispatcher(bus)  # the next operator process
+    writer.gone.add(cfg.uid)
+    before = await turns_in_queue(bus)
+    subject = protocol.event_subject(cfg.namespace, cfg.name)
+    await later.on_event(subject, (await bus.read_events(cfg.namespace, cfg.name))[-1])
+    assert not later.is_tracked(cfg.uid) and writer.bodies == []
+    assert await turns_in_queue(bus) == before
+    writer.gone.clear()  # the object is there: followed, its next turn published
+    await later.on_event(subject, (await bus.read_events(cfg.namespace, cfg.name))[-1])
+    assert later.is_tracked(cfg.uid) and await turns_in_queue(bus) == before + 1
+    await later.cancel_timers()

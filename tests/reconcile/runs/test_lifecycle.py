@@ -95,7 +95,7 @@ class Events:
     async def event_subjects(self) -> list[str]:
         return self.subjects
 
-    async def purge_run(self, namespace: str, name: str) -> None:
+    async def purge_run(self, namespace: str, name: str, *, through: int = 0) -> None:
         self.purged.append((namespace, name))
 
 

@@ -102,7 +102,9 @@ def admitted_config(clock: Clock) -> RunConfig:
 
 
 def new_dispatcher(bus: Bus, clock: Clock, api: FakeKube) -> Dispatcher:
-    """A dispatcher on ``bus`` with the test keys' seals, no turn caps and unthrottled Events."""
+    """A dispatcher on ``bus`` with the test keys' seals, no turn caps and unthrottled Events;
+    the AgentRun ``ns/r`` (uid ``u``) is on ``api`` (a run is followed while it exists)."""
+    api.put("agentruns", {"metadata": {"namespace": "ns", "name": "r", "uid": "u"}, "status": {}})
     events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
     seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=api, events=events)  # type: ignore[arg-type]
     deps = DispatchDeps(ends=Ends(), queues=QueueBoard(), events=events, seals=seals, caps=NoCaps())

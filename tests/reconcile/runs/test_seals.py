@@ -77,8 +77,9 @@ class WireBus:
         events = await self.read_events(namespace, name)
         return events[-1] if events else None
 
-    async def purge_run(self, namespace: str, name: str) -> None:
-        self._events(namespace, name).clear()
+    async def purge_run(self, namespace: str, name: str, *, through: int = 0) -> None:
+        events = self._events(namespace, name)
+        events[:] = [e for e in events if through and e.seq > through]
 
     async def publish_turn(self, request: TurnRequest, *, tenant: str, attempt: int = 0) -> int:
         self.published.append(request)

@@ -458,3 +458,30 @@ def test_which_refusals_are_for_size() -> None:
     assert refused_for_size(ApiError(422, "Unprocessable Entity", too_long))
     assert not refused_for_size(ApiError(422, "Unprocessable Entity", '{"message": "Invalid"}'))
     assert not refused_for_size(ApiError(500, "Too long a wait"))
+
+
+async def test_whether_a_run_exists_is_read_once_and_a_gone_one_is_handed_out() -> None:
+    """``exists``: a run the writer knows (a watch event, a write) needs no read; one it does
+    not is read once, and what was read is kept for its next patch; one whose object is gone or
+    replaced is False and handed out by ``next_gone``; an API error reads as there."""
+    api = FakeApi()
+    writer = StatusWriter(api, interval=0.0)
+    assert await writer.exists(RUN) and api.reads == 1
+    assert await writer.exists(RUN) and api.reads == 1  # kept
+    writer.submit(RUN, running(1), seq=1, terminal=False)
+    await writer.flush()
+    assert api.reads == 1 and len(api.writes) == 1  # the patch used what was read
+    for uid in (None, "uid-of-a-new-object-with-that-name"):
+        api = FakeApi(uid="unused")
+        api.uid = uid
+        writer = StatusWriter(api, interval=0.0)
+        assert not await writer.exists(RUN)
+        async with asyncio.timeout(1):
+            assert await writer.next_gone() == RUN
+    api = FakeApi()
+
+    async def away(ref: Ref) -> None:
+        raise ApiError(503, "Service Unavailable")
+
+    api.get = away  # type: ignore[method-assign]
+    assert await StatusWriter(api, interval=0.0).exists(RUN)
