@@ -234,10 +234,9 @@ async def _release_legacy(
     (a conflict means a newer event of it is on its way, which comes here again). A run still
     going keeps it: during a rolling upgrade with several shards, an older operator that owns
     some runs adds it to those, and taking it off there would only make it add it again."""
-    deleting = bool(meta.get("deletionTimestamp"))
-    if not (deleting or status.get("terminalReason")):
-        return
-    if deleting and not status.get("terminalReason"):
+    if not status.get("terminalReason"):
+        if not meta.get("deletionTimestamp"):
+            return  # still going: kept
         await stop_deleted(parts, key)
     kept = [f for f in meta.get("finalizers") or [] if f != LEGACY_FINALIZER]
     body = {"uid": key.uid, "resourceVersion": meta.get("resourceVersion"), "finalizers": kept}

@@ -428,21 +428,12 @@ class Dispatcher:
 
     def _ending(self, view: RunView, event: RunEvent) -> Callable[[], None]:
         """What to do once this end is the one written (counted once, even across failover)."""
-        state = event.state()
-        return lambda: self._tell_end(view.key, event, state, tenant=view.tenant, view=view)
+        return lambda: self._tell_end(view.key, event, tenant=view.tenant, view=view)
 
-    def _tell_end(
-        self,
-        key: RunKey,
-        event: RunEvent,
-        state: kernel.RunState,
-        *,
-        tenant: str,
-        view: RunView | None,
-    ) -> None:
+    def _tell_end(self, key: RunKey, event: RunEvent, *, tenant: str, view: RunView | None) -> None:
         """Run ``key`` ended with ``event``: counted once (``agentrun_runs_total``), its span
         emitted (when followed here: ``view``) and its end told in an Event."""
-        if self.count_end(key.uid, state, tenant=tenant):
+        if self.count_end(key.uid, event.state(), tenant=tenant):
             if view is not None:
                 self._emit_run_span(view, event)
             model = view.agent_model if view is not None else None
@@ -676,22 +667,16 @@ class Dispatcher:
                 stopped = await self.end(
                     namespace, name, uid, kernel.Phase.CANCELLED, "the AgentRun was deleted"
                 )
-                first = await self.bus.first_event(namespace, name)
-                if first is None or first.run_uid != uid:
+                own = await self._own_events(key)
+                if own is None:
                     return  # nothing of its own left (a newer run's subject, or purged)
-                last = await self.bus.last_event(namespace, name)
-                if (
-                    first.config is not None
-                    and self.seals.fault(first, key=key) is None
-                    and last is not None
-                    and last.run_uid == uid
-                ):
+                first, last = own
+                if first.config is not None and self.seals.fault(first, key=key) is None:
                     tenant = first.config.tenant
                     await self._settle_ended(tenant, uid, last)
                     if stopped:
-                        self._tell_end(key, last, last.state(), tenant=tenant, view=view)
-                if last is not None and last.run_uid == uid:  # a new run's events stay
-                    await self.bus.purge_run(namespace, name, through=last.seq)
+                        self._tell_end(key, last, tenant=tenant, view=view)
+                await self.bus.purge_run(namespace, name, through=last.seq)
         except Exception as err:
             log.warning("cleanup of deleted %s/%s incomplete: %s", namespace, name, err)
         finally:
@@ -713,13 +698,23 @@ class Dispatcher:
     async def purge_deleted(self, namespace: str, name: str, uid: str) -> None:
         """A finished AgentRun was deleted: purge its events if they are
         still this run's (a new run of the same name keeps its own)."""
-        self.writer.forget(RunKey(namespace, name, uid))
-        first = await self.bus.first_event(namespace, name)
-        if first is None or first.run_uid != uid:
-            return
-        last = await self.bus.last_event(namespace, name)
-        if last is not None and last.run_uid == uid:  # a new run's events, appended since, stay
-            await self.bus.purge_run(namespace, name, through=last.seq)
+        key = RunKey(namespace, name, uid)
+        self.writer.forget(key)
+        own = await self._own_events(key)
+        if own is not None:
+            await self.bus.purge_run(namespace, name, through=own[1].seq)
+
+    async def _own_events(self, key: RunKey) -> tuple[RunEvent, RunEvent] | None:
+        """The first and last events of run ``key``'s subject if both are that run's, else
+        ``None`` (no events, or a new AgentRun of the same name started the subject anew).
+        Purging through the last one keeps whatever a new run appends after it."""
+        first = await self.bus.first_event(key.namespace, key.name)
+        if first is None or first.run_uid != key.uid:
+            return None
+        last = await self.bus.last_event(key.namespace, key.name)
+        if last is None or last.run_uid != key.uid:
+            return None
+        return first, last
 
     async def end_refused_runs(self) -> None:
         """Forever: end each running run whose status the API server refused for its size
