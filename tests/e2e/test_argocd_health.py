@@ -136,7 +136,11 @@ def test_live_objects_get_the_expected_health(
                 {
                     "content": "Computing; the multiplication needs a reviewer.",
                     "tool_calls": [{"name": "calculate", "arguments": {"expression": "6*7"}}],
-                    "usage": {"prompt_tokens": 850, "completion_tokens": 50},
+                    # the 900 tokens are mostly output: a prompt reported far above what was
+                    # sent would teach the worker that ran it a hidden prompt of ~800 tokens
+                    # for this tenant (PromptCalibration), and later runs here would end
+                    # token_budget_exhausted or not depending on which worker took them
+                    "usage": {"prompt_tokens": 50, "completion_tokens": 850},
                 }
             ],
         },
