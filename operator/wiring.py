@@ -82,6 +82,7 @@ from .platform.shards import ALL_OF_ONE, Ownership, RunShards
 from .platform.storewatch import STORE, StoreWatch, exit_store_lost
 from .runs import lifecycle
 from .runs.dispatch import DispatchDeps, Dispatcher
+from .runs.handled import HandledActions
 from .runs.keys import RunKey
 from .runs.orphans import OrphanWatch
 from .runs.seals import RunSeals
@@ -217,6 +218,9 @@ class OperatorMemo:
     """The shards this process owns while these parts run (``platform.shards``)."""
     run_shards: RunShards = dataclasses.field(default_factory=lambda: RunShards(ALL_OF_ONE))
     """Which AgentRuns are this process's (kopf's storages and the run handlers ask)."""
+    handled: HandledActions = dataclasses.field(default_factory=HandledActions)
+    """The control annotations kopf last handled of each AgentRun (its diff base, in memory:
+    ``handlers.startup.RunDiffBaseStorage``); a fresh one each start-up."""
     on_stop_signal: Callable[[], None] | None = None
     """What SIGTERM and SIGINT do once the start-up handler finished, instead of kopf's own
     stop, which a sharded process cannot tell from a stop for a new share, and which kopf

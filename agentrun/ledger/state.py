@@ -603,14 +603,20 @@ class BookState:
         provider billed it, but its turn will never commit (remembered in its run's
         ``charged``). The hold itself is its caller's to drop."""
         memo = aside_key(f"{hold.run_uid}:{hold.turn}", hold.owner)
-        entry = self._entry(hold.run_uid)
-        entry.charged[memo] = hold.expires + CHARGED_MEMORY
-        if hold.spent_tokens or hold.spent_cost:
-            entry.spent[memo] = (hold.spent_tokens, hold.spent_cost)
-        self.used_tokens += hold.spent_tokens
-        self.used_cost += hold.spent_cost
-        self.abandoned_tokens += hold.spent_tokens
-        self.abandoned_cost += hold.spent_cost
+        self._charge(memo, hold.spent_tokens, hold.spent_cost, until=hold.expires)
+
+    def _charge(self, memo: str, tokens: int, cost_usd: Decimal, *, until: float) -> None:
+        """Charge the call ``memo`` (``<run-uid>:<turn>/<owner>``) as abandoned, remembered
+        (``charged``, with what it was charged) for ``CHARGED_MEMORY`` past ``until``: taken
+        back should its turn turn out to be committed by that owner (``uncharge``)."""
+        entry = self._entry(run_of(memo))
+        entry.charged[memo] = max(entry.charged.get(memo, 0.0), until + CHARGED_MEMORY)
+        if tokens or cost_usd:
+            entry.spent[memo] = (tokens, cost_usd)
+        self.used_tokens += tokens
+        self.used_cost += cost_usd
+        self.abandoned_tokens += tokens
+        self.abandoned_cost += cost_usd
 
     def uncharge(self, memo: str) -> bool:
         """The call ``<run-uid>:<turn>/<owner>`` was charged as abandoned (its hold dropped as
@@ -646,19 +652,22 @@ class BookState:
 
         With no such hold, it is charged only if ``unrecorded`` (its usage write did not land,
         as far as its delivery knows) and not remembered as charged: a hold that carried it
-        was charged by whoever dropped it. Returns True if it charged."""
+        was charged by whoever dropped it. Returns True if it charged.
+
+        The charge is remembered like one the sweep makes (``charge_abandoned``): a delivery
+        may leave thinking its turn uncommitted when its commit landed but its answer was lost
+        (cancelled while the append was in flight); the turn's event then names it, and
+        ``resolve_turn`` by it takes the charge back (``uncharge``): its call is the run's."""
         self.roll(now)
+        memo = aside_key(key, owner)
         hold = self.hold(key)
         if hold is not None and hold.owner == owner:
             self.take_hold(key)
-        elif self.take_hold(aside_key(key, owner)) is None and (
-            not unrecorded or self.remembers_charged(aside_key(key, owner))
+        elif (hold := self.take_hold(memo)) is None and (
+            not unrecorded or self.remembers_charged(memo)
         ):
             return False
-        self.used_tokens += tokens
-        self.used_cost += cost_usd
-        self.abandoned_tokens += tokens
-        self.abandoned_cost += cost_usd
+        self._charge(memo, tokens, cost_usd, until=now if hold is None else max(now, hold.expires))
         return True
 
     # --- waiting calls ----------------------------------------------------------------------------

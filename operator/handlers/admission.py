@@ -55,9 +55,16 @@ def _reject(
 
 
 async def _validate_and_enqueue(
-    parts: RunHandling, key: RunKey, *, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status
+    parts: RunHandling,
+    key: RunKey,
+    *,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    removed: tuple[str, ...] = (),
 ) -> None:
-    """Resolve the run's tenant and Agent, reject what can never run, queue the rest."""
+    """Resolve the run's tenant and Agent, reject what can never run, queue the rest (as
+    ``meta`` shows it, less the annotations ``removed`` from the object since)."""
     generation = int(meta.get("generation") or 1)
     try:
         policy = await parts.tenants.resolve(key.namespace)
@@ -96,8 +103,9 @@ async def _validate_and_enqueue(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
+    annotations = {k: v for k, v in meta.annotations.items() if k not in removed}
     obj = RunObject(
-        metadata=ObjectMeta(generation=generation, annotations=dict(meta.annotations)),
+        metadata=ObjectMeta(generation=generation, annotations=annotations),
         spec=dict(run_spec),
     )
     await parts.pump.enqueue_run(
@@ -263,8 +271,10 @@ async def _rerun(
 ) -> None:
     """Start run ``key`` again from turn 0 as a new run (``agentrun.dev/rerun``): purge its
     subject, free its ledger slot, clear its status (``recovery.rerun_status``), remove the
-    recorded admission (before the pump can record the new one), validate and queue it (its
-    budget is charged again), and only then remove ``agentrun.dev/rerun``: until then a
+    recorded admission (before the pump can record the new one) and the
+    ``agentrun.dev/cancel`` that ended it, if one did (else the new run would be cancelled as
+    it is queued: "cancel it first" is how a run still going is rerun), validate and queue it
+    (its budget is charged again), and only then remove ``agentrun.dev/rerun``: until then a
     failure raises, and kopf's retry or the next resume starts over (each step may be
     repeated). An object gone or replaced meanwhile is left alone."""
     obj = await parts.api.get(key.ref)
@@ -276,14 +286,15 @@ async def _rerun(
     generation = int(meta.get("generation") or 1)
     reset = recovery.rerun_status(at=time.time(), generation=generation)
     await parts.api.patch_status(key.ref, reset, uid=key.uid)
-    await remove_annotations(parts.api, key, (ADMITTED_UID_ANNOTATION,))
+    spent = (ADMITTED_UID_ANNOTATION, CANCEL_ANNOTATION)
+    await remove_annotations(parts.api, key, spent)
     parts.events.record(
         Involved("AgentRun", key.name, key.namespace, key.uid),
         type=EventType.NORMAL,
         reason="Rerun",
         message=f"{RERUN_ANNOTATION}: running again from turn 0 as a new run",
     )
-    await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=status)
+    await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=status, removed=spent)
     await remove_annotations(parts.api, key, (RERUN_ANNOTATION,))
 
 

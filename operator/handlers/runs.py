@@ -196,12 +196,15 @@ async def run_seen(
     events take (``status.usage.eventBytes``, per tenant); schedule a finished run's deletion
     after ``spec.ttlSecondsAfterFinished``. A deleted run (``DELETED``: runs hold no
     finalizer, the object is gone already) is cleaned up: a finished one's events purged, an
-    unfinished one stopped (``wiring.stop_deleted``); a run an earlier version gave its
+    unfinished one stopped (``wiring.stop_deleted``), and kopf's memory of it dropped
+    (``runs.handled``); a run an earlier version gave its
     finalizer is released once it ends or is deleted (``_release_legacy``). With several
     shards, first learn the tenant of a run not admitted yet (``_owned``), and act only on the
     runs of this process's shards."""
     assert namespace is not None  # AgentRun is namespaced
     parts = memo.running().runs
+    if type == "DELETED":
+        memo.handled.forget(uid)  # what kopf last handled of it (any shard's)
     if not await _owned(memo, parts, body, type=type, namespace=namespace, uid=uid):
         return  # another shard's run: its owner follows it
     key = RunKey(namespace, name, uid)

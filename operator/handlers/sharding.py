@@ -1,13 +1,16 @@
 """kopf's view of the operator shards: every process watches every AgentRun, and only the
 owner of a run's shard handles it (``platform.shards``).
 
-kopf keeps its bookkeeping in the objects (annotations: each handler's progress, the last
-handled configuration). With several processes watching one AgentRun, a process that merely
-skipped a run (a ``when=`` filter) would still write "handled", and the run's owner could then
-miss its creation. So ownership is applied in kopf's storages instead: for a run of a shard
-this process does not own, every handler reads as "waiting for a retry far in the future"
-(nothing runs, nothing is done, so kopf does not record the change as handled) and nothing
-is written. The owner's kopf reads and writes the annotations as before. No AgentRun handler
+kopf keeps some of its bookkeeping in the objects (each handler's progress, in annotations,
+while a handler is retried) and some in each process (the last handled essence of a run:
+``startup.RunDiffBaseStorage``). With several processes watching one AgentRun, a process that
+merely skipped a run (a ``when=`` filter) would still record it as handled, and, once it
+became the run's owner, would miss what it had skipped (its creation, a cancel). So ownership
+is applied in kopf's storages instead: for a run of a shard this process does not own, every
+handler reads as "waiting for a retry far in the future" (nothing runs, nothing is done, so
+kopf does not record the change as handled), nothing is written and nothing remembered. The
+owner's kopf reads and writes as with one shard; a process that becomes a run's owner reads
+from the object what it did not handle itself (``RunDiffBaseStorage``). No AgentRun handler
 needs a finalizer, so kopf adds none; a run an earlier version gave one has it taken off by
 its owner's ``runs.run_seen`` once it ends or is deleted.
 
@@ -70,10 +73,10 @@ class ShardProgressStorage(kopf.ProgressStorage):
 
 
 class ShardDiffBaseStorage(kopf.DiffBaseStorage):
-    """``inner``, whose ``store`` writes only for objects this process owns."""
+    """``inner``, whose ``store`` records only objects this process owns."""
 
     def __init__(self, inner: kopf.DiffBaseStorage, shards: RunShards) -> None:
-        """``inner``: the last-handled-configuration storage of owned objects."""
+        """``inner``: the last-handled storage of owned objects."""
         super().__init__()
         self.inner = inner
         self.shards = shards

@@ -1,7 +1,9 @@
 """kopf's configuration, start-up and clean-up.
 
-kopf keeps its own bookkeeping in annotations (prefix ``kopf.agentrun.dev``), never in
-``.status``, which is ours alone (a projection of the run's events). The start-up handler
+kopf keeps a handler's progress in annotations (prefix ``kopf.agentrun.dev``) while it is
+retried, never in ``.status``, which is ours alone (a projection of the run's events), and an
+AgentRun's last handled essence in memory (``RunDiffBaseStorage``): a run kopf handles without
+a retry is never written by kopf. The start-up handler
 builds every part (``wiring``) and keeps them in kopf's memo (an ``OperatorMemo``). What does
 not belong here: any handler of a resource (one module per kind, beside this one).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any, cast
 
 import kopf
@@ -19,14 +22,13 @@ from agentrun import kube, process
 
 from .. import wiring
 from ..platform.kubeapi import LIST_PAGE, ApiError, Kube, KubeApi
-from ..runs.keys import ADMITTED_UID_ANNOTATION
+from ..runs.handled import HandledActions, actions_of
 from ..wiring import OperatorMemo
 from . import sharding
 from .retrying import retrying
 
 log = logging.getLogger(__name__)
 
-KUBECTL_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 LEGACY_FINALIZER = "agentrun.dev/finalizer"
 """The finalizer operators before this one put on AgentRuns that had not ended. No handler needs
 a finalizer now (a deletion is handled from the run's ``DELETED`` watch event:
@@ -47,46 +49,52 @@ worker (a task and a queue); kopf still waits for its own patches to come back
 (``settings.persistence.consistency_timeout``) however short this is."""
 
 
-class MetadataDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf's last-handled-configuration without ``spec``.
+class RunDiffBaseStorage(kopf.DiffBaseStorage):
+    """kopf's last-handled essence of an AgentRun, kept in this process's memory
+    (``runs.handled.HandledActions``, whose rules say what is inferred for a run this process
+    did not handle) instead of kopf's annotation on the object: one PATCH (one watch event
+    more, and kopf's wait for it to come back) fewer per run admitted, and one per control
+    annotation handled. The essence is the run's control annotations
+    (``runs.handled.ACTIONS``): the only changes its changing handlers react to. Objects an
+    earlier operator gave ``kopf.agentrun.dev/last-handled-configuration`` keep it, unread."""
 
-    An AgentRun's spec is immutable (CEL ``self == oldSelf``), so the only changes the handlers
-    react to are annotations (cancel, approve, deny). Leaving the spec out keeps the annotation
-    small — kopf would otherwise copy the whole spec into an annotation, which the API server
-    refuses past 256 KiB (a long non-ASCII goal, a large output schema), leaving the object
-    undeletable — and saves a deep copy of the spec on every watch event. The operator's own
-    record ``agentrun.dev/admitted-uid`` is left out too: no handler reacts to it, and as part
-    of the essence its write at admission read to kopf as a change, which kopf answered with
-    one more write of this annotation to every run (a PATCH and a watch event per run).
-    """
+    def __init__(self, handled: HandledActions) -> None:
+        """``handled``: this process's memory of what it handled."""
+        super().__init__()
+        self.handled = handled
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
-        """The essence kopf compares: labels and annotations only.
+        """The essence kopf compares: the run's control annotations. Raises ``ValueError`` if a
+        handler asks kopf for ``extra_fields`` (a ``field=`` filter), which this essence would
+        silently leave out."""
+        if extra_fields:
+            raise ValueError(f"AgentRun handlers compare control annotations only: {extra_fields}")
+        return _essence(actions_of(body.get("metadata", {}).get("annotations") or {}))
 
-        kopf's own build deep-copies the whole object (managed fields, spec, status) before it
-        drops all but the labels and annotations; it runs on every watch event — each status
-        write of every run causes one — so it is given only what it keeps (unless a handler
-        asked for extra fields).
-        """
-        if not extra_fields:
-            meta = body.get("metadata", {})
-            kept: dict[str, Any] = {
-                "apiVersion": body.get("apiVersion"),
-                "kind": body.get("kind"),
-                "metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
-            }
-            body = kopf.Body(cast(kopf.RawBody, kept))
-        essence: dict[str, Any] = dict(super().build(body=body, extra_fields=extra_fields))
-        essence.pop("spec", None)
-        metadata: dict[str, Any] = essence.get("metadata", {})
-        annotations: dict[str, Any] = metadata.get("annotations", {})
-        annotations.pop(KUBECTL_LAST_APPLIED, None)  # a copy of the whole object
-        annotations.pop(ADMITTED_UID_ANNOTATION, None)  # the operator's, not a person's
-        if not annotations:  # as kopf leaves an essence: no empty sections
-            metadata.pop("annotations", None)
-        if not metadata:
-            essence.pop("metadata", None)
-        return cast(kopf.BodyEssence, essence)
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        """The last-handled essence of ``body`` (``HandledActions.last``)."""
+        meta = body.get("metadata", {})
+        last = self.handled.last(
+            str(meta.get("uid") or ""),
+            status=body.get("status") or {},
+            annotations=meta.get("annotations") or {},
+        )
+        return None if last is None else _essence(last)
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Remember ``essence`` as handled for ``body``; nothing is written to ``patch``."""
+        annotations = essence.get("metadata", {}).get("annotations") or {}
+        self.handled.handled(
+            str(body.get("metadata", {}).get("uid") or ""),
+            status=body.get("status") or {},
+            actions={str(k): str(v) for k, v in annotations.items()},
+        )
+
+
+def _essence(actions: Mapping[str, str]) -> kopf.BodyEssence:
+    """The essence of a run carrying ``actions``, shaped as kopf's (no empty sections)."""
+    essence: dict[str, Any] = {"metadata": {"annotations": dict(actions)}} if actions else {}
+    return cast(kopf.BodyEssence, essence)
 
 
 @kopf.on.startup()
@@ -100,9 +108,8 @@ async def start(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -
     own. A failed start (e.g. ``nats.errors.TimeoutError`` while the streams are provisioned)
     is tried again by kopf after ``retrying.retry_delay`` seconds (3, 6, 12, … up to 60)."""
     progress: kopf.ProgressStorage = kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev")
-    diffbase: kopf.DiffBaseStorage = MetadataDiffBaseStorage(
-        prefix="kopf.agentrun.dev", key="last-handled-configuration"
-    )
+    memo.handled = HandledActions()  # what an earlier start handled may have changed since
+    diffbase: kopf.DiffBaseStorage = RunDiffBaseStorage(memo.handled)
     if memo.ownership.shards > 1:  # other processes own some runs: hands off theirs
         progress = sharding.ShardProgressStorage(progress, memo.run_shards)
         diffbase = sharding.ShardDiffBaseStorage(diffbase, memo.run_shards)

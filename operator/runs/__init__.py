@@ -6,7 +6,8 @@ Inside: ``keys`` (``RunKey``, the control annotations), ``spec`` (``AgentRun.spe
 patches), ``dispatch`` (the event consumer: next TurnRequest or the end; the one owner of the
 live views), ``orphans`` (lost TurnRequests), ``lifecycle`` (TTL deletion, purging the events of
 deleted runs), ``recovery`` (create/resume: admit, recover, rerun, or end a run whose checkpoint
-is gone, pure), ``ports`` (``LiveRuns``, what other kinds may ask of the live runs).
+is gone, pure), ``handled`` (what kopf last handled of each run's control annotations, in
+memory, pure), ``ports`` (``LiveRuns``, what other kinds may ask of the live runs).
 
 This module is the kind's port: other kinds import what is re-exported here and nothing from
 the modules inside (the import contracts check it); the handlers and the wiring may import the

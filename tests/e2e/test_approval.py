@@ -1,4 +1,5 @@
-"""A call to a tool in spec.approval.tools waits for a person, who decides with the CLI."""
+"""A call to a tool in spec.approval.tools waits for a person, who decides with the CLI; a
+decision (or a cancel) taken while no operator runs is acted on when one returns."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from agentrun import kernel
 from agentrun.kernel import wire
+from agentrun_dev import components
 
 from .conftest import E2EStack, run_manifest
 from .events import read_events
@@ -147,3 +149,60 @@ def test_the_cli_says_plainly_when_a_run_is_missing_or_already_ended(
     assert late.stdout.strip() == "over already ended: Succeeded / completed"
     annotations = stack_.get(test_namespace, "over")["metadata"].get("annotations") or {}
     assert "agentrun.dev/cancel" not in annotations
+
+
+def kopf_annotations(stack_: E2EStack, namespace: str, name: str) -> list[str]:
+    obj = stack_.get(namespace, name)
+    assert obj is not None
+    return [k for k in obj["metadata"].get("annotations") or {} if k.startswith("kopf.")]
+
+
+def test_decisions_taken_while_no_operator_runs_are_acted_on_when_one_returns(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """kopf remembers what it last handled of a run in the operator's memory, so it writes no
+    annotation of its own to a run it handles at once; an operator that starts reads from each
+    run what it did not handle itself: an approval and a cancel set while no operator ran are
+    acted on, and a run created meanwhile is admitted."""
+    ns = test_namespace
+    waiting = start(stack_, ns, "approved-later")
+    start(stack_, ns, "cancelled-later")
+    components.stop_component(stack_.operator)
+    digest = waiting["pendingApproval"]["digest"]
+    result = cli(stack_, "approve", "approved-later", "--digest", digest, "-n", ns)
+    assert result.returncode == 0, result.stderr
+    stack_.kubectl("annotate", "agentrun", "cancelled-later", "-n", ns, "agentrun.dev/cancel=true")
+    stack_.apply(ns, run_manifest("created-later", "E2E-PARALLEL-ORDER created-later"))
+    time.sleep(1.0)  # a negative check: with no operator, nothing moves
+    assert stack_.get(ns, "approved-later")["status"]["phase"] == "AwaitingApproval"  # type: ignore[index]
+    assert "status" not in (stack_.get(ns, "created-later") or {})
+
+    stack_.restart_dead()
+    ends = {name: stack_.wait_terminal(ns, name) for name in ("approved-later", "cancelled-later")}
+    assert (ends["approved-later"]["terminalReason"], ends["approved-later"]["answer"]) == (
+        "completed",
+        "Reviewed and done.",
+    )
+    assert ends["cancelled-later"]["terminalReason"] == "cancelled"
+    assert stack_.wait_terminal(ns, "created-later")["terminalReason"] == "completed"
+    for name in ("approved-later", "cancelled-later", "created-later"):
+        assert kopf_annotations(stack_, ns, name) == []
+
+
+def test_a_run_cancelled_then_asked_to_run_again_runs_again(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """How a run still going is run again (its ``RerunIgnored`` Warning says so): cancel it,
+    then set ``agentrun.dev/rerun``. The cancel that ended it is taken off with the rerun, so
+    the new run is not cancelled as it is queued."""
+    ns = test_namespace
+    start(stack_, ns, "again")
+    stack_.kubectl("annotate", "agentrun", "again", "-n", ns, "agentrun.dev/cancel=true")
+    assert stack_.wait_terminal(ns, "again")["terminalReason"] == "cancelled"
+    stack_.kubectl("annotate", "agentrun", "again", "-n", ns, "agentrun.dev/rerun=true")
+    again = stack_.wait_for(ns, "again", lambda s: s.get("phase") == "AwaitingApproval")
+    assert "terminalReason" not in again
+    obj = stack_.get(ns, "again")
+    assert obj is not None
+    annotations = obj["metadata"].get("annotations") or {}
+    assert "agentrun.dev/cancel" not in annotations and "agentrun.dev/rerun" not in annotations

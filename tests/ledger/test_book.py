@@ -1083,6 +1083,36 @@ def test_a_delivery_leaving_charges_its_call_set_aside_by_a_takeover_once() -> N
     assert (b.used_tokens, b.abandoned_tokens) == (100, 100)
 
 
+def test_a_call_its_delivery_abandoned_is_taken_back_when_its_turn_committed_after_all() -> None:
+    """A delivery whose commit landed but whose answer it never got (cancelled at its drain's
+    end while the append was in flight, or the append gave up after a try that landed) leaves
+    its turn uncommitted as far as it knows, charging its answered call as abandoned
+    (``abandon``). The turn's event names it as the committer: the next turn's reservation
+    (``resolve_turn`` by that owner, then ``catch_up`` of the run's usage, which holds the
+    call) must take that charge back, so the call is charged once, as the run's."""
+    b = admitted("r1", tokens=100_000)
+    b.put_hold("r1:0", answered("r1", 0, "w1", 110, "0.00035"))
+    assert b.abandon("r1:0", owner="w1", tokens=110, cost_usd=Decimal("0.00035"), now=NOW)
+    assert (b.used_tokens, b.abandoned_tokens) == (110, 110)
+    b.resolve_turn("r1", 0, committer="w1")  # the next turn's reservation (_settle_before)
+    b.catch_up("r1", turn=0, tokens=110, cost_usd=Decimal("0.00035"), now=NOW)
+    assert (b.used_tokens, b.used_cost) == (110, Decimal("0.00035"))
+    assert (b.abandoned_tokens, b.abandoned_cost) == (0, Decimal(0))
+    b.resolve_turn("r1", 0, committer="w1")  # resolved again (the next turn's settlement)
+    assert (b.used_tokens, b.abandoned_tokens, b.credited_tokens) == (110, 0, 110)
+
+
+def test_a_call_abandoned_by_a_delivery_that_lost_the_commit_stays_charged() -> None:
+    """The same charge stays when another delivery committed the turn: its call was billed
+    and is in no run's usage."""
+    b = admitted("r1", tokens=100_000)
+    b.put_hold("r1:0", answered("r1", 0, "w1", 110, "0.00035"))
+    assert b.abandon("r1:0", owner="w1", tokens=110, cost_usd=Decimal("0.00035"), now=NOW)
+    b.resolve_turn("r1", 0, committer="w2")
+    b.catch_up("r1", turn=0, tokens=110, cost_usd=Decimal("0.00035"), now=NOW)
+    assert (b.used_tokens, b.abandoned_tokens) == (220, 110)
+
+
 def test_resolving_or_catching_up_a_turn_touches_only_that_run_s_holds() -> None:
     b = book(tokens=100_000)
     for run in ("r1", "r2"):

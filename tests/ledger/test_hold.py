@@ -269,6 +269,28 @@ async def test_a_committed_turn_is_not_charged_as_abandoned(
     assert book.holds == {}
 
 
+async def test_a_turn_whose_commit_landed_unbeknown_to_its_delivery_is_charged_once(
+    store: LedgerStore, tenant: str
+) -> None:
+    """The delivery's commit landed but its answer was lost (a worker cancelled at its drain's
+    end while the append was in flight): its block exits uncommitted and charges the call as
+    abandoned. The turn event names it, so the next turn's reservation, resolving that turn
+    by it and settling the run's usage, must leave the call charged once, as the run's."""
+    await admit(store, tenant, "run-1", tokens=100_000)
+    async with budget(store, tenant, "run-1", 0, Clock()) as first:
+        await first.reserve(tokens=500, cost_usd=Decimal(0))
+        await first.spend(kernel.Usage(input_tokens=100, output_tokens=10))
+        # commit_turn: the event (owner=first.owner) lands; the worker never learns it
+    ref = TurnRef(tenant, "run-1", "ns", "run-1", 1)
+    second = store.turn_hold(ref, clock=Clock(), prior_owner=first.owner)
+    await second.reserve(
+        tokens=500, cost_usd=Decimal(0), before=after_turn(0, input_tokens=100, output_tokens=10)
+    )
+    book = await store.read(tenant)
+    assert book is not None
+    assert (book.used_tokens, book.abandoned_tokens) == (110, 0)
+
+
 def test_worst_case_prices_prompt_and_output_at_the_uncached_input_price() -> None:
     pricing = kernel.Pricing(
         input_per_million=Decimal("2.5"),

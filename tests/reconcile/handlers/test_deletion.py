@@ -20,6 +20,7 @@ from agentrun.operator import wiring
 from agentrun.operator.handlers import runs
 from agentrun.operator.handlers.startup import LEGACY_FINALIZER
 from agentrun.operator.platform.shards import ALL_OF_ONE
+from agentrun.operator.runs.handled import HandledActions
 from agentrun.operator.runs.keys import RunKey
 
 RUN = RunKey("ns", "r", "uid-r")
@@ -63,9 +64,13 @@ def parts_of(recorder: Recorder) -> Any:
     )
 
 
-async def seen(parts: Any, status: dict[str, Any], *, type: str, **meta: Any) -> None:
+async def seen(parts: Any, status: dict[str, Any], *, type: str, **meta: Any) -> HandledActions:
+    """``run_seen`` of ``RUN``'s ``type`` event; what kopf remembers handling of runs after it
+    (it remembered ``RUN``'s creation before)."""
+    handled = HandledActions()
+    handled.handled(RUN.uid, status={}, actions={})
     memo = types.SimpleNamespace(
-        running=lambda: types.SimpleNamespace(runs=parts), ownership=ALL_OF_ONE
+        running=lambda: types.SimpleNamespace(runs=parts), ownership=ALL_OF_ONE, handled=handled
     )
     metadata = {"generation": 1, "annotations": {}, "resourceVersion": "7", **meta}
     await runs.run_seen(
@@ -79,10 +84,12 @@ async def seen(parts: Any, status: dict[str, Any], *, type: str, **meta: Any) ->
         uid=RUN.uid,
         memo=memo,
     )
+    return handled
 
 
 async def deleted(parts: Any, status: dict[str, Any]) -> None:
-    await seen(parts, status, type="DELETED")
+    handled = await seen(parts, status, type="DELETED")
+    assert len(handled) == 0  # kopf's memory of the run dropped
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,12 @@ from agentrun import kernel
 from agentrun.operator.admission.fairgate import AdmissionGate
 from agentrun.operator.handlers import admission, runs
 from agentrun.operator.platform.shards import ALL_OF_ONE
-from agentrun.operator.runs.keys import ADMITTED_UID_ANNOTATION, RERUN_ANNOTATION, RunKey
+from agentrun.operator.runs.keys import (
+    ADMITTED_UID_ANNOTATION,
+    CANCEL_ANNOTATION,
+    RERUN_ANNOTATION,
+    RunKey,
+)
 
 RUN = RunKey("ns", "r", "uid-r")
 RUNNING = {
@@ -83,13 +88,19 @@ class Events:
         self.recorded.append((str(type), reason, message))
 
 
+enqueued: list[dict[str, Any]] = []
+"""The keywords of each run handed to validation and the queue (``queued``)."""
+
+
 @pytest.fixture
 def queued(monkeypatch: pytest.MonkeyPatch) -> list[RunKey]:
-    """The runs handed to validation and the queue."""
+    """The runs handed to validation and the queue (what else they were handed: ``enqueued``)."""
     seen: list[RunKey] = []
+    enqueued.clear()
 
-    async def enqueue(parts: Any, key: RunKey, **_: Any) -> None:
+    async def enqueue(parts: Any, key: RunKey, **kw: Any) -> None:
         seen.append(key)
+        enqueued.append(kw)
 
     monkeypatch.setattr(admission, "_validate_and_enqueue", enqueue)
     return seen
@@ -271,6 +282,21 @@ async def test_the_rerun_annotation_set_on_an_ended_run_starts_it_again(
     await rerun_checks(parts, api, queued)
 
 
+async def test_a_cancelled_run_reruns_without_its_cancel(queued: list[RunKey]) -> None:
+    """Cancelled, then asked to run again (how a run still going is rerun): the cancel that
+    ended it is taken off before the new run is queued, which would otherwise drop it as
+    cancelled at once."""
+    annotations = {
+        ADMITTED_UID_ANNOTATION: RUN.uid,
+        RERUN_ANNOTATION: "true",
+        CANCEL_ANNOTATION: "true",
+    }
+    parts, api = stack(annotations, ENDED)
+    await update(parts, annotations, ENDED)
+    await rerun_checks(parts, api, queued)
+    assert set(enqueued[0]["removed"]) == {CANCEL_ANNOTATION, ADMITTED_UID_ANNOTATION}
+
+
 async def test_the_rerun_annotation_set_on_a_running_run_is_removed_with_a_warning(
     queued: list[RunKey],
 ) -> None:
@@ -327,8 +353,9 @@ async def test_a_rerun_that_fails_to_queue_keeps_the_ask_and_kopfs_retry_finishe
 
     seen: list[RunKey] = []
 
-    async def enqueue(parts: Any, key: RunKey, **_: Any) -> None:
+    async def enqueue(parts: Any, key: RunKey, **kw: Any) -> None:
         seen.append(key)
+        enqueued.append(kw)
 
     monkeypatch.setattr(admission, "_validate_and_enqueue", enqueue)
     await update(parts, annotations, ENDED)  # kopf's retry, with its old copy of the object

@@ -11,6 +11,7 @@ import kopf
 from agentrun.operator.handlers import sharding
 from agentrun.operator.handlers import startup as handlers
 from agentrun.operator.platform.shards import Ownership, RunShards, shard_of
+from agentrun.operator.runs.handled import HandledActions
 
 MINE = next(f"t{i}" for i in range(100) if shard_of(f"t{i}", 3) == 1)
 THEIRS = next(f"t{i}" for i in range(100) if shard_of(f"t{i}", 3) == 2)
@@ -27,12 +28,7 @@ def storages() -> tuple[sharding.ShardProgressStorage, sharding.ShardDiffBaseSto
     progress = sharding.ShardProgressStorage(
         kopf.AnnotationsProgressStorage(prefix="kopf.agentrun.dev"), shards
     )
-    diffbase = sharding.ShardDiffBaseStorage(
-        handlers.MetadataDiffBaseStorage(
-            prefix="kopf.agentrun.dev", key="last-handled-configuration"
-        ),
-        shards,
-    )
+    diffbase = sharding.ShardDiffBaseStorage(handlers.RunDiffBaseStorage(HandledActions()), shards)
     return progress, diffbase
 
 
@@ -48,10 +44,13 @@ def test_another_shards_run_reads_as_delayed_and_is_never_written() -> None:
     progress.purge(key=kopf.HandlerId("admit_run"), body=theirs, patch=patch)
     progress.touch(body=theirs, patch=patch, value="x")
     diffbase.store(body=theirs, patch=patch, essence=diffbase.build(body=theirs))
+    cancelled = body(THEIRS, {"agentrun.dev/cancel": "true"})
+    diffbase.store(body=cancelled, patch=patch, essence=diffbase.build(body=cancelled))
     assert not patch
+    assert diffbase.fetch(body=cancelled) != diffbase.build(body=cancelled)  # not remembered
 
 
-def test_an_owned_run_is_read_and_written_as_kopf_does() -> None:
+def test_an_owned_runs_progress_is_written_and_its_last_handled_essence_remembered() -> None:
     progress, diffbase = storages()
     mine = body(MINE)
     assert progress.fetch(key=kopf.HandlerId("admit_run"), body=mine) is None
@@ -60,10 +59,11 @@ def test_an_owned_run_is_read_and_written_as_kopf_does() -> None:
     progress.store(key=kopf.HandlerId("admit_run"), record=record, body=mine, patch=patch)
     diffbase.store(body=mine, patch=patch, essence=diffbase.build(body=mine))
     written = patch["metadata"]["annotations"]
-    assert "kopf.agentrun.dev/admit_run" in written
-    assert "kopf.agentrun.dev/last-handled-configuration" in written
-    stored = body(MINE, {k: str(v) for k, v in written.items()})
-    assert diffbase.fetch(body=stored) is not None
+    assert list(written) == ["kopf.agentrun.dev/admit_run"]  # the last-handled: in memory
+    cancelled = body(MINE, {"agentrun.dev/cancel": "true"})
+    assert diffbase.fetch(body=cancelled) != diffbase.build(body=cancelled)
+    diffbase.store(body=cancelled, patch=patch, essence=diffbase.build(body=cancelled))
+    assert diffbase.fetch(body=cancelled) == diffbase.build(body=cancelled)
 
 
 async def test_kopf_runs_no_handler_of_another_shards_run_and_never_calls_it_done() -> None:
