@@ -30,6 +30,7 @@ from ..runs import recovery
 from ..runs.keys import ADMITTED_UID_ANNOTATION, CANCEL_ANNOTATION, RERUN_ANNOTATION, RunKey
 from ..runs.recovery import Admission
 from ..runs.spec import RunObject
+from ..tenants.policy import TenantPolicy
 from ..tenants.registry import NoTenant
 from ..wiring import OperatorMemo, RunHandling
 from .retrying import retrying
@@ -66,16 +67,9 @@ async def _validate_and_enqueue(
     """Resolve the run's tenant and Agent, reject what can never run, queue the rest (as
     ``meta`` shows it, less the annotations ``removed`` from the object since)."""
     generation = int(meta.get("generation") or 1)
-    try:
-        policy = await parts.tenants.resolve(key.namespace)
-    except NoTenant as err:
-        _reject(parts, key, str(err), generation=generation)
+    policy = await _tenant_policy(parts, key, generation=generation)
+    if policy is None:
         return
-    except ApiError as err:
-        raise kopf.TemporaryError(
-            f"cannot read namespace {key.namespace!r}: {err.status}", delay=2
-        ) from err
-    _check_owned(parts, key, policy.name)
     try:  # before the tenant's policy: it applies to the spec the run executes
         run_spec = await resolve_run(parts.api, key, spec, status)
     except InvalidRef as err:
@@ -103,14 +97,32 @@ async def _validate_and_enqueue(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    annotations = {k: v for k, v in meta.annotations.items() if k not in removed}
+    kept = {k: v for k, v in meta.annotations.items() if k not in removed}
     obj = RunObject(
-        metadata=ObjectMeta(generation=generation, annotations=annotations),
-        spec=dict(run_spec),
+        metadata=ObjectMeta(generation=generation, annotations=kept), spec=dict(run_spec)
     )
     await parts.pump.enqueue_run(
         key, policy, generation=generation, created=_created(meta), obj=obj
     )
+
+
+async def _tenant_policy(
+    parts: RunHandling, key: RunKey, *, generation: int
+) -> TenantPolicy | None:
+    """The policy of the tenant run ``key``'s namespace resolves to, or ``None`` once the run
+    was rejected for having none. Raises ``kopf.TemporaryError`` (retried) when the namespace
+    cannot be read, or when that tenant is another shard's (``_check_owned``)."""
+    try:
+        policy = await parts.tenants.resolve(key.namespace)
+    except NoTenant as err:
+        _reject(parts, key, str(err), generation=generation)
+        return None
+    except ApiError as err:
+        raise kopf.TemporaryError(
+            f"cannot read namespace {key.namespace!r}: {err.status}", delay=2
+        ) from err
+    _check_owned(parts, key, policy.name)
+    return policy
 
 
 def _check_owned(parts: RunHandling, key: RunKey, tenant: str) -> None:
