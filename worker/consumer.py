@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from typing import NamedTuple
@@ -344,9 +345,7 @@ class TurnConsumer:
         if last is None or last.seq != request.expected_seq or last.phase.is_terminal:
             return
         state = kernel.stop(last.state(), kernel.Phase.CHECKPOINT_FAILED, message)
-        event = RunEvent(
-            "stop", request.run_uid, state.summary(), time=time.time(), stored_before=last.stored
-        )
+        event = last.stopped(state, time=time.time())
         with contextlib.suppress(CommitConflict):
             await self.bus.append_event(
                 request.namespace, request.name, event, expected_seq=request.expected_seq
@@ -396,7 +395,10 @@ class TurnConsumer:
                 run.config.tenant, request.run_uid, request.namespace, request.name, request.turn
             )
             async with self.ledger.turn_hold(
-                ref, ttl=self.settings.hold_ttl, prior_owner=run.committer
+                ref,
+                ttl=self.settings.hold_ttl,
+                prior_owner=run.committer,
+                moved_on=functools.partial(self._moved_on, request),
             ) as hold:
                 self._holds[request.run_uid] = hold
                 try:
@@ -443,10 +445,17 @@ class TurnConsumer:
             return None
         return run
 
+    async def _moved_on(self, request: TurnRequest) -> bool:
+        """Whether the run's events (read from the stream's leader) end past ``request``'s
+        base, or are gone: its turn was committed by another delivery, or the run deleted."""
+        last = await self.bus.last_event(request.namespace, request.name)
+        return last is None or last.seq != request.expected_seq
+
     async def _run_turn(
         self, msg: Msg, request: TurnRequest, run: history.LoadedRun, hold: TurnHold | None
     ) -> Committed | None:
-        """Execute and commit the turn, then settle its hold; ``None`` if the commit lost."""
+        """Execute and commit the turn, then settle its hold (or leave that to the run's next
+        reservation, ``TurnHold.on_commit``); ``None`` if the commit lost."""
         clock = PhaseClock()
         parent = telemetry.context_of((msg.headers or {}).get("traceparent"))
         token = otel_context.attach(parent) if parent is not None else None
@@ -467,7 +476,7 @@ class TurnConsumer:
         self.turns_committed += 1
         if hold is not None:
             try:
-                await hold.settle(after)
+                await hold.on_commit(after)
             except Exception as err:  # committed: the next settlement or the run's close
                 # charges the run's cumulative usage, and the operator frees the hold
                 log.warning("turn %s committed but not settled: %r", request.msg_id, err)

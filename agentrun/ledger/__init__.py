@@ -30,7 +30,7 @@ from agentrun.ledger.entries import (
     window_start,
     worst_case,
 )
-from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnLedger, TurnRef
+from agentrun.ledger.hold import DEFAULT_HOLD_TTL, MovedOn, TurnHold, TurnLedger, TurnRef
 from agentrun.ledger.queue import QueuedRun, TenantQueue
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 from agentrun.ledger.store import INLINE_RUNS, BookMissing, LedgerStore, QueueFull, Repair
@@ -50,6 +50,7 @@ __all__ = [
     "LedgerCorrupt",
     "LedgerStore",
     "LedgerUnavailable",
+    "MovedOn",
     "QueueFull",
     "QueuedRun",
     "Repair",

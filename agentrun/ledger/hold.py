@@ -2,7 +2,8 @@
 
 The order: reserve the call's worst case (``reserve_call``: held, waiting for other runs'
 holds, or refused) → call the model → record what it used (``spend``, written to the hold) →
-run tools → commit the turn event → settle the run's cumulative usage. A turn that never
+run tools → commit the turn event → settle the run's cumulative usage (when the run goes on,
+the next turn's reservation settles it in the same write: ``on_commit``). A turn that never
 commits (cancelled, lost the commit race, its worker shut down) gives its hold back when its
 ``async with`` block exits: it is released, or abandoned — charged what the model call used —
 if the model had answered (the provider bills that call). A worker that dies leaves its hold
@@ -27,7 +28,8 @@ of the tenant's entry).
         answer = await h.reserve_call(need, before=state)   # Granted | BudgetWait | refusal
         ...                      # the model call: await h.spend(usage) once it answered
         ...                      # commit the turn event
-        await h.settle(after)    # or leave the block uncommitted: released / abandoned
+        await h.on_commit(after) # settled, or left to the run's next reservation; or leave
+                                 # the block uncommitted: released / abandoned
 """
 
 from __future__ import annotations
@@ -37,18 +39,22 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Protocol
 
 from agentrun import kernel
-from agentrun.ledger.entries import BudgetRefusal, Hold
+from agentrun.ledger.entries import TURN_COMMITTED, BudgetRefusal, Hold
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HOLD_TTL = 60.0
 """Seconds a hold lives without a refresh (``AGENTRUN_HOLD_TTL``)."""
+
+MovedOn = Callable[[], Awaitable[bool]]
+"""Whether the run's events have moved past what a delivery built its turn on (its turn was
+committed by another delivery), read from the event stream's leader."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,11 +159,14 @@ class TurnHold:
         ttl: float = DEFAULT_HOLD_TTL,
         clock: Callable[[], float] = time.time,
         prior_owner: str = "",
+        moved_on: MovedOn | None = None,
     ) -> None:
         """``prior_owner``: the delivery that committed the run's previous turn, as its turn
         event names it ("" if none or unknown); that turn's holds are resolved when this
-        delivery reserves or settles."""
+        delivery reserves or settles. ``moved_on``: asked when a reservation is contested
+        (``reserve_call``); ``None``: never asked."""
         self._ledger = ledger
+        self._moved_on = moved_on
         self.prior_owner = prior_owner
         self.ref = ref
         self.key = ref.key
@@ -212,7 +221,15 @@ class TurnHold:
         or learn that it waits for other runs' holds (ask again later) or can never run this
         window (``Book.reserve_call``). ``before`` as for ``reserve``.
 
-        Raises ``LedgerUnavailable`` or a NATS error when the ledger cannot be changed.
+        A turn whose book is settled is refused ``TurnCommitted`` by the book. One committed
+        whose settlement was left to the run's next reservation (``on_commit``) is not settled
+        yet, but its committer's answered hold is still there: the reservation sets it aside
+        and says so (``Granted.contested``), and then the run's events decide (``moved_on``):
+        if they moved on, this delivery is stale and gives its hold back, refused
+        ``TurnCommitted`` before any model call, as the book would have refused it.
+
+        Raises ``LedgerUnavailable`` or a NATS error when the ledger (or the events asked)
+        cannot be read or changed.
         """
         now, ref = self.clock(), self.ref
         template = Hold(
@@ -224,7 +241,20 @@ class TurnHold:
         )
         self.held = isinstance(answer, Granted)
         self.waiting = isinstance(answer, BudgetWait)
+        if isinstance(answer, Granted) and answer.contested and await self._committed_elsewhere():
+            await self.release()
+            return BudgetRefusal(
+                TURN_COMMITTED,
+                None,
+                f"turn {ref.turn} of run {ref.run_uid} is committed already (the run's events "
+                "moved on): this delivery is stale",
+            )
         return answer
+
+    async def _committed_elsewhere(self) -> bool:
+        """Whether the run's events moved on past this delivery's base (``moved_on``; False
+        when there is none to ask)."""
+        return self._moved_on is not None and await self._moved_on()
 
     async def spend(self, usage: kernel.Usage) -> None:
         """The model call answered with ``usage``: charged if the turn is abandoned now, and
@@ -271,6 +301,31 @@ class TurnHold:
             now=self.clock(),
         )
         self.held = False
+
+    async def on_commit(self, after: kernel.RunState) -> bool:
+        """This delivery committed the turn, leaving the run at ``after``: settle now
+        (``settle``), or leave the settlement to the run's next reservation. True if it
+        settled.
+
+        It is left when the run goes on (``after`` is ``RUNNING``: its next turn is dispatched
+        at once and reserves) and this delivery's hold in the book carries what its call used
+        (``spend`` recorded it; not if another delivery took the hold over): that
+        reservation settles the run through this turn and drops this turn's holds in the same
+        write (``TurnLedger.reserve_call`` with ``before``, this delivery as ``prior_owner``),
+        so the turn costs one write of the tenant's book fewer, and no second write races the
+        next turn's. Meanwhile the book is exact: the answered call's hold holds what it used
+        (``BookState.record_spend``). If no next reservation comes — the run is cancelled,
+        deleted, ends by its deadline — the operator's close or ledger sweep resolves the
+        turn by its committer as it does for a worker that died before settling; a stale
+        delivery of the turn meanwhile finds the hold and is stopped (``reserve_call``). A
+        turn that ends the run, waits for a person, or made no call settles now. Raises as
+        ``settle`` does."""
+        if after.phase is kernel.Phase.RUNNING and self.held and self.recorded:
+            self.held = False  # the hold is the next reservation's to resolve, not ours to drop
+            self.spent = None
+            return False
+        await self.settle(after)
+        return True
 
     async def release(self) -> None:
         """Drop this delivery's hold without charging (no model call answered)."""

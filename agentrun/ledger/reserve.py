@@ -72,6 +72,10 @@ class Granted:
     output_tokens: int
     tokens: int
     cost_usd: Decimal
+    contested: bool = False
+    """Another delivery of the turn held an answered call, set aside by this reservation: that
+    delivery may have committed the turn already (its settlement is left to the run's next
+    reservation), which only the run's events can tell (``TurnHold.reserve_call``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -226,7 +230,8 @@ def reserve_call(
     """Hold the call ``need`` under ``key`` (``hold`` gives its run, turn, owner and expiry;
     its amounts are set here, on a copy), or say that it waits or why it can never run.
 
-    - Refused ``TurnCommitted`` when its turn is settled already (a stale delivery).
+    - Refused ``TurnCommitted`` when its turn is settled already (a stale delivery); held
+      but ``contested`` when another delivery's answered call of the turn was set aside.
     - Refused when even its smallest worst case (``need.floor``) does not fit what is
       committed (``used``): used only grows in a window, so waiting would not help.
     - Waits (``BudgetWait``, recorded in ``waiting``) when it fits what is committed but
@@ -240,7 +245,7 @@ def reserve_call(
     book.drop_expired_waiters(now)
     if (stale := _stale(book, key, hold)) is not None:
         return stale
-    deliveries.set_aside(book, key, owner=hold.owner)
+    contested = deliveries.set_aside(book, key, owner=hold.owner)
     previous = book.hold(key)
     if previous is not None and previous.owner != hold.owner:
         book.take_hold(key)  # unanswered: its delivery charges its call itself if it answers
@@ -266,7 +271,7 @@ def reserve_call(
     tokens, cost = need.worst(output)
     book.stop_waiting(key)
     book.put_hold(key, hold.holding(tokens, cost))
-    return Granted(output, tokens, cost)
+    return Granted(output, tokens, cost, contested)
 
 
 def _stale(book: BookState, key: str, hold: Hold) -> BudgetRefusal | None:

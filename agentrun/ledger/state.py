@@ -536,11 +536,18 @@ class BookState:
 
     def record_spend(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal) -> bool:
         """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
-        the hold, so it is charged even if the turn never commits. False if the hold is gone
-        or not ``owner``'s."""
+        the hold, so it is charged even if the turn never commits, and the hold now holds
+        exactly that — the call can spend nothing more, so what its worst case held beyond it
+        is free for other calls at once, and a call that used more than its worst case (a
+        provider counting prompt tokens it was not sent) is held for all it used. So ``used +
+        reserved`` is exact from the answer on, whether the turn's settlement comes now or with
+        the run's next reservation. False if the hold is gone or not ``owner``'s."""
         hold = self.hold(key)
         if hold is None or hold.owner != owner:
             return False
+        self.reserved_tokens += tokens - hold.tokens
+        self.reserved_cost += cost_usd - hold.cost_usd
+        hold.tokens, hold.cost_usd = tokens, cost_usd
         hold.spent_tokens, hold.spent_cost = tokens, cost_usd
         return True
 

@@ -62,7 +62,7 @@ from agentrun.ledger.entries import (
     UsageFloor,
     window_start,
 )
-from agentrun.ledger.hold import DEFAULT_HOLD_TTL, TurnHold, TurnRef
+from agentrun.ledger.hold import DEFAULT_HOLD_TTL, MovedOn, TurnHold, TurnRef
 from agentrun.ledger.queue import QueuedRun, TenantQueue
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
@@ -514,10 +514,19 @@ class LedgerStore(CasStore):
         ttl: float = DEFAULT_HOLD_TTL,
         clock: Callable[[], float] | None = None,
         prior_owner: str = "",
+        moved_on: MovedOn | None = None,
     ) -> TurnHold:
         """The hold of one delivery of turn ``ref`` (an ``async with`` block; see ``hold``);
-        ``prior_owner``: the delivery that committed the run's previous turn, if known."""
-        return TurnHold(self, ref, ttl=ttl, clock=clock or self.clock, prior_owner=prior_owner)
+        ``prior_owner``: the delivery that committed the run's previous turn, if known;
+        ``moved_on``: whether the run's events show the turn committed (``TurnHold``)."""
+        return TurnHold(
+            self,
+            ref,
+            ttl=ttl,
+            clock=clock or self.clock,
+            prior_owner=prior_owner,
+            moved_on=moved_on,
+        )
 
     # --- a turn's hold (``hold.TurnLedger``) ------------------------------------------------------
 

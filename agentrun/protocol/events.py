@@ -338,10 +338,12 @@ class RunEvent:
     time: float = 0.0
     """Epoch seconds when the event was made."""
     owner: str = ""
-    """Only on ``turn``: the delivery (its tenant-ledger hold owner) that committed it, whose
-    model call the record contains; "" when no ledger hold was taken (and in events written
-    before deliveries were named). The ledger tells the committed call of a turn run twice
-    apart from the losing one by it."""
+    """On ``turn``: the delivery (its tenant-ledger hold owner) that committed it, whose model
+    call the record contains; "" when no ledger hold was taken (and in events written before
+    deliveries were named). The ledger tells the committed call of a turn run twice apart from
+    the losing one by it. On ``stop``: the committer of the run's last turn, as the event the
+    stop was built on names it (``stopped``), so the run's close resolves that turn's holds by
+    it ("" in stops written before it was carried, and after events that name none)."""
     seal: Seal | None = None
     """Only on ``admitted`` and ``approval``: the operator's signature over the event's sealed
     content (``sealed_content``); ``None``: unsealed (written before seals existed, or not by
@@ -370,6 +372,21 @@ class RunEvent:
     def state(self) -> kernel.RunState:
         """Counters-only state after this event (see ``kernel.state_from_summary``)."""
         return kernel.state_from_summary(self.summary)
+
+    def stopped(self, state: kernel.RunState, *, time: float) -> RunEvent:
+        """The ``stop`` event ending the run at ``state`` (``kernel.stop`` of this event's
+        state), to be stored right after this event, the run's last: its stored bytes follow
+        this event's, and it names the committer of the run's last turn as this event does
+        (``owner``). A turn's settlement may be left to the run's next reservation, which a
+        stop forestalls; the close then resolves that turn's holds by this committer."""
+        return RunEvent(
+            "stop",
+            self.run_uid,
+            state.summary(),
+            time=time,
+            owner=self.owner,
+            stored_before=self.stored,
+        )
 
     def sealed_content(self) -> bytes | None:
         """The bytes this event's seal covers (``protocol.sealed``): an ``admitted`` event's

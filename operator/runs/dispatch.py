@@ -594,10 +594,7 @@ class Dispatcher:
             last = await self.bus.last_event(namespace, name)
             if last is None or last.run_uid != uid or last.phase.is_terminal:
                 return False
-            state = kernel.stop(last.state(), phase, message)
-            event = RunEvent(
-                "stop", uid, state.summary(), time=self.clock(), stored_before=last.stored
-            )
+            event = last.stopped(kernel.stop(last.state(), phase, message), time=self.clock())
             try:
                 await self.bus.append_event(namespace, name, event, expected_seq=last.seq)
             except CommitConflict:

@@ -4,12 +4,9 @@ uncommitted) against a real LedgerStore."""
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
-import nats
 import pytest
 
 from agentrun import kernel
@@ -25,11 +22,8 @@ from agentrun.ledger import (
     TurnRef,
     worst_case,
 )
-from agentrun_dev import natsserver
 
-NOW = 1_700_000_000.0
-TEST_BUCKET = "AGENTRUN_LEDGER_TEST"
-"""Not the stack's bucket: an e2e operator sweeping in this session must not touch these books."""
+from .conftest import NOW
 
 
 class Clock:
@@ -38,20 +32,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-async def store(nats_server: natsserver.NatsServer) -> AsyncIterator[LedgerStore]:
-    client = await nats.connect(**nats_server.client_options())
-    try:
-        yield await LedgerStore.open(client.jetstream(), bucket=TEST_BUCKET, clock=lambda: NOW)
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-def tenant() -> str:
-    return f"t-{uuid.uuid4().hex[:10]}"
 
 
 async def admit(store: LedgerStore, tenant: str, uid: str, **limits: object) -> None:

@@ -51,11 +51,11 @@ from agentrun.ledger.entries import ENDED_MEMORY, FIRST_WAITERS, LedgerCorrupt
 from agentrun.ledger.store import book_key, run_key
 from agentrun_dev import natsserver
 
+from .conftest import TEST_BUCKET
 from .test_book import COST_LIMIT, NOW, RUNS, T0, TOKEN_LIMIT, RunModel, _check, _do_close, _step
 from .test_book import ops as budget_ops
 
 PRICING = kernel.Pricing(Decimal("2.50"), Decimal("1.25"), Decimal("10"))
-TEST_BUCKET = "AGENTRUN_LEDGER_TEST"
 
 
 # --------------------------------------------------------------------------- pure: the split

@@ -38,11 +38,9 @@ from agentrun.ledger import (
 from agentrun.ledger.store import BUCKET, book_key, queue_key
 from agentrun_dev import natsserver
 
+from .conftest import TEST_BUCKET
+
 Opener = Callable[..., Awaitable[LedgerStore]]
-
-
-TEST_BUCKET = "AGENTRUN_LEDGER_TEST"
-"""Not the stack's bucket: an e2e operator sweeping in this session must not touch these books."""
 
 
 def tenant_name() -> str:

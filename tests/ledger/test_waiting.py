@@ -325,8 +325,8 @@ def test_a_closed_run_charges_its_uncommitted_answered_hold() -> None:
 def test_the_entry_keeps_waiters_and_recorded_spends_through_encode_and_decode() -> None:
     b = book(cost_usd=Decimal("0.05"))
     ask(b, "r1", FIXED)
-    b.record_spend("r1:0", owner="w1", tokens=120, cost_usd=Decimal("0.0004"))
     assert isinstance(ask(b, "w", FIXED), BudgetWait)
+    b.record_spend("r1:0", owner="w1", tokens=120, cost_usd=Decimal("0.0004"))
     again = codec.decode_book(codec.encode_book(b))
     assert again.holds["r1:0"].spent_tokens == 120
     assert again.holds["r1:0"].spent_cost == Decimal("0.0004")

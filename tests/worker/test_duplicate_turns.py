@@ -253,8 +253,8 @@ async def test_a_redelivery_to_the_worker_running_that_turn_makes_no_second_mode
     assert stack.model_calls() == 1
     events = await stack.events(request)
     assert [e.kind for e in events] == ["admitted", "turn"]
-    book = await stack.book()
-    assert (book.used_tokens, book.abandoned_tokens) == (TURN_0, 0)
+    book = await stack.book()  # turn 0's settlement is left to the run's next reservation
+    assert (book.used_tokens + book.reserved_tokens, book.abandoned_tokens) == (TURN_0, 0)
     # the next turn of the run is no duplicate: it runs
     following = TurnRequest(request.run_uid, "ns", request.name, 1, events[-1].seq)
     assert (await handle(worker, following)).outcome == ["ack"]
@@ -296,6 +296,18 @@ async def test_a_slow_hold_refresh_never_delays_the_in_progress_signal(stack: St
     assert max(gaps) < 1.25, gaps
 
 
+def reads_the_events_before_the_commit(worker: TurnConsumer) -> None:
+    """Make ``worker``'s read of the run's events, when its reservation finds another
+    delivery's answered hold of the turn (``TurnHold.reserve_call``), come just before that
+    delivery's commit lands — a race no check closes: it finds the turn not committed and goes
+    on to call the model."""
+
+    async def moved_on(request: TurnRequest) -> bool:
+        return False
+
+    worker._moved_on = moved_on  # type: ignore[method-assign]
+
+
 def dies_before_settling(worker: TurnConsumer) -> None:
     """Make ``worker`` die, as far as the ledger can tell, right after its next commit: its
     connection closes before the turn's settlement, so its answered hold stays in the book."""
@@ -305,11 +317,11 @@ def dies_before_settling(worker: TurnConsumer) -> None:
     def turn_hold(ref: TurnRef, **kwargs: Any) -> TurnHold:
         hold = make(ref, **kwargs)
 
-        async def settle(after: kernel.RunState) -> None:
+        async def on_commit(after: kernel.RunState) -> bool:
             await worker.bus.nc.close()
             raise ConnectionError("the worker died between its commit and its settlement")
 
-        hold.settle = settle  # type: ignore[method-assign]
+        hold.on_commit = on_commit  # type: ignore[method-assign]
         return hold
 
     worker.ledger.turn_hold = turn_hold  # type: ignore[method-assign]
@@ -373,14 +385,16 @@ async def test_a_committer_that_died_before_settling_is_charged_once(
 ) -> None:
     """The first worker commits turn 0 and dies before settling, its answered hold left in the
     book. A second worker that still holds the run as it was before that commit runs the turn
-    again: it takes the hold over and its commit loses. Its own call is charged as abandoned;
-    the dead worker's call, which the committed turn holds, is not (before: the takeover
-    charged it as abandoned, and the run's usage charged it again)."""
+    again (its read of the events came just before the commit): it takes the hold over and its
+    commit loses. Its own call is charged as abandoned; the dead worker's call, which the
+    committed turn holds, is not (before: the takeover charged it as abandoned, and the run's
+    usage charged it again)."""
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
     await history.load(
         second.bus, second.cache, request, seals=VERIFIER
     )  # it saw the run before the commit
+    reads_the_events_before_the_commit(second)
     dies_before_settling(first)
     assert (await handle(first, request)).outcome == ["ack"]
     events = await stack.events(request)
@@ -403,18 +417,31 @@ async def test_a_committer_that_died_before_settling_is_charged_once(
 
 
 async def test_a_stale_delivery_of_a_settled_turn_makes_no_model_call(stack: Stack) -> None:
-    """A worker that saw the run before turn 0 committed and settled elsewhere gets turn 0's
-    request: the ledger refuses its call (the turn is settled), so it calls no model; its
-    record cannot commit, and nothing is charged for it."""
+    """A worker that saw the run before turn 0 committed elsewhere gets turn 0's request
+    (a first delivery: it reads no events). Turn 0's settlement was left to the run's next
+    reservation, so the book has not settled it, but its reservation finds the committer's
+    answered hold: the run's events, read then, show the turn committed, so it gives its hold
+    back and calls no model; its record cannot commit, and nothing is charged for it. Once
+    the book settled the turn, the book itself refuses such a delivery."""
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
     await history.load(second.bus, second.cache, request, seals=VERIFIER)
     assert (await handle(first, request)).outcome == ["ack"]
     assert (await handle(second, request)).outcome == ["ack"]
     assert stack.model_calls() == 1
-    assert len(await stack.events(request)) == 2
+    events = await stack.events(request)
+    assert len(events) == 2
     book = await stack.book()
-    assert (book.used_tokens, book.abandoned_tokens, book.holds) == (TURN_0, 0, {})
+    assert (book.used_tokens + book.reserved_tokens, book.abandoned_tokens) == (TURN_0, 0)
+    assert [h.owner for h in book.holds.values()] == [events[-1].owner]
+
+    await next_turn(stack, request, events[-1])  # its reservation settles turn 0
+    third = await stack.worker()
+    await history.load(third.bus, third.cache, request, seals=VERIFIER)
+    assert (await handle(third, request)).outcome == ["ack"]
+    assert stack.model_calls() == 2  # the book refused turn 0 again: no third call
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens, book.holds) == (TURN_0 + TURN_1, 0, {})
 
 
 async def test_a_redelivery_reads_the_runs_events_rather_than_what_its_worker_saw(
@@ -454,7 +481,23 @@ def dies_after_its_call(worker: TurnConsumer) -> None:
     worker.ledger.turn_hold = turn_hold  # type: ignore[method-assign]
 
 
-LEFT_BEHIND = {"the run's close": run_closes, "the sweep": sweep_repairs}
+async def stopped_then_closed(stack: Stack, request: TurnRequest, last: RunEvent) -> None:
+    """The run is cancelled after the turn (a ``stop`` event, as the operator appends one),
+    and the operator closes it on that event: the turn's committer is read from the stop."""
+    state = kernel.stop(last.state(), kernel.Phase.CANCELLED, "cancelled")
+    stop = last.stopped(state, time=last.time + 1)
+    assert stop.owner == last.owner and stop.stored_before == last.stored
+    await stack.buses[0].append_event("ns", request.name, stop, expected_seq=last.seq)
+    (*_, stored) = await stack.events(request)
+    assert stored.kind == "stop" and stored.owner == last.owner
+    await run_closes(stack, request, stored)
+
+
+LEFT_BEHIND = {
+    "the run's close": run_closes,
+    "the sweep": sweep_repairs,
+    "a stop event's close": stopped_then_closed,
+}
 
 
 @pytest.mark.parametrize("resolve", LEFT_BEHIND.values(), ids=LEFT_BEHIND.keys())
@@ -469,6 +512,7 @@ async def test_a_losing_call_left_behind_by_a_dead_worker_is_charged_from_the_co
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
     await history.load(second.bus, second.cache, request, seals=VERIFIER)
+    reads_the_events_before_the_commit(second)
     dies_before_settling(first)
     dies_after_its_call(second)
     assert (await handle(first, request)).outcome == ["ack"]
