@@ -454,8 +454,7 @@ class TurnConsumer:
     async def _run_turn(
         self, msg: Msg, request: TurnRequest, run: history.LoadedRun, hold: TurnHold | None
     ) -> Committed | None:
-        """Execute and commit the turn, then settle its hold (or leave that to the run's next
-        reservation, ``TurnHold.on_commit``); ``None`` if the commit lost."""
+        """Execute and commit the turn, then settle its hold; ``None`` if the commit lost."""
         clock = PhaseClock()
         parent = telemetry.context_of((msg.headers or {}).get("traceparent"))
         token = otel_context.attach(parent) if parent is not None else None
@@ -476,7 +475,7 @@ class TurnConsumer:
         self.turns_committed += 1
         if hold is not None:
             try:
-                await hold.on_commit(after)
+                await hold.settle(after)
             except Exception as err:  # committed: the next settlement or the run's close
                 # charges the run's cumulative usage, and the operator frees the hold
                 log.warning("turn %s committed but not settled: %r", request.msg_id, err)

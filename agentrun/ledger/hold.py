@@ -2,8 +2,7 @@
 
 The order: reserve the call's worst case (``reserve_call``: held, waiting for other runs'
 holds, or refused) → call the model → record what it used (``spend``, written to the hold) →
-run tools → commit the turn event → settle the run's cumulative usage (when the run goes on,
-the next turn's reservation settles it in the same write: ``on_commit``). A turn that never
+run tools → commit the turn event → settle the run's cumulative usage. A turn that never
 commits (cancelled, lost the commit race, its worker shut down) gives its hold back when its
 ``async with`` block exits: it is released, or abandoned — charged what the model call used —
 if the model had answered (the provider bills that call). A worker that dies leaves its hold
@@ -28,8 +27,7 @@ of the tenant's entry).
         answer = await h.reserve_call(need, before=state)   # Granted | BudgetWait | refusal
         ...                      # the model call: await h.spend(usage) once it answered
         ...                      # commit the turn event
-        await h.on_commit(after) # settled, or left to the run's next reservation; or leave
-                                 # the block uncommitted: released / abandoned
+        await h.settle(after)    # or leave the block uncommitted: released / abandoned
 """
 
 from __future__ import annotations
@@ -222,11 +220,11 @@ class TurnHold:
         window (``Book.reserve_call``). ``before`` as for ``reserve``.
 
         A turn whose book is settled is refused ``TurnCommitted`` by the book. One committed
-        whose settlement was left to the run's next reservation (``on_commit``) is not settled
-        yet, but its committer's answered hold is still there: the reservation sets it aside
-        and says so (``Granted.contested``), and then the run's events decide (``moved_on``):
-        if they moved on, this delivery is stale and gives its hold back, refused
-        ``TurnCommitted`` before any model call, as the book would have refused it.
+        whose committer died before settling is not settled yet, but that committer's answered
+        hold is still there: the reservation sets it aside and says so
+        (``Granted.contested``), and then the run's events decide (``moved_on``): if they
+        moved on, this delivery is stale and gives its hold back, refused ``TurnCommitted``
+        before any model call, as the book would have refused it.
 
         Raises ``LedgerUnavailable`` or a NATS error when the ledger (or the events asked)
         cannot be read or changed.
@@ -301,31 +299,6 @@ class TurnHold:
             now=self.clock(),
         )
         self.held = False
-
-    async def on_commit(self, after: kernel.RunState) -> bool:
-        """This delivery committed the turn, leaving the run at ``after``: settle now
-        (``settle``), or leave the settlement to the run's next reservation. True if it
-        settled.
-
-        It is left when the run goes on (``after`` is ``RUNNING``: its next turn is dispatched
-        at once and reserves) and this delivery's hold in the book carries what its call used
-        (``spend`` recorded it; not if another delivery took the hold over): that
-        reservation settles the run through this turn and drops this turn's holds in the same
-        write (``TurnLedger.reserve_call`` with ``before``, this delivery as ``prior_owner``),
-        so the turn costs one write of the tenant's book fewer, and no second write races the
-        next turn's. Meanwhile the book is exact: the answered call's hold holds what it used
-        (``BookState.record_spend``). If no next reservation comes — the run is cancelled,
-        deleted, ends by its deadline — the operator's close or ledger sweep resolves the
-        turn by its committer as it does for a worker that died before settling; a stale
-        delivery of the turn meanwhile finds the hold and is stopped (``reserve_call``). A
-        turn that ends the run, waits for a person, or made no call settles now. Raises as
-        ``settle`` does."""
-        if after.phase is kernel.Phase.RUNNING and self.held and self.recorded:
-            self.held = False  # the hold is the next reservation's to resolve, not ours to drop
-            self.spent = None
-            return False
-        await self.settle(after)
-        return True
 
     async def release(self) -> None:
         """Drop this delivery's hold without charging (no model call answered)."""

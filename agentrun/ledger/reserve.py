@@ -74,8 +74,8 @@ class Granted:
     cost_usd: Decimal
     contested: bool = False
     """Another delivery of the turn held an answered call, set aside by this reservation: that
-    delivery may have committed the turn already (its settlement is left to the run's next
-    reservation), which only the run's events can tell (``TurnHold.reserve_call``)."""
+    delivery may have committed the turn already (and died before settling it), which only
+    the run's events can tell (``TurnHold.reserve_call``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -540,8 +540,8 @@ class BookState:
         exactly that — the call can spend nothing more, so what its worst case held beyond it
         is free for other calls at once, and a call that used more than its worst case (a
         provider counting prompt tokens it was not sent) is held for all it used. So ``used +
-        reserved`` is exact from the answer on, whether the turn's settlement comes now or with
-        the run's next reservation. False if the hold is gone or not ``owner``'s."""
+        reserved`` is exact from the answer until the turn settles (or its worker's dead hold
+        is resolved). False if the hold is gone or not ``owner``'s."""
         hold = self.hold(key)
         if hold is None or hold.owner != owner:
             return False

@@ -12,6 +12,7 @@ import pytest
 from agentrun import kernel
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
+    BudgetRefusal,
     BudgetWait,
     CallNeed,
     Granted,
@@ -311,3 +312,64 @@ async def test_a_turn_that_made_no_call_resolves_the_turn_before_when_it_settles
     book = await store.read(tenant)
     assert book is not None and book.holds == {}
     assert (book.used_tokens, book.abandoned_tokens) == (120 + 155, 155)
+
+
+class MovedOn:
+    """A ``moved_on`` that answers ``answer`` and counts how often it was asked."""
+
+    def __init__(self, answer: bool) -> None:
+        self.answer = answer
+        self.asked = 0
+
+    async def __call__(self) -> bool:
+        self.asked += 1
+        return self.answer
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_a_reservation_that_sets_an_answered_hold_aside_asks_the_runs_events(
+    store: LedgerStore, tenant: str, committed: bool
+) -> None:
+    """Another delivery's answered hold of the turn is set aside: that delivery may have
+    committed the turn and died before settling it. If the run's events moved on, this
+    delivery is stale: refused ``TurnCommitted``, its hold given back, the other's kept aside
+    for the turn's resolution; if not, its call is held."""
+    await admit(store, tenant, "run-1", tokens=10_000)
+    clock = Clock()
+    first = budget(store, tenant, "run-1", 0, clock)
+    await first.reserve(tokens=500, cost_usd=Decimal(0))
+    await first.spend(kernel.Usage(input_tokens=100))
+    asked = MovedOn(committed)
+    ref = TurnRef(tenant, "run-1", "ns", "run-1", 0)
+    need = CallNeed(prompt_tokens=100, output_tokens=100, pricing=kernel.Pricing())
+    async with store.turn_hold(ref, clock=clock, moved_on=asked) as second:
+        answer = await second.reserve_call(need)
+        assert asked.asked == 1
+        if committed:
+            assert isinstance(answer, BudgetRefusal) and answer.reason == "TurnCommitted"
+            assert second.held is False
+        else:
+            assert isinstance(answer, Granted) and answer.contested
+            assert second.held is True
+        book = await store.read(tenant)
+        assert book is not None
+        owners = sorted(h.owner for h in book.holds.values())
+        assert owners == sorted([first.owner] + ([] if committed else [second.owner]))
+
+
+async def test_an_uncontested_reservation_never_asks_the_runs_events(
+    store: LedgerStore, tenant: str
+) -> None:
+    """A first delivery, and one taking over a hold whose call never answered, are not
+    contested: no read of the run's events."""
+    await admit(store, tenant, "run-1", tokens=10_000)
+    clock = Clock()
+    first = budget(store, tenant, "run-1", 0, clock)
+    await first.reserve(tokens=500, cost_usd=Decimal(0))  # never answered
+    asked = MovedOn(True)
+    ref = TurnRef(tenant, "run-1", "ns", "run-1", 0)
+    need = CallNeed(prompt_tokens=100, output_tokens=100, pricing=kernel.Pricing())
+    async with store.turn_hold(ref, clock=clock, moved_on=asked) as second:
+        answer = await second.reserve_call(need)
+    assert isinstance(answer, Granted) and not answer.contested
+    assert asked.asked == 0

@@ -253,8 +253,8 @@ async def test_a_redelivery_to_the_worker_running_that_turn_makes_no_second_mode
     assert stack.model_calls() == 1
     events = await stack.events(request)
     assert [e.kind for e in events] == ["admitted", "turn"]
-    book = await stack.book()  # turn 0's settlement is left to the run's next reservation
-    assert (book.used_tokens + book.reserved_tokens, book.abandoned_tokens) == (TURN_0, 0)
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens) == (TURN_0, 0)
     # the next turn of the run is no duplicate: it runs
     following = TurnRequest(request.run_uid, "ns", request.name, 1, events[-1].seq)
     assert (await handle(worker, following)).outcome == ["ack"]
@@ -317,11 +317,11 @@ def dies_before_settling(worker: TurnConsumer) -> None:
     def turn_hold(ref: TurnRef, **kwargs: Any) -> TurnHold:
         hold = make(ref, **kwargs)
 
-        async def on_commit(after: kernel.RunState) -> bool:
+        async def settle(after: kernel.RunState) -> None:
             await worker.bus.nc.close()
             raise ConnectionError("the worker died between its commit and its settlement")
 
-        hold.on_commit = on_commit  # type: ignore[method-assign]
+        hold.settle = settle  # type: ignore[method-assign]
         return hold
 
     worker.ledger.turn_hold = turn_hold  # type: ignore[method-assign]
@@ -417,29 +417,44 @@ async def test_a_committer_that_died_before_settling_is_charged_once(
 
 
 async def test_a_stale_delivery_of_a_settled_turn_makes_no_model_call(stack: Stack) -> None:
-    """A worker that saw the run before turn 0 committed elsewhere gets turn 0's request
-    (a first delivery: it reads no events). Turn 0's settlement was left to the run's next
-    reservation, so the book has not settled it, but its reservation finds the committer's
-    answered hold: the run's events, read then, show the turn committed, so it gives its hold
-    back and calls no model; its record cannot commit, and nothing is charged for it. Once
-    the book settled the turn, the book itself refuses such a delivery."""
+    """A worker that saw the run before turn 0 committed and settled elsewhere gets turn 0's
+    request: the ledger refuses its call (the turn is settled), so it calls no model; its
+    record cannot commit, and nothing is charged for it."""
     first, second = await stack.worker(), await stack.worker()
     request = await stack.admit()
     await history.load(second.bus, second.cache, request, seals=VERIFIER)
     assert (await handle(first, request)).outcome == ["ack"]
     assert (await handle(second, request)).outcome == ["ack"]
     assert stack.model_calls() == 1
+    assert len(await stack.events(request)) == 2
+    book = await stack.book()
+    assert (book.used_tokens, book.abandoned_tokens, book.holds) == (TURN_0, 0, {})
+
+
+async def test_a_stale_delivery_of_a_turn_whose_committer_died_unsettled_makes_no_model_call(
+    stack: Stack,
+) -> None:
+    """As above, but the committer died between its commit and its settlement, so the book has
+    not settled turn 0 and cannot refuse the call. The stale delivery's reservation finds the
+    committer's answered hold and sets it aside; the run's events, read then from the stream's
+    leader, show the turn committed: it gives its hold back and calls no model (before: it
+    called the model, and ran the tools the answer asked for, for a record that could not
+    commit). The committer's call is charged once, through the run, when the turn is
+    resolved."""
+    first, second = await stack.worker(), await stack.worker()
+    request = await stack.admit()
+    await history.load(second.bus, second.cache, request, seals=VERIFIER)
+    dies_before_settling(first)
+    assert (await handle(first, request)).outcome == ["ack"]
+    assert (await handle(second, request)).outcome == ["ack"]
+    assert stack.model_calls() == 1
     events = await stack.events(request)
     assert len(events) == 2
     book = await stack.book()
-    assert (book.used_tokens + book.reserved_tokens, book.abandoned_tokens) == (TURN_0, 0)
-    assert [h.owner for h in book.holds.values()] == [events[-1].owner]
+    assert (book.used_tokens, book.abandoned_tokens) == (0, 0)
+    assert [(h.owner, h.spent_tokens) for h in book.holds.values()] == [(events[1].owner, TURN_0)]
 
-    await next_turn(stack, request, events[-1])  # its reservation settles turn 0
-    third = await stack.worker()
-    await history.load(third.bus, third.cache, request, seals=VERIFIER)
-    assert (await handle(third, request)).outcome == ["ack"]
-    assert stack.model_calls() == 2  # the book refused turn 0 again: no third call
+    await next_turn(stack, request, events[1])
     book = await stack.book()
     assert (book.used_tokens, book.abandoned_tokens, book.holds) == (TURN_0 + TURN_1, 0, {})
 
