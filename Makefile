@@ -61,7 +61,7 @@ typecheck: $(STAMP)
 # while those binaries (the control plane first, then helm, Prometheus, syft and the nats CLI,
 # then the node's), then the real model's server (llama.cpp), build niced in the background
 # (cold: about 25 and 5 minutes on 2 cores; warm, cache hits); then the control plane's tests,
-# the tools', the node's. Exit status 1 when a tier or a build failed. --durations: the slowest
+# then the tools' beside the node's. Exit status 1 when a tier or a build failed. --durations: the slowest
 # tests of each tier, printed for whoever trims the suite's time next.
 pytest: $(STAMP) system-packages node-packages
 	.ci/pytest-tiers $(BIN) --durations=30

@@ -34,7 +34,10 @@ case "$*" in
   *"-m not e2e "*) exit "${FIRST_RC:-0}";;
   *") and alone"*) exit "${ALONE_RC:-0}";;
   *"-m (not (not e2e "*) exit "${SECOND_RC:-0}";;
-  *"-m toolbinaries "*) exit "${THIRD_RC:-0}";;
+  *"-m toolbinaries "*)
+    echo "the third tier's own output"
+    if [ -n "${THIRD_SLEEP:-}" ]; then echo $$ > "$CALLS.third-pid"; exec sleep "$THIRD_SLEEP"; fi
+    exit "${THIRD_RC:-0}";;
   *"-m node or"*) exit "${FOURTH_RC:-0}";;
   *) echo "unknown tier: $*" >&2; exit 99;;
 esac
@@ -89,7 +92,8 @@ def tiers(
     """Run the script on the stand-in bin/ with pytest options `args` (default
     ``--durations=30``, as `make pytest`) and `rcs` (FIRST_RC, SECOND_RC, ALONE_RC, THIRD_RC,
     FOURTH_RC; CONTROL_PLANE_WAIT_RC, TOOLS_WAIT_RC, ALL_WAIT_RC; BUILD_RC, LLAMA_RC);
-    returns its result and the recorded calls, foreground ones in order."""
+    returns its result and the recorded calls, in the order they were made (the third tier's
+    runs beside the fourth's wait for its build: its place among them is not fixed)."""
     calls = tmp_path / "calls"
     env = {**os.environ, "CALLS": str(calls), "NICE_BASE": str(os.nice(0)), **rcs}
     done = subprocess.run(
@@ -109,18 +113,24 @@ def test_the_four_tiers_run_around_the_background_builds_and_all_passing_is_0(
     done, calls = tiers(tmp_path)
 
     assert done.returncode == 0, done.stdout + done.stderr
-    foreground = [c for c in calls if not c.startswith("background ")]
+    third = f"pytest --durations=30 -n 1 --dist loadfile --no-loadscope-reorder -m {tier('third')}"
+    assert calls.count(third) == 1
+    assert calls.index(third) > calls.index("agentrun dev binaries --tools")
+    foreground = [c for c in calls if not c.startswith("background ") and c != third]
     assert foreground == [
         f"pytest --durations=30 -n 2 --dist loadfile --no-loadscope-reorder -m {tier('first')}",
         "agentrun dev binaries --control-plane",  # the second tier waits for nothing else
         "pytest --durations=30 -n 2 --dist loadfile --no-loadscope-reorder"
         f" -m ({tier('second')}) and not alone",
         f"pytest --durations=30 -m ({tier('second')}) and alone",
-        "agentrun dev binaries --tools",
-        f"pytest --durations=30 -n 2 --dist loadfile --no-loadscope-reorder -m {tier('third')}",
+        "agentrun dev binaries --tools",  # the third tier starts beside the fourth then
         "agentrun dev binaries --all",
         f"pytest --durations=30 -m {tier('last')}",
     ]
+    # its output comes after the fourth tier's, in one piece
+    out = done.stdout
+    assert out.index("fourth tier done") < out.index("the third tier's own output")
+    assert (tmp_path / "venv" / "tier3.log").read_text() == "the third tier's own output\n"
     background = [c for c in calls if c.startswith("background ")]
     assert background == [
         "background agentrun dev binaries --all",
@@ -131,12 +141,27 @@ def test_the_four_tiers_run_around_the_background_builds_and_all_passing_is_0(
 
 
 def test_every_tier_but_the_node_s_runs_in_as_many_workers_as_asked(tmp_path: Path) -> None:
+    """The third runs beside the fourth (one process), so in one worker fewer."""
     done, calls = tiers(tmp_path, TEST_WORKERS="3")
 
     assert done.returncode == 0, done.stdout + done.stderr
-    runs = [c for c in calls if c.startswith("pytest ")]
-    parallel = " -n 3 --dist loadfile --no-loadscope-reorder "
-    assert [parallel in c for c in runs] == [True, True, False, True, False]
+    endings = {
+        "first": f"-m {tier('first')}",
+        "second": f"-m ({tier('second')}) and not alone",
+        "alone": f"-m ({tier('second')}) and alone",
+        "third": f"-m {tier('third')}",
+        "last": f"-m {tier('last')}",
+    }
+    workers = {
+        name: [_workers(c) for c in calls if c.endswith(end)] for name, end in endings.items()
+    }
+    assert workers == {"first": [3], "second": [3], "alone": [None], "third": [2], "last": [None]}
+
+
+def _workers(call: str) -> int | None:
+    """The ``-n`` of a recorded pytest call (``None``: not parallel)."""
+    found = re.search(r" -n (\d+) ", call)
+    return int(found.group(1)) if found else None
 
 
 @pytest.mark.parametrize(
@@ -383,13 +408,14 @@ def test_a_failed_llama_build_fails_the_run(tmp_path: Path) -> None:
     assert "a background build failed" in done.stdout
 
 
-def test_an_interrupted_run_stops_the_background_build(tmp_path: Path) -> None:
+def test_an_interrupted_run_stops_the_background_build_and_the_third_tier(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
     env = {
         **os.environ,
         "CALLS": str(calls),
         "NICE_BASE": str(os.nice(0)),
         "BUILD_SLEEP": "120",
+        "THIRD_SLEEP": "120",
     }
     script = subprocess.Popen(
         [str(SCRIPT), str(venv_bin(tmp_path))],
@@ -398,21 +424,26 @@ def test_an_interrupted_run_stops_the_background_build(tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        pid_file = Path(f"{calls}.build-pid")
-        deadline = time.monotonic() + 30
-        while not (pid_file.is_file() and pid_file.read_text().strip()):
-            assert time.monotonic() < deadline, "the background build never started"
-            time.sleep(0.05)
-        build = int(pid_file.read_text())
+        build, third = (_pid_in(Path(f"{calls}.{name}-pid")) for name in ("build", "third"))
         script.send_signal(signal.SIGTERM)
         assert script.wait(timeout=30) == 130
     finally:
         if script.poll() is None:
             script.kill()
     deadline = time.monotonic() + 10
-    while _alive(build):
-        assert time.monotonic() < deadline, f"the background build {build} outlived the run"
+    for pid, what in ((build, "the background build"), (third, "the third tier")):
+        while _alive(pid):
+            assert time.monotonic() < deadline, f"{what} ({pid}) outlived the run"
+            time.sleep(0.05)
+
+
+def _pid_in(pid_file: Path) -> int:
+    """The pid a stand-in wrote to ``pid_file`` once it started (waited for up to 30 s)."""
+    deadline = time.monotonic() + 30
+    while not (pid_file.is_file() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, f"nothing wrote {pid_file.name}"
         time.sleep(0.05)
+    return int(pid_file.read_text())
 
 
 def _alive(pid: int) -> bool:
