@@ -1,6 +1,6 @@
 """``make bench-ab REF=<git rev>``: a change's cost in one command. This tree against another
-(REF), a benchmark run in both alternately (ref, this, ref, this, …), medians of every figure
-and their ratio.
+(REF), a benchmark run in both in turn, the order swapped each round (ref, this, this, ref, …:
+``run_order``), medians of every figure and their ratio.
 
 The other tree is ``git archive REF`` unpacked under the agentrun cache directory with its own
 virtualenv (``pip install -e 'TREE[test]' -e TREE/devtools``), both built once per commit and
@@ -13,8 +13,10 @@ writes its JSON into a directory of its own (``AGENTRUN_BENCH_RESULTS``); every 
 compared (``figures.ab_summary``): medians over ``--repeat`` runs a side, this/ref.
 
 On a shared machine a single pair says little: CPU per turn moves ±15–25 % between stacks,
-wall-clock figures several-fold. Interleaving puts both trees under the same load drift; the
-exact counts (API requests, NATS messages per turn) show whether a turn does different work.
+wall-clock figures several-fold. Interleaving puts both trees under the same load drift, and
+swapping the order each round keeps a drift that goes one way through the runs (a machine
+slowing down) from reading as a change; the exact counts (API requests, NATS messages per
+turn) show whether a turn does different work.
 
     cd bench && ../.venv/bin/python bench_ab.py --ref main [--bench bench_cpu.py]
         [--repeat 3] [--own-bench] [-- ARGS FOR THE BENCH]
@@ -126,6 +128,16 @@ def report(summary: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def run_order(repeat: int) -> list[tuple[int, str]]:
+    """The runs, (round, side), in the order they are made: ``ref`` then ``this`` in even
+    rounds, ``this`` then ``ref`` in odd ones. Strict alternation (ref, this, ref, this) runs
+    ``this`` later in every pair, so a machine slowing down steadily through the runs reads as
+    ``this`` costing more (seen: every process, the untouched model server too, 1.1–1.3×);
+    with the order swapped, a steady drift weighs on both sides alike after each two rounds."""
+    sides = ("ref", "this")
+    return [(i, side) for i in range(repeat) for side in (sides if i % 2 == 0 else sides[::-1])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ref", required=True, help="the other tree: a git rev of this repo")
@@ -145,22 +157,18 @@ def main() -> None:
     loads: list[dict[str, Any]] = []
     scratch = Path(tempfile.mkdtemp(prefix="agentrun-bench-ab-"))
     try:
-        for i in range(args.repeat):
-            for side, (python, directory) in sides.items():
-                print(f"bench_ab: {side} run {i + 1}/{args.repeat} ({args.bench})", flush=True)
-                before = load_average()
-                out = scratch / f"{side}-{i}"
-                try:
-                    record = run_once(python, directory, args.bench, bench_args, out)
-                except subprocess.CalledProcessError as err:
-                    hint = OLD_REF_HINT if side == "ref" and not args.own_bench else ""
-                    raise SystemExit(
-                        f"bench_ab: {args.bench} failed in the {side} tree{hint}"
-                    ) from err
-                records[side].append(record)
-                loads.append(
-                    {"side": side, "run": i + 1, "before": before, "after": load_average()}
-                )
+        for i, side in run_order(args.repeat):
+            python, directory = sides[side]
+            print(f"bench_ab: {side} run {i + 1}/{args.repeat} ({args.bench})", flush=True)
+            before = load_average()
+            out = scratch / f"{side}-{i}"
+            try:
+                record = run_once(python, directory, args.bench, bench_args, out)
+            except subprocess.CalledProcessError as err:
+                hint = OLD_REF_HINT if side == "ref" and not args.own_bench else ""
+                raise SystemExit(f"bench_ab: {args.bench} failed in the {side} tree{hint}") from err
+            records[side].append(record)
+            loads.append({"side": side, "run": i + 1, "before": before, "after": load_average()})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     summary = figures.ab_summary(records["ref"], records["this"])

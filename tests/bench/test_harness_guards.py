@@ -1,9 +1,10 @@
 """The harness's guards that need no stack: a peer that reports a failure or nothing, a peer
-that hangs, a bench that writes no result, a ref git does not know."""
+that hangs, a bench that writes no result, a ref git does not know; the A/B's order of runs."""
 
 from __future__ import annotations
 
 import io
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,3 +48,23 @@ def test_a_bench_that_writes_no_result_is_an_error(tmp_path: Path) -> None:
 def test_a_ref_git_does_not_know_is_refused_by_name() -> None:
     with pytest.raises(SystemExit, match="'no-such-ref' is not a commit"):
         bench_ab.resolve("no-such-ref")
+
+
+def test_the_sides_swap_order_each_round_so_a_steady_drift_reads_as_no_change() -> None:
+    order = bench_ab.run_order(4)
+    assert order == [
+        (0, "ref"),
+        (0, "this"),
+        (1, "this"),
+        (1, "ref"),
+        (2, "ref"),
+        (2, "this"),
+        (3, "this"),
+        (3, "ref"),
+    ]
+    # a machine slowing down by the same step each run: both sides' medians equal
+    costs: dict[str, list[float]] = {"ref": [], "this": []}
+    for position, (_, side) in enumerate(order):
+        costs[side].append(1.0 + 0.1 * position)
+    assert statistics.median(costs["this"]) == pytest.approx(statistics.median(costs["ref"]))
+    assert bench_ab.run_order(1) == [(0, "ref"), (0, "this")]
