@@ -341,9 +341,10 @@ class RunEvent:
     """On ``turn``: the delivery (its tenant-ledger hold owner) that committed it, whose model
     call the record contains; "" when no ledger hold was taken (and in events written before
     deliveries were named). The ledger tells the committed call of a turn run twice apart from
-    the losing one by it. On ``stop``: the committer of the run's last turn, as the event the
-    stop was built on names it (``stopped``), so the run's close resolves that turn's holds by
-    it ("" in stops written before it was carried, and after events that name none)."""
+    the losing one by it. On ``approval`` and ``stop``: the committer of the run's last turn,
+    carried over (``stopped``), so whoever closes the run from its last event — the operator
+    on a terminal event, the ledger sweep — resolves that turn's holds by it ("" in events
+    written before it was carried)."""
     seal: Seal | None = None
     """Only on ``admitted`` and ``approval``: the operator's signature over the event's sealed
     content (``sealed_content``); ``None``: unsealed (written before seals existed, or not by
@@ -377,8 +378,9 @@ class RunEvent:
         """The ``stop`` event ending the run at ``state`` (``kernel.stop`` of this event's
         state), to be stored right after this event, the run's last: its stored bytes follow
         this event's, and it names the committer of the run's last turn as this event does
-        (``owner``). A turn's settlement may be left to the run's next reservation, which a
-        stop forestalls; the close then resolves that turn's holds by this committer."""
+        (``owner``): if that turn's committer died before settling it, the run's close
+        resolves the turn's holds by it (another delivery's answered call charged as
+        abandoned, the committer's through the run)."""
         return RunEvent(
             "stop",
             self.run_uid,

@@ -635,6 +635,7 @@ class Dispatcher:
                 state.summary(),
                 approval=protocol.Approval(digest, approved, reviewer),
                 time=self.clock(),
+                owner=loaded.committer,
                 stored_before=loaded.stored,
             )
         )

@@ -300,7 +300,7 @@ async def test_an_unsealed_run_its_status_does_not_vouch_for_is_refused(
     assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
 
 
-async def test_a_decision_the_operator_applies_is_sealed_for_its_run_and_turn(
+async def test_a_decision_the_operator_applies_is_sealed_and_names_the_turns_committer(
     stack: Stack,
 ) -> None:
     cfg = config(
@@ -324,7 +324,10 @@ async def test_a_decision_the_operator_applies_is_sealed_for_its_run_and_turn(
     )
     after = kernel.advance(state, record, cfg.limits)
     await stack.bus.append_event(
-        NAMESPACE, "held", RunEvent("turn", cfg.uid, after.summary(), record=record), expected_seq=1
+        NAMESPACE,
+        "held",
+        RunEvent("turn", cfg.uid, after.summary(), record=record, owner="delivery-1"),
+        expected_seq=1,
     )
     held = after.summary().pending_approval
     assert held is not None
@@ -338,6 +341,11 @@ async def test_a_decision_the_operator_applies_is_sealed_for_its_run_and_turn(
     assert last is not None and last.kind == "approval"
     assert last.approval is not None and last.approval.reviewer == "alice"
     assert VERIFIER.event_fault(last) is None
+    # it names the last turn's committer, as a stop built on it will: the run's close resolves
+    # that turn's holds by it
+    assert last.owner == "delivery-1"
+    stop = last.stopped(kernel.stop(last.state(), kernel.Phase.CANCELLED, "x"), time=2.0)
+    assert stop.owner == "delivery-1"
 
 
 async def test_the_run_key_of_a_refusal_names_the_subject_not_the_config() -> None:
