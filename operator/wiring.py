@@ -25,6 +25,8 @@ uses (``Handling``). Order of construction, and what each part is told:
   ``runs.LiveRuns``.
 - ``OrphanWatch`` dispatches again the turns of running runs whose TurnRequest was lost, from
   the dispatcher's snapshots (``pending_turns``), through the dispatcher.
+- ``WaitingCheck`` reads the objects of runs waiting long for a person (``waiting_runs``):
+  one whose deletion went unseen is found gone by the status writer and stopped as deleted.
 - ``QueueStatus`` writes the status of runs that wait in a queue or end unadmitted, counting
   such ends through the dispatcher; the pump and the handlers use it.
 - ``QueuePump`` admits queued runs through the dispatcher.
@@ -86,6 +88,7 @@ from .runs.handled import HandledActions
 from .runs.keys import RunKey
 from .runs.orphans import OrphanWatch
 from .runs.seals import RunSeals
+from .runs.waiting import WaitingCheck
 from .runs.writer import StatusWriter
 from .schedules.controller import ScheduleController
 from .schedules.store import KubeCronStore
@@ -186,6 +189,7 @@ class Parts:
     board: QueueBoard
     dispatcher: Dispatcher
     orphans: OrphanWatch
+    waiting: WaitingCheck
     shown: QueueStatus
     pump: QueuePump
     sweep: LedgerSweep
@@ -203,7 +207,7 @@ class Parts:
     """Background loops: with shard 0 (always with one shard), orphan purge, tool server
     discovery, AgentEval reconciles and CronAgentRun schedules; then the event consumers, turn
     gate, queue gauges, gone runs, refused runs, queue pumps, ledger sweep, TTL reaper,
-    orphaned turns, Kubernetes Events poster and store watch."""
+    orphaned turns, waiting runs' objects, Kubernetes Events poster and store watch."""
 
 
 @dataclasses.dataclass
@@ -340,6 +344,7 @@ def _make_parts(
         board=board,
         dispatcher=dispatcher,
         orphans=OrphanWatch(bus, dispatcher, after=settings.orphan_after),
+        waiting=WaitingCheck(dispatcher, writer),
         shown=shown,
         pump=QueuePump(pump, max_queued=settings.max_queued_runs, ownership=ownership),
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep, ownership=ownership),
@@ -455,6 +460,7 @@ def _start_loops(parts: Parts, *, cluster: bool = True) -> tuple[asyncio.Task[No
         asyncio.create_task(parts.sweep.run(), name="ledger-sweep"),
         asyncio.create_task(parts.reaper.run(), name="ttl-reaper"),
         asyncio.create_task(parts.orphans.run(), name="orphan-turns"),
+        asyncio.create_task(parts.waiting.run(), name="waiting-runs"),
         asyncio.create_task(parts.events.run(), name="k8s-events"),
         asyncio.create_task(parts.watch.run(), name="store-watch"),
     )
@@ -474,6 +480,7 @@ async def stop_parts(parts: Parts) -> None:
     """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
     parts.dispatcher.stop()
     parts.orphans.stop()
+    parts.waiting.stop()
     parts.pump.stop()
     parts.sweep.stop()
     parts.reaper.stop()

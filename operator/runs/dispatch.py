@@ -475,6 +475,16 @@ class Dispatcher:
             and view.queued_seq
         ]
 
+    def waiting_runs(self, *, since: float) -> list[RunKey]:
+        """The runs waiting for a person's decision since ``since`` (epoch seconds) or
+        earlier, longest-waiting first."""
+        waiting = [
+            view
+            for view in self._views.values()
+            if not view.terminal and view.awaiting_since and view.awaiting_since <= since
+        ]
+        return [view.key for view in sorted(waiting, key=lambda view: view.awaiting_since)]
+
     async def offer_stranded(self, *, after: float) -> int:
         """Hand the turn gate again the turn of every running run that has neither a
         TurnRequest published nor a turn waiting in the gate, ``after`` seconds (epoch

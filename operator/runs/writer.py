@@ -190,13 +190,14 @@ class StatusWriter:
         elif _newer(seen.version, than=known.version):
             self._known[run] = seen
 
-    async def exists(self, run: RunKey) -> bool:
+    async def exists(self, run: RunKey, *, reread: bool = False) -> bool:
         """Whether run ``run``'s object is there with its uid: known from a watch event or a
         write, else read once (kept, as ``observe`` keeps one, for the next patch's
-        precondition). A run found gone is dropped and handed out by ``next_gone``, as a write
-        that found it gone would hand it; an API error reads as there (the run's next write
-        finds out)."""
-        if run in self._known:
+        precondition); ``reread``: read even when known (a run that writes nothing for long,
+        whose deletion's watch event may have been missed). A run found gone is dropped and
+        handed out by ``next_gone``, as a write that found it gone would hand it; an API
+        error reads as there (the run's next write, or the next read, finds out)."""
+        if run in self._known and not reread:
             return True
         try:
             found = await self._read(run)

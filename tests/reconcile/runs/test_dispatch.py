@@ -24,9 +24,12 @@ from agentrun.bus import Bus, BusSettings
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.runs import RunKey
 from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
+from agentrun.operator.runs.keys import RUNS
 from agentrun.operator.runs.orphans import MAX_REDISPATCHES, OrphanWatch
 from agentrun.operator.runs.ports import PendingTurn
 from agentrun.operator.runs.seals import RunSeals
+from agentrun.operator.runs.waiting import WaitingCheck
+from agentrun.operator.runs.writer import StatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent
 from agentrun_dev import natsserver
 
@@ -108,8 +111,9 @@ async def bus(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Bus]:
         await connected.close()
 
 
-def dispatcher(bus: Bus) -> tuple[Dispatcher, Submitted, Settled, Recorded]:
-    writer, settled, events = Submitted(), Settled(), Recorded()
+def dispatcher(bus: Bus, writer: Any = None) -> tuple[Dispatcher, Submitted, Settled, Recorded]:
+    """A dispatcher on ``bus``; its status writer ``writer``, else a ``Submitted``."""
+    writer, settled, events = writer or Submitted(), Settled(), Recorded()
     seals = RunSeals(SIGNER, VERIFIER, streams=bus, api=FakeKube(), events=events.recorder)
     made = Dispatcher(
         bus,
@@ -416,3 +420,67 @@ async def test_a_run_deleted_while_no_operator_ran_gets_no_further_turn(bus: Bus
     await later.on_event(subject, (await bus.read_events(cfg.namespace, cfg.name))[-1])
     assert later.is_tracked(cfg.uid) and await turns_in_queue(bus) == before + 1
     await later.cancel_timers()
+
+
+async def waiting_for_a_person(bus: Bus, run: Dispatcher, cfg: RunConfig, *, at: float) -> None:
+    """Admit ``cfg`` and commit a turn, made at ``at``, that leaves it waiting for a person."""
+    event = await admitted(bus, run, cfg)
+    waiting = awaiting_approval(kernel.initial_state(goal=cfg.goal))
+    turn = RunEvent("turn", cfg.uid, waiting.summary(), time=at)
+    await bus.append_event(cfg.namespace, cfg.name, turn, expected_seq=event.seq)
+    subject = protocol.event_subject(cfg.namespace, cfg.name)
+    await run.on_event(subject, (await bus.read_events(cfg.namespace, cfg.name))[-1])
+
+
+async def test_a_run_waiting_for_a_person_whose_object_went_unseen_is_found_gone(
+    bus: Bus,
+) -> None:
+    """A waiting run writes nothing, so no status write finds its object gone: the waiting-run
+    check reads it once it has waited a period, and hands a gone one out as a write would."""
+    api = FakeKube()
+    writer = StatusWriter(api, interval=0.0)
+    run, _, _, _ = dispatcher(bus, writer)
+    waiting, going = config(), config()
+    for cfg in (waiting, going):  # each seen in a watch event: known, no read needed to write
+        seen = api.put(RUNS, {"metadata": {"namespace": "ns", "name": cfg.name, "uid": cfg.uid}})
+        writer.observe(RunKey("ns", cfg.name, cfg.uid), seen)
+    start = time.time()
+    await waiting_for_a_person(bus, run, waiting, at=start)
+    await admitted(bus, run, going)  # running: its next status write finds out
+    now = start + 30.0
+    check = WaitingCheck(run, writer, every=60.0, clock=lambda: now)
+    reads = [what for verb, what in api.calls if verb == "get"]
+
+    assert await check.check() == 0  # waited less than a period: not read
+    assert [what for verb, what in api.calls if verb == "get"] == reads
+    now = start + 60.0
+    assert await check.check() == 0  # read once, there
+    assert len([verb for verb, _ in api.calls if verb == "get"]) == len(reads) + 1
+
+    del api.objects[(RUNS, "ns", going.name)]
+    api.fail("get", 503)
+    del api.objects[(RUNS, "ns", waiting.name)]
+    assert await check.check() == 0  # the API server away reads as there; the next pass reads
+    assert await check.check() == 1
+    async with asyncio.timeout(5):
+        assert await writer.next_gone() == RunKey("ns", waiting.name, waiting.uid)
+    with pytest.raises(TimeoutError):  # the running run is left to its next write
+        await asyncio.wait_for(writer.next_gone(), 0.2)
+
+
+async def test_a_run_replaced_by_a_new_object_of_its_name_while_waiting_is_found_gone(
+    bus: Bus,
+) -> None:
+    api = FakeKube()
+    writer = StatusWriter(api, interval=0.0)
+    run, _, _, _ = dispatcher(bus, writer)
+    cfg = config()
+    start = time.time()
+    seen = api.put(RUNS, {"metadata": {"namespace": "ns", "name": cfg.name, "uid": cfg.uid}})
+    writer.observe(RunKey("ns", cfg.name, cfg.uid), seen)
+    await waiting_for_a_person(bus, run, cfg, at=start)
+    api.put(RUNS, {"metadata": {"namespace": "ns", "name": cfg.name, "uid": "new"}})
+    check = WaitingCheck(run, writer, every=60.0, clock=lambda: start + 60.0)
+    assert await check.check() == 1
+    assert await writer.next_gone() == RunKey("ns", cfg.name, cfg.uid)
+    assert run.waiting_runs(since=start + 60.0) == [RunKey("ns", cfg.name, cfg.uid)]

@@ -1,0 +1,78 @@
+"""Runs waiting for a person whose AgentRun was deleted unseen.
+
+A run that waits for a person's decision writes nothing: no turn is dispatched, no status is
+patched. Its deletion is normally seen from its ``DELETED`` watch event; one missed (a watch
+that re-listed after a gap: a re-list reports the objects there, not the ones that went) would
+keep the run's slot and hold, and its events, until its deadline. A running run so deleted is
+found by its next status write (the writer's 404); a waiting one has none. ``WaitingCheck``
+reads the object of each run that has waited at least ``every`` seconds, once every ``every``
+seconds: one GET a waiting run a period, one at a time. A run found gone goes the way of a
+write that found it gone (``StatusWriter.next_gone``: stopped as a deleted run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from agentrun import loops
+
+from .dispatch import Dispatcher
+from .writer import StatusWriter
+
+log = logging.getLogger(__name__)
+
+WAITING_CHECK_EVERY = 60.0
+"""Seconds between two reads of the object of a run waiting for a person (and how long a run
+waits before its first read)."""
+
+
+class WaitingCheck:
+    """Reads the objects of the runs waiting for a person, every ``every`` seconds."""
+
+    def __init__(
+        self,
+        runs: Dispatcher,
+        writer: StatusWriter,
+        *,
+        every: float = WAITING_CHECK_EVERY,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``runs`` names the waiting runs; ``writer`` reads each object (``exists``) and hands
+        a gone run out by ``next_gone``; ``clock`` is epoch seconds."""
+        self.runs = runs
+        self.writer = writer
+        self.every = every
+        self.clock = clock
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Let ``run`` return after its current pass."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Until ``stop``: ``check`` every ``every`` seconds, the first after one period. An
+        API server away is logged; the next pass reads again."""
+        await loops.every(
+            self.every,
+            self.check,
+            what="waiting-run check",
+            stopping=self._stopping,
+            wait_first=True,
+        )
+
+    async def check(self) -> int:
+        """Read the object of every run that has waited ``every`` seconds or more; returns
+        how many were found gone (each handed out by the writer's ``next_gone``)."""
+        gone = 0
+        for key in self.runs.waiting_runs(since=self.clock() - self.every):
+            if not await self.writer.exists(key, reread=True):
+                log.info(
+                    "%s/%s waited for a person and its AgentRun is gone; stopping it",
+                    key.namespace,
+                    key.name,
+                )
+                gone += 1
+        return gone
