@@ -46,6 +46,7 @@ from harness import (
     bench_stack,
     load_average,
     mock_add_scenarios,
+    per_run,
     rss_mb,
     tree_revision,
     write_result,
@@ -342,12 +343,6 @@ def rate(count: int, stamps: list[str]) -> float | None:
         return None
     seconds = [time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%SZ")) for s in stamps]
     return round(count / (max(seconds) - min(seconds) + 1), 1)
-
-
-def per_run(before: dict[str, int], after: dict[str, int], runs: int) -> dict[str, float]:
-    """API requests per run for agentrun's kinds, by verb and resource (those that moved)."""
-    moved = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
-    return {k: round(v / runs, 3) for k, v in sorted(moved.items())}
 
 
 def service_env(args: argparse.Namespace) -> dict[str, str]:

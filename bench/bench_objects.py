@@ -55,9 +55,11 @@ from harness import (
     cpu_seconds,
     cpu_used,
     load_average,
+    per_run,
     read_events,
     rss_mb,
     tree_revision,
+    without_codes,
     write_result,
 )
 from kubernetes_asyncio import client, watch
@@ -281,12 +283,14 @@ def bulk(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
     """``count`` one-turn runs created at once: ``created_to_first_request`` and
     ``end_event_to_terminal_status`` (``wait_figures``, seconds), ``admitted_per_second``
     (runs/s, first POST → last first request), ``cores_busy`` (each process's CPU seconds
-    over the bulk's wall time), ``api_requests_per_run`` (by verb and resource). Raises
+    over the bulk's wall time), ``api_requests_per_run`` (by verb and resource) and
+    ``api_answers_per_run`` (by response code too: a write refused, 409 or 404, shows apart
+    from one that landed). Raises
     ``TimeoutError`` if the watch does not see them all end within 600 s."""
     names = [f"bulk-{size}-{i}" for i in range(count)]
     label = str(size)
     kubeconfig = str(bench.cluster.kubeconfig)
-    before = api_requests(bench)
+    before = api_requests(bench, by_code=True)
     pids = bench.processes()
     cpu_before, wall_before = cpu_seconds(pids), time.monotonic()
 
@@ -303,7 +307,7 @@ def bulk(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
         for name, used in cpu_used(cpu_before, cpu_seconds(pids)).items()
     }
     time.sleep(6)  # trailing writes (the status writer's interval is 5 s)
-    after = api_requests(bench)
+    after = api_requests(bench, by_code=True)
     seen = arrivals(bench.env["AGENTRUN_BENCH_MODEL_URL"], "objects")
     ends = {
         name: next(stamp for event, stamp in events if event.phase.is_terminal)
@@ -317,11 +321,8 @@ def bulk(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
         "admitted_per_second": round(count / span, 1) if span > 0 else None,
         "cores_busy": cores,
         "end_event_to_terminal_status": wait_figures([terminal[n] - ends[n] for n in names]),
-        "api_requests_per_run": {
-            k: round((after.get(k, 0) - before.get(k, 0)) / count, 2)
-            for k in sorted(set(after) | set(before))
-            if after.get(k, 0) != before.get(k, 0)
-        },
+        "api_requests_per_run": per_run(without_codes(before), without_codes(after), count),
+        "api_answers_per_run": per_run(before, after, count),
     }
 
 

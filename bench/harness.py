@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import yaml
 from figures import MODEL_SERVER, percentile
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.bus import Bus, BusSettings
 from agentrun_dev import binaries, components, controlplane, demo, kubectl, natsserver, stack
@@ -260,25 +261,44 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def api_requests(bench: BenchStack) -> dict[str, int]:
-    """The API server's request counts for agentrun's kinds, by verb and subresource (from its
-    ``apiserver_request_total``): exact, so unaffected by a noisy machine."""
+def api_requests(bench: BenchStack, *, by_code: bool = False) -> dict[str, int]:
+    """The API server's request counts for agentrun's kinds, by verb and subresource, and by
+    response code if ``by_code`` (``"PATCH agentruns/status 409"``), from its
+    ``apiserver_request_total``: exact, so unaffected by a noisy machine."""
     text = bench.kubectl("get", "--raw", "/metrics", timeout=60).stdout
     counts: dict[str, int] = {}
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{") or 'group="agentrun.dev"' not in line:
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":  # the parser drops a counter's _total
             continue
-        labels = dict(
-            part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(",")
-        )
-        subresource = labels.get("subresource", '""').strip('"')
-        key = "{} {}{}".format(
-            labels["verb"].strip('"'),
-            labels["resource"].strip('"'),
-            f"/{subresource}" if subresource else "",
-        )
-        counts[key] = counts.get(key, 0) + int(float(line.rsplit(" ", 1)[1]))
+        for sample in family.samples:
+            labels = sample.labels
+            if not sample.name.endswith("_total") or labels.get("group") != "agentrun.dev":
+                continue
+            subresource = labels.get("subresource", "")
+            key = "{} {}{}{}".format(
+                labels["verb"],
+                labels["resource"],
+                f"/{subresource}" if subresource else "",
+                f" {labels.get('code', '')}" if by_code else "",
+            )
+            counts[key] = counts.get(key, 0) + int(sample.value)
     return dict(sorted(counts.items()))
+
+
+def per_run(before: Mapping[str, int], after: Mapping[str, int], runs: int) -> dict[str, float]:
+    """What each count rose by from ``before`` to ``after`` (those that moved), divided by
+    ``runs``: API requests per run from two ``api_requests`` readings."""
+    moved = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    return {k: round(v / runs, 3) for k, v in sorted(moved.items())}
+
+
+def without_codes(counts: Mapping[str, int]) -> dict[str, int]:
+    """``api_requests(by_code=True)``'s counts summed over the response codes."""
+    summed: dict[str, int] = {}
+    for key, count in counts.items():
+        request = key.rsplit(" ", 1)[0]
+        summed[request] = summed.get(request, 0) + count
+    return dict(sorted(summed.items()))
 
 
 def nats_messages(bench: BenchStack) -> dict[str, int]:
