@@ -91,17 +91,42 @@ def _refused(err: openai.APIStatusError, *, api_key: str, deadline: float) -> Mo
 
 def _unanswered(err: Exception) -> ModelError:
     """The ``ModelError`` of a call that got no usable answer: a timeout of the client, no
-    connection, the run's deadline (``TimeoutError`` of its ``asyncio.timeout``), or a body
-    that is not JSON (``json.JSONDecodeError``)."""
-    if isinstance(err, openai.APITimeoutError):  # a subclass of APIConnectionError
-        return ModelError(f"{type(err).__name__}: {err}", error_type=ModelErrorType.TIMEOUT)
+    connection or one that broke, before the answer or while it streamed (the client's
+    ``APIConnectionError``, ``APITimeoutError`` a subclass), the run's deadline
+    (``TimeoutError`` of its ``asyncio.timeout``), or a body that is not JSON
+    (``json.JSONDecodeError``). The message names the innermost cause (the refused connect,
+    the reset, the read that timed out): the client's own says only that it failed."""
     if isinstance(err, openai.APIConnectionError):
-        return ModelError(f"{type(err).__name__}: {err}", error_type=ModelErrorType.CONNECTION)
+        causes = _causes(err)
+        timed_out = any(isinstance(cause, TimeoutError) for cause in causes) or (
+            len(causes) == 1 and isinstance(err, openai.APITimeoutError)
+        )
+        kind = "timed out" if timed_out else "no connection"
+        root = next(c for c in reversed(causes) if not isinstance(c, asyncio.CancelledError))
+        message = f"the model endpoint {kind}: {type(root).__name__}: {root}"
+        if timed_out:
+            return ModelError(message, error_type=ModelErrorType.TIMEOUT)
+        return ModelError(message, error_type=ModelErrorType.CONNECTION)
     if isinstance(err, TimeoutError):
         message = "the run's deadline passed while calling the model"
         return ModelError(message, error_type=ModelErrorType.DEADLINE)
     message = f"the model endpoint answered with a body that is not JSON: {err}"
     return ModelError(message, error_type=ModelErrorType.INVALID_RESPONSE)
+
+
+def _causes(err: BaseException) -> list[BaseException]:
+    """``err`` and the exceptions it was raised from or during, outermost first.
+
+    Whether a call timed out is read from these, not from the client's own class: its
+    transports differ (httpx's chains the ``TimeoutError`` of the read that timed out;
+    aiohttp's, which the ``openai`` client ships, raises a timeout class for a refused or reset
+    connection too, chained from the ``OSError``)."""
+    causes: list[BaseException] = []
+    cause: BaseException | None = err
+    while cause is not None and cause not in causes:
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return causes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -307,7 +332,7 @@ class ModelClient:
                 api_key=api_key or "unused",
                 max_retries=self.policy.max_retries,
                 timeout=self.policy.request_timeout,
-                http_client=openai.DefaultAsyncHttpxClient(
+                http_client=openai.DefaultAioHttpClient(
                     timeout=self.policy.request_timeout,
                     event_hooks={"response": [_mark_final]},
                 ),

@@ -8,8 +8,9 @@ Answers whose status would be retried but must not be (an ``insufficient_quota``
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -262,10 +263,9 @@ async def test_a_failed_call_says_why_in_a_bounded_error_type(
     assert caught.value.error_type is error_type
 
 
-async def test_an_endpoint_that_refuses_connections_is_a_connection_error() -> None:
-    async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as gone:
-        base_url = gone.base_url  # closed when the block ends: nothing listens there
-    model = ModelClient(RetryPolicy(max_retries=0))
+async def failed_call(base_url: str, *, request_timeout: float = 120.0) -> ModelError:
+    """The error of one call, retried by no one, to ``base_url``."""
+    model = ModelClient(RetryPolicy(max_retries=0, request_timeout=request_timeout))
     request = ChatRequest(
         base_url=base_url,
         api_key="",
@@ -279,4 +279,69 @@ async def test_an_endpoint_that_refuses_connections_is_a_connection_error() -> N
             await model.complete(request, deadline=time.time() + 10)
     finally:
         await model.close()
-    assert caught.value.error_type is ModelErrorType.CONNECTION
+    return caught.value
+
+
+async def test_an_endpoint_that_refuses_connections_is_a_connection_error() -> None:
+    async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as gone:
+        base_url = gone.base_url  # closed when the block ends: nothing listens there
+    error = await failed_call(base_url)
+    assert error.error_type is ModelErrorType.CONNECTION
+    assert "ConnectionRefusedError" in str(error)
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+CHUNK = b'data: {"choices": [{"index": 0, "delta": {"content": "hel"}}]}\n\n'
+
+
+async def closes_before_answering(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+
+
+async def breaks_mid_stream(writer: asyncio.StreamWriter) -> None:
+    writer.write(SSE_HEAD + b"%x\r\n%s\r\n" % (len(CHUNK), CHUNK))
+    await writer.drain()
+    await asyncio.sleep(0.1)
+    writer.transport.abort()  # a reset, the chunked body unfinished
+
+
+async def never_answers(writer: asyncio.StreamWriter) -> None:
+    await asyncio.sleep(5)
+    writer.close()
+
+
+async def stalls_mid_stream(writer: asyncio.StreamWriter) -> None:
+    writer.write(SSE_HEAD + b"%x\r\n%s\r\n" % (len(CHUNK), CHUNK))
+    await writer.drain()
+    await never_answers(writer)
+
+
+@pytest.mark.parametrize(
+    ("serve", "error_type"),
+    [
+        pytest.param(closes_before_answering, ModelErrorType.CONNECTION, id="closed"),
+        pytest.param(breaks_mid_stream, ModelErrorType.CONNECTION, id="reset-mid-stream"),
+        pytest.param(never_answers, ModelErrorType.TIMEOUT, id="silent"),
+        pytest.param(stalls_mid_stream, ModelErrorType.TIMEOUT, id="stalled-mid-stream"),
+    ],
+)
+async def test_an_endpoint_failing_at_the_socket_is_a_typed_model_error(
+    serve: Callable[[asyncio.StreamWriter], Awaitable[None]], error_type: ModelErrorType
+) -> None:
+    """Before the answer or while it streams (the client's retries are over then), a broken
+    or silent connection is a ``ModelError`` of its type, whatever the HTTP transport."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await serve(writer)
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        error = await failed_call(f"http://127.0.0.1:{port}/v1", request_timeout=0.5)
+    finally:
+        server.close()
+    assert error.error_type is error_type, str(error)
+    assert "CancelledError" not in str(error)
