@@ -6,8 +6,10 @@ that re-listed after a gap: a re-list reports the objects there, not the ones th
 keep the run's slot and hold, and its events, until its deadline. A running run so deleted is
 found by its next status write (the writer's 404); a waiting one has none. ``WaitingCheck``
 reads the object of each run that has waited at least ``every`` seconds, once every ``every``
-seconds: one GET a waiting run a period, one at a time. A run found gone goes the way of a
-write that found it gone (``StatusWriter.next_gone``: stopped as a deleted run).
+seconds: one GET a waiting run a period, one at a time, at most ``most`` a period (the runs
+read longest ago first), so thousands of waiting runs cost the API server a bounded rate and
+each is read within a few periods. A run found gone goes the way of a write that found it gone
+(``StatusWriter.next_gone``: stopped as a deleted run).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from agentrun import loops
 
 from .dispatch import Dispatcher
+from .keys import RunKey
 from .writer import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -27,6 +30,8 @@ log = logging.getLogger(__name__)
 WAITING_CHECK_EVERY = 60.0
 """Seconds between two reads of the object of a run waiting for a person (and how long a run
 waits before its first read)."""
+WAITING_READS = 600
+"""Reads a pass makes at most (10 a second at the default period)."""
 
 
 class WaitingCheck:
@@ -38,15 +43,20 @@ class WaitingCheck:
         writer: StatusWriter,
         *,
         every: float = WAITING_CHECK_EVERY,
+        most: int = WAITING_READS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``runs`` names the waiting runs; ``writer`` reads each object (``exists``) and hands
-        a gone run out by ``next_gone``; ``clock`` is epoch seconds."""
+        a gone run out by ``next_gone``; ``most`` reads a pass at most; ``clock`` is epoch
+        seconds."""
         self.runs = runs
         self.writer = writer
         self.every = every
+        self.most = most
         self.clock = clock
         self._stopping = asyncio.Event()
+        self._read: dict[RunKey, float] = {}
+        """When each waiting run's object was last read (epoch seconds)."""
 
     def stop(self) -> None:
         """Let ``run`` return after its current pass."""
@@ -64,10 +74,15 @@ class WaitingCheck:
         )
 
     async def check(self) -> int:
-        """Read the object of every run that has waited ``every`` seconds or more; returns
-        how many were found gone (each handed out by the writer's ``next_gone``)."""
+        """Read the object of each run that has waited ``every`` seconds or more, those read
+        longest ago (or never) first, ``most`` at most; returns how many were found gone (each
+        handed out by the writer's ``next_gone``)."""
+        now = self.clock()
+        waiting = self.runs.waiting_runs(since=now - self.every)
+        self._read = {key: self._read.get(key, 0.0) for key in waiting}
         gone = 0
-        for key in self.runs.waiting_runs(since=self.clock() - self.every):
+        for key in sorted(waiting, key=self._read.__getitem__)[: self.most]:
+            self._read[key] = now
             if not await self.writer.exists(key, reread=True):
                 log.info(
                     "%s/%s waited for a person and its AgentRun is gone; stopping it",

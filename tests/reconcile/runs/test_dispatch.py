@@ -484,3 +484,30 @@ async def test_a_run_replaced_by_a_new_object_of_its_name_while_waiting_is_found
     assert await check.check() == 1
     assert await writer.next_gone() == RunKey("ns", cfg.name, cfg.uid)
     assert run.waiting_runs(since=start + 60.0) == [RunKey("ns", cfg.name, cfg.uid)]
+
+
+async def test_the_waiting_run_check_reads_at_most_its_bound_a_pass_longest_unread_first(
+    bus: Bus,
+) -> None:
+    api = FakeKube()
+    writer = StatusWriter(api, interval=0.0)
+    run, _, _, _ = dispatcher(bus, writer)
+    first, second = config(), config()
+    start = time.time()
+    for cfg, at in ((second, start + 1.0), (first, start)):
+        seen = api.put(RUNS, {"metadata": {"namespace": "ns", "name": cfg.name, "uid": cfg.uid}})
+        writer.observe(RunKey("ns", cfg.name, cfg.uid), seen)
+        await waiting_for_a_person(bus, run, cfg, at=at)
+    now = start + 61.0
+    check = WaitingCheck(run, writer, every=60.0, most=1, clock=lambda: now)
+
+    def read() -> list[str]:
+        names = [what.name for verb, what in api.calls if verb == "get"]
+        api.calls.clear()
+        return names
+
+    read()
+    for _ in range(3):
+        assert await check.check() == 0
+        now += 60.0
+    assert read() == [first.name, second.name, first.name]  # the one waiting longest first
