@@ -101,11 +101,12 @@ def _unanswered(err: Exception) -> ModelError:
         timed_out = any(isinstance(cause, TimeoutError) for cause in causes) or (
             len(causes) == 1 and isinstance(err, openai.APITimeoutError)
         )
-        kind = "timed out" if timed_out else "no connection"
         root = next(c for c in reversed(causes) if not isinstance(c, asyncio.CancelledError))
-        message = f"the model endpoint {kind}: {type(root).__name__}: {root}"
+        why = f"{type(root).__name__}: {root}"
         if timed_out:
+            message = f"the model endpoint timed out: {why}"
             return ModelError(message, error_type=ModelErrorType.TIMEOUT)
+        message = f"no connection to the model endpoint: {why}"
         return ModelError(message, error_type=ModelErrorType.CONNECTION)
     if isinstance(err, TimeoutError):
         message = "the run's deadline passed while calling the model"
@@ -117,10 +118,10 @@ def _unanswered(err: Exception) -> ModelError:
 def _causes(err: BaseException) -> list[BaseException]:
     """``err`` and the exceptions it was raised from or during, outermost first.
 
-    Whether a call timed out is read from these, not from the client's own class: its
-    transports differ (httpx's chains the ``TimeoutError`` of the read that timed out;
-    aiohttp's, which the ``openai`` client ships, raises a timeout class for a refused or reset
-    connection too, chained from the ``OSError``)."""
+    Whether a call timed out is read from these, not from the client's own class, which
+    depends on its HTTP transport: httpx's (the default) chains the ``TimeoutError`` of the
+    read that timed out; the aiohttp one the ``openai`` client ships raises its timeout class
+    for a refused or reset connection too, chained from the ``OSError``."""
     causes: list[BaseException] = []
     cause: BaseException | None = err
     while cause is not None and cause not in causes:
@@ -332,7 +333,7 @@ class ModelClient:
                 api_key=api_key or "unused",
                 max_retries=self.policy.max_retries,
                 timeout=self.policy.request_timeout,
-                http_client=openai.DefaultAioHttpClient(
+                http_client=openai.DefaultAsyncHttpxClient(
                     timeout=self.policy.request_timeout,
                     event_hooks={"response": [_mark_final]},
                 ),

@@ -331,7 +331,7 @@ async def test_an_endpoint_failing_at_the_socket_is_a_typed_model_error(
     serve: Callable[[asyncio.StreamWriter], Awaitable[None]], error_type: ModelErrorType
 ) -> None:
     """Before the answer or while it streams (the client's retries are over then), a broken
-    or silent connection is a ``ModelError`` of its type, whatever the HTTP transport."""
+    or silent connection is a ``ModelError`` of its type, read from the error's causes."""
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
