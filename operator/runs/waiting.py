@@ -6,15 +6,18 @@ that re-listed after a gap: a re-list reports the objects there, not the ones th
 keep the run's slot and hold, and its events, until its deadline. A running run so deleted is
 found by its next status write (the writer's 404); a waiting one has none. ``WaitingCheck``
 reads the object of each run that has waited at least ``every`` seconds, once every ``every``
-seconds: one GET a waiting run a period, one at a time, at most ``most`` a period (the runs
-read longest ago first), so thousands of waiting runs cost the API server a bounded rate and
-each is read within a few periods. A run found gone goes the way of a write that found it gone
-(``StatusWriter.next_gone``: stopped as a deleted run).
+seconds: one GET a waiting run a period, one at a time, at most ``most`` a period, so
+thousands of waiting runs cost the API server a bounded rate and each is read within a few
+periods. The reads of a pass go to the namespaces in turn (in each, the runs read longest ago
+first), so one namespace with thousands of waiting runs delays no other's. A run found gone
+goes the way of a write that found it gone (``StatusWriter.next_gone``: stopped as a deleted
+run).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -74,14 +77,14 @@ class WaitingCheck:
         )
 
     async def check(self) -> int:
-        """Read the object of each run that has waited ``every`` seconds or more, those read
-        longest ago (or never) first, ``most`` at most; returns how many were found gone (each
+        """Read the object of each run that has waited ``every`` seconds or more, ``most`` at
+        most, the namespaces in turn (``_turns``); returns how many were found gone (each
         handed out by the writer's ``next_gone``)."""
         now = self.clock()
         waiting = self.runs.waiting_runs(since=now - self.every)
         self._read = {key: self._read.get(key, 0.0) for key in waiting}
         gone = 0
-        for key in sorted(waiting, key=self._read.__getitem__)[: self.most]:
+        for key in self._turns(waiting)[: self.most]:
             self._read[key] = now
             if not await self.writer.exists(key, reread=True):
                 log.info(
@@ -91,3 +94,13 @@ class WaitingCheck:
                 )
                 gone += 1
         return gone
+
+    def _turns(self, waiting: list[RunKey]) -> list[RunKey]:
+        """``waiting`` in reading order: each namespace's runs read longest ago (or never)
+        first (ties: longest-waiting first, as given), the namespaces taking turns — the first
+        of each, then the second of each, … — in the order of their longest-unread runs."""
+        queues: dict[str, list[RunKey]] = {}
+        for key in sorted(waiting, key=self._read.__getitem__):
+            queues.setdefault(key.namespace, []).append(key)
+        rounds = itertools.zip_longest(*queues.values())
+        return [key for keys in rounds for key in keys if key is not None]

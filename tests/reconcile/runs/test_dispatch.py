@@ -443,8 +443,9 @@ def writing_to_an_api(bus: Bus) -> tuple[FakeKube, StatusWriter, Dispatcher]:
 def seen_in_a_watch(api: FakeKube, writer: StatusWriter, cfg: RunConfig) -> None:
     """``cfg``'s object stored, and known to ``writer`` as a watch event shows it (no read
     needed to write)."""
-    seen = api.put(RUNS, {"metadata": {"namespace": "ns", "name": cfg.name, "uid": cfg.uid}})
-    writer.observe(RunKey("ns", cfg.name, cfg.uid), seen)
+    meta = {"namespace": cfg.namespace, "name": cfg.name, "uid": cfg.uid}
+    seen = api.put(RUNS, {"metadata": meta})
+    writer.observe(RunKey(cfg.namespace, cfg.name, cfg.uid), seen)
 
 
 async def test_a_run_waiting_for_a_person_whose_object_went_unseen_is_found_gone(
@@ -516,3 +517,20 @@ async def test_the_waiting_run_check_reads_at_most_its_bound_a_pass_longest_unre
         assert await check.check() == 0
         now += 60.0
     assert read() == [first.name, second.name, first.name]  # the one waiting longest first
+
+
+async def test_the_waiting_run_checks_reads_go_to_the_namespaces_in_turn(bus: Bus) -> None:
+    """A namespace with many waiting runs does not use up a pass's reads: with room for two,
+    the crowded namespace's longest-waiting run and the other namespace's run are read."""
+    api, writer, run = writing_to_an_api(bus)
+    crowded = [config() for _ in range(3)]
+    other = dataclasses.replace(config(), namespace="other")
+    start = time.time()
+    for at, cfg in enumerate([*crowded, other]):
+        seen_in_a_watch(api, writer, cfg)
+        await waiting_for_a_person(bus, run, cfg, at=start + at)
+    check = WaitingCheck(run, writer, every=60.0, most=2, clock=lambda: start + 120.0)
+    api.calls.clear()
+    assert await check.check() == 0
+    read = [(what.namespace, what.name) for verb, what in api.calls if verb == "get"]
+    assert read == [("ns", crowded[0].name), ("other", other.name)]
