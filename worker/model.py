@@ -89,20 +89,27 @@ def _refused(err: openai.APIStatusError, *, api_key: str, deadline: float) -> Mo
     )
 
 
-def _unanswered(err: Exception) -> ModelError:
+CAUSE_CHARS = 300
+"""Most characters of a failed call's innermost cause its message keeps: the cause can quote
+what the endpoint sent (an illegal header line), which a run's status and Events show."""
+
+
+def _unanswered(err: Exception, *, api_key: str) -> ModelError:
     """The ``ModelError`` of a call that got no usable answer: a timeout of the client, no
     connection or one that broke, before the answer or while it streamed (the client's
     ``APIConnectionError``, ``APITimeoutError`` a subclass), the run's deadline
     (``TimeoutError`` of its ``asyncio.timeout``), or a body that is not JSON
     (``json.JSONDecodeError``). The message names the innermost cause (the refused connect,
-    the reset, the read that timed out): the client's own says only that it failed."""
+    the reset, the read that timed out): the client's own says only that it failed. That
+    cause is cut to ``CAUSE_CHARS`` and ``api_key`` redacted from it, as it may quote the
+    endpoint."""
     if isinstance(err, openai.APIConnectionError):
         causes = _causes(err)
         timed_out = any(isinstance(cause, TimeoutError) for cause in causes) or (
             len(causes) == 1 and isinstance(err, openai.APITimeoutError)
         )
         root = next(c for c in reversed(causes) if not isinstance(c, asyncio.CancelledError))
-        why = f"{type(root).__name__}: {root}"
+        why = redact(f"{type(root).__name__}: {root}", api_key)[:CAUSE_CHARS]
         if timed_out:
             message = f"the model endpoint timed out: {why}"
             return ModelError(message, error_type=ModelErrorType.TIMEOUT)
@@ -383,7 +390,7 @@ class ModelClient:
             # key; only the redacted message travels on (to status, Events, logs and spans)
             raise _refused(err, api_key=request.api_key, deadline=deadline) from None
         except (openai.APIConnectionError, TimeoutError, json.JSONDecodeError) as err:
-            raise _unanswered(err) from err
+            raise _unanswered(err, api_key=request.api_key) from err
         finally:
             _DEADLINE.reset(token)
         if not isinstance(answer, dict):

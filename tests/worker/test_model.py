@@ -19,6 +19,7 @@ from agentrun import kernel
 from agentrun.metrics import ModelErrorType
 from agentrun.testing import mockllm, scenario
 from agentrun.worker.model import (
+    CAUSE_CHARS,
     ChatRequest,
     ModelClient,
     ModelError,
@@ -263,12 +264,14 @@ async def test_a_failed_call_says_why_in_a_bounded_error_type(
     assert caught.value.error_type is error_type
 
 
-async def failed_call(base_url: str, *, request_timeout: float = 120.0) -> ModelError:
+async def failed_call(
+    base_url: str, *, request_timeout: float = 120.0, api_key: str = ""
+) -> ModelError:
     """The error of one call, retried by no one, to ``base_url``."""
     model = ModelClient(RetryPolicy(max_retries=0, request_timeout=request_timeout))
     request = ChatRequest(
         base_url=base_url,
-        api_key="",
+        api_key=api_key,
         model="scripted",
         messages=[{"role": "user", "content": "hello"}],
         tools=[],
@@ -345,3 +348,26 @@ async def test_an_endpoint_failing_at_the_socket_is_a_typed_model_error(
         server.close()
     assert error.error_type is error_type, str(error)
     assert "CancelledError" not in str(error)
+
+
+async def test_a_cause_quoting_the_endpoint_is_cut_and_never_shows_the_key() -> None:
+    """An endpoint answering an illegal header line that echoes the key at length: the error
+    names the protocol fault, without the key, within its bound."""
+    key = "sk-hostile-echo"
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        line = b"\x00" + key.encode() + b"x" * 5000
+        writer.write(b"HTTP/1.1 200 OK\r\n" + line + b"\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        error = await failed_call(f"http://127.0.0.1:{port}/v1", api_key=key)
+    finally:
+        server.close()
+    assert error.error_type is ModelErrorType.CONNECTION
+    assert "RemoteProtocolError" in str(error) and key not in str(error)
+    assert len(str(error)) <= len("no connection to the model endpoint: ") + CAUSE_CHARS
