@@ -512,12 +512,32 @@ class Bus:
         if start:
             config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
             config.opt_start_seq = start
-        return await self.js.pull_subscribe(
+        sub = await self.js.pull_subscribe(
             protocol.EVENT_SUBJECTS,
             durable=durable,
             stream=protocol.STREAM_EVENTS,
             config=config,
         )
+        await self._refilter(durable)
+        return sub
+
+    async def _refilter(self, durable: str) -> None:
+        """Put consumer ``durable``'s filter back to every run's events if it was changed
+        (binding to an existing durable keeps its config): a consumer filtered to fewer
+        subjects would skip every other event, for good, without an error."""
+        info = await self.js._jsm.consumer_info(protocol.STREAM_EVENTS, durable)
+        config = info.config
+        if config.filter_subject in (None, "", protocol.EVENT_SUBJECTS) and not (
+            config.filter_subjects and config.filter_subjects != [protocol.EVENT_SUBJECTS]
+        ):
+            return
+        log.error(
+            "the event consumer %s was filtered to %s; filtering it to every run's events again",
+            durable,
+            config.filter_subjects or config.filter_subject,
+        )
+        config.filter_subject, config.filter_subjects = protocol.EVENT_SUBJECTS, None
+        await self.js._jsm.add_consumer(protocol.STREAM_EVENTS, config)
 
     async def _seat(self, durable: str, after: str) -> int:
         """0 when consumer ``durable`` exists or ``after`` does not; else the stream sequence

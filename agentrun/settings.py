@@ -202,7 +202,8 @@ class OperatorSettings(ProcessSettings):
     ledger_layout: Literal["single", "split"] = "single"
     """``AGENTRUN_LEDGER_LAYOUT``: how the ledger of a tenant that has none yet is stored
     (``agentrun.ledger.entries.LAYOUTS``). ``single`` (the default): one value per tenant, what
-    workers of the previous release read, with its caps (500 active, 1,000 queued runs);
+    workers of the previous release read (split when admissions would take it past 500
+    active runs);
     ``split``: totals plus one value per run and per queued run, no cap from storage, read by
     this release's workers only — set it once every worker runs this release. With ``split``,
     a tenant found ``single`` is split at its next ledger change (usage kept); with
@@ -242,6 +243,10 @@ class WorkerSettings(ProcessSettings):
     """``AGENTRUN_TOOL_CONCURRENCY``: tool calls of one batch running at once."""
     tool_timeout: float = Field(default=60.0, gt=0)
     """``AGENTRUN_TOOL_TIMEOUT``: seconds one tool call may take."""
+    tool_timeout_max: float = Field(default=300.0, gt=0)
+    """``AGENTRUN_TOOL_TIMEOUT_MAX``: the most seconds any tool call may take, whatever its
+    AgentToolServer's ``spec.timeouts.call`` asks (a turn holds its worker slot while its
+    tools run)."""
     tool_result_max_bytes: int = Field(default=16_384, ge=256)
     """``AGENTRUN_TOOL_RESULT_MAX_BYTES``: cap of one tool result in UTF-8 bytes, at most
     ``TOOL_RESULT_MAX_BYTES_LIMIT``."""

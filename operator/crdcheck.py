@@ -3,11 +3,11 @@
 Helm installs a chart's ``crds/`` once and never upgrades them: after an upgrade the operator
 can be newer than its CRDs, and the API server then prunes status fields it does not know
 (silently) or answers 404 for a kind it does not serve. So before it touches anything the
-operator reads the CRD objects and compares them with ``REQUIRED``: each kind served at
-``v1alpha1`` with a status subresource, and every ``.status`` (and read ``.spec``) field the
-operator writes or reads present in the schema. Until they match the operator is not ready,
-says so once in its log and once as a Kubernetes Event on the CRD, and checks again every few
-seconds; once they match it goes on without a restart.
+operator reads the CRD objects and compares them with ``REQUIRED``: every kind of the CRDs it
+ships with served at ``v1alpha1`` with a status subresource, and every ``.spec`` and
+``.status`` field of those CRDs (``crdfields``) present in the installed schema. Until they
+match the operator is not ready, says so once in its log and once as a Kubernetes Event on the
+CRD, and checks again every few seconds; once they match it goes on without a restart.
 
 What belongs here: the requirements, the pure comparison (``find_mismatches``) and the waiting
 loop. What does not: the HTTP readiness endpoint (``platform.health``).
@@ -24,88 +24,10 @@ from typing import Any
 from agentrun import kube
 
 from .platform.conditions import rfc3339
+from .platform.crdfields import SERVED
 from .platform.kubeapi import ApiError, KubeApi
-from .schedules.spec import CRONS
 
 log = logging.getLogger(__name__)
-
-RUN_STATUS_FIELDS = (
-    "phase",
-    "tenant",
-    "queuePosition",
-    "terminalReason",
-    "outcome",
-    "message",
-    "answer",
-    "usage.steps",
-    "usage.toolCalls",
-    "usage.toolFailures",
-    "usage.toolCallsNotRun",
-    "usage.corrections",
-    "usage.inputTokens",
-    "usage.outputTokens",
-    "usage.cachedInputTokens",
-    "usage.reasoningTokens",
-    "usage.totalTokens",
-    "usage.costUSD",
-    "usage.wallSeconds",
-    "usage.estimated",
-    "usage.eventBytes",
-    "pendingApproval",
-    "conditions",
-    "observedGeneration",
-    "lastEventSequence",
-    "startTime",
-    "completionTime",
-)
-"""Every AgentRun ``.status`` field the operator writes (dotted paths)."""
-
-RUN_SPEC_FIELDS = ("model", "goal", "budget", "ttlSecondsAfterFinished")
-"""AgentRun ``.spec`` fields the operator reads that an older CRD would prune."""
-
-TENANT_STATUS_FIELDS = (
-    "observedGeneration",
-    "windowStart",
-    "resetTime",
-    "activeRuns",
-    "queuedRuns",
-    "budget.tokens",
-    "budget.costUSD",
-    "budget.wallClockSeconds",
-    "conditions",
-)
-"""Every AgentTenant ``.status`` field the operator writes (dotted paths)."""
-
-CRON_STATUS_FIELDS = (
-    "observedGeneration",
-    "lastScheduleTime",
-    "lastSuccessfulTime",
-    "nextScheduleTime",
-    "active",
-    "activeRuns",
-    "conditions",
-)
-"""Every CronAgentRun ``.status`` field the operator writes (dotted paths)."""
-CRON_SPEC_FIELDS = ("schedule", "timeZone", "concurrencyPolicy", "runTemplate.spec")
-"""CronAgentRun ``.spec`` fields the operator reads (all of them: the kind is new)."""
-
-
-EVAL_STATUS_FIELDS = (
-    "phase",
-    "observedGeneration",
-    "round",
-    "agent.name",
-    "agent.generation",
-    "agent.digest",
-    "startTime",
-    "completionTime",
-    "summary.passed",
-    "summary.failed",
-    "summary.total",
-    "cases",
-    "conditions",
-)
-"""Every AgentEval ``.status`` field the operator writes (dotted paths)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,16 +45,26 @@ class KindRequirement:
         return f"{self.plural}.{kube.GROUP}"
 
 
-REQUIRED = (
-    KindRequirement("AgentRun", kube.RUNS, RUN_STATUS_FIELDS, RUN_SPEC_FIELDS),
-    KindRequirement("AgentModel", kube.MODELS),
-    KindRequirement(
-        "AgentTenant", kube.TENANTS, TENANT_STATUS_FIELDS, ("ttlSecondsAfterFinished",)
-    ),
-    KindRequirement("AgentEval", kube.EVALS, EVAL_STATUS_FIELDS),
-    KindRequirement("CronAgentRun", CRONS, CRON_STATUS_FIELDS, CRON_SPEC_FIELDS),
+REQUIRED = tuple(
+    KindRequirement(kind, plural, status_fields=status, spec_fields=spec)
+    for kind, (plural, spec, status) in SERVED.items()
 )
-"""The kinds this operator serves, as ``v1alpha1``."""
+"""The kinds this operator serves, as ``v1alpha1``, each with every field of the CRD it ships
+with (``crdfields``)."""
+
+
+def schema_paths(schema: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every field path (dotted) of an OpenAPI object ``schema``, in its order: a path ends at
+    a field that is not an object with properties of its own (a list, a map, a scalar, an
+    object that preserves unknown fields). How ``crdfields`` is made from ``crds/``."""
+    paths: list[str] = []
+    for name, field in (schema.get("properties") or {}).items():
+        if field.get("properties") and not field.get("x-kubernetes-preserve-unknown-fields"):
+            paths += [f"{name}.{path}" for path in schema_paths(field)]
+        else:
+            paths.append(name)
+    return tuple(paths)
+
 
 UPGRADE_HINT = "apply the chart's CRDs: kubectl apply --server-side -f charts/agentrun/crds/"
 

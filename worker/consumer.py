@@ -46,7 +46,7 @@ from agentrun.settings import RUN_EVENT_MAX_BYTES
 from agentrun.trust import Untrusted, Verifier
 
 from . import history
-from .secrets import SecretUnavailable
+from .secrets import KNOWN, SecretUnavailable
 from .turn import PhaseClock, TurnDeps, execute_turn, off_loop
 
 log = logging.getLogger(__name__)
@@ -334,7 +334,8 @@ class TurnConsumer:
                 await msg.nak(delay=5.0 if slow else delay)
             return
         log.error("turn %s failed for good: %r", request.msg_id, err, exc_info=err)
-        message = f"turn {request.turn} could not be committed: {type(err).__name__}: {err}"[:1000]
+        why = KNOWN.redact(f"{type(err).__name__}: {err}")  # an error may quote a secret
+        message = f"turn {request.turn} could not be committed: {why}"[:1000]
         with contextlib.suppress(Exception):
             await self._commit_failure(request, message)
         with contextlib.suppress(Exception):

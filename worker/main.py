@@ -20,7 +20,7 @@ from agentrun.trust import Verifier, trust_file
 from .consumer import ConsumerSettings, TurnConsumer
 from .effects import EffectLedger
 from .model import ModelClient
-from .secrets import KubeSecrets
+from .secrets import KubeSecrets, redact_logs
 from .toolrunner import ToolRunSettings
 from .turn import TurnDeps
 
@@ -115,6 +115,7 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
         tool_settings=ToolRunSettings(
             concurrency=config.tool_concurrency,
             call_timeout=config.tool_timeout,
+            max_call_timeout=config.tool_timeout_max,
             max_result_bytes=config.tool_result_max_bytes,
             retries=config.tool_retries,
         ),
@@ -129,4 +130,5 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
 def main() -> None:
     """Console script ``agentrun-worker``."""
     config = process.start(WorkerSettings, service="agentrun-worker")
+    redact_logs()
     process.run(serve(config))

@@ -28,6 +28,7 @@ import dataclasses
 import email.utils
 import json
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -38,7 +39,7 @@ from agentrun import kernel
 from agentrun.kernel import ModelFault
 from agentrun.metrics import ModelErrorType
 
-from .stream import StreamWatch, read_stream, refuses_streaming
+from .stream import StreamWatch, abandoned_unanswered, read_stream, refuses_streaming
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -86,6 +87,17 @@ def _refused(err: openai.APIStatusError, *, api_key: str, deadline: float) -> Mo
         redact(message, api_key),
         fault=fault,
         error_type=status_error_type(err.status_code, fault=fault),
+    )
+
+
+def _failed_midway(err: openai.APIError, *, api_key: str) -> ModelError:
+    """The ``ModelError`` of a response that began (HTTP 200) and then carried an error
+    event (``data: {"error": …}``, as OpenAI and OpenAI-compatible gateways send when the
+    upstream fails mid-response): a server error, its message cut to ``CAUSE_CHARS`` with
+    ``api_key`` redacted (a gateway may quote the credentials it was sent)."""
+    why = redact(str(err.message), api_key)[:CAUSE_CHARS]
+    return ModelError(
+        f"the model endpoint failed mid-response: {why}", error_type=ModelErrorType.SERVER_ERROR
     )
 
 
@@ -190,6 +202,47 @@ def _error_object(body: Any) -> Mapping[str, Any]:
     return error if isinstance(error, Mapping) else {}
 
 
+FILTER_STATUSES = frozenset({400, 403, 422})
+"""Statuses a provider refuses a request with when its content policy blocks it."""
+FILTER_CODES = frozenset(
+    {
+        "content_filter",  # Azure OpenAI
+        "responsibleaipolicyviolation",  # Azure OpenAI, innererror.code
+        "content_policy_violation",  # OpenAI (images, moderation), LiteLLM
+        "contentpolicyviolationerror",  # LiteLLM's exception name, as its proxy's code
+        "invalid_prompt",  # OpenAI: "your prompt was flagged as potentially violating …"
+        "prompt_blocked",
+        "safety",  # Gemini's block reason
+        "prohibited_content",  # Gemini
+        "guardrail_intervened",  # Bedrock guardrails behind OpenAI-compatible gateways
+    }
+)
+"""Error codes (any case) that mean a provider's content policy blocked the request."""
+FILTER_WORDS = re.compile(
+    r"content[ _-]?(management[ _-]?)?polic|content[ _-]?filter|flagged as potentially "
+    r"violating|responsible ?ai|safety (system|filter|settings)|guardrail",
+    re.IGNORECASE,
+)
+"""What a provider's error message says when its content policy blocked the request and its
+code does not (a gateway's generic code, a provider of its own words)."""
+
+
+def _filter_rule(error: Mapping[str, Any]) -> str | None:
+    """The code (or ``"message"``) by which ``error`` says a content policy blocked the
+    request: its ``innererror.code``, ``code``, ``type`` or ``status`` among
+    ``FILTER_CODES``, or its message in ``FILTER_WORDS``; ``None`` otherwise."""
+    inner = error.get("innererror")
+    codes = [inner.get("code") if isinstance(inner, Mapping) else None]
+    codes += [error.get("code"), error.get("type"), error.get("status")]
+    for code in codes:
+        if isinstance(code, str) and code.lower() in FILTER_CODES:
+            return code
+    message = error.get("message")
+    if isinstance(message, str) and FILTER_WORDS.search(message[:2000]):
+        return "message"
+    return None
+
+
 def _filter_categories(error: Mapping[str, Any]) -> list[str]:
     """The categories a content filter flagged (Azure: ``innererror.content_filter_result``,
     each ``{filtered: true}`` or ``{detected: true}``)."""
@@ -215,14 +268,15 @@ def judge_error(
     """
     error = _error_object(body)
     code, kind = error.get("code"), error.get("type")
-    inner = error.get("innererror")
-    inner_code = inner.get("code") if isinstance(inner, Mapping) else None
     text = str(error.get("message") or "")[:300]
-    if status == 400 and (code == "content_filter" or inner_code == "ResponsibleAIPolicyViolation"):
+    if status in FILTER_STATUSES and (rule := _filter_rule(error)) is not None:
         categories = ", ".join(_filter_categories(error)) or "unspecified category"
         where = f" on the {error['param']}" if isinstance(error.get("param"), str) else ""
-        rule = f" ({inner_code})" if isinstance(inner_code, str) else ""
-        message = f"the provider's content filter{rule} rejected the request{where}: {categories}"
+        message = (
+            f"the provider's content filter ({rule}) rejected the request{where}: {categories}"
+        )
+        if text:
+            message += f"; it said: {text}"
         return Verdict(kernel.ModelFault.FILTERED, message)
     if status == 429 and "insufficient_quota" in (code, kind):
         return Verdict(
@@ -343,6 +397,9 @@ class ModelClient:
                 http_client=openai.DefaultAsyncHttpxClient(
                     timeout=self.policy.request_timeout,
                     event_hooks={"response": [_mark_final]},
+                    # a redirect would send the conversation to wherever the endpoint says,
+                    # unchecked: an error instead (HTTP 3xx), as MCP and http_get do
+                    follow_redirects=False,
                 ),
             )
             self._clients[key] = client
@@ -390,7 +447,10 @@ class ModelClient:
             # key; only the redacted message travels on (to status, Events, logs and spans)
             raise _refused(err, api_key=request.api_key, deadline=deadline) from None
         except (openai.APIConnectionError, TimeoutError, json.JSONDecodeError) as err:
-            raise _unanswered(err, api_key=request.api_key) from err
+            # ``from None`` as above: the cause's text is in the message, redacted and cut
+            raise _unanswered(err, api_key=request.api_key) from None
+        except openai.APIError as err:  # an error event inside the stream, after a 200
+            raise _failed_midway(err, api_key=request.api_key) from None
         finally:
             _DEADLINE.reset(token)
         if not isinstance(answer, dict):
@@ -423,5 +483,6 @@ class ModelClient:
         # ``post`` rather than ``chat.completions.create``: the body is already in wire
         # shape, and the SDK's typed transform of ``messages`` costs ~0.2 ms per message per
         # call (17 ms at 80 messages) — it dominated a turn.
-        answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
+        with abandoned_unanswered(watch):
+            answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
         return answer

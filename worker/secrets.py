@@ -4,6 +4,7 @@ the HTTP headers of MCP tool servers (``AgentToolServer.spec.headersFrom``)."""
 from __future__ import annotations
 
 import base64
+import logging
 import time
 
 import aiohttp
@@ -15,10 +16,63 @@ from agentrun.metrics import ModelErrorType
 from agentrun.protocol import SecretRef
 from agentrun.tools import ToolError
 
-from .model import ModelError
+from .model import REDACTED, ModelError
 
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """API server answers that say "try again" (overload, restart, timeouts)."""
+
+
+MIN_SECRET_CHARS = 8
+"""Shorter values are not redacted from text (they would match ordinary words)."""
+
+
+class Redactor:
+    """Every secret value this worker process has read (model API keys, tool servers' header
+    values), and ``redact``, which takes each out of a text: what an endpoint echoes back in
+    an error (a key quoted in a message, a header line) must not reach a run's status, its
+    Events or a log line, whichever error class carried it."""
+
+    def __init__(self) -> None:
+        self._values: set[str] = set()
+
+    def add(self, value: str) -> None:
+        """Remember ``value`` (ignored when shorter than ``MIN_SECRET_CHARS``)."""
+        if len(value) >= MIN_SECRET_CHARS:
+            self._values.add(value)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every remembered value replaced by ``[redacted]``, longest first."""
+        for value in sorted(self._values, key=len, reverse=True):
+            if value in text:
+                text = text.replace(value, REDACTED)
+        return text
+
+
+KNOWN = Redactor()
+"""This process's secrets (``KubeSecrets`` adds each value it reads)."""
+
+
+class RedactingFilter(logging.Filter):
+    """Takes ``KNOWN``'s secrets out of every record a handler writes: its message and its
+    traceback (an exception's text, its causes' included)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite ``record`` redacted; always keeps it."""
+        message = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        record.msg, record.args = KNOWN.redact(message), None
+        if record.exc_text:
+            record.exc_text = KNOWN.redact(record.exc_text)
+        record.exc_info = None
+        return True
+
+
+def redact_logs() -> None:
+    """Install ``RedactingFilter`` on every handler of the root logger (after logging is set
+    up: ``process.start``)."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
 
 
 class SecretUnavailable(Exception):
@@ -65,6 +119,7 @@ class KubeSecrets:
                 f"{where} does not exist in the Secret", error_type=ModelErrorType.CREDENTIALS
             )
         value = base64.b64decode(data).decode().strip()
+        KNOWN.add(value)
         self._cache[ref] = (now, value)
         return value
 
@@ -90,5 +145,7 @@ class KubeSecrets:
             raise ToolError(f"{where}: HTTP {err.status} {err.reason}", fault=fault) from None
         except ValueError as err:
             raise ToolError(f"{where}: {err}", fault=fault) from None
+        for value in values.values():
+            KNOWN.add(value)
         self._headers[(namespace, name, keys)] = (now, values)
         return values

@@ -23,11 +23,12 @@ overrun ends the run with its cap's reason and is counted in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import openai
@@ -40,6 +41,30 @@ Not an OpenAI field: nothing but the worker reads it (the kernel classifies the 
 CUT_FINISH_REASON = "length"
 """The finish reason of a response the worker cut: what a provider says when it stops at
 ``max_tokens`` (the kernel asks for a shorter reply, or the run ends at its cap)."""
+
+
+FOLDED_DELTA_KEYS = frozenset({"role", "content", "refusal", "tool_calls"})
+"""Delta fields folded into the message (the others are only counted)."""
+NOT_OUTPUT_KEYS = frozenset({"role", "id", "type", "index", "format", "signature"})
+"""Fields of a delta's other parts that name or sign output rather than carry it."""
+
+
+def _texts(value: Any) -> list[str]:
+    """The non-empty strings in ``value`` (a delta field's JSON) outside ``NOT_OUTPUT_KEYS``:
+    output a provider streams in a field of its own — the reasoning of ``reasoning_content``
+    (DeepSeek, vLLM, llama.cpp), ``reasoning`` (OpenRouter, Groq, Ollama) or
+    ``reasoning_details`` (OpenRouter), a legacy ``function_call``, an audio transcript —
+    is output tokens the provider bills, so the cut and an abandoned call's charge count it,
+    whatever the field is called."""
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, Mapping):
+        items = [v for k, v in value.items() if k not in NOT_OUTPUT_KEYS]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return []
+    return [text for item in items for text in _texts(item)]
 
 
 @dataclasses.dataclass(slots=True)
@@ -61,7 +86,8 @@ class Delivery:
     """The provider's ``usage`` (the final chunk's, with ``stream_options.include_usage``)."""
     id: str | None = None
     chunks: int = 0
-    """Chunks that carried output (text or a tool call's part)."""
+    """Chunks that carried output (text, a tool call's part, reasoning or any other output
+    field: ``_texts``)."""
     ascii_chars: int = 0
     other_chars: int = 0
     cut: bool = False
@@ -99,6 +125,11 @@ class Delivery:
         for part in calls if isinstance(calls, list) else ():
             if isinstance(part, Mapping):
                 carried = self._add_call(part) or carried
+        for key, value in delta.items():
+            if key not in FOLDED_DELTA_KEYS:
+                for text in _texts(value):
+                    self._count(text)
+                    carried = True
         return carried
 
     def _add_call(self, part: Mapping[str, Any]) -> bool:
@@ -208,16 +239,17 @@ async def read_stream(
     Raises what the ``openai`` client raises (``APIStatusError``, ``APIConnectionError``) and
     ``json.JSONDecodeError`` for a body that is not JSON; the caller maps them."""
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    stream = await client.post(
-        path,
-        body=stream_body,
-        cast_to=object,
-        stream=True,
-        stream_cls=openai.AsyncStream[object],
-    )
-    if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
-        answer: object = json.loads(await stream.response.aread())
-        return answer
+    with abandoned_unanswered(watch):
+        stream = await client.post(
+            path,
+            body=stream_body,
+            cast_to=object,
+            stream=True,
+            stream_cls=openai.AsyncStream[object],
+        )
+        if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
+            answer: object = json.loads(await stream.response.aread())
+            return answer
     delivery = Delivery()
     finished = False
     try:
@@ -237,6 +269,21 @@ async def read_stream(
         if delivery.cut or not finished:
             await asyncio.shield(stream.close())  # the provider stops generating
     return delivery.completion()
+
+
+@contextlib.contextmanager
+def abandoned_unanswered(watch: StreamWatch | None) -> Iterator[None]:
+    """Tell ``watch`` the call was abandoned (with nothing delivered: its prompt is charged)
+    if the block is cancelled — the run cancelled or deleted, its deadline — while waiting
+    for the answer to a request that went out: the provider has read the prompt, and bills
+    it, before its first byte arrives. A call that failed to connect or was refused raises
+    something else and is not charged."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        if watch is not None:
+            watch.abandoned(Delivery())
+        raise
 
 
 def refuses_streaming(body: object) -> bool:

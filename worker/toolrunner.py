@@ -43,7 +43,11 @@ class ToolRunSettings:
     """Calls of one batch running at once."""
     call_timeout: float = 60.0
     """Seconds one call may take, its retries included, before it is reported as timed out
-    (a tool's own ``ToolSpec.timeout`` takes precedence)."""
+    (a tool's own ``ToolSpec.timeout`` takes precedence, up to ``max_call_timeout``)."""
+    max_call_timeout: float = 300.0
+    """The most seconds any call may take, whatever its tool asks (an AgentToolServer's
+    ``spec.timeouts.call`` is the tenant's to set): a turn holds its worker slot while its
+    tools run, and the fair shares of the slots between tenants count on turns ending."""
     max_result_bytes: int = MAX_RESULT_BYTES
     """Results longer than this (UTF-8), error messages included, are cut with a visible
     marker (a turn's results together are bounded too: ``kernel.bound_results``)."""
@@ -90,7 +94,7 @@ class _Deadline:
 
     @classmethod
     def of(cls, tool: Tool, settings: ToolRunSettings, *, run_deadline: float) -> _Deadline:
-        timeout = tool.spec.timeout or settings.call_timeout
+        timeout = min(tool.spec.timeout or settings.call_timeout, settings.max_call_timeout)
         ends = time.time() + timeout
         return cls(min(ends, run_deadline), timeout, run_deadline < ends)
 

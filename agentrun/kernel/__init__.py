@@ -85,7 +85,13 @@ from agentrun.kernel.terminal import (
     conclude,
 )
 from agentrun.kernel.transcript import summary_request
-from agentrun.kernel.usage import Usage, estimate_tokens, prompt_token_bound, read_usage
+from agentrun.kernel.usage import (
+    Usage,
+    estimate_tokens,
+    output_floor,
+    prompt_token_bound,
+    read_usage,
+)
 from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check_calls
 
 __all__ = [
@@ -152,6 +158,7 @@ __all__ = [
     "model_failed",
     "next_unavailable",
     "not_run",
+    "output_floor",
     "plan_answer",
     "plan_turn",
     "prompt_token_bound",

@@ -164,6 +164,19 @@ def output_estimate(texts: Sequence[str]) -> int:
     return -(-ascii_chars // 3) + other + MESSAGE_OVERHEAD_TOKENS
 
 
+def output_floor(texts: Sequence[str]) -> int:
+    """The fewest output tokens any provider can have counted for ``texts`` (what a model
+    wrote): six ASCII characters or two other characters a token, more than any tokenizer in
+    use packs into one (the count the worker's cut compares with an allowance). A provider
+    reporting fewer is not believed: its reply is charged this."""
+    ascii_chars = other = 0
+    for text in texts:
+        count = len(text.encode("ascii", "ignore"))
+        ascii_chars += count
+        other += len(text) - count
+    return -(-ascii_chars // 6) + -(-other // 2)
+
+
 def _details(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     details = raw.get(key)
     return details if isinstance(details, Mapping) else {}
@@ -225,6 +238,7 @@ def read_usage(
             prompt=reported_in,
             total=_count(raw.get("total_tokens")),
         )
+        output_tokens = max(output_tokens, output_floor(completion_texts(_message(response))))
         cached = min(
             _count(_details(raw, "prompt_tokens_details").get("cached_tokens")) or 0, input_tokens
         )

@@ -2,11 +2,12 @@
 
 Bucket ``AGENTRUN_LEDGER``. A tenant's ledger has one of two layouts (``entries.LAYOUTS``),
 told apart by its ``book.<tenant>`` value's format: ``single``, the whole ledger in that one
-value (what earlier releases read and write; at most ``MAX_ACTIVE_RUNS`` active and
-``MAX_QUEUED_RUNS`` queued runs), or ``split``. A tenant keeps the layout it is found in; a new
-one gets the store's ``layout``; a store whose ``layout`` is ``split`` (the operator's, once
-every worker reads split ledgers) splits a one-value ledger at its next change. Split, per
-tenant:
+value (what earlier releases read and write; at most ``MAX_ACTIVE_RUNS`` active runs), or
+``split``. A tenant keeps the layout it is found in; a new one gets the store's ``layout``; a
+store whose ``layout`` is ``split`` (the operator's, once every worker reads split ledgers)
+splits a one-value ledger at its next change, and any store splits one that its admissions
+would take past ``MAX_ACTIVE_RUNS`` (``outgrows``: a tenant is never held at that cap). Split,
+per tenant:
 
 - ``book.<tenant>``: its totals (``used``, the sums of its holds, its active runs counted, its
   first waiting calls) and the entries of up to ``INLINE_RUNS`` of its runs inline;
@@ -54,6 +55,7 @@ from agentrun.ledger.cas import CasStore, Conflict, LedgerUnavailable, Stored, W
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     LAYOUTS,
+    MAX_ACTIVE_RUNS,
     BudgetRefusal,
     Hold,
     LedgerCorrupt,
@@ -69,7 +71,6 @@ from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 __all__ = [
     "BUCKET",
     "INLINE_RUNS",
-    "MAX_QUEUED_RUNS",
     "BookMissing",
     "LedgerStore",
     "LedgerUnavailable",
@@ -96,28 +97,18 @@ class BookMissing(LookupError):
     started as an empty, unlimited one."""
 
 
-MAX_QUEUED_RUNS = 1_000
-"""Runs the admission queue of a tenant whose ledger is one value (``single``) holds, as in
-earlier releases, whose queue was one value too: ``enqueue`` refuses the next one
-(``QueueFull``, ``one_value``). A ``split`` tenant's queue has no such cap."""
-
-
 class QueueFull(Exception):
-    """The tenant's admission queue holds as many runs as the platform allows, or (``one_value``)
-    as a one-value ledger's tenant may queue (``MAX_QUEUED_RUNS``): this run cannot join it."""
+    """The tenant's admission queue holds as many runs as the platform allows
+    (``AGENTRUN_MAX_QUEUED_RUNS``): this run cannot join it. The queue is one value per run in
+    either layout, so storage sets it no cap of its own."""
 
-    def __init__(self, tenant: str, *, limit: int, one_value: bool = False) -> None:
-        if one_value:
-            message = f"AgentTenant {tenant!r}'s admission queue is full ({limit} runs wait)"
-        else:
-            message = (
-                f"AgentTenant {tenant!r}'s admission queue holds {limit} runs, the most the "
-                "platform allows (AGENTRUN_MAX_QUEUED_RUNS)"
-            )
-        super().__init__(message)
+    def __init__(self, tenant: str, *, limit: int) -> None:
+        super().__init__(
+            f"AgentTenant {tenant!r}'s admission queue holds {limit} runs, the most the "
+            "platform allows (AGENTRUN_MAX_QUEUED_RUNS)"
+        )
         self.tenant = tenant
         self.limit = limit
-        self.one_value = one_value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,6 +156,17 @@ def legacy_queue_key(tenant: str) -> str:
     return f"{protocol.LEDGER_QUEUES}.{tenant}"
 
 
+def outgrows(book: Book, admits: int) -> bool:
+    """Whether admitting ``admits`` more runs would take the one-value ledger ``book`` past
+    ``MAX_ACTIVE_RUNS`` while its tenant's ``maxConcurrentRuns`` allows more: then it is
+    split (the ``split`` layout) instead of keeping runs queued at that cap. A worker of the
+    previous release cannot read a split ledger (docs/operations.md, upgrades); a tenant that
+    big was held at the cap by that release."""
+    cap = book.limits.max_concurrent_runs
+    room = cap is None or cap > MAX_ACTIVE_RUNS
+    return room and admits > 0 and book.active_runs + admits > MAX_ACTIVE_RUNS
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Change:
     """One named operation's change of a tenant's ledger, and what it needs loaded."""
@@ -176,6 +178,9 @@ class _Change:
     """The limits a missing ledger starts with (``None``: a missing ledger is refused)."""
     seed: Seed | None = None
     """What a ledger made anew starts with (``Book.seed``)."""
+    admits: int = 0
+    """Runs it may admit (a one-value ledger they would take past ``MAX_ACTIVE_RUNS`` is
+    split first: ``LedgerStore.outgrows``)."""
 
 
 class LedgerStore(CasStore):
@@ -275,29 +280,32 @@ class LedgerStore(CasStore):
         *,
         runs: Iterable[str] | None = None,
         limits: TenantLimits | None = None,
+        admits: int = 0,
     ) -> T:
         """Apply ``fn`` to the tenant's ledger and write what it changed by compare-and-set
         (what every named operation does; callers outside the ledger use those, never this).
 
         ``runs``: the runs whose entries ``fn`` reads or changes (``None``: every run, read
-        whole). A missing ledger starts empty with ``limits`` when they are given (the
-        operator's admission and sweep, with the AgentTenant's limits), its ``used`` and active
-        runs seeded by ``rebuild`` if the store has one; without them it is refused: a missing
-        ledger means no budget, never an unlimited one (``BookMissing``). ``fn`` may run more
-        than once (on lost races) and must be deterministic given the ledger.
+        whole); ``admits``: how many runs ``fn`` may admit. A missing ledger starts empty with
+        ``limits`` when they are given (the operator's admission and sweep, with the
+        AgentTenant's limits), its ``used`` and active runs seeded by ``rebuild`` if the store
+        has one; without them it is refused: a missing ledger means no budget, never an
+        unlimited one (``BookMissing``). ``fn`` may run more than once (on lost races) and
+        must be deterministic given the ledger.
         """
         wanted = None if runs is None else frozenset(runs)
         result: T
         if limits is None or self.rebuild is None:
-            result = await self._change_with(tenant, _Change(fn, wanted, limits))
+            result = await self._change_with(tenant, _Change(fn, wanted, limits, admits=admits))
             return result
         try:
-            result = await self._change_with(tenant, _Change(fn, wanted, None))
+            result = await self._change_with(tenant, _Change(fn, wanted, None, admits=admits))
         except BookMissing:  # made anew: what the window used is rebuilt first
             start = window_start(self.clock(), limits.window_seconds)
             seed = await self.rebuild(tenant, start, start + limits.window_seconds)
             # the seeded runs get entries: every run of the tenant is read to place them
-            result = await self._change_with(tenant, _Change(fn, None, limits, seed))
+            made = _Change(fn, None, limits, seed, admits=admits)
+            result = await self._change_with(tenant, made)
         return result
 
     async def _change_with(self, tenant: str, change: _Change) -> Any:
@@ -378,7 +386,7 @@ class LedgerStore(CasStore):
         there are no totals and no change brings limits."""
         kept = self._decoded.pop(tenant, None)
         if kept is not None and totals.data is not None and kept[0] == totals.revision:
-            return kept[1]
+            return self._grown(tenant, kept[1], changes)
         if totals.data is None:
             made = next((c for c in changes if c.limits is not None), None)
             if made is None or made.limits is None:
@@ -389,6 +397,22 @@ class LedgerStore(CasStore):
         view = codec.decode_totals(totals.data)
         if view.one_value and self.layout == "split":
             view.book.split_out()  # written split from now on (``_read_runs`` places its runs)
+        return self._grown(tenant, view, changes)
+
+    def _grown(self, tenant: str, view: codec.Totals, changes: list[_Change]) -> codec.Totals:
+        """``view``, split from now on (``_read_runs`` places its runs) if it is one value and
+        the admissions among ``changes`` would take it past what one value holds
+        (``outgrows``)."""
+        admits = sum(c.admits for c in changes)
+        if view.book.one_value and outgrows(view.book, admits):
+            log.info(
+                "AgentTenant %s: %d active runs and %d to admit outgrow its one-value ledger; "
+                "it is split from now on",
+                tenant,
+                view.book.active_runs,
+                admits,
+            )
+            view.book.split_out()
         return view
 
     async def _read_runs(
@@ -505,7 +529,7 @@ class LedgerStore(CasStore):
             return answers
 
         uids = [run.uid for run, _ in runs]
-        return await self._change(tenant, apply, runs=uids, limits=limits)
+        return await self._change(tenant, apply, runs=uids, limits=limits, admits=len(uids))
 
     def turn_hold(
         self,
@@ -809,22 +833,12 @@ class LedgerStore(CasStore):
             return position
         if limit is not None and len(queue) >= limit:
             raise QueueFull(tenant, limit=limit)
-        if len(queue) >= MAX_QUEUED_RUNS and await self.one_value(tenant):
-            raise QueueFull(tenant, limit=len(queue), one_value=True)
         return queue.add(run, arrival=await self._put_queued(tenant, run))
 
     def splits(self, book: Book) -> bool:
         """Whether this store splits ``book`` (as read) at its next change: it is one value and
         the store's ``layout`` is ``split``."""
         return book.one_value and self.layout == "split"
-
-    async def one_value(self, tenant: str) -> bool:
-        """Whether the tenant's ledger is, and stays, one value (``single``): its book is, and
-        this store does not split it; a tenant without one gets the store's ``layout``."""
-        totals = await self._get(book_key(tenant))
-        if totals.data is None:
-            return self.layout == "single"
-        return self.layout == "single" and codec.is_one_value(totals.data)
 
     async def dequeue(self, tenant: str, uid: str) -> bool:
         """Remove the run ``uid`` from the queue; False if it was not there."""

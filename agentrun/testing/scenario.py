@@ -170,6 +170,9 @@ class Turn:
     """None = the message has no `tool_calls` key; () = an explicitly empty list (which some
     servers send with ``finish_reason: tool_calls``)."""
     refusal: str | None = None
+    reasoning: str | None = None
+    """The model's reasoning, sent before its content in ``provider.reasoning_field`` (its
+    tokens are counted in ``completion_tokens`` where usage is not scripted)."""
     finish_reason: str | None = None
     """Override; None = `tool_calls` when `tool_calls` is not None, else `stop`."""
     usage: UsageSpec | None = field(default_factory=UsageSpec)
@@ -240,6 +243,10 @@ class Provider:
     """Tokens per streamed content chunk (one, as OpenAI's and llama.cpp's servers send)."""
     chunk_ms: float = 0.0
     """Milliseconds between two streamed chunks."""
+    reasoning_field: str = "reasoning_content"
+    """Where the turn's ``reasoning`` goes, in the message and its streamed deltas:
+    ``reasoning_content`` (DeepSeek, vLLM, llama.cpp), ``reasoning`` (OpenRouter, Groq,
+    Ollama) or ``reasoning_details`` (OpenRouter's list of ``reasoning.text`` parts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +315,8 @@ $defs:
     properties:
       content: {type: [string, "null"]}
       refusal: {type: [string, "null"]}
+      reasoning: {type: [string, "null"]}
+      reasoning_field: {enum: [reasoning_content, reasoning, reasoning_details]}
       finish_reason: {type: string}
       latency_ms: {type: number, minimum: 0}
       tool_calls:
@@ -408,6 +417,7 @@ def _to_turn(raw: Mapping[str, Any]) -> Turn:
         content=raw.get("content"),
         tool_calls=None if calls is None else tuple(_to_call(c) for c in calls),
         refusal=raw.get("refusal"),
+        reasoning=raw.get("reasoning"),
         finish_reason=raw.get("finish_reason"),
         usage=None if usage is None else UsageSpec(**usage),
         latency_ms=float(raw.get("latency_ms", 0)),
@@ -419,6 +429,7 @@ def _to_turn(raw: Mapping[str, Any]) -> Turn:
             stream_usage=bool(raw.get("stream_usage", True)),
             chunk_tokens=int(raw.get("chunk_tokens", 1)),
             chunk_ms=float(raw.get("chunk_ms", 0)),
+            reasoning_field=str(raw.get("reasoning_field", "reasoning_content")),
         ),
     )
 
@@ -539,6 +550,10 @@ def render_completion(
         "refusal": _fill(turn.refusal, ks, request),
     }
     out_texts = [content or "", turn.refusal or ""]
+    if turn.reasoning:
+        field_name = turn.provider.reasoning_field
+        message[field_name] = reasoning_value(field_name, turn.reasoning)
+        out_texts.append(turn.reasoning)
     if turn.tool_calls is not None:
         calls = []
         for index, spec in enumerate(turn.tool_calls):
@@ -608,13 +623,29 @@ def prompt_texts(messages: Sequence[Any]) -> list[str]:
     return texts
 
 
+def reasoning_value(field_name: str, text: str) -> Any:
+    """``text`` as field ``field_name`` carries it: a string, or for ``reasoning_details``
+    a list of one ``reasoning.text`` part (OpenRouter's shape)."""
+    if field_name == "reasoning_details":
+        return [{"type": "reasoning.text", "text": text, "format": "unknown", "index": 0}]
+    return text
+
+
+def reasoning_text(value: Any) -> str:
+    """The text of a ``reasoning_value``."""
+    if isinstance(value, list):
+        return "".join(str(part.get("text", "")) for part in value)
+    return str(value)
+
+
 def render_chunks(
     completion: Mapping[str, Any], *, provider: Provider, include_usage: bool
 ) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects a streaming server sends for ``completion``
     (OpenAI API reference, "The chat completion chunk object"): a first chunk with the role,
-    the content in pieces of ``provider.chunk_tokens`` tokens, each tool call's id and name
-    then its arguments in pieces, a last chunk with the finish reason and, when
+    the reasoning (if any) then the content in pieces of ``provider.chunk_tokens`` tokens,
+    each tool call's id and name then its arguments in pieces, a last chunk with the finish
+    reason and, when
     ``include_usage`` and ``provider.stream_usage``, a chunk with empty ``choices`` and the
     usage."""
     choice = completion["choices"][0]
@@ -627,6 +658,14 @@ def render_chunks(
 
     step = provider.chunk_tokens
     chunks = [chunk({"role": "assistant", "content": ""})]
+    reasoning = message.get(provider.reasoning_field)
+    if reasoning:
+        text = reasoning_text(reasoning)
+        pieces = provider.count.pieces(text)
+        chunks += [
+            chunk({provider.reasoning_field: reasoning_value(provider.reasoning_field, part)})
+            for part in ("".join(pieces[i : i + step]) for i in range(0, len(pieces), step))
+        ]
     for key in ("content", "refusal"):
         pieces = provider.count.pieces(message.get(key) or "")
         chunks += [chunk({key: "".join(pieces[i : i + step])}) for i in range(0, len(pieces), step)]

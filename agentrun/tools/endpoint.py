@@ -106,18 +106,71 @@ class Endpoint:
         return (self.url, self.transport.value, self.timeout, digest, self.private_network)
 
 
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+"""The most bytes one message from a tool server may take (a JSON body, or one event of an
+event stream: the bytes between two blank lines). A tenant's server answering a bigger one
+(a ``tools/list`` of 150 MiB) would otherwise be read whole into the operator's or a
+worker's memory, every time it is asked; past this the response fails as a transport fault.
+A tool's result is cut much shorter anyway (``MAX_RESULT_BYTES`` of the worker's runner)."""
+
+
+class MessageTooLarge(httpx2.StreamError):
+    """A tool server sent one message over ``MAX_MESSAGE_BYTES``."""
+
+
+class BoundedStream(httpx2.AsyncByteStream):
+    """A response body read on, but never a message (the bytes since the last blank line)
+    longer than ``limit``: raises ``MessageTooLarge`` as soon as one passes it."""
+
+    SEPARATORS = (b"\n\n", b"\r\n\r\n")
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+        self.inner = inner
+        self.limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        pending = 0
+        tail = b""
+        async for chunk in self.inner:
+            seen = tail + chunk
+            end = max(seen.rfind(sep) + len(sep) if sep in seen else -1 for sep in self.SEPARATORS)
+            pending = len(seen) - end if end >= 0 else pending + len(chunk)
+            if pending > self.limit:
+                raise MessageTooLarge(f"the tool server sent a message over {self.limit} bytes")
+            tail = seen[-3:]
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class CheckedTransport(httpx2.AsyncHTTPTransport):
     """An ``httpx2`` transport whose connections go through ``reach.CheckedBackend``: each
     host resolved once, refused unless every address is allowed, connected to those addresses
-    only. No proxy from the environment (the addresses checked are the server's own)."""
+    only. No proxy from the environment (the addresses checked are the server's own). Each
+    response's messages are bounded (``BoundedStream``, ``MAX_MESSAGE_BYTES``)."""
 
-    def __init__(self, *, private_network: bool) -> None:
+    def __init__(
+        self, *, private_network: bool, max_message_bytes: int = MAX_MESSAGE_BYTES
+    ) -> None:
         super().__init__(trust_env=False)
         # httpx2's transport takes no network backend; its pool does (the one seam, checked
         # by tests/tools/test_reach.py)
         self._pool = httpcore2.AsyncConnectionPool(
             ssl_context=httpx2.create_ssl_context(trust_env=False),
             network_backend=reach.CheckedBackend(private_network=private_network),
+        )
+        self.max_message_bytes = max_message_bytes
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        """The response, its body bounded (``BoundedStream``)."""
+        response = await super().handle_async_request(request)
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=BoundedStream(response.stream, self.max_message_bytes),
+            extensions=response.extensions,
         )
 
 

@@ -63,13 +63,43 @@ def _host_port(text: str) -> tuple[str, str]:
     return host, port
 
 
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+"""The well-known NAT64 prefix (RFC 6052): a gateway translates ``64:ff9b::a.b.c.d`` to the
+IPv4 address ``a.b.c.d``."""
+NOT_GLOBAL_V6 = (
+    ipaddress.IPv6Network("64:ff9b:1::/48"),  # local-use NAT64 (RFC 8215): an internal gateway
+    ipaddress.IPv6Network("fec0::/10"),  # site-local (deprecated, RFC 3879): internal
+)
+"""IPv6 networks the standard library may count as global that lead inside a network."""
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries and is translated or tunnelled to, if any:
+    IPv4-mapped (``::ffff:a.b.c.d``), IPv4-translated (``::ffff:0:a.b.c.d``, RFC 2765),
+    IPv4-compatible (``::a.b.c.d``, deprecated), NAT64 (``64:ff9b::/96``) and 6to4
+    (``2002::/16``, RFC 3056)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    value = int(ip)
+    low = ipaddress.IPv4Address(value & 0xFFFFFFFF)
+    high = value >> 32
+    if high == 0xFFFF0000 or ip in NAT64 or (high == 0 and int(low) > 1):
+        return low
+    return None
+
+
 def check_address(address: str, *, private_network: bool) -> str | None:
     """Why connecting to ``address`` is refused (a non-global address without
-    ``private_network``), or ``None``. An IPv4-mapped IPv6 address is judged as the IPv4
-    address it maps."""
-    ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    ``private_network``), or ``None``. An IPv6 address that carries an IPv4 address the
+    network translates or tunnels to (``embedded_ipv4``) is judged as that IPv4 address, so
+    ``64:ff9b::a9fe:a9fe`` is the metadata address 169.254.169.254 behind a NAT64 gateway."""
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if any(ip in network for network in NOT_GLOBAL_V6) and not private_network:
+            return f"{address} is an internal address, which the tenant's rule does not allow"
+        ip = embedded_ipv4(ip) or ip
     if ip.is_global or private_network:
         return None
     kind = "loopback" if ip.is_loopback else "link-local" if ip.is_link_local else "private"

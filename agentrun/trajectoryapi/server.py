@@ -21,7 +21,6 @@ import logging
 import ssl
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,7 +31,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from agentrun import bus, natsclient
-from agentrun.natsauth import authority, jwt
+from agentrun.natsauth import authority, jwt, permissions
 from agentrun.natsauth.permissions import Role
 from agentrun.protocol import RunEvent
 from agentrun.trajectoryapi import access
@@ -141,8 +140,8 @@ class Server:
         """The whole trajectory, written one event record at a time (503 when NATS cannot be
         read within ``READ_TIMEOUT``)."""
         try:
-            async with asyncio.timeout(READ_TIMEOUT), self._bus(target.namespace) as events:
-                found = await read_all(events, target.namespace, target.name)
+            async with asyncio.timeout(READ_TIMEOUT), self._bus(target.namespace) as reader:
+                found = await read_all(reader, target.namespace, target.name)
         except (TimeoutError, OSError, nats.errors.Error) as err:
             log.warning("reading %s/%s failed: %r", target.namespace, target.name, err)
             return _refuse(access.unavailable(target.namespace, target.name))
@@ -175,13 +174,13 @@ class Server:
         NATS raises, before anything is sent."""
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
-        async with self._bus(target.namespace) as events:
+        async with self._bus(target.namespace) as reader:
             await response.prepare(request)
             queue: asyncio.Queue[RunEvent] = asyncio.Queue(maxsize=64)
 
             async def pump() -> None:
-                follow = events.follow_events(
-                    target.namespace, target.name, consumer=consumer_name()
+                follow = reader.events.follow_events(
+                    target.namespace, target.name, consumer=reader.consumer
                 )
                 async for event in follow:
                     await queue.put(event)
@@ -199,13 +198,15 @@ class Server:
         return response
 
     @asynccontextmanager
-    async def _bus(self, namespace: str) -> AsyncIterator[bus.Bus]:
-        """A NATS connection as a reader of ``namespace`` alone, minted for this request."""
+    async def _bus(self, namespace: str) -> AsyncIterator[ReaderBus]:
+        """A NATS connection as a reader of ``namespace`` alone, minted for this request, with
+        the one consumer name its credential may create (``permissions.reader_name``)."""
+        consumer = permissions.reader_name()
         reader = authority.mint_user(
             self.reader.signer,
             account=self.reader.account,
             role=Role.READER,
-            name=f"agentrun-trajectory:{namespace}",
+            name=consumer,
             namespace=namespace,
             expires=int(time.time()) + READER_TTL,
         )
@@ -218,7 +219,7 @@ class Server:
             )
             events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=self.reader.url))
             try:
-                yield events
+                yield ReaderBus(events, consumer)
             finally:
                 await events.close()
 
@@ -242,24 +243,28 @@ async def _write_followed(
         await response.write(json.dumps(_record(event)).encode() + b"\n")
 
 
-async def read_all(events: bus.Bus, namespace: str, name: str) -> list[RunEvent]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReaderBus:
+    """A namespace reader's bus and the one consumer name its credential may create."""
+
+    events: bus.Bus
+    consumer: str
+
+
+async def read_all(reader: ReaderBus, namespace: str, name: str) -> list[RunEvent]:
     """Every event of the run, oldest first, read as a reader may: the run's last event
     (a direct get on its subject, which any replica may answer: at worst an event committed a
     moment ago is left for the next read), then an ordered consumer on that subject up to it."""
+    events = reader.events
     last = await events.last_event(namespace, name, any_replica=True)
     found: list[RunEvent] = []
     if last is None:
         return found
-    async for event in events.follow_events(namespace, name, consumer=consumer_name()):
+    async for event in events.follow_events(namespace, name, consumer=reader.consumer):
         found.append(event)
         if event.seq >= last.seq:
             break
     return found
-
-
-def consumer_name() -> str:
-    """A fresh name for a reader's ordered consumer, ``trajectory-<12 hex>``."""
-    return f"trajectory-{uuid.uuid4().hex[:12]}"
 
 
 def _record(event: RunEvent) -> dict[str, Any]:

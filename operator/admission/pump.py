@@ -521,10 +521,7 @@ class QueuePump:
 
 
 def _queue_full(err: QueueFull) -> tuple[kernel.Phase, str]:
-    """How a run its tenant's full queue refused ends: ``checkpoint_failed`` for a one-value
-    ledger's cap (as in earlier releases: the queue's value must stay bounded), else
-    ``tenant_budget_exhausted`` (the platform's ``AGENTRUN_MAX_QUEUED_RUNS``)."""
-    if err.one_value:
-        return kernel.Phase.CHECKPOINT_FAILED, f"{err}; the run could not be queued"
+    """How a run its tenant's full queue refused ends: ``tenant_budget_exhausted`` (the
+    platform's ``AGENTRUN_MAX_QUEUED_RUNS``)."""
     message = f"{err}; the run was not queued: create it again once the queue is shorter"
     return kernel.Phase.TENANT_BUDGET_EXHAUSTED, message

@@ -249,13 +249,3 @@ def restart_operator(stack_: E2EStack, **env: str | None) -> None:
         else:
             stack_.env[key] = value
     stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
-
-
-@pytest.fixture
-def split_layout(stack_: E2EStack) -> Iterator[E2EStack]:
-    """The stack with its operator set to store new tenants' ledgers split
-    (``AGENTRUN_LEDGER_LAYOUT=split``: every worker runs this release); the release's default
-    (``single``) again afterwards."""
-    restart_operator(stack_, AGENTRUN_LEDGER_LAYOUT="split")
-    yield stack_
-    restart_operator(stack_, AGENTRUN_LEDGER_LAYOUT=None)

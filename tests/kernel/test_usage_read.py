@@ -18,9 +18,15 @@ REPLY = {"choices": [{"message": {"role": "assistant", "content": "word " * 400}
 """A reply whose text estimates at far more than 5 output tokens."""
 
 
-def read(usage: Any, *, max_output_tokens: int | None = None) -> kernel.Usage:
+SILENT = {"choices": [{"message": {"role": "assistant", "content": ""}}]}
+"""A reply with no text: no floor under its reported output."""
+
+
+def read(
+    usage: Any, *, max_output_tokens: int | None = None, reply: dict[str, Any] = REPLY
+) -> kernel.Usage:
     return kernel.read_usage(
-        {**REPLY, "usage": usage},
+        {**reply, "usage": usage},
         pricing=PRICES,
         prompt_estimate=77,
         max_output_tokens=max_output_tokens,
@@ -29,9 +35,29 @@ def read(usage: Any, *, max_output_tokens: int | None = None) -> kernel.Usage:
 
 @pytest.mark.parametrize("count", [0, 1, MAX_REPORTED_TOKENS], ids=["zero", "one", "largest"])
 def test_a_count_from_zero_to_the_largest_believed_is_read_as_reported(count: int) -> None:
-    usage = read({"prompt_tokens": count, "completion_tokens": count})
+    usage = read({"prompt_tokens": count, "completion_tokens": count}, reply=SILENT)
     assert (usage.input_tokens, usage.output_tokens, usage.estimated) == (count, count, False)
     assert (usage.cached_input_tokens, usage.reasoning_tokens) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("content", "floor"),
+    [("word " * 400, 334), ("長" * 600, 300), ("", 0)],
+    ids=["ascii-six-a-token", "other-two-a-token", "no-text"],
+)
+def test_reported_output_below_the_text_returned_is_charged_the_texts_floor(
+    content: str, floor: int
+) -> None:
+    """A provider reporting fewer output tokens than the text it sent can hold (0 for 2,000
+    characters) is not believed: the reply is charged the text's lower bound, priced."""
+    reply = {"choices": [{"message": {"role": "assistant", "content": content}}]}
+    usage = read({"prompt_tokens": 10, "completion_tokens": 0}, reply=reply)
+    assert (usage.output_tokens, usage.estimated) == (floor, False)
+    assert usage.cost_usd == PRICES.cost(
+        input_tokens=10, cached_input_tokens=0, output_tokens=floor
+    )
+    honest = read({"prompt_tokens": 10, "completion_tokens": 500}, reply=reply)
+    assert honest.output_tokens == 500  # an honest count above the floor is read as reported
 
 
 @pytest.mark.parametrize(

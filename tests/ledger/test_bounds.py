@@ -31,7 +31,8 @@ from agentrun.ledger import (
     codec,
 )
 from agentrun.ledger.entries import CONCURRENCY_LIMIT, FIRST_WAITERS, MAX_ACTIVE_RUNS, Waiter
-from agentrun.ledger.store import MAX_QUEUED_RUNS, QueueFull, book_key, queue_key, run_key
+from agentrun.ledger.hold import TurnRef
+from agentrun.ledger.store import QueueFull, book_key, queue_key, run_key
 from agentrun_dev import natsserver
 
 NOW = 1.8e9
@@ -175,18 +176,60 @@ def test_a_one_value_ledger_holds_at_most_500_active_runs_whatever_max_concurren
 
 
 @pytest.mark.parametrize("layout", ["single", "split"])
-async def test_a_one_value_tenants_queue_holds_1_000_runs_and_a_split_ones_more(
+async def test_a_tenants_queue_has_no_cap_of_its_storage_in_either_layout(
     client: NATS, layout: str
 ) -> None:
+    """B14: the queue is one value per run in both layouts, so only the platform's
+    ``AGENTRUN_MAX_QUEUED_RUNS`` bounds it (earlier releases refused the 1,001st run of a
+    one-value tenant)."""
     store = await open_store(client, layout)
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    runs = [QueuedRun(f"q-{i:05d}", "ns", f"q-{i:05d}", NOW + i) for i in range(MAX_QUEUED_RUNS)]
-    for chunk in range(0, MAX_QUEUED_RUNS, 100):
+    runs = [QueuedRun(f"q-{i:05d}", "ns", f"q-{i:05d}", NOW + i) for i in range(1_500)]
+    for chunk in range(0, len(runs), 100):
         await asyncio.gather(*(store.enqueue(tenant, r) for r in runs[chunk : chunk + 100]))
     one_more = QueuedRun("one-more", "ns", "one-more", NOW + 10_000)
-    if layout == "split":
-        assert await store.enqueue(tenant, one_more) == MAX_QUEUED_RUNS + 1
+    assert await store.enqueue(tenant, one_more) == 1_501
+    with pytest.raises(QueueFull, match="holds 1501 runs, the most the platform allows"):
+        await store.enqueue(tenant, QueuedRun("late", "ns", "late", NOW + 20_000), limit=1_501)
+
+
+@pytest.mark.parametrize("cap", [None, 2_000, 500])
+async def test_a_one_value_ledger_its_admissions_outgrow_is_split_and_admits_on(
+    client: NATS, cap: int | None
+) -> None:
+    """B14 with the default layout: a one-value tenant whose admissions would take it past
+    the 500 active runs one value holds is split at that admission (one atomic batch, every
+    run and hold kept) and admits on to its ``maxConcurrentRuns``; a worker's store (which
+    keeps ``single``) goes on reserving and settling on it. A tenant capped at 500 anyway
+    stays one value."""
+    store = await open_store(client, "single")
+    worker = await open_store(client, "single")
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    limits = TenantLimits(tokens=10**9, max_concurrent_runs=cap)
+    uids = [str(uuid.uuid4()) for _ in range(MAX_ACTIVE_RUNS + 20)]
+
+    async def admit(uid: str) -> BudgetRefusal | None:
+        run = QueuedRun(uid, "ns", uid[:8], NOW)
+        return await store.admit_run(tenant, run, limits=limits, need=(100, Decimal(0)))
+
+    for chunk in range(0, MAX_ACTIVE_RUNS, 100):
+        assert await asyncio.gather(*map(admit, uids[chunk : chunk + 100])) == [None] * 100
+    stored = await store.kv.get(book_key(tenant))
+    assert codec.is_one_value(stored.value or b"")  # 500 active: still one value
+    answers = [await admit(uid) for uid in uids[MAX_ACTIVE_RUNS:]]
+    book = await store.read(tenant)
+    assert book is not None
+    if cap == 500:
+        assert all(a is not None and a.reason == CONCURRENCY_LIMIT for a in answers)
+        assert book.one_value and book.active_runs == MAX_ACTIVE_RUNS
         return
-    with pytest.raises(QueueFull, match=r"admission queue is full \(1000 runs wait\)") as full:
-        await store.enqueue(tenant, one_more)
-    assert full.value.one_value and len(await store.queue(tenant)) == MAX_QUEUED_RUNS
+    assert answers == [None] * 20
+    assert not book.one_value and book.active_runs == MAX_ACTIVE_RUNS + 20
+    assert book.reserved_tokens == 100 * (MAX_ACTIVE_RUNS + 20)  # every admission hold kept
+    stored = await store.kv.get(book_key(tenant))
+    assert not codec.is_one_value(stored.value or b"")
+    ref = TurnRef(tenant, uids[0], "ns", uids[0][:8], 0)
+    hold = Hold(uids[0], 0, 0, Decimal(0), NOW + 60, "worker-1")
+    assert await worker.reserve_turn(ref, hold, before=None, prior_owner="", now=NOW) is None
+    after = await worker.read(tenant)
+    assert after is not None and after.hold(ref.key) is not None

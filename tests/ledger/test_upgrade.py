@@ -225,14 +225,13 @@ async def test_the_operator_moves_the_queue_into_one_value_per_run_in_its_order(
 
 
 @pytest.mark.parametrize("layout", ["single", "split"])
-async def test_a_one_value_tenant_keeps_its_caps_only_while_its_ledger_stays_one_value(
+async def test_only_a_store_set_to_split_splits_a_one_value_ledger_at_its_next_change(
     open_store: Opener, layout: str
 ) -> None:
     """A store set to ``split`` splits the earlier book at its next change (the sweep's too:
-    ``splits``), so that tenant's queue is no longer capped; set to ``single`` it keeps it."""
+    ``splits``); set to ``single`` it keeps it one value (until admissions outgrow it:
+    ``test_bounds``)."""
     store = await open_store(layout=layout)
     book = await store.read_totals(TENANT)
     assert book is not None and book.one_value
     assert store.splits(book) is (layout == "split")
-    assert await store.one_value(TENANT) is (layout == "single")
-    assert await store.one_value("no-ledger-yet") is (layout == "single")  # a new one's layout

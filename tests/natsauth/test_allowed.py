@@ -22,11 +22,12 @@ from nats.js import api
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import CallNeed, Granted, LedgerStore, QueuedRun, TenantLimits, TurnRef
+from agentrun.natsauth import permissions
 from agentrun.protocol import RunEvent
 from agentrun.worker.effects import EffectLedger
 from agentrun_dev import natsserver
 
-from .conftest import NAMESPACE_B, TENANT_B, RunB, connect, event_subject_b
+from .conftest import NAMESPACE_A, NAMESPACE_B, TENANT_B, Client, RunB, connect, event_subject_b
 
 
 @pytest.fixture
@@ -115,7 +116,8 @@ async def test_a_worker_hears_cancellations(worker_bus: Bus, operator_bus: Bus) 
 async def test_a_reader_follows_the_runs_of_its_namespace(
     closed_server: natsserver.NatsServer, run_b: RunB
 ) -> None:
-    client = await connect(closed_server, closed_server.mint_reader(NAMESPACE_B))
+    name = permissions.reader_name()
+    client = await connect(closed_server, closed_server.mint_reader(NAMESPACE_B, name=name))
     try:
         js = client.js()
         last = await js._jsm.get_last_msg(
@@ -127,13 +129,30 @@ async def test_a_reader_follows_the_runs_of_its_namespace(
             stream=protocol.STREAM_EVENTS,
             ordered_consumer=True,
             deliver_policy=api.DeliverPolicy.ALL,
-            config=api.ConsumerConfig(name=f"logs-{uuid.uuid4().hex[:8]}"),
+            config=api.ConsumerConfig(name=name),  # the one name its credential may use
         )
         first = await sub.next_msg(timeout=5)
         assert RunEvent.decode(first.data, seq=1).kind == "admitted"
         assert client.errors == []
     finally:
         await client.nc.close()
+
+
+async def test_the_operator_puts_its_event_consumers_filter_back(
+    operator_bus: Bus, admin: Client, run_b: RunB
+) -> None:
+    """A consumer whose filter was narrowed (by anyone allowed to) would skip every other
+    namespace's events for good: binding it again restores the filter."""
+    await operator_bus.event_subscription()
+    jsm = admin.js()._jsm
+    config = (await jsm.consumer_info(protocol.STREAM_EVENTS, protocol.OPERATOR_CONSUMER)).config
+    config.filter_subject = f"agentrun.event.{NAMESPACE_A}.>"
+    await jsm.add_consumer(protocol.STREAM_EVENTS, config)
+    sub = await operator_bus.event_subscription()
+    info = await jsm.consumer_info(protocol.STREAM_EVENTS, protocol.OPERATOR_CONSUMER)
+    assert info.config.filter_subject == protocol.EVENT_SUBJECTS
+    (msg,) = await sub.fetch(batch=1, timeout=5)
+    assert msg.subject == event_subject_b(run_b)  # namespace B's events reach it again
 
 
 async def test_the_operator_inspects_lists_consumes_and_purges(

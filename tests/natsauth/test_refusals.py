@@ -35,6 +35,7 @@ from agentrun.natsclient import NatsAuth, connect_options
 from agentrun_dev import natsserver
 
 from .conftest import (
+    NAMESPACE_A,
     NAMESPACE_B,
     REFUSAL_WAIT,
     TENANT_B,
@@ -72,6 +73,27 @@ async def follow_b_events(c: Client, run: RunB) -> object:
 
 async def consume_whole_event_stream(c: Client, run: RunB) -> object:
     return await c.js()._jsm.add_consumer(EVENTS, api.ConsumerConfig(name="all-events"))
+
+
+async def repoint_operator_consumer(c: Client, run: RunB) -> object:
+    """Create-or-update the operator's durable with a filter of the caller's own namespace:
+    the operator would stop seeing every other namespace's events."""
+    config = api.ConsumerConfig(
+        name=protocol.OPERATOR_CONSUMER,
+        durable_name=protocol.OPERATOR_CONSUMER,
+        filter_subject=f"agentrun.event.{NAMESPACE_A}.>",
+        ack_policy=api.AckPolicy.EXPLICIT,
+    )
+    return await c.js()._jsm.add_consumer(EVENTS, config)
+
+
+async def leave_durable_consumers(c: Client, run: RunB) -> object:
+    """A durable consumer of the caller's own namespace under a name of its choosing: one
+    that outlives the caller, as many as it likes."""
+    config = api.ConsumerConfig(
+        name="hog", durable_name="hog", filter_subject=f"agentrun.event.{NAMESPACE_A}.>"
+    )
+    return await c.js()._jsm.add_consumer(EVENTS, config)
 
 
 async def subscribe_event_subjects(c: Client, run: RunB) -> object:
@@ -198,6 +220,8 @@ ATTEMPTS: dict[str, Attempt] = {
     "read B's last event": read_b_last_event,
     "follow B's events": follow_b_events,
     "consume the whole event stream": consume_whole_event_stream,
+    "re-point the operator's consumer at its own namespace": repoint_operator_consumer,
+    "leave a durable consumer of its own namespace": leave_durable_consumers,
     "subscribe to event subjects": subscribe_event_subjects,
     "subscribe to every inbox": subscribe_other_inboxes,
     "publish an event for B's run": publish_b_event,

@@ -8,12 +8,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
 
 from agentrun import kernel
 from agentrun.operator import crdcheck
-from agentrun.operator.platform import health
+from agentrun.operator.platform import crdfields, health
 from agentrun.operator.runs import status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,8 +65,8 @@ def test_a_missing_crd_an_unserved_version_and_no_status_subresource_are_each_na
     assert run is not None
     del run["spec"]["versions"][0]["subresources"]["status"]
     assert crdcheck.find_mismatches(crds) == [
-        "CRD agentruns.agentrun.dev has no status subresource",
         "CRD agentmodels.agentrun.dev does not serve v1alpha1",
+        "CRD agentruns.agentrun.dev has no status subresource",
         "CRD agenttenants.agentrun.dev is not installed",
     ]
 
@@ -107,7 +108,79 @@ def test_every_status_field_the_projection_writes_is_required_of_the_crd() -> No
     written |= paths(
         status.queued(tenant="t", reason="Waiting", message="m", position=1, at=1.0, generation=1)
     )
-    assert written <= set(crdcheck.RUN_STATUS_FIELDS)
+    run = next(need for need in crdcheck.REQUIRED if need.kind == "AgentRun")
+    assert written <= set(run.status_fields)
+
+
+def served_by(directory: Path) -> dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    served = {}
+    for crd in installed(directory).values():
+        assert crd is not None
+        properties = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+        names = crd["spec"]["names"]
+        served[names["kind"]] = (
+            names["plural"],
+            crdcheck.schema_paths(properties.get("spec") or {}),
+            crdcheck.schema_paths(properties.get("status") or {}),
+        )
+    return served
+
+
+@pytest.mark.parametrize("directory", CRD_DIRS, ids=lambda d: str(d.relative_to(ROOT)))
+def test_the_check_requires_every_field_of_every_crd_the_operator_ships(directory: Path) -> None:
+    """``crdfields`` is ``crds/`` as the check reads it: a field added to a CRD is required of
+    the installed one from then on, so an older CRD that would prune it is named at start."""
+    served = served_by(directory)
+    assert served == crdfields.SERVED, (
+        f"operator/platform/crdfields.py should read: SERVED = {served!r}"
+    )
+
+
+def test_every_kind_the_operator_handles_is_checked() -> None:
+    """A kind the operator watches whose CRD is missing would fail its watch for ever instead
+    of the operator saying so at start."""
+    from agentrun.operator import handlers as registered
+
+    assert registered.REGISTERED
+    registry = kopf.get_default_registry()
+    handlers = [
+        *registry._changing.get_all_handlers(),
+        *registry._watching.get_all_handlers(),
+        *registry._spawning.get_all_handlers(),
+    ]
+    watched = {h.selector.any_name for h in handlers if h.selector is not None}
+    assert watched == {need.plural for need in crdcheck.REQUIRED}
+
+
+@pytest.mark.parametrize(
+    ("kind", "section", "path"),
+    [
+        ("Agent", None, None),
+        ("AgentToolServer", None, None),
+        ("AgentRun", "spec", ("approval", "tools")),
+        ("AgentRun", "status", ("resolvedSpec",)),
+        ("AgentTenant", "spec", ("runBudget", "max", "maxCostUSD")),
+        ("AgentToolServer", "spec", ("timeouts", "discovery")),
+    ],
+)
+def test_a_missing_kind_or_any_older_field_is_named(
+    kind: str, section: str | None, path: tuple[str, ...] | None
+) -> None:
+    crds = copy.deepcopy(installed(CRD_DIRS[0]))
+    need = next(n for n in crdcheck.REQUIRED if n.kind == kind)
+    if section is None or path is None:
+        crds[need.crd_name] = None
+        assert crdcheck.find_mismatches(crds) == [f"CRD {need.crd_name} is not installed"]
+        return
+    crd = crds[need.crd_name]
+    assert crd is not None
+    node = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][section]
+    for part in path[:-1]:
+        node = node["properties"][part]
+    del node["properties"][path[-1]]
+    assert crdcheck.find_mismatches(crds) == [
+        f"CRD {need.crd_name} lacks .{section} fields: {'.'.join(path)}"
+    ]
 
 
 def test_readiness_answers_503_until_the_crds_match_and_liveness_always_200() -> None:

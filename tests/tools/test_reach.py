@@ -123,6 +123,32 @@ def test_non_global_addresses_need_the_rules_private_network(address: str, priva
     assert reach.check_address("::ffff:127.0.0.1", private_network=False) is not None
 
 
+@pytest.mark.parametrize(
+    "address",
+    [
+        "64:ff9b::a9fe:a9fe",  # NAT64 well-known prefix → 169.254.169.254 (cloud metadata)
+        "64:ff9b::a00:1",  # NAT64 → 10.0.0.1
+        "64:ff9b::7f00:1",  # NAT64 → 127.0.0.1
+        "64:ff9b:1::a9fe:a9fe",  # local-use NAT64: an internal gateway
+        "2002:a9fe:a9fe::1",  # 6to4 → 169.254.169.254
+        "2002:a00:1::1",  # 6to4 → 10.0.0.1
+        "::ffff:0:a00:1",  # IPv4-translated → 10.0.0.1
+        "::a00:1",  # IPv4-compatible → 10.0.0.1
+        "fec0::1",  # site-local
+    ],
+)
+def test_an_ipv6_address_carrying_a_private_ipv4_is_judged_as_that_address(address: str) -> None:
+    """A NAT64 gateway, a 6to4 relay or a translator takes these to the IPv4 address they
+    carry: the whole kind is judged by it, not by the standard library's ``is_global``."""
+    assert reach.check_address(address, private_network=False) is not None
+    assert reach.check_address(address, private_network=True) is None
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::808:808", "2002:808:808::1", "::ffff:8.8.8.8"])
+def test_an_ipv6_address_carrying_a_global_ipv4_is_allowed(address: str) -> None:
+    assert reach.check_address(address, private_network=False) is None
+
+
 def test_a_refused_connection_is_an_httpx_connect_error(server: mcp_support.McpProcess) -> None:
     async def fetch() -> None:
         transport = endpoint.CheckedTransport(private_network=False)

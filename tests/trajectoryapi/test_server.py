@@ -20,6 +20,7 @@ from aiohttp import web
 from agentrun.protocol import RunEvent
 from agentrun.trajectoryapi import access, server
 
+CONSUMER = "reader-0123456789abcdef"
 PATH = "/apis/trajectory.agentrun.dev/v1alpha1/namespaces/team-a/agentruntrajectories/r1"
 
 
@@ -38,6 +39,7 @@ class FakeBus:
     async def follow_events(
         self, namespace: str, name: str, *, consumer: str | None = None
     ) -> AsyncIterator[RunEvent]:
+        assert consumer == CONSUMER  # the one name the request's credential may create
         for event in self.events:
             yield event
         await asyncio.Event().wait()
@@ -57,7 +59,7 @@ class Harness:
         self.open += 1
         self.opened += 1
         try:
-            yield FakeBus(self.events)
+            yield server.ReaderBus(FakeBus(self.events), CONSUMER)  # type: ignore[arg-type]
         finally:
             self.open -= 1
 

@@ -6,6 +6,8 @@ nats-server (JetStream events); the failure is raised where the turn reads the m
 
 from __future__ import annotations
 
+import io
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +19,7 @@ from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, SecretRef, TurnRequest
 from agentrun.tools import Calculate, Catalog
+from agentrun.worker import secrets as worker_secrets
 from agentrun.worker.consumer import ConsumerSettings, TurnConsumer
 from agentrun.worker.model import ModelClient, RetryPolicy
 from agentrun.worker.secrets import SecretUnavailable
@@ -176,3 +179,39 @@ async def test_a_failure_read_behind_the_request_is_read_again_and_still_ends_th
         assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
     finally:
         await bus.close()
+
+
+async def test_a_failure_quoting_a_secret_the_worker_read_writes_it_redacted(
+    bus: Bus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever error class carries it, a secret the worker read (a model key, a tool
+    server's header) that an error quotes reaches neither the run's status (nor so its
+    Events) nor the worker's log."""
+    key = "sk-tenant-b-0123456789abcdef"
+    worker_secrets.KNOWN.add(key)
+    consumer = worker(bus, Failing(RuntimeError(f"gateway refused 'Bearer {key}'")))
+    request = await admit(bus)
+    handler = logging.StreamHandler(io.StringIO())
+    handler.addFilter(worker_secrets.RedactingFilter())
+    logging.getLogger().addHandler(handler)
+    try:
+        for delivered in (1, 2):
+            await deliver(consumer, request, num_delivered=delivered)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    last = await bus.last_event("ns", request.name)
+    assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
+    assert last.summary.message == (
+        "turn 0 could not be committed: RuntimeError: gateway refused 'Bearer [redacted]'"
+    )
+    written = handler.stream.getvalue()  # type: ignore[attr-defined]
+    assert "gateway refused 'Bearer [redacted]'" in written and "Traceback" in written
+    assert key not in written
+
+
+def test_short_values_are_not_taken_for_secrets() -> None:
+    known = worker_secrets.Redactor()
+    known.add("abc")
+    known.add("s3cr3t-value")
+    known.add("s3cr3t-value-longer")
+    assert known.redact("abc s3cr3t-value-longer s3cr3t-value") == "abc [redacted] [redacted]"

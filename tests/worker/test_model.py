@@ -9,11 +9,15 @@ Answers whose status would be retried but must not be (an ``insufficient_quota``
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from agentrun import kernel
 from agentrun.metrics import ModelErrorType
@@ -158,7 +162,8 @@ async def test_a_content_filter_400_is_not_retried_and_names_the_filter_and_cate
     assert caught.value.fault is kernel.ModelFault.FILTERED
     assert str(caught.value) == (
         "the provider's content filter (ResponsibleAIPolicyViolation) rejected the request on "
-        "the prompt: jailbreak"
+        "the prompt: jailbreak; it said: The response was filtered due to the prompt triggering "
+        "Azure OpenAI's content management policy."
     )
     assert len(mock.state.requests) == 1
 
@@ -196,7 +201,70 @@ RATE_LIMITED = {"error": {"code": "rate_limit_exceeded", "type": "requests", "me
             "filtered",
             id="filter-by-inner-code",
         ),
+        pytest.param(
+            400,
+            {
+                "error": {
+                    "code": "invalid_prompt",
+                    "message": "Invalid prompt: your prompt was "
+                    "flagged as potentially violating our usage policy.",
+                }
+            },
+            None,
+            "filtered",
+            id="openai-invalid-prompt",
+        ),
+        pytest.param(
+            400,
+            {"error": {"code": "content_policy_violation", "type": "invalid_request_error"}},
+            None,
+            "filtered",
+            id="openai-content-policy",
+        ),
+        pytest.param(
+            400,
+            {
+                "error": {
+                    "code": "400",
+                    "message": "litellm.ContentPolicyViolationError: "
+                    "litellm.BadRequestError: the prompt violates the content policy",
+                }
+            },
+            None,
+            "filtered",
+            id="gateway-by-message",
+        ),
+        pytest.param(
+            400,
+            {"error": {"status": "SAFETY", "message": "blocked"}},
+            None,
+            "filtered",
+            id="gemini-status",
+        ),
+        pytest.param(
+            403,
+            {"message": "Guardrail intervened: the input was blocked by the guardrail"},
+            None,
+            "filtered",
+            id="guardrail-403-bare-body",
+        ),
         pytest.param(400, {"error": {"code": "invalid_value"}}, None, None, id="other-400"),
+        pytest.param(
+            400,
+            {
+                "error": {
+                    "code": "context_length_exceeded",
+                    "message": "This model's maximum "
+                    "context length is 8192 tokens; the policy is to refuse longer ones",
+                }
+            },
+            None,
+            None,
+            id="context-length-400-not-a-filter",
+        ),
+        pytest.param(
+            500, {"error": {"code": "content_filter"}}, None, None, id="filter-code-on-a-5xx"
+        ),
         pytest.param(
             429, {"error": {"type": "insufficient_quota"}}, None, "unavailable", id="quota"
         ),
@@ -371,3 +439,166 @@ async def test_a_cause_quoting_the_endpoint_is_cut_and_never_shows_the_key() -> 
     assert error.error_type is ModelErrorType.CONNECTION
     assert "RemoteProtocolError" in str(error) and key not in str(error)
     assert len(str(error)) <= len("no connection to the model endpoint: ") + CAUSE_CHARS
+
+
+async def test_an_error_event_mid_stream_is_a_server_error_with_the_key_redacted() -> None:
+    """OpenAI and OpenAI-compatible gateways report an upstream failure after the 200 as an
+    error event in the stream; the client raises its base ``APIError`` for it. It is a
+    ``ModelError`` like any other failed call, the key it quotes redacted, nothing chained."""
+    key = "sk-tenant-b-0123456789abcdef"
+
+    async def stream_then_error(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}}],
+        }
+        error = {"error": {"message": f"upstream refused '{request.headers['Authorization']}'"}}
+        for event in (chunk, error):
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", stream_then_error)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = ModelClient(RetryPolicy(max_retries=0))
+    request = ChatRequest(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key=key,
+        model="m",
+        messages=[{"role": "user", "content": "hello"}],
+        tools=[],
+        max_output_tokens=100,
+    )
+    try:
+        with pytest.raises(ModelError) as caught:
+            await client.complete(request, deadline=time.time() + 30)
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert caught.value.error_type is ModelErrorType.SERVER_ERROR
+    assert str(caught.value) == (
+        "the model endpoint failed mid-response: upstream refused 'Bearer [redacted]'"
+    )
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+async def test_a_redirect_from_the_model_endpoint_is_an_error_and_sends_nothing_on() -> None:
+    """A 307 would re-send the whole conversation to any address the endpoint names, with no
+    address check: it is not followed (an HTTP 307 error), as MCP and ``http_get`` do not."""
+    seen: list[str] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        seen.append(await request.text())
+        return web.json_response({})
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"http://127.0.0.1:{request.url.port}/elsewhere")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", moved)
+    app.router.add_post("/elsewhere", elsewhere)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = ModelClient(RetryPolicy(max_retries=0))
+    request = ChatRequest(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key="sk-0123456789",
+        model="m",
+        messages=[{"role": "user", "content": "the conversation"}],
+        tools=[],
+        max_output_tokens=10,
+    )
+    try:
+        with pytest.raises(ModelError, match="HTTP 307"):
+            await client.complete(request, deadline=time.time() + 30)
+    finally:
+        await client.close()
+        await runner.cleanup()
+    assert seen == []
+
+
+class Watch:
+    """A ``StreamWatch`` that records the output each abandoned call was charged."""
+
+    def __init__(self) -> None:
+        self.noted: list[int] = []
+
+    async def progress(self, delivery: Any) -> None:
+        return None
+
+    def abandoned(self, delivery: Any) -> None:
+        self.noted.append(delivery.charged_tokens)
+
+
+def chat(port: int) -> ChatRequest:
+    return ChatRequest(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        api_key="k",
+        model="m",
+        messages=[{"role": "user", "content": "x" * 2_000}],
+        tools=[],
+        max_output_tokens=10,
+    )
+
+
+@pytest.mark.parametrize("streams", [True, False], ids=["streamed", "refuses-streaming"])
+async def test_a_call_cancelled_before_its_first_byte_is_abandoned_with_its_prompt(
+    streams: bool,
+) -> None:
+    """Cancelled while the provider reads the prompt (a cancel, a deletion, the deadline):
+    the provider bills the prompt, so the call is noted abandoned (charged its prompt bound,
+    no output) — streamed or, for an endpoint that refuses streaming, sent whole."""
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        body = await request.json()
+        if body.get("stream") and not streams:
+            return web.json_response(
+                {"error": {"message": "stream is not supported", "param": "stream"}}, status=400
+            )
+        await release.wait()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = ModelClient(RetryPolicy(max_retries=0))
+    watch = Watch()
+    call = asyncio.create_task(client.complete(chat(port), deadline=time.time() + 60, watch=watch))
+    await asyncio.sleep(0.5)
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    release.set()
+    await client.close()
+    await runner.cleanup()
+    assert watch.noted == [0]  # noted once, nothing delivered: its prompt is charged
+
+
+async def test_a_call_that_never_connected_is_not_noted_abandoned() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once closed
+    client = ModelClient(RetryPolicy(max_retries=0))
+    watch = Watch()
+    with pytest.raises(ModelError):
+        await client.complete(chat(port), deadline=time.time() + 30, watch=watch)
+    await client.close()
+    assert watch.noted == []

@@ -307,3 +307,45 @@ def test_a_refusal_body_is_recognised() -> None:
 
 
 _ = openai  # the real client is what ModelClient drives
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "reasoning_details"])
+async def test_a_reasoning_model_that_ignores_max_tokens_is_cut_while_it_reasons(
+    field: str,
+) -> None:
+    """B01 and D06 together: the provider streams 10,000 tokens of reasoning in a field of its
+    own before any content, ignoring ``max_tokens``. The reasoning is output the provider
+    bills, so the cut counts it whatever the field is called: the run ends at its cap."""
+    script = one_turn(
+        "the answer",
+        reasoning=f'"{LONG}"',
+        reasoning_field=field,
+        usage="{completion_tokens: 10000, reasoning_tokens: 9990}",
+    )
+    state, requests = await run(script, LIMITS_2000)
+    assert len(requests) == 1
+    assert state.phase is Phase.TOKEN_BUDGET_EXHAUSTED
+    assert state.usage.total_tokens <= 2000 + 4  # cut within one chunk of the cap
+
+
+def test_every_output_field_of_a_delta_is_counted() -> None:
+    """Reasoning in any of its providers' fields, and a legacy ``function_call``, count as
+    delivered output; ids, types, indexes and signatures do not."""
+    delivery = stream.Delivery()
+    deltas = [
+        {"role": "assistant", "content": ""},
+        {"reasoning_content": "a" * 60},
+        {"reasoning": "b" * 60},
+        {
+            "reasoning_details": [
+                {"type": "reasoning.text", "text": "c" * 60, "signature": "s" * 600}
+            ]
+        },
+        {"function_call": {"name": "f", "arguments": "d" * 59}},
+        {"content": None, "tool_calls": None},
+    ]
+    for delta in deltas:
+        delivery.add({"choices": [{"index": 0, "delta": delta}]})
+    assert delivery.chunks == 4
+    assert delivery.ascii_chars == 240
+    assert delivery.charged_tokens == 60 and delivery.message()["content"] is None

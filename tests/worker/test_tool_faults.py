@@ -213,3 +213,31 @@ def test_only_a_tool_failing_in_every_call_of_a_turn_is_unreachable() -> None:
     # one answer of any kind (even an error the model caused) shows the tool is reachable
     assert kernel.next_unavailable({"a": 2}, [("a", down), ("a", bad)]) == {}
     assert kernel.next_unavailable({"a": 2}, []) == {"a": 2}  # not called: unchanged
+
+
+def test_a_tools_own_timeout_is_clamped_to_the_platforms_most() -> None:
+    """An AgentToolServer's ``spec.timeouts.call`` is the tenant's to set; a turn holds its
+    worker slot while its tools run, so no call outlasts ``max_call_timeout``."""
+    tool = Failing("hang")
+    tool._spec = ToolSpec(
+        "flaky",
+        "hangs",
+        {"type": "object"},
+        "read",
+        False,
+        timeout=3_600.0,  # type: ignore[arg-type]
+    )
+    settings = toolrunner.ToolRunSettings(call_timeout=0.1, max_call_timeout=0.3, retries=0)
+    call = kernel.CheckedCall("c1", "flaky", {})
+    started = time.monotonic()
+    (result,) = asyncio.run(
+        toolrunner.run_batch(
+            [call],
+            tools={"flaky": tool},
+            context=CTX,
+            settings=settings,
+            deadline=time.time() + 60,
+        )
+    )
+    assert result.fault is ToolFault.TIMEOUT and "timed out after 0.3s" in result.content
+    assert time.monotonic() - started < 5
