@@ -27,6 +27,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+import uuid
 from typing import Any
 
 import nats.js.errors
@@ -78,6 +79,9 @@ class EffectEntry:
     """``call_digest`` of the call the entry is for."""
     result: kernel.ToolResult | None = None
     """The call's result (``done`` only)."""
+    writer: str = ""
+    """Who wrote a ``prepared`` entry: a token of that one ``prepare`` (empty in entries of
+    earlier releases). A writer whose create's answer was lost finds its own entry by it."""
 
 
 def effect_key(run_uid: str, call_id: str) -> str:
@@ -109,6 +113,8 @@ def unknown_result(call: kernel.CheckedCall) -> kernel.ToolResult:
 
 def _encode(entry: EffectEntry) -> bytes:
     data: dict[str, Any] = {"state": entry.state.value, "digest": entry.digest}
+    if entry.writer:
+        data["writer"] = entry.writer
     if entry.result is not None:
         r = entry.result
         data["result"] = {
@@ -126,7 +132,8 @@ def _decode(data: bytes, call: kernel.CheckedCall) -> EffectEntry:
         r = raw["result"]
         fault = kernel.ToolFault(r["fault"]) if r.get("fault") else None
         result = kernel.ToolResult(call.id, call.name, str(r["content"]), bool(r["isError"]), fault)
-    return EffectEntry(EffectState(raw["state"]), str(raw["digest"]), result)
+    writer = str(raw.get("writer") or "")
+    return EffectEntry(EffectState(raw["state"]), str(raw["digest"]), result, writer)
 
 
 def fit_entry(entry: EffectEntry, cap: int) -> tuple[EffectEntry, bytes]:
@@ -181,22 +188,31 @@ class EffectLedger:
 
     async def prepare(self, run_uid: str, call: kernel.CheckedCall) -> EffectEntry | None:
         """Record ``call`` as about to be sent; ``None`` when this is its first record (send
-        it), else the entry already there (do not send). Raises ``EffectLedgerUnavailable``."""
+        it), else the entry already there (do not send). A create whose answer was lost (a
+        timeout, a leader that stepped down) is read back: the entry this very ``prepare``
+        wrote (``writer``) is its first record — nothing was sent — not another's. Raises
+        ``EffectLedgerUnavailable``."""
         key = effect_key(run_uid, call.id)
-        entry = EffectEntry(EffectState.PREPARED, call_digest(call))
+        entry = EffectEntry(EffectState.PREPARED, call_digest(call), writer=uuid.uuid4().hex)
+        lost: Exception | None = None
         try:
             await self._kv.create(key, _encode(entry))
             return None
         except nats.js.errors.KeyWrongLastSequenceError:
             pass
-        except Exception as err:
-            raise EffectLedgerUnavailable(f"cannot record {key}: {err!r}") from err
+        except Exception as err:  # it may have been stored: read it back
+            lost = err
         try:
             found = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError as err:
+            raise EffectLedgerUnavailable(f"cannot record {key}: {lost!r}") from err
         except Exception as err:
             raise EffectLedgerUnavailable(f"cannot read {key}: {err!r}") from err
         assert found.value is not None
-        return _decode(found.value, call)
+        existing = _decode(found.value, call)
+        if existing.state is EffectState.PREPARED and existing.writer == entry.writer:
+            return None  # its own create landed; its answer was lost before the call was sent
+        return existing
 
     async def done(
         self, run_uid: str, call: kernel.CheckedCall, result: kernel.ToolResult

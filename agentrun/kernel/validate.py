@@ -96,7 +96,9 @@ def _clean(value: Any) -> Any:
 
 
 def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
-    """Arguments as an object, or an error. ``""``/``None`` → ``{}``."""
+    """Arguments as an object, or an error. No arguments — ``None``, an empty or blank
+    string, JSON ``null`` (what servers send for a tool without parameters) — is ``{}``,
+    which the tool's schema then accepts or not."""
     if isinstance(raw, Mapping):
         return raw, None
     if raw is None or (isinstance(raw, str) and not raw.strip()):
@@ -112,6 +114,8 @@ def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
         )
     except ValueError as err:
         return None, f"arguments are not valid JSON: {err}"
+    if value is None:
+        return {}, None
     if isinstance(value, str):  # double-encoded: a JSON string holding a JSON object
         try:
             value = _strict_loads(value)

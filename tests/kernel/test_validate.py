@@ -20,15 +20,18 @@ def check(
     return result
 
 
-def test_empty_arguments_for_a_parameterless_tool_are_an_empty_object() -> None:
-    result = check("ping", "")
+@pytest.mark.parametrize("arguments", ["", "  \n", None, "null", " null "])
+def test_empty_arguments_for_a_parameterless_tool_are_an_empty_object(arguments: Any) -> None:
+    """C01's kind: every way a server says "no arguments" (vLLM sends ``""``)."""
+    result = check("ping", arguments)
     assert isinstance(result, kernel.CheckedCall)
     assert result.arguments == {}
     assert stored_arguments(result) == "{}"
 
 
-def test_empty_arguments_for_a_tool_with_required_fields_get_a_correction() -> None:
-    result = check("calculate", "")
+@pytest.mark.parametrize("arguments", ["", "null"])
+def test_empty_arguments_for_a_tool_with_required_fields_get_a_correction(arguments: str) -> None:
+    result = check("calculate", arguments)
     assert isinstance(result, kernel.InvalidCall)
     assert "'expression' is a required property" in result.error
     assert '"required":["expression"]' in result.error

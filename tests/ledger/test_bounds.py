@@ -233,3 +233,27 @@ async def test_a_one_value_ledger_its_admissions_outgrow_is_split_and_admits_on(
     assert await worker.reserve_turn(ref, hold, before=None, prior_owner="", now=NOW) is None
     after = await worker.read(tenant)
     assert after is not None and after.hold(ref.key) is not None
+
+
+@pytest.mark.parametrize("layout", ["single", "split"])
+async def test_two_stores_racing_to_make_a_tenants_first_book_admit_what_fits(
+    client: NATS, layout: str
+) -> None:
+    """B03: the first use of a new tenant's budget from two processes at once. One book is
+    made (the other store's create loses and applies its changes to it): exactly the runs
+    the budget holds are admitted, every admission hold counted once."""
+    stores = [await open_store(client, layout), await open_store(client, layout)]
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    limits = TenantLimits(tokens=25_000)
+
+    async def admit(i: int) -> BudgetRefusal | None:
+        run = QueuedRun(f"r{i:02d}", "ns", f"r{i:02d}", NOW)
+        return await stores[i % 2].admit_run(tenant, run, limits=limits, need=(1_000, Decimal(0)))
+
+    answers = await asyncio.gather(*map(admit, range(40)))
+    admitted = [a for a in answers if a is None]
+    assert len(admitted) == 25
+    book = await stores[0].read(tenant)
+    assert book is not None
+    assert (book.active_runs, book.reserved_tokens) == (25, 25_000)
+    assert book.totals_mismatch() == []

@@ -8,6 +8,8 @@ cannot land without its label.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from prometheus_client import REGISTRY
 
@@ -26,6 +28,23 @@ LABEL_OF_FAULT = {
     ToolFault.CRASHED: "fault",
     ToolFault.EFFECT_UNKNOWN: "fault",
 }
+
+
+def run_config(tenant: str, model: str, *, tools: tuple[str, ...] = (), **extra: Any) -> RunConfig:
+    """A run of ``tenant`` on AgentModel ``model`` with ``tools``."""
+    return RunConfig(
+        uid="u",
+        namespace="ns",
+        name="r",
+        goal="g",
+        instructions="",
+        tools=tools,
+        limits=kernel.Limits(),
+        model=ModelConfig(model, "http://unused.invalid/v1", "m", kernel.Pricing(), 1, 1),
+        deadline=0.0,
+        tenant=tenant,
+        **extra,
+    )
 
 
 def test_every_fault_class_has_its_row() -> None:
@@ -60,18 +79,7 @@ def test_the_other_results_keep_their_labels(
 
 
 def test_a_committed_turn_counts_each_call_under_its_label() -> None:
-    config = RunConfig(
-        uid="u",
-        namespace="ns",
-        name="r",
-        goal="g",
-        instructions="",
-        tools=("calculate",),
-        limits=kernel.Limits(),
-        model=ModelConfig("labels-model", "http://unused.invalid/v1", "m", kernel.Pricing(), 1, 1),
-        deadline=0.0,
-        tenant="labels-tenant",
-    )
+    config = run_config("labels-tenant", "labels-model", tools=("calculate",))
     metrics.know_run(config, catalog=("calculate",))
     calls = tuple(kernel.CheckedCall(f"c{i}", "calculate", {}) for i in range(3))
     results = (
@@ -98,19 +106,8 @@ def test_mcp_tool_names_are_labels_up_to_a_bound_per_tenant_then_other() -> None
         RemoteTool(f"srv__t{i}", "srv", f"t{i}", "", {}, "read", "http://h/mcp", "SSE", 1.0)
         for i in range(metrics.MAX_REMOTE_TOOL_LABELS + 5)
     ]
-    config = RunConfig(
-        uid="u",
-        namespace="ns",
-        name="r",
-        goal="g",
-        instructions="",
-        tools=tuple(t.name for t in remote),
-        limits=kernel.Limits(),
-        model=ModelConfig("bound-model", "http://unused.invalid/v1", "m", kernel.Pricing(), 1, 1),
-        deadline=0.0,
-        tenant="bounded-tenant",
-        remote_tools=tuple(remote),
-    )
+    tools = tuple(t.name for t in remote)
+    config = run_config("bounded-tenant", "bound-model", tools=tools, remote_tools=tuple(remote))
     calls = tuple(kernel.CheckedCall(f"c{i}", t.name, {}) for i, t in enumerate(remote))
     invented = kernel.InvalidCall("x", "made_up_by_the_model", "unknown tool")
     results = tuple(kernel.ToolResult(c.id, c.name, "ok") for c in calls)
@@ -142,3 +139,26 @@ def test_mcp_tool_names_are_labels_up_to_a_bound_per_tenant_then_other() -> None
         metrics.tool_label("srv__t0", tenant="bounded-tenant", catalog=(), remote={"srv__t0"})
         == "srv__t0"
     )
+
+
+@pytest.mark.parametrize("estimated", [True, False], ids=["estimated", "reported"])
+def test_a_turn_whose_usage_was_estimated_is_counted_as_such(estimated: bool) -> None:
+    """``agentrun_usage_estimated_total`` counts the calls whose provider reported no usable
+    usage (C17): what an operator alerts on before trusting the spend figures."""
+    config = run_config("estimated-tenant", "estimated-model")
+    metrics.know_run(config, catalog=())
+    labels = {"tenant": "estimated-tenant", "model": "estimated-model"}
+    before = REGISTRY.get_sample_value("agentrun_usage_estimated_total", labels) or 0.0
+    state = kernel.initial_state(goal="g")
+    usage = kernel.Usage(
+        10,
+        5,
+        0,
+        kernel.Pricing().cost(input_tokens=10, cached_input_tokens=0, output_tokens=5),
+        estimated,
+    )
+    record = kernel.Answered(0, kernel.Final("done"), usage=usage)
+    after = kernel.advance(state, record, config.limits)
+    metrics.record_turn(record, before=state, after=after, config=config, catalog=())
+    now = REGISTRY.get_sample_value("agentrun_usage_estimated_total", labels)
+    assert now == before + (1 if estimated else 0)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import nats
+import nats.errors
 import pytest
 from kv_support import live_keys
 from nats.js import api
@@ -23,6 +24,7 @@ from agentrun.worker import toolrunner
 from agentrun.worker.effects import (
     EffectEntry,
     EffectLedger,
+    EffectLedgerUnavailable,
     EffectState,
     call_digest,
     effect_key,
@@ -263,3 +265,54 @@ def test_an_entry_is_cut_to_its_cap_however_its_text_is_escaped(text: str) -> No
     assert fit_entry(entry, 1_000_000)[0] is entry
     with pytest.raises(ValueError, match="cannot fit in 50 bytes"):
         fit_entry(entry, 50)
+
+
+class LostAnswer:
+    """A KV bucket whose first ``create`` is stored but answers with a timeout (a leader that
+    stepped down after storing, a reply lost on the way)."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+        self.lost = False
+
+    async def create(self, key: str, value: bytes) -> int:
+        revision: int = await self.kv.create(key, value)
+        if not self.lost:
+            self.lost = True
+            raise nats.errors.TimeoutError
+        return revision
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+
+async def test_a_prepare_whose_answer_was_lost_is_read_back_as_its_own_and_sent_once(
+    ledger: EffectLedger,
+) -> None:
+    """B04's kind on the effect ledger: the ``prepared`` record was stored but its answer lost.
+    Read back, the entry is this prepare's own (its writer token): nothing was sent, so the
+    call is sent — once — instead of ending the run ``effect_unknown``; a later prepare of
+    the same call (another delivery) still finds it and does not send."""
+    ledger._kv = LostAnswer(ledger._kv)  # type: ignore[assignment]
+    tool = Counting("write")
+    call = kernel.CheckedCall("c1", "bump", {"key": "k"})
+    first = await run(tool, ledger, call)
+    assert (first.is_error, tool.calls) == (False, 1)
+    again = await ledger.prepare("run-1", call)
+    assert again is not None and again.state is EffectState.DONE
+
+
+async def test_a_prepare_that_was_never_stored_is_unavailable_not_unknown(
+    ledger: EffectLedger,
+) -> None:
+    class NeverStored:
+        async def create(self, key: str, value: bytes) -> int:
+            raise nats.errors.TimeoutError
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(kv, name)
+
+    kv = ledger._kv
+    ledger._kv = NeverStored()  # type: ignore[assignment]
+    with pytest.raises(EffectLedgerUnavailable, match="cannot record"):
+        await ledger.prepare("run-1", kernel.CheckedCall("c1", "bump", {"key": "k"}))

@@ -190,6 +190,42 @@ async def test_a_retry_after_past_the_deadline_ends_at_once_instead_of_waiting(
 RATE_LIMITED = {"error": {"code": "rate_limit_exceeded", "type": "requests", "message": "slow"}}
 
 
+FILTERS = {
+    "openai-invalid-prompt": (
+        400,
+        {"code": "invalid_prompt", "message": "your prompt was flagged as potentially violating"},
+    ),
+    "openai-content-policy": (400, {"code": "content_policy_violation"}),
+    "gateway-by-message": (
+        400,
+        {"code": "400", "message": "litellm.ContentPolicyViolationError: the prompt violates it"},
+    ),
+    "gemini-status": (400, {"status": "SAFETY", "message": "blocked"}),
+    "guardrail-403": (403, {"message": "Guardrail intervened: the input was blocked"}),
+}
+"""Content filters' refusals other than Azure's (the D05 case's own shape is above)."""
+NOT_FILTERS = {
+    "context-length-400": (
+        400,
+        {"code": "context_length_exceeded", "message": "maximum context length is 8192 tokens"},
+    ),
+    "filter-code-on-a-5xx": (500, {"code": "content_filter"}),
+}
+
+
+@pytest.mark.parametrize("shape", [*FILTERS, *NOT_FILTERS])
+def test_every_providers_content_filter_is_refused_and_nothing_else(shape: str) -> None:
+    """D05's kind: a 400, 403 or 422 whose code, type, status or inner code names a content
+    policy, or whose message says so, is ``filtered`` (the run ends ``refused``, not
+    retried), with or without the ``{"error": …}`` wrapper; nothing else is."""
+    status, error = FILTERS.get(shape) or NOT_FILTERS[shape]
+    for body in ({"error": error}, error):
+        verdict = judge_error(status, body, retry_after=None, seconds_left=10.0)
+        assert (verdict.fault.value if verdict else None) == (
+            "filtered" if shape in FILTERS else None
+        )
+
+
 @pytest.mark.parametrize(
     ("status", "body", "retry_after", "fault"),
     [
@@ -201,70 +237,7 @@ RATE_LIMITED = {"error": {"code": "rate_limit_exceeded", "type": "requests", "me
             "filtered",
             id="filter-by-inner-code",
         ),
-        pytest.param(
-            400,
-            {
-                "error": {
-                    "code": "invalid_prompt",
-                    "message": "Invalid prompt: your prompt was "
-                    "flagged as potentially violating our usage policy.",
-                }
-            },
-            None,
-            "filtered",
-            id="openai-invalid-prompt",
-        ),
-        pytest.param(
-            400,
-            {"error": {"code": "content_policy_violation", "type": "invalid_request_error"}},
-            None,
-            "filtered",
-            id="openai-content-policy",
-        ),
-        pytest.param(
-            400,
-            {
-                "error": {
-                    "code": "400",
-                    "message": "litellm.ContentPolicyViolationError: "
-                    "litellm.BadRequestError: the prompt violates the content policy",
-                }
-            },
-            None,
-            "filtered",
-            id="gateway-by-message",
-        ),
-        pytest.param(
-            400,
-            {"error": {"status": "SAFETY", "message": "blocked"}},
-            None,
-            "filtered",
-            id="gemini-status",
-        ),
-        pytest.param(
-            403,
-            {"message": "Guardrail intervened: the input was blocked by the guardrail"},
-            None,
-            "filtered",
-            id="guardrail-403-bare-body",
-        ),
         pytest.param(400, {"error": {"code": "invalid_value"}}, None, None, id="other-400"),
-        pytest.param(
-            400,
-            {
-                "error": {
-                    "code": "context_length_exceeded",
-                    "message": "This model's maximum "
-                    "context length is 8192 tokens; the policy is to refuse longer ones",
-                }
-            },
-            None,
-            None,
-            id="context-length-400-not-a-filter",
-        ),
-        pytest.param(
-            500, {"error": {"code": "content_filter"}}, None, None, id="filter-code-on-a-5xx"
-        ),
         pytest.param(
             429, {"error": {"type": "insufficient_quota"}}, None, "unavailable", id="quota"
         ),
@@ -441,6 +414,32 @@ async def test_a_cause_quoting_the_endpoint_is_cut_and_never_shows_the_key() -> 
     assert len(str(error)) <= len("no connection to the model endpoint: ") + CAUSE_CHARS
 
 
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on a loopback port; yields its base URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def chat(base: str, *, api_key: str = "sk-0123456789") -> ChatRequest:
+    """A short call to the endpoint at ``base`` (its ``/v1`` path)."""
+    return ChatRequest(
+        base_url=f"{base}/v1",
+        api_key=api_key,
+        model="m",
+        messages=[{"role": "user", "content": "x" * 2_000}],
+        tools=[],
+        max_output_tokens=10,
+    )
+
+
 async def test_an_error_event_mid_stream_is_a_server_error_with_the_key_redacted() -> None:
     """OpenAI and OpenAI-compatible gateways report an upstream failure after the 200 as an
     error event in the stream; the client raises its base ``APIError`` for it. It is a
@@ -450,13 +449,9 @@ async def test_an_error_event_mid_stream_is_a_server_error_with_the_key_redacted
     async def stream_then_error(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        chunk = {
-            "id": "c",
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": "m",
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}}],
-        }
+        delta = {"role": "assistant", "content": "hi"}
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+        chunk["choices"] = [{"index": 0, "delta": delta}]
         error = {"error": {"message": f"upstream refused '{request.headers['Authorization']}'"}}
         for event in (chunk, error):
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
@@ -465,26 +460,11 @@ async def test_an_error_event_mid_stream_is_a_server_error_with_the_key_redacted
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", stream_then_error)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     client = ModelClient(RetryPolicy(max_retries=0))
-    request = ChatRequest(
-        base_url=f"http://127.0.0.1:{port}/v1",
-        api_key=key,
-        model="m",
-        messages=[{"role": "user", "content": "hello"}],
-        tools=[],
-        max_output_tokens=100,
-    )
-    try:
+    async with serving(app) as base:
         with pytest.raises(ModelError) as caught:
-            await client.complete(request, deadline=time.time() + 30)
-    finally:
+            await client.complete(chat(base, api_key=key), deadline=time.time() + 30)
         await client.close()
-        await runner.cleanup()
     assert caught.value.error_type is ModelErrorType.SERVER_ERROR
     assert str(caught.value) == (
         "the model endpoint failed mid-response: upstream refused 'Bearer [redacted]'"
@@ -507,26 +487,11 @@ async def test_a_redirect_from_the_model_endpoint_is_an_error_and_sends_nothing_
     app = web.Application()
     app.router.add_post("/v1/chat/completions", moved)
     app.router.add_post("/elsewhere", elsewhere)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     client = ModelClient(RetryPolicy(max_retries=0))
-    request = ChatRequest(
-        base_url=f"http://127.0.0.1:{port}/v1",
-        api_key="sk-0123456789",
-        model="m",
-        messages=[{"role": "user", "content": "the conversation"}],
-        tools=[],
-        max_output_tokens=10,
-    )
-    try:
+    async with serving(app) as base:
         with pytest.raises(ModelError, match="HTTP 307"):
-            await client.complete(request, deadline=time.time() + 30)
-    finally:
+            await client.complete(chat(base), deadline=time.time() + 30)
         await client.close()
-        await runner.cleanup()
     assert seen == []
 
 
@@ -543,17 +508,6 @@ class Watch:
         self.noted.append(delivery.charged_tokens)
 
 
-def chat(port: int) -> ChatRequest:
-    return ChatRequest(
-        base_url=f"http://127.0.0.1:{port}/v1",
-        api_key="k",
-        model="m",
-        messages=[{"role": "user", "content": "x" * 2_000}],
-        tools=[],
-        max_output_tokens=10,
-    )
-
-
 @pytest.mark.parametrize("streams", [True, False], ids=["streamed", "refuses-streaming"])
 async def test_a_call_cancelled_before_its_first_byte_is_abandoned_with_its_prompt(
     streams: bool,
@@ -566,29 +520,25 @@ async def test_a_call_cancelled_before_its_first_byte_is_abandoned_with_its_prom
     async def slow(request: web.Request) -> web.Response:
         body = await request.json()
         if body.get("stream") and not streams:
-            return web.json_response(
-                {"error": {"message": "stream is not supported", "param": "stream"}}, status=400
-            )
+            error = {"message": "stream is not supported", "param": "stream"}
+            return web.json_response({"error": error}, status=400)
         await release.wait()
         return web.json_response({})
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     client = ModelClient(RetryPolicy(max_retries=0))
     watch = Watch()
-    call = asyncio.create_task(client.complete(chat(port), deadline=time.time() + 60, watch=watch))
-    await asyncio.sleep(0.5)
-    call.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await call
-    release.set()
-    await client.close()
-    await runner.cleanup()
+    async with serving(app) as base:
+        call = asyncio.create_task(
+            client.complete(chat(base), deadline=time.time() + 60, watch=watch)
+        )
+        await asyncio.sleep(0.5)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        release.set()
+        await client.close()
     assert watch.noted == [0]  # noted once, nothing delivered: its prompt is charged
 
 
@@ -599,6 +549,8 @@ async def test_a_call_that_never_connected_is_not_noted_abandoned() -> None:
     client = ModelClient(RetryPolicy(max_retries=0))
     watch = Watch()
     with pytest.raises(ModelError):
-        await client.complete(chat(port), deadline=time.time() + 30, watch=watch)
+        await client.complete(
+            chat(f"http://127.0.0.1:{port}"), deadline=time.time() + 30, watch=watch
+        )
     await client.close()
     assert watch.noted == []

@@ -122,3 +122,35 @@ async def test_admission_reuses_a_ready_server_read_and_rereads_one_not_ready(
     for _ in range(3):
         assert await cache.get("ns", "big") is not None
     assert [verb for verb, _ in api.calls].count("get") == reads
+
+
+async def test_a_discovery_asking_longer_than_the_platforms_most_is_clamped() -> None:
+    """A tenant's ``spec.timeouts.discovery: 20s`` on a server that accepts and never
+    answers holds a shared discovery slot only ``max_timeout``; the failure says so."""
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    server = {
+        "metadata": {"name": "slow", "namespace": "ns", "generation": 1},
+        "spec": {
+            "url": f"http://127.0.0.1:{port}/mcp",
+            "tools": [{"name": "add"}],
+            "timeouts": {"discovery": "20s"},
+        },
+    }
+
+    async def allow(namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
+        return "t", (UrlRule(f"127.0.0.1:{port}", "/", private_network=True),)
+
+    api = FakeKube()
+    api.put(TOOL_SERVERS, server)
+    watcher = refresher.ToolServerRefresher(api, reach=allow, max_timeout=0.5)
+    try:
+        async with asyncio.timeout(5):
+            await watcher.refresh(server)
+    finally:
+        silent.close()
+    stored = api.find(TOOL_SERVERS, "slow", "ns")
+    assert stored is not None
+    (ready,) = stored["status"]["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "DiscoveryFailed")
+    assert "clamped" in ready["message"]
