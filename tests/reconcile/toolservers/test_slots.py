@@ -154,3 +154,38 @@ async def test_a_discovery_asking_longer_than_the_platforms_most_is_clamped() ->
     (ready,) = stored["status"]["conditions"]
     assert (ready["status"], ready["reason"]) == ("False", "DiscoveryFailed")
     assert "clamped" in ready["message"]
+
+
+async def test_a_tenants_hanging_servers_over_many_namespaces_hold_one_share() -> None:
+    """The share is the tenant's: sixteen servers that never answer, spread over four
+    namespaces of one tenant, hold four slots, not sixteen; another tenant's server is
+    discovered at once beside them."""
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    tenant_of = {f"big-{i}": "big" for i in range(4)} | {"small": "small"}
+
+    async def allow(namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
+        return tenant_of[namespace], (UrlRule(f"127.0.0.1:{port}", "/", private_network=True),)
+
+    def server(namespace: str, name: str) -> dict[str, object]:
+        spec = {"url": f"http://127.0.0.1:{port}/mcp", "tools": [{"name": "add"}]}
+        return {"metadata": {"name": name, "namespace": namespace, "generation": 1}, "spec": spec}
+
+    api = FakeKube()
+    slots = NamespaceSlots(16, per_namespace=4)
+    watcher = refresher.ToolServerRefresher(api, reach=allow, slots=slots, max_timeout=3.0)
+    hanging = [server(f"big-{i % 4}", f"s{i}") for i in range(16)]
+    for body in hanging:
+        api.put(TOOL_SERVERS, body)
+    tasks = [asyncio.create_task(watcher.refresh(body)) for body in hanging]
+    await asyncio.sleep(0.2)
+    assert slots.users("tenant:big") == 16  # four hold slots, twelve wait for the tenant's
+    small = server("small", "quick")
+    api.put(TOOL_SERVERS, small)
+    silent.close()  # the small tenant's server now refuses at once: no wait for a slot either
+    started = asyncio.get_running_loop().time()
+    await watcher.refresh(small)
+    assert asyncio.get_running_loop().time() - started < 2.0
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
