@@ -59,6 +59,20 @@ from agentrun.protocol import RunEvent, TurnRequest
 
 log = logging.getLogger(__name__)
 
+JS_DELIVERY = "$JS.ACK."
+"""The reply subject prefix of every message a JetStream consumer delivers."""
+
+
+def cancelled_run(subject: str, reply: str | None) -> str | None:
+    """The run a message on a cancel subject cancels (its last token), or ``None`` for a
+    message JetStream delivered there (``reply`` ``$JS.ACK.…``): a push consumer's deliver
+    subject is whatever its creator chose, so such a message is someone's events, not a
+    cancellation."""
+    if (reply or "").startswith(JS_DELIVERY):
+        return None
+    return subject.rsplit(".", 1)[-1]
+
+
 WRONG_LAST_SEQUENCE_CODES = frozenset({10071, 10164})
 """JetStream API error codes of a lost compare-and-set ("wrong last sequence"): 10071
 (``JSStreamWrongLastSequenceErrF``, a single server and an R1 stream) and 10164
@@ -560,9 +574,16 @@ class Bus:
         await self.nc.publish(protocol.cancel_subject(run_uid), b"")
 
     async def on_cancel(self, callback: Callable[[str], Awaitable[None]]) -> None:
-        """Call ``callback(run_uid)`` for every cancellation broadcast."""
+        """Call ``callback(run_uid)`` for every cancellation broadcast. A message JetStream
+        delivered there (its reply subject ``$JS.ACK.…``) is not one: a push consumer's
+        deliver subject is its creator's to choose, unchecked by the server, so a namespace
+        reader could aim its own consumer's events at another tenant's cancel subject."""
 
         async def handler(msg: Msg) -> None:
-            await callback(msg.subject.rsplit(".", 1)[-1])
+            uid = cancelled_run(msg.subject, msg.reply)
+            if uid is None:
+                log.warning("ignoring a JetStream delivery on %s: not a cancellation", msg.subject)
+                return
+            await callback(uid)
 
         await self.nc.subscribe(protocol.CANCEL_SUBJECTS, cb=handler)

@@ -36,9 +36,12 @@ class Redactor:
         self._values: set[str] = set()
 
     def add(self, value: str) -> None:
-        """Remember ``value`` (ignored when shorter than ``MIN_SECRET_CHARS``)."""
-        if len(value) >= MIN_SECRET_CHARS:
-            self._values.add(value)
+        """Remember ``value`` and each whitespace-separated part of it (the token of
+        ``Bearer <token>``, which a server may echo alone); those shorter than
+        ``MIN_SECRET_CHARS`` are ignored."""
+        for secret in (value, *value.split()):
+            if len(secret) >= MIN_SECRET_CHARS:
+                self._values.add(secret)
 
     def redact(self, text: str) -> str:
         """``text`` with every remembered value replaced by ``[redacted]``, longest first."""

@@ -38,6 +38,10 @@ STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
 CUT_KEY = "x_agentrun_cut"
 """Set on a response the worker cut: the output tokens it is charged (``charged_tokens``).
 Not an OpenAI field: nothing but the worker reads it (the kernel classifies the rest)."""
+DELIVERED_KEY = "x_agentrun_delivered"
+"""Set on every streamed response: the output it delivered, counted so as not to run ahead
+of a real tokenizer (``delivered_tokens``, reasoning included): the least a provider can have
+billed for it, whatever its usage says."""
 CUT_FINISH_REASON = "length"
 """The finish reason of a response the worker cut: what a provider says when it stops at
 ``max_tokens`` (the kernel asks for a shorter reply, or the run ends at its cap)."""
@@ -202,6 +206,7 @@ class Delivery:
         }
         if self.cut:
             completion[CUT_KEY] = self.charged_tokens
+        completion[DELIVERED_KEY] = self.delivered_tokens
         return completion
 
 

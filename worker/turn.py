@@ -28,7 +28,7 @@ from agentrun.tools.catalog import Catalog, Tool, ToolContext, ToolError
 from . import budget, toolrunner
 from .effects import EffectLedger
 from .model import ChatRequest, ModelClient, ModelError
-from .stream import CUT_KEY
+from .stream import CUT_KEY, DELIVERED_KEY
 
 
 class SecretSource(Protocol):
@@ -346,11 +346,14 @@ def _usage_of(
     worker cut, the prompt's bound and the output it had delivered, flagged estimated."""
     cut = response.get(CUT_KEY)
     if not isinstance(cut, int):
+        delivered = response.get(DELIVERED_KEY)
         return kernel.read_usage(
             response,
             pricing=config.model.pricing,
             prompt_estimate=call.prompt_estimate,
             max_output_tokens=call.max_output_tokens,
+            prompt_floor=kernel.output_floor(kernel.prompt_texts(call.prompt)),
+            delivered_floor=delivered if isinstance(delivered, int) else 0,
         )
     prompt, pricing = call.prompt_estimate, config.model.pricing
     cost = pricing.cost(input_tokens=prompt, cached_input_tokens=0, output_tokens=cut)

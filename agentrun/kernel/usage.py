@@ -133,14 +133,24 @@ def _message(response: Mapping[str, Any]) -> Mapping[str, Any]:
     return message if isinstance(message, Mapping) else {}
 
 
+REASONING_KEYS = ("reasoning_content", "reasoning")
+"""Message fields in which providers return the model's reasoning as text (DeepSeek, vLLM and
+llama.cpp: ``reasoning_content``; OpenRouter, Groq and Ollama: ``reasoning``)."""
+
+
 def completion_texts(message: Mapping[str, Any]) -> list[str]:
-    """The texts a model wrote in an assistant ``message``: its content, refusal, and each
-    tool call's name and arguments."""
+    """The texts a model wrote in an assistant ``message``: its content, refusal, reasoning
+    (``REASONING_KEYS``, and ``reasoning_details[].text``), and each tool call's name and
+    arguments."""
     texts: list[str] = []
-    for key in ("content", "refusal"):
+    for key in ("content", "refusal", *REASONING_KEYS):
         value = message.get(key)
         if isinstance(value, str):
             texts.append(value)
+    details = message.get("reasoning_details")
+    for part in details if isinstance(details, list) else ():
+        if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
     calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, Mapping) else None
@@ -206,51 +216,68 @@ def billed_output(
     return output, min(known, output)
 
 
+def prompt_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The texts of a request's ``messages`` (their content, as text or parts, and their tool
+    calls): what ``output_floor`` counts to bound a provider's reported prompt from below."""
+    texts: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+        texts += completion_texts({"tool_calls": message.get("tool_calls")})
+    return texts
+
+
 def read_usage(
     response: Mapping[str, Any],
     *,
     pricing: Pricing,
     prompt_estimate: int,
     max_output_tokens: int | None = None,
+    prompt_floor: int = 0,
+    delivered_floor: int = 0,
 ) -> Usage:
     """Usage of one chat-completions response, priced.
 
-    Reads ``usage.prompt_tokens``, ``usage.completion_tokens``, ``usage.total_tokens``,
-    ``usage.prompt_tokens_details.cached_tokens`` and
-    ``usage.completion_tokens_details.reasoning_tokens`` (OpenAI API reference, chat
-    completion object); output and reasoning tokens as ``billed_output`` reads them, all
-    priced as output. When ``usage`` is missing or null the counts are estimated — the prompt
-    from ``prompt_estimate`` (the call's upper bound), the completion by ``output_estimate``
-    of the returned text, at most ``max_output_tokens`` (the ``max_tokens`` the call sent: a
-    server that honours it cannot have produced more; one that does not is cut by the worker)
-    — and the result is flagged ``estimated``.
+    Reads ``usage.prompt_tokens``, ``completion_tokens``, ``total_tokens``,
+    ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
+    (OpenAI API reference, chat completion object); output and reasoning as ``billed_output``
+    reads them, all priced as output. Believed only upward: output is at least
+    ``output_floor`` of the returned text and ``delivered_floor`` (what a stream delivered,
+    reasoning included), input at least ``prompt_floor`` (``output_floor`` of
+    ``prompt_texts``). Missing or nonsense usage is estimated — the prompt as
+    ``prompt_estimate`` (the call's upper bound), the completion by ``output_estimate`` of the
+    text, at most ``max_output_tokens`` (a server honouring ``max_tokens`` cannot have
+    produced more; one that does not is cut by the worker) — and flagged ``estimated``.
     """
     raw = response.get("usage")
     raw = raw if isinstance(raw, Mapping) else {}
     reported_in = _count(raw.get("prompt_tokens"))
     reported_out = _count(raw.get("completion_tokens"))
-    reasoning = 0
-    if reported_in is not None and reported_out is not None:
-        input_tokens = reported_in
-        output_tokens, reasoning = billed_output(
-            completion=reported_out,
-            reasoning=_count(_details(raw, "completion_tokens_details").get("reasoning_tokens")),
-            prompt=reported_in,
-            total=_count(raw.get("total_tokens")),
-        )
-        output_tokens = max(output_tokens, output_floor(completion_texts(_message(response))))
-        cached = min(
-            _count(_details(raw, "prompt_tokens_details").get("cached_tokens")) or 0, input_tokens
-        )
-        estimated = False
-    else:  # missing or nonsense (negative, non-integer, absurd): estimate, conservatively
-        input_tokens = prompt_estimate
-        output_tokens = output_estimate(completion_texts(_message(response)))
+    texts = completion_texts(_message(response))
+    if reported_in is None or reported_out is None:  # missing or nonsense: estimate, upward
+        output_tokens = output_estimate(texts)
         if max_output_tokens is not None:
             output_tokens = min(output_tokens, max_output_tokens)
-        cached = 0
-        estimated = True
+        cost = pricing.cost(
+            input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=output_tokens
+        )
+        return Usage(prompt_estimate, output_tokens, 0, cost, True, 0)
+    input_tokens = max(reported_in, prompt_floor)
+    output_tokens, reasoning = billed_output(
+        completion=reported_out,
+        reasoning=_count(_details(raw, "completion_tokens_details").get("reasoning_tokens")),
+        prompt=reported_in,
+        total=_count(raw.get("total_tokens")),
+    )
+    output_tokens = max(output_tokens, output_floor(texts), delivered_floor)
+    cached = min(
+        _count(_details(raw, "prompt_tokens_details").get("cached_tokens")) or 0, input_tokens
+    )
     cost = pricing.cost(
         input_tokens=input_tokens, cached_input_tokens=cached, output_tokens=output_tokens
     )
-    return Usage(input_tokens, output_tokens, cached, cost, estimated, reasoning)
+    return Usage(input_tokens, output_tokens, cached, cost, False, reasoning)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import uuid
 from typing import Any
 
 from agentrun import protocol
@@ -193,25 +192,20 @@ def reader() -> Permissions:
     namespace tag, so one scoped signing key mints readers of any namespace, each bound to
     its own. The ordered consumer must be named, so that its filter is part of the subject
     the server checks (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``, NATS ADR-31),
-    and its name is the reader's own user name (``{{name()}}``, unique per credential:
-    ``reader_name``): a create of a consumer that exists updates it, so a reader allowed any
-    name could re-point another's — the operator's — at its own namespace, and leave as many
-    durable consumers behind as it liked."""
+    and its name is the reader's own public key (``{{subject()}}``, ``U…``: ``Creds.public``):
+    a create of a consumer that exists updates it, so a reader allowed any name could re-point
+    another's — the operator's — at its own namespace, and leave as many durable consumers
+    behind as it liked. The key, unlike a user name, is not the minter's to choose: whoever
+    holds the readers' signing key cannot mint a reader named after another consumer."""
     events = protocol.STREAM_EVENTS
     own = f"agentrun.event.{{{{tag({NAMESPACE_TAG})}}}}.>"
     publish = [
-        f"{JS_API}.CONSUMER.CREATE.{events}.{{{{name()}}}}.{own}",
+        f"{JS_API}.CONSUMER.CREATE.{events}.{{{{subject()}}}}.{own}",
         f"{JS_API}.DIRECT.GET.{events}.{own}",
         f"$JS.FC.{events}.>",
     ]
     subscribe = [f"_INBOX.reader.{{{{tag({NAMESPACE_TAG})}}}}.>"]
     return Permissions(tuple(publish), tuple(subscribe), max_subscriptions=100)
-
-
-def reader_name() -> str:
-    """A fresh user name for a reader credential, ``reader-<16 hex>``: also the one consumer
-    name it may create (``reader``), so each credential's consumer is its own."""
-    return f"reader-{uuid.uuid4().hex[:16]}"
 
 
 def for_role(role: Role) -> Permissions:

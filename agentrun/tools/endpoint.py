@@ -5,8 +5,9 @@ need it).
 Every connection of a session is checked against the tenant's address rule
 (``reach.CheckedBackend``: resolved once, non-global addresses refused unless the rule allows
 private networks, connected to the checked addresses only). Redirects are never followed: the
-SDK sends every request with ``follow_redirects=False``, so a 3xx answer is an error of the
-exchange (an HTTP status the model reads), never a request to another host.
+SDK follows a same-origin one itself, so the transport answers any 3xx with an error
+(``Redirected``), never a request to another path or host. No answer is read past
+``MAX_MESSAGE_BYTES`` a message, nor compressed.
 
 What does not belong here: reusing sessions (``sessions``), mapping results and faults
 (``remote``).
@@ -98,6 +99,16 @@ class Endpoint:
     rule for the URL, ``AgentTenant.spec.toolServers.allow[].privateNetwork``); every
     connection is checked so (``reach.CheckedBackend``)."""
 
+    def redact(self, text: str) -> str:
+        """``text`` without the values of ``headers``, nor any whitespace-separated part of
+        one of at least 8 characters (the token of ``Bearer <token>``): what the server sends
+        back in an error or a result reaches a status, the model and the run's events."""
+        secrets = {v for v in self.headers.values() if v}
+        secrets |= {part for v in self.headers.values() for part in v.split() if len(part) >= 8}
+        for secret in sorted(secrets, key=len, reverse=True):
+            text = text.replace(secret, "[redacted]")
+        return text
+
     def identity(self) -> tuple[str, str, float, str, bool]:
         """The pool key: URL, transport, timeout, a SHA-256 digest of the headers (names
         and values), so the values themselves are never kept or logged, and the address rule."""
@@ -115,25 +126,36 @@ A tool's result is cut much shorter anyway (``MAX_RESULT_BYTES`` of the worker's
 
 
 class MessageTooLarge(httpx2.StreamError):
-    """A tool server sent one message over ``MAX_MESSAGE_BYTES``."""
+    """A tool server sent one message over ``MAX_MESSAGE_BYTES`` (or a body it could not be
+    bounded in)."""
+
+
+class Redirected(httpx2.TransportError):
+    """A tool server answered with a redirect, which is never followed (the SDK would follow
+    one to any path of the origin, outside the tenant's rule)."""
 
 
 class BoundedStream(httpx2.AsyncByteStream):
-    """A response body read on, but never a message (the bytes since the last blank line)
-    longer than ``limit``: raises ``MessageTooLarge`` as soon as one passes it."""
+    """A response body read on, but never a message longer than ``limit``: raises
+    ``MessageTooLarge`` as soon as one passes it. In an event stream (``events``) a message is
+    the bytes since the last blank line; in any other body, the whole body."""
 
-    SEPARATORS = (b"\n\n", b"\r\n\r\n")
+    SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, *, events: bool) -> None:
         self.inner = inner
         self.limit = limit
+        self.events = events
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         pending = 0
         tail = b""
         async for chunk in self.inner:
             seen = tail + chunk
-            end = max(seen.rfind(sep) + len(sep) if sep in seen else -1 for sep in self.SEPARATORS)
+            end = -1
+            if self.events:
+                found = [seen.rfind(sep) + len(sep) for sep in self.SEPARATORS if sep in seen]
+                end = max(found, default=-1)
             pending = len(seen) - end if end >= 0 else pending + len(chunk)
             if pending > self.limit:
                 raise MessageTooLarge(f"the tool server sent a message over {self.limit} bytes")
@@ -148,7 +170,10 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
     """An ``httpx2`` transport whose connections go through ``reach.CheckedBackend``: each
     host resolved once, refused unless every address is allowed, connected to those addresses
     only. No proxy from the environment (the addresses checked are the server's own). Each
-    response's messages are bounded (``BoundedStream``, ``MAX_MESSAGE_BYTES``)."""
+    response's messages are bounded (``BoundedStream``, ``MAX_MESSAGE_BYTES``), counted as
+    they arrive: requests ask for no content coding (``Accept-Encoding: identity``) and a
+    response that has one anyway is refused (``MessageTooLarge``) — a compressed body would be
+    decoded past the bound (8 MiB of gzip are gigabytes)."""
 
     def __init__(
         self, *, private_network: bool, max_message_bytes: int = MAX_MESSAGE_BYTES
@@ -163,13 +188,29 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         self.max_message_bytes = max_message_bytes
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """The response, its body bounded (``BoundedStream``)."""
+        """The response, its body bounded (``BoundedStream``). Raises ``MessageTooLarge`` for
+        a response with a content coding, ``Redirected`` for a redirect."""
+        request.headers["Accept-Encoding"] = "identity"
         response = await super().handle_async_request(request)
         assert isinstance(response.stream, httpx2.AsyncByteStream)
+        if 300 <= response.status_code < 400:
+            await response.aclose()
+            where = response.headers.get("location", "")[:200]
+            raise Redirected(
+                f"the tool server redirected (HTTP {response.status_code}) to {where!r}"
+            )
+        coding = response.headers.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):
+            await response.aclose()
+            raise MessageTooLarge(
+                f"the tool server answered with content coding {coding!r}, which was not "
+                "asked for: a compressed body cannot be bounded as it arrives"
+            )
+        events = "text/event-stream" in response.headers.get("content-type", "")
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
-            stream=BoundedStream(response.stream, self.max_message_bytes),
+            stream=BoundedStream(response.stream, self.max_message_bytes, events=events),
             extensions=response.extensions,
         )
 

@@ -69,6 +69,9 @@ IPv4 address ``a.b.c.d``."""
 NOT_GLOBAL_V6 = (
     ipaddress.IPv6Network("64:ff9b:1::/48"),  # local-use NAT64 (RFC 8215): an internal gateway
     ipaddress.IPv6Network("fec0::/10"),  # site-local (deprecated, RFC 3879): internal
+    ipaddress.IPv6Network("5f00::/16"),  # SRv6 segment identifiers (RFC 9602)
+    ipaddress.IPv6Network("3fff::/20"),  # documentation (RFC 9637)
+    ipaddress.IPv6Network("ff00::/8"),  # multicast
 )
 """IPv6 networks the standard library may count as global that lead inside a network."""
 
@@ -76,8 +79,9 @@ NOT_GLOBAL_V6 = (
 def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     """The IPv4 address an IPv6 address carries and is translated or tunnelled to, if any:
     IPv4-mapped (``::ffff:a.b.c.d``), IPv4-translated (``::ffff:0:a.b.c.d``, RFC 2765),
-    IPv4-compatible (``::a.b.c.d``, deprecated), NAT64 (``64:ff9b::/96``) and 6to4
-    (``2002::/16``, RFC 3056)."""
+    IPv4-compatible (``::a.b.c.d``, deprecated), NAT64 (``64:ff9b::/96``), 6to4
+    (``2002::/16``, RFC 3056) and ISATAP interface ids (``…:0:5efe:a.b.c.d`` or
+    ``…:200:5efe:a.b.c.d`` under any prefix, RFC 5214)."""
     if ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
     if ip.sixtofour is not None:
@@ -86,6 +90,8 @@ def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     low = ipaddress.IPv4Address(value & 0xFFFFFFFF)
     high = value >> 32
     if high == 0xFFFF0000 or ip in NAT64 or (high == 0 and int(low) > 1):
+        return low
+    if (high & 0xFDFFFFFF) == 0x00005EFE:  # ISATAP (RFC 5214): ``…:0:5efe:a.b.c.d``, any prefix
         return low
     return None
 

@@ -202,8 +202,9 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
                 if cursor is None:
                     break
     except Exception as err:
+        why = endpoint.redact(_describe(err))  # the server's words may quote its credentials
         raise RemoteError(
-            f"MCP server {endpoint.url} unavailable: {_describe(err)}", fault=fault_of(err)
+            f"MCP server {endpoint.url} unavailable: {why}", fault=fault_of(err)
         ) from err
     return found
 
@@ -306,11 +307,11 @@ class McpTool:
         except Exception as err:
             status = STATUSES.pop(ref)
             raise catalog.ToolError(
-                f"{self.spec.name}: {_describe(err, status=status)}",
+                f"{self.spec.name}: {endpoint.redact(_describe(err, status=status))}",
                 fault=fault_of(err, status=status),
                 unsent=never_sent(err),
             ) from None
-        text = render_result(result)
+        text = endpoint.redact(render_result(result))  # the model and the events see it
         if result.is_error:
             raise catalog.ToolError(text or "the tool reported an error", fault=ToolFault.REJECTED)
         return text

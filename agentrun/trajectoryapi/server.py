@@ -31,7 +31,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from agentrun import bus, natsclient
-from agentrun.natsauth import authority, jwt, permissions
+from agentrun.natsauth import authority, jwt
 from agentrun.natsauth.permissions import Role
 from agentrun.protocol import RunEvent
 from agentrun.trajectoryapi import access
@@ -200,13 +200,13 @@ class Server:
     @asynccontextmanager
     async def _bus(self, namespace: str) -> AsyncIterator[ReaderBus]:
         """A NATS connection as a reader of ``namespace`` alone, minted for this request, with
-        the one consumer name its credential may create (``permissions.reader_name``)."""
-        consumer = permissions.reader_name()
+        the one consumer name its credential may create: its public key
+        (``permissions.reader``)."""
         reader = authority.mint_user(
             self.reader.signer,
             account=self.reader.account,
             role=Role.READER,
-            name=consumer,
+            name=f"agentrun-trajectory:{namespace}",
             namespace=namespace,
             expires=int(time.time()) + READER_TTL,
         )
@@ -219,7 +219,7 @@ class Server:
             )
             events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=self.reader.url))
             try:
-                yield ReaderBus(events, consumer)
+                yield ReaderBus(events, reader.public)
             finally:
                 await events.close()
 

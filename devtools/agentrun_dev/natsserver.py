@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrun.natsauth import Authority, Creds, Role, permissions
+from agentrun.natsauth import Authority, Creds, Role
 from agentrun.natsclient import NatsAuth, connect_options
 from agentrun_dev import certs, components, console, probes
 
@@ -90,11 +90,10 @@ class NatsServer:
         return Authority.load({p.name: p.read_text() for p in directory.iterdir()})
 
     def mint_reader(self, namespace: str, *, name: str | None = None) -> NatsAuth:
-        """Credentials of a new reader of `namespace`, written next to the others; `name`
-        (default: a fresh `permissions.reader_name`) is also the one consumer it may create."""
+        """Credentials of a new reader of `namespace`, written next to the others (the one
+        consumer it may create is named after its public key: `creds.read(path).public`)."""
         assert self.auth_dir is not None
-        name = name or permissions.reader_name()
-        reader = self.authority().mint(Role.READER, name=name, namespace=namespace)
+        reader = self.authority().mint(Role.READER, name=name or namespace, namespace=namespace)
         path = self.auth_dir / f"reader-{namespace}-{reader.public[:8]}.creds"
         _write_secret(path, reader.text())
         return NatsAuth(creds_file=path, ca_file=self.auth_dir / "ca.crt")

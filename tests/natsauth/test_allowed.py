@@ -22,7 +22,7 @@ from nats.js import api
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import CallNeed, Granted, LedgerStore, QueuedRun, TenantLimits, TurnRef
-from agentrun.natsauth import permissions
+from agentrun.natsauth import creds
 from agentrun.protocol import RunEvent
 from agentrun.worker.effects import EffectLedger
 from agentrun_dev import natsserver
@@ -116,8 +116,10 @@ async def test_a_worker_hears_cancellations(worker_bus: Bus, operator_bus: Bus) 
 async def test_a_reader_follows_the_runs_of_its_namespace(
     closed_server: natsserver.NatsServer, run_b: RunB
 ) -> None:
-    name = permissions.reader_name()
-    client = await connect(closed_server, closed_server.mint_reader(NAMESPACE_B, name=name))
+    auth = closed_server.mint_reader(NAMESPACE_B)
+    assert auth.creds_file is not None
+    name = creds.read(auth.creds_file).public  # the one consumer name it may create
+    client = await connect(closed_server, auth)
     try:
         js = client.js()
         last = await js._jsm.get_last_msg(
@@ -216,3 +218,17 @@ async def test_a_worker_started_before_the_operator_waits_for_the_buckets(
     finally:
         await worker.close()
         await operator.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "run"),
+    [(None, "victim"), ("_INBOX.x", "victim"), ("$JS.ACK.AGENTRUN_EVENTS.c.1.1.1.1.0", None)],
+    ids=["broadcast", "with-an-inbox", "a-jetstream-delivery"],
+)
+def test_only_a_broadcast_on_a_cancel_subject_cancels(reply: str | None, run: str | None) -> None:
+    """A push consumer's deliver subject is its creator's to choose, unchecked against its
+    permissions: a namespace reader can aim its own events at another run's cancel subject.
+    A message JetStream delivered there (reply ``$JS.ACK.…``) cancels nothing."""
+    from agentrun.bus import cancelled_run
+
+    assert cancelled_run(protocol.cancel_subject("victim"), reply) == run

@@ -41,6 +41,7 @@ from .conftest import (
     TENANT_B,
     Client,
     RunB,
+    connect,
     event_subject_b,
     forged_admitted,
 )
@@ -424,3 +425,22 @@ def test_the_monitoring_port_listens_on_loopback_only(
     assert varz["http_host"] == "127.0.0.1"
     assert varz["tls_required"] is True
     assert varz["auth_required"] is True
+
+
+@pytest.mark.parametrize("name", [protocol.OPERATOR_CONSUMER, "*"])
+async def test_a_reader_minted_with_any_name_creates_only_the_consumer_of_its_key(
+    closed_server: natsserver.NatsServer, admin: Client, run_b: RunB, name: str
+) -> None:
+    """The consumer a reader may create is named after its public key, not its user name:
+    whoever holds the readers' signing key (the trajectory API's pods) cannot mint a reader
+    named after the operator's consumer, or ``*``, to re-point it."""
+    client = await connect(closed_server, closed_server.mint_reader(NAMESPACE_A, name=name))
+    try:
+        before_state = await snapshot(admin, run_b)
+        before = len(client.errors)
+        with contextlib.suppress(nats.errors.TimeoutError, TimeoutError):
+            await repoint_operator_consumer(client, run_b)
+        assert "permissions violation for" in (await client.refusal(before)).lower()
+        assert await snapshot(admin, run_b) == before_state
+    finally:
+        await client.nc.close()

@@ -4,13 +4,15 @@ while a long stream of small events (a long-lived SSE session) reads on."""
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator
 
 import httpx2
 import pytest
 from aiohttp import web
+from http_support import serving
 
-from agentrun.tools import endpoint
+from agentrun.tools import endpoint, remote
 
 LIMIT = 64 * 1024
 
@@ -41,17 +43,9 @@ async def server() -> AsyncIterator[str]:
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/json", huge_json)
-    app.router.add_get("/events", many_events)
-    app.router.add_get("/event", huge_event)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    routes = {"/json": huge_json, "/events": many_events, "/event": huge_event}
+    async with serving(routes) as base:
+        yield base
 
 
 def client() -> httpx2.AsyncClient:
@@ -73,3 +67,85 @@ async def test_many_small_events_read_on_past_the_limit_in_all(server: str) -> N
     async with client() as http:
         response = await http.get(server + "/events")
     assert response.status_code == 200 and len(response.content) > 10 * LIMIT
+
+
+async def test_a_compressed_body_is_refused_before_it_is_decoded() -> None:
+    """8 MiB of gzip are gigabytes once decoded: no content coding is asked for, and one sent
+    anyway is refused, not decoded past the bound."""
+    bomb = gzip.compress(b"{" + b" " * (32 * LIMIT) + b"}")
+
+    async def gzipped(request: web.Request) -> web.Response:
+        assert request.headers.get("Accept-Encoding") == "identity"
+        return web.Response(
+            body=bomb, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        )
+
+    async with serving({"/gz": gzipped}) as base, client() as http:
+        with pytest.raises(endpoint.MessageTooLarge, match="content coding 'gzip'"):
+            await http.post(base + "/gz", json={})
+
+
+async def test_blank_lines_reset_no_count_outside_an_event_stream() -> None:
+    """In a JSON body ``\\n\\n`` is whitespace, not a message boundary."""
+
+    async def spaced(request: web.Request) -> web.Response:
+        body = b'{"x": "' + b"a\\n\\n" * (LIMIT // 2) + b'"}'
+        return web.Response(body=body, content_type="application/json")
+
+    async with serving({"/spaced": spaced}) as base, client() as http:
+        with pytest.raises(endpoint.MessageTooLarge):
+            await http.post(base + "/spaced", json={})
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_redirect_is_an_error_never_followed(status: int) -> None:
+    """The MCP SDK follows a same-origin redirect itself: the transport refuses any, so a
+    server cannot send the session to a path outside the tenant's rule."""
+    seen: list[str] = []
+
+    async def moved(request: web.Request) -> web.Response:
+        return web.Response(status=status, headers={"Location": "/elsewhere"})
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({})
+
+    async with (
+        serving({"/mcp": moved, "/elsewhere": elsewhere}) as base,
+        httpx2.AsyncClient(
+            transport=endpoint.CheckedTransport(private_network=True), follow_redirects=True
+        ) as http,
+    ):
+        with pytest.raises(endpoint.Redirected, match=f"HTTP {status}"):
+            await http.post(base + "/mcp", json={})
+    assert seen == []
+
+
+SECRET = "tok-0123456789abcdef-SECRET"
+
+
+async def echo_credentials(request: web.Request) -> web.Response:
+    """An MCP endpoint answering every JSON-RPC request with an error quoting its token."""
+    body = await request.json()
+    if not isinstance(body, dict) or body.get("id") is None:
+        return web.Response(status=202)
+    token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    error = {"code": -32000, "message": f"invalid credentials {token}"}
+    return web.json_response({"jsonrpc": "2.0", "id": body["id"], "error": error})
+
+
+async def test_a_server_quoting_its_credentials_is_redacted_from_what_it_causes() -> None:
+    """A tenant's server echoing the header a Secret gave it (the whole value, or the token
+    alone): neither the operator's discovery failure (the AgentToolServer's status) nor a
+    worker's tool error (the model, the run's events) carries it."""
+    async with serving({"/mcp": echo_credentials}) as base:
+        where = endpoint.Endpoint(
+            base + "/mcp",
+            headers={"Authorization": f"Bearer {SECRET}"},
+            timeout=5.0,
+            private_network=True,
+        )
+        with pytest.raises(remote.RemoteError) as caught:
+            await remote.discover(where)
+    assert SECRET not in caught.value.message and "[redacted]" in caught.value.message
+    assert where.redact(f"Bearer {SECRET} and {SECRET}") == "[redacted] and [redacted]"

@@ -135,6 +135,11 @@ def test_non_global_addresses_need_the_rules_private_network(address: str, priva
         "::ffff:0:a00:1",  # IPv4-translated → 10.0.0.1
         "::a00:1",  # IPv4-compatible → 10.0.0.1
         "fec0::1",  # site-local
+        "2600::5efe:a9fe:a9fe",  # ISATAP under a global prefix → 169.254.169.254
+        "2600::200:5efe:a00:1",  # ISATAP, universal bit set → 10.0.0.1
+        "5f00::1",  # SRv6 segment identifier
+        "3fff::1",  # documentation
+        "ff02::1",  # multicast
     ],
 )
 def test_an_ipv6_address_carrying_a_private_ipv4_is_judged_as_that_address(address: str) -> None:

@@ -215,3 +215,5 @@ def test_short_values_are_not_taken_for_secrets() -> None:
     known.add("s3cr3t-value")
     known.add("s3cr3t-value-longer")
     assert known.redact("abc s3cr3t-value-longer s3cr3t-value") == "abc [redacted] [redacted]"
+    known.add("Bearer tok-0123456789")  # a header value: its token is echoed alone too
+    assert known.redact("invalid credentials tok-0123456789") == "invalid credentials [redacted]"

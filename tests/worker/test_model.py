@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from http_support import serving
 
 from agentrun import kernel
 from agentrun.metrics import ModelErrorType
@@ -412,20 +413,6 @@ async def test_a_cause_quoting_the_endpoint_is_cut_and_never_shows_the_key() -> 
     assert error.error_type is ModelErrorType.CONNECTION
     assert "RemoteProtocolError" in str(error) and key not in str(error)
     assert len(str(error)) <= len("no connection to the model endpoint: ") + CAUSE_CHARS
-
-
-@contextlib.asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    """``app`` served on a loopback port; yields its base URL."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 def chat(base: str, *, api_key: str = "sk-0123456789") -> ChatRequest:

@@ -349,3 +349,15 @@ def test_every_output_field_of_a_delta_is_counted() -> None:
     assert delivery.chunks == 4
     assert delivery.ascii_chars == 240
     assert delivery.charged_tokens == 60 and delivery.message()["content"] is None
+
+
+async def test_streamed_reasoning_reported_as_one_token_is_charged_what_was_delivered() -> None:
+    """The provider streams 6,000 characters of reasoning (which the message does not keep)
+    and reports 1 output token: the call is charged at least what the stream delivered."""
+    reasoning = "think " * 1_000
+    script = one_turn(
+        "the answer", reasoning=f'"{reasoning}"', usage="{prompt_tokens: 10, completion_tokens: 1}"
+    )
+    state, _ = await run(script, kernel.Limits(max_tokens=100_000, max_output_tokens=4096))
+    assert state.phase is Phase.COMPLETED
+    assert state.usage.output_tokens >= len(reasoning) // 6
