@@ -4,7 +4,9 @@ slot; a status the API server refuses is replaced by a failed one, logged once."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import pytest
 from kube_support import FakeKube
@@ -124,11 +126,33 @@ async def test_admission_reuses_a_ready_server_read_and_rereads_one_not_ready(
     assert [verb for verb, _ in api.calls].count("get") == reads
 
 
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[tuple[asyncio.Server, int]]:
+    """A TCP server that accepts and never answers; every connection it accepted is closed at
+    the end (a transport left to the garbage collector warns in whichever test it runs)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield server, server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for writer in accepted:
+            writer.close()
+        await server.wait_closed()
+
+
 async def test_a_discovery_asking_longer_than_the_platforms_most_is_clamped() -> None:
     """A tenant's ``spec.timeouts.discovery: 20s`` on a server that accepts and never
     answers holds a shared discovery slot only ``max_timeout``; the failure says so."""
-    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-    port = silent.sockets[0].getsockname()[1]
+    async with silent_server() as (_, port):
+        await clamped(port)
+
+
+async def clamped(port: int) -> None:
     server = {
         "metadata": {"name": "slow", "namespace": "ns", "generation": 1},
         "spec": {
@@ -144,11 +168,8 @@ async def test_a_discovery_asking_longer_than_the_platforms_most_is_clamped() ->
     api = FakeKube()
     api.put(TOOL_SERVERS, server)
     watcher = refresher.ToolServerRefresher(api, reach=allow, max_timeout=0.5)
-    try:
-        async with asyncio.timeout(5):
-            await watcher.refresh(server)
-    finally:
-        silent.close()
+    async with asyncio.timeout(5):
+        await watcher.refresh(server)
     stored = api.find(TOOL_SERVERS, "slow", "ns")
     assert stored is not None
     (ready,) = stored["status"]["conditions"]
@@ -160,8 +181,11 @@ async def test_a_tenants_hanging_servers_over_many_namespaces_hold_one_share() -
     """The share is the tenant's: sixteen servers that never answer, spread over four
     namespaces of one tenant, hold four slots, not sixteen; another tenant's server is
     discovered at once beside them."""
-    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-    port = silent.sockets[0].getsockname()[1]
+    async with silent_server() as (silent, port):
+        await one_share(silent, port)
+
+
+async def one_share(silent: asyncio.Server, port: int) -> None:
     tenant_of = {f"big-{i}": "big" for i in range(4)} | {"small": "small"}
 
     async def allow(namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
