@@ -39,7 +39,7 @@ from agentrun import kernel
 from agentrun.kernel import ModelFault
 from agentrun.metrics import ModelErrorType
 
-from .stream import StreamWatch, abandoned_unanswered, read_stream, refuses_streaming
+from .stream import StreamWatch, read_stream, refuses_streaming
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -483,6 +483,5 @@ class ModelClient:
         # ``post`` rather than ``chat.completions.create``: the body is already in wire
         # shape, and the SDK's typed transform of ``messages`` costs ~0.2 ms per message per
         # call (17 ms at 80 messages) — it dominated a turn.
-        with abandoned_unanswered(watch):
-            answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
+        answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
         return answer

@@ -23,12 +23,11 @@ overrun ends the run with its cap's reason and is counted in
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import openai
@@ -244,17 +243,16 @@ async def read_stream(
     Raises what the ``openai`` client raises (``APIStatusError``, ``APIConnectionError``) and
     ``json.JSONDecodeError`` for a body that is not JSON; the caller maps them."""
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    with abandoned_unanswered(watch):
-        stream = await client.post(
-            path,
-            body=stream_body,
-            cast_to=object,
-            stream=True,
-            stream_cls=openai.AsyncStream[object],
-        )
-        if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
-            answer: object = json.loads(await stream.response.aread())
-            return answer
+    stream = await client.post(
+        path,
+        body=stream_body,
+        cast_to=object,
+        stream=True,
+        stream_cls=openai.AsyncStream[object],
+    )
+    if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
+        answer: object = json.loads(await stream.response.aread())
+        return answer
     delivery = Delivery()
     finished = False
     try:
@@ -274,21 +272,6 @@ async def read_stream(
         if delivery.cut or not finished:
             await asyncio.shield(stream.close())  # the provider stops generating
     return delivery.completion()
-
-
-@contextlib.contextmanager
-def abandoned_unanswered(watch: StreamWatch | None) -> Iterator[None]:
-    """Tell ``watch`` the call was abandoned (with nothing delivered: its prompt is charged)
-    if the block is cancelled — the run cancelled or deleted, its deadline — while waiting
-    for the answer to a request that went out: the provider has read the prompt, and bills
-    it, before its first byte arrives. A call that failed to connect or was refused raises
-    something else and is not charged."""
-    try:
-        yield
-    except asyncio.CancelledError:
-        if watch is not None:
-            watch.abandoned(Delivery())
-        raise
 
 
 def refuses_streaming(body: object) -> bool:

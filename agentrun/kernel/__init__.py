@@ -89,7 +89,6 @@ from agentrun.kernel.usage import (
     Usage,
     estimate_tokens,
     output_floor,
-    prompt_texts,
     prompt_token_bound,
     read_usage,
 )
@@ -162,7 +161,6 @@ __all__ = [
     "output_floor",
     "plan_answer",
     "plan_turn",
-    "prompt_texts",
     "prompt_token_bound",
     "read_usage",
     "record_results",

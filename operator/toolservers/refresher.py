@@ -4,10 +4,8 @@
 ``agentrun.tools.remote``), each bounded by the server's own discovery timeout (a hard bound:
 connect, handshake and every page), so a server that hangs delays nothing but its own status.
 Discoveries share ``concurrency`` slots, at most ``per_namespace`` of them held by the servers of
-one tenant — every namespace bound to it together — or of one namespace bound to none
-(``NamespaceSlots``, keyed by ``share``): servers that hang hold their tenant's share, never
-every slot, however many namespaces the tenant spreads them over, so another tenant's servers
-are still discovered at once.
+one namespace (``NamespaceSlots``): servers that hang in one namespace hold that namespace's
+share, never every slot, so another namespace's servers are still discovered at once.
 A failed refresh keeps the last good list (runs keep being admitted with it) and says so in the
 condition. A server whose URL its namespace's tenant does not allow (``spec.toolServers``) is
 never contacted: ``Ready=False``, reason ``NotAllowed``, no tools; an allowed one is reached
@@ -46,8 +44,7 @@ log = logging.getLogger(__name__)
 CONCURRENCY = 16
 """Discoveries running at once, over all namespaces."""
 PER_NAMESPACE = 4
-"""Discoveries of one share's servers running at once (a tenant's, or a namespace's that has
-no tenant: ``ToolServerRefresher.share``)."""
+"""Discoveries of one namespace's servers running at once."""
 
 
 class NamespaceSlots:
@@ -214,7 +211,7 @@ class ToolServerRefresher:
             status = failed_status({}, str(err), generation=generation, now=now)
             status["conditions"][0]["reason"] = Reason.INVALID_SPEC
         else:
-            async with self._slots.slot(await self.share(namespace)):
+            async with self._slots.slot(namespace):
                 status = await self._discover(
                     spec, namespace, generation=generation, previous=previous
                 )
@@ -225,16 +222,6 @@ class ToolServerRefresher:
             await self._not_written(ref, err, previous=previous, generation=generation)
             return
         self.failures.succeeded((namespace, name), subject=f"AgentToolServer {namespace}/{name}")
-
-    async def share(self, namespace: str) -> str:
-        """Whose discovery slots ``namespace``'s servers take: its tenant's
-        (``tenant:<name>``, shared by every namespace bound to it) or, when it has none or it
-        cannot be read, its own (``namespace:<name>``)."""
-        try:
-            tenant, _ = await self._reach(namespace)
-        except (LookupError, ApiError):
-            return f"namespace:{namespace}"
-        return f"tenant:{tenant}"
 
     async def _not_written(
         self, ref: Ref, err: Exception, *, previous: Mapping[str, Any], generation: int

@@ -9,9 +9,7 @@ Answers whose status would be retried but must not be (an ``insufficient_quota``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -480,64 +478,3 @@ async def test_a_redirect_from_the_model_endpoint_is_an_error_and_sends_nothing_
             await client.complete(chat(base), deadline=time.time() + 30)
         await client.close()
     assert seen == []
-
-
-class Watch:
-    """A ``StreamWatch`` that records the output each abandoned call was charged."""
-
-    def __init__(self) -> None:
-        self.noted: list[int] = []
-
-    async def progress(self, delivery: Any) -> None:
-        return None
-
-    def abandoned(self, delivery: Any) -> None:
-        self.noted.append(delivery.charged_tokens)
-
-
-@pytest.mark.parametrize("streams", [True, False], ids=["streamed", "refuses-streaming"])
-async def test_a_call_cancelled_before_its_first_byte_is_abandoned_with_its_prompt(
-    streams: bool,
-) -> None:
-    """Cancelled while the provider reads the prompt (a cancel, a deletion, the deadline):
-    the provider bills the prompt, so the call is noted abandoned (charged its prompt bound,
-    no output) — streamed or, for an endpoint that refuses streaming, sent whole."""
-    release = asyncio.Event()
-
-    async def slow(request: web.Request) -> web.Response:
-        body = await request.json()
-        if body.get("stream") and not streams:
-            error = {"message": "stream is not supported", "param": "stream"}
-            return web.json_response({"error": error}, status=400)
-        await release.wait()
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", slow)
-    client = ModelClient(RetryPolicy(max_retries=0))
-    watch = Watch()
-    async with serving(app) as base:
-        call = asyncio.create_task(
-            client.complete(chat(base), deadline=time.time() + 60, watch=watch)
-        )
-        await asyncio.sleep(0.5)
-        call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await call
-        release.set()
-        await client.close()
-    assert watch.noted == [0]  # noted once, nothing delivered: its prompt is charged
-
-
-async def test_a_call_that_never_connected_is_not_noted_abandoned() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # nothing listens there once closed
-    client = ModelClient(RetryPolicy(max_retries=0))
-    watch = Watch()
-    with pytest.raises(ModelError):
-        await client.complete(
-            chat(f"http://127.0.0.1:{port}"), deadline=time.time() + 30, watch=watch
-        )
-    await client.close()
-    assert watch.noted == []
