@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["NEUTRALISED", "arguments_block", "printable"]
@@ -62,3 +62,30 @@ def arguments_block(arguments: Mapping[str, Any] | Any) -> str:
     except (TypeError, ValueError):
         text = repr(arguments)
     return printable(text)
+
+
+REDACTED = "[redacted]"
+"""What stands in a text for a secret it would otherwise show."""
+MIN_SECRET_CHARS = 8
+"""Shorter secrets are not taken out of text (they would match ordinary words)."""
+
+
+def secret_parts(value: str) -> set[str]:
+    """What of a secret ``value`` must not be shown: the value and each whitespace-separated
+    part of it (the token of ``Bearer <token>``, which a server may echo alone), those of at
+    least ``MIN_SECRET_CHARS`` characters."""
+    return {part for part in (value, *value.split()) if len(part) >= MIN_SECRET_CHARS}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` replaced by ``REDACTED``; pass them longest first
+    (``by_length``), so a secret containing another is taken out whole."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def by_length(secrets: Iterable[str]) -> tuple[str, ...]:
+    """``secrets`` longest first, as ``redact`` takes them."""
+    return tuple(sorted(secrets, key=len, reverse=True))

@@ -11,19 +11,15 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import kernel, kube
+from agentrun import display, kernel, kube
 from agentrun.metrics import ModelErrorType
 from agentrun.protocol import SecretRef
 from agentrun.tools import ToolError
 
-from .model import REDACTED, ModelError
+from .model import ModelError
 
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """API server answers that say "try again" (overload, restart, timeouts)."""
-
-
-MIN_SECRET_CHARS = 8
-"""Shorter values are not redacted from text (they would match ordinary words)."""
 
 
 class Redactor:
@@ -34,21 +30,19 @@ class Redactor:
 
     def __init__(self) -> None:
         self._values: set[str] = set()
+        self._ordered: tuple[str, ...] = ()
+        """``_values`` longest first, kept as they are added (every log line is redacted)."""
 
     def add(self, value: str) -> None:
-        """Remember ``value`` and each whitespace-separated part of it (the token of
-        ``Bearer <token>``, which a server may echo alone); those shorter than
-        ``MIN_SECRET_CHARS`` are ignored."""
-        for secret in (value, *value.split()):
-            if len(secret) >= MIN_SECRET_CHARS:
-                self._values.add(secret)
+        """Remember what of ``value`` must not be shown (``display.secret_parts``)."""
+        parts = display.secret_parts(value) - self._values
+        if parts:
+            self._values |= parts
+            self._ordered = display.by_length(self._values)
 
     def redact(self, text: str) -> str:
         """``text`` with every remembered value replaced by ``[redacted]``, longest first."""
-        for value in sorted(self._values, key=len, reverse=True):
-            if value in text:
-                text = text.replace(value, REDACTED)
-        return text
+        return display.redact(text, self._ordered)
 
 
 KNOWN = Redactor()

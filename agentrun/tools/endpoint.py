@@ -31,6 +31,8 @@ import cachetools
 import httpcore2
 import httpx2
 
+from agentrun import display
+
 from . import reach
 
 if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
@@ -103,11 +105,9 @@ class Endpoint:
         """``text`` without the values of ``headers``, nor any whitespace-separated part of
         one of at least 8 characters (the token of ``Bearer <token>``): what the server sends
         back in an error or a result reaches a status, the model and the run's events."""
-        secrets = {v for v in self.headers.values() if v}
-        secrets |= {part for v in self.headers.values() for part in v.split() if len(part) >= 8}
-        for secret in sorted(secrets, key=len, reverse=True):
-            text = text.replace(secret, "[redacted]")
-        return text
+        secrets = {value for value in self.headers.values() if value}
+        secrets |= {part for value in secrets for part in display.secret_parts(value)}
+        return display.redact(text, display.by_length(secrets))
 
     def identity(self) -> tuple[str, str, float, str, bool]:
         """The pool key: URL, transport, timeout, a SHA-256 digest of the headers (names
