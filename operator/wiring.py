@@ -362,7 +362,10 @@ def _tool_servers(
 ) -> ToolServerRefresher:
     """Discovery of the AgentToolServers' tools, within each tenant's allowed URLs."""
     return ToolServerRefresher(
-        api, reach=tenants.tool_server_rules, max_timeout=settings.tool_discovery_timeout_max
+        api,
+        reach=tenants.tool_server_rules,
+        share=tenants.discovery_share,
+        max_timeout=settings.tool_discovery_timeout_max,
     )
 
 

@@ -14,7 +14,7 @@ from agentrun import metrics
 from agentrun.ledger import UsageFloor
 from agentrun.protocol import DEFAULT_TENANT, UrlRule
 
-from ..platform.kubeapi import KubeApi
+from ..platform.kubeapi import ApiError, KubeApi
 from ..platform.spec import ObjectMeta, not_found
 from . import policy as rules
 from .policy import TenantPolicy
@@ -135,6 +135,19 @@ class Tenants:
         as ``resolve`` does."""
         policy = await self.resolve(namespace)
         return policy.name, policy.tool_server_rules
+
+    async def discovery_share(self, namespace: str) -> str | None:
+        """The tenant whose share of the operator's tool discoveries ``namespace``'s
+        AgentToolServers count against: the one binding it by name or selector. ``None`` when
+        none does — the default tenant is charged for many parties' namespaces, so each of
+        those counts on its own — or several do, or its labels cannot be read. Never
+        raises."""
+        try:
+            labels = await self._labels(namespace)
+            bound = rules.resolve(self.policies.values(), namespace, labels)
+        except (rules.Ambiguous, ApiError):
+            return None
+        return None if bound is None else bound.name
 
     def _unbound(self, namespace: str) -> str:
         if self.default and self.default in self.invalid:

@@ -3,9 +3,12 @@
 ``ToolServerRefresher`` runs one discovery task per server (talking to the MCP server through
 ``agentrun.tools.remote``), each bounded by the server's own discovery timeout (a hard bound:
 connect, handshake and every page), so a server that hangs delays nothing but its own status.
-Discoveries share ``concurrency`` slots, at most ``per_namespace`` of them held by the servers of
-one namespace (``NamespaceSlots``): servers that hang in one namespace hold that namespace's
-share, never every slot, so another namespace's servers are still discovered at once.
+Discoveries share ``CONCURRENCY`` slots (``DiscoverySlots``), at most ``PER_NAMESPACE`` of them
+held by the servers of one namespace and at most ``PER_TENANT`` by those of one tenant, every
+namespace bound to it together: servers that hang hold their namespace's and their tenant's
+share, never every slot, however many namespaces a tenant spreads them over, so another
+tenant's servers are still discovered at once. The namespaces that fall to the default tenant
+are many parties, not one: each is held to its own share only.
 A failed refresh keeps the last good list (runs keep being admitted with it) and says so in the
 condition. A server whose URL its namespace's tenant does not allow (``spec.toolServers``) is
 never contacted: ``Ready=False``, reason ``NotAllowed``, no tools; an allowed one is reached
@@ -43,48 +46,84 @@ log = logging.getLogger(__name__)
 
 CONCURRENCY = 16
 """Discoveries running at once, over all namespaces."""
+PER_TENANT = 8
+"""Discoveries of the servers of one tenant's namespaces running at once (half of all: what
+one tenant's hanging servers can hold, over any number of its namespaces)."""
 PER_NAMESPACE = 4
 """Discoveries of one namespace's servers running at once."""
 
 
-class NamespaceSlots:
-    """At most ``total`` discoveries at once, at most ``per_namespace`` of one namespace.
+class _Shares:
+    """At most ``limit`` holders of each key at once, the waiters first come first served; a
+    key nobody holds or waits for is forgotten."""
 
-    A discovery first takes a slot of its namespace, then one of all: the servers of one
-    namespace wait for their own slots, not in front of other namespaces' servers, and the
-    shared slots go first come first served among namespaces that are within their share.
-    """
-
-    def __init__(self, total: int, *, per_namespace: int) -> None:
-        """Raises ``ValueError`` unless ``0 < per_namespace <= total``."""
-        if not 0 < per_namespace <= total:
-            raise ValueError(f"need 0 < per_namespace ({per_namespace}) <= total ({total})")
-        self.per_namespace = per_namespace
-        self._all = asyncio.Semaphore(total)
-        self._namespaces: dict[str, tuple[asyncio.Semaphore, int]] = {}
-        """namespace → (its semaphore, discoveries holding or waiting for it)."""
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._keys: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        """key → (its semaphore, holders and waiters)."""
 
     @contextlib.asynccontextmanager
-    async def slot(self, namespace: str) -> AsyncIterator[None]:
-        """Hold a discovery slot of ``namespace`` (waiting for one) for the block."""
-        semaphore, users = self._namespaces.get(namespace) or (
-            asyncio.Semaphore(self.per_namespace),
-            0,
-        )
-        self._namespaces[namespace] = (semaphore, users + 1)
+    async def held(self, key: str) -> AsyncIterator[None]:
+        """Hold one of ``key``'s places (waiting for one) for the block."""
+        semaphore, users = self._keys.get(key) or (asyncio.Semaphore(self.limit), 0)
+        self._keys[key] = (semaphore, users + 1)
         try:
-            async with semaphore, self._all:
+            async with semaphore:
                 yield
         finally:
-            semaphore, users = self._namespaces[namespace]
+            semaphore, users = self._keys[key]
             if users <= 1:
-                del self._namespaces[namespace]  # nobody holds or waits: forget it
+                del self._keys[key]
             else:
-                self._namespaces[namespace] = (semaphore, users - 1)
+                self._keys[key] = (semaphore, users - 1)
+
+    def users(self, key: str) -> int:
+        """Holders and waiters of ``key``."""
+        return self._keys.get(key, (None, 0))[1]
+
+
+class DiscoverySlots:
+    """At most ``total`` discoveries at once, at most ``per_tenant`` of one tenant's servers
+    and ``per_namespace`` of one namespace's.
+
+    A discovery first takes a slot of its namespace, then one of its tenant (when it counts
+    against one), then one of all: the servers of one namespace or tenant wait for their own
+    slots, not in front of others' servers, and the shared slots go first come first served
+    among those within their shares.
+    """
+
+    def __init__(self, total: int, *, per_namespace: int, per_tenant: int | None = None) -> None:
+        """``per_tenant`` defaults to ``total``; raises ``ValueError`` unless
+        ``0 < per_namespace <= per_tenant <= total``."""
+        per_tenant = total if per_tenant is None else per_tenant
+        if not 0 < per_namespace <= per_tenant <= total:
+            raise ValueError(
+                f"need 0 < per_namespace ({per_namespace}) <= per_tenant ({per_tenant}) "
+                f"<= total ({total})"
+            )
+        self._all = asyncio.Semaphore(total)
+        self._namespaces = _Shares(per_namespace)
+        self._tenants = _Shares(per_tenant)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, namespace: str, tenant: str | None = None) -> AsyncIterator[None]:
+        """Hold a discovery slot of ``namespace`` (and of ``tenant``, unless ``None``), waiting
+        for one, for the block."""
+        async with contextlib.AsyncExitStack() as held:
+            await held.enter_async_context(self._namespaces.held(namespace))
+            if tenant is not None:
+                await held.enter_async_context(self._tenants.held(tenant))
+            async with self._all:
+                yield
 
     def users(self, namespace: str) -> int:
         """Discoveries of ``namespace`` holding or waiting for a slot."""
-        return self._namespaces.get(namespace, (None, 0))[1]
+        return self._namespaces.users(namespace)
+
+    def tenant_users(self, tenant: str) -> int:
+        """Discoveries counted against ``tenant`` holding or waiting for its slot (not those
+        still waiting for their namespace's)."""
+        return self._tenants.users(tenant)
 
 
 class ReachRules(Protocol):
@@ -95,6 +134,22 @@ class ReachRules(Protocol):
         """(tenant name, rules); raises ``LookupError`` saying why the namespace has no
         tenant, ``ApiError`` when its labels cannot be read."""
         ...
+
+
+class ShareOf(Protocol):
+    """Whose discovery share a namespace's servers count against (the tenants' port, given by
+    the wiring)."""
+
+    async def __call__(self, namespace: str) -> str | None:
+        """The tenant that binds ``namespace`` (by name or selector); ``None`` when none does
+        (its runs fall to the default tenant, or to nobody) or it cannot be read: the
+        namespace is then held to its own share only. Never raises."""
+        ...
+
+
+async def no_tenant_share(namespace: str) -> str | None:
+    """A ``ShareOf`` that counts every namespace on its own."""
+    return None
 
 
 @dataclasses.dataclass
@@ -118,15 +173,17 @@ class ToolServerRefresher:
         *,
         reach: ReachRules,
         tick: float = 2.0,
-        slots: NamespaceSlots | None = None,
+        share: ShareOf = no_tenant_share,
+        slots: DiscoverySlots | None = None,
         max_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``reach``: the rules a server's URL must meet (its namespace's tenant's);
-        ``tick``: seconds between two looks for due servers; ``slots``: the discoveries
-        running at once (default: 16, at most 4 of one namespace; the others wait their turn,
-        none blocks anything else); ``max_timeout``: the most seconds one discovery may take
-        (the platform's cap on ``spec.timeouts.discovery``)."""
+        ``tick``: seconds between two looks for due servers; ``share``: the tenant whose
+        discovery share a namespace's servers count against; ``slots``: the discoveries
+        running at once (default: 16, at most 8 of one tenant's and 4 of one namespace's; the
+        others wait their turn, none blocks anything else); ``max_timeout``: the most seconds
+        one discovery may take (the platform's cap on ``spec.timeouts.discovery``)."""
         self._api = api
         self._reach = reach
         self._max_timeout = max_timeout
@@ -137,7 +194,10 @@ class ToolServerRefresher:
         self._stopping = asyncio.Event()
         self.failures = Failures(log, what="status write")
         """Servers whose status could not be written (each logged once)."""
-        self._slots = slots or NamespaceSlots(CONCURRENCY, per_namespace=PER_NAMESPACE)
+        self._share = share
+        self._slots = slots or DiscoverySlots(
+            CONCURRENCY, per_namespace=PER_NAMESPACE, per_tenant=PER_TENANT
+        )
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """An AgentToolServer was listed, added or changed (a kopf watch event)."""
@@ -211,7 +271,7 @@ class ToolServerRefresher:
             status = failed_status({}, str(err), generation=generation, now=now)
             status["conditions"][0]["reason"] = Reason.INVALID_SPEC
         else:
-            async with self._slots.slot(namespace):
+            async with self._slots.slot(namespace, await self._share(namespace)):
                 status = await self._discover(
                     spec, namespace, generation=generation, previous=previous
                 )

@@ -134,6 +134,22 @@ async def test_an_ambiguous_namespace_is_remembered_for_its_tenants_conditions_u
     assert await tenants.tool_server_rules("own-a") == ("a", ())
 
 
+async def test_a_namespaces_discovery_share_is_its_binding_tenants_never_the_defaults() -> None:
+    """The namespaces that fall to the default tenant are many parties: none counts against
+    the default tenant's discovery share, even one it also binds by name elsewhere."""
+    api = FakeKube()
+    tenants = Tenants(api, default="fallback")
+    tenants.put({"metadata": {"name": "fallback"}, "spec": {"namespaces": ["listed"]}})
+    tenants.put({"metadata": {"name": "acme"}, "spec": {"namespaces": ["team-a"]}})
+    tenants.put({"metadata": {"name": "x"}, "spec": {"namespaces": ["shared"]}})
+    tenants.put({"metadata": {"name": "y"}, "spec": {"namespaces": ["shared"]}})
+    assert await tenants.discovery_share("team-a") == "acme"
+    assert await tenants.discovery_share("listed") == "fallback"
+    assert (await tenants.resolve("elsewhere")).name == "fallback"
+    assert await tenants.discovery_share("elsewhere") is None
+    assert await tenants.discovery_share("shared") is None
+
+
 @pytest.mark.parametrize(
     ("kind", "namespace", "message"),
     [

@@ -1,5 +1,5 @@
-"""Discovery: one namespace's hanging servers hold its own share of the slots, never every
-slot; a status the API server refuses is replaced by a failed one, logged once."""
+"""Discovery: one namespace's or one tenant's hanging servers hold its own share of the slots,
+never every slot; a status the API server refuses is replaced by a failed one, logged once."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from kube_support import FakeKube
 
 from agentrun.operator.toolservers import refresher
-from agentrun.operator.toolservers.refresher import NamespaceSlots
+from agentrun.operator.toolservers.refresher import DiscoverySlots
 from agentrun.operator.toolservers.spec import TOOL_SERVERS
 from agentrun.operator.toolservers.store import ToolServerCache
 from agentrun.protocol import UrlRule
@@ -20,7 +20,7 @@ from agentrun.tools import remote
 
 
 async def hold(
-    slots: NamespaceSlots, namespace: str, release: asyncio.Event, held: list[str]
+    slots: DiscoverySlots, namespace: str, release: asyncio.Event, held: list[str]
 ) -> None:
     async with slots.slot(namespace):
         held.append(namespace)
@@ -28,7 +28,7 @@ async def hold(
 
 
 async def test_sixteen_hanging_discoveries_of_one_namespace_leave_slots_for_another() -> None:
-    slots = NamespaceSlots(16, per_namespace=4)
+    slots = DiscoverySlots(16, per_namespace=4)
     release, held = asyncio.Event(), []
     hanging = [asyncio.create_task(hold(slots, "a", release, held)) for _ in range(16)]
     await asyncio.sleep(0.01)
@@ -43,7 +43,7 @@ async def test_sixteen_hanging_discoveries_of_one_namespace_leave_slots_for_anot
 
 
 async def test_the_total_bounds_every_namespace_together() -> None:
-    slots = NamespaceSlots(4, per_namespace=2)
+    slots = DiscoverySlots(4, per_namespace=2)
     release, held = asyncio.Event(), []
     tasks = [asyncio.create_task(hold(slots, ns, release, held)) for ns in "aabbcc"]
     await asyncio.sleep(0.01)
@@ -54,7 +54,7 @@ async def test_the_total_bounds_every_namespace_together() -> None:
 
 
 async def test_a_cancelled_waiter_gives_its_place_back() -> None:
-    slots = NamespaceSlots(1, per_namespace=1)
+    slots = DiscoverySlots(1, per_namespace=1)
     release, held = asyncio.Event(), []
     first = asyncio.create_task(hold(slots, "a", release, held))
     await asyncio.sleep(0.01)
@@ -70,7 +70,11 @@ async def test_a_cancelled_waiter_gives_its_place_back() -> None:
 
 def test_a_share_above_the_total_is_refused() -> None:
     with pytest.raises(ValueError, match="per_namespace"):
-        NamespaceSlots(4, per_namespace=5)
+        DiscoverySlots(4, per_namespace=5)
+    with pytest.raises(ValueError, match="per_tenant"):
+        DiscoverySlots(4, per_namespace=2, per_tenant=5)
+    with pytest.raises(ValueError, match="per_tenant"):
+        DiscoverySlots(4, per_namespace=3, per_tenant=2)
 
 
 SERVER = {
@@ -175,3 +179,67 @@ async def clamped(port: int) -> None:
     (ready,) = stored["status"]["conditions"]
     assert (ready["status"], ready["reason"]) == ("False", "DiscoveryFailed")
     assert "clamped" in ready["message"]
+
+
+async def test_a_tenants_hanging_servers_over_many_namespaces_hold_its_share() -> None:
+    """Sixteen servers that never answer, spread over four namespaces of one tenant, hold the
+    tenant's eight slots, not sixteen; another tenant's server, and a namespace counted on its
+    own, are discovered at once beside them."""
+    async with silent_server() as (silent, port):
+        await tenant_share(silent, port)
+
+
+async def tenant_share(silent: asyncio.Server, port: int) -> None:
+    tenant_of = {f"big-{i}": "big" for i in range(4)} | {"small": "small", "free": None}
+
+    async def allow(namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
+        return "any", (UrlRule(f"127.0.0.1:{port}", "/", private_network=True),)
+
+    async def share(namespace: str) -> str | None:
+        return tenant_of[namespace]
+
+    def server(namespace: str, name: str) -> dict[str, object]:
+        spec = {"url": f"http://127.0.0.1:{port}/mcp", "tools": [{"name": "add"}]}
+        return {"metadata": {"name": name, "namespace": namespace, "generation": 1}, "spec": spec}
+
+    api = FakeKube()
+    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8)
+    watcher = refresher.ToolServerRefresher(
+        api, reach=allow, share=share, slots=slots, max_timeout=3.0
+    )
+    hanging = [server(f"big-{i % 4}", f"s{i}") for i in range(16)]
+    for body in hanging:
+        api.put(TOOL_SERVERS, body)
+    tasks = [asyncio.create_task(watcher.refresh(body)) for body in hanging]
+    await asyncio.sleep(0.2)
+    assert slots.tenant_users("big") == 16 and slots.users("big-0") == 4  # eight hold them
+    assert [slots.users(f"big-{i}") for i in range(4)] == [4, 4, 4, 4]
+    silent.close()  # the others' servers now refuse at once: no wait for a slot either
+    for namespace in ("small", "free"):
+        quick = server(namespace, "quick")
+        api.put(TOOL_SERVERS, quick)
+        async with asyncio.timeout(2.0):
+            await watcher.refresh(quick)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert slots.tenant_users("big") == 0
+
+
+async def test_a_tenants_share_bounds_its_namespaces_together() -> None:
+    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8)
+    release, held = asyncio.Event(), []
+
+    async def hold_for(namespace: str, tenant: str | None) -> None:
+        async with slots.slot(namespace, tenant):
+            held.append(namespace)
+            await release.wait()
+
+    tasks = [asyncio.create_task(hold_for(f"t{i % 4}", "t")) for i in range(16)]
+    tasks += [asyncio.create_task(hold_for(f"d{i % 2}", None)) for i in range(8)]
+    await asyncio.sleep(0.01)
+    assert sum(ns.startswith("t") for ns in held) == 8  # the tenant's share
+    assert sum(ns.startswith("d") for ns in held) == 8  # each namespace on its own: 4 + 4
+    release.set()
+    await asyncio.gather(*tasks)
+    assert len(held) == 24
