@@ -352,6 +352,7 @@ def _usage_of(
             pricing=config.model.pricing,
             prompt_estimate=call.prompt_estimate,
             max_output_tokens=call.max_output_tokens,
+            prompt_floor=kernel.output_floor(kernel.prompt_texts(call.prompt)),
             delivered_floor=delivered if isinstance(delivered, int) else 0,
         )
     prompt, pricing = call.prompt_estimate, config.model.pricing

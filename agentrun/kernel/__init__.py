@@ -89,6 +89,7 @@ from agentrun.kernel.usage import (
     Usage,
     estimate_tokens,
     output_floor,
+    prompt_texts,
     prompt_token_bound,
     read_usage,
 )
@@ -161,6 +162,7 @@ __all__ = [
     "output_floor",
     "plan_answer",
     "plan_turn",
+    "prompt_texts",
     "prompt_token_bound",
     "read_usage",
     "record_results",

@@ -216,12 +216,28 @@ def billed_output(
     return output, min(known, output)
 
 
+def prompt_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The texts of a request's ``messages`` (their content, as text or parts, and their tool
+    calls): what ``output_floor`` counts to bound a provider's reported prompt from below."""
+    texts: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+        texts += completion_texts({"tool_calls": message.get("tool_calls")})
+    return texts
+
+
 def read_usage(
     response: Mapping[str, Any],
     *,
     pricing: Pricing,
     prompt_estimate: int,
     max_output_tokens: int | None = None,
+    prompt_floor: int = 0,
     delivered_floor: int = 0,
 ) -> Usage:
     """Usage of one chat-completions response, priced.
@@ -229,9 +245,10 @@ def read_usage(
     Reads ``usage.prompt_tokens``, ``completion_tokens``, ``total_tokens``,
     ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
     (OpenAI API reference, chat completion object); output and reasoning as ``billed_output``
-    reads them, all priced as output. Output is believed only upward: at least
+    reads them, all priced as output. Believed only upward: output is at least
     ``output_floor`` of the returned text and ``delivered_floor`` (what a stream delivered,
-    reasoning included). Missing or nonsense usage is estimated — the prompt as
+    reasoning included), input at least ``prompt_floor`` (``output_floor`` of
+    ``prompt_texts``). Missing or nonsense usage is estimated — the prompt as
     ``prompt_estimate`` (the call's upper bound), the completion by ``output_estimate`` of the
     text, at most ``max_output_tokens`` (a server honouring ``max_tokens`` cannot have
     produced more; one that does not is cut by the worker) — and flagged ``estimated``.
@@ -249,7 +266,7 @@ def read_usage(
             input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=output_tokens
         )
         return Usage(prompt_estimate, output_tokens, 0, cost, True, 0)
-    input_tokens = reported_in
+    input_tokens = max(reported_in, prompt_floor)
     output_tokens, reasoning = billed_output(
         completion=reported_out,
         reasoning=_count(_details(raw, "completion_tokens_details").get("reasoning_tokens")),

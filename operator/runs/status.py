@@ -10,6 +10,7 @@ here: writing it (``writer``).
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from agentrun import kernel, protocol
@@ -58,6 +59,14 @@ def not_admitted(reason: str, message: str, *, at: float, generation: int) -> di
     )
 
 
+def usd_text(amount: Decimal) -> str:
+    """``amount`` (USD) as a decimal string, exact — never rounded: the tenant's ledger is
+    rebuilt from the runs' statuses, and the sum of their costs must be the ledger's to the
+    last digit — with at least 6 places (``0.001715``, ``0.0017155``, ``0.000000``)."""
+    places = max(6, -int(amount.normalize().as_tuple().exponent))
+    return f"{amount:.{places}f}"
+
+
 def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str, Any]:
     """``.status.usage`` from a run's counters (``eventBytes``, the bytes its events take, is
     the dispatcher's: ``RunEvent.stored``)."""
@@ -73,7 +82,7 @@ def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str
         "cachedInputTokens": usage.cached_input_tokens,
         "reasoningTokens": usage.reasoning_tokens,
         "totalTokens": usage.total_tokens,
-        "costUSD": f"{usage.cost_usd:.6f}",
+        "costUSD": usd_text(usage.cost_usd),
         "wallSeconds": round(wall_seconds, 3),
         "estimated": usage.estimated,
     }

@@ -103,13 +103,15 @@ def test_reasoning_returned_in_the_message_counts_toward_the_output_floor(field:
     assert usage.output_tokens == 1_000
 
 
-def test_what_a_stream_delivered_floors_the_reported_output() -> None:
-    """A provider reporting 1 output token for a stream that delivered 1,001 (reasoning
-    included, which the message does not keep) is charged what was delivered."""
+def test_the_prompt_and_what_a_stream_delivered_floor_the_reported_counts() -> None:
+    """A provider reporting 0 prompt tokens for a prompt of 600,000 characters, or 1 output
+    token for a stream that delivered 1,001 (reasoning included, which the message does not
+    keep), is charged the floors."""
     usage = kernel.read_usage(
-        {**SILENT, "usage": {"prompt_tokens": 10, "completion_tokens": 1}},
+        {**SILENT, "usage": {"prompt_tokens": 0, "completion_tokens": 1}},
         pricing=PRICES,
         prompt_estimate=250_000,
+        prompt_floor=kernel.output_floor(kernel.prompt_texts([{"content": "x" * 600_000}])),
         delivered_floor=1_001,
     )
-    assert (usage.input_tokens, usage.output_tokens) == (10, 1_001)
+    assert (usage.input_tokens, usage.output_tokens) == (100_000, 1_001)

@@ -164,7 +164,11 @@ async def test_eighty_large_results_in_one_turn_are_committed_bounded_and_the_ru
     end = events[-1].summary
     assert (end.phase, end.answer) == (Phase.COMPLETED, "read 1 turns of pages")
     assert (end.steps, end.tool_calls, end.tool_failures, end.corrections) == (2, CALLS, 0, 0)
-    assert (end.usage.input_tokens, end.usage.output_tokens) == (1100, 410)
+    # the scripted model reports 1,100 prompt tokens in all; the second prompt holds the 80
+    # results' text, far more than that: the prompt is charged at least its text's floor
+    second = events[2].record
+    assert isinstance(second, kernel.Answered) and second.usage.input_tokens > 1_000
+    assert (end.usage.input_tokens > 1100, end.usage.output_tokens) == (True, 410)
     record = events[1].record
     assert isinstance(record, kernel.Answered)
     assert [r.tool_call_id for r in record.results] == [f"f{i}" for i in range(CALLS)]

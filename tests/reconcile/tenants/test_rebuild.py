@@ -12,8 +12,10 @@ from typing import Any
 
 from kube_support import FakeKube
 
+from agentrun import kernel
 from agentrun.ledger import Active, Seed, UsageFloor
 from agentrun.operator.platform.conditions import rfc3339
+from agentrun.operator.runs.status import usage_status, usd_text
 from agentrun.operator.tenants.rebuild import RebuiltUsage, window_usage
 from agentrun.operator.tenants.registry import Tenants
 
@@ -119,3 +121,30 @@ async def test_the_larger_of_the_runs_and_the_status_of_the_same_window_is_taken
     tenants.seen["acme"] = UsageFloor(END, 5_000, Decimal(9), 0.0, END + HOUR)
     later = await rebuilt("acme", START, END)  # a later window's (a pending length edit): ignored
     assert later.used == UsageFloor(START, 101, Decimal("0.5"), 9.0, END)
+
+
+def test_a_ledger_rebuilt_from_run_statuses_keeps_every_digit_of_their_costs() -> None:
+    """A run's ``.status.usage.costUSD`` is its exact cost, never rounded: 40 runs of
+    0.0000005 USD each rebuild to 0.00002, where six places would have read 0.000000 or
+    0.000001 each (0 or 0.00004 in all)."""
+    cost = Decimal("0.0000005")
+    usage = kernel.Usage(10, 2, 0, cost)
+    statuses = [
+        usage_status(kernel.RunSummary(kernel.Phase.COMPLETED, usage=usage), wall_seconds=1)
+    ]
+    assert statuses[0]["costUSD"] == "0.0000005"
+    runs = [
+        agentrun(f"r{i}", completed=START + i, tokens=12, cost=statuses[0]["costUSD"])
+        for i in range(40)
+    ]
+    seed = window_usage(runs, "acme", window=START, end=END)
+    assert seed.used.cost_usd == cost * 40
+
+
+def test_a_status_cost_shows_six_places_at_least() -> None:
+    assert [usd_text(Decimal(v)) for v in ("0", "0.001715", "0.00171500", "2")] == [
+        "0.000000",
+        "0.001715",
+        "0.001715",
+        "2.000000",
+    ]
