@@ -123,6 +123,14 @@ class OperatorSettings(ProcessSettings):
     most this many others). Higher: fewer reads of the queue's backlog under load; lower:
     fairer. With several operator shards each process applies it to its own shards' turns
     (the fair order holds among them), so up to that many per process wait undelivered."""
+    default_max_concurrent_turns: int = Field(default=0, ge=0, le=100_000)
+    """``AGENTRUN_DEFAULT_MAX_CONCURRENT_TURNS``: the ``maxConcurrentTurns`` of every AgentTenant
+    that sets none, its runs' turns in the workers' hands or the work queue at once (0: no cap
+    but the fair order). The fair order gives a freed worker slot to the tenant with the fewest
+    turns in flight, but never takes a slot back: without a cap, a tenant whose turns run long
+    (tool calls up to ``AGENTRUN_TOOL_TIMEOUT_MAX``) keeps every slot it holds that long, and
+    another tenant's first turn waits for one to free. The chart sets three quarters of the
+    workers' slots (``worker.concurrency`` × replicas, the autoscaler's most)."""
     admission_per_namespace: int = Field(default=4, ge=1, le=1_000)
     """``AGENTRUN_ADMISSION_PER_NAMESPACE``: most AgentRun admissions of one namespace the
     operator works on at once; the others wait in creation order, so a namespace that applies

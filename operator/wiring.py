@@ -95,6 +95,7 @@ from .schedules.store import KubeCronStore
 from .tenants.rebuild import RebuiltUsage
 from .tenants.registry import Tenants
 from .tenants.writer import TenantStatusWriter
+from .toolservers import refresher
 from .toolservers.refresher import ToolServerRefresher
 from .toolservers.store import ToolServerCache
 
@@ -311,7 +312,7 @@ def _make_parts(
 ) -> Parts:
     """Every part, each given its collaborators; nothing started yet."""
     writer = StatusWriter(api, interval=settings.status_interval)
-    tenants = Tenants(api, default=settings.default_tenant)
+    tenants = _tenants(settings, api)
     store.rebuild = RebuiltUsage(api, tenants)  # a book made anew: its window's use rebuilt
     configs = _run_configs(api)
     board = QueueBoard()
@@ -357,14 +358,30 @@ def _make_parts(
     )
 
 
+def _tenants(settings: OperatorSettings, api: KubeApi) -> Tenants:
+    """The AgentTenants' registry, with the platform's defaults."""
+    return Tenants(
+        api,
+        default=settings.default_tenant,
+        default_turns=settings.default_max_concurrent_turns,
+    )
+
+
 def _tool_servers(
     settings: OperatorSettings, api: KubeApi, tenants: Tenants
 ) -> ToolServerRefresher:
-    """Discovery of the AgentToolServers' tools, within each tenant's allowed URLs."""
+    """Discovery of the AgentToolServers' tools, within each tenant's allowed URLs, each
+    tenant's servers within its share of the discovery slots."""
+    slots = refresher.DiscoverySlots(
+        refresher.CONCURRENCY,
+        per_namespace=refresher.PER_NAMESPACE,
+        per_tenant=refresher.PER_TENANT,
+        share=tenants.discovery_share,
+    )
     return ToolServerRefresher(
         api,
         reach=tenants.tool_server_rules,
-        share=tenants.discovery_share,
+        slots=slots,
         max_timeout=settings.tool_discovery_timeout_max,
     )
 

@@ -30,11 +30,15 @@ class Tenants:
     """The AgentTenants the operator knows (kept current by a kopf watch) and the binding of
     namespaces to them."""
 
-    def __init__(self, api: KubeApi, *, default: str | None = None) -> None:
+    def __init__(
+        self, api: KubeApi, *, default: str | None = None, default_turns: int | None = None
+    ) -> None:
         """``api`` reads namespace labels for selectors; ``default`` is the tenant charged for
-        namespaces no AgentTenant binds."""
+        namespaces no AgentTenant binds; ``default_turns`` the ``maxConcurrentTurns`` of a
+        tenant that sets none (``None`` or 0: none)."""
         self.api = api
         self.default = default or None
+        self.default_turns = default_turns or None
         for known in {DEFAULT_TENANT, self.default or DEFAULT_TENANT}:
             metrics.know_tenant(known)  # runs no tenant binds are counted under the default
         self.policies: dict[str, TenantPolicy] = {}
@@ -75,11 +79,12 @@ class Tenants:
         self._invalid_namespaces.pop(name, None)
 
     def max_concurrent_turns(self, tenant: str) -> int | None:
-        """``spec.maxConcurrentTurns`` of AgentTenant ``tenant`` (``runs.TurnCaps``);
-        ``None`` when it sets none or is not known (a deleted tenant's runs finish
-        uncapped)."""
+        """``spec.maxConcurrentTurns`` of AgentTenant ``tenant`` (``runs.TurnCaps``); the
+        platform's ``default_turns`` when it sets none or is not known (a deleted tenant's
+        runs finish within it); ``None``: no cap."""
         policy = self.policies.get(tenant)
-        return None if policy is None else policy.max_concurrent_turns
+        own = None if policy is None else policy.max_concurrent_turns
+        return self.default_turns if own is None else own
 
     def why_missing(self, tenant: str) -> QueueWait:
         """Why runs queued in ``tenant`` wait when it has no policy (invalid or deleted)."""

@@ -82,6 +82,22 @@ class _Shares:
         return self._keys.get(key, (None, 0))[1]
 
 
+class ShareOf(Protocol):
+    """Whose discovery share a namespace's servers count against (the tenants' port, given by
+    the wiring)."""
+
+    async def __call__(self, namespace: str) -> str | None:
+        """The tenant that binds ``namespace`` (by name or selector); ``None`` when none does
+        (its runs fall to the default tenant, or to nobody) or it cannot be read: the
+        namespace is then held to its own share only. Never raises."""
+        ...
+
+
+async def no_tenant_share(namespace: str) -> str | None:
+    """A ``ShareOf`` that counts every namespace on its own."""
+    return None
+
+
 class DiscoverySlots:
     """At most ``total`` discoveries at once, at most ``per_tenant`` of one tenant's servers
     and ``per_namespace`` of one namespace's.
@@ -92,8 +108,16 @@ class DiscoverySlots:
     among those within their shares.
     """
 
-    def __init__(self, total: int, *, per_namespace: int, per_tenant: int | None = None) -> None:
-        """``per_tenant`` defaults to ``total``; raises ``ValueError`` unless
+    def __init__(
+        self,
+        total: int,
+        *,
+        per_namespace: int,
+        per_tenant: int | None = None,
+        share: ShareOf = no_tenant_share,
+    ) -> None:
+        """``per_tenant`` defaults to ``total``; ``share`` says which tenant's share a
+        namespace's servers count against. Raises ``ValueError`` unless
         ``0 < per_namespace <= per_tenant <= total``."""
         per_tenant = total if per_tenant is None else per_tenant
         if not 0 < per_namespace <= per_tenant <= total:
@@ -104,14 +128,15 @@ class DiscoverySlots:
         self._all = asyncio.Semaphore(total)
         self._namespaces = _Shares(per_namespace)
         self._tenants = _Shares(per_tenant)
+        self._share = share
 
     @contextlib.asynccontextmanager
-    async def slot(self, namespace: str, tenant: str | None = None) -> AsyncIterator[None]:
-        """Hold a discovery slot of ``namespace`` (and of ``tenant``, unless ``None``), waiting
-        for one, for the block."""
+    async def slot(self, namespace: str) -> AsyncIterator[None]:
+        """Hold a discovery slot of ``namespace`` (and of the tenant it counts against, if
+        any), waiting for one, for the block."""
         async with contextlib.AsyncExitStack() as held:
             await held.enter_async_context(self._namespaces.held(namespace))
-            if tenant is not None:
+            if (tenant := await self._share(namespace)) is not None:
                 await held.enter_async_context(self._tenants.held(tenant))
             async with self._all:
                 yield
@@ -136,22 +161,6 @@ class ReachRules(Protocol):
         ...
 
 
-class ShareOf(Protocol):
-    """Whose discovery share a namespace's servers count against (the tenants' port, given by
-    the wiring)."""
-
-    async def __call__(self, namespace: str) -> str | None:
-        """The tenant that binds ``namespace`` (by name or selector); ``None`` when none does
-        (its runs fall to the default tenant, or to nobody) or it cannot be read: the
-        namespace is then held to its own share only. Never raises."""
-        ...
-
-
-async def no_tenant_share(namespace: str) -> str | None:
-    """A ``ShareOf`` that counts every namespace on its own."""
-    return None
-
-
 @dataclasses.dataclass
 class _Known:
     """What the refresher knows of one AgentToolServer."""
@@ -173,17 +182,16 @@ class ToolServerRefresher:
         *,
         reach: ReachRules,
         tick: float = 2.0,
-        share: ShareOf = no_tenant_share,
         slots: DiscoverySlots | None = None,
         max_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``reach``: the rules a server's URL must meet (its namespace's tenant's);
-        ``tick``: seconds between two looks for due servers; ``share``: the tenant whose
-        discovery share a namespace's servers count against; ``slots``: the discoveries
-        running at once (default: 16, at most 8 of one tenant's and 4 of one namespace's; the
-        others wait their turn, none blocks anything else); ``max_timeout``: the most seconds
-        one discovery may take (the platform's cap on ``spec.timeouts.discovery``)."""
+        ``tick``: seconds between two looks for due servers; ``slots``: the discoveries
+        running at once (default: 16, at most 4 of one namespace's, each namespace counted on
+        its own; the others wait their turn, none blocks anything else; the wiring adds each
+        tenant's share); ``max_timeout``: the most seconds one discovery may take (the
+        platform's cap on ``spec.timeouts.discovery``)."""
         self._api = api
         self._reach = reach
         self._max_timeout = max_timeout
@@ -194,10 +202,7 @@ class ToolServerRefresher:
         self._stopping = asyncio.Event()
         self.failures = Failures(log, what="status write")
         """Servers whose status could not be written (each logged once)."""
-        self._share = share
-        self._slots = slots or DiscoverySlots(
-            CONCURRENCY, per_namespace=PER_NAMESPACE, per_tenant=PER_TENANT
-        )
+        self._slots = slots or DiscoverySlots(CONCURRENCY, per_namespace=PER_NAMESPACE)
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """An AgentToolServer was listed, added or changed (a kopf watch event)."""
@@ -271,7 +276,7 @@ class ToolServerRefresher:
             status = failed_status({}, str(err), generation=generation, now=now)
             status["conditions"][0]["reason"] = Reason.INVALID_SPEC
         else:
-            async with self._slots.slot(namespace, await self._share(namespace)):
+            async with self._slots.slot(namespace):
                 status = await self._discover(
                     spec, namespace, generation=generation, previous=previous
                 )

@@ -574,3 +574,32 @@ def test_the_lease_flowschema_names_the_operators_account_and_never_the_default_
     assert schemas(named)[0]["spec"]["rules"][0]["subjects"][0]["serviceAccount"]["name"] == "ops"
     assert schemas({"serviceAccount.operator.create": "false"}) == []
     assert schemas({"operator.leaseFlowSchema": "false"}) == []
+
+
+@pytest.mark.parametrize(
+    ("given", "cap"),
+    [
+        ({}, "96"),  # 3/4 of 2 workers × 64 slots
+        ({"worker.concurrency": "8", "worker.replicas": "3"}, "18"),
+        (
+            {**FEATURES["keda"], "worker.autoscaling.keda.maxReplicas": "4"},
+            "192",
+        ),
+        (
+            {"worker.autoscaling.hpa.enabled": "true", "worker.autoscaling.hpa.maxReplicas": "5"},
+            "240",
+        ),
+        ({"worker.concurrency": "1", "worker.replicas": "1"}, "1"),
+        ({"operator.defaultMaxConcurrentTurns": "7"}, "7"),
+        ({"operator.defaultMaxConcurrentTurns": "0"}, "0"),
+    ],
+    ids=["defaults", "fixed", "keda", "hpa", "one-slot", "given", "off"],
+)
+def test_tenants_that_set_no_turn_cap_get_three_quarters_of_the_workers_slots(
+    offline_helm: helm.Helm, given: dict[str, str], cap: str
+) -> None:
+    """A tenant's long tool calls hold the slots it has until they end: by default no tenant
+    without its own ``maxConcurrentTurns`` may hold more than three quarters of them."""
+    docs = documents(offline_helm.template(CHART_DIR, values=given))
+    env = env_of(find(docs, "Deployment", "agentrun-operator"))
+    assert env["AGENTRUN_DEFAULT_MAX_CONCURRENT_TURNS"] == cap

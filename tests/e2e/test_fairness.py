@@ -289,6 +289,44 @@ def test_hanging_tool_servers_in_one_namespace_do_not_starve_discovery_in_anothe
         hanging.close()
 
 
+def test_hanging_tool_servers_over_one_tenants_namespaces_hold_its_share_only(
+    stack_: E2EStack,
+    tenants: TenantFactory,  # noqa: F811
+    more_namespaces: Callable[[], str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A tenant bound to four namespaces puts 6 hanging AgentToolServers in each (24, each
+    namespace within its own share of 4): together they hold the tenant's 8 discovery slots,
+    never all 16, and another tenant's real MCP server is discovered at once."""
+    spread = [more_namespaces() for _ in range(4)]
+    other = more_namespaces()
+    loopback = {"allow": [{"host": "127.0.0.1", "privateNetwork": True}]}
+    tenants(f"spread-{spread[0]}", spread, toolServers=loopback)
+    tenants(f"other-{other}", [other], toolServers=loopback)
+    hanging = HangingServer()
+    try:
+        for i in range(24):
+            manifest = tool_server(
+                f"hang-{i}", hanging.url, {"name": "add"}, timeouts={"discovery": "30s"}
+            )
+            stack_.apply(spread[i % 4], manifest)
+        wait_until(
+            lambda: len(hanging.accepted) >= 8, "discovery of the hanging servers", timeout=30
+        )
+        with mcp_support.running(tmp_path) as server:
+            started = time.monotonic()
+            stack_.apply(other, tool_server("good", server.url, {"name": "add"}))
+            status = wait_server(stack_, other, "good", "Discovered", timeout=10)
+            assert [t["name"] for t in status["tools"]] == ["add"]
+            assert time.monotonic() - started < 10
+        held = hanging.before_first_close
+        assert (len(hanging.accepted) if held is None else held) <= 8, hanging.before_first_close
+    finally:
+        for namespace in spread:
+            stack_.kubectl("delete", "agenttoolservers", "--all", "-n", namespace, "--wait=false")
+        hanging.close()
+
+
 def test_a_namespace_flooding_events_leaves_the_event_budget_of_other_namespaces(
     stack_: E2EStack,
     more_namespaces: Callable[[], str],  # noqa: F811

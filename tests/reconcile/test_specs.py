@@ -134,6 +134,16 @@ async def test_an_ambiguous_namespace_is_remembered_for_its_tenants_conditions_u
     assert await tenants.tool_server_rules("own-a") == ("a", ())
 
 
+def test_a_tenant_that_sets_no_turn_cap_gets_the_platforms() -> None:
+    tenants = Tenants(FakeKube(), default_turns=3)
+    tenants.put({"metadata": {"name": "own"}, "spec": {"maxConcurrentTurns": 10}})
+    tenants.put({"metadata": {"name": "none"}, "spec": {}})
+    assert tenants.max_concurrent_turns("own") == 10  # the AgentTenant's own, higher or lower
+    assert tenants.max_concurrent_turns("none") == 3
+    assert tenants.max_concurrent_turns("deleted") == 3
+    assert Tenants(FakeKube(), default_turns=0).max_concurrent_turns("none") is None
+
+
 async def test_a_namespaces_discovery_share_is_its_binding_tenants_never_the_defaults() -> None:
     """The namespaces that fall to the default tenant are many parties: none counts against
     the default tenant's discovery share, even one it also binds by name elsewhere."""

@@ -108,6 +108,18 @@ def test_the_admission_bound_per_namespace_is_4_at_least_1_and_read_from_its_var
         OperatorSettings()
 
 
+def test_the_platforms_turn_cap_is_off_unless_set_and_never_negative(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AGENTRUN_DEFAULT_MAX_CONCURRENT_TURNS", raising=False)
+    assert OperatorSettings().default_max_concurrent_turns == 0
+    monkeypatch.setenv("AGENTRUN_DEFAULT_MAX_CONCURRENT_TURNS", "96")
+    assert OperatorSettings().default_max_concurrent_turns == 96
+    monkeypatch.setenv("AGENTRUN_DEFAULT_MAX_CONCURRENT_TURNS", "-1")
+    with pytest.raises(pydantic.ValidationError, match="default_max_concurrent_turns"):
+        OperatorSettings()
+
+
 def test_the_operator_provisions_one_replica_unless_told_and_at_most_five(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -401,6 +401,27 @@ the operator (role "operator"). */}}
 {{- end -}}
 
 {{/*
+The maxConcurrentTurns of tenants that set none: operator.defaultMaxConcurrentTurns, or three
+quarters of the workers' slots (worker.concurrency × replicas, the autoscaler's maxReplicas when
+one owns them), at least 1.
+*/}}
+{{- define "agentrun.defaultTurnCap" -}}
+{{- $given := .Values.operator.defaultMaxConcurrentTurns -}}
+{{- if kindIs "invalid" $given -}}
+{{- $scaling := .Values.worker.autoscaling -}}
+{{- $replicas := int .Values.worker.replicas -}}
+{{- if $scaling.keda.enabled -}}
+{{- $replicas = int $scaling.keda.maxReplicas -}}
+{{- else if $scaling.hpa.enabled -}}
+{{- $replicas = int $scaling.hpa.maxReplicas -}}
+{{- end -}}
+{{- max 1 (div (mul $replicas (int .Values.worker.concurrency) 3) 4) -}}
+{{- else -}}
+{{- int $given -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Servers that keep each stream and KV bucket (AGENTRUN_NATS_REPLICAS): nats.jetstream.replicas,
 or when it is 0, the installed servers (nats.install.replicas, at most 3) or 1 with nats.url.
 More than the installed servers fails the render.

@@ -203,10 +203,8 @@ async def tenant_share(silent: asyncio.Server, port: int) -> None:
         return {"metadata": {"name": name, "namespace": namespace, "generation": 1}, "spec": spec}
 
     api = FakeKube()
-    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8)
-    watcher = refresher.ToolServerRefresher(
-        api, reach=allow, share=share, slots=slots, max_timeout=3.0
-    )
+    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8, share=share)
+    watcher = refresher.ToolServerRefresher(api, reach=allow, slots=slots, max_timeout=3.0)
     hanging = [server(f"big-{i % 4}", f"s{i}") for i in range(16)]
     for body in hanging:
         api.put(TOOL_SERVERS, body)
@@ -227,16 +225,13 @@ async def tenant_share(silent: asyncio.Server, port: int) -> None:
 
 
 async def test_a_tenants_share_bounds_its_namespaces_together() -> None:
-    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8)
+    async def share(namespace: str) -> str | None:
+        return "t" if namespace.startswith("t") else None
+
+    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8, share=share)
     release, held = asyncio.Event(), []
-
-    async def hold_for(namespace: str, tenant: str | None) -> None:
-        async with slots.slot(namespace, tenant):
-            held.append(namespace)
-            await release.wait()
-
-    tasks = [asyncio.create_task(hold_for(f"t{i % 4}", "t")) for i in range(16)]
-    tasks += [asyncio.create_task(hold_for(f"d{i % 2}", None)) for i in range(8)]
+    tasks = [asyncio.create_task(hold(slots, f"t{i % 4}", release, held)) for i in range(16)]
+    tasks += [asyncio.create_task(hold(slots, f"d{i % 2}", release, held)) for i in range(8)]
     await asyncio.sleep(0.01)
     assert sum(ns.startswith("t") for ns in held) == 8  # the tenant's share
     assert sum(ns.startswith("d") for ns in held) == 8  # each namespace on its own: 4 + 4
