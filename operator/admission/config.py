@@ -23,7 +23,8 @@ from .. import agents, runs
 from ..platform.spec import SpecError, not_found
 
 UNPRICED_HINT = (
-    "set its spec.pricing (USD per 1M tokens), or spec.pricing.free: true if its calls cost nothing"
+    "set its spec.pricing input and output prices (USD per 1M tokens), or spec.pricing.free: "
+    "true if its calls cost nothing"
 )
 
 
@@ -31,8 +32,9 @@ def check_metered(
     name: str, model: Mapping[str, Any], *, spec: runs.AgentRunSpec, tenant: str, tenant_cost: bool
 ) -> None:
     """Refuse a run whose cost budget its AgentModel could not enforce: the model has no
-    prices (``PricingSpec.unpriced``) and the run has ``spec.budget.maxCostUSD`` or its
-    AgentTenant a cost budget (``tenant_cost``). Raises ``SpecError`` naming the field."""
+    prices, or only one of input and output (``PricingSpec.unpriced``), and the run has
+    ``spec.budget.maxCostUSD`` or its AgentTenant a cost budget (``tenant_cost``). Raises
+    ``SpecError`` naming the field."""
     try:
         pricing = agents.AgentModelSpec.of(name, model.get("spec")).pricing
     except SpecError as err:
@@ -46,8 +48,8 @@ def check_metered(
     else:
         return
     raise SpecError(
-        f"spec.model: AgentModel {name!r} has no prices, so {where} cannot be enforced (its "
-        f"calls would cost 0 USD): {UNPRICED_HINT}"
+        f"spec.model: AgentModel {name!r} has {pricing.unpriced_text()}, so {where} cannot be "
+        f"enforced (its calls would cost 0 USD for what it leaves unpriced): {UNPRICED_HINT}"
     )
 
 

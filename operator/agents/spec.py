@@ -60,11 +60,25 @@ class PricingSpec(SpecModel):
     """``pricing.free: true``: the model's calls cost nothing, said on purpose."""
 
     @property
-    def unpriced(self) -> bool:
-        """No price is set and the model is not declared free: its calls would be charged
-        0 USD, so no cost budget could hold them."""
-        prices = (self.input_per_million, self.cached_input_per_million, self.output_per_million)
-        return not self.free and not any(prices)
+    def unpriced(self) -> tuple[str, ...]:
+        """The prices a cost budget cannot do without that are "0" on a model not declared
+        free: ``inputPerMillionUSD`` (prompts would cost nothing) and ``outputPerMillionUSD``
+        (replies would, however long a provider ignoring ``max_tokens`` made them), by field
+        name; empty when both are set or the model is free. A cached-input price of "0" is a
+        choice (a provider whose cache is free)."""
+        if self.free:
+            return ()
+        prices = {
+            "inputPerMillionUSD": self.input_per_million,
+            "outputPerMillionUSD": self.output_per_million,
+        }
+        return tuple(field for field, price in prices.items() if not price)
+
+    def unpriced_text(self) -> str:
+        """What ``unpriced`` lacks, for a message: ``no prices`` (neither is set) or
+        ``no pricing.<field>`` (one is "0")."""
+        missing = self.unpriced
+        return "no prices" if len(missing) > 1 else f"no pricing.{''.join(missing)}"
 
 
 class SecretRefSpec(SpecModel):

@@ -93,9 +93,9 @@ async def model_changed(
     *, type: str | None, body: kopf.Body, name: str, memo: OperatorMemo, **_: Any
 ) -> None:
     """Keep the AgentModel cache current (a change applies to the next admission) and its
-    ``Priced`` condition: ``False`` (reason ``Unpriced``, and a Warning Event) while it has no
-    prices and is not declared free — runs with a cost budget, their own or their tenant's,
-    are refused on it (``admission.check_metered``)."""
+    ``Priced`` condition: ``False`` (reason ``Unpriced``, and a Warning Event) while it lacks
+    an input or an output price and is not declared free — runs with a cost budget, their
+    own or their tenant's, are refused on it (``admission.check_metered``)."""
     parts = memo.running().agents
     parts.models.put(name, None if type == "DELETED" else dict(body))
     if type == "DELETED":
@@ -106,13 +106,14 @@ async def model_changed(
         return  # runs naming it end invalid_spec with the field
     generation = int(body.get("metadata", {}).get("generation") or 1)
     if pricing.unpriced:
-        found = resolve.Readiness(False, "Unpriced", f"no prices: {UNPRICED_HINT}")
+        lacks = pricing.unpriced_text()
+        found = resolve.Readiness(False, "Unpriced", f"{lacks}: {UNPRICED_HINT}")
         why = "runs with a cost budget (theirs or their AgentTenant's) are refused on it"
         parts.events.record(
             Involved("AgentModel", name, "", str(body.get("metadata", {}).get("uid", ""))),
             type=EventType.WARNING,
             reason="Unpriced",
-            message=f"this AgentModel has no prices: {why}; {UNPRICED_HINT}",
+            message=f"this AgentModel has {lacks}: {why}; {UNPRICED_HINT}",
             key=(name, "Unpriced", generation),
         )
     else:

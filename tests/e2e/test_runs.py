@@ -447,6 +447,14 @@ def test_a_model_without_prices_is_refused_where_a_cost_budget_applies(
     assert "has no prices" in status["message"] and "costUSD" in status["message"]
     assert not [r for r in stack_.mock_requests() if goal in str(r)]  # never called
     assert priced_condition(stack_, name, "False") == "Unpriced"
+    # input priced, output not: a reply of any length would cost nothing
+    model["spec"]["pricing"] = {"inputPerMillionUSD": "2.50"}
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    assert priced_condition(stack_, name, "False", saying="outputPerMillionUSD") == "Unpriced"
+    stack_.apply(test_namespace, run_manifest("half", f"{goal} half", model=name))
+    status = stack_.wait_terminal(test_namespace, "half")
+    assert status["terminalReason"] == "invalid_spec"
+    assert "has no pricing.outputPerMillionUSD" in status["message"]
     model["spec"]["pricing"] = {"free": True}
     stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
     assert priced_condition(stack_, name, "True") == "Free"  # the operator saw it
@@ -455,15 +463,16 @@ def test_a_model_without_prices_is_refused_where_a_cost_budget_applies(
     stack_.kubectl("delete", "agentmodel", name, "--wait=false")
 
 
-def priced_condition(stack_: E2EStack, name: str, status: str) -> str:
-    """The reason of AgentModel ``name``'s ``Priced`` condition once it has ``status``."""
+def priced_condition(stack_: E2EStack, name: str, status: str, *, saying: str = "") -> str:
+    """The reason of AgentModel ``name``'s ``Priced`` condition once it has ``status`` and a
+    message holding ``saying``."""
     deadline = time.monotonic() + 30
     priced: dict[str, Any] = {}
     while time.monotonic() < deadline:
         got = json.loads(stack_.kubectl("get", "agentmodel", name, "-o", "json").stdout)
         conditions = (got.get("status") or {}).get("conditions") or []
         priced = next((c for c in conditions if c["type"] == "Priced"), {})
-        if priced.get("status") == status:
+        if priced.get("status") == status and saying in str(priced.get("message")):
             return str(priced["reason"])
         time.sleep(0.5)
-    raise AssertionError(f"AgentModel {name} never had Priced={status}: {priced}")
+    raise AssertionError(f"AgentModel {name} never had Priced={status} ({saying}): {priced}")

@@ -249,9 +249,21 @@ def test_a_run_whose_own_allowance_is_smaller_asks_for_that() -> None:
         ({}, {"maxCostUSD": "1"}, False, "spec.budget.maxCostUSD 1"),
         ({}, {}, False, None),  # no cost budget applies: a free model is fine
         ({"free": True}, {"maxCostUSD": "1"}, True, None),
-        ({"outputPerMillionUSD": "1"}, {}, True, None),
+        ({"inputPerMillionUSD": "1", "outputPerMillionUSD": "1"}, {}, True, None),
+        ({"inputPerMillionUSD": "1"}, {"maxCostUSD": "1"}, False, "spec.budget.maxCostUSD 1"),
+        ({"outputPerMillionUSD": "1"}, {}, True, "AgentTenant 't' spec.budget.costUSD"),
+        ({"inputPerMillionUSD": "1"}, {}, False, None),
     ],
-    ids=["tenant-cost", "run-cost", "no-cost-budget", "declared-free", "priced"],
+    ids=[
+        "tenant-cost",
+        "run-cost",
+        "no-cost-budget",
+        "declared-free",
+        "priced",
+        "output-free",
+        "input-free",
+        "partly-no-cost-budget",
+    ],
 )
 def test_an_unpriced_model_is_refused_where_a_cost_budget_applies(
     pricing: dict[str, Any], budget: dict[str, Any], tenant_cost: bool, refused: str | None
@@ -264,7 +276,9 @@ def test_an_unpriced_model_is_refused_where_a_cost_budget_applies(
     with pytest.raises(SpecError) as caught:
         admission.check_metered("m", model, spec=spec, tenant="t", tenant_cost=tenant_cost)
     message = str(caught.value)
-    assert message.startswith("spec.model: AgentModel 'm' has no prices") and refused in message
+    lacks = {"inputPerMillionUSD", "outputPerMillionUSD"} - set(pricing)
+    said = "no prices" if len(lacks) > 1 else f"no pricing.{lacks.pop()}"
+    assert message.startswith(f"spec.model: AgentModel 'm' has {said},") and refused in message
     assert "pricing.free: true" in message
 
 
