@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -28,6 +28,18 @@ Subscribe = Callable[[], Awaitable[JetStreamContext.PullSubscription]]
 """Binds a pull consumer (``Bus.turn_subscription``, ``Bus.event_subscription``)."""
 Handle = Callable[[Msg], Coroutine[Any, Any, None]]
 """Handles one fetched message (acks, naks or terms it itself)."""
+HANDED_BACK: Final = "agentrun: the consumer stopped; the message is handed back"
+"""The message ``consume`` cancels the handlers it stops with (``Task.cancel(msg=...)``, which
+the ``CancelledError`` raised in the handler carries): the platform's cut, not one the
+message's sender asked for (``handed_back``)."""
+
+
+def handed_back(cancel: asyncio.CancelledError) -> bool:
+    """Whether ``cancel`` is ``consume`` stopping a handler (the end of a drain, or ``consume``
+    itself cancelled) rather than any other cancellation: a worker's model call so cut is
+    asked again by another worker, so its tenant is not charged for the prompt of a request
+    left unanswered (``worker.budget.SpendWatch``)."""
+    return cancel.args[:1] == (HANDED_BACK,)
 
 
 class Bus(Protocol):
@@ -56,8 +68,9 @@ async def consume(
     ``concurrency`` 0 handles each message before fetching the next (in stream order);
     ``n > 0`` runs up to ``n`` handlers as tasks at once. Once ``stopping`` is set nothing
     more is fetched; handlers still running get ``drain`` seconds (from the moment the loop
-    sees the stop: within a one-second poll) to finish, then are cancelled, and this
-    returns when every one has ended. Cancelling ``consume`` itself cancels them at once.
+    sees the stop: within a one-second poll) to finish, then are cancelled (with
+    ``HANDED_BACK``), and this returns when every one has ended. Cancelling ``consume``
+    itself cancels them at once, the same way.
     Messages are fetched one per pull request: nats-py's ``fetch(batch > 1)`` waits for the
     whole batch or its timeout once the stream is idle, which would delay a message by up
     to the timeout. A handler that raises is logged and the loop goes on (``_handled``). A
@@ -77,7 +90,7 @@ async def consume(
         if tasks:
             log.info("cancelling %d handler(s) still running", len(tasks))
         for task in list(tasks):
-            task.cancel()
+            task.cancel(msg=HANDED_BACK)
         await asyncio.gather(*tasks, return_exceptions=True)
         await puller.unbind()
 

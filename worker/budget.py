@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from agentrun import kernel, metrics
+from agentrun import kernel, metrics, pulling
 from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed, Granted
 from agentrun.protocol import RunConfig
 
 from .stream import Delivery
+
+log = logging.getLogger(__name__)
 
 MIN_OUTPUT_TOKENS = kernel.MIN_SHRUNK_OUTPUT_TOKENS
 """The smallest output allowance a call is shrunk to when the tenant's budget left cannot hold
@@ -43,21 +46,42 @@ class BudgetHold(Protocol):
         ...
 
     def note(self, usage: kernel.Usage) -> None:
-        """The model call was abandoned mid-response having used ``usage`` (kept in memory:
-        charged when the turn is given up uncommitted)."""
+        """The model call was abandoned having used ``usage`` (kept in memory: charged when
+        the turn is given up uncommitted)."""
+        ...
+
+    async def abandon(self, usage: kernel.Usage) -> None:
+        """Drop the hold now, charging ``usage`` as abandoned (billed by the provider, in no
+        run's usage)."""
         ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SpendWatch:
-    """Records what a streamed response delivered on the turn's hold: every few seconds while
-    it streams (so a worker that dies mid-response is charged it when its hold expires), and
-    when it is abandoned (a cancelled run is charged it): the prompt's bound and the output
-    delivered so far (``Delivery.charged_tokens``)."""
+    """Records what a model call cost on the turn's hold: every few seconds while its response
+    streams (so a worker that dies mid-response is charged it when its hold expires), and when
+    it is abandoned: the prompt's bound and the output delivered so far
+    (``Delivery.charged_tokens``), charged when the turn is given up or, if the turn commits
+    its failure instead (the deadline, a broken stream), by ``charge_abandoned``.
+
+    What each cut of a call charges the tenant:
+    - once its answer began to arrive (its headers), whoever cut it — the run cancelled or
+      deleted, its deadline, a broken stream, a draining worker handing the turn back: the
+      prompt's bound and the output delivered;
+    - after its request went out and before its answer, by the tenant — the run cancelled or
+      deleted, its deadline: the prompt's bound (the provider has read the prompt, and bills
+      it), no output;
+    - the same, by the platform — a draining worker handing the turn back
+      (``pulling.HANDED_BACK``): nothing, as another worker asks the model again and that
+      call is charged;
+    - a call that never connected or was refused: nothing.
+    """
 
     hold: BudgetHold
     call: kernel.CallModel
     pricing: kernel.Pricing
+    noted: list[kernel.Usage] = dataclasses.field(default_factory=list)
+    """What the call was noted abandoned at (at most one)."""
 
     def usage(self, delivery: Delivery) -> kernel.Usage:
         """The bound of what ``delivery`` cost so far."""
@@ -66,10 +90,32 @@ class SpendWatch:
         return kernel.Usage(prompt, output, 0, cost, estimated=True)
 
     async def progress(self, delivery: Delivery) -> None:
+        """Record what the response delivered so far on the hold."""
         await self.hold.spend(self.usage(delivery))
 
     def abandoned(self, delivery: Delivery) -> None:
-        self.hold.note(self.usage(delivery))
+        """Note the call abandoned at what ``delivery`` cost (nothing delivered: its prompt's
+        bound)."""
+        usage = self.usage(delivery)
+        self.noted.append(usage)
+        self.hold.note(usage)
+
+    def unanswered(self, cancel: asyncio.CancelledError) -> None:
+        """Note the call abandoned at its prompt's bound, unless ``cancel`` is the platform
+        handing the turn back (``pulling.handed_back``)."""
+        if not pulling.handed_back(cancel):
+            self.abandoned(Delivery())
+
+    async def charge_abandoned(self) -> None:
+        """The call raised after it was noted abandoned (the deadline, a broken stream) and
+        the turn commits its failure, whose record holds none of that usage: charge it as
+        abandoned now (the hold dropped), or the commit's settlement would forget it."""
+        if not self.noted:
+            return
+        try:
+            await asyncio.shield(self.hold.abandon(self.noted[-1]))
+        except Exception as err:  # best effort, as giving a hold back: it expires anyway
+            log.warning("abandoned call of turn %d not charged (%r)", self.call.turn, err)
 
 
 class PromptCalibration:

@@ -13,8 +13,10 @@ the run (or re-seals one admitted before seals existed, and dispatches it again)
 
 Stopping (SIGTERM) drains: nothing more is fetched, the turns in flight run on (heartbeats and
 hold refreshes too) for the drain time, and only those still running then are cancelled and
-naked for another worker — a model call so cut is charged as abandoned and asked again
-elsewhere; a write call in flight is not cut (``toolrunner``).
+naked for another worker — a model call so cut is asked again elsewhere, and charged as
+abandoned only if its answer had begun to arrive (the pull loop cancels with
+``pulling.HANDED_BACK``, which ``budget.SpendWatch`` tells from a run's cancel); a write call
+in flight is not cut (``toolrunner``).
 """
 
 from __future__ import annotations
@@ -222,6 +224,9 @@ class TurnConsumer:
         return len(self._inflight)
 
     async def _on_cancel(self, run_uid: str) -> None:
+        """The run was cancelled or deleted (its broadcast): cancel its turn running here —
+        a cut of the tenant's, so a model call awaiting its answer is charged its prompt's
+        bound (``budget.SpendWatch``)."""
         running = self._inflight.get(run_uid)
         if running is not None:
             self._cancelled.add(run_uid)

@@ -39,7 +39,7 @@ from agentrun import kernel
 from agentrun.kernel import ModelFault
 from agentrun.metrics import ModelErrorType
 
-from .stream import StreamWatch, read_stream, refuses_streaming
+from .stream import StreamWatch, cut_unanswered, read_stream, refuses_streaming
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -424,7 +424,9 @@ class ModelClient:
         that refuses streaming (HTTP 400 naming ``stream``) is asked again without, and from
         then on (per base URL and model). ``watch``, when given, sees the delivery every
         ``PROGRESS_SECONDS`` while it streams and once more if it is abandoned (cancelled,
-        the deadline, a broken stream).
+        the deadline, a broken stream); a call cancelled (or cut by the deadline) after its
+        request went out and before its answer, streamed or not, is told to
+        ``watch.unanswered``.
 
         ``deadline`` is epoch seconds. Raises ``ModelError`` for a permanent error (a 4xx the
         client does not retry, a body that is not a JSON object), when retries run out, or when
@@ -483,5 +485,6 @@ class ModelClient:
         # ``post`` rather than ``chat.completions.create``: the body is already in wire
         # shape, and the SDK's typed transform of ``messages`` costs ~0.2 ms per message per
         # call (17 ms at 80 messages) — it dominated a turn.
-        answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
+        with cut_unanswered(watch):
+            answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
         return answer

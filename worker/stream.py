@@ -23,11 +23,12 @@ overrun ends the run with its cap's reason and is counted in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 import openai
@@ -214,16 +215,24 @@ PROGRESS_SECONDS = 2.0
 
 
 class StreamWatch(Protocol):
-    """Sees what a streamed response delivered: the worker records it on its ledger hold, so
-    a call abandoned mid-way (cancelled, its worker dead) is charged what it delivered."""
+    """Sees what a model call delivered: the worker records it on its ledger hold, so a call
+    abandoned mid-way (cancelled, its worker dead) is charged what it delivered, and one
+    cancelled before its first byte is charged its prompt unless the cut was the platform's
+    (``SpendWatch``)."""
 
     async def progress(self, delivery: Delivery) -> None:
         """Called every ``PROGRESS_SECONDS`` while the response streams."""
         ...
 
     def abandoned(self, delivery: Delivery) -> None:
-        """Called once when the response is abandoned before its end (no awaiting: it may be
-        a cancellation)."""
+        """Called once when the response is abandoned before its end, once it began to arrive
+        (its headers) (no awaiting: it may be a cancellation)."""
+        ...
+
+    def unanswered(self, cancel: asyncio.CancelledError) -> None:
+        """Called once when the call is cancelled (``cancel``: the run cancelled or deleted,
+        its deadline, a worker handing the turn back) after its request went out and before
+        its answer: the provider has read the prompt. No awaiting, as for ``abandoned``."""
         ...
 
 
@@ -243,16 +252,17 @@ async def read_stream(
     Raises what the ``openai`` client raises (``APIStatusError``, ``APIConnectionError``) and
     ``json.JSONDecodeError`` for a body that is not JSON; the caller maps them."""
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    stream = await client.post(
-        path,
-        body=stream_body,
-        cast_to=object,
-        stream=True,
-        stream_cls=openai.AsyncStream[object],
-    )
-    if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
-        answer: object = json.loads(await stream.response.aread())
-        return answer
+    with cut_unanswered(watch):
+        stream = await client.post(
+            path,
+            body=stream_body,
+            cast_to=object,
+            stream=True,
+            stream_cls=openai.AsyncStream[object],
+        )
+        if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
+            answer: object = json.loads(await stream.response.aread())
+            return answer
     delivery = Delivery()
     finished = False
     try:
@@ -272,6 +282,22 @@ async def read_stream(
         if delivery.cut or not finished:
             await asyncio.shield(stream.close())  # the provider stops generating
     return delivery.completion()
+
+
+@contextlib.contextmanager
+def cut_unanswered(watch: StreamWatch | None) -> Iterator[None]:
+    """Tell ``watch`` (``StreamWatch.unanswered``) when the block — sending a request and
+    awaiting its answer — is cancelled; the cancellation goes on. A call that failed to
+    connect or was refused raises something else and is not told. A cancellation that comes
+    while the client still connects, or waits to retry, is told as well: the block cannot see
+    whether the request went out, and a tenant's cut is rather charged once too often than a
+    prompt the provider read left uncharged."""
+    try:
+        yield
+    except asyncio.CancelledError as cancel:
+        if watch is not None:
+            watch.unanswered(cancel)
+        raise
 
 
 def refuses_streaming(body: object) -> bool:

@@ -262,6 +262,8 @@ async def _answer(
         with clock.phase("model"):
             response, usage = await _call_model(deps, config, call, offered, watch=watch)
     except ModelError as err:
+        if watch is not None:  # a call abandoned (the deadline, a broken stream) is billed
+            await watch.charge_abandoned()
         return kernel.model_failed(call, str(err), clock=_now(deps, config), fault=err.fault)
     budget.saw_usage(deps.calibration, config, call, usage)
     if hold is not None:

@@ -272,9 +272,10 @@ class TurnHold:
             log.info("hold %s was taken by another delivery of its turn", self.key)
 
     def note(self, usage: kernel.Usage) -> None:
-        """The model call was abandoned mid-response (the run cancelled, the stream broken)
-        having used ``usage`` so far: kept in memory, so leaving the block uncommitted charges
-        it (``abandon``). Never awaits: it runs while a cancellation unwinds."""
+        """The model call was abandoned (the run cancelled, its deadline, the stream broken)
+        having used ``usage`` so far — mid-response, or its prompt alone before the answer:
+        kept in memory, so leaving the block uncommitted charges it (``abandon``). Never
+        awaits: it runs while a cancellation unwinds."""
         self.spent = usage
         self.recorded = False
 

@@ -7,6 +7,7 @@ committed one through the run's usage, the losing one as abandoned."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import uuid
@@ -171,12 +172,11 @@ class Stack:
         return len(self.mock.state.requests)
 
 
-@pytest.fixture
-async def stack(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
-    """Its own nats-server: its runs' events and ledger entries never reach an operator
-    another suite runs in the same session."""
-    async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT)) as mock:
-        s = Stack(own_nats_server, mock)
+@contextlib.asynccontextmanager
+async def stacked(server: natsserver.NatsServer, script: str = SCRIPT) -> AsyncIterator[Stack]:
+    """A ``Stack`` on ``server`` whose scripted model plays ``script``."""
+    async with mockllm.MockLLM(scenario.parse_scenarios(script)) as mock:
+        s = Stack(server, mock)
         await s.connect()
         await s.store()  # the operator's part: the ledger bucket the workers bind
         try:
@@ -185,6 +185,14 @@ async def stack(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
             await s.model.close()
             for bus in s.buses:
                 await bus.close()
+
+
+@pytest.fixture
+async def stack(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Stack]:
+    """Its own nats-server: its runs' events and ledger entries never reach an operator
+    another suite runs in the same session."""
+    async with stacked(own_nats_server) as s:
+        yield s
 
 
 async def handle(

@@ -160,6 +160,7 @@ class Hold:
     granted: int | None = None
     spends: list[kernel.Usage] = dataclasses.field(default_factory=list)
     noted: list[kernel.Usage] = dataclasses.field(default_factory=list)
+    abandoned: list[kernel.Usage] = dataclasses.field(default_factory=list)
 
     async def reserve_call(
         self, need: CallNeed, *, before: kernel.RunState | None = None
@@ -173,6 +174,9 @@ class Hold:
 
     def note(self, usage: kernel.Usage) -> None:
         self.noted.append(usage)
+
+    async def abandon(self, usage: kernel.Usage) -> None:
+        self.abandoned.append(usage)
 
 
 async def test_the_tenants_remaining_cuts_the_response_too() -> None:
