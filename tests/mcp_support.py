@@ -21,16 +21,19 @@ every behaviour the tests need, each in its own tool:
   ``count_slow`` counts at once and answers after the given seconds (a window to kill a worker
   in).
 
-Every POST is recorded, one JSON line each (``--requests-file``): its JSON-RPC method, the
-``Mcp-Session-Id`` it carried and its ``Authorization`` header, so a test can count handshakes
-(``initialize``, ``server/discover``) and see which session and headers a call came with.
+Every POST is recorded, one JSON line each (``--requests-file``): its path, its JSON-RPC
+method, the ``Mcp-Session-Id`` it carried and its ``Authorization`` header, so a test can
+count handshakes (``initialize``, ``server/discover``) and see which session and headers a
+call came with.
 ``--deny TOOL=STATUS,…`` answers those tools' calls with that HTTP status and a plain-text
 body, as a gateway in front of a server does (a 403 from an auth proxy, a 503 from an
 overloaded backend). ``--era legacy`` makes the server answer like the servers of the
 handshake era (protocol 2025-xx and before): the 2026 ``server/discover`` probe is refused as
 a request without a session, so clients fall back to ``initialize`` and get an
 ``Mcp-Session-Id`` — which a restarted server no longer knows (HTTP 404), the field failure
-pooled clients must survive.
+pooled clients must survive. ``--sse-path`` and ``--message-path`` move an SSE server's
+stream and the path its ``endpoint`` event names for messages (e.g. ``/a/sse`` naming
+``/b/messages/``: a server sending its session's messages outside its tenant's path prefix).
 """
 
 from __future__ import annotations
@@ -240,6 +243,7 @@ class Recorder:
             method = tool = None
         if self.requests_file:
             line = {
+                "path": scope["path"],
                 "method": method,
                 "session": headers.get("mcp-session-id"),
                 "authorization": headers.get("authorization"),
@@ -293,11 +297,15 @@ class McpProcess:
     """The address it listens on (the node's pod gateway for pods to reach it)."""
     deny: str = ""
     """``TOOL=STATUS,…``: calls of those tools are answered with that HTTP status."""
+    sse_path: str = "/sse"
+    """Where an SSE server's stream is."""
+    message_path: str = "/messages/"
+    """The path an SSE server's ``endpoint`` event names for the session's messages."""
 
     @property
     def url(self) -> str:
-        """The endpoint: ``/mcp`` (streamable HTTP) or ``/sse``."""
-        path = "/sse" if self.transport == "sse" else "/mcp"
+        """The endpoint: ``/mcp`` (streamable HTTP) or ``sse_path``."""
+        path = self.sse_path if self.transport == "sse" else "/mcp"
         return f"http://{self.host}:{self.port}{path}"
 
     def start(self, *, timeout: float = 20.0) -> None:
@@ -312,6 +320,7 @@ class McpProcess:
             cmd += ["--requests-file", str(self.requests_file)]
         if self.deny:
             cmd += ["--deny", self.deny]
+        cmd += ["--sse-path", self.sse_path, "--message-path", self.message_path]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -365,11 +374,18 @@ class McpProcess:
 
 @contextlib.contextmanager
 def running(
-    tmp: Path, *, transport: str = "streamable-http", era: str = "modern", deny: str = ""
+    tmp: Path,
+    *,
+    transport: str = "streamable-http",
+    era: str = "modern",
+    deny: str = "",
+    sse_paths: tuple[str, str] = ("/sse", "/messages/"),
 ) -> Iterator[McpProcess]:
-    """A started test server, stopped on exit."""
+    """A started test server, stopped on exit; ``sse_paths``: an SSE server's stream and the
+    path its ``endpoint`` event names."""
     server = McpProcess(free_port(), transport, tmp / "counts.json", tmp / "mcp.log", era=era)
     server.deny = deny
+    server.sse_path, server.message_path = sse_paths
     server.requests_file = tmp / "requests.jsonl"
     try:
         server.start()  # a start that times out leaves its process: stopped below too
@@ -390,13 +406,15 @@ def main() -> None:
     parser.add_argument("--era", choices=["modern", "legacy"], default="modern")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--deny", default="", help="TOOL=STATUS,...: answer their calls so")
+    parser.add_argument("--sse-path", default="/sse")
+    parser.add_argument("--message-path", default="/messages/")
     args = parser.parse_args()
     deny = {k: int(v) for k, v in (p.split("=") for p in args.deny.split(",") if p)}
     server = build(args.count_file)
     # the SDK guards a loopback server against DNS rebinding (Host must be loopback); one on
     # the node's pod gateway is reached by that address
     if args.transport == "sse":
-        app = server.sse_app(host=args.host)
+        app = server.sse_app(host=args.host, sse_path=args.sse_path, message_path=args.message_path)
     else:
         app = server.streamable_http_app(host=args.host)
     recorded = Recorder(

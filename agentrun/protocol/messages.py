@@ -80,6 +80,10 @@ class RemoteTool:
     private_network: bool = False
     """Whether the server's host may resolve to non-global addresses (the tenant's rule that
     allowed its URL at admission, ``AgentTenant.spec.toolServers.allow[].privateNetwork``)."""
+    path_prefix: str = "/"
+    """The path every request of its sessions must stay under (the same rule's
+    ``pathPrefix``): an SSE server's ``endpoint`` event naming a path outside it is refused.
+    ``/`` (any path of the URL's origin) for configs written before it was carried."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

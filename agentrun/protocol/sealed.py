@@ -6,9 +6,10 @@ never pass for the other:
 
 - an ``admitted`` event's run config, every field of it as the event carries it
   (``admitted_content``): the run's uid, namespace, name and tenant, the model's ``baseURL``,
-  Secret reference and prices, the limits, the tools, each MCP tool's URL, transport and header
-  Secret, the ``http_get`` URL rules, the deadline, the goal, the instructions and the output
-  schema. No field is left out, so none can be swapped under a valid seal;
+  Secret reference and prices, the limits, the tools, each MCP tool's URL, transport, header
+  Secret and the rule it is held to (private network, path prefix), the ``http_get`` URL
+  rules, the deadline, the goal, the instructions and the output schema. No field is left
+  out, so none can be swapped under a valid seal;
 - an ``approval`` event's decision, bound to its run and turn (``approval_content``), so a
   decision cannot be replayed onto another run or a later batch of the same run; the reviewer
   who decided is covered with it, so the name recorded cannot be swapped either.

@@ -185,6 +185,9 @@ class RemoteToolShape(_Shape):
     """Absent in configs written before ``headersFrom.keys``: no header is sent then."""
     private_network: bool = False
     """Absent in configs written before tool-server rules: only global addresses then."""
+    path_prefix: str = "/"
+    """Absent in configs written before the rule's prefix went with the tool: the whole origin
+    of the URL then (as those releases allowed)."""
 
     def value(self) -> RemoteTool:
         """The tool as a value."""

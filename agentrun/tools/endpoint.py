@@ -4,10 +4,14 @@ need it).
 
 Every connection of a session is checked against the tenant's address rule
 (``reach.CheckedBackend``: resolved once, non-global addresses refused unless the rule allows
-private networks, connected to the checked addresses only). Redirects are never followed: the
-SDK follows a same-origin one itself, so the transport answers any 3xx with an error
-(``Redirected``), never a request to another path or host. No answer is read past
-``MAX_MESSAGE_BYTES`` a message, nor compressed.
+private networks, connected to the checked addresses only), and every request against the URL
+rule that allowed the endpoint (``Bounds``): the endpoint's scheme, host and port, a path under
+the rule's prefix. A request outside them is never sent (``OutsideRule``) and ends the session
+at once — an SSE server names the URL its session's messages go to (its ``endpoint`` event),
+which the SDK checks only for the origin. Redirects are never followed: the SDK follows a
+same-origin one itself, so the transport answers any 3xx with an error (``Redirected``), never
+a request to another path or host. No answer is read past ``MAX_MESSAGE_BYTES`` a message, nor
+compressed.
 
 What does not belong here: reusing sessions (``sessions``), mapping results and faults
 (``remote``).
@@ -41,10 +45,12 @@ if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
 __all__ = [
     "CALL_REF_KEY",
     "STATUSES",
+    "Bounds",
     "CheckedTransport",
     "Endpoint",
     "FaultHook",
     "HttpStatuses",
+    "OutsideRule",
     "ResponseHook",
     "StreamEnded",
     "Transport",
@@ -100,6 +106,14 @@ class Endpoint:
     """Whether the host may resolve to private, loopback or link-local addresses (its tenant's
     rule for the URL, ``AgentTenant.spec.toolServers.allow[].privateNetwork``); every
     connection is checked so (``reach.CheckedBackend``)."""
+    path_prefix: str = "/"
+    """The path every request of a session must stay under (the same rule's ``pathPrefix``;
+    ``/``: anywhere on the URL's origin); every request is checked so (``Bounds``)."""
+
+    @property
+    def bounds(self) -> Bounds:
+        """Where this endpoint's sessions may send requests."""
+        return Bounds(self.url, self.path_prefix)
 
     def redact(self, text: str) -> str:
         """``text`` without the values of ``headers``, nor any whitespace-separated part of
@@ -109,12 +123,45 @@ class Endpoint:
         secrets |= {part for value in secrets for part in display.secret_parts(value)}
         return display.redact(text, display.by_length(secrets))
 
-    def identity(self) -> tuple[str, str, float, str, bool]:
+    def identity(self) -> tuple[str, str, float, str, bool, str]:
         """The pool key: URL, transport, timeout, a SHA-256 digest of the headers (names
-        and values), so the values themselves are never kept or logged, and the address rule."""
+        and values), so the values themselves are never kept or logged, and the rule (its
+        address rule and path prefix)."""
         canonical = "\n".join(f"{k.lower()}:{v}" for k, v in sorted(self.headers.items()))
         digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-        return (self.url, self.transport.value, self.timeout, digest, self.private_network)
+        return (
+            self.url,
+            self.transport.value,
+            self.timeout,
+            digest,
+            self.private_network,
+            self.path_prefix,
+        )
+
+
+class OutsideRule(httpx2.TransportError):
+    """A request of a session was for a URL outside its endpoint's ``Bounds`` (e.g. an SSE
+    server's ``endpoint`` event naming another path): it was never sent."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bounds:
+    """Where the requests of a session may go: the scheme, host and port of ``url`` (the
+    endpoint's), a path under ``path_prefix`` (``reach.outside_prefix``)."""
+
+    url: str
+    path_prefix: str = "/"
+
+    def refusal(self, url: httpx2.URL) -> str | None:
+        """Why a request for ``url`` may not be sent, or ``None`` when it may."""
+        origin = httpx2.URL(self.url)
+        if (url.scheme, url.host, url.port) != (origin.scheme, origin.host, origin.port):
+            return f"{url.scheme}://{url.netloc.decode()} is not the origin of {self.url}"
+        raw_path = url.raw_path.partition(b"?")[0].decode("ascii", "replace")
+        why = reach.outside_prefix(raw_path, self.path_prefix)
+        if why is None:
+            return None
+        return f"{raw_path[:200]!r} is outside the tenant's rule for {self.url}: {why}"
 
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -166,17 +213,29 @@ class BoundedStream(httpx2.AsyncByteStream):
         await self.inner.aclose()
 
 
+RefusalHook = Callable[[OutsideRule], None]
+"""Told of each request ``CheckedTransport`` refuses, before it raises."""
+
+
 class CheckedTransport(httpx2.AsyncHTTPTransport):
     """An ``httpx2`` transport whose connections go through ``reach.CheckedBackend``: each
     host resolved once, refused unless every address is allowed, connected to those addresses
-    only. No proxy from the environment (the addresses checked are the server's own). Each
-    response's messages are bounded (``BoundedStream``, ``MAX_MESSAGE_BYTES``), counted as
-    they arrive: requests ask for no content coding (``Accept-Encoding: identity``) and a
-    response that has one anyway is refused (``MessageTooLarge``) — a compressed body would be
-    decoded past the bound (8 MiB of gzip are gigabytes)."""
+    only. No proxy from the environment (the addresses checked are the server's own). With
+    ``bounds``, a request for a URL outside them (``Bounds.refusal``) is never sent: it raises
+    ``OutsideRule``, told first to ``on_refused`` (the SDK's SSE transport drops a failed
+    message's error; ``open_session`` ends the session by it). Each response's messages are
+    bounded (``BoundedStream``, ``MAX_MESSAGE_BYTES``), counted as they arrive: requests ask
+    for no content coding (``Accept-Encoding: identity``) and a response that has one anyway
+    is refused (``MessageTooLarge``) — a compressed body would be decoded past the bound
+    (8 MiB of gzip are gigabytes)."""
 
     def __init__(
-        self, *, private_network: bool, max_message_bytes: int = MAX_MESSAGE_BYTES
+        self,
+        *,
+        private_network: bool,
+        bounds: Bounds | None = None,
+        on_refused: RefusalHook | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         super().__init__(trust_env=False)
         # httpx2's transport takes no network backend; its pool does (the one seam, checked
@@ -185,11 +244,26 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
             ssl_context=httpx2.create_ssl_context(trust_env=False),
             network_backend=reach.CheckedBackend(private_network=private_network),
         )
+        self.bounds = bounds
+        self.on_refused = on_refused
         self.max_message_bytes = max_message_bytes
 
+    def _check(self, request: httpx2.Request) -> None:
+        """Raises ``OutsideRule`` (after telling ``on_refused``) when ``request`` is outside
+        ``bounds``."""
+        why = self.bounds.refusal(request.url) if self.bounds is not None else None
+        if why is None:
+            return
+        refused = OutsideRule(f"a request of the session was not sent: {why}")
+        if self.on_refused is not None:
+            self.on_refused(refused)
+        raise refused
+
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """The response, its body bounded (``BoundedStream``). Raises ``MessageTooLarge`` for
-        a response with a content coding, ``Redirected`` for a redirect."""
+        """The response, its body bounded (``BoundedStream``). Raises ``OutsideRule`` for a
+        request outside ``bounds`` (never sent), ``MessageTooLarge`` for a response with a
+        content coding, ``Redirected`` for a redirect."""
+        self._check(request)
         request.headers["Accept-Encoding"] = "identity"
         response = await super().handle_async_request(request)
         assert isinstance(response.stream, httpx2.AsyncByteStream)
@@ -364,6 +438,24 @@ def trust_no_output_schema(session: object) -> None:
     setattr(session, "validate_tool_result", _unchecked)  # noqa: B010 (shadows the method)
 
 
+def _http_client(
+    endpoint: Endpoint,
+    *,
+    on_refused: RefusalHook,
+    hooks: dict[str, list[ResponseHook]],
+    headers: Mapping[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+) -> httpx2.AsyncClient:
+    """The ``httpx2`` client of one session of ``endpoint``: every request checked against
+    its ``Bounds`` and its address rule (``CheckedTransport``)."""
+    transport = CheckedTransport(
+        private_network=endpoint.private_network, bounds=endpoint.bounds, on_refused=on_refused
+    )
+    return httpx2.AsyncClient(
+        headers=headers, timeout=timeout, event_hooks=hooks, transport=transport
+    )
+
+
 @contextlib.asynccontextmanager
 async def open_session(
     endpoint: Endpoint,
@@ -376,20 +468,49 @@ async def open_session(
     ``on_response``, when given, sees every HTTP response of the session (headers only);
     ``on_fault`` every transport failure the transport reports outside a request (e.g. the
     SSE stream of a server that went away) and the end of its inbound stream
-    (``StreamEnded``), as the SDK reads them. Raises what the SDK and ``httpx2`` raise when
-    the server cannot be reached or refuses.
+    (``StreamEnded``), as the SDK reads them. The first request outside the endpoint's
+    ``Bounds`` ends the session: what runs inside it is cancelled and ``OutsideRule`` raised
+    (whichever task of the SDK's made the request). Raises what the SDK and ``httpx2`` raise
+    when the server cannot be reached or refuses.
     """
 
     await load_sdk()
+    hooks: dict[str, list[ResponseHook]] = {
+        "response": [STATUSES.observe, *([on_response] if on_response else [])]
+    }
+    refused: list[OutsideRule] = []
+    try:
+        with anyio.CancelScope() as scope:
+
+            def stop(err: OutsideRule) -> None:
+                refused.append(err)
+                scope.cancel()
+
+            async with _client_session(
+                endpoint, hooks=hooks, on_refused=stop, on_fault=on_fault
+            ) as entered:
+                yield entered
+    except Exception:
+        if not refused:
+            raise
+    if refused:
+        raise refused[0]
+
+
+@contextlib.asynccontextmanager
+async def _client_session(
+    endpoint: Endpoint,
+    *,
+    hooks: dict[str, list[ResponseHook]],
+    on_refused: RefusalHook,
+    on_fault: FaultHook | None = None,
+) -> AsyncIterator[Client]:
+    """The session of ``open_session``, its requests refused outside the endpoint's
+    ``Bounds`` (told to ``on_refused``)."""
     from mcp import Client
     from mcp.client.sse import sse_client
     from mcp.client.streamable_http import streamable_http_client
 
-    headers = dict(endpoint.headers)
-    hooks: dict[str, list[ResponseHook]] = {
-        "response": [STATUSES.observe, *([on_response] if on_response else [])]
-    }
-    timeout = httpx2.Timeout(endpoint.timeout)
     async with contextlib.AsyncExitStack() as stack:
         if endpoint.transport is Transport.SSE:
 
@@ -398,26 +519,23 @@ async def open_session(
                 timeout: httpx2.Timeout | None = None,
                 auth: httpx2.Auth | None = None,
             ) -> httpx2.AsyncClient:
-                return httpx2.AsyncClient(
-                    headers=headers,
-                    timeout=timeout,
-                    auth=auth,
-                    event_hooks=hooks,
-                    transport=CheckedTransport(private_network=endpoint.private_network),
+                return _http_client(
+                    endpoint, on_refused=on_refused, hooks=hooks, headers=headers, timeout=timeout
                 )
 
             transport = sse_client(
                 endpoint.url,
-                headers=headers,
+                headers=dict(endpoint.headers),
                 timeout=endpoint.timeout,
                 httpx_client_factory=factory,
             )
         else:
-            http = httpx2.AsyncClient(
-                headers=headers,
-                timeout=timeout,
-                event_hooks=hooks,
-                transport=CheckedTransport(private_network=endpoint.private_network),
+            http = _http_client(
+                endpoint,
+                on_refused=on_refused,
+                hooks=hooks,
+                headers=endpoint.headers,
+                timeout=httpx2.Timeout(endpoint.timeout),
             )
             await stack.enter_async_context(http)
             transport = streamable_http_client(endpoint.url, http_client=http)

@@ -4,11 +4,14 @@ One rule set for every outbound connection a run's tenant governs — the ``http
 (``AgentTenant.spec.httpGet.allow``) and MCP tool servers, at discovery by the operator and at
 each call by a worker (``AgentTenant.spec.toolServers.allow``): a URL is allowed when a rule's
 host (and port, when the rule names one) equals the URL's and its path starts with the rule's
-prefix (``allowed_by``). Before connecting, the host is resolved once and every address is
-checked (``resolve_checked``): private, loopback, link-local and other non-global addresses
-are refused unless the matching rule sets ``privateNetwork``; the connection then goes to
-exactly those addresses, so a second DNS answer (DNS rebinding) cannot swap in another.
-``CheckedBackend`` does this for the ``httpcore2`` connections the MCP SDK makes.
+prefix (``allowed_by``), read as any server would read it (``outside_prefix``: no dot
+segment, encoded or not, no encoded slash or backslash, nothing encoded twice); every request
+of an MCP session is held to the same prefix (``endpoint.Bounds``). Before connecting, the host
+is resolved once and every address is checked (``resolve_checked``): private, loopback,
+link-local and other non-global addresses are refused unless the matching rule sets
+``privateNetwork``; the connection then goes to exactly those addresses, so a second DNS
+answer (DNS rebinding) cannot swap in another. ``CheckedBackend`` does this for the
+``httpcore2`` connections the MCP SDK makes.
 
 What does not belong here: following redirects (``http_get`` re-checks each one; the MCP SDK
 follows none), reading the rules from an AgentTenant (the operator).
@@ -20,6 +23,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterable, Sequence
+from urllib.parse import unquote
 
 import httpcore2
 from httpcore2 import AsyncNetworkBackend, AsyncNetworkStream
@@ -27,7 +31,14 @@ from yarl import URL
 
 from agentrun.protocol import UrlRule
 
-__all__ = ["CheckedBackend", "Refused", "allowed_by", "check_address", "resolve_checked"]
+__all__ = [
+    "CheckedBackend",
+    "Refused",
+    "allowed_by",
+    "check_address",
+    "outside_prefix",
+    "resolve_checked",
+]
 
 
 class Refused(Exception):
@@ -36,12 +47,9 @@ class Refused(Exception):
 
 def allowed_by(url: URL, rules: Sequence[UrlRule]) -> UrlRule | None:
     """The first rule that allows ``url`` (scheme http/https, no credentials, host and port
-    equal, path under the prefix after normalisation), or ``None``."""
+    equal, path under the prefix: ``outside_prefix``), or ``None``."""
     if url.scheme not in ("http", "https") or url.user or url.password or not url.host:
         return None
-    path = url.path or "/"
-    if any(part in (".", "..") for part in path.split("/")):
-        return None  # yarl keeps dot segments in some cases: never trust them
     host = url.host.lower().rstrip(".")
     for rule in rules:
         rule_host, rule_port = _host_port(rule.host.lower())
@@ -49,8 +57,37 @@ def allowed_by(url: URL, rules: Sequence[UrlRule]) -> UrlRule | None:
             continue
         if rule_port and int(rule_port) != url.port:
             continue
-        if path.startswith(rule.path_prefix):
+        if outside_prefix(url.raw_path or "/", rule.path_prefix) is None:
             return rule
+    return None
+
+
+ENCODED_SEPARATORS = ("%2e", "%2f", "%5c")
+"""A dot, a slash and a backslash percent-encoded (compared in lower case)."""
+
+
+def outside_prefix(raw_path: str, prefix: str) -> str | None:
+    """Why the path ``raw_path`` (as sent: percent-encoded, no query) is not under ``prefix``
+    for every server that may read it, or ``None`` when it is.
+
+    Servers and gateways differ in what they decode and normalise, so a path is refused when
+    any of them could read it as another: an encoded slash or backslash (``%2F``, ``%5C``:
+    one server splits there, another does not), a backslash, a ``.`` or ``..`` segment once
+    decoded (``/a/../b``, ``/a/%2e%2e/b``, ``/a/.%2E/b``), or a dot, slash or backslash still
+    encoded after decoding once (``%252e``: a server that decodes twice). The decoded path
+    must then start with ``prefix``, case and all (``/A/`` is not ``/a/``)."""
+    lowered = raw_path.lower()
+    if "%2f" in lowered or "%5c" in lowered:
+        return "its path has an encoded slash or backslash"
+    path = unquote(raw_path)
+    if "\\" in path:
+        return "its path has a backslash"
+    if any(part in (".", "..") for part in path.split("/")):
+        return "its path has a . or .. segment"
+    if any(encoded in path.lower() for encoded in ENCODED_SEPARATORS):
+        return "its path has a dot, slash or backslash encoded twice"
+    if not path.startswith(prefix):
+        return f"its path is not under {prefix}"
     return None
 
 

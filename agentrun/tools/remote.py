@@ -343,5 +343,6 @@ def mcp_tool(
         Transport(tool.transport),
         timeout=tool.timeout,
         private_network=tool.private_network,
+        path_prefix=tool.path_prefix,
     )
     return McpTool(spec_of(tool), tool.tool, endpoint, headers, pool)

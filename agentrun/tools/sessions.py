@@ -99,7 +99,7 @@ class PoolSettings:
     """Seconds a session's close (the DELETE of its id, the connection's close) may take."""
 
 
-_Key = tuple[str, str, str, float, str, bool]
+_Key = tuple[str, str, str, float, str, bool, str]
 """A pooled session's key: the scope, then ``Endpoint.identity``."""
 
 

@@ -12,8 +12,9 @@ are many parties, not one: each is held to its own share only.
 A failed refresh keeps the last good list (runs keep being admitted with it) and says so in the
 condition. A server whose URL its namespace's tenant does not allow (``spec.toolServers``) is
 never contacted: ``Ready=False``, reason ``NotAllowed``, no tools; an allowed one is reached
-only at addresses its rule allows (``agentrun.tools.reach``), its ``headersFrom`` Secret read
-for the listed keys only. The operator's kopf handlers only tell the refresher about objects
+only at addresses its rule allows (``agentrun.tools.reach``), every request of its session
+under the rule's path prefix (``agentrun.tools.endpoint.Bounds``), its ``headersFrom`` Secret
+read for the listed keys only. The operator's kopf handlers only tell the refresher about objects
 (``observe``/``forget``); no finalizer is involved, so deleting an AgentToolServer never waits
 for the operator.
 
@@ -334,6 +335,7 @@ class ToolServerRefresher:
                 headers,
                 timeout=timeout,
                 private_network=rule.private_network,
+                path_prefix=rule.path_prefix,
             )
             found = await remote.discover(endpoint)
         except remote.RemoteError as err:

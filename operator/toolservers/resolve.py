@@ -63,10 +63,23 @@ def check_reach(
         spec = AgentToolServerSpec.of(server.get("spec"))
     except SpecError:
         return
+    _server_rule(spec, parts[0], rules=rules, tenant=tenant, where=f"spec.tools: {reference}")
+
+
+def _server_rule(
+    spec: AgentToolServerSpec,
+    server_name: str,
+    *,
+    rules: Sequence[UrlRule],
+    tenant: str,
+    where: str,
+) -> UrlRule:
+    """The rule that allows the server's URL (``url_rule``); raises ``SpecError`` naming
+    ``where`` and the server when none does."""
     try:
-        url_rule(spec.url, rules, tenant=tenant)
+        return url_rule(spec.url, rules, tenant=tenant)
     except SpecError as err:
-        raise SpecError(f"spec.tools: {reference}: AgentToolServer {parts[0]!r}: {err}") from None
+        raise SpecError(f"{where}: AgentToolServer {server_name!r}: {err}") from None
 
 
 def _spec_of(server: Mapping[str, Any], server_name: str, *, where: str) -> AgentToolServerSpec:
@@ -116,7 +129,8 @@ def resolve_tool(
     """The ``RemoteTool`` a run gets for ``reference`` (``SERVER/TOOL``), from the
     AgentToolServer object (``None``: it does not exist) in the run's namespace, under its
     tenant's ``toolServers`` rules (``rules``: its URL must be allowed; the rule's
-    ``privateNetwork`` goes with the tool, for the worker's address check). Only allowlisted
+    ``privateNetwork`` and ``pathPrefix`` go with the tool, for the worker's address and
+    request checks). Only allowlisted
     tools that discovery found are resolved (the last good list if a refresh failed).
     Raises ``SpecError`` naming ``spec.tools`` and the reason otherwise."""
     parts = split_reference(reference)
@@ -128,10 +142,7 @@ def resolve_tool(
             f"{where}: {not_found('AgentToolServer', server_name, namespace=namespace)}"
         )
     spec = _spec_of(server, server_name, where=where)
-    try:
-        rule = url_rule(spec.url, rules, tenant=tenant)
-    except SpecError as err:
-        raise SpecError(f"{where}: AgentToolServer {server_name!r}: {err}") from None
+    rule = _server_rule(spec, server_name, rules=rules, tenant=tenant, where=where)
     if spec.effect_of(tool) is None:
         offered = ", ".join(t.name for t in spec.tools) or "none"
         raise SpecError(
@@ -154,6 +165,7 @@ def resolve_tool(
         headers_secret=headers.secret_ref.name if headers else None,
         headers_keys=headers.keys if headers else (),
         private_network=rule.private_network,
+        path_prefix=rule.path_prefix,
     )
 
 

@@ -174,6 +174,9 @@ def test_rules_match_host_port_and_path_exactly() -> None:
         "http://evil.tools.svc:8000/mcp",
         "http://user:pw@tools.svc:8000/mcp",
         "http://tools.svc:8000/mcp/../admin",
+        "http://tools.svc:8000/mcp/..%5Cadmin",
+        "http://tools.svc:8000/mcp%2F..%2Fadmin",
+        "http://tools.svc:8000/mcp/%252e%252e/admin",
         "ftp://tools.svc:8000/mcp",
     ):
         assert reach.allowed_by(URL(url), rules) is None, url
@@ -184,3 +187,4 @@ def test_the_rule_goes_with_the_session_key() -> None:
     """Two runs whose rules differ never share a session."""
     one = remote.Endpoint("http://h/mcp", private_network=True)
     assert one.identity() != dataclasses.replace(one, private_network=False).identity()
+    assert one.identity() != dataclasses.replace(one, path_prefix="/mcp").identity()

@@ -137,6 +137,7 @@ def test_the_config_has_every_security_relevant_field_as_a_leaf() -> None:
         "model.secretRef.namespace", "model.secretRef.key", "model.pricing.outputPerMillionUSD",
         "urlRules.0.host", "urlRules.0.privateNetwork", "remoteTools.0.url",
         "remoteTools.0.headersSecret", "remoteTools.0.transport", "remoteTools.0.effect",
+        "remoteTools.0.privateNetwork", "remoteTools.0.pathPrefix",
         "limits.maxCostUSD", "tools.0", "deadline", "goal", "instructions",
     ):  # fmt: skip
         assert field in names

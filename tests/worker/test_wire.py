@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from decimal import Decimal
 
@@ -115,3 +116,22 @@ def test_a_committed_decision_keeps_its_deferred_call_ids_on_the_wire() -> None:
     del data["record"]["deferred"]  # a record written before calls were deferred
     old = RunEvent.decode(json.dumps(data).encode()).record
     assert isinstance(old, kernel.Answered) and old.deferred == ()
+
+
+def test_an_mcp_tool_carries_its_rules_path_prefix_and_an_older_config_the_whole_origin() -> None:
+    """``pathPrefix`` is an optional field (the schema version stays): a config written before
+    it reads as ``/``, every path of the URL's origin, as those releases allowed."""
+    tool = protocol.RemoteTool(
+        "docs__search", "docs", "search", "", {}, "read", "https://gw.example/a/sse", "SSE", 5.0
+    )
+    config = dataclasses.replace(
+        CONFIG, remote_tools=(dataclasses.replace(tool, path_prefix="/a/"),)
+    )
+    state = kernel.initial_state(goal=config.goal)
+    data = json.loads(RunEvent("admitted", config.uid, state.summary(), config=config).encode())
+    assert data["config"]["remoteTools"][0]["pathPrefix"] == "/a/"
+    assert RunEvent.decode(json.dumps(data).encode()).config == config
+    del data["config"]["remoteTools"][0]["pathPrefix"]
+    old = RunEvent.decode(json.dumps(data).encode()).config
+    assert old is not None and old.remote_tools == (tool,)
+    assert old.remote_tools[0].path_prefix == "/"

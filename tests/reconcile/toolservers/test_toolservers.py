@@ -104,6 +104,16 @@ def test_a_discovered_tool_resolves_to_what_the_worker_calls() -> None:
         ("Authorization",),
     )
     assert tool.private_network  # the rule that allowed the URL goes with the tool
+    assert tool.path_prefix == "/"
+
+
+def test_the_rules_path_prefix_goes_with_the_tool() -> None:
+    """Every request of the worker's sessions is held under it (an SSE server's ``endpoint``
+    event too), not only the URL checked here."""
+    server = server_object(discovered_status(SPEC, FOUND, generation=2, now=NOW))
+    rules = (UrlRule("tools.svc:8000", "/mc"), UrlRule("tools.svc:8000", "/mcp"))
+    tool = resolve_tool("tools/add", server, namespace="ns", rules=rules, tenant="team")
+    assert tool.path_prefix == "/mc"  # the first rule that allows the URL, as admitted
 
 
 @pytest.mark.parametrize(
