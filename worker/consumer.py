@@ -469,7 +469,7 @@ class TurnConsumer:
         finally:
             if token is not None:
                 otel_context.detach(token)
-        owner = "" if hold is None else hold.owner  # names the call this commit contains
+        owner = "" if hold is None else hold.commit_owner  # names the call the commit holds
         try:
             record, committed = await commit_turn(self.bus, request, run, record, owner=owner)
         except CommitConflict as err:  # the block's exit charges this delivery's call

@@ -33,15 +33,16 @@ from typing import Any, Protocol
 
 import openai
 
+from agentrun import kernel
+
 STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
 """What an error saying the endpoint does not stream names (not "upstream")."""
 CUT_KEY = "x_agentrun_cut"
 """Set on a response the worker cut: the output tokens it is charged (``charged_tokens``).
 Not an OpenAI field: nothing but the worker reads it (the kernel classifies the rest)."""
 DELIVERED_KEY = "x_agentrun_delivered"
-"""Set on every streamed response: the output it delivered, counted so as not to run ahead
-of a real tokenizer (``delivered_tokens``, reasoning included): the least a provider can have
-billed for it, whatever its usage says."""
+"""Set on every streamed response: the least a provider can have billed for the output it
+delivered (``Delivery.least_tokens``, reasoning included), whatever its usage says."""
 CUT_FINISH_REASON = "length"
 """The finish reason of a response the worker cut: what a provider says when it stops at
 ``max_tokens`` (the kernel asks for a shorter reply, or the run ends at its cap)."""
@@ -96,6 +97,8 @@ class Delivery:
     other_chars: int = 0
     cut: bool = False
     """The worker stopped reading before the provider finished (the allowance was reached)."""
+    unfolded: list[str] = dataclasses.field(default_factory=list)
+    """Output texts the message does not keep (reasoning and other fields: ``_texts``)."""
 
     def add(self, chunk: Any) -> None:
         """Fold one ``chat.completion.chunk`` (parsed JSON; anything else is ignored)."""
@@ -132,6 +135,7 @@ class Delivery:
         for key, value in delta.items():
             if key not in FOLDED_DELTA_KEYS:
                 for text in _texts(value):
+                    self.unfolded.append(text)
                     self._count(text)
                     carried = True
         return carried
@@ -206,8 +210,16 @@ class Delivery:
         }
         if self.cut:
             completion[CUT_KEY] = self.charged_tokens
-        completion[DELIVERED_KEY] = self.delivered_tokens
+        completion[DELIVERED_KEY] = self.least_tokens
         return completion
+
+    @property
+    def least_tokens(self) -> int:
+        """The fewest output tokens any provider can have billed for what was delivered: each
+        chunk that carried output is a token at least, and the texts the message does not keep
+        (reasoning) count their ``kernel.least_tokens`` (the message's own texts are counted
+        from the message)."""
+        return max(self.chunks, kernel.least_tokens(self.unfolded))
 
 
 PROGRESS_SECONDS = 2.0

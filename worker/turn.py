@@ -14,7 +14,7 @@ import functools
 import json
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ParamSpec, Protocol, TypeVar, assert_never
 
 from opentelemetry import trace
@@ -330,7 +330,7 @@ async def _call_model(
         except ModelError as err:
             _record_failure(span, err, config=config, start=started)
             raise
-        usage = _usage_of(response, config=config, call=call)
+        usage = _usage_of(response, config=config, call=call, tools=tools)
         span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
         # OTel GenAI: the reasoning part, which gen_ai.usage.output_tokens includes
@@ -342,7 +342,11 @@ async def _call_model(
 
 
 def _usage_of(
-    response: dict[str, Any], *, config: RunConfig, call: kernel.CallModel
+    response: dict[str, Any],
+    *,
+    config: RunConfig,
+    call: kernel.CallModel,
+    tools: Sequence[Mapping[str, Any]] = (),
 ) -> kernel.Usage:
     """What the call used: the provider's usage (``kernel.read_usage``); for a response the
     worker cut, the prompt's bound and the output it had delivered, flagged estimated."""
@@ -354,7 +358,7 @@ def _usage_of(
             pricing=config.model.pricing,
             prompt_estimate=call.prompt_estimate,
             max_output_tokens=call.max_output_tokens,
-            prompt_floor=kernel.output_floor(kernel.prompt_texts(call.prompt)),
+            prompt_texts=kernel.prompt_texts(call.prompt, tools),
             delivered_floor=delivered if isinstance(delivered, int) else 0,
         )
     prompt, pricing = call.prompt_estimate, config.model.pricing

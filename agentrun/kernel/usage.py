@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -174,17 +175,49 @@ def output_estimate(texts: Sequence[str]) -> int:
     return -(-ascii_chars // 3) + other + MESSAGE_OVERHEAD_TOKENS
 
 
-def output_floor(texts: Sequence[str]) -> int:
-    """The fewest output tokens any provider can have counted for ``texts`` (what a model
-    wrote): six ASCII characters or two other characters a token, more than any tokenizer in
-    use packs into one (the count the worker's cut compares with an allowance). A provider
-    reporting fewer is not believed: its reply is charged this."""
+LEAST_ASCII_CHARS = 16
+"""ASCII characters (whitespace and repeats left out) that ``least_tokens`` counts as one
+token: more than cl100k_base or o200k_base pack into one token of prose, code or
+pretty-printed JSON (at most about 12 characters a token, whitespace included)."""
+LEAST_OTHER_CHARS = 4
+"""Other characters that ``least_tokens`` counts as one token."""
+RUN_CHARS = 64
+"""Characters of a run of one repeated character (a ruler, padding) that ``least_tokens``
+counts as one: tokenizers pack such runs far denser than prose (about 48 a token)."""
+_REPEATS = re.compile(rf"(\S)\1{{{RUN_CHARS - 1},}}")
+_WHITESPACE = " \t\n\r\f\v"
+
+
+def _least(ascii_chars: int, other: int) -> int:
+    return -(-ascii_chars // LEAST_ASCII_CHARS) + -(-other // LEAST_OTHER_CHARS)
+
+
+def _shrunk_run(run: re.Match[str]) -> str:
+    return run.group(1) * -(-len(run.group(0)) // RUN_CHARS)
+
+
+def least_tokens(texts: Sequence[str], *, above: int = 0) -> int:
+    """The fewest tokens any tokenizer in use counts for ``texts``, or ``above`` if that is
+    more: whitespace left out (it merges into the words beside it), a run of one repeated
+    character counted one character per ``RUN_CHARS``, then ``LEAST_ASCII_CHARS`` ASCII or
+    ``LEAST_OTHER_CHARS`` other characters a token. A provider's count below it is a gross
+    under-count (a 60,000-character reply reported as 0 tokens) and is not believed; an
+    honest count is always above it. The exact pass (whitespace and repeats) runs only when
+    the quick bound, every character counted, exceeds ``above``: not for an honest count."""
     ascii_chars = other = 0
     for text in texts:
         count = len(text.encode("ascii", "ignore"))
         ascii_chars += count
         other += len(text) - count
-    return -(-ascii_chars // 6) + -(-other // 2)
+    if _least(ascii_chars, other) <= above:
+        return above
+    ascii_chars = other = 0
+    for text in texts:
+        dense = _REPEATS.sub(_shrunk_run, text)
+        count = len(dense.encode("ascii", "ignore"))
+        ascii_chars += count - sum(dense.count(space) for space in _WHITESPACE)
+        other += len(dense) - count
+    return max(above, _least(ascii_chars, other))
 
 
 def _details(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -216,10 +249,13 @@ def billed_output(
     return output, min(known, output)
 
 
-def prompt_texts(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+def prompt_texts(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+) -> list[str]:
     """The texts of a request's ``messages`` (their content, as text or parts, and their tool
-    calls): what ``output_floor`` counts to bound a provider's reported prompt from below."""
-    texts: list[str] = []
+    calls) and of its ``tools`` (the definitions sent, as JSON): what ``least_tokens`` counts
+    to bound a provider's reported prompt from below."""
+    texts: list[str] = [json.dumps(tools)] if tools else []
     for message in messages:
         content = message.get("content")
         if isinstance(content, str):
@@ -237,7 +273,7 @@ def read_usage(
     pricing: Pricing,
     prompt_estimate: int,
     max_output_tokens: int | None = None,
-    prompt_floor: int = 0,
+    prompt_texts: Sequence[str] = (),
     delivered_floor: int = 0,
 ) -> Usage:
     """Usage of one chat-completions response, priced.
@@ -246,9 +282,10 @@ def read_usage(
     ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
     (OpenAI API reference, chat completion object); output and reasoning as ``billed_output``
     reads them, all priced as output. Believed only upward: output is at least
-    ``output_floor`` of the returned text and ``delivered_floor`` (what a stream delivered,
-    reasoning included), input at least ``prompt_floor`` (``output_floor`` of
-    ``prompt_texts``). Missing or nonsense usage is estimated — the prompt as
+    ``least_tokens`` of the returned text and ``delivered_floor`` (what a stream delivered,
+    reasoning included), input at least ``least_tokens`` of ``prompt_texts`` (the request's
+    messages and tool definitions); cached input at most the prompt as reported, so what the
+    floor adds is never priced as cached. Missing or nonsense usage is estimated — the prompt as
     ``prompt_estimate`` (the call's upper bound), the completion by ``output_estimate`` of the
     text, at most ``max_output_tokens`` (a server honouring ``max_tokens`` cannot have
     produced more; one that does not is cut by the worker) — and flagged ``estimated``.
@@ -266,16 +303,16 @@ def read_usage(
             input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=output_tokens
         )
         return Usage(prompt_estimate, output_tokens, 0, cost, True, 0)
-    input_tokens = max(reported_in, prompt_floor)
+    input_tokens = least_tokens(prompt_texts, above=reported_in)
     output_tokens, reasoning = billed_output(
         completion=reported_out,
         reasoning=_count(_details(raw, "completion_tokens_details").get("reasoning_tokens")),
         prompt=reported_in,
         total=_count(raw.get("total_tokens")),
     )
-    output_tokens = max(output_tokens, output_floor(texts), delivered_floor)
+    output_tokens = max(least_tokens(texts, above=output_tokens), delivered_floor)
     cached = min(
-        _count(_details(raw, "prompt_tokens_details").get("cached_tokens")) or 0, input_tokens
+        _count(_details(raw, "prompt_tokens_details").get("cached_tokens")) or 0, reported_in
     )
     cost = pricing.cost(
         input_tokens=input_tokens, cached_input_tokens=cached, output_tokens=output_tokens

@@ -180,6 +180,8 @@ class TurnHold:
         that hold charges it; otherwise leaving uncommitted charges it directly)."""
         self.waiting = False
         """Whether this delivery's call waits in the book for other runs' holds."""
+        self.charged_aside = False
+        """Whether this delivery's call was charged as abandoned (``abandon``)."""
 
     async def __aenter__(self) -> TurnHold:
         return self
@@ -294,7 +296,7 @@ class TurnHold:
         self.spent = None
         await self._ledger.settle_turn(
             self.ref,
-            owner=self.owner,
+            owner=self.commit_owner,
             prior_owner=self.prior_owner,
             after=after.usage,
             now=self.clock(),
@@ -307,9 +309,19 @@ class TurnHold:
 
     async def abandon(self, usage: kernel.Usage) -> None:
         """Drop this delivery's hold, charging ``usage`` (a model call whose turn will never
-        commit — cancelled, or another delivery of the turn committed it: the provider bills
-        it either way)."""
+        commit — cancelled, or another delivery of the turn committed it — or whose turn
+        commits a record that holds none of it, a failure: the provider bills it either
+        way). A commit of this delivery then names no owner (``commit_owner``)."""
+        self.charged_aside = True
         await self._drop(usage)
+
+    @property
+    def commit_owner(self) -> str:
+        """The owner a commit of this delivery's turn names, the delivery whose model call
+        the record holds: ``owner``, or "" once the call was charged aside (``abandon``) —
+        named, the commit's settlement would take that charge back as the run's
+        (``Book.resolve_turn``), though the record holds none of it."""
+        return "" if self.charged_aside else self.owner
 
     async def _drop(self, usage: kernel.Usage | None) -> None:
         """Drop the hold if this delivery still owns it, charging ``usage`` if given — also

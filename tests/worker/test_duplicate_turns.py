@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 import uuid
@@ -132,8 +133,9 @@ class Stack:
     async def store(self) -> LedgerStore:
         return await LedgerStore.open(self.buses[0].js)
 
-    async def admit(self) -> TurnRequest:
-        """A fresh run, admitted (its event and its tenant slot): its turn 0's request."""
+    async def admit(self, **changes: Any) -> TurnRequest:
+        """A fresh run, admitted (its event and its tenant slot): its turn 0's request;
+        ``changes`` replace fields of its ``RunConfig``."""
         uid = uuid.uuid4().hex
         config = RunConfig(
             uid=uid,
@@ -147,6 +149,7 @@ class Stack:
             deadline=time.time() + 60,
             tenant=self.tenant,
         )
+        config = dataclasses.replace(config, **changes)
         state = kernel.initial_state(goal=config.goal)
         event = sealed(RunEvent("admitted", uid, state.summary(), config=config, time=time.time()))
         seq = await self.buses[0].append_event("ns", config.name, event, expected_seq=0)
