@@ -130,7 +130,7 @@ class OperatorSettings(ProcessSettings):
     turns in flight, but never takes a slot back: without a cap, a tenant whose turns run long
     (tool calls up to ``AGENTRUN_TOOL_TIMEOUT_MAX``) keeps every slot it holds that long, and
     another tenant's first turn waits for one to free. The chart sets three quarters of the
-    workers' slots (``worker.concurrency`` × replicas, the autoscaler's most)."""
+    workers' slots (``worker.concurrency`` × replicas: KEDA's most, the CPU-based HPA's least)."""
     admission_per_namespace: int = Field(default=4, ge=1, le=1_000)
     """``AGENTRUN_ADMISSION_PER_NAMESPACE``: most AgentRun admissions of one namespace the
     operator works on at once; the others wait in creation order, so a namespace that applies

@@ -95,8 +95,7 @@ from .schedules.store import KubeCronStore
 from .tenants.rebuild import RebuiltUsage
 from .tenants.registry import Tenants
 from .tenants.writer import TenantStatusWriter
-from .toolservers import refresher
-from .toolservers.refresher import ToolServerRefresher
+from .toolservers.refresher import DiscoverySlots, ToolServerRefresher
 from .toolservers.store import ToolServerCache
 
 log = logging.getLogger(__name__)
@@ -372,16 +371,10 @@ def _tool_servers(
 ) -> ToolServerRefresher:
     """Discovery of the AgentToolServers' tools, within each tenant's allowed URLs, each
     tenant's servers within its share of the discovery slots."""
-    slots = refresher.DiscoverySlots(
-        refresher.CONCURRENCY,
-        per_namespace=refresher.PER_NAMESPACE,
-        per_tenant=refresher.PER_TENANT,
-        share=tenants.discovery_share,
-    )
     return ToolServerRefresher(
         api,
         reach=tenants.tool_server_rules,
-        slots=slots,
+        slots=DiscoverySlots.standard(tenants.discovery_share),
         max_timeout=settings.tool_discovery_timeout_max,
     )
 

@@ -267,6 +267,19 @@ def prompt_texts(
     return texts
 
 
+def _estimated(
+    texts: Sequence[str], pricing: Pricing, prompt_estimate: int, max_output_tokens: int | None
+) -> Usage:
+    """The usage of a response whose counts are missing or not believed (``read_usage``)."""
+    output_tokens = output_estimate(texts)
+    if max_output_tokens is not None:
+        output_tokens = min(output_tokens, max_output_tokens)
+    cost = pricing.cost(
+        input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=output_tokens
+    )
+    return Usage(prompt_estimate, output_tokens, 0, cost, True, 0)
+
+
 def read_usage(
     response: Mapping[str, Any],
     *,
@@ -296,13 +309,7 @@ def read_usage(
     reported_out = _count(raw.get("completion_tokens"))
     texts = completion_texts(_message(response))
     if reported_in is None or reported_out is None:  # missing or nonsense: estimate, upward
-        output_tokens = output_estimate(texts)
-        if max_output_tokens is not None:
-            output_tokens = min(output_tokens, max_output_tokens)
-        cost = pricing.cost(
-            input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=output_tokens
-        )
-        return Usage(prompt_estimate, output_tokens, 0, cost, True, 0)
+        return _estimated(texts, pricing, prompt_estimate, max_output_tokens)
     input_tokens = least_tokens(prompt_texts, above=reported_in)
     output_tokens, reasoning = billed_output(
         completion=reported_out,

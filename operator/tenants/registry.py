@@ -143,16 +143,14 @@ class Tenants:
 
     async def discovery_share(self, namespace: str) -> str | None:
         """The tenant whose share of the operator's tool discoveries ``namespace``'s
-        AgentToolServers count against: the one binding it by name or selector. ``None`` when
-        none does — the default tenant is charged for many parties' namespaces, so each of
-        those counts on its own — or several do, or its labels cannot be read. Never
-        raises."""
+        AgentToolServers count against: its tenant, the default one included (its
+        namespaces share one budget, and so one share of the discoveries); ``None`` when it
+        has none, several, or its labels cannot be read (its servers are refused at once
+        then, without a discovery). Never raises."""
         try:
-            labels = await self._labels(namespace)
-            bound = rules.resolve(self.policies.values(), namespace, labels)
-        except (rules.Ambiguous, ApiError):
+            return (await self.resolve(namespace)).name
+        except (NoTenant, ApiError):
             return None
-        return None if bound is None else bound.name
 
     def _unbound(self, namespace: str) -> str:
         if self.default and self.default in self.invalid:

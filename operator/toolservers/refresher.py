@@ -5,10 +5,10 @@
 connect, handshake and every page), so a server that hangs delays nothing but its own status.
 Discoveries share ``CONCURRENCY`` slots (``DiscoverySlots``), at most ``PER_NAMESPACE`` of them
 held by the servers of one namespace and at most ``PER_TENANT`` by those of one tenant, every
-namespace bound to it together: servers that hang hold their namespace's and their tenant's
-share, never every slot, however many namespaces a tenant spreads them over, so another
-tenant's servers are still discovered at once. The namespaces that fall to the default tenant
-are many parties, not one: each is held to its own share only.
+namespace of it together (the default tenant's too): servers that hang hold their namespace's
+and their tenant's share, never more than a third of the slots, however many namespaces a
+tenant spreads them over, so another tenant's servers are still discovered at once, and
+another namespace of the same tenant within the tenant's share.
 A failed refresh keeps the last good list (runs keep being admitted with it) and says so in the
 condition. A server whose URL its namespace's tenant does not allow (``spec.toolServers``) is
 never contacted: ``Ready=False``, reason ``NotAllowed``, no tools; an allowed one is reached
@@ -45,11 +45,12 @@ from .status import Reason, discovered_status, failed_status, keep_transition, r
 
 log = logging.getLogger(__name__)
 
-CONCURRENCY = 16
+CONCURRENCY = 24
 """Discoveries running at once, over all namespaces."""
 PER_TENANT = 8
-"""Discoveries of the servers of one tenant's namespaces running at once (half of all: what
-one tenant's hanging servers can hold, over any number of its namespaces)."""
+"""Discoveries of the servers of one tenant's namespaces running at once (a third of all: what
+one tenant's hanging servers can hold, over any number of its namespaces; two tenants' still
+leave a third)."""
 PER_NAMESPACE = 4
 """Discoveries of one namespace's servers running at once."""
 
@@ -88,9 +89,8 @@ class ShareOf(Protocol):
     the wiring)."""
 
     async def __call__(self, namespace: str) -> str | None:
-        """The tenant that binds ``namespace`` (by name or selector); ``None`` when none does
-        (its runs fall to the default tenant, or to nobody) or it cannot be read: the
-        namespace is then held to its own share only. Never raises."""
+        """The tenant of ``namespace``; ``None`` when it has none or it cannot be read (the
+        namespace is then held to its own share only). Never raises."""
         ...
 
 
@@ -130,6 +130,12 @@ class DiscoverySlots:
         self._namespaces = _Shares(per_namespace)
         self._tenants = _Shares(per_tenant)
         self._share = share
+
+    @classmethod
+    def standard(cls, share: ShareOf) -> DiscoverySlots:
+        """The operator's: ``CONCURRENCY`` in all, ``PER_TENANT`` of one tenant's servers
+        (``share``), ``PER_NAMESPACE`` of one namespace's."""
+        return cls(CONCURRENCY, per_namespace=PER_NAMESPACE, per_tenant=PER_TENANT, share=share)
 
     @contextlib.asynccontextmanager
     async def slot(self, namespace: str) -> AsyncIterator[None]:
@@ -189,7 +195,7 @@ class ToolServerRefresher:
     ) -> None:
         """``reach``: the rules a server's URL must meet (its namespace's tenant's);
         ``tick``: seconds between two looks for due servers; ``slots``: the discoveries
-        running at once (default: 16, at most 4 of one namespace's, each namespace counted on
+        running at once (default: 24, at most 4 of one namespace's, each namespace counted on
         its own; the others wait their turn, none blocks anything else; the wiring adds each
         tenant's share); ``max_timeout``: the most seconds one discovery may take (the
         platform's cap on ``spec.timeouts.discovery``)."""

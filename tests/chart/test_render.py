@@ -586,8 +586,8 @@ def test_the_lease_flowschema_names_the_operators_account_and_never_the_default_
             "192",
         ),
         (
-            {"worker.autoscaling.hpa.enabled": "true", "worker.autoscaling.hpa.maxReplicas": "5"},
-            "240",
+            {"worker.autoscaling.hpa.enabled": "true", "worker.autoscaling.hpa.minReplicas": "3"},
+            "144",  # the CPU-based HPA does not scale for turns waiting: its least slots
         ),
         ({"worker.concurrency": "1", "worker.replicas": "1"}, "1"),
         ({"operator.defaultMaxConcurrentTurns": "7"}, "7"),

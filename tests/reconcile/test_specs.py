@@ -144,20 +144,20 @@ def test_a_tenant_that_sets_no_turn_cap_gets_the_platforms() -> None:
     assert Tenants(FakeKube(), default_turns=0).max_concurrent_turns("none") is None
 
 
-async def test_a_namespaces_discovery_share_is_its_binding_tenants_never_the_defaults() -> None:
-    """The namespaces that fall to the default tenant are many parties: none counts against
-    the default tenant's discovery share, even one it also binds by name elsewhere."""
-    api = FakeKube()
-    tenants = Tenants(api, default="fallback")
+async def test_a_namespaces_discovery_share_is_its_tenants_the_default_one_included() -> None:
+    """The namespaces that fall to the default tenant share its discovery share, as they
+    share its budget; a namespace with no tenant, or several, has none (its servers are
+    refused at once)."""
+    tenants = Tenants(FakeKube(), default="fallback")
     tenants.put({"metadata": {"name": "fallback"}, "spec": {"namespaces": ["listed"]}})
     tenants.put({"metadata": {"name": "acme"}, "spec": {"namespaces": ["team-a"]}})
     tenants.put({"metadata": {"name": "x"}, "spec": {"namespaces": ["shared"]}})
     tenants.put({"metadata": {"name": "y"}, "spec": {"namespaces": ["shared"]}})
     assert await tenants.discovery_share("team-a") == "acme"
     assert await tenants.discovery_share("listed") == "fallback"
-    assert (await tenants.resolve("elsewhere")).name == "fallback"
-    assert await tenants.discovery_share("elsewhere") is None
+    assert await tenants.discovery_share("elsewhere") == "fallback"
     assert await tenants.discovery_share("shared") is None
+    assert await Tenants(FakeKube()).discovery_share("elsewhere") is None
 
 
 @pytest.mark.parametrize(

@@ -402,8 +402,9 @@ the operator (role "operator"). */}}
 
 {{/*
 The maxConcurrentTurns of tenants that set none: operator.defaultMaxConcurrentTurns, or three
-quarters of the workers' slots (worker.concurrency × replicas, the autoscaler's maxReplicas when
-one owns them), at least 1.
+quarters of the workers' slots (worker.concurrency × replicas), at least 1. With KEDA, which
+scales on the turns held, the slots at maxReplicas; with the CPU-based HPA, which does not
+scale for turns that wait on tool calls, the slots at minReplicas.
 */}}
 {{- define "agentrun.defaultTurnCap" -}}
 {{- $given := .Values.operator.defaultMaxConcurrentTurns -}}
@@ -413,7 +414,7 @@ one owns them), at least 1.
 {{- if $scaling.keda.enabled -}}
 {{- $replicas = int $scaling.keda.maxReplicas -}}
 {{- else if $scaling.hpa.enabled -}}
-{{- $replicas = int $scaling.hpa.maxReplicas -}}
+{{- $replicas = int $scaling.hpa.minReplicas -}}
 {{- end -}}
 {{- max 1 (div (mul $replicas (int .Values.worker.concurrency) 3) 4) -}}
 {{- else -}}

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kube_support import FakeKube
 
+from agentrun.operator.tenants.registry import Tenants
 from agentrun.operator.toolservers import refresher
 from agentrun.operator.toolservers.refresher import DiscoverySlots
 from agentrun.operator.toolservers.spec import TOOL_SERVERS
@@ -238,3 +239,33 @@ async def test_a_tenants_share_bounds_its_namespaces_together() -> None:
     release.set()
     await asyncio.gather(*tasks)
     assert len(held) == 24
+
+
+@pytest.mark.parametrize("hogs", ["four-default-namespaces", "two-tenants"])
+async def test_another_tenants_discovery_is_not_behind_hanging_servers(hogs: str) -> None:
+    """One party's four namespaces that fall to the default tenant, or two AgentTenants with
+    two namespaces each, put 24 servers that never answer in discovery: the operator's slots
+    (as the wiring makes them) still discover another tenant's server at once (and, beside
+    two hostile tenants, a default namespace's); the default tenant's namespaces hold its
+    share together, no more."""
+    tenants = Tenants(FakeKube(), default="fallback")
+    tenants.put({"metadata": {"name": "fallback"}, "spec": {}})
+    tenants.put({"metadata": {"name": "acme"}, "spec": {"namespaces": ["acme-ns"]}})
+    tenants.put({"metadata": {"name": "x"}, "spec": {"namespaces": ["x0", "x1"]}})
+    tenants.put({"metadata": {"name": "y"}, "spec": {"namespaces": ["y0", "y1"]}})
+    namespaces = ["x0", "x1", "y0", "y1"] if hogs == "two-tenants" else ["p0", "p1", "p2", "p3"]
+    slots = DiscoverySlots.standard(tenants.discovery_share)
+    release, held = asyncio.Event(), []
+    hanging = [
+        asyncio.create_task(hold(slots, namespaces[i % 4], release, held)) for i in range(24)
+    ]
+    await asyncio.sleep(0.05)
+    try:
+        for other in ("acme-ns", "p9") if hogs == "two-tenants" else ("acme-ns",):
+            async with asyncio.timeout(1.0), slots.slot(other):
+                pass
+        if hogs != "two-tenants":
+            assert len(held) == refresher.PER_TENANT  # the default tenant's share, no more
+    finally:
+        release.set()
+        await asyncio.gather(*hanging)
