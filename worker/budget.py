@@ -74,6 +74,9 @@ class SpendWatch:
     - the same, by the platform — a draining worker handing the turn back
       (``pulling.HANDED_BACK``): nothing, as another worker asks the model again and that
       call is charged;
+    - the same, by the client's own timeout on every attempt (``RetryPolicy.request_timeout``:
+      a provider still reading a huge prompt): the prompt's bound, once (each retry was read
+      too; only one is known to have been);
     - a call that never connected or was refused: nothing.
     """
 
@@ -100,10 +103,10 @@ class SpendWatch:
         self.noted.append(usage)
         self.hold.note(usage)
 
-    def unanswered(self, cancel: asyncio.CancelledError) -> None:
-        """Note the call abandoned at its prompt's bound, unless ``cancel`` is the platform
+    def unanswered(self, cut: BaseException) -> None:
+        """Note the call abandoned at its prompt's bound, unless ``cut`` is the platform
         handing the turn back (``pulling.handed_back``)."""
-        if not pulling.handed_back(cancel):
+        if not (isinstance(cut, asyncio.CancelledError) and pulling.handed_back(cut)):
             self.abandoned(Delivery())
 
     async def charge_abandoned(self) -> None:

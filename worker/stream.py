@@ -241,10 +241,11 @@ class StreamWatch(Protocol):
         (its headers) (no awaiting: it may be a cancellation)."""
         ...
 
-    def unanswered(self, cancel: asyncio.CancelledError) -> None:
-        """Called once when the call is cancelled (``cancel``: the run cancelled or deleted,
-        its deadline, a worker handing the turn back) after its request went out and before
-        its answer: the provider has read the prompt. No awaiting, as for ``abandoned``."""
+    def unanswered(self, cut: BaseException) -> None:
+        """Called once when the call is cut after its request went out and before its answer
+        (``cut``: a cancellation — the run cancelled or deleted, its deadline, a worker
+        handing the turn back — or the client's read timeout on its last attempt): the
+        provider has read the prompt. No awaiting, as for ``abandoned``."""
         ...
 
 
@@ -299,17 +300,29 @@ async def read_stream(
 @contextlib.contextmanager
 def cut_unanswered(watch: StreamWatch | None) -> Iterator[None]:
     """Tell ``watch`` (``StreamWatch.unanswered``) when the block — sending a request and
-    awaiting its answer — is cancelled; the cancellation goes on. A call that failed to
-    connect or was refused raises something else and is not told. A cancellation that comes
-    while the client still connects, or waits to retry, is told as well: the block cannot see
-    whether the request went out, and a tenant's cut is rather charged once too often than a
-    prompt the provider read left uncharged."""
+    awaiting its answer — is cancelled, or ends with the client's read timeout (its last
+    attempt sent whole and never answered: a provider still reading a huge prompt); either
+    goes on. A call that failed to connect, timed out connecting or sending, or was refused
+    is not told. A cancellation that comes while the client still connects, or waits to
+    retry, is told as well: the block cannot see whether the request went out, and a
+    tenant's cut is rather charged once too often than a prompt the provider read left
+    uncharged."""
     try:
         yield
     except asyncio.CancelledError as cancel:
         if watch is not None:
             watch.unanswered(cancel)
         raise
+    except openai.APITimeoutError as timeout:
+        if watch is not None and _read_timeout(timeout):
+            watch.unanswered(timeout)
+        raise
+
+
+def _read_timeout(err: openai.APITimeoutError) -> bool:
+    """Whether the client gave up waiting for an answer to a request it had sent (a read
+    timeout, httpx's ``ReadTimeout``), not while connecting or sending."""
+    return type(err.__cause__).__name__ == "ReadTimeout"
 
 
 def refuses_streaming(body: object) -> bool:

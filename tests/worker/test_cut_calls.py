@@ -212,3 +212,20 @@ async def test_a_draining_worker_hands_an_unanswered_call_back_uncharged(slow: S
     assert slow.model_calls() == 1
     book = await slow.book()
     assert (book.used_tokens, book.abandoned_tokens) == (0, 0)
+
+
+@pytest.mark.parametrize("streams", [True, False], ids=["streamed", "refuses-streaming"])
+async def test_a_call_whose_attempts_time_out_unanswered_is_charged_its_prompt(
+    streams: bool,
+) -> None:
+    """The client's own per-attempt timeout (a provider still reading a huge prompt) ends
+    the call with a read timeout after its retries, not a cancellation: the provider read
+    the prompt, so it is charged its bound (once)."""
+    client = ModelClient(RetryPolicy(max_retries=1, request_timeout=0.5))
+    hold = Hold()
+    watch = budget.SpendWatch(hold, CALL, PRICING)
+    async with holding(streams=streams) as base:
+        with pytest.raises(ModelError):
+            await client.complete(chat(base), deadline=time.time() + 30, watch=watch)
+        await client.close()
+    assert watch.noted == [PROMPT_BOUND]
