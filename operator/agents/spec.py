@@ -54,10 +54,19 @@ class PricingSpec(SpecModel):
     """``AgentModel.spec.pricing``: USD per one million tokens."""
 
     input_per_million: USD = Field(default=Decimal(0), alias="inputPerMillionUSD")
-    cached_input_per_million: USD = Field(default=Decimal(0), alias="cachedInputPerMillionUSD")
+    cached_input_per_million: USD | None = Field(default=None, alias="cachedInputPerMillionUSD")
+    """Unset: the input price (cached tokens are never free by omission)."""
     output_per_million: USD = Field(default=Decimal(0), alias="outputPerMillionUSD")
     free: bool = False
     """``pricing.free: true``: the model's calls cost nothing, said on purpose."""
+
+    @property
+    def cached_input(self) -> Decimal:
+        """The price of cached prompt tokens: ``cachedInputPerMillionUSD``, or the input
+        price when it is unset."""
+        if self.cached_input_per_million is None:
+            return self.input_per_million
+        return self.cached_input_per_million
 
     @property
     def unpriced(self) -> tuple[str, ...]:
@@ -125,7 +134,7 @@ def model_config(name: str, model: Mapping[str, Any]) -> ModelConfig:
         model=spec.model,
         pricing=kernel.Pricing(
             pricing.input_per_million,
-            pricing.cached_input_per_million,
+            pricing.cached_input,
             pricing.output_per_million,
         ),
         context_window=spec.context_window,

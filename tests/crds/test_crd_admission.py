@@ -653,9 +653,8 @@ def test_get_agentmodels_shows_model_and_base_url_and_fills_defaults(
     assert result.returncode == 0, result.stderr
     spec = get_json(kubectl, "agentmodel", agentmodel_name)["spec"]
     assert spec["credentials"]["secretRef"]["key"] == "apiKey"
-    assert spec["pricing"] == {
+    assert spec["pricing"] == {  # no cached price: the input price, not "0"
         "inputPerMillionUSD": "0",
-        "cachedInputPerMillionUSD": "0",
         "outputPerMillionUSD": "0",
         "free": False,  # unpriced, not declared free: refused where a cost budget applies
     }

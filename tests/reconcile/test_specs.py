@@ -9,7 +9,7 @@ import pytest
 from kube_support import FakeKube
 
 from agentrun import kernel
-from agentrun.operator.agents.spec import AgentModelSpec
+from agentrun.operator.agents.spec import AgentModelSpec, model_config
 from agentrun.operator.platform import spec as specs
 from agentrun.operator.platform.spec import Duration, SpecError, not_found
 from agentrun.operator.runs.spec import IMPLICIT_BUDGET, AgentRunSpec
@@ -88,6 +88,22 @@ def test_an_agentmodel_spec_reads_prices_as_decimals() -> None:
     spec = AgentModelSpec.of("m", {"pricing": {"outputPerMillionUSD": "10.5"}, "model": "x"})
     assert spec.pricing.output_per_million == Decimal("10.5")
     assert spec.pricing.input_per_million == Decimal(0)
+
+
+@pytest.mark.parametrize(
+    ("pricing", "cached"),
+    [
+        ({"inputPerMillionUSD": "2.50", "outputPerMillionUSD": "10"}, Decimal("2.50")),
+        ({"inputPerMillionUSD": "2.50", "cachedInputPerMillionUSD": "0"}, Decimal(0)),
+        ({"inputPerMillionUSD": "2.50", "cachedInputPerMillionUSD": "1.25"}, Decimal("1.25")),
+    ],
+    ids=["unset-is-the-input-price", "zero-on-purpose", "set"],
+)
+def test_cached_prompt_tokens_are_never_free_by_omission(
+    pricing: dict[str, str], cached: Decimal
+) -> None:
+    model = {"spec": {"baseURL": "http://m/v1", "model": "x", "pricing": pricing}}
+    assert model_config("m", model).pricing.cached_input_per_million == cached
 
 
 def test_an_agenttenant_without_a_window_gets_a_day() -> None:
