@@ -5,7 +5,8 @@ can be newer than its CRDs, and the API server then prunes status fields it does
 (silently) or answers 404 for a kind it does not serve. So before it touches anything the
 operator reads the CRD objects and compares them with ``REQUIRED``: every kind of the CRDs it
 ships with served at ``v1alpha1`` with a status subresource, and every ``.spec`` and
-``.status`` field of those CRDs (``crdfields``) present in the installed schema. Until they
+``.status`` field of those CRDs (``crdfields``) present in the installed schema, and none of
+the fields whose absence means something (``UNDEFAULTED``) defaulted. Until they
 match the operator is not ready, says so once in its log and once as a Kubernetes Event on the
 CRD, and checks again every few seconds; once they match it goes on without a restart.
 
@@ -38,6 +39,9 @@ class KindRequirement:
     plural: str
     status_fields: tuple[str, ...] = ()
     spec_fields: tuple[str, ...] = ()
+    undefaulted: tuple[str, ...] = ()
+    """``.spec`` fields the CRD must not default: the operator reads their absence as a
+    meaning of its own, which a default written into every new object would take away."""
 
     @property
     def crd_name(self) -> str:
@@ -45,8 +49,16 @@ class KindRequirement:
         return f"{self.plural}.{kube.GROUP}"
 
 
+UNDEFAULTED: Mapping[str, tuple[str, ...]] = {
+    "AgentModel": ("pricing.cachedInputPerMillionUSD",),  # unset: the input price
+}
+"""By kind, the ``.spec`` fields whose absence means something (``KindRequirement.undefaulted``);
+a release before this one defaulted them."""
+
 REQUIRED = tuple(
-    KindRequirement(kind, plural, status_fields=status, spec_fields=spec)
+    KindRequirement(
+        kind, plural, status_fields=status, spec_fields=spec, undefaulted=UNDEFAULTED.get(kind, ())
+    )
     for kind, (plural, spec, status) in SERVED.items()
 )
 """The kinds this operator serves, as ``v1alpha1``, each with every field of the CRD it ships
@@ -69,16 +81,22 @@ def schema_paths(schema: Mapping[str, Any]) -> tuple[str, ...]:
 UPGRADE_HINT = "apply the chart's CRDs: kubectl apply --server-side -f charts/agentrun/crds/"
 
 
-def _has_path(schema: Mapping[str, Any], path: str) -> bool:
+def _field(schema: Mapping[str, Any], path: str) -> Mapping[str, Any] | None:
+    """The schema of field ``path`` (dotted); ``{}`` inside an object that preserves unknown
+    fields; ``None`` when the schema has no such field."""
     node: Mapping[str, Any] = schema
     for part in path.split("."):
         if node.get("x-kubernetes-preserve-unknown-fields"):
-            return True
+            return {}
         properties: Mapping[str, Any] = node.get("properties") or {}
         if part not in properties:
-            return False
+            return None
         node = properties[part]
-    return True
+    return node
+
+
+def _has_path(schema: Mapping[str, Any], path: str) -> bool:
+    return _field(schema, path) is not None
 
 
 def _version(crd: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -110,6 +128,13 @@ def check_kind(need: KindRequirement, crd: Mapping[str, Any] | None) -> list[str
         missing = [path for path in fields if not _has_path(schema, path)]
         if missing:
             problems.append(f"CRD {need.crd_name} lacks .{section} fields: {', '.join(missing)}")
+    spec: Mapping[str, Any] = properties.get("spec") or {}
+    defaulted = [p for p in need.undefaulted if "default" in (_field(spec, p) or {})]
+    if defaulted:
+        problems.append(
+            f"CRD {need.crd_name} defaults .spec fields whose absence now means something "
+            f"(an older release's CRD): {', '.join(defaulted)}"
+        )
     return problems
 
 

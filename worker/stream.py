@@ -11,13 +11,13 @@ and its errors (``model``), budgets (the kernel's allowance, the ledger's hold).
 Two counts. A provider that honours ``max_tokens`` stops at the allowance by its own
 tokenizer; the cut must not come before that, so it compares a count that does not run ahead
 of a real tokenizer's: the content-bearing chunks (streaming servers send at least one token
-per chunk; OpenAI's and llama.cpp's send one) or six ASCII characters a token plus two other
-characters a token (English runs 4–5 characters a cl100k token, CJK one or two tokens a
-character), whichever is larger. A response cut there — its provider ignored ``max_tokens`` —
-is charged at the usual density (``charged_tokens``: four ASCII characters or one other
-character a token, at least the chunks), which may pass what was held for it: that call's
-overrun ends the run with its cap's reason and is counted in
-``agentrun_budget_overrun_tokens_total``.
+per chunk; OpenAI's and llama.cpp's send one) or ``kernel.least_tokens``'s rates, sixteen
+ASCII characters a token plus eight other characters a token (English runs 4–5 characters a
+cl100k token, Russian about 5 an o200k token, CJK one or two), whichever is larger. A
+response cut there — its provider ignored ``max_tokens`` — is charged at the usual density
+(``charged_tokens``: four ASCII characters or one other character a token, at least the
+chunks), which may pass what was held for it: that call's overrun ends the run with its cap's
+reason and is counted in ``agentrun_budget_overrun_tokens_total``.
 """
 
 from __future__ import annotations
@@ -168,9 +168,12 @@ class Delivery:
     @property
     def delivered_tokens(self) -> int:
         """Output tokens delivered, counted so as not to run ahead of a real tokenizer's
-        count (what the cut compares with the allowance): the content-bearing chunks, or six
-        ASCII characters a token plus two other characters a token, whichever is larger."""
-        return max(self.chunks, -(-self.ascii_chars // 6) + -(-self.other_chars // 2))
+        count (what the cut compares with the allowance): the content-bearing chunks, or
+        ``kernel.LEAST_ASCII_CHARS`` ASCII characters a token plus ``LEAST_OTHER_CHARS``
+        other characters a token (the rates of ``kernel.least_tokens``), whichever is
+        larger."""
+        ascii_tokens = -(-self.ascii_chars // kernel.LEAST_ASCII_CHARS)
+        return max(self.chunks, ascii_tokens + -(-self.other_chars // kernel.LEAST_OTHER_CHARS))
 
     @property
     def charged_tokens(self) -> int:

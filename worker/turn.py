@@ -330,7 +330,7 @@ async def _call_model(
         except ModelError as err:
             _record_failure(span, err, config=config, start=started)
             raise
-        usage = _usage_of(response, config=config, call=call, tools=tools)
+        usage = await _read_usage(response, config=config, call=call, tools=tools)
         span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
         # OTel GenAI: the reasoning part, which gen_ai.usage.output_tokens includes
@@ -339,6 +339,25 @@ async def _call_model(
             span.set_attribute("gen_ai.response.id", response["id"])
         metrics.record_model_call(config, seconds=time.perf_counter() - started, usage=usage)
         return response, usage
+
+
+IN_THREAD_CHARS = 1 << 20
+"""Characters of prompt above which a call's usage is read in a thread: checking a provider's
+count against the text's floor (``kernel.least_tokens``) may read it all (about 40 ms a
+megabyte), and the event loop serves the other runs meanwhile."""
+
+
+async def _read_usage(
+    response: dict[str, Any],
+    *,
+    config: RunConfig,
+    call: kernel.CallModel,
+    tools: Sequence[Mapping[str, Any]],
+) -> kernel.Usage:
+    """``_usage_of``, in a thread for a prompt over ``IN_THREAD_CHARS``."""
+    if sum(len(str(m.get("content") or "")) for m in call.prompt) > IN_THREAD_CHARS:
+        return await asyncio.to_thread(_usage_of, response, config=config, call=call, tools=tools)
+    return _usage_of(response, config=config, call=call, tools=tools)
 
 
 def _usage_of(

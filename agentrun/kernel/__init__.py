@@ -86,6 +86,8 @@ from agentrun.kernel.terminal import (
 )
 from agentrun.kernel.transcript import summary_request
 from agentrun.kernel.usage import (
+    LEAST_ASCII_CHARS,
+    LEAST_OTHER_CHARS,
     Usage,
     estimate_tokens,
     least_tokens,
@@ -97,6 +99,8 @@ from agentrun.kernel.validate import CheckedCall, InvalidCall, ToolSchema, check
 
 __all__ = [
     "DENIED",
+    "LEAST_ASCII_CHARS",
+    "LEAST_OTHER_CHARS",
     "MESSAGE_CAP",
     "MIN_SHRUNK_OUTPUT_TOKENS",
     "Answered",

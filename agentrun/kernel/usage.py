@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -179,12 +179,15 @@ LEAST_ASCII_CHARS = 16
 """ASCII characters (whitespace and repeats left out) that ``least_tokens`` counts as one
 token: more than cl100k_base or o200k_base pack into one token of prose, code or
 pretty-printed JSON (at most about 12 characters a token, whitespace included)."""
-LEAST_OTHER_CHARS = 4
-"""Other characters that ``least_tokens`` counts as one token."""
+LEAST_OTHER_CHARS = 8
+"""Other characters that ``least_tokens`` counts as one token: more than o200k_base packs into
+one of Russian prose (about 5), or any tokenizer in use of CJK, Hindi or Arabic text."""
 RUN_CHARS = 64
 """Characters of a run of one repeated character (a ruler, padding) that ``least_tokens``
-counts as one: tokenizers pack such runs far denser than prose (about 48 a token)."""
-_REPEATS = re.compile(rf"(\S)\1{{{RUN_CHARS - 1},}}")
+counts as one: tokenizers pack such runs far denser than prose (up to 48 a token)."""
+RUN_MIN = 8
+"""The shortest run ``least_tokens`` shrinks so (cl100k_base has one-token rulers of 16)."""
+_REPEATS = re.compile(rf"(\S)\1{{{RUN_MIN - 1},}}")
 _WHITESPACE = " \t\n\r\f\v"
 
 
@@ -199,11 +202,12 @@ def _shrunk_run(run: re.Match[str]) -> str:
 def least_tokens(texts: Sequence[str], *, above: int = 0) -> int:
     """The fewest tokens any tokenizer in use counts for ``texts``, or ``above`` if that is
     more: whitespace left out (it merges into the words beside it), a run of one repeated
-    character counted one character per ``RUN_CHARS``, then ``LEAST_ASCII_CHARS`` ASCII or
-    ``LEAST_OTHER_CHARS`` other characters a token. A provider's count below it is a gross
-    under-count (a 60,000-character reply reported as 0 tokens) and is not believed; an
-    honest count is always above it. The exact pass (whitespace and repeats) runs only when
-    the quick bound, every character counted, exceeds ``above``: not for an honest count."""
+    character (``RUN_MIN`` or longer) counted one character per ``RUN_CHARS``, then
+    ``LEAST_ASCII_CHARS`` ASCII or ``LEAST_OTHER_CHARS`` other characters a token. A
+    provider's count below it is a gross under-count (a 60,000-character reply reported as 0
+    tokens) and is not believed; an honest count is always above it. The exact pass
+    (whitespace and repeats) runs only when the quick bound, every character counted,
+    exceeds ``above``: not for an honest count."""
     ascii_chars = other = 0
     for text in texts:
         count = len(text.encode("ascii", "ignore"))
@@ -212,12 +216,24 @@ def least_tokens(texts: Sequence[str], *, above: int = 0) -> int:
     if _least(ascii_chars, other) <= above:
         return above
     ascii_chars = other = 0
-    for text in texts:
-        dense = _REPEATS.sub(_shrunk_run, text)
+    for piece in _pieces(texts):
+        dense = _REPEATS.sub(_shrunk_run, piece)
         count = len(dense.encode("ascii", "ignore"))
         ascii_chars += count - sum(dense.count(space) for space in _WHITESPACE)
         other += len(dense) - count
     return max(above, _least(ascii_chars, other))
+
+
+PIECE_CHARS = 65_536
+"""Characters ``least_tokens`` reads in one pass of its regex: each pass holds the GIL, so a
+caller in a thread lets the event loop run between pieces (a run cut at a piece's end counts
+one character more, at most)."""
+
+
+def _pieces(texts: Sequence[str]) -> Iterator[str]:
+    for text in texts:
+        for start in range(0, len(text), PIECE_CHARS):
+            yield text[start : start + PIECE_CHARS]
 
 
 def _details(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:

@@ -19,6 +19,7 @@ from agentrun.ledger import codec
 from agentrun.ledger.book import Book
 from agentrun.ledger.cas import LedgerUnavailable
 from agentrun.ledger.entries import (
+    NO_CALL_OWNER,
     RESOURCES,
     Active,
     BudgetRefusal,
@@ -38,6 +39,7 @@ from agentrun.ledger.store import INLINE_RUNS, BookMissing, LedgerStore, QueueFu
 __all__ = [
     "DEFAULT_HOLD_TTL",
     "INLINE_RUNS",
+    "NO_CALL_OWNER",
     "RESOURCES",
     "Active",
     "Book",

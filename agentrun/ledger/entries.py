@@ -78,6 +78,14 @@ def run_of(key: str) -> str:
     return key.partition(":")[0]
 
 
+NO_CALL_OWNER = "-"
+"""The owner a ``turn`` event names when the delivery that committed it holds none of its model
+call in the record: its call was charged as abandoned (cut by the deadline, a broken stream;
+``TurnHold.commit_owner``). Resolving the turn by it charges the other deliveries' answered
+calls as abandoned, as for any committer, and takes no charge back (no hold has this
+owner). An empty owner resolves nothing."""
+
+
 def aside_key(key: str, owner: str) -> str:
     """Where the answered hold of delivery ``owner`` of turn ``key`` (``<run-uid>:<turn>``)
     waits while another delivery of the same turn holds ``key``: ``<key>/<owner>``."""

@@ -42,7 +42,7 @@ from decimal import Decimal
 from typing import Protocol
 
 from agentrun import kernel
-from agentrun.ledger.entries import TURN_COMMITTED, BudgetRefusal, Hold
+from agentrun.ledger.entries import NO_CALL_OWNER, TURN_COMMITTED, BudgetRefusal, Hold
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
 
 log = logging.getLogger(__name__)
@@ -318,10 +318,11 @@ class TurnHold:
     @property
     def commit_owner(self) -> str:
         """The owner a commit of this delivery's turn names, the delivery whose model call
-        the record holds: ``owner``, or "" once the call was charged aside (``abandon``) —
-        named, the commit's settlement would take that charge back as the run's
-        (``Book.resolve_turn``), though the record holds none of it."""
-        return "" if self.charged_aside else self.owner
+        the record holds: ``owner``, or ``NO_CALL_OWNER`` once the call was charged aside
+        (``abandon``) — named, the commit's settlement would take that charge back as the
+        run's (``Book.resolve_turn``), though the record holds none of it; the turn's other
+        deliveries' answered calls are still charged as abandoned."""
+        return NO_CALL_OWNER if self.charged_aside else self.owner
 
     async def _drop(self, usage: kernel.Usage | None) -> None:
         """Drop the hold if this delivery still owns it, charging ``usage`` if given — also

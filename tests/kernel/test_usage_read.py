@@ -45,8 +45,8 @@ def test_a_count_from_zero_to_the_largest_believed_is_read_as_reported(count: in
 
 @pytest.mark.parametrize(
     ("content", "floor"),
-    [("word " * 400, 100), ("長城" * 300, 150), ("長" * 600, 3), ("", 0)],
-    ids=["ascii-sixteen-a-token", "other-four-a-token", "a-run-64-a-character", "no-text"],
+    [("word " * 400, 100), ("長城" * 300, 75), ("長" * 600, 2), ("", 0)],
+    ids=["ascii-sixteen-a-token", "other-eight-a-token", "a-run-64-a-character", "no-text"],
 )
 def test_reported_output_below_the_text_returned_is_charged_the_texts_floor(
     content: str, floor: int

@@ -55,6 +55,22 @@ def test_an_older_agentrun_crd_is_named_with_the_fields_it_lacks() -> None:
     ]
 
 
+def test_an_older_agentmodel_crd_that_defaults_the_cached_price_is_named() -> None:
+    """An unset cached price is the input price: the CRD of a release before, which defaulted
+    it to "0", would write a free "0" into every new AgentModel."""
+    crds = copy.deepcopy(installed(CRD_DIRS[0]))
+    crd = crds["agentmodels.agentrun.dev"]
+    assert crd is not None
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    cached = spec["properties"]["pricing"]["properties"]["cachedInputPerMillionUSD"]
+    assert "default" not in cached
+    cached["default"] = "0"
+    assert crdcheck.find_mismatches(crds) == [
+        "CRD agentmodels.agentrun.dev defaults .spec fields whose absence now means something "
+        "(an older release's CRD): pricing.cachedInputPerMillionUSD"
+    ]
+
+
 def test_a_missing_crd_an_unserved_version_and_no_status_subresource_are_each_named() -> None:
     crds = copy.deepcopy(installed(CRD_DIRS[0]))
     crds["agenttenants.agentrun.dev"] = None
