@@ -265,13 +265,24 @@ def billed_output(
     return output, min(known, output)
 
 
+TOOLS_UNCOUNTED = 16_384
+"""Characters of a request's tool definitions (their strings: names, descriptions, schema
+words) that ``prompt_texts`` leaves to the provider's count: each renders them in its own
+template, which may drop or shorten parts, so only what lies past this is surely read (a
+tool server's megabyte of descriptions reported as 0 prompt tokens)."""
+
+
 def prompt_texts(
     messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
 ) -> list[str]:
     """The texts of a request's ``messages`` (their content, as text or parts, and their tool
-    calls) and of its ``tools`` (the definitions sent, as JSON): what ``least_tokens`` counts
-    to bound a provider's reported prompt from below."""
-    texts: list[str] = [json.dumps(tools)] if tools else []
+    calls) and of its ``tools`` past their first ``TOOLS_UNCOUNTED`` characters (the strings
+    of the definitions sent): what ``least_tokens`` counts to bound a provider's reported
+    prompt from below."""
+    texts: list[str] = []
+    definitions = " ".join(_strings(tools))
+    if len(definitions) > TOOLS_UNCOUNTED:
+        texts.append(definitions[TOOLS_UNCOUNTED:])
     for message in messages:
         content = message.get("content")
         if isinstance(content, str):
@@ -281,6 +292,19 @@ def prompt_texts(
                 texts.append(part["text"])
         texts += completion_texts({"tool_calls": message.get("tool_calls")})
     return texts
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON value, keys included, depth first."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
 
 
 def _estimated(

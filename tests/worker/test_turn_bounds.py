@@ -164,12 +164,11 @@ async def test_eighty_large_results_in_one_turn_are_committed_bounded_and_the_ru
     end = events[-1].summary
     assert (end.phase, end.answer) == (Phase.COMPLETED, "read 1 turns of pages")
     assert (end.steps, end.tool_calls, end.tool_failures, end.corrections) == (2, CALLS, 0, 0)
-    # the scripted model reports 1,100 prompt tokens in all: the second prompt's 780 is above
-    # the floor of its text (the 80 results), the first's is not (it carries the tool
-    # definitions too): that prompt is charged its floor
-    first, second = events[1].record, events[2].record
-    assert isinstance(first, kernel.Answered) and isinstance(second, kernel.Answered)
-    assert (first.usage.input_tokens > 320, second.usage.input_tokens) == (True, 780)
+    # the scripted model reports 1,100 prompt tokens in all; the second prompt holds the 80
+    # calls and their results (clipped pages, their notes), more than its 600: that prompt is
+    # charged its text's floor
+    second = events[2].record
+    assert isinstance(second, kernel.Answered) and second.usage.input_tokens > 600
     assert (end.usage.input_tokens > 1100, end.usage.output_tokens) == (True, 410)
     record = events[1].record
     assert isinstance(record, kernel.Answered)
