@@ -340,11 +340,13 @@ class RunEvent:
     owner: str = ""
     """On ``turn``: the delivery (its tenant-ledger hold owner) that committed it, whose model
     call the record contains; "" when no ledger hold was taken (and in events written before
-    deliveries were named). The ledger tells the committed call of a turn run twice apart from
-    the losing one by it. On ``approval`` and ``stop``: the committer of the run's last turn,
-    carried over (``stopped``), so whoever closes the run from its last event — the operator
-    on a terminal event, the ledger sweep — resolves that turn's holds by it ("" in events
-    written before it was carried)."""
+    deliveries were named); ``-`` (``ledger.NO_CALL_OWNER``) when the record holds none of the
+    committer's call, which was charged as abandoned (a deadline, a broken stream). The
+    ledger tells the committed call of a turn run twice apart from the losing one by it. On
+    ``approval`` and ``stop``: the committer of the run's last turn, carried over
+    (``stopped``), so whoever closes the run from its last event — the operator on a terminal
+    event, the ledger sweep — resolves that turn's holds by it ("" in events written before it
+    was carried)."""
     seal: Seal | None = None
     """Only on ``admitted`` and ``approval``: the operator's signature over the event's sealed
     content (``sealed_content``); ``None``: unsealed (written before seals existed, or not by
