@@ -341,10 +341,11 @@ async def _call_model(
         return response, usage
 
 
-IN_THREAD_CHARS = 1 << 20
-"""Characters of prompt above which a call's usage is read in a thread: checking a provider's
-count against the text's floor (``kernel.least_tokens``) may read it all (about 40 ms a
-megabyte), and the event loop serves the other runs meanwhile."""
+IN_THREAD_TOKENS = 1 << 20
+"""The prompt's bound (``CallModel.prompt_estimate``: at least a token a byte of the
+conversation) above which a call's usage is read in a thread: checking a provider's count
+against the text's floor (``kernel.least_tokens``) may read it all (about 40 ms a megabyte),
+and the event loop serves the other runs meanwhile."""
 
 
 async def _read_usage(
@@ -354,8 +355,8 @@ async def _read_usage(
     call: kernel.CallModel,
     tools: Sequence[Mapping[str, Any]],
 ) -> kernel.Usage:
-    """``_usage_of``, in a thread for a prompt over ``IN_THREAD_CHARS``."""
-    if sum(len(str(m.get("content") or "")) for m in call.prompt) > IN_THREAD_CHARS:
+    """``_usage_of``, in a thread for a prompt whose bound passes ``IN_THREAD_TOKENS``."""
+    if call.prompt_estimate > IN_THREAD_TOKENS:
         return await asyncio.to_thread(_usage_of, response, config=config, call=call, tools=tools)
     return _usage_of(response, config=config, call=call, tools=tools)
 

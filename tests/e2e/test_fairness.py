@@ -262,31 +262,9 @@ def test_hanging_tool_servers_in_one_namespace_do_not_starve_discovery_in_anothe
 ) -> None:
     """16 AgentToolServers in one namespace point at a server that accepts and never answers
     (discovery timeout 30 s): another namespace's real MCP server is still discovered at once,
-    while the hanging ones hold only their namespace's share of the discovery slots."""
+    while the hanging ones hold only their namespace's share of the discovery slots (4)."""
     hostile, other = more_namespaces(), more_namespaces()
-    hanging = HangingServer()
-    try:
-        for i in range(16):
-            manifest = tool_server(
-                f"hang-{i}", hanging.url, {"name": "add"}, timeouts={"discovery": "30s"}
-            )
-            stack_.apply(hostile, manifest)
-        wait_until(
-            lambda: len(hanging.accepted) >= 4, "discovery of the hanging servers", timeout=30
-        )
-        with mcp_support.running(tmp_path) as server:
-            started = time.monotonic()
-            stack_.apply(other, tool_server("good", server.url, {"name": "add"}))
-            status = wait_server(stack_, other, "good", "Discovered", timeout=10)
-            assert [t["name"] for t in status["tools"]] == ["add"]
-            assert time.monotonic() - started < 10
-        # the hostile namespace held its share, no more: 4 hung, and no 5th started until one
-        # of them timed out (on a machine slow enough to outlast the 30 s, more come after)
-        held = hanging.before_first_close
-        assert (len(hanging.accepted) if held is None else held) <= 4, hanging.before_first_close
-    finally:
-        stack_.kubectl("delete", "agenttoolservers", "--all", "-n", hostile, "--wait=false")
-        hanging.close()
+    hold_only_their_share(stack_, [hostile], servers=16, share=4, other=other, tmp_path=tmp_path)
 
 
 def test_hanging_tool_servers_over_one_tenants_namespaces_hold_its_share_only(
@@ -297,21 +275,37 @@ def test_hanging_tool_servers_over_one_tenants_namespaces_hold_its_share_only(
 ) -> None:
     """A tenant bound to four namespaces puts 6 hanging AgentToolServers in each (24, each
     namespace within its own share of 4): together they hold the tenant's 8 discovery slots,
-    never all 16, and another tenant's real MCP server is discovered at once."""
+    never all 24, and another tenant's real MCP server is discovered at once."""
     spread = [more_namespaces() for _ in range(4)]
     other = more_namespaces()
     loopback = {"allow": [{"host": "127.0.0.1", "privateNetwork": True}]}
     tenants(f"spread-{spread[0]}", spread, toolServers=loopback)
     tenants(f"other-{other}", [other], toolServers=loopback)
+    hold_only_their_share(stack_, spread, servers=24, share=8, other=other, tmp_path=tmp_path)
+
+
+def hold_only_their_share(
+    stack_: E2EStack,
+    hostile: list[str],
+    *,
+    servers: int,
+    share: int,
+    other: str,
+    tmp_path: Path,
+) -> None:
+    """``servers`` hanging AgentToolServers, spread over the ``hostile`` namespaces (discovery
+    timeout 30 s), hold ``share`` discovery slots, no more: no further one started until one
+    of them timed out (on a machine slow enough to outlast the 30 s, more come after); a real
+    MCP server in ``other`` is discovered at once beside them."""
     hanging = HangingServer()
     try:
-        for i in range(24):
+        for i in range(servers):
             manifest = tool_server(
                 f"hang-{i}", hanging.url, {"name": "add"}, timeouts={"discovery": "30s"}
             )
-            stack_.apply(spread[i % 4], manifest)
+            stack_.apply(hostile[i % len(hostile)], manifest)
         wait_until(
-            lambda: len(hanging.accepted) >= 8, "discovery of the hanging servers", timeout=30
+            lambda: len(hanging.accepted) >= share, "discovery of the hanging servers", timeout=30
         )
         with mcp_support.running(tmp_path) as server:
             started = time.monotonic()
@@ -320,9 +314,9 @@ def test_hanging_tool_servers_over_one_tenants_namespaces_hold_its_share_only(
             assert [t["name"] for t in status["tools"]] == ["add"]
             assert time.monotonic() - started < 10
         held = hanging.before_first_close
-        assert (len(hanging.accepted) if held is None else held) <= 8, hanging.before_first_close
+        assert (len(hanging.accepted) if held is None else held) <= share, held
     finally:
-        for namespace in spread:
+        for namespace in hostile:
             stack_.kubectl("delete", "agenttoolservers", "--all", "-n", namespace, "--wait=false")
         hanging.close()
 
