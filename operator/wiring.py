@@ -374,7 +374,7 @@ def _tool_servers(
     return ToolServerRefresher(
         api,
         reach=tenants.tool_server_rules,
-        slots=DiscoverySlots.standard(tenants.discovery_share),
+        slots=DiscoverySlots.standard(),
         max_timeout=settings.tool_discovery_timeout_max,
     )
 

@@ -14,7 +14,7 @@ from agentrun import metrics
 from agentrun.ledger import UsageFloor
 from agentrun.protocol import DEFAULT_TENANT, UrlRule
 
-from ..platform.kubeapi import ApiError, KubeApi
+from ..platform.kubeapi import KubeApi
 from ..platform.spec import ObjectMeta, not_found
 from . import policy as rules
 from .policy import TenantPolicy
@@ -140,17 +140,6 @@ class Tenants:
         as ``resolve`` does."""
         policy = await self.resolve(namespace)
         return policy.name, policy.tool_server_rules
-
-    async def discovery_share(self, namespace: str) -> str | None:
-        """The tenant whose share of the operator's tool discoveries ``namespace``'s
-        AgentToolServers count against: its tenant, the default one included (its
-        namespaces share one budget, and so one share of the discoveries); ``None`` when it
-        has none, several, or its labels cannot be read (its servers are refused at once
-        then, without a discovery). Never raises."""
-        try:
-            return (await self.resolve(namespace)).name
-        except (NoTenant, ApiError):
-            return None
 
     def _unbound(self, namespace: str) -> str:
         if self.default and self.default in self.invalid:

@@ -10,14 +10,13 @@ the modules inside (the import contracts check it); the handlers and the wiring 
 modules directly.
 """
 
-from .refresher import ReachRules, ShareOf
+from .refresher import ReachRules
 from .resolve import check_reach, is_pending, resolve_tool
 from .spec import split_reference
 from .store import ToolServerCache
 
 __all__ = [
     "ReachRules",
-    "ShareOf",
     "ToolServerCache",
     "check_reach",
     "is_pending",

@@ -84,41 +84,18 @@ class _Shares:
         return self._keys.get(key, (None, 0))[1]
 
 
-class ShareOf(Protocol):
-    """Whose discovery share a namespace's servers count against (the tenants' port, given by
-    the wiring)."""
-
-    async def __call__(self, namespace: str) -> str | None:
-        """The tenant of ``namespace``; ``None`` when it has none or it cannot be read (the
-        namespace is then held to its own share only). Never raises."""
-        ...
-
-
-async def no_tenant_share(namespace: str) -> str | None:
-    """A ``ShareOf`` that counts every namespace on its own."""
-    return None
-
-
 class DiscoverySlots:
     """At most ``total`` discoveries at once, at most ``per_tenant`` of one tenant's servers
     and ``per_namespace`` of one namespace's.
 
-    A discovery first takes a slot of its namespace, then one of its tenant (when it counts
-    against one), then one of all: the servers of one namespace or tenant wait for their own
-    slots, not in front of others' servers, and the shared slots go first come first served
-    among those within their shares.
+    A discovery first takes a slot of its namespace (``of_namespace``), learns its namespace's
+    tenant while it holds it, then takes one of that tenant and one of all (``of_tenant``):
+    the servers of one namespace or tenant wait for their own slots, not in front of others'
+    servers, and the shared slots go first come first served among those within their shares.
     """
 
-    def __init__(
-        self,
-        total: int,
-        *,
-        per_namespace: int,
-        per_tenant: int | None = None,
-        share: ShareOf = no_tenant_share,
-    ) -> None:
-        """``per_tenant`` defaults to ``total``; ``share`` says which tenant's share a
-        namespace's servers count against. Raises ``ValueError`` unless
+    def __init__(self, total: int, *, per_namespace: int, per_tenant: int | None = None) -> None:
+        """``per_tenant`` defaults to ``total``. Raises ``ValueError`` unless
         ``0 < per_namespace <= per_tenant <= total``."""
         per_tenant = total if per_tenant is None else per_tenant
         if not 0 < per_namespace <= per_tenant <= total:
@@ -129,24 +106,23 @@ class DiscoverySlots:
         self._all = asyncio.Semaphore(total)
         self._namespaces = _Shares(per_namespace)
         self._tenants = _Shares(per_tenant)
-        self._share = share
 
     @classmethod
-    def standard(cls, share: ShareOf) -> DiscoverySlots:
-        """The operator's: ``CONCURRENCY`` in all, ``PER_TENANT`` of one tenant's servers
-        (``share``), ``PER_NAMESPACE`` of one namespace's."""
-        return cls(CONCURRENCY, per_namespace=PER_NAMESPACE, per_tenant=PER_TENANT, share=share)
+    def standard(cls) -> DiscoverySlots:
+        """The operator's: ``CONCURRENCY`` in all, ``PER_TENANT`` of one tenant's servers,
+        ``PER_NAMESPACE`` of one namespace's."""
+        return cls(CONCURRENCY, per_namespace=PER_NAMESPACE, per_tenant=PER_TENANT)
+
+    def of_namespace(self, namespace: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold a slot of ``namespace``, waiting for one, for the block (``async with``)."""
+        return self._namespaces.held(namespace)
 
     @contextlib.asynccontextmanager
-    async def slot(self, namespace: str) -> AsyncIterator[None]:
-        """Hold a discovery slot of ``namespace`` (and of the tenant it counts against, if
-        any), waiting for one, for the block."""
-        async with contextlib.AsyncExitStack() as held:
-            await held.enter_async_context(self._namespaces.held(namespace))
-            if (tenant := await self._share(namespace)) is not None:
-                await held.enter_async_context(self._tenants.held(tenant))
-            async with self._all:
-                yield
+    async def of_tenant(self, tenant: str) -> AsyncIterator[None]:
+        """Hold a slot of ``tenant`` and then one of all, waiting for each, for the block;
+        inside ``of_namespace`` of the discovery's namespace."""
+        async with self._tenants.held(tenant), self._all:
+            yield
 
     def users(self, namespace: str) -> int:
         """Discoveries of ``namespace`` holding or waiting for a slot."""
@@ -195,9 +171,8 @@ class ToolServerRefresher:
     ) -> None:
         """``reach``: the rules a server's URL must meet (its namespace's tenant's);
         ``tick``: seconds between two looks for due servers; ``slots``: the discoveries
-        running at once (default: 24, at most 4 of one namespace's, each namespace counted on
-        its own; the others wait their turn, none blocks anything else; the wiring adds each
-        tenant's share); ``max_timeout``: the most seconds one discovery may take (the
+        running at once (default: ``DiscoverySlots.standard``; the others wait their turn, none
+        blocks anything else); ``max_timeout``: the most seconds one discovery may take (the
         platform's cap on ``spec.timeouts.discovery``)."""
         self._api = api
         self._reach = reach
@@ -209,7 +184,7 @@ class ToolServerRefresher:
         self._stopping = asyncio.Event()
         self.failures = Failures(log, what="status write")
         """Servers whose status could not be written (each logged once)."""
-        self._slots = slots or DiscoverySlots(CONCURRENCY, per_namespace=PER_NAMESPACE)
+        self._slots = slots or DiscoverySlots.standard()
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """An AgentToolServer was listed, added or changed (a kopf watch event)."""
@@ -283,7 +258,7 @@ class ToolServerRefresher:
             status = failed_status({}, str(err), generation=generation, now=now)
             status["conditions"][0]["reason"] = Reason.INVALID_SPEC
         else:
-            async with self._slots.slot(namespace):
+            async with self._slots.of_namespace(namespace):
                 status = await self._discover(
                     spec, namespace, generation=generation, previous=previous
                 )
@@ -323,8 +298,10 @@ class ToolServerRefresher:
         generation: int,
         previous: Mapping[str, Any],
     ) -> dict[str, Any]:
-        asked = spec.timeouts.discovery.seconds
-        timeout = min(asked, self._max_timeout)
+        """The status of one discovery of ``spec``'s server, within its namespace's slot:
+        refused (its namespace has no tenant, or its tenant does not allow its URL) or failed
+        (its tenant cannot be read) without contacting it; otherwise discovered within its
+        tenant's share of the slots, the tenant read once for both."""
         try:
             tenant, rules = await self._reach(namespace)
             rule = url_rule(spec.url, rules, tenant=tenant)
@@ -333,6 +310,23 @@ class ToolServerRefresher:
         except ApiError as err:
             why = f"the tenant of namespace {namespace} cannot be read: HTTP {err.status}"
             return failed_status(previous, why, generation=generation, now=time.time())
+        async with self._slots.of_tenant(tenant):
+            return await self._reached(
+                spec, namespace, rule, generation=generation, previous=previous
+            )
+
+    async def _reached(
+        self,
+        spec: AgentToolServerSpec,
+        namespace: str,
+        rule: UrlRule,
+        *,
+        generation: int,
+        previous: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """The status of the discovery of an allowed server, reached under ``rule``."""
+        asked = spec.timeouts.discovery.seconds
+        timeout = min(asked, self._max_timeout)
         try:
             headers = await self._headers(spec, namespace)
             endpoint = remote.Endpoint(

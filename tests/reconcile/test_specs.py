@@ -160,20 +160,28 @@ def test_a_tenant_that_sets_no_turn_cap_gets_the_platforms() -> None:
     assert Tenants(FakeKube(), default_turns=0).max_concurrent_turns("none") is None
 
 
-async def test_a_namespaces_discovery_share_is_its_tenants_the_default_one_included() -> None:
-    """The namespaces that fall to the default tenant share its discovery share, as they
-    share its budget; a namespace with no tenant, or several, has none (its servers are
-    refused at once)."""
+async def test_a_namespaces_tool_servers_count_against_its_tenant_the_default_one_included() -> (
+    None
+):
+    """The tenant whose discovery share a namespace's servers count against (the one
+    ``tool_server_rules`` names with its rules): the namespaces that fall to the default tenant
+    share its share, as they share its budget; a namespace with no tenant, or several, has
+    none (its servers are refused at once)."""
     tenants = Tenants(FakeKube(), default="fallback")
     tenants.put({"metadata": {"name": "fallback"}, "spec": {"namespaces": ["listed"]}})
     tenants.put({"metadata": {"name": "acme"}, "spec": {"namespaces": ["team-a"]}})
     tenants.put({"metadata": {"name": "x"}, "spec": {"namespaces": ["shared"]}})
     tenants.put({"metadata": {"name": "y"}, "spec": {"namespaces": ["shared"]}})
-    assert await tenants.discovery_share("team-a") == "acme"
-    assert await tenants.discovery_share("listed") == "fallback"
-    assert await tenants.discovery_share("elsewhere") == "fallback"
-    assert await tenants.discovery_share("shared") is None
-    assert await Tenants(FakeKube()).discovery_share("elsewhere") is None
+    for namespace, tenant in (
+        ("team-a", "acme"),
+        ("listed", "fallback"),
+        ("elsewhere", "fallback"),
+    ):
+        assert (await tenants.tool_server_rules(namespace))[0] == tenant
+    with pytest.raises(NoTenant, match=r"\bx\b"):
+        await tenants.tool_server_rules("shared")
+    with pytest.raises(NoTenant):
+        await Tenants(FakeKube()).tool_server_rules("elsewhere")
 
 
 @pytest.mark.parametrize(

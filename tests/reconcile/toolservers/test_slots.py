@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from kube_support import FakeKube
 
+from agentrun.operator.platform.kubeapi import ApiError
 from agentrun.operator.tenants.registry import Tenants
 from agentrun.operator.toolservers import refresher
 from agentrun.operator.toolservers.refresher import DiscoverySlots
@@ -21,9 +22,15 @@ from agentrun.tools import remote
 
 
 async def hold(
-    slots: DiscoverySlots, namespace: str, release: asyncio.Event, held: list[str]
+    slots: DiscoverySlots,
+    namespace: str,
+    release: asyncio.Event,
+    held: list[str],
+    tenant: str | None = None,
 ) -> None:
-    async with slots.slot(namespace):
+    """Hold a discovery's slots as the refresher does: its namespace's, then its tenant's
+    (``tenant``; the namespace's own name by default) and one of all."""
+    async with slots.of_namespace(namespace), slots.of_tenant(tenant or namespace):
         held.append(namespace)
         await release.wait()
 
@@ -35,7 +42,7 @@ async def test_sixteen_hanging_discoveries_of_one_namespace_leave_slots_for_anot
     await asyncio.sleep(0.01)
     assert held == ["a"] * 4 and slots.users("a") == 16  # 12 wait for a's own slots
     async with asyncio.timeout(1):  # b is not behind a's twelve
-        async with slots.slot("b"):
+        async with slots.of_namespace("b"), slots.of_tenant("b"):
             assert slots.users("b") == 1
     assert slots.users("b") == 0  # forgotten once nobody holds or waits
     release.set()
@@ -191,20 +198,17 @@ async def test_a_tenants_hanging_servers_over_many_namespaces_hold_its_share() -
 
 
 async def tenant_share(silent: asyncio.Server, port: int) -> None:
-    tenant_of = {f"big-{i}": "big" for i in range(4)} | {"small": "small", "free": None}
+    tenant_of = {f"big-{i}": "big" for i in range(4)} | {"small": "small", "free": "free"}
 
     async def allow(namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
-        return "any", (UrlRule(f"127.0.0.1:{port}", "/", private_network=True),)
-
-    async def share(namespace: str) -> str | None:
-        return tenant_of[namespace]
+        return tenant_of[namespace], (UrlRule(f"127.0.0.1:{port}", "/", private_network=True),)
 
     def server(namespace: str, name: str) -> dict[str, object]:
         spec = {"url": f"http://127.0.0.1:{port}/mcp", "tools": [{"name": "add"}]}
         return {"metadata": {"name": name, "namespace": namespace, "generation": 1}, "spec": spec}
 
     api = FakeKube()
-    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8, share=share)
+    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8)
     watcher = refresher.ToolServerRefresher(api, reach=allow, slots=slots, max_timeout=3.0)
     hanging = [server(f"big-{i % 4}", f"s{i}") for i in range(16)]
     for body in hanging:
@@ -225,13 +229,53 @@ async def tenant_share(silent: asyncio.Server, port: int) -> None:
     assert slots.tenant_users("big") == 0
 
 
-async def test_a_tenants_share_bounds_its_namespaces_together() -> None:
-    async def share(namespace: str) -> str | None:
-        return "t" if namespace.startswith("t") else None
+async def test_a_tenant_read_that_fails_lets_no_discovery_past_the_tenants_share() -> None:
+    """Reading the namespaces' tenant fails for a while (HTTP 503): their servers are not
+    contacted meanwhile (``DiscoveryFailed`` naming the read), and once it reads they are
+    discovered within that tenant's share: the one read gives both the URL rules and the
+    share, so no discovery runs outside its tenant's share, whichever read fails."""
+    async with silent_server() as (_, port):
+        failing = {"left": 16}
 
-    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8, share=share)
+        async def flaky(namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
+            if failing["left"] > 0:
+                failing["left"] -= 1
+                raise ApiError(503, "Service Unavailable")
+            return "big", (UrlRule(f"127.0.0.1:{port}", "/", private_network=True),)
+
+        api = FakeKube()
+        slots = DiscoverySlots(16, per_namespace=4, per_tenant=8)
+        watcher = refresher.ToolServerRefresher(api, reach=flaky, slots=slots, max_timeout=3.0)
+        servers = [
+            {
+                "metadata": {"name": f"s{i}", "namespace": f"big-{i % 4}", "generation": 1},
+                "spec": {"url": f"http://127.0.0.1:{port}/mcp", "tools": [{"name": "add"}]},
+            }
+            for i in range(16)
+        ]
+        for body in servers:
+            api.put(TOOL_SERVERS, body)
+        async with asyncio.timeout(2.0):  # not contacted: no wait for the silent server
+            await asyncio.gather(*(watcher.refresh(body) for body in servers))
+        stored = api.find(TOOL_SERVERS, "s0", "big-0")
+        assert stored is not None
+        (ready,) = stored["status"]["conditions"]
+        assert (
+            ready["reason"] == "DiscoveryFailed" and "cannot be read: HTTP 503" in ready["message"]
+        )
+        tasks = [asyncio.create_task(watcher.refresh(body)) for body in servers]
+        await asyncio.sleep(0.2)
+        held = sum(slots.users(f"big-{i}") for i in range(4))
+        assert held == 16 and slots.tenant_users("big") == 16  # 8 hold, 8 wait: its share
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_tenants_share_bounds_its_namespaces_together() -> None:
+    slots = DiscoverySlots(16, per_namespace=4, per_tenant=8)
     release, held = asyncio.Event(), []
-    tasks = [asyncio.create_task(hold(slots, f"t{i % 4}", release, held)) for i in range(16)]
+    tasks = [asyncio.create_task(hold(slots, f"t{i % 4}", release, held, "t")) for i in range(16)]
     tasks += [asyncio.create_task(hold(slots, f"d{i % 2}", release, held)) for i in range(8)]
     await asyncio.sleep(0.01)
     assert sum(ns.startswith("t") for ns in held) == 8  # the tenant's share
@@ -239,6 +283,12 @@ async def test_a_tenants_share_bounds_its_namespaces_together() -> None:
     release.set()
     await asyncio.gather(*tasks)
     assert len(held) == 24
+
+
+@contextlib.asynccontextmanager
+async def hold_briefly(slots: DiscoverySlots, namespace: str, tenant: str) -> AsyncIterator[None]:
+    async with slots.of_namespace(namespace), slots.of_tenant(tenant):
+        yield
 
 
 @pytest.mark.parametrize("hogs", ["four-default-namespaces", "two-tenants"])
@@ -254,15 +304,17 @@ async def test_another_tenants_discovery_is_not_behind_hanging_servers(hogs: str
     tenants.put({"metadata": {"name": "x"}, "spec": {"namespaces": ["x0", "x1"]}})
     tenants.put({"metadata": {"name": "y"}, "spec": {"namespaces": ["y0", "y1"]}})
     namespaces = ["x0", "x1", "y0", "y1"] if hogs == "two-tenants" else ["p0", "p1", "p2", "p3"]
-    slots = DiscoverySlots.standard(tenants.discovery_share)
+    slots = DiscoverySlots.standard()
     release, held = asyncio.Event(), []
+    tenant = {ns: (await tenants.tool_server_rules(ns))[0] for ns in [*namespaces, "acme-ns", "p9"]}
     hanging = [
-        asyncio.create_task(hold(slots, namespaces[i % 4], release, held)) for i in range(24)
+        asyncio.create_task(hold(slots, ns, release, held, tenant[ns]))
+        for ns in (namespaces[i % 4] for i in range(24))
     ]
     await asyncio.sleep(0.05)
     try:
         for other in ("acme-ns", "p9") if hogs == "two-tenants" else ("acme-ns",):
-            async with asyncio.timeout(1.0), slots.slot(other):
+            async with asyncio.timeout(1.0), hold_briefly(slots, other, tenant[other]):
                 pass
         if hogs != "two-tenants":
             assert len(held) == refresher.PER_TENANT  # the default tenant's share, no more
