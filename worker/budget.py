@@ -73,18 +73,23 @@ class SpendWatch:
       it), no output;
     - the same, by the platform — a draining worker handing the turn back
       (``pulling.HANDED_BACK``): nothing, as another worker asks the model again and that
-      call is charged;
-    - the same, by the client's own timeout on every attempt (``RetryPolicy.request_timeout``:
-      a provider still reading a huge prompt): the prompt's bound, once (each retry was read
-      too; only one is known to have been);
-    - a call that never connected or was refused: nothing.
+      call is charged (an earlier attempt's read timeout, below, stays charged);
+    - any attempt of it sent whole that got no answer before the client's read timeout
+      (``RetryPolicy.request_timeout``: a provider still reading a huge prompt), whatever the
+      later attempts do — time out again, fail (an error status, a refused connection), or
+      are cut by the tenant or the platform: the prompt's bound, once (each such attempt may
+      have been billed; one is charged); a later attempt that answers is charged what its
+      answer reports instead (or, cut once it began, the first rule's charge), not besides;
+    - a call that never connected, was refused, or timed out connecting or sending, on every
+      attempt: nothing.
     """
 
     hold: BudgetHold
     call: kernel.CallModel
     pricing: kernel.Pricing
     noted: list[kernel.Usage] = dataclasses.field(default_factory=list)
-    """What the call was noted abandoned at (at most one)."""
+    """What the call was noted abandoned at, the latest last (at most two: an attempt's read
+    timeout at the prompt's bound, then a later attempt's answer abandoned mid-way)."""
 
     def usage(self, delivery: Delivery) -> kernel.Usage:
         """The bound of what ``delivery`` cost so far."""
@@ -104,10 +109,12 @@ class SpendWatch:
         self.hold.note(usage)
 
     def unanswered(self, cut: BaseException) -> None:
-        """Note the call abandoned at its prompt's bound, unless ``cut`` is the platform
-        handing the turn back (``pulling.handed_back``)."""
-        if not (isinstance(cut, asyncio.CancelledError) and pulling.handed_back(cut)):
-            self.abandoned(Delivery())
+        """Note the call abandoned at its prompt's bound, unless it was noted already (an
+        earlier attempt's read timeout: a second note changes nothing) or ``cut`` is the
+        platform handing the turn back (``pulling.handed_back``)."""
+        if self.noted or (isinstance(cut, asyncio.CancelledError) and pulling.handed_back(cut)):
+            return
+        self.abandoned(Delivery())
 
     async def charge_abandoned(self) -> None:
         """The call raised after it was noted abandoned (the deadline, a broken stream) and

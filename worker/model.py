@@ -39,7 +39,7 @@ from agentrun import kernel
 from agentrun.kernel import ModelFault
 from agentrun.metrics import ModelErrorType
 
-from .stream import StreamWatch, cut_unanswered, read_stream, refuses_streaming
+from .stream import AttemptClient, StreamWatch, cut_unanswered, read_stream, refuses_streaming
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -394,7 +394,7 @@ class ModelClient:
                 api_key=api_key or "unused",
                 max_retries=self.policy.max_retries,
                 timeout=self.policy.request_timeout,
-                http_client=openai.DefaultAsyncHttpxClient(
+                http_client=AttemptClient(
                     timeout=self.policy.request_timeout,
                     event_hooks={"response": [_mark_final]},
                     # a redirect would send the conversation to wherever the endpoint says,
@@ -426,7 +426,8 @@ class ModelClient:
         ``PROGRESS_SECONDS`` while it streams and once more if it is abandoned (cancelled,
         the deadline, a broken stream); a call cancelled (or cut by the deadline) after its
         request went out and before its answer, streamed or not, is told to
-        ``watch.unanswered``.
+        ``watch.unanswered``, as is each of its attempts that got no answer before the
+        client's read timeout (``stream.AttemptTransport``), whatever the later ones do.
 
         ``deadline`` is epoch seconds. Raises ``ModelError`` for a permanent error (a 4xx the
         client does not retry, a body that is not a JSON object), when retries run out, or when

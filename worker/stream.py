@@ -5,8 +5,10 @@ What belongs here: reading one streamed response through the ``openai`` client
 (``read_stream``) and its bookkeeping (``Delivery``, pure): folding
 ``chat.completion.chunk`` objects (OpenAI API reference, "The chat completion chunk object")
 into the ``chat.completion`` shape the kernel classifies, and the count of delivered output
-the cut compares with the allowance (``delivered_tokens``). What does not: the HTTP request
-and its errors (``model``), budgets (the kernel's allowance, the ledger's hold).
+the cut compares with the allowance (``delivered_tokens``); and telling the call's watch of a
+call cut before its answer (``cut_unanswered``), attempt by attempt through the client's
+transports (``AttemptClient``). What does not: the request and its errors (``model``), budgets
+(the kernel's allowance, the ledger's hold).
 
 Two counts. A provider that honours ``max_tokens`` stops at the allowance by its own
 tokenizer; the cut must not come before that, so it compares a count that does not run ahead
@@ -24,13 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Protocol
 
+import httpx2
 import openai
 
 from agentrun import kernel
@@ -245,10 +249,13 @@ class StreamWatch(Protocol):
         ...
 
     def unanswered(self, cut: BaseException) -> None:
-        """Called once when the call is cut after its request went out and before its answer
+        """Called when the call is cut after its request went out and before its answer
         (``cut``: a cancellation — the run cancelled or deleted, its deadline, a worker
-        handing the turn back — or the client's read timeout on its last attempt): the
-        provider has read the prompt. No awaiting, as for ``abandoned``."""
+        handing the turn back), and when one of its attempts was sent whole and got no answer
+        before the client's read timeout (``cut``: that ``httpx2.ReadTimeout``; the client
+        then retries, or raises): the provider has read the prompt. Called again for each
+        such attempt and for the cut that may follow: the call is noted once. No awaiting, as
+        for ``abandoned``."""
         ...
 
 
@@ -300,32 +307,102 @@ async def read_stream(
     return delivery.completion()
 
 
+_CALL_WATCH: contextvars.ContextVar[StreamWatch | None] = contextvars.ContextVar(
+    "agentrun_call_watch", default=None
+)
+"""The watch of the call in flight in this task while it awaits its answer (the block of
+``cut_unanswered``), for ``AttemptTransport``."""
+
+
 @contextlib.contextmanager
 def cut_unanswered(watch: StreamWatch | None) -> Iterator[None]:
-    """Tell ``watch`` (``StreamWatch.unanswered``) when the block — sending a request and
-    awaiting its answer — is cancelled, or ends with the client's read timeout (its last
-    attempt sent whole and never answered: a provider still reading a huge prompt); either
-    goes on. A call that failed to connect, timed out connecting or sending, or was refused
-    is not told. A cancellation that comes while the client still connects, or waits to
-    retry, is told as well: the block cannot see whether the request went out, and a
+    """Tell ``watch`` (``StreamWatch.unanswered``) when the block — sending a request, with the
+    client's retries, and awaiting its answer — is cancelled (it goes on), and, through the
+    client's transports (``AttemptTransport``), of each attempt in it that got no answer before
+    the client's read timeout (a provider still reading a huge prompt), whatever the later
+    attempts do. An attempt that failed to connect, timed out connecting or sending, or was
+    refused is not told. A cancellation that comes while the client still connects, or waits
+    to retry, is told as well: the block cannot see whether the request went out, and a
     tenant's cut is rather charged once too often than a prompt the provider read left
     uncharged."""
+    token = _CALL_WATCH.set(watch)
     try:
         yield
     except asyncio.CancelledError as cancel:
         if watch is not None:
             watch.unanswered(cancel)
         raise
-    except openai.APITimeoutError as timeout:
-        if watch is not None and _read_timeout(timeout):
+    finally:
+        _CALL_WATCH.reset(token)
+
+
+@contextlib.contextmanager
+def _told_read_timeouts() -> Iterator[None]:
+    """Tell the watch of the call in flight, if it awaits its answer (``cut_unanswered``), of a
+    read timeout of one of its attempts (``httpx2.ReadTimeout``, raised on)."""
+    try:
+        yield
+    except httpx2.ReadTimeout as timeout:
+        watch = _CALL_WATCH.get()
+        if watch is not None:
             watch.unanswered(timeout)
         raise
 
 
-def _read_timeout(err: openai.APITimeoutError) -> bool:
-    """Whether the client gave up waiting for an answer to a request it had sent (a read
-    timeout, httpx's ``ReadTimeout``), not while connecting or sending."""
-    return type(err.__cause__).__name__ == "ReadTimeout"
+class AttemptTransport(httpx2.AsyncBaseTransport):
+    """One of the HTTP client's transports (``AttemptClient``), telling the call in flight of
+    each attempt sent whole that got no answer before the client's read timeout
+    (``_told_read_timeouts``): awaiting its headers (``httpx2.ReadTimeout`` is raised there
+    once the request was written; a stalled connect or write raises ``ConnectTimeout`` or
+    ``WriteTimeout``), or reading a success's body inside ``cut_unanswered`` (an answer not
+    streamed: the client reads it before it returns, and retries its timeout). A body streamed
+    after the block is the stream's (``StreamWatch.abandoned``). Through a tunnelling proxy (an
+    ``https`` URL), a proxy that does not answer the tunnel's ``CONNECT`` in time counts the
+    same: the transport cannot tell it from the provider's silence."""
+
+    def __init__(self, transport: httpx2.AsyncBaseTransport) -> None:
+        self.transport = transport
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        """The wrapped transport's response (a success's body watched), or its error."""
+        with _told_read_timeouts():
+            response = await self.transport.handle_async_request(request)
+        if response.is_success and isinstance(response.stream, httpx2.AsyncByteStream):
+            response.stream = _WatchedBody(response.stream)
+        return response
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
+class _WatchedBody(httpx2.AsyncByteStream):
+    """A response's body whose read timeout is told to the call in flight."""
+
+    def __init__(self, stream: httpx2.AsyncByteStream) -> None:
+        self.stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with _told_read_timeouts():
+            async for part in self.stream:
+                yield part
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class AttemptClient(openai.DefaultAsyncHttpxClient):
+    """The ``openai`` client's HTTP client (its defaults: connection limits, timeout) with
+    each transport it builds wrapped in ``AttemptTransport`` — ``httpx2.AsyncClient`` builds
+    them all through these two methods: the direct one, and each proxy's (``proxy=``, or
+    mounted from ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` with ``trust_env``; a
+    ``NO_PROXY`` host goes direct). Only transports given as ``mounts=`` would bypass it, and
+    none is."""
+
+    def _init_transport(self, *args: Any, **kwargs: Any) -> httpx2.AsyncBaseTransport:
+        return AttemptTransport(super()._init_transport(*args, **kwargs))
+
+    def _init_proxy_transport(self, *args: Any, **kwargs: Any) -> httpx2.AsyncBaseTransport:
+        return AttemptTransport(super()._init_proxy_transport(*args, **kwargs))
 
 
 def refuses_streaming(body: object) -> bool:
