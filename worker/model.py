@@ -424,10 +424,9 @@ class ModelClient:
         that refuses streaming (HTTP 400 naming ``stream``) is asked again without, and from
         then on (per base URL and model). ``watch``, when given, sees the delivery every
         ``PROGRESS_SECONDS`` while it streams and once more if it is abandoned (cancelled,
-        the deadline, a broken stream); a call cancelled (or cut by the deadline) after its
-        request went out and before its answer, streamed or not, is told to
-        ``watch.unanswered``, as is each of its attempts that got no answer before the
-        client's read timeout (``stream.AttemptTransport``), whatever the later ones do.
+        the deadline, a broken stream); ``watch.unanswered`` hears of a call cut after its
+        request went out and before its answer, and of each attempt that got no answer before
+        the client's read timeout (``stream.AttemptTransport``), whatever the later ones do.
 
         ``deadline`` is epoch seconds. Raises ``ModelError`` for a permanent error (a 4xx the
         client does not retry, a body that is not a JSON object), when retries run out, or when

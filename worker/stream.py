@@ -272,7 +272,8 @@ async def read_stream(
     ``max_output_tokens`` (the connection is closed: the provider stops generating). A JSON
     body instead of an event stream (a provider that does not stream) is returned as parsed.
 
-    Raises what the ``openai`` client raises (``APIStatusError``, ``APIConnectionError``) and
+    Raises what the ``openai`` client raises (``APIStatusError``, ``APIConnectionError`` and
+    its ``APITimeoutError``, also for a JSON body that broke or timed out: ``_whole_body``) and
     ``json.JSONDecodeError`` for a body that is not JSON; the caller maps them."""
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     with cut_unanswered(watch):
@@ -284,8 +285,7 @@ async def read_stream(
             stream_cls=openai.AsyncStream[object],
         )
         if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
-            answer: object = json.loads(await stream.response.aread())
-            return answer
+            return await _whole_body(stream.response)
     delivery = Delivery()
     finished = False
     try:
@@ -312,6 +312,20 @@ _CALL_WATCH: contextvars.ContextVar[StreamWatch | None] = contextvars.ContextVar
 )
 """The watch of the call in flight in this task while it awaits its answer (the block of
 ``cut_unanswered``), for ``AttemptTransport``."""
+
+
+async def _whole_body(response: httpx2.Response) -> object:
+    """The parsed JSON body of an answer that did not stream. Raises ``json.JSONDecodeError``,
+    and the transport's errors reading it as the client raises them mid-stream:
+    ``openai.APITimeoutError`` for a timeout, ``openai.APIConnectionError`` for another."""
+    try:
+        body = await response.aread()
+    except httpx2.TimeoutException as err:
+        raise openai.APITimeoutError(request=response.request) from err
+    except httpx2.TransportError as err:
+        raise openai.APIConnectionError(request=response.request) from err
+    answer: object = json.loads(body)
+    return answer
 
 
 @contextlib.contextmanager

@@ -162,6 +162,13 @@ async def test_an_answer_whose_body_timed_out_then_a_server_error_charges_the_pr
     assert endpoint.attempts == 2
 
 
+async def test_a_streamed_call_answered_with_a_json_body_that_stalls_is_a_typed_timeout() -> None:
+    """An endpoint that answers a streamed request with one JSON body, whose body never comes:
+    a ``ModelError`` of type ``timeout`` (not the transport's own error), the prompt noted."""
+    async with scripted("stall", "stall") as endpoint:
+        assert await failed_call(endpoint) == ([PROMPT_BOUND], ModelErrorType.TIMEOUT)
+
+
 async def test_a_proxy_from_the_environment_is_watched_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
