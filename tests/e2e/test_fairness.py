@@ -20,7 +20,7 @@ import yaml
 
 from agentrun_dev import components, stack
 
-from .conftest import E2EStack, run_manifest, wait_consuming
+from .conftest import E2EStack, restart_operator, run_manifest, wait_consuming
 from .events import read_book
 from .test_mcp_tools import tool_server, wait_server
 from .test_tenants import TenantFactory, append_scenario, more_namespaces, tenants  # noqa: F401
@@ -31,6 +31,10 @@ TURN_SECONDS = 3.0
 """How long one turn of a flooding tenant's runs holds a worker slot (the model's latency)."""
 SLOTS = 4
 """Worker slots of the lone worker the slot tests run on (``AGENTRUN_WORKER_CONCURRENCY``)."""
+CALL_SECONDS = 1.5
+"""How long the model takes to answer each run of the platform's default cap test."""
+CAP_RUNS = 4
+"""Runs each tenant of the platform's default cap test starts at once."""
 
 
 def slow_scenario(tag: str) -> dict[str, Any]:
@@ -51,14 +55,18 @@ def slow_scenario(tag: str) -> dict[str, Any]:
     }
 
 
-def quick_scenario(tag: str) -> dict[str, Any]:
-    """One quick answer, for goals with ``tag``."""
+def quick_scenario(tag: str, *, seconds: float = 0.0) -> dict[str, Any]:
+    """One answer after ``seconds`` (at once by default), for goals with ``tag``."""
+    answer: dict[str, Any] = {
+        "content": "quick done",
+        "usage": {"prompt_tokens": 10, "completion_tokens": 2},
+    }
+    if seconds:
+        answer["latency_ms"] = int(seconds * 1000)
     return {
         "name": f"fair-quick-{tag}",
         "match": {"goal": f"E2E-FAIR-QUICK {tag}"},
-        "turns": [
-            {"content": "quick done", "usage": {"prompt_tokens": 10, "completion_tokens": 2}}
-        ],
+        "turns": [answer],
     }
 
 
@@ -71,6 +79,14 @@ def apply_all(stack_: E2EStack, namespace: str, manifests: list[dict[str, Any]])
 def arrivals(stack_: E2EStack, tag: str) -> list[float]:
     """When the scripted model received each request of a run whose goal holds ``tag``."""
     return sorted(r["time"] for r in stack_.mock_requests() if tag in json.dumps(r["body"]))
+
+
+def most_at_once(starts: list[float], seconds: float) -> int:
+    """The most of the model calls that began at ``starts`` and took ``seconds`` each that were
+    in flight at one time: the most that began within any window 0.2 s shorter than a call. A
+    call held back until another's turn committed begins ``seconds`` or more after that one,
+    so it is never counted with it."""
+    return max((sum(1 for t in starts if s <= t < s + seconds - 0.2) for s in starts), default=0)
 
 
 def wait_until(check: Callable[[], bool], what: str, *, timeout: float) -> None:
@@ -199,12 +215,48 @@ def test_max_concurrent_turns_caps_a_tenants_turns_in_flight_and_leaves_slots_to
             assert first - submitted < TURN_SECONDS, f"B waited {first - submitted:.1f}s"
             wait_until(lambda: len(arrivals(stack_, capped)) >= 6, "A going on", timeout=60)
             seen = arrivals(stack_, capped)
-            # a call starts only when one of A's turns committed (>= 3 s after its call began):
-            # within any window shorter than a turn, at most 2 of A's calls can start
-            most = max(sum(1 for t in seen if s <= t < s + TURN_SECONDS - 0.2) for s in seen)
-            assert most <= 2, seen
+            assert most_at_once(seen, TURN_SECONDS) <= 2, seen
         finally:
             delete_runs(stack_, capped)
+
+
+def test_the_platforms_default_max_concurrent_turns_caps_the_tenants_that_set_none(
+    stack_: E2EStack,
+    tenants: TenantFactory,  # noqa: F811
+    more_namespaces: Callable[[], str],  # noqa: F811
+) -> None:
+    """The operator started with ``AGENTRUN_DEFAULT_MAX_CONCURRENT_TURNS=2``: tenant A, which
+    sets no ``maxConcurrentTurns``, has 2 model calls of its 4 runs in flight at most, and
+    reaches 2; tenant B, with ``maxConcurrentTurns: 3``, keeps its own 3. Started with ``0``:
+    a tenant that sets none has all 4 of its calls in flight at once."""
+    setting = "AGENTRUN_DEFAULT_MAX_CONCURRENT_TURNS"
+    try:
+        restart_operator(stack_, **{setting: "2"})
+        default, own = more_namespaces(), more_namespaces()
+        tenants(f"a-{default}", [default])
+        tenants(f"b-{own}", [own], maxConcurrentTurns=3)
+        assert calls_at_once(stack_, [default, own]) == {default: 2, own: 3}
+        restart_operator(stack_, **{setting: "0"})
+        uncapped = more_namespaces()
+        tenants(f"c-{uncapped}", [uncapped])
+        assert calls_at_once(stack_, [uncapped]) == {uncapped: CAP_RUNS}
+    finally:
+        restart_operator(stack_, **{setting: None})
+
+
+def calls_at_once(stack_: E2EStack, namespaces: list[str]) -> dict[str, int]:
+    """``CAP_RUNS`` runs of one ``CALL_SECONDS`` model call in each of ``namespaces``, applied
+    together and completed: the most calls each namespace's runs had in flight at one time."""
+    for namespace in namespaces:
+        append_scenario(stack_, quick_scenario(namespace, seconds=CALL_SECONDS))
+    for namespace in namespaces:
+        goal = f"E2E-FAIR-QUICK {namespace}"
+        apply_all(stack_, namespace, [run_manifest(f"r-{i}", goal) for i in range(CAP_RUNS)])
+    for namespace in namespaces:
+        for i in range(CAP_RUNS):
+            status = stack_.wait_terminal(namespace, f"r-{i}", timeout=60)
+            assert status["terminalReason"] == "completed", status
+    return {ns: most_at_once(arrivals(stack_, ns), CALL_SECONDS) for ns in namespaces}
 
 
 class HangingServer:
