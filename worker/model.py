@@ -39,7 +39,14 @@ from agentrun import kernel
 from agentrun.kernel import ModelFault
 from agentrun.metrics import ModelErrorType
 
-from .stream import AttemptClient, StreamWatch, cut_unanswered, read_stream, refuses_streaming
+from .stream import (
+    AnswerTooLarge,
+    AttemptClient,
+    StreamWatch,
+    cut_unanswered,
+    read_stream,
+    refuses_streaming,
+)
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -110,8 +117,9 @@ def _unanswered(err: Exception, *, api_key: str) -> ModelError:
     """The ``ModelError`` of a call that got no usable answer: a timeout of the client, no
     connection or one that broke, before the answer or while it streamed (the client's
     ``APIConnectionError``, ``APITimeoutError`` a subclass), the run's deadline
-    (``TimeoutError`` of its ``asyncio.timeout``), or a body that is not JSON
-    (``json.JSONDecodeError``). The message names the innermost cause (the refused connect,
+    (``TimeoutError`` of its ``asyncio.timeout``), a body that is not JSON
+    (``json.JSONDecodeError``), or one over the bounds of an answer (``stream.AnswerTooLarge``,
+    ``invalid_response``). The message names the innermost cause (the refused connect,
     the reset, the read that timed out): the client's own says only that it failed. That
     cause is cut to ``CAUSE_CHARS`` and ``api_key`` redacted from it, as it may quote the
     endpoint."""
@@ -122,6 +130,9 @@ def _unanswered(err: Exception, *, api_key: str) -> ModelError:
         )
         root = next(c for c in reversed(causes) if not isinstance(c, asyncio.CancelledError))
         why = redact(f"{type(root).__name__}: {root}", api_key)[:CAUSE_CHARS]
+        if isinstance(root, AnswerTooLarge):
+            message = f"the model endpoint's answer was refused unread: {why}"
+            return ModelError(message, error_type=ModelErrorType.INVALID_RESPONSE)
         if timed_out:
             message = f"the model endpoint timed out: {why}"
             return ModelError(message, error_type=ModelErrorType.TIMEOUT)

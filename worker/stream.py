@@ -38,6 +38,7 @@ import httpx2
 import openai
 
 from agentrun import kernel
+from agentrun.tools.endpoint import MAX_MESSAGE_BYTES, BoundedStream
 
 STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
 """What an error saying the endpoint does not stream names (not "upstream")."""
@@ -334,29 +335,37 @@ def cut_unanswered(watch: StreamWatch | None) -> Iterator[None]:
     client's retries, and awaiting its answer — is cancelled (it goes on), and, through the
     client's transports (``AttemptTransport``), of each attempt in it that got no answer before
     the client's read timeout (a provider still reading a huge prompt), whatever the later
-    attempts do. An attempt that failed to connect, timed out connecting or sending, or was
-    refused is not told. A cancellation that comes while the client still connects, or waits
-    to retry, is told as well: the block cannot see whether the request went out, and a
-    tenant's cut is rather charged once too often than a prompt the provider read left
-    uncharged."""
+    attempts do, or whose answer was refused unread (``AnswerTooLarge``) or was not JSON: the
+    provider read the prompt. An attempt that failed to connect, timed out connecting or
+    sending, or was refused is not told. A cancellation that comes while the client still
+    connects, or waits to retry, is told as well: the block cannot see whether the request
+    went out, and a tenant's cut is rather charged once too often than a prompt the provider
+    read left uncharged."""
     token = _CALL_WATCH.set(watch)
     try:
         yield
-    except asyncio.CancelledError as cancel:
+    except (asyncio.CancelledError, json.JSONDecodeError) as cut:  # cut, or answered unusably
         if watch is not None:
-            watch.unanswered(cancel)
+            watch.unanswered(cut)
         raise
     finally:
         _CALL_WATCH.reset(token)
 
 
+class AnswerTooLarge(httpx2.RemoteProtocolError):
+    """The model endpoint sent a message over ``endpoint.MAX_MESSAGE_BYTES`` or
+    ``endpoint.MAX_MESSAGE_CONTAINERS``, or a compressed body (a transport error: the
+    ``openai`` client raises it as ``APIConnectionError``)."""
+
+
 @contextlib.contextmanager
 def _told_read_timeouts() -> Iterator[None]:
     """Tell the watch of the call in flight, if it awaits its answer (``cut_unanswered``), of a
-    read timeout of one of its attempts (``httpx2.ReadTimeout``, raised on)."""
+    read timeout of one of its attempts (``httpx2.ReadTimeout``) or of an answer refused
+    unread (``AnswerTooLarge``), raised on."""
     try:
         yield
-    except httpx2.ReadTimeout as timeout:
+    except (httpx2.ReadTimeout, AnswerTooLarge) as timeout:
         watch = _CALL_WATCH.get()
         if watch is not None:
             watch.unanswered(timeout)
@@ -378,15 +387,40 @@ class AttemptTransport(httpx2.AsyncBaseTransport):
         self.transport = transport
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """The wrapped transport's response (a success's body watched), or its error."""
+        """The wrapped transport's response, its body bounded (``bounded_answer``; a success's
+        watched as well), or its error."""
+        request.headers["Accept-Encoding"] = "identity"
         with _told_read_timeouts():
             response = await self.transport.handle_async_request(request)
-        if response.is_success and isinstance(response.stream, httpx2.AsyncByteStream):
-            response.stream = _WatchedBody(response.stream)
+            if isinstance(response.stream, httpx2.AsyncByteStream):
+                body = await bounded_answer(response)
+                response.stream = _WatchedBody(body) if response.is_success else body
         return response
 
     async def aclose(self) -> None:
         await self.transport.aclose()
+
+
+async def bounded_answer(response: httpx2.Response) -> httpx2.AsyncByteStream:
+    """``response``'s body, never a message of it (one event of an event stream, or the whole
+    of any other body) over the bounds a tool server's messages have
+    (``endpoint.BoundedStream``: bytes, and JSON objects and arrays, counted before anything
+    parses them): a provider's answer of 20 MB of ``{}`` would take half a gigabyte of the
+    worker's memory. Requests ask for no content coding; a body that has one anyway is refused
+    (``AnswerTooLarge``), as it could not be bounded as it arrives."""
+    assert isinstance(response.stream, httpx2.AsyncByteStream)
+    coding = response.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):
+        await response.aclose()
+        raise AnswerTooLarge(f"the model endpoint answered with content coding {coding!r}")
+    events = "text/event-stream" in response.headers.get("content-type", "")
+    return BoundedStream(
+        response.stream,
+        MAX_MESSAGE_BYTES,
+        events=events,
+        error=AnswerTooLarge,
+        source="the model endpoint",
+    )
 
 
 class _WatchedBody(httpx2.AsyncByteStream):

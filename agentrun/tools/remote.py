@@ -44,6 +44,7 @@ from . import catalog
 from .endpoint import (
     CALL_REF_KEY,
     CONNECTION_LOST,
+    MAX_MESSAGE_CONTAINERS,
     STATUSES,
     Endpoint,
     Transport,
@@ -81,6 +82,31 @@ SEPARATOR = "__"
 """Joins server and tool in the function name the model sees (``SERVER__TOOL``)."""
 MAX_DISCOVERED_PAGES = 20
 """Pages of ``tools/list`` read at most (a server that pages for ever is cut off)."""
+MAX_DISCOVERED_CONTAINERS = 2 * MAX_MESSAGE_CONTAINERS
+"""The most JSON objects and arrays the input schemas of one server's tools may hold in all,
+over every page (two full pages' worth): what discovery keeps in the operator's memory until
+it writes the status. Past it the discovery fails; a tool list of a few hundred tools with
+rich schemas holds a few thousand."""
+
+
+class ToolListTooLarge(Exception):
+    """The tools a server listed hold more than ``MAX_DISCOVERED_CONTAINERS`` JSON objects and
+    arrays in their input schemas."""
+
+
+def containers(value: object) -> int:
+    """The JSON objects and arrays in ``value`` (parsed JSON), ``value`` itself included."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            count += 1
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            count += 1
+            stack.extend(item)
+    return count
+
 
 _INVALID_PARAMS = -32602
 _METHOD_NOT_FOUND = -32601
@@ -185,15 +211,23 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
     """Every tool the server lists, within ``endpoint.timeout`` seconds in all (a hard bound:
     connect, handshake and every page).
 
-    Raises ``RemoteError`` (with its fault) when the server cannot be reached, fails, or does
-    not answer in time.
+    Raises ``RemoteError`` (with its fault) when the server cannot be reached, fails, does
+    not answer in time, or lists tools whose input schemas hold more than
+    ``MAX_DISCOVERED_CONTAINERS`` JSON objects and arrays in all.
     """
     found: list[Discovered] = []
     try:
         async with asyncio.timeout(endpoint.timeout), open_session(endpoint) as client:
             cursor: str | None = None
+            held = 0
             for _ in range(MAX_DISCOVERED_PAGES):
                 page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                held += sum(containers(t.input_schema) for t in page.tools)
+                if held > MAX_DISCOVERED_CONTAINERS:
+                    raise ToolListTooLarge(
+                        f"its tools' input schemas hold over {MAX_DISCOVERED_CONTAINERS} JSON "
+                        "objects and arrays"
+                    )
                 found.extend(
                     Discovered(t.name, t.description or "", dict(t.input_schema))
                     for t in page.tools

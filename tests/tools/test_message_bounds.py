@@ -149,3 +149,49 @@ async def test_a_server_quoting_its_credentials_is_redacted_from_what_it_causes(
             await remote.discover(where)
     assert SECRET not in caught.value.message and "[redacted]" in caught.value.message
     assert where.redact(f"Bearer {SECRET} and {SECRET}") == "[redacted] and [redacted]"
+
+
+CONTAINERS = endpoint.MAX_MESSAGE_CONTAINERS
+
+
+async def test_a_message_of_too_many_json_objects_is_refused_unparsed() -> None:
+    """A few bytes each on the wire, a Python dict each once parsed: a JSON body, or one event
+    of a stream written in pieces, opening more objects and arrays than the bound is refused
+    before anything parses it; a stream of events each under it reads on."""
+    many = b"[" + b"{}," * CONTAINERS + b"{}]"  # well under the byte limit
+
+    async def json_body(request: web.Request) -> web.Response:
+        return web.Response(body=b'{"x":' + many + b"}", content_type="application/json")
+
+    async def one_event(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for start in range(0, len(many), 4096):  # one event, in many reads
+            await response.write(b"data: " + many[start : start + 4096] + b"\n")
+        await response.write(b"\n")
+        return response
+
+    async def small_events(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        event = b"data: [" + b"{}," * (CONTAINERS // 4) + b"{}]\n\n"
+        for _ in range(8):  # twice the bound in all, each event a quarter of it
+            await response.write(event)
+        return response
+
+    routes = {"/json": json_body, "/event": one_event, "/events": small_events}
+    async with (
+        serving(routes) as base,
+        httpx2.AsyncClient(transport=endpoint.CheckedTransport(private_network=True)) as http,
+    ):
+        for path in ("/json", "/event"):
+            with pytest.raises(endpoint.MessageTooLarge, match="JSON objects and arrays"):
+                await http.post(base + path, json={})
+        response = await http.get(base + "/events")
+    assert response.status_code == 200 and response.content.count(b"{}") > 2 * CONTAINERS
+
+
+def test_a_tool_lists_json_objects_are_counted_whole() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": [{}, {}]}}}
+    assert remote.containers(schema) == 6
+    assert remote.containers("{[") == 0  # a string's braces are not objects once parsed

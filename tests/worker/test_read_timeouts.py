@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gzip
 import json
 import socket
 import time
@@ -73,6 +74,13 @@ async def scripted(*script: str, streams: bool = True) -> AsyncIterator[Endpoint
             return web.json_response({"error": {"message": "upstream failed"}}, status=500)
         if step == "answer":
             return await answer(request, streamed=bool(body.get("stream")))
+        if step == "dense":  # a completion with 20,000 {} beside it: 60 KB, 20,000 dicts parsed
+            dense = b'{"choices":[],"x":[' + b"{}," * 20_000 + b"{}]}"
+            return web.Response(body=dense, content_type="application/json")
+        if step == "gzip":  # a coding not asked for (a bomb: 8 MiB of it are gigabytes)
+            packed = gzip.compress(b'{"choices":[]}')
+            headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+            return web.Response(body=packed, headers=headers)
         if step == "refuse":
             await site.stop()
         response = web.StreamResponse(headers={"content-type": "application/json"})
@@ -167,6 +175,16 @@ async def test_a_streamed_call_answered_with_a_json_body_that_stalls_is_a_typed_
     a ``ModelError`` of type ``timeout`` (not the transport's own error), the prompt noted."""
     async with scripted("stall", "stall") as endpoint:
         assert await failed_call(endpoint) == ([PROMPT_BOUND], ModelErrorType.TIMEOUT)
+
+
+@pytest.mark.parametrize("step", ["dense", "gzip"])
+async def test_an_answer_over_the_bounds_is_refused_unparsed(step: str) -> None:
+    """A provider's answer is bounded as a tool server's messages are (bytes, and JSON objects
+    and arrays, counted before anything parses it; no content coding): an ``invalid_response``,
+    never parsed; the prompt the provider read is charged, once."""
+    async with scripted(step, step) as endpoint:
+        noted, error = await failed_call(endpoint)
+    assert (noted, error) == ([PROMPT_BOUND], ModelErrorType.INVALID_RESPONSE)
 
 
 async def test_a_proxy_from_the_environment_is_watched_too(

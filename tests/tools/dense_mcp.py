@@ -1,0 +1,79 @@
+"""A tenant's MCP server (the suite's real one, ``mcp_support.build``) whose ``tools/list``
+answers ``--pages`` pages, each one tool whose input schema holds ``--objects`` empty JSON
+objects (``{}``: two bytes each on the wire, a Python dict each once parsed). Run:
+``python dense_mcp.py --port P --pages N --objects K``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import mcp_support
+
+
+def page(request_id: Any, objects: int, *, last: bool) -> bytes:
+    tool = {"name": "t", "inputSchema": {"type": "object", "x": [{}] * objects}}
+    result: dict[str, Any] = {
+        "tools": [tool],
+        "resultType": "complete",
+        "cacheScope": "private",
+        "ttlMs": 0,
+    }
+    if not last:
+        result["nextCursor"] = "more"
+    reply = {"jsonrpc": "2.0", "id": request_id, "result": result}
+    return json.dumps(reply, separators=(",", ":")).encode()
+
+
+class Pages:
+    """The app, with ``tools/list`` answered by ``page``."""
+
+    def __init__(self, app: Any, pages: int, objects: int) -> None:
+        self.app, self.pages, self.objects, self.served = app, pages, objects, 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages, body = [], b""
+        while True:
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        parsed = json.loads(body or b"{}")
+        if isinstance(parsed, dict) and parsed.get("method") == "tools/list":
+            self.served += 1
+            reply = page(parsed.get("id"), self.objects, last=self.served % self.pages == 0)
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": reply})
+            return
+
+        async def replay() -> Any:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--pages", type=int, default=3)
+    parser.add_argument("--objects", type=int, required=True)
+    args = parser.parse_args()
+    app = mcp_support.build(None).streamable_http_app(host="127.0.0.1")
+    uvicorn.run(
+        Pages(app, args.pages, args.objects), host="127.0.0.1", port=args.port, log_level="warning"
+    )
+
+
+if __name__ == "__main__":
+    main()
