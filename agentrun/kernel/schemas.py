@@ -44,6 +44,7 @@ import functools
 import itertools
 import json
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -65,6 +66,16 @@ accepts for ``spec.output.schema``, an eval's ``answer.jsonSchema`` and a tool's
 MAX_SCHEMA_DEPTH = 32
 """Most nesting of objects and arrays in a schema (deeper ones recurse past Python's stack in
 the validator)."""
+MAX_SCHEMA_CONTAINERS = 10_000
+"""Most JSON objects and arrays in a schema, counted everywhere, the data of ``const``,
+``enum``, ``default`` and ``examples`` too. A schema's bytes do not bound its memory once
+parsed: ``{"const": [{}, {}, ...]}`` is about 24 times larger as Python objects than as
+JSON (an empty object is 3 bytes of JSON, about 72 bytes parsed), so 64 KiB hold 21 000
+of them. OpenAI's structured outputs accept "up to 5000 object properties total, with up to
+10 levels of nesting": each of 5 000 properties is one schema object, and what surrounds them
+(an object's ``properties`` map and ``required`` list, ``items``, an ``enum``) takes fewer
+objects and arrays again, so 10 000 refuse no schema a model provider takes (64 KiB holds
+fewer), while one schema parsed stays under about 2 MB."""
 MAX_PATTERN_CHARS = 1_024
 """Longest pattern accepted (RE2 also bounds a pattern's compiled size by ``PATTERN_MEMORY``)."""
 PATTERN_MEMORY = 1 << 20
@@ -480,9 +491,10 @@ def _on_linear(plain: Any) -> Any:
 def schema_problem(schema: Any, *, max_bytes: int = MAX_SCHEMA_BYTES) -> str | None:
     """Why ``schema`` cannot be used as a user's or a tool server's JSON Schema, or ``None``:
     not an object (or boolean), over ``max_bytes`` as compact JSON, nested deeper than
-    ``MAX_SCHEMA_DEPTH``, a ``pattern`` or ``patternProperties`` key the linear engine refuses
-    (``at /properties/code/pattern: …``), or invalid against its draft's meta-schema. The
-    message names the place inside the schema; the caller prefixes the field."""
+    ``MAX_SCHEMA_DEPTH``, holding more than ``MAX_SCHEMA_CONTAINERS`` objects and arrays, a
+    ``pattern`` or ``patternProperties`` key the linear engine refuses (``at
+    /properties/code/pattern: …``), or invalid against its draft's meta-schema. The message
+    names the place inside the schema; the caller prefixes the field."""
     if not isinstance(schema, Mapping | bool):
         return f"must be a JSON Schema object, not {type(schema).__name__}"
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
@@ -491,6 +503,9 @@ def schema_problem(schema: Any, *, max_bytes: int = MAX_SCHEMA_BYTES) -> str | N
     depth = _depth(schema)
     if depth > MAX_SCHEMA_DEPTH:
         return f"nested {depth} levels deep, over the limit of {MAX_SCHEMA_DEPTH}"
+    count = containers(schema)
+    if count > MAX_SCHEMA_CONTAINERS:
+        return f"{count} JSON objects and arrays, over the limit of {MAX_SCHEMA_CONTAINERS}"
     for where, pattern in _patterns(schema, ""):
         problem = pattern_problem(pattern)
         if problem is not None:
@@ -513,6 +528,32 @@ def _depth(value: Any) -> int:
         if level <= MAX_SCHEMA_DEPTH:
             stack.extend((child, level + 1) for child in children)
     return deepest
+
+
+def _nodes(value: Any) -> Iterator[Any]:
+    """``value`` and every key and value inside it, iteratively (a deep value must not exhaust
+    the stack)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, Mapping):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def containers(value: Any) -> int:
+    """JSON objects and arrays in ``value`` (itself included), data keywords' values too."""
+    return sum(1 for node in _nodes(value) if isinstance(node, Mapping | list))
+
+
+def footprint(value: Any) -> int:
+    """Bytes ``value`` takes as parsed JSON in memory, about (``sys.getsizeof`` of it and of
+    every key and value inside it; a value shared by two places counted twice): what a cache
+    weighs the JSON it keeps by."""
+    return sum(sys.getsizeof(node) for node in _nodes(value))
 
 
 def _patterns(schema: Any, where: str) -> Iterator[tuple[str, str]]:

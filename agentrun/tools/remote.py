@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
 
-from agentrun.kernel import ToolFault
+from agentrun.kernel import ToolFault, schemas
 from agentrun.protocol import RemoteTool
 
 from . import catalog
@@ -92,20 +92,6 @@ rich schemas holds a few thousand."""
 class ToolListTooLarge(Exception):
     """The tools a server listed hold more than ``MAX_DISCOVERED_CONTAINERS`` JSON objects and
     arrays in their input schemas."""
-
-
-def containers(value: object) -> int:
-    """The JSON objects and arrays in ``value`` (parsed JSON), ``value`` itself included."""
-    count, stack = 0, [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Mapping):
-            count += 1
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            count += 1
-            stack.extend(item)
-    return count
 
 
 _INVALID_PARAMS = -32602
@@ -222,7 +208,7 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
             held = 0
             for _ in range(MAX_DISCOVERED_PAGES):
                 page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-                held += sum(containers(t.input_schema) for t in page.tools)
+                held += sum(schemas.containers(t.input_schema) for t in page.tools)
                 if held > MAX_DISCOVERED_CONTAINERS:
                     raise ToolListTooLarge(
                         f"its tools' input schemas hold over {MAX_DISCOVERED_CONTAINERS} JSON "

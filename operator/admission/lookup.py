@@ -9,15 +9,13 @@ case. What does not: the rules themselves (``config``).
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import functools
+import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
-
-import cachetools
 
 from agentrun.kernel import schemas
 from agentrun.protocol import RunConfig
@@ -25,18 +23,22 @@ from agentrun.tools import remote
 
 from .. import agents, runs, tenants, toolservers
 from ..platform.spec import SpecError
+from ..platform.weighed import WeighedCache
 from .config import Resolved, build_run_config, check_metered, first_call_need, run_timeout
 
-BUILT_MEMORY = 10_000
-"""Runs whose last config built is kept (the least recently built forgotten first)."""
+BUILT_MEMORY = 64 * 2**20
+"""Bytes of runs' last configs built kept, about (each weighed by ``schemas.footprint`` of the
+spec it was built from, which its config holds again; the least recently built forgotten
+first): tens of thousands of ordinary runs (under 1 KB each), fewer with large output
+schemas, whatever they are. A run forgotten is built again when its queue next passes it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Built:
     """A run's config as built, and what it was built from."""
 
-    spec: Mapping[str, Any]
-    """The run's spec (a copy)."""
+    spec: bytes
+    """The run's spec's digest (``_digest``): equal for equal specs, and small."""
     policy: tenants.TenantPolicy
     model_name: str
     model: dict[str, Any] | None
@@ -47,6 +49,8 @@ class _Built:
     timeout: float
     """``config.run_timeout`` of the applied spec: the deadline's distance from the start."""
     config: RunConfig
+    weight: int
+    """``schemas.footprint`` of the spec it was built from: about what the config holds."""
 
 
 class ToolServerPending(SpecError):
@@ -74,8 +78,8 @@ class RunConfigs:
         self.known_tools = known_tools
         self.tool_specs = tool_specs
         self.servers = servers
-        self._built: cachetools.LRUCache[str, _Built] = cachetools.LRUCache(BUILT_MEMORY)
-        """Each run's last config built, by uid (``build_config``)."""
+        self._built: WeighedCache[str, _Built] = WeighedCache(BUILT_MEMORY, _weight)
+        """Each run's last config built, by uid (``build_config``), ``BUILT_MEMORY`` at most."""
 
     async def build_config(
         self,
@@ -97,13 +101,16 @@ class RunConfigs:
         and at each pass of a queue, cost one build). Every rule is a function of those
         inputs, so a reused config is the one a build would make."""
         built = self._built.get(run.uid)
-        if built is not None and built.spec == spec and built.policy == policy:
+        digest = _digest(spec)
+        if built is not None and built.spec == digest and built.policy == policy:
             model = await self.models.get(built.model_name)
             servers = [await self.servers.get(run.namespace, s) for s in built.server_names]
             if model == built.model and servers == list(built.servers):
                 return dataclasses.replace(built.config, deadline=start_time + built.timeout)
         built = await self._build(run, spec, policy, start_time=start_time)
-        self._built[run.uid] = built
+        self._built[run.uid] = dataclasses.replace(
+            built, spec=digest, weight=schemas.footprint(spec)
+        )
         return built.config
 
     def forget(self, uid: str) -> None:
@@ -159,7 +166,7 @@ class RunConfigs:
             resolved=Resolved(policy.name, remote_tools, policy.url_rules),
         )
         inputs = (applied.model, found, tuple(names), tuple(servers))
-        return _Built(copy.deepcopy(dict(spec)), policy, *inputs, run_timeout(applied), config)
+        return _Built(b"", policy, *inputs, run_timeout(applied), config, weight=0)
 
     def first_call_need(self, config: RunConfig) -> tuple[int, Decimal]:
         """(tokens, USD) the run's first model call may use at worst (see
@@ -171,6 +178,16 @@ class RunConfigs:
             *(remote.spec_of(t).as_openai_tool() for t in config.remote_tools),
         ]
         return first_call_need(config, tools=tools)
+
+
+def _weight(built: _Built) -> int:
+    return built.weight
+
+
+def _digest(spec: Mapping[str, Any]) -> bytes:
+    """SHA-256 of ``spec`` as compact JSON, keys sorted: equal for equal specs."""
+    text = json.dumps(dict(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).digest()
 
 
 def output_schema_problem(schema: Mapping[str, Any]) -> str | None:

@@ -39,6 +39,7 @@ import nats.errors
 
 from agentrun import kernel, loops, metrics, telemetry
 from agentrun.bus import EventTooLarge
+from agentrun.kernel import schemas
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull, TenantQueue
 from agentrun.protocol import RunConfig
 
@@ -47,6 +48,7 @@ from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
 from ..platform.shards import ALL_OF_ONE, Ownership
 from ..platform.spec import SpecError
+from ..platform.weighed import WeighedCache
 from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, admitted_patch, involved
 from ..tenants import QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
 from .config import never_fits, too_large_to_checkpoint
@@ -128,6 +130,17 @@ class _Ready:
     need: tuple[int, Decimal]
 
 
+OBJECTS_MEMORY = 64 * 2**20
+"""Bytes of queued runs' objects the pump keeps, about (each weighed by ``schemas.footprint``
+of its spec and recorded resolved spec; the least recently used forgotten first): whatever the
+specs, queued runs cost the operator bounded memory; one forgotten is read from the API server
+when its queue reaches it."""
+
+
+def _weight(obj: RunObject) -> int:
+    return schemas.footprint(obj.spec) + schemas.footprint(obj.status.resolved_spec)
+
+
 class QueuePump:
     """Owns the tenant queues and a pump task per tenant. One per operator process."""
 
@@ -148,7 +161,9 @@ class QueuePump:
         """Runs this operator has seen queued (uid → what their status shows)."""
         self._fresh: dict[str, dict[str, QueuedRun]] = {}
         """Per tenant, the runs queued since its last pump (their first status is due)."""
-        self._objects: dict[str, RunObject] = {}
+        self._objects: WeighedCache[str, RunObject] = WeighedCache(OBJECTS_MEMORY, _weight)
+        """Queued runs' objects as their handler saw them, ``OBJECTS_MEMORY`` at most (one
+        forgotten is read again when its queue reaches it)."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._wakes: dict[str, asyncio.Event] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}

@@ -20,12 +20,14 @@ controller is one of the parts ``wiring`` starts after the leader Lease is taken
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from agentrun import kube, metrics
+from agentrun.kernel import schemas
 from agentrun.protocol import RunEvent
 
 from .. import agents, runs
@@ -33,6 +35,7 @@ from ..platform.events import EventRecorder, EventType
 from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from ..platform.spec import SpecError
+from ..platform.weighed import WeighedCache
 from . import grading
 from .news import EvalNews, involved
 from .spec import EvalCase, EvalSpec
@@ -73,6 +76,28 @@ class RunEvents(Protocol):
         """Every event of the run with a sequence above ``after_seq``, oldest first."""
 
 
+SPECS_MEMORY = 64 * 2**20
+"""Bytes of suites' checked specs kept, about (each weighed by ``schemas.footprint`` of the spec
+as read, which the checked one holds again; the least recently used forgotten first): whatever
+the suites, they cost the operator bounded memory; one forgotten is checked again at its next
+reconcile."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Checked:
+    """A suite's spec as checked, and which object and generation it was checked from."""
+
+    uid: str
+    generation: int
+    spec: EvalSpec | SpecError
+    weight: int
+    """``schemas.footprint`` of the spec as read."""
+
+
+def _weight(checked: _Checked) -> int:
+    return checked.weight
+
+
 class EvalController:
     """Reconciles AgentEvals one at a time (``kick`` requests, ``run`` serves)."""
 
@@ -100,8 +125,9 @@ class EvalController:
         self._queued: set[EvalKey] = set()
         self._uses: dict[EvalKey, frozenset[str]] = {}
         """The Agents each known suite runs, so an Agent's change kicks them."""
-        self._specs: dict[EvalKey, tuple[str, int, EvalSpec | SpecError]] = {}
-        """Each known suite's spec as checked, by uid and generation (checked once each)."""
+        self._specs: WeighedCache[EvalKey, _Checked] = WeighedCache(SPECS_MEMORY, _weight)
+        """Known suites' specs as checked, by uid and generation (checked once each while
+        kept), ``SPECS_MEMORY`` at most."""
         self._stopped = False
         self.failures = Failures(log, what="reconcile")
         """Failed reconciles by suite (each logged once)."""
@@ -212,8 +238,8 @@ class EvalController:
         budget but not free, and the event loop serves every other tenant meanwhile."""
         key = (suite.namespace, suite.name)
         known = self._specs.get(key)
-        if known is not None and known[:2] == (suite.uid, suite.generation):
-            return known[2]
+        if known is not None and (known.uid, known.generation) == (suite.uid, suite.generation):
+            return known.spec
 
         def check() -> EvalSpec | SpecError:
             try:
@@ -222,7 +248,8 @@ class EvalController:
                 return err
 
         checked = await asyncio.to_thread(check)
-        self._specs[key] = (suite.uid, suite.generation, checked)
+        weight = schemas.footprint(body)
+        self._specs[key] = _Checked(suite.uid, suite.generation, checked, weight)
         return checked
 
     async def _rows(

@@ -695,3 +695,28 @@ def test_a_refused_pattern_covers_no_property() -> None:
         "backreferences or lookaround): invalid perl operator: (?=",
         "'ab', 'x' do not match any of the regexes: '(?=a)'",
     ]
+
+
+def test_a_schema_of_the_most_objects_and_arrays_is_accepted_one_more_refused() -> None:
+    """Objects and arrays are counted everywhere, data too (``const``, ``enum``, ``default``,
+    ``examples``): tens of thousands of empty objects fit in 64 KiB, and each is a Python dict
+    once parsed."""
+    limit = schemas.MAX_SCHEMA_CONTAINERS
+    for keyword in ("const", "enum", "default", "examples"):
+        at_limit = {keyword: [{}] * (limit - 2)}  # the schema and the array count too
+        assert schemas.containers(at_limit) == limit
+        assert schemas.schema_problem(at_limit) is None
+        over = {keyword: [{}] * (limit - 1)}
+        assert schemas.schema_problem(over) == (
+            f"{limit + 1} JSON objects and arrays, over the limit of {limit}"
+        )
+    nested = {"type": "object", "properties": {"a": {"type": "array", "items": {}}}}
+    assert schemas.containers(nested) == 4
+
+
+def test_a_footprint_weighs_parsed_json_near_its_memory() -> None:
+    """``footprint`` is what a cache weighs kept JSON by: thousands of empty objects weigh as
+    many dicts, not the 3 bytes each of their text."""
+    many = {"const": [{} for _ in range(1_000)]}
+    assert 64_000 <= schemas.footprint(many) <= 200_000
+    assert schemas.footprint({"a": "x" * 1_000}) >= 1_000
