@@ -513,6 +513,29 @@ def schema_problem(schema: Any, *, max_bytes: int = MAX_SCHEMA_BYTES) -> str | N
     return _meta_problem(schema)
 
 
+def known_problem(schema: Any) -> str | None:
+    """``schema_problem``, decided once per distinct schema within ``MAX_SCHEMA_BYTES`` (the
+    last ``KNOWN_VERDICTS`` remembered, by their canonical JSON): the same schema comes back
+    again and again — a queued run's config built at every pass of its queue, an Agent at
+    every re-list of the watch, a tool server at every refresh — and its check takes up to a
+    second of CPU. Thread-safe (callers run it off the event loop)."""
+    if not isinstance(schema, Mapping | bool):
+        return schema_problem(schema)
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(text) > MAX_SCHEMA_BYTES:
+        return schema_problem(schema)  # names the size; not worth remembering
+    return _verdict(text)
+
+
+KNOWN_VERDICTS = 256
+"""Schemas ``known_problem`` remembers (their text: 16 MiB at most)."""
+
+
+@functools.lru_cache(maxsize=KNOWN_VERDICTS)
+def _verdict(text: str) -> str | None:
+    return schema_problem(json.loads(text))
+
+
 def _depth(value: Any) -> int:
     """Nesting of objects and arrays, iteratively (a deep value must not exhaust the stack)."""
     deepest, stack = 0, [(value, 1)]

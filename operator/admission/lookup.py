@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -128,7 +127,7 @@ class RunConfigs:
         """The run's config built anew, with what it was built from (see ``build_config``)."""
         applied = policy.apply(runs.AgentRunSpec.of(spec))
         if applied.output.json_schema is not None:
-            problem = await asyncio.to_thread(output_schema_problem, applied.output.json_schema)
+            problem = await asyncio.to_thread(schemas.known_problem, applied.output.json_schema)
             if problem is not None:
                 raise SpecError(f"spec.output.schema: {problem}")
         found = await self.models.get(applied.model)
@@ -188,18 +187,3 @@ def _digest(spec: Mapping[str, Any]) -> bytes:
     """SHA-256 of ``spec`` as compact JSON, keys sorted: equal for equal specs."""
     text = json.dumps(dict(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).digest()
-
-
-def output_schema_problem(schema: Mapping[str, Any]) -> str | None:
-    """Why a run's ``spec.output.schema`` cannot be used (``schemas.schema_problem``: too
-    large, too deep, a pattern RE2 refuses, invalid), decided once per distinct schema of
-    a sensible size: a queued run's config is built again at every pass of its queue."""
-    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    if len(text) > schemas.MAX_SCHEMA_BYTES:
-        return schemas.schema_problem(schema)  # names the size; not worth remembering
-    return _verdict(text)
-
-
-@functools.lru_cache(maxsize=256)
-def _verdict(text: str) -> str | None:
-    return schemas.schema_problem(json.loads(text))

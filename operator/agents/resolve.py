@@ -269,7 +269,7 @@ def readiness(
         return Readiness(False, "InvalidSpec", str(err))
     output = (agent.get("spec") or {}).get("output") or {}
     if "schema" in output:
-        problem = schemas.schema_problem(output["schema"])
+        problem = schemas.known_problem(output["schema"])
         if problem is not None:
             return Readiness(False, "InvalidSpec", f"spec.output.schema: {problem}")
     if spec.instructions is not None:

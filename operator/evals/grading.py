@@ -215,7 +215,7 @@ def schema_error(schema: Mapping[str, Any], document: Any) -> str | None:
 def check_schema(schema: Mapping[str, Any]) -> str | None:
     """Why ``schema`` cannot grade answers (``schemas.schema_problem``: invalid for its draft,
     a pattern RE2 refuses, too large or too deep), or ``None`` when it can."""
-    return schemas.schema_problem(schema)
+    return schemas.known_problem(schema)
 
 
 def _decimal(amount: Decimal) -> str:

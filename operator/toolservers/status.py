@@ -69,7 +69,7 @@ def _usable(
         if found is None:
             continue
         schema = dict(found.input_schema)
-        problem = schemas.schema_problem(schema)
+        problem = schemas.known_problem(schema)
         size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
         if problem is None and size > room:
             problem = f"no room left in the status for its {size}-byte schema"

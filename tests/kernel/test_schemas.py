@@ -8,6 +8,7 @@ import json
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -720,3 +721,23 @@ def test_a_footprint_weighs_parsed_json_near_its_memory() -> None:
     many = {"const": [{} for _ in range(1_000)]}
     assert 64_000 <= schemas.footprint(many) <= 200_000
     assert schemas.footprint({"a": "x" * 1_000}) >= 1_000
+
+
+def test_a_schema_seen_before_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Agent re-listed by the watch, a queued run's config built again, a tool server
+    refreshed: the same schema's verdict is remembered, by its canonical JSON (key order
+    does not matter), however the check is reached."""
+    checked: list[object] = []
+    check = schemas.schema_problem
+
+    def counting(schema: object, **kwargs: int) -> str | None:
+        checked.append(schema)
+        return check(schema, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(schemas, "schema_problem", counting)
+    first = {"type": "object", "description": f"once {uuid.uuid4()}", "allOf": [{}] * 50}
+    again = dict(reversed(list(first.items())))
+    assert schemas.known_problem(first) is None and schemas.known_problem(again) is None
+    assert len(checked) == 1
+    assert schemas.known_problem({**first, "title": "another"}) is None
+    assert len(checked) == 2

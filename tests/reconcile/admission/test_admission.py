@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from agentrun import kernel
+from agentrun.kernel import schemas
 from agentrun.operator.admission import config as admission
-from agentrun.operator.admission import lookup
 from agentrun.operator.admission.config import too_large_to_checkpoint
 from agentrun.operator.agents.spec import model_config
 from agentrun.operator.platform.spec import SpecError
@@ -306,8 +306,8 @@ OUTPUT_PROBLEMS: list[Any] = [
 def test_an_output_schema_admission_cannot_use_is_named(
     schema: dict[str, Any], problem: str
 ) -> None:
-    assert lookup.output_schema_problem(schema) == problem
-    assert lookup.output_schema_problem({"type": "object"}) is None
+    assert schemas.known_problem(schema) == problem
+    assert schemas.known_problem({"type": "object"}) is None
 
 
 def test_a_config_the_event_stream_cannot_hold_names_its_largest_part() -> None:
