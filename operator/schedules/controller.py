@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +36,8 @@ from .store import CronStore
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 5.0
+RECONCILES_AT_ONCE = 8
+"""CronAgentRuns reconciled at once in one pass (each a few API requests)."""
 """Wait before reconciling a CronAgentRun again after a failed API call."""
 RECONCILE_FAILED = "ReconcileFailed"
 """``Ready=False`` reason (and Warning Event) of a CronAgentRun whose reconcile failed twice
@@ -51,6 +54,16 @@ class _Entry:
     generation: int
     wake: float | None = None
 
+
+
+def fair_order(due: set[CronKey]) -> list[CronKey]:
+    """``due`` one namespace's at a time in turn (the first of each namespace, then the
+    second of each, …; by name within a namespace)."""
+    namespaces: dict[str, list[CronKey]] = {}
+    for key in sorted(due):
+        namespaces.setdefault(key[0], []).append(key)
+    turns = itertools.zip_longest(*namespaces.values())
+    return [key for turn in turns for key in turn if key is not None]
 
 class ScheduleController:
     """Keeps every CronAgentRun's runs on schedule. ``observe``/``forget``/``run_changed`` are
@@ -116,7 +129,10 @@ class ScheduleController:
         self._kick.set()
 
     async def run(self) -> None:
-        """Reconcile each CronAgentRun when it changes or its wake time comes, forever."""
+        """Reconcile each CronAgentRun when it changes or its wake time comes, forever: those
+        due together ``RECONCILES_AT_ONCE`` at a time, one namespace's after another's in
+        turn (``fair_order``), so a namespace's hundreds of schedules due every second delay
+        another namespace's by a few reconciles, not by all of theirs."""
         while not self._stopped:
             self._kick.clear()
             now = self.clock()
@@ -126,11 +142,20 @@ class ScheduleController:
                 if entry.wake is not None and entry.wake <= now
             }
             self._dirty.clear()
-            for key in sorted(due):
-                await self._reconcile_safely(key)
+            await self._reconcile_all(due)
             wakes = [e.wake for e in self._crons.values() if e.wake is not None]
             timeout = max(min(wakes) - self.clock(), 0.0) if wakes else None
             await sleep_until_set(self._kick, timeout)
+
+    async def _reconcile_all(self, due: set[CronKey]) -> None:
+        """Reconcile ``due``, ``RECONCILES_AT_ONCE`` at a time, in ``fair_order``."""
+        slots = asyncio.Semaphore(RECONCILES_AT_ONCE)
+
+        async def reconcile(key: CronKey) -> None:
+            async with slots:
+                await self._reconcile_safely(key)
+
+        await asyncio.gather(*(reconcile(key) for key in fair_order(due)))
 
     async def _reconcile_safely(self, key: CronKey) -> None:
         """Reconcile ``key``; a transient failure is retried in ``RETRY_SECONDS``, a permanent
