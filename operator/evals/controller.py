@@ -81,6 +81,9 @@ SPECS_MEMORY = 64 * 2**20
 as read, which the checked one holds again; the least recently used forgotten first): whatever
 the suites, they cost the operator bounded memory; one forgotten is checked again at its next
 reconcile."""
+RECONCILES_AT_ONCE = 4
+"""AgentEvals reconciled at once (a suite's first check, of up to 200 answer schemas, can
+take a minute of a thread: the others are served meanwhile)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,7 +102,8 @@ def _weight(checked: _Checked) -> int:
 
 
 class EvalController:
-    """Reconciles AgentEvals one at a time (``kick`` requests, ``run`` serves)."""
+    """Reconciles AgentEvals, ``RECONCILES_AT_ONCE`` at a time and one suite never twice at
+    once (``kick`` requests, ``run`` serves)."""
 
     def __init__(
         self,
@@ -123,6 +127,9 @@ class EvalController:
         self.clock = clock
         self._queue: asyncio.Queue[EvalKey] = asyncio.Queue()
         self._queued: set[EvalKey] = set()
+        self._running: set[EvalKey] = set()
+        """Suites being reconciled; one kicked meanwhile is served again after."""
+        self._again: set[EvalKey] = set()
         self._uses: dict[EvalKey, frozenset[str]] = {}
         """The Agents each known suite runs, so an Agent's change kicks them."""
         self._specs: WeighedCache[EvalKey, _Checked] = WeighedCache(SPECS_MEMORY, _weight)
@@ -160,11 +167,34 @@ class EvalController:
         self._stopped = True
 
     async def run(self) -> None:
-        """Serve reconcile requests, one at a time, forever."""
+        """Serve reconcile requests in the order asked, ``RECONCILES_AT_ONCE`` at a time,
+        forever: a suite whose check takes long holds one place, not the others' turns. A
+        suite asked for while it is being reconciled is reconciled again once that ends."""
+        slots = asyncio.Semaphore(RECONCILES_AT_ONCE)
+        serving: set[asyncio.Task[None]] = set()
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
+            if key in self._running:
+                self._again.add(key)
+                continue
+            await slots.acquire()
+            self._running.add(key)
+            task = asyncio.create_task(self._serve(key, slots), name=f"eval {key[0]}/{key[1]}")
+            serving.add(task)
+            task.add_done_callback(serving.discard)
+
+    async def _serve(self, key: EvalKey, slots: asyncio.Semaphore) -> None:
+        """Reconcile ``key`` in one of ``run``'s places, then free it (asking again for a
+        suite kicked meanwhile)."""
+        try:
             await self._reconcile_safely(key)
+        finally:
+            self._running.discard(key)
+            slots.release()
+            if key in self._again:
+                self._again.discard(key)
+                self.kick(*key)
 
     async def _reconcile_safely(self, key: EvalKey) -> None:
         """Reconcile ``key``; a transient failure is retried after ``retry`` seconds, a

@@ -1,0 +1,74 @@
+"""AgentEvals are reconciled a few at a time: a suite whose first check takes seconds (many
+cases, each with an answer schema costing most of the schemas' work budget to check) holds
+one place, and another namespace's one-case suite gets its run at once beside it."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import Any
+
+from kube_support import FakeKube
+
+from agentrun.operator.evals.controller import EVALS, EvalController
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.protocol import RunEvent
+
+CASES = 8
+"""Cases of the slow suite (200 allowed)."""
+HEAVY = {"allOf": [{}] * 1200}
+"""Valid, checked in about 0.35 s on one core: just under the meta-schema work budget (each
+case's made distinct, so none is a verdict remembered from another)."""
+
+
+def agent(namespace: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "bot", "namespace": namespace, "generation": 1},
+        "spec": {"model": "mock", "instructions": "hi", "tools": []},
+    }
+
+
+def suite(namespace: str, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "suite", "namespace": namespace, "generation": 1},
+        "spec": {"agentRef": {"name": "bot"}, "cases": cases},
+    }
+
+
+class NoEvents:
+    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
+        return []
+
+
+async def test_a_suite_slow_to_check_does_not_hold_up_another() -> None:
+    api = FakeKube()
+    for ns in ("team-slow", "team-other"):
+        api.put("agents", agent(ns))
+    heavy_cases = [
+        {
+            "name": f"c{i}",
+            "goal": "g",
+            "expect": {"answer": {"jsonSchema": {**copy.deepcopy(HEAVY), "title": f"c{i}"}}},
+        }
+        for i in range(CASES)
+    ]
+    api.put(EVALS, suite("team-slow", heavy_cases))
+    api.put(EVALS, suite("team-other", [{"name": "one", "goal": "Add 2 and 3."}]))
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    controller = EvalController(api, runs=NoEvents(), events=events, retry=3600)
+    loop_task = asyncio.create_task(controller.run())
+    try:
+        started = time.monotonic()
+        controller.kick("team-slow", "suite")  # applied a moment earlier
+        controller.kick("team-other", "suite")
+        while api.find("agentruns", "x", "y") is None:
+            created = [k for k in api.objects if k[0] == "agentruns" and k[1] == "team-other"]
+            if created:
+                break
+            await asyncio.sleep(0.05)
+        waited = time.monotonic() - started
+    finally:
+        loop_task.cancel()
+    # the other one-case suite needs no work to speak of: its run exists at once
+    assert waited < 1.5, f"a one-case AgentEval waited {waited:.1f} s behind a {CASES}-case one"
