@@ -354,7 +354,7 @@ def cut_unanswered(watch: StreamWatch | None) -> Iterator[None]:
 
 class AnswerTooLarge(httpx2.RemoteProtocolError):
     """The model endpoint sent a message over ``endpoint.MAX_MESSAGE_BYTES`` or
-    ``endpoint.MAX_MESSAGE_CONTAINERS``, or a compressed body (a transport error: the
+    ``endpoint.MAX_MESSAGE_VALUES``, or a compressed body (a transport error: the
     ``openai`` client raises it as ``APIConnectionError``)."""
 
 
@@ -404,7 +404,7 @@ class AttemptTransport(httpx2.AsyncBaseTransport):
 async def bounded_answer(response: httpx2.Response) -> httpx2.AsyncByteStream:
     """``response``'s body, never a message of it (one event of an event stream, or the whole
     of any other body) over the bounds a tool server's messages have
-    (``endpoint.BoundedStream``: bytes, and JSON objects and arrays, counted before anything
+    (``endpoint.BoundedStream``: bytes, and JSON values, counted before anything
     parses them): a provider's answer of 20 MB of ``{}`` would take half a gigabyte of the
     worker's memory. Requests ask for no content coding; a body that has one anyway is refused
     (``AnswerTooLarge``), as it could not be bounded as it arrives."""

@@ -11,7 +11,7 @@ at once — an SSE server names the URL its session's messages go to (its ``endp
 which the SDK checks only for the origin. Redirects are never followed: the SDK follows a
 same-origin one itself, so the transport answers any 3xx with an error (``Redirected``), never
 a request to another path or host. No answer is read past ``MAX_MESSAGE_BYTES`` a message, nor
-past ``MAX_MESSAGE_CONTAINERS`` JSON objects and arrays a message, nor compressed.
+past ``MAX_MESSAGE_VALUES`` JSON values a message, nor compressed.
 
 What does not belong here: reusing sessions (``sessions``), mapping results and faults
 (``remote``).
@@ -172,19 +172,21 @@ worker's memory, every time it is asked; past this the response fails as a trans
 A tool's result is cut much shorter anyway (``MAX_RESULT_BYTES`` of the worker's runner)."""
 
 
-MAX_MESSAGE_CONTAINERS = 16_384
-"""The most JSON objects and arrays one message from a tool server may open: its ``{`` and
-``[`` bytes, counted as they arrive, before anything parses the message (those inside
-strings count too, so the count errs high). Parsed, each is a Python dict or list of some
-60–200 bytes however few bytes it took on the wire (``{}`` takes two): 8 MiB of them would
-take gigabytes of the operator's or a worker's memory and seconds of its event loop to
-validate. A tool list page holds a few thousand (a hundred tools' input schemas); a tool's
-result past this is refused as a transport fault rather than cut (the model sees
-``MAX_RESULT_BYTES`` of it at most anyway)."""
+MAX_MESSAGE_VALUES = 131_072
+"""The most JSON values one message from a tool server may hold: its ``{``, ``[`` and ``,``
+bytes, counted as they arrive, before anything parses the message (those inside strings
+count too, so the count errs high: prose has a comma every few dozen bytes). Parsed, a value
+takes a Python object, or a pointer to one, however few bytes it took on the wire: ``{}``
+(two bytes) is a dict of some 64, ``0.5`` a float of 24 plus its pointer, so 8 MiB of them
+would take hundreds of megabytes to gigabytes of the operator's or a worker's memory and
+seconds of its event loop to validate. A tool list page holds a few thousand (a hundred
+tools' input schemas); a tool's result past this (a megabyte or two of JSON data or prose)
+is refused as a transport fault rather than cut (the model sees
+``AGENTRUN_TOOL_RESULT_MAX_BYTES`` of it at most anyway)."""
 
 
 class MessageTooLarge(httpx2.StreamError):
-    """A tool server sent one message over ``MAX_MESSAGE_BYTES`` or ``MAX_MESSAGE_CONTAINERS``
+    """A tool server sent one message over ``MAX_MESSAGE_BYTES`` or ``MAX_MESSAGE_VALUES``
     (or a body it could not be bounded in)."""
 
 
@@ -193,14 +195,15 @@ class Redirected(httpx2.TransportError):
     one to any path of the origin, outside the tenant's rule)."""
 
 
-def containers_in(data: bytes) -> int:
-    """The JSON objects and arrays ``data`` opens at most: its ``{`` and ``[`` bytes."""
-    return data.count(b"{") + data.count(b"[")
+def values_in(data: bytes) -> int:
+    """The JSON values ``data`` holds at most, but for one: its ``{``, ``[`` and ``,`` bytes
+    (every value but the first of an object or array follows a comma)."""
+    return data.count(b"{") + data.count(b"[") + data.count(b",")
 
 
 class BoundedStream(httpx2.AsyncByteStream):
     """A response body read on, but never a message longer than ``limit`` bytes or opening
-    more than ``containers`` JSON objects and arrays (``containers_in``): raises ``error`` (by
+    more than ``values`` JSON values (``values_in``): raises ``error`` (by
     default ``MessageTooLarge``) naming ``source`` as soon as one passes either. In an event
     stream (``events``) a message is the bytes since the last blank line; in any other body,
     the whole body. Messages that begin and end within one read of the connection (64 KiB)
@@ -214,14 +217,14 @@ class BoundedStream(httpx2.AsyncByteStream):
         limit: int,
         *,
         events: bool,
-        containers: int = MAX_MESSAGE_CONTAINERS,
+        values: int = MAX_MESSAGE_VALUES,
         error: type[Exception] = MessageTooLarge,
         source: str = "the tool server",
     ) -> None:
         self.inner = inner
         self.limit = limit
         self.events = events
-        self.containers = containers
+        self.values = values
         self.error = error
         self.source = source
 
@@ -234,10 +237,10 @@ class BoundedStream(httpx2.AsyncByteStream):
             if separators:  # a message ended in this read: check it whole, then the next one's
                 first = min(seen.find(sep) + len(sep) for sep in separators)
                 last = max(seen.rfind(sep) + len(sep) for sep in separators)
-                self._check(pending + first - len(tail), opened + containers_in(seen[:first]))
-                pending, opened = len(seen) - last, containers_in(seen[last:])
+                self._check(pending + first - len(tail), opened + values_in(seen[:first]))
+                pending, opened = len(seen) - last, values_in(seen[last:])
             else:
-                pending, opened = pending + len(chunk), opened + containers_in(chunk)
+                pending, opened = pending + len(chunk), opened + values_in(chunk)
             self._check(pending, opened)
             tail = seen[-3:]
             yield chunk
@@ -245,10 +248,8 @@ class BoundedStream(httpx2.AsyncByteStream):
     def _check(self, size: int, opened: int) -> None:
         if size > self.limit:
             raise self.error(f"{self.source} sent a message over {self.limit} bytes")
-        if opened > self.containers:
-            raise self.error(
-                f"{self.source} sent a message of over {self.containers} JSON objects and arrays"
-            )
+        if opened > self.values:
+            raise self.error(f"{self.source} sent a message of over {self.values} JSON values")
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -44,7 +44,6 @@ from . import catalog
 from .endpoint import (
     CALL_REF_KEY,
     CONNECTION_LOST,
-    MAX_MESSAGE_CONTAINERS,
     STATUSES,
     Endpoint,
     Transport,
@@ -82,16 +81,16 @@ SEPARATOR = "__"
 """Joins server and tool in the function name the model sees (``SERVER__TOOL``)."""
 MAX_DISCOVERED_PAGES = 20
 """Pages of ``tools/list`` read at most (a server that pages for ever is cut off)."""
-MAX_DISCOVERED_CONTAINERS = 2 * MAX_MESSAGE_CONTAINERS
-"""The most JSON objects and arrays the input schemas of one server's tools may hold in all,
-over every page (two full pages' worth): what discovery keeps in the operator's memory until
-it writes the status. Past it the discovery fails; a tool list of a few hundred tools with
-rich schemas holds a few thousand."""
+MAX_DISCOVERED_FOOTPRINT = 8 * 2**20
+"""The most bytes the input schemas of one server's tools may take parsed, in all, over every
+page (``schemas.footprint``): what discovery keeps in the operator's memory until it writes
+the status. Past it the discovery fails; a list of a few hundred tools with rich schemas
+takes a few megabytes."""
 
 
 class ToolListTooLarge(Exception):
-    """The tools a server listed hold more than ``MAX_DISCOVERED_CONTAINERS`` JSON objects and
-    arrays in their input schemas."""
+    """The input schemas of the tools a server listed take more than
+    ``MAX_DISCOVERED_FOOTPRINT`` bytes parsed."""
 
 
 _INVALID_PARAMS = -32602
@@ -198,8 +197,8 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
     connect, handshake and every page).
 
     Raises ``RemoteError`` (with its fault) when the server cannot be reached, fails, does
-    not answer in time, or lists tools whose input schemas hold more than
-    ``MAX_DISCOVERED_CONTAINERS`` JSON objects and arrays in all.
+    not answer in time, or lists tools whose input schemas take more than
+    ``MAX_DISCOVERED_FOOTPRINT`` bytes parsed in all.
     """
     found: list[Discovered] = []
     try:
@@ -208,11 +207,11 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
             held = 0
             for _ in range(MAX_DISCOVERED_PAGES):
                 page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-                held += sum(schemas.containers(t.input_schema) for t in page.tools)
-                if held > MAX_DISCOVERED_CONTAINERS:
+                held += sum(schemas.footprint(t.input_schema) for t in page.tools)
+                if held > MAX_DISCOVERED_FOOTPRINT:
                     raise ToolListTooLarge(
-                        f"its tools' input schemas hold over {MAX_DISCOVERED_CONTAINERS} JSON "
-                        "objects and arrays"
+                        f"its tools' input schemas take over {MAX_DISCOVERED_FOOTPRINT} bytes "
+                        "parsed"
                     )
                 found.extend(
                     Discovered(t.name, t.description or "", dict(t.input_schema))

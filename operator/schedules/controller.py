@@ -55,7 +55,6 @@ class _Entry:
     wake: float | None = None
 
 
-
 def fair_order(due: set[CronKey]) -> list[CronKey]:
     """``due`` one namespace's at a time in turn (the first of each namespace, then the
     second of each, …; by name within a namespace)."""
@@ -64,6 +63,7 @@ def fair_order(due: set[CronKey]) -> list[CronKey]:
         namespaces.setdefault(key[0], []).append(key)
     turns = itertools.zip_longest(*namespaces.values())
     return [key for turn in turns for key in turn if key is not None]
+
 
 class ScheduleController:
     """Keeps every CronAgentRun's runs on schedule. ``observe``/``forget``/``run_changed`` are

@@ -1,7 +1,7 @@
-"""A tool list is bounded by what it costs parsed, not only by its bytes: a page opening more
-JSON objects and arrays than ``endpoint.MAX_MESSAGE_CONTAINERS`` is refused before it is
-parsed, and pages each under that bound are refused once the tools' input schemas hold more
-than ``remote.MAX_DISCOVERED_CONTAINERS`` in all — either way the discovery fails, naming
+"""A tool list is bounded by what it costs parsed, not only by its bytes: a page holding more
+JSON values than ``endpoint.MAX_MESSAGE_VALUES`` is refused before it is parsed, and pages
+each under that bound are refused once the tools' input schemas take more than
+``remote.MAX_DISCOVERED_FOOTPRINT`` parsed in all — either way the discovery fails, naming
 why, without the operator's memory growing by the pages' parsed size. Against a real MCP
 server (the official SDK's) in a process of its own."""
 
@@ -49,8 +49,8 @@ def dense_server(pages: int, objects: int) -> Iterator[str]:
 
 CASES = {
     # 8 MiB of {} a page: 2.8 million dicts parsed, about 200 MB a page
-    "one-page-too-dense": (3, (endpoint.MAX_MESSAGE_BYTES - 1024) // 3, "JSON objects and arrays"),
-    "pages-too-dense-together": (3, endpoint.MAX_MESSAGE_CONTAINERS * 3 // 4, "input schemas hold"),
+    "one-page-too-dense": (3, (endpoint.MAX_MESSAGE_BYTES - 1024) // 3, "JSON values"),
+    "pages-too-dense-together": (3, endpoint.MAX_MESSAGE_VALUES * 3 // 8, "input schemas take"),
 }
 
 
@@ -70,7 +70,7 @@ async def test_a_dense_tool_list_fails_discovery_unparsed(
 
 
 async def test_a_tool_list_under_both_bounds_is_discovered() -> None:
-    with dense_server(2, endpoint.MAX_MESSAGE_CONTAINERS // 4) as url:
+    with dense_server(2, endpoint.MAX_MESSAGE_VALUES // 16) as url:
         point = remote.Endpoint(
             url, endpoint.Transport.STREAMABLE_HTTP, {}, timeout=30.0, private_network=True
         )

@@ -151,14 +151,15 @@ async def test_a_server_quoting_its_credentials_is_redacted_from_what_it_causes(
     assert where.redact(f"Bearer {SECRET} and {SECRET}") == "[redacted] and [redacted]"
 
 
-CONTAINERS = endpoint.MAX_MESSAGE_CONTAINERS
+VALUES = endpoint.MAX_MESSAGE_VALUES
 
 
-async def test_a_message_of_too_many_json_objects_is_refused_unparsed() -> None:
-    """A few bytes each on the wire, a Python dict each once parsed: a JSON body, or one event
-    of a stream written in pieces, opening more objects and arrays than the bound is refused
-    before anything parses it; a stream of events each under it reads on."""
-    many = b"[" + b"{}," * CONTAINERS + b"{}]"  # well under the byte limit
+@pytest.mark.parametrize("value", [b"{}", b"0.5", b'"ab"'], ids=["objects", "floats", "strings"])
+async def test_a_message_of_too_many_json_values_is_refused_unparsed(value: bytes) -> None:
+    """A few bytes each on the wire, a Python object each once parsed: a JSON body, or one
+    event of a stream written in pieces, holding more values than the bound is refused before
+    anything parses it; a stream of events each under it reads on."""
+    many = b"[" + (value + b",") * VALUES + value + b"]"  # well under the byte limit
 
     async def json_body(request: web.Request) -> web.Response:
         return web.Response(body=b'{"x":' + many + b"}", content_type="application/json")
@@ -174,7 +175,7 @@ async def test_a_message_of_too_many_json_objects_is_refused_unparsed() -> None:
     async def small_events(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        event = b"data: [" + b"{}," * (CONTAINERS // 4) + b"{}]\n\n"
+        event = b"data: [" + (value + b",") * (VALUES // 4) + value + b"]\n\n"
         for _ in range(8):  # twice the bound in all, each event a quarter of it
             await response.write(event)
         return response
@@ -185,7 +186,7 @@ async def test_a_message_of_too_many_json_objects_is_refused_unparsed() -> None:
         httpx2.AsyncClient(transport=endpoint.CheckedTransport(private_network=True)) as http,
     ):
         for path in ("/json", "/event"):
-            with pytest.raises(endpoint.MessageTooLarge, match="JSON objects and arrays"):
+            with pytest.raises(endpoint.MessageTooLarge, match=f"over {VALUES} JSON values"):
                 await http.post(base + path, json={})
         response = await http.get(base + "/events")
-    assert response.status_code == 200 and response.content.count(b"{}") > 2 * CONTAINERS
+    assert response.status_code == 200 and response.content.count(value) > 2 * VALUES

@@ -74,8 +74,8 @@ async def scripted(*script: str, streams: bool = True) -> AsyncIterator[Endpoint
             return web.json_response({"error": {"message": "upstream failed"}}, status=500)
         if step == "answer":
             return await answer(request, streamed=bool(body.get("stream")))
-        if step == "dense":  # a completion with 20,000 {} beside it: 60 KB, 20,000 dicts parsed
-            dense = b'{"choices":[],"x":[' + b"{}," * 20_000 + b"{}]}"
+        if step == "dense":  # a completion with 70,000 {} beside it: 210 KB, 70,000 dicts parsed
+            dense = b'{"choices":[],"x":[' + b"{}," * 70_000 + b"{}]}"
             return web.Response(body=dense, content_type="application/json")
         if step == "gzip":  # a coding not asked for (a bomb: 8 MiB of it are gigabytes)
             packed = gzip.compress(b'{"choices":[]}')
