@@ -226,14 +226,7 @@ class Recorder:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        messages: list[Any] = []
-        body = b""
-        while True:
-            message = await receive()
-            messages.append(message)
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        messages, body = await buffered(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         try:
             parsed = json.loads(body)
@@ -267,10 +260,29 @@ class Recorder:
             await send({"type": "http.response.body", "body": reply})
             return
 
-        async def replay() -> Any:
-            return messages.pop(0) if messages else await receive()
+        await self.app(scope, replaying(messages, receive), send)
 
-        await self.app(scope, replay, send)
+
+async def buffered(receive: Any) -> tuple[list[Any], bytes]:
+    """An ASGI request's messages, read whole, and its body: for a middleware that looks at
+    the body before it hands the request on (``replaying``)."""
+    messages: list[Any] = []
+    body = b""
+    while True:
+        message = await receive()
+        messages.append(message)
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return messages, body
+
+
+def replaying(messages: list[Any], receive: Any) -> Any:
+    """An ASGI ``receive`` that gives ``messages`` (``buffered``) again, then reads on."""
+
+    async def replay() -> Any:
+        return messages.pop(0) if messages else await receive()
+
+    return replay
 
 
 def free_port() -> int:

@@ -41,13 +41,7 @@ class Pages:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        messages, body = [], b""
-        while True:
-            message = await receive()
-            messages.append(message)
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        messages, body = await mcp_support.buffered(receive)
         parsed = json.loads(body or b"{}")
         if isinstance(parsed, dict) and parsed.get("method") == "tools/list":
             self.served += 1
@@ -57,10 +51,7 @@ class Pages:
             await send({"type": "http.response.body", "body": reply})
             return
 
-        async def replay() -> Any:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, mcp_support.replaying(messages, receive), send)
 
 
 def main() -> None:
