@@ -316,7 +316,7 @@ def _make_parts(
     configs = _run_configs(api)
     board = QueueBoard()
     settlement = RunSettlement(store, board)
-    events = EventRecorder(api, throttle=recorder.standard_throttle())
+    events = EventRecorder(api, throttle=recorder.standard_throttle(), share_of=tenants.event_share)
     seals = _seals(settings, bus=bus, api=api, events=events)
     fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog, ownership)
     dispatcher = Dispatcher(bus, writer, fair)

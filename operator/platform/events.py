@@ -107,7 +107,9 @@ class Throttle:
     objects) at most ``namespace_rate`` events a second, ``namespace_burst`` at once; and
     ``rate`` a second, ``burst`` at once, over all. The namespace's share is below the whole, so
     one namespace that floods (many runs failing at once, say) uses up its own bucket, not
-    every tenant's: another namespace's events are still posted.
+    every tenant's: another namespace's events are still posted. The recorder may pass a
+    tenant's share for its namespaces (``EventRecorder.share_of``), so a tenant spread over
+    many namespaces floods one bucket, not the whole.
     """
 
     def __init__(
@@ -176,11 +178,14 @@ class EventRecorder:
         throttle: Throttle,
         queue_size: int = 1000,
         clock: Callable[[], float] = time.time,
+        share_of: Callable[[str], str] | None = None,
     ) -> None:
         """``api``: where events are posted; ``clock``: epoch seconds (timestamps and the
-        throttle)."""
+        throttle); ``share_of``: whose bucket of the throttle a namespace's events take (its
+        tenant's, shared by the tenant's namespaces, where it is known; default: its own)."""
         self.api = api
         self.throttle = throttle
+        self.share_of = share_of
         self.clock = clock
         self.posted = 0
         self.dropped = 0
@@ -206,7 +211,8 @@ class EventRecorder:
         shown = display.printable(message)[:MAX_MESSAGE]
         occasion = Occasion(involved, type, reason, shown, key or (involved, reason))
         now = self.clock()
-        if not self.throttle.allow(occasion.key, now, namespace=involved.namespace):
+        share = self.share_of(involved.namespace) if self.share_of else involved.namespace
+        if not self.throttle.allow(occasion.key, now, namespace=share):
             self.dropped += 1
             return
         try:

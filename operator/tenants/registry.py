@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import cachetools
+
 from agentrun import metrics
 from agentrun.ledger import UsageFloor
 from agentrun.protocol import DEFAULT_TENANT, UrlRule
@@ -50,6 +52,8 @@ class Tenants:
         """What each AgentTenant's status last said its window used (``status.usage_seen``):
         the floor of its ledger entry until the operator has read the entry itself."""
         self._invalid_namespaces: dict[str, frozenset[str]] = {}
+        self._resolved: cachetools.LRUCache[str, str] = cachetools.LRUCache(10_000)
+        """The tenant each namespace was last resolved to (``event_share``)."""
 
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
         """Add or replace an AgentTenant; an invalid one binds nothing (its runs are rejected
@@ -121,6 +125,7 @@ class Tenants:
             raise NoTenant(str(err)) from err
         self._ambiguous.pop(namespace, None)
         if found is not None:
+            self._resolved[namespace] = found.name
             return found
         raise NoTenant(self._unbound(namespace))
 
@@ -140,6 +145,14 @@ class Tenants:
         as ``resolve`` does."""
         policy = await self.resolve(namespace)
         return policy.name, policy.tool_server_rules
+
+    def event_share(self, namespace: str) -> str:
+        """Whose share of the operator's Events ``namespace``'s objects take: its tenant's, as
+        last resolved (``tenant/<name>``: no namespace is named so), shared by every namespace
+        of the tenant, the default one's included; its own until one of its runs or tool
+        servers has been resolved. Never reads the API server."""
+        tenant = self._resolved.get(namespace)
+        return f"tenant/{tenant}" if tenant is not None else namespace
 
     def _unbound(self, namespace: str) -> str:
         if self.default and self.default in self.invalid:
