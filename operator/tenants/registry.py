@@ -147,12 +147,15 @@ class Tenants:
         return policy.name, policy.tool_server_rules
 
     def event_share(self, namespace: str) -> str:
-        """Whose share of the operator's Events ``namespace``'s objects take: its tenant's, as
-        last resolved (``tenant/<name>``: no namespace is named so), shared by every namespace
-        of the tenant, the default one's included; its own until one of its runs or tool
-        servers has been resolved. Never reads the API server."""
+        """Whose share of the operator's Events ``namespace``'s objects take: the AgentTenant's
+        that binds it, as last resolved (``tenant/<name>``: no namespace is named so), shared
+        by every namespace it binds; its own when it falls to the default tenant (usually many
+        teams' namespaces, not one party's), or until one of its runs or tool servers has been
+        resolved. Never reads the API server."""
         tenant = self._resolved.get(namespace)
-        return f"tenant/{tenant}" if tenant is not None else namespace
+        if tenant is None or tenant == self.default:
+            return namespace
+        return f"tenant/{tenant}"
 
     def _unbound(self, namespace: str) -> str:
         if self.default and self.default in self.invalid:

@@ -373,17 +373,23 @@ def hold_only_their_share(
         hanging.close()
 
 
-def test_a_namespace_flooding_events_leaves_the_event_budget_of_other_namespaces(
+def test_a_tenant_flooding_events_from_three_namespaces_leaves_other_tenants_theirs(
     stack_: E2EStack,
+    tenants: TenantFactory,  # noqa: F811
     more_namespaces: Callable[[], str],  # noqa: F811
 ) -> None:
-    """150 runs in one namespace fail at once (an unknown AgentModel), each with an
-    ``InvalidSpec`` Event; the runs another namespace creates right after still get theirs,
-    and the flooding namespace got no more than its share."""
-    flood, other = more_namespaces(), more_namespaces()
+    """150 runs over three namespaces of one tenant fail at once (an unknown AgentModel), each
+    with an ``InvalidSpec`` Event; the runs another tenant creates right after still get
+    theirs, and the flooding tenant's namespaces together got no more than one share."""
+    flood = [more_namespaces() for _ in range(3)]
+    other = more_namespaces()
+    tenants(f"flood-{flood[0]}", flood)
+    tenants(f"other-{other}", [other])
     bad = {"model": "no-such-model", "tools": []}
     started = time.monotonic()
-    apply_all(stack_, flood, [run_manifest(f"f-{i}", "flood", **bad) for i in range(150)])
+    for n, namespace in enumerate(flood):
+        runs = [run_manifest(f"f-{n}-{i}", "flood", **bad) for i in range(50)]
+        apply_all(stack_, namespace, runs)
     names = [f"b-{i}" for i in range(3)]
     apply_all(stack_, other, [run_manifest(name, "mine", **bad) for name in names])
     for name in names:
@@ -397,5 +403,5 @@ def test_a_namespace_flooding_events_leaves_the_event_budget_of_other_namespaces
 
     wait_until(lambda: sorted(reasons(other)) == names, "B's InvalidSpec Events", timeout=30)
     elapsed = time.monotonic() - started
-    flooded = len(reasons(flood))
+    flooded = sum(len(reasons(namespace)) for namespace in flood)
     assert flooded <= 25 + 2 * elapsed + 5, f"{flooded} events in {elapsed:.0f}s"

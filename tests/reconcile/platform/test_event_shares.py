@@ -13,14 +13,16 @@ from agentrun.operator.tenants.registry import Tenants
 
 
 async def test_a_tenant_over_ten_namespaces_floods_its_own_share_not_the_whole() -> None:
-    tenants = Tenants(FakeKube())
+    tenants = Tenants(FakeKube(), default="fallback")
     spread = [f"big-{i}" for i in range(10)]
+    tenants.put({"metadata": {"name": "fallback"}, "spec": {}})
     tenants.put({"metadata": {"name": "big"}, "spec": {"namespaces": spread}})
     tenants.put({"metadata": {"name": "small"}, "spec": {"namespaces": ["small"]}})
-    for namespace in [*spread, "small"]:
+    for namespace in [*spread, "small", "team-x", "team-y"]:
         await tenants.resolve(namespace)  # as a run or a tool server there is admitted
     assert tenants.event_share("big-3") == tenants.event_share("big-7") == "tenant/big"
     assert tenants.event_share("unresolved") == "unresolved"
+    assert tenants.event_share("team-x") == "team-x"  # the default tenant's: each its own
     clock = [1000.0]
     recorder = EventRecorder(
         FakeKube(),
