@@ -49,7 +49,8 @@ reconnect), the server holds too many batches in flight (``JSAtomicPublishIncomp
 BATCH_CHANGES = 64
 """Changes one write carries at most (the others wait for the next): a write's time grows with
 the values it reads and writes, so a burst is cut into writes of bounded size, each answered
-as it lands (and an atomic batch stays far below the server's 1,000 messages)."""
+as it lands (an atomic batch stays below the server's 1,000 messages: the ledger's largest,
+a one-value ledger's split, is made while its runs fit: ``store.SPLIT_RUNS``)."""
 LIST_READS = 256
 """Reads a listing has in flight at most (each key's last message is one request)."""
 DELETED_MARKER_TTL = 60.0

@@ -156,15 +156,27 @@ def legacy_queue_key(tenant: str) -> str:
     return f"{protocol.LEDGER_QUEUES}.{tenant}"
 
 
+SPLIT_RUNS = 800
+"""Runs a one-value ledger may hold, active or remembered as ended, before an admission of a
+tenant allowed more than ``MAX_ACTIVE_RUNS`` splits it: splitting writes every run but the
+inline ones as a value of its own in one atomic batch, and nats-server takes at most 1,000
+messages in a batch (``jetstream.limits.batch.max_msgs``), so it must come while the runs
+still fit (with the admissions of one write)."""
+
+
 def outgrows(book: Book, admits: int) -> bool:
     """Whether admitting ``admits`` more runs would take the one-value ledger ``book`` past
-    ``MAX_ACTIVE_RUNS`` while its tenant's ``maxConcurrentRuns`` allows more: then it is
+    ``MAX_ACTIVE_RUNS``, or its runs (active or remembered as ended) past ``SPLIT_RUNS``,
+    while its tenant's ``maxConcurrentRuns`` allows more than ``MAX_ACTIVE_RUNS``: then it is
     split (the ``split`` layout) instead of keeping runs queued at that cap. A worker of the
     previous release cannot read a split ledger (docs/operations.md, upgrades); a tenant that
     big was held at the cap by that release."""
     cap = book.limits.max_concurrent_runs
     room = cap is None or cap > MAX_ACTIVE_RUNS
-    return room and admits > 0 and book.active_runs + admits > MAX_ACTIVE_RUNS
+    runs = max(book.active_runs, len(book.runs)) + admits
+    return (
+        room and admits > 0 and (book.active_runs + admits > MAX_ACTIVE_RUNS or runs > SPLIT_RUNS)
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -235,6 +235,32 @@ async def test_a_one_value_ledger_its_admissions_outgrow_is_split_and_admits_on(
     assert after is not None and after.hold(ref.key) is not None
 
 
+async def test_a_one_value_ledger_is_split_while_its_runs_fit_one_batch(client: NATS) -> None:
+    """A tenant allowed 2,000 runs whose one-value ledger remembers 900 ended runs beside its
+    active ones is split before splitting would write more values than nats-server takes in
+    one atomic batch (1,000): its admissions go on past 500 active runs, every run kept."""
+    store = await open_store(client, "single")
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    limits = TenantLimits(tokens=10**9, max_concurrent_runs=2_000)
+    uids = [str(uuid.uuid4()) for _ in range(900 + MAX_ACTIVE_RUNS + 20)]
+
+    async def admit(uid: str) -> BudgetRefusal | None:
+        run = QueuedRun(uid, "ns", uid[:8], NOW)
+        return await store.admit_run(tenant, run, limits=limits, need=(100, Decimal(0)))
+
+    for chunk in range(0, 900, 100):  # runs that end, remembered as ended
+        batch = uids[chunk : chunk + 100]
+        assert await asyncio.gather(*map(admit, batch)) == [None] * 100
+        ends = [store.close_run(tenant, uid, None, end=NOW + 1, now=NOW + 1) for uid in batch]
+        assert all(await asyncio.gather(*ends))
+    for chunk in range(900, len(uids), 100):  # then more at once than one value holds
+        answers = await asyncio.gather(*map(admit, uids[chunk : chunk + 100]))
+        assert answers == [None] * len(answers)
+    book = await store.read(tenant)
+    assert book is not None and not book.one_value
+    assert book.active_runs == MAX_ACTIVE_RUNS + 20
+
+
 @pytest.mark.parametrize("layout", ["single", "split"])
 async def test_two_stores_racing_to_make_a_tenants_first_book_admit_what_fits(
     client: NATS, layout: str
