@@ -41,6 +41,8 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``ScheduleController`` creates the AgentRuns of CronAgentRuns on their schedules.
 - ``AdmissionGate`` lets a few admissions of each namespace run at once, so one namespace's
   creation burst does not delay another's admission.
+- ``FairWork`` runs the checks of tenants' schemas (admission's, the Agents', the AgentEvals',
+  the discovered tools') on threads of its own, in turn per tenant (``Tenants.party``).
 
 Everything here runs in the leader only (``main`` starts kopf, whose start-up handler calls
 ``start_parts``, after taking the leader Lease).
@@ -78,6 +80,7 @@ from .evals.controller import EvalController
 from .platform import events as recorder
 from .platform.events import EventRecorder
 from .platform.failures import Failures
+from .platform.fairwork import FairWork
 from .platform.kubeapi import KubeApi
 from .platform.loops import cancel_and_wait
 from .platform.shards import ALL_OF_ONE, Ownership, RunShards
@@ -162,6 +165,8 @@ class AgentHandling:
     """Told when an Agent changes (its suites start a new round)."""
     failures: Failures
     """Agents and AgentModels whose status write failed (each logged once)."""
+    checks: FairWork
+    """The threads an Agent's output schema is checked on."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,6 +204,8 @@ class Parts:
     evals: EvalController
     schedules: ScheduleController
     gate: AdmissionGate
+    checks: FairWork
+    """The threads tenants' schemas are checked on, fair across tenants."""
     handling: Handling | None = None
     """Each handler module's share (``handling_of``), set before any handler runs."""
     watch: StoreWatch | None = None
@@ -313,10 +320,10 @@ def _make_parts(
     writer = StatusWriter(api, interval=settings.status_interval)
     tenants = _tenants(settings, api)
     store.rebuild = RebuiltUsage(api, tenants)  # a book made anew: its window's use rebuilt
-    configs = _run_configs(api)
+    configs = _run_configs(api, checks := FairWork(party=tenants.party))
     board = QueueBoard()
     settlement = RunSettlement(store, board)
-    events = EventRecorder(api, throttle=recorder.standard_throttle(), share_of=tenants.event_share)
+    events = EventRecorder(api, throttle=recorder.standard_throttle(), share_of=tenants.party)
     seals = _seals(settings, bus=bus, api=api, events=events)
     fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog, ownership)
     dispatcher = Dispatcher(bus, writer, fair)
@@ -350,10 +357,11 @@ def _make_parts(
         sweep=LedgerSweep(sweep, interval=settings.ledger_sweep, ownership=ownership),
         reaper=lifecycle.Reaper(api),
         events=events,
-        toolservers=_tool_servers(settings, api, tenants),
-        evals=EvalController(api, runs=bus, events=events),
+        toolservers=_tool_servers(settings, api, tenants, checks),
+        evals=EvalController(api, runs=bus, events=events, checks=checks),
         schedules=ScheduleController(KubeCronStore(api), events=events),
         gate=AdmissionGate(settings.admission_per_namespace),
+        checks=checks,
     )
 
 
@@ -367,7 +375,7 @@ def _tenants(settings: OperatorSettings, api: KubeApi) -> Tenants:
 
 
 def _tool_servers(
-    settings: OperatorSettings, api: KubeApi, tenants: Tenants
+    settings: OperatorSettings, api: KubeApi, tenants: Tenants, checks: FairWork
 ) -> ToolServerRefresher:
     """Discovery of the AgentToolServers' tools, within each tenant's allowed URLs, each
     tenant's servers within its share of the discovery slots."""
@@ -376,6 +384,7 @@ def _tool_servers(
         reach=tenants.tool_server_rules,
         slots=DiscoverySlots.standard(),
         max_timeout=settings.tool_discovery_timeout_max,
+        checks=checks,
     )
 
 
@@ -406,6 +415,7 @@ def handling_of(parts: Parts) -> Handling:
             events=parts.events,
             evals=parts.evals,
             failures=Failures(logging.getLogger(handlers_agents_logger), what="status write"),
+            checks=parts.checks,
         ),
         toolservers=parts.toolservers,
         evals=parts.evals,
@@ -413,14 +423,16 @@ def handling_of(parts: Parts) -> Handling:
     )
 
 
-def _run_configs(api: KubeApi) -> RunConfigs:
-    """Admission's ``RunConfigs``: AgentModels, the built-in tools and AgentToolServers."""
+def _run_configs(api: KubeApi, checks: FairWork) -> RunConfigs:
+    """Admission's ``RunConfigs``: AgentModels, the built-in tools and AgentToolServers; its
+    output schemas checked on ``checks``."""
     known_tools, catalog = tool_catalog()
     return RunConfigs(
         ModelCache(api),
         known_tools=known_tools,
         tool_specs=lambda names: catalog.specs(names) if names else [],
         servers=ToolServerCache(api),
+        checks=checks,
     )
 
 
@@ -504,6 +516,7 @@ async def stop_parts(parts: Parts) -> None:
         parts.watch.stop()
     await cancel_and_wait([*parts.tasks, *parts.pump.running()], timeout=SHUTDOWN_STEP_SECONDS)
     await parts.dispatcher.cancel_timers()
+    parts.checks.close()
     metrics.forget_tenant_budgets()  # the next parts (other shards, perhaps) set their own
     for closing in (parts.writer.flush_and_stop(), parts.bus.close(), parts.api.close()):
         try:

@@ -8,7 +8,6 @@ case. What does not: the rules themselves (``config``).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 import json
@@ -21,6 +20,7 @@ from agentrun.protocol import RunConfig
 from agentrun.tools import remote
 
 from .. import agents, runs, tenants, toolservers
+from ..platform.fairwork import FairWork
 from ..platform.spec import SpecError
 from ..platform.weighed import WeighedCache
 from .config import Resolved, build_run_config, check_metered, first_call_need, run_timeout
@@ -68,15 +68,18 @@ class RunConfigs:
         known_tools: Mapping[str, bool],
         tool_specs: Callable[[tuple[str, ...]], Sequence[Any]],
         servers: toolservers.ToolServerCache,
+        checks: FairWork | None = None,
     ) -> None:
         """``models``: where AgentModels are read; ``known_tools``: the catalog's tool names →
         pollable; ``tool_specs(names)``: the OpenAI ``tools`` list a worker sends for those
         built-in tools (they count in a call's prompt); ``servers``: where ``SERVER/TOOL``
-        names are looked up."""
+        names are looked up; ``checks``: the threads a run's output schema is checked on
+        (default: threads of its own)."""
         self.models = models
         self.known_tools = known_tools
         self.tool_specs = tool_specs
         self.servers = servers
+        self.checks = checks or FairWork()
         self._built: WeighedCache[str, _Built] = WeighedCache(BUILT_MEMORY, _weight)
         """Each run's last config built, by uid (``build_config``), ``BUILT_MEMORY`` at most."""
 
@@ -116,6 +119,14 @@ class RunConfigs:
         """Drop what is kept of run ``uid``'s last build (it was admitted or left its queue)."""
         self._built.pop(uid, None)
 
+    async def _check_output(self, run: runs.RunKey, schema: Any) -> None:
+        """Raises ``SpecError`` naming ``spec.output.schema`` when the run's output schema
+        (``None``: none) cannot be used; checked on the check threads in its tenant's turn."""
+        if schema is not None:
+            problem = await self.checks.run(run.namespace, schemas.known_problem, schema)
+            if problem is not None:
+                raise SpecError(f"spec.output.schema: {problem}")
+
     async def _build(
         self,
         run: runs.RunKey,
@@ -126,10 +137,7 @@ class RunConfigs:
     ) -> _Built:
         """The run's config built anew, with what it was built from (see ``build_config``)."""
         applied = policy.apply(runs.AgentRunSpec.of(spec))
-        if applied.output.json_schema is not None:
-            problem = await asyncio.to_thread(schemas.known_problem, applied.output.json_schema)
-            if problem is not None:
-                raise SpecError(f"spec.output.schema: {problem}")
+        await self._check_output(run, applied.output.json_schema)
         found = await self.models.get(applied.model)
         if found is not None:
             check_metered(

@@ -33,6 +33,7 @@ from agentrun.protocol import RunEvent
 from .. import agents, runs
 from ..platform.events import EventRecorder, EventType
 from ..platform.failures import Failures
+from ..platform.fairwork import FairWork
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from ..platform.spec import SpecError
 from ..platform.weighed import WeighedCache
@@ -111,16 +112,20 @@ class EvalController:
         *,
         runs: RunEvents,
         events: EventRecorder,
+        checks: FairWork | None = None,
         retry: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """``api``: where the suite, its Agents and its runs are read and written; ``runs``:
-        where a run's trajectory is read; ``events``: Kubernetes Events;
+        where a run's trajectory is read; ``events``: Kubernetes Events; ``checks``: the
+        threads a suite's spec is checked and its answers graded on (default: threads of its
+        own);
         ``retry``: seconds before a failed reconcile is tried again; ``clock``: epoch
         seconds."""
         self.api = api
         self.runs = runs
         self.events = events
+        self.checks = checks or FairWork()
         self.news = EvalNews(events)
         """Tells the counts and Events of what a written status records, each once."""
         self.retry = retry
@@ -263,7 +268,7 @@ class EvalController:
         self.news.tell(suite, rows, round_=round_)
 
     async def _spec(self, suite: EvalRef, body: Any) -> EvalSpec | SpecError:
-        """The suite's spec checked (``EvalSpec.of``) once per generation, in a thread: its
+        """The suite's spec checked (``EvalSpec.of``) once per generation, on a thread: its
         answer schemas are checked against their meta-schemas, work bounded by the schemas'
         budget but not free, and the event loop serves every other tenant meanwhile."""
         key = (suite.namespace, suite.name)
@@ -277,7 +282,7 @@ class EvalController:
             except SpecError as err:
                 return err
 
-        checked = await asyncio.to_thread(check)
+        checked = await self.checks.run(suite.namespace, check)
         weight = schemas.footprint(body)
         self._specs[key] = _Checked(suite.uid, suite.generation, checked, weight)
         return checked
@@ -328,7 +333,7 @@ class EvalController:
         # in a thread: the answer is the model's and the checks the suite author's (bounded
         # work on the linear engine, up to about half a second of CPU): the event loop keeps
         # serving probes, the Lease and every other tenant's runs meanwhile
-        failures = await asyncio.to_thread(grading.grade, case.expect, result)
+        failures = await self.checks.run(namespace, grading.grade, case.expect, result)
         return graded_row(case.name, name, result, failures)
 
     async def _invalid(

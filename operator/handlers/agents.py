@@ -9,7 +9,6 @@ here: resolving a run's ``spec.agentRef`` (``runs``, at admission).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -53,8 +52,12 @@ async def agent_changed(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    found = await asyncio.to_thread(  # the output schema's check: bounded CPU, off the loop
-        resolve.readiness, body, model_found=model is not None, known_tools=parts.known_tools
+    found = await parts.checks.run(  # the output schema's check: bounded CPU, off the loop
+        namespace,
+        resolve.readiness,
+        body,
+        model_found=model is not None,
+        known_tools=parts.known_tools,
     )
     generation = int(body.get("metadata", {}).get("generation") or 1)
     new = resolve.ready_status(

@@ -53,7 +53,7 @@ class Tenants:
         the floor of its ledger entry until the operator has read the entry itself."""
         self._invalid_namespaces: dict[str, frozenset[str]] = {}
         self._resolved: cachetools.LRUCache[str, str] = cachetools.LRUCache(10_000)
-        """The tenant each namespace was last resolved to (``event_share``)."""
+        """The tenant each namespace was last resolved to (``party``)."""
 
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
         """Add or replace an AgentTenant; an invalid one binds nothing (its runs are rejected
@@ -146,8 +146,9 @@ class Tenants:
         policy = await self.resolve(namespace)
         return policy.name, policy.tool_server_rules
 
-    def event_share(self, namespace: str) -> str:
-        """Whose share of the operator's Events ``namespace``'s objects take: the AgentTenant's
+    def party(self, namespace: str) -> str:
+        """Whose share of what the operator shares out (its Events, the turns of its checks'
+        threads: ``platform.fairwork``) ``namespace``'s objects take: the AgentTenant's
         that binds it, as last resolved (``tenant/<name>``: no namespace is named so), shared
         by every namespace it binds; its own when it falls to the default tenant (usually many
         teams' namespaces, not one party's), or until one of its runs or tool servers has been

@@ -37,6 +37,7 @@ from agentrun.protocol import UrlRule
 from agentrun.tools import remote
 
 from ..platform.failures import Failures
+from ..platform.fairwork import FairWork
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from ..platform.spec import ObjectMeta, SpecError
 from .resolve import url_rule
@@ -155,6 +156,10 @@ class _Known:
     running: asyncio.Task[None] | None = None
 
 
+TICK = 2.0
+"""Seconds between two looks for AgentToolServers due a discovery."""
+
+
 class ToolServerRefresher:
     """Discovers every known AgentToolServer when it appears, when its spec changes and every
     ``spec.refreshInterval``, and writes its status."""
@@ -164,20 +169,21 @@ class ToolServerRefresher:
         api: KubeApi,
         *,
         reach: ReachRules,
-        tick: float = 2.0,
         slots: DiscoverySlots | None = None,
         max_timeout: float = 30.0,
+        checks: FairWork | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``reach``: the rules a server's URL must meet (its namespace's tenant's);
-        ``tick``: seconds between two looks for due servers; ``slots``: the discoveries
+        ``slots``: the discoveries
         running at once (default: ``DiscoverySlots.standard``; the others wait their turn, none
         blocks anything else); ``max_timeout``: the most seconds one discovery may take (the
-        platform's cap on ``spec.timeouts.discovery``)."""
+        platform's cap on ``spec.timeouts.discovery``); ``checks``: the threads the discovered
+        input schemas are checked on (default: threads of its own)."""
         self._api = api
         self._reach = reach
         self._max_timeout = max_timeout
-        self._tick = tick
+        self._tick = TICK
         self._clock = clock
         self._known: dict[tuple[str, str], _Known] = {}
         self._kick = asyncio.Event()
@@ -185,6 +191,7 @@ class ToolServerRefresher:
         self.failures = Failures(log, what="status write")
         """Servers whose status could not be written (each logged once)."""
         self._slots = slots or DiscoverySlots.standard()
+        self._checks = checks or FairWork()
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """An AgentToolServer was listed, added or changed (a kopf watch event)."""
@@ -346,10 +353,10 @@ class ToolServerRefresher:
                     f"platform's {timeout:g}s)"
                 )
             return failed_status(previous, message, generation=generation, now=time.time())
-        # the server's input schemas are checked (bounded CPU, in a thread: the event loop
-        # serves every other tenant meanwhile)
-        return await asyncio.to_thread(
-            discovered_status, spec, found, generation=generation, now=time.time()
+        # the server's input schemas are checked (bounded CPU, on a thread, in the turn of its
+        # namespace's tenant: the event loop serves every other tenant meanwhile)
+        return await self._checks.run(
+            namespace, discovered_status, spec, found, generation=generation, now=time.time()
         )
 
     async def _headers(self, spec: AgentToolServerSpec, namespace: str) -> dict[str, str]:

@@ -20,15 +20,15 @@ async def test_a_tenant_over_ten_namespaces_floods_its_own_share_not_the_whole()
     tenants.put({"metadata": {"name": "small"}, "spec": {"namespaces": ["small"]}})
     for namespace in [*spread, "small", "team-x", "team-y"]:
         await tenants.resolve(namespace)  # as a run or a tool server there is admitted
-    assert tenants.event_share("big-3") == tenants.event_share("big-7") == "tenant/big"
-    assert tenants.event_share("unresolved") == "unresolved"
-    assert tenants.event_share("team-x") == "team-x"  # the default tenant's: each its own
+    assert tenants.party("big-3") == tenants.party("big-7") == "tenant/big"
+    assert tenants.party("unresolved") == "unresolved"
+    assert tenants.party("team-x") == "team-x"  # the default tenant's: each its own
     clock = [1000.0]
     recorder = EventRecorder(
         FakeKube(),
         throttle=standard_throttle(),
         clock=lambda: clock[0],
-        share_of=tenants.event_share,
+        share_of=tenants.party,
     )
     names = itertools.count()
 
