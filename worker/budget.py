@@ -40,9 +40,10 @@ class BudgetHold(Protocol):
         other runs' holds, or why it cannot run."""
         ...
 
-    async def spend(self, usage: kernel.Usage) -> None:
+    async def spend(self, usage: kernel.Usage, *, answered: bool = True) -> None:
         """The model call answered with ``usage`` (recorded; charged if the turn is
-        abandoned, even by a worker that dies)."""
+        abandoned, even by a worker that dies), or delivered that much so far (not
+        ``answered``: recorded, the hold kept whole)."""
         ...
 
     def note(self, usage: kernel.Usage) -> None:
@@ -58,9 +59,11 @@ class BudgetHold(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SpendWatch:
-    """Records what a model call cost on the turn's hold: every few seconds while its response
-    streams (so a worker that dies mid-response is charged it when its hold expires), and when
-    it is abandoned: the prompt's bound and the output delivered so far
+    """Records what a model call cost on the turn's hold: while its response streams, every
+    ``stream.PROGRESS_SECONDS`` and every ``stream.PROGRESS_TOKENS`` of output delivered (so a
+    worker that dies mid-response is charged it, but for what arrived since, when its hold
+    expires; the hold keeps holding the call's worst case meanwhile), and when it is
+    abandoned: the prompt's bound and the output delivered so far
     (``Delivery.charged_tokens``), charged when the turn is given up or, if the turn commits
     its failure instead (the deadline, a broken stream), by ``charge_abandoned``.
 
@@ -98,8 +101,9 @@ class SpendWatch:
         return kernel.Usage(prompt, output, 0, cost, estimated=True)
 
     async def progress(self, delivery: Delivery) -> None:
-        """Record what the response delivered so far on the hold."""
-        await self.hold.spend(self.usage(delivery))
+        """Record what the response delivered so far on the hold, which keeps holding the
+        call's worst case (the rest of the allowance may still come)."""
+        await self.hold.spend(self.usage(delivery), answered=False)
 
     def abandoned(self, delivery: Delivery) -> None:
         """Note the call abandoned at what ``delivery`` cost (nothing delivered: its prompt's

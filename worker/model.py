@@ -433,11 +433,11 @@ class ModelClient:
         with ``finish_reason: length`` and no usage (the kernel then charges its upper bound).
         A provider that answers a streamed request with one JSON body is read as such; one
         that refuses streaming (HTTP 400 naming ``stream``) is asked again without, and from
-        then on (per base URL and model). ``watch``, when given, sees the delivery every
-        ``PROGRESS_SECONDS`` while it streams and once more if it is abandoned (cancelled,
-        the deadline, a broken stream); ``watch.unanswered`` hears of a call cut after its
-        request went out and before its answer, and of each attempt that got no answer before
-        the client's read timeout (``stream.AttemptTransport``), whatever the later ones do.
+        then on (per base URL and model). ``watch``, when given, sees the delivery if it is
+        abandoned (cancelled, the deadline, a broken stream); ``watch.unanswered`` hears of a
+        call cut after its request went out and before its answer, of each attempt that got
+        no answer before the client's read timeout (``stream.AttemptTransport``), whatever the
+        later ones do, and of an answer that is not a JSON object (the prompt was read).
 
         ``deadline`` is epoch seconds. Raises ``ModelError`` for a permanent error (a 4xx the
         client does not retry, a body that is not a JSON object), when retries run out, or when
@@ -466,12 +466,7 @@ class ModelClient:
             raise _failed_midway(err, api_key=request.api_key) from None
         finally:
             _DEADLINE.reset(token)
-        if not isinstance(answer, dict):
-            raise ModelError(
-                "the model endpoint answered with JSON that is not an object",
-                error_type=ModelErrorType.INVALID_RESPONSE,
-            )
-        return answer
+        return _json_object(answer, watch=watch)
 
     async def _send(
         self, client: openai.AsyncOpenAI, request: ChatRequest, *, watch: StreamWatch | None
@@ -499,3 +494,17 @@ class ModelClient:
         with cut_unanswered(watch):
             answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
         return answer
+
+
+def _json_object(answer: object, *, watch: StreamWatch | None) -> dict[str, Any]:
+    """``answer`` if it is a JSON object; else raises ``ModelError`` (``invalid_response``),
+    told to ``watch`` first as an answer that is not JSON is: the provider read the prompt."""
+    if isinstance(answer, dict):
+        return answer
+    unusable = ModelError(
+        "the model endpoint answered with JSON that is not an object",
+        error_type=ModelErrorType.INVALID_RESPONSE,
+    )
+    if watch is not None:
+        watch.unanswered(unusable)
+    raise unusable

@@ -48,6 +48,11 @@ Not an OpenAI field: nothing but the worker reads it (the kernel classifies the 
 DELIVERED_KEY = "x_agentrun_delivered"
 """Set on every streamed response: the least a provider can have billed for the output it
 delivered (``Delivery.least_tokens``, reasoning included), whatever its usage says."""
+ESTIMATE_KEY = "x_agentrun_estimate"
+"""Set on a streamed response that reported no usage: its output tokens estimated from
+everything it delivered (``kernel.output_estimate`` of the message's texts and of those it
+does not keep: reasoning, choices not asked for), what ``kernel.read_usage`` charges at
+least when it must estimate."""
 CUT_FINISH_REASON = "length"
 """The finish reason of a response the worker cut: what a provider says when it stops at
 ``max_tokens`` (the kernel asks for a shorter reply, or the run ends at its cap)."""
@@ -103,7 +108,8 @@ class Delivery:
     cut: bool = False
     """The worker stopped reading before the provider finished (the allowance was reached)."""
     unfolded: list[str] = dataclasses.field(default_factory=list)
-    """Output texts the message does not keep (reasoning and other fields: ``_texts``)."""
+    """Output texts the message does not keep (reasoning and other fields: ``_texts``; every
+    text of a choice other than the first, which a provider bills though n is 1)."""
 
     def add(self, chunk: Any) -> None:
         """Fold one ``chat.completion.chunk`` (parsed JSON; anything else is ignored)."""
@@ -115,14 +121,29 @@ class Delivery:
         if isinstance(usage, Mapping):
             self.usage = usage
         choices = chunk.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else None
-        if not isinstance(choice, Mapping):
-            return
-        if isinstance(choice.get("finish_reason"), str):
-            self.finish_reason = choice["finish_reason"]
-        delta = choice.get("delta")
-        if isinstance(delta, Mapping) and self._add_delta(delta):
+        carried = False
+        for position, choice in enumerate(choices if isinstance(choices, list) else ()):
+            if not isinstance(choice, Mapping):
+                continue
+            delta = choice.get("delta")
+            if choice.get("index", position) != 0:  # a choice not asked for (n is 1): billed
+                carried = self._add_unfolded(delta) or carried
+                continue
+            if isinstance(choice.get("finish_reason"), str):
+                self.finish_reason = choice["finish_reason"]
+            if isinstance(delta, Mapping):
+                carried = self._add_delta(delta) or carried
+        if carried:
             self.chunks += 1
+
+    def _add_unfolded(self, value: Any) -> bool:
+        """Count the output texts of ``value`` that the message does not keep (``_texts``);
+        True if it carried any."""
+        texts = _texts(value)
+        for text in texts:
+            self.unfolded.append(text)
+            self._count(text)
+        return bool(texts)
 
     def _add_delta(self, delta: Mapping[str, Any]) -> bool:
         """Fold a delta; True if it carried output."""
@@ -139,10 +160,7 @@ class Delivery:
                 carried = self._add_call(part) or carried
         for key, value in delta.items():
             if key not in FOLDED_DELTA_KEYS:
-                for text in _texts(value):
-                    self.unfolded.append(text)
-                    self._count(text)
-                    carried = True
+                carried = self._add_unfolded(value) or carried
         return carried
 
     def _add_call(self, part: Mapping[str, Any]) -> bool:
@@ -207,8 +225,9 @@ class Delivery:
 
     def completion(self) -> dict[str, Any]:
         """The response as one ``chat.completion`` object: the usage the provider reported
-        (none when it sent none). A cut response has finish reason ``length``, no usage, and
-        ``CUT_KEY`` holding ``charged_tokens`` (what it is charged as output)."""
+        (none when it sent none: then ``ESTIMATE_KEY``). A cut response has finish reason
+        ``length``, no usage, and ``CUT_KEY`` holding ``charged_tokens`` (what it is charged
+        as output). ``DELIVERED_KEY`` holds ``least_tokens``."""
         finish = CUT_FINISH_REASON if self.cut else (self.finish_reason or "stop")
         completion: dict[str, Any] = {
             "id": self.id,
@@ -218,6 +237,9 @@ class Delivery:
         }
         if self.cut:
             completion[CUT_KEY] = self.charged_tokens
+        elif self.usage is None:
+            texts = kernel.completion_texts(completion["choices"][0]["message"]) + self.unfolded
+            completion[ESTIMATE_KEY] = kernel.output_estimate(texts)
         completion[DELIVERED_KEY] = self.least_tokens
         return completion
 
@@ -232,6 +254,11 @@ class Delivery:
 
 PROGRESS_SECONDS = 2.0
 """Seconds between two ``StreamWatch.progress`` calls while a response streams."""
+PROGRESS_TOKENS = 256
+"""Output tokens (``Delivery.delivered_tokens``) delivered between two ``StreamWatch.progress``
+calls at most: a provider that sends its whole allowance in a burst is recorded within this
+much, so a worker that dies right after leaves at most this much of it uncharged (a short
+answer, as most tool-calling turns', takes no record: it is recorded once, answered)."""
 
 
 class StreamWatch(Protocol):
@@ -241,7 +268,8 @@ class StreamWatch(Protocol):
     (``SpendWatch``)."""
 
     async def progress(self, delivery: Delivery) -> None:
-        """Called every ``PROGRESS_SECONDS`` while the response streams."""
+        """Called while the response streams, every ``PROGRESS_SECONDS`` and every
+        ``PROGRESS_TOKENS`` of output delivered."""
         ...
 
     def abandoned(self, delivery: Delivery) -> None:
@@ -290,15 +318,19 @@ async def read_stream(
     delivery = Delivery()
     finished = False
     try:
-        shown = time.monotonic()
+        shown, recorded = time.monotonic(), 0
         async for chunk in stream:
             delivery.add(chunk)
-            if delivery.delivered_tokens > max_output_tokens:
+            delivered = delivery.delivered_tokens
+            if delivered > max_output_tokens:
                 delivery.cut = True
                 break
-            if watch is not None and time.monotonic() - shown >= PROGRESS_SECONDS:
+            if watch is not None and (
+                delivered - recorded >= PROGRESS_TOKENS
+                or time.monotonic() - shown >= PROGRESS_SECONDS
+            ):
                 await watch.progress(delivery)
-                shown = time.monotonic()
+                shown, recorded = time.monotonic(), delivered
         finished = True
     finally:
         if not finished and watch is not None:

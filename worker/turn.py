@@ -28,7 +28,7 @@ from agentrun.tools.catalog import Catalog, Tool, ToolContext, ToolError
 from . import budget, toolrunner
 from .effects import EffectLedger
 from .model import ChatRequest, ModelClient, ModelError
-from .stream import CUT_KEY, DELIVERED_KEY
+from .stream import CUT_KEY, DELIVERED_KEY, ESTIMATE_KEY
 
 
 class SecretSource(Protocol):
@@ -368,18 +368,24 @@ def _usage_of(
     call: kernel.CallModel,
     tools: Sequence[Mapping[str, Any]] = (),
 ) -> kernel.Usage:
-    """What the call used: the provider's usage (``kernel.read_usage``); for a response the
-    worker cut, the prompt's bound and the output it had delivered, flagged estimated."""
+    """What the call used: the provider's usage (``kernel.read_usage``: estimated from what
+    was delivered when there is none, capped at the allowance only for a streamed answer);
+    for a response the worker cut, the prompt's bound and the output it had delivered,
+    flagged estimated."""
     cut = response.get(CUT_KEY)
     if not isinstance(cut, int):
-        delivered = response.get(DELIVERED_KEY)
+        floor, estimate = response.get(DELIVERED_KEY), response.get(ESTIMATE_KEY)
+        streamed = isinstance(floor, int)  # else sent whole: not cut, its estimate not capped
         return kernel.read_usage(
             response,
             pricing=config.model.pricing,
             prompt_estimate=call.prompt_estimate,
-            max_output_tokens=call.max_output_tokens,
+            max_output_tokens=call.max_output_tokens if streamed else None,
             prompt_texts=kernel.prompt_texts(call.prompt, tools),
-            delivered_floor=delivered if isinstance(delivered, int) else 0,
+            delivered=kernel.Delivered(
+                floor if isinstance(floor, int) else 0,
+                estimate if isinstance(estimate, int) else 0,
+            ),
         )
     prompt, pricing = call.prompt_estimate, config.model.pricing
     cost = pricing.cost(input_tokens=prompt, cached_input_tokens=0, output_tokens=cut)

@@ -127,11 +127,15 @@ def _count(value: Any) -> int | None:
     return value if 0 <= value <= MAX_REPORTED_TOKENS else None
 
 
-def _message(response: Mapping[str, Any]) -> Mapping[str, Any]:
+def _messages(response: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The message of every choice of ``response`` (a provider may send more than asked)."""
     choices = response.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    message = choice.get("message") if isinstance(choice, Mapping) else None
-    return message if isinstance(message, Mapping) else {}
+    messages = (
+        [c.get("message") for c in choices if isinstance(c, Mapping)]
+        if isinstance(choices, list)
+        else []
+    )
+    return [m for m in messages if isinstance(m, Mapping)]
 
 
 REASONING_KEYS = ("reasoning_content", "reasoning")
@@ -307,13 +311,33 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delivered:
+    """Output tokens a streamed response delivered, as the worker counted them: ``floor``, the
+    fewest any provider can have billed (every text, reasoning included: ``least_tokens``);
+    ``estimate``, its estimate when the provider reported no usage (``output_estimate`` of
+    every text, those the message does not keep included; 0: none made)."""
+
+    floor: int = 0
+    estimate: int = 0
+
+
+NOTHING_DELIVERED = Delivered()
+"""An answer sent whole: nothing counted as it arrived."""
+
+
 def _estimated(
-    texts: Sequence[str], pricing: Pricing, prompt_estimate: int, max_output_tokens: int | None
+    texts: Sequence[str],
+    pricing: Pricing,
+    prompt_estimate: int,
+    max_output_tokens: int | None,
+    delivered: Delivered,
 ) -> Usage:
     """The usage of a response whose counts are missing or not believed (``read_usage``)."""
-    output_tokens = output_estimate(texts)
+    output_tokens = max(output_estimate(texts), delivered.estimate)
     if max_output_tokens is not None:
         output_tokens = min(output_tokens, max_output_tokens)
+    output_tokens = max(output_tokens, delivered.floor)
     cost = pricing.cost(
         input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=output_tokens
     )
@@ -327,7 +351,7 @@ def read_usage(
     prompt_estimate: int,
     max_output_tokens: int | None = None,
     prompt_texts: Sequence[str] = (),
-    delivered_floor: int = 0,
+    delivered: Delivered = NOTHING_DELIVERED,
 ) -> Usage:
     """Usage of one chat-completions response, priced.
 
@@ -335,21 +359,23 @@ def read_usage(
     ``prompt_tokens_details.cached_tokens`` and ``completion_tokens_details.reasoning_tokens``
     (OpenAI API reference, chat completion object); output and reasoning as ``billed_output``
     reads them, all priced as output. Believed only upward: output is at least
-    ``least_tokens`` of the returned text and ``delivered_floor`` (what a stream delivered,
+    ``least_tokens`` of the returned text and ``delivered.floor`` (what a stream delivered,
     reasoning included), input at least ``least_tokens`` of ``prompt_texts`` (the request's
     messages and tool definitions); cached input at most the prompt as reported, so what the
-    floor adds is never priced as cached. Missing or nonsense usage is estimated — the prompt as
-    ``prompt_estimate`` (the call's upper bound), the completion by ``output_estimate`` of the
-    text, at most ``max_output_tokens`` (a server honouring ``max_tokens`` cannot have
-    produced more; one that does not is cut by the worker) — and flagged ``estimated``.
+    floor adds is never priced as cached. Missing or nonsense usage is estimated (``_estimated``,
+    flagged ``estimated``): the prompt as ``prompt_estimate`` (the call's upper bound), the
+    completion as ``output_estimate`` of the text or ``delivered.estimate`` (everything a
+    stream delivered), the larger, at most ``max_output_tokens`` when given (a streamed
+    answer: one past it is cut; an answer sent whole could not be, so none is given), never
+    below ``delivered.floor``. Every choice's texts count (a provider bills all it sent).
     """
     raw = response.get("usage")
     raw = raw if isinstance(raw, Mapping) else {}
     reported_in = _count(raw.get("prompt_tokens"))
     reported_out = _count(raw.get("completion_tokens"))
-    texts = completion_texts(_message(response))
+    texts = [text for message in _messages(response) for text in completion_texts(message)]
     if reported_in is None or reported_out is None:  # missing or nonsense: estimate, upward
-        return _estimated(texts, pricing, prompt_estimate, max_output_tokens)
+        return _estimated(texts, pricing, prompt_estimate, max_output_tokens, delivered)
     input_tokens = least_tokens(prompt_texts, above=reported_in)
     output_tokens, reasoning = billed_output(
         completion=reported_out,
@@ -357,7 +383,7 @@ def read_usage(
         prompt=reported_in,
         total=_count(raw.get("total_tokens")),
     )
-    output_tokens = max(least_tokens(texts, above=output_tokens), delivered_floor)
+    output_tokens = max(least_tokens(texts, above=output_tokens), delivered.floor)
     cached = min(
         _count(_details(raw, "prompt_tokens_details").get("cached_tokens")) or 0, reported_in
     )

@@ -110,8 +110,11 @@ class TurnLedger(Protocol):
         expiry): held, waiting or refused (``Book.reserve_call``)."""
         ...
 
-    async def record_spend(self, ref: TurnRef, *, owner: str, usage: kernel.Usage) -> bool:
-        """Write what ``owner``'s model call used on its hold; False if it holds none."""
+    async def record_spend(
+        self, ref: TurnRef, *, owner: str, usage: kernel.Usage, answered: bool = True
+    ) -> bool:
+        """Write what ``owner``'s model call used (or, not ``answered``, delivered so far) on
+        its hold; False if it holds none."""
         ...
 
     async def refresh_hold(self, ref: TurnRef, *, owner: str, expires: float) -> bool:
@@ -256,17 +259,21 @@ class TurnHold:
         when there is none to ask)."""
         return self._moved_on is not None and await self._moved_on()
 
-    async def spend(self, usage: kernel.Usage) -> None:
-        """The model call answered with ``usage``: charged if the turn is abandoned now, and
-        written to the hold so that it is charged even if this process dies before the turn
-        commits. A failed write is logged, not raised (the turn goes on; only a worker dying
-        while the ledger is also unreachable loses the charge)."""
+    async def spend(self, usage: kernel.Usage, *, answered: bool = True) -> None:
+        """The model call answered with ``usage`` — or, not ``answered``, its response
+        delivered that much so far: charged if the turn is abandoned now, and written to the
+        hold so that it is charged even if this process dies before the turn commits (the
+        hold then holds exactly ``usage`` once answered, its worst case still while the
+        response streams). A failed write is logged, not raised (the turn goes on; only a
+        worker dying while the ledger is also unreachable loses the charge)."""
         self.spent = usage
         self.recorded = False
         if not self.held:
             return
         try:
-            self.recorded = await self._ledger.record_spend(self.ref, owner=self.owner, usage=usage)
+            self.recorded = await self._ledger.record_spend(
+                self.ref, owner=self.owner, usage=usage, answered=answered
+            )
         except Exception as err:
             log.warning("usage of hold %s not recorded (%r); kept in memory only", self.key, err)
             return

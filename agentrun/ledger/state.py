@@ -534,20 +534,27 @@ class BookState:
             self.reserved_cost -= hold.cost_usd
         return hold
 
-    def record_spend(self, key: str, *, owner: str, tokens: int, cost_usd: Decimal) -> bool:
+    def record_spend(
+        self, key: str, *, owner: str, tokens: int, cost_usd: Decimal, answered: bool = True
+    ) -> bool:
         """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
         the hold, so it is charged even if the turn never commits, and the hold now holds
         exactly that — the call can spend nothing more, so what its worst case held beyond it
         is free for other calls at once, and a call that used more than its worst case (a
         provider counting prompt tokens it was not sent) is held for all it used. So ``used +
         reserved`` is exact from the answer until the turn settles (or its worker's dead hold
-        is resolved). False if the hold is gone or not ``owner``'s."""
+        is resolved). Not ``answered`` (its response still streams, this much delivered so
+        far), it is recorded the same but the hold keeps holding at least its worst case: the
+        rest of the allowance may still come. False if the hold is gone or not ``owner``'s."""
         hold = self.hold(key)
         if hold is None or hold.owner != owner:
             return False
-        self.reserved_tokens += tokens - hold.tokens
-        self.reserved_cost += cost_usd - hold.cost_usd
-        hold.tokens, hold.cost_usd = tokens, cost_usd
+        held_tokens, held_cost = tokens, cost_usd
+        if not answered:
+            held_tokens, held_cost = max(hold.tokens, tokens), max(hold.cost_usd, cost_usd)
+        self.reserved_tokens += held_tokens - hold.tokens
+        self.reserved_cost += held_cost - hold.cost_usd
+        hold.tokens, hold.cost_usd = held_tokens, held_cost
         hold.spent_tokens, hold.spent_cost = tokens, cost_usd
         return True
 

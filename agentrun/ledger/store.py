@@ -612,13 +612,18 @@ class LedgerStore(CasStore):
         except BookMissing as err:
             return _no_budget(err)
 
-    async def record_spend(self, ref: TurnRef, *, owner: str, usage: kernel.Usage) -> bool:
-        """Write what ``owner``'s model call used on its hold of turn ``ref`` (so it is charged
-        even if the turn never commits); False if that hold is gone or another owner's."""
+    async def record_spend(
+        self, ref: TurnRef, *, owner: str, usage: kernel.Usage, answered: bool = True
+    ) -> bool:
+        """Write what ``owner``'s model call used (not ``answered``: delivered so far) on its
+        hold of turn ``ref`` (so it is charged even if the turn never commits); False if that
+        hold is gone or another owner's."""
         tokens, cost = usage.total_tokens, usage.cost_usd
 
         def apply(book: Book) -> bool:
-            return book.record_spend(ref.key, owner=owner, tokens=tokens, cost_usd=cost)
+            return book.record_spend(
+                ref.key, owner=owner, tokens=tokens, cost_usd=cost, answered=answered
+            )
 
         return await self._change_existing(ref.tenant, apply, run_uid=ref.run_uid, missing=False)
 

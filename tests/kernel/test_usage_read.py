@@ -1,7 +1,8 @@
 """What ``read_usage`` believes of a provider's ``usage`` and what it estimates instead: a
 count is an integer from 0 to ``MAX_REPORTED_TOKENS`` (both included); anything else (negative,
 a bool, a float, a string, absurd) makes the call's usage estimated from the prompt's bound and
-the reply's text, capped at the ``max_tokens`` the call sent."""
+the reply's text (and what a stream delivered beyond it), capped at the ``max_tokens`` a
+streamed call sent."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def test_the_prompt_and_what_a_stream_delivered_floor_the_reported_counts() -> N
         pricing=PRICES,
         prompt_estimate=250_000,
         prompt_texts=kernel.prompt_texts([{"content": "word " * 120_000}]),
-        delivered_floor=1_001,
+        delivered=kernel.Delivered(floor=1_001),
     )
     assert (usage.input_tokens, usage.output_tokens) == (30_000, 1_001)
 
@@ -172,3 +173,52 @@ def test_the_floor_counts_the_tool_definitions_and_never_as_cached() -> None:
     )
     assert usage.input_tokens == kernel.least_tokens(texts) > 14_000
     assert usage.cached_input_tokens == 0
+
+
+def test_an_estimate_takes_what_a_stream_delivered_beyond_its_message() -> None:
+    """Missing usage: the output is the larger of the message's estimate and the estimate of
+    everything the stream delivered (reasoning and choices the message does not keep), capped
+    at the allowance a streamed call sent, and never below what was surely delivered."""
+    short = {"choices": [{"message": {"role": "assistant", "content": "42"}}]}
+    base = kernel.read_usage(short, pricing=PRICES, prompt_estimate=77)
+    delivered = kernel.read_usage(
+        short, pricing=PRICES, prompt_estimate=77, delivered=kernel.Delivered(estimate=900)
+    )
+    assert (base.output_tokens, delivered.output_tokens) == (kernel.output_estimate(["42"]), 900)
+    capped = kernel.read_usage(
+        short,
+        pricing=PRICES,
+        prompt_estimate=77,
+        delivered=kernel.Delivered(estimate=900),
+        max_output_tokens=500,
+    )
+    floored = kernel.read_usage(
+        short,
+        pricing=PRICES,
+        prompt_estimate=77,
+        delivered=kernel.Delivered(floor=600, estimate=900),
+        max_output_tokens=500,
+    )
+    assert (capped.output_tokens, floored.output_tokens) == (500, 600)
+    assert capped.estimated and floored.cost_usd == PRICES.cost(
+        input_tokens=77, cached_input_tokens=0, output_tokens=600
+    )
+
+
+def test_an_estimate_not_capped_counts_every_choice_of_a_reply_sent_whole() -> None:
+    """A reply sent whole (its caller gives no cap: it was not cut) is charged its estimate
+    however far past the allowance, every choice's text counted (the provider bills them)."""
+    two = {
+        "choices": [
+            {"message": {"role": "assistant", "content": "ok"}},
+            {"message": {"role": "assistant", "content": "word " * 3_000}},
+        ]
+    }
+    usage = kernel.read_usage(two, pricing=PRICES, prompt_estimate=77)
+    assert usage.output_tokens == kernel.output_estimate(["ok", "word " * 3_000]) > 5_000
+    honest = kernel.read_usage(
+        {**two, "usage": {"prompt_tokens": 10, "completion_tokens": 1}},
+        pricing=PRICES,
+        prompt_estimate=77,
+    )
+    assert honest.output_tokens >= kernel.least_tokens(["word " * 3_000])

@@ -1127,3 +1127,31 @@ def test_resolving_or_catching_up_a_turn_touches_only_that_run_s_holds() -> None
     b.put_hold("r1:1", hold("r1", 1, 1_000, "0.01", owner="c"))
     b.catch_up("r1", turn=1, tokens=400, cost_usd=Decimal("0.004"), now=NOW)
     assert list(b.holds) == ["r2:0"]  # r2's turn 0 is not r1's to drop
+
+
+def test_a_progress_record_keeps_the_hold_at_its_worst_case_and_an_answer_shrinks_it() -> None:
+    """While a response streams, what it delivered so far is recorded (charged if its worker
+    dies) but the hold keeps the call's worst case: the rest of its allowance may still come.
+    Its answer then shrinks the hold to exactly what it used; a delivery past the worst case
+    (a provider counting more than it was sent) is held for all of it."""
+    book = Book.new("t", TenantLimits(tokens=100_000), now=0.0)
+    assert book.admit("r", "ns", "r", now=0.0) is None
+    assert book.reserve("r:0", Hold("r", 0, 1_000, Decimal("0.01"), 60.0, "a"), now=1.0) is None
+    assert book.record_spend(
+        "r:0", owner="a", tokens=300, cost_usd=Decimal("0.003"), answered=False
+    )
+    hold = book.holds["r:0"]
+    assert (hold.tokens, hold.cost_usd, hold.spent_tokens, hold.answered) == (
+        1_000,
+        Decimal("0.01"),
+        300,
+        True,
+    )
+    assert (book.reserved_tokens, book.reserved_cost) == (1_000, Decimal("0.01"))
+    assert book.record_spend(
+        "r:0", owner="a", tokens=1_200, cost_usd=Decimal("0.02"), answered=False
+    )
+    assert (book.reserved_tokens, book.holds["r:0"].tokens) == (1_200, 1_200)
+    assert book.record_spend("r:0", owner="a", tokens=700, cost_usd=Decimal("0.007"))
+    assert (book.reserved_tokens, book.holds["r:0"].tokens) == (700, 700)
+    assert not book.record_spend("r:0", owner="b", tokens=1, cost_usd=Decimal(0), answered=False)

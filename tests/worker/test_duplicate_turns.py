@@ -497,9 +497,10 @@ def dies_after_its_call(worker: TurnConsumer) -> None:
         hold = make(ref, **kwargs)
         record = hold.spend
 
-        async def spend(usage: kernel.Usage) -> None:
-            await record(usage)
-            await worker.bus.nc.close()
+        async def spend(usage: kernel.Usage, *, answered: bool = True) -> None:
+            await record(usage, answered=answered)
+            if answered:
+                await worker.bus.nc.close()
 
         hold.spend = spend  # type: ignore[method-assign]
         return hold

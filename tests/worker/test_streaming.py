@@ -169,7 +169,7 @@ class Hold:
         tokens, cost = need.worst(output)
         return Granted(output, tokens, cost)
 
-    async def spend(self, usage: kernel.Usage) -> None:
+    async def spend(self, usage: kernel.Usage, *, answered: bool = True) -> None:
         self.spends.append(usage)
 
     def note(self, usage: kernel.Usage) -> None:
@@ -365,3 +365,25 @@ async def test_streamed_reasoning_reported_as_one_token_is_charged_what_was_deli
     state, _ = await run(script, kernel.Limits(max_tokens=100_000, max_output_tokens=4096))
     assert state.phase is Phase.COMPLETED
     assert state.usage.output_tokens >= len(reasoning) // 6
+
+
+def test_a_choice_not_asked_for_is_counted_not_kept() -> None:
+    """n is 1, but a provider sending a second choice bills it: its output moves the cut's
+    count and the charge (``unfolded``), the message keeps the first choice only."""
+    delivery = stream.Delivery()
+    delivery.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}}]})
+    delivery.add(
+        {
+            "choices": [
+                {"index": 0, "delta": {}},
+                {"index": 1, "delta": {"role": "assistant", "content": "x" * 1_600}},
+            ]
+        }
+    )
+    assert delivery.message()["content"] == "ok"
+    assert delivery.unfolded == ["x" * 1_600] and delivery.chunks == 2
+    assert delivery.delivered_tokens >= 1_600 // kernel.LEAST_ASCII_CHARS
+    completion = delivery.completion()
+    assert completion[stream.ESTIMATE_KEY] == kernel.output_estimate(["ok", "x" * 1_600])
+    delivery.add({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 400}})
+    assert stream.ESTIMATE_KEY not in delivery.completion()

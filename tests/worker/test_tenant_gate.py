@@ -48,7 +48,7 @@ class Tenant:
     class Turn:
         tenant: Tenant
 
-        async def spend(self, usage: kernel.Usage) -> None:
+        async def spend(self, usage: kernel.Usage, *, answered: bool = True) -> None:
             self.tenant.spent.append(usage)
 
         async def reserve_call(
