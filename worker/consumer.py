@@ -198,6 +198,8 @@ class TurnConsumer:
         """Run uid → the ``msg_id`` (run, turn, base event) of the TurnRequest running here,
         and its handler's task."""
         self._cancelled: set[str] = set()
+        self._lost: set[str] = set()
+        """Runs whose turn running here was cancelled because its ledger hold is gone."""
         self._stopping = asyncio.Event()
         self.turns_committed = 0
 
@@ -233,6 +235,18 @@ class TurnConsumer:
             running[1].cancel()
         self.cache.drop(run_uid)
 
+    def _hold_lost(self, run_uid: str) -> None:
+        """The ledger no longer has the hold of the run's turn running here (swept as expired
+        while this worker was slow, or taken by another delivery of the turn): its budget is
+        held no more, so the turn is cancelled — its model call cut, charged what it used
+        (``budget.SpendWatch``) — and its TurnRequest left to whichever delivery has the turn,
+        or to redelivery."""
+        running = self._inflight.get(run_uid)
+        if running is not None and run_uid not in self._lost:
+            log.warning("the ledger hold of run %s is gone: its turn here stops", run_uid)
+            self._lost.add(run_uid)
+            running[1].cancel()
+
     async def run(self) -> None:
         """Fetch and dispatch until ``stop``; returns once every turn in flight committed or,
         past the drain time, was cancelled and handed back (naked)."""
@@ -259,8 +273,8 @@ class TurnConsumer:
 
         async def refresh() -> None:
             hold = self._holds.get(run_uid)
-            if hold is not None:
-                await hold.refresh()
+            if hold is not None and not await hold.refresh():
+                self._hold_lost(run_uid)
 
         async with asyncio.TaskGroup() as group:
             for beat, what in ((signal, "heartbeat"), (refresh, "hold refresh")):
@@ -305,13 +319,8 @@ class TurnConsumer:
         try:
             await self._turn(msg, request)
         except asyncio.CancelledError:
-            if request.run_uid in self._cancelled:
-                await msg.ack()  # the run is being stopped; its turn is void
-                return
-            log.info("turn %s cancelled while stopping; another worker takes it", request.msg_id)
-            with contextlib.suppress(Exception):
-                await msg.nak()  # shutting down: another worker takes the turn
-            raise
+            if not await self._cut_short(msg, request):
+                raise
         except Exception as err:
             self.cache.drop(request.run_uid)
             await self._failed(msg, request, err)
@@ -320,6 +329,22 @@ class TurnConsumer:
             beat.cancel()
             self._inflight.pop(request.run_uid, None)
             self._cancelled.discard(request.run_uid)
+            self._lost.discard(request.run_uid)
+
+    async def _cut_short(self, msg: Msg, request: TurnRequest) -> bool:
+        """The turn running here was cancelled: its run is being stopped (its message acked:
+        the turn is void), or its hold is gone (left to the delivery that has the turn, or to
+        redelivery) — True; or this worker is stopping (naked: another worker takes it) —
+        False, and the cancellation goes on."""
+        if request.run_uid in self._cancelled:
+            await msg.ack()
+            return True
+        if request.run_uid in self._lost:
+            return True
+        log.info("turn %s cancelled while stopping; another worker takes it", request.msg_id)
+        with contextlib.suppress(Exception):
+            await msg.nak()
+        return False
 
     async def _failed(self, msg: Msg, request: TurnRequest, err: Exception) -> None:
         """A turn raised. NATS, ledger or API-server trouble is retried by redelivery (a

@@ -99,7 +99,7 @@ def _cost_allowance(
     if limits.max_cost_usd is None:
         return allowance
     left_usd = limits.max_cost_usd - state.usage.cost_usd
-    left_usd -= pricing.cost(input_tokens=prompt_estimate, cached_input_tokens=0, output_tokens=0)
+    left_usd -= pricing.most(input_tokens=prompt_estimate, output_tokens=0)
     if pricing.output_per_million > 0:
         affordable = int(left_usd * Decimal(1_000_000) / pricing.output_per_million)
     else:

@@ -39,6 +39,16 @@ class Pricing:
             + Decimal(output_tokens) * self.output_per_million
         ) / MILLION
 
+    def most(self, *, input_tokens: int, output_tokens: int) -> Decimal:
+        """The most ``input_tokens`` prompt tokens and ``output_tokens`` can cost in USD,
+        whichever part of the prompt the provider serves from its cache: the prompt at the
+        dearer of the two input prices (the cached one is never dearer on an AgentModel the
+        operator accepts; a run admitted before that rule may carry one)."""
+        cached = input_tokens if self.cached_input_per_million > self.input_per_million else 0
+        return self.cost(
+            input_tokens=input_tokens, cached_input_tokens=cached, output_tokens=output_tokens
+        )
+
 
 class OnExhausted(enum.StrEnum):
     """``spec.budget.onExhausted``: what a step, token or cost cap does."""

@@ -94,11 +94,9 @@ def aside_key(key: str, owner: str) -> str:
 
 def worst_case(*, prompt_tokens: int, output_tokens: int, pricing: Pricing) -> tuple[int, Decimal]:
     """A model call's worst case, what a hold reserves: its estimated prompt plus its whole
-    output allowance, priced at the uncached input price (the cache discount is only known
-    after the call). Returns (tokens, USD)."""
-    cost = pricing.cost(
-        input_tokens=prompt_tokens, cached_input_tokens=0, output_tokens=output_tokens
-    )
+    output allowance, its prompt priced at the uncached input price (the cache discount is
+    only known after the call; ``Pricing.most``). Returns (tokens, USD)."""
+    cost = pricing.most(input_tokens=prompt_tokens, output_tokens=output_tokens)
     return prompt_tokens + output_tokens, cost
 
 

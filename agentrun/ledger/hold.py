@@ -183,6 +183,9 @@ class TurnHold:
         that hold charges it; otherwise leaving uncommitted charges it directly)."""
         self.waiting = False
         """Whether this delivery's call waits in the book for other runs' holds."""
+        self.granted = False
+        """Whether the book granted this delivery's hold and it has not given it up or
+        settled since (``refresh`` then tells a hold the book no longer has)."""
         self.charged_aside = False
         """Whether this delivery's call was charged as abandoned (``abandon``)."""
 
@@ -214,7 +217,7 @@ class TurnHold:
         refusal = await self._ledger.reserve_turn(
             ref, hold, before=before, prior_owner=self.prior_owner, now=now
         )
-        self.held = refusal is None
+        self.held = self.granted = refusal is None
         return refusal
 
     async def reserve_call(
@@ -242,7 +245,7 @@ class TurnHold:
         answer = await self._ledger.reserve_call(
             ref, need, template, before=before, prior_owner=self.prior_owner, now=now
         )
-        self.held = isinstance(answer, Granted)
+        self.held = self.granted = isinstance(answer, Granted)
         self.waiting = isinstance(answer, BudgetWait)
         if isinstance(answer, Granted) and answer.contested and await self._committed_elsewhere():
             await self.release()
@@ -288,12 +291,17 @@ class TurnHold:
         self.spent = usage
         self.recorded = False
 
-    async def refresh(self) -> None:
-        """Keep the hold alive while the turn runs (called with each heartbeat)."""
+    async def refresh(self) -> bool:
+        """Keep the hold alive while the turn runs (called with each heartbeat). False when
+        the book no longer has the hold it granted — swept as expired while this worker was
+        slow (its refreshes did not land), or taken by another delivery of the turn: its budget
+        is held no more, so the caller stops the model call (``TurnConsumer``); True
+        otherwise, and when it holds nothing. Raises what the write raises."""
         if not self.held:
-            return
+            return True
         expires = self.clock() + self.ttl
-        await self._ledger.refresh_hold(self.ref, owner=self.owner, expires=expires)
+        kept = await self._ledger.refresh_hold(self.ref, owner=self.owner, expires=expires)
+        return kept or not (self.held and self.granted)
 
     async def settle(self, after: kernel.RunState) -> None:
         """This delivery committed the turn: charge the run's cumulative usage after it
@@ -301,6 +309,7 @@ class TurnHold:
         ``prior_owner``). Its own call's usage is in the run's from now on, never charged as
         abandoned; another delivery's answered call is (``Book.resolve_turn``)."""
         self.spent = None
+        self.granted = False  # dropped by this write: a refresh meanwhile finds it gone
         await self._ledger.settle_turn(
             self.ref,
             owner=self.commit_owner,
@@ -336,7 +345,7 @@ class TurnHold:
         when it owns none, if ``usage`` never reached its hold (``Book.abandon``)."""
         if not self.held:
             return
-        self.held = False
+        self.held = self.granted = False
         if usage is None:
             await self._ledger.release_hold(self.ref, owner=self.owner)
             return

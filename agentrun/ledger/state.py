@@ -76,6 +76,10 @@ from agentrun.ledger.entries import (
 SLACK = 1.0
 """Seconds within which ``undercuts`` takes two times of a window for the same (a floor read
 from the AgentTenant status has whole seconds)."""
+CLOCK_SKEW = 10.0
+"""Seconds the clocks of the ledger's writers (operators, workers) may be apart: each rolls
+a tenant's window at its own clock, so one a little ahead begins the next window first, and
+``undercuts`` takes a window that begins no later than this past another's ``now`` as begun."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -337,13 +341,14 @@ class BookState:
     def undercuts(self, floor: UsageFloor, *, now: float) -> bool:
         """Whether this entry shows less than ``floor`` (the operator saw more in the same
         window, or saw that window end later than this entry's window began), claims a
-        window that has not started at ``now``, or moved the end of the floor's window:
+        window that has not started at ``now`` (``CLOCK_SKEW`` allowed), or moved the end of
+        the floor's window:
         a rollback by a writer of the bucket, which no rule of the ledger makes (no rule
         moves a window's end; a window begins only when the one before it ended).
 
         Times are compared to the second (``SLACK``): a floor read from the AgentTenant
         status has whole seconds, and windows may be as short as 1 s."""
-        if self.window > now or self.end <= self.window:
+        if self.window - now > CLOCK_SKEW or self.end <= self.window:
             return True
         if abs(self.window - floor.window) >= SLACK:
             return self.window < floor.window or floor.end - self.window >= SLACK
@@ -545,9 +550,13 @@ class BookState:
         reserved`` is exact from the answer until the turn settles (or its worker's dead hold
         is resolved). Not ``answered`` (its response still streams, this much delivered so
         far), it is recorded the same but the hold keeps holding at least its worst case: the
-        rest of the allowance may still come. False if the hold is gone or not ``owner``'s."""
+        rest of the allowance may still come. A hold a redelivery of the turn set aside for
+        ``owner`` (``<key>/<owner>``) is still its call's: recorded there. False if ``owner``
+        has no hold of the turn."""
         hold = self.hold(key)
         if hold is None or hold.owner != owner:
+            hold = self.hold(aside_key(key, owner))
+        if hold is None:
             return False
         held_tokens, held_cost = tokens, cost_usd
         if not answered:
@@ -666,7 +675,10 @@ class BookState:
 
         With no such hold, it is charged only if ``unrecorded`` (its usage write did not land,
         as far as its delivery knows) and not remembered as charged: a hold that carried it
-        was charged by whoever dropped it. Returns True if it charged.
+        was charged by whoever dropped it — at what it had recorded then, so what the call
+        used beyond that (output streamed after its slow worker's hold expired, or after it
+        was set aside and its turn resolved) is charged now (``_charge_rest``). Returns True if
+        it charged.
 
         The charge is remembered like one the sweep makes (``charge_abandoned``): a delivery
         may leave thinking its turn uncommitted when its commit landed but its answer was lost
@@ -677,11 +689,30 @@ class BookState:
         hold = self.hold(key)
         if hold is not None and hold.owner == owner:
             self.take_hold(key)
-        elif (hold := self.take_hold(memo)) is None and (
-            not unrecorded or self.remembers_charged(memo)
-        ):
-            return False
+        elif (hold := self.take_hold(memo)) is None:
+            if self.remembers_charged(memo):
+                return self._charge_rest(memo, tokens, cost_usd)
+            if not unrecorded:
+                return False
         self._charge(memo, tokens, cost_usd, until=now if hold is None else max(now, hold.expires))
+        return True
+
+    def _charge_rest(self, memo: str, tokens: int, cost_usd: Decimal) -> bool:
+        """The call ``memo`` was charged as abandoned (``spent``) and used ``tokens`` /
+        ``cost_usd`` in all: charge what it used beyond that, as abandoned. Nothing when it was
+        taken back (``uncharge``: its turn is the run's) or used no more. True if it charged."""
+        entry = self.runs.get(run_of(memo))
+        if entry is None or memo not in entry.spent:
+            return False
+        was_tokens, was_cost = entry.spent[memo]
+        more_tokens, more_cost = max(tokens - was_tokens, 0), max(cost_usd - was_cost, Decimal(0))
+        if not (more_tokens or more_cost):
+            return False
+        entry.spent[memo] = (was_tokens + more_tokens, was_cost + more_cost)
+        self.used_tokens += more_tokens
+        self.used_cost += more_cost
+        self.abandoned_tokens += more_tokens
+        self.abandoned_cost += more_cost
         return True
 
     # --- waiting calls ----------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentrun import kernel
 from agentrun.protocol import ModelConfig, SecretRef
@@ -59,6 +59,19 @@ class PricingSpec(SpecModel):
     output_per_million: USD = Field(default=Decimal(0), alias="outputPerMillionUSD")
     free: bool = False
     """``pricing.free: true``: the model's calls cost nothing, said on purpose."""
+
+    @model_validator(mode="after")
+    def _cached_not_dearer(self) -> PricingSpec:
+        """A cached prompt token never costs more than an uncached one: a call's hold prices
+        its prompt at the input price, so a dearer cached price would let a cached prompt
+        cost past what was held (a provider's cache-write premium is not this price)."""
+        cached = self.cached_input_per_million
+        if cached is not None and cached > self.input_per_million:
+            raise ValueError(
+                f"cachedInputPerMillionUSD {cached} is above inputPerMillionUSD "
+                f"{self.input_per_million}: a cached prompt token is never dearer"
+            )
+        return self
 
     @property
     def cached_input(self) -> Decimal:

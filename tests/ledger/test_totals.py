@@ -19,6 +19,7 @@ from agentrun.ledger.entries import (
     Waiter,
     run_of,
 )
+from agentrun.ledger.state import CLOCK_SKEW
 
 HOUR = 3_600.0
 T0 = 1_700_000_000.0 - 1_700_000_000.0 % HOUR
@@ -202,7 +203,8 @@ def test_an_entry_at_its_floor_does_not_undercut_it_and_one_below_in_any_figure_
 
 
 def test_an_entry_whose_window_has_not_begun_or_has_no_length_or_moved_its_end_undercuts() -> None:
-    assert floored().undercuts(SAME, now=T0 - 1.0)
+    assert floored().undercuts(SAME, now=T0 - CLOCK_SKEW - 1.0)
+    assert not floored().undercuts(SAME, now=T0 - CLOCK_SKEW)  # a writer's clock a little ahead
     assert not floored().undercuts(SAME, now=T0)
     broken = floored()
     broken.end = broken.window
