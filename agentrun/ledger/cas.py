@@ -17,6 +17,10 @@ remain only between processes, which the compare-and-set resolves (the batch is 
 A value is deleted by a purge marker that expires (``Nats-TTL``): a key whose run ended leaves
 nothing behind in the bucket once its marker is gone.
 
+The changes one write carries are bounded by the values they name (``BATCH_VALUES``), so a
+write's atomic batch stays far below the 1,000 messages nats-server takes in one
+(``jetstream.limits.batch.max_msgs``; past it the server refuses the whole batch).
+
 What belongs here: the storage mechanics, generic in what the values mean. What does not:
 what the values are (``codec``) and which a change touches (``store``).
 """
@@ -37,7 +41,9 @@ import nats.js.errors
 from nats.js import JetStreamContext, api
 from nats.js.kv import KV_OP, KV_PURGE, MSG_ROLLUP_SUBJECT, KeyValue
 
-_Op = tuple[Any, "asyncio.Future[Any]"]
+_Op = tuple[Any, "asyncio.Future[Any]", int]
+"""A change queued in a group: its payload, its caller's future and its weight (the values it
+names, ``BATCH_VALUES``)."""
 
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 """JetStream errors of a lost compare-and-set (``JSStreamWrongLastSequenceErrF`` and its
@@ -51,6 +57,16 @@ BATCH_CHANGES = 64
 the values it reads and writes, so a burst is cut into writes of bounded size, each answered
 as it lands (an atomic batch stays below the server's 1,000 messages: the ledger's largest,
 a one-value ledger's split, is made while its runs fit: ``store.SPLIT_RUNS``)."""
+MAX_BATCH = 256
+"""Messages one atomic batch of a change of named runs carries at most (``BATCH_VALUES`` and
+room for the values a change writes beside those it names): a quarter of the 1,000 nats-server
+takes (``jetstream.limits.batch.max_msgs``; past it the server refuses the whole batch,
+``atomic publish batch is too large``)."""
+BATCH_VALUES = 128
+"""The weight (values named, besides the group's own: a tenant's totals and the runs inline in
+them) the changes one write carries may add up to; a change heavier than this goes alone, and
+a caller with more values cuts them into several changes. Half of ``MAX_BATCH``: the rest is
+room for the values a change writes beside those it names."""
 LIST_READS = 256
 """Reads a listing has in flight at most (each key's last message is one request)."""
 DELETED_MARKER_TTL = 60.0
@@ -125,6 +141,8 @@ class CasStore:
         """Writes made (each may carry several group-committed changes, and several values)."""
         self.batches = 0
         """Of ``writes``, atomic batches of more than one value."""
+        self.largest_batch = 0
+        """Messages of the largest atomic batch written."""
         self.bytes_written = 0
         """Bytes of the values written (and deleted: 0)."""
 
@@ -223,6 +241,7 @@ class CasStore:
             self.bytes_written += len(write.value or b"")
         self.writes += 1
         self.batches += len(writes) > 1
+        self.largest_batch = max(self.largest_batch, len(writes))
 
     async def _purge(self, key: str) -> None:
         """Delete ``key`` whatever its revision (its purge marker expires)."""
@@ -282,18 +301,19 @@ class CasStore:
 
     # --- group commit -----------------------------------------------------------------------------
 
-    async def _submit(self, group: str, payload: Any, attempt: Attempt) -> Any:
+    async def _submit(self, group: str, payload: Any, attempt: Attempt, *, weight: int = 1) -> Any:
         """Apply the change ``payload`` with the other changes of ``group`` queued meanwhile,
         by ``attempt``, and return its result (or raise its error).
 
         Changes of one group are group-committed: while a write is in flight, later changes
         queue, and the next attempt applies all of them in order (each caller gets its own
-        result). On a lost race the whole batch is re-applied to the values as they now are.
-        A change may therefore be applied several times and must be deterministic given the
-        values; it is applied only while its caller still waits.
+        result), as many as ``BATCH_CHANGES`` and their ``weight`` (the values each names)
+        ``BATCH_VALUES`` allow. On a lost race the whole batch is re-applied to the values as
+        they now are. A change may therefore be applied several times and must be
+        deterministic given the values; it is applied only while its caller still waits.
         """
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(group, []).append((payload, future))
+        self._pending.setdefault(group, []).append((payload, future, weight))
         if group not in self._flushers:
             self._flushers[group] = asyncio.create_task(
                 self._flush(group, attempt), name=f"ledger-{group}"
@@ -308,13 +328,20 @@ class CasStore:
             del self._flushers[group]
 
     def _take(self, group: str, batch: list[_Op]) -> list[_Op]:
-        """``batch`` (the changes of an attempt lost) topped up from the group's queue, at most
-        ``BATCH_CHANGES``, those whose callers gave up left out; the rest stay queued."""
+        """``batch`` (the changes of an attempt lost) topped up from the group's queue in
+        order, at most ``BATCH_CHANGES`` weighing at most ``BATCH_VALUES`` together (a heavier
+        one alone), those whose callers gave up left out; the rest stay queued."""
         pending = self._pending.get(group, [])
         batch = [op for op in batch if not op[1].done()]
-        room = max(0, BATCH_CHANGES - len(batch))
-        batch += pending[:room]
-        del pending[:room]
+        weight = sum(op[2] for op in batch)
+        taken = 0
+        for op in pending[: max(0, BATCH_CHANGES - len(batch))]:
+            if (batch or taken) and weight + op[2] > BATCH_VALUES:
+                break
+            weight += op[2]
+            taken += 1
+        batch += pending[:taken]
+        del pending[:taken]
         if not pending:
             self._pending.pop(group, None)
         return [op for op in batch if not op[1].done()]
@@ -327,7 +354,7 @@ class CasStore:
             if not batch:
                 return
             try:
-                results = await attempt([payload for payload, _ in batch], number)
+                results = await attempt([op[0] for op in batch], number)
             except Conflict:
                 number += 1
                 await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2 ** min(number, 7))))
@@ -360,7 +387,7 @@ def apply_all(fns: Sequence[Callable[[Any], Any]], entry: Any) -> list[tuple[boo
 
 
 def _resolve(batch: list[_Op], results: list[tuple[bool, Any]]) -> None:
-    for (_, future), (ok, value) in zip(batch, results, strict=True):
+    for (_, future, _weight), (ok, value) in zip(batch, results, strict=True):
         if future.done():
             continue
         if ok:
@@ -370,6 +397,6 @@ def _resolve(batch: list[_Op], results: list[tuple[bool, Any]]) -> None:
 
 
 def _fail(batch: list[_Op], err: BaseException) -> None:
-    for _, future in batch:
+    for _, future, _weight in batch:
         if not future.done():
             future.set_exception(err)

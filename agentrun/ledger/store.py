@@ -27,7 +27,9 @@ This is the tenant-budget port: admitting runs (``admit_run``, ``admit_runs``), 
 ``abandon_hold``, ``stop_waiting``), ending a run (``close_run``), the operator sweep's fixes
 (``repair_entry``) and the admission queue (``enqueue``, ``dequeue``, ``queued``). Callers
 outside this package change the ledger only through these. Each is one write, compare-and-set
-on the revisions read, group-committed per tenant (``cas``).
+on the revisions read, group-committed per tenant (``cas``): the changes of one write name
+``cas.BATCH_VALUES`` runs at most, and an operation of more runs (an admission of many, the
+sweep's repairs) is several writes, each a whole change of its own.
 
 A one-value ledger is split into totals and run entries in one atomic batch, so the split
 keeps the tenant's usage, holds, active runs and memories. Admission queues are one value per
@@ -51,7 +53,16 @@ from nats.js import JetStreamContext, api
 from agentrun import buckets, kernel, protocol
 from agentrun.ledger import codec
 from agentrun.ledger.book import Book
-from agentrun.ledger.cas import CasStore, Conflict, LedgerUnavailable, Stored, Write, apply_all
+from agentrun.ledger.cas import (
+    BATCH_VALUES,
+    MAX_BATCH,
+    CasStore,
+    Conflict,
+    LedgerUnavailable,
+    Stored,
+    Write,
+    apply_all,
+)
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
     LAYOUTS,
@@ -194,6 +205,12 @@ class _Change:
     """Runs it may admit (a one-value ledger they would take past ``MAX_ACTIVE_RUNS`` is
     split first: ``LedgerStore.outgrows``)."""
 
+    @property
+    def weight(self) -> int:
+        """The run entries it names, as the group commit weighs it (``cas.BATCH_VALUES``;
+        every run: as much as a write carries)."""
+        return BATCH_VALUES if self.runs is None else max(1, len(self.runs))
+
 
 class LedgerStore(CasStore):
     """The tenant ledger: totals, run entries and admission queues. Create with
@@ -216,10 +233,13 @@ class LedgerStore(CasStore):
         the totals were lost), never one that exists; ``layout`` (``entries.LAYOUTS``): the
         layout of a ledger this store makes, and with ``split`` a one-value ledger is split
         at its next change (a worker's store keeps ``single``: it makes no ledger); ``kwargs``:
-        ``CasStore``'s. Raises ``ValueError`` for an unknown layout."""
+        ``CasStore``'s. Raises ``ValueError`` for an unknown layout, or more ``inline_runs``
+        than one write has room for beside ``cas.BATCH_VALUES`` runs."""
         super().__init__(kv, **kwargs)
         if layout not in LAYOUTS:
             raise ValueError(f"unknown ledger layout {layout!r}; one of {LAYOUTS}")
+        if BATCH_VALUES + inline_runs + 1 > MAX_BATCH:  # a write: runs named, inline, totals
+            raise ValueError(f"inline_runs {inline_runs} > {MAX_BATCH - BATCH_VALUES - 1}")
         self.layout = layout
         self.inline_runs = inline_runs
         self.rebuild = rebuild
@@ -326,7 +346,7 @@ class LedgerStore(CasStore):
         async def attempt(changes: list[_Change], number: int) -> list[tuple[bool, Any]] | None:
             return await self._attempt(tenant, changes, number=number)
 
-        return await self._submit(f"tenant/{tenant}", change, attempt)
+        return await self._submit(f"tenant/{tenant}", change, attempt, weight=change.weight)
 
     async def _attempt(
         self, tenant: str, changes: list[_Change], *, number: int
@@ -521,27 +541,38 @@ class LedgerStore(CasStore):
         now: float | None = None,
     ) -> list[BudgetRefusal | None]:
         """Admit ``runs`` (each with its first call's worst case), head of the queue first, in
-        one write: each as ``admit_run`` does, stopping at the first that does not fit — FIFO,
-        as if they were admitted one by one. Returns an answer for each run tried: ``None``
-        for each admitted, then the refusal of the first that was not (the runs after it were
-        not tried)."""
+        one write (``cas.BATCH_VALUES`` runs a write: more go in several, in order): each as
+        ``admit_run`` does, stopping at the first that does not fit — FIFO, as if they were
+        admitted one by one. Returns an answer for each run tried: ``None`` for each admitted,
+        then the refusal of the first that was not (the runs after it were not tried)."""
         at = self.clock() if now is None else now
 
-        def apply(book: Book) -> list[BudgetRefusal | None]:
-            if book.limits != limits:
-                book.set_limits(limits, now=at)
-            answers: list[BudgetRefusal | None] = []
-            for run, (tokens, cost) in runs:
-                refusal = book.admit(
-                    run.uid, run.namespace, run.name, now=at, need_tokens=tokens, need_cost=cost
-                )
-                answers.append(refusal)
-                if refusal is not None:
-                    break
-            return answers
+        def admitting(
+            part: Sequence[tuple[QueuedRun, tuple[int, Decimal]]],
+        ) -> Callable[[Book], list[BudgetRefusal | None]]:
+            def apply(book: Book) -> list[BudgetRefusal | None]:
+                if book.limits != limits:
+                    book.set_limits(limits, now=at)
+                answers: list[BudgetRefusal | None] = []
+                for run, (tokens, cost) in part:
+                    refusal = book.admit(
+                        run.uid, run.namespace, run.name, now=at, need_tokens=tokens, need_cost=cost
+                    )
+                    answers.append(refusal)
+                    if refusal is not None:
+                        break
+                return answers
 
-        uids = [run.uid for run, _ in runs]
-        return await self._change(tenant, apply, runs=uids, limits=limits, admits=len(uids))
+            return apply
+
+        answers: list[BudgetRefusal | None] = []
+        for part in _parts(runs):
+            uids = [run.uid for run, _ in part]
+            fn = admitting(part)
+            answers += await self._change(tenant, fn, runs=uids, limits=limits, admits=len(uids))
+            if answers and answers[-1] is not None:
+                break
+        return answers
 
     def turn_hold(
         self,
@@ -748,21 +779,27 @@ class LedgerStore(CasStore):
         whose last event is terminal is closed at that event's time; a stale run that left no
         events is closed with nothing charged. The runs in ``forget`` are loaded too, so the
         window's roll at ``now`` drops their expired memories (``Book.forgettable``) and an
-        entry left empty goes."""
-        if now is None:
-            now = self.clock()
+        entry left empty goes. The runs are fixed ``cas.BATCH_VALUES`` at a time, each part a
+        write of its own (no atomic batch grows with them), the limits, floor and window by
+        the first."""
+        at = self.clock() if now is None else now
 
-        def apply(book: Book) -> None:
-            if limits is not None and book.limits != limits:
-                book.set_limits(limits, now=now)
-            if floor is not None and book.undercuts(floor, now=now):
-                book.restore(floor, now=now)
-            book.roll(now)
-            for repair in repairs:
-                _repair(book, repair, now)
+        def fixing(part: frozenset[str]) -> Callable[[Book], None]:
+            def apply(book: Book) -> None:
+                if limits is not None and book.limits != limits:
+                    book.set_limits(limits, now=at)
+                if floor is not None and book.undercuts(floor, now=at):
+                    book.restore(floor, now=at)
+                book.roll(at)
+                for repair in repairs:
+                    if repair.run_uid in part:
+                        _repair(book, repair, at)
 
-        runs = {repair.run_uid for repair in repairs} | set(forget)
-        await self._change(tenant, apply, runs=runs, limits=limits)
+            return apply
+
+        runs = sorted({repair.run_uid for repair in repairs} | set(forget))
+        for part in _parts(runs):
+            await self._change(tenant, fixing(frozenset(part)), runs=part, limits=limits)
 
     # --- admission queues -------------------------------------------------------------------------
 
@@ -870,6 +907,12 @@ class LedgerStore(CasStore):
         or the tenant's queue not read yet); O(log n)."""
         queue = self._queues.get(tenant)
         return None if queue is None else queue.position(uid)
+
+
+def _parts(items: Sequence[T], size: int = BATCH_VALUES) -> list[Sequence[T]]:
+    """``items`` in consecutive parts of at most ``size`` (one empty part if there are none:
+    a change that names no run still happens)."""
+    return [items[start : start + size] for start in range(0, len(items), size)] or [items]
 
 
 def _no_budget(err: BookMissing) -> BudgetRefusal:
