@@ -7,7 +7,8 @@ the bookkeeping that changes them) → ``deliveries`` (a turn run by two deliver
 ``reserve`` (a run's admission and one model call's reservation: held, waiting or refused) →
 ``book`` (``Book``: the ledger with every operation named) → ``queue`` (a tenant's admission
 queue in order, positions in O(log n)) → ``codec`` (the stored JSON). The I/O part: ``cas``
-(compare-and-set writes over JetStream KV, several values in one atomic batch), ``hold``
+(compare-and-set writes over JetStream KV, several values in one atomic batch of bounded size
+or, guarded, in several), ``hold``
 (``TurnHold``, one delivery's hold on its turn's budget, over the ``TurnLedger`` port) and
 ``store`` (``LedgerStore``, the port the operator and the workers use: named operations — admit
 a run, a turn's hold, close a run, the sweep's repairs, the admission queue — each one write of

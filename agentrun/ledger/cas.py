@@ -17,9 +17,16 @@ remain only between processes, which the compare-and-set resolves (the batch is 
 A value is deleted by a purge marker that expires (``Nats-TTL``): a key whose run ended leaves
 nothing behind in the bucket once its marker is gone.
 
-The changes one write carries are bounded by the values they name (``BATCH_VALUES``), so a
-write's atomic batch stays far below the 1,000 messages nats-server takes in one
-(``jetstream.limits.batch.max_msgs``; past it the server refuses the whole batch).
+No atomic batch carries more than ``MAX_BATCH`` messages (nats-server takes at most 1,000 in one,
+``jetstream.limits.batch.max_msgs``, and refuses the whole batch past it): the changes one
+write carries are bounded by the values they name (``BATCH_VALUES``), and a change of more
+values than one batch takes — a ledger made anew or split — is written in several, guarded
+(``_put_guarded``): its values first, each batch checking and rewriting a *guard* key that
+every such writer of the group rewrites too, its commit point (a value the others are read
+through) in the last batch, which deletes the guard. A writer whose batches stop half-way
+(a crash, a lost race) has written only values nobody reads before that commit point; the
+next writer reads and rewrites them, and a racing one finds the guard changed and starts
+over.
 
 What belongs here: the storage mechanics, generic in what the values mean. What does not:
 what the values are (``codec``) and which a change touches (``store``).
@@ -55,18 +62,20 @@ reconnect), the server holds too many batches in flight (``JSAtomicPublishIncomp
 BATCH_CHANGES = 64
 """Changes one write carries at most (the others wait for the next): a write's time grows with
 the values it reads and writes, so a burst is cut into writes of bounded size, each answered
-as it lands (an atomic batch stays below the server's 1,000 messages: the ledger's largest,
-a one-value ledger's split, is made while its runs fit: ``store.SPLIT_RUNS``)."""
+as it lands."""
 MAX_BATCH = 256
-"""Messages one atomic batch of a change of named runs carries at most (``BATCH_VALUES`` and
-room for the values a change writes beside those it names): a quarter of the 1,000 nats-server
-takes (``jetstream.limits.batch.max_msgs``; past it the server refuses the whole batch,
-``atomic publish batch is too large``)."""
+"""Messages one atomic batch carries at most: a quarter of the 1,000 nats-server takes
+(``jetstream.limits.batch.max_msgs``; past it the server refuses the whole batch, ``atomic
+publish batch is too large``). A write of more values is cut into guarded batches
+(``_put_guarded``) or refused (``_put``)."""
 BATCH_VALUES = 128
 """The weight (values named, besides the group's own: a tenant's totals and the runs inline in
 them) the changes one write carries may add up to; a change heavier than this goes alone, and
 a caller with more values cuts them into several changes. Half of ``MAX_BATCH``: the rest is
 room for the values a change writes beside those it names."""
+GUARD_IDLE = 60.0
+"""Seconds after its last batch that a guard (``_put_guarded``) is taken for abandoned: a
+guarded write's batches follow each other within milliseconds."""
 LIST_READS = 256
 """Reads a listing has in flight at most (each key's last message is one request)."""
 DELETED_MARKER_TTL = 60.0
@@ -175,20 +184,24 @@ class CasStore:
         self._cache[key] = (revision, data)
         return Stored(revision, data)
 
-    async def _list(self, pattern: str, *, values: bool = True) -> dict[str, Stored]:
+    async def _list(
+        self, pattern: str, *, values: bool = True, deleted: bool = False
+    ) -> dict[str, Stored]:
         """Every live key matching ``pattern`` (a subject wildcard below the bucket, e.g.
         ``run.<tenant>.*``) with its revision and value (``values`` false: not cached), as of
         now. Creates no consumer (the account limits those, and a listing in a polling loop
         would create them faster than the server removes them): the stream's info names every
         subject that holds a message (``subjects_filter``), and each one's last message is read
-        (``LIST_READS`` at a time); a purge marker, or a key gone meanwhile, is left out."""
+        (``LIST_READS`` at a time); a purge marker, or a key gone meanwhile, is left out
+        (``deleted``: kept, its value ``None``; a key not listed then held nothing as of the
+        listing: revision 0)."""
         keys = await self._subjects(pattern)
         found: dict[str, Stored] = {}
         for start in range(0, len(keys), LIST_READS):
             chunk = keys[start : start + LIST_READS]
             read = await asyncio.gather(*map(self._get, chunk))
             for key, stored in zip(chunk, read, strict=True):
-                if stored.data is not None:
+                if stored.data is not None or deleted:
                     found[key] = stored
                 if not values:
                     self._cache.pop(key, None)
@@ -217,9 +230,12 @@ class CasStore:
 
     async def _put(self, writes: Sequence[Write]) -> None:
         """Write every one of ``writes`` or none: a plain compare-and-set for one value, an
-        atomic batch for several. Caches what it wrote. Raises ``Conflict`` on a lost race
-        (counted in ``conflicts``) or a batch the server asks for again, else what NATS
-        raised; either way the cached copies of ``writes`` are dropped."""
+        atomic batch for several. Caches what it wrote. Raises ``ValueError`` for more than
+        ``MAX_BATCH`` writes (nothing sent: ``_put_guarded`` writes more), ``Conflict`` on a
+        lost race (counted in ``conflicts``) or a batch the server asks for again, else what
+        NATS raised; either way the cached copies of ``writes`` are dropped."""
+        if len(writes) > MAX_BATCH:
+            raise ValueError(f"{len(writes)} values for one atomic batch; at most {MAX_BATCH}")
         try:
             if len(writes) == 1:
                 revisions = [await self._put_one(writes[0])]
@@ -242,6 +258,27 @@ class CasStore:
         self.writes += 1
         self.batches += len(writes) > 1
         self.largest_batch = max(self.largest_batch, len(writes))
+
+    async def _put_guarded(self, writes: Sequence[Write], *, guard: str, revision: int) -> None:
+        """Write ``writes`` in order, in atomic batches of at most ``MAX_BATCH`` messages,
+        each carrying the key ``guard`` too: rewritten (with the time, ``guard_since``) in
+        every batch but the last, deleted in the last, each time by compare-and-set on the
+        revision the batch before left (the first: ``revision``, read before ``writes`` were
+        decided). So every batch lands only while no other guarded write of ``guard`` has
+        landed since ``writes`` were decided, and the last of ``writes`` (the caller's commit
+        point: the value through which the others are read) lands in the last batch.
+
+        The caller's part: every value but the commit point is read by nobody until the last
+        batch lands, and is written only by guarded writes until then. Raises as ``_put``;
+        the batches before the one that failed stay written (values nobody reads: the next
+        guarded write rewrites or deletes them)."""
+        body = list(writes)
+        while len(body) > MAX_BATCH - 1:
+            chunk, body = body[: MAX_BATCH - 1], body[MAX_BATCH - 1 :]
+            since = json.dumps({"since": self.clock()}).encode()
+            await self._put([*chunk, Write(guard, since, revision)])
+            revision = self._cache[guard][0]
+        await self._put([*body, Write(guard, None, revision)])
 
     async def _purge(self, key: str) -> None:
         """Delete ``key`` whatever its revision (its purge marker expires)."""
@@ -384,6 +421,16 @@ def apply_all(fns: Sequence[Callable[[Any], Any]], entry: Any) -> list[tuple[boo
         except Exception as err:
             results.append((False, err))
     return results
+
+
+def guard_since(data: bytes | None) -> float:
+    """When the guarded write whose guard (``_put_guarded``) holds ``data`` wrote its last
+    batch, epoch seconds (0: no guard, or not one this module wrote)."""
+    try:
+        since = json.loads(data or b"null")["since"]
+    except (ValueError, TypeError, KeyError):
+        return 0.0
+    return float(since) if isinstance(since, int | float) else 0.0
 
 
 def _resolve(batch: list[_Op], results: list[tuple[bool, Any]]) -> None:

@@ -392,8 +392,10 @@ class BookState:
 
     def seed(self, seed: Seed) -> None:
         """Start a book made anew (after the ledger lost it) from ``seed``, if it is of this
-        window: ``used`` raised to its floor's, and its runs' slots taken (a slot already
-        here stays). Else nothing."""
+        window: ``used`` raised to its floor's, and its runs' slots taken. A slot already here
+        (an entry the lost ledger left, or an earlier attempt at this book wrote before it
+        stopped) stays, charged at least what the seed counts for its run (the floor holds
+        that much of it: its next settlement must not charge it again). Else nothing."""
         floor = seed.used
         if floor.window != self.window:
             return
@@ -401,8 +403,12 @@ class BookState:
         self.used_cost = max(self.used_cost, floor.cost_usd)
         self.used_wall = max(self.used_wall, floor.wall_seconds)
         for uid, run in seed.active.items():
-            if self.active_of(uid) is None:
+            here = self.active_of(uid)
+            if here is None:
                 self.start_run(uid, dataclasses.replace(run, since=max(run.since, self.window)))
+            else:
+                here.tokens = max(here.tokens, run.tokens)
+                here.cost_usd = max(here.cost_usd, run.cost_usd)
 
     def set_limits(self, limits: TenantLimits, *, now: float) -> None:
         """Apply an edited AgentTenant at ``now``. ``used`` never changes: a lower limit

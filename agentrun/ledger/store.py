@@ -14,7 +14,9 @@ per tenant:
 - ``run.<tenant>.<run-uid>``: the entry of each other run that has one (its slot and charges,
   its holds, its waiting calls, the calls charged for it), deleted when nothing of it is left;
 - ``queue.<tenant>.<run-uid>``: each run waiting in its admission queue (written by the
-  operator only; the order is computed, see ``queue``).
+  operator only; the order is computed, see ``queue``);
+- ``making.<tenant>``: while its ledger is made anew or split in several atomic batches, their
+  guard (below; written by the operator only).
 
 No value grows with the number of a tenant's runs, and a change of one run writes its entry and
 the totals only — one value when the run is inline, one atomic batch of both otherwise (``cas``)
@@ -25,14 +27,26 @@ This is the tenant-budget port: admitting runs (``admit_run``, ``admit_runs``), 
 (``turn_hold``, a ``TurnHold`` over this store's ``TurnLedger`` operations: ``reserve_turn``,
 ``reserve_call``, ``record_spend``, ``refresh_hold``, ``settle_turn``, ``release_hold``,
 ``abandon_hold``, ``stop_waiting``), ending a run (``close_run``), the operator sweep's fixes
-(``repair_entry``) and the admission queue (``enqueue``, ``dequeue``, ``queued``). Callers
-outside this package change the ledger only through these. Each is one write, compare-and-set
-on the revisions read, group-committed per tenant (``cas``): the changes of one write name
-``cas.BATCH_VALUES`` runs at most, and an operation of more runs (an admission of many, the
-sweep's repairs) is several writes, each a whole change of its own.
+(``repair_entry``, ``drop_unfinished``) and the admission queue (``enqueue``, ``dequeue``,
+``queued``). Callers outside this package change the ledger only through these. Each is one
+write, compare-and-set on the revisions read, group-committed per tenant (``cas``), of at most
+``cas.MAX_BATCH`` values: the changes of one write name ``cas.BATCH_VALUES`` runs at most, and
+an operation of more runs (an admission of many, the sweep's repairs) is several writes, each
+a whole change of its own.
 
-A one-value ledger is split into totals and run entries in one atomic batch, so the split
-keeps the tenant's usage, holds, active runs and memories. Admission queues are one value per
+Two changes write every run of a tenant: a ledger made anew (its totals lost: seeded, adopting
+the entries left) and a one-value ledger split. Each is written in as many atomic batches as it
+takes (``cas.CasStore._put_guarded``), its run entries first and its totals last, the commit
+point: until the totals land nobody reads those entries (a missing ledger is no budget, and a
+one-value ledger is read whole from its one value, by this release and the previous one). So a
+writer that stops half-way changed nothing anyone reads; the next change of the ledger lists
+what it wrote and adopts it (made anew; every seeded run charged at least what the seed counts,
+``Book.seed``) or rewrites or deletes it (split), and the operator's sweep deletes what a split
+that nobody finishes left (``unfinished``, ``drop_unfinished``). Every batch of such a write
+rewrites the guard ``making.<tenant>`` by compare-and-set, and the last deletes it: a second
+writer making or splitting the same ledger at once finds the guard changed and starts over on
+what the first wrote, so no run's entry is left that the totals do not count. The split keeps
+the tenant's usage, holds, active runs and memories. Admission queues are one value per
 run in both layouts (only operators read them, and this release's operator reads both): the
 one-value queue of earlier releases (``queue.<tenant>``) is moved into them when the operator
 first reads it, keeping its order.
@@ -41,6 +55,7 @@ first reads it, keeping its order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -55,6 +70,7 @@ from agentrun.ledger import codec
 from agentrun.ledger.book import Book
 from agentrun.ledger.cas import (
     BATCH_VALUES,
+    GUARD_IDLE,
     MAX_BATCH,
     CasStore,
     Conflict,
@@ -62,6 +78,7 @@ from agentrun.ledger.cas import (
     Stored,
     Write,
     apply_all,
+    guard_since,
 )
 from agentrun.ledger.entries import (
     BUDGET_EXHAUSTED,
@@ -167,12 +184,18 @@ def legacy_queue_key(tenant: str) -> str:
     return f"{protocol.LEDGER_QUEUES}.{tenant}"
 
 
+def making_key(tenant: str) -> str:
+    """``making.<tenant>``: the guard of the tenant's ledger while it is made or split in
+    several atomic batches (``cas.CasStore._put_guarded``)."""
+    return f"{protocol.LEDGER_MAKING}.{tenant}"
+
+
 SPLIT_RUNS = 800
 """Runs a one-value ledger may hold, active or remembered as ended, before an admission of a
-tenant allowed more than ``MAX_ACTIVE_RUNS`` splits it: splitting writes every run but the
-inline ones as a value of its own in one atomic batch, and nats-server takes at most 1,000
-messages in a batch (``jetstream.limits.batch.max_msgs``), so it must come while the runs
-still fit (with the admissions of one write)."""
+tenant allowed more than ``MAX_ACTIVE_RUNS`` splits it (a one-value ledger is rewritten whole
+at every change: its runs stay few). A split of more is written in several atomic batches
+too (``LedgerStore._attempt``), so a ledger that holds more (an earlier release's, or one
+whose tenant's cap was raised) splits all the same."""
 
 
 def outgrows(book: Book, admits: int) -> bool:
@@ -204,12 +227,33 @@ class _Change:
     admits: int = 0
     """Runs it may admit (a one-value ledger they would take past ``MAX_ACTIVE_RUNS`` is
     split first: ``LedgerStore.outgrows``)."""
+    tidy: bool = False
+    """Whether it drops what a guarded write of a one-value ledger that never committed left
+    (``LedgerStore.drop_unfinished``)."""
 
     @property
     def weight(self) -> int:
         """The run entries it names, as the group commit weighs it (``cas.BATCH_VALUES``;
         every run: as much as a write carries)."""
         return BATCH_VALUES if self.runs is None else max(1, len(self.runs))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Loaded:
+    """What an attempt read (``LedgerStore._load``)."""
+
+    view: codec.Totals
+    """The totals decoded, the run entries read loaded into its book."""
+    reads: dict[str, Stored]
+    """The run entries read, as stored (the runs inline in the totals left out)."""
+    guard: Stored | None
+    """The guard ``making.<tenant>`` as read before the listing (``None``: not read, the
+    attempt neither makes, splits nor tidies the ledger)."""
+    listed: dict[str, Stored] | None
+    """Every run's value of the tenant, purge markers included (``None``: not listed)."""
+    tidy: bool = False
+    """Whether a change asks to drop what an unfinished split left, and the ledger stays one
+    value (``_Change.tidy``)."""
 
 
 class LedgerStore(CasStore):
@@ -298,9 +342,24 @@ class LedgerStore(CasStore):
         keys = await self._list(f"{prefix}>", values=False)
         return sorted(key.removeprefix(prefix) for key in keys)
 
-    async def _list_runs(self, tenant: str) -> dict[str, Stored]:
-        """Every run entry stored on its own of the tenant, by run uid."""
-        listed = await self._list(run_key(tenant, "*"))
+    async def unfinished(self) -> list[str]:
+        """Tenants whose ledger a guarded write (made anew or split in several batches) left
+        unfinished: its guard ``making.<tenant>`` idle for ``GUARD_IDLE`` seconds (a write in
+        progress rewrites it at every batch). One listing of the guards, whatever the number
+        of tenants."""
+        prefix = f"{protocol.LEDGER_MAKING}."
+        guards = await self._list(f"{prefix}>", values=False)
+        now = self.clock()
+        return sorted(
+            key.removeprefix(prefix)
+            for key, stored in guards.items()
+            if now - guard_since(stored.data) >= GUARD_IDLE
+        )
+
+    async def _list_runs(self, tenant: str, *, deleted: bool = False) -> dict[str, Stored]:
+        """Every run entry stored on its own of the tenant, by run uid (``deleted``: purge
+        markers too, ``cas.CasStore._list``)."""
+        listed = await self._list(run_key(tenant, "*"), deleted=deleted)
         return {key.rsplit(".", 1)[1]: stored for key, stored in listed.items()}
 
     # --- changing a tenant's ledger ---------------------------------------------------------------
@@ -358,36 +417,33 @@ class LedgerStore(CasStore):
         totals fresh (the value every process writes: what a lost race was nearly always
         about) and the run entries from the cache (each is written by one run's operations);
         every later one reads everything fresh. An answer that writes nothing counts only on
-        values all read fresh."""
+        values all read fresh.
+
+        A ledger made anew or split now may need more values than one atomic batch takes: it
+        is written in several (``_write``), its run entries first and its totals last; nobody
+        reads those entries before the totals land (a missing ledger is no budget; a
+        one-value ledger is read whole from its one value, by this release and the previous
+        one). An attempt that stops half-way leaves entries that the next attempt — of this
+        process or another — lists and adopts (made anew) or rewrites and deletes (split)."""
         fresh = number > 1
         totals = await self._get(book_key(tenant), fresh=number > 0)
         if totals.data is None and number == 0:  # a missing ledger is believed only as read
             # now: a copy cached while NATS was away or before the operator made it again
             totals = await self._get(book_key(tenant), fresh=True)
         try:
-            view, reads = await self._load(tenant, totals, changes, fresh=fresh)
+            load = await self._load(tenant, totals, changes, fresh=fresh)
         except LedgerCorrupt as err:  # unreadable as cached: believed only as read now (a
             # value damaged and then repaired stays damaged in a cache for ever otherwise)
             if fresh:
                 raise
             raise Conflict(f"{tenant}: a cached ledger value is unreadable; read again") from err
-        book = view.book
-        made = totals.data is None  # made anew: the entries a lost totals value left count
-        if made:
-            book.recount()
-            seed = next((c.seed for c in changes if c.limits is not None), None)
-            if seed is not None:
-                book.seed(seed)
+        book = load.view.book
+        if totals.data is None:  # made anew: the entries a lost totals value left count
+            _make(book, changes)
         results = apply_all([c.fn for c in changes], book)
-        new = [u for u in view.inline if u in book.runs and book.runs[u].only_ended]
-        if not book.one_value and any(c.runs is None for c in changes):  # runs it created
-            new += [u for u in book.runs if u not in reads and u not in view.inline]
-        found = await asyncio.gather(*(self._get(run_key(tenant, u)) for u in new))
-        reads.update(zip(new, found, strict=True))
-        writes, inline = self._writes(tenant, view, totals, reads)
-        if writes:
-            await self._put(writes)
-        elif not fresh:
+        await self._read_moved(tenant, load, changes)
+        writes, inline = self._writes(tenant, load.view, totals, load.reads)
+        if not await self._write(tenant, load, writes) and not fresh:
             return None
         if all(ok for ok, _ in results):  # a change that raised may have left it half-done
             for uid in [u for u in book.runs if u not in inline and not book.one_value]:
@@ -398,18 +454,32 @@ class LedgerStore(CasStore):
 
     async def _load(
         self, tenant: str, totals: Stored, changes: list[_Change], *, fresh: bool
-    ) -> tuple[codec.Totals, dict[str, Stored]]:
-        """The totals decoded (``_view``) with the run entries ``changes`` touch read (every
-        one when the totals are made anew) and loaded into its book; the entries as read.
-        Raises ``BookMissing`` as ``_view`` does, ``LedgerCorrupt`` for a value that cannot be
-        decoded."""
+    ) -> _Loaded:
+        """The totals decoded (``_view``) with the run entries ``changes`` touch read and
+        loaded into its book. A ledger made anew, split or tidied now (``_Change.tidy``) reads
+        its guard first, then lists every run's value of the tenant: a made one loads them all
+        (a lost ledger's, or an unfinished attempt's, adopted: split, if it was to be one
+        value), a one-value one none (it holds every run itself; a value apart is what an
+        unfinished split left, rewritten or deleted). Raises ``BookMissing`` as ``_view``
+        does, ``LedgerCorrupt`` for a value that cannot be decoded."""
         view = self._view(tenant, totals, changes)
         made = totals.data is None
-        reads = await self._read_runs(tenant, view, changes, fresh=fresh, whole=made)
-        for uid, stored in reads.items():
-            if stored.data is not None:
-                view.book.load(uid, codec.decode_run(stored.data, uid=uid))
-        return view, reads
+        one_value = view.one_value and not made  # as stored
+        tidy = one_value and view.book.one_value and any(c.tidy for c in changes)
+        guard = None
+        if made or (one_value and not view.book.one_value) or tidy:
+            guard = await self._get(making_key(tenant))  # before the listing it guards
+        listed = None
+        if guard is not None or any(c.runs is None for c in changes):
+            listed = await self._list_runs(tenant, deleted=True)
+        reads = await self._read_runs(tenant, view, changes, listed=listed, fresh=fresh)
+        if not one_value:
+            for uid, stored in reads.items():
+                if stored.data is not None:
+                    view.book.load(uid, codec.decode_run(stored.data, uid=uid))
+        if made and view.book.one_value and any(s.data is not None for s in reads.values()):
+            view.book.split_out()  # a split tenant's entries outlived its totals
+        return _Loaded(view, reads, guard, listed, tidy)
 
     def _view(self, tenant: str, totals: Stored, changes: list[_Change]) -> codec.Totals:
         """The totals decoded (the copy kept from the last write when still current; it is
@@ -453,55 +523,96 @@ class LedgerStore(CasStore):
         view: codec.Totals,
         changes: list[_Change],
         *,
+        listed: dict[str, Stored] | None,
         fresh: bool,
-        whole: bool = False,
     ) -> dict[str, Stored]:
-        """The stored entries of the runs ``changes`` touch that are not inline (every run of
-        the tenant if one of them needs all, or ``whole``; every run of a one-value ledger to
-        split; none of a one-value ledger that stays one, unless ``whole``: a new one-value
-        ledger over the entries a lost split ledger's totals left behind is split instead)."""
+        """The stored entries of the runs ``changes`` touch that are not inline, and of every
+        run of a one-value ledger being split (to place them); with a listing (``listed``:
+        every run's value of the tenant, purge markers included), of every run listed too, a
+        run not listed holding nothing. None of a one-value ledger that stays one unless
+        listed: its runs are all in its one value."""
         book = view.book
-        if book.one_value and not whole:  # every run is loaded and nothing is stored apart
+        if book.one_value and listed is None:
             return {}
-        if view.one_value and not book.one_value:  # its runs are all loaded, none placed yet:
-            needed = set(book.runs)  # read their keys to place them
-            listed: dict[str, Stored] = {}
-        elif whole or any(c.runs is None for c in changes):
-            listed = await self._list_runs(tenant)
-            needed = set(listed)
-            if listed and book.one_value:  # a split tenant's entries outlived its totals
-                book.split_out()
-        else:
-            listed, needed = {}, set()
+        needed = set(listed or ())
+        if view.one_value and not book.one_value:  # its runs are all loaded, none placed yet
+            needed |= set(book.runs)
         for change in changes:
             needed |= change.runs or set()
         needed -= view.inline
-        missing = sorted(needed - listed.keys())
+        if listed is not None:
+            return {uid: listed.get(uid, Stored(0, None)) for uid in needed}
+        missing = sorted(needed)
         found = await asyncio.gather(
             *(self._get(run_key(tenant, uid), fresh=fresh) for uid in missing)
         )
-        reads = {uid: stored for uid, stored in listed.items() if uid in needed}
-        reads.update(zip(missing, found, strict=True))
-        return reads
+        return dict(zip(missing, found, strict=True))
+
+    async def _read_moved(self, tenant: str, load: _Loaded, changes: list[_Change]) -> None:
+        """Add to ``load.reads`` the keys of the runs the changes placed without naming
+        them: inline entries left with nothing but the memory that their run ended (they move
+        into values of their own), and the runs a ledger made anew seeded."""
+        view, reads = load.view, load.reads
+        book = view.book
+        new = [u for u in view.inline if u in book.runs and book.runs[u].only_ended]
+        if not book.one_value and any(c.runs is None for c in changes):  # runs it created
+            new += [u for u in book.runs if u not in reads and u not in view.inline]
+        if load.listed is not None:  # a key the listing does not name held nothing
+            reads.update({u: load.listed.get(u, Stored(0, None)) for u in new})
+            return
+        found = await asyncio.gather(*(self._get(run_key(tenant, u)) for u in new))
+        reads.update(zip(new, found, strict=True))
 
     def _writes(
         self, tenant: str, view: codec.Totals, totals: Stored, reads: dict[str, Stored]
     ) -> tuple[list[Write], frozenset[str]]:
-        """What to write after the changes (``codec.split``: where each run's entry goes), and
-        which runs are inline then. Creating or deleting a run's value rewrites the totals
-        too: their revision is what orders every such choice between processes."""
-        if view.book.one_value:  # the whole ledger in one value
-            data = codec.encode_one_value(view.book)
+        """What to write after the changes (``codec.split``: where each run's entry goes; a
+        value apart of a run the ledger does not hold — what an unfinished split left — goes),
+        the totals last, and which runs are inline then. Creating or deleting a run's value
+        rewrites the totals too: their revision is what orders every such choice between
+        processes."""
+        book = view.book
+        if book.one_value:  # the whole ledger in one value
+            data = codec.encode_one_value(book)
             same = data == totals.data
             return ([] if same else [Write(book_key(tenant), data, totals.revision)]), frozenset()
         stored = {uid: s.data for uid, s in reads.items()}
-        laid = codec.split(view.book, inline=view.inline, stored=stored, room=self.inline_runs)
+        laid = codec.split(book, inline=view.inline, stored=stored, room=self.inline_runs)
         changed = [(uid, v) for uid, v in laid.runs.items() if v != reads[uid].data]
+        changed += [
+            (uid, None)
+            for uid, s in reads.items()
+            if s.data is not None and uid not in laid.runs and uid not in book.runs
+        ]
         writes = [Write(run_key(tenant, uid), v, reads[uid].revision) for uid, v in changed]
         moved = any(v is None or reads[uid].data is None for uid, v in changed)
         if laid.totals != totals.data or moved:
             writes.append(Write(book_key(tenant), laid.totals, totals.revision))
         return writes, laid.inline
+
+    async def _write(self, tenant: str, load: _Loaded, writes: list[Write]) -> bool:
+        """Write ``writes`` (the totals last); whether anything was written. A ledger made
+        anew or split now is written guarded (``making.<tenant>``, ``_put_guarded``: in as
+        many atomic batches as it takes, the totals in the last), so a guarded write of
+        another process that started meanwhile makes it start over; so is a tidy of a
+        one-value ledger whose guard stayed idle ``GUARD_IDLE`` (an unfinished split's
+        values apart deleted); anything else is one write (``_put``)."""
+        guard = load.guard
+        if guard is not None and not load.view.book.one_value:
+            await self._put_guarded(writes, guard=making_key(tenant), revision=guard.revision)
+            return True
+        idle = guard is not None and self.clock() - guard_since(guard.data) >= GUARD_IDLE
+        if guard is not None and guard.data is not None and load.tidy and idle:
+            left = [(u, s) for u, s in (load.listed or {}).items() if s.data is not None]
+            dropped = [Write(run_key(tenant, u), None, s.revision) for u, s in left]
+            await self._put_guarded(
+                [*dropped, *writes], guard=making_key(tenant), revision=guard.revision
+            )
+            log.info("ledger of %s: %d values an unfinished split left dropped", tenant, len(left))
+            return True
+        if writes:
+            await self._put(writes)
+        return bool(writes)
 
     async def _change_existing(
         self, tenant: str, fn: Callable[[Book], T], *, run_uid: str, missing: T
@@ -801,6 +912,15 @@ class LedgerStore(CasStore):
         for part in _parts(runs):
             await self._change(tenant, fixing(frozenset(part)), runs=part, limits=limits)
 
+    async def drop_unfinished(self, tenant: str) -> None:
+        """Finish or undo what a guarded write left unfinished (``unfinished``): a one-value
+        ledger whose split never committed loses the values apart it left (nobody reads them:
+        they would outlive every later change otherwise), or is split now by a store whose
+        layout is ``split``; a ledger made anew since adopted them already. A missing ledger
+        is left to whoever makes it (it adopts them), a guard still in use to its writer."""
+        with contextlib.suppress(BookMissing):
+            await self._change_with(tenant, _Change(_unchanged, frozenset(), None, tidy=True))
+
     # --- admission queues -------------------------------------------------------------------------
 
     async def queued(self, tenant: str) -> TenantQueue:
@@ -909,10 +1029,29 @@ class LedgerStore(CasStore):
         return None if queue is None else queue.position(uid)
 
 
+def _make(book: Book, changes: list[_Change]) -> None:
+    """A ledger made anew (its totals were missing): its totals counted over the entries
+    loaded (a lost ledger's, or an unfinished attempt's at this one), then seeded by the first
+    change that brings limits (``Book.seed``), then split if one value cannot hold the runs
+    it starts with (``MAX_ACTIVE_RUNS``) or those the changes admit (``outgrows``)."""
+    book.recount()
+    seed = next((c.seed for c in changes if c.limits is not None), None)
+    if seed is not None:
+        book.seed(seed)
+    admits = sum(c.admits for c in changes)
+    if book.one_value and (book.active_runs > MAX_ACTIVE_RUNS or outgrows(book, admits)):
+        book.split_out()
+
+
 def _parts(items: Sequence[T], size: int = BATCH_VALUES) -> list[Sequence[T]]:
     """``items`` in consecutive parts of at most ``size`` (one empty part if there are none:
     a change that names no run still happens)."""
     return [items[start : start + size] for start in range(0, len(items), size)] or [items]
+
+
+def _unchanged(book: Book) -> None:
+    """A change that changes nothing (``LedgerStore.drop_unfinished``: only what it reads
+    matters)."""
 
 
 def _no_budget(err: BookMissing) -> BudgetRefusal:

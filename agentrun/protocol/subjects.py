@@ -20,14 +20,18 @@ OPERATOR_CONSUMER = "agentrun-operator"
 """The operator's durable consumer on every run's events (one shard: the only one)."""
 LEDGER_BUCKET = "AGENTRUN_LEDGER"
 """JetStream KV bucket of the tenant budget ledger: per tenant its totals
-(``book.<tenant>``), the entries of its runs stored apart (``run.<tenant>.<run-uid>``) and
-its admission queue (``queue.<tenant>.<run-uid>``)."""
+(``book.<tenant>``), the entries of its runs stored apart (``run.<tenant>.<run-uid>``),
+its admission queue (``queue.<tenant>.<run-uid>``) and, while its ledger is made or split in
+several batches, their guard (``making.<tenant>``)."""
 LEDGER_TOTALS = "book"
 """Key prefix of a tenant's ledger totals (written by the operator and the workers)."""
 LEDGER_RUNS = "run"
 """Key prefix of the run entries stored apart (written by the operator and the workers)."""
 LEDGER_QUEUES = "queue"
 """Key prefix of the admission queues (written by the operator only)."""
+LEDGER_MAKING = "making"
+"""Key prefix of the guard of a tenant's ledger being made or split in several atomic batches
+(``making.<tenant>``, written by the operator only; gone once the ledger is)."""
 EFFECTS_BUCKET = "AGENTRUN_EFFECTS"
 """JetStream KV bucket of the effect ledger (``<run-uid>.<call-id>``)."""
 

@@ -11,7 +11,10 @@ what the run's events show it committed), free the slots of runs that ended whil
 watched, end the runs of a tenant whose wall-clock budget ran out, pump its queue, and write its
 AgentTenant ``.status`` and the tenant budget metrics. Each sweep reads a tenant's totals (one
 value); every ``FULL_READ_EVERY`` seconds, and when its wall-clock budget ran out, it reads every
-run's entry too. Invalid AgentTenants get ``Accepted=False`` with the reason.
+run's entry too. A ledger split in several atomic batches that never committed (its writer
+died) leaves values apart nobody reads: the sweep drops them once their guard is idle
+(``LedgerStore.unfinished``, ``drop_unfinished``). Invalid AgentTenants get
+``Accepted=False`` with the reason.
 
 What does not belong here: admitting runs (``pump``), the AgentTenant status and its Events
 (``tenants``: the sweep tells its ``TenantStatusWriter`` when).
@@ -122,9 +125,12 @@ class LedgerSweep:
             if owns(name):
                 await self.tenant_status.write_invalid(name, generation, why, now=self.clock())
         names = set(self.deps.tenants.policies) | set(await self.store.tenants())
+        unfinished = set(await self.store.unfinished())
         for tenant in sorted(filter(owns, names)):
             subject = f"tenant {tenant}"
             try:
+                if tenant in unfinished:  # a split that never committed left values apart
+                    await self.store.drop_unfinished(tenant)
                 await self._sweep_tenant(tenant)
             except Exception as err:  # the next sweep tries again; logged once
                 self.failures.failed(tenant, err, subject=subject)

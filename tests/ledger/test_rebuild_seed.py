@@ -133,8 +133,18 @@ def test_a_seeded_running_run_is_charged_only_what_is_new_and_its_wall_clock_liv
     assert book.used_wall == 900.0
     kept = Book.new("acme", LIMITS, now=window + 5)
     kept.admit("u", "ns", "mine", now=window + 5)
-    kept.seed(Seed(UsageFloor(window, end=window + HOUR), {"u": mine}))
-    assert kept.active["u"].tokens == 0  # a slot already taken stays as it is
+    kept.admit("v", "ns", "more", now=window + 5)
+    kept.settle("v", turn=0, tokens=900, cost_usd=Decimal("0.09"), now=window + 5)
+    more = Active("ns", "more", window, -1, 300, Decimal("0.03"))
+    kept.seed(Seed(UsageFloor(window, 500, end=window + HOUR), {"u": mine, "v": more}))
+    assert kept.active_runs == 2 and kept.active["u"].since == window + 5  # slots stay
+    # charged at least what the seed counts for them (its floor holds that much of each)
+    assert (kept.active["u"].tokens, kept.active["u"].cost_usd) == (200, Decimal("0.02"))
+    assert (kept.active["v"].turn, kept.active["v"].tokens) == (0, 900)
+    assert kept.settle("u", turn=0, tokens=260, cost_usd=Decimal("0.026"), now=window + 6) == (
+        60,
+        Decimal("0.006"),
+    )
 
 
 @pytest.mark.parametrize("how", ["delete", "purge"])
