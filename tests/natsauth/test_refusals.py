@@ -284,7 +284,9 @@ async def snapshot(admin: Client, run: RunB) -> dict[str, object]:
     """What the attempts could have changed: streams and their retention, B's events and
     TurnRequest, the ledger's entries, the effect ledger, the consumers."""
     js = admin.js()
-    streams = {s.config.name: (s.config.max_age, s.state.messages) for s in await js.streams_info()}
+    # each stream's last sequence, not its message count: any write moves it, and a purge
+    # marker expiring meanwhile (``Nats-TTL``: a ledger's making guard, deleted) does not
+    streams = {s.config.name: (s.config.max_age, s.state.last_seq) for s in await js.streams_info()}
     ledger = await js.key_value(protocol.LEDGER_BUCKET)
     # the effect ledger's keys from its stream's subjects (a KV key listing is a consumer that
     # may come back before it has seen every key)
