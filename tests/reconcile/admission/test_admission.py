@@ -282,6 +282,24 @@ def test_an_unpriced_model_is_refused_where_a_cost_budget_applies(
     assert "pricing.free: true" in message
 
 
+def test_a_model_whose_cached_price_is_above_its_input_price_refuses_every_run() -> None:
+    """A hold prices a prompt at the input price: a dearer cached price (a cache-write premium
+    put there) is refused naming the field, whatever the run's budget."""
+    pricing = {
+        "inputPerMillionUSD": "1",
+        "cachedInputPerMillionUSD": "1.25",
+        "outputPerMillionUSD": "2",
+    }
+    model = {"spec": {"baseURL": "http://m/v1", "model": "gpt", "pricing": pricing}}
+    spec = AgentRunSpec.of({"model": "m", "goal": "g"})
+    with pytest.raises(
+        SpecError, match=r"cachedInputPerMillionUSD 1\.25 is above inputPerMillionUSD 1"
+    ):
+        admission.check_metered("m", model, spec=spec, tenant="t", tenant_cost=False)
+    pricing["cachedInputPerMillionUSD"] = "1"
+    admission.check_metered("m", model, spec=spec, tenant="t", tenant_cost=False)
+
+
 OUTPUT_PROBLEMS: list[Any] = [
     pytest.param(
         {"description": "x" * 1_200_000},
