@@ -15,13 +15,14 @@ front-proxy ConfigMap, SubjectAccessReview) and the NATS reads. Decisions live i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,64 @@ KEEPALIVE = 15.0
 MAX_READS = 4
 """Whole-trajectory reads served at once (each holds up to a run's event limit in memory);
 more wait up to ``SLOT_WAIT`` seconds for a slot, then get 429."""
+READS_PER_NAMESPACE = 2
+"""Whole reads of one namespace's runs served at once: a namespace whose reads hang (a client
+that does not read its answer, a slow NATS) leaves the other namespaces the rest."""
 MAX_FOLLOWS = 64
 """Follows served at once (each holds a NATS connection); more get 429 as above."""
+FOLLOWS_PER_NAMESPACE = 16
+"""Follows of one namespace's runs served at once: a follow lasts up to ``FOLLOW_LIMIT``,
+so one namespace's users opening follows would otherwise hold every one of them."""
 SLOT_WAIT = 10.0
+
+
+class Slots:
+    """At most ``total`` requests at once, at most ``per_namespace`` of one namespace's: a
+    request takes its namespace's place first, then one of all, so one namespace's requests
+    wait behind each other, never in front of another namespace's. A namespace nobody holds
+    or waits for is forgotten."""
+
+    def __init__(self, total: int, *, per_namespace: int) -> None:
+        self.per_namespace = min(per_namespace, total)
+        self._all = asyncio.Semaphore(total)
+        self._namespaces: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        """namespace → (its semaphore, holders and waiters)."""
+
+    async def take(self, namespace: str, *, wait: float) -> Callable[[], None] | None:
+        """A place of ``namespace`` and one of all, waiting ``wait`` seconds at most for
+        them: the function that gives both back, or None when none came in time."""
+        semaphore, users = self._namespaces.get(namespace) or (
+            asyncio.Semaphore(self.per_namespace),
+            0,
+        )
+        self._namespaces[namespace] = (semaphore, users + 1)
+        try:
+            async with asyncio.timeout(wait):
+                async with contextlib.AsyncExitStack() as taking:
+                    await semaphore.acquire()
+                    taking.callback(semaphore.release)
+                    await self._all.acquire()
+                    taking.pop_all()
+        except TimeoutError:
+            self._leave(namespace)
+            return None
+        except BaseException:
+            self._leave(namespace)
+            raise
+
+        def give_back() -> None:
+            self._all.release()
+            semaphore.release()
+            self._leave(namespace)
+
+        return give_back
+
+    def _leave(self, namespace: str) -> None:
+        semaphore, users = self._namespaces[namespace]
+        if users <= 1:
+            del self._namespaces[namespace]
+        else:
+            self._namespaces[namespace] = (semaphore, users - 1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,11 +142,11 @@ class Server:
     reader: Reader
     scratch: Path
     """A private directory (0700) for the per-request creds files nats-py reads."""
-    reads: asyncio.Semaphore = dataclasses.field(
-        default_factory=lambda: asyncio.Semaphore(MAX_READS)
+    reads: Slots = dataclasses.field(
+        default_factory=lambda: Slots(MAX_READS, per_namespace=READS_PER_NAMESPACE)
     )
-    follows: asyncio.Semaphore = dataclasses.field(
-        default_factory=lambda: asyncio.Semaphore(MAX_FOLLOWS)
+    follows: Slots = dataclasses.field(
+        default_factory=lambda: Slots(MAX_FOLLOWS, per_namespace=FOLLOWS_PER_NAMESPACE)
     )
 
     def app(self) -> web.Application:
@@ -122,17 +178,15 @@ class Server:
             return _refuse(refusal)
         follow = request.query.get("follow") == "true"
         slots = self.follows if follow else self.reads
-        try:
-            async with asyncio.timeout(SLOT_WAIT):
-                await slots.acquire()
-        except TimeoutError:
+        give_back = await slots.take(target.namespace, wait=SLOT_WAIT)
+        if give_back is None:
             return _refuse(access.too_many(target.namespace, target.name))
         try:
             if follow:
                 return await self._follow(request, target)
             return await self._read(request, target)
         finally:
-            slots.release()
+            give_back()
 
     async def _read(
         self, request: web.Request, target: access.TrajectoryPath

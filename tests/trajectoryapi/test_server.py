@@ -22,6 +22,7 @@ from agentrun.trajectoryapi import access, server
 
 CONSUMER = "reader-0123456789abcdef"
 PATH = "/apis/trajectory.agentrun.dev/v1alpha1/namespaces/team-a/agentruntrajectories/r1"
+PATH_B = "/apis/trajectory.agentrun.dev/v1alpha1/namespaces/team-b/agentruntrajectories/r1"
 
 
 class FakeBus:
@@ -52,10 +53,13 @@ class Harness:
         self.opened = 0
         self.gate = asyncio.Event()
         self.gate.set()
+        self.stalled: set[str] = set()
+        """Namespaces whose reads wait for NATS until the gate opens."""
 
     @contextlib.asynccontextmanager
     async def bus(self, namespace: str) -> AsyncIterator[Any]:
-        await self.gate.wait()
+        if not self.stalled or namespace in self.stalled:
+            await self.gate.wait()
         self.open += 1
         self.opened += 1
         try:
@@ -65,8 +69,18 @@ class Harness:
 
 
 @pytest.fixture
-async def serving(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AsyncIterator[Any]:
+def max_reads() -> int:
+    """Whole reads the server serves at once (a test may parametrize it)."""
+    return 1
+
+
+@pytest.fixture
+async def serving(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, max_reads: int
+) -> AsyncIterator[Any]:
     harness = Harness([])
+    monkeypatch.setattr(server, "MAX_READS", max_reads)
+    monkeypatch.setattr(server, "READ_TIMEOUT", 5.0)
     monkeypatch.setattr(server, "KEEPALIVE", 0.1)
     monkeypatch.setattr(server, "SLOT_WAIT", 0.3)
     monkeypatch.setattr(access, "authenticate", lambda *a, **k: access.User("alice", (), {}))
@@ -77,20 +91,19 @@ async def serving(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> AsyncItera
     monkeypatch.setattr(server.Server, "_review", allowed)
     monkeypatch.setattr(server.Server, "_bus", lambda self, namespace: harness.bus(namespace))
     app_server = server.Server(proxy=None, api=None, reader=None, scratch=tmp_path)  # type: ignore[arg-type]
-    app_server.reads = asyncio.Semaphore(1)
     runner = web.AppRunner(app_server.app(), handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield harness, f"http://127.0.0.1:{port}{PATH}"
+        yield harness, f"http://127.0.0.1:{port}{PATH}", f"http://127.0.0.1:{port}{PATH_B}"
     finally:
         await runner.cleanup()
 
 
 async def test_a_follow_whose_client_left_gives_its_connection_up(serving: Any) -> None:
-    harness, url = serving
+    harness, url, _ = serving
     async with (
         aiohttp.ClientSession() as session,
         session.get(url, params={"follow": "true"}) as answer,
@@ -106,7 +119,7 @@ async def test_a_follow_whose_client_left_gives_its_connection_up(serving: Any) 
 
 
 async def test_a_whole_read_is_the_trajectory_object(serving: Any) -> None:
-    harness, url = serving
+    harness, url, _ = serving
     async with aiohttp.ClientSession() as session, session.get(url) as answer:
         assert answer.status == 200
         body = json.loads(await answer.read())
@@ -115,7 +128,7 @@ async def test_a_whole_read_is_the_trajectory_object(serving: Any) -> None:
 
 
 async def test_reads_beyond_the_servers_share_wait_then_get_429(serving: Any) -> None:
-    harness, url = serving
+    harness, url, _ = serving
     harness.gate.clear()  # the first read holds the one slot, waiting for NATS
     async with aiohttp.ClientSession() as session:
         first = asyncio.create_task(session.get(url))
@@ -126,3 +139,37 @@ async def test_reads_beyond_the_servers_share_wait_then_get_429(serving: Any) ->
         harness.gate.set()
         async with await first as answer:
             assert answer.status == 200
+
+
+@pytest.mark.parametrize("max_reads", [4])
+async def test_one_namespace_holding_reads_leaves_another_namespace_its_read(
+    serving: Any,
+) -> None:
+    harness, url, other = serving
+    harness.gate.clear()
+    harness.stalled = {"team-a"}  # team-a's reads hang (a slow client or a slow NATS)
+    async with aiohttp.ClientSession() as session:
+        held = [asyncio.create_task(session.get(url)) for _ in range(server.MAX_READS)]
+        await asyncio.sleep(0.1)
+        async with session.get(other) as answer:
+            assert answer.status == 200, await answer.text()
+        harness.gate.set()
+        for task in held:
+            (await task).release()
+
+
+async def test_one_namespace_holding_follows_leaves_another_namespace_its_follow(
+    serving: Any,
+) -> None:
+    _, url, other = serving
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        held = []
+        for _ in range(server.MAX_FOLLOWS):  # one namespace asks for every follow there is
+            answer = await session.get(url, params={"follow": "true"})
+            held.append(answer)
+        assert any(answer.status == 200 for answer in held)
+        async with session.get(other, params={"follow": "true"}) as answer:
+            assert answer.status == 200, await answer.text()
+        for answer in held:
+            answer.release()
