@@ -139,6 +139,69 @@ class Endpoint:
         )
 
 
+ROUTING_HEADERS = frozenset(
+    {
+        "host",
+        "forwarded",
+        "x-forwarded-host",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-port",
+        "x-forwarded-prefix",
+        "x-forwarded-path",
+        "x-forwarded-uri",
+        "x-forwarded-server",
+        "x-forwarded-scheme",
+        "x-original-url",
+        "x-original-uri",
+        "x-original-host",
+        "x-rewrite-url",
+        "x-host",
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-envoy-original-path",
+    }
+)
+"""Headers by which a reverse proxy, an ingress or a framework chooses where a request goes (a
+virtual host, a path, a method) other than by its URL: on a gateway shared by tenants, one of
+them would send a session to another tenant's server whatever its tenant's rule for the URL
+allows. No request carries one (``Bounds.header_refusal``); ``Host`` only as the URL's own."""
+FRAMING_HEADERS = frozenset(
+    {
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "accept-encoding",
+        "content-encoding",
+        "content-type",
+        "accept",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "last-event-id",
+    }
+)
+"""Headers the HTTP client or the MCP transport sets itself (how a message is framed, coded,
+typed, which session it belongs to): not a tenant's to send."""
+
+
+def reserved_header(name: str) -> str | None:
+    """Why ``name`` may not be a header a tenant's Secret gives
+    (``AgentToolServer.spec.headersFrom.keys``), or ``None`` when it may."""
+    lowered = name.strip().lower()
+    if lowered in ROUTING_HEADERS:
+        return f"{name} routes a request elsewhere than its URL (a shared gateway obeys it)"
+    if lowered in FRAMING_HEADERS:
+        return f"{name} is set by the HTTP client or the MCP transport, not by a Secret"
+    return None
+
+
 class OutsideRule(httpx2.TransportError):
     """A request of a session was for a URL outside its endpoint's ``Bounds`` (e.g. an SSE
     server's ``endpoint`` event naming another path): it was never sent."""
@@ -151,6 +214,18 @@ class Bounds:
 
     url: str
     path_prefix: str = "/"
+
+    def header_refusal(self, request: httpx2.Request) -> str | None:
+        """Why ``request``'s headers may not be sent, or ``None``: a ``Host`` other than its
+        URL's authority, or any of ``ROUTING_HEADERS`` (a shared gateway would route by it,
+        not by the URL ``refusal`` checked)."""
+        host = request.headers.get("host")
+        if host is not None and host.strip().lower() != request.url.netloc.decode().lower():
+            return f"its Host header {host[:100]!r} is not the host of {self.url}"
+        routing = sorted(n for n in request.headers if n.lower() in ROUTING_HEADERS - {"host"})
+        if routing:
+            return f"it carries {', '.join(routing)[:200]}, which would route it elsewhere"
+        return None
 
     def refusal(self, url: httpx2.URL) -> str | None:
         """Why a request for ``url`` may not be sent, or ``None`` when it may."""
@@ -293,7 +368,9 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
     def _check(self, request: httpx2.Request) -> None:
         """Raises ``OutsideRule`` (after telling ``on_refused``) when ``request`` is outside
         ``bounds``."""
-        why = self.bounds.refusal(request.url) if self.bounds is not None else None
+        why = None
+        if self.bounds is not None:
+            why = self.bounds.refusal(request.url) or self.bounds.header_refusal(request)
         if why is None:
             return
         refused = OutsideRule(f"a request of the session was not sent: {why}")

@@ -12,9 +12,10 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentrun.tools import remote
+from agentrun.tools.endpoint import reserved_header
 
 from ..platform.spec import Duration, DurationField, SpecModel, parse
 
@@ -50,6 +51,16 @@ class HeadersFrom(SpecModel):
 
     secret_ref: SecretName = Field(alias="secretRef")
     keys: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("keys")
+    @classmethod
+    def _no_reserved(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """No key names a header that routes or frames a request (``Host``, ``X-Forwarded-*``,
+        ``Content-Length``, …: ``endpoint.reserved_header``)."""
+        for key in keys:
+            if (why := reserved_header(key)) is not None:
+                raise ValueError(f"{key!r} cannot be sent from a Secret: {why}")
+        return keys
 
 
 class Timeouts(SpecModel):

@@ -228,3 +228,41 @@ def test_a_path_is_under_a_prefix_only_as_every_server_reads_it(
 ) -> None:
     found = reach.outside_prefix(raw_path, prefix)
     assert found is None if why is None else (found is not None and why in found)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"Host": "tenant-b.example"},
+        {"X-Forwarded-Host": "tenant-b.example"},
+        {"X-Original-URL": "/b/mcp"},
+    ],
+    ids=["host", "x-forwarded-host", "x-original-url"],
+)
+async def test_a_header_from_the_secret_cannot_send_the_session_elsewhere(
+    header: dict[str, str],
+) -> None:
+    """A shared gateway (an ingress, a reverse proxy) routes by the ``Host`` header, some by
+    ``X-Forwarded-Host`` or ``X-Original-URL``: a ``headersFrom`` key of that name would send
+    the session to a virtual host or path the tenant's rule does not allow (tenant B's server
+    behind the same address), whatever the URL says. Such a request is never sent."""
+    seen: list[dict[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(dict(request.headers))
+        return web.json_response({}, status=404)
+
+    async with serving({"/{tail:.*}": record}) as base:
+        where = remote.Endpoint(
+            f"{base}/a/mcp",
+            remote.Transport.STREAMABLE_HTTP,
+            {**header, "Authorization": SECRET},
+            timeout=5.0,
+            private_network=True,
+            path_prefix="/a/",
+        )
+        with pytest.raises(remote.RemoteError) as caught:
+            await remote.discover(where)
+    assert seen == [], [h.get("Host") for h in seen]
+    assert caught.value.fault is ToolFault.TRANSPORT
+    assert "was not sent" in caught.value.message, caught.value.message

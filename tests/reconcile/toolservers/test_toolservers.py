@@ -150,6 +150,17 @@ def test_a_headers_secret_sends_only_the_keys_it_lists() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    "key", ["Host", "x-forwarded-host", "X-Original-URL", "Content-Length", "Mcp-Session-Id"]
+)
+def test_a_headers_secret_cannot_give_a_header_that_routes_or_frames_a_request(key: str) -> None:
+    """A shared gateway routes by ``Host`` (or ``X-Forwarded-Host``, ``X-Original-URL``): sent
+    from a tenant's Secret, it would reach a server its tenant's rule does not allow."""
+    spec = {**SPEC_AS_WRITTEN, "headersFrom": {"secretRef": {"name": "s"}, "keys": [key]}}
+    with pytest.raises(SpecError, match=rf"spec\.headersFrom\.keys: '{key}' cannot be sent"):
+        AgentToolServerSpec.of(spec)
+
+
 def test_the_last_good_list_still_resolves_after_a_failed_refresh() -> None:
     good = discovered_status(SPEC, FOUND, generation=2, now=NOW)
     failed = failed_status(good, "down", generation=2, now=NOW + 1)
