@@ -20,6 +20,7 @@ controller is one of the parts ``wiring`` starts after the leader Lease is taken
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -85,6 +86,10 @@ reconcile."""
 RECONCILES_AT_ONCE = 4
 """AgentEvals reconciled at once (a suite's first check, of up to 200 answer schemas, can
 take a minute of a thread: the others are served meanwhile)."""
+PER_NAMESPACE = 1
+"""AgentEvals of one namespace reconciled at once: a namespace's slow suites hold one place
+(and so one of the checks' threads, ``FairWork``, which cannot be taken back from a check
+running), the others serve the other namespaces' (its next suites wait their turn)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,6 +140,10 @@ class EvalController:
         self._running: set[EvalKey] = set()
         """Suites being reconciled; one kicked meanwhile is served again after."""
         self._again: set[EvalKey] = set()
+        self._held: collections.Counter[str] = collections.Counter()
+        """Places held by each namespace's suites (``PER_NAMESPACE`` at most)."""
+        self._parked: dict[str, dict[EvalKey, None]] = {}
+        """Suites asked for while their namespace held all its places, in the order asked."""
         self._uses: dict[EvalKey, frozenset[str]] = {}
         """The Agents each known suite runs, so an Agent's change kicks them."""
         self._specs: WeighedCache[EvalKey, _Checked] = WeighedCache(SPECS_MEMORY, _weight)
@@ -183,7 +192,11 @@ class EvalController:
             if key in self._running:
                 self._again.add(key)
                 continue
+            if self._held[key[0]] >= PER_NAMESPACE:
+                self._parked.setdefault(key[0], {})[key] = None
+                continue
             await slots.acquire()
+            self._held[key[0]] += 1
             self._running.add(key)
             task = asyncio.create_task(self._serve(key, slots), name=f"eval {key[0]}/{key[1]}")
             serving.add(task)
@@ -196,10 +209,25 @@ class EvalController:
             await self._reconcile_safely(key)
         finally:
             self._running.discard(key)
+            self._held[key[0]] -= 1
+            if self._held[key[0]] <= 0:
+                del self._held[key[0]]
             slots.release()
             if key in self._again:
                 self._again.discard(key)
                 self.kick(*key)
+            self._unpark(key[0])
+
+    def _unpark(self, namespace: str) -> None:
+        """Ask again for the first suite of ``namespace`` that waited for one of its places."""
+        parked = self._parked.get(namespace)
+        if not parked:
+            return
+        key = next(iter(parked))
+        del parked[key]
+        if not parked:
+            del self._parked[namespace]
+        self.kick(*key)
 
     async def _reconcile_safely(self, key: EvalKey) -> None:
         """Reconcile ``key``; a transient failure is retried after ``retry`` seconds, a

@@ -11,7 +11,7 @@ from typing import Any
 
 from kube_support import FakeKube
 
-from agentrun.operator.evals.controller import EVALS, EvalController
+from agentrun.operator.evals.controller import EVALS, RECONCILES_AT_ONCE, EvalController
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.protocol import RunEvent
 
@@ -29,9 +29,9 @@ def agent(namespace: str) -> dict[str, Any]:
     }
 
 
-def suite(namespace: str, cases: list[dict[str, Any]]) -> dict[str, Any]:
+def suite(namespace: str, cases: list[dict[str, Any]], *, name: str = "suite") -> dict[str, Any]:
     return {
-        "metadata": {"name": "suite", "namespace": namespace, "generation": 1},
+        "metadata": {"name": name, "namespace": namespace, "generation": 1},
         "spec": {"agentRef": {"name": "bot"}, "cases": cases},
     }
 
@@ -72,3 +72,43 @@ async def test_a_suite_slow_to_check_does_not_hold_up_another() -> None:
         loop_task.cancel()
     # the other one-case suite needs no work to speak of: its run exists at once
     assert waited < 1.5, f"a one-case AgentEval waited {waited:.1f} s behind a {CASES}-case one"
+
+
+def heavy_cases(tag: str) -> list[dict[str, Any]]:
+    """``CASES`` cases, each with an answer schema that takes most of the work budget to
+    check, distinct from every other suite's (``tag``)."""
+    return [
+        {
+            "name": f"c{i}",
+            "goal": "g",
+            "expect": {"answer": {"jsonSchema": {**copy.deepcopy(HEAVY), "title": f"{tag}{i}"}}},
+        }
+        for i in range(CASES)
+    ]
+
+
+async def test_one_namespaces_slow_suites_do_not_hold_every_place() -> None:
+    """A namespace applying as many slow suites as there are places (and more) held every one
+    of them for as long as their checks took: another namespace's one-case suite waited behind
+    all of them. A namespace holds at most some of the places; the others serve the rest."""
+    api = FakeKube()
+    for ns in ("team-slow", "team-other"):
+        api.put("agents", agent(ns))
+    slow = [f"slow{i}" for i in range(RECONCILES_AT_ONCE + 2)]
+    for name in slow:
+        api.put(EVALS, suite("team-slow", heavy_cases(name), name=name))
+    api.put(EVALS, suite("team-other", [{"name": "one", "goal": "Add 2 and 3."}]))
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    controller = EvalController(api, runs=NoEvents(), events=events, retry=3600)
+    loop_task = asyncio.create_task(controller.run())
+    try:
+        started = time.monotonic()
+        for name in slow:  # applied a moment earlier
+            controller.kick("team-slow", name)
+        controller.kick("team-other", "suite")
+        while not [k for k in api.objects if k[0] == "agentruns" and k[1] == "team-other"]:
+            await asyncio.sleep(0.05)
+        waited = time.monotonic() - started
+    finally:
+        loop_task.cancel()
+    assert waited < 1.5, f"a one-case AgentEval waited {waited:.1f} s behind {len(slow)} slow ones"
