@@ -107,6 +107,22 @@ def _weight(checked: _Checked) -> int:
     return checked.weight
 
 
+def _answer_schemas(body: Any) -> list[Mapping[str, Any]]:
+    """The cases' answer schemas of an AgentEval's ``spec`` as written (objects only; the
+    spec's own check says what else is wrong). Each is checked as a turn of its own on the
+    check threads, which a running check holds to its end (``FairWork``): a suite checked
+    whole held one for all of them, a minute at 200, while other tenants' checks waited."""
+    cases = body.get("cases") if isinstance(body, Mapping) else None
+    found: list[Mapping[str, Any]] = []
+    for case in cases if isinstance(cases, list) else []:
+        expect = case.get("expect") if isinstance(case, Mapping) else None
+        answer = expect.get("answer") if isinstance(expect, Mapping) else None
+        schema = answer.get("jsonSchema") if isinstance(answer, Mapping) else None
+        if isinstance(schema, Mapping):
+            found.append(schema)
+    return found
+
+
 class EvalController:
     """Reconciles AgentEvals, ``RECONCILES_AT_ONCE`` at a time and one suite never twice at
     once (``kick`` requests, ``run`` serves)."""
@@ -310,6 +326,8 @@ class EvalController:
             except SpecError as err:
                 return err
 
+        for schema in _answer_schemas(body):  # each its own turn: verdicts then remembered
+            await self.checks.run(suite.namespace, grading.check_schema, schema)
         checked = await self.checks.run(suite.namespace, check)
         weight = schemas.footprint(body)
         self._specs[key] = _Checked(suite.uid, suite.generation, checked, weight)

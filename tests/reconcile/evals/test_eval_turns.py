@@ -12,7 +12,9 @@ from typing import Any
 from kube_support import FakeKube
 
 from agentrun.operator.evals.controller import EVALS, RECONCILES_AT_ONCE, EvalController
+from agentrun.operator.evals.grading import check_schema
 from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.platform.fairwork import FairWork
 from agentrun.protocol import RunEvent
 
 CASES = 8
@@ -112,3 +114,32 @@ async def test_one_namespaces_slow_suites_do_not_hold_every_place() -> None:
     finally:
         loop_task.cancel()
     assert waited < 1.5, f"a one-case AgentEval waited {waited:.1f} s behind {len(slow)} slow ones"
+
+
+async def test_a_suites_check_takes_the_threads_one_schema_at_a_time() -> None:
+    """The check threads (``FairWork``) are shared by every tenant's schema checks (admission
+    too) and a check running cannot be taken back: a suite checked as one piece held a thread
+    for all its cases' schemas (a minute at 200), and another tenant's run waited that long to
+    be admitted. Each answer schema is its own turn; another party's check waits one at most."""
+    api = FakeKube()
+    api.put("agents", agent("team-slow"))
+    api.put(EVALS, suite("team-slow", heavy_cases("turns")))
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    started = time.monotonic()
+    assert check_schema({**copy.deepcopy(HEAVY), "title": "alone"}) is None
+    one = time.monotonic() - started  # one heavy schema's check, on this machine now
+    checks = FairWork(threads=1)
+    controller = EvalController(api, runs=NoEvents(), events=events, checks=checks, retry=3600)
+    loop_task = asyncio.create_task(controller.run())
+    try:
+        controller.kick("team-slow", "suite")
+        await asyncio.sleep(0.2)  # the suite's first check has taken the thread
+        started = time.monotonic()
+        await checks.run("team-other", lambda: None)  # another tenant's admission check
+        waited = time.monotonic() - started
+    finally:
+        loop_task.cancel()
+        checks.close()
+    assert waited < 2.5 * one + 0.3, (
+        f"another party's check waited {waited:.1f} s behind a suite's ({one:.2f} s a schema)"
+    )
