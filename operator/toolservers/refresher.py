@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from agentrun import kernel, loops
+from agentrun.kernel import schemas
 from agentrun.protocol import UrlRule
 from agentrun.tools import remote
 
@@ -354,7 +355,14 @@ class ToolServerRefresher:
                 )
             return failed_status(previous, message, generation=generation, now=time.time())
         # the server's input schemas are checked (bounded CPU, on a thread, in the turn of its
-        # namespace's tenant: the event loop serves every other tenant meanwhile)
+        # namespace's tenant: the event loop serves every other tenant meanwhile), each
+        # allowlisted one a turn of its own (a running check holds its thread to its end: 128
+        # schemas as one piece held it for a minute or two), then the status from the verdicts
+        # remembered
+        by_name = {tool.name: tool for tool in found}  # as ``discovered_status`` reads them
+        for offered in spec.tools:
+            if (tool := by_name.get(offered.name)) is not None:
+                await self._checks.run(namespace, schemas.known_problem, dict(tool.input_schema))
         return await self._checks.run(
             namespace, discovered_status, spec, found, generation=generation, now=time.time()
         )

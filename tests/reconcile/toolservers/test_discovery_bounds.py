@@ -4,6 +4,9 @@ gateway) gets no request there, and its ``Ready`` condition says why."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +14,12 @@ import mcp_support
 import pytest
 from kube_support import FakeKube
 
+from agentrun.kernel import schemas
+from agentrun.operator.platform.fairwork import FairWork
 from agentrun.operator.toolservers import refresher
 from agentrun.operator.toolservers.spec import TOOL_SERVERS
 from agentrun.protocol import UrlRule
+from agentrun.tools import remote
 
 
 async def discovered(server: mcp_support.McpProcess, *, prefix: str) -> dict[str, Any]:
@@ -54,3 +60,57 @@ async def test_discovery_keeps_an_sse_session_under_the_rules_prefix(
         assert posted == set()
     else:
         assert posted == {"/a/messages/"}
+
+
+HEAVY = {"allOf": [{}] * 1200}
+"""An input schema whose first check takes most of the schemas' work budget."""
+
+
+async def test_a_servers_input_schemas_take_the_check_threads_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check threads (``FairWork``) are shared by every tenant's schema checks (admission
+    too) and hold a check to its end: a discovery's 128 allowlisted tools checked as one piece
+    held a thread for all their schemas (new ones at every refresh: a server answers what it
+    likes), and another tenant's run waited that long to be admitted. Each input schema is its
+    own turn; another party's check waits for one at most."""
+    tools = [f"t{i}" for i in range(8)]
+    found = [
+        remote.Discovered(name, "", {**copy.deepcopy(HEAVY), "title": f"refresh-{name}"})
+        for name in tools
+    ]
+
+    async def discover(endpoint: remote.Endpoint) -> list[remote.Discovered]:
+        return found
+
+    async def rules(namespace: str) -> tuple[str, tuple[UrlRule, ...]]:
+        return "team-a", (UrlRule("tools.example", "/"),)
+
+    monkeypatch.setattr(remote, "discover", discover)
+    body = {
+        "metadata": {"name": "tools", "namespace": "ns", "generation": 1},
+        "spec": {"url": "http://tools.example/mcp", "tools": [{"name": n} for n in tools]},
+    }
+    api = FakeKube()
+    api.put(TOOL_SERVERS, body)
+    started = time.monotonic()
+    assert schemas.known_problem({**copy.deepcopy(HEAVY), "title": "alone"}) is None
+    one = time.monotonic() - started  # one heavy schema's check, on this machine now
+    checks = FairWork(threads=1)
+    refreshing = asyncio.create_task(
+        refresher.ToolServerRefresher(api, reach=rules, checks=checks).refresh(body)
+    )
+    try:
+        await asyncio.sleep(0.2)  # the discovery's check has taken the thread
+        started = time.monotonic()
+        await checks.run("team-b", lambda: None)  # another tenant's admission check
+        waited = time.monotonic() - started
+        await refreshing
+    finally:
+        refreshing.cancel()
+        checks.close()
+    stored = api.find(TOOL_SERVERS, "tools", "ns")
+    assert stored is not None and stored["status"]["toolCount"] == len(tools)
+    assert waited < 2.5 * one + 0.3, (
+        f"another party's check waited {waited:.1f} s behind a discovery's ({one:.2f} s a schema)"
+    )
