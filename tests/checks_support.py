@@ -1,0 +1,28 @@
+"""Counting the schema checks a test's code runs (``schemas.schema_problem``, the uncached
+check every cached one falls back on), as they start and end: what ran before what on the
+shared check threads, whatever the machine's load makes of their durations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrun.kernel import schemas
+
+
+def counting_checks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[None], list[None]]:
+    """Lists that grow as each schema's (uncached) check starts and ends."""
+    started: list[None] = []
+    done: list[None] = []
+    check = schemas.schema_problem
+
+    def counted(schema: Any, **kwargs: Any) -> str | None:
+        started.append(None)
+        try:
+            return check(schema, **kwargs)
+        finally:
+            done.append(None)
+
+    monkeypatch.setattr(schemas, "schema_problem", counted)
+    return started, done
