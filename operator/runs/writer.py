@@ -6,7 +6,10 @@ pending body (the newest projection wins, ordered by event sequence), and a run 
 most once per ``interval`` seconds — a patch starts no sooner than ``interval`` after the run's
 previous one ended, so two land at least that far apart however slow the API server answers —
 except its first and its terminal status, which are written at once. At most ``concurrency``
-patches are in flight, so a burst reuses a few connections.
+patches are in flight, so a burst reuses a few connections; the writes due are made in passes
+of ``PASS_WRITES`` a connection, taken in turn from each namespace (``in_turn``), so a namespace
+with thousands of runs due delays another's first or terminal status by one pass, not by all of
+its own writes.
 
 Status never goes backwards, whoever else writes it (an operator that lost its Lease, a
 redelivered event): before patching, the writer compares its body with the object's status as
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import time
@@ -59,6 +63,9 @@ MINIMAL_KEYS = (
     "observedGeneration",
     "lastEventSequence",
 )
+PASS_WRITES = 4
+"""Writes a pass of the writer starts, per connection (``concurrency``): a body submitted while
+a pass goes waits for that pass only, not for every write due before it."""
 CONFLICT_ATTEMPTS = 5
 """Re-reads of a run whose object changed between our read and our patch, per write."""
 SIZE_WORDS = ("Too long", "Too many", "too large", "must have at most", "may not be more than")
@@ -127,6 +134,9 @@ class StatusWriter:
         self.stale = 0
         """Bodies dropped because the object already showed a newer or final status."""
         self._slots = asyncio.Semaphore(concurrency)
+        self.batch = concurrency * PASS_WRITES
+        """Writes one pass starts (``in_turn``); the next pass, which sees what was submitted
+        meanwhile, starts when they have all ended."""
         self._pending: dict[RunKey, _Pending] = {}
         self._known: dict[RunKey, Written] = {}
         self._last_write: dict[RunKey, float] = {}
@@ -357,10 +367,23 @@ class StatusWriter:
                 else:
                     wait = min(wait, ready_at - now)
             if due:
-                await asyncio.gather(*(self._write(run) for run in due))
+                taken = in_turn(due, most=self.batch)
+                await asyncio.gather(*(self._write(run) for run in taken))
                 continue
             self._wake.clear()
             await sleep_until_set(self._wake, wait)
+
+
+def in_turn(due: list[RunKey], *, most: int) -> list[RunKey]:
+    """At most ``most`` runs of ``due``, taken in turn from each namespace (one of each
+    namespace's, then the next of each, …; each namespace's in the order given): a namespace
+    with thousands of writes due takes one place of each round, not the whole pass."""
+    by_namespace: dict[str, list[RunKey]] = {}
+    for run in due:
+        by_namespace.setdefault(run.namespace, []).append(run)
+    rounds = itertools.zip_longest(*by_namespace.values())
+    taken = (run for round_ in rounds for run in round_ if run is not None)
+    return list(itertools.islice(taken, most))
 
 
 def _size_message(body: Mapping[str, Any], err: ApiError) -> str:

@@ -1,0 +1,81 @@
+"""The status writer's passes take the namespaces in turn: one namespace with hundreds of
+writes due delays another namespace's terminal status by one pass, not by all of its writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from agentrun.operator.platform.kubeapi import Ref
+from agentrun.operator.runs import RunKey
+from agentrun.operator.runs.writer import PASS_WRITES, StatusWriter, in_turn
+
+CONCURRENCY = 8
+FLOOD = 400
+
+
+class ManyRuns:
+    """An API server port holding any number of AgentRuns, each patch taking ``delay``
+    seconds; ``order`` lists the runs in the order their patches landed."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.order: list[RunKey] = []
+
+    async def get(self, ref: Ref) -> dict[str, Any]:
+        return {"metadata": {"uid": f"uid-{ref.name}", "resourceVersion": "1"}, "status": {}}
+
+    async def patch_status(
+        self, ref: Ref, status: Mapping[str, Any], *, uid: str = "", version: str = ""
+    ) -> dict[str, Any]:
+        await asyncio.sleep(self.delay)
+        self.order.append(RunKey(ref.namespace, ref.name, uid))
+        return {"metadata": {"uid": uid, "resourceVersion": "2"}, "status": dict(status)}
+
+
+def run(namespace: str, name: str) -> RunKey:
+    return RunKey(namespace, name, f"uid-{name}")
+
+
+def ended(seq: int) -> dict[str, Any]:
+    return {"phase": "Succeeded", "terminalReason": "completed", "lastEventSequence": seq}
+
+
+async def test_another_namespaces_terminal_status_waits_one_pass_not_the_flood() -> None:
+    """400 terminal statuses of namespace ``flood`` are due (each patch 5 ms, 8 at once: a
+    quarter of a second in all); namespace ``quiet``'s run ends just after the writer started
+    on them. Its status lands within the flood's next pass; before, after all 400."""
+    api = ManyRuns(delay=0.005)
+    writer = StatusWriter(api, interval=30.0, concurrency=CONCURRENCY)  # type: ignore[arg-type]
+    for index in range(FLOOD):
+        writer.submit(run("flood", f"f{index}"), ended(2), seq=2, terminal=True)
+    writer.start()
+    await asyncio.sleep(0.002)  # the writer's first pass has begun
+    quiet = run("quiet", "q")
+    writer.submit(quiet, ended(2), seq=2, terminal=True)
+    async with asyncio.timeout(20):
+        while quiet not in api.order:
+            await asyncio.sleep(0.005)
+    before = api.order.index(quiet)
+    async with asyncio.timeout(20):  # and the flood's are all written too
+        while len(api.order) < FLOOD + 1:
+            await asyncio.sleep(0.005)
+    await writer.flush_and_stop()
+    assert len(set(api.order)) == FLOOD + 1  # each once
+    assert before <= 2 * CONCURRENCY * PASS_WRITES, before
+
+
+def test_a_pass_takes_each_namespace_in_turn_each_in_its_own_order() -> None:
+    flood = [run("a", f"a{i}") for i in range(5)]
+    due = [*flood, run("b", "b0"), run("b", "b1"), run("c", "c0")]
+    assert in_turn(due, most=6) == [
+        flood[0],
+        run("b", "b0"),
+        run("c", "c0"),
+        flood[1],
+        run("b", "b1"),
+        flood[2],
+    ]
+    assert in_turn(due, most=100)[-2:] == [flood[3], flood[4]]
+    assert in_turn([], most=4) == []
