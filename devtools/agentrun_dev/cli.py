@@ -39,7 +39,8 @@ def register_dev(subparsers: Subparsers) -> None:
         "dev",
         help="run the local stack (cluster, nats, mock model, operator, workers)",
         description="Run agentrun locally. State and logs live in --dir "
-        f"(default ${state.DIR_ENV} or ./{state.DEFAULT_DIR}).",
+        f"(default ${state.DIR_ENV}, else the nearest {state.DEFAULT_DIR} with a stack's "
+        f"state here or in a parent directory, else ./{state.DEFAULT_DIR}).",
     )
     dev.set_defaults(handler=lambda _: _usage(dev))
     common = argparse.ArgumentParser(add_help=False)

@@ -2,7 +2,8 @@
 
 ``agentrun dev up`` writes ``<dir>/state.json`` after every component it starts, so ``down``
 (another invocation, maybe after a crash halfway through ``up``) can stop each one by pid.
-The directory is ``./.agentrun/dev`` unless ``AGENTRUN_DEV_DIR`` or an option says otherwise.
+The directory is ``./.agentrun/dev`` (or the nearest one with a state in a parent directory)
+unless ``AGENTRUN_DEV_DIR`` or an option says otherwise.
 
 What belongs here: the state's shape, where it lives, reading and writing it atomically, and
 the directory lock. What the components are is `stack`'s business.
@@ -124,7 +125,10 @@ class StackState:
 
 
 def resolve_dir(option: Path | None = None) -> Path:
-    """The state directory: `option`, else ``$AGENTRUN_DEV_DIR``, else ``./.agentrun/dev``.
+    """The state directory: `option`, else ``$AGENTRUN_DEV_DIR``, else the nearest
+    ``.agentrun/dev`` holding a stack's state in the current directory or one of its parents
+    (as git finds ``.git``: ``agentrun dev env`` from a folder of one's own manifests finds
+    the stack started at the repository's root), else ``./.agentrun/dev``.
 
     Returned absolute (resolved against the current directory), since the stack's processes
     and later invocations may run elsewhere.
@@ -132,7 +136,13 @@ def resolve_dir(option: Path | None = None) -> Path:
     if option is not None:
         return option.resolve()
     from_env = os.environ.get(DIR_ENV, "").strip()
-    return Path(from_env).resolve() if from_env else DEFAULT_DIR.resolve()
+    if from_env:
+        return Path(from_env).resolve()
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if (folder / DEFAULT_DIR / STATE_FILE).is_file():
+            return folder / DEFAULT_DIR
+    return DEFAULT_DIR.resolve()
 
 
 def load_state(directory: Path) -> StackState | None:

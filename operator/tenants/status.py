@@ -152,8 +152,9 @@ def tenant_status(
     namespaces it shares with other tenants (namespace → the others), whose runs are rejected.
     """
     exhausted = exhaustion(book, queue.blocked, now)
+    budget = budget_status(book, now)
     if exhausted is None:
-        state, reason, message = False, TenantReason.WITHIN_BUDGET, "budget left in this window"
+        state, reason, message = False, TenantReason.WITHIN_BUDGET, within_message(budget)
     else:
         assert exhausted.resource is not None
         state, reason, message = True, EXHAUSTED_REASON[exhausted.resource], exhausted.message
@@ -164,7 +165,7 @@ def tenant_status(
         "resetTime": rfc3339(book.reset_time),
         "activeRuns": book.active_runs,
         "queuedRuns": queue.queued,
-        "budget": budget_status(book, now),
+        "budget": budget,
         "conditions": [
             conditions.condition(TenantCondition.ACCEPTED, True, TenantReason.VALID, "enforced"),
             conditions.condition(TenantCondition.BUDGET_EXHAUSTED, state, reason, message),
@@ -190,6 +191,23 @@ def _ambiguity(conditions: _Conditions, ambiguous: Mapping[str, tuple[str, ...]]
         "narrow the selectors"
     )
     return conditions.condition(kind, True, TenantReason.AMBIGUOUS, message)
+
+
+def within_message(budget: Mapping[str, Any]) -> str:
+    """The ``WithinBudget`` message: what is left of each limited resource
+    (``budget_status``'s ``remaining`` of its ``limit``), and that a call goes only when its
+    worst case fits, so a tenant with tokens left may still refuse a large call."""
+    left = [
+        f"{resource} {part['remaining']} of {part['limit']}"
+        for resource, part in budget.items()
+        if "limit" in part
+    ]
+    if not left:
+        return "no budget limits in this window"
+    return (
+        f"left in this window: {', '.join(left)}; a model call goes only when its worst case "
+        "fits (its prompt's estimate plus its max output tokens)"
+    )
 
 
 def budget_status(book: Book, now: float) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def test_a_correction_and_the_end_are_shown() -> None:
     lines = trajectory.event_lines(RunEvent("turn", "u", ended, record=record, time=0.0))
     assert lines[1].strip() == "correction (empty): empty reply"
     assert lines[-1] == (
-        "--:--:-- end   Succeeded completed (ok): 2 steps, 1 tool calls, 15 tokens, "
+        "--:--:-- end   Succeeded completed (ok): 2 steps, 1 tool call, 15 tokens, "
         "0.000000 USD; answer: 42"
     )
 

@@ -49,6 +49,11 @@ def test_a_tenant_with_budget_left_is_accepted_and_within_budget() -> None:
         "NamespacesAmbiguous": ("False", "Unambiguous"),
     }
     assert (body["observedGeneration"], body["activeRuns"], body["queuedRuns"]) == (2, 0, 0)
+    within = next(c for c in body["conditions"] if c["type"] == "BudgetExhausted")
+    assert within["message"] == (  # what is left, and why a large call may still be refused
+        "left in this window: tokens 600 of 1000, costUSD 2.50 of 2.50; a model call goes only "
+        "when its worst case fits (its prompt's estimate plus its max output tokens)"
+    )
     assert (body["windowStart"], body["resetTime"]) == (
         "1970-01-05T04:00:00Z",
         "1970-01-05T05:00:00Z",
