@@ -145,7 +145,9 @@ async def _provision_bucket(js: JetStreamContext, config: api.KeyValueConfig) ->
         deadline = time.monotonic() + OFFLINE_WAIT
         while True:
             try:
-                return await js.create_key_value(config)
+                kv = await js.create_key_value(config)
+                await forbid_rollups(js, config.bucket)
+                return kv
             except nats.js.errors.APIError as err:
                 if _peer_offline(err) and time.monotonic() < deadline:
                     log.warning("bucket %s: %s; trying again", config.bucket, err.description)
@@ -156,7 +158,23 @@ async def _provision_bucket(js: JetStreamContext, config: api.KeyValueConfig) ->
     if info.config.num_replicas != config.replicas:
         await provision_stream(js, dataclasses.replace(info.config, num_replicas=config.replicas))
         log.info("KV bucket %s: replicas set to %d", config.bucket, config.replicas)
+    await forbid_rollups(js, config.bucket)
     return await js.key_value(config.bucket)
+
+
+async def forbid_rollups(js: JetStreamContext, bucket: str) -> None:
+    """Make the bucket's stream refuse ``Nats-Rollup`` (nats-py creates every bucket allowing
+    it). No subject permission sees a header: a rollup of ``all`` published to a key a worker
+    may write (a book, a run entry, an effect) would purge every other key of the bucket —
+    every tenant's books and entries, the admission queues that are the operator's alone,
+    every effect. agentrun deletes a value with a purge marker that needs no rollup (each
+    bucket keeps one message a key), so nothing of its own is refused."""
+    stream = protocol.kv_stream(bucket)
+    config = (await js.stream_info(stream)).config
+    if config.allow_rollup_hdrs:
+        config.allow_rollup_hdrs = False
+        await js.update_stream(config)
+        log.info("stream %s now refuses rollups", stream)
 
 
 def _raise_refused(stream: str, replicas: int | None, err: nats.js.errors.APIError) -> None:

@@ -15,7 +15,10 @@ racing each other; races
 remain only between processes, which the compare-and-set resolves (the batch is re-applied).
 
 A value is deleted by a purge marker that expires (``Nats-TTL``): a key whose run ended leaves
-nothing behind in the bucket once its marker is gone.
+nothing behind in the bucket once its marker is gone. The marker carries no ``Nats-Rollup``: the
+bucket keeps one message a key (history 1), so the marker replaces the value by itself, and the
+bucket takes no rollup at all (``buckets.forbid_rollups``: a rollup of ``all`` sent to a key a
+worker may write would purge every key of the bucket, the operator's admission queues too).
 
 No atomic batch carries more than ``MAX_BATCH`` messages (nats-server takes at most 1,000 in one,
 ``jetstream.limits.batch.max_msgs``, and refuses the whole batch past it): the changes one
@@ -46,7 +49,7 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext, api
-from nats.js.kv import KV_OP, KV_PURGE, MSG_ROLLUP_SUBJECT, KeyValue
+from nats.js.kv import KV_OP, KV_PURGE, KeyValue
 
 _Op = tuple[Any, "asyncio.Future[Any]", int]
 """A change queued in a group: its payload, its caller's future and its weight (the values it
@@ -295,7 +298,6 @@ class CasStore:
             headers.update(
                 {
                     KV_OP: KV_PURGE,
-                    api.Header.ROLLUP.value: MSG_ROLLUP_SUBJECT,
                     api.Header.MSG_TTL.value: str(int(DELETED_MARKER_TTL)),
                 }
             )

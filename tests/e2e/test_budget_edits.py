@@ -120,7 +120,7 @@ def delete_book(server: NatsServer, tenant: str) -> None:
         client = await nats.connect(**server.client_options("operator"))
         try:
             store = await LedgerStore.open(client.jetstream(), create=False)
-            await store.kv.purge(book_key(tenant))
+            await store.kv.delete(book_key(tenant))
         finally:
             await client.close()
 

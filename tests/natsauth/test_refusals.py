@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from kv_support import live_keys
 from nats.js import api
@@ -446,3 +447,27 @@ async def test_a_reader_minted_with_any_name_creates_only_the_consumer_of_its_ke
         assert await snapshot(admin, run_b) == before_state
     finally:
         await client.nc.close()
+
+
+ROLLUPS = {
+    "the ledger, from a book": protocol.kv_subject(protocol.LEDGER_BUCKET, f"book.{TENANT_B}"),
+    "the ledger, from a run entry": protocol.kv_subject(
+        protocol.LEDGER_BUCKET, f"run.{TENANT_B}.{uuid.uuid4().hex}"
+    ),
+    "the effect ledger": protocol.kv_subject(protocol.EFFECTS_BUCKET, f"{uuid.uuid4().hex}.Y2FsbA"),
+}
+
+
+@pytest.mark.parametrize("subject", ROLLUPS.values(), ids=ROLLUPS.keys())
+async def test_a_worker_cannot_roll_a_bucket_up_to_a_key_it_may_write(
+    worker: Client, admin: Client, run_b: RunB, subject: str
+) -> None:
+    """A key the workers may write, written with ``Nats-Rollup: all``, would purge every other
+    key of its bucket, which no subject permission sees: every tenant's admission queue (the
+    operator's alone), books and run entries, or every effect. The buckets take no rollup
+    (a deleted value's purge marker needs none: a bucket keeps one message a key)."""
+    before_state = await snapshot(admin, run_b)
+    with pytest.raises(nats.js.errors.APIError) as refused:
+        await worker.js().publish(subject, b"{}", headers={"Nats-Rollup": "all"})
+    print(f"worker: roll up {subject}: {refused.value}")
+    assert await snapshot(admin, run_b) == before_state
