@@ -75,6 +75,19 @@ def _admit(loaded: LoadedRun | None, event: RunEvent, seals: Verifier) -> Loaded
     return dataclasses.replace(loaded, seq=event.seq, sealed=True, stored=stored)
 
 
+def _check_placed(loaded: LoadedRun, event: RunEvent) -> None:
+    """Raise ``Untrusted`` (``REPLAYED``) unless the sealed ``approval`` event is decided on
+    the very state it follows: the run's turn (its seal's ``turn``) and, when it names one
+    (every approval this release seals), the event it was decided on (``after``: the
+    sequence of the event before it). The seal alone binds neither: a copy of a sealed
+    decision is still sealed, wherever it is appended."""
+    assert event.approval is not None
+    if event.summary.turn != loaded.state.turn or (
+        event.approval.after and event.approval.after != loaded.seq
+    ):
+        raise Untrusted(SealFault.REPLAYED, refusal(event, SealFault.REPLAYED))
+
+
 def fold(
     events: list[RunEvent],
     *,
@@ -100,6 +113,7 @@ def fold(
             raise CorruptHistory(f"event {event.seq} comes before the run's admission")
         if event.kind == "approval":
             seals.check(event)
+            _check_placed(loaded, event)
         try:
             state = _apply(loaded, event)
         except ValueError as err:

@@ -233,7 +233,8 @@ APPROVAL_OLDEST = Gauge(
 MESSAGES_REFUSED = Counter(
     "agentrun_messages_refused",
     "Messages refused as not the operator's, by reason: a run config or approval without a "
-    "valid seal for its run (unsigned, unknown_key, bad_signature, wrong_run, changed_config), "
+    "valid seal for its run (unsigned, unknown_key, bad_signature, wrong_run, replayed, "
+    "changed_config), "
     "a tenant ledger book rolled back below what the operator saw (ledger_rollback).",
     ["reason"],
 )

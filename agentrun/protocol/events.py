@@ -405,6 +405,7 @@ class RunEvent:
                 digest=self.approval.digest,
                 approved=self.approval.approved,
                 reviewer=self.approval.reviewer,
+                after=self.approval.after,
             )
         return None
 

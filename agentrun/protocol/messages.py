@@ -142,3 +142,7 @@ class Approval:
     reviewer: str = ""
     """The Kubernetes user who decided (``agentrun.dev/reviewer``, which the chart's admission
     policy checks equals the requesting user); "" in events written before reviewers."""
+    after: int = 0
+    """The stream sequence of the run's event the decision was made on, which it is appended
+    right after (sealed with it: a copy appended anywhere else, a later turn of the run or a
+    rerun that holds the same call again, is refused); 0 in events written before it."""

@@ -74,11 +74,14 @@ def admitted_content(config: Mapping[str, Any]) -> bytes:
 
 
 def approval_content(
-    run_uid: str, *, turn: int, digest: str, approved: bool, reviewer: str = ""
+    run_uid: str, *, turn: int, digest: str, approved: bool, reviewer: str = "", after: int = 0
 ) -> bytes:
-    """The bytes an ``approval`` event's seal covers: the decision, its run and its turn, and
-    the reviewer who decided when one is named (so the name cannot be changed under the seal;
-    an approval naming none covers the same bytes as before reviewers)."""
+    """The bytes an ``approval`` event's seal covers: the decision, its run and its turn, the
+    reviewer who decided when one is named (so the name cannot be changed under the seal;
+    an approval naming none covers the same bytes as before reviewers), and the stream
+    sequence of the event it was decided on when it names one (``after``: a rerun keeps the
+    run's uid and its turn numbers, so only the position binds a decision to one admission
+    and one held batch; one naming none covers the same bytes as before)."""
     content: dict[str, object] = {
         "runUID": run_uid,
         "turn": turn,
@@ -87,4 +90,6 @@ def approval_content(
     }
     if reviewer:
         content["reviewer"] = reviewer
+    if after:
+        content["after"] = after
     return APPROVAL_DOMAIN + canonical(content)

@@ -246,6 +246,7 @@ class ApprovalShape(_Shape):
     digest: str
     approved: bool
     reviewer: str = ""
+    after: int = 0
 
     def value(self) -> Approval:
         """The approval as a value."""

@@ -42,6 +42,9 @@ class SealFault(enum.StrEnum):
     """The signature does not verify over the content (a field changed, or a seal copied)."""
     WRONG_RUN = "wrong_run"
     """Sealed for another run: its uid, namespace or name is not the run's it arrived as."""
+    REPLAYED = "replayed"
+    """An ``approval`` sealed for another turn or another event of the run than the one it
+    follows: a decision copied onto a later batch, or onto a rerun that holds the same call."""
     CHANGED_CONFIG = "changed_config"
     """A second ``admitted`` event of a run with another config than the run's."""
     LEDGER_ROLLBACK = "ledger_rollback"
@@ -138,6 +141,7 @@ def refusal(event: RunEvent, fault: SealFault) -> str:
         SealFault.UNKNOWN_KEY: "is sealed with a key this process does not trust",
         SealFault.BAD_SIGNATURE: "has a seal that does not match its content",
         SealFault.WRONG_RUN: "was sealed for another run",
+        SealFault.REPLAYED: "was sealed for another turn or event of the run",
         SealFault.CHANGED_CONFIG: "admits the run again with another config",
         SealFault.LEDGER_ROLLBACK: "rolls the tenant ledger back",
     }[fault]

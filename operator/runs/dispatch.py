@@ -643,7 +643,7 @@ class Dispatcher:
                 "approval",
                 uid,
                 state.summary(),
-                approval=protocol.Approval(digest, approved, reviewer),
+                approval=protocol.Approval(digest, approved, reviewer, after=loaded.seq),
                 time=self.clock(),
                 owner=loaded.committer,
                 stored_before=loaded.stored,

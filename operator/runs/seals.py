@@ -24,6 +24,7 @@ the signature arithmetic (``agentrun.trust``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -222,10 +223,30 @@ class RunSeals:
             first = await self.streams.first_event(key.namespace, key.name)
             if first is None or first.config != event.config:
                 fault = SealFault.CHANGED_CONFIG
+        if fault is None and event.kind == "approval":
+            fault = await self.misplaced(key, event)
         if fault is None:
             return True
         await self.refuse(key, untrusted(event, fault), base=base, followed=True)
         return False
+
+    async def misplaced(self, key: RunKey, event: RunEvent) -> SealFault | None:
+        """Why the sealed ``approval`` event of run ``key`` is not the decision on the state
+        it follows (``history``'s replay: its turn, the event it names), or ``None``. A seal
+        binds no place: a copy of an earlier batch's decision, or of the run's first life
+        before a rerun, verifies. Reads the run's events up to it (decisions come at a
+        person's pace); a history that does not replay is left to whoever acts on it."""
+        events = [
+            e for e in await self.streams.read_events(key.namespace, key.name) if e.seq <= event.seq
+        ]
+        try:
+            # a replay checks final answers against the run's output schema: off the loop
+            await asyncio.to_thread(history.fold, events, run_uid=key.uid, seals=self.verifier)
+        except Untrusted as err:
+            return err.fault
+        except history.CorruptHistory:
+            return None
+        return None
 
     # --- refusing ---------------------------------------------------------------------------
 

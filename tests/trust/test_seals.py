@@ -234,7 +234,11 @@ def held_run() -> tuple[list[RunEvent], kernel.RunState]:
     return [admitted(config), turn], after
 
 
-def decision(after: kernel.RunState, *, approved: bool, reviewer: str = "") -> RunEvent:
+def decision(
+    after: kernel.RunState, *, approved: bool, reviewer: str = "", on: int = 2
+) -> RunEvent:
+    """The operator's decision on ``after``'s held call, made on the run's event ``on`` (the
+    sequence it is appended after: ``held_run``'s turn, numbered by ``wire``)."""
     held = after.summary().pending_approval
     assert held is not None
     state = kernel.resolve_approval(after, digest=held.digest, approved=approved, reviewer=reviewer)
@@ -242,8 +246,13 @@ def decision(after: kernel.RunState, *, approved: bool, reviewer: str = "") -> R
         "approval",
         CONFIG.uid,
         state.summary(),
-        approval=Approval(held.digest, approved, reviewer),
+        approval=Approval(held.digest, approved, reviewer, after=on),
     )
+
+
+def numbered(events: list[RunEvent], *, first: int) -> list[RunEvent]:
+    """The events as a reader gets them, numbered from stream sequence ``first``."""
+    return [RunEvent.decode(e.encode(), seq=i) for i, e in enumerate(events, first)]
 
 
 def test_a_decision_acts_only_under_the_operators_seal() -> None:
@@ -276,3 +285,34 @@ def test_the_reviewer_a_sealed_decision_names_cannot_be_changed_or_dropped() -> 
             approval=dataclasses.replace(approved.approval, reviewer=name),  # type: ignore[type-var]
         )
         assert refusal(wire(*events, renamed)) is SealFault.BAD_SIGNATURE
+
+
+def test_a_sealed_decision_cannot_be_replayed_onto_a_rerun_of_the_run() -> None:
+    """A rerun keeps the run's uid and starts again at turn 0: its model may hold the very call
+    alice approved in the first run, at the very turn. Her sealed decision, copied from the
+    first run's events (a worker reads them all) and appended after the rerun's held turn, is
+    refused: it is bound to the event it was decided on, which the rerun does not hold."""
+    events, after = held_run()
+    approved = sealed(decision(after, approved=True, reviewer="alice"))
+    first_run = wire(*events, approved)
+    loaded = history.fold(first_run, run_uid=CONFIG.uid, seals=VERIFIER)
+    assert loaded is not None and loaded.state.phase is kernel.Phase.RUNNING
+    rerun = numbered([*events, approved], first=10)  # purged, admitted again, held again
+    assert refusal(rerun) is SealFault.REPLAYED
+    moved = dataclasses.replace(
+        approved,
+        approval=dataclasses.replace(approved.approval, after=11),  # type: ignore[type-var]
+    )
+    assert refusal(numbered([*events, moved], first=10)) is SealFault.BAD_SIGNATURE
+
+
+def test_a_decision_sealed_before_it_named_its_event_holds_only_at_its_own_turn() -> None:
+    """An approval sealed by an earlier release names no event (``after`` 0): it is taken at
+    the turn its seal names and at no other."""
+    events, after = held_run()
+    legacy = decision(after, approved=True, on=0)
+    assert history.fold(wire(*events, sealed(legacy)), run_uid=CONFIG.uid, seals=VERIFIER)
+    elsewhere = dataclasses.replace(
+        legacy, summary=dataclasses.replace(legacy.summary, turn=legacy.summary.turn + 3)
+    )
+    assert refusal(wire(*events, sealed(elsewhere))) is SealFault.REPLAYED

@@ -300,9 +300,9 @@ async def test_an_unsealed_run_its_status_does_not_vouch_for_is_refused(
     assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
 
 
-async def test_a_decision_the_operator_applies_is_sealed_and_names_the_turns_committer(
-    stack: Stack,
-) -> None:
+async def held_run(stack: Stack) -> tuple[RunConfig, kernel.RunState]:
+    """Run ``held`` admitted (event 1) and waiting for a person on turn 0's call (event 2,
+    committed by ``delivery-1``)."""
     cfg = config(
         "held",
         tools=("calculate",),
@@ -329,6 +329,13 @@ async def test_a_decision_the_operator_applies_is_sealed_and_names_the_turns_com
         RunEvent("turn", cfg.uid, after.summary(), record=record, owner="delivery-1"),
         expected_seq=1,
     )
+    return cfg, after
+
+
+async def test_a_decision_the_operator_applies_is_sealed_and_names_the_turns_committer(
+    stack: Stack,
+) -> None:
+    cfg, after = await held_run(stack)
     held = after.summary().pending_approval
     assert held is not None
     assert (
@@ -353,3 +360,29 @@ async def test_the_run_key_of_a_refusal_names_the_subject_not_the_config() -> No
     seals = RunSeals(SIGNER, VERIFIER, streams=WireBus(), api=FakeKube(), events=None)  # type: ignore[arg-type]
     event = RunEvent.decode(admission(config("b", namespace="team-a"), seal=True).encode(), seq=1)
     assert seals.fault(event, key=RunKey(NAMESPACE, "b", "uid-b")) == "wrong_run"
+
+
+async def test_a_sealed_decision_copied_from_elsewhere_in_the_run_ends_it(stack: Stack) -> None:
+    """A decision the operator sealed on another event (a copy from an earlier batch of the
+    run, or from the run's first life before a rerun) appended after this held turn: its seal
+    verifies, its place does not; the run ends ``checkpoint_failed`` and nothing runs."""
+    cfg, after = await held_run(stack)
+    await stack.consume("held")
+    held = after.summary().pending_approval
+    assert held is not None
+    state = kernel.resolve_approval(after, digest=held.digest, approved=True, reviewer="alice")
+    copied = sealed(
+        RunEvent(
+            "approval",
+            cfg.uid,
+            state.summary(),
+            approval=protocol.Approval(held.digest, True, "alice", after=7),
+        )
+    )
+    before, published = refused("replayed"), len(stack.bus.published)
+    stack.bus.forge(NAMESPACE, "held", copied.encode())
+    await stack.consume("held")
+    assert refused("replayed") == before + 1
+    assert len(stack.bus.published) == published  # no resume turn asked for
+    last = await stack.bus.last_event(NAMESPACE, "held")
+    assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
