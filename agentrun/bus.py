@@ -41,7 +41,7 @@ import datetime
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import nats
 import nats.errors
@@ -63,12 +63,16 @@ JS_DELIVERY = "$JS.ACK."
 """The reply subject prefix of every message a JetStream consumer delivers."""
 
 
-def cancelled_run(subject: str, reply: str | None) -> str | None:
+def cancelled_run(
+    subject: str, reply: str | None, *, headers: Mapping[str, str] | None = None, data: bytes = b""
+) -> str | None:
     """The run a message on a cancel subject cancels (its last token), or ``None`` for a
-    message JetStream delivered there (``reply`` ``$JS.ACK.…``): a push consumer's deliver
-    subject is whatever its creator chose, so such a message is someone's events, not a
-    cancellation."""
-    if (reply or "").startswith(JS_DELIVERY):
+    message that is not the operator's broadcast (``broadcast_cancel``: no reply, no
+    headers, no body): a push consumer's deliver subject is whatever its creator chose, so a
+    message JetStream delivered there (``reply`` ``$JS.ACK.…``) is someone's events, and its
+    idle heartbeats and flow control (a ``Status`` header, no ``$JS.ACK`` reply) are no
+    cancellation either."""
+    if (reply or "").startswith(JS_DELIVERY) or headers or data:
         return None
     return subject.rsplit(".", 1)[-1]
 
@@ -580,7 +584,7 @@ class Bus:
         reader could aim its own consumer's events at another tenant's cancel subject."""
 
         async def handler(msg: Msg) -> None:
-            uid = cancelled_run(msg.subject, msg.reply)
+            uid = cancelled_run(msg.subject, msg.reply, headers=msg.headers, data=msg.data)
             if uid is None:
                 log.warning("ignoring a JetStream delivery on %s: not a cancellation", msg.subject)
                 return

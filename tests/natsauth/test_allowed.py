@@ -232,3 +232,25 @@ def test_only_a_broadcast_on_a_cancel_subject_cancels(reply: str | None, run: st
     from agentrun.bus import cancelled_run
 
     assert cancelled_run(protocol.cancel_subject("victim"), reply) == run
+
+
+@pytest.mark.parametrize(
+    ("headers", "data"),
+    [
+        ({"Status": "100", "Description": "Idle Heartbeat"}, b""),
+        ({"Status": "100", "Description": "FlowControl Request"}, b""),
+        (None, b'{"kind": "turn"}'),
+    ],
+    ids=["an-idle-heartbeat", "a-flow-control-request", "an-event-without-its-reply"],
+)
+def test_a_push_consumers_status_message_on_a_cancel_subject_cancels_nothing(
+    headers: dict[str, str] | None, data: bytes
+) -> None:
+    """A push consumer aimed at a cancel subject sends idle heartbeats and flow control there
+    too, with no ``$JS.ACK`` reply: only the operator's broadcast (no reply, no headers, no
+    body) cancels."""
+    from agentrun.bus import cancelled_run
+
+    subject = protocol.cancel_subject("victim")
+    assert cancelled_run(subject, None, headers=headers, data=data) is None
+    assert cancelled_run(subject, None, headers=None, data=b"") == "victim"
