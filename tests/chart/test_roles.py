@@ -135,6 +135,14 @@ def test_an_approver_approves_naming_themselves_and_no_one_else(
     # an editor cannot rewrite the reviewer of a decision that waits to be read
     rewritten = annotate(kubectl, team, "eddie", "agentrun.dev/reviewer=eddie")
     assert rewritten.returncode != 0 and "agentruns/approval" in rewritten.stderr
+    # nor strip it (the operator would record ada's approval as nobody's), nor strip the
+    # decision and leave ada's name on whatever is set next; the approver cannot strip it either
+    for user, pair in (("eddie", "agentrun.dev/reviewer-"), ("eddie", "agentrun.dev/approve-"),
+                       ("ada", "agentrun.dev/reviewer-")):  # fmt: skip
+        stripped = annotate(kubectl, team, user, pair)
+        assert stripped.returncode != 0, f"{user} {pair}: {stripped.stdout}"
+    found = annotations(kubectl, team)
+    assert (found["agentrun.dev/approve"], found["agentrun.dev/reviewer"]) == (DIGEST, "ada")
     # removing the decision once read (as the operator does) is not a decision
     removed = kubectl("annotate", "agentrun", "held", "-n", team, "agentrun.dev/approve-",
                       "agentrun.dev/reviewer-")  # fmt: skip
