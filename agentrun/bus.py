@@ -501,6 +501,21 @@ class Bus:
         except nats.js.errors.NotFoundError:
             log.info("events stream missing while purging %s/%s", namespace, name)
 
+    async def purge_effects(self, run_uid: str) -> None:
+        """Delete the effect ledger's records of run ``run_uid`` (its keys
+        ``<run-uid>.<call-id>``): before a rerun, which keeps the uid and may key its calls as
+        the first life did (a call with no id, or one reused, is keyed
+        ``<turn>:<tool>:<ordinal>``); a record left would answer the rerun's call with the
+        first life's result instead of sending it, or end the rerun ``effect_unknown``. A
+        missing bucket is fine."""
+        try:
+            await self.js._jsm.purge_stream(
+                protocol.kv_stream(protocol.EFFECTS_BUCKET),
+                subject=protocol.kv_subject(protocol.EFFECTS_BUCKET, f"{run_uid}.>"),
+            )
+        except nats.js.errors.NotFoundError:
+            log.info("effect ledger missing while purging run %s", run_uid)
+
     async def event_subjects(self) -> list[str]:
         """Every run subject that holds events (one per run with a checkpoint); empty when the
         events stream is missing."""

@@ -6,9 +6,10 @@ are allow lists: what is not listed is refused, the server answering a permissio
 - ``operator``: creates and configures every stream, KV bucket and the workers' durable
   consumer (nobody else may), publishes TurnRequests, run events and cancellations, consumes
   every run's events through its durable consumer, reads the work queue's backlog, purges a
-  deleted run's events, reads and writes the whole tenant ledger (books and queues), and
-  snapshots and restores the streams that hold state (`BACKED_UP`: backups for disaster
-  recovery, taken and restored by a person with this identity's ``nats.creds``).
+  deleted run's events and a rerun's effect records, reads and writes the whole tenant ledger
+  (books and queues), and snapshots and restores the streams that hold state (`BACKED_UP`:
+  backups for disaster recovery, taken and restored by a person with this identity's
+  ``nats.creds``).
 - ``worker``: pulls TurnRequests from the workers' durable consumer and acknowledges them,
   reads run events and appends them (committing turns), writes the ledger's totals and run
   entries (holds and settlements: ``book.<tenant>``, ``run.<tenant>.<run-uid>``, one atomic
@@ -156,6 +157,8 @@ def operator() -> Permissions:
         f"{JS_API}.STREAM.MSG.GET.{events}",  # a run's events, from the stream's leader
         *_direct_get(events),
         f"{JS_API}.STREAM.PURGE.{events}",  # a deleted run's events
+        # a rerun's effect records (its uid's keys: the rerun keeps the uid)
+        f"{JS_API}.STREAM.PURGE.{protocol.kv_stream(protocol.EFFECTS_BUCKET)}",
         protocol.TURN_SUBJECTS,
         protocol.EVENT_SUBJECTS,
         protocol.CANCEL_SUBJECTS,

@@ -692,14 +692,16 @@ class Dispatcher:
 
     async def prepare_rerun(self, namespace: str, name: str, uid: str) -> None:
         """Before run ``uid`` is admitted again from turn 0 (``agentrun.dev/rerun``): stop
-        following it, purge its subject (the previous run's events, or an older object's), and
-        forget its end and its status (its next end is counted and written again). Raises what
+        following it, purge its subject (the previous run's events, or an older object's) and
+        its effect records (the rerun runs its write tools again), and forget its end and its
+        status (its next end is counted and written again). Raises what
         NATS raises."""
         view = self._views.pop(uid, None)
         if view is not None and view.timer is not None:
             view.timer.cancel()
         self.gate.moved_on(uid)
         await self.bus.purge_run(namespace, name)
+        await self.bus.purge_effects(uid)  # the rerun's calls may be keyed as the first life's
         self._ended.pop(uid, None)
         self.writer.forget(RunKey(namespace, name, uid))
 

@@ -158,7 +158,7 @@ async def test_the_operator_puts_its_event_consumers_filter_back(
 
 
 async def test_the_operator_inspects_lists_consumes_and_purges(
-    operator_bus: Bus, run_b: RunB
+    operator_bus: Bus, worker_bus: Bus, run_b: RunB
 ) -> None:
     store = await LedgerStore.open(operator_bus.js)
     assert TENANT_B in await store.tenants()
@@ -173,6 +173,14 @@ async def test_the_operator_inspects_lists_consumes_and_purges(
     await operator_bus.append_event(NAMESPACE_B, doomed, event, expected_seq=0)
     await operator_bus.purge_run(NAMESPACE_B, doomed)
     assert await operator_bus.read_events(NAMESPACE_B, doomed) == []
+    # a rerun's effect records (its uid's keys of the effect ledger), and no other run's
+    effects = await EffectLedger.open(worker_bus.js, create=False)  # the workers' to write
+    call = kernel.CheckedCall(id="0:write:0", name="write", arguments={})
+    for uid in ("doomed-uid", run_b.uid):
+        await effects.done(uid, call, kernel.ToolResult(call.id, "write", "ok", False))
+    await operator_bus.purge_effects("doomed-uid")
+    assert await effects.claim("doomed-uid", call) is None
+    assert await effects.claim(run_b.uid, call) is not None
 
 
 async def test_the_operator_makes_shard_consumers_seated_after_its_one_consumer(

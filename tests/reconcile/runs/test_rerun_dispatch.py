@@ -13,6 +13,7 @@ import pytest
 from agentrun import kernel, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.operator.runs import RunKey
+from agentrun.worker.effects import EffectLedger
 from agentrun_dev import natsserver
 
 from .test_dispatch import admitted, config, dispatcher
@@ -76,3 +77,26 @@ async def test_a_restored_copy_shows_the_end_its_originals_events_hold(bus: Bus)
     assert not await run.project_restored(
         cfg.namespace, cfg.name, "uid-copy", original=cfg.uid, generation=1
     )  # nothing left
+
+
+async def test_a_rerun_runs_its_effects_again_and_leaves_other_runs_records(bus: Bus) -> None:
+    """A rerun keeps the run's uid, and its model may key its calls as the first life's did (a
+    call without an id, or with one reused, is keyed ``<turn>:<tool>:<ordinal>``): the first
+    life's effect records are gone with its events, so the rerun's write call is sent again
+    (not answered with the first life's result), and one with other arguments under that key
+    is not an ``effect_unknown`` ending the rerun. Another run's records stay."""
+    cfg = config()
+    run, _, _, _ = dispatcher(bus)
+    effects = await EffectLedger.open(bus.js)
+    call = kernel.CheckedCall(id="0:write_file:0", name="write_file", arguments={"path": "a"})
+    result = kernel.ToolResult(call.id, call.name, "written", False)
+    for uid in (cfg.uid, "uid-other"):
+        assert await effects.claim(uid, call) is None
+        await effects.done(uid, call, result)
+    await admitted(bus, run, cfg)
+    assert await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "stop")
+    await run.prepare_rerun(cfg.namespace, cfg.name, cfg.uid)
+    assert await effects.claim(cfg.uid, call) is None  # the rerun sends it
+    other = kernel.CheckedCall(id="0:write_file:1", name="write_file", arguments={"path": "b"})
+    assert await effects.claim(cfg.uid, other) is None
+    assert await effects.claim("uid-other", call) == result  # not the rerun's to forget
