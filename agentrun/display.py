@@ -4,15 +4,22 @@ Text a model or a tool server wrote (answers, arguments, results, provider error
 untrusted: printed raw, an escape sequence can recolour, hide or rewrite what a reviewer sees
 (CSI ``ESC [ … m``, OSC ``ESC ] … BEL`` titles and hyperlinks, a carriage return that prints
 over a line, C1 controls such as the 8-bit CSI ``U+009B``, bidirectional overrides that show
-text in another order than it is stored). ``printable`` neutralises every such character by
-writing it as a visible escape (``\\x1b``, ``\\x0d``, ``\\u202e``): no sequence survives,
-because its introducer no longer is one, and the person sees that something was there.
-Newlines and tabs are kept (as ``\\n``/``\\t`` escapes with ``newlines=False``).
+text in another order than it is stored), and characters a terminal draws as nothing carry
+text a person does not see but a tool or a model reads (tag characters spelling ASCII,
+zero-width characters, variation selectors). ``printable`` neutralises every such character by
+writing it as a visible escape (``\\x1b``, ``\\x0d``, ``\\u202e``, ``\\U000e0072``): no
+sequence survives, because its introducer no longer is one, and the person sees that
+something was there. Newlines and tabs are kept (as ``\\n``/``\\t`` escapes with
+``newlines=False``).
 
 Characters neutralised (``NEUTRALISED``): Unicode category Cc — C0 (U+0000–U+001F), DEL
-(U+007F) and C1 (U+0080–U+009F), the ECMA-48 control functions — and the bidirectional
-formatting characters of Unicode Standard Annex #9 (U+061C, U+200E, U+200F,
-U+202A–U+202E, U+2066–U+2069).
+(U+007F) and C1 (U+0080–U+009F), the ECMA-48 control functions —; category Cf, the format
+characters, among them the bidirectional formatting characters of Unicode Standard Annex #9
+(U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069), the zero-width characters
+(U+200B–U+200D, U+2060, U+FEFF), the soft hyphen and the tag characters (U+E0001,
+U+E0020–U+E007F); the line and paragraph separators (Zl, Zp: U+2028, U+2029); and the
+variation selectors (U+FE00–U+FE0F, U+E0100–U+E01EF). An emoji joined by U+200D or styled by
+U+FE0F is shown with the escape: a reviewer's view is for reading exactly.
 
 What belongs here: that rule, and showing a tool call's arguments in full for review
 (``arguments_block``). What does not: choosing what to show (the programs: ``agentrun.cli``,
@@ -29,15 +36,23 @@ from typing import Any
 
 __all__ = ["NEUTRALISED", "arguments_block", "printable"]
 
-_BIDI = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_INVISIBLE = frozenset({"Cc", "Cf", "Zl", "Zp"})
+_SELECTORS = (*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0))
 
 
 def _escape(code: int) -> str:
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
+
+_PLANES = (range(0x20000), range(0xE0000, 0xE1000))
+"""Where Unicode puts every Cc, Cf, Zl and Zp character: the basic and supplementary
+multilingual planes and the special-purpose plane (scanned at import; not the whole range)."""
 
 NEUTRALISED: frozenset[int] = frozenset(
-    [c for c in range(0xA0) if unicodedata.category(chr(c)) == "Cc"] + list(_BIDI)
+    [c for plane in _PLANES for c in plane if unicodedata.category(chr(c)) in _INVISIBLE]
+    + list(_SELECTORS)
 )
 """Code points ``printable`` writes as visible escapes (see the module docstring)."""
 
@@ -47,7 +62,8 @@ _ONE_LINE = {**_KEEP_LINES, 0x09: "\\t", 0x0A: "\\n"}
 
 def printable(text: str, *, newlines: bool = True) -> str:
     """``text`` with every character of ``NEUTRALISED`` written as a visible escape
-    (``ESC`` → ``\\x1b``, CR → ``\\x0d``, U+202E → ``\\u202e``); newlines and tabs kept, or
+    (``ESC`` → ``\\x1b``, CR → ``\\x0d``, U+202E → ``\\u202e``, a tag character →
+    ``\\U000e00xx``); newlines and tabs kept, or
     written as ``\\n``/``\\t`` when ``newlines`` is false (for one-line fields)."""
     return text.translate(_KEEP_LINES if newlines else _ONE_LINE)
 
@@ -55,7 +71,7 @@ def printable(text: str, *, newlines: bool = True) -> str:
 def arguments_block(arguments: Mapping[str, Any] | Any) -> str:
     """A tool call's arguments in full, for a person deciding it: JSON indented by two
     spaces with sorted keys, non-ASCII kept readable, then ``printable`` (JSON escapes C0
-    controls itself, not DEL, C1 or bidirectional marks). A value that is not JSON is shown
+    controls itself, not DEL, C1, format characters or selectors). A value that is not JSON is shown
     by its ``repr``."""
     try:
         text = json.dumps(arguments, indent=2, sort_keys=True, ensure_ascii=False)
