@@ -389,34 +389,3 @@ async def test_a_sealed_decision_copied_from_elsewhere_in_the_run_ends_it(stack:
     assert len(stack.bus.published) == published  # no resume turn asked for
     last = await stack.bus.last_event(NAMESPACE, "held")
     assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: an admission seals no life of its run, so a copy of the first life's sealed "
-    "admission, appended while the rerun waits in its tenant's queue, is followed as the "
-    "rerun's (docs/trust.md, 'What a seal does not bind')",
-)
-async def test_a_copy_of_a_reruns_first_admission_is_not_followed(stack: Stack) -> None:
-    """A rerun keeps the run's uid: its first life's admission, sealed for that uid, copied
-    by a holder of a worker's credentials and appended after the rerun purged the subject,
-    while the rerun waits to be admitted (under a model, tools and tenant that may have
-    changed since), is not the rerun's: no turn is asked for under it."""
-    first_life = config("again")
-    await stack.dispatcher.start_run(first_life, start_time=1.0, generation=1)
-    await stack.consume("again")
-    await stack.dispatcher.end(NAMESPACE, "again", first_life.uid, kernel.Phase.CANCELLED, "x")
-    await stack.consume("again")
-    copy = stack.bus.subjects[protocol.event_subject(NAMESPACE, "again")][0][1]
-    await stack.dispatcher.prepare_rerun(NAMESPACE, "again", first_life.uid)
-    stack.api.put(
-        "agentruns",
-        {
-            "metadata": {"name": "again", "namespace": NAMESPACE, "uid": first_life.uid},
-            "status": {"phase": "Pending"},
-        },
-    )
-    stack.bus.forge(NAMESPACE, "again", copy)
-    published = len(stack.bus.published)
-    await stack.consume("again")
-    assert stack.bus.published[published:] == []
