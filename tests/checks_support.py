@@ -4,6 +4,7 @@ shared check threads, whatever the machine's load makes of their durations."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -11,14 +12,20 @@ import pytest
 from agentrun.kernel import schemas
 
 
-def counting_checks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[None], list[None]]:
-    """Lists that grow as each schema's (uncached) check starts and ends."""
+def counting_checks(
+    monkeypatch: pytest.MonkeyPatch, *, hold_first: threading.Event | None = None
+) -> tuple[list[None], list[None]]:
+    """Lists that grow as each schema's (uncached) check starts and ends; ``hold_first``: the
+    first check, once started, waits for it (10 s at most) before it checks, so a test can
+    queue another party's check behind it whatever the machine's load."""
     started: list[None] = []
     done: list[None] = []
     check = schemas.schema_problem
 
     def counted(schema: Any, **kwargs: Any) -> str | None:
         started.append(None)
+        if hold_first is not None and len(started) == 1:
+            hold_first.wait(timeout=10)
         try:
             return check(schema, **kwargs)
         finally:

@@ -199,24 +199,31 @@ class EvalController:
     async def run(self) -> None:
         """Serve reconcile requests in the order asked, ``RECONCILES_AT_ONCE`` at a time,
         forever: a suite whose check takes long holds one place, not the others' turns. A
-        suite asked for while it is being reconciled is reconciled again once that ends."""
+        suite asked for while it is being reconciled is reconciled again once that ends.
+        Cancelled, it cancels the reconciles it started and returns once they have ended."""
         slots = asyncio.Semaphore(RECONCILES_AT_ONCE)
         serving: set[asyncio.Task[None]] = set()
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            if key in self._running:
-                self._again.add(key)
-                continue
-            if self._held[key[0]] >= PER_NAMESPACE:
-                self._parked.setdefault(key[0], {})[key] = None
-                continue
-            await slots.acquire()
-            self._held[key[0]] += 1
-            self._running.add(key)
-            task = asyncio.create_task(self._serve(key, slots), name=f"eval {key[0]}/{key[1]}")
-            serving.add(task)
-            task.add_done_callback(serving.discard)
+        try:
+            while True:
+                key = await self._queue.get()
+                self._queued.discard(key)
+                if key in self._running:
+                    self._again.add(key)
+                    continue
+                if self._held[key[0]] >= PER_NAMESPACE:
+                    self._parked.setdefault(key[0], {})[key] = None
+                    continue
+                await slots.acquire()
+                self._held[key[0]] += 1
+                self._running.add(key)
+                name = f"eval {key[0]}/{key[1]}"
+                task = asyncio.create_task(self._serve(key, slots), name=name)
+                serving.add(task)
+                task.add_done_callback(serving.discard)
+        finally:
+            for task in serving:
+                task.cancel()
+            await asyncio.gather(*serving, return_exceptions=True)
 
     async def _serve(self, key: EvalKey, slots: asyncio.Semaphore) -> None:
         """Reconcile ``key`` in one of ``run``'s places, then free it (asking again for a

@@ -5,7 +5,9 @@ one place, and another namespace's one-case suite gets its run at once beside it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import threading
 import time
 from typing import Any
 
@@ -124,7 +126,8 @@ async def test_a_suites_check_takes_the_threads_one_schema_at_a_time(
     too) and a check running cannot be taken back: a suite checked as one piece held a thread
     for all its cases' schemas (a minute at 200), and another tenant's run waited that long to
     be admitted. Each answer schema is its own turn; another party's check waits one at most."""
-    started, done = counting_checks(monkeypatch)
+    first = threading.Event()
+    started, done = counting_checks(monkeypatch, hold_first=first)
     api = FakeKube()
     api.put("agents", agent("team-slow"))
     api.put(EVALS, suite("team-slow", heavy_cases("turns")))
@@ -136,10 +139,38 @@ async def test_a_suites_check_takes_the_threads_one_schema_at_a_time(
         controller.kick("team-slow", "suite")
         while not started:  # the suite's first check has taken the thread
             await asyncio.sleep(0.01)
-        behind = await checks.run("team-other", lambda: len(done))  # another tenant's check
+        other = asyncio.create_task(checks.run("team-other", lambda: len(done)))
+        while checks.waiting < 1:  # another tenant's check waits for the thread
+            await asyncio.sleep(0.005)
+        first.set()
+        behind = await other
     finally:
         loop_task.cancel()
         checks.close()
-    assert behind <= 1, (
+    assert behind == 1, (
         f"another party's check ran after {behind} schema checks (the suite has {CASES})"
     )
+
+
+async def test_a_cancelled_controller_leaves_no_reconcile_running() -> None:
+    """The controller stops (a shard given up, the operator stopping): the reconciles it had
+    started are cancelled and ended with it, not left on the event loop checking schemas and
+    writing runs for an owner that stopped."""
+    api = FakeKube()
+    api.put("agents", agent("team-slow"))
+    for name in ("one", "two"):
+        api.put(EVALS, suite("team-slow", heavy_cases(name), name=name))
+    events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    controller = EvalController(api, runs=NoEvents(), events=events, retry=3600)
+    loop_task = asyncio.create_task(controller.run())
+    controller.kick("team-slow", "one")
+
+    def reconciling() -> list[asyncio.Task[object]]:
+        return [t for t in asyncio.all_tasks() if t.get_name().startswith("eval team-slow/")]
+
+    while not reconciling():
+        await asyncio.sleep(0.01)
+    loop_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop_task
+    assert reconciling() == []
