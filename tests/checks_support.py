@@ -4,12 +4,14 @@ shared check threads, whatever the machine's load makes of their durations."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
 import pytest
 
 from agentrun.kernel import schemas
+from agentrun.operator.platform.fairwork import FairWork
 
 
 def counting_checks(
@@ -33,3 +35,18 @@ def counting_checks(
 
     monkeypatch.setattr(schemas, "schema_problem", counted)
     return started, done
+
+
+async def ended_before_another(
+    checks: FairWork, party: str, first: threading.Event, started: list[Any], done: list[Any]
+) -> int:
+    """Once the first counted check has started (held by ``first``, ``counting_checks``'s
+    ``hold_first``), queue a check of ``party`` behind it, let the first go on, and return how
+    many counted checks had ended when ``party``'s ran."""
+    while not started:
+        await asyncio.sleep(0.01)
+    other = asyncio.create_task(checks.run(party, lambda: len(done)))
+    while checks.waiting < 1:  # the other party's check waits for the thread
+        await asyncio.sleep(0.005)
+    first.set()
+    return await other

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from checks_support import counting_checks
+from checks_support import counting_checks, ended_before_another
 from kube_support import FakeKube
 
 from agentrun.operator.evals.controller import EVALS, RECONCILES_AT_ONCE, EvalController
@@ -137,13 +137,7 @@ async def test_a_suites_check_takes_the_threads_one_schema_at_a_time(
     loop_task = asyncio.create_task(controller.run())
     try:
         controller.kick("team-slow", "suite")
-        while not started:  # the suite's first check has taken the thread
-            await asyncio.sleep(0.01)
-        other = asyncio.create_task(checks.run("team-other", lambda: len(done)))
-        while checks.waiting < 1:  # another tenant's check waits for the thread
-            await asyncio.sleep(0.005)
-        first.set()
-        behind = await other
+        behind = await ended_before_another(checks, "team-other", first, started, done)
     finally:
         loop_task.cancel()
         checks.close()

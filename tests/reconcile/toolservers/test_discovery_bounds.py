@@ -12,7 +12,7 @@ from typing import Any
 
 import mcp_support
 import pytest
-from checks_support import counting_checks
+from checks_support import counting_checks, ended_before_another
 from kube_support import FakeKube
 
 from agentrun.operator.platform.fairwork import FairWork
@@ -100,13 +100,7 @@ async def test_a_servers_input_schemas_take_the_check_threads_one_at_a_time(
         refresher.ToolServerRefresher(api, reach=rules, checks=checks).refresh(body)
     )
     try:
-        while not started:  # the discovery's first check has taken the thread
-            await asyncio.sleep(0.01)
-        other = asyncio.create_task(checks.run("team-b", lambda: len(done)))
-        while checks.waiting < 1:  # another tenant's check waits for the thread
-            await asyncio.sleep(0.005)
-        first.set()
-        behind = await other
+        behind = await ended_before_another(checks, "team-b", first, started, done)
         await refreshing
     finally:
         refreshing.cancel()
