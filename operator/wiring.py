@@ -82,7 +82,7 @@ from .platform.events import EventRecorder
 from .platform.failures import Failures
 from .platform.fairwork import FairWork
 from .platform.kubeapi import KubeApi
-from .platform.loops import cancel_and_wait
+from .platform.loops import Supervision, cancel_and_wait
 from .platform.shards import ALL_OF_ONE, Ownership, RunShards
 from .platform.storewatch import STORE, StoreWatch, exit_store_lost
 from .runs import lifecycle
@@ -210,6 +210,8 @@ class Parts:
     """Each handler module's share (``handling_of``), set before any handler runs."""
     watch: StoreWatch | None = None
     """Exits the process once the NATS store it started on is lost (``platform.storewatch``)."""
+    supervision: Supervision = dataclasses.field(default_factory=Supervision)
+    """Ends the process when a background loop (or the status writer) ends by an error."""
     tasks: tuple[asyncio.Task[None], ...] = ()
     """Background loops: with shard 0 (always with one shard), orphan purge, tool server
     discovery, AgentEval reconciles and CronAgentRun schedules; then the event consumers, turn
@@ -292,7 +294,6 @@ async def start_parts(
         raise
     for obj in tenant_objects:
         parts.tenants.put(obj)
-    parts.writer.start()
     watch = StoreWatch(lambda: bus.streams_created(STORE), STORE, on_lost=exit_store_lost)
     parts = dataclasses.replace(parts, handling=handling_of(parts), watch=watch)
     return dataclasses.replace(parts, tasks=_start_loops(parts, cluster=ownership.cluster_work))
@@ -470,11 +471,14 @@ async def _purge_orphans(bus: Bus, api: KubeApi) -> None:
 
 
 def _start_loops(parts: Parts, *, cluster: bool = True) -> tuple[asyncio.Task[None], ...]:
-    """Start every background loop of ``parts`` (the order of ``Parts.tasks``); the
-    cluster-scoped ones (orphan purge, tool server discovery, AgentEvals, schedules) only if
-    ``cluster`` (this process holds shard 0)."""
+    """Start the status writer and every background loop of ``parts`` (the order of
+    ``Parts.tasks``; the cluster-scoped ones, orphan purge, tool server discovery, AgentEvals
+    and schedules, only if ``cluster``: this process holds shard 0), each watched by
+    ``parts.supervision``; returns the loops (not the writer, which ``stop_parts`` flushes
+    after stopping them)."""
     assert parts.watch is not None and parts.handling is not None
-    return (
+    parts.supervision.watch(parts.writer.start())
+    return parts.supervision.watch(
         *(_start_cluster_loops(parts) if cluster else ()),
         asyncio.create_task(parts.dispatcher.run(), name="event-consumer"),
         asyncio.create_task(parts.dispatcher.gate.run(), name="turn-gate"),
@@ -503,6 +507,7 @@ def _start_cluster_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
 
 async def stop_parts(parts: Parts) -> None:
     """Stop consuming, flush status, close connections; bounded, even with NATS gone."""
+    parts.supervision.stop()
     parts.dispatcher.stop()
     parts.orphans.stop()
     parts.waiting.stop()

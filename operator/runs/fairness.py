@@ -83,8 +83,8 @@ class TurnQueue:
         """Per tenant, its ready turns in the order they became ready."""
         self._where: dict[str, str] = {}
         """uid → tenant of each run with a ready turn here."""
-        self._flying: dict[str, set[str]] = {}
-        """Per tenant, the uids of runs whose turn is published and not yet done."""
+        self._flying: dict[str, dict[str, ReadyTurn]] = {}
+        """Per tenant, uid → the turn ``take`` gave out, published and not yet done."""
         self._served = 0
         self._last_served: dict[str, int] = {}
         """Per tenant, when it was last served (a counter: lower is longer ago)."""
@@ -110,7 +110,14 @@ class TurnQueue:
         self._where[turn.uid] = turn.tenant
 
     def put_back(self, turn: ReadyTurn) -> None:
-        """A turn ``take`` gave out could not be published: first again in its tenant."""
+        """A turn ``take`` gave out could not be published: first again in its tenant, no
+        longer counted in flight. Dropped instead when its run moved on while it was being
+        published (a newer turn of the run was put, or the run's turn was done or
+        discarded): the run waits on it no longer, and a run has one turn here at most."""
+        flying = self._flying.get(turn.tenant, {})
+        if flying.get(turn.uid) is not turn or turn.uid in self._where:
+            return
+        self.done(turn.uid)
         self._ready.setdefault(turn.tenant, collections.deque()).appendleft(turn)
         self._where[turn.uid] = turn.tenant
 
@@ -131,7 +138,7 @@ class TurnQueue:
         """The run's published turn is over (its event came, or the run ended)."""
         for tenant, flying in list(self._flying.items()):
             if uid in flying:
-                flying.discard(uid)
+                del flying[uid]
                 if not flying:
                     del self._flying[tenant]
                 return
@@ -153,7 +160,7 @@ class TurnQueue:
         if not ready:
             del self._ready[tenant]
         del self._where[turn.uid]
-        self._flying.setdefault(tenant, set()).add(turn.uid)
+        self._flying.setdefault(tenant, {})[turn.uid] = turn
         self._served += 1
         self._last_served[tenant] = self._served
         return turn
@@ -330,7 +337,6 @@ class TurnGate:
         try:
             published = await self.publisher.publish_ready(turn)
         except Exception as err:  # NATS away: keep its place, try again shortly
-            self.queue.unpublished(turn)
             self.queue.put_back(turn)
             self.failures.failed("publish", err, subject=subject)
             return REFRESH_SECONDS

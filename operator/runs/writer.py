@@ -147,9 +147,10 @@ class StatusWriter:
         self.failures = Failures(log, what="status patch")
         """Runs whose status write failed (each logged once)."""
 
-    def start(self) -> None:
-        """Start the flushing task."""
+    def start(self) -> asyncio.Task[None]:
+        """Start the flushing task; returns it."""
         self._task = asyncio.create_task(self._run(), name="status-writer")
+        return self._task
 
     async def flush_and_stop(self) -> None:
         """Flush what is pending (best effort), then stop."""

@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import Mapping
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrun.operator.runs.fairness import (
     POLL_SECONDS,
@@ -206,6 +208,80 @@ async def test_a_failed_publication_keeps_its_place_and_a_moved_on_run_is_droppe
     finally:
         gate.stop()
         await loop
+
+
+async def test_a_turn_that_failed_to_publish_after_its_run_moved_on_leaves_the_newer_one() -> None:
+    """Publishing turn 0 timed out although JetStream stored it: a worker committed it and the
+    run's turn 1 became ready while the publication still waited. Turn 0 is not put back (the
+    run waits on it no longer): turn 1 is published, once, and nothing of the run is left."""
+    source = Source()
+    holding, release = asyncio.Event(), asyncio.Event()
+    publish = source.publish_ready
+
+    async def slow_then_failing(turn: ReadyTurn) -> bool:
+        if turn.request.turn == 0:
+            holding.set()
+            await release.wait()
+            raise TimeoutError("nats: timeout")
+        return await publish(turn)
+
+    source.publish_ready = slow_then_failing  # type: ignore[method-assign]
+    gate = TurnGate(source, source, caps=Caps(), limit=5)
+    first = asyncio.create_task(gate.offer(ready("a", "r")))
+    await holding.wait()
+    gate.committed("r")  # the stored copy ran
+    await gate.offer(ready("a", "r", turn=1))  # waits behind the publication in progress
+    release.set()
+    await first
+    loop = asyncio.create_task(gate.run())
+    try:
+        await until(lambda: source.published == ["r"])
+        await until(lambda: gate.queue.waiting == 0)
+        assert gate.queue.in_flight("a") == 1
+        gate.committed("r")
+        assert not gate.queue.holds("r") and gate.queue.take(no_cap) is None
+    finally:
+        gate.stop()
+        await loop
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "take", "back", "unpublished", "discard", "done"]),
+        st.sampled_from(["a", "b"]),
+        st.sampled_from(["r0", "r1", "r2"]),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(OPS)
+def test_any_order_of_events_leaves_each_run_at_most_one_turn_to_take(
+    ops: list[tuple[str, str, str]],
+) -> None:
+    """Whatever the order of readiness, takes, failed and dropped publications, ends and
+    commits: ``take`` never fails, ``waiting`` counts what can be taken, a run has at most one
+    turn waiting, and a turn is put back only while its run still waits on it."""
+    queue, taken, turns = TurnQueue(), [], {}
+    for op, tenant, run in ops:
+        if op == "put":
+            turns[run] = turns.get(run, -1) + 1
+            queue.put(ready(tenant, run, turn=turns[run]))
+        elif op == "take" and (turn := queue.take(no_cap)) is not None:
+            taken.append(turn)
+        elif op in ("back", "unpublished") and taken:
+            turn = taken.pop()
+            queue.put_back(turn) if op == "back" else queue.unpublished(turn)
+        elif op == "discard":
+            queue.discard(run)
+        elif op == "done":
+            queue.done(run)
+    waiting, left = queue.waiting, []
+    while (turn := queue.take(no_cap)) is not None:
+        left.append(turn)
+    assert len(left) == waiting == len({t.uid for t in left}) and queue.waiting == 0
+    assert all(t.request.turn == turns[t.uid] for t in left)  # each run's latest turn
 
 
 async def until(check: object, *, timeout: float = 5.0) -> None:
