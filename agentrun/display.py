@@ -21,10 +21,10 @@ U+E0020–U+E007F); the line and paragraph separators (Zl, Zp: U+2028, U+2029); 
 variation selectors (U+FE00–U+FE0F, U+E0100–U+E01EF). An emoji joined by U+200D or styled by
 U+FE0F is shown with the escape: a reviewer's view is for reading exactly.
 
-What belongs here: that rule, and showing a tool call's arguments in full for review
-(``arguments_block``). What does not: choosing what to show (the programs: ``agentrun.cli``,
-the operator's Events, ``agentrun dev demo``). Pure, standard library only, so every program
-(the dev tooling included) can use it.
+What belongs here: that rule, showing a tool call's arguments in full for review
+(``arguments_block``), and counting things in words (``counted``). What does not: choosing
+what to show (the programs: ``agentrun.cli``, the operator's Events, ``agentrun dev demo``).
+Pure, standard library only, so every program (the dev tooling included) can use it.
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ NEUTRALISED: frozenset[int] = frozenset(
 
 _KEEP_LINES = {c: _escape(c) for c in NEUTRALISED if c not in (0x09, 0x0A)}
 _ONE_LINE = {**_KEEP_LINES, 0x09: "\\t", 0x0A: "\\n"}
+
+
+def counted(number: int, noun: str) -> str:
+    """``1 step``, ``2 steps``, ``0 steps``: ``number`` and ``noun``, plural (an ``s``)
+    unless ``number`` is 1."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def printable(text: str, *, newlines: bool = True) -> str:

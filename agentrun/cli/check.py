@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from agentrun import display
 from agentrun.cli import control, kubeflags
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
@@ -118,7 +119,8 @@ def _report(name: str, status: dict[str, Any] | None, *, expect: str) -> int:
         return 1
     usage = status.get("usage") or {}
     print(f"{name}: {status.get('phase')} / {status.get('terminalReason')}, "
-          f"{usage.get('steps', 0)} steps, {usage.get('totalTokens', 0)} tokens")  # fmt: skip
+          f"{display.counted(int(usage.get('steps', 0)), 'step')}, "
+          f"{display.counted(int(usage.get('totalTokens', 0)), 'token')}")  # fmt: skip
     if status.get("message"):
         print(f"message: {status['message']}")
     if status.get("terminalReason") == expect:

@@ -468,16 +468,22 @@ def budget_lines(budget: dict[str, Any], *, tenant: str | None) -> list[str]:
     return lines
 
 
+def _counted(usage: dict[str, Any], field: str, noun: str) -> str:
+    """``usage[field]`` (0 when absent) and ``noun`` in words: ``1 step``, ``2 steps``."""
+    return display.counted(int(usage.get(field) or 0), noun)
+
+
 def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
     """Usage, the pending approval, the answer and the conditions."""
     usage = status.get("usage") or {}
     lines = []
     if usage:
         lines.append(
-            f"Usage:         {usage.get('steps', 0)} steps, {usage.get('toolCalls', 0)} tool "
-            f"calls ({usage.get('toolFailures', 0)} failed), "
-            f"{usage.get('toolCallsNotRun', 0)} not run, {usage.get('corrections', 0)} "
-            f"corrections, {usage.get('totalTokens', 0)} tokens, {usage.get('costUSD', '0')} USD, "
+            f"Usage:         {_counted(usage, 'steps', 'step')}, "
+            f"{_counted(usage, 'toolCalls', 'tool call')} ({usage.get('toolFailures', 0)} "
+            f"failed), {usage.get('toolCallsNotRun', 0)} not run, "
+            f"{_counted(usage, 'corrections', 'correction')}, "
+            f"{_counted(usage, 'totalTokens', 'token')}, {usage.get('costUSD', '0')} USD, "
             f"{usage.get('wallSeconds', 0)}s"
         )
     pending = status.get("pendingApproval")

@@ -82,11 +82,6 @@ def held_lines(name: str, arguments: Mapping[str, Any] | Any, *, digest: str) ->
     ]
 
 
-def _count(number: int, noun: str) -> str:
-    """``1 step``, ``2 steps``, ``0 steps``."""
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
-
-
 def end_line(summary: kernel.RunSummary) -> str:
     """``end  Succeeded completed (ok): 2 steps, 1 tool call, 390 tokens, 0.000975 USD``, and
     the answer or the message."""
@@ -95,8 +90,8 @@ def end_line(summary: kernel.RunSummary) -> str:
     usage = summary.usage
     line = (
         f"end   {terminal.resource_phase.value} {terminal.reason.value} "
-        f"({terminal.outcome.value}): {_count(summary.steps, 'step')}, "
-        f"{_count(summary.tool_calls, 'tool call')}, "
+        f"({terminal.outcome.value}): {display.counted(summary.steps, 'step')}, "
+        f"{display.counted(summary.tool_calls, 'tool call')}, "
         f"{usage.total_tokens} tokens, {usage.cost_usd:.6f} USD"
     )
     if summary.answer is not None:

@@ -7,7 +7,7 @@ status), the throttle and the poster (``platform.events``).
 
 from __future__ import annotations
 
-from agentrun import kernel
+from agentrun import display, kernel
 
 from ..platform.events import EventRecorder, EventType, Involved
 from .keys import RunKey
@@ -28,11 +28,12 @@ def involved(key: RunKey) -> Involved:
 
 
 def usage_line(summary: kernel.RunSummary) -> str:
-    """``3 steps, 2 tool calls, 390 tokens, 0.000975 USD``."""
+    """``3 steps, 1 tool call, 390 tokens, 0.000975 USD``."""
     usage = summary.usage
     return (
-        f"{summary.steps} steps, {summary.tool_calls} tool calls, {usage.total_tokens} tokens, "
-        f"{usage.cost_usd:.6f} USD"
+        f"{display.counted(summary.steps, 'step')}, "
+        f"{display.counted(summary.tool_calls, 'tool call')}, "
+        f"{display.counted(usage.total_tokens, 'token')}, {usage.cost_usd:.6f} USD"
     )
 
 

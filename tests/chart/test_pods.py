@@ -220,31 +220,29 @@ def test_the_operator_knows_the_jetstream_store_s_size_in_nats_units(
 
 
 @pytest.mark.parametrize(
-    ("values", "replicas"),
+    ("values", "variable", "expected"),
     [
-        pytest.param({}, "1", id="default"),
-        pytest.param({"nats.jetstream.replicas": "3"}, "3", id="R3"),
+        pytest.param({}, "AGENTRUN_NATS_REPLICAS", "1", id="replicas-default"),
+        pytest.param({"nats.jetstream.replicas": "3"}, "AGENTRUN_NATS_REPLICAS", "3", id="R3"),
+        pytest.param({}, "AGENTRUN_LEDGER_LAYOUT", "single", id="layout-default"),
+        pytest.param(
+            {"nats.jetstream.ledgerLayout": "split"}, "AGENTRUN_LEDGER_LAYOUT", "split", id="split"
+        ),
+        # a namespace creating runs in a loop fills its own tenant's queue, not the ledger
+        # bucket every tenant shares
+        pytest.param({}, "AGENTRUN_MAX_QUEUED_RUNS", "10000", id="queue-bounded"),
+        pytest.param(
+            {"operator.maxQueuedRuns": "0"}, "AGENTRUN_MAX_QUEUED_RUNS", "0", id="queue-unbounded"
+        ),
     ],
 )
-def test_the_operator_provisions_streams_at_the_configured_replica_count(
-    offline_helm: helm.Helm, values: dict[str, str], replicas: str
+def test_the_operator_gets_its_settings_from_the_values(
+    offline_helm: helm.Helm, values: dict[str, str], variable: str, expected: str
 ) -> None:
+    """The streams' replica count it provisions, the ledger layout, the bound of each tenant's
+    admission queue."""
     operator = pod_spec(render(offline_helm, values), "operator")
-    assert env(operator)["AGENTRUN_NATS_REPLICAS"] == replicas
-
-
-@pytest.mark.parametrize(
-    ("values", "layout"),
-    [
-        pytest.param({}, "single", id="default"),
-        pytest.param({"nats.jetstream.ledgerLayout": "split"}, "split", id="split"),
-    ],
-)
-def test_the_operator_gets_the_ledger_layout(
-    offline_helm: helm.Helm, values: dict[str, str], layout: str
-) -> None:
-    operator = pod_spec(render(offline_helm, values), "operator")
-    assert env(operator)["AGENTRUN_LEDGER_LAYOUT"] == layout
+    assert env(operator)[variable] == expected
 
 
 def test_an_unknown_ledger_layout_fails_the_render(offline_helm: helm.Helm) -> None:

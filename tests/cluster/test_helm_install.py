@@ -114,7 +114,7 @@ def test_helm_test_runs_one_agentrun_end_to_end(installed: release.Release, ns: 
     tested = installed.helm("test", installed.name, "-n", ns, "--logs", "--timeout", "5m",
                             timeout=330)  # fmt: skip
     assert re.search(r"Phase:\s+Succeeded", tested.stdout), tested.stdout
-    assert "Succeeded / completed, 1 steps" in tested.stdout, tested.stdout
+    assert "Succeeded / completed, 1 step," in tested.stdout, tested.stdout
 
 
 def test_three_workers_all_execute_turns(node_kubectl: Kubectl, ns: str) -> None:

@@ -275,6 +275,20 @@ def test_a_viewer_may_get_runs_but_not_create_them_and_an_editor_may_not_approve
     assert node_kubectl(*approve, "--as", "carol", check=False).stdout.strip() == "yes"
 
 
+def test_the_teams_quota_counts_its_runs(
+    followed: tuple[Guide, dict[str, str]], node_kubectl: Kubectl
+) -> None:
+    """The guide's ResourceQuota bounds agentrun's objects in the team's namespace: the API
+    server counts the AgentRun the guide created against it."""
+    quota = json.loads(
+        node_kubectl(
+            "get", "resourcequota", "agentrun", "-n", followed[1]["TEAM"], "-o", "json"
+        ).stdout
+    )
+    assert quota["status"]["hard"]["count/agentruns.agentrun.dev"] == "2000"
+    assert quota["status"]["used"]["count/agentruns.agentrun.dev"] == "1"
+
+
 def test_the_upgrade_applied_the_crds_and_rolled_a_second_revision(
     followed: tuple[Guide, dict[str, str]], node_kubectl: Kubectl
 ) -> None:

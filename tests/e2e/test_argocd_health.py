@@ -189,7 +189,7 @@ def test_live_objects_get_the_expected_health(
     stack_.wait_terminal(ns, "exact")
     succeeded = get(stack_, "agentrun", "exact", ns)
     found = sample("AgentRun", "succeeded", succeeded, "Healthy")
-    assert found["message"].startswith("completed in 1 steps, ")
+    assert found["message"].startswith("completed in 1 step, ")
     pending = copy.deepcopy(succeeded)
     del pending["status"]  # as applied, before the operator's first status write
     sample("AgentRun", "pending", pending, "Progressing")

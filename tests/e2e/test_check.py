@@ -38,7 +38,7 @@ def check_runs(stack_: E2EStack, namespace: str) -> list[str]:
 def test_a_completed_check_run_passes_and_is_deleted(stack_: E2EStack, test_namespace: str) -> None:
     done = check(stack_, "-n", test_namespace, "--timeout", "60")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Succeeded / completed, 1 steps" in done.stdout, done.stdout
+    assert "Succeeded / completed, 1 step," in done.stdout, done.stdout
     deadline = time.monotonic() + 30  # deleted by `check` once it ended
     while check_runs(stack_, test_namespace):
         assert time.monotonic() < deadline, check_runs(stack_, test_namespace)

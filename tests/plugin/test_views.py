@@ -257,3 +257,10 @@ def test_describe_shows_a_budget_set_in_full_without_defaults() -> None:
     assert lines == [
         "Budget:        maxSteps 5, maxToolCalls 9, maxTokens 1000, maxCostUSD 0.5, timeout 2m"
     ]
+
+
+def test_describe_counts_one_of_a_kind_in_the_singular() -> None:
+    usage = {"steps": 1, "toolCalls": 1, "corrections": 1, "totalTokens": 1, "costUSD": "0"}
+    obj = {"metadata": {"name": "one"}, "spec": {}, "status": {"usage": usage}}
+    (line,) = [x for x in kubectl.describe_lines(obj, []) if x.startswith("Usage:")]
+    assert "1 step, 1 tool call (0 failed), 0 not run, 1 correction, 1 token, 0 USD" in line

@@ -37,3 +37,10 @@ async def test_a_model_error_warns_its_agentmodel_without_naming_the_run() -> No
         assert private not in warning["message"]
     on_run = [e for e in api.events if e["involvedObject"]["kind"] == "AgentRun"]
     assert "the secret plan" in on_run[0]["message"] and "\x1b" not in on_run[0]["message"]
+
+
+def test_an_end_counts_one_of_a_kind_in_the_singular() -> None:
+    summary = kernel.RunSummary(phase=kernel.Phase.COMPLETED, steps=1, tool_calls=1)
+    assert news.usage_line(summary).startswith("1 step, 1 tool call, 0 tokens, ")
+    summary = kernel.RunSummary(phase=kernel.Phase.COMPLETED, steps=2, tool_calls=0)
+    assert news.usage_line(summary).startswith("2 steps, 0 tool calls, 0 tokens, ")

@@ -4,6 +4,12 @@
 -- waits and how many were held, e.g. "call 2 of 3 held for approval: calculate (1 decided)");
 -- Succeeded is Healthy; Failed and Cancelled are Degraded, with the terminal reason and the
 -- operator's message.
+local function steps(n)
+  if n == 1 then
+    return "1 step"
+  end
+  return tostring(n) .. " steps"
+end
 local hs = {}
 local status = obj.status
 if status == nil or status.phase == nil or status.phase == "Pending" then
@@ -17,7 +23,7 @@ if phase == "Succeeded" then
   hs.status = "Healthy"
   hs.message = "completed"
   if status.usage ~= nil and status.usage.costUSD ~= nil then
-    hs.message = "completed in " .. tostring(status.usage.steps or 0) .. " steps, " ..
+    hs.message = "completed in " .. steps(status.usage.steps or 0) .. ", " ..
       status.usage.costUSD .. " USD"
   end
 elseif phase == "Failed" or phase == "Cancelled" then
@@ -56,7 +62,7 @@ elseif phase == "Queued" then
 else
   hs.status = "Progressing"
   if status.usage ~= nil and status.usage.steps ~= nil then
-    hs.message = phase .. ": " .. tostring(status.usage.steps) .. " steps so far"
+    hs.message = phase .. ": " .. steps(status.usage.steps) .. " so far"
   else
     hs.message = phase
   end
