@@ -404,6 +404,8 @@ def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[st
     ]
     if status.get("terminalReason"):
         lines.append(f"Reason:        {status['terminalReason']} (outcome {status.get('outcome')})")
+    if status.get("reruns"):
+        lines.append(f"Reruns:        {status['reruns']} (started again from turn 0)")
     if status.get("queuePosition"):
         lines.append(f"Queue:         position {status['queuePosition']}")
     if status.get("message"):

@@ -108,6 +108,11 @@ class RunConfig:
     """The run's MCP tools (their function names are in ``tools`` too)."""
     url_rules: tuple[UrlRule, ...] = ()
     """What ``http_get`` may fetch for this run (its tenant's rules at admission)."""
+    reruns: int = 0
+    """How many times the run had been started again from turn 0 (``agentrun.dev/rerun``)
+    when this config was admitted: the life of the run it belongs to (``status.reruns`` of
+    the AgentRun, which the operator alone writes). Sealed with the config, so a copy of an
+    earlier life's admission is not taken for a later one's."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -225,6 +225,8 @@ class RunConfigShape(_Shape):
     """Absent in configs written before MCP tools existed."""
     url_rules: list[UrlRuleShape] = []
     """Absent in configs written before http_get existed."""
+    reruns: int = 0
+    """Absent in configs written before reruns were sealed: a first life."""
 
     def value(self) -> RunConfig:
         """The config as a value; the model's window and output cap complete its limits."""

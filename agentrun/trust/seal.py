@@ -44,7 +44,9 @@ class SealFault(enum.StrEnum):
     """Sealed for another run: its uid, namespace or name is not the run's it arrived as."""
     REPLAYED = "replayed"
     """An ``approval`` sealed for another turn or another event of the run than the one it
-    follows: a decision copied onto a later batch, or onto a rerun that holds the same call."""
+    follows (a decision copied onto a later batch, or onto a rerun that holds the same call),
+    or an ``admitted`` event of an earlier life of the run than its object shows (a copy of
+    the first life's admission appended while its rerun waits to be admitted)."""
     CHANGED_CONFIG = "changed_config"
     """A second ``admitted`` event of a run with another config than the run's."""
     LEDGER_ROLLBACK = "ledger_rollback"
@@ -141,7 +143,7 @@ def refusal(event: RunEvent, fault: SealFault) -> str:
         SealFault.UNKNOWN_KEY: "is sealed with a key this process does not trust",
         SealFault.BAD_SIGNATURE: "has a seal that does not match its content",
         SealFault.WRONG_RUN: "was sealed for another run",
-        SealFault.REPLAYED: "was sealed for another turn or event of the run",
+        SealFault.REPLAYED: "was sealed for another turn, event or life of the run",
         SealFault.CHANGED_CONFIG: "admits the run again with another config",
         SealFault.LEDGER_ROLLBACK: "rolls the tenant ledger back",
     }[fault]

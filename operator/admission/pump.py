@@ -482,7 +482,9 @@ class QueuePump:
     ) -> bool:
         """Start a run that got its ledger slot: its ``admitted`` event, then out of the queue.
         False if it could not be (too large to checkpoint: it ends, its slot freed)."""
-        config = dataclasses.replace(config, traceparent=telemetry.mint_traceparent())
+        config = dataclasses.replace(  # its admission seals the life the object is in
+            config, traceparent=telemetry.mint_traceparent(), reruns=head.obj.status.reruns
+        )
         with self.board.admitting(head.key.uid):
             try:
                 await self.deps.runs.start_run(

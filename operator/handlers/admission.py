@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -29,7 +30,7 @@ from ..platform.spec import ObjectMeta, SpecError
 from ..runs import recovery
 from ..runs.keys import ADMITTED_UID_ANNOTATION, CANCEL_ANNOTATION, RERUN_ANNOTATION, RunKey
 from ..runs.recovery import Admission
-from ..runs.spec import RunObject
+from ..runs.spec import RunObject, RunStatusView
 from ..tenants.policy import TenantPolicy
 from ..tenants.registry import NoTenant
 from ..wiring import OperatorMemo, RunHandling
@@ -61,11 +62,12 @@ async def _validate_and_enqueue(
     *,
     spec: kopf.Spec,
     meta: kopf.Meta,
-    status: kopf.Status,
+    status: Mapping[str, Any],
     removed: tuple[str, ...] = (),
 ) -> None:
     """Resolve the run's tenant and Agent, reject what can never run, queue the rest (as
-    ``meta`` shows it, less the annotations ``removed`` from the object since)."""
+    ``meta`` shows it, less the annotations ``removed`` from the object since, in the life
+    ``status.reruns`` counts)."""
     generation = int(meta.get("generation") or 1)
     policy = await _tenant_policy(parts, key, generation=generation)
     if policy is None:
@@ -97,12 +99,26 @@ async def _validate_and_enqueue(
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    kept = {k: v for k, v in meta.annotations.items() if k not in removed}
-    obj = RunObject(
-        metadata=ObjectMeta(generation=generation, annotations=kept), spec=dict(run_spec)
-    )
+    obj = _queued_object(meta, run_spec, status, removed=removed)
     await parts.pump.enqueue_run(
         key, policy, generation=generation, created=_created(meta), obj=obj
+    )
+
+
+def _queued_object(
+    meta: kopf.Meta,
+    run_spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    *,
+    removed: tuple[str, ...],
+) -> RunObject:
+    """The run as the queue pump keeps it: ``meta`` less the annotations ``removed``, the
+    spec it executes, and its life (``status.reruns``), which its admission seals."""
+    kept = {k: v for k, v in meta.annotations.items() if k not in removed}
+    return RunObject(
+        metadata=ObjectMeta(generation=int(meta.get("generation") or 1), annotations=kept),
+        spec=dict(run_spec),
+        status=RunStatusView(reruns=int(status.get("reruns") or 0)),
     )
 
 
@@ -187,7 +203,11 @@ async def _admit(
     annotations = dict(meta.get("annotations") or {})
     generation = int(meta.get("generation") or 1)
     recovered = not status.get("terminalReason") and await parts.runs.recover(
-        key.namespace, key.name, key.uid, generation=generation
+        key.namespace,
+        key.name,
+        key.uid,
+        generation=generation,
+        reruns=int(status.get("reruns") or 0),
     )
     action = recovery.decide(
         uid=key.uid, annotations=annotations, status=status, has_events=recovered
@@ -281,23 +301,24 @@ async def _recovered(parts: RunHandling, key: RunKey, annotations: dict[str, Any
 async def _rerun(
     parts: RunHandling, key: RunKey, *, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status
 ) -> None:
-    """Start run ``key`` again from turn 0 as a new run (``agentrun.dev/rerun``): purge its
-    subject, free its ledger slot, clear its status (``recovery.rerun_status``), remove the
+    """Start run ``key`` again from turn 0 as a new run (``agentrun.dev/rerun``): clear its
+    status and count the new life in ``status.reruns`` (``recovery.rerun_status``, at the
+    object's resourceVersion), purge its subject, free its ledger slot, remove the
     recorded admission (before the pump can record the new one) and the
     ``agentrun.dev/cancel`` that ended it, if one did (else the new run would be cancelled as
     it is queued: "cancel it first" is how a run still going is rerun), validate and queue it
-    (its budget is charged again), and only then remove ``agentrun.dev/rerun``: until then a
-    failure raises, and kopf's retry or the next resume starts over (each step may be
-    repeated). An object gone or replaced meanwhile is left alone."""
-    obj = await parts.api.get(key.ref)
-    if obj is None or (obj.get("metadata") or {}).get("uid") != key.uid:
+    (its budget is charged again; its admission seals the new life), and only then remove
+    ``agentrun.dev/rerun``: until then a failure raises, and kopf's retry or the next resume
+    starts over (each step may be repeated; a life counted twice is still a later one). The
+    count is written before the purge, so that an admission of the earlier life appended to
+    the emptied subject meets an object that shows a later one (``Dispatcher.recover``,
+    ``on_event``). An object gone or replaced meanwhile is left alone."""
+    reruns = await _count_life(parts.api, key, generation=int(meta.get("generation") or 1))
+    if reruns is None:
         return
     await parts.runs.prepare_rerun(key.namespace, key.name, key.uid)
     if status.get("tenant"):
         await parts.pump.release_slot(str(status["tenant"]), key.uid)
-    generation = int(meta.get("generation") or 1)
-    reset = recovery.rerun_status(at=time.time(), generation=generation)
-    await parts.api.patch_status(key.ref, reset, uid=key.uid)
     spent = (ADMITTED_UID_ANNOTATION, CANCEL_ANNOTATION)
     await remove_annotations(parts.api, key, spent)
     parts.events.record(
@@ -306,8 +327,25 @@ async def _rerun(
         reason="Rerun",
         message=f"{RERUN_ANNOTATION}: running again from turn 0 as a new run",
     )
-    await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=status, removed=spent)
+    now = {**status, "reruns": reruns}
+    await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=now, removed=spent)
     await remove_annotations(parts.api, key, (RERUN_ANNOTATION,))
+
+
+async def _count_life(api: KubeApi, key: RunKey, *, generation: int) -> int | None:
+    """Clear run ``key``'s status for a rerun, counting the life it starts in
+    ``status.reruns`` (``recovery.rerun_status``), at the object's resourceVersion: the new
+    count, or ``None`` when the object is gone or replaced. Raises ``ApiError`` (409: it
+    changed meanwhile; kopf's retry reads it again)."""
+    obj = await api.get(key.ref)
+    meta = (obj or {}).get("metadata") or {}
+    if obj is None or meta.get("uid") != key.uid:
+        return None
+    reruns = int((obj.get("status") or {}).get("reruns") or 0) + 1
+    reset = recovery.rerun_status(at=time.time(), generation=generation, reruns=reruns)
+    version = str(meta.get("resourceVersion") or "")
+    await api.patch_status(key.ref, reset, uid=key.uid, version=version)
+    return reruns
 
 
 def _rerun_ignored(events: EventRecorder, key: RunKey) -> None:

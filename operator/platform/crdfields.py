@@ -102,6 +102,7 @@ SERVED: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
             "startTime",
             "completionTime",
             "lastEventSequence",
+            "reruns",
             "agent.name",
             "agent.generation",
             "agent.digest",

@@ -40,7 +40,7 @@ from nats.aio.msg import Msg
 from agentrun import history, kernel, loops, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
-from agentrun.trust import Untrusted
+from agentrun.trust import SealFault, Untrusted
 
 from ..platform.events import EventRecorder
 from ..platform.failures import Failures
@@ -141,8 +141,9 @@ class Dispatcher:
         subject).
 
         If the subject holds events of an older object with the same name, or an admission
-        of this run the operator did not seal (refused: counted and told), they are purged
-        first. Turn 0 is dispatched by the event consumer when it sees the admission.
+        of this run the operator did not seal, or one of an earlier life of the run than
+        ``config.reruns`` (each refused: counted and told), they are purged first. Turn 0 is
+        dispatched by the event consumer when it sees the admission.
         """
         key = RunKey(config.namespace, config.name, config.uid)
         state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
@@ -159,7 +160,7 @@ class Dispatcher:
             except CommitConflict:
                 first = await self.bus.first_event(config.namespace, config.name)
                 if first is not None and first.run_uid == config.uid:
-                    fault = self.seals.fault(first, key=key)
+                    fault = self.seals.fault(first, key=key) or _life_fault(first, config.reruns)
                     if fault is None:
                         return  # admitted before a restart; recovery takes it from here
                     self.seals.report(key, untrusted(first, fault))
@@ -170,16 +171,23 @@ class Dispatcher:
         view = RunView.of(config, start_time=start_time, generation=generation, admitted_seq=seq)
         self._track(view)
 
-    async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
-        """Resume a run after an operator restart; False when the run has no events of ``uid``.
+    async def recover(
+        self, namespace: str, name: str, uid: str, *, generation: int, reruns: int = 0
+    ) -> bool:
+        """Resume a run after an operator restart; False when the run has no events of ``uid``
+        of its life ``reruns`` (its object's ``status.reruns``) or a later one.
 
         Re-dispatches the pending turn of a running run, re-arms its deadline, and re-projects
         the status of a finished one; a run whose stream the operator did not seal is refused
-        (or re-sealed, when admitted before seals and vouched for: ``seals``).
+        (or re-sealed, when admitted before seals and vouched for: ``seals``), and an
+        admission of an earlier life (a copy appended while the rerun waits in its queue) is
+        refused and not followed: the rerun is admitted as it would have been.
         """
         key = RunKey(namespace, name, uid)
         first = await self.bus.first_event(namespace, name)
         if first is None or first.run_uid != uid or first.config is None:
+            return False
+        if self._earlier_life(key, first, reruns):
             return False
         view = self._views.get(uid) or await self._trusted_view(key, first, generation=generation)
         if view is None:
@@ -232,6 +240,15 @@ class Dispatcher:
             generation=generation,
             admitted_seq=trusted.admitted_seq,
         )
+
+    def _earlier_life(self, key: RunKey, first: RunEvent, reruns: int) -> bool:
+        """Whether ``first``, run ``key``'s admission, is of an earlier life than ``reruns``
+        (its object's ``status.reruns``); such a one is refused (counted and told), never
+        followed."""
+        fault = _life_fault(first, reruns)
+        if fault is not None:
+            self.seals.report(key, untrusted(first, fault))
+        return fault is not None
 
     def is_tracked(self, uid: str) -> bool:
         """Whether the run has a live view here (admitted, not ended, not forgotten)."""
@@ -367,6 +384,8 @@ class Dispatcher:
                 return
             if not await self.writer.exists(key):
                 return  # deleted while no operator followed it: stopped as such (next_gone)
+            if self._earlier_life(key, first, self.writer.reruns(key)):
+                return  # its rerun waits to be admitted: ``start_run`` purges the copy
             view = self._track(view)
         if not await self._judge(view, event):
             return
@@ -748,3 +767,14 @@ class Dispatcher:
             await asyncio.gather(
                 *(v.timer for v in self._views.values() if v.timer), return_exceptions=True
             )
+
+
+def _life_fault(first: RunEvent, reruns: int) -> SealFault | None:
+    """Why ``first``, the first event of a run's subject and sealed for it, is not the
+    admission of the run's life ``reruns`` (the object's ``status.reruns``), or ``None``:
+    ``UNSIGNED`` when it is no admission (a subject starts with one), ``REPLAYED`` when it
+    admits an earlier life. A later life than the object shows is the run's own: its status
+    lags its events (or was lost), never leads."""
+    if first.kind != "admitted" or first.config is None:
+        return SealFault.UNSIGNED
+    return SealFault.REPLAYED if first.config.reruns < reruns else None

@@ -141,10 +141,10 @@ def end_message(action: Admission, key: RunKey, *, annotations: Mapping[str, Any
     raise ValueError(f"no end for {action.value}")
 
 
-def rerun_status(*, at: float, generation: int) -> dict[str, Any]:
+def rerun_status(*, at: float, generation: int, reruns: int) -> dict[str, Any]:
     """The ``.status`` merge patch that starts a rerun afresh: the previous run's end, usage,
-    times and event sequence removed (``None``), ``Pending`` until it is queued; ``at`` is
-    epoch seconds."""
+    times and event sequence removed (``None``), ``Pending`` until it is queued, and
+    ``reruns``, the life it starts (the one its admission seals); ``at`` is epoch seconds."""
     message = f"{RERUN_ANNOTATION}: admitted again from turn 0 as a new run"
     cleared = (
         "terminalReason",
@@ -162,6 +162,7 @@ def rerun_status(*, at: float, generation: int) -> dict[str, Any]:
         "phase": kernel.ResourcePhase.PENDING.value,
         "message": message,
         "observedGeneration": generation,
+        "reruns": reruns,
         "conditions": [
             condition(
                 "Admitted",

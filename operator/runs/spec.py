@@ -31,6 +31,9 @@ class RunStatusView(SpecModel):
     terminal_reason: str | None = Field(default=None, alias="terminalReason")
     resolved_spec: dict[str, Any] | None = Field(default=None, alias="resolvedSpec")
     """The spec a run with ``spec.agentRef`` executes, recorded when it was created."""
+    reruns: int = 0
+    """How many times the run was started again from turn 0: the life its next admission
+    seals (``RunConfig.reruns``)."""
 
 
 class RunObject(SpecModel):

@@ -90,6 +90,8 @@ class Written:
     """``status.lastEventSequence`` (0 when absent: queued or ended before admission)."""
     terminal: bool
     """Whether ``status.terminalReason`` is set (the status is final)."""
+    reruns: int = 0
+    """``status.reruns``: the life of the run the object is in (0: its first)."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> Written:
@@ -99,6 +101,7 @@ class Written:
             version=str(obj.get("metadata", {}).get("resourceVersion", "")),
             seq=int(found.get("lastEventSequence") or 0),
             terminal=bool(found.get("terminalReason")),
+            reruns=int(found.get("reruns") or 0),
         )
 
 
@@ -200,6 +203,12 @@ class StatusWriter:
                 self._known[run] = seen
         elif _newer(seen.version, than=known.version):
             self._known[run] = seen
+
+    def reruns(self, run: RunKey) -> int:
+        """``status.reruns`` of run ``run``'s object as last known (``exists`` reads an
+        unknown one); 0 when not known."""
+        known = self._known.get(run)
+        return known.reruns if known is not None else 0
 
     async def exists(self, run: RunKey, *, reread: bool = False) -> bool:
         """Whether run ``run``'s object is there with its uid: known from a watch event or a

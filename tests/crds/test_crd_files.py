@@ -219,6 +219,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "startTime",
         "completionTime",
         "lastEventSequence",
+        "reruns",  # the run's life: times started again from turn 0 (its admission seals it)
     }
     assert set(at(status, "usage")["properties"]) == {
         "steps",

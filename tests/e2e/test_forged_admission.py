@@ -31,6 +31,7 @@ from nats.aio.client import Client as NATS
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun import natsclient, protocol
+from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import codec
 from agentrun.ledger.store import book_key
 from agentrun.natsauth import Role
@@ -99,24 +100,12 @@ attack must land while B is in flight (on a loaded machine the attack's connecti
 refused publishes take tens of seconds)."""
 
 
-def load_scenario(stack_: E2EStack, goal: str) -> None:
+def load_scenario(stack_: E2EStack, goal: str, *, quick: bool = False) -> None:
     """B's run: `SLEEPS` turns each calling a tool that takes `SLEEP` s, then an answer: in
-    flight for minutes unless refused."""
-    text = yaml.safe_dump(
-        {
-            "scenarios": [
-                {
-                    "name": goal,
-                    "match": {"goal": goal},
-                    "turns": [
-                        *[{"tool_calls": [{"name": "sleep", "arguments": {"seconds": SLEEP}}]}]
-                        * SLEEPS,
-                        {"content": "done"},
-                    ],
-                }
-            ]
-        }
-    )
+    flight for minutes unless refused (``quick``: the answer at once)."""
+    sleeps = [{"tool_calls": [{"name": "sleep", "arguments": {"seconds": SLEEP}}]}] * SLEEPS
+    turns = [*([] if quick else sleeps), {"content": "done"}]
+    text = yaml.safe_dump({"scenarios": [{"name": goal, "match": {"goal": goal}, "turns": turns}]})
     base = stack_.mock_url.removesuffix("/v1")
     request = urllib.request.Request(
         f"{base}/_mock/scenarios?mode=append", data=text.encode(), method="POST"
@@ -385,3 +374,74 @@ def test_a_forged_admission_makes_no_model_request_and_reads_no_secret(
         assert len(reads) <= legit, (reads, legit)
     finally:
         components.stop_component(attacker_server)
+
+
+def raw_admission(server: NatsServer, namespace: str, name: str) -> bytes:
+    """The bytes of the run's ``admitted`` event as stored (its seal verifies over them)."""
+
+    async def read() -> bytes:
+        bus = await Bus.connect(BusSettings(url=server.url, auth=server.auth()), name="e2e-copy")
+        try:
+            subject = protocol.event_subject(namespace, name)
+            raw = await bus.js._jsm.get_msg(
+                protocol.STREAM_EVENTS, seq=1, next=True, subject=subject
+            )
+            return raw.data or b""
+        finally:
+            await bus.close()
+
+    return asyncio.run(read())
+
+
+def test_a_copy_of_the_first_lifes_admission_does_not_start_its_rerun(
+    stack_: E2EStack, tenants: Tenants, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A rerun keeps its run's uid. While it waits in its tenant's queue (a run holds the one
+    slot), a holder of a worker's credential appends a copy of the first life's sealed
+    admission to its purged subject: the operator does not follow it (no model request, a
+    ``MessageRefused`` Event, ``reason="replayed"`` counted); once the slot frees, the rerun
+    is admitted under its own admission, which seals its life (``status.reruns``: 1)."""
+    ns, tag = tenants.ns_b, uuid.uuid4().hex[:8]
+    again, gate = f"E2E-TRUST-AGAIN {tag}", f"E2E-TRUST-GATE {tag}"
+    load_scenario(stack_, again, quick=True)
+    load_scenario(stack_, gate)
+    patch = json.dumps({"spec": {"maxConcurrentRuns": 1}})
+    stack_.kubectl("patch", "agenttenant", tenants.tenant, "--type=merge", "-p", patch)
+    manifest = run_manifest("again", again, tools=["sleep"])
+    manifest["spec"]["model"] = tenants.model
+    stack_.apply(ns, manifest)
+    assert stack_.wait_terminal(ns, "again")["terminalReason"] == "completed"
+    copy = raw_admission(nats_server, ns, "again")
+    held = run_manifest("gate", gate, tools=["sleep"])
+    held["spec"]["model"] = tenants.model
+    stack_.apply(ns, held)
+    stack_.wait_for(ns, "gate", lambda s: s.get("phase") == "Running")
+    stack_.kubectl("annotate", "agentrun", "again", "-n", ns, "agentrun.dev/rerun=true")
+    stack_.wait_for(ns, "again", lambda s: s.get("phase") == "Queued" and s.get("reruns") == 1)
+    asked, replayed = len(b_requests(stack_, again)), refused(stack_.operator, "replayed")
+    worker = nats_server.authority().mint(Role.WORKER, name="stolen-worker")
+    stack_.attackers |= {worker.public}
+
+    async def replay() -> str:
+        auth = write_creds(tmp_path, "worker", worker.text())
+        async with Attacker(nats_server, auth, "worker") as a:
+            return await a.publish("copy", protocol.event_subject(ns, "again"), copy)
+
+    assert asyncio.run(replay()).startswith("stored")
+    end = time.monotonic() + 30
+    while refused(stack_.operator, "replayed") == replayed:
+        assert time.monotonic() < end, "the copy was not refused"
+        time.sleep(0.25)
+    time.sleep(3.0)  # a turn dispatched under the copy would have reached the model now
+    assert len(b_requests(stack_, again)) == asked
+    events = json.loads(stack_.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+    assert "again" in {
+        e["involvedObject"]["name"] for e in events if e["reason"] == "MessageRefused"
+    }
+
+    stack_.kubectl("annotate", "agentrun", "gate", "-n", ns, "agentrun.dev/cancel=true")
+    status = stack_.wait_terminal(ns, "again", timeout=60)
+    assert (status["terminalReason"], status["reruns"]) == ("completed", 1)
+    (admitted, *_) = read_events(nats_server, ns, "again")
+    assert admitted.config is not None and admitted.config.reruns == 1
+    assert len(b_requests(stack_, again)) == asked + 1

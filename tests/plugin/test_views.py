@@ -259,6 +259,13 @@ def test_describe_shows_a_budget_set_in_full_without_defaults() -> None:
     ]
 
 
+def test_describe_says_how_many_times_a_run_was_started_again() -> None:
+    obj = {"metadata": {"name": "again"}, "spec": {}, "status": {"reruns": 2}}
+    assert "Reruns:        2 (started again from turn 0)" in kubectl.describe_lines(obj, [])
+    first = {"metadata": {"name": "first"}, "spec": {}, "status": {}}
+    assert not any(x.startswith("Reruns:") for x in kubectl.describe_lines(first, []))
+
+
 def test_describe_counts_one_of_a_kind_in_the_singular() -> None:
     usage = {"steps": 1, "toolCalls": 1, "corrections": 1, "totalTokens": 1, "costUSD": "0"}
     obj = {"metadata": {"name": "one"}, "spec": {}, "status": {"usage": usage}}

@@ -87,7 +87,9 @@ class Recovering:
         self.release = asyncio.Event()
         self.started: list[str] = []
 
-    async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
+    async def recover(
+        self, namespace: str, name: str, uid: str, *, generation: int, reruns: int = 0
+    ) -> bool:
         self.started.append(name)
         if namespace == "slow":
             await self.release.wait()

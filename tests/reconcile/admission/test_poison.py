@@ -8,11 +8,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-import nats
 import pytest
 from kube_support import FakeKube
 from nats.aio.client import Client as NATS
@@ -31,14 +30,6 @@ from agentrun.operator.platform.spec import ObjectMeta
 from agentrun.operator.runs import RunKey, RunObject
 from agentrun.operator.tenants import TenantPolicy
 from agentrun.protocol import ModelConfig, RunConfig
-from agentrun_dev import natsserver
-
-
-@pytest.fixture
-async def client(nats_server: natsserver.NatsServer) -> AsyncIterator[NATS]:
-    nc = await nats.connect(**nats_server.client_options())
-    yield nc
-    await nc.close()
 
 
 class Runs:

@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-import nats
-import pytest
 from kube_support import FakeKube
 from nats.aio.client import Client as NATS
 
@@ -27,7 +25,6 @@ from agentrun.operator.platform import events as recorder
 from agentrun.operator.platform.events import EventRecorder
 from agentrun.operator.runs import RunKey
 from agentrun.operator.tenants import QueueWait, WaitReason
-from agentrun_dev import natsserver
 
 NOW = 1.8e9
 EARLIER_CAP = 1_000
@@ -136,13 +133,6 @@ def test_the_refresh_budget_is_shared_by_every_tenant_and_saves_up_a_second_at_m
     assert budget.available("a", NOW + 0.5) == 0  # looked at less than a second ago
     budget.spend(3)
     assert budget.available("a", NOW + 100) == 10  # a second's worth, never more
-
-
-@pytest.fixture
-async def client(nats_server: natsserver.NatsServer) -> AsyncIterator[NATS]:
-    nc = await nats.connect(**nats_server.client_options())
-    yield nc
-    await nc.close()
 
 
 class Policy:

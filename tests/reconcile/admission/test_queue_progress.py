@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 
-import nats
-import pytest
 from kube_support import FakeKube
 from nats.aio.client import Client as NATS
 
@@ -24,16 +21,8 @@ from agentrun.operator.admission.storage import EventStorage
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.tenants import TenantPolicy
 from agentrun.protocol import RunConfig
-from agentrun_dev import natsserver
 
 from .test_poison import Configs, Runs, Tenants, enqueue
-
-
-@pytest.fixture
-async def client(nats_server: natsserver.NatsServer) -> AsyncIterator[NATS]:
-    nc = await nats.connect(**nats_server.client_options())
-    yield nc
-    await nc.close()
 
 
 async def test_a_pass_admitting_batch_after_batch_shows_the_queue_shrinking_as_it_goes(

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
-import nats
-import pytest
 from kube_support import FakeKube
 from nats.aio.client import Client as NATS
 
@@ -29,7 +27,6 @@ from agentrun.operator.runs import RunKey
 from agentrun.operator.runs.spec import RunObject
 from agentrun.operator.tenants import TenantPolicy, WaitReason
 from agentrun.protocol import ModelConfig, RunConfig
-from agentrun_dev import natsserver
 
 TENANT = "storage"
 LIMIT = 4096
@@ -55,13 +52,6 @@ def test_a_tenants_bytes_are_the_sum_of_its_runs_statuses_until_each_is_deleted(
     storage.forget("b")  # a second DELETED (relist) changes nothing
     assert storage.used(TENANT) == 1500
     assert storage.wait(TENANT) is None
-
-
-@pytest.fixture
-async def client(nats_server: natsserver.NatsServer) -> AsyncIterator[NATS]:
-    nc = await nats.connect(**nats_server.client_options())
-    yield nc
-    await nc.close()
 
 
 class Writes:

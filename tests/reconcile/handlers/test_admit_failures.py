@@ -76,7 +76,9 @@ class Broken:
     def __init__(self, error: Exception) -> None:
         self.error = error
 
-    async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
+    async def recover(
+        self, namespace: str, name: str, uid: str, *, generation: int, reruns: int = 0
+    ) -> bool:
         raise self.error
 
 

@@ -46,6 +46,8 @@ class Runs:
         self.has_events = has_events
         self.original_ended = original_ended
         self.calls: list[str] = []
+        self.api: FakeKube | None = None
+        self.reruns_at_purge: list[int | None] = []
 
     async def project_restored(
         self, namespace: str, name: str, uid: str, *, original: str, generation: int
@@ -53,12 +55,16 @@ class Runs:
         self.calls.append(f"project_restored {original}")
         return self.original_ended
 
-    async def recover(self, namespace: str, name: str, uid: str, *, generation: int) -> bool:
+    async def recover(
+        self, namespace: str, name: str, uid: str, *, generation: int, reruns: int = 0
+    ) -> bool:
         self.calls.append("recover")
         return self.has_events
 
     async def prepare_rerun(self, namespace: str, name: str, uid: str) -> None:
         self.calls.append("prepare_rerun")
+        if self.api is not None:  # what the object shows as its subject is purged
+            self.reruns_at_purge.append(stored(self.api)["status"].get("reruns"))
 
     def is_tracked(self, uid: str) -> bool:
         return self.has_events  # followed here once recovered
@@ -118,9 +124,11 @@ def stack(
         "generation": 1,
     }
     api.put("agentruns", {"metadata": meta, "spec": {}, "status": dict(status)})
+    runs = Runs(has_events=has_events)
+    runs.api = api
     parts = types.SimpleNamespace(
         api=api,
-        runs=Runs(has_events=has_events),
+        runs=runs,
         shown=Shown(),
         pump=Pump(),
         events=Events(),
@@ -230,9 +238,13 @@ async def test_a_rerun_asked_of_a_run_still_going_is_ignored_with_a_warning(
     assert "prepare_rerun" not in parts.runs.calls and queued == []
 
 
-async def rerun_checks(parts: Any, api: FakeKube, queued: list[RunKey]) -> None:
+async def rerun_checks(parts: Any, api: FakeKube, queued: list[RunKey], *, life: int = 1) -> None:
+    """The rerun checks, the rerun being the run's life ``life``: counted in its status
+    before its subject was purged, and handed to the queue with it (its admission seals it)."""
     obj = stored(api)
     assert parts.runs.calls[-1] == "prepare_rerun"  # its subject purged, its end forgotten
+    assert parts.runs.reruns_at_purge == [life] and obj["status"]["reruns"] == life
+    assert enqueued[-1]["status"]["reruns"] == life
     assert parts.pump.released == [("t", RUN.uid)]
     assert obj["status"]["phase"] == "Pending"
     for cleared in ("terminalReason", "startTime", "lastEventSequence", "usage", "completionTime"):
@@ -280,6 +292,13 @@ async def test_the_rerun_annotation_set_on_an_ended_run_starts_it_again(
     parts, api = stack(annotations, ENDED)
     await update(parts, annotations, ENDED)
     await rerun_checks(parts, api, queued)
+
+
+async def test_each_rerun_is_a_later_life_of_the_run(queued: list[RunKey]) -> None:
+    annotations = {ADMITTED_UID_ANNOTATION: RUN.uid, RERUN_ANNOTATION: "true"}
+    parts, api = stack(annotations, {**ENDED, "reruns": 2})
+    await update(parts, annotations, {**ENDED, "reruns": 2})
+    await rerun_checks(parts, api, queued, life=3)
 
 
 async def test_a_cancelled_run_reruns_without_its_cancel(queued: list[RunKey]) -> None:

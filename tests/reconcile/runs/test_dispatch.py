@@ -62,6 +62,9 @@ class Submitted:
     async def exists(self, run: RunKey) -> bool:
         return run.uid not in self.gone
 
+    def reruns(self, run: RunKey) -> int:
+        return 0  # every run here is in its first life
+
 
 class Settled:
     """The ledger's end of a run: which runs were settled, from which event."""

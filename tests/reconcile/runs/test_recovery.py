@@ -123,10 +123,11 @@ def test_only_a_lost_or_restored_run_has_an_end_message() -> None:
 
 
 def test_a_rerun_clears_the_previous_runs_end_usage_and_times() -> None:
-    body = recovery.rerun_status(at=0.0, generation=2)
+    body = recovery.rerun_status(at=0.0, generation=2, reruns=3)
     for cleared in ("terminalReason", "completionTime", "startTime", "lastEventSequence", "usage"):
         assert cleared in body and body[cleared] is None  # a merge patch removes it
     assert body["phase"] == "Pending" and body["observedGeneration"] == 2
+    assert body["reruns"] == 3  # the life it starts, which its admission seals
     (admitted,) = body["conditions"]
     assert (admitted["type"], admitted["status"], admitted["reason"]) == (
         "Admitted",
@@ -160,7 +161,7 @@ def test_which_runs_not_followed_the_operator_does_not_resume(
 
 
 def test_a_rerun_being_queued_is_recognised_by_its_status() -> None:
-    assert recovery.rerun_started(recovery.rerun_status(at=0.0, generation=1))
+    assert recovery.rerun_started(recovery.rerun_status(at=0.0, generation=1, reruns=1))
     assert not recovery.rerun_started(QUEUED)
     assert not recovery.rerun_started({"phase": "Pending"})
     assert not recovery.rerun_started(RUNNING)

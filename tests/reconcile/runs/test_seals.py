@@ -389,3 +389,83 @@ async def test_a_sealed_decision_copied_from_elsewhere_in_the_run_ends_it(stack:
     assert len(stack.bus.published) == published  # no resume turn asked for
     last = await stack.bus.last_event(NAMESPACE, "held")
     assert last is not None and last.phase is kernel.Phase.CHECKPOINT_FAILED
+
+
+async def first_life_copied(stack: Stack, name: str) -> tuple[RunConfig, bytes]:
+    """Run ``name``'s first life admitted, cancelled and its subject purged for a rerun (its
+    object now showing ``status.reruns`` 1, as the rerun handler writes it before the purge),
+    with a copy of the first life's sealed admission appended again, as a holder of a
+    worker's credential can while the rerun waits in its tenant's queue."""
+    first_life = config(name)
+    await stack.dispatcher.start_run(first_life, start_time=1.0, generation=1)
+    await stack.consume(name)
+    await stack.dispatcher.end(NAMESPACE, name, first_life.uid, kernel.Phase.CANCELLED, "x")
+    await stack.consume(name)
+    copy = stack.bus.subjects[protocol.event_subject(NAMESPACE, name)][0][1]
+    stack.api.put(
+        "agentruns",
+        {
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": first_life.uid},
+            "status": {"phase": "Pending", "reruns": 1},
+        },
+    )
+    await stack.dispatcher.prepare_rerun(NAMESPACE, name, first_life.uid)
+    stack.bus.forge(NAMESPACE, name, copy)
+    return first_life, copy
+
+
+async def test_a_copy_of_a_reruns_first_admission_is_not_followed(stack: Stack) -> None:
+    """A rerun keeps the run's uid: its first life's admission, sealed for that uid, copied
+    and appended after the rerun purged the subject, while the rerun waits to be admitted
+    (under a model, tools and tenant that may have changed since), is not the rerun's: no
+    turn is asked for under it, and the refusal is counted and told. The rerun's own
+    admission then purges it and goes on under its own config."""
+    first_life, _ = await first_life_copied(stack, "again")
+    published, before = len(stack.bus.published), refused("replayed")
+    await stack.consume("again")
+    assert stack.bus.published[published:] == []
+    assert refused("replayed") == before + 1
+    warning = (await stack.warnings())[-1]
+    assert "sealed for another turn, event or life of the run" in warning["message"]
+    assert not await stack.dispatcher.recover(
+        NAMESPACE, "again", first_life.uid, generation=1, reruns=1
+    )
+    assert stack.bus.published[published:] == []
+
+    rerun = dataclasses.replace(first_life, reruns=1, goal="the rerun's goal")
+    await stack.dispatcher.start_run(rerun, start_time=2.0, generation=1)
+    (first,) = await stack.bus.read_events(NAMESPACE, "again")
+    assert first.config is not None and first.config.reruns == 1  # the copy purged
+    assert first.config.goal == "the rerun's goal"
+    await stack.consume("again")
+    (turn0,) = stack.bus.published[published:]
+    assert (turn0.turn, turn0.expected_seq) == (0, first.seq)
+
+
+async def test_an_admission_of_a_later_life_than_the_status_shows_is_followed(
+    stack: Stack,
+) -> None:
+    """A status lags its run's events (its rerun's status write lost with a backup, say): an
+    admission of a later life than ``status.reruns`` is the run's own."""
+    cfg = config("later", reruns=2)
+    stack.bus.forge(NAMESPACE, "later", admission(cfg, seal=True).encode())
+    assert await stack.dispatcher.recover(NAMESPACE, "later", cfg.uid, generation=1, reruns=1)
+    (turn0,) = stack.bus.published
+    assert turn0.turn == 0
+
+
+async def test_a_subject_started_by_anything_but_an_admission_is_purged_at_admission(
+    stack: Stack,
+) -> None:
+    """A run's subject holding, first, an event of it that is no admission (a turn appended
+    by a holder of a worker's credential before the run was admitted) is not taken for its
+    admission: ``start_run`` refuses it, purges it and appends its own."""
+    cfg = config("early")
+    state = kernel.initial_state(goal=cfg.goal, instructions=cfg.instructions)
+    stack.bus.forge(NAMESPACE, "early", RunEvent("turn", cfg.uid, state.summary()).encode())
+    before = refused("unsigned")
+    await stack.dispatcher.start_run(cfg, start_time=1.0, generation=1)
+    (first,) = await stack.bus.read_events(NAMESPACE, "early")
+    assert first.kind == "admitted" and refused("unsigned") == before + 1
+    await stack.consume("early")
+    assert [r.turn for r in stack.bus.published] == [0]
