@@ -173,6 +173,20 @@ class Committed(NamedTuple):
     clock: PhaseClock
 
 
+@dataclasses.dataclass(slots=True)
+class _Running:
+    """One delivery of a TurnRequest being handled here, and why it was cut, if it was."""
+
+    msg_id: str
+    task: asyncio.Task[None]
+    """Its handler's task."""
+    cancelled: bool = False
+    """Its run was cancelled or deleted: the turn is void (acked)."""
+    lost: bool = False
+    """Its ledger hold is gone: the turn is left to whichever delivery has it, or to
+    redelivery."""
+
+
 class TurnConsumer:
     """Runs turns pulled from the shared ``agentrun-workers`` consumer until stopped."""
 
@@ -193,13 +207,14 @@ class TurnConsumer:
         self.settings = settings
         self.ledger = ledger
         self._holds: dict[str, TurnHold] = {}
+        """Run uid → the ledger hold of its turn running here (each delivery removes only its
+        own, as from ``_inflight``)."""
         self.cache = history.RunCache()
-        self._inflight: dict[str, tuple[str, asyncio.Task[None]]] = {}
-        """Run uid → the ``msg_id`` (run, turn, base event) of the TurnRequest running here,
-        and its handler's task."""
-        self._cancelled: set[str] = set()
-        self._lost: set[str] = set()
-        """Runs whose turn running here was cancelled because its ledger hold is gone."""
+        self._inflight: dict[str, _Running] = {}
+        """Run uid → the delivery of its TurnRequest running here: the latest, when the run's
+        next turn came while the handler of the one before was still ending (its commit
+        landed, its hold settling, its ack on the way). A handler removes only its own entry,
+        never the next turn's: a cancel or a lost hold must still find that one."""
         self._stopping = asyncio.Event()
         self.turns_committed = 0
 
@@ -231,8 +246,8 @@ class TurnConsumer:
         bound (``budget.SpendWatch``)."""
         running = self._inflight.get(run_uid)
         if running is not None:
-            self._cancelled.add(run_uid)
-            running[1].cancel()
+            running.cancelled = True
+            running.task.cancel()
         self.cache.drop(run_uid)
 
     def _hold_lost(self, run_uid: str) -> None:
@@ -242,10 +257,10 @@ class TurnConsumer:
         (``budget.SpendWatch``) — and its TurnRequest left to whichever delivery has the turn,
         or to redelivery."""
         running = self._inflight.get(run_uid)
-        if running is not None and run_uid not in self._lost:
+        if running is not None and not running.lost:
             log.warning("the ledger hold of run %s is gone: its turn here stops", run_uid)
-            self._lost.add(run_uid)
-            running[1].cancel()
+            running.lost = True
+            running.task.cancel()
 
     async def run(self) -> None:
         """Fetch and dispatch until ``stop``; returns once every turn in flight committed or,
@@ -299,7 +314,7 @@ class TurnConsumer:
             await msg.term()
             return
         running = self._inflight.get(request.run_uid)
-        if running is not None and running[0] == request.msg_id:
+        if running is not None and running.msg_id == request.msg_id:
             # JetStream redelivered the turn this worker is running (its heartbeats came later
             # than ack_wait on a loaded machine): the delivery in progress heartbeats and acks
             # the message, and a second model call would only be charged as abandoned
@@ -315,11 +330,11 @@ class TurnConsumer:
         metrics.IN_FLIGHT.inc()
         task = asyncio.current_task()
         assert task is not None
-        self._inflight[request.run_uid] = (request.msg_id, task)
+        mine = self._inflight[request.run_uid] = _Running(request.msg_id, task)
         try:
             await self._turn(msg, request)
         except asyncio.CancelledError:
-            if not await self._cut_short(msg, request):
+            if not await self._cut_short(msg, request, mine):
                 raise
         except Exception as err:
             self.cache.drop(request.run_uid)
@@ -327,19 +342,18 @@ class TurnConsumer:
         finally:
             metrics.IN_FLIGHT.dec()
             beat.cancel()
-            self._inflight.pop(request.run_uid, None)
-            self._cancelled.discard(request.run_uid)
-            self._lost.discard(request.run_uid)
+            if self._inflight.get(request.run_uid) is mine:  # not the run's next turn's
+                del self._inflight[request.run_uid]
 
-    async def _cut_short(self, msg: Msg, request: TurnRequest) -> bool:
+    async def _cut_short(self, msg: Msg, request: TurnRequest, running: _Running) -> bool:
         """The turn running here was cancelled: its run is being stopped (its message acked:
         the turn is void), or its hold is gone (left to the delivery that has the turn, or to
         redelivery) — True; or this worker is stopping (naked: another worker takes it) —
         False, and the cancellation goes on."""
-        if request.run_uid in self._cancelled:
+        if running.cancelled:
             await msg.ack()
             return True
-        if request.run_uid in self._lost:
+        if running.lost:
             return True
         log.info("turn %s cancelled while stopping; another worker takes it", request.msg_id)
         with contextlib.suppress(Exception):
@@ -435,7 +449,8 @@ class TurnConsumer:
                 try:
                     committed = await self._run_turn(msg, request, run, hold)
                 finally:
-                    self._holds.pop(request.run_uid, None)
+                    if self._holds.get(request.run_uid) is hold:  # not the next turn's
+                        del self._holds[request.run_uid]
         if committed is not None:
             self._observe(committed, run, started=started)
         await msg.ack()
