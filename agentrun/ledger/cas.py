@@ -38,6 +38,7 @@ what the values are (``codec``) and which a change touches (``store``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
@@ -360,9 +361,18 @@ class CasStore:
         return await future
 
     async def _flush(self, group: str, attempt: Attempt) -> None:
+        """Write the group's queued changes, batch after batch, until none is left. No caller
+        waits for ever on a flusher that is gone: a batch that ends by an error of its own (an
+        attempt whose answer does not match its batch: a bug) fails its callers with it and
+        the next batch goes on; a flusher cancelled fails every change it writes or that is
+        queued (``LedgerUnavailable``)."""
         try:
             while batch := self._take(group, []):
-                await self._write_batch(group, batch, attempt)
+                with contextlib.suppress(Exception):  # its callers heard it (``_write_batch``)
+                    await self._write_batch(group, batch, attempt)
+        except BaseException:
+            _fail(self._pending.pop(group, []), _stopped(group))
+            raise
         finally:
             del self._flushers[group]
 
@@ -386,29 +396,37 @@ class CasStore:
         return [op for op in batch if not op[1].done()]
 
     async def _write_batch(self, group: str, batch: list[_Op], attempt: Attempt) -> None:
+        """Apply and write ``batch`` (topped up from the queue at each attempt), answering each
+        of its callers; one that ends by an error of its own (an attempt whose answer does not
+        match the batch), or cancelled, fails them with it (cancelled: ``LedgerUnavailable``)
+        before it raises."""
         started = time.monotonic()
         number = 0
-        while number < self.attempts or time.monotonic() - started < self.patience:
-            batch = self._take(group, batch)
-            if not batch:
+        try:
+            while number < self.attempts or time.monotonic() - started < self.patience:
+                batch = self._take(group, batch)
+                if not batch:
+                    return
+                try:
+                    results = await attempt([op[0] for op in batch], number)
+                except Conflict:
+                    number += 1
+                    await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2 ** min(number, 7))))
+                    continue
+                except Exception as err:  # unreadable values or NATS trouble: every caller hears
+                    _fail(batch, err)
+                    return
+                if results is None:
+                    # nothing to write, judged on cached copies: another process may have
+                    # changed the values since (a raised limit, a released hold), so the answer
+                    # (a refusal, "nothing to repair") counts only once confirmed on a fresh read
+                    number += 1
+                    continue
+                _resolve(batch, results)
                 return
-            try:
-                results = await attempt([op[0] for op in batch], number)
-            except Conflict:
-                number += 1
-                await asyncio.sleep(random.uniform(0, min(0.02, 0.0002 * 2 ** min(number, 7))))
-                continue
-            except Exception as err:  # unreadable values or NATS trouble: every caller hears it
-                _fail(batch, err)
-                return
-            if results is None:
-                # nothing to write, judged on cached copies: another process may have changed
-                # the values since (a raised limit, a released hold), so the answer (a
-                # refusal, "nothing to repair") counts only once confirmed on a fresh read
-                number += 1
-                continue
-            _resolve(batch, results)
-            return
+        except BaseException as err:
+            _fail(batch, err if isinstance(err, Exception) else _stopped(group))
+            raise
         lost = f"{number} compare-and-set attempts lost in {time.monotonic() - started:.1f}s"
         _fail(batch, LedgerUnavailable(f"{group}: {lost}"))
 
@@ -443,6 +461,11 @@ def _resolve(batch: list[_Op], results: list[tuple[bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
+
+
+def _stopped(group: str) -> LedgerUnavailable:
+    """What the callers of a group's changes hear when its flusher was cancelled."""
+    return LedgerUnavailable(f"{group}: the ledger's writer stopped before writing the change")
 
 
 def _fail(batch: list[_Op], err: BaseException) -> None:
