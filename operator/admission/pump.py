@@ -211,21 +211,29 @@ class QueuePump:
         self.board.kick(policy.name)
 
     async def cancel_queued(self, key: RunKey, tenant: str | None = None) -> bool:
-        """End a run that is still queued ``cancelled``; False if it is not queued."""
+        """End a run that is still queued ``cancelled``; False if it is not queued.
+
+        A pass of the tenant's pump admits the heads it prepared (their objects read before
+        this cancel, maybe) without reading the queue again, so this waits for a pass under way
+        (the tenant's pump lock): a run that pass admitted is not queued any more (False), and
+        the caller ends it through its events; taken out of the queue meanwhile, it would run
+        behind a status saying it was cancelled."""
         for name in [tenant] if tenant else self._tenants_with_queues():
-            if await self.store.dequeue(name, key.uid):
-                self._objects.pop(key.uid, None)
-                self.deps.configs.forget(key.uid)
-                seen = self._waiting.pop(key.uid, None)
-                self.shown.end_unadmitted(
-                    key,
-                    kernel.Phase.CANCELLED,
-                    f"cancelled by the {CANCEL_ANNOTATION} annotation while queued",
-                    tenant=name,
-                    generation=seen.generation if seen else 1,
-                )
-                self.board.kick(name)
-                return True
+            async with self._pass_lock(name):
+                if not await self.store.dequeue(name, key.uid):
+                    continue
+            self._objects.pop(key.uid, None)
+            self.deps.configs.forget(key.uid)
+            seen = self._waiting.pop(key.uid, None)
+            self.shown.end_unadmitted(
+                key,
+                kernel.Phase.CANCELLED,
+                f"cancelled by the {CANCEL_ANNOTATION} annotation while queued",
+                tenant=name,
+                generation=seen.generation if seen else 1,
+            )
+            self.board.kick(name)
+            return True
         return False
 
     async def forget_queued(self, uid: str) -> None:
@@ -237,6 +245,10 @@ class QueuePump:
             if await self.store.dequeue(name, uid):
                 self.board.kick(name)
                 return
+
+    def _pass_lock(self, tenant: str) -> asyncio.Lock:
+        """Held by each pass over ``tenant``'s queue, and by a cancel taking a run out of it."""
+        return self._locks.setdefault(tenant, asyncio.Lock())
 
     def _tenants_with_queues(self) -> list[str]:
         return sorted(set(self.deps.tenants.policies) | self.board.tenants())
@@ -284,7 +296,7 @@ class QueuePump:
         """Admit from the head of the tenant's queue while runs fit; show the rest as Queued.
         Costs O(runs admitted) plus O(log n) per newly queued run, whatever the queue's
         length n (and one look over it a second, within the status-write rate)."""
-        async with self._locks.setdefault(tenant, asyncio.Lock()):
+        async with self._pass_lock(tenant):
             policy = self.deps.tenants.policies.get(tenant)
             queue = await self.store.queued(tenant)
             wait: QueueWait | None = None

@@ -50,20 +50,17 @@ async def cancel_run(
     **_: Any,
 ) -> None:
     """``agentrun.dev/cancel: "true"``: end the run ``cancelled``; workers drop its turn; a
-    queued run leaves its queue."""
+    queued run leaves its queue. One admitted while its cancel waited for its queue's pump
+    pass (``QueuePump.cancel_queued``) is ended through its events after all."""
     assert namespace is not None  # AgentRun is namespaced
     if status.get("terminalReason"):
         return
     parts = memo.running().runs
-    ended = await parts.runs.end(
-        namespace,
-        name,
-        uid,
-        kernel.Phase.CANCELLED,
-        f"cancelled by the {CANCEL_ANNOTATION} annotation",
-    )
-    if not ended:
-        await parts.pump.cancel_queued(RunKey(namespace, name, uid), status.get("tenant"))
+    message = f"cancelled by the {CANCEL_ANNOTATION} annotation"
+    if await parts.runs.end(namespace, name, uid, kernel.Phase.CANCELLED, message):
+        return
+    if not await parts.pump.cancel_queued(RunKey(namespace, name, uid), status.get("tenant")):
+        await parts.runs.end(namespace, name, uid, kernel.Phase.CANCELLED, message)
 
 
 @kopf.on.update(*RUN, annotations={APPROVE_ANNOTATION: kopf.PRESENT})
