@@ -5,6 +5,9 @@ stored queue is tested on a real nats-server in ``tests/reconcile/admission``)."
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agentrun.ledger.queue import QueuedRun, TenantQueue
 
 
@@ -49,3 +52,38 @@ def test_removing_a_run_moves_those_behind_it_up_and_returns_it() -> None:
     assert queue.remove("a") is None
     assert queue.remove("b") == run("b", 2.0) and queue.remove("c") == run("c", 3.0)
     assert queue.head() is None and len(queue) == 0
+
+
+QUEUE_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "remove"]),
+        st.sampled_from(["r0", "r1", "r2", "r3", "r4"]),
+        st.sampled_from([10.0, 20.0, 30.0]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(QUEUE_OPS)
+def test_any_order_of_adds_and_removes_keeps_the_order_and_the_index_of_runs_in_step(
+    ops: list[tuple[str, str, float]],
+) -> None:
+    """Whatever the order of adds (queued again, or anew after a removal) and removes, the
+    queue's order and its index by uid agree with each other and with the rule: by creation
+    time, then by arrival, a run queued again keeping its first place and record."""
+    queue, model = TenantQueue(), {}
+    for arrival, (op, uid, at) in enumerate(ops):
+        if op == "add":
+            position = queue.add(run(uid, at), arrival=arrival)
+            model.setdefault(uid, (at, arrival))
+            assert position == sorted(model, key=model.__getitem__).index(uid) + 1
+        else:
+            removed = queue.remove(uid)
+            first = model.pop(uid, None)
+            assert removed == (None if first is None else run(uid, first[0]))
+        order = sorted(model, key=model.__getitem__)
+        assert [r.uid for r in queue] == order and len(queue) == len(order)
+        assert [queue.position(uid) for uid in order] == list(range(1, len(order) + 1))
+        assert queue.head() == (run(order[0], model[order[0]][0]) if order else None)
+        assert all((uid in queue) == (uid in model) for uid in ("r0", "r1", "r2", "r3", "r4"))

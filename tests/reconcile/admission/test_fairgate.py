@@ -8,6 +8,8 @@ import types
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrun.operator.admission.fairgate import AdmissionGate, Slots
 from agentrun.operator.handlers import admission as handlers
@@ -21,6 +23,46 @@ def test_slots_let_in_up_to_the_limit_per_key_and_the_rest_first_in_first_out() 
     assert [slots.release("a") for _ in range(3)] == [2, 3, 4]
     assert slots.release("a") is None and slots.release("a") is None
     assert slots.holding == {"b": 1} and slots.waiting == {}
+
+
+SLOT_OPS = st.lists(
+    st.tuples(st.sampled_from(["request", "release", "withdraw"]), st.sampled_from(["a", "b"])),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(SLOT_OPS, st.integers(min_value=1, max_value=3), st.randoms(use_true_random=False))
+def test_any_order_of_requests_releases_and_withdrawals_keeps_holders_and_lines_in_step(
+    ops: list[tuple[str, str]], limit: int, pick: Any
+) -> None:
+    """Whatever the order of requests, releases and withdrawals (a waiter that gave up): no
+    key holds more than ``limit``; a key has a line only while it holds all its slots; the
+    line is let in first in, first out, withdrawn tickets never; nothing empty is kept."""
+    slots, holders, lines = Slots(limit), {"a": 0, "b": 0}, {"a": [], "b": []}
+    for ticket, (op, key) in enumerate(ops):
+        if op == "request":
+            if slots.request(key, ticket):
+                holders[key] += 1
+            else:
+                lines[key].append(ticket)
+        elif op == "release" and holders[key]:
+            let_in = slots.release(key)
+            assert let_in == (lines[key].pop(0) if lines[key] else None)
+            if let_in is None:  # else the slot passed to the first in line
+                holders[key] -= 1
+        elif op == "release":
+            with pytest.raises(ValueError):
+                slots.release(key)
+        elif op == "withdraw" and lines[key]:
+            gave_up = pick.choice(lines[key])
+            assert slots.withdraw(key, gave_up) and not slots.withdraw(key, gave_up)
+            lines[key].remove(gave_up)
+        for k in ("a", "b"):
+            assert slots.holding.get(k, 0) == holders[k] <= limit
+            assert list(slots.waiting.get(k, ())) == lines[k] and slots.waiters(k) == len(lines[k])
+            assert not lines[k] or holders[k] == limit
+        assert all(slots.holding.values()) and all(slots.waiting.values())
 
 
 def test_a_newcomer_waits_behind_the_line_even_when_a_slot_is_counted_free() -> None:
