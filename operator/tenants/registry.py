@@ -106,7 +106,10 @@ class Tenants:
 
     async def resolve(self, namespace: str) -> TenantPolicy:
         """The tenant of runs in ``namespace``; raises ``NoTenant`` with a message for the run's
-        status when none (or several) applies, ``ApiError`` if the namespace is unreadable."""
+        status when none (or several) applies, ``ApiError`` if the namespace is unreadable.
+        The namespace's labels are read first, and every tenant looked at after: a tenant made
+        invalid while they are read still rejects the namespace's runs."""
+        labels = await self._labels(namespace)
         for name, namespaces in self._invalid_namespaces.items():
             if namespace in namespaces:  # never fall through to another tenant's budget
                 raise NoTenant(
@@ -114,12 +117,7 @@ class Tenants:
                     f"{self.invalid[name][1]}"
                 )
         try:
-            found = rules.resolve(
-                self.policies.values(),
-                namespace,
-                await self._labels(namespace),
-                default=self.default,
-            )
+            found = rules.resolve(self.policies.values(), namespace, labels, default=self.default)
         except rules.Ambiguous as err:
             self._ambiguous[namespace] = err.tenants
             raise NoTenant(str(err)) from err

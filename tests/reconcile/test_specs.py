@@ -133,6 +133,33 @@ async def test_an_invalid_tenant_keeps_its_namespaces_so_their_runs_are_rejected
     assert (await tenants.resolve("elsewhere")).name == "fallback"
 
 
+class SlowLabels(FakeKube):
+    """Namespace labels read while ``meanwhile`` happens (a watch event handled during the
+    read)."""
+
+    def __init__(self, meanwhile: Any) -> None:
+        super().__init__()
+        self.meanwhile = meanwhile
+
+    async def namespace_labels(self, name: str) -> dict[str, str]:
+        self.meanwhile()
+        return {}
+
+
+async def test_a_tenant_made_invalid_while_a_namespace_is_resolved_still_rejects_its_runs() -> None:
+    """AgentTenant ``acme`` lists ``team-a`` and becomes invalid while the namespace's labels
+    are read (another tenant selects by label): the run is rejected naming ``acme``, never
+    charged to the default tenant."""
+    bad = {"metadata": {"name": "acme"}, "spec": {"namespaces": ["team-a"], "window": "soon"}}
+    tenants = Tenants(SlowLabels(lambda: tenants.put(bad)), default="fallback")
+    tenants.put({"metadata": {"name": "fallback"}, "spec": {"namespaces": ["other"]}})
+    tenants.put({"metadata": {"name": "acme"}, "spec": {"namespaces": ["team-a"]}})
+    selector = {"namespaceSelector": {"matchLabels": {"team": "b"}}}
+    tenants.put({"metadata": {"name": "by-label"}, "spec": selector})
+    with pytest.raises(NoTenant, match="'acme' binds namespace 'team-a' but is invalid"):
+        await tenants.resolve("team-a")
+
+
 async def test_an_ambiguous_namespace_is_remembered_for_its_tenants_conditions_until_resolved() -> (
     None
 ):
