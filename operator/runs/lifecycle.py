@@ -108,7 +108,10 @@ class Reaper:
         self._wake.set()
 
     async def reap_due(self) -> float:
-        """Delete every run that is due; returns seconds until the next one (at most 3600)."""
+        """Delete every run that is due; returns seconds until the next one (at most 3600).
+        A run whose due time changed while its deletion was sent (rerun, so no longer due; a
+        later time; forgotten) keeps what it was told meanwhile: a failed deletion is retried,
+        and a done one forgotten, only while the run is still due at the time it was sent."""
         while self._heap:
             due, _, run = self._heap[0]
             if self.due.get(run) != due:  # forgotten or rescheduled
@@ -123,13 +126,15 @@ class Reaper:
                 await self.api.delete(run.ref, uid=run.uid)
             except Exception as err:  # API server away: try again later; refused: give up
                 if not self.failures.failed(run, err, subject=subject).final:
-                    self.due[run] = self.clock() + self.retry
-                    heapq.heappush(self._heap, (self.due[run], run.uid, run))
+                    if self.due.get(run) == due:
+                        self.due[run] = self.clock() + self.retry
+                        heapq.heappush(self._heap, (self.due[run], run.uid, run))
                     continue
             else:
                 log.info("%s/%s deleted: %s passed", run.namespace, run.name, TTL_FIELD)
             self.failures.forget(run)
-            self.due.pop(run, None)
+            if self.due.get(run) == due:
+                del self.due[run]
         return 3600.0
 
     async def run(self) -> None:

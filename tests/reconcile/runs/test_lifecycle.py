@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kube_support import FakeKube
 
-from agentrun.operator.platform.kubeapi import Ref
+from agentrun.operator.platform.kubeapi import ApiError, Ref
 from agentrun.operator.runs import RunKey, lifecycle
 
 DONE = {"terminalReason": "completed", "completionTime": "2026-11-30T12:00:00Z"}
@@ -85,6 +85,44 @@ async def test_a_failed_deletion_is_retried() -> None:
     clock.now += 2
     await reaper.reap_due()
     assert deleter.deleted == [run]
+
+
+class Rerun(Deleter):
+    """A deletion that fails (the API server away) while, meanwhile, the run was rerun: its
+    status no longer shows an end (``observe``d as running), or given a later due time."""
+
+    def __init__(self, meanwhile: object) -> None:
+        super().__init__()
+        self.meanwhile = meanwhile
+
+    async def delete(self, ref: Ref, *, uid: str = "") -> None:
+        if self.meanwhile is None:  # the API server is back
+            await super().delete(ref, uid=uid)
+            return
+        assert callable(self.meanwhile)
+        self.meanwhile, meanwhile = None, self.meanwhile
+        meanwhile()
+        raise ApiError(503, "API server away")
+
+
+@pytest.mark.parametrize(
+    ("status", "ttl", "due"),
+    [({"phase": "Running"}, 0, None), (DONE, 3600, DONE_AT + 3600)],
+    ids=["rerun", "later-ttl"],
+)
+async def test_a_due_time_changed_while_a_deletion_failed_is_the_one_kept(
+    status: dict[str, str], ttl: int, due: float | None
+) -> None:
+    clock, run = Clock(), RunKey("ns", "a", "1")
+    spec = {"ttlSecondsAfterFinished": ttl}
+    deleter = Rerun(lambda: reaper.observe(run, spec=spec, status=status))
+    reaper = lifecycle.Reaper(deleter, clock=clock, retry=2.0)
+    reaper.observe(run, spec={"ttlSecondsAfterFinished": 0}, status=DONE)
+    await reaper.reap_due()  # fails, the run rerun (or its due time moved) meanwhile
+    clock.now += 10  # past the failed deletion's retry
+    await reaper.reap_due()
+    assert deleter.deleted == []
+    assert reaper.due.get(run) == due
 
 
 class Events:
