@@ -110,8 +110,9 @@ class Reaper:
     async def reap_due(self) -> float:
         """Delete every run that is due; returns seconds until the next one (at most 3600).
         A run whose due time changed while its deletion was sent (rerun, so no longer due; a
-        later time; forgotten) keeps what it was told meanwhile: a failed deletion is retried,
-        and a done one forgotten, only while the run is still due at the time it was sent."""
+        later time; forgotten) and whose deletion failed keeps what it was told meanwhile: a
+        failed deletion is retried, or given up, only while the run is still due at the time
+        it was sent."""
         while self._heap:
             due, _, run = self._heap[0]
             if self.due.get(run) != due:  # forgotten or rescheduled
@@ -125,16 +126,18 @@ class Reaper:
             try:
                 await self.api.delete(run.ref, uid=run.uid)
             except Exception as err:  # API server away: try again later; refused: give up
+                told = self.due.get(run) != due  # told otherwise meanwhile: that holds
                 if not self.failures.failed(run, err, subject=subject).final:
-                    if self.due.get(run) == due:
+                    if not told:
                         self.due[run] = self.clock() + self.retry
                         heapq.heappush(self._heap, (self.due[run], run.uid, run))
                     continue
+                if not told:
+                    del self.due[run]
             else:
                 log.info("%s/%s deleted: %s passed", run.namespace, run.name, TTL_FIELD)
+                self.due.pop(run, None)  # gone, whatever was told of it meanwhile
             self.failures.forget(run)
-            if self.due.get(run) == due:
-                del self.due[run]
         return 3600.0
 
     async def run(self) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kube_support import FakeKube
 from nats.aio.client import Client as NATS
 
@@ -52,6 +54,41 @@ def test_a_tenants_bytes_are_the_sum_of_its_runs_statuses_until_each_is_deleted(
     storage.forget("b")  # a second DELETED (relist) changes nothing
     assert storage.used(TENANT) == 1500
     assert storage.wait(TENANT) is None
+
+
+STORAGE_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["observe", "forget"]),
+        st.sampled_from(["r0", "r1", "r2", "r3"]),
+        st.sampled_from(["", "a", "b"]),
+        st.sampled_from([0, 1, 700, LIMIT]),
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(STORAGE_OPS)
+def test_any_order_of_statuses_and_deletions_keeps_each_tenants_bytes_the_sum_of_its_runs(
+    ops: list[tuple[str, str, str, int]],
+) -> None:
+    """Whatever the order of statuses (a run's bytes growing, its tenant changing, a status
+    naming no tenant yet) and deletions (repeated too): each tenant's count is the sum of its
+    runs' last counted statuses, and the storage waits exactly at its limit."""
+    storage, model = EventStorage(limit=LIMIT), {}
+    for op, uid, tenant, size in ops:
+        if op == "observe":
+            status = {"usage": {"eventBytes": size}, **({"tenant": tenant} if tenant else {})}
+            storage.observe(uid, status)
+            if tenant:
+                model[uid] = (tenant, size)
+        else:
+            storage.forget(uid)
+            model.pop(uid, None)
+        for name in ("a", "b"):
+            used = sum(size for owner, size in model.values() if owner == name)
+            assert storage.used(name) == used
+            assert (storage.wait(name) is None) == (used < LIMIT)
 
 
 class Writes:

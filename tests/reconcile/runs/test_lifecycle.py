@@ -3,7 +3,12 @@ whose AgentRun is gone."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from kube_support import FakeKube
 
 from agentrun.operator.platform.kubeapi import ApiError, Ref
@@ -123,6 +128,94 @@ async def test_a_due_time_changed_while_a_deletion_failed_is_the_one_kept(
     await reaper.reap_due()
     assert deleter.deleted == []
     assert reaper.due.get(run) == due
+
+
+RUNS = [RunKey("ns", name, f"uid-{name}") for name in ("a", "b")]
+TELLS = st.tuples(
+    st.sampled_from(["observe", "observe", "forget"]),
+    st.sampled_from(range(len(RUNS))),
+    st.sampled_from([None, 0, 5]),
+    st.booleans(),
+)
+"""Telling the reaper of a run: its object as seen (its TTL; ended or not), or its deletion."""
+REAPER_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("tell"), TELLS),
+        st.tuples(st.just("tick"), st.sampled_from([1, 3, 10])),
+        st.tuples(st.just("reap"), st.tuples(st.booleans(), st.none() | TELLS)),
+    ),
+    max_size=40,
+)
+"""Tells, the clock moving on, and passes whose deletions fail or not, with a tell arriving
+while a deletion is sent (or none)."""
+
+
+class Model(Deleter):
+    """The runs' due times as last told, checking every deletion against them; a deletion
+    fails (the API server away) while ``failing``, and ``meanwhile`` is told as it is sent."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.due: dict[RunKey, float] = {}
+        self.reaper = lifecycle.Reaper(self, clock=clock, retry=2.0)
+        self.failing = False
+        self.meanwhile: tuple[str, int, int | None, bool] | None = None
+        self.early: list[RunKey] = []
+        """Runs whose deletion was sent while they were not due."""
+
+    def tell(self, what: str, index: int, ttl: int | None, ended: bool) -> None:
+        run = RUNS[index]
+        if run in self.deleted:
+            return  # gone: nothing more is told of it
+        due = DONE_AT + ttl if what == "observe" and ttl is not None and ended else None
+        self.due.pop(run, None) if due is None else self.due.__setitem__(run, due)
+        if what == "forget":
+            self.reaper.forget(run)
+        else:
+            spec = {} if ttl is None else {"ttlSecondsAfterFinished": ttl}
+            self.reaper.observe(run, spec=spec, status=DONE if ended else {"phase": "Running"})
+
+    async def delete(self, ref: Ref, *, uid: str = "") -> None:
+        run = RunKey(ref.namespace, ref.name, uid)
+        if self.due.get(run, float("inf")) > self.clock():  # the reaper catches what we raise
+            self.early.append(run)
+        if self.meanwhile is not None:
+            self.meanwhile, told = None, self.meanwhile
+            self.tell(*told)
+        if self.failing:
+            raise ApiError(503, "API server away")
+        self.deleted.append(run)
+
+
+@settings(max_examples=500, deadline=None)
+@given(REAPER_OPS)
+@example([("tell", ("observe", 0, 0, True)), ("reap", (True, ("observe", 0, None, False)))])
+def test_any_order_of_tells_and_passes_deletes_each_run_once_due_and_never_before(
+    ops: list[tuple[str, Any]],
+) -> None:
+    """Whatever the order of what the reaper is told, of the clock and of its passes (their
+    deletions failing or not, its runs told of while a deletion is sent): a run is deleted only
+    while due as last told, and every run still due is deleted once its time came."""
+    asyncio.run(reap_in_turn(ops))
+
+
+async def reap_in_turn(ops: list[tuple[str, Any]]) -> None:
+    clock = Clock()
+    model = Model(clock)
+    for op, arg in ops:
+        if op == "tell":
+            model.tell(*arg)
+        elif op == "tick":
+            clock.now += arg
+        else:
+            model.failing, model.meanwhile = arg
+            await model.reaper.reap_due()
+    model.failing, model.meanwhile = False, None
+    clock.now += 3600
+    await model.reaper.reap_due()
+    assert model.early == []
+    assert set(model.deleted) >= set(model.due) and len(model.deleted) == len(set(model.deleted))
 
 
 class Events:
