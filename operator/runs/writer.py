@@ -269,9 +269,15 @@ class StatusWriter:
                 self._last_write[run] = time.monotonic()
 
     async def _write_checked(self, run: RunKey, pending: _Pending) -> None:
-        """Compare with the object's status, patch at its resourceVersion; re-read on 409."""
+        """Compare with the object's status, patch at its resourceVersion; re-read on 409.
+        A run forgotten while this write was on its way (deleted, or rerun: its object now
+        holds another life) is not patched again."""
         for _ in range(CONFLICT_ATTEMPTS):
+            if run not in self._last_write:
+                return  # forgotten meanwhile (``_write`` marks every run it writes)
             known = self._known.get(run) or await self._read(run)
+            if run not in self._last_write:
+                return
             if known is None:
                 self._went(run)
                 return
@@ -359,8 +365,9 @@ class StatusWriter:
         )
 
     def _retry(self, run: RunKey, pending: _Pending) -> None:
-        """Re-queue a failed write after ``interval`` (even a terminal one: no hot loop)."""
-        if run not in self._pending:
+        """Re-queue a failed write after ``interval`` (even a terminal one: no hot loop),
+        unless the run was forgotten while it was on its way (``forget``)."""
+        if run not in self._pending and run in self._last_write:
             pending.urgent = False
             self._pending[run] = pending
             self._wake.set()

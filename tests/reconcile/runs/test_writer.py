@@ -284,6 +284,24 @@ async def test_a_failed_write_is_retried_after_the_interval() -> None:
     assert api.writes == [(RUN, ended(9))]
 
 
+async def test_a_write_of_a_run_forgotten_while_it_was_on_its_way_is_not_tried_again() -> None:
+    """The first life's end is being written when the run is rerun (its writer's memory of it
+    forgotten, its status cleared for the new life): the write that failed meanwhile is not
+    retried onto the rerun's object."""
+    api = FakeApi(fail_with=500)
+    api.slow = [0.2]
+    writer = StatusWriter(api, interval=0.05)
+    writer.start()
+    writer.submit(RUN, ended(9), seq=9, terminal=True)
+    await asyncio.sleep(0.05)  # the patch is on its way
+    writer.forget(RUN)
+    await until(lambda: api.refused >= 1)  # it failed after the run was forgotten
+    api.fail_with = None
+    await asyncio.sleep(0.3)  # a retry would have landed by now
+    await writer.flush_and_stop()
+    assert api.writes == []
+
+
 def watched(api: FakeApi) -> dict[str, Any]:
     """The object as a watch event carries it."""
     return {
