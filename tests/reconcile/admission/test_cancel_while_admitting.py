@@ -16,7 +16,6 @@ from agentrun.operator.handlers import runs as run_handlers
 from agentrun.operator.runs import RunKey
 from agentrun.protocol import RunConfig
 
-from .test_poison import client as client  # the fixture: a connection to the test's server
 from .test_poison import enqueue, make_pump
 
 
