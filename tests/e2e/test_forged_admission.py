@@ -429,8 +429,9 @@ def test_a_copy_of_the_first_lifes_admission_does_not_start_its_rerun(
 
     assert asyncio.run(replay()).startswith("stored")
     end = time.monotonic() + 30
-    while refused(stack_.operator, "replayed") == replayed:
-        assert time.monotonic() < end, "the copy was not refused"
+    while refused(stack_.operator, "replayed") == replayed:  # refused, or followed
+        assert len(b_requests(stack_, again)) == asked, "turn 0 was asked under the copy"
+        assert time.monotonic() < end, "the copy was neither refused nor followed"
         time.sleep(0.25)
     time.sleep(3.0)  # a turn dispatched under the copy would have reached the model now
     assert len(b_requests(stack_, again)) == asked
