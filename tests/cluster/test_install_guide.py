@@ -285,7 +285,7 @@ def test_the_teams_quota_counts_its_runs(
             "get", "resourcequota", "agentrun", "-n", followed[1]["TEAM"], "-o", "json"
         ).stdout
     )
-    assert quota["status"]["hard"]["count/agentruns.agentrun.dev"] == "2000"
+    assert quota["status"]["hard"]["count/agentruns.agentrun.dev"] == "2k"  # 2000, canonical
     assert quota["status"]["used"]["count/agentruns.agentrun.dev"] == "1"
 
 
