@@ -225,6 +225,14 @@ class BookState:
         window's start if it was admitted in an earlier window."""
         return max(run.since, self.window)
 
+    def slot_since(self, run_uid: str) -> float | None:
+        """When the run's slot's charge starts in this window (``since_of``; its entry
+        loaded), or ``None`` if it holds no slot: what tells its entries apart across its
+        lives (a rerun's slot starts later; the sweep's ``Repair.since``). A window's roll
+        moves an older slot's start to the window's."""
+        run = self.active_of(run_uid)
+        return None if run is None else self.since_of(run)
+
     def wall_used(self, now: float) -> float:
         """Wall-clock seconds charged in this window, active runs counted up to ``now``."""
         live = self.active_runs * (now - self.window) - self.since_offsets

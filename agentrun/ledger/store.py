@@ -154,6 +154,14 @@ class Repair:
     committer: str = ""
     """The delivery (hold owner) that event names as the committer of the run's last turn
     ("" if it names none: then that turn's other calls are not told apart)."""
+    since: float | None = dataclasses.field(kw_only=True)
+    """Which of the run's entries the sweep judged: when its slot's charge starts in the
+    window as read (``Book.since_of`` of its active entry), or ``None`` if it held no slot.
+    The uid does not tell a run's lives apart: a rerun admitted between the sweep's read and
+    this repair is a new entry of the same uid, and the first life's events must not close
+    or charge it. The repair applies only while the run's entry is still the one judged
+    (``Book.slot_since``); otherwise it does nothing, and the next sweep judges what it finds
+    then."""
 
 
 Rebuild = Callable[[str, float, float], Awaitable[Seed]]
@@ -888,7 +896,9 @@ class LedgerStore(CasStore):
         one is due, then each repair — an expired hold is charged what its run committed and
         dropped (and what its call used, recorded on it, if its turn never committed); a run
         whose last event is terminal is closed at that event's time; a stale run that left no
-        events is closed with nothing charged. The runs in ``forget`` are loaded too, so the
+        events is closed with nothing charged; a repair whose run's entry is no longer the one
+        the sweep judged (``Repair.since``: a rerun admitted since, a slot freed, or a window
+        rolled) is left to the next sweep. The runs in ``forget`` are loaded too, so the
         window's roll at ``now`` drops their expired memories (``Book.forgettable``) and an
         entry left empty goes. The runs are fixed ``cas.BATCH_VALUES`` at a time, each part a
         write of its own (no atomic batch grows with them), the limits, floor and window by
@@ -1089,7 +1099,11 @@ def _committed(last: kernel.RunSummary | None) -> dict[str, Any]:
 
 
 def _repair(book: Book, repair: Repair, now: float) -> None:
+    """Apply ``repair`` if the run's entry is still the one the sweep judged (its ``since``:
+    a rerun admitted meanwhile is another life's slot, left alone); see ``repair_entry``."""
     uid, last = repair.run_uid, repair.last
+    if book.slot_since(uid) != repair.since:
+        return
     if repair.hold_key:
         committed = _committed(last)
         if last is not None:

@@ -228,19 +228,24 @@ class LedgerSweep:
         return repaired
 
     async def _find_repairs(self, book: Book, now: float) -> list[Repair]:
-        """What the sweep must fix, read from the runs' events before the compare-and-set."""
+        """What the sweep must fix, read from the runs' events before the compare-and-set;
+        each repair names the entry it judged (``Repair.since``), so a rerun of the run
+        admitted before it is applied (a new life, the same uid) is left alone."""
         found: list[Repair] = []
         events = self.deps.events
         for key, hold in book.expired(now):
+            since = book.slot_since(hold.run_uid)
             if not hold.name:  # its run is no longer active: nothing of it left to charge
-                found.append(Repair(key, hold.run_uid, None))
+                found.append(Repair(key, hold.run_uid, None, since=since))
                 continue
             last = await events.last_event(hold.namespace, hold.name)
             mine = last if last and last.run_uid == hold.run_uid else None
             if mine is None:
-                found.append(Repair(key, hold.run_uid, None))
+                found.append(Repair(key, hold.run_uid, None, since=since))
             else:
-                found.append(Repair(key, hold.run_uid, mine.summary, mine.time, mine.owner))
+                found.append(
+                    Repair(key, hold.run_uid, mine.summary, mine.time, mine.owner, since=since)
+                )
         for uid, run in book.active.items():
             if self.deps.runs.is_tracked(uid) or self.deps.board.is_admitting(uid):
                 continue
@@ -248,9 +253,10 @@ class LedgerSweep:
                 continue
             last = await events.last_event(run.namespace, run.name)
             if last is None or last.run_uid != uid:
-                found.append(Repair("", uid, None))
+                found.append(Repair("", uid, None, since=book.since_of(run)))
             elif last.phase.is_terminal:
-                found.append(Repair("", uid, last.summary, last.time, last.owner))
+                summary, since = last.summary, book.since_of(run)
+                found.append(Repair("", uid, summary, last.time, last.owner, since=since))
             else:
                 await self._end_unfollowed(RunKey(run.namespace, run.name, uid))
         return found

@@ -493,7 +493,8 @@ async def test_the_sweeps_repair_of_1000_runs_that_ended_unseen_is_written_in_bo
     for start in range(0, len(uids), 100):
         answers = await asyncio.gather(*(admit(store, uid) for uid in uids[start : start + 100]))
         assert answers == [None] * 100
-    repairs = [Repair("", uid, None) for uid in uids]
+    read = await whole(store)
+    repairs = [Repair("", uid, None, since=read.slot_since(uid)) for uid in uids]
     await store.repair_entry(TENANT, repairs, limits=LIMITS, now=NOW + 60)
     book = await whole(store)
     assert book.active_runs == 0 and book.reserved_tokens == 0

@@ -70,7 +70,10 @@ async def test_output_streamed_after_the_sweep_charged_a_slow_workers_hold_is_ch
             await hold.spend(usage(100), answered=False)  # SpendWatch.progress: 100 so far
             assert hold.recorded
             now[0] += 61  # refreshes did not land; the hold expired
-            await operator.repair_entry(tenant, [Repair(ref.key, "a", None)], limits=limits)
+            read = await operator.read(tenant)
+            assert read is not None
+            swept = Repair(ref.key, "a", None, since=read.slot_since("a"))
+            await operator.repair_entry(tenant, [swept], limits=limits)
             await hold.spend(usage(3000), answered=False)  # the stream went on: 3000 delivered
             final = usage(3000)
             if how == "abandon-failure-record":

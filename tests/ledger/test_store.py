@@ -417,10 +417,19 @@ async def test_the_sweeps_repairs_charge_expired_holds_and_close_ended_or_vanish
         TurnRef(tenant, "alive", "ns", "alive", 2), ttl=10, clock=lambda: now - 50
     )
     await dead.reserve(tokens=900, cost_usd=Decimal(0))  # its worker died: expired at now - 40
+    read = await store.read(tenant)
+    assert read is not None
+    since = {uid: read.slot_since(uid) for uid in ("alive", "ended", "vanished")}
+    ended = summary(kernel.Phase.MAX_STEPS, turns=4, tokens=700)
     repairs = [
-        Repair("alive:2", "alive", summary(kernel.Phase.RUNNING, turns=2, tokens=300)),
-        Repair("", "ended", summary(kernel.Phase.MAX_STEPS, turns=4, tokens=700), now - 20),
-        Repair("", "vanished", None),
+        Repair(
+            "alive:2",
+            "alive",
+            summary(kernel.Phase.RUNNING, turns=2, tokens=300),
+            since=since["alive"],
+        ),
+        Repair("", "ended", ended, now - 20, since=since["ended"]),
+        Repair("", "vanished", None, since=since["vanished"]),
     ]
     limits = TenantLimits(tokens=50_000)
     await store.repair_entry(tenant, repairs, limits=limits, now=now)

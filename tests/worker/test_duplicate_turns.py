@@ -602,7 +602,10 @@ async def test_a_turn_whose_hold_was_swept_stops_its_model_call(stack: Stack) ->
         while stack.model_calls() < 1:
             await asyncio.sleep(0.01)
     store = await stack.store()
-    sweep = Repair(f"{request.run_uid}:0", request.run_uid, None)
+    read = await stack.book()
+    sweep = Repair(
+        f"{request.run_uid}:0", request.run_uid, None, since=read.slot_since(request.run_uid)
+    )
     await store.repair_entry(stack.tenant, [sweep], limits=None, now=time.time() + 3_600)
     async with asyncio.timeout(10):
         delivery = await running
