@@ -299,6 +299,9 @@ class LedgerStore(CasStore):
         """The totals last written per tenant, decoded, at their revision (saves a decode)."""
         self._queues: dict[str, TenantQueue] = {}
         self._queue_locks: dict[str, asyncio.Lock] = {}
+        self._putting: dict[str, dict[str, int]] = {}
+        """Per tenant, the runs ``enqueue`` is storing and has not queued yet (uid → calls
+        storing it): counted against the queue's limit from the check on."""
 
     @classmethod
     async def open(
@@ -1010,14 +1013,27 @@ class LedgerStore(CasStore):
         admissions reach here out of order). Returns its 1-based position.
 
         Raises ``QueueFull`` (for this run only) when the queue holds ``limit`` runs (``None``:
-        no limit)."""
+        no limit), the runs other calls of this process are storing counted in: the check and
+        the count are one step (no await between), so concurrent enqueues of one tenant queue
+        ``limit`` runs at most, not each one that passed the check before any was stored."""
         queue = await self.queued(tenant)
         position = queue.position(run.uid)
         if position is not None:
             return position
-        if limit is not None and len(queue) >= limit:
+        putting = self._putting.setdefault(tenant, {})
+        if limit is not None and run.uid not in putting and len(queue) + len(putting) >= limit:
             raise QueueFull(tenant, limit=limit)
-        return queue.add(run, arrival=await self._put_queued(tenant, run))
+        putting[run.uid] = putting.get(run.uid, 0) + 1
+        try:
+            arrival = await self._put_queued(tenant, run)
+        except BaseException:  # not stored by this call: counted while another still stores it
+            if putting.get(run.uid, 0) > 1:
+                putting[run.uid] -= 1
+            else:
+                putting.pop(run.uid, None)
+            raise
+        putting.pop(run.uid, None)  # stored: counted by the queue from here on
+        return queue.add(run, arrival=arrival)
 
     def splits(self, book: Book) -> bool:
         """Whether this store splits ``book`` (as read) at its next change: it is one value and

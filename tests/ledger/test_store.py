@@ -326,6 +326,29 @@ async def test_a_queue_over_the_platforms_limit_refuses_only_the_next_run(
     assert await store.enqueue(tenant, QueuedRun("u3", "ns", "r3", 3.0), limit=3) == 3
 
 
+async def test_concurrent_enqueues_of_one_tenant_queue_no_more_than_the_limit(
+    open_store: Opener,
+) -> None:
+    """``AGENTRUN_MAX_QUEUED_RUNS`` holds for runs created together: each enqueue read the
+    queue's length and then stored its run, so every one that read it before the first was
+    stored passed the check (a queue of 3 took all 8)."""
+    store = await open_store()
+    tenant, limit = tenant_name(), 3
+    runs = [QueuedRun(f"u{i}", "ns", f"r{i}", float(i)) for i in range(limit + 5)]
+    answers = await asyncio.gather(
+        *(store.enqueue(tenant, run, limit=limit) for run in runs), return_exceptions=True
+    )
+    refused = [a for a in answers if isinstance(a, QueueFull)]
+    assert len(refused) == 5 and sum(isinstance(a, int) for a in answers) == limit
+    assert len(await store.queue(tenant)) == limit
+    assert len(await (await open_store()).queue(tenant)) == limit  # as stored
+    await store.dequeue(tenant, (await store.queue(tenant))[0].uid)  # room again: one more
+    again = await asyncio.gather(
+        *(store.enqueue(tenant, run, limit=limit) for run in runs), return_exceptions=True
+    )
+    assert sum(isinstance(a, QueueFull) for a in again) == 5
+
+
 async def test_tenants_lists_tenants_with_a_book(open_store: Opener) -> None:
     store = await open_store()
     with_book, only_queued = tenant_name(), tenant_name()
