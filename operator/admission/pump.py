@@ -219,9 +219,8 @@ class QueuePump:
         the caller ends it through its events; taken out of the queue meanwhile, it would run
         behind a status saying it was cancelled."""
         for name in [tenant] if tenant else self._tenants_with_queues():
-            async with self._pass_lock(name):
-                if not await self.store.dequeue(name, key.uid):
-                    continue
+            if not await self._take_out(name, key.uid):
+                continue
             self._objects.pop(key.uid, None)
             self.deps.configs.forget(key.uid)
             seen = self._waiting.pop(key.uid, None)
@@ -237,17 +236,38 @@ class QueuePump:
         return False
 
     async def forget_queued(self, uid: str) -> None:
-        """A deleted run leaves whatever queue holds it."""
-        self._waiting.pop(uid, None)
-        self._objects.pop(uid, None)
-        self.deps.configs.forget(uid)
-        for name in self._tenants_with_queues():
-            if await self.store.dequeue(name, uid):
-                self.board.kick(name)
-                return
+        """A deleted run leaves whatever queue holds it.
+
+        As a cancel does (``cancel_queued``), this waits for a pass of the run's tenant's pump
+        under way, which may be admitting it (its object read before the deletion): a run
+        that pass admitted is not queued any more, and has its ``admitted`` event when this
+        returns, so the caller's stop of the deleted run (``LiveRuns.forget``: ended through
+        its events, its ledger slot and hold freed, its events purged) finds it. Taken out of
+        the queue meanwhile, it was admitted after that stop found nothing to end, and ran
+        with no object. Raises what the ledger store raises."""
+        self._objects.pop(uid, None)  # a pass yet to reach it reads its object: gone
+        try:
+            for name in self._tenants_with_queues():
+                if await self._take_out(name, uid):
+                    self.board.kick(name)
+                    return
+        finally:
+            self._waiting.pop(uid, None)
+            self.deps.configs.forget(uid)
+
+    async def _take_out(self, tenant: str, uid: str) -> bool:
+        """Take run ``uid`` out of ``tenant``'s queue (a cancel, a deletion), once no pass
+        over that queue is under way (``_pass_lock``): a pass admits the heads it prepared
+        without reading the queue again. False if the run is not in that queue, or the pass
+        it waited for admitted or dropped it. Raises what the ledger store raises."""
+        if uid not in await self.store.queued(tenant):
+            return False  # no pass is admitting it: a pass admits only runs still queued
+        async with self._pass_lock(tenant):
+            return await self.store.dequeue(tenant, uid)
 
     def _pass_lock(self, tenant: str) -> asyncio.Lock:
-        """Held by each pass over ``tenant``'s queue, and by a cancel taking a run out of it."""
+        """Held by each pass over ``tenant``'s queue, and by a cancel or a deletion taking a
+        run out of it (``_take_out``)."""
         return self._locks.setdefault(tenant, asyncio.Lock())
 
     def _tenants_with_queues(self) -> list[str]:
