@@ -1,8 +1,9 @@
 """Background loops, the same shape in the operator and the worker: a pass every so many
 seconds (or when woken) until stopped, an error logged and the next pass run all the same.
 
-What belongs here: ``every``, that loop, and ``sleep_until_set``, the wait it (and every loop
-whose next wait is computed by its pass) ends a pass with. What does not: the passes
+What belongs here: ``every``, that loop, ``sleep_until_set``, the wait it (and every loop
+whose next wait is computed by its pass) ends a pass with, and ``log_failure``, for a task of
+its own that nobody awaits (its error logged, not lost). What does not: the passes
 themselves (each part that runs one), loops fed by a queue or with a wait their pass computes
 (they use ``sleep_until_set`` alone), and stopping tasks at shutdown
 (``operator.platform.loops.cancel_and_wait``).
@@ -14,8 +15,27 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+def log_failure(task: asyncio.Future[Any], *, what: str) -> None:
+    """Have ``task`` (a task nobody awaits) logged if it ends by an error: one ERROR naming
+    ``what`` (e.g. ``"discovery of AgentToolServer ns/name"``), with its traceback. Its
+    exception is retrieved, so asyncio never reports it as "Task exception was never
+    retrieved" (at garbage collection, unnamed, or never). A task cancelled or ending by its
+    own return is let go. For a task whose end must stop the process, the operator's
+    ``Supervision`` instead."""
+
+    def ended(done: asyncio.Future[Any]) -> None:
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            log.error("%s failed: %s: %s", what, type(error).__name__, error, exc_info=error)
+
+    task.add_done_callback(ended)
 
 
 async def sleep_until_set(event: asyncio.Event, timeout: float | None) -> bool:

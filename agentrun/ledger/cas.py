@@ -52,6 +52,8 @@ import nats.js.errors
 from nats.js import JetStreamContext, api
 from nats.js.kv import KV_OP, KV_PURGE, KeyValue
 
+from agentrun import loops
+
 _Op = tuple[Any, "asyncio.Future[Any]", int]
 """A change queued in a group: its payload, its caller's future and its weight (the values it
 names, ``BATCH_VALUES``)."""
@@ -355,9 +357,9 @@ class CasStore:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(group, []).append((payload, future, weight))
         if group not in self._flushers:
-            self._flushers[group] = asyncio.create_task(
-                self._flush(group, attempt), name=f"ledger-{group}"
-            )
+            flusher = asyncio.create_task(self._flush(group, attempt), name=f"ledger-{group}")
+            loops.log_failure(flusher, what=f"the ledger writer of {group}")  # nobody awaits it
+            self._flushers[group] = flusher
         return await future
 
     async def _flush(self, group: str, attempt: Attempt) -> None:

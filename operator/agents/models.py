@@ -55,8 +55,16 @@ class ModelCache:
         if reading is None:
             reading = asyncio.ensure_future(self._read(name))
             self._reading[name] = reading
-            reading.add_done_callback(lambda _: self._reading.pop(name, None))
+            reading.add_done_callback(lambda done: self._read_ended(name, done))
         return await asyncio.shield(reading)
+
+    def _read_ended(self, name: str, reading: asyncio.Future[dict[str, Any] | None]) -> None:
+        """The shared read of ``name`` ended: the next ``get`` reads again if it must. Its
+        error is retrieved here: its callers got it, and one whose every caller was cancelled
+        meanwhile was reported "Future exception was never retrieved"."""
+        self._reading.pop(name, None)
+        if not reading.cancelled():
+            reading.exception()
 
     def put(self, name: str, model: dict[str, Any] | None) -> None:
         """What a watch saw of AgentModel ``name`` (``None``: deleted), so a change (new

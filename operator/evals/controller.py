@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from agentrun import kube, metrics
+from agentrun import kube, loops, metrics
 from agentrun.kernel import schemas
 from agentrun.protocol import RunEvent
 
@@ -220,6 +220,7 @@ class EvalController:
                 task = asyncio.create_task(self._serve(key, slots), name=name)
                 serving.add(task)
                 task.add_done_callback(serving.discard)
+                loops.log_failure(task, what=f"reconcile of AgentEval {key[0]}/{key[1]}")
         finally:
             for task in serving:
                 task.cancel()

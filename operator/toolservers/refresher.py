@@ -191,6 +191,9 @@ class ToolServerRefresher:
         self._stopping = asyncio.Event()
         self.failures = Failures(log, what="status write")
         """Servers whose status could not be written (each logged once)."""
+        self.discoveries = Failures(log, what="discovery")
+        """Servers whose discovery failed by an error no branch of it expects (a bug, a fault
+        of a kind nobody named; each logged once, with its traceback)."""
         self._slots = slots or DiscoverySlots.standard()
         self._checks = checks or FairWork()
 
@@ -208,6 +211,7 @@ class ToolServerRefresher:
     def forget(self, namespace: str, name: str) -> None:
         """An AgentToolServer was deleted: stop refreshing it."""
         known = self._known.pop((namespace, name), None)
+        self.discoveries.forget((namespace, name))
         if known is not None and known.running is not None:
             known.running.cancel()
 
@@ -252,31 +256,53 @@ class ToolServerRefresher:
                 known.running = asyncio.create_task(
                     self.refresh(known.body), name=f"discover {key[0]}/{key[1]}"
                 )
+                what = f"discovery of AgentToolServer {key[0]}/{key[1]}"
+                loops.log_failure(known.running, what=what)  # ``refresh`` raises nothing
 
     async def refresh(self, body: Mapping[str, Any]) -> None:
-        """Discover one server and write its status; never raises (failures are logged)."""
+        """Discover one server and write its status; never raises (failures are logged, and
+        a discovery's unexpected error is a failed discovery: ``_discovered``)."""
         meta = body.get("metadata") or {}
         namespace, name = str(meta.get("namespace")), str(meta.get("name"))
         generation = int(meta.get("generation") or 1)
         previous = body.get("status") or {}
         now = time.time()
+        ref = Ref(TOOL_SERVERS, name, namespace)
         try:
             spec = AgentToolServerSpec.of(body.get("spec"))
         except SpecError as err:
             status = failed_status({}, str(err), generation=generation, now=now)
             status["conditions"][0]["reason"] = Reason.INVALID_SPEC
         else:
-            async with self._slots.of_namespace(namespace):
-                status = await self._discover(
-                    spec, namespace, generation=generation, previous=previous
-                )
-        ref = Ref(TOOL_SERVERS, name, namespace)
+            status = await self._discovered(spec, ref, generation=generation, previous=previous)
         try:
             await self._api.patch_status(ref, keep_transition(status, previous))
         except Exception as err:
             await self._not_written(ref, err, previous=previous, generation=generation)
             return
         self.failures.succeeded((namespace, name), subject=f"AgentToolServer {namespace}/{name}")
+
+    async def _discovered(
+        self, spec: AgentToolServerSpec, ref: Ref, *, generation: int, previous: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The status of one discovery of ``spec``'s server (``ref``), in its namespace's slot
+        (``_discover``). An error no branch of it expects (a bug, a fault of a kind nobody
+        named) is a failed discovery too: logged once naming the server, with its traceback
+        (``discoveries``), the status says it (``Ready=False``, ``DiscoveryFailed``, or
+        ``RefreshFailed`` keeping the last good list), and the next refresh tries again,
+        rather than ending the discovery's task unseen with the status unwritten."""
+        subject = f"AgentToolServer {ref.namespace}/{ref.name}"
+        try:
+            async with self._slots.of_namespace(ref.namespace):
+                status = await self._discover(
+                    spec, ref.namespace, generation=generation, previous=previous
+                )
+        except Exception as err:
+            self.discoveries.failed((ref.namespace, ref.name), err, subject=subject)
+            why = f"discovery failed: {type(err).__name__}: {err}; tried again at the next refresh"
+            return failed_status(previous, why[:1000], generation=generation, now=time.time())
+        self.discoveries.succeeded((ref.namespace, ref.name), subject=subject)
+        return status
 
     async def _not_written(
         self, ref: Ref, err: Exception, *, previous: Mapping[str, Any], generation: int

@@ -6,6 +6,8 @@ still written. No NATS here: the attempt is a function."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from typing import Any
 
 import pytest
@@ -65,3 +67,37 @@ async def test_a_cancelled_flusher_fails_the_changes_it_writes_and_those_queued(
 
 async def _answering(payloads: list[Any], number: int) -> list[tuple[bool, Any]]:
     return [(True, p) for p in payloads]
+
+
+async def test_a_flusher_ended_by_its_own_error_fails_its_callers_and_logs_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody awaits a group's flusher: an error of its own (a bug outside any batch) fails
+    every change it holds and is logged naming the group, not left to asyncio's "Task
+    exception was never retrieved"."""
+    store = CasStore(None)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    unretrieved: list[object] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+
+    def broken(group: str, batch: list[Any]) -> list[Any]:
+        raise RuntimeError("a bug in taking a batch")
+
+    monkeypatch.setattr(store, "_take", broken)
+    try:
+        with caplog.at_level(logging.INFO, logger="agentrun"):
+            with pytest.raises(LedgerUnavailable, match="stopped"):
+                await asyncio.wait_for(store._submit(GROUP, "a", Held()), timeout=5.0)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            gc.collect()
+    finally:
+        loop.set_exception_handler(handler)
+    assert not store._flushers
+    assert any(
+        GROUP in r.getMessage() and "a bug in taking a batch" in r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR
+    )
+    assert unretrieved == []

@@ -4,6 +4,7 @@ when woken, until stopped; a failing pass logged and the loop going on."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -190,3 +191,36 @@ async def test_without_a_deadline_only_the_event_wakes_it() -> None:
     assert not waiting.done()
     event.set()
     assert await waiting is True
+
+
+async def test_a_task_nobody_awaits_has_its_error_logged_not_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``log_failure``: the error of a task nobody awaits is logged, naming its work, and
+    retrieved (asyncio reports no "Task exception was never retrieved" when the task goes);
+    a cancelled task or one that returned is let go."""
+    loop = asyncio.get_running_loop()
+    unretrieved: list[object] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+
+    async def fails() -> None:
+        raise RuntimeError("a bug")
+
+    try:
+        with caplog.at_level(logging.INFO, logger="agentrun.loops"):
+            tasks = [asyncio.create_task(fails()), asyncio.create_task(asyncio.sleep(0))]
+            tasks.append(asyncio.create_task(asyncio.sleep(60)))
+            for task in tasks:
+                loops.log_failure(task, what=WHAT)
+            tasks[2].cancel()
+            await asyncio.wait(tasks)
+            await settle()
+            del tasks, task
+            gc.collect()
+    finally:
+        loop.set_exception_handler(handler)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.ERROR, f"{WHAT} failed: RuntimeError: a bug")
+    ]
+    assert unretrieved == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -96,3 +97,42 @@ async def test_a_failed_read_fails_every_waiter_and_is_tried_again(lookups: Mode
     with pytest.raises(ApiError):
         await cache.get("mock")
     assert len([call for call in lookups.calls if call[0] == "get"]) == 2
+
+
+async def test_a_failed_read_whose_callers_were_cancelled_is_not_reported_unretrieved(
+    lookups: Models,
+) -> None:
+    """The read is shared by the callers of one name; one that fails after every caller was
+    cancelled (an admission's timeout) has its error retrieved all the same: asyncio reports
+    no "Future exception was never retrieved", and the next ``get`` reads again."""
+    loop = asyncio.get_running_loop()
+    unretrieved: list[object] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    lookups.slow = asyncio.Event()
+    failing = [True]
+    read = lookups.get
+
+    async def get(ref: Ref) -> dict[str, Any] | None:
+        found = await read(ref)
+        if failing[0]:
+            raise ApiError(503, "the API server is away")
+        return found
+
+    lookups.get = get  # type: ignore[method-assign]
+    cache = models.ModelCache(lookups, clock=Clock())
+    try:
+        caller = asyncio.create_task(cache.get("mock"))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        lookups.slow.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        del caller
+        gc.collect()
+        failing[0] = False
+        lookups.models["mock"] = {"metadata": {"name": "mock"}}
+        assert await cache.get("mock") == {"metadata": {"name": "mock"}}
+    finally:
+        loop.set_exception_handler(handler)
+    assert unretrieved == []

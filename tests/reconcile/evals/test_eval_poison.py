@@ -4,7 +4,9 @@ retried every few seconds for ever; one that fails for a passing reason is retri
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import gc
 import logging
 from typing import Any
 
@@ -84,3 +86,41 @@ async def test_a_suite_failing_for_a_passing_reason_is_retried_not_failed() -> N
     assert not [key for key in api.objects if key[0] == "agentruns"]
     await controller._reconcile_safely(("ns", "suite"))  # the API server is back
     assert len([key for key in api.objects if key[0] == "agentruns"]) == 1
+
+
+async def test_an_error_that_escapes_a_reconcile_is_logged_naming_the_suite(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reconcile's task is awaited by nobody while the controller runs: an error that gets
+    past ``_reconcile_safely`` (a bug in its own bookkeeping) is logged naming the suite, not
+    left to asyncio's "Task exception was never retrieved" (or to nothing)."""
+    _, controller = setup()
+    loop = asyncio.get_running_loop()
+    unretrieved: list[object] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    escaped = asyncio.Event()
+
+    async def broken(key: tuple[str, str]) -> None:
+        escaped.set()
+        raise RuntimeError("bookkeeping bug")
+
+    monkeypatch.setattr(controller, "_reconcile_safely", broken)
+    serving = asyncio.create_task(controller.run())
+    try:
+        with caplog.at_level(logging.INFO, logger="agentrun"):
+            controller.kick("ns", "suite")
+            await escaped.wait()
+            for _ in range(5):
+                await asyncio.sleep(0)
+            gc.collect()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        loop.set_exception_handler(handler)
+    assert any(
+        "AgentEval ns/suite" in r.getMessage() and "bookkeeping bug" in r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.ERROR
+    )
+    assert unretrieved == []
