@@ -38,7 +38,7 @@ import httpx2
 import openai
 
 from agentrun import kernel
-from agentrun.tools.endpoint import MAX_MESSAGE_BYTES, BoundedStream
+from agentrun.tools.endpoint import MAX_MESSAGE_BYTES, BoundedStream, WholeBound
 
 STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
 """What an error saying the endpoint does not stream names (not "upstream")."""
@@ -164,10 +164,20 @@ class Delivery:
         return carried
 
     def _add_call(self, part: Mapping[str, Any]) -> bool:
+        """Fold one part of a tool call; True if it carried output. At most
+        ``kernel.MAX_CALLS_PER_REPLY`` + 1 calls are kept (enough for the classifier to refuse
+        the reply: parts of further calls are counted, not kept) and an id at most
+        ``kernel.PLACEHOLDER_CHARS`` + 1 characters (a longer one is replaced anyway): an id
+        carries no output, so nothing else would bound what a stream of them keeps."""
         index = part.get("index")
-        call = self.calls.setdefault(index if isinstance(index, int) else len(self.calls), _Call())
+        position = index if isinstance(index, int) else len(self.calls)
+        call = self.calls.get(position)
+        if call is None:
+            call = _Call()
+            if len(self.calls) <= kernel.MAX_CALLS_PER_REPLY:
+                self.calls[position] = call
         if isinstance(part.get("id"), str):
-            call.id = part["id"]
+            call.id = part["id"][: kernel.PLACEHOLDER_CHARS + 1]
         function = part.get("function")
         if not isinstance(function, Mapping):
             return False
@@ -384,10 +394,23 @@ def cut_unanswered(watch: StreamWatch | None) -> Iterator[None]:
         _CALL_WATCH.reset(token)
 
 
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""The most bytes one answer of a model endpoint may take in all (an event stream, or a JSON
+body): a real one of 128,000 output tokens streamed a token a chunk takes about 32 MiB.
+Past it the call ends ``invalid_response``, charged what it delivered. Without it, chunks
+that carry no output (which the allowance never cuts) were read until the run's deadline,
+each parsed on the worker's event loop, which every tenant's turns share."""
+MAX_ANSWER_MESSAGES = 262_144
+"""The most messages (events, comments and keep-alives included) one answer may hold in all:
+twice a 128,000-token answer streamed a token a chunk. Bounds the parsing an answer of tiny
+events (``data: {}``, 10 bytes each) costs, which ``MAX_ANSWER_BYTES`` alone would not."""
+
+
 class AnswerTooLarge(httpx2.RemoteProtocolError):
     """The model endpoint sent a message over ``endpoint.MAX_MESSAGE_BYTES`` or
-    ``endpoint.MAX_MESSAGE_VALUES``, or a compressed body (a transport error: the
-    ``openai`` client raises it as ``APIConnectionError``)."""
+    ``endpoint.MAX_MESSAGE_VALUES``, an answer over ``MAX_ANSWER_BYTES`` or
+    ``MAX_ANSWER_MESSAGES`` in all, or a compressed body (a transport error: the ``openai``
+    client raises it as ``APIConnectionError``)."""
 
 
 @contextlib.contextmanager
@@ -438,7 +461,8 @@ async def bounded_answer(response: httpx2.Response) -> httpx2.AsyncByteStream:
     of any other body) over the bounds a tool server's messages have
     (``endpoint.BoundedStream``: bytes, and JSON values, counted before anything
     parses them): a provider's answer of 20 MB of ``{}`` would take half a gigabyte of the
-    worker's memory. Requests ask for no content coding; a body that has one anyway is refused
+    worker's memory; nor the whole body over ``MAX_ANSWER_BYTES`` or ``MAX_ANSWER_MESSAGES``.
+    Requests ask for no content coding; a body that has one anyway is refused
     (``AnswerTooLarge``), as it could not be bounded as it arrives."""
     assert isinstance(response.stream, httpx2.AsyncByteStream)
     coding = response.headers.get("content-encoding", "identity").strip().lower()
@@ -452,6 +476,7 @@ async def bounded_answer(response: httpx2.Response) -> httpx2.AsyncByteStream:
         events=events,
         error=AnswerTooLarge,
         source="the model endpoint",
+        whole=WholeBound(MAX_ANSWER_BYTES, MAX_ANSWER_MESSAGES),
     )
 
 

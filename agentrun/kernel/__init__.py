@@ -29,6 +29,8 @@ from agentrun.kernel.bounds import (
 )
 from agentrun.kernel.context import fit_context
 from agentrun.kernel.decision import (
+    MAX_CALLS_PER_REPLY,
+    PLACEHOLDER_CHARS,
     Decision,
     Final,
     Malformed,
@@ -104,8 +106,10 @@ __all__ = [
     "DENIED",
     "LEAST_ASCII_CHARS",
     "LEAST_OTHER_CHARS",
+    "MAX_CALLS_PER_REPLY",
     "MESSAGE_CAP",
     "MIN_SHRUNK_OUTPUT_TOKENS",
+    "PLACEHOLDER_CHARS",
     "Answered",
     "CallModel",
     "CheckedCall",

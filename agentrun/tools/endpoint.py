@@ -276,13 +276,30 @@ def values_in(data: bytes) -> int:
     return data.count(b"{") + data.count(b"[") + data.count(b",")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WholeBound:
+    """A bound on a whole body besides the one on each of its messages: for a body that
+    answers one request and has no reason to go on (a model's answer), where many messages
+    each within the bound would otherwise be read until the peer stops."""
+
+    max_bytes: int
+    """The most bytes the whole body may take."""
+    max_messages: int
+    """The most messages (events of an event stream, blank-line separated) it may hold."""
+
+
+def separators_in(data: bytes) -> int:
+    """The event separators (blank lines, ``BoundedStream.SEPARATORS``) in ``data``."""
+    return sum(data.count(sep) for sep in BoundedStream.SEPARATORS)
+
+
 class BoundedStream(httpx2.AsyncByteStream):
     """A response body read on, but never a message longer than ``limit`` bytes or opening
-    more than ``values`` JSON values (``values_in``): raises ``error`` (by
-    default ``MessageTooLarge``) naming ``source`` as soon as one passes either. In an event
-    stream (``events``) a message is the bytes since the last blank line; in any other body,
-    the whole body. Messages that begin and end within one read of the connection (64 KiB)
-    are bounded by it."""
+    more than ``values`` JSON values (``values_in``), nor, with ``whole``, more bytes or
+    messages in all than it allows: raises ``error`` (by default ``MessageTooLarge``) naming
+    ``source`` as soon as one passes either. In an event stream (``events``) a message is the
+    bytes since the last blank line; in any other body, the whole body. Messages that begin
+    and end within one read of the connection (64 KiB) are bounded by it."""
 
     SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
@@ -295,6 +312,7 @@ class BoundedStream(httpx2.AsyncByteStream):
         values: int = MAX_MESSAGE_VALUES,
         error: type[Exception] = MessageTooLarge,
         source: str = "the tool server",
+        whole: WholeBound | None = None,
     ) -> None:
         self.inner = inner
         self.limit = limit
@@ -302,12 +320,17 @@ class BoundedStream(httpx2.AsyncByteStream):
         self.values = values
         self.error = error
         self.source = source
+        self.whole = whole
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        pending = opened = 0
+        pending = opened = read = ended = 0
         tail = b""
         async for chunk in self.inner:
             seen = tail + chunk
+            if self.whole is not None:
+                read += len(chunk)
+                ended += separators_in(seen) - separators_in(tail) if self.events else 0
+                self._check_whole(read, ended)
             separators = [sep for sep in self.SEPARATORS if sep in seen] if self.events else []
             if separators:  # a message ended in this read: check it whole, then the next one's
                 first = min(seen.find(sep) + len(sep) for sep in separators)
@@ -319,6 +342,13 @@ class BoundedStream(httpx2.AsyncByteStream):
             self._check(pending, opened)
             tail = seen[-3:]
             yield chunk
+
+    def _check_whole(self, read: int, ended: int) -> None:
+        assert self.whole is not None
+        if read > self.whole.max_bytes:
+            raise self.error(f"{self.source} sent over {self.whole.max_bytes} bytes in all")
+        if ended > self.whole.max_messages:
+            raise self.error(f"{self.source} sent over {self.whole.max_messages} messages in all")
 
     def _check(self, size: int, opened: int) -> None:
         if size > self.limit:
