@@ -32,7 +32,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
@@ -92,16 +92,41 @@ def _exporter() -> SpanExporter | None:
     return None
 
 
+SPAN_ATTRIBUTE_MAX_CHARS = 4_096
+"""Characters a span attribute's string value keeps (the SDK cuts it; default unbounded),
+unless ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`` or ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``
+says otherwise. Attributes carry what a model endpoint or a tool server chose (a response's
+``id``: up to a message's 8 MiB), and the batch processor holds up to 2,048 finished spans in
+the process's memory before export."""
+_LENGTH_LIMITS = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+
+
+def span_limits() -> SpanLimits:
+    """The SDK's limits, attribute values cut at ``SPAN_ATTRIBUTE_MAX_CHARS`` unless the
+    environment names a length limit of its own."""
+    if any(os.environ.get(name) for name in _LENGTH_LIMITS):
+        return SpanLimits()
+    return SpanLimits(max_span_attribute_length=SPAN_ATTRIBUTE_MAX_CHARS)
+
+
+def tracer_provider(exporter: SpanExporter, *, service_name: str) -> TracerProvider:
+    """A tracer provider batching finished spans to ``exporter`` (``span_limits``)."""
+    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
+    resource = Resource.create({"service.name": name, "process.pid": os.getpid()})
+    provider = TracerProvider(
+        resource=resource, id_generator=PresetIdGenerator(), span_limits=span_limits()
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    return provider
+
+
 def setup_tracing(service_name: str) -> TracerProvider | None:
-    """Install a tracer provider exporting as the environment says; ``None`` (no export) if
-    nothing is configured. Call once per process, before any span."""
+    """Install a tracer provider exporting as the environment says (``tracer_provider``);
+    ``None`` (no export) if nothing is configured. Call once per process, before any span."""
     exporter = _exporter()
     if exporter is None:
         return None
-    name = os.environ.get("OTEL_SERVICE_NAME") or service_name
-    resource = Resource.create({"service.name": name, "process.pid": os.getpid()})
-    provider = TracerProvider(resource=resource, id_generator=PresetIdGenerator())
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    provider = tracer_provider(exporter, service_name=service_name)
     trace.set_tracer_provider(provider)
     return provider
 
