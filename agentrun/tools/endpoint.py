@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import json
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -260,6 +261,16 @@ is refused as a transport fault rather than cut (the model sees
 ``AGENTRUN_TOOL_RESULT_MAX_BYTES`` of it at most anyway)."""
 
 
+GET_STREAM_INTERVAL = 1.0
+"""Seconds between the starts of two GET requests of one session at least (a streamable HTTP
+session's server-initiated stream, and the resumption of a request's answer: the SDK opens
+them again each time the server ends one, after the ``retry`` the server names). A server
+asking ``retry: 0`` and ending each stream at once made a loop of about a thousand requests
+a second (and an INFO log line each) for as long as the session lived, on the event loop of
+a worker or operator that every tenant shares; the SDK's own pause is 1 s when the server
+names none."""
+
+
 class MessageTooLarge(httpx2.StreamError):
     """A tool server sent one message over ``MAX_MESSAGE_BYTES`` or ``MAX_MESSAGE_VALUES``
     (or a body it could not be bounded in)."""
@@ -394,6 +405,19 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         self.bounds = bounds
         self.on_refused = on_refused
         self.max_message_bytes = max_message_bytes
+        self._next_get = 0.0
+        """When (``time.monotonic``) the session's next GET may start (``GET_STREAM_INTERVAL``)."""
+
+    async def _pace(self, request: httpx2.Request) -> None:
+        """Wait until ``request``, when a GET, may start: ``GET_STREAM_INTERVAL`` after the
+        session's previous one started (each GET takes its turn as it comes)."""
+        if request.method != "GET":
+            return
+        now = time.monotonic()
+        start = max(now, self._next_get)
+        self._next_get = start + GET_STREAM_INTERVAL
+        if start > now:
+            await asyncio.sleep(start - now)
 
     def _check(self, request: httpx2.Request) -> None:
         """Raises ``OutsideRule`` (after telling ``on_refused``) when ``request`` is outside
@@ -411,8 +435,10 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         """The response, its body bounded (``BoundedStream``). Raises ``OutsideRule`` for a
         request outside ``bounds`` (never sent), ``MessageTooLarge`` for a response with a
-        content coding, ``Redirected`` for a redirect."""
+        content coding, ``Redirected`` for a redirect. A GET waits its turn first
+        (``GET_STREAM_INTERVAL``)."""
         self._check(request)
+        await self._pace(request)
         request.headers["Accept-Encoding"] = "identity"
         response = await super().handle_async_request(request)
         assert isinstance(response.stream, httpx2.AsyncByteStream)
