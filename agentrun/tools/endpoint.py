@@ -276,6 +276,12 @@ class MessageTooLarge(httpx2.StreamError):
     (or a body it could not be bounded in)."""
 
 
+class StreamTooLarge(MessageTooLarge, httpx2.SSEError):
+    """``MessageTooLarge`` in an event stream: the SDK reports an ``SSEError`` by its text
+    (``SSE stream failed: …``) where it reports any other error of a request's stream as
+    "ended without a response"."""
+
+
 class Redirected(httpx2.TransportError):
     """A tool server answered with a redirect, which is never followed (the SDK would follow
     one to any path of the origin, outside the tenant's rule)."""
@@ -297,6 +303,21 @@ class WholeBound:
     """The most bytes the whole body may take."""
     max_messages: int
     """The most messages (events of an event stream, blank-line separated) it may hold."""
+
+
+TOOL_ANSWER = WholeBound(16 * 1024 * 1024, 4_096)
+"""What one answer of a streamable HTTP tool server (to a request, or a request's answer
+resumed) may hold in all: 16 MiB (its result, at most ``MAX_MESSAGE_BYTES``, and the
+notifications before it) and 4,096 messages. Past it the exchange fails as a transport fault
+(``MessageTooLarge``): a server answering a call with notifications for ever had them parsed
+on the worker's event loop until the call's timeout."""
+SERVER_STREAM = WholeBound(1024 * 1024, 256)
+"""What one server-initiated stream of a streamable HTTP session (a GET without
+``Last-Event-ID``) may hold in all: 1 MiB and 256 messages. The platform reads nothing a
+server sends there (it offers no sampling, roots or elicitation; its lists are refreshed on
+their own schedule); past it the stream is cut, and the SDK opens it again at most a
+``GET_STREAM_INTERVAL`` later, twice when it keeps failing. A server flooding it had 223 MB
+read and parsed in 3 s."""
 
 
 def separators_in(data: bytes) -> int:
@@ -394,7 +415,10 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         bounds: Bounds | None = None,
         on_refused: RefusalHook | None = None,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        streamable: bool = False,
     ) -> None:
+        """``streamable``: the session speaks streamable HTTP, each response one answer
+        (``whole_bound``); an SSE session's one stream carries all its answers."""
         super().__init__(trust_env=False)
         # httpx2's transport takes no network backend; its pool does (the one seam, checked
         # by tests/tools/test_reach.py)
@@ -405,8 +429,19 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         self.bounds = bounds
         self.on_refused = on_refused
         self.max_message_bytes = max_message_bytes
+        self.streamable = streamable
         self._next_get = 0.0
         """When (``time.monotonic``) the session's next GET may start (``GET_STREAM_INTERVAL``)."""
+
+    def whole_bound(self, request: httpx2.Request) -> WholeBound | None:
+        """What the answer to ``request`` may hold in all: ``SERVER_STREAM`` for a streamable
+        HTTP session's own stream, ``TOOL_ANSWER`` for any other of its answers; unbounded
+        in all (each message bounded) for an SSE session's stream."""
+        if not self.streamable:
+            return None
+        if request.method == "GET" and "last-event-id" not in request.headers:
+            return SERVER_STREAM
+        return TOOL_ANSWER
 
     async def _pace(self, request: httpx2.Request) -> None:
         """Wait until ``request``, when a GET, may start: ``GET_STREAM_INTERVAL`` after the
@@ -459,7 +494,13 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
-            stream=BoundedStream(response.stream, self.max_message_bytes, events=events),
+            stream=BoundedStream(
+                response.stream,
+                self.max_message_bytes,
+                events=events,
+                error=StreamTooLarge if events else MessageTooLarge,
+                whole=self.whole_bound(request),
+            ),
             extensions=response.extensions,
         )
 
@@ -624,7 +665,10 @@ def _http_client(
     """The ``httpx2`` client of one session of ``endpoint``: every request checked against
     its ``Bounds`` and its address rule (``CheckedTransport``)."""
     transport = CheckedTransport(
-        private_network=endpoint.private_network, bounds=endpoint.bounds, on_refused=on_refused
+        private_network=endpoint.private_network,
+        bounds=endpoint.bounds,
+        on_refused=on_refused,
+        streamable=endpoint.transport is Transport.STREAMABLE_HTTP,
     )
     return httpx2.AsyncClient(
         headers=headers, timeout=timeout, event_hooks=hooks, transport=transport

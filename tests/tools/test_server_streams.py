@@ -1,0 +1,160 @@
+"""A tool server is tenant code: how often it makes a session's client open a request, and how
+much one of its answers holds in all, are bounded, not only what each message holds.
+
+- A handshake-era server (one that gives an ``Mcp-Session-Id``) is sent a GET for its
+  server-initiated stream, which the SDK opens again each time the server ends it, after the
+  ``retry`` the server names: ``retry: 0`` made a tight loop of requests (2,893 in 3 s; and
+  an INFO log line each) for as long as the session lived, in the worker or the operator,
+  which every tenant shares. A session's GETs now start at least
+  ``endpoint.GET_STREAM_INTERVAL`` seconds apart.
+- A streamable HTTP answer (a request's, or the server's own stream) was read message after
+  message for as long as the server wrote: notifications, each within the message bounds,
+  parsed on that event loop until the call's timeout (up to 300 s) or for as long as the
+  session lived. One answer now holds at most ``endpoint.TOOL_ANSWER`` in all, the server's
+  own stream ``endpoint.SERVER_STREAM`` (the platform reads nothing it sends there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+
+import pytest
+from aiohttp import web
+from http_support import serving
+
+from agentrun.kernel import ToolFault
+from agentrun.protocol import RemoteTool
+from agentrun.tools import ToolContext, ToolError, endpoint, remote
+
+SESSION = "s-1"
+CTX = ToolContext(namespace="ns", run_name="run", run_uid="run-uid", call_id="call_0_0")
+NOTE = {
+    "jsonrpc": "2.0",
+    "method": "notifications/message",
+    "params": {"level": "info", "data": "n" * 65_000},
+}
+NOTE_EVENT = b"event: message\ndata: " + json.dumps(NOTE).encode() + b"\n\n"
+"""A notification of 64 KB (a log message), within every bound on one message."""
+
+
+class Server:
+    """A handshake-era MCP server over streamable HTTP. ``stream``: what its GET stream does —
+    ``end`` ends it at once asking for ``retry: 0``, ``flood`` writes ``NOTE_EVENT`` for ever;
+    ``flood_calls``: a call's answer is notifications for ever, never the result."""
+
+    def __init__(self, *, stream: str = "end", flood_calls: bool = False) -> None:
+        self.stream = stream
+        self.flood_calls = flood_calls
+        self.gets = 0
+        self.written = 0
+        """Bytes of notifications written (GET streams and answers)."""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            self.gets += 1
+            if self.stream == "end":
+                return await self.events(request, [b"retry: 0\n\n"])
+            return await self.flood(request)
+        if request.method == "POST":
+            return await self.post(request)
+        return web.Response(status=200)  # DELETE: the session's end
+
+    async def post(self, request: web.Request) -> web.StreamResponse:
+        message = await request.json()
+        method = message.get("method")
+        if method == "server/discover":  # the 2026 probe: refused as a handshake-era server
+            error = {"code": -32600, "message": "Bad Request: Missing session ID"}
+            body = {"jsonrpc": "2.0", "id": None, "error": error}
+            return web.json_response(body, status=400)
+        if "id" not in message:
+            return web.Response(status=202)
+        if method == "tools/call" and self.flood_calls:
+            return await self.flood(request)
+        if method == "initialize":
+            result = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "hostile", "version": "1"},
+            }
+        elif method == "tools/call":
+            result = {"content": [{"type": "text", "text": "7"}], "isError": False}
+        else:
+            result = {"tools": []}
+        reply = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+        return web.json_response(reply, headers={"Mcp-Session-Id": SESSION})
+
+    async def events(self, request: web.Request, events: list[bytes]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    async def flood(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Mcp-Session-Id": SESSION}
+        )
+        await response.prepare(request)
+        try:
+            while True:
+                await response.write(NOTE_EVENT)
+                self.written += len(NOTE_EVENT)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        return response
+
+
+def where(base: str, *, timeout: float = 10.0) -> remote.Endpoint:
+    return remote.Endpoint(
+        f"{base}/mcp", remote.Transport.STREAMABLE_HTTP, {}, timeout=timeout, private_network=True
+    )
+
+
+async def hold_session(server: Server, seconds: float) -> float:
+    """A session of ``server`` held open ``seconds`` after its first request; how long it was
+    held in all."""
+    async with (
+        serving({"/mcp": server.handle}) as base,
+        endpoint.open_session(where(base)) as client,
+    ):
+        started = time.monotonic()
+        await client.list_tools()
+        await asyncio.sleep(seconds)
+        return time.monotonic() - started
+
+
+async def test_a_server_that_ends_its_stream_at_once_is_not_asked_again_in_a_loop() -> None:
+    server = Server(stream="end")
+    held = await hold_session(server, 3.0)
+    assert 1 <= server.gets <= 1 + held / endpoint.GET_STREAM_INTERVAL, (server.gets, held)
+
+
+async def test_a_server_that_floods_its_own_stream_is_read_bounded() -> None:
+    """Before: hundreds of megabytes read and parsed in 3 s."""
+    server = Server(stream="flood")
+    held = await hold_session(server, 3.0)
+    streams = 1 + held / endpoint.GET_STREAM_INTERVAL
+    sockets = 16 * 1024 * 1024  # what the loopback's buffers hold besides, at most
+    assert server.written <= streams * endpoint.SERVER_STREAM.max_bytes + sockets, server.written
+
+
+async def test_a_call_answered_with_notifications_for_ever_fails_at_once() -> None:
+    """A ``server`` fault saying why. Before: the call read notifications until its timeout
+    (20 s), then failed ``timeout``."""
+    server = Server(stream="end", flood_calls=True)
+    async with serving({"/mcp": server.handle}) as base:
+        url = f"{base}/mcp"
+        tool = RemoteTool("h__add", "h", "add", "", {}, "read", url, "StreamableHTTP", timeout=20)
+        tool = dataclasses.replace(tool, private_network=True)
+        started = time.monotonic()
+        with pytest.raises(ToolError) as caught:
+            await remote.mcp_tool(tool).run({}, CTX)
+        took = time.monotonic() - started
+    assert caught.value.fault is ToolFault.SERVER, caught.value.message
+    assert "SSE stream failed: the tool server sent over" in caught.value.message
+    assert "in all" in caught.value.message, caught.value.message
+    assert took < 10, took
