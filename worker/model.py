@@ -41,9 +41,11 @@ from agentrun.metrics import ModelErrorType
 
 from .stream import (
     AnswerTooLarge,
+    AnswerUnparsable,
     AttemptClient,
     StreamWatch,
     cut_unanswered,
+    parsed,
     read_stream,
     refuses_streaming,
 )
@@ -117,9 +119,10 @@ def _unanswered(err: Exception, *, api_key: str) -> ModelError:
     """The ``ModelError`` of a call that got no usable answer: a timeout of the client, no
     connection or one that broke, before the answer or while it streamed (the client's
     ``APIConnectionError``, ``APITimeoutError`` a subclass), the run's deadline
-    (``TimeoutError`` of its ``asyncio.timeout``), a body that is not JSON
-    (``json.JSONDecodeError``), or one over the bounds of an answer (``stream.AnswerTooLarge``,
-    ``invalid_response``). The message names the innermost cause (the refused connect,
+    (``TimeoutError`` of its ``asyncio.timeout``), an answer the parser refuses
+    (``stream.AnswerUnparsable``: not JSON, an integer past 4,300 digits, nested too deeply),
+    or one over the bounds of an answer (``stream.AnswerTooLarge``, ``invalid_response``).
+    The message names the innermost cause (the refused connect,
     the reset, the read that timed out): the client's own says only that it failed. That
     cause is cut to ``CAUSE_CHARS`` and ``api_key`` redacted from it, as it may quote the
     endpoint."""
@@ -141,7 +144,7 @@ def _unanswered(err: Exception, *, api_key: str) -> ModelError:
     if isinstance(err, TimeoutError):
         message = "the run's deadline passed while calling the model"
         return ModelError(message, error_type=ModelErrorType.DEADLINE)
-    message = f"the model endpoint answered with a body that is not JSON: {err}"
+    message = f"the model endpoint's answer could not be parsed: {err}"
     return ModelError(message, error_type=ModelErrorType.INVALID_RESPONSE)
 
 
@@ -459,7 +462,7 @@ class ModelClient:
             # ``from None``: the client's error holds the provider's text, which may echo the
             # key; only the redacted message travels on (to status, Events, logs and spans)
             raise _refused(err, api_key=request.api_key, deadline=deadline) from None
-        except (openai.APIConnectionError, TimeoutError, json.JSONDecodeError) as err:
+        except (openai.APIConnectionError, TimeoutError, AnswerUnparsable) as err:
             # ``from None`` as above: the cause's text is in the message, redacted and cut
             raise _unanswered(err, api_key=request.api_key) from None
         except openai.APIError as err:  # an error event inside the stream, after a 200
@@ -491,7 +494,7 @@ class ModelClient:
         # ``post`` rather than ``chat.completions.create``: the body is already in wire
         # shape, and the SDK's typed transform of ``messages`` costs ~0.2 ms per message per
         # call (17 ms at 80 messages) — it dominated a turn.
-        with cut_unanswered(watch):
+        with cut_unanswered(watch), parsed():
             answer: object = await client.post(CHAT_COMPLETIONS, body=body, cast_to=object)
         return answer
 

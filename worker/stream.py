@@ -313,9 +313,9 @@ async def read_stream(
 
     Raises what the ``openai`` client raises (``APIStatusError``, ``APIConnectionError`` and
     its ``APITimeoutError``, also for a JSON body that broke or timed out: ``_whole_body``) and
-    ``json.JSONDecodeError`` for a body that is not JSON; the caller maps them."""
+    ``AnswerUnparsable`` for an answer the parser refuses (``parsed``); the caller maps them."""
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    with cut_unanswered(watch):
+    with cut_unanswered(watch), parsed():
         stream = await client.post(
             path,
             body=stream_body,
@@ -329,7 +329,7 @@ async def read_stream(
     finished = False
     try:
         shown, recorded = time.monotonic(), 0
-        async for chunk in stream:
+        async for chunk in _parsed_chunks(stream):
             delivery.add(chunk)
             delivered = delivery.delivered_tokens
             if delivered > max_output_tokens:
@@ -348,6 +348,18 @@ async def read_stream(
         if delivery.cut or not finished:
             await asyncio.shield(stream.close())  # the provider stops generating
     return delivery.completion()
+
+
+async def _parsed_chunks(stream: openai.AsyncStream[object]) -> AsyncIterator[object]:
+    """The chunks of ``stream``, what its parser refuses raised as ``AnswerUnparsable``."""
+    chunks = aiter(stream)
+    while True:
+        with parsed():
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+        yield chunk
 
 
 _CALL_WATCH: contextvars.ContextVar[StreamWatch | None] = contextvars.ContextVar(
@@ -386,7 +398,7 @@ def cut_unanswered(watch: StreamWatch | None) -> Iterator[None]:
     token = _CALL_WATCH.set(watch)
     try:
         yield
-    except (asyncio.CancelledError, json.JSONDecodeError) as cut:  # cut, or answered unusably
+    except (asyncio.CancelledError, AnswerUnparsable) as cut:  # cut, or answered unusably
         if watch is not None:
             watch.unanswered(cut)
         raise
@@ -404,6 +416,26 @@ MAX_ANSWER_MESSAGES = 262_144
 """The most messages (events, comments and keep-alives included) one answer may hold in all:
 twice a 128,000-token answer streamed a token a chunk. Bounds the parsing an answer of tiny
 events (``data: {}``, 10 bytes each) costs, which ``MAX_ANSWER_BYTES`` alone would not."""
+
+
+class AnswerUnparsable(ValueError):
+    """The model endpoint's answer could not be parsed: not JSON, an integer of over 4,300
+    digits (Python's limit on converting one), or nested past the interpreter's recursion
+    limit (``parsed``)."""
+
+
+@contextlib.contextmanager
+def parsed() -> Iterator[None]:
+    """Raise what parsing the answer read in the block raised as ``AnswerUnparsable``: the
+    parser's ``ValueError`` (``json.JSONDecodeError`` among them) or ``RecursionError`` —
+    the block holds the HTTP client's reading and parsing of the answer, which raise no other
+    ``ValueError``."""
+    try:
+        yield
+    except AnswerUnparsable:
+        raise
+    except (ValueError, RecursionError) as err:
+        raise AnswerUnparsable(f"{type(err).__name__}: {str(err)[:200]}") from None
 
 
 class AnswerTooLarge(httpx2.RemoteProtocolError):

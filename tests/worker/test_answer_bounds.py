@@ -102,3 +102,32 @@ async def test_a_long_answer_within_the_bounds_is_read_whole() -> None:
     assert len(body) < stream.MAX_ANSWER_BYTES and len(chunks) < stream.MAX_ANSWER_MESSAGES
     assert stream.MAX_ANSWER_BYTES == 64 * 1024 * 1024
     assert stream.MAX_ANSWER_MESSAGES == 262_144
+
+
+LONG_INT = b'{"choices":[],"x":' + b"1" * 5000 + b"}"
+"""Python's JSON parser refuses an integer of over 4,300 digits with a plain ``ValueError``."""
+DEEP = b'{"choices":[],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+"""100,000 nested arrays (200 KB, within every bound): a ``RecursionError`` of the parser."""
+
+
+@pytest.mark.parametrize("body", [LONG_INT, DEEP], ids=["long-integer", "deep-nesting"])
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "json-body"])
+async def test_an_answer_the_parser_refuses_is_an_invalid_response(
+    body: bytes, streamed: bool
+) -> None:
+    """Before: the parser's ``ValueError`` or ``RecursionError`` escaped the model client; the
+    worker took it for a bug, asked the model again and ended the run ``checkpoint_failed``
+    with a traceback in its log."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        kind = "text/event-stream" if streamed else "application/json"
+        response = web.StreamResponse(headers={"Content-Type": kind})
+        await response.prepare(request)
+        await response.write(b"data: " + body + b"\n\n" if streamed else body)
+        await response.write_eof()
+        return response
+
+    async with serving({"/v1/chat/completions": handler}) as base:
+        error = await failed_call(f"{base}/v1")
+    assert error.error_type is ModelErrorType.INVALID_RESPONSE, str(error)
+    assert "could not be parsed" in str(error), str(error)
