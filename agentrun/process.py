@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -27,6 +28,65 @@ QUIET_LOGGERS = ("httpx", "httpx2", "openai", "kopf.objects")
 (kopf: "Handler 'run_seen' succeeded." per watch event) at INFO: kept at WARNING, so their
 failures and retries still show."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PEER_DRIVEN_LOGGERS = ("mcp",)
+"""Libraries (and their child loggers) that log a line for what a tenant's peer sends, one per
+message: the MCP SDK warns of each event of an unknown type (naming it), logs each message it
+cannot parse or validate with a traceback, and each reconnection of a stream. A tool server
+answering one call with 2,000 such events wrote 2,000 lines, 10 MB."""
+LIBRARY_LINES_PER_MINUTE = 60
+"""Lines of ``PEER_DRIVEN_LOGGERS`` a process writes a minute at most, all of them together
+(the next one written says how many were dropped)."""
+LIBRARY_LINE_CHARS = 1_000
+"""Characters of one such line kept (its exception's type and text in it, not a traceback)."""
+
+
+class LibraryLogBound(logging.Filter):
+    """A handler's filter: lines of ``PEER_DRIVEN_LOGGERS`` pass at most ``per_minute`` a
+    minute, each cut to ``chars`` characters with its exception's type and text in place of a
+    traceback; every other line passes as it is."""
+
+    def __init__(
+        self,
+        *,
+        per_minute: int = LIBRARY_LINES_PER_MINUTE,
+        chars: int = LIBRARY_LINE_CHARS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.per_minute = per_minute
+        self.chars = chars
+        self.clock = clock
+        self._minute = -1
+        self._passed = 0
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether ``record`` is written (cut to ``chars`` when it is one of the libraries')."""
+        if not record.name.startswith(PEER_DRIVEN_LOGGERS):
+            return True
+        minute = int(self.clock() // 60)
+        if minute != self._minute:
+            self._minute, self._passed = minute, 0
+        if self._passed >= self.per_minute:
+            self._dropped += 1
+            return False
+        self._passed += 1
+        text = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            text = f"{text} ({type(error).__name__}: {error})"
+        if len(text) > self.chars:
+            text = text[: self.chars - 1] + "…"
+        if self._dropped:
+            text += f" [{self._dropped} earlier line(s) of {PEER_DRIVEN_LOGGERS} dropped]"
+            self._dropped = 0
+        record.msg, record.args, record.exc_info, record.exc_text = text, (), None, None
+        return True
+
+
+def bound_library_logs(handler: logging.Handler) -> None:
+    """Give ``handler`` the ``LibraryLogBound`` filter."""
+    handler.addFilter(LibraryLogBound())
 
 
 def start(settings_type: type[S], *, service: str) -> S:
@@ -43,6 +103,8 @@ def start(settings_type: type[S], *, service: str) -> S:
     )
     for noisy in QUIET_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        bound_library_logs(handler)
     telemetry.setup_tracing(service)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr=settings.metrics_addr)

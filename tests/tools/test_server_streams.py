@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
+import logging
 import time
 
 import pytest
 from aiohttp import web
 from http_support import serving
 
+from agentrun import process
 from agentrun.kernel import ToolFault
 from agentrun.protocol import RemoteTool
 from agentrun.tools import ToolContext, ToolError, endpoint, remote
@@ -40,14 +43,23 @@ NOTE_EVENT = b"event: message\ndata: " + json.dumps(NOTE).encode() + b"\n\n"
 """A notification of 64 KB (a log message), within every bound on one message."""
 
 
+ODD_EVENTS = [b"event: " + b"u" * 5_000 + b"\ndata: {}\n\n"] * 2_000
+"""2,000 events of a type the SDK does not know, each of which it logs a warning for, naming
+the type (10 MB in all: within every bound on an answer)."""
+
+
 class Server:
     """A handshake-era MCP server over streamable HTTP. ``stream``: what its GET stream does —
     ``end`` ends it at once asking for ``retry: 0``, ``flood`` writes ``NOTE_EVENT`` for ever;
-    ``flood_calls``: a call's answer is notifications for ever, never the result."""
+    ``flood_calls``: a call's answer is notifications for ever, never the result; ``odd``:
+    a call's answer is ``ODD_EVENTS`` before its result."""
 
-    def __init__(self, *, stream: str = "end", flood_calls: bool = False) -> None:
+    def __init__(
+        self, *, stream: str = "end", flood_calls: bool = False, odd: bool = False
+    ) -> None:
         self.stream = stream
         self.flood_calls = flood_calls
+        self.odd = odd
         self.gets = 0
         self.written = 0
         """Bytes of notifications written (GET streams and answers)."""
@@ -73,6 +85,11 @@ class Server:
             return web.Response(status=202)
         if method == "tools/call" and self.flood_calls:
             return await self.flood(request)
+        if method == "tools/call" and self.odd:
+            result = {"content": [{"type": "text", "text": "7"}], "isError": False}
+            done = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+            last = b"event: message\ndata: " + json.dumps(done).encode() + b"\n\n"
+            return await self.events(request, [*ODD_EVENTS, last])
         if method == "initialize":
             result = {
                 "protocolVersion": message["params"]["protocolVersion"],
@@ -158,3 +175,29 @@ async def test_a_call_answered_with_notifications_for_ever_fails_at_once() -> No
     assert "SSE stream failed: the tool server sent over" in caught.value.message
     assert "in all" in caught.value.message, caught.value.message
     assert took < 10, took
+
+
+async def test_what_a_server_makes_the_sdk_log_is_bounded() -> None:
+    """A call's answer of 2,000 events each of which the SDK logs a line for writes at most
+    ``process.LIBRARY_LINES_PER_MINUTE`` lines, each cut. Before: 2,000 lines, 10 MB."""
+    written = io.StringIO()
+    handler = logging.StreamHandler(written)
+    process.bound_library_logs(handler)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        server = Server(stream="end", odd=True)
+        async with serving({"/mcp": server.handle}) as base:
+            url = f"{base}/mcp"
+            tool = RemoteTool(
+                "h__add", "h", "add", "", {}, "read", url, "StreamableHTTP", timeout=20
+            )
+            tool = dataclasses.replace(tool, private_network=True)
+            assert await remote.mcp_tool(tool).run({}, CTX) == "7"
+    finally:
+        root.removeHandler(handler)
+    lines = [line for line in written.getvalue().splitlines() if line]
+    assert len(lines) <= process.LIBRARY_LINES_PER_MINUTE + 1, (len(lines), len(written.getvalue()))
+    assert (
+        len(written.getvalue()) <= 2 * process.LIBRARY_LINES_PER_MINUTE * process.LIBRARY_LINE_CHARS
+    )
