@@ -38,7 +38,7 @@ import httpx2
 import openai
 
 from agentrun import kernel
-from agentrun.tools.endpoint import MAX_MESSAGE_BYTES, BoundedStream, WholeBound
+from agentrun.tools.endpoint import MAX_MESSAGE_BYTES, BoundedStream, StreamLimits, WholeBound
 
 STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
 """What an error saying the endpoint does not stream names (not "upstream")."""
@@ -502,13 +502,13 @@ async def bounded_answer(response: httpx2.Response) -> httpx2.AsyncByteStream:
         await response.aclose()
         raise AnswerTooLarge(f"the model endpoint answered with content coding {coding!r}")
     events = "text/event-stream" in response.headers.get("content-type", "")
+    whole = WholeBound(MAX_ANSWER_BYTES, MAX_ANSWER_MESSAGES)
     return BoundedStream(
         response.stream,
-        MAX_MESSAGE_BYTES,
+        StreamLimits(message_bytes=MAX_MESSAGE_BYTES, whole=whole),
         events=events,
         error=AnswerTooLarge,
         source="the model endpoint",
-        whole=WholeBound(MAX_ANSWER_BYTES, MAX_ANSWER_MESSAGES),
     )
 
 

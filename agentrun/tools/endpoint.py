@@ -325,44 +325,74 @@ def separators_in(data: bytes) -> int:
     return sum(data.count(sep) for sep in BoundedStream.SEPARATORS)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pace:
+    """How fast a body with no bound in all (an SSE session's one stream, which carries every
+    answer of the session) is read at most, past a burst: the reader waits (the server's
+    writes then wait too) rather than fail."""
+
+    bytes_per_second: int
+    messages_per_second: int
+    burst_seconds: float
+    """Seconds of either read at once, from the start of the body, before any wait."""
+
+
+SSE_PACE = Pace(512 * 1024, 512, 16.0)
+"""An SSE session's stream: 512 KiB and 512 messages a second past a burst of 8 MiB and 8,192
+messages (a result of ``MAX_MESSAGE_BYTES`` arrives unslowed). A server flooding it with
+notifications had 234 MB read and parsed in 3 s on the event loop of a worker every tenant
+shares."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """What ``BoundedStream`` lets through."""
+
+    message_bytes: int = MAX_MESSAGE_BYTES
+    """Bytes of one message at most."""
+    message_values: int = MAX_MESSAGE_VALUES
+    """JSON values of one message at most (``values_in``)."""
+    whole: WholeBound | None = None
+    """What the whole body may hold (``None``: no bound in all)."""
+    pace: Pace | None = None
+    """How fast the body is read at most (``None``: as it arrives)."""
+
+
 class BoundedStream(httpx2.AsyncByteStream):
-    """A response body read on, but never a message longer than ``limit`` bytes or opening
-    more than ``values`` JSON values (``values_in``), nor, with ``whole``, more bytes or
-    messages in all than it allows: raises ``error`` (by default ``MessageTooLarge``) naming
-    ``source`` as soon as one passes either. In an event stream (``events``) a message is the
-    bytes since the last blank line; in any other body, the whole body. Messages that begin
-    and end within one read of the connection (64 KiB) are bounded by it."""
+    """A response body read on, but never a message longer than ``limits.message_bytes``
+    bytes or opening more than ``limits.message_values`` JSON values (``values_in``), nor,
+    with ``limits.whole``, more bytes or messages in all than it allows: raises ``error`` (by
+    default ``MessageTooLarge``) naming ``source`` as soon as one passes either; with
+    ``limits.pace``, read no faster than it allows. In an event stream (``events``) a message
+    is the bytes since the last blank line; in any other body, the whole body. Messages that
+    begin and end within one read of the connection (64 KiB) are bounded by it."""
 
     SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
     def __init__(
         self,
         inner: httpx2.AsyncByteStream,
-        limit: int,
+        limits: StreamLimits,
         *,
         events: bool,
-        values: int = MAX_MESSAGE_VALUES,
         error: type[Exception] = MessageTooLarge,
         source: str = "the tool server",
-        whole: WholeBound | None = None,
     ) -> None:
         self.inner = inner
-        self.limit = limit
+        self.limits = limits
         self.events = events
-        self.values = values
         self.error = error
         self.source = source
-        self.whole = whole
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         pending = opened = read = ended = 0
         tail = b""
+        started = time.monotonic()
         async for chunk in self.inner:
             seen = tail + chunk
-            if self.whole is not None:
-                read += len(chunk)
-                ended += separators_in(seen) - separators_in(tail) if self.events else 0
-                self._check_whole(read, ended)
+            read += len(chunk)
+            ended += separators_in(seen) - separators_in(tail) if self.events else 0
+            self._check_whole(read, ended)
             separators = [sep for sep in self.SEPARATORS if sep in seen] if self.events else []
             if separators:  # a message ended in this read: check it whole, then the next one's
                 first = min(seen.find(sep) + len(sep) for sep in separators)
@@ -373,20 +403,35 @@ class BoundedStream(httpx2.AsyncByteStream):
                 pending, opened = pending + len(chunk), opened + values_in(chunk)
             self._check(pending, opened)
             tail = seen[-3:]
+            await self._keep_pace(read, ended, started)
             yield chunk
 
+    async def _keep_pace(self, read: int, ended: int, started: float) -> None:
+        """Wait until ``read`` bytes and ``ended`` messages since ``started`` are within
+        ``limits.pace``."""
+        pace = self.limits.pace
+        if pace is None:
+            return
+        due = max(read / pace.bytes_per_second, ended / pace.messages_per_second)
+        delay = started + due - pace.burst_seconds - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
     def _check_whole(self, read: int, ended: int) -> None:
-        assert self.whole is not None
-        if read > self.whole.max_bytes:
-            raise self.error(f"{self.source} sent over {self.whole.max_bytes} bytes in all")
-        if ended > self.whole.max_messages:
-            raise self.error(f"{self.source} sent over {self.whole.max_messages} messages in all")
+        whole = self.limits.whole
+        if whole is None:
+            return
+        if read > whole.max_bytes:
+            raise self.error(f"{self.source} sent over {whole.max_bytes} bytes in all")
+        if ended > whole.max_messages:
+            raise self.error(f"{self.source} sent over {whole.max_messages} messages in all")
 
     def _check(self, size: int, opened: int) -> None:
-        if size > self.limit:
-            raise self.error(f"{self.source} sent a message over {self.limit} bytes")
-        if opened > self.values:
-            raise self.error(f"{self.source} sent a message of over {self.values} JSON values")
+        limit, values = self.limits.message_bytes, self.limits.message_values
+        if size > limit:
+            raise self.error(f"{self.source} sent a message over {limit} bytes")
+        if opened > values:
+            raise self.error(f"{self.source} sent a message of over {values} JSON values")
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -418,7 +463,7 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         streamable: bool = False,
     ) -> None:
         """``streamable``: the session speaks streamable HTTP, each response one answer
-        (``whole_bound``); an SSE session's one stream carries all its answers."""
+        (``stream_limits``); an SSE session's one stream carries all its answers."""
         super().__init__(trust_env=False)
         # httpx2's transport takes no network backend; its pool does (the one seam, checked
         # by tests/tools/test_reach.py)
@@ -433,15 +478,17 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         self._next_get = 0.0
         """When (``time.monotonic``) the session's next GET may start (``GET_STREAM_INTERVAL``)."""
 
-    def whole_bound(self, request: httpx2.Request) -> WholeBound | None:
-        """What the answer to ``request`` may hold in all: ``SERVER_STREAM`` for a streamable
-        HTTP session's own stream, ``TOOL_ANSWER`` for any other of its answers; unbounded
-        in all (each message bounded) for an SSE session's stream."""
+    def stream_limits(self, request: httpx2.Request) -> StreamLimits:
+        """What the answer to ``request`` may hold: each message ``max_message_bytes``; in
+        all, ``SERVER_STREAM`` for a streamable HTTP session's own stream, ``TOOL_ANSWER`` for
+        any other of its answers; an SSE session's stream, which carries all its answers,
+        nothing in all but read at ``SSE_PACE``."""
+        limits = StreamLimits(message_bytes=self.max_message_bytes)
         if not self.streamable:
-            return None
+            return dataclasses.replace(limits, pace=SSE_PACE)
         if request.method == "GET" and "last-event-id" not in request.headers:
-            return SERVER_STREAM
-        return TOOL_ANSWER
+            return dataclasses.replace(limits, whole=SERVER_STREAM)
+        return dataclasses.replace(limits, whole=TOOL_ANSWER)
 
     async def _pace(self, request: httpx2.Request) -> None:
         """Wait until ``request``, when a GET, may start: ``GET_STREAM_INTERVAL`` after the
@@ -496,10 +543,9 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
             headers=response.headers,
             stream=BoundedStream(
                 response.stream,
-                self.max_message_bytes,
+                self.stream_limits(request),
                 events=events,
                 error=StreamTooLarge if events else MessageTooLarge,
-                whole=self.whole_bound(request),
             ),
             extensions=response.extensions,
         )

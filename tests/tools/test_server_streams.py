@@ -17,6 +17,7 @@ much one of its answers holds in all, are bounded, not only what each message ho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import json
@@ -201,3 +202,70 @@ async def test_what_a_server_makes_the_sdk_log_is_bounded() -> None:
     assert (
         len(written.getvalue()) <= 2 * process.LIBRARY_LINES_PER_MINUTE * process.LIBRARY_LINE_CHARS
     )
+
+
+class SseServer:
+    """A handshake-era MCP server over the SSE transport whose one stream, once the session is
+    initialised, carries ``NOTE_EVENT`` for ever between its answers."""
+
+    def __init__(self) -> None:
+        self.answers: asyncio.Queue[bytes] = asyncio.Queue()
+        self.initialised = asyncio.Event()
+        self.written = 0
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"event: endpoint\ndata: /messages/?session_id=s1\n\n")
+        try:
+            while True:
+                while not self.answers.empty():
+                    await response.write(self.answers.get_nowait())
+                if not self.initialised.is_set():
+                    await asyncio.sleep(0.01)
+                    continue
+                await response.write(NOTE_EVENT)
+                self.written += len(NOTE_EVENT)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        return response
+
+    async def post(self, request: web.Request) -> web.Response:
+        message = await request.json()
+        method = message.get("method")
+        if method == "notifications/initialized":
+            self.initialised.set()
+        if "id" in message:
+            if method == "initialize":
+                result: dict[str, object] = {
+                    "protocolVersion": message["params"]["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "hostile", "version": "1"},
+                }
+            else:
+                result = {"tools": []}
+            reply = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+            await self.answers.put(b"event: message\ndata: " + json.dumps(reply).encode() + b"\n\n")
+        return web.Response(status=202)
+
+
+async def test_an_sse_server_flooding_its_stream_is_read_at_a_bounded_pace() -> None:
+    """An SSE session's one stream carries every answer of the session, so it has no bound in
+    all; it is read at ``endpoint.SSE_PACE`` at most past its burst. Before: hundreds of
+    megabytes read and parsed in 3 s."""
+    server = SseServer()
+    async with serving({"/sse": server.stream, "/messages/": server.post}) as base:
+        point = remote.Endpoint(
+            f"{base}/sse", remote.Transport.SSE, {}, timeout=10.0, private_network=True
+        )
+        with contextlib.suppress(Exception):  # the SDK's reader may fail as the session ends
+            async with endpoint.open_session(point):
+                started = time.monotonic()
+                await server.initialised.wait()
+                await asyncio.sleep(3.0)
+                held = time.monotonic() - started
+                written = server.written
+    pace = endpoint.SSE_PACE
+    sockets = 16 * 1024 * 1024  # what the loopback's buffers hold besides, at most
+    allowed = pace.bytes_per_second * (pace.burst_seconds + held) + sockets
+    assert written <= allowed, (written, allowed)
