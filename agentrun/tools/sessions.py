@@ -14,7 +14,8 @@ namespaces never do.
 - At most ``PoolSettings.calls_per_session`` calls run on one session at once; further ones
   wait (inside their own timeout).
 - A session idle for ``PoolSettings.idle_seconds`` is closed; ``SessionPool.aclose`` closes
-  every one at worker shutdown.
+  every one at worker shutdown. A namespace keeps at most ``PoolSettings.sessions_per_scope``
+  open (its least recently used idle ones are closed first).
 - A session that is lost is dropped, and its call is sent once more on a new session when
   that is safe (``Loss``, ``may_resend``): the server answered HTTP 404 for our session id (it
   restarted or expired the session: the request was refused unread) or the connection could
@@ -97,6 +98,12 @@ class PoolSettings:
     """A session with no call for this long is closed."""
     close_seconds: float = 5.0
     """Seconds a session's close (the DELETE of its id, the connection's close) may take."""
+    sessions_per_scope: int = 32
+    """Sessions of one scope (a namespace) kept open at once: opening another first closes
+    the scope's least recently used idle ones (sessions with calls running stay). A session's
+    identity holds what the tenant chooses (its server's URL, call timeout, header values),
+    so runs admitted while it changes one get a session each, which held its connections
+    and task for ``idle_seconds``."""
 
 
 _Key = tuple[str, str, str, float, str, bool, str]
@@ -144,6 +151,11 @@ class _Session:
         """Take no new calls; close once the calls running end."""
         self.closing = True
         self._wake.set()
+
+    @property
+    def last_used(self) -> float:
+        """When (the loop's clock) its last call ended, or it was opened."""
+        return self._last_used
 
     def release(self) -> None:
         """A call ended."""
@@ -283,6 +295,7 @@ class SessionPool:
         key = (scope, *endpoint.identity())
         session = self._sessions.get(key)
         if session is None or session.closing:
+            self._make_room(scope)
             session = _Session(endpoint, self.settings, key=key)
             self._sessions[key] = session
             self._all.add(session)
@@ -290,6 +303,15 @@ class SessionPool:
             self.opened += 1
         session.in_flight += 1
         return session
+
+    def _make_room(self, scope: str) -> None:
+        """Drop ``scope``'s least recently used idle sessions until one more fits within
+        ``settings.sessions_per_scope`` (or none idle is left)."""
+        kept = [s for s in self._all if s.key[0] == scope and not s.closing]
+        excess = len(kept) + 1 - self.settings.sessions_per_scope
+        idle = sorted((s for s in kept if s.in_flight == 0), key=lambda s: s.last_used)
+        for session in idle[: max(excess, 0)]:
+            session.drop()
 
     def _forget(self, owner: asyncio.Task[None]) -> None:
         for session in [s for s in self._all if s.owner is owner]:

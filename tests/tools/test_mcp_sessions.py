@@ -389,3 +389,27 @@ def test_a_watched_read_stream_reports_its_faults_and_its_end_but_not_its_own_cl
     assert seen[0] == "message" and isinstance(seen[1], ConnectionResetError)
     assert [type(f).__name__ for f in faults] == ["ConnectionResetError", "StreamEnded"]
     assert own == []
+
+
+def test_one_namespace_keeps_a_bounded_number_of_sessions(
+    legacy: mcp_support.McpProcess,
+) -> None:
+    """A session's identity holds what a tenant chooses (its server's URL, its call timeout,
+    its header values): runs admitted while the tenant changes one of them each get a session
+    of their own, each holding connections and a task for ``idle_seconds`` after its last
+    call. A namespace keeps at most ``sessions_per_scope``: a new one closes the least
+    recently used idle one first. Before: 12 sessions open in one namespace."""
+    settings = sessions.PoolSettings(sessions_per_scope=3)
+
+    async def body(pool: sessions.SessionPool) -> tuple[int, int]:
+        for n in range(12):  # twelve identities of one server: a query string each
+            tool = remote.mcp_tool(admitted(f"{legacy.url}?v={n}", "add"), pool=pool)
+            assert await tool.run({"a": n, "b": 1}, ctx()) == str(n + 1)
+        other = remote.mcp_tool(admitted(legacy.url, "add"), pool=pool)
+        await other.run({"a": 1, "b": 1}, ctx(namespace="team-b"))
+        await asyncio.sleep(0.5)  # the dropped sessions close
+        return len(pool), pool.opened
+
+    open_now, opened = with_pool(body, settings)
+    assert opened == 13
+    assert open_now <= 3 + 1, open_now  # three of the namespace's, one of team-b's
