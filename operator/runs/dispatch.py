@@ -676,10 +676,10 @@ class Dispatcher:
 
     async def forget(self, namespace: str, name: str, uid: str) -> None:
         """The AgentRun was deleted (its object is gone): stop it, settle its ledger entry,
-        purge its events, drop its view. The end it stops the run with is counted
-        (``agentrun_runs_total``), traced and told in an Event here: its object is gone, so no
-        status write can make it terminal. Only run ``uid``'s own events are touched: a new
-        AgentRun of the same name, created at once, keeps its subject.
+        purge its events and its effect records, drop its view. The end it stops the run with
+        is counted (``agentrun_runs_total``), traced and told in an Event here: its object is
+        gone, so no status write can make it terminal. Only run ``uid``'s own events are
+        touched: a new AgentRun of the same name, created at once, keeps its subject.
 
         Best effort with a bound (10 s): a dead NATS or a missing stream holds nothing up; the
         ledger sweep ends and settles a run whose object is gone and that nothing follows.
@@ -694,6 +694,7 @@ class Dispatcher:
                 stopped = await self.end(
                     namespace, name, uid, kernel.Phase.CANCELLED, "the AgentRun was deleted"
                 )
+                await self.bus.purge_effects(uid)
                 own = await self._own_events(key)
                 if own is None:
                     return  # nothing of its own left (a newer run's subject, or purged)
@@ -725,10 +726,13 @@ class Dispatcher:
         self.writer.forget(RunKey(namespace, name, uid))
 
     async def purge_deleted(self, namespace: str, name: str, uid: str) -> None:
-        """A finished AgentRun was deleted: purge its events if they are
-        still this run's (a new run of the same name keeps its own)."""
+        """A finished AgentRun was deleted: purge its effect records (keyed by its uid), and
+        its events if they are still this run's (a new run of the same name keeps its own).
+        Effect records hold its write calls' results for a week otherwise, counted against no
+        tenant's storage once the run is gone."""
         key = RunKey(namespace, name, uid)
         self.writer.forget(key)
+        await self.bus.purge_effects(uid)
         own = await self._own_events(key)
         if own is not None:
             await self.bus.purge_run(namespace, name, through=own[1].seq)

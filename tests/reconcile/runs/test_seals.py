@@ -79,7 +79,7 @@ class WireBus:
 
     async def purge_run(self, namespace: str, name: str, *, through: int = 0) -> None:
         events = self._events(namespace, name)
-        events[:] = [e for e in events if through and e.seq > through]
+        events[:] = [e for e in events if through and e[0] > through]
 
     async def publish_turn(self, request: TurnRequest, *, tenant: str, attempt: int = 0) -> int:
         self.published.append(request)
