@@ -34,15 +34,24 @@ class HeldStart:
         await self.start(config, **kwargs)
 
 
-async def test_a_cancel_during_a_pass_that_admits_the_run_leaves_the_run_to_end_by_its_events(
-    client: NATS,
-) -> None:
+async def held_pass(client: NATS) -> tuple[Any, Any, Any, Any, Any, HeldStart, asyncio.Task[Any]]:
+    """One run ``r`` queued, and its tenant's pump pass under way, held between the run's
+    preparation and its ``admitted`` event: the pump, runs, store and tenant of
+    ``make_pump``, the queued run, the hold (release it with ``held.release.set()``) and the
+    pass's task."""
     pump, runs, store, tenant = await make_pump(client)
     await enqueue(pump, tenant, "r")
     (queued,) = await store.queue(tenant.name)
-    held = runs.start_run = HeldStart(runs.start_run)  # type: ignore[method-assign]
+    held = runs.start_run = HeldStart(runs.start_run)
     passing = asyncio.create_task(pump.pump_queue(tenant.name))
     await held.entered.wait()
+    return pump, runs, store, tenant, queued, held, passing
+
+
+async def test_a_cancel_during_a_pass_that_admits_the_run_leaves_the_run_to_end_by_its_events(
+    client: NATS,
+) -> None:
+    pump, runs, store, tenant, queued, held, passing = await held_pass(client)
     cancelling = asyncio.create_task(pump.cancel_queued(RunKey("ns", "r", queued.uid), tenant.name))
     await asyncio.wait({cancelling}, timeout=1.0)  # done at once, or waiting for the pass
     held.release.set()

@@ -19,7 +19,7 @@ from agentrun.ledger import QueuedRun
 from agentrun.operator import wiring
 from agentrun.operator.runs import RunKey
 
-from .test_cancel_while_admitting import HeldStart
+from .test_cancel_while_admitting import held_pass
 from .test_poison import Runs, enqueue, make_pump
 
 
@@ -38,12 +38,7 @@ class Forgetting:
 async def test_a_deletion_during_a_pass_that_admits_the_run_stops_it_after_its_admission(
     client: NATS,
 ) -> None:
-    pump, runs, store, tenant = await make_pump(client)
-    await enqueue(pump, tenant, "r")
-    (queued,) = await store.queue(tenant.name)
-    held = runs.start_run = HeldStart(runs.start_run)  # type: ignore[method-assign]
-    passing = asyncio.create_task(pump.pump_queue(tenant.name))
-    await held.entered.wait()
+    pump, runs, store, tenant, queued, held, passing = await held_pass(client)
     forgetting = Forgetting(runs)
     parts = types.SimpleNamespace(pump=pump, runs=forgetting)
     deleting = asyncio.create_task(
