@@ -1,8 +1,9 @@
 """The ledger's boundaries and bookkeeping, each stated once: a limit reached exactly still
 fits, refusals name their resource and say why, a call asking again is not its own rival,
-waiters expire and refresh at their bounds, admission holds the first call as itself. Written
-from the survivors of ``make mutate`` in ``book``, ``reserve``, ``deliveries`` and ``entries``
-(tests/README.md); pure, ``now`` passed in."""
+waiters expire and refresh at their bounds, admission holds the first call as itself, a call
+charged as abandoned at what it had recorded is charged the rest once its delivery leaves.
+Written from the survivors of ``make mutate`` in ``book``, ``reserve``, ``deliveries``,
+``entries`` and ``state`` (tests/README.md); pure, ``now`` passed in."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from agentrun.ledger.entries import (
     ADMISSION_HOLD_TTL,
     BUDGET_EXHAUSTED,
     BUDGET_HELD,
+    CHARGED_MEMORY,
     TURN_COMMITTED,
     WAITER_TTL,
     TenantLimits,
@@ -205,6 +207,14 @@ def test_a_delivery_asking_again_is_not_its_own_rival_and_keeps_its_hold_while_i
     assert b.holds["r1:0"].tokens == 5_000 and b.holds["r1:0"].owner == "w1"
 
 
+def test_a_delivery_asking_again_before_its_call_answered_is_not_its_own_rival() -> None:
+    b = book(tokens=6_000)
+    assert isinstance(ask(b, "r1", fixed(5_000)), Granted)
+    again = ask(b, "r1", fixed(5_000))  # 5 000 held by itself + 5 000 > 6 000, were it a rival
+    assert isinstance(again, Granted) and again.tokens == 5_000 and not again.contested
+    assert (b.reserved_tokens, b.holds["r1:0"].tokens, b.waiting) == (5_000, 5_000, {})
+
+
 def test_a_takeover_that_must_wait_drops_the_unanswered_hold_it_took_over() -> None:
     b = book(tokens=6_000)
     b.put_hold("r1:0", hold("r1", owner="dead", tokens=3_000))
@@ -346,3 +356,122 @@ def test_a_refusal_names_the_resource_its_floor_overruns() -> None:
     b.used_cost = Decimal("0.0006")
     refused = ask(b, "r1", need)
     assert getattr(refused, "resource", None) == "costUSD"
+
+
+# --- a call charged as abandoned --------------------------------------------------------------
+
+
+def spent(b: Book) -> tuple[int, Decimal, int, Decimal]:
+    """What the tenant was charged: used tokens and USD, then the abandoned part of each."""
+    return b.used_tokens, b.used_cost, b.abandoned_tokens, b.abandoned_cost
+
+
+REST = {
+    "tokens and cost": ((100, "0.001"), (3_400, "0.034"), (3_300, "0.033")),
+    "tokens only (a free model)": ((100, "0"), (3_400, "0"), (3_300, "0")),
+    "cost only": ((100, "0.001"), (100, "0.004"), (0, "0.003")),
+}
+"""What a slow worker's call had recorded when the sweep charged it, what it used in all, and
+the rest its delivery's abandon charges: (tokens, USD) each."""
+
+
+@pytest.mark.parametrize(("recorded", "used", "rest"), REST.values(), ids=REST.keys())
+def test_a_call_the_sweep_charged_at_its_progress_is_charged_the_rest_when_its_delivery_leaves(
+    recorded: tuple[int, str], used: tuple[int, str], rest: tuple[int, str]
+) -> None:
+    """A slow worker's hold expired while its response streamed: the sweep charged its call as
+    abandoned at what it had recorded. Its delivery, giving the turn up, abandons the call with
+    all it used: only the rest is charged — to used and abandoned, added to what the window had
+    — and the charge remembered is the whole call's. Leaving again charges nothing more."""
+    b = book(tokens=100_000)
+    assert b.admit("r1", "ns", "r1", now=NOW) is None
+    b.used_tokens, b.used_cost = 500, Decimal("0.005")
+    b.abandoned_tokens, b.abandoned_cost = 50, Decimal("0.0005")
+    assert isinstance(ask(b, "r1", fixed(5_000)), Granted)
+    tokens, cost = recorded
+    assert b.record_spend("r1:0", owner="w1", tokens=tokens, cost_usd=Decimal(cost), answered=False)
+    assert b.drop_hold("r1:0", committed_turn=-1)  # the sweep: its hold expired
+    swept = (500 + tokens, Decimal("0.005") + Decimal(cost), 50 + tokens)
+    assert spent(b)[:3] == swept
+    assert b.abandon("r1:0", owner="w1", tokens=used[0], cost_usd=Decimal(used[1]), now=NOW + 61)
+    more_tokens, more_cost = rest[0], Decimal(rest[1])
+    assert spent(b) == (
+        swept[0] + more_tokens,
+        swept[1] + more_cost,
+        swept[2] + more_tokens,
+        Decimal("0.0005") + Decimal(cost) + more_cost,
+    )
+    assert b.runs["r1"].spent["r1:0/w1"] == (used[0], Decimal(used[1]))
+    after = spent(b)
+    for again in (used, recorded):
+        assert not b.abandon(
+            "r1:0", owner="w1", tokens=again[0], cost_usd=Decimal(again[1]), now=NOW + 62
+        )
+    assert spent(b) == after
+    assert b.runs["r1"].spent["r1:0/w1"] == (used[0], Decimal(used[1]))
+
+
+def test_a_call_whose_charge_was_taken_back_is_charged_nothing_when_its_delivery_leaves() -> None:
+    """The sweep charged a slow worker's call, whose commit then landed though its worker never
+    heard it: the next turn's reservation resolves the turn by it, taking the charge back (the
+    call is the run's). The delivery, leaving its turn as uncommitted, charges nothing."""
+    b = book(tokens=100_000)
+    assert b.admit("r1", "ns", "r1", now=NOW) is None
+    assert isinstance(ask(b, "r1", fixed(5_000)), Granted)
+    assert b.record_spend("r1:0", owner="w1", tokens=100, cost_usd=Decimal("0.001"))
+    assert b.drop_hold("r1:0", committed_turn=-1)
+    b.resolve_turn("r1", 0, committer="w1")
+    b.catch_up("r1", turn=0, tokens=100, cost_usd=Decimal("0.001"), now=NOW + 61)
+    assert spent(b) == (100, Decimal("0.001"), 0, Decimal(0))
+    assert b.remembers_charged("r1:0/w1")
+    assert not b.abandon("r1:0", owner="w1", tokens=3_400, cost_usd=Decimal("0.034"), now=NOW + 62)
+    assert spent(b) == (100, Decimal("0.001"), 0, Decimal(0))
+    assert "r1:0/w1" not in b.runs["r1"].spent
+
+
+def test_a_delivery_whose_hold_was_set_aside_records_its_progress_there_and_pays_its_call() -> None:
+    """The turn was redelivered while the first delivery's response streamed: the second sets
+    its answered hold aside (the reservation is contested), the first records its progress on
+    the hold set aside, the second commits (the first's call charged at what it had recorded
+    then), and the first, its commit lost, leaves charging the rest of its call."""
+    b = book(tokens=100_000)
+    assert b.admit("r1", "ns", "r1", now=NOW) is None
+    assert isinstance(ask(b, "r1", fixed(5_000), owner="w1"), Granted)
+    assert b.record_spend("r1:0", owner="w1", tokens=100, cost_usd=Decimal(0), answered=False)
+    second = ask(b, "r1", fixed(5_000), owner="w2")
+    assert isinstance(second, Granted) and second.contested
+    assert not getattr(ask(b, "r1", fixed(5_000), owner="w2"), "contested", True)  # again: none
+    assert b.holds["r1:0/w1"].tokens == 100 and b.reserved_tokens == 5_100
+    assert b.record_spend("r1:0", owner="w1", tokens=300, cost_usd=Decimal(0), answered=False)
+    aside = b.holds["r1:0/w1"]
+    assert (aside.tokens, aside.spent_tokens, aside.owner) == (300, 300, "w1")
+    assert (b.reserved_tokens, b.holds["r1:0"].spent_tokens) == (5_300, 0)
+    assert b.record_spend("r1:0", owner="w2", tokens=200, cost_usd=Decimal(0))
+    assert b.resolve_turn("r1", 0, committer="w2") == 1
+    b.settle("r1", turn=0, tokens=200, cost_usd=Decimal(0), now=NOW + 1)
+    assert (b.used_tokens, b.abandoned_tokens, b.reserved_tokens) == (500, 300, 0)
+    assert b.abandon("r1:0", owner="w1", tokens=3_000, cost_usd=Decimal(0), now=NOW + 2)
+    assert (b.used_tokens, b.abandoned_tokens) == (3_200, 3_000)
+
+
+def test_an_abandoned_call_is_remembered_as_charged_past_its_hold_s_expiry() -> None:
+    """Remembered ``CHARGED_MEMORY`` past the later of when it was charged and its hold's
+    expiry (past when it was charged if it had no hold): so its delivery leaving again while
+    its hold could still be alive charges it once; a later charge never shortens that."""
+    b = book(tokens=100_000)
+    b.put_hold("r1:0", Hold("r1", 0, 1_000, Decimal(0), NOW + 600, "w1"))
+    assert b.abandon("r1:0", owner="w1", tokens=100, cost_usd=Decimal(0), now=NOW)
+    assert b.charged == {"r1:0/w1": NOW + 600 + CHARGED_MEMORY}
+    late = NOW + CHARGED_MEMORY + 300
+    assert not b.abandon(
+        "r1:0", owner="w1", tokens=100, cost_usd=Decimal(0), now=late, unrecorded=True
+    )
+    assert (b.used_tokens, b.abandoned_tokens) == (100, 100)
+    assert b.abandon("r2:0", owner="w1", tokens=10, cost_usd=Decimal(0), now=NOW, unrecorded=True)
+    assert b.charged["r2:0/w1"] == NOW + CHARGED_MEMORY
+    retried = Hold("r1", 0, 1_000, Decimal(0), NOW + 60, "w1")  # its worker called again
+    retried.spent_tokens = 20
+    b.put_hold("r1:0", retried)
+    assert b.drop_hold("r1:0", committed_turn=-1)  # and that call's hold was swept
+    assert b.charged["r1:0/w1"] == NOW + 600 + CHARGED_MEMORY
+    assert (b.used_tokens, b.abandoned_tokens) == (130, 130)
