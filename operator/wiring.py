@@ -37,7 +37,8 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``EvalController`` runs AgentEvals: creates their cases' runs, grades the ended ones from
   their status and committed events (``Bus``), writes the table, posts Events.
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
-  events of runs deleted while no operator ran are purged (``lifecycle.purge_orphans``).
+  events and effect records of runs deleted while no operator ran are purged
+  (``lifecycle.purge_orphans``).
 - ``ScheduleController`` creates the AgentRuns of CronAgentRuns on their schedules.
 - ``AdmissionGate`` lets a few admissions of each namespace run at once, so one namespace's
   creation burst does not delay another's admission.
@@ -63,6 +64,7 @@ from typing import Any
 from agentrun import buckets, metrics
 from agentrun.bus import Bus, BusSettings
 from agentrun.ledger import LedgerStore
+from agentrun.protocol import RunEvent
 from agentrun.settings import OperatorSettings
 from agentrun.tools import Catalog, default_catalog
 from agentrun.trust import Signer, Verifier, signing_file, trust_file
@@ -463,9 +465,14 @@ async def _stop_gone_runs(parts: RunHandling) -> None:
             log.exception("could not stop gone run %s/%s", run.namespace, run.name)
 
 
-async def _purge_orphans(bus: Bus, api: KubeApi) -> None:
+async def _purge_orphans(bus: Bus, api: KubeApi, seals: RunSeals) -> None:
+    def sealed(event: RunEvent, key: RunKey) -> bool:
+        return seals.fault(event, key=key) is None
+
     try:
-        await lifecycle.purge_orphans(bus, list_runs=lambda: lifecycle.list_run_names(api))
+        await lifecycle.purge_orphans(
+            bus, list_runs=lambda: lifecycle.list_run_names(api), sealed=sealed
+        )
     except Exception as err:  # the next leader tries again; nothing depends on it
         log.warning("purging the events of deleted runs failed: %r", err)
 
@@ -498,7 +505,9 @@ def _start_loops(parts: Parts, *, cluster: bool = True) -> tuple[asyncio.Task[No
 def _start_cluster_loops(parts: Parts) -> tuple[asyncio.Task[None], ...]:
     """The loops of cluster-scoped and cross-tenant work (shard 0's holder runs them)."""
     return (
-        asyncio.create_task(_purge_orphans(parts.bus, parts.api), name="orphan-purge"),
+        asyncio.create_task(
+            _purge_orphans(parts.bus, parts.api, parts.dispatcher.seals), name="orphan-purge"
+        ),
         asyncio.create_task(parts.toolservers.run(), name="tool-servers"),
         asyncio.create_task(parts.evals.run(), name="agent-evals"),
         asyncio.create_task(parts.schedules.run(), name="schedules"),

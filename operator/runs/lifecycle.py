@@ -1,5 +1,5 @@
 """The end of a finished run's life: deletion after ``spec.ttlSecondsAfterFinished``, and the
-purge of event streams whose AgentRun is gone.
+purge of event streams (and the effect records of the runs they name) whose AgentRun is gone.
 
 No run holds a finalizer, so a run can be deleted — alone or with its namespace — with no
 operator running (a run that had not ended is stopped and its ledger entry settled when the
@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from agentrun.loops import sleep_until_set
+from agentrun.protocol import RunEvent
 
 from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
@@ -154,8 +155,19 @@ class EventPurger(Protocol):
     async def event_subjects(self) -> list[str]:
         """Every run subject that holds events."""
 
+    async def first_event(self, namespace: str, name: str) -> RunEvent | None:
+        """The run's oldest event (its admission), or ``None``."""
+
     async def purge_run(self, namespace: str, name: str) -> None:
         """Delete every event of a run."""
+
+    async def purge_effects(self, run_uid: str) -> None:
+        """Delete the effect ledger's records of run ``run_uid``."""
+
+
+Sealed = Callable[[RunEvent, RunKey], bool]
+"""Whether an event is the operator's sealed admission of run ``RunKey`` (its subject's
+namespace and name, the uid it names): ``Seals.fault`` finds nothing wrong with it."""
 
 
 async def list_run_names(api: KubeApi) -> set[tuple[str, str]]:
@@ -165,17 +177,37 @@ async def list_run_names(api: KubeApi) -> set[tuple[str, str]]:
     return set(await api.list_kept(RUNS, _name_of))
 
 
+async def _sealed_uid(bus: EventPurger, key: tuple[str, str], sealed: Sealed) -> str | None:
+    """The uid the subject ``key``'s first event names, if that event is the operator's sealed
+    admission of that subject; else ``None`` (no event, or one that does not decode)."""
+    try:
+        first = await bus.first_event(*key)
+    except (ValueError, KeyError) as err:
+        log.warning("the first event of deleted run %s/%s does not decode: %s", *key, err)
+        return None
+    if first is None or first.kind != "admitted":
+        return None
+    return first.run_uid if sealed(first, RunKey(*key, first.run_uid)) else None
+
+
 def _name_of(item: dict[str, Any]) -> tuple[str, str]:
     meta = item["metadata"]
     return (str(meta["namespace"]), str(meta["name"]))
 
 
 async def purge_orphans(
-    bus: EventPurger, *, list_runs: Callable[[], Awaitable[set[tuple[str, str]]]]
+    bus: EventPurger,
+    *,
+    list_runs: Callable[[], Awaitable[set[tuple[str, str]]]],
+    sealed: Sealed,
 ) -> list[tuple[str, str]]:
     """Purge the events of every run subject whose AgentRun does not exist (deleted while no
-    operator ran); returns those (namespace, name). Subjects are listed before the runs, so a
-    run created meanwhile is never purged. Raises what its collaborators raise."""
+    operator ran), and the effect records of the run its sealed admission names (they would
+    otherwise stay until the effect bucket's age limit, counted against no tenant); returns
+    those (namespace, name). Subjects are listed before the runs, so a run created meanwhile is
+    never purged. A subject whose first event is not a sealed admission for that subject (a
+    worker credential can append anything) has its events purged but names no run whose
+    effects to purge: its uid could be a live run's. Raises what its collaborators raise."""
     subjects = await bus.event_subjects()
     if not subjects:
         return []
@@ -184,6 +216,9 @@ async def purge_orphans(
     for subject in subjects:
         key = subject_key(subject)
         if key not in existing:
+            uid = await _sealed_uid(bus, key, sealed)
+            if uid is not None:  # before the events: they are what names the run
+                await bus.purge_effects(uid)
             await bus.purge_run(*key)
             purged.append(key)
     if purged:
