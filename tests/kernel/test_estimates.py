@@ -77,6 +77,20 @@ def test_the_texts_a_model_wrote_are_its_content_refusal_and_each_calls_name_and
     assert completion_texts({}) == []
 
 
+def test_reasoning_details_count_only_their_texts() -> None:
+    """OpenRouter's ``reasoning_details`` hold encrypted or summarised reasoning too: only the
+    entries with a string ``text`` are texts the model wrote."""
+    message = {
+        "reasoning_details": [
+            {"type": "reasoning.encrypted", "data": "gAAAAB"},
+            {"type": "reasoning.text", "text": "first"},
+            "not a detail",
+            {"type": "reasoning.text", "text": None},
+        ]
+    }
+    assert completion_texts(message) == ["first"]
+
+
 def test_the_output_estimate_is_three_ascii_characters_or_one_other_a_token_plus_framing() -> None:
     assert output_estimate([]) == 4
     assert output_estimate([""]) == 4
