@@ -83,6 +83,19 @@ def test_every_prompt_token_is_priced_uncached() -> None:
     )
 
 
+def test_a_cached_price_dearer_than_the_input_price_prices_the_prompt() -> None:
+    """A run admitted before the rule that the cached price is never the dearer carries such
+    pricing: the provider may serve the whole prompt from its cache, so the gate prices every
+    prompt token at the cached price, 101 at 10 USD/1M being 0.00101 USD."""
+    pricing = kernel.Pricing(Decimal("0"), Decimal("10"), Decimal("0"))
+    assert pricing.most(input_tokens=101, output_tokens=0) == Decimal("0.00101")
+    limits = kernel.Limits(max_cost_usd=Decimal("0.001"))
+    assert admit(start(), limits, estimate=100, pricing=pricing).phase is None
+    assert admit(start(), limits, estimate=101, pricing=pricing).phase is (
+        Phase.COST_BUDGET_EXHAUSTED
+    )
+
+
 def test_output_cheaper_than_a_dollar_per_million_is_still_capped_by_cost() -> None:
     pricing = kernel.Pricing(Decimal("0"), Decimal("0"), Decimal("0.5"))
     limits = kernel.Limits(max_cost_usd=Decimal("0.0005"), max_output_tokens=4096)

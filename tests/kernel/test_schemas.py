@@ -741,3 +741,52 @@ def test_a_schema_seen_before_is_not_checked_again(monkeypatch: pytest.MonkeyPat
     assert len(checked) == 1
     assert schemas.known_problem({**first, "title": "another"}) is None
     assert len(checked) == 2
+
+
+def _counting_checks(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    checked: list[object] = []
+    check = schemas.schema_problem
+
+    def counting(schema: object, **kwargs: int) -> str | None:
+        checked.append(schema)
+        return check(schema, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(schemas, "schema_problem", counting)
+    return checked
+
+
+def _sized(chars: int, extra: str = "") -> dict[str, str]:
+    """A new schema whose canonical JSON (compact, keys sorted) is ``chars`` characters."""
+    head = {"description": f"{uuid.uuid4()}{extra}"}
+    pad = chars - len(json.dumps(head, separators=(",", ":"), ensure_ascii=False))
+    return {"description": f"{head['description']}{'x' * pad}"}
+
+
+def test_a_schema_of_exactly_the_size_limit_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit is measured on compact JSON, written as it is (non-ASCII text not escaped):
+    a schema of ``MAX_SCHEMA_BYTES`` characters, or of non-ASCII text within them, is checked
+    once."""
+    checked = _counting_checks(monkeypatch)
+    exact = _sized(schemas.MAX_SCHEMA_BYTES)
+    accented = _sized(schemas.MAX_SCHEMA_BYTES - 10, extra="ééé")  # escaped: 5 characters more
+    for schema in (exact, accented):
+        assert schemas.known_problem(schema) is None
+        assert schemas.known_problem(dict(schema)) is None
+    assert checked == [exact, accented]
+
+
+def test_a_schema_over_the_size_limit_is_refused_by_its_size_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not worth remembering: the check says the size at once."""
+    checked = _counting_checks(monkeypatch)
+    over = _sized(schemas.MAX_SCHEMA_BYTES + 1)
+    problem = f"{schemas.MAX_SCHEMA_BYTES + 1} bytes as JSON, over the 65536-byte limit"
+    assert schemas.known_problem(over) == problem
+    assert schemas.known_problem(over) == problem
+    assert len(checked) == 2
+
+
+def test_a_known_problem_of_a_value_not_a_schema_names_its_type() -> None:
+    assert schemas.known_problem("object") == "must be a JSON Schema object, not str"
+    assert schemas.known_problem([{}]) == "must be a JSON Schema object, not list"
