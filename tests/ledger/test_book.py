@@ -1155,3 +1155,22 @@ def test_a_progress_record_keeps_the_hold_at_its_worst_case_and_an_answer_shrink
     assert book.record_spend("r:0", owner="a", tokens=700, cost_usd=Decimal("0.007"))
     assert (book.reserved_tokens, book.holds["r:0"].tokens) == (700, 700)
     assert not book.record_spend("r:0", owner="b", tokens=1, cost_usd=Decimal(0), answered=False)
+
+
+def test_a_slot_s_start_tells_a_run_s_lives_apart_and_moves_to_a_new_window() -> None:
+    """``slot_since``: when the run's slot's charge starts in this window — its admission, or
+    the window's start for a slot older than the window — and ``None`` for a run holding no
+    slot; a rerun (freed, then admitted again later) starts later, which is what tells the
+    sweep's repair of the first life from the new one."""
+    b = book(max_concurrent_runs=2)
+    assert b.slot_since("r1") is None
+    assert b.admit("r1", "ns", "n", now=NOW) is None
+    assert b.slot_since("r1") == NOW
+    b.close("r1", turn=-1, tokens=0, cost_usd=Decimal(0), end=NOW + 5, now=NOW + 5)
+    assert b.slot_since("r1") is None
+    b.forget_end("r1")
+    assert b.admit("r1", "ns", "n", now=NOW + 9) is None
+    assert b.slot_since("r1") == NOW + 9
+    b.roll(T0 + DAY + 60)
+    assert b.slot_since("r1") == T0 + DAY
+    assert b.since_of(b.active["r1"]) == T0 + DAY
