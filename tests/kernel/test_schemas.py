@@ -727,14 +727,7 @@ def test_a_schema_seen_before_is_not_checked_again(monkeypatch: pytest.MonkeyPat
     """An Agent re-listed by the watch, a queued run's config built again, a tool server
     refreshed: the same schema's verdict is remembered, by its canonical JSON (key order
     does not matter), however the check is reached."""
-    checked: list[object] = []
-    check = schemas.schema_problem
-
-    def counting(schema: object, **kwargs: int) -> str | None:
-        checked.append(schema)
-        return check(schema, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(schemas, "schema_problem", counting)
+    checked = _counting_checks(monkeypatch)
     first = {"type": "object", "description": f"once {uuid.uuid4()}", "allOf": [{}] * 50}
     again = dict(reversed(list(first.items())))
     assert schemas.known_problem(first) is None and schemas.known_problem(again) is None
