@@ -353,12 +353,15 @@ async def read_stream(
 async def _parsed_chunks(stream: openai.AsyncStream[object]) -> AsyncIterator[object]:
     """The chunks of ``stream``, what its parser refuses raised as ``AnswerUnparsable``."""
     chunks = aiter(stream)
-    while True:
-        with parsed():
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                return
+    while True:  # no context manager per chunk: this is a turn's hot path
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except AnswerUnparsable:
+            raise
+        except (ValueError, RecursionError) as err:
+            raise _unparsable(err) from None
         yield chunk
 
 
@@ -435,7 +438,12 @@ def parsed() -> Iterator[None]:
     except AnswerUnparsable:
         raise
     except (ValueError, RecursionError) as err:
-        raise AnswerUnparsable(f"{type(err).__name__}: {str(err)[:200]}") from None
+        raise _unparsable(err) from None
+
+
+def _unparsable(err: ValueError | RecursionError) -> AnswerUnparsable:
+    """``err`` of the answer's parser as ``AnswerUnparsable`` (its type and 200 characters)."""
+    return AnswerUnparsable(f"{type(err).__name__}: {str(err)[:200]}")
 
 
 class AnswerTooLarge(httpx2.RemoteProtocolError):
