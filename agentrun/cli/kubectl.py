@@ -33,6 +33,7 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator, Sequence
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,21 @@ def age(timestamp: str | None, *, now: float) -> str:
     return f"{seconds}s"
 
 
+def money(cost: object) -> str:
+    """A COST cell: four decimal places, or the exact decimal where those would show a cost
+    that is not zero as ``$0.0000`` (a cheap model's run); ``-`` when there is none."""
+    if not cost:
+        return "-"
+    try:
+        exact = Decimal(str(cost))
+    except InvalidOperation:
+        return str(cost)
+    shown = f"{float(exact):.4f}"
+    if exact != 0 and float(shown) == 0:
+        return f"${exact.normalize():f}"
+    return f"${shown}"
+
+
 def run_row(obj: dict[str, Any], *, now: float) -> dict[str, str]:
     """One table row: the columns ``get`` shows, as text."""
     status = obj.get("status") or {}
@@ -214,7 +230,7 @@ def run_row(obj: dict[str, Any], *, now: float) -> dict[str, str]:
         "QUEUE": str(status.get("queuePosition") or "-"),
         "STEPS": str(usage.get("steps", "-")),
         "TOKENS": str(usage.get("totalTokens", "-")),
-        "COST": f"${float(usage['costUSD']):.4f}" if usage.get("costUSD") else "-",
+        "COST": money(usage.get("costUSD")),
         "AGE": age(meta.get("creationTimestamp"), now=now),
     }
 
@@ -588,7 +604,7 @@ def eval_lines(obj: dict[str, Any]) -> list[str]:
                 "REASON": str(row.get("reason") or "-"),
                 "STEPS": str(row.get("steps", "-")) if "passed" in row else "-",
                 "TOKENS": str(row.get("tokens", "-")) if "passed" in row else "-",
-                "COST": f"${float(row['costUSD']):.4f}" if row.get("costUSD") else "-",
+                "COST": money(row.get("costUSD")),
             }
             for row in cases
         ]

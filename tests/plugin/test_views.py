@@ -143,6 +143,20 @@ def test_a_table_row_shows_tenant_queue_position_and_cost() -> None:
     assert text.splitlines() == ["NAME   PHASE", "r      Queued"]
 
 
+COSTS: list[Any] = [
+    pytest.param("0.012345", "$0.0123", id="four-places"),
+    pytest.param("0.00003585", "$0.00003585", id="below-a-hundredth-cent-exact"),
+    pytest.param("0.000000", "$0.0000", id="free"),
+    pytest.param(None, "-", id="none-yet"),
+]
+
+
+@pytest.mark.parametrize(("cost", "shown"), COSTS)
+def test_a_cost_that_is_not_zero_never_shows_as_zero(cost: str | None, shown: str) -> None:
+    """A cheap model's run (131 tokens at $0.15/M) once showed ``$0.0000`` in ``get``."""
+    assert kubectl.money(cost) == shown
+
+
 def test_a_rerun_copies_the_spec_and_labels_and_says_where_from() -> None:
     obj = {
         "apiVersion": "agentrun.dev/v1alpha1",
