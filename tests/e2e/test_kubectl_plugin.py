@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentrun import kernel
+from agentrun.cli import kubectl
 from agentrun_dev import stack
 
 from . import test_tenants
@@ -94,7 +95,7 @@ def test_get_shows_tenant_queue_position_and_cost(
     assert done[5:8] == [
         str(status["usage"]["steps"]),
         str(status["usage"]["totalTokens"]),
-        f"${float(status['usage']['costUSD']):.4f}",
+        kubectl.money(status["usage"]["costUSD"]),  # its formatting: tests/plugin
     ]
     listed = json.loads(plugin(stack_, "get", "-n", test_namespace, "-o", "json").stdout)
     assert sorted(i["metadata"]["name"] for i in listed["items"]) == ["first", "second"]
