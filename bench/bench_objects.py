@@ -23,12 +23,16 @@ Targets (issue 24): operator RSS ≤ 250 MB and a worker ≤ 150 MB with 50,000 
 first request p50 ≤ 100 ms, p99 ≤ 400 ms; admission and status figures flat across sizes.
 
     cd bench && ../.venv/bin/python bench_objects.py [--sizes 1000,10000,50000] [--probe 20]
-        [--bulk 200] [--memory FOLDER [--trace FRAMES]]
+        [--bulk 200] [--memory FOLDER [--trace FRAMES]] [--gc FOLDER]
 
 ``--memory FOLDER`` runs the operator under the memory probe and records, at each size once it
 settled, where its RSS is (``operator_memory``: by kind of mapping, pymalloc's arenas);
 ``--trace FRAMES`` adds what Python objects it holds by allocating line (tracemalloc: several
 times slower, and its own memory counts in the RSS, so not a figure to compare).
+
+``--gc FOLDER`` runs the operator and the workers under the collector probe: the bulk's row
+adds each process's cyclic-collector passes by generation and their CPU ms per run
+(``gc_per_run``).
 """
 
 from __future__ import annotations
@@ -279,19 +283,55 @@ async def watch_terminal(
     return seen
 
 
-def bulk(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
+def collector_totals(folder: str) -> dict[int, list[list[float]]]:
+    """The collector probe's totals in ``folder`` by pid: per generation, [passes, CPU
+    seconds] (``probes/sitecustomize.py``)."""
+    found: dict[int, list[list[float]]] = {}
+    for path in Path(folder).glob("*.gc.json"):
+        record = json.loads(path.read_text())
+        found[record["pid"]] = [record["passes"][str(g)] for g in range(3)]
+    return found
+
+
+def collector_per_run(
+    before: dict[int, list[list[float]]],
+    after: dict[int, list[list[float]]],
+    pids: dict[str, int],
+    runs: int,
+) -> dict[str, dict[str, float]]:
+    """Each probed process's collector passes by generation (``gen0``…) and their CPU ms
+    (``cpu_ms``), from two ``collector_totals`` readings, per run."""
+    out: dict[str, dict[str, float]] = {}
+    for name, pid in pids.items():
+        if pid not in after:
+            continue
+        then = before.get(pid, [[0, 0.0]] * 3)
+        moved = [
+            [a - b for a, b in zip(now, old, strict=True)]
+            for now, old in zip(after[pid], then, strict=True)
+        ]
+        row = {f"gen{g}": round(moved[g][0] / runs, 4) for g in range(3)}
+        row["cpu_ms"] = round(1000 * sum(m[1] for m in moved) / runs, 3)
+        out[name] = row
+    return out
+
+
+def bulk(bench: BenchStack, size: int, count: int, *, gc_folder: str = "") -> dict[str, Any]:
     """``count`` one-turn runs created at once: ``created_to_first_request`` and
     ``end_event_to_terminal_status`` (``wait_figures``, seconds), ``admitted_per_second``
     (runs/s, first POST → last first request), ``cores_busy`` (each process's CPU seconds
     over the bulk's wall time), ``api_requests_per_run`` (by verb and resource) and
     ``api_answers_per_run`` (by response code too: a write refused, 409 or 404, shows apart
-    from one that landed). Raises
-    ``TimeoutError`` if the watch does not see them all end within 600 s."""
+    from one that landed), ``cpu_ms_per_run`` (each process's CPU ms over the bulk, per run;
+    less moved by other work on the machine than the rate), with ``gc_folder`` ``gc_per_run``
+    (``collector_per_run``). Raises ``TimeoutError`` if the watch does not see them all end
+    within 600 s."""
     names = [f"bulk-{size}-{i}" for i in range(count)]
     label = str(size)
     kubeconfig = str(bench.cluster.kubeconfig)
     before = api_requests(bench, by_code=True)
     pids = bench.processes()
+    gc_before = collector_totals(gc_folder) if gc_folder else {}
     cpu_before, wall_before = cpu_seconds(pids), time.monotonic()
 
     async def both() -> tuple[dict[str, float], dict[str, float]]:
@@ -302,10 +342,13 @@ def bulk(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
         return created, await watcher
 
     created, terminal = asyncio.run(both())
-    cores = {
-        name: round(used / (time.monotonic() - wall_before), 2)
-        for name, used in cpu_used(cpu_before, cpu_seconds(pids)).items()
-    }
+    used = cpu_used(cpu_before, cpu_seconds(pids))
+    cores = {name: round(cpu / (time.monotonic() - wall_before), 2) for name, cpu in used.items()}
+    collector = (
+        collector_per_run(gc_before, collector_totals(gc_folder), pids, count)
+        if gc_folder
+        else None
+    )
     time.sleep(6)  # trailing writes (the status writer's interval is 5 s)
     after = api_requests(bench, by_code=True)
     seen = arrivals(bench.env["AGENTRUN_BENCH_MODEL_URL"], "objects")
@@ -320,6 +363,8 @@ def bulk(bench: BenchStack, size: int, count: int) -> dict[str, Any]:
         "created_to_first_request": wait_figures([seen[n] - created[n] for n in names]),
         "admitted_per_second": round(count / span, 1) if span > 0 else None,
         "cores_busy": cores,
+        "cpu_ms_per_run": {name: round(1000 * cpu / count, 3) for name, cpu in used.items()},
+        **({"gc_per_run": collector} if collector is not None else {}),
         "end_event_to_terminal_status": wait_figures([terminal[n] - ends[n] for n in names]),
         "api_requests_per_run": per_run(without_codes(before), without_codes(after), count),
         "api_answers_per_run": per_run(before, after, count),
@@ -380,7 +425,7 @@ def measure_size(
             for row in held["top"][:15]:
                 print(f"  {row['mib']:8.2f} MiB {row['blocks']:9d} blocks  {row['where']}")
     figures["apply_to_first_request"] = probe(bench, size, args.probe)
-    figures["bulk"] = bulk(bench, size, args.bulk)
+    figures["bulk"] = bulk(bench, size, args.bulk, gc_folder=args.gc)
     figures["operator_rss_mb_after"] = round(rss_mb(operator), 1)
     return figures
 
@@ -430,6 +475,12 @@ def main() -> None:
         metavar="FRAMES",
         help="with --memory: trace its allocations (slower, and costs memory) with FRAMES frames",
     )
+    parser.add_argument(
+        "--gc",
+        default="",
+        metavar="FOLDER",
+        help="count the cyclic collector's passes and CPU in the operator and workers",
+    )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     scenarios = HERE / "objects-scenarios.yaml"
@@ -439,6 +490,9 @@ def main() -> None:
     try:
         with bench_stack(scenarios) as bench:
             bench.env["AGENTRUN_BENCH_MODEL_URL"] = stack.mockllm_url(bench.mock)
+            if args.gc:
+                Path(args.gc).mkdir(parents=True, exist_ok=True)
+                bench.env |= {"PYTHONPATH": str(HERE / "probes"), "AGENTRUN_GC_PROBE": args.gc}
             bench.start_services(workers=1)
             template = template_of(bench)
             present = 0

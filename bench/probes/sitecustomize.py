@@ -3,7 +3,10 @@ process whose ``PYTHONPATH`` names this folder. The path probe times the steps o
 overhead path inside the operator and the worker when ``AGENTRUN_PATH_PROBE`` names a folder
 to write to; the memory probe (``AGENTRUN_MEMORY_PROBE``: a folder) traces the operator's
 allocations and, on ``SIGUSR2``, writes what is held, by the line that allocated it
-(``_memory``). Neither does anything when its variable is unset.
+(``_memory``). The collector probe (``AGENTRUN_GC_PROBE``: a folder) counts the cyclic
+garbage collector's passes by generation and the CPU time they took (the collecting thread's
+clock), written every second as ``<role>-<pid>.gc.json`` (``_collector``). None does
+anything when its variable is unset.
 
 Each record is a step of the path, keyed by the committed event's stream sequence that the
 next turn's TurnRequest names (``expected_seq``), with epoch seconds (``time.time``: the same
@@ -245,8 +248,42 @@ def _memory() -> None:
     signal.signal(signal.SIGUSR2, dump)
 
 
+_GC = os.environ.get("AGENTRUN_GC_PROBE", "")
+
+
+def _collector() -> None:
+    import gc
+    import json
+    import threading
+
+    passes = {generation: [0, 0.0] for generation in range(3)}  # passes, CPU seconds
+    started = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            totals = passes[info["generation"]]
+            totals[0] += 1
+            totals[1] += time.thread_time() - started[0]
+
+    def write() -> None:
+        path = os.path.join(_GC, f"{_ROLE}-{os.getpid()}.gc.json")
+        while True:
+            with open(path + ".part", "w") as file:
+                json.dump({"pid": os.getpid(), "passes": passes}, file)
+            os.replace(path + ".part", path)
+            time.sleep(1.0)
+
+    gc.callbacks.append(timed)
+    threading.Thread(target=write, name="gc-probe", daemon=True).start()
+
+
 if _MEMORY and _ROLE == "operator":
     _memory()
+
+if _GC and _ROLE:
+    _collector()
 
 if _OUT and _ROLE:
     atexit.register(_dump)
