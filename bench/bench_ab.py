@@ -42,7 +42,7 @@ from harness import REPO, load_average, tree_revision, write_result
 from agentrun_dev import binaries, console
 
 HERE = Path(__file__).parent
-BENCH_FILES = ("*.py", "*.yaml", "peer/*")
+BENCH_FILES = ("*.py", "*.yaml", "peer/*", "probes/*")
 OLD_REF_HINT = (
     "; this tree's scripts need the ref's agentrun_dev to offer what they call (the closed"
     " bus's NATS server, from 60a0290 on): for an older ref run its own scripts (OWN=1,"
