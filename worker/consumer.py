@@ -437,7 +437,12 @@ class TurnConsumer:
             committed = await self._run_turn(msg, request, run, None)
         else:
             ref = TurnRef(
-                run.config.tenant, request.run_uid, request.namespace, request.name, request.turn
+                run.config.tenant,
+                request.run_uid,
+                request.namespace,
+                request.name,
+                request.turn,
+                life=run.config.reruns,
             )
             async with self.ledger.turn_hold(
                 ref,

@@ -35,7 +35,14 @@ from agentrun.ledger.entries import (
 from agentrun.ledger.hold import DEFAULT_HOLD_TTL, MovedOn, TurnHold, TurnLedger, TurnRef
 from agentrun.ledger.queue import QueuedRun, TenantQueue
 from agentrun.ledger.reserve import BudgetWait, CallNeed, Granted
-from agentrun.ledger.store import INLINE_RUNS, BookMissing, LedgerStore, QueueFull, Repair
+from agentrun.ledger.store import (
+    INLINE_RUNS,
+    BookMissing,
+    Ending,
+    LedgerStore,
+    QueueFull,
+    Repair,
+)
 
 __all__ = [
     "DEFAULT_HOLD_TTL",
@@ -48,6 +55,7 @@ __all__ = [
     "BudgetRefusal",
     "BudgetWait",
     "CallNeed",
+    "Ending",
     "Granted",
     "Hold",
     "LedgerCorrupt",

@@ -60,6 +60,11 @@ class Book(BookState):
         or record it as waiting, or refuse it (``reserve.reserve_call``)."""
         return reserve.reserve_call(self, key, need, hold, now=now)
 
+    def earlier_life(self, run_uid: str, life: int | None) -> BudgetRefusal | None:
+        """``TurnCommitted`` for a delivery of the run's life ``life`` when its slot is a later
+        life's (a rerun), else ``None`` (``reserve.earlier_life``)."""
+        return reserve.earlier_life(self, run_uid, life)
+
     def resolve_turn(self, run_uid: str, turn: int, *, committer: str) -> int:
         """Turn ``turn`` of the run was committed by ``committer``: drop its holds, charging
         other deliveries' answered calls as abandoned (``deliveries.resolve_turn``)."""

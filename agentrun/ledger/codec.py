@@ -12,7 +12,8 @@ an entry lives is the store's choice (``store``); the shapes are the same.
 A ``single`` tenant's ledger is one value (``book.<tenant>``, format 2): the layout every
 earlier release reads and writes, so a worker of the previous release works on it during a
 rollout. What this release added to it (the runs remembered as ended, what a call charged as
-abandoned was charged, the credited usage) are optional fields an earlier reader ignores.
+abandoned was charged, the credited usage, the life each slot was admitted for) are optional
+fields an earlier reader ignores; a run entry's life (``RunShape.life``) too.
 
 Rows are arrays, not objects (a hold ``[turn, tokens, cost, expires, owner]``, an active run
 ``[ns, name, since, turn, tokens, cost]``), and decimals are strings (exact; tiny amounts in
@@ -112,6 +113,9 @@ class RunShape(_Shape):
     """What each of its own calls in ``charged`` was charged: key → [tokens, USD]."""
     ended: float = 0.0
     """Until when the run is remembered as ended (epoch seconds; 0: it has not ended)."""
+    life: int | None = None
+    """The life of the run its slot (``active``) was admitted for (``Active.life``; ``None``:
+    no slot, or not known — absent in values of earlier releases, which ignore it)."""
 
 
 class TotalsShape(_Shape):
@@ -195,6 +199,7 @@ def _run_shape(entry: RunEntry) -> RunShape:
         charged=dict(entry.charged),
         spent=dict(entry.spent),
         ended=entry.ended,
+        life=None if a is None else a.life,
     )
 
 
@@ -292,7 +297,7 @@ def split(
 
 
 def _entry(uid: str, shape: RunShape) -> RunEntry:
-    active = None if shape.active is None else Active(*shape.active)
+    active = None if shape.active is None else Active(*shape.active, life=shape.life)
     place = (active.namespace, active.name) if active else ("", "")
     holds = {k: Hold(uid, *row[:5], *place, *row[5:]) for k, row in shape.holds.items()}
     return RunEntry(
@@ -402,6 +407,9 @@ class OneValueShape(_Shape):
     ended: dict[str, float] = {}
     """Runs remembered as ended: run uid → until (epoch seconds; ``RunEntry.ended``; absent in
     values of earlier releases, which ignore it)."""
+    lives: dict[str, int] = {}
+    """The life each active run's slot was admitted for, where known: run uid → life
+    (``Active.life``; absent in values of earlier releases, which ignore it)."""
 
 
 def encode_one_value(book: Book) -> bytes:
@@ -423,6 +431,7 @@ def encode_one_value(book: Book) -> bytes:
         end=book.end,
         spent={k: v for entry in book.runs.values() for k, v in entry.spent.items()},
         ended={uid: e.ended for uid, e in book.runs.items() if e.ended},
+        lives={k: a.life for k, a in book.active.items() if a.life is not None},
     )
     return shape.model_dump_json(exclude_defaults=True).encode()
 
@@ -450,7 +459,7 @@ def decode_one_value(data: bytes) -> Book:
         end=shape.end if shape.end is not None else 0.0,  # 0: window + length
     )
     for uid, row in shape.active.items():
-        book.start_run(uid, Active(*row))
+        book.start_run(uid, Active(*row, life=shape.lives.get(uid)))
     for key, hold_row in shape.holds.items():
         run = book.active_of(hold_row[0])
         place = (run.namespace, run.name) if run else ("", "")

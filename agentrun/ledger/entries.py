@@ -225,6 +225,11 @@ class Active:
     """The run's cumulative tokens charged so far (across windows)."""
     cost_usd: Decimal = Decimal(0)
     """The run's cumulative cost charged so far (across windows)."""
+    life: int | None = None
+    """The life of the run this slot was admitted for (its ``status.reruns``: 0 for a run
+    never rerun); ``None``: not known (a slot admitted by an earlier release, or rewritten by
+    one), taken for any life. The uid does not tell a run's lives apart: a rerun's slot has
+    the same uid and a later life (``BookState.later_life``)."""
 
 
 @dataclasses.dataclass(slots=True)

@@ -64,6 +64,9 @@ class TurnRef:
     namespace: str
     name: str
     turn: int
+    life: int | None = None
+    """The life of the run the delivery's turn is of (the ``reruns`` its admission sealed;
+    ``None``: not known): a rerun's slot, a later life's, refuses it (``Book.earlier_life``)."""
 
     @property
     def place(self) -> tuple[str, str]:

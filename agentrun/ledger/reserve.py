@@ -289,6 +289,20 @@ def _stale(book: BookState, key: str, hold: Hold) -> BudgetRefusal | None:
     )
 
 
+def earlier_life(book: BookState, run_uid: str, life: int | None) -> BudgetRefusal | None:
+    """``TurnCommitted`` if the run's slot is a later life's than ``life`` (the life of the
+    delivery asking; ``BookState.later_life``): the run runs again from turn 0 (a rerun), so
+    this delivery's turn, of an earlier life whose events are gone, can never commit, and its
+    call must neither be held nor settle anything in the new life's slot. Else ``None``."""
+    if not book.later_life(run_uid, life):
+        return None
+    return BudgetRefusal(
+        TURN_COMMITTED,
+        None,
+        f"run {run_uid} runs again as a later life than {life}: this delivery is stale",
+    )
+
+
 def _wait(book: BookState, key: str, least: tuple[int, Decimal], *, now: float) -> BudgetWait:
     """Record (or keep alive) the call ``key`` as a waiter needing at least ``least``
     (tokens, USD), and say why it waits."""

@@ -233,6 +233,27 @@ class BookState:
         run = self.active_of(run_uid)
         return None if run is None else self.since_of(run)
 
+    def later_life(self, run_uid: str, life: int | None) -> bool:
+        """Whether the run's slot (its entry loaded) was admitted for a later life of the run
+        than ``life`` (its ``status.reruns``; ``None``: not known): a rerun admitted while
+        something of an earlier life — its close, its release, a stale delivery of one of its
+        turns — was still on its way. What an earlier life does by the run's uid must then
+        leave the slot, its charges and its holds alone. False when either life is not known
+        (a slot of an earlier release, a caller that names none) or the run holds no slot."""
+        run = self.active_of(run_uid)
+        if run is None or run.life is None or life is None:
+            return False
+        return run.life > life
+
+    def name_life(self, run_uid: str, life: int | None) -> None:
+        """Record that the run's slot (its entry loaded) was admitted for its life ``life``
+        (``Active.life``), if the slot names none yet: a slot just taken by its admission, or
+        one an earlier release took. A slot that names a life keeps it (an admission done again
+        is the same life's). Nothing for a run holding no slot or a ``life`` of ``None``."""
+        run = self.active_of(run_uid)
+        if run is not None and run.life is None:
+            run.life = life
+
     def wall_used(self, now: float) -> float:
         """Wall-clock seconds charged in this window, active runs counted up to ``now``."""
         live = self.active_runs * (now - self.window) - self.since_offsets

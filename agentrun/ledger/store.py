@@ -58,7 +58,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -100,6 +100,7 @@ __all__ = [
     "BUCKET",
     "INLINE_RUNS",
     "BookMissing",
+    "Ending",
     "LedgerStore",
     "LedgerUnavailable",
     "QueueFull",
@@ -162,6 +163,20 @@ class Repair:
     or charge it. The repair applies only while the run's entry is still the one judged
     (``Book.slot_since``); otherwise it does nothing, and the next sweep judges what it finds
     then."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ending:
+    """Whose end ``LedgerStore.close_run`` settles, as the run's last event tells it."""
+
+    committer: str = ""
+    """The delivery (hold owner) that event names as the committer of the run's last turn
+    ("": it names none; then that turn's other calls are not told apart)."""
+    life: int | None = None
+    """The life of the run the event is of (the ``reruns`` its admission sealed; ``None``: not
+    known, taken for the life whose slot is there). The uid does not tell a run's lives
+    apart: a rerun admitted while this close was still on its way holds a slot of the same
+    uid and a later life (``Active.life``), which the close leaves alone."""
 
 
 Rebuild = Callable[[str, float, float], Awaitable[Seed]]
@@ -646,12 +661,17 @@ class LedgerStore(CasStore):
         limits: TenantLimits,
         need: tuple[int, Decimal],
         now: float | None = None,
+        life: int | None = None,
     ) -> BudgetRefusal | None:
         """Take a concurrency slot for ``run`` if its tenant (now with ``limits``) has one and
         the budget left covers ``need`` (tokens, USD: its first call's worst case, held until
-        that call reserves) at ``now`` (epoch seconds; the store's clock if not given).
-        ``None`` when admitted; idempotent. See ``Book.admit``."""
-        (answer,) = await self.admit_runs(tenant, [(run, need)], limits=limits, now=now)
+        that call reserves) at ``now`` (epoch seconds; the store's clock if not given), for
+        the run's life ``life`` (its ``status.reruns``; ``None``: not known). ``None`` when
+        admitted; idempotent. See ``Book.admit``."""
+        lives = {} if life is None else {run.uid: life}
+        (answer,) = await self.admit_runs(
+            tenant, [(run, need)], limits=limits, now=now, lives=lives
+        )
         return answer
 
     async def admit_runs(
@@ -661,13 +681,17 @@ class LedgerStore(CasStore):
         *,
         limits: TenantLimits,
         now: float | None = None,
+        lives: Mapping[str, int] | None = None,
     ) -> list[BudgetRefusal | None]:
         """Admit ``runs`` (each with its first call's worst case), head of the queue first, in
         one write (``cas.BATCH_VALUES`` runs a write: more go in several, in order): each as
         ``admit_run`` does, stopping at the first that does not fit — FIFO, as if they were
-        admitted one by one. Returns an answer for each run tried: ``None`` for each admitted,
-        then the refusal of the first that was not (the runs after it were not tried)."""
+        admitted one by one; each slot names its run's life in ``lives`` (uid → its
+        ``status.reruns``; a run not in it: not known, ``Book.name_life``). Returns an answer
+        for each run tried: ``None`` for each admitted, then the refusal of the first that was
+        not (the runs after it were not tried)."""
         at = self.clock() if now is None else now
+        known = lives or {}
 
         def admitting(
             part: Sequence[tuple[QueuedRun, tuple[int, Decimal]]],
@@ -683,6 +707,7 @@ class LedgerStore(CasStore):
                     answers.append(refusal)
                     if refusal is not None:
                         break
+                    book.name_life(run.uid, known.get(run.uid))
                 return answers
 
             return apply
@@ -734,6 +759,9 @@ class LedgerStore(CasStore):
         otherwise. Raises ``LedgerUnavailable`` or a NATS error if it cannot be written."""
 
         def apply(book: Book) -> BudgetRefusal | None:
+            stale = book.earlier_life(ref.run_uid, ref.life)
+            if stale is not None:
+                return stale
             _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
             return book.reserve(ref.key, hold, now=now)
 
@@ -757,6 +785,9 @@ class LedgerStore(CasStore):
         that fits, waiting for other runs' holds, or refused (``Book.reserve_call``)."""
 
         def apply(book: Book) -> Granted | BudgetWait | BudgetRefusal:
+            stale = book.earlier_life(ref.run_uid, ref.life)
+            if stale is not None:
+                return stale
             _settle_before(book, ref, before, prior_owner=prior_owner, now=now)
             return book.reserve_call(ref.key, need, hold, now=now)
 
@@ -800,6 +831,8 @@ class LedgerStore(CasStore):
         (tokens, USD)."""
 
         def apply(book: Book) -> tuple[int, Decimal]:
+            if book.later_life(ref.run_uid, ref.life):  # a rerun's slot: not this turn's
+                return 0, Decimal(0)
             book.resolve_turn(ref.run_uid, ref.turn, committer=owner)
             book.resolve_turn(ref.run_uid, ref.turn - 1, committer=prior_owner)
             return book.settle(
@@ -842,9 +875,11 @@ class LedgerStore(CasStore):
     async def stop_waiting(self, ref: TurnRef) -> bool:
         """The call of turn ``ref`` no longer waits for other runs' holds (given up); False if
         it did not wait."""
-        return await self._change_existing(
-            ref.tenant, lambda book: book.stop_waiting(ref.key), run_uid=ref.run_uid, missing=False
-        )
+
+        def apply(book: Book) -> bool:
+            return not book.later_life(ref.run_uid, ref.life) and book.stop_waiting(ref.key)
+
+        return await self._change_existing(ref.tenant, apply, run_uid=ref.run_uid, missing=False)
 
     async def close_run(
         self,
@@ -854,30 +889,46 @@ class LedgerStore(CasStore):
         *,
         end: float,
         now: float | None = None,
-        committer: str = "",
+        ending: Ending = Ending(),
     ) -> bool:
         """The run ended at ``end`` (epoch seconds): settle what it ``committed`` (its last
         event's summary; ``None``: nothing), charge its wall-clock time in this window, free
         its slot and drop any hold it left — a hold of its last turn is charged as abandoned
-        if its call answered and its owner is not ``committer`` (the delivery the last event
-        names, if any). False if it was not active. Remembered as ended (``Book.close``): an
-        admission of it done again takes no slot."""
+        if its call answered and its owner is not ``ending.committer`` (the delivery the last
+        event names, if any). False if it was not active. Remembered as ended (``Book.close``):
+        an admission of it done again takes no slot.
+
+        A slot of a later life than ``ending.life`` (a rerun admitted while this close was on
+        its way, ``Book.later_life``) is another life's: it is left alone — neither closed nor
+        charged, its holds kept — as the sweep leaves an entry that is not the one it judged
+        (``Repair.since``); False. The earlier life was charged what its release charged
+        (``free_run``: nothing more)."""
         at = self.clock() if now is None else now
         totals = _committed(committed)
 
         def apply(book: Book) -> bool:
-            book.resolve_turn(run_uid, totals["turn"], committer=committer)
+            if book.later_life(run_uid, ending.life):
+                return False
+            book.resolve_turn(run_uid, totals["turn"], committer=ending.committer)
             return book.close(run_uid, **totals, end=end, now=at)
 
         return await self._change_existing(tenant, apply, run_uid=run_uid, missing=False)
 
-    async def free_run(self, tenant: str, run_uid: str, *, now: float | None = None) -> bool:
+    async def free_run(
+        self, tenant: str, run_uid: str, *, now: float | None = None, life: int | None = None
+    ) -> bool:
         """Free the slot of a run admitted and not started, or about to run again from turn 0
         (a rerun), charging nothing more (what it was charged stays): closed, and not
-        remembered as ended, so its next admission is a new one. False if it was not active."""
+        remembered as ended, so its next admission is a new one. False if it was not active.
+
+        ``life``: the latest life of the run whose slot this frees (its ``status.reruns``; for
+        a rerun, the life before the new one; ``None``: any). A slot of a later life (admitted
+        while this release was on its way) is left alone: False."""
         at = self.clock() if now is None else now
 
         def apply(book: Book) -> bool:
+            if book.later_life(run_uid, life):
+                return False
             closed = book.close(run_uid, **_committed(None), end=at, now=at)
             book.forget_end(run_uid)
             return closed

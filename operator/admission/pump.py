@@ -428,7 +428,11 @@ class QueuePump:
         now = self.clock()
         try:
             answers = await self.store.admit_runs(
-                policy.name, [(r.queued, r.need) for r in ready], limits=policy.limits, now=now
+                policy.name,
+                [(r.queued, r.need) for r in ready],
+                limits=policy.limits,
+                now=now,
+                lives={r.queued.uid: r.head.obj.status.reruns for r in ready},
             )
         except Exception as err:  # the ledger's write: the first of them is retried or ended
             return await self._failed(policy, ready[0].queued, err)
@@ -475,7 +479,9 @@ class QueuePump:
         if not await self.deps.runs.end(
             key.namespace, key.name, key.uid, kernel.Phase.CHECKPOINT_FAILED, message
         ):
-            await self.deps.settlement.release_unstarted(policy.name, uid=key.uid)
+            obj = self._objects.get(key.uid)
+            life = obj.status.reruns if obj is not None else None
+            await self.deps.settlement.release_unstarted(policy.name, uid=key.uid, life=life)
             seen = self._waiting.get(key.uid)
             self.shown.end_unadmitted(
                 key,
@@ -525,7 +531,10 @@ class QueuePump:
             except (EventTooLarge, nats.errors.MaxPayloadError) as err:
                 cap = err.cap if isinstance(err, EventTooLarge) else None
                 message = too_large_to_checkpoint(config, cap=cap)
-                await self.deps.settlement.release_unstarted(policy.name, uid=head.key.uid)
+                life = head.obj.status.reruns
+                await self.deps.settlement.release_unstarted(
+                    policy.name, uid=head.key.uid, life=life
+                )
                 await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
                 return False
         await self._record_admitted(head.key)
@@ -555,11 +564,12 @@ class QueuePump:
         except Exception as err:  # the API server away, or the object replaced (422)
             log.warning("could not record the admission of %s/%s: %r", key.namespace, key.name, err)
 
-    async def release_slot(self, tenant: str, uid: str) -> None:
+    async def release_slot(self, tenant: str, uid: str, *, life: int) -> None:
         """Free the ledger slot of run ``uid`` in ``tenant`` (what it was charged stays
-        charged), before it runs again from turn 0; nothing when it holds none. Raises what
-        the ledger store raises."""
-        await self.deps.settlement.release_unstarted(tenant, uid=uid)
+        charged), before it runs again from turn 0 as its life ``life`` + 1; nothing when it
+        holds none, or a slot of a later life than ``life`` (``LedgerStore.free_run``).
+        Raises what the ledger store raises."""
+        await self.deps.settlement.release_unstarted(tenant, uid=uid, life=life)
 
     async def _leave(self, tenant: str, key: RunKey) -> None:
         """Take a run that will not run out of the queue."""

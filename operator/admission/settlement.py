@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agentrun.ledger import LedgerStore
+from agentrun.ledger import Ending, LedgerStore
 from agentrun.protocol import RunEvent
 
 from .queue import QueueBoard
@@ -32,19 +32,23 @@ class RunSettlement:
         self.board = board
         self.clock = clock
 
-    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
-        """A run ended (its terminal event, or its last event when deleted): settle its final
-        usage, charge its wall-clock time, free its slot, pump its tenant's queue.
+    async def settle_ended_run(
+        self, event: RunEvent, *, tenant: str, uid: str, life: int | None = None
+    ) -> None:
+        """A run's life ``life`` (the ``reruns`` its admission sealed; ``None``: not known)
+        ended (its terminal event, or its last event when deleted): settle its final usage,
+        charge its wall-clock time, free its slot, pump its tenant's queue. A slot of a later
+        life (a rerun admitted meanwhile) is left alone (``LedgerStore.close_run``).
 
         Raises what the ledger store raises (the sweep closes runs it finds ended)."""
         now = self.clock()
         end = event.time or now
-        await self.store.close_run(
-            tenant, uid, event.summary, end=end, now=now, committer=event.owner
-        )
+        ending = Ending(event.owner, life)
+        await self.store.close_run(tenant, uid, event.summary, end=end, now=now, ending=ending)
         self.board.kick(tenant)
 
-    async def release_unstarted(self, tenant: str, *, uid: str) -> None:
+    async def release_unstarted(self, tenant: str, *, uid: str, life: int | None = None) -> None:
         """Free the slot of a run that was admitted in the ledger but never started (or that
-        runs again from turn 0: a rerun); its next admission is a new one."""
-        await self.store.free_run(tenant, uid, now=self.clock())
+        runs again from turn 0: a rerun), if it is of life ``life`` or an earlier one (its
+        ``status.reruns``; ``None``: any); its next admission is a new one."""
+        await self.store.free_run(tenant, uid, now=self.clock(), life=life)

@@ -318,7 +318,7 @@ async def _rerun(
         return
     await parts.runs.prepare_rerun(key.namespace, key.name, key.uid)
     if status.get("tenant"):
-        await parts.pump.release_slot(str(status["tenant"]), key.uid)
+        await parts.pump.release_slot(str(status["tenant"]), key.uid, life=reruns - 1)
     spent = (ADMITTED_UID_ANNOTATION, CANCEL_ANNOTATION)
     await remove_annotations(parts.api, key, spent)
     parts.events.record(

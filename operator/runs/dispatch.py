@@ -63,9 +63,12 @@ ENDED_MEMORY = 100_000
 class RunEndListener(Protocol):
     """Told when a run ended or was deleted (``RunSettlement``)."""
 
-    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
-        """Settle the run's tenant-ledger entry from its last event; may raise (the ledger
-        sweep closes runs it finds ended)."""
+    async def settle_ended_run(
+        self, event: RunEvent, *, tenant: str, uid: str, life: int | None = None
+    ) -> None:
+        """Settle the run's tenant-ledger entry from its last event, that of its life
+        ``life`` (the ``reruns`` its admission sealed); may raise (the ledger sweep closes runs
+        it finds ended)."""
 
 
 class QueuedCounts(Protocol):
@@ -430,7 +433,7 @@ class Dispatcher:
             if view.timer is not None and view.timer is not asyncio.current_task():
                 view.timer.cancel()
             self._views.pop(view.uid, None)  # a redelivered event rebuilds it from the stream
-            await self._settle_ended(view.tenant, view.uid, event)
+            await self._settle_ended(view.tenant, view.uid, event, life=view.life)
         body = status.project(
             event.summary,
             seq=event.seq,
@@ -458,9 +461,9 @@ class Dispatcher:
             model = view.agent_model if view is not None else None
             news.record_end(self.events, key, event.summary, model=model)
 
-    async def _settle_ended(self, tenant: str, uid: str, event: RunEvent) -> None:
+    async def _settle_ended(self, tenant: str, uid: str, event: RunEvent, *, life: int) -> None:
         try:
-            await self.ends.settle_ended_run(event, tenant=tenant, uid=uid)
+            await self.ends.settle_ended_run(event, tenant=tenant, uid=uid, life=life)
         except Exception as err:  # the ledger sweep closes runs it finds ended
             log.warning("ledger close of run %s failed: %r; the sweep will retry", uid, err)
 
@@ -701,7 +704,7 @@ class Dispatcher:
                 first, last = own
                 if first.config is not None and self.seals.fault(first, key=key) is None:
                     tenant = first.config.tenant
-                    await self._settle_ended(tenant, uid, last)
+                    await self._settle_ended(tenant, uid, last, life=first.config.reruns)
                     if stopped:
                         self._tell_end(key, last, tenant=tenant, view=view)
                 await self.bus.purge_run(namespace, name, through=last.seq)

@@ -55,6 +55,9 @@ class RunView:
     """Stream sequence of the run's (sealed or vouched-for) first admission: events before it
     belong to something else on the subject, and an ``admitted`` event after it is a re-seal
     to check."""
+    life: int = 0
+    """The life of the run followed (the ``reruns`` its admission sealed): its ledger close
+    names it, so a rerun's slot is left alone (``LedgerStore.close_run``)."""
 
     @property
     def key(self) -> RunKey:
@@ -88,6 +91,7 @@ class RunView:
             model=config.model.model,
             agent_model=config.model.name,
             admitted_seq=admitted_seq,
+            life=config.reruns,
         )
 
 

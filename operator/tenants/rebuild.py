@@ -63,8 +63,16 @@ def window_usage(
         meta = run.get("metadata") or {}
         uid, namespace, name = (str(meta.get(k, "")) for k in ("uid", "namespace", "name"))
         if uid:
-            active[uid] = Active(namespace, name, max(window, counted), -1, used[0], used[1])
+            since, life = max(window, counted), _life(status)
+            active[uid] = Active(namespace, name, since, -1, used[0], used[1], life=life)
     return Seed(UsageFloor(window, tokens, cost, wall, end), active)
+
+
+def _life(status: Mapping[str, Any]) -> int | None:
+    """The life of the run a status shows (``status.reruns``: 0 when absent, a run never
+    rerun), its slot's ``Active.life``; ``None`` when malformed (any life's)."""
+    reruns = status.get("reruns", 0)
+    return reruns if isinstance(reruns, int) and not isinstance(reruns, bool) else None
 
 
 def _usage_part(run: Mapping[str, Any], tenant: str) -> dict[str, Any] | None:

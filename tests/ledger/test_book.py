@@ -29,7 +29,12 @@ from agentrun.ledger import (
     codec,
     window_start,
 )
-from agentrun.ledger.entries import BUDGET_EXHAUSTED, CONCURRENCY_LIMIT, LedgerCorrupt
+from agentrun.ledger.entries import (
+    BUDGET_EXHAUSTED,
+    CONCURRENCY_LIMIT,
+    TURN_COMMITTED,
+    LedgerCorrupt,
+)
 
 DAY = 86_400.0
 T0 = 19_675 * DAY
@@ -1174,3 +1179,56 @@ def test_a_slot_s_start_tells_a_run_s_lives_apart_and_moves_to_a_new_window() ->
     b.roll(T0 + DAY + 60)
     assert b.slot_since("r1") == T0 + DAY
     assert b.since_of(b.active["r1"]) == T0 + DAY
+
+
+def test_a_slot_names_the_life_it_was_admitted_for_once() -> None:
+    """``name_life``: a slot just admitted (or one an earlier release took) is named the
+    run's life; a slot already named keeps its life (an admission done again is the same
+    life's); a run holding no slot, or a life not known, names nothing."""
+    b = book(max_concurrent_runs=2)
+    b.name_life("r1", 3)  # no slot: nothing to name
+    assert b.active_of("r1") is None
+    assert b.admit("r1", "ns", "n", now=NOW) is None
+    assert b.active["r1"].life is None
+    b.name_life("r1", None)
+    assert b.active["r1"].life is None
+    b.name_life("r1", 1)
+    assert b.active["r1"].life == 1
+    b.name_life("r1", 2)
+    assert b.active["r1"].life == 1
+
+
+NO_SLOT = "no slot"
+
+LIVES = {
+    "no-slot": (NO_SLOT, 0, False),
+    "slot-of-a-later-life": (2, 1, True),
+    "slot-of-the-same-life": (1, 1, False),
+    "slot-of-an-earlier-life": (0, 1, False),
+    "slot-life-not-known": (None, 1, False),
+    "caller-life-not-known": (2, None, False),
+}
+
+
+@pytest.mark.parametrize(("slot", "named", "later"), LIVES.values(), ids=LIVES.keys())
+def test_only_a_slot_of_a_known_later_life_is_a_rerun_s(
+    slot: int | str | None, named: int | None, later: bool
+) -> None:
+    """``later_life``: what a run's earlier life does by its uid (its close, its release, a
+    stale delivery) must leave a rerun's slot alone, and a stale delivery is refused
+    ``TurnCommitted`` (``earlier_life``); a slot or a caller that names no life is taken for
+    the same life (what the ledger did before it kept lives)."""
+    b = book()
+    if slot != NO_SLOT:
+        assert b.admit("r1", "ns", "n", now=NOW) is None
+        b.name_life("r1", slot if isinstance(slot, int) else None)
+    assert b.later_life("r1", named) is later
+    stale = b.earlier_life("r1", named)
+    if later:
+        assert stale == BudgetRefusal(
+            TURN_COMMITTED,
+            None,
+            f"run r1 runs again as a later life than {named}: this delivery is stale",
+        )
+    else:
+        assert stale is None

@@ -34,12 +34,13 @@ def full_book(*, one_value: bool) -> Book:
     """A ledger using every field the JSON carries: used with abandoned and credited parts, an
     edited window end, an active run with a hold waiting for its answer and one answered, a
     waiting call, a call charged as abandoned with what it was charged, a run remembered as
-    ended, and a hold of a run that is no longer active."""
+    ended, and a hold of a run that is no longer active; the active run's slot names its life
+    (a second: rerun once)."""
     b = Book(tenant="acme", limits=LIMITS, window=T0, end=T0 + 2 * HOUR, one_value=one_value)
     b.used_tokens, b.used_cost, b.used_wall = 1_200, Decimal("0.125"), 42.5
     b.abandoned_tokens, b.abandoned_cost = 300, Decimal("0.03")
     b.credited_tokens, b.credited_cost = 20, Decimal("0.002")
-    b.start_run("r1", Active("ns-a", "run-one", T0 + 10.0, 2, 900, Decimal("0.09")))
+    b.start_run("r1", Active("ns-a", "run-one", T0 + 10.0, 2, 900, Decimal("0.09"), life=1))
     b.put_hold("r1:3", Hold("r1", 3, 500, Decimal("0.05"), T0 + 70.0, "w1", "ns-a", "run-one"))
     # answered as an earlier release recorded it: the hold still its worst case, not its spend
     answered = Hold("r1", 2, 400, Decimal("0.04"), T0 + 60.0, "w2", "ns-a", "run-one", 350)
@@ -68,7 +69,8 @@ ONE_VALUE_JSON = (
     f'"charged":{{"r1:1/w9":{T0 + 3_700.0}}},'
     f'"end":{T0 + 2 * HOUR},'
     '"spent":{"r1:1/w9":[120,"0.012"]},'
-    f'"ended":{{"r3":{T0 + 3_650.0}}}}}'
+    f'"ended":{{"r3":{T0 + 3_650.0}}},'
+    '"lives":{"r1":1}}'
 )
 """``full_book`` as a ``single`` tenant's one value (format 2): the layout every earlier
 release reads, its optional fields left out when empty."""
@@ -125,7 +127,7 @@ def test_a_one_value_ledger_reads_back_exactly_as_it_was() -> None:
 
 def test_a_one_value_ledger_of_an_earlier_release_reads_with_the_defaults() -> None:
     earlier = json.loads(ONE_VALUE_JSON)
-    for later in ("end", "spent", "ended"):
+    for later in ("end", "spent", "ended", "lives"):
         del earlier[later]
     for later in ("creditedTokens", "creditedCostUSD"):
         del earlier["used"][later]
@@ -134,6 +136,7 @@ def test_a_one_value_ledger_of_an_earlier_release_reads_with_the_defaults() -> N
     assert (read.credited_tokens, read.credited_cost) == (0, Decimal(0))
     assert "r3" not in read.runs and read.runs["r1"].spent == {}
     assert read.charged == {"r1:1/w9": T0 + 3_700.0}
+    assert read.active["r1"].life is None  # a slot of an earlier release: its life not known
 
 
 def test_the_oldest_waiting_calls_of_a_one_value_ledger_are_its_first_whatever_the_key_order() -> (
@@ -169,7 +172,7 @@ TOTALS_JSON = (
     '"waiting":{},'
     f'"charged":{{"r1:1/w9":{T0 + 3_700.0}}},'
     '"spent":{"r1:1/w9":[120,"0.012"]},'
-    '"ended":0.0}},'
+    '"ended":0.0,"life":1}},'
     f'"end":{T0 + 2 * HOUR}}}'
 )
 """``full_book``'s totals (format 3) with run ``r1`` inline: the totals carry the sums, the
@@ -187,7 +190,7 @@ def test_a_run_apart_is_written_as_its_own_value_and_read_back_only_as_that_run(
         == (
             '{"v":3,"tenant":"acme","uid":"r4","entry":{"active":null,'
             f'"holds":{{"r4:1":[1,100,"0.01",{T0 + 65.0},"w3"]}},'
-            '"waiting":{},"charged":{},"spent":{},"ended":0.0}}'
+            '"waiting":{},"charged":{},"spent":{},"ended":0.0,"life":null}}'
         ).encode()
     )
     for uid in ("r1", "r2", "r3", "r4"):
@@ -224,6 +227,17 @@ def test_split_totals_of_an_earlier_release_read_with_the_defaults() -> None:
     assert read.book.end == T0 + HOUR
     assert read.book.first_waiters == {}
     assert (read.book.credited_tokens, read.book.credited_cost) == (0, Decimal(0))
+
+
+def test_a_run_entry_of_an_earlier_release_reads_with_its_slot_s_life_not_known() -> None:
+    """A run's entry written (or rewritten) by a release that kept no lives has none: its
+    slot is taken for any life's (``Active.life`` ``None``)."""
+    earlier = json.loads(TOTALS_JSON)
+    del earlier["runs"]["r1"]["life"]
+    read = codec.decode_totals(json.dumps(earlier).encode()).book
+    assert read.active["r1"] == dataclasses.replace(
+        full_book(one_value=False).active["r1"], life=None
+    )
 
 
 @pytest.mark.parametrize(

@@ -55,3 +55,30 @@ async def test_a_rerun_after_a_purge_runs_turn_0_on_the_worker_that_cached_the_r
     assert events[1].summary.usage.total_tokens == TURN_0
     cached = worker.cache.get(request.run_uid)
     assert cached is not None and (cached.seq, cached.state.turn) == (events[1].seq, 1)
+
+
+async def test_a_stale_delivery_of_an_earlier_life_makes_no_call_in_the_rerun_s_slot(
+    stack: Stack,
+) -> None:
+    """A delivery of the first life's turn 0 still running when the rerun (life 1) was
+    admitted in the ledger: its reservation names the life its events' admission sealed, so
+    the rerun's slot refuses it (``TurnCommitted``) — no model call, nothing settled into the
+    new life's slot."""
+    worker = await stack.worker()
+    request = await stack.admit()  # life 0's admission and its turn 0
+    store = await stack.store()
+    assert await store.free_run(stack.tenant, request.run_uid, life=0)
+    refusal = await store.admit_run(
+        stack.tenant,
+        QueuedRun(request.run_uid, "ns", request.name, time.time()),
+        limits=TenantLimits(tokens=1_000_000, window_seconds=NO_ROLLOVER),
+        need=(0, Decimal(0)),
+        life=1,
+    )
+    assert refusal is None
+    await handle(worker, request)
+    assert stack.model_calls() == 0
+    book = await store.read(stack.tenant)
+    assert book is not None
+    assert book.active[request.run_uid].life == 1 and book.used_tokens == 0
+    assert book.holds == {}

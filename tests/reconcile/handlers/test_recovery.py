@@ -80,10 +80,10 @@ class Shown:
 
 class Pump:
     def __init__(self) -> None:
-        self.released: list[tuple[str, str]] = []
+        self.released: list[tuple[str, str, int]] = []
 
-    async def release_slot(self, tenant: str, uid: str) -> None:
-        self.released.append((tenant, uid))
+    async def release_slot(self, tenant: str, uid: str, *, life: int) -> None:
+        self.released.append((tenant, uid, life))
 
 
 class Events:
@@ -245,7 +245,7 @@ async def rerun_checks(parts: Any, api: FakeKube, queued: list[RunKey], *, life:
     assert parts.runs.calls[-1] == "prepare_rerun"  # its subject purged, its end forgotten
     assert parts.runs.reruns_at_purge == [life] and obj["status"]["reruns"] == life
     assert enqueued[-1]["status"]["reruns"] == life
-    assert parts.pump.released == [("t", RUN.uid)]
+    assert parts.pump.released == [("t", RUN.uid, life - 1)]  # the slot of the life before
     assert obj["status"]["phase"] == "Pending"
     for cleared in ("terminalReason", "startTime", "lastEventSequence", "usage", "completionTime"):
         assert cleared not in obj["status"]

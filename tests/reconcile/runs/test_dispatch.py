@@ -71,9 +71,15 @@ class Settled:
 
     def __init__(self) -> None:
         self.runs: list[tuple[str, str, str]] = []
+        self.lives: list[int | None] = []
+        """The life each close named (``LedgerStore.close_run``: a rerun's slot is left alone
+        by an earlier life's close)."""
 
-    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
+    async def settle_ended_run(
+        self, event: RunEvent, *, tenant: str, uid: str, life: int | None = None
+    ) -> None:
         self.runs.append((tenant, uid, event.kind))
+        self.lives.append(life)
 
 
 class NoQueues:
@@ -368,6 +374,23 @@ async def test_a_deleted_run_is_stopped_settled_counted_told_and_purged(bus: Bus
     await run.forget(cfg.namespace, cfg.name, cfg.uid)
     assert settled.runs == [("acme", cfg.uid, "stop")]
     assert await events.reasons() == ["Cancelled"]
+
+
+@pytest.mark.parametrize("how", ["ended", "deleted"])
+async def test_a_run_s_close_names_the_life_its_admission_sealed(bus: Bus, how: str) -> None:
+    """A rerun's end (its third life here), whether its events end it or its deletion does,
+    closes its ledger entry naming that life, so that the close of an earlier life, still on
+    its way, and this one never take each other's slot."""
+    cfg = dataclasses.replace(config(), reruns=2)
+    run, _, settled, _ = dispatcher(bus)
+    await admitted(bus, run, cfg)
+    if how == "deleted":
+        await run.forget(cfg.namespace, cfg.name, cfg.uid)
+    else:
+        assert await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "stop")
+        stop = (await bus.read_events(cfg.namespace, cfg.name))[-1]
+        await run.on_event(protocol.event_subject(cfg.namespace, cfg.name), stop)
+    assert settled.runs == [("acme", cfg.uid, "stop")] and settled.lives == [2]
 
 
 async def test_a_deleted_runs_clean_up_leaves_a_new_run_of_the_same_name_alone(bus: Bus) -> None:

@@ -76,7 +76,9 @@ class Bus:
 
 
 class Ends:
-    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
+    async def settle_ended_run(
+        self, event: RunEvent, *, tenant: str, uid: str, life: int | None = None
+    ) -> None:
         pass
 
 

@@ -96,7 +96,9 @@ class Ends:
     def __init__(self) -> None:
         self.settled: list[str] = []
 
-    async def settle_ended_run(self, event: RunEvent, *, tenant: str, uid: str) -> None:
+    async def settle_ended_run(
+        self, event: RunEvent, *, tenant: str, uid: str, life: int | None = None
+    ) -> None:
         self.settled.append(uid)
 
 

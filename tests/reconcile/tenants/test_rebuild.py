@@ -52,12 +52,19 @@ def test_runs_ended_in_the_window_and_runs_still_running_count() -> None:
         agentrun("running", tokens=30, cost="0.003", wall=10.0),
         agentrun("started-inside", started=START + 60, tokens=7, cost="0", wall=1.0),
     ]
+    runs[-1]["status"]["reruns"] = 2  # its third life: its slot names it
     assert window_usage(runs, "acme", window=START, end=END) == Seed(
         UsageFloor(START, 187, Decimal("0.018"), 3.5, END),  # wall: the ended runs'
         {
-            "uid-running": Active("ns", "running", START, -1, 30, Decimal("0.003")),
-            "uid-started-inside": Active("ns", "started-inside", START + 60, -1, 7, Decimal(0)),
+            "uid-running": Active("ns", "running", START, -1, 30, Decimal("0.003"), life=0),
+            "uid-started-inside": Active(
+                "ns", "started-inside", START + 60, -1, 7, Decimal(0), life=2
+            ),
         },
+    )
+    runs[-1]["status"]["reruns"] = "two"  # malformed: any life's, as before lives were kept
+    assert (
+        window_usage(runs, "acme", window=START, end=END).active["uid-started-inside"].life is None
     )
 
 
