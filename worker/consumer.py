@@ -156,6 +156,20 @@ async def _append_turn(
     return dataclasses.replace(run, state=after, seq=seq, committer=owner, stored=stored)
 
 
+def _turn_ref(request: TurnRequest, config: protocol.RunConfig) -> TurnRef:
+    """The ledger's name of ``request``'s turn: of its run's tenant, and of the run's life its
+    admission sealed (``config.reruns``), so that a rerun's slot refuses this delivery if the
+    run runs again meanwhile (``TurnRef.life``)."""
+    return TurnRef(
+        config.tenant,
+        request.run_uid,
+        request.namespace,
+        request.name,
+        request.turn,
+        life=config.reruns,
+    )
+
+
 def _storage_full(run: history.LoadedRun, settings: ConsumerSettings) -> str:
     """Why a run whose events reached the per-run bound ends (before another model call)."""
     return (
@@ -436,16 +450,8 @@ class TurnConsumer:
         if self.ledger is None:
             committed = await self._run_turn(msg, request, run, None)
         else:
-            ref = TurnRef(
-                run.config.tenant,
-                request.run_uid,
-                request.namespace,
-                request.name,
-                request.turn,
-                life=run.config.reruns,
-            )
             async with self.ledger.turn_hold(
-                ref,
+                _turn_ref(request, run.config),
                 ttl=self.settings.hold_ttl,
                 prior_owner=run.committer,
                 moved_on=functools.partial(self._moved_on, request),
