@@ -125,10 +125,10 @@ def settle_collector() -> None:
     in the operator, 150,000 in a worker) into the collector's permanent generation, and
     collect the youngest generation every ``YOUNG_COLLECTION_THRESHOLD`` allocations.
 
-    Without it each full collection walked those objects again: during a bulk admission the
-    operator spent 13 % of its CPU in the collector (ten full collections of 80 ms CPU each
-    for 800 runs), a worker a full collection per few hundred turns (bench/README.md, "The
-    garbage collector's share"). Frozen objects are still freed by reference counting; a
+    Without it every whole-heap collection walked those objects again, and a young one ran
+    about once per run admitted: during a bulk admission the operator spent 0.8 ms of CPU a
+    run in the collector, 0.3 ms with it (bench/README.md, "The garbage collector's share").
+    Frozen objects are still freed by reference counting; a
     cycle among them would stay, which for module-level objects is what happens anyway.
     ``gc.freeze`` and ``gc.set_threshold`` are CPython's (the ``gc`` module's documentation)."""
     gc.collect()
