@@ -241,6 +241,9 @@ def _aggregation_flags(pki: certs.Pki) -> tuple[str, ...]:
     )
 
 
+WATCH_DRAIN_SECONDS = 3
+"""Seconds kube-apiserver takes at most, once stopped, to close its open watches."""
+
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -360,6 +363,10 @@ def _start_apiserver(
         f"--service-account-signing-key-file={pki.service_account_key}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--allow-privileged=true",
+        # On SIGTERM, close open watches within this grace: by default kube-apiserver leaves
+        # them to the HTTP server's shutdown, which outlasts the stop's 10 s, so a stack
+        # stopped while a `kubectl get -w` was open needed SIGKILL.
+        f"--shutdown-watch-termination-grace-period={WATCH_DRAIN_SECONDS}s",
         # The "kubernetes" Service's endpoint would be 127.0.0.1, which Endpoints reject; a
         # node writes its own (its IP and this port).
         "--endpoint-reconciler-type=none",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from agentrun_dev import binaries, components, controlplane, probes
+from agentrun_dev import binaries, components, controlplane, probes, procs
 from agentrun_dev.kubectl import Kubectl, KubectlError
 
 local_only = pytest.mark.skipif(
@@ -70,6 +72,31 @@ def test_a_second_control_plane_starts_and_stops_by_pid(
     plane.stop()
 
     assert not any(c.is_alive() for c in plane.components)
+
+
+@local_only
+def test_an_apiserver_with_a_watch_open_stops_on_sigterm(
+    tmp_path: Path, devenv_binaries: binaries.Binaries
+) -> None:
+    launch = components.Launch(log_dir=tmp_path / "logs", die_with_parent=True, log=print)
+    plane = controlplane.start_control_plane(tmp_path, executables=devenv_binaries, launch=launch)
+    watcher = subprocess.Popen(
+        [str(plane.kubectl), "--kubeconfig", str(plane.kubeconfig), "get", "ns", "-w"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert watcher.stdout is not None
+        assert watcher.stdout.readline()  # the watch is open (its first listing arrived)
+        apiserver = plane.components[-1]  # etcd, then kube-apiserver
+        started = time.monotonic()
+        outcome = components.stop_component(apiserver)
+        assert outcome is procs.StopOutcome.STOPPED  # not SIGKILLed after the 10 s
+        assert time.monotonic() - started < controlplane.WATCH_DRAIN_SECONDS + 5
+    finally:
+        watcher.kill()
+        watcher.wait()
+        plane.stop()
 
 
 @local_only
