@@ -38,7 +38,13 @@ import httpx2
 import openai
 
 from agentrun import kernel
-from agentrun.tools.endpoint import MAX_MESSAGE_BYTES, BoundedStream, StreamLimits, WholeBound
+from agentrun.tools.endpoint import (
+    MAX_MESSAGE_BYTES,
+    BoundedStream,
+    StreamLimits,
+    WholeBound,
+    is_event_stream,
+)
 
 STREAM_WORD = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
 """What an error saying the endpoint does not stream names (not "upstream")."""
@@ -70,16 +76,20 @@ def _texts(value: Any) -> list[str]:
     (DeepSeek, vLLM, llama.cpp), ``reasoning`` (OpenRouter, Groq, Ollama) or
     ``reasoning_details`` (OpenRouter), a legacy ``function_call``, an audio transcript —
     is output tokens the provider bills, so the cut and an abandoned call's charge count it,
-    whatever the field is called."""
-    if isinstance(value, str):
-        return [value] if value else []
-    if isinstance(value, Mapping):
-        items = [v for k, v in value.items() if k not in NOT_OUTPUT_KEYS]
-    elif isinstance(value, list):
-        items = value
-    else:
-        return []
-    return [text for item in items for text in _texts(item)]
+    whatever the field is called. Walked with a stack of its own, in order: a value nested as
+    deep as the JSON parser takes would pass the interpreter's recursion limit here."""
+    texts: list[str] = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if item:
+                texts.append(item)
+        elif isinstance(item, Mapping):
+            pending.extend(reversed([v for k, v in item.items() if k not in NOT_OUTPUT_KEYS]))
+        elif isinstance(item, list):
+            pending.extend(reversed(item))
+    return texts
 
 
 @dataclasses.dataclass(slots=True)
@@ -323,7 +333,7 @@ async def read_stream(
             stream=True,
             stream_cls=openai.AsyncStream[object],
         )
-        if "json" in stream.response.headers.get("content-type", ""):  # it did not stream
+        if _json_body(stream.response.headers):
             return await _whole_body(stream.response)
     delivery = Delivery()
     finished = False
@@ -348,6 +358,12 @@ async def read_stream(
         if delivery.cut or not finished:
             await asyncio.shield(stream.close())  # the provider stops generating
     return delivery.completion()
+
+
+def _json_body(headers: Mapping[str, str]) -> bool:
+    """Whether an answer is one JSON body, not an event stream (a provider that does not
+    stream; bounded as one message: ``bounded_answer``)."""
+    return not is_event_stream(headers) and "json" in headers.get("content-type", "")
 
 
 async def _parsed_chunks(stream: openai.AsyncStream[object]) -> AsyncIterator[object]:
@@ -509,7 +525,7 @@ async def bounded_answer(response: httpx2.Response) -> httpx2.AsyncByteStream:
     if coding not in ("", "identity"):
         await response.aclose()
         raise AnswerTooLarge(f"the model endpoint answered with content coding {coding!r}")
-    events = "text/event-stream" in response.headers.get("content-type", "")
+    events = is_event_stream(response.headers)
     whole = WholeBound(MAX_ANSWER_BYTES, MAX_ANSWER_MESSAGES)
     return BoundedStream(
         response.stream,

@@ -10,8 +10,9 @@ the rule's prefix. A request outside them is never sent (``OutsideRule``) and en
 at once — an SSE server names the URL its session's messages go to (its ``endpoint`` event),
 which the SDK checks only for the origin. Redirects are never followed: the SDK follows a
 same-origin one itself, so the transport answers any 3xx with an error (``Redirected``), never
-a request to another path or host. No answer is read past ``MAX_MESSAGE_BYTES`` a message, nor
-past ``MAX_MESSAGE_VALUES`` JSON values a message, nor compressed.
+a request to another path or host. No answer is read past ``MAX_MESSAGE_BYTES`` a message (an
+SSE session's events, ``SSE_EVENT_BYTES``), nor past ``MAX_MESSAGE_VALUES`` JSON values a
+message, nor compressed.
 
 What does not belong here: reusing sessions (``sessions``), mapping results and faults
 (``remote``).
@@ -28,6 +29,7 @@ import importlib
 import json
 import sys
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +40,7 @@ import httpx2
 
 from agentrun import display
 
-from . import reach
+from . import eventstream, reach
 
 if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
     from mcp import Client
@@ -242,10 +244,20 @@ class Bounds:
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 """The most bytes one message from a tool server may take (a JSON body, or one event of an
-event stream: the bytes between two blank lines). A tenant's server answering a bigger one
-(a ``tools/list`` of 150 MiB) would otherwise be read whole into the operator's or a
-worker's memory, every time it is asked; past this the response fails as a transport fault.
-A tool's result is cut much shorter anyway (``MAX_RESULT_BYTES`` of the worker's runner)."""
+event stream: its bytes up to the empty line that ends it, ``eventstream``). A tenant's server
+answering a bigger one (a ``tools/list`` of 150 MiB) would otherwise be read whole into the
+operator's or a worker's memory, every time it is asked; past this the response fails as a
+transport fault. A tool's result is cut much shorter anyway (``MAX_RESULT_BYTES`` of the
+worker's runner)."""
+
+
+SSE_EVENT_BYTES = 1024 * 1024
+"""The most bytes one event of an SSE session's stream may take: the MCP SDK's own limit for
+that transport (``mcp.client.sse.sse_client`` takes none, so its ``EventSource`` keeps
+``httpx2``'s default), held by the transport first so that a bigger event fails as every
+other message over a bound does (``StreamTooLarge``, naming it) rather than as the SDK's
+``SSEError``. A streamable HTTP session's events are given ``MAX_MESSAGE_BYTES``, as its
+JSON bodies are (the SDK is told so: ``max_sse_event_size``)."""
 
 
 MAX_MESSAGE_VALUES = 131_072
@@ -302,27 +314,55 @@ class WholeBound:
     max_bytes: int
     """The most bytes the whole body may take."""
     max_messages: int
-    """The most messages (events of an event stream, blank-line separated) it may hold."""
+    """The most messages (events of an event stream: ``eventstream``) it may hold."""
+
+
+@dataclasses.dataclass(slots=True)
+class Spent:
+    """What the bodies of one answer have read so far, against its ``WholeBound``: one body's,
+    or a request's answer's and each resumption's of it together."""
+
+    read: int = 0
+    """Bytes."""
+    ended: int = 0
+    """Messages."""
 
 
 TOOL_ANSWER = WholeBound(16 * 1024 * 1024, 4_096)
-"""What one answer of a streamable HTTP tool server (to a request, or a request's answer
-resumed) may hold in all: 16 MiB (its result, at most ``MAX_MESSAGE_BYTES``, and the
-notifications before it) and 4,096 messages. Past it the exchange fails as a transport fault
-(``MessageTooLarge``): a server answering a call with notifications for ever had them parsed
-on the worker's event loop until the call's timeout."""
+"""What the answer of a streamable HTTP tool server to one request may hold in all, over every
+resumption of it (``CheckedTransport.answer_limits``): 16 MiB (its result, at most
+``MAX_MESSAGE_BYTES``, and the notifications before it) and 4,096 messages. Past it the
+exchange fails as a transport fault (``MessageTooLarge``): a server answering a call with
+notifications for ever had them parsed on the worker's event loop until the call's timeout,
+and one ending each stream under the bound had the SDK resume it as long."""
 SERVER_STREAM = WholeBound(1024 * 1024, 256)
-"""What one server-initiated stream of a streamable HTTP session (a GET without
-``Last-Event-ID``) may hold in all: 1 MiB and 256 messages. The platform reads nothing a
-server sends there (it offers no sampling, roots or elicitation; its lists are refreshed on
-their own schedule); past it the stream is cut, and the SDK opens it again at most a
-``GET_STREAM_INTERVAL`` later, twice when it keeps failing. A server flooding it had 223 MB
-read and parsed in 3 s."""
+"""What one server-initiated stream of a streamable HTTP session (a GET outside any request:
+the stream opened, or opened again with ``Last-Event-ID``) may hold in all: 1 MiB and 256
+messages. The platform reads nothing a server sends there (it offers no sampling, roots or
+elicitation; its lists are refreshed on their own schedule); past it the stream is cut, and
+the SDK opens it again at most a ``GET_STREAM_INTERVAL`` later, twice when it keeps failing.
+A server flooding it had 223 MB read and parsed in 3 s."""
 
 
-def separators_in(data: bytes) -> int:
-    """The event separators (blank lines, ``BoundedStream.SEPARATORS``) in ``data``."""
-    return sum(data.count(sep) for sep in BoundedStream.SEPARATORS)
+def is_event_stream(headers: Mapping[str, str]) -> bool:
+    """Whether a response's media type (its ``Content-Type`` before any parameter) is
+    ``text/event-stream``: only such a body is bounded event by event (``BoundedStream``);
+    any other is bounded as one message, whatever its readers make of it (the MCP SDK reads a
+    type that starts with ``application/json`` as one JSON document, the worker one that
+    names ``json``), so a type naming both is never bounded the lax way and read the other."""
+    media = headers.get("content-type", "").partition(";")[0]
+    return media.strip().lower() == "text/event-stream"
+
+
+def utf8_event_stream(headers: httpx2.Headers) -> httpx2.Headers:
+    """``headers`` of an event stream, its ``Content-Type`` without parameters: an event
+    stream is UTF-8 whatever charset it names (WHATWG HTML, "Server-sent events": "always
+    decoded as UTF-8"), and ``BoundedStream`` finds its events in its bytes so; the MCP SDK
+    reads its text in the charset the type names (``httpx2.EventSource``), so a stream named
+    ``charset=utf-16`` had events the bound never saw end (an LF is two bytes there)."""
+    plain = headers.copy()
+    plain["Content-Type"] = "text/event-stream"
+    return plain
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -361,13 +401,13 @@ class StreamLimits:
 class BoundedStream(httpx2.AsyncByteStream):
     """A response body read on, but never a message longer than ``limits.message_bytes``
     bytes or opening more than ``limits.message_values`` JSON values (``values_in``), nor,
-    with ``limits.whole``, more bytes or messages in all than it allows: raises ``error`` (by
-    default ``MessageTooLarge``) naming ``source`` as soon as one passes either; with
+    with ``limits.whole``, more bytes or messages in all than it allows (with ``spent``, what
+    other bodies of the same answer read before it counted in): raises ``error`` (by default
+    ``MessageTooLarge``) naming ``source`` as soon as one passes either; with
     ``limits.pace``, read no faster than it allows. In an event stream (``events``) a message
-    is the bytes since the last blank line; in any other body, the whole body. Messages that
-    begin and end within one read of the connection (64 KiB) are bounded by it."""
-
-    SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+    is an event, which ends at an empty line however its lines end
+    (``eventstream.EventEnds``); in any other body, the whole body. Messages that begin and
+    end within one read of the connection (64 KiB) are bounded by it."""
 
     def __init__(
         self,
@@ -377,32 +417,29 @@ class BoundedStream(httpx2.AsyncByteStream):
         events: bool,
         error: type[Exception] = MessageTooLarge,
         source: str = "the tool server",
+        spent: Spent | None = None,
     ) -> None:
         self.inner = inner
         self.limits = limits
         self.events = events
         self.error = error
         self.source = source
+        self.spent = Spent() if spent is None else spent
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         pending = opened = read = ended = 0
-        tail = b""
+        ends = eventstream.EventEnds()
         started = time.monotonic()
         async for chunk in self.inner:
-            seen = tail + chunk
-            read += len(chunk)
-            ended += separators_in(seen) - separators_in(tail) if self.events else 0
-            self._check_whole(read, ended)
-            separators = [sep for sep in self.SEPARATORS if sep in seen] if self.events else []
-            if separators:  # a message ended in this read: check it whole, then the next one's
-                first = min(seen.find(sep) + len(sep) for sep in separators)
-                last = max(seen.rfind(sep) + len(sep) for sep in separators)
-                self._check(pending + first - len(tail), opened + values_in(seen[:first]))
-                pending, opened = len(seen) - last, values_in(seen[last:])
+            count, first, last = ends.feed(chunk) if self.events else (0, 0, 0)
+            read, ended = read + len(chunk), ended + count
+            self._spend(len(chunk), count)
+            if count:  # a message ended in this read: check it whole, then the next one's
+                self._check(pending + first, opened + values_in(chunk[:first]))
+                pending, opened = len(chunk) - last, values_in(chunk[last:])
             else:
                 pending, opened = pending + len(chunk), opened + values_in(chunk)
             self._check(pending, opened)
-            tail = seen[-3:]
             await self._keep_pace(read, ended, started)
             yield chunk
 
@@ -417,13 +454,18 @@ class BoundedStream(httpx2.AsyncByteStream):
         if delay > 0:
             await asyncio.sleep(delay)
 
-    def _check_whole(self, read: int, ended: int) -> None:
+    def _spend(self, read: int, ended: int) -> None:
+        """Count ``read`` bytes and ``ended`` messages in ``spent``, checked against
+        ``limits.whole``."""
+        spent = self.spent
+        spent.read += read
+        spent.ended += ended
         whole = self.limits.whole
         if whole is None:
             return
-        if read > whole.max_bytes:
+        if spent.read > whole.max_bytes:
             raise self.error(f"{self.source} sent over {whole.max_bytes} bytes in all")
-        if ended > whole.max_messages:
+        if spent.ended > whole.max_messages:
             raise self.error(f"{self.source} sent over {whole.max_messages} messages in all")
 
     def _check(self, size: int, opened: int) -> None:
@@ -477,18 +519,36 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         self.streamable = streamable
         self._next_get = 0.0
         """When (``time.monotonic``) the session's next GET may start (``GET_STREAM_INTERVAL``)."""
+        self._answers: weakref.WeakKeyDictionary[asyncio.Task[Any], Spent]
+        self._answers = weakref.WeakKeyDictionary()
+        """What the answer to the request each task sent last has read so far."""
 
-    def stream_limits(self, request: httpx2.Request) -> StreamLimits:
-        """What the answer to ``request`` may hold: each message ``max_message_bytes``; in
-        all, ``SERVER_STREAM`` for a streamable HTTP session's own stream, ``TOOL_ANSWER`` for
-        any other of its answers; an SSE session's stream, which carries all its answers,
-        nothing in all but read at ``SSE_PACE``."""
+    def answer_limits(self, request: httpx2.Request) -> tuple[StreamLimits, Spent]:
+        """What the response to ``request`` may hold, and what its answer read before it: each
+        message ``max_message_bytes``; an SSE session's stream, which carries all its answers,
+        each message ``SSE_EVENT_BYTES`` at most (the SDK's limit on each of its events) and
+        nothing in all, but read at ``SSE_PACE``.
+        In all, in a streamable HTTP session: for a request's answer, ``TOOL_ANSWER`` over
+        every resumption of it (a GET with ``Last-Event-ID``); for the session's own stream,
+        ``SERVER_STREAM`` each time it is opened. The MCP SDK sends each request and resumes
+        its answer in a task of its own (``StreamableHTTPTransport._handle_post_request``,
+        then ``_handle_reconnection``), so a GET from the task of a POST resumes that POST's
+        answer, and a GET from any other is the session's own stream (``handle_get_stream``,
+        which resumes it too)."""
         limits = StreamLimits(message_bytes=self.max_message_bytes)
         if not self.streamable:
-            return dataclasses.replace(limits, pace=SSE_PACE)
-        if request.method == "GET" and "last-event-id" not in request.headers:
-            return dataclasses.replace(limits, whole=SERVER_STREAM)
-        return dataclasses.replace(limits, whole=TOOL_ANSWER)
+            message_bytes = min(self.max_message_bytes, SSE_EVENT_BYTES)
+            return StreamLimits(message_bytes=message_bytes, pace=SSE_PACE), Spent()
+        task = asyncio.current_task()
+        answer = None if task is None else self._answers.get(task)
+        if request.method == "GET":
+            if answer is None or "last-event-id" not in request.headers:
+                return dataclasses.replace(limits, whole=SERVER_STREAM), Spent()
+        else:
+            answer = Spent()
+            if request.method == "POST" and task is not None:
+                self._answers[task] = answer
+        return dataclasses.replace(limits, whole=TOOL_ANSWER), answer
 
     async def _pace(self, request: httpx2.Request) -> None:
         """Wait until ``request``, when a GET, may start: ``GET_STREAM_INTERVAL`` after the
@@ -537,15 +597,17 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
                 f"the tool server answered with content coding {coding!r}, which was not "
                 "asked for: a compressed body cannot be bounded as it arrives"
             )
-        events = "text/event-stream" in response.headers.get("content-type", "")
+        events = is_event_stream(response.headers)
+        limits, spent = self.answer_limits(request)
         return httpx2.Response(
             response.status_code,
-            headers=response.headers,
+            headers=utf8_event_stream(response.headers) if events else response.headers,
             stream=BoundedStream(
                 response.stream,
-                self.stream_limits(request),
+                limits,
                 events=events,
                 error=StreamTooLarge if events else MessageTooLarge,
+                spent=spent,
             ),
             extensions=response.extensions,
         )
@@ -803,7 +865,9 @@ async def _client_session(
                 timeout=httpx2.Timeout(endpoint.timeout),
             )
             await stack.enter_async_context(http)
-            transport = streamable_http_client(endpoint.url, http_client=http)
+            transport = streamable_http_client(
+                endpoint.url, http_client=http, max_sse_event_size=MAX_MESSAGE_BYTES
+            )
         client = Client(
             _watched(transport, on_fault), read_timeout_seconds=endpoint.timeout, cache=None
         )

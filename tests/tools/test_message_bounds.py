@@ -4,17 +4,27 @@ while a long stream of small events (a long-lived SSE session) reads on."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import gzip
+import json
 from collections.abc import AsyncIterator
+from inspect import signature
+from typing import Any
 
 import httpx2
 import pytest
 from aiohttp import web
 from http_support import serving
+from mcp_call_support import CallServer, answer
 
-from agentrun.tools import endpoint, remote
+from agentrun.kernel import ToolFault
+from agentrun.protocol import RemoteTool
+from agentrun.tools import ToolContext, ToolError, endpoint, remote
 
 LIMIT = 64 * 1024
+CTX = ToolContext(namespace="ns", run_name="run", run_uid="run-uid", call_id="call_0_0")
 
 
 @pytest.fixture
@@ -190,3 +200,123 @@ async def test_a_message_of_too_many_json_values_is_refused_unparsed(value: byte
                 await http.post(base + path, json={})
         response = await http.get(base + "/events")
     assert response.status_code == 200 and response.content.count(value) > 2 * VALUES
+
+
+BIG_TEXT = "r" * 2_000_000
+"""A tool's result of 2 MB: within ``MAX_MESSAGE_BYTES``, over the MCP SDK's default 1 MiB
+an event."""
+
+
+def answer_to(message: dict[str, Any], text: str = BIG_TEXT) -> bytes:
+    if message.get("method") == "initialize":
+        result: dict[str, object] = {
+            "protocolVersion": message["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "big", "version": "1"},
+        }
+    else:
+        result = {"content": [{"type": "text", "text": text}], "isError": False}
+    return json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+
+
+class BigResults(CallServer):
+    """A streamable HTTP server answering a call with ``BIG_TEXT``, as a JSON body or as one
+    event of an event stream (``sse``)."""
+
+    def __init__(self, sse: bool) -> None:
+        self.sse = sse
+
+    async def answer_call(
+        self, request: web.Request, message: dict[str, Any]
+    ) -> web.StreamResponse:
+        return await answer(request, answer_to(message), sse=self.sse)
+
+
+def big_tool(url: str, transport: str) -> remote.McpTool:
+    tool = RemoteTool("h__big", "h", "big", "", {}, "read", url, transport, timeout=10)
+    return remote.mcp_tool(dataclasses.replace(tool, private_network=True))
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "event-stream"])
+async def test_a_2_mb_result_is_cut_and_delivered_whatever_the_body(sse: bool) -> None:
+    """A streamable HTTP server's result as a JSON body or as an event: the SDK is given the
+    same 8 MiB a message. Before: the event failed at the SDK's own 1 MiB (a ``server``
+    fault) where the JSON body was cut and delivered."""
+    async with serving({"/mcp": BigResults(sse).handle}) as base:
+        answer = await big_tool(f"{base}/mcp", "StreamableHTTP").run({}, CTX)
+    assert answer.startswith("rrrr")
+
+
+class SseBigResults:
+    """An SSE server answering a call with ``text`` on its one stream."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.answers: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"event: endpoint\ndata: /messages/?session_id=s1\n\n")
+        while request.transport is not None and not request.transport.is_closing():
+            with contextlib.suppress(TimeoutError):
+                answer = await asyncio.wait_for(self.answers.get(), 0.05)
+                await response.write(b"event: message\ndata: " + answer + b"\n\n")
+        return response
+
+    async def post(self, request: web.Request) -> web.Response:
+        message = await request.json()
+        if "id" in message:
+            await self.answers.put(answer_to(message, self.text))
+        return web.Response(status=202)
+
+
+async def test_an_sse_server_event_over_the_sdks_limit_fails_saying_so() -> None:
+    """An SSE server's events are held to the MCP SDK's 1 MiB (``SSE_EVENT_BYTES``), the
+    SDK's transport taking no other: a 2 MB result fails naming the bound, as any message
+    over a bound does; under it, it is delivered."""
+    for text, fails in [(BIG_TEXT, True), ("r" * 1_000_000, False)]:
+        server = SseBigResults(text)
+        async with serving({"/sse": server.stream, "/messages/": server.post}) as base:
+            tool = big_tool(f"{base}/sse", "SSE")
+            if not fails:
+                assert (await tool.run({}, CTX)).startswith("rrrr")
+                continue
+            with pytest.raises(ToolError) as caught:
+                await tool.run({}, CTX)
+        bound = f"StreamTooLarge: the tool server sent a message over {endpoint.SSE_EVENT_BYTES}"
+        assert bound in caught.value.message, caught.value.message
+        assert caught.value.fault is ToolFault.TRANSPORT
+
+
+def test_the_sdks_sse_transport_still_holds_its_events_to_sse_event_bytes() -> None:
+    """When the SDK's SSE transport takes a limit, give it ``MAX_MESSAGE_BYTES`` as the
+    streamable HTTP one is given, and drop ``SSE_EVENT_BYTES``."""
+    from mcp.client import sse
+    from mcp.shared import _httpx_utils
+
+    assert not {"max_event_size", "max_sse_event_size"} & set(signature(sse.sse_client).parameters)
+    default = signature(_httpx_utils.sse_within_origin).parameters["max_event_size"].default
+    assert default == endpoint.SSE_EVENT_BYTES
+
+
+async def test_an_event_stream_is_read_as_utf8_whatever_charset_it_names() -> None:
+    """As the bound counts its events. Before, the MCP SDK read a stream named
+    ``charset=utf-16`` in UTF-16, where ``\\n\\n`` is no empty line (and two line ends are
+    four bytes): events parsed that the bound never saw end, or the other way."""
+
+    async def named_utf16(request: web.Request) -> web.StreamResponse:
+        kind = "text/event-stream; charset=utf-16"
+        response = web.StreamResponse(headers={"Content-Type": kind})
+        await response.prepare(request)
+        await response.write(b"data: 1\n\ndata: 2\n\n")
+        return response
+
+    async with (
+        serving({"/events": named_utf16}) as base,
+        client() as http,
+        http.stream("GET", base + "/events") as response,
+    ):
+        events = [event.data async for event in httpx2.EventSource(response)]
+    assert response.headers["content-type"] == "text/event-stream"
+    assert events == ["1", "2"]

@@ -269,3 +269,123 @@ async def test_an_sse_server_flooding_its_stream_is_read_at_a_bounded_pace() -> 
     sockets = 16 * 1024 * 1024  # what the loopback's buffers hold besides, at most
     allowed = pace.bytes_per_second * (pace.burst_seconds + held) + sockets
     assert written <= allowed, (written, allowed)
+
+
+MIXED_NOTE = (
+    b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/progress",'
+    b'"params":{"progressToken":1,"progress":1}}\n\r'
+)
+"""A notification ended by ``\\n\\r``: an LF then a CR, two line ends, so an empty line."""
+
+
+class MixedEndsServer(Server):
+    """Answers a call with 50,000 ``MIXED_NOTE`` (a ``\\n\\n`` every 1,000), then its result:
+    12 times ``TOOL_ANSWER``'s 4,096 messages, 5.5 MB."""
+
+    async def post(self, request: web.Request) -> web.StreamResponse:
+        message = json.loads(await request.read())
+        if message.get("method") != "tools/call":
+            return await super().post(request)
+        result = {"content": [{"type": "text", "text": "7"}], "isError": False}
+        done = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+        block = MIXED_NOTE * 999 + MIXED_NOTE[:-2] + b"\n\n"
+        events = [block] * 50 + [b"event: message\ndata: " + json.dumps(done).encode() + b"\n\n"]
+        return await self.events(request, events)
+
+
+async def test_a_call_answered_with_notifications_ended_by_mixed_line_ends_is_bounded() -> None:
+    """As ``test_a_call_answered_with_notifications_for_ever_fails_at_once``. Before: all
+    50,000 notifications were parsed and the call answered ``7`` (only 50 counted)."""
+    server = MixedEndsServer(stream="end")
+    async with serving({"/mcp": server.handle}) as base:
+        url = f"{base}/mcp"
+        tool = RemoteTool("h__add", "h", "add", "", {}, "read", url, "StreamableHTTP", timeout=20)
+        tool = dataclasses.replace(tool, private_network=True)
+        with pytest.raises(ToolError) as caught:
+            answer = await remote.mcp_tool(tool).run({}, CTX)
+            pytest.fail(f"answered {answer!r} past {endpoint.TOOL_ANSWER.max_messages} messages")
+    assert caught.value.fault is ToolFault.SERVER, caught.value.message
+    assert f"over {endpoint.TOOL_ANSWER.max_messages} messages in all" in caught.value.message
+
+
+LOG_NOTE = {
+    "jsonrpc": "2.0",
+    "method": "notifications/message",
+    "params": {"level": "info", "data": "n" * 1_000},
+}
+
+
+class Resumed(Server):
+    """Answers ``tools/call``, and each resumption of the answer (a GET with
+    ``Last-Event-ID``), with ``per_stream`` notifications carrying event ids, then ends the
+    stream cleanly; with ``result_after`` streams, the result at the end of the next one."""
+
+    def __init__(self, per_stream: int, result_after: int | None = None) -> None:
+        super().__init__(stream="end")
+        self.per_stream = per_stream
+        self.result_after = result_after
+        self.streams = 0
+        self.resumed_from: list[str] = []
+        self.call_id: object = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET" and "Last-Event-ID" in request.headers:
+            self.resumed_from.append(request.headers["Last-Event-ID"])
+            return await self.notes(request, None)
+        if request.method == "GET":  # no server-initiated stream offered
+            self.gets += 1
+            return web.Response(status=405)
+        return await super().handle(request)
+
+    async def post(self, request: web.Request) -> web.StreamResponse:
+        message = await request.json()
+        if message.get("method") == "tools/call":
+            return await self.notes(request, message["id"])
+        return await super().post(request)
+
+    async def notes(self, request: web.Request, call_id: object) -> web.StreamResponse:
+        self.call_id = call_id if call_id is not None else self.call_id
+        self.streams += 1
+        data, stream = json.dumps(LOG_NOTE).encode(), self.streams
+        block = [
+            b"id: %d-%d\nevent: message\ndata: %s\n\n" % (stream, n, data)
+            for n in range(self.per_stream)
+        ]
+        if self.result_after is not None and stream > self.result_after:
+            result = {"content": [{"type": "text", "text": "7"}], "isError": False}
+            done = {"jsonrpc": "2.0", "id": self.call_id, "result": result}
+            block.append(b"event: message\ndata: " + json.dumps(done).encode() + b"\n\n")
+        return await self.events(request, [b"".join(block)])
+
+
+def call_tool(base: str, *, timeout: float = 10.0) -> remote.McpTool:
+    url = f"{base}/mcp"
+    tool = RemoteTool("h__add", "h", "add", "", {}, "read", url, "StreamableHTTP", timeout=timeout)
+    return remote.mcp_tool(dataclasses.replace(tool, private_network=True))
+
+
+async def test_an_answer_resumed_for_ever_is_bounded_in_all() -> None:
+    """``TOOL_ANSWER`` holds for the answer over its resumptions: 2,000 notifications a
+    stream, so the third stream passes the 4,096th message, and the call fails as the
+    unresumed flood does. Before: each resumed stream had an allowance of its own, and the
+    server's streams were read, one a second, until the call's timeout (10 s here)."""
+    server = Resumed(per_stream=2_000)
+    async with serving({"/mcp": server.handle}) as base:
+        started = time.monotonic()
+        with pytest.raises(ToolError) as caught:
+            await call_tool(base).run({}, CTX)
+        took = time.monotonic() - started
+    seen = (server.streams, server.resumed_from, round(took, 1), caught.value.message[:160])
+    assert caught.value.fault is ToolFault.SERVER, seen
+    assert f"over {endpoint.TOOL_ANSWER.max_messages} messages in all" in caught.value.message
+    assert server.streams == 3 and server.resumed_from == ["1-1999", "2-1999"], seen
+    assert took < 8, seen
+
+
+async def test_an_answer_resumed_within_the_bound_is_read_to_its_result() -> None:
+    """Resuming is kept: 1,000 notifications a stream, the result at the end of the third."""
+    server = Resumed(per_stream=1_000, result_after=2)
+    async with serving({"/mcp": server.handle}) as base:
+        answer = await call_tool(base).run({}, CTX)
+    assert answer == "7"
+    assert server.resumed_from == ["1-999", "2-999"]

@@ -131,3 +131,40 @@ async def test_an_answer_the_parser_refuses_is_an_invalid_response(
         error = await failed_call(f"{base}/v1")
     assert error.error_type is ModelErrorType.INVALID_RESPONSE, str(error)
     assert "could not be parsed" in str(error), str(error)
+
+
+NO_OUTPUT = b'data: {"choices":[]}'
+LAST = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\n\n'
+)
+
+
+@pytest.mark.parametrize(
+    "event_end",
+    [b"\n\r", b"\r\n\r", b"\r\n\n", b"\r\r"],
+    ids=["LF-CR", "CRLF-CR", "CRLF-LF", "CR-CR"],
+)
+async def test_chunks_however_their_events_end_meet_the_message_bound(
+    monkeypatch: pytest.MonkeyPatch, event_end: bytes
+) -> None:
+    """100,000 chunks carrying no output (2.2 MB), each ended by two line ends the ``openai``
+    client reads as an empty line, a ``\\n\\n`` every 1,000; then a real one. Bound lowered to
+    20,000 messages. Before: ``\\n\\r`` and ``\\r\\n\\r`` were not counted, and all 100,000
+    chunks were parsed and the call answered."""
+    monkeypatch.setattr(stream, "MAX_ANSWER_MESSAGES", 20_000)
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        block = (NO_OUTPUT + event_end) * 999 + NO_OUTPUT + b"\n\n"
+        for _ in range(100):
+            await response.write(block)
+        await response.write(LAST)
+        await response.write_eof()
+        return response
+
+    async with serving({"/v1/chat/completions": answer}) as base:
+        error = await failed_call(f"{base}/v1")
+    assert error.error_type is ModelErrorType.INVALID_RESPONSE, str(error)
+    assert "over 20000 messages in all" in str(error), str(error)
