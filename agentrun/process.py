@@ -8,6 +8,7 @@ what a process then serves (``operator.main``, ``worker.main``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import signal
@@ -15,10 +16,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+import cachetools
 import uvloop
 from prometheus_client import start_http_server
 
-from agentrun import telemetry
+from agentrun import peers, telemetry
 from agentrun.settings import ProcessSettings
 
 S = TypeVar("S", bound=ProcessSettings)
@@ -29,14 +31,26 @@ QUIET_LOGGERS = ("httpx", "httpx2", "openai", "kopf.objects")
 (kopf: "Handler 'run_seen' succeeded." per watch event) at INFO: kept at WARNING, so their
 failures and retries still show."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-PEER_DRIVEN_LOGGERS = ("mcp",)
-"""Libraries (and their child loggers) that log a line for what a tenant's peer sends, one per
+PEER_DRIVEN_LOGGERS = ("mcp", "client")
+"""Loggers (and their children) that log a line for what a tenant's peer sends, one per
 message: the MCP SDK warns of each event of an unknown type (naming it), logs each message it
 cannot parse or validate with a traceback, and each reconnection of a stream. A tool server
-answering one call with 2,000 such events wrote 2,000 lines, 10 MB."""
+answering one call with 2,000 such events wrote 2,000 lines, 10 MB. The SDK's client session
+(``mcp.client.session``: each notification it cannot validate, with a traceback) logs as
+``client``, not under ``mcp``."""
 LIBRARY_LINES_PER_MINUTE = 60
-"""Lines of ``PEER_DRIVEN_LOGGERS`` a process writes a minute at most, all of them together
-(the next one written says how many were dropped)."""
+"""Lines of ``PEER_DRIVEN_LOGGERS`` a process writes a minute at most for one peer (a tenant's
+tool server, ``peers.current()``: one flooding server cannot hide another's lines), and at most
+for the lines logged serving no peer, all of those together (the next line of the same peer, or
+of none, says how many were dropped)."""
+LIBRARY_LINES_CEILING = 300
+"""Lines of ``PEER_DRIVEN_LOGGERS`` a process writes a minute at most in all, every peer's and
+none's together: the last guard of the log's volume (300 lines of ``LIBRARY_LINE_CHARS``: about
+300 KB a minute) when many peers flood at once."""
+LIBRARY_PEERS = 256
+"""Peers whose budgets a process keeps at once: the least recently logging one is forgotten
+past it (its next line starts a new budget), so the table's size does not follow the number
+of tool servers a tenant declares."""
 LIBRARY_LINE_CHARS = 1_000
 """Characters of one such line kept (its exception's type and text in it, not a traceback)."""
 YOUNG_COLLECTION_THRESHOLD = 5_000
@@ -47,48 +61,128 @@ object, watch event and API answer a process decodes is a few hundred dicts and 
 middle generation too (see ``settle_collector``)."""
 
 
+@dataclasses.dataclass(slots=True)
+class _Budget:
+    """Lines of one minute (``minute``: the clock's seconds // 60) passed and dropped."""
+
+    minute: int = -1
+    passed: int = 0
+    dropped: int = 0
+    """Dropped since the last line that passed (said, then reset, by that line)."""
+
+    def spend(self, minute: int, limit: int) -> bool:
+        """Whether one more line fits ``limit`` lines a minute in ``minute`` (counted if so)."""
+        if minute != self.minute:
+            self.minute, self.passed = minute, 0
+        if self.passed >= limit:
+            return False
+        self.passed += 1
+        return True
+
+
+class _Peers(cachetools.LRUCache[str, _Budget]):
+    """The budgets of the ``maxsize`` peers that logged last; ``forgotten``: lines dropped of
+    peers whose budgets were evicted before a line of theirs said so."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.forgotten = 0
+
+    def popitem(self) -> tuple[str, _Budget]:
+        """Evict the least recently used budget, keeping its unsaid drops in ``forgotten``."""
+        peer, budget = super().popitem()
+        self.forgotten += budget.dropped
+        return peer, budget
+
+
 class LibraryLogBound(logging.Filter):
     """A handler's filter: lines of ``PEER_DRIVEN_LOGGERS`` pass at most ``per_minute`` a
-    minute, each cut to ``chars`` characters with its exception's type and text in place of a
-    traceback; every other line passes as it is."""
+    minute for each peer (``peers.current()``, ``<namespace>/<server>``; the lines logged
+    serving no peer share one such budget), at most ``ceiling`` a minute in all, each cut to
+    ``chars`` characters with its exception's type and text in place of a traceback and the
+    peer named; every other line passes as it is. At most ``max_peers`` peers' budgets are
+    kept (least recently used first out). The next line passed for a peer (or for none) says
+    how many of its lines were dropped, by its budget or by the ceiling."""
 
     def __init__(
         self,
         *,
         per_minute: int = LIBRARY_LINES_PER_MINUTE,
+        ceiling: int = LIBRARY_LINES_CEILING,
+        max_peers: int = LIBRARY_PEERS,
         chars: int = LIBRARY_LINE_CHARS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.per_minute = per_minute
+        self.ceiling = ceiling
         self.chars = chars
         self.clock = clock
-        self._minute = -1
-        self._passed = 0
-        self._dropped = 0
+        self._peers = _Peers(max_peers)
+        self._unattributed = _Budget()
+        self._all = _Budget()
+
+    @property
+    def tracked(self) -> int:
+        """Peers whose budgets are kept now (at most ``max_peers``)."""
+        return len(self._peers)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Whether ``record`` is written (cut to ``chars`` when it is one of the libraries')."""
-        if not record.name.startswith(PEER_DRIVEN_LOGGERS):
+        """Whether ``record`` is written (cut, and its peer named, when it is one of the
+        libraries')."""
+        if not _peer_driven(record.name):
             return True
+        peer = peers.current()
+        budget = self._budget_of(peer)
         minute = int(self.clock() // 60)
-        if minute != self._minute:
-            self._minute, self._passed = minute, 0
-        if self._passed >= self.per_minute:
-            self._dropped += 1
+        if not (budget.spend(minute, self.per_minute) and self._all.spend(minute, self.ceiling)):
+            budget.dropped += 1
             return False
-        self._passed += 1
+        text = self._cut(record) + self._notes(peer, budget)
+        record.msg, record.args, record.exc_info, record.exc_text = text, (), None, None
+        return True
+
+    def _budget_of(self, peer: str | None) -> _Budget:
+        if peer is None:
+            return self._unattributed
+        budget = self._peers.get(peer)
+        if budget is None:
+            budget = self._peers[peer] = _Budget()
+        return budget
+
+    def _cut(self, record: logging.LogRecord) -> str:
+        """The record's line, its exception's type and text in it, on one line (its line
+        breaks written ``\\n``: a peer's words never start a line of their own), cut to
+        ``chars``."""
         text = record.getMessage()
         error = record.exc_info[1] if record.exc_info else None
         if error is not None:
             text = f"{text} ({type(error).__name__}: {error})"
+        text = "\\n".join(text.splitlines())
         if len(text) > self.chars:
             text = text[: self.chars - 1] + "…"
-        if self._dropped:
-            text += f" [{self._dropped} earlier line(s) of {PEER_DRIVEN_LOGGERS} dropped]"
-            self._dropped = 0
-        record.msg, record.args, record.exc_info, record.exc_text = text, (), None, None
-        return True
+        return text
+
+    def _notes(self, peer: str | None, budget: _Budget) -> str:
+        """What a passed line says after its text: its peer, and the drops not yet said (its
+        budget's; a forgotten peer's), which it resets."""
+        notes = [] if peer is None else [f"[peer {peer}]"]
+        if budget.dropped:
+            whose = PEER_DRIVEN_LOGGERS if peer is None else f"peer {peer}"
+            notes.append(f"[{budget.dropped} earlier line(s) of {whose} dropped]")
+            budget.dropped = 0
+        if self._peers.forgotten:
+            notes.append(f"[{self._peers.forgotten} line(s) of peers no longer tracked dropped]")
+            self._peers.forgotten = 0
+        return "".join(f" {note}" for note in notes)
+
+
+def _peer_driven(logger: str) -> bool:
+    """Whether ``logger`` is one of ``PEER_DRIVEN_LOGGERS`` or a child of one."""
+    return logger in PEER_DRIVEN_LOGGERS or logger.startswith(_PEER_DRIVEN_PARENTS)
+
+
+_PEER_DRIVEN_PARENTS = tuple(f"{name}." for name in PEER_DRIVEN_LOGGERS)
 
 
 def bound_library_logs(handler: logging.Handler) -> None:

@@ -11,6 +11,8 @@ every behaviour the tests need, each in its own tool:
 - ``die``: kills the server process mid-call (the connection resets; the fixture restarts it).
 - ``huge`` (n bytes of text), ``picture`` (an image and a text part), ``structured`` (structured
   content only): large and non-text results.
+- ``chatter`` (n): sends n log notifications at a level the protocol does not have before it
+  answers; the client's SDK logs a warning for each (a noisy or hostile server).
 - ``grow``: adds the tool ``extra`` to the server's list (a changing tool list).
 - ``guarded`` (lists an ``inputSchema`` whose ``code`` has the catastrophic pattern
   ``^(a+)+$``), ``lookahead`` (lists a pattern with a lookahead, which RE2 refuses) and
@@ -102,6 +104,17 @@ def die() -> str:
     return "unreachable"
 
 
+async def chatter(n: int, ctx: Context) -> str:
+    """Send n notifications the client cannot validate (a log message at a level the protocol
+    does not have), each of which the client's SDK logs a warning for, then answer."""
+    for i in range(n):
+        # the SDK's own way out, below its typed notifications (which would refuse the level)
+        await ctx.session._request_outbound.notify(
+            "notifications/message", {"level": "shout", "data": f"chatter {i}"}
+        )
+    return f"said {n}"
+
+
 def picture() -> list[ImageContent | TextContent]:
     """An image and a caption."""
     png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 60).decode()
@@ -147,7 +160,8 @@ def build(count_file: str | None) -> MCPServer:
         server.add_tool(extra)
         return "grown"
 
-    for tool in (add, echo, divide, slow, die, huge, picture, grow, *counters(count_file)):
+    tools = (add, echo, divide, slow, die, huge, picture, grow, chatter, *counters(count_file))
+    for tool in tools:
         server.add_tool(tool)
 
     def structured(city: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
 
+from agentrun import peers
 from agentrun.kernel import ToolFault, schemas
 from agentrun.protocol import RemoteTool
 
@@ -289,6 +290,10 @@ class McpTool:
     """Headers added to ``endpoint.headers`` at each call."""
     pool: SessionPool | None = None
     """The worker's pooled sessions (``None``: a session of its own per call)."""
+    server: str = ""
+    """Its AgentToolServer's name: what the SDK logs while calling it (in the call's task and
+    in the tasks of a session it opens) counts against the peer ``<namespace>/<server>``
+    (``peers.serving``, the call's namespace)."""
 
     async def run(self, arguments: Mapping[str, Any], ctx: catalog.ToolContext) -> str:
         """Call the tool once, on a pooled session (sent once more on a new session when the
@@ -311,18 +316,8 @@ class McpTool:
             keys[IDEMPOTENCY_META_KEY] = f"{ctx.run_uid}:{ctx.call_id}"
         meta = cast("RequestParamsMeta", keys)
         try:
-            if self.pool is not None:
-                result = await self.pool.call_tool(
-                    endpoint,
-                    self.tool,
-                    dict(arguments),
-                    meta=meta,
-                    effect=self.spec.effect,
-                    scope=ctx.namespace,
-                )
-            else:
-                async with asyncio.timeout(endpoint.timeout), open_session(endpoint) as client:
-                    result = await client.call_tool(self.tool, dict(arguments), meta=meta)
+            with peers.serving(ctx.namespace, self.server):
+                result = await self._call(endpoint, dict(arguments), meta, ctx.namespace)
         except Exception as err:
             status = STATUSES.pop(ref)
             raise catalog.ToolError(
@@ -334,6 +329,19 @@ class McpTool:
         if result.is_error:
             raise catalog.ToolError(text or "the tool reported an error", fault=ToolFault.REJECTED)
         return text
+
+    async def _call(
+        self, endpoint: Endpoint, arguments: dict[str, Any], meta: RequestParamsMeta, scope: str
+    ) -> CallToolResult:
+        """One ``tools/call`` with ``arguments``: on a session of the pool's in ``scope`` (the
+        run's namespace), or on one of its own. Raises what ``SessionPool.call_tool`` or the
+        SDK raises."""
+        if self.pool is not None:
+            return await self.pool.call_tool(
+                endpoint, self.tool, arguments, meta=meta, effect=self.spec.effect, scope=scope
+            )
+        async with asyncio.timeout(endpoint.timeout), open_session(endpoint) as client:
+            return await client.call_tool(self.tool, arguments, meta=meta)
 
 
 def spec_of(tool: RemoteTool) -> catalog.ToolSpec:
@@ -364,4 +372,4 @@ def mcp_tool(
         private_network=tool.private_network,
         path_prefix=tool.path_prefix,
     )
-    return McpTool(spec_of(tool), tool.tool, endpoint, headers, pool)
+    return McpTool(spec_of(tool), tool.tool, endpoint, headers, pool, tool.server)

@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from agentrun import kernel, loops
+from agentrun import kernel, loops, peers
 from agentrun.kernel import schemas
 from agentrun.protocol import UrlRule
 from agentrun.tools import remote
@@ -293,10 +293,11 @@ class ToolServerRefresher:
         rather than ending the discovery's task unseen with the status unwritten."""
         subject = f"AgentToolServer {ref.namespace}/{ref.name}"
         try:
-            async with self._slots.of_namespace(ref.namespace):
-                status = await self._discover(
-                    spec, ref.namespace, generation=generation, previous=previous
-                )
+            with peers.serving(ref.namespace, ref.name):  # what the SDK logs, by server
+                async with self._slots.of_namespace(ref.namespace):
+                    status = await self._discover(
+                        spec, ref.namespace, generation=generation, previous=previous
+                    )
         except Exception as err:
             self.discoveries.failed((ref.namespace, ref.name), err, subject=subject)
             why = f"discovery failed: {type(err).__name__}: {err}; tried again at the next refresh"
