@@ -19,7 +19,7 @@ from agentrun import kernel, metrics, pulling
 from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed, Granted
 from agentrun.protocol import RunConfig
 
-from .stream import Delivery
+from .delivery import Delivery
 
 log = logging.getLogger(__name__)
 

@@ -39,16 +39,8 @@ from agentrun import kernel
 from agentrun.kernel import ModelFault
 from agentrun.metrics import ModelErrorType
 
-from .stream import (
-    AnswerTooLarge,
-    AnswerUnparsable,
-    AttemptClient,
-    StreamWatch,
-    cut_unanswered,
-    parsed,
-    read_stream,
-    refuses_streaming,
-)
+from .answers import AnswerTooLarge, AnswerUnparsable, AttemptClient, cut_unanswered, parsed
+from .stream import StreamWatch, read_stream, refuses_streaming
 
 CHAT_COMPLETIONS = "/chat/completions"
 """Path under the base URL (OpenAI API reference: Create chat completion)."""
@@ -120,8 +112,8 @@ def _unanswered(err: Exception, *, api_key: str) -> ModelError:
     connection or one that broke, before the answer or while it streamed (the client's
     ``APIConnectionError``, ``APITimeoutError`` a subclass), the run's deadline
     (``TimeoutError`` of its ``asyncio.timeout``), an answer the parser refuses
-    (``stream.AnswerUnparsable``: not JSON, an integer past 4,300 digits, nested too deeply),
-    or one over the bounds of an answer (``stream.AnswerTooLarge``, ``invalid_response``).
+    (``answers.AnswerUnparsable``: not JSON, an integer past 4,300 digits, nested too deeply),
+    or one over the bounds of an answer (``answers.AnswerTooLarge``, ``invalid_response``).
     The message names the innermost cause (the refused connect,
     the reset, the read that timed out): the client's own says only that it failed. That
     cause is cut to ``CAUSE_CHARS`` and ``api_key`` redacted from it, as it may quote the
@@ -439,7 +431,7 @@ class ModelClient:
         then on (per base URL and model). ``watch``, when given, sees the delivery if it is
         abandoned (cancelled, the deadline, a broken stream); ``watch.unanswered`` hears of a
         call cut after its request went out and before its answer, of each attempt that got
-        no answer before the client's read timeout (``stream.AttemptTransport``), whatever the
+        no answer before the client's read timeout (``answers.AttemptTransport``), whatever the
         later ones do, and of an answer that is not a JSON object (the prompt was read).
 
         ``deadline`` is epoch seconds. Raises ``ModelError`` for a permanent error (a 4xx the

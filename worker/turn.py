@@ -26,9 +26,9 @@ from agentrun.tools import http_get, remote
 from agentrun.tools.catalog import Catalog, Tool, ToolContext, ToolError
 
 from . import budget, toolrunner
+from .delivery import CUT_KEY, DELIVERED_KEY, ESTIMATE_KEY
 from .effects import EffectLedger
 from .model import ChatRequest, ModelClient, ModelError
-from .stream import CUT_KEY, DELIVERED_KEY, ESTIMATE_KEY
 
 
 class SecretSource(Protocol):

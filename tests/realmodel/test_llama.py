@@ -21,7 +21,7 @@ from agentrun import kernel
 from agentrun.kernel import Phase
 from agentrun.protocol import ModelConfig, RunConfig
 from agentrun.tools import Catalog
-from agentrun.worker import stream
+from agentrun.worker import delivery, stream
 from agentrun.worker.model import CHAT_COMPLETIONS, ChatRequest, ModelClient, RetryPolicy
 from agentrun.worker.turn import TurnDeps, execute_turn
 from agentrun_dev import llamaserver
@@ -59,7 +59,7 @@ def test_a_streamed_reply_honours_max_tokens_and_is_charged_no_less_than_the_ser
     answer = asyncio.run(complete(server, 24))
     assert answer["choices"][0]["finish_reason"] == "length"
     assert answer["choices"][0]["message"]["content"]
-    assert stream.CUT_KEY not in answer  # the server stopped itself: no cut was needed
+    assert delivery.CUT_KEY not in answer  # the server stopped itself: no cut was needed
     assert answer["usage"] is None  # no usage chunk from this server: the worker estimates
     usage = kernel.read_usage(
         answer, pricing=kernel.Pricing(), prompt_estimate=64, max_output_tokens=24
@@ -90,7 +90,7 @@ def test_the_workers_cut_closes_a_real_stream_and_the_server_goes_on(
     answer = asyncio.run(cut())
     assert isinstance(answer, dict)
     assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"] is None
-    assert 8 < answer[stream.CUT_KEY] <= 12  # one token a chunk: cut just past 8
+    assert 8 < answer[delivery.CUT_KEY] <= 12  # one token a chunk: cut just past 8
     after = asyncio.run(complete(server, 4))  # the server serves the next request
     assert after["choices"][0]["finish_reason"] == "length"
 

@@ -1,6 +1,6 @@
 """A model endpoint is a tenant's peer at worst: what it streams into a worker shared by every
 tenant is bounded as a whole, not only message by message. One answer (an event stream or a
-JSON body) is read to at most ``stream.MAX_ANSWER_BYTES`` and ``stream.MAX_ANSWER_MESSAGES``
+JSON body) is read to at most ``answers.MAX_ANSWER_BYTES`` and ``answers.MAX_ANSWER_MESSAGES``
 (an ``invalid_response``, charged what it delivered), and what its chunks fold into keeps at
 most ``kernel.MAX_CALLS_PER_REPLY`` + 1 tool calls, each id at most
 ``kernel.PLACEHOLDER_CHARS`` + 1 characters: chunks that carry no output used to be read until
@@ -18,8 +18,8 @@ from http_support import serving
 
 from agentrun import kernel
 from agentrun.metrics import ModelErrorType
-from agentrun.worker import stream
-from agentrun.worker.stream import Delivery
+from agentrun.worker import answers
+from agentrun.worker.delivery import Delivery
 
 from .test_model import failed_call
 
@@ -80,8 +80,8 @@ async def test_an_endless_stream_without_output_ends_the_call_invalid_response(
 ) -> None:
     """Bounds lowered so the test is quick (the defaults: 262,144 messages, 64 MiB); before
     them the call read on until its deadline (``deadline``, 10 s here)."""
-    monkeypatch.setattr(stream, "MAX_ANSWER_MESSAGES", 20_000)
-    monkeypatch.setattr(stream, "MAX_ANSWER_BYTES", 8 * 1024 * 1024)
+    monkeypatch.setattr(answers, "MAX_ANSWER_MESSAGES", 20_000)
+    monkeypatch.setattr(answers, "MAX_ANSWER_BYTES", 8 * 1024 * 1024)
 
     async def handler(request: web.Request) -> web.StreamResponse:
         return await endless(request, event)
@@ -99,9 +99,9 @@ async def test_a_long_answer_within_the_bounds_is_read_whole() -> None:
     answer's."""
     chunks = [{"choices": [{"index": 0, "delta": {"content": "ab"}}]}] * 4000
     body = b"".join(f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks)
-    assert len(body) < stream.MAX_ANSWER_BYTES and len(chunks) < stream.MAX_ANSWER_MESSAGES
-    assert stream.MAX_ANSWER_BYTES == 64 * 1024 * 1024
-    assert stream.MAX_ANSWER_MESSAGES == 262_144
+    assert len(body) < answers.MAX_ANSWER_BYTES and len(chunks) < answers.MAX_ANSWER_MESSAGES
+    assert answers.MAX_ANSWER_BYTES == 64 * 1024 * 1024
+    assert answers.MAX_ANSWER_MESSAGES == 262_144
 
 
 LONG_INT = b'{"choices":[],"x":' + b"1" * 5000 + b"}"

@@ -1,5 +1,5 @@
 """A body is bounded as an event stream only when its media type is ``text/event-stream``.
-Before, ``stream.bounded_answer`` and ``endpoint.CheckedTransport`` bounded a body as an event
+Before, ``answers.bounded_answer`` and ``endpoint.CheckedTransport`` bounded a body as an event
 stream (each event its own message: ``MAX_MESSAGE_BYTES``, ``MAX_MESSAGE_VALUES``) whenever
 its content type *contains* ``text/event-stream``, while the reader decides by other rules:
 the worker's ``read_stream`` parses the body as one JSON document whenever the type contains

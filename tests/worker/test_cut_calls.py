@@ -28,8 +28,8 @@ from agentrun import kernel, pulling
 from agentrun.metrics import ModelErrorType
 from agentrun.tools import Catalog
 from agentrun.worker import budget
+from agentrun.worker.delivery import Delivery
 from agentrun.worker.model import ChatRequest, ModelClient, ModelError, RetryPolicy
-from agentrun.worker.stream import Delivery
 from agentrun.worker.turn import TurnDeps, execute_turn
 from agentrun_dev import natsserver
 

@@ -1,7 +1,7 @@
 """A streamed delta nested as deep as the JSON parser takes is an answer or an
 ``invalid_response``, never a bug. Before: a chunk nested a few hundred levels deep in a delta
 field the worker does not fold (where reasoning goes) was within every bound and Python's JSON
-parser took it, but ``stream._texts`` walked it recursively, two Python frames a level (the
+parser took it, but ``delivery._texts`` walked it recursively, two Python frames a level (the
 function and its list comprehension): ``RecursionError`` was raised from ``Delivery.add``,
 outside ``parsed``/``_parsed_chunks``, so it escaped the model client as a bug rather than
 ``invalid_response`` (what the parser's own RecursionError became)."""
@@ -17,7 +17,7 @@ from http_support import serving
 
 from agentrun.metrics import ModelErrorType
 from agentrun.worker.model import ChatRequest, ModelClient, ModelError, RetryPolicy
-from agentrun.worker.stream import Delivery
+from agentrun.worker.delivery import Delivery
 
 DEPTH = 700
 NESTED = "[" * DEPTH + '"r"' + "]" * DEPTH

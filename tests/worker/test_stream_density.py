@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kernel.test_usage_floor import O200K
 
-from agentrun.worker.stream import Delivery
+from agentrun.worker.delivery import Delivery
 
 
 def streamed(text: str, *, per_chunk: int = 4) -> Delivery:

