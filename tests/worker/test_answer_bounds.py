@@ -152,7 +152,7 @@ async def test_chunks_however_their_events_end_meet_the_message_bound(
     client reads as an empty line, a ``\\n\\n`` every 1,000; then a real one. Bound lowered to
     20,000 messages. Before: ``\\n\\r`` and ``\\r\\n\\r`` were not counted, and all 100,000
     chunks were parsed and the call answered."""
-    monkeypatch.setattr(stream, "MAX_ANSWER_MESSAGES", 20_000)
+    monkeypatch.setattr(answers, "MAX_ANSWER_MESSAGES", 20_000)
 
     async def answer(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

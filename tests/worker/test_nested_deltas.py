@@ -16,8 +16,8 @@ from aiohttp import web
 from http_support import serving
 
 from agentrun.metrics import ModelErrorType
-from agentrun.worker.model import ChatRequest, ModelClient, ModelError, RetryPolicy
 from agentrun.worker.delivery import Delivery
+from agentrun.worker.model import ChatRequest, ModelClient, ModelError, RetryPolicy
 
 DEPTH = 700
 NESTED = "[" * DEPTH + '"r"' + "]" * DEPTH
