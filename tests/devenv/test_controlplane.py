@@ -60,12 +60,17 @@ def test_the_kubeconfig_is_self_contained(control_plane: controlplane.Cluster) -
     assert control_plane.env == {"KUBECONFIG": str(control_plane.kubeconfig)}
 
 
+def _second_plane(tmp_path: Path, executables: binaries.Binaries) -> controlplane.ControlPlane:
+    """A control plane of the test's own beside the session's."""
+    launch = components.Launch(log_dir=tmp_path / "logs", die_with_parent=True, log=print)
+    return controlplane.start_control_plane(tmp_path, executables=executables, launch=launch)
+
+
 @local_only
 def test_a_second_control_plane_starts_and_stops_by_pid(
     tmp_path: Path, devenv_binaries: binaries.Binaries
 ) -> None:
-    launch = components.Launch(log_dir=tmp_path / "logs", die_with_parent=True, log=print)
-    plane = controlplane.start_control_plane(tmp_path, executables=devenv_binaries, launch=launch)
+    plane = _second_plane(tmp_path, devenv_binaries)
     assert [c.name for c in plane.components] == ["etcd", "kube-apiserver"]
     assert all(c.is_alive() for c in plane.components)
 
@@ -78,8 +83,7 @@ def test_a_second_control_plane_starts_and_stops_by_pid(
 def test_an_apiserver_with_a_watch_open_stops_on_sigterm(
     tmp_path: Path, devenv_binaries: binaries.Binaries
 ) -> None:
-    launch = components.Launch(log_dir=tmp_path / "logs", die_with_parent=True, log=print)
-    plane = controlplane.start_control_plane(tmp_path, executables=devenv_binaries, launch=launch)
+    plane = _second_plane(tmp_path, devenv_binaries)
     watcher = subprocess.Popen(
         [str(plane.kubectl), "--kubeconfig", str(plane.kubeconfig), "get", "ns", "-w"],
         stdout=subprocess.PIPE,
