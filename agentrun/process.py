@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import logging
 import signal
 import time
@@ -20,7 +19,7 @@ import cachetools
 import uvloop
 from prometheus_client import start_http_server
 
-from agentrun import peers, telemetry
+from agentrun import collector, peers, telemetry
 from agentrun.settings import ProcessSettings
 
 S = TypeVar("S", bound=ProcessSettings)
@@ -53,12 +52,6 @@ past it (its next line starts a new budget), so the table's size does not follow
 of tool servers a tenant declares."""
 LIBRARY_LINE_CHARS = 1_000
 """Characters of one such line kept (its exception's type and text in it, not a traceback)."""
-YOUNG_COLLECTION_THRESHOLD = 5_000
-"""Allocations of container objects (net of those freed) between two collections of the
-cyclic garbage collector's youngest generation; CPython's default is 700. Each AgentRun
-object, watch event and API answer a process decodes is a few hundred dicts and lists, so at
-700 the operator collected about once per run admitted, and every tenth of those collected the
-middle generation too (see ``settle_collector``)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -192,7 +185,8 @@ def bound_library_logs(handler: logging.Handler) -> None:
 
 def start(settings_type: type[S], *, service: str) -> S:
     """Read the settings, set up logging, tracing (``service`` names the OpenTelemetry
-    resource) and the metrics port; returns the settings.
+    resource), the metrics port and the garbage collector (``collector.settle``); returns the
+    settings.
 
     Raises ``pydantic.ValidationError`` when an ``AGENTRUN_*`` variable is malformed, and
     ``OSError`` when the metrics port cannot be bound.
@@ -209,26 +203,8 @@ def start(settings_type: type[S], *, service: str) -> S:
     telemetry.setup_tracing(service)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr=settings.metrics_addr)
-    settle_collector()
+    collector.settle()
     return settings
-
-
-def settle_collector() -> None:
-    """Collect once, then freeze what is left (the imported modules: kopf, the Kubernetes and
-    ``openai`` clients' model classes, pydantic's validators; about 130,000 tracked objects
-    in the operator, 150,000 in a worker) into the collector's permanent generation, and
-    collect the youngest generation every ``YOUNG_COLLECTION_THRESHOLD`` allocations.
-
-    Without it every whole-heap collection walked those objects again, and a young one ran
-    about once per run admitted: during a bulk admission the operator spent 0.8 ms of CPU a
-    run in the collector, 0.3 ms with it (bench/README.md, "The garbage collector's share").
-    Frozen objects are still freed by reference counting; a
-    cycle among them would stay, which for module-level objects is what happens anyway.
-    ``gc.freeze`` and ``gc.set_threshold`` are CPython's (the ``gc`` module's documentation)."""
-    gc.collect()
-    gc.freeze()
-    _, middle, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, oldest)
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
