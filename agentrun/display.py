@@ -111,3 +111,31 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 def by_length(secrets: Iterable[str]) -> tuple[str, ...]:
     """``secrets`` longest first, as ``redact`` takes them."""
     return tuple(sorted(secrets, key=len, reverse=True))
+
+
+class Redactor:
+    """Every secret value this process has read (model API keys, tool servers' header values:
+    a worker's, and the operator's for discovery), and ``redact``, which takes each out of a
+    text: what an endpoint echoes back in an error (a key quoted in a message, a header line)
+    must not reach a status, an Event or a log line, whichever error class carried it."""
+
+    def __init__(self) -> None:
+        self._values: set[str] = set()
+        self._ordered: tuple[str, ...] = ()
+        """``_values`` longest first, kept as they are added (every log line is redacted)."""
+
+    def add(self, value: str) -> None:
+        """Remember what of ``value`` must not be shown (``secret_parts``)."""
+        parts = secret_parts(value) - self._values
+        if parts:
+            self._values |= parts
+            self._ordered = by_length(self._values)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every remembered value replaced by ``REDACTED``, longest first."""
+        return redact(text, self._ordered)
+
+
+KNOWN = Redactor()
+"""This process's secrets: ``agentrun.kube.secret_values`` adds every value it reads out, a
+worker each model key; ``agentrun.process`` takes them out of every log line."""

@@ -16,6 +16,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
+from agentrun import display
+
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
 RUNS = "agentruns"
@@ -74,6 +76,7 @@ async def secret_values(
     """The ``keys`` of Secret ``namespace/name`` with their decoded (UTF-8, stripped) values;
     the Secret's other keys are neither decoded nor returned.
 
+    Every value read is added to ``display.KNOWN`` (this process's log lines never show it).
     Raises ``ApiException`` when the Secret cannot be read, ``ValueError`` (naming the key)
     when a key is missing or its value is not UTF-8 text.
     """
@@ -89,6 +92,7 @@ async def secret_values(
             values[key] = base64.b64decode(data).decode().strip()
         except UnicodeDecodeError:
             raise ValueError(f"Secret {namespace}/{name} key {key!r} is not UTF-8 text") from None
+        display.KNOWN.add(values[key])  # taken out of this process's logs from now on
     return values
 
 

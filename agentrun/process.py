@@ -19,7 +19,7 @@ import cachetools
 import uvloop
 from prometheus_client import start_http_server
 
-from agentrun import collector, peers, telemetry
+from agentrun import collector, display, peers, telemetry
 from agentrun.settings import ProcessSettings
 
 S = TypeVar("S", bound=ProcessSettings)
@@ -151,6 +151,8 @@ class LibraryLogBound(logging.Filter):
         error = record.exc_info[1] if record.exc_info else None
         if error is not None:
             text = f"{text} ({type(error).__name__}: {error})"
+        # the process's secrets out before the cut: one it split would no longer be found whole
+        text = display.KNOWN.redact(text)
         text = "\\n".join(text.splitlines())
         if len(text) > self.chars:
             text = text[: self.chars - 1] + "…"
@@ -178,9 +180,31 @@ def _peer_driven(logger: str) -> bool:
 _PEER_DRIVEN_PARENTS = tuple(f"{name}." for name in PEER_DRIVEN_LOGGERS)
 
 
+class RedactingFilter(logging.Filter):
+    """A handler's filter that takes ``display.KNOWN``'s secrets (every Secret value this
+    process read out) out of every record it writes: its message and its traceback (an
+    exception's text, its causes' included). ``start`` gives it to every handler of every
+    process, after ``LibraryLogBound`` (which redacts before it cuts)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite ``record`` redacted; always keeps it."""
+        message = record.getMessage()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        record.msg, record.args = display.KNOWN.redact(message), None
+        if record.exc_text:
+            record.exc_text = display.KNOWN.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = display.KNOWN.redact(record.stack_info)
+        record.exc_info = None
+        return True
+
+
 def bound_library_logs(handler: logging.Handler) -> None:
-    """Give ``handler`` the ``LibraryLogBound`` filter."""
+    """Give ``handler`` the ``LibraryLogBound`` filter, then the ``RedactingFilter`` (what
+    ``start`` gives every handler of the root logger)."""
     handler.addFilter(LibraryLogBound())
+    handler.addFilter(RedactingFilter())  # every process may read a tenant's Secret
 
 
 def start(settings_type: type[S], *, service: str) -> S:

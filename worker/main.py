@@ -20,7 +20,7 @@ from agentrun.trust import Verifier, trust_file
 from .consumer import ConsumerSettings, TurnConsumer
 from .effects import EffectLedger
 from .model import ModelClient
-from .secrets import KubeSecrets, redact_logs
+from .secrets import KubeSecrets
 from .toolrunner import ToolRunSettings
 from .turn import TurnDeps
 
@@ -130,5 +130,4 @@ async def _turn_deps(config: WorkerSettings, *, bus: Bus, api: ApiClient | None)
 def main() -> None:
     """Console script ``agentrun-worker``."""
     config = process.start(WorkerSettings, service="agentrun-worker")
-    redact_logs()
     process.run(serve(config))

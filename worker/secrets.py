@@ -4,14 +4,13 @@ the HTTP headers of MCP tool servers (``AgentToolServer.spec.headersFrom``)."""
 from __future__ import annotations
 
 import base64
-import logging
 import time
 
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import display, kernel, kube
+from agentrun import display, kernel, kube, process
 from agentrun.metrics import ModelErrorType
 from agentrun.protocol import SecretRef
 from agentrun.tools import ToolError
@@ -22,54 +21,10 @@ TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """API server answers that say "try again" (overload, restart, timeouts)."""
 
 
-class Redactor:
-    """Every secret value this worker process has read (model API keys, tool servers' header
-    values), and ``redact``, which takes each out of a text: what an endpoint echoes back in
-    an error (a key quoted in a message, a header line) must not reach a run's status, its
-    Events or a log line, whichever error class carried it."""
-
-    def __init__(self) -> None:
-        self._values: set[str] = set()
-        self._ordered: tuple[str, ...] = ()
-        """``_values`` longest first, kept as they are added (every log line is redacted)."""
-
-    def add(self, value: str) -> None:
-        """Remember what of ``value`` must not be shown (``display.secret_parts``)."""
-        parts = display.secret_parts(value) - self._values
-        if parts:
-            self._values |= parts
-            self._ordered = display.by_length(self._values)
-
-    def redact(self, text: str) -> str:
-        """``text`` with every remembered value replaced by ``[redacted]``, longest first."""
-        return display.redact(text, self._ordered)
-
-
-KNOWN = Redactor()
-"""This process's secrets (``KubeSecrets`` adds each value it reads)."""
-
-
-class RedactingFilter(logging.Filter):
-    """Takes ``KNOWN``'s secrets out of every record a handler writes: its message and its
-    traceback (an exception's text, its causes' included)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """Rewrite ``record`` redacted; always keeps it."""
-        message = record.getMessage()
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        record.msg, record.args = KNOWN.redact(message), None
-        if record.exc_text:
-            record.exc_text = KNOWN.redact(record.exc_text)
-        record.exc_info = None
-        return True
-
-
-def redact_logs() -> None:
-    """Install ``RedactingFilter`` on every handler of the root logger (after logging is set
-    up: ``process.start``)."""
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactingFilter())
+Redactor = display.Redactor
+KNOWN = display.KNOWN
+"""This process's secrets (``KubeSecrets`` adds each value it reads; ``display.KNOWN``)."""
+RedactingFilter = process.RedactingFilter
 
 
 class SecretUnavailable(Exception):

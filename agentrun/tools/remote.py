@@ -172,9 +172,19 @@ def never_sent(exc: BaseException) -> bool:
     return isinstance(root_cause(exc), httpx2.ConnectError)
 
 
-def _describe(exc: BaseException, *, status: int | None = None) -> str:
+CAUSE_CHARS = 300
+"""Most characters of a failed exchange's innermost cause its message keeps (the server's
+words, which reach a status, the model and the run's events)."""
+
+
+def _describe(
+    exc: BaseException, *, redact: Callable[[str], str], status: int | None = None
+) -> str:
+    """What failed, for a ``RemoteError`` or a ``catalog.ToolError``: the HTTP status when
+    there was one, else the innermost cause's type and text, ``redact``-ed *before* it is cut
+    to ``CAUSE_CHARS`` (a credential the cut split would no longer be found whole)."""
     if isinstance(exc, SessionLost):
-        return f"MCP session lost: {exc}"
+        return redact(f"MCP session lost: {exc}")
     cause = root_cause(exc)
     if status is None and isinstance(cause, httpx2.HTTPStatusError):
         status = cause.response.status_code
@@ -189,8 +199,8 @@ def _describe(exc: BaseException, *, status: int | None = None) -> str:
         return f"the MCP server answered HTTP {status}{phrase} ({kind})"
     if isinstance(cause, TimeoutError):
         return "no answer in time"
-    text = str(cause) or type(cause).__name__
-    return f"{type(cause).__name__}: {text[:300]}"
+    text = redact(str(cause) or type(cause).__name__)
+    return f"{type(cause).__name__}: {text[:CAUSE_CHARS]}"
 
 
 async def discover(endpoint: Endpoint) -> list[Discovered]:
@@ -222,7 +232,7 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
                 if cursor is None:
                     break
     except Exception as err:
-        why = endpoint.redact(_describe(err))  # the server's words may quote its credentials
+        why = _describe(err, redact=endpoint.redact)  # the server's words may quote them
         raise RemoteError(
             f"MCP server {endpoint.url} unavailable: {why}", fault=fault_of(err)
         ) from err
@@ -321,7 +331,7 @@ class McpTool:
         except Exception as err:
             status = STATUSES.pop(ref)
             raise catalog.ToolError(
-                f"{self.spec.name}: {endpoint.redact(_describe(err, status=status))}",
+                f"{self.spec.name}: {_describe(err, redact=endpoint.redact, status=status)}",
                 fault=fault_of(err, status=status),
                 unsent=never_sent(err),
             ) from None

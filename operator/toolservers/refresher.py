@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from agentrun import kernel, loops, peers
+from agentrun import display, kernel, loops, peers
 from agentrun.kernel import schemas
 from agentrun.protocol import UrlRule
 from agentrun.tools import remote
@@ -300,7 +300,9 @@ class ToolServerRefresher:
                     )
         except Exception as err:
             self.discoveries.failed((ref.namespace, ref.name), err, subject=subject)
-            why = f"discovery failed: {type(err).__name__}: {err}; tried again at the next refresh"
+            # a Secret value the error quotes is taken out before the cut (``display.KNOWN``)
+            text = display.KNOWN.redact(f"{type(err).__name__}: {err}")
+            why = f"discovery failed: {text}; tried again at the next refresh"
             return failed_status(previous, why[:1000], generation=generation, now=time.time())
         self.discoveries.succeeded((ref.namespace, ref.name), subject=subject)
         return status

@@ -9,7 +9,7 @@ import io
 import logging
 import re
 
-from agentrun import peers, process
+from agentrun import display, peers, process
 
 
 def handler_at(
@@ -150,3 +150,28 @@ def test_the_table_of_peers_stays_bounded_and_forgotten_drops_are_said() -> None
     assert lines[-1] == (
         "Unknown SSE event: last0 [peer ns/last] [1 line(s) of peers no longer tracked dropped]"
     )
+
+
+def test_a_secret_the_process_read_is_out_of_every_line_before_it_is_cut() -> None:
+    """Every process's handlers (``process.start``: ``bound_library_logs``) take the Secret
+    values it read out of each line, a library's line before it is cut to its bound: a value
+    the cut split would no longer be found whole, and its first part would be written."""
+    secret = "hdr-0123456789abcdef-SECRET"
+    display.KNOWN.add(secret)
+    written = io.StringIO()
+    handler = logging.StreamHandler(written)
+    process.bound_library_logs(handler)
+    logger = logging.getLogger("mcp.client.test_library_logs_secret")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    preamble = "p" * (process.LIBRARY_LINE_CHARS - 30)  # the secret across the cut
+    logger.warning("Unknown SSE event: %s %s", preamble, secret)
+    logging.getLogger("agentrun.test_library_logs_secret").addHandler(handler)
+    try:
+        logging.getLogger("agentrun.test_library_logs_secret").error("refused %s", secret)
+    finally:
+        logging.getLogger("agentrun.test_library_logs_secret").removeHandler(handler)
+    lines = written.getvalue().splitlines()
+    assert len(lines) == 2
+    assert secret[:8] not in lines[0] and lines[0].startswith("Unknown SSE event: ppp")
+    assert lines[1] == "refused [redacted]"

@@ -161,6 +161,39 @@ async def test_a_server_quoting_its_credentials_is_redacted_from_what_it_causes(
     assert where.redact(f"Bearer {SECRET} and {SECRET}") == "[redacted] and [redacted]"
 
 
+async def echo_credentials_late(request: web.Request) -> web.Response:
+    """As ``echo_credentials``, the token quoted after a preamble that puts it across the
+    300 characters of the server's words an error keeps."""
+    body = await request.json()
+    if not isinstance(body, dict) or body.get("id") is None:
+        return web.Response(status=202)
+    token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    error = {"code": -32000, "message": "p" * 260 + f" invalid credentials {token}"}
+    return web.json_response({"jsonrpc": "2.0", "id": body["id"], "error": error})
+
+
+async def test_a_quoted_credential_cut_by_the_bound_of_a_message_leaves_no_part_of_it() -> None:
+    """The server's words are cut to their bound after the credentials are taken out, not
+    before: a token the cut splits would otherwise no longer match and its first part would
+    reach the status, the model and the run's events."""
+    async with serving({"/mcp": echo_credentials_late}) as base:
+        where = endpoint.Endpoint(
+            base + "/mcp",
+            headers={"Authorization": f"Bearer {SECRET}"},
+            timeout=5.0,
+            private_network=True,
+        )
+        with pytest.raises(remote.RemoteError) as caught:
+            await remote.discover(where)
+        admitted = RemoteTool("s__t", "s", "t", "", {"type": "object"}, "read", where.url, "", 5.0)
+        tool = remote.McpTool(remote.spec_of(admitted), "t", where, server="s")
+        with pytest.raises(ToolError) as called:
+            await tool.run({}, CTX)
+    for message in (caught.value.message, str(called.value)):
+        assert SECRET[:8] not in message, message
+        assert "invalid credentials" in message
+
+
 VALUES = endpoint.MAX_MESSAGE_VALUES
 
 

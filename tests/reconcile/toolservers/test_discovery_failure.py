@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kube_support import FakeKube
 
+from agentrun import display
 from agentrun.operator.toolservers import refresher
 from agentrun.operator.toolservers.spec import TOOL_SERVERS
 from agentrun.protocol import UrlRule
@@ -92,3 +93,28 @@ async def test_an_unexpected_discovery_error_is_logged_shown_and_retried(
     assert ready_of(api)["reason"] == "Discovered"
     assert unretrieved == []
     assert any("recovered" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_unexpected_discovery_error_quoting_a_secret_shows_it_redacted(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The status (which whoever may read the AgentToolServer sees, the Secret's readers or
+    not) and the log never carry a Secret value the operator read (``kube.secret_values`` adds
+    each to ``display.KNOWN``), even quoted by an error no branch expects, and even across the
+    cut of the status message."""
+    secret = "hdr-tenant-a-0123456789abcdef"
+    display.KNOWN.add(secret)  # what reading the AgentToolServer's headersFrom Secret does
+
+    async def discover(endpoint: remote.Endpoint) -> list[remote.Discovered]:
+        raise RuntimeError("p" * 920 + f" sent 'Authorization: Bearer {secret}'")
+
+    monkeypatch.setattr(remote, "discover", discover)
+    api = FakeKube()
+    api.put(TOOL_SERVERS, BODY)
+    tool_servers = refresher.ToolServerRefresher(api, reach=FlakyReach(), clock=lambda: 100.0)
+    tool_servers._known[("ns", "tools")] = refresher._Known(BODY)
+    await tool_servers.refresh(BODY)  # the tenants' port answers this one (``FlakyReach``)
+    await tool_servers.refresh(BODY)
+    message = ready_of(api)["message"]
+    assert message.startswith("discovery failed: RuntimeError: ppp"), message
+    assert secret[:8] not in message and "[redacted]" in message
