@@ -121,8 +121,8 @@ def _report(name: str, status: dict[str, Any] | None, *, expect: str) -> int:
     print(f"{name}: {status.get('phase')} / {status.get('terminalReason')}, "
           f"{display.counted(int(usage.get('steps', 0)), 'step')}, "
           f"{display.counted(int(usage.get('totalTokens', 0)), 'token')}")  # fmt: skip
-    if status.get("message"):
-        print(f"message: {status['message']}")
+    if status.get("message"):  # a provider's or a tool's words: no terminal control passes
+        print(display.printable(f"message: {status['message']}", newlines=False))
     if status.get("terminalReason") == expect:
         return 0
     print(f"expected terminal reason {expect!r}")
