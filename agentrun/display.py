@@ -95,8 +95,24 @@ MIN_SECRET_CHARS = 8
 def secret_parts(value: str) -> set[str]:
     """What of a secret ``value`` must not be shown: the value and each whitespace-separated
     part of it (the token of ``Bearer <token>``, which a server may echo alone), those of at
-    least ``MIN_SECRET_CHARS`` characters."""
-    return {part for part in (value, *value.split()) if len(part) >= MIN_SECRET_CHARS}
+    least ``MIN_SECRET_CHARS`` characters, each also as the texts that quote it escaped
+    (``escaped_forms``: an HTTP library refusing a header value shows it as ``bytes``' repr,
+    a JSON body with ``\\n`` escapes), which a search for the value itself would miss."""
+    parts = {part for part in (value, *value.split()) if len(part) >= MIN_SECRET_CHARS}
+    return {form for part in parts for form in escaped_forms(part)}
+
+
+def escaped_forms(value: str) -> set[str]:
+    """``value`` and how it appears quoted inside other text: Python's ``repr`` of it as
+    ``str`` and as UTF-8 ``bytes`` (``b'…'``, as h11 and httpx name an illegal header
+    value), and JSON's string escapes, each without its quotes."""
+    return {
+        value,
+        repr(value)[1:-1],
+        repr(value.encode())[2:-1],
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+    }
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import openai
 
-from agentrun import kernel
+from agentrun import display, kernel
 from agentrun.kernel import ModelFault
 from agentrun.metrics import ModelErrorType
 
@@ -178,8 +178,12 @@ REDACTED = "[redacted]"
 
 def redact(text: str, secret: str) -> str:
     """``text`` without ``secret`` (a provider's error may echo the key it was sent, e.g.
-    "Incorrect API key provided: sk-…"); an empty secret changes nothing."""
-    return text.replace(secret, REDACTED) if secret else text
+    "Incorrect API key provided: sk-…"), nor its whitespace-separated parts, nor their escaped
+    forms (``display.secret_parts``: the HTTP client refusing a key with a line break in it
+    quotes the header as ``bytes``); an empty secret changes nothing."""
+    if not secret:
+        return text
+    return display.redact(text, display.by_length({secret} | display.secret_parts(secret)))
 
 
 def retry_after_seconds(headers: Mapping[str, str], *, now: float) -> float | None:

@@ -284,6 +284,28 @@ async def test_a_provider_error_echoing_the_key_is_redacted_and_not_chained(
 
 
 @pytest.mark.parametrize(
+    "key",
+    ["sk-first-0123456789\nsk-second-0123456789", "sk-first-0123456789\r\nsk-second-0123456789"],
+    ids=["LF", "CRLF"],
+)
+async def test_a_key_the_http_client_refuses_is_not_quoted_escaped(key: str) -> None:
+    """A key the HTTP client will not send (a line break inside the Secret's value: two keys,
+    a file written with CRLF) is refused naming the header as ``bytes``, escaped: neither the
+    key, nor a part of it, nor its escaped form reaches the error (the run's status, its
+    Events)."""
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "unreachable"}}, status=401)
+
+    async with serving({"/v1/chat/completions": refuse}) as base:
+        error = await failed_call(base + "/v1", api_key=key)
+    message = str(error)
+    assert "Illegal header value" in message and "[redacted]" in message, message
+    for shown in (key, *key.split(), repr(key.encode())[2:-1], "0123456789"):
+        assert shown not in message, message
+
+
+@pytest.mark.parametrize(
     ("goal", "options", "error_type"),
     [
         pytest.param("bad request", {}, ModelErrorType.CLIENT_ERROR, id="400"),
