@@ -156,8 +156,10 @@ class OperatorSettings(ProcessSettings):
     live processes: a Lease naming it is taken as this process's, left by an earlier process
     of the same name (a restarted container), and taken back at once."""
     lease_namespace: str = "default"
-    """``AGENTRUN_LEASE_NAMESPACE``: namespace of the ``coordination.k8s.io`` Leases of the
-    operators (the chart passes its release namespace)."""
+    """``AGENTRUN_LEASE_NAMESPACE``: the operator's own namespace (the chart passes its
+    release namespace): where the ``coordination.k8s.io`` Leases of the operators are, and the
+    Events about AgentTenants (each carries one tenant's use and limits, which ``default``,
+    read by every tenant, must not show)."""
     lease_name: str = "agentrun-operator"
     """``AGENTRUN_LEASE_NAME``: with one shard, the name of the Lease that elects the one
     active operator; with several, the base of the shard Leases (``<name>-<i>``) and the

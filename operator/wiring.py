@@ -326,7 +326,12 @@ def _make_parts(
     configs = _run_configs(api, checks := FairWork(party=tenants.party))
     board = QueueBoard()
     settlement = RunSettlement(store, board)
-    events = EventRecorder(api, throttle=recorder.standard_throttle(), share_of=tenants.party)
+    events = EventRecorder(
+        api,
+        throttle=recorder.standard_throttle(),
+        share_of=tenants.party,
+        private_namespace=settings.lease_namespace,  # the operator's own: AgentTenants' Events
+    )
     seals = _seals(settings, bus=bus, api=api, events=events)
     fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog, ownership)
     dispatcher = Dispatcher(bus, writer, fair)

@@ -39,7 +39,13 @@ COMPONENT = "agentrun-operator"
 """``source.component`` / ``reportingComponent`` of every event (kubectl's "From" column)."""
 MAX_MESSAGE = 1024
 CLUSTER_EVENTS_NAMESPACE = "default"
-"""Where events about cluster-scoped objects (AgentTenant, AgentModel) go, as client-go does."""
+"""Where events about cluster-scoped objects (AgentModel) go, as client-go does: every
+tenant's people may read them there, so their messages name no tenant, run or namespace."""
+PRIVATE_KINDS = frozenset({"AgentTenant"})
+"""Cluster-scoped kinds whose Events carry one tenant's figures (its name, its window's use,
+its limits, a rollback of its ledger): posted in the operator's own namespace
+(``EventRecorder.private_namespace``), not in ``default``, where another tenant would read
+them. ``kubectl describe`` of the object finds them there (it searches every namespace)."""
 PLURALS = {"AgentRun": kube.RUNS, "AgentTenant": kube.TENANTS, "AgentModel": kube.MODELS}
 """Custom kinds whose uid the poster can look up when a reference lacks it."""
 
@@ -168,6 +174,14 @@ class _Posted:
     count: int
 
 
+def events_namespace(involved: Involved, *, private: str) -> str:
+    """The namespace the Event about ``involved`` is posted in: the object's own; for a
+    cluster-scoped one ``CLUSTER_EVENTS_NAMESPACE``, but ``private`` for ``PRIVATE_KINDS``."""
+    if involved.namespace:
+        return involved.namespace
+    return private if involved.kind in PRIVATE_KINDS else CLUSTER_EVENTS_NAMESPACE
+
+
 class EventRecorder:
     """Queues occasions (``record``, never blocking) and posts them (``run``)."""
 
@@ -179,11 +193,15 @@ class EventRecorder:
         queue_size: int = 1000,
         clock: Callable[[], float] = time.time,
         share_of: Callable[[str], str] | None = None,
+        private_namespace: str = CLUSTER_EVENTS_NAMESPACE,
     ) -> None:
         """``api``: where events are posted; ``clock``: epoch seconds (timestamps and the
         throttle); ``share_of``: whose bucket of the throttle a namespace's events take (its
-        tenant's, shared by the tenant's namespaces, where it is known; default: its own)."""
+        tenant's, shared by the tenant's namespaces, where it is known; default: its own);
+        ``private_namespace``: where the Events of ``PRIVATE_KINDS`` go (the operator's own
+        namespace: ``AGENTRUN_LEASE_NAMESPACE``, the chart's release namespace)."""
         self.api = api
+        self.private_namespace = private_namespace
         self.throttle = throttle
         self.share_of = share_of
         self.clock = clock
@@ -254,7 +272,7 @@ class EventRecorder:
             occasion.message,
         )
         involved = occasion.involved
-        namespace = involved.namespace or CLUSTER_EVENTS_NAMESPACE
+        namespace = events_namespace(involved, private=self.private_namespace)
         seen = self._events.get(occasion.key)
         if seen is not None:
             seen.count += 1

@@ -198,3 +198,40 @@ def test_namespaces_shared_with_other_tenants_are_named_in_a_condition() -> None
     assert (found["status"], found["reason"]) == ("True", "Ambiguous")
     assert "team-x (also other); team-y (also other, third)" in found["message"]
     assert "a name wins over a selector" in found["message"]
+
+
+async def test_an_agenttenants_events_are_posted_where_no_other_tenant_reads_them() -> None:
+    """An AgentTenant is cluster-scoped: client-go would post its Events in ``default``, which
+    the people of every tenant read (``docs/architecture.md``, Kubernetes Events). Their
+    messages carry the tenant's name, its window's use and its limits, so they go to the
+    operator's own namespace; an AgentModel's, which name no tenant, stay in ``default``."""
+    from kube_support import FakeKube
+
+    from agentrun.operator.platform.events import (
+        EventRecorder,
+        EventType,
+        Involved,
+        Throttle,
+    )
+    from agentrun.operator.tenants.writer import TenantStatusWriter
+
+    api = FakeKube()
+    events = EventRecorder(
+        api,
+        throttle=Throttle(repeat_after=0, rate=1000, burst=1000),
+        private_namespace="agentrun-system",
+    )
+    writer = TenantStatusWriter(api, events=events)
+    p = policy(tokens=1000)
+    await writer.write_enforced(p, book(p, tokens=1071), queued=0, blocked=None, now=NOW)
+    events.record(
+        Involved("AgentModel", "mock"), type=EventType.WARNING, reason="Unpriced", message="m"
+    )
+    await events.drain()
+    placed = {(e["involvedObject"]["kind"], e["metadata"]["namespace"]) for e in api.events}
+    assert ("AgentTenant", "agentrun-system") in placed
+    assert ("AgentModel", "default") in placed
+    assert not [
+        e for e in api.events if "1071" in e["message"] and e["metadata"]["namespace"] == "default"
+    ]
+    assert {n for k, n in placed if k == "AgentTenant"} == {"agentrun-system"}
