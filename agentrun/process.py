@@ -25,10 +25,12 @@ from agentrun.settings import ProcessSettings
 S = TypeVar("S", bound=ProcessSettings)
 T = TypeVar("T")
 
-QUIET_LOGGERS = ("httpx", "httpx2", "openai", "kopf.objects")
+QUIET_LOGGERS = ("httpx", "httpx2", "openai", "kopf.objects", "kubernetes_asyncio.client.rest")
 """Libraries that log every request (the clients) or every handler call of every object
-(kopf: "Handler 'run_seen' succeeded." per watch event) at INFO: kept at WARNING, so their
-failures and retries still show."""
+(kopf: "Handler 'run_seen' succeeded." per watch event) at INFO, or what they read and sent at
+DEBUG (the Kubernetes client every response body, a Secret's base64 ``data`` among them; the
+``openai`` client each request's messages): kept at WARNING whatever the process's level, so
+their failures and retries still show and no body does."""
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PEER_DRIVEN_LOGGERS = ("mcp", "client")
 """Loggers (and their children) that log a line for what a tenant's peer sends, one per
@@ -200,6 +202,12 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+def quiet_libraries() -> None:
+    """Keep ``QUIET_LOGGERS`` at WARNING, whatever the process's log level."""
+    for noisy in QUIET_LOGGERS:
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def bound_library_logs(handler: logging.Handler) -> None:
     """Give ``handler`` the ``LibraryLogBound`` filter, then the ``RedactingFilter`` (what
     ``start`` gives every handler of the root logger)."""
@@ -220,8 +228,7 @@ def start(settings_type: type[S], *, service: str) -> S:
         level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in QUIET_LOGGERS:
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_libraries()
     for handler in logging.getLogger().handlers:
         bound_library_logs(handler)
     telemetry.setup_tracing(service)
