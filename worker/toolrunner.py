@@ -23,7 +23,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from agentrun import kernel, telemetry
+from agentrun import display, kernel, telemetry
 from agentrun.kernel.decision import clean_text
 from agentrun.tools.catalog import Tool, ToolContext, ToolError
 
@@ -99,6 +99,13 @@ class _Deadline:
         return cls(min(ends, run_deadline), timeout, run_deadline < ends)
 
 
+def _shown(error: str) -> str:
+    """A failed call's text as the model and the run's events see it: every secret this
+    process read (``display.KNOWN``: model keys, tool servers' header values) taken out, then
+    made clean (``clean_text``)."""
+    return clean_text(display.KNOWN.redact(error))
+
+
 async def _attempt(
     call: kernel.CheckedCall,
     tool: Tool,
@@ -115,7 +122,8 @@ async def _attempt(
             output = await tool.run(call.arguments, ctx)
     except ToolError as err:
         unsent = err.unsent
-        message = kernel.clip_result(clean_text(str(err)), settings.max_result_bytes)
+        # an error may quote a secret this process read: out before the cut (``display.KNOWN``)
+        message = kernel.clip_result(_shown(str(err)), settings.max_result_bytes)
         result = kernel.ToolResult(call.id, call.name, message, True, err.fault)
     except TimeoutError:
         why = (
@@ -126,7 +134,7 @@ async def _attempt(
         result = kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.TIMEOUT)
     except Exception as err:  # a tool bug must not break the loop: it becomes a result
         log.exception("tool %s raised", call.name)
-        why = clean_text(f"the tool failed: {type(err).__name__}: {err}")
+        why = _shown(f"the tool failed: {type(err).__name__}: {err}")
         why = kernel.clip_result(why, settings.max_result_bytes)
         result = kernel.ToolResult(call.id, call.name, why, True, kernel.ToolFault.CRASHED)
     else:

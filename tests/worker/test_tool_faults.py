@@ -241,3 +241,27 @@ def test_a_tools_own_timeout_is_clamped_to_the_platforms_most() -> None:
     )
     assert result.fault is ToolFault.TIMEOUT and "timed out after 0.3s" in result.content
     assert time.monotonic() - started < 5
+
+
+SECRET = "hdr-known-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(RuntimeError(f"sent 'Authorization: Bearer {SECRET}'"), id="tool-bug"),
+        pytest.param(ToolError(f"gateway refused {SECRET}", fault=ToolFault.SERVER), id="error"),
+    ],
+)
+def test_a_failure_quoting_a_secret_the_worker_read_reaches_the_model_redacted(
+    error: Exception,
+) -> None:
+    """Whatever a tool raised, a secret this worker read (another tool server's header, a
+    model key: ``display.KNOWN``) that its text quotes reaches neither the model nor the run's
+    events."""
+    from agentrun import display
+
+    display.KNOWN.add(SECRET)
+    result = run_one(Failing(error))
+    assert result.is_error and SECRET not in result.content
+    assert display.REDACTED in result.content, result.content
