@@ -301,6 +301,20 @@ async def start_parts(
     return dataclasses.replace(parts, tasks=_start_loops(parts, cluster=ownership.cluster_work))
 
 
+def _events(
+    settings: OperatorSettings, *, api: KubeApi, share_of: Callable[[str], str]
+) -> EventRecorder:
+    """The Event recorder: a namespace's Events take its tenant's share (``share_of``) of the
+    standard throttle; an AgentTenant's Events go to the operator's own namespace
+    (``AGENTRUN_LEASE_NAMESPACE``: they carry one tenant's use and limits)."""
+    return EventRecorder(
+        api,
+        throttle=recorder.standard_throttle(),
+        share_of=share_of,
+        private_namespace=settings.lease_namespace,
+    )
+
+
 def _seals(
     settings: OperatorSettings, *, bus: Bus, api: KubeApi, events: EventRecorder
 ) -> RunSeals:
@@ -326,12 +340,7 @@ def _make_parts(
     configs = _run_configs(api, checks := FairWork(party=tenants.party))
     board = QueueBoard()
     settlement = RunSettlement(store, board)
-    events = EventRecorder(
-        api,
-        throttle=recorder.standard_throttle(),
-        share_of=tenants.party,
-        private_namespace=settings.lease_namespace,  # the operator's own: AgentTenants' Events
-    )
+    events = _events(settings, api=api, share_of=tenants.party)
     seals = _seals(settings, bus=bus, api=api, events=events)
     fair = DispatchDeps(settlement, board, events, seals, tenants, settings.turn_backlog, ownership)
     dispatcher = Dispatcher(bus, writer, fair)
