@@ -29,6 +29,7 @@ Pure, standard library only, so every program (the dev tooling included) can use
 
 from __future__ import annotations
 
+import collections
 import json
 import unicodedata
 from collections.abc import Iterable, Mapping
@@ -129,23 +130,41 @@ def by_length(secrets: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(secrets, key=len, reverse=True))
 
 
-class Redactor:
-    """Every secret value this process has read (model API keys, tool servers' header values:
-    a worker's, and the operator's for discovery), and ``redact``, which takes each out of a
-    text: what an endpoint echoes back in an error (a key quoted in a message, a header line)
-    must not reach a status, an Event or a log line, whichever error class carried it."""
+SECRETS_KEPT = 1_024
+"""Secret values a process remembers for its redaction at most: the ones read most recently
+(``Redactor.add``). A value still in use is read again within its cache's lifetime and so stays;
+a tenant that changes its Secrets' values without end cannot grow the set, nor the work every
+log line's redaction does, past this."""
 
-    def __init__(self) -> None:
-        self._values: set[str] = set()
+
+class Redactor:
+    """The secret values this process read most recently (model API keys, tool servers' header
+    values: a worker's, and the operator's for discovery; at most ``limit``), and ``redact``,
+    which takes each out of a text: what an endpoint echoes back in an error (a key quoted in a
+    message, a header line) must not reach a status, an Event or a log line, whichever error
+    class carried it."""
+
+    def __init__(self, limit: int = SECRETS_KEPT) -> None:
+        self.limit = limit
+        self._recent: collections.OrderedDict[str, frozenset[str]] = collections.OrderedDict()
+        """Each value remembered, least recently read first, with its ``secret_parts``."""
         self._ordered: tuple[str, ...] = ()
-        """``_values`` longest first, kept as they are added (every log line is redacted)."""
+        """Every remembered value's parts, longest first, kept as values come and go (every log
+        line is redacted)."""
 
     def add(self, value: str) -> None:
-        """Remember what of ``value`` must not be shown (``secret_parts``)."""
-        parts = secret_parts(value) - self._values
-        if parts:
-            self._values |= parts
-            self._ordered = by_length(self._values)
+        """Remember what of ``value`` must not be shown (``secret_parts``), as read just now;
+        the value read least recently is forgotten past ``limit``."""
+        if value in self._recent:
+            self._recent.move_to_end(value)
+            return
+        parts = frozenset(secret_parts(value))
+        if not parts:
+            return
+        self._recent[value] = parts
+        while len(self._recent) > self.limit:
+            self._recent.popitem(last=False)
+        self._ordered = by_length(set().union(*self._recent.values()))
 
     def redact(self, text: str) -> str:
         """``text`` with every remembered value replaced by ``REDACTED``, longest first."""
