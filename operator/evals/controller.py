@@ -286,7 +286,9 @@ class EvalController:
         self.failures.forget(key)
 
     async def reconcile(self, namespace: str, name: str) -> None:
-        """Bring AgentEval ``namespace/name``'s runs and status up to date (see the module).
+        """Bring AgentEval ``namespace/name``'s runs and status up to date (see the module);
+        a suite being deleted (a foreground deletion, another controller's finalizer) is left
+        as it is: no run is created for it.
 
         Raises ``ApiError`` (other than a vanished object) and what reading a run's
         events raises.
@@ -300,6 +302,8 @@ class EvalController:
         previous: Mapping[str, Any] = obj.get("status") or {}
         if given_up(previous, generation=suite.generation):
             return  # until its spec changes
+        if meta.get("deletionTimestamp"):
+            return  # being deleted: no run is created (nor graded) that would outlive it
         metrics.know_eval(namespace, name)
         spec = await self._spec(suite, obj.get("spec"))
         if isinstance(spec, SpecError):

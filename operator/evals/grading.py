@@ -31,6 +31,9 @@ from agentrun.protocol import RunEvent
 
 ANSWER_SHOWN = 80
 """Characters of an answer quoted in a failure message before ``…``."""
+PATH_SHOWN = 120
+"""Characters of the place in the answer a schema failure names (``$.key…``) at most: its keys
+are the model's, each as long as the answer allows."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -209,7 +212,16 @@ def schema_error(schema: Mapping[str, Any], document: Any) -> str | None:
     error = jsonschema.exceptions.best_match(iter(found))
     if error is None:
         return None
-    return f"at {error.json_path}: {error.message}"
+    return f"at {shorten(error.json_path, PATH_SHOWN)}: {error.message}"
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters (``limit`` > 1), else its start and its
+    last third joined by ``…``, ``limit`` characters in all."""
+    if len(text) <= limit:
+        return text
+    tail = limit // 3
+    return text[: limit - tail - 1] + "…" + text[-tail:]
 
 
 def check_schema(schema: Mapping[str, Any]) -> str | None:

@@ -33,6 +33,10 @@ RUN_NAME_LIMIT = 63
 """An AgentRun's name is a DNS-1123 label."""
 HASH_CHARS = 8
 """Hex characters of the hash that ends a run's name."""
+ROW_MESSAGE_CHARS = 4096
+"""Characters of a case's ``status.cases[].message`` at most (cut in the middle with ``…``):
+under the CRD's bound of a row, and 200 rows (the CRD's ``maxItems``) of it stay far under
+what a status write may carry, however the run's answer and tools made the messages grow."""
 
 
 class CasePhase(enum.StrEnum):
@@ -201,7 +205,8 @@ class CaseRow:
 def graded_row(
     case: str, run: str, result: grading.RunResult, failures: Sequence[grading.Failure]
 ) -> CaseRow:
-    """The row of a graded case: its run's figures and every missed expectation."""
+    """The row of a graded case: its run's figures and every missed expectation (the message
+    at most ``ROW_MESSAGE_CHARS``)."""
     if failures:
         message = "; ".join(f.message for f in failures)
     else:
@@ -211,7 +216,7 @@ def graded_row(
         run=run,
         phase=CasePhase.FAILED if failures else CasePhase.PASSED,
         reason=result.reason,
-        message=message,
+        message=grading.shorten(message, ROW_MESSAGE_CHARS),
         cost_usd=format(result.cost_usd, "f"),
         tokens=result.tokens,
         steps=result.steps,

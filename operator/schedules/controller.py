@@ -199,13 +199,16 @@ class ScheduleController:
 
     async def reconcile(self, cron: Mapping[str, Any]) -> float | None:
         """One pass over ``cron`` (a CronAgentRun object as a dict); returns when to look
-        again (``None``: only when it or its runs change). Raises ``ApiException``."""
+        again (``None``: only when it or its runs change). One being deleted is left alone, as
+        a CronJob is: a run created then would only start a loop and hold up the deletion.
+        Raises ``ApiException``."""
         meta = cron.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            return None
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         involved = Involved(spec.KIND, name, namespace, str(meta.get("uid", "")))
         generation = int(meta.get("generation") or 1)
         now = self.clock()
-        old_status: Mapping[str, Any] = cron.get("status") or {}
         try:
             checked = spec.check(cron.get("spec"))
         except spec.Invalid as err:
@@ -220,15 +223,7 @@ class ScheduleController:
             await self._write_status(cron, {"observedGeneration": generation, **ready})
             return None
         owned = await self._owned_runs(namespace, name, uid=involved.uid)
-        recorded = epoch(old_status.get("lastScheduleTime"))
-        since = recorded if recorded is not None else epoch(meta.get("creationTimestamp"))
-        last = max(
-            [
-                since if since is not None else now,
-                self._last.get(involved.uid, 0.0),
-                *(run.scheduled for run in owned),
-            ]
-        )
+        last = self._last_scheduled(cron, owned, now=now)
         active = [
             plan.ActiveRun(run.name, run.uid, run.scheduled) for run in owned if not run.ended
         ]
@@ -244,6 +239,23 @@ class ScheduleController:
         )
         await self._write_status(cron, body)
         return wake
+
+    def _last_scheduled(
+        self, cron: Mapping[str, Any], owned: Sequence[OwnedRun], *, now: float
+    ) -> float:
+        """The last schedule time a run was created for (epoch seconds): the latest of
+        ``.status.lastScheduleTime`` (else the creation time, else ``now``), this process's
+        own record and ``owned``'s times."""
+        meta = cron.get("metadata") or {}
+        recorded = epoch((cron.get("status") or {}).get("lastScheduleTime"))
+        since = recorded if recorded is not None else epoch(meta.get("creationTimestamp"))
+        return max(
+            [
+                since if since is not None else now,
+                self._last.get(str(meta.get("uid", "")), 0.0),
+                *(run.scheduled for run in owned),
+            ]
+        )
 
     async def _owned_runs(self, namespace: str, name: str, *, uid: str) -> list[OwnedRun]:
         """The runs labelled for ``name`` whose controller is the CronAgentRun ``uid`` (runs of

@@ -229,3 +229,49 @@ def test_a_deeply_nested_answer_is_not_json_not_a_crash() -> None:
     run = dataclasses.replace(OK, answer="[" * 100_000 + "]" * 100_000)
     (failure,) = grading.grade(expect(answer=grading.JsonSchemaAnswer({"type": "array"})), run)
     assert failure.message.endswith("is not JSON: nested too deeply")
+
+
+ANSWER_LIMIT = 131_072
+"""The CRD's maxLength of an AgentRun's ``status.answer``: the most a model's answer can be."""
+ROW_LIMIT = 32_768
+"""The CRD's maxLength of an AgentEval's ``status.cases[].message``."""
+
+
+NESTED = {"type": "object", "additionalProperties": {"$ref": "#"}}
+"""Objects all the way down: a string anywhere fails it, as deep as it is."""
+
+
+@pytest.mark.parametrize(
+    ("answer", "schema", "ending"),
+    [
+        pytest.param(
+            json.dumps({"k" * (ANSWER_LIMIT - 20): "s"}),
+            {"type": "object", "additionalProperties": {"type": "integer"}},
+            "'integer'",
+            id="one-long-key",
+        ),
+        pytest.param(
+            json.dumps({"k" * 60: {"n" * 60: {"m" * 60: "s"}}}), NESTED, "'object'", id="deep-path"
+        ),
+    ],
+)
+def test_the_place_a_hostile_answer_fails_its_schema_is_named_shortened(
+    answer: str, schema: dict[str, Any], ending: str
+) -> None:
+    """The keys are the model's: a path quoted whole made a row longer than the status takes
+    (the API server refused the write, and the suite was given up instead of graded)."""
+    run = dataclasses.replace(OK, answer=answer)
+    (failure,) = grading.grade(expect(answer=grading.JsonSchemaAnswer(schema)), run)
+    where = failure.message.split(": ")[1]
+    assert where.startswith("at $.kkk") and len(where) == 3 + grading.PATH_SHOWN
+    assert "…" in where and failure.message.endswith("' is not of type " + ending)
+
+
+def test_a_graded_rows_message_fits_the_status_whatever_the_failures() -> None:
+    from agentrun.operator.evals import status
+
+    many = [grading.Failure("toolsCalled", f"tool(s) {'t' * 125} not called")] * 300
+    row = status.graded_row("case", "suite-case-1234abcd", OK, many)
+    assert ROW_LIMIT >= status.ROW_MESSAGE_CHARS >= len(row.message)
+    assert row.message.startswith("tool(s) ttt") and "…" in row.message
+    assert status.CaseRow.from_dict(row.as_dict()) == row  # read back, it is the same row

@@ -180,6 +180,31 @@ async def test_a_pruned_run_is_not_created_again_from_an_object_older_than_the_s
     assert store.creates == 1 and store.status["lastScheduleTime"] == "2026-11-30T10:00:00Z"
 
 
+def being_deleted(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as a foreground deletion (or another controller's finalizer) leaves it."""
+    obj["metadata"]["deletionTimestamp"] = "2026-11-30T10:00:05Z"
+    return obj
+
+
+async def test_a_cron_being_deleted_creates_cancels_and_deletes_nothing() -> None:
+    """Its deletion waits for its runs (blockOwnerDeletion): a run created meanwhile would
+    start a model loop nobody wants and hold the deletion up again, time after time."""
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    spec = {"concurrencyPolicy": "Replace", "successfulRunsHistoryLimit": 0}
+    ctl = controller(store, clock)
+    await ctl.reconcile(cron(**spec))
+    store.end("report-1796032800", "Succeeded", at=T0 + 1)
+    store.runs["report-1796032799"] = copy.deepcopy(store.runs["report-1796032800"])
+    del store.runs["report-1796032799"]["status"]  # one still running
+    before = copy.deepcopy(store.runs)
+    for offset in (10.2, 20.2, 600.2):
+        clock.now = T0 + offset
+        gone = being_deleted(with_status(cron(**spec), store))
+        assert await ctl.reconcile(gone) is None  # no wake-up for a schedule being deleted
+    assert store.runs == before and store.creates == 1
+    assert store.cancelled == [] and store.deleted == []
+
+
 class RefusingStore(MemoryStore):
     """Creating a run fails with ``error`` (the API server refusing the manifest, or away)."""
 
