@@ -24,11 +24,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from agentrun.kernel import schemas
 from agentrun.loops import sleep_until_set
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
 from ..platform.failures import Failures
+from ..platform.weighed import WeighedCache
 from . import plan, spec, status
 from .status import OwnedRun, epoch
 from .store import CronStore
@@ -36,9 +38,14 @@ from .store import CronStore
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 5.0
+"""Wait before reconciling a CronAgentRun again after a failed API call."""
 RECONCILES_AT_ONCE = 8
 """CronAgentRuns reconciled at once in one pass (each a few API requests)."""
-"""Wait before reconciling a CronAgentRun again after a failed API call."""
+BODIES_MEMORY = 64 * 2**20
+"""Bytes of CronAgentRun objects kept as last seen, about (each weighed by
+``schemas.footprint``; the least recently used forgotten first): a namespace's thousands of
+schedules with megabyte templates cost the operator bounded memory; one forgotten is read
+again (one GET) when it is next due."""
 RECONCILE_FAILED = "ReconcileFailed"
 """``Ready=False`` reason (and Warning Event) of a CronAgentRun whose reconcile failed twice
 for a reason that does not pass (``platform.failures``): it creates nothing until its spec
@@ -50,7 +57,7 @@ CronKey = tuple[str, str]
 
 @dataclasses.dataclass(slots=True)
 class _Entry:
-    body: Mapping[str, Any]
+    uid: str
     generation: int
     wake: float | None = None
 
@@ -75,12 +82,19 @@ class ScheduleController:
         *,
         events: EventRecorder,
         clock: Callable[[], float] = time.time,
+        memory: int = BODIES_MEMORY,
     ) -> None:
-        """``clock``: epoch seconds (schedules are wall-clock times)."""
+        """``clock``: epoch seconds (schedules are wall-clock times); ``memory``: bytes of
+        objects kept as seen (``BODIES_MEMORY``)."""
         self.store = store
         self.events = events
         self.clock = clock
         self._crons: dict[CronKey, _Entry] = {}
+        """Every CronAgentRun known: its identity and wake-up, small whatever its spec."""
+        self._bodies: WeighedCache[CronKey, Mapping[str, Any]] = WeighedCache(
+            memory, schemas.footprint
+        )
+        """The objects as last seen, ``memory`` at most (one forgotten is read again)."""
         self._dirty: set[CronKey] = set()
         self._last: dict[str, float] = {}
         """By CronAgentRun uid: the last schedule time this process created a run for, in case
@@ -94,24 +108,20 @@ class ScheduleController:
         """A CronAgentRun as listed or changed; a new one, or a new spec, is reconciled now."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        generation = int(meta.get("generation") or 1)
+        uid, generation = str(meta.get("uid", "")), int(meta.get("generation") or 1)
+        self._bodies[key] = body
         known = self._crons.get(key)
-        if (
-            known is None
-            or (known.body.get("metadata") or {}).get("uid") != meta.get("uid")
-            or known.generation != generation
-        ):
-            self._crons[key] = _Entry(body, generation)
+        if known is None or known.uid != uid or known.generation != generation:
+            self._crons[key] = _Entry(uid, generation)
             self._mark(key)
-        else:
-            known.body = body
 
     def forget(self, namespace: str, name: str) -> None:
         """The CronAgentRun was deleted (its runs go through ownerReference GC)."""
         entry = self._crons.pop((namespace, name), None)
+        self._bodies.pop((namespace, name), None)
         self._dirty.discard((namespace, name))
         if entry is not None:
-            self._last.pop(str((entry.body.get("metadata") or {}).get("uid", "")), None)
+            self._last.pop(entry.uid, None)
 
     def run_changed(self, namespace: str, cron: str) -> None:
         """One of ``cron``'s runs ended or was deleted: look again (a ``Forbid``-skipped time
@@ -165,20 +175,27 @@ class ScheduleController:
         if entry is None:
             return
         subject = f"CronAgentRun {key[0]}/{key[1]}"
+        body = self._bodies.get(key)
         try:
-            entry.wake = await self.reconcile(entry.body)
+            if body is None:  # forgotten (``BODIES_MEMORY``): read again
+                body = await self.store.get_cron(*key)
+                if body is None:  # deleted; the watch tells ``forget``
+                    entry.wake = None
+                    return
+                self._bodies[key] = body
+            entry.wake = await self.reconcile(body)
         except Exception as err:
             failure = self.failures.failed(key, err, subject=subject)
             entry.wake = None if failure.final else self.clock() + RETRY_SECONDS
-            if failure.final:
-                await self._give_up(entry, err)
+            if failure.final and body is not None:
+                await self._give_up(body, entry.generation, err)
             return
         self.failures.succeeded(key, subject=subject)
 
-    async def _give_up(self, entry: _Entry, err: Exception) -> None:
-        """``Ready=False`` (``RECONCILE_FAILED``, naming ``err``) and a Warning Event; the
-        CronAgentRun is looked at again when its spec changes or one of its runs ends."""
-        cron = entry.body
+    async def _give_up(self, cron: Mapping[str, Any], generation: int, err: Exception) -> None:
+        """``Ready=False`` (``RECONCILE_FAILED``, naming ``err``) and a Warning Event about
+        ``cron`` at ``generation``; it is looked at again when its spec changes or one of its
+        runs ends."""
         meta = cron.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         message = f"no runs are created: reconciling failed twice: {type(err).__name__}: {err}"
@@ -186,14 +203,14 @@ class ScheduleController:
             Involved(spec.KIND, name, namespace, str(meta.get("uid", ""))),
             reason=RECONCILE_FAILED,
             message=message[:1000],
-            per=entry.generation,
+            per=generation,
             warning=True,
         )
         ready = status.ready(
-            False, RECONCILE_FAILED, message[:1000], now=self.clock(), generation=entry.generation
+            False, RECONCILE_FAILED, message[:1000], now=self.clock(), generation=generation
         )
         try:
-            await self._write_status(cron, {"observedGeneration": entry.generation, **ready})
+            await self._write_status(cron, {"observedGeneration": generation, **ready})
         except Exception as writing:  # refused too: the Event and the log say it
             self.failures.failed((namespace, name, "give-up"), writing, subject=f"{name}'s status")
 

@@ -19,6 +19,9 @@ from .spec import CRON_LABEL, CRONS
 class CronStore(Protocol):
     """The API calls of the controller; each raises ``ApiError`` on a failed request."""
 
+    async def get_cron(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The CronAgentRun ``namespace/name``; ``None`` when there is none."""
+
     async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
         """The AgentRuns labelled as created by ``cron``."""
 
@@ -41,6 +44,10 @@ class KubeCronStore:
 
     def __init__(self, api: KubeApi) -> None:
         self.api = api
+
+    async def get_cron(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The CronAgentRun ``namespace/name``; ``None`` when there is none (HTTP 404)."""
+        return await self.api.get(Ref(CRONS, name, namespace))
 
     async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
         """The AgentRuns labelled as created by ``cron``."""

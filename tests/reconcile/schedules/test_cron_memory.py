@@ -1,0 +1,99 @@
+"""CronAgentRuns cost the operator bounded memory whatever their templates: the objects the
+controller keeps as last seen are bounded by weight (``BODIES_MEMORY``), and one forgotten is
+read again when it is next due — its run is still created on time."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from collections.abc import Mapping
+from typing import Any
+
+from kube_support import FakeKube
+
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.schedules import controller as schedules
+
+T0 = 1_796_032_800.0
+"""2026-11-30T10:00:00Z, a schedule time of every schedule below."""
+CRONS = 60
+NOTE = 200_000
+"""Characters of the annotation each template carries (the CRD allows 64 of 65,536 each; the
+API server takes objects of about 1.5 MB)."""
+MEMORY = 2 * 2**20
+
+
+def cron(i: int) -> dict[str, Any]:
+    """Schedule ``c{i}``, every ten seconds, its template carrying a large annotation."""
+    return {
+        "metadata": {
+            "name": f"c{i}",
+            "namespace": "team-a",
+            "uid": f"uid-{i}",
+            "generation": 1,
+            "creationTimestamp": "2026-11-30T09:59:55Z",
+        },
+        "spec": {
+            "schedule": "*/10 * * * * *",
+            "runTemplate": {
+                "metadata": {"annotations": {"note": f"{i:06d}" + "x" * NOTE}},
+                "spec": {"agentRef": {"name": "calc"}, "goal": "report"},
+            },
+        },
+    }
+
+
+class BuildingStore:
+    """``CronStore`` that builds each CronAgentRun when it is read (the API server holds
+    them, not this process) and counts the runs created."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.reads = 0
+
+    async def get_cron(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return cron(int(name[1:]))
+
+    async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
+        return []
+
+    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
+        self.created.append(manifest["metadata"]["name"])
+        return True
+
+    async def cancel_run(self, namespace: str, name: str) -> None:
+        raise AssertionError("nothing runs")
+
+    async def delete_run(self, namespace: str, name: str) -> None:
+        raise AssertionError("nothing ended")
+
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+        return None
+
+
+async def test_many_schedules_with_large_templates_keep_bounded_memory_and_run_on_time() -> None:
+    store = BuildingStore()
+    events = EventRecorder(FakeKube(), throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    clock = [T0 + 0.2]
+    controller = schedules.ScheduleController(
+        store, events=events, clock=lambda: clock[0], memory=MEMORY
+    )
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(CRONS):  # as the watch lists them: each handed over, then dropped
+            controller.observe(cron(i))
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    listed = CRONS * NOTE
+    assert kept < MEMORY + listed // 10, f"kept {kept} bytes of {listed} listed"
+    last = ("team-a", f"c{CRONS - 1}")
+    await controller._reconcile_all({last})  # the last seen is kept: no read
+    assert (store.reads, store.created) == (0, [f"c{CRONS - 1}-1796032800"])
+    await controller._reconcile_all(set(controller._crons) - {last})
+    assert sorted(store.created) == sorted(f"c{i}-1796032800" for i in range(CRONS))
+    assert store.reads > 0  # the ones forgotten were read again
