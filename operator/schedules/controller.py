@@ -304,14 +304,7 @@ class ScheduleController:
             return None
         when = rfc3339(step.scheduled)
         if isinstance(step, plan.Skip):
-            running = ", ".join(run.name for run in step.running)
-            self._record(
-                involved,
-                reason="RunAlreadyActive",
-                message=f"skipped the run for {when}: concurrencyPolicy Forbid and {running} "
-                "still runs",
-                per=step.scheduled,
-            )
+            self._record_skip(involved, step, when=when)
             return None
         for run in step.cancel:
             await self.store.cancel_run(involved.namespace, run.name)
@@ -332,6 +325,29 @@ class ScheduleController:
             per=step.scheduled,
         )
         return OwnedRun(name, "", step.scheduled, False, False, None)
+
+    def _record_skip(self, involved: Involved, step: plan.Skip, *, when: str) -> None:
+        """The Event of a skipped time: ``RunAlreadyActive`` (``Forbid``), or the Warning
+        ``TooManyActiveRuns`` (``Allow`` at ``plan.MAX_ACTIVE_RUNS``)."""
+        if step.full:
+            self._record(
+                involved,
+                reason="TooManyActiveRuns",
+                message=f"skipped the run for {when}: {len(step.running)} runs of this schedule "
+                f"have not ended (at most {plan.MAX_ACTIVE_RUNS}; are they queued behind the "
+                "tenant's limits?)",
+                per=step.scheduled,
+                warning=True,
+            )
+            return
+        running = ", ".join(run.name for run in step.running)
+        self._record(
+            involved,
+            reason="RunAlreadyActive",
+            message=f"skipped the run for {when}: concurrencyPolicy Forbid and {running} "
+            "still runs",
+            per=step.scheduled,
+        )
 
     def _record_missed(self, involved: Involved, missed: plan.Missed) -> None:
         when = rfc3339(missed.latest)

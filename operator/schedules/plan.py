@@ -16,6 +16,9 @@ The rule is CronJob's:
   ``Forbid`` skips it while one runs. A skipped time is not recorded as scheduled, so when the
   running run ends before the next time (and within the deadline, if one is set) it starts
   then, late, as a CronJob's does.
+- ``Allow`` skips a time as ``Forbid`` does while ``MAX_ACTIVE_RUNS`` runs of the schedule
+  have not ended (``Skip.full``): runs that queue for ever (the tenant's quota) do not pile up
+  one per schedule time without end.
 - ``suspend`` starts nothing; after resuming, the same rule applies to the times passed
   meanwhile (set a deadline to drop them).
 
@@ -48,6 +51,10 @@ MACROS = {
 TOO_MANY_MISSED = 100
 """More missed schedule times than this warn (CronJob's threshold); counting stops there."""
 UTC = datetime.UTC
+MAX_ACTIVE_RUNS = 1000
+"""Runs of one schedule that have not ended, at most (``status.active``'s bound): under
+``Allow`` a time due with this many is skipped (``Skip.full``); ``Forbid`` skips at one,
+``Replace`` cancels them."""
 
 
 class ScheduleError(ValueError):
@@ -200,13 +207,15 @@ class Start:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Skip:
-    """``Forbid``: ``scheduled`` is due but ``running`` still runs; look again at ``wake`` (or
-    when a run ends)."""
+    """``Forbid`` (or ``Allow`` at ``MAX_ACTIVE_RUNS``): ``scheduled`` is due but ``running``
+    still run; look again at ``wake`` (or when a run ends)."""
 
     scheduled: float
     wake: float
     running: tuple[ActiveRun, ...]
     missed: Missed | None = None
+    full: bool = False
+    """Skipped for ``MAX_ACTIVE_RUNS`` runs not ended (``Allow``), not for ``Forbid``."""
 
 
 Plan = Wait | Suspended | Start | Skip
@@ -243,6 +252,8 @@ def plan(
         missed = Missed(len(due) - 1, due[-2], past_deadline=False)
     if active and policy.concurrency is ConcurrencyPolicy.FORBID:
         return Skip(latest, wake, tuple(active), missed)
+    if len(active) >= MAX_ACTIVE_RUNS and policy.concurrency is ConcurrencyPolicy.ALLOW:
+        return Skip(latest, wake, tuple(active), missed, full=True)
     cancel = tuple(active) if policy.concurrency is ConcurrencyPolicy.REPLACE else ()
     return Start(latest, wake, cancel, missed)
 

@@ -20,7 +20,8 @@ from ..platform import conditions
 from .spec import SCHEDULED_ANNOTATION, Checked
 
 MAX_ACTIVE = 1000
-"""References ``status.active`` lists at most (the CRD's ``maxItems``): the newest runs."""
+"""References ``status.active`` lists at most (the CRD's ``maxItems``; ``plan.MAX_ACTIVE_RUNS``
+keeps a schedule's unfinished runs within it under ``Allow``): the newest runs."""
 
 
 def epoch(text: Any) -> float | None:

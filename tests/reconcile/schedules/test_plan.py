@@ -388,3 +388,22 @@ def test_a_scheduled_run_is_owned_labelled_and_named_by_its_time() -> None:
         }
     ]
     assert run["spec"] == {"agentRef": {"name": "calc"}, "goal": "report"}
+
+
+def test_allow_skips_a_time_while_the_most_runs_of_the_schedule_have_not_ended() -> None:
+    """Runs queued for ever (the tenant's limits) no longer pile up one per schedule time:
+    each was one more object for the API server and one more for every pass to list."""
+    queued = tuple(
+        ActiveRun(f"report-{i}", f"uid-{i}", at("2026-11-30 09:00") - 3600 * i)
+        for i in range(cronplan.MAX_ACTIVE_RUNS)
+    )
+    due = {"last": at("2026-11-30 09:00"), "now": at("2026-11-30 10:00:02")}
+    step = cronplan.plan(HOURLY, policy=Policy(), active=queued, **due)
+    assert step == Skip(
+        at("2026-11-30 10:00"), wake=at("2026-11-30 11:00"), running=queued, full=True
+    )
+    fewer = cronplan.plan(HOURLY, policy=Policy(), active=queued[1:], **due)
+    assert fewer == Start(at("2026-11-30 10:00"), wake=at("2026-11-30 11:00"))
+    replace = Policy(concurrency=ConcurrencyPolicy.REPLACE)
+    replaced = cronplan.plan(HOURLY, policy=replace, active=queued, **due)
+    assert isinstance(replaced, Start) and replaced.cancel == queued
