@@ -55,6 +55,10 @@ MAX_ACTIVE_RUNS = 1000
 """Runs of one schedule that have not ended, at most (``status.active``'s bound): under
 ``Allow`` a time due with this many is skipped (``Skip.full``); ``Forbid`` skips at one,
 ``Replace`` cancels them."""
+MAX_HISTORY = 1000
+"""Finished runs of each kind (succeeded; failed or cancelled) a schedule keeps, at most,
+whatever its history limits say (the CRD's ``maximum``; this bound for objects stored
+before it)."""
 
 
 class ScheduleError(ValueError):
@@ -278,7 +282,7 @@ def prune(
 ) -> tuple[str, ...]:
     """The names of finished runs beyond the history limits: the oldest (by schedule time)
     successful runs past ``successful_limit`` and failed (or cancelled) ones past
-    ``failed_limit``."""
+    ``failed_limit``, each limit at most ``MAX_HISTORY``."""
     doomed: list[str] = []
     for succeeded, limit in ((True, successful_limit), (False, failed_limit)):
         kind = sorted(
@@ -286,5 +290,5 @@ def prune(
             key=lambda run: (run.scheduled, run.name),
             reverse=True,
         )
-        doomed.extend(run.name for run in kind[max(limit, 0) :])
+        doomed.extend(run.name for run in kind[min(max(limit, 0), MAX_HISTORY) :])
     return tuple(sorted(doomed))

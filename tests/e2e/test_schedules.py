@@ -339,6 +339,8 @@ def test_the_api_server_checks_the_run_template_as_an_agentrun_naming_the_field(
     assert "spec.runTemplate.spec.budget.maxSteps" in refusal(negative)
     assert "at most 52 characters" in refusal(cron_manifest("n" * 53, QUICK))
     assert "spec.concurrencyPolicy" in refusal(cron_manifest("p", QUICK, concurrencyPolicy="Once"))
+    kept = cron_manifest("h", QUICK, failedRunsHistoryLimit=1001)
+    assert "spec.failedRunsHistoryLimit: Invalid value" in refusal(kept)
 
 
 @pytest.mark.parametrize(

@@ -407,3 +407,12 @@ def test_allow_skips_a_time_while_the_most_runs_of_the_schedule_have_not_ended()
     replace = Policy(concurrency=ConcurrencyPolicy.REPLACE)
     replaced = cronplan.plan(HOURLY, policy=replace, active=queued, **due)
     assert isinstance(replaced, Start) and replaced.cancel == queued
+
+
+def test_history_limits_keep_at_most_the_most_finished_runs_of_each_kind() -> None:
+    """A limit stored before the CRD bounded it (2^31 - 1, say) kept every finished run of an
+    every-second schedule: 86,400 more objects a day, each listed by every pass."""
+    most = cronplan.MAX_HISTORY
+    finished = [FinishedRun(f"r-{i:05d}", i, i % 2 == 0) for i in range(2 * most + 10)]
+    doomed = cronplan.prune(finished, successful_limit=2**31 - 1, failed_limit=2**31 - 1)
+    assert doomed == tuple(f"r-{i:05d}" for i in range(10))  # the oldest ten, 5 of each
