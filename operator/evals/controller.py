@@ -60,7 +60,9 @@ from .status import (
     run_manifest,
     run_name,
     run_result,
+    started_runs,
     unchanged,
+    vanished_row,
 )
 
 log = logging.getLogger(__name__)
@@ -354,10 +356,11 @@ class EvalController:
         current: Mapping[str, Mapping[str, Any]],
         previous: Mapping[str, Any],
     ) -> list[CaseRow]:
-        """Each case's row: kept if graded already, graded now if its run ended, else its
-        run's; runs are created for waiting cases while fewer than ``parallelism`` are
-        unfinished."""
+        """Each case's row: kept if graded already, graded now if its run ended, Failed if
+        its run went away before it was graded (``vanished_row``), else its run's; runs are
+        created for waiting cases while fewer than ``parallelism`` are unfinished."""
         kept = previous_rows(previous, round_=round_.id)
+        started = started_runs(previous, round_=round_.id)
         rows: list[CaseRow] = []
         waiting: list[tuple[int, EvalCase]] = []
         for case in spec.cases:
@@ -366,6 +369,8 @@ class EvalController:
             run = current.get(case.name)
             if row is not None and row.run == name:
                 rows.append(row)
+            elif run is None and started.get(case.name) == name:
+                rows.append(vanished_row(case.name, name))  # never created twice in a round
             elif run is None:
                 waiting.append((len(rows), case))
                 rows.append(CaseRow(case.name, name, CasePhase.PENDING))

@@ -232,6 +232,28 @@ def previous_rows(previous: Mapping[str, Any], *, round_: str) -> dict[str, Case
     return {row.name: row for row in rows if row is not None and row.graded}
 
 
+def started_runs(previous: Mapping[str, Any], *, round_: str) -> dict[str, str]:
+    """The runs ``previous`` (an eval's status now) shows created and not graded, by case name,
+    if it is of ``round_``; empty otherwise."""
+    if previous.get("round") != round_:
+        return {}
+    rows = (CaseRow.from_dict(r) for r in previous.get("cases") or [] if isinstance(r, Mapping))
+    return {r.name: r.run for r in rows if r is not None and r.phase is CasePhase.RUNNING}
+
+
+def vanished_row(case: str, run: str) -> CaseRow:
+    """The row of a case whose run was deleted before it was graded: Failed, saying so (it is
+    not run again in the round: a run that went away is not a reason to pay for another)."""
+    return CaseRow(
+        name=case,
+        run=run,
+        phase=CasePhase.FAILED,
+        message=f"run {run} was deleted before it was graded (its ttlSecondsAfterFinished, or "
+        "its tenant's, shorter than grading took, or deleted by hand); edit the suite to run "
+        "the case again",
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:
     """Where a round stands."""

@@ -1,5 +1,7 @@
-"""An AgentEval being deleted (a foreground deletion, another controller's finalizer holding
-it) creates no run: one created meanwhile would start a model loop for a suite nobody wants."""
+"""Deletions around an AgentEval never make it pay for a run twice: one being deleted (a
+foreground deletion, another controller's finalizer holding it) creates no run, and a case
+whose run was deleted before it was graded (a short ``ttlSecondsAfterFinished``, the
+tenant's default one, a person) fails saying so instead of running again."""
 
 from __future__ import annotations
 
@@ -58,3 +60,25 @@ async def test_a_suite_being_deleted_creates_no_run_for_its_cases() -> None:
     await ctl.reconcile("ns", "suite")
     assert run_names(api) == []
     assert sum(verb == "create" for verb, _ in api.calls) == 2
+
+
+async def test_a_case_whose_run_is_deleted_before_it_is_graded_fails_and_is_not_run_again() -> None:
+    """Its tenant's ttlSecondsAfterFinished of 0, say: the run was deleted as it ended, before
+    the suite's next reconcile; the case's run was created again, ended, was deleted again…
+    each time a model loop paid for, for ever."""
+    api = FakeKube()
+    api.put("agents", AGENT)
+    api.put(EVALS, copy.deepcopy(SUITE))
+    ctl = controller(api)
+    await ctl.reconcile("ns", "suite")
+    first = run_names(api)
+    for name in first:  # each ended and was deleted at once by its TTL
+        del api.objects[("agentruns", "ns", name)]
+    await ctl.reconcile("ns", "suite")
+    assert run_names(api) == [] and sum(verb == "create" for verb, _ in api.calls) == 2
+    suite = api.find(EVALS, "suite", "ns")
+    assert suite is not None
+    rows = suite["status"]["cases"]
+    assert [(r["phase"], r["run"]) for r in rows] == [("Failed", name) for name in first]
+    assert all("was deleted before it was graded" in r["message"] for r in rows)
+    assert suite["status"]["phase"] == "Failed"
