@@ -414,6 +414,14 @@ class ScheduleController:
         )
 
     async def _write_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+        """Patch the status when ``body`` changes it. A CronAgentRun found gone is forgotten
+        (its deletion was missed: a watch restarted across it lists what exists, and tells no
+        deletion), so a deleted schedule does not fire on from the object last seen."""
         if status.unchanged(cron.get("status") or {}, body):
             return
-        await self.store.patch_status(cron, body)
+        if not await self.store.patch_status(cron, body):
+            meta = cron.get("metadata") or {}
+            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            known = self._crons.get(key)
+            if known is not None and known.uid == str(meta.get("uid", "")):
+                self.forget(*key)

@@ -34,9 +34,9 @@ class CronStore(Protocol):
     async def delete_run(self, namespace: str, name: str) -> None:
         """Delete the run (a run gone already is no error)."""
 
-    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
-        """Merge ``body`` into the CronAgentRun's status (a CronAgentRun gone or replaced by
-        a new object of its name is no error)."""
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+        """Merge ``body`` into the CronAgentRun's status; ``False`` when it is gone (a
+        conflict, a new object of its name, is no error either)."""
 
 
 class KubeCronStore:
@@ -68,12 +68,15 @@ class KubeCronStore:
         """Delete the run in the background (the operator stops it if it is still going)."""
         await self.api.delete(Ref(runs.RUNS, name, namespace))
 
-    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
-        """Merge ``body`` into ``.status``, only while the object has ``cron``'s uid."""
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+        """Merge ``body`` into ``.status``; ``False`` when the object is gone (HTTP 404)."""
         meta = cron.get("metadata") or {}
         ref = Ref(CRONS, str(meta.get("name")), str(meta.get("namespace")))
         try:
             await self.api.patch_status(ref, body, uid=str(meta.get("uid") or ""))
         except ApiError as err:
-            if err.status not in (404, 409):
+            if err.status == 404:
+                return False
+            if err.status != 409:
                 raise
+        return True

@@ -68,8 +68,8 @@ class BuildingStore:
     async def delete_run(self, namespace: str, name: str) -> None:
         raise AssertionError("nothing ended")
 
-    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
-        return None
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+        return True
 
 
 async def test_many_schedules_with_large_templates_keep_bounded_memory_and_run_on_time() -> None:

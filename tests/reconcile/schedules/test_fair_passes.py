@@ -59,8 +59,9 @@ class SlowStore:
         await asyncio.sleep(LATENCY)
         self.runs.pop((namespace, name), None)
 
-    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
         await asyncio.sleep(LATENCY)
+        return True
 
 
 def cron(namespace: str, name: str, **spec: Any) -> dict[str, Any]:

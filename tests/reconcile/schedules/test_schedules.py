@@ -27,6 +27,8 @@ class MemoryStore:
         self.cancelled: list[str] = []
         self.deleted: list[str] = []
         self.creates = 0
+        self.gone = False
+        """The CronAgentRun was deleted (its status patches meet 404)."""
 
     async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(r) for r in self.runs.values()]
@@ -48,12 +50,15 @@ class MemoryStore:
         self.deleted.append(name)
         self.runs.pop(name, None)
 
-    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+        if self.gone:
+            return False
         for key, value in body.items():
             if value is None:
                 self.status.pop(key, None)
             else:
                 self.status[key] = value
+        return True
 
     def end(self, name: str, phase: str, *, at: float) -> None:
         reason = "completed" if phase == "Succeeded" else "max_steps"
@@ -203,6 +208,23 @@ async def test_a_cron_being_deleted_creates_cancels_and_deletes_nothing() -> Non
         assert await ctl.reconcile(gone) is None  # no wake-up for a schedule being deleted
     assert store.runs == before and store.creates == 1
     assert store.cancelled == [] and store.deleted == []
+
+
+async def test_a_cron_whose_deletion_the_watch_missed_stops_firing_once_found_gone() -> None:
+    """A watch restarted across a deletion lists what exists and tells no deletion: the
+    schedule last seen fired on for ever, each run owned by an object that is gone (the
+    garbage collector deletes it, perhaps after it started a model loop)."""
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    ctl.observe(cron())
+    await ctl._reconcile_all({("team-a", "report")})
+    assert store.creates == 1
+    store.gone = True  # deleted; no DELETED event came
+    for offset in (10.2, 20.2, 30.2):
+        clock.now = T0 + offset
+        await ctl._reconcile_all({("team-a", "report")})
+    assert store.creates == 2  # the pass that found it gone; none after
+    assert ("team-a", "report") not in ctl._crons
 
 
 class RefusingStore(MemoryStore):
