@@ -57,6 +57,8 @@ import re2
 import referencing
 import referencing.exceptions
 
+from agentrun.kernel.decision import clean_text
+
 WORK_LIMIT = 200_000
 """Steps one validation may take (``WorkExceeded`` past it): at most about 0.5 s of CPU."""
 MAX_SCHEMA_BYTES = 65_536
@@ -158,9 +160,11 @@ def _refusal(pattern: str, err: PatternRefused) -> str:
 def search(pattern: str, text: str) -> bool:
     """Whether ``pattern`` matches somewhere in ``text`` (``re.search``'s rule, as JSON
     Schema's ``pattern`` is applied), in time linear in ``text``; counted against the running
-    validation's budget. Raises ``PatternRefused``."""
+    validation's budget. A lone surrogate in ``text`` (a JSON ``\\ud800`` escape of half a pair,
+    which a model's answer may hold) is matched as ``decision.clean_text`` repairs it: RE2 reads
+    UTF-8, which cannot encode one. Raises ``PatternRefused``."""
     _spend(1 + len(text) // TEXT_STEP)
-    return compile_pattern(pattern).search(text) is not None
+    return compile_pattern(pattern).search(clean_text(text)) is not None
 
 
 # --- the work budget -------------------------------------------------------------------------

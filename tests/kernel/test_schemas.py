@@ -191,6 +191,42 @@ def test_errors_under_pattern_properties_name_their_places_as_jsonschema_does() 
     )
 
 
+@pytest.mark.parametrize(
+    ("schema", "answer", "message"),
+    [
+        pytest.param(
+            {"type": "string", "pattern": "^a"},
+            '"\\ud800"',
+            "(root): '\\ud800' does not match '^a'",
+            id="pattern",
+        ),
+        pytest.param(
+            {"propertyNames": {"pattern": "^a"}},
+            '{"\\ud800x": 1}',
+            "(root): '\\ud800x' does not match '^a'",
+            id="property-names",
+        ),
+        pytest.param(
+            {"patternProperties": {"^a": {}}, "additionalProperties": False},
+            '{"\\ud800x": 1}',
+            "(root): '\\ud800x' does not match any of the regexes: '^a'",
+            id="pattern-properties",
+        ),
+        # one U+FFFD for each byte of its UTF-8 form, as decision.clean_text repairs it
+        pytest.param(
+            {"type": "string", "pattern": "^\ufffd{3}$"}, '"\\udc00"', None, id="repaired"
+        ),
+    ],
+)
+def test_half_a_surrogate_pair_in_an_answer_is_matched_repaired_not_a_crash(
+    schema: dict[str, Any], answer: str, message: str | None
+) -> None:
+    """A model's JSON may escape half a surrogate pair (ASCII text, valid JSON): parsed, it is a
+    string UTF-8 cannot encode, and RE2 raised UnicodeEncodeError out of the check — a turn's
+    output check, an AgentEval's grading (the suite given up for it)."""
+    assert output.output_error(answer, schema) == message
+
+
 def test_data_that_looks_like_a_pattern_is_not_checked() -> None:
     schema = {"enum": [{"pattern": "(?=x)"}], "const": {"pattern": "(a)\\1"}, "default": {}}
     assert schemas.schema_problem(schema) is None

@@ -275,3 +275,29 @@ def test_a_graded_rows_message_fits_the_status_whatever_the_failures() -> None:
     assert ROW_LIMIT >= status.ROW_MESSAGE_CHARS >= len(row.message)
     assert row.message.startswith("tool(s) ttt") and "…" in row.message
     assert status.CaseRow.from_dict(row.as_dict()) == row  # read back, it is the same row
+
+
+@pytest.mark.parametrize(
+    ("check", "answer"),
+    [
+        pytest.param(
+            grading.JsonSchemaAnswer({"type": "string", "pattern": "^12$"}),
+            '"\\ud83d"',
+            id="pattern",
+        ),
+        pytest.param(
+            grading.JsonSchemaAnswer({"propertyNames": {"pattern": "^area$"}}),
+            '{"\\ud83d": 12}',
+            id="property-names",
+        ),
+    ],
+)
+def test_half_a_surrogate_pair_in_a_hostile_answer_fails_its_case_not_the_suite(
+    check: grading.AnswerCheck, answer: str
+) -> None:
+    """The answer is ASCII and valid JSON; parsed, it held a string RE2 cannot read, and
+    grading raised UnicodeEncodeError twice: the suite was given up (ReconcileFailed, its runs
+    deleted) instead of this case failing."""
+    run = dataclasses.replace(OK, answer=answer)
+    (failure,) = grading.grade(expect(answer=check), run)
+    assert failure.expectation == "answer.jsonSchema" and "does not match" in failure.message
