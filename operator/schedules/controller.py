@@ -9,7 +9,8 @@ calls (``store``), the kopf handlers that feed it (``handlers.schedules``).
 
 Exactly-once per schedule time without any state of its own: a run's name is derived from its
 schedule time, so a second attempt (the same leader after an error, a new leader after a
-failover or restart) meets AlreadyExists, which counts as done. The last schedule time is the
+failover or restart) meets AlreadyExists instead of creating a double (and, not having listed
+the run as its own, says so: ``RunNameTaken``). The last schedule time is the
 later of ``.status.lastScheduleTime`` and the newest run the CronAgentRun owns, so a run created
 just before a crash, whose status write was lost, is not created again either.
 """
@@ -317,7 +318,18 @@ class ScheduleController:
         manifest = spec.run_manifest(cron, checked, scheduled=step.scheduled)
         name = manifest["metadata"]["name"]
         if not await self.store.create_run(manifest):
-            return None  # created before (then listed with the others): done already
+            # not listed as ours (``plan`` would not start a time of a run it lists): another
+            # object holds the name, and this time gets no run; say so rather than nothing
+            self._record(
+                involved,
+                reason="RunNameTaken",
+                message=f"no run for {when}: an AgentRun named {name} exists that is not this "
+                "CronAgentRun's (created by hand or by another object); delete it, or rename "
+                "the schedule",
+                per=step.scheduled,
+                warning=True,
+            )
+            return None
         self._record(
             involved,
             reason="SuccessfulCreate",

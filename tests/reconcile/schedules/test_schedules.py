@@ -227,6 +227,19 @@ async def test_a_cron_whose_deletion_the_watch_missed_stops_firing_once_found_go
     assert ("team-a", "report") not in ctl._crons
 
 
+async def test_a_run_name_taken_by_another_object_is_a_warning_not_a_silent_skip() -> None:
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    squatter = {"metadata": {"name": "report-1796032800", "uid": "someone-elses"}}
+    store.runs["report-1796032800"] = squatter  # made by hand: not labelled, not owned
+    ctl = controller(store, clock)
+    await ctl.reconcile(cron())
+    assert store.runs == {"report-1796032800": squatter} and store.creates == 1
+    await ctl.events.drain()
+    (event,) = ctl.events.api.events  # type: ignore[attr-defined]
+    assert (event["type"], event["reason"]) == ("Warning", "RunNameTaken")
+    assert "report-1796032800" in event["message"]
+
+
 class RefusingStore(MemoryStore):
     """Creating a run fails with ``error`` (the API server refusing the manifest, or away)."""
 
