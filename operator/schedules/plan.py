@@ -88,7 +88,8 @@ class Schedule:
 
     @classmethod
     def parse(cls, schedule: str, *, time_zone: str | None) -> Schedule:
-        """Raises ``ScheduleError`` naming ``spec.schedule`` or ``spec.timeZone``."""
+        """Raises ``ScheduleError`` naming ``spec.schedule`` (one that matches no time from
+        now on too: ``next_after`` could not answer) or ``spec.timeZone``."""
         zone = parse_zone(time_zone)
         written = schedule.strip()
         if "TZ=" in written:
@@ -101,13 +102,18 @@ class Schedule:
                 f"spec.schedule: unknown macro {written!r} (known: {', '.join(MACROS)})"
             )
         try:
-            cronsim.CronSim(expression, datetime.datetime.now(zone))
+            times = cronsim.CronSim(expression, datetime.datetime.now(zone))
         except cronsim.CronSimError as err:
             raise ScheduleError(
                 f"spec.schedule: {schedule!r} is not a cron schedule ({err}); five fields "
                 "(minute hour day-of-month month day-of-week), six with seconds first, or a "
                 "macro such as @hourly"
             ) from None
+        if next(times, None) is None:  # cronsim looks 50 years ahead
+            raise ScheduleError(
+                f"spec.schedule: {schedule!r} matches no time in the next 50 years (when the "
+                "day-of-month or the day-of-week field starts with *, a day must match both)"
+            )
         return cls(written, expression, zone)
 
     def _iterate(self, start: float, *, reverse: bool = False) -> Iterator[float]:

@@ -70,6 +70,9 @@ BAD_SCHEDULES = pytest.mark.parametrize(
         pytest.param("* * *", "not a cron schedule", id="three-fields"),
         pytest.param("@fortnightly", "unknown macro", id="unknown-macro"),
         pytest.param("CRON_TZ=Europe/Berlin 0 6 * * *", "use spec.timeZone", id="tz-inline"),
+        # the 1st or the 21st, and the month's last Sunday (never after the 21st): never
+        pytest.param("0 0 */20 * 7L", "matches no time", id="never"),
+        pytest.param("30 0 0 */20 * 7L", "matches no time", id="never-with-seconds"),
     ],
 )
 

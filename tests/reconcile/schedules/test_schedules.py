@@ -171,6 +171,16 @@ async def test_an_invalid_template_is_not_ready_and_creates_nothing() -> None:
     assert store.runs == {}
 
 
+async def test_a_schedule_that_never_matches_is_not_ready_naming_the_field() -> None:
+    """It parsed, and the controller's pass raised StopIteration (a RuntimeError out of the
+    coroutine) twice: ReconcileFailed, naming no field."""
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    assert await controller(store, clock).reconcile(cron(schedule="0 0 */20 * 7L")) is None
+    (ready,) = store.status["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSchedule")
+    assert ready["message"].startswith("spec.schedule: '0 0 */20 * 7L' matches no time")
+
+
 async def test_a_pruned_run_is_not_created_again_from_an_object_older_than_the_status() -> None:
     store, clock = MemoryStore(), Clock(T0 + 0.2)
     ctl = controller(store, clock)
