@@ -180,8 +180,8 @@ class ScheduleController:
         try:
             if body is None:  # forgotten (``BODIES_MEMORY``): read again
                 body = await self.store.get_cron(*key)
-                if body is None:  # deleted; the watch tells ``forget``
-                    entry.wake = None
+                if body is None:  # deleted (the watch may not tell: see ``_write_status``)
+                    self.forget(*key)
                     return
                 self._bodies[key] = body
             entry.wake = await self.reconcile(body)

@@ -50,10 +50,11 @@ class BuildingStore:
     def __init__(self) -> None:
         self.created: list[str] = []
         self.reads = 0
+        self.deleted: set[str] = set()
 
     async def get_cron(self, namespace: str, name: str) -> dict[str, Any] | None:
         self.reads += 1
-        return cron(int(name[1:]))
+        return None if name in self.deleted else cron(int(name[1:]))
 
     async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
         return []
@@ -97,3 +98,17 @@ async def test_many_schedules_with_large_templates_keep_bounded_memory_and_run_o
     await controller._reconcile_all(set(controller._crons) - {last})
     assert sorted(store.created) == sorted(f"c{i}-1796032800" for i in range(CRONS))
     assert store.reads > 0  # the ones forgotten were read again
+
+
+async def test_a_forgotten_schedule_found_deleted_when_read_again_is_forgotten() -> None:
+    store = BuildingStore()
+    events = EventRecorder(FakeKube(), throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+    controller = schedules.ScheduleController(
+        store, events=events, clock=lambda: T0 + 0.2, memory=MEMORY
+    )
+    for i in range(CRONS):
+        controller.observe(cron(i))
+    store.deleted.add("c0")  # the first seen is forgotten by now; its deletion was not told
+    await controller._reconcile_all({("team-a", "c0")})
+    assert store.reads == 1 and store.created == []
+    assert ("team-a", "c0") not in controller._crons
