@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -26,3 +27,15 @@ async def serving(app: web.Application | dict[str, Any]) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+def loopback_kubeconfig(path: Path, server: str) -> Path:
+    """Write to ``path`` a kubeconfig for the plain-HTTP API server at ``server`` (a
+    ``serving`` URL) with an empty user; returns ``path``."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+        f"clusters: [{{name: t, cluster: {{server: '{server}'}}}}]\n"
+        "contexts: [{name: t, context: {cluster: t, user: u}}]\n"
+        "users: [{name: u, user: {}}]\n"
+    )
+    return path

@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from http_support import loopback_kubeconfig, serving
 from kubernetes_asyncio import client
 
 from agentrun import kube
@@ -46,24 +47,8 @@ async def apiserver(tmp_path: Path) -> AsyncIterator[tuple[Path, list[str | None
         seen.append(request.headers.get("Authorization"))
         return web.json_response(VERSION)
 
-    app = web.Application()
-    app.router.add_get("/version/", version)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    config = tmp_path / "kubeconfig"
-    config.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-        f"clusters: [{{name: t, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "contexts: [{name: t, context: {cluster: t, user: u}}]\n"
-        "users: [{name: u, user: {}}]\n"
-    )
-    try:
-        yield config, seen
-    finally:
-        await runner.cleanup()
+    async with serving({"/version/": version}) as url:
+        yield loopback_kubeconfig(tmp_path / "kubeconfig", url), seen
 
 
 @pytest.fixture

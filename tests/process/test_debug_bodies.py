@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from http_support import loopback_kubeconfig, serving
 from kubernetes_asyncio import client
 
 from agentrun import kube, process
@@ -32,24 +33,9 @@ async def kubeconfig(tmp_path: Path) -> AsyncIterator[Path]:
         body = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": {"k": encoded}}
         return web.json_response(body)
 
-    app = web.Application()
-    app.router.add_get("/api/v1/namespaces/a/secrets/key", secret)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    config = tmp_path / "kubeconfig"
-    config.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: t\n"
-        f"clusters: [{{name: t, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "contexts: [{name: t, context: {cluster: t, user: u}}]\n"
-        "users: [{name: u, user: {}}]\n"
-    )
-    try:
-        yield config
-    finally:
-        await runner.cleanup()
+    routes = {"/api/v1/namespaces/a/secrets/key": secret}
+    async with serving(routes) as url:
+        yield loopback_kubeconfig(tmp_path / "kubeconfig", url)
 
 
 async def test_a_secret_read_at_debug_level_is_not_logged(kubeconfig: Path) -> None:

@@ -144,17 +144,22 @@ async def echo_credentials(request: web.Request) -> web.Response:
     return web.json_response({"jsonrpc": "2.0", "id": body["id"], "error": error})
 
 
+def credentialed(base: str) -> endpoint.Endpoint:
+    """The endpoint ``<base>/mcp``, sent ``Authorization: Bearer SECRET``."""
+    return endpoint.Endpoint(
+        base + "/mcp",
+        headers={"Authorization": f"Bearer {SECRET}"},
+        timeout=5.0,
+        private_network=True,
+    )
+
+
 async def test_a_server_quoting_its_credentials_is_redacted_from_what_it_causes() -> None:
     """A tenant's server echoing the header a Secret gave it (the whole value, or the token
     alone): neither the operator's discovery failure (the AgentToolServer's status) nor a
     worker's tool error (the model, the run's events) carries it."""
     async with serving({"/mcp": echo_credentials}) as base:
-        where = endpoint.Endpoint(
-            base + "/mcp",
-            headers={"Authorization": f"Bearer {SECRET}"},
-            timeout=5.0,
-            private_network=True,
-        )
+        where = credentialed(base)
         with pytest.raises(remote.RemoteError) as caught:
             await remote.discover(where)
     assert SECRET not in caught.value.message and "[redacted]" in caught.value.message
@@ -177,12 +182,7 @@ async def test_a_quoted_credential_cut_by_the_bound_of_a_message_leaves_no_part_
     before: a token the cut splits would otherwise no longer match and its first part would
     reach the status, the model and the run's events."""
     async with serving({"/mcp": echo_credentials_late}) as base:
-        where = endpoint.Endpoint(
-            base + "/mcp",
-            headers={"Authorization": f"Bearer {SECRET}"},
-            timeout=5.0,
-            private_network=True,
-        )
+        where = credentialed(base)
         with pytest.raises(remote.RemoteError) as caught:
             await remote.discover(where)
         admitted = RemoteTool("s__t", "s", "t", "", {"type": "object"}, "read", where.url, "", 5.0)

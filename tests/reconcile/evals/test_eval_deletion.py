@@ -44,13 +44,18 @@ def run_names(api: FakeKube) -> list[str]:
     return sorted(key[2] for key in api.objects if key[0] == "agentruns")
 
 
-async def test_a_suite_being_deleted_creates_no_run_for_its_cases() -> None:
-    api = FakeKube()
+async def suite_with_runs(api: FakeKube) -> tuple[EvalController, list[str]]:
+    """The suite reconciled once in ``api``: its controller and its cases' runs' names."""
     api.put("agents", AGENT)
     api.put(EVALS, copy.deepcopy(SUITE))
     ctl = controller(api)
     await ctl.reconcile("ns", "suite")
-    first = run_names(api)
+    return ctl, run_names(api)
+
+
+async def test_a_suite_being_deleted_creates_no_run_for_its_cases() -> None:
+    api = FakeKube()
+    ctl, first = await suite_with_runs(api)
     assert len(first) == 2  # the control: a live suite creates its cases' runs
     for name in first:  # the garbage collector takes them while the suite waits for them
         del api.objects[("agentruns", "ns", name)]
@@ -67,11 +72,7 @@ async def test_a_case_whose_run_is_deleted_before_it_is_graded_fails_and_is_not_
     the suite's next reconcile; the case's run was created again, ended, was deleted again…
     each time a model loop paid for, for ever."""
     api = FakeKube()
-    api.put("agents", AGENT)
-    api.put(EVALS, copy.deepcopy(SUITE))
-    ctl = controller(api)
-    await ctl.reconcile("ns", "suite")
-    first = run_names(api)
+    ctl, first = await suite_with_runs(api)
     for name in first:  # each ended and was deleted at once by its TTL
         del api.objects[("agentruns", "ns", name)]
     await ctl.reconcile("ns", "suite")
