@@ -249,3 +249,34 @@ def restart_operator(stack_: E2EStack, **env: str | None) -> None:
         else:
             stack_.env[key] = value
     stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
+
+
+class Restarts:
+    """Components started again by tests; stopped at session end, before the control plane."""
+
+    def __init__(self, launch: components.Launch) -> None:
+        self.launch = launch
+        self.started: list[components.Component] = []
+
+    def kill_and_restart(self, component: components.Component, *, down: float) -> None:
+        components.kill_component(component)
+        time.sleep(down)
+        self.started.append(
+            self.launch.start(component.spec, probe=component.probe, ports=component.ports)
+        )
+
+
+@pytest.fixture(scope="session")
+def restarts(control_plane: Any, devenv_launch: components.Launch) -> Iterator[Restarts]:
+    made = Restarts(devenv_launch)
+    yield made
+    for component in made.started:
+        components.stop_component(component)
+
+
+def apiserver(control_plane: Any, restarts: Restarts) -> components.Component:
+    """The running kube-apiserver (the last restarted one, or the control plane's own)."""
+    found = [
+        c for c in (*control_plane.components, *restarts.started) if c.name == "kube-apiserver"
+    ]
+    return found[-1]

@@ -5,15 +5,13 @@ answered are in the ledger and delivery suites.)"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from agentrun_dev import components, controlplane
+from agentrun_dev import controlplane
 
-from .conftest import E2EStack, run_manifest
+from .conftest import E2EStack, Restarts, apiserver, run_manifest
 from .events import read_events, turn_numbers
 
 pytestmark = [
@@ -22,37 +20,6 @@ pytestmark = [
         controlplane.existing_cluster_requested(), reason="restarts the local control plane"
     ),
 ]
-
-
-class Restarts:
-    """Components started again by tests; stopped at session end, before the control plane."""
-
-    def __init__(self, launch: components.Launch) -> None:
-        self.launch = launch
-        self.started: list[components.Component] = []
-
-    def kill_and_restart(self, component: components.Component, *, down: float) -> None:
-        components.kill_component(component)
-        time.sleep(down)
-        self.started.append(
-            self.launch.start(component.spec, probe=component.probe, ports=component.ports)
-        )
-
-
-@pytest.fixture(scope="session")
-def restarts(control_plane: Any, devenv_launch: components.Launch) -> Iterator[Restarts]:
-    made = Restarts(devenv_launch)
-    yield made
-    for component in made.started:
-        components.stop_component(component)
-
-
-def apiserver(control_plane: Any, restarts: Restarts) -> components.Component:
-    """The running kube-apiserver (the last restarted one, or the control plane's own)."""
-    found = [
-        c for c in (*control_plane.components, *restarts.started) if c.name == "kube-apiserver"
-    ]
-    return found[-1]
 
 
 def test_a_kube_apiserver_restart_mid_run_loses_nothing_and_the_status_converges(
