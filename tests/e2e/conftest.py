@@ -4,6 +4,7 @@ the scripted model server, the operator and two workers, all started through
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -17,6 +18,7 @@ import yaml
 
 from agentrun.operator.main import LOST_LEADERSHIP_EXIT
 from agentrun_dev import components, demo, procs, stack
+from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 SCENARIOS = Path(__file__).with_name("scenarios.yaml")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -280,3 +282,38 @@ def apiserver(control_plane: Any, restarts: Restarts) -> components.Component:
         c for c in (*control_plane.components, *restarts.started) if c.name == "kube-apiserver"
     ]
     return found[-1]
+
+
+def apply_tenant(stack_: E2EStack, name: str, namespace: str, **spec: Any) -> None:
+    """``kubectl apply`` the AgentTenant ``name`` binding ``namespace``, with ``spec``."""
+    tenant = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": name},
+        "spec": {"namespaces": [namespace], **spec},
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
+
+
+@contextlib.contextmanager
+def tenants_of(
+    stack_: E2EStack, specs: dict[str, dict[str, Any]]
+) -> Iterator[dict[str, tuple[str, str]]]:
+    """One AgentTenant per role of ``specs`` (role → its spec, without ``namespaces``), each
+    binding a namespace of its own, read by the operator before this yields role → (AgentTenant
+    name, its namespace); afterwards their runs, the tenants and the namespaces are deleted."""
+    made: dict[str, tuple[str, str]] = {}
+    for role, spec in specs.items():
+        namespace = create_namespace(stack_.kubectl)
+        name = f"{role}-{namespace}"
+        apply_tenant(stack_, name, namespace, **spec)
+        made[role] = (name, namespace)
+    for name, _ in made.values():  # the operator has read the tenants before their first run
+        stack_.wait_tenant_observed(name, timeout=30)
+    try:
+        yield made
+    finally:
+        for name, namespace in made.values():
+            stack_.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false")
+            stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
+            delete_namespace(stack_.kubectl, namespace)

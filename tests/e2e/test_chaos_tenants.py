@@ -38,9 +38,8 @@ import yaml
 from agentrun import kernel
 from agentrun.ledger import Book
 from agentrun_dev import components, console, controlplane
-from agentrun_dev.kubectl import create_namespace, delete_namespace
 
-from .conftest import E2EStack, Restarts, apiserver, run_manifest
+from .conftest import E2EStack, Restarts, apiserver, run_manifest, tenants_of
 from .events import read_book, read_events, turn_numbers
 
 pytestmark = [
@@ -172,29 +171,15 @@ def chaos(
 def two_tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
     """role (``tight``, ``roomy``) → (AgentTenant name, its namespace)."""
     specs: dict[str, dict[str, Any]] = {
-        "tight": {"budget": {"tokens": TIGHT_TOKENS}, "whenExhausted": "Fail"},
-        "roomy": {"budget": {"tokens": 10_000_000}},
+        "tight": {
+            "budget": {"tokens": TIGHT_TOKENS},
+            "whenExhausted": "Fail",
+            "maxConcurrentRuns": CONCURRENT,
+        },
+        "roomy": {"budget": {"tokens": 10_000_000}, "maxConcurrentRuns": CONCURRENT},
     }
-    made: dict[str, tuple[str, str]] = {}
-    for role, spec in specs.items():
-        namespace = create_namespace(stack_.kubectl)
-        name = f"{role}-{namespace}"
-        body = {"namespaces": [namespace], "maxConcurrentRuns": CONCURRENT, **spec}
-        tenant = {
-            "apiVersion": "agentrun.dev/v1alpha1",
-            "kind": "AgentTenant",
-            "metadata": {"name": name},
-            "spec": body,
-        }
-        stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
-        made[role] = (name, namespace)
-    for name, _ in made.values():
-        stack_.wait_tenant_observed(name, timeout=30)
-    yield made
-    for name, namespace in made.values():
-        stack_.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false")
-        stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
-        delete_namespace(stack_.kubectl, namespace)
+    with tenants_of(stack_, specs) as made:
+        yield made
 
 
 def _apply(stack_: E2EStack, namespace: str) -> None:

@@ -24,7 +24,7 @@ from agentrun.ledger import Book, Hold, LedgerStore, TenantLimits
 from agentrun_dev import components, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
-from .conftest import HOLD_TTL, LEDGER_SWEEP, E2EStack, run_manifest
+from .conftest import HOLD_TTL, LEDGER_SWEEP, E2EStack, apply_tenant, run_manifest, tenants_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
@@ -96,25 +96,8 @@ def tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
         "cost": {"budget": {"costUSD": str(COST_LIMIT)}, "whenExhausted": "Fail"},
         "slots": {"budget": {"tokens": 10_000_000}, "maxConcurrentRuns": CONCURRENT_LIMIT},
     }
-    made: dict[str, tuple[str, str]] = {}
-    for role, spec in specs.items():
-        namespace = create_namespace(stack_.kubectl)
-        name = f"{role}-{namespace}"
-        tenant = {
-            "apiVersion": "agentrun.dev/v1alpha1",
-            "kind": "AgentTenant",
-            "metadata": {"name": name},
-            "spec": {"namespaces": [namespace], **spec},
-        }
-        stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
-        made[role] = (name, namespace)
-    for name, _ in made.values():  # the operator has read the tenants before their first run
-        stack_.wait_tenant_observed(name, timeout=30)
-    yield made
-    for name, namespace in made.values():
-        stack_.kubectl("delete", "agentruns", "--all", "-n", namespace, "--wait=false")
-        stack_.kubectl("delete", "agenttenant", name, "--ignore-not-found", "--wait=false")
-        delete_namespace(stack_.kubectl, namespace)
+    with tenants_of(stack_, specs) as made:
+        yield made
 
 
 def _apply_runs(stack_: E2EStack, namespace: str) -> None:
@@ -247,13 +230,7 @@ def tenant_ns(stack_: E2EStack) -> Iterator[tuple[str, str]]:
 
 
 def _apply_tenant(stack_: E2EStack, name: str, namespace: str, **spec: Any) -> None:
-    tenant = {
-        "apiVersion": "agentrun.dev/v1alpha1",
-        "kind": "AgentTenant",
-        "metadata": {"name": name},
-        "spec": {"namespaces": [namespace], **spec},
-    }
-    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(tenant))
+    apply_tenant(stack_, name, namespace, **spec)
     stack_.wait_tenant_observed(name, timeout=30)
 
 
