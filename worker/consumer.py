@@ -33,7 +33,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 
-from agentrun import kernel, loops, metrics, protocol, telemetry
+from agentrun import display, kernel, loops, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict, EventTooLarge
 from agentrun.ledger import (
     DEFAULT_HOLD_TTL,
@@ -48,7 +48,7 @@ from agentrun.settings import RUN_EVENT_MAX_BYTES
 from agentrun.trust import Untrusted, Verifier
 
 from . import history
-from .secrets import KNOWN, SecretUnavailable
+from .secrets import SecretUnavailable
 from .turn import PhaseClock, TurnDeps, execute_turn, off_loop
 
 log = logging.getLogger(__name__)
@@ -392,7 +392,7 @@ class TurnConsumer:
                 await msg.nak(delay=5.0 if slow else delay)
             return
         log.error("turn %s failed for good: %r", request.msg_id, err, exc_info=err)
-        why = KNOWN.redact(f"{type(err).__name__}: {err}")  # an error may quote a secret
+        why = display.KNOWN.redact(f"{type(err).__name__}: {err}")  # an error may quote a secret
         message = f"turn {request.turn} could not be committed: {why}"[:1000]
         with contextlib.suppress(Exception):
             await self._commit_failure(request, message)

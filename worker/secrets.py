@@ -10,7 +10,7 @@ import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from agentrun import display, kernel, kube, process
+from agentrun import display, kernel, kube
 from agentrun.metrics import ModelErrorType
 from agentrun.protocol import SecretRef
 from agentrun.tools import ToolError
@@ -19,12 +19,6 @@ from .model import ModelError
 
 TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 """API server answers that say "try again" (overload, restart, timeouts)."""
-
-
-Redactor = display.Redactor
-KNOWN = display.KNOWN
-"""This process's secrets (``KubeSecrets`` adds each value it reads; ``display.KNOWN``)."""
-RedactingFilter = process.RedactingFilter
 
 
 class SecretUnavailable(Exception):
@@ -71,7 +65,7 @@ class KubeSecrets:
                 f"{where} does not exist in the Secret", error_type=ModelErrorType.CREDENTIALS
             )
         value = base64.b64decode(data).decode().strip()
-        KNOWN.add(value)
+        display.KNOWN.add(value)
         self._cache[ref] = (now, value)
         return value
 
@@ -98,6 +92,6 @@ class KubeSecrets:
         except ValueError as err:
             raise ToolError(f"{where}: {err}", fault=fault) from None
         for value in values.values():
-            KNOWN.add(value)
+            display.KNOWN.add(value)
         self._headers[(namespace, name, keys)] = (now, values)
         return values

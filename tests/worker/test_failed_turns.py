@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator
 import pytest
 from seals_support import VERIFIER, sealed
 
-from agentrun import kernel, protocol
+from agentrun import display, kernel, process, protocol
 from agentrun.bus import Bus, BusSettings
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, SecretRef, TurnRequest
 from agentrun.tools import Calculate, Catalog
-from agentrun.worker import secrets as worker_secrets
 from agentrun.worker.consumer import ConsumerSettings, TurnConsumer
 from agentrun.worker.model import ModelClient, RetryPolicy
 from agentrun.worker.secrets import SecretUnavailable
@@ -188,11 +187,11 @@ async def test_a_failure_quoting_a_secret_the_worker_read_writes_it_redacted(
     server's header) that an error quotes reaches neither the run's status (nor so its
     Events) nor the worker's log."""
     key = "sk-tenant-b-0123456789abcdef"
-    worker_secrets.KNOWN.add(key)
+    display.KNOWN.add(key)
     consumer = worker(bus, Failing(RuntimeError(f"gateway refused 'Bearer {key}'")))
     request = await admit(bus)
     handler = logging.StreamHandler(io.StringIO())
-    handler.addFilter(worker_secrets.RedactingFilter())
+    handler.addFilter(process.RedactingFilter())
     logging.getLogger().addHandler(handler)
     try:
         for delivered in (1, 2):
@@ -210,7 +209,7 @@ async def test_a_failure_quoting_a_secret_the_worker_read_writes_it_redacted(
 
 
 def test_short_values_are_not_taken_for_secrets() -> None:
-    known = worker_secrets.Redactor()
+    known = display.Redactor()
     known.add("abc")
     known.add("s3cr3t-value")
     known.add("s3cr3t-value-longer")
