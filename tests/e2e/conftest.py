@@ -4,6 +4,7 @@ the scripted model server, the operator and two workers, all started through
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -115,6 +116,16 @@ class E2EStack:
         base = self.mock_url.removesuffix("/v1")
         data: Any = json.loads(http_get(f"{base}/_mock/requests"))
         return list(data["requests"] if isinstance(data, dict) else data)
+
+    def answered_calls(self, goal: str) -> collections.Counter[str]:
+        """``namespace/name`` → model calls the scripted model answered (status 200) for the
+        runs whose goal is ``goal`` followed by their ``namespace/name``."""
+        counts: collections.Counter[str] = collections.Counter()
+        for request in self.mock_requests():
+            text = json.dumps(request.get("body"))
+            if request.get("status") == 200 and goal in text:
+                counts[text.split(goal, 1)[1].split('"')[0].split("\\")[0]] += 1
+        return counts
 
     def restart_dead(self) -> None:
         """Bring back any service a test killed, so the next test finds the full stack (its

@@ -23,7 +23,6 @@ default 3) and ``AGENTRUN_CHAOS_SEED``.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import random
@@ -228,16 +227,6 @@ def _wait_all_ended(
         time.sleep(1.0)
 
 
-def _answered_calls(stack_: E2EStack) -> collections.Counter[str]:
-    """``namespace/name`` → model calls the scripted model answered for that run."""
-    counts: collections.Counter[str] = collections.Counter()
-    for request in stack_.mock_requests():
-        text = json.dumps(request.get("body"))
-        if request.get("status") == 200 and GOAL in text:
-            counts[text.split(GOAL, 1)[1].split('"')[0].split("\\")[0]] += 1
-    return counts
-
-
 def _run_problems(nats_server: Any, namespace: str, name: str, status: dict[str, Any]) -> list[str]:
     """What is wrong with the ended run's committed turns against its status."""
     events = read_events(nats_server, namespace, name)
@@ -289,7 +278,7 @@ def _tenant_problems(
     """What is wrong with one tenant's ended runs and book; and the answered calls it left
     uncharged (its runs' calls past their usage, less what its book charged as abandoned)."""
     tenant, namespace = place
-    answered = _answered_calls(stack_)
+    answered = stack_.answered_calls(GOAL)
     problems, charged, extra = [], 0, 0
     for name, status in sorted(runs.items()):
         if status["terminalReason"] not in REASONS[role]:

@@ -3,7 +3,10 @@
 The scripted model reports known usage (100 + 20 tokens per call, three calls per run). After
 every run has ended, for each tenant: settled usage ≤ its limit, exactly the sum of its runs'
 own ``.status.usage``, and no reservation or active slot remains. The second test SIGKILLs a
-worker mid-way: same invariants, and no hold outlives its expiry by more than the sweep bound.
+worker mid-way: same invariants, except that a call the killed worker had answered and not
+committed is charged as abandoned (spent at the provider, in no run's usage), never more than
+the answered calls no run's usage holds; and no hold outlives its expiry by more than the
+sweep bound.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ COST_LIMIT = Decimal("0.05")
 """Tenant "cost": 50 runs want $0.0675 (each call $0.00045 at the mock model's prices)."""
 CONCURRENT_LIMIT = 8
 """Tenant "slots": no budget pressure, 8 runs at a time, the rest queue."""
+GOAL = "E2E-LEDGER invariant "
+"""Each run's goal: this, then its ``namespace/name`` (to count the calls answered for it)."""
+CALL_TOKENS = 120
+"""Each model call's usage in the scenario (100 prompt + 20 completion)."""
 
 
 class Ledger:
@@ -102,7 +109,7 @@ def tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
 
 def _apply_runs(stack_: E2EStack, namespace: str) -> None:
     runs = [
-        run_manifest(f"r{index:02d}", "E2E-LEDGER invariant", tools=["calculate"])
+        run_manifest(f"r{index:02d}", f"{GOAL}{namespace}/r{index:02d}", tools=["calculate"])
         for index in range(RUNS_PER_TENANT)
     ]
     body = {"apiVersion": "v1", "kind": "List", "items": runs}
@@ -154,21 +161,33 @@ def _run_all(
 
 
 def _check_settled(
+    stack_: E2EStack,
     tenants: dict[str, tuple[str, str]],
     ledger: Ledger,
     statuses: dict[str, list[dict[str, Any]]],
+    *,
+    killed: bool = False,
 ) -> None:
-    for role, (name, _) in tenants.items():
+    """Each tenant's settled book against its runs' usage. With nothing ``killed``, every
+    answered call is in a run's usage and nothing is abandoned; after a worker's SIGKILL its
+    answered, uncommitted calls may be charged as abandoned, at most the answered calls no
+    run's usage holds (``E2EStack.answered_calls``)."""
+    answered = stack_.answered_calls(GOAL)
+    for role, (name, namespace) in tenants.items():
         book = ledger.settled(name, timeout=15)
         runs = statuses[role]
         usage = [s.get("usage") or {} for s in runs]  # runs failed at admission used nothing
         tokens = sum(int(u.get("totalTokens", 0)) for u in usage)
         cost = sum((Decimal(u.get("costUSD", "0")) for u in usage), Decimal(0))
-        # no turn was abandoned after its model call (no cancels), so nothing was charged
-        # outside the runs' own usage
-        assert (book.abandoned_tokens, book.abandoned_cost) == (0, 0), role
-        assert book.used_tokens == tokens, (role, book.used_tokens, tokens)
-        assert book.used_cost == cost, (role, book.used_cost, cost)
+        calls = sum(n for key, n in answered.items() if key.startswith(f"{namespace}/"))
+        unused = calls * CALL_TOKENS - tokens  # answered, in no run's usage
+        assert unused >= 0, (role, calls, tokens)
+        if killed:
+            assert book.abandoned_tokens <= unused, (role, book.abandoned_tokens, unused)
+        else:
+            assert (book.abandoned_tokens, book.abandoned_cost, unused) == (0, 0, 0), role
+        assert book.used_tokens == tokens + book.abandoned_tokens, (role, book.used_tokens, tokens)
+        assert book.used_cost == cost + book.abandoned_cost, (role, book.used_cost, cost)
         if book.limits.tokens is not None:
             assert book.used_tokens <= book.limits.tokens
         if book.limits.cost_usd is not None:
@@ -196,7 +215,7 @@ def test_three_tenants_fifty_runs_each_three_workers_never_overspend(
     ledger: Ledger,
 ) -> None:
     statuses = _run_all(stack_, tenants, ledger)
-    _check_settled(tenants, ledger, statuses)
+    _check_settled(stack_, tenants, ledger, statuses)
 
 
 def test_a_worker_sigkilled_mid_way_leaves_no_overspend_and_no_stuck_hold(
@@ -214,7 +233,7 @@ def test_a_worker_sigkilled_mid_way_leaves_no_overspend_and_no_stuck_hold(
 
     statuses = _run_all(stack_, tenants, ledger, during=kill_once)
     assert killed, "the worker was never killed"
-    _check_settled(tenants, ledger, statuses)
+    _check_settled(stack_, tenants, ledger, statuses, killed=True)
     assert HOLD_TTL < 10  # the bound the live check enforced is short
 
 

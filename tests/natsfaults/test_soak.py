@@ -13,8 +13,8 @@ per turn of its script in its event stream; its status's steps and tokens exactl
 script's); a (run, turn) asked of the model twice only if that call was in flight on the
 killed worker (asked at most ``IN_FLIGHT`` s before the kill, and again after it), never three
 times; each
-tenant's ledger exactly the sum of its runs' usage, its abandoned charge no more than those
-calls, nothing active or held; no TurnRequest left over.
+tenant's ledger exactly the sum of its runs' usage plus its abandoned charge, that charge no
+more than those calls, nothing active or held; no TurnRequest left over.
 
 Reported (printed, and written as JSON to ``AGENTRUN_SOAK_REPORT`` when set, which
 ``bench/bench_soak.py`` reads): runs completed, turns lost, turns committed twice, calls asked
@@ -467,7 +467,8 @@ def _books(
     asked_again: collections.Counter[str],
 ) -> dict[str, dict[str, Any]]:
     """Differences by tenant: runs whose status shows other steps than their script's
-    length; the settled book against the sum of the runs' usage and their scripts' tokens;
+    length; the settled book against the sum of the runs' usage (plus the calls it charged as
+    abandoned, which are in no run's usage) and their scripts' tokens;
     the abandoned tokens against the calls asked again in the tenant's namespace
     (``asked_again``: namespace → count)."""
     differences: dict[str, dict[str, Any]] = {}
@@ -483,7 +484,8 @@ def _books(
         tokens = sum(int(s["usage"]["totalTokens"]) for s in runs)
         cost = sum((Decimal(s["usage"]["costUSD"]) for s in runs), Decimal(0))
         expected = sum(_length(int(s["name"][1:])) for s in runs) * CALL_TOKENS
-        if (book.used_tokens, book.used_cost, tokens) != (tokens, cost, expected):
+        spent = (tokens + book.abandoned_tokens, cost + book.abandoned_cost, expected)
+        if (book.used_tokens, book.used_cost, tokens) != spent:
             differences.setdefault(tenant, {}).update(
                 ledger=[book.used_tokens, str(book.used_cost)],
                 runs=[tokens, str(cost)],
