@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrun import kernel
 from agentrun.protocol import ModelConfig, SecretRef
@@ -23,6 +24,11 @@ from ..platform.spec import USD, SpecModel, parse
 
 KERNEL_DEFAULTS = kernel.Limits()
 """Where the model's window and output allowance default from."""
+BASE_URL_CREDENTIALS = (
+    "must not carry credentials (user:password@ before the host): every tenant can read an"
+    " AgentModel; put the key in the Secret that spec.credentials.secretRef names"
+)
+"""Why an AgentModel's ``baseURL`` with credentials is refused (the CRD says the same)."""
 
 
 class ParameterSpec(SpecModel):
@@ -128,6 +134,17 @@ class AgentModelSpec(SpecModel):
         default=KERNEL_DEFAULTS.max_output_tokens, alias="maxOutputTokens"
     )
     credentials: CredentialsSpec = Field(default_factory=CredentialsSpec)
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_credentials(cls, base_url: str) -> str:
+        """No user or password before the host (``https://user:key@host/v1``): every tenant
+        may read an AgentModel (and its runs' admitted events), so a credential there is
+        everyone's. The key belongs in ``credentials.secretRef``. The message does not
+        repeat the URL."""
+        if "@" in urlsplit(base_url).netloc:
+            raise ValueError(BASE_URL_CREDENTIALS)
+        return base_url
 
     @classmethod
     def of(cls, name: str, spec: Mapping[str, Any] | None) -> AgentModelSpec:

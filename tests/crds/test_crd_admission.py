@@ -292,6 +292,16 @@ def test_get_cronagentruns_shows_ready_and_reason(
 REJECTED_AGENTMODELS = [
     pytest.param({"baseURL": "ftp://x"}, ["spec.baseURL", "should match"], id="ftp-base-url"),
     pytest.param(
+        {"baseURL": "https://gateway:s3cret-key@llm.example.com/v1"},
+        ["spec.baseURL must not carry credentials"],
+        id="credentials-in-base-url",
+    ),
+    pytest.param(
+        {"baseURL": "http://sk-123@llm.example.com"},
+        ["spec.baseURL must not carry credentials"],
+        id="user-alone-in-base-url",
+    ),
+    pytest.param(
         {"maxOutputTokens": 8192, "contextWindow": 8192},
         ["spec.maxOutputTokens must be smaller than spec.contextWindow"],
         id="max-output-equals-context-window",

@@ -106,6 +106,26 @@ def test_cached_prompt_tokens_are_never_free_by_omission(
     assert model_config("m", model).pricing.cached_input_per_million == cached
 
 
+@pytest.mark.parametrize(
+    "base_url",
+    ["https://gateway:s3cret-key@llm.example.com/v1", "http://sk-123@llm", "http://@llm/v1"],
+)
+def test_an_agentmodel_with_credentials_in_its_base_url_is_refused_without_repeating_them(
+    base_url: str,
+) -> None:
+    with pytest.raises(SpecError) as err:
+        model_config("m", {"spec": {"baseURL": base_url, "model": "x"}})
+    assert str(err.value).startswith("AgentModel 'm' spec.baseURL: must not carry credentials")
+    assert "s3cret" not in str(err.value) and "sk-123" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "base_url", ["https://llm.example.com/v1?api-version=2024-06-01", "http://llm/v1/a@b"]
+)
+def test_an_at_sign_after_the_host_is_no_credential(base_url: str) -> None:
+    assert model_config("m", {"spec": {"baseURL": base_url, "model": "x"}}).base_url == base_url
+
+
 def test_an_agenttenant_without_a_window_gets_a_day() -> None:
     assert AgentTenantSpec.of({}).window.seconds == 86_400.0
 
