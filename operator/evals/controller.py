@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -35,7 +36,7 @@ from .. import agents, runs
 from ..platform.events import EventRecorder, EventType
 from ..platform.failures import Failures
 from ..platform.fairwork import FairWork
-from ..platform.kubeapi import ApiError, KubeApi, Ref
+from ..platform.kubeapi import NOT_FOUND, ApiError, KubeApi, Ref
 from ..platform.spec import SpecError
 from ..platform.weighed import WeighedCache
 from . import grading
@@ -88,6 +89,15 @@ reconcile."""
 RECONCILES_AT_ONCE = 4
 """AgentEvals reconciled at once (a suite's first check, of up to 200 answer schemas, can
 take a minute of a thread: the others are served meanwhile)."""
+AGENTS_BY_GET = 8
+"""Agents a suite may run and still have read one GET each; a suite running more has its
+namespace's Agents read in one list instead (``KubeApi.list_kept``: in pages of
+``LIST_PAGE``, each page's Agents dropped but the suite's, as ``AgentSeen``). A suite of 201
+Agents cost 201 GETs at every reconcile, and a suite is reconciled again as each of its runs
+ends. The list costs one request per ``LIST_PAGE`` Agents of the namespace and reads them all:
+for a suite of a few Agents in a namespace of thousands, a few GETs cost the API server less,
+so the list is taken only past this count (it costs fewer requests than the GETs while the
+namespace holds fewer than ``AGENTS_BY_GET * LIST_PAGE`` Agents, 4,000)."""
 PER_NAMESPACE = 1
 """AgentEvals of one namespace reconciled at once: a namespace's slow suites hold one place
 (and so one of the checks' threads, ``FairWork``, which cannot be taken back from a check
@@ -123,6 +133,20 @@ def _answer_schemas(body: Any) -> list[Mapping[str, Any]]:
         if isinstance(schema, Mapping):
             found.append(schema)
     return found
+
+
+def _seen(name: str, agent: Mapping[str, Any] | None) -> AgentSeen:
+    """Agent ``name`` as a round finds it: ``agent`` (``None``: missing)."""
+    if agent is None:
+        return AgentSeen(name)
+    generation = int((agent.get("metadata") or {}).get("generation") or 1)
+    return AgentSeen(name, generation, agents.digest_of(agent.get("spec") or {}))
+
+
+def _seen_of(names: frozenset[str], agent: Mapping[str, Any]) -> AgentSeen | None:
+    """``list_kept``'s ``keep``: a listed Agent as seen when it is one of ``names``."""
+    name = str((agent.get("metadata") or {}).get("name", ""))
+    return _seen(name, agent) if name in names else None
 
 
 class EvalController:
@@ -313,7 +337,7 @@ class EvalController:
             await self._invalid(suite, str(spec), previous)
             return
         self._uses[(namespace, name)] = spec.agents
-        seen = {agent: await self._agent(namespace, agent) for agent in sorted(spec.agents)}
+        seen = await self._agents(namespace, spec.agents)
         round_ = Round(
             round_id(suite.generation, seen.values()), suite.generation, seen[spec.agent]
         )
@@ -429,12 +453,26 @@ class EvalController:
     async def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.api.get(Ref(EVALS, name, namespace))
 
-    async def _agent(self, namespace: str, name: str) -> AgentSeen:
-        found = await agents.get_agent(self.api, namespace, name)
-        if found is None:
-            return AgentSeen(name)
-        generation = int((found.get("metadata") or {}).get("generation") or 1)
-        return AgentSeen(name, generation, agents.digest_of(found.get("spec") or {}))
+    async def _agents(self, namespace: str, names: frozenset[str]) -> dict[str, AgentSeen]:
+        """The Agents ``names`` of ``namespace`` as found now, by name (``AgentSeen(name)`` for
+        one missing): up to ``AGENTS_BY_GET`` read one GET each, more in one list of the
+        namespace's Agents. Raises ``ApiError`` (a missing Agent is none)."""
+        if len(names) <= AGENTS_BY_GET:
+            found = [
+                _seen(name, await agents.get_agent(self.api, namespace, name))
+                for name in sorted(names)
+            ]
+        else:
+            try:
+                found = await self.api.list_kept(
+                    kube.AGENTS, functools.partial(_seen_of, names), namespace=namespace
+                )
+            except ApiError as err:
+                if err.status != NOT_FOUND:
+                    raise
+                found = []  # as a GET's 404 reads: every one missing
+        seen = {agent.name: agent for agent in found}
+        return {name: seen.get(name) or AgentSeen(name) for name in sorted(names)}
 
     async def _runs_of_round(self, suite: EvalRef, round_: str) -> dict[str, dict[str, Any]]:
         """The suite's runs of ``round_`` by case; its runs of any other round are deleted
