@@ -5,8 +5,8 @@ delete the runs of earlier rounds, grade the runs that ended, create runs up to 
 parallelism, write ``.status``, post Events and count metrics) and the one loop that runs
 reconciles one at a time. What does not: the rules (``spec``: the spec; ``status``: rounds,
 run names and manifests, the status body; ``grading``: grading; ``news``: the counts and
-Events, told once the status recording them is written), the kopf entry points
-(``handlers.evals``).
+Events, told once the status recording them is written), the spec's check and its memory
+(``checked``), the API calls (``store``), the kopf entry points (``handlers.evals``).
 
 Reconciles are requested with ``kick`` (a suite changed, one of its runs ended or went away,
 an Agent it runs changed) and run one at a time from a queue, so two runs ending together
@@ -21,33 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from agentrun import kube, loops, metrics
-from agentrun.kernel import schemas
+from agentrun import loops, metrics
 from agentrun.protocol import RunEvent
 
-from .. import agents, runs
 from ..platform.events import EventRecorder, EventType
 from ..platform.failures import Failures
 from ..platform.fairwork import FairWork
-from ..platform.kubeapi import NOT_FOUND, ApiError, KubeApi, Ref
+from ..platform.kubeapi import KubeApi
 from ..platform.spec import SpecError
-from ..platform.weighed import WeighedCache
 from . import grading
+from .checked import CheckedSpecs
 from .news import EvalNews, involved
 from .spec import EvalCase, EvalSpec
 from .status import (
-    CASE_LABEL,
-    EVAL_LABEL,
     RECONCILE_FAILED,
-    ROUND_LABEL,
-    AgentSeen,
     CasePhase,
     CaseRow,
     EvalRef,
@@ -65,11 +57,10 @@ from .status import (
     unchanged,
     vanished_row,
 )
+from .store import EvalStore
 
 log = logging.getLogger(__name__)
 
-EVALS = kube.EVALS
-"""The plural of ``AgentEval``."""
 EvalKey = tuple[str, str]
 """(namespace, name) of an AgentEval."""
 
@@ -81,72 +72,13 @@ class RunEvents(Protocol):
         """Every event of the run with a sequence above ``after_seq``, oldest first."""
 
 
-SPECS_MEMORY = 64 * 2**20
-"""Bytes of suites' checked specs kept, about (each weighed by ``schemas.footprint`` of the spec
-as read, which the checked one holds again; the least recently used forgotten first): whatever
-the suites, they cost the operator bounded memory; one forgotten is checked again at its next
-reconcile."""
 RECONCILES_AT_ONCE = 4
 """AgentEvals reconciled at once (a suite's first check, of up to 200 answer schemas, can
 take a minute of a thread: the others are served meanwhile)."""
-AGENTS_BY_GET = 8
-"""Agents a suite may run and still have read one GET each; a suite running more has its
-namespace's Agents read in one list instead (``KubeApi.list_kept``: in pages of
-``LIST_PAGE``, each page's Agents dropped but the suite's, as ``AgentSeen``). A suite of 201
-Agents cost 201 GETs at every reconcile, and a suite is reconciled again as each of its runs
-ends. The list costs one request per ``LIST_PAGE`` Agents of the namespace and reads them all:
-for a suite of a few Agents in a namespace of thousands, a few GETs cost the API server less,
-so the list is taken only past this count (it costs fewer requests than the GETs while the
-namespace holds fewer than ``AGENTS_BY_GET * LIST_PAGE`` Agents, 4,000)."""
 PER_NAMESPACE = 1
 """AgentEvals of one namespace reconciled at once: a namespace's slow suites hold one place
 (and so one of the checks' threads, ``FairWork``, which cannot be taken back from a check
 running), the others serve the other namespaces' (its next suites wait their turn)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Checked:
-    """A suite's spec as checked, and which object and generation it was checked from."""
-
-    uid: str
-    generation: int
-    spec: EvalSpec | SpecError
-    weight: int
-    """``schemas.footprint`` of the spec as read."""
-
-
-def _weight(checked: _Checked) -> int:
-    return checked.weight
-
-
-def _answer_schemas(body: Any) -> list[Mapping[str, Any]]:
-    """The cases' answer schemas of an AgentEval's ``spec`` as written (objects only; the
-    spec's own check says what else is wrong). Each is checked as a turn of its own on the
-    check threads, which a running check holds to its end (``FairWork``): a suite checked
-    whole held one for all of them, a minute at 200, while other tenants' checks waited."""
-    cases = body.get("cases") if isinstance(body, Mapping) else None
-    found: list[Mapping[str, Any]] = []
-    for case in cases if isinstance(cases, list) else []:
-        expect = case.get("expect") if isinstance(case, Mapping) else None
-        answer = expect.get("answer") if isinstance(expect, Mapping) else None
-        schema = answer.get("jsonSchema") if isinstance(answer, Mapping) else None
-        if isinstance(schema, Mapping):
-            found.append(schema)
-    return found
-
-
-def _seen(name: str, agent: Mapping[str, Any] | None) -> AgentSeen:
-    """Agent ``name`` as a round finds it: ``agent`` (``None``: missing)."""
-    if agent is None:
-        return AgentSeen(name)
-    generation = int((agent.get("metadata") or {}).get("generation") or 1)
-    return AgentSeen(name, generation, agents.digest_of(agent.get("spec") or {}))
-
-
-def _seen_of(names: frozenset[str], agent: Mapping[str, Any]) -> AgentSeen | None:
-    """``list_kept``'s ``keep``: a listed Agent as seen when it is one of ``names``."""
-    name = str((agent.get("metadata") or {}).get("name", ""))
-    return _seen(name, agent) if name in names else None
 
 
 class EvalController:
@@ -169,7 +101,7 @@ class EvalController:
         own);
         ``retry``: seconds before a failed reconcile is tried again; ``clock``: epoch
         seconds."""
-        self.api = api
+        self.store = EvalStore(api)
         self.runs = runs
         self.events = events
         self.checks = checks or FairWork()
@@ -188,9 +120,8 @@ class EvalController:
         """Suites asked for while their namespace held all its places, in the order asked."""
         self._uses: dict[EvalKey, frozenset[str]] = {}
         """The Agents each known suite runs, so an Agent's change kicks them."""
-        self._specs: WeighedCache[EvalKey, _Checked] = WeighedCache(SPECS_MEMORY, _weight)
-        """Known suites' specs as checked, by uid and generation (checked once each while
-        kept), ``SPECS_MEMORY`` at most."""
+        self.specs = CheckedSpecs(self.checks)
+        """Known suites' specs as checked."""
         self._stopped = False
         self.failures = Failures(log, what="reconcile")
         """Failed reconciles by suite (each logged once)."""
@@ -214,7 +145,7 @@ class EvalController:
     def forget(self, namespace: str, name: str) -> None:
         """AgentEval ``namespace/name`` was deleted (its runs go with it: they are owned)."""
         self._uses.pop((namespace, name), None)
-        self._specs.pop((namespace, name), None)
+        self.specs.forget(namespace, name)
         self.news.forget(namespace, name)
         metrics.forget_eval(namespace, name)
 
@@ -302,7 +233,7 @@ class EvalController:
         """Fail the suite for this generation (``RECONCILE_FAILED``, naming ``err``): its runs
         are deleted, a Warning Event posted; it is reconciled again when its spec changes.
         Raises ``ApiError``."""
-        obj = await self._get(*key)
+        obj = await self.store.get_suite(*key)
         if obj is None:
             return
         meta = obj.get("metadata") or {}
@@ -319,7 +250,7 @@ class EvalController:
         Raises ``ApiError`` (other than a vanished object) and what reading a run's
         events raises.
         """
-        obj = await self._get(namespace, name)
+        obj = await self.store.get_suite(namespace, name)
         if obj is None:
             self.forget(namespace, name)
             return
@@ -331,45 +262,24 @@ class EvalController:
         if meta.get("deletionTimestamp"):
             return  # being deleted: no run is created (nor graded) that would outlive it
         metrics.know_eval(namespace, name)
-        spec = await self._spec(suite, obj.get("spec"))
+        spec = await self.specs.of(suite, obj.get("spec"))
         if isinstance(spec, SpecError):
             self._uses.pop((namespace, name), None)
             await self._invalid(suite, str(spec), previous)
             return
         self._uses[(namespace, name)] = spec.agents
-        seen = await self._agents(namespace, spec.agents)
+        seen = await self.store.agents_seen(namespace, spec.agents)
         round_ = Round(
             round_id(suite.generation, seen.values()), suite.generation, seen[spec.agent]
         )
-        current = await self._runs_of_round(suite, round_.id)
+        current = await self.store.runs_of_round(suite, round_.id)
         rows = await self._rows(suite, spec, round_, current=current, previous=previous)
         body = eval_status(rows, round_=round_, previous=previous, now=self.clock())
         self.news.note(suite, rows, round_=round_.id, previous=previous)
         if not unchanged(body, previous):
-            await self._write(suite, body)  # raises when it fails: nothing is told twice
+            # raises when it fails: nothing is told twice
+            await self.store.write_status(suite, body)
         self.news.tell(suite, rows, round_=round_)
-
-    async def _spec(self, suite: EvalRef, body: Any) -> EvalSpec | SpecError:
-        """The suite's spec checked (``EvalSpec.of``) once per generation, on a thread: its
-        answer schemas are checked against their meta-schemas, work bounded by the schemas'
-        budget but not free, and the event loop serves every other tenant meanwhile."""
-        key = (suite.namespace, suite.name)
-        known = self._specs.get(key)
-        if known is not None and (known.uid, known.generation) == (suite.uid, suite.generation):
-            return known.spec
-
-        def check() -> EvalSpec | SpecError:
-            try:
-                return EvalSpec.of(body)
-            except SpecError as err:
-                return err
-
-        for schema in _answer_schemas(body):  # each its own turn: verdicts then remembered
-            await self.checks.run(suite.namespace, grading.check_schema, schema)
-        checked = await self.checks.run(suite.namespace, check)
-        weight = schemas.footprint(body)
-        self._specs[key] = _Checked(suite.uid, suite.generation, checked, weight)
-        return checked
 
     async def _rows(
         self,
@@ -407,7 +317,7 @@ class EvalController:
             manifest = run_manifest(
                 suite, case, round_=round_.id, ttl=spec.ttl_seconds_after_finished
             )
-            await self._create(manifest)
+            await self.store.create_run(manifest)
             rows[index] = CaseRow(case.name, rows[index].run, CasePhase.RUNNING)
         return rows
 
@@ -433,7 +343,7 @@ class EvalController:
     ) -> None:
         """A suite the operator cannot run (``reason``: ``InvalidSpec``, or
         ``RECONCILE_FAILED``): no runs (earlier rounds' deleted), Failed."""
-        await self._runs_of_round(suite, "")
+        await self.store.runs_of_round(suite, "")
         body = invalid_status(
             message, generation=suite.generation, previous=previous, now=self.clock(), reason=reason
         )
@@ -446,63 +356,4 @@ class EvalController:
             message=message,
             key=(suite.uid, reason, suite.generation),
         )
-        await self._write(suite, body)
-
-    # --- the API server -----------------------------------------------------------------------
-
-    async def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return await self.api.get(Ref(EVALS, name, namespace))
-
-    async def _agents(self, namespace: str, names: frozenset[str]) -> dict[str, AgentSeen]:
-        """The Agents ``names`` of ``namespace`` as found now, by name (``AgentSeen(name)`` for
-        one missing): up to ``AGENTS_BY_GET`` read one GET each, more in one list of the
-        namespace's Agents. Raises ``ApiError`` (a missing Agent is none)."""
-        if len(names) <= AGENTS_BY_GET:
-            found = [
-                _seen(name, await agents.get_agent(self.api, namespace, name))
-                for name in sorted(names)
-            ]
-        else:
-            try:
-                found = await self.api.list_kept(
-                    kube.AGENTS, functools.partial(_seen_of, names), namespace=namespace
-                )
-            except ApiError as err:
-                if err.status != NOT_FOUND:
-                    raise
-                found = []  # as a GET's 404 reads: every one missing
-        seen = {agent.name: agent for agent in found}
-        return {name: seen.get(name) or AgentSeen(name) for name in sorted(names)}
-
-    async def _runs_of_round(self, suite: EvalRef, round_: str) -> dict[str, dict[str, Any]]:
-        """The suite's runs of ``round_`` by case; its runs of any other round are deleted
-        (a run still going is stopped by its deletion)."""
-        listed = await self.api.list_objects(
-            runs.RUNS, namespace=suite.namespace, label_selector=f"{EVAL_LABEL}={suite.name}"
-        )
-        current: dict[str, dict[str, Any]] = {}
-        for run in listed:
-            meta = run.get("metadata") or {}
-            owners = meta.get("ownerReferences") or []
-            if not any(o.get("uid") == suite.uid for o in owners):
-                continue  # a run of an earlier AgentEval of the same name
-            labels = meta.get("labels") or {}
-            if labels.get(ROUND_LABEL) == round_ and round_:
-                current[str(labels.get(CASE_LABEL, ""))] = run
-            elif not meta.get("deletionTimestamp"):
-                run_key = runs.RunKey(suite.namespace, str(meta["name"]), str(meta.get("uid", "")))
-                await self.api.delete(run_key.ref, uid=run_key.uid)
-        return current
-
-    async def _create(self, manifest: dict[str, Any]) -> None:
-        """Create a case's run; one created before (a restart, a lost reply) is the same run."""
-        await self.api.create(runs.RUNS, manifest)
-
-    async def _write(self, suite: EvalRef, body: Mapping[str, Any]) -> None:
-        try:
-            await self.api.patch_status(
-                Ref(EVALS, suite.name, suite.namespace), body, uid=suite.uid
-            )
-        except ApiError as err:
-            if err.status not in (404, 409):  # gone, or replaced by a new object of the name
-                raise
+        await self.store.write_status(suite, body)

@@ -8,7 +8,7 @@ them is written, and once per round: a status write that fails is retried by a r
 grades the case again, but the case graded and not yet told is told once, when a write records
 it (or when the retry finds it recorded: a write the API server applied whose reply was lost).
 The counts are the cases recorded, never one per grading. What does not belong: the rows and
-the status (``status``), reading and writing objects (``controller``).
+the status (``status``), reading and writing objects (``store``).
 """
 
 from __future__ import annotations

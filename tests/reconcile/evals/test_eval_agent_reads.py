@@ -12,8 +12,9 @@ from kube_support import FakeKube
 
 from agentrun import kube
 from agentrun.operator import agents
-from agentrun.operator.evals.controller import AGENTS_BY_GET, EVALS, EvalController
+from agentrun.operator.evals.controller import EvalController
 from agentrun.operator.evals.status import AgentSeen, round_id
+from agentrun.operator.evals.store import AGENTS_BY_GET, EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.kubeapi import ApiError, Ref
 from agentrun.protocol import RunEvent

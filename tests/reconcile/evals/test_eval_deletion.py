@@ -9,7 +9,8 @@ import copy
 
 from kube_support import FakeKube
 
-from agentrun.operator.evals.controller import EVALS, EvalController
+from agentrun.operator.evals.controller import EvalController
+from agentrun.operator.evals.store import EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.protocol import RunEvent
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from kube_support import FakeKube
 
-from agentrun.operator.evals.controller import EVALS, EvalController
+from agentrun.operator.evals.controller import EvalController
 from agentrun.operator.evals.status import RECONCILE_FAILED
+from agentrun.operator.evals.store import EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.protocol import RunEvent
 

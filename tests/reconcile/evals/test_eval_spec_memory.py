@@ -13,9 +13,10 @@ import pytest
 from kube_support import FakeKube
 
 from agentrun.kernel import schemas
-from agentrun.operator.evals import controller as evals
-from agentrun.operator.evals.controller import EVALS, EvalController
+from agentrun.operator.evals import checked
+from agentrun.operator.evals.controller import EvalController
 from agentrun.operator.evals.spec import EvalSpec
+from agentrun.operator.evals.store import EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.spec import SpecError
 from agentrun.protocol import RunEvent
@@ -60,7 +61,7 @@ async def test_suites_checked_specs_kept_are_bounded_by_weight(
 ) -> None:
     """Each suite weighs about 1.4 MB parsed (two cases at the bound): the controller keeps
     what its weight allows, the least recently used forgotten, however many suites exist."""
-    monkeypatch.setattr(evals, "SPECS_MEMORY", 2_000_000)
+    monkeypatch.setattr(checked, "SPECS_MEMORY", 2_000_000)
     api = FakeKube()
     api.put("agents", {"metadata": {"name": "bot", "namespace": "team-a"}, "spec": {}})
     events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
@@ -78,5 +79,5 @@ async def test_suites_checked_specs_kept_are_bounded_by_weight(
     gc.collect()
     retained = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert retained < 2 * evals.SPECS_MEMORY, f"{retained / 1e6:.1f} MB kept"
-    assert 0 < len(controller._specs) < 4
+    assert retained < 2 * checked.SPECS_MEMORY, f"{retained / 1e6:.1f} MB kept"
+    assert 0 < len(controller.specs.kept) < 4

@@ -15,7 +15,8 @@ import pytest
 from checks_support import counting_checks, ended_before_another
 from kube_support import FakeKube
 
-from agentrun.operator.evals.controller import EVALS, RECONCILES_AT_ONCE, EvalController
+from agentrun.operator.evals.controller import RECONCILES_AT_ONCE, EvalController
+from agentrun.operator.evals.store import EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.fairwork import FairWork
 from agentrun.protocol import RunEvent
