@@ -5,7 +5,8 @@ or one of its runs, changes), reads its runs, acts on ``plan.plan`` (create the 
 cancel the running ones for ``Replace``, skip for ``Forbid``), deletes finished runs beyond the
 history limits, writes the CronAgentRun's status and records Events. What does not: the rules
 (``plan``), the spec and the run manifest (``spec``), the status body (``status``), the API
-calls (``store``), the kopf handlers that feed it (``handlers.schedules``).
+calls (``store``), what it remembers of the schedules (``memory``), the kopf handlers that feed
+it (``handlers.schedules``).
 
 Exactly-once per schedule time without any state of its own: a run's name is derived from its
 schedule time, so a second attempt (the same leader after an error, a new leader after a
@@ -18,21 +19,19 @@ just before a crash, whose status write was lost, is not created again either.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agentrun.kernel import schemas
 from agentrun.loops import sleep_until_set
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
 from ..platform.failures import Failures
-from ..platform.weighed import WeighedCache
 from . import plan, spec, status
+from .memory import BODIES_MEMORY, CronKey, CronMemory
 from .status import OwnedRun, epoch
 from .store import CronStore
 
@@ -42,25 +41,10 @@ RETRY_SECONDS = 5.0
 """Wait before reconciling a CronAgentRun again after a failed API call."""
 RECONCILES_AT_ONCE = 8
 """CronAgentRuns reconciled at once in one pass (each a few API requests)."""
-BODIES_MEMORY = 64 * 2**20
-"""Bytes of CronAgentRun objects kept as last seen, about (each weighed by
-``schemas.footprint``; the least recently used forgotten first): a namespace's thousands of
-schedules with megabyte templates cost the operator bounded memory; one forgotten is read
-again (one GET) when it is next due."""
 RECONCILE_FAILED = "ReconcileFailed"
 """``Ready=False`` reason (and Warning Event) of a CronAgentRun whose reconcile failed twice
 for a reason that does not pass (``platform.failures``): it creates nothing until its spec
 changes."""
-
-CronKey = tuple[str, str]
-"""(namespace, name) of a CronAgentRun."""
-
-
-@dataclasses.dataclass(slots=True)
-class _Entry:
-    uid: str
-    generation: int
-    wake: float | None = None
 
 
 def fair_order(due: set[CronKey]) -> list[CronKey]:
@@ -90,16 +74,8 @@ class ScheduleController:
         self.store = store
         self.events = events
         self.clock = clock
-        self._crons: dict[CronKey, _Entry] = {}
-        """Every CronAgentRun known: its identity and wake-up, small whatever its spec."""
-        self._bodies: WeighedCache[CronKey, Mapping[str, Any]] = WeighedCache(
-            memory, schemas.footprint
-        )
-        """The objects as last seen, ``memory`` at most (one forgotten is read again)."""
-        self._dirty: set[CronKey] = set()
-        self._last: dict[str, float] = {}
-        """By CronAgentRun uid: the last schedule time this process created a run for, in case
-        the object it reconciles next predates its own status write (the watch lags)."""
+        self.crons = CronMemory(memory)
+        """Every CronAgentRun known, its wake-up, its object as last seen."""
         self._kick = asyncio.Event()
         self._stopped = False
         self.failures = Failures(log, what="reconcile")
@@ -107,32 +83,18 @@ class ScheduleController:
 
     def observe(self, body: Mapping[str, Any]) -> None:
         """A CronAgentRun as listed or changed; a new one, or a new spec, is reconciled now."""
-        meta = body.get("metadata") or {}
-        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        uid, generation = str(meta.get("uid", "")), int(meta.get("generation") or 1)
-        self._bodies[key] = body
-        known = self._crons.get(key)
-        if known is None or known.uid != uid or known.generation != generation:
-            self._crons[key] = _Entry(uid, generation)
-            self._mark(key)
+        if self.crons.observe(body):
+            self._kick.set()
 
     def forget(self, namespace: str, name: str) -> None:
         """The CronAgentRun was deleted (its runs go through ownerReference GC)."""
-        entry = self._crons.pop((namespace, name), None)
-        self._bodies.pop((namespace, name), None)
-        self._dirty.discard((namespace, name))
-        if entry is not None:
-            self._last.pop(entry.uid, None)
+        self.crons.forget(namespace, name)
 
     def run_changed(self, namespace: str, cron: str) -> None:
         """One of ``cron``'s runs ended or was deleted: look again (a ``Forbid``-skipped time
         may start now; history limits may delete one)."""
-        if (namespace, cron) in self._crons:
-            self._mark((namespace, cron))
-
-    def _mark(self, key: CronKey) -> None:
-        self._dirty.add(key)
-        self._kick.set()
+        if self.crons.mark((namespace, cron)):
+            self._kick.set()
 
     def stop(self) -> None:
         """End ``run`` at its next wake-up."""
@@ -146,16 +108,9 @@ class ScheduleController:
         another namespace's by a few reconciles, not by all of theirs."""
         while not self._stopped:
             self._kick.clear()
-            now = self.clock()
-            due = set(self._dirty) | {
-                key
-                for key, entry in self._crons.items()
-                if entry.wake is not None and entry.wake <= now
-            }
-            self._dirty.clear()
-            await self._reconcile_all(due)
-            wakes = [e.wake for e in self._crons.values() if e.wake is not None]
-            timeout = max(min(wakes) - self.clock(), 0.0) if wakes else None
+            await self._reconcile_all(self.crons.take_due(self.clock()))
+            wake = self.crons.next_wake()
+            timeout = max(wake - self.clock(), 0.0) if wake is not None else None
             await sleep_until_set(self._kick, timeout)
 
     async def _reconcile_all(self, due: set[CronKey]) -> None:
@@ -172,18 +127,18 @@ class ScheduleController:
         """Reconcile ``key``; a transient failure is retried in ``RETRY_SECONDS``, a permanent
         one once more, then the CronAgentRun is given up (``RECONCILE_FAILED``) until its
         spec changes. Each failure is logged once."""
-        entry = self._crons.get(key)
+        entry = self.crons.entry(key)
         if entry is None:
             return
         subject = f"CronAgentRun {key[0]}/{key[1]}"
-        body = self._bodies.get(key)
+        body = self.crons.body(key)
         try:
             if body is None:  # forgotten (``BODIES_MEMORY``): read again
                 body = await self.store.get_cron(*key)
                 if body is None:  # deleted (the watch may not tell: see ``_write_status``)
                     self.forget(*key)
                     return
-                self._bodies[key] = body
+                self.crons.keep(key, body)
             entry.wake = await self.reconcile(body)
         except Exception as err:
             failure = self.failures.failed(key, err, subject=subject)
@@ -248,13 +203,12 @@ class ScheduleController:
         step = plan.plan(checked.schedule, policy=checked.policy, last=last, now=now, active=active)
         created = await self._act(cron, checked, step, involved=involved)
         if created is not None:
-            self._last[involved.uid] = max(created.scheduled, self._last.get(involved.uid, 0.0))
+            self.crons.created(involved.uid, created.scheduled)
             owned = [*owned, created]
         owned = await self._prune(namespace, owned, checked, involved=involved)
         wake = None if isinstance(step, plan.Suspended) else step.wake
-        body = status.status_body(
-            cron, owned, checked, wake=wake, now=now, scheduled=self._last.get(involved.uid, 0.0)
-        )
+        scheduled = self.crons.last_created(involved.uid)
+        body = status.status_body(cron, owned, checked, wake=wake, now=now, scheduled=scheduled)
         await self._write_status(cron, body)
         return wake
 
@@ -270,7 +224,7 @@ class ScheduleController:
         return max(
             [
                 since if since is not None else now,
-                self._last.get(str(meta.get("uid", "")), 0.0),
+                self.crons.last_created(str(meta.get("uid", ""))),
                 *(run.scheduled for run in owned),
             ]
         )
@@ -434,6 +388,6 @@ class ScheduleController:
         if not await self.store.patch_status(cron, body):
             meta = cron.get("metadata") or {}
             key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-            known = self._crons.get(key)
+            known = self.crons.entry(key)
             if known is not None and known.uid == str(meta.get("uid", "")):
                 self.forget(*key)

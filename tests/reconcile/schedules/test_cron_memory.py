@@ -95,7 +95,7 @@ async def test_many_schedules_with_large_templates_keep_bounded_memory_and_run_o
     last = ("team-a", f"c{CRONS - 1}")
     await controller._reconcile_all({last})  # the last seen is kept: no read
     assert (store.reads, store.created) == (0, [f"c{CRONS - 1}-1796032800"])
-    await controller._reconcile_all(set(controller._crons) - {last})
+    await controller._reconcile_all(controller.crons.keys() - {last})
     assert sorted(store.created) == sorted(f"c{i}-1796032800" for i in range(CRONS))
     assert store.reads > 0  # the ones forgotten were read again
 
@@ -111,4 +111,4 @@ async def test_a_forgotten_schedule_found_deleted_when_read_again_is_forgotten()
     store.deleted.add("c0")  # the first seen is forgotten by now; its deletion was not told
     await controller._reconcile_all({("team-a", "c0")})
     assert store.reads == 1 and store.created == []
-    assert ("team-a", "c0") not in controller._crons
+    assert controller.crons.entry(("team-a", "c0")) is None

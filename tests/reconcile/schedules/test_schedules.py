@@ -234,7 +234,7 @@ async def test_a_cron_whose_deletion_the_watch_missed_stops_firing_once_found_go
         clock.now = T0 + offset
         await ctl._reconcile_all({("team-a", "report")})
     assert store.creates == 2  # the pass that found it gone; none after
-    assert ("team-a", "report") not in ctl._crons
+    assert ctl.crons.entry(("team-a", "report")) is None
 
 
 async def test_a_run_name_taken_by_another_object_is_a_warning_not_a_silent_skip() -> None:
@@ -272,9 +272,9 @@ async def test_a_run_the_api_server_refuses_for_good_makes_it_not_ready_not_a_re
     ctl.observe(cron())
     with caplog.at_level("INFO", logger="agentrun.operator.schedules.controller"):
         await ctl._reconcile_safely(("team-a", "report"))  # once more: it may pass
-        assert ctl._crons[("team-a", "report")].wake == clock.now + schedules.RETRY_SECONDS
+        assert ctl.crons.entry(("team-a", "report")).wake == clock.now + schedules.RETRY_SECONDS
         await ctl._reconcile_safely(("team-a", "report"))
-    assert ctl._crons[("team-a", "report")].wake is None  # until its spec or a run changes
+    assert ctl.crons.entry(("team-a", "report")).wake is None  # until its spec or a run changes
     (ready,) = store.status["conditions"]
     assert (ready["status"], ready["reason"]) == ("False", schedules.RECONCILE_FAILED)
     assert "HTTP 422" in ready["message"] and store.creates == 2
@@ -292,5 +292,5 @@ async def test_a_failure_that_passes_is_retried_without_giving_up() -> None:
     ctl.observe(cron())
     for _ in range(4):
         await ctl._reconcile_safely(("team-a", "report"))
-    assert ctl._crons[("team-a", "report")].wake == clock.now + schedules.RETRY_SECONDS
+    assert ctl.crons.entry(("team-a", "report")).wake == clock.now + schedules.RETRY_SECONDS
     assert "conditions" not in store.status and store.creates == 4
