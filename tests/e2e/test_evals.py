@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun.operator.evals.store import AGENTS_BY_GET
 from agentrun_dev import components, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
@@ -335,6 +336,34 @@ def test_an_agent_edit_starts_a_new_round_and_deletes_the_old_runs(
     events = wait_events(stack_, ns, "gate", {"EvaluationStarted"})
     started = [m for _, reason, m in events if reason == "EvaluationStarted"]
     assert any("generation 2" in m for m in started), events
+
+
+def test_a_suite_of_many_agents_reads_them_listed_and_follows_an_edit_of_any(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """More Agents than ``AGENTS_BY_GET``: the operator reads them in one list of the namespace
+    (paged, on the real API server), each case runs its own, and an edit of one that is not
+    the suite's ``agentRef`` starts a new round too."""
+    ns = test_namespace
+    count = AGENTS_BY_GET + 1
+    for i in range(count):
+        stack_.apply(ns, agent_manifest(f"calc-{i}"))
+    cases = [
+        {**PRODUCT, "name": f"product-{i}", "agentRef": {"name": f"calc-{i}"}} for i in range(count)
+    ]
+    stack_.apply(ns, suite("many", cases, agentRef={"name": "calc-0"}, parallelism=count))
+    first = wait_eval(stack_, ns, "many", finished, timeout=180)
+    assert first["phase"] == "Succeeded", first
+    assert first["agent"]["name"] == "calc-0" and first["agent"]["generation"] == 1
+    last = f"calc-{count - 1}"
+    stack_.apply(ns, agent_manifest(last, instructions="Edited for {{ params.team }}."))
+    second = wait_eval(
+        stack_, ns, "many", lambda s: s.get("round") != first["round"] and finished(s), timeout=180
+    )
+    assert second["phase"] == "Succeeded", second
+    assert second["agent"] == first["agent"]  # the suite's own Agent did not change
+    run = stack_.get(ns, rows(second)[f"product-{count - 1}"]["run"])
+    assert run is not None and run["status"]["agent"]["generation"] == 2
 
 
 def test_a_spec_the_operator_cannot_run_fails_naming_the_field(
