@@ -41,7 +41,7 @@ import datetime
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import nats
 import nats.errors
@@ -425,16 +425,29 @@ class Bus:
         replicated stream it may miss events acknowledged a moment ago; only for a display (a
         namespace reader, whose permission names the run's subject in the direct get's).
         """
+        raw = await self._last(namespace, name, any_replica=any_replica)
+        if raw is None:
+            return None
+        assert raw.data is not None
+        return RunEvent.decode(raw.data, seq=int(raw.seq or 0))
+
+    async def last_sequence(self, namespace: str, name: str, *, any_replica: bool = False) -> int:
+        """The stream sequence of the run's newest event, 0 when it has none; the event itself
+        is not decoded (``last_event`` for ``any_replica``)."""
+        raw = await self._last(namespace, name, any_replica=any_replica)
+        return 0 if raw is None else int(raw.seq or 0)
+
+    async def _last(
+        self, namespace: str, name: str, *, any_replica: bool
+    ) -> api.RawStreamMsg | None:
         try:
-            raw = await self.js._jsm.get_last_msg(
+            return await self.js._jsm.get_last_msg(
                 protocol.STREAM_EVENTS,
                 protocol.event_subject(namespace, name),
                 direct=any_replica,
             )
         except nats.js.errors.NotFoundError:
             return None
-        assert raw.data is not None
-        return RunEvent.decode(raw.data, seq=int(raw.seq or 0))
 
     async def first_event(self, namespace: str, name: str) -> RunEvent | None:
         """The run's oldest event (normally its admission), or ``None`` when it has none (read
@@ -469,10 +482,22 @@ class Bus:
         self, namespace: str, name: str, *, consumer: str | None = None
     ) -> AsyncIterator[RunEvent]:
         """Every event of the run, oldest first, then each new one as it is committed, until
-        the caller stops iterating. An ordered push consumer: ephemeral, no acks, re-created
-        by nats-py after a gap, so nothing is skipped or repeated; only reads the stream.
-        ``consumer`` names it, as a namespace reader must (its permission names the filter in
-        the subject of a *named* consumer's creation, ``natsauth.permissions.reader``)."""
+        the caller stops iterating (``follow_payloads``, each payload decoded)."""
+        payloads = self.follow_payloads(namespace, name, consumer=consumer)
+        async with contextlib.aclosing(payloads):
+            async for seq, payload in payloads:
+                yield RunEvent.decode(payload, seq=seq)
+
+    async def follow_payloads(
+        self, namespace: str, name: str, *, consumer: str | None = None
+    ) -> AsyncGenerator[tuple[int, bytes], None]:
+        """``(stream sequence, payload)`` of every event of the run, oldest first, then of
+        each new one as it is committed, until the caller stops iterating; the payloads as
+        stored, not decoded (a display that forwards them holds their bytes alone). An ordered
+        push consumer: ephemeral, no acks, re-created by nats-py after a gap, so nothing is
+        skipped or repeated; only reads the stream. ``consumer`` names it, as a namespace
+        reader must (its permission names the filter in the subject of a *named* consumer's
+        creation, ``natsauth.permissions.reader``)."""
         sub = await self.js.subscribe(
             protocol.event_subject(namespace, name),
             stream=protocol.STREAM_EVENTS,
@@ -482,7 +507,7 @@ class Bus:
         )
         try:
             async for msg in sub.messages:
-                yield RunEvent.decode(msg.data, seq=msg.metadata.sequence.stream)
+                yield int(msg.metadata.sequence.stream), msg.data
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

@@ -22,7 +22,7 @@ import logging
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ from kubernetes_asyncio import client
 from agentrun import bus, natsclient
 from agentrun.natsauth import authority, jwt
 from agentrun.natsauth.permissions import Role
-from agentrun.protocol import RunEvent
 from agentrun.trajectoryapi import access
 
 log = logging.getLogger("agentrun.trajectoryapi")
@@ -42,7 +41,12 @@ log = logging.getLogger("agentrun.trajectoryapi")
 READER_TTL = 3600
 """Seconds a per-request NATS reader is valid: a ``follow`` lasts at most this long."""
 READ_TIMEOUT = 30.0
-"""Seconds a (non-follow) read of a run's events may take before it is answered 503."""
+"""Seconds a (non-follow) read may wait for NATS to name the run's last event before it is
+answered 503."""
+ANSWER_TIMEOUT = 55.0
+"""Seconds a whole read's answer may take once started (NATS's reads and the writes to the
+client): a little under the kube-apiserver's own timeout for a request it does not count as
+long-running (60 s by default), which would end it then anyway."""
 FOLLOW_LIMIT = READER_TTL - 60
 """Seconds a follow lasts at most: it ends before its reader expires (the client opens it
 again), so no connection outlives its credentials."""
@@ -61,6 +65,10 @@ FOLLOWS_PER_NAMESPACE = 16
 """Follows of one namespace's runs served at once: a follow lasts up to ``FOLLOW_LIMIT``,
 so one namespace's users opening follows would otherwise hold every one of them."""
 SLOT_WAIT = 10.0
+FOLLOW_BUFFER = 2
+"""Event records a follow reads ahead of what its client has taken: what a follow holds is
+these and the one it is writing, however long the run (each at most the bus's largest
+message)."""
 
 
 class Slots:
@@ -191,26 +199,33 @@ class Server:
     async def _read(
         self, request: web.Request, target: access.TrajectoryPath
     ) -> web.StreamResponse:
-        """The whole trajectory, written one event record at a time (503 when NATS cannot be
-        read within ``READ_TIMEOUT``)."""
-        try:
-            async with asyncio.timeout(READ_TIMEOUT), self._bus(target.namespace) as reader:
-                found = await read_all(reader, target.namespace, target.name)
-        except (TimeoutError, OSError, nats.errors.Error) as err:
-            log.warning("reading %s/%s failed: %r", target.namespace, target.name, err)
-            return _refuse(access.unavailable(target.namespace, target.name))
-        head, _, tail = json.dumps(access.trajectory(target.namespace, target.name, [])).rpartition(
-            "[]"
-        )
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        await response.write(f"{head}[".encode())
-        for index, event in enumerate(found):
-            await response.write((b"," if index else b"") + json.dumps(_record(event)).encode())
-        await response.write(f"]{tail}".encode())
-        await response.write_eof()
-        return response
+        """The whole trajectory, each event record written as it is read: the run's events are
+        never held at once (see ``read_payloads``). 503 when NATS cannot be reached or does not
+        name the run's last event within ``READ_TIMEOUT``; once the answer has started, the
+        rest (the reads and the writes to the client) gets ``ANSWER_TIMEOUT``, and an answer
+        that does not finish in it (a store that stops answering, a client that does not read)
+        is cut: its body ends unfinished, which no client takes for a trajectory."""
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                async with asyncio.timeout(READ_TIMEOUT):
+                    reader = await stack.enter_async_context(self._bus(target.namespace))
+                    last = await reader.events.last_sequence(
+                        target.namespace, target.name, any_replica=True
+                    )
+            except (TimeoutError, OSError, nats.errors.Error) as err:
+                log.warning("reading %s/%s failed: %r", target.namespace, target.name, err)
+                return _refuse(access.unavailable(target.namespace, target.name))
+            response = web.StreamResponse(headers={"Content-Type": "application/json"})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            try:
+                async with asyncio.timeout(ANSWER_TIMEOUT):
+                    await _write_trajectory(response, reader, target, through=last)
+            except (TimeoutError, OSError, nats.errors.Error) as err:
+                log.warning("reading %s/%s cut: %r", target.namespace, target.name, err)
+                if request.transport is not None:
+                    request.transport.close()
+            return response
 
     async def _review(self, user: access.User, target: access.TrajectoryPath) -> dict[str, Any]:
         body = access.access_review(user, namespace=target.namespace, name=target.name)
@@ -230,14 +245,17 @@ class Server:
         response.enable_chunked_encoding()
         async with self._bus(target.namespace) as reader:
             await response.prepare(request)
-            queue: asyncio.Queue[RunEvent] = asyncio.Queue(maxsize=64)
+            queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=FOLLOW_BUFFER)
 
             async def pump() -> None:
-                follow = reader.events.follow_events(
+                payloads = reader.events.follow_payloads(
                     target.namespace, target.name, consumer=reader.consumer
                 )
-                async for event in follow:
-                    await queue.put(event)
+                async with contextlib.aclosing(payloads):
+                    async for seq, payload in payloads:
+                        line = _record(target, seq, payload)
+                        if line is not None:
+                            await queue.put(line + b"\n")
 
             reading = asyncio.create_task(pump(), name="trajectory-follow")
             try:
@@ -279,22 +297,46 @@ class Server:
 
 
 async def _write_followed(
-    response: web.StreamResponse, queue: asyncio.Queue[RunEvent], reading: asyncio.Task[None]
+    response: web.StreamResponse, queue: asyncio.Queue[bytes], reading: asyncio.Task[None]
 ) -> None:
-    """Write each event ``reading`` queues as one line, and a blank line after
-    ``KEEPALIVE`` quiet seconds; returns when ``reading`` ends (raising what ended it).
-    A write to a client that left raises (``ConnectionResetError``)."""
+    """Write each record line ``reading`` queues, and a blank line after ``KEEPALIVE`` quiet
+    seconds; returns when ``reading`` ends (raising what ended it). A write to a client that
+    left raises (``ConnectionResetError``)."""
     while True:
         try:
             async with asyncio.timeout(KEEPALIVE):
-                event = await queue.get()
+                line = await queue.get()
         except TimeoutError:
             if reading.done():
                 reading.result()
                 return
             await response.write(b"\n")
             continue
-        await response.write(json.dumps(_record(event)).encode() + b"\n")
+        await response.write(line)
+
+
+async def _write_trajectory(
+    response: web.StreamResponse,
+    reader: ReaderBus,
+    target: access.TrajectoryPath,
+    *,
+    through: int,
+) -> None:
+    """Write the ``AgentRunTrajectory`` object, its events up to the sequence ``through``
+    (``read_payloads``) one record at a time, and end the answer."""
+    empty = json.dumps(access.trajectory(target.namespace, target.name, []))
+    head, _, tail = empty.rpartition("[]")
+    await response.write(f"{head}[".encode())
+    separator = b""
+    payloads = read_payloads(reader, target.namespace, target.name, through=through)
+    async with contextlib.aclosing(payloads):
+        async for seq, payload in payloads:
+            line = _record(target, seq, payload)
+            if line is not None:
+                await response.write(separator + line)
+                separator = b","
+    await response.write(f"]{tail}".encode())
+    await response.write_eof()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -305,25 +347,32 @@ class ReaderBus:
     consumer: str
 
 
-async def read_all(reader: ReaderBus, namespace: str, name: str) -> list[RunEvent]:
-    """Every event of the run, oldest first, read as a reader may: the run's last event
-    (a direct get on its subject, which any replica may answer: at worst an event committed a
-    moment ago is left for the next read), then an ordered consumer on that subject up to it."""
-    events = reader.events
-    last = await events.last_event(namespace, name, any_replica=True)
-    found: list[RunEvent] = []
-    if last is None:
-        return found
-    async for event in events.follow_events(namespace, name, consumer=reader.consumer):
-        found.append(event)
-        if event.seq >= last.seq:
-            break
-    return found
+async def read_payloads(
+    reader: ReaderBus, namespace: str, name: str, *, through: int
+) -> AsyncGenerator[tuple[int, bytes], None]:
+    """``(stream sequence, payload)`` of every event of the run up to the sequence
+    ``through`` (its last event's when the read began: ``Bus.last_sequence``, a direct get any
+    replica may answer, so at worst an event committed a moment ago is left for the next
+    read), oldest first, read as a reader may (an ordered consumer on the run's subject). One
+    payload at a time, as stored and never parsed: what a read holds is the event it is
+    writing, however long the run."""
+    if through <= 0:
+        return
+    payloads = reader.events.follow_payloads(namespace, name, consumer=reader.consumer)
+    async with contextlib.aclosing(payloads):
+        async for seq, payload in payloads:
+            yield seq, payload
+            if seq >= through:
+                return
 
 
-def _record(event: RunEvent) -> dict[str, Any]:
-    """``{"seq": …, …}``: the event as ``kubectl agentrun logs -o json`` prints it."""
-    return {"seq": event.seq, **json.loads(event.encode())}
+def _record(target: access.TrajectoryPath, seq: int, payload: bytes) -> bytes | None:
+    """``access.record``, or None (logged) for a payload that is not an event's."""
+    try:
+        return access.record(seq, payload)
+    except ValueError as err:
+        log.warning("%s/%s: left out: %s", target.namespace, target.name, err)
+        return None
 
 
 def _refuse(refusal: access.Refusal) -> web.Response:

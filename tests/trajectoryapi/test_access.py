@@ -224,3 +224,13 @@ def test_the_cli_reads_a_404_as_not_installed_and_other_refusals_as_errors() -> 
     assert str(cli_api.refusal(503, "service unavailable\n")) == (
         "Error from server (HTTP 503): service unavailable"
     )
+
+
+def test_an_event_record_is_its_stored_payload_with_its_sequence_unparsed() -> None:
+    payload = b'{"kind":"stop","summary":{"message":"a\\nb"},\n"time":1.0}'
+    line = access.record(7, payload)
+    assert b"\n" not in line  # a follow writes one record a line
+    assert json.loads(line) == {"seq": 7, **json.loads(payload)}
+    for bad in (b"", b"{}", b" { } ", b"[1]", b'"text"', b"{"):
+        with pytest.raises(ValueError, match="not a JSON object"):
+            access.record(1, bad)

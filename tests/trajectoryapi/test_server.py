@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import socket
+import urllib.parse
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from agentrun import kernel
 from agentrun.protocol import RunEvent
 from agentrun.trajectoryapi import access, server
 
@@ -26,29 +29,34 @@ PATH_B = "/apis/trajectory.agentrun.dev/v1alpha1/namespaces/team-b/agentruntraje
 
 
 class FakeBus:
-    """What the server reads: ``follow_events`` yields ``events`` then waits for ever."""
+    """What the server reads: ``follow_payloads`` yields ``events`` (``repeat`` times over,
+    counting each in ``pulled``) then waits for ever."""
 
-    def __init__(self, events: list[RunEvent]) -> None:
+    def __init__(self, events: list[RunEvent], *, repeat: int = 1) -> None:
         self.events = events
+        self.repeat = repeat
+        self.pulled = 0
 
-    async def last_event(
-        self, namespace: str, name: str, *, any_replica: bool = False
-    ) -> RunEvent | None:
+    async def last_sequence(self, namespace: str, name: str, *, any_replica: bool = False) -> int:
         assert any_replica  # a reader's permission allows the direct get only
-        return self.events[-1] if self.events else None
+        return len(self.events) * self.repeat
 
-    async def follow_events(
+    async def follow_payloads(
         self, namespace: str, name: str, *, consumer: str | None = None
-    ) -> AsyncIterator[RunEvent]:
+    ) -> AsyncIterator[tuple[int, bytes]]:
         assert consumer == CONSUMER  # the one name the request's credential may create
-        for event in self.events:
-            yield event
+        payloads = [event.encode() for event in self.events]
+        for seq in range(1, len(payloads) * self.repeat + 1):
+            self.pulled += 1
+            yield seq, payloads[(seq - 1) % len(payloads)]
         await asyncio.Event().wait()
 
 
 class Harness:
     def __init__(self, events: list[RunEvent]) -> None:
         self.events = events
+        self.repeat = 1
+        self.buses: list[FakeBus] = []
         self.open = 0
         self.opened = 0
         self.gate = asyncio.Event()
@@ -63,7 +71,9 @@ class Harness:
         self.open += 1
         self.opened += 1
         try:
-            yield server.ReaderBus(FakeBus(self.events), CONSUMER)  # type: ignore[arg-type]
+            bus = FakeBus(self.events, repeat=self.repeat)
+            self.buses.append(bus)
+            yield server.ReaderBus(bus, CONSUMER)  # type: ignore[arg-type]
         finally:
             self.open -= 1
 
@@ -173,3 +183,60 @@ async def test_one_namespace_holding_follows_leaves_another_namespace_its_follow
             assert answer.status == 200, await answer.text()
         for answer in held:
             answer.release()
+
+
+BIG = RunEvent("stop", "uid", kernel.RunSummary(kernel.Phase.RUNNING, message="m" * 262_144))
+"""An event of 256 KiB."""
+
+
+async def stalled_client(url: str) -> socket.socket:
+    """A client that asks for ``url`` and then reads nothing (a small receive buffer)."""
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (parts.hostname, parts.port))
+    target = f"{parts.path}?{parts.query}" if parts.query else parts.path
+    await loop.sock_sendall(sock, f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return sock
+
+
+async def settled(count: Callable[[], int]) -> int:
+    """``count()`` once it has not changed for half a second (5 s at most)."""
+    last = -1
+    for _ in range(10):
+        await asyncio.sleep(0.5)
+        if (now := count()) == last:
+            break
+        last = now
+    return last
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["whole read", "follow"])
+async def test_a_read_whose_client_takes_nothing_holds_a_few_events_not_the_run(
+    serving: Any, follow: bool
+) -> None:
+    harness, url, _ = serving
+    harness.events, harness.repeat = [BIG], 200  # a run of 50 MiB
+    sock = await stalled_client(f"{url}?follow=true" if follow else url)
+    try:
+        pulled = await settled(lambda: sum(bus.pulled for bus in harness.buses))
+    finally:
+        sock.close()
+    # what the sockets' buffers take (about 4 MiB) and FOLLOW_BUFFER, never the run
+    assert 0 < pulled <= 40
+
+
+async def test_a_whole_read_the_store_stops_answering_is_cut_not_finished(
+    serving: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness, url, _ = serving
+    harness.events = [BIG]
+    monkeypatch.setattr(FakeBus, "last_sequence", lambda *a, **k: asyncio.sleep(0, result=2))
+    monkeypatch.setattr(server, "ANSWER_TIMEOUT", 0.5)  # the second event never comes
+    async with aiohttp.ClientSession() as session, session.get(url) as answer:
+        assert answer.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await answer.read()
+    assert harness.open == 0
