@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -145,11 +146,29 @@ def authenticate(
     groups = tuple(v for h in proxy.group_headers for v in header(h) if v)
     extra: dict[str, tuple[str, ...]] = {}
     names = {raw.lower(): raw for raw in header_names()}  # a repeated header: once
-    for lowered, raw in names.items():
-        for prefix in proxy.extra_prefixes:
+    for prefix in proxy.extra_prefixes:
+        for lowered, raw in names.items():
             if lowered.startswith(prefix.lower()) and len(raw) > len(prefix):
-                extra[lowered[len(prefix) :]] = tuple(header(raw))
+                key = extra_key(lowered[len(prefix) :])
+                extra[key] = extra.get(key, ()) + tuple(header(raw))
     return User(name=name, groups=groups, extra=extra)
+
+
+PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+"""A ``%`` that does not start an escape: the key is then taken as written."""
+
+
+def extra_key(encoded: str) -> str:
+    """The ``extra`` key an ``X-Remote-Extra-<key>`` header names: lower case, then
+    %-decoded, as the kube-apiserver reads its own front proxy's headers (``headerrequest``:
+    a header name cannot hold ``/``, so the proxy escapes a key such as
+    ``authentication.kubernetes.io/credential-id``), so the access review asks about the user
+    the kube-apiserver authorised. A key with a ``%`` that starts no escape is taken as
+    written (Go's ``url.PathUnescape`` fails); bytes that are not UTF-8 become U+FFFD (as the
+    kube-apiserver's JSON carries them to a webhook authoriser)."""
+    if PERCENT_ESCAPE.search(encoded):
+        return encoded
+    return urllib.parse.unquote(encoded, errors="replace")
 
 
 def access_review(user: User, *, namespace: str, name: str, verb: str = "get") -> dict[str, Any]:

@@ -64,6 +64,30 @@ def test_the_front_proxy_names_the_user_groups_and_extra() -> None:
     )
 
 
+def test_extra_keys_are_unescaped_as_the_kube_apiserver_reads_them() -> None:
+    user = authenticate(
+        ["front-proxy-client"],
+        [
+            ("X-Remote-User", "system:serviceaccount:team-a:bot"),
+            ("X-Remote-Extra-Authentication.kubernetes.io%2fcredential-id", "JTI=1"),
+            ("X-Remote-Extra-Authentication.kubernetes.io%2Fpod-name", "bot-0"),
+            ("X-Remote-Extra-100%25", "whole"),
+            ("X-Remote-Extra-Odd%zz", "as written"),
+            ("X-Remote-Extra-Bytes%ff", "replaced"),
+        ],
+    )
+    assert isinstance(user, access.User)
+    assert user.extra == {
+        "authentication.kubernetes.io/credential-id": ("JTI=1",),
+        "authentication.kubernetes.io/pod-name": ("bot-0",),
+        "100%": ("whole",),
+        "odd%zz": ("as written",),
+        "bytes\ufffd": ("replaced",),
+    }
+    review = access.access_review(user, namespace="team-a", name="r1")
+    assert review["spec"]["extra"]["authentication.kubernetes.io/pod-name"] == ["bot-0"]
+
+
 @pytest.mark.parametrize(
     ("cns", "pairs", "why"),
     [
