@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -53,17 +54,21 @@ again), so no connection outlives its credentials."""
 KEEPALIVE = 15.0
 """Seconds between blank lines on a quiet follow: a client that left is noticed by the write
 (and the API server's proxy keeps the stream open); clients skip blank lines."""
-MAX_READS = 4
-"""Whole-trajectory reads served at once (each holds up to a run's event limit in memory);
-more wait up to ``SLOT_WAIT`` seconds for a slot, then get 429."""
+MAX_READS = 16
+"""Whole-trajectory reads served at once (each holds the one event it writes, at most the
+bus's largest message: ``read_payloads``); more wait up to ``SLOT_WAIT`` seconds for a slot,
+then get 429. It takes 8 namespaces holding every read they may, or 8 users, to hold them all."""
 READS_PER_NAMESPACE = 2
-"""Whole reads of one namespace's runs served at once: a namespace whose reads hang (a client
-that does not read its answer, a slow NATS) leaves the other namespaces the rest."""
+"""Whole reads of one namespace's runs served at once, and whole reads of one user's: a
+namespace whose reads hang (a client that does not read its answer, a slow NATS), or a user
+reading in every namespace they may, leaves the others the rest."""
 MAX_FOLLOWS = 64
 """Follows served at once (each holds a NATS connection); more get 429 as above."""
-FOLLOWS_PER_NAMESPACE = 16
-"""Follows of one namespace's runs served at once: a follow lasts up to ``FOLLOW_LIMIT``,
-so one namespace's users opening follows would otherwise hold every one of them."""
+FOLLOWS_PER_NAMESPACE = 8
+"""Follows of one namespace's runs served at once, and follows of one user's: a follow lasts
+up to ``FOLLOW_LIMIT``, so one namespace's users, or one user of many namespaces, opening
+follows would otherwise hold every one of them. It takes 8 namespaces, or 8 users, to hold
+them all."""
 SLOT_WAIT = 10.0
 FOLLOW_BUFFER = 2
 """Event records a follow reads ahead of what its client has taken: what a follow holds is
@@ -72,52 +77,51 @@ message)."""
 
 
 class Slots:
-    """At most ``total`` requests at once, at most ``per_namespace`` of one namespace's: a
-    request takes its namespace's place first, then one of all, so one namespace's requests
-    wait behind each other, never in front of another namespace's. A namespace nobody holds
-    or waits for is forgotten."""
+    """At most ``total`` requests at once, at most ``per_scope`` of each scope a request names
+    (its user, its namespace): a request takes a place of each of its scopes in the order
+    named, then one of all, so one scope's requests wait behind each other, never in front of
+    another's. A request names its user first: a user whose places are all held waits holding
+    none of a namespace's. A scope nobody holds or waits for is forgotten."""
 
-    def __init__(self, total: int, *, per_namespace: int) -> None:
-        self.per_namespace = min(per_namespace, total)
+    def __init__(self, total: int, *, per_scope: int) -> None:
+        self.per_scope = min(per_scope, total)
         self._all = asyncio.Semaphore(total)
-        self._namespaces: dict[str, tuple[asyncio.Semaphore, int]] = {}
-        """namespace → (its semaphore, holders and waiters)."""
+        self._scopes: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        """scope → (its semaphore, holders and waiters)."""
 
-    async def take(self, namespace: str, *, wait: float) -> Callable[[], None] | None:
-        """A place of ``namespace`` and one of all, waiting ``wait`` seconds at most for
-        them: the function that gives both back, or None when none came in time."""
-        semaphore, users = self._namespaces.get(namespace) or (
-            asyncio.Semaphore(self.per_namespace),
-            0,
-        )
-        self._namespaces[namespace] = (semaphore, users + 1)
+    async def take(self, *scopes: str, wait: float) -> Callable[[], None] | None:
+        """A place of each of ``scopes`` and one of all, waiting ``wait`` seconds at most for
+        them: the function that gives them back, or None when they did not come in time."""
+        taken: list[asyncio.Semaphore] = []
         try:
             async with asyncio.timeout(wait):
-                async with contextlib.AsyncExitStack() as taking:
+                for semaphore in [*(self._join(scope) for scope in scopes), self._all]:
                     await semaphore.acquire()
-                    taking.callback(semaphore.release)
-                    await self._all.acquire()
-                    taking.pop_all()
-        except TimeoutError:
-            self._leave(namespace)
-            return None
-        except BaseException:
-            self._leave(namespace)
+                    taken.append(semaphore)
+        except BaseException as err:
+            self._give_back(taken, scopes)
+            if isinstance(err, TimeoutError):
+                return None
             raise
+        return functools.partial(self._give_back, taken, scopes)
 
-        def give_back() -> None:
-            self._all.release()
+    def _give_back(self, taken: Sequence[asyncio.Semaphore], scopes: Sequence[str]) -> None:
+        for semaphore in taken:
             semaphore.release()
-            self._leave(namespace)
+        self._leave(scopes)
 
-        return give_back
+    def _join(self, scope: str) -> asyncio.Semaphore:
+        semaphore, users = self._scopes.get(scope) or (asyncio.Semaphore(self.per_scope), 0)
+        self._scopes[scope] = (semaphore, users + 1)
+        return semaphore
 
-    def _leave(self, namespace: str) -> None:
-        semaphore, users = self._namespaces[namespace]
-        if users <= 1:
-            del self._namespaces[namespace]
-        else:
-            self._namespaces[namespace] = (semaphore, users - 1)
+    def _leave(self, scopes: Sequence[str]) -> None:
+        for scope in scopes:
+            semaphore, users = self._scopes[scope]
+            if users <= 1:
+                del self._scopes[scope]
+            else:
+                self._scopes[scope] = (semaphore, users - 1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -151,10 +155,10 @@ class Server:
     scratch: Path
     """A private directory (0700) for the per-request creds files nats-py reads."""
     reads: Slots = dataclasses.field(
-        default_factory=lambda: Slots(MAX_READS, per_namespace=READS_PER_NAMESPACE)
+        default_factory=lambda: Slots(MAX_READS, per_scope=READS_PER_NAMESPACE)
     )
     follows: Slots = dataclasses.field(
-        default_factory=lambda: Slots(MAX_FOLLOWS, per_namespace=FOLLOWS_PER_NAMESPACE)
+        default_factory=lambda: Slots(MAX_FOLLOWS, per_scope=FOLLOWS_PER_NAMESPACE)
     )
 
     def app(self) -> web.Application:
@@ -186,7 +190,9 @@ class Server:
             return _refuse(refusal)
         follow = request.query.get("follow") == "true"
         slots = self.follows if follow else self.reads
-        give_back = await slots.take(target.namespace, wait=SLOT_WAIT)
+        give_back = await slots.take(
+            f"user:{user.name}", f"namespace:{target.namespace}", wait=SLOT_WAIT
+        )
         if give_back is None:
             return _refuse(access.too_many(target.namespace, target.name))
         try:

@@ -1,7 +1,8 @@
 """The trajectory API's server, in process on a real aiohttp server (as ``main`` runs it, with
 ``handler_cancellation``): a follow whose client left gives its NATS connection up, a quiet
 follow sends keep-alive lines, a whole read streams the trajectory object, and reads beyond
-the server's share wait, then get 429. Authentication and the access review are the pure
+the server's share wait, then get 429, and neither one namespace nor one user holds
+another's share. Authentication and the access review are the pure
 ``access`` rules, tested apart; here they let the request through, and NATS is a stand-in."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
@@ -78,6 +80,19 @@ class Harness:
             self.open -= 1
 
 
+DEFAULT_MAX_READS = server.MAX_READS
+
+
+def user_of(*_: object, header: Callable[[str], list[str]], **__: object) -> access.User:
+    """The user a request names in ``X-Remote-User`` (alice when it names none): the front
+    proxy's authentication is ``access``'s, tested apart."""
+    return access.User(next(iter(header("X-Remote-User")), "alice"))
+
+
+def as_user(name: str) -> dict[str, str]:
+    return {"X-Remote-User": name}
+
+
 @pytest.fixture
 def max_reads() -> int:
     """Whole reads the server serves at once (a test may parametrize it)."""
@@ -93,7 +108,7 @@ async def serving(
     monkeypatch.setattr(server, "READ_TIMEOUT", 5.0)
     monkeypatch.setattr(server, "KEEPALIVE", 0.1)
     monkeypatch.setattr(server, "SLOT_WAIT", 0.3)
-    monkeypatch.setattr(access, "authenticate", lambda *a, **k: access.User("alice", (), {}))
+    monkeypatch.setattr(access, "authenticate", user_of)
 
     async def allowed(self: server.Server, *_: object) -> dict[str, Any]:
         return {"allowed": True}
@@ -151,21 +166,37 @@ async def test_reads_beyond_the_servers_share_wait_then_get_429(serving: Any) ->
             assert answer.status == 200
 
 
+def in_namespace(url: str, namespace: str) -> str:
+    """``url`` with its namespace replaced by ``namespace``."""
+    return re.sub("/namespaces/[^/]+/", f"/namespaces/{namespace}/", url)
+
+
+async def status_while_held(harness: Harness, held: list[tuple[str, str]], url: str) -> int:
+    """The status of bob's read of ``url`` while the reads ``held`` (namespace, user) hang
+    (NATS does not answer in their namespaces: a slow store, or a client that does not read)."""
+    harness.gate.clear()
+    harness.stalled = {namespace for namespace, _ in held}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        tasks = [
+            asyncio.create_task(session.get(in_namespace(url, ns), headers=as_user(who)))
+            for ns, who in held
+        ]
+        await asyncio.sleep(0.2)
+        async with session.get(url, headers=as_user("bob")) as answer:
+            status = answer.status
+        harness.gate.set()
+        for task in tasks:
+            (await task).release()
+    return status
+
+
 @pytest.mark.parametrize("max_reads", [4])
 async def test_one_namespace_holding_reads_leaves_another_namespace_its_read(
     serving: Any,
 ) -> None:
-    harness, url, other = serving
-    harness.gate.clear()
-    harness.stalled = {"team-a"}  # team-a's reads hang (a slow client or a slow NATS)
-    async with aiohttp.ClientSession() as session:
-        held = [asyncio.create_task(session.get(url)) for _ in range(server.MAX_READS)]
-        await asyncio.sleep(0.1)
-        async with session.get(other) as answer:
-            assert answer.status == 200, await answer.text()
-        harness.gate.set()
-        for task in held:
-            (await task).release()
+    harness, _, other = serving
+    held = [("team-a", f"user-{n}") for n in range(server.MAX_READS)]
+    assert await status_while_held(harness, held, other) == 200
 
 
 async def test_one_namespace_holding_follows_leaves_another_namespace_its_follow(
@@ -179,7 +210,7 @@ async def test_one_namespace_holding_follows_leaves_another_namespace_its_follow
             answer = await session.get(url, params={"follow": "true"})
             held.append(answer)
         assert any(answer.status == 200 for answer in held)
-        async with session.get(other, params={"follow": "true"}) as answer:
+        async with session.get(other, params={"follow": "true"}, headers=as_user("bob")) as answer:
             assert answer.status == 200, await answer.text()
         for answer in held:
             answer.release()
@@ -240,3 +271,43 @@ async def test_a_whole_read_the_store_stops_answering_is_cut_not_finished(
         with pytest.raises(aiohttp.ClientPayloadError):
             await answer.read()
     assert harness.open == 0
+
+
+@pytest.mark.parametrize("max_reads", [4])
+async def test_one_user_reading_in_many_namespaces_leaves_other_users_their_reads(
+    serving: Any,
+) -> None:
+    harness, _, other = serving
+    held = [(namespace, "alice") for namespace in ("team-a", "team-a", "team-c", "team-c")]
+    assert await status_while_held(harness, held, other) == 200
+
+
+@pytest.mark.parametrize("max_reads", [DEFAULT_MAX_READS])
+async def test_four_namespaces_holding_every_read_they_may_leave_a_fifth_its_read(
+    serving: Any,
+) -> None:
+    harness, _, other = serving
+    held = [  # one tenant's namespaces, a user in each
+        (namespace, namespace)
+        for namespace in ("team-a", "team-c", "team-d", "team-e")
+        for _ in range(server.READS_PER_NAMESPACE)
+    ]
+    assert await status_while_held(harness, held, other) == 200
+
+
+async def test_four_namespaces_holding_every_follow_they_may_leave_a_fifth_its_follow(
+    serving: Any,
+) -> None:
+    _, _, other = serving
+    follow = {"follow": "true"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        held = [  # one tenant's namespaces, each following all it may, one user a follow
+            await session.get(in_namespace(other, ns), params=follow, headers=as_user(f"{ns}{n}"))
+            for ns in ("team-a", "team-c", "team-d", "team-e")
+            for n in range(server.FOLLOWS_PER_NAMESPACE)
+        ]
+        assert all(answer.status == 200 for answer in held)
+        async with session.get(other, params=follow, headers=as_user("bob")) as answer:
+            assert answer.status == 200, await answer.text()
+        for answer in held:
+            answer.release()
