@@ -321,6 +321,17 @@ def too_many(namespace: str, name: str) -> Refusal:
     )
 
 
+def review_failed(namespace: str, name: str) -> Refusal:
+    """503 when the SubjectAccessReview could not be made (the API server refused or did not
+    answer it): the reader is neither allowed nor denied, and asks again."""
+    return Refusal(
+        503,
+        "ServiceUnavailable",
+        f'{RESOURCE}.{GROUP} "{name}" in "{namespace}": the access review could not be made;'
+        " try again in a few seconds",
+    )
+
+
 def unavailable(namespace: str, name: str) -> Refusal:
     """503 when the run's events cannot be read now (NATS unreachable or too slow)."""
     return Refusal(

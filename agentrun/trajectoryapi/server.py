@@ -28,6 +28,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import cachetools
 import nats.errors
 from aiohttp import web
 from kubernetes_asyncio import client
@@ -62,6 +64,14 @@ READS_PER_NAMESPACE = 2
 """Whole reads of one namespace's runs served at once, and whole reads of one user's: a
 namespace whose reads hang (a client that does not read its answer, a slow NATS), or a user
 reading in every namespace they may, leaves the others the rest."""
+VERDICT_SECONDS = 10.0
+"""How long a SubjectAccessReview's verdict (allowed or denied) is reused for the same user,
+groups, extra and run: the default of Kubernetes' delegating authoriser, which aggregated API
+servers use. A flood of one user's reads asks the API server once per run per this interval,
+not once a request; a RoleBinding removed takes up to this long to refuse. A verdict with an
+evaluation error is not kept."""
+VERDICTS_KEPT = 4096
+"""Verdicts kept at most (the least recently made forgotten first)."""
 MAX_FOLLOWS = 64
 """Follows served at once (each holds a NATS connection); more get 429 as above."""
 FOLLOWS_PER_NAMESPACE = 8
@@ -160,6 +170,10 @@ class Server:
     follows: Slots = dataclasses.field(
         default_factory=lambda: Slots(MAX_FOLLOWS, per_scope=FOLLOWS_PER_NAMESPACE)
     )
+    verdicts: cachetools.TTLCache[str, dict[str, Any]] = dataclasses.field(
+        default_factory=lambda: cachetools.TTLCache(VERDICTS_KEPT, VERDICT_SECONDS)
+    )
+    """SubjectAccessReview statuses by the review's canonical JSON (``_review``)."""
 
     def app(self) -> web.Application:
         """The aiohttp application: ``/healthz``, discovery and the trajectory."""
@@ -183,7 +197,11 @@ class Server:
             return _refuse(user)
         if isinstance(target, access.Discovery):
             return web.json_response(access.discovery(target.level))
-        review = await self._review(user, target)
+        try:
+            review = await self._review(user, target)
+        except (client.ApiException, aiohttp.ClientError, TimeoutError) as err:
+            log.warning("access review of %s failed: %r", user.name, err)
+            return _refuse(access.review_failed(target.namespace, target.name))
         refusal = access.authorize(user, review, namespace=target.namespace, name=target.name)
         if refusal is not None:
             log.info("refused %s: %s", user.name, refusal.message)
@@ -234,10 +252,18 @@ class Server:
             return response
 
     async def _review(self, user: access.User, target: access.TrajectoryPath) -> dict[str, Any]:
+        """The SubjectAccessReview status of ``user`` reading ``target``: made again at most
+        every ``VERDICT_SECONDS`` for the same question (``verdicts``). Raises what the
+        Kubernetes client raises (``ApiException``, an ``aiohttp`` error, ``TimeoutError``)."""
         body = access.access_review(user, namespace=target.namespace, name=target.name)
+        key = json.dumps(body["spec"], sort_keys=True)
+        with contextlib.suppress(KeyError):  # not asked lately (one clock read)
+            return self.verdicts[key]
         reviews = client.AuthorizationV1Api(self.api)
         result = await reviews.create_subject_access_review(body)  # type: ignore[arg-type]
         status: dict[str, Any] = self.api.sanitize_for_serialization(result).get("status") or {}
+        if not status.get("evaluationError"):
+            self.verdicts[key] = status
         return status
 
     async def _follow(

@@ -311,3 +311,95 @@ async def test_four_namespaces_holding_every_follow_they_may_leave_a_fifth_its_f
             assert answer.status == 200, await answer.text()
         for answer in held:
             answer.release()
+
+
+class Reviews:
+    """A fake ``AuthorizationV1Api``: counts the SubjectAccessReviews asked and answers each
+    with ``verdict`` (or raises ``error``)."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict[str, Any]] = []
+        self.verdict: dict[str, Any] = {"allowed": True}
+        self.error: Exception | None = None
+
+    def __call__(self, api: object) -> Reviews:
+        return self
+
+    async def create_subject_access_review(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.asked.append(body)
+        if self.error is not None:
+            raise self.error
+        return {"status": dict(self.verdict)}
+
+
+class ReviewApi:
+    """The Kubernetes client's one method ``_review`` uses besides the API class."""
+
+    @staticmethod
+    def sanitize_for_serialization(result: dict[str, Any]) -> dict[str, Any]:
+        return result
+
+
+@pytest.fixture
+def reviews(monkeypatch: pytest.MonkeyPatch) -> Reviews:
+    fake = Reviews()
+    monkeypatch.setattr(server.client, "AuthorizationV1Api", fake)
+    return fake
+
+
+def reviewing_server(tmp_path: Path, clock: list[float]) -> server.Server:
+    made = server.Server(proxy=None, api=ReviewApi(), reader=None, scratch=tmp_path)  # type: ignore[arg-type]
+    made.verdicts = server.cachetools.TTLCache(8, server.VERDICT_SECONDS, timer=lambda: clock[0])
+    return made
+
+
+async def test_a_verdict_is_reused_for_the_same_question_until_it_expires(
+    reviews: Reviews, tmp_path: Path
+) -> None:
+    clock = [0.0]
+    app_server = reviewing_server(tmp_path, clock)
+    alice, bob = access.User("alice", ("team-a",)), access.User("bob")
+    run, other = access.TrajectoryPath("team-a", "r1"), access.TrajectoryPath("team-a", "r2")
+    for _ in range(5):  # a flood of one user's reads of one run: one review
+        assert await app_server._review(alice, run) == {"allowed": True}
+    assert len(reviews.asked) == 1
+    reviews.verdict = {"allowed": False, "reason": "no RoleBinding"}
+    assert await app_server._review(bob, run) == reviews.verdict  # another user: asked
+    assert await app_server._review(alice, other) == reviews.verdict  # another run: asked
+    assert await app_server._review(bob, run) == reviews.verdict  # a denial is kept too
+    assert len(reviews.asked) == 3
+    clock[0] = server.VERDICT_SECONDS + 0.1  # expired: asked again, and its new verdict holds
+    assert await app_server._review(alice, run) == reviews.verdict
+    assert len(reviews.asked) == 4
+
+
+async def test_a_verdict_with_an_evaluation_error_is_asked_again(
+    reviews: Reviews, tmp_path: Path
+) -> None:
+    app_server = reviewing_server(tmp_path, [0.0])
+    reviews.verdict = {"allowed": False, "evaluationError": "webhook timed out"}
+    run = access.TrajectoryPath("team-a", "r1")
+    await app_server._review(access.User("alice"), run)
+    await app_server._review(access.User("alice"), run)
+    assert len(reviews.asked) == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [server.client.ApiException(status=429, reason="Too Many Requests"), TimeoutError()],
+    ids=["refused", "no-answer"],
+)
+async def test_a_review_that_cannot_be_made_answers_503_with_a_status(
+    serving: Any, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    _, url, _ = serving
+
+    async def failing(self: server.Server, *_: object) -> dict[str, Any]:
+        raise error
+
+    monkeypatch.setattr(server.Server, "_review", failing)
+    async with aiohttp.ClientSession() as session, session.get(url) as answer:
+        assert answer.status == 503
+        body = await answer.json()
+    assert (body["kind"], body["reason"]) == ("Status", "ServiceUnavailable")
+    assert "access review could not be made" in body["message"]
