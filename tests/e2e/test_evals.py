@@ -25,7 +25,7 @@ from . import argocd_health, test_kubectl_plugin
 from .conftest import EXAMPLES, E2EStack, http_get, run_manifest
 from .test_agents import AGENT_TURNS, agent_manifest
 from .test_budget_use import collatz_scenario
-from .test_resilience import metric_value
+from .test_telemetry import metric
 from .test_tenants import append_scenario
 
 pytestmark = pytest.mark.e2e
@@ -268,7 +268,7 @@ def test_a_failing_suite_is_graded_case_by_case_at_most_parallelism_at_a_time(
     assert "  slow: terminal reason completed != expected max_steps" in shown.stdout
     metrics = http_get(f"http://127.0.0.1:{stack_.operator.ports['metrics']}/metrics")
     labels = f'eval="mixed",namespace="{ns}"'
-    assert metric_value(metrics, "agentrun_eval_cases_total") >= 3
+    assert metric(metrics, "agentrun_eval_cases_total") >= 3
     assert f'agentrun_eval_cases_total{{{labels},result="failed"}} 2.0' in metrics
     assert f'agentrun_eval_cases_total{{{labels},result="passed"}} 1.0' in metrics
     assert f"agentrun_eval_pass_ratio{{{labels}}} 0.3333333333333333" in metrics

@@ -13,13 +13,17 @@ import yaml
 from agentrun import kernel
 from agentrun_dev import components, stack
 
-from .conftest import ACK_WAIT, E2EStack, http_get, mock_model, run_manifest
+from .conftest import ACK_WAIT, E2EStack, http_get, mock_model, run_manifest, tenants_of
 from .events import read_book, read_events, turn_numbers, wait_answered_hold
+from .test_telemetry import metric
 
 HUGE_EXPRESSION = "1+" * 40_000 + "1"
 """~80 KB: tool-call arguments over the 65536-byte cap a checkpointed turn keeps."""
 
 pytestmark = pytest.mark.e2e
+
+TURNS = "agentrun_turns_total"
+"""Turns a worker committed, by tenant."""
 
 WIDE_MODEL = "mock-wide"
 """The scripted model allowed 50,000 output tokens a call: output past the checkpoint's caps
@@ -122,37 +126,29 @@ def test_a_worker_killed_mid_turn_hands_the_turn_to_another_committed_once(
     assert turns == [0, 1]
 
 
-def metric_value(text: str, name: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
-    )
-
-
-def test_two_workers_share_the_turns(stack_: E2EStack, test_namespace: str) -> None:
-    before = [
-        metric_value(
-            http_get(f"http://127.0.0.1:{w.ports['metrics']}/metrics"), "agentrun_turns_total"
-        )
+def turns_of(stack_: E2EStack, tenant: str) -> list[float]:
+    """Each worker's ``agentrun_turns_total`` of ``tenant`` (turns it committed for it)."""
+    return [
+        metric(http_get(f"http://127.0.0.1:{w.ports['metrics']}/metrics"), TURNS, tenant=tenant)
         for w in stack_.workers
     ]
-    for i in range(8):
-        stack_.apply(test_namespace, run_manifest(f"shared-{i}", f"E2E-SHARED {i}"))
-    for i in range(8):
-        assert stack_.wait_terminal(test_namespace, f"shared-{i}")["terminalReason"] == "completed"
-    # a worker counts a turn after committing it and settling its hold, so the last turn's
-    # count may land after the operator has written the run's end: poll for it
-    deadline = time.monotonic() + 15
-    while True:
-        after = [
-            metric_value(
-                http_get(f"http://127.0.0.1:{w.ports['metrics']}/metrics"), "agentrun_turns_total"
-            )
-            for w in stack_.workers
-        ]
-        done = [a - b for a, b in zip(after, before, strict=True)]
-        if sum(done) >= 24 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+
+
+def test_two_workers_share_the_turns(stack_: E2EStack) -> None:
+    """Eight runs of three turns in a tenant of their own (earlier tests' runs, still going
+    in other namespaces, commit turns on the same workers meanwhile): both workers take some
+    of its 24 turns, each counted once."""
+    with tenants_of(stack_, {"shared": {"maxConcurrentRuns": 8}}) as made:
+        tenant, namespace = made["shared"]
+        for i in range(8):
+            stack_.apply(namespace, run_manifest(f"shared-{i}", f"E2E-SHARED {i}"))
+        for i in range(8):
+            assert stack_.wait_terminal(namespace, f"shared-{i}")["terminalReason"] == "completed"
+        # a worker counts a turn after committing it and settling its hold, so the last
+        # turn's count may land after the operator has written the run's end: poll for it
+        deadline = time.monotonic() + 15
+        while sum(done := turns_of(stack_, tenant)) < 24 and time.monotonic() < deadline:
+            time.sleep(0.2)
     assert sum(done) == 24
     assert all(d > 0 for d in done), f"turns per worker: {done}"
 

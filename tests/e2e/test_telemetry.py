@@ -9,9 +9,16 @@ from typing import Any
 
 import pytest
 
-from .conftest import E2EStack, http_get, run_manifest
+from .conftest import E2EStack, http_get, run_manifest, tenants_of
 
 pytestmark = pytest.mark.e2e
+
+RUNS = "agentrun_runs_total"
+TURNS = "agentrun_turns_total"
+TOOLS = "agentrun_tool_calls_total"
+TOKENS = "agentrun_tokens_total"
+DURATION = "agentrun_turn_duration_seconds_count"
+"""Turn durations by phase: one sample per committed turn, of any tenant (no tenant label)."""
 
 
 def spans_in(log_dir: Path) -> list[dict[str, Any]]:
@@ -64,39 +71,53 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def test_metrics_count_runs_turns_tools_and_tokens(stack_: E2EStack, test_namespace: str) -> None:
-    def scrape() -> tuple[str, str]:
-        workers = "".join(
-            http_get(f"http://127.0.0.1:{w.ports['metrics']}/metrics") for w in stack_.workers
-        )
-        return http_get(f"http://127.0.0.1:{stack_.operator.ports['metrics']}/metrics"), workers
-
-    op_before, w_before = scrape()
-    stack_.apply(test_namespace, run_manifest("counted", "E2E-PARALLEL-ORDER: counted"))
-    stack_.wait_terminal(test_namespace, "counted")
-
-    def delta(before: str, after: str, name: str, **labels: str) -> float:
-        return metric(after, name, **labels) - metric(before, name, **labels)
-
-    # a worker counts a turn after its commit and hold settlement, and the operator its end
-    # around the status patch: the counts may trail the status seen, so poll for the last
-    # of them (the turn durations, observed last) and the run's end
-    deadline = time.monotonic() + 15
-    while True:
-        op_after, w_after = scrape()
-        ended = delta(op_before, op_after, "agentrun_runs_total", reason="completed", outcome="ok")
-        timed = delta(w_before, w_after, "agentrun_turn_duration_seconds_count", phase="overhead")
-        if (ended >= 1 and timed >= 2) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert ended == 1
-    assert delta(w_before, w_after, "agentrun_turns_total", tenant="default") == 2
-    assert delta(w_before, w_after, "agentrun_tool_calls_total", tool="sleep", result="ok") == 1
-    assert delta(w_before, w_after, "agentrun_tokens_total", type="input") == 260
-    assert delta(w_before, w_after, "agentrun_tokens_total", type="output") == 30
-    assert delta(w_before, w_after, "agentrun_turn_duration_seconds_count", phase="model") == 2
-    assert (
-        delta(w_before, w_after, "gen_ai_client_token_usage_count", gen_ai_token_type="input") == 2
+def scrape(stack_: E2EStack) -> tuple[str, str]:
+    """The operator's metrics text and the workers' (concatenated)."""
+    workers = "".join(
+        http_get(f"http://127.0.0.1:{w.ports['metrics']}/metrics") for w in stack_.workers
     )
+    return http_get(f"http://127.0.0.1:{stack_.operator.ports['metrics']}/metrics"), workers
+
+
+def test_metrics_count_runs_turns_tools_and_tokens(stack_: E2EStack) -> None:
+    """One run of two turns in a tenant of its own: earlier tests' runs, still going in other
+    namespaces, count on the same processes meanwhile. Its tenant's counters are exact; the
+    metrics without a tenant label are checked against every tenant's (one turn duration per
+    committed turn; one token-usage sample per model call that reported usage)."""
+    with tenants_of(stack_, {"counted": {}}) as made:
+        tenant, namespace = made["counted"]
+        op_before, w_before = scrape(stack_)
+        stack_.apply(namespace, run_manifest("counted", "E2E-PARALLEL-ORDER: counted"))
+        stack_.wait_terminal(namespace, "counted")
+
+        def delta(before: str, after: str, name: str, **labels: str) -> float:
+            return metric(after, name, **labels) - metric(before, name, **labels)
+
+        # a worker counts a turn after its commit and hold settlement, and the operator its
+        # end around the status patch: the counts may trail the status seen, so poll for the
+        # run's end and its turns' durations (observed last, with every tenant's turns)
+        deadline = time.monotonic() + 15
+        while True:
+            op_after, w_after = scrape(stack_)
+            ended = delta(
+                op_before, op_after, RUNS, tenant=tenant, reason="completed", outcome="ok"
+            )
+            turns = delta(w_before, w_after, TURNS)
+            timed = delta(w_before, w_after, DURATION, phase="overhead")
+            mine = delta(w_before, w_after, TURNS, tenant=tenant)
+            if (ended >= 1 and mine >= 2 and timed >= turns) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert ended == 1
+    assert delta(op_before, op_after, RUNS) >= 1
+    assert mine == 2
+    assert delta(w_before, w_after, TOOLS, tenant=tenant, tool="sleep", result="ok") == 1
+    assert delta(w_before, w_after, TOKENS, tenant=tenant, type="input") == 260
+    assert delta(w_before, w_after, TOKENS, tenant=tenant, type="output") == 30
+    assert delta(w_before, w_after, DURATION, phase="model") == turns >= 2
+    calls = delta(w_before, w_after, "agentrun_model_calls_total")
+    assert delta(w_before, w_after, "agentrun_model_calls_total", tenant=tenant) == 2
+    samples = delta(w_before, w_after, "gen_ai_client_token_usage_count", gen_ai_token_type="input")
+    assert 2 <= samples <= calls, (samples, calls)
     assert "agentrun_dispatch_latency_seconds_bucket" in op_after
     assert "agentrun_worker_concurrency" in w_after
