@@ -47,6 +47,21 @@ def read_book(server: NatsServer, tenant: str) -> Book | None:
     return asyncio.run(read())
 
 
+def settled_book(server: NatsServer, tenant: str, *, timeout: float = 15) -> Book:
+    """The tenant's ledger entry once no run is active in it and it holds nothing: a run's
+    last settlement and its close land just after its terminal status (the worker settles
+    after its commit, the operator closes the run around the status it writes), so a book
+    read as soon as the runs ended may not hold them yet. Raises AssertionError after
+    ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        book = read_book(server, tenant)
+        if book is not None and not (book.active or book.active_runs or book.holds):
+            return book
+        assert time.monotonic() < end, f"{tenant}: not settled in {timeout}s: {book}"
+        time.sleep(0.2)
+
+
 def wait_answered_hold(
     server: NatsServer, tenant: str, namespace: str, name: str, *, timeout: float = 30
 ) -> None:

@@ -44,6 +44,18 @@ CHUNK = 250
 """AgentRuns per ``kubectl create`` (each created with a request of its own)."""
 
 
+def settled_book(nats_server: Any, tenant: str, *, timeout: float) -> Book:
+    """The tenant's whole ledger once no run is active and nothing is held: the last runs'
+    closes land just after their terminal statuses. AssertionError after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while True:
+        book = read_book(nats_server, tenant)
+        if book is not None and not (book.active or book.active_runs or book.holds):
+            return book
+        assert time.monotonic() < end, f"{tenant}: not settled in {timeout}s"
+        time.sleep(1.0)
+
+
 def run_names(count: int) -> list[str]:
     return [f"sweep-{i:05d}" for i in range(count)]
 
@@ -275,8 +287,7 @@ def test_runs_created_at_once_in_one_tenant_all_end_by_their_own_execution(
         listed = stack_.kubectl("get", "agentruns", "-n", namespace, "-o", "json", timeout=600)
         runs = json.loads(listed.stdout)
         tokens, cost = ledger_sums(runs)
-        book = read_book(nats_server, tenant)
-        assert book is not None
+        book = settled_book(nats_server, tenant, timeout=60)  # the last runs' closes land
         assert (book.used_tokens, book.used_cost) == (tokens, cost)
         assert (book.abandoned_tokens, book.active_runs, book.holds) == (0, 0, {})
         assert not book.one_value or ACTIVE <= 500  # outgrown: split

@@ -18,7 +18,7 @@ import yaml
 from agentrun_dev import components, demo, stack
 
 from .conftest import E2EStack
-from .events import read_book
+from .events import settled_book
 from .test_tenants import TenantFactory, append_scenario, tenants, wait_runs  # noqa: F401
 
 pytestmark = pytest.mark.e2e
@@ -84,8 +84,7 @@ def test_forty_collatz_runs_spend_the_tenant_budget_on_work_with_no_overspend(
         )
     finally:
         components.stop_component(third)
-    book = read_book(nats_server, tenant)
-    assert book is not None
+    book = settled_book(nats_server, tenant)
     reasons = {s["terminalReason"] for s in runs.values()}
     assert reasons <= {"max_steps", "tenant_budget_exhausted"}, reasons
     usage = {name: s.get("usage") or {} for name, s in runs.items()}

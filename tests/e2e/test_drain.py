@@ -22,7 +22,7 @@ from agentrun_dev import components, stack
 from agentrun_dev.procs import StopOutcome
 
 from .conftest import E2EStack, run_manifest
-from .events import read_book, read_events, turn_numbers
+from .events import read_events, settled_book, turn_numbers
 from .test_effects_chaos import model_asked, start_run, until
 from .test_tenants import TenantFactory, tenants  # noqa: F401
 
@@ -71,17 +71,6 @@ def stop_while_others_consume(
     return outcome, time.monotonic() - began
 
 
-def settled_book(nats_server: object, tenant: str) -> object:
-    """The tenant's ledger entry once the run's slot is freed (its close is settled)."""
-    deadline = time.monotonic() + 15
-    while True:
-        book = read_book(nats_server, tenant)  # type: ignore[arg-type]
-        if book is not None and not book.active:
-            return book
-        assert time.monotonic() < deadline, f"the run's slot was never freed: {book}"
-        time.sleep(0.2)
-
-
 def test_a_stopped_worker_finishes_the_model_call_it_holds_and_commits_the_turn(
     stack_: E2EStack,
     test_namespace: str,
@@ -106,8 +95,8 @@ def test_a_stopped_worker_finishes_the_model_call_it_holds_and_commits_the_turn(
     assert asked == [1, 1]
     assert turn_numbers(read_events(nats_server, test_namespace, "slow-model")) == [0, 1]  # type: ignore[arg-type]
     assert "cancelled while stopping" not in lone[0].spec.log_path.read_text(errors="replace")
-    book = settled_book(nats_server, tenant)
-    assert (book.used_tokens, book.abandoned_tokens) == (100, 0)  # type: ignore[attr-defined]
+    book = settled_book(nats_server, tenant)  # type: ignore[arg-type]
+    assert (book.used_tokens, book.abandoned_tokens) == (100, 0)
 
 
 def test_a_stopped_worker_lets_a_write_in_flight_complete_and_commits_it(
@@ -160,8 +149,8 @@ def test_a_turn_longer_than_the_drain_is_handed_back_and_runs_elsewhere(
     status = stack_.wait_terminal(test_namespace, "too-long", timeout=60)
     assert (status["terminalReason"], status.get("answer")) == ("completed", "asked twice")
     assert model_asked(stack_, "drain-too-long", 0) == 2
-    book = settled_book(nats_server, tenant)
-    assert (book.used_tokens, book.abandoned_tokens) == (100, 0)  # type: ignore[attr-defined]
+    book = settled_book(nats_server, tenant)  # type: ignore[arg-type]
+    assert (book.used_tokens, book.abandoned_tokens) == (100, 0)
 
 
 def test_a_write_in_flight_at_the_end_of_the_drain_completes_and_is_replayed(
