@@ -28,6 +28,7 @@ from agentrun_dev import components, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from .conftest import HOLD_TTL, LEDGER_SWEEP, E2EStack, apply_tenant, run_manifest, tenants_of
+from .test_tenants import append_scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
@@ -325,14 +326,35 @@ def test_the_wall_clock_budget_is_charged_while_runs_go_and_ends_them(
     assert 6 <= book.used_wall < 6 + 2 * (LEDGER_SWEEP + 3.0)
 
 
+CANCEL_IN_TOOL_SCENARIO = {
+    "name": "cancel-in-tool",
+    "match": {"goal": "E2E-CANCEL-IN-TOOL"},
+    "turns": [
+        {
+            "tool_calls": [{"name": "sleep", "arguments": {"seconds": 30}}],
+            "usage": {"prompt_tokens": 40, "completion_tokens": 10},
+        },
+        {
+            "content": "not reached: the run is cancelled in its tool",
+            "usage": {"prompt_tokens": 40, "completion_tokens": 10},
+        },
+    ],
+}
+"""A model call of 50 tokens, then a 30 s tool the test's cancel cuts."""
+
+
 def test_a_turn_cancelled_after_its_model_call_is_still_charged(
     stack_: E2EStack, tenant_ns: tuple[str, str], ledger: Ledger
 ) -> None:
     """The provider bills a call that answered even if its turn never commits: cancelling
-    the run during its tool phase charges the call to the tenant (as abandoned), once."""
+    the run during its tool phase charges the call to the tenant (as abandoned), once. The
+    tool sleeps 30 s (cut by the cancel): the cancel goes through kubectl, the operator's
+    watch and its broadcast, which on a loaded machine took longer than the 4 s of
+    ``E2E-SLOW-TOOL``'s, and a turn committed before it would leave nothing abandoned."""
     name, namespace = tenant_ns
+    append_scenario(stack_, CANCEL_IN_TOOL_SCENARIO)
     _apply_tenant(stack_, name, namespace, budget={"tokens": 100_000})
-    stack_.apply(namespace, run_manifest("slow", "E2E-SLOW-TOOL abandoned"))
+    stack_.apply(namespace, run_manifest("slow", "E2E-CANCEL-IN-TOOL abandoned"))
     deadline = time.monotonic() + 30
     while True:  # the answer is in (its usage is on the hold): the worker is in the 4 s tool
         book = ledger.book(name)
