@@ -19,6 +19,7 @@ from agentrun_dev.natsserver import NatsServer
 from .conftest import EXAMPLES, E2EStack, http_get, run_manifest
 from .events import read_events, turn_numbers
 from .test_telemetry import metric
+from .test_tenants import TenantFactory, tenants  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -68,9 +69,11 @@ class Pair:
         self.parts[key] = started
         return started
 
-    def ended(self, key: str) -> float:
+    def ended(self, key: str, tenant: str) -> float:
+        """Runs of ``tenant`` operator ``key`` counted as ended (earlier tests' runs, still
+        going in other namespaces, end meanwhile too: they are counted under their tenant)."""
         text = http_get(f"http://127.0.0.1:{self.parts[key].ports['metrics']}/metrics")
-        return metric(text, "agentrun_runs_total")
+        return metric(text, "agentrun_runs_total", tenant=tenant)
 
 
 @pytest.fixture
@@ -121,22 +124,27 @@ def assert_completed_once(
 
 
 def test_d01_twenty_rectangles_with_two_operators_only_the_leader_acts(
-    pair: Pair, test_namespace: str, nats_server: Any
+    pair: Pair,
+    test_namespace: str,
+    nats_server: Any,
+    tenants: TenantFactory,  # noqa: F811
 ) -> None:
-    """A second operator beside the first and 20 copies of rectangle.yaml. Every
-    run ends Succeeded with Finished=True, each turn committed once; the leader counts 20
-    ends, the standby none — also after it takes over and sees all 20 again."""
-    before_a, before_b = pair.ended("a"), pair.ended("b")
+    """A second operator beside the first and 20 copies of rectangle.yaml, in a tenant of
+    their own. Every run ends Succeeded with Finished=True, each turn committed once; the
+    leader counts 20 ends, the standby none — also after it takes over and sees all 20
+    again."""
+    tenant = tenants(f"t-{test_namespace}", [test_namespace], maxConcurrentRuns=20)
+    before_a, before_b = pair.ended("a", tenant), pair.ended("b", tenant)
     names = rectangles(pair.stack, test_namespace, 20)
     for name in names:
         assert_completed_once(pair.stack, test_namespace, name, turns=2, nats_url=nats_server)
     # the leader counts an end once its status patch is written, so the count may trail the
     # status read above: poll for it
     deadline = time.monotonic() + 15
-    while pair.ended("a") - before_a < 20 and time.monotonic() < deadline:
+    while pair.ended("a", tenant) - before_a < 20 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert pair.ended("a") - before_a == 20
-    assert pair.ended("b") - before_b == 0
+    assert pair.ended("a", tenant) - before_a == 20
+    assert pair.ended("b", tenant) - before_b == 0
     settled = {n: pair.stack.get(test_namespace, n) for n in names}
 
     components.kill_component(pair.parts["a"])
@@ -144,7 +152,7 @@ def test_d01_twenty_rectangles_with_two_operators_only_the_leader_acts(
     # a negative check: the new leader lists every run and re-reads its events (well under a
     # second for 20 runs); a double count or a status write would show within these 3 s
     time.sleep(3.0)
-    assert pair.ended("b") - before_b == 0, "an end was counted twice across the failover"
+    assert pair.ended("b", tenant) - before_b == 0, "an end was counted twice across the failover"
     for name in names:
         obj = pair.stack.get(test_namespace, name)
         assert obj is not None
