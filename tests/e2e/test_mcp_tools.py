@@ -93,10 +93,12 @@ def test_a_tool_server_is_discovered_and_its_granted_tool_called_by_a_run(
     table = stack_.kubectl("get", "agenttoolservers", "-n", test_namespace).stdout
     assert "Discovered" in table and mcp.url in table
 
-    stack_.apply(test_namespace, run_manifest("mcp-add", "E2E-MCP-ADD", tools=["tools/add"]))
+    # the goal names the namespace: the model's log holds other tests' E2E-MCP-ADD runs too
+    goal = f"E2E-MCP-ADD {test_namespace}"
+    stack_.apply(test_namespace, run_manifest("mcp-add", goal, tools=["tools/add"]))
     run = stack_.wait_terminal(test_namespace, "mcp-add")
     assert (run["terminalReason"], run["answer"]) == ("completed", "2 + 40 = 42"), run
-    requests = [r for r in stack_.mock_requests() if "E2E-MCP-ADD" in str(r["body"])]
+    requests = [r for r in stack_.mock_requests() if goal in str(r["body"])]
     (offered,) = requests[0]["body"]["tools"]
     assert offered["function"]["name"] == "tools__add"
     assert offered["function"]["parameters"] == add_schema  # the model sees the real schema

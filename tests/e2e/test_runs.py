@@ -24,7 +24,8 @@ pytestmark = pytest.mark.e2e
 def test_parallel_tool_calls_complete_with_results_in_call_order(
     stack_: E2EStack, test_namespace: str
 ) -> None:
-    stack_.apply(test_namespace, run_manifest("parallel", "E2E-PARALLEL-ORDER: sleep and multiply"))
+    goal = f"E2E-PARALLEL-ORDER: sleep and multiply ({test_namespace})"  # many tests run it
+    stack_.apply(test_namespace, run_manifest("parallel", goal))
     status = stack_.wait_terminal(test_namespace, "parallel")
     assert (status["phase"], status["terminalReason"], status["outcome"]) == (
         "Succeeded",
@@ -35,9 +36,7 @@ def test_parallel_tool_calls_complete_with_results_in_call_order(
     assert status["usage"]["toolCalls"] == 2
     assert status["usage"]["steps"] == 2
     assert (status["usage"]["inputTokens"], status["usage"]["outputTokens"]) == (260, 30)
-    second = [
-        r for r in stack_.mock_requests() if "E2E-PARALLEL-ORDER" in str(r) and r.get("turn") == 1
-    ]
+    second = [r for r in stack_.mock_requests() if goal in str(r) and r.get("turn") == 1]
     assert second, "the model never saw turn 1"
     messages = second[-1]["body"]["messages"]
     tool_messages = [m for m in messages if m["role"] == "tool"]
@@ -126,11 +125,12 @@ def test_on_exhausted_stop_ends_at_the_cap_without_a_summary(
 def test_a_rate_limited_model_call_is_retried_and_the_run_completes(
     stack_: E2EStack, test_namespace: str
 ) -> None:
-    stack_.apply(test_namespace, run_manifest("ratelimited", "E2E-429 say hi"))
+    goal = f"E2E-429 say hi {test_namespace}"  # other tests' E2E-429 runs are in the log too
+    stack_.apply(test_namespace, run_manifest("ratelimited", goal))
     status = stack_.wait_terminal(test_namespace, "ratelimited")
     assert status["terminalReason"] == "completed"
     assert status["answer"] == "Recovered after a rate limit."
-    attempts = [r for r in stack_.mock_requests() if "E2E-429" in str(r)]
+    attempts = [r for r in stack_.mock_requests() if goal in str(r)]
     assert [r["status"] for r in attempts][-2:] == [429, 200]
 
 
