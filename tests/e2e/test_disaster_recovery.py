@@ -8,6 +8,7 @@ original's events are still in NATS."""
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from typing import Any
@@ -62,9 +63,12 @@ def test_a_run_whose_checkpoint_is_lost_ends_and_reruns_only_when_asked(
     uid = stack_.get(test_namespace, "lost")["metadata"]["uid"]  # type: ignore[index]
     assert annotations(stack_, test_namespace, "lost")[ADMITTED_UID] == uid
     components.kill_component(stack_.operator)
+    # with no operator, nothing dispatches a turn past the one a worker may hold (dispatched
+    # before the kill, asked of the model and its commit refused at any time from now on, on
+    # a loaded machine after any fixed wait): the model may be asked for turn len(committed)
+    # at most, each turn once
+    committed = turn_numbers(read_events(nats_server, test_namespace, "lost"))
     purge_events(nats_server, test_namespace, "lost")
-    time.sleep(1.5)  # the turn in flight ends (its commit finds the subject purged)
-    asked = len(model_requests(stack_, goal))
     stack_.operator = stack.start_operator(stack_.env, launch=stack_.launch)
 
     status = stack_.wait_terminal(test_namespace, "lost", timeout=60)
@@ -81,7 +85,8 @@ def test_a_run_whose_checkpoint_is_lost_ends_and_reruns_only_when_asked(
     (ended,) = [e for e in found if e["reason"] == "CheckpointFailed"]
     assert ended["type"] == "Warning" and "holds none of its events" in ended["message"]
     time.sleep(2 * ORPHAN_AFTER)  # a turn dispatched again would have reached the model now
-    assert len(model_requests(stack_, goal)) == asked
+    asked = collections.Counter(int(r["turn"]) for r in model_requests(stack_, goal))
+    assert max(asked) <= len(committed) and set(asked.values()) == {1}, (committed, asked)
     assert read_events(nats_server, test_namespace, "lost") == []
 
     rerun_completes(stack_, test_namespace, "lost", goal)
