@@ -136,10 +136,12 @@ def test_a_turn_longer_than_the_drain_is_handed_back_and_runs_elsewhere(
     lone: list[components.Component],
     nats_server: object,
 ) -> None:
-    """A worker with 1 s of drain, stopped during a 4 s model call, cancels the turn when the
+    """A worker with 1 s of drain, stopped during an 8 s model call, cancels the turn when the
     drain time is up and hands it back at once (no wait for the ack deadline): another
     worker asks the model again and the run completes. The cut call never answered, so
-    nothing is charged for it."""
+    nothing is charged for it. (The call is long enough that the SIGTERM and the drain's
+    second end before it answers on a loaded machine too: an answer before the cut would be
+    charged as abandoned, or the turn committed without a second ask.)"""
     tenant = tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000})
     start_lone(stack_, lone, **SHORT_DRAIN)
     stack_.apply(test_namespace, run_manifest("too-long", "E2E-DRAIN-TOO-LONG"))
