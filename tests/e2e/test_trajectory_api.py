@@ -311,8 +311,10 @@ def test_follow_prints_a_live_run_to_its_end(
     kubectl: Kubectl,
     test_namespace: str,
 ) -> None:
+    # four turns of 3.5 s: the follower (kubectl, the plugin's Python start, the aggregated
+    # API) is up and printing while the run goes on a loaded machine too
     slow_turn = {
-        "tool_calls": [{"name": "sleep", "arguments": {"seconds": 1.0}}],
+        "tool_calls": [{"name": "sleep", "arguments": {"seconds": 3.0}}],
         "latency_ms": 500,
         "usage": {"prompt_tokens": 40, "completion_tokens": 10},
     }
@@ -353,7 +355,7 @@ def test_follow_prints_a_live_run_to_its_end(
     reader.join(timeout=10)
     err = follower.stderr.read() if follower.stderr else ""
     assert err == "", err
-    # it followed: the first turn was printed while the run still ran (a run of ~6 s)
+    # it followed: the first turn was printed while the run still ran (a run of ~14 s)
     assert arrivals and arrivals[0] < ended[0], printed
     status = (stack_.get(test_namespace, "live") or {}).get("status") or {}
     assert status.get("terminalReason") == "completed"
