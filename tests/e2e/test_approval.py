@@ -31,14 +31,20 @@ def cli(stack_: E2EStack, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def goal_of(namespace: str, name: str) -> str:
+    """The goal of run ``name`` in ``namespace``: unique in the scripted model's log, which
+    holds every test's requests ("approved" is in "approved-later" too)."""
+    return f"E2E-APPROVAL {namespace}/{name}."
+
+
 def start(stack_: E2EStack, namespace: str, name: str) -> dict[str, Any]:
-    manifest = run_manifest(name, f"E2E-APPROVAL {name}", approval={"tools": ["calculate"]})
+    manifest = run_manifest(name, goal_of(namespace, name), approval={"tools": ["calculate"]})
     stack_.apply(namespace, manifest)
     return stack_.wait_for(namespace, name, lambda s: s.get("phase") == "AwaitingApproval")
 
 
-def second_request_tools(stack_: E2EStack, name: str) -> list[dict[str, Any]]:
-    requests = [r for r in stack_.mock_requests() if f"E2E-APPROVAL {name}" in str(r["body"])]
+def second_request_tools(stack_: E2EStack, namespace: str, name: str) -> list[dict[str, Any]]:
+    requests = [r for r in stack_.mock_requests() if goal_of(namespace, name) in str(r["body"])]
     assert len(requests) == 2
     return [m for m in requests[1]["body"]["messages"] if m["role"] == "tool"]
 
@@ -81,7 +87,7 @@ def test_the_run_waits_then_an_approved_call_runs(
         "-o", "jsonpath={.items[*].message}",
     ).stdout  # fmt: skip
     assert f"approved by {me}" in events
-    tools = second_request_tools(stack_, "approved")
+    tools = second_request_tools(stack_, test_namespace, "approved")
     assert [(m["tool_call_id"], m["content"]) for m in tools] == [
         (wire.wire_call_id("a1"), "42"),  # ids go out in wire form
         (wire.wire_call_id("s1"), "slept 0.1s"),
@@ -96,7 +102,7 @@ def test_a_denied_call_is_answered_as_denied_and_the_model_goes_on(
     done = stack_.wait_terminal(test_namespace, "denied")
     assert done["terminalReason"] == "completed"
     assert (done["usage"]["toolFailures"], done["usage"]["toolCallsNotRun"]) == (0, 1)
-    (a1, _) = second_request_tools(stack_, "denied")
+    (a1, _) = second_request_tools(stack_, test_namespace, "denied")
     assert a1["content"] == "ERROR: " + kernel.DENIED
 
 
