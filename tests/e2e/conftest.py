@@ -185,6 +185,18 @@ def run_manifest(name: str, goal: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def named_runs(goal: str, namespace: str, names: list[str], **spec: Any) -> list[dict[str, Any]]:
+    """Run manifests whose goals are ``goal`` then ``namespace/name``, so the scripted
+    model's shared request log tells their calls apart (``E2EStack.answered_calls``)."""
+    return [run_manifest(name, f"{goal}{namespace}/{name}", **spec) for name in names]
+
+
+def apply_all(stack_: E2EStack, namespace: str, manifests: list[dict[str, Any]]) -> None:
+    """``kubectl apply`` the manifests in one call."""
+    body = {"apiVersion": "v1", "kind": "List", "items": manifests}
+    stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), timeout=300)
+
+
 def mock_model(base_url: str, **options: Any) -> dict[str, Any]:
     """The scripted model's AgentModel as the e2e stack applies it: 1000 output tokens a call
     within a 32000-token context, unless ``options`` (``demo.mock_model``'s) say otherwise."""

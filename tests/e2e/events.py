@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 import nats.js.errors
 
@@ -47,19 +49,26 @@ def read_book(server: NatsServer, tenant: str) -> Book | None:
     return asyncio.run(read())
 
 
-def settled_book(server: NatsServer, tenant: str, *, timeout: float = 15) -> Book:
+def settled_book(
+    server: NatsServer,
+    tenant: str,
+    *,
+    timeout: float = 15,
+    poll: float = 0.2,
+    read: Callable[[Any, str], Book | None] = read_book,
+) -> Book:
     """The tenant's ledger entry once no run is active in it and it holds nothing: a run's
     last settlement and its close land just after its terminal status (the worker settles
     after its commit, the operator closes the run around the status it writes), so a book
-    read as soon as the runs ended may not hold them yet. Raises AssertionError after
-    ``timeout`` seconds."""
+    read as soon as the runs ended may not hold them yet. Read with ``read`` every ``poll``
+    seconds; raises AssertionError after ``timeout`` seconds."""
     end = time.monotonic() + timeout
     while True:
-        book = read_book(server, tenant)
+        book = read(server, tenant)
         if book is not None and not (book.active or book.active_runs or book.holds):
             return book
         assert time.monotonic() < end, f"{tenant}: not settled in {timeout}s: {book}"
-        time.sleep(0.2)
+        time.sleep(poll)
 
 
 def wait_answered_hold(

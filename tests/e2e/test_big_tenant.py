@@ -33,6 +33,7 @@ from agentrun.ledger import Book, LedgerStore
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from .conftest import E2EStack, mock_model, run_manifest
+from .events import settled_book
 
 # 1,600 runs: beside another test module the API server admits them too slowly for 500 to be
 # active at once (187 seen beside the shard tests), so this module runs alone.
@@ -42,18 +43,6 @@ RUNS = int(os.environ.get("AGENTRUN_SCALE_RUNS", "1600"))
 ACTIVE = int(os.environ.get("AGENTRUN_SCALE_ACTIVE", "550"))
 CHUNK = 250
 """AgentRuns per ``kubectl create`` (each created with a request of its own)."""
-
-
-def settled_book(nats_server: Any, tenant: str, *, timeout: float) -> Book:
-    """The tenant's whole ledger once no run is active and nothing is held: the last runs'
-    closes land just after their terminal statuses. AssertionError after ``timeout`` s."""
-    end = time.monotonic() + timeout
-    while True:
-        book = read_book(nats_server, tenant)
-        if book is not None and not (book.active or book.active_runs or book.holds):
-            return book
-        assert time.monotonic() < end, f"{tenant}: not settled in {timeout}s"
-        time.sleep(1.0)
 
 
 def run_names(count: int) -> list[str]:
@@ -287,7 +276,8 @@ def test_runs_created_at_once_in_one_tenant_all_end_by_their_own_execution(
         listed = stack_.kubectl("get", "agentruns", "-n", namespace, "-o", "json", timeout=600)
         runs = json.loads(listed.stdout)
         tokens, cost = ledger_sums(runs)
-        book = settled_book(nats_server, tenant, timeout=60)  # the last runs' closes land
+        # the last runs' closes land
+        book = settled_book(nats_server, tenant, timeout=60, poll=1.0, read=read_book)
         assert (book.used_tokens, book.used_cost) == (tokens, cost)
         assert (book.abandoned_tokens, book.active_runs, book.holds) == (0, 0, {})
         assert not book.one_value or ACTIVE <= 500  # outgrown: split

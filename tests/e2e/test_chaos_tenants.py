@@ -32,13 +32,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from agentrun import kernel
 from agentrun.ledger import Book
 from agentrun_dev import components, console, controlplane
 
-from .conftest import E2EStack, Restarts, apiserver, run_manifest, tenants_of
+from .conftest import E2EStack, Restarts, apiserver, apply_all, named_runs, tenants_of
 from .events import read_book, read_events, turn_numbers
 
 pytestmark = [
@@ -181,15 +180,6 @@ def two_tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
         yield made
 
 
-def _apply(stack_: E2EStack, namespace: str) -> None:
-    runs = [
-        run_manifest(f"c{i:03d}", f"{GOAL}{namespace}/c{i:03d}", tools=["calculate"])
-        for i in range(RUNS_PER_TENANT)
-    ]
-    body = {"apiVersion": "v1", "kind": "List", "items": runs}
-    stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
-
-
 def _cancel_every_third(stack_: E2EStack, namespaces: list[str]) -> None:
     for namespace in namespaces:
         for i in range(0, RUNS_PER_TENANT, 3):
@@ -305,7 +295,8 @@ def test_two_tenants_runs_survive_workers_operator_nats_and_apiserver_killed(
     rng = random.Random(SEED)
     namespaces = [ns for _, ns in two_tenants.values()]
     for namespace in namespaces:
-        _apply(stack_, namespace)
+        names = [f"c{i:03d}" for i in range(RUNS_PER_TENANT)]
+        apply_all(stack_, namespace, named_runs(GOAL, namespace, names, tools=["calculate"]))
     sampler = Sampler(nats_server, [tenant for tenant, _ in two_tenants.values()])
     sampler.start()
     kinds = ["nats", "apiserver", "operator", "worker"]  # the order they are started in

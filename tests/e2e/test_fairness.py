@@ -20,7 +20,7 @@ import yaml
 
 from agentrun_dev import components, stack
 
-from .conftest import E2EStack, restart_operator, run_manifest, wait_consuming
+from .conftest import E2EStack, apply_all, restart_operator, run_manifest, wait_consuming
 from .events import settled_book
 from .test_mcp_tools import tool_server, wait_server
 from .test_tenants import (  # noqa: F401
@@ -77,12 +77,6 @@ def quick_scenario(tag: str, *, seconds: float = 0.0) -> dict[str, Any]:
         "match": {"goal": f"E2E-FAIR-QUICK {tag}"},
         "turns": [answer],
     }
-
-
-def apply_all(stack_: E2EStack, namespace: str, manifests: list[dict[str, Any]]) -> None:
-    """``kubectl apply`` the manifests in one call."""
-    body = {"apiVersion": "v1", "kind": "List", "items": manifests}
-    stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body), timeout=300)
 
 
 def arrivals(stack_: E2EStack, tag: str) -> list[float]:

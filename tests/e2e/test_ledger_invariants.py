@@ -21,13 +21,21 @@ from typing import Any
 
 import nats
 import pytest
-import yaml
 
 from agentrun.ledger import Book, Hold, LedgerStore, TenantLimits
 from agentrun_dev import components, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
-from .conftest import HOLD_TTL, LEDGER_SWEEP, E2EStack, apply_tenant, run_manifest, tenants_of
+from .conftest import (
+    HOLD_TTL,
+    LEDGER_SWEEP,
+    E2EStack,
+    apply_all,
+    apply_tenant,
+    named_runs,
+    run_manifest,
+    tenants_of,
+)
 from .test_tenants import append_scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.long]
@@ -108,15 +116,6 @@ def tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
         yield made
 
 
-def _apply_runs(stack_: E2EStack, namespace: str) -> None:
-    runs = [
-        run_manifest(f"r{index:02d}", f"{GOAL}{namespace}/r{index:02d}", tools=["calculate"])
-        for index in range(RUNS_PER_TENANT)
-    ]
-    body = {"apiVersion": "v1", "kind": "List", "items": runs}
-    stack_.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(body))
-
-
 def _statuses(stack_: E2EStack, namespace: str) -> list[dict[str, Any]]:
     out = stack_.kubectl("get", "agentruns", "-n", namespace, "-o", "json").stdout
     return [item.get("status") or {} for item in json.loads(out)["items"]]
@@ -134,7 +133,8 @@ def _run_all(
     (slots never above maxConcurrentRuns; no hold older than its expiry plus the sweep bound)
     and calling ``during(ended_count)`` on each poll."""
     for _, namespace in tenants.values():
-        _apply_runs(stack_, namespace)
+        names = [f"r{index:02d}" for index in range(RUNS_PER_TENANT)]
+        apply_all(stack_, namespace, named_runs(GOAL, namespace, names, tools=["calculate"]))
     bound = LEDGER_SWEEP + 2.0  # one sweep, plus the time it takes and our poll
     end = time.monotonic() + timeout
     while True:
