@@ -10,6 +10,15 @@ server therefore believes those headers only from a client whose certificate cha
 SubjectAccessReview whether that user may ``get`` the trajectory (defence in depth: the
 kube-apiserver authorised it too).
 
+With no allowed names, Kubernetes' own aggregated servers believe any certificate the
+request-header CA signed (``--requestheader-allowed-names``: "If empty, any client certificate
+validated by the authorities in --requestheader-client-ca-file is allowed"). Where that CA is
+also the cluster's client CA (``client-ca-file``: a hand-made cluster reusing one CA; kubeadm
+makes a ``front-proxy-ca`` of its own and allows ``front-proxy-client`` only), every user's
+client certificate would then be a front proxy, and one who reaches this server directly (a
+Service in the cluster) could claim to be anyone. This server refuses to believe headers in
+that configuration (`FrontProxy.untrusted`) unless its operator opted in.
+
 What belongs here: the API's names, parsing the front proxy's configuration and request
 headers, the SubjectAccessReview body and its verdict, the paths served, and every response
 body (discovery documents, ``Status`` refusals, the trajectory object). Pure: no I/O.
@@ -24,6 +33,9 @@ import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 GROUP = "trajectory.agentrun.dev"
 VERSION = "v1alpha1"
@@ -45,17 +57,27 @@ class FrontProxy:
     client_ca: str
     """PEM bundle of the CA that signs the front proxy's client certificate."""
     allowed_names: frozenset[str]
-    """Common names the front proxy's certificate may carry; empty: any the CA signed."""
+    """Common names the front proxy's certificate may carry; empty: any the CA signed (unless
+    `untrusted`)."""
     username_headers: tuple[str, ...]
     group_headers: tuple[str, ...]
     extra_prefixes: tuple[str, ...]
+    shares_cluster_ca: bool = False
+    """With no allowed names: the request-header CA bundle holds a certificate whose public
+    key one of the cluster's client CA bundle (``client-ca-file``) holds too, so that a
+    user's client certificate chains to it. Not looked at (False) when names are allowed."""
+    trust_any_name: bool = False
+    """The server's operator opted in (``--trust-any-front-proxy-certificate``) to believe
+    any certificate of the request-header CA even when it `shares_cluster_ca`."""
 
     @classmethod
-    def from_configmap(cls, data: Mapping[str, str]) -> FrontProxy:
+    def from_configmap(cls, data: Mapping[str, str], *, trust_any_name: bool = False) -> FrontProxy:
         """Parse ``extension-apiserver-authentication``'s ``data`` (its ``requestheader-*``
-        keys hold JSON lists). Raises ``ValueError`` when it names no request-header CA (the
-        kube-apiserver runs without ``--requestheader-client-ca-file``: no front proxy to
-        trust) or no user-name header."""
+        keys hold JSON lists; ``client-ca-file`` the cluster's client CA bundle, read only
+        when no name is allowed: `shares_cluster_ca`). Raises ``ValueError`` when it names no
+        request-header CA (the kube-apiserver runs without ``--requestheader-client-ca-file``:
+        no front proxy to trust), no user-name header, or, with no allowed names, a CA bundle
+        that holds no PEM certificate."""
         ca = data.get("requestheader-client-ca-file", "").strip()
         if not ca:
             raise ValueError(
@@ -69,16 +91,53 @@ class FrontProxy:
                 raise ValueError(f"{key} is not a JSON list of strings: {value!r}")
             return tuple(value)
 
+        allowed = frozenset(names("requestheader-allowed-names"))
+        cluster_ca = data.get("client-ca-file", "").strip()
         proxy = cls(
             client_ca=ca,
-            allowed_names=frozenset(names("requestheader-allowed-names")),
+            allowed_names=allowed,
             username_headers=names("requestheader-username-headers"),
             group_headers=names("requestheader-group-headers"),
             extra_prefixes=names("requestheader-extra-headers-prefix"),
+            shares_cluster_ca=not allowed and bool(cluster_ca) and shares_a_key(ca, cluster_ca),
+            trust_any_name=trust_any_name,
         )
         if not proxy.username_headers:
             raise ValueError("requestheader-username-headers is empty: no user can be named")
         return proxy
+
+    def untrusted(self) -> str | None:
+        """Why no request's ``X-Remote-*`` headers may be believed in this configuration, or
+        None: no allowed names, a request-header CA that is also the cluster's client CA
+        (`shares_cluster_ca`), and no opt-in. The message names the fix."""
+        if self.allowed_names or not self.shares_cluster_ca or self.trust_any_name:
+            return None
+        return (
+            f"the trajectory API does not believe its front proxy: {CONFIGMAP_NAMESPACE}/"
+            f"{CONFIGMAP_NAME} allows any front-proxy name and its request-header CA is also "
+            "the cluster's client CA, so any user's client certificate could claim to be "
+            "anyone. Set the kube-apiserver's --requestheader-allowed-names to its front "
+            "proxy's name (kubeadm: front-proxy-client), or give the front proxy a CA of its "
+            "own (--requestheader-client-ca-file), then restart the trajectory server; or opt "
+            "in with the chart value trajectoryApi.trustAnyFrontProxyCertificate "
+            "(--trust-any-front-proxy-certificate)"
+        )
+
+
+def shares_a_key(bundle: str, other: str) -> bool:
+    """Whether two PEM CA bundles hold a certificate each with the same public key (a
+    certificate one's key signed verifies against the other too, whatever its subject or
+    validity). Raises ``ValueError`` when either holds no PEM certificate."""
+
+    def keys(pem: str) -> set[bytes]:
+        return {
+            cert.public_key().public_bytes(
+                serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+            for cert in x509.load_pem_x509_certificates(pem.encode())
+        }
+
+    return not keys(bundle).isdisjoint(keys(other))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,7 +182,9 @@ def authenticate(
     header: Headers,
     header_names: HeaderNames,
 ) -> User | Refusal:
-    """The user of a request, or a 401 ``Unauthorized`` refusal.
+    """The user of a request, or a 401 ``Unauthorized`` refusal: no certificate, a
+    configuration whose headers cannot be believed (`FrontProxy.untrusted`), a name not
+    allowed, or no user named.
 
     Args:
         proxy: the cluster's front-proxy configuration.
@@ -134,6 +195,8 @@ def authenticate(
     """
     if peer_common_names is None:
         return Refusal(401, "Unauthorized", "a client certificate of the front proxy is required")
+    if (why := proxy.untrusted()) is not None:
+        return Refusal(401, "Unauthorized", why)
     if proxy.allowed_names and not proxy.allowed_names.intersection(peer_common_names):
         return Refusal(
             401,
@@ -152,6 +215,16 @@ def authenticate(
                 key = extra_key(lowered[len(prefix) :])
                 extra[key] = extra.get(key, ()) + tuple(header(raw))
     return User(name=name, groups=groups, extra=extra)
+
+
+def discovery_without_user(proxy: FrontProxy, *, peer_common_names: Sequence[str] | None) -> bool:
+    """Whether a discovery document may be answered without believing the request's headers:
+    only when they cannot be (`FrontProxy.untrusted`) and the TLS layer verified the client's
+    certificate. The kube-apiserver's availability check and every client's discovery (the
+    namespace controller's included: a group it cannot discover keeps namespaces from being
+    deleted) still work, and they hold nothing a user cannot read through the kube-apiserver;
+    trajectories are refused."""
+    return peer_common_names is not None and proxy.untrusted() is not None
 
 
 PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")

@@ -9,7 +9,12 @@ layer (the chart's APIService points at it). Flags (each with an environment def
 - ``--nats-url`` (``AGENTRUN_NATS_URL``), ``--nats-ca`` (``AGENTRUN_NATS_CA_FILE``);
 - ``--reader-signer-file``, ``--account-file``: the readers' signing key seed and the
   ``AGENTRUN`` account's public key (``reader-signer.nk``, ``account.pub`` of the operator's
-  NATS Secret).
+  NATS Secret);
+- ``--trust-any-front-proxy-certificate`` (off): believe any client certificate of the
+  request-header CA when the cluster allows no front-proxy name *and* that CA is also its
+  client CA (``access.FrontProxy.untrusted``; off, every trajectory read is then refused
+  ``401`` and the reason logged at start). Only for a cluster where no user holds a client
+  certificate of that CA.
 
 It needs, in Kubernetes: ``get`` on ``kube-system/extension-apiserver-authentication``
 (the Role ``extension-apiserver-authentication-reader``) and ``create`` on
@@ -51,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nats-ca", type=Path, default=Path(ca) if ca else None)
     parser.add_argument("--reader-signer-file", type=Path, required=True)
     parser.add_argument("--account-file", type=Path, required=True)
+    parser.add_argument("--trust-any-front-proxy-certificate", action="store_true")
     return parser
 
 
@@ -69,7 +75,7 @@ async def serve(args: argparse.Namespace) -> None:
     )
     api = await kube.api_client()
     try:
-        proxy = await server.front_proxy(api)
+        proxy = await server.front_proxy(api, trust_any_name=args.trust_any_front_proxy_certificate)
         context = server.tls_context(
             cert_file=args.tls_cert_file, key_file=args.tls_private_key_file,
             client_ca=proxy.client_ca,

@@ -187,9 +187,14 @@ class Server:
         target = access.route(request.path)
         if target is None:
             return _refuse(access.Refusal(404, "NotFound", f"{request.path} is not served"))
+        peer = _peer_common_names(request)
+        if isinstance(target, access.Discovery) and access.discovery_without_user(
+            self.proxy, peer_common_names=peer
+        ):
+            return web.json_response(access.discovery(target.level))
         user = access.authenticate(
             self.proxy,
-            peer_common_names=_peer_common_names(request),
+            peer_common_names=peer,
             header=lambda name: request.headers.getall(name, []),
             header_names=lambda: list(request.headers.keys()),
         )
@@ -436,12 +441,22 @@ def tls_context(*, cert_file: Path, key_file: Path, client_ca: str) -> ssl.SSLCo
     return context
 
 
-async def front_proxy(api: client.ApiClient) -> access.FrontProxy:
+async def front_proxy(api: client.ApiClient, *, trust_any_name: bool) -> access.FrontProxy:
     """The cluster's front-proxy configuration (``kube-system/extension-apiserver-
-    authentication``). Raises ApiException (e.g. 403 without the
+    authentication``), logged once when its headers cannot be believed
+    (`access.FrontProxy.untrusted`, naming the fix) or are believed only by the opt-in
+    ``trust_any_name``. Raises ApiException (e.g. 403 without the
     ``extension-apiserver-authentication-reader`` Role) or ValueError (see
     `access.FrontProxy.from_configmap`)."""
     configmap = await client.CoreV1Api(api).read_namespaced_config_map(
         access.CONFIGMAP_NAME, access.CONFIGMAP_NAMESPACE
     )
-    return access.FrontProxy.from_configmap(configmap.data or {})
+    proxy = access.FrontProxy.from_configmap(configmap.data or {}, trust_any_name=trust_any_name)
+    if (why := proxy.untrusted()) is not None:
+        log.error("every trajectory read will be refused (401): %s", why)
+    elif proxy.shares_cluster_ca:
+        log.warning(
+            "believing any client certificate of the cluster's client CA as the front proxy "
+            "(--trust-any-front-proxy-certificate): any user holding one may claim to be anyone"
+        )
+    return proxy

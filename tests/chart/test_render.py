@@ -603,3 +603,24 @@ def test_tenants_that_set_no_turn_cap_get_three_quarters_of_the_workers_slots(
     docs = documents(offline_helm.template(CHART_DIR, values=given))
     env = env_of(find(docs, "Deployment", "agentrun-operator"))
     assert env["AGENTRUN_DEFAULT_MAX_CONCURRENT_TURNS"] == cap
+
+
+@pytest.mark.parametrize(("trust", "flagged"), [("false", False), ("true", True)])
+def test_the_trajectory_server_trusts_any_front_proxy_certificate_only_when_asked(
+    offline_helm: helm.Helm, trust: str, flagged: bool
+) -> None:
+    rendered = offline_helm.template(
+        CHART_DIR,
+        namespace="agentrun",
+        values={
+            **FEATURES["nats"],
+            "trajectoryApi.trustAnyFrontProxyCertificate": trust,
+        },
+    )
+    (deployment,) = [
+        d
+        for d in documents(rendered)
+        if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-trajectory")
+    ]
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert ("--trust-any-front-proxy-certificate" in command) is flagged

@@ -9,6 +9,7 @@ import pytest
 
 from agentrun.cli import trajectoryapi as cli_api
 from agentrun.trajectoryapi import access
+from agentrun_dev import certs
 
 CONFIGMAP = {
     "client-ca-file": "CLUSTER CA",
@@ -108,14 +109,79 @@ def test_anyone_but_the_front_proxy_naming_a_user_is_unauthorized(
     assert (status["kind"], status["code"], status["status"]) == ("Status", 401, "Failure")
 
 
-def test_with_no_allowed_names_any_certificate_of_the_ca_is_the_proxy() -> None:
-    proxy = access.FrontProxy.from_configmap({**CONFIGMAP, "requestheader-allowed-names": "[]"})
-    user = access.authenticate(
-        proxy,
-        peer_common_names=["anything"],
-        **headers([("X-Remote-User", "bob")]),  # type: ignore[arg-type]
-    )
+@pytest.fixture(scope="module")
+def cas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """PEM bundles of generated CAs: the cluster's client CA, a front-proxy CA of its own (as
+    kubeadm makes them), and a bundle holding another CA and the cluster's."""
+    pki = certs.generate_pki(tmp_path_factory.mktemp("pki"))
+    cluster, front = pki.ca_cert.read_text(), pki.front_proxy_ca.read_text()
+    other = certs.generate_server_tls(tmp_path_factory.mktemp("other"), common_name="x").ca_cert
+    return {"cluster": cluster, "front": front, "mixed": other.read_text() + cluster}
+
+
+def no_names(cas: Mapping[str, str], request_header_ca: str, **options: bool) -> access.FrontProxy:
+    """The front proxy of a cluster that allows no names, its request-header CA
+    ``cas[request_header_ca]`` and its client CA the cluster's."""
+    data = {
+        **CONFIGMAP,
+        "requestheader-allowed-names": "[]",
+        "requestheader-client-ca-file": cas[request_header_ca],
+        "client-ca-file": cas["cluster"],
+    }
+    return access.FrontProxy.from_configmap(data, **options)
+
+
+def bob_as(proxy: access.FrontProxy, cn: str = "anything") -> object:
+    pairs = headers([("X-Remote-User", "bob")])
+    return access.authenticate(proxy, peer_common_names=[cn], **pairs)  # type: ignore[arg-type]
+
+
+def test_with_no_allowed_names_any_certificate_of_a_ca_of_its_own_is_the_proxy(
+    cas: dict[str, str],
+) -> None:
+    proxy = no_names(cas, "front")
+    assert not proxy.shares_cluster_ca and proxy.untrusted() is None
+    user = bob_as(proxy)
     assert isinstance(user, access.User) and user.name == "bob"
+
+
+@pytest.mark.parametrize("request_header_ca", ["cluster", "mixed"])
+def test_no_allowed_names_and_the_clusters_client_ca_believe_no_header(
+    cas: dict[str, str], request_header_ca: str
+) -> None:
+    proxy = no_names(cas, request_header_ca)
+    assert proxy.shares_cluster_ca
+    refusal = bob_as(proxy, "alice")  # any user's client certificate of the cluster
+    assert isinstance(refusal, access.Refusal)
+    assert (refusal.code, refusal.reason) == (401, "Unauthorized")
+    assert "--requestheader-allowed-names" in refusal.message
+    assert "trajectoryApi.trustAnyFrontProxyCertificate" in refusal.message
+    assert access.discovery_without_user(proxy, peer_common_names=["alice"])
+    assert not access.discovery_without_user(proxy, peer_common_names=None)
+
+
+def test_the_opt_in_or_an_allowed_name_believes_the_clusters_client_ca_again(
+    cas: dict[str, str],
+) -> None:
+    opted = no_names(cas, "cluster", trust_any_name=True)
+    assert opted.shares_cluster_ca and opted.untrusted() is None
+    assert isinstance(bob_as(opted), access.User)
+    assert not access.discovery_without_user(opted, peer_common_names=["alice"])
+    named = access.FrontProxy.from_configmap(
+        {
+            **CONFIGMAP,
+            "requestheader-client-ca-file": cas["cluster"],
+            "client-ca-file": cas["cluster"],
+        }
+    )
+    assert named.untrusted() is None
+    assert isinstance(bob_as(named, "front-proxy-client"), access.User)
+    assert isinstance(bob_as(named, "alice"), access.Refusal)
+
+
+def test_a_ca_bundle_without_a_certificate_is_refused_at_start_when_names_are_empty() -> None:
+    with pytest.raises(ValueError):
+        access.FrontProxy.from_configmap({**CONFIGMAP, "requestheader-allowed-names": "[]"})
 
 
 def test_the_review_asks_get_on_the_trajectory_in_its_namespace() -> None:

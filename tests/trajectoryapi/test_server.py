@@ -12,6 +12,7 @@ import contextlib
 import json
 import re
 import socket
+import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from aiohttp import web
 from agentrun import kernel
 from agentrun.protocol import RunEvent
 from agentrun.trajectoryapi import access, server
+from agentrun_dev import certs
 
 CONSUMER = "reader-0123456789abcdef"
 PATH = "/apis/trajectory.agentrun.dev/v1alpha1/namespaces/team-a/agentruntrajectories/r1"
@@ -403,3 +405,45 @@ async def test_a_review_that_cannot_be_made_answers_503_with_a_status(
         body = await answer.json()
     assert (body["kind"], body["reason"]) == ("Status", "ServiceUnavailable")
     assert "access review could not be made" in body["message"]
+
+
+async def test_a_cluster_users_certificate_claims_no_one_when_the_ca_is_shared(
+    tmp_path: Path,
+) -> None:
+    """Over real TLS, the cluster's client CA as the request-header CA and no allowed names:
+    a user's own client certificate with ``X-Remote-User: admin`` gets a 401 ``Status``
+    naming the fix, and discovery is still answered."""
+    pki = certs.generate_pki(tmp_path / "pki")
+    alice = certs.issue_client_cert(pki, name="alice", common_name="alice")
+    serving = certs.generate_server_tls(tmp_path / "serving", common_name="trajectory")
+    cluster_ca = pki.ca_cert.read_text()
+    proxy = access.FrontProxy.from_configmap(
+        {
+            "client-ca-file": cluster_ca,
+            "requestheader-client-ca-file": cluster_ca,
+            "requestheader-allowed-names": "[]",
+            "requestheader-username-headers": '["X-Remote-User"]',
+        }
+    )
+    app_server = server.Server(proxy=proxy, api=None, reader=None, scratch=tmp_path)  # type: ignore[arg-type]
+    runner = web.AppRunner(app_server.app())
+    await runner.setup()
+    context = server.tls_context(cert_file=serving.cert, key_file=serving.key, client_ca=cluster_ca)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client_tls = ssl.create_default_context(cafile=str(serving.ca_cert))
+    client_tls.load_cert_chain(str(alice[0]), str(alice[1]))
+    base = f"https://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(headers=as_user("admin")) as session:
+            async with session.get(base + PATH, ssl=client_tls) as answer:
+                assert answer.status == 401
+                body = await answer.json()
+            async with session.get(f"{base}/apis/{access.GROUP_VERSION}", ssl=client_tls) as found:
+                assert found.status == 200
+                assert (await found.json())["kind"] == "APIResourceList"
+    finally:
+        await runner.cleanup()
+    assert (body["kind"], body["reason"], body["code"]) == ("Status", "Unauthorized", 401)
+    assert "--requestheader-allowed-names" in body["message"]
