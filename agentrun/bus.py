@@ -508,6 +508,7 @@ class Bus:
         try:
             async for msg in sub.messages:
                 yield int(msg.metadata.sequence.stream), msg.data
+                del msg  # not kept while the next is awaited: a follow may wait for hours
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

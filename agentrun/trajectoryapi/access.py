@@ -371,6 +371,11 @@ def trajectory(namespace: str, name: str, events: Sequence[Mapping[str, Any]]) -
     }
 
 
+RECORD_EXTRA = 32
+"""Bytes a record (and the ``,`` before it in a whole read) may take beyond its payload: its
+``{"seq":<up to 20 digits>,`` less the payload's ``{``, rounded up."""
+
+
 def record(seq: int, payload: bytes) -> bytes:
     """One event record of a trajectory, ``{"seq": <stream sequence>, …the event's fields}``,
     made from the event's payload as stored, without parsing it: a parsed event takes up to

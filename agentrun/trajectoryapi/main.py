@@ -14,7 +14,9 @@ layer (the chart's APIService points at it). Flags (each with an environment def
   request-header CA when the cluster allows no front-proxy name *and* that CA is also its
   client CA (``access.FrontProxy.untrusted``; off, every trajectory read is then refused
   ``401`` and the reason logged at start). Only for a cluster where no user holds a client
-  certificate of that CA.
+  certificate of that CA;
+- ``--event-budget-mib`` (32): MiB of event records held at once across every read and
+  follow (``server.EVENT_BUDGET``); a read or follow waits for room, nothing is dropped.
 
 It needs, in Kubernetes: ``get`` on ``kube-system/extension-apiserver-authentication``
 (the Role ``extension-apiserver-authentication-reader``) and ``create`` on
@@ -40,7 +42,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from agentrun import kube
-from agentrun.trajectoryapi import access, server
+from agentrun.trajectoryapi import access, budget, server
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reader-signer-file", type=Path, required=True)
     parser.add_argument("--account-file", type=Path, required=True)
     parser.add_argument("--trust-any-front-proxy-certificate", action="store_true")
+    parser.add_argument(
+        "--event-budget-mib", type=int, default=server.EVENT_BUDGET // 2**20, metavar="MIB"
+    )
     return parser
 
 
@@ -64,7 +69,8 @@ async def serve(args: argparse.Namespace) -> None:
     """Start the server and serve until SIGTERM or SIGINT.
 
     Raises ConfigException (no Kubernetes configuration), ApiException (the front-proxy
-    ConfigMap cannot be read), ValueError (it names no request-header CA, a bad key file),
+    ConfigMap cannot be read), ValueError (it names no request-header CA, a bad key file, an
+    event budget under 1 byte),
     OSError (a file or the port).
     """
     reader = server.Reader.from_files(
@@ -81,7 +87,10 @@ async def serve(args: argparse.Namespace) -> None:
             client_ca=proxy.client_ca,
         )  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="agentrun-trajectory-") as scratch:
-            app = server.Server(proxy=proxy, api=api, reader=reader, scratch=Path(scratch)).app()
+            app = server.Server(
+                proxy=proxy, api=api, reader=reader, scratch=Path(scratch),
+                event_bytes=budget.ByteBudget(args.event_budget_mib * 2**20),
+            ).app()  # fmt: skip
             # a follow whose client left is cancelled (aiohttp's default is to let it run)
             runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
             await runner.setup()

@@ -37,7 +37,7 @@ from kubernetes_asyncio import client
 from agentrun import bus, natsclient
 from agentrun.natsauth import authority, jwt
 from agentrun.natsauth.permissions import Role
-from agentrun.trajectoryapi import access
+from agentrun.trajectoryapi import access, budget
 
 log = logging.getLogger("agentrun.trajectoryapi")
 
@@ -83,7 +83,21 @@ SLOT_WAIT = 10.0
 FOLLOW_BUFFER = 2
 """Event records a follow reads ahead of what its client has taken: what a follow holds is
 these and the one it is writing, however long the run (each at most the bus's largest
-message)."""
+message), within the server's ``EVENT_BUDGET``."""
+EVENT_BUDGET = 32 * 2**20
+"""Bytes of event records the server holds at once across every read and follow (a
+`budget.ByteBudget`). By count alone that was up to 64 follows × 3 records and 16 reads × 1,
+each up to NATS's ``max_payload`` (1 MiB by default), 208 MiB, beside a process of about
+100 MiB in a pod limited to 256 MiB (the chart's default). Outside the budget each of those
+80 connections may still hold the one event NATS delivered while it waits for room (80 MiB
+at most) and its connection's buffers: 100 + 32 + 80 leaves the rest of the limit to them. A
+record waits for room before it is made and while it is written; none is dropped or cut.
+``--event-budget-mib`` (the chart's ``trajectoryApi.eventBudgetMiB``) sets it: raise it
+with the pod's memory limit."""
+WRITE_STALL = 30.0
+"""Seconds a follow's write may wait for its client to take it (the kube-apiserver, reading
+for the user) before the follow ends: a client that stopped reading gives back the budget its
+records hold (the plugin opens the follow again and skips what it printed)."""
 
 
 class Slots:
@@ -174,6 +188,10 @@ class Server:
         default_factory=lambda: cachetools.TTLCache(VERDICTS_KEPT, VERDICT_SECONDS)
     )
     """SubjectAccessReview statuses by the review's canonical JSON (``_review``)."""
+    event_bytes: budget.ByteBudget = dataclasses.field(
+        default_factory=lambda: budget.ByteBudget(EVENT_BUDGET)
+    )
+    """The bytes of event records every read and follow hold together (``EVENT_BUDGET``)."""
 
     def app(self) -> web.Application:
         """The aiohttp application: ``/healthz``, discovery and the trajectory."""
@@ -249,7 +267,9 @@ class Server:
             await response.prepare(request)
             try:
                 async with asyncio.timeout(ANSWER_TIMEOUT):
-                    await _write_trajectory(response, reader, target, through=last)
+                    await _write_trajectory(
+                        response, reader, target, through=last, held=self.event_bytes
+                    )
             except (TimeoutError, OSError, nats.errors.Error) as err:
                 log.warning("reading %s/%s cut: %r", target.namespace, target.name, err)
                 if request.transport is not None:
@@ -275,35 +295,30 @@ class Server:
         self, request: web.Request, target: access.TrajectoryPath
     ) -> web.StreamResponse:
         """One JSON event record a line, every event then each new one, until the client
-        goes away (it knows when the run ended), the event store fails (the stream ends; the
-        client opens it again) or ``READER_TTL`` ends the reader. Raises what connecting to
-        NATS raises, before anything is sent."""
+        goes away (it knows when the run ended) or stops taking them for ``WRITE_STALL``, the
+        event store fails (the stream ends; the client opens it again) or ``READER_TTL`` ends
+        the reader. Each record read ahead takes its bytes of ``event_bytes`` first, and gives
+        them back once written. Raises what connecting to NATS raises, before anything is
+        sent."""
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         async with self._bus(target.namespace) as reader:
             await response.prepare(request)
-            queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=FOLLOW_BUFFER)
-
-            async def pump() -> None:
-                payloads = reader.events.follow_payloads(
-                    target.namespace, target.name, consumer=reader.consumer
-                )
-                async with contextlib.aclosing(payloads):
-                    async for seq, payload in payloads:
-                        line = _record(target, seq, payload)
-                        if line is not None:
-                            await queue.put(line + b"\n")
-
-            reading = asyncio.create_task(pump(), name="trajectory-follow")
+            queue: asyncio.Queue[tuple[bytes, int]] = asyncio.Queue(maxsize=FOLLOW_BUFFER)
+            reading = asyncio.create_task(
+                _read_ahead(reader, target, queue, self.event_bytes), name="trajectory-follow"
+            )
             try:
                 async with asyncio.timeout(FOLLOW_LIMIT):
-                    await _write_followed(response, queue, reading)
-            except (TimeoutError, OSError, nats.errors.Error) as err:  # the client left,
-                # NATS failed, or the follow reached its limit: the client opens it again
+                    await _write_followed(response, queue, reading, self.event_bytes)
+            except (TimeoutError, OSError, nats.errors.Error) as err:  # the client left or
+                # stalled, NATS failed, or the follow reached its limit: the client opens it again
                 log.info("follow of %s/%s ended: %r", target.namespace, target.name, err)
             finally:
                 reading.cancel()
                 await asyncio.gather(reading, return_exceptions=True)
+                while not queue.empty():  # read ahead, never written
+                    self.event_bytes.give(queue.get_nowait()[1])
         return response
 
     @asynccontextmanager
@@ -333,23 +348,63 @@ class Server:
                 await events.close()
 
 
-async def _write_followed(
-    response: web.StreamResponse, queue: asyncio.Queue[bytes], reading: asyncio.Task[None]
+async def _read_ahead(
+    reader: ReaderBus,
+    target: access.TrajectoryPath,
+    queue: asyncio.Queue[tuple[bytes, int]],
+    held: budget.ByteBudget,
 ) -> None:
-    """Write each record line ``reading`` queues, and a blank line after ``KEEPALIVE`` quiet
-    seconds; returns when ``reading`` ends (raising what ended it). A write to a client that
-    left raises (``ConnectionResetError``)."""
+    """Queue the record of each of the run's events, every one then each new one, with the
+    bytes it took of ``held``: taken before the record is made (it waits for room there,
+    holding the one event NATS delivered), given back by the writer. Neither the event nor
+    its record is kept here while the next is awaited (a follow may wait for hours)."""
+    payloads = reader.events.follow_payloads(
+        target.namespace, target.name, consumer=reader.consumer
+    )
+    async with contextlib.aclosing(payloads):
+        async for seq, payload in payloads:
+            taken = await held.take(len(payload) + access.RECORD_EXTRA)
+            line = _record(target, seq, payload)
+            del payload
+            if line is None:
+                held.give(taken)
+                continue
+            try:
+                await queue.put((line, taken))
+            except BaseException:
+                held.give(taken)
+                raise
+            del line
+
+
+async def _write_followed(
+    response: web.StreamResponse,
+    queue: asyncio.Queue[tuple[bytes, int]],
+    reading: asyncio.Task[None],
+    held: budget.ByteBudget,
+) -> None:
+    """Write each record line ``reading`` queues and give its bytes back to ``held`` once
+    written, and a blank line after ``KEEPALIVE`` quiet seconds; returns when ``reading``
+    ends (raising what ended it). A write to a client that left raises
+    (``ConnectionResetError``), one it does not take in ``WRITE_STALL`` ``TimeoutError``."""
     while True:
         try:
             async with asyncio.timeout(KEEPALIVE):
-                line = await queue.get()
+                line, taken = await queue.get()
         except TimeoutError:
             if reading.done():
                 reading.result()
                 return
-            await response.write(b"\n")
+            async with asyncio.timeout(WRITE_STALL):
+                await response.write(b"\n")
             continue
-        await response.write(line)
+        try:
+            async with asyncio.timeout(WRITE_STALL):
+                await response.write(line)
+                await response.write(b"\n")
+        finally:
+            del line
+            held.give(taken)
 
 
 async def _write_trajectory(
@@ -358,9 +413,11 @@ async def _write_trajectory(
     target: access.TrajectoryPath,
     *,
     through: int,
+    held: budget.ByteBudget,
 ) -> None:
     """Write the ``AgentRunTrajectory`` object, its events up to the sequence ``through``
-    (``read_payloads``) one record at a time, and end the answer."""
+    (``read_payloads``) one record at a time, each holding its bytes of ``held`` until it is
+    written, and end the answer."""
     empty = json.dumps(access.trajectory(target.namespace, target.name, []))
     head, _, tail = empty.rpartition("[]")
     await response.write(f"{head}[".encode())
@@ -368,10 +425,14 @@ async def _write_trajectory(
     payloads = read_payloads(reader, target.namespace, target.name, through=through)
     async with contextlib.aclosing(payloads):
         async for seq, payload in payloads:
-            line = _record(target, seq, payload)
-            if line is not None:
-                await response.write(separator + line)
-                separator = b","
+            async with held.holding(len(payload) + access.RECORD_EXTRA):
+                line = _record(target, seq, payload)
+                del payload  # not kept while the next event is awaited
+                if line is not None:
+                    await response.write(separator)
+                    await response.write(line)
+                    separator = b","
+                del line
     await response.write(f"]{tail}".encode())
     await response.write_eof()
 

@@ -624,3 +624,4 @@ def test_the_trajectory_server_trusts_any_front_proxy_certificate_only_when_aske
     ]
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert ("--trust-any-front-proxy-certificate" in command) is flagged
+    assert "--event-budget-mib=32" in command  # the chart's default event budget

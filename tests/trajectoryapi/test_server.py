@@ -24,7 +24,7 @@ from aiohttp import web
 
 from agentrun import kernel
 from agentrun.protocol import RunEvent
-from agentrun.trajectoryapi import access, server
+from agentrun.trajectoryapi import access, budget, server
 from agentrun_dev import certs
 
 CONSUMER = "reader-0123456789abcdef"
@@ -102,11 +102,18 @@ def max_reads() -> int:
 
 
 @pytest.fixture
+def event_budget() -> int:
+    """Bytes of event records the server holds at once (a test may parametrize it)."""
+    return server.EVENT_BUDGET
+
+
+@pytest.fixture
 async def serving(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, max_reads: int
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, max_reads: int, event_budget: int
 ) -> AsyncIterator[Any]:
     harness = Harness([])
     monkeypatch.setattr(server, "MAX_READS", max_reads)
+    monkeypatch.setattr(server, "EVENT_BUDGET", event_budget)
     monkeypatch.setattr(server, "READ_TIMEOUT", 5.0)
     monkeypatch.setattr(server, "KEEPALIVE", 0.1)
     monkeypatch.setattr(server, "SLOT_WAIT", 0.3)
@@ -447,3 +454,87 @@ async def test_a_cluster_users_certificate_claims_no_one_when_the_ca_is_shared(
         await runner.cleanup()
     assert (body["kind"], body["reason"], body["code"]) == ("Status", "Unauthorized", 401)
     assert "--requestheader-allowed-names" in body["message"]
+
+
+class Held:
+    """Every amount the server's byte budget held right after a take, and its total; the
+    budgets taken from."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seen: list[tuple[int, int]] = []
+        self.budgets: set[budget.ByteBudget] = set()
+        take = budget.ByteBudget.take
+
+        async def recorded(bytes_: budget.ByteBudget, size: int) -> int:
+            taken = await take(bytes_, size)
+            self.seen.append((bytes_.held, bytes_.total))
+            self.budgets.add(bytes_)
+            return taken
+
+        monkeypatch.setattr(budget.ByteBudget, "take", recorded)
+
+
+async def follow_records(session: aiohttp.ClientSession, url: str, count: int) -> list[int]:
+    """The ``seq`` of the first ``count`` records a follow of ``url`` writes."""
+    seqs: list[int] = []
+    async with session.get(url, params={"follow": "true"}) as answer:
+        assert answer.status == 200, await answer.text()
+        while len(seqs) < count:
+            line = await answer.content.readline()
+            if line.strip():
+                seqs.append(json.loads(line)["seq"])
+    return seqs
+
+
+async def read_records(session: aiohttp.ClientSession, url: str) -> list[int]:
+    async with session.get(url) as answer:
+        assert answer.status == 200, await answer.text()
+        return [event["seq"] for event in json.loads(await answer.read())["events"]]
+
+
+async def read_and_follow_everywhere(url: str, namespaces: int, events: int) -> list[list[int]]:
+    """A follow and a whole read of the run in each of ``namespaces`` namespaces, each by a
+    user of its own, all at once: the ``seq`` of what each got."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        asks = []
+        for n in range(namespaces):
+            own = in_namespace(url, f"team-{n}")
+            session.headers.update(as_user(f"user-{n}"))
+            asks += [follow_records(session, own, events), read_records(session, own)]
+        return await asyncio.gather(*asks)
+
+
+@pytest.mark.parametrize("max_reads", [DEFAULT_MAX_READS])
+@pytest.mark.parametrize(
+    "event_budget", [800_000, 100_000], ids=["three big events", "less than one"]
+)
+async def test_every_read_and_follow_together_hold_no_more_than_the_budget(
+    serving: Any, monkeypatch: pytest.MonkeyPatch, event_budget: int
+) -> None:
+    """8 follows and 8 whole reads of runs of 6 events of 256 KiB at once (by count alone,
+    up to 32 events, 8 MiB, read ahead): never more than the budget held, and every event
+    delivered, in order; an event larger than the whole budget is served alone."""
+    harness, url, _ = serving
+    harness.events, harness.repeat = [BIG], 6
+    held = Held(monkeypatch)
+    got = await read_and_follow_everywhere(url, 8, 6)
+    assert got == [[1, 2, 3, 4, 5, 6]] * 16
+    assert held.seen and all(amount <= total == event_budget for amount, total in held.seen)
+    big = len(BIG.encode()) + access.RECORD_EXTRA
+    assert max(amount for amount, _ in held.seen) >= min(big, event_budget)
+
+
+async def test_a_follow_whose_client_stopped_taking_gives_its_bytes_back(
+    serving: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    harness, url, _ = serving
+    harness.events, harness.repeat = [BIG], 200
+    monkeypatch.setattr(server, "WRITE_STALL", 0.5)
+    held = Held(monkeypatch)
+    sock = await stalled_client(f"{url}?follow=true")
+    try:
+        assert await settled(lambda: harness.open) == 0  # the follow ended, its reader closed
+    finally:
+        sock.close()
+    assert held.seen and held.seen[-1][0] > 0  # its records held bytes, and gave them back:
+    assert [bytes_.held for bytes_ in held.budgets] == [0]
