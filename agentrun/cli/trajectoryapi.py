@@ -99,13 +99,17 @@ class TrajectoryApi:
 
 def refusal(status: int, text: str) -> NotInstalled | ApiError:
     """What a non-200 answer means: a 404 from the kube-apiserver itself (no such group) is
-    NotInstalled; anything else an ApiError with the ``Status`` body's reason and message."""
+    NotInstalled; anything else an ApiError with the ``Status`` body's reason and message — a
+    404 too when the trajectory server answered it (its ``Status`` names the group in
+    ``details.group``: a path that server does not serve, as an older server's)."""
     try:
         body = json.loads(text)
     except ValueError:
         body = {}
     body = body if isinstance(body, dict) else {}
-    if status == 404:
+    details = body.get("details")
+    served = isinstance(details, dict) and details.get("group") == GROUP
+    if status == 404 and not served:
         return NotInstalled(f"the trajectory API ({GROUP}/{VERSION}) is not installed")
     reason = body.get("reason") or f"HTTP {status}"
     message = body.get("message") or text.strip() or f"HTTP {status}"

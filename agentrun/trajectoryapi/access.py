@@ -158,7 +158,9 @@ class Refusal:
     message: str
 
     def status(self) -> dict[str, Any]:
-        """The ``meta/v1`` ``Status`` body kubectl prints."""
+        """The ``meta/v1`` ``Status`` body kubectl prints. Its ``details.group`` names this
+        API's group, so a client tells this server's ``404`` (a path it does not serve: a
+        plugin newer than the server) from the kube-apiserver's (the group is not installed)."""
         return {
             "kind": "Status",
             "apiVersion": "v1",
@@ -166,6 +168,7 @@ class Refusal:
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
+            "details": {"group": GROUP, "kind": RESOURCE},
             "code": self.code,
         }
 

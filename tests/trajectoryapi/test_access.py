@@ -307,6 +307,11 @@ def test_the_cli_reads_a_404_as_not_installed_and_other_refusals_as_errors() -> 
          "message": "the server could not find the requested resource"}
     )  # fmt: skip
     assert isinstance(cli_api.refusal(404, not_found), cli_api.NotInstalled)
+    assert isinstance(cli_api.refusal(404, "404 page not found\n"), cli_api.NotInstalled)
+    unserved = json.dumps(access.Refusal(404, "NotFound", "/apis/x is not served").status())
+    error = cli_api.refusal(404, unserved)  # the trajectory server's own 404: installed
+    assert isinstance(error, cli_api.ApiError)
+    assert str(error) == "Error from server (NotFound): /apis/x is not served"
     forbidden = json.dumps(access.Refusal(403, "Forbidden", "x is forbidden").status())
     error = cli_api.refusal(403, forbidden)
     assert isinstance(error, cli_api.ApiError)
