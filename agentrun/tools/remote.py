@@ -83,15 +83,20 @@ SEPARATOR = "__"
 MAX_DISCOVERED_PAGES = 20
 """Pages of ``tools/list`` read at most (a server that pages for ever is cut off)."""
 MAX_DISCOVERED_FOOTPRINT = 8 * 2**20
-"""The most bytes the input schemas of one server's tools may take parsed, in all, over every
-page (``schemas.footprint``): what discovery keeps in the operator's memory until it writes
-the status. Past it the discovery fails; a list of a few hundred tools with rich schemas
-takes a few megabytes."""
+"""The most bytes the tools of one server may take as discovery keeps them, in all, over every
+page: their input schemas parsed (``schemas.footprint``), their names and their descriptions
+as kept (``MAX_DESCRIPTION_CHARS`` each): what discovery holds in the operator's memory until
+it writes the status. Past it the discovery fails; a list of a few hundred tools with rich
+schemas takes a few megabytes. Descriptions counted nothing, and were kept whole: one server
+listing 20 pages of one tool with an 8 MiB description made its discovery hold 160 MiB, and a
+tenant's 8 discoveries at once (``PER_TENANT``) over a gigabyte."""
+MAX_DESCRIPTION_CHARS = 4_096
+"""Characters of a tool's description kept (the status keeps no more: the model reads it in
+every request); the rest is cut as each page arrives."""
 
 
 class ToolListTooLarge(Exception):
-    """The input schemas of the tools a server listed take more than
-    ``MAX_DISCOVERED_FOOTPRINT`` bytes parsed."""
+    """The tools a server listed take more than ``MAX_DISCOVERED_FOOTPRINT`` bytes as kept."""
 
 
 _INVALID_PARAMS = -32602
@@ -207,9 +212,9 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
     """Every tool the server lists, within ``endpoint.timeout`` seconds in all (a hard bound:
     connect, handshake and every page).
 
-    Raises ``RemoteError`` (with its fault) when the server cannot be reached, fails, does
-    not answer in time, or lists tools whose input schemas take more than
-    ``MAX_DISCOVERED_FOOTPRINT`` bytes parsed in all.
+    Each description is kept to ``MAX_DESCRIPTION_CHARS``. Raises ``RemoteError`` (with its
+    fault) when the server cannot be reached, fails, does not answer in time, or lists tools
+    that take more than ``MAX_DISCOVERED_FOOTPRINT`` bytes as kept, in all.
     """
     found: list[Discovered] = []
     try:
@@ -218,17 +223,19 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
             held = 0
             for _ in range(MAX_DISCOVERED_PAGES):
                 page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-                held += sum(schemas.footprint(t.input_schema) for t in page.tools)
+                kept = [
+                    Discovered(t.name, clip_description(t.description), dict(t.input_schema))
+                    for t in page.tools
+                ]
+                held += sum(_kept_bytes(tool) for tool in kept)
                 if held > MAX_DISCOVERED_FOOTPRINT:
                     raise ToolListTooLarge(
-                        f"its tools' input schemas take over {MAX_DISCOVERED_FOOTPRINT} bytes "
-                        "parsed"
+                        f"its tools' input schemas, names and descriptions take over "
+                        f"{MAX_DISCOVERED_FOOTPRINT} bytes as kept"
                     )
-                found.extend(
-                    Discovered(t.name, t.description or "", dict(t.input_schema))
-                    for t in page.tools
-                )
+                found.extend(kept)
                 cursor = page.next_cursor
+                del page, kept  # the next page is read with this one's tools as kept alone
                 if cursor is None:
                     break
     except Exception as err:
@@ -237,6 +244,21 @@ async def discover(endpoint: Endpoint) -> list[Discovered]:
             f"MCP server {endpoint.url} unavailable: {why}", fault=fault_of(err)
         ) from err
     return found
+
+
+def clip_description(description: str | None) -> str:
+    """A tool's description as kept: ``MAX_DESCRIPTION_CHARS`` at most, a longer one cut and
+    ended with ``…``."""
+    text = description or ""
+    if len(text) <= MAX_DESCRIPTION_CHARS:
+        return text
+    return text[: MAX_DESCRIPTION_CHARS - 1] + "…"
+
+
+def _kept_bytes(tool: Discovered) -> int:
+    """What discovery holds of ``tool``, about: its input schema parsed, its name and its
+    description (as kept)."""
+    return schemas.footprint(tool.input_schema) + len(tool.name) + len(tool.description)
 
 
 def _size_of(data: str) -> int:

@@ -48,8 +48,9 @@ class Reason(enum.StrEnum):
     (the others are usable)."""
 
 
-MAX_DESCRIPTION_CHARS = 4_096
-"""Characters of a tool's description kept (the model reads it in every request)."""
+MAX_DESCRIPTION_CHARS = remote.MAX_DESCRIPTION_CHARS
+"""Characters of a tool's description kept (the model reads it in every request; discovery
+keeps no more)."""
 MAX_SCHEMAS_BYTES = 524_288
 """Bytes of input schemas (compact JSON) one status may hold; tools past it are unusable. With
 ``schemas.MAX_SCHEMA_BYTES`` per tool, the status stays far below the API server's object
@@ -77,9 +78,7 @@ def _usable(
             refused.append(f"{t.name}: inputSchema {problem}")
             continue
         room -= size
-        description = found.description
-        if len(description) > MAX_DESCRIPTION_CHARS:
-            description = description[: MAX_DESCRIPTION_CHARS - 1] + "…"
+        description = remote.clip_description(found.description)
         tools.append(
             {
                 "name": t.name,
