@@ -41,6 +41,7 @@ from ..platform.failures import Failures
 from ..platform.fairwork import FairWork
 from ..platform.kubeapi import ApiError, KubeApi, Ref
 from ..platform.spec import ObjectMeta, SpecError
+from ..platform.weighed import WeighedCache
 from .resolve import url_rule
 from .spec import TOOL_SERVERS, AgentToolServerSpec
 from .status import Reason, discovered_status, failed_status, keep_transition, refused_status
@@ -148,17 +149,35 @@ class ReachRules(Protocol):
 
 @dataclasses.dataclass
 class _Known:
-    """What the refresher knows of one AgentToolServer."""
+    """What the refresher knows of one AgentToolServer (small whatever its object: the object
+    itself is kept within ``BODIES_MEMORY``)."""
 
-    body: Mapping[str, Any]
+    generation: int
+    interval: float | None
+    """``spec.refreshInterval`` in seconds (``None``: the spec does not parse)."""
     refreshed_at: float | None = None
     """Monotonic seconds of our last discovery attempt (``None``: none yet)."""
     refreshed_generation: int = 0
     running: asyncio.Task[None] | None = None
 
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> _Known:
+        """What to know of ``body`` (an AgentToolServer as a dict)."""
+        try:
+            interval = AgentToolServerSpec.of(body.get("spec")).refresh_interval.seconds
+        except SpecError:
+            interval = None  # an invalid spec is reported once per generation
+        return cls(ObjectMeta.of(body).generation, interval)
+
 
 TICK = 2.0
 """Seconds between two looks for AgentToolServers due a discovery."""
+BODIES_MEMORY = 64 * 2**20
+"""Bytes of AgentToolServer objects kept as last seen, about (each weighed by
+``schemas.footprint``; the least recently used forgotten first; one forgotten is read again,
+one GET, when its discovery is due). Each object's status holds its tools' input schemas and
+descriptions as the server listed them (up to 512 KiB of schemas' JSON: some 11 MiB parsed, of
+dense ones): kept whole for every server, a tenant's 100 servers held a gigabyte."""
 
 
 class ToolServerRefresher:
@@ -187,6 +206,10 @@ class ToolServerRefresher:
         self._tick = TICK
         self._clock = clock
         self._known: dict[tuple[str, str], _Known] = {}
+        self._bodies: WeighedCache[tuple[str, str], Mapping[str, Any]] = WeighedCache(
+            BODIES_MEMORY, schemas.footprint
+        )
+        """The objects as last seen, ``BODIES_MEMORY`` at most (one forgotten is read again)."""
         self._kick = asyncio.Event()
         self._stopping = asyncio.Event()
         self.failures = Failures(log, what="status write")
@@ -201,16 +224,19 @@ class ToolServerRefresher:
         """An AgentToolServer was listed, added or changed (a kopf watch event)."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
+        seen = _Known.of(body)
         known = self._known.get(key)
         if known is None:
-            self._known[key] = _Known(body)
+            self._known[key] = seen
         else:
-            known.body = body
+            known.generation, known.interval = seen.generation, seen.interval
+        self._bodies[key] = body
         self._kick.set()
 
     def forget(self, namespace: str, name: str) -> None:
         """An AgentToolServer was deleted: stop refreshing it."""
         known = self._known.pop((namespace, name), None)
+        self._bodies.pop((namespace, name), None)
         self.discoveries.forget((namespace, name))
         if known is not None and known.running is not None:
             known.running.cancel()
@@ -226,14 +252,11 @@ class ToolServerRefresher:
     def _due(self, known: _Known, now: float) -> bool:
         if known.running is not None and not known.running.done():
             return False
-        meta = ObjectMeta.of(known.body)
-        if known.refreshed_at is None or known.refreshed_generation != meta.generation:
+        if known.refreshed_at is None or known.refreshed_generation != known.generation:
             return True
-        try:
-            interval = AgentToolServerSpec.of(known.body.get("spec")).refresh_interval.seconds
-        except SpecError:
+        if known.interval is None:
             return False  # an invalid spec is reported once per generation
-        return now - known.refreshed_at >= interval
+        return now - known.refreshed_at >= known.interval
 
     async def run(self) -> None:
         """Start a discovery task for each due server, every ``tick`` seconds (or at once when
@@ -252,12 +275,32 @@ class ToolServerRefresher:
         for key, known in list(self._known.items()):
             if self._due(known, now):
                 known.refreshed_at = now
-                known.refreshed_generation = ObjectMeta.of(known.body).generation
+                known.refreshed_generation = known.generation
                 known.running = asyncio.create_task(
-                    self.refresh(known.body), name=f"discover {key[0]}/{key[1]}"
+                    self._refresh_key(key), name=f"discover {key[0]}/{key[1]}"
                 )
                 what = f"discovery of AgentToolServer {key[0]}/{key[1]}"
                 loops.log_failure(known.running, what=what)  # ``refresh`` raises nothing
+
+    async def _refresh_key(self, key: tuple[str, str]) -> None:
+        """``refresh`` the AgentToolServer ``key`` as last seen, read again when its object
+        was forgotten (``BODIES_MEMORY``): one found gone is forgotten, one that cannot be
+        read now is tried again at the next tick."""
+        body = self._bodies.get(key)
+        if body is None:
+            try:
+                body = await self._api.get(Ref(TOOL_SERVERS, key[1], key[0]))
+            except ApiError as err:
+                known = self._known.get(key)
+                if known is not None:
+                    known.refreshed_at = None  # due again
+                subject = f"AgentToolServer {key[0]}/{key[1]}"
+                self.discoveries.failed(key, err, subject=subject)  # logged once
+                return
+            if body is None:
+                self.forget(*key)
+                return
+        await self.refresh(body)
 
     async def refresh(self, body: Mapping[str, Any]) -> None:
         """Discover one server and write its status; never raises (failures are logged, and

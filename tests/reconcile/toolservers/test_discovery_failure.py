@@ -112,7 +112,7 @@ async def test_an_unexpected_discovery_error_quoting_a_secret_shows_it_redacted(
     api = FakeKube()
     api.put(TOOL_SERVERS, BODY)
     tool_servers = refresher.ToolServerRefresher(api, reach=FlakyReach(), clock=lambda: 100.0)
-    tool_servers._known[("ns", "tools")] = refresher._Known(BODY)
+    tool_servers.observe(BODY)
     await tool_servers.refresh(BODY)  # the tenants' port answers this one (``FlakyReach``)
     await tool_servers.refresh(BODY)
     message = ready_of(api)["message"]
