@@ -458,13 +458,19 @@ class Bus:
     async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
         """Every event of the run with a sequence above ``after_seq``, oldest first (read from
         the stream's leader: every event acknowledged before the call is among them)."""
+        return [e async for e in self.iter_events(namespace, name, after_seq=after_seq)]
+
+    async def iter_events(
+        self, namespace: str, name: str, *, after_seq: int = 0
+    ) -> AsyncIterator[RunEvent]:
+        """``read_events``, one event at a time: a reader that folds them (the tools a run
+        called) holds one event, not the run's whole trajectory (thousands of turns, each
+        with tool results of up to 16 KiB)."""
         subject = protocol.event_subject(namespace, name)
-        events: list[RunEvent] = []
         seq = after_seq + 1
         while (raw := await self._next_event(subject, seq)) is not None:
-            events.append(RunEvent.decode(raw[1], seq=raw[0]))
+            yield RunEvent.decode(raw[1], seq=raw[0])
             seq = raw[0] + 1
-        return events
 
     async def _next_event(self, subject: str, seq: int) -> tuple[int, bytes] | None:
         """(sequence, payload) of the first event on ``subject`` at or after ``seq``, asked of

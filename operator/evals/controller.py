@@ -23,7 +23,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 from agentrun import loops, metrics
@@ -68,8 +68,11 @@ EvalKey = tuple[str, str]
 class RunEvents(Protocol):
     """Reads a run's committed events (``Bus``)."""
 
-    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        """Every event of the run with a sequence above ``after_seq``, oldest first."""
+    def iter_events(
+        self, namespace: str, name: str, *, after_seq: int = 0
+    ) -> AsyncIterator[RunEvent]:
+        """Every event of the run with a sequence above ``after_seq``, oldest first, one at
+        a time."""
 
 
 RECONCILES_AT_ONCE = 4
@@ -325,8 +328,12 @@ class EvalController:
         """The graded row of ``case``, whose ``run`` ended (counted when a status write records
         it: ``EvalNews``)."""
         name = str(run["metadata"]["name"])
-        events = await self.runs.read_events(namespace, name)
-        result = run_result(run.get("status") or {}, tools=grading.tools_called(events))
+        # folded one event at a time: a run's trajectory (thousands of turns, each with tool
+        # results of up to 16 KiB) read whole held up to ~160 MiB per graded run
+        tools: set[str] = set()
+        async for event in self.runs.iter_events(namespace, name):
+            tools |= grading.called_in(event)
+        result = run_result(run.get("status") or {}, tools=frozenset(tools))
         # in a thread: the answer is the model's and the checks the suite author's (bounded
         # work on the linear engine, up to about half a second of CPU): the event loop keeps
         # serving probes, the Lease and every other tenant's runs meanwhile

@@ -111,10 +111,17 @@ def tools_called(events: Iterable[RunEvent]) -> frozenset[str]:
     """The names of the tools the model made valid calls to, over a run's committed events."""
     names: set[str] = set()
     for event in events:
-        record = event.record
-        if isinstance(record, kernel.Answered):
-            names.update(c.name for c in record.calls if isinstance(c, kernel.CheckedCall))
+        names.update(called_in(event))
     return frozenset(names)
+
+
+def called_in(event: RunEvent) -> frozenset[str]:
+    """The names of the tools the model validly called in ``event`` (a committed turn's), so
+    a reader folds a run's events one at a time."""
+    record = event.record
+    if not isinstance(record, kernel.Answered):
+        return frozenset()
+    return frozenset(c.name for c in record.calls if isinstance(c, kernel.CheckedCall))
 
 
 def grade(expect: Expectations, run: RunResult) -> tuple[Failure, ...]:

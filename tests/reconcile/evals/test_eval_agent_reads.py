@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from kube_support import FakeKube
+from trajectory_support import NoEvents
 
 from agentrun import kube
 from agentrun.operator import agents
@@ -17,15 +18,9 @@ from agentrun.operator.evals.status import AgentSeen, round_id
 from agentrun.operator.evals.store import AGENTS_BY_GET, EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.kubeapi import ApiError, Ref
-from agentrun.protocol import RunEvent
 
 CASES = 200
 """Cases of the big suite, each running its own Agent (the most a suite may have)."""
-
-
-class NoEvents:
-    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        return []
 
 
 def agent(name: str, namespace: str = "ns", *, generation: int = 1) -> dict[str, Any]:

@@ -16,11 +16,11 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import REGISTRY
+from trajectory_support import NoEvents
 
 from agentrun.operator.evals.controller import EvalController
 from agentrun.operator.platform.events import EventRecorder, EventType, Involved, Throttle
 from agentrun.operator.platform.kubeapi import ApiError, Kube, Ref
-from agentrun.protocol import RunEvent
 
 pytestmark = pytest.mark.usefixtures("crds")
 
@@ -50,13 +50,6 @@ ENDED = {
     "message": "completed",
     "usage": {"steps": 1, "totalTokens": 30, "costUSD": "0.000100"},
 }
-
-
-class NoEvents:
-    """The runs' trajectories: none (the cases expect no tools)."""
-
-    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        return []
 
 
 class Recorded(EventRecorder):

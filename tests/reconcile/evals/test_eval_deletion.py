@@ -8,11 +8,11 @@ from __future__ import annotations
 import copy
 
 from kube_support import FakeKube
+from trajectory_support import NoEvents
 
 from agentrun.operator.evals.controller import EvalController
 from agentrun.operator.evals.store import EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
-from agentrun.protocol import RunEvent
 
 AGENT = {
     "metadata": {"name": "geometry", "namespace": "ns", "generation": 1},
@@ -29,11 +29,6 @@ SUITE = {
         ],
     },
 }
-
-
-class NoEvents:
-    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        return []
 
 
 def controller(api: FakeKube) -> EvalController:

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from kube_support import FakeKube
+from trajectory_support import NoEvents
 
 from agentrun.operator.evals.controller import EvalController
 from agentrun.operator.evals.status import RECONCILE_FAILED
 from agentrun.operator.evals.store import EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
-from agentrun.protocol import RunEvent
 
 AGENT = {
     "metadata": {"name": "geometry", "namespace": "ns", "generation": 1},
@@ -30,11 +30,6 @@ SUITE = {
         "cases": [{"name": "done", "goal": "Add 2 and 3.", "expect": {"reason": "completed"}}],
     },
 }
-
-
-class NoEvents:
-    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        return []
 
 
 def setup() -> tuple[FakeKube, EvalController]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kube_support import FakeKube
+from trajectory_support import NoEvents
 
 from agentrun.kernel import schemas
 from agentrun.operator.evals import checked
@@ -19,14 +20,8 @@ from agentrun.operator.evals.spec import EvalSpec
 from agentrun.operator.evals.store import EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.spec import SpecError
-from agentrun.protocol import RunEvent
 
 LIMIT = schemas.MAX_SCHEMA_CONTAINERS
-
-
-class NoEvents:
-    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        return []
 
 
 def suite(i: int, *, cases: int, items: int) -> dict[str, Any]:

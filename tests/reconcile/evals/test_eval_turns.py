@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from checks_support import counting_checks, ended_before_another
 from kube_support import FakeKube
+from trajectory_support import NoEvents
 
 from agentrun.operator.evals.controller import RECONCILES_AT_ONCE, EvalController
 from agentrun.operator.evals.store import EVALS
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.fairwork import FairWork
-from agentrun.protocol import RunEvent
 
 CASES = 8
 """Cases of the slow suite (200 allowed)."""
@@ -40,11 +40,6 @@ def suite(namespace: str, cases: list[dict[str, Any]], *, name: str = "suite") -
         "metadata": {"name": name, "namespace": namespace, "generation": 1},
         "spec": {"agentRef": {"name": "bot"}, "cases": cases},
     }
-
-
-class NoEvents:
-    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        return []
 
 
 async def test_a_suite_slow_to_check_does_not_hold_up_another() -> None:
