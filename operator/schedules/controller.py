@@ -19,12 +19,12 @@ just before a crash, whose status write was lost, is not created again either.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
+from agentrun import loops
 from agentrun.loops import sleep_until_set
 
 from ..platform.conditions import rfc3339
@@ -34,27 +34,28 @@ from . import plan, spec, status
 from .memory import BODIES_MEMORY, CronKey, CronMemory
 from .status import OwnedRun, epoch
 from .store import CronStore
+from .turns import Turns
 
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 5.0
 """Wait before reconciling a CronAgentRun again after a failed API call."""
 RECONCILES_AT_ONCE = 8
-"""CronAgentRuns reconciled at once in one pass (each a few API requests)."""
+"""CronAgentRuns reconciled at once (each a few API requests)."""
 RECONCILE_FAILED = "ReconcileFailed"
 """``Ready=False`` reason (and Warning Event) of a CronAgentRun whose reconcile failed twice
 for a reason that does not pass (``platform.failures``): it creates nothing until its spec
 changes."""
 
 
-def fair_order(due: set[CronKey]) -> list[CronKey]:
-    """``due`` one namespace's at a time in turn (the first of each namespace, then the
-    second of each, …; by name within a namespace)."""
-    namespaces: dict[str, list[CronKey]] = {}
-    for key in sorted(due):
-        namespaces.setdefault(key[0], []).append(key)
-    turns = itertools.zip_longest(*namespaces.values())
-    return [key for turn in turns for key in turn if key is not None]
+class _Busy:
+    """The schedules queued or being reconciled (``CronMemory.take_due``'s ``busy``)."""
+
+    def __init__(self, turns: Turns, running: Container[CronKey]) -> None:
+        self.turns, self.running = turns, running
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.running or key in self.turns
 
 
 class ScheduleController:
@@ -76,6 +77,8 @@ class ScheduleController:
         self.clock = clock
         self.crons = CronMemory(memory)
         """Every CronAgentRun known, its wake-up, its object as last seen."""
+        self.turns = Turns()
+        """The schedules due, waiting for a place."""
         self._kick = asyncio.Event()
         self._stopped = False
         self.failures = Failures(log, what="reconcile")
@@ -102,26 +105,45 @@ class ScheduleController:
         self._kick.set()
 
     async def run(self) -> None:
-        """Reconcile each CronAgentRun when it changes or its wake time comes, forever: those
-        due together ``RECONCILES_AT_ONCE`` at a time, one namespace's after another's in
-        turn (``fair_order``), so a namespace's hundreds of schedules due every second delay
-        another namespace's by a few reconciles, not by all of theirs."""
-        while not self._stopped:
-            self._kick.clear()
-            await self._reconcile_all(self.crons.take_due(self.clock()))
-            wake = self.crons.next_wake()
-            timeout = max(wake - self.clock(), 0.0) if wake is not None else None
-            await sleep_until_set(self._kick, timeout)
+        """Reconcile each CronAgentRun when it changes or its wake time comes, forever,
+        ``RECONCILES_AT_ONCE`` at a time: each one due joins the queue (``Turns``: the
+        namespaces take turns) and a place freed takes the next, so a namespace's thousands
+        of schedules due every second delay another namespace's by one turn of each namespace
+        waiting. (Passes over all those due together, each waiting for its slowest, made one
+        due a moment after a pass began wait for the whole of it: 1,500 schedules of one
+        namespace left another's every-second schedule two runs in 12 s.) Stopped, it lets
+        the reconciles going end; cancelled, it cancels them."""
+        running: dict[CronKey, asyncio.Task[None]] = {}
+        busy = _Busy(self.turns, running)
+        try:
+            while not self._stopped:
+                self._kick.clear()
+                self.turns.add(sorted(self.crons.take_due(self.clock(), busy=busy)))
+                while len(running) < RECONCILES_AT_ONCE and (key := self.turns.take()):
+                    running[key] = self._start(key, running)
+                wake = self.crons.next_wake(busy=busy)
+                timeout = max(wake - self.clock(), 0.0) if wake is not None else None
+                await sleep_until_set(self._kick, timeout)
+            await asyncio.gather(*running.values(), return_exceptions=True)
+        finally:
+            for task in running.values():
+                task.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
 
-    async def _reconcile_all(self, due: set[CronKey]) -> None:
-        """Reconcile ``due``, ``RECONCILES_AT_ONCE`` at a time, in ``fair_order``."""
-        slots = asyncio.Semaphore(RECONCILES_AT_ONCE)
+    def _start(
+        self, key: CronKey, running: dict[CronKey, asyncio.Task[None]]
+    ) -> asyncio.Task[None]:
+        """Reconcile ``key`` in a task of its own, which leaves ``running`` when it ends (and
+        wakes ``run`` to fill its place)."""
+        task = asyncio.create_task(self._reconcile_safely(key), name=f"cron {key[0]}/{key[1]}")
 
-        async def reconcile(key: CronKey) -> None:
-            async with slots:
-                await self._reconcile_safely(key)
+        def ended(_: asyncio.Task[None]) -> None:
+            running.pop(key, None)
+            self._kick.set()
 
-        await asyncio.gather(*(reconcile(key) for key in fair_order(due)))
+        task.add_done_callback(ended)
+        loops.log_failure(task, what=f"reconcile of CronAgentRun {key[0]}/{key[1]}")
+        return task
 
     async def _reconcile_safely(self, key: CronKey) -> None:
         """Reconcile ``key``; a transient failure is retried in ``RETRY_SECONDS``, a permanent

@@ -11,7 +11,7 @@ What does not: reading an object forgotten again (``store``), deciding or acting
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from agentrun.kernel import schemas
@@ -101,20 +101,25 @@ class CronMemory:
         """Keep ``body``, read again, as ``key``'s object last seen."""
         self._bodies[key] = body
 
-    def take_due(self, now: float) -> set[CronKey]:
-        """The schedules to look at now: those marked (no longer, once taken) and those whose
-        wake-up is at or before ``now`` (epoch seconds)."""
-        due = self._dirty | {
+    def take_due(self, now: float, *, busy: Container[CronKey] = ()) -> set[CronKey]:
+        """The schedules to look at now but those ``busy`` (queued or being reconciled): those
+        marked (no longer, once taken; a busy one stays marked) and those whose wake-up is at
+        or before ``now`` (epoch seconds)."""
+        due = {key for key in self._dirty if key not in busy} | {
             key
             for key, entry in self._entries.items()
-            if entry.wake is not None and entry.wake <= now
+            if entry.wake is not None and entry.wake <= now and key not in busy
         }
-        self._dirty = set()
+        self._dirty -= due
         return due
 
-    def next_wake(self) -> float | None:
-        """The earliest wake-up of any schedule (epoch seconds), or ``None``."""
-        return min((e.wake for e in self._entries.values() if e.wake is not None), default=None)
+    def next_wake(self, *, busy: Container[CronKey] = ()) -> float | None:
+        """The earliest wake-up of any schedule but those ``busy`` (epoch seconds), or
+        ``None``."""
+        return min(
+            (e.wake for k, e in self._entries.items() if e.wake is not None and k not in busy),
+            default=None,
+        )
 
     def last_created(self, uid: str) -> float:
         """The last schedule time this process created a run for, for CronAgentRun ``uid``

@@ -93,9 +93,10 @@ async def test_many_schedules_with_large_templates_keep_bounded_memory_and_run_o
     listed = CRONS * NOTE
     assert kept < MEMORY + listed // 10, f"kept {kept} bytes of {listed} listed"
     last = ("team-a", f"c{CRONS - 1}")
-    await controller._reconcile_all({last})  # the last seen is kept: no read
+    await controller._reconcile_safely(last)  # the last seen is kept: no read
     assert (store.reads, store.created) == (0, [f"c{CRONS - 1}-1796032800"])
-    await controller._reconcile_all(controller.crons.keys() - {last})
+    for key in sorted(controller.crons.keys() - {last}):
+        await controller._reconcile_safely(key)
     assert sorted(store.created) == sorted(f"c{i}-1796032800" for i in range(CRONS))
     assert store.reads > 0  # the ones forgotten were read again
 
@@ -109,6 +110,6 @@ async def test_a_forgotten_schedule_found_deleted_when_read_again_is_forgotten()
     for i in range(CRONS):
         controller.observe(cron(i))
     store.deleted.add("c0")  # the first seen is forgotten by now; its deletion was not told
-    await controller._reconcile_all({("team-a", "c0")})
+    await controller._reconcile_safely(("team-a", "c0"))
     assert store.reads == 1 and store.created == []
     assert controller.crons.entry(("team-a", "c0")) is None

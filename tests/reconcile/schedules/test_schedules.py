@@ -227,12 +227,12 @@ async def test_a_cron_whose_deletion_the_watch_missed_stops_firing_once_found_go
     store, clock = MemoryStore(), Clock(T0 + 0.2)
     ctl = controller(store, clock)
     ctl.observe(cron())
-    await ctl._reconcile_all({("team-a", "report")})
+    await ctl._reconcile_safely(("team-a", "report"))
     assert store.creates == 1
     store.gone = True  # deleted; no DELETED event came
     for offset in (10.2, 20.2, 30.2):
         clock.now = T0 + offset
-        await ctl._reconcile_all({("team-a", "report")})
+        await ctl._reconcile_safely(("team-a", "report"))
     assert store.creates == 2  # the pass that found it gone; none after
     assert ctl.crons.entry(("team-a", "report")) is None
 
