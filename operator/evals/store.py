@@ -47,6 +47,24 @@ def _seen_of(names: frozenset[str], agent: Mapping[str, Any]) -> AgentSeen | Non
     return _seen(name, agent) if name in names else None
 
 
+RUN_STATUS_READ = ("terminalReason", "outcome", "usage", "answer")
+"""The fields of a case's run's ``.status`` the controller reads (``status.run_result``)."""
+
+
+def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """What the controller reads of a listed run: its name, uid, labels, owner references and
+    deletion time, and its status's ``RUN_STATUS_READ``. A run's object holds its resolved
+    Agent spec and its goal and parameters besides; held whole, a reconcile held every run of
+    the suite decoded for as long as it graded them (reading each one's events)."""
+    meta = run.get("metadata") or {}
+    found = run.get("status") or {}
+    kept = ("name", "uid", "labels", "ownerReferences", "deletionTimestamp")
+    return {
+        "metadata": {k: meta[k] for k in kept if k in meta},
+        "status": {k: found[k] for k in RUN_STATUS_READ if k in found},
+    }
+
+
 class EvalStore:
     """The API calls of the AgentEval controller; each raises ``ApiError`` on a failed request
     (but for the answers its docstring names)."""
@@ -80,10 +98,13 @@ class EvalStore:
         return {name: seen.get(name) or AgentSeen(name) for name in sorted(names)}
 
     async def runs_of_round(self, suite: EvalRef, round_: str) -> dict[str, dict[str, Any]]:
-        """The suite's runs of ``round_`` by case; its runs of any other round are deleted
-        (a run still going is stopped by its deletion)."""
-        listed = await self.api.list_objects(
-            runs.RUNS, namespace=suite.namespace, label_selector=f"{EVAL_LABEL}={suite.name}"
+        """The suite's runs of ``round_`` by case, each as ``slim_run`` keeps it; its runs of
+        any other round are deleted (a run still going is stopped by its deletion)."""
+        listed = await self.api.list_kept(
+            runs.RUNS,
+            slim_run,
+            namespace=suite.namespace,
+            label_selector=f"{EVAL_LABEL}={suite.name}",
         )
         current: dict[str, dict[str, Any]] = {}
         for run in listed:

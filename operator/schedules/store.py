@@ -1,8 +1,9 @@
 """The CronAgentRun controller's API calls: its port (``CronStore``) and the adapter over the
 API server port (``KubeCronStore``).
 
-What belongs here: listing, creating, cancelling and deleting a CronAgentRun's runs and patching
-its status, each translating the API server's answers (AlreadyExists: done; NotFound: gone).
+What belongs here: listing (``slim_run``: what the controller reads of each), creating,
+cancelling and deleting a CronAgentRun's runs and patching its status, each translating the API
+server's answers (AlreadyExists: done; NotFound: gone).
 What does not: any decision (``plan``, ``controller``).
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 
 from .. import runs
 from ..platform.kubeapi import ApiError, KubeApi, Ref
-from .spec import CRON_LABEL, CRONS
+from .spec import CRON_LABEL, CRONS, SCHEDULED_ANNOTATION
 
 
 class CronStore(Protocol):
@@ -39,6 +40,31 @@ class CronStore(Protocol):
         conflict, a new object of its name, is no error either)."""
 
 
+RUN_STATUS_READ = ("phase", "terminalReason", "completionTime")
+"""The fields of a run's ``.status`` the controller reads (``status.OwnedRun.of``)."""
+
+
+def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """What the controller reads of a listed run (``status.OwnedRun.of`` and the owner check):
+    its name, uid, schedule-time annotation and owner references, and its status's phase,
+    terminal reason and completion time. A schedule keeps up to 1,000 runs not ended and
+    1,000 finished of each kind, each holding its template's goal, parameters and annotations
+    (a megabyte, within the API server's object size): held whole, one reconcile's list held
+    every one of them decoded."""
+    meta = run.get("metadata") or {}
+    found = run.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "annotations": {k: v for k, v in annotations.items() if k == SCHEDULED_ANNOTATION},
+            "ownerReferences": meta.get("ownerReferences") or [],
+        },
+        "status": {k: found[k] for k in RUN_STATUS_READ if k in found},
+    }
+
+
 class KubeCronStore:
     """``CronStore`` through the API server port."""
 
@@ -50,9 +76,10 @@ class KubeCronStore:
         return await self.api.get(Ref(CRONS, name, namespace))
 
     async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
-        """The AgentRuns labelled as created by ``cron``."""
-        return await self.api.list_objects(
-            runs.RUNS, namespace=namespace, label_selector=f"{CRON_LABEL}={cron}"
+        """The AgentRuns labelled as created by ``cron``, each as ``slim_run`` keeps it (read
+        in pages, each page's runs dropped once kept)."""
+        return await self.api.list_kept(
+            runs.RUNS, slim_run, namespace=namespace, label_selector=f"{CRON_LABEL}={cron}"
         )
 
     async def create_run(self, manifest: Mapping[str, Any]) -> bool:
