@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrun import loops
@@ -46,16 +46,6 @@ RECONCILE_FAILED = "ReconcileFailed"
 """``Ready=False`` reason (and Warning Event) of a CronAgentRun whose reconcile failed twice
 for a reason that does not pass (``platform.failures``): it creates nothing until its spec
 changes."""
-
-
-class _Busy:
-    """The schedules queued or being reconciled (``CronMemory.take_due``'s ``busy``)."""
-
-    def __init__(self, turns: Turns, running: Container[CronKey]) -> None:
-        self.turns, self.running = turns, running
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.running or key in self.turns
 
 
 class ScheduleController:
@@ -114,14 +104,17 @@ class ScheduleController:
         namespace left another's every-second schedule two runs in 12 s.) Stopped, it lets
         the reconciles going end; cancelled, it cancels them."""
         running: dict[CronKey, asyncio.Task[None]] = {}
-        busy = _Busy(self.turns, running)
+        busy: set[CronKey] = set()
+        """Queued or running."""
         try:
             while not self._stopped:
                 self._kick.clear()
-                self.turns.add(sorted(self.crons.take_due(self.clock(), busy=busy)))
+                due = self.crons.take_due(self.clock(), busy=busy)
+                self.turns.add(sorted(due))
+                busy |= due
                 while len(running) < RECONCILES_AT_ONCE and (key := self.turns.take()):
-                    running[key] = self._start(key, running)
-                wake = self.crons.next_wake(busy=busy)
+                    running[key] = self._start(key, running, busy)
+                wake = self.crons.next_wake()
                 timeout = max(wake - self.clock(), 0.0) if wake is not None else None
                 await sleep_until_set(self._kick, timeout)
             await asyncio.gather(*running.values(), return_exceptions=True)
@@ -131,14 +124,15 @@ class ScheduleController:
             await asyncio.gather(*running.values(), return_exceptions=True)
 
     def _start(
-        self, key: CronKey, running: dict[CronKey, asyncio.Task[None]]
+        self, key: CronKey, running: dict[CronKey, asyncio.Task[None]], busy: set[CronKey]
     ) -> asyncio.Task[None]:
-        """Reconcile ``key`` in a task of its own, which leaves ``running`` when it ends (and
-        wakes ``run`` to fill its place)."""
+        """Reconcile ``key`` in a task of its own, which leaves ``running`` and ``busy`` when
+        it ends (and wakes ``run`` to fill its place)."""
         task = asyncio.create_task(self._reconcile_safely(key), name=f"cron {key[0]}/{key[1]}")
 
         def ended(_: asyncio.Task[None]) -> None:
             running.pop(key, None)
+            busy.discard(key)
             self._kick.set()
 
         task.add_done_callback(ended)
@@ -161,10 +155,10 @@ class ScheduleController:
                     self.forget(*key)
                     return
                 self.crons.keep(key, body)
-            entry.wake = await self.reconcile(body)
+            self.crons.wake(key, await self.reconcile(body))
         except Exception as err:
             failure = self.failures.failed(key, err, subject=subject)
-            entry.wake = None if failure.final else self.clock() + RETRY_SECONDS
+            self.crons.wake(key, None if failure.final else self.clock() + RETRY_SECONDS)
             if failure.final and body is not None:
                 await self._give_up(body, entry.generation, err)
             return

@@ -11,6 +11,7 @@ What does not: reading an object forgotten again (``store``), deciding or acting
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Container, Mapping
 from typing import Any
 
@@ -35,7 +36,8 @@ class Entry:
     uid: str
     generation: int
     wake: float | None = None
-    """Epoch seconds (``None``: only when it or one of its runs changes)."""
+    """Epoch seconds (``None``: only when it or one of its runs changes); set with
+    ``CronMemory.wake``."""
 
 
 class CronMemory:
@@ -49,6 +51,10 @@ class CronMemory:
             memory, schemas.footprint
         )
         """The objects as last seen, ``memory`` at most (one forgotten is read again)."""
+        self._wakes: list[tuple[float, CronKey]] = []
+        """The wake-ups set, earliest first (a heap; one set again since, or of a schedule
+        forgotten, is left behind until it comes up, or the heap is rebuilt past twice the
+        schedules): the loop finds those due without looking at every schedule."""
         self._dirty: set[CronKey] = set()
         """Schedules to look at again at the next pass, whatever their wake-up."""
         self._last: dict[str, float] = {}
@@ -101,25 +107,40 @@ class CronMemory:
         """Keep ``body``, read again, as ``key``'s object last seen."""
         self._bodies[key] = body
 
+    def wake(self, key: CronKey, at: float | None) -> None:
+        """Look at ``key`` again at ``at`` (epoch seconds; ``None``: only when it or one of
+        its runs changes)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.wake = at
+        if at is not None:
+            heapq.heappush(self._wakes, (at, key))
+        if len(self._wakes) > 2 * len(self._entries) + 64:  # wake-ups set again, left behind
+            self._wakes = [(e.wake, k) for k, e in self._entries.items() if e.wake is not None]
+            heapq.heapify(self._wakes)
+
     def take_due(self, now: float, *, busy: Container[CronKey] = ()) -> set[CronKey]:
-        """The schedules to look at now but those ``busy`` (queued or being reconciled): those
-        marked (no longer, once taken; a busy one stays marked) and those whose wake-up is at
-        or before ``now`` (epoch seconds)."""
-        due = {key for key in self._dirty if key not in busy} | {
-            key
-            for key, entry in self._entries.items()
-            if entry.wake is not None and entry.wake <= now and key not in busy
-        }
+        """The schedules to look at now but those ``busy`` (queued or being reconciled, whose
+        next wake-up their reconcile sets): those marked (no longer, once taken; a busy one
+        stays marked) and those whose wake-up is at or before ``now`` (epoch seconds)."""
+        due = {key for key in self._dirty if key not in busy}
         self._dirty -= due
+        while self._wakes and self._wakes[0][0] <= now:
+            at, key = heapq.heappop(self._wakes)
+            if self._current(key, at) and key not in busy:
+                due.add(key)
         return due
 
-    def next_wake(self, *, busy: Container[CronKey] = ()) -> float | None:
-        """The earliest wake-up of any schedule but those ``busy`` (epoch seconds), or
-        ``None``."""
-        return min(
-            (e.wake for k, e in self._entries.items() if e.wake is not None and k not in busy),
-            default=None,
-        )
+    def next_wake(self) -> float | None:
+        """The earliest wake-up of any schedule (epoch seconds), or ``None``."""
+        while self._wakes and not self._current(self._wakes[0][1], self._wakes[0][0]):
+            heapq.heappop(self._wakes)  # set again since, or forgotten
+        return self._wakes[0][0] if self._wakes else None
+
+    def _current(self, key: CronKey, at: float) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.wake == at
 
     def last_created(self, uid: str) -> float:
         """The last schedule time this process created a run for, for CronAgentRun ``uid``

@@ -13,6 +13,7 @@ from kube_support import FakeKube
 
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.schedules import controller as schedules
+from agentrun.operator.schedules.memory import CronMemory
 
 T0 = 1_796_032_800.0
 """2026-11-30T10:00:00Z, a schedule time of every schedule below."""
@@ -113,3 +114,21 @@ async def test_a_forgotten_schedule_found_deleted_when_read_again_is_forgotten()
     await controller._reconcile_safely(("team-a", "c0"))
     assert store.reads == 1 and store.created == []
     assert controller.crons.entry(("team-a", "c0")) is None
+
+
+def test_wake_ups_set_again_and_again_leave_a_bounded_heap() -> None:
+    """Each edit of a yearly schedule reconciles it and sets its wake-up again; the ones left
+    behind in the heap, not due for a year, are dropped once they pass twice the schedules
+    (an edit loop grew it by one each, without end)."""
+    crons = CronMemory()
+    crons.observe(cron(0))
+    key = ("team-a", "c0")
+    year = 365 * 86_400.0
+    for i in range(10_000):
+        crons.wake(key, T0 + year - i)
+    assert len(crons._wakes) <= 2 * 1 + 64 + 1
+    assert crons.next_wake() == T0 + year - 9_999
+    assert crons.take_due(T0 + year, busy={key}) == set()  # busy: its reconcile sets it again
+    crons.wake(key, T0 + year + 1)
+    assert crons.take_due(T0 + year + 1) == {key}
+    assert crons.take_due(T0 + year + 1) == set() and crons.next_wake() is None
