@@ -31,15 +31,8 @@ Handle = Callable[[Msg], Coroutine[Any, Any, None]]
 HANDED_BACK: Final = "agentrun: the consumer stopped; the message is handed back"
 """The message ``consume`` cancels the handlers it stops with (``Task.cancel(msg=...)``, which
 the ``CancelledError`` raised in the handler carries): the platform's cut, not one the
-message's sender asked for (``handed_back``)."""
-
-
-def handed_back(cancel: asyncio.CancelledError) -> bool:
-    """Whether ``cancel`` is ``consume`` stopping a handler (the end of a drain, or ``consume``
-    itself cancelled) rather than any other cancellation: a worker's model call so cut is
-    asked again by another worker, so its tenant is not charged for the prompt of a request
-    left unanswered (``worker.budget.SpendWatch``)."""
-    return cancel.args[:1] == (HANDED_BACK,)
+message's sender asked for, named in the logs. A worker's model call so cut is charged as
+any call cut before its end (``worker.budget.SpendWatch``): the provider read its prompt."""
 
 
 class Bus(Protocol):

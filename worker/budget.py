@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from agentrun import kernel, metrics, pulling
+from agentrun import kernel, metrics
 from agentrun.ledger import BudgetRefusal, BudgetWait, CallNeed, Granted
 from agentrun.protocol import RunConfig
 
@@ -71,12 +71,11 @@ class SpendWatch:
     - once its answer began to arrive (its headers), whoever cut it — the run cancelled or
       deleted, its deadline, a broken stream, a draining worker handing the turn back: the
       prompt's bound and the output delivered;
-    - after its request went out and before its answer, by the tenant — the run cancelled or
-      deleted, its deadline: the prompt's bound (the provider has read the prompt, and bills
-      it), no output;
-    - the same, by the platform — a draining worker handing the turn back
-      (``pulling.HANDED_BACK``): nothing, as another worker asks the model again and that
-      call is charged (an earlier attempt's read timeout, below, stays charged);
+    - after its request went out and before its answer, whoever cut it — the run cancelled or
+      deleted, its deadline, a draining worker handing the turn back (``pulling.HANDED_BACK``):
+      the prompt's bound (the provider has read the prompt, and bills it), no output; a turn
+      handed back is asked again by another worker, and that second call is a second bill,
+      charged as its own;
     - any attempt of it sent whole that got no answer before the client's read timeout
       (``RetryPolicy.request_timeout``: a provider still reading a huge prompt), whatever the
       later attempts do — time out again, fail (an error status, a refused connection), or
@@ -113,12 +112,12 @@ class SpendWatch:
         self.hold.note(usage)
 
     def unanswered(self, cut: BaseException) -> None:
-        """Note the call abandoned at its prompt's bound, unless it was noted already (an
-        earlier attempt's read timeout: a second note changes nothing) or ``cut`` is the
-        platform handing the turn back (``pulling.handed_back``)."""
-        if self.noted or (isinstance(cut, asyncio.CancelledError) and pulling.handed_back(cut)):
-            return
-        self.abandoned(Delivery())
+        """Note the call abandoned at its prompt's bound — whatever ``cut`` it (a tenant's
+        cancel or deadline, the platform handing the turn back, a read timeout, an answer
+        refused unread) — unless it was noted already (an earlier attempt's read timeout: a
+        second note changes nothing, the call is charged once)."""
+        if not self.noted:
+            self.abandoned(Delivery())
 
     async def charge_abandoned(self) -> None:
         """The call raised after it was noted abandoned (the deadline, a broken stream) and

@@ -14,9 +14,9 @@ the run (or re-seals one admitted before seals existed, and dispatches it again)
 Stopping (SIGTERM) drains: nothing more is fetched, the turns in flight run on (heartbeats and
 hold refreshes too) for the drain time, and only those still running then are cancelled and
 naked for another worker — a model call so cut is asked again elsewhere, and charged as
-abandoned only if its answer had begun to arrive (the pull loop cancels with
-``pulling.HANDED_BACK``, which ``budget.SpendWatch`` tells from a run's cancel); a write call
-in flight is not cut (``toolrunner``).
+abandoned like any call cut before its end (its prompt's bound, and the output delivered if
+its answer had begun to arrive: the provider read the prompt; ``budget.SpendWatch``); a write
+call in flight is not cut (``toolrunner``).
 """
 
 from __future__ import annotations

@@ -51,6 +51,9 @@ ONE_VALUE_FORMAT = 2
 HoldRow = tuple[int, int, Decimal, float, str] | tuple[int, int, Decimal, float, str, int, Decimal]
 """A hold of the run: turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
 answered, the tokens and USD the call used."""
+PromptRow = tuple[int, Decimal]
+"""A model call's prompt bound held with its hold: tokens, USD (``Hold.prompt_tokens``). Apart
+from the hold's row, which an earlier release reads with a fixed length."""
 WaiterRow = tuple[float, int, Decimal, float]
 """A waiting call: waiting since (epoch seconds), tokens, USD it needs at least, expiry."""
 ActiveRow = tuple[str, str, float, int, int, Decimal]
@@ -116,6 +119,9 @@ class RunShape(_Shape):
     life: int | None = None
     """The life of the run its slot (``active``) was admitted for (``Active.life``; ``None``:
     no slot, or not known — absent in values of earlier releases, which ignore it)."""
+    prompts: dict[str, PromptRow] = {}
+    """The prompt bound of each of its holds of a model call, by hold key (``Hold.prompt_tokens``;
+    absent in values of earlier releases, which ignore it)."""
 
 
 class TotalsShape(_Shape):
@@ -186,6 +192,16 @@ def _hold_row(h: Hold) -> HoldRow:
     return (*row, h.spent_tokens, h.spent_cost) if h.answered else row
 
 
+def _prompt_rows(holds: Mapping[str, Hold]) -> dict[str, PromptRow]:
+    return {k: (h.prompt_tokens, h.prompt_cost) for k, h in holds.items() if h.prompt_tokens}
+
+
+def _with_prompt(hold: Hold, row: PromptRow | None) -> Hold:
+    if row is not None:
+        hold.prompt_tokens, hold.prompt_cost = row
+    return hold
+
+
 def _waiter_row(w: Waiter) -> WaiterRow:
     return (w.since, w.tokens, w.cost_usd, w.expires)
 
@@ -195,6 +211,7 @@ def _run_shape(entry: RunEntry) -> RunShape:
     return RunShape.model_construct(
         active=None if a is None else (a.namespace, a.name, a.since, a.turn, a.tokens, a.cost_usd),
         holds={k: _hold_row(h) for k, h in entry.holds.items()},
+        prompts=_prompt_rows(entry.holds),
         waiting={k: _waiter_row(w) for k, w in entry.waiting.items()},
         charged=dict(entry.charged),
         spent=dict(entry.spent),
@@ -299,7 +316,10 @@ def split(
 def _entry(uid: str, shape: RunShape) -> RunEntry:
     active = None if shape.active is None else Active(*shape.active, life=shape.life)
     place = (active.namespace, active.name) if active else ("", "")
-    holds = {k: Hold(uid, *row[:5], *place, *row[5:]) for k, row in shape.holds.items()}
+    holds = {
+        k: _with_prompt(Hold(uid, *row[:5], *place, *row[5:]), shape.prompts.get(k))
+        for k, row in shape.holds.items()
+    }
     return RunEntry(
         active=active,
         holds=holds,
@@ -410,6 +430,9 @@ class OneValueShape(_Shape):
     lives: dict[str, int] = {}
     """The life each active run's slot was admitted for, where known: run uid → life
     (``Active.life``; absent in values of earlier releases, which ignore it)."""
+    prompts: dict[str, PromptRow] = {}
+    """The prompt bound of each hold of a model call, by hold key (``Hold.prompt_tokens``;
+    absent in values of earlier releases, which ignore it)."""
 
 
 def encode_one_value(book: Book) -> bytes:
@@ -432,6 +455,7 @@ def encode_one_value(book: Book) -> bytes:
         spent={k: v for entry in book.runs.values() for k, v in entry.spent.items()},
         ended={uid: e.ended for uid, e in book.runs.items() if e.ended},
         lives={k: a.life for k, a in book.active.items() if a.life is not None},
+        prompts=_prompt_rows(book.holds),
     )
     return shape.model_dump_json(exclude_defaults=True).encode()
 
@@ -463,7 +487,8 @@ def decode_one_value(data: bytes) -> Book:
     for key, hold_row in shape.holds.items():
         run = book.active_of(hold_row[0])
         place = (run.namespace, run.name) if run else ("", "")
-        book.put_hold(key, Hold(*hold_row[:6], *place, *hold_row[6:]))
+        hold = Hold(*hold_row[:6], *place, *hold_row[6:])
+        book.put_hold(key, _with_prompt(hold, shape.prompts.get(key)))
     for key, waiter_row in sorted(shape.waiting.items(), key=lambda kv: (kv[1][0], kv[0])):
         book.put_waiter(key, Waiter(*waiter_row))
     for memo, until in shape.charged.items():

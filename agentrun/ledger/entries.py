@@ -45,10 +45,10 @@ about twice a second), so the totals stay the same size however many calls wait.
 MAX_ACTIVE_RUNS = 500
 """Runs a tenant whose ledger is one value (``LAYOUTS``: ``single``) may have active at once,
 whatever its ``maxConcurrentRuns``: that value is rewritten on every change and must stay far
-below the server's max payload (1 MiB by default). An active run costs at most about 680 bytes
-of it (its slot, one hold with a recorded spend, one waiter, every name at its longest), so it
-stays under 350 KB; runs over the cap wait in the queue (``ConcurrencyLimit``). A ``split``
-tenant has no such cap."""
+below the server's max payload (1 MiB by default). An active run costs at most about 760 bytes
+of it (its slot, one hold with a recorded spend and its call's prompt bound, one waiter, every
+name at its longest), so it stays under 400 KB; runs over the cap wait in the queue
+(``ConcurrencyLimit``). A ``split`` tenant has no such cap."""
 LAYOUTS = ("single", "split")
 """How a tenant's ledger is stored. ``single``: the whole ledger in one value (``book.<tenant>``
 in format 2, what every earlier release reads and writes), capped at ``MAX_ACTIVE_RUNS`` active
@@ -174,15 +174,37 @@ class Hold:
     """Tokens its model call used, recorded once the call answered (0: not answered yet)."""
     spent_cost: Decimal = Decimal(0)
     """USD its model call used, recorded with ``spent_tokens``."""
+    prompt_tokens: int = 0
+    """Its model call's prompt bound, set when the call is held (``reserve.reserve_call``):
+    what the call is charged as abandoned if the hold is dropped by anyone but its owner with
+    nothing recorded on it (its worker presumed dead after its request most likely went out:
+    the provider read, and bills, the prompt). 0: a hold of no model call (the admission's),
+    or one written without it (an earlier release, ``Book.reserve``): charged nothing."""
+    prompt_cost: Decimal = Decimal(0)
+    """That prompt bound's price (at the dearer input price, as the worst case's)."""
 
     @property
     def answered(self) -> bool:
         """Whether the hold's model call answered (its usage is recorded)."""
         return bool(self.spent_tokens or self.spent_cost)
 
-    def holding(self, tokens: int, cost_usd: Decimal) -> Hold:
-        """A copy of this hold that reserves ``tokens`` / ``cost_usd`` instead (built
+    @property
+    def dropped_charge(self) -> tuple[int, Decimal]:
+        """What its call is charged as abandoned when the hold is dropped uncommitted by
+        anyone but its owner: the usage recorded on it, or with none, its prompt's bound
+        (tokens, USD; (0, 0) for a hold of no model call)."""
+        if self.answered:
+            return self.spent_tokens, self.spent_cost
+        return self.prompt_tokens, self.prompt_cost
+
+    def holding(
+        self, tokens: int, cost_usd: Decimal, *, prompt: tuple[int, Decimal] | None = None
+    ) -> Hold:
+        """A copy of this hold that reserves ``tokens`` / ``cost_usd`` instead, and whose
+        call's prompt bound is ``prompt`` (tokens, USD; ``None``: this hold's) (built
         directly: ``dataclasses.replace`` cost a sixth of a reservation)."""
+        if prompt is None:
+            prompt = self.prompt_tokens, self.prompt_cost
         return Hold(
             self.run_uid,
             self.turn,
@@ -194,6 +216,7 @@ class Hold:
             self.name,
             self.spent_tokens,
             self.spent_cost,
+            *prompt,
         )
 
 

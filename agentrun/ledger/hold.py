@@ -5,9 +5,11 @@ holds, or refused) → call the model → record what it used (``spend``, writte
 run tools → commit the turn event → settle the run's cumulative usage. A turn that never
 commits (cancelled, lost the commit race, its worker shut down) gives its hold back when its
 ``async with`` block exits: it is released, or abandoned — charged what the model call used —
-if the model had answered (the provider bills that call). A worker that dies leaves its hold
-to expire; the operator's ledger sweep then drops it, charging the usage ``spend`` recorded on
-it unless its own delivery committed the turn. The hold is refreshed with the turn's JetStream
+if the model had answered or its call was cut after its request went out (the provider bills
+that call). A worker that dies leaves its hold to expire; the operator's ledger sweep then
+drops it, charging the usage ``spend`` recorded on it — or, with none recorded, the call's
+prompt bound the reservation stored on it (its request most likely went out) — unless its own
+delivery committed the turn. The hold is refreshed with the turn's JetStream
 heartbeat, so only a dead worker's hold expires.
 
 Two deliveries may run one turn at once (a redelivery while the first still runs it). Each
@@ -323,7 +325,10 @@ class TurnHold:
         self.held = False
 
     async def release(self) -> None:
-        """Drop this delivery's hold without charging (no model call answered)."""
+        """Drop this delivery's hold without charging (its model call got no answer and was
+        not cut after its request went out: it never connected, was refused, or was never
+        made); a conservative charge of its prompt's bound made by whoever dropped the hold
+        meanwhile is taken back (``Book.release``)."""
         await self._drop(None)
 
     async def abandon(self, usage: kernel.Usage) -> None:

@@ -196,8 +196,9 @@ def reserve(book: BookState, key: str, hold: Hold, *, now: float) -> BudgetRefus
     Fits means ``used + reserved + hold ≤ limit`` for tokens and cost (the last call that
     exactly reaches a limit is allowed) and wall-clock time left. A hold already under
     ``key`` (a redelivered turn whose first worker died) is replaced, not added to; if its
-    call answered, it is set aside uncharged until the turn's committer is known
-    (``deliveries.set_aside``).
+    call answered or it holds a call's prompt bound, it is set aside uncharged until the turn's
+    committer is known (``deliveries.set_aside``). ``hold`` is held as given (a prompt bound
+    only if it carries one).
     """
     book.roll(now)
     if (stale := _stale(book, key, hold)) is not None:
@@ -239,7 +240,8 @@ def reserve_call(
       worst case: waiters are served oldest first, and a newer call never takes the room
       an older one waits for.
     - Otherwise held with the largest output allowance up to ``need.output_tokens`` that
-      fits (so the last calls of a window shrink to what is left instead of failing).
+      fits (so the last calls of a window shrink to what is left instead of failing), with
+      the call's prompt bound (``Hold.prompt_tokens``, charged if dropped unrecorded).
     """
     book.roll(now)
     book.drop_expired_waiters(now)
@@ -248,7 +250,7 @@ def reserve_call(
     contested = deliveries.set_aside(book, key, owner=hold.owner)
     previous = book.hold(key)
     if previous is not None and previous.owner != hold.owner:
-        book.take_hold(key)  # unanswered: its delivery charges its call itself if it answers
+        book.take_hold(key)  # a hold of no call's prompt (an earlier release's): nothing to charge
     own = book.take_hold(key)  # this owner asking again: its old hold is not a rival
     floor = need.floor
     alone = _largest_output(book, need, reserved=(0, Decimal(0)))
@@ -270,7 +272,7 @@ def reserve_call(
     output = min(fits, need.output_tokens)
     tokens, cost = need.worst(output)
     book.stop_waiting(key)
-    book.put_hold(key, hold.holding(tokens, cost))
+    book.put_hold(key, hold.holding(tokens, cost, prompt=need.worst(0)))
     return Granted(output, tokens, cost, contested)
 
 

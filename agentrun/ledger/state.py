@@ -614,26 +614,38 @@ class BookState:
         return True
 
     def release(self, key: str, *, owner: str | None = None) -> bool:
-        """Drop a hold without charging (its call's turn will never commit).
+        """Drop a hold without charging (its call's turn will never commit, and its call got
+        no answer: it never connected, was refused, or was never made).
 
         With ``owner``, only that owner's hold is dropped (a replaced hold belongs to the worker
-        that took the turn over). Returns True when a hold was dropped.
+        that took the turn over), also one set aside for it by another delivery of its turn;
+        and if it has none left because someone else dropped it and charged its call its
+        prompt's bound (``charge_dropped``: its worker seemed dead, but was only slow), that
+        charge is taken back — the owner knows its call was never answered nor noted (a live
+        worker's own failure charges nothing). Returns True when a hold was dropped.
         """
         hold = self.hold(key)
-        if hold is None or (owner is not None and hold.owner != owner):
+        if hold is not None and (owner is None or hold.owner == owner):
+            self.take_hold(key)
+            return True
+        if owner is None:
             return False
-        self.take_hold(key)
-        return True
+        memo = aside_key(key, owner)
+        if self.take_hold(memo) is not None:
+            return True
+        self._take_back(memo)
+        return False
 
     def drop_hold(self, key: str, *, committed_turn: int) -> bool:
-        """Drop hold ``key`` (its worker is gone), charging its answered call as abandoned if
-        its turn is newer than ``committed_turn`` (the run's last committed turn: a committed
-        turn's usage is in the run's own, charged by ``settle``). True if dropped."""
+        """Drop hold ``key`` (its worker is gone), charging its call as abandoned if its turn
+        is newer than ``committed_turn`` (the run's last committed turn: a committed turn's
+        usage is in the run's own, charged by ``settle``): what it recorded, or with nothing
+        recorded its prompt's bound (``charge_dropped``). True if dropped."""
         hold = self.take_hold(key)
         if hold is None:
             return False
-        if hold.answered and hold.turn > committed_turn:
-            self.charge_abandoned(hold)
+        if hold.turn > committed_turn:
+            self.charge_dropped(hold)
         return True
 
     def load_memo(self, memo: str, until: float) -> None:
@@ -656,12 +668,24 @@ class BookState:
         capped at ``MAX_ACTIVE_RUNS`` active runs (``one_value``)."""
         self.one_value = False
 
-    def charge_abandoned(self, hold: Hold) -> None:
-        """Charge ``hold``'s answered call (its ``spent``) to ``used``, as abandoned: the
-        provider billed it, but its turn will never commit (remembered in its run's
-        ``charged``). The hold itself is its caller's to drop."""
+    def charge_dropped(self, hold: Hold) -> bool:
+        """Charge ``hold``'s call to ``used``, as abandoned, as whoever drops the hold of
+        another delivery (the sweep, a run's close, its turn resolved by another committer):
+        the provider billed it, but its turn will never commit. What it charges is
+        ``Hold.dropped_charge``: the usage recorded on it, or with none its prompt's bound —
+        the conservative bound of a call whose worker died (or was cut off) after its
+        reservation, when its request most likely went out; nothing for a hold of no model
+        call (the admission's). Remembered in its run's ``charged`` with what it was charged,
+        so a delivery that was only slow is charged what its call used beyond that as it
+        leaves (``abandon``), has it taken back if its turn commits by it (``uncharge``) or if
+        its call never answered (``release``). The hold itself is its caller's to drop. True if
+        it charged anything."""
+        tokens, cost = hold.dropped_charge
+        if not (tokens or cost):
+            return False
         memo = aside_key(f"{hold.run_uid}:{hold.turn}", hold.owner)
-        self._charge(memo, hold.spent_tokens, hold.spent_cost, until=hold.expires)
+        self._charge(memo, tokens, cost, until=hold.expires)
+        return True
 
     def _charge(self, memo: str, tokens: int, cost_usd: Decimal, *, until: float) -> None:
         """Charge the call ``memo`` (``<run-uid>:<turn>/<owner>``) as abandoned, remembered
@@ -683,7 +707,13 @@ class BookState:
         ``used`` and ``abandoned`` — once, and only while the run is active (its settlement
         still to come or done). True if it took anything back."""
         entry = self.runs.get(run_of(memo))
-        if entry is None or entry.active is None or memo not in entry.spent:
+        return entry is not None and entry.active is not None and self._take_back(memo)
+
+    def _take_back(self, memo: str) -> bool:
+        """Take what the call ``memo`` was charged as abandoned (``spent``) back out of
+        ``used`` and ``abandoned``, once; True if it took anything back."""
+        entry = self.runs.get(run_of(memo))
+        if entry is None or memo not in entry.spent:
             return False
         tokens, cost = entry.spent.pop(memo)
         self.used_tokens -= tokens

@@ -848,8 +848,10 @@ class LedgerStore(CasStore):
         )
 
     async def release_hold(self, ref: TurnRef, *, owner: str) -> bool:
-        """Drop ``owner``'s hold of turn ``ref`` uncharged (no model call answered); False if
-        it holds none."""
+        """Drop ``owner``'s hold of turn ``ref`` uncharged (its model call got no answer:
+        never connected, refused, or never made), also one set aside for it; if someone else
+        dropped it meanwhile charging its prompt's bound, that is taken back
+        (``Book.release``). False if it holds none."""
         return await self._change_existing(
             ref.tenant,
             lambda book: book.release(ref.key, owner=owner),

@@ -968,22 +968,28 @@ TURN_RUN_TWICE = {
 }
 
 
+@pytest.mark.parametrize("prompt", [0, 100], ids=["no-prompt-bound", "prompt-bound"])
 @pytest.mark.parametrize("steps", TURN_RUN_TWICE.values(), ids=TURN_RUN_TWICE.keys())
 def test_every_model_call_of_a_turn_run_twice_is_charged_exactly_once(
-    steps: tuple[str, ...],
+    steps: tuple[str, ...], prompt: int
 ) -> None:
     """The committed call through the run's usage, the losing call as abandoned, whoever
     settles, leaves or dies first: ``set_aside`` on a takeover, ``resolve_turn`` with the
-    committer its event names, ``abandon`` of a call whose usage never reached a hold."""
+    committer its event names, ``abandon`` of a call whose usage never reached a hold. With
+    each hold carrying its call's prompt bound (below what either call used), a hold dropped
+    before its call's usage reached it is charged that bound and its delivery the rest as it
+    leaves: the same totals."""
     book = Book.new("t", TenantLimits(tokens=100_000), now=0.0)
     assert book.admit("r", "ns", "r", now=0.0) is None
     recorded = dict.fromkeys(CALLS, False)
     winner = next(s.split()[0] for s in steps if s.endswith(("settle", "commit")))
+    bound = {"prompt_tokens": prompt, "prompt_cost": Decimal(prompt) / 200_000}
     for step in steps:
         who, _, action = step.partition(" ")
         tokens, cost = CALLS.get(who, CALLS[winner])
         if action == "reserve":
-            assert book.reserve("r:0", Hold("r", 0, 1_000, Decimal(0), 60.0, who), now=1.0) is None
+            held = Hold("r", 0, 1_000, Decimal(0), 60.0, who, **bound)  # type: ignore[arg-type]
+            assert book.reserve("r:0", held, now=1.0) is None
         elif action.startswith("spend"):
             landed = book.record_spend("r:0", owner=who, tokens=tokens, cost_usd=cost)
             recorded[who] = landed and action == "spend"  # else its worker heard a timeout

@@ -32,7 +32,8 @@ LIMITS = TenantLimits(
 
 def full_book(*, one_value: bool) -> Book:
     """A ledger using every field the JSON carries: used with abandoned and credited parts, an
-    edited window end, an active run with a hold waiting for its answer and one answered, a
+    edited window end, an active run with a hold waiting for its answer (with its call's prompt
+    bound) and one answered (held by an earlier release: no prompt bound), a
     waiting call, a call charged as abandoned with what it was charged, a run remembered as
     ended, and a hold of a run that is no longer active; the active run's slot names its life
     (a second: rerun once)."""
@@ -41,7 +42,8 @@ def full_book(*, one_value: bool) -> Book:
     b.abandoned_tokens, b.abandoned_cost = 300, Decimal("0.03")
     b.credited_tokens, b.credited_cost = 20, Decimal("0.002")
     b.start_run("r1", Active("ns-a", "run-one", T0 + 10.0, 2, 900, Decimal("0.09"), life=1))
-    b.put_hold("r1:3", Hold("r1", 3, 500, Decimal("0.05"), T0 + 70.0, "w1", "ns-a", "run-one"))
+    waiting = Hold("r1", 3, 500, Decimal("0.05"), T0 + 70.0, "w1", "ns-a", "run-one")
+    b.put_hold("r1:3", waiting.holding(500, Decimal("0.05"), prompt=(180, Decimal("0.018"))))
     # answered as an earlier release recorded it: the hold still its worst case, not its spend
     answered = Hold("r1", 2, 400, Decimal("0.04"), T0 + 60.0, "w2", "ns-a", "run-one", 350)
     b.put_hold("r1:2", dataclasses.replace(answered, spent_cost=Decimal("0.035")))
@@ -70,7 +72,8 @@ ONE_VALUE_JSON = (
     f'"end":{T0 + 2 * HOUR},'
     '"spent":{"r1:1/w9":[120,"0.012"]},'
     f'"ended":{{"r3":{T0 + 3_650.0}}},'
-    '"lives":{"r1":1}}'
+    '"lives":{"r1":1},'
+    '"prompts":{"r1:3":[180,"0.018"]}}'
 )
 """``full_book`` as a ``single`` tenant's one value (format 2): the layout every earlier
 release reads, its optional fields left out when empty."""
@@ -127,7 +130,7 @@ def test_a_one_value_ledger_reads_back_exactly_as_it_was() -> None:
 
 def test_a_one_value_ledger_of_an_earlier_release_reads_with_the_defaults() -> None:
     earlier = json.loads(ONE_VALUE_JSON)
-    for later in ("end", "spent", "ended", "lives"):
+    for later in ("end", "spent", "ended", "lives", "prompts"):
         del earlier[later]
     for later in ("creditedTokens", "creditedCostUSD"):
         del earlier["used"][later]
@@ -137,6 +140,7 @@ def test_a_one_value_ledger_of_an_earlier_release_reads_with_the_defaults() -> N
     assert "r3" not in read.runs and read.runs["r1"].spent == {}
     assert read.charged == {"r1:1/w9": T0 + 3_700.0}
     assert read.active["r1"].life is None  # a slot of an earlier release: its life not known
+    assert read.hold("r1:3").prompt_tokens == 0  # type: ignore[union-attr]  # charged nothing
 
 
 def test_the_oldest_waiting_calls_of_a_one_value_ledger_are_its_first_whatever_the_key_order() -> (
@@ -172,7 +176,8 @@ TOTALS_JSON = (
     '"waiting":{},'
     f'"charged":{{"r1:1/w9":{T0 + 3_700.0}}},'
     '"spent":{"r1:1/w9":[120,"0.012"]},'
-    '"ended":0.0,"life":1}},'
+    '"ended":0.0,"life":1,'
+    '"prompts":{"r1:3":[180,"0.018"]}}},'
     f'"end":{T0 + 2 * HOUR}}}'
 )
 """``full_book``'s totals (format 3) with run ``r1`` inline: the totals carry the sums, the
@@ -190,7 +195,7 @@ def test_a_run_apart_is_written_as_its_own_value_and_read_back_only_as_that_run(
         == (
             '{"v":3,"tenant":"acme","uid":"r4","entry":{"active":null,'
             f'"holds":{{"r4:1":[1,100,"0.01",{T0 + 65.0},"w3"]}},'
-            '"waiting":{},"charged":{},"spent":{},"ended":0.0,"life":null}}'
+            '"waiting":{},"charged":{},"spent":{},"ended":0.0,"life":null,"prompts":{}}}'
         ).encode()
     )
     for uid in ("r1", "r2", "r3", "r4"):

@@ -199,12 +199,15 @@ async def test_the_first_change_keeps_the_book_one_value_or_splits_it_into_run_e
     assert after.used_tokens == before.used_tokens + 2_100
     assert after.active["run-30"].tokens == 2_100 and "run-30:0" not in after.holds
     committer = before.holds["run-30:0"].owner
-    for i in range(len(movers)):  # the same on the book read whole
+    last = after.holds["run-30:1"].owner  # of two, the write that went last holds the key
+    owners = sorted((f"w{i}" for i in range(len(movers))), key=lambda owner: owner == last)
+    for owner in owners:  # the same on the book read whole, in the order the writes landed
         before.resolve_turn("run-30", 0, committer=committer)
         before.catch_up("run-30", turn=0, tokens=2_100, cost_usd=Decimal("0.0021"), now=NOW + 5)
-        before.reserve_call("run-30:1", CALL, next_hold(f"w{i}"), now=NOW + 5)
-    if len(movers) == 2:  # which delivery's hold is left depends on which write went last
-        after.put_hold("run-30:1", before.hold("run-30:1"))  # type: ignore[arg-type]
+        before.reserve_call("run-30:1", CALL, next_hold(owner), now=NOW + 5)
+    if len(movers) == 2:  # the first's call set aside, holding its prompt's bound, uncharged
+        aside = after.holds[f"run-30:1/{owners[0]}"]
+        assert (aside.tokens, aside.prompt_tokens, aside.answered) == (1_000, 1_000, False)
     same_window(before, after)
 
 

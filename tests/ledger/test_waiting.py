@@ -64,10 +64,16 @@ def test_a_held_call_is_a_copy_of_its_template_with_the_amounts_set() -> None:
     b.reserve_call("r1:3", need(), asked, now=NOW)  # asked again with this very template
     held = b.holds["r1:3"]
     assert held is not asked and (asked.tokens, asked.cost_usd) == (0, Decimal(0))
-    assert held == Hold("r1", 3, 5_096, Decimal("0.04346"), NOW + 60, "w7", "ns", "r1")
-    spent = Hold("r1", 3, 9, Decimal(9), NOW + 5, "w7", "ns", "r1", 120, Decimal("0.001"))
+    assert held == Hold(  # with the call's prompt bound and its price: what a drop charges
+        "r1", 3, 5_096, Decimal("0.04346"), NOW + 60, "w7", "ns", "r1", 0, Decimal(0),
+        1_000, Decimal("0.0025"),
+    )  # fmt: skip
+    spent = Hold("r1", 3, 9, Decimal(9), NOW + 5, "w7", "ns", "r1", 120, Decimal("0.001"), 80)
     assert spent.holding(7, Decimal(1)) == Hold(
-        "r1", 3, 7, Decimal(1), NOW + 5, "w7", "ns", "r1", 120, Decimal("0.001")
+        "r1", 3, 7, Decimal(1), NOW + 5, "w7", "ns", "r1", 120, Decimal("0.001"), 80
+    )
+    assert spent.holding(7, Decimal(1), prompt=(5, Decimal(2))) == Hold(
+        "r1", 3, 7, Decimal(1), NOW + 5, "w7", "ns", "r1", 120, Decimal("0.001"), 5, Decimal(2)
     )
 
 
@@ -308,6 +314,8 @@ def test_a_redelivery_replacing_an_answered_hold_sets_it_aside_until_the_turn_re
     assert (aside.owner, aside.tokens, aside.cost_usd) == ("dead", 50, Decimal("0.0002"))
     decoded = codec.decode_book(codec.encode_book(b)).holds["r1:0/dead"]
     assert (decoded.owner, decoded.spent_tokens, decoded.tokens) == ("dead", 50, 50)
+    if committer == "dead":  # "next" reads that the run moved on, gives its hold back, no call
+        assert b.release("r1:0", owner="next")
     assert b.resolve_turn("r1", 0, committer=committer) == (1 if abandoned else 0)
     assert (b.used_tokens, b.abandoned_tokens, b.holds) == (abandoned, abandoned, {})
 

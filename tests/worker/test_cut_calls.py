@@ -2,10 +2,10 @@
 
 A call cut after its request went out and before its answer has had its prompt read, and
 billed, by the provider. Cut by the tenant — its run cancelled or deleted (the consumer
-cancels the turn), its deadline — it is charged its prompt's bound, as a call abandoned
-mid-response is charged what it delivered. Cut by the platform — a draining worker handing the
-turn back (``pulling.HANDED_BACK``), to be asked again elsewhere and charged there — it is
-charged nothing. A call that never connected is charged nothing. Against a model server that
+cancels the turn), its deadline — or by the platform — a draining worker handing the turn back
+(``pulling.HANDED_BACK``), to be asked again elsewhere, a second bill — it is charged its
+prompt's bound, as a call abandoned mid-response is charged what it delivered. A call that
+never connected is charged nothing. Against a model server that
 holds its answer, over real HTTP with the real ``openai`` client, and through a worker's
 consumer with its real ledger.
 """
@@ -81,13 +81,13 @@ def chat(base: str) -> ChatRequest:
 
 CUTS = {
     "run-cancelled": (None, [PROMPT_BOUND]),  # the consumer's cancel of a cancelled run
-    "handed-back": (pulling.HANDED_BACK, []),  # a draining worker's, asked again elsewhere
+    "handed-back": (pulling.HANDED_BACK, [PROMPT_BOUND]),  # a draining worker's: billed too
 }
 
 
 @pytest.mark.parametrize("streams", [True, False], ids=["streamed", "refuses-streaming"])
 @pytest.mark.parametrize(("message", "charged"), CUTS.values(), ids=CUTS.keys())
-async def test_a_call_cut_before_its_answer_is_charged_its_prompt_unless_handed_back(
+async def test_a_call_cut_before_its_answer_is_charged_its_prompt_whoever_cut_it(
     streams: bool, message: str | None, charged: list[kernel.Usage]
 ) -> None:
     """Streamed or, for an endpoint that refuses streaming, sent whole."""
@@ -195,10 +195,13 @@ async def test_a_worker_charges_a_cancelled_runs_unanswered_call_its_prompt(slow
     assert book.holds == {}
 
 
-async def test_a_draining_worker_hands_an_unanswered_call_back_uncharged(slow: Stack) -> None:
+async def test_a_draining_worker_hands_an_unanswered_call_back_charged_its_prompt(
+    slow: Stack,
+) -> None:
     """Stopped with no drain time while its model call waits for an answer, a worker cancels
     the turn and naks it for another worker, which asks the model again and is charged for
-    that call: the cut one is charged nothing."""
+    that call: the cut one was read and billed by the provider too, and is charged its
+    prompt's bound as abandoned, once, its hold given back."""
     worker = await slow.worker()
     request = await slow.admit()
     await slow.buses[0].publish_turn(request, tenant=slow.tenant)
@@ -211,7 +214,8 @@ async def test_a_draining_worker_hands_an_unanswered_call_back_uncharged(slow: S
         await consuming
     assert slow.model_calls() == 1
     book = await slow.book()
-    assert (book.used_tokens, book.abandoned_tokens) == (0, 0)
+    assert 0 < book.abandoned_tokens == book.used_tokens
+    assert book.holds == {}
 
 
 @pytest.mark.parametrize("streams", [True, False], ids=["streamed", "refuses-streaming"])

@@ -134,8 +134,9 @@ async def test_a_read_timed_out_call_whose_retry_fails_stays_charged_its_prompt_
 async def test_a_read_timed_out_call_handed_back_in_its_retry_stays_charged_its_prompt_once(
     slow: Stack,
 ) -> None:
-    """A draining worker hands the turn back while the client retries: the hand-back charges
-    nothing of its own, the read-timed-out attempt its prompt's bound, once."""
+    """A draining worker hands the turn back while the client retries: the read-timed-out
+    attempt and the hand-back each would charge the prompt's bound; the call is charged it
+    once."""
     slow.model = retrying(retries=2)
     worker = await slow.worker()
     async with scripted("hold", "hold", "hold") as endpoint:

@@ -1,0 +1,243 @@
+"""A model call whose hold is dropped with nothing recorded on it, by anyone but its owner: its
+worker died (SIGKILL, OOM, a lost node) after its reservation and before the call's first
+record, so its request most likely went out and the provider billed its prompt. The hold
+carries the call's prompt bound (``Hold.prompt_tokens``, set by ``Book.reserve_call``), and
+whoever drops it — the sweep of expired holds, the turn resolved once its committer is known
+(after a redelivery set it aside), the run's close — charges that bound as abandoned, once;
+a delivery that was only slow is charged what its call used beyond it, has it taken back when
+its turn commits by it or when its call never answered; the owner's own release charges
+nothing; a hold of no model call (the admission's) is never charged. Pure (``now`` passed in).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from agentrun import kernel
+from agentrun.ledger import Book, CallNeed, Granted, Hold, codec
+from agentrun.ledger.entries import TenantLimits
+
+NOW = 19_675 * 86_400.0 + 3_600.0
+PRICING = kernel.Pricing(Decimal("2.50"), Decimal("1.25"), Decimal("10"))
+"""USD per 1M input / cached input / output tokens."""
+CALL = CallNeed(100, 400, PRICING, min_output_tokens=128)
+"""A call whose prompt's bound is 100 tokens (0.00025 USD) and worst case 500 (0.00425)."""
+PROMPT = (100, Decimal("0.00025"))
+"""What that call is charged when its hold is dropped unrecorded: its prompt's bound."""
+USED = (120, Decimal("0.0004"))
+"""What that call used when it answered."""
+
+
+def admitted(*, first_call: int = 0) -> Book:
+    """Run ``r`` admitted; with ``first_call``, holding that many tokens for its first call
+    (``r:admission``) until a worker reserves it."""
+    b = Book.new("acme", TenantLimits(tokens=100_000), now=NOW)
+    assert b.admit("r", "ns", "r", now=NOW, need_tokens=first_call) is None
+    return b
+
+
+def ask(b: Book, owner: str, *, turn: int = 0, now: float = NOW) -> Granted:
+    hold = Hold("r", turn, 0, Decimal(0), now + 60, owner, "ns", "r")
+    granted = b.reserve_call(f"r:{turn}", CALL, hold, now=now)
+    assert isinstance(granted, Granted)
+    return granted
+
+
+def charged(b: Book) -> tuple[int, Decimal, int, Decimal]:
+    return b.used_tokens, b.used_cost, b.abandoned_tokens, b.abandoned_cost
+
+
+def stored(b: Book) -> Book:
+    """``b`` as the store writes and reads it back (each change is applied to a fresh copy)."""
+    return codec.decode_book(codec.encode_book(b))
+
+
+def test_a_held_call_carries_its_prompt_bound_and_the_admission_hold_none() -> None:
+    b = admitted(first_call=228)
+    assert b.holds["r:admission"].dropped_charge == (0, Decimal(0))
+    ask(b, "w1")
+    held = stored(b).holds["r:0"]
+    assert (held.prompt_tokens, held.prompt_cost) == PROMPT
+    assert held.dropped_charge == PROMPT and (held.tokens, held.cost_usd) == (
+        500,
+        Decimal("0.00425"),
+    )
+
+
+def test_a_dead_workers_unrecorded_hold_swept_is_charged_its_prompt_bound_once() -> None:
+    b = admitted()
+    ask(b, "w1")
+    assert b.drop_hold("r:0", committed_turn=-1)
+    b = stored(b)
+    assert not b.drop_hold("r:0", committed_turn=-1)  # a second sweep finds nothing
+    assert charged(b) == (*PROMPT, *PROMPT)
+    assert b.runs["r"].spent == {"r:0/w1": PROMPT} and b.reserved_tokens == 0
+
+
+def test_an_unrecorded_hold_of_a_committed_turn_is_dropped_uncharged() -> None:
+    """Its turn is in the run's usage (its committer's spend write was lost): charged there."""
+    b = admitted()
+    ask(b, "w1", turn=2)
+    assert b.drop_hold("r:2", committed_turn=2)
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0))
+
+
+def test_a_hold_of_no_model_call_is_never_charged() -> None:
+    """The admission's hold (turn -1, no prompt) at a close that committed nothing, and a hold
+    reserved without a call's prompt (``Book.reserve``, as an earlier release's)."""
+    b = admitted(first_call=228)
+    assert b.reserve("r:1", Hold("r", 1, 300, Decimal("0.003"), NOW + 60, "old"), now=NOW) is None
+    assert b.close("r", turn=-1, tokens=0, cost_usd=Decimal(0), end=NOW, now=NOW)
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0)) and b.holds == {}
+
+
+def test_a_runs_close_charges_its_unrecorded_hold_of_a_later_turn_its_prompt_bound() -> None:
+    b = admitted()
+    ask(b, "w1", turn=1)
+    assert b.close("r", turn=0, tokens=30, cost_usd=Decimal("0.0001"), end=NOW, now=NOW)
+    assert charged(b) == (130, Decimal("0.00035"), *PROMPT)
+
+
+def test_a_set_aside_unrecorded_hold_is_charged_once_when_its_turn_resolves() -> None:
+    """A redelivery reserves while the first delivery's hold holds no record: it is set aside
+    (uncontested: that delivery cannot have committed an answer it never recorded), holding
+    its prompt's bound; resolved by the redelivery as committer, it is charged that, once,
+    however many parties resolve or sweep the turn after, in whichever order."""
+    b = admitted()
+    ask(b, "dead")
+    assert ask(b, "next").contested is False
+    aside = stored(b).holds["r:0/dead"]
+    assert (aside.tokens, aside.cost_usd, aside.answered) == (*PROMPT, False)
+    assert b.reserved_tokens == 100 + 500
+    assert b.resolve_turn("r", 0, committer="next") == 1
+    b = stored(b)
+    assert b.resolve_turn("r", 0, committer="next") == 0  # the next turn's reservation
+    assert not b.drop_hold("r:0/dead", committed_turn=0)  # the sweep, or the close
+    b.settle("r", turn=0, tokens=120, cost_usd=Decimal("0.0004"), now=NOW)
+    assert charged(b) == (220, Decimal("0.00065"), *PROMPT) and b.holds == {}
+
+
+def test_a_set_aside_unrecorded_hold_swept_before_its_turn_resolves_is_charged_once() -> None:
+    b = admitted()
+    ask(b, "dead")
+    ask(b, "next")
+    assert b.drop_hold("r:0/dead", committed_turn=-1)  # expired: nothing committed yet
+    assert b.resolve_turn("r", 0, committer="next") == 0
+    assert charged(b) == (*PROMPT, *PROMPT)
+
+
+def test_a_set_aside_hold_of_the_turns_committer_is_not_charged() -> None:
+    """The first delivery committed (its spend write lost), then died: its call is the run's."""
+    b = admitted()
+    ask(b, "first")
+    ask(b, "next")
+    assert b.release("r:0", owner="next")  # the run moved on: no call
+    assert b.resolve_turn("r", 0, committer="first") == 0
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0)) and b.holds == {}
+
+
+def test_an_alive_delivery_set_aside_records_its_answer_there_and_is_charged_that() -> None:
+    b = admitted()
+    ask(b, "slow")
+    ask(b, "next")
+    assert b.record_spend("r:0", owner="slow", tokens=USED[0], cost_usd=USED[1])
+    assert b.resolve_turn("r", 0, committer="next") == 1
+    assert charged(b) == (*USED, *USED)
+
+
+def test_an_alive_delivery_whose_unrecorded_hold_was_charged_is_charged_only_the_rest() -> None:
+    """Resolved while its call was in flight (charged its prompt's bound), it answers, its
+    record finds no hold, and it leaves uncommitted: charged what it used beyond the bound."""
+    b = admitted()
+    ask(b, "slow")
+    ask(b, "next")
+    assert b.resolve_turn("r", 0, committer="next") == 1
+    assert not b.record_spend("r:0", owner="slow", tokens=USED[0], cost_usd=USED[1])
+    b = stored(b)
+    assert b.abandon("r:0", owner="slow", tokens=USED[0], cost_usd=USED[1], now=NOW,
+                     unrecorded=True)  # fmt: skip
+    assert not b.abandon("r:0", owner="slow", tokens=USED[0], cost_usd=USED[1], now=NOW,
+                         unrecorded=True)  # fmt: skip
+    assert charged(b) == (*USED, *USED)
+
+
+def test_an_alive_delivery_whose_hold_was_swept_and_which_commits_is_not_charged_twice() -> None:
+    b = admitted()
+    ask(b, "slow")
+    assert b.drop_hold("r:0", committed_turn=-1)  # its refreshes did not land
+    assert charged(b) == (*PROMPT, *PROMPT)
+    assert b.resolve_turn("r", 0, committer="slow") == 0  # its commit's settlement
+    b.settle("r", turn=0, tokens=USED[0], cost_usd=USED[1], now=NOW)
+    assert charged(b) == (*USED, 0, Decimal(0))
+    assert (b.credited_tokens, b.credited_cost) == PROMPT
+
+
+def test_a_live_workers_call_that_never_connected_is_charged_nothing() -> None:
+    """Its own release drops its hold uncharged, also one set aside for it."""
+    b = admitted()
+    ask(b, "w1")
+    assert not b.release("r:0", owner="other")
+    assert b.release("r:0", owner="w1")
+    ask(b, "w1", turn=1)
+    ask(b, "w2", turn=1)
+    assert b.release("r:1", owner="w1")  # set aside by w2's reservation
+    assert list(b.holds) == ["r:1"] and b.holds["r:1"].owner == "w2"
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0))
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["run-active", "run-closed"])
+def test_a_slow_workers_release_takes_back_the_prompt_charged_when_its_hold_dropped(
+    ended: bool,
+) -> None:
+    """Its hold swept (or dropped by the run's close) while it was slow, charged its prompt's
+    bound; then its call fails to connect and it releases: the call was never made."""
+    b = admitted()
+    ask(b, "slow", turn=1)
+    if ended:
+        assert b.close("r", turn=0, tokens=0, cost_usd=Decimal(0), end=NOW, now=NOW)
+    else:
+        assert b.drop_hold("r:1", committed_turn=0)
+    assert charged(b) == (*PROMPT, *PROMPT)
+    b = stored(b)
+    assert not b.release("r:1", owner="slow")
+    assert not b.release("r:1", owner="slow")  # once
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0))
+    assert (b.credited_tokens, b.credited_cost) == PROMPT
+
+
+def test_an_unrecorded_hold_without_a_prompt_bound_is_replaced_not_set_aside() -> None:
+    """A hold written by an earlier release carries no prompt bound: a redelivery's
+    reservation replaces it, as before, and nothing is charged for it."""
+    b = admitted()
+    assert b.reserve("r:0", Hold("r", 0, 300, Decimal("0.003"), NOW + 60, "old"), now=NOW) is None
+    ask(b, "next")
+    assert list(b.holds) == ["r:0"] and b.reserved_tokens == 500
+    assert b.resolve_turn("r", 0, committer="next") == 0
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0))
+
+
+def test_a_free_models_unrecorded_hold_is_still_charged_its_prompt_tokens() -> None:
+    """A model without prices (a token budget only): its prompt's bound costs 0 USD, and its
+    tokens are still set aside, charged, and taken back."""
+    b = admitted()
+    free = CallNeed(100, 400, kernel.Pricing(Decimal(0), Decimal(0), Decimal(0)))
+    hold = Hold("r", 0, 0, Decimal(0), NOW + 60, "dead", "ns", "r")
+    assert isinstance(b.reserve_call("r:0", free, hold, now=NOW), Granted)
+    ask(b, "next")
+    assert b.holds["r:0/dead"].dropped_charge == (100, Decimal(0))
+    assert b.resolve_turn("r", 0, committer="next") == 1
+    assert charged(b) == (100, Decimal(0), 100, Decimal(0))
+    assert not b.release("r:0", owner="dead")  # its call never connected, after all
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0))
+
+
+def test_a_release_without_an_owner_drops_only_a_hold_under_its_key() -> None:
+    b = admitted()
+    ask(b, "w1")
+    ask(b, "w2")  # w1's set aside
+    assert not b.release("r:1")
+    assert b.release("r:0") and list(b.holds) == ["r:0/w1"]
+    assert not b.release("r:0")
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0))
