@@ -19,7 +19,9 @@ The ledger holds, for the current fixed window:
 - a hold's ``spent``: what its model call used once it answered, written before the turn goes
   on, so the call is charged even if its worker dies before the turn commits (the sweep, the
   turn's settlement or the run's close charges it as abandoned; for a turn run by two
-  deliveries at once, see ``deliveries``).
+  deliveries at once, see ``deliveries``); with nothing recorded yet, the hold's call's prompt
+  bound (``Hold.prompt_tokens``, stored by the reservation) is charged instead: its worker died
+  after its reservation, when its request most likely went out (``charge_dropped``).
 
 Settlement charges a run's *cumulative* usage after a committed turn: the ledger adds
 ``cumulative - charged`` only when the turn is newer than the one charged last. That makes it

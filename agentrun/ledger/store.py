@@ -896,9 +896,11 @@ class LedgerStore(CasStore):
         """The run ended at ``end`` (epoch seconds): settle what it ``committed`` (its last
         event's summary; ``None``: nothing), charge its wall-clock time in this window, free
         its slot and drop any hold it left — a hold of its last turn is charged as abandoned
-        if its call answered and its owner is not ``ending.committer`` (the delivery the last
-        event names, if any). False if it was not active. Remembered as ended (``Book.close``):
-        an admission of it done again takes no slot.
+        if its owner is not ``ending.committer`` (the delivery the last event names, if any),
+        a hold of a later turn always: what its call recorded, or with nothing recorded its
+        prompt's bound (``Book.charge_dropped``; a hold of no call, the admission's,
+        nothing). False if it was not active. Remembered as ended (``Book.close``): an
+        admission of it done again takes no slot.
 
         A slot of a later life than ``ending.life`` (a rerun admitted while this close was on
         its way, ``Book.later_life``) is another life's: it is left alone — neither closed nor
@@ -950,7 +952,8 @@ class LedgerStore(CasStore):
         """Bring the tenant's entry up to date at ``now``: its ``limits`` (if given), its use
         back to ``floor`` if it was rolled back below it (``Book.undercuts``), a new window if
         one is due, then each repair — an expired hold is charged what its run committed and
-        dropped (and what its call used, recorded on it, if its turn never committed); a run
+        dropped (and, if its turn never committed, what its call used, recorded on it, or with
+        nothing recorded its prompt's bound: its worker died after its reservation); a run
         whose last event is terminal is closed at that event's time; a stale run that left no
         events is closed with nothing charged; a repair whose run's entry is no longer the one
         the sweep judged (``Repair.since``: a rerun admitted since, a slot freed, or a window

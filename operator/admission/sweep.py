@@ -1,19 +1,20 @@
 """The periodic ledger sweep and the AgentTenant status it writes.
 
-Every few seconds, per tenant: make the ledger of a known AgentTenant that has none (the
-bucket or its totals were lost, or no run came yet; its window's use rebuilt from the tenant's
+Every few seconds, per tenant: make the ledger of a known AgentTenant that has none (the bucket
+or its totals were lost, or no run came yet; its window's use rebuilt from the tenant's
 AgentRuns by the store's ``rebuild`` hook, ``tenants.rebuild``), undo a rollback of its totals
 (``used`` below what the operator saw in the window — in the values it read, and in the
 AgentTenant status it wrote, which no NATS credential can change — or a window that has not
 started: counted as a refused message, ``ledger_rollback``, and told as a ``LedgerRolledBack``
 Event), start a new window when the old one is over, release holds whose worker died (charging
-what the run's events show it committed), free the slots of runs that ended while no operator
-watched, end the runs of a tenant whose wall-clock budget ran out, pump its queue, and write its
-AgentTenant ``.status`` and the tenant budget metrics. Each sweep reads a tenant's totals (one
-value); every ``FULL_READ_EVERY`` seconds, and when its wall-clock budget ran out, it reads every
-run's entry too. A ledger split in several atomic batches that never committed (its writer
-died) leaves values apart nobody reads: the sweep drops them once their guard is idle
-(``LedgerStore.unfinished``, ``drop_unfinished``). Invalid AgentTenants get
+what the run's events show it committed, and a call of a turn that never committed what its hold
+recorded or, with nothing recorded, its prompt's bound), free the slots of runs that ended while
+no operator watched, end the runs of a tenant whose wall-clock budget ran out, pump its queue,
+and write its AgentTenant ``.status`` and the tenant budget metrics. Each sweep reads a tenant's
+totals (one value); every ``FULL_READ_EVERY`` seconds, and when its wall-clock budget ran out,
+it reads every run's entry too. A ledger split in several atomic batches that never committed
+(its writer died) leaves values apart nobody reads: the sweep drops them once their guard is
+idle (``LedgerStore.unfinished``, ``drop_unfinished``). Invalid AgentTenants get
 ``Accepted=False`` with the reason.
 
 What does not belong here: admitting runs (``pump``), the AgentTenant status and its Events
