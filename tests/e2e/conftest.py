@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agentrun import kernel
 from agentrun.operator.main import LOST_LEADERSHIP_EXIT
 from agentrun_dev import components, demo, procs, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
@@ -120,12 +121,39 @@ class E2EStack:
     def answered_calls(self, goal: str) -> collections.Counter[str]:
         """``namespace/name`` → model calls the scripted model answered (status 200) for the
         runs whose goal is ``goal`` followed by their ``namespace/name``."""
-        counts: collections.Counter[str] = collections.Counter()
+        return collections.Counter(
+            {
+                run: sum(1 for r in requests if r.get("status") == 200)
+                for run, requests in self.requests_by_run(goal).items()
+            }
+        )
+
+    def requests_by_run(self, goal: str) -> dict[str, list[dict[str, Any]]]:
+        """``namespace/name`` → every model request the scripted model received (answered
+        or not: a killed or cut worker's) for the runs whose goal is ``goal`` followed by
+        their ``namespace/name`` (after any other words: ``SOAK-`` then ``<n> ns/name``),
+        in arrival order."""
+        runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
         for request in self.mock_requests():
             text = json.dumps(request.get("body"))
-            if request.get("status") == 200 and goal in text:
-                counts[text.split(goal, 1)[1].split('"')[0].split("\\")[0]] += 1
-        return counts
+            if goal in text:
+                after = text.split(goal, 1)[1].split('"')[0].split("\\")[0]
+                runs[after.rsplit(" ", 1)[-1]].append(request)
+        return runs
+
+    def abandoned_allowance(
+        self, goal: str, committed: Callable[[str], int], *, call_tokens: int
+    ) -> collections.Counter[str]:
+        """``namespace`` → the most its tenant's book may charge as abandoned for the runs
+        whose goal is ``goal`` followed by their ``namespace/name`` (``abandoned_allowance``
+        of each run; ``committed``: ``namespace/name`` → its committed model calls)."""
+        allowed: collections.Counter[str] = collections.Counter()
+        for run, requests in self.requests_by_run(goal).items():
+            namespace = run.split("/", 1)[0]
+            allowed[namespace] += abandoned_allowance(
+                requests, committed(run), call_tokens=call_tokens
+            )
+        return allowed
 
     def restart_dead(self) -> None:
         """Bring back any service a test killed, so the next test finds the full stack (its
@@ -138,6 +166,34 @@ class E2EStack:
         ]
         for worker in self.workers:
             wait_consuming(worker)
+
+
+def prompt_bound_of(request: dict[str, Any]) -> int:
+    """The prompt bound a worker reserved for the call ``request`` (a scripted model's record)
+    is (``kernel.prompt_token_bound`` of the messages and tools it sent; the scripted model
+    reports far fewer prompt tokens, so no hidden ones are learnt)."""
+    body = request.get("body") or {}
+    return kernel.prompt_token_bound(body.get("messages") or [], body.get("tools") or [])
+
+
+def abandoned_allowance(requests: list[dict[str, Any]], committed: int, *, call_tokens: int) -> int:
+    """The most a tenant's book may charge as abandoned for one run's model requests (the
+    scripted model's records of them, each answered call using ``call_tokens``) when its
+    first ``committed`` turns committed: every request but one answered request of each
+    committed turn (the one its usage holds) may be charged — answered, its usage or, charged
+    before its usage was known (its hold dropped unrecorded, its call cut), its prompt's bound,
+    whichever is more; received and not answered (its worker killed, or its call cut), its
+    prompt's bound."""
+    caps: dict[int, list[int]] = collections.defaultdict(list)
+    total = 0
+    for request in requests:
+        answered = request.get("status") == 200
+        cap = max(prompt_bound_of(request), call_tokens if answered else 0)
+        total += cap
+        turn = request.get("turn")
+        if answered and isinstance(turn, int) and turn < committed:
+            caps[turn].append(cap)
+    return total - sum(min(of_turn) for of_turn in caps.values())
 
 
 def lost_lease(operator: components.Component) -> bool:

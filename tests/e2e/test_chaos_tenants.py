@@ -9,8 +9,10 @@ tenant and the cancels explain); each run's turns committed once (0..n-1, no gap
 duplicate), its model-call turns as many as its status's steps; each tenant's book holds
 nothing and runs nothing, and charged exactly its runs' usage plus what it records as
 abandoned; its AgentTenant status says the same; no run charged more calls than the model
-answered for it, and the answered calls left uncharged are at most those a killed worker held
-(accepted: a dead worker's call before its first progress record). While the faults go, a
+answered for it, its abandoned charge is at most what the requests no run's usage holds allow
+(``E2EStack.abandoned_allowance``: a call whose hold was dropped before its first record is
+charged its prompt's bound), and the answered calls left uncharged are at most those a killed
+worker held. While the faults go, a
 tenant's active runs never exceed ``maxConcurrentRuns`` nor its used plus reserved tokens its
 limit. (test_soak.py kills NATS cluster members, operators and workers with every run
 completing; test_chaos.py one API server restart under one run.)
@@ -285,6 +287,13 @@ def _tenant_problems(
             f"{tenant}: used {book.used_tokens} != runs {charged}"
             f" + abandoned {book.abandoned_tokens}"
         )
+    used = {f"{namespace}/{n}": int((s.get("usage") or {}).get("totalTokens", 0))
+            for n, s in runs.items()}  # fmt: skip
+    allowed = stack_.abandoned_allowance(
+        GOAL, lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS
+    )[namespace]
+    if book.abandoned_tokens > allowed:  # more than the requests in no run's usage allow
+        problems.append(f"{tenant}: abandoned {book.abandoned_tokens} > allowed {allowed}")
     problems += _tenant_status_problems(stack_, tenant, book)
     return problems, (extra - book.abandoned_tokens) // CALL_TOKENS
 

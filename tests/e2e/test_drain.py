@@ -21,7 +21,7 @@ import pytest
 from agentrun_dev import components, stack
 from agentrun_dev.procs import StopOutcome
 
-from .conftest import E2EStack, run_manifest
+from .conftest import E2EStack, prompt_bound_of, run_manifest
 from .events import read_events, settled_book, turn_numbers
 from .test_effects_chaos import model_asked, start_run, until
 from .test_tenants import TenantFactory, tenants  # noqa: F401
@@ -138,10 +138,11 @@ def test_a_turn_longer_than_the_drain_is_handed_back_and_runs_elsewhere(
 ) -> None:
     """A worker with 1 s of drain, stopped during an 8 s model call, cancels the turn when the
     drain time is up and hands it back at once (no wait for the ack deadline): another
-    worker asks the model again and the run completes. The cut call never answered, so
-    nothing is charged for it. (The call is long enough that the SIGTERM and the drain's
-    second end before it answers on a loaded machine too: an answer before the cut would be
-    charged as abandoned, or the turn committed without a second ask.)"""
+    worker asks the model again and the run completes. The cut call never answered, but the
+    provider read its prompt (and bills it): it is charged its prompt's bound as abandoned,
+    once, besides the second call's usage. (The call is long enough that the SIGTERM and the
+    drain's second end before it answers on a loaded machine too: an answer before the cut
+    would be charged what it delivered, or the turn committed without a second ask.)"""
     tenant = tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000})
     start_lone(stack_, lone, **SHORT_DRAIN)
     stack_.apply(test_namespace, run_manifest("too-long", "E2E-DRAIN-TOO-LONG"))
@@ -151,8 +152,13 @@ def test_a_turn_longer_than_the_drain_is_handed_back_and_runs_elsewhere(
     status = stack_.wait_terminal(test_namespace, "too-long", timeout=60)
     assert (status["terminalReason"], status.get("answer")) == ("completed", "asked twice")
     assert model_asked(stack_, "drain-too-long", 0) == 2
+    asks = [
+        r for r in stack_.mock_requests() if (r["scenario"], r["turn"]) == ("drain-too-long", 0)
+    ]
+    bound = prompt_bound_of(asks[0])  # the first of the two asks: the cut one
+    assert bound == prompt_bound_of(asks[1]) > 0  # the same prompt, asked twice
     book = settled_book(nats_server, tenant)  # type: ignore[arg-type]
-    assert (book.used_tokens, book.abandoned_tokens) == (100, 0)
+    assert (book.used_tokens, book.abandoned_tokens) == (100 + bound, bound)
 
 
 def test_a_write_in_flight_at_the_end_of_the_drain_completes_and_is_replayed(

@@ -3,9 +3,10 @@
 The scripted model reports known usage (100 + 20 tokens per call, three calls per run). After
 every run has ended, for each tenant: settled usage ≤ its limit, exactly the sum of its runs'
 own ``.status.usage``, and no reservation or active slot remains. The second test SIGKILLs a
-worker mid-way: same invariants, except that a call the killed worker had answered and not
-committed is charged as abandoned (spent at the provider, in no run's usage), never more than
-the answered calls no run's usage holds; and no hold outlives its expiry by more than the
+worker mid-way: same invariants, except that a call the killed worker had made and not
+committed is charged as abandoned (spent at the provider, in no run's usage): its usage if it
+was recorded, else its prompt's bound (the request the scripted model received, answered or
+not), never more than those requests allow; and no hold outlives its expiry by more than the
 sweep bound.
 """
 
@@ -117,8 +118,10 @@ def tenants(stack_: E2EStack) -> Iterator[dict[str, tuple[str, str]]]:
 
 
 def _statuses(stack_: E2EStack, namespace: str) -> list[dict[str, Any]]:
+    """Each AgentRun's status in ``namespace``, with its ``name``."""
     out = stack_.kubectl("get", "agentruns", "-n", namespace, "-o", "json").stdout
-    return [item.get("status") or {} for item in json.loads(out)["items"]]
+    items = json.loads(out)["items"]
+    return [{**(item.get("status") or {}), "name": item["metadata"]["name"]} for item in items]
 
 
 def _run_all(
@@ -171,9 +174,19 @@ def _check_settled(
 ) -> None:
     """Each tenant's settled book against its runs' usage. With nothing ``killed``, every
     answered call is in a run's usage and nothing is abandoned; after a worker's SIGKILL its
-    answered, uncommitted calls may be charged as abandoned, at most the answered calls no
-    run's usage holds (``E2EStack.answered_calls``)."""
+    uncommitted calls may be charged as abandoned — answered ones their usage, and those its
+    hold held no record of (answered or only received by the scripted model when it died)
+    their prompt's bound — at most what the requests no run's usage holds allow
+    (``E2EStack.abandoned_allowance``)."""
     answered = stack_.answered_calls(GOAL)
+    used = {
+        f"{namespace}/{s['name']}": int((s.get("usage") or {}).get("totalTokens", 0))
+        for role, (_, namespace) in tenants.items()
+        for s in statuses[role]
+    }
+    allowed = stack_.abandoned_allowance(
+        GOAL, lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS
+    )
     for role, (name, namespace) in tenants.items():
         book = ledger.settled(name, timeout=15)
         runs = statuses[role]
@@ -184,7 +197,8 @@ def _check_settled(
         unused = calls * CALL_TOKENS - tokens  # answered, in no run's usage
         assert unused >= 0, (role, calls, tokens)
         if killed:
-            assert book.abandoned_tokens <= unused, (role, book.abandoned_tokens, unused)
+            allowance = allowed[namespace]
+            assert book.abandoned_tokens <= allowance, (role, book.abandoned_tokens, allowance)
         else:
             assert (book.abandoned_tokens, book.abandoned_cost, unused) == (0, 0, 0), role
         assert book.used_tokens == tokens + book.abandoned_tokens, (role, book.used_tokens, tokens)

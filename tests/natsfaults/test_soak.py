@@ -464,13 +464,15 @@ def _books(
     admin_: Admin,
     tenants: dict[str, str],
     statuses: dict[str, list[dict[str, Any]]],
-    asked_again: collections.Counter[str],
+    allowance: collections.Counter[str],
 ) -> dict[str, dict[str, Any]]:
     """Differences by tenant: runs whose status shows other steps than their script's
     length; the settled book against the sum of the runs' usage (plus the calls it charged as
     abandoned, which are in no run's usage) and their scripts' tokens;
-    the abandoned tokens against the calls asked again in the tenant's namespace
-    (``asked_again``: namespace → count)."""
+    the abandoned tokens against what the requests in no run's usage allow in the tenant's
+    namespace (``allowance``: namespace → tokens, ``E2EStack.abandoned_allowance``: a call
+    asked again is charged its usage, or its prompt's bound if its hold was dropped before
+    its first record or its call cut)."""
     differences: dict[str, dict[str, Any]] = {}
     for tenant, runs in statuses.items():
         steps = {
@@ -491,10 +493,10 @@ def _books(
                 runs=[tokens, str(cost)],
                 scripts=expected,
             )
-        again = asked_again[tenants[tenant]]
-        if book.abandoned_tokens > again * CALL_TOKENS:
+        allowed = allowance[tenants[tenant]]
+        if book.abandoned_tokens > allowed:
             differences.setdefault(tenant, {}).update(
-                abandoned=book.abandoned_tokens, asked_again=again
+                abandoned=book.abandoned_tokens, allowed=allowed
             )
     return differences
 
@@ -543,8 +545,15 @@ def test_load_held_while_a_nats_server_an_operator_and_a_worker_die_in_turn(
         for turn, times in turns.items()
         if len(times) > 1
     }
-    per_tenant_again = collections.Counter(key[0] for key, _ in again)
-    differences = _books(admin, tenants, statuses, per_tenant_again)
+    used = {
+        f"{tenants[t]}/{s['name']}": int(s["usage"]["totalTokens"])
+        for t, runs_ in statuses.items()
+        for s in runs_
+    }
+    allowance = soak.stack.abandoned_allowance(
+        "SOAK-", lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS
+    )
+    differences = _books(admin, tenants, statuses, allowance)
     events = FromEvents(admin, asked, chaos)
     runs = [(tenants[t], s["name"]) for t, runs_ in statuses.items() for s in runs_]
     lost, committed_twice = events.lost_and_twice(runs)
