@@ -606,12 +606,15 @@ class BookState:
 
     def refresh(self, key: str, *, owner: str, expires: float) -> bool:
         """Push the expiry of ``owner``'s hold out (also one set aside for it by another
-        delivery of its turn: its worker is alive); False if it has none."""
+        delivery of its turn once something of its call is recorded there: its worker is
+        alive); False if it has none, or only one set aside with nothing recorded, which holds
+        no more than its call's prompt bound — its call no longer has its worst case held, so
+        its delivery stops it (charged what it used as it leaves), as if the hold were gone."""
         hold = self.hold(key)
         if hold is None or hold.owner != owner:
             hold = self.hold(aside_key(key, owner))
-        if hold is None:
-            return False
+            if hold is None or not hold.answered:
+                return False
         hold.expires = max(hold.expires, expires)
         return True
 

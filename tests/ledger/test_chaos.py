@@ -123,7 +123,15 @@ async def deliver(store: LedgerStore, ref: TurnRef) -> None:
 async def _deliver(store: LedgerStore, ref: TurnRef) -> None:
     hold = store.turn_hold(ref, ttl=120)
     need = CallNeed(100, 50, PRICING, min_output_tokens=50)
-    answer = await hold.reserve_call(need, before=after_turn(ref.turn))
+    try:
+        answer = await hold.reserve_call(need, before=after_turn(ref.turn))
+    except Exception:
+        # a reservation whose answer the restart lost may have landed: the worker's ``async
+        # with`` exit gives the hold back (the store retrying its write), its call never made;
+        # landing after the redelivery set the hold aside and charged its prompt's bound, the
+        # release takes that back
+        await retried(lambda: store.release_hold(ref, owner=hold.owner))
+        raise
     assert isinstance(answer, Granted), answer
     await hold.spend(CALL)
     await retried(lambda: hold.settle(after_turn(ref.turn + 1)))

@@ -241,3 +241,19 @@ def test_a_release_without_an_owner_drops_only_a_hold_under_its_key() -> None:
     assert b.release("r:0") and list(b.holds) == ["r:0/w1"]
     assert not b.release("r:0")
     assert charged(b) == (0, Decimal(0), 0, Decimal(0))
+
+
+def test_a_delivery_set_aside_unrecorded_is_told_its_hold_is_gone_until_it_records() -> None:
+    """Set aside with nothing recorded, the hold holds its call's prompt bound only, not its
+    worst case: the delivery's refresh says it has none (it stops its call), and the expiry
+    stays; once its call's answer is recorded there, the refresh keeps it alive."""
+    b = admitted()
+    ask(b, "slow")
+    ask(b, "next")
+    assert not b.refresh("r:0", owner="slow", expires=NOW + 600)
+    assert b.holds["r:0/slow"].expires == NOW + 60
+    assert b.refresh("r:0", owner="next", expires=NOW + 600)
+    assert b.record_spend("r:0", owner="slow", tokens=USED[0], cost_usd=USED[1])
+    assert b.refresh("r:0", owner="slow", expires=NOW + 600)
+    assert b.holds["r:0/slow"].expires == NOW + 600
+    assert not b.refresh("r:0", owner="nobody", expires=NOW + 600)

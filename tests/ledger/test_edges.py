@@ -7,6 +7,7 @@ Written from the survivors of ``make mutate`` in ``book``, ``reserve``, ``delive
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 
 import pytest
@@ -120,9 +121,11 @@ def test_admission_holds_the_first_call_as_its_own_hold_until_a_worker_reserves_
 
 
 def test_a_delivery_whose_hold_was_set_aside_can_still_refresh_it() -> None:
+    """Once something of its call is recorded there (set aside with nothing recorded, its
+    refresh finds it gone: ``test_dead_holds``)."""
     b = book()
     b.put_hold("r1:0", hold("r1", owner="next"))
-    b.put_hold("r1:0/dead", hold("r1", owner="dead"))
+    b.put_hold("r1:0/dead", dataclasses.replace(hold("r1", owner="dead"), spent_tokens=5))
     assert b.refresh("r1:0", owner="dead", expires=NOW + 600)
     assert (b.holds["r1:0/dead"].expires, b.holds["r1:0"].expires) == (NOW + 600, NOW + 60)
     assert not b.refresh("r1:0", owner="gone", expires=NOW + 600)
