@@ -212,7 +212,7 @@ def test_an_unrecorded_hold_without_a_prompt_bound_is_replaced_not_set_aside() -
     reservation replaces it, as before, and nothing is charged for it."""
     b = admitted()
     assert b.reserve("r:0", Hold("r", 0, 300, Decimal("0.003"), NOW + 60, "old"), now=NOW) is None
-    ask(b, "next")
+    assert ask(b, "next").contested is False
     assert list(b.holds) == ["r:0"] and b.reserved_tokens == 500
     assert b.resolve_turn("r", 0, committer="next") == 0
     assert charged(b) == (0, Decimal(0), 0, Decimal(0))
@@ -257,3 +257,12 @@ def test_a_delivery_set_aside_unrecorded_is_told_its_hold_is_gone_until_it_recor
     assert b.refresh("r:0", owner="slow", expires=NOW + 600)
     assert b.holds["r:0/slow"].expires == NOW + 600
     assert not b.refresh("r:0", owner="nobody", expires=NOW + 600)
+
+
+def test_resolving_a_turn_counts_only_the_calls_it_charged() -> None:
+    """Another delivery's hold with nothing to charge (no record, no prompt bound: an earlier
+    release's) is dropped, not counted."""
+    b = admitted()
+    assert b.reserve("r:0", Hold("r", 0, 300, Decimal("0.003"), NOW + 60, "old"), now=NOW) is None
+    assert b.resolve_turn("r", 0, committer="next") == 0
+    assert b.holds == {} and charged(b) == (0, Decimal(0), 0, Decimal(0))
