@@ -10,7 +10,7 @@ import dataclasses
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,17 +142,24 @@ class E2EStack:
         return runs
 
     def abandoned_allowance(
-        self, goal: str, committed: Callable[[str], int], *, call_tokens: int
+        self,
+        goal: str,
+        committed: Callable[[str], int],
+        *,
+        call_tokens: int,
+        kills: Sequence[float] = (),
     ) -> collections.Counter[str]:
         """``namespace`` → the most its tenant's book may charge as abandoned for the runs
         whose goal is ``goal`` followed by their ``namespace/name`` (``abandoned_allowance``
-        of each run; ``committed``: ``namespace/name`` → its committed model calls)."""
+        of each run; ``committed``: ``namespace/name`` → its committed model calls; ``kills``:
+        when, in epoch seconds, a fault may have left a hold whose request never reached the
+        model: ``unsent_allowance``)."""
         allowed: collections.Counter[str] = collections.Counter()
         for run, requests in self.requests_by_run(goal).items():
             namespace = run.split("/", 1)[0]
             allowed[namespace] += abandoned_allowance(
                 requests, committed(run), call_tokens=call_tokens
-            )
+            ) + unsent_allowance(requests, kills)
         return allowed
 
     def restart_dead(self) -> None:
@@ -194,6 +201,26 @@ def abandoned_allowance(requests: list[dict[str, Any]], committed: int, *, call_
         if answered and isinstance(turn, int) and turn < committed:
             caps[turn].append(cap)
     return total - sum(min(of_turn) for of_turn in caps.values())
+
+
+UNSENT_NEAR = 60.0
+"""Seconds before a run's first request and after its last within which a fault counts as
+possibly holding one of its turns (``unsent_allowance``): a held turn's redelivery is asked
+an ack wait (at most 30 s here) and a worker's pull after the fault."""
+
+
+def unsent_allowance(requests: list[dict[str, Any]], kills: Sequence[float]) -> int:
+    """What a run's book may also charge as abandoned for holds whose request the scripted
+    model never received: a worker killed (or NATS down past the ledger's retries) after its
+    reservation and before its request went out leaves a hold charged its prompt's bound. A
+    run has one turn in flight, so each fault within ``UNSENT_NEAR`` of its requests' span
+    (``request["time"]``, epoch seconds) may leave one, charged at most the prompt bound of
+    its largest request (a held turn asks what its redelivery asks)."""
+    if not requests or not kills:
+        return 0
+    times = [float(r["time"]) for r in requests]
+    near = sum(1 for k in kills if min(times) - UNSENT_NEAR <= k <= max(times) + UNSENT_NEAR)
+    return near * max(prompt_bound_of(r) for r in requests)
 
 
 def lost_lease(operator: components.Component) -> bool:

@@ -30,7 +30,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -266,9 +266,11 @@ def _tenant_problems(
     role: str,
     place: tuple[str, str],
     runs: dict[str, dict[str, Any]],
+    kills: Sequence[float],
 ) -> tuple[list[str], int]:
     """What is wrong with one tenant's ended runs and book; and the answered calls it left
-    uncharged (its runs' calls past their usage, less what its book charged as abandoned)."""
+    uncharged (its runs' calls past their usage, less what its book charged as abandoned).
+    ``kills``: when a worker or NATS was killed (``E2EStack.abandoned_allowance``)."""
     tenant, namespace = place
     answered = stack_.answered_calls(GOAL)
     problems, charged, extra = [], 0, 0
@@ -290,7 +292,7 @@ def _tenant_problems(
     used = {f"{namespace}/{n}": int((s.get("usage") or {}).get("totalTokens", 0))
             for n, s in runs.items()}  # fmt: skip
     allowed = stack_.abandoned_allowance(
-        GOAL, lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS
+        GOAL, lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS, kills=kills
     )[namespace]
     if book.abandoned_tokens > allowed:  # more than the requests in no run's usage allow
         problems.append(f"{tenant}: abandoned {book.abandoned_tokens} > allowed {allowed}")
@@ -323,8 +325,9 @@ def test_two_tenants_runs_survive_workers_operator_nats_and_apiserver_killed(
     assert all(active <= CONCURRENT for active, _ in worst.values()), worst
     assert worst[two_tenants["tight"][0]][1] <= TIGHT_TOKENS, worst
     problems: list[str] = []
+    kills = [at for what, at in chaos.kills if what in ("worker", "nats")]
     for role, place in two_tenants.items():
-        found, uncharged = _tenant_problems(stack_, nats_server, role, place, runs[place[1]])
+        found, uncharged = _tenant_problems(stack_, nats_server, role, place, runs[place[1]], kills)
         problems += found
         if uncharged > chaos.worker_kills() * 2 * CONCURRENT:  # what killed workers held
             problems.append(f"{role}: {uncharged} answered calls charged to nobody")

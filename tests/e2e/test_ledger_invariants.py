@@ -16,7 +16,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -170,14 +170,15 @@ def _check_settled(
     ledger: Ledger,
     statuses: dict[str, list[dict[str, Any]]],
     *,
-    killed: bool = False,
+    killed: Sequence[float] = (),
 ) -> None:
-    """Each tenant's settled book against its runs' usage. With nothing ``killed``, every
+    """Each tenant's settled book against its runs' usage. With nothing ``killed`` (the
+    times, epoch seconds, a worker was SIGKILLed), every
     answered call is in a run's usage and nothing is abandoned; after a worker's SIGKILL its
     uncommitted calls may be charged as abandoned — answered ones their usage, and those its
     hold held no record of (answered or only received by the scripted model when it died)
-    their prompt's bound — at most what the requests no run's usage holds allow
-    (``E2EStack.abandoned_allowance``)."""
+    their prompt's bound, as are those it had reserved and not yet sent — at most what the
+    requests no run's usage holds and the kill allow (``E2EStack.abandoned_allowance``)."""
     answered = stack_.answered_calls(GOAL)
     used = {
         f"{namespace}/{s['name']}": int((s.get("usage") or {}).get("totalTokens", 0))
@@ -185,7 +186,7 @@ def _check_settled(
         for s in statuses[role]
     }
     allowed = stack_.abandoned_allowance(
-        GOAL, lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS
+        GOAL, lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS, kills=killed
     )
     for role, (name, namespace) in tenants.items():
         book = ledger.settled(name, timeout=15)
@@ -248,7 +249,7 @@ def test_a_worker_sigkilled_mid_way_leaves_no_overspend_and_no_stuck_hold(
 
     statuses = _run_all(stack_, tenants, ledger, during=kill_once)
     assert killed, "the worker was never killed"
-    _check_settled(stack_, tenants, ledger, statuses, killed=True)
+    _check_settled(stack_, tenants, ledger, statuses, killed=killed)
     assert HOLD_TTL < 10  # the bound the live check enforced is short
 
 

@@ -550,8 +550,9 @@ def test_load_held_while_a_nats_server_an_operator_and_a_worker_die_in_turn(
         for t, runs_ in statuses.items()
         for s in runs_
     }
+    kills = [*chaos.worker_kills, *(s for kind, s, _ in chaos.windows if kind == "nats-server")]
     allowance = soak.stack.abandoned_allowance(
-        "SOAK-", lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS
+        "SOAK-", lambda run: used.get(run, 0) // CALL_TOKENS, call_tokens=CALL_TOKENS, kills=kills
     )
     differences = _books(admin, tenants, statuses, allowance)
     events = FromEvents(admin, asked, chaos)
