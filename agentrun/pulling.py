@@ -31,8 +31,16 @@ Handle = Callable[[Msg], Coroutine[Any, Any, None]]
 HANDED_BACK: Final = "agentrun: the consumer stopped; the message is handed back"
 """The message ``consume`` cancels the handlers it stops with (``Task.cancel(msg=...)``, which
 the ``CancelledError`` raised in the handler carries): the platform's cut, not one the
-message's sender asked for, named in the logs. A worker's model call so cut is charged as
-any call cut before its end (``worker.budget.SpendWatch``): the provider read its prompt."""
+message's sender asked for (``handed_back``). A worker's model call so cut is charged as any
+call cut before its end (``worker.budget.SpendWatch``) while one of its attempts is out: the
+provider read its prompt. Cut between attempts (after a refusal, a failed connection, while
+the client waits to retry), it is charged nothing: it is asked again elsewhere."""
+
+
+def handed_back(cancel: BaseException) -> bool:
+    """Whether ``cancel`` is ``consume`` stopping a handler (the end of a drain, or ``consume``
+    itself cancelled) rather than any other cancellation (a tenant's cancel, a deadline)."""
+    return isinstance(cancel, asyncio.CancelledError) and cancel.args[:1] == (HANDED_BACK,)
 
 
 class Bus(Protocol):

@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import httpx2
 import openai
 
+from agentrun import pulling
 from agentrun.tools.endpoint import (
     MAX_MESSAGE_BYTES,
     BoundedStream,
@@ -52,6 +54,23 @@ _CALL_WATCH: contextvars.ContextVar[CallWatch | None] = contextvars.ContextVar(
 ``cut_unanswered``), for ``AttemptTransport``."""
 
 
+@dataclasses.dataclass(slots=True)
+class _Attempts:
+    """Whether the call in flight has an attempt out that was not refused: set as an attempt
+    starts (``AttemptTransport``), cleared when it fails or is answered with an error status
+    (the client then waits to retry, or raises). Between attempts the provider reads no
+    prompt of the call. Shared, not set anew, so a transport run in a copied context tells
+    the block of ``cut_unanswered``."""
+
+    out: bool = False
+
+
+_ATTEMPTS: contextvars.ContextVar[_Attempts | None] = contextvars.ContextVar(
+    "agentrun_attempts", default=None
+)
+"""The attempts of the call in flight in this task (the block of ``cut_unanswered``)."""
+
+
 @contextlib.contextmanager
 def cut_unanswered(watch: CallWatch | None) -> Iterator[None]:
     """Tell ``watch`` (``CallWatch.unanswered``) when the block — sending a request, with the
@@ -60,18 +79,24 @@ def cut_unanswered(watch: CallWatch | None) -> Iterator[None]:
     the client's read timeout (a provider still reading a huge prompt), whatever the later
     attempts do, or whose answer was refused unread (``AnswerTooLarge``) or was not JSON: the
     provider read the prompt. An attempt that failed to connect, timed out connecting or
-    sending, or was refused is not told. A cancellation that comes while the client still
-    connects, or waits to retry, is told as well: the block cannot see whether the request
-    went out, and a tenant's cut is rather charged once too often than a prompt the provider
-    read left uncharged."""
+    sending, or was refused is not told. A tenant's cancellation that comes while the client
+    still connects, or waits to retry, is told as well: the block cannot see whether the
+    request went out, and a tenant's cut is rather charged once too often than a prompt the
+    provider read left uncharged. The platform's (``pulling.handed_back``: a draining worker
+    handing the turn back, asked again elsewhere) is told only while an attempt is out
+    (``_ATTEMPT_OUT``): between attempts, after a refusal (``429``) or a failed connection,
+    the provider billed nothing."""
     token = _CALL_WATCH.set(watch)
+    attempts = _Attempts()
+    out = _ATTEMPTS.set(attempts)
     try:
         yield
     except (asyncio.CancelledError, AnswerUnparsable) as cut:  # cut, or answered unusably
-        if watch is not None:
+        if watch is not None and (attempts.out or not pulling.handed_back(cut)):
             watch.unanswered(cut)
         raise
     finally:
+        _ATTEMPTS.reset(out)
         _CALL_WATCH.reset(token)
 
 
@@ -151,11 +176,18 @@ class AttemptTransport(httpx2.AsyncBaseTransport):
         """The wrapped transport's response, its body bounded (``bounded_answer``; a success's
         watched as well), or its error."""
         request.headers["Accept-Encoding"] = "identity"
-        with _told_read_timeouts():
-            response = await self.transport.handle_async_request(request)
-            if isinstance(response.stream, httpx2.AsyncByteStream):
-                body = await bounded_answer(response)
-                response.stream = _WatchedBody(body) if response.is_success else body
+        attempts = _ATTEMPTS.get() or _Attempts()
+        attempts.out = True
+        try:
+            with _told_read_timeouts():
+                response = await self.transport.handle_async_request(request)
+                if isinstance(response.stream, httpx2.AsyncByteStream):
+                    body = await bounded_answer(response)
+                    response.stream = _WatchedBody(body) if response.is_success else body
+        except Exception:  # failed (a cancellation leaves it out: cut while out)
+            attempts.out = False
+            raise
+        attempts.out = response.is_success
         return response
 
     async def aclose(self) -> None:

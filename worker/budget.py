@@ -75,7 +75,10 @@ class SpendWatch:
       deleted, its deadline, a draining worker handing the turn back (``pulling.HANDED_BACK``):
       the prompt's bound (the provider has read the prompt, and bills it), no output; a turn
       handed back is asked again by another worker, and that second call is a second bill,
-      charged as its own;
+      charged as its own. A tenant's cut while the client still connects or waits to retry
+      is charged the same (it cannot see whether the request went out); a hand-back then is
+      not — between attempts, after a refusal or a failed connection, nothing was billed
+      (``answers.cut_unanswered``);
     - any attempt of it sent whole that got no answer before the client's read timeout
       (``RetryPolicy.request_timeout``: a provider still reading a huge prompt), whatever the
       later attempts do — time out again, fail (an error status, a refused connection), or

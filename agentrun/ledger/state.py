@@ -588,13 +588,17 @@ class BookState:
         is resolved). Not ``answered`` (its response still streams, this much delivered so
         far), it is recorded the same but the hold keeps holding at least its worst case: the
         rest of the allowance may still come. A hold a redelivery of the turn set aside for
-        ``owner`` (``<key>/<owner>``) is still its call's: recorded there. False if ``owner``
-        has no hold of the turn."""
+        ``owner`` (``<key>/<owner>``) is still its call's: its answer, or anything once its
+        call recorded something, is recorded there. False if ``owner`` has no hold of the
+        turn, or for what a response delivered so far (not ``answered``) on one set aside with
+        nothing recorded: that hold holds no more than its call's prompt bound, not its worst
+        case, so its delivery stops the call (as ``refresh`` says) and charges what it used as
+        it leaves (``abandon``)."""
         hold = self.hold(key)
         if hold is None or hold.owner != owner:
             hold = self.hold(aside_key(key, owner))
-        if hold is None:
-            return False
+            if hold is None or not (hold.answered or answered):
+                return False
         held_tokens, held_cost = tokens, cost_usd
         if not answered:
             held_tokens, held_cost = max(hold.tokens, tokens), max(hold.cost_usd, cost_usd)
@@ -716,9 +720,16 @@ class BookState:
 
     def _take_back(self, memo: str) -> bool:
         """Take what the call ``memo`` was charged as abandoned (``spent``) back out of
-        ``used`` and ``abandoned``, once; True if it took anything back."""
+        ``used`` and ``abandoned``, once; True if it took anything back. Not when this
+        window's ``abandoned`` holds less than that: the charge was made in a window since
+        rolled (the memo outlives it), whose ``used`` keeps it — taking it out of this one
+        would take ``used`` below the runs' usage. The call stays charged, once, in the
+        window it was charged in."""
         entry = self.runs.get(run_of(memo))
         if entry is None or memo not in entry.spent:
+            return False
+        tokens, cost = entry.spent[memo]
+        if tokens > self.abandoned_tokens or cost > self.abandoned_cost:
             return False
         tokens, cost = entry.spent.pop(memo)
         self.used_tokens -= tokens

@@ -266,3 +266,54 @@ def test_resolving_a_turn_counts_only_the_calls_it_charged() -> None:
     assert b.reserve("r:0", Hold("r", 0, 300, Decimal("0.003"), NOW + 60, "old"), now=NOW) is None
     assert b.resolve_turn("r", 0, committer="next") == 0
     assert b.holds == {} and charged(b) == (0, Decimal(0), 0, Decimal(0))
+
+
+def test_a_delivery_set_aside_unrecorded_records_no_progress_there_and_stops() -> None:
+    """What a response delivered so far, recorded on a hold set aside with nothing recorded
+    (which holds only the call's prompt bound), would let the call stream on with its worst
+    case no longer held: refused, so the delivery stops its call, charging what it used as
+    it leaves; its answer is recorded there."""
+    b = admitted()
+    ask(b, "slow")
+    ask(b, "next")
+    progress = (150, Decimal("0.00075"))
+    assert not b.record_spend(
+        "r:0", owner="slow", tokens=progress[0], cost_usd=progress[1], answered=False
+    )
+    assert not b.refresh("r:0", owner="slow", expires=NOW + 600)
+    assert b.abandon("r:0", owner="slow", tokens=progress[0], cost_usd=progress[1], now=NOW)
+    assert charged(b) == (*progress, *progress)
+    assert b.resolve_turn("r", 0, committer="next") == 0  # charged once
+
+
+def test_a_take_back_after_the_window_rolled_leaves_the_charge_in_its_window() -> None:
+    """The sweep charged a slow delivery's unrecorded hold its prompt bound; the window
+    rolled (the memo outlives it); the delivery's call never connected and it releases:
+    the charge stays in the window it was made in, never taken out of the new window's
+    ``used`` (below the runs' usage, here below 0)."""
+    b = Book.new("acme", TenantLimits(tokens=100_000, window_seconds=600.0), now=NOW)
+    assert b.admit("r", "ns", "r", now=NOW) is None
+    ask(b, "slow", turn=1)
+    assert b.drop_hold("r:1", committed_turn=0)  # swept expired
+    assert charged(b) == (*PROMPT, *PROMPT)
+    assert b.roll(b.end + 1.0)
+    b = stored(b)
+    assert not b.release("r:1", owner="slow")
+    assert charged(b) == (0, Decimal(0), 0, Decimal(0))
+    assert not b.uncharge("r:1/slow")  # nor when its turn turns out committed by it
+
+
+def test_a_set_aside_unrecorded_hold_keeps_its_prompt_bound_in_both_layouts() -> None:
+    for one_value in (True, False):
+        b = Book.new("acme", TenantLimits(tokens=100_000), now=NOW, one_value=one_value)
+        assert b.admit("r", "ns", "r", now=NOW) is None
+        ask(b, "dead")
+        ask(b, "next")
+        if one_value:
+            read = codec.decode_one_value(codec.encode_one_value(b))
+        else:
+            read = codec.decode_book(codec.encode_book(b))
+        assert read.holds["r:0/dead"].dropped_charge == PROMPT
+        assert (read.holds["r:0"].prompt_tokens, read.holds["r:0"].prompt_cost) == PROMPT
+        assert read.resolve_turn("r", 0, committer="next") == 1
+        assert charged(read) == (*PROMPT, *PROMPT)

@@ -5,7 +5,8 @@ billed, by the provider. Cut by the tenant — its run cancelled or deleted (the
 cancels the turn), its deadline — or by the platform — a draining worker handing the turn back
 (``pulling.HANDED_BACK``), to be asked again elsewhere, a second bill — it is charged its
 prompt's bound, as a call abandoned mid-response is charged what it delivered. A call that
-never connected is charged nothing. Against a model server that
+never connected is charged nothing, nor one the platform handed back between attempts (after
+a refusal, waiting to retry: nothing billed). Against a model server that
 holds its answer, over real HTTP with the real ``openai`` client, and through a worker's
 consumer with its real ledger.
 """
@@ -120,6 +121,45 @@ async def test_a_call_cut_by_the_runs_deadline_before_its_answer_is_charged_its_
         await client.close()
     assert raised.value.error_type is ModelErrorType.DEADLINE
     assert hold.noted == [PROMPT_BOUND]
+
+
+@pytest.mark.parametrize(
+    ("message", "charged"),
+    [(pulling.HANDED_BACK, []), (None, [PROMPT_BOUND])],
+    ids=["handed-back", "run-cancelled"],
+)
+async def test_a_call_cut_while_it_waits_to_retry_a_refusal_is_charged_only_by_the_tenant(
+    message: str | None, charged: list[kernel.Usage]
+) -> None:
+    """Refused (429) and waiting 5 s to ask again, the provider billed nothing: a draining
+    worker handing the turn back there charges nothing (asked again elsewhere); a tenant's
+    cancel there is charged its prompt's bound (the call cannot see whether a request went
+    out: charged once too often rather than a read prompt left uncharged)."""
+    asked = 0
+
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        nonlocal asked
+        asked += 1
+        await request.read()
+        error = {"message": "rate limited", "type": "rate_limit"}
+        return web.json_response({"error": error}, status=429, headers={"retry-after": "5"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", refuse)
+    client = ModelClient(RetryPolicy(max_retries=3))
+    hold = Hold()
+    watch = budget.SpendWatch(hold, CALL, PRICING)
+    async with serving(app) as base:
+        call = asyncio.create_task(
+            client.complete(chat(f"{base}/v1"), deadline=time.time() + 60, watch=watch)
+        )
+        await asyncio.sleep(1.0)
+        assert asked == 1  # refused, waiting to retry
+        call.cancel(msg=message)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await client.close()
+    assert hold.noted == charged
 
 
 async def test_a_call_that_never_connected_is_charged_nothing() -> None:
