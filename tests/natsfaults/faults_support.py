@@ -72,8 +72,8 @@ class Admin:
     def diagnose(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
         """What NATS holds of a stuck run: its events (kind, turn, seq), the TurnRequests of
         it still in the work queue (turn, base, deliveries), the workers' consumer (pending,
-        ack pending, redelivered) and the operator's on the events (the same, and its pull
-        requests waiting)."""
+        ack pending, redelivered) and the operators' on the events, by name (the same, and
+        their pull requests waiting)."""
         return dict(self.run(self._diagnose(namespace, name, uid)))
 
     def events(self, namespace: str, name: str) -> list[tuple[RunEvent, float]]:
@@ -109,18 +109,22 @@ class Admin:
             if request.run_uid == uid:
                 queued.append((at, request.turn, request.expected_seq, raw.headers))
         consumer = await jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
-        operator = await jsm.consumer_info(protocol.STREAM_EVENTS, protocol.OPERATOR_CONSUMER)
+        operators = {  # one, or one a shard (``agentrun-operator-<shard>``)
+            str(info.name): (
+                info.num_pending,
+                info.num_ack_pending,
+                info.num_redelivered,
+                info.num_waiting,
+            )
+            for info in await jsm.consumers_info(protocol.STREAM_EVENTS)
+            if str(info.name).startswith(protocol.OPERATOR_CONSUMER)
+        }
         return {
             "uid": uid,
             "events": events,
             "queued": queued,
             "workers": (consumer.num_pending, consumer.num_ack_pending, consumer.num_redelivered),
-            "operator": (
-                operator.num_pending,
-                operator.num_ack_pending,
-                operator.num_redelivered,
-                operator.num_waiting,
-            ),
+            "operators": operators,
         }
 
     def close(self) -> None:
