@@ -84,7 +84,7 @@ def cut_unanswered(watch: CallWatch | None) -> Iterator[None]:
     request went out, and a tenant's cut is rather charged once too often than a prompt the
     provider read left uncharged. The platform's (``pulling.handed_back``: a draining worker
     handing the turn back, asked again elsewhere) is told only while an attempt is out
-    (``_ATTEMPT_OUT``): between attempts, after a refusal (``429``) or a failed connection,
+    (``_Attempts``): between attempts, after a refusal (``429``) or a failed connection,
     the provider billed nothing."""
     token = _CALL_WATCH.set(watch)
     attempts = _Attempts()
