@@ -51,7 +51,7 @@ from .keys import RunKey
 from .ports import PendingTurn
 from .seals import RunSeals, untrusted
 from .views import RunView
-from .writer import StatusWriter
+from .writer import StatusWriter, Written
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,9 @@ class Dispatcher:
         """The live runs by uid (admitted, not ended, not forgotten); private to this owner."""
         self._stopping = asyncio.Event()
         self._ended: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
+        self._closed: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
+        """Runs whose end this process applied (their view dropped): not ``unfollowed`` while
+        their status write is on its way."""
         self.ownership = deps.ownership
         self._shards: cachetools.LRUCache[str, int] = cachetools.LRUCache(ENDED_MEMORY)
         """The shard of runs seen on a consumer (by uid), so that a run is read once."""
@@ -433,6 +436,7 @@ class Dispatcher:
             if view.timer is not None and view.timer is not asyncio.current_task():
                 view.timer.cancel()
             self._views.pop(view.uid, None)  # a redelivered event rebuilds it from the stream
+            self._closed[view.uid] = None
             await self._settle_ended(view.tenant, view.uid, event, life=view.life)
         body = status.project(
             event.summary,
@@ -495,6 +499,20 @@ class Dispatcher:
             and view.summary is not None
             and view.summary.phase is kernel.Phase.RUNNING
             and view.queued_seq
+        ]
+
+    def unfollowed(self) -> list[tuple[RunKey, Written]]:
+        """The runs of this process's shards whose object shows them admitted and not ended
+        (``StatusWriter.unfinished``) that it does not follow: no live view, not refused, no
+        end applied here. For ``OrphanWatch``, which follows them again (``recover``) once they
+        stay so."""
+        return [
+            (key, written)
+            for key, written in self.writer.unfinished()
+            if key.uid not in self._views
+            and key.uid not in self._ended
+            and key.uid not in self._closed
+            and not self.seals.is_refused(key.uid)
         ]
 
     def waiting_runs(self, *, since: float) -> list[RunKey]:
@@ -726,6 +744,7 @@ class Dispatcher:
         await self.bus.purge_run(namespace, name)
         await self.bus.purge_effects(uid)  # the rerun's calls may be keyed as the first life's
         self._ended.pop(uid, None)
+        self._closed.pop(uid, None)
         self.writer.forget(RunKey(namespace, name, uid))
 
     async def purge_deleted(self, namespace: str, name: str, uid: str) -> None:

@@ -7,6 +7,14 @@ compare-and-set); after ``MAX_REDISPATCHES`` such losses of one turn it ends the
 ``checkpoint_failed`` naming the cause. A run whose newer event is in the stream but not yet
 delivered to the operator is the event consumer's to catch up on; once it has waited
 ``BEHIND_AFTERS`` periods it is logged (``report_behind``), so a stuck consumer is seen.
+
+The same watch is the level-triggered second line behind kopf's edge-triggered handlers: a
+run of this process's shards whose object shows it admitted and not ended, but which this
+process does not follow (no live view: none was made, or one was dropped, on a path nobody
+knows of), would otherwise wait for ever, in silence, since every other check here looks at
+followed runs only. Once such a run has stayed unfollowed for ``after`` seconds it is followed
+again from its events (``Dispatcher.recover``, what an operator's start does for each run),
+with a warning naming it.
 """
 
 from __future__ import annotations
@@ -56,6 +64,14 @@ class OrphanWatch:
         self._late: list[tuple[PendingTurn, RunEvent, float]] = []
         """Runs found behind since the last ``report_behind``: (turn, its newer event, seconds
         since that event was committed)."""
+        self._unfollowed: dict[str, float] = {}
+        """uid → when the run was first found admitted, unfinished and not followed here."""
+        self._hopeless: set[str] = set()
+        """Runs found unfollowed whose events ``recover`` could not follow (none of theirs):
+        logged once and left to the operator's next start (``runs.recovery``)."""
+        self._audited = clock()
+        """When ``follow_unfollowed`` last looked (epoch seconds): first ``after`` seconds
+        after the start, when kopf's own start-up has recovered most runs."""
 
     def stop(self) -> None:
         """Let ``run`` return after its current pass."""
@@ -88,12 +104,69 @@ class OrphanWatch:
             else:
                 self.failures.succeeded(turn.key.uid, subject=subject)
         self.report_behind()
+        if self.clock() - self._audited >= self.after:
+            await self._audit()
         try:
             await self.runs.offer_stranded(after=self.after)
         except Exception as err:  # NATS trouble: the next pass looks again
             self.failures.failed("stranded", err, subject="turns neither published nor waiting")
         else:
             self.failures.succeeded("stranded", subject="turns neither published nor waiting")
+
+    async def _audit(self) -> None:
+        """``follow_unfollowed``, its failure logged once (the next audit looks again)."""
+        self._audited = self.clock()
+        try:
+            await self.follow_unfollowed()
+        except Exception as err:  # NATS trouble: the next audit looks again
+            self.failures.failed("unfollowed", err, subject="admitted runs not followed")
+        else:
+            self.failures.succeeded("unfollowed", subject="admitted runs not followed")
+
+    async def follow_unfollowed(self) -> int:
+        """Follow again, from its events, each run found admitted, unfinished and not followed
+        here (``Dispatcher.unfollowed``) at an earlier look at least ``after`` seconds ago
+        (logged in one warning a look); returns how many. Raises what NATS raises."""
+        now = self.clock()
+        found = {key.uid: (key, written) for key, written in self.runs.unfollowed()}
+        self._unfollowed = {uid: self._unfollowed.get(uid, now) for uid in found}
+        self._hopeless = {uid for uid in self._hopeless if uid in found}
+        due = [
+            found[uid]
+            for uid, since in self._unfollowed.items()
+            if now - since >= self.after and uid not in self._hopeless
+        ]
+        if not due:
+            return 0
+        log.warning(
+            "%d admitted, unfinished run(s) had no view followed here for %.0fs or more "
+            "(first: %s/%s); following them again from their events",
+            len(due),
+            self.after,
+            due[0][0].namespace,
+            due[0][0].name,
+        )
+        followed = 0
+        for key, written in due:
+            del self._unfollowed[key.uid]
+            if await self.runs.recover(
+                key.namespace,
+                key.name,
+                key.uid,
+                generation=written.generation,
+                reruns=written.reruns,
+            ):
+                followed += 1
+                continue
+            self._hopeless.add(key.uid)
+            log.warning(
+                "AgentRun %s/%s: its events hold no admission of its life to follow (left to "
+                "its rerun, or to the operator's next start, which ends a run whose checkpoint "
+                "was lost)",
+                key.namespace,
+                key.name,
+            )
+        return followed
 
     async def check(self, turn: PendingTurn) -> bool:
         """Re-dispatch ``turn`` if its TurnRequest is gone and no newer event came, or end the

@@ -92,6 +92,8 @@ class Written:
     """Whether ``status.terminalReason`` is set (the status is final)."""
     reruns: int = 0
     """``status.reruns``: the life of the run the object is in (0: its first)."""
+    generation: int = 1
+    """``metadata.generation``: what a status projected from the run's events observed."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> Written:
@@ -102,6 +104,7 @@ class Written:
             seq=int(found.get("lastEventSequence") or 0),
             terminal=bool(found.get("terminalReason")),
             reruns=int(found.get("reruns") or 0),
+            generation=int(obj.get("metadata", {}).get("generation") or 1),
         )
 
 
@@ -203,6 +206,11 @@ class StatusWriter:
                 self._known[run] = seen
         elif _newer(seen.version, than=known.version):
             self._known[run] = seen
+
+    def unfinished(self) -> list[tuple[RunKey, Written]]:
+        """The runs whose object, as last known, shows them admitted and not ended: an event
+        sequence in ``.status`` (a view projected their admission) and no terminal reason."""
+        return [(run, w) for run, w in self._known.items() if w.seq and not w.terminal]
 
     def reruns(self, run: RunKey) -> int:
         """``status.reruns`` of run ``run``'s object as last known (``exists`` reads an

@@ -17,6 +17,7 @@ from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
 from agentrun.operator.runs.fairness import ReadyTurn
+from agentrun.operator.runs.keys import RunKey
 from agentrun.operator.runs.orphans import BEHIND_AFTERS, MAX_REDISPATCHES, OrphanWatch
 from agentrun.operator.runs.seals import RunSeals
 from agentrun.operator.runs.writer import StatusWriter
@@ -238,3 +239,115 @@ async def test_a_turn_dropped_before_it_was_published_is_handed_to_the_gate_agai
     assert again.seq == 2 and again.redispatches == 0
     clock.now += AFTER
     assert await dispatcher.offer_stranded(after=AFTER) == 0  # published now: the watch's
+
+
+KEY = RunKey("ns", "r", "u")
+
+
+def shown(*, seq: int, version: str = "7", **status: object) -> dict[str, object]:
+    """AgentRun ``ns/r`` as a watch event shows it: ``lastEventSequence`` ``seq`` and
+    ``status``."""
+    return {
+        "metadata": {"namespace": "ns", "name": "r", "uid": "u", "resourceVersion": version},
+        "status": {"lastEventSequence": seq, **status} if seq else dict(status),
+    }
+
+
+async def test_an_admitted_run_no_view_follows_is_followed_again_once_it_stays_so(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The level-triggered second line: a run whose object shows it admitted and not ended,
+    which this process does not follow (here: another process admitted it and took it
+    nowhere), is followed again from its events once it stayed so for ``after`` seconds: its
+    pending turn published again under the same ``Nats-Msg-Id`` (JetStream drops the copy of
+    one still in its duplicate window), with one warning naming it."""
+    bus, first, _, clock = stack
+    second = new_dispatcher(bus, clock, FakeKube())  # the process that owns the run now
+    watch = OrphanWatch(bus, second, after=AFTER, clock=clock)  # type: ignore[arg-type]
+    second.writer.observe(KEY, shown(seq=1, phase="Running"))
+    try:
+        await watch._pass()
+        assert not second.pending_turns()  # not yet: kopf's own start-up may follow it
+        clock.now += AFTER
+        await watch._pass()
+        assert not second.pending_turns()  # first found now
+        clock.now += AFTER
+        await watch._pass()
+        (turn,) = second.pending_turns()
+        assert turn.seq == 1 and turn.key == KEY
+        assert [r.msg_id for r, _ in bus.published] == ["u:0@1", "u:0@1"]
+        said = [r.getMessage() for r in caplog.records if "no view followed" in r.getMessage()]
+        assert said == [
+            "1 admitted, unfinished run(s) had no view followed here for 10s or more "
+            "(first: ns/r); following them again from their events"
+        ]
+        clock.now += AFTER
+        assert await watch.follow_unfollowed() == 0  # followed now
+        assert len(bus.published) == 2
+    finally:
+        await second.cancel_timers()
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"seq": 0, "phase": "Pending"},  # queued: never admitted
+        {"seq": 1, "terminalReason": "completed", "phase": "Succeeded"},  # ended
+    ],
+)
+async def test_a_run_not_admitted_or_ended_is_not_followed_again(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock], status: dict[str, object]
+) -> None:
+    bus, _, _, clock = stack
+    second = new_dispatcher(bus, clock, FakeKube())
+    watch = OrphanWatch(bus, second, after=AFTER, clock=clock)  # type: ignore[arg-type]
+    second.writer.observe(KEY, shown(**status))  # type: ignore[arg-type]
+    for _ in range(3):
+        assert await watch.follow_unfollowed() == 0
+        clock.now += AFTER
+    assert not second.pending_turns() and len(bus.published) == 1
+
+
+async def test_a_followed_run_is_left_to_its_view(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    bus, dispatcher, watch, clock = stack
+    dispatcher.writer.observe(KEY, shown(seq=1, phase="Running"))
+    for _ in range(3):
+        assert await watch.follow_unfollowed() == 0
+        clock.now += AFTER
+    assert len(bus.published) == 1
+
+
+async def test_an_unfollowed_run_whose_events_are_gone_is_logged_once_and_left_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its events hold no admission of it: nothing to follow; it is left to the operator's
+    next start (``runs.recovery`` ends such a run ``checkpoint_failed``), told once."""
+    bus, clock = Bus(), Clock()
+    dispatcher = new_dispatcher(bus, clock, FakeKube())
+    watch = OrphanWatch(bus, dispatcher, after=AFTER, clock=clock)  # type: ignore[arg-type]
+    dispatcher.writer.observe(KEY, shown(seq=3, phase="Running"))
+    assert await watch.follow_unfollowed() == 0
+    for _ in range(3):
+        clock.now += AFTER
+        assert await watch.follow_unfollowed() == 0
+    said = [r.getMessage() for r in caplog.records if "no admission of it" in r.getMessage()]
+    assert len(said) == 1 and "ns/r" in said[0]
+    assert not dispatcher.pending_turns() and not bus.published
+
+
+async def test_a_run_whose_end_was_applied_here_is_not_followed_again_while_its_status_lags(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    """Its view was dropped at its end; its object shows it running until the end's status
+    write lands: it is not followed (nor settled, nor its end told) again meanwhile."""
+    bus, dispatcher, watch, clock = stack
+    await dispatcher.end("ns", "r", "u", kernel.Phase.CANCELLED, "cancelled by a test")
+    await dispatcher.on_event(SUBJECT, bus.events[-1])
+    assert not dispatcher.is_tracked("u")
+    dispatcher.writer.observe(KEY, shown(seq=1, phase="Running"))
+    for _ in range(3):
+        assert await watch.follow_unfollowed() == 0
+        clock.now += AFTER
+    assert not dispatcher.is_tracked("u")
