@@ -39,7 +39,8 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
   events and effect records of runs deleted while no operator ran are purged
   (``lifecycle.purge_orphans``).
-- ``ScheduleController`` creates the AgentRuns of CronAgentRuns on their schedules.
+- ``ScheduleController`` creates the AgentRuns of CronAgentRuns on their schedules, the
+  schedules due reconciled in turn per tenant (``Tenants.party``).
 - ``AdmissionGate`` lets a few admissions of each namespace run at once, so one namespace's
   creation burst does not delay another's admission.
 - ``FairWork`` runs the checks of tenants' schemas (admission's, the Agents', the AgentEvals',
@@ -376,7 +377,7 @@ def _make_parts(
         events=events,
         toolservers=_tool_servers(settings, api, tenants, checks),
         evals=EvalController(api, runs=bus, events=events, checks=checks),
-        schedules=ScheduleController(KubeCronStore(api), events=events),
+        schedules=ScheduleController(KubeCronStore(api), events=events, share_of=tenants.party),
         gate=AdmissionGate(settings.admission_per_namespace),
         checks=checks,
     )

@@ -34,7 +34,7 @@ from . import plan, spec, status
 from .memory import BODIES_MEMORY, CronKey, CronMemory
 from .status import OwnedRun, epoch
 from .store import CronStore
-from .turns import Turns
+from .turns import Turns, own_share
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,17 @@ class ScheduleController:
         events: EventRecorder,
         clock: Callable[[], float] = time.time,
         memory: int = BODIES_MEMORY,
+        share_of: Callable[[str], str] = own_share,
     ) -> None:
         """``clock``: epoch seconds (schedules are wall-clock times); ``memory``: bytes of
-        objects kept as seen (``BODIES_MEMORY``)."""
+        objects kept as seen (``BODIES_MEMORY``); ``share_of``: whose turn a namespace's
+        schedules take (``Tenants.party``: its tenant's; by default its own)."""
         self.store = store
         self.events = events
         self.clock = clock
         self.crons = CronMemory(memory)
         """Every CronAgentRun known, its wake-up, its object as last seen."""
-        self.turns = Turns()
+        self.turns = Turns(share_of)
         """The schedules due, waiting for a place."""
         self._kick = asyncio.Event()
         self._stopped = False
@@ -97,11 +99,12 @@ class ScheduleController:
     async def run(self) -> None:
         """Reconcile each CronAgentRun when it changes or its wake time comes, forever,
         ``RECONCILES_AT_ONCE`` at a time: each one due joins the queue (``Turns``: the
-        namespaces take turns) and a place freed takes the next, so a namespace's thousands
-        of schedules due every second delay another namespace's by one turn of each namespace
-        waiting. (Passes over all those due together, each waiting for its slowest, made one
-        due a moment after a pass began wait for the whole of it: 1,500 schedules of one
-        namespace left another's every-second schedule two runs in 12 s.) Stopped, it lets
+        tenants take turns, and the namespaces inside each) and a place freed takes the next,
+        so a tenant's thousands of schedules due every second, in however many namespaces,
+        delay another tenant's by one turn of each tenant waiting. (Passes over all those due
+        together, each waiting for its slowest, made one due a moment after a pass began wait
+        for the whole of it: 1,500 schedules of one namespace left another's every-second
+        schedule two runs in 12 s.) Stopped, it lets
         the reconciles going end; cancelled, it cancels them."""
         running: dict[CronKey, asyncio.Task[None]] = {}
         busy: set[CronKey] = set()

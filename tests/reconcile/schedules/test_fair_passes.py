@@ -1,7 +1,8 @@
-"""Schedules due are reconciled a few at a time, one namespace's after another's in turn, each
-taken as a place frees: a namespace's thousands of schedules due every second, whose runs
+"""Schedules due are reconciled a few at a time, one tenant's after another's in turn (the
+namespaces inside a tenant in turn too; a namespace no tenant binds is a share of its own),
+each taken as a place frees: a namespace's thousands of schedules due every second, whose runs
 never end, delay another namespace's every-second schedule by a few reconciles, not by a whole
-pass of theirs.
+pass of theirs; a tenant spanning five namespaces takes the turns of a tenant in one.
 
 The fake store answers each API call after 5 ms (a busy API server answers a label-selected
 list no faster).
@@ -10,9 +11,10 @@ list no faster).
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kube_support import FakeKube
@@ -38,8 +40,11 @@ class SlowStore:
         self.runs: dict[tuple[str, str], dict[str, Any]] = {}
         self.created: list[tuple[str, str, float]] = []
         """(namespace, name, when created: time.time())."""
+        self.reconciles: collections.Counter[str] = collections.Counter()
+        """Reconciles (each lists its schedule's runs once) by namespace."""
 
     async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
+        self.reconciles[namespace] += 1
         await asyncio.sleep(LATENCY)
         return [
             copy.deepcopy(r)
@@ -88,38 +93,53 @@ def cron(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-async def test_an_every_second_schedule_keeps_time_beside_another_namespaces_hundreds() -> None:
-    store = SlowStore()
+def stuck(
+    store: SlowStore, controller: schedules.ScheduleController, namespace: str, name: str
+) -> None:
+    """An every-second ``Forbid`` schedule whose one run waits Queued for ever (the tenant's
+    ``maxConcurrentRuns``): due every second, it creates nothing."""
+    body = cron(namespace, name, concurrencyPolicy="Forbid")
+    body["status"] = {"lastScheduleTime": "2026-01-01T00:00:00Z"}
+    controller.observe(body)
+    store.runs[(namespace, f"{name}-1")] = {
+        "metadata": {
+            "name": f"{name}-1",
+            "namespace": namespace,
+            "uid": f"run-{namespace}-{name}",
+            "labels": {CRON_LABEL: name},
+            "annotations": {SCHEDULED_ANNOTATION: "2026-01-01T00:00:01Z"},
+            "ownerReferences": [
+                {"uid": f"uid-{namespace}-{name}", "controller": True, "kind": "CronAgentRun"}
+            ],
+        },
+        "status": {"phase": "Queued"},
+    }
+
+
+def controller_of(store: SlowStore, **kwargs: Any) -> schedules.ScheduleController:
     events = EventRecorder(FakeKube(), throttle=Throttle(repeat_after=60, rate=2, burst=25))
-    controller = schedules.ScheduleController(store, events=events)
-    now = time.time()
-    for i in range(ATTACKER_CRONS):
-        body = cron("a-team", f"spam-{i}", concurrencyPolicy="Forbid")
-        body["status"] = {"lastScheduleTime": "2026-01-01T00:00:00Z"}
-        controller.observe(body)
-        # its one run waits Queued for ever (the tenant's maxConcurrentRuns): never ends
-        store.runs[("a-team", f"spam-{i}-1")] = {
-            "metadata": {
-                "name": f"spam-{i}-1",
-                "namespace": "a-team",
-                "uid": f"run-{i}",
-                "labels": {CRON_LABEL: f"spam-{i}"},
-                "annotations": {SCHEDULED_ANNOTATION: "2026-01-01T00:00:01Z"},
-                "ownerReferences": [
-                    {"uid": f"uid-a-team-spam-{i}", "controller": True, "kind": "CronAgentRun"}
-                ],
-            },
-            "status": {"phase": "Queued"},
-        }
-    victim = cron("z-team", "report", successfulRunsHistoryLimit=100, failedRunsHistoryLimit=100)
-    victim["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    controller.observe(victim)
+    return schedules.ScheduleController(store, events=events, **kwargs)
+
+
+async def run_for(controller: schedules.ScheduleController, seconds: float) -> None:
     task = asyncio.create_task(controller.run())
     try:
-        await asyncio.sleep(WINDOW)
+        await asyncio.sleep(seconds)
     finally:
         controller.stop()
         task.cancel()
+
+
+async def test_an_every_second_schedule_keeps_time_beside_another_namespaces_hundreds() -> None:
+    store = SlowStore()
+    controller = controller_of(store)
+    now = time.time()
+    for i in range(ATTACKER_CRONS):
+        stuck(store, controller, "a-team", f"spam-{i}")
+    victim = cron("z-team", "report", successfulRunsHistoryLimit=100, failedRunsHistoryLimit=100)
+    victim["metadata"]["creationTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    controller.observe(victim)
+    await run_for(controller, WINDOW)
     mine = [(name, at) for ns, name, at in store.created if ns == "z-team"]
     lateness = [at - int(name.rsplit("-", 1)[1]) for name, at in mine]
     # every second has a schedule time: a run for (almost) each, started within a second
@@ -140,3 +160,92 @@ def test_due_schedules_take_turns_by_namespace() -> None:
     assert taken == [
         ("c", "1"), ("a", "2"), ("b", "2"), ("d", "1"), ("c", "2"), ("a", "3"), None
     ]  # fmt: skip
+
+
+def tenant_a(namespace: str) -> str:
+    """``Tenants.party`` where AgentTenant ``a`` binds every ``a-*`` namespace."""
+    return "tenant/a" if namespace.startswith("a-") else namespace
+
+
+def a_spread_over(namespaces: int, crons: int = 300) -> Turns:
+    """Tenant a's ``crons`` schedules due, spread over ``namespaces`` of its namespaces."""
+    turns = Turns(tenant_a)
+    turns.add((f"a-{i % namespaces}", f"spam-{i}") for i in range(crons))
+    return turns
+
+
+def takes_until(turns: Turns, key: tuple[str, str]) -> int:
+    """How many other schedules are taken before ``key``."""
+    taken = 0
+    while (got := turns.take()) != key:
+        assert got is not None, f"{key} was never taken"
+        taken += 1
+    return taken
+
+
+def b_share(turns: Turns, *, takes: int = 300) -> float:
+    """The share of ``takes`` reconciles that go to tenant b's one namespace, with hundreds of
+    its schedules waiting beside tenant a's."""
+    turns.add(("b-team", f"report-{i}") for i in range(takes))
+    return sum(turns.take()[0] == "b-team" for _ in range(takes)) / takes  # type: ignore[index]
+
+
+def test_a_tenant_in_five_namespaces_takes_the_turn_of_a_tenant_in_one() -> None:
+    # tenant b's one schedule, due while tenant a has hundreds waiting, waits for one of a's,
+    # as beside a single-namespace neighbour (turns by namespace: one of each of a's five)
+    waits = {spread: a_spread_over(spread) for spread in (1, 5)}
+    for turns in waits.values():
+        turns.take()
+        turns.add([("b-team", "report")])
+    assert {
+        spread: takes_until(turns, ("b-team", "report")) for spread, turns in waits.items()
+    } == {
+        1: 1,
+        5: 1,
+    }
+    # over time: b's one namespace gets half the reconciles, however many namespaces a spans
+    # (turns by namespace: a sixth beside a's five)
+    assert b_share(a_spread_over(5)) == b_share(a_spread_over(1)) == 0.5
+
+
+def test_a_tenants_namespaces_take_turns_inside_its_share() -> None:
+    turns = Turns(tenant_a)
+    turns.add([("a-0", "1"), ("a-0", "2"), ("a-1", "1"), ("b", "1"), ("b", "2"), ("a-1", "2")])
+    taken = [turns.take() for _ in range(7)]
+    assert taken == [
+        ("a-0", "1"), ("b", "1"), ("a-1", "1"), ("b", "2"), ("a-0", "2"), ("a-1", "2"), None
+    ]  # fmt: skip
+
+
+def test_a_waiting_schedule_keeps_the_share_it_joined_under() -> None:
+    tenants = {"x": "tenant/t"}
+    turns = Turns(lambda namespace: tenants.get(namespace, namespace))
+    turns.add([("x", "1"), ("y", "1")])
+    tenants["x"] = "x"  # the namespace moved to no tenant: its waiting schedule keeps its place
+    turns.add([("x", "1"), ("x", "2")])
+    assert len(turns) == 3 and ("x", "1") in turns
+    assert [turns.take() for _ in range(4)] == [("x", "1"), ("y", "1"), ("x", "2"), None]
+
+
+async def b_share_of_reconciles(spread: int, share_of: Callable[[str], str]) -> float:
+    """Tenant b's share of the reconciles made in 3 s, its one namespace's 300 stuck
+    every-second schedules beside tenant a's 1,500 spread over ``spread`` namespaces."""
+    store = SlowStore()
+    controller = controller_of(store, share_of=share_of)
+    for i in range(ATTACKER_CRONS):
+        stuck(store, controller, f"a-{i % spread}", f"spam-{i}")
+    for i in range(300):
+        stuck(store, controller, "b-team", f"report-{i}")
+    await run_for(controller, 3)
+    return store.reconciles["b-team"] / sum(store.reconciles.values())
+
+
+async def test_the_controller_shares_reconciles_by_tenant() -> None:
+    # measured here: by namespace, b had 0.50 of the reconciles beside a in one namespace and
+    # 0.17 beside a in five; by tenant, 0.50 in both
+    alone = await b_share_of_reconciles(1, tenant_a)
+    spread = await b_share_of_reconciles(5, tenant_a)
+    assert spread >= 0.45 and abs(spread - alone) < 0.05, (
+        f"b had {spread:.2f} of the reconciles beside tenant a in five namespaces, "
+        f"{alone:.2f} beside a in one"
+    )
