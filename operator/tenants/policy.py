@@ -1,6 +1,8 @@
 """AgentTenant policy: which namespaces a tenant binds, and what it allows a run to ask for.
 
-Pure: the caller passes the AgentTenant object and the namespace's labels. Prices and limits
+Pure: the caller passes the AgentTenant object and the namespace's labels; the binding rule
+itself (``resolve``, ``selector_matches``, ``Ambiguous``) is ``agentrun.tenancy``'s, shared
+with the trajectory API and re-exported here. Prices and limits
 come only from cluster-scoped objects (the AgentTenant here, the AgentModel in ``agents``):
 nothing in an AgentRun can raise its tenant's limits, choose its tenant or lower its price.
 """
@@ -11,8 +13,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from agentrun import tenancy
 from agentrun.ledger import TenantLimits
 from agentrun.protocol import UrlRule
+from agentrun.tenancy import Ambiguous, resolve, selector_matches
 
 from .. import runs
 from ..platform.spec import ObjectMeta, SpecError
@@ -34,35 +38,6 @@ MIN_WINDOW_SECONDS = 1.0
 
 class InvalidTenant(Exception):
     """The AgentTenant cannot be enforced as written; the message names the field."""
-
-
-def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """A Kubernetes ``LabelSelector`` (matchLabels AND matchExpressions) against ``labels``.
-
-    An empty selector matches everything (as in the Kubernetes API). Operators: In, NotIn,
-    Exists, DoesNotExist; an unknown operator matches nothing.
-    """
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or ():
-        key = expression.get("key")
-        values = set(expression.get("values") or ())
-        operator = expression.get("operator")
-        present = key in labels
-        if operator == "In":
-            ok = present and labels[key] in values
-        elif operator == "NotIn":
-            ok = not present or labels[key] not in values
-        elif operator == "Exists":
-            ok = present
-        elif operator == "DoesNotExist":
-            ok = not present
-        else:
-            ok = False
-        if not ok:
-            return False
-    return True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,10 +110,9 @@ class TenantPolicy:
         )
 
     def binds(self, namespace: str, labels: Mapping[str, str]) -> bool:
-        """Whether runs in ``namespace`` (with these labels) belong to this tenant."""
-        if namespace in self.namespaces:
-            return True
-        return self.selector is not None and selector_matches(self.selector, labels)
+        """Whether runs in ``namespace`` (with these labels) belong to this tenant
+        (``agentrun.tenancy``)."""
+        return tenancy.binds(self, namespace, labels)
 
     def apply(self, spec: runs.AgentRunSpec) -> runs.AgentRunSpec:
         """The run's spec as this tenant admits it: allowed model and tools checked, budget
@@ -201,47 +175,6 @@ def _check_defaults_under_caps(default: runs.RunBudgetSpec, cap: runs.RunBudgetS
             raise InvalidTenant(
                 f"spec.runBudget.default.{name}: {value} is above spec.runBudget.max.{name} {most}"
             )
-
-
-class Ambiguous(Exception):
-    """More than one AgentTenant binds the namespace (``tenants``: their names, sorted)."""
-
-    def __init__(self, message: str, *, tenants: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.tenants = tenants
-
-
-def resolve(
-    policies: Iterable[TenantPolicy],
-    namespace: str,
-    labels: Mapping[str, str],
-    *,
-    default: str | None = None,
-) -> TenantPolicy | None:
-    """The tenant a run in ``namespace`` belongs to: the one AgentTenant listing it by name in
-    ``spec.namespaces``, else the one whose ``namespaceSelector`` matches it, else the
-    operator's ``default`` tenant (by name), else ``None``. A name is more specific than a
-    label match, so a broad selector added later cannot take or block a namespace another
-    tenant lists.
-
-    Raises ``Ambiguous`` when several AgentTenants list the namespace, or none lists it and
-    several select it (a budget must never be chosen by accident).
-    """
-    pool = list(policies)
-    bound = [p for p in pool if namespace in p.namespaces]
-    if not bound:
-        bound = [p for p in pool if p.binds(namespace, labels)]
-    if len(bound) > 1:
-        names = tuple(sorted(p.name for p in bound))
-        raise Ambiguous(
-            f"namespace {namespace!r} is bound by several AgentTenants: {', '.join(names)}",
-            tenants=names,
-        )
-    if bound:
-        return bound[0]
-    if default:
-        return next((p for p in pool if p.name == default), None)
-    return None
 
 
 def _tool_allowed(name: str, allowed: frozenset[str]) -> bool:
