@@ -156,6 +156,8 @@ class Refusal:
     code: int
     reason: str
     message: str
+    retry_after: int | None = None
+    """Seconds to wait before asking again (``Retry-After``, ``details.retryAfterSeconds``)."""
 
     def status(self) -> dict[str, Any]:
         """The ``meta/v1`` ``Status`` body kubectl prints. Its ``details.group`` names this
@@ -168,7 +170,11 @@ class Refusal:
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
-            "details": {"group": GROUP, "kind": RESOURCE},
+            "details": {
+                "group": GROUP,
+                "kind": RESOURCE,
+                **({} if self.retry_after is None else {"retryAfterSeconds": self.retry_after}),
+            },
             "code": self.code,
         }
 
@@ -392,13 +398,20 @@ def record(seq: int, payload: bytes) -> bytes:
     return b'{"seq":%d,' % seq + body[1:].replace(b"\n", b" ").replace(b"\r", b" ")
 
 
-def too_many(namespace: str, name: str) -> Refusal:
-    """429 when this server already reads as many trajectories as it may at once."""
+TOO_MANY_RETRY_AFTER = 5
+"""Seconds a 429 asks a client to wait before asking again."""
+
+
+def too_many(namespace: str, name: str, *, limit: str) -> Refusal:
+    """429 when this server already reads as many trajectories as it may at once for the
+    request's user, tenant, namespace or all: ``limit`` names the one found full, and the
+    refusal asks to try again after ``TOO_MANY_RETRY_AFTER`` seconds (``Retry-After``)."""
     return Refusal(
         429,
         "TooManyRequests",
-        f"too many trajectory reads at once; try {RESOURCE} {name!r} in namespace "
-        f"{namespace!r} again in a few seconds",
+        f"too many requests: {limit}; try {RESOURCE} {name!r} in namespace "
+        f"{namespace!r} again in {TOO_MANY_RETRY_AFTER} seconds",
+        retry_after=TOO_MANY_RETRY_AFTER,
     )
 
 

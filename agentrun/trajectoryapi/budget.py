@@ -8,8 +8,13 @@ pod's memory limit. One `ByteBudget` per server bounds their sum in bytes: a con
 passed over for ever by small ones; nothing is dropped or cut. An event larger than the whole
 budget takes all of it: it is served alone.
 
-What belongs here: the budget (asyncio, no I/O). What does not: what is charged, and when
-(``server``).
+A tenant (an AgentTenant's namespaces together; a namespace no tenant binds on its own) takes
+at most its share of that budget (`Shares`): its reads and follows wait behind each other for
+room within the share, so one tenant reading ahead of clients that do not read leaves the
+others the rest.
+
+What belongs here: the budget and its shares (asyncio, no I/O). What does not: what is
+charged, and when, and whose share a namespace's reads take (``server``, ``tenants``).
 """
 
 from __future__ import annotations
@@ -17,10 +22,41 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Protocol
 
 
-class ByteBudget:
+class Bytes(Protocol):
+    """What a read or a follow holds its records' bytes of: a `ByteBudget`, or a tenant's
+    `Share` of one."""
+
+    async def take(self, size: int) -> int: ...
+
+    def give(self, amount: int) -> None: ...
+
+    def holding(self, size: int) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+
+class _Holding:
+    """`holding`, for anything with `take` and `give`."""
+
+    async def take(self, size: int) -> int:
+        raise NotImplementedError
+
+    def give(self, amount: int) -> None:
+        raise NotImplementedError
+
+    @contextlib.asynccontextmanager
+    async def holding(self, size: int) -> AsyncIterator[None]:
+        """`take` ``size`` bytes for the block, `give` them back after it."""
+        amount = await self.take(size)
+        try:
+            yield
+        finally:
+            self.give(amount)
+
+
+class ByteBudget(_Holding):
     """At most ``total`` bytes taken at once (first come, first served): `take` waits until
     an amount fits, `give` returns it. Not thread-safe: one event loop's tasks share it."""
 
@@ -62,15 +98,6 @@ class ByteBudget:
         self.held -= amount
         self._grant()
 
-    @contextlib.asynccontextmanager
-    async def holding(self, size: int) -> AsyncIterator[None]:
-        """`take` ``size`` bytes for the block, `give` them back after it."""
-        amount = await self.take(size)
-        try:
-            yield
-        finally:
-            self.give(amount)
-
     def _grant(self) -> None:
         while self._waiting:
             amount, granted = self._waiting[0]
@@ -82,3 +109,57 @@ class ByteBudget:
             self._waiting.popleft()
             self.held += amount
             granted.set_result(None)
+
+
+class Share(_Holding):
+    """One tenant's share of a `ByteBudget`: a `take` waits for room in the share (its own
+    `ByteBudget` of ``share`` bytes) first, then in the whole budget, so a tenant waits behind
+    its own reads, never holding the whole budget. An event larger than the share takes all of
+    the share (alone within it) and its size of the whole budget (at most all of it)."""
+
+    def __init__(self, whole: ByteBudget, share: int) -> None:
+        self.whole = whole
+        self.own = ByteBudget(min(share, whole.total))
+
+    async def take(self, size: int) -> int:
+        """Take ``size`` bytes of the share, then of the whole budget (each waits its turn);
+        returns the amount to `give` back. Cancelled while waiting, it takes nothing."""
+        await self.own.take(size)
+        try:
+            return await self.whole.take(size)
+        except BaseException:
+            self.own.give(min(max(size, 0), self.own.total))
+            raise
+
+    def give(self, amount: int) -> None:
+        """Give back ``amount`` that `take` returned, to the whole budget and the share."""
+        self.whole.give(amount)
+        self.own.give(min(amount, self.own.total))
+
+
+class Shares:
+    """The tenants' shares of one `ByteBudget`, each ``whole.total // parts`` bytes (at least
+    1): a share lives while a read or follow uses it (`using`), and is forgotten after."""
+
+    def __init__(self, whole: ByteBudget, *, parts: int) -> None:
+        """``parts`` (≥ 1): how many shares the budget is cut into. Raises ``ValueError``."""
+        if parts < 1:
+            raise ValueError(f"a byte budget cut into {parts} shares holds nothing")
+        self.whole = whole
+        self.size = max(whole.total // parts, 1)
+        self._shares: dict[str, tuple[Share, int]] = {}
+        """party → (its share, the reads and follows using it)."""
+
+    @contextlib.contextmanager
+    def using(self, party: str) -> Iterator[Share]:
+        """``party``'s share for the block (a read or a follow)."""
+        share, users = self._shares.get(party) or (Share(self.whole, self.size), 0)
+        self._shares[party] = (share, users + 1)
+        try:
+            yield share
+        finally:
+            share, users = self._shares[party]
+            if users <= 1:
+                del self._shares[party]
+            else:
+                self._shares[party] = (share, users - 1)

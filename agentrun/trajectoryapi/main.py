@@ -19,8 +19,11 @@ layer (the chart's APIService points at it). Flags (each with an environment def
   follow (``server.EVENT_BUDGET``); a read or follow waits for room, nothing is dropped.
 
 It needs, in Kubernetes: ``get`` on ``kube-system/extension-apiserver-authentication``
-(the Role ``extension-apiserver-authentication-reader``) and ``create`` on
-SubjectAccessReviews (the ClusterRole ``system:auth-delegator``); nothing else. The front-proxy
+(the Role ``extension-apiserver-authentication-reader``), ``create`` on
+SubjectAccessReviews (the ClusterRole ``system:auth-delegator``), and, to share its places
+and bytes by AgentTenant (``tenants``), ``get``, ``list`` and ``watch`` on AgentTenants and
+``get`` on namespaces (the chart's ClusterRole ``<fullname>-trajectory:tenants``); nothing
+else. The front-proxy
 configuration is read once at start-up: restart the server when the cluster's request-header CA
 changes. Exit status 1 with one line on stderr when it cannot start; 0 after SIGTERM/SIGINT.
 """
@@ -41,8 +44,8 @@ from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import kube
-from agentrun.trajectoryapi import access, budget, server
+from agentrun import kube, loops
+from agentrun.trajectoryapi import access, budget, server, tenants
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,9 +90,12 @@ async def serve(args: argparse.Namespace) -> None:
             client_ca=proxy.client_ca,
         )  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="agentrun-trajectory-") as scratch:
+            parties = tenants.Parties(tenants.KubeTenants(api))
+            following = asyncio.create_task(parties.follow(), name="agenttenants")
+            loops.log_failure(following, what="the watch of AgentTenants")
             app = server.Server(
                 proxy=proxy, api=api, reader=reader, scratch=Path(scratch),
-                event_bytes=budget.ByteBudget(args.event_budget_mib * 2**20),
+                event_bytes=budget.ByteBudget(args.event_budget_mib * 2**20), parties=parties,
             ).app()  # fmt: skip
             # a follow whose client left is cancelled (aiohttp's default is to let it run)
             runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
@@ -101,6 +107,7 @@ async def serve(args: argparse.Namespace) -> None:
                 args.secure_port,
             )  # fmt: skip
             await _stopped()
+            following.cancel()
             await runner.cleanup()
     finally:
         await api.close()

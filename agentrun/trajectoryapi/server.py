@@ -23,7 +23,7 @@ import logging
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from kubernetes_asyncio import client
 from agentrun import bus, natsclient
 from agentrun.natsauth import authority, jwt
 from agentrun.natsauth.permissions import Role
-from agentrun.trajectoryapi import access, budget
+from agentrun.trajectoryapi import access, budget, tenants
 
 log = logging.getLogger("agentrun.trajectoryapi")
 
@@ -59,7 +59,8 @@ KEEPALIVE = 15.0
 MAX_READS = 16
 """Whole-trajectory reads served at once (each holds the one event it writes, at most the
 bus's largest message: ``read_payloads``); more wait up to ``SLOT_WAIT`` seconds for a slot,
-then get 429. It takes 8 namespaces holding every read they may, or 8 users, to hold them all."""
+then get 429. It takes 8 namespaces holding every read they may, or 8 users, or 4 tenants, to
+hold them all."""
 READS_PER_NAMESPACE = 2
 """Whole reads of one namespace's runs served at once, and whole reads of one user's: a
 namespace whose reads hang (a client that does not read its answer, a slow NATS), or a user
@@ -79,7 +80,19 @@ FOLLOWS_PER_NAMESPACE = 8
 up to ``FOLLOW_LIMIT``, so one namespace's users, or one user of many namespaces, opening
 follows would otherwise hold every one of them. It takes 8 namespaces, or 8 users, to hold
 them all."""
+READS_PER_TENANT = 4
+"""Whole reads of the runs of one AgentTenant's namespaces, together, served at once: a tenant
+spanning many namespaces holds a quarter of ``MAX_READS``, as many as two of its namespaces,
+not 2 a namespace."""
+FOLLOWS_PER_TENANT = 16
+"""Follows of the runs of one AgentTenant's namespaces, together, served at once: a quarter of
+``MAX_FOLLOWS`` (a tenant of 8 namespaces held every follow with 8 each)."""
 SLOT_WAIT = 10.0
+"""Seconds a request waits for its places before it is answered 429."""
+BUDGET_SHARES = 4
+"""A tenant's reads and follows hold at most ``EVENT_BUDGET // BUDGET_SHARES`` bytes of
+records at once (``budget.Shares``): beyond, they wait for their own records to be written,
+and the other tenants keep the rest."""
 FOLLOW_BUFFER = 2
 """Event records a follow reads ahead of what its client has taken: what a follow holds is
 these and the one it is writing, however long the run (each at most the bus's largest
@@ -100,52 +113,96 @@ for the user) before the follow ends: a client that stopped reading gives back t
 records hold (the plugin opens the follow again and skips what it printed)."""
 
 
-class Slots:
-    """At most ``total`` requests at once, at most ``per_scope`` of each scope a request names
-    (its user, its namespace): a request takes a place of each of its scopes in the order
-    named, then one of all, so one scope's requests wait behind each other, never in front of
-    another's. A request names its user first: a user whose places are all held waits holding
-    none of a namespace's. A scope nobody holds or waits for is forgotten."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scope:
+    """A set of requests with a limit of its own: ``kind`` (``user``, ``tenant``,
+    ``namespace``; ``server``: all of them) and its ``name``."""
 
-    def __init__(self, total: int, *, per_scope: int) -> None:
-        self.per_scope = min(per_scope, total)
+    kind: str
+    name: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Full:
+    """No place came in time: the first ``scope`` whose ``limit`` places were all held."""
+
+    scope: Scope
+    limit: int
+
+
+class Slots:
+    """At most ``total`` requests at once, at most ``limits[kind]`` of each scope a request
+    names (its user, its tenant, its namespace): a request takes a place of each of its scopes
+    in the order named, then one of all, so one scope's requests wait behind each other, never
+    in front of another's. A request names its user first: a user whose places are all held
+    waits holding none of a tenant's or a namespace's. A scope nobody holds or waits for is
+    forgotten."""
+
+    def __init__(self, total: int, *, limits: Mapping[str, int]) -> None:
+        """``limits``: places of one scope of each kind (at most ``total``)."""
+        self.total = total
+        self.limits = {kind: min(limit, total) for kind, limit in limits.items()}
         self._all = asyncio.Semaphore(total)
-        self._scopes: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        self._scopes: dict[Scope, tuple[asyncio.Semaphore, int]] = {}
         """scope → (its semaphore, holders and waiters)."""
 
-    async def take(self, *scopes: str, wait: float) -> Callable[[], None] | None:
+    async def take(self, *scopes: Scope, wait: float) -> Callable[[], None] | Full:
         """A place of each of ``scopes`` and one of all, waiting ``wait`` seconds at most for
-        them: the function that gives them back, or None when they did not come in time."""
+        them: the function that gives them back, or the scope that was `Full` when they did
+        not come in time."""
         taken: list[asyncio.Semaphore] = []
+        order = [*((scope, self._join(scope)) for scope in scopes), (None, self._all)]
+        waiting: Scope | None = None
         try:
             async with asyncio.timeout(wait):
-                for semaphore in [*(self._join(scope) for scope in scopes), self._all]:
+                for scope, semaphore in order:
+                    waiting = scope
                     await semaphore.acquire()
                     taken.append(semaphore)
         except BaseException as err:
             self._give_back(taken, scopes)
             if isinstance(err, TimeoutError):
-                return None
+                if waiting is None:
+                    return Full(Scope("server", ""), self.total)
+                return Full(waiting, self.limits[waiting.kind])
             raise
         return functools.partial(self._give_back, taken, scopes)
 
-    def _give_back(self, taken: Sequence[asyncio.Semaphore], scopes: Sequence[str]) -> None:
+    def _give_back(self, taken: Sequence[asyncio.Semaphore], scopes: Sequence[Scope]) -> None:
         for semaphore in taken:
             semaphore.release()
         self._leave(scopes)
 
-    def _join(self, scope: str) -> asyncio.Semaphore:
-        semaphore, users = self._scopes.get(scope) or (asyncio.Semaphore(self.per_scope), 0)
+    def _join(self, scope: Scope) -> asyncio.Semaphore:
+        found = self._scopes.get(scope)
+        semaphore, users = found or (asyncio.Semaphore(self.limits[scope.kind]), 0)
         self._scopes[scope] = (semaphore, users + 1)
         return semaphore
 
-    def _leave(self, scopes: Sequence[str]) -> None:
+    def _leave(self, scopes: Sequence[Scope]) -> None:
         for scope in scopes:
             semaphore, users = self._scopes[scope]
             if users <= 1:
                 del self._scopes[scope]
             else:
                 self._scopes[scope] = (semaphore, users - 1)
+
+
+def read_slots() -> Slots:
+    """The places of whole reads: ``MAX_READS``, of each user and namespace
+    ``READS_PER_NAMESPACE``, of each tenant ``READS_PER_TENANT``."""
+    return _slots(MAX_READS, per_namespace=READS_PER_NAMESPACE, per_tenant=READS_PER_TENANT)
+
+
+def follow_slots() -> Slots:
+    """The places of follows: ``MAX_FOLLOWS``, of each user and namespace
+    ``FOLLOWS_PER_NAMESPACE``, of each tenant ``FOLLOWS_PER_TENANT``."""
+    return _slots(MAX_FOLLOWS, per_namespace=FOLLOWS_PER_NAMESPACE, per_tenant=FOLLOWS_PER_TENANT)
+
+
+def _slots(total: int, *, per_namespace: int, per_tenant: int) -> Slots:
+    limits = {"user": per_namespace, "namespace": per_namespace, "tenant": per_tenant}
+    return Slots(total, limits=limits)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,12 +235,10 @@ class Server:
     reader: Reader
     scratch: Path
     """A private directory (0700) for the per-request creds files nats-py reads."""
-    reads: Slots = dataclasses.field(
-        default_factory=lambda: Slots(MAX_READS, per_scope=READS_PER_NAMESPACE)
-    )
-    follows: Slots = dataclasses.field(
-        default_factory=lambda: Slots(MAX_FOLLOWS, per_scope=FOLLOWS_PER_NAMESPACE)
-    )
+    reads: Slots = dataclasses.field(default_factory=lambda: read_slots())
+    follows: Slots = dataclasses.field(default_factory=lambda: follow_slots())
+    parties: tenants.Parties = dataclasses.field(default_factory=lambda: tenants.Parties(None))
+    """Whose share each namespace's requests take (``tenants``)."""
     verdicts: cachetools.TTLCache[str, dict[str, Any]] = dataclasses.field(
         default_factory=lambda: cachetools.TTLCache(VERDICTS_KEPT, VERDICT_SECONDS)
     )
@@ -192,6 +247,12 @@ class Server:
         default_factory=lambda: budget.ByteBudget(EVENT_BUDGET)
     )
     """The bytes of event records every read and follow hold together (``EVENT_BUDGET``)."""
+    shares: budget.Shares | None = None
+    """Each party's share of ``event_bytes`` (``BUDGET_SHARES``; made from it when not given)."""
+
+    def __post_init__(self) -> None:
+        if self.shares is None:
+            self.shares = budget.Shares(self.event_bytes, parts=BUDGET_SHARES)
 
     def app(self) -> web.Application:
         """The aiohttp application: ``/healthz``, discovery and the trajectory."""
@@ -229,22 +290,37 @@ class Server:
         if refusal is not None:
             log.info("refused %s: %s", user.name, refusal.message)
             return _refuse(refusal)
+        return await self._serve(request, user, target)
+
+    async def _serve(
+        self, request: web.Request, user: access.User, target: access.TrajectoryPath
+    ) -> web.StreamResponse:
+        """Take the request's places (its user's, its tenant's, its namespace's, one of all)
+        and its party's share of the byte budget, then read or follow; 429 naming the scope
+        whose places stayed held for ``SLOT_WAIT``."""
         follow = request.query.get("follow") == "true"
-        slots = self.follows if follow else self.reads
-        give_back = await slots.take(
-            f"user:{user.name}", f"namespace:{target.namespace}", wait=SLOT_WAIT
-        )
-        if give_back is None:
-            return _refuse(access.too_many(target.namespace, target.name))
+        party = await self.parties.party(target.namespace)
+        scopes = [Scope("user", user.name)]
+        if party.startswith("tenant:"):
+            scopes.append(Scope("tenant", party.removeprefix("tenant:")))
+        scopes.append(Scope("namespace", target.namespace))
+        give_back = await (self.follows if follow else self.reads).take(*scopes, wait=SLOT_WAIT)
+        if isinstance(give_back, Full):
+            what = "follows" if follow else "reads"
+            return _refuse(
+                access.too_many(target.namespace, target.name, limit=_limit(give_back, what))
+            )
+        assert self.shares is not None
         try:
-            if follow:
-                return await self._follow(request, target)
-            return await self._read(request, target)
+            with self.shares.using(party) as held:
+                if follow:
+                    return await self._follow(request, target, held)
+                return await self._read(request, target, held)
         finally:
             give_back()
 
     async def _read(
-        self, request: web.Request, target: access.TrajectoryPath
+        self, request: web.Request, target: access.TrajectoryPath, held: budget.Bytes
     ) -> web.StreamResponse:
         """The whole trajectory, each event record written as it is read: the run's events are
         never held at once (see ``read_payloads``). 503 when NATS cannot be reached or does not
@@ -267,9 +343,7 @@ class Server:
             await response.prepare(request)
             try:
                 async with asyncio.timeout(ANSWER_TIMEOUT):
-                    await _write_trajectory(
-                        response, reader, target, through=last, held=self.event_bytes
-                    )
+                    await _write_trajectory(response, reader, target, through=last, held=held)
             except (TimeoutError, OSError, nats.errors.Error) as err:
                 log.warning("reading %s/%s cut: %r", target.namespace, target.name, err)
                 if request.transport is not None:
@@ -292,25 +366,25 @@ class Server:
         return status
 
     async def _follow(
-        self, request: web.Request, target: access.TrajectoryPath
+        self, request: web.Request, target: access.TrajectoryPath, held: budget.Bytes
     ) -> web.StreamResponse:
         """One JSON event record a line, every event then each new one, until the client
         goes away (it knows when the run ended) or stops taking them for ``WRITE_STALL``, the
         event store fails (the stream ends; the client opens it again) or ``READER_TTL`` ends
-        the reader. Each record read ahead takes its bytes of ``event_bytes`` first, and gives
-        them back once written. Raises what connecting to NATS raises, before anything is
-        sent."""
+        the reader. Each record read ahead takes its bytes of ``held`` (its party's share of
+        ``event_bytes``) first, and gives them back once written. Raises what connecting to
+        NATS raises, before anything is sent."""
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         async with self._bus(target.namespace) as reader:
             await response.prepare(request)
             queue: asyncio.Queue[tuple[bytes, int]] = asyncio.Queue(maxsize=FOLLOW_BUFFER)
             reading = asyncio.create_task(
-                _read_ahead(reader, target, queue, self.event_bytes), name="trajectory-follow"
+                _read_ahead(reader, target, queue, held), name="trajectory-follow"
             )
             try:
                 async with asyncio.timeout(FOLLOW_LIMIT):
-                    await _write_followed(response, queue, reading, self.event_bytes)
+                    await _write_followed(response, queue, reading, held)
             except (TimeoutError, OSError, nats.errors.Error) as err:  # the client left or
                 # stalled, NATS failed, or the follow reached its limit: the client opens it again
                 log.info("follow of %s/%s ended: %r", target.namespace, target.name, err)
@@ -318,7 +392,7 @@ class Server:
                 reading.cancel()
                 await asyncio.gather(reading, return_exceptions=True)
                 while not queue.empty():  # read ahead, never written
-                    self.event_bytes.give(queue.get_nowait()[1])
+                    held.give(queue.get_nowait()[1])
         return response
 
     @asynccontextmanager
@@ -352,7 +426,7 @@ async def _read_ahead(
     reader: ReaderBus,
     target: access.TrajectoryPath,
     queue: asyncio.Queue[tuple[bytes, int]],
-    held: budget.ByteBudget,
+    held: budget.Bytes,
 ) -> None:
     """Queue the record of each of the run's events, every one then each new one, with the
     bytes it took of ``held``: taken before the record is made (it waits for room there,
@@ -381,7 +455,7 @@ async def _write_followed(
     response: web.StreamResponse,
     queue: asyncio.Queue[tuple[bytes, int]],
     reading: asyncio.Task[None],
-    held: budget.ByteBudget,
+    held: budget.Bytes,
 ) -> None:
     """Write each record line ``reading`` queues and give its bytes back to ``held`` once
     written, and a blank line after ``KEEPALIVE`` quiet seconds; returns when ``reading``
@@ -413,7 +487,7 @@ async def _write_trajectory(
     target: access.TrajectoryPath,
     *,
     through: int,
-    held: budget.ByteBudget,
+    held: budget.Bytes,
 ) -> None:
     """Write the ``AgentRunTrajectory`` object, its events up to the sequence ``through``
     (``read_payloads``) one record at a time, each holding its bytes of ``held`` until it is
@@ -474,7 +548,17 @@ def _record(target: access.TrajectoryPath, seq: int, payload: bytes) -> bytes | 
 
 
 def _refuse(refusal: access.Refusal) -> web.Response:
-    return web.json_response(refusal.status(), status=refusal.code)
+    headers = {} if refusal.retry_after is None else {"Retry-After": str(refusal.retry_after)}
+    return web.json_response(refusal.status(), status=refusal.code, headers=headers)
+
+
+def _limit(full: Full, what: str) -> str:
+    """The limit a request found full, in the 429's words."""
+    scope = full.scope
+    if scope.kind == "server":
+        return f"the server serves at most {full.limit} trajectory {what} at once"
+    whose = {"user": "user", "tenant": "AgentTenant", "namespace": "namespace"}[scope.kind]
+    return f"{whose} {scope.name!r} holds its {full.limit} trajectory {what} at once"
 
 
 async def _healthz(_: web.Request) -> web.Response:

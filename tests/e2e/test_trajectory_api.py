@@ -6,9 +6,10 @@ through a selectorless Service whose EndpointSlice names a non-loopback address 
 (the API server refuses loopback endpoints) and an APIService carrying the server's CA. The
 server's own Kubernetes identity is a client certificate bound exactly as the chart binds its
 ServiceAccount (``extension-apiserver-authentication-reader`` in kube-system,
-``system:auth-delegator``). A user with a client certificate of their own, bound to the chart's
-``agentrun-view`` ClusterRole in namespace A only, reads A's run, is refused in B (403 naming
-the resource), and follows a live run to its end, with no NATS variable in their environment.
+``system:auth-delegator``, and reading AgentTenants and namespaces, to share by tenant). A user
+with a client certificate of their own, bound to the chart's ``agentrun-view`` ClusterRole in
+namespace A only, reads A's run, is refused in B (403 naming the resource), and follows a live
+run to its end, with no NATS variable in their environment.
 
 The APIService is deleted after the module, before the server stops: an unavailable aggregated
 API would disturb the discovery of every later test on this API server.
@@ -103,6 +104,16 @@ def _rbac(kubectl: Kubectl) -> None:
          "metadata": {"name": f"{IDENTITY}-auth-delegator"},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                      "name": "system:auth-delegator"},
+         "subjects": subject},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": f"{IDENTITY}-tenants"},
+         "rules": [{"apiGroups": ["agentrun.dev"], "resources": ["agenttenants"],
+                    "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": f"{IDENTITY}-tenants"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": f"{IDENTITY}-tenants"},
          "subjects": subject},
     ]  # fmt: skip
     kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
@@ -276,6 +287,9 @@ def test_a_viewer_reads_their_namespace_and_is_refused_in_another(
     assert 'agentruntrajectories.trajectory.agentrun.dev "done" is forbidden' in refused.stderr
     assert f'in the namespace "{other_namespace}"' in refused.stderr
     assert "NATS" not in refused.stderr
+    # its grants let it list and watch the AgentTenants it shares its places by
+    served = trajectory_api.server.spec.log_path.read_text()
+    assert "sharing by AgentTenant" in served and "cannot read the AgentTenants" not in served
 
 
 def test_the_server_refuses_anyone_but_the_front_proxy(

@@ -68,3 +68,46 @@ async def test_a_waiter_cancelled_once_granted_gives_its_bytes_back() -> None:
 def test_a_budget_must_hold_a_byte() -> None:
     with pytest.raises(ValueError):
         budget.ByteBudget(0)
+
+
+async def test_a_tenant_over_its_share_waits_while_another_tenant_takes_the_rest() -> None:
+    shares = budget.Shares(budget.ByteBudget(100), parts=4)
+    with shares.using("tenant:a") as a, shares.using("tenant:b") as b:
+        assert await a.take(25) == 25
+        more = asyncio.create_task(a.take(1))  # a holds its quarter: it waits for its own
+        assert await waiting(more)
+        assert await b.take(25) == 25 and shares.whole.held == 50  # b is not held up by a
+        a.give(25)
+        assert await more == 1
+        a.give(1)
+        b.give(25)
+    assert shares.whole.held == 0
+
+
+async def test_an_event_larger_than_the_share_is_served_alone_within_it() -> None:
+    shares = budget.Shares(budget.ByteBudget(100), parts=4)
+    with shares.using("tenant:a") as a:
+        async with a.holding(60):  # a quarter is 25: it takes the share and 60 of the whole
+            assert (a.own.held, shares.whole.held) == (25, 60)
+        assert (a.own.held, shares.whole.held) == (0, 0)
+
+
+async def test_a_share_waiting_for_the_whole_budget_cancelled_takes_nothing() -> None:
+    shares = budget.Shares(budget.ByteBudget(100), parts=2)
+    await shares.whole.take(100)  # others hold the whole budget
+    with shares.using("tenant:a") as a:
+        task = asyncio.create_task(a.take(10))
+        assert await waiting(task)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert a.own.held == 0
+
+
+def test_a_share_nobody_uses_is_forgotten() -> None:
+    shares = budget.Shares(budget.ByteBudget(100), parts=4)
+    with shares.using("tenant:a") as first, shares.using("tenant:a") as second:
+        assert first is second
+    with shares.using("tenant:a") as again:
+        assert again is not first
+    assert not shares._shares

@@ -108,8 +108,18 @@ def event_budget() -> int:
 
 
 @pytest.fixture
+def agent_tenants() -> list[dict[str, Any]]:
+    """The AgentTenants the server knows (a test may parametrize them)."""
+    return []
+
+
+@pytest.fixture
 async def serving(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, max_reads: int, event_budget: int
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    max_reads: int,
+    event_budget: int,
+    agent_tenants: list[dict[str, Any]],
 ) -> AsyncIterator[Any]:
     harness = Harness([])
     monkeypatch.setattr(server, "MAX_READS", max_reads)
@@ -125,6 +135,8 @@ async def serving(
     monkeypatch.setattr(server.Server, "_review", allowed)
     monkeypatch.setattr(server.Server, "_bus", lambda self, namespace: harness.bus(namespace))
     app_server = server.Server(proxy=None, api=None, reader=None, scratch=tmp_path)  # type: ignore[arg-type]
+    for agent_tenant in agent_tenants:
+        app_server.parties.put(agent_tenant)
     runner = web.AppRunner(app_server.app(), handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -183,20 +195,32 @@ def in_namespace(url: str, namespace: str) -> str:
 async def status_while_held(harness: Harness, held: list[tuple[str, str]], url: str) -> int:
     """The status of bob's read of ``url`` while the reads ``held`` (namespace, user) hang
     (NATS does not answer in their namespaces: a slow store, or a client that does not read)."""
+    return (await answers_while_held(harness, held, [url]))[0][0]
+
+
+async def answers_while_held(
+    harness: Harness, held: list[tuple[str, str]], urls: list[str]
+) -> list[tuple[int, str, dict[str, Any] | None]]:
+    """Bob's reads of each of ``urls``, one after another, while the reads ``held``
+    (namespace, user) hang: each answer's status, ``Retry-After`` and Status body (none for
+    200)."""
     harness.gate.clear()
     harness.stalled = {namespace for namespace, _ in held}
+    found = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         tasks = [
-            asyncio.create_task(session.get(in_namespace(url, ns), headers=as_user(who)))
+            asyncio.create_task(session.get(in_namespace(urls[0], ns), headers=as_user(who)))
             for ns, who in held
         ]
         await asyncio.sleep(0.2)
-        async with session.get(url, headers=as_user("bob")) as answer:
-            status = answer.status
+        for url in urls:
+            async with session.get(url, headers=as_user("bob")) as answer:
+                body = None if answer.status == 200 else await answer.json()
+                found.append((answer.status, answer.headers.get("Retry-After", ""), body))
         harness.gate.set()
         for task in tasks:
             (await task).release()
-    return status
+    return found
 
 
 @pytest.mark.parametrize("max_reads", [4])
@@ -304,17 +328,27 @@ async def test_four_namespaces_holding_every_read_they_may_leave_a_fifth_its_rea
     assert await status_while_held(harness, held, other) == 200
 
 
+async def follows_held(
+    session: aiohttp.ClientSession, url: str, namespaces: tuple[str, ...]
+) -> list[aiohttp.ClientResponse]:
+    """Every follow each of ``namespaces`` may hold (``url``'s run there), a user each."""
+    return [
+        await session.get(
+            in_namespace(url, ns), params={"follow": "true"}, headers=as_user(f"{ns}{n}")
+        )
+        for ns in namespaces
+        for n in range(server.FOLLOWS_PER_NAMESPACE)
+    ]
+
+
 async def test_four_namespaces_holding_every_follow_they_may_leave_a_fifth_its_follow(
     serving: Any,
 ) -> None:
     _, _, other = serving
     follow = {"follow": "true"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        held = [  # one tenant's namespaces, each following all it may, one user a follow
-            await session.get(in_namespace(other, ns), params=follow, headers=as_user(f"{ns}{n}"))
-            for ns in ("team-a", "team-c", "team-d", "team-e")
-            for n in range(server.FOLLOWS_PER_NAMESPACE)
-        ]
+        # one tenant's namespaces (no AgentTenant known), each following all it may
+        held = await follows_held(session, other, ("team-a", "team-c", "team-d", "team-e"))
         assert all(answer.status == 200 for answer in held)
         async with session.get(other, params=follow, headers=as_user("bob")) as answer:
             assert answer.status == 200, await answer.text()
@@ -458,7 +492,7 @@ async def test_a_cluster_users_certificate_claims_no_one_when_the_ca_is_shared(
 
 class Held:
     """Every amount the server's byte budget held right after a take, and its total; the
-    budgets taken from."""
+    budgets taken from (the whole one, not the parties' shares of it)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.seen: list[tuple[int, int]] = []
@@ -467,6 +501,8 @@ class Held:
 
         async def recorded(bytes_: budget.ByteBudget, size: int) -> int:
             taken = await take(bytes_, size)
+            if bytes_.total != server.EVENT_BUDGET:  # a party's share (``test_budget``)
+                return taken
             self.seen.append((bytes_.held, bytes_.total))
             self.budgets.add(bytes_)
             return taken
@@ -538,3 +574,46 @@ async def test_a_follow_whose_client_stopped_taking_gives_its_bytes_back(
         sock.close()
     assert held.seen and held.seen[-1][0] > 0  # its records held bytes, and gave them back:
     assert [bytes_.held for bytes_ in held.budgets] == [0]
+
+
+ACME = {"metadata": {"name": "acme"}, "spec": {"namespaces": ["team-a", "team-c", "team-d"]}}
+"""An AgentTenant of three namespaces (team-b is bound to none)."""
+
+
+@pytest.mark.parametrize("agent_tenants", [[ACME]])
+@pytest.mark.parametrize("max_reads", [DEFAULT_MAX_READS])
+async def test_a_tenant_holding_its_share_of_reads_is_refused_429_naming_it_others_are_not(
+    serving: Any,
+) -> None:
+    harness, url, other = serving
+    held = [  # acme's two namespaces each hold the 2 reads a namespace may: acme's 4
+        (namespace, f"{namespace}-{n}")
+        for namespace in ("team-a", "team-c")
+        for n in range(server.READS_PER_NAMESPACE)
+    ]
+    assert len(held) == server.READS_PER_TENANT
+    (mine, theirs) = await answers_while_held(harness, held, [in_namespace(url, "team-d"), other])
+    status, retry_after, body = mine  # a third namespace of acme's has no read left
+    assert (status, retry_after) == (429, "5") and body is not None
+    assert body["reason"] == "TooManyRequests" and body["details"]["retryAfterSeconds"] == 5
+    assert "AgentTenant 'acme' holds its 4 trajectory reads at once" in body["message"]
+    assert theirs[0] == 200  # team-b, of no tenant, reads beside it
+
+
+@pytest.mark.parametrize("agent_tenants", [[ACME]])
+async def test_a_tenant_holding_its_share_of_follows_leaves_another_namespace_its_follow(
+    serving: Any,
+) -> None:
+    _, url, other = serving
+    follow = {"follow": "true"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        held = await follows_held(session, url, ("team-a", "team-c"))  # 8 + 8: acme's 16
+        assert all(answer.status == 200 for answer in held)
+        mine = in_namespace(url, "team-d")
+        async with session.get(mine, params=follow, headers=as_user("dora")) as answer:
+            assert (answer.status, answer.headers["Retry-After"]) == (429, "5")
+            assert "AgentTenant 'acme' holds its 16" in (await answer.json())["message"]
+        async with session.get(other, params=follow, headers=as_user("bob")) as answer:
+            assert answer.status == 200, await answer.text()
+        for answer in held:
+            answer.release()
