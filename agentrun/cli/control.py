@@ -12,6 +12,10 @@ only while that call is the pending one.
 
 What belongs here: those calls and commands. What does not: argument parsing (each program
 builds its own parser), the views of ``kubectl agentrun`` (``kubectl``, ``trajectory``).
+
+The Kubernetes client (``kubernetes_asyncio``) and the trajectory's views are imported by the
+calls that use them, not with this module: a program's parser (``--help``, a usage error)
+imports this module and needs neither.
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ import asyncio
 import json
 import logging
 import sys
-from typing import Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from agentrun import display
+from agentrun.cli import kubeflags
 
-from agentrun import display, kube
-from agentrun.cli import kubeflags, trajectory
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+T = TypeVar("T")
 
 REVIEWER = "agentrun.dev/reviewer"
 """Set with ``approve``/``deny`` to the caller's own user name (checked by the API server)."""
@@ -102,23 +110,40 @@ class RunClient:
         return self._api
 
     def _objects(self) -> client.CustomObjectsApi:
+        from kubernetes_asyncio import client
+
         return client.CustomObjectsApi(self.api)
+
+    @staticmethod
+    async def _call(request: Awaitable[T]) -> T:
+        """``request``'s answer; the API server's refusal (``ApiException``) as RunAccessError."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            return await request
+        except ApiException as err:
+            raise RunAccessError.from_api(err) from err
 
     async def get(self, name: str) -> dict[str, Any]:
         """The AgentRun object; raises RunAccessError (not found, forbidden, …)."""
+        from agentrun import kube
+
         return await self._get(kube.RUNS, name)
 
     async def get_eval(self, name: str) -> dict[str, Any]:
         """The AgentEval object; raises RunAccessError (not found, forbidden, …)."""
+        from agentrun import kube
+
         return await self._get(kube.EVALS, name)
 
     async def _get(self, plural: str, name: str) -> dict[str, Any]:
-        try:
-            obj: dict[str, Any] = await self._objects().get_namespaced_custom_object(
+        from agentrun import kube
+
+        obj: dict[str, Any] = await self._call(
+            self._objects().get_namespaced_custom_object(
                 kube.GROUP, kube.VERSION, self.namespace, plural, name
             )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
+        )
         return obj
 
     async def status(self, name: str) -> dict[str, Any]:
@@ -131,68 +156,66 @@ class RunClient:
 
     async def list_runs(self, *, all_namespaces: bool = False) -> list[dict[str, Any]]:
         """The AgentRuns of the namespace (or of every namespace); raises RunAccessError."""
+        from agentrun import kube
+
         objects = self._objects()
-        try:
-            if all_namespaces:
-                listed = await objects.list_cluster_custom_object(
-                    kube.GROUP, kube.VERSION, kube.RUNS
-                )
-            else:
-                listed = await objects.list_namespaced_custom_object(
-                    kube.GROUP, kube.VERSION, self.namespace, kube.RUNS
-                )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
+        if all_namespaces:
+            request = objects.list_cluster_custom_object(kube.GROUP, kube.VERSION, kube.RUNS)
+        else:
+            request = objects.list_namespaced_custom_object(
+                kube.GROUP, kube.VERSION, self.namespace, kube.RUNS
+            )
+        listed = await self._call(request)
         items: list[dict[str, Any]] = listed.get("items", [])
         return items
 
     async def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create an AgentRun in the namespace; the created object. Raises RunAccessError
         (e.g. the API server's validation refused it)."""
-        try:
-            created: dict[str, Any] = await self._objects().create_namespaced_custom_object(
+        from agentrun import kube
+
+        created: dict[str, Any] = await self._call(
+            self._objects().create_namespaced_custom_object(
                 kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, body
             )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
+        )
         return created
 
     async def delete(self, name: str) -> None:
         """Delete the AgentRun (the operator, seeing the deletion, stops a run still going and
         frees its hold and slot); raises RunAccessError
         (not found, forbidden, …)."""
-        try:
-            await self._objects().delete_namespaced_custom_object(
+        from agentrun import kube
+
+        await self._call(
+            self._objects().delete_namespaced_custom_object(
                 kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name
             )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
+        )
 
     async def events_of(self, uid: str) -> list[dict[str, Any]]:
         """The Kubernetes Events about the object ``uid`` in the namespace, oldest first;
         raises RunAccessError."""
-        if self._api is None:
-            raise RuntimeError("RunClient used outside `async with`")
-        try:
-            listed = await client.CoreV1Api(self._api).list_namespaced_event(
+        from kubernetes_asyncio import client
+
+        listed = await self._call(
+            client.CoreV1Api(self.api).list_namespaced_event(
                 self.namespace, field_selector=f"involvedObject.uid={uid}"
             )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
-        events = [self._api.sanitize_for_serialization(e) for e in listed.items]
+        )
+        events = [self.api.sanitize_for_serialization(e) for e in listed.items]
         return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
 
     async def whoami(self) -> str:
         """The user name the API server authenticates this client as (a
         ``SelfSubjectReview``, what ``kubectl auth whoami`` asks); raises RunAccessError."""
-        if self._api is None:
-            raise RuntimeError("RunClient used outside `async with`")
-        try:
-            review = await client.AuthenticationV1Api(self._api).create_self_subject_review(
+        from kubernetes_asyncio import client
+
+        review = await self._call(
+            client.AuthenticationV1Api(self.api).create_self_subject_review(
                 client.V1SelfSubjectReview()
             )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
+        )
         return str(review.status.user_info.username)
 
     async def annotate(self, name: str, *, key: str, value: str) -> None:
@@ -202,13 +225,14 @@ class RunClient:
     async def annotate_all(self, name: str, annotations: dict[str, str]) -> None:
         """Set every annotation of ``annotations`` on the run in one merge patch; raises
         RunAccessError (the API server refused: not found, forbidden, an admission policy)."""
+        from agentrun import kube
+
         body = {"metadata": {"annotations": annotations}}
-        try:
-            await self._objects().patch_namespaced_custom_object(
+        await self._call(
+            self._objects().patch_namespaced_custom_object(
                 kube.GROUP, kube.VERSION, self.namespace, kube.RUNS, name, body, **MERGE_PATCH
             )
-        except ApiException as err:
-            raise RunAccessError.from_api(err) from err
+        )
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -231,6 +255,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def pending_lines(run: str, pending: dict[str, Any]) -> list[str]:
     """The held call a decision would apply to, as the person deciding must see it: which call
     of the batch, its tool and id, its digest and its arguments in full (``display``)."""
+    from agentrun.cli import trajectory
+
     where = f"call {pending.get('call', 1)} of {pending.get('of', 1)} held in {run}"
     shown = trajectory.held_lines(
         str(pending.get("tool")), pending.get("arguments"), digest=str(pending.get("digest"))

@@ -21,6 +21,11 @@ kubectl's global flags work on every command, before or after it (``kubeflags``)
 (impersonation: the API server decides with the impersonated user's RBAC).
 
 Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error, 130 Ctrl-C.
+
+Each command imports what only it uses when it runs (the Kubernetes client through ``control``,
+NATS and the event model in ``logs``, the kernel's views in ``describe``): ``--help`` and a usage
+error import none of them, ``get`` only the Kubernetes client. ``tests/plugin/test_startup.py``
+keeps it so.
 """
 
 from __future__ import annotations
@@ -35,15 +40,14 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-import nats.errors
-from kubernetes_asyncio.config.config_exception import ConfigException
+from agentrun import display
+from agentrun.cli import control, kubeflags
 
-from agentrun import bus, display, kernel, natsclient, protocol
-from agentrun.cli import control, kubeflags, trajectory, trajectoryapi
-from agentrun.protocol import RunEvent
+if TYPE_CHECKING:
+    from agentrun import natsclient
+    from agentrun.protocol import RunEvent
 
 PROG = "kubectl agentrun"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -181,9 +185,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return 130
-    except (OSError, RuntimeError, ConfigException, nats.errors.Error, aiohttp.ClientError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, reported_errors()):
+            raise
         print(display.printable(f"{PROG}: error: {exc}"), file=sys.stderr)
         return 1
+
+
+def reported_errors() -> tuple[type[Exception], ...]:
+    """The errors `main` prints as one line (exit 1): ours (``OSError``, ``RuntimeError``) and
+    those of the Kubernetes, NATS and HTTP clients. Called after a command failed, so their
+    import is paid on that path only."""
+    import aiohttp
+    import nats.errors
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    return (OSError, RuntimeError, ConfigException, nats.errors.Error, aiohttp.ClientError)
 
 
 # --- get ----------------------------------------------------------------------------------------
@@ -273,6 +290,8 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def _print_event(event: RunEvent, *, output: str) -> None:
+    from agentrun.cli import trajectory
+
     if output == "json":
         record = json.loads(event.encode())
         print(json.dumps({"seq": event.seq, **record}), flush=True)
@@ -290,6 +309,8 @@ def _status_end(name: str, status: dict[str, Any]) -> str:
 
 
 async def _logs(args: argparse.Namespace) -> int:
+    from agentrun.cli import trajectoryapi
+
     async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
         obj = await runs.get(args.run)  # a missing run: one line, before events are needed
         uid = obj["metadata"]["uid"]
@@ -308,6 +329,10 @@ async def _logs_from_nats(
     args: argparse.Namespace, runs: control.RunClient, obj: dict[str, Any], *, url: str
 ) -> int:
     """The fallback without the trajectory API: read the run's events from NATS directly."""
+    import nats.errors
+
+    from agentrun import bus
+
     uid = obj["metadata"]["uid"]
     try:
         nc = await asyncio.wait_for(
@@ -333,6 +358,8 @@ async def _logs_from_nats(
 
 def _nats_auth(args: argparse.Namespace) -> natsclient.NatsAuth:
     """The credentials and CA files of the flags, else of the environment."""
+    from agentrun import natsclient
+
     creds = args.nats_creds or os.environ.get("AGENTRUN_NATS_CREDS_FILE")
     ca = args.nats_ca or os.environ.get("AGENTRUN_NATS_CA_FILE")
     return natsclient.NatsAuth(
@@ -365,6 +392,8 @@ async def _follow(
 ) -> int:
     """Print every event, then each new one, until the run's end; a run that ends without
     events (or is deleted) is noticed from its status."""
+    from agentrun import kernel
+
     queue: asyncio.Queue[RunEvent] = asyncio.Queue()
 
     async def pump() -> None:
@@ -410,6 +439,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
     """``kubectl describe``-like text of an AgentRun and its Kubernetes Events; every line
     ``display.printable`` (model and tool text cannot steer the terminal)."""
+    from agentrun.cli import trajectory
+
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     lines = [
         f"Name:          {meta.get('name')}",
@@ -437,6 +468,8 @@ def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[st
 
 def _definition_lines(spec: dict[str, Any], status: dict[str, Any]) -> list[str]:
     """The Agent (if any), model, tools, goal, approval list and budget the run executes."""
+    from agentrun.cli import trajectory
+
     run_spec = status.get("resolvedSpec") or spec
     lines = []
     if spec.get("agentRef"):
@@ -462,6 +495,8 @@ def budget_lines(budget: dict[str, Any], *, tenant: str | None) -> list[str]:
     unset ones with an implicit default as that default, then the other settings; and, when
     a default shows, that the tenant's ``runBudget`` may set or cap it (the status does not
     carry the tenant's caps)."""
+    from agentrun import kernel, protocol
+
     implicit = kernel.Limits()
     defaults = {
         "maxSteps": implicit.max_steps,
@@ -493,6 +528,8 @@ def _counted(usage: dict[str, Any], field: str, noun: str) -> str:
 
 def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
     """Usage, the pending approval, the answer and the conditions."""
+    from agentrun.cli import trajectory
+
     usage = status.get("usage") or {}
     lines = []
     if usage:
@@ -522,6 +559,8 @@ def _pending_lines(name: str, pending: dict[str, Any]) -> list[str]:
     """The call to decide now and, for a batch, every held call with its decision: each is
     approved or denied in turn, one ``approve``/``deny`` per call. The call to decide is
     shown with its arguments in full and the digest that approves exactly it."""
+    from agentrun.cli import trajectory
+
     held = pending.get("heldCalls") or [{**pending, "decision": "pending"}]
     lines = [
         f"Pending:       call {pending.get('call', 1)} of {pending.get('of', len(held))} held "

@@ -9,6 +9,9 @@ argument of each command; ``current_namespace`` is its default.
 
 What belongs here: those flags, the client they configure and the default namespace. What does
 not: the commands (``control``, ``kubectl``).
+
+The Kubernetes client (``kubernetes_asyncio``, ``agentrun.kube``) is imported by the calls that
+use it, not with this module: parsing a command line (``--help``, a usage error) needs none of it.
 """
 
 from __future__ import annotations
@@ -16,16 +19,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.config import kube_config
-from kubernetes_asyncio.config.config_exception import ConfigException
-
-from agentrun import kube
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client
 
 IMPERSONATE_USER = "Impersonate-User"
 IMPERSONATE_GROUP = "Impersonate-Group"
+KUBECONFIG_HINT = (
+    "set KUBECONFIG to your cluster's kubeconfig (kubectl agentrun also takes --kubeconfig); "
+    "for the local stack `make demo` started, run "
+    '`eval "$(.venv/bin/agentrun dev env)"` in that checkout first'
+)
+"""What to do when no kubeconfig is found: the CLI programs' error says it after the cause."""
+
+
+class NoKubeconfig(RuntimeError):
+    """No kubeconfig file and not in a pod: `str()` is the cause, then `KUBECONFIG_HINT`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +75,19 @@ class KubeOptions:
         """An ``ApiClient`` of the kubeconfig and context, sending the impersonation headers
         with every request (the generated calls and ``call_api`` alike). Raises
         ConfigException (no configuration, no such file or context) or ValueError
-        (``headers``)."""
+        (``headers``); NoKubeconfig when neither a kubeconfig nor a pod's credentials are
+        there and none was named (no ``--kubeconfig``, no ``--context``)."""
+        from kubernetes_asyncio.config.config_exception import ConfigException
+
+        from agentrun import kube
+
         headers = self.headers()
-        api = await kube.api_client(config_file=self.kubeconfig, context=self.context)
+        try:
+            api = await kube.api_client(config_file=self.kubeconfig, context=self.context)
+        except ConfigException as err:
+            if self.kubeconfig is not None or self.context is not None:
+                raise  # the file or context asked for: the message names it
+            raise NoKubeconfig(f"{err}; {KUBECONFIG_HINT}") from err
         # the session's own headers: a header may repeat there (one per group), which the
         # ApiClient's default_headers (a dict) cannot express
         session_headers = api.rest_client.pool_manager.headers
@@ -113,6 +133,9 @@ def add_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 def current_namespace(options: KubeOptions) -> str:
     """The namespace of the kubeconfig context ``options`` name (else the current one),
     else ``default`` (no kubeconfig, no such context, no namespace set)."""
+    from kubernetes_asyncio.config import kube_config
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
     path = (
         options.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     )

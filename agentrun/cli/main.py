@@ -15,6 +15,9 @@ commands only it has (``nats bootstrap|rotate|adopt-store``: the closed bus's Se
 ``signing bootstrap|rotate|retire``: the run-signing keys).
 What does not: the Kubernetes calls and the run commands it shares with ``kubectl agentrun``
 (``control``: ``cancel``, ``approve``, ``deny`` over one API session per command).
+
+A command imports the clients it uses (Kubernetes, NATS) when it runs, not with this module:
+``--help`` and a usage error import none of them.
 """
 
 from __future__ import annotations
@@ -27,10 +30,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import TypeAlias
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.config.config_exception import ConfigException
-
-from agentrun import display, kube
+from agentrun import display
 from agentrun.cli import control
 from agentrun.cli.check import register_check
 
@@ -209,9 +209,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except KeyboardInterrupt:
         return 130
-    except (OSError, RuntimeError, subprocess.SubprocessError, ConfigException) as exc:
+    except Exception as exc:
+        if not isinstance(exc, (subprocess.SubprocessError, *_client_errors())):
+            raise
         print(display.printable(f"agentrun: error: {exc}"), file=sys.stderr)
         return 1
+
+
+def _client_errors() -> tuple[type[Exception], ...]:
+    """Ours (``OSError``, ``RuntimeError``) and the Kubernetes client's configuration error,
+    printed as one line; imported after a command failed, on that path only."""
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    return (OSError, RuntimeError, ConfigException)
 
 
 def cmd_dev_missing(args: argparse.Namespace) -> int:
@@ -225,6 +235,9 @@ def cmd_nats(args: argparse.Namespace) -> int:
     """``agentrun nats VERB``: print what was made or changed."""
     from pathlib import Path
 
+    from kubernetes_asyncio import client
+
+    from agentrun import kube
     from agentrun.natsauth import bootstrap
     from agentrun.natsauth.permissions import Role
 
@@ -288,6 +301,9 @@ def cmd_signing(args: argparse.Namespace) -> int:
     read as keys is a ``RuntimeError`` naming it (one line, exit 1)."""
     import time
 
+    from kubernetes_asyncio import client
+
+    from agentrun import kube
     from agentrun.natsauth.bootstrap import SecretStore
     from agentrun.trust import KeyFileError, secrets
 

@@ -8,6 +8,9 @@ what to do next) are printed as one line by the ``agentrun`` command (``agentrun
 
 What belongs here: argument parsing and printing. The work is done by the library modules
 (`stack`, `demo`, `binaries`, `state`), so tests and other tools can call it without the CLI.
+Each handler imports the library modules it uses when it runs: ``agentrun`` builds its parser
+with `register_dev` for every command (``agentrun cancel`` too), so registering imports only
+`state` and `console`.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
-from agentrun_dev import binaries, console, demo, stack, state
+from agentrun_dev import console, state
+
+if TYPE_CHECKING:
+    from agentrun_dev import stack
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # no public name
 _NODE_HELP = (
@@ -55,9 +61,9 @@ def register_dev(subparsers: Subparsers) -> None:
         "--scenarios",
         type=Path,
         nargs="+",
-        default=[stack.DEFAULT_SCENARIOS],
+        default=None,
         metavar="FILE",
-        help=f"mock model scenario files (default {stack.DEFAULT_SCENARIOS})",
+        help="mock model scenario files (default examples/scenarios.yaml)",
     )
     up.add_argument("--crds", type=Path, default=None, metavar="DIR", help="CRD directory")
     up.add_argument("--node", action="store_true", help=_NODE_HELP)
@@ -95,7 +101,7 @@ def register_dev(subparsers: Subparsers) -> None:
         "--examples",
         type=Path,
         nargs="+",
-        default=list(demo.DEFAULT_EXAMPLES),
+        default=None,
         metavar="FILE",
         help="AgentRun manifests to apply (default: the three in examples/)",
     )
@@ -149,6 +155,8 @@ def register_dev(subparsers: Subparsers) -> None:
 
 def cmd_dev_up(args: argparse.Namespace) -> int:
     """``agentrun dev up``: start the stack (or revive it), then print its status."""
+    from agentrun_dev import demo, stack
+
     if args.workers < 0:
         print("agentrun: error: --workers must be ≥ 0", file=sys.stderr)
         return 2
@@ -157,7 +165,7 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
         return 2
     options = stack.UpOptions(
         workers=args.workers,
-        scenarios=tuple(args.scenarios),
+        scenarios=tuple(args.scenarios or (stack.DEFAULT_SCENARIOS,)),
         crd_dir=args.crds,
         node=args.node,
         chart=args.chart,
@@ -174,6 +182,8 @@ def cmd_dev_up(args: argparse.Namespace) -> int:
 def cmd_dev_demo(args: argparse.Namespace) -> int:
     """``agentrun dev demo``: stack up, ``mock`` AgentModel, the examples, their end states;
     with ``--down`` the stack is stopped afterwards, whatever happened."""
+    from agentrun_dev import stack
+
     directory = state.resolve_dir(args.dir)
     options = stack.UpOptions(
         workers=args.workers, node=args.node, chart=args.chart, node_wait=args.node_wait
@@ -187,12 +197,15 @@ def cmd_dev_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(current: state.StackState, args: argparse.Namespace) -> int:
+    from agentrun_dev import demo
+
     demo.apply_mock_model(current)
     kc = demo.kubectl_for(current)
     if current.release_namespace is not None:
         print(f"$ kubectl get pods -n {current.release_namespace}  # helm install, on the node")
         print(kc("get", "pods", "-n", current.release_namespace, "-o", "wide").stdout, end="")
-    items = demo.run_examples(current, examples=args.examples, log=_progress)
+    examples = args.examples or demo.DEFAULT_EXAMPLES
+    items = demo.run_examples(current, examples=examples, log=_progress)
     names = [item["metadata"]["name"] for item in items]
     print("\n$ kubectl get agentruns")
     print(kc("get", "agentruns", "-n", "default", *names).stdout, end="")
@@ -217,6 +230,8 @@ def _demo(current: state.StackState, args: argparse.Namespace) -> int:
 
 def cmd_dev_down(args: argparse.Namespace) -> int:
     """``agentrun dev down``: stop everything recorded, in reverse order."""
+    from agentrun_dev import stack
+
     stack.down(state.resolve_dir(args.dir), log=_progress)
     return 0
 
@@ -225,10 +240,21 @@ def cmd_dev_status(args: argparse.Namespace) -> int:
     """``agentrun dev status``: 0 if every component is alive, 1 if one is dead or none is up."""
     current = state.load_state(state.resolve_dir(args.dir))
     if current is None:
-        print(f"not up (no state in {state.resolve_dir(args.dir)})")
+        print(not_up(state.resolve_dir(args.dir)))
         return 1
     rows = _print_status(current)
     return 0 if current.complete and all(r.alive for r in rows) else 1
+
+
+def not_up(directory: Path) -> str:
+    """What ``dev env`` and ``dev status`` say when ``directory`` holds no stack's state: where
+    they looked, and the two ways on (the checkout whose ``make demo`` started the stack, where
+    `state.resolve_dir` finds it from any directory below; or a stack started here)."""
+    return (
+        f"not up (no state in {directory}): run this from the checkout whose `make demo` "
+        f"started the stack (or pass --dir or set ${state.DIR_ENV} to its "
+        f"{state.DEFAULT_DIR}), or start one here with `make demo`"
+    )
 
 
 def cmd_dev_env(args: argparse.Namespace) -> int:
@@ -236,7 +262,7 @@ def cmd_dev_env(args: argparse.Namespace) -> int:
     directory = state.resolve_dir(args.dir)
     current = state.load_state(directory)
     if current is None:
-        print(f"agentrun: error: not up (no state in {directory})", file=sys.stderr)
+        print(f"agentrun: error: {not_up(directory)}", file=sys.stderr)
         return 1
     for name, value in current.env().items():
         print(f"export {name}={shlex.quote(value)}")
@@ -251,6 +277,8 @@ def cmd_dev_binaries(args: argparse.Namespace) -> int:
     """``agentrun dev binaries [--control-plane | --tools | --node | --all]``: build or locate
     the binaries, each once per machine under its own lock, in the order listed; print their
     paths. Without an option: the control plane and the ``nats`` CLI (of the NATS image)."""
+    from agentrun_dev import binaries
+
     if args.control_plane:
         rows = _control_plane()
     elif args.tools:
@@ -269,6 +297,8 @@ def cmd_dev_binaries(args: argparse.Namespace) -> int:
 
 def _control_plane() -> list[tuple[str, Path]]:
     """etcd, kube-apiserver and kubectl: built (or found) first, the second tier waits for them."""
+    from agentrun_dev import binaries
+
     found = binaries.ensure_binaries(log=_progress)
     return [
         ("etcd", found.etcd),
@@ -280,7 +310,7 @@ def _control_plane() -> list[tuple[str, Path]]:
 def _suite_tools() -> list[tuple[str, Path]]:
     """helm, prometheus and promtool, syft, then the ``nats`` CLI: what the tests marked
     ``toolbinaries`` use (their tier waits for these only; see .ci/pytest-tiers)."""
-    from agentrun_dev import dist, helm, prometheus  # dist imports the image builder
+    from agentrun_dev import binaries, dist, helm, prometheus  # dist: the image builder
 
     helm_binary = helm.ensure_helm(log=_progress)
     found = prometheus.ensure_prometheus(log=_progress)
@@ -298,6 +328,8 @@ def _suite_tools() -> list[tuple[str, Path]]:
 def _node() -> list[tuple[str, Path]]:
     """The node's kubernetes commands (with any missing control-plane one, in one go build),
     coredns and kube-router."""
+    from agentrun_dev import binaries
+
     _, on_node = binaries.ensure_node_binaries(log=_progress)
     return [
         ("kube-controller-manager", on_node.kube_controller_manager),
@@ -310,6 +342,8 @@ def _node() -> list[tuple[str, Path]]:
 
 
 def _print_status(current: state.StackState) -> list[stack.ComponentStatus]:
+    from agentrun_dev import stack
+
     rows = stack.status(current)
     table = [("COMPONENT", "PID", "STATE", "PORTS", "LOG")]
     for row in rows:

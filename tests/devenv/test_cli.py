@@ -80,6 +80,19 @@ def test_status_and_env_say_when_nothing_is_up(tmp_path: Path) -> None:
     assert agentrun_cli.main(["dev", "down", "--dir", str(tmp_path)]) == 0
 
 
+def test_env_outside_the_checkout_says_where_to_run_it_or_how_to_start_a_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(state.DIR_ENV, raising=False)
+    assert agentrun_cli.main(["dev", "env"]) == 1
+    assert capsys.readouterr().err == (
+        f"agentrun: error: not up (no state in {tmp_path.resolve() / state.DEFAULT_DIR}): run "
+        "this from the checkout whose `make demo` started the stack (or pass --dir or set "
+        "$AGENTRUN_DEV_DIR to its .agentrun/dev), or start one here with `make demo`\n"
+    )
+
+
 def test_a_missing_scenario_file_fails_before_anything_starts(dev_dir: Path) -> None:
     result = agentrun("dev", "up", "--dir", str(dev_dir), "--scenarios", "nope.yaml")
 

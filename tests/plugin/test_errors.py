@@ -40,6 +40,39 @@ def test_the_plugin_names_itself_kubectl_agentrun_in_errors(
 
 
 @pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["get"], id="get"),
+        pytest.param(["logs", "r"], id="logs"),
+        pytest.param(["cancel", "r"], id="cancel"),
+    ],
+)
+def test_without_a_kubeconfig_the_error_says_how_to_give_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """The local stack's kubeconfig comes from `agentrun dev env` in the checkout; a cluster's,
+    from KUBECONFIG or --kubeconfig."""
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert kubectl.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kubectl agentrun: error: no kubeconfig at /nonexistent/kubeconfig ")
+    assert "set KUBECONFIG to your cluster's kubeconfig" in err
+    assert "--kubeconfig" in err
+    assert '`eval "$(.venv/bin/agentrun dev env)"` in that checkout' in err
+    assert err.count("\n") == 1
+
+
+def test_a_kubeconfig_named_and_missing_is_said_without_the_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert kubectl.main(["get", "--kubeconfig", "/nonexistent/named"]) == 1
+    assert capsys.readouterr().err == (
+        "kubectl agentrun: error: no kubeconfig at /nonexistent/named\n"
+    )
+
+
+@pytest.mark.parametrize(
     ("main", "prog"),
     [
         pytest.param(kubectl.main, "kubectl agentrun", id="plugin"),
@@ -64,7 +97,7 @@ class Closable:
 def test_a_malformed_signing_key_secret_is_one_line_not_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agentrun.cli import main as cli_main
+    from agentrun import kube
     from agentrun.trust import KeyFileError, secrets
 
     async def client() -> Closable:
@@ -73,7 +106,7 @@ def test_a_malformed_signing_key_secret_is_one_line_not_a_traceback(
     async def malformed(*args: object, **kwargs: object) -> list[str]:
         raise KeyFileError("Secret agentrun-signing: key 'keys.json' is not JSON")
 
-    monkeypatch.setattr(cli_main.kube, "api_client", client)
+    monkeypatch.setattr(kube, "api_client", client)
     monkeypatch.setattr(secrets, "bootstrap", malformed)
     assert agentrun_cli.main(["signing", "bootstrap", "-n", "ns", "--prefix", "agentrun"]) == 1
     assert capsys.readouterr().err == (
