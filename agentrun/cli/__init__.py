@@ -4,7 +4,8 @@
   add subcommands through the ``agentrun.cli`` entry point group, as ``agentrun-dev`` adds
   ``agentrun dev …``).
 - ``kubectl``: the kubectl plugin (``kubectl agentrun get|logs|describe|eval|…``, console
-  script ``kubectl-agentrun``).
+  script ``kubectl-agentrun``); its ``logs`` and ``describe`` commands are the modules of those
+  names, imported when the command runs (so is every client library: ``--help`` needs none).
 - ``control``: the Kubernetes calls and run commands both programs share (with the user's own
   kubeconfig, so their own RBAC).
 - ``trajectory``: a run's committed events as readable lines (pure).

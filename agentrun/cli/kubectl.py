@@ -22,38 +22,29 @@ kubectl's global flags work on every command, before or after it (``kubeflags``)
 
 Exit status: 0 success, 1 an error (one line on stderr), 2 a usage error, 130 Ctrl-C.
 
-Each command imports what only it uses when it runs (the Kubernetes client through ``control``,
-NATS and the event model in ``logs``, the kernel's views in ``describe``): ``--help`` and a usage
-error import none of them, ``get`` only the Kubernetes client. ``tests/plugin/test_startup.py``
-keeps it so.
+Each command imports what only it uses when it runs: the Kubernetes client (through
+``control``), NATS and the event model (``logs``), the kernel's views (``describe``). ``--help``
+and a usage error import none of them, ``get`` only the Kubernetes client;
+``tests/plugin/test_startup.py`` keeps it so.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrun import display
 from agentrun.cli import control, kubeflags
 
-if TYPE_CHECKING:
-    from agentrun import natsclient
-    from agentrun.protocol import RunEvent
-
 PROG = "kubectl agentrun"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-STATUS_POLL_SECONDS = 2.0
-"""How often ``logs -f`` re-reads the run's status while no event comes (a run that ends
-without events — cancelled while queued, rejected — or is deleted ends the follow)."""
 RERUN_LABEL = "agentrun.dev/rerun-of"
 """Set by ``rerun`` on the new run: the name of the run it repeats."""
 
@@ -286,327 +277,22 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- logs ---------------------------------------------------------------------------------------
-
-
-def _print_event(event: RunEvent, *, output: str) -> None:
-    from agentrun.cli import trajectory
-
-    if output == "json":
-        record = json.loads(event.encode())
-        print(json.dumps({"seq": event.seq, **record}), flush=True)
-        return
-    for line in trajectory.event_lines(event):
-        print(line, flush=True)
-
-
-def _status_end(name: str, status: dict[str, Any]) -> str:
-    line = (
-        f"end   {status.get('phase')} {status.get('terminalReason')} "
-        f"({status.get('outcome', 'partial')}) before admission: {status.get('message', '')}"
-    ).rstrip()
-    return display.printable(line, newlines=False)
-
-
-async def _logs(args: argparse.Namespace) -> int:
-    from agentrun.cli import trajectoryapi
-
-    async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
-        obj = await runs.get(args.run)  # a missing run: one line, before events are needed
-        uid = obj["metadata"]["uid"]
-        api = trajectoryapi.TrajectoryApi(runs.api, args.namespace, args.run)
-        try:
-            if args.follow:
-                return await _follow(args, runs, await api.follow(), uid=uid)
-            return await _print_all(args, obj, await api.read(), uid=uid)
-        except trajectoryapi.NotInstalled as why:
-            url = args.nats_url or os.environ.get("AGENTRUN_NATS_URL") or DEFAULT_NATS_URL
-            print(f"{PROG}: {why}: reading NATS at {url}", file=sys.stderr)
-            return await _logs_from_nats(args, runs, obj, url=url)
-
-
-async def _logs_from_nats(
-    args: argparse.Namespace, runs: control.RunClient, obj: dict[str, Any], *, url: str
-) -> int:
-    """The fallback without the trajectory API: read the run's events from NATS directly."""
-    import nats.errors
-
-    from agentrun import bus
-
-    uid = obj["metadata"]["uid"]
-    try:
-        nc = await asyncio.wait_for(
-            bus.connect_nats(url, name="kubectl-agentrun", auth=_nats_auth(args), fail_fast=True),
-            10,
-        )
-    except (TimeoutError, nats.errors.Error, OSError, ValueError) as err:  # refused too
-        raise RuntimeError(
-            f"cannot reach NATS at {url} ({err!r}); set --nats-url or AGENTRUN_NATS_URL "
-            "(and --nats-creds, --nats-ca on a closed bus) "
-            "(e.g. kubectl port-forward the chart's NATS service)"
-        ) from err
-    events = bus.Bus(nc, nc.jetstream(timeout=10), bus.BusSettings(url=url))
-    try:
-        if args.follow:
-            stream = events.follow_events(args.namespace, args.run)
-            return await _follow(args, runs, stream, uid=uid)
-        found = await events.read_events(args.namespace, args.run)
-        return await _print_all(args, obj, found, uid=uid)
-    finally:
-        await events.close()
-
-
-def _nats_auth(args: argparse.Namespace) -> natsclient.NatsAuth:
-    """The credentials and CA files of the flags, else of the environment."""
-    from agentrun import natsclient
-
-    creds = args.nats_creds or os.environ.get("AGENTRUN_NATS_CREDS_FILE")
-    ca = args.nats_ca or os.environ.get("AGENTRUN_NATS_CA_FILE")
-    return natsclient.NatsAuth(
-        creds_file=Path(creds) if creds else None, ca_file=Path(ca) if ca else None
-    )
-
-
-async def _print_all(
-    args: argparse.Namespace, obj: dict[str, Any], events: list[RunEvent], *, uid: str
-) -> int:
-    found = [e for e in events if e.run_uid == uid]
-    for event in found:
-        _print_event(event, output=args.output)
-    status = obj.get("status") or {}
-    if not found and args.output != "json":
-        if status.get("terminalReason"):
-            print(_status_end(args.run, status))
-        else:
-            waiting = f"{status.get('phase', 'Pending')} {status.get('message', '')}".rstrip()
-            print(display.printable(f"{args.run} has no events yet: {waiting}", newlines=False))
-    return 0
-
-
-async def _follow(
-    args: argparse.Namespace,
-    runs: control.RunClient,
-    events: AsyncIterator[RunEvent],
-    *,
-    uid: str,
-) -> int:
-    """Print every event, then each new one, until the run's end; a run that ends without
-    events (or is deleted) is noticed from its status."""
-    from agentrun import kernel
-
-    queue: asyncio.Queue[RunEvent] = asyncio.Queue()
-
-    async def pump() -> None:
-        async for event in events:
-            await queue.put(event)
-
-    reader = asyncio.create_task(pump(), name="follow-events")
-    seen = False
-    try:
-        while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), STATUS_POLL_SECONDS)
-            except TimeoutError:
-                if reader.done():
-                    reader.result()  # raises what stopped it
-                    return 1
-                status = (await runs.get(args.run)).get("status") or {}
-                if status.get("terminalReason") and not seen:
-                    if args.output != "json":
-                        print(_status_end(args.run, status), flush=True)
-                    return 0
-                continue
-            if event.run_uid != uid:
-                continue
-            seen = True
-            _print_event(event, output=args.output)
-            if kernel.conclude(event.summary.phase, steps=event.summary.steps) is not None:
-                return 0
-    finally:
-        reader.cancel()
-        with contextlib.suppress(BaseException):
-            await reader
+# --- logs, describe: modules of their own, imported when the command runs ------------------------
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """``logs RUN [-f]``: the trajectory; ``-f`` follows until the run ends."""
-    return asyncio.run(_logs(args))
+    """``logs RUN [-f]``: the trajectory; ``-f`` follows until the run ends (``logs``)."""
+    from agentrun.cli import logs
 
-
-# --- describe -----------------------------------------------------------------------------------
-
-
-def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
-    """``kubectl describe``-like text of an AgentRun and its Kubernetes Events; every line
-    ``display.printable`` (model and tool text cannot steer the terminal)."""
-    from agentrun.cli import trajectory
-
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    lines = [
-        f"Name:          {meta.get('name')}",
-        f"Namespace:     {meta.get('namespace')}",
-        f"Created:       {meta.get('creationTimestamp')}",
-        f"Tenant:        {status.get('tenant', '-')}",
-        f"Phase:         {status.get('phase', 'Pending')}",
-    ]
-    if status.get("terminalReason"):
-        lines.append(f"Reason:        {status['terminalReason']} (outcome {status.get('outcome')})")
-    if status.get("reruns"):
-        lines.append(f"Reruns:        {status['reruns']} (started again from turn 0)")
-    if status.get("queuePosition"):
-        lines.append(f"Queue:         position {status['queuePosition']}")
-    if status.get("message"):
-        lines.append(f"Message:       {trajectory.truncate(status['message'], 300)}")
-    lines = [
-        *lines,
-        *_definition_lines(obj.get("spec") or {}, status),
-        *_progress_lines(str(meta.get("name")), status),
-        *_events_lines(events),
-    ]
-    return [display.printable(line, newlines=False) for line in lines]
-
-
-def _definition_lines(spec: dict[str, Any], status: dict[str, Any]) -> list[str]:
-    """The Agent (if any), model, tools, goal, approval list and budget the run executes."""
-    from agentrun.cli import trajectory
-
-    run_spec = status.get("resolvedSpec") or spec
-    lines = []
-    if spec.get("agentRef"):
-        ref, agent = spec["agentRef"], status.get("agent") or {}
-        lines.append(
-            f"Agent:         {ref.get('name')} (generation {agent.get('generation', '?')}, "
-            f"{agent.get('digest', 'not resolved yet')})"
-        )
-        for key, value in sorted((ref.get("parameters") or {}).items()):
-            lines.append(f"  {key}: {trajectory.truncate(str(value), 100)}")
-    lines += [
-        f"Model:         {run_spec.get('model', '-')}",
-        f"Tools:         {', '.join(run_spec.get('tools') or []) or '-'}",
-        f"Goal:          {trajectory.truncate(str(run_spec.get('goal', '')), 300)}",
-    ]
-    if run_spec.get("approval", {}).get("tools"):
-        lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
-    return lines + budget_lines(run_spec.get("budget") or {}, tenant=status.get("tenant"))
-
-
-def budget_lines(budget: dict[str, Any], *, tenant: str | None) -> list[str]:
-    """The caps a run works under: each set in ``budget`` (``spec.budget``) as written, the
-    unset ones with an implicit default as that default, then the other settings; and, when
-    a default shows, that the tenant's ``runBudget`` may set or cap it (the status does not
-    carry the tenant's caps)."""
-    from agentrun import kernel, protocol
-
-    implicit = kernel.Limits()
-    defaults = {
-        "maxSteps": implicit.max_steps,
-        "maxToolCalls": implicit.max_tool_calls,
-        "timeout": protocol.DEFAULT_RUN_TIMEOUT,
-    }
-    caps = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
-    shown = [f"{k} {budget[k]}" for k in caps if k in budget]
-    shown += [f"{k} {v} (default)" for k, v in defaults.items() if k not in budget]
-    unset = [k for k in ("maxTokens", "maxCostUSD") if k not in budget]
-    rest = sorted((k, v) for k, v in budget.items() if k not in caps and not isinstance(v, dict))
-    shown += [f"{k} {v}" for k, v in rest]
-    lines = ["Budget:        " + ", ".join(shown)]
-    if unset:
-        lines.append(f"               no {' or '.join(unset)} cap of the run's own")
-    if any(k not in budget for k in defaults):
-        who = f"AgentTenant {tenant}" if tenant else "the run's AgentTenant"
-        lines.append(
-            f"               defaults apply unless {who} sets runBudget.default; "
-            "its runBudget.max caps every run"
-        )
-    return lines
-
-
-def _counted(usage: dict[str, Any], field: str, noun: str) -> str:
-    """``usage[field]`` (0 when absent) and ``noun`` in words: ``1 step``, ``2 steps``."""
-    return display.counted(int(usage.get(field) or 0), noun)
-
-
-def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
-    """Usage, the pending approval, the answer and the conditions."""
-    from agentrun.cli import trajectory
-
-    usage = status.get("usage") or {}
-    lines = []
-    if usage:
-        lines.append(
-            f"Usage:         {_counted(usage, 'steps', 'step')}, "
-            f"{_counted(usage, 'toolCalls', 'tool call')} ({usage.get('toolFailures', 0)} "
-            f"failed), {usage.get('toolCallsNotRun', 0)} not run, "
-            f"{_counted(usage, 'corrections', 'correction')}, "
-            f"{_counted(usage, 'totalTokens', 'token')}, {usage.get('costUSD', '0')} USD, "
-            f"{usage.get('wallSeconds', 0)}s"
-        )
-    pending = status.get("pendingApproval")
-    if pending:
-        lines.extend(_pending_lines(name, pending))
-    if status.get("answer"):
-        lines.append(f"Answer:        {trajectory.truncate(status['answer'], 500)}")
-    lines.append("Conditions:")
-    for condition in status.get("conditions") or []:
-        lines.append(
-            f"  {condition.get('type')}={condition.get('status')} {condition.get('reason')}: "
-            f"{trajectory.truncate(str(condition.get('message', '')), 200)}"
-        )
-    return lines
-
-
-def _pending_lines(name: str, pending: dict[str, Any]) -> list[str]:
-    """The call to decide now and, for a batch, every held call with its decision: each is
-    approved or denied in turn, one ``approve``/``deny`` per call. The call to decide is
-    shown with its arguments in full and the digest that approves exactly it."""
-    from agentrun.cli import trajectory
-
-    held = pending.get("heldCalls") or [{**pending, "decision": "pending"}]
-    lines = [
-        f"Pending:       call {pending.get('call', 1)} of {pending.get('of', len(held))} held "
-        f"for approval, decided in turn: kubectl agentrun approve|deny {name} "
-        f"--digest {pending.get('digest')}"
-    ]
-    for number, call in enumerate(held, start=1):
-        now = call.get("toolCallID") == pending.get("toolCallID")
-        lines.append(
-            f"  {'→' if now else ' '} {number}. {call.get('tool')} call {call.get('toolCallID')}:"
-            f" {call.get('decision', 'pending')}"
-        )
-        if now:
-            shown = trajectory.held_lines(
-                str(call.get("tool")), call.get("arguments"), digest=str(pending.get("digest"))
-            )
-            lines += [f"       {line}" for line in shown]
-        else:
-            lines[-1] += f" ({trajectory.arguments_text(call.get('arguments'))})"
-    return lines
-
-
-def _events_lines(events: list[dict[str, Any]]) -> list[str]:
-    lines = ["Events:" if events else "Events:        <none>"]
-    for event in events:
-        lines.append(
-            f"  {event.get('type', ''):<8} {event.get('reason', ''):<18} "
-            f"x{event.get('count') or 1:<3} {display.printable(str(event.get('message', '')))}"
-        )
-    return lines
+    url = args.nats_url or os.environ.get("AGENTRUN_NATS_URL") or DEFAULT_NATS_URL
+    return logs.cmd_logs(args, nats_url=url)
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    """``describe RUN``: the run and its Events (``-o json``: ``{"object", "events"}``)."""
+    """``describe RUN``: the run and its Events (``describe``)."""
+    from agentrun.cli import describe
 
-    async def describe() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
-            obj = await runs.get(args.run)
-            return obj, await runs.events_of(obj["metadata"]["uid"])
-
-    obj, events = asyncio.run(describe())
-    if args.output == "json":
-        print(json.dumps({"object": obj, "events": events}, indent=2))
-    else:
-        print("\n".join(describe_lines(obj, events)))
-    return 0
+    return describe.cmd_describe(args)
 
 
 # --- eval ---------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ HEAVY = (
     "agentrun.kernel",
     "agentrun.protocol",
     "agentrun_dev.stack",
+    "agentrun.cli.describe",
+    "agentrun.cli.logs",
 )
 """Modules (and their submodules) a command's start must not import."""
 

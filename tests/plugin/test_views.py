@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentrun import kernel, protocol
-from agentrun.cli import kubectl, trajectory
+from agentrun.cli import describe, kubectl, trajectory
 from agentrun.kernel import decision as dec
 from agentrun.protocol import Approval, RunEvent
 
@@ -192,7 +192,7 @@ def test_describe_lists_every_held_call_of_a_batch_with_its_decision() -> None:
         "pendingApproval": protocol.pending_approval_as_dict(summary_),
     }
     obj = {"metadata": {"name": "ship", "namespace": "default"}, "spec": {}, "status": status}
-    lines = kubectl.describe_lines(obj, [])
+    lines = describe.describe_lines(obj, [])
     start = lines.index(
         "Pending:       call 2 of 2 held for approval, decided in turn: "
         "kubectl agentrun approve|deny ship --digest sha256:b"
@@ -236,7 +236,7 @@ def test_describe_counts_calls_not_run_apart_from_failed_ones() -> None:
         "toolCallsNotRun": summary_.tool_calls_not_run,
     }
     obj = {"metadata": {"name": "inventory"}, "spec": {}, "status": {"usage": usage}}
-    (line,) = [x for x in kubectl.describe_lines(obj, []) if x.startswith("Usage:")]
+    (line,) = [x for x in describe.describe_lines(obj, []) if x.startswith("Usage:")]
     assert "3 tool calls (0 failed), 3 not run," in line
 
 
@@ -246,7 +246,7 @@ def test_describe_shows_the_limits_a_run_without_a_budget_gets() -> None:
         "spec": {"budget": {"onExhausted": "summarize"}},
         "status": {"tenant": "team-a"},
     }
-    lines = kubectl.describe_lines(obj, [])
+    lines = describe.describe_lines(obj, [])
     start = next(i for i, line in enumerate(lines) if line.startswith("Budget:"))
     limits = kernel.Limits()
     assert lines[start : start + 3] == [
@@ -267,7 +267,7 @@ def test_describe_shows_a_budget_set_in_full_without_defaults() -> None:
         "timeout": "2m",
         "noProgress": {"window": 3},
     }
-    lines = kubectl.budget_lines(budget, tenant=None)
+    lines = describe.budget_lines(budget, tenant=None)
     assert lines == [
         "Budget:        maxSteps 5, maxToolCalls 9, maxTokens 1000, maxCostUSD 0.5, timeout 2m"
     ]
@@ -275,13 +275,13 @@ def test_describe_shows_a_budget_set_in_full_without_defaults() -> None:
 
 def test_describe_says_how_many_times_a_run_was_started_again() -> None:
     obj = {"metadata": {"name": "again"}, "spec": {}, "status": {"reruns": 2}}
-    assert "Reruns:        2 (started again from turn 0)" in kubectl.describe_lines(obj, [])
+    assert "Reruns:        2 (started again from turn 0)" in describe.describe_lines(obj, [])
     first = {"metadata": {"name": "first"}, "spec": {}, "status": {}}
-    assert not any(x.startswith("Reruns:") for x in kubectl.describe_lines(first, []))
+    assert not any(x.startswith("Reruns:") for x in describe.describe_lines(first, []))
 
 
 def test_describe_counts_one_of_a_kind_in_the_singular() -> None:
     usage = {"steps": 1, "toolCalls": 1, "corrections": 1, "totalTokens": 1, "costUSD": "0"}
     obj = {"metadata": {"name": "one"}, "spec": {}, "status": {"usage": usage}}
-    (line,) = [x for x in kubectl.describe_lines(obj, []) if x.startswith("Usage:")]
+    (line,) = [x for x in describe.describe_lines(obj, []) if x.startswith("Usage:")]
     assert "1 step, 1 tool call (0 failed), 0 not run, 1 correction, 1 token, 0 USD" in line

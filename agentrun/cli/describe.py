@@ -1,0 +1,184 @@
+"""``kubectl agentrun describe``: a run as ``kubectl describe`` shows an object.
+
+Its spec and the Agent it resolved, the budget it works under (with the defaults that apply),
+its usage, the held call waiting for a person, its answer, its conditions and the Kubernetes
+Events about it. Every line is ``display.printable``: model and tool text cannot steer the
+terminal.
+
+What belongs here: those lines and the command reading what they show. What does not: the
+parser and the other commands (``kubectl``). ``kubectl`` imports this module only when
+``describe`` runs: the kernel's and the trajectory's views are this command's alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+from agentrun import display, kernel, protocol
+from agentrun.cli import control, kubeflags, trajectory
+
+
+def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """``kubectl describe``-like text of an AgentRun and its Kubernetes Events; every line
+    ``display.printable`` (model and tool text cannot steer the terminal)."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    lines = [
+        f"Name:          {meta.get('name')}",
+        f"Namespace:     {meta.get('namespace')}",
+        f"Created:       {meta.get('creationTimestamp')}",
+        f"Tenant:        {status.get('tenant', '-')}",
+        f"Phase:         {status.get('phase', 'Pending')}",
+    ]
+    if status.get("terminalReason"):
+        lines.append(f"Reason:        {status['terminalReason']} (outcome {status.get('outcome')})")
+    if status.get("reruns"):
+        lines.append(f"Reruns:        {status['reruns']} (started again from turn 0)")
+    if status.get("queuePosition"):
+        lines.append(f"Queue:         position {status['queuePosition']}")
+    if status.get("message"):
+        lines.append(f"Message:       {trajectory.truncate(status['message'], 300)}")
+    lines = [
+        *lines,
+        *_definition_lines(obj.get("spec") or {}, status),
+        *_progress_lines(str(meta.get("name")), status),
+        *_events_lines(events),
+    ]
+    return [display.printable(line, newlines=False) for line in lines]
+
+
+def _definition_lines(spec: dict[str, Any], status: dict[str, Any]) -> list[str]:
+    """The Agent (if any), model, tools, goal, approval list and budget the run executes."""
+    run_spec = status.get("resolvedSpec") or spec
+    lines = []
+    if spec.get("agentRef"):
+        ref, agent = spec["agentRef"], status.get("agent") or {}
+        lines.append(
+            f"Agent:         {ref.get('name')} (generation {agent.get('generation', '?')}, "
+            f"{agent.get('digest', 'not resolved yet')})"
+        )
+        for key, value in sorted((ref.get("parameters") or {}).items()):
+            lines.append(f"  {key}: {trajectory.truncate(str(value), 100)}")
+    lines += [
+        f"Model:         {run_spec.get('model', '-')}",
+        f"Tools:         {', '.join(run_spec.get('tools') or []) or '-'}",
+        f"Goal:          {trajectory.truncate(str(run_spec.get('goal', '')), 300)}",
+    ]
+    if run_spec.get("approval", {}).get("tools"):
+        lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
+    return lines + budget_lines(run_spec.get("budget") or {}, tenant=status.get("tenant"))
+
+
+def budget_lines(budget: dict[str, Any], *, tenant: str | None) -> list[str]:
+    """The caps a run works under: each set in ``budget`` (``spec.budget``) as written, the
+    unset ones with an implicit default as that default, then the other settings; and, when
+    a default shows, that the tenant's ``runBudget`` may set or cap it (the status does not
+    carry the tenant's caps)."""
+    implicit = kernel.Limits()
+    defaults = {
+        "maxSteps": implicit.max_steps,
+        "maxToolCalls": implicit.max_tool_calls,
+        "timeout": protocol.DEFAULT_RUN_TIMEOUT,
+    }
+    caps = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
+    shown = [f"{k} {budget[k]}" for k in caps if k in budget]
+    shown += [f"{k} {v} (default)" for k, v in defaults.items() if k not in budget]
+    unset = [k for k in ("maxTokens", "maxCostUSD") if k not in budget]
+    rest = sorted((k, v) for k, v in budget.items() if k not in caps and not isinstance(v, dict))
+    shown += [f"{k} {v}" for k, v in rest]
+    lines = ["Budget:        " + ", ".join(shown)]
+    if unset:
+        lines.append(f"               no {' or '.join(unset)} cap of the run's own")
+    if any(k not in budget for k in defaults):
+        who = f"AgentTenant {tenant}" if tenant else "the run's AgentTenant"
+        lines.append(
+            f"               defaults apply unless {who} sets runBudget.default; "
+            "its runBudget.max caps every run"
+        )
+    return lines
+
+
+def _counted(usage: dict[str, Any], field: str, noun: str) -> str:
+    """``usage[field]`` (0 when absent) and ``noun`` in words: ``1 step``, ``2 steps``."""
+    return display.counted(int(usage.get(field) or 0), noun)
+
+
+def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
+    """Usage, the pending approval, the answer and the conditions."""
+    usage = status.get("usage") or {}
+    lines = []
+    if usage:
+        lines.append(
+            f"Usage:         {_counted(usage, 'steps', 'step')}, "
+            f"{_counted(usage, 'toolCalls', 'tool call')} ({usage.get('toolFailures', 0)} "
+            f"failed), {usage.get('toolCallsNotRun', 0)} not run, "
+            f"{_counted(usage, 'corrections', 'correction')}, "
+            f"{_counted(usage, 'totalTokens', 'token')}, {usage.get('costUSD', '0')} USD, "
+            f"{usage.get('wallSeconds', 0)}s"
+        )
+    pending = status.get("pendingApproval")
+    if pending:
+        lines.extend(_pending_lines(name, pending))
+    if status.get("answer"):
+        lines.append(f"Answer:        {trajectory.truncate(status['answer'], 500)}")
+    lines.append("Conditions:")
+    for condition in status.get("conditions") or []:
+        lines.append(
+            f"  {condition.get('type')}={condition.get('status')} {condition.get('reason')}: "
+            f"{trajectory.truncate(str(condition.get('message', '')), 200)}"
+        )
+    return lines
+
+
+def _pending_lines(name: str, pending: dict[str, Any]) -> list[str]:
+    """The call to decide now and, for a batch, every held call with its decision: each is
+    approved or denied in turn, one ``approve``/``deny`` per call. The call to decide is
+    shown with its arguments in full and the digest that approves exactly it."""
+    held = pending.get("heldCalls") or [{**pending, "decision": "pending"}]
+    lines = [
+        f"Pending:       call {pending.get('call', 1)} of {pending.get('of', len(held))} held "
+        f"for approval, decided in turn: kubectl agentrun approve|deny {name} "
+        f"--digest {pending.get('digest')}"
+    ]
+    for number, call in enumerate(held, start=1):
+        now = call.get("toolCallID") == pending.get("toolCallID")
+        lines.append(
+            f"  {'→' if now else ' '} {number}. {call.get('tool')} call {call.get('toolCallID')}:"
+            f" {call.get('decision', 'pending')}"
+        )
+        if now:
+            shown = trajectory.held_lines(
+                str(call.get("tool")), call.get("arguments"), digest=str(pending.get("digest"))
+            )
+            lines += [f"       {line}" for line in shown]
+        else:
+            lines[-1] += f" ({trajectory.arguments_text(call.get('arguments'))})"
+    return lines
+
+
+def _events_lines(events: list[dict[str, Any]]) -> list[str]:
+    lines = ["Events:" if events else "Events:        <none>"]
+    for event in events:
+        lines.append(
+            f"  {event.get('type', ''):<8} {event.get('reason', ''):<18} "
+            f"x{event.get('count') or 1:<3} {display.printable(str(event.get('message', '')))}"
+        )
+    return lines
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    """``describe RUN``: the run and its Events (``-o json``: ``{"object", "events"}``)."""
+
+    async def describe() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
+            obj = await runs.get(args.run)
+            return obj, await runs.events_of(obj["metadata"]["uid"])
+
+    obj, events = asyncio.run(describe())
+    if args.output == "json":
+        print(json.dumps({"object": obj, "events": events}, indent=2))
+    else:
+        print("\n".join(describe_lines(obj, events)))
+    return 0
