@@ -261,7 +261,7 @@ async def test_an_admitted_run_no_view_follows_is_followed_again_once_it_stays_s
     nowhere), is followed again from its events once it stayed so for ``after`` seconds: its
     pending turn published again under the same ``Nats-Msg-Id`` (JetStream drops the copy of
     one still in its duplicate window), with one warning naming it."""
-    bus, first, _, clock = stack
+    bus, _, _, clock = stack
     second = new_dispatcher(bus, clock, FakeKube())  # the process that owns the run now
     watch = OrphanWatch(bus, second, after=AFTER, clock=clock)  # type: ignore[arg-type]
     second.writer.observe(KEY, shown(seq=1, phase="Running"))
