@@ -540,8 +540,9 @@ def _verdict(text: str) -> str | None:
     return schema_problem(json.loads(text))
 
 
-def _depth(value: Any) -> int:
-    """Nesting of objects and arrays, iteratively (a deep value must not exhaust the stack)."""
+def _depth(value: Any, limit: int = MAX_SCHEMA_DEPTH) -> int:
+    """Nesting of objects and arrays, iteratively (a deep value must not exhaust the stack),
+    counted to ``limit`` + 1 at most (a deeper value is not walked further)."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         node, level = stack.pop()
@@ -552,9 +553,15 @@ def _depth(value: Any) -> int:
         else:
             continue
         deepest = max(deepest, level)
-        if level <= MAX_SCHEMA_DEPTH:
+        if level <= limit:
             stack.extend((child, level + 1) for child in children)
     return deepest
+
+
+def nesting(value: Any, limit: int) -> int:
+    """Nesting of objects and arrays in a JSON value (a scalar: 0), counted to ``limit`` + 1
+    at most, without recursion."""
+    return _depth(value, limit)
 
 
 def _nodes(value: Any) -> Iterator[Any]:

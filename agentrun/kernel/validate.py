@@ -79,10 +79,32 @@ def _finite_float(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
+MAX_ARGUMENTS_DEPTH = 64
+"""Most nesting of objects and arrays in one call's arguments. Deeper ones get a correction:
+arguments nested some hundreds of levels (a few kilobytes, within ``MAX_ARGUMENTS_BYTES``)
+raised ``RecursionError`` out of the turn (the run ended ``checkpoint_failed`` after a second
+model call), and past ~255 levels the MCP SDK cannot serialize a call: a ``write`` call that
+was never sent ended its run ``effect_unknown``."""
+
+
+class _TooDeep(ValueError):
+    def __init__(self) -> None:
+        super().__init__(
+            f"arguments are nested deeper than {MAX_ARGUMENTS_DEPTH} levels of objects and arrays"
+        )
+
+
 def _strict_loads(text: str) -> Any:
-    """``json.loads`` as RFC 8259 reads it: no NaN/Infinity, no overflowing numbers, and text
-    repaired where an escape left half a surrogate pair (``clean_text``)."""
-    return _clean(_DECODER.decode(text))
+    """``json.loads`` as RFC 8259 reads it: no NaN/Infinity, no overflowing numbers, nested at
+    most ``MAX_ARGUMENTS_DEPTH`` levels, and text repaired where an escape left half a
+    surrogate pair (``clean_text``). Raises ``ValueError``."""
+    try:
+        value = _DECODER.decode(text)
+    except RecursionError:
+        raise _TooDeep() from None
+    if schemas.nesting(value, MAX_ARGUMENTS_DEPTH) > MAX_ARGUMENTS_DEPTH:
+        raise _TooDeep()
+    return _clean(value)
 
 
 def _clean(value: Any) -> Any:
@@ -95,18 +117,27 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _parsed_arguments(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any] | None, str | None]:
+    """Arguments the answer held as an object already, or an error: nested too deeply."""
+    if schemas.nesting(raw, MAX_ARGUMENTS_DEPTH) > MAX_ARGUMENTS_DEPTH:
+        return None, str(_TooDeep())
+    return raw, None
+
+
 def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
     """Arguments as an object, or an error. No arguments — ``None``, an empty or blank
     string, JSON ``null`` (what servers send for a tool without parameters) — is ``{}``,
     which the tool's schema then accepts or not."""
-    if isinstance(raw, Mapping):
-        return raw, None
+    if isinstance(raw, Mapping):  # an answer not streamed may hold them parsed
+        return _parsed_arguments(raw)
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}, None
     if not isinstance(raw, str):
         return None, f"arguments must be a JSON object, got {type(raw).__name__}"
     try:
         value = _strict_loads(raw)
+    except _TooDeep as err:
+        return None, str(err)
     except json.JSONDecodeError as err:
         return (
             None,
@@ -119,8 +150,9 @@ def _parse_arguments(raw: Any) -> tuple[Mapping[str, Any] | None, str | None]:
     if isinstance(value, str):  # double-encoded: a JSON string holding a JSON object
         try:
             value = _strict_loads(value)
-        except ValueError:
-            return None, "arguments are a JSON string, not a JSON object"
+        except ValueError as err:
+            deep = isinstance(err, _TooDeep)
+            return None, str(err) if deep else "arguments are a JSON string, not a JSON object"
     if not isinstance(value, dict):
         return None, f"arguments must be a JSON object, got {type(value).__name__}"
     return value, None
