@@ -294,7 +294,7 @@ def render_result(result: CallToolResult) -> str:
         return text
     try:
         parsed: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
         parsed = text
     # the SDK wraps a tool's non-object return value as {"result": value}
     same = structured in (parsed, {"result": parsed})

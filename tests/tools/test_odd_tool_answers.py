@@ -1,8 +1,9 @@
-"""Odd answers to a tools/call (deep nesting within every bound, bytes that are not UTF-8, an
-answer for another request id, a huge error message) end the call promptly with a typed fault
-or a result, never break the process. An answer under another request id
-sent as a JSON body reaches no request: the call ends ``timeout`` (a server may always stay
-silent that long); in an event stream the SDK takes it as the request's answer."""
+"""Odd answers to a tools/call (deep nesting within every bound, in the result or in its
+text, bytes that are not UTF-8, an answer for another request id, a huge error message) end
+the call promptly with a typed fault or a result, never break the process. An answer under
+another request id sent as a JSON body reaches no request: the call ends ``timeout`` (a server
+may always stay silent that long); in an event stream the SDK takes it as the request's
+answer."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def _result(request_id: object, extra: bytes = b"") -> bytes:
 
 ANSWERS = {
     "deep": lambda rid: _result(rid, b',"x":' + b"[" * 20_000 + b"]" * 20_000),
+    # text nested past the JSON parser's recursion limit beside structured content: the
+    # renderer compares the two (seen: RecursionError out of the tool, a crash)
+    "deep-text": lambda rid: _result(rid).replace(
+        b'"7"}]', b'"' + b"[" * 100_000 + b"]" * 100_000 + b'"}],"structuredContent":{"a":1}'
+    ),
     "not-utf8": lambda rid: _result(rid).replace(b'"7"', b'"\xff\xfe\x80"'),
     "other-id": lambda rid: _result(rid + 1000 if isinstance(rid, int) else "zz"),
     "huge-error": lambda rid: json.dumps(
@@ -72,3 +78,5 @@ async def test_an_odd_answer_ends_the_call_promptly(answer: str, sse: bool) -> N
         assert isinstance(outcome, tuple) and outcome[0].value == "timeout", outcome
         return
     assert took < 8, (took, outcome)
+    if answer == "deep-text":  # an answer: its text, and the structured content after it
+        assert isinstance(outcome, str) and outcome.endswith(']]\n{"a":1}'), outcome[-50:]
