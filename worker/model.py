@@ -465,7 +465,7 @@ class ModelClient:
             raise _failed_midway(err, api_key=request.api_key) from None
         finally:
             _DEADLINE.reset(token)
-        return _json_object(answer, watch=watch)
+        return _json_object(answer, watch=watch, api_key=request.api_key)
 
     async def _send(
         self, client: openai.AsyncOpenAI, request: ChatRequest, *, watch: StreamWatch | None
@@ -495,15 +495,31 @@ class ModelClient:
         return answer
 
 
-def _json_object(answer: object, *, watch: StreamWatch | None) -> dict[str, Any]:
-    """``answer`` if it is a JSON object; else raises ``ModelError`` (``invalid_response``),
-    told to ``watch`` first as an answer that is not JSON is: the provider read the prompt."""
-    if isinstance(answer, dict):
+def _json_object(answer: object, *, watch: StreamWatch | None, api_key: str) -> dict[str, Any]:
+    """``answer`` if it is a JSON object of a completion; else raises ``ModelError``, told to
+    ``watch`` first as an answer that is not JSON is (the provider read the prompt): an error
+    object without choices (``{"error": …}`` with HTTP 200, as gateways such as OpenRouter
+    answer when the upstream failed) is a server error, as the same error streamed is
+    (``_failed_midway``), not a reply of the model's to correct; anything else that is not a
+    JSON object is ``invalid_response``."""
+    if isinstance(answer, dict) and not (answer.get("error") and "choices" not in answer):
         return answer
     unusable = ModelError(
         "the model endpoint answered with JSON that is not an object",
         error_type=ModelErrorType.INVALID_RESPONSE,
     )
+    if isinstance(answer, dict):
+        why = redact(_error_text(answer["error"]), api_key)[:CAUSE_CHARS]
+        unusable = ModelError(
+            f"the model endpoint answered with an error: {why}",
+            error_type=ModelErrorType.SERVER_ERROR,
+        )
     if watch is not None:
         watch.unanswered(unusable)
     raise unusable
+
+
+def _error_text(error: object) -> str:
+    """What an error object of an answer says: its ``message`` (or itself as text)."""
+    message = error.get("message") if isinstance(error, Mapping) else None
+    return str(message if message is not None else error)
