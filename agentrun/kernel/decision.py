@@ -150,9 +150,23 @@ def _arguments_size(arguments: Any) -> int:
     if isinstance(arguments, str):
         return len(arguments.encode("utf-8", "surrogatepass"))
     try:
-        return len(json.dumps(arguments, ensure_ascii=False, default=str).encode())
+        text = json.dumps(arguments, ensure_ascii=False, default=str)
+        return len(text.encode("utf-8", "surrogatepass"))
     except (TypeError, ValueError, RecursionError):
         return MAX_BATCH_ARGUMENTS_BYTES + 1
+
+
+def _arguments_text(arguments: Any) -> Any:
+    """Arguments as the JSON text the OpenAI contract has: an object or another value (an
+    answer sent whole may hold one) as its JSON, so it is measured, parsed, bounded and
+    repaired as text is, and stored as text; a value that cannot be written as JSON (nested
+    past the stack) as it is, which the size cap then drops. ``None`` stays ``None``."""
+    if arguments is None or isinstance(arguments, str):
+        return arguments
+    try:
+        return json.dumps(arguments, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return arguments
 
 
 def _call_id(value: Any) -> str | None:
@@ -171,7 +185,7 @@ def _read_calls(raw: Any) -> tuple[ToolCall, ...]:
         item = item if isinstance(item, Mapping) else {}
         function = item.get("function")
         function = function if isinstance(function, Mapping) else {}
-        arguments = function.get("arguments")
+        arguments = _arguments_text(function.get("arguments"))
         size = _arguments_size(arguments)
         dropped: int | None = None
         if size > MAX_ARGUMENTS_BYTES or total + size > MAX_BATCH_ARGUMENTS_BYTES:
