@@ -160,8 +160,7 @@ class Delivery:
         the reply: parts of further calls are counted, not kept) and an id at most
         ``kernel.PLACEHOLDER_CHARS`` + 1 characters (a longer one is replaced anyway): an id
         carries no output, so nothing else would bound what a stream of them keeps."""
-        index = part.get("index")
-        position = index if isinstance(index, int) else len(self.calls)
+        position = self._position(part)
         call = self.calls.get(position)
         if call is None:
             call = _Call()
@@ -180,6 +179,19 @@ class Delivery:
                 self._count(text)
                 carried = True
         return carried
+
+    def _position(self, part: Mapping[str, Any]) -> int:
+        """The call a part belongs to: its ``index``; without one (providers that leave it
+        out), a new call when the part names one (an id or a function name), else the last
+        call, whose arguments it continues."""
+        index = part.get("index")
+        if isinstance(index, int):
+            return index
+        function = part.get("function")
+        named = isinstance(function, Mapping) and function.get("name")
+        if self.calls and not part.get("id") and not named:
+            return max(self.calls)
+        return max(self.calls, default=-1) + 1
 
     def _count(self, text: str) -> None:
         if text.isascii():  # most chunks: no encoding needed
