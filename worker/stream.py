@@ -69,8 +69,8 @@ async def read_stream(
     body instead of an event stream (a provider that does not stream) is returned as parsed.
 
     Raises what the ``openai`` client raises (``APIStatusError``, ``APIConnectionError`` and
-    its ``APITimeoutError``, also for a JSON body that broke or timed out: ``_whole_body``) and
-    ``AnswerUnparsable`` for an answer the parser refuses (``parsed``); the caller maps them."""
+    its ``APITimeoutError``, also for a JSON body that broke or timed out, ``_whole_body``, and
+    a stream ended unfinished, ``_finish``) and ``AnswerUnparsable`` (``parsed``)."""
     stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     with cut_unanswered(watch), parsed():
         stream = await client.post(
@@ -82,8 +82,7 @@ async def read_stream(
         )
         if _json_body(stream.response.headers):
             return await _whole_body(stream.response)
-    delivery = Delivery()
-    finished = False
+    delivery, finished = Delivery(), False
     try:
         shown, recorded = time.monotonic(), 0
         async for chunk in _parsed_chunks(stream):
@@ -98,6 +97,7 @@ async def read_stream(
             ):
                 await watch.progress(delivery)
                 shown, recorded = time.monotonic(), delivered
+        _finish(delivery, stream.response.request)
         finished = True
     finally:
         if not finished and watch is not None:
@@ -105,6 +105,19 @@ async def read_stream(
         if delivery.cut or not finished:
             await asyncio.shield(stream.close())  # the provider stops generating
     return delivery.completion()
+
+
+def _finish(delivery: Delivery, request: httpx2.Request) -> None:
+    """Raises ``openai.APIConnectionError`` for a stream that ended (not cut) before the model
+    finished: no chunk gave its choice a ``finish_reason`` (every provider's last one does).
+    Its body ended cleanly — a gateway that gave up on its upstream closes it so — and its
+    text is wherever the stream stopped: a broken stream, as a reset one is (``model_error``,
+    charged what it delivered), never a final answer."""
+    if not delivery.cut and delivery.finish_reason is None:
+        raise openai.APIConnectionError(
+            message="the stream ended before the model finished (no finish_reason)",
+            request=request,
+        )
 
 
 def _json_body(headers: Mapping[str, str]) -> bool:
