@@ -49,8 +49,13 @@ ONE_VALUE_FORMAT = 2
 """Version of a ``single`` tenant's one-value ledger (``encode_one_value``)."""
 
 HoldRow = tuple[int, int, Decimal, float, str] | tuple[int, int, Decimal, float, str, int, Decimal]
-"""A hold of the run: turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
-answered, the tokens and USD the call used."""
+"""A hold of the run: turn, tokens, USD, expiry (epoch seconds), owner; then, once a usage of
+its call is recorded, the tokens and USD the call used. Those two fields are the marker
+(``Hold.recorded``), whatever they hold: ``[…, 0, "0"]`` is a recorded usage of 0, charged 0
+when the hold is dropped, and a row without them has nothing recorded (its prompt's bound is
+charged). Every earlier release wrote them only for a usage above 0, so its rows read as they
+did, and reads this row type as it is (a marker column of its own would fail its fixed-length
+read); one that rewrites a row of a recorded 0 writes it without them (its own reading)."""
 PromptRow = tuple[int, Decimal]
 """A model call's prompt bound held with its hold: tokens, USD (``Hold.prompt_tokens``). Apart
 from the hold's row, which an earlier release reads with a fixed length."""
@@ -189,16 +194,19 @@ def _used_shape(book: Book) -> UsedShape:
 
 def _hold_row(h: Hold) -> HoldRow:
     row = (h.turn, h.tokens, h.cost_usd, h.expires, h.owner)
-    return (*row, h.spent_tokens, h.spent_cost) if h.answered else row
+    return (*row, h.spent_tokens, h.spent_cost) if h.recorded else row
 
 
 def _prompt_rows(holds: Mapping[str, Hold]) -> dict[str, PromptRow]:
     return {k: (h.prompt_tokens, h.prompt_cost) for k, h in holds.items() if h.prompt_tokens}
 
 
-def _with_prompt(hold: Hold, row: PromptRow | None) -> Hold:
-    if row is not None:
-        hold.prompt_tokens, hold.prompt_cost = row
+def _read_hold(hold: Hold, *, recorded: bool, prompt: PromptRow | None) -> Hold:
+    """``hold`` as its row and its prompt row read: ``recorded`` when its row carries the spend
+    fields (``HoldRow``), with its call's prompt bound if one is stored (``prompts``)."""
+    hold.recorded = recorded
+    if prompt is not None:
+        hold.prompt_tokens, hold.prompt_cost = prompt
     return hold
 
 
@@ -317,7 +325,11 @@ def _entry(uid: str, shape: RunShape) -> RunEntry:
     active = None if shape.active is None else Active(*shape.active, life=shape.life)
     place = (active.namespace, active.name) if active else ("", "")
     holds = {
-        k: _with_prompt(Hold(uid, *row[:5], *place, *row[5:]), shape.prompts.get(k))
+        k: _read_hold(
+            Hold(uid, *row[:5], *place, *row[5:]),
+            recorded=len(row) > 5,
+            prompt=shape.prompts.get(k),
+        )
         for k, row in shape.holds.items()
     }
     return RunEntry(
@@ -402,8 +414,8 @@ OneValueHoldRow = (
     tuple[str, int, int, Decimal, float, str]
     | tuple[str, int, int, Decimal, float, str, int, Decimal]
 )
-"""A hold: run uid, turn, tokens, USD, expiry (epoch seconds), owner; then, once its call
-answered, the tokens and USD the call used."""
+"""A hold: run uid, turn, tokens, USD, expiry (epoch seconds), owner; then, once a usage of its
+call is recorded, the tokens and USD the call used: the marker of ``HoldRow``, 0 included."""
 
 
 class OneValueShape(_Shape):
@@ -488,7 +500,8 @@ def decode_one_value(data: bytes) -> Book:
         run = book.active_of(hold_row[0])
         place = (run.namespace, run.name) if run else ("", "")
         hold = Hold(*hold_row[:6], *place, *hold_row[6:])
-        book.put_hold(key, _with_prompt(hold, shape.prompts.get(key)))
+        recorded = len(hold_row) > 6
+        book.put_hold(key, _read_hold(hold, recorded=recorded, prompt=shape.prompts.get(key)))
     for key, waiter_row in sorted(shape.waiting.items(), key=lambda kv: (kv[1][0], kv[0])):
         book.put_waiter(key, Waiter(*waiter_row))
     for memo, until in shape.charged.items():

@@ -29,22 +29,21 @@ from agentrun.ledger.state import BookState
 
 def set_aside(book: BookState, key: str, *, owner: str) -> bool:
     """Another delivery (``owner``) reserves turn ``key``: if the hold under ``key`` is a
-    different owner's and would be charged when dropped (``Hold.dropped_charge``: its call
-    answered, or it holds a model call's prompt bound), move it to ``<key>/<its owner>``,
-    holding exactly that charge, uncharged — whether that call is the one its turn commits is
-    known only once the turn's committer is (``resolve_turn``); its delivery, if alive, still
-    records its usage there (``BookState.record_spend``). True if the call it moved had
-    answered (the reservation is then contested: that delivery may have committed the turn).
-    A hold that would be charged nothing is left for the reservation to replace."""
+    different owner's whose call may have been billed (``Hold.billable``: a usage recorded on
+    it, 0 included, or a model call's prompt bound), move it to ``<key>/<its owner>``, holding
+    exactly what it would be charged dropped (``Hold.dropped_charge``), uncharged — whether
+    that call is the one its turn commits is known only once the turn's committer is
+    (``resolve_turn``); its delivery, if alive, still records its usage there
+    (``BookState.record_spend``). True if the call it moved had a usage recorded
+    (``Hold.recorded``, whatever the amount: the reservation is then contested, as that
+    delivery may have committed the turn). A hold of no model call is left for the
+    reservation to replace."""
     previous = book.hold(key)
-    if previous is None or previous.owner == owner:
-        return False
-    tokens, cost = previous.dropped_charge
-    if not (tokens or cost):
+    if previous is None or previous.owner == owner or not previous.billable:
         return False
     book.take_hold(key)
-    book.put_hold(aside_key(key, previous.owner), previous.holding(tokens, cost))
-    return previous.answered
+    book.put_hold(aside_key(key, previous.owner), previous.holding(*previous.dropped_charge))
+    return previous.recorded
 
 
 def resolve_turn(book: BookState, run_uid: str, turn: int, *, committer: str) -> int:

@@ -47,7 +47,8 @@ MAX_ACTIVE_RUNS = 500
 whatever its ``maxConcurrentRuns``: that value is rewritten on every change and must stay far
 below the server's max payload (1 MiB by default). An active run costs at most about 760 bytes
 of it (its slot, one hold with a recorded spend and its call's prompt bound, one waiter, every
-name at its longest), so it stays under 400 KB; runs over the cap wait in the queue
+name at its longest: 753 measured; a recorded usage of 0 is 6 bytes more than none, less than
+that), so it stays under 400 KB; runs over the cap wait in the queue
 (``ConcurrencyLimit``). A ``split`` tenant has no such cap."""
 LAYOUTS = ("single", "split")
 """How a tenant's ledger is stored. ``single``: the whole ledger in one value (``book.<tenant>``
@@ -171,7 +172,7 @@ class Hold:
     namespace: str = ""
     name: str = ""
     spent_tokens: int = 0
-    """Tokens its model call used, recorded once the call answered (0: not answered yet)."""
+    """Tokens its model call used, once recorded (``recorded``; 0 may be a recorded usage)."""
     spent_cost: Decimal = Decimal(0)
     """USD its model call used, recorded with ``spent_tokens``."""
     prompt_tokens: int = 0
@@ -182,20 +183,31 @@ class Hold:
     or one written without it (an earlier release, ``Book.reserve``): charged nothing."""
     prompt_cost: Decimal = Decimal(0)
     """That prompt bound's price (at the dearer input price, as the worst case's)."""
-
-    @property
-    def answered(self) -> bool:
-        """Whether the hold's model call answered (its usage is recorded)."""
-        return bool(self.spent_tokens or self.spent_cost)
+    recorded: bool = False
+    """Whether a usage of its model call is recorded on it (``spent_tokens`` / ``spent_cost``,
+    0 tokens and 0 USD included): the call answered, or its response delivered that much so
+    far (``BookState.record_spend``). Not told by the amounts: a provider may answer with a
+    usage of 0, and that 0, not the prompt's bound, is what the call is charged. Stored as
+    the spend fields of the hold's row (``codec.HoldRow``)."""
 
     @property
     def dropped_charge(self) -> tuple[int, Decimal]:
         """What its call is charged as abandoned when the hold is dropped uncommitted by
-        anyone but its owner: the usage recorded on it, or with none, its prompt's bound
-        (tokens, USD; (0, 0) for a hold of no model call)."""
-        if self.answered:
+        anyone but its owner: the usage recorded on it (``recorded``: whatever it is, 0
+        included), or with none, its prompt's bound (tokens, USD; (0, 0) for a hold of no
+        model call)."""
+        if self.recorded:
             return self.spent_tokens, self.spent_cost
         return self.prompt_tokens, self.prompt_cost
+
+    @property
+    def billable(self) -> bool:
+        """Whether its call may have been billed, so that dropping the hold uncommitted
+        charges it ``dropped_charge``: a usage is recorded on it (0 included), or it holds a
+        model call's prompt bound (``prompt_tokens`` above 0, as ``codec`` stores one). False
+        for a hold of no model call (the admission's, or an earlier release's with nothing
+        recorded), which is replaced or dropped uncharged."""
+        return self.recorded or self.prompt_tokens > 0
 
     def holding(
         self, tokens: int, cost_usd: Decimal, *, prompt: tuple[int, Decimal] | None = None
@@ -217,6 +229,7 @@ class Hold:
             self.spent_tokens,
             self.spent_cost,
             *prompt,
+            self.recorded,
         )
 
 

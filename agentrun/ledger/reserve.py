@@ -195,10 +195,10 @@ def reserve(book: BookState, key: str, hold: Hold, *, now: float) -> BudgetRefus
 
     Fits means ``used + reserved + hold ≤ limit`` for tokens and cost (the last call that
     exactly reaches a limit is allowed) and wall-clock time left. A hold already under
-    ``key`` (a redelivered turn whose first worker died) is replaced, not added to; if its
-    call answered or it holds a call's prompt bound, it is set aside uncharged until the turn's
-    committer is known (``deliveries.set_aside``). ``hold`` is held as given (a prompt bound
-    only if it carries one).
+    ``key`` (a redelivered turn whose first worker died) is replaced, not added to; if a usage
+    of its call is recorded (0 included) or it holds a call's prompt bound, it is set aside
+    uncharged until the turn's committer is known (``deliveries.set_aside``). ``hold`` is held
+    as given (a prompt bound only if it carries one).
     """
     book.roll(now)
     if (stale := _stale(book, key, hold)) is not None:

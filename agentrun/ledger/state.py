@@ -580,10 +580,11 @@ class BookState:
         self, key: str, *, owner: str, tokens: int, cost_usd: Decimal, answered: bool = True
     ) -> bool:
         """The call of ``owner``'s hold answered, using ``tokens`` / ``cost_usd``: recorded on
-        the hold, so it is charged even if the turn never commits, and the hold now holds
-        exactly that — the call can spend nothing more, so what its worst case held beyond it
-        is free for other calls at once, and a call that used more than its worst case (a
-        provider counting prompt tokens it was not sent) is held for all it used. So ``used +
+        the hold (``Hold.recorded``, 0 included), so it is charged that even if the turn never
+        commits, never its prompt's bound; and the hold now holds exactly that — the call can
+        spend nothing more, so what its worst case held beyond it is free for other calls at
+        once, and a call that used more than its worst case (a provider counting prompt tokens
+        it was not sent) is held for all it used. So ``used +
         reserved`` is exact from the answer until the turn settles (or its worker's dead hold
         is resolved). Not ``answered`` (its response still streams, this much delivered so
         far), it is recorded the same but the hold keeps holding at least its worst case: the
@@ -597,7 +598,7 @@ class BookState:
         hold = self.hold(key)
         if hold is None or hold.owner != owner:
             hold = self.hold(aside_key(key, owner))
-            if hold is None or not (hold.answered or answered):
+            if hold is None or not (hold.recorded or answered):
                 return False
         held_tokens, held_cost = tokens, cost_usd
         if not answered:
@@ -605,7 +606,7 @@ class BookState:
         self.reserved_tokens += held_tokens - hold.tokens
         self.reserved_cost += held_cost - hold.cost_usd
         hold.tokens, hold.cost_usd = held_tokens, held_cost
-        hold.spent_tokens, hold.spent_cost = tokens, cost_usd
+        hold.spent_tokens, hold.spent_cost, hold.recorded = tokens, cost_usd, True
         return True
 
     def refresh(self, key: str, *, owner: str, expires: float) -> bool:
@@ -617,7 +618,7 @@ class BookState:
         hold = self.hold(key)
         if hold is None or hold.owner != owner:
             hold = self.hold(aside_key(key, owner))
-            if hold is None or not hold.answered:
+            if hold is None or not hold.recorded:
                 return False
         hold.expires = max(hold.expires, expires)
         return True
@@ -681,7 +682,10 @@ class BookState:
         """Charge ``hold``'s call to ``used``, as abandoned, as whoever drops the hold of
         another delivery (the sweep, a run's close, its turn resolved by another committer):
         the provider billed it, but its turn will never commit. What it charges is
-        ``Hold.dropped_charge``: the usage recorded on it, or with none its prompt's bound —
+        ``Hold.dropped_charge``: the usage recorded on it (``Hold.recorded``, 0 included: a
+        recorded 0 charges nothing and is not remembered, so a delivery alive whose later
+        record missed the hold charges all its call used as it leaves), or with none its
+        prompt's bound —
         the conservative bound of a call whose worker died (or was cut off) after its
         reservation, when its request most likely went out; nothing for a hold of no model
         call (the admission's). Remembered in its run's ``charged`` with what it was charged,

@@ -81,7 +81,7 @@ def wait_answered_hold(
     while True:
         book = read_book(server, tenant)
         holds = [] if book is None else list(book.holds.values())
-        if any(h.namespace == namespace and h.name == name and h.answered for h in holds):
+        if any(h.namespace == namespace and h.name == name and h.recorded for h in holds):
             return
         assert time.monotonic() < end, f"{namespace}/{name}: no answered hold in {timeout}s"
         time.sleep(0.05)

@@ -374,7 +374,7 @@ def test_a_turn_cancelled_after_its_model_call_is_still_charged(
     while True:  # the answer is in (its usage is on the hold): the worker is in the 4 s tool
         book = ledger.book(name)
         holds = [] if book is None else book.holds.values()
-        if any(h.name == "slow" and h.answered for h in holds):
+        if any(h.name == "slow" and h.recorded for h in holds):
             break
         assert time.monotonic() < deadline, f"the model call never answered: {book}"
         time.sleep(0.05)

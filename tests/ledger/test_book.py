@@ -586,6 +586,7 @@ def test_an_unanswered_hold_is_stored_as_five_fields_and_an_answered_one_as_seve
     carries no spent fields (``[turn, tokens, cost, expires, owner]``)."""
     b = full_book()
     b.holds["r2:0"].spent_tokens, b.holds["r2:0"].spent_cost = 40, Decimal("0.01")
+    b.holds["r2:0"].recorded = True
     raw = json.loads(codec.encode_book(b))
     assert len(raw["runs"]["r1"]["holds"]["r1:5"]) == 5  # [turn, tokens, cost, expires, owner]
     assert raw["runs"]["r2"]["holds"]["r2:0"][5:] == [40, "0.01"]
@@ -1056,7 +1057,7 @@ def test_used_never_goes_down_even_when_a_settlement_reports_less_than_was_charg
 def answered(run: str, turn: int, owner: str, tokens: int, cost: str) -> Hold:
     """A hold whose call answered, using ``tokens`` / ``cost``."""
     made = hold(run, turn, 1_000, "0.01", owner=owner)
-    made.spent_tokens, made.spent_cost = tokens, Decimal(cost)
+    made.spent_tokens, made.spent_cost, made.recorded = tokens, Decimal(cost), True
     return made
 
 
@@ -1152,7 +1153,7 @@ def test_a_progress_record_keeps_the_hold_at_its_worst_case_and_an_answer_shrink
         "r:0", owner="a", tokens=300, cost_usd=Decimal("0.003"), answered=False
     )
     hold = book.holds["r:0"]
-    assert (hold.tokens, hold.cost_usd, hold.spent_tokens, hold.answered) == (
+    assert (hold.tokens, hold.cost_usd, hold.spent_tokens, hold.recorded) == (
         1_000,
         Decimal("0.01"),
         300,

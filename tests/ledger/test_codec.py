@@ -46,7 +46,7 @@ def full_book(*, one_value: bool) -> Book:
     b.put_hold("r1:3", waiting.holding(500, Decimal("0.05"), prompt=(180, Decimal("0.018"))))
     # answered as an earlier release recorded it: the hold still its worst case, not its spend
     answered = Hold("r1", 2, 400, Decimal("0.04"), T0 + 60.0, "w2", "ns-a", "run-one", 350)
-    b.put_hold("r1:2", dataclasses.replace(answered, spent_cost=Decimal("0.035")))
+    b.put_hold("r1:2", dataclasses.replace(answered, spent_cost=Decimal("0.035"), recorded=True))
     b.put_hold("r4:1", Hold("r4", 1, 100, Decimal("0.01"), T0 + 65.0, "w3"))
     b.put_waiter("r2:0", Waiter(T0 + 20.0, 250, Decimal("0.025"), T0 + 30.0))
     b.load_memo("r1:1/w9", T0 + 3_700.0)
@@ -116,9 +116,9 @@ def test_a_one_value_ledger_reads_back_exactly_as_it_was() -> None:
     assert read == written
     assert (read.reserved_tokens, read.reserved_cost) == (1_000, Decimal("0.10"))
     assert (read.active_runs, read.since_offsets) == (1, 10.0)
-    assert read.hold("r1:2") == Hold(
-        "r1", 2, 400, Decimal("0.04"), T0 + 60.0, "w2", "ns-a", "run-one", 350, Decimal("0.035")
-    )  # the hold's place comes from its run's slot
+    answered = Hold("r1", 2, 400, Decimal("0.04"), T0 + 60.0, "w2", "ns-a", "run-one", 350)
+    answered.spent_cost, answered.recorded = Decimal("0.035"), True
+    assert read.hold("r1:2") == answered  # the hold's place comes from its run's slot
     assert read.hold("r4:1") == Hold("r4", 1, 100, Decimal("0.01"), T0 + 65.0, "w3", "", "")
     assert read.runs["r3"].ended == T0 + 3_650.0 and read.runs["r1"].spent == {
         "r1:1/w9": (120, Decimal("0.012"))

@@ -109,7 +109,7 @@ def test_a_set_aside_unrecorded_hold_is_charged_once_when_its_turn_resolves() ->
     ask(b, "dead")
     assert ask(b, "next").contested is False
     aside = stored(b).holds["r:0/dead"]
-    assert (aside.tokens, aside.cost_usd, aside.answered) == (*PROMPT, False)
+    assert (aside.tokens, aside.cost_usd, aside.recorded) == (*PROMPT, False)
     assert b.reserved_tokens == 100 + 500
     assert b.resolve_turn("r", 0, committer="next") == 1
     b = stored(b)

@@ -125,7 +125,8 @@ def test_a_delivery_whose_hold_was_set_aside_can_still_refresh_it() -> None:
     refresh finds it gone: ``test_dead_holds``)."""
     b = book()
     b.put_hold("r1:0", hold("r1", owner="next"))
-    b.put_hold("r1:0/dead", dataclasses.replace(hold("r1", owner="dead"), spent_tokens=5))
+    aside = dataclasses.replace(hold("r1", owner="dead"), spent_tokens=5, recorded=True)
+    b.put_hold("r1:0/dead", aside)
     assert b.refresh("r1:0", owner="dead", expires=NOW + 600)
     assert (b.holds["r1:0/dead"].expires, b.holds["r1:0"].expires) == (NOW + 600, NOW + 60)
     assert not b.refresh("r1:0", owner="gone", expires=NOW + 600)
@@ -147,7 +148,7 @@ def test_set_aside_says_whether_it_moved_a_hold() -> None:
     b.put_hold("r1:0", hold("r1", owner="a"))
     assert not b.reserve("r1:0", hold("r1", owner="b"), now=NOW)  # unanswered: replaced
     answered = hold("r1", owner="b")
-    answered.spent_tokens = 10
+    answered.spent_tokens, answered.recorded = 10, True
     b.put_hold("r1:0", answered)
     assert deliveries.set_aside(b, "r1:0", owner="c")
     assert not deliveries.set_aside(b, "r1:0", owner="c")  # nothing of another's left
@@ -473,7 +474,7 @@ def test_an_abandoned_call_is_remembered_as_charged_past_its_hold_s_expiry() -> 
     assert b.abandon("r2:0", owner="w1", tokens=10, cost_usd=Decimal(0), now=NOW, unrecorded=True)
     assert b.charged["r2:0/w1"] == NOW + CHARGED_MEMORY
     retried = Hold("r1", 0, 1_000, Decimal(0), NOW + 60, "w1")  # its worker called again
-    retried.spent_tokens = 20
+    retried.spent_tokens, retried.recorded = 20, True
     b.put_hold("r1:0", retried)
     assert b.drop_hold("r1:0", committed_turn=-1)  # and that call's hold was swept
     assert b.charged["r1:0/w1"] == NOW + 600 + CHARGED_MEMORY

@@ -147,7 +147,7 @@ def test_an_answered_call_charged_as_abandoned_is_remembered_and_taken_back_once
     b.credited_tokens, b.credited_cost = 3, Decimal("0.003")  # taken back earlier
     b.start_run("r", Active("ns", "r", T0))
     answered = Hold("r", 3, 500, Decimal("0.5"), T0 + 60.0, "w1", spent_tokens=120,
-                    spent_cost=Decimal("0.12"))  # fmt: skip
+                    spent_cost=Decimal("0.12"), recorded=True)  # fmt: skip
     b.charge_dropped(answered)
     memo = "r:3/w1"
     assert b.runs["r"].charged == {memo: T0 + 60.0 + 3_600.0}
@@ -168,7 +168,7 @@ def test_nothing_is_taken_back_for_an_ended_run_an_unknown_call_or_an_unanswered
     b.charge_dropped(Hold("r", 1, 500, Decimal("0.5"), T0 + 60.0, "w1"))  # never answered
     assert b.runs["r"].spent == {} and b.used_tokens == 0
     assert b.uncharge("r:1/w1") is False
-    b.charge_dropped(Hold("r", 2, 9, Decimal(0), T0, "w1", spent_tokens=7))
+    b.charge_dropped(Hold("r", 2, 9, Decimal(0), T0, "w1", spent_tokens=7, recorded=True))
     assert b.runs["r"].spent == {"r:2/w1": (7, Decimal(0))}  # tokens alone are a spend
     assert b.uncharge("r:2/w2") is False and b.uncharge("other:2/w1") is False
     b.close("r", turn=-1, tokens=0, cost_usd=Decimal(0), end=T0 + 5.0, now=T0 + 5.0)

@@ -207,7 +207,7 @@ async def test_the_first_change_keeps_the_book_one_value_or_splits_it_into_run_e
         before.reserve_call("run-30:1", CALL, next_hold(owner), now=NOW + 5)
     if len(movers) == 2:  # the first's call set aside, holding its prompt's bound, uncharged
         aside = after.holds[f"run-30:1/{owners[0]}"]
-        assert (aside.tokens, aside.prompt_tokens, aside.answered) == (1_000, 1_000, False)
+        assert (aside.tokens, aside.prompt_tokens, aside.recorded) == (1_000, 1_000, False)
     same_window(before, after)
 
 

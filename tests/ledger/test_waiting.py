@@ -267,7 +267,7 @@ def test_an_answered_call_is_recorded_on_its_hold_for_its_owner_only() -> None:
     assert not b.record_spend("r1:0", owner="other", tokens=5, cost_usd=Decimal(1))
     assert not b.record_spend("gone:0", owner="w1", tokens=5, cost_usd=Decimal(1))
     assert b.record_spend("r1:0", owner="w1", tokens=120, cost_usd=Decimal("0.0004"))
-    assert b.holds["r1:0"].answered and b.holds["r1:0"].spent_tokens == 120
+    assert b.holds["r1:0"].recorded and b.holds["r1:0"].spent_tokens == 120
 
 
 def test_a_dead_workers_answered_call_is_charged_once_when_its_hold_is_dropped() -> None:
@@ -309,7 +309,7 @@ def test_a_redelivery_replacing_an_answered_hold_sets_it_aside_until_the_turn_re
     else:
         ask(b, "r1", need(), owner="next")
     assert (b.used_tokens, b.abandoned_tokens) == (0, 0)
-    assert b.holds["r1:0"].owner == "next" and not b.holds["r1:0"].answered
+    assert b.holds["r1:0"].owner == "next" and not b.holds["r1:0"].recorded
     aside = b.holds["r1:0/dead"]
     assert (aside.owner, aside.tokens, aside.cost_usd) == ("dead", 50, Decimal("0.0002"))
     decoded = codec.decode_book(codec.encode_book(b)).holds["r1:0/dead"]

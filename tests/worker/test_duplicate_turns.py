@@ -550,7 +550,7 @@ async def test_a_losing_call_left_behind_by_a_dead_worker_is_charged_from_the_co
     events = await stack.events(request)
     assert [e.kind for e in events] == ["admitted", "turn"]
     book = await stack.book()
-    assert len(book.holds) == 2 and all(h.answered for h in book.holds.values())
+    assert len(book.holds) == 2 and all(h.recorded for h in book.holds.values())
     assert (book.used_tokens, book.abandoned_tokens) == (0, 0)
 
     await resolve(stack, request, events[1])

@@ -94,7 +94,7 @@ async def test_a_streaming_calls_unused_allowance_stays_held(store: LedgerStore)
             h = book.holds.get("run-a:0") if book else None
             if h is not None and worst_a is None:
                 worst_a = h.tokens
-            if h is not None and h.answered:
+            if h is not None and h.recorded:
                 break
             await asyncio.sleep(0.1)
         # run B asks for a big call now
