@@ -327,7 +327,7 @@ def _entry(uid: str, shape: RunShape) -> RunEntry:
     holds = {
         k: _read_hold(
             Hold(uid, *row[:5], *place, *row[5:]),
-            recorded=len(row) > 5,
+            recorded=len(row) == 7,
             prompt=shape.prompts.get(k),
         )
         for k, row in shape.holds.items()
@@ -500,7 +500,7 @@ def decode_one_value(data: bytes) -> Book:
         run = book.active_of(hold_row[0])
         place = (run.namespace, run.name) if run else ("", "")
         hold = Hold(*hold_row[:6], *place, *hold_row[6:])
-        recorded = len(hold_row) > 6
+        recorded = len(hold_row) == 8
         book.put_hold(key, _read_hold(hold, recorded=recorded, prompt=shape.prompts.get(key)))
     for key, waiter_row in sorted(shape.waiting.items(), key=lambda kv: (kv[1][0], kv[0])):
         book.put_waiter(key, Waiter(*waiter_row))
