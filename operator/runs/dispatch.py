@@ -198,9 +198,10 @@ class Dispatcher:
         view = self._views.get(uid) or await self._trusted_view(key, first, generation=generation)
         if view is None:
             return True  # refused (ended), or re-sealed (followed once its re-seal is read)
-        view = self._track(view)
         last = await self.bus.last_event(namespace, name)
-        assert last is not None
+        if last is None or last.run_uid != uid:
+            return False  # purged meanwhile (deleted while the orphan watch read it)
+        view = self._track(view)
         if await self._judge(view, last):
             await self._apply(view, last)
         return True
@@ -506,14 +507,22 @@ class Dispatcher:
         (``StatusWriter.unfinished``) that it does not follow: no live view, not refused, no
         end applied here. For ``OrphanWatch``, which follows them again (``recover``) once they
         stay so."""
-        return [
-            (key, written)
-            for key, written in self.writer.unfinished()
-            if key.uid not in self._views
-            and key.uid not in self._ended
-            and key.uid not in self._closed
-            and not self.seals.is_refused(key.uid)
-        ]
+        return [(key, w) for key, w in self.writer.unfinished() if self._left_alone(key.uid)]
+
+    def still_unfollowed(self, key: RunKey) -> bool:
+        """Whether run ``key``, listed by ``unfollowed``, still is: not deleted, followed,
+        refused or ended here since (``OrphanWatch`` asks before following each one)."""
+        return self.writer.shows_unfinished(key) and self._left_alone(key.uid)
+
+    def _left_alone(self, uid: str) -> bool:
+        """Whether nothing here follows run ``uid``: no live view, not refused, no end
+        applied or counted here."""
+        return (
+            uid not in self._views
+            and uid not in self._ended
+            and uid not in self._closed
+            and not self.seals.is_refused(uid)
+        )
 
     def waiting_runs(self, *, since: float) -> list[RunKey]:
         """The runs waiting for a person's decision since ``since`` (epoch seconds) or

@@ -149,6 +149,8 @@ class OrphanWatch:
         followed = 0
         for key, written in due:
             del self._unfollowed[key.uid]
+            if not self.runs.still_unfollowed(key):
+                continue  # deleted, followed or ended while the runs before it were
             if await self.runs.recover(
                 key.namespace,
                 key.name,
@@ -158,6 +160,8 @@ class OrphanWatch:
             ):
                 followed += 1
                 continue
+            if not self.runs.still_unfollowed(key):
+                continue  # deleted while it was read: its events purged
             self._hopeless.add(key.uid)
             log.warning(
                 "AgentRun %s/%s: its events hold no admission of its life to follow (left to "

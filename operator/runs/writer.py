@@ -212,6 +212,11 @@ class StatusWriter:
         sequence in ``.status`` (a view projected their admission) and no terminal reason."""
         return [(run, w) for run, w in self._known.items() if w.seq and not w.terminal]
 
+    def shows_unfinished(self, run: RunKey) -> bool:
+        """Whether run ``run`` is one ``unfinished`` lists (known, admitted, not ended)."""
+        known = self._known.get(run)
+        return known is not None and bool(known.seq) and not known.terminal
+
     def reruns(self, run: RunKey) -> int:
         """``status.reruns`` of run ``run``'s object as last known (``exists`` reads an
         unknown one); 0 when not known."""

@@ -4,6 +4,7 @@ ends the run ``checkpoint_failed`` after ``MAX_REDISPATCHES`` such losses."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 
@@ -351,3 +352,55 @@ async def test_a_run_whose_end_was_applied_here_is_not_followed_again_while_its_
         assert await watch.follow_unfollowed() == 0
         clock.now += AFTER
     assert not dispatcher.is_tracked("u")
+
+
+class DeletingBus(Bus):
+    """``Bus`` that can purge, and whose next ``first_event`` waits for ``gate`` (once)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+        self.reading = asyncio.Event()
+
+    async def first_event(self, namespace: str, name: str) -> RunEvent | None:
+        first = self.events[0] if self.events else None
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.reading.set()
+            await gate.wait()
+        return first
+
+    async def purge_run(self, namespace: str, name: str, *, through: int = 0) -> None:
+        self.events = [e for e in self.events if through and e.seq > through]
+
+    async def purge_effects(self, run_uid: str) -> None:
+        pass
+
+
+async def test_a_run_deleted_while_the_audit_follows_it_again_is_not_left_followed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The audit read the run's admission, then the run was deleted (ended, its events
+    purged, its status forgotten) before it read its last event: it is not followed (a view
+    of a deleted run, its deadline timer armed, for ever), nor told as a lost checkpoint."""
+    bus, clock = DeletingBus(), Clock()
+    dispatcher = new_dispatcher(bus, clock, FakeKube())
+    state = kernel.initial_state(goal="g")
+    admitted = RunEvent("admitted", "u", state.summary(), config=admitted_config(clock))
+    await bus.append_event("ns", "r", sealed(admitted), expected_seq=0)
+    watch = OrphanWatch(bus, dispatcher, after=AFTER, clock=clock)  # type: ignore[arg-type]
+    dispatcher.writer.observe(KEY, shown(seq=1, phase="Running"))
+    try:
+        assert await watch.follow_unfollowed() == 0  # first found
+        clock.now += AFTER
+        bus.gate = gate = asyncio.Event()
+        audit = asyncio.create_task(watch.follow_unfollowed())
+        await bus.reading.wait()  # the audit read the run's admission...
+        await dispatcher.forget("ns", "r", "u")  # ...and the AgentRun is deleted meanwhile
+        assert not dispatcher.is_tracked("u") and not bus.events
+        gate.set()
+        await asyncio.gather(audit, return_exceptions=True)
+        assert not dispatcher.is_tracked("u"), "a deleted run is followed again, for ever"
+        assert "no admission of its life" not in caplog.text
+    finally:
+        await dispatcher.cancel_timers()
