@@ -182,15 +182,24 @@ class Delivery:
 
     def _position(self, part: Mapping[str, Any]) -> int:
         """The call a part belongs to: its ``index``; without one (providers that leave it
-        out), a new call when the part names one (an id or a function name), else the last
-        call, whose arguments it continues."""
+        out), the last call when the part repeats that call's id, a new call when it names one
+        (another id, or a function name), else the last call, whose arguments it continues."""
         index = part.get("index")
         if isinstance(index, int):
             return index
         function = part.get("function")
         named = isinstance(function, Mapping) and function.get("name")
-        if self.calls and not part.get("id") and not named:
-            return max(self.calls)
+        ident = part.get("id")
+        if self.calls:
+            last = max(self.calls)
+            if (
+                isinstance(ident, str)
+                and ident
+                and ident[: kernel.PLACEHOLDER_CHARS + 1] == (self.calls[last].id)
+            ):
+                return last
+            if not ident and not named:
+                return last
         return max(self.calls, default=-1) + 1
 
     def _count(self, text: str) -> None:

@@ -1,8 +1,9 @@
 """Streamed tool calls whose parts carry no ``index`` (providers that leave it out) fold into
-calls: a part naming a call (an id or a function name) starts one, a part that names none
-continues the last one's arguments. Before, every part without an index started a call of its
-own: a call whose arguments came in two chunks became two broken calls (invalid JSON, and an
-unknown tool ``''``), and the reply was a correction however well-formed."""
+calls: a part naming a call (an id or a function name) starts one, a part that names none, or
+repeats the last call's id, continues the last one's arguments. Before, every part without an
+index started a call of its own: a call whose arguments came in two chunks became two broken
+calls (invalid JSON, and an unknown tool ``''``), and the reply was a correction however
+well-formed."""
 
 from __future__ import annotations
 
@@ -44,3 +45,15 @@ def test_whole_calls_without_an_index_stay_apart() -> None:
 def test_an_unindexed_part_after_indexed_calls_takes_a_new_position() -> None:
     calls = folded(part(index=3, id="a", name="x", arguments="{}"), part(id="b", name="y"))
     assert [c["id"] for c in calls] == ["a", "b"]
+
+
+def test_parts_without_an_index_that_repeat_their_call_id_continue_that_call() -> None:
+    calls = folded(
+        part(id="a", name="calculate", arguments='{"expres'),
+        part(id="a", arguments='sion":"1+1"}'),
+        part(id="b", name="calculate", arguments="{}"),
+    )
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("a", "calculate", '{"expression":"1+1"}'),
+        ("b", "calculate", "{}"),
+    ]
