@@ -133,6 +133,10 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self._ended: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
         self._closed: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
+        self._handed: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
+        """Runs handed here by an admission (``start_run``) or a resume (``recover``): one of
+        them left unfollowed lost its view; one never handed may still wait for kopf's
+        start-up resume (``handed``)."""
         """Runs whose end this process applied (their view dropped): not ``unfollowed`` while
         their status write is on its way."""
         self.ownership = deps.ownership
@@ -152,6 +156,7 @@ class Dispatcher:
         dispatched by the event consumer when it sees the admission.
         """
         key = RunKey(config.namespace, config.name, config.uid)
+        self._handed[config.uid] = None
         state = kernel.initial_state(goal=config.goal, instructions=config.instructions)
         event = self.seals.seal(
             RunEvent("admitted", config.uid, state.summary(), config=config, time=start_time)
@@ -189,6 +194,7 @@ class Dispatcher:
         admission of an earlier life (a copy appended while the rerun waits in its queue) is
         refused and not followed: the rerun is admitted as it would have been.
         """
+        self._handed[uid] = None
         key = RunKey(namespace, name, uid)
         first = await self.bus.first_event(namespace, name)
         if first is None or first.run_uid != uid or first.config is None:
@@ -508,6 +514,11 @@ class Dispatcher:
         end applied here. For ``OrphanWatch``, which follows them again (``recover``) once they
         stay so."""
         return [(key, w) for key, w in self.writer.unfinished() if self._left_alone(key.uid)]
+
+    def handed(self, uid: str) -> bool:
+        """Whether run ``uid`` was handed here by its admission or a resume (``recover``,
+        kopf's start-up among them) in this process's life."""
+        return uid in self._handed
 
     def still_unfollowed(self, key: RunKey) -> bool:
         """Whether run ``key``, listed by ``unfollowed``, still is: not deleted, followed,

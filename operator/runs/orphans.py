@@ -14,7 +14,9 @@ process does not follow (no live view: none was made, or one was dropped, on a p
 knows of), would otherwise wait for ever, in silence, since every other check here looks at
 followed runs only. Once such a run has stayed unfollowed for ``after`` seconds it is followed
 again from its events (``Dispatcher.recover``, what an operator's start does for each run),
-with a warning naming it.
+with a warning naming it; one that neither its admission nor a resume handed to this process
+yet (kopf's start-up resume goes one namespace's few runs at a time) gets
+``STARTUP_AFTERS × after`` seconds first.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ log = logging.getLogger(__name__)
 
 MAX_REDISPATCHES = 3
 """Times a lost turn is published again before the run ends ``checkpoint_failed``."""
+STARTUP_AFTERS = 12
+"""A run found unfollowed that nothing in this process handed to the dispatcher yet (neither
+its admission nor a resume: kopf's start-up resume may not have reached it, each namespace's
+runs waiting their turn in the admission gate) is followed again only after this many
+``after`` periods, not one: a restart with thousands of runs is not done twice, nor told as a
+fault."""
 BEHIND_AFTERS = 3
 """A committed event the event consumer has not delivered for this many ``after`` periods is
 logged (once per event): nothing here acts on it, and without the log a consumer that stopped
@@ -126,7 +134,9 @@ class OrphanWatch:
     async def follow_unfollowed(self) -> int:
         """Follow again, from its events, each run found admitted, unfinished and not followed
         here (``Dispatcher.unfollowed``) at an earlier look at least ``after`` seconds ago
-        (logged in one warning a look); returns how many. Raises what NATS raises."""
+        (``STARTUP_AFTERS × after`` for one not yet handed to the dispatcher in this process:
+        ``_patience``), logged in one warning a look; returns how many. Raises what NATS
+        raises."""
         now = self.clock()
         found = {key.uid: (key, written) for key, written in self.runs.unfollowed()}
         self._unfollowed = {uid: self._unfollowed.get(uid, now) for uid in found}
@@ -134,7 +144,7 @@ class OrphanWatch:
         due = [
             found[uid]
             for uid, since in self._unfollowed.items()
-            if now - since >= self.after and uid not in self._hopeless
+            if uid not in self._hopeless and now - since >= self._patience(uid)
         ]
         if not due:
             return 0
@@ -171,6 +181,11 @@ class OrphanWatch:
                 key.name,
             )
         return followed
+
+    def _patience(self, uid: str) -> float:
+        """Seconds run ``uid`` stays unfollowed before it is followed again: ``after`` once
+        this process handed it to the dispatcher, else ``STARTUP_AFTERS × after``."""
+        return self.after if self.runs.handed(uid) else STARTUP_AFTERS * self.after
 
     async def check(self, turn: PendingTurn) -> bool:
         """Re-dispatch ``turn`` if its TurnRequest is gone and no newer event came, or end the

@@ -19,7 +19,12 @@ from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
 from agentrun.operator.runs.fairness import ReadyTurn
 from agentrun.operator.runs.keys import RunKey
-from agentrun.operator.runs.orphans import BEHIND_AFTERS, MAX_REDISPATCHES, OrphanWatch
+from agentrun.operator.runs.orphans import (
+    BEHIND_AFTERS,
+    MAX_REDISPATCHES,
+    STARTUP_AFTERS,
+    OrphanWatch,
+)
 from agentrun.operator.runs.seals import RunSeals
 from agentrun.operator.runs.writer import StatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
@@ -258,13 +263,16 @@ async def test_an_admitted_run_no_view_follows_is_followed_again_once_it_stays_s
     stack: tuple[Bus, Dispatcher, OrphanWatch, Clock], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The level-triggered second line: a run whose object shows it admitted and not ended,
-    which this process does not follow (here: another process admitted it and took it
-    nowhere), is followed again from its events once it stayed so for ``after`` seconds: its
-    pending turn published again under the same ``Nats-Msg-Id`` (JetStream drops the copy of
-    one still in its duplicate window), with one warning naming it."""
+    which this process was handed and does not follow (here: its admission found it admitted
+    already and left it to an event nobody delivers), is followed again from its events once
+    it stayed so for ``after`` seconds: its pending turn published again under the same
+    ``Nats-Msg-Id`` (JetStream drops the copy of one still in its duplicate window), with one
+    warning naming it."""
     bus, _, _, clock = stack
     second = new_dispatcher(bus, clock, FakeKube())  # the process that owns the run now
     watch = OrphanWatch(bus, second, after=AFTER, clock=clock)  # type: ignore[arg-type]
+    await second.start_run(admitted_config(clock), start_time=clock.now, generation=1)
+    assert second.handed("u") and not second.is_tracked("u")
     second.writer.observe(KEY, shown(seq=1, phase="Running"))
     try:
         await watch._pass()
@@ -331,7 +339,7 @@ async def test_an_unfollowed_run_whose_events_are_gone_is_logged_once_and_left_a
     dispatcher.writer.observe(KEY, shown(seq=3, phase="Running"))
     assert await watch.follow_unfollowed() == 0
     for _ in range(3):
-        clock.now += AFTER
+        clock.now += STARTUP_AFTERS * AFTER  # not handed here: kopf's start-up had its time
         assert await watch.follow_unfollowed() == 0
     said = [r.getMessage() for r in caplog.records if "no admission of it" in r.getMessage()]
     assert len(said) == 1 and "ns/r" in said[0]
@@ -392,7 +400,7 @@ async def test_a_run_deleted_while_the_audit_follows_it_again_is_not_left_follow
     dispatcher.writer.observe(KEY, shown(seq=1, phase="Running"))
     try:
         assert await watch.follow_unfollowed() == 0  # first found
-        clock.now += AFTER
+        clock.now += STARTUP_AFTERS * AFTER  # not handed here: kopf's start-up had its time
         bus.gate = gate = asyncio.Event()
         audit = asyncio.create_task(watch.follow_unfollowed())
         await bus.reading.wait()  # the audit read the run's admission...
@@ -404,3 +412,27 @@ async def test_a_run_deleted_while_the_audit_follows_it_again_is_not_left_follow
         assert "no admission of its life" not in caplog.text
     finally:
         await dispatcher.cancel_timers()
+
+
+async def test_a_run_not_yet_handed_here_waits_for_the_start_ups_resume_first(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run found unfollowed that neither its admission nor a resume handed to this process
+    (kopf's start-up resume may not have reached it yet) is given ``STARTUP_AFTERS × after``
+    seconds before it is followed again: a large restart is not done twice, nor told as a
+    lost view."""
+    bus, _, _, clock = stack
+    second = new_dispatcher(bus, clock, FakeKube())
+    watch = OrphanWatch(bus, second, after=AFTER, clock=clock)  # type: ignore[arg-type]
+    second.writer.observe(KEY, shown(seq=1, phase="Running"))
+    try:
+        assert await watch.follow_unfollowed() == 0  # first found
+        clock.now += (STARTUP_AFTERS - 1) * AFTER
+        assert await watch.follow_unfollowed() == 0
+        assert not second.pending_turns() and "no view followed" not in caplog.text
+        clock.now += AFTER
+        assert await watch.follow_unfollowed() == 1
+        (turn,) = second.pending_turns()
+        assert turn.key == KEY and second.handed("u")
+    finally:
+        await second.cancel_timers()
