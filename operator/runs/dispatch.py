@@ -133,12 +133,12 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self._ended: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
         self._closed: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
+        """Runs whose end this process applied (their view dropped): not ``unfollowed`` while
+        their status write is on its way."""
         self._handed: cachetools.FIFOCache[str, None] = cachetools.FIFOCache(ENDED_MEMORY)
         """Runs handed here by an admission (``start_run``) or a resume (``recover``): one of
         them left unfollowed lost its view; one never handed may still wait for kopf's
         start-up resume (``handed``)."""
-        """Runs whose end this process applied (their view dropped): not ``unfollowed`` while
-        their status write is on its way."""
         self.ownership = deps.ownership
         self._shards: cachetools.LRUCache[str, int] = cachetools.LRUCache(ENDED_MEMORY)
         """The shard of runs seen on a consumer (by uid), so that a run is read once."""

@@ -95,6 +95,12 @@ class Written:
     generation: int = 1
     """``metadata.generation``: what a status projected from the run's events observed."""
 
+    @property
+    def unfinished(self) -> bool:
+        """Whether it shows the run admitted and not ended: an event sequence (a view
+        projected its admission) and no terminal reason."""
+        return bool(self.seq) and not self.terminal
+
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> Written:
         """From an AgentRun object as JSON."""
@@ -208,14 +214,14 @@ class StatusWriter:
             self._known[run] = seen
 
     def unfinished(self) -> list[tuple[RunKey, Written]]:
-        """The runs whose object, as last known, shows them admitted and not ended: an event
-        sequence in ``.status`` (a view projected their admission) and no terminal reason."""
-        return [(run, w) for run, w in self._known.items() if w.seq and not w.terminal]
+        """The runs whose object, as last known, shows them admitted and not ended
+        (``Written.unfinished``)."""
+        return [(run, w) for run, w in self._known.items() if w.unfinished]
 
     def shows_unfinished(self, run: RunKey) -> bool:
         """Whether run ``run`` is one ``unfinished`` lists (known, admitted, not ended)."""
         known = self._known.get(run)
-        return known is not None and bool(known.seq) and not known.terminal
+        return known is not None and known.unfinished
 
     def reruns(self, run: RunKey) -> int:
         """``status.reruns`` of run ``run``'s object as last known (``exists`` reads an
