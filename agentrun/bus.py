@@ -118,6 +118,50 @@ class CommitConflict(Exception):
     """The run's subject moved on: another writer committed first; this commit is void."""
 
 
+class WorkQueueMissing(Exception):
+    """The work queue (``AGENTRUN_TURNS``) or the workers' consumer does not exist: nothing
+    delivers a TurnRequest until a provisioning bus makes it again (the operator's start)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkQueue:
+    """One look at the work queue and the workers' consumer (``Bus.work_queue``): the figures
+    nats-server reports, stream sequences and message counts."""
+
+    delivered: int
+    """The highest stream sequence the consumer has delivered (``delivered.stream_seq``)."""
+    ack_floor: int
+    """The stream sequence at or below which the consumer counts every message acknowledged
+    (``ack_floor.stream_seq``)."""
+    pending: int
+    """Messages above ``delivered`` the consumer counts as still to deliver (``num_pending``)."""
+    ack_pending: int
+    """Messages delivered and not acknowledged yet: in a worker's hands or waiting out a nak's
+    delay or ``ack_wait`` before redelivery (``num_ack_pending``)."""
+    waiting: int
+    """Pull requests of workers waiting for a message (``num_waiting``): idle demand."""
+    messages: int
+    """Messages the work-queue stream holds (its ``state.messages``)."""
+    paused: bool = False
+    """Whether a person paused the consumer (it delivers nothing until resumed)."""
+
+    @property
+    def unaccounted(self) -> int:
+        """Messages the stream holds that the consumer counts neither to deliver nor
+        awaiting an acknowledgement (0 when it accounts for all): each is a TurnRequest it
+        will never deliver (a work queue keeps a message until its consumer acks it)."""
+        return max(0, self.messages - self.pending - self.ack_pending)
+
+    def describe(self) -> str:
+        """The figures in one line, for a log."""
+        return (
+            f"consumer {protocol.WORKERS_CONSUMER}: delivered {self.delivered}, ack floor "
+            f"{self.ack_floor}, pending {self.pending}, ack pending {self.ack_pending}, "
+            f"waiting pulls {self.waiting}{', paused' if self.paused else ''}; the stream holds "
+            f"{self.messages} ({self.unaccounted} unaccounted)"
+        )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class BusSettings:
     """Stream and consumer tuning."""
@@ -293,6 +337,37 @@ class Bus:
         except nats.js.errors.NotFoundError:
             return False
         return True
+
+    async def work_queue(self) -> WorkQueue:
+        """The workers' consumer's figures and the work queue's message count, read in that
+        order (two requests: consumer info, then stream info; a message acked between the two
+        is counted by neither). Raises ``WorkQueueMissing`` when either does not exist, and
+        what nats-py raises when the server cannot be asked (timeout, no connection)."""
+        try:
+            info = await self.js._jsm.consumer_info(
+                protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER
+            )
+            state = (await self.js._jsm.stream_info(protocol.STREAM_TURNS)).state
+        except nats.js.errors.NotFoundError as err:
+            raise WorkQueueMissing(f"{protocol.STREAM_TURNS}: {err}") from err
+        return WorkQueue(
+            delivered=int(info.delivered.stream_seq or 0) if info.delivered else 0,
+            ack_floor=int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0,
+            pending=int(info.num_pending or 0),
+            ack_pending=int(info.num_ack_pending or 0),
+            waiting=int(info.num_waiting or 0),
+            messages=int(state.messages or 0),
+            paused=bool(info.paused),
+        )
+
+    async def drop_turn(self, seq: int) -> bool:
+        """Delete the TurnRequest at stream sequence ``seq`` from the work queue (one the
+        workers' consumer will never deliver, before it is published again); False when it was
+        gone already (acked meanwhile). Raises what nats-py raises otherwise."""
+        try:
+            return bool(await self.js._jsm.delete_msg(protocol.STREAM_TURNS, seq))
+        except nats.js.errors.NotFoundError:
+            return False
 
     async def pending_turns(self) -> int:
         """TurnRequests not yet delivered to any worker (the work queue's backlog)."""

@@ -242,6 +242,18 @@ MESSAGES_REFUSED = Counter(
 ``increase()``)."""
 for _fault in SealFault:
     MESSAGES_REFUSED.labels(reason=_fault.value)
+TURNS_UNDELIVERED = Counter(
+    "agentrun_turns_undelivered",
+    "TurnRequests the workers' consumer would never deliver (its state no longer matches the "
+    "work queue), taken out and published again by the orphan watch, by reason: "
+    "below_ack_floor, delivered_not_pending, not_counted, not_delivered.",
+    ["reason"],
+    registry=None,
+)
+"""Registered by operator processes only (`export_operator`), every reason at 0."""
+UNDELIVERED_REASONS = ("below_ack_floor", "delivered_not_pending", "not_counted", "not_delivered")
+"""Every ``reason`` of ``agentrun_turns_undelivered_total`` (the operator's
+``runs.undelivered.Verdict`` that are stuck)."""
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
 EVAL_CASES = Counter(
@@ -407,20 +419,30 @@ def count_model_call(tenant: str, *, model: str, error_type: ModelErrorType | No
         MODEL_CALL_ERRORS.labels(tenant=tenant, model=model, error_type=error_type.value).inc()
 
 
+def record_undelivered(reason: str) -> None:
+    """One TurnRequest the workers' consumer would never deliver, published again, for
+    ``reason`` (one of ``UNDELIVERED_REASONS``; ``agentrun_turns_undelivered_total``)."""
+    TURNS_UNDELIVERED.labels(reason=reason).inc()
+
+
 def record_refusal(fault: SealFault) -> None:
     """One message refused for ``fault`` (``agentrun_messages_refused_total``)."""
     MESSAGES_REFUSED.labels(reason=fault.value).inc()
 
 
 def export_operator() -> None:
-    """Export ``agentrun_operator_leader`` (at 0) from this process: an operator calls it at
-    start-up, before it waits for the Lease. Idempotent."""
+    """Export ``agentrun_operator_leader`` and ``agentrun_crd_mismatch`` (at 0), the shards'
+    gauge and ``agentrun_turns_undelivered_total`` (every reason at 0) from this process: an
+    operator calls it at start-up, before it waits for the Lease. Idempotent."""
     if ("operator",) not in _known:
         OPERATOR_LEADER.set(0)
         REGISTRY.register(OPERATOR_LEADER)
         CRD_MISMATCH.set(0)
         REGISTRY.register(CRD_MISMATCH)
         REGISTRY.register(OPERATOR_SHARD_OWNED)
+        for reason in UNDELIVERED_REASONS:
+            TURNS_UNDELIVERED.labels(reason=reason)
+        REGISTRY.register(TURNS_UNDELIVERED)
         _known.add(("operator",))
 
 

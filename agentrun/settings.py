@@ -148,8 +148,9 @@ class OperatorSettings(ProcessSettings):
     saying so, for that run only; runs already queued keep their places."""
     queue_status_writes: float = Field(default=20.0, gt=0)
     """``AGENTRUN_QUEUE_STATUS_WRITES``: status writes per second, for all tenants together,
-    that refresh a queued run's position after it moved (the stalest first); a run's first
-    ``Queued`` status is written at once, whatever the rate."""
+    that refresh a queued run's position after it moved (the stalest first), shared by the
+    tenants whose queues want them; a run's first ``Queued`` status is written at once,
+    whatever the rate."""
     identity: str | None = None
     """``AGENTRUN_IDENTITY``: this process's name in the leader Lease and the shard Leases (the
     chart passes the pod name); unset uses ``<hostname>-<pid>``. It must be unique among the

@@ -35,7 +35,8 @@ uses (``Handling``). Order of construction, and what each part is told:
 - ``ToolServerRefresher`` discovers AgentToolServers' tools in the background and writes their
   status; admission (``RunConfigs``) reads that status through a ``ToolServerCache``.
 - ``EvalController`` runs AgentEvals: creates their cases' runs, grades the ended ones from
-  their status and committed events (``Bus``), writes the table, posts Events.
+  their status and committed events (``Bus``), writes the table, posts Events; one suite of
+  each tenant at a time (the party of its ``FairWork``: ``Tenants.party``).
 - ``Reaper`` deletes finished runs after ``spec.ttlSecondsAfterFinished``; at start the
   events and effect records of runs deleted while no operator ran are purged
   (``lifecycle.purge_orphans``).
@@ -335,8 +336,8 @@ def _make_parts(
     settings: OperatorSettings, *, bus: Bus, store: LedgerStore, api: KubeApi, ownership: Ownership
 ) -> Parts:
     """Every part, each given its collaborators; nothing started yet."""
-    writer = StatusWriter(api, interval=settings.status_interval)
     tenants = _tenants(settings, api)
+    writer = StatusWriter(api, interval=settings.status_interval, party=tenants.party)
     store.rebuild = RebuiltUsage(api, tenants)  # a book made anew: its window's use rebuilt
     configs = _run_configs(api, checks := FairWork(party=tenants.party))
     board = QueueBoard()

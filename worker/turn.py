@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +30,8 @@ from . import budget, toolrunner
 from .delivery import CUT_KEY, DELIVERED_KEY, ESTIMATE_KEY
 from .effects import EffectLedger
 from .model import ChatRequest, ModelClient, ModelError
+
+log = logging.getLogger(__name__)
 
 
 class SecretSource(Protocol):
@@ -377,7 +380,7 @@ def _usage_of(
         floor, estimate = response.get(DELIVERED_KEY), response.get(ESTIMATE_KEY)
         streamed = isinstance(floor, int)  # else sent whole: not cut, its estimate not capped
         return kernel.read_usage(
-            response,
+            _believable(response, config=config, call=call),
             pricing=config.model.pricing,
             prompt_estimate=call.prompt_estimate,
             max_output_tokens=call.max_output_tokens if streamed else None,
@@ -390,6 +393,30 @@ def _usage_of(
     prompt, pricing = call.prompt_estimate, config.model.pricing
     cost = pricing.cost(input_tokens=prompt, cached_input_tokens=0, output_tokens=cut)
     return kernel.Usage(prompt, cut, 0, cost, estimated=True)
+
+
+def _believable(
+    response: dict[str, Any], *, config: RunConfig, call: kernel.CallModel
+) -> dict[str, Any]:
+    """``response``, less its ``usage`` when a count in it is more than the call could bill
+    (``kernel.implausible_usage`` past ``kernel.most_billable`` of the AgentModel's
+    ``contextWindow`` and the prompt's bound): it is then estimated as a missing one is, and a
+    warning names the count."""
+    most = kernel.most_billable(
+        context_window=config.model.context_window, prompt_bound=call.prompt_estimate
+    )
+    beyond = kernel.implausible_usage(response, most=most)
+    if beyond is None:
+        return response
+    log.warning(
+        "AgentModel %r reported usage no call could bill (%s, the most its contextWindow "
+        "and the prompt's bound allow) for run %s/%s; charged the estimate instead",
+        config.model.name,
+        beyond,
+        config.namespace,
+        config.name,
+    )
+    return {key: value for key, value in response.items() if key != "usage"}
 
 
 def _chat_attributes(config: RunConfig, call: kernel.CallModel) -> dict[str, Any]:

@@ -118,6 +118,48 @@ def prompt_token_bound(messages: Sequence[Mapping[str, Any]], tools: Sequence[An
 
 MAX_REPORTED_TOKENS = 10_000_000_000
 """Counts above this are not believed (no context window is that large)."""
+WINDOW_SLACK = 4
+"""How many times the larger of a model's declared context window and a call's prompt bound
+one call's reported count may be and still be believed (``most_billable``). A server bills at
+most its real window a call (a prompt past it is refused, and output shares it); the slack
+leaves room for a window declared smaller than the model's and a provider's hidden template
+and tool tokens."""
+LEAST_BILLABLE = 1_000_000
+"""The count ``most_billable`` believes whatever the declared window: some providers bill
+reasoning apart from ``max_tokens`` and the window (tens of thousands of tokens of chain of
+thought beside a short answer), and a window may be declared small to keep prompts short. An
+absurd report (billions) is still not believed; one believed costs a tenant at most this many
+tokens a call."""
+
+
+def most_billable(*, context_window: int, prompt_bound: int) -> int:
+    """The largest token count (prompt, completion, reasoning or total) of one model call that
+    a worker believes: ``WINDOW_SLACK`` × the larger of the AgentModel's ``contextWindow`` and
+    the call's prompt bound (``prompt_token_bound``), at least ``LEAST_BILLABLE`` and at most
+    ``MAX_REPORTED_TOKENS``. A gateway that reports 9,000,000,000 prompt tokens for a
+    50-token prompt would otherwise charge the tenant for them."""
+    most = max(LEAST_BILLABLE, WINDOW_SLACK * max(context_window, prompt_bound))
+    return min(MAX_REPORTED_TOKENS, most)
+
+
+def implausible_usage(response: Mapping[str, Any], *, most: int) -> str | None:
+    """What in ``response``'s ``usage`` no call could bill: the first of its prompt,
+    completion, total and reasoning counts above ``most`` (``most_billable``), as
+    ``"prompt_tokens 9000000000 > 512000"``; ``None`` when none is."""
+    raw = response.get("usage")
+    if not isinstance(raw, Mapping):
+        return None
+    counts = {
+        "prompt_tokens": raw.get("prompt_tokens"),
+        "completion_tokens": raw.get("completion_tokens"),
+        "total_tokens": raw.get("total_tokens"),
+        "reasoning_tokens": _details(raw, "completion_tokens_details").get("reasoning_tokens"),
+    }
+    for name, value in counts.items():
+        count = _count(value)
+        if count is not None and count > most:
+            return f"{name} {count} > {most}"
+    return None
 
 
 def _count(value: Any) -> int | None:
@@ -368,12 +410,14 @@ def read_usage(
     stream delivered), the larger, at most ``max_output_tokens`` when given (a streamed
     answer: one past it is cut; an answer sent whole could not be, so none is given), never
     below ``delivered.floor``. Every choice's texts count (a provider bills all it sent).
+    A caller that knows the call's bounds treats a count past them (``implausible_usage``) as
+    nonsense too, and reads the response without its usage.
     """
     raw = response.get("usage")
     raw = raw if isinstance(raw, Mapping) else {}
+    texts = [text for message in _messages(response) for text in completion_texts(message)]
     reported_in = _count(raw.get("prompt_tokens"))
     reported_out = _count(raw.get("completion_tokens"))
-    texts = [text for message in _messages(response) for text in completion_texts(message)]
     if reported_in is None or reported_out is None:  # missing or nonsense: estimate, upward
         return _estimated(texts, pricing, prompt_estimate, max_output_tokens, delivered)
     input_tokens = least_tokens(prompt_texts, above=reported_in)

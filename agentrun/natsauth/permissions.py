@@ -147,6 +147,9 @@ def operator() -> Permissions:
         f"{JS_API}.CONSUMER.CREATE.{turns}.{protocol.WORKERS_CONSUMER}.>",
         f"{JS_API}.CONSUMER.INFO.{turns}.{protocol.WORKERS_CONSUMER}",
         f"{JS_API}.STREAM.MSG.GET.{turns}",  # is a TurnRequest still queued
+        # a TurnRequest the workers' consumer will never deliver, taken out before it is
+        # published again (``runs.orphans``)
+        f"{JS_API}.STREAM.MSG.DELETE.{turns}",
         # its own durable consumers on every run's events: ``agentrun-operator``, or one per
         # shard (``agentrun-operator-<i>``; a subject permission cannot match a name's prefix,
         # so any consumer name on this stream, whose every event the operator may read anyway)

@@ -130,6 +130,15 @@ class _Ready:
     need: tuple[int, Decimal]
 
 
+RECORDS_AT_ONCE = 8
+"""Admission records (``agentrun.dev/admitted-uid``, one PATCH of the object each) written at
+once. They are written beside the pump's passes, not in them: a pass that waited for its
+batch's records spent most of its time in those round trips while the API server was busy with
+the burst that queued them (0.2–0.8 s a batch of 32, against 0.05 s for the rest of it), and
+admitted nothing meanwhile. A few at a time leave the client's connections to the status
+writes and the handlers."""
+
+
 OBJECTS_MEMORY = 64 * 2**20
 """Bytes of queued runs' objects the pump keeps, about (each weighed by ``schemas.footprint``
 of its spec and recorded resolved spec; the least recently used forgotten first): whatever the
@@ -167,6 +176,9 @@ class QueuePump:
         self._locks: dict[str, asyncio.Lock] = {}
         self._wakes: dict[str, asyncio.Event] = {}
         self._pumps: dict[str, asyncio.Task[None]] = {}
+        self._records: dict[str, asyncio.Task[None]] = {}
+        """Admission records being written, by run uid (``record_later``)."""
+        self._record_slots = asyncio.Semaphore(RECORDS_AT_ONCE)
         self._stopping = asyncio.Event()
         self.failures = Failures(log, what="admission")
         """Failed admissions of queue heads by uid (each logged once)."""
@@ -288,8 +300,8 @@ class QueuePump:
             task.cancel()
 
     def running(self) -> list[asyncio.Task[None]]:
-        """The per-tenant pump tasks not ended yet."""
-        return [t for t in self._pumps.values() if not t.done()]
+        """The per-tenant pump tasks and the admission records not ended yet."""
+        return [t for t in [*self._pumps.values(), *self._records.values()] if not t.done()]
 
     def _wake_pump(self, tenant: str) -> None:
         if not self.ownership.owns_tenant(tenant):
@@ -537,7 +549,7 @@ class QueuePump:
                 )
                 await self._drop(head, policy, kernel.Phase.INVALID_SPEC, message)
                 return False
-        await self._record_admitted(head.key)
+        self.record_later(head.key)
         self._waiting.pop(head.key.uid, None)
         self._objects.pop(head.key.uid, None)
         self.deps.configs.forget(head.key.uid)
@@ -553,6 +565,33 @@ class QueuePump:
             ),
         )
         return True
+
+    def record_later(self, key: RunKey) -> None:
+        """Record run ``key``'s admission on its object (``_record_admitted``) beside the
+        pass, ``RECORDS_AT_ONCE`` records at a time; ``recorded`` waits for it. Only after
+        its ``admitted`` event is appended: an object naming its uid with no events on its
+        subject reads as a lost checkpoint (``runs.recovery``). One lost to a stop is written
+        again when the run is picked up from its events (``handlers.admission``)."""
+        task = asyncio.create_task(self._record_in_turn(key), name=f"admitted-{key.uid}")
+        self._records[key.uid] = task
+        task.add_done_callback(lambda done: self._records_done(key.uid, done))
+
+    def _records_done(self, uid: str, task: asyncio.Task[None]) -> None:
+        if self._records.get(uid) is task:
+            del self._records[uid]
+
+    async def _record_in_turn(self, key: RunKey) -> None:
+        async with self._record_slots:
+            await self._record_admitted(key)
+
+    async def recorded(self, uid: str) -> None:
+        """Wait until the admission record of run ``uid`` being written, if one is, is
+        written or given up (logged): a rerun removes the record, and an earlier life's
+        landing after that would read as a lost checkpoint at the next start. Cancelling the
+        caller does not cancel the record."""
+        task = self._records.get(uid)
+        if task is not None:
+            await asyncio.wait({task})
 
     async def _record_admitted(self, key: RunKey) -> None:
         """Record on the object that run ``key`` was admitted (``agentrun.dev/admitted-uid``:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import logging
 import math
 import time
@@ -132,13 +133,14 @@ class QueueStatus:
             if position is not None and run.uid not in apart:
                 self.show_run(tenant, run, position, wait, seen=seen, now=now)
         limit = self.refresh.available(tenant, now)
+        picked: list[tuple[QueuedRun, int]] = []
         if limit:
             waiting = (run for run in queue if run.uid not in apart)
             counts = queue if apart else None  # the runs apart still take their places
             picked = stalest(waiting, seen, wait.reason.value, limit=limit, positions=counts)
             for run, position in picked:
                 self.show_run(tenant, run, position, wait, seen=seen, now=now)
-            self.refresh.spend(len(picked))
+        self.refresh.spend(tenant, len(picked))
 
     def show_run(
         self,
@@ -188,7 +190,19 @@ class RefreshBudget:
     """Status writes that may refresh queued runs' positions: ``rate`` a second for every
     tenant together (a token bucket holding at most a second's worth), each tenant's queue
     looked at most once per ``every`` seconds. So a queue of any length costs the API server
-    at most ``rate`` writes a second beyond each run's first ``Queued`` status."""
+    at most ``rate`` writes a second beyond each run's first ``Queued`` status.
+
+    The tenants share it: a look takes at most ``rate / n`` (rounded up) of the bucket, ``n``
+    the tenants left wanting at their last look in the past ``2 × every`` seconds (writing all
+    they were given; given none, unless they wrote fewer than given within that time) with
+    the one looking. A tenant whose queue is looked at first each second and whose thousands
+    of stale positions would take every write leaves the others their share; a tenant alone
+    wanting takes nearly all of it (another's look given none now and then finds out whether
+    that one wants again). A look takes at least one write, so more tenants wanting than
+    ``rate`` would leave the ones looked at last each second none, for ever: a tenant left
+    wanting and given none is owed, and another's look leaves one write of the bucket to each
+    tenant owed (within ``2 × every`` seconds), so every tenant wanting is refreshed in
+    turn."""
 
     rate: float
     every: float = 1.0
@@ -196,10 +210,20 @@ class RefreshBudget:
     at: float | None = None
     looked: dict[str, float] = dataclasses.field(default_factory=dict)
     """When each tenant's queue was last looked at (epoch seconds)."""
+    given: dict[str, int] = dataclasses.field(default_factory=dict)
+    """What each tenant's look was given, until its ``spend``."""
+    wanting: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Tenants left wanting at their last look, by its time, the earliest first."""
+    content: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Tenants that wrote fewer than they were given, by that look's time: given nothing
+    since, within ``2 × every`` seconds, they are still taken as content."""
+    owed: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Tenants left wanting and given nothing since a look, by its time, the earliest first:
+    a write of the bucket is left to each by the others' looks, the earliest served first."""
 
     def available(self, tenant: str, now: float) -> int:
         """Refreshes the tenant's queue may write now (0 when it was looked at less than
-        ``every`` seconds ago)."""
+        ``every`` seconds ago), its share at most; tell what it wrote with ``spend``."""
         if now - self.looked.get(tenant, -math.inf) < self.every:
             return 0
         if self.at is not None:
@@ -208,11 +232,46 @@ class RefreshBudget:
             self.tokens = self.rate
         self.at = now
         self.looked[tenant] = now
-        return int(self.tokens)
+        for lately in (self.wanting, self.content):
+            while lately and next(iter(lately.values())) <= now - 2 * self.every:
+                del lately[next(iter(lately))]
+        while self.owed and self.looked[next(iter(self.owed))] <= now - 2 * self.every:
+            del self.owed[next(iter(self.owed))]  # looked at no more: its queue is gone
+        sharing = len(self.wanting) + (tenant not in self.wanting)
+        given = self.given[tenant] = min(self._free(tenant), math.ceil(self.rate / sharing))
+        return given
 
-    def spend(self, writes: int) -> None:
-        """``writes`` refreshes were written."""
+    def _free(self, tenant: str) -> int:
+        """Writes of the bucket ``tenant``'s look may take: those not left to the tenants owed
+        (one each); an owed tenant among the first the bucket holds a write for takes at
+        least one, the others owed longer before it."""
+        tokens, owed = int(self.tokens), len(self.owed)
+        if tenant not in self.owed:
+            return max(0, tokens - owed)
+        if tenant not in itertools.islice(self.owed, tokens):
+            return 0
+        return max(1, tokens - owed + 1)
+
+    def spend(self, tenant: str, writes: int) -> None:
+        """``writes`` refreshes of ``tenant``'s queue were written (after ``available``; one
+        that gave nothing for a look too soon leaves its wanting as it was)."""
         self.tokens = max(0.0, self.tokens - writes)
+        given = self.given.pop(tenant, None)
+        if given is None:
+            return
+        at = self.looked[tenant]
+        if given == 0 and at - self.content.get(tenant, -math.inf) < 2 * self.every:
+            return  # nothing to tell by: content as it was lately
+        self.wanting.pop(tenant, None)
+        self.content.pop(tenant, None)
+        if given:
+            self.owed.pop(tenant, None)
+        if writes >= given:
+            self.wanting[tenant] = at
+            if not given:
+                self.owed.setdefault(tenant, at)  # owed since its first look given none
+        else:
+            self.content[tenant] = at
 
 
 def stalest(

@@ -46,6 +46,7 @@ from .status import (
     Round,
     eval_status,
     given_up,
+    graded_held,
     graded_row,
     invalid_status,
     previous_rows,
@@ -78,15 +79,19 @@ class RunEvents(Protocol):
 RECONCILES_AT_ONCE = 4
 """AgentEvals reconciled at once (a suite's first check, of up to 200 answer schemas, can
 take a minute of a thread: the others are served meanwhile)."""
-PER_NAMESPACE = 1
-"""AgentEvals of one namespace reconciled at once: a namespace's slow suites hold one place
-(and so one of the checks' threads, ``FairWork``, which cannot be taken back from a check
-running), the others serve the other namespaces' (its next suites wait their turn)."""
+PER_SHARE = 1
+"""AgentEvals of one share reconciled at once: the share is the AgentTenant binding the
+suite's namespace, every namespace it binds together (``Tenants.party``), or the namespace
+itself when no tenant binds it. A share's slow suites hold one place (and so one of the
+checks' threads, ``FairWork``, which cannot be taken back from a check running), however many
+namespaces its tenant spans; the others serve the other shares' (its next suites wait their
+turn, in the order asked)."""
 
 
 class EvalController:
-    """Reconciles AgentEvals, ``RECONCILES_AT_ONCE`` at a time and one suite never twice at
-    once (``kick`` requests, ``run`` serves)."""
+    """Reconciles AgentEvals, ``RECONCILES_AT_ONCE`` at a time, ``PER_SHARE`` of one tenant's
+    namespaces together, and one suite never twice at once (``kick`` requests, ``run``
+    serves)."""
 
     def __init__(
         self,
@@ -101,9 +106,9 @@ class EvalController:
         """``api``: where the suite, its Agents and its runs are read and written; ``runs``:
         where a run's trajectory is read; ``events``: Kubernetes Events; ``checks``: the
         threads a suite's spec is checked and its answers graded on (default: threads of its
-        own);
-        ``retry``: seconds before a failed reconcile is tried again; ``clock``: epoch
-        seconds."""
+        own), whose parties share out the places too (``PER_SHARE``; the operator's party is
+        ``Tenants.party``); ``retry``: seconds before a failed reconcile is tried again;
+        ``clock``: epoch seconds."""
         self.store = EvalStore(api)
         self.runs = runs
         self.events = events
@@ -118,9 +123,11 @@ class EvalController:
         """Suites being reconciled; one kicked meanwhile is served again after."""
         self._again: set[EvalKey] = set()
         self._held: collections.Counter[str] = collections.Counter()
-        """Places held by each namespace's suites (``PER_NAMESPACE`` at most)."""
+        """Places held by each share's suites (``PER_SHARE`` at most)."""
+        self._holding: dict[EvalKey, str] = {}
+        """The share each suite being reconciled took its place of (given back to it)."""
         self._parked: dict[str, dict[EvalKey, None]] = {}
-        """Suites asked for while their namespace held all its places, in the order asked."""
+        """Suites asked for while their share held all its places, in the order asked."""
         self._uses: dict[EvalKey, frozenset[str]] = {}
         """The Agents each known suite runs, so an Agent's change kicks them."""
         self.specs = CheckedSpecs(self.checks)
@@ -170,11 +177,13 @@ class EvalController:
                 if key in self._running:
                     self._again.add(key)
                     continue
-                if self._held[key[0]] >= PER_NAMESPACE:
-                    self._parked.setdefault(key[0], {})[key] = None
+                share = self.checks.party(key[0])
+                if self._held[share] >= PER_SHARE:
+                    self._parked.setdefault(share, {})[key] = None
                     continue
                 await slots.acquire()
-                self._held[key[0]] += 1
+                self._held[share] += 1
+                self._holding[key] = share
                 self._running.add(key)
                 name = f"eval {key[0]}/{key[1]}"
                 task = asyncio.create_task(self._serve(key, slots), name=name)
@@ -187,30 +196,34 @@ class EvalController:
             await asyncio.gather(*serving, return_exceptions=True)
 
     async def _serve(self, key: EvalKey, slots: asyncio.Semaphore) -> None:
-        """Reconcile ``key`` in one of ``run``'s places, then free it (asking again for a
-        suite kicked meanwhile)."""
+        """Reconcile ``key`` in one of ``run``'s places, then free it: the first suite of its
+        share waiting for the place is asked for again, then ``key`` if it was kicked
+        meanwhile (behind it: a suite kicked during each of its reconciles, by its own status
+        writes or its cases' runs ending, would otherwise take its share's place back every
+        time, and its tenant's other suites wait for all of them)."""
         try:
             await self._reconcile_safely(key)
         finally:
             self._running.discard(key)
-            self._held[key[0]] -= 1
-            if self._held[key[0]] <= 0:
-                del self._held[key[0]]
+            share = self._holding.pop(key)
+            self._held[share] -= 1
+            if self._held[share] <= 0:
+                del self._held[share]
             slots.release()
+            self._unpark(share)  # first: a suite asked again while it ran queues behind it
             if key in self._again:
                 self._again.discard(key)
                 self.kick(*key)
-            self._unpark(key[0])
 
-    def _unpark(self, namespace: str) -> None:
-        """Ask again for the first suite of ``namespace`` that waited for one of its places."""
-        parked = self._parked.get(namespace)
+    def _unpark(self, share: str) -> None:
+        """Ask again for the first suite of ``share`` that waited for one of its places."""
+        parked = self._parked.get(share)
         if not parked:
             return
         key = next(iter(parked))
         del parked[key]
         if not parked:
-            del self._parked[namespace]
+            del self._parked[share]
         self.kick(*key)
 
     async def _reconcile_safely(self, key: EvalKey) -> None:
@@ -276,13 +289,20 @@ class EvalController:
             round_id(suite.generation, seen.values()), suite.generation, seen[spec.agent]
         )
         current = await self.store.runs_of_round(suite, round_.id)
-        rows = await self._rows(suite, spec, round_, current=current, previous=previous)
+        rows, waiting = await self._rows(suite, spec, round_, current=current, previous=previous)
+        refused = await self._create(suite, spec, round_, rows=rows, waiting=waiting)
+        if refused is not None and not graded_held(suite.namespace, rows, current):
+            raise refused  # nothing to store first
         body = eval_status(rows, round_=round_, previous=previous, now=self.clock())
         self.news.note(suite, rows, round_=round_.id, previous=previous)
         if not unchanged(body, previous):
             # raises when it fails: nothing is told twice
             await self.store.write_status(suite, body)
         self.news.tell(suite, rows, round_=round_)
+        for run in graded_held(suite.namespace, rows, current):  # their grades are stored
+            await self.store.release_run(run)
+        if refused is not None:  # once the grades are stored and their runs released
+            raise refused
 
     async def _rows(
         self,
@@ -292,10 +312,10 @@ class EvalController:
         *,
         current: Mapping[str, Mapping[str, Any]],
         previous: Mapping[str, Any],
-    ) -> list[CaseRow]:
+    ) -> tuple[list[CaseRow], list[tuple[int, EvalCase]]]:
         """Each case's row: kept if graded already, graded now if its run ended, Failed if
-        its run went away before it was graded (``vanished_row``), else its run's; runs are
-        created for waiting cases while fewer than ``parallelism`` are unfinished."""
+        its run went away before it was graded (``vanished_row``), else its run's (Pending
+        when it has none yet); and the waiting cases, by their rows' places (``_create``)."""
         kept = previous_rows(previous, round_=round_.id)
         started = started_runs(previous, round_=round_.id)
         rows: list[CaseRow] = []
@@ -315,14 +335,32 @@ class EvalController:
                 rows.append(await self._grade(case, run, namespace=suite.namespace))
             else:
                 rows.append(CaseRow(case.name, name, CasePhase.RUNNING))
+        return rows, waiting
+
+    async def _create(
+        self,
+        suite: EvalRef,
+        spec: EvalSpec,
+        round_: Round,
+        *,
+        rows: list[CaseRow],
+        waiting: list[tuple[int, EvalCase]],
+    ) -> Exception | None:
+        """Create the runs of ``waiting`` cases while fewer than ``parallelism`` are
+        unfinished, each one's row in ``rows`` Running then; what refused a create (the rest
+        wait), returned, not raised: the pass stores its grades and releases their runs
+        first, else a ResourceQuota full of runs held for grading stayed full for ever."""
         room = spec.parallelism - sum(1 for r in rows if r.phase is CasePhase.RUNNING)
         for index, case in waiting[: max(room, 0)]:
             manifest = run_manifest(
                 suite, case, round_=round_.id, ttl=spec.ttl_seconds_after_finished
             )
-            await self.store.create_run(manifest)
+            try:
+                await self.store.create_run(manifest)
+            except Exception as err:
+                return err
             rows[index] = CaseRow(case.name, rows[index].run, CasePhase.RUNNING)
-        return rows
+        return None
 
     async def _grade(self, case: EvalCase, run: Mapping[str, Any], *, namespace: str) -> CaseRow:
         """The graded row of ``case``, whose ``run`` ended (counted when a status write records

@@ -19,6 +19,7 @@ from typing import Any
 
 from agentrun import kube
 
+from .. import runs
 from ..platform.conditions import rfc3339
 from . import grading
 from .spec import EvalCase
@@ -100,7 +101,8 @@ def run_name(suite: EvalRef, case: str, *, round_: str) -> str:
 
 def run_manifest(suite: EvalRef, case: EvalCase, *, round_: str, ttl: int | None) -> dict[str, Any]:
     """The AgentRun of ``case``: a run of its Agent with its goal and parameters, owned by the
-    eval (deleted with it), labelled with the eval, case and round."""
+    eval (deleted with it), labelled with the eval, case and round, and held for grading
+    (``runs.HOLD_ANNOTATION``: no TTL deletes it before its grade is in the status)."""
     spec: dict[str, Any] = {
         "agentRef": {"name": case.agent, "parameters": dict(case.parameters)},
         "goal": case.goal,
@@ -124,6 +126,7 @@ def run_manifest(suite: EvalRef, case: EvalCase, *, round_: str, ttl: int | None
             "name": run_name(suite, case.name, round_=round_),
             "namespace": suite.namespace,
             "labels": {EVAL_LABEL: suite.name, CASE_LABEL: case.name, ROUND_LABEL: round_},
+            "annotations": {runs.HOLD_ANNOTATION: runs.HOLD_GRADING},
             "ownerReferences": [owner],
         },
         "spec": spec,
@@ -424,3 +427,21 @@ def unchanged(new: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
     """Whether writing ``new`` would change nothing in ``previous`` (every key of ``new``
     equal)."""
     return all(previous.get(key) == value for key, value in new.items())
+
+
+def graded_held(
+    namespace: str, rows: Iterable[CaseRow], current: Mapping[str, Mapping[str, Any]]
+) -> list[runs.RunKey]:
+    """The runs of ``current`` (case name -> run object as listed) still held for grading
+    (``runs.HOLD_ANNOTATION``) whose row in ``rows`` is graded (Passed or Failed, naming
+    that run): once ``rows`` are in the suite's status, their holds may go."""
+    graded = {
+        row.name: row.run for row in rows if row.phase in (CasePhase.PASSED, CasePhase.FAILED)
+    }
+    held: list[runs.RunKey] = []
+    for case, run in current.items():
+        meta = run.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if graded.get(case) == name and runs.HOLD_ANNOTATION in (meta.get("annotations") or {}):
+            held.append(runs.RunKey(namespace, name, str(meta.get("uid", ""))))
+    return held

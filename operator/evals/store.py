@@ -52,17 +52,18 @@ RUN_STATUS_READ = ("terminalReason", "outcome", "usage", "answer")
 
 
 def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
-    """What the controller reads of a listed run: its name, uid, labels, owner references and
-    deletion time, and its status's ``RUN_STATUS_READ``. A run's object holds its resolved
+    """What the controller reads of a listed run: its name, uid, labels, owner references,
+    deletion time and grading hold (``runs.HOLD_ANNOTATION``), and its status's
+    ``RUN_STATUS_READ``. A run's object holds its resolved
     Agent spec and its goal and parameters besides; held whole, a reconcile held every run of
     the suite decoded for as long as it graded them (reading each one's events)."""
     meta = run.get("metadata") or {}
     found = run.get("status") or {}
     kept = ("name", "uid", "labels", "ownerReferences", "deletionTimestamp")
-    return {
-        "metadata": {k: meta[k] for k in kept if k in meta},
-        "status": {k: found[k] for k in RUN_STATUS_READ if k in found},
-    }
+    slim = {k: meta[k] for k in kept if k in meta}
+    if runs.HOLD_ANNOTATION in (meta.get("annotations") or {}):
+        slim["annotations"] = {runs.HOLD_ANNOTATION: meta["annotations"][runs.HOLD_ANNOTATION]}
+    return {"metadata": slim, "status": {k: found[k] for k in RUN_STATUS_READ if k in found}}
 
 
 class EvalStore:
@@ -123,6 +124,11 @@ class EvalStore:
     async def create_run(self, manifest: dict[str, Any]) -> None:
         """Create a case's run; one created before (a restart, a lost reply) is the same run."""
         await self.api.create(runs.RUNS, manifest)
+
+    async def release_run(self, run: runs.RunKey) -> None:
+        """Remove ``run``'s grading hold: its grade is in the suite's status, so its TTL may
+        delete it now (``runs.release_hold``)."""
+        await runs.release_hold(self.api, run)
 
     async def write_status(self, suite: EvalRef, body: Mapping[str, Any]) -> None:
         """Merge ``body`` into the suite's ``.status``; a suite gone, or replaced by a new

@@ -304,7 +304,8 @@ async def _rerun(
     """Start run ``key`` again from turn 0 as a new run (``agentrun.dev/rerun``): clear its
     status and count the new life in ``status.reruns`` (``recovery.rerun_status``, at the
     object's resourceVersion), purge its subject, free its ledger slot, remove the
-    recorded admission (before the pump can record the new one) and the
+    recorded admission (after the pump's record of the earlier life, if one is still being
+    written, lands; before the pump can record the new one) and the
     ``agentrun.dev/cancel`` that ended it, if one did (else the new run would be cancelled as
     it is queued: "cancel it first" is how a run still going is rerun), validate and queue it
     (its budget is charged again; its admission seals the new life), and only then remove
@@ -320,6 +321,7 @@ async def _rerun(
     if status.get("tenant"):
         await parts.pump.release_slot(str(status["tenant"]), key.uid, life=reruns - 1)
     spent = (ADMITTED_UID_ANNOTATION, CANCEL_ANNOTATION)
+    await parts.pump.recorded(key.uid)  # the earlier life's record lands before its removal
     await remove_annotations(parts.api, key, spent)
     parts.events.record(
         Involved("AgentRun", key.name, key.namespace, key.uid),

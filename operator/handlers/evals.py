@@ -25,11 +25,13 @@ EVAL = (kube.GROUP, kube.VERSION, kube.EVALS)
 async def eval_changed(
     *, type: str | None, namespace: str | None, name: str, memo: OperatorMemo, **_: Any
 ) -> None:
-    """Reconcile the AgentEval (or forget a deleted one)."""
+    """Reconcile the AgentEval (or forget a deleted one), its namespace's tenant learnt first
+    (``Tenants.learn``): its reconcile takes its tenant's place (``Tenants.party``)."""
     if namespace is None:
         return
-    controller = memo.running().evals
+    parts = memo.running()
     if type == "DELETED":
-        controller.forget(namespace, name)
+        parts.evals.forget(namespace, name)
         return
-    controller.kick(namespace, name)
+    await parts.tenants.tenants.learn(namespace)
+    parts.evals.kick(namespace, name)

@@ -19,6 +19,7 @@ from agentrun import kernel, kube
 from ..evals.status import EVAL_LABEL
 from ..platform.events import EventRecorder, EventType, Involved
 from ..platform.kubeapi import ApiError
+from ..runs import lifecycle
 from ..runs.keys import (
     APPROVE_ANNOTATION,
     CANCEL_ANNOTATION,
@@ -220,7 +221,8 @@ async def run_seen(
     await check_restored(parts, key, meta=meta, status=status)
     policy = parts.tenants.policies.get(str(status.get("tenant") or ""))
     default_ttl = policy.ttl_after_finished if policy is not None else None
-    parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl)
+    held = lifecycle.held(meta)  # only by the AgentEval or CronAgentRun that controls it
+    parts.reaper.observe(key, spec=spec, status=status, default_ttl=default_ttl, held=held)
 
 
 async def _release_legacy(

@@ -31,9 +31,11 @@ async def cron_changed(
     memo: OperatorMemo,
     **_: Any,
 ) -> None:
-    """A CronAgentRun appeared, changed or was deleted."""
-    controller = memo.running().schedules
+    """A CronAgentRun appeared, changed or was deleted; its namespace's tenant is learnt first
+    (``Tenants.learn``): its schedules take their tenant's turns (``Tenants.party``)."""
+    parts = memo.running()
     if type == "DELETED":
-        controller.forget(str(namespace), name)
+        parts.schedules.forget(str(namespace), name)
         return
-    controller.observe(body)
+    await parts.tenants.tenants.learn(str(namespace))
+    parts.schedules.observe(body)

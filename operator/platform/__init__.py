@@ -5,5 +5,5 @@ one status-patch helper), ``spec`` (the base of every spec model, durations, USD
 object metadata, the one ``SpecError``), ``conditions`` (RFC 3339 times and
 ``metav1.Condition``), ``events`` (the rate-limited Kubernetes Event recorder), ``leadership``
 (the leader Lease), ``health`` (the probe endpoints), ``loops`` (the shape of a background
-loop).
+loop), ``rounds`` (keys taken in turn by tenant, then by namespace).
 """

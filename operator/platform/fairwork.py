@@ -55,6 +55,11 @@ class FairWork:
             collections.OrderedDict()
         )
 
+    def party(self, namespace: str) -> str:
+        """Whose turn ``namespace``'s checks take (the ``party`` given; by default the
+        namespace itself)."""
+        return self._party(namespace)
+
     @property
     def waiting(self) -> int:
         """Checks waiting for a thread."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Protocol, TypeVar, cast
 
@@ -46,12 +47,37 @@ LIST_RESTARTS = 2
 T = TypeVar("T")
 
 
+SAID_MAX = 1000
+"""Characters of the API server's own message an ``ApiError`` repeats, at most (a 422 lists
+every invalid field; a condition's message holds 32768)."""
+
+
+def server_said(body: str | None) -> str:
+    """The ``message`` of the API server's ``Status`` in an error answer's ``body`` (JSON):
+    what it refused and why, e.g. ``AgentRun.agentrun.dev "r" is invalid:
+    metadata.labels: Invalid value: "a b": ...``; cut to ``SAID_MAX`` characters; "" when
+    ``body`` is none, not JSON or says nothing."""
+    try:
+        found = json.loads(body or "")
+    except ValueError:
+        return ""
+    said = found.get("message") if isinstance(found, dict) else None
+    if not isinstance(said, str) or not said.strip():
+        return ""
+    said = " ".join(said.split())
+    return said if len(said) <= SAID_MAX else said[: SAID_MAX - 3] + "..."
+
+
 class ApiError(Exception):
     """The API server refused or failed a request, or did not answer it (status 0: the
-    connection could not be opened or was lost)."""
+    connection could not be opened or was lost). Its text is ``HTTP <status>: <reason>``,
+    then what the API server said (``server_said``), so a status, Event or log quoting it
+    names the field a refused request got wrong."""
 
     def __init__(self, status: int, reason: str = "", body: str | None = None) -> None:
-        super().__init__(f"HTTP {status}: {reason}" if status else f"no answer: {reason}")
+        said = server_said(body)
+        text = f"HTTP {status}: {reason}" if status else f"no answer: {reason}"
+        super().__init__(f"{text}: {said}" if said else text)
         self.status = status
         """The HTTP status (0: no answer)."""
         self.reason = reason

@@ -19,10 +19,14 @@ from .keys import (
     APPROVE_ANNOTATION,
     CANCEL_ANNOTATION,
     DENY_ANNOTATION,
+    HOLD_ANNOTATION,
+    HOLD_GRADING,
+    HOLD_SCHEDULE,
     RERUN_ANNOTATION,
     RUNS,
     RunKey,
 )
+from .lifecycle import release_hold
 from .news import involved, record_end
 from .ports import LiveRuns
 from .recovery import admitted_patch
@@ -35,6 +39,9 @@ __all__ = [
     "APPROVE_ANNOTATION",
     "CANCEL_ANNOTATION",
     "DENY_ANNOTATION",
+    "HOLD_ANNOTATION",
+    "HOLD_GRADING",
+    "HOLD_SCHEDULE",
     "IMPLICIT_BUDGET",
     "RERUN_ANNOTATION",
     "RUNS",
@@ -49,4 +56,5 @@ __all__ = [
     "queued_status",
     "record_end",
     "rejected_status",
+    "release_hold",
 ]

@@ -499,6 +499,7 @@ class Dispatcher:
                 seq=view.seq,
                 queued_seq=view.queued_seq,
                 checked_at=view.checked_at,
+                queued_at=view.queued_at,
                 redispatches=view.redispatches,
             )
             for view in self._views.values()
@@ -617,6 +618,7 @@ class Dispatcher:
         seq = await self.bus.publish_turn(turn.request, tenant=view.tenant, attempt=turn.attempt)
         if view.seq == turn.request.expected_seq:  # not moved on while publishing
             view.queued_seq, view.checked_at = seq, self.clock()
+            view.queued_at = view.checked_at
         if turn.since:
             metrics.DISPATCH_LATENCY.observe(max(0.0, self.clock() - turn.since))
         return True

@@ -29,6 +29,16 @@ ADMITTED_UID_ANNOTATION = "agentrun.dev/admitted-uid"
 """Written by the operator when it admits the run, or sees it ended: the object's uid. It
 survives a backup and restore of the object (annotations do; the uid does not), so a restored
 copy, whose uid is new, is recognised and not executed again by accident (``recovery``)."""
+HOLD_ANNOTATION = "agentrun.dev/hold"
+"""Set by the object that created the run and still has to read its end — an AgentEval
+(``grading``: the case's grade, read from the run's events) or a CronAgentRun (``schedule``:
+its last success and history) — and removed once what it read is in that object's status:
+while it is set, no ``ttlSecondsAfterFinished`` (the run's own, or its tenant's default)
+deletes the finished run (``lifecycle.due_time``)."""
+HOLD_GRADING = "grading"
+"""``HOLD_ANNOTATION``'s value on an AgentEval's case run."""
+HOLD_SCHEDULE = "schedule"
+"""``HOLD_ANNOTATION``'s value on a CronAgentRun's run."""
 REVIEWER_ANNOTATION = "agentrun.dev/reviewer"
 """Set with ``approve``/``deny`` to the deciding user's Kubernetes name: the chart's admission
 policy (``agentrun-approval``) refuses a value other than the requesting user's and a caller

@@ -32,9 +32,9 @@ from agentrun.loops import sleep_until_set
 from agentrun.protocol import RunEvent
 
 from ..platform.failures import Failures
-from ..platform.kubeapi import KubeApi
+from ..platform.kubeapi import ApiError, KubeApi
 from .dispatch import subject_key
-from .keys import RUNS, RunKey
+from .keys import HOLD_ANNOTATION, HOLD_GRADING, HOLD_SCHEDULE, RUNS, RunKey
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +50,63 @@ def finished_at(status: Mapping[str, Any]) -> float | None:
 
 
 def due_time(
-    spec: Mapping[str, Any], status: Mapping[str, Any], *, default_ttl: int | None = None
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    *,
+    default_ttl: int | None = None,
+    held: bool = False,
 ) -> float | None:
     """When a finished run is to be deleted (epoch seconds); None: keep it. ``default_ttl``
-    (its AgentTenant's ``spec.ttlSecondsAfterFinished``) applies when the run sets none."""
+    (its AgentTenant's ``spec.ttlSecondsAfterFinished``) applies when the run sets none;
+    ``held``: its AgentEval has not graded it yet (``HOLD_ANNOTATION``), so it is kept
+    whatever its TTL, and due at its end plus its TTL once released (at once if that passed)."""
     ttl = spec.get(TTL_FIELD, default_ttl)
     end = finished_at(status)
-    if ttl is None or end is None:
+    if ttl is None or end is None or held:
         return None
     return end + max(0, int(ttl))
+
+
+HOLDERS = {
+    HOLD_GRADING: ("AgentEval", "agentrun.dev/eval"),
+    HOLD_SCHEDULE: ("CronAgentRun", "agentrun.dev/cronagentrun"),
+}
+"""Each ``HOLD_ANNOTATION`` value: the kind of the object that sets and removes it, and the
+label naming that object on its runs (by which it lists them: ``evals.status.EVAL_LABEL``,
+``schedules.spec.CRON_LABEL``)."""
+
+
+def held(meta: Mapping[str, Any]) -> bool:
+    """Whether a run (its object's ``metadata``) is held from its TTL: its ``HOLD_ANNOTATION``
+    names the kind of its controller (``HOLDERS``), which lists it by its label and removes
+    the annotation once the run's end is in its status. A hold on another run (set by hand,
+    a made-up value, a run its controller does not list) is none: nothing would ever remove
+    it, and the run would outlive every TTL."""
+    holder = HOLDERS.get(str((meta.get("annotations") or {}).get(HOLD_ANNOTATION)))
+    if holder is None:
+        return False
+    kind, label = holder
+    listed_as = (meta.get("labels") or {}).get(label)
+    return any(
+        owner.get("controller") is True
+        and owner.get("kind") == kind
+        and str(owner.get("apiVersion", "")).startswith("agentrun.dev/")
+        and owner.get("name") == listed_as
+        for owner in meta.get("ownerReferences") or []
+    )
+
+
+async def release_hold(api: KubeApi, run: RunKey) -> None:
+    """Remove ``run``'s ``HOLD_ANNOTATION``: its creator (an AgentEval, a CronAgentRun) has its
+    end in its status, so its TTL may delete it now. The uid rides in the patch, so a newer run
+    of the name is left alone (the API server answers 422); a run gone is done. Raises
+    ``ApiError`` otherwise."""
+    body = {"metadata": {"uid": run.uid, "annotations": {HOLD_ANNOTATION: None}}}
+    try:
+        await api.patch(run.ref, body)
+    except ApiError as err:
+        if err.status != 422:
+            raise
 
 
 class Reaper:
@@ -86,10 +134,12 @@ class Reaper:
         spec: Mapping[str, Any],
         status: Mapping[str, Any],
         default_ttl: int | None = None,
+        held: bool = False,
     ) -> None:
-        """Note (or update) a run's due time from its object (``default_ttl``: its tenant's);
-        a run without one is dropped."""
-        due = due_time(spec, status, default_ttl=default_ttl)
+        """Note (or update) a run's due time from its object (``default_ttl``: its tenant's;
+        ``held``: kept for its AgentEval's grading, ``due_time``); a run without one is
+        dropped."""
+        due = due_time(spec, status, default_ttl=default_ttl, held=held)
         if due is None:
             self.due.pop(run, None)
             return

@@ -1,4 +1,5 @@
-"""Lost turns: a running run whose TurnRequest left the work queue with no newer event.
+"""Lost turns: a running run whose TurnRequest left the work queue with no newer event, or
+stays there never to be delivered.
 
 A TurnRequest can leave the work queue without its turn being committed (acked by a worker
 that then gave the turn up, or deleted). ``OrphanWatch`` finds such runs and publishes their
@@ -7,6 +8,16 @@ compare-and-set); after ``MAX_REDISPATCHES`` such losses of one turn it ends the
 ``checkpoint_failed`` naming the cause. A run whose newer event is in the stream but not yet
 delivered to the operator is the event consumer's to catch up on; once it has waited
 ``BEHIND_AFTERS`` periods it is logged (``report_behind``), so a stuck consumer is seen.
+
+A TurnRequest can also stay in the work queue and never be delivered: the workers' consumer's
+state no longer matches the stream (restored behind it after a restart, its ack floor past
+messages still stored), so it counts the message acknowledged, or delivers it to nobody while
+workers ask. Each look that has a turn due reads the consumer's figures once
+(``Bus.work_queue``); a TurnRequest in the stream for ``after`` seconds or more is judged by
+``undelivered.judge``, and one judged stuck at ``STUCK_LOOKS`` checks in a row is deleted from
+the stream and dispatched again as a lost one (same count, same end), with one warning naming
+the run and the figures, counted in ``agentrun_turns_undelivered_total``. One in a worker's
+hands, waiting out a nak's delay, or queued behind busy workers is left alone.
 
 The same watch is the level-triggered second line behind kopf's edge-triggered handlers: a
 run of this process's shards whose object shows it admitted and not ended, but which this
@@ -26,11 +37,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from agentrun import kernel, loops
-from agentrun.bus import Bus
+from agentrun import kernel, loops, metrics, protocol
+from agentrun.bus import Bus, WorkQueue
 from agentrun.protocol import RunEvent
 
 from ..platform.failures import Failures
+from . import undelivered
 from .dispatch import Dispatcher
 from .ports import PendingTurn
 
@@ -44,10 +56,32 @@ its admission nor a resume: kopf's start-up resume may not have reached it, each
 runs waiting their turn in the admission gate) is followed again only after this many
 ``after`` periods, not one: a restart with thousands of runs is not done twice, nor told as a
 fault."""
+STUCK_LOOKS = 3
+"""Checks in a row (each ``after`` seconds or more apart) that must judge a TurnRequest still
+in the work queue stuck (``undelivered.judge``) before it is taken out and dispatched again:
+figures read a moment apart (an ack between the consumer's info and the message's read, a
+replica behind its leader) are never enough."""
+LOST = "is in no worker's hands and not queued"
+"""Why a turn whose TurnRequest left the work queue uncommitted is dispatched again."""
 BEHIND_AFTERS = 3
 """A committed event the event consumer has not delivered for this many ``after`` periods is
 logged (once per event): nothing here acts on it, and without the log a consumer that stopped
 delivering would hold every such run silently."""
+
+
+def _given_up(turn: PendingTurn, why: str) -> str:
+    """The ``checkpoint_failed`` message of a run whose turn ``turn`` was dispatched again
+    ``MAX_REDISPATCHES`` times, the last loss ``why``: a lost TurnRequest, or one the workers'
+    consumer held undelivered (no worker ever had it: the consumer, not the run, is at fault)."""
+    times = turn.redispatches + 1
+    left = f"turn {turn.turn} left the work queue {times} times without being committed"
+    if why == LOST:
+        return f"{left} (its TurnRequest was lost or its worker gave it up)"
+    return (
+        f"{left}: the last time its TurnRequest {why}; the workers' consumer "
+        f"({protocol.WORKERS_CONSUMER}) does not deliver what the work queue holds "
+        "(agentrun_turns_undelivered_total counts these)"
+    )
 
 
 class OrphanWatch:
@@ -74,6 +108,8 @@ class OrphanWatch:
         since that event was committed)."""
         self._unfollowed: dict[str, float] = {}
         """uid → when the run was first found admitted, unfinished and not followed here."""
+        self._suspects: dict[str, tuple[int, int]] = {}
+        """uid → (stream sequence of its TurnRequest, checks in a row that judged it stuck)."""
         self._hopeless: set[str] = set()
         """Runs found unfollowed whose events ``recover`` could not follow (none of theirs):
         logged once and left to the operator's next start (``runs.recovery``)."""
@@ -88,8 +124,9 @@ class OrphanWatch:
     async def run(self) -> None:
         """Until ``stop``: look at every live run each ``after / 4`` seconds (at least 0.2).
 
-        Each look is one stream read, a second one only for a run whose request is gone; NATS
-        trouble is logged and the next pass looks again.
+        Each look reads the workers' consumer once when a turn is due (``_look``), then one
+        stream read per run due, a second one only for a run whose request is gone (or taken
+        out: ``_why_again``); NATS trouble is logged and the next pass looks again.
         """
         interval = max(0.2, self.after / 4)
         await loops.every(
@@ -101,12 +138,16 @@ class OrphanWatch:
         Then hand the gate again any running run's turn that is neither published nor waiting
         (``Dispatcher.offer_stranded``)."""
         pending = self.runs.pending_turns()
-        for uid in self._behind.keys() - {turn.key.uid for turn in pending}:
+        uids = {turn.key.uid for turn in pending}
+        for uid in self._behind.keys() - uids:
             del self._behind[uid]
+        for uid in self._suspects.keys() - uids:
+            del self._suspects[uid]
+        queue = await self._look(pending)
         for turn in pending:
             subject = f"AgentRun {turn.key.namespace}/{turn.key.name}"
             try:
-                await self.check(turn)
+                await self.check(turn, queue)
             except Exception as err:  # NATS trouble: the next pass looks again
                 self.failures.failed(turn.key.uid, err, subject=subject)
             else:
@@ -120,6 +161,26 @@ class OrphanWatch:
             self.failures.failed("stranded", err, subject="turns neither published nor waiting")
         else:
             self.failures.succeeded("stranded", subject="turns neither published nor waiting")
+
+    async def _look(self, pending: list[PendingTurn]) -> WorkQueue | None:
+        """One look at the workers' consumer (``Bus.work_queue``) when a turn of ``pending`` is
+        due for a check and its TurnRequest was published ``after`` seconds ago or more, else
+        None; read before any message is (a TurnRequest acked after the look is then gone, not
+        judged). A failure is logged once (``failures``) and the turns are checked without it."""
+        now = self.clock()
+        if not any(
+            now - turn.checked_at >= self.after and now - turn.queued_at >= self.after
+            for turn in pending
+        ):
+            return None
+        subject = "the workers' consumer"
+        try:
+            queue = await self.bus.work_queue()
+        except Exception as err:  # NATS trouble, or no consumer: the next look reads again
+            self.failures.failed("work queue", err, subject=subject)
+            return None
+        self.failures.succeeded("work queue", subject=subject)
+        return queue
 
     async def _audit(self) -> None:
         """``follow_unfollowed``, its failure logged once (the next audit looks again)."""
@@ -187,15 +248,16 @@ class OrphanWatch:
         this process handed it to the dispatcher, else ``STARTUP_AFTERS × after``."""
         return self.after if self.runs.handed(uid) else STARTUP_AFTERS * self.after
 
-    async def check(self, turn: PendingTurn) -> bool:
-        """Re-dispatch ``turn`` if its TurnRequest is gone and no newer event came, or end the
-        run ``checkpoint_failed`` once that happened ``MAX_REDISPATCHES`` times; True when it
-        acted."""
+    async def check(self, turn: PendingTurn, queue: WorkQueue | None = None) -> bool:
+        """Re-dispatch ``turn`` if its TurnRequest is gone, or stuck in the work queue by
+        ``queue``'s figures (``_why_again``), and no newer event came; or end the run
+        ``checkpoint_failed`` once that happened ``MAX_REDISPATCHES`` times; True when it acted.
+        Raises what NATS raises."""
         now = self.clock()
         if now - turn.checked_at < self.after:
             return False
-        if await self.bus.turn_queued(turn.queued_seq):
-            self.runs.still_queued(turn, at=now)
+        why = await self._why_again(turn, queue, now)
+        if why is None:
             return False
         key = turn.key
         last = await self.bus.last_event(key.namespace, key.name)
@@ -205,24 +267,65 @@ class OrphanWatch:
             self._note_behind(turn, last, now)
             return False
         if turn.redispatches >= MAX_REDISPATCHES:
-            message = (
-                f"turn {turn.turn} left the work queue {turn.redispatches + 1} times "
-                "without being committed (its TurnRequest was lost or its worker gave it up)"
-            )
-            log.error("%s/%s: %s", key.namespace, key.name, message)
+            message = _given_up(turn, why)
+            log.error("%s/%s: %s; this time it %s", key.namespace, key.name, message, why)
             await self.runs.end(
                 key.namespace, key.name, key.uid, kernel.Phase.CHECKPOINT_FAILED, message
             )
             return True
         log.warning(
-            "%s/%s: turn %s is in no worker's hands and not queued; dispatching it again (%d)",
+            "%s/%s: turn %s %s; dispatching it again (%d)",
             key.namespace,
             key.name,
             turn.turn,
+            why,
             turn.redispatches + 1,
         )
         await self.runs.redispatch(turn)
         return True
+
+    async def _why_again(
+        self, turn: PendingTurn, queue: WorkQueue | None, now: float
+    ) -> str | None:
+        """Why ``turn`` is to be dispatched again: its TurnRequest left the work queue
+        (``LOST``), or it is still there and was judged stuck ``STUCK_LOOKS`` checks in a row
+        (``_stuck``), then taken out of the stream (counted in
+        ``agentrun_turns_undelivered_total``); None while it waits normally."""
+        if not await self.bus.turn_queued(turn.queued_seq):
+            self._suspects.pop(turn.key.uid, None)
+            return LOST
+        self.runs.still_queued(turn, at=now)
+        verdict = self._stuck(turn, queue, now)
+        if verdict is None or queue is None:
+            return None
+        if not await self.bus.drop_turn(turn.queued_seq):
+            return LOST  # acked meanwhile: committed, or lost as any other
+        metrics.record_undelivered(verdict.value)
+        return (
+            f"stayed in the work queue, never to be delivered ({verdict.value}; "
+            f"TurnRequest {turn.queued_seq}, {queue.describe()}); taken out of the stream"
+        )
+
+    def _stuck(
+        self, turn: PendingTurn, queue: WorkQueue | None, now: float
+    ) -> undelivered.Verdict | None:
+        """The stuck verdict on ``turn``'s TurnRequest (still in the work queue) once
+        ``STUCK_LOOKS`` checks in a row gave one, else None; none without a look, nor while it
+        was published less than ``after`` seconds ago."""
+        uid = turn.key.uid
+        if queue is None or now - turn.queued_at < self.after:
+            return None
+        verdict = undelivered.judge(turn.queued_seq, queue)
+        if not verdict.stuck:
+            self._suspects.pop(uid, None)
+            return None
+        seq, looks = self._suspects.get(uid, (turn.queued_seq, 0))
+        looks = looks + 1 if seq == turn.queued_seq else 1
+        if looks < STUCK_LOOKS:
+            self._suspects[uid] = (turn.queued_seq, looks)
+            return None
+        self._suspects.pop(uid, None)
+        return verdict
 
     def _note_behind(self, turn: PendingTurn, last: RunEvent, now: float) -> None:
         """Note, once per event, a committed event ``last`` that the event consumer has not

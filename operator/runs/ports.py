@@ -57,5 +57,7 @@ class PendingTurn:
     """Stream sequence of its TurnRequest in the work queue."""
     checked_at: float
     """When that TurnRequest was published or last seen still queued (epoch seconds)."""
+    queued_at: float
+    """When that TurnRequest was published (epoch seconds)."""
     redispatches: int
     """Times this turn was published again after its TurnRequest was lost."""

@@ -46,6 +46,8 @@ class RunView:
     checked_at: float = 0.0
     """When that TurnRequest was published or last seen still queued; with none published,
     when the turn was handed to the turn gate (epoch seconds)."""
+    queued_at: float = 0.0
+    """When that TurnRequest was published (epoch seconds; 0: none published)."""
     awaiting_since: float = 0.0
     """When the run last started waiting for a person's decision (epoch seconds; 0 while it
     does not wait)."""

@@ -8,8 +8,9 @@ found by its next status write (the writer's 404); a waiting one has none. ``Wai
 reads the object of each run that has waited at least ``every`` seconds, once every ``every``
 seconds: one GET a waiting run a period, one at a time, at most ``most`` a period, so
 thousands of waiting runs cost the API server a bounded rate and each is read within a few
-periods. The reads of a pass go to the namespaces in turn (in each, the runs read longest ago
-first), so one namespace with thousands of waiting runs delays no other's. A run found gone
+periods. The reads of a pass go to the tenants in turn, and inside each to its namespaces in
+turn (in each, the runs read longest ago first: ``platform.rounds``), so one tenant with
+thousands of waiting runs, in however many namespaces, delays no other's. A run found gone
 goes the way of a write that found it gone (``StatusWriter.next_gone``: stopped as a deleted
 run).
 """
@@ -17,13 +18,13 @@ run).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable
 
 from agentrun import loops
 
+from ..platform import rounds
 from .dispatch import Dispatcher
 from .keys import RunKey
 from .writer import StatusWriter
@@ -49,8 +50,9 @@ class WaitingCheck:
         most: int = WAITING_READS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``runs`` names the waiting runs; ``writer`` reads each object (``exists``) and hands
-        a gone run out by ``next_gone``; ``most`` reads a pass at most; ``clock`` is epoch
+        """``runs`` names the waiting runs; ``writer`` reads each object (``exists``), hands
+        a gone run out by ``next_gone`` and names whose turn a namespace's reads take
+        (``StatusWriter.party``); ``most`` reads a pass at most; ``clock`` is epoch
         seconds."""
         self.runs = runs
         self.writer = writer
@@ -97,10 +99,9 @@ class WaitingCheck:
 
     def _turns(self, waiting: list[RunKey]) -> list[RunKey]:
         """``waiting`` in reading order: each namespace's runs read longest ago (or never)
-        first (ties: longest-waiting first, as given), the namespaces taking turns — the first
-        of each, then the second of each, … — in the order of their longest-unread runs."""
-        queues: dict[str, list[RunKey]] = {}
-        for key in sorted(waiting, key=self._read.__getitem__):
-            queues.setdefault(key.namespace, []).append(key)
-        rounds = itertools.zip_longest(*queues.values())
-        return [key for keys in rounds for key in keys if key is not None]
+        first (ties: longest-waiting first, as given), the parties (the writer's: its tenants)
+        taking turns and their namespaces inside each — the first of each, then the second of
+        each, … — in the order of their longest-unread runs."""
+        unread = sorted(waiting, key=self._read.__getitem__)
+        party = self.writer.party
+        return list(rounds.in_turn(unread, namespace=lambda key: key.namespace, party=party))

@@ -7,9 +7,10 @@ most once per ``interval`` seconds — a patch starts no sooner than ``interval`
 previous one ended, so two land at least that far apart however slow the API server answers —
 except its first and its terminal status, which are written at once. At most ``concurrency``
 patches are in flight, so a burst reuses a few connections; the writes due are made in passes
-of ``PASS_WRITES`` a connection, taken in turn from each namespace (``in_turn``), so a namespace
-with thousands of runs due delays another's first or terminal status by one pass, not by all of
-its own writes.
+of ``PASS_WRITES`` a connection, taken in turn from each tenant and, inside it, from each of its
+namespaces (``platform.rounds``), so a tenant with thousands of runs due, in however many
+namespaces, delays another's first or terminal status by one pass, not by all of its own
+writes.
 
 Status never goes backwards, whoever else writes it (an operator that lost its Lease, a
 redelivered event): before patching, the writer compares its body with the object's status as
@@ -44,11 +45,12 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from agentrun.loops import sleep_until_set
 
+from ..platform import rounds
 from ..platform.failures import Failures
 from ..platform.kubeapi import ApiError, KubeApi
 from .keys import RunKey
@@ -137,10 +139,13 @@ class StatusWriter:
         *,
         interval: float = 5.0,
         concurrency: int = 8,
+        party: Callable[[str], str] = rounds.own_party,
     ) -> None:
         """``api``: where the status is read and patched; ``interval``: least seconds between
-        two patches of one run; ``concurrency``: patches in flight at most."""
+        two patches of one run; ``concurrency``: patches in flight at most; ``party``: whose
+        turn a namespace's writes take in a pass (``Tenants.party``; by default its own)."""
         self.api = api
+        self.party = party
         self.interval = interval
         self.writes = 0
         self.stale = 0
@@ -391,6 +396,11 @@ class StatusWriter:
             self._pending[run] = pending
             self._wake.set()
 
+    def _in_turn(self, due: list[RunKey]) -> Iterator[RunKey]:
+        """``due`` in a pass's order: the parties in turn, their namespaces in turn inside
+        each (``rounds.in_turn``)."""
+        return rounds.in_turn(due, namespace=lambda run: run.namespace, party=self.party)
+
     async def _run(self) -> None:
         while True:
             now = time.monotonic()
@@ -403,23 +413,11 @@ class StatusWriter:
                 else:
                     wait = min(wait, ready_at - now)
             if due:
-                taken = in_turn(due, most=self.batch)
+                taken = list(itertools.islice(self._in_turn(due), self.batch))
                 await asyncio.gather(*(self._write(run) for run in taken))
                 continue
             self._wake.clear()
             await sleep_until_set(self._wake, wait)
-
-
-def in_turn(due: list[RunKey], *, most: int) -> list[RunKey]:
-    """At most ``most`` runs of ``due``, taken in turn from each namespace (one of each
-    namespace's, then the next of each, …; each namespace's in the order given): a namespace
-    with thousands of writes due takes one place of each round, not the whole pass."""
-    by_namespace: dict[str, list[RunKey]] = {}
-    for run in due:
-        by_namespace.setdefault(run.namespace, []).append(run)
-    rounds = itertools.zip_longest(*by_namespace.values())
-    taken = (run for round_ in rounds for run in round_ if run is not None)
-    return list(itertools.islice(taken, most))
 
 
 def _size_message(body: Mapping[str, Any], err: ApiError) -> str:

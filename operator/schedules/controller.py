@@ -19,6 +19,7 @@ just before a crash, whose status write was lost, is not created again either.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -199,22 +200,13 @@ class ScheduleController:
             return None
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         involved = Involved(spec.KIND, name, namespace, str(meta.get("uid", "")))
-        generation = int(meta.get("generation") or 1)
         now = self.clock()
         try:
             checked = spec.check(cron.get("spec"))
         except spec.Invalid as err:
-            self._record(
-                involved,
-                reason=err.reason,
-                message=f"no runs are created: {err}",
-                per=generation,
-                warning=True,
-            )
-            ready = status.ready(False, err.reason, str(err), now=now, generation=generation)
-            await self._write_status(cron, {"observedGeneration": generation, **ready})
+            await self._invalid(cron, err, involved=involved, now=now)
             return None
-        owned = await self._owned_runs(namespace, name, uid=involved.uid)
+        owned = await self._counted(cron, await self._owned_runs(namespace, name, uid=involved.uid))
         last = self._last_scheduled(cron, owned, now=now)
         active = [
             plan.ActiveRun(run.name, run.uid, run.scheduled) for run in owned if not run.ended
@@ -224,12 +216,42 @@ class ScheduleController:
         if created is not None:
             self.crons.created(involved.uid, created.scheduled)
             owned = [*owned, created]
-        owned = await self._prune(namespace, owned, checked, involved=involved)
         wake = None if isinstance(step, plan.Suspended) else step.wake
         scheduled = self.crons.last_created(involved.uid)
         body = status.status_body(cron, owned, checked, wake=wake, now=now, scheduled=scheduled)
-        await self._write_status(cron, body)
+        await self._write_status(cron, body)  # before pruning: a limit of 0 hid every end
+        await self._prune(namespace, owned, checked, involved=involved)
         return wake
+
+    async def _invalid(
+        self, cron: Mapping[str, Any], err: spec.Invalid, *, involved: Involved, now: float
+    ) -> None:
+        """``Ready=False`` naming why ``cron``'s spec is unusable, with a Warning Event;
+        nothing is created, but the runs that ended meanwhile are counted
+        (``lastSuccessfulTime``) and released, as a valid pass does: a schedule left invalid
+        held them from every TTL for ever."""
+        generation = int((cron.get("metadata") or {}).get("generation") or 1)
+        message = f"no runs are created: {err}"
+        self._record(involved, reason=err.reason, message=message, per=generation, warning=True)
+        owned = await self._owned_runs(involved.namespace, involved.name, uid=involved.uid)
+        await self._counted(cron, owned)
+        ready = status.ready(False, err.reason, str(err), now=now, generation=generation)
+        counted = status.last_successful(owned, cron.get("status") or {})
+        await self._write_status(cron, {"observedGeneration": generation, **counted, **ready})
+
+    async def _counted(self, cron: Mapping[str, Any], owned: Sequence[OwnedRun]) -> list[OwnedRun]:
+        """``owned``, its ended runs still held (``runs.HOLD_ANNOTATION``) released once their
+        ends are in ``cron``'s status (``lastSuccessfulTime``, written first when it moves),
+        before the pass acts: a create the API server refuses (a ResourceQuota the held runs
+        fill) raised before a later release, and kept them held, and the quota full, for ever."""
+        ended = [run for run in owned if run.ended and run.held]
+        if not ended:
+            return list(owned)
+        await self._write_status(cron, status.last_successful(owned, cron.get("status") or {}))
+        namespace = str((cron.get("metadata") or {}).get("namespace", ""))
+        for run in ended:
+            await self.store.release_run(namespace, run.name, run.uid)
+        return [dataclasses.replace(run, held=False) if run in ended else run for run in owned]
 
     def _last_scheduled(
         self, cron: Mapping[str, Any], owned: Sequence[OwnedRun], *, now: float

@@ -16,6 +16,7 @@ from typing import Any
 
 from agentrun import kube
 
+from .. import runs
 from ..platform import conditions
 from .spec import SCHEDULED_ANNOTATION, Checked
 
@@ -44,6 +45,8 @@ class OwnedRun:
     ended: bool
     succeeded: bool
     completed_at: float | None
+    held: bool = False
+    """It carries ``runs.HOLD_ANNOTATION``: no TTL deletes it until the schedule releases it."""
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> OwnedRun | None:
@@ -60,6 +63,7 @@ class OwnedRun:
             ended=bool(run_status.get("terminalReason")),
             succeeded=run_status.get("phase") == "Succeeded",
             completed_at=epoch(run_status.get("completionTime")),
+            held=runs.HOLD_ANNOTATION in (meta.get("annotations") or {}),
         )
 
 
@@ -109,6 +113,14 @@ def schedule_ready(
     return found
 
 
+def last_successful(owned: Sequence[OwnedRun], old: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"lastSuccessfulTime": ...}``: the latest completion of a Succeeded run of ``owned``
+    or the one ``old`` (the status before) recorded (``None``: none ever)."""
+    successes = [r.completed_at for r in owned if r.succeeded and r.completed_at is not None]
+    last = max([*successes, epoch(old.get("lastSuccessfulTime")) or 0.0])
+    return {"lastSuccessfulTime": conditions.rfc3339(last) if last else None}
+
+
 def status_body(
     cron: Mapping[str, Any],
     owned: Sequence[OwnedRun],
@@ -120,7 +132,8 @@ def status_body(
 ) -> dict[str, Any]:
     """The CronAgentRun's ``.status`` after a pass (``None`` values remove a field).
 
-    ``owned``: its runs left; ``wake``: the next schedule time (``None``: suspended);
+    ``owned``: its runs, those the history limits delete after this write too (their ends
+    count); ``wake``: the next schedule time (``None``: suspended);
     ``scheduled``: the last schedule time this process created a run for (0: none).
     """
     meta = cron.get("metadata") or {}
@@ -129,8 +142,6 @@ def status_body(
     last = max(
         [scheduled, *(r.scheduled for r in owned), epoch(old.get("lastScheduleTime")) or 0.0]
     )
-    successes = [r.completed_at for r in owned if r.succeeded and r.completed_at is not None]
-    last_success = max([*successes, epoch(old.get("lastSuccessfulTime")) or 0.0])
     active = [
         {
             "apiVersion": f"{kube.GROUP}/{kube.VERSION}",
@@ -145,7 +156,7 @@ def status_body(
     return {
         "observedGeneration": generation,
         "lastScheduleTime": conditions.rfc3339(last) if last else None,
-        "lastSuccessfulTime": conditions.rfc3339(last_success) if last_success else None,
+        **last_successful(owned, old),
         "nextScheduleTime": conditions.rfc3339(wake) if wake is not None else None,
         # the newest MAX_ACTIVE (the CRD's bound); activeRuns counts them all
         "active": active[-MAX_ACTIVE:] or None,

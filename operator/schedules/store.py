@@ -39,14 +39,20 @@ class CronStore(Protocol):
         """Merge ``body`` into the CronAgentRun's status; ``False`` when it is gone (a
         conflict, a new object of its name, is no error either)."""
 
+    async def release_run(self, namespace: str, name: str, uid: str) -> None:
+        """Remove the run's ``runs.HOLD_ANNOTATION`` (its end is in the status: its TTL may
+        delete it now); a run gone, or replaced by a newer one of its name, is no error."""
 
+
+KEPT_ANNOTATIONS = frozenset({SCHEDULED_ANNOTATION, runs.HOLD_ANNOTATION})
+"""The annotations of a run the controller reads (its schedule time, whether it is held)."""
 RUN_STATUS_READ = ("phase", "terminalReason", "completionTime")
 """The fields of a run's ``.status`` the controller reads (``status.OwnedRun.of``)."""
 
 
 def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """What the controller reads of a listed run (``status.OwnedRun.of`` and the owner check):
-    its name, uid, schedule-time annotation and owner references, and its status's phase,
+    its name, uid, schedule-time and hold annotations and owner references, and its status's phase,
     terminal reason and completion time. A schedule keeps up to 1,000 runs not ended and
     1,000 finished of each kind, each holding its template's goal, parameters and annotations
     (a megabyte, within the API server's object size): held whole, one reconcile's list held
@@ -58,7 +64,7 @@ def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {
             "name": meta.get("name"),
             "uid": meta.get("uid"),
-            "annotations": {k: v for k, v in annotations.items() if k == SCHEDULED_ANNOTATION},
+            "annotations": {k: v for k, v in annotations.items() if k in KEPT_ANNOTATIONS},
             "ownerReferences": meta.get("ownerReferences") or [],
         },
         "status": {k: found[k] for k in RUN_STATUS_READ if k in found},
@@ -107,3 +113,7 @@ class KubeCronStore:
             if err.status != 409:
                 raise
         return True
+
+    async def release_run(self, namespace: str, name: str, uid: str) -> None:
+        """Remove the run's ``runs.HOLD_ANNOTATION`` (``runs.release_hold``)."""
+        await runs.release_hold(self.api, runs.RunKey(namespace, name, uid))

@@ -7,6 +7,7 @@ and answering "which tenant" for a namespace, or why none. What does not: the po
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,12 +17,14 @@ from agentrun import metrics
 from agentrun.ledger import UsageFloor
 from agentrun.protocol import DEFAULT_TENANT, UrlRule
 
-from ..platform.kubeapi import KubeApi
+from ..platform.kubeapi import ApiError, KubeApi
 from ..platform.spec import ObjectMeta, not_found
 from . import policy as rules
 from .policy import TenantPolicy
 from .status import usage_seen
 from .waits import QueueWait, WaitReason
+
+log = logging.getLogger(__name__)
 
 
 class NoTenant(LookupError):
@@ -54,6 +57,12 @@ class Tenants:
         self._invalid_namespaces: dict[str, frozenset[str]] = {}
         self._resolved: cachetools.LRUCache[str, str] = cachetools.LRUCache(10_000)
         """The tenant each namespace was last resolved to (``party``)."""
+        self._listing: dict[str, list[str]] | None = None
+        """namespace → the valid AgentTenants listing it by name (``party``), made again after
+        a binding changed (``_rebound``)."""
+        self._unbound_learnt: cachetools.LRUCache[str, None] = cachetools.LRUCache(10_000)
+        """Namespaces ``learn`` found bound to no tenant (or to several): not read again on
+        their objects' every event, until an AgentTenant's binding changes (``_rebound``)."""
 
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
         """Add or replace an AgentTenant; an invalid one binds nothing (its runs are rejected
@@ -67,10 +76,14 @@ class Tenants:
         try:
             policy = TenantPolicy.of(obj)
         except rules.InvalidTenant as err:
+            was = self.invalid.get(name)
+            self._rebound(name in self.policies or was is None or was[0] != meta.generation)
             self.policies.pop(name, None)
             self.invalid[name] = (meta.generation, str(err))
             self._invalid_namespaces[name] = rules.bound_namespaces(obj)
             return None
+        was_valid = self.policies.get(name)
+        self._rebound(was_valid is None or _binding(was_valid) != _binding(policy))
         self.invalid.pop(name, None)
         self._invalid_namespaces.pop(name, None)
         self.policies[name] = policy
@@ -78,9 +91,32 @@ class Tenants:
 
     def remove(self, name: str) -> None:
         """Forget a deleted AgentTenant (its ledger entry stays until its runs end)."""
+        self._rebound(name in self.policies or name in self.invalid)
         self.policies.pop(name, None)
         self.invalid.pop(name, None)
         self._invalid_namespaces.pop(name, None)
+
+    def _rebound(self, changed: bool) -> None:
+        """Forget every namespace's resolved tenant (``party``) when an AgentTenant's binding
+        ``changed`` (made, its namespaces or selector edited, made invalid, deleted): it may
+        now bind namespaces resolved to another tenant, or no longer bind its own. Each is
+        resolved again by its next run, AgentEval or CronAgentRun (``learn``, which reads a
+        namespace it found bound to no tenant again too); a status update, or an edit of its
+        budgets, forgets nothing."""
+        if changed:
+            self._resolved.clear()
+            self._unbound_learnt.clear()
+            self._listing = None
+
+    def _listed(self) -> dict[str, list[str]]:
+        """namespace → the valid AgentTenants listing it by name: made once after a binding
+        changed, O(namespaces listed), so ``party`` costs O(1) whatever the tenants' number."""
+        if self._listing is None:
+            self._listing = {}
+            for policy in self.policies.values():
+                for namespace in policy.namespaces:
+                    self._listing.setdefault(namespace, []).append(policy.name)
+        return self._listing
 
     def max_concurrent_turns(self, tenant: str) -> int | None:
         """``spec.maxConcurrentTurns`` of AgentTenant ``tenant`` (``runs.TurnCaps``); the
@@ -146,15 +182,38 @@ class Tenants:
 
     def party(self, namespace: str) -> str:
         """Whose share of what the operator shares out (its Events, the turns of its checks'
-        threads: ``platform.fairwork``) ``namespace``'s objects take: the AgentTenant's
-        that binds it, as last resolved (``tenant/<name>``: no namespace is named so), shared
-        by every namespace it binds; its own when it falls to the default tenant (usually many
-        teams' namespaces, not one party's), or until one of its runs or tool servers has been
-        resolved. Never reads the API server."""
+        threads: ``platform.fairwork``, its AgentEval reconciles, its CronAgentRuns' turns, its
+        status writes) ``namespace``'s objects take: the AgentTenant's that binds it
+        (``tenant/<name>``: no namespace is named so), shared by every namespace it binds, as
+        last resolved (``resolve``, ``learn``), else the one valid AgentTenant that lists it by
+        name (a name wins over any selector: no labels needed); its own when it falls to the
+        default tenant (usually many teams' namespaces, not one party's), when several list it,
+        or until one selecting it by label has been resolved. Never reads the API server."""
         tenant = self._resolved.get(namespace)
+        if tenant is None:
+            listing = self._listed().get(namespace, ())
+            tenant = listing[0] if len(listing) == 1 else None
         if tenant is None or tenant == self.default:
             return namespace
         return f"tenant/{tenant}"
+
+    async def learn(self, namespace: str) -> None:
+        """Resolve ``namespace``'s tenant (``resolve``: its labels read when a tenant selects
+        by label) unless it was resolved before, or found bound to no tenant (or several)
+        since the AgentTenants' bindings last changed, so its objects take their tenant's
+        ``party`` before any run of theirs is admitted (an AgentEval whose suite fails its check
+        creates none), at one read of its labels, not one an event of its objects. Never
+        raises: a namespace no tenant binds, or one that cannot be read now (read again next
+        time), keeps its party (logged at debug level)."""
+        if namespace in self._resolved or namespace in self._unbound_learnt:
+            return
+        try:
+            await self.resolve(namespace)
+        except NoTenant as err:
+            self._unbound_learnt[namespace] = None
+            log.debug("namespace %s is bound to no one tenant: %s", namespace, err)
+        except ApiError as err:
+            log.debug("the tenant of namespace %s is not known: %s", namespace, err)
 
     def _unbound(self, namespace: str) -> str:
         if self.default and self.default in self.invalid:
@@ -170,3 +229,8 @@ class Tenants:
             f"namespace {namespace!r} is bound to no AgentTenant; a platform admin must list it "
             "in an AgentTenant's spec.namespaces or match it with spec.namespaceSelector"
         )
+
+
+def _binding(policy: TenantPolicy) -> tuple[frozenset[str], Mapping[str, Any] | None]:
+    """What of ``policy`` says which namespaces it binds: its names and its selector."""
+    return policy.namespaces, policy.selector

@@ -86,6 +86,17 @@ ACCEPTED_SPECS = [
         id="selector-by-expression-only",
     ),
     pytest.param(
+        {
+            "namespaceSelector": {
+                "matchLabels": {"example.com/team": "A.b_c-1", "x": ""},
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", ""]}
+                ],
+            }
+        },
+        id="selector-of-prefixed-keys-and-empty-values",
+    ),
+    pytest.param(
         {"toolServers": {"allow": [{"host": "search.tools.svc", "privateNetwork": True}]}},
         id="tool-server-rules",
     ),
@@ -161,6 +172,26 @@ REJECTED_SPECS = [
         {"namespaceSelector": {"matchLabels": {}, "matchExpressions": []}},
         ["spec.namespaceSelector", "an empty selector matches every namespace"],
         id="selector-of-empty-parts",
+    ),
+    pytest.param(
+        {"namespaceSelector": {"matchLabels": {"team": "search team"}}},
+        ["spec.namespaceSelector.matchLabels.team", "should match"],
+        id="selector-value-no-namespace-can-carry",
+    ),
+    pytest.param(
+        {"namespaceSelector": {"matchLabels": {"my team": "a"}}},
+        ["spec.namespaceSelector.matchLabels", "must be a label key"],
+        id="selector-key-no-namespace-can-carry",
+    ),
+    pytest.param(
+        selector({"key": "Team.Example/x", "operator": "Exists"}),
+        ["spec.namespaceSelector.matchExpressions[0].key", "should match"],
+        id="expression-key-no-namespace-can-carry",
+    ),
+    pytest.param(
+        selector({"key": "team", "operator": "In", "values": ["a", "b c"]}),
+        ["spec.namespaceSelector.matchExpressions[0].values[1]", "should match"],
+        id="expression-value-no-namespace-can-carry",
     ),
     pytest.param(
         {"toolServers": {"allow": [{"host": "http://x"}]}},

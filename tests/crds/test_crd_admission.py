@@ -26,6 +26,7 @@ from crd_support import (
 
 from agentrun import kernel, protocol
 from agentrun.operator.runs import status as operator_status
+from agentrun.operator.schedules import spec as cronspec
 
 pytestmark = pytest.mark.usefixtures("crds")
 
@@ -182,7 +183,13 @@ def make_cronagentrun(**spec: Any) -> Manifest:
     }
 
 
+def template_meta(**metadata: dict[str, str]) -> dict[str, Any]:
+    """CronAgentRun spec fields whose run template carries ``metadata``."""
+    return {"runTemplate": {"metadata": metadata, "spec": {"model": "mock", "goal": "add"}}}
+
+
 SCHEDULE_SHAPE = "must be five cron fields"
+TEMPLATE_META = "spec.runTemplate.metadata"
 REJECTED_CRONAGENTRUNS = [
     pytest.param({"schedule": "every 5 minutes"}, ["spec.schedule", SCHEDULE_SHAPE], id="words"),
     pytest.param({"schedule": "0 * * *"}, ["spec.schedule", SCHEDULE_SHAPE], id="four-fields"),
@@ -207,11 +214,20 @@ REJECTED_CRONAGENTRUNS = [
     pytest.param(
         {"timeZone": "Europe/Berlin2"}, ["spec.timeZone", "should match"], id="zone-digit"
     ),
+    *(
+        pytest.param(template_meta(**{part: meta}), [f"{TEMPLATE_META}.{field}", said], id=name)
+        for name, part, meta, field, said in [
+            ("label-value", "labels", {"team": "a b"}, "labels.team", "should match"),
+            ("label-key", "labels", {"my team!": "x"}, "labels", "qualified name"),
+            ("label-prefix", "labels", {"Example.com/x": "x"}, "labels", "qualified name"),
+            ("annotation-key", "annotations", {"bad key": "x"}, "annotations", "qualified name"),
+        ]
+    ),
 ]
 
 
 @pytest.mark.parametrize(("spec", "expected"), REJECTED_CRONAGENTRUNS)
-def test_api_server_rejects_a_malformed_schedule_or_time_zone_naming_the_field(
+def test_api_server_rejects_a_malformed_schedule_zone_or_template_metadata_naming_the_field(
     apply: Apply, test_namespace: str, spec: dict[str, Any], expected: list[str]
 ) -> None:
     result = apply(make_cronagentrun(**spec), namespace=test_namespace)
@@ -230,6 +246,13 @@ def test_api_server_rejects_a_malformed_schedule_or_time_zone_naming_the_field(
         pytest.param({"timeZone": "Etc/GMT+5"}, id="offset-zone"),
         # well-formed but unknown: the operator's Ready condition says InvalidTimeZone
         pytest.param({"timeZone": "Europe/Berlinn"}, id="unknown-zone"),
+        pytest.param(
+            template_meta(
+                labels={"example.com/team": "", "a.b_c-D": "A.b_c", "x": "y" * 63},
+                annotations={"example.com/note": "any text, spaces and all", "n": "x" * 9000},
+            ),
+            id="template-metadata",
+        ),
     ],
 )
 def test_api_server_accepts_well_formed_schedules_and_time_zones(
@@ -238,6 +261,43 @@ def test_api_server_accepts_well_formed_schedules_and_time_zones(
     result = apply(make_cronagentrun(**spec), namespace=test_namespace)
     assert result.returncode == 0, result.stderr
     assert kubectl("delete", "car", "nightly", "-n", test_namespace).returncode == 0
+
+
+REAL_WORLD_KEYS = {"app.kubernetes.io/name": "web", "example.com/x-y_z.1": "v"}
+
+
+def test_a_template_carries_every_annotation_key_the_api_server_accepts_on_a_run(
+    apply: Apply, kubectl: Kubectl, test_namespace: str
+) -> None:
+    """Kubernetes checks an annotation key lower-cased (apimachinery's
+    ``ValidateAnnotations``): ``Example.com/Note`` is a run's annotation, so a template
+    holding it is no invalid one (a label key's prefix is checked as written)."""
+    folded = {"example.com/\u212aey": "x", "\u0130d": "x"}  # Go's ToLower: 'k', 'i'
+    annotations = {**REAL_WORLD_KEYS, "Example.COM/Note": "x", **folded}
+    run = make_agentrun()
+    run["metadata"] = {**run["metadata"], "labels": REAL_WORLD_KEYS, "annotations": annotations}
+    result = apply(run, namespace=test_namespace)
+    assert result.returncode == 0, result.stderr  # the API server's own rules
+    spec = template_meta(labels=REAL_WORLD_KEYS, annotations=annotations)
+    result = apply(make_cronagentrun(**spec), namespace=test_namespace)
+    assert result.returncode == 0, result.stderr
+    assert kubectl("delete", "car", "nightly", "-n", test_namespace).returncode == 0
+
+
+def test_a_run_created_with_full_annotations_can_be_given_none_later(
+    kubectl: Kubectl, test_namespace: str
+) -> None:
+    """Why a template leaves ``RUN_ANNOTATIONS_ROOM``: the API server checks the 262,144
+    bytes on every update too, so a run created full is refused its admission's record, a
+    cancel, an approval."""
+    run = make_agentrun()
+    full = cronspec.ANNOTATIONS_MAX_BYTES - len("n") - 10
+    run["metadata"] = {**run["metadata"], "annotations": {"n": "x" * full}}
+    created = kubectl("create", "-f", "-", "-n", test_namespace, input=json.dumps(run))
+    assert created.returncode == 0, created.stderr  # not apply: its own annotation copies it
+    cancel = ("annotate", "agentrun", "run", "agentrun.dev/cancel=true", "-n", test_namespace)
+    refused = kubectl(*cancel, check=False)
+    assert refused.returncode != 0 and "metadata.annotations: Too long" in refused.stderr
 
 
 def test_api_server_accepts_every_iana_time_zone_name(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+import nats
 import nats.js.errors
 
 from agentrun import protocol
@@ -111,6 +113,30 @@ def delete_queued_turns(server: NatsServer, tenant: str) -> int:
             await bus.close()
 
     return asyncio.run(delete())
+
+
+def strand_queued_turn(server: NatsServer, tenant: str) -> int:
+    """Move the workers' consumer past ``tenant``'s last TurnRequest, which the stream keeps:
+    its ack floor at the stream's last message, nothing pending, the state nats-server #4736
+    shows after a restart (``$JS.API.CONSUMER.RESET``, from nats-server 2.14, as an operator of
+    the server could). Returns that TurnRequest's stream sequence."""
+
+    async def strand() -> int:
+        nc = await nats.connect(**server.client_options())
+        try:
+            js = nc.jetstream()
+            raw = await js._jsm.get_last_msg(protocol.STREAM_TURNS, protocol.turn_subject(tenant))
+            last = (await js.stream_info(protocol.STREAM_TURNS)).state.last_seq
+            consumer = f"{protocol.STREAM_TURNS}.{protocol.WORKERS_CONSUMER}"
+            body = json.dumps({"seq": last + 1}).encode()
+            answer = json.loads((await nc.request(f"$JS.API.CONSUMER.RESET.{consumer}", body)).data)
+            assert "error" not in answer, answer
+            assert raw.seq is not None
+            return raw.seq
+        finally:
+            await nc.close()
+
+    return asyncio.run(strand())
 
 
 def put_book_bytes(server: NatsServer, tenant: str, value: bytes) -> bytes:

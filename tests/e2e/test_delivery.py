@@ -15,6 +15,7 @@ from .events import (
     put_book_bytes,
     read_events,
     settled_book,
+    strand_queued_turn,
     turn_numbers,
     wait_answered_hold,
 )
@@ -66,6 +67,41 @@ def test_a_turn_request_deleted_from_the_stream_is_dispatched_again_and_the_run_
     )
     turns = turn_numbers(read_events(nats_server, test_namespace, "lost"))  # type: ignore[attr-defined]
     assert turns == [0, 1]
+
+
+def test_a_turn_request_the_workers_consumer_counts_acknowledged_is_sent_again_and_runs(
+    stack_: E2EStack,
+    test_namespace: str,
+    tenants: TenantFactory,  # noqa: F811
+    nats_server: object,
+) -> None:
+    """The workers are stopped, the run is admitted, and the workers' consumer is moved past
+    its TurnRequest, which the stream keeps (its ack floor there, nothing pending: what
+    nats-server #4736 shows after a restart); the workers come back and ask, and nothing
+    would ever deliver it. The operator judges it below the ack floor at three looks in a row,
+    deletes it and publishes it again, with one warning naming the consumer's figures; the
+    run completes with its turn committed once."""
+    tenants(f"t-{test_namespace}", [test_namespace], budget={"tokens": 100_000})
+    for worker in stack_.workers:
+        components.stop_component(worker)
+    try:
+        stack_.apply(
+            test_namespace, run_manifest("stuck", f"agentrun install check {test_namespace}")
+        )
+        status = stack_.wait_for(
+            test_namespace, "stuck", lambda s: s.get("phase") == "Running", timeout=30
+        )
+        stuck = strand_queued_turn(nats_server, status["tenant"])  # type: ignore[arg-type]
+    finally:
+        stack_.restart_dead()
+    # three looks AGENTRUN_ORPHAN_AFTER apart, then the turn: well within the bound
+    status = stack_.wait_terminal(test_namespace, "stuck", timeout=60)
+    assert (status["terminalReason"], status["answer"]) == ("completed", "ok")
+    turns = turn_numbers(read_events(nats_server, test_namespace, "stuck"))  # type: ignore[attr-defined]
+    assert turns == [0]
+    log = stack_.operator.spec.log_path.read_text(errors="replace")
+    said = [line for line in log.splitlines() if f"{test_namespace}/stuck: turn 0 stayed" in line]
+    assert len(said) == 1 and f"below_ack_floor; TurnRequest {stuck}," in said[0]
 
 
 def test_a_worker_killed_right_after_the_model_answered_has_that_call_charged_once(

@@ -22,7 +22,7 @@ from agentrun_dev import components, stack
 from agentrun_dev.kubectl import create_namespace, delete_namespace
 
 from . import argocd_health, test_kubectl_plugin
-from .conftest import EXAMPLES, E2EStack, http_get, run_manifest
+from .conftest import EXAMPLES, E2EStack, apply_tenant, http_get, run_manifest
 from .test_agents import AGENT_TURNS, agent_manifest
 from .test_budget_use import collatz_scenario
 from .test_telemetry import metric
@@ -272,6 +272,29 @@ def test_a_failing_suite_is_graded_case_by_case_at_most_parallelism_at_a_time(
     assert f'agentrun_eval_cases_total{{{labels},result="failed"}} 2.0' in metrics
     assert f'agentrun_eval_cases_total{{{labels},result="passed"}} 1.0' in metrics
     assert f"agentrun_eval_pass_ratio{{{labels}}} 0.3333333333333333" in metrics
+
+
+def test_a_tenant_ttl_of_zero_deletes_a_suites_runs_once_graded_not_before(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """A platform team's ``ttlSecondsAfterFinished: 0`` on the tenant (or the suite's own)
+    deleted each case's run as it ended, before grading read its events: every case failed
+    "deleted before it was graded", whatever the Agent did."""
+    ns = test_namespace
+    budget = {"tokens": 1_000_000}
+    apply_tenant(stack_, f"ttl0-{ns}", ns, budget=budget, ttlSecondsAfterFinished=0)
+    try:
+        stack_.wait_tenant_observed(f"ttl0-{ns}")
+        stack_.apply(ns, agent_manifest("calc"))
+        stack_.apply(ns, suite("kept", [PRODUCT, {**SLOW, "expect": {"reason": "completed"}}]))
+        status = wait_eval(stack_, ns, "kept", finished)
+        assert status["summary"] == {"passed": 2, "failed": 0, "total": 2}, status["cases"]
+        end = time.monotonic() + 20  # graded: their TTL deletes them now
+        while eval_runs(stack_, ns, "kept"):
+            assert time.monotonic() < end, "a graded run outlived its TTL of 0"
+            time.sleep(0.25)
+    finally:
+        stack_.kubectl("delete", "agenttenant", f"ttl0-{ns}", "--wait=false")
 
 
 def test_an_operator_restart_mid_round_creates_no_second_run(

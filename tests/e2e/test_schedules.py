@@ -16,7 +16,7 @@ import pytest
 from agentrun_dev import components, stack
 
 from . import argocd_health, test_argocd_health
-from .conftest import E2EStack
+from .conftest import E2EStack, apply_tenant
 from .test_tenants import append_scenario
 
 pytestmark = pytest.mark.e2e
@@ -317,6 +317,35 @@ def test_an_operator_restart_neither_doubles_nor_skips_beyond_the_deadline(
     # the gap is the operator's absence only: the first time after it is at most the
     # deadline older than the restarted operator's first look
     assert restarted >= killed + 6 - deadline - every
+
+
+def test_a_tenant_ttl_of_zero_deletes_each_run_once_the_schedule_counted_it(
+    stack_: E2EStack, test_namespace: str
+) -> None:
+    """Its tenant's ``ttlSecondsAfterFinished: 0`` deleted each run as it ended, before the
+    schedule listed it: lastSuccessfulTime was never set, however many runs succeeded."""
+    ns = test_namespace
+    apply_tenant(stack_, f"ttl0-{ns}", ns, budget={"tokens": 1_000_000}, ttlSecondsAfterFinished=0)
+    try:
+        stack_.wait_tenant_observed(f"ttl0-{ns}")
+        stack_.apply(ns, cron_manifest("counted", QUICK, concurrencyPolicy="Forbid"))
+        found = wait_until(
+            "a last success",
+            lambda: (get_cron(stack_, ns, "counted").get("status") or {}).get("lastSuccessfulTime"),
+        )
+        assert epoch(found) > 0
+        ended = {
+            r["metadata"]["name"]
+            for r in runs_of(stack_, ns, "counted")
+            if (r.get("status") or {}).get("terminalReason")
+        }
+        wait_until(  # counted: released, and deleted by their TTL of 0
+            "the counted runs deleted",
+            lambda: not ended & {r["metadata"]["name"] for r in runs_of(stack_, ns, "counted")},
+            timeout=20,
+        )
+    finally:
+        stack_.kubectl("delete", "agenttenant", f"ttl0-{ns}", "--wait=false")
 
 
 def test_the_api_server_checks_the_run_template_as_an_agentrun_naming_the_field(

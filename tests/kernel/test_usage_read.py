@@ -222,3 +222,62 @@ def test_an_estimate_not_capped_counts_every_choice_of_a_reply_sent_whole() -> N
         prompt_estimate=77,
     )
     assert honest.output_tokens >= kernel.least_tokens(["word " * 3_000])
+
+
+def test_the_most_a_call_bills_is_the_slack_times_the_larger_of_window_and_prompt() -> None:
+    slack, least = kernel.usage.WINDOW_SLACK, kernel.usage.LEAST_BILLABLE
+    assert kernel.most_billable(context_window=1_000_000, prompt_bound=50) == slack * 1_000_000
+    assert kernel.most_billable(context_window=32_000, prompt_bound=900_000) == slack * 900_000
+    assert kernel.most_billable(context_window=least // slack + 1, prompt_bound=0) > least
+    huge = kernel.most_billable(context_window=MAX_REPORTED_TOKENS, prompt_bound=0)
+    assert huge == MAX_REPORTED_TOKENS
+
+
+def test_a_small_window_still_believes_a_reasoning_models_real_usage() -> None:
+    """A provider billing its chain of thought apart from ``max_tokens`` (tens of thousands
+    of tokens) on a window declared small (4,096): believed, up to ``LEAST_BILLABLE``."""
+    most = kernel.most_billable(context_window=4096, prompt_bound=200)
+    assert most == kernel.usage.LEAST_BILLABLE
+    usage = {
+        "prompt_tokens": 180,
+        "completion_tokens": 20_000,
+        "total_tokens": 20_180,
+        "completion_tokens_details": {"reasoning_tokens": 19_990},
+    }
+    assert kernel.implausible_usage({**REPLY, "usage": usage}, most=most) is None
+    absurd = {"prompt_tokens": 9_000_000_000, "completion_tokens": 5}
+    assert kernel.implausible_usage({**REPLY, "usage": absurd}, most=most) is not None
+
+
+@pytest.mark.parametrize(
+    ("usage", "said"),
+    [
+        ({"prompt_tokens": 101, "completion_tokens": 5}, "prompt_tokens 101 > 100"),
+        ({"prompt_tokens": 5, "completion_tokens": 101}, "completion_tokens 101 > 100"),
+        ({"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 101}, "total_tokens 101"),
+        (
+            {
+                "prompt_tokens": 5,
+                "completion_tokens": 5,
+                "completion_tokens_details": {"reasoning_tokens": 101},
+            },
+            "reasoning_tokens 101 > 100",
+        ),
+    ],
+    ids=["prompt", "completion", "total", "reasoning"],
+)
+def test_a_count_past_the_most_a_call_bills_is_named(usage: Any, said: str) -> None:
+    said_now = kernel.implausible_usage({**REPLY, "usage": usage}, most=100)
+    assert said_now is not None and said_now.startswith(said)
+
+
+def test_counts_up_to_the_most_a_call_bills_are_believed() -> None:
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 100,
+        "total_tokens": 100,
+        "completion_tokens_details": {"reasoning_tokens": 100},
+    }
+    assert kernel.implausible_usage({**SILENT, "usage": usage}, most=100) is None
+    assert kernel.implausible_usage({**SILENT, "usage": "nonsense"}, most=100) is None
+    assert kernel.implausible_usage({**SILENT, "usage": {"prompt_tokens": -5}}, most=1) is None

@@ -4,17 +4,21 @@ written for a run not admitted again carries the event sequence its status shows
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import types
 from typing import Any
 
 import pytest
 from kube_support import FakeKube
+from nats.aio.client import Client as NATS
 
 from agentrun import kernel
-from agentrun.operator.admission.pump import QueuePump
+from agentrun.operator.admission.pump import RECORDS_AT_ONCE, QueuePump
 from agentrun.operator.admission.queuestatus import QueueStatus
 from agentrun.operator.runs.keys import ADMITTED_UID_ANNOTATION, RunKey
+
+from .test_poison import enqueue, make_pump
 
 RUN = RunKey("ns", "r", "uid-r")
 
@@ -61,3 +65,89 @@ def test_an_end_not_admitted_again_carries_the_sequence_its_status_shows() -> No
     (first, seq, terminal), (_, default_seq, _) = writer.submitted
     assert (first["terminalReason"], seq, terminal) == ("checkpoint_failed", 7, True)
     assert default_seq == 0
+
+
+class HeldKube(FakeKube):
+    """``FakeKube`` whose object PATCHes wait for ``release`` (an API server busy with a
+    burst), counting how many wait at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.waiting = 0
+        self.most_waiting = 0
+
+    async def patch(self, ref: Any, body: Any) -> bool:
+        self.waiting += 1
+        self.most_waiting = max(self.most_waiting, self.waiting)
+        try:
+            await self.release.wait()
+        finally:
+            self.waiting -= 1
+        return await super().patch(ref, body)
+
+
+async def test_a_record_is_written_beside_the_caller_and_waited_for_by_recorded() -> None:
+    api = HeldKube()
+    api.put("agentruns", {"metadata": {"name": "r", "namespace": "ns", "uid": RUN.uid}})
+    queue = pump(api)
+    queue.record_later(RUN)  # returns at once: the PATCH is held
+    (task,) = queue.running()
+    waiting = asyncio.create_task(queue.recorded(RUN.uid))
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and not task.done()
+    api.release.set()
+    await asyncio.wait_for(waiting, 2)
+    found = api.find("agentruns", "r", "ns")
+    assert found is not None and found["metadata"]["annotations"] == {
+        ADMITTED_UID_ANNOTATION: RUN.uid
+    }
+    assert queue.running() == []
+    await queue.recorded(RUN.uid)  # none being written: returns at once
+
+
+async def test_records_are_written_a_few_at_a_time() -> None:
+    api = HeldKube()
+    queue = pump(api)
+    keys = [RunKey("ns", f"r{i}", f"uid-{i}") for i in range(RECORDS_AT_ONCE * 3)]
+    for key in keys:
+        api.put("agentruns", {"metadata": {"name": key.name, "namespace": "ns", "uid": key.uid}})
+        queue.record_later(key)
+    await asyncio.sleep(0.05)
+    assert api.waiting == RECORDS_AT_ONCE
+    api.release.set()
+    await asyncio.wait_for(asyncio.gather(*(queue.recorded(k.uid) for k in keys)), 2)
+    assert api.most_waiting == RECORDS_AT_ONCE
+    assert all(
+        (api.find("agentruns", k.name, "ns") or {})["metadata"]["annotations"]
+        == {ADMITTED_UID_ANNOTATION: k.uid}
+        for k in keys
+    )
+
+
+async def test_a_cancelled_wait_for_a_record_leaves_the_record_going() -> None:
+    api = HeldKube()
+    api.put("agentruns", {"metadata": {"name": "r", "namespace": "ns", "uid": RUN.uid}})
+    queue = pump(api)
+    queue.record_later(RUN)
+    waiting = asyncio.create_task(queue.recorded(RUN.uid))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    api.release.set()
+    (task,) = queue.running()
+    await asyncio.wait_for(task, 2)
+    assert not task.cancelled()
+    found = api.find("agentruns", "r", "ns")
+    assert found is not None and ADMITTED_UID_ANNOTATION in found["metadata"]["annotations"]
+
+
+async def test_a_pass_admits_its_runs_without_waiting_for_their_records(client: NATS) -> None:
+    api = HeldKube()
+    queue, runs, store, tenant = await make_pump(client, api=api)
+    await enqueue(queue, tenant, "r")
+    await asyncio.wait_for(queue.pump_queue(tenant.name), 2)  # its record's PATCH is held
+    assert runs.started == ["r"] and await store.queue(tenant.name) == []
+    assert api.waiting == 1
+    api.release.set()
+    await asyncio.wait_for(asyncio.gather(*queue.running()), 2)
+    assert api.waiting == 0

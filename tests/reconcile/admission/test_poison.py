@@ -118,10 +118,11 @@ async def make_pump(
     *,
     fail: Callable[[str], Exception | None] = lambda name: None,
     refuse: Callable[[RunConfig], Exception | None] = lambda config: None,
+    api: FakeKube | None = None,
 ) -> tuple[QueuePump, Runs, LedgerStore, TenantPolicy]:
     store = await LedgerStore.open(client.jetstream())
     tenant = policy(f"t-{uuid.uuid4().hex[:8]}")
-    runs, board, api = Runs(refuse), QueueBoard(), FakeKube()
+    runs, board, api = Runs(refuse), QueueBoard(), api or FakeKube()
     events = EventRecorder(api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
     pump = QueuePump(
         PumpDeps(

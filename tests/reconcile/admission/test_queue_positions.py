@@ -128,11 +128,27 @@ def test_a_new_reason_reaches_the_head_first() -> None:
 def test_the_refresh_budget_is_shared_by_every_tenant_and_saves_up_a_second_at_most() -> None:
     budget = RefreshBudget(10)
     assert budget.available("a", NOW) == 10
-    budget.spend(10)
+    budget.spend("a", 10)
     assert budget.available("b", NOW + 0.35) == 3  # another tenant: the same bucket
+    budget.spend("b", 3)
     assert budget.available("a", NOW + 0.5) == 0  # looked at less than a second ago
-    budget.spend(3)
+    budget.spend("a", 0)
     assert budget.available("a", NOW + 100) == 10  # a second's worth, never more
+
+
+def test_a_tenant_looked_at_first_each_second_leaves_another_its_share() -> None:
+    """Tenant A's queue, thousands of positions stale, is looked at first every second: it took
+    every write of the bucket, and tenant B's stale positions were never refreshed. Each takes
+    its share while both want more; A alone, once B wants none, takes most of it again."""
+    budget, got = RefreshBudget(20), {"a": 0, "b": 0}
+    for second in range(10):
+        for tenant, stale in (("a", 10_000), ("b", 10_000 if second < 5 else 0)):
+            given = budget.available(tenant, NOW + second + 0.01 * (tenant == "b"))
+            budget.spend(tenant, min(given, stale))
+            got[tenant] += min(given, stale)
+        if second == 4:
+            assert got == {"a": 20 + 4 * 10, "b": 4 * 10}, got  # B's first look got nothing
+    assert got["a"] >= 60 + 10 + 3 * 20, got  # B content from second 5: A takes most of it
 
 
 class Policy:
@@ -210,3 +226,20 @@ async def test_a_one_value_tenants_queue_takes_runs_past_the_earlier_cap(client:
     assert writes.counted == []
     assert len(await store.queue(policy.name)) == EARLIER_CAP + 1
     assert store.position(policy.name, late.uid) == EARLIER_CAP + 1
+
+
+def test_more_tenants_wanting_than_writes_a_second_each_get_some() -> None:
+    """30 tenants' queues, each with thousands of stale positions, are looked at in the same
+    order every second with 20 writes a second for all: each look takes at least one write,
+    so the first 20 took every write each second and the last 10 never got one. Those given
+    nothing are owed the next writes, so every tenant is refreshed in turn."""
+    budget = RefreshBudget(20)
+    tenants = [f"t{n:02}" for n in range(30)]
+    got = dict.fromkeys(tenants, 0)
+    for second in range(10):
+        for n, tenant in enumerate(tenants):
+            given = budget.available(tenant, NOW + second + 0.001 * n)
+            budget.spend(tenant, given)
+            got[tenant] += given
+    assert min(got.values()) >= 4, got  # 200 writes over 30 tenants: about 6.7 each
+    assert sum(got.values()) >= 180, got  # the bucket still spent

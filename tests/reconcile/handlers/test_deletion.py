@@ -17,15 +17,19 @@ import pytest
 from kube_support import FakeKube
 
 from agentrun.operator import wiring
+from agentrun.operator.evals.status import EVAL_LABEL
 from agentrun.operator.handlers import runs
 from agentrun.operator.handlers.startup import LEGACY_FINALIZER
 from agentrun.operator.platform.shards import ALL_OF_ONE
+from agentrun.operator.runs import lifecycle
 from agentrun.operator.runs.handled import HandledActions
-from agentrun.operator.runs.keys import RunKey
+from agentrun.operator.runs.keys import HOLD_ANNOTATION, RunKey
+from agentrun.operator.schedules.spec import CRON_LABEL
 
 RUN = RunKey("ns", "r", "uid-r")
 RUNNING = {"phase": "Running", "tenant": "t", "lastEventSequence": 3}
 ENDED = {"phase": "Succeeded", "terminalReason": "completed", "tenant": "t"}
+ENDED_AT = {"completionTime": "2026-11-30T12:00:00Z"}
 
 
 class Recorder:
@@ -175,3 +179,60 @@ async def test_a_run_holding_it_deleted_while_going_is_stopped_then_released() -
     )
     assert recorder.calls == [f"pump.forget_queued {RUN.uid}", f"runs.forget ns/r {RUN.uid}"]
     assert stored_finalizers(parts) == [([], RUN.uid, "7")]
+
+
+def owner(kind: str, *, controller: bool = True) -> dict[str, Any]:
+    """A run's ownerReference naming the object ``o`` of ``kind``."""
+    found = {"apiVersion": "agentrun.dev/v1alpha1", "kind": kind, "name": "o", "uid": "u"}
+    return {**found, "controller": True} if controller else found
+
+
+EVAL = {EVAL_LABEL: "o"}
+CRON = {CRON_LABEL: "o"}
+
+
+@pytest.mark.parametrize(
+    ("hold", "owners", "labels", "kept"),
+    [
+        ("grading", [owner("AgentEval")], EVAL, True),
+        ("schedule", [owner("CronAgentRun")], CRON, True),
+        ("grading", [], EVAL, False),
+        ("forever", [owner("AgentEval")], EVAL, False),
+        ("schedule", [owner("AgentEval")], EVAL, False),
+        ("grading", [owner("AgentEval", controller=False)], EVAL, False),
+        ("schedule", [owner("CronAgentRun")], {}, False),
+        ("grading", [owner("AgentEval")], {EVAL_LABEL: "other"}, False),
+    ],
+    ids=[
+        "eval",
+        "schedule",
+        "no-owner",
+        "made-up",
+        "other-kind",
+        "not-controller",
+        "unlabelled",
+        "other-label",
+    ],
+)
+async def test_only_the_creator_a_hold_names_holds_a_run_from_its_ttl(
+    hold: str, owners: list[dict[str, Any]], labels: dict[str, str], kept: bool
+) -> None:
+    """``agentrun.dev/hold`` set by a user on a run no AgentEval or CronAgentRun controls and
+    lists (by its label): nothing ever removes it, and the run (its events, its tenant's
+    storage) outlived the tenant's ttlSecondsAfterFinished (and the 1-year most of the run's
+    own) for ever."""
+    parts = parts_of(Recorder())
+    parts.reaper = lifecycle.Reaper(FakeKube(), clock=lambda: 0.0)
+    parts.tenants = types.SimpleNamespace(
+        policies={"t": types.SimpleNamespace(ttl_after_finished=0)}
+    )
+    meta = {"annotations": {HOLD_ANNOTATION: hold}, "ownerReferences": owners, "labels": labels}
+    await seen(parts, ENDED | ENDED_AT, type="MODIFIED", **meta)
+    assert (RUN not in parts.reaper.due) is kept
+
+
+def test_the_holders_labels_are_those_their_controllers_list_runs_by() -> None:
+    assert lifecycle.HOLDERS == {
+        "grading": ("AgentEval", EVAL_LABEL),
+        "schedule": ("CronAgentRun", CRON_LABEL),
+    }

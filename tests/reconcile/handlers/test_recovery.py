@@ -6,6 +6,7 @@ it from turn 0 with its subject purged, its slot freed and its status cleared.""
 from __future__ import annotations
 
 import types
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -81,9 +82,20 @@ class Shown:
 class Pump:
     def __init__(self) -> None:
         self.released: list[tuple[str, str, int]] = []
+        self.late: Callable[[], Awaitable[None]] | None = None
+        """An admission record of the run's earlier life still being written (``land``)."""
 
     async def release_slot(self, tenant: str, uid: str, *, life: int) -> None:
         self.released.append((tenant, uid, life))
+
+    async def recorded(self, uid: str) -> None:
+        await self.land()
+
+    async def land(self) -> None:
+        """The record being written lands (once)."""
+        late, self.late = self.late, None
+        if late is not None:
+            await late()
 
 
 class Events:
@@ -291,6 +303,25 @@ async def test_the_rerun_annotation_set_on_an_ended_run_starts_it_again(
     annotations = {ADMITTED_UID_ANNOTATION: RUN.uid, RERUN_ANNOTATION: "true"}
     parts, api = stack(annotations, ENDED)
     await update(parts, annotations, ENDED)
+    await rerun_checks(parts, api, queued)
+
+
+async def test_a_rerun_removes_the_admission_record_after_the_earlier_lifes_lands(
+    queued: list[RunKey],
+) -> None:
+    """The pump writes an admission record beside its pass (``QueuePump.record_later``): a
+    run that ended at once may be rerun while its record is on its way; landing after the
+    rerun removed it, it would name the new life's uid with no events, a lost checkpoint at
+    the next start."""
+    annotations = {RERUN_ANNOTATION: "true"}
+    parts, api = stack(annotations, ENDED)
+
+    async def late() -> None:
+        await api.patch(RUN.ref, {"metadata": {"annotations": {ADMITTED_UID_ANNOTATION: RUN.uid}}})
+
+    parts.pump.late = late
+    await update(parts, annotations, ENDED)
+    await parts.pump.land()  # a record not waited for would land now
     await rerun_checks(parts, api, queued)
 
 

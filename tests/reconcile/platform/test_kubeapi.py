@@ -87,6 +87,27 @@ async def test_the_adapter_keeps_the_port_contract_on_the_real_api_server(
     await the_port_contract(kube, test_namespace)
 
 
+async def test_a_refusal_says_what_the_api_server_refused_and_why(
+    kube: Kube, test_namespace: str
+) -> None:
+    with pytest.raises(ApiError) as refused:
+        await kube.create("agents", agent("a", test_namespace, team="search team"))
+    said = str(refused.value)
+    assert said.startswith("HTTP 422: Unprocessable Entity: ") and refused.value.status == 422
+    assert "metadata.labels" in said and "search team" in said, said
+
+
+def test_an_error_quotes_the_api_servers_message_cut_and_on_one_line() -> None:
+    status = {"kind": "Status", "message": 'Agent.agentrun.dev "a" is invalid:\n' + "x" * 2000}
+    said = str(ApiError(422, "Unprocessable Entity", json.dumps(status)))
+    assert said.startswith('HTTP 422: Unprocessable Entity: Agent.agentrun.dev "a" is invalid: x')
+    assert "\n" not in said and len(said) <= kubeapi.SAID_MAX + 40 and said.endswith("...")
+    for body in (None, "", "not json", "[1]", json.dumps({"message": " "})):
+        assert str(ApiError(422, "Unprocessable Entity", body)) == "HTTP 422: Unprocessable Entity"
+    unanswered = ApiError(0, "ClientConnectorError: refused")
+    assert str(unanswered) == "no answer: ClientConnectorError: refused"
+
+
 async def test_a_list_reads_every_page(kube: Kube, test_namespace: str) -> None:
     """A list longer than a page is read to its end through the continue token, with the
     label selector kept on every page."""

@@ -545,18 +545,35 @@ async def test_the_waiting_run_check_reads_at_most_its_bound_a_pass_longest_unre
     assert read() == [first.name, second.name, first.name]  # the one waiting longest first
 
 
-async def test_the_waiting_run_checks_reads_go_to_the_namespaces_in_turn(bus: Bus) -> None:
-    """A namespace with many waiting runs does not use up a pass's reads: with room for two,
-    the crowded namespace's longest-waiting run and the other namespace's run are read."""
+def tenant_of(namespace: str) -> str:
+    """Tenant B binds namespace ``other``, tenant A every other one (``Tenants.party``)."""
+    return "tenant/b" if namespace == "other" else "tenant/a"
+
+
+@pytest.mark.parametrize(
+    ("crowded", "party"),
+    [
+        pytest.param(["ns"] * 3, None, id="one-namespace-crowded"),
+        pytest.param(["a-0", "a-1", "a-2"], tenant_of, id="one-tenants-namespaces-crowded"),
+    ],
+)
+async def test_the_waiting_run_checks_reads_go_to_the_tenants_and_namespaces_in_turn(
+    bus: Bus, crowded: list[str], party: Callable[[str], str] | None
+) -> None:
+    """A namespace with many waiting runs, or a tenant with waiting runs in many namespaces,
+    does not use up a pass's reads: with room for two, the crowded one's longest-waiting run
+    and the other tenant's run are read."""
     api, writer, run = writing_to_an_api(bus)
-    crowded = [config() for _ in range(3)]
+    if party is not None:
+        writer.party = party
+    waiting = [dataclasses.replace(config(), namespace=namespace) for namespace in crowded]
     other = dataclasses.replace(config(), namespace="other")
     start = time.time()
-    for at, cfg in enumerate([*crowded, other]):
+    for at, cfg in enumerate([*waiting, other]):
         seen_in_a_watch(api, writer, cfg)
         await waiting_for_a_person(bus, run, cfg, at=start + at)
     check = WaitingCheck(run, writer, every=60.0, most=2, clock=lambda: start + 120.0)
     api.calls.clear()
     assert await check.check() == 0
     read = [(what.namespace, what.name) for verb, what in api.calls if verb == "get"]
-    assert read == [("ns", crowded[0].name), ("other", other.name)]
+    assert read == [(crowded[0], waiting[0].name), ("other", other.name)]

@@ -253,3 +253,15 @@ def test_the_tenant_default_applies_only_to_runs_that_set_none() -> None:
     assert lifecycle.due_time({}, DONE, default_ttl=60) == DONE_AT + 60
     assert lifecycle.due_time({"ttlSecondsAfterFinished": 5}, DONE, default_ttl=60) == DONE_AT + 5
     assert lifecycle.due_time({}, {"phase": "Running"}, default_ttl=60) is None
+
+
+async def test_a_run_held_for_grading_outlives_its_ttl_and_goes_once_released() -> None:
+    deleter, clock = Deleter(), Clock()
+    reaper = lifecycle.Reaper(deleter, clock=clock)
+    run = RunKey("ns", "suite-case-1", "1")
+    clock.now = DONE_AT + 60  # its TTL of 0 (the tenant's default) passed long ago
+    reaper.observe(run, spec={}, status=DONE, default_ttl=0, held=True)
+    assert await reaper.reap_due() == 3600.0 and deleter.deleted == []
+    reaper.observe(run, spec={}, status=DONE, default_ttl=0)  # its grade is stored
+    await reaper.reap_due()
+    assert deleter.deleted == [run]

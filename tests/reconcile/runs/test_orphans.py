@@ -12,8 +12,8 @@ import pytest
 from kube_support import FakeKube
 from seals_support import SIGNER, VERIFIER, sealed
 
-from agentrun import kernel
-from agentrun.bus import CommitConflict
+from agentrun import kernel, metrics
+from agentrun.bus import CommitConflict, WorkQueue
 from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.runs.dispatch import DispatchDeps, Dispatcher
@@ -23,8 +23,10 @@ from agentrun.operator.runs.orphans import (
     BEHIND_AFTERS,
     MAX_REDISPATCHES,
     STARTUP_AFTERS,
+    STUCK_LOOKS,
     OrphanWatch,
 )
+from agentrun.operator.runs.ports import PendingTurn
 from agentrun.operator.runs.seals import RunSeals
 from agentrun.operator.runs.writer import StatusWriter
 from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
@@ -50,6 +52,12 @@ class Bus:
         self.queued: set[int] = set()
         """Stream sequences of TurnRequests still in the work queue."""
         self.cancelled: list[str] = []
+        self.queue = WorkQueue(0, 0, 0, 0, 0, 0)
+        """What the workers' consumer reports (``work_queue``): nothing delivered yet."""
+        self.looks = 0
+        """Times the consumer was read."""
+        self.dropped: list[int] = []
+        """Stream sequences of TurnRequests taken out of the work queue."""
 
     async def publish_turn(self, request: TurnRequest, *, tenant: str, attempt: int = 0) -> int:
         self.published.append((request, attempt))
@@ -62,6 +70,17 @@ class Bus:
 
     async def turn_backlog(self) -> tuple[int, int]:
         return 0, 1  # nothing undelivered, a worker asking
+
+    async def work_queue(self) -> WorkQueue:
+        self.looks += 1
+        return self.queue
+
+    async def drop_turn(self, seq: int) -> bool:
+        if seq not in self.queued:
+            return False
+        self.queued.remove(seq)
+        self.dropped.append(seq)
+        return True
 
     async def append_event(
         self, namespace: str, name: str, event: RunEvent, *, expected_seq: int | None
@@ -169,6 +188,114 @@ async def test_a_turn_request_still_queued_is_left_alone_and_looked_at_later(
     (turn,) = dispatcher.pending_turns()
     assert turn.checked_at == clock.now and turn.redispatches == 0
     assert len(bus.published) == 1
+
+
+def undelivered(reason: str) -> float:
+    """``agentrun_turns_undelivered_total{reason}`` in this process."""
+    for family in metrics.TURNS_UNDELIVERED.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels == {"reason": reason}:
+                return sample.value
+    return 0.0
+
+
+BELOW_FLOOR = WorkQueue(
+    delivered=101, ack_floor=101, pending=0, ack_pending=0, waiting=1, messages=1
+)
+"""What nats-server #4736 shows: the run's TurnRequest (101) still stored, the consumer counting
+it delivered and acknowledged, a worker asking for a message."""
+
+
+async def test_a_turn_request_the_consumer_counts_acknowledged_is_taken_out_and_sent_again(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """It stays in the stream, below the ack floor: judged stuck at ``STUCK_LOOKS`` checks in
+    a row, it is deleted and published again as a lost one (attempt 1), with one warning
+    naming the run and the consumer's figures, counted by reason."""
+    bus, _dispatcher, watch, clock = stack
+    bus.queue = BELOW_FLOOR
+    before = undelivered("below_ack_floor")
+    for _ in range(STUCK_LOOKS - 1):
+        clock.now += AFTER
+        await watch._pass()
+    assert [a for _, a in bus.published] == [0] and bus.queued == {101}
+    clock.now += AFTER
+    await watch._pass()
+    assert bus.dropped == [101]
+    assert [(r.msg_id, a) for r, a in bus.published] == [("u:0@1", 0), ("u:0@1", 1)]
+    assert undelivered("below_ack_floor") == before + 1
+    (said,) = [r.getMessage() for r in caplog.records if "never to be delivered" in r.getMessage()]
+    assert said == (
+        "ns/r: turn 0 stayed in the work queue, never to be delivered (below_ack_floor; "
+        "TurnRequest 101, consumer agentrun-workers: delivered 101, ack floor 101, pending 0, "
+        "ack pending 0, waiting pulls 1; the stream holds 1 (1 unaccounted)); taken out of the "
+        "stream; dispatching it again (1)"
+    )
+    assert bus.looks == STUCK_LOOKS  # once a look, not per run
+
+
+async def test_a_stuck_verdict_must_hold_at_every_check_in_a_row(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    """A check that finds the TurnRequest in flight (figures read a moment apart) starts the
+    count again."""
+    bus, _dispatcher, watch, clock = stack
+    in_flight = WorkQueue(101, 100, 0, 1, 0, 1)
+    for figures in (
+        [BELOW_FLOOR] * (STUCK_LOOKS - 1) + [in_flight] + [BELOW_FLOOR] * (STUCK_LOOKS - 1)
+    ):
+        bus.queue = figures
+        clock.now += AFTER
+        await watch._pass()
+    assert len(bus.published) == 1 and not bus.dropped
+    clock.now += AFTER
+    await watch._pass()
+    assert bus.dropped == [101] and len(bus.published) == 2
+
+
+async def test_a_turn_never_delivered_counts_toward_the_end_as_a_lost_one(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    """Each copy published again stays undelivered too (beyond delivered, workers asking):
+    after ``MAX_REDISPATCHES`` the run ends ``checkpoint_failed``, as for lost turns, its
+    message naming the consumer that did not deliver, not a worker that gave the turn up."""
+    bus, _dispatcher, watch, clock = stack
+    bus.queue = WorkQueue(
+        delivered=50, ack_floor=50, pending=1, ack_pending=0, waiting=2, messages=1
+    )
+    for _ in range((MAX_REDISPATCHES + 1) * STUCK_LOOKS):
+        clock.now += AFTER
+        await watch._pass()
+    stop = bus.events[-1]
+    assert stop.kind == "stop" and stop.phase is kernel.Phase.CHECKPOINT_FAILED
+    assert f"left the work queue {MAX_REDISPATCHES + 1} times" in stop.summary.message
+    assert "stayed in the work queue, never to be delivered" in stop.summary.message
+    assert "agentrun-workers) does not deliver" in stop.summary.message
+    assert "worker gave it up" not in stop.summary.message
+    assert len(bus.dropped) == MAX_REDISPATCHES + 1
+    assert [a for _, a in bus.published] == list(range(MAX_REDISPATCHES + 1))
+
+
+async def test_the_consumer_is_read_once_a_look_and_only_for_a_turn_due(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock],
+) -> None:
+    """Not while every turn was published or seen queued less than ``after`` ago; once for
+    every run due."""
+    bus, dispatcher, watch, clock = stack
+    one = dispatcher.pending_turns
+
+    def two() -> list[PendingTurn]:  # the run and a second one, published at the same time
+        (turn,) = one()
+        return [turn, dataclasses.replace(turn, key=RunKey("ns", "r2", "u2"), queued_seq=999)]
+
+    dispatcher.pending_turns = two  # type: ignore[method-assign]
+    await watch._pass()
+    assert bus.looks == 0  # published just now
+    clock.now += AFTER
+    await watch._pass()
+    assert bus.looks == 1
+    await watch._pass()
+    assert bus.looks == 1  # seen queued just now
 
 
 async def test_a_run_that_moved_on_meanwhile_is_not_published_again(

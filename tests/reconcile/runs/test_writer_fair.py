@@ -9,7 +9,7 @@ from typing import Any
 
 from agentrun.operator.platform.kubeapi import Ref
 from agentrun.operator.runs import RunKey
-from agentrun.operator.runs.writer import PASS_WRITES, StatusWriter, in_turn
+from agentrun.operator.runs.writer import PASS_WRITES, StatusWriter
 
 CONCURRENCY = 8
 FLOOD = 400
@@ -66,16 +66,26 @@ async def test_another_namespaces_terminal_status_waits_one_pass_not_the_flood()
     assert before <= 2 * CONCURRENCY * PASS_WRITES, before
 
 
-def test_a_pass_takes_each_namespace_in_turn_each_in_its_own_order() -> None:
-    flood = [run("a", f"a{i}") for i in range(5)]
-    due = [*flood, run("b", "b0"), run("b", "b1"), run("c", "c0")]
-    assert in_turn(due, most=6) == [
-        flood[0],
-        run("b", "b0"),
-        run("c", "c0"),
-        flood[1],
-        run("b", "b1"),
-        flood[2],
-    ]
-    assert in_turn(due, most=100)[-2:] == [flood[3], flood[4]]
-    assert in_turn([], most=4) == []
+def tenant_of(namespace: str) -> str:
+    """Tenant A binds every ``a-*`` namespace, tenant B the others (``Tenants.party``)."""
+    return "tenant/a" if namespace.startswith("a-") else "tenant/b"
+
+
+async def test_a_tenants_namespaces_together_take_one_turn_of_each_pass() -> None:
+    """Tenant A's terminal statuses are due in five namespaces, tenant B's in one, as many
+    each; a pass took the namespaces in turn, so B got one write in six. The parties take
+    turns (A's namespaces in turn inside A's): B's statuses are half of the first passes."""
+    api = ManyRuns(delay=0.001)
+    writer = StatusWriter(api, interval=30.0, concurrency=CONCURRENCY, party=tenant_of)  # type: ignore[arg-type]
+    noisy = [run(f"a-{i}", f"a{i}-{n}") for n in range(40) for i in range(5)]
+    quiet = [run("b", f"b-{n}") for n in range(40)]
+    for key in [*noisy, *quiet]:
+        writer.submit(key, ended(2), seq=2, terminal=True)
+    writer.start()
+    first = 2 * CONCURRENCY * PASS_WRITES
+    async with asyncio.timeout(20):
+        while len(api.order) < first:
+            await asyncio.sleep(0.005)
+    await writer.flush_and_stop()
+    share = sum(key.namespace == "b" for key in api.order[:first]) / first
+    assert share == 0.5, f"tenant B had {share:.2f} of the first {first} writes"

@@ -71,6 +71,9 @@ class SlowStore:
         await asyncio.sleep(LATENCY)
         self.runs.pop((namespace, name), None)
 
+    async def release_run(self, namespace: str, name: str, uid: str) -> None:
+        pass
+
     async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
         await asyncio.sleep(LATENCY)
         return True

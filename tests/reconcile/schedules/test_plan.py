@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agentrun.operator import runs
 from agentrun.operator.schedules import plan as cronplan
 from agentrun.operator.schedules import spec as cronspec
 from agentrun.operator.schedules.plan import (
@@ -320,6 +321,12 @@ def cron_spec(**fields: Any) -> dict[str, Any]:
     return spec
 
 
+def template_meta(**metadata: dict[str, str]) -> dict[str, Any]:
+    """A spec's fields whose run template has ``metadata`` (labels, annotations)."""
+    spec = {"agentRef": {"name": "calc"}, "goal": "report"}
+    return {"runTemplate": {"metadata": metadata, "spec": spec}}
+
+
 INVALID_SPECS = pytest.mark.parametrize(
     ("fields", "reason", "message"),
     [
@@ -347,6 +354,26 @@ INVALID_SPECS = pytest.mark.parametrize(
         ),
         pytest.param(
             {"concurrencyPolicy": "Sometimes"}, "InvalidSpec", "concurrencyPolicy", id="policy"
+        ),
+        *(
+            pytest.param(
+                template_meta(**{part: meta}),
+                "InvalidRunTemplate",
+                f"spec.runTemplate.metadata.{said}",
+                id=name,
+            )
+            for name, part, meta, said in [
+                ("label-value", "labels", {"team": "a b"}, "labels['team']: 'a b' is not a label"),
+                ("label-64", "labels", {"team": "a" * 64}, "labels['team']: "),
+                ("label-key", "labels", {"my team!": "x"}, "labels: key 'my team!' is not a Kub"),
+                ("annotation-key", "annotations", {"bad key": "x"}, "annotations: key 'bad key'"),
+                (
+                    "annotations-over-256KiB",
+                    "annotations",
+                    {f"n{i}": "x" * 60_000 for i in range(5)},
+                    "annotations: 300082 bytes with agentrun.dev/scheduled-time",
+                ),
+            ]
         ),
     ],
 )
@@ -379,6 +406,7 @@ def test_a_scheduled_run_is_owned_labelled_and_named_by_its_time() -> None:
     assert meta["annotations"] == {
         "note": "n",
         cronspec.SCHEDULED_ANNOTATION: "2026-11-30T10:00:00Z",
+        "agentrun.dev/hold": "schedule",  # until its end is in the schedule's status
     }
     assert meta["ownerReferences"] == [
         {
@@ -419,3 +447,40 @@ def test_history_limits_keep_at_most_the_most_finished_runs_of_each_kind() -> No
     finished = [FinishedRun(f"r-{i:05d}", i, i % 2 == 0) for i in range(2 * most + 10)]
     doomed = cronplan.prune(finished, successful_limit=2**31 - 1, failed_limit=2**31 - 1)
     assert doomed == tuple(f"r-{i:05d}" for i in range(10))  # the oldest ten, 5 of each
+
+
+def test_template_metadata_kubernetes_allows_is_accepted() -> None:
+    labels = {"example.com/team": "", "a.b_c-D": "A.b_c", "x": "y" * 63}
+    annotations = {"example.com/note": "any text at all, spaces and all", "n": "x" * 200_000}
+    cronspec.check(cron_spec(**template_meta(labels=labels, annotations=annotations)))
+
+
+def test_template_annotation_keys_are_checked_lower_cased_as_kubernetes_does() -> None:
+    """A run's annotation ``Example.COM/Note`` is accepted by the API server (it checks the
+    key lower-cased): a schedule carrying it is no invalid one; a label's prefix still is."""
+    cronspec.check(cron_spec(**template_meta(annotations={"Example.COM/Note": "x"})))
+    folded = {"example.com/\u212aey": "x", "\u0130d": "x"}  # Go's ToLower: 'k', 'i'
+    cronspec.check(cron_spec(**template_meta(annotations=folded)))
+    with pytest.raises(cronspec.Invalid, match=r"labels: key 'Example.COM/Note'"):
+        cronspec.check(cron_spec(**template_meta(labels={"Example.COM/Note": "x"})))
+
+
+def test_template_annotations_leave_room_for_those_a_run_is_given_later() -> None:
+    """Annotations filling Kubernetes' 262,144 bytes with the schedule's own were accepted,
+    and every later annotation of the run was refused (HTTP 422): its admission's
+    ``agentrun.dev/admitted-uid``, ``Replace``'s ``agentrun.dev/cancel``, a reviewer's
+    ``agentrun.dev/approve`` (the held call never approved), kopf's progress."""
+    own = len("agentrun.dev/scheduled-time2026-01-01T00:00:00Z") + len("agentrun.dev/holdschedule")
+    later = {
+        runs.ADMITTED_UID_ANNOTATION: "0" * 36,
+        runs.CANCEL_ANNOTATION: "true",
+        runs.APPROVE_ANNOTATION: "sha256:" + "0" * 64,
+        "agentrun.dev/reviewer": "system:serviceaccount:team-a:a-reviewer-of-this-run",
+    }
+    needed = sum(len(k) + len(v) for k, v in later.items())
+    room = cronspec.RUN_ANNOTATIONS_ROOM
+    assert needed + 1000 < room  # and a kopf progress record quoting an error
+    fill = cronspec.ANNOTATIONS_MAX_BYTES - own - room - len("n")
+    cronspec.check(cron_spec(**template_meta(annotations={"n": "x" * fill})))
+    with pytest.raises(cronspec.Invalid, match=f"annotations: {fill + own + 2} bytes"):
+        cronspec.check(cron_spec(**template_meta(annotations={"n": "x" * (fill + 1)})))

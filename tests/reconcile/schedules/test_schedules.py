@@ -8,10 +8,14 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from kube_support import FakeKube
 
+from agentrun.operator import runs
 from agentrun.operator.platform import conditions as status
 from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.platform.kubeapi import ApiError
+from agentrun.operator.runs import lifecycle
 from agentrun.operator.schedules import controller as schedules
 
 T0 = 1_796_032_800.0
@@ -26,6 +30,7 @@ class MemoryStore:
         self.status: dict[str, Any] = {}
         self.cancelled: list[str] = []
         self.deleted: list[str] = []
+        self.released: list[str] = []
         self.creates = 0
         self.gone = False
         """The CronAgentRun was deleted (its status patches meet 404)."""
@@ -49,6 +54,12 @@ class MemoryStore:
     async def delete_run(self, namespace: str, name: str) -> None:
         self.deleted.append(name)
         self.runs.pop(name, None)
+
+    async def release_run(self, namespace: str, name: str, uid: str) -> None:
+        found = self.runs.get(name)
+        if found is not None and found["metadata"]["uid"] == uid:
+            self.released.append(name)
+            found["metadata"]["annotations"].pop(runs.HOLD_ANNOTATION, None)
 
     async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
         if self.gone:
@@ -148,6 +159,42 @@ async def test_replace_cancels_the_running_run_and_history_limits_delete_the_old
     assert "active" not in store.status and store.status["activeRuns"] == 0
 
 
+async def test_a_run_is_held_from_its_ttl_until_its_end_is_in_the_status() -> None:
+    """Its tenant's ttlSecondsAfterFinished of 0: the run was deleted as it ended, before a
+    pass listed it, and lastSuccessfulTime was never set. Each run is created held
+    (``runs.HOLD_ANNOTATION``, which the TTL honours) and released once the status counts it."""
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    await ctl.reconcile(cron(concurrencyPolicy="Forbid"))
+    held = store.runs["report-1796032800"]["metadata"]["annotations"]
+    assert held[runs.HOLD_ANNOTATION] == runs.HOLD_SCHEDULE
+    assert lifecycle.held(store.runs["report-1796032800"]["metadata"])  # by its controller
+    clock.now = T0 + 5
+    await ctl.reconcile(with_status(cron(concurrencyPolicy="Forbid"), store))
+    assert store.released == []  # still running: kept held
+    store.end("report-1796032800", "Succeeded", at=T0 + 6)
+    clock.now = T0 + 6.1
+    await ctl.reconcile(with_status(cron(concurrencyPolicy="Forbid"), store))
+    assert store.status["lastSuccessfulTime"] == "2026-11-30T10:00:06Z"
+    assert store.released == ["report-1796032800"]
+    assert runs.HOLD_ANNOTATION not in store.runs["report-1796032800"]["metadata"]["annotations"]
+
+
+async def test_a_run_beyond_a_history_limit_of_0_is_counted_before_it_is_deleted() -> None:
+    """``successfulRunsHistoryLimit: 0``: the pass that first saw the run ended deleted it
+    before the status was written from the runs left, so ``lastSuccessfulTime`` was never set
+    (as the TTL of 0 before the hold); a CronJob sets it whatever its history limit."""
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    spec = {"concurrencyPolicy": "Forbid", "successfulRunsHistoryLimit": 0}
+    await ctl.reconcile(cron(**spec))
+    store.end("report-1796032800", "Succeeded", at=T0 + 6)
+    clock.now = T0 + 6.1
+    await ctl.reconcile(with_status(cron(**spec), store))
+    assert store.deleted == ["report-1796032800"]
+    assert store.status["lastSuccessfulTime"] == "2026-11-30T10:00:06Z"
+
+
 async def test_forbid_starts_the_skipped_time_once_the_run_ends_before_the_next() -> None:
     store, clock = MemoryStore(), Clock(T0 + 0.2)
     ctl = controller(store, clock)
@@ -169,6 +216,23 @@ async def test_an_invalid_template_is_not_ready_and_creates_nothing() -> None:
     assert (ready["status"], ready["reason"]) == ("False", "InvalidRunTemplate")
     assert ready["message"].startswith("spec.runTemplate.spec.goal: ")
     assert store.runs == {}
+
+
+async def test_a_run_ending_while_its_schedule_is_invalid_is_counted_and_released() -> None:
+    """A schedule edited to an unknown time zone (the CRD takes any well-formed one) while
+    its run went on: the run ended, and the invalid pass neither counted it nor released it,
+    so it outlived its TTL for as long as the schedule stayed invalid — for ever, left so."""
+    store, clock = MemoryStore(), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    await ctl.reconcile(cron(concurrencyPolicy="Forbid"))
+    store.end("report-1796032800", "Succeeded", at=T0 + 6)
+    clock.now = T0 + 6.1
+    broken = with_status(cron(concurrencyPolicy="Forbid", timeZone="Europe/Berlinn"), store)
+    assert await ctl.reconcile(broken) is None
+    assert store.status["conditions"][0]["reason"] == "InvalidTimeZone"
+    assert store.status["lastSuccessfulTime"] == "2026-11-30T10:00:06Z"
+    assert store.released == ["report-1796032800"]
+    assert store.creates == 1  # and nothing created
 
 
 async def test_a_schedule_that_never_matches_is_not_ready_naming_the_field() -> None:
@@ -282,6 +346,31 @@ async def test_a_run_the_api_server_refuses_for_good_makes_it_not_ready_not_a_re
     await ctl.events.drain()
     assert [e["reason"] for e in ctl.events.api.events] == [schedules.RECONCILE_FAILED]  # type: ignore[attr-defined]
     assert len([r for r in caplog.records if "HTTP 422" in r.getMessage()]) == 1
+
+
+class QuotaStore(MemoryStore):
+    """A namespace whose ResourceQuota allows one AgentRun: creating a second is refused."""
+
+    async def create_run(self, manifest: Mapping[str, Any]) -> bool:
+        if self.runs:
+            raise ApiError(403, "Forbidden", '{"message": "exceeded quota: runs"}')
+        return await super().create_run(manifest)
+
+
+async def test_a_pass_whose_create_is_refused_still_counts_and_releases_the_ended_runs() -> None:
+    """A quota of one AgentRun and a TTL of 0: the run ended held, the next time's create was
+    refused (the quota counts the held run), the pass raised before its status write and its
+    release, and so every pass after: the run was never released, the TTL never freed the
+    quota, and the schedule never ran again (before the hold, the TTL deleted the run)."""
+    store, clock = QuotaStore(), Clock(T0 + 0.2)
+    ctl = controller(store, clock)
+    await ctl.reconcile(cron())
+    store.end("report-1796032800", "Succeeded", at=T0 + 6)
+    clock.now = T0 + 3600.2  # the next schedule time
+    with pytest.raises(ApiError):
+        await ctl.reconcile(with_status(cron(), store))
+    assert store.released == ["report-1796032800"]
+    assert store.status["lastSuccessfulTime"] == "2026-11-30T10:00:06Z"
 
 
 async def test_a_failure_that_passes_is_retried_without_giving_up() -> None:
