@@ -146,6 +146,9 @@ def operator() -> Permissions:
         # the workers' durable consumer: created, configured and watched here only
         f"{JS_API}.CONSUMER.CREATE.{turns}.{protocol.WORKERS_CONSUMER}.>",
         f"{JS_API}.CONSUMER.INFO.{turns}.{protocol.WORKERS_CONSUMER}",
+        # deleted by hand with the operator's identity (the NATS pod's `nats` CLI) when its
+        # state no longer matches the work queue; the orphan watch makes it again
+        f"{JS_API}.CONSUMER.DELETE.{turns}.{protocol.WORKERS_CONSUMER}",
         f"{JS_API}.STREAM.MSG.GET.{turns}",  # is a TurnRequest still queued
         # a TurnRequest the workers' consumer will never deliver, taken out before it is
         # published again (``runs.orphans``)

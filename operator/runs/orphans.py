@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 
 from agentrun import kernel, loops, metrics, protocol
-from agentrun.bus import Bus, WorkQueue
+from agentrun.bus import Bus, WorkQueue, WorkQueueMissing
 from agentrun.protocol import RunEvent
 
 from ..platform.failures import Failures
@@ -176,11 +176,31 @@ class OrphanWatch:
         subject = "the workers' consumer"
         try:
             queue = await self.bus.work_queue()
-        except Exception as err:  # NATS trouble, or no consumer: the next look reads again
+        except WorkQueueMissing as err:
+            await self._remake(err)
+            return None
+        except Exception as err:  # NATS trouble: the next look reads again
             self.failures.failed("work queue", err, subject=subject)
             return None
         self.failures.succeeded("work queue", subject=subject)
         return queue
+
+    async def _remake(self, missing: WorkQueueMissing) -> None:
+        """Make the work queue and the workers' consumer again (``Bus.ensure_streams``,
+        idempotent) when a look found either missing while turns wait: deleted by hand (to
+        replace a consumer whose state no longer matches the stream) or lost with NATS's store.
+        The TurnRequests the stream still holds are delivered by the new consumer (those in a
+        worker's hands too: a second run of such a turn commits nothing twice); one lost with
+        the stream is found lost at the next look and published again. A failure is logged
+        once (``failures``) and the next look tries again."""
+        subject = "the work queue"
+        try:
+            await self.bus.ensure_streams()
+        except Exception as err:  # NATS trouble: the next look tries again
+            self.failures.failed("work queue remade", err, subject=subject)
+            return
+        self.failures.succeeded("work queue remade", subject=subject)
+        log.warning("%s; made it again (with the workers' consumer)", missing)
 
     async def _audit(self) -> None:
         """``follow_unfollowed``, its failure logged once (the next audit looks again)."""

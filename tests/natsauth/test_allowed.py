@@ -183,6 +183,21 @@ async def test_the_operator_inspects_lists_consumes_and_purges(
     assert await effects.claim(run_b.uid, call) is not None
 
 
+async def test_the_operator_deletes_the_workers_consumer_and_makes_it_again(
+    operator_bus: Bus,
+) -> None:
+    """The runbook's repair of a consumer whose state no longer matches the work queue: the
+    operator's identity (the NATS pod's ``nats`` CLI) deletes it, and ``ensure_streams`` (the
+    orphan watch's, or a start's) makes it again."""
+    jsm = operator_bus.js._jsm
+    assert await jsm.delete_consumer(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
+    await operator_bus.ensure_streams()
+    info = await jsm.consumer_info(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
+    assert info.config.ack_policy == api.AckPolicy.EXPLICIT
+
+
 async def test_the_operator_makes_shard_consumers_seated_after_its_one_consumer(
     operator_bus: Bus, run_b: RunB
 ) -> None:

@@ -177,6 +177,10 @@ async def delete_operator_consumer(c: Client, run: RunB) -> object:
     return await c.js()._jsm.delete_consumer(EVENTS, protocol.OPERATOR_CONSUMER)
 
 
+async def delete_workers_consumer(c: Client, run: RunB) -> object:
+    return await c.js()._jsm.delete_consumer(TURNS, protocol.WORKERS_CONSUMER)
+
+
 async def limit_workers_deliveries(c: Client, run: RunB) -> object:
     config = api.ConsumerConfig(
         name=protocol.WORKERS_CONSUMER,
@@ -241,6 +245,7 @@ ATTEMPTS: dict[str, Attempt] = {
     "delete the ledger bucket": delete_ledger_bucket,
     "delete the operator's consumer": delete_operator_consumer,
     "limit the workers' deliveries": limit_workers_deliveries,
+    "delete the workers' consumer": delete_workers_consumer,
     "snapshot the event stream": snapshot_event_stream,
     "restore a ledger bucket": restore_ledger_bucket,
     "read server monitoring": read_server_monitoring,

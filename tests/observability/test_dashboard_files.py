@@ -87,7 +87,7 @@ HISTOGRAMS = {
 }
 PROMETHEUS_MADE = {"up"}
 """Series Prometheus writes itself (``up`` per scrape target)."""
-INSTALL_COUNTERS = {"agentrun_messages_refused_total"}
+INSTALL_COUNTERS = {"agentrun_messages_refused_total", "agentrun_turns_undelivered_total"}
 """Counters of the install as a whole (no ``tenant`` label)."""
 KNOWN_METRICS = (
     COUNTERS
@@ -157,6 +157,7 @@ REQUIRED_ALERTS = {
     "AgentrunApprovalsWaitLong",
     "AgentrunCRDMismatch",
     "AgentrunMessagesRefused",
+    "AgentrunTurnsUndelivered",
 }
 RUNBOOKS = REPO / "docs" / "runbooks"
 RUNBOOK_URL = "https://agentrun.dev/docs/runbooks/{alert}.md"
@@ -659,6 +660,23 @@ tests:
           - exp_labels: {{severity: warning, namespace: ns, reason: bad_signature}}
       - eval_time: 3m
         alertname: AgentrunMessagesRefused
+        exp_alerts: []
+  - name: a TurnRequest sent again as undelivered alerts at once, per reason
+    interval: 1m
+    input_series:
+      - series: agentrun_turns_undelivered_total{{namespace="ns",reason="below_ack_floor",
+          job="op"}}
+        values: 0x5 1x10
+      - series: agentrun_turns_undelivered_total{{namespace="ns",reason="not_delivered",
+          job="op"}}
+        values: 0x15
+    alert_rule_test:
+      - eval_time: 8m
+        alertname: AgentrunTurnsUndelivered
+        exp_alerts:
+          - exp_labels: {{severity: warning, namespace: ns, reason: below_ack_floor}}
+      - eval_time: 3m
+        alertname: AgentrunTurnsUndelivered
         exp_alerts: []
   - name: run-end alerts are ratios among ended runs, with a minimum volume
     interval: 1m

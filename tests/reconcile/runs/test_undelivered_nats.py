@@ -28,7 +28,7 @@ from nats.aio.msg import Msg
 from seals_support import sealed
 
 from agentrun import kernel, protocol
-from agentrun.bus import MSG_ID, Bus, BusSettings, WorkQueue
+from agentrun.bus import MSG_ID, Bus, BusSettings, WorkQueue, WorkQueueMissing
 from agentrun.operator.runs.dispatch import Dispatcher
 from agentrun.operator.runs.orphans import STUCK_LOOKS, OrphanWatch
 from agentrun.operator.runs.ports import PendingTurn
@@ -239,3 +239,31 @@ async def test_turns_in_flight_waiting_out_a_nak_or_behind_busy_workers_are_left
         assert harness.turn(uid).queued_seq == seqs[uid] and harness.turn(uid).redispatches == 0
         assert await harness.bus.turn_queued(seqs[uid])
     assert before == {reason: undelivered(reason) for reason in before}
+
+
+async def delete_consumer(server: natsserver.NatsServer) -> None:
+    """Delete the workers' consumer, as the admin identity (by hand, or lost with a store)."""
+    nc = await nats.connect(**server.client_options("admin"))
+    try:
+        await nc.jetstream().delete_consumer(protocol.STREAM_TURNS, protocol.WORKERS_CONSUMER)
+    finally:
+        await nc.close()
+
+
+async def test_a_missing_workers_consumer_is_made_again_and_delivers_the_turns_stored(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    await delete_consumer(harness.server)
+    with pytest.raises(WorkQueueMissing):
+        await harness.bus.work_queue()
+    uid = await harness.admit()  # its TurnRequest stored, no consumer to deliver it
+    queued = harness.turn(uid).queued_seq
+    await harness.looks(1)
+    assert "made it again" in caplog.text
+    figures = await harness.bus.work_queue()
+    assert (figures.pending, figures.delivered) == (1, 0)
+    async with working(harness.server, hold=lambda _: False) as worker:
+        await eventually(lambda: len(worker.taken) == 1)
+    assert worker.taken[0][1] == queued  # the stored one, not a copy
+    await harness.apply_last(uid)
+    assert harness.turn(uid).turn == 1 and harness.turn(uid).redispatches == 0
