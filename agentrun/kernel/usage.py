@@ -144,8 +144,10 @@ def most_billable(*, context_window: int, prompt_bound: int) -> int:
 
 def implausible_usage(response: Mapping[str, Any], *, most: int) -> str | None:
     """What in ``response``'s ``usage`` no call could bill: the first of its prompt,
-    completion, total and reasoning counts above ``most`` (``most_billable``), as
-    ``"prompt_tokens 9000000000 > 512000"``; ``None`` when none is."""
+    completion, total, reasoning and cached counts above ``most`` (``most_billable``), as
+    ``"prompt_tokens 9000000000 > 512000"``; ``None`` when none is. Any number counts, a
+    float or one past ``MAX_REPORTED_TOKENS`` too (``_count`` reads neither, so such a total
+    or reasoning count was left out unseen while the rest was believed); a bool does not."""
     raw = response.get("usage")
     if not isinstance(raw, Mapping):
         return None
@@ -154,11 +156,11 @@ def implausible_usage(response: Mapping[str, Any], *, most: int) -> str | None:
         "completion_tokens": raw.get("completion_tokens"),
         "total_tokens": raw.get("total_tokens"),
         "reasoning_tokens": _details(raw, "completion_tokens_details").get("reasoning_tokens"),
+        "cached_tokens": _details(raw, "prompt_tokens_details").get("cached_tokens"),
     }
     for name, value in counts.items():
-        count = _count(value)
-        if count is not None and count > most:
-            return f"{name} {count} > {most}"
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > most:
+            return f"{name} {value} > {most}"
     return None
 
 

@@ -281,3 +281,48 @@ def test_counts_up_to_the_most_a_call_bills_are_believed() -> None:
     assert kernel.implausible_usage({**SILENT, "usage": usage}, most=100) is None
     assert kernel.implausible_usage({**SILENT, "usage": "nonsense"}, most=100) is None
     assert kernel.implausible_usage({**SILENT, "usage": {"prompt_tokens": -5}}, most=1) is None
+
+
+@pytest.mark.parametrize(
+    ("usage", "said"),
+    [
+        (
+            {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 2 * MAX_REPORTED_TOKENS},
+            "total_tokens",
+        ),
+        (
+            {
+                "prompt_tokens": 5,
+                "completion_tokens": 5,
+                "completion_tokens_details": {"reasoning_tokens": 2 * MAX_REPORTED_TOKENS},
+            },
+            "reasoning_tokens",
+        ),
+        ({"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 9e9}, "total_tokens"),
+        ({"prompt_tokens": 9e9, "completion_tokens": 5}, "prompt_tokens"),
+        (
+            {
+                "prompt_tokens": 5,
+                "completion_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 9_000_000_000},
+            },
+            "cached_tokens",
+        ),
+    ],
+    ids=[
+        "total-past-the-largest",
+        "reasoning-past-the-largest",
+        "float-total",
+        "float-prompt",
+        "cached",
+    ],
+)
+def test_a_count_past_the_most_is_named_however_absurd_and_whatever_its_number_type(
+    usage: Any, said: str
+) -> None:
+    """A count past even ``MAX_REPORTED_TOKENS``, or sent as a float, or a cached count, is
+    as absurd as one just past the most a call bills: named, so the call is estimated and the
+    worker warns (before, a total or reasoning count of 2 × 10¹⁰ was silently left out and the
+    other counts believed, while one of 9 × 10⁹ had the call estimated)."""
+    said_now = kernel.implausible_usage({**REPLY, "usage": usage}, most=1_000_000)
+    assert said_now is not None and said_now.startswith(said)

@@ -70,3 +70,21 @@ async def test_a_large_count_a_call_could_bill_is_believed(
     assert not state.usage.estimated
     assert (state.usage.input_tokens, state.usage.output_tokens) == (30 * WINDOW, 5)
     assert "no call could bill" not in caplog.text
+
+
+async def test_a_count_past_even_the_largest_believed_is_estimated_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reasoning count of 2 × 10¹⁰ beside believable prompt and completion counts: the
+    call is estimated and the count named, as one of 9 × 10⁹ is (before, it was left out
+    unseen and the rest believed)."""
+    usage = {
+        "prompt_tokens": 50,
+        "completion_tokens": 5,
+        "completion_tokens_details": {"reasoning_tokens": 20_000_000_000},
+    }
+    with caplog.at_level(logging.WARNING, logger="agentrun.worker.turn"):
+        async with serve(answering(usage)) as url:
+            _record, state = await one_turn(url, limits=LIMITS)
+    assert state.usage.estimated
+    assert "reasoning_tokens 20000000000 > 1000000" in caplog.text
