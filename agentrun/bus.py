@@ -144,6 +144,15 @@ class WorkQueue:
     """Messages the work-queue stream holds (its ``state.messages``)."""
     paused: bool = False
     """Whether a person paused the consumer (it delivers nothing until resumed)."""
+    max_ack_pending: int = -1
+    """The most messages the consumer lets await an acknowledgement at once (its config's
+    ``max_ack_pending``, a JetStream account or server limit applied); 0 or less: no limit."""
+
+    @property
+    def full(self) -> bool:
+        """Whether the consumer awaits as many acknowledgements as ``max_ack_pending`` allows:
+        it then delivers nothing, to workers asking or not, until one comes."""
+        return 0 < self.max_ack_pending <= self.ack_pending
 
     @property
     def unaccounted(self) -> int:
@@ -154,9 +163,10 @@ class WorkQueue:
 
     def describe(self) -> str:
         """The figures in one line, for a log."""
+        most = f" of at most {self.max_ack_pending}" if self.max_ack_pending > 0 else ""
         return (
             f"consumer {protocol.WORKERS_CONSUMER}: delivered {self.delivered}, ack floor "
-            f"{self.ack_floor}, pending {self.pending}, ack pending {self.ack_pending}, "
+            f"{self.ack_floor}, pending {self.pending}, ack pending {self.ack_pending}{most}, "
             f"waiting pulls {self.waiting}{', paused' if self.paused else ''}; the stream holds "
             f"{self.messages} ({self.unaccounted} unaccounted)"
         )
@@ -358,6 +368,7 @@ class Bus:
             waiting=int(info.num_waiting or 0),
             messages=int(state.messages or 0),
             paused=bool(info.paused),
+            max_ack_pending=int(info.config.max_ack_pending or -1) if info.config else -1,
         )
 
     async def drop_turn(self, seq: int) -> bool:

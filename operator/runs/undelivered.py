@@ -18,17 +18,19 @@ does not deliver to workers asking:
 - at or below ``delivered`` while the consumer awaits no ack at all (``DELIVERED_NOT_PENDING``);
 - above ``delivered`` while the consumer counts nothing to deliver (``NOT_COUNTED``);
 - above ``delivered`` while workers wait for a message (``NOT_DELIVERED``): the consumer
-  counts it but does not deliver it (an idle pull request is served at once otherwise).
+  counts it but does not deliver it (an idle pull request is served at once otherwise, unless
+  the consumer awaits as many acks as its ``max_ack_pending`` allows: then it delivers
+  nothing until one comes).
 
 The first three also need the stream to hold more messages than the consumer accounts for
 (``unaccounted`` > 0), which they imply: figures read a moment apart that disagree are not
 taken for a fault. Every other TurnRequest waits normally: delivered and in a worker's hands,
 waiting out a nak's delay or its redelivery (``IN_FLIGHT``), or queued behind others while
-every worker is busy or the consumer is paused (``QUEUED``). The counts cannot tell a message
-the consumer lost between its ack floor and ``delivered`` from one in flight while other acks
-are awaited; the floor passes it once the turns before it are acked, and it is judged then. A
-stuck verdict is acted on only when it holds over several looks (``orphans.STUCK_LOOKS``),
-never on one.
+every worker is busy, the consumer is paused or awaits its most acks (``QUEUED``). The counts
+cannot tell a message the consumer lost between its ack floor and ``delivered`` from one in
+flight while other acks are awaited; the floor passes it once the turns before it are acked,
+and it is judged then. A stuck verdict is acted on only when it holds over several looks
+(``orphans.STUCK_LOOKS``), never on one.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class Figures(Protocol):
         """Whether the consumer is paused."""
 
     @property
+    def full(self) -> bool:
+        """Whether the consumer awaits as many acks as its ``max_ack_pending`` allows."""
+
+    @property
     def unaccounted(self) -> int:
         """Messages in the stream the consumer counts neither pending nor awaiting an ack."""
 
@@ -76,7 +82,8 @@ class Verdict(enum.StrEnum):
     """Delivered and awaiting its ack: a worker runs it, or it waits out a nak's delay or
     ``ack_wait`` before its redelivery."""
     QUEUED = "queued"
-    """Not delivered yet, behind others: every worker is busy (or the consumer paused)."""
+    """Not delivered yet, behind others: every worker is busy (or the consumer is paused, or
+    awaits as many acks as its ``max_ack_pending`` allows)."""
     BELOW_ACK_FLOOR = "below_ack_floor"
     """At or below the consumer's ack floor: it counts it acknowledged."""
     DELIVERED_NOT_PENDING = "delivered_not_pending"
@@ -105,6 +112,6 @@ def judge(seq: int, queue: Figures) -> Verdict:
             return Verdict.NOT_COUNTED
     if seq <= queue.delivered:
         return Verdict.IN_FLIGHT
-    if queue.waiting and not queue.paused:
+    if queue.waiting and not queue.paused and not queue.full:
         return Verdict.NOT_DELIVERED
     return Verdict.QUEUED

@@ -75,6 +75,18 @@ def test_a_paused_consumer_holds_its_queue_by_a_persons_choice() -> None:
     assert judge(7, paused) is Verdict.QUEUED
 
 
+def test_a_consumer_awaiting_its_most_acks_holds_its_queue_while_workers_ask() -> None:
+    """Workers ask, the turn is counted, nothing is delivered: the consumer awaits as many
+    acks as its ``max_ack_pending`` allows (a JetStream account or server limit), so it
+    delivers nothing until one comes; that is no fault. Below the limit, it is one."""
+    full = WorkQueue(4, 2, 1, 2, 2, 3, max_ack_pending=2)
+    assert judge(7, full) is Verdict.QUEUED
+    room = WorkQueue(4, 2, 1, 2, 2, 3, max_ack_pending=3)
+    assert judge(7, room) is Verdict.NOT_DELIVERED
+    unlimited = WorkQueue(4, 2, 1, 2, 2, 3, max_ack_pending=-1)
+    assert judge(7, unlimited) is Verdict.NOT_DELIVERED
+
+
 def test_every_stuck_verdict_has_its_counter_reason() -> None:
     stuck = {verdict.value for verdict in Verdict if verdict.stuck}
     assert stuck == set(metrics.UNDELIVERED_REASONS)

@@ -267,3 +267,30 @@ async def test_a_missing_workers_consumer_is_made_again_and_delivers_the_turns_s
     assert worker.taken[0][1] == queued  # the stored one, not a copy
     await harness.apply_last(uid)
     assert harness.turn(uid).turn == 1 and harness.turn(uid).redispatches == 0
+
+
+async def test_turns_queued_while_the_consumer_awaits_its_most_acks_are_left_alone(
+    harness: Harness,
+) -> None:
+    """The workers' consumer limited to one unacknowledged message (``max_ack_pending``, as a
+    JetStream account or server limit makes it): a turn in a worker's hands, a second queued
+    behind it while that worker, with room for two, asks for more and is served nothing; over
+    many looks, the second is neither taken out nor sent again (before, it was judged
+    ``not_delivered``, deleted and published again each time, and its run ended
+    ``checkpoint_failed`` after three)."""
+    config = harness.bus.workers_consumer()
+    config.max_ack_pending = 1
+    await harness.bus.js._jsm.add_consumer(protocol.STREAM_TURNS, config)
+    long, queued = await harness.admit(), await harness.admit()
+    seqs = {uid: harness.turn(uid).queued_seq for uid in (long, queued)}
+    before = undelivered("not_delivered")
+    async with working(harness.server, hold=lambda _: True) as worker:
+        worker.capacity = 2
+        figures = await harness.figures(lambda f: f.ack_pending == 1 and f.waiting == 1)
+        assert (figures.delivered, figures.pending) == (seqs[long], 1)
+        await harness.looks(STUCK_LOOKS + 2)
+        assert [seq for _, seq in worker.taken] == [seqs[long]]
+    for uid in (long, queued):
+        assert harness.turn(uid).queued_seq == seqs[uid] and harness.turn(uid).redispatches == 0
+        assert await harness.bus.turn_queued(seqs[uid])
+    assert undelivered("not_delivered") == before
