@@ -315,9 +315,12 @@ class OrphanWatch:
             self._suspects.pop(turn.key.uid, None)
             return LOST
         self.runs.still_queued(turn, at=now)
-        verdict = self._stuck(turn, queue, now)
-        if verdict is None or queue is None:
+        if self._stuck(turn, queue, now) is None:
             return None
+        confirmed = await self._confirm(turn)
+        if confirmed is None:
+            return None
+        verdict, queue = confirmed
         if not await self.bus.drop_turn(turn.queued_seq):
             return LOST  # acked meanwhile: committed, or lost as any other
         metrics.record_undelivered(verdict.value)
@@ -325,6 +328,19 @@ class OrphanWatch:
             f"stayed in the work queue, never to be delivered ({verdict.value}; "
             f"TurnRequest {turn.queued_seq}, {queue.describe()}); taken out of the stream"
         )
+
+    async def _confirm(self, turn: PendingTurn) -> tuple[undelivered.Verdict, WorkQueue] | None:
+        """The stuck verdict on ``turn``'s TurnRequest again, from the workers' consumer read
+        now, and those figures; None when it no longer holds (the consumer delivered it since
+        the pass's look, or recovered) or the consumer cannot be read (the next pass looks
+        again): a turn a worker has just taken is not deleted and published again."""
+        try:
+            queue = await self.bus.work_queue()
+        except Exception as err:  # NATS trouble, or no consumer: the next pass looks again
+            self.failures.failed("work queue", err, subject="the workers' consumer")
+            return None
+        verdict = undelivered.judge(turn.queued_seq, queue)
+        return (verdict, queue) if verdict.stuck else None
 
     def _stuck(
         self, turn: PendingTurn, queue: WorkQueue | None, now: float

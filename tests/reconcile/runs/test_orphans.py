@@ -231,7 +231,7 @@ async def test_a_turn_request_the_consumer_counts_acknowledged_is_taken_out_and_
         "ack pending 0, waiting pulls 1; the stream holds 1 (1 unaccounted)); taken out of the "
         "stream; dispatching it again (1)"
     )
-    assert bus.looks == STUCK_LOOKS  # once a look, not per run
+    assert bus.looks == STUCK_LOOKS + 1  # once a look, not per run; once more to confirm
 
 
 async def test_a_stuck_verdict_must_hold_at_every_check_in_a_row(
@@ -251,6 +251,27 @@ async def test_a_stuck_verdict_must_hold_at_every_check_in_a_row(
     clock.now += AFTER
     await watch._pass()
     assert bus.dropped == [101] and len(bus.published) == 2
+
+
+async def test_a_turn_delivered_since_the_passs_look_is_not_taken_out(
+    stack: tuple[Bus, Dispatcher, OrphanWatch, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer is read again before a TurnRequest judged stuck is taken out: one a worker
+    took since the pass's look (the consumer recovered meanwhile) is left in its hands, not
+    deleted and published again (a second model call), and judged again from the start."""
+    bus, _dispatcher, watch, clock = stack
+    in_flight = WorkQueue(101, 100, 0, 1, 0, 1)
+    reads = iter([BELOW_FLOOR] * STUCK_LOOKS + [in_flight] * (STUCK_LOOKS + 1))
+
+    async def work_queue() -> WorkQueue:
+        bus.looks += 1
+        return next(reads)
+
+    monkeypatch.setattr(bus, "work_queue", work_queue)
+    for _ in range(2 * STUCK_LOOKS):
+        clock.now += AFTER
+        await watch._pass()
+    assert not bus.dropped and len(bus.published) == 1 and bus.queued == {101}
 
 
 async def test_a_turn_never_delivered_counts_toward_the_end_as_a_lost_one(
