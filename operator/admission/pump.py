@@ -32,6 +32,7 @@ import dataclasses
 import itertools
 import logging
 import time
+import typing
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 
@@ -50,7 +51,8 @@ from ..platform.shards import ALL_OF_ONE, Ownership
 from ..platform.spec import SpecError
 from ..platform.weighed import WeighedCache
 from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, admitted_patch, involved
-from ..tenants import QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
+from ..tenants import NoTenant, QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
+from . import rebinding
 from .config import never_fits, too_large_to_checkpoint
 from .lookup import RunConfigs, ToolServerPending
 from .queue import QueueBoard
@@ -170,6 +172,8 @@ class QueuePump:
         """Runs this operator has seen queued (uid → what their status shows)."""
         self._fresh: dict[str, dict[str, QueuedRun]] = {}
         """Per tenant, the runs queued since its last pump (their first status is due)."""
+        self._checked: dict[str, rebinding.Checked] = {}
+        """Per tenant, when its queued runs' namespaces were last looked at (``_rebind``)."""
         self._objects: WeighedCache[str, RunObject] = WeighedCache(OBJECTS_MEMORY, _weight)
         """Queued runs' objects as their handler saw them, ``OBJECTS_MEMORY`` at most (one
         forgotten is read again when its queue reaches it)."""
@@ -329,8 +333,9 @@ class QueuePump:
         Costs O(runs admitted) plus O(log n) per newly queued run, whatever the queue's
         length n (and one look over it a second, within the status-write rate)."""
         async with self._pass_lock(tenant):
-            policy = self.deps.tenants.policies.get(tenant)
             queue = await self.store.queued(tenant)
+            await self._rebind(tenant, queue)
+            policy = self.deps.tenants.policies.get(tenant)
             wait: QueueWait | None = None
             passed: set[str] = set()
             """Runs waiting for their AgentToolServer's discovery: the runs behind them go on."""
@@ -356,6 +361,88 @@ class QueuePump:
                     fresh=list(fresh.values()),
                     apart=passed,
                 )
+
+    # --- following the namespaces' binding -----------------------------------------------------
+
+    async def _rebind(self, tenant: str, queue: TenantQueue) -> None:
+        """Move the runs of ``tenant``'s ``queue`` whose namespace binds another tenant now to
+        that tenant's queue, and end those whose namespace binds none as a new run there ends
+        (``rebinding``), when due: after an AgentTenant's binding changed
+        (``Tenants.bindings``), else ``rebinding.RECHECK_EVERY`` seconds after the last look
+        (a relabelled namespace). Called under the queue's pass lock: no run leaves it for
+        another queue while it is being admitted. Raises what the ledger store raises (the
+        next pass looks again)."""
+        registry, now = self.deps.tenants, self.clock()
+        bindings = registry.bindings
+        if not queue or not rebinding.due(self._checked.get(tenant), bindings=bindings, now=now):
+            return
+        self._checked[tenant] = rebinding.Checked(bindings, now)
+        found = {ns: await self._binding(ns) for ns in rebinding.namespaces(queue)}
+        invalid = tenant in registry.invalid
+        for queued, fate in rebinding.fates(tenant, queue, found, invalid=invalid):
+            await self._move(tenant, queued, fate)
+
+    async def _binding(self, namespace: str) -> rebinding.Binding:
+        """What ``namespace`` binds now (``Tenants.resolve``, its labels read when a tenant
+        selects by label); ``Unknown`` when it cannot be read (logged at debug level, looked
+        at again later) or its tenant is another shard's (whose owner queues its new runs)."""
+        try:
+            policy = await self.deps.tenants.resolve(namespace)
+        except NoTenant as err:
+            return rebinding.Unbound(str(err))
+        except Exception as err:  # the API server away: the runs stay where they are
+            log.debug("the tenant of namespace %s is not known now: %r", namespace, err)
+            return rebinding.Unknown()
+        if not self.ownership.owns_tenant(policy.name):
+            return rebinding.Unknown()
+        return rebinding.Bound(policy.name)
+
+    async def _move(self, tenant: str, queued: QueuedRun, fate: rebinding.Fate) -> None:
+        """Take ``queued`` out of ``tenant``'s queue, then queue it in the tenant its namespace
+        binds now as a new run is queued (``enqueue_run``: at its creation time's place, its
+        ``Queued`` status there written at that queue's pass, or ended if that queue is full)
+        or end it unadmitted as a new run there ends (``QueueStatus.end_unbound``). Out of the
+        old queue first: an operator stopped in between leaves it in none, and kopf's resume
+        of the run queues it again; in two, it could be admitted in both (one admitted from
+        its new queue already, queued there by such a resume, only leaves the old). A tenant
+        gone since it was resolved leaves the run where it is (the next pass looks again)."""
+        key = RunKey(queued.namespace, queued.name, queued.uid)
+        match fate:
+            case rebinding.Unbound(message):
+                generation = await self._unqueue(tenant, key)
+                if generation is not None:
+                    self._objects.pop(key.uid, None)
+                    self.deps.configs.forget(key.uid)
+                    self.shown.end_unbound(key, message, generation=generation)
+            case rebinding.Bound(to):
+                policy = self.deps.tenants.policies.get(to)
+                if policy is None:
+                    return
+                generation = await self._unqueue(tenant, key)
+                if generation is None or self.deps.runs.is_tracked(key.uid):
+                    return  # admitted from its new queue already (queued there by a resume)
+                self.deps.events.record(
+                    involved(key),
+                    type=EventType.NORMAL,
+                    reason="TenantChanged",
+                    message=(
+                        f"moved from AgentTenant {tenant!r}'s admission queue to {to!r}'s: its "
+                        "namespace binds that tenant now"
+                    ),
+                )
+                await self.enqueue_run(key, policy, generation=generation, created=queued.at)
+            case _:
+                typing.assert_never(fate)
+
+    async def _unqueue(self, tenant: str, key: RunKey) -> int | None:
+        """Take run ``key`` out of ``tenant``'s queue and forget its status there (it is shown
+        again where it goes): its object's generation as last seen (1 when not seen), or
+        ``None`` when it was not in that queue. Raises what the ledger store raises."""
+        if not await self.store.dequeue(tenant, key.uid):
+            return None
+        self._fresh.get(tenant, {}).pop(key.uid, None)
+        seen = self._waiting.pop(key.uid, None)
+        return 1 if seen is None else seen.generation
 
     # --- admitting one run ----------------------------------------------------------------------
 

@@ -109,6 +109,15 @@ class QueueStatus:
 
         self.writer.submit(key, body, seq=seq, terminal=True, on_end=ended)
 
+    def end_unbound(self, key: runs.RunKey, message: str, *, generation: int) -> None:
+        """End a run whose namespace binds no tenant now (``message``: ``tenants.NoTenant``'s,
+        naming why) ``invalid_spec``, charged to no tenant: a new run there (the admission
+        handler) and a queued one whose tenant no longer binds its namespace
+        (``pump``, ``rebinding``) end the same."""
+        self.end_unadmitted(
+            key, kernel.Phase.INVALID_SPEC, message, tenant=None, generation=generation
+        )
+
     def show_queued(
         self,
         tenant: str,

@@ -165,8 +165,8 @@ class LedgerSweep:
             )
             if wall_out:
                 await self._end_all(whole)
+        self.deps.board.kick(tenant)  # a deleted tenant's queue too: its runs may move
         if policy is not None:
-            self.deps.board.kick(tenant)
             await self.tenant_status.write_enforced(
                 policy,
                 book,

@@ -131,7 +131,7 @@ async def _tenant_policy(
     try:
         policy = await parts.tenants.resolve(key.namespace)
     except NoTenant as err:
-        _reject(parts, key, str(err), generation=generation)
+        parts.shown.end_unbound(key, str(err), generation=generation)
         return None
     except ApiError as err:
         raise kopf.TemporaryError(

@@ -63,6 +63,9 @@ class Tenants:
         self._unbound_learnt: cachetools.LRUCache[str, None] = cachetools.LRUCache(10_000)
         """Namespaces ``learn`` found bound to no tenant (or to several): not read again on
         their objects' every event, until an AgentTenant's binding changes (``_rebound``)."""
+        self.bindings = 0
+        """How many times a binding changed (``_rebound``): the queue pump looks at the
+        namespaces of queued runs again when it moved (``admission.rebinding``)."""
 
     def put(self, obj: Mapping[str, Any]) -> TenantPolicy | None:
         """Add or replace an AgentTenant; an invalid one binds nothing (its runs are rejected
@@ -102,8 +105,10 @@ class Tenants:
         now bind namespaces resolved to another tenant, or no longer bind its own. Each is
         resolved again by its next run, AgentEval or CronAgentRun (``learn``, which reads a
         namespace it found bound to no tenant again too); a status update, or an edit of its
-        budgets, forgets nothing."""
+        budgets, forgets nothing. Counted in ``bindings``: runs queued but not admitted move
+        to the tenant that binds their namespace now (``admission.rebinding``)."""
         if changed:
+            self.bindings += 1
             self._resolved.clear()
             self._unbound_learnt.clear()
             self._listing = None
@@ -144,8 +149,23 @@ class Tenants:
         """The tenant of runs in ``namespace``; raises ``NoTenant`` with a message for the run's
         status when none (or several) applies, ``ApiError`` if the namespace is unreadable.
         The namespace's labels are read first, and every tenant looked at after: a tenant made
-        invalid while they are read still rejects the namespace's runs."""
+        invalid while they are read still rejects the namespace's runs. A namespace last
+        resolved to another tenant (relabelled since) counts as a binding changed
+        (``_rebound``)."""
         labels = await self._labels(namespace)
+        was = self._resolved.get(namespace)
+        try:
+            found = self._resolve_labelled(namespace, labels)
+        except NoTenant:
+            self._rebound(was is not None)
+            raise
+        self._rebound(was is not None and was != found.name)
+        self._resolved[namespace] = found.name
+        return found
+
+    def _resolve_labelled(self, namespace: str, labels: Mapping[str, str]) -> TenantPolicy:
+        """The tenant of ``namespace`` labelled ``labels`` (see ``resolve``); raises
+        ``NoTenant``."""
         for name, namespaces in self._invalid_namespaces.items():
             if namespace in namespaces:  # never fall through to another tenant's budget
                 raise NoTenant(
@@ -158,10 +178,9 @@ class Tenants:
             self._ambiguous[namespace] = err.tenants
             raise NoTenant(str(err)) from err
         self._ambiguous.pop(namespace, None)
-        if found is not None:
-            self._resolved[namespace] = found.name
-            return found
-        raise NoTenant(self._unbound(namespace))
+        if found is None:
+            raise NoTenant(self._unbound(namespace))
+        return found
 
     def ambiguous_of(self, tenant: str) -> dict[str, tuple[str, ...]]:
         """The namespaces ``tenant`` shares with other tenants (as last seen when a run or a

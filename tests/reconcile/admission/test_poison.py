@@ -28,7 +28,7 @@ from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.kubeapi import ApiError
 from agentrun.operator.platform.spec import ObjectMeta
 from agentrun.operator.runs import RunKey, RunObject
-from agentrun.operator.tenants import TenantPolicy
+from agentrun.operator.tenants import TenantPolicy, Tenants
 from agentrun.protocol import ModelConfig, RunConfig
 
 
@@ -99,18 +99,24 @@ class Configs:
         return 200, Decimal("0.001")
 
 
-class Tenants:
-    def __init__(self, policy: TenantPolicy) -> None:
-        self.policies = {policy.name: policy}
+def tenant_object(name: str, **spec: Any) -> dict[str, Any]:
+    """An AgentTenant ``name`` binding namespace ``ns`` (unless ``spec`` says otherwise), one
+    run at a time, 10,000 tokens a window."""
+    base = {"namespaces": ["ns"], "maxConcurrentRuns": 1, "budget": {"tokens": 10_000}}
+    return {"metadata": {"name": name, "generation": 1}, "spec": {**base, **spec}}
 
 
 def policy(name: str) -> TenantPolicy:
-    return TenantPolicy.of(
-        {
-            "metadata": {"name": name, "generation": 1},
-            "spec": {"namespaces": ["ns"], "maxConcurrentRuns": 1, "budget": {"tokens": 10_000}},
-        }
-    )
+    return TenantPolicy.of(tenant_object(name))
+
+
+def registry(api: FakeKube, *objects: dict[str, Any]) -> Tenants:
+    """The operator's tenant registry, reading namespace labels from ``api``, knowing
+    ``objects`` (AgentTenants)."""
+    known = Tenants(api)  # type: ignore[arg-type]
+    for obj in objects:
+        known.put(obj)
+    return known
 
 
 async def make_pump(
@@ -127,7 +133,7 @@ async def make_pump(
     pump = QueuePump(
         PumpDeps(
             store=store,
-            tenants=Tenants(tenant),  # type: ignore[arg-type]
+            tenants=registry(api, tenant_object(tenant.name)),
             configs=Configs(fail),  # type: ignore[arg-type]
             runs=runs,
             shown=QueueStatus(runs, runs, events, time.time),

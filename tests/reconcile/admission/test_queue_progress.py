@@ -22,18 +22,17 @@ from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.tenants import TenantPolicy
 from agentrun.protocol import RunConfig
 
-from .test_poison import Configs, Runs, Tenants, enqueue
+from .test_poison import Configs, Runs, enqueue, registry
 
 
 async def test_a_pass_admitting_batch_after_batch_shows_the_queue_shrinking_as_it_goes(
     client: NATS,
 ) -> None:
-    tenant = TenantPolicy.of(
-        {
-            "metadata": {"name": f"t-{uuid.uuid4().hex[:8]}", "generation": 1},
-            "spec": {"namespaces": ["ns"], "maxConcurrentRuns": 1000},
-        }
-    )
+    obj = {
+        "metadata": {"name": f"t-{uuid.uuid4().hex[:8]}", "generation": 1},
+        "spec": {"namespaces": ["ns"], "maxConcurrentRuns": 1000},
+    }
+    tenant = TenantPolicy.of(obj)
     board = QueueBoard()
     seen: dict[str, int] = {}
 
@@ -46,7 +45,7 @@ async def test_a_pass_admitting_batch_after_batch_shows_the_queue_shrinking_as_i
     pump = QueuePump(
         PumpDeps(
             store=store,
-            tenants=Tenants(tenant),  # type: ignore[arg-type]
+            tenants=registry(api, obj),
             configs=Configs(lambda name: None),  # type: ignore[arg-type]
             runs=runs,
             shown=QueueStatus(runs, runs, events, time.time),

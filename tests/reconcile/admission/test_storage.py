@@ -30,6 +30,8 @@ from agentrun.operator.runs.spec import RunObject
 from agentrun.operator.tenants import TenantPolicy, WaitReason
 from agentrun.protocol import ModelConfig, RunConfig
 
+from .test_poison import registry
+
 TENANT = "storage"
 LIMIT = 4096
 
@@ -116,11 +118,6 @@ class Writes:
         self.started.append(config.uid)
 
 
-class Policies:
-    def __init__(self, policy: TenantPolicy) -> None:
-        self.policies = {policy.name: policy}
-
-
 class Configs:
     """Builds the run's config without its AgentModel (the pump's storage check comes after
     the build and before the first call's need is held)."""
@@ -155,22 +152,21 @@ async def test_a_tenant_at_its_storage_bound_admits_its_next_run_only_once_runs_
     client: NATS,
 ) -> None:
     store = await LedgerStore.open(client.jetstream(), bucket="AGENTRUN_LEDGER_STORAGE_TEST")
-    policy = TenantPolicy.of(
-        {
-            "metadata": {"name": TENANT, "generation": 1},
-            "spec": {
-                "namespaces": ["ns"],
-                "window": "24h",
-                "budget": {"tokens": 1_000_000, "costUSD": "100.00"},
-            },
-        }
-    )
+    obj = {
+        "metadata": {"name": TENANT, "generation": 1},
+        "spec": {
+            "namespaces": ["ns"],
+            "window": "24h",
+            "budget": {"tokens": 1_000_000, "costUSD": "100.00"},
+        },
+    }
+    policy = TenantPolicy.of(obj)
     writes = Writes()
     api = FakeKube()
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     storage = EventStorage(limit=LIMIT)
     board = QueueBoard()
-    deps: Any = dict(tenants=Policies(policy), configs=Configs(), settlement=None)
+    deps: Any = dict(tenants=registry(api, obj), configs=Configs(), settlement=None)
     pump = QueuePump(
         PumpDeps(
             store=store,

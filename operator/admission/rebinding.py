@@ -1,0 +1,119 @@
+"""Which tenant's queue a run not yet admitted belongs in: the tenant its namespace binds now,
+not the one it was queued under.
+
+A namespace's binding changes when an AgentTenant is made, edited (``spec.namespaces``,
+``spec.namespaceSelector``), made invalid or deleted (``Tenants.bindings`` counts these), and
+when the namespace is relabelled (noticed by no watch: its labels are read again at a queue's
+first pass ``RECHECK_EVERY`` seconds after the last look, the ledger sweep pumping every queue
+every few seconds, and at once by a new run there, ``Tenants.resolve``). The queue pump
+looks at the namespaces of a tenant's queued runs again at its next pass after either
+(``due``), and each run's fate follows from what its namespace binds now (``fate``):
+
+- the tenant it was queued under: it stays where it is;
+- another tenant (a default tenant included): it moves to that tenant's queue, in the place
+  its creation time gives it there, as a new run would be queued;
+- no tenant (or several): it ends as a new run there is rejected (``invalid_spec``, naming
+  why, charged to no tenant), unless the tenant it was queued under is invalid: such a run
+  waits (``TenantInvalid``), as it did, until its tenant is fixed or deleted;
+- unknown (the namespace could not be read, or it resolves to another operator shard's
+  tenant): it stays, and is looked at again at the next pass due.
+
+Runs already admitted are in no queue: they stay charged to the tenant that admitted them.
+
+What belongs here (pure): those rules. What does not: reading the bindings
+(``tenants.Tenants.resolve``), moving or ending the runs (``pump``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+from agentrun.ledger import QueuedRun
+
+RECHECK_EVERY = 30.0
+"""Seconds after which a queue's namespaces are read again though no AgentTenant's binding
+changed: how late a relabelled namespace's queued runs move, at worst (one read of its labels
+per namespace in the queue, and only when some AgentTenant selects by label)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bound:
+    """The namespace binds AgentTenant ``tenant`` now."""
+
+    tenant: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unbound:
+    """The namespace binds no tenant now (or several, or an invalid one)."""
+
+    message: str
+    """Why (``tenants.NoTenant``'s message): what a new run there ends with."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unknown:
+    """What the namespace binds cannot be told now (its labels unreadable, or its tenant is
+    another operator shard's)."""
+
+
+Binding = Bound | Unbound | Unknown
+"""What a namespace was found to bind when a queue's namespaces were looked at."""
+
+
+Fate = Bound | Unbound
+"""What becomes of a queued run whose namespace's binding changed (one that stays has none):
+``Bound``, it moves to that tenant's queue; ``Unbound``, it ends unadmitted as a new run in
+its namespace would (``invalid_spec``, with the message)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Checked:
+    """When a tenant's queue's namespaces were last looked at."""
+
+    bindings: int
+    """``Tenants.bindings`` then."""
+    at: float
+    """Epoch seconds."""
+
+
+def due(last: Checked | None, *, bindings: int, now: float, every: float = RECHECK_EVERY) -> bool:
+    """Whether a queue last looked at ``last`` (``None``: never, in this process) is looked at
+    again at a pass at ``now`` (epoch seconds), ``bindings`` the AgentTenants' binding count
+    then: after any binding changed, or ``every`` seconds after the last look."""
+    return last is None or last.bindings != bindings or now - last.at >= every
+
+
+def namespaces(queue: Iterable[QueuedRun]) -> list[str]:
+    """The namespaces of the runs in ``queue``, each once, sorted."""
+    return sorted({run.namespace for run in queue})
+
+
+def fate(queued_in: str, binding: Binding, *, invalid: bool) -> Fate | None:
+    """What becomes of a run queued in ``queued_in`` whose namespace binds ``binding`` now;
+    ``invalid``: whether ``queued_in`` is an invalid AgentTenant. ``None``: it stays (see the
+    module docstring)."""
+    if isinstance(binding, Bound):
+        return None if binding.tenant == queued_in else binding
+    if isinstance(binding, Unbound) and not invalid:
+        return binding
+    return None
+
+
+def fates(
+    queued_in: str,
+    queue: Iterable[QueuedRun],
+    bindings: Mapping[str, Binding],
+    *,
+    invalid: bool,
+) -> list[tuple[QueuedRun, Fate]]:
+    """The runs of ``queued_in``'s ``queue`` that leave it, head first, each with its fate
+    (``fate``), ``bindings`` what each run's namespace binds now (a namespace not in it:
+    ``Unknown``)."""
+    left: list[tuple[QueuedRun, Fate]] = []
+    for run in queue:
+        found = fate(queued_in, bindings.get(run.namespace, Unknown()), invalid=invalid)
+        if found is not None:
+            left.append((run, found))
+    return left
