@@ -1,0 +1,295 @@
+"""A run not yet admitted belongs to the tenant its namespace binds now: when an AgentTenant is
+deleted, made or edited, or the namespace relabelled, a queued run moves to the tenant that
+binds its namespace now (admitted and charged there, by creation time among its runs), or ends
+as a new run there would when none does; a run already admitted stays charged to the tenant
+that admitted it. The rules alone (pure), then the pump against the real nats-server's
+ledger and the real tenant registry."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from kube_support import FakeKube
+from nats.aio.client import Client as NATS
+
+from agentrun import kernel
+from agentrun.ledger import LedgerStore, QueuedRun
+from agentrun.operator.admission import rebinding
+from agentrun.operator.admission.pump import PumpDeps, QueuePump
+from agentrun.operator.admission.queue import QueueBoard
+from agentrun.operator.admission.queuestatus import QueueStatus
+from agentrun.operator.admission.settlement import RunSettlement
+from agentrun.operator.admission.storage import EventStorage
+from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.platform.spec import ObjectMeta
+from agentrun.operator.runs import RunKey, RunObject
+from agentrun.operator.tenants import NoTenant, Tenants
+
+from .test_poison import Configs, Runs, registry
+
+# --- the rules ------------------------------------------------------------------------------
+
+FATES = {
+    "bound to the tenant it waits in: it stays": ("a", rebinding.Bound("a"), False, None),
+    "bound to another tenant: it moves there": (
+        "a",
+        rebinding.Bound("b"),
+        False,
+        rebinding.Bound("b"),
+    ),
+    "bound to none: it ends as a new run there": (
+        "a",
+        rebinding.Unbound("no tenant"),
+        False,
+        rebinding.Unbound("no tenant"),
+    ),
+    "bound to none while its own tenant is invalid: it waits TenantInvalid": (
+        "a",
+        rebinding.Unbound("a is invalid"),
+        True,
+        None,
+    ),
+    "its own tenant invalid, another binds it: it moves": (
+        "a",
+        rebinding.Bound("b"),
+        True,
+        rebinding.Bound("b"),
+    ),
+    "its namespace unreadable: it stays": ("a", rebinding.Unknown(), False, None),
+}
+
+
+@pytest.mark.parametrize(("queued_in", "binding", "invalid", "expected"), FATES.values(), ids=FATES)
+def test_a_queued_runs_fate_follows_what_its_namespace_binds_now(
+    queued_in: str, binding: rebinding.Binding, invalid: bool, expected: rebinding.Fate | None
+) -> None:
+    assert rebinding.fate(queued_in, binding, invalid=invalid) == expected
+
+
+def test_only_the_runs_that_leave_are_listed_head_first_an_unlooked_namespace_staying() -> None:
+    queue = [QueuedRun(f"u{i}", ns, f"r{i}", float(i)) for i, ns in enumerate("xyzx")]
+    found = {"x": rebinding.Bound("b"), "y": rebinding.Bound("a")}
+    fates = rebinding.fates("a", queue, found, invalid=False)
+    assert [(run.name, fate) for run, fate in fates] == [
+        ("r0", rebinding.Bound("b")),
+        ("r3", rebinding.Bound("b")),
+    ]
+    assert rebinding.namespaces(queue) == ["x", "y", "z"]
+
+
+DUE = {
+    "never looked at": (None, 0, 0.0, True),
+    "looked at just now, no binding changed": (rebinding.Checked(3, 100.0), 3, 101.0, False),
+    "a binding changed since": (rebinding.Checked(3, 100.0), 4, 101.0, True),
+    "the recheck interval passed (a relabel)": (
+        rebinding.Checked(3, 100.0),
+        3,
+        100.0 + rebinding.RECHECK_EVERY,
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize(("last", "bindings", "now", "expected"), DUE.values(), ids=DUE)
+def test_a_queues_namespaces_are_looked_at_again_after_a_binding_change_or_a_while(
+    last: rebinding.Checked | None, bindings: int, now: float, expected: bool
+) -> None:
+    assert rebinding.due(last, bindings=bindings, now=now) is expected
+
+
+# --- the pump -------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tenant(name: str, **spec: Any) -> dict[str, Any]:
+    """AgentTenant ``name``: one run at a time, 10,000 tokens, binding what ``spec`` says."""
+    base = {"maxConcurrentRuns": 1, "budget": {"tokens": 10_000}}
+    return {"metadata": {"name": name, "generation": 1}, "spec": {**base, **spec}}
+
+
+def selecting(name: str, team: str) -> dict[str, Any]:
+    return tenant(name, namespaceSelector={"matchLabels": {"team": team}})
+
+
+class World:
+    """A pump over a fresh ledger, the real tenant registry and namespace ``ns``."""
+
+    def __init__(self, client: NATS, *tenants: dict[str, Any]) -> None:
+        self.client, self.api, self.clock = client, FakeKube(), Clock()
+        self.tenants: Tenants = registry(self.api, *tenants)
+        self.runs = Runs(lambda config: None)
+        self.tag = uuid.uuid4().hex[:6]
+
+    async def start(self) -> QueuePump:
+        self.store = await LedgerStore.open(self.client.jetstream())
+        board = QueueBoard()
+        events = EventRecorder(self.api, throttle=Throttle(repeat_after=0, rate=1000, burst=1000))
+        self.pump = QueuePump(
+            PumpDeps(
+                store=self.store,
+                tenants=self.tenants,
+                configs=Configs(lambda name: None),  # type: ignore[arg-type]
+                runs=self.runs,
+                shown=QueueStatus(self.runs, self.runs, events, self.clock),
+                settlement=RunSettlement(self.store, board),
+                board=board,
+                api=self.api,
+                events=events,
+                storage=EventStorage(limit=256 * 1024 * 1024),
+                clock=self.clock,
+            )
+        )
+        return self.pump
+
+    def name(self, short: str) -> str:
+        """A tenant's name unique to this test (the ledger bucket is the session's)."""
+        return f"{short}-{self.tag}"
+
+    async def enqueue(
+        self, short: str, name: str, *, created: float, namespace: str = "ns"
+    ) -> None:
+        """Queue run ``name`` of ``namespace`` in tenant ``short``, as admission does."""
+        obj = RunObject(metadata=ObjectMeta(generation=1), spec={"model": "mock", "goal": "g"})
+        key = RunKey(namespace, name, f"{name}-{self.tag}")
+        policy = self.tenants.policies[self.name(short)]
+        await self.pump.enqueue_run(key, policy, generation=1, created=created, obj=obj)
+
+    async def queued(self, short: str) -> list[str]:
+        return [q.name for q in await self.store.queue(self.name(short))]
+
+    async def charged(self, short: str) -> list[str]:
+        """The runs holding a slot in tenant ``short``'s ledger book."""
+        book = await self.store.read(self.name(short))
+        return [] if book is None else sorted(a.name for a in book.active.values())
+
+
+def rename(objects: tuple[dict[str, Any], ...], tag: str) -> list[dict[str, Any]]:
+    """``objects`` (AgentTenants) with ``-tag`` added to their names."""
+    return [
+        {**o, "metadata": {**o["metadata"], "name": f"{o['metadata']['name']}-{tag}"}}
+        for o in objects
+    ]
+
+
+async def queued_in_a(client: NATS, *others: dict[str, Any]) -> World:
+    """Tenant ``a`` lists ``ns`` by name and runs ``r1`` (admitted) while ``r2`` waits in its
+    queue; ``others`` (AgentTenants, named without the test's tag) are known too."""
+    tag = uuid.uuid4().hex[:6]
+    world = World(client, *rename((tenant("a", namespaces=["ns"]), *others), tag))
+    world.tag = tag
+    await world.start()
+    await world.enqueue("a", "r1", created=1e9)
+    await world.enqueue("a", "r2", created=1e9 + 1)
+    await world.pump.pump_queue(world.name("a"))
+    assert world.runs.started == ["r1"] and await world.queued("a") == ["r2"]
+    assert world.runs.bodies["r2"]["tenant"] == world.name("a")
+    return world
+
+
+async def a_deleted(client: NATS, *others: dict[str, Any]) -> World:
+    """``queued_in_a``, then ``ns`` labelled ``team: x`` and ``a`` deleted."""
+    world = await queued_in_a(client, *others)
+    world.api.labels["ns"] = {"team": "x"}
+    world.tenants.remove(world.name("a"))
+    return world
+
+
+async def test_a_run_queued_in_a_deleted_tenant_is_admitted_and_charged_by_the_one_binding_it_now(
+    client: NATS,
+) -> None:
+    world = await a_deleted(client, selecting("b", "x"))
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == [] and await world.queued("b") == ["r2"]
+    assert world.pump.board.queued(world.name("a")) == 0
+    await world.pump.pump_queue(world.name("b"))
+    assert world.runs.started == ["r1", "r2"] and await world.queued("b") == []
+    assert await world.charged("b") == ["r2"]
+    assert await world.charged("a") == ["r1"]  # admitted before: still charged where it was
+
+
+async def test_a_run_whose_namespace_binds_no_tenant_now_ends_as_a_new_run_there_would(
+    client: NATS,
+) -> None:
+    world = await a_deleted(client)
+    with pytest.raises(NoTenant) as new_run:  # what the admission of a new run there meets
+        await world.tenants.resolve("ns")
+    await world.pump.pump_queue(world.name("a"))
+    ended = world.runs.bodies["r2"]
+    assert ended["terminalReason"] == "invalid_spec" and ended["message"] == str(new_run.value)
+    assert "tenant" not in ended  # charged to no tenant, as a rejected new run
+    assert world.runs.counted == [kernel.Phase.INVALID_SPEC]
+    assert await world.queued("a") == [] and await world.charged("a") == ["r1"]
+
+
+async def test_a_run_left_waiting_tenant_missing_is_admitted_by_a_tenant_made_later(
+    client: NATS,
+) -> None:
+    world = await a_deleted(client, selecting("c", "other"))
+    world.api.fail("namespace_labels", 503)  # what ns binds cannot be told at that pass
+    world.clock.now += 2  # positions are refreshed at most once a second
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == ["r2"]
+    assert world.runs.bodies["r2"]["conditions"][0]["reason"] == "TenantMissing"
+    world.tenants.put(selecting(world.name("b"), "x"))
+    await world.pump.pump_queue(world.name("a"))
+    await world.pump.pump_queue(world.name("b"))
+    assert world.runs.started == ["r1", "r2"] and await world.charged("b") == ["r2"]
+    assert await world.queued("a") == [] and await world.queued("b") == []
+
+
+async def test_a_relabelled_namespaces_queued_run_moves_by_creation_time_and_is_charged_there(
+    client: NATS,
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    world = World(client, *rename((selecting("a", "a"), selecting("b", "b")), tag))
+    world.tag = tag
+    world.api.labels.update(ns={"team": "a"}, nb={"team": "b"})
+    await world.start()
+    await world.enqueue("a", "r1", created=1e9)
+    await world.enqueue("a", "r2", created=1e9 + 1)
+    await world.pump.pump_queue(world.name("a"))
+    await world.enqueue("b", "b1", created=1e9 - 5, namespace="nb")  # b's own: one runs
+    await world.enqueue("b", "b2", created=1e9 + 5, namespace="nb")  # and one waits
+    await world.pump.pump_queue(world.name("b"))
+    world.api.labels["ns"] = {"team": "b"}
+    await world.pump.pump_queue(world.name("a"))  # no watch saw it, and ns was just looked at
+    assert await world.queued("a") == ["r2"]
+    world.clock.now += rebinding.RECHECK_EVERY
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == [] and await world.queued("b") == ["r2", "b2"]
+    await world.pump.pump_queue(world.name("b"))
+    shown = world.runs.bodies["r2"]
+    assert (shown["tenant"], shown["queuePosition"]) == (world.name("b"), 1)
+    assert shown["conditions"][0]["reason"] == "ConcurrencyLimit"
+    assert world.pump.board.queued(world.name("b")) == 2
+    await world.store.free_run(world.name("b"), f"b1-{tag}")  # b1 ended: r2's turn, in b
+    await world.pump.pump_queue(world.name("b"))
+    assert world.runs.started == ["r1", "b1", "r2"]
+    assert await world.charged("b") == ["r2"] and await world.charged("a") == ["r1"]
+
+
+async def test_a_relabel_a_new_run_meets_moves_the_queued_runs_at_the_next_pass(
+    client: NATS,
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    world = World(client, *rename((selecting("a", "a"), selecting("b", "b")), tag))
+    world.tag = tag
+    world.api.labels["ns"] = {"team": "a"}
+    await world.start()
+    await world.enqueue("a", "r1", created=1e9)
+    await world.enqueue("a", "r2", created=1e9 + 1)
+    await world.pump.pump_queue(world.name("a"))
+    world.api.labels["ns"] = {"team": "b"}
+    assert (await world.tenants.resolve("ns")).name == world.name("b")  # a new run's admission
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == [] and await world.queued("b") == ["r2"]
