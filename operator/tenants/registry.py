@@ -132,7 +132,9 @@ class Tenants:
         return self.default_turns if own is None else own
 
     def why_missing(self, tenant: str) -> QueueWait:
-        """Why runs queued in ``tenant`` wait when it has no policy (invalid or deleted)."""
+        """Why runs queued in ``tenant`` wait when it has no policy (invalid or deleted) and
+        they have not moved to the tenant their namespace binds now (``admission.rebinding``:
+        it is invalid, or what their namespace binds cannot be read now)."""
         invalid = self.invalid.get(tenant)
         if invalid is not None:
             return QueueWait(

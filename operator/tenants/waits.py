@@ -26,7 +26,9 @@ class WaitReason(enum.StrEnum):
     TENANT_INVALID = "TenantInvalid"
     """Its AgentTenant cannot be enforced as written."""
     TENANT_MISSING = "TenantMissing"
-    """Its AgentTenant was deleted while it waited."""
+    """Its AgentTenant was deleted while it waited, and what its namespace binds now cannot be
+    told yet (its labels unreadable, or its tenant another shard's): it moves to the tenant
+    that binds it once known (``admission.rebinding``)."""
     TOOL_SERVER_PENDING = "ToolServerPending"
     """An AgentToolServer it names has not been discovered yet (applied together with it): it
     waits without holding up the runs queued behind it."""
