@@ -224,6 +224,8 @@ class QueuePump:
             )
             return
         self._fresh.setdefault(policy.name, {})[run.uid] = queued
+        if policy.name not in self.deps.tenants.policies:  # gone since its run was resolved
+            self._checked.pop(policy.name, None)  # its next pass moves the run (``_rebind``)
         self.board.kick(policy.name)
 
     async def cancel_queued(self, key: RunKey, tenant: str | None = None) -> bool:

@@ -293,3 +293,18 @@ async def test_a_relabel_a_new_run_meets_moves_the_queued_runs_at_the_next_pass(
     assert (await world.tenants.resolve("ns")).name == world.name("b")  # a new run's admission
     await world.pump.pump_queue(world.name("a"))
     assert await world.queued("a") == [] and await world.queued("b") == ["r2"]
+
+
+async def test_a_run_queued_in_a_tenant_deleted_since_its_namespace_was_resolved_moves_at_once(
+    client: NATS,
+) -> None:
+    world = await queued_in_a(client, selecting("b", "x"))
+    resolved = world.tenants.policies[world.name("a")]  # by r3's admission, before a went
+    world.api.labels["ns"] = {"team": "x"}
+    world.tenants.remove(world.name("a"))
+    await world.pump.pump_queue(world.name("a"))  # the deletion's pass: r2 moved
+    obj = RunObject(metadata=ObjectMeta(generation=1), spec={"model": "mock", "goal": "g"})
+    key = RunKey("ns", "r3", f"r3-{world.tag}")
+    await world.pump.enqueue_run(key, resolved, generation=1, created=1e9 + 2, obj=obj)
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == [] and await world.queued("b") == ["r2", "r3"]
