@@ -635,6 +635,31 @@ def test_a_queued_run_can_be_cancelled_or_deleted_and_the_runs_behind_it_move_up
     wait_tenant(stack_, tenant, lambda s: s.get("queuedRuns") == 0 and s.get("activeRuns") == 0)
 
 
+def test_a_queued_run_whose_tenant_is_deleted_is_admitted_and_charged_by_the_one_selecting_it(
+    stack_: E2EStack, test_namespace: str, tenants: TenantFactory
+) -> None:
+    ns = test_namespace
+    first = tenants(f"t-{ns}", [ns], maxConcurrentRuns=1)
+    stack_.kubectl("label", "namespace", ns, f"agentrun-e2e-team={ns}")
+    selector = {"matchLabels": {"agentrun-e2e-team": ns}}
+    second = tenants(f"s-{ns}", [], namespaceSelector=selector)  # ns listed by first: first's
+    stack_.apply(ns, run_manifest("head", f"E2E-SLOW-MODEL head {ns}"))  # a 30 s model call
+    stack_.wait_for(ns, "head", lambda s: s.get("phase") == "Running", timeout=20)
+    stack_.apply(ns, run_manifest("waiting", f"E2E-TENANT-SLOW waiting {ns}"))
+    queued = wait_runs(stack_, ns, lambda r: queue_of(r) == ["waiting"])["waiting"]
+    assert queued["tenant"] == first
+
+    stack_.kubectl("delete", "agenttenant", first, "--wait=false")
+    moved = stack_.wait_terminal(ns, "waiting", timeout=30)
+    assert (moved["terminalReason"], moved["tenant"]) == ("completed", second)
+    used = moved["usage"]["totalTokens"]
+    wait_tenant(stack_, second, lambda s: s["budget"]["tokens"]["used"] == used)
+    head = stack_.get(ns, "head")
+    assert head is not None and head["status"]["tenant"] == first  # admitted: stays first's
+    stack_.kubectl("annotate", "agentrun", "head", "-n", ns, "agentrun.dev/cancel=true")
+    assert stack_.wait_terminal(ns, "head", timeout=15)["tenant"] == first
+
+
 def test_tenant_policy_rejects_disallowed_models_tools_and_budgets_and_fills_in_defaults(
     stack_: E2EStack,
     test_namespace: str,
