@@ -373,16 +373,16 @@ class QueuePump:
         (``Tenants.bindings``), else ``rebinding.RECHECK_EVERY`` seconds after the last look
         (a relabelled namespace). Called under the queue's pass lock: no run leaves it for
         another queue while it is being admitted. Raises what the ledger store raises (the
-        next pass looks again)."""
+        next pass looks again: the look is recorded only once it is done)."""
         registry, now = self.deps.tenants, self.clock()
         bindings = registry.bindings
         if not queue or not rebinding.due(self._checked.get(tenant), bindings=bindings, now=now):
             return
-        self._checked[tenant] = rebinding.Checked(bindings, now)
         found = {ns: await self._binding(ns) for ns in rebinding.namespaces(queue)}
         invalid = tenant in registry.invalid
         for queued, fate in rebinding.fates(tenant, queue, found, invalid=invalid):
             await self._move(tenant, queued, fate)
+        self._checked[tenant] = rebinding.Checked(bindings, now)  # a change meanwhile: again
 
     async def _binding(self, namespace: str) -> rebinding.Binding:
         """What ``namespace`` binds now (``Tenants.resolve``, its labels read when a tenant
