@@ -24,7 +24,7 @@ from agentrun.operator.admission.queuestatus import QueueStatus, RefreshBudget, 
 from agentrun.operator.platform import events as recorder
 from agentrun.operator.platform.events import EventRecorder
 from agentrun.operator.runs import RunKey
-from agentrun.operator.tenants import QueueWait, WaitReason
+from agentrun.operator.tenants import QueueWait, Tenants, WaitReason
 
 NOW = 1.8e9
 EARLIER_CAP = 1_000
@@ -165,9 +165,10 @@ class NoConfigs:
 
 def queue_pump(store: LedgerStore, writes: Writes, *, max_queued: int) -> QueuePump:
     """A pump over ``store`` whose status writes go to ``writes``."""
-    deps: Any = dict.fromkeys(("tenants", "settlement", "storage"))
+    deps: Any = dict.fromkeys(("settlement", "storage"))
     deps["configs"] = NoConfigs()  # the refused run's build is dropped: nothing kept here
     api = FakeKube()
+    deps["tenants"] = Tenants(api)  # type: ignore[arg-type]  # binding nothing
     events = EventRecorder(api, throttle=recorder.standard_throttle())
     shown = QueueStatus(writes, writes, events, time.time)  # type: ignore[arg-type]
     return QueuePump(
