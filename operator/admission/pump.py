@@ -235,8 +235,10 @@ class QueuePump:
         this cancel, maybe) without reading the queue again, so this waits for a pass under way
         (the tenant's pump lock): a run that pass admitted is not queued any more (False), and
         the caller ends it through its events; taken out of the queue meanwhile, it would run
-        behind a status saying it was cancelled."""
-        for name in [tenant] if tenant else self._tenants_with_queues():
+        behind a status saying it was cancelled. ``tenant`` (the run's ``status.tenant``) is
+        looked in first, then every other queue: a run moved to another tenant's queue since
+        (``_rebind``) may show the old one still."""
+        for name in dict.fromkeys([*([tenant] if tenant else []), *self._tenants_with_queues()]):
             if not await self._take_out(name, key.uid):
                 continue
             self._objects.pop(key.uid, None)

@@ -308,3 +308,18 @@ async def test_a_run_queued_in_a_tenant_deleted_since_its_namespace_was_resolved
     await world.pump.enqueue_run(key, resolved, generation=1, created=1e9 + 2, obj=obj)
     await world.pump.pump_queue(world.name("a"))
     assert await world.queued("a") == [] and await world.queued("b") == ["r2", "r3"]
+
+
+async def test_a_moved_run_cancelled_by_a_status_naming_its_old_tenant_leaves_its_new_queue(
+    client: NATS,
+) -> None:
+    world = await a_deleted(client, selecting("b", "x"))
+    world.api.labels["nb"] = {"team": "x"}
+    await world.enqueue("b", "b1", created=1e9 - 5, namespace="nb")  # takes b's one slot
+    await world.pump.pump_queue(world.name("b"))
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("b") == ["r2"]
+    key = RunKey("ns", "r2", f"r2-{world.tag}")
+    assert await world.pump.cancel_queued(key, world.name("a"))  # what its status said
+    assert world.runs.bodies["r2"]["terminalReason"] == "cancelled"
+    assert await world.queued("b") == [] and "r2" not in world.runs.started
