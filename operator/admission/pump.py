@@ -371,18 +371,19 @@ class QueuePump:
     async def _rebind(self, tenant: str, queue: TenantQueue) -> None:
         """Move the runs of ``tenant``'s ``queue`` whose namespace binds another tenant now to
         that tenant's queue, and end those whose namespace binds none as a new run there ends
-        (``rebinding``), when due: after an AgentTenant's binding changed
-        (``Tenants.bindings``), else ``rebinding.RECHECK_EVERY`` seconds after the last look
-        (a relabelled namespace). Called under the queue's pass lock: no run leaves it for
-        another queue while it is being admitted. Raises what the ledger store raises (the
-        next pass looks again: the look is recorded only once it is done)."""
+        unless ``tenant`` is invalid or deleted (``rebinding``), when due: after an
+        AgentTenant's binding changed (``Tenants.bindings``), else
+        ``rebinding.RECHECK_EVERY`` seconds after the last look (a relabelled namespace).
+        Called under the queue's pass lock: no run leaves it for another queue while it is
+        being admitted. Raises what the ledger store raises (the next pass looks again: the
+        look is recorded only once it is done)."""
         registry, now = self.deps.tenants, self.clock()
         bindings = registry.bindings
         if not queue or not rebinding.due(self._checked.get(tenant), bindings=bindings, now=now):
             return
         found = {ns: await self._binding(ns) for ns in rebinding.namespaces(queue)}
-        invalid = tenant in registry.invalid
-        for queued, fate in rebinding.fates(tenant, queue, found, invalid=invalid):
+        kept = tenant in registry.invalid or tenant not in registry.policies  # invalid, deleted
+        for queued, fate in rebinding.fates(tenant, queue, found, kept=kept):
             await self._move(tenant, queued, fate)
         self._checked[tenant] = rebinding.Checked(bindings, now)  # a change meanwhile: again
 

@@ -13,8 +13,10 @@ looks at the namespaces of a tenant's queued runs again at its next pass after e
 - another tenant (a default tenant included): it moves to that tenant's queue, in the place
   its creation time gives it there, as a new run would be queued;
 - no tenant (or several): it ends as a new run there is rejected (``invalid_spec``, naming
-  why, charged to no tenant), unless the tenant it was queued under is invalid: such a run
-  waits (``TenantInvalid``), as it did, until its tenant is fixed or deleted;
+  why, charged to no tenant), unless the tenant it was queued under is invalid or deleted:
+  such a run waits (``TenantInvalid``, ``TenantMissing``) until that tenant is fixed or made
+  again (an AgentTenant deleted and applied again, as a GitOps tool replacing it does, loses
+  none of its queued runs), or another tenant binds its namespace;
 - unknown (the namespace could not be read, or it resolves to another operator shard's
   tenant): it stays, and is looked at again at the next pass due.
 
@@ -90,13 +92,13 @@ def namespaces(queue: Iterable[QueuedRun]) -> list[str]:
     return sorted({run.namespace for run in queue})
 
 
-def fate(queued_in: str, binding: Binding, *, invalid: bool) -> Fate | None:
+def fate(queued_in: str, binding: Binding, *, kept: bool) -> Fate | None:
     """What becomes of a run queued in ``queued_in`` whose namespace binds ``binding`` now;
-    ``invalid``: whether ``queued_in`` is an invalid AgentTenant. ``None``: it stays (see the
-    module docstring)."""
+    ``kept``: whether ``queued_in`` keeps the runs whose namespace binds no tenant (an invalid
+    or deleted AgentTenant's queue). ``None``: it stays (see the module docstring)."""
     if isinstance(binding, Bound):
         return None if binding.tenant == queued_in else binding
-    if isinstance(binding, Unbound) and not invalid:
+    if isinstance(binding, Unbound) and not kept:
         return binding
     return None
 
@@ -106,14 +108,14 @@ def fates(
     queue: Iterable[QueuedRun],
     bindings: Mapping[str, Binding],
     *,
-    invalid: bool,
+    kept: bool,
 ) -> list[tuple[QueuedRun, Fate]]:
     """The runs of ``queued_in``'s ``queue`` that leave it, head first, each with its fate
     (``fate``), ``bindings`` what each run's namespace binds now (a namespace not in it:
     ``Unknown``)."""
     left: list[tuple[QueuedRun, Fate]] = []
     for run in queue:
-        found = fate(queued_in, bindings.get(run.namespace, Unknown()), invalid=invalid)
+        found = fate(queued_in, bindings.get(run.namespace, Unknown()), kept=kept)
         if found is not None:
             left.append((run, found))
     return left

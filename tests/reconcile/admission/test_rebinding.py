@@ -46,13 +46,13 @@ FATES = {
         False,
         rebinding.Unbound("no tenant"),
     ),
-    "bound to none while its own tenant is invalid: it waits TenantInvalid": (
+    "bound to none while its own tenant is invalid or deleted: it waits for it": (
         "a",
         rebinding.Unbound("a is invalid"),
         True,
         None,
     ),
-    "its own tenant invalid, another binds it: it moves": (
+    "its own tenant invalid or deleted, another binds it: it moves": (
         "a",
         rebinding.Bound("b"),
         True,
@@ -62,17 +62,17 @@ FATES = {
 }
 
 
-@pytest.mark.parametrize(("queued_in", "binding", "invalid", "expected"), FATES.values(), ids=FATES)
+@pytest.mark.parametrize(("queued_in", "binding", "kept", "expected"), FATES.values(), ids=FATES)
 def test_a_queued_runs_fate_follows_what_its_namespace_binds_now(
-    queued_in: str, binding: rebinding.Binding, invalid: bool, expected: rebinding.Fate | None
+    queued_in: str, binding: rebinding.Binding, kept: bool, expected: rebinding.Fate | None
 ) -> None:
-    assert rebinding.fate(queued_in, binding, invalid=invalid) == expected
+    assert rebinding.fate(queued_in, binding, kept=kept) == expected
 
 
 def test_only_the_runs_that_leave_are_listed_head_first_an_unlooked_namespace_staying() -> None:
     queue = [QueuedRun(f"u{i}", ns, f"r{i}", float(i)) for i, ns in enumerate("xyzx")]
     found = {"x": rebinding.Bound("b"), "y": rebinding.Bound("a")}
-    fates = rebinding.fates("a", queue, found, invalid=False)
+    fates = rebinding.fates("a", queue, found, kept=False)
     assert [(run.name, fate) for run, fate in fates] == [
         ("r0", rebinding.Bound("b")),
         ("r3", rebinding.Bound("b")),
@@ -220,7 +220,8 @@ async def test_a_run_queued_in_a_deleted_tenant_is_admitted_and_charged_by_the_o
 async def test_a_run_whose_namespace_binds_no_tenant_now_ends_as_a_new_run_there_would(
     client: NATS,
 ) -> None:
-    world = await a_deleted(client)
+    world = await queued_in_a(client)
+    world.tenants.put(rename((tenant("a", namespaces=["elsewhere"]),), world.tag)[0])
     with pytest.raises(NoTenant) as new_run:  # what the admission of a new run there meets
         await world.tenants.resolve("ns")
     await world.pump.pump_queue(world.name("a"))
@@ -229,6 +230,25 @@ async def test_a_run_whose_namespace_binds_no_tenant_now_ends_as_a_new_run_there
     assert "tenant" not in ended  # charged to no tenant, as a rejected new run
     assert world.runs.counted == [kernel.Phase.INVALID_SPEC]
     assert await world.queued("a") == [] and await world.charged("a") == ["r1"]
+
+
+async def test_a_deleted_tenants_unbound_queued_run_waits_and_is_admitted_once_it_is_made_again(
+    client: NATS,
+) -> None:
+    """An AgentTenant deleted and applied again (a GitOps tool replacing it) loses none of
+    its queued runs: while nothing binds their namespace they wait ``TenantMissing``."""
+    world = await a_deleted(client)
+    with pytest.raises(NoTenant):
+        await world.tenants.resolve("ns")
+    world.clock.now += 2  # positions are refreshed at most once a second
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == ["r2"] and world.runs.counted == []
+    assert world.runs.bodies["r2"]["conditions"][0]["reason"] == "TenantMissing"
+    again = tenant("a", namespaces=["ns"], maxConcurrentRuns=2)  # r1 still holds a slot
+    world.tenants.put(rename((again,), world.tag)[0])
+    await world.pump.pump_queue(world.name("a"))
+    assert world.runs.started == ["r1", "r2"] and await world.charged("a") == ["r1", "r2"]
+    assert await world.queued("a") == []
 
 
 async def test_a_run_left_waiting_tenant_missing_is_admitted_by_a_tenant_made_later(
