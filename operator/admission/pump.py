@@ -387,6 +387,16 @@ class QueuePump:
             await self._move(tenant, queued, fate)
         self._checked[tenant] = rebinding.Checked(bindings, now)  # a change meanwhile: again
 
+    async def keeps(self, tenant: str, uid: str) -> bool:
+        """Whether run ``uid`` stays waiting in ``tenant``'s queue though its namespace binds
+        no tenant now: ``tenant`` is deleted or invalid (as ``_rebind`` keeps it) and its queue
+        holds the run. Asked on a resume, which would otherwise end it as a new run there
+        ends. Raises what the ledger store raises."""
+        registry = self.deps.tenants
+        if tenant in registry.policies and tenant not in registry.invalid:
+            return False
+        return uid in await self.store.queued(tenant)
+
     async def _binding(self, namespace: str) -> rebinding.Binding:
         """What ``namespace`` binds now (``Tenants.resolve``, its labels read when a tenant
         selects by label); ``Unknown`` when it cannot be read (logged at debug level, looked

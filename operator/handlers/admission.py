@@ -69,7 +69,7 @@ async def _validate_and_enqueue(
     ``meta`` shows it, less the annotations ``removed`` from the object since, in the life
     ``status.reruns`` counts)."""
     generation = int(meta.get("generation") or 1)
-    policy = await _tenant_policy(parts, key, generation=generation)
+    policy = await _tenant_policy(parts, key, generation=generation, status=status)
     if policy is None:
         return
     try:  # before the tenant's policy: it applies to the spec the run executes
@@ -123,15 +123,19 @@ def _queued_object(
 
 
 async def _tenant_policy(
-    parts: RunHandling, key: RunKey, *, generation: int
+    parts: RunHandling, key: RunKey, *, generation: int, status: Mapping[str, Any]
 ) -> TenantPolicy | None:
     """The policy of the tenant run ``key``'s namespace resolves to, or ``None`` once the run
-    was rejected for having none. Raises ``kopf.TemporaryError`` (retried) when the namespace
-    cannot be read, or when that tenant is another shard's (``_check_owned``)."""
+    was rejected for having none, or left waiting in the queue of the deleted or invalid
+    AgentTenant its ``status`` names (``QueuePump.keeps``: resumed after a restart, it fares
+    as the queue pump's passes let it). Raises ``kopf.TemporaryError`` (retried) when the
+    namespace cannot be read, or when that tenant is another shard's (``_check_owned``)."""
     try:
         policy = await parts.tenants.resolve(key.namespace)
     except NoTenant as err:
-        parts.shown.end_unbound(key, str(err), generation=generation)
+        queued_in = str(status.get("tenant") or "")
+        if not queued_in or not await parts.pump.keeps(queued_in, key.uid):
+            parts.shown.end_unbound(key, str(err), generation=generation)
         return None
     except ApiError as err:
         raise kopf.TemporaryError(

@@ -8,6 +8,7 @@ ledger and the real tenant registry."""
 from __future__ import annotations
 
 import time
+import types
 import uuid
 from typing import Any
 
@@ -23,6 +24,7 @@ from agentrun.operator.admission.queue import QueueBoard
 from agentrun.operator.admission.queuestatus import QueueStatus
 from agentrun.operator.admission.settlement import RunSettlement
 from agentrun.operator.admission.storage import EventStorage
+from agentrun.operator.handlers import admission as handlers
 from agentrun.operator.platform.events import EventRecorder, Throttle
 from agentrun.operator.platform.spec import ObjectMeta
 from agentrun.operator.runs import RunKey, RunObject
@@ -249,6 +251,39 @@ async def test_a_deleted_tenants_unbound_queued_run_waits_and_is_admitted_once_i
     await world.pump.pump_queue(world.name("a"))
     assert world.runs.started == ["r1", "r2"] and await world.charged("a") == ["r1", "r2"]
     assert await world.queued("a") == []
+
+
+async def test_a_resumed_run_of_a_deleted_tenants_queue_stays_there_for_it(client: NATS) -> None:
+    """After an operator restart kopf resumes every queued run, as new: one waiting in the
+    queue of an AgentTenant deleted since, its namespace bound by none, stays there
+    (``TenantMissing``) as the queue's passes keep it, and is admitted once the tenant is
+    made again; a run whose status names that tenant but whose queue does not hold it ends
+    as a new run there (``invalid_spec``)."""
+    world = await a_deleted(client)
+    await world.start()  # a new process: the queue read again from the ledger
+    meta = {"name": "r2", "namespace": "ns", "uid": f"r2-{world.tag}", "generation": 1}
+    world.api.put("agentruns", {"metadata": meta, "spec": {"model": "mock", "goal": "g"}})
+    handling = types.SimpleNamespace(tenants=world.tenants, shown=world.pump.shown, pump=world.pump)
+    status = {"tenant": world.name("a"), "phase": "Queued"}
+    for name in ("r2", "r3"):
+        key = RunKey("ns", name, f"{name}-{world.tag}")
+        await handlers._validate_and_enqueue(
+            handling,  # type: ignore[arg-type]
+            key,
+            spec={"model": "mock", "goal": "g"},  # type: ignore[arg-type]
+            meta={"generation": 1},  # type: ignore[arg-type]
+            status=status,
+        )
+    assert "terminalReason" not in world.runs.bodies["r2"]
+    assert world.runs.bodies["r3"]["terminalReason"] == "invalid_spec"
+    world.clock.now += 2  # positions are refreshed at most once a second
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == ["r2"]
+    assert world.runs.bodies["r2"]["conditions"][0]["reason"] == "TenantMissing"
+    again = tenant("a", namespaces=["ns"], maxConcurrentRuns=2)  # r1 still holds a slot
+    world.tenants.put(rename((again,), world.tag)[0])
+    await world.pump.pump_queue(world.name("a"))
+    assert world.runs.started == ["r1", "r2"] and await world.charged("a") == ["r1", "r2"]
 
 
 async def test_a_run_left_waiting_tenant_missing_is_admitted_by_a_tenant_made_later(
