@@ -20,7 +20,7 @@ from agentrun.ledger import TenantLimits, worst_case
 from agentrun.protocol import DEFAULT_TENANT, ModelConfig, RemoteTool, RunConfig, UrlRule
 
 from .. import agents, runs
-from ..platform.spec import SpecError, not_found
+from ..platform.spec import ReferenceMissing, SpecError, not_found
 
 UNPRICED_HINT = (
     "set its spec.pricing input and output prices (USD per 1M tokens), or spec.pricing.free: "
@@ -94,7 +94,7 @@ def build_run_config(
     naming the field (unknown model, unknown tools, approval of tools the run does not have).
     """
     if model is None:
-        raise SpecError(f"spec.model: {not_found('AgentModel', spec.model)}")
+        raise ReferenceMissing(f"spec.model: {not_found('AgentModel', spec.model)}")
     rename = {f"{t.server}/{t.tool}": t.name for t in resolved.remote_tools}
     _check_tools(spec, known_tools=known_tools, remote=set(rename))
     limits = run_limits(spec, model=model, known_tools=known_tools, rename=rename)

@@ -90,11 +90,15 @@ class RunConfigs:
         policy: tenants.TenantPolicy,
         *,
         start_time: float,
+        queued: bool = False,
     ) -> RunConfig:
         """The run's ``RunConfig``; raises ``SpecError`` naming the field (an AgentModel
         without prices where a cost budget applies, ``config.check_metered``;
+        ``ReferenceMissing`` when its AgentModel or a named AgentToolServer does not exist;
         ``ToolServerPending`` when a named AgentToolServer is not discovered yet), or
-        ``ApiError`` when the AgentModel or an AgentToolServer cannot be read.
+        ``ApiError`` when the AgentModel or an AgentToolServer cannot be read. ``queued``: the
+        run waits in its queue, and an AgentModel found missing a moment ago is taken as
+        missing still (``ModelCache.get``'s ``recent_miss``).
 
         Built once per run while what it is built from stays the same: the config of the
         run's last build is reused, its deadline counted from ``start_time``, when the spec
@@ -105,11 +109,11 @@ class RunConfigs:
         built = self._built.get(run.uid)
         digest = _digest(spec)
         if built is not None and built.spec == digest and built.policy == policy:
-            model = await self.models.get(built.model_name)
+            model = await self.models.get(built.model_name, recent_miss=queued)
             servers = [await self.servers.get(run.namespace, s) for s in built.server_names]
             if model == built.model and servers == list(built.servers):
                 return dataclasses.replace(built.config, deadline=start_time + built.timeout)
-        built = await self._build(run, spec, policy, start_time=start_time)
+        built = await self._build(run, spec, policy, start_time=start_time, queued=queued)
         self._built[run.uid] = dataclasses.replace(
             built, spec=digest, weight=schemas.footprint(spec)
         )
@@ -134,11 +138,12 @@ class RunConfigs:
         policy: tenants.TenantPolicy,
         *,
         start_time: float,
+        queued: bool,
     ) -> _Built:
         """The run's config built anew, with what it was built from (see ``build_config``)."""
         applied = policy.apply(runs.AgentRunSpec.of(spec))
         await self._check_output(run, applied.output.json_schema)
-        found = await self.models.get(applied.model)
+        found = await self.models.get(applied.model, recent_miss=queued)
         if found is not None:
             check_metered(
                 applied.model,

@@ -48,7 +48,7 @@ from ..platform.events import EventRecorder, EventType
 from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
 from ..platform.shards import ALL_OF_ONE, Ownership
-from ..platform.spec import SpecError
+from ..platform.spec import ReferenceMissing, SpecError
 from ..platform.weighed import WeighedCache
 from ..runs import CANCEL_ANNOTATION, LiveRuns, RunKey, RunObject, admitted_patch, involved
 from ..tenants import NoTenant, QueueWait, TenantPolicy, Tenants, WaitReason, WhenExhausted
@@ -395,7 +395,12 @@ class QueuePump:
         registry = self.deps.tenants
         if tenant in registry.policies and tenant not in registry.invalid:
             return False
-        return uid in await self.store.queued(tenant)
+        return await self.holds(tenant, uid)
+
+    async def holds(self, tenant: str, uid: str) -> bool:
+        """Whether ``tenant``'s admission queue holds run ``uid`` (``""``: no tenant's does).
+        Raises what the ledger store raises."""
+        return bool(tenant) and uid in await self.store.queued(tenant)
 
     async def _binding(self, namespace: str) -> rebinding.Binding:
         """What ``namespace`` binds now (``Tenants.resolve``, its labels read when a tenant
@@ -495,21 +500,25 @@ class QueuePump:
         self, policy: TenantPolicy, queued: QueuedRun, queue: TenantQueue, *, passed: set[str]
     ) -> _Ready | None:
         """One queue head made ready (its frozen config and first call's worst case), or
-        ``None`` if it left the queue or waits for its AgentToolServer (added to ``passed``)."""
+        ``None`` if it left the queue or waits for its AgentToolServer's discovery or for an
+        object it names that was deleted while it waited (added to ``passed``)."""
         head = await self._read_head(policy, queued)
         if head is None:
             return None
         try:
             config = await self.deps.configs.build_config(
-                head.key, head.obj.run_spec(), policy, start_time=self.clock()
+                head.key, head.obj.run_spec(), policy, start_time=self.clock(), queued=True
             )
-        except ToolServerPending as err:
-            wait = QueueWait(WaitReason.TOOL_SERVER_PENDING, str(err))
+        except (ToolServerPending, ReferenceMissing) as err:
+            pending = isinstance(err, ToolServerPending)
+            why = WaitReason.TOOL_SERVER_PENDING if pending else WaitReason.REFERENCE_MISSING
             position = queue.position(queued.uid) or 1
-            self.shown.show_run(policy.name, queued, position, wait, seen=self._waiting)
+            self.shown.show_run(
+                policy.name, queued, position, QueueWait(why, str(err)), seen=self._waiting
+            )
             passed.add(queued.uid)
             return None
-        except SpecError as err:  # e.g. its AgentModel was deleted while it waited
+        except SpecError as err:  # e.g. its AgentModel edited to no prices under a cost cap
             await self._drop(head, policy, kernel.Phase.INVALID_SPEC, str(err))
             return None
         need = self.deps.configs.first_call_need(config)

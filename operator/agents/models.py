@@ -27,15 +27,21 @@ MODEL_CACHE_SECONDS = 5.0
 applies to runs admitted a few seconds later."""
 MODEL_CACHE_SIZE = 4096
 """The most AgentModels cached at once (the least recently used forgotten first)."""
+MISSING_SECONDS = 2.0
+"""How long a model found missing is taken as missing by the callers that accept it
+(``get(..., recent_miss=True)``: the queued runs waiting for it, each pass of their queue):
+runs waiting for a deleted AgentModel cost one read of it per ``MISSING_SECONDS``, not one
+per run and pass. Its creation seen by the watch (``put``) ends it at once."""
 
 
 class ModelCache:
     """AgentModels by name, each read at most once per ``MODEL_CACHE_SECONDS``.
 
-    Only models found are cached: a model that does not exist is asked for again next time,
-    so a run applied together with its AgentModel (or just before it) is not refused for
-    the cache's lifetime. Callers asking for a model while it is being read wait for that
-    read (a burst of admissions reads it once, not once per run).
+    Only models found are cached for every caller: a model that does not exist is asked for
+    again next time, so a run applied together with its AgentModel (or just before it) is
+    not refused for the cache's lifetime; a miss is remembered ``MISSING_SECONDS`` for the
+    callers that ask for it (``recent_miss``). Callers asking for a model while it is being
+    read wait for that read (a burst of admissions reads it once, not once per run).
     """
 
     def __init__(self, api: KubeApi, *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -45,12 +51,20 @@ class ModelCache:
             MODEL_CACHE_SIZE, MODEL_CACHE_SECONDS, timer=clock
         )
         """The models found, each until ``MODEL_CACHE_SECONDS`` after it was read or seen."""
+        self._missing: cachetools.TTLCache[str, bool] = cachetools.TTLCache(
+            MODEL_CACHE_SIZE, MISSING_SECONDS, timer=clock
+        )
+        """The models found missing, each until ``MISSING_SECONDS`` after it was read."""
         self._reading: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
 
-    async def get(self, name: str) -> dict[str, Any] | None:
-        """The AgentModel object or ``None`` if it does not exist; raises ``ApiError``."""
+    async def get(self, name: str, *, recent_miss: bool = False) -> dict[str, Any] | None:
+        """The AgentModel object or ``None`` if it does not exist (``recent_miss``: or was
+        found missing within ``MISSING_SECONDS`` and not seen made since); raises
+        ``ApiError``."""
         with contextlib.suppress(KeyError):  # not cached, or expired (one clock read)
             return self._models[name]
+        if recent_miss and self._missing.get(name):
+            return None
         reading = self._reading.get(name)
         if reading is None:
             reading = asyncio.ensure_future(self._read(name))
@@ -75,8 +89,11 @@ class ModelCache:
                 del self._models[name]
         else:
             self._models[name] = model
+            self._missing.pop(name, None)
 
     async def _read(self, name: str) -> dict[str, Any] | None:
         model = await self._api.get(Ref(MODELS, name))
         self.put(name, model)
+        if model is None:
+            self._missing[name] = True
         return model

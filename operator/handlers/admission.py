@@ -26,7 +26,7 @@ from ..agents.store import resolve_run
 from ..platform import failures
 from ..platform.events import EventRecorder, EventType, Involved
 from ..platform.kubeapi import ApiError, KubeApi
-from ..platform.spec import ObjectMeta, SpecError
+from ..platform.spec import ObjectMeta, ReferenceMissing, SpecError
 from ..runs import recovery
 from ..runs.keys import ADMITTED_UID_ANNOTATION, CANCEL_ANNOTATION, RERUN_ANNOTATION, RunKey
 from ..runs.recovery import Admission
@@ -87,22 +87,46 @@ async def _validate_and_enqueue(
         )
         _reject(parts, key, message, generation=generation, tenant=policy.name)
         return
-    try:  # reject what can never run now, not after it waited in the queue
+    if not await _can_run(parts, key, run_spec, policy, generation=generation, status=status):
+        return
+    obj = _queued_object(meta, run_spec, status, removed=removed)
+    await parts.pump.enqueue_run(
+        key, policy, generation=generation, created=_created(meta), obj=obj
+    )
+
+
+async def _can_run(
+    parts: RunHandling,
+    key: RunKey,
+    run_spec: Mapping[str, Any],
+    policy: TenantPolicy,
+    *,
+    generation: int,
+    status: Mapping[str, Any],
+) -> bool:
+    """Whether run ``key`` may be queued: what can never run is rejected now (``False``),
+    not after it waited in the queue. An object it names missing (``ReferenceMissing``)
+    rejects a new run; a queued one resumed (its queue holds it: ``status.tenant``'s) waits
+    for it there. Raises ``kopf.TemporaryError`` when the AgentModel cannot be read."""
+    try:
         await parts.configs.build_config(key, run_spec, policy, start_time=time.time())
+    except ReferenceMissing as err:
+        if await parts.pump.holds(str(status.get("tenant") or ""), key.uid):
+            log.info("queued run %s/%s waits: %s", key.namespace, key.name, err)
+            return True
+        _reject(parts, key, str(err), generation=generation, tenant=policy.name)
+        return False
     except ToolServerPending as err:  # applied together with its AgentToolServer: a normal
         # wait, shown as Queued (ToolServerPending) by the queue, not an error to retry
         log.info("run %s/%s waits for discovery: %s", key.namespace, key.name, err)
     except SpecError as err:
         _reject(parts, key, str(err), generation=generation, tenant=policy.name)
-        return
+        return False
     except ApiError as err:
         raise kopf.TemporaryError(
             f"cannot read the AgentModel: HTTP {err.status}", delay=5
         ) from err
-    obj = _queued_object(meta, run_spec, status, removed=removed)
-    await parts.pump.enqueue_run(
-        key, policy, generation=generation, created=_created(meta), obj=obj
-    )
+    return True
 
 
 def _queued_object(

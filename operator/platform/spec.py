@@ -31,6 +31,13 @@ class SpecError(ValueError):
     there or not allowed); the message names the field."""
 
 
+class ReferenceMissing(SpecError):
+    """An object the spec names does not exist now (its AgentModel, an AgentToolServer); the
+    message names the field (``not_found``). A new run naming it is rejected; a run already
+    queued, accepted while it existed, waits for it to be made again (an object deleted and
+    applied again, as a GitOps tool replacing it does, loses no queued run)."""
+
+
 def not_found(kind: str, name: str, *, namespace: str | None = None) -> str:
     """The message for a referenced object that does not exist, with the command that lists
     the objects of ``kind`` there: ``AgentModel 'gpt-5' not found (cluster-scoped):

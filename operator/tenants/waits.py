@@ -33,6 +33,10 @@ class WaitReason(enum.StrEnum):
     TOOL_SERVER_PENDING = "ToolServerPending"
     """An AgentToolServer it names has not been discovered yet (applied together with it): it
     waits without holding up the runs queued behind it."""
+    REFERENCE_MISSING = "ReferenceMissing"
+    """Its AgentModel, or an AgentToolServer it names, was deleted while it waited (a new run
+    naming a missing one is rejected): it waits for it to be made again, without holding up
+    the runs queued behind it."""
     ADMISSION_RETRYING = "AdmissionRetrying"
     """Admitting the run at the head of the queue failed for a reason that passes (NATS or
     the API server away); it is tried again at the next pass. A failure that does not pass

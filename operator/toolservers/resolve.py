@@ -17,7 +17,7 @@ from yarl import URL
 from agentrun.protocol import RemoteTool, UrlRule
 from agentrun.tools import reach, remote
 
-from ..platform.spec import SpecError, not_found
+from ..platform.spec import ReferenceMissing, SpecError, not_found
 from .spec import AgentToolServerSpec, Effect, split_reference
 
 MAX_FUNCTION_NAME = 64
@@ -138,7 +138,7 @@ def resolve_tool(
     server_name, tool = parts
     where = f"spec.tools: {reference}"
     if server is None:
-        raise SpecError(
+        raise ReferenceMissing(
             f"{where}: {not_found('AgentToolServer', server_name, namespace=namespace)}"
         )
     spec = _spec_of(server, server_name, where=where)

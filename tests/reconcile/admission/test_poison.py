@@ -76,7 +76,13 @@ class Configs:
         """Nothing is kept between builds here."""
 
     async def build_config(
-        self, key: RunKey, spec: Any, policy: TenantPolicy, *, start_time: float
+        self,
+        key: RunKey,
+        spec: Any,
+        policy: TenantPolicy,
+        *,
+        start_time: float,
+        queued: bool = False,
     ) -> RunConfig:
         failure = self.fail(key.name)
         if failure is not None:

@@ -131,6 +131,8 @@ class World:
         self.tenants: Tenants = registry(self.api, *tenants)
         self.runs = Runs(lambda config: None)
         self.tag = uuid.uuid4().hex[:6]
+        self.configs: Any = Configs(lambda name: None)
+        """Admission's ``RunConfigs`` (a stub building every run's config, unless replaced)."""
 
     async def start(self) -> QueuePump:
         self.store = await LedgerStore.open(self.client.jetstream())
@@ -140,7 +142,7 @@ class World:
             PumpDeps(
                 store=self.store,
                 tenants=self.tenants,
-                configs=Configs(lambda name: None),  # type: ignore[arg-type]
+                configs=self.configs,
                 runs=self.runs,
                 shown=QueueStatus(self.runs, self.runs, events, self.clock),
                 settlement=RunSettlement(self.store, board),

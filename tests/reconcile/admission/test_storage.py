@@ -126,7 +126,13 @@ class Configs:
         """Nothing is kept between builds here."""
 
     async def build_config(
-        self, key: RunKey, spec: dict[str, Any], policy: TenantPolicy, *, start_time: float
+        self,
+        key: RunKey,
+        spec: dict[str, Any],
+        policy: TenantPolicy,
+        *,
+        start_time: float,
+        queued: bool = False,
     ) -> RunConfig:
         model = ModelConfig(
             "mock", "http://127.0.0.1:9/v1", "scripted", kernel.Pricing(), 32000, 1000
