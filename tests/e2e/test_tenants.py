@@ -891,3 +891,55 @@ def test_hidden_prompt_tokens_overrun_at_most_the_calls_in_flight_and_are_told(
             time.sleep(0.5)
         assert told and told[0]["type"] == "Warning", "no BudgetOverrun Event on the tenant"
         assert "costUSD" in told[0]["message"]
+
+
+def test_a_queued_run_whose_agentmodel_is_replaced_waits_for_it_through_a_restart(
+    stack_: E2EStack, test_namespace: str, tenants: TenantFactory
+) -> None:
+    """An AgentModel deleted and applied again (a GitOps tool replacing it) while a run
+    naming it waits in its tenant's queue: the run waits (``ReferenceMissing``, naming the
+    field), through an operator restart, and completes once the model is back; a new run
+    naming the missing model is rejected meanwhile."""
+    ns = test_namespace
+    tenants(f"t-{ns}", [ns], maxConcurrentRuns=1)
+    found = json.loads(stack_.kubectl("get", "agentmodel", "mock", "-o", "json").stdout)
+    model = {
+        "apiVersion": found["apiVersion"],
+        "kind": "AgentModel",
+        "metadata": {"name": f"m-{ns}"},
+        "spec": found["spec"],
+    }
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+    try:
+        stack_.apply(ns, run_manifest("head", f"E2E-SLOW-MODEL head {ns}"))  # a 30 s call
+        stack_.wait_for(ns, "head", lambda s: s.get("phase") == "Running", timeout=20)
+        goal = f"E2E-TENANT-SLOW waiting {ns}"
+        stack_.apply(ns, run_manifest("waiting", goal, model=f"m-{ns}"))
+        wait_runs(stack_, ns, lambda r: queue_of(r) == ["waiting"])
+
+        stack_.kubectl("delete", "agentmodel", f"m-{ns}")
+        components.kill_component(stack_.operator)
+        stack_.restart_dead()
+        waits = wait_runs(
+            stack_,
+            ns,
+            lambda r: (
+                conditions(r.get("waiting") or {}).get("Admitted", {}).get("reason")
+                == "ReferenceMissing"
+            ),
+            timeout=60,
+        )["waiting"]
+        assert waits["phase"] == "Queued"
+        assert (
+            f"spec.model: AgentModel 'm-{ns}' not found" in conditions(waits)["Admitted"]["message"]
+        )
+        stack_.apply(ns, run_manifest("new", f"{goal} new", model=f"m-{ns}"))
+        assert stack_.wait_terminal(ns, "new", timeout=30)["terminalReason"] == "invalid_spec"
+
+        stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(model))
+        stack_.kubectl("annotate", "agentrun", "head", "-n", ns, "agentrun.dev/cancel=true")
+        done = stack_.wait_terminal(ns, "waiting", timeout=60)
+        assert (done["terminalReason"], done["usage"]["steps"]) == ("completed", 2)
+        assert len(model_calls(stack_, goal)) == 2
+    finally:
+        stack_.kubectl("delete", "agentmodel", f"m-{ns}", "--ignore-not-found", "--wait=false")
