@@ -139,6 +139,11 @@ batch's records spent most of its time in those round trips while the API server
 the burst that queued them (0.2–0.8 s a batch of 32, against 0.05 s for the rest of it), and
 admitted nothing meanwhile. A few at a time leave the client's connections to the status
 writes and the handlers."""
+RECORDS_PENDING = 1024
+"""Admission records waiting to be written (``record_later``) at most before a pass admits
+more: with the API server slow or away, admissions would otherwise go on while their records
+pile up, a task each; past it the pass waits for one to be written (or given up after the
+client's timeout). Admitting a batch may take it past by up to ``ADMIT_BATCH`` - 1."""
 
 
 OBJECTS_MEMORY = 64 * 2**20
@@ -548,6 +553,7 @@ class QueuePump:
         runs together; say why the first of the others waits (``None`` if none does, or it
         left the queue: ``whenExhausted: Fail``, a permanent failure), or that a failure is
         retried at the next pass."""
+        await self._records_room()
         now = self.clock()
         try:
             answers = await self.store.admit_runs(
@@ -690,6 +696,12 @@ class QueuePump:
     def _records_done(self, uid: str, task: asyncio.Task[None]) -> None:
         if self._records.get(uid) is task:
             del self._records[uid]
+
+    async def _records_room(self) -> None:
+        """Wait until fewer than ``RECORDS_PENDING`` admission records wait to be written."""
+        while len(self._records) >= RECORDS_PENDING:
+            pending = list(self._records.values())
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
 
     async def _record_in_turn(self, key: RunKey) -> None:
         async with self._record_slots:

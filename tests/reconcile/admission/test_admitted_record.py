@@ -14,11 +14,13 @@ from kube_support import FakeKube
 from nats.aio.client import Client as NATS
 
 from agentrun import kernel
+from agentrun.operator.admission import pump as pump_module
 from agentrun.operator.admission.pump import RECORDS_AT_ONCE, QueuePump
 from agentrun.operator.admission.queuestatus import QueueStatus
 from agentrun.operator.runs.keys import ADMITTED_UID_ANNOTATION, RunKey
+from agentrun.operator.tenants.policy import TenantPolicy
 
-from .test_poison import enqueue, make_pump
+from .test_poison import enqueue, make_pump, tenant_object
 
 RUN = RunKey("ns", "r", "uid-r")
 
@@ -151,3 +153,25 @@ async def test_a_pass_admits_its_runs_without_waiting_for_their_records(client: 
     api.release.set()
     await asyncio.wait_for(asyncio.gather(*queue.running()), 2)
     assert api.waiting == 0
+
+
+async def test_a_pass_admits_no_more_while_too_many_records_wait_to_be_written(
+    client: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server slow: admissions stop once ``RECORDS_PENDING`` records wait, so what
+    waits for it stays bounded, and go on as records are written."""
+    monkeypatch.setattr(pump_module, "RECORDS_PENDING", 2)
+    monkeypatch.setattr(pump_module, "ADMIT_BATCH", 1)
+    api = HeldKube()
+    queue, runs, store, tenant = await make_pump(client, api=api)
+    roomy = tenant_object(tenant.name, maxConcurrentRuns=10)
+    queue.deps.tenants.put(roomy)
+    await enqueue(queue, TenantPolicy.of(roomy), "r1", "r2", "r3", "r4")
+    passing = asyncio.create_task(queue.pump_queue(tenant.name))
+    await asyncio.sleep(0.2)
+    assert runs.started == ["r1", "r2"] and not passing.done()
+    assert [q.name for q in await store.queue(tenant.name)] == ["r3", "r4"]
+    api.release.set()
+    await asyncio.wait_for(passing, 5)
+    assert runs.started == ["r1", "r2", "r3", "r4"]
+    await asyncio.wait_for(asyncio.gather(*queue.running()), 2)
