@@ -30,7 +30,8 @@ from agentrun.loops import sleep_until_set
 
 from ..platform.conditions import rfc3339
 from ..platform.events import EventRecorder, EventType, Involved
-from ..platform.failures import Failures
+from ..platform.failures import Failures, transient
+from ..platform.kubeapi import ApiError
 from . import plan, spec, status
 from .memory import BODIES_MEMORY, CronKey, CronMemory
 from .status import OwnedRun, epoch
@@ -243,11 +244,27 @@ class ScheduleController:
         """``owned``, its ended runs still held (``runs.HOLD_ANNOTATION``) released once their
         ends are in ``cron``'s status (``lastSuccessfulTime``, written first when it moves),
         before the pass acts: a create the API server refuses (a ResourceQuota the held runs
-        fill) raised before a later release, and kept them held, and the quota full, for ever."""
+        fill) raised before a later release, and kept them held, and the quota full, for ever.
+        A status write refused for good (``failures.transient`` false: the status schema of
+        another version's CRD, say) releases them uncounted, logged: held, no TTL would ever
+        delete them. Raises a passing failure of the write (the next pass tries again)."""
         ended = [run for run in owned if run.ended and run.held]
         if not ended:
             return list(owned)
-        await self._write_status(cron, status.last_successful(owned, cron.get("status") or {}))
+        try:
+            await self._write_status(cron, status.last_successful(owned, cron.get("status") or {}))
+        except ApiError as err:
+            if transient(err):
+                raise
+            meta = cron.get("metadata") or {}
+            log.warning(
+                "CronAgentRun %s/%s: its status is refused (%r); its %d ended runs are "
+                "released to their TTL without being counted in lastSuccessfulTime",
+                meta.get("namespace"),
+                meta.get("name"),
+                err,
+                len(ended),
+            )
         namespace = str((cron.get("metadata") or {}).get("namespace", ""))
         for run in ended:
             await self.store.release_run(namespace, run.name, run.uid)

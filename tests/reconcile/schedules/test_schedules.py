@@ -180,6 +180,37 @@ async def test_a_run_is_held_from_its_ttl_until_its_end_is_in_the_status() -> No
     assert runs.HOLD_ANNOTATION not in store.runs["report-1796032800"]["metadata"]["annotations"]
 
 
+class RefusedStatus(MemoryStore):
+    """A store whose status patches the API server refuses with HTTP ``status`` while
+    ``refusing`` (a CRD of another version whose status schema rejects the body, say)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__()
+        self.refusal = status
+        self.refusing = False
+
+    async def patch_status(self, cron: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+        if self.refusing:
+            raise ApiError(self.refusal, "refused")
+        return await super().patch_status(cron, body)
+
+
+async def test_an_ended_run_is_released_uncounted_when_the_status_is_refused_for_good() -> None:
+    """Held until its end is in the status: a status the API server refuses for good (422)
+    would hold it, and whatever quota it fills, for ever; it is released to its TTL, while a
+    refusal that passes (503) keeps it held for the next pass."""
+    for refusal, released in ((503, []), (422, ["report-1796032800"])):
+        store, clock = RefusedStatus(refusal), Clock(T0 + 0.2)
+        ctl = controller(store, clock)
+        await ctl.reconcile(cron(concurrencyPolicy="Forbid"))
+        store.end("report-1796032800", "Succeeded", at=T0 + 6)
+        store.refusing, clock.now = True, T0 + 6.1
+        with pytest.raises(ApiError):  # the pass's own status write is refused too
+            await ctl.reconcile(with_status(cron(concurrencyPolicy="Forbid"), store))
+        assert store.released == released, refusal
+        assert "lastSuccessfulTime" not in store.status
+
+
 async def test_a_run_beyond_a_history_limit_of_0_is_counted_before_it_is_deleted() -> None:
     """``successfulRunsHistoryLimit: 0``: the pass that first saw the run ended deleted it
     before the status was written from the runs left, so ``lastSuccessfulTime`` was never set
