@@ -43,7 +43,7 @@ def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[st
     lines = [
         *lines,
         *_definition_lines(obj.get("spec") or {}, status),
-        *_progress_lines(str(meta.get("name")), status),
+        *_progress_lines(str(meta.get("name")), str(meta.get("namespace")), status),
         *_events_lines(events),
     ]
     return [display.printable(line, newlines=False) for line in lines]
@@ -105,8 +105,9 @@ def _counted(usage: dict[str, Any], field: str, noun: str) -> str:
     return display.counted(int(usage.get(field) or 0), noun)
 
 
-def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
-    """Usage, the pending approval, the answer and the conditions."""
+def _progress_lines(name: str, namespace: str, status: dict[str, Any]) -> list[str]:
+    """Usage, the pending approval (its command naming the run's ``namespace``), the answer
+    and the conditions."""
     usage = status.get("usage") or {}
     lines = []
     if usage:
@@ -120,7 +121,7 @@ def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
         )
     pending = status.get("pendingApproval")
     if pending:
-        lines.extend(_pending_lines(name, pending))
+        lines.extend(_pending_lines(name, namespace, pending))
     if status.get("answer"):
         lines.append(f"Answer:        {trajectory.truncate(status['answer'], 500)}")
     lines.append("Conditions:")
@@ -132,14 +133,15 @@ def _progress_lines(name: str, status: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _pending_lines(name: str, pending: dict[str, Any]) -> list[str]:
+def _pending_lines(name: str, namespace: str, pending: dict[str, Any]) -> list[str]:
     """The call to decide now and, for a batch, every held call with its decision: each is
     approved or denied in turn, one ``approve``/``deny`` per call. The call to decide is
-    shown with its arguments in full and the digest that approves exactly it."""
+    shown with its arguments in full and the digest that approves exactly it; the command
+    names the run's ``namespace``, so that it works as shown from any current context."""
     held = pending.get("heldCalls") or [{**pending, "decision": "pending"}]
     lines = [
         f"Pending:       call {pending.get('call', 1)} of {pending.get('of', len(held))} held "
-        f"for approval, decided in turn: kubectl agentrun approve|deny {name} "
+        f"for approval, decided in turn: kubectl agentrun approve|deny {name} -n {namespace} "
         f"--digest {pending.get('digest')}"
     ]
     for number, call in enumerate(held, start=1):

@@ -69,14 +69,15 @@ def record_end(
 
 
 def record_approval_requested(recorder: EventRecorder, key: RunKey, held: kernel.HeldCall) -> None:
-    """The run waits for a person to decide ``held`` (once per held call)."""
+    """The run waits for a person to decide ``held`` (once per held call); the command the
+    message shows names the run's namespace, so that it works as shown from any context."""
     recorder.record(
         involved(key),
         type=EventType.NORMAL,
         reason="ApprovalRequested",
         message=(
             f"tool call {held.id} ({held.name}) waits for a person: kubectl agentrun approve "
-            f"{key.name} (or deny); digest {held.digest}"
+            f"{key.name} -n {key.namespace} (or deny); digest {held.digest}"
         ),
         key=(key.uid, "ApprovalRequested", held.digest),
     )

@@ -191,11 +191,11 @@ def test_describe_lists_every_held_call_of_a_batch_with_its_decision() -> None:
         "phase": "AwaitingApproval",
         "pendingApproval": protocol.pending_approval_as_dict(summary_),
     }
-    obj = {"metadata": {"name": "ship", "namespace": "default"}, "spec": {}, "status": status}
+    obj = {"metadata": {"name": "ship", "namespace": "team-a"}, "spec": {}, "status": status}
     lines = describe.describe_lines(obj, [])
-    start = lines.index(
+    start = lines.index(  # the command names the namespace: it works from any context
         "Pending:       call 2 of 2 held for approval, decided in turn: "
-        "kubectl agentrun approve|deny ship --digest sha256:b"
+        "kubectl agentrun approve|deny ship -n team-a --digest sha256:b"
     )
     assert lines[start + 1 : start + 8] == [
         '    1. deploy call d1: approved ({"version":"1"})',

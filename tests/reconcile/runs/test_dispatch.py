@@ -291,6 +291,8 @@ async def test_a_run_waiting_for_a_person_is_written_at_once_and_an_end_is_settl
     await run.on_event(subject, (await bus.read_events(cfg.namespace, cfg.name))[-1])
     assert writer.bodies[-1] == (seq, "AwaitingApproval", True)  # a person to ask: at once
     assert await events.reasons() == ["ApprovalRequested"]
+    command = f"kubectl agentrun approve {cfg.name} -n {cfg.namespace} (or deny)"
+    assert command in events.api.events[0]["message"]  # works as shown from any context
 
     assert await run.end(cfg.namespace, cfg.name, cfg.uid, kernel.Phase.CANCELLED, "cancelled")
     stop = (await bus.read_events(cfg.namespace, cfg.name))[-1]
