@@ -49,8 +49,9 @@ class Tenants:
         self.policies: dict[str, TenantPolicy] = {}
         self.invalid: dict[str, tuple[int, str]] = {}
         """AgentTenants that cannot be enforced: (generation, why), shown in their status."""
-        self._ambiguous: dict[str, tuple[str, ...]] = {}
-        """Namespaces found bound by several tenants when a run came: namespace → tenants."""
+        self._ambiguous: dict[str, Mapping[str, str]] = {}
+        """Namespaces found bound by several tenants when a run came: namespace → its labels
+        as read then (``ambiguous_of`` judges them again on the tenants as they are now)."""
         self.seen: dict[str, UsageFloor] = {}
         """What each AgentTenant's status last said its window used (``status.usage_seen``):
         the floor of its ledger entry until the operator has read the entry itself."""
@@ -60,6 +61,9 @@ class Tenants:
         self._listing: dict[str, list[str]] | None = None
         """namespace → the valid AgentTenants listing it by name (``party``), made again after
         a binding changed (``_rebound``)."""
+        self._shared: dict[str, tuple[str, ...]] | None = None
+        """namespace → the AgentTenants binding it when several do (``ambiguous_of``), made
+        again after a binding changed or a namespace was found shared or no longer."""
         self._unbound_learnt: cachetools.LRUCache[str, None] = cachetools.LRUCache(10_000)
         """Namespaces ``learn`` found bound to no tenant (or to several): not read again on
         their objects' every event, until an AgentTenant's binding changes (``_rebound``)."""
@@ -112,6 +116,7 @@ class Tenants:
             self._resolved.clear()
             self._unbound_learnt.clear()
             self._listing = None
+            self._shared = None
 
     def _listed(self) -> dict[str, list[str]]:
         """namespace → the valid AgentTenants listing it by name: made once after a binding
@@ -122,6 +127,24 @@ class Tenants:
                 for namespace in policy.namespaces:
                     self._listing.setdefault(namespace, []).append(policy.name)
         return self._listing
+
+    def _shared_now(self) -> dict[str, tuple[str, ...]]:
+        """namespace → the valid AgentTenants (sorted, two or more) binding it: every namespace
+        several list by name, and each found shared by selectors when a run came, judged on the
+        tenants as they are now with its labels as read then. Made once after a binding or
+        ``_ambiguous`` changed, so a status write costs O(1) in tenants and namespaces."""
+        if self._shared is None:
+            listed = self._listed().items()
+            shared = {ns: tuple(sorted(t)) for ns, t in listed if len(t) > 1}
+            for namespace, labels in self._ambiguous.items():
+                if namespace in shared:
+                    continue
+                try:
+                    rules.resolve(self.policies.values(), namespace, labels)
+                except rules.Ambiguous as err:
+                    shared[namespace] = err.tenants
+            self._shared = shared
+        return self._shared
 
     def max_concurrent_turns(self, tenant: str) -> int | None:
         """``spec.maxConcurrentTurns`` of AgentTenant ``tenant`` (``runs.TurnCaps``); the
@@ -177,20 +200,25 @@ class Tenants:
         try:
             found = rules.resolve(self.policies.values(), namespace, labels, default=self.default)
         except rules.Ambiguous as err:
-            self._ambiguous[namespace] = err.tenants
+            self._ambiguous[namespace] = labels
+            self._shared = None
             raise NoTenant(str(err)) from err
-        self._ambiguous.pop(namespace, None)
+        if self._ambiguous.pop(namespace, None) is not None:
+            self._shared = None
         if found is None:
             raise NoTenant(self._unbound(namespace))
         return found
 
     def ambiguous_of(self, tenant: str) -> dict[str, tuple[str, ...]]:
-        """The namespaces ``tenant`` shares with other tenants (as last seen when a run or a
-        tool server there was resolved; their runs are rejected): namespace → the other
-        tenants. Shown in its ``NamespacesAmbiguous`` condition."""
+        """The namespaces ``tenant`` shares with other tenants now (their runs are rejected):
+        every namespace several valid AgentTenants list by name, known before any run comes,
+        and each one found shared by selectors when a run or a tool server there was resolved,
+        judged again on the tenants as they are now with its labels as read then, so a
+        conflict undone shows so at once. namespace → the other tenants, by name. Shown in
+        its ``NamespacesAmbiguous`` condition; never reads the API server."""
         return {
             namespace: tuple(t for t in tenants if t != tenant)
-            for namespace, tenants in sorted(self._ambiguous.items())
+            for namespace, tenants in sorted(self._shared_now().items())
             if tenant in tenants
         }
 

@@ -197,6 +197,36 @@ async def test_an_ambiguous_namespace_is_remembered_for_its_tenants_conditions_u
     assert await tenants.tool_server_rules("own-a") == ("a", ())
 
 
+def test_a_namespace_two_tenants_list_is_shown_ambiguous_before_any_run_comes() -> None:
+    """A second tenant listing a namespace the first lists: both conditions name it at once
+    (the runs there would be rejected), not only once a run was; and not after it lets go."""
+    tenants = Tenants(FakeKube())
+    tenants.put({"metadata": {"name": "a"}, "spec": {"namespaces": ["shared", "own-a"]}})
+    assert tenants.ambiguous_of("a") == {}
+    tenants.put({"metadata": {"name": "b"}, "spec": {"namespaces": ["shared"]}})
+    assert tenants.ambiguous_of("a") == {"shared": ("b",)}
+    assert tenants.ambiguous_of("b") == {"shared": ("a",)}
+    tenants.remove("b")
+    assert tenants.ambiguous_of("a") == {}
+
+
+async def test_a_namespace_two_selectors_took_is_no_longer_ambiguous_once_one_lets_go() -> None:
+    """Shared by two selectors (seen when a run came), then one tenant deleted: the other's
+    condition stops naming it without waiting for another run there."""
+    api = FakeKube()
+    api.labels["labelled"] = {"team": "x"}
+    tenants = Tenants(api)
+    for name in ("a", "b"):
+        selector = {"namespaceSelector": {"matchLabels": {"team": "x"}}}
+        tenants.put({"metadata": {"name": name}, "spec": selector})
+    assert tenants.ambiguous_of("a") == {}  # its labels not read yet
+    with pytest.raises(NoTenant, match="several AgentTenants: a, b"):
+        await tenants.resolve("labelled")
+    assert tenants.ambiguous_of("a") == {"labelled": ("b",)}
+    tenants.remove("b")
+    assert tenants.ambiguous_of("a") == {}
+
+
 def test_a_tenant_that_sets_no_turn_cap_gets_the_platforms() -> None:
     tenants = Tenants(FakeKube(), default_turns=3)
     tenants.put({"metadata": {"name": "own"}, "spec": {"maxConcurrentTurns": 10}})
