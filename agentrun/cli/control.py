@@ -68,14 +68,18 @@ class RunAccessError(RuntimeError):
     ``Error from server (NotFound): agentruns.agentrun.dev "x" not found``."""
 
     @classmethod
-    def from_api(cls, err: ApiException) -> RunAccessError:
-        """From the API server's ``Status`` body (reason, message), else the HTTP status."""
+    def from_api(cls, err: ApiException, *, namespace: str | None = None) -> RunAccessError:
+        """From the API server's ``Status`` body (reason, message), else the HTTP status; a
+        404 of a request in ``namespace`` names it and how to name another (``-n``): a run
+        looked for in the context's namespace, not its own, is the usual cause."""
         try:
             body = json.loads(err.body or "{}")
         except (TypeError, ValueError):
             body = {}
         reason = body.get("reason") or err.reason or err.status
         message = body.get("message") or str(err.body or "").strip() or f"HTTP {err.status}"
+        if err.status == 404 and namespace:
+            message += f" in namespace {namespace!r} (another: -n NAMESPACE)"
         return cls(f"Error from server ({reason}): {message}")
 
 
@@ -114,15 +118,16 @@ class RunClient:
 
         return client.CustomObjectsApi(self.api)
 
-    @staticmethod
-    async def _call(request: Awaitable[T]) -> T:
-        """``request``'s answer; the API server's refusal (``ApiException``) as RunAccessError."""
+    async def _call(self, request: Awaitable[T], *, namespaced: bool = True) -> T:
+        """``request``'s answer; the API server's refusal (``ApiException``) as RunAccessError
+        (a 404 of a ``namespaced`` request naming the client's namespace)."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
             return await request
         except ApiException as err:
-            raise RunAccessError.from_api(err) from err
+            where = self.namespace if namespaced else None
+            raise RunAccessError.from_api(err, namespace=where) from err
 
     async def get(self, name: str) -> dict[str, Any]:
         """The AgentRun object; raises RunAccessError (not found, forbidden, …)."""
@@ -165,7 +170,7 @@ class RunClient:
             request = objects.list_namespaced_custom_object(
                 kube.GROUP, kube.VERSION, self.namespace, kube.RUNS
             )
-        listed = await self._call(request)
+        listed = await self._call(request, namespaced=not all_namespaces)
         items: list[dict[str, Any]] = listed.get("items", [])
         return items
 
@@ -214,7 +219,8 @@ class RunClient:
         review = await self._call(
             client.AuthenticationV1Api(self.api).create_self_subject_review(
                 client.V1SelfSubjectReview()
-            )
+            ),
+            namespaced=False,
         )
         return str(review.status.user_info.username)
 

@@ -132,3 +132,30 @@ def test_the_cli_programs_drop_asyncios_ssl_eof_warning_only(
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == [
         "Task was destroyed but it is pending!"
     ]
+
+
+def not_found() -> Any:
+    """The API server's 404 for an AgentRun named ``held``."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    err = ApiException(status=404, reason="Not Found")
+    err.body = '{"reason": "NotFound", "message": "agentruns.agentrun.dev \\"held\\" not found"}'
+    return err
+
+
+async def test_a_run_not_found_names_the_namespace_it_was_looked_for_in() -> None:
+    """A run of team-a looked for from a context in default: the error says where it looked
+    and how to look elsewhere; a request of no namespace (whoami, -A) says no namespace."""
+
+    async def refused() -> None:
+        raise not_found()
+
+    runs = control.RunClient("default")
+    with pytest.raises(control.RunAccessError) as caught:
+        await runs._call(refused())
+    assert str(caught.value) == (
+        'Error from server (NotFound): agentruns.agentrun.dev "held" not found'
+        " in namespace 'default' (another: -n NAMESPACE)"
+    )
+    with pytest.raises(control.RunAccessError, match=r'"held" not found$'):
+        await runs._call(refused(), namespaced=False)
