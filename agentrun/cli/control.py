@@ -48,19 +48,32 @@ SSL_EOF_WARNING = "returning true from eof_received() has no effect when using s
 """asyncio's warning each time a TLS server closes a nats-py connection: harmless, and noise."""
 
 
-class _DropSslEofWarning(logging.Filter):
-    """Drops the ``asyncio`` logger's ``SSL_EOF_WARNING`` (exactly that message)."""
+KUBECONFIG_MISSING = "Config not found: %s"
+"""kubernetes_asyncio's warning (its format, unfilled) when no kubeconfig file is there: the
+programs' own error says so, with what to do (``kubeflags.NoKubeconfig``)."""
+
+NOISE = {"asyncio": SSL_EOF_WARNING, "kubernetes_asyncio.config.kube_config": KUBECONFIG_MISSING}
+"""logger → the one message the CLI programs drop from it."""
+
+
+class _DropOne(logging.Filter):
+    """Drops the records whose message format is ``noise`` (exactly that one)."""
+
+    def __init__(self, noise: str) -> None:
+        super().__init__()
+        self.noise = noise
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != SSL_EOF_WARNING
+        return record.msg != self.noise and record.getMessage() != self.noise
 
 
-def quiet_asyncio_noise() -> None:
-    """Silence ``SSL_EOF_WARNING`` on the ``asyncio`` logger, for the CLI programs only (the
-    services keep every asyncio warning); installing it again is a no-op."""
-    logger = logging.getLogger("asyncio")
-    if not any(isinstance(f, _DropSslEofWarning) for f in logger.filters):
-        logger.addFilter(_DropSslEofWarning())
+def quiet_library_noise() -> None:
+    """Drop each message of ``NOISE`` from its logger, for the CLI programs only (the
+    services keep every warning); installing it again is a no-op."""
+    for name, noise in NOISE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropOne) for f in logger.filters):
+            logger.addFilter(_DropOne(noise))
 
 
 class RunAccessError(RuntimeError):

@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``kubectl-agentrun``; returns the exit status."""
-    control.quiet_asyncio_noise()
+    control.quiet_library_noise()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.handler is None:

@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     0 is success, 1 an error (printed as one line on stderr), 2 a usage error, 130 Ctrl-C.
     """
-    control.quiet_asyncio_noise()
+    control.quiet_library_noise()
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:

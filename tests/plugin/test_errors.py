@@ -116,21 +116,27 @@ def test_a_malformed_signing_key_secret_is_one_line_not_a_traceback(
 
 
 @pytest.mark.parametrize("program", [kubectl.main, agentrun_cli.main], ids=["kubectl", "agentrun"])
-def test_the_cli_programs_drop_asyncios_ssl_eof_warning_only(
+def test_the_cli_programs_drop_only_the_library_warnings_they_say_better(
     program: Any, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    logger = logging.getLogger("asyncio")
-    saved = list(logger.filters)
+    """And kubernetes_asyncio's "Config not found", which their own error says better."""
+    loggers = [logging.getLogger(name) for name in ("asyncio", *control.NOISE)]
+    saved = [list(logger.filters) for logger in loggers]
+    kube_config = logging.getLogger("kubernetes_asyncio.config.kube_config")
     try:
         with contextlib.suppress(SystemExit):
             program([])
-        logger.warning(control.SSL_EOF_WARNING)
-        logger.warning("Task was destroyed but it is pending!")
+        loggers[0].warning(control.SSL_EOF_WARNING)
+        loggers[0].warning("Task was destroyed but it is pending!")
+        kube_config.warning("Config not found: %s", "/root/.kube/config")
+        kube_config.warning("Invalid kube-config file.")
         capsys.readouterr()
     finally:
-        logger.filters[:] = saved
-    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == [
-        "Task was destroyed but it is pending!"
+        for logger, filters in zip(loggers, saved, strict=True):
+            logger.filters[:] = filters
+    assert [r.getMessage() for r in caplog.records if r.name.startswith(("asyncio", "kube"))] == [
+        "Task was destroyed but it is pending!",
+        "Invalid kube-config file.",
     ]
 
 
