@@ -42,15 +42,18 @@ def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[st
         lines.append(f"Message:       {trajectory.truncate(status['message'], 300)}")
     lines = [
         *lines,
-        *_definition_lines(obj.get("spec") or {}, status),
+        *_definition_lines(obj.get("spec") or {}, status, meta),
         *_progress_lines(str(meta.get("name")), str(meta.get("namespace")), status),
         *_events_lines(events),
     ]
     return [display.printable(line, newlines=False) for line in lines]
 
 
-def _definition_lines(spec: dict[str, Any], status: dict[str, Any]) -> list[str]:
-    """The Agent (if any), model, tools, goal, approval list and budget the run executes."""
+def _definition_lines(
+    spec: dict[str, Any], status: dict[str, Any], meta: dict[str, Any]
+) -> list[str]:
+    """The Agent (if any), model, tools, goal, approval list and budget the run executes
+    (``meta``: the run's name and namespace, for the command showing its admitted caps)."""
     run_spec = status.get("resolvedSpec") or spec
     lines = []
     if spec.get("agentRef"):
@@ -68,14 +71,19 @@ def _definition_lines(spec: dict[str, Any], status: dict[str, Any]) -> list[str]
     ]
     if run_spec.get("approval", {}).get("tools"):
         lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
-    return lines + budget_lines(run_spec.get("budget") or {}, tenant=status.get("tenant"))
+    logs = f"kubectl agentrun logs {meta.get('name')} -n {meta.get('namespace')}"
+    budget = run_spec.get("budget") or {}
+    return lines + budget_lines(budget, tenant=status.get("tenant"), logs=logs)
 
 
-def budget_lines(budget: dict[str, Any], *, tenant: str | None) -> list[str]:
+def budget_lines(
+    budget: dict[str, Any], *, tenant: str | None, logs: str | None = None
+) -> list[str]:
     """The caps a run works under: each set in ``budget`` (``spec.budget``) as written, the
-    unset ones with an implicit default as that default, then the other settings; and, when
-    a default shows, that the tenant's ``runBudget`` may set or cap it (the status does not
-    carry the tenant's caps)."""
+    unset ones with an implicit default as that default, then the other settings; and that
+    the tenant's ``runBudget`` may set (when a default shows) or cap them, and, once the run
+    has a tenant, where the caps it was admitted with show (``logs``: the command; the status
+    does not carry the tenant's caps, and ``overMax: Clamp`` lowers one without an error)."""
     implicit = kernel.Limits()
     defaults = {
         "maxSteps": implicit.max_steps,
@@ -91,12 +99,16 @@ def budget_lines(budget: dict[str, Any], *, tenant: str | None) -> list[str]:
     lines = ["Budget:        " + ", ".join(shown)]
     if unset:
         lines.append(f"               no {' or '.join(unset)} cap of the run's own")
+    who = f"AgentTenant {tenant}" if tenant else "the run's AgentTenant"
     if any(k not in budget for k in defaults):
-        who = f"AgentTenant {tenant}" if tenant else "the run's AgentTenant"
         lines.append(
             f"               defaults apply unless {who} sets runBudget.default; "
             "its runBudget.max caps every run"
         )
+    elif tenant:
+        lines.append(f"               {who}'s runBudget.max caps every run")
+    if tenant and logs:
+        lines.append(f"               the caps it was admitted with: {logs} (its first lines)")
     return lines
 
 

@@ -242,19 +242,37 @@ def test_describe_counts_calls_not_run_apart_from_failed_ones() -> None:
 
 def test_describe_shows_the_limits_a_run_without_a_budget_gets() -> None:
     obj = {
-        "metadata": {"name": "inventory"},
+        "metadata": {"name": "inventory", "namespace": "team-a"},
         "spec": {"budget": {"onExhausted": "summarize"}},
         "status": {"tenant": "team-a"},
     }
     lines = describe.describe_lines(obj, [])
     start = next(i for i, line in enumerate(lines) if line.startswith("Budget:"))
     limits = kernel.Limits()
-    assert lines[start : start + 3] == [
+    assert lines[start : start + 4] == [
         f"Budget:        maxSteps {limits.max_steps} (default), maxToolCalls "
         f"{limits.max_tool_calls} (default), timeout 10m (default), onExhausted summarize",
         "               no maxTokens or maxCostUSD cap of the run's own",
         "               defaults apply unless AgentTenant team-a sets runBudget.default; "
         "its runBudget.max caps every run",
+        "               the caps it was admitted with: kubectl agentrun logs inventory -n team-a "
+        "(its first lines)",
+    ]
+
+
+def test_describe_of_a_run_above_its_tenants_cap_says_where_its_admitted_caps_show() -> None:
+    """A tenant with ``overMax: Clamp`` lowers a cap the spec set above its ``runBudget.max``
+    without an error: the spec still shows what was asked, so describe says the tenant caps
+    it and where the caps it runs under show, though no default applies."""
+    budget = {"maxSteps": 10, "maxToolCalls": 5, "timeout": "2m"}
+    obj = {"metadata": {"name": "big", "namespace": "team-b"}, "spec": {"budget": budget}}
+    obj["status"] = {"tenant": "team-b"}
+    lines = describe.describe_lines(obj, [])
+    start = next(i for i, line in enumerate(lines) if line.startswith("Budget:"))
+    assert lines[start + 2 : start + 4] == [
+        "               AgentTenant team-b's runBudget.max caps every run",
+        "               the caps it was admitted with: kubectl agentrun logs big -n team-b "
+        "(its first lines)",
     ]
 
 
