@@ -205,6 +205,7 @@ def _demo(current: state.StackState, args: argparse.Namespace) -> int:
         print(f"$ kubectl get pods -n {current.release_namespace}  # helm install, on the node")
         print(kc("get", "pods", "-n", current.release_namespace, "-o", "wide").stdout, end="")
     examples = args.examples or demo.DEFAULT_EXAMPLES
+    before = demo.tenant_use(current)  # an earlier demo's use, on a stack still up
     items = demo.run_examples(current, examples=examples, log=_progress)
     names = [item["metadata"]["name"] for item in items]
     print("\n$ kubectl get agentruns")
@@ -212,7 +213,7 @@ def _demo(current: state.StackState, args: argparse.Namespace) -> int:
     print("\nusage:")
     for line in demo.usage_summary(items):
         print(f"  {line}")
-    demo.wait_tenant_settled(current, items=items)
+    demo.wait_tenant_settled(current, items=items, before=before)
     print("\n$ kubectl get agenttenants  # every run is charged to its namespace's tenant")
     print(kc("get", "agenttenants").stdout, end="")
     if args.down:

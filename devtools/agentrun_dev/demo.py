@@ -145,12 +145,35 @@ def run_examples(
         time.sleep(0.5)
 
 
+def tenant_use(current: state.StackState) -> tuple[str | None, int]:
+    """The ``default`` AgentTenant's window (``status.windowStart``, None before the operator
+    wrote one) and the tokens it shows used in it: what runs before the demo's spent."""
+    status = _tenant_status(kubectl_for(current))
+    return status.get("windowStart"), _tokens_used(status)
+
+
+def _tenant_status(kc: kubectl.Kubectl) -> dict[str, Any]:
+    out = kc("get", "agenttenant", TENANT_NAME, "-o", "json").stdout
+    status: dict[str, Any] = json.loads(out).get("status") or {}
+    return status
+
+
+def _tokens_used(status: dict[str, Any]) -> int:
+    return int(((status.get("budget") or {}).get("tokens") or {}).get("used", 0))
+
+
 def wait_tenant_settled(
-    current: state.StackState, *, items: Sequence[dict[str, Any]], timeout: float = 15.0
+    current: state.StackState,
+    *,
+    items: Sequence[dict[str, Any]],
+    before: tuple[str | None, int] = (None, 0),
+    timeout: float = 15.0,
 ) -> None:
     """Wait until the ``default`` AgentTenant's status shows no active run and charges at least
-    the tokens the runs in `items` used (the operator writes it every ledger sweep), so what the
-    demo prints is the settled use, not a status written before the runs were admitted.
+    the tokens the runs in `items` used on top of what it showed ``before`` they were applied
+    (``tenant_use``; counted only while the window is the same: a second demo on a stack still
+    up adds to the first's), so what the demo prints is the settled use, not a status written
+    before the runs were admitted, nor the use of an earlier demo.
 
     Returns after `timeout` seconds regardless (the demo then prints what there is).
     """
@@ -160,10 +183,9 @@ def wait_tenant_settled(
     kc = kubectl_for(current)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = kc("get", "agenttenant", TENANT_NAME, "-o", "json").stdout
-        status = json.loads(out).get("status") or {}
-        used = ((status.get("budget") or {}).get("tokens") or {}).get("used", 0)
-        if status.get("activeRuns") == 0 and int(used) >= spent:
+        status = _tenant_status(kc)
+        earlier = before[1] if status.get("windowStart") == before[0] else 0
+        if status.get("activeRuns") == 0 and _tokens_used(status) >= earlier + spent:
             return
         time.sleep(0.5)
 
