@@ -179,6 +179,9 @@ class QueuePump:
         """Per tenant, the runs queued since its last pump (their first status is due)."""
         self._checked: dict[str, rebinding.Checked] = {}
         """Per tenant, when its queued runs' namespaces were last looked at (``_rebind``)."""
+        self._gone: dict[str, float] = {}
+        """Deleted tenants with queued runs: when a look at their queue first found them gone
+        (``_gone_since``)."""
         self._objects: WeighedCache[str, RunObject] = WeighedCache(OBJECTS_MEMORY, _weight)
         """Queued runs' objects as their handler saw them, ``OBJECTS_MEMORY`` at most (one
         forgotten is read again when its queue reaches it)."""
@@ -376,27 +379,53 @@ class QueuePump:
     async def _rebind(self, tenant: str, queue: TenantQueue) -> None:
         """Move the runs of ``tenant``'s ``queue`` whose namespace binds another tenant now to
         that tenant's queue, and end those whose namespace binds none as a new run there ends
-        unless ``tenant`` is invalid or deleted (``rebinding``), when due: after an
-        AgentTenant's binding changed (``Tenants.bindings``), else
-        ``rebinding.RECHECK_EVERY`` seconds after the last look (a relabelled namespace).
-        Called under the queue's pass lock: no run leaves it for another queue while it is
-        being admitted. Raises what the ledger store raises (the next pass looks again: the
-        look is recorded only once it is done)."""
+        (``rebinding``), when due: after an AgentTenant's binding changed
+        (``Tenants.bindings``), else ``rebinding.RECHECK_EVERY`` seconds after the last look
+        (a relabelled namespace). Runs bound to no tenant wait while ``tenant`` is invalid or
+        was deleted lately (``rebinding.deleted_lately``: it may be applied again). Called
+        under the queue's pass lock: no run leaves it for another queue while it is being
+        admitted. Raises what the ledger store raises (the next pass looks again: the look is
+        recorded only once it is done)."""
         registry, now = self.deps.tenants, self.clock()
         bindings = registry.bindings
-        if not queue or not rebinding.due(self._checked.get(tenant), bindings=bindings, now=now):
+        if not queue:
+            self._gone.pop(tenant, None)
+            return
+        gone = self._gone_since(tenant, now)
+        ends = None if gone is None else gone + rebinding.DELETED_GRACE
+        if not rebinding.due(
+            self._checked.get(tenant), bindings=bindings, now=now, grace_ends=ends
+        ):
             return
         found = {ns: await self._binding(ns) for ns in rebinding.namespaces(queue)}
-        kept = tenant in registry.invalid or tenant not in registry.policies  # invalid, deleted
-        for queued, fate in rebinding.fates(tenant, queue, found, kept=kept):
+        waits = tenant in registry.invalid or rebinding.deleted_lately(gone, now=now)
+        for queued, fate in rebinding.fates(tenant, queue, found, waits=waits):
             await self._move(tenant, queued, fate)
         self._checked[tenant] = rebinding.Checked(bindings, now)  # a change meanwhile: again
 
+    def _gone_since(self, tenant: str, now: float) -> float | None:
+        """When a look at ``tenant``'s queue first found it deleted (epoch seconds), ``now``
+        if this is that look; ``None`` while it exists (valid or invalid). The first such
+        look has the queue pumped again once ``rebinding.DELETED_GRACE`` has passed, when
+        its runs bound to no tenant end if it was not applied again."""
+        registry = self.deps.tenants
+        if tenant in registry.policies or tenant in registry.invalid:
+            self._gone.pop(tenant, None)
+            return None
+        since = self._gone.get(tenant)
+        if since is None:
+            since = self._gone[tenant] = now
+            wake = rebinding.DELETED_GRACE + 1.0  # a look is due then (``rebinding.due``)
+            asyncio.get_running_loop().call_later(wake, self.board.kick, tenant)
+        return since
+
     async def keeps(self, tenant: str, uid: str) -> bool:
-        """Whether run ``uid`` stays waiting in ``tenant``'s queue though its namespace binds
-        no tenant now: ``tenant`` is deleted or invalid (as ``_rebind`` keeps it) and its queue
-        holds the run. Asked on a resume, which would otherwise end it as a new run there
-        ends. Raises what the ledger store raises."""
+        """Whether run ``uid``, its namespace bound to no tenant now, stays in ``tenant``'s
+        queue for the queue's passes to decide (``_rebind``: it waits while ``tenant`` is
+        invalid, or for ``rebinding.DELETED_GRACE`` once it is found deleted): ``tenant`` is
+        deleted or invalid and its queue holds the run. Asked on kopf's resume after a restart,
+        which would otherwise end it at once as a new run there ends. Raises what the ledger
+        store raises."""
         registry = self.deps.tenants
         if tenant in registry.policies and tenant not in registry.invalid:
             return False

@@ -13,10 +13,10 @@ looks at the namespaces of a tenant's queued runs again at its next pass after e
 - another tenant (a default tenant included): it moves to that tenant's queue, in the place
   its creation time gives it there, as a new run would be queued;
 - no tenant (or several): it ends as a new run there is rejected (``invalid_spec``, naming
-  why, charged to no tenant), unless the tenant it was queued under is invalid or deleted:
-  such a run waits (``TenantInvalid``, ``TenantMissing``) until that tenant is fixed or made
-  again (an AgentTenant deleted and applied again, as a GitOps tool replacing it does, loses
-  none of its queued runs), or another tenant binds its namespace;
+  why, charged to no tenant), unless the tenant it was queued under is invalid, or was
+  deleted less than ``DELETED_GRACE`` seconds ago: such a run waits (``TenantInvalid``,
+  ``TenantMissing``) until its tenant is fixed, applied again (a delete and a create, as
+  Argo CD's Replace with Force or ``kubectl replace --force`` do) or deleted for good;
 - unknown (the namespace could not be read, or it resolves to another operator shard's
   tenant): it stays, and is looked at again at the next pass due.
 
@@ -37,6 +37,12 @@ RECHECK_EVERY = 30.0
 """Seconds after which a queue's namespaces are read again though no AgentTenant's binding
 changed: how late a relabelled namespace's queued runs move, at worst (one read of its labels
 per namespace in the queue, and only when some AgentTenant selects by label)."""
+
+DELETED_GRACE = RECHECK_EVERY
+"""Seconds a deleted AgentTenant's queued runs whose namespace binds no tenant wait for it to
+be applied again before they end (counted from the first look at its queue that found it
+gone). A delete and a create of the same tenant (a GitOps replace) kept none of them before:
+the pass the deletion kicked ended them all, the tenant back a moment later."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,11 +86,22 @@ class Checked:
     """Epoch seconds."""
 
 
-def due(last: Checked | None, *, bindings: int, now: float, every: float = RECHECK_EVERY) -> bool:
+def due(
+    last: Checked | None,
+    *,
+    bindings: int,
+    now: float,
+    every: float = RECHECK_EVERY,
+    grace_ends: float | None = None,
+) -> bool:
     """Whether a queue last looked at ``last`` (``None``: never, in this process) is looked at
     again at a pass at ``now`` (epoch seconds), ``bindings`` the AgentTenants' binding count
-    then: after any binding changed, or ``every`` seconds after the last look."""
-    return last is None or last.bindings != bindings or now - last.at >= every
+    then: after any binding changed, ``every`` seconds after the last look, or at the first
+    pass at or after ``grace_ends`` (a deleted tenant's ``DELETED_GRACE`` ends then: its runs
+    bound to no tenant end) when the last look was before it."""
+    if last is None or last.bindings != bindings or now - last.at >= every:
+        return True
+    return grace_ends is not None and last.at < grace_ends <= now
 
 
 def namespaces(queue: Iterable[QueuedRun]) -> list[str]:
@@ -92,13 +109,14 @@ def namespaces(queue: Iterable[QueuedRun]) -> list[str]:
     return sorted({run.namespace for run in queue})
 
 
-def fate(queued_in: str, binding: Binding, *, kept: bool) -> Fate | None:
+def fate(queued_in: str, binding: Binding, *, waits: bool) -> Fate | None:
     """What becomes of a run queued in ``queued_in`` whose namespace binds ``binding`` now;
-    ``kept``: whether ``queued_in`` keeps the runs whose namespace binds no tenant (an invalid
-    or deleted AgentTenant's queue). ``None``: it stays (see the module docstring)."""
+    ``waits``: whether ``queued_in`` is an invalid AgentTenant, or one deleted less than
+    ``DELETED_GRACE`` seconds ago (``deleted_lately``), whose runs bound to no tenant wait.
+    ``None``: it stays (see the module docstring)."""
     if isinstance(binding, Bound):
         return None if binding.tenant == queued_in else binding
-    if isinstance(binding, Unbound) and not kept:
+    if isinstance(binding, Unbound) and not waits:
         return binding
     return None
 
@@ -108,14 +126,22 @@ def fates(
     queue: Iterable[QueuedRun],
     bindings: Mapping[str, Binding],
     *,
-    kept: bool,
+    waits: bool,
 ) -> list[tuple[QueuedRun, Fate]]:
     """The runs of ``queued_in``'s ``queue`` that leave it, head first, each with its fate
-    (``fate``), ``bindings`` what each run's namespace binds now (a namespace not in it:
-    ``Unknown``)."""
+    (``fate``; ``waits`` as there), ``bindings`` what each run's namespace binds now (a
+    namespace not in it: ``Unknown``)."""
     left: list[tuple[QueuedRun, Fate]] = []
     for run in queue:
-        found = fate(queued_in, bindings.get(run.namespace, Unknown()), kept=kept)
+        found = fate(queued_in, bindings.get(run.namespace, Unknown()), waits=waits)
         if found is not None:
             left.append((run, found))
     return left
+
+
+def deleted_lately(
+    missing_since: float | None, *, now: float, grace: float = DELETED_GRACE
+) -> bool:
+    """Whether a tenant first found deleted at ``missing_since`` (epoch seconds; ``None``: it
+    is not deleted) was deleted less than ``grace`` seconds before ``now``."""
+    return missing_since is not None and now - missing_since < grace

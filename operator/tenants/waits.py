@@ -27,9 +27,10 @@ class WaitReason(enum.StrEnum):
     """Its AgentTenant cannot be enforced as written."""
     TENANT_MISSING = "TenantMissing"
     """Its AgentTenant was deleted while it waited, and its namespace binds no other tenant
-    now (or what it binds cannot be told yet: its labels unreadable, or its tenant another
-    shard's): it is admitted when that AgentTenant is made again, or moves to the tenant that
-    comes to bind its namespace (``admission.rebinding``)."""
+    now (or what it binds cannot be told yet: its labels unreadable): it is admitted when
+    that AgentTenant is applied again within ``rebinding.DELETED_GRACE``, else ends as a new
+    run there, or moves to the tenant that comes to bind its namespace
+    (``admission.rebinding``)."""
     TOOL_SERVER_PENDING = "ToolServerPending"
     """An AgentToolServer it names has not been discovered yet (applied together with it): it
     waits without holding up the runs queued behind it."""

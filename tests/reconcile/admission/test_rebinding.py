@@ -68,13 +68,13 @@ FATES = {
 def test_a_queued_runs_fate_follows_what_its_namespace_binds_now(
     queued_in: str, binding: rebinding.Binding, kept: bool, expected: rebinding.Fate | None
 ) -> None:
-    assert rebinding.fate(queued_in, binding, kept=kept) == expected
+    assert rebinding.fate(queued_in, binding, waits=kept) == expected
 
 
 def test_only_the_runs_that_leave_are_listed_head_first_an_unlooked_namespace_staying() -> None:
     queue = [QueuedRun(f"u{i}", ns, f"r{i}", float(i)) for i, ns in enumerate("xyzx")]
     found = {"x": rebinding.Bound("b"), "y": rebinding.Bound("a")}
-    fates = rebinding.fates("a", queue, found, kept=False)
+    fates = rebinding.fates("a", queue, found, waits=False)
     assert [(run.name, fate) for run, fate in fates] == [
         ("r0", rebinding.Bound("b")),
         ("r3", rebinding.Bound("b")),
@@ -100,6 +100,27 @@ def test_a_queues_namespaces_are_looked_at_again_after_a_binding_change_or_a_whi
     last: rebinding.Checked | None, bindings: int, now: float, expected: bool
 ) -> None:
     assert rebinding.due(last, bindings=bindings, now=now) is expected
+
+
+GRACE = {
+    "its grace ended after the last look: a look": (rebinding.Checked(3, 100.0), 110.0, True),
+    "its grace not ended yet": (rebinding.Checked(3, 100.0), 111.0, False),
+    "looked at since its grace ended": (rebinding.Checked(3, 110.0), 110.0, False),
+}
+
+
+@pytest.mark.parametrize(("last", "grace_ends", "expected"), GRACE.values(), ids=GRACE)
+def test_a_deleted_tenants_queue_is_looked_at_again_when_its_grace_ends(
+    last: rebinding.Checked, grace_ends: float, expected: bool
+) -> None:
+    assert rebinding.due(last, bindings=3, now=110.0, grace_ends=grace_ends) is expected
+
+
+def test_a_tenant_is_deleted_lately_for_the_grace_from_the_look_that_found_it_gone() -> None:
+    grace = rebinding.DELETED_GRACE
+    assert rebinding.deleted_lately(100.0, now=100.0 + grace - 0.001)
+    assert not rebinding.deleted_lately(100.0, now=100.0 + grace)
+    assert not rebinding.deleted_lately(None, now=100.0)
 
 
 # --- the pump -------------------------------------------------------------------------------
@@ -228,6 +249,8 @@ async def test_a_run_whose_namespace_binds_no_tenant_now_ends_as_a_new_run_there
     world.tenants.put(rename((tenant("a", namespaces=["elsewhere"]),), world.tag)[0])
     with pytest.raises(NoTenant) as new_run:  # what the admission of a new run there meets
         await world.tenants.resolve("ns")
+    await world.pump.pump_queue(world.name("a"))  # it may be applied again: r2 waits a while
+    world.clock.now += rebinding.DELETED_GRACE
     await world.pump.pump_queue(world.name("a"))
     ended = world.runs.bodies["r2"]
     assert ended["terminalReason"] == "invalid_spec" and ended["message"] == str(new_run.value)
@@ -236,23 +259,37 @@ async def test_a_run_whose_namespace_binds_no_tenant_now_ends_as_a_new_run_there
     assert await world.queued("a") == [] and await world.charged("a") == ["r1"]
 
 
-async def test_a_deleted_tenants_unbound_queued_run_waits_and_is_admitted_once_it_is_made_again(
-    client: NATS,
-) -> None:
-    """An AgentTenant deleted and applied again (a GitOps tool replacing it) loses none of
-    its queued runs: while nothing binds their namespace they wait ``TenantMissing``."""
-    world = await a_deleted(client)
-    with pytest.raises(NoTenant):
-        await world.tenants.resolve("ns")
+async def test_a_tenant_deleted_and_applied_again_keeps_its_queued_runs(client: NATS) -> None:
+    """A delete then a create of the same AgentTenant (Argo CD's Replace with Force, ``kubectl
+    replace --force``): the pass the deletion kicks, between the two, leaves its queued runs
+    waiting (``TenantMissing``), and the tenant applied again admits them; they end only
+    once the tenant has stayed deleted ``rebinding.DELETED_GRACE`` seconds."""
+    world = await queued_in_a(client)
+    a = world.tenants.policies[world.name("a")]
+    world.tenants.remove(a.name)
     world.clock.now += 2  # positions are refreshed at most once a second
-    await world.pump.pump_queue(world.name("a"))
-    assert await world.queued("a") == ["r2"] and world.runs.counted == []
+    await world.pump.pump_queue(a.name)  # the pass the deletion kicked
+    assert await world.queued("a") == ["r2"]
     assert world.runs.bodies["r2"]["conditions"][0]["reason"] == "TenantMissing"
-    again = tenant("a", namespaces=["ns"], maxConcurrentRuns=2)  # r1 still holds a slot
-    world.tenants.put(rename((again,), world.tag)[0])
+    world.tenants.put(tenant(a.name, namespaces=["ns"]))  # applied again
+    await world.store.free_run(a.name, f"r1-{world.tag}")  # r1 ended: r2's turn
+    await world.pump.pump_queue(a.name)
+    assert world.runs.started == ["r1", "r2"] and await world.charged("a") == ["r2"]
+    assert "terminalReason" not in world.runs.bodies["r2"]
+
+
+async def test_a_tenant_left_deleted_ends_its_queued_runs_after_the_grace(client: NATS) -> None:
+    world = await queued_in_a(client)
+    world.tenants.remove(world.name("a"))
     await world.pump.pump_queue(world.name("a"))
-    assert world.runs.started == ["r1", "r2"] and await world.charged("a") == ["r1", "r2"]
+    world.clock.now += rebinding.DELETED_GRACE - 1
+    world.tenants.put(tenant(world.name("z"), namespaces=["nz"]))  # a binding changed: a look
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == ["r2"]
+    world.clock.now += 1
+    await world.pump.pump_queue(world.name("a"))
     assert await world.queued("a") == []
+    assert world.runs.bodies["r2"]["terminalReason"] == "invalid_spec"
 
 
 async def test_a_resumed_run_of_a_deleted_tenants_queue_stays_there_for_it(client: NATS) -> None:
