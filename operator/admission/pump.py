@@ -381,8 +381,9 @@ class QueuePump:
         that tenant's queue, and end those whose namespace binds none as a new run there ends
         (``rebinding``), when due: after an AgentTenant's binding changed
         (``Tenants.bindings``), else ``rebinding.RECHECK_EVERY`` seconds after the last look
-        (a relabelled namespace). Runs bound to no tenant wait while ``tenant`` is invalid or
-        was deleted lately (``rebinding.deleted_lately``: it may be applied again). Called
+        (a relabelled namespace). Runs bound to no tenant (or falling to the default one)
+        wait while ``tenant`` is invalid or was deleted lately (``rebinding.deleted_lately``:
+        it may be applied again). Called
         under the queue's pass lock: no run leaves it for another queue while it is being
         admitted. Raises what the ledger store raises (the next pass looks again: the look is
         recorded only once it is done)."""
@@ -439,7 +440,9 @@ class QueuePump:
     async def _binding(self, namespace: str) -> rebinding.Binding:
         """What ``namespace`` binds now (``Tenants.resolve``, its labels read when a tenant
         selects by label); ``Unknown`` when it cannot be read (logged at debug level, looked
-        at again later) or its tenant is another shard's (whose owner queues its new runs)."""
+        at again later) or its tenant is another shard's (whose owner queues its new runs);
+        ``Bound.fallback`` when it falls to the default tenant, which neither lists nor
+        selects it."""
         try:
             policy = await self.deps.tenants.resolve(namespace)
         except NoTenant as err:
@@ -449,7 +452,12 @@ class QueuePump:
             return rebinding.Unknown()
         if not self.ownership.owns_tenant(policy.name):
             return rebinding.Unknown()
-        return rebinding.Bound(policy.name)
+        fallback = (
+            policy.name == self.deps.tenants.default
+            and namespace not in policy.namespaces
+            and policy.selector is None
+        )
+        return rebinding.Bound(policy.name, fallback=fallback)
 
     async def _move(self, tenant: str, queued: QueuedRun, fate: rebinding.Fate) -> None:
         """Take ``queued`` out of ``tenant``'s queue, then queue it in the tenant its namespace

@@ -11,7 +11,9 @@ looks at the namespaces of a tenant's queued runs again at its next pass after e
 
 - the tenant it was queued under: it stays where it is;
 - another tenant (a default tenant included): it moves to that tenant's queue, in the place
-  its creation time gives it there, as a new run would be queued;
+  its creation time gives it there, as a new run would be queued — but not to the default
+  tenant while the tenant it was queued under was deleted less than ``DELETED_GRACE``
+  seconds ago (it waits, as below);
 - no tenant (or several): it ends as a new run there is rejected (``invalid_spec``, naming
   why, charged to no tenant), unless the tenant it was queued under is invalid, or was
   deleted less than ``DELETED_GRACE`` seconds ago: such a run waits (``TenantInvalid``,
@@ -39,10 +41,12 @@ changed: how late a relabelled namespace's queued runs move, at worst (one read 
 per namespace in the queue, and only when some AgentTenant selects by label)."""
 
 DELETED_GRACE = RECHECK_EVERY
-"""Seconds a deleted AgentTenant's queued runs whose namespace binds no tenant wait for it to
-be applied again before they end (counted from the first look at its queue that found it
-gone). A delete and a create of the same tenant (a GitOps replace) kept none of them before:
-the pass the deletion kicked ended them all, the tenant back a moment later."""
+"""Seconds a deleted AgentTenant's queued runs whose namespace binds no tenant (or falls to
+the default tenant) wait for it to be applied again before they end (or move to the default
+tenant), counted from the first look at its queue that found it gone. A delete and a create
+of the same tenant (a GitOps replace) kept none of them before: the pass the deletion kicked
+ended them all, or moved them to the default tenant's queue and budget, the tenant back a
+moment later."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -50,6 +54,9 @@ class Bound:
     """The namespace binds AgentTenant ``tenant`` now."""
 
     tenant: str
+    fallback: bool = False
+    """``tenant`` is the platform's default tenant, charged only because no AgentTenant binds
+    the namespace (one listing it or selecting it by label binds it as any other does)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,10 +119,12 @@ def namespaces(queue: Iterable[QueuedRun]) -> list[str]:
 def fate(queued_in: str, binding: Binding, *, waits: bool) -> Fate | None:
     """What becomes of a run queued in ``queued_in`` whose namespace binds ``binding`` now;
     ``waits``: whether ``queued_in`` is an invalid AgentTenant, or one deleted less than
-    ``DELETED_GRACE`` seconds ago (``deleted_lately``), whose runs bound to no tenant wait.
+    ``DELETED_GRACE`` seconds ago (``deleted_lately``), whose runs bound to no tenant (or to
+    the default tenant only for that: ``Bound.fallback``) wait.
     ``None``: it stays (see the module docstring)."""
     if isinstance(binding, Bound):
-        return None if binding.tenant == queued_in else binding
+        stays = binding.tenant == queued_in or (binding.fallback and waits)
+        return None if stays else binding
     if isinstance(binding, Unbound) and not waits:
         return binding
     return None

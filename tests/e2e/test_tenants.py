@@ -635,6 +635,31 @@ def test_a_queued_run_can_be_cancelled_or_deleted_and_the_runs_behind_it_move_up
     wait_tenant(stack_, tenant, lambda s: s.get("queuedRuns") == 0 and s.get("activeRuns") == 0)
 
 
+def test_a_tenant_replaced_by_a_delete_and_a_create_keeps_its_queued_run(
+    stack_: E2EStack, test_namespace: str, tenants: TenantFactory
+) -> None:
+    """``kubectl replace --force`` (Argo CD's Replace with Force): the AgentTenant deleted and
+    created again at once; its queued run waits (the deletion's pass may see it gone) and is
+    admitted by the tenant applied again, not moved to the stack's default tenant (nor ended
+    ``invalid_spec`` without one), as it was before."""
+    ns = test_namespace
+    first = tenants(f"t-{ns}", [ns], maxConcurrentRuns=1)
+    stack_.apply(ns, run_manifest("head", f"E2E-SLOW-MODEL head {ns}"))  # a 30 s model call
+    stack_.wait_for(ns, "head", lambda s: s.get("phase") == "Running", timeout=20)
+    stack_.apply(ns, run_manifest("waiting", f"E2E-TENANT-SLOW waiting {ns}"))
+    wait_runs(stack_, ns, lambda r: queue_of(r) == ["waiting"])
+    manifest = {
+        "apiVersion": "agentrun.dev/v1alpha1",
+        "kind": "AgentTenant",
+        "metadata": {"name": first},
+        "spec": {"namespaces": [ns], "maxConcurrentRuns": 1},
+    }
+    stack_.kubectl("replace", "--force", "-f", "-", input=yaml.safe_dump(manifest))
+    stack_.kubectl("annotate", "agentrun", "head", "-n", ns, "agentrun.dev/cancel=true")
+    waited = stack_.wait_terminal(ns, "waiting", timeout=45)
+    assert (waited["terminalReason"], waited["tenant"]) == ("completed", first), waited
+
+
 def test_a_queued_run_whose_tenant_is_deleted_is_admitted_and_charged_by_the_one_selecting_it(
     stack_: E2EStack, test_namespace: str, tenants: TenantFactory
 ) -> None:

@@ -61,6 +61,18 @@ FATES = {
         rebinding.Bound("b"),
     ),
     "its namespace unreadable: it stays": ("a", rebinding.Unknown(), False, None),
+    "falls to the default tenant: it moves there": (
+        "a",
+        rebinding.Bound("d", fallback=True),
+        False,
+        rebinding.Bound("d", fallback=True),
+    ),
+    "falls to the default tenant while its own was deleted lately: it waits": (
+        "a",
+        rebinding.Bound("d", fallback=True),
+        True,
+        None,
+    ),
 }
 
 
@@ -276,6 +288,22 @@ async def test_a_tenant_deleted_and_applied_again_keeps_its_queued_runs(client: 
     await world.pump.pump_queue(a.name)
     assert world.runs.started == ["r1", "r2"] and await world.charged("a") == ["r2"]
     assert "terminalReason" not in world.runs.bodies["r2"]
+
+
+async def test_a_tenant_replaced_keeps_its_queued_runs_from_the_default_tenant(
+    client: NATS,
+) -> None:
+    """With a default tenant, the pass between the delete and the create moved the queued runs
+    to the default tenant's queue (charged to its budget, under its policy)."""
+    world = await queued_in_a(client, tenant("d", namespaces=["elsewhere"]))
+    world.tenants.default = default = world.name("d")
+    assert (await world.tenants.resolve("other")).name == default  # what it binds: no one
+    world.tenants.remove(world.name("a"))
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == ["r2"] and await world.queued("d") == []
+    world.clock.now += rebinding.DELETED_GRACE  # not applied again: the default tenant's now
+    await world.pump.pump_queue(world.name("a"))
+    assert await world.queued("a") == [] and await world.queued("d") == ["r2"]
 
 
 async def test_a_tenant_left_deleted_ends_its_queued_runs_after_the_grace(client: NATS) -> None:
