@@ -440,9 +440,8 @@ class QueuePump:
     async def _binding(self, namespace: str) -> rebinding.Binding:
         """What ``namespace`` binds now (``Tenants.resolve``, its labels read when a tenant
         selects by label); ``Unknown`` when it cannot be read (logged at debug level, looked
-        at again later) or its tenant is another shard's (whose owner queues its new runs);
-        ``Bound.fallback`` when it falls to the default tenant, which neither lists nor
-        selects it."""
+        at again later); ``Bound.fallback`` when it falls to the default tenant, which neither
+        lists nor selects it; ``Bound.here`` false when the tenant is another shard's."""
         try:
             policy = await self.deps.tenants.resolve(namespace)
         except NoTenant as err:
@@ -450,14 +449,13 @@ class QueuePump:
         except Exception as err:  # the API server away: the runs stay where they are
             log.debug("the tenant of namespace %s is not known now: %r", namespace, err)
             return rebinding.Unknown()
-        if not self.ownership.owns_tenant(policy.name):
-            return rebinding.Unknown()
         fallback = (
             policy.name == self.deps.tenants.default
             and namespace not in policy.namespaces
             and policy.selector is None
         )
-        return rebinding.Bound(policy.name, fallback=fallback)
+        here = self.ownership.owns_tenant(policy.name)
+        return rebinding.Bound(policy.name, fallback=fallback, here=here)
 
     async def _move(self, tenant: str, queued: QueuedRun, fate: rebinding.Fate) -> None:
         """Take ``queued`` out of ``tenant``'s queue, then queue it in the tenant its namespace
@@ -476,25 +474,46 @@ class QueuePump:
                     self._objects.pop(key.uid, None)
                     self.deps.configs.forget(key.uid)
                     self.shown.end_unbound(key, message, generation=generation)
-            case rebinding.Bound(to):
+            case rebinding.Bound(tenant=to, here=False):
+                await self._hand_over(tenant, key, to)
+            case rebinding.Bound(tenant=to):
                 policy = self.deps.tenants.policies.get(to)
                 if policy is None:
                     return
                 generation = await self._unqueue(tenant, key)
                 if generation is None or self.deps.runs.is_tracked(key.uid):
                     return  # admitted from its new queue already (queued there by a resume)
-                self.deps.events.record(
-                    involved(key),
-                    type=EventType.NORMAL,
-                    reason="TenantChanged",
-                    message=(
-                        f"moved from AgentTenant {tenant!r}'s admission queue to {to!r}'s: its "
-                        "namespace binds that tenant now"
-                    ),
-                )
+                self._changed(key, tenant, to, "'s")
                 await self.enqueue_run(key, policy, generation=generation, created=queued.at)
             case _:
                 typing.assert_never(fate)
+
+    async def _hand_over(self, tenant: str, key: RunKey, to: str) -> None:
+        """Take ``key`` out of ``tenant``'s queue and hand it to the owner of ``to``'s shard,
+        another process (``QueueStatus.hand_over``: its status names ``to`` with no phase, so
+        that process's kopf admits it as a new run). An operator stopped in between leaves its
+        status naming ``tenant``: kopf's resume of it here hands it over then
+        (``handlers.admission``)."""
+        generation = await self._unqueue(tenant, key)
+        if generation is None:
+            return
+        self._objects.pop(key.uid, None)
+        self.deps.configs.forget(key.uid)
+        self._changed(key, tenant, to, " (another operator shard's)")
+        self.shown.hand_over(key, to, generation=generation)
+
+    def _changed(self, key: RunKey, tenant: str, to: str, whose: str) -> None:
+        """The ``TenantChanged`` Event of run ``key`` moved from ``tenant``'s queue to
+        ``to``'s (``whose``: how the message names that queue after ``to``)."""
+        self.deps.events.record(
+            involved(key),
+            type=EventType.NORMAL,
+            reason="TenantChanged",
+            message=(
+                f"moved from AgentTenant {tenant!r}'s admission queue to {to!r}{whose}: its "
+                "namespace binds that tenant now"
+            ),
+        )
 
     async def _unqueue(self, tenant: str, key: RunKey) -> int | None:
         """Take run ``key`` out of ``tenant``'s queue and forget its status there (it is shown

@@ -118,6 +118,19 @@ class QueueStatus:
             key, kernel.Phase.INVALID_SPEC, message, tenant=None, generation=generation
         )
 
+    def hand_over(self, key: runs.RunKey, tenant: str, *, generation: int) -> None:
+        """Show a queued run taken out of its queue for AgentTenant ``tenant`` of another
+        operator shard, which its namespace binds now (``runs.handed_over_status``): that
+        shard's owner admits it as a new run."""
+        message = (
+            f"handed to the operator shard of AgentTenant {tenant!r}, which its namespace binds "
+            "now; it is queued there"
+        )
+        body = runs.handed_over_status(
+            tenant=tenant, message=message, at=self.clock(), generation=generation
+        )
+        self.writer.submit(key, body, seq=0, terminal=False)
+
     def show_queued(
         self,
         tenant: str,

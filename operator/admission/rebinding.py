@@ -19,8 +19,12 @@ looks at the namespaces of a tenant's queued runs again at its next pass after e
   deleted less than ``DELETED_GRACE`` seconds ago: such a run waits (``TenantInvalid``,
   ``TenantMissing``) until its tenant is fixed, applied again (a delete and a create, as
   Argo CD's Replace with Force or ``kubectl replace --force`` do) or deleted for good;
-- unknown (the namespace could not be read, or it resolves to another operator shard's
-  tenant): it stays, and is looked at again at the next pass due.
+- another operator shard's tenant: it leaves the queue and is handed to that shard's owner
+  (``Bound.here`` false: its status names the tenant and shows no phase, so the owner's kopf
+  admits it as a new run); before, it stayed for ever, ``TenantMissing`` once its tenant was
+  deleted, no process queueing it;
+- unknown (the namespace could not be read): it stays, and is looked at again at the next
+  pass due.
 
 Runs already admitted are in no queue: they stay charged to the tenant that admitted them.
 
@@ -57,6 +61,9 @@ class Bound:
     fallback: bool = False
     """``tenant`` is the platform's default tenant, charged only because no AgentTenant binds
     the namespace (one listing it or selecting it by label binds it as any other does)."""
+    here: bool = True
+    """``tenant`` is one of this operator process's shards' (else its owner admits the run:
+    the run is handed over)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,8 +76,7 @@ class Unbound:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Unknown:
-    """What the namespace binds cannot be told now (its labels unreadable, or its tenant is
-    another operator shard's)."""
+    """What the namespace binds cannot be told now (its labels unreadable)."""
 
 
 Binding = Bound | Unbound | Unknown
@@ -79,8 +85,9 @@ Binding = Bound | Unbound | Unknown
 
 Fate = Bound | Unbound
 """What becomes of a queued run whose namespace's binding changed (one that stays has none):
-``Bound``, it moves to that tenant's queue; ``Unbound``, it ends unadmitted as a new run in
-its namespace would (``invalid_spec``, with the message)."""
+``Bound``, it moves to that tenant's queue (or to its shard's owner: ``Bound.here``);
+``Unbound``, it ends unadmitted as a new run in its namespace would (``invalid_spec``, with the
+message)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -150,9 +150,11 @@ async def _tenant_policy(
     parts: RunHandling, key: RunKey, *, generation: int, status: Mapping[str, Any]
 ) -> TenantPolicy | None:
     """The policy of the tenant run ``key``'s namespace resolves to, or ``None`` once the run
-    was rejected for having none, or left waiting in the queue of the deleted or invalid
+    was rejected for having none, left waiting in the queue of the deleted or invalid
     AgentTenant its ``status`` names (``QueuePump.keeps``: resumed after a restart, it fares
-    as the queue pump's passes let it). Raises ``kopf.TemporaryError`` (retried) when the
+    as the queue pump's passes let it), or handed to another shard: one whose ``status``
+    shows it queued in a tenant of this process's (its queue's pump stopped before it handed
+    it over, ``QueuePump._hand_over``). Raises ``kopf.TemporaryError`` (retried) when the
     namespace cannot be read, or when that tenant is another shard's (``_check_owned``)."""
     try:
         policy = await parts.tenants.resolve(key.namespace)
@@ -165,6 +167,10 @@ async def _tenant_policy(
         raise kopf.TemporaryError(
             f"cannot read namespace {key.namespace!r}: {err.status}", delay=2
         ) from err
+    queued = status.get("phase") == kernel.ResourcePhase.QUEUED.value and status.get("tenant")
+    if queued and not parts.ownership.owns_tenant(policy.name):
+        parts.shown.hand_over(key, policy.name, generation=generation)
+        return None
     _check_owned(parts, key, policy.name)
     return policy
 

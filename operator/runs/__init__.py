@@ -31,6 +31,7 @@ from .news import involved, record_end
 from .ports import LiveRuns
 from .recovery import admitted_patch
 from .spec import IMPLICIT_BUDGET, AgentRefSpec, AgentRunSpec, RunBudgetSpec, RunObject
+from .status import handed_over as handed_over_status
 from .status import queued as queued_status
 from .status import rejected as rejected_status
 
@@ -52,6 +53,7 @@ __all__ = [
     "RunKey",
     "RunObject",
     "admitted_patch",
+    "handed_over_status",
     "involved",
     "queued_status",
     "record_end",

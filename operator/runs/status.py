@@ -212,6 +212,22 @@ def rejected(
     return body
 
 
+def handed_over(*, tenant: str, message: str, at: float, generation: int) -> dict[str, Any]:
+    """``.status`` of a queued run handed to another operator shard (its namespace binds
+    ``tenant``, that shard's, now): no ``phase`` and no ``queuePosition`` (a merge patch removes
+    them), ``tenant`` naming the shard's tenant, ``Admitted=False`` (``TenantChanged``). So its
+    new owner's kopf takes it for a run whose creation no process handled, and admits it
+    (``handlers.admission``: ``runs.handled`` reads no phase as never handled)."""
+    return {
+        "phase": None,
+        "tenant": tenant,
+        "queuePosition": None,
+        "message": message_text(message),
+        "observedGeneration": generation,
+        "conditions": [not_admitted("TenantChanged", message, at=at, generation=generation)],
+    }
+
+
 def queued(
     *, tenant: str, reason: str, message: str, position: int, at: float, generation: int
 ) -> dict[str, Any]:

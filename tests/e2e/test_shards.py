@@ -461,6 +461,48 @@ def test_an_operator_added_while_runs_go_takes_its_share_and_no_run_is_dropped_o
         ledger.close()
 
 
+def _on_two_holders(holders: dict[int, str]) -> tuple[str, str]:
+    """Two AgentTenant names whose shards two different processes hold."""
+    while True:
+        first, second = (f"{role}-{uuid.uuid4().hex[:8]}" for role in ("was", "now"))
+        if holders[shard_of(first, SHARDS)] != holders[shard_of(second, SHARDS)]:
+            return first, second
+
+
+def _apply_tenant(stack_: E2EStack, name: str, **spec: Any) -> None:
+    tenant = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentTenant"}
+    body = {**tenant, "metadata": {"name": name}, "spec": spec}
+    stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(body))
+
+
+def test_a_queued_run_whose_namespace_binds_another_shards_tenant_now_is_admitted_there(
+    stack_: E2EStack, operators: Operators, test_namespace: str
+) -> None:
+    """A queued run's AgentTenant deleted, its namespace selected by a tenant of a shard another
+    process holds: that process admits and charges it (before, it stayed queued,
+    ``TenantMissing``, for ever: the first process kept it for its status, the second never
+    looked at the first tenant's queue)."""
+    operators.start("a")
+    operators.start("b")
+    was, now = _on_two_holders(operators.wait_shared(["a", "b"], timeout=60))
+    ns = test_namespace
+    try:
+        _apply_tenant(stack_, was, namespaces=[ns], maxConcurrentRuns=1)
+        stack_.kubectl("label", "namespace", ns, f"agentrun-e2e-team={ns}")
+        _apply_tenant(stack_, now, namespaceSelector={"matchLabels": {"agentrun-e2e-team": ns}})
+        stack_.apply(ns, run_manifest("head", f"E2E-SLOW-MODEL head {ns}"))  # a 30 s call
+        stack_.wait_for(ns, "head", lambda s: s.get("phase") == "Running", timeout=30)
+        stack_.apply(ns, run_manifest("waiting", f"E2E-TENANT-SLOW waiting {ns}"))
+        stack_.wait_for(ns, "waiting", lambda s: s.get("phase") == "Queued", timeout=30)
+        stack_.kubectl("delete", "agenttenant", was, "--wait=false")
+        moved = stack_.wait_terminal(ns, "waiting", timeout=45)
+        assert (moved["terminalReason"], moved["tenant"]) == ("completed", now), moved
+        stack_.kubectl("annotate", "agentrun", "head", "-n", ns, "agentrun.dev/cancel=true")
+        assert stack_.wait_terminal(ns, "head", timeout=30)["tenant"] == was  # admitted there
+    finally:
+        stack_.kubectl("delete", "agenttenant", was, now, "--ignore-not-found", "--wait=false")
+
+
 def _eventually(read: Any, wanted: object, *, timeout: float = 15.0) -> bool:
     """Whether ``read()`` equals ``wanted`` within ``timeout`` seconds (the gauges refresh
     every 5 s)."""

@@ -26,8 +26,10 @@ from agentrun.operator.admission.settlement import RunSettlement
 from agentrun.operator.admission.storage import EventStorage
 from agentrun.operator.handlers import admission as handlers
 from agentrun.operator.platform.events import EventRecorder, Throttle
+from agentrun.operator.platform.shards import Ownership, RunShards, shard_of
 from agentrun.operator.platform.spec import ObjectMeta
-from agentrun.operator.runs import RunKey, RunObject
+from agentrun.operator.runs import RunKey, RunObject, recovery
+from agentrun.operator.runs.handled import HandledActions
 from agentrun.operator.tenants import NoTenant, Tenants
 
 from .test_poison import Configs, Runs, registry
@@ -445,3 +447,31 @@ async def test_a_moved_run_cancelled_by_a_status_naming_its_old_tenant_leaves_it
     assert await world.pump.cancel_queued(key, world.name("a"))  # what its status said
     assert world.runs.bodies["r2"]["terminalReason"] == "cancelled"
     assert await world.queued("b") == [] and "r2" not in world.runs.started
+
+
+async def test_a_run_whose_namespace_binds_another_shards_tenant_now_is_handed_to_that_shard(
+    client: NATS,
+) -> None:
+    """Its tenant deleted, ``ns`` binds ``b``, of another operator shard: the run leaves ``a``'s
+    queue, and its status is one the owner of ``b``'s shard takes for a new run of ``b``'s
+    that no process handled (its kopf admits it). Before, it stayed in ``a``'s queue,
+    ``TenantMissing`` for ever: no process queued it (``b``'s owner never looks at ``a``'s
+    queue, and ``a``'s owner kept it for the status naming ``a``)."""
+    world = await a_deleted(client, selecting("b", "x"))
+    a, b = world.name("a"), world.name("b")
+    shards = next(n for n in range(2, 64) if shard_of(a, n) != shard_of(b, n))
+    world.pump.ownership = mine = Ownership(shards=shards, owned=frozenset({shard_of(a, shards)}))
+    queued = dict(world.runs.bodies["r2"])
+    await world.pump.pump_queue(a)
+    assert await world.queued("a") == [] and await world.queued("b") == []
+    patch = world.runs.bodies["r2"]
+    status = {k: v for k, v in {**queued, **patch}.items() if v is not None}  # merged
+    assert "phase" not in status and "queuePosition" not in status and status["tenant"] == b
+    assert status["conditions"][0]["reason"] == "TenantChanged"
+    uid = f"r2-{world.tag}"
+    body = {"kind": "AgentRun", "metadata": {"uid": uid}, "status": status}
+    theirs = Ownership(shards=shards, owned=frozenset({shard_of(b, shards)}))
+    assert RunShards(theirs).owns(body) and not RunShards(mine).owns(body)
+    assert HandledActions().last(uid, status=status, annotations={}) is None  # a creation
+    decided = recovery.decide(uid=uid, annotations={}, status=status, has_events=False)
+    assert decided is recovery.Admission.ADMIT

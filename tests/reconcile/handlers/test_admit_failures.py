@@ -14,7 +14,7 @@ from kube_support import FakeKube
 from agentrun import kernel
 from agentrun.operator.admission.fairgate import AdmissionGate
 from agentrun.operator.handlers import admission as handlers
-from agentrun.operator.platform.shards import ALL_OF_ONE
+from agentrun.operator.platform.shards import ALL_OF_ONE, Ownership, shard_of
 from agentrun.operator.runs import RunKey
 
 RUN = RunKey("ns", "r", "uid-r")
@@ -27,9 +27,13 @@ AGENT = {
 class Shown:
     def __init__(self) -> None:
         self.ended: list[tuple[kernel.Phase, str]] = []
+        self.handed: list[tuple[RunKey, str]] = []
 
     def end_unadmitted(self, key: RunKey, phase: kernel.Phase, message: str, **_: Any) -> None:
         self.ended.append((phase, message))
+
+    def hand_over(self, key: RunKey, tenant: str, *, generation: int) -> None:
+        self.handed.append((key, tenant))
 
 
 class Tenants:
@@ -112,3 +116,34 @@ async def test_a_create_that_fails_for_a_passing_reason_is_retried_by_kopf_for_e
     for retry in (0, 1, 50):
         with pytest.raises(kopf.TemporaryError):
             await create(ConnectionResetError("NATS away"), retry=retry)
+
+
+def elsewhere() -> Any:
+    """Parts of a process that does not own tenant ``t``'s shard (it owns ``was``'s)."""
+    shards = next(n for n in range(2, 64) if shard_of("t", n) != shard_of("was", n))
+    handling, _ = parts(FakeKube())
+    handling.ownership = Ownership(shards=shards, owned=frozenset({shard_of("was", shards)}))
+    return handling
+
+
+async def test_a_resumed_queued_run_bound_to_another_shards_tenant_is_handed_over() -> None:
+    """Its queue's pump stopped before it handed the run over (``QueuePump._hand_over``): the
+    status naming ``was`` keeps the run here, where kopf retried it for ever."""
+    handling = elsewhere()
+    status = {"phase": "Queued", "tenant": "was", "queuePosition": 1}
+    spec = {"agentRef": {"name": "calc"}, "goal": "add"}
+    await handlers._validate_and_enqueue(
+        handling,
+        RUN,
+        spec=spec,  # type: ignore[arg-type]
+        meta={},  # type: ignore[arg-type]
+        status=status,  # type: ignore[arg-type]
+    )
+    assert handling.shown.handed == [(RUN, "t")] and handling.shown.ended == []
+
+
+async def test_a_new_run_whose_namespace_binds_another_shards_tenant_waits_for_its_owner() -> None:
+    handling = elsewhere()
+    with pytest.raises(kopf.TemporaryError, match="another operator shard"):
+        await admit(handling)
+    assert handling.shown.handed == []
