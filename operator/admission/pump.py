@@ -383,10 +383,9 @@ class QueuePump:
         (``Tenants.bindings``), else ``rebinding.RECHECK_EVERY`` seconds after the last look
         (a relabelled namespace). Runs bound to no tenant (or falling to the default one)
         wait while ``tenant`` is invalid or was deleted lately (``rebinding.deleted_lately``:
-        it may be applied again). Called
-        under the queue's pass lock: no run leaves it for another queue while it is being
-        admitted. Raises what the ledger store raises (the next pass looks again: the look is
-        recorded only once it is done)."""
+        it may be applied again). Called under the queue's pass lock: no run leaves it for
+        another queue while it is being admitted. Raises what the ledger store raises (the
+        next pass looks again: the look is recorded only once it is done)."""
         registry, now = self.deps.tenants, self.clock()
         bindings = registry.bindings
         if not queue:
