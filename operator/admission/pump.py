@@ -448,11 +448,7 @@ class QueuePump:
         except Exception as err:  # the API server away: the runs stay where they are
             log.debug("the tenant of namespace %s is not known now: %r", namespace, err)
             return rebinding.Unknown()
-        fallback = (
-            policy.name == self.deps.tenants.default
-            and namespace not in policy.namespaces
-            and policy.selector is None
-        )
+        fallback = self.deps.tenants.falls_back(policy, namespace)
         here = self.ownership.owns_tenant(policy.name)
         return rebinding.Bound(policy.name, fallback=fallback, here=here)
 

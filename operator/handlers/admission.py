@@ -151,8 +151,9 @@ async def _tenant_policy(
 ) -> TenantPolicy | None:
     """The policy of the tenant run ``key``'s namespace resolves to, or ``None`` once the run
     was rejected for having none, left waiting in the queue of the deleted or invalid
-    AgentTenant its ``status`` names (``QueuePump.keeps``: resumed after a restart, it fares
-    as the queue pump's passes let it), or handed to another shard: one whose ``status``
+    AgentTenant its ``status`` names when its namespace binds no tenant or falls to the
+    default one (``QueuePump.keeps``: resumed after a restart, it fares as the queue pump's
+    passes let it), or handed to another shard: one whose ``status``
     shows it queued in a tenant of this process's (its queue's pump stopped before it handed
     it over, ``QueuePump._hand_over``). Raises ``kopf.TemporaryError`` (retried) when the
     namespace cannot be read, or when that tenant is another shard's (``_check_owned``)."""
@@ -167,6 +168,10 @@ async def _tenant_policy(
         raise kopf.TemporaryError(
             f"cannot read namespace {key.namespace!r}: {err.status}", delay=2
         ) from err
+    queued_in = str(status.get("tenant") or "")
+    fell = queued_in not in ("", policy.name) and parts.tenants.falls_back(policy, key.namespace)
+    if fell and await parts.pump.keeps(queued_in, key.uid):  # as its old queue's grace says
+        return None
     queued = status.get("phase") == kernel.ResourcePhase.QUEUED.value and status.get("tenant")
     if queued and not parts.ownership.owns_tenant(policy.name):
         parts.shown.hand_over(key, policy.name, generation=generation)

@@ -188,6 +188,16 @@ class Tenants:
         self._resolved[namespace] = found.name
         return found
 
+    def falls_back(self, policy: TenantPolicy, namespace: str) -> bool:
+        """Whether ``policy``, which ``namespace`` resolved to, is the platform's default
+        tenant charged only because no AgentTenant binds the namespace (the default neither
+        lists it nor selects by label)."""
+        return (
+            policy.name == self.default
+            and namespace not in policy.namespaces
+            and policy.selector is None
+        )
+
     def _resolve_labelled(self, namespace: str, labels: Mapping[str, str]) -> TenantPolicy:
         """The tenant of ``namespace`` labelled ``labels`` (see ``resolve``); raises
         ``NoTenant``."""

@@ -12,6 +12,7 @@ import types
 import uuid
 from typing import Any
 
+import kopf
 import pytest
 from kube_support import FakeKube
 from nats.aio.client import Client as NATS
@@ -26,7 +27,7 @@ from agentrun.operator.admission.settlement import RunSettlement
 from agentrun.operator.admission.storage import EventStorage
 from agentrun.operator.handlers import admission as handlers
 from agentrun.operator.platform.events import EventRecorder, Throttle
-from agentrun.operator.platform.shards import Ownership, RunShards, shard_of
+from agentrun.operator.platform.shards import ALL_OF_ONE, Ownership, RunShards, shard_of
 from agentrun.operator.platform.spec import ObjectMeta
 from agentrun.operator.runs import RunKey, RunObject, recovery
 from agentrun.operator.runs.handled import HandledActions
@@ -306,6 +307,39 @@ async def test_a_tenant_replaced_keeps_its_queued_runs_from_the_default_tenant(
     world.clock.now += rebinding.DELETED_GRACE  # not applied again: the default tenant's now
     await world.pump.pump_queue(world.name("a"))
     assert await world.queued("a") == [] and await world.queued("d") == ["r2"]
+
+
+async def test_a_resumed_run_of_a_deleted_tenants_queue_does_not_fall_to_the_default_at_once(
+    client: NATS,
+) -> None:
+    """An operator restarted between the delete and the create: kopf's resume of the queued
+    run left it to its old queue's grace, as the pass does, not queued it in the default
+    tenant's queue at once."""
+    world = await queued_in_a(client, tenant("d", namespaces=["elsewhere"]))
+    world.tenants.default = world.name("d")
+    world.tenants.remove(world.name("a"))
+    await world.start()  # a new process: the queue read again from the ledger
+    meta = {"name": "r2", "namespace": "ns", "uid": f"r2-{world.tag}", "generation": 1}
+    world.api.put("agentruns", {"metadata": meta, "spec": {"model": "mock", "goal": "g"}})
+    handling = types.SimpleNamespace(
+        tenants=world.tenants,
+        shown=world.pump.shown,
+        pump=world.pump,
+        configs=world.configs,
+        ownership=ALL_OF_ONE,
+        api=world.api,
+    )
+    await handlers._validate_and_enqueue(
+        handling,  # type: ignore[arg-type]
+        RunKey("ns", "r2", f"r2-{world.tag}"),
+        spec={"model": "mock", "goal": "g"},  # type: ignore[arg-type]
+        meta=kopf.Body({"metadata": {"generation": 1, "name": "r2"}}).meta,
+        status={"tenant": world.name("a"), "phase": "Queued"},
+    )
+    assert await world.queued("a") == ["r2"] and await world.queued("d") == []
+    world.tenants.put(tenant(world.name("a"), namespaces=["ns"], maxConcurrentRuns=2))
+    await world.pump.pump_queue(world.name("a"))
+    assert world.runs.started == ["r1", "r2"] and await world.charged("a") == ["r1", "r2"]
 
 
 async def test_a_tenant_left_deleted_ends_its_queued_runs_after_the_grace(client: NATS) -> None:
