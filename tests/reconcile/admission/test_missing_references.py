@@ -10,11 +10,9 @@ pump against the real nats-server's ledger, the real tenant registry and the rea
 from __future__ import annotations
 
 import copy
-import types
 import uuid
 from typing import Any
 
-import kopf
 import pytest
 from kube_support import FakeKube
 from nats.aio.client import Client as NATS
@@ -23,8 +21,6 @@ from agentrun import kube
 from agentrun.operator.admission.lookup import RunConfigs
 from agentrun.operator.agents import models
 from agentrun.operator.agents.models import ModelCache
-from agentrun.operator.handlers import admission as handlers
-from agentrun.operator.platform.shards import ALL_OF_ONE
 from agentrun.operator.platform.spec import ObjectMeta, ReferenceMissing, SpecError
 from agentrun.operator.runs import RunKey, RunObject
 from agentrun.operator.toolservers import resolve
@@ -163,23 +159,9 @@ async def test_a_resumed_queued_run_whose_agentmodel_is_missing_waits_a_new_one_
     await enqueue(world, "r1", demo.MODEL_NAME, created=1e9)
     await world.pump.pump_queue(world.name("a"))
     await world.start()  # a new process: the queue read again from the ledger
-    handling = types.SimpleNamespace(
-        tenants=world.tenants,
-        shown=world.pump.shown,
-        pump=world.pump,
-        configs=world.configs,
-        ownership=ALL_OF_ONE,
-        api=world.api,
-    )
     status = {"tenant": world.name("a"), "phase": "Queued"}
     for name in ("r1", "r9"):
-        await handlers._validate_and_enqueue(
-            handling,  # type: ignore[arg-type]
-            RunKey("ns", name, f"{name}-{world.tag}"),
-            spec={"model": demo.MODEL_NAME, "goal": "g"},  # type: ignore[arg-type]
-            meta=kopf.Body({"metadata": {"generation": 1, "name": name}}).meta,
-            status=status,
-        )
+        await world.resume(name, status, model=demo.MODEL_NAME)
     assert "terminalReason" not in world.runs.bodies["r1"]
     assert await world.queued("a") == ["r1"]
     assert world.runs.bodies["r9"]["terminalReason"] == "invalid_spec"

@@ -191,6 +191,25 @@ class World:
         )
         return self.pump
 
+    async def resume(self, name: str, status: dict[str, Any], *, model: str = "mock") -> None:
+        """kopf's resume of run ``name`` of ``ns`` after a restart, through the create
+        handler, its object's status ``status``."""
+        handling = types.SimpleNamespace(
+            tenants=self.tenants,
+            shown=self.pump.shown,
+            pump=self.pump,
+            configs=self.configs,
+            ownership=ALL_OF_ONE,
+            api=self.api,
+        )
+        await handlers._validate_and_enqueue(
+            handling,  # type: ignore[arg-type]
+            RunKey("ns", name, f"{name}-{self.tag}"),
+            spec={"model": model, "goal": "g"},  # type: ignore[arg-type]
+            meta=kopf.Body({"metadata": {"generation": 1, "name": name}}).meta,
+            status=status,
+        )
+
     def name(self, short: str) -> str:
         """A tenant's name unique to this test (the ledger bucket is the session's)."""
         return f"{short}-{self.tag}"
@@ -321,21 +340,7 @@ async def test_a_resumed_run_of_a_deleted_tenants_queue_does_not_fall_to_the_def
     await world.start()  # a new process: the queue read again from the ledger
     meta = {"name": "r2", "namespace": "ns", "uid": f"r2-{world.tag}", "generation": 1}
     world.api.put("agentruns", {"metadata": meta, "spec": {"model": "mock", "goal": "g"}})
-    handling = types.SimpleNamespace(
-        tenants=world.tenants,
-        shown=world.pump.shown,
-        pump=world.pump,
-        configs=world.configs,
-        ownership=ALL_OF_ONE,
-        api=world.api,
-    )
-    await handlers._validate_and_enqueue(
-        handling,  # type: ignore[arg-type]
-        RunKey("ns", "r2", f"r2-{world.tag}"),
-        spec={"model": "mock", "goal": "g"},  # type: ignore[arg-type]
-        meta=kopf.Body({"metadata": {"generation": 1, "name": "r2"}}).meta,
-        status={"tenant": world.name("a"), "phase": "Queued"},
-    )
+    await world.resume("r2", {"tenant": world.name("a"), "phase": "Queued"})
     assert await world.queued("a") == ["r2"] and await world.queued("d") == []
     world.tenants.put(tenant(world.name("a"), namespaces=["ns"], maxConcurrentRuns=2))
     await world.pump.pump_queue(world.name("a"))
@@ -366,17 +371,9 @@ async def test_a_resumed_run_of_a_deleted_tenants_queue_stays_there_for_it(clien
     await world.start()  # a new process: the queue read again from the ledger
     meta = {"name": "r2", "namespace": "ns", "uid": f"r2-{world.tag}", "generation": 1}
     world.api.put("agentruns", {"metadata": meta, "spec": {"model": "mock", "goal": "g"}})
-    handling = types.SimpleNamespace(tenants=world.tenants, shown=world.pump.shown, pump=world.pump)
     status = {"tenant": world.name("a"), "phase": "Queued"}
     for name in ("r2", "r3"):
-        key = RunKey("ns", name, f"{name}-{world.tag}")
-        await handlers._validate_and_enqueue(
-            handling,  # type: ignore[arg-type]
-            key,
-            spec={"model": "mock", "goal": "g"},  # type: ignore[arg-type]
-            meta={"generation": 1},  # type: ignore[arg-type]
-            status=status,
-        )
+        await world.resume(name, status)
     assert "terminalReason" not in world.runs.bodies["r2"]
     assert world.runs.bodies["r3"]["terminalReason"] == "invalid_spec"
     world.clock.now += 2  # positions are refreshed at most once a second
