@@ -19,10 +19,11 @@ just before a crash, whose status write was lost, is not created again either.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agentrun import loops
@@ -44,6 +45,12 @@ RETRY_SECONDS = 5.0
 """Wait before reconciling a CronAgentRun again after a failed API call."""
 RECONCILES_AT_ONCE = 8
 """CronAgentRuns reconciled at once (each a few API requests)."""
+PER_SHARE = RECONCILES_AT_ONCE // 2
+"""CronAgentRuns of one share (``Tenants.party``: the AgentTenant binding their namespace,
+every namespace it binds together) reconciled at once: however slow one tenant's reconciles
+are (thousands of ended runs of its own to release and delete each), the other shares always
+find places free."""
+
 RECONCILE_FAILED = "ReconcileFailed"
 """``Ready=False`` reason (and Warning Event) of a CronAgentRun whose reconcile failed twice
 for a reason that does not pass (``platform.failures``): it creates nothing until its spec
@@ -72,6 +79,7 @@ class ScheduleController:
         self.crons = CronMemory(memory)
         """Every CronAgentRun known, its wake-up, its object as last seen."""
         self.turns = Turns(share_of)
+        self.share_of = share_of
         """The schedules due, waiting for a place."""
         self._kick = asyncio.Event()
         self._stopped = False
@@ -100,8 +108,9 @@ class ScheduleController:
 
     async def run(self) -> None:
         """Reconcile each CronAgentRun when it changes or its wake time comes, forever,
-        ``RECONCILES_AT_ONCE`` at a time: each one due joins the queue (``Turns``: the
-        tenants take turns, and the namespaces inside each) and a place freed takes the next,
+        ``RECONCILES_AT_ONCE`` at a time, ``PER_SHARE`` of one tenant's: each one due joins
+        the queue (``Turns``: the tenants take turns, and the namespaces inside each; a tenant
+        at its ``PER_SHARE`` is passed over) and a place freed takes the next,
         so a tenant's thousands of schedules due every second, in however many namespaces,
         delay another tenant's by one turn of each tenant waiting. (Passes over all those due
         together, each waiting for its slowest, made one due a moment after a pass began wait
@@ -117,7 +126,9 @@ class ScheduleController:
                 due = self.crons.take_due(self.clock(), busy=busy)
                 self.turns.add(sorted(due))
                 busy |= due
-                while len(running) < RECONCILES_AT_ONCE and (key := self.turns.take()):
+                while len(running) < RECONCILES_AT_ONCE and (
+                    key := self.turns.take(full=self._full(running))
+                ):
                     running[key] = self._start(key, running, busy)
                 wake = self.crons.next_wake()
                 timeout = max(wake - self.clock(), 0.0) if wake is not None else None
@@ -127,6 +138,11 @@ class ScheduleController:
             for task in running.values():
                 task.cancel()
             await asyncio.gather(*running.values(), return_exceptions=True)
+
+    def _full(self, running: Iterable[CronKey]) -> set[str]:
+        """The shares with ``PER_SHARE`` reconciles ``running``."""
+        counts = collections.Counter(self.share_of(key[0]) for key in running)
+        return {share for share, count in counts.items() if count >= PER_SHARE}
 
     def _start(
         self, key: CronKey, running: dict[CronKey, asyncio.Task[None]], busy: set[CronKey]

@@ -12,7 +12,7 @@ tenant binds a namespace (``tenants``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 
 from .memory import CronKey
 
@@ -48,10 +48,11 @@ class Turns:
             share = self._shares[key] = self._share_of(key[0])
             self._waiting.setdefault(share, {}).setdefault(key[0], {})[key] = None
 
-    def take(self) -> CronKey | None:
-        """The next key, or ``None``: the first share's first namespace's first; that namespace
-        then goes to the end of its share's turns, and the share to the end of the turns."""
-        share = next(iter(self._waiting), None)
+    def take(self, full: Container[str] = ()) -> CronKey | None:
+        """The next key, or ``None``: the first share's (not one of ``full``, which keep their
+        place) first namespace's first; that namespace then goes to the end of its share's
+        turns, and the share to the end of the turns."""
+        share = next((s for s in self._waiting if s not in full), None)
         if share is None:
             return None
         namespaces = self._waiting.pop(share)

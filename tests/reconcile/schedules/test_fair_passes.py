@@ -252,3 +252,40 @@ async def test_the_controller_shares_reconciles_by_tenant() -> None:
         f"b had {spread:.2f} of the reconciles beside tenant a in five namespaces, "
         f"{alone:.2f} beside a in one"
     )
+
+
+class HeldStore(SlowStore):
+    """``SlowStore`` whose listing of ``held``'s runs never answers (a tenant's reconciles
+    made slow: thousands of its own ended runs to release and delete, each)."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held = held
+        self.holding = 0
+        """Reconciles of ``held`` waiting now."""
+
+    async def list_runs(self, namespace: str, cron: str) -> list[dict[str, Any]]:
+        if namespace != self.held:
+            return await super().list_runs(namespace, cron)
+        self.holding += 1
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_one_tenants_slow_reconciles_hold_at_most_its_share_of_the_places() -> None:
+    store = HeldStore("a-team")
+    controller = controller_of(store)
+    for i in range(2 * schedules.RECONCILES_AT_ONCE):
+        stuck(store, controller, "a-team", f"spam-{i}")
+    controller.observe(cron("z-team", "report"))
+    await run_for(controller, 1.5)
+    assert store.holding == schedules.PER_SHARE < schedules.RECONCILES_AT_ONCE
+    assert store.reconciles["z-team"] >= 1, "z-team's schedule found no place free"
+
+
+def test_a_share_at_its_cap_is_passed_over_and_keeps_its_place() -> None:
+    turns = Turns()
+    turns.add([("a", "1"), ("b", "1"), ("a", "2")])
+    assert turns.take(full={"a"}) == ("b", "1")
+    assert turns.take(full={"a"}) is None
+    assert [turns.take(), turns.take()] == [("a", "1"), ("a", "2")]
