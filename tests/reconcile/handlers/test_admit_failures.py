@@ -40,6 +40,9 @@ class Tenants:
     async def resolve(self, namespace: str) -> Any:
         return types.SimpleNamespace(name="t")
 
+    def falls_back(self, policy: Any, namespace: str) -> bool:
+        return False
+
 
 def parts(api: FakeKube) -> tuple[Any, Shown]:
     shown = Shown()
