@@ -10,7 +10,6 @@ pump against the real nats-server's ledger, the real tenant registry and the rea
 from __future__ import annotations
 
 import copy
-import uuid
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from agentrun.operator.toolservers import resolve
 from agentrun.operator.toolservers.store import ToolServerCache
 from agentrun_dev import demo
 
-from .test_rebinding import World, rename, tenant
+from .test_rebinding import World, tenant
 
 OTHER = "other-model"
 
@@ -46,9 +45,7 @@ def model_gets(api: FakeKube, name: str) -> int:
 
 async def world_with_models(client: NATS) -> tuple[World, ModelCache, Clock]:
     """Tenant ``a`` (two runs at a time) binding ``ns``; AgentModels ``mock`` and ``other``."""
-    tag = uuid.uuid4().hex[:6]
-    world = World(client, *rename((tenant("a", namespaces=["ns"], maxConcurrentRuns=2),), tag))
-    world.tag = tag
+    world = World(client, tenant("a", namespaces=["ns"], maxConcurrentRuns=2))
     mock = demo.mock_model("http://127.0.0.1:9/v1")
     other = copy.deepcopy(mock)
     other["metadata"]["name"] = OTHER

@@ -160,13 +160,15 @@ def selecting(name: str, team: str) -> dict[str, Any]:
 
 
 class World:
-    """A pump over a fresh ledger, the real tenant registry and namespace ``ns``."""
+    """A pump over a fresh ledger, the real tenant registry and namespace ``ns``; the
+    AgentTenants it is given are named with ``-tag`` added (the ledger bucket is the
+    session's)."""
 
     def __init__(self, client: NATS, *tenants: dict[str, Any]) -> None:
         self.client, self.api, self.clock = client, FakeKube(), Clock()
-        self.tenants: Tenants = registry(self.api, *tenants)
-        self.runs = Runs(lambda config: None)
         self.tag = uuid.uuid4().hex[:6]
+        self.tenants: Tenants = registry(self.api, *rename(tenants, self.tag))
+        self.runs = Runs(lambda config: None)
         self.configs: Any = Configs(lambda name: None)
         """Admission's ``RunConfigs`` (a stub building every run's config, unless replaced)."""
 
@@ -243,9 +245,7 @@ def rename(objects: tuple[dict[str, Any], ...], tag: str) -> list[dict[str, Any]
 async def queued_in_a(client: NATS, *others: dict[str, Any]) -> World:
     """Tenant ``a`` lists ``ns`` by name and runs ``r1`` (admitted) while ``r2`` waits in its
     queue; ``others`` (AgentTenants, named without the test's tag) are known too."""
-    tag = uuid.uuid4().hex[:6]
-    world = World(client, *rename((tenant("a", namespaces=["ns"]), *others), tag))
-    world.tag = tag
+    world = World(client, tenant("a", namespaces=["ns"]), *others)
     await world.start()
     await world.enqueue("a", "r1", created=1e9)
     await world.enqueue("a", "r2", created=1e9 + 1)
@@ -405,9 +405,8 @@ async def test_a_run_left_waiting_tenant_missing_is_admitted_by_a_tenant_made_la
 async def test_a_relabelled_namespaces_queued_run_moves_by_creation_time_and_is_charged_there(
     client: NATS,
 ) -> None:
-    tag = uuid.uuid4().hex[:6]
-    world = World(client, *rename((selecting("a", "a"), selecting("b", "b")), tag))
-    world.tag = tag
+    world = World(client, selecting("a", "a"), selecting("b", "b"))
+    tag = world.tag
     world.api.labels.update(ns={"team": "a"}, nb={"team": "b"})
     await world.start()
     await world.enqueue("a", "r1", created=1e9)
@@ -436,9 +435,7 @@ async def test_a_relabelled_namespaces_queued_run_moves_by_creation_time_and_is_
 async def test_a_relabel_a_new_run_meets_moves_the_queued_runs_at_the_next_pass(
     client: NATS,
 ) -> None:
-    tag = uuid.uuid4().hex[:6]
-    world = World(client, *rename((selecting("a", "a"), selecting("b", "b")), tag))
-    world.tag = tag
+    world = World(client, selecting("a", "a"), selecting("b", "b"))
     world.api.labels["ns"] = {"team": "a"}
     await world.start()
     await world.enqueue("a", "r1", created=1e9)
