@@ -20,7 +20,7 @@ from agentrun.ledger import TenantLimits, worst_case
 from agentrun.protocol import DEFAULT_TENANT, ModelConfig, RemoteTool, RunConfig, UrlRule
 
 from .. import agents, runs
-from ..platform.spec import ReferenceMissing, SpecError, not_found
+from ..platform.spec import ReferenceMissing, SpecError, not_found, with_hints
 
 UNPRICED_HINT = (
     "set its spec.pricing input and output prices (USD per 1M tokens), or spec.pricing.free: "
@@ -123,7 +123,8 @@ def _check_tools(
     unknown = sorted(set(spec.tools) - set(known_tools) - remote)
     if unknown:
         raise SpecError(
-            f"spec.tools: unknown tool(s) {', '.join(unknown)}; the worker's catalog has "
+            f"spec.tools: unknown tool(s) {with_hints(unknown, [*known_tools, *remote])}; "
+            f"the worker's catalog has "
             f"{', '.join(sorted(known_tools))} (an AgentToolServer's tools are named SERVER/TOOL)"
         )
     approval = set(spec.approval.tools)

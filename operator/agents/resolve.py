@@ -28,7 +28,7 @@ from agentrun.kernel import schemas
 
 from .. import runs
 from ..platform.conditions import condition as make_condition
-from ..platform.spec import ObjectMeta, SpecError, not_found, parse
+from ..platform.spec import ObjectMeta, SpecError, not_found, parse, with_hints
 from .spec import AgentSpec
 
 OPEN, CLOSE = "{{", "}}"
@@ -287,7 +287,8 @@ def readiness(
         return Readiness(
             False,
             "UnknownTools",
-            f"spec.tools: unknown tool(s) {', '.join(unknown)}; the worker's catalog has "
+            f"spec.tools: unknown tool(s) {with_hints(unknown, known_tools)}; the worker's "
+            "catalog has "
             f"{', '.join(sorted(known_tools))}",
         )
     return Readiness(True, "Ready", f"AgentModel {spec.model!r} and every tool exist")

@@ -14,8 +14,10 @@ operator safe from objects written before a schema change, or without one (tests
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
 
@@ -49,6 +51,29 @@ def not_found(kind: str, name: str, *, namespace: str | None = None) -> str:
     else:
         where, flag = f"in namespace {namespace}", f" -n {namespace}"
     return f"{kind} {name!r} not found {where}: `kubectl get {plural}{flag}` lists those there"
+
+
+HINT_CHOICES = 1_000
+"""At most this many choices are compared for a ``hint`` (a tool server chooses how many
+tools it lists; beyond this none is suggested)."""
+
+
+def hint(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'calculator'?)`` when one of ``choices`` is close enough to ``name`` to
+    be a misspelling of it (``difflib``'s ratio at least 0.75, compared as written); ``""``
+    otherwise, or when there are more than ``HINT_CHOICES`` choices."""
+    known = sorted(set(itertools.islice(choices, HINT_CHOICES + 1)))
+    if len(known) > HINT_CHOICES:
+        return ""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def with_hints(names: Iterable[str], choices: Iterable[str]) -> str:
+    """``names`` sorted and comma-separated, each with its ``hint`` among ``choices``:
+    ``calcualtor (did you mean 'calculator'?), rm_rf``."""
+    known = tuple(choices)
+    return ", ".join(name + hint(name, known) for name in sorted(set(names)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)

@@ -19,7 +19,7 @@ from agentrun.protocol import UrlRule
 from agentrun.tenancy import Ambiguous, resolve, selector_matches
 
 from .. import runs
-from ..platform.spec import ObjectMeta, SpecError
+from ..platform.spec import ObjectMeta, SpecError, hint, with_hints
 from .spec import AgentTenantSpec, OverMax, WhenExhausted
 
 __all__ = [
@@ -123,14 +123,16 @@ class TenantPolicy:
         """
         if self.allowed_models is not None and spec.model not in self.allowed_models:
             raise SpecError(
-                f"spec.model: AgentModel {spec.model!r} is not allowed by AgentTenant "
-                f"{self.name!r} (allowedModels: {', '.join(sorted(self.allowed_models)) or 'none'})"
+                f"spec.model: AgentModel {spec.model!r}{hint(spec.model, self.allowed_models)} "
+                f"is not allowed by AgentTenant {self.name!r} "
+                f"(allowedModels: {', '.join(sorted(self.allowed_models)) or 'none'})"
             )
         if self.allowed_tools is not None:
             denied = sorted(t for t in set(spec.tools) if not _tool_allowed(t, self.allowed_tools))
             if denied:
                 raise SpecError(
-                    f"spec.tools: {', '.join(denied)} not allowed by AgentTenant {self.name!r} "
+                    f"spec.tools: {with_hints(denied, self.allowed_tools)} not allowed by "
+                    f"AgentTenant {self.name!r} "
                     f"(allowedTools: {', '.join(sorted(self.allowed_tools)) or 'none'})"
                 )
         asked = spec.budget

@@ -17,7 +17,7 @@ from yarl import URL
 from agentrun.protocol import RemoteTool, UrlRule
 from agentrun.tools import reach, remote
 
-from ..platform.spec import ReferenceMissing, SpecError, not_found
+from ..platform.spec import ReferenceMissing, SpecError, hint, not_found
 from .spec import AgentToolServerSpec, Effect, split_reference
 
 MAX_FUNCTION_NAME = 64
@@ -146,8 +146,8 @@ def resolve_tool(
     if spec.effect_of(tool) is None:
         offered = ", ".join(t.name for t in spec.tools) or "none"
         raise SpecError(
-            f"{where}: AgentToolServer {server_name!r} does not offer {tool!r} "
-            f"(spec.tools: {offered})"
+            f"{where}: AgentToolServer {server_name!r} does not offer {tool!r}"
+            f"{hint(tool, (t.name for t in spec.tools))} (spec.tools: {offered})"
         )
     entry = _discovered(server, server_name, tool, where=where)
     function = _function_name(server_name, tool, where=where)

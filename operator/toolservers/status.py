@@ -24,6 +24,7 @@ from agentrun.kernel import schemas
 from agentrun.tools import remote
 
 from ..platform.conditions import condition, rfc3339
+from ..platform.spec import with_hints
 from .spec import AgentToolServerSpec
 
 
@@ -107,9 +108,8 @@ def discovered_status(
     if missing:
         offers = ", ".join(sorted(by_name)[:50]) or "no tools"
         reason = Reason.TOOLS_MISSING
-        message = f"the server does not offer {', '.join(missing)}; it offers {offers}" + "".join(
-            f"; unusable: {why}" for why in refused
-        )
+        message = f"the server does not offer {with_hints(missing, by_name)}; it offers {offers}"
+        message += "".join(f"; unusable: {why}" for why in refused)
     elif refused:
         reason = Reason.TOOLS_UNUSABLE
         message = f"{len(tools)} tool(s) usable; the platform cannot use " + "; ".join(refused)

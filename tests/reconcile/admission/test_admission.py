@@ -92,7 +92,12 @@ def test_a_run_cannot_bring_its_own_prices() -> None:
             "spec.model: AgentModel 'm' not found (cluster-scoped): "
             "`kubectl get agentmodels` lists those there",
         ),
-        ({"tools": ["calculate", "rm_rf"]}, MODEL, "spec.tools: unknown tool(s) rm_rf"),
+        ({"tools": ["calculate", "rm_rf"]}, MODEL, "spec.tools: unknown tool(s) rm_rf;"),
+        (
+            {"tools": ["calculte", "rm_rf"]},
+            MODEL,
+            "spec.tools: unknown tool(s) calculte (did you mean 'calculate'?), rm_rf;",
+        ),
         (
             {"tools": ["calculate"], "approval": {"tools": ["sleep"]}},
             MODEL,
@@ -108,6 +113,7 @@ def test_a_run_cannot_bring_its_own_prices() -> None:
     ids=[
         "unknown model",
         "unknown tool",
+        "misspelled tool",
         "approval outside tools",
         "bad cost",
         "negative cost",

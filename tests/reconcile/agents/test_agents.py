@@ -212,6 +212,16 @@ def test_an_agent_whose_instructions_have_a_bad_placeholder_is_not_ready(
     assert found == agents.Readiness(False, "InvalidSpec", message)
 
 
+def test_an_agent_with_a_misspelled_tool_is_not_ready_naming_the_close_one() -> None:
+    found = agents.readiness(
+        agent(tools=["calculte"]), model_found=True, known_tools={"calculate", "sleep"}
+    )
+    assert found.reason == "UnknownTools"
+    assert found.message.startswith(
+        "spec.tools: unknown tool(s) calculte (did you mean 'calculate'?); the worker's catalog"
+    )
+
+
 def test_the_ready_status_is_written_only_on_change_and_keeps_its_transition_time() -> None:
     ready = agents.Readiness(True, "Ready", "ok")
     first = agents.ready_status(ready, generation=1, previous={}, now=100.0)

@@ -230,6 +230,19 @@ def test_a_tool_not_allowed_is_invalid_naming_spec_tools_and_the_tenant() -> Non
     assert p.apply(admitted_spec(run_spec())).tools == ("calculate",)
 
 
+def test_a_misspelled_model_or_tool_names_the_allowed_one_it_is_close_to() -> None:
+    p = policy(allowedModels=["gpt-5", "small"], allowedTools=["calculate", "search/*"])
+    with pytest.raises(SpecError) as err:
+        p.apply(admitted_spec({**run_spec(), "model": "gtp-5"}))
+    assert "AgentModel 'gtp-5' (did you mean 'gpt-5'?) is not allowed" in str(err.value)
+    spec = {**run_spec(), "model": "small", "tools": ["calculte", "rm_rf"]}
+    with pytest.raises(SpecError) as err:
+        p.apply(admitted_spec(spec))
+    assert str(err.value).startswith(
+        "spec.tools: calculte (did you mean 'calculate'?), rm_rf not allowed by AgentTenant"
+    )
+
+
 def test_an_empty_allowed_tools_list_allows_only_runs_without_tools() -> None:
     p = policy(allowedTools=[])
     with pytest.raises(SpecError, match=r"^spec\.tools: "):

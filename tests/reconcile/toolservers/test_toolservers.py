@@ -9,7 +9,7 @@ import pytest
 
 from agentrun.operator.admission import config as admission
 from agentrun.operator.agents.spec import model_config
-from agentrun.operator.platform.spec import SpecError
+from agentrun.operator.platform.spec import HINT_CHOICES, SpecError, hint
 from agentrun.operator.runs import RunKey
 from agentrun.operator.runs.spec import AgentRunSpec
 from agentrun.operator.tenants import policy as tenancy
@@ -71,6 +71,21 @@ def test_an_allowlisted_tool_the_server_lacks_makes_it_not_ready() -> None:
     (ready,) = status["conditions"]
     assert (ready["status"], ready["reason"]) == ("False", "ToolsMissing")
     assert "does not offer create_ticket" in ready["message"]
+
+
+def test_an_allowlisted_tool_misspelled_names_the_offered_one_it_is_close_to() -> None:
+    spec = AgentToolServerSpec.of({**SPEC_AS_WRITTEN, "tools": [{"name": "create_tiket"}]})
+    (ready,) = discovered_status(spec, FOUND, generation=2, now=NOW)["conditions"]
+    assert ready["reason"] == "ToolsMissing"
+    assert ready["message"].startswith(
+        "the server does not offer create_tiket (did you mean 'create_ticket'?); it offers add, "
+    )
+
+
+def test_no_tool_is_suggested_among_more_than_hint_choices() -> None:
+    many = ["calculate", *(f"tool_{i:05}" for i in range(HINT_CHOICES))]
+    assert hint("calculte", many[:HINT_CHOICES]) == " (did you mean 'calculate'?)"
+    assert hint("calculte", many) == ""
 
 
 def test_a_failed_refresh_keeps_the_last_good_list_and_says_so() -> None:
@@ -182,6 +197,12 @@ def test_the_last_good_list_still_resolves_after_a_failed_refresh() -> None:
             "discovered",
             "does not offer 'drop_database' (spec.tools: add, create_ticket)",
             id="not-allowlisted",
+        ),
+        pytest.param(
+            "tools/create_tiket",
+            "discovered",
+            "does not offer 'create_tiket' (did you mean 'create_ticket'?) (spec.tools: add, ",
+            id="misspelled",
         ),
         pytest.param(
             "tools/add", "failed", "not discovered on AgentToolServer 'tools': down", id="never"
