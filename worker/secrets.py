@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -26,20 +27,37 @@ class SecretUnavailable(Exception):
     turn waits and is retried, the run does not end."""
 
 
-class KubeSecrets:
-    """Reads and caches keys for ``ttl`` seconds, so rotation takes effect within a minute."""
+MISSING_GRACE = 30.0
+"""Seconds a model-key Secret may be missing (HTTP 404) before the turn fails for it: a Secret
+replaced — deleted and made again, as ``kubectl replace --force`` or a GitOps tool's replace
+does — makes the turn wait and retry meanwhile instead of ending its run."""
 
-    def __init__(self, api: client.ApiClient | None, *, ttl: float = 60.0) -> None:
+
+class KubeSecrets:
+    """Reads and caches keys for ``ttl`` seconds, so rotation takes effect within a minute.
+    ``clock``: monotonic seconds (tests pass their own)."""
+
+    def __init__(
+        self,
+        api: client.ApiClient | None,
+        *,
+        ttl: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.core = client.CoreV1Api(api) if api is not None else None
         self.ttl = ttl
+        self.clock = clock
         self._cache: dict[SecretRef, tuple[float, str]] = {}
+        self._missing: dict[SecretRef, float] = {}
+        """When each key's Secret was first found missing since it was last read."""
         self._headers: dict[tuple[str, str, tuple[str, ...]], tuple[float, dict[str, str]]] = {}
 
     async def api_key(self, ref: SecretRef) -> str:
         """The key's value; raises ``ModelError`` naming the Secret when it cannot be read,
-        ``SecretUnavailable`` when the API server cannot be asked right now."""
+        ``SecretUnavailable`` when the API server cannot be asked right now or the Secret has
+        been missing for less than ``MISSING_GRACE`` seconds."""
         hit = self._cache.get(ref)
-        now = time.monotonic()
+        now = self.clock()
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
         where = f"Secret {ref.namespace}/{ref.name} key {ref.key!r}"
@@ -53,6 +71,11 @@ class KubeSecrets:
         except ApiException as err:
             if err.status in TRANSIENT_STATUSES:
                 raise SecretUnavailable(f"{where}: HTTP {err.status} {err.reason}") from err
+            if err.status == 404 and now - self._missing.setdefault(ref, now) < MISSING_GRACE:
+                raise SecretUnavailable(
+                    f"{where}: HTTP 404 {err.reason}; waiting up to {MISSING_GRACE:g} s for it "
+                    "to be made again"
+                ) from err
             raise ModelError(
                 f"cannot read {where}: HTTP {err.status} {err.reason}",
                 error_type=ModelErrorType.CREDENTIALS,
@@ -67,6 +90,7 @@ class KubeSecrets:
         value = base64.b64decode(data).decode().strip()
         display.KNOWN.add(value)
         self._cache[ref] = (now, value)
+        self._missing.pop(ref, None)
         return value
 
     async def headers(self, namespace: str, name: str, *, keys: tuple[str, ...]) -> dict[str, str]:
@@ -78,7 +102,7 @@ class KubeSecrets:
         never a value, when they cannot be read.
         """
         hit = self._headers.get((namespace, name, keys))
-        now = time.monotonic()
+        now = self.clock()
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
         where = f"cannot read Secret {namespace}/{name} (AgentToolServer spec.headersFrom)"

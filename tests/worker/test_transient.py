@@ -4,6 +4,8 @@ Secret among them."""
 
 from __future__ import annotations
 
+import base64
+import types
 from typing import Any
 
 import aiohttp
@@ -16,7 +18,7 @@ from agentrun.ledger import LedgerCorrupt, LedgerUnavailable
 from agentrun.protocol import SecretRef
 from agentrun.worker.consumer import is_transient
 from agentrun.worker.model import ModelError
-from agentrun.worker.secrets import KubeSecrets, SecretUnavailable
+from agentrun.worker.secrets import MISSING_GRACE, KubeSecrets, SecretUnavailable
 
 TRANSIENT = {
     "nats-timeout": nats.errors.TimeoutError(),
@@ -73,9 +75,42 @@ async def test_an_api_server_that_cannot_be_asked_now_is_transient(err: BaseExce
         await secrets.api_key(REF)
 
 
-@pytest.mark.parametrize("status", [403, 404])
-async def test_a_secret_that_is_missing_or_forbidden_is_a_model_error(status: int) -> None:
+async def test_a_secret_that_is_forbidden_is_a_model_error() -> None:
     secrets = KubeSecrets(None)
-    secrets.core = FailingCore(ApiException(status=status, reason="no"))  # type: ignore[assignment]
-    with pytest.raises(ModelError, match=f"HTTP {status}"):
+    secrets.core = FailingCore(ApiException(status=403, reason="no"))  # type: ignore[assignment]
+    with pytest.raises(ModelError, match="HTTP 403"):
+        await secrets.api_key(REF)
+
+
+class ReplacedCore:
+    """A Secret that is there (``data``), or not (``None``: HTTP 404)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] | None = {"apiKey": base64.b64encode(b"sk-1").decode()}
+
+    async def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        if self.data is None:
+            raise ApiException(status=404, reason="Not Found")
+        return types.SimpleNamespace(data=self.data)
+
+
+async def test_a_missing_secret_makes_the_turn_wait_its_grace_then_is_a_model_error() -> None:
+    now = [0.0]
+    secrets = KubeSecrets(None, ttl=60.0, clock=lambda: now[0])
+    core = ReplacedCore()
+    secrets.core = core  # type: ignore[assignment]
+    assert await secrets.api_key(REF) == "sk-1"
+    core.data, now[0] = None, 61.0  # replaced: deleted when the cached key expires
+    with pytest.raises(SecretUnavailable, match="HTTP 404 Not Found; waiting up to 30 s"):
+        await secrets.api_key(REF)
+    now[0] = 61.0 + MISSING_GRACE - 0.1
+    with pytest.raises(SecretUnavailable):
+        await secrets.api_key(REF)
+    now[0] = 61.0 + MISSING_GRACE
+    with pytest.raises(ModelError, match="HTTP 404"):
+        await secrets.api_key(REF)
+    core.data = {"apiKey": base64.b64encode(b"sk-2").decode()}  # made again
+    assert await secrets.api_key(REF) == "sk-2"
+    core.data, now[0] = None, 200.0  # a later replace has its own grace
+    with pytest.raises(SecretUnavailable):
         await secrets.api_key(REF)
