@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shlex
 import subprocess
 import urllib.request
@@ -158,6 +159,31 @@ def test_up_status_env_revive_and_down_round_trip(dev_dir: Path) -> None:
     assert not any(procs.is_alive(c.record) for c in after.components)
     assert state.load_state(dev_dir) is None
     assert sorted(p.name for p in dev_dir.iterdir()) == [".lock", "logs"]
+
+
+@pytest.mark.e2e
+def test_demo_runs_the_examples_to_the_readme_s_reasons_and_charges_their_sum(
+    dev_dir: Path,
+) -> None:
+    """``make demo`` (``agentrun dev demo``), brought down after: the three examples end as the
+    README shows, and the ``default`` tenant's row holds the sum of their tokens."""
+    shown = agentrun("dev", "demo", "--down", "--dir", str(dev_dir), timeout=420)
+    print(shown.stdout)
+    assert shown.returncode == 0, shown.stderr
+    runs_table, rest = shown.stdout.split("$ kubectl get agentruns", 1)[1].split("\nusage:", 1)
+    rows = {line.split()[0]: line.split()[1:3] for line in runs_table.splitlines()[2:5]}
+    assert rows == {
+        "rectangle": ["Succeeded", "completed"],
+        "collatz": ["Failed", "max_steps"],
+        "inventory": ["Failed", "tool_budget_exhausted"],
+    }
+    usage, tenants = rest.split("$ kubectl get agenttenants", 1)
+    spent = [int(m) for m in re.findall(r", (\d+) tokens \(", usage)]
+    assert len(spent) == 3 and all(spent)
+    header, default = (line.split() for line in tenants.splitlines()[1:3])
+    assert header[:5] == ["NAME", "ACTIVE", "QUEUED", "TOKENS", "COST"]
+    assert default[:4] == ["default", "0", "0", str(sum(spent))]
+    assert state.load_state(dev_dir) is None
 
 
 def check_the_stack_answers(env: dict[str, str], *, kubectl: Path | None) -> None:
