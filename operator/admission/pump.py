@@ -129,7 +129,10 @@ class _Ready:
     queued: QueuedRun
     head: _Head
     config: RunConfig
+    """Its deadline counted from ``built_at``; moved to its admission's time at its start."""
     need: tuple[int, Decimal]
+    built_at: float
+    """The clock (epoch seconds) its config was built at."""
 
 
 RECORDS_AT_ONCE = 8
@@ -561,9 +564,10 @@ class QueuePump:
         head = await self._read_head(policy, queued)
         if head is None:
             return None
+        built_at = self.clock()
         try:
             config = await self.deps.configs.build_config(
-                head.key, head.obj.run_spec(), policy, start_time=self.clock(), queued=True
+                head.key, head.obj.run_spec(), policy, start_time=built_at, queued=True
             )
         except (ToolServerPending, ReferenceMissing) as err:
             pending = isinstance(err, ToolServerPending)
@@ -582,7 +586,7 @@ class QueuePump:
         if never is not None:  # waiting would block everyone behind it for ever
             await self._drop(head, policy, kernel.Phase.TENANT_BUDGET_EXHAUSTED, never)
             return None
-        return _Ready(queued, head, config, need)
+        return _Ready(queued, head, config, need, built_at)
 
     async def _failed(
         self, policy: TenantPolicy, queued: QueuedRun, err: Exception
@@ -643,7 +647,10 @@ class QueuePump:
         waits if it does."""
         queued = ready.queued
         try:
-            started = await self._start_admitted(ready.head, policy, ready.config, now=now)
+            config = dataclasses.replace(  # its timeout counts from its admission, ``now``
+                ready.config, deadline=now + (ready.config.deadline - ready.built_at)
+            )
+            started = await self._start_admitted(ready.head, policy, config, now=now)
         except Exception as err:
             return False, await self._failed(policy, queued, err)
         self.failures.succeeded(queued.uid, subject=f"AgentRun {queued.namespace}/{queued.name}")
