@@ -36,6 +36,8 @@ from agentrun.protocol.messages import (
     SecretRef,
     TurnRequest,
     UrlRule,
+    duration_seconds,
+    duration_text,
 )
 from agentrun.protocol.sealed import Seal, admitted_content, approval_content, canonical
 from agentrun.protocol.shapes import (
@@ -107,6 +109,8 @@ __all__ = [
     "decision_from_dict",
     "decode_turn_request",
     "dumps",
+    "duration_seconds",
+    "duration_text",
     "encode_run_config",
     "encode_turn_request",
     "event_subject",

@@ -4,6 +4,7 @@ approval. Plain frozen data; their JSON shapes are ``protocol.shapes``."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,40 @@ DEFAULT_TENANT = "default"
 
 DEFAULT_RUN_TIMEOUT = "10m"
 """``spec.budget.timeout`` of a run that neither it nor its tenant sets (a duration)."""
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds of a Go-style duration with units ms, s, m, h (``90s``, ``1h30m``, ``250ms``:
+    the CRDs' ``timeout`` fields). Raises ``ValueError`` for anything else (a number alone has
+    no unit)."""
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"{text!r} is not a duration like 90s, 10m or 1h30m")
+    return total
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` (>= 0) to the millisecond as Go's ``time.Duration.String`` writes it, the
+    form Kubernetes writes durations in: ``10m0s``, ``1h30m0s``, ``1m30.5s``, ``250ms``,
+    ``0s``; ``duration_seconds`` reads it back."""
+    millis = round(seconds * 1000)
+    if millis < 1000:
+        return f"{millis}ms" if millis else "0s"
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    whole, frac = divmod(rest, 1000)
+    text = f"{whole}.{frac:03d}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

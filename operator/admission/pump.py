@@ -44,6 +44,7 @@ from agentrun.kernel import schemas
 from agentrun.ledger import LedgerStore, QueuedRun, QueueFull, TenantQueue
 from agentrun.protocol import RunConfig
 
+from .. import runs
 from ..platform.events import EventRecorder, EventType
 from ..platform.failures import Failures
 from ..platform.kubeapi import KubeApi
@@ -730,16 +731,29 @@ class QueuePump:
         self.deps.configs.forget(head.key.uid)
         await self.store.dequeue(policy.name, head.key.uid)
         metrics.ADMISSION_WAIT.labels(tenant=policy.name).observe(max(0.0, now - head.created))
-        self.deps.events.record(
-            involved(head.key),
-            type=EventType.NORMAL,
-            reason="Admitted",
-            message=(
-                f"admitted in AgentTenant {policy.name!r} (model {config.model.name!r}); "
-                f"waited {max(0.0, now - head.created):.1f}s since creation"
-            ),
-        )
+        self._tell_admitted(head, policy, config, now=now)
         return True
+
+    def _tell_admitted(
+        self, head: _Head, policy: TenantPolicy, config: RunConfig, *, now: float
+    ) -> None:
+        """The ``Admitted`` Event of a run started at ``now``: its tenant, model and wait, and
+        the caps its tenant's ``spec.runBudget.max`` lowered (``TenantPolicy.capped``; its
+        ``status.budget`` shows every cap it got)."""
+        message = (
+            f"admitted in AgentTenant {policy.name!r} (model {config.model.name!r}); "
+            f"waited {max(0.0, now - head.created):.1f}s since creation"
+        )
+        try:  # parsed already by its config's build: a failure here is not the run's
+            capped = policy.capped(runs.AgentRunSpec.of(head.obj.run_spec()).budget)
+        except SpecError:
+            capped = ()
+        if capped:
+            lowered = ", ".join(over.text() for over in capped)
+            message += f"; its spec.runBudget.max capped {lowered}"
+        self.deps.events.record(
+            involved(head.key), type=EventType.NORMAL, reason="Admitted", message=message
+        )
 
     def record_later(self, key: RunKey) -> None:
         """Record run ``key``'s admission on its object (``_record_admitted``) beside the

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, TypeVar
@@ -24,8 +23,7 @@ from typing import Annotated, Any, TypeVar
 import pydantic
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+from agentrun import protocol
 
 
 class SpecError(ValueError):
@@ -93,15 +91,10 @@ class Duration:
         if isinstance(value, Duration):
             return value
         text = str(value).strip()
-        pos, total = 0, 0.0
-        for match in _DURATION.finditer(text):
-            if match.start() != pos:
-                break
-            total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-            pos = match.end()
-        if pos != len(text) or not text:
-            raise ValueError(f"{value!r} is not a duration like 90s, 10m or 1h30m")
-        return cls(total, text)
+        try:
+            return cls(protocol.duration_seconds(text), text)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a duration like 90s, 10m or 1h30m") from None
 
 
 def _usd(value: Any) -> Decimal:

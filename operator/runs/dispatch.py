@@ -237,6 +237,7 @@ class Dispatcher:
             tenant=first.config.tenant,
         )
         body["usage"]["eventBytes"] = last.stored
+        body["budget"] = status.admitted_budget(first.config, start_time=first.time)
         self.writer.submit(RunKey(namespace, name, uid), body, seq=last.seq, terminal=True)
         return True
 
@@ -454,6 +455,7 @@ class Dispatcher:
             tenant=view.tenant,
         )
         body["usage"]["eventBytes"] = event.stored  # what the tenant's storage bound counts
+        body["budget"] = dict(view.budget)  # the caps it was admitted with: in every write
         urgent = phase is not kernel.Phase.RUNNING  # an end, or a person to ask: write now
         if event.summary.pending_approval is not None and not phase.is_terminal:
             news.record_approval_requested(self.events, view.key, event.summary.pending_approval)

@@ -143,7 +143,7 @@ def end_message(action: Admission, key: RunKey, *, annotations: Mapping[str, Any
 
 def rerun_status(*, at: float, generation: int, reruns: int) -> dict[str, Any]:
     """The ``.status`` merge patch that starts a rerun afresh: the previous run's end, usage,
-    times and event sequence removed (``None``), ``Pending`` until it is queued, and
+    admitted caps, times and event sequence removed (``None``), ``Pending`` until it is queued, and
     ``reruns``, the life it starts (the one its admission seals); ``at`` is epoch seconds."""
     message = f"{RERUN_ANNOTATION}: admitted again from turn 0 as a new run"
     cleared = (
@@ -154,6 +154,7 @@ def rerun_status(*, at: float, generation: int, reruns: int) -> dict[str, Any]:
         "startTime",
         "lastEventSequence",
         "usage",
+        "budget",
         "pendingApproval",
         "queuePosition",
     )

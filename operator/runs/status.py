@@ -88,6 +88,27 @@ def usage_status(summary: kernel.RunSummary, *, wall_seconds: float) -> dict[str
     }
 
 
+def admitted_budget(config: protocol.RunConfig, *, start_time: float) -> dict[str, Any]:
+    """``.status.budget``: the caps run ``config`` was admitted with, by ``spec.budget``'s field
+    names, after its tenant's ``runBudget`` defaults and caps and the implicit defaults
+    (``TenantPolicy.apply``): ``maxSteps``, ``maxToolCalls``, ``timeout`` (Go's duration text,
+    to the millisecond, of its deadline's distance from ``start_time``, its admission in epoch
+    seconds), and ``maxTokens`` and ``maxCostUSD`` (as written) when they are set. Every
+    status projected from the run's events carries it (the same in each): its admission's
+    write sets it, and a restart or a restored copy projects it again."""
+    limits = config.limits
+    budget: dict[str, Any] = {
+        "maxSteps": limits.max_steps,
+        "maxToolCalls": limits.max_tool_calls,
+        "timeout": protocol.duration_text(max(0.0, config.deadline - start_time)),
+    }
+    if limits.max_tokens is not None:
+        budget["maxTokens"] = limits.max_tokens
+    if limits.max_cost_usd is not None:
+        budget["maxCostUSD"] = format(limits.max_cost_usd, "f")
+    return budget
+
+
 def project(
     summary: kernel.RunSummary,
     *,

@@ -11,10 +11,12 @@ import asyncio
 import collections
 import dataclasses
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from agentrun import kernel, telemetry
 from agentrun.protocol import RunConfig
 
+from . import status
 from .keys import RunKey
 
 
@@ -60,6 +62,9 @@ class RunView:
     life: int = 0
     """The life of the run followed (the ``reruns`` its admission sealed): its ledger close
     names it, so a rerun's slot is left alone (``LedgerStore.close_run``)."""
+    budget: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The caps it was admitted with, as ``.status.budget`` shows them
+    (``status.admitted_budget``)."""
 
     @property
     def key(self) -> RunKey:
@@ -94,6 +99,7 @@ class RunView:
             agent_model=config.model.name,
             admitted_seq=admitted_seq,
             life=config.reruns,
+            budget=status.admitted_budget(config, start_time=start_time),
         )
 
 

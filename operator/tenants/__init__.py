@@ -12,13 +12,14 @@ the modules inside (the import contracts check it); the handlers and the wiring 
 modules directly.
 """
 
-from .policy import TenantPolicy, WhenExhausted
+from .policy import OverCap, TenantPolicy, WhenExhausted
 from .registry import NoTenant, Tenants
 from .waits import QueueWait, WaitReason
 from .writer import TenantStatusWriter
 
 __all__ = [
     "NoTenant",
+    "OverCap",
     "QueueWait",
     "TenantPolicy",
     "TenantStatusWriter",

@@ -25,6 +25,7 @@ from .spec import AgentTenantSpec, OverMax, WhenExhausted
 __all__ = [
     "Ambiguous",
     "InvalidTenant",
+    "OverCap",
     "OverMax",
     "TenantPolicy",
     "WhenExhausted",
@@ -136,22 +137,55 @@ class TenantPolicy:
                     f"(allowedTools: {', '.join(sorted(self.allowed_tools)) or 'none'})"
                 )
         asked = spec.budget
-        wanted = asked.filled_from(self.run_default).filled_from(runs.IMPLICIT_BUDGET)
         admitted: dict[str, Any] = {}
-        for field, info in runs.RunBudgetSpec.model_fields.items():
-            name = info.alias or field
-            value, cap = getattr(wanted, field), getattr(self.run_max, field)
-            if cap is None or (value is not None and value <= cap):
-                continue
-            asked_for = value is not None and getattr(asked, field) is not None
-            if asked_for and self.over_max is OverMax.REJECT:
+        for over in self.capped(asked):
+            if over.asked and self.over_max is OverMax.REJECT:  # asked: never None
                 raise SpecError(
-                    f"spec.budget.{name}: {value} is above the cap {cap} of "
-                    f"AgentTenant {self.name!r} (spec.runBudget.max.{name})"
+                    f"spec.budget.{over.name}: {over.value} is above the cap {over.cap} of "
+                    f"AgentTenant {self.name!r} (spec.runBudget.max.{over.name})"
                 )
-            admitted[field] = cap
+            admitted[over.field] = over.cap
+        wanted = asked.filled_from(self.run_default).filled_from(runs.IMPLICIT_BUDGET)
         budget = wanted.model_copy(update=admitted)
         return spec.model_copy(update={"budget": asked.model_copy(update=dict(budget))})
+
+    def capped(self, budget: runs.RunBudgetSpec) -> tuple[OverCap, ...]:
+        """The caps of a run's ``spec.budget`` (``budget``, as written) that this tenant's
+        ``runBudget.max`` lowers at admission (``apply``): above it as the run asks, or as
+        its default gives (the tenant's ``runBudget.default`` never is, the implicit one may
+        be), or unset with no default (no cap: the tenant's applies), in
+        ``RunBudgetSpec``'s field order; empty when none is."""
+        filled = budget.filled_from(self.run_default).filled_from(runs.IMPLICIT_BUDGET)
+        found = []
+        for field, info in runs.RunBudgetSpec.model_fields.items():
+            value, cap = getattr(filled, field), getattr(self.run_max, field)
+            if cap is not None and (value is None or value > cap):
+                asked = getattr(budget, field) is not None
+                found.append(OverCap(field, info.alias or field, value, cap, asked=asked))
+        return tuple(found)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OverCap:
+    """One cap of a run's budget above its tenant's ``spec.runBudget.max`` (``capped``)."""
+
+    field: str
+    """``RunBudgetSpec``'s field name."""
+    name: str
+    """Its CRD name (``maxSteps``)."""
+    value: Any
+    """What the run would get without the cap (an int, a ``Decimal`` or a ``Duration``;
+    ``None``: no cap)."""
+    cap: Any
+    """``spec.runBudget.max``'s value, what it gets."""
+    asked: bool
+    """Whether the run's own ``spec.budget`` set it (else its default is above the cap)."""
+
+    def text(self) -> str:
+        """``maxSteps 20 (50 asked)``, ``timeout 5m (10m by default)``, ``maxTokens 1000
+        (none by default)``."""
+        how = "asked" if self.asked else "by default"
+        return f"{self.name} {self.cap} ({'none' if self.value is None else self.value} {how})"
 
 
 def bound_namespaces(obj: Mapping[str, Any]) -> frozenset[str]:

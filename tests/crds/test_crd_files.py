@@ -211,6 +211,7 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "message",
         "answer",
         "usage",
+        "budget",  # the caps it was admitted with (defaults and the tenant's runBudget applied)
         "pendingApproval",
         "agent",  # a run of an Agent: its name, generation and the resolved spec's digest
         "resolvedSpec",  # a run of an Agent: the spec it executes
@@ -220,6 +221,13 @@ def test_agentrun_status_fields_are_the_contract() -> None:
         "completionTime",
         "lastEventSequence",
         "reruns",  # the run's life: times started again from turn 0 (its admission seals it)
+    }
+    assert set(at(status, "budget")["properties"]) == {  # spec.budget's caps, by its names
+        "maxSteps",
+        "maxToolCalls",
+        "maxTokens",
+        "maxCostUSD",
+        "timeout",
     }
     assert set(at(status, "usage")["properties"]) == {
         "steps",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentrun import kernel
+from agentrun import kernel, protocol
 from agentrun.kernel import schemas
 from agentrun.operator.admission import config as admission
 from agentrun.operator.admission.config import too_large_to_checkpoint
@@ -50,6 +50,28 @@ def admit(spec: dict[str, Any], model: dict[str, Any] | None = MODEL) -> Any:
 )
 def test_durations_are_read_like_go(text: str, seconds: float) -> None:
     assert admit({"budget": {"timeout": text}}).deadline == 1000.0 + seconds
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (0.25, "250ms"),
+        (1.5, "1.5s"),
+        (90, "1m30s"),
+        (600, "10m0s"),
+        (599.9984, "9m59.998s"),
+        (5400.5, "1h30m0.5s"),
+        (86400, "24h0m0s"),
+    ],
+)
+def test_status_budget_writes_a_timeout_as_kubernetes_writes_durations(
+    seconds: float, text: str
+) -> None:
+    """Go's ``time.Duration.String`` to the millisecond (``status.budget.timeout``), which
+    the spec's duration reader reads back."""
+    assert protocol.duration_text(seconds) == text
+    assert admit({"budget": {"timeout": text}}).deadline == 1000.0 + round(seconds, 3)
 
 
 @pytest.mark.parametrize("text", ["", "5 minutes", "10", "m10", "1h 30m", "-1s"])

@@ -1,6 +1,7 @@
-"""What a run is admitted with: its timeout counts from its admission (the time its status
-shows as ``startTime``), however long its admission took after its config was built. Against
-the real nats-server's ledger."""
+"""What a run is admitted with, told to its user: its timeout counts from its admission (the
+time its status shows as ``startTime``), however long its admission took after its config was
+built, and its ``Admitted`` Event names each cap its tenant's ``spec.runBudget.max`` lowered.
+Against the real nats-server's ledger."""
 
 from __future__ import annotations
 
@@ -73,3 +74,39 @@ async def test_a_runs_timeout_counts_from_its_admission_not_from_its_configs_bui
     (started, _) = await admit(client, {})
     ((config, start_time),) = started
     assert abs(config.deadline - start_time - 600.0) < 1e-6
+
+
+def admitted_message(events: list[dict[str, Any]]) -> str:
+    (admitted,) = [e for e in events if e["reason"] == "Admitted"]
+    return str(admitted["message"])
+
+
+async def test_the_admitted_event_names_each_cap_the_tenant_lowered(client: NATS) -> None:
+    """``overMax: Clamp``: maxSteps 50 asked, 20 given; the implicit 10m timeout above the
+    tenant's 5m; no maxTokens of its own, the tenant's 1000; maxToolCalls asked under its
+    cap is not named."""
+    run_budget = {
+        "max": {"maxSteps": 20, "maxToolCalls": 40, "maxTokens": 1000, "timeout": "5m"},
+        "overMax": "Clamp",
+    }
+    _, events = await admit(client, {"maxSteps": 50, "maxToolCalls": 30}, run_budget=run_budget)
+    message = admitted_message(events)
+    assert message.endswith(
+        "; its spec.runBudget.max capped maxSteps 20 (50 asked), maxTokens 1000 (none by "
+        "default), timeout 5m (10m by default)"
+    ), message
+
+
+async def test_the_admitted_event_of_a_run_of_an_agent_names_the_caps_of_its_resolved_spec(
+    client: NATS,
+) -> None:
+    run_budget = {"max": {"maxSteps": 20}, "overMax": "Clamp"}
+    _, events = await admit(client, {"maxSteps": 50}, run_budget=run_budget, agent=True)
+    message = admitted_message(events)
+    assert message.endswith("; its spec.runBudget.max capped maxSteps 20 (50 asked)"), message
+
+
+async def test_the_admitted_event_of_a_run_under_every_cap_names_none(client: NATS) -> None:
+    _, events = await admit(client, {"maxSteps": 5}, run_budget={"max": {"maxSteps": 20}})
+    message = admitted_message(events)
+    assert "capped" not in message and message.endswith("since creation"), message

@@ -122,9 +122,12 @@ def test_only_a_lost_or_restored_run_has_an_end_message() -> None:
         recovery.end_message(Admission.ADMIT, RunKey("ns", "r", UID), annotations={})
 
 
-def test_a_rerun_clears_the_previous_runs_end_usage_and_times() -> None:
+def test_a_rerun_clears_the_previous_runs_end_usage_caps_and_times() -> None:
+    """Its caps (``budget``) too: the new life's admission writes them again, and until then
+    (Pending, Queued) it shows none, not the earlier life's."""
     body = recovery.rerun_status(at=0.0, generation=2, reruns=3)
-    for cleared in ("terminalReason", "completionTime", "startTime", "lastEventSequence", "usage"):
+    cleared_fields = ("terminalReason", "completionTime", "startTime", "lastEventSequence")
+    for cleared in (*cleared_fields, "usage", "budget"):
         assert cleared in body and body[cleared] is None  # a merge patch removes it
     assert body["phase"] == "Pending" and body["observedGeneration"] == 2
     assert body["reruns"] == 3  # the life it starts, which its admission seals

@@ -349,6 +349,27 @@ def test_an_unset_field_with_a_cap_gets_the_cap_or_the_lower_implicit_default() 
     }
 
 
+def test_capped_names_each_cap_the_tenant_lowers_and_how_the_run_had_it() -> None:
+    """What the ``Admitted`` Event says: asked above the cap (Clamp), an implicit default
+    above it, no cap at all; a value under its cap, or a tenant default, is not named."""
+    p = policy(
+        runBudget={
+            "max": {"maxSteps": 5, "maxToolCalls": 10, "maxTokens": 4_000, "timeout": "2m"},
+            "default": {"maxSteps": 3},
+            "overMax": "Clamp",
+        }
+    )
+    asked = admitted_spec(run_spec(maxSteps=9)).budget
+    assert [o.text() for o in p.capped(asked)] == [
+        "maxSteps 5 (9 asked)",
+        "maxToolCalls 10 (50 by default)",
+        "maxTokens 4000 (none by default)",
+        "timeout 2m (10m by default)",
+    ]
+    within = admitted_spec(run_spec(maxToolCalls=10, maxTokens=10, timeout="1m")).budget
+    assert p.capped(within) == ()  # maxSteps: the tenant's default 3, under its cap
+
+
 def test_an_unset_field_takes_the_tenant_default_under_the_cap() -> None:
     p = policy(runBudget={"max": {"maxTokens": 4_000}, "default": {"maxTokens": 1_000}})
     assert p.apply(admitted_spec(run_spec())).budget.max_tokens == 1_000
