@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import decimal
 import json
 from typing import Any
 
@@ -73,28 +74,38 @@ def _definition_lines(
         lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
     logs = f"kubectl agentrun logs {meta.get('name')} -n {meta.get('namespace')}"
     budget = run_spec.get("budget") or {}
-    return lines + budget_lines(budget, tenant=status.get("tenant"), logs=logs)
+    tenant, admitted = status.get("tenant"), status.get("budget")
+    return lines + budget_lines(budget, tenant=tenant, logs=logs, admitted=admitted)
+
+
+CAPS = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
+"""``spec.budget``'s caps (and ``status.budget``'s fields), in the order they are shown."""
 
 
 def budget_lines(
-    budget: dict[str, Any], *, tenant: str | None, logs: str | None = None
+    budget: dict[str, Any],
+    *,
+    tenant: str | None,
+    logs: str | None = None,
+    admitted: dict[str, Any] | None = None,
 ) -> list[str]:
     """The caps a run works under: each set in ``budget`` (``spec.budget``) as written, the
     unset ones with an implicit default as that default, then the other settings; and that
-    the tenant's ``runBudget`` may set (when a default shows) or cap them, and, once the run
-    has a tenant, where the caps it was admitted with show (``logs``: the command; the status
-    does not carry the tenant's caps, and ``overMax: Clamp`` lowers one without an error)."""
+    the tenant's ``runBudget`` may set (when a default shows) or cap them; then the caps it
+    was admitted with (``admitted``: ``status.budget``), each its tenant lowered marked
+    (``overMax: Clamp`` lowers one without an error), or, for a run with a tenant whose
+    status has none (queued, or admitted by an operator before ``status.budget``), where its
+    admitted caps show (``logs``: the command)."""
     implicit = kernel.Limits()
     defaults = {
         "maxSteps": implicit.max_steps,
         "maxToolCalls": implicit.max_tool_calls,
         "timeout": protocol.DEFAULT_RUN_TIMEOUT,
     }
-    caps = ("maxSteps", "maxToolCalls", "maxTokens", "maxCostUSD", "timeout")
-    shown = [f"{k} {budget[k]}" for k in caps if k in budget]
+    shown = [f"{k} {budget[k]}" for k in CAPS if k in budget]
     shown += [f"{k} {v} (default)" for k, v in defaults.items() if k not in budget]
     unset = [k for k in ("maxTokens", "maxCostUSD") if k not in budget]
-    rest = sorted((k, v) for k, v in budget.items() if k not in caps and not isinstance(v, dict))
+    rest = sorted((k, v) for k, v in budget.items() if k not in CAPS and not isinstance(v, dict))
     shown += [f"{k} {v}" for k, v in rest]
     lines = ["Budget:        " + ", ".join(shown)]
     if unset:
@@ -107,9 +118,41 @@ def budget_lines(
         )
     elif tenant:
         lines.append(f"               {who}'s runBudget.max caps every run")
-    if tenant and logs:
+    if admitted:
+        lines.append(admitted_line(budget, admitted))
+    elif tenant and logs:
         lines.append(f"               the caps it was admitted with: {logs} (its first lines)")
     return lines
+
+
+def admitted_line(budget: dict[str, Any], admitted: dict[str, Any]) -> str:
+    """``Admitted with:`` and each cap of ``admitted`` (``status.budget``), one below what
+    ``budget`` (``spec.budget``) asked marked as lowered by the tenant's ``runBudget.max``:
+    ``maxSteps 3 (10 asked; the tenant's runBudget.max)``."""
+    shown = []
+    for name in (k for k in CAPS if k in admitted):
+        value, asked = admitted[name], budget.get(name)
+        lowered = asked is not None and _below(name, value, asked)
+        shown.append(
+            f"{name} {value} ({asked} asked; the tenant's runBudget.max)"
+            if lowered
+            else f"{name} {value}"
+        )
+    return "Admitted with: " + ", ".join(shown)
+
+
+def _below(name: str, value: Any, asked: Any) -> bool:
+    """Whether cap ``name``'s admitted ``value`` is below the ``asked`` one (a timeout by
+    more than a second: one admitted before its deadline counted from its admission can be a
+    few milliseconds short of its spec's); ``False`` for a value that does not read as a
+    number or duration."""
+    try:
+        if name == "timeout":
+            seconds = protocol.duration_seconds(str(value))
+            return seconds < protocol.duration_seconds(str(asked)) - 1.0
+        return decimal.Decimal(str(value)) < decimal.Decimal(str(asked))
+    except (ValueError, ArithmeticError):
+        return False
 
 
 def _counted(usage: dict[str, Any], field: str, noun: str) -> str:

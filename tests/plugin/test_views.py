@@ -276,6 +276,43 @@ def test_describe_of_a_run_above_its_tenants_cap_says_where_its_admitted_caps_sh
     ]
 
 
+def test_describe_shows_the_caps_a_run_was_admitted_with_marking_those_its_tenant_lowered() -> None:
+    """``status.budget`` shown beside the spec: maxSteps 10 asked, 3 given by a tenant with
+    ``overMax: Clamp``; maxToolCalls and the timeout as asked (the timeout as Kubernetes
+    writes it); maxTokens, which the run left unset, from its tenant."""
+    budget = {"maxSteps": 10, "maxToolCalls": 5, "timeout": "2m"}
+    admitted = {"maxSteps": 3, "maxToolCalls": 5, "maxTokens": 1000, "timeout": "2m0s"}
+    obj = {"metadata": {"name": "big", "namespace": "team-b"}, "spec": {"budget": budget}}
+    obj["status"] = {"tenant": "team-b", "phase": "Running", "budget": admitted}
+    lines = describe.describe_lines(obj, [])
+    start = next(i for i, line in enumerate(lines) if line.startswith("Budget:"))
+    assert lines[start + 2 : start + 4] == [
+        "               AgentTenant team-b's runBudget.max caps every run",
+        "Admitted with: maxSteps 3 (10 asked; the tenant's runBudget.max), maxToolCalls 5, "
+        "maxTokens 1000, timeout 2m0s",
+    ]
+    assert not any("kubectl agentrun logs" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("name", "admitted", "asked", "lowered"),
+    [
+        ("maxCostUSD", "0.25", "0.5", True),
+        ("maxCostUSD", "0.50", "0.5", False),
+        ("timeout", "5m0s", "10m", True),
+        ("timeout", "9m59.998s", "10m", False),  # admitted before the deadline's fix
+        ("timeout", "1m30s", "90s", False),
+        ("maxTokens", 1000, 1000, False),
+        ("maxTokens", "lots", 1000, False),  # not a number: not marked, not an error
+    ],
+)
+def test_describe_marks_a_cap_lowered_only_when_below_what_was_asked(
+    name: str, admitted: Any, asked: Any, lowered: bool
+) -> None:
+    line = describe.admitted_line({name: asked}, {name: admitted})
+    assert line.endswith("; the tenant's runBudget.max)") is lowered, line
+
+
 def test_describe_shows_a_budget_set_in_full_without_defaults() -> None:
     budget = {
         "maxSteps": 5,
