@@ -342,17 +342,23 @@ def _largest_output(
 
 
 def _shortfall(book: BookState, need: CallNeed, floor: int) -> tuple[str, str]:
-    """The resource a call's smallest worst case overruns on committed use, and why."""
+    """The resource a call's smallest worst case overruns on committed use, and why: what it
+    would hold against what is left, since the tenant's ``BudgetExhausted`` stays False
+    while anything is left (its ``WithinBudget`` message says what)."""
     tokens, cost = need.worst(floor)
     limits = book.limits
+    why = f"a call holds its worst case (its prompt's bound plus at least {floor} output tokens)"
     if limits.tokens is not None and book.used_tokens + tokens > limits.tokens:
+        left = max(0, limits.tokens - book.used_tokens)
         return "tokens", (
             f"tenant {book.tenant!r} tokens: {book.used_tokens} used + {tokens} for this "
-            f"call exceeds {limits.tokens}"
+            f"call exceeds {limits.tokens}: {left} left this window, less than {why}"
         )
+    assert limits.cost_usd is not None  # a refusal is over one of the two limits
+    left_usd = max(Decimal(0), limits.cost_usd - book.used_cost)
     return "costUSD", (
         f"tenant {book.tenant!r} costUSD: {book.used_cost} used + {cost} for this call "
-        f"exceeds {limits.cost_usd}"
+        f"exceeds {limits.cost_usd}: {left_usd} USD left this window, less than {why}"
     )
 
 

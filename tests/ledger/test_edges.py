@@ -236,7 +236,24 @@ def test_a_floor_that_exactly_reaches_the_limit_is_granted_not_refused() -> None
     refused = ask(b, "r2", CallNeed(50, 500, FREE, min_output_tokens=51))
     assert getattr(refused, "resource", None) == "tokens"
     assert refused.message == (  # type: ignore[attr-defined]
-        "tenant 'acme' tokens: 900 used + 101 for this call exceeds 1000"
+        "tenant 'acme' tokens: 900 used + 101 for this call exceeds 1000: 100 left this "
+        "window, less than a call holds its worst case (its prompt's bound plus at least 51 "
+        "output tokens)"
+    )
+
+
+def test_a_call_over_the_cost_left_is_refused_saying_what_it_holds_and_what_is_left() -> None:
+    """The run's message says why it ended while its AgentTenant shows ``BudgetExhausted``
+    False (``WithinBudget``: some is left, less than this call's smallest worst case)."""
+    b = book(cost_usd=Decimal("1"))
+    b.used_cost = Decimal("0.9995")
+    priced = kernel.Pricing(input_per_million=Decimal("1"), output_per_million=Decimal("2"))
+    refused = ask(b, "r1", CallNeed(400, 500, priced, min_output_tokens=100))
+    assert getattr(refused, "resource", None) == "costUSD"
+    assert refused.message == (  # type: ignore[attr-defined]
+        "tenant 'acme' costUSD: 0.9995 used + 0.0006 for this call exceeds 1: 0.0005 USD "
+        "left this window, less than a call holds its worst case (its prompt's bound plus at "
+        "least 100 output tokens)"
     )
 
 
