@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -39,3 +41,40 @@ def loopback_kubeconfig(path: Path, server: str) -> Path:
         "users: [{name: u, user: {}}]\n"
     )
     return path
+
+
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+"""One informational head (RFC 8297), as a server sends before its answer."""
+
+
+@contextlib.asynccontextmanager
+async def heads_first(heads: int | None, final: bytes = b"") -> AsyncIterator[str]:
+    """A raw HTTP/1.1 server on a loopback port answering every request with ``heads``
+    informational heads (``EARLY_HINTS``; ``None``: for ever, as fast as they are read), then
+    ``final`` (a whole response, its connection closed after); yields its base URL
+    ``http://127.0.0.1:<port>``."""
+
+    writers: set[asyncio.StreamWriter] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.add(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+            await reader.readexactly(int(length.group(1)) if length else 0)
+            sent = 0
+            while heads is None or sent < heads:
+                writer.write(EARLY_HINTS * 100 if heads is None else EARLY_HINTS)
+                await writer.drain()
+                sent += 1
+            writer.write(final)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        for writer in writers:
+            writer.transport.abort()

@@ -23,6 +23,7 @@ import httpx2
 import openai
 
 from agentrun import pulling
+from agentrun.tools import heads
 from agentrun.tools.endpoint import (
     MAX_MESSAGE_BYTES,
     BoundedStream,
@@ -242,7 +243,16 @@ class AttemptClient(openai.DefaultAsyncHttpxClient):
     none is."""
 
     def _init_transport(self, *args: Any, **kwargs: Any) -> httpx2.AsyncBaseTransport:
-        return AttemptTransport(super()._init_transport(*args, **kwargs))
+        return _attempts(super()._init_transport(*args, **kwargs))
 
     def _init_proxy_transport(self, *args: Any, **kwargs: Any) -> httpx2.AsyncBaseTransport:
-        return AttemptTransport(super()._init_proxy_transport(*args, **kwargs))
+        return _attempts(super()._init_proxy_transport(*args, **kwargs))
+
+
+def _attempts(transport: httpx2.AsyncBaseTransport) -> AttemptTransport:
+    """``transport`` (an ``httpx2.AsyncHTTPTransport``) wrapped in ``AttemptTransport``, its
+    connections refusing an answer that opens with more informational heads than
+    ``heads.MAX_INFORMATIONAL`` (``AnswerTooLarge``): they would be read until the run's
+    deadline."""
+    heads.bound_heads(getattr(transport, "_pool", None), AnswerTooLarge)
+    return AttemptTransport(transport)

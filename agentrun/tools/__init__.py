@@ -4,7 +4,8 @@ What belongs here: tool declarations (`ToolSpec`), the `Tool` protocol, and tool
 implementations, each in its own module (`calculate`, `sleep`, `kubernetes_get`, `http_get`,
 `prometheus_query`),
 and remote MCP tools (`remote`; a server's `endpoint` and how a session is opened on it; the
-worker's reused MCP sessions in `sessions`). What does
+worker's reused MCP sessions in `sessions`), and the bound on the informational heads a
+peer's answer opens with (`heads`, which the worker's model client uses too). What does
 not: deciding whether a call may run (schema validation, permissions, budgets, approval) and
 turning results into history messages; the worker does that, and the kernel imports none of
 this package.

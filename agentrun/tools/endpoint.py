@@ -40,7 +40,7 @@ import httpx2
 
 from agentrun import display
 
-from . import eventstream, reach
+from . import eventstream, heads, reach
 
 if TYPE_CHECKING:  # loaded on first use: see ``load_sdk``
     from mcp import Client
@@ -511,7 +511,9 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
         # by tests/tools/test_reach.py)
         self._pool = httpcore2.AsyncConnectionPool(
             ssl_context=httpx2.create_ssl_context(trust_env=False),
-            network_backend=reach.CheckedBackend(private_network=private_network),
+            network_backend=heads.HeadsBackend(
+                reach.CheckedBackend(private_network=private_network), MessageTooLarge
+            ),
         )
         self.bounds = bounds
         self.on_refused = on_refused

@@ -1,0 +1,83 @@
+"""A model endpoint may send informational (1xx) heads before its answer, but not without end:
+past ``heads.MAX_INFORMATIONAL`` of them the call ends ``invalid_response``, charged the
+prompt the endpoint read, once. Before, ``httpcore2`` read ``103 Early Hints`` for as long as
+they came, each under the read timeout: an endpoint sending them at network speed kept a core
+of the worker (shared by every tenant's turns) parsing heads until the run's deadline, which
+ended the call ``deadline``. A few, as real servers send, are read past to the answer, directly
+and through a proxy from the environment."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from http_support import EARLY_HINTS, heads_first
+
+from agentrun.metrics import ModelErrorType
+from agentrun.tools import heads
+from agentrun.worker.model import ModelClient, RetryPolicy
+
+from .test_cut_calls import PROMPT_BOUND, chat
+from .test_read_timeouts import Endpoint, failed_call
+
+
+def streamed_answer() -> bytes:
+    """A whole HTTP/1.1 response streaming the completion "42" (its end: the connection's)."""
+    chunks = [
+        {"id": "a", "choices": [{"index": 0, "delta": {"content": "42"}, "finish_reason": "stop"}]},
+        {"id": "a", "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1}},
+    ]
+    events = b"".join(f"data: {json.dumps(chunk)}\n\n".encode() for chunk in chunks)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    return head + events + b"data: [DONE]\n\n"
+
+
+async def test_informational_heads_without_end_fail_the_call_charged_its_prompt() -> None:
+    """With a deadline 30 s away, the call ends on the bound, not the deadline (``deadline``
+    before); each of the two attempts is refused the same way, the prompt noted once."""
+    async with heads_first(None) as url:
+        noted, error = await failed_call(Endpoint((), base=f"{url}/v1"))
+    assert (noted, error) == ([PROMPT_BOUND], ModelErrorType.INVALID_RESPONSE)
+
+
+@pytest.mark.parametrize("proxied", [False, True], ids=["direct", "proxy"])
+async def test_as_many_informational_heads_as_allowed_are_read_past_to_the_answer(
+    proxied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exactly ``MAX_INFORMATIONAL`` heads, then the answer: the completion, as usual. Through
+    a proxy from the environment (here the server itself answers the proxied request), one
+    more head than that is refused as it is directly."""
+    if proxied:
+        for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+    for count, answered in ((heads.MAX_INFORMATIONAL, True), (heads.MAX_INFORMATIONAL + 1, False)):
+        async with heads_first(count, streamed_answer()) as url:
+            base = f"{url}/v1"
+            if proxied:
+                monkeypatch.setenv("HTTP_PROXY", url)
+                base = "http://model.invalid/v1"
+            if not answered:
+                noted, error = await failed_call(Endpoint((), base=base))
+                assert (noted, error) == ([PROMPT_BOUND], ModelErrorType.INVALID_RESPONSE)
+                continue
+            client = ModelClient(RetryPolicy(max_retries=0))
+            try:
+                answer = await client.complete(chat(base), deadline=time.time() + 30)
+            finally:
+                await client.close()
+            assert answer["choices"][0]["message"]["content"] == "42"
+
+
+def test_a_head_count_reads_heads_split_anywhere_and_stops_at_the_final_one() -> None:
+    """Heads cut at every byte, a bare LF line end, ``101`` and a final head ending the count
+    (the body after it, heads or not, is not counted), and a new request starting it over."""
+    count = heads.HeadCount()
+    count.start()
+    stream = EARLY_HINTS * 3 + b"HTTP/1.1 100 Continue\n\n" + b"HTTP/1.1 200 OK\r\n\r\n"
+    seen = [count.feed(stream[i : i + 1]) for i in range(len(stream))]
+    assert seen[-1] == 4
+    assert count.feed(EARLY_HINTS * 50) == 4
+    count.start()
+    assert count.feed(EARLY_HINTS * 2 + b"HTTP/1.1 101 Switching Protocols\r\n\r\n") == 2
+    assert count.feed(EARLY_HINTS) == 2
