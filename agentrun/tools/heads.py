@@ -7,7 +7,9 @@ come, each under its read timeout: a tenant's model endpoint or tool server answ
 share) parsing heads until the run's deadline. ``HeadsBackend`` wraps a network backend so
 that every connection it opens refuses a response with more than ``MAX_INFORMATIONAL``
 informational heads before its final one (real servers send one or two, 100 Continue or
-103 Early Hints), raising the error it is given as the request's transport error.
+103 Early Hints), raising the error it is given as the request's transport error. The
+``http_get`` tool, whose client (aiohttp) reads informational heads without end too, counts
+them with ``HeadCount``.
 
 What belongs here: counting the heads read between a request written and its final head
 (``HeadCount``, pure) and the backend that applies it to each connection's reads. What does
@@ -31,6 +33,10 @@ HEAD_END = re.compile(rb"\n\r?\n")
 MAX_HEAD_BYTES = 128 * 1024
 """Bytes of one head kept to find its end at most: past them the parser (``h11``, 100 KiB)
 refuses the head itself, so the count stops looking."""
+REFUSAL = (
+    f"the server sent over {MAX_INFORMATIONAL} informational (1xx) responses before its answer"
+)
+"""What a refused answer's error says."""
 STATUS = re.compile(rb"\s*HTTP/\d\.\d (\d{3})")
 """A head's status line, its code captured."""
 
@@ -81,10 +87,7 @@ class HeadsStream(AsyncNetworkStream):
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         data = await self.inner.read(max_bytes, timeout)
         if self.count.feed(data) > MAX_INFORMATIONAL:
-            raise self.error(
-                f"the server sent over {MAX_INFORMATIONAL} informational (1xx) responses "
-                "before its answer"
-            )
+            raise self.error(REFUSAL)
         return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:

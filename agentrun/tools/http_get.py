@@ -15,24 +15,27 @@ the declared charset, JSON and XML included); a binary body is named, not shown.
 read up to ``MAX_BYTES``; the tool runner's byte cap then applies to what the model sees.
 Failures: a URL the rules refuse is the model's (``domain``); an HTTP 4xx is ``rejected`` with
 the first part of the body; a 5xx, refused or reset connection, unresolvable name or timeout are
-infrastructure faults.
+infrastructure faults, as is an answer opening with more informational (1xx) heads than
+``heads.MAX_INFORMATIONAL`` (``connection``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from agentrun.kernel import ToolFault
 from agentrun.protocol import UrlRule
 
-from . import catalog, reach
+from . import catalog, heads, reach
 from .reach import allowed_by, check_address
 
 __all__ = ["MAX_BYTES", "MAX_REDIRECTS", "SPEC", "HttpGet", "allowed_by", "check_address"]
@@ -83,6 +86,42 @@ class _Pinned(AbstractResolver):
 
     async def close(self) -> None:
         return None
+
+
+class _HeadsHandler(ResponseHandler):
+    """aiohttp's protocol of one connection (which carries one request: a session of its own
+    each), refusing an answer that opens with more than ``heads.MAX_INFORMATIONAL``
+    informational heads (``heads.HeadCount``): aiohttp reads them for as long as they come,
+    each under the read timeout, which a server sending them at network speed turned into
+    ``TIMEOUT_SECONDS`` of a core of the worker parsing them."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._heads = heads.HeadCount()
+        self._heads.start()
+        self._refused = False
+
+    def data_received(self, data: bytes) -> None:
+        if self._heads.feed(data) <= heads.MAX_INFORMATIONAL:
+            super().data_received(data)
+        elif not self._refused:
+            self._refused = True
+            self.set_exception(aiohttp.ClientConnectionError(heads.REFUSAL))
+            if self.transport is not None:
+                self.transport.close()
+
+
+def _handler(loop: asyncio.AbstractEventLoop) -> ResponseHandler:
+    return _HeadsHandler(loop)
+
+
+class _Connector(aiohttp.TCPConnector):
+    """A ``TCPConnector`` whose connections are ``_HeadsHandler``s (aiohttp builds each
+    connection's protocol with its ``_factory``, TLS ones too)."""
+
+    def __init__(self, resolver: AbstractResolver) -> None:
+        super().__init__(resolver=resolver)
+        self._factory = functools.partial(_handler, loop=self._loop)
 
 
 async def _resolve(url: URL, rule: UrlRule) -> list[ResolveResult]:
@@ -163,7 +202,7 @@ class HttpGet:
             if rule is None:
                 raise _refused(url, self.rules)
             answers = await _resolve(url, rule)
-            connector = aiohttp.TCPConnector(resolver=_Pinned({url.host or "": answers}))
+            connector = _Connector(_Pinned({url.host or "": answers}))
             async with aiohttp.ClientSession(connector=connector) as session:
                 try:
                     async with session.get(url, allow_redirects=False) as response:

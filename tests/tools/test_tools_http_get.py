@@ -9,13 +9,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import http_support
 import pytest
 from aiohttp import web
 from yarl import URL
 
 from agentrun.kernel import ToolFault
 from agentrun.protocol import UrlRule
-from agentrun.tools import ToolContext, ToolError, http_get
+from agentrun.tools import ToolContext, ToolError, heads, http_get
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CTX = ToolContext(namespace="ns", run_name="run", run_uid="uid", call_id="c1")
@@ -201,3 +202,31 @@ def test_rules_match_host_port_and_path_prefix() -> None:
     assert http_get.allowed_by(URL("http://metrics.local:9090/q"), rules) is rules[1]
     assert http_get.allowed_by(URL("http://metrics.local:9091/q"), rules) is None
     assert http_get.allowed_by(URL("ftp://api.example.com/v1/x"), rules) is None
+
+
+def heads_then(count: int | None, final: bytes = b"") -> str:
+    """GET from a server sending ``count`` informational heads (``None``: without end) and
+    then ``final``; loopback allowed."""
+
+    async def go() -> str:
+        async with http_support.heads_first(count, final) as base:
+            rule = UrlRule(base.removeprefix("http://"), "/", True)
+            return await http_get.HttpGet([rule]).run({"url": f"{base}/x"}, CTX)
+
+    return asyncio.run(go())
+
+
+def test_informational_heads_without_end_fail_the_call_at_once() -> None:
+    """Before, aiohttp read ``103 Early Hints`` for as long as they came: the call ended
+    ``timeout`` after ``TIMEOUT_SECONDS``, a core busy parsing them all the while."""
+    with pytest.raises(ToolError) as caught:
+        heads_then(None)
+    assert caught.value.fault is ToolFault.CONNECTION, caught.value.message
+    assert "over 16 informational (1xx) responses" in caught.value.message
+
+
+def test_as_many_informational_heads_as_allowed_are_read_past_to_the_answer() -> None:
+    final = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi"
+    assert heads_then(heads.MAX_INFORMATIONAL, final).endswith("\n\nhi")
+    with pytest.raises(ToolError):
+        heads_then(heads.MAX_INFORMATIONAL + 1, final)
