@@ -398,6 +398,15 @@ class StreamLimits:
     """How fast the body is read at most (``None``: as it arrives)."""
 
 
+MIN_PART_BYTES = 64
+"""Bytes each part of a body (each piece the HTTP client yields: a read of the connection, or
+one chunk of a chunked body) counts for at least, in a message and in all: a peer sending its
+body in chunks of one byte had each parsed and passed on by itself (six bytes on the wire
+each), so the bytes bounds took millions of parts to reach — a model endpoint's answer was
+read until the run's deadline, a worker core busy all the while. A real stream's parts (an
+event each, or a read of 64 KiB) are longer."""
+
+
 class BoundedStream(httpx2.AsyncByteStream):
     """A response body read on, but never a message longer than ``limits.message_bytes``
     bytes or opening more than ``limits.message_values`` JSON values (``values_in``), nor,
@@ -407,7 +416,8 @@ class BoundedStream(httpx2.AsyncByteStream):
     ``limits.pace``, read no faster than it allows. In an event stream (``events``) a message
     is an event, which ends at an empty line however its lines end
     (``eventstream.EventEnds``); in any other body, the whole body. Messages that begin and
-    end within one read of the connection (64 KiB) are bounded by it."""
+    end within one read of the connection (64 KiB) are bounded by it. Each part read counts
+    ``MIN_PART_BYTES`` at least."""
 
     def __init__(
         self,
@@ -432,13 +442,14 @@ class BoundedStream(httpx2.AsyncByteStream):
         started = time.monotonic()
         async for chunk in self.inner:
             count, first, last = ends.feed(chunk) if self.events else (0, 0, 0)
-            read, ended = read + len(chunk), ended + count
-            self._spend(len(chunk), count)
+            cost = max(len(chunk), MIN_PART_BYTES)
+            read, ended = read + cost, ended + count
+            self._spend(cost, count)
             if count:  # a message ended in this read: check it whole, then the next one's
-                self._check(pending + first, opened + values_in(chunk[:first]))
+                self._check(pending + max(first, MIN_PART_BYTES), opened + values_in(chunk[:first]))
                 pending, opened = len(chunk) - last, values_in(chunk[last:])
             else:
-                pending, opened = pending + len(chunk), opened + values_in(chunk)
+                pending, opened = pending + cost, opened + values_in(chunk)
             self._check(pending, opened)
             await self._keep_pace(read, ended, started)
             yield chunk

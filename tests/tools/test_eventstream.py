@@ -211,3 +211,25 @@ async def test_an_sse_stream_is_paced_by_events_however_they_end() -> None:
     async for _ in bounded:
         pass
     assert time.monotonic() - started >= 0.25
+
+
+@pytest.mark.parametrize("events", [True, False], ids=["event-stream", "json"])
+async def test_parts_of_one_byte_each_count_as_sixty_four(events: bool) -> None:
+    """One message sent a byte a part (a chunk of one byte each: six on the wire) passes a
+    bound of 64 KiB a message at its 1,025th part, and events sent a part each a bound of
+    1 MiB in all at the 16,385th: parsing and passing on each part costs the reader as much as
+    a short event would; before, the bounds took 65,537 and 1,048,577 parts."""
+    limits = endpoint.StreamLimits(message_bytes=64 * 1024)
+    bounded = endpoint.BoundedStream(Chunks([b"x"] * 200_000), limits, events=events)
+    passed = 0
+    with pytest.raises(endpoint.MessageTooLarge, match="a message over 65536 bytes"):
+        async for _ in bounded:
+            passed += 1
+    assert passed == 1_024
+    whole = endpoint.StreamLimits(whole=endpoint.WholeBound(1024 * 1024, 10**6))
+    bounded = endpoint.BoundedStream(Chunks([b"\n\n"] * 200_000), whole, events=True)
+    passed = 0
+    with pytest.raises(endpoint.MessageTooLarge, match="over 1048576 bytes in all"):
+        async for _ in bounded:
+            passed += 1
+    assert passed == 16_384
