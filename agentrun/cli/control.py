@@ -211,16 +211,23 @@ class RunClient:
             )
         )
 
-    async def events_of(self, uid: str) -> list[dict[str, Any]]:
-        """The Kubernetes Events about the object ``uid`` in the namespace, oldest first;
-        raises RunAccessError."""
+    async def events_of(self, uid: str) -> list[dict[str, Any]] | None:
+        """The Kubernetes Events about the object ``uid`` in the namespace, oldest first, or
+        None when the caller may not list Events there (none of the agentrun roles grants it:
+        a person bound only ``agentrun-view`` or ``agentrun-approve`` still describes a run, as
+        ``kubectl describe`` shows an object without them); raises RunAccessError otherwise."""
         from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
 
-        listed = await self._call(
-            client.CoreV1Api(self.api).list_namespaced_event(
-                self.namespace, field_selector=f"involvedObject.uid={uid}"
-            )
+        request = client.CoreV1Api(self.api).list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.uid={uid}"
         )
+        try:
+            listed = await request
+        except ApiException as err:
+            if err.status == 403:
+                return None
+            raise RunAccessError.from_api(err, namespace=self.namespace) from err
         events = [self.api.sanitize_for_serialization(e) for e in listed.items]
         return sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
 

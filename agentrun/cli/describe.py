@@ -22,9 +22,10 @@ from agentrun import display, kernel, protocol
 from agentrun.cli import control, kubeflags, trajectory
 
 
-def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]]) -> list[str]:
-    """``kubectl describe``-like text of an AgentRun and its Kubernetes Events; every line
-    ``display.printable`` (model and tool text cannot steer the terminal)."""
+def describe_lines(obj: dict[str, Any], events: list[dict[str, Any]] | None) -> list[str]:
+    """``kubectl describe``-like text of an AgentRun and its Kubernetes Events (None: the
+    caller may not list them, said in their place); every line ``display.printable`` (model
+    and tool text cannot steer the terminal)."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     lines = [
         f"Name:          {meta.get('name')}",
@@ -215,7 +216,9 @@ def _pending_lines(name: str, namespace: str, pending: dict[str, Any]) -> list[s
     return lines
 
 
-def _events_lines(events: list[dict[str, Any]]) -> list[str]:
+def _events_lines(events: list[dict[str, Any]] | None) -> list[str]:
+    if events is None:
+        return ["Events:        <not shown: you may not list Events in this namespace>"]
     lines = ["Events:" if events else "Events:        <none>"]
     for event in events:
         lines.append(
@@ -226,9 +229,10 @@ def _events_lines(events: list[dict[str, Any]]) -> list[str]:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    """``describe RUN``: the run and its Events (``-o json``: ``{"object", "events"}``)."""
+    """``describe RUN``: the run and its Events (``-o json``: ``{"object", "events"}``, the
+    events null when the caller may not list them)."""
 
-    async def describe() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    async def describe() -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
         async with control.RunClient(args.namespace, kubeflags.KubeOptions.from_args(args)) as runs:
             obj = await runs.get(args.run)
             return obj, await runs.events_of(obj["metadata"]["uid"])

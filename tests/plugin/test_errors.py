@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from http_support import loopback_kubeconfig, serving
 
-from agentrun.cli import control, kubectl
+from agentrun.cli import control, describe, kubectl, kubeflags
 from agentrun.cli import main as agentrun_cli
 
 
@@ -165,3 +168,39 @@ async def test_a_run_not_found_names_the_namespace_it_was_looked_for_in() -> Non
     )
     with pytest.raises(control.RunAccessError, match=r'"held" not found$'):
         await runs._call(refused(), namespaced=False)
+
+
+def refusing(status: int, reason: str) -> Any:
+    """An API server's handler answering every request with a ``Status`` of ``status``."""
+
+    async def handle(request: web.Request) -> web.Response:
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": status}
+        body |= {"reason": reason, "message": f'events is {reason.lower()}: User "carol"'}
+        return web.json_response(body, status=status)
+
+    return handle
+
+
+async def test_describe_by_someone_who_may_not_list_events_shows_the_run_without_them(
+    tmp_path: Path,
+) -> None:
+    """None of the agentrun roles grants Events: a person bound only agentrun-approve (who
+    reads the held call's digest there) or agentrun-view describes the run, as kubectl's own
+    describe shows an object it may not list Events of. Failed before: the whole describe was
+    `Error from server (Forbidden): events is forbidden`."""
+    route = {"/api/v1/namespaces/team-a/events": refusing(403, "Forbidden")}
+    async with serving(route) as server:
+        config = str(loopback_kubeconfig(tmp_path / "config", server))
+        async with control.RunClient("team-a", kubeflags.KubeOptions(kubeconfig=config)) as runs:
+            assert await runs.events_of("uid-1") is None
+    lines = describe.describe_lines({"metadata": {"name": "held", "namespace": "team-a"}}, None)
+    assert lines[-1] == "Events:        <not shown: you may not list Events in this namespace>"
+
+
+async def test_describe_still_fails_on_any_other_refusal_of_the_events(tmp_path: Path) -> None:
+    route = {"/api/v1/namespaces/team-a/events": refusing(500, "InternalError")}
+    async with serving(route) as server:
+        config = str(loopback_kubeconfig(tmp_path / "config", server))
+        async with control.RunClient("team-a", kubeflags.KubeOptions(kubeconfig=config)) as runs:
+            with pytest.raises(control.RunAccessError, match=r"^Error from server \(InternalError"):
+                await runs.events_of("uid-1")
