@@ -167,7 +167,13 @@ class FakeKube:
         return {key: found[key] for key in keys}
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
+        """Refused as the API server refuses it (core/v1 Event validation, an Event without
+        ``eventTime``): its ``involvedObject.namespace`` must be its own, or empty in
+        ``default``."""
         self._called("create_event", (namespace, event))
+        involved = str(event.get("involvedObject", {}).get("namespace", ""))
+        if involved != namespace and not (involved == "" and namespace in ("", "default")):
+            raise ApiError(422, "Invalid", "involvedObject.namespace: does not match")
         self.events.append(copy.deepcopy(dict(event)))
 
     async def patch_event(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:

@@ -45,7 +45,11 @@ PRIVATE_KINDS = frozenset({"AgentTenant"})
 """Cluster-scoped kinds whose Events carry one tenant's figures (its name, its window's use,
 its limits, a rollback of its ledger): posted in the operator's own namespace
 (``EventRecorder.private_namespace``), not in ``default``, where another tenant would read
-them. ``kubectl describe`` of the object finds them there (it searches every namespace)."""
+them. The API server takes an Event whose ``involvedObject`` has no namespace only in
+``default`` (core/v1 Event validation: ``involvedObject.namespace ... does not match
+event.namespace``, HTTP 422), so such an Event names that namespace as its object's; ``kubectl
+get events -n NS --field-selector involvedObject.kind=AgentTenant`` lists them, ``kubectl
+describe agenttenant`` does not."""
 PLURALS = {"AgentRun": kube.RUNS, "AgentTenant": kube.TENANTS, "AgentModel": kube.MODELS}
 """Custom kinds whose uid the poster can look up when a reference lacks it."""
 
@@ -296,9 +300,12 @@ class EventRecorder:
     ) -> dict[str, Any]:
         """A new core/v1 Event for ``occasion`` as JSON (count 1, first and last seen ``at``)."""
         stamp = rfc3339(int(at))
+        involved = occasion.involved.reference(uid)
+        if namespace != CLUSTER_EVENTS_NAMESPACE:
+            involved["namespace"] = namespace  # the API server's rule (`PRIVATE_KINDS`)
         return {
             "metadata": {"name": name, "namespace": namespace},
-            "involvedObject": occasion.involved.reference(uid),
+            "involvedObject": involved,
             "type": occasion.type.value,
             "reason": occasion.reason,
             "message": occasion.message,

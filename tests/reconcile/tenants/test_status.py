@@ -204,7 +204,10 @@ async def test_an_agenttenants_events_are_posted_where_no_other_tenant_reads_the
     """An AgentTenant is cluster-scoped: client-go would post its Events in ``default``, which
     the people of every tenant read (``docs/architecture.md``, Kubernetes Events). Their
     messages carry the tenant's name, its window's use and its limits, so they go to the
-    operator's own namespace; an AgentModel's, which name no tenant, stay in ``default``."""
+    operator's own namespace, naming it as their object's (the API server refuses an Event
+    whose object has no namespace anywhere but in ``default``, as FakeKube does: before, every
+    AgentTenant Event of a chart install was refused, HTTP 422); an AgentModel's, which name no
+    tenant, stay in ``default``."""
     from kube_support import FakeKube
 
     from agentrun.operator.platform.events import (
@@ -235,3 +238,6 @@ async def test_an_agenttenants_events_are_posted_where_no_other_tenant_reads_the
         e for e in api.events if "1071" in e["message"] and e["metadata"]["namespace"] == "default"
     ]
     assert {n for k, n in placed if k == "AgentTenant"} == {"agentrun-system"}
+    assert {
+        (e["involvedObject"]["kind"], e["involvedObject"].get("namespace", "")) for e in api.events
+    } == {("AgentTenant", "agentrun-system"), ("AgentModel", "")}
