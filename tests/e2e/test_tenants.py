@@ -746,12 +746,14 @@ def test_tenant_policy_rejects_disallowed_models_tools_and_budgets_and_fills_in_
         defaulted = stack_.wait_terminal(strict_ns, "defaulted")
         assert (defaulted["terminalReason"], defaulted["usage"]["steps"]) == ("max_steps", 2)
         assert defaulted["tenant"] == strict
+        assert defaulted["budget"] == {"maxSteps": 2, "maxToolCalls": 50, "timeout": "10m0s"}
 
         clamped = stack_.wait_terminal(clamp_ns, "clamped")
         assert (clamped["terminalReason"], clamped["usage"]["steps"]) == ("max_steps", 3)
         assert clamped["tenant"] == clamp
         spec = (stack_.get(clamp_ns, "clamped") or {})["spec"]
         assert spec["budget"]["maxSteps"] == 10  # the spec is left as written
+        assert clamped["budget"]["maxSteps"] == 3  # its status says what it ran with
 
         ambiguous = stack_.wait_terminal(shared_ns, "ambiguous")
         assert (ambiguous["phase"], ambiguous["terminalReason"]) == ("Failed", "invalid_spec")
