@@ -242,6 +242,22 @@ def test_a_floor_that_exactly_reaches_the_limit_is_granted_not_refused() -> None
     )
 
 
+@pytest.mark.parametrize(
+    ("tokens", "cost", "said"),
+    [(1_001, None, "1000: 0 left this window"), (None, "1", "1: 0 USD left this window")],
+    ids=["tokens", "cost"],
+)
+def test_a_window_used_past_its_limit_says_nothing_is_left(
+    tokens: int | None, cost: str | None, said: str
+) -> None:
+    """Use past the limit (an overrun, or a limit lowered): ``0 left``, never a negative."""
+    b = book(tokens=1_000 if tokens else None, cost_usd=Decimal(cost) if cost else None)
+    b.used_tokens, b.used_cost = 1_001, Decimal("1.5")
+    priced = kernel.Pricing(input_per_million=Decimal("1"), output_per_million=Decimal("2"))
+    refused = ask(b, "r1", CallNeed(10, 20, priced, min_output_tokens=1))
+    assert said in refused.message  # type: ignore[union-attr]
+
+
 def test_a_call_over_the_cost_left_is_refused_saying_what_it_holds_and_what_is_left() -> None:
     """The run's message says why it ended while its AgentTenant shows ``BudgetExhausted``
     False (``WithinBudget``: some is left, less than this call's smallest worst case)."""
