@@ -49,13 +49,14 @@ EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\
 
 @contextlib.asynccontextmanager
 async def heads_first(
-    heads: int | None, final: bytes = b"", forever: bytes = b""
+    heads: int | None, final: bytes = b"", forever: bytes = b"", written: list[int] | None = None
 ) -> AsyncIterator[str]:
     """A raw HTTP/1.1 server on a loopback port answering every request with ``heads``
     informational heads (``EARLY_HINTS``; ``None``: for ever, as fast as they are read), then
     ``final`` (a whole response, its connection closed after), or, with ``forever``, the start
-    of one (its head) and then ``forever`` again and again, as fast as it is read; yields its
-    base URL ``http://127.0.0.1:<port>``."""
+    of one (its head) and then ``forever`` again and again, as fast as it is read (``written``,
+    when given, gets the bytes of ``forever`` each connection wrote); yields its base URL
+    ``http://127.0.0.1:<port>``."""
 
     writers: set[asyncio.StreamWriter] = set()
 
@@ -72,9 +73,13 @@ async def heads_first(
                 sent += 1
             writer.write(final)
             await writer.drain()
+            if written is not None and forever:
+                written.append(0)
             while forever:
                 writer.write(forever)
                 await writer.drain()
+                if written is not None:
+                    written[-1] += len(forever)
         writer.close()
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)

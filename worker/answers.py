@@ -30,6 +30,7 @@ from agentrun.tools.endpoint import (
     StreamLimits,
     WholeBound,
     is_event_stream,
+    metered,
 )
 
 
@@ -211,7 +212,7 @@ async def bounded_answer(response: httpx2.Response) -> httpx2.AsyncByteStream:
     events = is_event_stream(response.headers)
     whole = WholeBound(MAX_ANSWER_BYTES, MAX_ANSWER_MESSAGES)
     return BoundedStream(
-        response.stream,
+        metered(response),
         StreamLimits(message_bytes=MAX_MESSAGE_BYTES, whole=whole),
         events=events,
         error=AnswerTooLarge,

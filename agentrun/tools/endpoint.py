@@ -407,6 +407,53 @@ read until the run's deadline, a worker core busy all the while. A real stream's
 event each, or a read of 64 KiB) are longer."""
 
 
+class Metered(httpx2.AsyncByteStream):
+    """A response's body with the count of bytes its connection received
+    (``heads.HeadsStream.received``, the response's ``network_stream`` extension), so that
+    ``BoundedStream`` counts each part at what it took on the wire: a chunk of one byte
+    behind a chunk extension of 100 KiB (which the HTTP parser reads and drops) is 100 KiB.
+    Without a metered connection (another transport's), parts count their own bytes."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, network: object) -> None:
+        self.inner = inner
+        self.network = network if isinstance(network, heads.HeadsStream) else None
+
+    def received(self) -> int:
+        """Bytes the connection received so far (0 when not metered)."""
+        return 0 if self.network is None else self.network.received
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for part in self.inner:
+            yield part
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def metered(response: httpx2.Response) -> Metered:
+    """``response``'s body, ``Metered`` by its connection."""
+    assert isinstance(response.stream, httpx2.AsyncByteStream)
+    return Metered(response.stream, response.extensions.get("network_stream"))
+
+
+class _PartCosts:
+    """What the parts of one body cost in all: the larger of their bytes, each part
+    ``MIN_PART_BYTES`` at least, and (a ``Metered`` body) the bytes its connection received
+    meanwhile — bytes read ahead are not counted twice, framing is counted once."""
+
+    def __init__(self, body: httpx2.AsyncByteStream) -> None:
+        self.wire = body.received if isinstance(body, Metered) else None
+        self.start = self.wire() if self.wire is not None else 0
+        self.data = self.total = 0
+
+    def of(self, part: bytes) -> int:
+        """The cost of ``part``, the next part (0 when bytes read ahead paid for it)."""
+        self.data += max(len(part), MIN_PART_BYTES)
+        total = self.data if self.wire is None else max(self.data, self.wire() - self.start)
+        cost, self.total = total - self.total, total
+        return cost
+
+
 class BoundedStream(httpx2.AsyncByteStream):
     """A response body read on, but never a message longer than ``limits.message_bytes``
     bytes or opening more than ``limits.message_values`` JSON values (``values_in``), nor,
@@ -417,7 +464,8 @@ class BoundedStream(httpx2.AsyncByteStream):
     is an event, which ends at an empty line however its lines end
     (``eventstream.EventEnds``); in any other body, the whole body. Messages that begin and
     end within one read of the connection (64 KiB) are bounded by it. Each part read counts
-    ``MIN_PART_BYTES`` at least."""
+    ``MIN_PART_BYTES`` at least, and a ``Metered`` body's parts the bytes its connection
+    received when more (their framing: chunk headers and extensions; ``_PartCosts``)."""
 
     def __init__(
         self,
@@ -440,13 +488,15 @@ class BoundedStream(httpx2.AsyncByteStream):
         pending = opened = read = ended = 0
         ends = eventstream.EventEnds()
         started = time.monotonic()
+        costs = _PartCosts(self.inner)
         async for chunk in self.inner:
             count, first, last = ends.feed(chunk) if self.events else (0, 0, 0)
-            cost = max(len(chunk), MIN_PART_BYTES)
+            cost = costs.of(chunk)
             read, ended = read + cost, ended + count
             self._spend(cost, count)
             if count:  # a message ended in this read: check it whole, then the next one's
-                self._check(pending + max(first, MIN_PART_BYTES), opened + values_in(chunk[:first]))
+                framing = max(cost - len(chunk), 0)
+                self._check(pending + first + framing, opened + values_in(chunk[:first]))
                 pending, opened = len(chunk) - last, values_in(chunk[last:])
             else:
                 pending, opened = pending + cost, opened + values_in(chunk)
@@ -616,7 +666,7 @@ class CheckedTransport(httpx2.AsyncHTTPTransport):
             response.status_code,
             headers=utf8_event_stream(response.headers) if events else response.headers,
             stream=BoundedStream(
-                response.stream,
+                metered(response),
                 limits,
                 events=events,
                 error=StreamTooLarge if events else MessageTooLarge,

@@ -77,15 +77,19 @@ class HeadCount:
 
 class HeadsStream(AsyncNetworkStream):
     """A connection's stream whose reads raise ``error`` once an answer has had more than
-    ``MAX_INFORMATIONAL`` informational heads (``HeadCount``)."""
+    ``MAX_INFORMATIONAL`` informational heads (``HeadCount``), and count the bytes they
+    received (``received``: what a body's parts cost on the wire, ``endpoint.Metered``)."""
 
     def __init__(self, inner: AsyncNetworkStream, error: Callable[[str], Exception]) -> None:
         self.inner = inner
         self.error = error
         self.count = HeadCount()
+        self.received = 0
+        """Bytes read from the connection (after TLS) so far."""
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         data = await self.inner.read(max_bytes, timeout)
+        self.received += len(data)
         if self.count.feed(data) > MAX_INFORMATIONAL:
             raise self.error(REFUSAL)
         return data
