@@ -74,6 +74,8 @@ def _definition_lines(
     if run_spec.get("approval", {}).get("tools"):
         lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
     logs = f"kubectl agentrun logs {meta.get('name')} -n {meta.get('namespace')}"
+    if status.get("phase") in (None, "Pending", "Queued"):
+        logs = None  # not admitted yet: its caps show in status.budget once it is
     budget = run_spec.get("budget") or {}
     tenant, admitted = status.get("tenant"), status.get("budget")
     return lines + budget_lines(budget, tenant=tenant, logs=logs, admitted=admitted)
@@ -95,8 +97,9 @@ def budget_lines(
     the tenant's ``runBudget`` may set (when a default shows) or cap them; then the caps it
     was admitted with (``admitted``: ``status.budget``), each its tenant lowered marked
     (``overMax: Clamp`` lowers one without an error), or, for a run with a tenant whose
-    status has none (queued, or admitted by an operator before ``status.budget``), where its
-    admitted caps show (``logs``: the command)."""
+    status has none, admitted by an operator before ``status.budget``, where its admitted
+    caps show (``logs``: the command), or, not admitted yet (``logs`` None), that they will
+    show here."""
     implicit = kernel.Limits()
     defaults = {
         "maxSteps": implicit.max_steps,
@@ -123,6 +126,8 @@ def budget_lines(
         lines.append(admitted_line(budget, admitted))
     elif tenant and logs:
         lines.append(f"               the caps it was admitted with: {logs} (its first lines)")
+    elif tenant:
+        lines.append("               the caps it is admitted with show here once it is admitted")
     return lines
 
 

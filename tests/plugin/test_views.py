@@ -244,7 +244,7 @@ def test_describe_shows_the_limits_a_run_without_a_budget_gets() -> None:
     obj = {
         "metadata": {"name": "inventory", "namespace": "team-a"},
         "spec": {"budget": {"onExhausted": "summarize"}},
-        "status": {"tenant": "team-a"},
+        "status": {"tenant": "team-a", "phase": "Succeeded"},
     }
     lines = describe.describe_lines(obj, [])
     start = next(i for i, line in enumerate(lines) if line.startswith("Budget:"))
@@ -266,7 +266,7 @@ def test_describe_of_a_run_above_its_tenants_cap_says_where_its_admitted_caps_sh
     it and where the caps it runs under show, though no default applies."""
     budget = {"maxSteps": 10, "maxToolCalls": 5, "timeout": "2m"}
     obj = {"metadata": {"name": "big", "namespace": "team-b"}, "spec": {"budget": budget}}
-    obj["status"] = {"tenant": "team-b"}
+    obj["status"] = {"tenant": "team-b", "phase": "Running"}
     lines = describe.describe_lines(obj, [])
     start = next(i for i, line in enumerate(lines) if line.startswith("Budget:"))
     assert lines[start + 2 : start + 4] == [
@@ -274,6 +274,17 @@ def test_describe_of_a_run_above_its_tenants_cap_says_where_its_admitted_caps_sh
         "               the caps it was admitted with: kubectl agentrun logs big -n team-b "
         "(its first lines)",
     ]
+
+
+@pytest.mark.parametrize("phase", [None, "Pending", "Queued"])
+def test_describe_of_a_run_not_admitted_yet_says_its_caps_show_once_it_is(
+    phase: str | None,
+) -> None:
+    obj = {"metadata": {"name": "big", "namespace": "team-b"}, "spec": {"budget": {}}}
+    obj["status"] = {"tenant": "team-b", **({"phase": phase} if phase else {})}
+    lines = describe.describe_lines(obj, [])
+    assert "               the caps it is admitted with show here once it is admitted" in lines
+    assert not any("kubectl agentrun logs" in line for line in lines)
 
 
 def test_describe_shows_the_caps_a_run_was_admitted_with_marking_those_its_tenant_lowered() -> None:
