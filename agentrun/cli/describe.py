@@ -73,7 +73,7 @@ def _definition_lines(
     ]
     if run_spec.get("approval", {}).get("tools"):
         lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
-    logs = f"kubectl agentrun logs {meta.get('name')} -n {meta.get('namespace')}"
+    logs: str | None = f"kubectl agentrun logs {meta.get('name')} -n {meta.get('namespace')}"
     if status.get("phase") in (None, "Pending", "Queued"):
         logs = None  # not admitted yet: its caps show in status.budget once it is
     budget = run_spec.get("budget") or {}
