@@ -62,12 +62,21 @@ def settled_book(
     """The tenant's ledger entry once no run is active in it and it holds nothing: a run's
     last settlement and its close land just after its terminal status (the worker settles
     after its commit, the operator closes the run around the status it writes), so a book
-    read as soon as the runs ended may not hold them yet. Read with ``read`` every ``poll``
-    seconds; raises AssertionError after ``timeout`` seconds."""
+    read as soon as the runs ended may not hold them yet. "Holds nothing" by its totals too
+    (``reserved_tokens``, ``reserved_cost``): a split ledger is read as its totals, then its
+    run entries, so a settlement landing between the two reads shows the totals' hold beside
+    entries without it. Read with ``read`` every ``poll`` seconds; raises AssertionError after
+    ``timeout`` seconds."""
     end = time.monotonic() + timeout
     while True:
         book = read(server, tenant)
-        if book is not None and not (book.active or book.active_runs or book.holds):
+        if book is not None and not (
+            book.active
+            or book.active_runs
+            or book.holds
+            or book.reserved_tokens
+            or book.reserved_cost
+        ):
             return book
         assert time.monotonic() < end, f"{tenant}: not settled in {timeout}s: {book}"
         time.sleep(poll)
