@@ -54,24 +54,57 @@ def not_found(kind: str, name: str, *, namespace: str | None = None) -> str:
 HINT_CHOICES = 1_000
 """At most this many choices are compared for a ``hint`` (a tool server chooses how many
 tools it lists; beyond this none is suggested)."""
+HINT_COMPARISONS = 2_000
+"""Most (name, choice) pairs one message's hints look at (``difflib``'s cheap bounds, linear
+in the names' length), whatever the number of names and choices a tenant wrote."""
+HINT_RATIOS = 100
+"""Most full ``difflib`` ratios (quadratic in the names' length: names with the same letters
+in another order pass the cheap bounds) one message's hints compute."""
+HINT_CUTOFF = 0.75
+"""The ratio a choice needs to be suggested."""
 
 
-def hint(name: str, choices: Iterable[str]) -> str:
+@dataclasses.dataclass(slots=True)
+class _HintWork:
+    """What is left of one message's hint work (``HINT_COMPARISONS``, ``HINT_RATIOS``)."""
+
+    comparisons: int = HINT_COMPARISONS
+    ratios: int = HINT_RATIOS
+
+
+def hint(name: str, choices: Iterable[str], *, work: _HintWork | None = None) -> str:
     """`` (did you mean 'calculator'?)`` when one of ``choices`` is close enough to ``name`` to
-    be a misspelling of it (``difflib``'s ratio at least 0.75, compared as written); ``""``
-    otherwise, or when there are more than ``HINT_CHOICES`` choices."""
+    be a misspelling of it (``difflib``'s ratio at least ``HINT_CUTOFF``, compared as written;
+    the first of the closest in sorted order); ``""`` otherwise, when there are more than
+    ``HINT_CHOICES`` choices, or for what ``work`` (one message's, shared by its names) no
+    longer covers. Bounded: a tenant writes the names, and may write the choices."""
     known = sorted(set(itertools.islice(choices, HINT_CHOICES + 1)))
     if len(known) > HINT_CHOICES:
         return ""
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    work = work if work is not None else _HintWork()
+    matcher = difflib.SequenceMatcher(b=name)
+    best, best_ratio = "", 0.0
+    for choice in known:
+        if work.comparisons <= 0:
+            break
+        work.comparisons -= 1
+        matcher.set_seq1(choice)
+        needed = max(best_ratio, HINT_CUTOFF)
+        if matcher.real_quick_ratio() < needed or matcher.quick_ratio() < needed:
+            continue
+        if work.ratios <= 0:
+            break
+        work.ratios -= 1
+        if (ratio := matcher.ratio()) >= needed and ratio > best_ratio:
+            best, best_ratio = choice, ratio
+    return f" (did you mean {best!r}?)" if best else ""
 
 
 def with_hints(names: Iterable[str], choices: Iterable[str]) -> str:
-    """``names`` sorted and comma-separated, each with its ``hint`` among ``choices``:
-    ``calcualtor (did you mean 'calculator'?), rm_rf``."""
-    known = tuple(choices)
-    return ", ".join(name + hint(name, known) for name in sorted(set(names)))
+    """``names`` sorted and comma-separated, each with its ``hint`` among ``choices`` (one
+    work bound for them all): ``calcualtor (did you mean 'calculator'?), rm_rf``."""
+    known, work = tuple(choices), _HintWork()
+    return ", ".join(name + hint(name, known, work=work) for name in sorted(set(names)))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)

@@ -3,13 +3,23 @@ admission (allowlist, last good list, tenant grants, the names the model sees)."
 
 from __future__ import annotations
 
+import difflib
+import random
+import string
 from typing import Any
 
 import pytest
 
 from agentrun.operator.admission import config as admission
 from agentrun.operator.agents.spec import model_config
-from agentrun.operator.platform.spec import HINT_CHOICES, SpecError, hint
+from agentrun.operator.platform.spec import (
+    HINT_CHOICES,
+    HINT_COMPARISONS,
+    HINT_RATIOS,
+    SpecError,
+    hint,
+    with_hints,
+)
 from agentrun.operator.runs import RunKey
 from agentrun.operator.runs.spec import AgentRunSpec
 from agentrun.operator.tenants import policy as tenancy
@@ -86,6 +96,33 @@ def test_no_tool_is_suggested_among_more_than_hint_choices() -> None:
     many = ["calculate", *(f"tool_{i:05}" for i in range(HINT_CHOICES))]
     assert hint("calculte", many[:HINT_CHOICES]) == " (did you mean 'calculate'?)"
     assert hint("calculte", many) == ""
+
+
+def test_hints_of_hostile_names_do_bounded_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """128 names of 64 characters against 1,000 choices, all the same letters in another
+    order (each passes difflib's cheap bounds, so each pair would cost a full, quadratic
+    ratio): one message's hints look at ``HINT_COMPARISONS`` pairs and compute
+    ``HINT_RATIOS`` ratios at most (before, 128,000 of each: 9.5 s of the operator's loop)."""
+    rng = random.Random(1)
+    letters = string.ascii_letters + string.digits + "_-"
+    names = ["".join(rng.sample(letters, 64)) for _ in range(128)]
+    choices = ["".join(rng.sample(letters, 64)) for _ in range(1_000)]
+    counted = {"quick": 0, "ratio": 0}
+    quick, ratio = difflib.SequenceMatcher.quick_ratio, difflib.SequenceMatcher.ratio
+
+    def counting(kind: str, real: Any) -> Any:
+        def counted_call(self: difflib.SequenceMatcher[str]) -> float:
+            counted[kind] += 1
+            return float(real(self))
+
+        return counted_call
+
+    monkeypatch.setattr(difflib.SequenceMatcher, "quick_ratio", counting("quick", quick))
+    monkeypatch.setattr(difflib.SequenceMatcher, "ratio", counting("ratio", ratio))
+    shown = with_hints(names, choices)
+    assert shown.startswith(", ".join(sorted(names))[:64])
+    assert 0 < counted["quick"] <= HINT_COMPARISONS
+    assert 0 < counted["ratio"] <= HINT_RATIOS
 
 
 def test_a_failed_refresh_keeps_the_last_good_list_and_says_so() -> None:
