@@ -16,7 +16,8 @@ read up to ``MAX_BYTES``; the tool runner's byte cap then applies to what the mo
 Failures: a URL the rules refuse is the model's (``domain``); an HTTP 4xx is ``rejected`` with
 the first part of the body; a 5xx, refused or reset connection, unresolvable name or timeout are
 infrastructure faults, as is an answer opening with more informational (1xx) heads than
-``heads.MAX_INFORMATIONAL`` (``connection``).
+``heads.MAX_INFORMATIONAL``, or one whose connection carries more than ``MAX_WIRE_BYTES``
+(``connection``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ __all__ = ["MAX_BYTES", "MAX_REDIRECTS", "SPEC", "HttpGet", "allowed_by", "check
 
 MAX_BYTES = 1_048_576
 """Most bytes of a body read (the rest is not downloaded)."""
+MAX_WIRE_BYTES = 4 * MAX_BYTES
+"""Most bytes one connection (one request: head, body and the body's framing) may receive:
+a body of ``MAX_BYTES`` sent in chunks of one byte behind a chunk extension of 60 KB each
+(which the HTTP parser reads and drops) took 2.9 GB of the wire and 7.7 s of a worker core
+until ``TIMEOUT_SECONDS`` ended it; now it is refused after 4 MiB. A real body's framing (a
+chunk header per kilobytes of data) is a fraction of a percent of it."""
 MAX_REDIRECTS = 5
 TIMEOUT_SECONDS = 20.0
 """Bound on one call: resolution, every redirect and the body."""
@@ -88,40 +95,56 @@ class _Pinned(AbstractResolver):
         return None
 
 
-class _HeadsHandler(ResponseHandler):
+class _BoundedHandler(ResponseHandler):
     """aiohttp's protocol of one connection (which carries one request: a session of its own
     each), refusing an answer that opens with more than ``heads.MAX_INFORMATIONAL``
-    informational heads (``heads.HeadCount``): aiohttp reads them for as long as they come,
-    each under the read timeout, which a server sending them at network speed turned into
-    ``TIMEOUT_SECONDS`` of a core of the worker parsing them."""
+    informational heads (``heads.HeadCount``), or whose connection receives more than
+    ``MAX_WIRE_BYTES``: aiohttp reads informational heads for as long as they come, and a
+    chunked body's framing without a bound, each under the read timeout, which a server
+    sending them at network speed turned into ``TIMEOUT_SECONDS`` of a core of the worker
+    parsing them."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, refusals: list[str]) -> None:
+        """``refusals`` gets the reason of each refusal (the error aiohttp raises for one
+        during a body is its own: a payload cut short)."""
         super().__init__(loop)
         self._heads = heads.HeadCount()
         self._heads.start()
+        self._received = 0
+        self._refusals = refusals
         self._refused = False
 
     def data_received(self, data: bytes) -> None:
-        if self._heads.feed(data) <= heads.MAX_INFORMATIONAL:
+        self._received += len(data)
+        if self._received > MAX_WIRE_BYTES:
+            self._refuse(f"the server sent over {MAX_WIRE_BYTES} bytes on one connection")
+        elif self._heads.feed(data) > heads.MAX_INFORMATIONAL:
+            self._refuse(heads.REFUSAL)
+        else:
             super().data_received(data)
-        elif not self._refused:
+
+    def _refuse(self, why: str) -> None:
+        if not self._refused:
             self._refused = True
-            self.set_exception(aiohttp.ClientConnectionError(heads.REFUSAL))
+            self._refusals.append(why)
+            self.set_exception(aiohttp.ClientConnectionError(why))
             if self.transport is not None:
                 self.transport.close()
 
 
-def _handler(loop: asyncio.AbstractEventLoop) -> ResponseHandler:
-    return _HeadsHandler(loop)
+def _handler(loop: asyncio.AbstractEventLoop, refusals: list[str]) -> ResponseHandler:
+    return _BoundedHandler(loop, refusals)
 
 
 class _Connector(aiohttp.TCPConnector):
-    """A ``TCPConnector`` whose connections are ``_HeadsHandler``s (aiohttp builds each
+    """A ``TCPConnector`` whose connections are ``_BoundedHandler``s (aiohttp builds each
     connection's protocol with its ``_factory``, TLS ones too)."""
 
     def __init__(self, resolver: AbstractResolver) -> None:
         super().__init__(resolver=resolver)
-        self._factory = functools.partial(_handler, loop=self._loop)
+        self.refusals: list[str] = []
+        """Why its connections refused an answer (``_BoundedHandler``), in order."""
+        self._factory = functools.partial(_handler, loop=self._loop, refusals=self.refusals)
 
 
 async def _resolve(url: URL, rule: UrlRule) -> list[ResolveResult]:
@@ -212,10 +235,14 @@ class HttpGet:
                             continue
                         body = await _read_capped(response)
                         return _result(response, body[:MAX_BYTES], cut=len(body) > MAX_BYTES)
-                except aiohttp.ClientConnectionError as err:
+                except aiohttp.ClientError as err:  # refused, reset, cut short, malformed
+                    why = (
+                        connector.refusals[0]
+                        if connector.refusals
+                        else f"{type(err).__name__}: {err}"
+                    )
                     raise catalog.ToolError(
-                        f"{_shown(url)}: {type(err).__name__}: {err}",
-                        fault=ToolFault.CONNECTION,
+                        f"{_shown(url)}: {why}", fault=ToolFault.CONNECTION
                     ) from None
         raise catalog.ToolError(f"more than {MAX_REDIRECTS} redirects", fault=ToolFault.REJECTED)
 

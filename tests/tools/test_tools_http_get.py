@@ -230,3 +230,62 @@ def test_as_many_informational_heads_as_allowed_are_read_past_to_the_answer() ->
     assert heads_then(heads.MAX_INFORMATIONAL, final).endswith("\n\nhi")
     with pytest.raises(ToolError):
         heads_then(heads.MAX_INFORMATIONAL + 1, final)
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+ENDLESS = {
+    "one-byte chunks": b"1\r\nx\r\n" * 4096,
+    "behind 60 KB extensions": b"1;e=" + b"a" * 60_000 + b"\r\nx\r\n",
+}
+"""Chunked bodies sent for ever, a byte a chunk: as they are, and behind a chunk extension the
+HTTP parser reads and drops."""
+
+
+def endless(parts: bytes) -> tuple[str, float, int]:
+    """GET a body of ``parts`` sent for ever: the call's result (or its ToolError's fault and
+    message), its seconds, and the bytes the server wrote."""
+    written: list[int] = []
+
+    async def go() -> str:
+        async with http_support.heads_first(
+            0, CHUNKED_HEAD, forever=parts, written=written
+        ) as base:
+            rule = UrlRule(base.removeprefix("http://"), "/", True)
+            try:
+                return await http_get.HttpGet([rule]).run({"url": f"{base}/x"}, CTX)
+            except ToolError as err:
+                return f"{err.fault.value}: {err.message}"
+
+    start = time.monotonic()
+    result = asyncio.run(go())
+    return result, time.monotonic() - start, sum(written)
+
+
+@pytest.mark.parametrize("parts", ENDLESS.values(), ids=ENDLESS.keys())
+def test_a_body_s_framing_is_bounded_on_the_wire(parts: bytes) -> None:
+    """Before, the body behind extensions was read until ``TIMEOUT_SECONDS`` (2.9 GB of the
+    wire, 7.7 s of a core), and the bare one to its 1 MiB of data (6 MiB of the wire)."""
+    result, seconds, written = endless(parts)
+    assert result.startswith("connection: http://127.0.0.1:"), result
+    assert result.endswith(
+        f"the server sent over {http_get.MAX_WIRE_BYTES} bytes on one connection"
+    )
+    assert seconds < http_get.TIMEOUT_SECONDS / 2
+    assert written < 8 * http_get.MAX_WIRE_BYTES  # the refusal, plus what the sockets held
+
+
+def test_a_long_body_in_real_chunks_is_still_cut_not_refused() -> None:
+    result, _, written = endless(b"10000\r\n" + b"y" * 0x10000 + b"\r\n")
+    assert result.startswith(f"HTTP 200 OK, text/plain, {http_get.MAX_BYTES} bytes (cut at "), (
+        result
+    )
+    assert written > http_get.MAX_BYTES
+
+
+def test_a_body_cut_short_is_a_connection_fault_not_a_crash() -> None:
+    """A chunked body whose server closes mid-chunk: aiohttp's ``ClientPayloadError`` was not
+    mapped, so the runner logged the tool as crashed (``crashed``, a stack trace per call)."""
+    with pytest.raises(ToolError) as caught:
+        heads_then(0, CHUNKED_HEAD + b"a\r\nonly five")
+    assert caught.value.fault is ToolFault.CONNECTION
+    assert "ClientPayloadError" in caught.value.message
