@@ -61,25 +61,44 @@ def wait_for(
     kubectl: Kubectl, namespace: str, name: str, done: Callable[[dict[str, Any]], bool],
     *, timeout: float = 240.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """The run's status once ``done(status)``; after ``timeout`` seconds, prints the pods and
-    their logs (``print_pods``) and fails the test."""
+    """The run's status once ``done(status)``; after ``timeout`` seconds, prints the run
+    (``print_run``), the pods and their logs (``print_pods``) and fails the test."""
     deadline = time.monotonic() + timeout
     while True:
         status = run_status(kubectl, namespace, name)
         if done(status):
             return status
         if time.monotonic() >= deadline:
+            print_run(kubectl, namespace, name)
             print_pods(kubectl, namespace)
             raise AssertionError(f"{name}: {status}")
         time.sleep(1.0)
 
 
+def print_run(kubectl: Kubectl, namespace: str, name: str) -> None:
+    """Print run ``name`` whole (its annotations carry kopf's progress: a handler's retries and
+    last error) and the namespace's Events, for a failed test's report."""
+    print(kubectl("get", "agentrun", name, "-n", namespace, "-o", "yaml", check=False).stdout)
+    print(kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout)
+
+
+FIRST_IN_REPORT = ("operator", "worker")
+"""Components whose logs a failed test's report prints first (a report may be cut short)."""
+
+
 def print_pods(kubectl: Kubectl, namespace: str, *, tail: int = 60) -> None:
     """Print the namespace's pods and the last ``tail`` log lines of each container (previous
-    run too, after a restart), for a failed test's report."""
+    run too, after a restart), the operator's and the workers' first, for a failed test's
+    report."""
     print(kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout)
     listed = kubectl("get", "pods", "-n", namespace, "-o", "json", check=False).stdout or "{}"
-    for pod in json.loads(listed).get("items", []):
+    pods = json.loads(listed).get("items", [])
+
+    def rank(pod: dict[str, Any]) -> int:
+        component = pod["metadata"].get("labels", {}).get("app.kubernetes.io/component", "")
+        return FIRST_IN_REPORT.index(component) if component in FIRST_IN_REPORT else 99
+
+    for pod in sorted(pods, key=rank):
         name = pod["metadata"]["name"]
         for container in pod["spec"]["containers"]:
             for previous in ("--previous=false", "--previous=true"):
