@@ -27,8 +27,39 @@ AGENTS = "agents"
 EVALS = "agentevals"
 
 
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(sock_connect=10.0, sock_read=75.0)
+"""Bounds on a request of the operator's and the worker's clients that sets none of its own:
+10 s to open a connection, 75 s between reads of its answer (the API server answers a
+request that is not a watch within its own ``--request-timeout``, 1 minute by default, or
+says it timed out). ``kubernetes_asyncio`` sets no bound at all: a request whose connection
+died without a reset (a black-holed route, a NAT entry gone) waited for ever, and so did the
+part of the operator awaiting it (a status write, an admission). Raised as
+``aiohttp.ServerTimeoutError`` (an ``aiohttp.ClientError``)."""
+
+
+class TimedApiClient(client.ApiClient):
+    """An ``ApiClient`` whose every call that sets no ``_request_timeout`` of its own gets
+    ``request_timeout``: for clients that never watch or follow a stream (which a bound
+    between reads would cut while the stream is quiet)."""
+
+    def __init__(self, request_timeout: aiohttp.ClientTimeout) -> None:
+        super().__init__()
+        self.request_timeout = request_timeout
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        """``ApiClient.call_api`` with ``_request_timeout`` defaulted (the generated API
+        methods pass it by keyword, ``None`` when the caller gave none)."""
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = self.request_timeout
+        return super().call_api(*args, **kwargs)
+
+
 async def api_client(
-    *, config_file: str | None = None, context: str | None = None, trust_env: bool = True
+    *,
+    config_file: str | None = None,
+    context: str | None = None,
+    trust_env: bool = True,
+    request_timeout: aiohttp.ClientTimeout | None = None,
 ) -> client.ApiClient:
     """A configured ``ApiClient``: the kubeconfig ``config_file`` (else ``KUBECONFIG``, else
     ``~/.kube/config``) with its ``context`` (else its current one), else the in-cluster
@@ -40,6 +71,10 @@ async def api_client(
     (``kubernetes_asyncio``'s fixed choice, kept for the CLI, as ``kubectl`` honours a proxy)
     aiohttp looks both up on a thread for every request: two thread hand-offs per API call.
     A kubeconfig's ``proxy-url`` is sent either way.
+
+    ``request_timeout`` (``REQUEST_TIMEOUT`` for the operator and the worker, which never
+    watch through this client): every call setting no timeout of its own gets it
+    (``TimedApiClient``); ``None``: none (``kubernetes_asyncio``'s default).
     """
     path = config_file or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
     if os.path.exists(path):
@@ -51,7 +86,7 @@ async def api_client(
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except ConfigException as err:
             raise ConfigException(f"no kubeconfig at {path} and not in a cluster: {err}") from err
-    api = client.ApiClient()
+    api = client.ApiClient() if request_timeout is None else TimedApiClient(request_timeout)
     if not trust_env:
         _ignore_environment(api)
     return api

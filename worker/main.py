@@ -92,7 +92,7 @@ def _consumer_settings(config: WorkerSettings) -> ConsumerSettings:
 async def _kube_api() -> ApiClient | None:
     """The Kubernetes client, or ``None`` (logged) when there is no cluster access."""
     try:
-        return await kube.api_client(trust_env=False)
+        return await kube.api_client(trust_env=False, request_timeout=kube.REQUEST_TIMEOUT)
     except Exception as err:  # a worker without cluster access can still run cluster-free tools
         log.warning(
             "no Kubernetes access (%s): kubernetes_get and Secret credentials are unavailable", err

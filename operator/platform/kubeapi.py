@@ -228,8 +228,10 @@ class Kube:
 
     @classmethod
     async def connect(cls) -> Kube:
-        """From the kubeconfig, else the in-cluster service account (``kube.api_client``)."""
-        return cls(await kube.api_client(trust_env=False))
+        """From the kubeconfig, else the in-cluster service account (``kube.api_client``),
+        each request bounded by ``kube.REQUEST_TIMEOUT`` (its timeout is an ``ApiError`` with
+        status 0, as a lost connection is)."""
+        return cls(await kube.api_client(trust_env=False, request_timeout=kube.REQUEST_TIMEOUT))
 
     async def close(self) -> None:
         """See ``KubeApi.close``: close the connection pool."""

@@ -5,7 +5,10 @@ are, as ``kubernetes_asyncio`` does. Against a real HTTP server standing in for 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +19,8 @@ from http_support import loopback_kubeconfig, serving
 from kubernetes_asyncio import client
 
 from agentrun import kube
+from agentrun.operator.platform import kubeapi
+from agentrun.worker import main as worker_main
 
 VERSION = {
     "major": "1",
@@ -107,3 +112,68 @@ async def test_by_default_netrc_credentials_are_sent(
     finally:
         await api.close()
     assert seen == ["Basic YWxpY2U6c2VjcmV0"]  # alice:secret
+
+
+SHORT = aiohttp.ClientTimeout(sock_connect=1.0, sock_read=1.0)
+"""``kube.REQUEST_TIMEOUT`` shortened for the tests."""
+
+
+@pytest.fixture
+async def silent_apiserver(tmp_path: Path) -> AsyncIterator[Path]:
+    """A kubeconfig for an API server that accepts connections and reads requests but never
+    answers (as one behind a connection that died without a reset looks)."""
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # until the client gives up and closes
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield loopback_kubeconfig(tmp_path / "kubeconfig", url)
+    finally:
+        server.close()
+
+
+async def test_a_request_never_answered_times_out_at_the_bound(silent_apiserver: Path) -> None:
+    """Before, ``kubernetes_asyncio`` waited for ever (it sets no timeout of its own), and so
+    did the operator's status write or admission awaiting it."""
+    api = await kube.api_client(
+        config_file=str(silent_apiserver), trust_env=False, request_timeout=SHORT
+    )
+    try:
+        start = time.monotonic()
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await client.VersionApi(api).get_code()
+        assert time.monotonic() - start < 5
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):  # a call's own timeout wins
+            await client.VersionApi(api).get_code(_request_timeout=aiohttp.ClientTimeout(total=0.1))
+        assert time.monotonic() - start < 0.8
+    finally:
+        await api.close()
+
+
+async def test_the_operator_s_api_calls_are_bounded(
+    silent_apiserver: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Kube.connect`` (every API call of the operator) and the worker's client use
+    ``kube.REQUEST_TIMEOUT``: an unanswered read is an ``ApiError`` with status 0, which the
+    operator retries as a lost connection."""
+    monkeypatch.setenv("KUBECONFIG", str(silent_apiserver))
+    monkeypatch.setattr(kube, "REQUEST_TIMEOUT", SHORT)
+    api = await kubeapi.Kube.connect()
+    try:
+        with pytest.raises(kubeapi.ApiError) as caught:
+            await api.get(kubeapi.Ref(kube.RUNS, "r", "ns"))
+        assert caught.value.status == 0
+        assert "SocketTimeoutError" in str(caught.value)
+    finally:
+        await api.close()
+    worker_api = await worker_main._kube_api()
+    assert isinstance(worker_api, kube.TimedApiClient)
+    try:
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await client.CoreV1Api(worker_api).read_namespaced_secret("key", "ns")
+    finally:
+        await worker_api.close()
