@@ -34,7 +34,7 @@ import nats.errors
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from agentrun import bus, natsclient
+from agentrun import bus, kube, natsclient
 from agentrun.natsauth import authority, jwt
 from agentrun.natsauth.permissions import Role
 from agentrun.trajectoryapi import access, budget, tenants
@@ -359,7 +359,10 @@ class Server:
         with contextlib.suppress(KeyError):  # not asked lately (one clock read)
             return self.verdicts[key]
         reviews = client.AuthorizationV1Api(self.api)
-        result = await reviews.create_subject_access_review(body)  # type: ignore[arg-type]
+        result = await reviews.create_subject_access_review(
+            body,  # type: ignore[arg-type]
+            _request_timeout=kube.REQUEST_TIMEOUT,
+        )
         status: dict[str, Any] = self.api.sanitize_for_serialization(result).get("status") or {}
         if not status.get("evaluationError"):
             self.verdicts[key] = status

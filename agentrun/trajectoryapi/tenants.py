@@ -40,6 +40,10 @@ LABELS_TIMEOUT = 5.0
 the request)."""
 WATCH_SECONDS = 300
 """Seconds one watch of the AgentTenants lasts before it is opened again."""
+WATCH_TIMEOUT = aiohttp.ClientTimeout(sock_connect=10.0, sock_read=WATCH_SECONDS + 30.0)
+"""Bounds on one watch's connection: the API server ends a watch after ``WATCH_SECONDS``, so
+one silent for 30 s longer died without a reset (its ``TimeoutError`` opens it again after
+``RETRY_SECONDS``; before, it waited for ever, the tenants' bindings frozen)."""
 RETRY_SECONDS = 5.0
 """Wait before listing the AgentTenants again after a failed list or watch."""
 
@@ -154,7 +158,7 @@ class KubeTenants:
 
     async def list_tenants(self) -> tuple[list[Mapping[str, Any]], str]:
         found = await client.CustomObjectsApi(self.api).list_cluster_custom_object(
-            kube.GROUP, kube.VERSION, kube.TENANTS
+            kube.GROUP, kube.VERSION, kube.TENANTS, _request_timeout=kube.REQUEST_TIMEOUT
         )
         return list(found.get("items") or ()), str(found["metadata"]["resourceVersion"])
 
@@ -164,6 +168,7 @@ class KubeTenants:
             async for event in stream.stream(
                 objects.list_cluster_custom_object, kube.GROUP, kube.VERSION, kube.TENANTS,
                 resource_version=since, timeout_seconds=WATCH_SECONDS,
+                _request_timeout=WATCH_TIMEOUT,
             ):  # fmt: skip
                 kind, obj = event["type"], event["object"]
                 if kind == "ERROR":

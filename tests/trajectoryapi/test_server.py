@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agentrun import kernel
+from agentrun import kernel, kube
 from agentrun.protocol import RunEvent
 from agentrun.trajectoryapi import access, budget, server
 from agentrun_dev import certs
@@ -368,7 +368,10 @@ class Reviews:
     def __call__(self, api: object) -> Reviews:
         return self
 
-    async def create_subject_access_review(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def create_subject_access_review(
+        self, body: dict[str, Any], *, _request_timeout: object = None
+    ) -> dict[str, Any]:
+        assert _request_timeout is kube.REQUEST_TIMEOUT  # never waits for ever
         self.asked.append(body)
         if self.error is not None:
             raise self.error
