@@ -81,3 +81,32 @@ def test_a_head_count_reads_heads_split_anywhere_and_stops_at_the_final_one() ->
     count.start()
     assert count.feed(EARLY_HINTS * 2 + b"HTTP/1.1 101 Switching Protocols\r\n\r\n") == 2
     assert count.feed(EARLY_HINTS) == 2
+
+
+class ScanCounted:
+    """``heads.HEAD_END`` counting the bytes each search is given to look through."""
+
+    def __init__(self) -> None:
+        self.scanned = 0
+        self.real = heads.HEAD_END
+
+    def search(self, data: bytes | bytearray, pos: int = 0) -> object:
+        self.scanned += len(data) - pos
+        return self.real.search(data, pos)
+
+
+def test_a_head_read_a_byte_at_a_time_is_looked_through_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An endpoint's or tool server's head sent a byte a read: looking for its end from its
+    start at each read was quadratic (4.1 s of CPU, on the event loop, for a 128 KiB head);
+    each byte is looked at a bounded number of times now, heads found along the way too."""
+    counted = ScanCounted()
+    monkeypatch.setattr(heads, "HEAD_END", counted)
+    count = heads.HeadCount()
+    count.start()
+    stream = EARLY_HINTS * 2 + b"HTTP/1.1 200 OK\r\nX: " + b"a" * heads.MAX_HEAD_BYTES
+    for i in range(len(stream)):
+        count.feed(stream[i : i + 1])
+    assert count.informational == 2
+    assert counted.scanned < 4 * len(stream)
