@@ -11,6 +11,13 @@ informational heads before its final one (real servers send one or two, 100 Cont
 ``http_get`` tool, whose client (aiohttp) reads informational heads without end too, counts
 them with ``HeadCount``.
 
+Nor are the heads read a byte at a time without end: the HTTP parser takes a head of up to
+100 KiB, so seventeen of them, sent a byte a write, were 1.7 million reads, each about 100 µs
+of the event loop's CPU (the read, ``anyio``'s and ``httpcore2``'s own steps): a model call's
+heads kept a worker core busy for minutes, bounded only by the run's deadline. Each read of
+heads counts ``MIN_READ_BYTES`` at least, and an answer whose heads count more than
+``MAX_HEADS_BYTES`` is refused the same way (as a body's parts count ``MIN_PART_BYTES``).
+
 What belongs here: counting the heads read between a request written and its final head
 (``HeadCount``, pure) and the backend that applies it to each connection's reads. What does
 not: the bounds on a body (``endpoint.BoundedStream``), where a connection may go
@@ -39,6 +46,14 @@ REFUSAL = (
 """What a refused answer's error says."""
 STATUS = re.compile(rb"\s*HTTP/\d\.\d (\d{3})")
 """A head's status line, its code captured."""
+MIN_READ_BYTES = 64
+"""Bytes each read of an answer's heads counts for at least (``HeadCount.spent``)."""
+MAX_HEADS_BYTES = 1024 * 1024
+"""Bytes an answer's heads may count (``HeadCount.spent``): real heads are a few hundred bytes
+in a read or two; 16,384 reads of a byte each (2 s of CPU measured on a loaded loopback) reach
+it."""
+DRIBBLED = f"the server sent its heads in reads counting over {MAX_HEADS_BYTES} bytes"
+"""What an answer refused for ``MAX_HEADS_BYTES`` says."""
 
 
 class HeadCount:
@@ -49,6 +64,8 @@ class HeadCount:
 
     def __init__(self) -> None:
         self.informational = 0
+        self.spent = 0
+        """Bytes this answer's heads count: each read ``MIN_READ_BYTES`` at least."""
         self._head = bytearray()
         self._searched = 0
         """Bytes of ``_head`` from which a head's end was looked for and not found, less the
@@ -58,6 +75,7 @@ class HeadCount:
     def start(self) -> None:
         """A request was written: its answer's heads are counted from here."""
         self.informational, self._head, self._searched, self._done = 0, bytearray(), 0, False
+        self.spent = 0
 
     def feed(self, data: bytes) -> int:
         """Count the heads ``data`` (bytes read next) completes; the informational heads of
@@ -66,6 +84,7 @@ class HeadCount:
         CPU for a 128 KiB head read a byte at a time)."""
         if self._done:
             return self.informational
+        self.spent += max(len(data), MIN_READ_BYTES)
         self._head += data
         while not self._done and (end := HEAD_END.search(self._head, self._searched)):
             status = STATUS.match(self._head)
@@ -81,11 +100,21 @@ class HeadCount:
             self._done, self._head = True, bytearray()
         return self.informational
 
+    def refusal(self) -> str | None:
+        """Why the answer is refused (``REFUSAL``: over ``MAX_INFORMATIONAL`` informational
+        heads; ``DRIBBLED``: its heads' reads count over ``MAX_HEADS_BYTES``), or ``None``."""
+        if self.informational > MAX_INFORMATIONAL:
+            return REFUSAL
+        if self.spent > MAX_HEADS_BYTES:
+            return DRIBBLED
+        return None
+
 
 class HeadsStream(AsyncNetworkStream):
     """A connection's stream whose reads raise ``error`` once an answer has had more than
-    ``MAX_INFORMATIONAL`` informational heads (``HeadCount``), and count the bytes they
-    received (``received``: what a body's parts cost on the wire, ``endpoint.Metered``)."""
+    ``MAX_INFORMATIONAL`` informational heads or its heads were read in too many reads
+    (``HeadCount.refusal``), and count the bytes they received (``received``: what a body's
+    parts cost on the wire, ``endpoint.Metered``)."""
 
     def __init__(self, inner: AsyncNetworkStream, error: Callable[[str], Exception]) -> None:
         self.inner = inner
@@ -97,8 +126,9 @@ class HeadsStream(AsyncNetworkStream):
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         data = await self.inner.read(max_bytes, timeout)
         self.received += len(data)
-        if self.count.feed(data) > MAX_INFORMATIONAL:
-            raise self.error(REFUSAL)
+        self.count.feed(data)
+        if (why := self.count.refusal()) is not None:
+            raise self.error(why)
         return data
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:

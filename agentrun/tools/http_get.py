@@ -98,7 +98,8 @@ class _Pinned(AbstractResolver):
 class _BoundedHandler(ResponseHandler):
     """aiohttp's protocol of one connection (which carries one request: a session of its own
     each), refusing an answer that opens with more than ``heads.MAX_INFORMATIONAL``
-    informational heads (``heads.HeadCount``), or whose connection receives more than
+    informational heads or whose heads come in too many reads (``heads.HeadCount.refusal``),
+    or whose connection receives more than
     ``MAX_WIRE_BYTES``: aiohttp reads informational heads for as long as they come, and a
     chunked body's framing without a bound, each under the read timeout, which a server
     sending them at network speed turned into ``TIMEOUT_SECONDS`` of a core of the worker
@@ -116,10 +117,11 @@ class _BoundedHandler(ResponseHandler):
 
     def data_received(self, data: bytes) -> None:
         self._received += len(data)
+        self._heads.feed(data)
         if self._received > MAX_WIRE_BYTES:
             self._refuse(f"the server sent over {MAX_WIRE_BYTES} bytes on one connection")
-        elif self._heads.feed(data) > heads.MAX_INFORMATIONAL:
-            self._refuse(heads.REFUSAL)
+        elif (why := self._heads.refusal()) is not None:
+            self._refuse(why)
         else:
             super().data_received(data)
 

@@ -8,6 +8,7 @@ and through a proxy from the environment."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -110,3 +111,68 @@ def test_a_head_read_a_byte_at_a_time_is_looked_through_once(
         count.feed(stream[i : i + 1])
     assert count.informational == 2
     assert counted.scanned < 4 * len(stream)
+
+
+class Dribbled:
+    """A connection's stream (``httpcore2.AsyncNetworkStream``'s reads) giving ``data`` one
+    byte a read, for ever: the heads of an answer sent a byte a write."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.reads = 0
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self.reads += 1
+        return self.data[(self.reads - 1) % len(self.data) :][:1]
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        return None
+
+
+DRIBBLES = {
+    "5 KB informational heads": b"HTTP/1.1 103 Early Hints\r\nLink: " + b"a" * 5_000 + b"\r\n\r\n",
+    "one long head": b"HTTP/1.1 200 OK\r\nX: " + b"a" * 99_000,
+}
+
+
+@pytest.mark.parametrize("data", DRIBBLES.values(), ids=DRIBBLES.keys())
+def test_heads_read_a_byte_at_a_time_are_refused_after_a_bounded_number_of_reads(
+    data: bytes,
+) -> None:
+    """Seventeen heads of 100 KiB (what the HTTP parser takes) a byte a read were 1.7 million
+    reads, about 100 µs of the event loop each (a 100 KiB head so took 7.7 s of CPU on
+    loopback); the answer is refused at the 16,385th read of its heads now, whatever they
+    hold."""
+    inner = Dribbled(data)
+    stream = heads.HeadsStream(inner, RuntimeError)  # type: ignore[arg-type]
+
+    async def read_on() -> str:
+        await stream.write(b"GET / HTTP/1.1\r\n\r\n")
+        for _ in range(200_000):
+            try:
+                await stream.read(65_536)
+            except RuntimeError as err:
+                return str(err)
+        return "read on"
+
+    assert asyncio.run(read_on()) == (
+        "the server sent its heads in reads counting over 1048576 bytes"
+    )
+    assert inner.reads == 1024 * 1024 // 64 + 1
+
+
+def test_heads_in_whole_reads_count_their_bytes() -> None:
+    """Sixteen informational heads of 60 KB, each in one read, and the final one: answered
+    (960 KB counted, under the bound), as 16 one-byte reads are (1 KiB counted)."""
+    count = heads.HeadCount()
+    count.start()
+    hint = b"HTTP/1.1 103 Early Hints\r\nLink: " + b"a" * 60_000 + b"\r\n\r\n"
+    for _ in range(16):
+        count.feed(hint)
+    count.feed(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert (count.informational, count.refusal()) == (16, None)
+    assert count.spent == 16 * len(hint) + 64
+    count.start()
+    for byte in b"HTTP/1.1 200 OK\r\n\r\n"[:16]:
+        count.feed(bytes([byte]))
+    assert count.spent == 16 * 64
