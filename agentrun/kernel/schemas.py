@@ -21,7 +21,8 @@ within the schema is a validation error.
 
 Bounded work. Even linear steps add up (nested ``anyOf`` re-validates an instance once per
 branch, per level), so a validation counts its steps — one per keyword applied, plus the
-text a pattern scans and the items ``uniqueItems`` hashes — and gives up past ``WORK_LIMIT``
+text a pattern scans, the items ``uniqueItems`` hashes and the text of each error's message
+(which quotes the instance) — and gives up past ``WORK_LIMIT``
 (``WorkExceeded``). The count is deterministic: a turn replayed from the run's events
 (``history.fold``) decides exactly as the worker that committed it, on any machine under any
 load, which a clock-based deadline could not promise. The steps are weighted by what they
@@ -91,6 +92,12 @@ ERROR_STEPS = 3
 path bookkeeping; ``anyOf`` collects every error of every failed branch)."""
 TEXT_STEP = 4_096
 """Characters of text a pattern scans per counted step."""
+MESSAGE_STEP = 128
+"""Characters of a validation error's message counted as one step, once, where the error is
+made: jsonschema writes the instance's ``repr`` into most messages as it makes them (a
+60,000-item array of 120 KB is 180 KB of text, 3.6 ms), so ``anyOf`` over a ``$ref`` to
+another ``anyOf`` made 90,000 such messages before ``WorkExceeded`` (205 s of CPU for a 13 KB
+schema); a step is about 2.5 µs, and ``repr`` writes about 50 characters a µs."""
 MAX_ERRORS = 100
 """Errors one validation collects before it stops looking (a message shows a few)."""
 MESSAGE_CHARS = 300
@@ -243,12 +250,23 @@ _Keyword = Callable[[Any, Any, Any, Any], Iterator[jsonschema.exceptions.Validat
 def _counted(
     keyword: _Keyword, validator: Any, value: Any, instance: Any, schema: Any
 ) -> Iterator[jsonschema.exceptions.ValidationError]:
-    """``keyword`` applied, counting a step and ``ERROR_STEPS`` per error it passes up (bound
-    to each keyword with ``functools.partial``, so the counting runs at each application)."""
+    """``keyword`` applied, counting a step and ``ERROR_STEPS`` per error it passes up, and
+    each new error's message (``_charge``) (bound to each keyword with ``functools.partial``,
+    so the counting runs at each application)."""
     _spend(1)
     for error in keyword(validator, value, instance, schema):
-        _spend(ERROR_STEPS)
+        _charge(error)
         yield error
+
+
+def _charge(error: jsonschema.exceptions.ValidationError) -> None:
+    """Count ``ERROR_STEPS`` for ``error`` passing up a level, and its message's characters
+    (``MESSAGE_STEP``) the first time it passes one: where it was made."""
+    steps = ERROR_STEPS
+    if not getattr(error, "_charged", False):
+        error._charged = True  # type: ignore[attr-defined]
+        steps += len(error.message) // MESSAGE_STEP
+    _spend(steps)
 
 
 def _ref_counted(
@@ -259,7 +277,7 @@ def _ref_counted(
     _spend(REF_STEPS)
     try:
         for error in keyword(validator, value, instance, schema):
-            _spend(ERROR_STEPS)
+            _charge(error)
             yield error
     except referencing.exceptions.Unresolvable as err:
         yield jsonschema.exceptions.ValidationError(

@@ -388,6 +388,21 @@ def test_a_validation_past_its_work_budget_gives_up_in_bounded_cpu(schema: Any) 
         schemas.errors(validator, _nested(25))
 
 
+def test_errors_quoting_a_large_answer_count_their_text() -> None:
+    """jsonschema quotes the instance in each error it makes: ``anyOf`` over a ``$ref`` to
+    another ``anyOf`` (13 KB, valid) made 90,000 errors quoting a 120 KB answer before the
+    budget's end, 205 s of CPU; their text counts now, and the check gives up in about 0.6 s."""
+    inner = {"anyOf": [{"type": "string"}] * 300}
+    schema = {"$defs": {"a": inner}, "anyOf": [{"$ref": "#/$defs/a"}] * 300}
+    assert schemas.schema_problem(schema) is None
+    answer = "[" + ",".join(["1"] * 60_000) + "]"
+    with _quick(5.0):
+        found = output.output_error(answer, schema)
+    assert found == (
+        "the answer could not be checked against the schema: the check took more than 200000 steps"
+    )
+
+
 STEPS = [
     # (schema, instance, steps): one a keyword applied, ERROR_STEPS (3) an error per level it
     # crosses, REF_STEPS (16) a reference, 1 + len // TEXT_STEP (4,096) a pattern's search or
@@ -405,6 +420,10 @@ STEPS = [
     ({"uniqueItems": True}, [1, 1], 1 + 1 + 1 + 3),
     ({"uniqueItems": True}, ["x" * 8_192, "y"], 1 + 3 + 1),
     ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, None, 1 + (1 + 3) * 2 + 3),
+    # an error's message counts a step per MESSAGE_STEP (128) characters where it is made,
+    # not again at each level it crosses: "[1, 1, …, 1] is not of type 'string'" is 323
+    ({"type": "string"}, [1] * 100, 1 + 3 + 2),
+    ({"items": {"type": "string"}}, [[1] * 100], 1 + (1 + 3 + 2) + 3),
     ({"patternProperties": {"^a": {"type": "integer"}}}, {"ab": 1, "b": 2}, 1 + 2 + 1),
     (
         {"patternProperties": {"^a": {}}, "additionalProperties": False},
