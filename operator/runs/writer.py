@@ -6,11 +6,13 @@ pending body (the newest projection wins, ordered by event sequence), and a run 
 most once per ``interval`` seconds — a patch starts no sooner than ``interval`` after the run's
 previous one ended, so two land at least that far apart however slow the API server answers —
 except its first and its terminal status, which are written at once. At most ``concurrency``
-patches are in flight, so a burst reuses a few connections; the writes due are made in passes
-of ``PASS_WRITES`` a connection, taken in turn from each tenant and, inside it, from each of its
+patches are in flight, so a burst reuses a few connections; the writes due are taken in passes
+of ``PASS_WRITES`` a connection, in turn from each tenant and, inside it, from each of its
 namespaces (``platform.rounds``), so a tenant with thousands of runs due, in however many
 namespaces, delays another's first or terminal status by one pass, not by all of its own
-writes.
+writes. A pass's writes start as connections free up, each on its own: a write that waits long
+for its answer (a connection gone dead without a reset waits out ``kube.REQUEST_TIMEOUT``)
+holds its own connection only, while the other writes and the next passes go on.
 
 Status never goes backwards, whoever else writes it (an operator that lost its Lease, a
 redelivered event): before patching, the writer compares its body with the object's status as
@@ -39,6 +41,7 @@ once, not at every retry.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import itertools
@@ -66,8 +69,8 @@ MINIMAL_KEYS = (
     "lastEventSequence",
 )
 PASS_WRITES = 4
-"""Writes a pass of the writer starts, per connection (``concurrency``): a body submitted while
-a pass goes waits for that pass only, not for every write due before it."""
+"""Writes a pass of the writer takes, per connection (``concurrency``): a body submitted while
+a pass goes waits for that pass's writes to start, not for every write due before it."""
 CONFLICT_ATTEMPTS = 5
 """Re-reads of a run whose object changed between our read and our patch, per write."""
 SIZE_WORDS = ("Too long", "Too many", "too large", "must have at most", "may not be more than")
@@ -151,9 +154,12 @@ class StatusWriter:
         self.stale = 0
         """Bodies dropped because the object already showed a newer or final status."""
         self._slots = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
         self.batch = concurrency * PASS_WRITES
-        """Writes one pass starts (``in_turn``); the next pass, which sees what was submitted
-        meanwhile, starts when they have all ended."""
+        """Writes one pass takes (``in_turn``); the next pass, which sees what was submitted
+        meanwhile, is taken when they have all started."""
+        self._flying: dict[RunKey, asyncio.Task[None]] = {}
+        """The writes started by the writer's task and not ended, by run."""
         self._pending: dict[RunKey, _Pending] = {}
         self._known: dict[RunKey, Written] = {}
         self._last_write: dict[RunKey, float] = {}
@@ -172,10 +178,12 @@ class StatusWriter:
     async def flush_and_stop(self) -> None:
         """Flush what is pending (best effort), then stop."""
         await self.flush()
-        if self._task is not None:
-            self._task.cancel()
+        going = [task for task in (self._task, *self._flying.values()) if task is not None]
+        for task in going:
+            task.cancel()
+        for task in going:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     def submit(
         self,
@@ -401,23 +409,53 @@ class StatusWriter:
         each (``rounds.in_turn``)."""
         return rounds.in_turn(due, namespace=lambda run: run.namespace, party=self.party)
 
-    async def _run(self) -> None:
-        while True:
-            now = time.monotonic()
-            due: list[RunKey] = []
-            wait = 3600.0
-            for run, pending in self._pending.items():
-                ready_at = self._last_write.get(run, 0.0) + self.interval
-                if pending.urgent or ready_at <= now:
-                    due.append(run)
-                else:
-                    wait = min(wait, ready_at - now)
-            if due:
-                taken = list(itertools.islice(self._in_turn(due), self.batch))
-                await asyncio.gather(*(self._write(run) for run in taken))
+    def _due(self, now: float) -> tuple[list[RunKey], float]:
+        """The runs whose pending body may be written at ``now`` (urgent, or ``interval``
+        after their last write ended) and not being written, and the seconds until the next
+        other one may be (3600 when none waits)."""
+        due: list[RunKey] = []
+        wait = 3600.0
+        for run, pending in self._pending.items():
+            if run in self._flying:
                 continue
-            self._wake.clear()
-            await sleep_until_set(self._wake, wait)
+            ready_at = self._last_write.get(run, 0.0) + self.interval
+            if pending.urgent or ready_at <= now:
+                due.append(run)
+            else:
+                wait = min(wait, ready_at - now)
+        return due, wait
+
+    def _launch(self, run: RunKey) -> None:
+        """Start run ``run``'s write on its own; its end wakes the writer's task."""
+        task = asyncio.create_task(self._write(run), name=f"status-write-{run.name}")
+        self._flying[run] = task
+
+        def ended(_: asyncio.Task[None]) -> None:
+            if self._flying.get(run) is task:
+                del self._flying[run]
+            self._wake.set()
+
+        task.add_done_callback(ended)
+
+    async def _run(self) -> None:
+        """Take the writes due in passes (``batch`` at most, ``in_turn``) and start each as a
+        connection frees up; the next pass is taken when the last one's writes have all
+        started."""
+        taking: collections.deque[RunKey] = collections.deque()
+        while True:
+            self._wake.clear()  # before looking: a submit or an end after it wakes the wait
+            if not taking:
+                due, wait = self._due(time.monotonic())
+                taking.extend(itertools.islice(self._in_turn(due), self.batch))
+                if not taking:
+                    await sleep_until_set(self._wake, wait)
+                    continue
+            while taking and len(self._flying) < self.concurrency:
+                run = taking.popleft()
+                if run in self._pending and run not in self._flying:
+                    self._launch(run)
+            if taking:  # every connection busy: a write's end wakes this
+                await self._wake.wait()
 
 
 def _size_message(body: Mapping[str, Any], err: ApiError) -> str:

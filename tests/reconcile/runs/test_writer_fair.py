@@ -19,8 +19,10 @@ class ManyRuns:
     """An API server port holding any number of AgentRuns, each patch taking ``delay``
     seconds; ``order`` lists the runs in the order their patches landed."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, *, hung: frozenset[str] = frozenset()) -> None:
         self.delay = delay
+        self.hung = hung
+        """Names of runs whose patch never gets an answer (a connection gone dead)."""
         self.order: list[RunKey] = []
 
     async def get(self, ref: Ref) -> dict[str, Any]:
@@ -30,6 +32,8 @@ class ManyRuns:
         self, ref: Ref, status: Mapping[str, Any], *, uid: str = "", version: str = ""
     ) -> dict[str, Any]:
         await asyncio.sleep(self.delay)
+        if ref.name in self.hung:
+            await asyncio.Event().wait()
         self.order.append(RunKey(ref.namespace, ref.name, uid))
         return {"metadata": {"uid": uid, "resourceVersion": "2"}, "status": dict(status)}
 
@@ -89,3 +93,28 @@ async def test_a_tenants_namespaces_together_take_one_turn_of_each_pass() -> Non
     await writer.flush_and_stop()
     share = sum(key.namespace == "b" for key in api.order[:first]) / first
     assert share == 0.5, f"tenant B had {share:.2f} of the first {first} writes"
+
+
+async def test_a_write_that_gets_no_answer_holds_its_connection_not_the_other_writes() -> None:
+    """Two runs' patches never get an answer (a connection gone dead without a reset waits out
+    the request timeout); 200 other runs end beside them. Each of the 200 lands, on the
+    writer's six other connections; before, the pass holding a hung write never ended and no
+    write after that pass started."""
+    api = ManyRuns(delay=0.001, hung=frozenset({"h0", "h1"}))
+    writer = StatusWriter(api, interval=30.0, concurrency=CONCURRENCY)  # type: ignore[arg-type]
+    for name in ("h0", "h1"):
+        writer.submit(run("dead", name), ended(2), seq=2, terminal=True)
+    others = [run(f"ns-{n % 4}", f"r{n}") for n in range(200)]
+    for key in others:
+        writer.submit(key, ended(2), seq=2, terminal=True)
+    writer.start()
+    async with asyncio.timeout(20):
+        while len(api.order) < len(others):
+            await asyncio.sleep(0.005)
+    late = run("late", "l")  # and one submitted after them all
+    writer.submit(late, ended(2), seq=2, terminal=True)
+    async with asyncio.timeout(20):
+        while late not in api.order:
+            await asyncio.sleep(0.005)
+    await writer.flush_and_stop()
+    assert set(api.order) == {*others, late}
