@@ -9,6 +9,9 @@ namespace of it together (the default tenant's too): servers that hang hold thei
 and their tenant's share, never more than a third of the slots, however many namespaces a
 tenant spreads them over, so another tenant's servers are still discovered at once, and
 another namespace of the same tenant within the tenant's share.
+A server's next discovery is due ``spec.refreshInterval`` after its last began, plus up to
+``JITTER`` of the interval drawn anew each time (as client-go's ``wait.Jitter``): servers made
+together, or found together when the operator starts, do not keep refreshing in the same tick.
 A failed refresh keeps the last good list (runs keep being admitted with it) and says so in the
 condition. A server whose URL its namespace's tenant does not allow (``spec.toolServers``) is
 never contacted: ``Ready=False``, reason ``NotAllowed``, no tools; an allowed one is reached
@@ -28,6 +31,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -159,6 +163,8 @@ class _Known:
     """Monotonic seconds of our last discovery attempt (``None``: none yet)."""
     refreshed_generation: int = 0
     running: asyncio.Task[None] | None = None
+    jitter: float = 0.0
+    """Seconds added to ``interval`` before the next discovery is due (``JITTER``)."""
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> _Known:
@@ -171,6 +177,9 @@ class _Known:
 
 
 TICK = 2.0
+JITTER = 0.1
+"""The most a server's next discovery comes after ``spec.refreshInterval``, as a fraction of
+it, drawn at each discovery."""
 """Seconds between two looks for AgentToolServers due a discovery."""
 BODIES_MEMORY = 64 * 2**20
 """Bytes of AgentToolServer objects kept as last seen, about (each weighed by
@@ -256,7 +265,7 @@ class ToolServerRefresher:
             return True
         if known.interval is None:
             return False  # an invalid spec is reported once per generation
-        return now - known.refreshed_at >= known.interval
+        return now - known.refreshed_at >= known.interval + known.jitter
 
     async def run(self) -> None:
         """Start a discovery task for each due server, every ``tick`` seconds (or at once when
@@ -276,6 +285,7 @@ class ToolServerRefresher:
             if self._due(known, now):
                 known.refreshed_at = now
                 known.refreshed_generation = known.generation
+                known.jitter = (known.interval or 0.0) * JITTER * random.random()
                 known.running = asyncio.create_task(
                     self._refresh_key(key), name=f"discover {key[0]}/{key[1]}"
                 )

@@ -84,7 +84,7 @@ async def test_an_unexpected_discovery_error_is_logged_shown_and_retried(
             ready = ready_of(api)
             assert (ready["status"], ready["reason"]) == ("False", "DiscoveryFailed")
             assert "the tenants' index is broken" in ready["message"]
-            now[0] += 61  # the next refresh
+            now[0] += 60 * (1 + refresher.JITTER) + 1  # the next refresh
             await refreshed(tool_servers)
             gc.collect()  # the first discovery's task, dropped, is collected
     finally:
