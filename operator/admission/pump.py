@@ -120,7 +120,8 @@ class _Head:
     key: RunKey
     obj: RunObject
     created: float
-    """The AgentRun's creation (epoch seconds)."""
+    """When the run joined the queue (epoch seconds): the AgentRun's creation, or its rerun's
+    start in a later life (``recovery.queued_since``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -210,9 +211,10 @@ class QueuePump:
         created: float,
         obj: RunObject | None = None,
     ) -> None:
-        """Queue a validated run in its tenant's queue by creation time (idempotent), pump.
+        """Queue a validated run in its tenant's queue by when it joined (idempotent), pump.
 
-        ``created`` is the AgentRun's creationTimestamp (epoch seconds); ``obj`` the object
+        ``created`` is when it joined the queue (epoch seconds): the AgentRun's
+        creationTimestamp, or its rerun's start (``recovery.queued_since``); ``obj`` the object
         as the handler saw it (spec and metadata), so the pump need not read it again (its
         spec is immutable; a cancel or delete reaches the queue through their handlers).
         """
@@ -742,7 +744,8 @@ class QueuePump:
         ``status.budget`` shows every cap it got)."""
         message = (
             f"admitted in AgentTenant {policy.name!r} (model {config.model.name!r}); "
-            f"waited {max(0.0, now - head.created):.1f}s since creation"
+            f"waited {max(0.0, now - head.created):.1f}s since "
+            f"{'its rerun' if head.obj.status.reruns else 'creation'}"
         )
         try:  # parsed already by its config's build: a failure here is not the run's
             capped = policy.capped(runs.AgentRunSpec.of(head.obj.run_spec()).budget)

@@ -90,9 +90,8 @@ async def _validate_and_enqueue(
     if not await _can_run(parts, key, run_spec, policy, generation=generation, status=status):
         return
     obj = _queued_object(meta, run_spec, status, removed=removed)
-    await parts.pump.enqueue_run(
-        key, policy, generation=generation, created=_created(meta), obj=obj
-    )
+    queued = recovery.queued_since(_created(meta), status)
+    await parts.pump.enqueue_run(key, policy, generation=generation, created=queued, obj=obj)
 
 
 async def _can_run(
@@ -353,9 +352,10 @@ async def _rerun(
     count is written before the purge, so that an admission of the earlier life appended to
     the emptied subject meets an object that shows a later one (``Dispatcher.recover``,
     ``on_event``). An object gone or replaced meanwhile is left alone."""
-    reruns = await _count_life(parts.api, key, generation=int(meta.get("generation") or 1))
-    if reruns is None:
+    reset = await _count_life(parts.api, key, generation=int(meta.get("generation") or 1))
+    if reset is None:
         return
+    reruns = int(reset["reruns"])
     await parts.runs.prepare_rerun(key.namespace, key.name, key.uid)
     if status.get("tenant"):
         await parts.pump.release_slot(str(status["tenant"]), key.uid, life=reruns - 1)
@@ -368,16 +368,16 @@ async def _rerun(
         reason="Rerun",
         message=f"{RERUN_ANNOTATION}: running again from turn 0 as a new run",
     )
-    now = {**status, "reruns": reruns}
+    now = {**status, "reruns": reruns, "conditions": reset["conditions"]}  # queued from now
     await _validate_and_enqueue(parts, key, spec=spec, meta=meta, status=now, removed=spent)
     await remove_annotations(parts.api, key, (RERUN_ANNOTATION,))
 
 
-async def _count_life(api: KubeApi, key: RunKey, *, generation: int) -> int | None:
+async def _count_life(api: KubeApi, key: RunKey, *, generation: int) -> dict[str, Any] | None:
     """Clear run ``key``'s status for a rerun, counting the life it starts in
-    ``status.reruns`` (``recovery.rerun_status``), at the object's resourceVersion: the new
-    count, or ``None`` when the object is gone or replaced. Raises ``ApiError`` (409: it
-    changed meanwhile; kopf's retry reads it again)."""
+    ``status.reruns`` (``recovery.rerun_status``), at the object's resourceVersion: the status
+    patch written (its ``reruns`` the new count), or ``None`` when the object is gone or
+    replaced. Raises ``ApiError`` (409: it changed meanwhile; kopf's retry reads it again)."""
     obj = await api.get(key.ref)
     meta = (obj or {}).get("metadata") or {}
     if obj is None or meta.get("uid") != key.uid:
@@ -386,7 +386,7 @@ async def _count_life(api: KubeApi, key: RunKey, *, generation: int) -> int | No
     reset = recovery.rerun_status(at=time.time(), generation=generation, reruns=reruns)
     version = str(meta.get("resourceVersion") or "")
     await api.patch_status(key.ref, reset, uid=key.uid, version=version)
-    return reruns
+    return reset
 
 
 def _rerun_ignored(events: EventRecorder, key: RunKey) -> None:

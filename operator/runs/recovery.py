@@ -20,6 +20,8 @@ What does not belong here: acting on the decision (``handlers.admission``), read
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import enum
 from collections.abc import Mapping
 from typing import Any
@@ -78,6 +80,27 @@ def rerun_started(status: Mapping[str, Any]) -> bool:
         for c in status.get("conditions") or []
         if isinstance(c, Mapping)
     )
+
+
+def queued_since(created: float, status: Mapping[str, Any]) -> float:
+    """When the run whose object was created at ``created`` (epoch seconds) and shows
+    ``status`` joined its tenant's admission queue, epoch seconds: its creation in its first
+    life; in a later one, when its rerun began (the ``Admitted`` condition ``rerun_status``
+    wrote, its ``lastTransitionTime``), so that a rerun queues after the runs created before
+    it and its wait counts from the rerun, not from the object's creation. ``created`` when
+    no such condition can be read."""
+    if not status.get("reruns"):
+        return created
+    for found in status.get("conditions") or []:
+        if (
+            isinstance(found, Mapping)
+            and found.get("type") == "Admitted"
+            and found.get("reason") == RERUN_REASON
+        ):
+            with contextlib.suppress(TypeError, ValueError):
+                stamp = str(found.get("lastTransitionTime"))
+                return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return created
 
 
 def rerun_asked(annotations: Mapping[str, Any]) -> bool:

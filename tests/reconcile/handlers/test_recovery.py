@@ -5,6 +5,7 @@ it from turn 0 with its subject purged, its slot freed and its status cleared.""
 
 from __future__ import annotations
 
+import time
 import types
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from agentrun import kernel
 from agentrun.operator.admission.fairgate import AdmissionGate
 from agentrun.operator.handlers import admission, runs
 from agentrun.operator.platform.shards import ALL_OF_ONE
+from agentrun.operator.runs import recovery
 from agentrun.operator.runs.keys import (
     ADMITTED_UID_ANNOTATION,
     CANCEL_ANNOTATION,
@@ -500,3 +502,16 @@ async def test_a_lost_run_is_not_taken_for_a_restored_copy(queued: list[RunKey])
     await create(parts, annotations, RUNNING)
     assert [c for c in parts.runs.calls if c.startswith("project")] == []
     assert len(parts.shown.ended) == 1
+
+
+async def test_a_rerun_is_queued_from_when_it_began(queued: list[RunKey]) -> None:
+    """What validation and the queue are handed of a rerun says when it began (the status
+    the rerun wrote), so that it queues after the runs made before the rerun, not by the
+    object's creation."""
+    annotations = {ADMITTED_UID_ANNOTATION: RUN.uid, RERUN_ANNOTATION: "true"}
+    parts, _ = stack(annotations, ENDED)
+    before = time.time()
+    await update(parts, annotations, ENDED)
+    (handed,) = enqueued
+    began = recovery.queued_since(0.0, handed["status"])
+    assert before - 1 <= began <= time.time() + 1

@@ -168,3 +168,38 @@ def test_a_rerun_being_queued_is_recognised_by_its_status() -> None:
     assert not recovery.rerun_started(QUEUED)
     assert not recovery.rerun_started({"phase": "Pending"})
     assert not recovery.rerun_started(RUNNING)
+
+
+CREATED = 1_764_000_000.0
+"""An AgentRun's creationTimestamp (epoch seconds)."""
+
+
+def test_a_first_life_joins_its_queue_at_its_creation() -> None:
+    assert recovery.queued_since(CREATED, {}) == CREATED
+    assert recovery.queued_since(CREATED, QUEUED) == CREATED
+
+
+def test_a_rerun_joins_its_queue_when_it_began_not_at_the_objects_creation() -> None:
+    """A rerun of a run made an hour ago queues after the runs made since (and its wait, the
+    ``Admitted`` Event's and ``agentrun_run_admission_wait_seconds``, counts from the rerun):
+    by its creation it went ahead of them all, and its wait read an hour."""
+    began = CREATED + 3600.0
+    status = recovery.rerun_status(at=began, generation=1, reruns=1)
+    assert recovery.queued_since(CREATED, status) == began
+    shown = {**status, "phase": "Queued", "queuePosition": 3}  # queued, then the operator restarted
+    assert recovery.queued_since(CREATED, shown) == began
+
+
+@pytest.mark.parametrize(
+    "conditions",
+    [
+        pytest.param([], id="no-condition"),
+        pytest.param([{"type": "Admitted", "reason": "Rerun"}], id="no-time"),
+        pytest.param(
+            [{"type": "Admitted", "reason": "Rerun", "lastTransitionTime": "soon"}], id="bad-time"
+        ),
+        pytest.param(["Admitted"], id="not-an-object"),
+    ],
+)
+def test_a_rerun_whose_start_cannot_be_read_joins_at_its_creation(conditions: Any) -> None:
+    assert recovery.queued_since(CREATED, {"reruns": 1, "conditions": conditions}) == CREATED
