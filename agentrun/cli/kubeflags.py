@@ -87,7 +87,7 @@ class KubeOptions:
         except ConfigException as err:
             if self.kubeconfig is not None or self.context is not None:
                 raise  # the file or context asked for: the message names it
-            raise NoKubeconfig(f"{err}; {KUBECONFIG_HINT}") from err
+            raise NoKubeconfig(f"{str(err).rstrip('. ')}; {KUBECONFIG_HINT}") from err
         # the session's own headers: a header may repeat there (one per group), which the
         # ApiClient's default_headers (a dict) cannot express
         session_headers = api.rest_client.pool_manager.headers

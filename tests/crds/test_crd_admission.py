@@ -42,6 +42,16 @@ REJECTED_AGENTRUNS = [
     pytest.param(
         without(make_agentrun(), "spec.model"), ["spec.model", "Required value"], id="missing-model"
     ),
+    pytest.param(
+        without(make_agentrun(), "spec.model"),
+        ["spec.model: Required value: set one of spec.model", "spec.agentRef"],
+        id="neither-model-nor-agent-ref",
+    ),
+    pytest.param(
+        make_agentrun(agentRef={"name": "geometry"}),
+        ["spec.model: Forbidden: set exactly one of spec.model", "not both"],
+        id="both-model-and-agent-ref",
+    ),
     pytest.param(make_agentrun(goal=""), ["spec.goal", "at least 1 chars"], id="empty-goal"),
     pytest.param(
         make_agentrun(ttlSecondsAfterFinished=-1),
@@ -201,6 +211,16 @@ REJECTED_CRONAGENTRUNS = [
         {"timeZone": "Europe Berlin"}, ["spec.timeZone", "should match"], id="zone-with-space"
     ),
     pytest.param({"timeZone": "../etc/passwd"}, ["spec.timeZone", "should match"], id="zone-path"),
+    pytest.param(
+        {"runTemplate": {"spec": {"model": "mock", "agentRef": {"name": "a"}, "goal": "g"}}},
+        ["spec.runTemplate.spec.model: Forbidden", "not both"],
+        id="template-with-model-and-agent-ref",
+    ),
+    pytest.param(
+        {"runTemplate": {"spec": {"goal": "g"}}},
+        ["spec.runTemplate.spec.model: Required value: set one of"],
+        id="template-with-neither",
+    ),
     pytest.param({"timeZone": "Europe/"}, ["spec.timeZone", "should match"], id="zone-slash"),
     pytest.param(
         {"timeZone": "Mars/Phobos City!"}, ["spec.timeZone", "should match"], id="zone-garbage"

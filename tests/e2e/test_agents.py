@@ -185,7 +185,8 @@ def test_the_api_server_rejects_a_run_that_mixes_agent_ref_and_its_own_definitio
         "apply", "-n", test_namespace, "-f", "-", input=json.dumps(both), check=False
     )
     assert refused.returncode != 0
-    assert "spec.model: Required value: set exactly one of spec.model" in refused.stderr
+    assert "spec.model: Forbidden: set exactly one of spec.model" in refused.stderr
+    assert "not both" in refused.stderr
     tools = agent_run("tools", "g", "calc")
     tools["spec"]["tools"] = ["calculate"]
     refused = stack_.kubectl(
@@ -197,7 +198,7 @@ def test_the_api_server_rejects_a_run_that_mixes_agent_ref_and_its_own_definitio
     refused = stack_.kubectl(
         "apply", "-n", test_namespace, "-f", "-", input=json.dumps(neither), check=False
     )
-    assert "set exactly one of spec.model" in refused.stderr
+    assert "spec.model: Required value: set one of spec.model" in refused.stderr
     bad_param = agent_manifest("bad")
     bad_param["spec"]["parameters"] = [{"name": "x", "required": True, "default": "1"}]
     refused = stack_.kubectl(

@@ -61,6 +61,7 @@ def test_without_a_kubeconfig_the_error_says_how_to_give_one(
     err = capsys.readouterr().err
     assert err.startswith("kubectl agentrun: error: no kubeconfig at /nonexistent/kubeconfig ")
     assert "set KUBECONFIG to your cluster's kubeconfig" in err
+    assert ".;" not in err  # the cause's own full stop dropped before the hint
     assert "--kubeconfig" in err
     assert '`eval "$(.venv/bin/agentrun dev env)"` in that checkout' in err
     assert err.count("\n") == 1
