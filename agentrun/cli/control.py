@@ -310,7 +310,8 @@ def _refusal(args: argparse.Namespace, pending: dict[str, Any]) -> str | None:
         if args.digest != digest:
             return (
                 f"{args.run} waits on another call than {args.digest}: the pending call's digest "
-                f"is {digest} (it changed since you looked); review it and {args.verb} again"
+                f"is {digest} (mistyped, or the call changed since you looked); review it and "
+                f"{args.verb} again"
             )
         return None
     if args.verb != "approve":
