@@ -58,11 +58,15 @@ def _definition_lines(
     (``meta``: the run's name and namespace, for the command showing its admitted caps)."""
     run_spec = status.get("resolvedSpec") or spec
     lines = []
+    unadmitted = bool(status.get("terminalReason")) and not (
+        status.get("startTime") or status.get("lastEventSequence")
+    )  # it ended before its admission (a spec refused, its tenant's queue full, …)
     if spec.get("agentRef"):
         ref, agent = spec["agentRef"], status.get("agent") or {}
+        unread = "never resolved" if unadmitted else "not resolved yet"
         lines.append(
             f"Agent:         {ref.get('name')} (generation {agent.get('generation', '?')}, "
-            f"{agent.get('digest', 'not resolved yet')})"
+            f"{agent.get('digest', unread)})"
         )
         for key, value in sorted((ref.get("parameters") or {}).items()):
             lines.append(f"  {key}: {trajectory.truncate(str(value), 100)}")
@@ -73,10 +77,19 @@ def _definition_lines(
     ]
     if run_spec.get("approval", {}).get("tools"):
         lines.append(f"Approval:      {', '.join(run_spec['approval']['tools'])}")
+    if spec.get("agentRef") and not status.get("resolvedSpec"):
+        said = "none: it ended before its Agent was resolved" if unadmitted else "its Agent's"
+        return [*lines, f"Budget:        {said} (with the run's own spec.budget on top)"]
     logs: str | None = f"kubectl agentrun logs {meta.get('name')} -n {meta.get('namespace')}"
     if status.get("phase") in (None, "Pending", "Queued"):
         logs = None  # not admitted yet: its caps show in status.budget once it is
     budget = run_spec.get("budget") or {}
+    if unadmitted:  # no caps were ever applied: neither where they show nor when they will
+        return [
+            *lines,
+            *budget_lines(budget, tenant=None),
+            "               it ended before it was admitted: none of these applied",
+        ]
     tenant, admitted = status.get("tenant"), status.get("budget")
     return lines + budget_lines(budget, tenant=tenant, logs=logs, admitted=admitted)
 

@@ -351,3 +351,44 @@ def test_describe_counts_one_of_a_kind_in_the_singular() -> None:
     obj = {"metadata": {"name": "one"}, "spec": {}, "status": {"usage": usage}}
     (line,) = [x for x in describe.describe_lines(obj, []) if x.startswith("Usage:")]
     assert "1 step, 1 tool call (0 failed), 0 not run, 1 correction, 1 token, 0 USD" in line
+
+
+def test_describe_of_a_run_that_ended_before_admission_says_no_caps_applied() -> None:
+    """A run refused before admission (``invalid_spec``) ran under no caps: describe neither
+    points at its logs for the caps it was admitted with nor says they will show."""
+    obj = {"metadata": {"name": "typo", "namespace": "team-b"}, "spec": {"budget": {}}}
+    obj["status"] = {"tenant": "team-b", "phase": "Failed", "terminalReason": "invalid_spec"}
+    lines = describe.describe_lines(obj, [])
+    assert "               it ended before it was admitted: none of these applied" in lines
+    assert not any("kubectl agentrun logs" in line or "once it is" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("status", "agent", "budget"),
+    [
+        pytest.param(
+            {"tenant": "team-b", "phase": "Queued"},
+            "not resolved yet",
+            "its Agent's (with the run's own spec.budget on top)",
+            id="queued",
+        ),
+        pytest.param(
+            {"tenant": "team-b", "phase": "Failed", "terminalReason": "invalid_spec"},
+            "never resolved",
+            "none: it ended before its Agent was resolved (with the run's own spec.budget on top)",
+            id="refused",
+        ),
+    ],
+)
+def test_describe_of_an_agent_run_not_resolved_shows_no_default_caps(
+    status: dict[str, Any], agent: str, budget: str
+) -> None:
+    """An AgentRun of an Agent whose Agent was not resolved runs (or ran) under no caps of
+    its spec alone: the Agent's budget applies once resolved; the built-in defaults (20
+    steps, 50 tool calls) were shown as if they applied."""
+    spec = {"agentRef": {"name": "geometry", "parameters": {"heigth": "3"}}, "goal": "g"}
+    obj = {"metadata": {"name": "typo", "namespace": "team-b"}, "spec": spec, "status": status}
+    lines = describe.describe_lines(obj, [])
+    assert f"Agent:         geometry (generation ?, {agent})" in lines
+    assert f"Budget:        {budget}" in lines
+    assert not any("(default)" in line for line in lines)
