@@ -18,22 +18,65 @@ from agentrun.history import CorruptHistory, LoadedRun, fold
 from agentrun.protocol import TurnRequest
 from agentrun.trust import SealFault, Untrusted, Verifier
 
-__all__ = ["CorruptHistory", "LoadedRun", "RunCache", "fold", "load"]
+__all__ = ["CorruptHistory", "LoadedRun", "RunCache", "fold", "load", "weight"]
+
+
+RUN_CACHE_BYTES = 128 * 2**20
+"""What the runs a worker caches may weigh together (`RunCache`, by `weight`).
+A run's state holds its whole conversation: at ``AGENTRUN_RUN_EVENT_MAX_BYTES`` (8 MiB) of
+events made of small tool results it took 25 MiB parsed, so 1,024 such runs of one tenant
+(the count the cache was bounded by alone) would hold some 25 GiB of a worker limited to 1 GiB
+(the chart's default)."""
+RUN_CACHE_RUNS = 1024
+"""Runs a worker caches at most, however light: each weighs at least ``bytes // runs``."""
+MESSAGE_WEIGHT = 1024
+"""Bytes a message of a run's conversation is counted beside the bytes of its events: what
+Python holds for one beyond its text (its dict, its tool calls' dicts, their ids; measured:
+8 MiB of events of 64 tool results of 60 bytes a turn held 25 MiB in 26,001 messages, 3.4 times
+the events, and counted 1.35 times what it held; 64 turns of 8 results of 16 KB, 1.03 times)."""
+
+
+def weight(run: LoadedRun) -> int:
+    """The bytes ``run`` is counted in the cache: its events' stored bytes and
+    ``MESSAGE_WEIGHT`` a message of its conversation (no walk of the state: the same work
+    whatever the run's size)."""
+    return run.stored + MESSAGE_WEIGHT * len(run.state.messages)
 
 
 class RunCache:
-    """LRU of ``run uid → LoadedRun`` (bounded: ``capacity`` runs)."""
+    """LRU of ``run uid → LoadedRun``, bounded by weight: at most ``capacity`` bytes
+    (``weight``) and ``runs`` runs (each weighing at least ``capacity // runs``). A run
+    heavier than the whole capacity is not cached (read again at its next turn)."""
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = RUN_CACHE_BYTES, *, runs: int = RUN_CACHE_RUNS) -> None:
+        """``capacity``: bytes; ``runs``: at least 1."""
         self.capacity = capacity
-        self._runs: cachetools.LRUCache[str, LoadedRun] = cachetools.LRUCache(capacity)
+        self._least = max(capacity // max(runs, 1), 1)
+        self._runs: cachetools.LRUCache[str, LoadedRun] = cachetools.LRUCache(
+            capacity, getsizeof=self._weight
+        )
+
+    def _weight(self, run: LoadedRun) -> int:
+        return max(weight(run), self._least)
+
+    @property
+    def weight(self) -> int:
+        """What the cached runs weigh together (bytes)."""
+        return int(self._runs.currsize)
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
     def get(self, run_uid: str) -> LoadedRun | None:
         """The cached run, marked as recently used."""
         return self._runs.get(run_uid)
 
     def put(self, run: LoadedRun) -> None:
-        """Remember ``run`` (evicting the least recently used past capacity)."""
+        """Remember ``run`` (evicting the least recently used past the capacity); a run
+        heavier than the capacity is forgotten instead."""
+        if self._weight(run) > self.capacity:
+            self.drop(run.config.uid)
+            return
         self._runs[run.config.uid] = run
 
     def drop(self, run_uid: str) -> None:
