@@ -20,6 +20,7 @@ from ..evals.status import EVAL_LABEL
 from ..platform.events import EventRecorder, EventType, Involved
 from ..platform.kubeapi import ApiError
 from ..runs import lifecycle
+from ..runs.dispatch import shown_digest
 from ..runs.keys import (
     APPROVE_ANNOTATION,
     CANCEL_ANNOTATION,
@@ -93,7 +94,7 @@ async def review_run(
             namespace, name, uid, digest=str(digest), approved=approved, reviewer=reviewer
         )
         if refused is not None:
-            logger.warning("%s=%s not applied: %s", key, digest, refused)
+            logger.warning("%s=%s not applied: %s", key, shown_digest(str(digest)), refused)
         _record_decision(
             parts.events,
             Involved("AgentRun", name, namespace, uid),
@@ -120,15 +121,17 @@ def _record_decision(
 ) -> None:
     """The Event of one ``key`` (``agentrun.dev/approve`` or ``/deny``) on the held call
     `digest`: Warning ``ApprovalNotApplied`` naming why it was `refused`, else Normal
-    ``Approved``/``Denied`` naming the reviewer (one Event per run, outcome and digest)."""
-    uid = involved.uid
+    ``Approved``/``Denied`` naming the reviewer (one Event per run, outcome and digest). The
+    digest is quoted, and told apart, by its first ``DIGEST_SHOWN`` characters: the throttle
+    remembers 10,000 keys, which a reviewer's annotations of 256 KiB would make 2.5 GiB."""
+    uid, shown = involved.uid, shown_digest(digest)
     if refused is not None:
         events.record(
             involved,
             type=EventType.WARNING,
             reason="ApprovalNotApplied",
-            message=f"{key}={digest} not applied: {refused}",
-            key=(uid, "ApprovalNotApplied", digest),
+            message=f"{key}={shown} not applied: {refused}",
+            key=(uid, "ApprovalNotApplied", shown),
         )
         return
     approved = key == APPROVE_ANNOTATION
@@ -137,10 +140,10 @@ def _record_decision(
         type=EventType.NORMAL,
         reason="Approved" if approved else "Denied",
         message=(
-            f"held tool call {digest} {'approved' if approved else 'denied'} by "
+            f"held tool call {shown} {'approved' if approved else 'denied'} by "
             f"{reviewer or 'an unnamed reviewer'} ({key})"
         ),
-        key=(uid, "Decided", digest),
+        key=(uid, "Decided", shown),
     )
 
 

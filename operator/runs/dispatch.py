@@ -37,7 +37,7 @@ from typing import Protocol
 import cachetools
 from nats.aio.msg import Msg
 
-from agentrun import history, kernel, loops, metrics, protocol, telemetry
+from agentrun import display, history, kernel, loops, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 from agentrun.trust import SealFault, Untrusted
@@ -58,6 +58,35 @@ log = logging.getLogger(__name__)
 STOP_ATTEMPTS = 8
 ENDED_MEMORY = 100_000
 """Runs remembered as counted ended (the oldest forgotten first)."""
+
+
+DIGEST_SHOWN = 80
+"""Characters of a decision's digest a refusal quotes (a digest has 71: ``sha256:`` and 64
+hex digits; the annotation holding it may have some 256 KiB)."""
+
+
+def shown_digest(digest: str) -> str:
+    """``digest`` as a message quotes it: made printable, cut to ``DIGEST_SHOWN``."""
+    text = display.printable(digest, newlines=False)
+    return text if len(text) <= DIGEST_SHOWN else text[: DIGEST_SHOWN - 1] + "…"
+
+
+def undecidable(last: RunEvent | None, *, digest: str) -> str | None:
+    """Why a decision naming ``digest`` cannot apply to the run whose last event is ``last``
+    (none yet; the run is not waiting for a person; another call is the one waiting), or
+    ``None`` when it may (the replay of the run's events decides). Pure."""
+    if last is None:
+        return "the run has no events"
+    summary = last.summary
+    if summary.phase is not kernel.Phase.AWAITING_APPROVAL:
+        return f"the run is {summary.phase.value}, not waiting for an approval"
+    waiting = summary.pending_approval
+    if waiting is not None and waiting.digest != digest:
+        return (
+            f"digest {shown_digest(digest)!r} does not match the pending call {waiting.id} "
+            f"({waiting.digest})"
+        )
+    return None
 
 
 class RunEndListener(Protocol):
@@ -685,7 +714,13 @@ class Dispatcher:
         """Apply ``reviewer``'s decision on the run's pending held call: replay its events to
         the kernel state, let the kernel check the digest, append an ``approval`` event naming
         the reviewer (compare-and-set on the last event). Returns ``None`` on success, else why
-        the decision was not applied (not waiting, digest mismatch, moved on)."""
+        the decision was not applied (not waiting, digest mismatch, moved on). The run's last
+        event is read first: a decision it shows cannot apply (`undecidable`) is refused
+        without reading and replaying the whole run, which a namespace's reviewer could
+        otherwise have the operator do at every annotation they set."""
+        refused = undecidable(await self.bus.last_event(namespace, name), digest=digest)
+        if refused is not None:
+            return refused
         events = await self.bus.read_events(namespace, name)
         try:
             # a replay checks final answers against the run's output schema: off the loop
