@@ -548,7 +548,7 @@ class Bus:
 
     async def iter_events(
         self, namespace: str, name: str, *, after_seq: int = 0
-    ) -> AsyncIterator[RunEvent]:
+    ) -> AsyncGenerator[RunEvent, None]:
         """``read_events``, one event at a time: a reader that folds them (the tools a run
         called) holds one event, not the run's whole trajectory (thousands of turns, each
         with tool results of up to 16 KiB)."""

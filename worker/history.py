@@ -10,6 +10,7 @@ folded in.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import cachetools
 
@@ -84,6 +85,42 @@ class RunCache:
         self._runs.pop(run_uid, None)
 
 
+FOLD_BYTES = 2**20
+"""Bytes of a run's events read before they are folded into its state (and let go): a load
+holds the state and at most this much more (plus one event), however long the run. Read
+whole, a run at the 8 MiB event cap of small tool results held its events parsed (some 25
+MiB) beside its state (as much again) at each load, up to ``AGENTRUN_WORKER_CONCURRENCY``
+loads at once."""
+
+
+async def _read_folded(
+    bus: Bus, request: TurnRequest, *, base: LoadedRun | None, seals: Verifier
+) -> LoadedRun | None:
+    """``base`` (the cached run, or ``None``) with the run's events after it folded in,
+    ``FOLD_BYTES`` of them at a time (off the loop: a replay checks final answers against the
+    run's output schema). An admission among the events after a cached run is a re-seal, or
+    the run's events were purged and the run admitted again (a rerun), whose history the
+    cache does not hold: every event is then read and folded afresh. Raises as ``fold``."""
+    loaded, chunk, size = base, [], 0
+    events = bus.iter_events(request.namespace, request.name, after_seq=base.seq if base else 0)
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if base is not None and event.kind == "admitted":
+                return await _read_folded(bus, request, base=None, seals=seals)
+            chunk.append(event)
+            size += event.size
+            if size >= FOLD_BYTES:
+                loaded = await asyncio.to_thread(
+                    fold, chunk, run_uid=request.run_uid, base=loaded, seals=seals
+                )
+                chunk, size = [], 0
+    if chunk:
+        loaded = await asyncio.to_thread(
+            fold, chunk, run_uid=request.run_uid, base=loaded, seals=seals
+        )
+    return loaded
+
+
 async def load(
     bus: Bus, cache: RunCache, request: TurnRequest, *, seals: Verifier
 ) -> LoadedRun | None:
@@ -103,20 +140,7 @@ async def load(
     if cached is not None and cached.seq == request.expected_seq:
         return cached
     base = cached if cached is not None and cached.seq < request.expected_seq else None
-    events = await bus.read_events(
-        request.namespace, request.name, after_seq=base.seq if base else 0
-    )
-    if base is not None and any(event.kind == "admitted" for event in events):
-        # an admission after the cached events: a re-seal, or the run's events were purged
-        # and the run admitted again (a rerun), whose history the cache does not hold
-        base = None
-        events = await bus.read_events(request.namespace, request.name)
-    if events:  # a replay checks final answers against the run's output schema: off the loop
-        loaded = await asyncio.to_thread(
-            fold, events, run_uid=request.run_uid, base=base, seals=seals
-        )
-    else:
-        loaded = base
+    loaded = await _read_folded(bus, request, base=base, seals=seals)
     if loaded is None:
         return None
     config = loaded.config

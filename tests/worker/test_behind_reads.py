@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 from seals_support import VERIFIER, sealed
@@ -46,12 +46,14 @@ class LaggingBus(Bus):
     hidden_reads = 0
     reads = 0
 
-    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> list[RunEvent]:
-        events = await super().read_events(namespace, name, after_seq=after_seq)
+    async def iter_events(
+        self, namespace: str, name: str, *, after_seq: int = 0
+    ) -> AsyncGenerator[RunEvent, None]:
         self.reads += 1
-        if self.reads <= self.hidden_reads:
-            return [e for e in events if e.seq < self.hide_from]
-        return events
+        hidden = self.reads <= self.hidden_reads
+        async for event in super().iter_events(namespace, name, after_seq=after_seq):
+            if not (hidden and event.seq >= self.hide_from):
+                yield event
 
 
 @pytest.fixture

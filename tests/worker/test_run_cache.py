@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import gc
 import tracemalloc
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from seals_support import VERIFIER, sealed
 
 from agentrun import kernel
-from agentrun.protocol import ModelConfig, RunConfig, RunEvent
+from agentrun.protocol import ModelConfig, RunConfig, RunEvent, TurnRequest
 from agentrun.worker import history
 
 EVENT_CAP = 8 * 2**20
@@ -69,11 +71,11 @@ def test_light_runs_are_still_cached_a_thousand_and_twenty_four_at_most() -> Non
     assert cache.get("uid-75") is None and cache.get("uid-76") is not None
 
 
-def folded_run(
+def run_payloads(
     *, turns: int, calls: int, size: int, uid: str = "measured"
-) -> tuple[list[RunEvent], RunConfig]:
-    """A run's events as read from the stream: its sealed admission, then ``turns`` turns of
-    ``calls`` calls each answered ``size`` characters."""
+) -> tuple[list[bytes], RunConfig]:
+    """A run's events as stored: its sealed admission, then ``turns`` turns of ``calls``
+    calls each answered ``size`` characters, each naming the bytes stored before it."""
     cfg = config(uid)
     state = kernel.initial_state(goal=cfg.goal)
     admitted = sealed(RunEvent("admitted", cfg.uid, state.summary(), config=cfg, time=1.0))
@@ -90,13 +92,18 @@ def folded_run(
             tuple(kernel.ToolResult(i, "calculate", f"{i}-" + "r" * size) for i in ids),
         )
         state = kernel.advance(state, record, cfg.limits)
-        payloads.append(RunEvent("turn", cfg.uid, state.summary(), record=record).encode())
-    events, stored = [], 0
-    for seq, payload in enumerate(payloads, start=1):
-        event = RunEvent.decode(payload, seq=seq)
-        events.append(dataclasses.replace(event, stored_before=stored))
-        stored += len(payload)
-    return events, cfg
+        stored = sum(map(len, payloads))
+        event = RunEvent("turn", cfg.uid, state.summary(), record=record, stored_before=stored)
+        payloads.append(event.encode())
+    return payloads, cfg
+
+
+def folded_run(
+    *, turns: int, calls: int, size: int, uid: str = "measured"
+) -> tuple[list[RunEvent], RunConfig]:
+    """``run_payloads``, read: decoded with their stream sequences."""
+    payloads, cfg = run_payloads(turns=turns, calls=calls, size=size, uid=uid)
+    return [RunEvent.decode(p, seq=seq) for seq, p in enumerate(payloads, start=1)], cfg
 
 
 def test_a_run_s_weight_counts_at_least_what_its_state_holds() -> None:
@@ -114,3 +121,48 @@ def test_a_run_s_weight_counts_at_least_what_its_state_holds() -> None:
         finally:
             tracemalloc.stop()
         assert held <= history.weight(loaded) <= 2 * held, (turns, calls, size)
+
+
+class StoredRun:
+    """A run's subject as NATS serves it to ``history.load``: each event decoded as it is
+    read (``Bus.iter_events``)."""
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self.payloads = payloads
+
+    async def iter_events(
+        self, namespace: str, name: str, *, after_seq: int = 0
+    ) -> AsyncGenerator[RunEvent, None]:
+        for seq, payload in enumerate(self.payloads, start=1):
+            if seq > after_seq:
+                yield RunEvent.decode(payload, seq=seq)
+
+    async def read_events(self, namespace: str, name: str, *, after_seq: int = 0) -> Any:
+        return [e async for e in self.iter_events(namespace, name, after_seq=after_seq)]
+
+
+TURNS = 240
+"""Turns of the run loaded: 3.8 MB of events."""
+
+
+async def test_a_load_holds_the_run_s_state_and_a_megabyte_of_its_events_at_most() -> None:
+    """The events are folded into the state a megabyte at a time (``history.FOLD_BYTES``),
+    each let go once folded: the load's peak is 3.6 MiB above the state it leaves. Before, the
+    run's events were read whole, then folded: 10.1 MiB above, growing with the run."""
+    payloads, cfg = run_payloads(turns=TURNS, calls=64, size=48)
+    request = TurnRequest(cfg.uid, "ns", cfg.name, TURNS, len(payloads))
+    tracemalloc.start()
+    try:
+        loaded = await history.load(
+            StoredRun(payloads),  # type: ignore[arg-type]
+            history.RunCache(),
+            request,
+            seals=VERIFIER,
+        )
+        gc.collect()
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert loaded is not None and (loaded.seq, loaded.state.turn) == (len(payloads), TURNS)
+    assert loaded.stored == sum(map(len, payloads))
+    assert peak - held < 5 * 2**20, (held, peak)
