@@ -124,3 +124,18 @@ def fold(
             loaded, state=state, seq=event.seq, committer=committer, stored=stored
         )
     return loaded
+
+
+MESSAGE_WEIGHT = 1024
+"""Bytes a message of a run's conversation is counted beside the bytes of its events (a
+replay kept in memory: the worker's cache of runs, the operator's of approvals): what
+Python holds for one beyond its text (its dict, its tool calls' dicts, their ids; measured:
+8 MiB of events of 64 tool results of 60 bytes a turn held 25 MiB in 26,001 messages, 3.4 times
+the events, and counted 1.35 times what it held; 64 turns of 8 results of 16 KB, 1.03 times)."""
+
+
+def weight(run: LoadedRun) -> int:
+    """The bytes ``run`` is counted where it is kept: its events' stored bytes and
+    ``MESSAGE_WEIGHT`` a message of its conversation (no walk of the state: the same work
+    whatever the run's size)."""
+    return run.stored + MESSAGE_WEIGHT * len(run.state.messages)

@@ -15,7 +15,7 @@ import contextlib
 import cachetools
 
 from agentrun.bus import Bus
-from agentrun.history import CorruptHistory, LoadedRun, fold
+from agentrun.history import CorruptHistory, LoadedRun, fold, weight
 from agentrun.protocol import TurnRequest
 from agentrun.trust import SealFault, Untrusted, Verifier
 
@@ -30,18 +30,6 @@ events made of small tool results it took 25 MiB parsed, so 1,024 such runs of o
 (the chart's default)."""
 RUN_CACHE_RUNS = 1024
 """Runs a worker caches at most, however light: each weighs at least ``bytes // runs``."""
-MESSAGE_WEIGHT = 1024
-"""Bytes a message of a run's conversation is counted beside the bytes of its events: what
-Python holds for one beyond its text (its dict, its tool calls' dicts, their ids; measured:
-8 MiB of events of 64 tool results of 60 bytes a turn held 25 MiB in 26,001 messages, 3.4 times
-the events, and counted 1.35 times what it held; 64 turns of 8 results of 16 KB, 1.03 times)."""
-
-
-def weight(run: LoadedRun) -> int:
-    """The bytes ``run`` is counted in the cache: its events' stored bytes and
-    ``MESSAGE_WEIGHT`` a message of its conversation (no walk of the state: the same work
-    whatever the run's size)."""
-    return run.stored + MESSAGE_WEIGHT * len(run.state.messages)
 
 
 class RunCache:

@@ -37,7 +37,7 @@ from typing import Protocol
 import cachetools
 from nats.aio.msg import Msg
 
-from agentrun import display, history, kernel, loops, metrics, protocol, telemetry
+from agentrun import display, kernel, loops, metrics, protocol, telemetry
 from agentrun.bus import Bus, CommitConflict
 from agentrun.protocol import RunConfig, RunEvent, TurnRequest
 from agentrun.trust import SealFault, Untrusted
@@ -721,12 +721,8 @@ class Dispatcher:
         refused = undecidable(await self.bus.last_event(namespace, name), digest=digest)
         if refused is not None:
             return refused
-        events = await self.bus.read_events(namespace, name)
         try:
-            # a replay checks final answers against the run's output schema: off the loop
-            loaded = await asyncio.to_thread(
-                history.fold, events, run_uid=uid, seals=self.seals.verifier
-            )
+            loaded = await self.seals.replay(RunKey(namespace, name, uid))
         except Untrusted as err:
             return f"the run's events are not the operator's: {err}"
         if loaded is None:

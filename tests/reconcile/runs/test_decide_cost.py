@@ -10,15 +10,17 @@ keys (2.5 GiB of such digests)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from kube_support import FakeKube
 
-from agentrun import kernel
+from agentrun import kernel, protocol
 from agentrun.operator.handlers import runs as run_handlers
 from agentrun.operator.platform.events import EventRecorder, Involved, Throttle
+from agentrun.protocol import RunEvent
 
-from .test_seals import NAMESPACE, Stack, config, held_run
+from .test_seals import LIMITS, NAMESPACE, Stack, config, held_run
 from .test_seals import stack as stack  # the dispatcher on a stream in memory
 
 LONG_DIGEST = "sha256:" + "f" * 262_000
@@ -26,16 +28,20 @@ LONG_DIGEST = "sha256:" + "f" * 262_000
 
 
 class Reads:
-    """Counts the whole-run reads of a `WireBus` (its ``last_event`` reads one event, as
-    NATS's direct get does: not counted)."""
+    """Counts the whole-run reads of a `WireBus` (``whole``: from its first event; ``after``:
+    from a later one); its ``last_event`` reads one event, as NATS's direct get does: not
+    counted."""
 
     def __init__(self, stack: Stack) -> None:
-        self.whole = 0
+        self.whole = self.after = 0
         read = stack.bus.read_events
 
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            self.whole += 1
-            return await read(*args, **kwargs)
+        async def counted(namespace: str, name: str, *, after_seq: int = 0) -> Any:
+            if after_seq:
+                self.after += 1
+            else:
+                self.whole += 1
+            return await read(namespace, name, after_seq=after_seq)
 
         async def last(namespace: str, name: str) -> Any:
             events = await read(namespace, name)
@@ -43,6 +49,13 @@ class Reads:
 
         stack.bus.read_events = counted  # type: ignore[method-assign]
         stack.bus.last_event = last  # type: ignore[method-assign]
+        self.stack, self.read = stack, read
+
+    async def consume(self, name: str) -> None:
+        """``Stack.consume``, its own read not counted."""
+        for event in await self.read(NAMESPACE, name):
+            subject = protocol.event_subject(NAMESPACE, name)
+            await self.stack.dispatcher.on_event(subject, event)
 
 
 async def test_a_decision_on_a_run_not_waiting_for_a_person_replays_nothing(stack: Stack) -> None:
@@ -112,3 +125,42 @@ async def test_a_refused_decision_s_event_quotes_and_keys_a_bounded_digest() -> 
     )
     (remembered,) = events.throttle._last.keys()
     assert len(remembered[2]) == 80
+
+
+async def test_the_decisions_of_a_batch_replay_the_run_once(stack: Stack) -> None:
+    """Each decision of a batch of held calls, and its event as the operator follows it
+    (``RunSeals.misplaced``), replays the run from the last replay on, not from its start.
+    Before: two whole replays a call, 1.4 s of the operator's CPU each for a run of 6.7 MB of
+    small results: 178 s for the 128 calls one model reply may hold."""
+    limits = dataclasses.replace(LIMITS, approval_tools=frozenset({"calculate"}))
+    cfg = config("batch", tools=("calculate",), limits=limits)
+    await stack.dispatcher.start_run(cfg, start_time=1.0, generation=1)
+    ids = [f"call{n:05d}" for n in range(3)]
+    record = kernel.Answered(
+        0,
+        kernel.decision.ToolCalls(
+            tuple(kernel.decision.ToolCall(i, "calculate", "{}") for i in ids), None
+        ),
+        kernel.Usage(1, 1),
+        tuple(kernel.CheckedCall(i, "calculate", {"expression": i}) for i in ids),
+        (),
+        tuple(ids),
+    )
+    after = kernel.advance(kernel.initial_state(goal=cfg.goal), record, cfg.limits)
+    event = RunEvent("turn", cfg.uid, after.summary(), record=record, owner="delivery-1")
+    await stack.bus.append_event(NAMESPACE, "batch", event, expected_seq=1)
+    await stack.consume("batch")
+    reads = Reads(stack)
+    for _ in ids:
+        last = await stack.bus.last_event(NAMESPACE, "batch")
+        assert last is not None and last.summary.pending_approval is not None
+        digest = last.summary.pending_approval.digest
+        refused = await stack.dispatcher.decide(
+            NAMESPACE, "batch", cfg.uid, digest=digest, approved=True, reviewer="alice"
+        )
+        assert refused is None
+        await reads.consume("batch")  # the decision's event, judged as it is followed
+    assert (reads.whole, reads.after) == (1, 5)  # then each replay reads what came after it
+    last = await stack.bus.last_event(NAMESPACE, "batch")
+    assert last is not None and last.phase is kernel.Phase.RUNNING
+    assert await stack.warnings() == []  # every decision was taken for the operator's
