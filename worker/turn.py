@@ -18,6 +18,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ParamSpec, Protocol, TypeVar, assert_never
 
+import cachetools
 from opentelemetry import trace
 
 from agentrun import kernel, metrics, telemetry
@@ -408,15 +409,26 @@ def _believable(
     beyond = kernel.implausible_usage(response, most=most)
     if beyond is None:
         return response
-    log.warning(
-        "AgentModel %r reported usage no call could bill (%s, the most its contextWindow "
-        "and the prompt's bound allow) for run %s/%s; charged the estimate instead",
-        config.model.name,
-        beyond,
-        config.namespace,
-        config.name,
-    )
+    told = (config.namespace, config.name, config.model.name)
+    if told not in _TOLD_IMPLAUSIBLE:  # once a run and model an hour: the model's to repeat
+        _TOLD_IMPLAUSIBLE[told] = True
+        log.warning(
+            "AgentModel %r reported usage no call could bill (%s, the most its contextWindow "
+            "and the prompt's bound allow) for run %s/%s; charged the estimate instead (said "
+            "once an hour a run; agentrun_usage_estimated_total counts every call)",
+            config.model.name,
+            beyond[:200],
+            config.namespace,
+            config.name,
+        )
     return {key: value for key, value in response.items() if key != "usage"}
+
+
+_TOLD_IMPLAUSIBLE: cachetools.TTLCache[tuple[str, str, str], bool] = cachetools.TTLCache(
+    maxsize=4096, ttl=3600
+)
+"""The runs (namespace, name, AgentModel) whose model's implausible usage was logged within
+the hour: a tenant's model reporting it at every call wrote a warning of up to 4 KB each."""
 
 
 def _chat_attributes(config: RunConfig, call: kernel.CallModel) -> dict[str, Any]:

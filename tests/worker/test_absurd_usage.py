@@ -15,12 +15,19 @@ import pytest
 from aiohttp import web
 
 from agentrun import kernel
+from agentrun.worker import turn
 
 from .rawmodel import chunk, one_turn, serve, sse
 
 WINDOW = 32_000
 """The scripted model's ``contextWindow`` (rawmodel)."""
 LIMITS = kernel.Limits(max_tokens=100_000_000, max_output_tokens=1000)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_said_yet() -> None:
+    """Each test's run starts with nothing logged about it (``turn._TOLD_IMPLAUSIBLE``)."""
+    turn._TOLD_IMPLAUSIBLE.clear()
 
 
 def answering(usage: dict[str, Any]) -> Any:
@@ -88,3 +95,21 @@ async def test_a_count_past_even_the_largest_believed_is_estimated_too(
             _record, state = await one_turn(url, limits=LIMITS)
     assert state.usage.estimated
     assert "reasoning_tokens 20000000000 > 1000000" in caplog.text
+
+
+async def test_a_model_repeating_implausible_usage_is_logged_once_a_run_and_cut_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A tenant's model reporting a 4,000-digit count at every call: each call is estimated,
+    but the warning is written once for the run, its count cut to 200 characters (before, a
+    warning of 4 KB at every call of every run of that model)."""
+    huge = int("9" * 4000)
+    usage = {"prompt_tokens": 50, "completion_tokens": huge}
+    with caplog.at_level(logging.WARNING, logger="agentrun.worker.turn"):
+        async with serve(answering(usage)) as url:
+            for _ in range(3):
+                _record, state = await one_turn(url, limits=LIMITS)
+                assert state.usage.estimated
+    said = [r.getMessage() for r in caplog.records if "no call could bill" in r.getMessage()]
+    assert len(said) == 1, said
+    assert len(said[0]) < 600, len(said[0])
