@@ -145,22 +145,27 @@ def utf8_prefix(data: bytes, limit: int) -> str:
     return data[:end].decode("utf-8", "surrogatepass")
 
 
+NULL_BYTES = len(b"null")
+"""The bytes of a call without arguments, stored as JSON's ``null``."""
+
+
 def _arguments_size(arguments: Any) -> int:
-    """UTF-8 bytes of raw arguments as they would be stored (JSON for a non-string)."""
+    """UTF-8 bytes of arguments as ``_arguments_text`` leaves them and they are stored: text,
+    or none (``NULL_BYTES``); a value it could not write as JSON (nested past the stack, or of
+    no JSON type) is ``MAX_BATCH_ARGUMENTS_BYTES`` + 1, so the caps drop it."""
+    if arguments is None:
+        return NULL_BYTES
     if isinstance(arguments, str):
         return len(arguments.encode("utf-8", "surrogatepass"))
-    try:
-        text = json.dumps(arguments, ensure_ascii=False, default=str)
-        return len(text.encode("utf-8", "surrogatepass"))
-    except (TypeError, ValueError, RecursionError):
-        return MAX_BATCH_ARGUMENTS_BYTES + 1
+    return MAX_BATCH_ARGUMENTS_BYTES + 1
 
 
 def _arguments_text(arguments: Any) -> Any:
     """Arguments as the JSON text the OpenAI contract has: an object or another value (an
     answer sent whole may hold one) as its JSON, so it is measured, parsed, bounded and
     repaired as text is, and stored as text; a value that cannot be written as JSON (nested
-    past the stack) as it is, which the size cap then drops. ``None`` stays ``None``."""
+    past the stack, or of no JSON type) as it is, which the size cap then drops. ``None``
+    stays ``None``."""
     if arguments is None or isinstance(arguments, str):
         return arguments
     try:

@@ -9,7 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from agentrun import kernel
-from agentrun.kernel.decision import MAX_ARGUMENTS_BYTES, MAX_CALLS_PER_REPLY
+from agentrun.kernel.decision import (
+    MAX_ARGUMENTS_BYTES,
+    MAX_BATCH_ARGUMENTS_BYTES,
+    MAX_CALLS_PER_REPLY,
+    NULL_BYTES,
+)
 
 from .helpers import call, response
 
@@ -60,6 +65,45 @@ def test_half_a_surrogate_pair_in_arguments_becomes_replacement_characters() -> 
     decision = kernel.classify(response(None, tool_calls=[call("ping", '{"a": "x\ud83dy"}')]))
     assert isinstance(decision, kernel.ToolCalls)
     assert decision.calls[0].arguments == '{"a": "x\ufffd\ufffd\ufffdy"}'
+
+
+def held(arguments: Any) -> dict[str, Any]:
+    """A call whose ``arguments`` an answer sent whole holds as they are (no JSON text)."""
+    return {"id": "h", "type": "function", "function": {"name": "ping", "arguments": arguments}}
+
+
+def calls_of(*raw: dict[str, Any]) -> tuple[kernel.ToolCall, ...]:
+    decision = kernel.classify(response(None, tool_calls=list(raw)))
+    assert isinstance(decision, kernel.ToolCalls)
+    return decision.calls
+
+
+def test_arguments_an_answer_holds_as_an_object_are_its_json_text_non_ascii_kept() -> None:
+    (kept,) = calls_of(held({"q": "é", "n": [1]}))
+    assert kept.arguments == '{"q": "é", "n": [1]}'
+    assert kept.dropped is None
+
+
+def test_arguments_of_no_json_type_are_dropped_as_past_the_batch_cap() -> None:
+    """Only a caller's own objects can be such (an answer read from JSON holds none); kept,
+    the turn's record could not be encoded."""
+    (dropped,) = calls_of(held({"q": {"a set"}}))
+    assert dropped.dropped == MAX_BATCH_ARGUMENTS_BYTES + 1
+    assert dropped.arguments == f"dict…[{MAX_BATCH_ARGUMENTS_BYTES + 1} bytes dropped]"
+
+
+def test_a_call_without_arguments_keeps_none_and_takes_the_bytes_of_null_in_the_batch() -> None:
+    """Four calls fill the batch cap with the ``null`` of the first; a byte more drops the
+    last."""
+    assert NULL_BYTES == 4
+    whole = ["x" * MAX_ARGUMENTS_BYTES] * 3
+    last = MAX_BATCH_ARGUMENTS_BYTES - NULL_BYTES - 3 * MAX_ARGUMENTS_BYTES
+    for extra, dropped in ((0, None), (1, last + 1)):
+        texts = [*whole, "x" * (last + extra)]
+        more = (call("ping", text, id=f"c{i}") for i, text in enumerate(texts))
+        found = calls_of(held(None), *more)
+        assert found[0].arguments is None
+        assert [c.dropped for c in found] == [None, None, None, None, dropped]
 
 
 def test_a_response_without_a_message_says_what_it_lacks() -> None:
