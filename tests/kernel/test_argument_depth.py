@@ -48,6 +48,12 @@ def test_deep_parsed_arguments_get_a_correction() -> None:
     assert "nested deeper" in result.error
 
 
+def test_parsed_arguments_at_the_limit_run_one_level_more_gets_a_correction() -> None:
+    assert isinstance(check(json.loads(nested(MAX_ARGUMENTS_DEPTH))), kernel.CheckedCall)
+    result = check(json.loads(nested(MAX_ARGUMENTS_DEPTH + 1)))
+    assert isinstance(result, kernel.InvalidCall) and "nested deeper" in result.error
+
+
 def test_arguments_at_the_limit_run_and_serialize_for_an_mcp_server() -> None:
     result = check(nested(MAX_ARGUMENTS_DEPTH))
     assert isinstance(result, kernel.CheckedCall)
