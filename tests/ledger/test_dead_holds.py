@@ -303,6 +303,35 @@ def test_a_take_back_after_the_window_rolled_leaves_the_charge_in_its_window() -
     assert not b.uncharge("r:1/slow")  # nor when its turn turns out committed by it
 
 
+DEAR = CallNeed(50, 400, kernel.Pricing(Decimal(100), Decimal(50), Decimal(100)))
+"""A call of a dearer model: a prompt bound of fewer tokens (50) that cost more (0.005 USD)."""
+CHEAP = CallNeed(200, 400, kernel.Pricing(Decimal("0.1"), Decimal("0.05"), Decimal("0.4")))
+"""A call of a cheaper model: a prompt bound of more tokens (200) that cost less (0.00002)."""
+
+
+@pytest.mark.parametrize("need", [DEAR, CHEAP], ids=["fewer-tokens", "less-cost"])
+def test_a_take_back_after_the_window_rolled_leaves_a_new_windows_charge_of_another_model(
+    need: CallNeed,
+) -> None:
+    """As above, with a call charged as abandoned in the new window too, holding more of the
+    old charge's cost but fewer of its tokens, or the other way round: the old charge is not
+    this window's, and nothing of the new one is taken back."""
+    b = Book.new("acme", TenantLimits(tokens=100_000, window_seconds=600.0), now=NOW)
+    assert b.admit("r", "ns", "r", now=NOW) is None
+    ask(b, "slow", turn=1)
+    assert b.drop_hold("r:1", committed_turn=0)
+    now = b.end + 1.0
+    assert b.roll(now)
+    hold = Hold("r", 2, 0, Decimal(0), now + 60, "other", "ns", "r")
+    assert isinstance(b.reserve_call("r:2", need, hold, now=now), Granted)
+    new = b.holds["r:2"].dropped_charge
+    assert (new[0] < PROMPT[0]) != (new[1] < PROMPT[1])  # one more, the other less
+    assert b.drop_hold("r:2", committed_turn=1)
+    assert not stored(b).release("r:1", owner="slow")
+    assert not b.release("r:1", owner="slow")
+    assert charged(b) == (*new, *new)
+
+
 def test_a_set_aside_unrecorded_hold_keeps_its_prompt_bound_in_both_layouts() -> None:
     for one_value in (True, False):
         b = Book.new("acme", TenantLimits(tokens=100_000), now=NOW, one_value=one_value)
