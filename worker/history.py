@@ -89,12 +89,13 @@ async def _read_folded(
     run's output schema). An admission among the events after a cached run is a re-seal, or
     the run's events were purged and the run admitted again (a rerun), whose history the
     cache does not hold: every event is then read and folded afresh. Raises as ``fold``."""
-    loaded, chunk, size = base, [], 0
+    loaded, chunk, size, afresh = base, [], 0, False
     events = bus.iter_events(request.namespace, request.name, after_seq=base.seq if base else 0)
     async with contextlib.aclosing(events):
         async for event in events:
             if base is not None and event.kind == "admitted":
-                return await _read_folded(bus, request, base=None, seals=seals)
+                afresh = True
+                break
             chunk.append(event)
             size += event.size
             if size >= FOLD_BYTES:
@@ -102,6 +103,10 @@ async def _read_folded(
                     fold, chunk, run_uid=request.run_uid, base=loaded, seals=seals
                 )
                 chunk, size = [], 0
+    if afresh:  # what was folded onto the cached run let go before the run is read again
+        loaded = base = None
+        chunk.clear()
+        return await _read_folded(bus, request, base=None, seals=seals)
     if chunk:
         loaded = await asyncio.to_thread(
             fold, chunk, run_uid=request.run_uid, base=loaded, seals=seals

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import logging
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -410,8 +411,11 @@ def _believable(
     if beyond is None:
         return response
     told = (config.namespace, config.name, config.model.name)
-    if told not in _TOLD_IMPLAUSIBLE:  # once a run and model an hour: the model's to repeat
-        _TOLD_IMPLAUSIBLE[told] = True
+    with _TOLD_LOCK:  # reached on the loop and, for a long prompt, on a thread (``_read_usage``)
+        first = told not in _TOLD_IMPLAUSIBLE  # once a run and model an hour
+        if first:
+            _TOLD_IMPLAUSIBLE[told] = True
+    if first:
         log.warning(
             "AgentModel %r reported usage no call could bill (%s, the most its contextWindow "
             "and the prompt's bound allow) for run %s/%s; charged the estimate instead (said "
@@ -429,6 +433,8 @@ _TOLD_IMPLAUSIBLE: cachetools.TTLCache[tuple[str, str, str], bool] = cachetools.
 )
 """The runs (namespace, name, AgentModel) whose model's implausible usage was logged within
 the hour: a tenant's model reporting it at every call wrote a warning of up to 4 KB each."""
+_TOLD_LOCK = threading.Lock()
+"""Guards ``_TOLD_IMPLAUSIBLE`` (``cachetools`` caches are not thread-safe)."""
 
 
 def _chat_attributes(config: RunConfig, call: kernel.CallModel) -> dict[str, Any]:

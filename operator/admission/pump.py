@@ -495,13 +495,14 @@ class QueuePump:
         that process's kopf admits it as a new run). An operator stopped in between leaves its
         status naming ``tenant``: kopf's resume of it here hands it over then
         (``handlers.admission``)."""
+        queued = (await self.store.queued(tenant)).get(key.uid)
         generation = await self._unqueue(tenant, key)
-        if generation is None:
+        if generation is None or queued is None:
             return
         self._objects.pop(key.uid, None)
         self.deps.configs.forget(key.uid)
         self._changed(key, tenant, to, " (another operator shard's)")
-        self.shown.hand_over(key, to, generation=generation)
+        self.shown.hand_over(key, to, generation=generation, since=queued.at)
 
     def _changed(self, key: RunKey, tenant: str, to: str, whose: str) -> None:
         """The ``TenantChanged`` Event of run ``key`` moved from ``tenant``'s queue to

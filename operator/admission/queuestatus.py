@@ -118,16 +118,18 @@ class QueueStatus:
             key, kernel.Phase.INVALID_SPEC, message, tenant=None, generation=generation
         )
 
-    def hand_over(self, key: runs.RunKey, tenant: str, *, generation: int) -> None:
+    def hand_over(self, key: runs.RunKey, tenant: str, *, generation: int, since: float) -> None:
         """Show a queued run taken out of its queue for AgentTenant ``tenant`` of another
         operator shard, which its namespace binds now (``runs.handed_over_status``): that
-        shard's owner admits it as a new run."""
+        shard's owner admits it as a new run, queued from ``since`` (epoch seconds: when it
+        joined the queue it leaves, its ``Admitted=False`` condition's ``lastTransitionTime``,
+        which ``recovery.queued_since`` reads)."""
         message = (
             f"handed to the operator shard of AgentTenant {tenant!r}, which its namespace binds "
             "now; it is queued there"
         )
         body = runs.handed_over_status(
-            tenant=tenant, message=message, at=self.clock(), generation=generation
+            tenant=tenant, message=message, at=since, generation=generation
         )
         self.writer.submit(key, body, seq=0, terminal=False)
 
@@ -153,7 +155,7 @@ class QueueStatus:
         for run in fresh:
             position = queue.position(run.uid)
             if position is not None and run.uid not in apart:
-                self.show_run(tenant, run, position, wait, seen=seen, now=now)
+                self.show_run(tenant, run, position, wait, seen=seen)
         limit = self.refresh.available(tenant, now)
         picked: list[tuple[QueuedRun, int]] = []
         if limit:
@@ -161,7 +163,7 @@ class QueueStatus:
             counts = queue if apart else None  # the runs apart still take their places
             picked = stalest(waiting, seen, wait.reason.value, limit=limit, positions=counts)
             for run, position in picked:
-                self.show_run(tenant, run, position, wait, seen=seen, now=now)
+                self.show_run(tenant, run, position, wait, seen=seen)
         self.refresh.spend(tenant, len(picked))
 
     def show_run(
@@ -172,10 +174,12 @@ class QueueStatus:
         wait: tenants.QueueWait,
         *,
         seen: dict[str, Waiting],
-        now: float | None = None,
     ) -> None:
         """Write one queued run's status, at ``position`` waiting for ``wait`` (and its
-        ``Queued`` Event, once per reason), unless it shows that already."""
+        ``Queued`` Event, once per reason), unless it shows that already. Its ``Admitted=False``
+        condition's ``lastTransitionTime`` is when it joined the queue (``QueuedRun.at``: its
+        creation, or its rerun's start), as the convention has it: the condition has been
+        False since then, whatever its reason now (``recovery.queued_since`` reads it back)."""
         known = seen.setdefault(run.uid, Waiting())
         shown = (position, wait.reason.value)
         if known.shown == shown:
@@ -199,7 +203,7 @@ class QueueStatus:
             reason=wait.reason.value,
             message=f"queued in AgentTenant {tenant!r} at position {position}: {why}",
             position=position,
-            at=self.clock() if now is None else now,
+            at=run.at,
             generation=known.generation,
         )
         self.writer.submit(

@@ -69,7 +69,8 @@ async def _validate_and_enqueue(
     ``meta`` shows it, less the annotations ``removed`` from the object since, in the life
     ``status.reruns`` counts)."""
     generation = int(meta.get("generation") or 1)
-    policy = await _tenant_policy(parts, key, generation=generation, status=status)
+    created = _created(meta)
+    policy = await _tenant_policy(parts, key, generation=generation, status=status, created=created)
     if policy is None:
         return
     try:  # before the tenant's policy: it applies to the spec the run executes
@@ -90,7 +91,7 @@ async def _validate_and_enqueue(
     if not await _can_run(parts, key, run_spec, policy, generation=generation, status=status):
         return
     obj = _queued_object(meta, run_spec, status, removed=removed)
-    queued = recovery.queued_since(_created(meta), status)
+    queued = recovery.queued_since(created, status)
     await parts.pump.enqueue_run(key, policy, generation=generation, created=queued, obj=obj)
 
 
@@ -146,7 +147,12 @@ def _queued_object(
 
 
 async def _tenant_policy(
-    parts: RunHandling, key: RunKey, *, generation: int, status: Mapping[str, Any]
+    parts: RunHandling,
+    key: RunKey,
+    *,
+    generation: int,
+    status: Mapping[str, Any],
+    created: float,
 ) -> TenantPolicy | None:
     """The policy of the tenant run ``key``'s namespace resolves to, or ``None`` once the run
     was rejected for having none, left waiting in the queue of the deleted or invalid
@@ -155,7 +161,8 @@ async def _tenant_policy(
     passes let it), or handed to another shard: one whose ``status``
     shows it queued in a tenant of this process's (its queue's pump stopped before it handed
     it over, ``QueuePump._hand_over``). Raises ``kopf.TemporaryError`` (retried) when the
-    namespace cannot be read, or when that tenant is another shard's (``_check_owned``)."""
+    namespace cannot be read, or when that tenant is another shard's (``_check_owned``).
+    ``created``: the object's creationTimestamp (epoch seconds)."""
     try:
         policy = await parts.tenants.resolve(key.namespace)
     except NoTenant as err:
@@ -173,7 +180,8 @@ async def _tenant_policy(
         return None
     queued = status.get("phase") == kernel.ResourcePhase.QUEUED.value and status.get("tenant")
     if queued and not parts.ownership.owns_tenant(policy.name):
-        parts.shown.hand_over(key, policy.name, generation=generation)
+        since = recovery.queued_since(created, status)
+        parts.shown.hand_over(key, policy.name, generation=generation, since=since)
         return None
     _check_owned(parts, key, policy.name)
     return policy

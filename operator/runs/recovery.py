@@ -85,17 +85,19 @@ def rerun_started(status: Mapping[str, Any]) -> bool:
 def queued_since(created: float, status: Mapping[str, Any]) -> float:
     """When the run whose object was created at ``created`` (epoch seconds) and shows
     ``status`` joined its tenant's admission queue, epoch seconds: its creation in its first
-    life; in a later one, when its rerun began (the ``Admitted`` condition ``rerun_status``
-    wrote, its ``lastTransitionTime``), so that a rerun queues after the runs created before
-    it and its wait counts from the rerun, not from the object's creation. ``created`` when
-    no such condition can be read."""
+    life; in a later one, when its rerun began — the ``lastTransitionTime`` of its
+    ``Admitted=False`` condition, which ``rerun_status`` writes at the rerun's start and the
+    queue's status writes (``Queued``, handed to another shard) carry on, the condition having
+    been False since — so that a rerun queues after the runs created before it and its wait
+    counts from the rerun, not from the object's creation. ``created`` when no such condition
+    can be read."""
     if not status.get("reruns"):
         return created
     for found in status.get("conditions") or []:
         if (
             isinstance(found, Mapping)
             and found.get("type") == "Admitted"
-            and found.get("reason") == RERUN_REASON
+            and found.get("status") == "False"
         ):
             with contextlib.suppress(TypeError, ValueError):
                 stamp = str(found.get("lastTransitionTime"))

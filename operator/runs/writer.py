@@ -71,6 +71,8 @@ MINIMAL_KEYS = (
 PASS_WRITES = 4
 """Writes a pass of the writer takes, per connection (``concurrency``): a body submitted while
 a pass goes waits for that pass's writes to start, not for every write due before it."""
+STOP_WAIT = 5.0
+"""Seconds ``flush_and_stop`` lets the writes under way end before it cancels them."""
 CONFLICT_ATTEMPTS = 5
 """Re-reads of a run whose object changed between our read and our patch, per write."""
 SIZE_WORDS = ("Too long", "Too many", "too large", "must have at most", "may not be more than")
@@ -175,13 +177,21 @@ class StatusWriter:
         self._task = asyncio.create_task(self._run(), name="status-writer")
         return self._task
 
-    async def flush_and_stop(self) -> None:
-        """Flush what is pending (best effort), then stop."""
+    async def flush_and_stop(self, *, wait: float = STOP_WAIT) -> None:
+        """Stop starting writes, let those under way end (``wait`` seconds at most: a
+        terminal status submitted just before lands), write what is pending (best effort),
+        then stop."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        flying = list(self._flying.values())
+        if flying:
+            await asyncio.wait(flying, timeout=wait)
         await self.flush()
-        going = [task for task in (self._task, *self._flying.values()) if task is not None]
-        for task in going:
+        for task in flying:
             task.cancel()
-        for task in going:
+        for task in flying:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 

@@ -177,10 +177,10 @@ class _Known:
 
 
 TICK = 2.0
+"""Seconds between two looks for AgentToolServers due a discovery."""
 JITTER = 0.1
 """The most a server's next discovery comes after ``spec.refreshInterval``, as a fraction of
 it, drawn at each discovery."""
-"""Seconds between two looks for AgentToolServers due a discovery."""
 BODIES_MEMORY = 64 * 2**20
 """Bytes of AgentToolServer objects kept as last seen, about (each weighed by
 ``schemas.footprint``; the least recently used forgotten first; one forgotten is read again,

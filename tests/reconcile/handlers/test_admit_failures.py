@@ -32,7 +32,7 @@ class Shown:
     def end_unadmitted(self, key: RunKey, phase: kernel.Phase, message: str, **_: Any) -> None:
         self.ended.append((phase, message))
 
-    def hand_over(self, key: RunKey, tenant: str, *, generation: int) -> None:
+    def hand_over(self, key: RunKey, tenant: str, *, generation: int, since: float) -> None:
         self.handed.append((key, tenant))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from agentrun.operator.runs import recovery
+from agentrun.operator.runs import status as operator_status
 from agentrun.operator.runs.keys import ADMITTED_UID_ANNOTATION, RERUN_ANNOTATION, RunKey
 from agentrun.operator.runs.recovery import Admission
 
@@ -186,17 +187,40 @@ def test_a_rerun_joins_its_queue_when_it_began_not_at_the_objects_creation() -> 
     began = CREATED + 3600.0
     status = recovery.rerun_status(at=began, generation=1, reruns=1)
     assert recovery.queued_since(CREATED, status) == began
-    shown = {**status, "phase": "Queued", "queuePosition": 3}  # queued, then the operator restarted
-    assert recovery.queued_since(CREATED, shown) == began
+
+
+def merged(status: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``status`` after the merge patch ``patch`` (a list, ``conditions``, replaced whole)."""
+    out = {**status, **patch}
+    return {key: value for key, value in out.items() if value is not None}
+
+
+def test_a_rerun_shown_queued_or_handed_over_still_says_when_it_began() -> None:
+    """The queue's own status writes replace the rerun's condition (a merge patch replaces a
+    list); their ``Admitted=False`` condition has been False since the rerun began and says
+    so, so an operator that starts again, or the shard the run is handed to, queues it from
+    then (before, from the object's creation: ahead of every run queued since)."""
+    began = CREATED + 3600.0
+    rerun = recovery.rerun_status(at=began, generation=1, reruns=1)
+    waiting = operator_status.queued(
+        tenant="t", reason="ConcurrencyLimit", message="m", position=3, at=began, generation=1
+    )
+    assert recovery.queued_since(CREATED, merged(rerun, waiting)) == began
+    handed = operator_status.handed_over(tenant="u", message="m", at=began, generation=1)
+    assert recovery.queued_since(CREATED, merged(merged(rerun, waiting), handed)) == began
 
 
 @pytest.mark.parametrize(
     "conditions",
     [
         pytest.param([], id="no-condition"),
-        pytest.param([{"type": "Admitted", "reason": "Rerun"}], id="no-time"),
+        pytest.param([{"type": "Admitted", "status": "False"}], id="no-time"),
         pytest.param(
-            [{"type": "Admitted", "reason": "Rerun", "lastTransitionTime": "soon"}], id="bad-time"
+            [{"type": "Admitted", "status": "False", "lastTransitionTime": "soon"}], id="bad-time"
+        ),
+        pytest.param(
+            [{"type": "Admitted", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+            id="admitted",
         ),
         pytest.param(["Admitted"], id="not-an-object"),
     ],

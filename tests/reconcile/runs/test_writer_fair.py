@@ -19,9 +19,13 @@ class ManyRuns:
     """An API server port holding any number of AgentRuns, each patch taking ``delay``
     seconds; ``order`` lists the runs in the order their patches landed."""
 
-    def __init__(self, delay: float, *, hung: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, delay: float, *, hung: frozenset[str] = frozenset(), slow: float = 0.0
+    ) -> None:
         self.delay = delay
         self.hung = hung
+        self.slow = slow
+        """Seconds the patch of a run named ``slow…`` takes instead of ``delay``."""
         """Names of runs whose patch never gets an answer (a connection gone dead)."""
         self.order: list[RunKey] = []
 
@@ -31,7 +35,7 @@ class ManyRuns:
     async def patch_status(
         self, ref: Ref, status: Mapping[str, Any], *, uid: str = "", version: str = ""
     ) -> dict[str, Any]:
-        await asyncio.sleep(self.delay)
+        await asyncio.sleep(self.slow if ref.name.startswith("slow") else self.delay)
         if ref.name in self.hung:
             await asyncio.Event().wait()
         self.order.append(RunKey(ref.namespace, ref.name, uid))
@@ -118,3 +122,20 @@ async def test_a_write_that_gets_no_answer_holds_its_connection_not_the_other_wr
             await asyncio.sleep(0.005)
     await writer.flush_and_stop()
     assert set(api.order) == {*others, late}
+
+
+async def test_stopping_lets_a_write_under_way_land_and_writes_what_is_pending() -> None:
+    """A terminal status whose patch is under way when the operator stops lands (before,
+    it was cancelled mid-patch: the run's end was not shown, nor counted); one submitted
+    while the writer stops is written by the flush."""
+    api = ManyRuns(delay=0.01, slow=1.0)
+    writer = StatusWriter(api, interval=30.0, concurrency=CONCURRENCY)  # type: ignore[arg-type]
+    going, late = run("ns", "slow-going"), run("ns", "late")
+    writer.start()
+    writer.submit(going, ended(2), seq=2, terminal=True)
+    await asyncio.sleep(0.05)  # its patch is on its way
+    writer.submit(late, ended(2), seq=2, terminal=True)
+    stopping = asyncio.ensure_future(writer.flush_and_stop())
+    async with asyncio.timeout(10):
+        await stopping
+    assert set(api.order) == {going, late}
