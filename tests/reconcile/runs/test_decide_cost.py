@@ -18,6 +18,7 @@ from kube_support import FakeKube
 from agentrun import kernel, protocol
 from agentrun.operator.handlers import runs as run_handlers
 from agentrun.operator.platform.events import EventRecorder, Involved, Throttle
+from agentrun.operator.runs.keys import RunKey
 from agentrun.protocol import RunEvent
 
 from .test_seals import LIMITS, NAMESPACE, Stack, config, held_run
@@ -164,3 +165,27 @@ async def test_the_decisions_of_a_batch_replay_the_run_once(stack: Stack) -> Non
     last = await stack.bus.last_event(NAMESPACE, "batch")
     assert last is not None and last.phase is kernel.Phase.RUNNING
     assert await stack.warnings() == []  # every decision was taken for the operator's
+
+
+async def test_a_kept_replay_is_not_built_on_once_the_run_is_admitted_again(stack: Stack) -> None:
+    """A rerun purges the run's events and admits it again from turn 0, a later life: the
+    replay the operator kept of the earlier life is not folded on (its turns would count in
+    the new life's, and a decision be judged against them), the run is replayed afresh."""
+    cfg = config("again")
+    await stack.dispatcher.start_run(cfg, start_time=1.0, generation=1)
+    record = kernel.Answered(0, kernel.decision.Final("done"), kernel.Usage(1, 1))
+    after = kernel.advance(kernel.initial_state(goal=cfg.goal), record, cfg.limits)
+    event = RunEvent("turn", cfg.uid, after.summary(), record=record, owner="delivery-1")
+    await stack.bus.append_event(NAMESPACE, "again", event, expected_seq=1)
+    key = RunKey(NAMESPACE, "again", cfg.uid)
+    first = await stack.dispatcher.seals.replay(key)
+    assert first is not None and first.seq == 2 and first.state.turn == 1
+    await stack.dispatcher.prepare_rerun(NAMESPACE, "again", cfg.uid)
+    await stack.dispatcher.start_run(
+        dataclasses.replace(cfg, reruns=1), start_time=2.0, generation=1
+    )
+    reads = Reads(stack)
+    again = await stack.dispatcher.seals.replay(key)
+    assert again is not None and again.seq == 3
+    assert (again.state.turn, again.config.reruns) == (0, 1)
+    assert reads.whole == 1  # read again from the start once the admission was seen
