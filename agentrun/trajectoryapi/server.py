@@ -71,8 +71,19 @@ groups, extra and run: the default of Kubernetes' delegating authoriser, which a
 servers use. A flood of one user's reads asks the API server once per run per this interval,
 not once a request; a RoleBinding removed takes up to this long to refuse. A verdict with an
 evaluation error is not kept."""
-VERDICTS_KEPT = 4096
-"""Verdicts kept at most (the least recently made forgotten first)."""
+VERDICTS_PER_USER = 256
+"""Verdicts kept at most for one user (the least recently made forgotten first): a user asking
+about ever new runs forgets their own verdicts, not another user's."""
+USERS_KEPT = 256
+"""Users whose verdicts are kept at most (the least recently asking forgotten first)."""
+MAX_REVIEWS = 32
+"""SubjectAccessReviews this server asks at once. They are asked as the server's own service
+account, so the API server's fairness (API Priority and Fairness) sees one flow whoever they are
+made for: without a bound of ours, one user's flood of requests about ever new runs would queue
+every other user's review behind its own."""
+REVIEWS_PER_USER = 4
+"""SubjectAccessReviews asked at once for one user: more wait their turn (``SLOT_WAIT``
+seconds at most, then 429 naming the user), and the other users keep the rest."""
 MAX_FOLLOWS = 64
 """Follows served at once (each holds a NATS connection); more get 429 as above."""
 FOLLOWS_PER_NAMESPACE = 8
@@ -200,6 +211,25 @@ def follow_slots() -> Slots:
     return _slots(MAX_FOLLOWS, per_namespace=FOLLOWS_PER_NAMESPACE, per_tenant=FOLLOWS_PER_TENANT)
 
 
+def review_slots() -> Slots:
+    """The places of SubjectAccessReviews asked at once: ``MAX_REVIEWS``, of each user
+    ``REVIEWS_PER_USER``."""
+    return Slots(MAX_REVIEWS, limits={"user": REVIEWS_PER_USER})
+
+
+class TooManyReviews(Exception):
+    """A user's SubjectAccessReviews, or all of them, stayed at their limit for
+    ``SLOT_WAIT`` seconds (``full`` names which)."""
+
+    def __init__(self, full: Full) -> None:
+        super().__init__(f"{full.scope.kind} {full.scope.name!r}: {full.limit} reviews at once")
+        self.full = full
+
+
+def _verdicts_of_user() -> cachetools.TTLCache[str, dict[str, Any]]:
+    return cachetools.TTLCache(VERDICTS_PER_USER, VERDICT_SECONDS)
+
+
 def _slots(total: int, *, per_namespace: int, per_tenant: int) -> Slots:
     limits = {"user": per_namespace, "namespace": per_namespace, "tenant": per_tenant}
     return Slots(total, limits=limits)
@@ -239,10 +269,15 @@ class Server:
     follows: Slots = dataclasses.field(default_factory=lambda: follow_slots())
     parties: tenants.Parties = dataclasses.field(default_factory=lambda: tenants.Parties(None))
     """Whose share each namespace's requests take (``tenants``)."""
-    verdicts: cachetools.TTLCache[str, dict[str, Any]] = dataclasses.field(
-        default_factory=lambda: cachetools.TTLCache(VERDICTS_KEPT, VERDICT_SECONDS)
+    reviews: Slots = dataclasses.field(default_factory=lambda: review_slots())
+    """The SubjectAccessReviews asked at once (``MAX_REVIEWS``, ``REVIEWS_PER_USER``)."""
+    verdicts: cachetools.LRUCache[str, cachetools.TTLCache[str, dict[str, Any]]] = (
+        dataclasses.field(default_factory=lambda: cachetools.LRUCache(USERS_KEPT))
     )
-    """SubjectAccessReview statuses by the review's canonical JSON (``_review``)."""
+    """User name → SubjectAccessReview statuses by the review's canonical JSON (``_review``;
+    ``VERDICTS_PER_USER`` a user, ``USERS_KEPT`` users)."""
+    user_verdicts: Callable[[], cachetools.TTLCache[str, dict[str, Any]]] = _verdicts_of_user
+    """Makes one user's verdict cache (``VERDICTS_PER_USER``, ``VERDICT_SECONDS``)."""
     event_bytes: budget.ByteBudget = dataclasses.field(
         default_factory=lambda: budget.ByteBudget(EVENT_BUDGET)
     )
@@ -283,6 +318,11 @@ class Server:
             return web.json_response(access.discovery(target.level))
         try:
             review = await self._review(user, target)
+        except TooManyReviews as err:
+            what = "access reviews"
+            return _refuse(
+                access.too_many(target.namespace, target.name, limit=_limit(err.full, what))
+            )
         except (client.ApiException, aiohttp.ClientError, TimeoutError) as err:
             log.warning("access review of %s failed: %r", user.name, err)
             return _refuse(access.review_failed(target.namespace, target.name))
@@ -352,20 +392,33 @@ class Server:
 
     async def _review(self, user: access.User, target: access.TrajectoryPath) -> dict[str, Any]:
         """The SubjectAccessReview status of ``user`` reading ``target``: made again at most
-        every ``VERDICT_SECONDS`` for the same question (``verdicts``). Raises what the
+        every ``VERDICT_SECONDS`` for the same question (``verdicts``), at most
+        ``REVIEWS_PER_USER`` of one user's and ``MAX_REVIEWS`` in all at once (``reviews``).
+        Raises ``TooManyReviews`` when no place came within ``SLOT_WAIT`` seconds, and what the
         Kubernetes client raises (``ApiException``, an ``aiohttp`` error, ``TimeoutError``)."""
         body = access.access_review(user, namespace=target.namespace, name=target.name)
         key = json.dumps(body["spec"], sort_keys=True)
+        kept = self.verdicts.get(user.name)
+        if kept is None:
+            kept = self.verdicts[user.name] = self.user_verdicts()
         with contextlib.suppress(KeyError):  # not asked lately (one clock read)
-            return self.verdicts[key]
-        reviews = client.AuthorizationV1Api(self.api)
-        result = await reviews.create_subject_access_review(
-            body,  # type: ignore[arg-type]
-            _request_timeout=kube.REQUEST_TIMEOUT,
-        )
+            return kept[key]
+        give_back = await self.reviews.take(Scope("user", user.name), wait=SLOT_WAIT)
+        if isinstance(give_back, Full):
+            raise TooManyReviews(give_back)
+        try:
+            with contextlib.suppress(KeyError):  # asked while this one waited for its place
+                return kept[key]
+            reviews = client.AuthorizationV1Api(self.api)
+            result = await reviews.create_subject_access_review(
+                body,  # type: ignore[arg-type]
+                _request_timeout=kube.REQUEST_TIMEOUT,
+            )
+        finally:
+            give_back()
         status: dict[str, Any] = self.api.sanitize_for_serialization(result).get("status") or {}
         if not status.get("evaluationError"):
-            self.verdicts[key] = status
+            kept[key] = status
         return status
 
     async def _follow(

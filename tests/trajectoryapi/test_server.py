@@ -364,6 +364,9 @@ class Reviews:
         self.asked: list[dict[str, Any]] = []
         self.verdict: dict[str, Any] = {"allowed": True}
         self.error: Exception | None = None
+        self.answer = asyncio.Event()
+        """Cleared: every review asked waits for it (an API server slow to answer)."""
+        self.answer.set()
 
     def __call__(self, api: object) -> Reviews:
         return self
@@ -373,6 +376,7 @@ class Reviews:
     ) -> dict[str, Any]:
         assert _request_timeout is kube.REQUEST_TIMEOUT  # never waits for ever
         self.asked.append(body)
+        await self.answer.wait()
         if self.error is not None:
             raise self.error
         return {"status": dict(self.verdict)}
@@ -395,7 +399,9 @@ def reviews(monkeypatch: pytest.MonkeyPatch) -> Reviews:
 
 def reviewing_server(tmp_path: Path, clock: list[float]) -> server.Server:
     made = server.Server(proxy=None, api=ReviewApi(), reader=None, scratch=tmp_path)  # type: ignore[arg-type]
-    made.verdicts = server.cachetools.TTLCache(8, server.VERDICT_SECONDS, timer=lambda: clock[0])
+    made.user_verdicts = lambda: server.cachetools.TTLCache(
+        8, server.VERDICT_SECONDS, timer=lambda: clock[0]
+    )
     return made
 
 
@@ -428,6 +434,67 @@ async def test_a_verdict_with_an_evaluation_error_is_asked_again(
     await app_server._review(access.User("alice"), run)
     await app_server._review(access.User("alice"), run)
     assert len(reviews.asked) == 2
+
+
+async def test_one_user_asking_about_ever_new_runs_forgets_only_their_own_verdicts(
+    reviews: Reviews, tmp_path: Path
+) -> None:
+    app_server = reviewing_server(tmp_path, [0.0])
+    run = access.TrajectoryPath("team-b", "r1")
+    await app_server._review(access.User("bob"), run)
+    reviews.verdict = {"allowed": False, "reason": "no RoleBinding"}
+    for i in range(100):  # far more than a user's cache holds (8 here)
+        await app_server._review(access.User("mallory"), access.TrajectoryPath("team-b", f"x{i}"))
+    asked = len(reviews.asked)
+    assert await app_server._review(access.User("bob"), run) == {"allowed": True}  # kept
+    assert len(reviews.asked) == asked
+
+
+async def test_one_users_reviews_wait_behind_each_other_not_in_front_of_anothers(
+    reviews: Reviews, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reviews are asked as the server's own service account (one flow to the API
+    server's fairness): a user flooding requests about new runs holds ``REVIEWS_PER_USER``
+    reviews at once; the next of theirs waits, then is refused naming the user, while another
+    user's is asked at once."""
+    monkeypatch.setattr(server, "SLOT_WAIT", 0.3)
+    app_server = reviewing_server(tmp_path, [0.0])
+    reviews.answer.clear()  # the API server slow to answer
+    flood = [
+        asyncio.create_task(
+            app_server._review(access.User("mallory"), access.TrajectoryPath("team-b", f"x{i}"))
+        )
+        for i in range(server.REVIEWS_PER_USER + 1)
+    ]
+    await asyncio.sleep(0.05)
+    assert len(reviews.asked) == server.REVIEWS_PER_USER  # the last one waits for a place
+    bob = asyncio.create_task(
+        app_server._review(access.User("bob"), access.TrajectoryPath("team-a", "r1"))
+    )
+    await asyncio.sleep(0.05)
+    assert reviews.asked[-1]["spec"]["user"] == "bob"  # asked at once
+    with pytest.raises(server.TooManyReviews) as refused:
+        await flood[-1]
+    assert refused.value.full == server.Full(server.Scope("user", "mallory"), 4)
+    reviews.answer.set()
+    assert await bob == {"allowed": True}
+    assert [await task for task in flood[:-1]] == [{"allowed": True}] * 4
+
+
+async def test_a_user_past_their_reviews_is_answered_429_naming_them(
+    serving: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, url, _ = serving
+
+    async def full(self: server.Server, *_: object) -> dict[str, Any]:
+        raise server.TooManyReviews(server.Full(server.Scope("user", "mallory"), 4))
+
+    monkeypatch.setattr(server.Server, "_review", full)
+    async with aiohttp.ClientSession() as session, session.get(url) as answer:
+        assert (answer.status, answer.headers["Retry-After"]) == (429, "5")
+        body = await answer.json()
+    assert (body["kind"], body["reason"]) == ("Status", "TooManyRequests")
+    assert "user 'mallory' holds its 4 trajectory access reviews at once" in body["message"]
 
 
 @pytest.mark.parametrize(
