@@ -10,9 +10,8 @@ folded in.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-
-import cachetools
 
 from agentrun.bus import Bus
 from agentrun.history import CorruptHistory, LoadedRun, fold, weight
@@ -33,44 +32,91 @@ RUN_CACHE_RUNS = 1024
 
 
 class RunCache:
-    """LRU of ``run uid → LoadedRun``, bounded by weight: at most ``capacity`` bytes
-    (``weight``) and ``runs`` runs (each weighing at least ``capacity // runs``). A run
-    heavier than the whole capacity is not cached (read again at its next turn)."""
+    """Runs by uid, bounded by weight: at most ``capacity`` bytes (``weight``) and ``runs``
+    runs (each weighing at least ``capacity // runs``). Past the capacity, the least recently
+    used run of the tenant whose cached runs weigh the most is let go first: a tenant alone uses
+    the whole cache, and a tenant whose runs are heavy (up to the event cap, some 35 MB counted
+    each) pushes out its own runs, not another tenant's lighter share. A run heavier than the
+    whole capacity is not cached (read again at its next turn)."""
 
     def __init__(self, capacity: int = RUN_CACHE_BYTES, *, runs: int = RUN_CACHE_RUNS) -> None:
         """``capacity``: bytes; ``runs``: at least 1."""
         self.capacity = capacity
         self._least = max(capacity // max(runs, 1), 1)
-        self._runs: cachetools.LRUCache[str, LoadedRun] = cachetools.LRUCache(
-            capacity, getsizeof=self._weight
-        )
-
-    def _weight(self, run: LoadedRun) -> int:
-        return max(weight(run), self._least)
+        self._tenants: dict[str, collections.OrderedDict[str, tuple[LoadedRun, int]]] = {}
+        """Tenant → its cached runs (uid → (run, its weight)), least recently used first."""
+        self._weights: collections.Counter[str] = collections.Counter()
+        """Tenant → what its cached runs weigh."""
+        self._tenant_of: dict[str, str] = {}
+        """uid → the tenant it is cached under."""
 
     @property
     def weight(self) -> int:
         """What the cached runs weigh together (bytes)."""
-        return int(self._runs.currsize)
+        return sum(self._weights.values())
+
+    def tenant_weight(self, tenant: str) -> int:
+        """What tenant ``tenant``'s cached runs weigh together (bytes)."""
+        return self._weights[tenant]
 
     def __len__(self) -> int:
-        return len(self._runs)
+        return len(self._tenant_of)
 
     def get(self, run_uid: str) -> LoadedRun | None:
         """The cached run, marked as recently used."""
-        return self._runs.get(run_uid)
+        tenant = self._tenant_of.get(run_uid)
+        if tenant is None:
+            return None
+        runs = self._tenants[tenant]
+        runs.move_to_end(run_uid)
+        return runs[run_uid][0]
 
     def put(self, run: LoadedRun) -> None:
-        """Remember ``run`` (evicting the least recently used past the capacity); a run
-        heavier than the capacity is forgotten instead."""
-        if self._weight(run) > self.capacity:
-            self.drop(run.config.uid)
+        """Remember ``run``, letting go past the capacity the least recently used runs of the
+        heaviest tenant in turn, counting ``run`` in its own (its own runs first on a tie);
+        ``run`` is forgotten instead, and nothing let go, when it is heavier than the
+        capacity, or when its tenant would be the heaviest with no run of its own left to let
+        go (``_room``)."""
+        uid, tenant = run.config.uid, run.config.tenant
+        self.drop(uid)
+        size = max(weight(run), self._least)
+        room = self._room(tenant, size)
+        if room is None:
             return
-        self._runs[run.config.uid] = run
+        for other in room:
+            self.drop(other)
+        self._tenants.setdefault(tenant, collections.OrderedDict())[uid] = (run, size)
+        self._weights[tenant] += size
+        self._tenant_of[uid] = tenant
+
+    def _room(self, tenant: str, size: int) -> list[str] | None:
+        """The runs to let go so that a run of ``size`` bytes of ``tenant`` fits: each time the
+        least recently used of the heaviest tenant's (``tenant`` counted with the new run);
+        None when it cannot fit that way."""
+        weights = collections.Counter(self._weights)
+        weights[tenant] += size
+        left = {t: iter(runs.items()) for t, runs in self._tenants.items()}
+        total, chosen = self.weight + size, []
+        while total > self.capacity:
+            heaviest = max(weights, key=lambda t: (weights[t], t == tenant))
+            other, (_, weighs) = next(left.get(heaviest, iter(())), (None, (None, 0)))
+            if other is None:
+                return None
+            chosen.append(other)
+            weights[heaviest] -= weighs
+            total -= weighs
+        return chosen
 
     def drop(self, run_uid: str) -> None:
         """Forget a run."""
-        self._runs.pop(run_uid, None)
+        tenant = self._tenant_of.pop(run_uid, None)
+        if tenant is None:
+            return
+        runs = self._tenants[tenant]
+        _, size = runs.pop(run_uid)
+        self._weights[tenant] -= size
+        if not runs:
+            del self._tenants[tenant], self._weights[tenant]
 
 
 FOLD_BYTES = 2**20

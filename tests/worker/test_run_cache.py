@@ -71,6 +71,58 @@ def test_light_runs_are_still_cached_a_thousand_and_twenty_four_at_most() -> Non
     assert cache.get("uid-75") is None and cache.get("uid-76") is not None
 
 
+def of_tenant(run: history.LoadedRun, tenant: str) -> history.LoadedRun:
+    return dataclasses.replace(run, config=dataclasses.replace(run.config, tenant=tenant))
+
+
+def test_a_tenant_s_heavy_runs_push_out_its_own_runs_not_another_tenant_s() -> None:
+    """Measured before: 4 heavy runs of one tenant pushed out 100 light runs of another."""
+    cache = history.RunCache()
+    for index in range(100):
+        cache.put(of_tenant(light_run(f"light-{index}"), "quiet"))
+    quiet = cache.tenant_weight("quiet")
+    for index in range(40):
+        cache.put(of_tenant(heavy_run(f"heavy-{index}"), "hostile"))
+    assert all(cache.get(f"light-{index}") is not None for index in range(100))
+    assert cache.tenant_weight("quiet") == quiet
+    assert cache.weight <= history.RUN_CACHE_BYTES
+    assert cache.get("heavy-39") is not None and cache.get("heavy-0") is None
+
+
+def test_a_light_tenant_s_run_takes_room_from_the_heaviest_tenant() -> None:
+    cache = history.RunCache()
+    for index in range(3):  # alone, a tenant uses the whole cache
+        cache.put(of_tenant(heavy_run(f"heavy-{index}"), "hostile"))
+    assert len(cache) == 3
+    for index in range(300):  # 39 MB: more than the room left
+        cache.put(of_tenant(light_run(f"light-{index}"), "quiet"))
+    assert all(cache.get(f"light-{index}") is not None for index in range(300))
+    assert cache.get("heavy-0") is None  # the heaviest tenant's least recently used
+    assert cache.get("heavy-1") is not None and cache.get("heavy-2") is not None
+
+
+def test_two_heavy_tenants_end_up_with_about_half_each() -> None:
+    cache = history.RunCache(capacity=8 * 2**20, runs=64)
+    for index in range(200):  # runs of 64 messages, turn about: a, b, a, b…
+        tenant = "ab"[index % 2] if index < 100 else "a"
+        run = light_run(f"{tenant}-{index}")
+        cache.put(of_tenant(dataclasses.replace(run, stored=100 * 1024), tenant))
+    assert abs(cache.tenant_weight("a") - cache.tenant_weight("b")) <= 200 * 1024
+    assert cache.weight <= 8 * 2**20
+
+
+def test_a_run_heavier_than_what_its_tenant_may_take_is_not_cached() -> None:
+    """A tenant's run that would make it the heaviest with none of its own runs to let go
+    (its share is what the others leave) is read again at its next turn, not cached by
+    pushing out another tenant's runs."""
+    cache = history.RunCache(capacity=40 * 2**20)
+    for index in range(4):
+        cache.put(of_tenant(dataclasses.replace(light_run(f"q-{index}"), stored=9 * 2**20), "q"))
+    cache.put(of_tenant(heavy_run("heavy"), "hostile"))  # 35 MB beside 36 MiB of another's
+    assert cache.get("heavy") is None
+    assert all(cache.get(f"q-{index}") is not None for index in range(4))
+
+
 def run_payloads(
     *, turns: int, calls: int, size: int, uid: str = "measured"
 ) -> tuple[list[bytes], RunConfig]:
