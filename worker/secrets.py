@@ -51,6 +51,8 @@ class KubeSecrets:
         self._missing: dict[SecretRef, float] = {}
         """When each key's Secret was first found missing since it was last read."""
         self._headers: dict[tuple[str, str, tuple[str, ...]], tuple[float, dict[str, str]]] = {}
+        self._headers_missing: dict[tuple[str, str, tuple[str, ...]], float] = {}
+        """When each header Secret was first found missing since it was last read."""
 
     async def api_key(self, ref: SecretRef) -> str:
         """The key's value; raises ``ModelError`` naming the Secret when it cannot be read,
@@ -96,26 +98,46 @@ class KubeSecrets:
     async def headers(self, namespace: str, name: str, *, keys: tuple[str, ...]) -> dict[str, str]:
         """The ``keys`` of Secret ``namespace/name``, each as the HTTP header of its name
         (``AgentToolServer.spec.headersFrom.keys``; no other key of the Secret is read out),
-        cached like API keys.
+        cached like API keys. Once read, they keep being used past ``ttl`` while the API server
+        cannot be asked (``TRANSIENT_STATUSES``, no connection, no answer) and while the Secret
+        is missing (HTTP 404) for less than ``MISSING_GRACE`` seconds (replaced: deleted and
+        made again), as the model's key makes its turn wait meanwhile: a tool call is not
+        failed for either.
 
-        Raises ``ToolError`` (an infrastructure fault) naming the Secret and a missing key,
-        never a value, when they cannot be read.
+        Raises ``ToolError`` (an infrastructure fault, ``unsent``: the tool's server was not
+        called) naming the Secret and a missing key, never a value, when they cannot be read
+        and none were read before (or the Secret has been missing past its grace).
         """
-        hit = self._headers.get((namespace, name, keys))
+        place = (namespace, name, keys)
+        hit = self._headers.get(place)
         now = self.clock()
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
         where = f"cannot read Secret {namespace}/{name} (AgentToolServer spec.headersFrom)"
         fault = kernel.ToolFault.TRANSPORT
         if self.core is None:
-            raise ToolError(f"{where}: the worker has no Kubernetes access", fault=fault)
+            raise ToolError(
+                f"{where}: the worker has no Kubernetes access", fault=fault, unsent=True
+            )
         try:
             values = await kube.secret_values(self.core, namespace=namespace, name=name, keys=keys)
         except ApiException as err:
-            raise ToolError(f"{where}: HTTP {err.status} {err.reason}", fault=fault) from None
+            missing = err.status == 404
+            if missing and now - self._headers_missing.setdefault(place, now) >= MISSING_GRACE:
+                hit = None
+            if hit is not None and (missing or err.status in TRANSIENT_STATUSES):
+                return hit[1]
+            raise ToolError(
+                f"{where}: HTTP {err.status} {err.reason}", fault=fault, unsent=True
+            ) from None
+        except (aiohttp.ClientError, TimeoutError) as err:
+            if hit is not None:
+                return hit[1]
+            raise ToolError(f"{where}: {err!r}", fault=fault, unsent=True) from None
         except ValueError as err:
-            raise ToolError(f"{where}: {err}", fault=fault) from None
+            raise ToolError(f"{where}: {err}", fault=fault, unsent=True) from None
         for value in values.values():
             display.KNOWN.add(value)
-        self._headers[(namespace, name, keys)] = (now, values)
+        self._headers[place] = (now, values)
+        self._headers_missing.pop(place, None)
         return values

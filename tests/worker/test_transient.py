@@ -16,6 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerCorrupt, LedgerUnavailable
 from agentrun.protocol import SecretRef
+from agentrun.tools import ToolError
 from agentrun.worker.consumer import is_transient
 from agentrun.worker.model import ModelError
 from agentrun.worker.secrets import MISSING_GRACE, KubeSecrets, SecretUnavailable
@@ -114,3 +115,74 @@ async def test_a_missing_secret_makes_the_turn_wait_its_grace_then_is_a_model_er
     core.data, now[0] = None, 200.0  # a later replace has its own grace
     with pytest.raises(SecretUnavailable):
         await secrets.api_key(REF)
+
+
+class HeaderCore:
+    """A tool server's header Secret that is there (``data``), missing (``None``: HTTP 404),
+    or whose read fails with ``err``."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, str] | None = {
+            "Authorization": base64.b64encode(b"Bearer t1").decode()
+        }
+        self.err: BaseException | None = None
+
+    async def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        if self.err is not None:
+            raise self.err
+        if self.data is None:
+            raise ApiException(status=404, reason="Not Found")
+        return types.SimpleNamespace(data=self.data)
+
+
+KEYS = ("Authorization",)
+
+
+@pytest.mark.parametrize(
+    "err",
+    [
+        ApiException(status=503, reason="Service Unavailable"),
+        aiohttp.ClientConnectionError("connection refused"),
+        TimeoutError(),
+    ],
+    ids=["503", "connection-refused", "timeout"],
+)
+async def test_a_tool_servers_headers_read_once_are_used_while_the_api_server_cannot_be_asked(
+    err: BaseException,
+) -> None:
+    """Measured before: the tool call failed ``transport`` (a 503), or the turn raised (no
+    connection, no answer: not a ``ToolError``)."""
+    now = [0.0]
+    secrets = KubeSecrets(None, ttl=60.0, clock=lambda: now[0])
+    core = HeaderCore()
+    secrets.core = core  # type: ignore[assignment]
+    unread = KubeSecrets(None)
+    unread.core = core  # type: ignore[assignment]
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t1"}
+    core.err, now[0] = err, 61.0
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t1"}
+    with pytest.raises(ToolError, match="cannot read Secret team-a/mcp") as failed:  # never read
+        await unread.headers("team-a", "mcp", keys=KEYS)
+    assert failed.value.unsent  # a write call is not taken as maybe done (effect_unknown)
+    core.err = ApiException(status=403, reason="Forbidden")  # not transient: refused
+    with pytest.raises(ToolError, match="HTTP 403"):
+        await secrets.headers("team-a", "mcp", keys=KEYS)
+
+
+async def test_a_replaced_header_secret_is_used_for_its_grace_then_fails_the_call() -> None:
+    now = [0.0]
+    secrets = KubeSecrets(None, ttl=60.0, clock=lambda: now[0])
+    core = HeaderCore()
+    secrets.core = core  # type: ignore[assignment]
+    await secrets.headers("team-a", "mcp", keys=KEYS)
+    core.data, now[0] = None, 61.0  # replaced: deleted when the cached headers expire
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t1"}
+    now[0] = 61.0 + MISSING_GRACE - 0.1
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t1"}
+    now[0] = 61.0 + MISSING_GRACE
+    with pytest.raises(ToolError, match="HTTP 404"):
+        await secrets.headers("team-a", "mcp", keys=KEYS)
+    core.data = {"Authorization": base64.b64encode(b"Bearer t2").decode()}  # made again
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t2"}
+    core.data, now[0] = None, 200.0  # a later replace has its own grace
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t2"}
