@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
 
 from agentrun.bus import Bus
 from agentrun.history import CorruptHistory, LoadedRun, fold, weight
@@ -31,92 +34,117 @@ RUN_CACHE_RUNS = 1024
 """Runs a worker caches at most, however light: each weighs at least ``bytes // runs``."""
 
 
-class RunCache:
-    """Runs by uid, bounded by weight: at most ``capacity`` bytes (``weight``) and ``runs``
-    runs (each weighing at least ``capacity // runs``). Past the capacity, the least recently
-    used run of the tenant whose cached runs weigh the most is let go first: a tenant alone uses
-    the whole cache, and a tenant whose runs are heavy (up to the event cap, some 35 MB counted
-    each) pushes out its own runs, not another tenant's lighter share. A run heavier than the
-    whole capacity is not cached (read again at its next turn)."""
+PROTECTED_SECONDS = 300.0
+"""A run used within this many seconds is not let go for another tenant's run while its own
+tenant's cached runs weigh no more than a fair part of the cache (the capacity over the tenants
+cached): a tenant churning heavy runs cannot push out the runs other tenants are using. A run
+unused longer is let go in turn, whoever's, so the room of tenants gone quiet is taken back."""
 
-    def __init__(self, capacity: int = RUN_CACHE_BYTES, *, runs: int = RUN_CACHE_RUNS) -> None:
+
+@dataclasses.dataclass(slots=True)
+class _Cached:
+    run: LoadedRun
+    size: int
+    used: float
+    """When it was last put or got (``RunCache``'s clock)."""
+
+
+class RunCache:
+    """Runs by uid, least recently used let go first, bounded by weight: at most ``capacity``
+    bytes (``weight``) and ``runs`` runs (each weighing at least ``capacity // runs``). A run
+    is let go for another tenant's only when unused for ``PROTECTED_SECONDS`` or when its
+    tenant's runs weigh more than a fair part of the cache (``_room``): a tenant alone uses it
+    all, in plain least-recently-used order, and a tenant whose runs are heavy (up to the event
+    cap, some 35 MB counted each) pushes out its own runs, not the runs other tenants use. A
+    run that cannot fit so (heavier than the capacity, or than what the others leave) is not
+    cached: it is read again at its next turn. ``clock``: monotonic seconds."""
+
+    def __init__(
+        self,
+        capacity: int = RUN_CACHE_BYTES,
+        *,
+        runs: int = RUN_CACHE_RUNS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``capacity``: bytes; ``runs``: at least 1."""
         self.capacity = capacity
+        self.clock = clock
         self._least = max(capacity // max(runs, 1), 1)
-        self._tenants: dict[str, collections.OrderedDict[str, tuple[LoadedRun, int]]] = {}
-        """Tenant → its cached runs (uid → (run, its weight)), least recently used first."""
+        self._runs: collections.OrderedDict[str, _Cached] = collections.OrderedDict()
+        """uid → the cached run, least recently used first."""
         self._weights: collections.Counter[str] = collections.Counter()
         """Tenant → what its cached runs weigh."""
-        self._tenant_of: dict[str, str] = {}
-        """uid → the tenant it is cached under."""
+        self._weight = 0
 
     @property
     def weight(self) -> int:
         """What the cached runs weigh together (bytes)."""
-        return sum(self._weights.values())
+        return self._weight
 
     def tenant_weight(self, tenant: str) -> int:
         """What tenant ``tenant``'s cached runs weigh together (bytes)."""
         return self._weights[tenant]
 
     def __len__(self) -> int:
-        return len(self._tenant_of)
+        return len(self._runs)
 
     def get(self, run_uid: str) -> LoadedRun | None:
         """The cached run, marked as recently used."""
-        tenant = self._tenant_of.get(run_uid)
-        if tenant is None:
+        found = self._runs.get(run_uid)
+        if found is None:
             return None
-        runs = self._tenants[tenant]
-        runs.move_to_end(run_uid)
-        return runs[run_uid][0]
+        self._runs.move_to_end(run_uid)
+        found.used = self.clock()
+        return found.run
 
     def put(self, run: LoadedRun) -> None:
-        """Remember ``run``, letting go past the capacity the least recently used runs of the
-        heaviest tenant in turn, counting ``run`` in its own (its own runs first on a tie);
-        ``run`` is forgotten instead, and nothing let go, when it is heavier than the
-        capacity, or when its tenant would be the heaviest with no run of its own left to let
-        go (``_room``)."""
+        """Remember ``run``, letting go what ``_room`` chooses; when nothing may be let go
+        so that it fits, ``run`` is forgotten instead (and nothing let go)."""
         uid, tenant = run.config.uid, run.config.tenant
         self.drop(uid)
-        size = max(weight(run), self._least)
-        room = self._room(tenant, size)
+        size, now = max(weight(run), self._least), self.clock()
+        room = self._room(tenant, size, now)
         if room is None:
             return
         for other in room:
             self.drop(other)
-        self._tenants.setdefault(tenant, collections.OrderedDict())[uid] = (run, size)
+        self._runs[uid] = _Cached(run, size, now)
         self._weights[tenant] += size
-        self._tenant_of[uid] = tenant
+        self._weight += size
 
-    def _room(self, tenant: str, size: int) -> list[str] | None:
-        """The runs to let go so that a run of ``size`` bytes of ``tenant`` fits: each time the
-        least recently used of the heaviest tenant's (``tenant`` counted with the new run);
-        None when it cannot fit that way."""
+    def _room(self, tenant: str, size: int, now: float) -> list[str] | None:
+        """The runs to let go, least recently used first, so that a run of ``size`` bytes of
+        ``tenant`` fits: ``tenant``'s own, any unused for ``PROTECTED_SECONDS``, and another
+        tenant's while that tenant weighs more than a fair part (``capacity`` over the tenants
+        cached, ``tenant`` included, counted with the new run); None when those are not
+        enough."""
+        need = self._weight + size - self.capacity
+        if need <= 0:
+            return []
+        fair = self.capacity // len({*self._weights, tenant})
         weights = collections.Counter(self._weights)
         weights[tenant] += size
-        left = {t: iter(runs.items()) for t, runs in self._tenants.items()}
-        total, chosen = self.weight + size, []
-        while total > self.capacity:
-            heaviest = max(weights, key=lambda t: (weights[t], t == tenant))
-            other, (_, weighs) = next(left.get(heaviest, iter(())), (None, (None, 0)))
-            if other is None:
-                return None
-            chosen.append(other)
-            weights[heaviest] -= weighs
-            total -= weighs
-        return chosen
+        chosen = []
+        for uid, cached in self._runs.items():
+            owner = cached.run.config.tenant
+            if owner == tenant or now - cached.used >= PROTECTED_SECONDS or weights[owner] > fair:
+                chosen.append(uid)
+                weights[owner] -= cached.size
+                need -= cached.size
+                if need <= 0:
+                    return chosen
+        return None
 
     def drop(self, run_uid: str) -> None:
         """Forget a run."""
-        tenant = self._tenant_of.pop(run_uid, None)
-        if tenant is None:
+        cached = self._runs.pop(run_uid, None)
+        if cached is None:
             return
-        runs = self._tenants[tenant]
-        _, size = runs.pop(run_uid)
-        self._weights[tenant] -= size
-        if not runs:
-            del self._tenants[tenant], self._weights[tenant]
+        tenant = cached.run.config.tenant
+        self._weights[tenant] -= cached.size
+        self._weight -= cached.size
+        if self._weights[tenant] <= 0:
+            del self._weights[tenant]
 
 
 FOLD_BYTES = 2**20

@@ -3,6 +3,7 @@ the HTTP headers of MCP tool servers (``AgentToolServer.spec.headersFrom``)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Callable
@@ -31,6 +32,15 @@ MISSING_GRACE = 30.0
 """Seconds a model-key Secret may be missing (HTTP 404) before the turn fails for it: a Secret
 replaced — deleted and made again, as ``kubectl replace --force`` or a GitOps tool's replace
 does — makes the turn wait and retry meanwhile instead of ending its run."""
+
+
+HEADERS_READ_TIMEOUT = 2.0
+"""Seconds a read of a tool server's header Secret may take while a tool call waits for it
+(the API server answers such a read in milliseconds): past it, the last values read are sent,
+or the call fails unsent, well within the call's own timeout."""
+STALE_RETRY = 5.0
+"""Seconds a tool server's header Secret that could not be read is not asked again (its last
+values sent meanwhile): an API server away is not asked once per tool call."""
 
 
 class KubeSecrets:
@@ -98,15 +108,17 @@ class KubeSecrets:
     async def headers(self, namespace: str, name: str, *, keys: tuple[str, ...]) -> dict[str, str]:
         """The ``keys`` of Secret ``namespace/name``, each as the HTTP header of its name
         (``AgentToolServer.spec.headersFrom.keys``; no other key of the Secret is read out),
-        cached like API keys. Once read, they keep being used past ``ttl`` while the API server
-        cannot be asked (``TRANSIENT_STATUSES``, no connection, no answer) and while the Secret
-        is missing (HTTP 404) for less than ``MISSING_GRACE`` seconds (replaced: deleted and
-        made again), as the model's key makes its turn wait meanwhile: a tool call is not
-        failed for either.
+        cached like API keys. Once read, they keep being sent past ``ttl`` while the API server
+        cannot be asked (``TRANSIENT_STATUSES``, no connection, no answer within
+        ``HEADERS_READ_TIMEOUT``; asked again ``STALE_RETRY`` seconds later) and while the
+        Secret is missing (HTTP 404) for less than ``MISSING_GRACE`` seconds (replaced: deleted
+        and made again), as the model's key makes its turn wait meanwhile: a tool call is not
+        failed for either. A Secret missing past its grace, or refused otherwise (403), is
+        never served from what was read before.
 
         Raises ``ToolError`` (an infrastructure fault, ``unsent``: the tool's server was not
         called) naming the Secret and a missing key, never a value, when they cannot be read
-        and none were read before (or the Secret has been missing past its grace).
+        and may not be served from before.
         """
         place = (namespace, name, keys)
         hit = self._headers.get(place)
@@ -114,30 +126,32 @@ class KubeSecrets:
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
         where = f"cannot read Secret {namespace}/{name} (AgentToolServer spec.headersFrom)"
-        fault = kernel.ToolFault.TRANSPORT
         if self.core is None:
-            raise ToolError(
-                f"{where}: the worker has no Kubernetes access", fault=fault, unsent=True
-            )
+            raise _header_fault(f"{where}: the worker has no Kubernetes access")
         try:
-            values = await kube.secret_values(self.core, namespace=namespace, name=name, keys=keys)
-        except ApiException as err:
-            missing = err.status == 404
-            if missing and now - self._headers_missing.setdefault(place, now) >= MISSING_GRACE:
-                hit = None
-            if hit is not None and (missing or err.status in TRANSIENT_STATUSES):
+            async with asyncio.timeout(HEADERS_READ_TIMEOUT):
+                values = await kube.secret_values(
+                    self.core, namespace=namespace, name=name, keys=keys
+                )
+        except (ApiException, aiohttp.ClientError, TimeoutError) as err:
+            status = err.status if isinstance(err, ApiException) else None
+            if status == 404:
+                self._headers_missing.setdefault(place, now)
+            gone = now - self._headers_missing.get(place, now) >= MISSING_GRACE
+            if hit is not None and not gone and status in (None, 404, *TRANSIENT_STATUSES):
+                self._headers[place] = (now - self.ttl + STALE_RETRY, hit[1])
                 return hit[1]
-            raise ToolError(
-                f"{where}: HTTP {err.status} {err.reason}", fault=fault, unsent=True
-            ) from None
-        except (aiohttp.ClientError, TimeoutError) as err:
-            if hit is not None:
-                return hit[1]
-            raise ToolError(f"{where}: {err!r}", fault=fault, unsent=True) from None
+            why = f"HTTP {err.status} {err.reason}" if isinstance(err, ApiException) else repr(err)
+            raise _header_fault(f"{where}: {why}") from None
         except ValueError as err:
-            raise ToolError(f"{where}: {err}", fault=fault, unsent=True) from None
+            raise _header_fault(f"{where}: {err}") from None
         for value in values.values():
             display.KNOWN.add(value)
         self._headers[place] = (now, values)
         self._headers_missing.pop(place, None)
         return values
+
+
+def _header_fault(message: str) -> ToolError:
+    """A tool call failed for its server's headers: an infrastructure fault, never sent."""
+    return ToolError(message, fault=kernel.ToolFault.TRANSPORT, unsent=True)

@@ -162,7 +162,7 @@ async def _headers(
 ) -> Mapping[str, str]:
     if source is None:
         why = f"cannot read Secret {namespace}/{name}: this worker reads no Secrets"
-        raise ToolError(why, fault=kernel.ToolFault.TRANSPORT)
+        raise ToolError(why, fault=kernel.ToolFault.TRANSPORT, unsent=True)
     return await source.headers(namespace, name, keys=keys)
 
 

@@ -71,11 +71,12 @@ groups, extra and run: the default of Kubernetes' delegating authoriser, which a
 servers use. A flood of one user's reads asks the API server once per run per this interval,
 not once a request; a RoleBinding removed takes up to this long to refuse. A verdict with an
 evaluation error is not kept."""
-VERDICTS_PER_USER = 256
+VERDICTS_PER_USER = 64
 """Verdicts kept at most for one user (the least recently made forgotten first): a user asking
 about ever new runs forgets their own verdicts, not another user's."""
-USERS_KEPT = 256
-"""Users whose verdicts are kept at most (the least recently asking forgotten first)."""
+USERS_KEPT = 64
+"""Users whose verdicts are kept at most (the least recently asking forgotten first): with
+``VERDICTS_PER_USER``, 4,096 verdicts at most (about 1 KiB each)."""
 MAX_REVIEWS = 32
 """SubjectAccessReviews this server asks at once. They are asked as the server's own service
 account, so the API server's fairness (API Priority and Fairness) sees one flow whoever they are
@@ -84,6 +85,10 @@ every other user's review behind its own."""
 REVIEWS_PER_USER = 4
 """SubjectAccessReviews asked at once for one user: more wait their turn (``SLOT_WAIT``
 seconds at most, then 429 naming the user), and the other users keep the rest."""
+REVIEWS_PER_NAMESPACE = 8
+"""SubjectAccessReviews asked at once about one namespace's runs, whoever asks: users are
+cheap to make (a namespace's admin makes service accounts), so it takes 4 namespaces, not 8
+users, to hold every review."""
 MAX_FOLLOWS = 64
 """Follows served at once (each holds a NATS connection); more get 429 as above."""
 FOLLOWS_PER_NAMESPACE = 8
@@ -213,8 +218,8 @@ def follow_slots() -> Slots:
 
 def review_slots() -> Slots:
     """The places of SubjectAccessReviews asked at once: ``MAX_REVIEWS``, of each user
-    ``REVIEWS_PER_USER``."""
-    return Slots(MAX_REVIEWS, limits={"user": REVIEWS_PER_USER})
+    ``REVIEWS_PER_USER``, of each namespace ``REVIEWS_PER_NAMESPACE``."""
+    return Slots(MAX_REVIEWS, limits={"user": REVIEWS_PER_USER, "namespace": REVIEWS_PER_NAMESPACE})
 
 
 class TooManyReviews(Exception):
@@ -393,22 +398,21 @@ class Server:
     async def _review(self, user: access.User, target: access.TrajectoryPath) -> dict[str, Any]:
         """The SubjectAccessReview status of ``user`` reading ``target``: made again at most
         every ``VERDICT_SECONDS`` for the same question (``verdicts``), at most
-        ``REVIEWS_PER_USER`` of one user's and ``MAX_REVIEWS`` in all at once (``reviews``).
-        Raises ``TooManyReviews`` when no place came within ``SLOT_WAIT`` seconds, and what the
-        Kubernetes client raises (``ApiException``, an ``aiohttp`` error, ``TimeoutError``)."""
+        ``REVIEWS_PER_USER`` of one user's, ``REVIEWS_PER_NAMESPACE`` about one namespace and
+        ``MAX_REVIEWS`` in all at once (``reviews``). Raises ``TooManyReviews`` when no place
+        came within ``SLOT_WAIT`` seconds, and what the Kubernetes client raises
+        (``ApiException``, an ``aiohttp`` error, ``TimeoutError``)."""
         body = access.access_review(user, namespace=target.namespace, name=target.name)
         key = json.dumps(body["spec"], sort_keys=True)
-        kept = self.verdicts.get(user.name)
-        if kept is None:
-            kept = self.verdicts[user.name] = self.user_verdicts()
         with contextlib.suppress(KeyError):  # not asked lately (one clock read)
-            return kept[key]
-        give_back = await self.reviews.take(Scope("user", user.name), wait=SLOT_WAIT)
+            return self._verdicts_of(user.name)[key]
+        scopes = (Scope("user", user.name), Scope("namespace", target.namespace))
+        give_back = await self.reviews.take(*scopes, wait=SLOT_WAIT)
         if isinstance(give_back, Full):
             raise TooManyReviews(give_back)
         try:
             with contextlib.suppress(KeyError):  # asked while this one waited for its place
-                return kept[key]
+                return self._verdicts_of(user.name)[key]
             reviews = client.AuthorizationV1Api(self.api)
             result = await reviews.create_subject_access_review(
                 body,  # type: ignore[arg-type]
@@ -418,8 +422,16 @@ class Server:
             give_back()
         status: dict[str, Any] = self.api.sanitize_for_serialization(result).get("status") or {}
         if not status.get("evaluationError"):
-            kept[key] = status
+            self._verdicts_of(user.name)[key] = status
         return status
+
+    def _verdicts_of(self, user: str) -> cachetools.TTLCache[str, dict[str, Any]]:
+        """User ``user``'s verdicts (``verdicts``), made empty when not kept (and marked as
+        recently asking)."""
+        kept = self.verdicts.get(user)
+        if kept is None:
+            kept = self.verdicts[user] = self.user_verdicts()
+        return kept
 
     async def _follow(
         self, request: web.Request, target: access.TrajectoryPath, held: budget.Bytes

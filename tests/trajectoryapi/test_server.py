@@ -481,6 +481,34 @@ async def test_one_users_reviews_wait_behind_each_other_not_in_front_of_anothers
     assert [await task for task in flood[:-1]] == [{"allowed": True}] * 4
 
 
+async def test_many_users_asking_about_one_namespace_leave_other_namespaces_their_reviews(
+    reviews: Reviews, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Users are cheap to make (service accounts): a namespace's reviews are bounded too."""
+    monkeypatch.setattr(server, "SLOT_WAIT", 0.3)
+    app_server = reviewing_server(tmp_path, [0.0])
+    reviews.answer.clear()
+    flood = [
+        asyncio.create_task(
+            app_server._review(access.User(f"sa-{i}"), access.TrajectoryPath("team-b", f"x{i}"))
+        )
+        for i in range(server.REVIEWS_PER_NAMESPACE + 1)
+    ]
+    await asyncio.sleep(0.05)
+    assert len(reviews.asked) == server.REVIEWS_PER_NAMESPACE
+    other = asyncio.create_task(
+        app_server._review(access.User("sa-0"), access.TrajectoryPath("team-a", "r1"))
+    )
+    await asyncio.sleep(0.05)
+    assert reviews.asked[-1]["spec"]["resourceAttributes"]["namespace"] == "team-a"
+    with pytest.raises(server.TooManyReviews) as refused:
+        await flood[-1]
+    assert refused.value.full == server.Full(server.Scope("namespace", "team-b"), 8)
+    reviews.answer.set()
+    assert await other == {"allowed": True}
+    await asyncio.gather(*flood[:-1])
+
+
 async def test_a_user_past_their_reviews_is_answered_429_naming_them(
     serving: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

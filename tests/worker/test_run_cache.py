@@ -89,7 +89,7 @@ def test_a_tenant_s_heavy_runs_push_out_its_own_runs_not_another_tenant_s() -> N
     assert cache.get("heavy-39") is not None and cache.get("heavy-0") is None
 
 
-def test_a_light_tenant_s_run_takes_room_from_the_heaviest_tenant() -> None:
+def test_a_light_tenant_s_run_takes_room_from_a_tenant_over_its_fair_part() -> None:
     cache = history.RunCache()
     for index in range(3):  # alone, a tenant uses the whole cache
         cache.put(of_tenant(heavy_run(f"heavy-{index}"), "hostile"))
@@ -97,7 +97,7 @@ def test_a_light_tenant_s_run_takes_room_from_the_heaviest_tenant() -> None:
     for index in range(300):  # 39 MB: more than the room left
         cache.put(of_tenant(light_run(f"light-{index}"), "quiet"))
     assert all(cache.get(f"light-{index}") is not None for index in range(300))
-    assert cache.get("heavy-0") is None  # the heaviest tenant's least recently used
+    assert cache.get("heavy-0") is None  # the over-its-part tenant's least recently used
     assert cache.get("heavy-1") is not None and cache.get("heavy-2") is not None
 
 
@@ -121,6 +121,55 @@ def test_a_run_heavier_than_what_its_tenant_may_take_is_not_cached() -> None:
     cache.put(of_tenant(heavy_run("heavy"), "hostile"))  # 35 MB beside 36 MiB of another's
     assert cache.get("heavy") is None
     assert all(cache.get(f"q-{index}") is not None for index in range(4))
+
+
+def test_the_room_of_tenants_gone_quiet_is_taken_back_after_the_protected_time() -> None:
+    """7 tenants' ended runs fill the cache; then one tenant cycles 100 runs: within
+    ``PROTECTED_SECONDS`` it has what the others leave, after it the whole cache again (the
+    review's case: with the heaviest tenant always let go first, it kept 16 MiB for ever and
+    read every run again at each turn)."""
+    now = [0.0]
+    cache = history.RunCache(clock=lambda: now[0])
+    mib = dataclasses.replace(light_run("x"), stored=2**20)
+    for tenant in range(7):
+        for index in range(20):
+            cache.put(
+                of_tenant(
+                    dataclasses.replace(mib, config=config(f"t{tenant}-{index}")), f"t{tenant}"
+                )
+            )
+    now[0] = history.PROTECTED_SECONDS
+    misses = 0
+    for _ in range(3):
+        for index in range(100):
+            uid = f"b-{index}"
+            if cache.get(uid) is None:
+                misses += 1
+                cache.put(of_tenant(dataclasses.replace(mib, config=config(uid)), "b"))
+            now[0] += 0.01
+    assert misses == 100  # read once each: every later turn found its run cached
+    assert cache.tenant_weight("b") >= 100 * 2**20
+    assert cache.weight <= history.RUN_CACHE_BYTES
+
+
+def test_runs_in_use_are_kept_for_their_tenant_and_let_go_once_unused() -> None:
+    now = [0.0]
+    cache = history.RunCache(capacity=5 * 2**19, clock=lambda: now[0])  # two runs of 1 MiB
+
+    def put(uid: str, tenant: str) -> None:
+        run = dataclasses.replace(light_run(uid), stored=2**20)
+        cache.put(of_tenant(run, tenant))
+        now[0] += 1.0
+
+    put("quiet", "quiet")
+    put("h-a", "h")
+    put("h-b", "h")  # quiet's run in use, its tenant within its fair part: h's own goes
+    assert cache.get("quiet") is not None and cache.get("h-a") is None
+    now[0] += history.PROTECTED_SECONDS
+    cache.get("h-b")
+    put("h-c", "h")  # quiet's run unused for the protected time: let go in its turn
+    assert cache.get("quiet") is None
+    assert cache.get("h-b") is not None and cache.get("h-c") is not None
 
 
 def run_payloads(

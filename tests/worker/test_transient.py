@@ -4,6 +4,7 @@ Secret among them."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import types
 from typing import Any
@@ -17,9 +18,10 @@ from agentrun.bus import EventTooLarge
 from agentrun.ledger import LedgerCorrupt, LedgerUnavailable
 from agentrun.protocol import SecretRef
 from agentrun.tools import ToolError
+from agentrun.worker import secrets as secrets_module
 from agentrun.worker.consumer import is_transient
 from agentrun.worker.model import ModelError
-from agentrun.worker.secrets import MISSING_GRACE, KubeSecrets, SecretUnavailable
+from agentrun.worker.secrets import MISSING_GRACE, STALE_RETRY, KubeSecrets, SecretUnavailable
 
 TRANSIENT = {
     "nats-timeout": nats.errors.TimeoutError(),
@@ -119,15 +121,20 @@ async def test_a_missing_secret_makes_the_turn_wait_its_grace_then_is_a_model_er
 
 class HeaderCore:
     """A tool server's header Secret that is there (``data``), missing (``None``: HTTP 404),
-    or whose read fails with ``err``."""
+    whose read fails with ``err``, or never answers (``hang``); ``reads`` counts the reads."""
 
     def __init__(self) -> None:
         self.data: dict[str, str] | None = {
             "Authorization": base64.b64encode(b"Bearer t1").decode()
         }
         self.err: BaseException | None = None
+        self.hang = False
+        self.reads = 0
 
     async def read_namespaced_secret(self, name: str, namespace: str) -> Any:
+        self.reads += 1
+        if self.hang:
+            await asyncio.Event().wait()
         if self.err is not None:
             raise self.err
         if self.data is None:
@@ -136,53 +143,67 @@ class HeaderCore:
 
 
 KEYS = ("Authorization",)
+T1 = {"Authorization": "Bearer t1"}
 
 
-@pytest.mark.parametrize(
-    "err",
-    [
-        ApiException(status=503, reason="Service Unavailable"),
-        aiohttp.ClientConnectionError("connection refused"),
-        TimeoutError(),
-    ],
-    ids=["503", "connection-refused", "timeout"],
-)
-async def test_a_tool_servers_headers_read_once_are_used_while_the_api_server_cannot_be_asked(
-    err: BaseException,
-) -> None:
-    """Measured before: the tool call failed ``transport`` (a 503), or the turn raised (no
-    connection, no answer: not a ``ToolError``)."""
-    now = [0.0]
+def header_secrets(now: list[float]) -> tuple[KubeSecrets, HeaderCore]:
     secrets = KubeSecrets(None, ttl=60.0, clock=lambda: now[0])
     core = HeaderCore()
     secrets.core = core  # type: ignore[assignment]
+    return secrets, core
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        ApiException(status=503, reason="Service Unavailable"),
+        aiohttp.ClientConnectionError("connection refused"),
+        "hang",
+    ],
+    ids=["503", "connection-refused", "no-answer"],
+)
+async def test_a_tool_servers_headers_read_once_are_used_while_the_api_server_cannot_be_asked(
+    fault: BaseException | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Measured before: the tool call failed ``transport`` (a 503), the tool crashed (no
+    connection: not a ``ToolError``), or it waited out the call's own deadline (no answer)."""
+    monkeypatch.setattr(secrets_module, "HEADERS_READ_TIMEOUT", 0.1)
+    now = [0.0]
+    secrets, core = header_secrets(now)
     unread = KubeSecrets(None)
     unread.core = core  # type: ignore[assignment]
-    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t1"}
-    core.err, now[0] = err, 61.0
-    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t1"}
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == T1
+    core.hang, core.err, now[0] = fault == "hang", None if fault == "hang" else fault, 61.0
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == T1
+    reads = core.reads
+    now[0] += STALE_RETRY - 0.1  # not asked again meanwhile
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == T1
+    assert core.reads == reads
     with pytest.raises(ToolError, match="cannot read Secret team-a/mcp") as failed:  # never read
         await unread.headers("team-a", "mcp", keys=KEYS)
     assert failed.value.unsent  # a write call is not taken as maybe done (effect_unknown)
-    core.err = ApiException(status=403, reason="Forbidden")  # not transient: refused
+    core.hang, core.err = False, ApiException(status=403, reason="Forbidden")  # refused
+    now[0] += 0.1
     with pytest.raises(ToolError, match="HTTP 403"):
         await secrets.headers("team-a", "mcp", keys=KEYS)
 
 
 async def test_a_replaced_header_secret_is_used_for_its_grace_then_fails_the_call() -> None:
     now = [0.0]
-    secrets = KubeSecrets(None, ttl=60.0, clock=lambda: now[0])
-    core = HeaderCore()
-    secrets.core = core  # type: ignore[assignment]
+    secrets, core = header_secrets(now)
     await secrets.headers("team-a", "mcp", keys=KEYS)
     core.data, now[0] = None, 61.0  # replaced: deleted when the cached headers expire
-    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t1"}
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == T1
     now[0] = 61.0 + MISSING_GRACE - 0.1
-    assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t1"}
-    now[0] = 61.0 + MISSING_GRACE
+    assert await secrets.headers("team-a", "mcp", keys=KEYS) == T1
+    now[0] = 61.0 + MISSING_GRACE + STALE_RETRY
     with pytest.raises(ToolError, match="HTTP 404"):
         await secrets.headers("team-a", "mcp", keys=KEYS)
+    core.data, core.err = None, ApiException(status=503, reason="Service Unavailable")
+    with pytest.raises(ToolError, match="HTTP 503"):  # gone past its grace: never served again
+        await secrets.headers("team-a", "mcp", keys=KEYS)
     core.data = {"Authorization": base64.b64encode(b"Bearer t2").decode()}  # made again
+    core.err = None
     assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t2"}
     core.data, now[0] = None, 200.0  # a later replace has its own grace
     assert await secrets.headers("team-a", "mcp", keys=KEYS) == {"Authorization": "Bearer t2"}
