@@ -28,11 +28,13 @@ import asyncio
 import concurrent.futures
 import functools
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clock_support import pause_before_test
 from cluster_nats_support import jetstream_usable
 
 from agentrun_dev import (
@@ -86,6 +88,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if TOOL_FIXTURES & used:
             item.add_marker(pytest.mark.toolbinaries)
     items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's per-test clock
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Before a test of real processes (one of ``clock_support.REAL_CLOCK_FIXTURES``) and its
+    fixtures' set-up, wait into the next UTC day when less than ``DAY_END_MARGIN`` seconds of
+    this one are left: a tenant's default window ends at 00:00 UTC, and a test that charged
+    runs before it and read the window's usage after it would find part of its charges gone
+    (a CI run at midnight failed two e2e tests so). At most one wait per process and day."""
+    pause = pause_before_test(getattr(item, "fixturenames", ()), time.time())
+    if pause:
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"agentrun: waiting {pause:.0f}s for the next UTC day")
+        time.sleep(pause)
+    yield
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

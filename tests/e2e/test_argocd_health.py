@@ -18,7 +18,13 @@ import yaml
 from . import argocd_health, test_tenants
 from .conftest import E2EStack, run_manifest
 from .test_agents import agent_manifest
-from .test_tenants import TenantFactory, append_scenario, conditions, wait_tenant
+from .test_tenants import (
+    TenantFactory,
+    append_scenario,
+    conditions,
+    wait_early_in_window,
+    wait_tenant,
+)
 
 tenants = test_tenants.tenants
 """The AgentTenant fixture: ``tenants(name, namespaces, **spec)``."""
@@ -123,6 +129,8 @@ def test_live_objects_get_the_expected_health(
         budget={"tokens": 1000},
         runBudget={"default": {"maxTokens": 1000}},
     )
+    # the tenant must stay used up from the holder's charge to the last sample: one window
+    wait_early_in_window(stack_, tenant, window=3600, margin=120)
     samples = argocd_health.Samples(ns, tenant)
     sample = samples.check
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import pytest
 import yaml
+from clock_support import pause_before_day_ends
 
 from agentrun_dev import components
 from agentrun_dev.kubectl import Kubectl, create_namespace, delete_namespace
@@ -142,9 +143,7 @@ def day_tenant(stack_: E2EStack, name: str, namespace: str, *, outlive: float) -
     }
     stack_.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
     wait_tenant(stack_, name, lambda s: s.get("observedGeneration") == 1)
-    day = 86_400.0
-    if day - time.time() % day < outlive:
-        time.sleep(day - time.time() % day + 1)
+    time.sleep(pause_before_day_ends(time.time(), outlive))
     try:
         yield name
     finally:
