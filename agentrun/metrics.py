@@ -256,6 +256,19 @@ UNDELIVERED_REASONS = ("below_ack_floor", "delivered_not_pending", "not_counted"
 ``runs.undelivered.Verdict`` that are stuck)."""
 IN_FLIGHT = Gauge("agentrun_worker_turns_in_flight", "Turns this worker is running now.")
 CONCURRENCY = Gauge("agentrun_worker_concurrency", "Most turns this worker runs at once.")
+TURN_MEMORY = Gauge(
+    "agentrun_worker_turn_memory_bytes",
+    "Bytes of memory the turns this worker runs reserved (estimated from their runs' events).",
+)
+TURN_MEMORY_LIMIT = Gauge(
+    "agentrun_worker_turn_memory_limit_bytes",
+    "Most bytes of memory the turns this worker runs may reserve at once.",
+)
+TURNS_DEFERRED = Counter(
+    "agentrun_worker_turns_deferred",
+    "Deliveries of TurnRequests a worker gave back unrun: no room in their tenant's share of "
+    "its turn memory within the wait (redelivered after a delay).",
+)
 EVAL_CASES = Counter(
     "agentrun_eval_cases",
     "AgentEval cases graded, by result (passed, failed); counted once per case and round.",

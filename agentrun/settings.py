@@ -27,6 +27,11 @@ in its effect-ledger entry and in the turn's event, each one message on the bus.
 
 RUN_EVENT_MAX_BYTES = 8 * 1_048_576
 """Default bytes one run's events may take (``AGENTRUN_RUN_EVENT_MAX_BYTES``)."""
+TURN_MEMORY_BYTES = 512 * 1_048_576
+"""Default bytes of memory the turns one worker runs may reserve
+(``AGENTRUN_WORKER_TURN_MEMORY_BYTES``)."""
+TURN_MEMORY_SHARES = 4
+"""Default tenant shares of that memory (``AGENTRUN_WORKER_TURN_MEMORY_SHARES``)."""
 TENANT_EVENT_MAX_BYTES = 256 * 1_048_576
 """Default bytes the events of one tenant's runs may take (``AGENTRUN_TENANT_EVENT_MAX_BYTES``)."""
 
@@ -250,6 +255,13 @@ class WorkerSettings(ProcessSettings):
 
     worker_concurrency: int = Field(default=64, ge=1)
     """``AGENTRUN_WORKER_CONCURRENCY``: turns one worker process runs at once."""
+    worker_turn_memory_bytes: int = Field(default=TURN_MEMORY_BYTES, ge=1_048_576)
+    """``AGENTRUN_WORKER_TURN_MEMORY_BYTES``: the memory the turns one worker runs may reserve
+    at once (three times their runs' stored events, plus 256 KiB each); beyond, a turn waits,
+    then goes back to the queue. Keep it at about half the worker's memory limit."""
+    worker_turn_memory_shares: int = Field(default=TURN_MEMORY_SHARES, ge=1)
+    """``AGENTRUN_WORKER_TURN_MEMORY_SHARES``: the tenant shares that memory is cut into (one
+    tenant's turns reserve at most one share)."""
     tool_concurrency: int = Field(default=4, ge=1)
     """``AGENTRUN_TOOL_CONCURRENCY``: tool calls of one batch running at once."""
     tool_timeout: float = Field(default=60.0, gt=0)

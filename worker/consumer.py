@@ -44,10 +44,10 @@ from agentrun.ledger import (
     TurnRef,
 )
 from agentrun.protocol import RunEvent, TurnRequest
-from agentrun.settings import RUN_EVENT_MAX_BYTES
+from agentrun.settings import RUN_EVENT_MAX_BYTES, TURN_MEMORY_BYTES, TURN_MEMORY_SHARES
 from agentrun.trust import Untrusted, Verifier
 
-from . import history
+from . import history, memory
 from .secrets import SecretUnavailable
 from .turn import PhaseClock, TurnDeps, execute_turn, off_loop
 
@@ -75,6 +75,10 @@ class ConsumerSettings:
     run_event_max_bytes: int = RUN_EVENT_MAX_BYTES
     """Bytes one run's events may take; a run at it ends ``checkpoint_failed`` before its
     next model call."""
+    turn_memory_bytes: int = TURN_MEMORY_BYTES
+    """Bytes of memory the turns in flight may reserve at once (``memory.TurnMemory``)."""
+    turn_memory_shares: int = TURN_MEMORY_SHARES
+    """Tenant shares of that memory."""
 
 
 BEHIND_DELAY = 0.5
@@ -85,6 +89,10 @@ is taken as stale (its run deleted) and acked: no read lags a leader's ack for t
 NEWER_SCHEMA_DELAY = 30.0
 """Seconds before a message written in a newer wire schema is offered again (to a newer
 worker, during a rolling upgrade)."""
+MEMORY_RETRY = 5.0
+"""Seconds before a TurnRequest given back for want of turn memory is offered again."""
+TURN_SUBJECT_PREFIX = protocol.turn_subject("")
+"""``agentrun.turn.``: a TurnRequest's subject is this and its tenant's subject token."""
 
 
 def is_transient(err: BaseException) -> bool:
@@ -224,6 +232,9 @@ class TurnConsumer:
         """Run uid → the ledger hold of its turn running here (each delivery removes only its
         own, as from ``_inflight``)."""
         self.cache = history.RunCache()
+        self.memory = memory.TurnMemory(
+            settings.turn_memory_bytes, shares=settings.turn_memory_shares
+        )
         self._inflight: dict[str, _Running] = {}
         """Run uid → the delivery of its TurnRequest running here: the latest, when the run's
         next turn came while the handler of the one before was still ending (its commit
@@ -281,6 +292,8 @@ class TurnConsumer:
         past the drain time, was cancelled and handed back (naked)."""
         await self.bus.on_cancel(self._on_cancel)
         metrics.CONCURRENCY.set(self.settings.concurrency)
+        metrics.TURN_MEMORY_LIMIT.set(self.settings.turn_memory_bytes)
+        metrics.TURN_MEMORY.set_function(lambda: self.memory.held)
         await self.bus.consume(
             self.bus.turn_subscription,
             self._handle,
@@ -346,7 +359,7 @@ class TurnConsumer:
         assert task is not None
         mine = self._inflight[request.run_uid] = _Running(request.msg_id, task)
         try:
-            await self._turn(msg, request)
+            await self._turn_within_memory(msg, request)
         except asyncio.CancelledError:
             if not await self._cut_short(msg, request, mine):
                 raise
@@ -358,6 +371,29 @@ class TurnConsumer:
             beat.cancel()
             if self._inflight.get(request.run_uid) is mine:  # not the run's next turn's
                 del self._inflight[request.run_uid]
+
+    async def _turn_within_memory(self, msg: Msg, request: TurnRequest) -> None:
+        """Run the turn once its memory is reserved from its tenant's share of the worker's
+        (``memory.TurnMemory``, by the run's stored bytes the request carries); when no room
+        comes within the wait, give the delivery back for ``MEMORY_RETRY`` seconds, so that
+        a tenant whose share is full does not hold the worker's slots waiting."""
+        tenant = msg.subject.removeprefix(TURN_SUBJECT_PREFIX)
+        async with self.memory.reserved(tenant, request.stored) as room:
+            if room:
+                await self._turn(msg, request)
+                return
+        metrics.TURNS_DEFERRED.inc()
+        log.info(
+            "turn %s waits: tenant %s's share of this worker's turn memory is full (%d bytes "
+            "reserved of %d); offered again in %.0fs",
+            request.msg_id,
+            tenant,
+            self.memory.held,
+            self.settings.turn_memory_bytes,
+            MEMORY_RETRY,
+        )
+        with contextlib.suppress(Exception):
+            await msg.nak(delay=MEMORY_RETRY)
 
     async def _cut_short(self, msg: Msg, request: TurnRequest, running: _Running) -> bool:
         """The turn running here was cancelled: its run is being stopped (its message acked:

@@ -78,7 +78,8 @@ async def serve(config: WorkerSettings) -> None:
 
 
 def _consumer_settings(config: WorkerSettings) -> ConsumerSettings:
-    """The turn consumer's concurrency, beats, drain time and per-run event bound."""
+    """The turn consumer's concurrency, beats, drain time, per-run event bound and turn
+    memory."""
     return ConsumerSettings(
         concurrency=config.worker_concurrency,
         # one beat refreshes both the JetStream delivery and the ledger hold
@@ -86,6 +87,8 @@ def _consumer_settings(config: WorkerSettings) -> ConsumerSettings:
         hold_ttl=config.hold_ttl,
         drain=config.drain_seconds,
         run_event_max_bytes=config.run_event_max_bytes,
+        turn_memory_bytes=config.worker_turn_memory_bytes,
+        turn_memory_shares=config.worker_turn_memory_shares,
     )
 
 

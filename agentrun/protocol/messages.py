@@ -161,6 +161,10 @@ class TurnRequest:
     expected_seq: int
     """Stream sequence of the run's last event when this turn was dispatched (the CAS base)."""
     traceparent: str | None = None
+    stored: int = 0
+    """Bytes the run's events took when this turn was dispatched (its base event's
+    ``stored``): what the worker reserves the turn's memory by, before it reads the run. 0
+    from an operator older than the field (the worker then reserves a light turn's)."""
 
     @property
     def msg_id(self) -> str:

@@ -108,6 +108,8 @@ class TurnRequestShape(_Shape):
     name: str
     turn: int
     expected_seq: int
+    stored: int = Field(default=0, ge=0)
+    """Absent in requests of an older operator; an older worker ignores it."""
 
     def value(self, *, traceparent: str | None = None) -> TurnRequest:
         """The request as a value."""

@@ -44,8 +44,8 @@ from aiohttp import web
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
-from agentrun import kube, loops
-from agentrun.trajectoryapi import access, budget, server, tenants
+from agentrun import bytebudget, kube, loops
+from agentrun.trajectoryapi import access, server, tenants
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +95,7 @@ async def serve(args: argparse.Namespace) -> None:
             loops.log_failure(following, what="the watch of AgentTenants")
             app = server.Server(
                 proxy=proxy, api=api, reader=reader, scratch=Path(scratch),
-                event_bytes=budget.ByteBudget(args.event_budget_mib * 2**20), parties=parties,
+                event_bytes=bytebudget.ByteBudget(args.event_budget_mib * 2**20), parties=parties,
             ).app()  # fmt: skip
             # a follow whose client left is cancelled (aiohttp's default is to let it run)
             runner = web.AppRunner(app, access_log=None, handler_cancellation=True)

@@ -34,10 +34,10 @@ import nats.errors
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from agentrun import bus, kube, natsclient
+from agentrun import bus, bytebudget, kube, natsclient
 from agentrun.natsauth import authority, jwt
 from agentrun.natsauth.permissions import Role
-from agentrun.trajectoryapi import access, budget, tenants
+from agentrun.trajectoryapi import access, tenants
 
 log = logging.getLogger("agentrun.trajectoryapi")
 
@@ -107,7 +107,7 @@ SLOT_WAIT = 10.0
 """Seconds a request waits for its places before it is answered 429."""
 BUDGET_SHARES = 4
 """A tenant's reads and follows hold at most ``EVENT_BUDGET // BUDGET_SHARES`` bytes of
-records at once (``budget.Shares``): beyond, they wait for their own records to be written,
+records at once (``bytebudget.Shares``): beyond, they wait for their own records to be written,
 and the other tenants keep the rest."""
 FOLLOW_BUFFER = 2
 """Event records a follow reads ahead of what its client has taken: what a follow holds is
@@ -115,7 +115,7 @@ these and the one it is writing, however long the run (each at most the bus's la
 message), within the server's ``EVENT_BUDGET``."""
 EVENT_BUDGET = 32 * 2**20
 """Bytes of event records the server holds at once across every read and follow (a
-`budget.ByteBudget`). By count alone that was up to 64 follows × 3 records and 16 reads × 1,
+`bytebudget.ByteBudget`). By count alone that was up to 64 follows × 3 records and 16 reads × 1,
 each up to NATS's ``max_payload`` (1 MiB by default), 208 MiB, beside a process of about
 100 MiB in a pod limited to 256 MiB (the chart's default). Outside the budget each of those
 80 connections may still hold the one event NATS delivered while it waits for room (80 MiB
@@ -283,16 +283,16 @@ class Server:
     ``VERDICTS_PER_USER`` a user, ``USERS_KEPT`` users)."""
     user_verdicts: Callable[[], cachetools.TTLCache[str, dict[str, Any]]] = _verdicts_of_user
     """Makes one user's verdict cache (``VERDICTS_PER_USER``, ``VERDICT_SECONDS``)."""
-    event_bytes: budget.ByteBudget = dataclasses.field(
-        default_factory=lambda: budget.ByteBudget(EVENT_BUDGET)
+    event_bytes: bytebudget.ByteBudget = dataclasses.field(
+        default_factory=lambda: bytebudget.ByteBudget(EVENT_BUDGET)
     )
     """The bytes of event records every read and follow hold together (``EVENT_BUDGET``)."""
-    shares: budget.Shares | None = None
+    shares: bytebudget.Shares | None = None
     """Each party's share of ``event_bytes`` (``BUDGET_SHARES``; made from it when not given)."""
 
     def __post_init__(self) -> None:
         if self.shares is None:
-            self.shares = budget.Shares(self.event_bytes, parts=BUDGET_SHARES)
+            self.shares = bytebudget.Shares(self.event_bytes, parts=BUDGET_SHARES)
 
     def app(self) -> web.Application:
         """The aiohttp application: ``/healthz``, discovery and the trajectory."""
@@ -365,7 +365,7 @@ class Server:
             give_back()
 
     async def _read(
-        self, request: web.Request, target: access.TrajectoryPath, held: budget.Bytes
+        self, request: web.Request, target: access.TrajectoryPath, held: bytebudget.Bytes
     ) -> web.StreamResponse:
         """The whole trajectory, each event record written as it is read: the run's events are
         never held at once (see ``read_payloads``). 503 when NATS cannot be reached or does not
@@ -434,7 +434,7 @@ class Server:
         return kept
 
     async def _follow(
-        self, request: web.Request, target: access.TrajectoryPath, held: budget.Bytes
+        self, request: web.Request, target: access.TrajectoryPath, held: bytebudget.Bytes
     ) -> web.StreamResponse:
         """One JSON event record a line, every event then each new one, until the client
         goes away (it knows when the run ended) or stops taking them for ``WRITE_STALL``, the
@@ -494,7 +494,7 @@ async def _read_ahead(
     reader: ReaderBus,
     target: access.TrajectoryPath,
     queue: asyncio.Queue[tuple[bytes, int]],
-    held: budget.Bytes,
+    held: bytebudget.Bytes,
 ) -> None:
     """Queue the record of each of the run's events, every one then each new one, with the
     bytes it took of ``held``: taken before the record is made (it waits for room there,
@@ -523,7 +523,7 @@ async def _write_followed(
     response: web.StreamResponse,
     queue: asyncio.Queue[tuple[bytes, int]],
     reading: asyncio.Task[None],
-    held: budget.Bytes,
+    held: bytebudget.Bytes,
 ) -> None:
     """Write each record line ``reading`` queues and give its bytes back to ``held`` once
     written, and a blank line after ``KEEPALIVE`` quiet seconds; returns when ``reading``
@@ -555,7 +555,7 @@ async def _write_trajectory(
     target: access.TrajectoryPath,
     *,
     through: int,
-    held: budget.Bytes,
+    held: bytebudget.Bytes,
 ) -> None:
     """Write the ``AgentRunTrajectory`` object, its events up to the sequence ``through``
     (``read_payloads``) one record at a time, each holding its bytes of ``held`` until it is

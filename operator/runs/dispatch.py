@@ -448,7 +448,7 @@ class Dispatcher:
     async def _apply(self, view: RunView, event: RunEvent) -> None:
         if event.seq <= view.seq:
             return
-        view.advance(event.seq, event.summary, at=event.time or self.clock())
+        view.advance(event.seq, event.summary, at=event.time or self.clock(), stored=event.stored)
         if event.kind == "turn":  # a worker committed: its turn is done, its slot free
             self.gate.committed(view.uid)
         else:
@@ -463,6 +463,7 @@ class Dispatcher:
                 event.summary.turn,
                 event.seq,
                 traceparent=view.traceparent,
+                stored=event.stored,
             )
             view.queued_seq, view.redispatches = 0, 0  # in the work queue once published
             view.checked_at = self.clock()  # handed to the gate (``offer_stranded``)
@@ -607,7 +608,13 @@ class Dispatcher:
             )
             view.checked_at = now
             request = TurnRequest(
-                view.uid, view.namespace, view.name, turn, view.seq, traceparent=view.traceparent
+                view.uid,
+                view.namespace,
+                view.name,
+                turn,
+                view.seq,
+                traceparent=view.traceparent,
+                stored=view.stored,
             )
             await self.gate.offer(ReadyTurn(request, view.tenant, since=0.0))
         return len(stranded)
@@ -633,7 +640,13 @@ class Dispatcher:
             return
         view.redispatches += 1
         request = TurnRequest(
-            view.uid, view.namespace, view.name, turn.turn, view.seq, view.traceparent
+            view.uid,
+            view.namespace,
+            view.name,
+            turn.turn,
+            view.seq,
+            traceparent=view.traceparent,
+            stored=view.stored,
         )
         self.gate.moved_on(view.uid)  # the lost request counts no longer
         view.queued_seq = 0

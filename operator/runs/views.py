@@ -33,6 +33,8 @@ class RunView:
     generation: int = 1
     seq: int = 0
     """Sequence of the last event processed."""
+    stored: int = 0
+    """Bytes the run's events take, after the last event processed (its ``stored``)."""
     summary: kernel.RunSummary | None = None
     """The run's counters and phase after the last event processed."""
     terminal: bool = False
@@ -71,15 +73,16 @@ class RunView:
         """The object this view projects to."""
         return RunKey(self.namespace, self.name, self.uid)
 
-    def advance(self, seq: int, summary: kernel.RunSummary, *, at: float) -> None:
+    def advance(self, seq: int, summary: kernel.RunSummary, *, at: float, stored: int = 0) -> None:
         """Take the event at stream sequence ``seq``, made at ``at`` (epoch seconds), whose
-        summary is ``summary``: note when the run started waiting for a person."""
+        summary is ``summary`` and after which the run's events take ``stored`` bytes: note
+        when the run started waiting for a person."""
         waiting = summary.phase is kernel.Phase.AWAITING_APPROVAL
         if not waiting:
             self.awaiting_since = 0.0
         elif not self.awaiting_since:
             self.awaiting_since = at
-        self.seq, self.summary = seq, summary
+        self.seq, self.summary, self.stored = seq, summary, stored
 
     @classmethod
     def of(

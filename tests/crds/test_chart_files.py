@@ -101,6 +101,7 @@ def test_template_actions_are_balanced(template: Path) -> None:
                 "AGENTRUN_NATS_URL",
                 "AGENTRUN_METRICS_PORT",
                 "AGENTRUN_WORKER_CONCURRENCY",
+                "AGENTRUN_WORKER_TURN_MEMORY_BYTES",
                 "AGENTRUN_TURN_ACK_WAIT",
             ],
             id="worker",

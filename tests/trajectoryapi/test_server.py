@@ -22,9 +22,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agentrun import kernel, kube
+from agentrun import bytebudget, kernel, kube
 from agentrun.protocol import RunEvent
-from agentrun.trajectoryapi import access, budget, server
+from agentrun.trajectoryapi import access, server
 from agentrun_dev import certs
 
 CONSUMER = "reader-0123456789abcdef"
@@ -594,10 +594,10 @@ class Held:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.seen: list[tuple[int, int]] = []
-        self.budgets: set[budget.ByteBudget] = set()
-        take = budget.ByteBudget.take
+        self.budgets: set[bytebudget.ByteBudget] = set()
+        take = bytebudget.ByteBudget.take
 
-        async def recorded(bytes_: budget.ByteBudget, size: int) -> int:
+        async def recorded(bytes_: bytebudget.ByteBudget, size: int) -> int:
             taken = await take(bytes_, size)
             if bytes_.total != server.EVENT_BUDGET:  # a party's share (``test_budget``)
                 return taken
@@ -605,7 +605,7 @@ class Held:
             self.budgets.add(bytes_)
             return taken
 
-        monkeypatch.setattr(budget.ByteBudget, "take", recorded)
+        monkeypatch.setattr(bytebudget.ByteBudget, "take", recorded)
 
 
 async def follow_records(session: aiohttp.ClientSession, url: str, count: int) -> list[int]:

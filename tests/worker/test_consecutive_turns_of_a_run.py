@@ -7,37 +7,14 @@ must still cut the turn running now."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 from agentrun import protocol
 from agentrun.protocol import TurnRequest
 from agentrun.worker.consumer import ConsumerSettings, TurnConsumer
 
+from .fakemsg import FakeMsg
+
 UID = "uid-1"
-
-
-@dataclasses.dataclass
-class Metadata:
-    timestamp: None = None
-    num_delivered: int = 1
-
-
-@dataclasses.dataclass
-class FakeMsg:
-    """What ``TurnConsumer._handle`` touches of a TurnRequest's message, with what it got."""
-
-    data: bytes
-    metadata: Metadata = dataclasses.field(default_factory=Metadata)
-    outcome: list[str] = dataclasses.field(default_factory=list)
-
-    async def ack(self) -> None:
-        self.outcome.append("ack")
-
-    async def nak(self, delay: float | None = None) -> None:
-        self.outcome.append("nak")
-
-    async def in_progress(self) -> None:
-        pass
 
 
 def turn_of(turn: int) -> FakeMsg:

@@ -68,6 +68,7 @@ class Delivery:
 
     def __init__(self, request: TurnRequest) -> None:
         self.data = protocol.encode_turn_request(request)
+        self.subject = protocol.turn_subject("acme")
         self.headers: dict[str, str] | None = None
         self.metadata = _Metadata()
         self.outcome: list[str] = []

@@ -43,6 +43,7 @@ class Delivery:
 
     def __init__(self, request: TurnRequest, *, num_delivered: int) -> None:
         self.data = protocol.encode_turn_request(request)
+        self.subject = protocol.turn_subject("acme")
         self.headers: dict[str, str] | None = None
         self.metadata = _Metadata(num_delivered)
         self.outcome: list[str] = []

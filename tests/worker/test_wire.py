@@ -44,7 +44,7 @@ CONFIG = RunConfig(
 
 
 def test_a_turn_request_round_trips() -> None:
-    request = TurnRequest("uid-1", "ns", "run", 3, 42)
+    request = TurnRequest("uid-1", "ns", "run", 3, 42, stored=4096)
     assert protocol.decode_turn_request(protocol.encode_turn_request(request)) == request
     assert json.loads(protocol.encode_turn_request(request)) == {
         "schemaVersion": protocol.SCHEMA_VERSION,
@@ -53,7 +53,18 @@ def test_a_turn_request_round_trips() -> None:
         "name": "run",
         "turn": 3,
         "expectedSeq": 42,
+        "stored": 4096,
     }
+
+
+def test_a_turn_request_of_an_older_operator_has_no_stored_bytes() -> None:
+    """Written before requests carried the run's stored bytes: read as 0 (a light turn's
+    memory); and an older worker reads a newer request, ignoring the field it does not know."""
+    old = b'{"runUID": "u", "namespace": "ns", "name": "r", "turn": 1, "expectedSeq": 7}'
+    assert protocol.decode_turn_request(old) == TurnRequest("u", "ns", "r", 1, 7, stored=0)
+    newer = json.loads(old) | {"stored": 9, "someLaterField": [1]}
+    decoded = protocol.decode_turn_request(json.dumps(newer).encode())
+    assert decoded == TurnRequest("u", "ns", "r", 1, 7, stored=9)
 
 
 @pytest.mark.parametrize(
@@ -63,6 +74,11 @@ def test_a_turn_request_round_trips() -> None:
         pytest.param(
             b'{"runUID": "u", "namespace": "ns", "name": "r", "turn": "one", "expectedSeq": 1}',
             id="not a number",
+        ),
+        pytest.param(
+            b'{"runUID": "u", "namespace": "ns", "name": "r", "turn": 1, "expectedSeq": 1, '
+            b'"stored": -1}',
+            id="negative stored bytes",
         ),
         pytest.param(b"[1, 2]", id="not an object"),
         pytest.param(b"{", id="not JSON"),

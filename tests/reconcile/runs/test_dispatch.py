@@ -190,6 +190,7 @@ async def test_an_admitted_run_is_dispatched_once_however_often_its_event_is_see
     view = pending(first, cfg)
     request = await queued(bus, view.queued_seq)
     assert (request.run_uid, request.turn, request.expected_seq) == (cfg.uid, 0, event.seq)
+    assert request.stored == len(event.encode()) > 0  # the worker reserves memory by it
     found = await bus.nc.jsm().get_msg(protocol.STREAM_TURNS, seq=view.queued_seq)
     assert (found.headers or {}).get("Nats-Msg-Id") == f"{cfg.uid}:0@{event.seq}"
     assert writer.bodies == [(event.seq, "Running", False)]  # coalesced: nobody to ask
@@ -345,6 +346,8 @@ async def test_a_turn_lost_four_times_ends_the_run_checkpoint_failed(bus: Bus) -
         assert await watch.check(pending(run, cfg))
         found = await bus.nc.jsm().get_msg(protocol.STREAM_TURNS, seq=pending(run, cfg).queued_seq)
         assert (found.headers or {}).get("Nats-Msg-Id") == f"{cfg.uid}:0@{event.seq}:{attempt}"
+        again = protocol.decode_turn_request(found.data or b"")
+        assert again.stored == len(event.encode())  # sent again, with the run's stored bytes
         last = await bus.last_event(cfg.namespace, cfg.name)
         assert last is not None and last.kind == "admitted"
     assert pending(run, cfg).redispatches == 3

@@ -1,20 +1,19 @@
-"""The bytes of events the trajectory server holds at once, across all its connections.
+"""Bytes a process holds at once across its tasks, and each tenant's share of them.
 
-A follow reads a few events ahead of its client and a whole read holds the one it writes,
-each up to the bus's largest message: bounded per connection by count, that is 64 follows ×
-3 events × NATS's ``max_payload`` (1 MiB by default, more where configured) — more than the
-pod's memory limit. One `ByteBudget` per server bounds their sum in bytes: a connection waits
-(backpressure) before it takes more than remain, in the order asked, so a big event is not
-passed over for ever by small ones; nothing is dropped or cut. An event larger than the whole
-budget takes all of it: it is served alone.
+A `ByteBudget` bounds a sum of bytes held at once: a task waits (backpressure) before it takes
+more than remain, in the order asked, so a big amount is not passed over for ever by small
+ones; nothing is dropped or cut. An amount larger than the whole budget takes all of it: it is
+held alone. A tenant takes at most its share of the budget (`Shares`): its tasks wait behind
+each other for room within the share, so one tenant holding much leaves the others the rest.
 
-A tenant (an AgentTenant's namespaces together; a namespace no tenant binds on its own) takes
-at most its share of that budget (`Shares`): its reads and follows wait behind each other for
-room within the share, so one tenant reading ahead of clients that do not read leaves the
-others the rest.
+Two processes use it. The trajectory server bounds the events its reads and follows hold (a
+follow reads a few events ahead of its client, each up to the bus's largest message: by count
+alone, 64 follows × 3 events × 1 MiB, more than the pod's memory limit). The worker bounds the
+memory of the turns it runs (``worker.memory``: a turn of a run at the per-run event cap holds
+about three times those events as state).
 
 What belongs here: the budget and its shares (asyncio, no I/O). What does not: what is
-charged, and when, and whose share a namespace's reads take (``server``, ``tenants``).
+charged, and when, and whose share a task takes (the callers).
 """
 
 from __future__ import annotations

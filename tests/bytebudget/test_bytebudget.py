@@ -1,5 +1,6 @@
-"""The trajectory server's shared byte budget: first come first served, an event larger than
-the budget served alone, a waiter that gives up takes nothing."""
+"""The shared byte budget (the trajectory server's events, the worker's turns): first come
+first served, an amount larger than the budget held alone, a waiter that gives up takes
+nothing."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 
 import pytest
 
-from agentrun.trajectoryapi import budget
+from agentrun import bytebudget
 
 
 async def waiting(task: asyncio.Task[int]) -> bool:
@@ -17,10 +18,10 @@ async def waiting(task: asyncio.Task[int]) -> bool:
     return not task.done()
 
 
-async def waiters(taken: int, *sizes: int) -> tuple[budget.ByteBudget, list[asyncio.Task[int]]]:
+async def waiters(taken: int, *sizes: int) -> tuple[bytebudget.ByteBudget, list[asyncio.Task[int]]]:
     """A budget of 10 bytes with ``taken`` of them taken, and a take of each of ``sizes``,
     asked in that order, all waiting."""
-    bytes_ = budget.ByteBudget(10)
+    bytes_ = bytebudget.ByteBudget(10)
     assert await bytes_.take(taken) == taken
     tasks = [asyncio.create_task(bytes_.take(size)) for size in sizes]
     for task in tasks:
@@ -67,11 +68,11 @@ async def test_a_waiter_cancelled_once_granted_gives_its_bytes_back() -> None:
 
 def test_a_budget_must_hold_a_byte() -> None:
     with pytest.raises(ValueError):
-        budget.ByteBudget(0)
+        bytebudget.ByteBudget(0)
 
 
 async def test_a_tenant_over_its_share_waits_while_another_tenant_takes_the_rest() -> None:
-    shares = budget.Shares(budget.ByteBudget(100), parts=4)
+    shares = bytebudget.Shares(bytebudget.ByteBudget(100), parts=4)
     with shares.using("tenant:a") as a, shares.using("tenant:b") as b:
         assert await a.take(25) == 25
         more = asyncio.create_task(a.take(1))  # a holds its quarter: it waits for its own
@@ -85,7 +86,7 @@ async def test_a_tenant_over_its_share_waits_while_another_tenant_takes_the_rest
 
 
 async def test_an_event_larger_than_the_share_is_served_alone_within_it() -> None:
-    shares = budget.Shares(budget.ByteBudget(100), parts=4)
+    shares = bytebudget.Shares(bytebudget.ByteBudget(100), parts=4)
     with shares.using("tenant:a") as a:
         async with a.holding(60):  # a quarter is 25: it takes the share and 60 of the whole
             assert (a.own.held, shares.whole.held) == (25, 60)
@@ -93,7 +94,7 @@ async def test_an_event_larger_than_the_share_is_served_alone_within_it() -> Non
 
 
 async def test_a_share_waiting_for_the_whole_budget_cancelled_takes_nothing() -> None:
-    shares = budget.Shares(budget.ByteBudget(100), parts=2)
+    shares = bytebudget.Shares(bytebudget.ByteBudget(100), parts=2)
     await shares.whole.take(100)  # others hold the whole budget
     with shares.using("tenant:a") as a:
         task = asyncio.create_task(a.take(10))
@@ -105,7 +106,7 @@ async def test_a_share_waiting_for_the_whole_budget_cancelled_takes_nothing() ->
 
 
 def test_a_share_nobody_uses_is_forgotten() -> None:
-    shares = budget.Shares(budget.ByteBudget(100), parts=4)
+    shares = bytebudget.Shares(bytebudget.ByteBudget(100), parts=4)
     with shares.using("tenant:a") as first, shares.using("tenant:a") as second:
         assert first is second
     with shares.using("tenant:a") as again:

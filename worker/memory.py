@@ -1,0 +1,79 @@
+"""The memory of the turns one worker runs at once, bounded in bytes and shared by tenants.
+
+A turn holds its run in memory: the folded state (about three times the bytes its events take
+in the stream, ``STATE_FACTOR``) and the model request built from it. By count alone
+(``AGENTRUN_WORKER_CONCURRENCY``, 64) the turns of runs at the per-run event cap (8 MiB of
+events, ~24 MiB of state each) need ~1.5 GiB, over the chart's 1 GiB worker limit: an OOM kill
+redelivers every tenant's turns. So before a turn reads its run, it reserves `turn_bytes` of
+its stored bytes (``TurnRequest.stored``, which the operator writes from the run's last
+event) from the worker's `TurnMemory`: a `ByteBudget` of ``AGENTRUN_WORKER_TURN_MEMORY_BYTES``
+cut into ``AGENTRUN_WORKER_TURN_MEMORY_SHARES`` tenant shares. A tenant's turns wait behind
+its own within its share, so one tenant's heavy runs leave the others the rest; a turn larger
+than a share is held alone within it.
+
+A turn that finds no room within ``wait`` seconds gives its delivery back (``reserved``
+yields False; the consumer naks it with a delay) rather than hold a worker slot waiting: a
+tenant whose share is full does not fill the worker's slots with its waiting turns.
+
+What belongs here: the estimate and the reservation. What does not: reading the run, the
+delivery (``consumer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from agentrun.bytebudget import ByteBudget, Shares
+
+STATE_FACTOR = 3
+"""Bytes of a turn's memory per byte its run's events take in the stream (measured: a run at
+the 8 MiB event cap of small tool results folds to ~24 MiB of state)."""
+TURN_BASE_BYTES = 256 * 1024
+"""Bytes every turn reserves besides its run's (the request, the answer, the tools' results
+before they are cut)."""
+MEMORY_WAIT = 5.0
+"""Seconds a turn waits for room before its delivery is given back."""
+
+
+def turn_bytes(stored: int) -> int:
+    """Bytes a turn of a run whose events take ``stored`` bytes reserves (≥ ``TURN_BASE_BYTES``;
+    a negative ``stored`` counts as 0)."""
+    return TURN_BASE_BYTES + STATE_FACTOR * max(stored, 0)
+
+
+class TurnMemory:
+    """The worker's turn memory: ``total`` bytes, each tenant's turns within ``total //
+    shares`` of them. One event loop's tasks share it (not thread-safe)."""
+
+    def __init__(self, total: int, *, shares: int, wait: float = MEMORY_WAIT) -> None:
+        """``total``: bytes (≥ 1); ``shares``: tenant shares it is cut into (≥ 1); ``wait``:
+        seconds a reservation waits for room. Raises ``ValueError`` for a total or shares
+        below 1."""
+        self.budget = ByteBudget(total)
+        self.shares = Shares(self.budget, parts=shares)
+        self.wait = wait
+
+    @property
+    def held(self) -> int:
+        """Bytes the turns running now reserved."""
+        return self.budget.held
+
+    @contextlib.asynccontextmanager
+    async def reserved(self, tenant: str, stored: int) -> AsyncIterator[bool]:
+        """For the block: `turn_bytes` of ``stored`` reserved from ``tenant``'s share (True),
+        or nothing, when no room came within ``wait`` seconds (False: the turn is not to
+        run now). Given back after the block; cancelled while waiting, takes nothing."""
+        with self.shares.using(tenant) as share:
+            try:
+                amount = await asyncio.wait_for(share.take(turn_bytes(stored)), self.wait)
+            except TimeoutError:
+                amount = -1
+            if amount < 0:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                share.give(amount)
