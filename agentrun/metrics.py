@@ -264,10 +264,10 @@ TURN_MEMORY_LIMIT = Gauge(
     "agentrun_worker_turn_memory_limit_bytes",
     "Most bytes of memory the turns this worker runs may reserve at once.",
 )
-TURNS_DEFERRED = Counter(
-    "agentrun_worker_turns_deferred",
-    "Deliveries of TurnRequests a worker gave back unrun: no room in their tenant's share of "
-    "its turn memory within the wait (redelivered after a delay).",
+TURNS_WAITING_MEMORY = Gauge(
+    "agentrun_worker_turns_waiting_memory",
+    "Turns this worker holds that wait for room in their tenant's share of its turn memory "
+    "(counted in agentrun_worker_turns_in_flight too).",
 )
 EVAL_CASES = Counter(
     "agentrun_eval_cases",

@@ -257,8 +257,9 @@ class WorkerSettings(ProcessSettings):
     """``AGENTRUN_WORKER_CONCURRENCY``: turns one worker process runs at once."""
     worker_turn_memory_bytes: int = Field(default=TURN_MEMORY_BYTES, ge=1_048_576)
     """``AGENTRUN_WORKER_TURN_MEMORY_BYTES``: the memory the turns one worker runs may reserve
-    at once (three times their runs' stored events, plus 256 KiB each); beyond, a turn waits,
-    then goes back to the queue. Keep it at about half the worker's memory limit."""
+    at once (an estimate: three times their runs' stored events, plus 256 KiB each); beyond,
+    a turn waits for room, holding its slot. Keep it at about half the worker's memory
+    limit."""
     worker_turn_memory_shares: int = Field(default=TURN_MEMORY_SHARES, ge=1)
     """``AGENTRUN_WORKER_TURN_MEMORY_SHARES``: the tenant shares that memory is cut into (one
     tenant's turns reserve at most one share)."""

@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,18 +91,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable
 
 
+_MODULE_RUN_LAST: list[object] = [None]
+"""The module of the test this process ran last (a test of another module is its first)."""
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's per-test clock
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Before a test of real processes (one of ``clock_support.REAL_CLOCK_FIXTURES``) and its
-    fixtures' set-up, wait into the next UTC day when less than ``DAY_END_MARGIN`` seconds of
-    this one are left: a tenant's default window ends at 00:00 UTC, and a test that charged
-    runs before it and read the window's usage after it would find part of its charges gone
-    (a CI run at midnight failed two e2e tests so). At most one wait per process and day."""
-    pause = pause_before_test(getattr(item, "fixturenames", ()), time.time())
+    """Before a test of real processes (``clock_support.REAL_CLOCK_FIXTURES``) and its
+    fixtures' set-up, wait into the next UTC day when too little of this one is left: a
+    tenant's default window ends at 00:00 UTC, and a test that charged runs before it and read
+    the window's usage after it would find part of its charges gone (a CI run at midnight
+    failed two e2e tests so). A node module (its tests share one cluster) waits before its
+    first test only (``clock_support.pause_before_test``). At most one wait per process and
+    day."""
+    module = getattr(item, "module", None)
+    first, _MODULE_RUN_LAST[0] = module is not _MODULE_RUN_LAST[0], module
+    pause = pause_before_test(
+        getattr(item, "fixturenames", ()),
+        time.time(),
+        whole_module=item.get_closest_marker("node") is not None,
+        first_in_module=first,
+    )
     if pause:
         reporter = item.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"agentrun: waiting {pause:.0f}s for the next UTC day")
+        print(f"agentrun: waiting {pause:.0f}s for the next UTC day", file=sys.stderr)
         time.sleep(pause)
     yield
 

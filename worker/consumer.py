@@ -89,8 +89,6 @@ is taken as stale (its run deleted) and acked: no read lags a leader's ack for t
 NEWER_SCHEMA_DELAY = 30.0
 """Seconds before a message written in a newer wire schema is offered again (to a newer
 worker, during a rolling upgrade)."""
-MEMORY_RETRY = 5.0
-"""Seconds before a TurnRequest given back for want of turn memory is offered again."""
 TURN_SUBJECT_PREFIX = protocol.turn_subject("")
 """``agentrun.turn.``: a TurnRequest's subject is this and its tenant's subject token."""
 
@@ -207,6 +205,8 @@ class _Running:
     lost: bool = False
     """Its ledger hold is gone: the turn is left to whichever delivery has it, or to
     redelivery."""
+    waiting: bool = False
+    """It waits for room in the worker's turn memory (nothing read, held or called yet)."""
 
 
 class TurnConsumer:
@@ -246,7 +246,8 @@ class TurnConsumer:
     def stop(self) -> None:
         """Stop fetching; the turns in flight get ``settings.drain`` seconds to commit, then
         those still running are cancelled and naked for another worker. Heartbeats, ledger
-        hold refreshes and cancellation broadcasts go on meanwhile."""
+        hold refreshes and cancellation broadcasts go on meanwhile. A turn still waiting for
+        room in the turn memory is naked at once."""
         if not self._stopping.is_set():
             log.info(
                 "stopping: no new turns; %d in flight get %.0fs to finish",
@@ -254,6 +255,9 @@ class TurnConsumer:
                 self.settings.drain,
             )
         self._stopping.set()
+        for running in self._inflight.values():
+            if running.waiting:  # not started: another worker takes it now, not after the drain
+                running.task.cancel()
 
     @property
     def draining(self) -> bool:
@@ -293,7 +297,6 @@ class TurnConsumer:
         await self.bus.on_cancel(self._on_cancel)
         metrics.CONCURRENCY.set(self.settings.concurrency)
         metrics.TURN_MEMORY_LIMIT.set(self.settings.turn_memory_bytes)
-        metrics.TURN_MEMORY.set_function(lambda: self.memory.held)
         await self.bus.consume(
             self.bus.turn_subscription,
             self._handle,
@@ -359,7 +362,7 @@ class TurnConsumer:
         assert task is not None
         mine = self._inflight[request.run_uid] = _Running(request.msg_id, task)
         try:
-            await self._turn_within_memory(msg, request)
+            await self._turn_within_memory(msg, request, mine)
         except asyncio.CancelledError:
             if not await self._cut_short(msg, request, mine):
                 raise
@@ -372,28 +375,24 @@ class TurnConsumer:
             if self._inflight.get(request.run_uid) is mine:  # not the run's next turn's
                 del self._inflight[request.run_uid]
 
-    async def _turn_within_memory(self, msg: Msg, request: TurnRequest) -> None:
+    async def _turn_within_memory(self, msg: Msg, request: TurnRequest, mine: _Running) -> None:
         """Run the turn once its memory is reserved from its tenant's share of the worker's
-        (``memory.TurnMemory``, by the run's stored bytes the request carries); when no room
-        comes within the wait, give the delivery back for ``MEMORY_RETRY`` seconds, so that
-        a tenant whose share is full does not hold the worker's slots waiting."""
+        (``memory.TurnMemory``, by the run's stored bytes the request carries), waiting for
+        room meanwhile (heartbeating, cancelled by ``stop``)."""
         tenant = msg.subject.removeprefix(TURN_SUBJECT_PREFIX)
-        async with self.memory.reserved(tenant, request.stored) as room:
-            if room:
+        mine.waiting = True
+        metrics.TURNS_WAITING_MEMORY.inc()
+        try:
+            async with self.memory.reserved(tenant, request.stored):
+                mine.waiting = False
+                metrics.TURNS_WAITING_MEMORY.dec()
+                metrics.TURN_MEMORY.set(self.memory.held)
                 await self._turn(msg, request)
-                return
-        metrics.TURNS_DEFERRED.inc()
-        log.info(
-            "turn %s waits: tenant %s's share of this worker's turn memory is full (%d bytes "
-            "reserved of %d); offered again in %.0fs",
-            request.msg_id,
-            tenant,
-            self.memory.held,
-            self.settings.turn_memory_bytes,
-            MEMORY_RETRY,
-        )
-        with contextlib.suppress(Exception):
-            await msg.nak(delay=MEMORY_RETRY)
+        finally:
+            if mine.waiting:  # cancelled while it waited
+                mine.waiting = False
+                metrics.TURNS_WAITING_MEMORY.dec()
+            metrics.TURN_MEMORY.set(self.memory.held)  # given back
 
     async def _cut_short(self, msg: Msg, request: TurnRequest, running: _Running) -> bool:
         """The turn running here was cancelled: its run is being stopped (its message acked:

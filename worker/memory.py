@@ -1,19 +1,24 @@
 """The memory of the turns one worker runs at once, bounded in bytes and shared by tenants.
 
-A turn holds its run in memory: the folded state (about three times the bytes its events take
-in the stream, ``STATE_FACTOR``) and the model request built from it. By count alone
-(``AGENTRUN_WORKER_CONCURRENCY``, 64) the turns of runs at the per-run event cap (8 MiB of
-events, ~24 MiB of state each) need ~1.5 GiB, over the chart's 1 GiB worker limit: an OOM kill
-redelivers every tenant's turns. So before a turn reads its run, it reserves `turn_bytes` of
-its stored bytes (``TurnRequest.stored``, which the operator writes from the run's last
-event) from the worker's `TurnMemory`: a `ByteBudget` of ``AGENTRUN_WORKER_TURN_MEMORY_BYTES``
-cut into ``AGENTRUN_WORKER_TURN_MEMORY_SHARES`` tenant shares. A tenant's turns wait behind
-its own within its share, so one tenant's heavy runs leave the others the rest; a turn larger
-than a share is held alone within it.
+A turn holds its run in memory: the folded state and the model request built from it. By
+count alone (``AGENTRUN_WORKER_CONCURRENCY``, 64) the turns of runs at the per-run event cap
+(8 MiB of events, ~24 MiB of state each) need ~1.5 GiB, over the chart's 1 GiB worker limit: an
+OOM kill redelivers every tenant's turns. So before a turn reads its run, it reserves
+`turn_bytes` of its run's stored bytes (``TurnRequest.stored``, which the operator writes from
+the run's last event) from the worker's `TurnMemory`: a `ByteBudget` of
+``AGENTRUN_WORKER_TURN_MEMORY_BYTES`` cut into ``AGENTRUN_WORKER_TURN_MEMORY_SHARES`` tenant
+shares. A tenant's turns wait behind its own, in the order they came, within its share, so one
+tenant's heavy runs leave the others the rest; a turn larger than a share is held alone within
+it (and takes its size of the whole budget, all of it at most).
 
-A turn that finds no room within ``wait`` seconds gives its delivery back (``reserved``
-yields False; the consumer naks it with a delay) rather than hold a worker slot waiting: a
-tenant whose share is full does not fill the worker's slots with its waiting turns.
+A turn waiting for room holds its worker slot and heartbeats, as a long turn does: it counts
+in its tenant's turns in flight (``maxConcurrentTurns``), whose fair share of the workers'
+slots bounds how many a tenant can hold. It waits without a time limit, so a big turn is never
+passed over for ever by the small ones behind it.
+
+`turn_bytes` is an estimate from the stored bytes alone: a run of small tool results folds to
+about 3.4 times its events, one of large results to about its events' size, and the request
+adds to either.
 
 What belongs here: the estimate and the reservation. What does not: reading the run, the
 delivery (``consumer``).
@@ -21,7 +26,6 @@ delivery (``consumer``).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -33,8 +37,6 @@ the 8 MiB event cap of small tool results folds to ~24 MiB of state)."""
 TURN_BASE_BYTES = 256 * 1024
 """Bytes every turn reserves besides its run's (the request, the answer, the tools' results
 before they are cut)."""
-MEMORY_WAIT = 5.0
-"""Seconds a turn waits for room before its delivery is given back."""
 
 
 def turn_bytes(stored: int) -> int:
@@ -47,13 +49,11 @@ class TurnMemory:
     """The worker's turn memory: ``total`` bytes, each tenant's turns within ``total //
     shares`` of them. One event loop's tasks share it (not thread-safe)."""
 
-    def __init__(self, total: int, *, shares: int, wait: float = MEMORY_WAIT) -> None:
-        """``total``: bytes (≥ 1); ``shares``: tenant shares it is cut into (≥ 1); ``wait``:
-        seconds a reservation waits for room. Raises ``ValueError`` for a total or shares
-        below 1."""
+    def __init__(self, total: int, *, shares: int) -> None:
+        """``total``: bytes (≥ 1); ``shares``: tenant shares it is cut into (≥ 1). Raises
+        ``ValueError`` for a total or shares below 1."""
         self.budget = ByteBudget(total)
         self.shares = Shares(self.budget, parts=shares)
-        self.wait = wait
 
     @property
     def held(self) -> int:
@@ -61,19 +61,13 @@ class TurnMemory:
         return self.budget.held
 
     @contextlib.asynccontextmanager
-    async def reserved(self, tenant: str, stored: int) -> AsyncIterator[bool]:
-        """For the block: `turn_bytes` of ``stored`` reserved from ``tenant``'s share (True),
-        or nothing, when no room came within ``wait`` seconds (False: the turn is not to
-        run now). Given back after the block; cancelled while waiting, takes nothing."""
+    async def reserved(self, tenant: str, stored: int) -> AsyncIterator[None]:
+        """For the block, `turn_bytes` of ``stored`` reserved from ``tenant``'s share: waits
+        (behind the tenant's earlier turns) until they fit; given back after the block.
+        Cancelled while waiting, it takes nothing."""
         with self.shares.using(tenant) as share:
+            amount = await share.take(turn_bytes(stored))
             try:
-                amount = await asyncio.wait_for(share.take(turn_bytes(stored)), self.wait)
-            except TimeoutError:
-                amount = -1
-            if amount < 0:
-                yield False
-                return
-            try:
-                yield True
+                yield
             finally:
                 share.give(amount)

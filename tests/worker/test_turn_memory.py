@@ -1,8 +1,9 @@
 """The memory of the turns a worker runs at once (``worker.memory``): each turn reserves three
 times its run's stored event bytes plus 256 KiB from its tenant's share before it reads the
-run; a tenant whose share is full waits behind its own turns, then gives the delivery back
-(naked 5 s), while another tenant's turns go in at once. Without it, 64 turns of runs at the
-8 MiB event cap needed ~1.5 GiB on a worker whose limit is 1 GiB."""
+run; a tenant whose share is full waits behind its own turns, in the order they came, while
+another tenant's turns go in at once; a stopping worker gives a waiting turn back at once.
+Without it, 64 turns of runs at the 8 MiB event cap needed ~1.5 GiB on a worker whose limit is
+1 GiB."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def test_a_turn_reserves_three_times_its_runs_events_and_a_base() -> None:
 
 async def test_a_reservation_is_given_back_after_its_block_even_when_it_raises() -> None:
     turns = TurnMemory(10 * MIB, shares=2)
-    async with turns.reserved("acme", MIB) as room:
-        assert room and turns.held == 3 * MIB + 262_144
+    async with turns.reserved("acme", MIB):
+        assert turns.held == 3 * MIB + 262_144
     assert turns.held == 0
     with pytest.raises(RuntimeError):
         async with turns.reserved("acme", MIB):
@@ -37,63 +38,92 @@ async def test_a_reservation_is_given_back_after_its_block_even_when_it_raises()
     assert turns.held == 0
 
 
+class Held:
+    """A reservation held in a task of its own until released."""
+
+    def __init__(self, turns: TurnMemory, tenant: str, stored: int) -> None:
+        self.turns, self.tenant, self.stored = turns, tenant, stored
+        self.inside = asyncio.Event()
+        self.release = asyncio.Event()
+        self.task = asyncio.create_task(self._hold())
+
+    async def _hold(self) -> None:
+        async with self.turns.reserved(self.tenant, self.stored):
+            self.inside.set()
+            await self.release.wait()
+
+    async def end(self) -> None:
+        self.release.set()
+        await asyncio.wait_for(self.task, 2.0)
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
 async def test_a_tenant_whose_share_is_full_waits_and_another_tenant_goes_in() -> None:
     """Shares of 40 MiB: one heavy turn (24.25 MiB) of ``heavy`` fills its share; its second
     waits within it, though the whole budget has room, and gets in once the first is done;
     ``light``'s turn goes in at once meanwhile."""
-    turns = TurnMemory(80 * MIB, shares=2, wait=5.0)
-    first = turns.reserved("heavy", 8 * MIB)
-    assert await first.__aenter__()
-    second = asyncio.create_task(_hold(turns, "heavy", 8 * MIB))
-    await asyncio.sleep(0.05)
-    assert not second.done()
-    async with turns.reserved("light", 8 * MIB) as room:
-        assert room  # another tenant's share
-        assert turns.held == 2 * turn_bytes(8 * MIB)
-    await first.__aexit__(None, None, None)
-    assert await asyncio.wait_for(second, 2.0) is True
+    turns = TurnMemory(80 * MIB, shares=2)
+    first, second = Held(turns, "heavy", 8 * MIB), Held(turns, "heavy", 8 * MIB)
+    await settle()
+    assert first.inside.is_set() and not second.inside.is_set()
+    other = Held(turns, "light", 8 * MIB)
+    await asyncio.wait_for(other.inside.wait(), 2.0)  # another tenant's share
+    assert turns.held == 2 * turn_bytes(8 * MIB)
+    await first.end()
+    await asyncio.wait_for(second.inside.wait(), 2.0)
+    await second.end()
+    await other.end()
     assert turns.held == 0
 
 
-async def _hold(turns: TurnMemory, tenant: str, stored: int) -> bool:
-    async with turns.reserved(tenant, stored) as room:
-        return room
-
-
-async def test_no_room_within_the_wait_reserves_nothing() -> None:
-    turns = TurnMemory(60 * MIB, shares=2, wait=0.1)
-    async with turns.reserved("heavy", 8 * MIB) as room:
-        assert room
-        async with turns.reserved("heavy", 2 * MIB) as again:
-            assert not again  # 24.25 + 6.25 MiB: over its 30 MiB share
-            assert turns.held == turn_bytes(8 * MIB)  # the refused one took nothing
-    assert turns.held == 0
-    async with turns.reserved("heavy", MIB) as room:
-        assert room  # its room is back
+async def test_a_big_turn_is_not_passed_over_by_the_small_ones_behind_it() -> None:
+    """A share of 30 MiB holds a heavy turn; a second heavy one waits; a light one coming
+    after would fit beside the first, but waits behind the second, which gets in first."""
+    turns = TurnMemory(60 * MIB, shares=2)
+    first = Held(turns, "acme", 8 * MIB)
+    await settle()
+    big = Held(turns, "acme", 8 * MIB)
+    await settle()
+    small = Held(turns, "acme", 0)
+    await settle()
+    assert (big.inside.is_set(), small.inside.is_set()) == (False, False)
+    await first.end()
+    await asyncio.wait_for(big.inside.wait(), 2.0)
+    await asyncio.wait_for(small.inside.wait(), 2.0)  # 24.25 + 0.25 MiB fit the share
+    await big.end()
+    await small.end()
 
 
 async def test_a_turn_larger_than_the_budget_runs_alone_in_it() -> None:
     """A run whose events exceed what any share holds (a per-run cap raised past the worker's
     turn memory) still runs: it takes all of the budget, alone, and the others wait."""
-    turns = TurnMemory(8 * MIB, shares=2, wait=0.1)  # shares of 4 MiB, a turn of 24+ MiB
-    async with turns.reserved("heavy", 8 * MIB) as room:
-        assert room and turns.held == 8 * MIB
-        async with turns.reserved("light", 0) as other:
-            assert not other
+    turns = TurnMemory(8 * MIB, shares=2)  # shares of 4 MiB, a turn of 24+ MiB
+    huge = Held(turns, "heavy", 8 * MIB)
+    await asyncio.wait_for(huge.inside.wait(), 2.0)
+    assert turns.held == 8 * MIB
+    light = Held(turns, "light", 0)
+    await settle()
+    assert not light.inside.is_set()
+    await huge.end()
+    await asyncio.wait_for(light.inside.wait(), 2.0)
+    await light.end()
     assert turns.held == 0
-    async with turns.reserved("light", 0) as other:
-        assert other
 
 
 async def test_a_reservation_cancelled_while_it_waits_takes_nothing() -> None:
-    turns = TurnMemory(30 * MIB, shares=1, wait=30.0)
-    async with turns.reserved("acme", 8 * MIB):
-        waiting = asyncio.create_task(_hold(turns, "acme", 8 * MIB))
-        await asyncio.sleep(0.05)
-        waiting.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        assert turns.held == turn_bytes(8 * MIB)
+    turns = TurnMemory(30 * MIB, shares=1)
+    first = Held(turns, "acme", 8 * MIB)
+    waiting = Held(turns, "acme", 8 * MIB)
+    await settle()
+    waiting.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting.task
+    assert turns.held == turn_bytes(8 * MIB)
+    await first.end()
     assert turns.held == 0
 
 
@@ -115,28 +145,52 @@ class Turns:
         await msg.ack()
 
 
-async def test_the_consumer_gives_back_a_heavy_tenants_turn_and_runs_anothers() -> None:
-    """A worker whose turn memory holds one heavy turn per tenant (two shares of 30 MiB):
-    ``heavy``'s second run's turn is naked for 5 s after the wait, unrun and counted;
-    ``light``'s turn runs beside the first. The TurnRequest's ``stored`` is what is reserved."""
+def consumer_of(turns: Turns) -> TurnConsumer:
+    """A consumer whose turn memory holds one heavy turn per tenant (two shares of 30 MiB)."""
     settings = ConsumerSettings(heartbeat=3600.0, turn_memory_bytes=60 * MIB, turn_memory_shares=2)
     consumer = TurnConsumer(None, None, settings, seals=None)  # type: ignore[arg-type]
-    consumer.memory = TurnMemory(60 * MIB, shares=2, wait=0.2)
-    turns = Turns()
     consumer._turn = turns  # type: ignore[assignment,method-assign]
-    deferred = metrics.TURNS_DEFERRED._value.get()
-    first, second, other = (
-        request("heavy", "h1", 8 * MIB),
-        request("heavy", "h2", 8 * MIB),
-        request("light", "l1", 8 * MIB),
-    )
+    return consumer
+
+
+async def test_the_consumer_runs_a_heavy_tenants_second_turn_after_its_first() -> None:
+    """``heavy``'s second run's turn waits (unstarted, counted as waiting) while its first
+    runs; ``light``'s turn runs beside the first; the TurnRequest's ``stored`` is what is
+    reserved; once the first ends, the second runs."""
+    turns = Turns()
+    consumer = consumer_of(turns)
+    first, second = (request("heavy", u, 8 * MIB) for u in ("h1", "h2"))
+    other = request("light", "l1", 8 * MIB)
     handlers = [asyncio.create_task(consumer._handle(m)) for m in (first, second, other)]  # type: ignore[arg-type]
-    await asyncio.wait_for(handlers[1], 5.0)
-    assert second.outcome == ["nak 5.0"]  # offered again in 5 s
-    assert metrics.TURNS_DEFERRED._value.get() == deferred + 1
+    await settle()
     assert sorted(turns.started) == ["h1", "l1"]
     assert consumer.memory.held == 2 * turn_bytes(8 * MIB)
+    assert metrics.TURNS_WAITING_MEMORY._value.get() == 1
+    assert metrics.TURN_MEMORY._value.get() == 2 * turn_bytes(8 * MIB)
+    assert consumer.in_flight == 3
     turns.release.set()
-    await asyncio.wait_for(asyncio.gather(handlers[0], handlers[2]), 5.0)
-    assert (first.outcome, other.outcome) == (["ack"], ["ack"])
+    await asyncio.wait_for(asyncio.gather(*handlers), 5.0)
+    assert sorted(turns.started) == ["h1", "h2", "l1"]
+    assert (first.outcome, second.outcome, other.outcome) == (["ack"], ["ack"], ["ack"])
     assert consumer.memory.held == 0 and consumer.in_flight == 0
+    assert metrics.TURNS_WAITING_MEMORY._value.get() == 0
+    assert metrics.TURN_MEMORY._value.get() == 0
+
+
+async def test_a_stopping_worker_gives_a_turn_waiting_for_memory_back_at_once() -> None:
+    """Stopped with one turn running and one waiting for room: the waiting one is naked at
+    once (another worker takes it, unstarted), the running one goes on to its commit."""
+    turns = Turns()
+    consumer = consumer_of(turns)
+    running, waiting = (request("heavy", u, 8 * MIB) for u in ("h1", "h2"))
+    handlers = [asyncio.create_task(consumer._handle(m)) for m in (running, waiting)]  # type: ignore[arg-type]
+    await settle()
+    consumer.stop()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(handlers[1], 2.0)
+    assert (turns.started, waiting.outcome) == (["h1"], ["nak"])
+    assert consumer.memory.held == turn_bytes(8 * MIB)
+    assert metrics.TURNS_WAITING_MEMORY._value.get() == 0
+    turns.release.set()
+    await asyncio.wait_for(handlers[0], 2.0)
+    assert running.outcome == ["ack"] and consumer.memory.held == 0
