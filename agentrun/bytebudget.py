@@ -10,7 +10,7 @@ Two processes use it. The trajectory server bounds the events its reads and foll
 follow reads a few events ahead of its client, each up to the bus's largest message: by count
 alone, 64 follows × 3 events × 1 MiB, more than the pod's memory limit). The worker bounds the
 memory of the turns it runs (``worker.memory``: a turn of a run at the per-run event cap holds
-about three times those events as state).
+state and a model request of about seven times those events).
 
 What belongs here: the budget and its shares (asyncio, no I/O). What does not: what is
 charged, and when, and whose share a task takes (the callers).

@@ -257,7 +257,7 @@ class WorkerSettings(ProcessSettings):
     """``AGENTRUN_WORKER_CONCURRENCY``: turns one worker process runs at once."""
     worker_turn_memory_bytes: int = Field(default=TURN_MEMORY_BYTES, ge=1_048_576)
     """``AGENTRUN_WORKER_TURN_MEMORY_BYTES``: the memory the turns one worker runs may reserve
-    at once (an estimate: three times their runs' stored events, plus 256 KiB each); beyond,
+    at once (an estimate: seven times their runs' stored events, plus 256 KiB each); beyond,
     a turn waits for room, holding its slot. Keep it at about half the worker's memory
     limit."""
     worker_turn_memory_shares: int = Field(default=TURN_MEMORY_SHARES, ge=1)

@@ -1,8 +1,8 @@
 """The memory of the turns one worker runs at once, bounded in bytes and shared by tenants.
 
 A turn holds its run in memory: the folded state and the model request built from it. By
-count alone (``AGENTRUN_WORKER_CONCURRENCY``, 64) the turns of runs at the per-run event cap
-(8 MiB of events, ~24 MiB of state each) need ~1.5 GiB, over the chart's 1 GiB worker limit: an
+count alone (``AGENTRUN_WORKER_CONCURRENCY``, 64) the turns of runs near the per-run event cap
+(64 runs of 6.7 MiB of events) took 1.85 GiB of a worker's RSS, over the chart's 1 GiB limit: an
 OOM kill redelivers every tenant's turns. So before a turn reads its run, it reserves
 `turn_bytes` of its run's stored bytes (``TurnRequest.stored``, which the operator writes from
 the run's last event) from the worker's `TurnMemory`: a `ByteBudget` of
@@ -16,9 +16,8 @@ in its tenant's turns in flight (``maxConcurrentTurns``), whose fair share of th
 slots bounds how many a tenant can hold. It waits without a time limit, so a big turn is never
 passed over for ever by the small ones behind it.
 
-`turn_bytes` is an estimate from the stored bytes alone: a run of small tool results folds to
-about 3.4 times its events, one of large results to about its events' size, and the request
-adds to either.
+`turn_bytes` is an estimate from the stored bytes alone (``STATE_FACTOR``), made for the runs
+that take the most memory per byte stored; others reserve more than they use.
 
 What belongs here: the estimate and the reservation. What does not: reading the run, the
 delivery (``consumer``).
@@ -31,9 +30,11 @@ from collections.abc import AsyncIterator
 
 from agentrun.bytebudget import ByteBudget, Shares
 
-STATE_FACTOR = 3
-"""Bytes of a turn's memory per byte its run's events take in the stream (measured: a run at
-the 8 MiB event cap of small tool results folds to ~24 MiB of state)."""
+STATE_FACTOR = 7
+"""Bytes of a turn's memory per byte its run's events take in the stream: measured for runs
+of small tool results (the most per byte), a run of 6.7 MiB of events folds to 23.7 MiB of
+state and builds a model request of 23 MiB more (the prompt conformed and fitted, its JSON):
+about 7 times. A run of large results takes less (its state about its events' size)."""
 TURN_BASE_BYTES = 256 * 1024
 """Bytes every turn reserves besides its run's (the request, the answer, the tools' results
 before they are cut)."""

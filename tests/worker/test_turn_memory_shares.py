@@ -1,11 +1,11 @@
 """A tenant's heavy runs take turns within its share of the worker's turn memory, end to end:
 a real consumer pulling from a real nats-server, runs of real events, the scripted model over
-HTTP. Shares of 4.5 MiB hold one turn of a run of 1.38 MiB of events (3 × 1.38 MiB + 256
-KiB = 4.4 MiB) and nothing beside it: tenant A's three heavy runs are asked of the model one at
+HTTP. Shares of 10.5 MiB hold one turn of a run of 1.38 MiB of events (7 × 1.38 MiB + 256
+KiB = 9.9 MiB) and nothing beside it: tenant A's three heavy runs are asked of the model one at
 a time, the others waiting for room meanwhile (their slots held), and all three complete;
-tenant B's light run (0.26 MiB, which would not fit in A's share beside a heavy turn) ends
-before any of A's. Before the turn memory all three of A's turns called the model at
-once (64 such turns of runs at the event cap needed ~1.5 GiB of a 1 GiB worker)."""
+tenant B's lighter run (a turn of 2.7 MiB, which would not fit in A's share beside a heavy
+one) ends before any of A's. Before the turn memory all three of A's turns called the model at
+once (64 such turns of runs of 6.7 MiB of events took 1.85 GiB of a 1 GiB worker)."""
 
 from __future__ import annotations
 
@@ -44,11 +44,12 @@ scenarios:
     turns:
       - content: "done"
         usage: {prompt_tokens: 10, completion_tokens: 5}
+    after: repeat_last
 """
 SETTINGS = ConsumerSettings(
-    concurrency=8, heartbeat=1.0, turn_memory_bytes=9 * MIB, turn_memory_shares=2
+    concurrency=8, heartbeat=1.0, turn_memory_bytes=21 * MIB, turn_memory_shares=2
 )
-"""Two shares of 4.5 MiB: one heavy turn (4.4 MiB) fills one."""
+"""Two shares of 10.5 MiB: one heavy turn (9.9 MiB) fills one."""
 
 
 @pytest.fixture
@@ -61,11 +62,10 @@ async def bus(own_nats_server: natsserver.NatsServer) -> AsyncIterator[Bus]:
         await connected.close()
 
 
-async def admit(bus: Bus, url: str, *, name: str, turns: int) -> TurnRequest:
-    """A run named ``name`` (goal ``heavy`` with ``turns`` > 0, else ``light``) admitted and
+async def admit(bus: Bus, url: str, *, name: str, turns: int, goal: str = "heavy") -> TurnRequest:
+    """A run named ``name`` of goal ``goal`` (the scenario it is answered by) admitted and
     given ``turns`` turns of 8 calls answered 45,000 characters each (1.38 MiB of events
     for 4); its next turn's request, ``stored`` its events' bytes as the operator writes it."""
-    goal = "heavy" if turns else "light"
     limits = kernel.Limits(max_steps=100, max_tool_calls=1000)
     model = ModelConfig("mock", url, "scripted", kernel.Pricing(), 32000, 100)
     cfg = RunConfig(name, "ns", name, goal, "", ("calculate",), limits, model, time.time() + 60)
@@ -124,8 +124,9 @@ async def test_a_tenant_s_heavy_turns_run_one_at_a_time_in_its_share_and_another
 ) -> None:
     async with mockllm.MockLLM(scenario.parse_scenarios(SCRIPT), strict_call_ids=False) as mock:
         heavy = [await admit(bus, mock.base_url, name=f"heavy-{i}", turns=4) for i in range(3)]
-        light = await admit(bus, mock.base_url, name="light", turns=0)
-        assert all(1.36 * MIB < r.stored < 1.4 * MIB for r in heavy)  # a turn: 4.33-4.45 MiB
+        light = await admit(bus, mock.base_url, name="light", turns=1, goal="light")
+        assert 0.3 * MIB < light.stored < 0.4 * MIB  # a turn of 2.4-3.05 MiB
+        assert all(1.36 * MIB < r.stored < 1.4 * MIB for r in heavy)  # a turn: 9.77-10.05 MiB
         for request in heavy:
             await bus.publish_turn(request, tenant="tenant-a")
         await bus.publish_turn(light, tenant="tenant-b")
@@ -149,7 +150,7 @@ async def test_a_tenant_s_heavy_turns_run_one_at_a_time_in_its_share_and_another
             await model.close()
     assert not any(a_ended_then)  # B's run ended first: in a share of its own
     assert watch.heavy_at_once == 1
-    assert 4.3 * MIB < watch.held < 5 * MIB  # one heavy turn (and B's light one) at most
+    assert 9.7 * MIB < watch.held < 13.2 * MIB  # one heavy turn (and B's lighter one) at most
     assert watch.waiting == 2  # A's second and third waited for room, unstarted
     assert metrics.TURNS_WAITING_MEMORY._value.get() == 0
     heavy_calls = [r for r in mock.state.requests if r.scenario == "heavy"]
