@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import tracemalloc
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from seals_support import VERIFIER, sealed
@@ -172,6 +172,20 @@ def test_runs_in_use_are_kept_for_their_tenant_and_let_go_once_unused() -> None:
     assert cache.get("h-b") is not None and cache.get("h-c") is not None
 
 
+def calls_answered(turn: int, ids: list[str], text: Callable[[str], str]) -> kernel.Answered:
+    """Turn ``turn``'s record: the model asked ``calculate`` once per id in ``ids``, each call
+    answered ``text(id)``."""
+    return kernel.Answered(
+        turn,
+        kernel.decision.ToolCalls(
+            tuple(kernel.decision.ToolCall(i, "calculate", "{}") for i in ids), None
+        ),
+        kernel.Usage(1, 1),
+        tuple(kernel.CheckedCall(i, "calculate", {"expression": "1"}) for i in ids),
+        tuple(kernel.ToolResult(i, "calculate", text(i)) for i in ids),
+    )
+
+
 def run_payloads(
     *, turns: int, calls: int, size: int, uid: str = "measured"
 ) -> tuple[list[bytes], RunConfig]:
@@ -183,15 +197,7 @@ def run_payloads(
     payloads = [admitted.encode()]
     for turn in range(turns):
         ids = [f"call{turn:04d}{n:03d}" for n in range(calls)]
-        record = kernel.Answered(
-            turn,
-            kernel.decision.ToolCalls(
-                tuple(kernel.decision.ToolCall(i, "calculate", "{}") for i in ids), None
-            ),
-            kernel.Usage(1, 1),
-            tuple(kernel.CheckedCall(i, "calculate", {"expression": "1"}) for i in ids),
-            tuple(kernel.ToolResult(i, "calculate", f"{i}-" + "r" * size) for i in ids),
-        )
+        record = calls_answered(turn, ids, lambda i: f"{i}-" + "r" * size)
         state = kernel.advance(state, record, cfg.limits)
         stored = sum(map(len, payloads))
         event = RunEvent("turn", cfg.uid, state.summary(), record=record, stored_before=stored)

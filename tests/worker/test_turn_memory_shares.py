@@ -28,6 +28,7 @@ from agentrun.worker.turn import TurnDeps
 from agentrun_dev import natsserver
 
 from .loop import NoSecrets
+from .test_run_cache import calls_answered
 
 MIB = 1_048_576
 SCRIPT = """
@@ -75,15 +76,7 @@ async def admit(bus: Bus, url: str, *, name: str, turns: int, goal: str = "heavy
     stored = len(event.encode())
     for turn in range(turns):
         ids = [f"c{turn}x{n}abcde" for n in range(8)]
-        record = kernel.Answered(
-            turn,
-            kernel.decision.ToolCalls(
-                tuple(kernel.decision.ToolCall(i, "calculate", "{}") for i in ids), None
-            ),
-            kernel.Usage(1, 1),
-            tuple(kernel.CheckedCall(i, "calculate", {"expression": "1"}) for i in ids),
-            tuple(kernel.ToolResult(i, "calculate", "r" * 45_000) for i in ids),
-        )
+        record = calls_answered(turn, ids, lambda _: "r" * 45_000)
         state = kernel.advance(state, record, limits)
         event = RunEvent(
             "turn", name, state.summary(), record=record, time=1.0, stored_before=stored
